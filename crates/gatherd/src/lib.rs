@@ -1,0 +1,1 @@
+//! Load gatherer: samples a back-end every millisecond and publishes its region

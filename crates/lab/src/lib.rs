@@ -1,0 +1,1 @@
+//! Virtual data-center on one machine: runs the papers' experiments end to end

@@ -1,0 +1,395 @@
+//! Proxy configuration: one typed struct, loaded from TOML and/or flags, with defaults
+//! named in each field's doc and an explicit [`ProxyConfig::validate`] whose errors
+//! name the offending key.
+
+use serde::Deserialize;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+
+/// A configuration error that names the key at fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub key: String,
+    pub msg: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid configuration: `{}`: {}", self.key, self.msg)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err(key: impl Into<String>, msg: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: key.into(),
+        msg: msg.into(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Address the proxy accepts clients on. Required.
+    pub listen: SocketAddr,
+    /// Worker threads of the data path. Default 1.
+    #[serde(default = "defaults::workers")]
+    pub workers: usize,
+    /// Separate admin listener serving `/metrics` (Prometheus text). Default: none;
+    /// `/farside/metrics` on the main listener always works.
+    #[serde(default)]
+    pub admin_listen: Option<SocketAddr>,
+    #[serde(default)]
+    pub http: HttpConfig,
+    /// The back-end servers. At least one.
+    #[serde(default, rename = "backend")]
+    pub backends: Vec<BackendConfig>,
+    #[serde(default)]
+    pub admission: AdmissionConfig,
+    #[serde(default)]
+    pub monitor: MonitorConfig,
+    #[serde(default)]
+    pub balance: BalanceConfig,
+}
+
+/// Limits and timeouts of the HTTP data path.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Time a client has to send a complete request head. Default 10000 ms.
+    pub header_timeout_ms: u64,
+    /// Idle time allowed between requests on a keep-alive client connection. Default 60000 ms.
+    pub idle_timeout_ms: u64,
+    /// Time to connect to a back-end. Default 2000 ms.
+    pub connect_timeout_ms: u64,
+    /// Time for a back-end to send its response head. Default 30000 ms.
+    pub response_timeout_ms: u64,
+    /// Largest request or response head accepted, bytes (431 / 502 beyond). Default 16384.
+    pub max_header_bytes: usize,
+    /// Most header fields in one head. Default 100.
+    pub max_headers: usize,
+    /// Most client connections open at once; further accepts wait. Default 10000.
+    pub max_client_conns: usize,
+    /// Idle upstream connections kept per back-end. Default 64.
+    pub pool_idle_per_backend: usize,
+    /// An idle upstream connection older than this is closed, not reused. Default 30000 ms.
+    pub pool_idle_timeout_ms: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            header_timeout_ms: 10_000,
+            idle_timeout_ms: 60_000,
+            connect_timeout_ms: 2_000,
+            response_timeout_ms: 30_000,
+            max_header_bytes: 16 * 1024,
+            max_headers: 100,
+            max_client_conns: 10_000,
+            pool_idle_per_backend: 64,
+            pool_idle_timeout_ms: 30_000,
+        }
+    }
+}
+
+/// One back-end web server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// Address of the web server. Required.
+    pub addr: SocketAddr,
+    /// Site (virtual host) this back-end serves; requests are routed by `Host`.
+    /// Default "" = serves every site.
+    #[serde(default)]
+    pub site: String,
+    /// Where its gatherer publishes the load region: `shm:/dev/shm/farside/NAME.region`,
+    /// `tcp:HOST:PORT`. Default: none (no load data; admission treats it per
+    /// `admission.on_missing`).
+    #[serde(default)]
+    pub region: Option<String>,
+    /// Load limit for this back-end in the admission metric's unit; overrides
+    /// `admission.limit`. Default: none.
+    #[serde(default)]
+    pub limit: Option<u64>,
+}
+
+/// Which load figure admission and balancing compare.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Metric {
+    /// Established connections on the back-end's watched ports.
+    Conns,
+    /// Connections waiting to be served: accept backlog + connections with unread requests.
+    Pending,
+    /// CPU utilisation, ppm (1_000_000 = all CPUs busy).
+    Cpu,
+    /// CPU pressure (PSI some), ppm.
+    Pressure,
+    /// Runnable tasks.
+    Runnable,
+    /// Requests this proxy has in flight to the back-end (local, needs no monitor).
+    Inflight,
+}
+
+impl Metric {
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::Conns => "conns",
+            Metric::Pending => "pending",
+            Metric::Cpu => "cpu",
+            Metric::Pressure => "pressure",
+            Metric::Runnable => "runnable",
+            Metric::Inflight => "inflight",
+        }
+    }
+}
+
+/// What to do when a back-end's load record is stale or missing.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum StalePolicy {
+    /// Treat the back-end as overloaded (fail safe: protect it).
+    Reject,
+    /// Ignore load data for it (fail open: admit as without admission control).
+    Admit,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdmissionConfig {
+    /// Admission control on or off. Default off.
+    pub enabled: bool,
+    /// Load figure compared with the limit. Default `conns`.
+    pub metric: Metric,
+    /// Admit only while the chosen back-end's load is below this. Default 256.
+    pub limit: u64,
+    /// Check at accept time (before reading the request), as in the paper. Default true.
+    pub at_accept: bool,
+    /// Check again per request (keep-alive connections). Default true.
+    pub per_request: bool,
+    /// A record whose sequence has not advanced for this long is stale. Default 100 ms.
+    pub stale_after_ms: u64,
+    /// What a stale or missing record means. Default `reject`.
+    pub on_stale: StalePolicy,
+    /// Value of `Retry-After` on 503. Default 1 s.
+    pub retry_after_s: u32,
+    /// Per-site limits overriding `limit`, e.g. `{ "shop.example" = 100 }`.
+    pub site_limits: std::collections::BTreeMap<String, u64>,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig {
+            enabled: false,
+            metric: Metric::Conns,
+            limit: 256,
+            at_accept: true,
+            per_request: true,
+            stale_after_ms: 100,
+            on_stale: StalePolicy::Reject,
+            retry_after_s: 1,
+            site_limits: Default::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MonitorConfig {
+    /// Poll period G of every back-end's region. Default 1000 µs.
+    pub period_us: u64,
+    /// Timeout of one remote read. Default 50 ms.
+    pub read_timeout_ms: u64,
+    /// Read an external `farside monitor`'s table from this file instead of embedding
+    /// the monitor. Default: none (embedded).
+    pub table: Option<String>,
+}
+
+impl Default for MonitorConfig {
+    fn default() -> Self {
+        MonitorConfig {
+            period_us: 1000,
+            read_timeout_ms: 50,
+            table: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum BalancePolicy {
+    /// Rotate through usable back-ends.
+    RoundRobin,
+    /// Lowest load (remote metric + local in-flight).
+    LeastLoaded,
+    /// Power of two random choices on the same score.
+    P2c,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BalanceConfig {
+    /// Default `least-loaded`.
+    pub policy: BalancePolicy,
+    /// After a connect failure a back-end is skipped for this long. Default 1000 ms.
+    pub down_for_ms: u64,
+}
+
+impl Default for BalanceConfig {
+    fn default() -> Self {
+        BalanceConfig {
+            policy: BalancePolicy::LeastLoaded,
+            down_for_ms: 1000,
+        }
+    }
+}
+
+mod defaults {
+    pub fn workers() -> usize {
+        1
+    }
+}
+
+/// Largest sane value for timeouts, to catch unit mistakes (ms given as µs).
+const TIMEOUT_MS_MAX: u64 = 3_600_000;
+
+impl ProxyConfig {
+    /// A configuration from flags alone: listen address and back-ends, defaults elsewhere.
+    pub fn simple(listen: SocketAddr, backends: Vec<BackendConfig>) -> Self {
+        ProxyConfig {
+            listen,
+            workers: defaults::workers(),
+            admin_listen: None,
+            http: HttpConfig::default(),
+            backends,
+            admission: AdmissionConfig::default(),
+            monitor: MonitorConfig::default(),
+            balance: BalanceConfig::default(),
+        }
+    }
+
+    pub fn from_toml_str(s: &str) -> Result<Self, ConfigError> {
+        let cfg: ProxyConfig = toml::from_str(s).map_err(|e| {
+            let key = e
+                .span()
+                .map(|sp| format!("at bytes {}..{}", sp.start, sp.end));
+            err(
+                key.unwrap_or_else(|| "file".into()),
+                e.message().to_string(),
+            )
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let s = std::fs::read_to_string(path)
+            .map_err(|e| err(path.display().to_string(), format!("cannot read: {e}")))?;
+        Self::from_toml_str(&s)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.workers == 0 || self.workers > 256 {
+            return Err(err("workers", "must be 1..=256"));
+        }
+        if self.backends.is_empty() {
+            return Err(err("backend", "at least one back-end is required"));
+        }
+        let h = &self.http;
+        for (k, v) in [
+            ("http.header_timeout_ms", h.header_timeout_ms),
+            ("http.idle_timeout_ms", h.idle_timeout_ms),
+            ("http.connect_timeout_ms", h.connect_timeout_ms),
+            ("http.response_timeout_ms", h.response_timeout_ms),
+            ("http.pool_idle_timeout_ms", h.pool_idle_timeout_ms),
+            ("admission.stale_after_ms", self.admission.stale_after_ms),
+            ("monitor.read_timeout_ms", self.monitor.read_timeout_ms),
+            ("balance.down_for_ms", self.balance.down_for_ms),
+        ] {
+            if v == 0 || v > TIMEOUT_MS_MAX {
+                return Err(err(k, format!("must be 1..={TIMEOUT_MS_MAX} ms, got {v}")));
+            }
+        }
+        if !(1024..=1 << 20).contains(&h.max_header_bytes) {
+            return Err(err("http.max_header_bytes", "must be 1024..=1048576"));
+        }
+        if !(8..=1000).contains(&h.max_headers) {
+            return Err(err("http.max_headers", "must be 8..=1000"));
+        }
+        if h.max_client_conns == 0 {
+            return Err(err("http.max_client_conns", "must be at least 1"));
+        }
+        if !(10..=1_000_000).contains(&self.monitor.period_us) {
+            return Err(err("monitor.period_us", "must be 10..=1000000 µs"));
+        }
+        for (i, b) in self.backends.iter().enumerate() {
+            if let Some(r) = &b.region {
+                crate::control::RegionSource::parse(r)
+                    .map_err(|m| err(format!("backend[{i}].region"), m))?;
+            }
+        }
+        if self.admission.enabled && self.admission.metric != Metric::Inflight {
+            if let Some(i) = self.backends.iter().position(|b| b.region.is_none()) {
+                if self.monitor.table.is_none() {
+                    return Err(err(
+                        format!("backend[{i}].region"),
+                        format!(
+                            "admission metric `{}` needs every back-end's load region \
+                             (or use metric `inflight`)",
+                            self.admission.metric.name()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_config_parses_with_defaults() {
+        let c = ProxyConfig::from_toml_str(
+            r#"
+            listen = "127.0.0.1:8000"
+            [admission]
+            enabled = true
+            metric = "cpu"
+            limit = 900000
+            [[backend]]
+            addr = "127.0.0.1:8081"
+            region = "shm:/dev/shm/farside/a.region"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.admission.metric, Metric::Cpu);
+        assert_eq!(c.http.max_header_bytes, 16384);
+        assert_eq!(c.monitor.period_us, 1000);
+    }
+
+    #[test]
+    fn invalid_config_names_the_key() {
+        let e = ProxyConfig::from_toml_str(
+            "listen = \"127.0.0.1:1\"\n[http]\nheader_timeout_ms = 0\n[[backend]]\naddr = \"127.0.0.1:2\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "http.header_timeout_ms");
+
+        let e = ProxyConfig::from_toml_str("listen = \"127.0.0.1:1\"\n").unwrap_err();
+        assert_eq!(e.key, "backend");
+
+        let e = ProxyConfig::from_toml_str(
+            "listen = \"127.0.0.1:1\"\n[[backend]]\naddr = \"127.0.0.1:2\"\nregion = \"ftp:x\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "backend[0].region");
+
+        let e = ProxyConfig::from_toml_str("listen = \"127.0.0.1:1\"\nbogus = 3\n").unwrap_err();
+        assert!(e.msg.contains("bogus"), "{e}");
+    }
+}

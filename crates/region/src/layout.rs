@@ -1,0 +1,104 @@
+//! Word offsets of the region. Every field is one little-endian 64-bit word.
+//!
+//! ```text
+//! word   0..8     header         written once at start (magic, version, node, generation)
+//! word   8..24    load record    seqlock block: SEQ_HEAD .. fields .. SEQ_TAIL
+//! word  24..32    reserved       (pads the record to its own cache lines)
+//! word  32..64    control        role / lock / counter words changed by remote CAS and FETCH-ADD
+//! word  64..512   scratch        application data (probe payloads, cache directory)
+//! ```
+//!
+//! The layout version changes whenever a word moves; readers refuse other versions.
+//! These constants are the single source: the BPF side (`bpf/`) is checked against
+//! them by a test.
+
+/// Size of a region in 64-bit words.
+pub const REGION_WORDS: usize = 512;
+/// Size of a region in bytes (one 4 KiB page, so it maps and registers as one page).
+pub const REGION_BYTES: usize = REGION_WORDS * 8;
+
+/// `b"FSREGION"` read as a little-endian u64.
+pub const MAGIC: u64 = u64::from_le_bytes(*b"FSREGION");
+/// Bumped whenever a word of this layout moves or changes meaning.
+pub const LAYOUT_VERSION: u64 = 1;
+
+// ---- header (written once by the gatherer before the first record) ----
+pub const W_MAGIC: usize = 0;
+pub const W_LAYOUT_VERSION: usize = 1;
+/// Operator-chosen node id.
+pub const W_NODE_ID: usize = 2;
+/// Changes on every gatherer start: a reader that sees it change knows the
+/// sequence restarted and must not compare sequence numbers across it.
+pub const W_GENERATION: usize = 3;
+/// The gatherer's sampling period in microseconds.
+pub const W_PERIOD_US: usize = 4;
+/// Region size in bytes, so a reader can check it reads a region of the size it expects.
+pub const W_REGION_BYTES: usize = 5;
+/// Up to four watched TCP ports, 16 bits each (0 = unused).
+pub const W_WATCHED_PORTS: usize = 6;
+pub const HEADER_WORDS: usize = 8;
+
+// ---- load record: a seqlock block ----
+//
+// The writer stores SEQ_TAIL first, then the fields, then SEQ_HEAD (all with release
+// order). A reader that copies the block in ascending address order (one remote READ
+// does) accepts it only if SEQ_HEAD == SEQ_TAIL != 0. See `seqlock.rs` for the argument.
+pub const W_SEQ_HEAD: usize = 8;
+/// Gatherer's CLOCK_MONOTONIC at the sample, in ns (meaningful on the gatherer's host only).
+pub const W_SAMPLE_MONO_NS: usize = 9;
+/// CPU utilisation over the last period, parts per million of all CPUs the gatherer watches.
+pub const W_CPU_UTIL_PPM: usize = 10;
+/// CPU pressure (PSI "some") over the last period, ppm of wall time.
+pub const W_CPU_PRESSURE_PPM: usize = 11;
+/// Runnable tasks (procs_running) at the sample.
+pub const W_RUNNABLE: usize = 12;
+/// Established TCP connections on the watched ports.
+pub const W_CONNS_ESTABLISHED: usize = 13;
+/// Connections waiting in the watched listeners' accept queues.
+pub const W_ACCEPT_BACKLOG: usize = 14;
+/// Established connections with unread request bytes (received, not yet read by the server).
+pub const W_CONNS_PENDING: usize = 15;
+pub const W_MEM_TOTAL_KB: usize = 16;
+pub const W_MEM_AVAILABLE_KB: usize = 17;
+/// Requests in flight where the server reports it, else 0 with FLAG_INFLIGHT clear.
+pub const W_INFLIGHT: usize = 18;
+/// Number of CPUs the utilisation is relative to.
+pub const W_NCPU: usize = 19;
+/// Which optional fields are valid, see `FLAG_*`.
+pub const W_FLAGS: usize = 20;
+/// The gatherer's own CPU time spent on the last sample, ns.
+pub const W_SAMPLE_COST_NS: usize = 21;
+pub const W_SEQ_TAIL: usize = 23;
+/// First word of the load record block (its SEQ_HEAD).
+pub const RECORD_FIRST_WORD: usize = W_SEQ_HEAD;
+/// Number of words from SEQ_HEAD to SEQ_TAIL inclusive.
+pub const RECORD_WORDS: usize = W_SEQ_TAIL - W_SEQ_HEAD + 1;
+/// Bytes a reader fetches in one READ to get header and record: words 0..=SEQ_TAIL.
+pub const SNAPSHOT_BYTES: usize = (W_SEQ_TAIL + 1) * 8;
+
+pub const FLAG_PSI: u64 = 1 << 0;
+pub const FLAG_CONNS: u64 = 1 << 1;
+pub const FLAG_INFLIGHT: u64 = 1 << 2;
+pub const FLAG_MEM: u64 = 1 << 3;
+
+// ---- control area (seed 001: reconfiguration) ----
+/// The site this node serves now; changed by remote COMPARE-AND-SWAP.
+pub const W_ROLE_SITE: usize = 32;
+/// Bumped with every role change (FETCH-ADD), so readers detect a move.
+pub const W_ROLE_EPOCH: usize = 33;
+/// First of `LOCK_WORDS` site lock words: 0 = free, else owner id << 32 | lease expiry.
+pub const W_LOCK_BASE: usize = 40;
+pub const LOCK_WORDS: usize = 8;
+/// First of `COUNTER_WORDS` update counters that peers bump with FETCH-ADD.
+pub const W_COUNTER_BASE: usize = 48;
+pub const COUNTER_WORDS: usize = 16;
+pub const CONTROL_FIRST_WORD: usize = 32;
+pub const CONTROL_END_WORD: usize = 64;
+
+// ---- scratch ----
+pub const SCRATCH_FIRST_WORD: usize = 64;
+
+/// Byte offset of a word.
+pub const fn byte_offset(word: usize) -> usize {
+    word * 8
+}
