@@ -1,5 +1,39 @@
 //! Remote memory: `read`, `write`, `compare_swap` and `fetch_add` on a back-end's
-//! region, over several transports behind one interface.
+//! region, over several transports behind one interface ([`RemoteMemory`]).
+//!
+//! | transport | who answers | one-sided? |
+//! |---|---|---|
+//! | `shm` | nobody: the region file is mapped here (same host) | yes |
+//! | `tcp` | the gatherer process, per request | no (the papers' baseline) |
+//! | `udp` | the XDP program in the kernel, or the gatherer as fallback | yes with XDP |
+//!
+//! Operation semantics (checks and their order) live in [`ops`]; the wire format in
+//! [`wire`]. All offsets and lengths are bytes and multiples of 8.
 
+pub mod client;
 mod endpoint;
+pub mod ops;
+pub mod tcp_server;
+pub mod udp;
+pub mod wire;
+
+pub use client::{
+    connect, ClientOptions, RemoteMemory, RmemError, ShmClient, TcpClient, DEFAULT_READ_KEY,
+};
 pub use endpoint::Endpoint;
+pub use ops::{AccessKeys, OpCounters, Perm};
+pub use tcp_server::TcpServer;
+pub use udp::{UdpClient, UdpServer};
+
+/// A random 64-bit value from the kernel (sequence starts, generated keys).
+pub fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == 8 {
+        u64::from_le_bytes(b)
+    } else {
+        // getrandom cannot fail for 8 bytes after boot; fall back to time anyway.
+        farside_region::fresh_generation()
+    }
+}

@@ -1,0 +1,390 @@
+//! The client interface and the `shm` and `tcp` transports.
+
+use crate::ops::{self, AccessKeys, OpCounters, Perm};
+use crate::wire::*;
+use crate::Endpoint;
+use farside_region::{MappedWords, Words, REGION_WORDS};
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+/// Why a remote-memory operation failed.
+#[derive(Debug)]
+pub enum RmemError {
+    /// No reply within the timeout. For WRITE, CAS and FETCH-ADD the outcome is unknown:
+    /// the operation may or may not have been applied.
+    Timeout,
+    /// The server answered with a refusal.
+    Refused(Status),
+    /// Connection or socket error.
+    Io(io::Error),
+    /// The reply did not match the request (wrong seq/op/length) or was malformed.
+    Protocol(String),
+}
+
+impl fmt::Display for RmemError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RmemError::Timeout => f.write_str("timed out"),
+            RmemError::Refused(s) => write!(f, "refused: {}", s.name()),
+            RmemError::Io(e) => write!(f, "{e}"),
+            RmemError::Protocol(m) => write!(f, "protocol error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for RmemError {}
+
+impl From<io::Error> for RmemError {
+    fn from(e: io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => RmemError::Timeout,
+            _ => RmemError::Io(e),
+        }
+    }
+}
+
+/// One-sided access to a region. Offsets and lengths are bytes, multiples of 8.
+pub trait RemoteMemory: Send {
+    fn read(&mut self, offset: usize, buf: &mut [u8]) -> Result<(), RmemError>;
+    fn write(&mut self, offset: usize, data: &[u8]) -> Result<(), RmemError>;
+    /// Atomically: if the word at `offset` equals `expected`, set it to `new`. Returns the
+    /// word's previous value (equal to `expected` iff the swap happened).
+    fn compare_swap(&mut self, offset: usize, expected: u64, new: u64) -> Result<u64, RmemError>;
+    /// Atomically add `delta` (wrapping) to the word at `offset`; returns the old value.
+    fn fetch_add(&mut self, offset: usize, delta: u64) -> Result<u64, RmemError>;
+    /// `shm`, `tcp`, `udp`.
+    fn transport(&self) -> &'static str;
+}
+
+/// Well-known read-only key used when none is configured (loopback labs). Deployments
+/// across hosts should set their own with `--read-key`.
+pub const DEFAULT_READ_KEY: u64 = u64::from_le_bytes(*b"farside0");
+
+/// How to connect.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    pub key: u64,
+    /// Timeout of one operation (connect included for tcp). Default 50 ms.
+    pub timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            key: DEFAULT_READ_KEY,
+            timeout: Duration::from_millis(50),
+        }
+    }
+}
+
+/// Open a client for `ep`.
+pub fn connect(ep: &Endpoint, opts: &ClientOptions) -> Result<Box<dyn RemoteMemory>, RmemError> {
+    Ok(match ep {
+        Endpoint::Shm(path) => Box::new(ShmClient::open(path)?),
+        Endpoint::Tcp(addr) => Box::new(TcpClient::new(*addr, opts.clone())),
+        Endpoint::Udp(addr) => Box::new(crate::udp::UdpClient::new(*addr, opts.clone())?),
+    })
+}
+
+/// Build a request, run it through `exchange`, and decode the reply. Shared by every
+/// message-based transport (tcp, udp, and shm which executes in place).
+pub(crate) struct Codec {
+    req: Vec<u8>,
+    rep: Vec<u8>,
+    seq: u64,
+    key: u64,
+}
+
+impl Codec {
+    pub(crate) fn new(key: u64) -> Self {
+        Codec {
+            req: Vec::with_capacity(REQ_BYTES_MAX),
+            rep: Vec::with_capacity(REP_BYTES_MAX),
+            seq: crate::random_u64(),
+            key,
+        }
+    }
+
+    pub(crate) fn next_seq(&mut self) -> u64 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    /// Encode request `op` into `self.req` with a new sequence number; returns it.
+    pub(crate) fn encode(
+        &mut self,
+        op: Op,
+        offset: usize,
+        len: usize,
+        payload: &[u8],
+    ) -> Result<u64, RmemError> {
+        let offset = u32::try_from(offset).map_err(|_| RmemError::Refused(Status::OutOfBounds))?;
+        let len = u32::try_from(len).map_err(|_| RmemError::Refused(Status::BadLength))?;
+        let seq = self.next_seq();
+        encode_request(
+            &mut self.req,
+            &ReqHeader {
+                op: op as u8,
+                seq,
+                key: self.key,
+                region: 0,
+                offset,
+                len,
+            },
+            payload,
+        );
+        Ok(seq)
+    }
+
+    /// Validate the reply in `self.rep` against request (op, seq) and return its payload.
+    pub(crate) fn check_reply(
+        &self,
+        op: Op,
+        seq: u64,
+        want_len: usize,
+    ) -> Result<&[u8], RmemError> {
+        let h = RepHeader::decode(&self.rep)
+            .map_err(|_| RmemError::Protocol("malformed reply".into()))?;
+        if h.seq != seq || h.op != op as u8 {
+            return Err(RmemError::Protocol(format!(
+                "reply for seq {} op {}, expected seq {seq} op {}",
+                h.seq, h.op, op as u8
+            )));
+        }
+        if h.status != Status::Ok {
+            return Err(RmemError::Refused(h.status));
+        }
+        let body = &self.rep[REP_HEADER_BYTES..];
+        if h.len as usize != want_len || body.len() < want_len {
+            return Err(RmemError::Protocol(format!(
+                "reply carries {} bytes, expected {want_len}",
+                body.len()
+            )));
+        }
+        Ok(&body[..want_len])
+    }
+
+    pub(crate) fn req(&self) -> &[u8] {
+        &self.req
+    }
+
+    pub(crate) fn rep_mut(&mut self) -> &mut Vec<u8> {
+        &mut self.rep
+    }
+}
+
+/// Implements the four operations of [`RemoteMemory`] on top of one `exchange` method
+/// that sends `codec.req()` and leaves the reply in `codec.rep_mut()`.
+pub(crate) trait Exchange {
+    fn codec(&mut self) -> &mut Codec;
+    /// Send the encoded request (sequence `seq`) and receive its reply.
+    fn exchange(&mut self, op: Op, seq: u64) -> Result<(), RmemError>;
+
+    fn op(
+        &mut self,
+        op: Op,
+        offset: usize,
+        len: usize,
+        payload: &[u8],
+        out: &mut [u8],
+    ) -> Result<(), RmemError> {
+        let seq = self.codec().encode(op, offset, len, payload)?;
+        self.exchange(op, seq)?;
+        let want = out.len();
+        let body = self.codec().check_reply(op, seq, want)?;
+        out.copy_from_slice(body);
+        Ok(())
+    }
+}
+
+macro_rules! remote_memory_via_exchange {
+    ($t:ty, $name:expr) => {
+        impl $crate::client::RemoteMemory for $t {
+            fn read(
+                &mut self,
+                offset: usize,
+                buf: &mut [u8],
+            ) -> Result<(), $crate::client::RmemError> {
+                let len = buf.len();
+                $crate::client::Exchange::op(self, $crate::wire::Op::Read, offset, len, &[], buf)
+            }
+            fn write(
+                &mut self,
+                offset: usize,
+                data: &[u8],
+            ) -> Result<(), $crate::client::RmemError> {
+                $crate::client::Exchange::op(
+                    self,
+                    $crate::wire::Op::Write,
+                    offset,
+                    data.len(),
+                    data,
+                    &mut [],
+                )
+            }
+            fn compare_swap(
+                &mut self,
+                offset: usize,
+                expected: u64,
+                new: u64,
+            ) -> Result<u64, $crate::client::RmemError> {
+                let mut p = [0u8; 16];
+                p[..8].copy_from_slice(&expected.to_le_bytes());
+                p[8..].copy_from_slice(&new.to_le_bytes());
+                let mut old = [0u8; 8];
+                $crate::client::Exchange::op(
+                    self,
+                    $crate::wire::Op::CompareSwap,
+                    offset,
+                    8,
+                    &p,
+                    &mut old,
+                )?;
+                Ok(u64::from_le_bytes(old))
+            }
+            fn fetch_add(
+                &mut self,
+                offset: usize,
+                delta: u64,
+            ) -> Result<u64, $crate::client::RmemError> {
+                let mut old = [0u8; 8];
+                $crate::client::Exchange::op(
+                    self,
+                    $crate::wire::Op::FetchAdd,
+                    offset,
+                    8,
+                    &delta.to_le_bytes(),
+                    &mut old,
+                )?;
+                Ok(u64::from_le_bytes(old))
+            }
+            fn transport(&self) -> &'static str {
+                $name
+            }
+        }
+    };
+}
+pub(crate) use remote_memory_via_exchange;
+
+/// Same-host transport: the region file mapped into this process. Operations run in
+/// place with the same checks as every server (`ops::execute`), so semantics match.
+pub struct ShmClient {
+    mem: MappedWords,
+    keys: AccessKeys,
+    counters: OpCounters,
+    codec: Codec,
+}
+
+impl ShmClient {
+    pub fn open(path: &std::path::Path) -> Result<Self, RmemError> {
+        let mem = MappedWords::open_file(path, REGION_WORDS).map_err(|e| {
+            RmemError::Io(io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+        })?;
+        // Local mapping: whoever can open the file may do everything.
+        let keys = AccessKeys::new().with(DEFAULT_READ_KEY, Perm::ReadWrite);
+        Ok(ShmClient {
+            mem,
+            keys,
+            counters: OpCounters::default(),
+            codec: Codec::new(DEFAULT_READ_KEY),
+        })
+    }
+
+    /// The mapped words, for readers that decode in place without copying.
+    pub fn words(&self) -> &dyn Words {
+        &self.mem
+    }
+}
+
+impl Exchange for ShmClient {
+    fn codec(&mut self) -> &mut Codec {
+        &mut self.codec
+    }
+    fn exchange(&mut self, _op: Op, _seq: u64) -> Result<(), RmemError> {
+        let ShmClient {
+            mem,
+            keys,
+            counters,
+            codec,
+        } = self;
+        let req = std::mem::take(&mut codec.req);
+        ops::execute(mem.words(), keys, counters, &req, &mut codec.rep);
+        codec.req = req;
+        Ok(())
+    }
+}
+remote_memory_via_exchange!(ShmClient, "shm");
+
+/// Two-sided baseline: one TCP connection to the gatherer, which reads each request and
+/// answers it from user space. Reconnects on the next operation after any error.
+pub struct TcpClient {
+    addr: SocketAddr,
+    opts: ClientOptions,
+    conn: Option<TcpStream>,
+    codec: Codec,
+}
+
+impl TcpClient {
+    pub fn new(addr: SocketAddr, opts: ClientOptions) -> Self {
+        let codec = Codec::new(opts.key);
+        TcpClient {
+            addr,
+            opts,
+            conn: None,
+            codec,
+        }
+    }
+
+    fn stream(&mut self) -> Result<&mut TcpStream, RmemError> {
+        if self.conn.is_none() {
+            let s = TcpStream::connect_timeout(&self.addr, self.opts.timeout)?;
+            s.set_nodelay(true)?;
+            s.set_read_timeout(Some(self.opts.timeout))?;
+            s.set_write_timeout(Some(self.opts.timeout))?;
+            self.conn = Some(s);
+        }
+        Ok(self.conn.as_mut().expect("just set"))
+    }
+
+    fn try_exchange(&mut self) -> Result<(), RmemError> {
+        let req = std::mem::take(&mut self.codec.req);
+        let r = (|| {
+            self.stream()?;
+            let s = self.conn.as_mut().expect("stream() connected");
+            s.write_all(&req)?;
+            let rep = &mut self.codec.rep;
+            rep.resize(REP_HEADER_BYTES, 0);
+            s.read_exact(&mut rep[..REP_HEADER_BYTES])?;
+            let h = RepHeader::decode(rep)
+                .map_err(|_| RmemError::Protocol("malformed reply header".into()))?;
+            let n = h.len as usize;
+            if n > OP_BYTES_MAX {
+                return Err(RmemError::Protocol(format!(
+                    "reply length {n} over {OP_BYTES_MAX}"
+                )));
+            }
+            rep.resize(REP_HEADER_BYTES + n, 0);
+            s.read_exact(&mut rep[REP_HEADER_BYTES..])?;
+            Ok(())
+        })();
+        self.codec.req = req;
+        r
+    }
+}
+
+impl Exchange for TcpClient {
+    fn codec(&mut self) -> &mut Codec {
+        &mut self.codec
+    }
+    fn exchange(&mut self, _op: Op, _seq: u64) -> Result<(), RmemError> {
+        let r = self.try_exchange();
+        if r.is_err() {
+            // The stream may hold a partial reply: never reuse it.
+            self.conn = None;
+        }
+        r
+    }
+}
+remote_memory_via_exchange!(TcpClient, "tcp");

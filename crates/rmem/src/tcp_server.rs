@@ -1,0 +1,136 @@
+//! The two-sided baseline server: the gatherer process reads each request from a TCP
+//! connection and answers it. It runs at normal priority like any daemon, so under CPU
+//! saturation its answers wait for the scheduler — the effect the papers measure.
+
+use crate::ops::{self, AccessKeys, OpCounters};
+use crate::wire::*;
+use farside_region::Words;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Most client connections served at once; further ones are closed at accept.
+pub const TCP_CONNS_MAX: usize = 64;
+/// A connection idle this long is closed.
+pub const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub struct TcpServer {
+    pub local_addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+}
+
+impl TcpServer {
+    pub fn spawn(
+        addr: SocketAddr,
+        mem: Arc<dyn Words>,
+        keys: AccessKeys,
+        counters: Arc<OpCounters>,
+    ) -> io::Result<TcpServer> {
+        let listener = TcpListener::bind(addr)?;
+        let local_addr = listener.local_addr()?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let active = Arc::new(AtomicUsize::new(0));
+        std::thread::Builder::new()
+            .name("rmem-tcp".into())
+            .spawn(move || {
+                for conn in listener.incoming() {
+                    if st.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let Ok(conn) = conn else { continue };
+                    if active.load(Ordering::Relaxed) >= TCP_CONNS_MAX {
+                        log::warn!("rmem tcp: {TCP_CONNS_MAX} connections open, refusing one");
+                        continue;
+                    }
+                    active.fetch_add(1, Ordering::Relaxed);
+                    let (mem, keys, counters, active, st) = (
+                        mem.clone(),
+                        keys.clone(),
+                        counters.clone(),
+                        active.clone(),
+                        st.clone(),
+                    );
+                    let spawned = std::thread::Builder::new()
+                        .name("rmem-tcp-conn".into())
+                        .spawn(move || {
+                            if let Err(e) = serve_conn(conn, &*mem, &keys, &counters, &st) {
+                                log::debug!("rmem tcp connection ended: {e}");
+                            }
+                            active.fetch_sub(1, Ordering::Relaxed);
+                        });
+                    if spawned.is_err() {
+                        log::warn!("rmem tcp: cannot spawn a connection thread");
+                    }
+                }
+            })?;
+        Ok(TcpServer { local_addr, stop })
+    }
+}
+
+impl Drop for TcpServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Wake the accept loop so it sees the flag.
+        let _ = TcpStream::connect_timeout(&self.local_addr, Duration::from_millis(100));
+    }
+}
+
+fn serve_conn(
+    mut s: TcpStream,
+    mem: &dyn Words,
+    keys: &AccessKeys,
+    counters: &OpCounters,
+    stop: &AtomicBool,
+) -> io::Result<()> {
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(TCP_IDLE_TIMEOUT))?;
+    let mut req = vec![0u8; REQ_BYTES_MAX];
+    let mut reply = Vec::with_capacity(REP_BYTES_MAX);
+    while !stop.load(Ordering::Relaxed) {
+        s.read_exact(&mut req[..REQ_HEADER_BYTES])?;
+        let h = match ReqHeader::decode(&req[..REQ_HEADER_BYTES]) {
+            Ok(h) => h,
+            Err(_) => {
+                // Framing is lost: answer once and close.
+                RepHeader {
+                    op: 0,
+                    status: Status::Malformed,
+                    seq: 0,
+                    len: 0,
+                }
+                .encode(&mut reply);
+                reply.truncate(REP_HEADER_BYTES);
+                s.write_all(&reply)?;
+                return Ok(());
+            }
+        };
+        let payload = Op::from_u8(h.op)
+            .map(|op| op.req_payload_len(h.len))
+            .unwrap_or(0);
+        if payload > OP_BYTES_MAX {
+            reply.clear();
+            RepHeader {
+                op: h.op,
+                status: Status::BadLength,
+                seq: h.seq,
+                len: 0,
+            }
+            .encode(&mut reply);
+            s.write_all(&reply)?;
+            return Ok(());
+        }
+        s.read_exact(&mut req[REQ_HEADER_BYTES..REQ_HEADER_BYTES + payload])?;
+        ops::execute(
+            mem.words(),
+            keys,
+            counters,
+            &req[..REQ_HEADER_BYTES + payload],
+            &mut reply,
+        );
+        s.write_all(&reply)?;
+    }
+    Ok(())
+}

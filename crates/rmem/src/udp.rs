@@ -1,0 +1,202 @@
+//! The `udp` transport: one datagram per request and one per reply. Two servers answer
+//! the same packets: the XDP program in `bpf/` (in the kernel, one-sided) and
+//! [`UdpServer`] in gatherd (user space, the fallback when XDP cannot be attached).
+//!
+//! Retries and their semantics (a datagram or its reply may be lost):
+//! - READ and WRITE are idempotent and are retried up to `UDP_TRIES` times.
+//! - COMPARE-AND-SWAP is retried too. A retry whose first attempt was applied returns
+//!   `old == new` instead of `old == expected`; [`UdpClient::compare_swap`] reports that
+//!   as success, so a lost reply never makes the winner think it lost. This requires
+//!   that `new` is unique to the caller (farside's lock words embed the owner id), which
+//!   the lock protocol guarantees.
+//! - FETCH-AND-ADD is NOT retried: on a lost datagram it returns `Timeout`, meaning the
+//!   add may or may not have happened. Callers that need exactly-once counting must use
+//!   CAS loops; farside's update counters only need "at least one bump happened or the
+//!   caller knows it failed", which `Timeout` tells.
+//! - A reply whose sequence number is not the current request's is discarded (late
+//!   replies of earlier attempts), so replies are never matched to the wrong request.
+
+use crate::client::{remote_memory_via_exchange, ClientOptions, Codec, Exchange, RmemError};
+use crate::ops::{self, AccessKeys, OpCounters};
+use crate::wire::*;
+use farside_region::Words;
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Attempts per idempotent operation (first try + retries).
+pub const UDP_TRIES: u32 = 3;
+
+pub struct UdpClient {
+    sock: UdpSocket,
+    opts: ClientOptions,
+    codec: Codec,
+    /// Attempts per operation; `UDP_TRIES` by default.
+    pub tries: u32,
+    /// Test hook: drop this many outgoing datagrams (simulated loss).
+    pub drop_next_sends: u32,
+}
+
+impl UdpClient {
+    pub fn new(server: SocketAddr, opts: ClientOptions) -> Result<Self, RmemError> {
+        let bind: SocketAddr = if server.is_ipv4() {
+            "0.0.0.0:0"
+        } else {
+            "[::]:0"
+        }
+        .parse()
+        .expect("literal");
+        let sock = UdpSocket::bind(bind)?;
+        sock.connect(server)?;
+        let codec = Codec::new(opts.key);
+        Ok(UdpClient {
+            sock,
+            opts,
+            codec,
+            tries: UDP_TRIES,
+            drop_next_sends: 0,
+        })
+    }
+
+    /// Per-attempt timeout: the operation timeout split over the attempts.
+    fn attempt_timeout(&self, tries: u32) -> Duration {
+        (self.opts.timeout / tries.max(1)).max(Duration::from_micros(100))
+    }
+
+    fn one_attempt(&mut self, seq: u64, timeout: Duration) -> Result<(), RmemError> {
+        if self.drop_next_sends > 0 {
+            self.drop_next_sends -= 1;
+        } else {
+            self.sock.send(self.codec.req())?;
+        }
+        let deadline = Instant::now() + timeout;
+        let rep = self.codec.rep_mut();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(RmemError::Timeout);
+            }
+            self.sock.set_read_timeout(Some(left))?;
+            rep.resize(REP_BYTES_MAX, 0);
+            let n = match self.sock.recv(rep) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    // ICMP port unreachable: nothing listens (and no XDP answered).
+                    return Err(RmemError::Io(e));
+                }
+                Err(e) => return Err(e.into()),
+            };
+            rep.truncate(n);
+            match RepHeader::decode(rep) {
+                Ok(h) if h.seq == seq => return Ok(()),
+                _ => continue, // a late reply to an earlier attempt, or junk
+            }
+        }
+    }
+}
+
+impl Exchange for UdpClient {
+    fn codec(&mut self) -> &mut Codec {
+        &mut self.codec
+    }
+
+    fn exchange(&mut self, op: Op, seq: u64) -> Result<(), RmemError> {
+        let tries = if op == Op::FetchAdd {
+            1
+        } else {
+            self.tries.max(1)
+        };
+        let per = self.attempt_timeout(tries);
+        let mut last = RmemError::Timeout;
+        for _ in 0..tries {
+            match self.one_attempt(seq, per) {
+                Ok(()) => return Ok(()),
+                Err(RmemError::Timeout) => last = RmemError::Timeout,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
+    }
+}
+
+remote_memory_via_exchange!(UdpClient, "udp");
+
+impl UdpClient {
+    /// CAS with retry semantics (see module docs): returns `Ok(expected)` if this caller's
+    /// swap was applied, even if only a retry's reply arrived.
+    pub fn compare_swap_retrying(
+        &mut self,
+        offset: usize,
+        expected: u64,
+        new: u64,
+    ) -> Result<u64, RmemError> {
+        use crate::client::RemoteMemory;
+        let old = self.compare_swap(offset, expected, new)?;
+        if old == new && expected != new {
+            // Our first attempt was applied and its reply was lost: we won.
+            return Ok(expected);
+        }
+        Ok(old)
+    }
+}
+
+/// Most datagrams the user-space server answers per wake-up before checking for stop.
+const SERVER_BATCH_MAX: usize = 64;
+
+/// User-space responder for the udp protocol (the fallback when XDP is unavailable).
+/// Bad keys are dropped without a reply, like the XDP program does.
+pub struct UdpServer {
+    pub local_addr: SocketAddr,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl UdpServer {
+    pub fn spawn(
+        addr: SocketAddr,
+        mem: Arc<dyn Words>,
+        keys: AccessKeys,
+        counters: Arc<OpCounters>,
+    ) -> io::Result<UdpServer> {
+        let sock = UdpSocket::bind(addr)?;
+        let local_addr = sock.local_addr()?;
+        sock.set_read_timeout(Some(Duration::from_millis(100)))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("rmem-udp".into())
+            .spawn(move || {
+                let mut buf = vec![0u8; REQ_BYTES_MAX + 64];
+                let mut reply = Vec::with_capacity(REP_BYTES_MAX);
+                while !st.load(Ordering::Relaxed) {
+                    for _ in 0..SERVER_BATCH_MAX {
+                        let (n, peer) = match sock.recv_from(&mut buf) {
+                            Ok(x) => x,
+                            Err(_) => break,
+                        };
+                        let status =
+                            ops::execute(mem.words(), &keys, &counters, &buf[..n], &mut reply);
+                        if status != Status::BadKey && status != Status::Malformed {
+                            let _ = sock.send_to(&reply, peer);
+                        }
+                    }
+                }
+            })?;
+        Ok(UdpServer {
+            local_addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for UdpServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

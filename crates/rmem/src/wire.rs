@@ -1,0 +1,261 @@
+//! The request/reply format shared by the `tcp` and `udp` transports (and the XDP
+//! responder in `bpf/`). Little-endian, fixed headers.
+//!
+//! ```text
+//! request (REQ_HEADER_BYTES = 40):
+//!   0  u32 magic "FSRM"     4 u8 version   5 u8 op   6 u16 reserved (0)
+//!   8  u64 seq (echoed)    16 u64 access key
+//!  24  u32 region id       28 u32 offset (bytes, 8-aligned)
+//!  32  u32 len (bytes)     36 u32 reserved (0)
+//!  40  payload: WRITE: len bytes; CAS: expected u64, new u64; FADD: delta u64
+//! reply (REP_HEADER_BYTES = 24):
+//!   0  u32 magic "FSRP"     4 u8 version   5 u8 op   6 u8 status  7 u8 reserved
+//!   8  u64 seq             16 u32 payload len        20 u32 reserved
+//!  24  payload: READ: len bytes; CAS/FADD: old value u64; WRITE: none
+//! ```
+
+/// `b"FSRM"` little-endian.
+pub const REQ_MAGIC: u32 = u32::from_le_bytes(*b"FSRM");
+/// `b"FSRP"` little-endian.
+pub const REP_MAGIC: u32 = u32::from_le_bytes(*b"FSRP");
+pub const VERSION: u8 = 1;
+pub const REQ_HEADER_BYTES: usize = 40;
+pub const REP_HEADER_BYTES: usize = 24;
+/// Largest READ or WRITE in one operation: one region.
+pub const OP_BYTES_MAX: usize = farside_region::REGION_BYTES;
+/// Largest request on the wire.
+pub const REQ_BYTES_MAX: usize = REQ_HEADER_BYTES + OP_BYTES_MAX;
+/// Largest reply on the wire.
+pub const REP_BYTES_MAX: usize = REP_HEADER_BYTES + OP_BYTES_MAX;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Op {
+    Read = 1,
+    Write = 2,
+    CompareSwap = 3,
+    FetchAdd = 4,
+}
+
+impl Op {
+    pub fn from_u8(v: u8) -> Option<Op> {
+        Some(match v {
+            1 => Op::Read,
+            2 => Op::Write,
+            3 => Op::CompareSwap,
+            4 => Op::FetchAdd,
+            _ => return None,
+        })
+    }
+
+    /// Payload bytes a request of this op carries after the header.
+    pub fn req_payload_len(self, len: u32) -> usize {
+        match self {
+            Op::Read => 0,
+            Op::Write => len as usize,
+            Op::CompareSwap => 16,
+            Op::FetchAdd => 8,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::CompareSwap => "compare_swap",
+            Op::FetchAdd => "fetch_add",
+        }
+    }
+}
+
+/// Outcome of one operation, as carried in a reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Status {
+    Ok = 0,
+    /// Unknown access key (the udp servers drop these instead of answering).
+    BadKey = 1,
+    /// Offset + len beyond the region.
+    OutOfBounds = 2,
+    /// Offset or len not a multiple of 8.
+    Unaligned = 3,
+    /// Unknown op code.
+    BadOp = 4,
+    /// The key allows reads only.
+    ReadOnly = 5,
+    /// len over `OP_BYTES_MAX`, zero, or not 8 for an atomic.
+    BadLength = 6,
+    /// Truncated, wrong magic or version.
+    Malformed = 7,
+    /// Unknown region id.
+    NoRegion = 8,
+}
+
+impl Status {
+    pub fn from_u8(v: u8) -> Status {
+        match v {
+            0 => Status::Ok,
+            1 => Status::BadKey,
+            2 => Status::OutOfBounds,
+            3 => Status::Unaligned,
+            4 => Status::BadOp,
+            5 => Status::ReadOnly,
+            6 => Status::BadLength,
+            8 => Status::NoRegion,
+            _ => Status::Malformed,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::BadKey => "bad_key",
+            Status::OutOfBounds => "out_of_bounds",
+            Status::Unaligned => "unaligned",
+            Status::BadOp => "bad_op",
+            Status::ReadOnly => "read_only",
+            Status::BadLength => "bad_length",
+            Status::Malformed => "malformed",
+            Status::NoRegion => "no_region",
+        }
+    }
+
+    pub const ALL: [Status; 9] = [
+        Status::Ok,
+        Status::BadKey,
+        Status::OutOfBounds,
+        Status::Unaligned,
+        Status::BadOp,
+        Status::ReadOnly,
+        Status::BadLength,
+        Status::Malformed,
+        Status::NoRegion,
+    ];
+}
+
+/// A decoded request header. The payload follows in the same buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReqHeader {
+    pub op: u8,
+    pub seq: u64,
+    pub key: u64,
+    pub region: u32,
+    pub offset: u32,
+    pub len: u32,
+}
+
+fn u32_at(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"))
+}
+
+pub fn u64_at(b: &[u8], i: usize) -> u64 {
+    u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"))
+}
+
+impl ReqHeader {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&REQ_MAGIC.to_le_bytes());
+        out.push(VERSION);
+        out.push(self.op);
+        out.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(&self.seq.to_le_bytes());
+        out.extend_from_slice(&self.key.to_le_bytes());
+        out.extend_from_slice(&self.region.to_le_bytes());
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+    }
+
+    /// Decode the fixed header. `Err(Malformed)` on short input, bad magic or version.
+    pub fn decode(b: &[u8]) -> Result<ReqHeader, Status> {
+        if b.len() < REQ_HEADER_BYTES || u32_at(b, 0) != REQ_MAGIC || b[4] != VERSION {
+            return Err(Status::Malformed);
+        }
+        Ok(ReqHeader {
+            op: b[5],
+            seq: u64_at(b, 8),
+            key: u64_at(b, 16),
+            region: u32_at(b, 24),
+            offset: u32_at(b, 28),
+            len: u32_at(b, 32),
+        })
+    }
+}
+
+/// A decoded reply header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RepHeader {
+    pub op: u8,
+    pub status: Status,
+    pub seq: u64,
+    pub len: u32,
+}
+
+impl RepHeader {
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&REP_MAGIC.to_le_bytes());
+        out.push(VERSION);
+        out.push(self.op);
+        out.push(self.status as u8);
+        out.push(0);
+        out.extend_from_slice(&self.seq.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+    }
+
+    pub fn decode(b: &[u8]) -> Result<RepHeader, Status> {
+        if b.len() < REP_HEADER_BYTES || u32_at(b, 0) != REP_MAGIC || b[4] != VERSION {
+            return Err(Status::Malformed);
+        }
+        Ok(RepHeader {
+            op: b[5],
+            status: Status::from_u8(b[6]),
+            seq: u64_at(b, 8),
+            len: u32_at(b, 16),
+        })
+    }
+}
+
+/// Encode a whole request (header + payload) into `out` (cleared first).
+pub fn encode_request(out: &mut Vec<u8>, h: &ReqHeader, payload: &[u8]) {
+    out.clear();
+    h.encode(out);
+    out.extend_from_slice(payload);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_have_documented_sizes() {
+        let h = ReqHeader {
+            op: 3,
+            seq: 9,
+            key: 0xdead,
+            region: 0,
+            offset: 256,
+            len: 8,
+        };
+        let mut b = Vec::new();
+        h.encode(&mut b);
+        assert_eq!(b.len(), REQ_HEADER_BYTES);
+        assert_eq!(ReqHeader::decode(&b), Ok(h));
+        let r = RepHeader {
+            op: 1,
+            status: Status::ReadOnly,
+            seq: 9,
+            len: 0,
+        };
+        let mut b = Vec::new();
+        r.encode(&mut b);
+        assert_eq!(b.len(), REP_HEADER_BYTES);
+        assert_eq!(RepHeader::decode(&b), Ok(r));
+    }
+
+    #[test]
+    fn truncated_or_foreign_headers_are_malformed() {
+        assert_eq!(ReqHeader::decode(&[0u8; 10]), Err(Status::Malformed));
+        assert_eq!(ReqHeader::decode(&[0u8; 40]), Err(Status::Malformed));
+    }
+}
