@@ -1,1 +1,352 @@
-//! Test web server: static files, CPU-costly dynamic endpoint, bounded workers and backlog
+//! farside's test web server, modelled on Apache httpd's prefork MPM.
+//!
+//! A fixed pool of `--workers` OS threads (Apache's `MaxClients`) each accept
+//! one connection from a shared listening socket and serve it with blocking
+//! I/O until the client closes it, the keep-alive idle timeout expires, or
+//! `--keepalive-max` requests were served (Apache's `MaxKeepAliveRequests`).
+//! While every worker is busy, new connections wait in the kernel's accept
+//! backlog (`--backlog`, Apache's `ListenBacklog`), and once that is full the
+//! kernel drops SYNs and clients retry with exponential backoff. That queueing
+//! is the overload the admission-control paper (seed 000) protects against,
+//! so it is real here, not simulated.
+//!
+//! Endpoints (GET and HEAD):
+//! - `/healthz` → 200.
+//! - `/cgi/work?us=N` → burns N µs of *thread CPU time* (default `--cpu-us`).
+//! - with `--root DIR`: static files under DIR (`..` segments → 400; a
+//!   directory serves its `index.html`).
+//! - without `--root`: generated content, `/file16k` (16384 bytes) and
+//!   `/files/<N>` or `/files/<N>/<anything>` (N bytes), so load generator
+//!   traces work with no docroot at all.
+//!
+//! Errors: bad request line → 400, head larger than [`HEAD_BYTES_MAX`] → 431,
+//! unknown method → 501, missing file → 404. Every response carries an
+//! `X-Farside-Backend` header naming the listen address, so tests (and the
+//! lab) can see which back-end served a request.
+
+mod serve;
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+pub use serve::{generated_byte, thread_cpu_us};
+
+/// Largest request head (request line + headers) accepted, in bytes; larger
+/// heads get 431. Apache's default `LimitRequestFieldSize` is 8 KiB per field;
+/// 16 KiB for the whole head is generous for every trace we replay.
+pub const HEAD_BYTES_MAX: usize = 16 * 1024;
+/// Most header fields parsed per request; more → 431.
+pub const HEADERS_MAX: usize = 64;
+/// Upper bound of `--workers`: each worker is an OS thread with its own stack.
+pub const WORKERS_MAX: usize = 4096;
+/// Upper bound of `/cgi/work?us=N`: 10 s of CPU per request is already absurd.
+pub const CPU_US_MAX: u64 = 10_000_000;
+/// Largest generated file (`/files/<N>`); larger N → 404. 1 GiB.
+pub const GENERATED_BYTES_MAX: u64 = 1 << 30;
+/// Largest request body a GET/HEAD may carry (it is read and discarded); more → 413.
+pub const REQUEST_BODY_BYTES_MAX: u64 = 1 << 20;
+
+/// Command-line flags of `farside backend`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BackendArgs {
+    /// Address to listen on; port 0 picks a free port. Default: 127.0.0.1:8080.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Directory of static files to serve. Default: none, which serves
+    /// generated files (`/file16k`, `/files/<N>`).
+    #[arg(long)]
+    pub root: Option<PathBuf>,
+    /// Worker threads, i.e. connections served at once (Apache's MaxClients).
+    /// Default: 8.
+    #[arg(long, default_value_t = 8)]
+    pub workers: usize,
+    /// Kernel accept backlog of the listening socket (Apache's ListenBacklog).
+    /// The kernel caps it at net.core.somaxconn. Default: 128.
+    #[arg(long, default_value_t = 128)]
+    pub backlog: u32,
+    /// CPU time burned by `/cgi/work` when the request names no `us=`, in µs.
+    /// Default: 1000.
+    #[arg(long = "cpu-us", default_value_t = 1000)]
+    pub cpu_us: u64,
+    /// Requests served on one connection before it is closed (Apache's
+    /// MaxKeepAliveRequests). Default: 100.
+    #[arg(long = "keepalive-max", default_value_t = 100)]
+    pub keepalive_max: u32,
+    /// Time allowed to receive a request head, and idle time of a kept-alive
+    /// connection before it is closed, in ms. Default: 10000.
+    #[arg(long = "header-timeout-ms", default_value_t = 10_000)]
+    pub header_timeout_ms: u64,
+}
+
+impl Default for BackendArgs {
+    fn default() -> Self {
+        BackendArgs {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            root: None,
+            workers: 8,
+            backlog: 128,
+            cpu_us: 1000,
+            keepalive_max: 100,
+            header_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl BackendArgs {
+    /// Checks every bound; returns a message naming the offending flag.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.workers == 0 || self.workers > WORKERS_MAX {
+            return Err(format!("--workers must be in 1..={WORKERS_MAX}"));
+        }
+        if self.backlog == 0 || self.backlog > i32::MAX as u32 {
+            return Err("--backlog must be at least 1".into());
+        }
+        if self.cpu_us > CPU_US_MAX {
+            return Err(format!("--cpu-us must be at most {CPU_US_MAX}"));
+        }
+        if self.keepalive_max == 0 {
+            return Err("--keepalive-max must be at least 1".into());
+        }
+        if self.header_timeout_ms == 0 {
+            return Err("--header-timeout-ms must be at least 1".into());
+        }
+        if let Some(root) = &self.root {
+            if !root.is_dir() {
+                return Err(format!("--root {} is not a directory", root.display()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// State shared by the workers and the [`Handle`].
+pub(crate) struct Shared {
+    pub(crate) stop: AtomicBool,
+    listener: TcpListener,
+    /// The connection each worker is serving, so that stopping can shut it down.
+    active: Vec<Mutex<Option<TcpStream>>>,
+    pub(crate) config: serve::Config,
+}
+
+/// A running in-process back-end. Dropping it stops the server.
+pub struct Handle {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl Handle {
+    /// The bound listen address (the real port when `--listen` had port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting, shuts down connections in service and joins every worker.
+    pub fn stop(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        // On Linux, shutdown() of a listening socket wakes every thread
+        // blocked in accept() on it (accept returns EINVAL).
+        // SAFETY: the fd is owned by `shared.listener`, alive for this call.
+        unsafe { libc::shutdown(self.shared.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        for slot in &self.shared.active {
+            if let Some(stream) = slot.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                let _ = stream.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        if !self.workers.is_empty() {
+            self.stop_and_join();
+        }
+    }
+}
+
+/// Binds the listener and starts the worker pool; returns at once.
+pub fn spawn(args: BackendArgs) -> io::Result<(SocketAddr, Handle)> {
+    args.validate()
+        .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+    let listener = bind_listener(args.listen, args.backlog as i32)?;
+    let addr = listener.local_addr()?;
+    let config = serve::Config::new(&args, addr);
+    let shared = Arc::new(Shared {
+        stop: AtomicBool::new(false),
+        listener,
+        active: (0..args.workers).map(|_| Mutex::new(None)).collect(),
+        config,
+    });
+    let mut workers = Vec::with_capacity(args.workers);
+    for index in 0..args.workers {
+        let shared = Arc::clone(&shared);
+        let worker = std::thread::Builder::new()
+            .name(format!("backend-w{index}"))
+            // Workers hold a 16 KiB head buffer and little else.
+            .stack_size(256 * 1024)
+            .spawn(move || worker_loop(&shared, index))?;
+        workers.push(worker);
+    }
+    log::info!(
+        "backend listening on {addr} with {} workers, backlog {}",
+        args.workers,
+        args.backlog
+    );
+    Ok((
+        addr,
+        Handle {
+            addr,
+            shared,
+            workers,
+        },
+    ))
+}
+
+/// Runs the back-end until SIGTERM or SIGINT, then stops it cleanly.
+///
+/// Sends the bound address on `ready` once listening. Meant for the CLI
+/// process: it blocks SIGTERM and SIGINT in the calling thread (and so in the
+/// workers it starts) and waits for them with `sigwait`. Call it before other
+/// threads exist, or use [`spawn`] to embed a back-end in a larger program.
+pub fn run(args: BackendArgs, ready: Option<mpsc::Sender<SocketAddr>>) -> io::Result<()> {
+    // SAFETY: plain libc signal-set manipulation on a local sigset_t.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        set
+    };
+    let (addr, handle) = spawn(args)?;
+    if let Some(ready) = ready {
+        let _ = ready.send(addr);
+    }
+    let mut signal: libc::c_int = 0;
+    // SAFETY: `set` is initialised above; sigwait writes one int.
+    let rc = unsafe { libc::sigwait(&set, &mut signal) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    log::info!("backend {addr}: signal {signal}, stopping");
+    handle.stop();
+    Ok(())
+}
+
+fn worker_loop(shared: &Shared, index: usize) {
+    while !shared.stop.load(Ordering::SeqCst) {
+        let stream = match shared.listener.accept() {
+            Ok((stream, _peer)) => stream,
+            Err(e) => {
+                if shared.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                // EMFILE/ENFILE/ECONNABORTED and friends: back off briefly
+                // rather than spin, then keep serving.
+                log::warn!("backend accept: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if let Ok(clone) = stream.try_clone() {
+            *shared.active[index]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = Some(clone);
+        }
+        // A stop that raced with accept must still close this connection.
+        if !shared.stop.load(Ordering::SeqCst) {
+            serve::serve_connection(stream, &shared.config, &shared.stop);
+        }
+        *shared.active[index]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+/// Creates a listening TCP socket with an explicit backlog (std's
+/// `TcpListener::bind` always uses 128).
+fn bind_listener(addr: SocketAddr, backlog: i32) -> io::Result<TcpListener> {
+    let domain = match addr {
+        SocketAddr::V4(_) => libc::AF_INET,
+        SocketAddr::V6(_) => libc::AF_INET6,
+    };
+    // SAFETY: socket() has no memory-safety preconditions.
+    let fd = unsafe { libc::socket(domain, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh socket we own.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    // SAFETY: valid fd and a pointer to a c_int of the stated length.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let rc = match addr {
+        SocketAddr::V4(v4) => {
+            // SAFETY: all-zero is a valid sockaddr_in.
+            let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+            sa.sin_family = libc::AF_INET as libc::sa_family_t;
+            sa.sin_port = v4.port().to_be();
+            sa.sin_addr.s_addr = u32::from_ne_bytes(v4.ip().octets());
+            // SAFETY: pointer and length describe `sa`.
+            unsafe {
+                libc::bind(
+                    fd,
+                    (&sa as *const libc::sockaddr_in).cast(),
+                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                )
+            }
+        }
+        SocketAddr::V6(v6) => {
+            // SAFETY: all-zero is a valid sockaddr_in6.
+            let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sa.sin6_port = v6.port().to_be();
+            sa.sin6_flowinfo = v6.flowinfo();
+            sa.sin6_scope_id = v6.scope_id();
+            sa.sin6_addr.s6_addr = v6.ip().octets();
+            // SAFETY: pointer and length describe `sa`.
+            unsafe {
+                libc::bind(
+                    fd,
+                    (&sa as *const libc::sockaddr_in6).cast(),
+                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+                )
+            }
+        }
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: valid bound socket.
+    if unsafe { libc::listen(fd, backlog) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(TcpListener::from(owned))
+}
