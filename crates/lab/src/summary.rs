@@ -1,0 +1,357 @@
+//! The stable result format of a `farside lab` run: `summary.json`.
+//!
+//! One [`Summary`] per experiment run. Its JSON key names are a public,
+//! stable interface: scripts, notebooks and the HTML report read them. Add
+//! keys freely; never rename or remove one.
+//!
+//! `points` holds one record per measured configuration. Two kinds exist and
+//! share the one list ([`AnyPoint`], serialized untagged, so a point is a flat
+//! JSON object whose keys say what it is):
+//!
+//! - [`Point`] — an admission-control run (seed 000): one system × trace ×
+//!   client count, with response-time percentiles, TPS, drop and slow rates.
+//! - [`ProbePoint`] — a remote-read latency probe: one transport ×
+//!   background load × read size, with latency percentiles in µs.
+//!
+//! A point's per-second [`Point::series`] is **not** part of `summary.json`:
+//! it can be thousands of rows per point, so the report writes it to
+//! `series-<system>-<trace>-<clients>.csv` instead (see `report::write_all`).
+//! Deserializing a `summary.json` therefore yields empty series.
+
+use serde::{Deserialize, Serialize};
+
+/// Name of the baseline system without admission control.
+pub const SYSTEM_NO_AC: &str = "no-ac";
+/// Name of the system with two-sided (TCP) load reads feeding admission control.
+pub const SYSTEM_TCP_AC: &str = "tcp-ac";
+/// Name of the system with one-sided load reads feeding admission control.
+pub const SYSTEM_ONESIDED_AC: &str = "onesided-ac";
+/// The three systems of the paper's comparison, in the order tables and plots show them.
+pub const SYSTEMS: [&str; 3] = [SYSTEM_NO_AC, SYSTEM_TCP_AC, SYSTEM_ONESIDED_AC];
+
+/// One experiment run, as written to `summary.json`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Summary {
+    /// `experiment`: experiment name, e.g. `"admission"` or `"probe"`.
+    pub experiment: String,
+    /// `hosts`: how the data-center was built, e.g. `"netns"` (virtual
+    /// nodes in network namespaces on one machine) or a host list.
+    pub hosts: String,
+    /// `quick`: true for a shortened run (fewer loads, shorter durations);
+    /// its numbers are for smoke-testing, not for comparison with the paper.
+    pub quick: bool,
+    /// `started_unix_s`: wall-clock start of the run, seconds since the Unix epoch.
+    pub started_unix_s: u64,
+    /// `duration_s`: wall-clock length of the whole run, seconds.
+    pub duration_s: f64,
+    /// `params`: the run's parameters (durations, think time, sample and
+    /// monitor periods, thresholds, ...) as a free-form JSON object.
+    pub params: serde_json::Value,
+    /// `points`: one record per measured configuration; see [`AnyPoint`].
+    pub points: Vec<AnyPoint>,
+    /// `notes`: free-text remarks (fallbacks taken, warnings, caveats).
+    pub notes: Vec<String>,
+}
+
+/// One element of [`Summary::points`]: either kind, told apart by its keys.
+///
+/// Serialized untagged: an admission point is recognised by its required
+/// keys (`system`, `trace`, `clients`, `avg_ms`, ...), a probe point by its
+/// own (`transport`, `background_load`, `size_bytes`, `p50_us`, ...).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(untagged)]
+pub enum AnyPoint {
+    /// An admission-control measurement.
+    Admission(Point),
+    /// A remote-read latency probe measurement.
+    Probe(ProbePoint),
+}
+
+/// One admission-control measurement: one system, trace and client count.
+///
+/// All time keys are in milliseconds and cover served requests only.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct Point {
+    /// `system`: `"no-ac"`, `"tcp-ac"` or `"onesided-ac"` (see [`SYSTEMS`]).
+    pub system: String,
+    /// `trace`: workload name, e.g. `"single"` (16 KB file), `"zipf"`, `"worldcup"`.
+    pub trace: String,
+    /// `clients`: number of closed-loop clients (the load, x axis of Fig. 5).
+    pub clients: u64,
+    /// `transport`: how the proxy read back-end load: `"none"` for no-ac,
+    /// else `"tcp"`, `"udp-xdp"`, `"udp-user"`, `"shm"`, ...
+    pub transport: String,
+    /// `avg_ms`: mean response time of served requests, ms.
+    pub avg_ms: f64,
+    /// `p50_ms`: median response time, ms.
+    pub p50_ms: f64,
+    /// `p90_ms`: 90th percentile response time, ms.
+    pub p90_ms: f64,
+    /// `p99_ms`: 99th percentile response time, ms.
+    pub p99_ms: f64,
+    /// `max_ms`: largest response time, ms.
+    pub max_ms: f64,
+    /// `tps`: served requests per second over the measured window.
+    pub tps: f64,
+    /// `drop_rate`: fraction (0..=1) of attempts refused by admission control
+    /// or by the back-end (`dropped / attempts`).
+    pub drop_rate: f64,
+    /// `slow_rate`: fraction (0..=1) of served requests slower than the QoS
+    /// threshold (`params.slow_ms`; the paper uses 1 s) — Fig. 9.
+    pub slow_rate: f64,
+    /// `attempts`: requests the clients tried to send.
+    pub attempts: u64,
+    /// `served`: requests answered successfully.
+    pub served: u64,
+    /// `dropped`: requests refused (503 from admission control or a full backlog).
+    pub dropped: u64,
+    /// `failures`: requests that failed otherwise (timeouts, resets, bad replies).
+    pub failures: u64,
+    /// Per-second series (Fig. 6/7). Not written to `summary.json`: the
+    /// report writes it to `series-<system>-<trace>-<clients>.csv`.
+    #[serde(skip_serializing, default)]
+    pub series: Vec<SecondPoint>,
+}
+
+/// One second of an admission run, for the time-series plots (Fig. 6/7).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct SecondPoint {
+    /// `t_s`: seconds since the start of the measured window.
+    pub t_s: u64,
+    /// `served`: requests served during this second.
+    pub served: u64,
+    /// `dropped`: requests dropped during this second.
+    pub dropped: u64,
+    /// `avg_ms`: mean response time of the requests served in this second, ms
+    /// (0 when none was served).
+    pub avg_ms: f64,
+}
+
+impl SecondPoint {
+    /// Fraction (0..=1) of this second's finished attempts that were dropped.
+    pub fn drop_rate(&self) -> f64 {
+        let total = self.served + self.dropped;
+        if total == 0 {
+            0.0
+        } else {
+            self.dropped as f64 / total as f64
+        }
+    }
+}
+
+/// One remote-read latency measurement: one transport, background load and size.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct ProbePoint {
+    /// `transport`: `"tcp"`, `"udp-xdp"`, `"udp-user"`, `"shm"`, ...
+    pub transport: String,
+    /// `background_load`: CPU-busy processes running on the read node.
+    pub background_load: u64,
+    /// `size_bytes`: bytes read per request.
+    pub size_bytes: u64,
+    /// `samples`: number of completed reads measured.
+    pub samples: u64,
+    /// `p50_us`: median read round trip, µs.
+    pub p50_us: f64,
+    /// `p99_us`: 99th percentile round trip, µs.
+    pub p99_us: f64,
+    /// `p999_us`: 99.9th percentile round trip, µs.
+    pub p999_us: f64,
+    /// `max_us`: largest round trip, µs.
+    pub max_us: f64,
+    /// `timeouts`: reads that got no reply within the timeout.
+    pub timeouts: u64,
+}
+
+impl From<Point> for AnyPoint {
+    fn from(p: Point) -> Self {
+        AnyPoint::Admission(p)
+    }
+}
+
+impl From<ProbePoint> for AnyPoint {
+    fn from(p: ProbePoint) -> Self {
+        AnyPoint::Probe(p)
+    }
+}
+
+impl Summary {
+    /// An empty summary started now, with `params` an empty JSON object.
+    pub fn new(experiment: &str, hosts: &str, quick: bool) -> Summary {
+        let started_unix_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Summary {
+            experiment: experiment.to_string(),
+            hosts: hosts.to_string(),
+            quick,
+            started_unix_s,
+            duration_s: 0.0,
+            params: serde_json::Value::Object(serde_json::Map::new()),
+            points: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// Appends a point of either kind.
+    pub fn push(&mut self, p: impl Into<AnyPoint>) {
+        self.points.push(p.into());
+    }
+
+    /// The admission-control points, in insertion order.
+    pub fn admission_points(&self) -> impl Iterator<Item = &Point> {
+        self.points.iter().filter_map(|p| match p {
+            AnyPoint::Admission(p) => Some(p),
+            AnyPoint::Probe(_) => None,
+        })
+    }
+
+    /// The probe points, in insertion order.
+    pub fn probe_points(&self) -> impl Iterator<Item = &ProbePoint> {
+        self.points.iter().filter_map(|p| match p {
+            AnyPoint::Probe(p) => Some(p),
+            AnyPoint::Admission(_) => None,
+        })
+    }
+
+    /// `summary.json` text: pretty-printed, keys in declaration order, no series.
+    pub fn to_json_pretty(&self) -> String {
+        // Serializing plain structs, Strings, numbers and a Value cannot fail.
+        serde_json::to_string_pretty(self).expect("Summary serializes")
+    }
+
+    /// Parses `summary.json` text. Series come back empty (they live in CSV files).
+    pub fn from_json(text: &str) -> serde_json::Result<Summary> {
+        serde_json::from_str(text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admission() -> Point {
+        Point {
+            system: SYSTEM_TCP_AC.into(),
+            trace: "zipf".into(),
+            clients: 240,
+            transport: "tcp".into(),
+            avg_ms: 12.5,
+            p50_ms: 10.0,
+            p90_ms: 20.0,
+            p99_ms: 40.0,
+            max_ms: 90.0,
+            tps: 1000.0,
+            drop_rate: 0.1,
+            slow_rate: 0.01,
+            attempts: 1100,
+            served: 990,
+            dropped: 110,
+            failures: 0,
+            series: vec![SecondPoint {
+                t_s: 0,
+                served: 10,
+                dropped: 1,
+                avg_ms: 3.0,
+            }],
+        }
+    }
+
+    fn probe() -> ProbePoint {
+        ProbePoint {
+            transport: "udp-xdp".into(),
+            background_load: 2,
+            size_bytes: 64,
+            samples: 10000,
+            p50_us: 4.5,
+            p99_us: 22.0,
+            p999_us: 40.0,
+            max_us: 100.0,
+            timeouts: 0,
+        }
+    }
+
+    #[test]
+    fn both_point_kinds_round_trip_through_one_list() {
+        let mut s = Summary::new("admission", "netns", true);
+        s.push(admission());
+        s.push(probe());
+        let back = Summary::from_json(&s.to_json_pretty()).unwrap();
+        assert_eq!(back.admission_points().count(), 1);
+        assert_eq!(back.probe_points().count(), 1);
+        assert_eq!(back.probe_points().next().unwrap(), &probe());
+        let mut no_series = admission();
+        no_series.series.clear();
+        assert_eq!(back.admission_points().next().unwrap(), &no_series);
+    }
+
+    #[test]
+    fn series_is_not_in_summary_json() {
+        let mut s = Summary::new("admission", "netns", false);
+        s.push(admission());
+        let v: serde_json::Value = serde_json::from_str(&s.to_json_pretty()).unwrap();
+        assert!(v["points"][0].get("series").is_none());
+    }
+
+    #[test]
+    fn stable_keys_are_present() {
+        let mut s = Summary::new("admission", "netns", false);
+        s.push(admission());
+        s.push(probe());
+        let v: serde_json::Value = serde_json::from_str(&s.to_json_pretty()).unwrap();
+        for k in [
+            "experiment",
+            "hosts",
+            "quick",
+            "started_unix_s",
+            "duration_s",
+            "params",
+            "points",
+            "notes",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        for k in [
+            "system",
+            "trace",
+            "clients",
+            "transport",
+            "avg_ms",
+            "p50_ms",
+            "p90_ms",
+            "p99_ms",
+            "max_ms",
+            "tps",
+            "drop_rate",
+            "slow_rate",
+            "attempts",
+            "served",
+            "dropped",
+            "failures",
+        ] {
+            assert!(v["points"][0].get(k).is_some(), "missing point key {k}");
+        }
+        for k in [
+            "transport",
+            "background_load",
+            "size_bytes",
+            "p50_us",
+            "p99_us",
+            "p999_us",
+        ] {
+            assert!(v["points"][1].get(k).is_some(), "missing probe key {k}");
+        }
+    }
+
+    #[test]
+    fn second_drop_rate_handles_an_empty_second() {
+        assert_eq!(SecondPoint::default().drop_rate(), 0.0);
+        let s = SecondPoint {
+            t_s: 1,
+            served: 3,
+            dropped: 1,
+            avg_ms: 1.0,
+        };
+        assert_eq!(s.drop_rate(), 0.25);
+    }
+}
