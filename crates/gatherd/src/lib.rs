@@ -1,1 +1,481 @@
-//! Load gatherer: samples a back-end every millisecond and publishes its region
+//! `farside gatherd`: runs on every back-end node, samples its load every period
+//! (default 1 ms) and publishes the node's region, where front-ends read it one-sidedly
+//! (shm on the same host, the XDP responder across hosts) or ask for it two-sidedly
+//! (the tcp baseline).
+//!
+//! The loop never blocks on readers: it writes the region with plain stores under the
+//! seqlock and the servers (tcp, udp fallback) run on their own threads.
+
+pub mod sample;
+pub mod sockdiag;
+
+use farside_region::layout::{FLAG_CONNS, FLAG_MEM, FLAG_PSI};
+use farside_region::{
+    Header, HeapWords, LoadRecord, MappedWords, RegionWriter, Words, REGION_WORDS,
+};
+use farside_rmem::{AccessKeys, OpCounters, Perm, TcpServer, UdpServer, DEFAULT_READ_KEY};
+use sample::{CpuCounters, CpuSource};
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Most watched ports (they are packed into one header word).
+pub const WATCHED_PORTS_MAX: usize = 4;
+/// Memory is sampled once every this many periods (it changes slowly and meminfo is the
+/// costliest file to read).
+const MEM_EVERY_PERIODS: u64 = 100;
+/// Shortest allowed period.
+pub const PERIOD_US_MIN: u64 = 100;
+
+fn parse_key(s: &str) -> Result<u64, String> {
+    let t = s.trim_start_matches("0x");
+    u64::from_str_radix(t, 16).map_err(|e| format!("`{s}`: expected a 64-bit hex key: {e}"))
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatherdArgs {
+    /// Node id written into the region header.
+    #[arg(long, default_value_t = 0)]
+    pub node_id: u64,
+    /// Sampling period in microseconds (minimum 100).
+    #[arg(long, default_value_t = 1000)]
+    pub period_us: u64,
+    /// TCP port of the web server whose connections are counted (repeatable, up to 4).
+    #[arg(long = "watch-port")]
+    pub watch_ports: Vec<u16>,
+    /// Region file in shared memory for same-host readers (`shm:` transport).
+    /// Default: /dev/shm/farside/node<ID>.region.
+    #[arg(long)]
+    pub shm: Option<PathBuf>,
+    /// Do not create a shared-memory region file (serve over tcp/udp only).
+    #[arg(long)]
+    pub no_shm: bool,
+    /// Serve the two-sided tcp baseline on this address (e.g. 127.0.0.1:7001). Default: off.
+    #[arg(long)]
+    pub tcp_listen: Option<SocketAddr>,
+    /// Serve the udp protocol from user space on this address. Default: off.
+    #[arg(long)]
+    pub udp_listen: Option<SocketAddr>,
+    /// Read-only access key, hex. Default: the well-known key "farside0".
+    #[arg(long, value_parser = parse_key)]
+    pub read_key: Option<u64>,
+    /// Read-write access key (allows WRITE, CAS, FETCH-ADD), hex. Default: none.
+    #[arg(long, value_parser = parse_key)]
+    pub rw_key: Option<u64>,
+    /// Take CPU figures from this cgroup v2 directory instead of the whole host.
+    #[arg(long)]
+    pub cgroup: Option<PathBuf>,
+    /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
+    #[arg(long)]
+    pub duration_s: Option<f64>,
+}
+
+impl Default for GatherdArgs {
+    fn default() -> Self {
+        GatherdArgs {
+            node_id: 0,
+            period_us: 1000,
+            watch_ports: Vec::new(),
+            shm: None,
+            no_shm: false,
+            tcp_listen: None,
+            udp_listen: None,
+            read_key: None,
+            rw_key: None,
+            cgroup: None,
+            duration_s: None,
+        }
+    }
+}
+
+impl GatherdArgs {
+    pub fn shm_path(&self) -> Option<PathBuf> {
+        if self.no_shm {
+            return None;
+        }
+        Some(self.shm.clone().unwrap_or_else(|| {
+            PathBuf::from(format!("/dev/shm/farside/node{}.region", self.node_id))
+        }))
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if self.period_us < PERIOD_US_MIN {
+            return Err(format!(
+                "--period-us: at least {PERIOD_US_MIN}, got {}",
+                self.period_us
+            ));
+        }
+        if self.watch_ports.len() > WATCHED_PORTS_MAX {
+            return Err(format!("--watch-port: at most {WATCHED_PORTS_MAX} ports"));
+        }
+        if self.watch_ports.contains(&0) {
+            return Err("--watch-port: port 0 is not a port a server listens on".into());
+        }
+        Ok(())
+    }
+
+    pub fn keys(&self) -> AccessKeys {
+        let mut k =
+            AccessKeys::new().with(self.read_key.unwrap_or(DEFAULT_READ_KEY), Perm::ReadOnly);
+        if let Some(rw) = self.rw_key {
+            k = k.with(rw, Perm::ReadWrite);
+        }
+        k
+    }
+}
+
+/// Running totals, readable while the gatherer runs.
+#[derive(Default)]
+pub struct GatherStats {
+    pub samples: AtomicU64,
+    /// Sum of per-sample CPU cost, ns.
+    pub cost_ns_sum: AtomicU64,
+    pub cost_ns_max: AtomicU64,
+    /// Periods whose deadline had already passed when the loop woke (overruns).
+    pub overruns: AtomicU64,
+    pub sample_errors: AtomicU64,
+}
+
+/// Computes load records from successive counter readings.
+pub struct Sampler {
+    cpu: CpuSource,
+    diag: Option<sockdiag::SockDiag>,
+    meminfo: Option<std::fs::File>,
+    buf: Box<[u8; sample::READ_BUF]>,
+    prev: Option<(CpuCounters, u64)>,
+    mem: (u64, u64),
+    n: u64,
+}
+
+fn mono_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+impl Sampler {
+    pub fn new(args: &GatherdArgs) -> io::Result<Self> {
+        let cpu = match &args.cgroup {
+            Some(dir) => CpuSource::cgroup(dir)?,
+            None => CpuSource::host()?,
+        };
+        let diag = if args.watch_ports.is_empty() {
+            None
+        } else {
+            Some(sockdiag::SockDiag::new(&args.watch_ports)?)
+        };
+        Ok(Sampler {
+            cpu,
+            diag,
+            meminfo: std::fs::File::open("/proc/meminfo").ok(),
+            buf: Box::new([0; sample::READ_BUF]),
+            prev: None,
+            mem: (0, 0),
+            n: 0,
+        })
+    }
+
+    /// Take one sample. Rates (utilisation, pressure) are over the time since the last.
+    pub fn sample(&mut self) -> io::Result<LoadRecord> {
+        let t0 = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+        let now = mono_ns();
+        let c = self.cpu.read(&mut self.buf)?;
+        let ncpu = self.cpu.ncpu();
+        let mut rec = LoadRecord {
+            sample_mono_ns: now,
+            runnable: c.runnable,
+            ncpu,
+            ..Default::default()
+        };
+        if let Some((p, pt)) = self.prev {
+            let wall_us = (now.saturating_sub(pt) / 1000).max(1);
+            let busy = c.busy_us.saturating_sub(p.busy_us);
+            rec.cpu_util_ppm = (busy * 1_000_000 / (wall_us * ncpu)).min(1_000_000);
+            if let (Some(a), Some(b)) = (c.stall_us, p.stall_us) {
+                rec.cpu_pressure_ppm = (a.saturating_sub(b) * 1_000_000 / wall_us).min(1_000_000);
+            }
+        }
+        if self.cpu.has_psi() {
+            rec.flags |= FLAG_PSI;
+        }
+        // /proc/stat counts in clock ticks (10 ms): keep the previous reading until the
+        // busy counter or 10 ms of wall time has moved, so utilisation is not 0/100% noise.
+        let keep_prev = matches!(self.cpu, CpuSource::Host { .. })
+            && self
+                .prev
+                .is_some_and(|(p, pt)| p.busy_us == c.busy_us && now - pt < 10_000_000);
+        if !keep_prev {
+            self.prev = Some((c, now));
+        }
+        if let Some(d) = &mut self.diag {
+            let cc = d.count()?;
+            rec.conns_established = cc.established;
+            rec.accept_backlog = cc.accept_backlog;
+            rec.conns_pending = cc.pending;
+            rec.flags |= FLAG_CONNS;
+        }
+        if self.n % MEM_EVERY_PERIODS == 0 {
+            if let Some(f) = &self.meminfo {
+                self.mem = sample::meminfo(f, &mut self.buf)?;
+            }
+        }
+        if self.mem.0 > 0 {
+            rec.mem_total_kb = self.mem.0;
+            rec.mem_available_kb = self.mem.1;
+            rec.flags |= FLAG_MEM;
+        }
+        self.n += 1;
+        rec.sample_cost_ns = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(t0);
+        Ok(rec)
+    }
+}
+
+/// A running gatherer: sampling thread plus optional servers. Stops when dropped.
+pub struct Gatherd {
+    pub stats: Arc<GatherStats>,
+    pub counters: Arc<OpCounters>,
+    pub tcp_addr: Option<SocketAddr>,
+    pub udp_addr: Option<SocketAddr>,
+    pub shm_path: Option<PathBuf>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _tcp: Option<TcpServer>,
+    _udp: Option<UdpServer>,
+}
+
+/// Region storage shared between the writer loop and the servers.
+struct SharedWords(Arc<dyn Words>);
+
+impl Words for SharedWords {
+    fn words(&self) -> &[std::sync::atomic::AtomicU64] {
+        self.0.words()
+    }
+}
+
+impl Gatherd {
+    /// Start sampling and serving. Errors (bad args, a busy port, no /proc) are returned
+    /// before anything runs.
+    pub fn start(args: &GatherdArgs) -> io::Result<Gatherd> {
+        args.validate()
+            .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+        let mut sampler = Sampler::new(args)?;
+        let shm_path = args.shm_path();
+        let mem: Arc<dyn Words> = match &shm_path {
+            Some(p) => Arc::new(
+                MappedWords::create_file(p, REGION_WORDS)
+                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?,
+            ),
+            None => Arc::new(HeapWords::new(REGION_WORDS)),
+        };
+        let mut ports = [0u16; WATCHED_PORTS_MAX];
+        ports[..args.watch_ports.len()].copy_from_slice(&args.watch_ports);
+        let header = Header {
+            node_id: args.node_id,
+            generation: farside_region::fresh_generation(),
+            period_us: args.period_us,
+            watched_ports: ports,
+        };
+        let mut writer = RegionWriter::init(SharedWords(mem.clone()), header);
+        // Publish a first record before any server answers, so readers never see Empty
+        // from a started gatherer.
+        writer.publish(&sampler.sample()?);
+
+        let counters = Arc::new(OpCounters::default());
+        let keys = args.keys();
+        let tcp = args
+            .tcp_listen
+            .map(|a| TcpServer::spawn(a, mem.clone(), keys.clone(), counters.clone()))
+            .transpose()?;
+        let udp = args
+            .udp_listen
+            .map(|a| UdpServer::spawn(a, mem.clone(), keys.clone(), counters.clone()))
+            .transpose()?;
+
+        let stats = Arc::new(GatherStats::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let period = Duration::from_micros(args.period_us);
+        let (st, stp) = (stats.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("gatherd".into())
+            .spawn(move || {
+                // Timer slack of 1 µs so 1 ms periods are kept (default slack is 50 µs).
+                // SAFETY: prctl with integer arguments.
+                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0, 0, 0) };
+                let mut next = Instant::now() + period;
+                while !stp.load(Ordering::Relaxed) {
+                    let now = Instant::now();
+                    if next > now {
+                        std::thread::sleep(next - now);
+                        next += period;
+                    } else {
+                        st.overruns.fetch_add(1, Ordering::Relaxed);
+                        next = now + period;
+                    }
+                    match sampler.sample() {
+                        Ok(rec) => {
+                            writer.publish(&rec);
+                            st.samples.fetch_add(1, Ordering::Relaxed);
+                            st.cost_ns_sum
+                                .fetch_add(rec.sample_cost_ns, Ordering::Relaxed);
+                            st.cost_ns_max
+                                .fetch_max(rec.sample_cost_ns, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            // The record is left as it was: its sequence stops advancing, so
+                            // readers see it go stale instead of reading a wrong value.
+                            if st.sample_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                                log::error!("gatherd: sampling failed: {e}");
+                            }
+                        }
+                    }
+                }
+            })?;
+        Ok(Gatherd {
+            stats,
+            counters,
+            tcp_addr: tcp.as_ref().map(|t| t.local_addr),
+            udp_addr: udp.as_ref().map(|u| u.local_addr),
+            shm_path,
+            stop,
+            thread: Some(thread),
+            _tcp: tcp,
+            _udp: udp,
+        })
+    }
+
+    /// Stop sampling: the region's sequence stops advancing (readers see it go stale).
+    pub fn stop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    pub fn summary(&self) -> String {
+        let s = &self.stats;
+        let n = s.samples.load(Ordering::Relaxed).max(1);
+        format!(
+            "samples={} cost_avg_us={:.1} cost_max_us={:.1} overruns={} errors={}",
+            s.samples.load(Ordering::Relaxed),
+            s.cost_ns_sum.load(Ordering::Relaxed) as f64 / n as f64 / 1000.0,
+            s.cost_ns_max.load(Ordering::Relaxed) as f64 / 1000.0,
+            s.overruns.load(Ordering::Relaxed),
+            s.sample_errors.load(Ordering::Relaxed)
+        )
+    }
+}
+
+impl Drop for Gatherd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Process CPU time (user + system) so far, µs.
+pub fn process_cpu_us() -> u64 {
+    clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID) / 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use farside_region::Snapshot;
+    use farside_rmem::{connect, ClientOptions, Endpoint};
+
+    fn tmp_region(tag: &str) -> PathBuf {
+        std::env::temp_dir().join(format!(
+            "farside-gatherd-{tag}-{}.region",
+            std::process::id()
+        ))
+    }
+
+    #[test]
+    fn publishes_advancing_records_over_shm_and_tcp() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let args = GatherdArgs {
+            node_id: 3,
+            period_us: 500,
+            watch_ports: vec![port],
+            shm: Some(tmp_region("adv")),
+            tcp_listen: Some("127.0.0.1:0".parse().unwrap()),
+            ..Default::default()
+        };
+        let g = Gatherd::start(&args).unwrap();
+        let mut bytes = [0u8; farside_region::SNAPSHOT_BYTES];
+        let opts = ClientOptions::default();
+        for ep in [
+            Endpoint::Shm(args.shm_path().unwrap()),
+            Endpoint::Tcp(g.tcp_addr.unwrap()),
+        ] {
+            let mut c = connect(&ep, &opts).unwrap();
+            c.read(0, &mut bytes).unwrap();
+            let a = Snapshot::decode(&bytes).unwrap();
+            assert_eq!(a.header.node_id, 3);
+            assert_eq!(a.header.watched_ports[0], port);
+            assert_eq!(
+                a.load.accept_backlog, 1,
+                "{ep}: one connection waits in the backlog"
+            );
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                c.read(0, &mut bytes).unwrap();
+                let b = Snapshot::decode(&bytes).unwrap();
+                if b.seq > a.seq && b.load.sample_mono_ns > a.load.sample_mono_ns {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{ep}: sequence never advanced");
+                std::thread::yield_now();
+            }
+        }
+        let _ = std::fs::remove_file(args.shm_path().unwrap());
+    }
+
+    #[test]
+    fn stopped_gatherer_leaves_a_record_that_stops_advancing() {
+        let args = GatherdArgs {
+            shm: Some(tmp_region("stop")),
+            ..Default::default()
+        };
+        let mut g = Gatherd::start(&args).unwrap();
+        g.stop();
+        let mem = MappedWords::open_file(&args.shm_path().unwrap(), REGION_WORDS).unwrap();
+        let a = Snapshot::read_local(&mem, 3).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        let b = Snapshot::read_local(&mem, 3).unwrap();
+        assert_eq!(a.seq, b.seq);
+        let _ = std::fs::remove_file(args.shm_path().unwrap());
+    }
+
+    #[test]
+    fn invalid_arguments_are_refused_with_the_flag_named() {
+        let e = Gatherd::start(&GatherdArgs {
+            period_us: 10,
+            no_shm: true,
+            ..Default::default()
+        })
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("--period-us"), "{e}");
+        let e = Gatherd::start(&GatherdArgs {
+            watch_ports: vec![1, 2, 3, 4, 5],
+            no_shm: true,
+            ..Default::default()
+        })
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("--watch-port"), "{e}");
+    }
+}
