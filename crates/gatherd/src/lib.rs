@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Most watched ports (they are packed into one header word).
 pub const WATCHED_PORTS_MAX: usize = 4;
@@ -150,10 +150,6 @@ pub struct Sampler {
     n: u64,
 }
 
-fn mono_ns() -> u64 {
-    clock_ns(libc::CLOCK_MONOTONIC)
-}
-
 fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -189,7 +185,7 @@ impl Sampler {
     /// Take one sample. Rates (utilisation, pressure) are over the time since the last.
     pub fn sample(&mut self) -> io::Result<LoadRecord> {
         let t0 = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
-        let now = mono_ns();
+        let now = farside_rmem::mono_ns();
         let c = self.cpu.read(&mut self.buf)?;
         let ncpu = self.cpu.ncpu();
         let mut rec = LoadRecord {
@@ -309,19 +305,10 @@ impl Gatherd {
         let thread = std::thread::Builder::new()
             .name("gatherd".into())
             .spawn(move || {
-                // Timer slack of 1 µs so 1 ms periods are kept (default slack is 50 µs).
-                // SAFETY: prctl with integer arguments.
-                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0, 0, 0) };
-                let mut next = Instant::now() + period;
+                let mut pacer = farside_rmem::Pacer::new(period);
                 while !stp.load(Ordering::Relaxed) {
-                    let now = Instant::now();
-                    if next > now {
-                        std::thread::sleep(next - now);
-                        next += period;
-                    } else {
-                        st.overruns.fetch_add(1, Ordering::Relaxed);
-                        next = now + period;
-                    }
+                    pacer.wait();
+                    st.overruns.store(pacer.overruns, Ordering::Relaxed);
                     match sampler.sample() {
                         Ok(rec) => {
                             writer.publish(&rec);
@@ -392,6 +379,7 @@ mod tests {
     use super::*;
     use farside_region::Snapshot;
     use farside_rmem::{connect, ClientOptions, Endpoint};
+    use std::time::Instant;
 
     fn tmp_region(tag: &str) -> PathBuf {
         std::env::temp_dir().join(format!(

@@ -1,0 +1,470 @@
+//! The control layer: monitor table, admission policy and balancing, behind
+//! [`crate::gate::Gate`].
+//!
+//! Admission policy (the paper's, made explicit): a request is admitted only if some
+//! back-end eligible for it (right site, not marked down) has a fresh load below its
+//! limit; the balancer then sends it to one of those. A back-end whose record is stale
+//! or missing counts per `admission.on_stale`: `reject` (fail safe, treated as full) or
+//! `admit` (fail open, treated as empty). The check runs right after accept (before the
+//! request is read, across all sites) and again per request (for the request's site).
+
+pub mod monitor;
+pub mod table;
+
+use crate::config::{BalancePolicy, Metric, ProxyConfig, StalePolicy};
+use crate::gate::{Gate, InflightGuard, Reject, Route};
+use farside_region::Words;
+use farside_rmem::mono_ns;
+pub use farside_rmem::Endpoint as RegionSource;
+use monitor::{Monitor, MonitorOptions, Watch};
+use std::cell::Cell;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use table::EntryStatus;
+
+/// A back-end's load as the policy sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Load {
+    /// Fresh value in the metric's unit.
+    Known(u64),
+    /// Record stale, missing, or never read.
+    Stale,
+    /// No load data is configured for it (no region, no monitor): only local in-flight.
+    Unknown,
+}
+
+struct Backend {
+    addr: SocketAddr,
+    site: String,
+    limit: u64,
+    has_region: bool,
+    inflight: Arc<AtomicU64>,
+    /// CLOCK_MONOTONIC ns until which the back-end is skipped after a failure.
+    down_until_ns: AtomicU64,
+}
+
+/// Decision counters, indexed by reject reason (`Reject as usize`).
+#[derive(Default)]
+struct Counters {
+    accept_admitted: AtomicU64,
+    accept_rejected: [AtomicU64; 4],
+    request_admitted: AtomicU64,
+    request_rejected: [AtomicU64; 4],
+}
+
+const REJECTS: [Reject; 4] = [
+    Reject::Overloaded,
+    Reject::StaleLoad,
+    Reject::UnknownSite,
+    Reject::NoBackend,
+];
+
+fn reject_index(r: Reject) -> usize {
+    match r {
+        Reject::Overloaded => 0,
+        Reject::StaleLoad => 1,
+        Reject::UnknownSite => 2,
+        Reject::NoBackend => 3,
+    }
+}
+
+/// The proxy's control layer. Cheap to query from every worker thread.
+pub struct Control {
+    admission_on: bool,
+    at_accept: bool,
+    per_request: bool,
+    metric: Metric,
+    stale_after_ns: u64,
+    on_stale: StalePolicy,
+    retry_after_s: u32,
+    policy: BalancePolicy,
+    down_for_ns: u64,
+    backends: Vec<Backend>,
+    /// Whether any back-end names a site (else every Host goes everywhere).
+    routed_by_site: bool,
+    table: Option<Arc<dyn Words>>,
+    _monitor: Option<Monitor>,
+    counters: Counters,
+    rr: AtomicUsize,
+}
+
+thread_local! {
+    static RNG: Cell<u64> = Cell::new(farside_rmem::random_u64() | 1);
+}
+
+fn rand_below(n: usize) -> usize {
+    RNG.with(|r| {
+        // xorshift64*
+        let mut x = r.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        r.set(x);
+        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as usize % n
+    })
+}
+
+/// Most back-ends considered per decision (the table's bound).
+const CANDIDATES_MAX: usize = table::TABLE_BACKENDS_MAX;
+
+impl Control {
+    /// Build the control layer: start the embedded monitor, or map an external
+    /// monitor's table (`monitor.table`).
+    pub fn new(cfg: &ProxyConfig) -> std::io::Result<Control> {
+        let n = cfg.backends.len();
+        let watches: Vec<Watch> = cfg
+            .backends
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| {
+                let region = RegionSource::parse(b.region.as_deref()?).ok()?;
+                Some(Watch {
+                    index: i,
+                    name: b.addr.to_string(),
+                    region,
+                })
+            })
+            .collect();
+        let (table, monitor) = match &cfg.monitor.table {
+            Some(path) => {
+                let words: Arc<dyn Words> = Arc::new(farside_region::MappedWords::open_file(
+                    path.as_ref(),
+                    table::TABLE_WORDS,
+                )?);
+                table::check(&*words, n).map_err(|m| {
+                    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{path}: {m}"))
+                })?;
+                (Some(words), None)
+            }
+            None if !watches.is_empty() => {
+                let words = monitor::create_table(None, n, cfg.monitor.period_us)?;
+                let m = Monitor::start(watches, words.clone(), monitor_options(cfg))?;
+                (Some(words), Some(m))
+            }
+            None => (None, None),
+        };
+        let a = &cfg.admission;
+        let backends = cfg
+            .backends
+            .iter()
+            .map(|b| Backend {
+                addr: b.addr,
+                site: b.site.clone(),
+                limit: b
+                    .limit
+                    .or_else(|| a.site_limits.get(&b.site).copied())
+                    .unwrap_or(a.limit),
+                has_region: b.region.is_some() || cfg.monitor.table.is_some(),
+                inflight: Arc::new(AtomicU64::new(0)),
+                down_until_ns: AtomicU64::new(0),
+            })
+            .collect();
+        Ok(Control {
+            admission_on: a.enabled,
+            at_accept: a.at_accept,
+            per_request: a.per_request,
+            metric: a.metric,
+            stale_after_ns: a.stale_after_ms * 1_000_000,
+            on_stale: a.on_stale,
+            retry_after_s: a.retry_after_s,
+            policy: cfg.balance.policy,
+            down_for_ns: cfg.balance.down_for_ms * 1_000_000,
+            routed_by_site: cfg.backends.iter().any(|b| !b.site.is_empty()),
+            backends,
+            table,
+            _monitor: monitor,
+            counters: Counters::default(),
+            rr: AtomicUsize::new(0),
+        })
+    }
+
+    /// Current load of back-end `i` in the admission metric.
+    pub fn load(&self, i: usize, now_ns: u64) -> Load {
+        let b = &self.backends[i];
+        if self.metric == Metric::Inflight {
+            return Load::Known(b.inflight.load(Ordering::Relaxed));
+        }
+        let (Some(t), true) = (&self.table, b.has_region) else {
+            return Load::Unknown;
+        };
+        let Some(e) = table::read(&**t, i) else {
+            return Load::Stale;
+        };
+        if e.status == EntryStatus::Never
+            || now_ns.saturating_sub(e.advanced_mono_ns) > self.stale_after_ns
+        {
+            return Load::Stale;
+        }
+        Load::Known(match self.metric {
+            Metric::Conns => e.conns_established,
+            Metric::Pending => e.accept_backlog + e.conns_pending,
+            Metric::Cpu => e.cpu_util_ppm,
+            Metric::Pressure => e.cpu_pressure_ppm,
+            Metric::Runnable => e.runnable,
+            Metric::Inflight => unreachable!("handled above"),
+        })
+    }
+
+    /// Whether back-end `i` may take one more request; `Err` says why not.
+    fn admissible(&self, i: usize, load: Load) -> Result<(), Reject> {
+        match load {
+            Load::Known(v) if v < self.backends[i].limit => Ok(()),
+            Load::Known(_) => Err(Reject::Overloaded),
+            Load::Stale if self.on_stale == StalePolicy::Admit => Ok(()),
+            Load::Stale => Err(Reject::StaleLoad),
+            Load::Unknown => Ok(()),
+        }
+    }
+
+    fn is_down(&self, i: usize, now_ns: u64) -> bool {
+        self.backends[i].down_until_ns.load(Ordering::Relaxed) > now_ns
+    }
+
+    fn serves(&self, i: usize, host: Option<&str>) -> bool {
+        let site = &self.backends[i].site;
+        !self.routed_by_site
+            || site.is_empty()
+            || host.is_some_and(|h| h.eq_ignore_ascii_case(site))
+    }
+
+    /// The admission check alone, across all back-ends (what `on_accept` runs).
+    pub fn decide_accept(&self) -> Result<(), Reject> {
+        let now = mono_ns();
+        let mut why = Reject::NoBackend;
+        for i in 0..self.backends.len() {
+            if self.is_down(i, now) {
+                continue;
+            }
+            match self.admissible(i, self.load(i, now)) {
+                Ok(()) => return Ok(()),
+                Err(r) => why = merge_reason(why, r),
+            }
+        }
+        Err(why)
+    }
+
+    /// Pick a back-end for a request to `host`: site filter, down filter, admission
+    /// filter (if on), then the balancing policy among what is left.
+    pub fn choose(&self, host: Option<&str>) -> Result<usize, Reject> {
+        let now = mono_ns();
+        let check = self.admission_on && self.per_request;
+        let mut cand = [(0usize, 0u64); CANDIDATES_MAX];
+        let mut n = 0;
+        let mut any_site = false;
+        let mut why = Reject::NoBackend;
+        for i in 0..self.backends.len() {
+            if !self.serves(i, host) {
+                continue;
+            }
+            any_site = true;
+            if self.is_down(i, now) {
+                continue;
+            }
+            let load = self.load(i, now);
+            if check {
+                if let Err(r) = self.admissible(i, load) {
+                    why = merge_reason(why, r);
+                    continue;
+                }
+            }
+            let score = match load {
+                Load::Known(v) => v,
+                Load::Stale | Load::Unknown => 0,
+            };
+            cand[n] = (i, score);
+            n += 1;
+        }
+        if !any_site {
+            return Err(Reject::UnknownSite);
+        }
+        if n == 0 {
+            return Err(why);
+        }
+        let cand = &cand[..n];
+        let inflight = |i: usize| self.backends[i].inflight.load(Ordering::Relaxed);
+        // Score: remote load first, then this proxy's in-flight requests (fresher).
+        let key = |&(i, s): &(usize, u64)| (s, inflight(i));
+        Ok(match self.policy {
+            BalancePolicy::RoundRobin => cand[self.rr.fetch_add(1, Ordering::Relaxed) % n].0,
+            BalancePolicy::LeastLoaded => {
+                // Rotate the starting point so ties spread instead of piling on the first.
+                let start = self.rr.fetch_add(1, Ordering::Relaxed) % n;
+                (0..n)
+                    .map(|k| cand[(start + k) % n])
+                    .min_by_key(key)
+                    .expect("n > 0")
+                    .0
+            }
+            BalancePolicy::P2c => {
+                let a = cand[rand_below(n)];
+                let b = cand[rand_below(n)];
+                if key(&a) <= key(&b) {
+                    a.0
+                } else {
+                    b.0
+                }
+            }
+        })
+    }
+
+    pub fn backend_count(&self) -> usize {
+        self.backends.len()
+    }
+}
+
+/// When several back-ends refuse for different reasons, report the most telling one:
+/// overloaded beats stale beats no-backend.
+fn merge_reason(a: Reject, b: Reject) -> Reject {
+    let rank = |r| match r {
+        Reject::Overloaded => 3,
+        Reject::StaleLoad => 2,
+        Reject::NoBackend => 1,
+        Reject::UnknownSite => 0,
+    };
+    if rank(b) > rank(a) {
+        b
+    } else {
+        a
+    }
+}
+
+pub fn monitor_options(cfg: &ProxyConfig) -> MonitorOptions {
+    MonitorOptions {
+        period: Duration::from_micros(cfg.monitor.period_us),
+        read_timeout: Duration::from_millis(cfg.monitor.read_timeout_ms),
+        stale_after: Duration::from_millis(cfg.admission.stale_after_ms),
+        key: farside_rmem::DEFAULT_READ_KEY,
+    }
+}
+
+impl Gate for Control {
+    fn on_accept(&self, _peer: SocketAddr) -> Result<(), Reject> {
+        if !(self.admission_on && self.at_accept) {
+            return Ok(());
+        }
+        let r = self.decide_accept();
+        match r {
+            Ok(()) => self
+                .counters
+                .accept_admitted
+                .fetch_add(1, Ordering::Relaxed),
+            Err(why) => {
+                self.counters.accept_rejected[reject_index(why)].fetch_add(1, Ordering::Relaxed)
+            }
+        };
+        r
+    }
+
+    fn route(&self, host: Option<&str>) -> Result<Route, Reject> {
+        match self.choose(host) {
+            Ok(i) => {
+                self.counters
+                    .request_admitted
+                    .fetch_add(1, Ordering::Relaxed);
+                let b = &self.backends[i];
+                Ok(Route {
+                    backend: i,
+                    addr: b.addr,
+                    guard: InflightGuard::new(b.inflight.clone()),
+                })
+            }
+            Err(why) => {
+                self.counters.request_rejected[reject_index(why)].fetch_add(1, Ordering::Relaxed);
+                Err(why)
+            }
+        }
+    }
+
+    fn retry_after_s(&self) -> u32 {
+        self.retry_after_s
+    }
+
+    fn report_failure(&self, backend: usize) {
+        if let Some(b) = self.backends.get(backend) {
+            let until = mono_ns() + self.down_for_ns;
+            if b.down_until_ns.swap(until, Ordering::Relaxed) < mono_ns() {
+                log::warn!(
+                    "backend {} failed; skipping it for {} ms",
+                    b.addr,
+                    self.down_for_ns / 1_000_000
+                );
+            }
+        }
+    }
+
+    fn render_metrics(&self, out: &mut String) {
+        let c = &self.counters;
+        let _ = writeln!(
+            out,
+            "# HELP farside_admission_decisions_total Admission decisions by stage and outcome."
+        );
+        let _ = writeln!(out, "# TYPE farside_admission_decisions_total counter");
+        for (stage, admitted, rejected) in [
+            ("accept", &c.accept_admitted, &c.accept_rejected),
+            ("request", &c.request_admitted, &c.request_rejected),
+        ] {
+            let _ = writeln!(
+                out,
+                "farside_admission_decisions_total{{stage=\"{stage}\",outcome=\"admit\",reason=\"\"}} {}",
+                admitted.load(Ordering::Relaxed)
+            );
+            for r in REJECTS {
+                let _ = writeln!(
+                    out,
+                    "farside_admission_decisions_total{{stage=\"{stage}\",outcome=\"reject\",reason=\"{}\"}} {}",
+                    r.reason(),
+                    rejected[reject_index(r)].load(Ordering::Relaxed)
+                );
+            }
+        }
+        let now = mono_ns();
+        let _ = writeln!(out, "# HELP farside_backend_load Back-end load in the admission metric's unit (-1: stale or unknown).");
+        let _ = writeln!(out, "# TYPE farside_backend_load gauge");
+        let _ = writeln!(out, "# TYPE farside_backend_inflight gauge");
+        let _ = writeln!(out, "# TYPE farside_backend_limit gauge");
+        let _ = writeln!(out, "# TYPE farside_monitor_read_errors_total counter");
+        let _ = writeln!(out, "# TYPE farside_monitor_read_latency_ns gauge");
+        let _ = writeln!(out, "# TYPE farside_monitor_record_age_ns gauge");
+        for (i, b) in self.backends.iter().enumerate() {
+            let lbl = format!("backend=\"{}\",site=\"{}\"", b.addr, b.site);
+            let load = match self.load(i, now) {
+                Load::Known(v) => v as i64,
+                _ => -1,
+            };
+            let _ = writeln!(
+                out,
+                "farside_backend_load{{{lbl},metric=\"{}\"}} {load}",
+                self.metric.name()
+            );
+            let _ = writeln!(
+                out,
+                "farside_backend_inflight{{{lbl}}} {}",
+                b.inflight.load(Ordering::Relaxed)
+            );
+            let _ = writeln!(out, "farside_backend_limit{{{lbl}}} {}", b.limit);
+            if let Some(e) = self.table.as_ref().and_then(|t| table::read(&**t, i)) {
+                let _ = writeln!(
+                    out,
+                    "farside_monitor_read_errors_total{{{lbl}}} {}",
+                    e.errors
+                );
+                let _ = writeln!(
+                    out,
+                    "farside_monitor_read_latency_ns{{{lbl}}} {}",
+                    e.read_latency_ns
+                );
+                let _ = writeln!(
+                    out,
+                    "farside_monitor_record_age_ns{{{lbl}}} {}",
+                    now.saturating_sub(e.advanced_mono_ns)
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

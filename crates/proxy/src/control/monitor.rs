@@ -1,0 +1,192 @@
+//! The load monitor: one thread per back-end reads the back-end's region every period G
+//! through its transport and publishes what it saw into the monitor table. Reads that
+//! fail (timeout, refusal, torn or corrupt record) are counted and never published as
+//! load: the entry keeps its last good values and goes stale.
+
+use super::table::{self, Entry, EntryStatus, EntryWriter};
+use farside_region::{Snapshot, Words, SNAPSHOT_BYTES};
+use farside_rmem::{connect, mono_ns, ClientOptions, Endpoint, Pacer};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One back-end to watch: its table index and where its region is.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    pub index: usize,
+    pub name: String,
+    pub region: Endpoint,
+}
+
+#[derive(Debug, Clone)]
+pub struct MonitorOptions {
+    pub period: Duration,
+    pub read_timeout: Duration,
+    /// Only used to log fresh → stale transitions.
+    pub stale_after: Duration,
+    pub key: u64,
+}
+
+/// Running monitor threads; they stop when this is dropped.
+pub struct Monitor {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Monitor {
+    pub fn start(
+        watches: Vec<Watch>,
+        table: Arc<dyn Words>,
+        opts: MonitorOptions,
+    ) -> std::io::Result<Monitor> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut threads = Vec::with_capacity(watches.len());
+        for w in watches {
+            let (table, stop, opts) = (table.clone(), stop.clone(), opts.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("monitor-{}", w.index))
+                    .spawn(move || poll_loop(w, &*table, &opts, &stop))?,
+            );
+        }
+        Ok(Monitor { stop, threads })
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Connection retry backoff after a failed connect, bounded.
+const RECONNECT_BACKOFF_MAX: Duration = Duration::from_millis(200);
+
+fn poll_loop(w: Watch, table: &dyn Words, opts: &MonitorOptions, stop: &AtomicBool) {
+    let mut writer = EntryWriter::new(table, w.index);
+    let mut e = Entry::default();
+    let mut client = None;
+    let mut backoff = Duration::ZERO;
+    let mut next_connect = Instant::now();
+    let mut stale_logged = false;
+    let mut bytes = [0u8; SNAPSHOT_BYTES];
+    let copts = ClientOptions {
+        key: opts.key,
+        timeout: opts.read_timeout,
+    };
+    let mut pacer = Pacer::new(opts.period);
+    while !stop.load(Ordering::Relaxed) {
+        pacer.wait();
+        if client.is_none() {
+            if Instant::now() < next_connect {
+                continue;
+            }
+            match connect(&w.region, &copts) {
+                Ok(c) => {
+                    client = Some(c);
+                    backoff = Duration::ZERO;
+                }
+                Err(err) => {
+                    e.errors += 1;
+                    e.status = EntryStatus::Error;
+                    writer.publish(&e);
+                    backoff = (backoff * 2).clamp(opts.period, RECONNECT_BACKOFF_MAX);
+                    next_connect = Instant::now() + backoff;
+                    if e.errors == 1 {
+                        log::warn!("monitor: {} ({}): {err}", w.name, w.region);
+                    }
+                    continue;
+                }
+            }
+        }
+        let c = client.as_mut().expect("connected above");
+        let t0 = Instant::now();
+        let result = c
+            .read(0, &mut bytes)
+            .map_err(|e| e.to_string())
+            .and_then(|()| Snapshot::decode(&bytes).map_err(|e| e.to_string()));
+        let now = mono_ns();
+        match result {
+            Ok(s) => {
+                if s.seq != e.remote_seq || s.header.generation != e.remote_generation {
+                    e.advanced_mono_ns = now;
+                }
+                e.status = EntryStatus::Ok;
+                e.remote_seq = s.seq;
+                e.remote_generation = s.header.generation;
+                e.fetched_mono_ns = now;
+                e.cpu_util_ppm = s.load.cpu_util_ppm;
+                e.cpu_pressure_ppm = s.load.cpu_pressure_ppm;
+                e.runnable = s.load.runnable;
+                e.conns_established = s.load.conns_established;
+                e.accept_backlog = s.load.accept_backlog;
+                e.conns_pending = s.load.conns_pending;
+                e.read_latency_ns = t0.elapsed().as_nanos() as u64;
+            }
+            Err(err) => {
+                e.errors += 1;
+                e.status = EntryStatus::Error;
+                if e.errors.is_power_of_two() {
+                    log::warn!(
+                        "monitor: {} ({}): read failed ({} so far): {err}",
+                        w.name,
+                        w.region,
+                        e.errors
+                    );
+                }
+                if c.transport() != "shm" {
+                    // Reconnect: a tcp stream may be out of step after a timeout.
+                    client = None;
+                }
+            }
+        }
+        let stale = now.saturating_sub(e.advanced_mono_ns) > opts.stale_after.as_nanos() as u64;
+        if stale != stale_logged {
+            if stale {
+                log::warn!(
+                    "monitor: {} ({}): load record is stale (no update for over {:?})",
+                    w.name,
+                    w.region,
+                    opts.stale_after
+                );
+            } else {
+                log::info!(
+                    "monitor: {} ({}): load record fresh again",
+                    w.name,
+                    w.region
+                );
+            }
+            stale_logged = stale;
+        }
+        writer.publish(&e);
+    }
+}
+
+/// Create the table words for `n` back-ends: a shared file if `path` is given.
+pub fn create_table(
+    path: Option<&std::path::Path>,
+    n: usize,
+    period_us: u64,
+) -> std::io::Result<Arc<dyn Words>> {
+    if n > table::TABLE_BACKENDS_MAX {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{n} back-ends, a monitor table holds at most {}",
+                table::TABLE_BACKENDS_MAX
+            ),
+        ));
+    }
+    let words: Arc<dyn Words> = match path {
+        Some(p) => Arc::new(farside_region::MappedWords::create_file(
+            p,
+            table::TABLE_WORDS,
+        )?),
+        None => Arc::new(farside_region::HeapWords::new(table::TABLE_WORDS)),
+    };
+    table::init(&*words, n, period_us);
+    Ok(words)
+}

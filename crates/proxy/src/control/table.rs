@@ -1,0 +1,195 @@
+//! The monitor table: the latest load of every back-end as seen by the monitor, one
+//! seqlock block per back-end, in words that can live on the heap (embedded monitor) or
+//! in a shared file (`farside monitor` publishing to proxies on the same host, as the
+//! paper's load-monitoring daemon does through shared memory).
+//!
+//! ```text
+//! word 0..8            header: magic, version, backends, period_us, generation
+//! word 8 + i*16 ..     entry i (ENTRY_WORDS): seqlock block, fields below
+//! ```
+
+use farside_region::seqlock::{self, SeqlockWriter};
+use farside_region::Words;
+use std::sync::atomic::Ordering;
+
+/// `b"FSMONTBL"`.
+pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"FSMONTBL");
+pub const TABLE_VERSION: u64 = 1;
+/// Most back-ends one table holds.
+pub const TABLE_BACKENDS_MAX: usize = 64;
+pub const HEADER_WORDS: usize = 8;
+pub const ENTRY_WORDS: usize = 16;
+pub const TABLE_WORDS: usize = HEADER_WORDS + TABLE_BACKENDS_MAX * ENTRY_WORDS;
+
+const H_MAGIC: usize = 0;
+const H_VERSION: usize = 1;
+const H_BACKENDS: usize = 2;
+const H_PERIOD_US: usize = 3;
+const H_GENERATION: usize = 4;
+
+/// What the monitor last knew of one back-end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Entry {
+    pub status: EntryStatus,
+    /// The region's own sequence number and generation.
+    pub remote_seq: u64,
+    pub remote_generation: u64,
+    /// Monitor-host CLOCK_MONOTONIC when the last read completed.
+    pub fetched_mono_ns: u64,
+    /// Monitor-host CLOCK_MONOTONIC when the remote sequence was last seen to advance.
+    /// Staleness is measured from here: a gatherer that stops, or a monitor that stops,
+    /// both freeze it.
+    pub advanced_mono_ns: u64,
+    pub cpu_util_ppm: u64,
+    pub cpu_pressure_ppm: u64,
+    pub runnable: u64,
+    pub conns_established: u64,
+    pub accept_backlog: u64,
+    pub conns_pending: u64,
+    /// Latency of the last read, ns.
+    pub read_latency_ns: u64,
+    /// Failed reads so far.
+    pub errors: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(u64)]
+pub enum EntryStatus {
+    /// No successful read yet.
+    #[default]
+    Never = 0,
+    /// The last read succeeded.
+    Ok = 1,
+    /// The last read failed (timeout, refused, torn, bad region); values are the last good ones.
+    Error = 2,
+}
+
+impl Entry {
+    fn fields(&self) -> [u64; ENTRY_WORDS - 2] {
+        [
+            self.status as u64,
+            self.remote_seq,
+            self.remote_generation,
+            self.fetched_mono_ns,
+            self.advanced_mono_ns,
+            self.cpu_util_ppm,
+            self.cpu_pressure_ppm,
+            self.runnable,
+            self.conns_established,
+            self.accept_backlog,
+            self.conns_pending,
+            self.read_latency_ns,
+            self.errors,
+            0,
+        ]
+    }
+
+    fn from_block(b: &[u64; ENTRY_WORDS]) -> Entry {
+        let f = &b[1..];
+        Entry {
+            status: match f[0] {
+                1 => EntryStatus::Ok,
+                2 => EntryStatus::Error,
+                _ => EntryStatus::Never,
+            },
+            remote_seq: f[1],
+            remote_generation: f[2],
+            fetched_mono_ns: f[3],
+            advanced_mono_ns: f[4],
+            cpu_util_ppm: f[5],
+            cpu_pressure_ppm: f[6],
+            runnable: f[7],
+            conns_established: f[8],
+            accept_backlog: f[9],
+            conns_pending: f[10],
+            read_latency_ns: f[11],
+            errors: f[12],
+        }
+    }
+}
+
+fn entry_first(i: usize) -> usize {
+    HEADER_WORDS + i * ENTRY_WORDS
+}
+
+/// Initialise a table for `backends` entries.
+pub fn init(words: &dyn Words, backends: usize, period_us: u64) {
+    assert!(backends <= TABLE_BACKENDS_MAX);
+    let w = words.words();
+    w[H_MAGIC].store(0, Ordering::Release);
+    for x in &w[HEADER_WORDS..] {
+        x.store(0, Ordering::Relaxed);
+    }
+    w[H_VERSION].store(TABLE_VERSION, Ordering::Release);
+    w[H_BACKENDS].store(backends as u64, Ordering::Release);
+    w[H_PERIOD_US].store(period_us, Ordering::Release);
+    w[H_GENERATION].store(farside_region::fresh_generation(), Ordering::Release);
+    w[H_MAGIC].store(TABLE_MAGIC, Ordering::Release);
+}
+
+/// Check an existing (shared) table holds `backends` entries.
+pub fn check(words: &dyn Words, backends: usize) -> Result<(), String> {
+    let w = words.words();
+    if w.len() < TABLE_WORDS || w[H_MAGIC].load(Ordering::Acquire) != TABLE_MAGIC {
+        return Err("not a farside monitor table (is `farside monitor` running?)".into());
+    }
+    if w[H_VERSION].load(Ordering::Acquire) != TABLE_VERSION {
+        return Err("monitor table version differs from this build".into());
+    }
+    let n = w[H_BACKENDS].load(Ordering::Acquire) as usize;
+    if n != backends {
+        return Err(format!(
+            "monitor table has {n} back-ends, configuration has {backends}"
+        ));
+    }
+    Ok(())
+}
+
+/// The single writer of entry `i`.
+pub struct EntryWriter<'a>(SeqlockWriter<'a>);
+
+impl<'a> EntryWriter<'a> {
+    pub fn new(words: &'a dyn Words, i: usize) -> Self {
+        EntryWriter(SeqlockWriter::new(
+            words.words(),
+            entry_first(i),
+            ENTRY_WORDS,
+        ))
+    }
+
+    pub fn publish(&mut self, e: &Entry) {
+        self.0.publish(&e.fields());
+    }
+}
+
+/// Read entry `i`; `None` if never written or torn on every try (a writer that died
+/// mid-update leaves a torn block: it is never used).
+pub fn read(words: &dyn Words, i: usize) -> Option<Entry> {
+    let mut b = [0u64; ENTRY_WORDS];
+    seqlock::read_local(words.words(), entry_first(i), &mut b, 4).ok()?;
+    Some(Entry::from_block(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use farside_region::HeapWords;
+
+    #[test]
+    fn entries_round_trip_and_unwritten_ones_read_as_none() {
+        let t = HeapWords::new(TABLE_WORDS);
+        init(&t, 2, 1000);
+        check(&t, 2).unwrap();
+        assert!(check(&t, 3).is_err());
+        assert_eq!(read(&t, 1), None);
+        let e = Entry {
+            status: EntryStatus::Ok,
+            conns_established: 9,
+            advanced_mono_ns: 5,
+            ..Default::default()
+        };
+        EntryWriter::new(&t, 1).publish(&e);
+        assert_eq!(read(&t, 1), Some(e));
+        assert_eq!(read(&t, 0), None);
+    }
+}
