@@ -1,0 +1,990 @@
+//! Outputs of a lab run: the text table on the terminal, and into `--out DIR`
+//! `summary.json`, CSV files, SVG figures and a self-contained `report.html`.
+//!
+//! Files written by [`write_all`] (names are stable; `<trace>` and `<system>`
+//! are sanitised to `[A-Za-z0-9._-]`):
+//!
+//! | file | content |
+//! |---|---|
+//! | `summary.json` | [`Summary`], pretty JSON, without per-second series |
+//! | `points.csv` | one row per admission point (written when there are admission points or no points at all) |
+//! | `probe.csv` | one row per probe point (when there are probe points) |
+//! | `series-<system>-<trace>-<clients>.csv` | per-second series of one admission point |
+//! | `fig-avg-<trace>.svg` | avg response time vs clients, one line per system (Fig. 5(a), 10) |
+//! | `fig-tps-<trace>.svg` | TPS vs clients (Fig. 5(b)) |
+//! | `fig-slow-<trace>.svg` | % of served requests over the QoS threshold vs clients (Fig. 9) |
+//! | `fig-series-rt-<trace>.svg` | per-second avg response time at the heaviest load (Fig. 6) |
+//! | `fig-series-drop-<trace>.svg` | per-second drop rate at the heaviest load (Fig. 7) |
+//! | `fig-probe-p99-<size>B.svg` | probe p99 vs background load, one line per transport, log y |
+//! | `report.html` | title, parameters, tables, improvements, figures inlined, notes |
+//!
+//! Everything is a pure function of the [`Summary`]: the same input gives
+//! byte-identical files. Where several points share a (system, trace,
+//! clients) key, the first one is used in tables and figures.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use crate::summary::{Point, ProbePoint, SecondPoint, Summary, SYSTEMS, SYSTEM_NO_AC};
+use crate::svg::{escape, Chart};
+
+/// `params` key holding the QoS threshold for `slow_rate`, in ms.
+pub const PARAM_SLOW_MS: &str = "slow_ms";
+/// QoS threshold shown when `params` does not say: the paper's 1 s (Fig. 8/9).
+const SLOW_MS_DEFAULT: f64 = 1000.0;
+/// Per-second response times spanning more than this ratio get a log axis,
+/// as in the paper's Fig. 8 (no-ac's overload tail dwarfs the others otherwise).
+const LOG_AXIS_RATIO_MIN: f64 = 50.0;
+
+/// Improvement of one system's average response time over a baseline, at one load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Improvement {
+    /// The system measured.
+    pub system: String,
+    /// The system compared against.
+    pub baseline: String,
+    /// `(baseline_avg - system_avg) / baseline_avg * 100`: positive is better.
+    /// `None` when either point is missing or the baseline is 0.
+    pub percent: Option<f64>,
+}
+
+/// The improvement line of one trace: all comparisons at its heaviest load.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceImprovements {
+    /// Trace name.
+    pub trace: String,
+    /// The heaviest load measured for the trace (largest `clients`).
+    pub clients: u64,
+    /// Each admission-controlled system vs `no-ac`, then `onesided-ac` vs `tcp-ac`.
+    pub items: Vec<Improvement>,
+}
+
+impl TraceImprovements {
+    /// One-line text form, e.g.
+    /// `improvement zipf @ 640 clients (avg response time): tcp-ac vs no-ac 26.0%, ...`.
+    pub fn line(&self) -> String {
+        let items: Vec<String> = self
+            .items
+            .iter()
+            .map(|i| {
+                let v = i
+                    .percent
+                    .map_or_else(|| "n/a".to_string(), |p| format!("{p:.1}%"));
+                format!("{} vs {} {v}", i.system, i.baseline)
+            })
+            .collect();
+        format!(
+            "improvement {} @ {} clients (avg response time): {}",
+            self.trace,
+            self.clients,
+            items.join(", ")
+        )
+    }
+}
+
+/// The admission points of a summary, indexed for tables and figures.
+struct Grid<'a> {
+    points: Vec<&'a Point>,
+    /// Traces in order of first appearance.
+    traces: Vec<&'a str>,
+    /// `SYSTEMS` present, in their order, then any other system in order of appearance.
+    systems: Vec<&'a str>,
+}
+
+impl<'a> Grid<'a> {
+    fn new(s: &'a Summary) -> Grid<'a> {
+        let points: Vec<&Point> = s.admission_points().collect();
+        let mut traces: Vec<&str> = Vec::new();
+        let mut others: Vec<&str> = Vec::new();
+        for p in &points {
+            if !traces.contains(&p.trace.as_str()) {
+                traces.push(&p.trace);
+            }
+            if !SYSTEMS.contains(&p.system.as_str()) && !others.contains(&p.system.as_str()) {
+                others.push(&p.system);
+            }
+        }
+        let mut systems: Vec<&str> = SYSTEMS
+            .into_iter()
+            .filter(|sys| points.iter().any(|p| p.system == *sys))
+            .collect();
+        systems.extend(others);
+        Grid {
+            points,
+            traces,
+            systems,
+        }
+    }
+
+    /// Client counts measured for `trace`, ascending.
+    fn clients(&self, trace: &str) -> Vec<u64> {
+        let set: BTreeSet<u64> = self
+            .points
+            .iter()
+            .filter(|p| p.trace == trace)
+            .map(|p| p.clients)
+            .collect();
+        set.into_iter().collect()
+    }
+
+    fn get(&self, system: &str, trace: &str, clients: u64) -> Option<&'a Point> {
+        self.points
+            .iter()
+            .find(|p| p.system == system && p.trace == trace && p.clients == clients)
+            .copied()
+    }
+
+    /// `(clients, f(point))` for one system's line on one trace, ascending clients.
+    fn line(&self, system: &str, trace: &str, f: impl Fn(&Point) -> f64) -> Vec<(f64, f64)> {
+        self.clients(trace)
+            .into_iter()
+            .filter_map(|c| self.get(system, trace, c).map(|p| (c as f64, f(p))))
+            .collect()
+    }
+
+    fn improvements(&self, trace: &str) -> Option<TraceImprovements> {
+        let clients = *self.clients(trace).last()?;
+        let avg = |sys: &str| self.get(sys, trace, clients).map(|p| p.avg_ms);
+        let pct = |system: &str, baseline: &str| Improvement {
+            system: system.to_string(),
+            baseline: baseline.to_string(),
+            percent: match (avg(system), avg(baseline)) {
+                (Some(x), Some(b)) if b > 0.0 => Some((b - x) / b * 100.0),
+                _ => None,
+            },
+        };
+        let mut items: Vec<Improvement> = self
+            .systems
+            .iter()
+            .filter(|s| **s != SYSTEM_NO_AC)
+            .map(|s| pct(s, SYSTEM_NO_AC))
+            .collect();
+        if self.systems.contains(&"onesided-ac") && self.systems.contains(&"tcp-ac") {
+            items.push(pct("onesided-ac", "tcp-ac"));
+        }
+        Some(TraceImprovements {
+            trace: trace.to_string(),
+            clients,
+            items,
+        })
+    }
+}
+
+/// Per trace, the improvement of each admission-controlled system over
+/// `no-ac` (and of `onesided-ac` over `tcp-ac`) at the heaviest load.
+pub fn improvements(s: &Summary) -> Vec<TraceImprovements> {
+    let g = Grid::new(s);
+    g.traces.iter().filter_map(|t| g.improvements(t)).collect()
+}
+
+/// QoS threshold for `slow_rate` from `params.slow_ms`, else 1000 ms.
+pub fn slow_ms(s: &Summary) -> f64 {
+    s.params
+        .get(PARAM_SLOW_MS)
+        .and_then(|v| v.as_f64())
+        .unwrap_or(SLOW_MS_DEFAULT)
+}
+
+/// Prints the paper's Fig. 5/9/10 numbers as text: per trace, one row per
+/// client count and, per system, avg ms, TPS, drop % and slow %; then the
+/// trace's improvement line. Probe points get their own table.
+pub fn print_table(s: &Summary, w: &mut impl Write) -> io::Result<()> {
+    w.write_all(table_text(s).as_bytes())
+}
+
+/// The text of [`print_table`].
+pub fn table_text(s: &Summary) -> String {
+    let g = Grid::new(s);
+    let mut out = String::new();
+    const CELL: usize = 32; // width of one system's four columns
+    for trace in &g.traces {
+        let _ = writeln!(
+            out,
+            "{} — trace {trace}: avg response time, TPS, drop %, slow % (> {} ms)",
+            s.experiment,
+            fmt_num(slow_ms(s))
+        );
+        let mut head1 = format!("{:>8} ", "");
+        let mut head2 = format!("{:>8} ", "clients");
+        for sys in &g.systems {
+            let _ = write!(head1, "| {sys:^w$} ", w = CELL - 3);
+            let _ = write!(
+                head2,
+                "| {:>9}{:>8}{:>6}{:>6} ",
+                "avg ms", "TPS", "drop%", "slow%"
+            );
+        }
+        let _ = writeln!(out, "{}", head1.trim_end());
+        let _ = writeln!(out, "{}", head2.trim_end());
+        let _ = writeln!(out, "{}", "-".repeat(head2.trim_end().chars().count()));
+        for c in g.clients(trace) {
+            let mut row = format!("{c:>8} ");
+            for sys in &g.systems {
+                match g.get(sys, trace, c) {
+                    Some(p) => {
+                        let _ = write!(
+                            row,
+                            "| {:>9.2}{:>8.1}{:>6.1}{:>6.1} ",
+                            p.avg_ms,
+                            p.tps,
+                            p.drop_rate * 100.0,
+                            p.slow_rate * 100.0
+                        );
+                    }
+                    None => {
+                        let _ = write!(row, "| {:>9}{:>8}{:>6}{:>6} ", "-", "-", "-", "-");
+                    }
+                }
+            }
+            let _ = writeln!(out, "{}", row.trim_end());
+        }
+        if let Some(imp) = g.improvements(trace) {
+            let _ = writeln!(out, "{}", imp.line());
+        }
+        out.push('\n');
+    }
+    let probes: Vec<&ProbePoint> = s.probe_points().collect();
+    if !probes.is_empty() {
+        let _ = writeln!(out, "{} — remote read round trip (µs)", s.experiment);
+        let head = format!(
+            "{:<12}{:>6}{:>9}{:>10}{:>10}{:>10}{:>10}{:>10}{:>9}",
+            "transport",
+            "load",
+            "size B",
+            "samples",
+            "p50 us",
+            "p99 us",
+            "p99.9 us",
+            "max us",
+            "timeouts"
+        );
+        let _ = writeln!(out, "{head}");
+        let _ = writeln!(out, "{}", "-".repeat(head.chars().count()));
+        for p in probes {
+            let _ = writeln!(
+                out,
+                "{:<12}{:>6}{:>9}{:>10}{:>10.1}{:>10.1}{:>10.1}{:>10.1}{:>9}",
+                p.transport,
+                p.background_load,
+                p.size_bytes,
+                p.samples,
+                p.p50_us,
+                p.p99_us,
+                p.p999_us,
+                p.max_us,
+                p.timeouts
+            );
+        }
+        out.push('\n');
+    }
+    if s.points.is_empty() {
+        let _ = writeln!(out, "{}: no points measured", s.experiment);
+    }
+    out
+}
+
+/// Writes every output of the run into `dir` (created if missing) and
+/// returns the paths written, in writing order. See the module docs for the list.
+pub fn write_all(s: &Summary, dir: &Path) -> io::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let mut written = Vec::new();
+    let mut put = |name: &str, text: &str| -> io::Result<()> {
+        let path = dir.join(name);
+        std::fs::write(&path, text)?;
+        written.push(path);
+        Ok(())
+    };
+    put("summary.json", &(s.to_json_pretty() + "\n"))?;
+    let g = Grid::new(s);
+    if !g.points.is_empty() || s.points.is_empty() {
+        put("points.csv", &points_csv(&g.points))?;
+    }
+    let probes: Vec<&ProbePoint> = s.probe_points().collect();
+    if !probes.is_empty() {
+        put("probe.csv", &probe_csv(&probes))?;
+    }
+    for p in &g.points {
+        if !p.series.is_empty() {
+            put(&series_file_name(p), &series_csv(&p.series))?;
+        }
+    }
+    let figures = figures(s, &g);
+    for (name, _, svg) in &figures {
+        put(name, svg)?;
+    }
+    put("report.html", &html(s, &g, &figures))?;
+    Ok(written)
+}
+
+/// `series-<system>-<trace>-<clients>.csv`.
+pub fn series_file_name(p: &Point) -> String {
+    format!(
+        "series-{}-{}-{}.csv",
+        sanitize(&p.system),
+        sanitize(&p.trace),
+        p.clients
+    )
+}
+
+fn points_csv(points: &[&Point]) -> String {
+    let mut out = String::from(
+        "system,trace,clients,transport,avg_ms,p50_ms,p90_ms,p99_ms,max_ms,tps,drop_rate,slow_rate,attempts,served,dropped,failures\n",
+    );
+    for p in points {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            csv_field(&p.system),
+            csv_field(&p.trace),
+            p.clients,
+            csv_field(&p.transport),
+            p.avg_ms,
+            p.p50_ms,
+            p.p90_ms,
+            p.p99_ms,
+            p.max_ms,
+            p.tps,
+            p.drop_rate,
+            p.slow_rate,
+            p.attempts,
+            p.served,
+            p.dropped,
+            p.failures
+        );
+    }
+    out
+}
+
+fn probe_csv(points: &[&ProbePoint]) -> String {
+    let mut out = String::from(
+        "transport,background_load,size_bytes,samples,p50_us,p99_us,p999_us,max_us,timeouts\n",
+    );
+    for p in points {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{},{},{},{}",
+            csv_field(&p.transport),
+            p.background_load,
+            p.size_bytes,
+            p.samples,
+            p.p50_us,
+            p.p99_us,
+            p.p999_us,
+            p.max_us,
+            p.timeouts
+        );
+    }
+    out
+}
+
+fn series_csv(series: &[SecondPoint]) -> String {
+    let mut out = String::from("t_s,served,dropped,drop_rate,avg_ms\n");
+    for sp in series {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{}",
+            sp.t_s,
+            sp.served,
+            sp.dropped,
+            sp.drop_rate(),
+            sp.avg_ms
+        );
+    }
+    out
+}
+
+/// `(file name, caption, svg)` for every figure, in a fixed order.
+fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    let slow = fmt_num(slow_ms(s));
+    for trace in &g.traces {
+        let t = sanitize(trace);
+        let chart = |title: &str, y: &str, f: &dyn Fn(&Point) -> f64| {
+            let mut c = Chart::new(title, "clients", y);
+            for sys in &g.systems {
+                c = c.series(sys, g.line(sys, trace, f));
+            }
+            c.to_svg()
+        };
+        out.push((
+            format!("fig-avg-{t}.svg"),
+            format!("Average response time vs load, trace {trace} (Fig. 5(a)/10)"),
+            chart(
+                &format!("Average response time — {trace}"),
+                "avg response time (ms)",
+                &|p| p.avg_ms,
+            ),
+        ));
+        out.push((
+            format!("fig-tps-{t}.svg"),
+            format!("Aggregate throughput vs load, trace {trace} (Fig. 5(b))"),
+            chart(
+                &format!("Throughput — {trace}"),
+                "served requests per second (TPS)",
+                &|p| p.tps,
+            ),
+        ));
+        out.push((
+            format!("fig-slow-{t}.svg"),
+            format!("Requests missing the {slow} ms QoS target vs load, trace {trace} (Fig. 9)"),
+            chart(
+                &format!("Requests slower than {slow} ms — {trace}"),
+                "slow requests (% of served)",
+                &|p| p.slow_rate * 100.0,
+            ),
+        ));
+        let Some(&heaviest) = g.clients(trace).last() else {
+            continue;
+        };
+        let with_series: Vec<&Point> = g
+            .systems
+            .iter()
+            .filter_map(|sys| g.get(sys, trace, heaviest))
+            .filter(|p| !p.series.is_empty())
+            .collect();
+        if with_series.is_empty() {
+            continue;
+        }
+        let rt: Vec<(&str, Vec<(f64, f64)>)> = with_series
+            .iter()
+            .map(|p| {
+                let pts = p
+                    .series
+                    .iter()
+                    // A second with nothing served has no response time: a gap.
+                    .map(|sp| {
+                        (
+                            sp.t_s as f64,
+                            if sp.served == 0 { f64::NAN } else { sp.avg_ms },
+                        )
+                    })
+                    .collect();
+                (p.system.as_str(), pts)
+            })
+            .collect();
+        let positive = rt
+            .iter()
+            .flat_map(|(_, v)| v.iter().map(|p| p.1))
+            .filter(|y| y.is_finite() && *y > 0.0);
+        let (lo, hi) = positive.fold((f64::INFINITY, 0.0f64), |(lo, hi), y| {
+            (lo.min(y), hi.max(y))
+        });
+        let log = lo.is_finite() && hi / lo > LOG_AXIS_RATIO_MIN;
+        let mut c = Chart::new(
+            &format!("Per-second response time, {heaviest} clients — {trace}"),
+            "time (s)",
+            "avg response time in the second (ms)",
+        )
+        .log_y(log);
+        if log || hi >= slow_ms(s) {
+            c = c.hline(slow_ms(s), &format!("QoS {slow} ms"));
+        }
+        for (name, pts) in rt {
+            c = c.series(name, pts);
+        }
+        out.push((
+            format!("fig-series-rt-{t}.svg"),
+            format!("Instant response time at {heaviest} clients, trace {trace} (Fig. 6)"),
+            c.to_svg(),
+        ));
+        let mut c = Chart::new(
+            &format!("Per-second drop rate, {heaviest} clients — {trace}"),
+            "time (s)",
+            "dropped (% of attempts in the second)",
+        );
+        for p in &with_series {
+            let pts = p
+                .series
+                .iter()
+                .map(|sp| (sp.t_s as f64, sp.drop_rate() * 100.0))
+                .collect();
+            c = c.series(&p.system, pts);
+        }
+        out.push((
+            format!("fig-series-drop-{t}.svg"),
+            format!("Instant drop rate at {heaviest} clients, trace {trace} (Fig. 7)"),
+            c.to_svg(),
+        ));
+    }
+    let probes: Vec<&ProbePoint> = s.probe_points().collect();
+    let sizes: BTreeSet<u64> = probes.iter().map(|p| p.size_bytes).collect();
+    for size in sizes {
+        let mut transports: Vec<&str> = Vec::new();
+        for p in &probes {
+            if !transports.contains(&p.transport.as_str()) {
+                transports.push(&p.transport);
+            }
+        }
+        let mut c = Chart::new(
+            &format!("Remote read p99 vs background load — {size} B"),
+            "CPU-busy processes on the read node",
+            "p99 round trip (µs)",
+        )
+        .log_y(true);
+        for tr in transports {
+            let mut pts: Vec<(f64, f64)> = probes
+                .iter()
+                .filter(|p| p.transport == tr && p.size_bytes == size)
+                .map(|p| (p.background_load as f64, p.p99_us))
+                .collect();
+            if pts.is_empty() {
+                continue;
+            }
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            c = c.series(tr, pts);
+        }
+        out.push((
+            format!("fig-probe-p99-{size}B.svg"),
+            format!("Remote read p99 latency vs background load, {size} B reads"),
+            c.to_svg(),
+        ));
+    }
+    out
+}
+
+fn html(s: &Summary, g: &Grid, figures: &[(String, String, String)]) -> String {
+    let mut out = String::new();
+    let title = format!("farside lab — {}", s.experiment);
+    let _ = write!(
+        out,
+        r#"<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{t}</title>
+<style>
+body {{ font-family: Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; padding: 0 1em; }}
+h1 {{ margin-bottom: 0.2em; }}
+.meta {{ color: #555; }}
+table {{ border-collapse: collapse; margin: 0.5em 0 1em 0; font-size: 13px; }}
+th, td {{ border: 1px solid #ccc; padding: 3px 8px; }}
+td {{ text-align: right; font-variant-numeric: tabular-nums; }}
+th {{ background: #f2f2f2; }}
+td.missing {{ color: #aaa; text-align: center; }}
+.imp {{ font-weight: bold; margin: 0.3em 0 1.5em 0; }}
+figure {{ margin: 1em 0; }}
+figcaption {{ color: #555; font-size: 13px; }}
+pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }}
+</style>
+</head>
+<body>
+<h1>{t}</h1>
+<p class="meta">hosts: {hosts} · started {start} UTC · duration {dur:.1} s{quick}</p>
+"#,
+        t = escape(&title),
+        hosts = escape(&s.hosts),
+        start = utc_string(s.started_unix_s),
+        dur = s.duration_s,
+        quick = if s.quick {
+            " · <b>quick run</b> (smoke test, not for comparison)"
+        } else {
+            ""
+        },
+    );
+    let _ = writeln!(out, "<h2>Parameters</h2>");
+    let params = serde_json::to_string_pretty(&s.params).unwrap_or_default();
+    let _ = writeln!(out, "<pre>{}</pre>", escape(&params));
+
+    if !g.traces.is_empty() {
+        let _ = writeln!(out, "<h2>Results</h2>");
+    }
+    for trace in &g.traces {
+        let _ = writeln!(
+            out,
+            "<h3>Trace {}</h3>\n<table>\n<tr><th rowspan=\"2\">clients</th>",
+            escape(trace)
+        );
+        for sys in &g.systems {
+            let _ = write!(out, "<th colspan=\"4\">{}</th>", escape(sys));
+        }
+        out.push_str("</tr>\n<tr>");
+        for _ in &g.systems {
+            out.push_str("<th>avg ms</th><th>TPS</th><th>drop %</th><th>slow %</th>");
+        }
+        out.push_str("</tr>\n");
+        for c in g.clients(trace) {
+            let _ = write!(out, "<tr><td>{c}</td>");
+            for sys in &g.systems {
+                match g.get(sys, trace, c) {
+                    Some(p) => {
+                        let _ = write!(
+                            out,
+                            "<td>{:.2}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td>",
+                            p.avg_ms,
+                            p.tps,
+                            p.drop_rate * 100.0,
+                            p.slow_rate * 100.0
+                        );
+                    }
+                    None => out.push_str(r#"<td class="missing" colspan="4">—</td>"#),
+                }
+            }
+            out.push_str("</tr>\n");
+        }
+        out.push_str("</table>\n");
+        if let Some(imp) = g.improvements(trace) {
+            let _ = writeln!(out, "<p class=\"imp\">{}</p>", escape(&imp.line()));
+        }
+    }
+
+    let probes: Vec<&ProbePoint> = s.probe_points().collect();
+    if !probes.is_empty() {
+        out.push_str("<h2>Remote read latency</h2>\n<table>\n<tr><th>transport</th><th>background load</th><th>size B</th><th>samples</th><th>p50 µs</th><th>p99 µs</th><th>p99.9 µs</th><th>max µs</th><th>timeouts</th></tr>\n");
+        for p in probes {
+            let _ = writeln!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{:.1}</td><td>{}</td></tr>",
+                escape(&p.transport),
+                p.background_load,
+                p.size_bytes,
+                p.samples,
+                p.p50_us,
+                p.p99_us,
+                p.p999_us,
+                p.max_us,
+                p.timeouts
+            );
+        }
+        out.push_str("</table>\n");
+    }
+    if s.points.is_empty() {
+        out.push_str("<p>No points were measured.</p>\n");
+    }
+
+    if !figures.is_empty() {
+        out.push_str("<h2>Figures</h2>\n");
+    }
+    for (name, caption, svg) in figures {
+        let _ = writeln!(
+            out,
+            "<figure>\n{}<figcaption>{} — <a href=\"{n}\">{n}</a></figcaption>\n</figure>",
+            svg,
+            escape(caption),
+            n = escape(name)
+        );
+    }
+
+    out.push_str("<h2>Notes</h2>\n");
+    if s.notes.is_empty() {
+        out.push_str("<p>None.</p>\n");
+    } else {
+        out.push_str("<ul>\n");
+        for n in &s.notes {
+            let _ = writeln!(out, "<li>{}</li>", escape(n));
+        }
+        out.push_str("</ul>\n");
+    }
+    out.push_str("</body>\n</html>\n");
+    out
+}
+
+/// Keeps `[A-Za-z0-9._-]`, maps anything else to `_`, so names are safe in file names.
+pub fn sanitize(s: &str) -> String {
+    let out: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if out.is_empty() || out.starts_with('.') {
+        format!("_{out}")
+    } else {
+        out
+    }
+}
+
+/// Quotes a CSV field when it holds a comma, quote or newline (RFC 4180).
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// `1000` for whole numbers, else up to 3 decimals.
+fn fmt_num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        format!("{v:.0}")
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+/// `YYYY-MM-DD HH:MM:SS` (UTC) of a Unix time, without a date library.
+fn utc_string(unix_s: u64) -> String {
+    let days = (unix_s / 86_400) as i64;
+    let secs = unix_s % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::svg::check_well_formed;
+
+    /// A synthetic admission run: 2 traces × 3 systems × 3 loads, series on
+    /// the heaviest load. At 640 clients on `single`: no-ac 200 ms, tcp-ac
+    /// 150 ms, onesided-ac 100 ms → 25%, 50% over no-ac and 33.3% over tcp-ac.
+    pub(crate) fn synthetic() -> Summary {
+        let mut s = Summary::new("admission", "netns", true);
+        s.started_unix_s = 1_700_000_000;
+        s.duration_s = 42.0;
+        s.params = serde_json::json!({ "slow_ms": 1000, "think_ms": 0, "sample_period_us": 1000 });
+        s.notes.push("synthetic <data> for tests".into());
+        for trace in ["single", "zipf"] {
+            for (si, sys) in SYSTEMS.iter().enumerate() {
+                for clients in [40u64, 240, 640] {
+                    let load = clients as f64 / 640.0;
+                    let avg_ms = match clients {
+                        640 => [200.0, 150.0, 100.0][si],
+                        _ => 5.0 + 50.0 * load * (3 - si) as f64,
+                    };
+                    let series = if clients == 640 {
+                        (0..60u64)
+                            .map(|t| SecondPoint {
+                                t_s: t,
+                                served: 900 + (t * 37 + si as u64 * 11) % 200,
+                                dropped: if si == 0 {
+                                    5
+                                } else {
+                                    (t * 13 + si as u64 * 7) % 90
+                                },
+                                avg_ms: avg_ms * (0.5 + ((t * 7 + si as u64) % 10) as f64 / 10.0),
+                            })
+                            .collect()
+                    } else {
+                        Vec::new()
+                    };
+                    s.push(Point {
+                        system: sys.to_string(),
+                        trace: trace.to_string(),
+                        clients,
+                        transport: ["none", "tcp", "udp-xdp"][si].into(),
+                        avg_ms,
+                        p50_ms: avg_ms * 0.8,
+                        p90_ms: avg_ms * 1.5,
+                        p99_ms: avg_ms * 3.0,
+                        max_ms: avg_ms * 10.0,
+                        tps: 1000.0 * load * (1.0 + 0.1 * si as f64),
+                        drop_rate: 0.05 * si as f64 * load,
+                        slow_rate: 0.2 * load / (1 + si) as f64,
+                        attempts: 1000,
+                        served: 950,
+                        dropped: 50,
+                        failures: 0,
+                        series,
+                    });
+                }
+            }
+        }
+        s
+    }
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("farside-report-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn table_has_rows_per_load_and_the_improvement_arithmetic() {
+        let s = synthetic();
+        let mut buf = Vec::new();
+        print_table(&s, &mut buf).unwrap();
+        let text = String::from_utf8(buf).unwrap();
+        assert!(text.contains("trace single"), "{text}");
+        assert!(text.contains("no-ac") && text.contains("tcp-ac") && text.contains("onesided-ac"));
+        for c in ["      40 |", "     240 |", "     640 |"] {
+            assert!(text.contains(c), "row {c:?} missing:\n{text}");
+        }
+        let line = "improvement single @ 640 clients (avg response time): \
+                    tcp-ac vs no-ac 25.0%, onesided-ac vs no-ac 50.0%, onesided-ac vs tcp-ac 33.3%";
+        assert!(text.contains(line), "{text}");
+        let imp = improvements(&s);
+        assert_eq!(imp.len(), 2);
+        let p = imp[0].items[2].percent.unwrap();
+        assert!((p - 100.0 / 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn missing_baseline_gives_na_not_a_made_up_number() {
+        let mut s = synthetic();
+        s.points.retain(|p| match p {
+            crate::summary::AnyPoint::Admission(p) => !(p.system == "no-ac" && p.clients == 640),
+            _ => true,
+        });
+        let text = table_text(&s);
+        assert!(text.contains("tcp-ac vs no-ac n/a"), "{text}");
+        assert!(text.contains("onesided-ac vs tcp-ac 33.3%"), "{text}");
+    }
+
+    #[test]
+    fn write_all_writes_every_file_and_json_round_trips() {
+        let s = synthetic();
+        let dir = temp_dir("all");
+        let files = write_all(&s, &dir).unwrap();
+        let names: Vec<String> = files
+            .iter()
+            .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        for want in [
+            "summary.json",
+            "points.csv",
+            "series-no-ac-single-640.csv",
+            "series-onesided-ac-zipf-640.csv",
+            "fig-avg-single.svg",
+            "fig-tps-single.svg",
+            "fig-slow-single.svg",
+            "fig-series-rt-single.svg",
+            "fig-series-drop-single.svg",
+            "fig-avg-zipf.svg",
+            "report.html",
+        ] {
+            assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
+        }
+        for f in &files {
+            assert!(f.exists(), "{f:?}");
+        }
+
+        let json = std::fs::read_to_string(dir.join("summary.json")).unwrap();
+        let back = Summary::from_json(&json).unwrap();
+        let mut expect = s.clone();
+        for p in &mut expect.points {
+            if let crate::summary::AnyPoint::Admission(p) = p {
+                p.series.clear();
+            }
+        }
+        assert_eq!(back, expect);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        for k in ["experiment", "hosts", "points"] {
+            assert!(v.get(k).is_some());
+        }
+        for k in [
+            "system",
+            "trace",
+            "clients",
+            "avg_ms",
+            "p50_ms",
+            "p99_ms",
+            "tps",
+            "drop_rate",
+            "slow_rate",
+        ] {
+            assert!(v["points"][0].get(k).is_some(), "{k}");
+        }
+
+        let csv = std::fs::read_to_string(dir.join("points.csv")).unwrap();
+        assert_eq!(csv.lines().count(), 1 + 18);
+        let series = std::fs::read_to_string(dir.join("series-tcp-ac-single-640.csv")).unwrap();
+        assert_eq!(series.lines().count(), 1 + 60);
+        assert!(series.starts_with("t_s,served,dropped,drop_rate,avg_ms\n"));
+
+        for f in files
+            .iter()
+            .filter(|f| f.extension().is_some_and(|e| e == "svg"))
+        {
+            let svg = std::fs::read_to_string(f).unwrap();
+            check_well_formed(&svg).unwrap_or_else(|e| panic!("{f:?}: {e}"));
+        }
+        let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+        assert!(html.starts_with("<!DOCTYPE html>"));
+        assert!(html.contains("improvement single @ 640 clients"));
+        assert!(html.contains("synthetic &lt;data&gt; for tests"));
+        assert_eq!(html.matches("<svg").count(), 10);
+        assert!(html.contains("2023-11-14 22:13:20"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn output_is_deterministic() {
+        let s = synthetic();
+        let (a, b) = (temp_dir("det-a"), temp_dir("det-b"));
+        let fa = write_all(&s, &a).unwrap();
+        let fb = write_all(&s, &b).unwrap();
+        assert_eq!(fa.len(), fb.len());
+        for (x, y) in fa.iter().zip(&fb) {
+            assert_eq!(
+                std::fs::read(x).unwrap(),
+                std::fs::read(y).unwrap(),
+                "{x:?}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&a);
+        let _ = std::fs::remove_dir_all(&b);
+    }
+
+    #[test]
+    fn probe_and_empty_summaries_are_reported_too() {
+        let mut s = Summary::new("probe", "netns", true);
+        let dir = temp_dir("empty");
+        let files = write_all(&s, &dir).unwrap();
+        assert_eq!(files.len(), 3); // summary.json, points.csv, report.html
+        assert!(table_text(&s).contains("no points measured"));
+        for (tr, base) in [("udp-xdp", 4.5), ("udp-user", 9.0)] {
+            for load in [0u64, 1, 2] {
+                s.push(ProbePoint {
+                    transport: tr.into(),
+                    background_load: load,
+                    size_bytes: 64,
+                    samples: 1000,
+                    p50_us: base,
+                    p99_us: base * (1.0 + 100.0 * load as f64 * (tr == "udp-user") as u8 as f64),
+                    p999_us: base * 10.0,
+                    max_us: base * 20.0,
+                    timeouts: 0,
+                });
+            }
+        }
+        let files = write_all(&s, &dir).unwrap();
+        assert!(files.iter().any(|f| f.ends_with("probe.csv")));
+        let fig = dir.join("fig-probe-p99-64B.svg");
+        check_well_formed(&std::fs::read_to_string(fig).unwrap()).unwrap();
+        assert!(table_text(&s).contains("udp-xdp"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Writes the synthetic report for eyeballing:
+    /// `FARSIDE_SAMPLE_DIR=/tmp/x cargo test -p farside-lab --lib -- --ignored sample`.
+    #[test]
+    #[ignore = "writes a sample report for manual inspection"]
+    fn sample_report_for_inspection() {
+        let dir = std::env::var_os("FARSIDE_SAMPLE_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| temp_dir("sample"));
+        write_all(&synthetic(), &dir).unwrap();
+        print_table(&synthetic(), &mut io::stdout()).unwrap();
+        println!("sample report in {}", dir.display());
+    }
+
+    #[test]
+    fn names_are_sanitised_and_dates_are_utc() {
+        assert_eq!(sanitize("world cup/98"), "world_cup_98");
+        assert_eq!(sanitize(".."), "_..");
+        assert_eq!(utc_string(0), "1970-01-01 00:00:00");
+        assert_eq!(utc_string(951_782_400), "2000-02-29 00:00:00");
+        assert_eq!(csv_field("a,b"), "\"a,b\"");
+    }
+}
