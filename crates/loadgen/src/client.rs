@@ -1,0 +1,248 @@
+//! One HTTP/1.1 exchange on a (possibly kept-alive) connection.
+//!
+//! Parses the status line and headers with httparse, then reads the whole
+//! body framed by Content-Length, chunked encoding, or connection close.
+
+use std::net::SocketAddr;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Largest response head accepted; larger is a malformed response.
+const RESPONSE_HEAD_BYTES_MAX: usize = 64 * 1024;
+/// Most response headers parsed.
+const RESPONSE_HEADERS_MAX: usize = 64;
+/// Longest chunk-size or trailer line of a chunked body.
+const CHUNK_LINE_BYTES_MAX: usize = 4096;
+/// Read buffer per connection.
+const READ_BUFFER_BYTES: usize = 32 * 1024;
+
+/// Why an exchange failed (the request's outcome, see `Outcome`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// The TCP connection could not be established.
+    Connect,
+    /// Reset, unexpected EOF or another socket error after connecting.
+    Io,
+    /// The response could not be parsed or framed.
+    Malformed,
+}
+
+/// A client connection with its read buffer.
+pub struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Requests already completed on this connection.
+    pub reused: u32,
+}
+
+/// Result of one successful exchange.
+pub struct Reply {
+    pub status: u16,
+    pub body_bytes: u64,
+    /// Whether the connection may carry another request.
+    pub reusable: bool,
+}
+
+impl Conn {
+    pub async fn connect(addr: SocketAddr) -> Result<Conn, Failure> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|_| Failure::Connect)?;
+        let _ = stream.set_nodelay(true);
+        Ok(Conn {
+            stream,
+            buf: vec![0; READ_BUFFER_BYTES],
+            start: 0,
+            end: 0,
+            reused: 0,
+        })
+    }
+
+    fn buffered(&self) -> &[u8] {
+        &self.buf[self.start..self.end]
+    }
+
+    /// Reads more bytes into the buffer; returns how many (0 = EOF).
+    async fn fill(&mut self) -> Result<usize, Failure> {
+        if self.start > 0 {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.end == self.buf.len() {
+            if self.buf.len() >= RESPONSE_HEAD_BYTES_MAX {
+                return Err(Failure::Malformed);
+            }
+            self.buf.resize(self.buf.len() * 2, 0);
+        }
+        let n = self
+            .stream
+            .read(&mut self.buf[self.end..])
+            .await
+            .map_err(|_| Failure::Io)?;
+        self.end += n;
+        Ok(n)
+    }
+
+    /// Discards exactly `n` body bytes.
+    async fn skip(&mut self, mut n: u64) -> Result<(), Failure> {
+        loop {
+            let take = (self.end - self.start).min(n.min(usize::MAX as u64) as usize);
+            self.start += take;
+            n -= take as u64;
+            if n == 0 {
+                return Ok(());
+            }
+            if self.fill().await? == 0 {
+                return Err(Failure::Io);
+            }
+        }
+    }
+
+    /// Returns the next CRLF-terminated line (without CRLF).
+    async fn line(&mut self) -> Result<Vec<u8>, Failure> {
+        loop {
+            if let Some(pos) = self.buffered().windows(2).position(|w| w == b"\r\n") {
+                let line = self.buffered()[..pos].to_vec();
+                self.start += pos + 2;
+                return Ok(line);
+            }
+            if self.end - self.start > CHUNK_LINE_BYTES_MAX {
+                return Err(Failure::Malformed);
+            }
+            if self.fill().await? == 0 {
+                return Err(Failure::Io);
+            }
+        }
+    }
+
+    /// Sends `request` and reads the whole response. `head_only` for HEAD.
+    ///
+    /// On a kept-alive connection the server may have closed it while idle;
+    /// `Err((Failure::Io, false))` then means "nothing received", which the
+    /// caller may retry on a fresh connection as HTTP clients do.
+    pub async fn exchange(&mut self, request: &[u8]) -> Result<Reply, (Failure, bool)> {
+        self.stream
+            .write_all(request)
+            .await
+            .map_err(|_| (Failure::Io, false))?;
+        let mut received_any = self.end > self.start;
+        // Head, skipping 1xx interim responses.
+        let (status, framing, close) = loop {
+            let parsed = {
+                let mut headers = [httparse::EMPTY_HEADER; RESPONSE_HEADERS_MAX];
+                let mut resp = httparse::Response::new(&mut headers);
+                match resp.parse(self.buffered()) {
+                    Ok(httparse::Status::Complete(n)) => Some((n, head_info(&resp))),
+                    Ok(httparse::Status::Partial) => None,
+                    Err(_) => return Err((Failure::Malformed, true)),
+                }
+            };
+            match parsed {
+                Some((n, info)) => {
+                    self.start += n;
+                    let (status, ..) = info;
+                    if (100..200).contains(&status) {
+                        continue;
+                    }
+                    break info;
+                }
+                None => match self.fill().await {
+                    Ok(0) => return Err((Failure::Io, received_any)),
+                    Ok(_) => received_any = true,
+                    Err(f) => return Err((f, received_any)),
+                },
+            }
+        };
+        let no_body = status == 204 || status == 304;
+        let fail = |f| (f, true);
+        let (body_bytes, reusable) = match framing {
+            _ if no_body => (0, !close),
+            Framing::Chunked => (self.chunked_body().await.map_err(fail)?, !close),
+            Framing::Length(n) => {
+                self.skip(n).await.map_err(fail)?;
+                (n, !close)
+            }
+            Framing::Eof => {
+                let mut total = (self.end - self.start) as u64;
+                self.start = self.end;
+                loop {
+                    let n = self.fill().await.map_err(fail)?;
+                    if n == 0 {
+                        break;
+                    }
+                    total += n as u64;
+                    self.start = self.end;
+                }
+                (total, false)
+            }
+        };
+        self.reused += 1;
+        Ok(Reply {
+            status,
+            body_bytes,
+            reusable,
+        })
+    }
+
+    async fn chunked_body(&mut self) -> Result<u64, Failure> {
+        let mut total = 0u64;
+        loop {
+            let line = self.line().await?;
+            let text = std::str::from_utf8(&line).map_err(|_| Failure::Malformed)?;
+            let size_hex = text.split(';').next().unwrap_or("").trim();
+            let size = u64::from_str_radix(size_hex, 16).map_err(|_| Failure::Malformed)?;
+            if size == 0 {
+                // Trailers, up to the empty line.
+                while !self.line().await?.is_empty() {}
+                return Ok(total);
+            }
+            self.skip(size).await?;
+            if !self.line().await?.is_empty() {
+                return Err(Failure::Malformed);
+            }
+            total += size;
+        }
+    }
+}
+
+enum Framing {
+    Length(u64),
+    Chunked,
+    Eof,
+}
+
+/// (status, framing, connection close?) from a parsed response head.
+fn head_info(resp: &httparse::Response<'_, '_>) -> (u16, Framing, bool) {
+    let status = resp.code.unwrap_or(0);
+    let mut framing = Framing::Eof;
+    let mut close = resp.version == Some(0);
+    for h in resp.headers.iter() {
+        let value = String::from_utf8_lossy(h.value);
+        if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            if value.to_ascii_lowercase().contains("chunked") {
+                framing = Framing::Chunked;
+            }
+        } else if h.name.eq_ignore_ascii_case("content-length") {
+            if !matches!(framing, Framing::Chunked) {
+                // An unparsable length: fall back to reading until close.
+                framing = value
+                    .trim()
+                    .parse()
+                    .map(Framing::Length)
+                    .unwrap_or(Framing::Eof);
+            }
+        } else if h.name.eq_ignore_ascii_case("connection") {
+            let v = value.to_ascii_lowercase();
+            if v.contains("close") {
+                close = true;
+            } else if v.contains("keep-alive") {
+                close = false;
+            }
+        }
+    }
+    (status, framing, close)
+}
