@@ -3,7 +3,13 @@
 //! - [`gate`]: the contract between the data path and the control layer
 //! - [`config`]: the typed configuration (TOML and flags)
 //! - [`control`]: monitor table, admission policy, balancing
+//! - [`server`]: the HTTP/1.1 data path (accept loop, connections, runtime), with
+//!   [`http`] (heads and framing), [`pool`] (upstream keep-alive) and [`metrics`]
 
 pub mod config;
 pub mod control;
 pub mod gate;
+pub mod http;
+pub mod metrics;
+pub mod pool;
+pub mod server;

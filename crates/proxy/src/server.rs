@@ -1,0 +1,1043 @@
+//! The HTTP/1.1 data path: accept loop, per-connection state machine, runtime setup.
+//!
+//! One task per client connection, each a loop of exchanges:
+//!
+//! ```text
+//! accept ─ gate.on_accept ─Err→ 503 + close (request never read)
+//!   └→ read head (header/idle timeout, size limits) ─bad→ 400/408/431/501 + close
+//!       └→ local endpoint (/farside/metrics)                  ─→ respond ─┐
+//!       └→ gate.route(host) ─Err→ reject status (+Retry-After) ─→ respond ─┤
+//!       └→ pooled or new upstream conn ─fail→ 502/504 ─────────→ respond ─┤
+//!           └→ send head + stream body → read response head (retry once on a
+//!              fresh connection if a pooled one was stale) → stream body back ─┤
+//!   ←───────────────── keep-alive: next head ←──────────────────────────────┘
+//! ```
+//!
+//! Buffers live per connection and are reused by every exchange on it: the client read
+//! buffer, the upstream read buffer (allocated on first use), and one output `Vec` that
+//! holds each rewritten head, so a head and the first body bytes go out in one write.
+//! Bodies are streamed, never buffered whole. Every wait has a timeout from
+//! [`HttpConfig`](crate::config::HttpConfig), so no peer can hold a task forever, and a
+//! failure only ever closes the connection it happened on.
+
+use crate::config::ProxyConfig;
+use crate::gate::{Gate, Route};
+use crate::http::{self, BodyFraming, ChunkError, Chunked, RequestError, RequestHead};
+use crate::metrics::{Metrics, UpstreamError};
+use crate::pool::Pool;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinHandle;
+use tokio::time::{timeout, timeout_at, Instant};
+
+/// Upstream read buffer: a 16 KiB object plus its head arrives in one read.
+const UPSTREAM_BUF_BYTES: usize = 32 * 1024;
+/// Initial client read buffer; grows up to `http.max_header_bytes` for large heads.
+const CLIENT_BUF_BYTES: usize = 8 * 1024;
+/// After an error response or `Connection: close`, keep reading (and discarding) for at
+/// most this long before closing, so unread request bytes do not turn our close into a
+/// reset that destroys the response in the client's receive buffer.
+const LINGER: Duration = Duration::from_millis(500);
+/// ...and at most this many bytes.
+const LINGER_BYTES_MAX: usize = 64 * 1024;
+/// Pause after a failed accept (EMFILE and friends) so the loop does not spin.
+const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
+/// Kernel accept queue of the listeners.
+const LISTEN_BACKLOG: u32 = 1024;
+/// Concurrent connections on the admin listener (metrics scrapes).
+const ADMIN_CONNS_MAX: usize = 16;
+/// Time `run` gives open connections to finish after a signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// Everything a connection task needs, shared by all of them.
+struct Shared {
+    cfg: Arc<ProxyConfig>,
+    gate: Arc<dyn Gate>,
+    metrics: Arc<Metrics>,
+    pool: Pool,
+    header_timeout: Duration,
+    idle_timeout: Duration,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl Shared {
+    fn new(cfg: Arc<ProxyConfig>, gate: Arc<dyn Gate>, metrics: Arc<Metrics>) -> Self {
+        let h = &cfg.http;
+        let ms = Duration::from_millis;
+        Shared {
+            pool: Pool::new(
+                cfg.backends.len(),
+                h.pool_idle_per_backend,
+                ms(h.pool_idle_timeout_ms),
+            ),
+            header_timeout: ms(h.header_timeout_ms),
+            idle_timeout: ms(h.idle_timeout_ms),
+            connect_timeout: ms(h.connect_timeout_ms),
+            response_timeout: ms(h.response_timeout_ms),
+            cfg,
+            gate,
+            metrics,
+        }
+    }
+}
+
+/// Serve clients accepted on `listener` until `shutdown` resolves. Connections already
+/// open keep running on the runtime; `serve` only stops accepting.
+pub async fn serve(
+    cfg: Arc<ProxyConfig>,
+    listener: TcpListener,
+    gate: Arc<dyn Gate>,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let max = cfg.http.max_client_conns;
+    let sh = Arc::new(Shared::new(cfg, gate, metrics));
+    accept_loop(sh, listener, false, max, shutdown).await
+}
+
+/// The proxy running on the current tokio runtime (see [`start`]).
+pub struct Running {
+    /// The main listener's address (useful with port 0).
+    pub addr: SocketAddr,
+    /// The admin listener's address, if `admin_listen` was set.
+    pub admin_addr: Option<SocketAddr>,
+    pub metrics: Arc<Metrics>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<io::Result<()>>>,
+}
+
+impl Running {
+    /// Stop accepting on all listeners and wait for the accept loops to end.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Validate `cfg`, bind `cfg.listen` (and `cfg.admin_listen`), and serve on the current
+/// runtime until [`Running::stop`]. Port 0 works; the bound addresses are returned.
+pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running> {
+    cfg.validate()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let listener = bind(cfg.listen)?;
+    let addr = listener.local_addr()?;
+    let admin = cfg.admin_listen.map(bind).transpose()?;
+    let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
+    let cfg = Arc::new(cfg);
+    let metrics = Arc::new(Metrics::new());
+    let sh = Arc::new(Shared::new(cfg.clone(), gate, metrics.clone()));
+    let (stop, stopped) = watch::channel(false);
+    let when_stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let mut tasks = vec![tokio::spawn(accept_loop(
+        sh.clone(),
+        listener,
+        false,
+        cfg.http.max_client_conns,
+        when_stopped(stopped.clone()),
+    ))];
+    if let Some(l) = admin {
+        tasks.push(tokio::spawn(accept_loop(
+            sh,
+            l,
+            true,
+            ADMIN_CONNS_MAX,
+            when_stopped(stopped),
+        )));
+    }
+    Ok(Running {
+        addr,
+        admin_addr,
+        metrics,
+        stop,
+        tasks,
+    })
+}
+
+/// The proxy running on its own thread and runtime (see [`spawn`]). Dropping it stops
+/// the proxy too.
+pub struct Spawned {
+    pub addr: SocketAddr,
+    pub admin_addr: Option<SocketAddr>,
+    pub metrics: Arc<Metrics>,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Spawned {
+    /// Stop accepting, give open connections [`SHUTDOWN_GRACE`], join the thread.
+    pub fn stop(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Spawned {
+    fn drop(&mut self) {
+        self.stop_and_join();
+    }
+}
+
+/// Start the proxy on a new thread with a runtime of `cfg.workers` threads and return
+/// once it listens. For the lab and tests that are not themselves async.
+pub fn spawn(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Spawned> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name("farside-proxy".into())
+        .spawn(move || {
+            let rt = match build_runtime(cfg.workers) {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            rt.block_on(async move {
+                match start(cfg, gate).await {
+                    Ok(running) => {
+                        let info = (running.addr, running.admin_addr, running.metrics.clone());
+                        let _ = ready_tx.send(Ok(info));
+                        let _ = stop_rx.await;
+                        running.stop().await;
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            });
+            rt.shutdown_timeout(SHUTDOWN_GRACE);
+        })?;
+    let (addr, admin_addr, metrics) = ready_rx
+        .recv()
+        .map_err(|_| io::Error::other("proxy thread died during start"))??;
+    Ok(Spawned {
+        addr,
+        admin_addr,
+        metrics,
+        stop: Some(stop_tx),
+        thread: Some(thread),
+    })
+}
+
+/// Run the proxy until SIGINT or SIGTERM: a runtime with `cfg.workers` threads (1 = a
+/// single-threaded runtime, the configuration compared with HAProxy `nbthread 1`),
+/// `cfg.listen`, and `cfg.admin_listen` if set.
+pub fn run(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<()> {
+    let rt = build_runtime(cfg.workers)?;
+    let result = rt.block_on(async {
+        let running = start(cfg, gate).await?;
+        log::info!(
+            "proxy listening on {}{}",
+            running.addr,
+            running
+                .admin_addr
+                .map(|a| format!(", admin on {a}"))
+                .unwrap_or_default()
+        );
+        wait_for_signal().await?;
+        log::info!("signal received, shutting down");
+        running.stop().await;
+        Ok::<(), io::Error>(())
+    });
+    rt.shutdown_timeout(SHUTDOWN_GRACE);
+    result
+}
+
+/// The runtime for `workers` data-path threads.
+pub fn build_runtime(workers: usize) -> io::Result<tokio::runtime::Runtime> {
+    if workers <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .thread_name("farside-proxy")
+            .enable_all()
+            .build()
+    }
+}
+
+async fn wait_for_signal() -> io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r,
+        _ = term.recv() => Ok(()),
+    }
+}
+
+fn bind(addr: SocketAddr) -> io::Result<TcpListener> {
+    let sock = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    sock.set_reuseaddr(true)?;
+    sock.bind(addr)?;
+    sock.listen(LISTEN_BACKLOG)
+}
+
+async fn accept_loop(
+    sh: Arc<Shared>,
+    listener: TcpListener,
+    admin: bool,
+    conns_max: usize,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let limit = Arc::new(Semaphore::new(conns_max));
+    tokio::pin!(shutdown);
+    loop {
+        // Take the permit before accepting: at the limit, new clients wait in the kernel's
+        // accept queue instead of costing us memory.
+        let permit = tokio::select! {
+            biased;
+            _ = &mut shutdown => return Ok(()),
+            p = limit.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return Ok(()),
+            },
+        };
+        let (sock, peer) = tokio::select! {
+            biased;
+            _ = &mut shutdown => return Ok(()),
+            r = listener.accept() => match r {
+                Ok(x) => x,
+                Err(e) => {
+                    log::warn!("accept failed: {e}");
+                    tokio::time::sleep(ACCEPT_ERROR_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        tokio::spawn(handle_conn(sh.clone(), sock, peer, admin, permit));
+    }
+}
+
+/// Keeps `connections_active` right however the task ends.
+struct ActiveConn(Arc<Shared>);
+
+impl Drop for ActiveConn {
+    fn drop(&mut self) {
+        self.0.metrics.conns_active.fetch_sub(1, Relaxed);
+    }
+}
+
+async fn handle_conn(
+    sh: Arc<Shared>,
+    client: TcpStream,
+    peer: SocketAddr,
+    admin: bool,
+    _permit: OwnedSemaphorePermit,
+) {
+    sh.metrics.conns_accepted.fetch_add(1, Relaxed);
+    sh.metrics.conns_active.fetch_add(1, Relaxed);
+    let _active = ActiveConn(sh.clone());
+    let _ = client.set_nodelay(true);
+    if !admin {
+        if let Err(r) = sh.gate.on_accept(peer) {
+            sh.metrics.conns_rejected_at_accept.fetch_add(1, Relaxed);
+            sh.metrics.reject(r);
+            reject_at_accept(&sh, client, r).await;
+            return;
+        }
+    }
+    let conn = Conn {
+        client,
+        peer_ip: peer.ip().to_string(),
+        admin,
+        rbuf: Buf::new(CLIENT_BUF_BYTES),
+        ubuf: Buf::new(UPSTREAM_BUF_BYTES),
+        out: Vec::with_capacity(1024),
+        bytes_in: 0,
+        bytes_out: 0,
+    };
+    conn.serve(&sh).await;
+}
+
+/// The paper's earliest rejection: answer before reading a byte of the request.
+async fn reject_at_accept(sh: &Shared, mut client: TcpStream, r: crate::gate::Reject) {
+    let status = r.status();
+    let retry = (status == 503).then(|| sh.gate.retry_after_s());
+    let mut out = Vec::with_capacity(192);
+    http::local_response(
+        &mut out,
+        status,
+        true,
+        retry,
+        "text/plain",
+        r.reason().as_bytes(),
+        false,
+    );
+    sh.metrics.response(status);
+    if write_all_timeout(&mut client, &out, LINGER).await.is_ok() {
+        sh.metrics.bytes_out.fetch_add(out.len() as u64, Relaxed);
+        lingering_close(client).await;
+    }
+}
+
+/// Half-close, then discard what the client still sends (bounded), then close.
+async fn lingering_close(mut client: TcpStream) {
+    if client.shutdown().await.is_err() {
+        return;
+    }
+    let deadline = Instant::now() + LINGER;
+    let mut scratch = [0u8; 4096];
+    let mut discarded = 0;
+    while discarded < LINGER_BYTES_MAX {
+        match timeout_at(deadline, client.read(&mut scratch)).await {
+            Ok(Ok(n)) if n > 0 => discarded += n,
+            _ => break,
+        }
+    }
+}
+
+async fn write_all_timeout(s: &mut TcpStream, data: &[u8], limit: Duration) -> io::Result<()> {
+    match timeout(limit, s.write_all(data)).await {
+        Ok(r) => r,
+        Err(_) => Err(io::ErrorKind::TimedOut.into()),
+    }
+}
+
+async fn connect(addr: SocketAddr, limit: Duration) -> Result<TcpStream, UpstreamError> {
+    match timeout(limit, TcpStream::connect(addr)).await {
+        Err(_) => Err(UpstreamError::ConnectTimeout),
+        Ok(Err(_)) => Err(UpstreamError::Connect),
+        Ok(Ok(s)) => {
+            let _ = s.set_nodelay(true);
+            Ok(s)
+        }
+    }
+}
+
+/// A read buffer with a consumed prefix: `data[start..end]` is unread.
+struct Buf {
+    data: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Size allocated on first read (allocation is deferred: most connections that
+    /// never reach a back-end never need the upstream buffer).
+    initial: usize,
+}
+
+impl Buf {
+    fn new(initial: usize) -> Self {
+        Buf {
+            data: Vec::new(),
+            start: 0,
+            end: 0,
+            initial,
+        }
+    }
+
+    fn filled(&self) -> &[u8] {
+        &self.data[self.start..self.end]
+    }
+
+    fn len(&self) -> usize {
+        self.end - self.start
+    }
+
+    fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
+    fn consume(&mut self, n: usize) {
+        debug_assert!(n <= self.len());
+        self.start += n;
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        }
+    }
+
+    fn clear(&mut self) {
+        self.start = 0;
+        self.end = 0;
+    }
+
+    /// Read once from `s`, growing up to `limit` bytes if full. `Ok(0)` is EOF; a full
+    /// buffer at `limit` is an error (callers check their limits before).
+    async fn read_from(&mut self, s: &mut TcpStream, limit: usize) -> io::Result<usize> {
+        if self.data.is_empty() {
+            self.data = vec![0; self.initial.min(limit.max(1))];
+        }
+        if self.end == self.data.len() {
+            if self.start > 0 {
+                self.data.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            } else if self.data.len() < limit {
+                let grown = (self.data.len() * 2).min(limit);
+                self.data.resize(grown, 0);
+            } else {
+                return Err(io::Error::other("read buffer full"));
+            }
+        }
+        let n = s.read(&mut self.data[self.end..]).await?;
+        self.end += n;
+        Ok(n)
+    }
+}
+
+/// Progress through a message body.
+enum Body {
+    Done,
+    Length(u64),
+    Chunked { scan: Chunked, decode: bool },
+    UntilClose,
+}
+
+impl Body {
+    fn new(framing: BodyFraming, decode: bool) -> Self {
+        match framing {
+            BodyFraming::None => Body::Done,
+            BodyFraming::Length(n) => Body::Length(n),
+            BodyFraming::Chunked => Body::Chunked {
+                scan: Chunked::new(),
+                decode,
+            },
+            BodyFraming::Close => Body::UntilClose,
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        matches!(self, Body::Done)
+    }
+
+    fn decodes(&self) -> bool {
+        matches!(self, Body::Chunked { decode: true, .. })
+    }
+
+    /// How many leading bytes of `input` belong to the body; afterwards `is_done` says
+    /// whether it is complete. A decoding body appends its payload to `decoded`.
+    fn advance(&mut self, input: &[u8], decoded: &mut Vec<u8>) -> Result<usize, ChunkError> {
+        let n = match self {
+            Body::Done => 0,
+            Body::UntilClose => input.len(),
+            Body::Length(rest) => {
+                let n = usize::try_from(*rest)
+                    .unwrap_or(usize::MAX)
+                    .min(input.len());
+                *rest -= n as u64;
+                if *rest == 0 {
+                    *self = Body::Done;
+                }
+                n
+            }
+            Body::Chunked { scan, decode } => {
+                let end = if *decode {
+                    scan.feed(input, &mut |d| decoded.extend_from_slice(d))?
+                } else {
+                    scan.feed(input, &mut |_| {})?
+                };
+                match end {
+                    Some(n) => {
+                        *self = Body::Done;
+                        n
+                    }
+                    None => input.len(),
+                }
+            }
+        };
+        Ok(n)
+    }
+}
+
+/// What to do with the client connection after an exchange.
+enum Next {
+    KeepAlive,
+    /// Half-close gracefully (the response is complete).
+    Close,
+    /// Drop at once (the response is incomplete; the client must see the close).
+    Abort,
+}
+
+/// Why reading a request head ended without a head.
+enum HeadFail {
+    Bad(RequestError),
+    Timeout,
+}
+
+struct Conn {
+    client: TcpStream,
+    peer_ip: String,
+    admin: bool,
+    rbuf: Buf,
+    ubuf: Buf,
+    /// Staging for every head (and the first body bytes) written to either side.
+    out: Vec<u8>,
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
+impl Conn {
+    async fn serve(mut self, sh: &Shared) {
+        let accepted = Instant::now();
+        let mut first = true;
+        loop {
+            let req = match self.read_head(sh, first, accepted).await {
+                Ok(Some(req)) => req,
+                Ok(None) => break,
+                Err(fail) => {
+                    let (status, reason) = match fail {
+                        HeadFail::Bad(e) => (e.status(), e.reason()),
+                        HeadFail::Timeout => (408, "header_timeout"),
+                    };
+                    let sent = self
+                        .respond(sh, status, true, None, reason.as_bytes(), false)
+                        .await;
+                    self.flush_counts(sh);
+                    if sent.is_ok() {
+                        lingering_close(self.client).await;
+                    }
+                    return;
+                }
+            };
+            first = false;
+            let started = Instant::now();
+            let next = self.exchange(sh, req).await;
+            sh.metrics.latency(started.elapsed());
+            self.flush_counts(sh);
+            match next {
+                Next::KeepAlive => {}
+                Next::Close => return lingering_close(self.client).await,
+                Next::Abort => return,
+            }
+        }
+        self.flush_counts(sh);
+    }
+
+    fn flush_counts(&mut self, sh: &Shared) {
+        sh.metrics.bytes_in.fetch_add(self.bytes_in, Relaxed);
+        sh.metrics.bytes_out.fetch_add(self.bytes_out, Relaxed);
+        self.bytes_in = 0;
+        self.bytes_out = 0;
+    }
+
+    /// Read until a complete request head is buffered. `Ok(None)`: the client closed or
+    /// idled out between requests (close quietly).
+    async fn read_head(
+        &mut self,
+        sh: &Shared,
+        first: bool,
+        accepted: Instant,
+    ) -> Result<Option<RequestHead>, HeadFail> {
+        let h = &sh.cfg.http;
+        // The first head must be complete `header_timeout` after accept; on a keep-alive
+        // connection the client may idle `idle_timeout` before starting the next one.
+        let mut awaiting_first_byte = !first && self.rbuf.is_empty();
+        let mut deadline = if first {
+            accepted + sh.header_timeout
+        } else if awaiting_first_byte {
+            Instant::now() + sh.idle_timeout
+        } else {
+            Instant::now() + sh.header_timeout
+        };
+        loop {
+            if !self.rbuf.is_empty() {
+                match http::parse_request(
+                    self.rbuf.filled(),
+                    h.max_headers,
+                    h.max_header_bytes,
+                    &self.peer_ip,
+                    &mut self.out,
+                ) {
+                    Ok(Some(req)) => return Ok(Some(req)),
+                    Ok(None) => {}
+                    Err(e) => return Err(HeadFail::Bad(e)),
+                }
+            }
+            let read = self.rbuf.read_from(&mut self.client, h.max_header_bytes);
+            match timeout_at(deadline, read).await {
+                Err(_) if self.rbuf.is_empty() => return Ok(None),
+                Err(_) => return Err(HeadFail::Timeout),
+                Ok(Ok(0)) | Ok(Err(_)) => return Ok(None),
+                Ok(Ok(n)) => {
+                    self.bytes_in += n as u64;
+                    if awaiting_first_byte {
+                        awaiting_first_byte = false;
+                        deadline = Instant::now() + sh.header_timeout;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Write a response generated by the proxy.
+    async fn respond(
+        &mut self,
+        sh: &Shared,
+        status: u16,
+        close: bool,
+        retry_after_s: Option<u32>,
+        body: &[u8],
+        head_only: bool,
+    ) -> io::Result<()> {
+        http::local_response(
+            &mut self.out,
+            status,
+            close,
+            retry_after_s,
+            "text/plain",
+            body,
+            head_only,
+        );
+        sh.metrics.response(status);
+        self.bytes_out += self.out.len() as u64;
+        write_all_timeout(&mut self.client, &self.out, sh.idle_timeout).await
+    }
+
+    /// Answer `req` locally. The connection stays open only if the client wants it and
+    /// its request body (if any) was already buffered, so it can be skipped.
+    async fn respond_to(
+        &mut self,
+        sh: &Shared,
+        req: &RequestHead,
+        status: u16,
+        retry_after_s: Option<u32>,
+        body: &[u8],
+    ) -> Next {
+        self.rbuf.consume(req.head_len);
+        let mut rest = Body::new(req.framing, false);
+        let skipped = rest
+            .advance(self.rbuf.filled(), &mut Vec::new())
+            .unwrap_or(0);
+        self.rbuf.consume(skipped);
+        let close = !req.keep_alive || !rest.is_done();
+        match self
+            .respond(sh, status, close, retry_after_s, body, req.is_head)
+            .await
+        {
+            Ok(()) if close => Next::Close,
+            Ok(()) => Next::KeepAlive,
+            Err(_) => Next::Abort,
+        }
+    }
+
+    /// One request/response exchange for a parsed head (whose rewritten form is in `out`).
+    async fn exchange(&mut self, sh: &Shared, req: RequestHead) -> Next {
+        let target = &self.rbuf.filled()[req.target.clone()];
+        let is_metrics = target == b"/farside/metrics" || (self.admin && target == b"/metrics");
+        if is_metrics || self.admin {
+            return if !is_metrics {
+                self.respond_to(sh, &req, 404, None, b"not_found").await
+            } else if req.is_get || req.is_head {
+                let mut text = String::with_capacity(4096);
+                sh.metrics.render(&mut text);
+                sh.gate.render_metrics(&mut text);
+                self.respond_to(sh, &req, 200, None, text.as_bytes()).await
+            } else {
+                self.respond_to(sh, &req, 405, None, b"method_not_allowed")
+                    .await
+            };
+        }
+
+        let routed = {
+            let buf = self.rbuf.filled();
+            let host = req
+                .host
+                .clone()
+                .and_then(|r| std::str::from_utf8(&buf[r]).ok());
+            sh.gate.route(host)
+        };
+        let route = match routed {
+            Ok(route) => route,
+            Err(r) => {
+                sh.metrics.reject(r);
+                let status = r.status();
+                let retry = (status == 503).then(|| sh.gate.retry_after_s());
+                return self
+                    .respond_to(sh, &req, status, retry, r.reason().as_bytes())
+                    .await;
+            }
+        };
+        self.proxy(sh, req, route).await
+    }
+
+    async fn proxy(&mut self, sh: &Shared, req: RequestHead, route: Route) -> Next {
+        self.rbuf.consume(req.head_len);
+        if req.expect_continue {
+            // We strip Expect and answer it ourselves: the client would otherwise wait
+            // for the 100 while we wait for its body.
+            const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+            if write_all_timeout(&mut self.client, CONTINUE, sh.idle_timeout)
+                .await
+                .is_err()
+            {
+                return Next::Abort;
+            }
+            self.bytes_out += CONTINUE.len() as u64;
+        }
+        // Whatever part of the request body is already buffered goes out with the head.
+        let mut body = Body::new(req.framing, false);
+        match body.advance(self.rbuf.filled(), &mut Vec::new()) {
+            Ok(n) => {
+                self.out.extend_from_slice(&self.rbuf.filled()[..n]);
+                self.rbuf.consume(n);
+            }
+            Err(ChunkError) => {
+                return match self
+                    .respond(sh, 400, true, None, b"malformed_chunked_body", false)
+                    .await
+                {
+                    Ok(()) => Next::Close,
+                    Err(_) => Next::Abort,
+                };
+            }
+        }
+        // A request that fits in `out` can be sent again if a pooled connection was stale.
+        let retryable = body.is_done() && req.idempotent;
+
+        let mut fresh_only = false;
+        let (mut up, resp) = loop {
+            let pooled = if fresh_only {
+                None
+            } else {
+                sh.pool.take(route.backend, route.addr)
+            };
+            let reused = pooled.is_some();
+            let mut up = match pooled {
+                Some(s) => {
+                    sh.metrics.upstream_reused.fetch_add(1, Relaxed);
+                    s
+                }
+                None => match connect(route.addr, sh.connect_timeout).await {
+                    Ok(s) => {
+                        sh.metrics.upstream_connects.fetch_add(1, Relaxed);
+                        s
+                    }
+                    Err(e) => {
+                        sh.gate.report_failure(route.backend);
+                        return self.upstream_failed(sh, &req, e, body.is_done()).await;
+                    }
+                },
+            };
+            match self.send_request(sh, &mut up, &mut body).await {
+                Ok(()) => {}
+                Err(Side::Client) => return Next::Abort,
+                Err(Side::Upstream) if reused && retryable => {
+                    sh.metrics.upstream_retries.fetch_add(1, Relaxed);
+                    fresh_only = true;
+                    continue;
+                }
+                Err(Side::Upstream) => {
+                    let e = UpstreamError::ResetBeforeHead;
+                    return self.upstream_failed(sh, &req, e, body.is_done()).await;
+                }
+            }
+            match self.read_response_head(sh, &mut up, &req).await {
+                Ok(resp) => break (up, resp),
+                Err((UpstreamError::ResetBeforeHead, false)) if reused && retryable => {
+                    sh.metrics.upstream_retries.fetch_add(1, Relaxed);
+                    fresh_only = true;
+                }
+                Err((e, _)) => {
+                    if !reused && e == UpstreamError::ResetBeforeHead {
+                        sh.gate.report_failure(route.backend);
+                    }
+                    return self.upstream_failed(sh, &req, e, body.is_done()).await;
+                }
+            }
+        };
+
+        // Relay the response: head plus the body bytes already read, in one write.
+        self.ubuf.consume(resp.head_len);
+        let mut body = Body::new(resp.framing, resp.dechunk);
+        match body.advance(self.ubuf.filled(), &mut self.out) {
+            Ok(n) => {
+                if !body.decodes() {
+                    self.out.extend_from_slice(&self.ubuf.filled()[..n]);
+                }
+                self.ubuf.consume(n);
+            }
+            Err(ChunkError) => {
+                sh.metrics.upstream_error(UpstreamError::BadHead);
+                return self.upstream_failed_before_head(sh, &req).await;
+            }
+        }
+        if write_all_timeout(&mut self.client, &self.out, sh.idle_timeout)
+            .await
+            .is_err()
+        {
+            return Next::Abort;
+        }
+        self.bytes_out += self.out.len() as u64;
+        let until_close = matches!(body, Body::UntilClose);
+        while !body.is_done() {
+            let read = self.ubuf.read_from(&mut up, UPSTREAM_BUF_BYTES);
+            match timeout(sh.response_timeout, read).await {
+                Ok(Ok(n)) if n > 0 => {}
+                Ok(Ok(_)) if until_close => break,
+                _ => {
+                    sh.metrics.upstream_error(UpstreamError::MidBody);
+                    return Next::Abort;
+                }
+            }
+            self.out.clear();
+            let n = match body.advance(self.ubuf.filled(), &mut self.out) {
+                Ok(n) => n,
+                Err(ChunkError) => {
+                    sh.metrics.upstream_error(UpstreamError::MidBody);
+                    return Next::Abort;
+                }
+            };
+            let chunk = if body.decodes() {
+                &self.out[..]
+            } else {
+                &self.ubuf.filled()[..n]
+            };
+            if write_all_timeout(&mut self.client, chunk, sh.idle_timeout)
+                .await
+                .is_err()
+            {
+                return Next::Abort;
+            }
+            self.bytes_out += chunk.len() as u64;
+            self.ubuf.consume(n);
+        }
+        // Bytes beyond the response mean a confused back-end: do not reuse that connection.
+        if resp.upstream_reusable && self.ubuf.is_empty() {
+            sh.pool.put(route.backend, route.addr, up);
+        }
+        self.ubuf.clear();
+        drop(route);
+        sh.metrics.response(resp.status);
+        if resp.client_close {
+            Next::Close
+        } else {
+            Next::KeepAlive
+        }
+    }
+
+    /// Send the head in `out` (with any buffered body bytes), then stream the rest of the
+    /// request body from the client. `out` is left intact when the body was complete, so
+    /// the request can be resent.
+    async fn send_request(
+        &mut self,
+        sh: &Shared,
+        up: &mut TcpStream,
+        body: &mut Body,
+    ) -> Result<(), Side> {
+        write_all_timeout(up, &self.out, sh.response_timeout)
+            .await
+            .map_err(|_| Side::Upstream)?;
+        while !body.is_done() {
+            let read = self
+                .rbuf
+                .read_from(&mut self.client, sh.cfg.http.max_header_bytes);
+            match timeout(sh.idle_timeout, read).await {
+                Ok(Ok(n)) if n > 0 => self.bytes_in += n as u64,
+                _ => return Err(Side::Client),
+            }
+            let n = body
+                .advance(self.rbuf.filled(), &mut Vec::new())
+                .map_err(|_| Side::Client)?;
+            write_all_timeout(up, &self.rbuf.filled()[..n], sh.response_timeout)
+                .await
+                .map_err(|_| Side::Upstream)?;
+            self.rbuf.consume(n);
+        }
+        Ok(())
+    }
+
+    /// Read the back-end's response head into `ubuf`, skipping interim 1xx responses.
+    /// On error, the flag says whether any response byte had arrived.
+    async fn read_response_head(
+        &mut self,
+        sh: &Shared,
+        up: &mut TcpStream,
+        req: &RequestHead,
+    ) -> Result<http::ResponseHead, (UpstreamError, bool)> {
+        let h = &sh.cfg.http;
+        let limit = h.max_header_bytes.max(UPSTREAM_BUF_BYTES);
+        let deadline = Instant::now() + sh.response_timeout;
+        let mut got_bytes = false;
+        self.ubuf.clear();
+        loop {
+            if !self.ubuf.is_empty() {
+                match http::parse_response(
+                    self.ubuf.filled(),
+                    h.max_headers,
+                    h.max_header_bytes,
+                    req,
+                    &mut self.out,
+                ) {
+                    Ok(Some(resp)) if resp.status < 200 => {
+                        self.ubuf.consume(resp.head_len);
+                        continue;
+                    }
+                    Ok(Some(resp)) => return Ok(resp),
+                    Ok(None) => {}
+                    Err(_) => return Err((UpstreamError::BadHead, true)),
+                }
+            }
+            match timeout_at(deadline, self.ubuf.read_from(up, limit)).await {
+                Err(_) => return Err((UpstreamError::HeadTimeout, got_bytes)),
+                Ok(Ok(0)) | Ok(Err(_)) => return Err((UpstreamError::ResetBeforeHead, got_bytes)),
+                Ok(Ok(_)) => got_bytes = true,
+            }
+        }
+    }
+
+    async fn upstream_failed(
+        &mut self,
+        sh: &Shared,
+        req: &RequestHead,
+        e: UpstreamError,
+        body_consumed: bool,
+    ) -> Next {
+        sh.metrics.upstream_error(e);
+        let close = !req.keep_alive || !body_consumed;
+        match self
+            .respond(
+                sh,
+                e.status(),
+                close,
+                None,
+                e.kind().as_bytes(),
+                req.is_head,
+            )
+            .await
+        {
+            Ok(()) if close => Next::Close,
+            Ok(()) => Next::KeepAlive,
+            Err(_) => Next::Abort,
+        }
+    }
+
+    /// The response head was fine but its first body bytes were not: nothing has been
+    /// sent to the client yet, so it still gets a 502 (and the connection closes).
+    async fn upstream_failed_before_head(&mut self, sh: &Shared, req: &RequestHead) -> Next {
+        match self
+            .respond(sh, 502, true, None, b"bad_upstream_body", req.is_head)
+            .await
+        {
+            Ok(()) => Next::Close,
+            Err(_) => Next::Abort,
+        }
+    }
+}
+
+/// Which side of an exchange failed.
+enum Side {
+    Client,
+    Upstream,
+}
