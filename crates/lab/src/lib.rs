@@ -1,6 +1,33 @@
-//! Virtual data-center on one machine: runs the papers' experiments end to end
+//! `farside lab`: a virtual data-center on one machine that runs the papers' experiments
+//! end to end and writes tables, `summary.json`, CSV series, plots and an HTML report.
+//!
+//! - [`admission`]: seed 000's admission-control experiment (`lab admission`)
+//! - [`procs`]: child-process supervision for the lab's nodes
+//! - [`nginx`]: real nginx as a back-end
+//! - [`summary`], [`report`], [`svg`]: the stable result format and its renderings
 
+pub mod admission;
 pub mod nginx;
+pub mod procs;
 pub mod report;
 pub mod summary;
 pub mod svg;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct LabArgs {
+    #[command(subcommand)]
+    pub cmd: LabCmd,
+}
+
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum LabCmd {
+    /// Admission control: no-ac vs tcp-ac vs onesided-ac over a sweep of clients and
+    /// three traces (seed 000, Fig. 5/9/10).
+    Admission(admission::AdmissionArgs),
+}
+
+pub fn run(a: LabArgs) -> std::io::Result<()> {
+    match a.cmd {
+        LabCmd::Admission(x) => admission::run(x),
+    }
+}

@@ -212,11 +212,11 @@ impl Chart {
         if let Some((y, label)) = &self.hline {
             if self.y_ok(*y) {
                 let m = y_axis.map(*y);
-                if (y_axis.lo..=y_axis.hi).contains(&m) {
+                if (0.0..=1.0).contains(&m) {
                     let py = plot.y(m);
                     let _ = writeln!(
                         out,
-                        r##"<line x1="{left:.1}" y1="{py:.1}" x2="{right:.1}" y2="{py:.1}" stroke="#B00020" stroke-width="1.2" stroke-dasharray="6 4"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="#B00020">{}</text>"##,
+                        r##"<line x1="{left:.1}" y1="{py:.1}" x2="{right:.1}" y2="{py:.1}" stroke="#B00020" stroke-width="1.2" stroke-dasharray="6 4"/><text x="{:.1}" y="{:.1}" text-anchor="end" fill="#B00020" stroke="#fff" stroke-width="3" paint-order="stroke">{}</text>"##,
                         right - 4.0,
                         py - 4.0,
                         escape(label)
@@ -292,6 +292,8 @@ impl Chart {
         let (x0, x_max) = (74.0, w - 24.0);
         let (mut x, mut row) = (x0, 0usize);
         for (i, s) in self.series.iter().enumerate() {
+            // The legend shows a marker only where the line has them.
+            let marked = s.points.len() <= MARKERS_POINTS_MAX;
             // Rough text width: 7 px per char at 12 px sans-serif.
             let item_w = 34.0 + 7.0 * s.name.chars().count() as f64 + 18.0;
             if x + item_w > x_max && x > x0 {
@@ -304,7 +306,11 @@ impl Chart {
                 out,
                 r##"<line x1="{x:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{color}" stroke-width="2"/>{}<text x="{:.1}" y="{:.1}" fill="#222">{}</text>"##,
                 x + 26.0,
-                marker(i, x + 13.0, y, color),
+                if marked {
+                    marker(i, x + 13.0, y, color)
+                } else {
+                    String::new()
+                },
                 x + 32.0,
                 y + 4.0,
                 escape(&s.name)
@@ -433,7 +439,14 @@ fn axis_x(points: &[(f64, f64)]) -> (Vec<f64>, f64, f64) {
     if hi <= lo {
         (lo, hi) = (lo - 1.0, hi + 1.0);
     }
-    let ticks = nice_ticks(lo, hi, TICKS_TARGET);
+    let mut ticks = nice_ticks(lo, hi, TICKS_TARGET);
+    // Counts (clients, busy processes) have no 0.5: keep integer steps.
+    let integral = !points.is_empty() && points.iter().all(|p| p.0.fract() == 0.0);
+    if integral && step_of(&ticks) < 1.0 {
+        ticks = (lo.floor() as i64..=hi.ceil() as i64)
+            .map(|i| i as f64)
+            .collect();
+    }
     let (a, b) = (ticks[0], ticks[ticks.len() - 1]);
     (ticks, a, b)
 }
@@ -586,7 +599,7 @@ pub(crate) fn check_well_formed(doc: &str) -> Result<(), String> {
             if stack.is_empty() {
                 roots += 1;
             }
-            if tag.matches('"').count() % 2 != 0 {
+            if tag.matches('"').count() & 1 == 1 {
                 return Err(format!("unbalanced quotes in <{name}>"));
             }
             if !tag.ends_with('/') {
@@ -653,6 +666,10 @@ mod tests {
                 .series("a", vec![(0.0, 0.5), (1.0, 0.0), (2.0, 5000.0)])
                 .series("b", vec![(0.0, 3.0), (2.0, 30.0)]),
         ];
+        assert!(
+            charts[4].to_svg().contains("QoS 1 s"),
+            "reference line drawn"
+        );
         for c in &charts {
             let svg = c.to_svg();
             check_well_formed(&svg).unwrap_or_else(|e| panic!("{}: {e}\n{svg}", c.title));
