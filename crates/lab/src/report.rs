@@ -30,8 +30,9 @@ use std::path::{Path, PathBuf};
 use crate::summary::{Point, ProbePoint, SecondPoint, Summary, SYSTEMS, SYSTEM_NO_AC};
 use crate::svg::{escape, Chart};
 
-/// `params` key holding the QoS threshold for `slow_rate`, in ms.
-pub const PARAM_SLOW_MS: &str = "slow_ms";
+/// `params` keys that may hold the QoS threshold for `slow_rate`, in ms,
+/// first match wins (`farside lab admission` writes `qos_ms`).
+pub const PARAM_SLOW_MS_KEYS: [&str; 2] = ["slow_ms", "qos_ms"];
 /// QoS threshold shown when `params` does not say: the paper's 1 s (Fig. 8/9).
 const SLOW_MS_DEFAULT: f64 = 1000.0;
 /// Per-second response times spanning more than this ratio get a log axis,
@@ -179,11 +180,11 @@ pub fn improvements(s: &Summary) -> Vec<TraceImprovements> {
     g.traces.iter().filter_map(|t| g.improvements(t)).collect()
 }
 
-/// QoS threshold for `slow_rate` from `params.slow_ms`, else 1000 ms.
+/// QoS threshold for `slow_rate` from `params` ([`PARAM_SLOW_MS_KEYS`]), else 1000 ms.
 pub fn slow_ms(s: &Summary) -> f64 {
-    s.params
-        .get(PARAM_SLOW_MS)
-        .and_then(|v| v.as_f64())
+    PARAM_SLOW_MS_KEYS
+        .iter()
+        .find_map(|k| s.params.get(*k).and_then(|v| v.as_f64()))
         .unwrap_or(SLOW_MS_DEFAULT)
 }
 
@@ -1016,5 +1017,24 @@ mod tests {
         assert_eq!(utc_string(0), "1970-01-01 00:00:00");
         assert_eq!(utc_string(951_782_400), "2000-02-29 00:00:00");
         assert_eq!(csv_field("a,b"), "\"a,b\"");
+    }
+
+    #[test]
+    fn qos_threshold_comes_from_params() {
+        let mut s = Summary::new("admission", "netns", true);
+        assert_eq!(slow_ms(&s), 1000.0);
+        s.params = serde_json::json!({ "qos_ms": 250 });
+        assert_eq!(slow_ms(&s), 250.0);
+        s.push(Point {
+            system: SYSTEM_NO_AC.into(),
+            trace: "single".into(),
+            clients: 10,
+            ..Point::default()
+        });
+        assert!(
+            table_text(&s).contains("slow % (> 250 ms)"),
+            "{}",
+            table_text(&s)
+        );
     }
 }

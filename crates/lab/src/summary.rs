@@ -97,7 +97,7 @@ pub struct Point {
     /// or by the back-end (`dropped / attempts`).
     pub drop_rate: f64,
     /// `slow_rate`: fraction (0..=1) of served requests slower than the QoS
-    /// threshold (`params.slow_ms`; the paper uses 1 s) — Fig. 9.
+    /// threshold (`params.slow_ms` or `params.qos_ms`; the paper uses 1 s) — Fig. 9.
     pub slow_rate: f64,
     /// `attempts`: requests the clients tried to send.
     pub attempts: u64,
