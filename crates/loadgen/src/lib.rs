@@ -914,6 +914,11 @@ fn summarize(ctx: &Ctx, args: &LoadgenArgs) -> Result<Summary, LoadgenError> {
     })
 }
 
+/// Writes the human-readable summary (the `Display` form) and a newline.
+pub fn print_summary<W: Write>(summary: &Summary, out: &mut W) -> io::Result<()> {
+    writeln!(out, "{summary}")
+}
+
 /// The CLI entry: runs, then prints the summary (text or `--json`) to stdout.
 pub fn run_cli(args: &LoadgenArgs) -> Result<Summary, LoadgenError> {
     let summary = run(args)?;
@@ -922,7 +927,7 @@ pub fn run_cli(args: &LoadgenArgs) -> Result<Summary, LoadgenError> {
         serde_json::to_writer_pretty(&mut out, &summary).map_err(io::Error::other)?;
         writeln!(out)?;
     } else {
-        writeln!(out, "{summary}")?;
+        print_summary(&summary, &mut out)?;
     }
     Ok(summary)
 }
