@@ -1,1 +1,103 @@
-fn main() {}
+//! `farside`: the control layer of a cluster-based web data-center in which front-ends
+//! read back-end state one-sidedly. One binary, one subcommand per role.
+
+mod logging;
+mod proxy_cli;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "farside", version, about, long_about = None, propagate_version = true)]
+#[command(after_help = "Logging: set FARSIDE_LOG=error|warn|info|debug (default info).")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Back-end node: sample load every period and publish the node's region.
+    Gatherd(farside_gatherd::GatherdArgs),
+    /// Front-end: HTTP reverse proxy with one-sided admission control and balancing.
+    Proxy(proxy_cli::ProxyArgs),
+    /// Stand-alone load monitor: poll every back-end's region and publish a shared table
+    /// that proxies on this host read (`proxy --monitor-table`).
+    Monitor(proxy_cli::MonitorArgs),
+    /// Test web server: static files, CPU-costly dynamic endpoint, bounded workers.
+    Backend(farside_backend::BackendArgs),
+    /// Closed- and open-loop HTTP load generator with the papers' traces.
+    Loadgen(farside_loadgen::LoadgenArgs),
+    /// Virtual data-center on this machine: run the papers' experiments end to end.
+    Lab(farside_lab::LabArgs),
+}
+
+fn main() -> ExitCode {
+    logging::init();
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Gatherd(a) => run_gatherd(a),
+        Cmd::Proxy(a) => proxy_cli::run_proxy(a),
+        Cmd::Monitor(a) => proxy_cli::run_monitor(a),
+        Cmd::Backend(a) => farside_backend::run(a, None).map_err(|e| format!("backend: {e}")),
+        Cmd::Loadgen(a) => run_loadgen(a),
+        Cmd::Lab(a) => farside_lab::run(a).map_err(|e| format!("lab: {e}")),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("farside: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_gatherd(a: farside_gatherd::GatherdArgs) -> Result<(), String> {
+    let signals = logging::block_termination_signals();
+    let cpu0 = farside_gatherd::process_cpu_us();
+    let t0 = std::time::Instant::now();
+    let mut g = farside_gatherd::Gatherd::start(&a).map_err(|e| format!("gatherd: {e}"))?;
+    log::info!(
+        "gatherd: node {} every {} µs; shm={} tcp={} udp={}",
+        a.node_id,
+        a.period_us,
+        g.shm_path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "off".into()),
+        g.tcp_addr
+            .map(|x| x.to_string())
+            .unwrap_or_else(|| "off".into()),
+        g.udp_addr
+            .map(|x| x.to_string())
+            .unwrap_or_else(|| "off".into()),
+    );
+    logging::wait_for_signal(&signals, a.duration_s.map(Duration::from_secs_f64));
+    g.stop();
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu = (farside_gatherd::process_cpu_us() - cpu0) as f64 / 1e6;
+    log::info!(
+        "gatherd: {}; own CPU {:.2}% of one core over {:.1} s",
+        g.summary(),
+        100.0 * cpu / wall,
+        wall
+    );
+    if let Some(p) = &g.shm_path {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(())
+}
+
+fn run_loadgen(a: farside_loadgen::LoadgenArgs) -> Result<(), String> {
+    let s = farside_loadgen::run(&a).map_err(|e| format!("loadgen: {e}"))?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&s).map_err(|e| e.to_string())?
+        );
+    } else {
+        farside_loadgen::print_summary(&s, &mut std::io::stdout()).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}

@@ -1,0 +1,274 @@
+//! Flags of `farside proxy` and `farside monitor`, merged over an optional TOML file.
+
+use farside_proxy::config::{BackendConfig, BalancePolicy, Metric, ProxyConfig, StalePolicy};
+use farside_proxy::control::monitor::{self, Monitor, Watch};
+use farside_proxy::control::{self, Control, RegionSource};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Parse `ADDR[,site=NAME][,region=shm:PATH|tcp:HOST:PORT|udp:HOST:PORT][,limit=N]`.
+pub fn parse_backend(s: &str) -> Result<BackendConfig, String> {
+    let mut parts = s.split(',');
+    let addr = parts.next().unwrap_or_default();
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|e| format!("`{addr}`: not an IP:PORT address: {e}"))?;
+    let mut b = BackendConfig {
+        addr,
+        site: String::new(),
+        region: None,
+        limit: None,
+    };
+    for kv in parts {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("`{kv}`: expected key=value"))?;
+        match k {
+            "site" => b.site = v.to_string(),
+            "region" => {
+                RegionSource::parse(v)?;
+                b.region = Some(v.to_string());
+            }
+            "limit" => b.limit = Some(v.parse().map_err(|e| format!("limit `{v}`: {e}"))?),
+            _ => {
+                return Err(format!(
+                    "`{k}`: unknown back-end option (site, region, limit)"
+                ))
+            }
+        }
+    }
+    Ok(b)
+}
+
+fn parse_metric(s: &str) -> Result<Metric, String> {
+    Ok(match s {
+        "conns" => Metric::Conns,
+        "pending" => Metric::Pending,
+        "cpu" => Metric::Cpu,
+        "pressure" => Metric::Pressure,
+        "runnable" => Metric::Runnable,
+        "inflight" => Metric::Inflight,
+        _ => {
+            return Err(format!(
+                "`{s}`: expected conns, pending, cpu, pressure, runnable or inflight"
+            ))
+        }
+    })
+}
+
+fn parse_balance(s: &str) -> Result<BalancePolicy, String> {
+    Ok(match s {
+        "round-robin" => BalancePolicy::RoundRobin,
+        "least-loaded" => BalancePolicy::LeastLoaded,
+        "p2c" => BalancePolicy::P2c,
+        _ => return Err(format!("`{s}`: expected round-robin, least-loaded or p2c")),
+    })
+}
+
+fn parse_stale(s: &str) -> Result<StalePolicy, String> {
+    Ok(match s {
+        "reject" => StalePolicy::Reject,
+        "admit" => StalePolicy::Admit,
+        _ => return Err(format!("`{s}`: expected reject or admit")),
+    })
+}
+
+/// Flags shared by `proxy` and `monitor`: where the back-ends are.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BackendFlags {
+    /// TOML configuration file (see README); flags given as well override its values.
+    #[arg(long, short = 'c')]
+    pub config: Option<PathBuf>,
+    /// Back-end: ADDR[,site=NAME][,region=shm:PATH|tcp:HOST:PORT|udp:HOST:PORT][,limit=N].
+    /// Repeatable; replaces the file's back-ends.
+    #[arg(long = "backend", value_parser = parse_backend)]
+    pub backends: Vec<BackendConfig>,
+    /// Monitor poll period G in µs (default 1000).
+    #[arg(long)]
+    pub monitor_period_us: Option<u64>,
+    /// Timeout of one remote read in ms (default 50).
+    #[arg(long)]
+    pub read_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProxyArgs {
+    #[command(flatten)]
+    pub b: BackendFlags,
+    /// Address to accept clients on (required unless in the file).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Worker threads of the data path (default 1).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Admin listener serving /metrics (default: none; /farside/metrics on --listen works).
+    #[arg(long)]
+    pub admin_listen: Option<SocketAddr>,
+    /// Turn admission control on (default off).
+    #[arg(long)]
+    pub admission: bool,
+    /// Admission metric: conns, pending, cpu, pressure, runnable, inflight (default conns).
+    #[arg(long, value_parser = parse_metric)]
+    pub metric: Option<Metric>,
+    /// Load limit in the metric's unit (default 256); a back-end's `limit=` overrides it.
+    #[arg(long)]
+    pub limit: Option<u64>,
+    /// A record not updated for this long is stale, ms (default 100).
+    #[arg(long)]
+    pub stale_after_ms: Option<u64>,
+    /// What a stale record means: reject (fail safe, default) or admit (fail open).
+    #[arg(long, value_parser = parse_stale)]
+    pub on_stale: Option<StalePolicy>,
+    /// Check only per request, not right after accept.
+    #[arg(long)]
+    pub no_accept_check: bool,
+    /// Balancing: round-robin, least-loaded (default) or p2c.
+    #[arg(long, value_parser = parse_balance)]
+    pub balance: Option<BalancePolicy>,
+    /// Read the load table of a `farside monitor` from this file instead of embedding
+    /// the monitor.
+    #[arg(long)]
+    pub monitor_table: Option<String>,
+}
+
+fn load_base(b: &BackendFlags, listen: Option<SocketAddr>) -> Result<ProxyConfig, String> {
+    let mut cfg = match &b.config {
+        Some(p) => ProxyConfig::from_file(p).map_err(|e| e.to_string())?,
+        None => {
+            let listen = listen.unwrap_or_else(|| "127.0.0.1:0".parse().expect("literal"));
+            ProxyConfig::simple(listen, Vec::new())
+        }
+    };
+    if !b.backends.is_empty() {
+        cfg.backends = b.backends.clone();
+    }
+    if let Some(v) = b.monitor_period_us {
+        cfg.monitor.period_us = v;
+    }
+    if let Some(v) = b.read_timeout_ms {
+        cfg.monitor.read_timeout_ms = v;
+    }
+    Ok(cfg)
+}
+
+pub fn proxy_config(a: &ProxyArgs) -> Result<ProxyConfig, String> {
+    if a.b.config.is_none() && a.listen.is_none() {
+        return Err("proxy: --listen ADDR is required (or --config FILE)".into());
+    }
+    let mut cfg = load_base(&a.b, a.listen)?;
+    if let Some(v) = a.listen {
+        cfg.listen = v;
+    }
+    if let Some(v) = a.workers {
+        cfg.workers = v;
+    }
+    if a.admin_listen.is_some() {
+        cfg.admin_listen = a.admin_listen;
+    }
+    let ad = &mut cfg.admission;
+    ad.enabled |= a.admission;
+    if let Some(v) = a.metric {
+        ad.metric = v;
+    }
+    if let Some(v) = a.limit {
+        ad.limit = v;
+    }
+    if let Some(v) = a.stale_after_ms {
+        ad.stale_after_ms = v;
+    }
+    if let Some(v) = a.on_stale {
+        ad.on_stale = v;
+    }
+    if a.no_accept_check {
+        ad.at_accept = false;
+    }
+    if let Some(v) = a.balance {
+        cfg.balance.policy = v;
+    }
+    if a.monitor_table.is_some() {
+        cfg.monitor.table = a.monitor_table.clone();
+    }
+    cfg.validate().map_err(|e| e.to_string())?;
+    Ok(cfg)
+}
+
+pub fn run_proxy(a: ProxyArgs) -> Result<(), String> {
+    let cfg = proxy_config(&a)?;
+    let ctl = Control::new(&cfg).map_err(|e| format!("proxy: {e}"))?;
+    log::info!(
+        "proxy: {} → {} back-end(s); admission {} (metric {}, limit {}); monitor every {} µs",
+        cfg.listen,
+        cfg.backends.len(),
+        if cfg.admission.enabled { "on" } else { "off" },
+        cfg.admission.metric.name(),
+        cfg.admission.limit,
+        cfg.monitor.period_us,
+    );
+    farside_proxy::server::run(cfg, Arc::new(ctl)).map_err(|e| format!("proxy: {e}"))
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct MonitorArgs {
+    #[command(flatten)]
+    pub b: BackendFlags,
+    /// Shared-memory file to publish the table in.
+    #[arg(long, default_value = "/dev/shm/farside/monitor.table")]
+    pub table: PathBuf,
+    /// Stop after this many seconds (default: until SIGINT/SIGTERM).
+    #[arg(long)]
+    pub duration_s: Option<f64>,
+}
+
+pub fn run_monitor(a: MonitorArgs) -> Result<(), String> {
+    let signals = crate::logging::block_termination_signals();
+    let cfg = load_base(&a.b, None)?;
+    if cfg.backends.is_empty() {
+        return Err("monitor: no back-ends (--backend ADDR,region=... or --config FILE)".into());
+    }
+    let mut watches = Vec::new();
+    for (i, b) in cfg.backends.iter().enumerate() {
+        let r = b
+            .region
+            .as_deref()
+            .ok_or_else(|| format!("monitor: backend[{i}] ({}) has no region=", b.addr))?;
+        watches.push(Watch {
+            index: i,
+            name: b.addr.to_string(),
+            region: RegionSource::parse(r)?,
+        });
+    }
+    let table = monitor::create_table(Some(&a.table), cfg.backends.len(), cfg.monitor.period_us)
+        .map_err(|e| format!("monitor: {}: {e}", a.table.display()))?;
+    let _m = Monitor::start(watches, table, control::monitor_options(&cfg))
+        .map_err(|e| format!("monitor: {e}"))?;
+    log::info!(
+        "monitor: {} back-end(s) every {} µs → {}",
+        cfg.backends.len(),
+        cfg.monitor.period_us,
+        a.table.display()
+    );
+    crate::logging::wait_for_signal(
+        &signals,
+        a.duration_s.map(std::time::Duration::from_secs_f64),
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_spec_parses_options_and_rejects_unknown_ones() {
+        let b =
+            parse_backend("127.0.0.1:80,site=a.example,region=tcp:127.0.0.1:7001,limit=5").unwrap();
+        assert_eq!(b.site, "a.example");
+        assert_eq!(b.limit, Some(5));
+        assert!(parse_backend("127.0.0.1:80,colour=red")
+            .unwrap_err()
+            .contains("colour"));
+        assert!(parse_backend("nohost").is_err());
+        assert!(parse_backend("127.0.0.1:80,region=ftp:x").is_err());
+    }
+}

@@ -1,0 +1,440 @@
+//! `farside lab admission`: the admission-control experiment of seed 000 (Fig. 5, 9, 10).
+//!
+//! For each system (`no-ac`, `tcp-ac`, `onesided-ac`) the lab starts the back-end tier
+//! (K web servers, each with a gatherer beside it), one proxy, and then drives the proxy
+//! with closed-loop clients for every trace and client count of the sweep. The three
+//! systems differ only in the proxy's admission control:
+//!
+//! | system | admission | load data from |
+//! |---|---|---|
+//! | `no-ac` | off | (balancing by the proxy's own in-flight counts) |
+//! | `tcp-ac` | on | gatherer answers over TCP (two-sided, the paper's TCP/IP) |
+//! | `onesided-ac` | on | the region read one-sidedly (`shm` here; XDP with `--hosts netns`) |
+
+use crate::nginx::{self, Nginx, NginxConfig};
+use crate::procs::Child;
+use crate::report;
+use crate::summary::{Point, SecondPoint, Summary};
+use farside_loadgen::{LoadgenArgs, PathMode, TraceKind};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Instant;
+
+pub const SYSTEMS: [&str; 3] = ["no-ac", "tcp-ac", "onesided-ac"];
+pub const TRACES: [&str; 3] = ["single", "worldcup", "zipf"];
+const CLIENTS_FULL: &str = "16,64,128,192,256,320,400,520";
+const CLIENTS_QUICK: &str = "32,160,400";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendServer {
+    /// farside's own test server (bounded workers, per-request CPU cost).
+    Farside,
+    /// Real nginx from the system.
+    Nginx,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Hosts {
+    /// Processes on 127.0.0.1 ports; no privileges needed.
+    Loopback,
+    /// One network namespace per node (root).
+    Netns,
+}
+
+fn csv_list(s: &str) -> Result<Vec<String>, String> {
+    let v: Vec<String> = s
+        .split(',')
+        .map(|x| x.trim().to_string())
+        .filter(|x| !x.is_empty())
+        .collect();
+    if v.is_empty() {
+        return Err("empty list".into());
+    }
+    Ok(v)
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct AdmissionArgs {
+    /// Where the nodes run.
+    #[arg(long, value_enum, default_value_t = Hosts::Loopback)]
+    pub hosts: Hosts,
+    /// Reduced sweep for demos and CI (3 client counts, short points; a few minutes).
+    #[arg(long)]
+    pub quick: bool,
+    /// Output directory for summary.json, CSV, plots and report.html.
+    #[arg(long, default_value = "out/admission")]
+    pub out: PathBuf,
+    /// Systems to compare, comma-separated.
+    #[arg(long, default_value = "no-ac,tcp-ac,onesided-ac", value_parser = csv_list)]
+    pub systems: Vec<String>,
+    /// Traces, comma-separated: single, worldcup, zipf.
+    #[arg(long, default_value = "single,worldcup,zipf", value_parser = csv_list)]
+    pub traces: Vec<String>,
+    /// Client counts of the sweep, comma-separated. Default: 16..520 (quick: 32,160,400).
+    #[arg(long, value_parser = csv_list)]
+    pub clients: Option<Vec<String>>,
+    /// Measured seconds per point (default 20; quick: 6).
+    #[arg(long)]
+    pub duration_s: Option<f64>,
+    /// Warm-up seconds per point, not measured (default 2; quick: 1).
+    #[arg(long)]
+    pub warmup_s: Option<f64>,
+    /// Number of back-end web servers.
+    #[arg(long, default_value_t = 2)]
+    pub backends: usize,
+    /// Back-end web server.
+    #[arg(long, value_enum, default_value_t = BackendServer::Farside)]
+    pub backend_server: BackendServer,
+    /// Worker threads per farside back-end (Apache's MaxClients).
+    #[arg(long, default_value_t = 16)]
+    pub backend_workers: usize,
+    /// CPU time each request costs a farside back-end, µs (emulates request processing so
+    /// the back-end tier, not the proxy, is the bottleneck).
+    #[arg(long, default_value_t = 1500)]
+    pub backend_cpu_us: u64,
+    /// Admission metric (conns, pending, cpu, pressure, runnable).
+    #[arg(long, default_value = "conns")]
+    pub metric: String,
+    /// Load limit per back-end in the metric's unit.
+    #[arg(long, default_value_t = 24)]
+    pub limit: u64,
+    /// Monitor poll period G, µs.
+    #[arg(long, default_value_t = 1000)]
+    pub monitor_period_us: u64,
+    /// Gatherer sampling period, µs.
+    #[arg(long, default_value_t = 1000)]
+    pub gather_period_us: u64,
+    /// Proxy worker threads.
+    #[arg(long, default_value_t = 1)]
+    pub proxy_workers: usize,
+    /// Client think time between requests, ms.
+    #[arg(long, default_value_t = 0)]
+    pub think_ms: u64,
+    /// Response time above which a served request counts as slow (QoS), ms.
+    #[arg(long, default_value_t = 1000)]
+    pub qos_ms: u64,
+    /// Client request timeout, ms (a timeout counts as a failure).
+    #[arg(long, default_value_t = 10000)]
+    pub timeout_ms: u64,
+    /// Clients open one connection per request (as the paper's clients did) instead of
+    /// keep-alive.
+    #[arg(long)]
+    pub no_keepalive: bool,
+}
+
+struct Run {
+    dir: PathBuf,
+    logs: PathBuf,
+    shm: PathBuf,
+    docroot: PathBuf,
+}
+
+/// The back-end tier and proxy of one system.
+struct Tier {
+    _backends: Vec<Child>,
+    _nginx: Vec<Nginx>,
+    _gatherers: Vec<Child>,
+    proxy: Child,
+    proxy_addr: SocketAddr,
+}
+
+const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+fn port() -> io::Result<u16> {
+    nginx::free_port(LOCALHOST)
+}
+
+fn start_tier(a: &AdmissionArgs, run: &Run, system: &str) -> io::Result<Tier> {
+    let mut backends = Vec::new();
+    let mut nginxes = Vec::new();
+    let mut gatherers = Vec::new();
+    let mut specs = Vec::new();
+    for i in 0..a.backends {
+        let addr = SocketAddr::new(LOCALHOST, port()?);
+        match a.backend_server {
+            BackendServer::Farside => {
+                let args: Vec<String> = vec![
+                    "backend".into(),
+                    "--listen".into(),
+                    addr.to_string(),
+                    "--root".into(),
+                    run.docroot.display().to_string(),
+                    "--workers".into(),
+                    a.backend_workers.to_string(),
+                    "--static-cpu-us".into(),
+                    a.backend_cpu_us.to_string(),
+                ];
+                let mut c = Child::farside(&format!("{system}-backend{i}"), &args, &run.logs)?;
+                c.wait_port(addr)?;
+                backends.push(c);
+            }
+            BackendServer::Nginx => {
+                let cfg = NginxConfig::new(addr, &run.docroot);
+                nginxes.push(Nginx::start(&cfg)?);
+            }
+        }
+        let tcp = SocketAddr::new(LOCALHOST, port()?);
+        let shm = run.shm.join(format!("{system}-node{i}.region"));
+        let args: Vec<String> = vec![
+            "gatherd".into(),
+            "--node-id".into(),
+            i.to_string(),
+            "--period-us".into(),
+            a.gather_period_us.to_string(),
+            "--watch-port".into(),
+            addr.port().to_string(),
+            "--shm".into(),
+            shm.display().to_string(),
+            "--tcp-listen".into(),
+            tcp.to_string(),
+        ];
+        let mut g = Child::farside(&format!("{system}-gatherd{i}"), &args, &run.logs)?;
+        g.wait_port(tcp)?;
+        g.wait_file(&shm)?;
+        gatherers.push(g);
+        let spec = match system {
+            "tcp-ac" => format!("{addr},region=tcp:{tcp}"),
+            "onesided-ac" => format!("{addr},region=shm:{}", shm.display()),
+            _ => addr.to_string(),
+        };
+        specs.push(spec);
+    }
+    let proxy_addr = SocketAddr::new(LOCALHOST, port()?);
+    let mut args: Vec<String> = vec![
+        "proxy".into(),
+        "--listen".into(),
+        proxy_addr.to_string(),
+        "--workers".into(),
+        a.proxy_workers.to_string(),
+        "--monitor-period-us".into(),
+        a.monitor_period_us.to_string(),
+    ];
+    for s in &specs {
+        args.push("--backend".into());
+        args.push(s.clone());
+    }
+    if system != "no-ac" {
+        args.extend([
+            "--admission".into(),
+            "--metric".into(),
+            a.metric.clone(),
+            "--limit".into(),
+            a.limit.to_string(),
+        ]);
+    }
+    let mut proxy = Child::farside(&format!("{system}-proxy"), &args, &run.logs)?;
+    proxy.wait_port(proxy_addr)?;
+    Ok(Tier {
+        _backends: backends,
+        _nginx: nginxes,
+        _gatherers: gatherers,
+        proxy,
+        proxy_addr,
+    })
+}
+
+fn trace_kind(t: &str) -> io::Result<TraceKind> {
+    Ok(match t {
+        "single" => TraceKind::Single,
+        "worldcup" => TraceKind::Worldcup,
+        "zipf" => TraceKind::Zipf,
+        _ => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("--traces: unknown trace `{t}` (single, worldcup, zipf)"),
+            ))
+        }
+    })
+}
+
+fn loadgen_args(
+    a: &AdmissionArgs,
+    target: SocketAddr,
+    trace: &str,
+    clients: u64,
+    duration_s: f64,
+    warmup_s: f64,
+) -> io::Result<LoadgenArgs> {
+    let mut l = LoadgenArgs::new(target.to_string());
+    l.trace = trace_kind(trace)?;
+    l.paths = PathMode::Docroot;
+    l.clients = clients as usize;
+    l.duration_s = duration_s;
+    l.warmup_s = warmup_s;
+    l.think_ms = a.think_ms;
+    l.qos_ms = a.qos_ms;
+    l.timeout_ms = a.timeout_ms;
+    l.no_keepalive = a.no_keepalive;
+    l.keepalive = !a.no_keepalive;
+    l.quiet = true;
+    Ok(l)
+}
+
+fn point(system: &str, transport: &str, s: &farside_loadgen::Summary) -> Point {
+    Point {
+        system: system.into(),
+        trace: s.trace.clone(),
+        clients: s.clients as u64,
+        transport: transport.into(),
+        avg_ms: s.avg_ms,
+        p50_ms: s.p50_ms,
+        p90_ms: s.p90_ms,
+        p99_ms: s.p99_ms,
+        max_ms: s.max_ms,
+        tps: s.tps,
+        drop_rate: s.drop_rate,
+        slow_rate: s.slow_rate,
+        attempts: s.attempts,
+        served: s.served,
+        dropped: s.dropped_503,
+        failures: s.failures,
+        series: s
+            .series
+            .iter()
+            .map(|x| SecondPoint {
+                t_s: x.t_s,
+                served: x.served,
+                dropped: x.dropped_503 + x.failures,
+                avg_ms: x.avg_ms,
+            })
+            .collect(),
+    }
+}
+
+fn transport_of(system: &str) -> &'static str {
+    match system {
+        "tcp-ac" => "tcp",
+        "onesided-ac" => "shm",
+        _ => "none",
+    }
+}
+
+pub fn run(a: AdmissionArgs) -> io::Result<()> {
+    if a.hosts == Hosts::Netns {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "--hosts netns: not built yet; use --hosts loopback",
+        ));
+    }
+    for s in &a.systems {
+        if !SYSTEMS.contains(&s.as_str()) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("--systems: unknown system `{s}` (no-ac, tcp-ac, onesided-ac)"),
+            ));
+        }
+    }
+    for t in &a.traces {
+        trace_kind(t)?;
+    }
+    let clients: Vec<u64> = a
+        .clients
+        .clone()
+        .unwrap_or_else(|| {
+            csv_list(if a.quick { CLIENTS_QUICK } else { CLIENTS_FULL }).expect("literal")
+        })
+        .iter()
+        .map(|c| {
+            c.parse::<u64>().map_err(|e| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("--clients `{c}`: {e}"))
+            })
+        })
+        .collect::<io::Result<_>>()?;
+    let duration_s = a.duration_s.unwrap_or(if a.quick { 6.0 } else { 20.0 });
+    let warmup_s = a.warmup_s.unwrap_or(if a.quick { 1.0 } else { 2.0 });
+
+    std::fs::create_dir_all(&a.out)?;
+    let run = Run {
+        dir: a.out.clone(),
+        logs: a.out.join("logs"),
+        shm: PathBuf::from(format!("/dev/shm/farside-lab-{}", std::process::id())),
+        docroot: std::env::temp_dir().join(format!("farside-lab-docroot-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&run.logs)?;
+    std::fs::create_dir_all(&run.shm)?;
+    let _cleanup = Cleanup(vec![run.shm.clone(), run.docroot.clone()]);
+    for t in &a.traces {
+        let l = loadgen_args(&a, "127.0.0.1:1".parse().expect("literal"), t, 1, 1.0, 0.0)?;
+        let trace = l
+            .build_trace()
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        farside_loadgen::write_docroot(&trace, &run.docroot)?;
+    }
+
+    let total = a.systems.len() * a.traces.len() * clients.len();
+    let est = total as f64 * (duration_s + warmup_s + 0.5);
+    eprintln!(
+        "lab admission: {} system(s) x {} trace(s) x {} client count(s) = {total} points, about {:.0} s; output in {}",
+        a.systems.len(),
+        a.traces.len(),
+        clients.len(),
+        est,
+        run.dir.display()
+    );
+    let t0 = Instant::now();
+    let mut summary = Summary::new("admission", "loopback", a.quick);
+    summary.params = serde_json::json!({
+        "backends": a.backends,
+        "backend_server": format!("{:?}", a.backend_server).to_lowercase(),
+        "backend_workers": a.backend_workers,
+        "backend_cpu_us": a.backend_cpu_us,
+        "metric": a.metric,
+        "limit": a.limit,
+        "monitor_period_us": a.monitor_period_us,
+        "gather_period_us": a.gather_period_us,
+        "proxy_workers": a.proxy_workers,
+        "duration_s": duration_s,
+        "warmup_s": warmup_s,
+        "think_ms": a.think_ms,
+        "qos_ms": a.qos_ms,
+        "keepalive": !a.no_keepalive,
+        "clients": clients,
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    });
+    let mut done = 0;
+    for system in &a.systems {
+        let mut tier = start_tier(&a, &run, system)?;
+        for trace in &a.traces {
+            for &n in &clients {
+                let l = loadgen_args(&a, tier.proxy_addr, trace, n, duration_s, warmup_s)?;
+                let s = farside_loadgen::run(&l)
+                    .map_err(|e| io::Error::other(format!("loadgen: {e}")))?;
+                tier.proxy.check_alive()?;
+                done += 1;
+                eprintln!(
+                    "[{done}/{total} {:>4.0}s] {system:<12} {trace:<8} clients={n:<4} avg={:>8.1} ms p99={:>8.1} ms tps={:>7.1} drop={:>5.1}% slow={:>5.1}%",
+                    t0.elapsed().as_secs_f64(),
+                    s.avg_ms,
+                    s.p99_ms,
+                    s.tps,
+                    100.0 * s.drop_rate,
+                    100.0 * s.slow_rate
+                );
+                summary.push(point(system, transport_of(system), &s));
+            }
+        }
+        drop(tier);
+    }
+    summary.duration_s = t0.elapsed().as_secs_f64();
+    let mut out = io::stdout();
+    report::print_table(&summary, &mut out)?;
+    let files = report::write_all(&summary, &run.dir)?;
+    eprintln!(
+        "lab admission: wrote {} files to {} (open report.html)",
+        files.len(),
+        run.dir.display()
+    );
+    Ok(())
+}
+
+/// Removes the run's temporary directories when the run ends, however it ends.
+struct Cleanup(Vec<PathBuf>);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}

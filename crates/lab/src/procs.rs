@@ -1,0 +1,155 @@
+//! Child processes of a lab run: every role runs as its own `farside` process (or nginx),
+//! as on separate machines. Children die with the lab (PR_SET_PDEATHSIG), are stopped
+//! on drop (SIGTERM, then SIGKILL after `STOP_GRACE`), and log to files in the run's
+//! directory.
+
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Time a child has to exit after SIGTERM before it is killed.
+pub const STOP_GRACE: Duration = Duration::from_secs(3);
+/// Time a child has to start listening.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Poll interval while waiting for a port or file.
+const POLL: Duration = Duration::from_millis(10);
+
+pub struct Child {
+    pub name: String,
+    child: std::process::Child,
+    pub log: PathBuf,
+}
+
+impl Child {
+    /// Start `program args` with stdout/stderr to `log_dir/NAME.log`.
+    pub fn spawn(name: &str, program: &Path, args: &[String], log_dir: &Path) -> io::Result<Child> {
+        let log = log_dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log)?;
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("{name}: cannot start {}: {e}", program.display()),
+            )
+        })?;
+        log::debug!(
+            "lab: started {name} (pid {}): {} {}",
+            child.id(),
+            program.display(),
+            args.join(" ")
+        );
+        Ok(Child {
+            name: name.to_string(),
+            child,
+            log,
+        })
+    }
+
+    /// Start another subcommand of this same `farside` binary.
+    pub fn farside(name: &str, args: &[String], log_dir: &Path) -> io::Result<Child> {
+        let exe = std::env::current_exe()?;
+        Self::spawn(name, &exe, args, log_dir)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Error if the child has exited, with the tail of its log.
+    pub fn check_alive(&mut self) -> io::Result<()> {
+        if let Some(st) = self.child.try_wait()? {
+            return Err(io::Error::other(format!(
+                "{} exited ({st}); log tail:\n{}",
+                self.name,
+                tail(&self.log, 15)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Wait until `addr` accepts connections, failing early if the child exits.
+    pub fn wait_port(&mut self, addr: SocketAddr) -> io::Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            self.check_alive()?;
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "{} did not listen on {addr} within {READY_TIMEOUT:?}; log tail:\n{}",
+                        self.name,
+                        tail(&self.log, 15)
+                    ),
+                ));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Wait until `path` exists, failing early if the child exits.
+    pub fn wait_file(&mut self, path: &Path) -> io::Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while !path.exists() {
+            self.check_alive()?;
+            if Instant::now() > deadline {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{} did not create {}", self.name, path.display()),
+                ));
+            }
+            std::thread::sleep(POLL);
+        }
+        Ok(())
+    }
+
+    pub fn stop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + STOP_GRACE;
+        while Instant::now() < deadline {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(POLL);
+        }
+        log::warn!(
+            "lab: {} ignored SIGTERM for {STOP_GRACE:?}; killing it",
+            self.name
+        );
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Last `n` lines of a log file.
+pub fn tail(path: &Path, n: usize) -> String {
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
