@@ -229,6 +229,7 @@ pub fn parse_request(
         let mut chunked_count = 0;
         let mut conn_close = false;
         let mut conn_keep_alive = false;
+        let mut conn_names_others = false;
         let mut host = None;
         let mut expect_continue = false;
         for h in headers {
@@ -248,8 +249,11 @@ pub fn parse_request(
                 }
             } else if eq_ic(h.name, "connection") {
                 for t in tokens(h.value) {
-                    conn_close |= t.eq_ignore_ascii_case(b"close");
-                    conn_keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
+                    let close = t.eq_ignore_ascii_case(b"close");
+                    let keep_alive = t.eq_ignore_ascii_case(b"keep-alive");
+                    conn_close |= close;
+                    conn_keep_alive |= keep_alive;
+                    conn_names_others |= !close && !keep_alive;
                 }
             } else if eq_ic(h.name, "host") {
                 if host.is_some() {
@@ -295,7 +299,7 @@ pub fn parse_request(
                 xff_prior |= eq_ic(n, "x-forwarded-for");
                 continue;
             }
-            if !eq_ic(n, "host") && named_by_connection(n, headers) {
+            if conn_names_others && !eq_ic(n, "host") && named_by_connection(n, headers) {
                 continue;
             }
             push_header(out, n.as_bytes(), h.value);
@@ -396,6 +400,7 @@ pub fn parse_response(
         let mut content_length = None;
         let mut te_seen = false;
         let mut te_chunked_last = false;
+        let mut conn_names_others = false;
         let mut conn_close = false;
         let mut conn_keep_alive = false;
         for h in headers {
@@ -412,8 +417,11 @@ pub fn parse_response(
                     .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"));
             } else if eq_ic(h.name, "connection") {
                 for t in tokens(h.value) {
-                    conn_close |= t.eq_ignore_ascii_case(b"close");
-                    conn_keep_alive |= t.eq_ignore_ascii_case(b"keep-alive");
+                    let close = t.eq_ignore_ascii_case(b"close");
+                    let keep_alive = t.eq_ignore_ascii_case(b"keep-alive");
+                    conn_close |= close;
+                    conn_keep_alive |= keep_alive;
+                    conn_names_others |= !close && !keep_alive;
                 }
             }
         }
@@ -451,7 +459,7 @@ pub fn parse_response(
             let n = h.name;
             if is_hop_by_hop(n)
                 || (restate_length && eq_ic(n, "content-length"))
-                || named_by_connection(n, headers)
+                || (conn_names_others && named_by_connection(n, headers))
             {
                 continue;
             }

@@ -416,6 +416,34 @@ async fn write_all_timeout(s: &mut TcpStream, data: &[u8], limit: Duration) -> i
     }
 }
 
+/// `write_all` of `a` then `b`, as vectored writes.
+async fn write_two(s: &mut TcpStream, a: &[u8], b: &[u8], limit: Duration) -> io::Result<()> {
+    let all = async {
+        let (mut a, mut b) = (a, b);
+        while !a.is_empty() || !b.is_empty() {
+            let n = if a.is_empty() {
+                s.write(b).await?
+            } else if b.is_empty() {
+                s.write(a).await?
+            } else {
+                s.write_vectored(&[io::IoSlice::new(a), io::IoSlice::new(b)])
+                    .await?
+            };
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            let from_a = n.min(a.len());
+            a = &a[from_a..];
+            b = &b[n - from_a..];
+        }
+        Ok(())
+    };
+    match timeout(limit, all).await {
+        Ok(r) => r,
+        Err(_) => Err(io::ErrorKind::TimedOut.into()),
+    }
+}
+
 async fn connect(addr: SocketAddr, limit: Duration) -> Result<TcpStream, UpstreamError> {
     match timeout(limit, TcpStream::connect(addr)).await {
         Err(_) => Err(UpstreamError::ConnectTimeout),
@@ -858,28 +886,28 @@ impl Conn {
             }
         };
 
-        // Relay the response: head plus the body bytes already read, in one write.
+        // Relay the response: head plus the body bytes already read, in one (vectored)
+        // write; the body bytes are not copied unless they must be decoded.
         self.ubuf.consume(resp.head_len);
         let mut body = Body::new(resp.framing, resp.dechunk);
-        match body.advance(self.ubuf.filled(), &mut self.out) {
-            Ok(n) => {
-                if !body.decodes() {
-                    self.out.extend_from_slice(&self.ubuf.filled()[..n]);
-                }
-                self.ubuf.consume(n);
-            }
+        let n = match body.advance(self.ubuf.filled(), &mut self.out) {
+            Ok(n) => n,
             Err(ChunkError) => {
                 sh.metrics.upstream_error(UpstreamError::BadHead);
                 return self.upstream_failed_before_head(sh, &req).await;
             }
-        }
-        if write_all_timeout(&mut self.client, &self.out, sh.idle_timeout)
-            .await
-            .is_err()
-        {
+        };
+        let raw = if body.decodes() {
+            &[][..]
+        } else {
+            &self.ubuf.filled()[..n]
+        };
+        let written = write_two(&mut self.client, &self.out, raw, sh.idle_timeout).await;
+        if written.is_err() {
             return Next::Abort;
         }
-        self.bytes_out += self.out.len() as u64;
+        self.bytes_out += (self.out.len() + raw.len()) as u64;
+        self.ubuf.consume(n);
         let until_close = matches!(body, Body::UntilClose);
         while !body.is_done() {
             let read = self.ubuf.read_from(&mut up, UPSTREAM_BUF_BYTES);

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Side-by-side data-path benchmark on loopback: wrk straight at nginx, through
+# HAProxy (nbthread 1) and through farside (workers 1), for one 16 KiB file.
+#
+#   crates/proxy/benches/vs-haproxy.sh            # farside from the bench_proxy example
+#   FARSIDE=cli crates/proxy/benches/vs-haproxy.sh  # `farside proxy` CLI instead
+#
+# Knobs (env): DURATION (5s), WARMUP (1s), CONNS (32), THREADS (1), SIZE (16384),
+# ROUNDS (1: each target measured ROUNDS times, interleaved), PIN (1: wrk+nginx on
+# CPU 0, proxy on CPU 1, so both proxies get the same placement),
+# ADMISSION (0: with FARSIDE=cli, 1 adds `--admission --metric inflight --limit 1000`),
+# CARGO_TARGET_DIR (/work/tgt-h2). Everything binds 127.0.0.1; every run is bounded.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
+DURATION=${DURATION:-5s}
+WARMUP=${WARMUP:-1s}
+CONNS=${CONNS:-32}
+THREADS=${THREADS:-1}
+SIZE=${SIZE:-16384}
+ROUNDS=${ROUNDS:-1}
+PIN=${PIN:-1}
+FARSIDE=${FARSIDE:-example}
+ADMISSION=${ADMISSION:-0}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/tgt-h2}
+NGINX=${NGINX:-/usr/sbin/nginx}
+HAPROXY=${HAPROXY:-/usr/sbin/haproxy}
+
+for tool in wrk "$NGINX" "$HAPROXY" python3; do
+    command -v "$tool" >/dev/null || { echo "missing: $tool" >&2; exit 1; }
+done
+
+cd "$root"
+if [ "$FARSIDE" = cli ]; then
+    cargo build --release -q -p farside
+    farside_cmd=("$CARGO_TARGET_DIR/release/farside" proxy)
+else
+    cargo build --release -q -p farside-proxy --example bench_proxy
+    farside_cmd=("$CARGO_TARGET_DIR/release/examples/bench_proxy")
+fi
+
+tmp=$(mktemp -d /tmp/farside-vs-haproxy.XXXXXX)
+# nginx workers drop to an unprivileged user when started as root: let them read.
+chmod 755 "$tmp"
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    [ -n "${KEEP:-}" ] || rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+free_port() {
+    python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+pin() { # pin CPU cmd...
+    if [ "$PIN" = 1 ] && command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
+        taskset -c "$1" "${@:2}"
+    else
+        "${@:2}"
+    fi
+}
+wait_port() { # port: wait (bounded) until something answers HTTP there
+    for _ in $(seq 100); do
+        if curl -fs -o /dev/null "http://127.0.0.1:$1/f"; then return 0; fi
+        sleep 0.1
+    done
+    echo "nothing answers on port $1" >&2
+    exit 1
+}
+
+ng_port=$(free_port)
+hp_port=$(free_port)
+fs_port=$(free_port)
+mkdir -p "$tmp/www" "$tmp/logs"
+head -c "$SIZE" /dev/urandom >"$tmp/www/f"
+
+cat >"$tmp/nginx.conf" <<CONF
+worker_processes 1;
+pid $tmp/nginx.pid;
+error_log $tmp/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+    access_log off;
+    sendfile on;
+    tcp_nodelay on;
+    keepalive_timeout 65;
+    keepalive_requests 1000000;
+    client_body_temp_path $tmp/cb;
+    proxy_temp_path $tmp/pt;
+    fastcgi_temp_path $tmp/ft;
+    uwsgi_temp_path $tmp/ut;
+    scgi_temp_path $tmp/st;
+    server {
+        listen 127.0.0.1:$ng_port;
+        root $tmp/www;
+    }
+}
+CONF
+
+cat >"$tmp/haproxy.cfg" <<CONF
+global
+    nbthread 1
+    maxconn 4096
+defaults
+    mode http
+    option http-keep-alive
+    http-reuse always
+    timeout connect 2s
+    timeout client 60s
+    timeout server 30s
+    timeout http-request 10s
+    timeout http-keep-alive 60s
+frontend fe
+    bind 127.0.0.1:$hp_port
+    default_backend be
+backend be
+    server nginx 127.0.0.1:$ng_port maxconn 1000
+CONF
+
+pin 0 "$NGINX" -p "$tmp" -c "$tmp/nginx.conf" -g 'daemon off;' 2>"$tmp/logs/nginx.err" &
+pids+=($!)
+pin 1 "$HAPROXY" -f "$tmp/haproxy.cfg" -db >"$tmp/logs/haproxy.log" 2>&1 &
+pids+=($!)
+fs_args=(--listen "127.0.0.1:$fs_port" --backend "127.0.0.1:$ng_port" --workers 1)
+if [ "$FARSIDE" = cli ] && [ "$ADMISSION" = 1 ]; then
+    fs_args+=(--admission --metric inflight --limit 1000)
+fi
+pin 1 "${farside_cmd[@]}" "${fs_args[@]}" >"$tmp/logs/farside.log" 2>&1 &
+pids+=($!)
+wait_port "$ng_port"
+wait_port "$hp_port"
+wait_port "$fs_port"
+
+# wrk's --latency output -> "req_s avg_ms p99_ms non2xx"
+measure() { # port duration
+    local out
+    out=$(pin 0 wrk -t"$THREADS" -c"$CONNS" -d"$2" --latency "http://127.0.0.1:$1/f")
+    awk '
+        function ms(v) {
+            if (v ~ /us$/) { sub(/us$/, "", v); return v / 1000 }
+            if (v ~ /ms$/) { sub(/ms$/, "", v); return v }
+            if (v ~ /s$/)  { sub(/s$/, "", v);  return v * 1000 }
+            return v
+        }
+        /^ *Latency / && !avg { avg = ms($2) }
+        /^ *99%/ { p99 = ms($2) }
+        /^Requests\/sec:/ { rps = $2 }
+        /Non-2xx or 3xx/ { bad = $NF }
+        END { printf "%.0f %.3f %.3f %d\n", rps, avg, p99, bad }
+    ' <<<"$out"
+}
+
+declare -A rps avg p99 bad
+targets=("nginx-direct:$ng_port" "haproxy:$hp_port" "farside:$fs_port")
+for t in "${targets[@]}"; do measure "${t#*:}" "$WARMUP" >/dev/null; done
+for round in $(seq "$ROUNDS"); do
+    for t in "${targets[@]}"; do
+        name=${t%%:*}
+        read -r r a p b < <(measure "${t#*:}" "$DURATION")
+        rps[$name]+="$r "; avg[$name]+="$a "; p99[$name]+="$p "; bad[$name]+="$b "
+    done
+done
+
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+printf '\n%s, %d B file, wrk -t%s -c%s -d%s, %s round(s), median shown\n' \
+    "$(uname -r)" "$SIZE" "$THREADS" "$CONNS" "$DURATION" "$ROUNDS"
+printf '%-14s %12s %10s %10s %8s\n' target req/s avg_ms p99_ms non2xx
+for t in "${targets[@]}"; do
+    name=${t%%:*}
+    printf '%-14s %12s %10s %10s %8s\n' "$name" \
+        "$(median <<<"${rps[$name]}")" "$(median <<<"${avg[$name]}")" \
+        "$(median <<<"${p99[$name]}")" "$(median <<<"${bad[$name]}")"
+done
