@@ -74,6 +74,11 @@ pub struct BackendArgs {
     /// Default: 1000.
     #[arg(long = "cpu-us", default_value_t = 1000)]
     pub cpu_us: u64,
+    /// CPU time burned for every static or generated file request before it is served,
+    /// in µs: emulated request processing, so that a lab's back-end tier (not its proxy
+    /// or clients) is the bottleneck, as in the papers' testbeds. Default: 0.
+    #[arg(long = "static-cpu-us", default_value_t = 0)]
+    pub static_cpu_us: u64,
     /// Requests served on one connection before it is closed (Apache's
     /// MaxKeepAliveRequests). Default: 100.
     #[arg(long = "keepalive-max", default_value_t = 100)]
@@ -92,6 +97,7 @@ impl Default for BackendArgs {
             workers: 8,
             backlog: 128,
             cpu_us: 1000,
+            static_cpu_us: 0,
             keepalive_max: 100,
             header_timeout_ms: 10_000,
         }
@@ -109,6 +115,9 @@ impl BackendArgs {
         }
         if self.cpu_us > CPU_US_MAX {
             return Err(format!("--cpu-us must be at most {CPU_US_MAX}"));
+        }
+        if self.static_cpu_us > CPU_US_MAX {
+            return Err(format!("--static-cpu-us must be at most {CPU_US_MAX}"));
         }
         if self.keepalive_max == 0 {
             return Err("--keepalive-max must be at least 1".into());

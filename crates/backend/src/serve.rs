@@ -25,6 +25,8 @@ const FILE16K_BYTES: u64 = 16 * 1024;
 pub(crate) struct Config {
     root: Option<PathBuf>,
     cpu_us_default: u64,
+    /// CPU burned per static or generated file request (emulated processing).
+    static_cpu_us: u64,
     keepalive_max: u32,
     header_timeout: Duration,
     /// Value of the `X-Farside-Backend` header.
@@ -36,6 +38,7 @@ impl Config {
         Config {
             root: args.root.clone(),
             cpu_us_default: args.cpu_us,
+            static_cpu_us: args.static_cpu_us,
             keepalive_max: args.keepalive_max,
             header_timeout: Duration::from_millis(args.header_timeout_ms),
             backend_name: addr.to_string(),
@@ -305,6 +308,9 @@ fn route(request: &Request, config: &Config) -> Response {
         "/healthz" => return Response::text("ok\n".into()),
         "/cgi/work" => return cgi_work(query, config),
         _ => {}
+    }
+    if config.static_cpu_us > 0 {
+        burn_cpu(config.static_cpu_us);
     }
     match &config.root {
         Some(root) => static_file(root, path),

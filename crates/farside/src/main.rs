@@ -101,3 +101,33 @@ fn run_loadgen(a: farside_loadgen::LoadgenArgs) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn documented_command_lines_parse() {
+        for line in [
+            "farside lab admission --quick",
+            "farside lab admission --systems no-ac,onesided-ac --traces single --clients 8,16 --out /tmp/x",
+            "farside proxy --listen 127.0.0.1:8000 --backend 127.0.0.1:8080",
+            "farside proxy --listen 127.0.0.1:8000 --backend 127.0.0.1:8080,region=tcp:127.0.0.1:7001 --admission --metric backlog --limit 4 --pool-idle 0",
+            "farside gatherd --node-id 1 --watch-port 8080 --tcp-listen 127.0.0.1:7001",
+            "farside monitor --backend 127.0.0.1:8080,region=tcp:127.0.0.1:7001 --table /tmp/t",
+            "farside backend --listen 127.0.0.1:0 --workers 4 --static-cpu-us 100",
+            "farside loadgen --target 127.0.0.1:8000 --clients 4 --trace zipf",
+        ] {
+            let args: Vec<&str> = line.split_whitespace().collect();
+            if let Err(e) = Cli::try_parse_from(&args) {
+                panic!("`{line}`: {e}");
+            }
+        }
+    }
+}

@@ -44,6 +44,7 @@ pub fn parse_backend(s: &str) -> Result<BackendConfig, String> {
 fn parse_metric(s: &str) -> Result<Metric, String> {
     Ok(match s {
         "conns" => Metric::Conns,
+        "backlog" => Metric::Backlog,
         "pending" => Metric::Pending,
         "cpu" => Metric::Cpu,
         "pressure" => Metric::Pressure,
@@ -51,7 +52,7 @@ fn parse_metric(s: &str) -> Result<Metric, String> {
         "inflight" => Metric::Inflight,
         _ => {
             return Err(format!(
-                "`{s}`: expected conns, pending, cpu, pressure, runnable or inflight"
+                "`{s}`: expected conns, backlog, pending, cpu, pressure, runnable or inflight"
             ))
         }
     })
@@ -108,7 +109,7 @@ pub struct ProxyArgs {
     /// Turn admission control on (default off).
     #[arg(long)]
     pub admission: bool,
-    /// Admission metric: conns, pending, cpu, pressure, runnable, inflight (default conns).
+    /// Admission metric: conns, backlog, pending, cpu, pressure, runnable, inflight (default conns).
     #[arg(long, value_parser = parse_metric)]
     pub metric: Option<Metric>,
     /// Load limit in the metric's unit (default 256); a back-end's `limit=` overrides it.
@@ -130,6 +131,10 @@ pub struct ProxyArgs {
     /// the monitor.
     #[arg(long)]
     pub monitor_table: Option<String>,
+    /// Idle keep-alive connections kept per back-end (default 64; 0 = a new upstream
+    /// connection per request, so back-end connection counts equal requests in service).
+    #[arg(long)]
+    pub pool_idle: Option<usize>,
 }
 
 fn load_base(b: &BackendFlags, listen: Option<SocketAddr>) -> Result<ProxyConfig, String> {
@@ -188,6 +193,9 @@ pub fn proxy_config(a: &ProxyArgs) -> Result<ProxyConfig, String> {
     }
     if a.monitor_table.is_some() {
         cfg.monitor.table = a.monitor_table.clone();
+    }
+    if let Some(v) = a.pool_idle {
+        cfg.http.pool_idle_per_backend = v;
     }
     cfg.validate().map_err(|e| e.to_string())?;
     Ok(cfg)

@@ -68,6 +68,11 @@ pub struct GatherdArgs {
     /// Take CPU figures from this cgroup v2 directory instead of the whole host.
     #[arg(long)]
     pub cgroup: Option<PathBuf>,
+    /// Count established connections every N samples (the accept backlog is counted every
+    /// sample). Default 0 = automatic: as often as keeps that count under 5% of one CPU
+    /// (it walks the kernel's whole TCP hash; see README).
+    #[arg(long, default_value_t = 0)]
+    pub conns_every: u64,
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long)]
     pub duration_s: Option<f64>,
@@ -86,6 +91,7 @@ impl Default for GatherdArgs {
             read_key: None,
             rw_key: None,
             cgroup: None,
+            conns_every: 0,
             duration_s: None,
         }
     }
@@ -148,7 +154,16 @@ pub struct Sampler {
     prev: Option<(CpuCounters, u64)>,
     mem: (u64, u64),
     n: u64,
+    /// Full connection count every this many samples.
+    pub conns_every: u64,
+    conns: sockdiag::ConnCounts,
 }
+
+/// CPU share of one core that full connection counts may use when `--conns-every` is
+/// automatic.
+const CONNS_CPU_BUDGET: f64 = 0.05;
+/// Calibration dumps at start (the cheapest one counts).
+const CONNS_CALIBRATION_DUMPS: u32 = 3;
 
 fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
@@ -166,11 +181,30 @@ impl Sampler {
             Some(dir) => CpuSource::cgroup(dir)?,
             None => CpuSource::host()?,
         };
-        let diag = if args.watch_ports.is_empty() {
+        let mut diag = if args.watch_ports.is_empty() {
             None
         } else {
             Some(sockdiag::SockDiag::new(&args.watch_ports)?)
         };
+        let mut conns_every = args.conns_every.max(1);
+        if let Some(d) = &mut diag {
+            d.count_listen()?;
+            let mut cost_ns = u64::MAX;
+            for _ in 0..CONNS_CALIBRATION_DUMPS {
+                let t0 = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+                d.count()?;
+                cost_ns = cost_ns.min(clock_ns(libc::CLOCK_THREAD_CPUTIME_ID) - t0);
+            }
+            if args.conns_every == 0 {
+                let budget_ns = CONNS_CPU_BUDGET * args.period_us as f64 * 1000.0;
+                conns_every = ((cost_ns as f64 / budget_ns).ceil() as u64).max(1);
+            }
+            log::info!(
+                "gatherd: a full connection count costs {:.1} µs; counting established connections every {} sample(s), the accept backlog every sample",
+                cost_ns as f64 / 1000.0,
+                conns_every
+            );
+        }
         Ok(Sampler {
             cpu,
             diag,
@@ -179,6 +213,8 @@ impl Sampler {
             prev: None,
             mem: (0, 0),
             n: 0,
+            conns_every,
+            conns: Default::default(),
         })
     }
 
@@ -215,10 +251,14 @@ impl Sampler {
             self.prev = Some((c, now));
         }
         if let Some(d) = &mut self.diag {
-            let cc = d.count()?;
-            rec.conns_established = cc.established;
-            rec.accept_backlog = cc.accept_backlog;
-            rec.conns_pending = cc.pending;
+            if self.n % self.conns_every == 0 {
+                self.conns = d.count()?;
+                rec.accept_backlog = self.conns.accept_backlog;
+            } else {
+                rec.accept_backlog = d.count_listen()?;
+            }
+            rec.conns_established = self.conns.established;
+            rec.conns_pending = self.conns.pending;
             rec.flags |= FLAG_CONNS;
         }
         if self.n % MEM_EVERY_PERIODS == 0 {

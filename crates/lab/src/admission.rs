@@ -42,18 +42,6 @@ pub enum Hosts {
     Netns,
 }
 
-fn csv_list(s: &str) -> Result<Vec<String>, String> {
-    let v: Vec<String> = s
-        .split(',')
-        .map(|x| x.trim().to_string())
-        .filter(|x| !x.is_empty())
-        .collect();
-    if v.is_empty() {
-        return Err("empty list".into());
-    }
-    Ok(v)
-}
-
 #[derive(Debug, Clone, clap::Args)]
 pub struct AdmissionArgs {
     /// Where the nodes run.
@@ -66,14 +54,18 @@ pub struct AdmissionArgs {
     #[arg(long, default_value = "out/admission")]
     pub out: PathBuf,
     /// Systems to compare, comma-separated.
-    #[arg(long, default_value = "no-ac,tcp-ac,onesided-ac", value_parser = csv_list)]
+    #[arg(
+        long,
+        default_value = "no-ac,tcp-ac,onesided-ac",
+        value_delimiter = ','
+    )]
     pub systems: Vec<String>,
     /// Traces, comma-separated: single, worldcup, zipf.
-    #[arg(long, default_value = "single,worldcup,zipf", value_parser = csv_list)]
+    #[arg(long, default_value = "single,worldcup,zipf", value_delimiter = ',')]
     pub traces: Vec<String>,
     /// Client counts of the sweep, comma-separated. Default: 16..520 (quick: 32,160,400).
-    #[arg(long, value_parser = csv_list)]
-    pub clients: Option<Vec<String>>,
+    #[arg(long, value_delimiter = ',')]
+    pub clients: Vec<u64>,
     /// Measured seconds per point (default 20; quick: 6).
     #[arg(long)]
     pub duration_s: Option<f64>,
@@ -117,6 +109,11 @@ pub struct AdmissionArgs {
     /// Client request timeout, ms (a timeout counts as a failure).
     #[arg(long, default_value_t = 10000)]
     pub timeout_ms: u64,
+    /// Proxy keeps idle upstream connections (default: a new upstream connection per
+    /// request, as the paper's Apache proxy did, so a back-end's connection count equals
+    /// the requests it holds).
+    #[arg(long)]
+    pub upstream_keepalive: bool,
     /// Clients open one connection per request (as the paper's clients did) instead of
     /// keep-alive.
     #[arg(long)]
@@ -210,6 +207,9 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str) -> io::Result<Tier> {
         "--monitor-period-us".into(),
         a.monitor_period_us.to_string(),
     ];
+    if !a.upstream_keepalive {
+        args.extend(["--pool-idle".into(), "0".into()]);
+    }
     for s in &specs {
         args.push("--backend".into());
         args.push(s.clone());
@@ -328,19 +328,20 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
     for t in &a.traces {
         trace_kind(t)?;
     }
-    let clients: Vec<u64> = a
-        .clients
-        .clone()
-        .unwrap_or_else(|| {
-            csv_list(if a.quick { CLIENTS_QUICK } else { CLIENTS_FULL }).expect("literal")
-        })
-        .iter()
-        .map(|c| {
-            c.parse::<u64>().map_err(|e| {
-                io::Error::new(io::ErrorKind::InvalidInput, format!("--clients `{c}`: {e}"))
-            })
-        })
-        .collect::<io::Result<_>>()?;
+    let clients: Vec<u64> = if a.clients.is_empty() {
+        let list = if a.quick { CLIENTS_QUICK } else { CLIENTS_FULL };
+        list.split(',')
+            .map(|c| c.parse().expect("literal list"))
+            .collect()
+    } else {
+        a.clients.clone()
+    };
+    if clients.iter().any(|&c| c == 0 || c > 10_000) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "--clients: each count must be 1..=10000",
+        ));
+    }
     let duration_s = a.duration_s.unwrap_or(if a.quick { 6.0 } else { 20.0 });
     let warmup_s = a.warmup_s.unwrap_or(if a.quick { 1.0 } else { 2.0 });
 
@@ -389,6 +390,7 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         "think_ms": a.think_ms,
         "qos_ms": a.qos_ms,
         "keepalive": !a.no_keepalive,
+        "upstream_keepalive": a.upstream_keepalive,
         "clients": clients,
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
     });

@@ -121,6 +121,8 @@ pub struct BackendConfig {
 pub enum Metric {
     /// Established connections on the back-end's watched ports.
     Conns,
+    /// Connections waiting in the back-end's accept queue (fresh every sample: cheap to count).
+    Backlog,
     /// Connections waiting to be served: accept backlog + connections with unread requests.
     Pending,
     /// CPU utilisation, ppm (1_000_000 = all CPUs busy).
@@ -137,6 +139,7 @@ impl Metric {
     pub fn name(self) -> &'static str {
         match self {
             Metric::Conns => "conns",
+            Metric::Backlog => "backlog",
             Metric::Pending => "pending",
             Metric::Cpu => "cpu",
             Metric::Pressure => "pressure",

@@ -200,6 +200,7 @@ impl Control {
         }
         Load::Known(match self.metric {
             Metric::Conns => e.conns_established,
+            Metric::Backlog => e.accept_backlog,
             Metric::Pending => e.accept_backlog + e.conns_pending,
             Metric::Cpu => e.cpu_util_ppm,
             Metric::Pressure => e.cpu_pressure_ppm,
