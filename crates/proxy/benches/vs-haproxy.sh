@@ -9,7 +9,7 @@
 # ROUNDS (1: each target measured ROUNDS times, interleaved), PIN (1: wrk+nginx on
 # CPU 0, proxy on CPU 1, so both proxies get the same placement),
 # ADMISSION (0: with FARSIDE=cli, 1 adds `--admission --metric inflight --limit 1000`),
-# CARGO_TARGET_DIR (/work/tgt-h2). Everything binds 127.0.0.1; every run is bounded.
+# VERBOSE (unset: 1 prints every round), CARGO_TARGET_DIR (/work/tgt-h2). Everything binds 127.0.0.1; every run is bounded.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -123,21 +123,39 @@ pin 0 "$NGINX" -p "$tmp" -c "$tmp/nginx.conf" -g 'daemon off;' 2>"$tmp/logs/ngin
 pids+=($!)
 pin 1 "$HAPROXY" -f "$tmp/haproxy.cfg" -db >"$tmp/logs/haproxy.log" 2>&1 &
 pids+=($!)
+hp_pid=$!
 fs_args=(--listen "127.0.0.1:$fs_port" --backend "127.0.0.1:$ng_port" --workers 1)
 if [ "$FARSIDE" = cli ] && [ "$ADMISSION" = 1 ]; then
     fs_args+=(--admission --metric inflight --limit 1000)
 fi
 pin 1 "${farside_cmd[@]}" "${fs_args[@]}" >"$tmp/logs/farside.log" 2>&1 &
 pids+=($!)
+fs_pid=$!
 wait_port "$ng_port"
 wait_port "$hp_port"
 wait_port "$fs_port"
+ng_pid=$(cat "$tmp/nginx.pid")
+
+# CPU time (user+sys, in clock ticks) of a process and all its threads/children so far.
+cpu_ticks() { # pid
+    local total=0 t
+    for t in /proc/"$1"/task/*/stat; do
+        total=$((total + $(awk '{print $14 + $15}' "$t")))
+    done
+    # nginx's worker is a child of the master.
+    for c in $(pgrep -P "$1" || true); do
+        total=$((total + $(awk '{print $14 + $15}' /proc/"$c"/stat)))
+    done
+    echo "$total"
+}
 
 # wrk's --latency output -> "req_s avg_ms p99_ms non2xx"
-measure() { # port duration
-    local out
+measure() { # port duration pid-whose-cpu-to-charge
+    local out before after
+    before=$(cpu_ticks "$3")
     out=$(pin 0 wrk -t"$THREADS" -c"$CONNS" -d"$2" --latency "http://127.0.0.1:$1/f")
-    awk '
+    after=$(cpu_ticks "$3")
+    awk -v ticks=$((after - before)) -v hz="$(getconf CLK_TCK)" '
         function ms(v) {
             if (v ~ /us$/) { sub(/us$/, "", v); return v / 1000 }
             if (v ~ /ms$/) { sub(/ms$/, "", v); return v }
@@ -148,28 +166,37 @@ measure() { # port duration
         /^ *99%/ { p99 = ms($2) }
         /^Requests\/sec:/ { rps = $2 }
         /Non-2xx or 3xx/ { bad = $NF }
-        END { printf "%.0f %.3f %.3f %d\n", rps, avg, p99, bad }
+        /^ *[0-9]+ requests in/ { n = $1 }
+        END { printf "%.0f %.3f %.3f %d %.1f\n", rps, avg, p99, bad, n ? ticks / hz * 1e6 / n : 0 }
     ' <<<"$out"
 }
 
-declare -A rps avg p99 bad
-targets=("nginx-direct:$ng_port" "haproxy:$hp_port" "farside:$fs_port")
-for t in "${targets[@]}"; do measure "${t#*:}" "$WARMUP" >/dev/null; done
+# name:port:pid whose CPU time is charged (for nginx-direct: nginx itself).
+declare -A rps avg p99 bad cpu
+targets=("nginx-direct:$ng_port:$ng_pid" "haproxy:$hp_port:$hp_pid" "farside:$fs_port:$fs_pid")
+for t in "${targets[@]}"; do
+    IFS=: read -r name port pid <<<"$t"
+    measure "$port" "$WARMUP" "$pid" >/dev/null
+done
 for round in $(seq "$ROUNDS"); do
     for t in "${targets[@]}"; do
-        name=${t%%:*}
-        read -r r a p b < <(measure "${t#*:}" "$DURATION")
-        rps[$name]+="$r "; avg[$name]+="$a "; p99[$name]+="$p "; bad[$name]+="$b "
+        IFS=: read -r name port pid <<<"$t"
+        read -r r a p b c < <(measure "$port" "$DURATION" "$pid")
+        [ -z "${VERBOSE:-}" ] || echo "round $round $name: $r req/s avg $a ms p99 $p ms cpu $c us/req" >&2
+        rps[$name]+="$r "; avg[$name]+="$a "; p99[$name]+="$p "; bad[$name]+="$b "; cpu[$name]+="$c "
     done
 done
 
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
 printf '\n%s, %d B file, wrk -t%s -c%s -d%s, %s round(s), median shown\n' \
     "$(uname -r)" "$SIZE" "$THREADS" "$CONNS" "$DURATION" "$ROUNDS"
-printf '%-14s %12s %10s %10s %8s\n' target req/s avg_ms p99_ms non2xx
+# cpu_us/req: CPU time of the serving process (the proxy; nginx for nginx-direct) per
+# request: robust to other load on the machine, unlike req/s.
+printf '%-14s %12s %10s %10s %8s %12s\n' target req/s avg_ms p99_ms non2xx cpu_us/req
 for t in "${targets[@]}"; do
     name=${t%%:*}
-    printf '%-14s %12s %10s %10s %8s\n' "$name" \
+    printf '%-14s %12s %10s %10s %8s %12s\n' "$name" \
         "$(median <<<"${rps[$name]}")" "$(median <<<"${avg[$name]}")" \
-        "$(median <<<"${p99[$name]}")" "$(median <<<"${bad[$name]}")"
+        "$(median <<<"${p99[$name]}")" "$(median <<<"${bad[$name]}")" \
+        "$(median <<<"${cpu[$name]}")"
 done

@@ -84,6 +84,23 @@ impl Pool {
         });
     }
 
+    /// Close idle connections that have expired or that their back-end has closed, so
+    /// they do not linger in CLOSE_WAIT until the next checkout. Called periodically.
+    pub fn purge(&self) {
+        let now = Instant::now();
+        for slot in &self.slots {
+            let mut idle = slot.lock().unwrap_or_else(|p| p.into_inner());
+            let before = idle.len();
+            let mut probe = [0u8; 1];
+            idle.retain(|i| {
+                now.duration_since(i.since) < self.idle_timeout
+                    && matches!(i.stream.try_read(&mut probe),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            });
+            debug_assert!(idle.len() <= before);
+        }
+    }
+
     /// Idle connections pooled for `backend` now.
     pub fn idle_count(&self, backend: usize) -> usize {
         self.slots

@@ -53,6 +53,10 @@ const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
 const LISTEN_BACKLOG: u32 = 1024;
 /// Concurrent connections on the admin listener (metrics scrapes).
 const ADMIN_CONNS_MAX: usize = 16;
+/// Bounds of the period at which idle upstream connections are checked and closed
+/// (half of `http.pool_idle_timeout_ms` within these).
+const POOL_PURGE_PERIOD_MS_MIN: u64 = 100;
+const POOL_PURGE_PERIOD_MS_MAX: u64 = 5_000;
 /// Time `run` gives open connections to finish after a signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
@@ -304,12 +308,22 @@ async fn accept_loop(
 ) -> io::Result<()> {
     let limit = Arc::new(Semaphore::new(conns_max));
     tokio::pin!(shutdown);
+    // Only the main listener's loop tends the upstream pool.
+    let mut purge = tokio::time::interval(Duration::from_millis(
+        (sh.cfg.http.pool_idle_timeout_ms / 2)
+            .clamp(POOL_PURGE_PERIOD_MS_MIN, POOL_PURGE_PERIOD_MS_MAX),
+    ));
+    purge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // Take the permit before accepting: at the limit, new clients wait in the kernel's
         // accept queue instead of costing us memory.
         let permit = tokio::select! {
             biased;
             _ = &mut shutdown => return Ok(()),
+            _ = purge.tick(), if !admin => {
+                sh.pool.purge();
+                continue;
+            }
             p = limit.clone().acquire_owned() => match p {
                 Ok(p) => p,
                 Err(_) => return Ok(()),
@@ -318,6 +332,11 @@ async fn accept_loop(
         let (sock, peer) = tokio::select! {
             biased;
             _ = &mut shutdown => return Ok(()),
+            _ = purge.tick(), if !admin => {
+                sh.pool.purge();
+                drop(permit);
+                continue;
+            }
             r = listener.accept() => match r {
                 Ok(x) => x,
                 Err(e) => {
@@ -890,6 +909,8 @@ impl Conn {
         // write; the body bytes are not copied unless they must be decoded.
         self.ubuf.consume(resp.head_len);
         let mut body = Body::new(resp.framing, resp.dechunk);
+        // Captured now: a body that completes becomes `Body::Done`, which decodes nothing.
+        let decode = body.decodes();
         let n = match body.advance(self.ubuf.filled(), &mut self.out) {
             Ok(n) => n,
             Err(ChunkError) => {
@@ -897,7 +918,7 @@ impl Conn {
                 return self.upstream_failed_before_head(sh, &req).await;
             }
         };
-        let raw = if body.decodes() {
+        let raw = if decode {
             &[][..]
         } else {
             &self.ubuf.filled()[..n]
@@ -927,7 +948,7 @@ impl Conn {
                     return Next::Abort;
                 }
             };
-            let chunk = if body.decodes() {
+            let chunk = if decode {
                 &self.out[..]
             } else {
                 &self.ubuf.filled()[..n]

@@ -113,6 +113,8 @@ struct Upstream {
     addr: SocketAddr,
     heads: Arc<Mutex<Vec<String>>>,
     accepted: Arc<AtomicUsize>,
+    /// Connections the proxy closed.
+    closed: Arc<AtomicUsize>,
 }
 
 async fn upstream(behaviour: Behaviour) -> Upstream {
@@ -120,16 +122,18 @@ async fn upstream(behaviour: Behaviour) -> Upstream {
     let addr = listener.local_addr().unwrap();
     let heads = Arc::new(Mutex::new(Vec::new()));
     let accepted = Arc::new(AtomicUsize::new(0));
-    let (h, a) = (heads.clone(), accepted.clone());
+    let closed = Arc::new(AtomicUsize::new(0));
+    let (h, a, cl) = (heads.clone(), accepted.clone(), closed.clone());
     tokio::spawn(async move {
         loop {
             let Ok((mut s, _)) = listener.accept().await else {
                 return;
             };
             a.fetch_add(1, SeqCst);
-            let (h, b) = (h.clone(), behaviour.clone());
+            let (h, b, cl) = (h.clone(), behaviour.clone(), cl.clone());
             tokio::spawn(async move {
                 let mut buf = Vec::new();
+                let _count_close = CountOnDrop(cl);
                 while let Some(head) = read_head(&mut s, &mut buf).await {
                     h.lock().unwrap().push(head);
                     match &b {
@@ -171,6 +175,22 @@ async fn upstream(behaviour: Behaviour) -> Upstream {
         addr,
         heads,
         accepted,
+        closed,
+    }
+}
+
+struct CountOnDrop(Arc<AtomicUsize>);
+
+impl Drop for CountOnDrop {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, SeqCst);
+    }
+}
+
+/// Wait (within the test's timeout) until `cond` holds.
+async fn until(cond: impl Fn() -> bool) {
+    while !cond() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -718,6 +738,44 @@ async fn request_body_is_forwarded_with_expect_continue() {
         assert_eq!(c.response().await.unwrap().status, 200);
         let head = up.heads.lock().unwrap()[0].to_ascii_lowercase();
         assert!(head.contains("content-length: 5\r\n") && !head.contains("expect"));
+    })
+    .await
+}
+
+#[tokio::test]
+async fn idle_pooled_connections_expire() {
+    within(async {
+        let up = upstream(Behaviour::Respond(ok_response("ok"))).await;
+        let mut cfg = config(&[up.addr]);
+        cfg.http.pool_idle_timeout_ms = 200;
+        let p = start(cfg, TestGate::new(vec![up.addr])).await;
+        let mut c = Client::connect(p.addr).await;
+        c.send(GET).await;
+        assert_eq!(c.response().await.unwrap().status, 200);
+        // The idle upstream connection is closed by the proxy, not left to the back-end.
+        until(|| up.closed.load(SeqCst) == 1).await;
+        c.send(GET).await;
+        assert_eq!(c.response().await.unwrap().status, 200);
+        assert_eq!(up.accepted.load(SeqCst), 2);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn http10_client_gets_chunked_response_decoded_then_close() {
+    within(async {
+        let go = Arc::new(Notify::new());
+        go.notify_one();
+        let up = upstream(Behaviour::ChunkedInTwoParts(go)).await;
+        let p = start(config(&[up.addr]), TestGate::new(vec![up.addr])).await;
+        let mut c = Client::connect(p.addr).await;
+        c.send("GET /f HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+            .await;
+        let r = c.response().await.unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header("transfer-encoding"), None);
+        assert_eq!(r.header("connection"), Some("close"));
+        assert_eq!(r.body, b"hello world");
     })
     .await
 }
