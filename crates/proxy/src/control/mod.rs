@@ -141,7 +141,9 @@ impl Control {
             }
             None if !watches.is_empty() => {
                 let words = monitor::create_table(None, n, cfg.monitor.period_us)?;
+                let indices: Vec<usize> = watches.iter().map(|w| w.index).collect();
                 let m = Monitor::start(watches, words.clone(), monitor_options(cfg))?;
+                wait_first_reads(&*words, &indices, cfg);
                 (Some(words), Some(m))
             }
             None => (None, None),
@@ -313,6 +315,35 @@ impl Control {
 
     pub fn backend_count(&self) -> usize {
         self.backends.len()
+    }
+}
+
+/// Most time a starting proxy waits for the monitor's first read of every back-end, so
+/// that it does not answer its first requests with fail-safe 503s.
+const FIRST_READ_WAIT: Duration = Duration::from_secs(2);
+
+fn wait_first_reads(words: &dyn Words, indices: &[usize], cfg: &ProxyConfig) {
+    let wait = FIRST_READ_WAIT.min(Duration::from_millis(cfg.monitor.read_timeout_ms * 4 + 100));
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let pending: Vec<usize> = indices
+            .iter()
+            .copied()
+            .filter(|&i| !table::read(words, i).is_some_and(|e| e.status == EntryStatus::Ok))
+            .collect();
+        if pending.is_empty() {
+            return;
+        }
+        if std::time::Instant::now() >= deadline {
+            for i in pending {
+                log::warn!(
+                    "monitor: no load record yet from {} after {wait:?}; it counts as stale",
+                    cfg.backends[i].addr
+                );
+            }
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(cfg.monitor.period_us));
     }
 }
 

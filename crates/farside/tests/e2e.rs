@@ -1,0 +1,328 @@
+//! End-to-end behaviour of the real `farside` processes: backend + gatherd + proxy (and
+//! monitor), talking over loopback and shared memory, as an operator would run them.
+
+use farside_lab::procs::Child;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+fn exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_farside"))
+}
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("farside-e2e-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn spawn(name: &str, args: &[String], dir: &Dir) -> Child {
+    Child::spawn(name, exe(), args, &dir.0).unwrap()
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// One GET through `addr`; returns (status, body).
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(0);
+    (status, out)
+}
+
+/// Poll until `f` holds, up to 10 s.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+struct Tier {
+    _backend: Child,
+    gatherd: Child,
+    proxy: Child,
+    backend: SocketAddr,
+    proxy_addr: SocketAddr,
+}
+
+fn start_tier(dir: &Dir, extra_proxy: &[&str]) -> Tier {
+    let backend = free_addr();
+    let mut be = spawn(
+        "backend",
+        &strings(&[
+            "backend",
+            "--listen",
+            &backend.to_string(),
+            "--workers",
+            "1",
+            "--header-timeout-ms",
+            "20000",
+        ]),
+        dir,
+    );
+    be.wait_port(backend).unwrap();
+    let region = dir.0.join("node.region");
+    let mut g = spawn(
+        "gatherd",
+        &strings(&[
+            "gatherd",
+            "--watch-port",
+            &backend.port().to_string(),
+            "--shm",
+            region.to_str().unwrap(),
+        ]),
+        dir,
+    );
+    g.wait_file(&region).unwrap();
+    let proxy_addr = free_addr();
+    let mut args = strings(&[
+        "proxy",
+        "--listen",
+        &proxy_addr.to_string(),
+        "--backend",
+        &format!("{backend},region=shm:{}", region.display()),
+        "--pool-idle",
+        "0",
+    ]);
+    args.extend(strings(extra_proxy));
+    let mut p = spawn("proxy", &args, dir);
+    p.wait_port(proxy_addr).unwrap();
+    Tier {
+        _backend: be,
+        gatherd: g,
+        proxy: p,
+        backend,
+        proxy_addr,
+    }
+}
+
+#[test]
+fn overloaded_backend_gets_503_with_retry_after_and_recovers() {
+    let dir = Dir::new("overload");
+    let admin = free_addr().to_string();
+    let t = start_tier(
+        &dir,
+        &[
+            "--admission",
+            "--metric",
+            "backlog",
+            "--limit",
+            "1",
+            "--stale-after-ms",
+            "2000",
+            "--admin-listen",
+            &admin,
+        ],
+    );
+    let admin: SocketAddr = admin.parse().unwrap();
+    assert_eq!(get(t.proxy_addr, "/file16k").0, 200, "idle back-end serves");
+
+    // Occupy the only worker with a connection that never finishes its request, and
+    // queue one more connection in the accept backlog.
+    let mut busy = TcpStream::connect(t.backend).unwrap();
+    busy.write_all(b"GET /file16k HTTP/1.1\r\n").unwrap();
+    let queued = TcpStream::connect(t.backend).unwrap();
+    // The admin listener is not subject to admission: watch the proxy's view of the load.
+    eventually(
+        "the proxy's monitor sees one connection in the back-end's backlog",
+        || {
+            get(admin, "/metrics")
+                .1
+                .lines()
+                .any(|l| l.starts_with("farside_backend_load{") && l.ends_with(" 1"))
+        },
+    );
+    let (status, body) = get(t.proxy_addr, "/file16k");
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("Retry-After:"),
+        "503 carries Retry-After: {body}"
+    );
+
+    drop(busy);
+    drop(queued);
+    eventually("back-end drains and requests are admitted again", || {
+        get(t.proxy_addr, "/file16k").0 == 200
+    });
+    let metrics = get(t.proxy_addr, "/farside/metrics").1;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.contains("reason=\"overloaded\"") && !l.trim_end().ends_with(" 0")),
+        "rejections are counted by reason:\n{metrics}"
+    );
+}
+
+#[test]
+fn dead_gatherer_goes_stale_and_the_proxy_fails_safe() {
+    let dir = Dir::new("stale");
+    let mut t = start_tier(
+        &dir,
+        &[
+            "--admission",
+            "--metric",
+            "conns",
+            "--limit",
+            "100",
+            "--stale-after-ms",
+            "50",
+        ],
+    );
+    assert_eq!(get(t.proxy_addr, "/file16k").0, 200);
+    t.gatherd.stop();
+    eventually("stale record makes the proxy reject", || {
+        get(t.proxy_addr, "/file16k").0 == 503
+    });
+    let (_, body) = get(t.proxy_addr, "/file16k");
+    assert!(body.contains("stale"), "the 503 says why: {body}");
+    t.proxy.check_alive().expect("proxy keeps running");
+    let log = std::fs::read_to_string(&t.proxy.log).unwrap();
+    assert!(
+        log.contains("stale"),
+        "the proxy logs the stale record:\n{log}"
+    );
+}
+
+#[test]
+fn fail_open_policy_keeps_admitting_without_load_data() {
+    let dir = Dir::new("open");
+    let mut t = start_tier(
+        &dir,
+        &[
+            "--admission",
+            "--metric",
+            "conns",
+            "--limit",
+            "100",
+            "--stale-after-ms",
+            "50",
+            "--on-stale",
+            "admit",
+        ],
+    );
+    t.gatherd.stop();
+    std::thread::sleep(Duration::from_millis(100)); // past stale_after: nothing to await
+    assert_eq!(get(t.proxy_addr, "/file16k").0, 200);
+}
+
+#[test]
+fn proxy_reads_an_external_monitors_shared_table() {
+    let dir = Dir::new("monitor");
+    let backend = free_addr();
+    let mut be = spawn(
+        "backend",
+        &strings(&["backend", "--listen", &backend.to_string()]),
+        &dir,
+    );
+    be.wait_port(backend).unwrap();
+    let tcp = free_addr();
+    let mut g = spawn(
+        "gatherd",
+        &strings(&[
+            "gatherd",
+            "--no-shm",
+            "--watch-port",
+            &backend.port().to_string(),
+            "--tcp-listen",
+            &tcp.to_string(),
+        ]),
+        &dir,
+    );
+    g.wait_port(tcp).unwrap();
+    let table = dir.0.join("monitor.table");
+    let spec = format!("{backend},region=tcp:{tcp}");
+    let mut m = spawn(
+        "monitor",
+        &strings(&[
+            "monitor",
+            "--backend",
+            &spec,
+            "--table",
+            table.to_str().unwrap(),
+        ]),
+        &dir,
+    );
+    m.wait_file(&table).unwrap();
+    let proxy_addr = free_addr();
+    let mut p = spawn(
+        "proxy",
+        &strings(&[
+            "proxy",
+            "--listen",
+            &proxy_addr.to_string(),
+            "--backend",
+            &spec,
+            "--admission",
+            "--limit",
+            "100",
+            "--monitor-table",
+            table.to_str().unwrap(),
+        ]),
+        &dir,
+    );
+    p.wait_port(proxy_addr).unwrap();
+    eventually("request admitted on the monitor's data", || {
+        get(proxy_addr, "/file16k").0 == 200
+    });
+    let metrics = get(proxy_addr, "/farside/metrics").1;
+    assert!(
+        metrics.contains("farside_monitor_read_latency_ns"),
+        "{metrics}"
+    );
+    // The monitor dies: its table stops advancing, the proxy fails safe.
+    m.stop();
+    eventually("monitor death makes the table stale", || {
+        get(proxy_addr, "/file16k").0 == 503
+    });
+}
+
+#[test]
+fn invalid_configuration_names_the_key_and_exits_nonzero() {
+    let dir = Dir::new("badcfg");
+    let cfg = dir.0.join("bad.toml");
+    std::fs::write(
+        &cfg,
+        "listen = \"127.0.0.1:1\"\n[[backend]]\naddr = \"127.0.0.1:2\"\n[monitor]\nperiod_us = 1\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(exe())
+        .args(["proxy", "--config", cfg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("monitor.period_us"), "{err}");
+}

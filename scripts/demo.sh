@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job: build farside and run the admission-control lab demo (quick sweep) on
+# this machine. Output: out/admission/{summary.json,points.csv,*.svg,report.html}.
+# Extra arguments go to `farside lab admission` (e.g. without --quick for the full sweep).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/setup.sh
+cargo build --release -p farside
+exec "$CARGO_TARGET_DIR/release/farside" lab admission --quick --out out/admission "$@"

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs what farside needs on a fresh Debian/Ubuntu machine (idempotent). Sourced by
+# demo.sh and test.sh.
+set -euo pipefail
+
+need_apt=()
+for pkg_bin in nginx-light:/usr/sbin/nginx clang:/usr/bin/clang llvm:/usr/bin/llvm-strip \
+               iproute2:/usr/sbin/ip ethtool:/usr/sbin/ethtool wrk:/usr/bin/wrk \
+               haproxy:/usr/sbin/haproxy libelf-dev:/usr/include/libelf.h pkg-config:/usr/bin/pkg-config; do
+  pkg=${pkg_bin%%:*} bin=${pkg_bin#*:}
+  [ -e "$bin" ] || need_apt+=("$pkg")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "setup: installing ${need_apt[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  else
+    echo "setup: missing ${need_apt[*]} (run as root or: sudo apt-get install ${need_apt[*]})" >&2
+  fi
+fi
+# nginx's package enables a system service on port 80; farside runs its own instances.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet nginx 2>/dev/null; then
+  systemctl stop nginx || true
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: no Rust toolchain found; install Rust 1.85 or newer with rustup, then rerun" >&2
+  exit 1
+fi
+if command -v rustup >/dev/null 2>&1; then
+  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
+  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
+fi
+
+# Builds go outside the clone so a fresh checkout reuses them.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/farside-target}"
