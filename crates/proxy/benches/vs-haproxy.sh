@@ -54,11 +54,11 @@ trap cleanup EXIT
 free_port() {
     python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
-pin() { # pin CPU cmd...
+pin() { # pin CPU cmd...  (exec: under `&`, $! must be the server itself, for cleanup)
     if [ "$PIN" = 1 ] && command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
-        taskset -c "$1" "${@:2}"
+        exec taskset -c "$1" "${@:2}"
     else
-        "${@:2}"
+        exec "${@:2}"
     fi
 }
 wait_port() { # port: wait (bounded) until something answers HTTP there
