@@ -28,7 +28,8 @@ fn bench(name: &str, mut f: impl FnMut()) {
 
 fn main() {
     for n in [1usize, 4, 16] {
-        let path = std::env::temp_dir().join(format!("farside-bench-table-{}-{n}", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("farside-bench-table-{}-{n}", std::process::id()));
         let table = create_table(Some(&path), n, 1000).unwrap();
         let backends: Vec<BackendConfig> = (0..n)
             .map(|i| BackendConfig {
@@ -57,9 +58,12 @@ fn main() {
         bench(&format!("on_accept ({n} back-ends, all fresh)"), || {
             black_box(ctl.on_accept(black_box(peer)).unwrap());
         });
-        bench(&format!("route: admission + least-loaded ({n} back-ends)"), || {
-            black_box(ctl.route(black_box(None)).unwrap());
-        });
+        bench(
+            &format!("route: admission + least-loaded ({n} back-ends)"),
+            || {
+                black_box(ctl.route(black_box(None)).unwrap());
+            },
+        );
         let _ = std::fs::remove_file(path);
     }
 }

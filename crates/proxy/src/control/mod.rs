@@ -192,23 +192,24 @@ impl Control {
         let (Some(t), true) = (&self.table, b.has_region) else {
             return Load::Unknown;
         };
-        let Some(e) = table::read(&**t, i) else {
-            return Load::Stale;
-        };
-        if e.status == EntryStatus::Never
-            || now_ns.saturating_sub(e.advanced_mono_ns) > self.stale_after_ns
-        {
-            return Load::Stale;
-        }
-        Load::Known(match self.metric {
-            Metric::Conns => e.conns_established,
-            Metric::Backlog => e.accept_backlog,
-            Metric::Pending => e.accept_backlog + e.conns_pending,
-            Metric::Cpu => e.cpu_util_ppm,
-            Metric::Pressure => e.cpu_pressure_ppm,
-            Metric::Runnable => e.runnable,
+        use table::field as f;
+        let (f1, f2) = match self.metric {
+            Metric::Conns => (f::CONNS_ESTABLISHED, None),
+            Metric::Backlog => (f::ACCEPT_BACKLOG, None),
+            Metric::Pending => (f::ACCEPT_BACKLOG, Some(f::CONNS_PENDING)),
+            Metric::Cpu => (f::CPU_UTIL_PPM, None),
+            Metric::Pressure => (f::CPU_PRESSURE_PPM, None),
+            Metric::Runnable => (f::RUNNABLE, None),
             Metric::Inflight => unreachable!("handled above"),
-        })
+        };
+        match table::read_load(&**t, i, f1, f2) {
+            Some((EntryStatus::Ok | EntryStatus::Error, advanced, v))
+                if now_ns.saturating_sub(advanced) <= self.stale_after_ns =>
+            {
+                Load::Known(v)
+            }
+            _ => Load::Stale,
+        }
     }
 
     /// Whether back-end `i` may take one more request; `Err` says why not.
@@ -235,7 +236,7 @@ impl Control {
 
     /// The admission check alone, across all back-ends (what `on_accept` runs).
     pub fn decide_accept(&self) -> Result<(), Reject> {
-        let now = mono_ns();
+        let now = coarse_mono_ns();
         let mut why = Reject::NoBackend;
         for i in 0..self.backends.len() {
             if self.is_down(i, now) {
@@ -252,7 +253,7 @@ impl Control {
     /// Pick a back-end for a request to `host`: site filter, down filter, admission
     /// filter (if on), then the balancing policy among what is left.
     pub fn choose(&self, host: Option<&str>) -> Result<usize, Reject> {
-        let now = mono_ns();
+        let now = coarse_mono_ns();
         let check = self.admission_on && self.per_request;
         let mut cand = [(0usize, 0u64); CANDIDATES_MAX];
         let mut n = 0;
@@ -316,6 +317,20 @@ impl Control {
     pub fn backend_count(&self) -> usize {
         self.backends.len()
     }
+}
+
+/// CLOCK_MONOTONIC_COARSE in ns: the same clock as `mono_ns` at kernel-tick resolution
+/// (1–4 ms), at a fraction of the cost. Staleness thresholds are tens of ms, so the
+/// decision path uses this; a coarse `now` lags, which can only make a record look
+/// fresher by at most one tick.
+fn coarse_mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// Most time a starting proxy waits for the monitor's first read of every back-end, so
