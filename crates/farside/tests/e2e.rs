@@ -326,3 +326,71 @@ fn invalid_configuration_names_the_key_and_exits_nonzero() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("monitor.period_us"), "{err}");
 }
+
+#[test]
+fn lab_admission_writes_summary_with_stable_keys_and_report() {
+    let dir = Dir::new("lab");
+    let out = dir.0.join("out");
+    let st = std::process::Command::new(exe())
+        .args([
+            "lab",
+            "admission",
+            "--systems",
+            "no-ac,onesided-ac",
+            "--traces",
+            "single,zipf",
+        ])
+        .args([
+            "--clients",
+            "2,6",
+            "--duration-s",
+            "1",
+            "--warmup-s",
+            "0.2",
+            "--backend-cpu-us",
+            "200",
+        ])
+        .arg("--out")
+        .arg(&out)
+        .env(
+            "FARSIDE_DATA",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../data"),
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&st.stderr);
+    assert!(st.status.success(), "lab failed:\n{stderr}");
+    assert!(
+        String::from_utf8_lossy(&st.stdout).contains("improvement"),
+        "table printed"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["experiment"], "admission");
+    assert_eq!(s["hosts"], "loopback");
+    let points = s["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2 * 2 * 2, "systems x traces x clients");
+    for p in points {
+        for k in [
+            "system",
+            "trace",
+            "clients",
+            "avg_ms",
+            "p50_ms",
+            "p99_ms",
+            "tps",
+            "drop_rate",
+            "slow_rate",
+            "transport",
+        ] {
+            assert!(p.get(k).is_some(), "point lacks `{k}`: {p}");
+        }
+        assert!(
+            p["tps"].as_f64().unwrap() > 0.0,
+            "every point served requests: {p}"
+        );
+    }
+    for f in ["points.csv", "report.html", "fig-avg-single.svg"] {
+        assert!(out.join(f).exists(), "{f} written");
+    }
+}
