@@ -7,6 +7,7 @@
 //! - [`summary`], [`report`], [`svg`]: the stable result format and its renderings
 
 pub mod admission;
+pub mod netns;
 pub mod nginx;
 pub mod procs;
 pub mod report;
@@ -24,10 +25,17 @@ pub enum LabCmd {
     /// Admission control: no-ac vs tcp-ac vs onesided-ac over a sweep of clients and
     /// three traces (seed 000, Fig. 5/9/10).
     Admission(admission::AdmissionArgs),
+    /// Remove everything `--hosts netns` runs left behind (namespaces, links, cgroups,
+    /// state files); needs root.
+    Clean,
 }
 
 pub fn run(a: LabArgs) -> std::io::Result<()> {
     match a.cmd {
         LabCmd::Admission(x) => admission::run(x),
+        LabCmd::Clean => {
+            print!("{}", netns::clean_all()?);
+            Ok(())
+        }
     }
 }
