@@ -1,0 +1,79 @@
+/* SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0 */
+/*
+ * Constants of the rmem XDP responder. The wire values mirror
+ * crates/rmem/src/wire.rs and ops.rs; crates/xdp/tests/consts.rs parses this
+ * file and fails if any value here disagrees with the Rust side, so each limit
+ * is declared in Rust and only checked here.
+ */
+#ifndef RMEM_CONSTS_H
+#define RMEM_CONSTS_H
+
+/* Request magic "FSRM" read as a little-endian u32 (wire::REQ_MAGIC). */
+#define RMEM_REQ_MAGIC 0x4d525346
+/* Reply magic "FSRP" read as a little-endian u32 (wire::REP_MAGIC). */
+#define RMEM_REP_MAGIC 0x50525346
+/* Protocol version (wire::VERSION). */
+#define RMEM_VERSION 1
+/* Fixed request header (wire::REQ_HEADER_BYTES). */
+#define RMEM_REQ_HEADER_BYTES 40
+/* Fixed reply header (wire::REP_HEADER_BYTES). */
+#define RMEM_REP_HEADER_BYTES 24
+/* Largest READ/WRITE the protocol allows: one region (wire::OP_BYTES_MAX). */
+#define RMEM_OP_BYTES_MAX 4096
+/* The region: 4096 bytes (farside_region::REGION_BYTES). */
+#define RMEM_REGION_BYTES 4096
+/* ... as 64-bit words (farside_region::REGION_WORDS); a power of two, used as a mask. */
+#define RMEM_REGION_WORDS 512
+/* Most access keys (ops::KEYS_MAX): max_entries of the keys map. */
+#define RMEM_KEYS_MAX 8
+/*
+ * Largest READ answered in the kernel (farside_xdp::XDP_READ_BYTES_MAX). The
+ * reply must fit one frame: 14 + 20 + 8 + 24 + 1400 = 1466 bytes, under a
+ * 1500-byte MTU. Larger READs get BadLength here although the user-space
+ * server allows up to RMEM_OP_BYTES_MAX; clients split large reads.
+ */
+#define XDP_READ_BYTES_MAX 1400
+/* XDP_READ_BYTES_MAX in words: the bound of the READ copy loop. */
+#define XDP_READ_WORDS_MAX (XDP_READ_BYTES_MAX / 8)
+
+/* Op codes (wire::Op). */
+#define RMEM_OP_READ 1
+#define RMEM_OP_WRITE 2
+#define RMEM_OP_CAS 3
+#define RMEM_OP_FADD 4
+
+/* Status codes (wire::Status). */
+#define RMEM_ST_OK 0
+#define RMEM_ST_BAD_KEY 1
+#define RMEM_ST_OUT_OF_BOUNDS 2
+#define RMEM_ST_UNALIGNED 3
+#define RMEM_ST_BAD_OP 4
+#define RMEM_ST_READ_ONLY 5
+#define RMEM_ST_BAD_LENGTH 6
+#define RMEM_ST_MALFORMED 7
+#define RMEM_ST_NO_REGION 8
+
+/* Key permissions (values of the keys map). */
+#define RMEM_PERM_READ 1
+#define RMEM_PERM_RW 2
+
+/*
+ * Counter indices (the counters map, per CPU): [0, 5) ops by op code with 0 =
+ * unknown, [5, 14) replies by status, like ops::OpCounters; then one counter
+ * of replies that could not be built (bpf_xdp_adjust_tail refused to grow the
+ * frame: XDP_ABORTED).
+ */
+#define RMEM_CNT_OPS 5
+#define RMEM_CNT_STATUS 9
+#define RMEM_CNT_STATUS_BASE RMEM_CNT_OPS
+#define RMEM_CNT_ABORTED (RMEM_CNT_OPS + RMEM_CNT_STATUS)
+#define RMEM_COUNTERS (RMEM_CNT_ABORTED + 1)
+
+/* IPv4 fragment bits (frag_off, host order): more fragments, fragment offset. */
+#define RMEM_IP_MF 0x2000
+#define RMEM_IP_OFFSET 0x1fff
+
+/* TTL of replies. */
+#define RMEM_REPLY_TTL 64
+
+#endif /* RMEM_CONSTS_H */

@@ -1,0 +1,26 @@
+/* SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0 */
+/*
+ * The few libbpf-style definitions this program needs, so that building it
+ * takes only clang and the kernel UAPI headers (no libbpf-dev).
+ */
+#ifndef RMEM_HELPERS_H
+#define RMEM_HELPERS_H
+
+#include <linux/bpf.h>
+
+#define SEC(name) __attribute__((section(name), used))
+#define __uint(name, val) int (*name)[val]
+#define __type(name, val) typeof(val) *name
+/* linux/stddef.h defines __always_inline as a mere hint: force inlining. */
+#undef __always_inline
+#define __always_inline inline __attribute__((always_inline))
+
+#define bpf_htons(x) __builtin_bswap16(x)
+#define bpf_ntohs(x) __builtin_bswap16(x)
+
+/* Helpers, by their UAPI numbers. */
+static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;
+static long (*bpf_xdp_adjust_tail)(struct xdp_md *xdp_md, int delta) = (void *)BPF_FUNC_xdp_adjust_tail;
+static __u64 (*bpf_xdp_get_buff_len)(struct xdp_md *xdp_md) = (void *)BPF_FUNC_xdp_get_buff_len;
+
+#endif /* RMEM_HELPERS_H */

@@ -1,0 +1,42 @@
+/* SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0 */
+/* Maps of the rmem XDP responder. Names are what the loader looks up (<= 15 chars). */
+#ifndef RMEM_MAPS_H
+#define RMEM_MAPS_H
+
+#include "rmem_helpers.h"
+#include "rmem_structs.h"
+
+/* The region: one 4096-byte value, mmap'd by gatherd (MAP_SHARED) and written with plain stores. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct rmem_region);
+} rmem_region SEC(".maps");
+
+/* Access keys: key -> RMEM_PERM_*; unknown keys are dropped. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RMEM_KEYS_MAX);
+	__type(key, __u64);
+	__type(value, __u32);
+} rmem_keys SEC(".maps");
+
+/* Configuration: entry 0 only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rmem_config);
+} rmem_config SEC(".maps");
+
+/* Counters per CPU, indexed by RMEM_CNT_*; user space sums the CPUs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RMEM_COUNTERS);
+	__type(key, __u32);
+	__type(value, __u64);
+} rmem_counters SEC(".maps");
+
+#endif /* RMEM_MAPS_H */

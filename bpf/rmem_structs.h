@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0 */
+/* Wire and map value layouts of the rmem XDP responder (see crates/rmem/src/wire.rs). */
+#ifndef RMEM_STRUCTS_H
+#define RMEM_STRUCTS_H
+
+#include <linux/types.h>
+#include "rmem_consts.h"
+
+/* Request header, little-endian, at the start of the UDP payload. */
+struct rmem_req {
+	__u32 magic;     /* RMEM_REQ_MAGIC */
+	__u8 version;    /* RMEM_VERSION */
+	__u8 op;         /* RMEM_OP_* */
+	__u16 reserved0;
+	__u64 seq;       /* echoed in the reply */
+	__u64 key;       /* access key: must be in the keys map */
+	__u32 region;    /* only region 0 exists */
+	__u32 offset;    /* bytes, multiple of 8 */
+	__u32 len;       /* bytes, multiple of 8 */
+	__u32 reserved1;
+	/* payload: WRITE len bytes; CAS expected u64, new u64; FADD delta u64 */
+};
+
+/* Reply header, written over the request header. */
+struct rmem_rep {
+	__u32 magic;     /* RMEM_REP_MAGIC */
+	__u8 version;    /* RMEM_VERSION */
+	__u8 op;         /* the request's op byte */
+	__u8 status;     /* RMEM_ST_* */
+	__u8 reserved0;
+	__u64 seq;       /* the request's seq */
+	__u32 len;       /* payload bytes: READ len, CAS/FADD 8, else 0 */
+	__u32 reserved1;
+	/* payload: READ len bytes; CAS/FADD old value u64 */
+};
+
+_Static_assert(sizeof(struct rmem_req) == RMEM_REQ_HEADER_BYTES, "request header size");
+_Static_assert(sizeof(struct rmem_rep) == RMEM_REP_HEADER_BYTES, "reply header size");
+
+/* The region: the only value of the mmapable region map. */
+struct rmem_region {
+	__u64 words[RMEM_REGION_WORDS];
+};
+
+_Static_assert(sizeof(struct rmem_region) == RMEM_REGION_BYTES, "region size");
+
+/* Configuration, written by the loader before attaching. */
+struct rmem_config {
+	__u16 udp_port;  /* destination port served, host order; 0 = serve nothing */
+	__u16 reserved0;
+	__u32 reserved1;
+};
+
+#endif /* RMEM_STRUCTS_H */

@@ -1,0 +1,504 @@
+//! The rmem XDP responder: loads `bpf/rmem.bpf.c` (built by `build.rs` and embedded),
+//! configures its port and access keys, and attaches it to an interface so that remote
+//! READ/WRITE/CAS/FADD requests of the `udp` transport (`farside_rmem::wire`) are
+//! answered in the kernel, with no user-space process scheduled on this host.
+//!
+//! The region lives in a `BPF_F_MMAPABLE` array map; [`XdpResponder::region`] maps it
+//! (`MAP_SHARED`) as 512 little-endian words, which gatherd writes with plain stores
+//! and remote atomics change under it. The program answers like
+//! `farside_rmem::ops::execute` (same checks, same order, same reply bytes; bad keys
+//! and malformed requests dropped) with one difference: READs longer than
+//! [`XDP_READ_BYTES_MAX`] are refused with `BadLength`, because the reply must fit one
+//! frame. Clients split larger reads.
+//!
+//! Not ours (XDP_PASS, left to the stack and gatherd's user-space fallback): non-IPv4,
+//! non-UDP, other ports, IPv4 with options, IP fragments, inconsistent IP/UDP lengths.
+//!
+//! Everything here needs CAP_BPF and CAP_NET_ADMIN (root in practice).
+
+use aya::maps::{Array, HashMap, MapData, PerCpuArray};
+use aya::programs::{Xdp, XdpMode as AyaXdpMode};
+use aya::Ebpf;
+use farside_region::{MappedWords, Words, REGION_WORDS};
+use std::fmt;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest READ the XDP program answers: the reply, 14 (Ethernet) + 20 (IPv4) + 8 (UDP) +
+/// 24 (reply header) + 1400 = 1466 bytes, fits a 1500-byte MTU. Mirrored in
+/// `bpf/rmem_consts.h`, which `tests/consts.rs` checks against this.
+pub const XDP_READ_BYTES_MAX: usize = 1400;
+
+/// Most access keys the program holds (`max_entries` of its keys map).
+pub const KEYS_MAX: usize = farside_rmem::ops::KEYS_MAX;
+
+/// Counter slots in the counters map: 5 ops, 9 statuses, 1 aborted (see rmem_consts.h).
+const COUNTERS: u32 = 15;
+/// Index of the "reply could not be built" counter.
+const COUNTER_ABORTED: u32 = 14;
+
+/// Name of the XDP program function in the object.
+const PROG_NAME: &str = "rmem_xdp";
+const MAP_REGION: &str = "rmem_region";
+const MAP_KEYS: &str = "rmem_keys";
+const MAP_CONFIG: &str = "rmem_config";
+const MAP_COUNTERS: &str = "rmem_counters";
+/// Values of the keys map (RMEM_PERM_* in rmem_consts.h).
+const PERM_READ: u32 = 1;
+const PERM_RW: u32 = 2;
+
+/// Largest frame BPF_PROG_TEST_RUN can hand back (one page).
+const TEST_FRAME_BYTES_MAX: usize = 4096;
+
+/// The compiled program (clang -target bpf), 8-byte aligned as ELF parsing needs.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rmem.bpf.o"));
+
+/// XDP actions as returned by [`TestProgram::run`].
+pub mod action {
+    pub const ABORTED: u32 = 0;
+    pub const DROP: u32 = 1;
+    pub const PASS: u32 = 2;
+    pub const TX: u32 = 3;
+}
+
+/// How the program is attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum XdpMode {
+    /// In the driver (veth needs an XDP program on its peer too, even a bare XDP_PASS).
+    Native,
+    /// In the generic network stack path: works on any interface, a bit slower.
+    Generic,
+}
+
+impl XdpMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            XdpMode::Native => "native",
+            XdpMode::Generic => "generic",
+        }
+    }
+}
+
+/// What failed. Every message names the step, so gatherd can log it and fall back
+/// (to generic mode after `Attach` in native mode, or to the user-space server).
+#[derive(Debug)]
+pub enum XdpError {
+    /// The kernel refused for lack of privilege.
+    NoPrivilege(String),
+    /// Creating maps or loading (verifying) the program failed.
+    Load(String),
+    /// No such interface (in this network namespace).
+    NoInterface(String),
+    /// Attaching to the interface failed.
+    Attach {
+        ifname: String,
+        mode: XdpMode,
+        detail: String,
+    },
+    /// Configuring or reading a map failed.
+    Map(String),
+    /// Mapping the region map into this process failed.
+    Mmap(io::Error),
+    /// Bad arguments (too many keys, port 0).
+    Config(String),
+    /// BPF_PROG_TEST_RUN failed.
+    TestRun(io::Error),
+}
+
+impl fmt::Display for XdpError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            XdpError::NoPrivilege(what) => write!(
+                f,
+                "XDP needs CAP_BPF/CAP_NET_ADMIN (run as root): {what} was refused"
+            ),
+            XdpError::Load(m) => write!(f, "loading the rmem XDP program failed: {m}"),
+            XdpError::NoInterface(i) => write!(f, "no network interface {i:?} in this namespace"),
+            XdpError::Attach {
+                ifname,
+                mode,
+                detail,
+            } => write!(
+                f,
+                "attaching XDP to {ifname} in {} mode failed: {detail}{}",
+                mode.name(),
+                if *mode == XdpMode::Native {
+                    " (try generic mode, or the user-space server)"
+                } else {
+                    ""
+                }
+            ),
+            XdpError::Map(m) => write!(f, "rmem XDP map: {m}"),
+            XdpError::Mmap(e) => write!(f, "mmap of the XDP region map failed: {e}"),
+            XdpError::Config(m) => write!(f, "rmem XDP configuration: {m}"),
+            XdpError::TestRun(e) => write!(f, "BPF_PROG_TEST_RUN failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for XdpError {}
+
+/// True if any error in the chain is EPERM or EACCES from the kernel.
+fn is_permission_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            if matches!(io.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES)) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
+}
+
+fn classify(
+    step: &str,
+    e: impl std::error::Error + 'static,
+    other: impl FnOnce(String) -> XdpError,
+) -> XdpError {
+    if is_permission_error(&e) {
+        XdpError::NoPrivilege(step.to_string())
+    } else {
+        other(format!("{step}: {e}"))
+    }
+}
+
+/// Value of the config map (struct rmem_config).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Config {
+    udp_port: u16,
+    reserved0: u16,
+    reserved1: u32,
+}
+
+// SAFETY: repr(C), plain integers, no padding.
+unsafe impl aya::Pod for Config {}
+
+/// The loaded (not necessarily attached) program, configured, with its region mapped.
+struct Loaded {
+    ebpf: Ebpf,
+    region: Arc<MappedWords>,
+}
+
+impl Loaded {
+    fn load(udp_port: u16, keys: &[(u64, bool)]) -> Result<Loaded, XdpError> {
+        if keys.len() > KEYS_MAX {
+            return Err(XdpError::Config(format!(
+                "{} access keys, at most {KEYS_MAX}",
+                keys.len()
+            )));
+        }
+        let mut ebpf =
+            Ebpf::load(OBJECT).map_err(|e| classify("creating maps", e, XdpError::Load))?;
+        let prog: &mut Xdp = ebpf
+            .program_mut(PROG_NAME)
+            .ok_or_else(|| XdpError::Load(format!("no program {PROG_NAME} in the object")))?
+            .try_into()
+            .map_err(|e| XdpError::Load(format!("{PROG_NAME}: {e}")))?;
+        prog.load()
+            .map_err(|e| classify("BPF_PROG_LOAD", e, XdpError::Load))?;
+
+        let mut config: Array<&mut MapData, Config> =
+            Array::try_from(map_mut(&mut ebpf, MAP_CONFIG)?)
+                .map_err(|e| XdpError::Map(format!("{MAP_CONFIG}: {e}")))?;
+        config
+            .set(
+                0,
+                Config {
+                    udp_port,
+                    reserved0: 0,
+                    reserved1: 0,
+                },
+                0,
+            )
+            .map_err(|e| classify("setting the port", e, XdpError::Map))?;
+
+        let mut key_map: HashMap<&mut MapData, u64, u32> =
+            HashMap::try_from(map_mut(&mut ebpf, MAP_KEYS)?)
+                .map_err(|e| XdpError::Map(format!("{MAP_KEYS}: {e}")))?;
+        for &(key, rw) in keys {
+            key_map
+                .insert(key, if rw { PERM_RW } else { PERM_READ }, 0)
+                .map_err(|e| classify("adding an access key", e, XdpError::Map))?;
+        }
+
+        let region = {
+            let map = ebpf
+                .map(MAP_REGION)
+                .ok_or_else(|| XdpError::Load(format!("no map {MAP_REGION} in the object")))?;
+            let aya::maps::Map::Array(data) = map else {
+                return Err(XdpError::Load(format!("{MAP_REGION} is not an array map")));
+            };
+            let fd = data.fd().as_fd().as_raw_fd();
+            Arc::new(MappedWords::map_fd(fd, REGION_WORDS).map_err(XdpError::Mmap)?)
+        };
+        Ok(Loaded { ebpf, region })
+    }
+
+    fn prog_mut(&mut self) -> &mut Xdp {
+        self.ebpf
+            .program_mut(PROG_NAME)
+            .and_then(|p| <&mut Xdp>::try_from(p).ok())
+            .expect("checked at load")
+    }
+
+    fn counters_raw(&self) -> Result<[u64; COUNTERS as usize], XdpError> {
+        let map = self
+            .ebpf
+            .map(MAP_COUNTERS)
+            .ok_or_else(|| XdpError::Load(format!("no map {MAP_COUNTERS}")))?;
+        let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)
+            .map_err(|e| XdpError::Map(format!("{MAP_COUNTERS}: {e}")))?;
+        let mut out = [0u64; COUNTERS as usize];
+        for (i, slot) in out.iter_mut().enumerate() {
+            let per_cpu = counters
+                .get(&(i as u32), 0)
+                .map_err(|e| XdpError::Map(format!("{MAP_COUNTERS}[{i}]: {e}")))?;
+            *slot = per_cpu.iter().copied().fold(0u64, u64::wrapping_add);
+        }
+        Ok(out)
+    }
+
+    /// (ops, status) like `farside_rmem::OpCounters`; zeros if the map cannot be read.
+    fn counters(&self) -> ([u64; 5], [u64; 9]) {
+        let raw = self.counters_raw().unwrap_or([0; COUNTERS as usize]);
+        let mut ops = [0u64; 5];
+        let mut status = [0u64; 9];
+        ops.copy_from_slice(&raw[..5]);
+        status.copy_from_slice(&raw[5..14]);
+        (ops, status)
+    }
+
+    fn aborted(&self) -> u64 {
+        self.counters_raw()
+            .map(|c| c[COUNTER_ABORTED as usize])
+            .unwrap_or(0)
+    }
+}
+
+fn map_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::maps::Map, XdpError> {
+    ebpf.map_mut(name)
+        .ok_or_else(|| XdpError::Load(format!("no map {name} in the object")))
+}
+
+/// The program attached to an interface. Detached when dropped; the region mapping
+/// handed out by [`XdpResponder::region`] stays valid after that.
+pub struct XdpResponder {
+    loaded: Loaded,
+    link: Option<aya::programs::xdp::XdpLinkId>,
+    ifname: String,
+    mode: XdpMode,
+}
+
+impl XdpResponder {
+    /// Load the program, configure port and keys (`(key, read_write)`, at most
+    /// [`KEYS_MAX`]), attach to `ifname` in `mode`. The interface is looked up in the
+    /// calling thread's network namespace.
+    pub fn attach(
+        ifname: &str,
+        mode: XdpMode,
+        udp_port: u16,
+        keys: &[(u64, bool)],
+    ) -> Result<XdpResponder, XdpError> {
+        if udp_port == 0 {
+            return Err(XdpError::Config(
+                "udp port 0 (the program would serve nothing)".into(),
+            ));
+        }
+        let mut loaded = Loaded::load(udp_port, keys)?;
+        let aya_mode = match mode {
+            XdpMode::Native => AyaXdpMode::Driver,
+            XdpMode::Generic => AyaXdpMode::Skb,
+        };
+        let link = loaded.prog_mut().attach(ifname, aya_mode).map_err(|e| {
+            if let aya::programs::ProgramError::UnknownInterface { name } = &e {
+                return XdpError::NoInterface(name.clone());
+            }
+            if is_permission_error(&e) {
+                return XdpError::NoPrivilege(format!("attaching to {ifname}"));
+            }
+            XdpError::Attach {
+                ifname: ifname.to_string(),
+                mode,
+                detail: error_chain(&e),
+            }
+        })?;
+        Ok(XdpResponder {
+            loaded,
+            link: Some(link),
+            ifname: ifname.to_string(),
+            mode,
+        })
+    }
+
+    /// The region as words: a `MAP_SHARED`, read-write mapping of the region map.
+    pub fn region(&self) -> Arc<dyn Words> {
+        self.loaded.region.clone()
+    }
+
+    /// `(ops, status)` counters summed over CPUs, indexed like `farside_rmem::OpCounters`
+    /// (ops by op code with 0 = unknown; status by `Status as u8`). Dropped requests
+    /// (bad key, malformed) are counted too, as the user-space server does.
+    pub fn counters(&self) -> ([u64; 5], [u64; 9]) {
+        self.loaded.counters()
+    }
+
+    /// Requests whose reply could not be built (the frame could not grow): XDP_ABORTED.
+    pub fn aborted(&self) -> u64 {
+        self.loaded.aborted()
+    }
+
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    pub fn mode(&self) -> XdpMode {
+        self.mode
+    }
+}
+
+impl Drop for XdpResponder {
+    fn drop(&mut self) {
+        if let Some(link) = self.link.take() {
+            // Dropping the program would detach too; doing it here keeps the order explicit.
+            let _ = self.loaded.prog_mut().detach(link);
+        }
+    }
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        let m = err.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = err.source();
+    }
+    s
+}
+
+/// The program loaded and configured but not attached, for `BPF_PROG_TEST_RUN`: packet
+/// tests and per-packet cost.
+pub struct TestProgram {
+    loaded: Loaded,
+}
+
+/// `union bpf_attr` as used by BPF_PROG_TEST_RUN (the `test` member).
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    _pad: u32,
+}
+
+/// The bpf(2) command number of BPF_PROG_TEST_RUN.
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+
+impl TestProgram {
+    /// Load and configure (port, keys) without attaching.
+    pub fn load(udp_port: u16, keys: &[(u64, bool)]) -> Result<TestProgram, XdpError> {
+        Ok(TestProgram {
+            loaded: Loaded::load(udp_port, keys)?,
+        })
+    }
+
+    /// Run the program once on `packet` (an Ethernet frame). Returns the XDP action
+    /// (see [`action`]) and the frame as the program left it.
+    pub fn run(&self, packet: &[u8]) -> (u32, Vec<u8>) {
+        self.try_run(packet)
+            .map(|(a, out, _)| (a, out))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Mean time of one program run on `packet`, over `repeat` runs, as the kernel
+    /// measures it (program run only, not the syscall). Each run gets a fresh copy of
+    /// `packet`: the kernel's own repeat loop runs the program again on the frame the
+    /// previous run rewrote (the reply), which measures the wrong path.
+    pub fn run_repeat(&self, packet: &[u8], repeat: u32) -> Duration {
+        let mut total_ns: u64 = 0;
+        for _ in 0..repeat.max(1) {
+            let (_, _, ns) = self.try_run(packet).unwrap_or_else(|e| panic!("{e}"));
+            total_ns += u64::from(ns);
+        }
+        Duration::from_nanos(total_ns / u64::from(repeat.max(1)))
+    }
+
+    fn try_run(&self, packet: &[u8]) -> Result<(u32, Vec<u8>, u32), XdpError> {
+        let fd = self
+            .loaded
+            .ebpf
+            .program(PROG_NAME)
+            .and_then(|p| <&Xdp>::try_from(p).ok())
+            .expect("checked at load")
+            .fd()
+            .map_err(|e| XdpError::Load(e.to_string()))?
+            .as_fd()
+            .as_raw_fd();
+        let mut out = vec![0u8; TEST_FRAME_BYTES_MAX];
+        let mut attr = TestRunAttr {
+            prog_fd: fd as u32,
+            data_size_in: packet.len() as u32,
+            data_size_out: out.len() as u32,
+            data_in: packet.as_ptr() as u64,
+            data_out: out.as_mut_ptr() as u64,
+            repeat: 1,
+            ..Default::default()
+        };
+        // SAFETY: attr points to valid buffers of the stated sizes for the call's duration.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_TEST_RUN,
+                &mut attr as *mut TestRunAttr,
+                std::mem::size_of::<TestRunAttr>(),
+            )
+        };
+        if rc < 0 {
+            return Err(XdpError::TestRun(io::Error::last_os_error()));
+        }
+        out.truncate(attr.data_size_out as usize);
+        Ok((attr.retval, out, attr.duration))
+    }
+
+    /// The region as words (same mapping as the attached responder would give).
+    pub fn region(&self) -> Arc<dyn Words> {
+        self.loaded.region.clone()
+    }
+
+    /// `(ops, status)` counters, as [`XdpResponder::counters`].
+    pub fn counters(&self) -> ([u64; 5], [u64; 9]) {
+        self.loaded.counters()
+    }
+
+    /// As [`XdpResponder::aborted`].
+    pub fn aborted(&self) -> u64 {
+        self.loaded.aborted()
+    }
+}
+
+/// True if this process runs as root (the tests skip otherwise).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}

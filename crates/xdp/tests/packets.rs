@@ -1,0 +1,502 @@
+//! Packet tests through BPF_PROG_TEST_RUN, table-driven (Katran style): each case is a
+//! description, an input frame and the expected verdict. Replies are checked for
+//! swapped addresses, correct IP and UDP checksums, and their payload is compared
+//! byte for byte with `farside_rmem::ops::execute` run on a copy of the region (the
+//! reference semantics). Memory is compared with the reference after every case, so a
+//! refused request that touched memory fails.
+
+mod common;
+
+use common::*;
+use farside_region::{HeapWords, Words};
+use farside_rmem::ops::{self, AccessKeys, OpCounters, Perm};
+use farside_rmem::wire::{self, ReqHeader, Status, REQ_MAGIC};
+use farside_xdp::{action, TestProgram, XDP_READ_BYTES_MAX};
+use std::sync::atomic::Ordering;
+
+const PORT: u16 = 7077;
+const RO: u64 = 0x1111;
+const RW: u64 = 0x2222;
+const SEQ: u64 = 0x0102_0304_0506_0708;
+
+/// What the program must do with a case.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Expect {
+    /// Whatever `ops::execute` does: reply (XDP_TX) with its bytes, or XDP_DROP for
+    /// BadKey/Malformed (the udp servers' rule).
+    Reference,
+    /// XDP-specific refusal (READ over XDP_READ_BYTES_MAX): reply with this status.
+    Refused(Status),
+    /// Not ours: XDP_PASS, frame unchanged.
+    Pass,
+    /// Ours but unanswerable (garbage to our port): XDP_DROP.
+    Drop,
+}
+
+struct Case {
+    what: &'static str,
+    frame: Vec<u8>,
+    expect: Expect,
+}
+
+fn req(op: u8, key: u64, region: u32, offset: u32, len: u32, payload: &[u8]) -> Vec<u8> {
+    let mut b = Vec::new();
+    wire::encode_request(
+        &mut b,
+        &ReqHeader {
+            op,
+            seq: SEQ,
+            key,
+            region,
+            offset,
+            len,
+        },
+        payload,
+    );
+    b
+}
+
+fn to_us(payload: &[u8]) -> Vec<u8> {
+    frame(Shape::to_port(PORT), payload)
+}
+
+fn cas_args(expected: u64, new: u64) -> Vec<u8> {
+    let mut v = expected.to_le_bytes().to_vec();
+    v.extend_from_slice(&new.to_le_bytes());
+    v
+}
+
+/// Initial word i of the region: distinct, non-zero bytes everywhere.
+fn pattern(i: usize) -> u64 {
+    0x1111_1111_1111_1111u64.wrapping_mul(i as u64 + 1) ^ 0xa5
+}
+
+fn cases() -> Vec<Case> {
+    let c = |what, frame, expect| Case {
+        what,
+        frame,
+        expect,
+    };
+    let max = XDP_READ_BYTES_MAX as u32;
+    let mut bad_magic = req(1, RO, 0, 0, 8, &[]);
+    bad_magic[0] ^= 0xff;
+    let mut bad_version = req(1, RO, 0, 0, 8, &[]);
+    bad_version[4] = 2;
+    let with = |f: fn(&mut Shape), payload: &[u8]| {
+        let mut s = Shape::to_port(PORT);
+        f(&mut s);
+        frame(s, payload)
+    };
+    let read8 = req(1, RO, 0, 8, 8, &[]);
+    vec![
+        // Operations.
+        c("read 8 bytes", to_us(&read8), Expect::Reference),
+        c(
+            "read 192 bytes",
+            to_us(&req(1, RO, 0, 64, 192, &[])),
+            Expect::Reference,
+        ),
+        c(
+            "read the XDP maximum",
+            to_us(&req(1, RO, 0, 8, max, &[])),
+            Expect::Reference,
+        ),
+        c(
+            "read the last word",
+            to_us(&req(1, RO, 0, 4088, 8, &[])),
+            Expect::Reference,
+        ),
+        c(
+            "write 8 bytes",
+            to_us(&req(2, RW, 0, 16, 8, &7u64.to_le_bytes())),
+            Expect::Reference,
+        ),
+        c(
+            "write 1024 bytes",
+            to_us(&req(2, RW, 0, 2048, 1024, &[0x5a; 1024])),
+            Expect::Reference,
+        ),
+        c(
+            "read back the write",
+            to_us(&req(1, RW, 0, 2040, 1040, &[])),
+            Expect::Reference,
+        ),
+        c(
+            "cas that wins",
+            to_us(&req(3, RW, 0, 24, 8, &cas_args(pattern(3), 99))),
+            Expect::Reference,
+        ),
+        c(
+            "cas that loses",
+            to_us(&req(3, RW, 0, 24, 8, &cas_args(pattern(3), 100))),
+            Expect::Reference,
+        ),
+        c(
+            "fetch-add",
+            to_us(&req(4, RW, 0, 32, 8, &5u64.to_le_bytes())),
+            Expect::Reference,
+        ),
+        c(
+            "fetch-add wraps",
+            to_us(&req(4, RW, 0, 32, 8, &u64::MAX.to_le_bytes())),
+            Expect::Reference,
+        ),
+        c(
+            "read with a read-write key",
+            to_us(&req(1, RW, 0, 16, 24, &[])),
+            Expect::Reference,
+        ),
+        c(
+            "request without UDP checksum",
+            with(|s| s.no_udp_checksum = true, &read8),
+            Expect::Reference,
+        ),
+        c(
+            "Ethernet padding after the datagram",
+            with(|s| s.trailer = 20, &read8),
+            Expect::Reference,
+        ),
+        // Refusals answered with a status.
+        c(
+            "unknown op 9",
+            to_us(&req(9, RO, 0, 0, 8, &[])),
+            Expect::Reference,
+        ),
+        c("op 0", to_us(&req(0, RO, 0, 0, 8, &[])), Expect::Reference),
+        c(
+            "region 1",
+            to_us(&req(1, RO, 1, 0, 8, &[])),
+            Expect::Reference,
+        ),
+        c(
+            "zero-length read",
+            to_us(&req(1, RO, 0, 0, 0, &[])),
+            Expect::Reference,
+        ),
+        c(
+            "zero-length write",
+            to_us(&req(2, RW, 0, 0, 0, &[])),
+            Expect::Reference,
+        ),
+        c(
+            "atomic of 16 bytes",
+            to_us(&req(4, RW, 0, 8, 16, &[1; 8])),
+            Expect::Reference,
+        ),
+        c(
+            "cas of 0 bytes",
+            to_us(&req(3, RW, 0, 8, 0, &cas_args(0, 1))),
+            Expect::Reference,
+        ),
+        c(
+            "unaligned offset",
+            to_us(&req(1, RO, 0, 4, 8, &[])),
+            Expect::Reference,
+        ),
+        c(
+            "unaligned len",
+            to_us(&req(1, RO, 0, 0, 12, &[])),
+            Expect::Reference,
+        ),
+        c(
+            "unaligned write",
+            to_us(&req(2, RW, 0, 0, 12, &[1; 12])),
+            Expect::Reference,
+        ),
+        c(
+            "unaligned fetch-add",
+            to_us(&req(4, RW, 0, 12, 8, &[1; 8])),
+            Expect::Reference,
+        ),
+        c(
+            "read past the end",
+            to_us(&req(1, RO, 0, 4088, 16, &[])),
+            Expect::Reference,
+        ),
+        c(
+            "offset near u32::MAX",
+            to_us(&req(1, RO, 0, 0xffff_fff8, 8, &[])),
+            Expect::Reference,
+        ),
+        c(
+            "write past the end",
+            to_us(&req(2, RW, 0, 4064, 64, &[3; 64])),
+            Expect::Reference,
+        ),
+        c(
+            "cas past the end",
+            to_us(&req(3, RW, 0, 4096, 8, &cas_args(0, 1))),
+            Expect::Reference,
+        ),
+        c(
+            "write with a read-only key",
+            to_us(&req(2, RO, 0, 8, 8, &[1; 8])),
+            Expect::Reference,
+        ),
+        c(
+            "cas with a read-only key",
+            to_us(&req(3, RO, 0, 24, 8, &cas_args(99, 1))),
+            Expect::Reference,
+        ),
+        c(
+            "fetch-add with a read-only key",
+            to_us(&req(4, RO, 0, 32, 8, &[1; 8])),
+            Expect::Reference,
+        ),
+        c(
+            "read over the XDP maximum",
+            to_us(&req(1, RO, 0, 0, max + 8, &[])),
+            Expect::Refused(Status::BadLength),
+        ),
+        c(
+            "read of the whole region",
+            to_us(&req(1, RO, 0, 0, 4096, &[])),
+            Expect::Refused(Status::BadLength),
+        ),
+        // Dropped without a reply.
+        c(
+            "unknown key",
+            to_us(&req(1, 0x9999, 0, 0, 8, &[])),
+            Expect::Reference,
+        ),
+        c(
+            "unknown key with a bad op",
+            to_us(&req(9, 0x9999, 0, 0, 8, &[])),
+            Expect::Reference,
+        ),
+        c("truncated header", to_us(&read8[..20]), Expect::Reference),
+        c("empty datagram", to_us(&[]), Expect::Reference),
+        c("wrong magic", to_us(&bad_magic), Expect::Reference),
+        c("wrong version", to_us(&bad_version), Expect::Reference),
+        c(
+            "cas payload truncated",
+            to_us(&req(3, RW, 0, 8, 8, &[0; 8])),
+            Expect::Reference,
+        ),
+        c(
+            "write payload truncated",
+            to_us(&req(2, RW, 0, 8, 16, &[1; 8])),
+            Expect::Reference,
+        ),
+        c(
+            "fetch-add without payload",
+            to_us(&req(4, RW, 0, 8, 8, &[])),
+            Expect::Reference,
+        ),
+        c(
+            "huge write, short payload",
+            to_us(&req(2, RW, 0, 0, 8192, &[1; 64])),
+            Expect::Reference,
+        ),
+        c("garbage to our port", to_us(&[0x42; 100]), Expect::Drop),
+        // Not ours: passed to the stack unchanged.
+        c(
+            "other port",
+            frame(Shape::to_port(PORT + 1), &read8),
+            Expect::Pass,
+        ),
+        c("TCP", with(|s| s.proto = 6, &read8), Expect::Pass),
+        c(
+            "ARP ethertype",
+            with(|s| s.ethertype = 0x0806, &read8),
+            Expect::Pass,
+        ),
+        c(
+            "IPv6 ethertype",
+            with(|s| s.ethertype = 0x86dd, &read8),
+            Expect::Pass,
+        ),
+        c(
+            "IP options",
+            with(|s| s.ip_option_words = 1, &read8),
+            Expect::Pass,
+        ),
+        c(
+            "first fragment (MF)",
+            with(|s| s.frag_off = 0x2000, &read8),
+            Expect::Pass,
+        ),
+        c(
+            "later fragment (offset)",
+            with(|s| s.frag_off = 0x0010, &read8),
+            Expect::Pass,
+        ),
+        c(
+            "UDP length beyond IP length",
+            with(|s| s.udp_len_extra = 8, &read8),
+            Expect::Pass,
+        ),
+        c(
+            "UDP length under 8",
+            with(|s| s.udp_len_extra = -44 /* 48 -> 4 */, &read8),
+            Expect::Pass,
+        ),
+        c(
+            "truncated IP packet",
+            to_us(&read8)[..60].to_vec(),
+            Expect::Pass,
+        ),
+        c(
+            "garbage frame",
+            (0..64u8).map(|i| i.wrapping_mul(37)).collect(),
+            Expect::Pass,
+        ),
+        c("bare Ethernet header", vec![0xff; 14], Expect::Pass),
+        c("IP header only", to_us(&read8)[..34].to_vec(), Expect::Pass),
+    ]
+}
+
+/// The UDP payload of a frame built by `frame` (no IP options, no trailer).
+fn payload_of(frame: &[u8]) -> &[u8] {
+    let tot = u16::from_be_bytes([frame[16], frame[17]]) as usize;
+    &frame[42..14 + tot]
+}
+
+fn snapshot(w: &dyn Words) -> Vec<u64> {
+    w.words().iter().map(|a| a.load(Ordering::SeqCst)).collect()
+}
+
+#[test]
+fn every_case_matches_the_reference_semantics() {
+    if !need_root("every_case_matches_the_reference_semantics") {
+        return;
+    }
+    let prog = TestProgram::load(PORT, &[(RO, false), (RW, true)]).expect("load");
+    let region = prog.region();
+    for (i, w) in region.words().iter().enumerate() {
+        w.store(pattern(i), Ordering::SeqCst);
+    }
+    let reference = HeapWords::new(512);
+    for (i, w) in reference.words().iter().enumerate() {
+        w.store(pattern(i), Ordering::SeqCst);
+    }
+    let keys = AccessKeys::new()
+        .with(RO, Perm::ReadOnly)
+        .with(RW, Perm::ReadWrite);
+    let ref_counters = OpCounters::default();
+    let mut extra_ops = [0u64; 5];
+    let mut extra_status = [0u64; 9];
+    let mut ref_reply = Vec::new();
+
+    for case in cases() {
+        let what = case.what;
+        let before = snapshot(&*region);
+        let (verdict, out) = prog.run(&case.frame);
+        match case.expect {
+            Expect::Pass => {
+                assert_eq!(verdict, action::PASS, "{what}: verdict");
+                assert_eq!(out, case.frame, "{what}: passed frame must be unchanged");
+            }
+            Expect::Drop => {
+                assert_eq!(verdict, action::DROP, "{what}: verdict");
+                extra_ops[0] += 1;
+                extra_status[Status::Malformed as usize] += 1;
+            }
+            Expect::Refused(st) => {
+                assert_eq!(verdict, action::TX, "{what}: verdict");
+                let got = check_reply(what, &case.frame, &out, PORT);
+                let h = ReqHeader::decode(payload_of(&case.frame)).unwrap();
+                let mut want = Vec::new();
+                wire::RepHeader {
+                    op: h.op,
+                    status: st,
+                    seq: h.seq,
+                    len: 0,
+                }
+                .encode(&mut want);
+                assert_eq!(got, want, "{what}: reply bytes");
+                extra_ops[h.op as usize] += 1;
+                extra_status[st as usize] += 1;
+            }
+            Expect::Reference => {
+                let st = ops::execute(
+                    reference.words(),
+                    &keys,
+                    &ref_counters,
+                    payload_of(&case.frame),
+                    &mut ref_reply,
+                );
+                if st == Status::BadKey || st == Status::Malformed {
+                    assert_eq!(verdict, action::DROP, "{what}: verdict (reference {st:?})");
+                } else {
+                    assert_eq!(verdict, action::TX, "{what}: verdict (reference {st:?})");
+                    let got = check_reply(what, &case.frame, &out, PORT);
+                    assert_eq!(got, ref_reply, "{what}: reply bytes (reference {st:?})");
+                    assert_eq!(
+                        u64::from_le_bytes(got[8..16].try_into().unwrap()),
+                        SEQ,
+                        "{what}: seq echoed"
+                    );
+                }
+                if st != Status::Ok {
+                    assert_eq!(
+                        snapshot(&*region),
+                        before,
+                        "{what}: refused request touched memory"
+                    );
+                }
+            }
+        }
+        if case.expect != Expect::Reference {
+            assert_eq!(snapshot(&*region), before, "{what}: memory changed");
+        }
+        assert_eq!(
+            snapshot(&*region),
+            snapshot(&reference),
+            "{what}: memory differs from the reference"
+        );
+    }
+
+    let (ops, status) = prog.counters();
+    for i in 0..5 {
+        assert_eq!(
+            ops[i],
+            ref_counters.ops[i].load(Ordering::Relaxed) + extra_ops[i],
+            "ops counter {i}"
+        );
+    }
+    for i in 0..9 {
+        assert_eq!(
+            status[i],
+            ref_counters.status[i].load(Ordering::Relaxed) + extra_status[i],
+            "status counter {i} ({})",
+            Status::ALL[i].name()
+        );
+    }
+    assert_eq!(prog.aborted(), 0, "no reply failed to build");
+}
+
+#[test]
+fn a_program_without_keys_drops_everything_of_ours() {
+    if !need_root("a_program_without_keys_drops_everything_of_ours") {
+        return;
+    }
+    let prog = TestProgram::load(PORT, &[]).expect("load");
+    let (v, _) = prog.run(&to_us(&req(1, RO, 0, 0, 8, &[])));
+    assert_eq!(v, action::DROP);
+    let (v, _) = prog.run(&frame(Shape::to_port(PORT + 1), &req(1, RO, 0, 0, 8, &[])));
+    assert_eq!(v, action::PASS);
+    let (_, status) = prog.counters();
+    assert_eq!(status[Status::BadKey as usize], 1);
+}
+
+#[test]
+fn read_sees_plain_stores_and_atomics_are_visible_to_user_space() {
+    if !need_root("read_sees_plain_stores_and_atomics_are_visible_to_user_space") {
+        return;
+    }
+    let prog = TestProgram::load(PORT, &[(RW, true)]).expect("load");
+    let region = prog.region();
+    region.words()[100].store(41, Ordering::Release);
+    let (v, out) = prog.run(&to_us(&req(4, RW, 0, 800, 8, &1u64.to_le_bytes())));
+    assert_eq!(v, action::TX);
+    let rep = check_reply(
+        "fadd",
+        &to_us(&req(4, RW, 0, 800, 8, &1u64.to_le_bytes())),
+        &out,
+        PORT,
+    );
+    assert_eq!(wire::u64_at(&rep, 24), 41);
+    assert_eq!(region.words()[100].load(Ordering::Acquire), 42);
+    assert_eq!(REQ_MAGIC, u32::from_le_bytes(*b"FSRM"));
+}
