@@ -24,6 +24,9 @@ use std::time::Instant;
 pub const SYSTEMS: [&str; 3] = ["no-ac", "tcp-ac", "onesided-ac"];
 pub const TRACES: [&str; 3] = ["single", "worldcup", "zipf"];
 const CLIENTS_FULL: &str = "16,64,128,192,256,320,400,520";
+/// Accept backlog of the lab's back-ends (and nginx's `listen backlog=`): deep enough
+/// that the largest sweep queues instead of dropping SYNs, as a tuned Apache would.
+const BACKEND_BACKLOG: u32 = 2048;
 const CLIENTS_QUICK: &str = "32,160,400";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -161,13 +164,16 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str) -> io::Result<Tier> {
                     a.backend_workers.to_string(),
                     "--static-cpu-us".into(),
                     a.backend_cpu_us.to_string(),
+                    "--backlog".into(),
+                    BACKEND_BACKLOG.to_string(),
                 ];
                 let mut c = Child::farside(&format!("{system}-backend{i}"), &args, &run.logs)?;
                 c.wait_port(addr)?;
                 backends.push(c);
             }
             BackendServer::Nginx => {
-                let cfg = NginxConfig::new(addr, &run.docroot);
+                let mut cfg = NginxConfig::new(addr, &run.docroot);
+                cfg.backlog = BACKEND_BACKLOG;
                 nginxes.push(Nginx::start(&cfg)?);
             }
         }

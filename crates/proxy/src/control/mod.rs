@@ -238,8 +238,9 @@ impl Control {
     pub fn decide_accept(&self) -> Result<(), Reject> {
         let now = coarse_mono_ns();
         let mut why = Reject::NoBackend;
+        let all_down = (0..self.backends.len()).all(|i| self.is_down(i, now));
         for i in 0..self.backends.len() {
-            if self.is_down(i, now) {
+            if self.is_down(i, now) && !all_down {
                 continue;
             }
             match self.admissible(i, self.load(i, now)) {
@@ -259,12 +260,18 @@ impl Control {
         let mut n = 0;
         let mut any_site = false;
         let mut why = Reject::NoBackend;
+        // Panic mode: if every back-end of the site is marked down, ignore the marks and
+        // try them anyway. A failure seen under overload must not turn into "503 for
+        // everyone for a second": only admission control decides to shed load.
+        let all_down = (0..self.backends.len())
+            .filter(|&i| self.serves(i, host))
+            .all(|i| self.is_down(i, now));
         for i in 0..self.backends.len() {
             if !self.serves(i, host) {
                 continue;
             }
             any_site = true;
-            if self.is_down(i, now) {
+            if self.is_down(i, now) && !all_down {
                 continue;
             }
             let load = self.load(i, now);

@@ -1,0 +1,296 @@
+//! `farside lab probe`: the papers' micro-benchmark (seed 000 Fig. 4, seed 001 Fig. 5–6).
+//! Latency of reading a back-end's region through each transport while the back-end's
+//! CPUs are busy with a rising number of background processes ("emulated load").
+//!
+//! The back-end is a `farside gatherd` process serving the region over `shm`, `tcp`
+//! (two-sided: its own thread answers) and `udp` (user space; or in the kernel by XDP
+//! with `--hosts netns`). The prober reads `size` bytes at offset 0 every `interval`
+//! and records each read's latency.
+
+use crate::procs::Child;
+use crate::report;
+use crate::summary::{ProbePoint, Summary};
+use farside_rmem::{connect, ClientOptions, Endpoint, RemoteMemory, RmemError};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProbeArgs {
+    /// Where the nodes run (netns: back-end in its own namespace and cgroup, XDP).
+    #[arg(long, value_enum, default_value_t = crate::admission::Hosts::Loopback)]
+    pub hosts: crate::admission::Hosts,
+    /// Reduced sweep (a minute or two).
+    #[arg(long)]
+    pub quick: bool,
+    /// Output directory.
+    #[arg(long, default_value = "out/probe")]
+    pub out: PathBuf,
+    /// Transports to measure: shm, tcp, udp (user space), xdp (netns only).
+    #[arg(long, value_delimiter = ',', default_value = "shm,tcp,udp")]
+    pub transports: Vec<String>,
+    /// Background load levels: number of busy-looping processes on the back-end.
+    /// Default 0,1,2,4 (quick: 0,2,4).
+    #[arg(long, value_delimiter = ',')]
+    pub loads: Vec<u64>,
+    /// Read sizes in bytes (multiples of 8, at most 4096). Default 8,64,512,4096
+    /// (quick: 8,512,4096).
+    #[arg(long, value_delimiter = ',')]
+    pub sizes: Vec<u64>,
+    /// Reads per point (default 5000; quick: 1000).
+    #[arg(long)]
+    pub samples: Option<u64>,
+    /// Pause between reads, µs (the monitor's G).
+    #[arg(long, default_value_t = 200)]
+    pub interval_us: u64,
+    /// Timeout of one read, ms (a timed-out read counts as a timeout, not a latency).
+    #[arg(long, default_value_t = 200)]
+    pub timeout_ms: u64,
+}
+
+/// Latency statistics of one point, µs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Latency {
+    pub samples: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    pub timeouts: u64,
+}
+
+/// Quantile of sorted values (nearest rank).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+pub fn latency_of(mut lat_us: Vec<f64>, timeouts: u64) -> Latency {
+    lat_us.sort_by(|a, b| a.total_cmp(b));
+    Latency {
+        samples: lat_us.len() as u64,
+        p50_us: quantile(&lat_us, 0.50),
+        p99_us: quantile(&lat_us, 0.99),
+        p999_us: quantile(&lat_us, 0.999),
+        max_us: lat_us.last().copied().unwrap_or(0.0),
+        timeouts,
+    }
+}
+
+/// Read `size` bytes `samples` times, pausing `interval` between reads.
+pub fn measure(
+    c: &mut dyn RemoteMemory,
+    size: usize,
+    samples: u64,
+    interval: Duration,
+) -> io::Result<Latency> {
+    let mut buf = vec![0u8; size];
+    let mut lat = Vec::with_capacity(samples as usize);
+    let mut timeouts = 0;
+    let mut pacer = farside_rmem::Pacer::new(interval);
+    for _ in 0..samples {
+        pacer.wait();
+        let t0 = Instant::now();
+        match c.read(0, &mut buf) {
+            Ok(()) => lat.push(t0.elapsed().as_nanos() as f64 / 1000.0),
+            Err(RmemError::Timeout) => timeouts += 1,
+            Err(e) => {
+                return Err(io::Error::other(format!(
+                    "{} read of {size} B: {e}",
+                    c.transport()
+                )))
+            }
+        }
+    }
+    Ok(latency_of(lat, timeouts))
+}
+
+/// Busy-looping processes that load the CPUs; stopped when dropped (the children stop
+/// with their handles).
+pub struct CpuLoad(#[allow(dead_code)] Vec<Child>);
+
+impl CpuLoad {
+    pub fn start(n: u64, logs: &std::path::Path) -> io::Result<CpuLoad> {
+        let mut v = Vec::new();
+        for i in 0..n {
+            let args = vec!["-c".to_string(), "while :; do :; done".to_string()];
+            v.push(Child::spawn(
+                &format!("busy{i}"),
+                std::path::Path::new("/bin/sh"),
+                &args,
+                logs,
+            )?);
+        }
+        Ok(CpuLoad(v))
+    }
+}
+
+const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+pub fn run(a: ProbeArgs) -> io::Result<()> {
+    if a.hosts == crate::admission::Hosts::Netns {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "lab probe --hosts netns: not built yet; use --hosts loopback",
+        ));
+    }
+    let loads = if a.loads.is_empty() {
+        if a.quick {
+            vec![0, 2, 4]
+        } else {
+            vec![0, 1, 2, 4]
+        }
+    } else {
+        a.loads.clone()
+    };
+    let sizes = if a.sizes.is_empty() {
+        if a.quick {
+            vec![8, 512, 4096]
+        } else {
+            vec![8, 64, 512, 4096]
+        }
+    } else {
+        a.sizes.clone()
+    };
+    if let Some(s) = sizes
+        .iter()
+        .find(|&&s| s == 0 || s % 8 != 0 || s > farside_region::REGION_BYTES as u64)
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("--sizes: {s} is not a multiple of 8 in 8..=4096"),
+        ));
+    }
+    for t in &a.transports {
+        match t.as_str() {
+            "shm" | "tcp" | "udp" => {}
+            "xdp" => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "--transports xdp needs --hosts netns",
+                ))
+            }
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("--transports: unknown `{t}` (shm, tcp, udp, xdp)"),
+                ))
+            }
+        }
+    }
+    let samples = a.samples.unwrap_or(if a.quick { 1000 } else { 5000 });
+    let logs = a.out.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let shm = PathBuf::from(format!(
+        "/dev/shm/farside-probe-{}.region",
+        std::process::id()
+    ));
+    let tcp = SocketAddr::new(LOCALHOST, crate::nginx::free_port(LOCALHOST)?);
+    let udp = {
+        let s = std::net::UdpSocket::bind((LOCALHOST, 0))?;
+        s.local_addr()?
+    };
+    let args: Vec<String> = vec![
+        "gatherd".into(),
+        "--shm".into(),
+        shm.display().to_string(),
+        "--tcp-listen".into(),
+        tcp.to_string(),
+        "--udp-listen".into(),
+        udp.to_string(),
+    ];
+    let mut g = Child::farside("probe-gatherd", &args, &logs)?;
+    g.wait_port(tcp)?;
+    g.wait_file(&shm)?;
+    let total = a.transports.len() * loads.len() * sizes.len();
+    eprintln!(
+        "lab probe: {total} points of {samples} reads; output in {}",
+        a.out.display()
+    );
+    let mut summary = Summary::new("probe", "loopback", a.quick);
+    summary.params = serde_json::json!({
+        "samples": samples,
+        "interval_us": a.interval_us,
+        "timeout_ms": a.timeout_ms,
+        "loads": loads,
+        "sizes": sizes,
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+    });
+    let t0 = Instant::now();
+    let opts = ClientOptions {
+        timeout: Duration::from_millis(a.timeout_ms),
+        ..Default::default()
+    };
+    let mut done = 0;
+    for &load in &loads {
+        let _busy = CpuLoad::start(load, &logs)?;
+        for t in &a.transports {
+            let ep = match t.as_str() {
+                "shm" => Endpoint::Shm(shm.clone()),
+                "tcp" => Endpoint::Tcp(tcp),
+                _ => Endpoint::Udp(udp),
+            };
+            let mut c = connect(&ep, &opts).map_err(|e| io::Error::other(format!("{ep}: {e}")))?;
+            for &size in &sizes {
+                let l = measure(
+                    &mut *c,
+                    size as usize,
+                    samples,
+                    Duration::from_micros(a.interval_us),
+                )?;
+                g.check_alive()?;
+                done += 1;
+                eprintln!(
+                    "[{done}/{total} {:>4.0}s] {t:<4} load={load} size={size:<5} p50={:>8.1} µs p99={:>8.1} µs p99.9={:>8.1} µs timeouts={}",
+                    t0.elapsed().as_secs_f64(),
+                    l.p50_us,
+                    l.p99_us,
+                    l.p999_us,
+                    l.timeouts
+                );
+                summary.push(ProbePoint {
+                    transport: t.clone(),
+                    background_load: load,
+                    size_bytes: size,
+                    samples: l.samples,
+                    p50_us: l.p50_us,
+                    p99_us: l.p99_us,
+                    p999_us: l.p999_us,
+                    max_us: l.max_us,
+                    timeouts: l.timeouts,
+                });
+            }
+        }
+    }
+    drop(g);
+    let _ = std::fs::remove_file(&shm);
+    summary.duration_s = t0.elapsed().as_secs_f64();
+    report::print_table(&summary, &mut io::stdout())?;
+    let files = report::write_all(&summary, &a.out)?;
+    eprintln!(
+        "lab probe: wrote {} files to {}",
+        files.len(),
+        a.out.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_use_nearest_rank() {
+        let l = latency_of((1..=1000).map(|x| x as f64).collect(), 3);
+        assert_eq!(
+            (l.p50_us, l.p99_us, l.p999_us, l.max_us),
+            (500.0, 990.0, 999.0, 1000.0)
+        );
+        assert_eq!(l.timeouts, 3);
+        assert_eq!(latency_of(vec![], 0).p99_us, 0.0);
+    }
+}
