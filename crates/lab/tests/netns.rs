@@ -87,15 +87,19 @@ fn two_nodes_tcp_cgroups_rps_load_and_drop() {
     let ehash_before =
         std::fs::read_to_string("/proc/sys/net/ipv4/tcp_child_ehash_entries").unwrap_or_default();
     let run = run_id("a");
+    // The back-end gets the last CPU (CPU 1 on the 2-CPU machines), the client CPU 0.
+    let last = std::thread::available_parallelism().map_or(1, |n| n.get()) - 1;
+    let be_cpus = last.to_string();
+    let be_mask = format!("{:x}", 1u64 << last);
     let t0 = Instant::now();
     let dc = VirtualDc::create(
         &run,
         &[
             NodeSpec::new("cl").cpus("0").rps_cpus("1"),
             NodeSpec::new("be")
-                .cpus("1")
+                .cpus(&be_cpus)
                 .cpu_quota_pct(50)
-                .rps_cpus("2"),
+                .rps_cpus(&be_mask),
         ],
     )
     .unwrap();
@@ -130,7 +134,7 @@ fn two_nodes_tcp_cgroups_rps_load_and_drop() {
         .unwrap();
     assert_eq!(
         u64::from_str_radix(rps.trim().replace(',', "").as_str(), 16).unwrap(),
-        2
+        1u64 << last
     );
     // ... while the process's own /sys is untouched.
     assert!(Path::new("/sys/fs/cgroup").exists());
@@ -205,7 +209,7 @@ fn two_nodes_tcp_cgroups_rps_load_and_drop() {
     assert!(procs.lines().any(|l| l == pid.to_string()));
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     assert!(
-        status.contains("Cpus_allowed_list:\t1\n"),
+        status.contains(&format!("Cpus_allowed_list:\t{last}\n")),
         "cpuset not applied: {status}"
     );
     let ns = std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
