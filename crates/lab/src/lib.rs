@@ -2,6 +2,7 @@
 //! end to end and writes tables, `summary.json`, CSV series, plots and an HTML report.
 //!
 //! - [`admission`]: seed 000's admission-control experiment (`lab admission`)
+//! - [`probe`]: the remote-read latency micro-benchmark (`lab probe`)
 //! - [`procs`]: child-process supervision for the lab's nodes
 //! - [`nginx`]: real nginx as a back-end
 //! - [`summary`], [`report`], [`svg`]: the stable result format and its renderings
@@ -9,6 +10,7 @@
 pub mod admission;
 pub mod netns;
 pub mod nginx;
+pub mod probe;
 pub mod procs;
 pub mod report;
 pub mod summary;
@@ -25,6 +27,9 @@ pub enum LabCmd {
     /// Admission control: no-ac vs tcp-ac vs onesided-ac over a sweep of clients and
     /// three traces (seed 000, Fig. 5/9/10).
     Admission(admission::AdmissionArgs),
+    /// Latency of one-sided vs two-sided reads of a back-end's region under rising
+    /// background CPU load (seed 000 Fig. 4, seed 001 Fig. 5-6).
+    Probe(probe::ProbeArgs),
     /// Remove everything `--hosts netns` runs left behind (namespaces, links, cgroups,
     /// state files); needs root.
     Clean,
@@ -33,6 +38,7 @@ pub enum LabCmd {
 pub fn run(a: LabArgs) -> std::io::Result<()> {
     match a.cmd {
         LabCmd::Admission(x) => admission::run(x),
+        LabCmd::Probe(x) => probe::run(x),
         LabCmd::Clean => {
             print!("{}", netns::clean_all()?);
             Ok(())
