@@ -197,6 +197,35 @@ pub(crate) trait Exchange {
         out.copy_from_slice(body);
         Ok(())
     }
+
+    fn ex_read(&mut self, offset: usize, buf: &mut [u8]) -> Result<(), RmemError> {
+        let len = buf.len();
+        self.op(Op::Read, offset, len, &[], buf)
+    }
+
+    fn ex_write(&mut self, offset: usize, data: &[u8]) -> Result<(), RmemError> {
+        self.op(Op::Write, offset, data.len(), data, &mut [])
+    }
+
+    fn ex_compare_swap(
+        &mut self,
+        offset: usize,
+        expected: u64,
+        new: u64,
+    ) -> Result<u64, RmemError> {
+        let mut p = [0u8; 16];
+        p[..8].copy_from_slice(&expected.to_le_bytes());
+        p[8..].copy_from_slice(&new.to_le_bytes());
+        let mut old = [0u8; 8];
+        self.op(Op::CompareSwap, offset, 8, &p, &mut old)?;
+        Ok(u64::from_le_bytes(old))
+    }
+
+    fn ex_fetch_add(&mut self, offset: usize, delta: u64) -> Result<u64, RmemError> {
+        let mut old = [0u8; 8];
+        self.op(Op::FetchAdd, offset, 8, &delta.to_le_bytes(), &mut old)?;
+        Ok(u64::from_le_bytes(old))
+    }
 }
 
 macro_rules! remote_memory_via_exchange {
@@ -207,22 +236,14 @@ macro_rules! remote_memory_via_exchange {
                 offset: usize,
                 buf: &mut [u8],
             ) -> Result<(), $crate::client::RmemError> {
-                let len = buf.len();
-                $crate::client::Exchange::op(self, $crate::wire::Op::Read, offset, len, &[], buf)
+                $crate::client::Exchange::ex_read(self, offset, buf)
             }
             fn write(
                 &mut self,
                 offset: usize,
                 data: &[u8],
             ) -> Result<(), $crate::client::RmemError> {
-                $crate::client::Exchange::op(
-                    self,
-                    $crate::wire::Op::Write,
-                    offset,
-                    data.len(),
-                    data,
-                    &mut [],
-                )
+                $crate::client::Exchange::ex_write(self, offset, data)
             }
             fn compare_swap(
                 &mut self,
@@ -230,35 +251,14 @@ macro_rules! remote_memory_via_exchange {
                 expected: u64,
                 new: u64,
             ) -> Result<u64, $crate::client::RmemError> {
-                let mut p = [0u8; 16];
-                p[..8].copy_from_slice(&expected.to_le_bytes());
-                p[8..].copy_from_slice(&new.to_le_bytes());
-                let mut old = [0u8; 8];
-                $crate::client::Exchange::op(
-                    self,
-                    $crate::wire::Op::CompareSwap,
-                    offset,
-                    8,
-                    &p,
-                    &mut old,
-                )?;
-                Ok(u64::from_le_bytes(old))
+                $crate::client::Exchange::ex_compare_swap(self, offset, expected, new)
             }
             fn fetch_add(
                 &mut self,
                 offset: usize,
                 delta: u64,
             ) -> Result<u64, $crate::client::RmemError> {
-                let mut old = [0u8; 8];
-                $crate::client::Exchange::op(
-                    self,
-                    $crate::wire::Op::FetchAdd,
-                    offset,
-                    8,
-                    &delta.to_le_bytes(),
-                    &mut old,
-                )?;
-                Ok(u64::from_le_bytes(old))
+                $crate::client::Exchange::ex_fetch_add(self, offset, delta)
             }
             fn transport(&self) -> &'static str {
                 $name
@@ -266,7 +266,6 @@ macro_rules! remote_memory_via_exchange {
         }
     };
 }
-pub(crate) use remote_memory_via_exchange;
 
 /// Same-host transport: the region file mapped into this process. Operations run in
 /// place with the same checks as every server (`ops::execute`), so semantics match.

@@ -16,7 +16,7 @@
 //! - A reply whose sequence number is not the current request's is discarded (late
 //!   replies of earlier attempts), so replies are never matched to the wrong request.
 
-use crate::client::{remote_memory_via_exchange, ClientOptions, Codec, Exchange, RmemError};
+use crate::client::{ClientOptions, Codec, Exchange, RmemError};
 use crate::ops::{self, AccessKeys, OpCounters};
 use crate::wire::*;
 use farside_region::Words;
@@ -28,6 +28,11 @@ use std::time::{Duration, Instant};
 
 /// Attempts per idempotent operation (first try + retries).
 pub const UDP_TRIES: u32 = 3;
+/// Largest READ one datagram carries: the reply must fit one 1500-byte frame, because the
+/// XDP responder answers in place and cannot fragment. Larger reads are split into
+/// several READs by [`UdpClient`] (each chunk is consistent on its own; callers that need
+/// one consistent snapshot keep it within one chunk, as the load record is).
+pub const UDP_READ_BYTES_MAX: usize = 1400;
 
 pub struct UdpClient {
     sock: UdpSocket,
@@ -121,7 +126,30 @@ impl Exchange for UdpClient {
     }
 }
 
-remote_memory_via_exchange!(UdpClient, "udp");
+/// Reads larger than one datagram are split; everything else goes straight through.
+impl crate::client::RemoteMemory for UdpClient {
+    fn read(&mut self, offset: usize, buf: &mut [u8]) -> Result<(), RmemError> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = (buf.len() - done).min(UDP_READ_BYTES_MAX);
+            self.ex_read(offset + done, &mut buf[done..done + n])?;
+            done += n;
+        }
+        Ok(())
+    }
+    fn write(&mut self, offset: usize, data: &[u8]) -> Result<(), RmemError> {
+        self.ex_write(offset, data)
+    }
+    fn compare_swap(&mut self, offset: usize, expected: u64, new: u64) -> Result<u64, RmemError> {
+        self.ex_compare_swap(offset, expected, new)
+    }
+    fn fetch_add(&mut self, offset: usize, delta: u64) -> Result<u64, RmemError> {
+        self.ex_fetch_add(offset, delta)
+    }
+    fn transport(&self) -> &'static str {
+        "udp"
+    }
+}
 
 impl UdpClient {
     /// CAS with retry semantics (see module docs): returns `Ok(expected)` if this caller's

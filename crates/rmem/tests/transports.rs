@@ -176,3 +176,24 @@ fn dead_tcp_peer_fails_fast_with_an_error() {
     let mut c = connect(&Endpoint::Tcp(addr), &opts(RW_KEY)).unwrap();
     assert!(c.read(0, &mut [0; 8]).is_err());
 }
+
+#[test]
+fn udp_reads_larger_than_a_datagram_are_split_and_whole() {
+    let mem: Arc<dyn Words> = Arc::new(HeapWords::new(REGION_WORDS));
+    for (i, w) in mem.words().iter().enumerate() {
+        w.store(i as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+    let srv = UdpServer::spawn(
+        "127.0.0.1:0".parse().unwrap(),
+        mem,
+        keys(),
+        Default::default(),
+    )
+    .unwrap();
+    let mut c = connect(&Endpoint::Udp(srv.local_addr), &opts(DEFAULT_READ_KEY)).unwrap();
+    let mut b = vec![0u8; 4096];
+    c.read(0, &mut b).unwrap();
+    for (i, w) in b.chunks_exact(8).enumerate() {
+        assert_eq!(u64::from_le_bytes(w.try_into().unwrap()), i as u64);
+    }
+}
