@@ -785,6 +785,56 @@ mod tests {
         assert_eq!(h.framing, BodyFraming::Chunked, "TE wins over CL");
     }
 
+    /// Random splices of HTTP-ish fragments: parsing never panics, and a head that
+    /// parses always yields offsets inside the buffer.
+    #[test]
+    fn random_heads_and_chunks_never_panic() {
+        const PARTS: [&str; 20] = [
+            "GET ",
+            "POST ",
+            "/x",
+            " HTTP/1.1",
+            " HTTP/1.0",
+            "\r\n",
+            "\n",
+            "Host: ",
+            "a:80",
+            "[::1]:8",
+            "Content-Length: ",
+            "12",
+            "Transfer-Encoding: ",
+            "chunked",
+            ", gzip",
+            "Connection: ",
+            "close, X-A",
+            ":",
+            " ",
+            "\x00\x7f",
+        ];
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut out = Vec::new();
+        for _ in 0..20_000 {
+            let mut buf = Vec::new();
+            for _ in 0..next() % 16 {
+                buf.extend_from_slice(PARTS[(next() % PARTS.len() as u64) as usize].as_bytes());
+            }
+            if next() % 2 == 0 {
+                buf.extend_from_slice(b"\r\n\r\n");
+            }
+            if let Ok(Some(h)) = parse_request(&buf, 8, 1024, "1.2.3.4", &mut out) {
+                assert!(h.head_len <= buf.len() && h.target.end <= buf.len());
+                assert!(h.host.is_none_or(|r| r.end <= buf.len()));
+            }
+            let _ = Chunked::new().feed(&buf, &mut |_| {});
+        }
+    }
+
     #[test]
     fn chunked_scanner_finds_end_across_splits() {
         let body = b"4;ext=1\r\nwiki\r\n5\r\npedia\r\n0\r\nX-T: 1\r\n\r\nNEXT";

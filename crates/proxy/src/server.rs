@@ -180,7 +180,7 @@ pub struct Spawned {
 }
 
 impl Spawned {
-    /// Stop accepting, give open connections [`SHUTDOWN_GRACE`], join the thread.
+    /// Stop accepting, give open connections a grace period (1 s), join the thread.
     pub fn stop(mut self) {
         self.stop_and_join();
     }
