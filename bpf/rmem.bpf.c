@@ -23,6 +23,13 @@
  * The one difference from user space is the READ limit (one frame); see
  * rmem_consts.h. Refusals are answered with a header-only reply, memory untouched.
  *
+ * Frame size: the reply is built in the request's buffer. Replies to WRITE,
+ * CAS, FADD and refusals are never longer than their request; a READ reply is
+ * 24 + len bytes against a 40-byte request, so the frame must grow unless the
+ * client padded the request (trailing bytes are ignored, here and in
+ * ops::execute). If the buffer has no room to grow, the READ is passed to the
+ * stack (counted as RMEM_CNT_NO_ROOM) for the user-space server.
+ *
  * The reply is built in place (XDP_TX): MACs, IPs and ports swapped, frame
  * resized with bpf_xdp_adjust_tail, IP checksum recomputed, and the UDP checksum
  * computed from scratch over the reply (never patched: with veth tx offload the
@@ -58,9 +65,9 @@ static __always_inline void count(__u32 op, __u32 status)
 		*v += 1;
 }
 
-static __always_inline void count_aborted(void)
+/* Bump one of the RMEM_CNT_ABORTED / RMEM_CNT_NO_ROOM counters. */
+static __always_inline void count_other(__u32 i)
 {
-	__u32 i = RMEM_CNT_ABORTED;
 	__u64 *v = bpf_map_lookup_elem(&rmem_counters, &i);
 
 	if (v)
@@ -230,14 +237,22 @@ reply:
 	/* Resize the frame to exactly the reply (this also drops any Ethernet padding). */
 	delta = (long)(HDRS_BYTES + sizeof(struct rmem_rep) + rep_len) - (long)bpf_xdp_get_buff_len(ctx);
 	if (delta != 0 && bpf_xdp_adjust_tail(ctx, delta)) {
-		count_aborted();
-		return XDP_ABORTED;
+		/*
+		 * Only a READ reply can be longer than its request, and only growing
+		 * can fail: the buffer's tailroom is the driver's choice (veth and
+		 * generic XDP keep small skb heads: a few dozen bytes). A READ has no
+		 * side effect yet, so hand it to the stack, where gatherd's user-space
+		 * server on the same port can answer it. Clients avoid this by padding
+		 * READ requests to the reply's size (servers ignore trailing bytes).
+		 */
+		count_other(RMEM_CNT_NO_ROOM);
+		return XDP_PASS;
 	}
 	/* All packet pointers are stale after bpf_xdp_adjust_tail: derive them again. */
 	data = (void *)(long)ctx->data;
 	data_end = (void *)(long)ctx->data_end;
 	if (data + HDRS_BYTES + sizeof(struct rmem_rep) > data_end) {
-		count_aborted();
+		count_other(RMEM_CNT_ABORTED);
 		return XDP_ABORTED;
 	}
 	eth = data;
@@ -302,7 +317,7 @@ reply:
 			if (i >= rep_len / 8)
 				break;
 			if ((void *)(dst + 1) > data_end) {
-				count_aborted();
+				count_other(RMEM_CNT_ABORTED);
 				return XDP_ABORTED; /* unreachable: the frame was sized for it */
 			}
 			v = *(volatile __u64 *)&region->words[(first + i) & (RMEM_REGION_WORDS - 1)];
@@ -313,7 +328,7 @@ reply:
 		__u64 *dst = data + HDRS_BYTES + sizeof(struct rmem_rep);
 
 		if ((void *)(dst + 1) > data_end) {
-			count_aborted();
+			count_other(RMEM_CNT_ABORTED);
 			return XDP_ABORTED; /* unreachable: the frame was sized for it */
 		}
 		*dst = old;

@@ -59,15 +59,17 @@
 
 /*
  * Counter indices (the counters map, per CPU): [0, 5) ops by op code with 0 =
- * unknown, [5, 14) replies by status, like ops::OpCounters; then one counter
- * of replies that could not be built (bpf_xdp_adjust_tail refused to grow the
- * frame: XDP_ABORTED).
+ * unknown, [5, 14) replies by status, like ops::OpCounters; then
+ * RMEM_CNT_ABORTED: replies that could not be built (cannot happen: XDP_ABORTED);
+ * RMEM_CNT_NO_ROOM: READs passed to the stack because the frame could not grow
+ * to the reply's size (pad READ requests to avoid it; see rmem.bpf.c).
  */
 #define RMEM_CNT_OPS 5
 #define RMEM_CNT_STATUS 9
 #define RMEM_CNT_STATUS_BASE RMEM_CNT_OPS
-#define RMEM_CNT_ABORTED (RMEM_CNT_OPS + RMEM_CNT_STATUS)
-#define RMEM_COUNTERS (RMEM_CNT_ABORTED + 1)
+#define RMEM_CNT_ABORTED 14
+#define RMEM_CNT_NO_ROOM 15
+#define RMEM_COUNTERS 16
 
 /* IPv4 fragment bits (frag_off, host order): more fragments, fragment offset. */
 #define RMEM_IP_MF 0x2000

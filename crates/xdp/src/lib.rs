@@ -34,10 +34,13 @@ pub const XDP_READ_BYTES_MAX: usize = 1400;
 /// Most access keys the program holds (`max_entries` of its keys map).
 pub const KEYS_MAX: usize = farside_rmem::ops::KEYS_MAX;
 
-/// Counter slots in the counters map: 5 ops, 9 statuses, 1 aborted (see rmem_consts.h).
-const COUNTERS: u32 = 15;
+/// Counter slots in the counters map: 5 ops, 9 statuses, aborted, no room (see
+/// rmem_consts.h).
+const COUNTERS: u32 = 16;
 /// Index of the "reply could not be built" counter.
 const COUNTER_ABORTED: u32 = 14;
+/// Index of the "READ passed to the stack: the frame could not grow" counter.
+const COUNTER_NO_ROOM: u32 = 15;
 
 /// Name of the XDP program function in the object.
 const PROG_NAME: &str = "rmem_xdp";
@@ -273,10 +276,8 @@ impl Loaded {
         (ops, status)
     }
 
-    fn aborted(&self) -> u64 {
-        self.counters_raw()
-            .map(|c| c[COUNTER_ABORTED as usize])
-            .unwrap_or(0)
+    fn counter(&self, i: u32) -> u64 {
+        self.counters_raw().map(|c| c[i as usize]).unwrap_or(0)
     }
 }
 
@@ -349,7 +350,14 @@ impl XdpResponder {
 
     /// Requests whose reply could not be built (the frame could not grow): XDP_ABORTED.
     pub fn aborted(&self) -> u64 {
-        self.loaded.aborted()
+        self.loaded.counter(COUNTER_ABORTED)
+    }
+
+    /// READs passed to the stack (to gatherd's user-space server on the same port, if
+    /// it runs) because the receive buffer had no room to grow the frame to the reply.
+    /// Clients that pad READ requests to the reply's size never cause this.
+    pub fn no_room(&self) -> u64 {
+        self.loaded.counter(COUNTER_NO_ROOM)
     }
 
     pub fn ifname(&self) -> &str {
@@ -493,7 +501,14 @@ impl TestProgram {
 
     /// As [`XdpResponder::aborted`].
     pub fn aborted(&self) -> u64 {
-        self.loaded.aborted()
+        self.loaded.counter(COUNTER_ABORTED)
+    }
+
+    /// READs passed to the stack (to gatherd's user-space server on the same port, if
+    /// it runs) because the receive buffer had no room to grow the frame to the reply.
+    /// Clients that pad READ requests to the reply's size never cause this.
+    pub fn no_room(&self) -> u64 {
+        self.loaded.counter(COUNTER_NO_ROOM)
     }
 }
 
@@ -501,4 +516,33 @@ impl TestProgram {
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The private indices and values above mirror bpf/rmem_consts.h (the public
+    /// limits are checked in tests/consts.rs).
+    #[test]
+    fn private_constants_match_the_bpf_header() {
+        let header = include_str!("../../../bpf/rmem_consts.h");
+        let define = |name: &str| -> u32 {
+            header
+                .lines()
+                .find_map(|l| {
+                    let mut it = l.split_whitespace();
+                    (it.next() == Some("#define") && it.next() == Some(name))
+                        .then(|| it.next().and_then(|v| v.parse().ok()))
+                        .flatten()
+                })
+                .unwrap_or_else(|| panic!("{name} not a number in rmem_consts.h"))
+        };
+        assert_eq!(define("RMEM_COUNTERS"), COUNTERS);
+        assert_eq!(define("RMEM_CNT_ABORTED"), COUNTER_ABORTED);
+        assert_eq!(define("RMEM_CNT_NO_ROOM"), COUNTER_NO_ROOM);
+        assert_eq!(define("RMEM_PERM_READ"), PERM_READ);
+        assert_eq!(define("RMEM_PERM_RW"), PERM_RW);
+        assert_eq!(std::mem::size_of::<Config>(), 8);
+    }
 }

@@ -1,0 +1,76 @@
+//! Every limit and code the BPF program uses is declared on the Rust side (wire.rs,
+//! ops.rs, region layout, this crate) and only mirrored in `bpf/rmem_consts.h`: this test
+//! parses the header and fails on any disagreement, so a limit is never declared twice
+//! unchecked. Needs no privilege.
+
+use farside_rmem::wire::{self, Op, Status};
+use std::collections::HashMap;
+
+fn header_defines() -> HashMap<String, u64> {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bpf/rmem_consts.h");
+    let text = std::fs::read_to_string(path).expect("read bpf/rmem_consts.h");
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        if it.next() != Some("#define") {
+            continue;
+        }
+        let (Some(name), Some(value)) = (it.next(), it.next()) else {
+            continue;
+        };
+        let parsed = match value.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).ok(),
+            None => value.parse().ok(),
+        };
+        if let Some(v) = parsed {
+            out.insert(name.to_string(), v);
+        }
+    }
+    out
+}
+
+#[test]
+fn bpf_constants_match_the_rust_side() {
+    let d = header_defines();
+    let want: Vec<(&str, u64)> = vec![
+        ("RMEM_REQ_MAGIC", wire::REQ_MAGIC.into()),
+        ("RMEM_REP_MAGIC", wire::REP_MAGIC.into()),
+        ("RMEM_VERSION", wire::VERSION.into()),
+        ("RMEM_REQ_HEADER_BYTES", wire::REQ_HEADER_BYTES as u64),
+        ("RMEM_REP_HEADER_BYTES", wire::REP_HEADER_BYTES as u64),
+        ("RMEM_OP_BYTES_MAX", wire::OP_BYTES_MAX as u64),
+        ("RMEM_REGION_BYTES", farside_region::REGION_BYTES as u64),
+        ("RMEM_REGION_WORDS", farside_region::REGION_WORDS as u64),
+        ("RMEM_KEYS_MAX", farside_rmem::ops::KEYS_MAX as u64),
+        ("XDP_READ_BYTES_MAX", farside_xdp::XDP_READ_BYTES_MAX as u64),
+        ("RMEM_OP_READ", Op::Read as u64),
+        ("RMEM_OP_WRITE", Op::Write as u64),
+        ("RMEM_OP_CAS", Op::CompareSwap as u64),
+        ("RMEM_OP_FADD", Op::FetchAdd as u64),
+        ("RMEM_ST_OK", Status::Ok as u64),
+        ("RMEM_ST_BAD_KEY", Status::BadKey as u64),
+        ("RMEM_ST_OUT_OF_BOUNDS", Status::OutOfBounds as u64),
+        ("RMEM_ST_UNALIGNED", Status::Unaligned as u64),
+        ("RMEM_ST_BAD_OP", Status::BadOp as u64),
+        ("RMEM_ST_READ_ONLY", Status::ReadOnly as u64),
+        ("RMEM_ST_BAD_LENGTH", Status::BadLength as u64),
+        ("RMEM_ST_MALFORMED", Status::Malformed as u64),
+        ("RMEM_ST_NO_REGION", Status::NoRegion as u64),
+        ("RMEM_CNT_OPS", 5),
+        ("RMEM_CNT_STATUS", Status::ALL.len() as u64),
+    ];
+    for (name, value) in want {
+        assert_eq!(d.get(name), Some(&value), "bpf/rmem_consts.h {name}");
+    }
+    // The region mask needs a power of two; the READ limit must leave room for headers.
+    const {
+        assert!(farside_region::REGION_WORDS.is_power_of_two());
+        assert!(14 + 20 + 8 + wire::REP_HEADER_BYTES + farside_xdp::XDP_READ_BYTES_MAX <= 1514);
+        assert!(farside_xdp::XDP_READ_BYTES_MAX.is_multiple_of(8));
+    }
+    // The udp client splits reads at the size the XDP program answers.
+    assert_eq!(
+        farside_rmem::udp::UDP_READ_BYTES_MAX,
+        farside_xdp::XDP_READ_BYTES_MAX
+    );
+}
