@@ -117,6 +117,12 @@ pub struct AdmissionArgs {
     /// the requests it holds).
     #[arg(long)]
     pub upstream_keepalive: bool,
+    /// Do not pin tiers to CPUs. By default, with 2+ CPUs, back-end nodes (web server and
+    /// gatherer) run on all CPUs but the first and the proxy and clients on the first, so
+    /// the back-end tier can be saturated while the front-end is not, as on separate
+    /// machines.
+    #[arg(long)]
+    pub no_pin: bool,
     /// Clients open one connection per request (as the paper's clients did) instead of
     /// keep-alive.
     #[arg(long)]
@@ -145,7 +151,27 @@ fn port() -> io::Result<u16> {
     nginx::free_port(LOCALHOST)
 }
 
-fn start_tier(a: &AdmissionArgs, run: &Run, system: &str) -> io::Result<Tier> {
+/// CPUs of the front-end tier (proxy, clients) and of the back-end tier.
+struct Placement {
+    front: Option<Vec<usize>>,
+    back: Option<Vec<usize>>,
+}
+
+fn placement(a: &AdmissionArgs) -> Placement {
+    let cpus = crate::procs::allowed_cpus();
+    if a.no_pin || cpus.len() < 2 {
+        return Placement {
+            front: None,
+            back: None,
+        };
+    }
+    Placement {
+        front: Some(cpus[..1].to_vec()),
+        back: Some(cpus[1..].to_vec()),
+    }
+}
+
+fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, pl: &Placement) -> io::Result<Tier> {
     let mut backends = Vec::new();
     let mut nginxes = Vec::new();
     let mut gatherers = Vec::new();
@@ -167,13 +193,19 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str) -> io::Result<Tier> {
                     "--backlog".into(),
                     BACKEND_BACKLOG.to_string(),
                 ];
-                let mut c = Child::farside(&format!("{system}-backend{i}"), &args, &run.logs)?;
+                let mut c = Child::farside(
+                    &format!("{system}-backend{i}"),
+                    &args,
+                    &run.logs,
+                    pl.back.as_deref(),
+                )?;
                 c.wait_port(addr)?;
                 backends.push(c);
             }
             BackendServer::Nginx => {
                 let mut cfg = NginxConfig::new(addr, &run.docroot);
                 cfg.backlog = BACKEND_BACKLOG;
+                cfg.cpus = pl.back.clone();
                 nginxes.push(Nginx::start(&cfg)?);
             }
         }
@@ -192,7 +224,12 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str) -> io::Result<Tier> {
             "--tcp-listen".into(),
             tcp.to_string(),
         ];
-        let mut g = Child::farside(&format!("{system}-gatherd{i}"), &args, &run.logs)?;
+        let mut g = Child::farside(
+            &format!("{system}-gatherd{i}"),
+            &args,
+            &run.logs,
+            pl.back.as_deref(),
+        )?;
         g.wait_port(tcp)?;
         g.wait_file(&shm)?;
         gatherers.push(g);
@@ -229,7 +266,12 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str) -> io::Result<Tier> {
             a.limit.to_string(),
         ]);
     }
-    let mut proxy = Child::farside(&format!("{system}-proxy"), &args, &run.logs)?;
+    let mut proxy = Child::farside(
+        &format!("{system}-proxy"),
+        &args,
+        &run.logs,
+        pl.front.as_deref(),
+    )?;
     proxy.wait_port(proxy_addr)?;
     Ok(Tier {
         _backends: backends,
@@ -397,12 +439,19 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         "qos_ms": a.qos_ms,
         "keepalive": !a.no_keepalive,
         "upstream_keepalive": a.upstream_keepalive,
+        "pinned": !a.no_pin,
         "clients": clients,
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
     });
+    let pl = placement(&a);
+    if let (Some(f), Some(b)) = (&pl.front, &pl.back) {
+        eprintln!("lab admission: proxy and clients on CPU {f:?}, back-end nodes on CPUs {b:?} (--no-pin to share)");
+        // Clients run in this process: pin it (threads created from now on inherit it).
+        crate::procs::pin_current_thread(f)?;
+    }
     let mut done = 0;
     for system in &a.systems {
-        let mut tier = start_tier(&a, &run, system)?;
+        let mut tier = start_tier(&a, &run, system, &pl)?;
         for trace in &a.traces {
             for &n in &clients {
                 let l = loadgen_args(&a, tier.proxy_addr, trace, n, duration_s, warmup_s)?;

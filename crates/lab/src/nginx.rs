@@ -57,6 +57,8 @@ pub struct NginxConfig {
     pub start_timeout: Duration,
     /// The nginx binary; `None` looks it up ([`find_binary`]).
     pub binary: Option<PathBuf>,
+    /// CPUs nginx may run on (`sched_setaffinity`). Default: all.
+    pub cpus: Option<Vec<usize>>,
 }
 
 impl NginxConfig {
@@ -72,6 +74,7 @@ impl NginxConfig {
             backlog: 511,
             start_timeout: Duration::from_secs(5),
             binary: None,
+            cpus: None,
         }
     }
 
@@ -218,7 +221,21 @@ impl Nginx {
             cfg.render(&prefix, as_root, &Modules::detect(&binary)),
         )?;
         let stderr = std::fs::File::create(prefix.join("stderr.log"))?;
-        let child = Command::new(&binary)
+        let mut cmd = Command::new(&binary);
+        if let Some(cpus) = &cfg.cpus {
+            let set = crate::procs::cpu_set(cpus);
+            // SAFETY: only sched_setaffinity between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
             .arg("-p")
             .arg(&prefix)
             .arg("-c")

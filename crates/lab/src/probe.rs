@@ -203,7 +203,7 @@ pub fn run(a: ProbeArgs) -> io::Result<()> {
         "--udp-listen".into(),
         udp.to_string(),
     ];
-    let mut g = Child::farside("probe-gatherd", &args, &logs)?;
+    let mut g = Child::farside("probe-gatherd", &args, &logs, None)?;
     g.wait_port(tcp)?;
     g.wait_file(&shm)?;
     let total = a.transports.len() * loads.len() * sizes.len();

@@ -26,6 +26,19 @@ pub struct Child {
 impl Child {
     /// Start `program args` with stdout/stderr to `log_dir/NAME.log`.
     pub fn spawn(name: &str, program: &Path, args: &[String], log_dir: &Path) -> io::Result<Child> {
+        Self::spawn_pinned(name, program, args, log_dir, None)
+    }
+
+    /// As [`Child::spawn`], restricted to the CPUs in `cpus` (unprivileged
+    /// `sched_setaffinity`), so a lab can keep its tiers on separate CPUs.
+    pub fn spawn_pinned(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        log_dir: &Path,
+        cpus: Option<&[usize]>,
+    ) -> io::Result<Child> {
+        let set = cpus.map(cpu_set);
         let log = log_dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log)?;
         let mut cmd = Command::new(program);
@@ -35,8 +48,14 @@ impl Child {
             .stderr(out);
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if let Some(set) = &set {
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0
+                    {
+                        return Err(io::Error::last_os_error());
+                    }
+                }
                 Ok(())
             });
         }
@@ -60,9 +79,14 @@ impl Child {
     }
 
     /// Start another subcommand of this same `farside` binary.
-    pub fn farside(name: &str, args: &[String], log_dir: &Path) -> io::Result<Child> {
+    pub fn farside(
+        name: &str,
+        args: &[String],
+        log_dir: &Path,
+        cpus: Option<&[usize]>,
+    ) -> io::Result<Child> {
         let exe = std::env::current_exe()?;
-        Self::spawn(name, &exe, args, log_dir)
+        Self::spawn_pinned(name, &exe, args, log_dir, cpus)
     }
 
     pub fn pid(&self) -> u32 {
@@ -152,4 +176,41 @@ pub fn tail(path: &Path, n: usize) -> String {
     let s = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+pub(crate) fn cpu_set(cpus: &[usize]) -> libc::cpu_set_t {
+    // SAFETY: cpu_set_t is plain data; CPU_SET writes within it for cpu < CPU_SETSIZE.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for &c in cpus {
+            if c < libc::CPU_SETSIZE as usize {
+                libc::CPU_SET(c, &mut set);
+            }
+        }
+        set
+    }
+}
+
+/// Restrict the calling thread (and threads it creates afterwards) to `cpus`.
+pub fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
+    let set = cpu_set(cpus);
+    // SAFETY: valid set for the calling thread.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The CPUs this process may run on.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: valid out-pointer of the right size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return vec![0];
+        }
+        (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect()
+    }
 }
