@@ -14,6 +14,17 @@
 //! Not ours (XDP_PASS, left to the stack and gatherd's user-space fallback): non-IPv4,
 //! non-UDP, other ports, IPv4 with options, IP fragments, inconsistent IP/UDP lengths.
 //!
+//! The reply is built in the request's buffer. A READ reply (24 + len bytes) is longer
+//! than its 40-byte request, and receive buffers on veth and in generic mode have only
+//! a few dozen bytes of tailroom, so the frame often cannot grow: such READs are passed
+//! to the stack ([`XdpResponder::no_room`] counts them) for the user-space server on the
+//! same port. Clients that pad READ requests with `len - 16` zero bytes (servers ignore
+//! trailing bytes) make every reply fit in place and are answered in the kernel.
+//!
+//! Use from gatherd: `XdpResponder::attach(iface, mode, port, keys)`, publish the load
+//! record through [`XdpResponder::region`] instead of a heap or shm region, and keep
+//! `farside_rmem::UdpServer` bound to the same port on the same region as the fallback.
+//!
 //! Everything here needs CAP_BPF and CAP_NET_ADMIN (root in practice).
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray};

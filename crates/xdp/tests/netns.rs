@@ -11,6 +11,22 @@
 mod common;
 
 use common::need_root;
+
+/// Also skip (and say so) without ethtool: offloads must be off for checksums to count.
+fn need_root_and_ethtool(test: &str) -> bool {
+    if !need_root(test) {
+        return false;
+    }
+    if Command::new("ethtool").arg("--version").output().is_ok() {
+        return true;
+    }
+    use std::io::Write;
+    let _ = writeln!(
+        std::io::stderr(),
+        "{test}: skipped: needs ethtool (apt-get install ethtool)"
+    );
+    false
+}
 use farside_rmem::wire::{
     self, Op, RepHeader, ReqHeader, Status, REP_HEADER_BYTES, REQ_HEADER_BYTES,
 };
@@ -290,7 +306,7 @@ fn attach_with_fallback(ifname: &str, mode: XdpMode, port: u16) -> (XdpResponder
 
 #[test]
 fn udp_client_talks_to_the_generic_mode_responder() {
-    if !need_root("udp_client_talks_to_the_generic_mode_responder") {
+    if !need_root_and_ethtool("udp_client_talks_to_the_generic_mode_responder") {
         return;
     }
     let net = Net::new(1);
@@ -312,7 +328,7 @@ fn udp_client_talks_to_the_generic_mode_responder() {
 
 #[test]
 fn udp_client_talks_to_the_native_mode_responder() {
-    if !need_root("udp_client_talks_to_the_native_mode_responder") {
+    if !need_root_and_ethtool("udp_client_talks_to_the_native_mode_responder") {
         return;
     }
     let net = Net::new(2);
@@ -336,6 +352,13 @@ fn attach_errors_say_what_failed() {
         .err()
         .expect("no such interface");
     assert!(e.to_string().contains("fsx-no-such-if"), "{e}");
+    println!("no such interface: {e}");
+    // Loopback has no native XDP support: the error names the mode and the fallback.
+    if let Err(e) = XdpResponder::attach("lo", XdpMode::Native, 7000, &[]) {
+        let m = e.to_string();
+        assert!(m.contains("native mode") && m.contains("generic"), "{m}");
+        println!("native on lo: {m}");
+    }
     let keys: Vec<(u64, bool)> = (0..9).map(|k| (k, false)).collect();
     let e = XdpResponder::attach("lo", XdpMode::Generic, 7000, &keys)
         .err()

@@ -13,7 +13,9 @@ pub fn need_root(test: &str) -> bool {
     if farside_xdp::is_root() {
         return true;
     }
-    eprintln!("{test}: skipped: needs root");
+    // Straight to the stderr fd, past the test harness's capture: a skip must be seen.
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "{test}: skipped: needs root");
     false
 }
 
