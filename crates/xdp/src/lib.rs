@@ -557,3 +557,10 @@ mod tests {
         assert_eq!(std::mem::size_of::<Config>(), 8);
     }
 }
+/// Compile-time check: gatherd may share the responder between threads.
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn s<T: Send + Sync>() {}
+    s::<XdpResponder>();
+    s::<TestProgram>();
+}
