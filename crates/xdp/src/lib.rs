@@ -529,6 +529,14 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Compile-time check: gatherd may share the responder between threads.
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn s<T: Send + Sync>() {}
+    s::<XdpResponder>();
+    s::<TestProgram>();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -556,11 +564,4 @@ mod tests {
         assert_eq!(define("RMEM_PERM_RW"), PERM_RW);
         assert_eq!(std::mem::size_of::<Config>(), 8);
     }
-}
-/// Compile-time check: gatherd may share the responder between threads.
-#[allow(dead_code)]
-fn _assert_send_sync() {
-    fn s<T: Send + Sync>() {}
-    s::<XdpResponder>();
-    s::<TestProgram>();
 }
