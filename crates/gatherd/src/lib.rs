@@ -6,6 +6,7 @@
 //! The loop never blocks on readers: it writes the region with plain stores under the
 //! seqlock and the servers (tcp, udp fallback) run on their own threads.
 
+pub mod metrics;
 pub mod sample;
 pub mod sockdiag;
 
@@ -59,6 +60,18 @@ pub struct GatherdArgs {
     /// Serve the udp protocol from user space on this address. Default: off.
     #[arg(long)]
     pub udp_listen: Option<SocketAddr>,
+    /// Attach the XDP responder to this interface so udp requests to the --udp-listen
+    /// port are answered in the kernel (one-sided). Default: none (user space answers).
+    #[arg(long)]
+    pub xdp_iface: Option<String>,
+    /// XDP attach mode: auto (native, then generic, then the user-space server, logged),
+    /// native, generic, or off.
+    #[arg(long, value_enum, default_value_t = XdpChoice::Auto)]
+    pub xdp_mode: XdpChoice,
+    /// Serve Prometheus metrics (samples, sampling cost, per-op and per-refusal counters of
+    /// every server, XDP included) on this address. Default: off.
+    #[arg(long)]
+    pub metrics_listen: Option<SocketAddr>,
     /// Read-only access key, hex. Default: the well-known key "farside0".
     #[arg(long, value_parser = parse_key)]
     pub read_key: Option<u64>,
@@ -88,6 +101,9 @@ impl Default for GatherdArgs {
             no_shm: false,
             tcp_listen: None,
             udp_listen: None,
+            xdp_iface: None,
+            xdp_mode: XdpChoice::Auto,
+            metrics_listen: None,
             read_key: None,
             rw_key: None,
             cgroup: None,
@@ -131,6 +147,14 @@ impl GatherdArgs {
         }
         k
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum XdpChoice {
+    Auto,
+    Native,
+    Generic,
+    Off,
 }
 
 /// Running totals, readable while the gatherer runs.
@@ -286,8 +310,12 @@ pub struct Gatherd {
     pub shm_path: Option<PathBuf>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// How udp requests are answered: "xdp-native", "xdp-generic", "user-space" or "off".
+    pub udp_server: &'static str,
+    xdp: Option<Arc<farside_xdp::XdpResponder>>,
     _tcp: Option<TcpServer>,
     _udp: Option<UdpServer>,
+    _metrics: Option<metrics::MetricsServer>,
 }
 
 /// Region storage shared between the writer loop and the servers.
@@ -322,21 +350,29 @@ impl Gatherd {
             period_us: args.period_us,
             watched_ports: ports,
         };
-        let mut writer = RegionWriter::init(SharedWords(mem.clone()), header);
-        // Publish a first record before any server answers, so readers never see Empty
-        // from a started gatherer.
-        writer.publish(&sampler.sample()?);
-
         let counters = Arc::new(OpCounters::default());
         let keys = args.keys();
         let tcp = args
             .tcp_listen
             .map(|a| TcpServer::spawn(a, mem.clone(), keys.clone(), counters.clone()))
             .transpose()?;
-        let udp = args
-            .udp_listen
-            .map(|a| UdpServer::spawn(a, mem.clone(), keys.clone(), counters.clone()))
-            .transpose()?;
+        let (xdp, udp, udp_server) = start_udp(args, &mem, &keys, &counters)?;
+        // The region lives in every place a reader may look: the shm file (or heap) and,
+        // with XDP, the BPF map the kernel answers from. Each gets its own seqlock writer.
+        let mut writers = vec![RegionWriter::init(SharedWords(mem.clone()), header)];
+        if let Some(x) = &xdp {
+            writers.push(RegionWriter::init(SharedWords(x.region()), header));
+        }
+        // Publish a first record before any server answers, so readers never see Empty
+        // from a started gatherer.
+        let first = sampler.sample()?;
+        for w in &mut writers {
+            w.publish(&first);
+        }
+        let udp_addr = match (&udp, args.udp_listen) {
+            (Some(u), _) => Some(u.local_addr),
+            (None, a) => a,
+        };
 
         let stats = Arc::new(GatherStats::default());
         let stop = Arc::new(AtomicBool::new(false));
@@ -351,7 +387,9 @@ impl Gatherd {
                     st.overruns.store(pacer.overruns, Ordering::Relaxed);
                     match sampler.sample() {
                         Ok(rec) => {
-                            writer.publish(&rec);
+                            for w in &mut writers {
+                                w.publish(&rec);
+                            }
                             st.samples.fetch_add(1, Ordering::Relaxed);
                             st.cost_ns_sum
                                 .fetch_add(rec.sample_cost_ns, Ordering::Relaxed);
@@ -368,17 +406,34 @@ impl Gatherd {
                     }
                 }
             })?;
-        Ok(Gatherd {
+        Gatherd {
             stats,
             counters,
             tcp_addr: tcp.as_ref().map(|t| t.local_addr),
-            udp_addr: udp.as_ref().map(|u| u.local_addr),
+            udp_addr,
+            udp_server,
+            xdp,
             shm_path,
             stop,
             thread: Some(thread),
             _tcp: tcp,
             _udp: udp,
-        })
+            _metrics: None,
+        }
+        .with_metrics(args.metrics_listen)
+    }
+
+    fn with_metrics(mut self, addr: Option<SocketAddr>) -> io::Result<Gatherd> {
+        if let Some(a) = addr {
+            let (stats, counters, xdp) =
+                (self.stats.clone(), self.counters.clone(), self.xdp.clone());
+            let render: metrics::Render =
+                Arc::new(move || render_metrics(&stats, &counters, xdp.as_deref()));
+            let m = metrics::MetricsServer::spawn(a, render)?;
+            log::info!("gatherd: metrics on http://{}/metrics", m.local_addr);
+            self._metrics = Some(m);
+        }
+        Ok(self)
     }
 
     /// Stop sampling: the region's sequence stops advancing (readers see it go stale).
@@ -407,6 +462,126 @@ impl Drop for Gatherd {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+/// Prometheus text of gatherd's own counters and every server's op counters.
+pub fn render_metrics(
+    s: &GatherStats,
+    user: &OpCounters,
+    xdp: Option<&farside_xdp::XdpResponder>,
+) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    for (name, help, v) in [
+        ("samples_total", "Samples published.", &s.samples),
+        (
+            "sample_cost_ns_sum",
+            "CPU time spent sampling, ns.",
+            &s.cost_ns_sum,
+        ),
+        (
+            "sample_cost_ns_max",
+            "Costliest sample, ns.",
+            &s.cost_ns_max,
+        ),
+        (
+            "overruns_total",
+            "Periods whose deadline had passed at wake-up.",
+            &s.overruns,
+        ),
+        (
+            "sample_errors_total",
+            "Failed samples (the record was left to go stale).",
+            &s.sample_errors,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP farside_gatherd_{name} {help}\nfarside_gatherd_{name} {}",
+            v.load(Ordering::Relaxed)
+        );
+    }
+    user.render("farside_gatherd_user", &mut out);
+    if let Some(x) = xdp {
+        let (ops, status) = x.counters();
+        let c = OpCounters::default();
+        for (a, v) in c.ops.iter().zip(ops) {
+            a.store(v, Ordering::Relaxed);
+        }
+        for (a, v) in c.status.iter().zip(status) {
+            a.store(v, Ordering::Relaxed);
+        }
+        c.render("farside_gatherd_xdp", &mut out);
+        let _ = writeln!(out, "farside_gatherd_xdp_aborted_total {}", x.aborted());
+        let _ = writeln!(out, "# HELP farside_gatherd_xdp_no_room_total READs passed to user space because the reply could not grow the frame.");
+        let _ = writeln!(out, "farside_gatherd_xdp_no_room_total {}", x.no_room());
+    }
+    out
+}
+
+/// Start the udp server: the XDP responder if asked and possible, else user space.
+#[allow(clippy::type_complexity)]
+fn start_udp(
+    args: &GatherdArgs,
+    mem: &Arc<dyn Words>,
+    keys: &AccessKeys,
+    counters: &Arc<OpCounters>,
+) -> io::Result<(
+    Option<Arc<farside_xdp::XdpResponder>>,
+    Option<UdpServer>,
+    &'static str,
+)> {
+    use farside_xdp::{XdpMode, XdpResponder};
+    let Some(addr) = args.udp_listen else {
+        return Ok((None, None, "off"));
+    };
+    if let (Some(ifname), true) = (&args.xdp_iface, args.xdp_mode != XdpChoice::Off) {
+        if addr.port() == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "--xdp-iface needs a fixed --udp-listen port",
+            ));
+        }
+        let xkeys: Vec<(u64, bool)> = keys
+            .iter()
+            .map(|(k, p)| (*k, *p == Perm::ReadWrite))
+            .collect();
+        let modes: &[XdpMode] = match args.xdp_mode {
+            XdpChoice::Auto => &[XdpMode::Native, XdpMode::Generic],
+            XdpChoice::Native => &[XdpMode::Native],
+            XdpChoice::Generic => &[XdpMode::Generic],
+            XdpChoice::Off => &[],
+        };
+        let mut last = String::new();
+        for &m in modes {
+            match XdpResponder::attach(ifname, m, addr.port(), &xkeys) {
+                Ok(x) => {
+                    log::info!("gatherd: XDP responder on {ifname} ({} mode), udp port {}: reads and atomics answered in the kernel", m.name(), addr.port());
+                    let name = if m == XdpMode::Native {
+                        "xdp-native"
+                    } else {
+                        "xdp-generic"
+                    };
+                    // Same port, same memory: answers what the program passes on to the
+                    // stack (fragments, IP options, a READ whose reply cannot grow the frame).
+                    let u = UdpServer::spawn(addr, x.region(), keys.clone(), counters.clone())?;
+                    return Ok((Some(Arc::new(x)), Some(u), name));
+                }
+                Err(e) => {
+                    log::warn!("gatherd: XDP {} attach on {ifname} failed: {e}", m.name());
+                    last = e.to_string();
+                }
+            }
+        }
+        if args.xdp_mode != XdpChoice::Auto {
+            return Err(io::Error::other(
+                format!("--xdp-mode {:?}: {last}", args.xdp_mode).to_lowercase(),
+            ));
+        }
+        log::warn!("gatherd: XDP unavailable; answering udp on {addr} from user space (two-sided)");
+    }
+    let u = UdpServer::spawn(addr, mem.clone(), keys.clone(), counters.clone())?;
+    Ok((None, Some(u), "user-space"))
 }
 
 /// Process CPU time (user + system) so far, µs.

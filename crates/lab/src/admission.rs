@@ -106,6 +106,11 @@ pub struct AdmissionArgs {
     /// Client think time between requests, ms.
     #[arg(long, default_value_t = 0)]
     pub think_ms: u64,
+    /// Think time of a client after a 503, ms: clients back off as `Retry-After` asks
+    /// instead of retrying at once (0 = retry immediately, a retry storm that loads the
+    /// front-end tier rather than the back-ends).
+    #[arg(long, default_value_t = 1000)]
+    pub reject_think_ms: u64,
     /// Response time above which a served request counts as slow (QoS), ms.
     #[arg(long, default_value_t = 1000)]
     pub qos_ms: u64,
@@ -311,6 +316,7 @@ fn loadgen_args(
     l.duration_s = duration_s;
     l.warmup_s = warmup_s;
     l.think_ms = a.think_ms;
+    l.reject_think_ms = Some(a.reject_think_ms);
     l.qos_ms = a.qos_ms;
     l.timeout_ms = a.timeout_ms;
     l.no_keepalive = a.no_keepalive;
@@ -436,6 +442,7 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         "duration_s": duration_s,
         "warmup_s": warmup_s,
         "think_ms": a.think_ms,
+        "reject_think_ms": a.reject_think_ms,
         "qos_ms": a.qos_ms,
         "keepalive": !a.no_keepalive,
         "upstream_keepalive": a.upstream_keepalive,

@@ -71,6 +71,10 @@ pub struct LoadgenArgs {
     /// Think time between a client's requests, ms. Default: 0.
     #[arg(long = "think-ms", default_value_t = 0)]
     pub think_ms: u64,
+    /// Think time after a 503 (a client that honours `Retry-After`-style back-off), ms.
+    /// Default: the same as --think-ms.
+    #[arg(long = "reject-think-ms")]
+    pub reject_think_ms: Option<u64>,
     /// Open-loop rate, requests/s; turns the closed loop off. Default: none.
     #[arg(long)]
     pub rate: Option<f64>,
@@ -144,6 +148,7 @@ impl LoadgenArgs {
             host: None,
             clients: 16,
             think_ms: 0,
+            reject_think_ms: None,
             rate: None,
             duration_s: 10.0,
             requests: None,
@@ -437,6 +442,7 @@ struct Ctx {
     keepalive: bool,
     timeout: Duration,
     think: Duration,
+    reject_think: Duration,
     seed: u64,
     run_start: Instant,
     measure_start: Instant,
@@ -598,10 +604,10 @@ async fn closed_client(ctx: Arc<Ctx>, id: u64) {
         let Some(outcome) = timed_request(&ctx, &mut conn, object).await else {
             return;
         };
-        let pause = if outcome == Outcome::Connect {
-            ctx.think.max(CONNECT_RETRY_BACKOFF)
-        } else {
-            ctx.think
+        let pause = match outcome {
+            Outcome::Connect => ctx.think.max(CONNECT_RETRY_BACKOFF),
+            Outcome::Dropped => ctx.reject_think,
+            _ => ctx.think,
         };
         if !pause.is_zero() {
             if Instant::now() + pause >= ctx.end {
@@ -763,6 +769,7 @@ pub fn run(args: &LoadgenArgs) -> Result<Summary, LoadgenError> {
             keepalive,
             timeout: Duration::from_millis(args.timeout_ms),
             think: Duration::from_millis(args.think_ms),
+            reject_think: Duration::from_millis(args.reject_think_ms.unwrap_or(args.think_ms)),
             seed: args.seed,
             run_start,
             measure_start,

@@ -112,6 +112,14 @@ impl Codec {
         self.seq
     }
 
+    /// Pad the last encoded request with zeros up to `total` bytes (servers ignore bytes
+    /// after the payload).
+    pub(crate) fn pad_request(&mut self, total: usize) {
+        if self.req.len() < total {
+            self.req.resize(total, 0);
+        }
+    }
+
     /// Encode request `op` into `self.req` with a new sequence number; returns it.
     pub(crate) fn encode(
         &mut self,

@@ -118,7 +118,7 @@ pub fn check(
     if !len_ok {
         return Err(fail(Status::BadLength));
     }
-    if h.offset % 8 != 0 || len % 8 != 0 {
+    if !h.offset.is_multiple_of(8) || !len.is_multiple_of(8) {
         return Err(fail(Status::Unaligned));
     }
     if h.offset as usize + len > region_bytes {

@@ -108,6 +108,13 @@ impl Exchange for UdpClient {
     }
 
     fn exchange(&mut self, op: Op, seq: u64) -> Result<(), RmemError> {
+        if op == Op::Read {
+            // Pad a READ to the size of its reply: the XDP responder answers in place and
+            // on veth/generic XDP the frame has almost no tailroom to grow into.
+            let len =
+                u32::from_le_bytes(self.codec.req()[32..36].try_into().expect("header")) as usize;
+            self.codec.pad_request(REP_HEADER_BYTES + len);
+        }
         let tries = if op == Op::FetchAdd {
             1
         } else {
