@@ -21,7 +21,8 @@ struct Idle {
 }
 
 pub struct Pool {
-    /// Indexed by back-end index; the lock is held only to push or pop.
+    /// Indexed by back-end index (`Route::backend`, i.e. the configured back-end list);
+    /// an index beyond it is simply not pooled. The lock is held only to push or pop.
     slots: Vec<Mutex<Vec<Idle>>>,
     idle_max: usize,
     idle_timeout: Duration,
