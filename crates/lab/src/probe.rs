@@ -185,6 +185,9 @@ pub fn run(a: ProbeArgs) -> io::Result<()> {
     let samples = a.samples.unwrap_or(if a.quick { 1000 } else { 5000 });
     let logs = a.out.join("logs");
     std::fs::create_dir_all(&logs)?;
+    if a.hosts == crate::admission::Hosts::Netns {
+        return run_netns(&a, &loads, &sizes, samples, &logs);
+    }
     let shm = PathBuf::from(format!(
         "/dev/shm/farside-probe-{}.region",
         std::process::id()
@@ -268,6 +271,10 @@ pub fn run(a: ProbeArgs) -> io::Result<()> {
     }
     drop(g);
     let _ = std::fs::remove_file(&shm);
+    finish(summary, t0, &a)
+}
+
+fn finish(mut summary: Summary, t0: Instant, a: &ProbeArgs) -> io::Result<()> {
     summary.duration_s = t0.elapsed().as_secs_f64();
     report::print_table(&summary, &mut io::stdout())?;
     let files = report::write_all(&summary, &a.out)?;
@@ -277,6 +284,180 @@ pub fn run(a: ProbeArgs) -> io::Result<()> {
         a.out.display()
     );
     Ok(())
+}
+
+/// Ports the back-end node's gatherer serves on in the netns lab.
+const NETNS_TCP_PORT: u16 = 7001;
+const NETNS_UDP_PORT: u16 = 7002;
+
+fn hex_mask(cpus: &[usize]) -> String {
+    format!("{:x}", cpus.iter().fold(0u64, |m, &c| m | (1 << c)))
+}
+
+fn cpu_list(cpus: &[usize]) -> String {
+    cpus.iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The probe across hosts: back-end node (its own CPUs, RPS steered onto them so its
+/// softirq and XDP run there), front node (the prober). One gatherd per transport, so
+/// each is measured alone.
+fn run_netns(
+    a: &ProbeArgs,
+    loads: &[u64],
+    sizes: &[u64],
+    samples: u64,
+    logs: &std::path::Path,
+) -> io::Result<()> {
+    use crate::netns::{NodeSpec, VirtualDc};
+    let cpus = crate::procs::allowed_cpus();
+    let (front, back) = if cpus.len() >= 2 {
+        (cpus[..1].to_vec(), cpus[1..].to_vec())
+    } else {
+        (cpus.clone(), cpus.clone())
+    };
+    let run_id = format!("p{}", std::process::id() % 100_000);
+    let dc = VirtualDc::create(
+        &run_id,
+        &[
+            NodeSpec::new("back")
+                .cpus(&cpu_list(&back))
+                .rps_cpus(&hex_mask(&back)),
+            NodeSpec::new("front")
+                .cpus(&cpu_list(&front))
+                .rps_cpus(&hex_mask(&front)),
+        ],
+    )?;
+    let back_ip = dc.node_ip("back");
+    let iface = dc.veth_in_ns("back");
+    let exe = std::env::current_exe()?;
+    let shm = PathBuf::from(format!("/dev/shm/farside-probe-{run_id}.region"));
+    let tcp = SocketAddr::new(IpAddr::V4(back_ip), NETNS_TCP_PORT);
+    let udp = SocketAddr::new(IpAddr::V4(back_ip), NETNS_UDP_PORT);
+    let total = a.transports.len() * loads.len() * sizes.len();
+    eprintln!(
+        "lab probe --hosts netns: back-end node on CPUs {back:?} (RPS there too), prober on {front:?}; {total} points of {samples} reads"
+    );
+    let mut summary = Summary::new("probe", "netns", a.quick);
+    summary.params = serde_json::json!({
+        "samples": samples, "interval_us": a.interval_us, "timeout_ms": a.timeout_ms,
+        "loads": loads, "sizes": sizes, "back_cpus": back, "front_cpus": front,
+        "xdp_mode": "generic (runs in the back-end's softirq after RPS)",
+    });
+    let t0 = Instant::now();
+    let opts = ClientOptions {
+        timeout: Duration::from_millis(a.timeout_ms),
+        ..Default::default()
+    };
+    let mut done = 0;
+    for t in &a.transports {
+        let mut args: Vec<String> = vec!["gatherd".into()];
+        let ep = match t.as_str() {
+            "shm" => {
+                args.extend(["--shm".into(), shm.display().to_string()]);
+                Endpoint::Shm(shm.clone())
+            }
+            "tcp" => {
+                args.extend(["--no-shm".into(), "--tcp-listen".into(), tcp.to_string()]);
+                Endpoint::Tcp(tcp)
+            }
+            "udp" => {
+                args.extend([
+                    "--no-shm".into(),
+                    "--udp-listen".into(),
+                    udp.to_string(),
+                    "--xdp-mode".into(),
+                    "off".into(),
+                ]);
+                Endpoint::Udp(udp)
+            }
+            _ => {
+                args.extend(["--no-shm".into(), "--udp-listen".into(), udp.to_string()]);
+                args.extend([
+                    "--xdp-iface".into(),
+                    iface.clone(),
+                    "--xdp-mode".into(),
+                    "generic".into(),
+                ]);
+                Endpoint::Udp(udp)
+            }
+        };
+        let log = logs.join(format!("probe-gatherd-{t}.log"));
+        let child = dc.spawn_in("back", &exe, &args, &log)?;
+        let mut g = Child::adopt(&format!("gatherd-{t}"), child, log);
+        // Ready when one read succeeds from the front node.
+        let ready = dc.run_in_ns("front", || {
+            let deadline = Instant::now() + crate::procs::READY_TIMEOUT;
+            loop {
+                if let Ok(mut c) = connect(&ep, &opts) {
+                    if c.read(0, &mut [0u8; 8]).is_ok() {
+                        return Ok(());
+                    }
+                }
+                if Instant::now() > deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("{ep}: no answer from the back-end node"),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        if let Err(e) = ready {
+            g.check_alive()?;
+            return Err(e);
+        }
+        if t == "xdp" {
+            let log = std::fs::read_to_string(&g.log).unwrap_or_default();
+            if !log.contains("XDP responder on") {
+                return Err(io::Error::other(format!(
+                    "xdp: the gatherer did not attach XDP:\n{}",
+                    crate::procs::tail(&g.log, 10)
+                )));
+            }
+        }
+        for &load in loads {
+            let _busy = dc.start_cpu_load("back", load as usize)?;
+            for &size in sizes {
+                let f = front.clone();
+                let ep2 = ep.clone();
+                let l = dc.run_in_ns("front", || {
+                    crate::procs::pin_current_thread(&f)?;
+                    let mut c = connect(&ep2, &opts)
+                        .map_err(|e| io::Error::other(format!("{ep2}: {e}")))?;
+                    measure(
+                        &mut *c,
+                        size as usize,
+                        samples,
+                        Duration::from_micros(a.interval_us),
+                    )
+                })?;
+                g.check_alive()?;
+                done += 1;
+                eprintln!(
+                    "[{done}/{total} {:>4.0}s] {t:<4} load={load} size={size:<5} p50={:>8.1} µs p99={:>8.1} µs p99.9={:>8.1} µs timeouts={}",
+                    t0.elapsed().as_secs_f64(), l.p50_us, l.p99_us, l.p999_us, l.timeouts
+                );
+                summary.push(ProbePoint {
+                    transport: t.clone(),
+                    background_load: load,
+                    size_bytes: size,
+                    samples: l.samples,
+                    p50_us: l.p50_us,
+                    p99_us: l.p99_us,
+                    p999_us: l.p999_us,
+                    max_us: l.max_us,
+                    timeouts: l.timeouts,
+                });
+            }
+        }
+        drop(g);
+    }
+    let _ = std::fs::remove_file(&shm);
+    drop(dc);
+    finish(summary, t0, a)
 }
 
 #[cfg(test)]

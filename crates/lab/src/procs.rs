@@ -78,6 +78,20 @@ impl Child {
         })
     }
 
+    /// Supervise a process started elsewhere (e.g. inside a lab node's namespace).
+    pub fn adopt(name: &str, child: std::process::Child, log: PathBuf) -> Child {
+        Child {
+            name: name.to_string(),
+            child,
+            log,
+        }
+    }
+
+    /// Error if the child has exited; for polling from threads that cannot borrow it.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
     /// Start another subcommand of this same `farside` binary.
     pub fn farside(
         name: &str,
