@@ -376,3 +376,30 @@ fn without_root_nothing_is_created() {
         }
     }
 }
+
+#[test]
+fn failed_create_leaves_nothing() {
+    if !root_or_skip() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let run = run_id("f");
+    // CPU 63 does not exist: the cpuset write fails after namespaces and links exist.
+    let e =
+        VirtualDc::create(&run, &[NodeSpec::new("a"), NodeSpec::new("b").cpus("63")]).unwrap_err();
+    println!("expected error: {e}");
+    assert!(e.to_string().contains("cpuset.cpus"), "{e}");
+    let dirs: Vec<PathBuf> = netns::cgroup_hierarchies()
+        .unwrap()
+        .iter()
+        .map(|h| h.mount.join(netns::CGROUP_SUBTREE).join(&run).join("b"))
+        .collect();
+    assert_gone(&run, &["a", "b"], &dirs);
+    // A run id that is already taken is refused before anything is created.
+    let dc = VirtualDc::create(&run, &[NodeSpec::new("a")]).unwrap();
+    let e = VirtualDc::create(&run, &[NodeSpec::new("a")]).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::AlreadyExists, "{e}");
+    assert!(netns_exists(&netns::netns_name(&run, "a")));
+    dc.destroy().unwrap();
+    assert_gone(&run, &["a"], &[]);
+}
