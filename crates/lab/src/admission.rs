@@ -128,6 +128,10 @@ pub struct AdmissionArgs {
     /// machines.
     #[arg(long)]
     pub no_pin: bool,
+    /// Busy-looping processes per back-end node (the papers' emulated background load;
+    /// --hosts netns only, where they run in the node's cgroup).
+    #[arg(long, default_value_t = 0)]
+    pub background_load: usize,
     /// Clients open one connection per request (as the paper's clients did) instead of
     /// keep-alive.
     #[arg(long)]
@@ -152,11 +156,8 @@ struct Tier {
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
-fn port() -> io::Result<u16> {
-    nginx::free_port(LOCALHOST)
-}
-
 /// CPUs of the front-end tier (proxy, clients) and of the back-end tier.
+#[derive(Clone)]
 struct Placement {
     front: Option<Vec<usize>>,
     back: Option<Vec<usize>>,
@@ -176,15 +177,129 @@ fn placement(a: &AdmissionArgs) -> Placement {
     }
 }
 
-fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, pl: &Placement) -> io::Result<Tier> {
+/// Fixed ports of the netns lab (every node has its own address).
+const NETNS_WEB_PORT: u16 = 80;
+const NETNS_TCP_PORT: u16 = 7001;
+const NETNS_UDP_PORT: u16 = 7002;
+const NETNS_PROXY_PORT: u16 = 8080;
+
+/// Where the lab's nodes run.
+enum Fabric {
+    /// Processes on 127.0.0.1 with free ports, optionally pinned to CPUs.
+    Loopback(Placement),
+    /// One namespace + cgroup per node (`b0..`, `proxy`, `client`).
+    Netns(crate::netns::VirtualDc),
+}
+
+#[derive(Clone, Copy)]
+enum Role {
+    Backend(usize),
+    Proxy,
+}
+
+impl Fabric {
+    fn node(role: Role) -> String {
+        match role {
+            Role::Backend(i) => format!("b{i}"),
+            Role::Proxy => "proxy".into(),
+        }
+    }
+
+    /// An address for a server of `role` (a free loopback port, or the node's IP and a
+    /// fixed port).
+    fn addr(&self, role: Role, netns_port: u16) -> io::Result<SocketAddr> {
+        match self {
+            Fabric::Loopback(_) => Ok(SocketAddr::new(LOCALHOST, nginx::free_port(LOCALHOST)?)),
+            Fabric::Netns(dc) => Ok(SocketAddr::new(
+                IpAddr::V4(dc.node_ip(&Self::node(role))),
+                netns_port,
+            )),
+        }
+    }
+
+    fn spawn(
+        &self,
+        role: Role,
+        name: &str,
+        args: &[String],
+        logs: &std::path::Path,
+    ) -> io::Result<Child> {
+        match self {
+            Fabric::Loopback(pl) => {
+                let cpus = match role {
+                    Role::Backend(_) => pl.back.as_deref(),
+                    Role::Proxy => pl.front.as_deref(),
+                };
+                Child::farside(name, args, logs, cpus)
+            }
+            Fabric::Netns(dc) => {
+                let log = logs.join(format!("{name}.log"));
+                let c = dc.spawn_in(&Self::node(role), &std::env::current_exe()?, args, &log)?;
+                Ok(Child::adopt(name, c, log))
+            }
+        }
+    }
+
+    /// Wait until `addr` accepts TCP connections, seen from where clients run.
+    fn wait_port(&self, child: &mut Child, addr: SocketAddr) -> io::Result<()> {
+        match self {
+            Fabric::Loopback(_) => child.wait_port(addr),
+            Fabric::Netns(dc) => {
+                let deadline = Instant::now() + crate::procs::READY_TIMEOUT;
+                loop {
+                    child.check_alive()?;
+                    let up = dc.run_in_ns("client", || {
+                        Ok(std::net::TcpStream::connect_timeout(
+                            &addr,
+                            std::time::Duration::from_millis(100),
+                        )
+                        .is_ok())
+                    })?;
+                    if up {
+                        return Ok(());
+                    }
+                    if Instant::now() > deadline {
+                        return Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            format!("{} did not listen on {addr}", child.name),
+                        ));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
+        }
+    }
+
+    /// Run the clients (in the client node's namespace for netns, on the front CPUs).
+    fn run_clients(
+        &self,
+        l: &LoadgenArgs,
+        cpus: Option<&[usize]>,
+    ) -> io::Result<farside_loadgen::Summary> {
+        let run = || farside_loadgen::run(l).map_err(|e| io::Error::other(format!("loadgen: {e}")));
+        match self {
+            Fabric::Loopback(_) => run(),
+            Fabric::Netns(dc) => dc.run_in_ns("client", || {
+                if let Some(c) = cpus {
+                    crate::procs::pin_current_thread(c)?;
+                }
+                run()
+            }),
+        }
+    }
+}
+
+fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, fabric: &Fabric) -> io::Result<Tier> {
     let mut backends = Vec::new();
     let mut nginxes = Vec::new();
     let mut gatherers = Vec::new();
     let mut specs = Vec::new();
+    let netns = matches!(fabric, Fabric::Netns(_));
     for i in 0..a.backends {
-        let addr = SocketAddr::new(LOCALHOST, port()?);
-        match a.backend_server {
-            BackendServer::Farside => {
+        let role = Role::Backend(i);
+        let addr = fabric.addr(role, NETNS_WEB_PORT)?;
+        match (a.backend_server, fabric) {
+            (BackendServer::Farside, _) => {
                 let args: Vec<String> = vec![
                     "backend".into(),
                     "--listen".into(),
@@ -198,25 +313,27 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, pl: &Placement) -> io:
                     "--backlog".into(),
                     BACKEND_BACKLOG.to_string(),
                 ];
-                let mut c = Child::farside(
-                    &format!("{system}-backend{i}"),
-                    &args,
-                    &run.logs,
-                    pl.back.as_deref(),
-                )?;
-                c.wait_port(addr)?;
+                let mut c =
+                    fabric.spawn(role, &format!("{system}-backend{i}"), &args, &run.logs)?;
+                fabric.wait_port(&mut c, addr)?;
                 backends.push(c);
             }
-            BackendServer::Nginx => {
+            (BackendServer::Nginx, Fabric::Loopback(pl)) => {
                 let mut cfg = NginxConfig::new(addr, &run.docroot);
                 cfg.backlog = BACKEND_BACKLOG;
                 cfg.cpus = pl.back.clone();
                 nginxes.push(Nginx::start(&cfg)?);
             }
+            (BackendServer::Nginx, Fabric::Netns(_)) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "--backend-server nginx with --hosts netns is not supported yet (use the farside back-end)",
+                ));
+            }
         }
-        let tcp = SocketAddr::new(LOCALHOST, port()?);
+        let tcp = fabric.addr(role, NETNS_TCP_PORT)?;
         let shm = run.shm.join(format!("{system}-node{i}.region"));
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "gatherd".into(),
             "--node-id".into(),
             i.to_string(),
@@ -229,23 +346,31 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, pl: &Placement) -> io:
             "--tcp-listen".into(),
             tcp.to_string(),
         ];
-        let mut g = Child::farside(
-            &format!("{system}-gatherd{i}"),
-            &args,
-            &run.logs,
-            pl.back.as_deref(),
-        )?;
-        g.wait_port(tcp)?;
+        let udp = fabric.addr(role, NETNS_UDP_PORT)?;
+        if netns {
+            // One-sided across hosts: the XDP responder in the back-end node's kernel, in
+            // generic mode so RPS steers it onto the node's own CPU (an honest comparison).
+            args.extend([
+                "--udp-listen".into(),
+                udp.to_string(),
+                "--xdp-iface".into(),
+                crate::netns::VETH_IN_NS.into(),
+            ]);
+            args.extend(["--xdp-mode".into(), "generic".into()]);
+        }
+        let mut g = fabric.spawn(role, &format!("{system}-gatherd{i}"), &args, &run.logs)?;
+        fabric.wait_port(&mut g, tcp)?;
         g.wait_file(&shm)?;
         gatherers.push(g);
-        let spec = match system {
-            "tcp-ac" => format!("{addr},region=tcp:{tcp}"),
-            "onesided-ac" => format!("{addr},region=shm:{}", shm.display()),
+        let spec = match (system, netns) {
+            ("tcp-ac", _) => format!("{addr},region=tcp:{tcp}"),
+            ("onesided-ac", false) => format!("{addr},region=shm:{}", shm.display()),
+            ("onesided-ac", true) => format!("{addr},region=udp:{udp}"),
             _ => addr.to_string(),
         };
         specs.push(spec);
     }
-    let proxy_addr = SocketAddr::new(LOCALHOST, port()?);
+    let proxy_addr = fabric.addr(Role::Proxy, NETNS_PROXY_PORT)?;
     let mut args: Vec<String> = vec![
         "proxy".into(),
         "--listen".into(),
@@ -271,13 +396,8 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, pl: &Placement) -> io:
             a.limit.to_string(),
         ]);
     }
-    let mut proxy = Child::farside(
-        &format!("{system}-proxy"),
-        &args,
-        &run.logs,
-        pl.front.as_deref(),
-    )?;
-    proxy.wait_port(proxy_addr)?;
+    let mut proxy = fabric.spawn(Role::Proxy, &format!("{system}-proxy"), &args, &run.logs)?;
+    fabric.wait_port(&mut proxy, proxy_addr)?;
     Ok(Tier {
         _backends: backends,
         _nginx: nginxes,
@@ -356,20 +476,18 @@ fn point(system: &str, transport: &str, s: &farside_loadgen::Summary) -> Point {
     }
 }
 
-fn transport_of(system: &str) -> &'static str {
-    match system {
-        "tcp-ac" => "tcp",
-        "onesided-ac" => "shm",
+fn transport_of(system: &str, netns: bool) -> &'static str {
+    match (system, netns) {
+        ("tcp-ac", _) => "tcp",
+        ("onesided-ac", false) => "shm",
+        ("onesided-ac", true) => "udp-xdp",
         _ => "none",
     }
 }
 
 pub fn run(a: AdmissionArgs) -> io::Result<()> {
     if a.hosts == Hosts::Netns {
-        return Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "--hosts netns: not built yet; use --hosts loopback",
-        ));
+        crate::netns::check_root(unsafe_euid())?;
     }
     for s in &a.systems {
         if !SYSTEMS.contains(&s.as_str()) {
@@ -428,7 +546,12 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         run.dir.display()
     );
     let t0 = Instant::now();
-    let mut summary = Summary::new("admission", "loopback", a.quick);
+    let netns = a.hosts == Hosts::Netns;
+    let mut summary = Summary::new(
+        "admission",
+        if netns { "netns" } else { "loopback" },
+        a.quick,
+    );
     summary.params = serde_json::json!({
         "backends": a.backends,
         "backend_server": format!("{:?}", a.backend_server).to_lowercase(),
@@ -447,23 +570,66 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         "keepalive": !a.no_keepalive,
         "upstream_keepalive": a.upstream_keepalive,
         "pinned": !a.no_pin,
+        "background_load": a.background_load,
         "clients": clients,
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
     });
     let pl = placement(&a);
     if let (Some(f), Some(b)) = (&pl.front, &pl.back) {
         eprintln!("lab admission: proxy and clients on CPU {f:?}, back-end nodes on CPUs {b:?} (--no-pin to share)");
-        // Clients run in this process: pin it (threads created from now on inherit it).
-        crate::procs::pin_current_thread(f)?;
     }
+    let fabric = if netns {
+        use crate::netns::{NodeSpec, VirtualDc};
+        let list = |c: &Option<Vec<usize>>| {
+            c.as_ref().map(|v| {
+                v.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+        };
+        let mask = |c: &Option<Vec<usize>>| {
+            c.as_ref()
+                .map(|v| format!("{:x}", v.iter().fold(0u64, |m, &x| m | (1 << x))))
+        };
+        let node = |name: &str, c: &Option<Vec<usize>>| {
+            let mut n = NodeSpec::new(name);
+            if let (Some(l), Some(m)) = (list(c), mask(c)) {
+                n = n.cpus(&l).rps_cpus(&m);
+            }
+            n
+        };
+        let mut nodes: Vec<NodeSpec> = (0..a.backends)
+            .map(|i| node(&format!("b{i}"), &pl.back))
+            .collect();
+        nodes.push(node("proxy", &pl.front));
+        nodes.push(node("client", &pl.front));
+        let dc = VirtualDc::create(&format!("a{}", std::process::id() % 100_000), &nodes)?;
+        eprintln!(
+            "lab admission: {} nodes in network namespaces on 10.77.0.0/24",
+            nodes.len()
+        );
+        Fabric::Netns(dc)
+    } else {
+        if let Some(f) = &pl.front {
+            // Clients run in this process: pin it (threads created from now on inherit it).
+            crate::procs::pin_current_thread(f)?;
+        }
+        Fabric::Loopback(pl.clone())
+    };
     let mut done = 0;
     for system in &a.systems {
-        let mut tier = start_tier(&a, &run, system, &pl)?;
+        let mut tier = start_tier(&a, &run, system, &fabric)?;
+        let _busy = match &fabric {
+            Fabric::Netns(dc) if a.background_load > 0 => (0..a.backends)
+                .map(|i| dc.start_cpu_load(&format!("b{i}"), a.background_load))
+                .collect::<io::Result<Vec<_>>>()?,
+            _ => Vec::new(),
+        };
         for trace in &a.traces {
             for &n in &clients {
                 let l = loadgen_args(&a, tier.proxy_addr, trace, n, duration_s, warmup_s)?;
-                let s = farside_loadgen::run(&l)
-                    .map_err(|e| io::Error::other(format!("loadgen: {e}")))?;
+                let s = fabric.run_clients(&l, pl.front.as_deref())?;
                 tier.proxy.check_alive()?;
                 done += 1;
                 eprintln!(
@@ -475,7 +641,7 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
                     100.0 * s.drop_rate,
                     100.0 * s.slow_rate
                 );
-                summary.push(point(system, transport_of(system), &s));
+                summary.push(point(system, transport_of(system, netns), &s));
             }
         }
         drop(tier);
@@ -501,4 +667,9 @@ impl Drop for Cleanup {
             let _ = std::fs::remove_dir_all(p);
         }
     }
+}
+
+fn unsafe_euid() -> u32 {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() }
 }
