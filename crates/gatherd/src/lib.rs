@@ -275,7 +275,7 @@ impl Sampler {
             self.prev = Some((c, now));
         }
         if let Some(d) = &mut self.diag {
-            if self.n % self.conns_every == 0 {
+            if self.n.is_multiple_of(self.conns_every) {
                 self.conns = d.count()?;
                 rec.accept_backlog = self.conns.accept_backlog;
             } else {
@@ -285,7 +285,7 @@ impl Sampler {
             rec.conns_pending = self.conns.pending;
             rec.flags |= FLAG_CONNS;
         }
-        if self.n % MEM_EVERY_PERIODS == 0 {
+        if self.n.is_multiple_of(MEM_EVERY_PERIODS) {
             if let Some(f) = &self.meminfo {
                 self.mem = sample::meminfo(f, &mut self.buf)?;
             }

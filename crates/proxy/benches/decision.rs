@@ -56,7 +56,7 @@ fn main() {
         }
         let peer = "127.0.0.1:9".parse().unwrap();
         bench(&format!("on_accept ({n} back-ends, all fresh)"), || {
-            black_box(ctl.on_accept(black_box(peer)).unwrap());
+            black_box(ctl.on_accept(black_box(peer))).unwrap();
         });
         bench(
             &format!("route: admission + least-loaded ({n} back-ends)"),
