@@ -244,15 +244,28 @@ fn exercise(net: &Net, responder: &XdpResponder, port: u16) {
     }
     assert_eq!(responder.no_room(), 0);
 
-    // Unpadded, the reply does not fit the receive buffer (veth/generic XDP leave a few
-    // dozen bytes of tailroom): the program passes it to the stack, where the
-    // user-space server on the same port answers from the same region.
+    // UdpClient pads its READs itself, so its largest READ is answered in the kernel too.
     let mut big = vec![0u8; XDP_READ_BYTES_MAX];
-    ro.read(0, &mut big)
-        .expect("unpadded read max, via the fallback");
+    ro.read(0, &mut big).expect("client read max");
     for (i, c) in big.chunks_exact(8).enumerate() {
         assert_eq!(u64::from_le_bytes(c.try_into().unwrap()), i as u64 * 3 + 1);
     }
+    assert_eq!(
+        responder.no_room(),
+        0,
+        "the client's padded READ was answered by XDP"
+    );
+
+    // A foreign client's unpadded READ does not fit the receive buffer (veth/generic XDP
+    // leave a few dozen bytes of tailroom): the program passes it to the stack, where the
+    // user-space server on the same port answers from the same region.
+    let rep = raw_exchange(net, port, &read_request(RO, 0, XDP_READ_BYTES_MAX, 0));
+    let h = RepHeader::decode(&rep).expect("reply header");
+    assert_eq!(
+        (h.status, h.len as usize),
+        (Status::Ok, XDP_READ_BYTES_MAX),
+        "answered via the fallback"
+    );
     assert!(responder.no_room() >= 1, "the unpadded READ was passed");
 
     // Refusals: over the XDP read limit, read-only key writing, unknown key (dropped).
@@ -274,11 +287,11 @@ fn exercise(net: &Net, responder: &XdpResponder, port: u16) {
     ));
 
     let (ops, status) = responder.counters();
-    assert_eq!(ops[1], 4, "reads (stranger's included): {ops:?}");
+    assert_eq!(ops[1], 5, "reads (client max read and stranger's included): {ops:?}");
     assert_eq!(ops[2], 2, "writes: {ops:?}");
     assert_eq!(ops[3], 2, "cas: {ops:?}");
     assert_eq!(ops[4], 1, "fadd: {ops:?}");
-    assert_eq!(status[Status::Ok as usize], 6, "{status:?}");
+    assert_eq!(status[Status::Ok as usize], 7, "{status:?}");
     assert_eq!(status[Status::BadLength as usize], 1, "{status:?}");
     assert_eq!(status[Status::ReadOnly as usize], 1, "{status:?}");
     assert_eq!(status[Status::BadKey as usize], 1, "{status:?}");
