@@ -444,6 +444,11 @@ impl Gatherd {
         }
     }
 
+    /// Address of the metrics endpoint, if serving.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self._metrics.as_ref().map(|m| m.local_addr)
+    }
+
     pub fn summary(&self) -> String {
         let s = &self.stats;
         let n = s.samples.load(Ordering::Relaxed).max(1);
@@ -660,6 +665,82 @@ mod tests {
         let b = Snapshot::read_local(&mem, 3).unwrap();
         assert_eq!(a.seq, b.seq);
         let _ = std::fs::remove_file(args.shm_path().unwrap());
+    }
+
+    #[test]
+    fn without_xdp_the_udp_server_falls_back_to_user_space_and_says_so() {
+        let args = GatherdArgs {
+            no_shm: true,
+            udp_listen: Some("127.0.0.1:0".parse().unwrap()),
+            ..Default::default()
+        };
+        // No interface named: user space, port 0 allowed.
+        let g = Gatherd::start(&args).unwrap();
+        assert_eq!(g.udp_server, "user-space");
+        // An interface XDP cannot use (does not exist), auto mode: falls back.
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let args = GatherdArgs {
+            udp_listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
+            xdp_iface: Some("nosuchif0".into()),
+            ..args
+        };
+        let g2 = Gatherd::start(&args).unwrap();
+        assert_eq!(g2.udp_server, "user-space");
+        let mut c = connect(
+            &Endpoint::Udp(g2.udp_addr.unwrap()),
+            &ClientOptions::default(),
+        )
+        .unwrap();
+        let mut bytes = [0u8; farside_region::SNAPSHOT_BYTES];
+        c.read(0, &mut bytes).unwrap();
+        Snapshot::decode(&bytes).expect("a valid record over the fallback");
+        drop(g2);
+        // Asked explicitly for native XDP: an error, not a silent fallback.
+        let e = Gatherd::start(&GatherdArgs {
+            xdp_mode: XdpChoice::Native,
+            ..args
+        })
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("xdp-mode"), "{e}");
+    }
+
+    #[test]
+    fn metrics_endpoint_reports_samples_and_op_counters() {
+        let args = GatherdArgs {
+            no_shm: true,
+            tcp_listen: Some("127.0.0.1:0".parse().unwrap()),
+            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+            ..Default::default()
+        };
+        let g = Gatherd::start(&args).unwrap();
+        let mut c = connect(
+            &Endpoint::Tcp(g.tcp_addr.unwrap()),
+            &ClientOptions::default(),
+        )
+        .unwrap();
+        c.read(0, &mut [0u8; 64]).unwrap();
+        let _ = c.read(4, &mut [0u8; 8]);
+        let addr = g.metrics_addr().unwrap();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        use std::io::{Read, Write};
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        assert!(body.contains("farside_gatherd_samples_total"), "{body}");
+        assert!(
+            body.contains("farside_gatherd_user_ops_total{op=\"read\"} 2"),
+            "{body}"
+        );
+        assert!(
+            body.contains("farside_gatherd_user_replies_total{status=\"unaligned\"} 1"),
+            "{body}"
+        );
     }
 
     #[test]
