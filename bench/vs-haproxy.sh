@@ -2,28 +2,32 @@
 # Side-by-side data-path benchmark on loopback: wrk straight at nginx, through
 # HAProxy (nbthread 1) and through farside (workers 1), for one 16 KiB file.
 #
-#   crates/proxy/benches/vs-haproxy.sh            # farside from the bench_proxy example
-#   FARSIDE=cli crates/proxy/benches/vs-haproxy.sh  # `farside proxy` CLI instead
+#   bench/vs-haproxy.sh                     # `farside proxy`, admission control on, monitor running
+#   FARSIDE=example bench/vs-haproxy.sh     # the bare data path (bench_proxy example, no control layer)
+#
+# With the CLI (default), a `farside gatherd` watches nginx's port and publishes its region
+# in shared memory, and the proxy runs `--admission --metric backlog --limit 1000` with the
+# monitor reading that region every 1 ms: the full control layer is on the request path.
 #
 # Knobs (env): DURATION (5s), WARMUP (1s), CONNS (32), THREADS (1), SIZE (16384),
-# ROUNDS (1: each target measured ROUNDS times, interleaved), PIN (1: wrk+nginx on
-# CPU 0, proxy on CPU 1, so both proxies get the same placement),
-# ADMISSION (0: with FARSIDE=cli, 1 adds `--admission --metric inflight --limit 1000`),
-# VERBOSE (unset: 1 prints every round), CARGO_TARGET_DIR (/work/tgt-h2). Everything binds 127.0.0.1; every run is bounded.
+# ROUNDS (3: each target measured ROUNDS times, interleaved), PIN (1: wrk+nginx+gatherd on
+# CPU 0, proxy on CPU 1, so both proxies get the same placement), ADMISSION (1),
+# VERBOSE (unset: 1 prints every round), CARGO_TARGET_DIR (~/.cache/farside-target).
+# Everything binds 127.0.0.1; every run is bounded.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../../.." && pwd)
+root=$(cd "$here/.." && pwd)
 DURATION=${DURATION:-5s}
 WARMUP=${WARMUP:-1s}
 CONNS=${CONNS:-32}
 THREADS=${THREADS:-1}
 SIZE=${SIZE:-16384}
-ROUNDS=${ROUNDS:-1}
+ROUNDS=${ROUNDS:-3}
 PIN=${PIN:-1}
-FARSIDE=${FARSIDE:-example}
-ADMISSION=${ADMISSION:-0}
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/work/tgt-h2}
+FARSIDE=${FARSIDE:-cli}
+ADMISSION=${ADMISSION:-1}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/farside-target}
 NGINX=${NGINX:-/usr/sbin/nginx}
 HAPROXY=${HAPROXY:-/usr/sbin/haproxy}
 
@@ -126,7 +130,13 @@ pids+=($!)
 hp_pid=$!
 fs_args=(--listen "127.0.0.1:$fs_port" --backend "127.0.0.1:$ng_port" --workers 1)
 if [ "$FARSIDE" = cli ] && [ "$ADMISSION" = 1 ]; then
-    fs_args+=(--admission --metric inflight --limit 1000)
+    pin 0 "${farside_cmd[0]}" gatherd --watch-port "$ng_port" --shm "$tmp/node.region" \
+        >"$tmp/logs/gatherd.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 100); do [ -f "$tmp/node.region" ] && break; sleep 0.05; done
+    fs_args=(--listen "127.0.0.1:$fs_port" --workers 1
+        --backend "127.0.0.1:$ng_port,region=shm:$tmp/node.region"
+        --admission --metric backlog --limit 1000 --monitor-period-us 1000)
 fi
 pin 1 "${farside_cmd[@]}" "${fs_args[@]}" >"$tmp/logs/farside.log" 2>&1 &
 pids+=($!)
