@@ -8,6 +8,7 @@
 //! - [`summary`], [`report`], [`svg`]: the stable result format and its renderings
 
 pub mod admission;
+pub mod flood;
 pub mod netns;
 pub mod nginx;
 pub mod probe;

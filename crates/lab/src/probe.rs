@@ -44,6 +44,11 @@ pub struct ProbeArgs {
     /// Pause between reads, µs (the monitor's G).
     #[arg(long, default_value_t = 200)]
     pub interval_us: u64,
+    /// After the latency points, flood each udp transport (udp, xdp) for this many
+    /// seconds from the front node and report the replies per second one back-end
+    /// sustains (--hosts netns; 0 = skip).
+    #[arg(long, default_value_t = 3.0)]
+    pub flood_s: f64,
     /// Timeout of one read, ms (a timed-out read counts as a timeout, not a latency).
     #[arg(long, default_value_t = 200)]
     pub timeout_ms: u64,
@@ -446,6 +451,24 @@ fn run_netns(
                     max_us: l.max_us,
                     timeouts: l.timeouts,
                 });
+            }
+        }
+        if (t == "udp" || t == "xdp") && a.flood_s > 0.0 {
+            for load in [0u64, *loads.iter().max().unwrap_or(&0)] {
+                let _busy = dc.start_cpu_load("back", load as usize)?;
+                let f = front.clone();
+                let r = dc.run_in_ns("front", || {
+                    crate::procs::pin_current_thread(&f)?;
+                    crate::flood::flood(udp, farside_rmem::DEFAULT_READ_KEY, 64, a.flood_s)
+                })?;
+                let line = format!(
+                    "flood {t} (64 B READs, background load {load}): {:.0} replies/s of {:.0} sent/s ({:.1}% answered)",
+                    r.replies_per_s(),
+                    r.sent as f64 / r.seconds,
+                    100.0 * r.replies as f64 / r.sent.max(1) as f64
+                );
+                eprintln!("{line}");
+                summary.notes.push(line);
             }
         }
         drop(g);

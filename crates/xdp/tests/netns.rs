@@ -287,7 +287,10 @@ fn exercise(net: &Net, responder: &XdpResponder, port: u16) {
     ));
 
     let (ops, status) = responder.counters();
-    assert_eq!(ops[1], 5, "reads (client max read and stranger's included): {ops:?}");
+    assert_eq!(
+        ops[1], 5,
+        "reads (client max read and stranger's included): {ops:?}"
+    );
     assert_eq!(ops[2], 2, "writes: {ops:?}");
     assert_eq!(ops[3], 2, "cas: {ops:?}");
     assert_eq!(ops[4], 1, "fadd: {ops:?}");
