@@ -247,31 +247,44 @@ pub fn run(a: ProbeArgs) -> io::Result<()> {
                 )?;
                 g.check_alive()?;
                 done += 1;
-                eprintln!(
-                    "[{done}/{total} {:>4.0}s] {t:<4} load={load} size={size:<5} p50={:>8.1} µs p99={:>8.1} µs p99.9={:>8.1} µs timeouts={}",
-                    t0.elapsed().as_secs_f64(),
-                    l.p50_us,
-                    l.p99_us,
-                    l.p999_us,
-                    l.timeouts
-                );
-                summary.push(ProbePoint {
-                    transport: t.clone(),
-                    background_load: load,
-                    size_bytes: size,
-                    samples: l.samples,
-                    p50_us: l.p50_us,
-                    p99_us: l.p99_us,
-                    p999_us: l.p999_us,
-                    max_us: l.max_us,
-                    timeouts: l.timeouts,
-                });
+                record(&mut summary, (done, total), t0, t, load, size, &l);
             }
         }
     }
     drop(g);
     let _ = std::fs::remove_file(&shm);
     finish(summary, t0, &a)
+}
+
+/// Print a point's progress line and add it to the summary.
+fn record(
+    summary: &mut Summary,
+    (done, total): (usize, usize),
+    t0: Instant,
+    t: &str,
+    load: u64,
+    size: u64,
+    l: &Latency,
+) {
+    eprintln!(
+        "[{done}/{total} {:>4.0}s] {t:<4} load={load} size={size:<5} p50={:>8.1} µs p99={:>8.1} µs p99.9={:>8.1} µs timeouts={}",
+        t0.elapsed().as_secs_f64(),
+        l.p50_us,
+        l.p99_us,
+        l.p999_us,
+        l.timeouts
+    );
+    summary.push(ProbePoint {
+        transport: t.to_string(),
+        background_load: load,
+        size_bytes: size,
+        samples: l.samples,
+        p50_us: l.p50_us,
+        p99_us: l.p99_us,
+        p999_us: l.p999_us,
+        max_us: l.max_us,
+        timeouts: l.timeouts,
+    });
 }
 
 fn finish(mut summary: Summary, t0: Instant, a: &ProbeArgs) -> io::Result<()> {
@@ -436,21 +449,7 @@ fn run_netns(
                 })?;
                 g.check_alive()?;
                 done += 1;
-                eprintln!(
-                    "[{done}/{total} {:>4.0}s] {t:<4} load={load} size={size:<5} p50={:>8.1} µs p99={:>8.1} µs p99.9={:>8.1} µs timeouts={}",
-                    t0.elapsed().as_secs_f64(), l.p50_us, l.p99_us, l.p999_us, l.timeouts
-                );
-                summary.push(ProbePoint {
-                    transport: t.clone(),
-                    background_load: load,
-                    size_bytes: size,
-                    samples: l.samples,
-                    p50_us: l.p50_us,
-                    p99_us: l.p99_us,
-                    p999_us: l.p999_us,
-                    max_us: l.max_us,
-                    timeouts: l.timeouts,
-                });
+                record(&mut summary, (done, total), t0, t, load, size, &l);
             }
         }
         if (t == "udp" || t == "xdp") && a.flood_s > 0.0 {
