@@ -88,11 +88,14 @@ pub struct AdmissionArgs {
     /// the back-end tier, not the proxy, is the bottleneck).
     #[arg(long, default_value_t = 1500)]
     pub backend_cpu_us: u64,
-    /// Admission metric (conns, pending, cpu, pressure, runnable).
-    #[arg(long, default_value = "conns")]
+    /// Admission metric (backlog, conns, pending, cpu, pressure, runnable). Default
+    /// backlog: fresh every 1 ms sample on any host (conns walks the host's whole TCP hash
+    /// and is sampled less often outside the netns lab).
+    #[arg(long, default_value = "backlog")]
     pub metric: String,
-    /// Load limit per back-end in the metric's unit.
-    #[arg(long, default_value_t = 24)]
+    /// Load limit per back-end in the metric's unit (default: 8 connections waiting for
+    /// a worker).
+    #[arg(long, default_value_t = 8)]
     pub limit: u64,
     /// Monitor poll period G, µs.
     #[arg(long, default_value_t = 1000)]
