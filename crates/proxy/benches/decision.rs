@@ -59,7 +59,13 @@ fn main() {
             black_box(ctl.on_accept(black_box(peer))).unwrap();
         });
         bench(
-            &format!("route: admission + least-loaded ({n} back-ends)"),
+            &format!("choose: per-request admission + least-loaded ({n})"),
+            || {
+                black_box(ctl.choose(black_box(None))).unwrap();
+            },
+        );
+        bench(
+            &format!("route: choose + in-flight guard ({n} back-ends)"),
             || {
                 black_box(ctl.route(black_box(None)).unwrap());
             },
