@@ -82,7 +82,7 @@ pub struct GatherdArgs {
     #[arg(long)]
     pub cgroup: Option<PathBuf>,
     /// Count established connections every N samples (the accept backlog is counted every
-    /// sample). Default 0 = automatic: as often as keeps that count under 5% of one CPU
+    /// sample). Default 0 = automatic: as often as keeps that count under 2% of one CPU
     /// (it walks the kernel's whole TCP hash; see README).
     #[arg(long, default_value_t = 0)]
     pub conns_every: u64,
@@ -185,7 +185,9 @@ pub struct Sampler {
 
 /// CPU share of one core that full connection counts may use when `--conns-every` is
 /// automatic.
-const CONNS_CPU_BUDGET: f64 = 0.05;
+const CONNS_CPU_BUDGET: f64 = 0.02;
+/// Listening sockets are found again by a dump every this many samples (1 s at 1 ms).
+const LISTENERS_REFRESH_EVERY: u64 = 1000;
 /// Calibration dumps at start (the cheapest one counts).
 const CONNS_CALIBRATION_DUMPS: u32 = 3;
 
@@ -279,7 +281,12 @@ impl Sampler {
                 self.conns = d.count()?;
                 rec.accept_backlog = self.conns.accept_backlog;
             } else {
-                rec.accept_backlog = d.count_listen()?;
+                // O(1) lookups of the known listeners; a periodic dump (or a failed
+                // lookup: listener closed or replaced) finds them again.
+                rec.accept_backlog = match d.count_listen_exact() {
+                    Ok(v) if !self.n.is_multiple_of(LISTENERS_REFRESH_EVERY) => v,
+                    _ => d.count_listen()?,
+                };
             }
             rec.conns_established = self.conns.established;
             rec.conns_pending = self.conns.pending;

@@ -32,6 +32,10 @@ const RECV_BUF_BYTES: usize = 64 * 1024;
 /// error rather than looping without bound.
 const DUMP_BATCHES_MAX: usize = 4096;
 
+/// Most listening sockets remembered for exact lookups (SO_REUSEPORT groups, two
+/// families, four ports).
+const LISTENERS_MAX: usize = 32;
+
 const NLMSG_HDR: usize = 16;
 const REQ_V2: usize = 56;
 const DIAG_MSG: usize = 72;
@@ -53,6 +57,9 @@ pub struct SockDiag {
     /// Address families that had a listener on a watched port at the last listen dump;
     /// full dumps skip the others (each full dump walks the whole established hash).
     families: Vec<u8>,
+    /// Listening sockets found by the last LISTEN dump: (family, inet_diag_sockid bytes,
+    /// cookie included). Looked up one by one, which costs O(1) instead of a hash walk.
+    listeners: Vec<(u8, [u8; 48])>,
     buf: Vec<u8>,
     req: Vec<u8>,
     seq: u32,
@@ -78,6 +85,7 @@ impl SockDiag {
             fd,
             ports: ports.to_vec(),
             families,
+            listeners: Vec::new(),
             buf: vec![0; RECV_BUF_BYTES],
             req: Vec::with_capacity(128),
             seq: 0,
@@ -89,6 +97,7 @@ impl SockDiag {
     pub fn count_listen(&mut self) -> io::Result<u64> {
         let mut backlog = 0;
         let mut families = Vec::with_capacity(2);
+        self.listeners.clear();
         for i in 0..self.ports.len() {
             let port = self.ports[i];
             for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
@@ -104,6 +113,26 @@ impl SockDiag {
             self.families = families;
         }
         Ok(backlog)
+    }
+
+    /// Accept-queue lengths by exact lookup of the listeners the last [`count_listen`]
+    /// found (no hash walk). An error (a listener closed or replaced: ENOENT, ESTALE)
+    /// means the caller should run `count_listen` again.
+    ///
+    /// [`count_listen`]: SockDiag::count_listen
+    pub fn count_listen_exact(&mut self) -> io::Result<u64> {
+        if self.listeners.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                "no listener known yet",
+            ));
+        }
+        let mut c = ConnCounts::default();
+        for i in 0..self.listeners.len() {
+            let (family, id) = self.listeners[i];
+            self.exchange(family, 0, 1 << TCP_LISTEN, Some(&id), &mut c)?;
+        }
+        Ok(c.accept_backlog)
     }
 
     /// Full counts on all watched ports: established, backlog, pending. Walks the
@@ -125,15 +154,26 @@ impl SockDiag {
         Ok(c)
     }
 
-    fn build_request(&mut self, family: u8, port: u16, states: u32) {
+    fn build_request(&mut self, family: u8, port: u16, states: u32, exact: Option<&[u8; 48]>) {
         self.seq = self.seq.wrapping_add(1);
         let attr_len: u16 = 4 + 16;
-        let total = (NLMSG_HDR + REQ_V2 + attr_len as usize) as u32;
+        let total = (NLMSG_HDR
+            + REQ_V2
+            + if exact.is_some() {
+                0
+            } else {
+                attr_len as usize
+            }) as u32;
+        let flags = if exact.is_some() {
+            NLM_F_REQUEST
+        } else {
+            NLM_F_REQUEST | NLM_F_DUMP
+        };
         let r = &mut self.req;
         r.clear();
         r.extend_from_slice(&total.to_ne_bytes());
         r.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-        r.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+        r.extend_from_slice(&flags.to_ne_bytes());
         r.extend_from_slice(&self.seq.to_ne_bytes());
         r.extend_from_slice(&0u32.to_ne_bytes()); // pid
                                                   // inet_diag_req_v2
@@ -142,8 +182,15 @@ impl SockDiag {
         r.push(0); // ext
         r.push(0); // pad
         r.extend_from_slice(&states.to_ne_bytes());
-        r.extend_from_slice(&[0u8; 48]); // inet_diag_sockid: wildcard
-                                         // INET_DIAG_REQ_BYTECODE: sport >= port && sport <= port.
+        match exact {
+            // One socket by its full id (cookie included): an O(1) lookup, no dump.
+            Some(id) => {
+                r.extend_from_slice(id);
+                return;
+            }
+            None => r.extend_from_slice(&[0u8; 48]), // inet_diag_sockid: wildcard
+        }
+        // INET_DIAG_REQ_BYTECODE: sport >= port && sport <= port.
         r.extend_from_slice(&attr_len.to_ne_bytes());
         r.extend_from_slice(&INET_DIAG_REQ_BYTECODE.to_ne_bytes());
         // op0: S_GE, yes -> op1 (8), no -> past the end (16 + 4): reject.
@@ -160,7 +207,19 @@ impl SockDiag {
 
     /// One dump; adds to `c` and returns the number of listeners seen.
     fn dump(&mut self, family: u8, port: u16, states: u32, c: &mut ConnCounts) -> io::Result<u64> {
-        self.build_request(family, port, states);
+        self.exchange(family, port, states, None, c)
+    }
+
+    /// One request (a dump, or an exact lookup of `exact`) and its replies.
+    fn exchange(
+        &mut self,
+        family: u8,
+        port: u16,
+        states: u32,
+        exact: Option<&[u8; 48]>,
+        c: &mut ConnCounts,
+    ) -> io::Result<u64> {
+        self.build_request(family, port, states, exact);
         let mut listeners = 0;
         let fd = self.fd.as_raw_fd();
         // SAFETY: sending our own buffer on our socket (kernel as destination: zeroed sockaddr_nl).
@@ -215,6 +274,13 @@ impl SockDiag {
                             TCP_LISTEN => {
                                 listeners += 1;
                                 c.accept_backlog += rqueue;
+                                if exact.is_none()
+                                    && states == 1 << TCP_LISTEN
+                                    && self.listeners.len() < LISTENERS_MAX
+                                {
+                                    let id: [u8; 48] = m[4..52].try_into().expect("48 bytes");
+                                    self.listeners.push((family, id));
+                                }
                             }
                             TCP_ESTABLISHED => {
                                 c.established += 1;
@@ -226,6 +292,10 @@ impl SockDiag {
                         }
                     }
                     _ => {}
+                }
+                if exact.is_some() && ty == SOCK_DIAG_BY_FAMILY {
+                    // An exact lookup answers with one message and no NLMSG_DONE.
+                    return Ok(listeners);
                 }
                 off += (len + 3) & !3;
             }
@@ -257,6 +327,11 @@ mod tests {
         let mut c1 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let _c2 = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         assert_eq!(d.count_listen().unwrap(), 2);
+        assert_eq!(
+            d.count_listen_exact().unwrap(),
+            2,
+            "exact lookup of the listener agrees"
+        );
         let c = d.count().unwrap();
         assert_eq!(c.accept_backlog, 2, "{c:?}");
         assert_eq!(

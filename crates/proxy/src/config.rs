@@ -300,6 +300,13 @@ impl ProxyConfig {
         if self.backends.is_empty() {
             return Err(err("backend", "at least one back-end is required"));
         }
+        let max = crate::control::table::TABLE_BACKENDS_MAX;
+        if self.backends.len() > max {
+            return Err(err(
+                "backend",
+                format!("at most {max} back-ends, got {}", self.backends.len()),
+            ));
+        }
         let h = &self.http;
         for (k, v) in [
             ("http.header_timeout_ms", h.header_timeout_ms),

@@ -255,29 +255,47 @@ impl Control {
     /// filter (if on), then the balancing policy among what is left.
     pub fn choose(&self, host: Option<&str>) -> Result<usize, Reject> {
         let now = coarse_mono_ns();
+        let mut pick = Pick::new(
+            self.policy,
+            self.rr.fetch_add(1, Ordering::Relaxed),
+            self.backends.len(),
+        );
+        let scan = self.scan(host, now, false, &mut pick);
+        if scan.serving == 0 {
+            return Err(Reject::UnknownSite);
+        }
+        if pick.is_empty() && scan.down == scan.serving {
+            // Panic mode: every back-end of the site is marked down. Ignore the marks and
+            // try them anyway: a failure seen under overload must not turn into "503 for
+            // everyone for a second"; only admission control decides to shed load.
+            let scan = self.scan(host, now, true, &mut pick);
+            return pick.finish().ok_or(scan.why);
+        }
+        pick.finish().ok_or(scan.why)
+    }
+
+    /// One pass over the back-ends serving `host`: offers each usable one (right site,
+    /// not down unless `ignore_down`, admissible if admission is on) to `pick`.
+    fn scan(&self, host: Option<&str>, now: u64, ignore_down: bool, pick: &mut Pick) -> Scan {
         let check = self.admission_on && self.per_request;
-        let mut cand = [(0usize, 0u64); CANDIDATES_MAX];
-        let mut n = 0;
-        let mut any_site = false;
-        let mut why = Reject::NoBackend;
-        // Panic mode: if every back-end of the site is marked down, ignore the marks and
-        // try them anyway. A failure seen under overload must not turn into "503 for
-        // everyone for a second": only admission control decides to shed load.
-        let all_down = (0..self.backends.len())
-            .filter(|&i| self.serves(i, host))
-            .all(|i| self.is_down(i, now));
+        let mut scan = Scan {
+            serving: 0,
+            down: 0,
+            why: Reject::NoBackend,
+        };
         for i in 0..self.backends.len() {
             if !self.serves(i, host) {
                 continue;
             }
-            any_site = true;
-            if self.is_down(i, now) && !all_down {
+            scan.serving += 1;
+            if !ignore_down && self.is_down(i, now) {
+                scan.down += 1;
                 continue;
             }
             let load = self.load(i, now);
             if check {
                 if let Err(r) = self.admissible(i, load) {
-                    why = merge_reason(why, r);
+                    scan.why = merge_reason(scan.why, r);
                     continue;
                 }
             }
@@ -285,40 +303,13 @@ impl Control {
                 Load::Known(v) => v,
                 Load::Stale | Load::Unknown => 0,
             };
-            cand[n] = (i, score);
-            n += 1;
+            // Score: remote load first, then this proxy's in-flight requests (fresher).
+            pick.offer(
+                i,
+                (score, self.backends[i].inflight.load(Ordering::Relaxed)),
+            );
         }
-        if !any_site {
-            return Err(Reject::UnknownSite);
-        }
-        if n == 0 {
-            return Err(why);
-        }
-        let cand = &cand[..n];
-        let inflight = |i: usize| self.backends[i].inflight.load(Ordering::Relaxed);
-        // Score: remote load first, then this proxy's in-flight requests (fresher).
-        let key = |&(i, s): &(usize, u64)| (s, inflight(i));
-        Ok(match self.policy {
-            BalancePolicy::RoundRobin => cand[self.rr.fetch_add(1, Ordering::Relaxed) % n].0,
-            BalancePolicy::LeastLoaded => {
-                // Rotate the starting point so ties spread instead of piling on the first.
-                let start = self.rr.fetch_add(1, Ordering::Relaxed) % n;
-                (0..n)
-                    .map(|k| cand[(start + k) % n])
-                    .min_by_key(key)
-                    .expect("n > 0")
-                    .0
-            }
-            BalancePolicy::P2c => {
-                let a = cand[rand_below(n)];
-                let b = cand[rand_below(n)];
-                if key(&a) <= key(&b) {
-                    a.0
-                } else {
-                    b.0
-                }
-            }
-        })
+        scan
     }
 
     pub fn backend_count(&self) -> usize {
@@ -366,6 +357,79 @@ fn wait_first_reads(words: &dyn Words, indices: &[usize], cfg: &ProxyConfig) {
             return;
         }
         std::thread::sleep(Duration::from_micros(cfg.monitor.period_us));
+    }
+}
+
+/// What one pass over the back-ends saw.
+struct Scan {
+    /// Back-ends serving the site.
+    serving: usize,
+    /// Of those, marked down (skipped).
+    down: usize,
+    /// The most telling reason a back-end was refused.
+    why: Reject,
+}
+
+/// Chooses among the back-ends offered by a scan, without allocating: least-loaded keeps
+/// a running minimum (ties broken by a rotating start so they spread); round-robin and
+/// p2c collect candidate indices in a fixed array.
+struct Pick {
+    policy: BalancePolicy,
+    rotation: usize,
+    len: usize,
+    best: Option<((u64, u64, usize), usize)>,
+    n: usize,
+    idx: [u8; CANDIDATES_MAX],
+    key: [(u64, u64); CANDIDATES_MAX],
+}
+
+impl Pick {
+    fn new(policy: BalancePolicy, rotation: usize, len: usize) -> Pick {
+        Pick {
+            policy,
+            rotation,
+            len: len.max(1),
+            best: None,
+            n: 0,
+            idx: [0; CANDIDATES_MAX],
+            key: [(0, 0); CANDIDATES_MAX],
+        }
+    }
+
+    fn offer(&mut self, i: usize, key: (u64, u64)) {
+        match self.policy {
+            BalancePolicy::LeastLoaded => {
+                let rot = (i + self.len - self.rotation % self.len) % self.len;
+                let k = (key.0, key.1, rot);
+                if self.best.is_none_or(|(b, _)| k < b) {
+                    self.best = Some((k, i));
+                }
+            }
+            BalancePolicy::RoundRobin | BalancePolicy::P2c => {
+                self.idx[self.n] = i as u8;
+                self.key[self.n] = key;
+            }
+        }
+        self.n += 1;
+    }
+
+    fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    fn finish(&self) -> Option<usize> {
+        if self.n == 0 {
+            return None;
+        }
+        Some(match self.policy {
+            BalancePolicy::LeastLoaded => self.best.expect("n > 0").1,
+            BalancePolicy::RoundRobin => self.idx[self.rotation % self.n] as usize,
+            BalancePolicy::P2c => {
+                let (a, b) = (rand_below(self.n), rand_below(self.n));
+                let k = if self.key[a] <= self.key[b] { a } else { b };
+                self.idx[k] as usize
+            }
+        })
     }
 }
 
