@@ -26,6 +26,24 @@ pub enum Reject {
 }
 
 impl Reject {
+    /// Every rejection reason, in the order of [`Reject::index`] (metric label order).
+    pub const ALL: [Reject; 4] = [
+        Reject::Overloaded,
+        Reject::StaleLoad,
+        Reject::UnknownSite,
+        Reject::NoBackend,
+    ];
+
+    /// Position in [`Reject::ALL`], for per-reason counter arrays.
+    pub fn index(self) -> usize {
+        match self {
+            Reject::Overloaded => 0,
+            Reject::StaleLoad => 1,
+            Reject::UnknownSite => 2,
+            Reject::NoBackend => 3,
+        }
+    }
+
     /// HTTP status for this rejection. The only place rejections become statuses.
     pub fn status(self) -> u16 {
         match self {

@@ -13,23 +13,6 @@ pub const LATENCY_BUCKETS_US: [u64; 14] = [
     1_000_000, 5_000_000,
 ];
 
-/// Every rejection reason, in the order of the metric's label values.
-const REJECTS: [Reject; 4] = [
-    Reject::Overloaded,
-    Reject::StaleLoad,
-    Reject::UnknownSite,
-    Reject::NoBackend,
-];
-
-fn reject_index(r: Reject) -> usize {
-    match r {
-        Reject::Overloaded => 0,
-        Reject::StaleLoad => 1,
-        Reject::UnknownSite => 2,
-        Reject::NoBackend => 3,
-    }
-}
-
 /// How talking to a back-end failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpstreamError {
@@ -113,11 +96,11 @@ impl Metrics {
     }
 
     pub fn reject(&self, r: Reject) {
-        self.rejects[reject_index(r)].fetch_add(1, Relaxed);
+        self.rejects[r.index()].fetch_add(1, Relaxed);
     }
 
     pub fn rejects_for(&self, r: Reject) -> u64 {
-        self.rejects[reject_index(r)].load(Relaxed)
+        self.rejects[r.index()].load(Relaxed)
     }
 
     pub fn upstream_error(&self, e: UpstreamError) {
@@ -210,7 +193,7 @@ impl Metrics {
             "# HELP farside_proxy_rejects_total Requests and connections refused by the gate.\n\
              # TYPE farside_proxy_rejects_total counter\n",
         );
-        for r in REJECTS {
+        for r in Reject::ALL {
             let _ = writeln!(
                 out,
                 "farside_proxy_rejects_total{{reason=\"{}\"}} {}",

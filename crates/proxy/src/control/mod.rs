@@ -55,22 +55,6 @@ struct Counters {
     request_rejected: [AtomicU64; 4],
 }
 
-const REJECTS: [Reject; 4] = [
-    Reject::Overloaded,
-    Reject::StaleLoad,
-    Reject::UnknownSite,
-    Reject::NoBackend,
-];
-
-fn reject_index(r: Reject) -> usize {
-    match r {
-        Reject::Overloaded => 0,
-        Reject::StaleLoad => 1,
-        Reject::UnknownSite => 2,
-        Reject::NoBackend => 3,
-    }
-}
-
 /// The proxy's control layer. Cheap to query from every worker thread.
 pub struct Control {
     admission_on: bool,
@@ -469,9 +453,7 @@ impl Gate for Control {
                 .counters
                 .accept_admitted
                 .fetch_add(1, Ordering::Relaxed),
-            Err(why) => {
-                self.counters.accept_rejected[reject_index(why)].fetch_add(1, Ordering::Relaxed)
-            }
+            Err(why) => self.counters.accept_rejected[why.index()].fetch_add(1, Ordering::Relaxed),
         };
         r
     }
@@ -490,7 +472,7 @@ impl Gate for Control {
                 })
             }
             Err(why) => {
-                self.counters.request_rejected[reject_index(why)].fetch_add(1, Ordering::Relaxed);
+                self.counters.request_rejected[why.index()].fetch_add(1, Ordering::Relaxed);
                 Err(why)
             }
         }
@@ -529,12 +511,12 @@ impl Gate for Control {
                 "farside_admission_decisions_total{{stage=\"{stage}\",outcome=\"admit\",reason=\"\"}} {}",
                 admitted.load(Ordering::Relaxed)
             );
-            for r in REJECTS {
+            for r in Reject::ALL {
                 let _ = writeln!(
                     out,
                     "farside_admission_decisions_total{{stage=\"{stage}\",outcome=\"reject\",reason=\"{}\"}} {}",
                     r.reason(),
-                    rejected[reject_index(r)].load(Ordering::Relaxed)
+                    rejected[r.index()].load(Ordering::Relaxed)
                 );
             }
         }
