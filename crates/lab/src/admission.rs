@@ -131,6 +131,10 @@ pub struct AdmissionArgs {
     /// machines.
     #[arg(long)]
     pub no_pin: bool,
+    /// Run every point this many times and report means and standard deviations
+    /// (`runs`, `avg_ms_sd`, `tps_sd` in summary.json).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
     /// Busy-looping processes per back-end node (the papers' emulated background load;
     /// --hosts netns only, where they run in the node's cgroup).
     #[arg(long, default_value_t = 0)]
@@ -466,6 +470,9 @@ fn point(system: &str, transport: &str, s: &farside_loadgen::Summary) -> Point {
         served: s.served,
         dropped: s.dropped_503,
         failures: s.failures,
+        runs: 1,
+        avg_ms_sd: 0.0,
+        tps_sd: 0.0,
         series: s
             .series
             .iter()
@@ -539,7 +546,7 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
     }
 
     let total = a.systems.len() * a.traces.len() * clients.len();
-    let est = total as f64 * (duration_s + warmup_s + 0.5);
+    let est = total as f64 * a.repeat.max(1) as f64 * (duration_s + warmup_s + 0.5);
     eprintln!(
         "lab admission: {} system(s) x {} trace(s) x {} client count(s) = {total} points, about {:.0} s; output in {}",
         a.systems.len(),
@@ -571,6 +578,7 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         "reject_think_ms": a.reject_think_ms,
         "qos_ms": a.qos_ms,
         "keepalive": !a.no_keepalive,
+        "repeat": a.repeat,
         "upstream_keepalive": a.upstream_keepalive,
         "pinned": !a.no_pin,
         "background_load": a.background_load,
@@ -632,19 +640,29 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         for trace in &a.traces {
             for &n in &clients {
                 let l = loadgen_args(&a, tier.proxy_addr, trace, n, duration_s, warmup_s)?;
-                let s = fabric.run_clients(&l, pl.front.as_deref())?;
-                tier.proxy.check_alive()?;
+                let mut runs = Vec::with_capacity(a.repeat as usize);
+                for r in 0..a.repeat.max(1) {
+                    let s = fabric.run_clients(&l, pl.front.as_deref())?;
+                    tier.proxy.check_alive()?;
+                    let rep = if a.repeat > 1 {
+                        format!(" run {}/{}", r + 1, a.repeat)
+                    } else {
+                        String::new()
+                    };
+                    eprintln!(
+                        "[{}/{total} {:>4.0}s] {system:<12} {trace:<8} clients={n:<4}{rep} avg={:>8.1} ms p99={:>8.1} ms tps={:>7.1} drop={:>5.1}% slow={:>5.1}%",
+                        done + 1,
+                        t0.elapsed().as_secs_f64(),
+                        s.avg_ms,
+                        s.p99_ms,
+                        s.tps,
+                        100.0 * s.drop_rate,
+                        100.0 * s.slow_rate
+                    );
+                    runs.push(point(system, transport_of(system, netns), &s));
+                }
                 done += 1;
-                eprintln!(
-                    "[{done}/{total} {:>4.0}s] {system:<12} {trace:<8} clients={n:<4} avg={:>8.1} ms p99={:>8.1} ms tps={:>7.1} drop={:>5.1}% slow={:>5.1}%",
-                    t0.elapsed().as_secs_f64(),
-                    s.avg_ms,
-                    s.p99_ms,
-                    s.tps,
-                    100.0 * s.drop_rate,
-                    100.0 * s.slow_rate
-                );
-                summary.push(point(system, transport_of(system, netns), &s));
+                summary.push(Point::combine(&runs));
             }
         }
         drop(tier);

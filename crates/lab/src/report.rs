@@ -244,6 +244,30 @@ pub fn table_text(s: &Summary) -> String {
         if let Some(imp) = g.improvements(trace) {
             let _ = writeln!(out, "{}", imp.line());
         }
+        // With repeated runs, the spread at the heaviest load says whether a difference
+        // is larger than the noise.
+        if let Some(&heaviest) = g.clients(trace).last() {
+            let spread: Vec<String> = g
+                .systems
+                .iter()
+                .filter_map(|sys| g.get(sys, trace, heaviest))
+                .filter(|p| p.runs > 1)
+                .map(|p| {
+                    format!(
+                        "{} {:.1} ± {:.1} ms, {:.0} ± {:.0} TPS",
+                        p.system, p.avg_ms, p.avg_ms_sd, p.tps, p.tps_sd
+                    )
+                })
+                .collect();
+            if !spread.is_empty() {
+                let runs = g.get(g.systems[0], trace, heaviest).map_or(0, |p| p.runs);
+                let _ = writeln!(
+                    out,
+                    "spread {trace} @ {heaviest} clients (mean ± sd of {runs} runs): {}",
+                    spread.join("; ")
+                );
+            }
+        }
         out.push('\n');
     }
     let probes: Vec<&ProbePoint> = s.probe_points().collect();
@@ -796,6 +820,9 @@ mod tests {
                         served: 950,
                         dropped: 50,
                         failures: 0,
+                        runs: 1,
+                        avg_ms_sd: 0.0,
+                        tps_sd: 0.0,
                         series,
                     });
                 }

@@ -107,10 +107,61 @@ pub struct Point {
     pub dropped: u64,
     /// `failures`: requests that failed otherwise (timeouts, resets, bad replies).
     pub failures: u64,
+    /// `runs`: repetitions this point averages (`lab admission --repeat`); rates and
+    /// times are means over the runs, counts are sums, `max_ms` the largest.
+    #[serde(default = "one")]
+    pub runs: u64,
+    /// `avg_ms_sd`: sample standard deviation of `avg_ms` across runs (0 for one run).
+    #[serde(default)]
+    pub avg_ms_sd: f64,
+    /// `tps_sd`: sample standard deviation of `tps` across runs (0 for one run).
+    #[serde(default)]
+    pub tps_sd: f64,
     /// Per-second series (Fig. 6/7). Not written to `summary.json`: the
     /// report writes it to `series-<system>-<trace>-<clients>.csv`.
     #[serde(skip_serializing, default)]
     pub series: Vec<SecondPoint>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl Point {
+    /// Combine repetitions of one point: means of times and rates, sums of counts, the
+    /// largest max, standard deviations of `avg_ms` and `tps`, the first run's series.
+    pub fn combine(runs: &[Point]) -> Point {
+        let n = runs.len().max(1) as f64;
+        let mean = |f: fn(&Point) -> f64| runs.iter().map(f).sum::<f64>() / n;
+        let sd = |f: fn(&Point) -> f64| {
+            if runs.len() < 2 {
+                return 0.0;
+            }
+            let m = mean(f);
+            (runs.iter().map(|p| (f(p) - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+        };
+        let Some(first) = runs.first() else {
+            return Point::default();
+        };
+        Point {
+            avg_ms: mean(|p| p.avg_ms),
+            p50_ms: mean(|p| p.p50_ms),
+            p90_ms: mean(|p| p.p90_ms),
+            p99_ms: mean(|p| p.p99_ms),
+            max_ms: runs.iter().map(|p| p.max_ms).fold(0.0, f64::max),
+            tps: mean(|p| p.tps),
+            drop_rate: mean(|p| p.drop_rate),
+            slow_rate: mean(|p| p.slow_rate),
+            attempts: runs.iter().map(|p| p.attempts).sum(),
+            served: runs.iter().map(|p| p.served).sum(),
+            dropped: runs.iter().map(|p| p.dropped).sum(),
+            failures: runs.iter().map(|p| p.failures).sum(),
+            runs: runs.len() as u64,
+            avg_ms_sd: sd(|p| p.avg_ms),
+            tps_sd: sd(|p| p.tps),
+            ..first.clone()
+        }
+    }
 }
 
 /// One second of an admission run, for the time-series plots (Fig. 6/7).
@@ -248,6 +299,9 @@ mod tests {
             served: 990,
             dropped: 110,
             failures: 0,
+            runs: 1,
+            avg_ms_sd: 0.0,
+            tps_sd: 0.0,
             series: vec![SecondPoint {
                 t_s: 0,
                 served: 10,
@@ -353,5 +407,41 @@ mod tests {
             avg_ms: 1.0,
         };
         assert_eq!(s.drop_rate(), 0.25);
+    }
+
+    #[test]
+    fn repeated_runs_combine_to_means_sums_and_spread() {
+        let a = Point {
+            avg_ms: 10.0,
+            tps: 100.0,
+            served: 5,
+            max_ms: 30.0,
+            ..admission()
+        };
+        let b = Point {
+            avg_ms: 20.0,
+            tps: 300.0,
+            served: 7,
+            max_ms: 50.0,
+            ..admission()
+        };
+        let c = Point::combine(&[a.clone(), b]);
+        assert_eq!(
+            (c.avg_ms, c.tps, c.served, c.max_ms, c.runs),
+            (15.0, 200.0, 12, 50.0, 2)
+        );
+        assert!(
+            (c.avg_ms_sd - 50f64.sqrt()).abs() < 1e-9,
+            "sample sd: {}",
+            c.avg_ms_sd
+        );
+        let one = Point::combine(&[a]);
+        assert_eq!((one.runs, one.avg_ms_sd), (1, 0.0));
+        // Older summaries without the keys read as one run.
+        let json = serde_json::to_string(&admission())
+            .unwrap()
+            .replace(",\"runs\":1", "");
+        let p: Point = serde_json::from_str(&json).unwrap();
+        assert_eq!(p.runs, 1);
     }
 }
