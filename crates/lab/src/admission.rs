@@ -537,6 +537,14 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
     std::fs::create_dir_all(&run.logs)?;
     std::fs::create_dir_all(&run.shm)?;
     let _cleanup = Cleanup(vec![run.shm.clone(), run.docroot.clone()]);
+    {
+        let dirs = vec![run.shm.clone(), run.docroot.clone()];
+        crate::procs::on_interrupt(move || {
+            for d in &dirs {
+                let _ = std::fs::remove_dir_all(d);
+            }
+        });
+    }
     for t in &a.traces {
         let l = loadgen_args(&a, "127.0.0.1:1".parse().expect("literal"), t, 1, 1.0, 0.0)?;
         let trace = l
@@ -616,6 +624,12 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         nodes.push(node("proxy", &pl.front));
         nodes.push(node("client", &pl.front));
         let dc = VirtualDc::create(&format!("a{}", std::process::id() % 100_000), &nodes)?;
+        let id = dc.run_id().to_string();
+        crate::procs::on_interrupt(move || {
+            if let Ok(r) = crate::netns::clean_run_id(&id) {
+                eprint!("{r}");
+            }
+        });
         eprintln!(
             "lab admission: {} nodes in network namespaces on 10.77.0.0/24",
             nodes.len()

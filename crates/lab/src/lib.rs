@@ -37,6 +37,19 @@ pub enum LabCmd {
 }
 
 pub fn run(a: LabArgs) -> std::io::Result<()> {
+    procs::install_interrupt_handler()?;
+    let r = run_cmd(a);
+    if r.is_err() && procs::interrupted() {
+        // The interrupt handler is cleaning up and will exit with 130; the error is a
+        // consequence of that clean-up (children killed), not news.
+        loop {
+            std::thread::park();
+        }
+    }
+    r
+}
+
+fn run_cmd(a: LabArgs) -> std::io::Result<()> {
     match a.cmd {
         LabCmd::Admission(x) => admission::run(x),
         LabCmd::Probe(x) => probe::run(x),

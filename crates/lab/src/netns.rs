@@ -1012,6 +1012,33 @@ pub fn clean_stale() -> io::Result<CleanReport> {
     Ok(r)
 }
 
+/// Remove what one run (by run id) created, whether or not its owner is alive: what an
+/// interrupted lab calls for its own run, leaving other runs alone.
+pub fn clean_run_id(run_id: &str) -> io::Result<CleanReport> {
+    check_root(
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() },
+    )?;
+    let mut r = CleanReport::default();
+    for (p, s) in read_states(&mut r) {
+        if p.file_stem().is_none_or(|x| x != run_id) {
+            continue;
+        }
+        if let Some(v) = &s.ehash_prev {
+            match write_file(Path::new(EHASH_SYSCTL), v, "restore") {
+                Ok(()) => r.sysctl_restored = Some(v.clone()),
+                Err(e) => r.errors.push(e.to_string()),
+            }
+        }
+        clean_run(&s, &mut r);
+        match fs::remove_file(&p) {
+            Ok(()) => r.state_files.push(p),
+            Err(e) => r.errors.push(format!("remove {}: {e}", p.display())),
+        }
+    }
+    Ok(r)
+}
+
 /// The state files of all runs.
 pub fn read_states(r: &mut CleanReport) -> Vec<(PathBuf, RunState)> {
     let mut v = Vec::new();

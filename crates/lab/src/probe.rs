@@ -343,6 +343,12 @@ fn run_netns(
                 .rps_cpus(&hex_mask(&front)),
         ],
     )?;
+    let id = dc.run_id().to_string();
+    crate::procs::on_interrupt(move || {
+        if let Ok(r) = crate::netns::clean_run_id(&id) {
+            eprint!("{r}");
+        }
+    });
     let back_ip = dc.node_ip("back");
     let iface = dc.veth_in_ns("back");
     let exe = std::env::current_exe()?;

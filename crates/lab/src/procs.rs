@@ -228,3 +228,62 @@ pub fn allowed_cpus() -> Vec<usize> {
             .collect()
     }
 }
+
+type Cleanup = Box<dyn Fn() + Send + Sync>;
+
+/// Set once an interrupt is being handled: the main thread then waits for the handler
+/// (which exits with 130) instead of reporting the errors the clean-up causes.
+static INTERRUPTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the lab is being interrupted.
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Clean-ups run when the lab is interrupted (SIGINT/SIGTERM), newest first.
+static ON_INTERRUPT: std::sync::Mutex<Vec<Cleanup>> = std::sync::Mutex::new(Vec::new());
+
+/// Register a clean-up for an interrupted run (removing temp dirs, namespaces, cgroups).
+/// Children need none: they die with the lab (PR_SET_PDEATHSIG).
+pub fn on_interrupt(f: impl Fn() + Send + Sync + 'static) {
+    ON_INTERRUPT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(Box::new(f));
+}
+
+/// Block SIGINT and SIGTERM in the calling thread (and threads it creates later) and
+/// start a thread that waits for them, runs the registered clean-ups and exits with 130.
+/// Call it first thing, before other threads exist. Spawned children start with the
+/// default mask (Rust's `Command` resets it).
+pub fn install_interrupt_handler() -> io::Result<()> {
+    // SAFETY: building a signal set and masking it for this thread.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        set
+    };
+    std::thread::Builder::new()
+        .name("lab-signals".into())
+        .spawn(move || {
+            let mut sig = 0;
+            // SAFETY: waiting on a blocked set.
+            if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                return;
+            }
+            INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst);
+            eprintln!("lab: signal {sig}: cleaning up");
+            let cleanups =
+                std::mem::take(&mut *ON_INTERRUPT.lock().unwrap_or_else(|p| p.into_inner()));
+            for f in cleanups.iter().rev() {
+                f();
+            }
+            std::process::exit(130);
+        })?;
+    Ok(())
+}
