@@ -39,9 +39,6 @@ use tokio::time::{timeout, timeout_at, Instant};
 
 /// Upstream read buffer: a 16 KiB object plus its head arrives in one read.
 const UPSTREAM_BUF_BYTES: usize = 32 * 1024;
-/// Longest a response head waits for the rest of a short body to arrive, so head and
-/// body reach the client in one write (see the relay in `Conn::proxy`).
-const COALESCE_WAIT: Duration = Duration::from_micros(500);
 /// Initial client read buffer; grows up to `http.max_header_bytes` for large heads.
 const CLIENT_BUF_BYTES: usize = 8 * 1024;
 /// After an error response or `Connection: close`, keep reading (and discarding) for at
@@ -907,25 +904,6 @@ impl Conn {
                 }
             }
         };
-
-        // Coalesce a short body that is still arriving (a typical back-end writes the head,
-        // then sends the file): read it in full before the first write, so the client is
-        // woken once per response instead of twice. Bounded by the buffer and by
-        // COALESCE_WAIT: a back-end that stalls delays the head by at most that.
-        if let BodyFraming::Length(len) = resp.framing {
-            let want = resp.head_len.saturating_add(len as usize);
-            if !resp.dechunk && want <= UPSTREAM_BUF_BYTES && self.ubuf.len() < want {
-                let deadline = tokio::time::Instant::now() + COALESCE_WAIT;
-                while self.ubuf.len() < want {
-                    let read = self.ubuf.read_from(&mut up, UPSTREAM_BUF_BYTES);
-                    match tokio::time::timeout_at(deadline, read).await {
-                        Ok(Ok(n)) if n > 0 => {}
-                        // Timeout, EOF or error: the relay loop below sees and handles it.
-                        _ => break,
-                    }
-                }
-            }
-        }
 
         // Relay the response: head plus the body bytes already read, in one (vectored)
         // write; the body bytes are not copied unless they must be decoded.
