@@ -682,6 +682,7 @@ impl VirtualDc {
         // fork and exec; the fds are owned by the closure and close-on-exec.
         unsafe {
             cmd.pre_exec(move || {
+                crate::procs::reset_signal_mask();
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(io::Error::last_os_error());
                 }

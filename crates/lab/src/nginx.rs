@@ -222,18 +222,19 @@ impl Nginx {
         )?;
         let stderr = std::fs::File::create(prefix.join("stderr.log"))?;
         let mut cmd = Command::new(&binary);
-        if let Some(cpus) = &cfg.cpus {
-            let set = crate::procs::cpu_set(cpus);
-            // SAFETY: only sched_setaffinity between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0
+        let set = cfg.cpus.as_deref().map(crate::procs::cpu_set);
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                crate::procs::reset_signal_mask();
+                if let Some(set) = &set {
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0
                     {
                         return Err(io::Error::last_os_error());
                     }
-                    Ok(())
-                });
-            }
+                }
+                Ok(())
+            });
         }
         let child = cmd
             .arg("-p")

@@ -49,6 +49,7 @@ impl Child {
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
+                reset_signal_mask();
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
                 if let Some(set) = &set {
                     if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0
@@ -229,6 +230,18 @@ pub fn allowed_cpus() -> Vec<usize> {
     }
 }
 
+/// Give a child the default signal mask. The lab blocks SIGINT/SIGTERM for its
+/// interrupt handler, and a blocked mask survives exec: without this, children ignore
+/// SIGTERM. Async-signal-safe (for `pre_exec`).
+pub(crate) fn reset_signal_mask() {
+    // SAFETY: sigemptyset and pthread_sigmask on a local set.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+}
+
 type Cleanup = Box<dyn Fn() + Send + Sync>;
 
 /// Set once an interrupt is being handled: the main thread then waits for the handler
@@ -286,4 +299,37 @@ pub fn install_interrupt_handler() -> io::Result<()> {
             std::process::exit(130);
         })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn children_start_with_no_blocked_signals_even_when_the_lab_blocks_them() {
+        let dir = std::env::temp_dir().join(format!("farside-procs-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let d = dir.clone();
+        // A fresh thread: block SIGINT/SIGTERM there as the interrupt handler does, then spawn.
+        let log = std::thread::spawn(move || {
+            // SAFETY: masking signals for this thread only.
+            unsafe {
+                let mut set: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut set);
+                libc::sigaddset(&mut set, libc::SIGTERM);
+                libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+            }
+            let args = vec!["-c".to_string(), "grep SigBlk /proc/self/status".to_string()];
+            let mut c = Child::spawn("sigblk", Path::new("/bin/sh"), &args, &d).unwrap();
+            while c.exited().is_none() {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            c.log.clone()
+        })
+        .join()
+        .unwrap();
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(text.contains("SigBlk:\t0000000000000000"), "child inherited a blocked mask: {text}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
