@@ -319,7 +319,10 @@ mod tests {
                 libc::sigaddset(&mut set, libc::SIGTERM);
                 libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
             }
-            let args = vec!["-c".to_string(), "grep SigBlk /proc/self/status".to_string()];
+            let args = vec![
+                "-c".to_string(),
+                "grep SigBlk /proc/self/status".to_string(),
+            ];
             let mut c = Child::spawn("sigblk", Path::new("/bin/sh"), &args, &d).unwrap();
             while c.exited().is_none() {
                 std::thread::sleep(Duration::from_millis(5));
@@ -329,7 +332,10 @@ mod tests {
         .join()
         .unwrap();
         let text = std::fs::read_to_string(&log).unwrap();
-        assert!(text.contains("SigBlk:\t0000000000000000"), "child inherited a blocked mask: {text}");
+        assert!(
+            text.contains("SigBlk:\t0000000000000000"),
+            "child inherited a blocked mask: {text}"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 }
