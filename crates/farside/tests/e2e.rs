@@ -395,6 +395,46 @@ fn lab_admission_writes_summary_with_stable_keys_and_report() {
     }
 }
 
+#[test]
+fn lab_admission_runs_nginx_back_ends_inside_namespaces() {
+    if !farside_lab::netns::is_root() {
+        eprintln!("lab_admission_runs_nginx_back_ends_inside_namespaces: skipped: needs root");
+        return;
+    }
+    if farside_lab::nginx::find_binary().is_err() {
+        eprintln!("lab_admission_runs_nginx_back_ends_inside_namespaces: skipped: no nginx");
+        return;
+    }
+    let dir = Dir::new("lab-nginx-ns");
+    let out = dir.0.join("out");
+    let st = std::process::Command::new(exe())
+        .args(["lab", "admission", "--hosts", "netns"])
+        .args(["--backend-server", "nginx", "--systems", "onesided-ac"])
+        .args(["--traces", "single", "--clients", "4"])
+        .args(["--duration-s", "1", "--warmup-s", "0.2"])
+        .arg("--out")
+        .arg(&out)
+        .env(
+            "FARSIDE_DATA",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../data"),
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&st.stderr);
+    assert!(st.status.success(), "lab failed:\n{stderr}");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(s["hosts"], "netns");
+    let points = s["points"].as_array().unwrap();
+    assert_eq!(points.len(), 1);
+    assert!(
+        points[0]["tps"].as_f64().unwrap() > 0.0,
+        "nginx in a namespace served the clients in another: {}",
+        points[0]
+    );
+    assert_eq!(points[0]["drop_rate"].as_f64(), Some(0.0), "{}", points[0]);
+}
+
 /// Start a lab run, interrupt it with SIGINT once it is measuring, and check it exits
 /// with 130 leaving nothing behind.
 fn interrupt_lab(

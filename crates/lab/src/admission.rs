@@ -331,11 +331,25 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, fabric: &Fabric) -> io
                 cfg.cpus = pl.back.clone();
                 nginxes.push(Nginx::start(&cfg)?);
             }
-            (BackendServer::Nginx, Fabric::Netns(_)) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    "--backend-server nginx with --hosts netns is not supported yet (use the farside back-end)",
-                ));
+            (BackendServer::Nginx, Fabric::Netns(dc)) => {
+                let mut cfg = NginxConfig::new(addr, &run.docroot);
+                cfg.backlog = BACKEND_BACKLOG;
+                let node = Fabric::node(role);
+                let probe = |a: SocketAddr| {
+                    dc.run_in_ns("client", || {
+                        Ok(std::net::TcpStream::connect_timeout(
+                            &a,
+                            std::time::Duration::from_millis(100),
+                        )
+                        .is_ok())
+                    })
+                    .unwrap_or(false)
+                };
+                nginxes.push(Nginx::start_with(
+                    &cfg,
+                    |cmd| dc.prepare_command(&node, cmd),
+                    probe,
+                )?);
             }
         }
         let tcp = fabric.addr(role, NETNS_TCP_PORT)?;

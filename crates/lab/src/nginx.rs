@@ -200,6 +200,21 @@ impl Nginx {
     /// config values (`InvalidInput`), nginx exiting or not listening within
     /// `cfg.start_timeout` (with the tail of its error log).
     pub fn start(cfg: &NginxConfig) -> io::Result<Nginx> {
+        Self::start_with(
+            cfg,
+            |_| Ok(()),
+            |addr| TcpStream::connect_timeout(&addr, START_POLL).is_ok(),
+        )
+    }
+
+    /// Like [`Nginx::start`], with `place` preparing the command before spawn (e.g. a lab
+    /// node's namespace and cgroup hooks) and `probe` telling whether `listen` accepts
+    /// (e.g. connecting from inside another node).
+    pub fn start_with(
+        cfg: &NginxConfig,
+        place: impl FnOnce(&mut Command) -> io::Result<()>,
+        probe: impl Fn(SocketAddr) -> bool,
+    ) -> io::Result<Nginx> {
         cfg.validate()?;
         let binary = match &cfg.binary {
             Some(b) => b.clone(),
@@ -236,6 +251,7 @@ impl Nginx {
                 Ok(())
             });
         }
+        place(&mut cmd)?;
         let child = cmd
             .arg("-p")
             .arg(&prefix)
@@ -256,7 +272,7 @@ impl Nginx {
         guard.child = Some(child);
 
         let deadline = Instant::now() + cfg.start_timeout;
-        let probe = connect_addr(cfg.listen);
+        let addr = connect_addr(cfg.listen);
         loop {
             if let Some(status) = guard
                 .child
@@ -269,7 +285,7 @@ impl Nginx {
                     guard.log_tail()
                 )));
             }
-            if TcpStream::connect_timeout(&probe, START_POLL).is_ok() {
+            if probe(addr) {
                 return Ok(guard);
             }
             if Instant::now() >= deadline {
