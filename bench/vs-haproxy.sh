@@ -9,6 +9,11 @@
 # in shared memory, and the proxy runs `--admission --metric backlog --limit 1000` with the
 # monitor reading that region every 1 ms: the full control layer is on the request path.
 #
+# With the CLI, a second farside proxy runs with `--busy-poll-us $BUSY_POLL_US` (default 10;
+# 0 = leave it out): a worker spins that long before sleeping, sparing nginx and wrk the cost
+# of waking it. Here that cost decides req/s: wrk and nginx share CPU 0, which is the
+# bottleneck, and each wake-up of a sleeping proxy is an IPI they pay for.
+#
 # Knobs (env): DURATION (5s), WARMUP (1s), CONNS (32), THREADS (1), SIZE (16384),
 # ROUNDS (3: each target measured ROUNDS times, interleaved), PIN (1: wrk+nginx+gatherd on
 # CPU 0, proxy on CPU 1, so both proxies get the same placement), ADMISSION (1),
@@ -26,6 +31,7 @@ SIZE=${SIZE:-16384}
 ROUNDS=${ROUNDS:-3}
 PIN=${PIN:-1}
 FARSIDE=${FARSIDE:-cli}
+BUSY_POLL_US=${BUSY_POLL_US:-10}
 ADMISSION=${ADMISSION:-1}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/farside-target}
 NGINX=${NGINX:-/usr/sbin/nginx}
@@ -77,6 +83,7 @@ wait_port() { # port: wait (bounded) until something answers HTTP there
 ng_port=$(free_port)
 hp_port=$(free_port)
 fs_port=$(free_port)
+fsb_port=$(free_port)
 mkdir -p "$tmp/www" "$tmp/logs"
 head -c "$SIZE" /dev/urandom >"$tmp/www/f"
 
@@ -141,9 +148,19 @@ fi
 pin 1 "${farside_cmd[@]}" "${fs_args[@]}" >"$tmp/logs/farside.log" 2>&1 &
 pids+=($!)
 fs_pid=$!
+busy=()
+if [ "$FARSIDE" = cli ] && [ "$BUSY_POLL_US" != 0 ]; then
+    fsb_args=("${fs_args[@]}")
+    fsb_args[1]="127.0.0.1:$fsb_port"
+    pin 1 "${farside_cmd[@]}" "${fsb_args[@]}" --busy-poll-us "$BUSY_POLL_US" \
+        >"$tmp/logs/farside-busy.log" 2>&1 &
+    pids+=($!)
+    busy=("farside-busy$BUSY_POLL_US:$fsb_port:$!")
+fi
 wait_port "$ng_port"
 wait_port "$hp_port"
 wait_port "$fs_port"
+[ ${#busy[@]} -eq 0 ] || wait_port "$fsb_port"
 ng_pid=$(cat "$tmp/nginx.pid")
 
 # CPU time (user+sys, in clock ticks) of a process and all its threads/children so far.
@@ -183,7 +200,7 @@ measure() { # port duration pid-whose-cpu-to-charge
 
 # name:port:pid whose CPU time is charged (for nginx-direct: nginx itself).
 declare -A rps avg p99 bad cpu
-targets=("nginx-direct:$ng_port:$ng_pid" "haproxy:$hp_port:$hp_pid" "farside:$fs_port:$fs_pid")
+targets=("nginx-direct:$ng_port:$ng_pid" "haproxy:$hp_port:$hp_pid" "farside:$fs_port:$fs_pid" "${busy[@]}")
 for t in "${targets[@]}"; do
     IFS=: read -r name port pid <<<"$t"
     measure "$port" "$WARMUP" "$pid" >/dev/null

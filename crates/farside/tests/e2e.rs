@@ -427,11 +427,18 @@ fn lab_admission_runs_nginx_back_ends_inside_namespaces() {
     assert_eq!(s["hosts"], "netns");
     let points = s["points"].as_array().unwrap();
     assert_eq!(points.len(), 1);
-    assert!(
-        points[0]["tps"].as_f64().unwrap() > 0.0,
-        "nginx in a namespace served the clients in another: {}",
-        points[0]
-    );
+    if points[0]["tps"].as_f64().unwrap() <= 0.0 {
+        let mut logs = String::new();
+        for e in std::fs::read_dir(out.join("logs")).unwrap().flatten() {
+            let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            logs += &format!("--- {}\n{}\n", e.path().display(), tail.join("\n"));
+        }
+        panic!(
+            "nginx in a namespace served no client in another: {}\n{stderr}\n{logs}",
+            points[0]
+        );
+    }
     assert_eq!(points[0]["drop_rate"].as_f64(), Some(0.0), "{}", points[0]);
 }
 

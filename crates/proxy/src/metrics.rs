@@ -26,7 +26,8 @@ pub enum UpstreamError {
     HeadTimeout,
     /// Unparseable or oversized response head.
     BadHead,
-    /// Reset, closed or stalled after the head: the client connection is closed.
+    /// Reset, closed or stalled after the head: the client connection is closed (after a
+    /// 502 when the body was short enough to be held back with the head).
     MidBody,
 }
 

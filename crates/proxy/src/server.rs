@@ -207,7 +207,7 @@ pub fn spawn(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Spawned> {
     let thread = std::thread::Builder::new()
         .name("farside-proxy".into())
         .spawn(move || {
-            let rt = match build_runtime(cfg.workers) {
+            let rt = match build_runtime(cfg.workers, cfg.busy_poll_us) {
                 Ok(rt) => rt,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -245,7 +245,7 @@ pub fn spawn(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Spawned> {
 /// single-threaded runtime, the configuration compared with HAProxy `nbthread 1`),
 /// `cfg.listen`, and `cfg.admin_listen` if set.
 pub fn run(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<()> {
-    let rt = build_runtime(cfg.workers)?;
+    let rt = build_runtime(cfg.workers, cfg.busy_poll_us)?;
     let result = rt.block_on(async {
         let running = start(cfg, gate).await?;
         log::info!(
@@ -265,19 +265,29 @@ pub fn run(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<()> {
     result
 }
 
-/// The runtime for `workers` data-path threads.
-pub fn build_runtime(workers: usize) -> io::Result<tokio::runtime::Runtime> {
-    if workers <= 1 {
+/// The runtime for `workers` data-path threads, each spinning up to `busy_poll_us`
+/// before it sleeps in the I/O driver (see [`ProxyConfig::busy_poll_us`]).
+pub fn build_runtime(workers: usize, busy_poll_us: u64) -> io::Result<tokio::runtime::Runtime> {
+    let mut b = if workers <= 1 {
         tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
     } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers)
-            .thread_name("farside-proxy")
-            .enable_all()
-            .build()
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(workers).thread_name("farside-proxy");
+        b
+    };
+    if busy_poll_us > 0 {
+        let spin = Duration::from_micros(busy_poll_us);
+        // Called just before the thread parks: readiness that arrives during the spin is
+        // queued by the kernel on the (not yet waited on) epoll set, so the park that
+        // follows returns at once instead of sleeping and being woken.
+        b.on_thread_park(move || {
+            let start = std::time::Instant::now();
+            while start.elapsed() < spin {
+                std::hint::spin_loop();
+            }
+        });
     }
+    b.enable_all().build()
 }
 
 async fn wait_for_signal() -> io::Result<()> {
@@ -904,6 +914,25 @@ impl Conn {
                 }
             }
         };
+
+        // A short body still arriving (a typical back-end writes the head, then sends the
+        // file) is read in full before the first write, so the client gets the response
+        // in one segment: it is woken, and acknowledges, once per response instead of
+        // twice. Bounded by the buffer and by the response timeout; as nothing has been
+        // sent yet, a back-end failing here gets the client a 502.
+        if let BodyFraming::Length(len) = resp.framing {
+            let want = resp.head_len.saturating_add(len as usize);
+            while !resp.dechunk && want <= UPSTREAM_BUF_BYTES && self.ubuf.len() < want {
+                let read = self.ubuf.read_from(&mut up, UPSTREAM_BUF_BYTES);
+                match timeout(sh.response_timeout, read).await {
+                    Ok(Ok(n)) if n > 0 => {}
+                    _ => {
+                        sh.metrics.upstream_error(UpstreamError::MidBody);
+                        return self.upstream_failed_before_head(sh, &req).await;
+                    }
+                }
+            }
+        }
 
         // Relay the response: head plus the body bytes already read, in one (vectored)
         // write; the body bytes are not copied unless they must be decoded.

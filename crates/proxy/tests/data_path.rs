@@ -103,8 +103,8 @@ enum Behaviour {
     RespondThenClose(Vec<u8>),
     /// Chunked: head and first chunk, wait for the notify, then the rest.
     ChunkedInTwoParts(Arc<Notify>),
-    /// Head promising 100000 bytes, 1000 of them, then a reset.
-    ResetMidBody,
+    /// Head promising this many bytes, 1000 of them, then a reset.
+    ResetMidBody(usize),
     /// Read requests, never answer.
     Silent,
 }
@@ -160,9 +160,9 @@ async fn upstream(behaviour: Behaviour) -> Upstream {
                             }
                         }
                         Behaviour::Silent => {}
-                        Behaviour::ResetMidBody => {
-                            let mut r =
-                                b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n".to_vec();
+                        Behaviour::ResetMidBody(len) => {
+                            let mut r = format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n")
+                                .into_bytes();
                             r.extend_from_slice(&[b'x'; 1000]);
                             let _ = s.write_all(&r).await;
                             // Linger 0: close sends RST.
@@ -561,7 +561,7 @@ async fn backend_down_gets_502_without_hanging() {
 #[tokio::test]
 async fn backend_reset_mid_response_closes_client_connection() {
     within(async {
-        let up = upstream(Behaviour::ResetMidBody).await;
+        let up = upstream(Behaviour::ResetMidBody(100_000)).await;
         let gate = TestGate::new(vec![up.addr]);
         let p = start(config(&[up.addr]), gate.clone()).await;
         let mut c = Client::connect(p.addr).await;
@@ -577,6 +577,29 @@ async fn backend_reset_mid_response_closes_client_connection() {
         other.send(GET).await;
         let head = read_head(&mut other.s, &mut other.buf).await.unwrap();
         assert!(head.starts_with("HTTP/1.1 200"));
+    })
+    .await
+}
+
+#[tokio::test]
+async fn backend_reset_in_a_short_body_gets_502() {
+    within(async {
+        // A short body is held back until complete, so head and body go out in one
+        // write: when the back-end fails first, the client has had nothing and gets a 502.
+        let up = upstream(Behaviour::ResetMidBody(10_000)).await;
+        let gate = TestGate::new(vec![up.addr]);
+        let p = start(config(&[up.addr]), gate.clone()).await;
+        let mut c = Client::connect(p.addr).await;
+        c.send(GET).await;
+        let r = c.response().await.unwrap();
+        assert_eq!(r.status, 502);
+        assert!(c.closed().await);
+        assert_eq!(gate.inflight.load(SeqCst), 0);
+        assert_eq!(
+            p.metrics
+                .upstream_errors_for(farside_proxy::metrics::UpstreamError::MidBody),
+            1
+        );
     })
     .await
 }

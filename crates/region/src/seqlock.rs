@@ -116,12 +116,19 @@ mod tests {
                 while !stop.load(Ordering::Relaxed) {
                     i += 1;
                     w.publish(&[i; 8]);
+                    // Gaps of varying length between writes, so that reads both overlap
+                    // writes and fall between them whatever the scheduling.
+                    for _ in 0..i % 256 {
+                        std::hint::spin_loop();
+                    }
                 }
             })
         };
         let mut out = [0u64; 10];
-        let (mut ok, mut torn) = (0, 0);
-        for _ in 0..200_000 {
+        let (mut ok, mut torn) = (0u64, 0u64);
+        // Bounded: enough reads to have raced the writer many times, or 10 s.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while (ok + torn < 200_000 || ok < 1000) && std::time::Instant::now() < deadline {
             match read_local(mem.words(), 2, &mut out, 1) {
                 Ok(_) => {
                     ok += 1;
