@@ -395,12 +395,20 @@ fn lab_admission_writes_summary_with_stable_keys_and_report() {
     }
 }
 
+/// netns lab runs in this binary take turns: one lab's namespace teardown holds the
+/// kernel's rtnl lock for long stretches, which would stall the other's set-up.
+fn netns_lab_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn lab_admission_runs_nginx_back_ends_inside_namespaces() {
     if !farside_lab::netns::is_root() {
         eprintln!("lab_admission_runs_nginx_back_ends_inside_namespaces: skipped: needs root");
         return;
     }
+    let _one_at_a_time = netns_lab_lock();
     if farside_lab::nginx::find_binary().is_err() {
         eprintln!("lab_admission_runs_nginx_back_ends_inside_namespaces: skipped: no nginx");
         return;
@@ -510,6 +518,7 @@ fn interrupted_netns_lab_removes_its_namespaces_and_cgroups() {
         eprintln!("interrupted_netns_lab_removes_its_namespaces_and_cgroups: skipped: needs root");
         return;
     }
+    let _one_at_a_time = netns_lab_lock();
     interrupt_lab(
         &["--hosts", "netns"],
         |_| Vec::new(),

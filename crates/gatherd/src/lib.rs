@@ -359,23 +359,28 @@ impl Gatherd {
         };
         let counters = Arc::new(OpCounters::default());
         let keys = args.keys();
+        // The region lives in every place a reader may look: the shm file (or heap) and,
+        // with XDP, the BPF map the kernel answers from. Each gets its own seqlock writer
+        // and a first record before any server answers from it, so readers never see
+        // Empty from a started gatherer; the TCP server starts last, so a gatherer whose
+        // TCP port accepts is wholly ready (the lab waits for that).
+        let first = sampler.sample()?;
+        let mut writers = vec![RegionWriter::init(SharedWords(mem.clone()), header)];
+        writers[0].publish(&first);
+        let mut map_writer = None;
+        let (xdp, udp, udp_server) = start_udp(args, &mem, &keys, &counters, &mut |region| {
+            let mut w = RegionWriter::init(SharedWords(region), header);
+            w.publish(&first);
+            map_writer = Some(w);
+        })?;
+        if xdp.is_some() {
+            // Set by the attempt that attached (each attempt loads a fresh map).
+            writers.extend(map_writer);
+        }
         let tcp = args
             .tcp_listen
             .map(|a| TcpServer::spawn(a, mem.clone(), keys.clone(), counters.clone()))
             .transpose()?;
-        let (xdp, udp, udp_server) = start_udp(args, &mem, &keys, &counters)?;
-        // The region lives in every place a reader may look: the shm file (or heap) and,
-        // with XDP, the BPF map the kernel answers from. Each gets its own seqlock writer.
-        let mut writers = vec![RegionWriter::init(SharedWords(mem.clone()), header)];
-        if let Some(x) = &xdp {
-            writers.push(RegionWriter::init(SharedWords(x.region()), header));
-        }
-        // Publish a first record before any server answers, so readers never see Empty
-        // from a started gatherer.
-        let first = sampler.sample()?;
-        for w in &mut writers {
-            w.publish(&first);
-        }
         let udp_addr = match (&udp, args.udp_listen) {
             (Some(u), _) => Some(u.local_addr),
             (None, a) => a,
@@ -538,6 +543,7 @@ fn start_udp(
     mem: &Arc<dyn Words>,
     keys: &AccessKeys,
     counters: &Arc<OpCounters>,
+    init_map: &mut dyn FnMut(Arc<dyn Words>),
 ) -> io::Result<(
     Option<Arc<farside_xdp::XdpResponder>>,
     Option<UdpServer>,
@@ -566,7 +572,7 @@ fn start_udp(
         };
         let mut last = String::new();
         for &m in modes {
-            match XdpResponder::attach(ifname, m, addr.port(), &xkeys) {
+            match XdpResponder::attach_with(ifname, m, addr.port(), &xkeys, &mut *init_map) {
                 Ok(x) => {
                     log::info!("gatherd: XDP responder on {ifname} ({} mode), udp port {}: reads and atomics answered in the kernel", m.name(), addr.port());
                     let name = if m == XdpMode::Native {

@@ -316,12 +316,26 @@ impl XdpResponder {
         udp_port: u16,
         keys: &[(u64, bool)],
     ) -> Result<XdpResponder, XdpError> {
+        Self::attach_with(ifname, mode, udp_port, keys, |_| {})
+    }
+
+    /// Like [`XdpResponder::attach`], with `init` given the region after the program is
+    /// loaded and before it is attached: what it writes there is the first thing any
+    /// request can read (no window in which the kernel answers from a zeroed region).
+    pub fn attach_with(
+        ifname: &str,
+        mode: XdpMode,
+        udp_port: u16,
+        keys: &[(u64, bool)],
+        init: impl FnOnce(Arc<dyn Words>),
+    ) -> Result<XdpResponder, XdpError> {
         if udp_port == 0 {
             return Err(XdpError::Config(
                 "udp port 0 (the program would serve nothing)".into(),
             ));
         }
         let mut loaded = Loaded::load(udp_port, keys)?;
+        init(loaded.region.clone());
         let aya_mode = match mode {
             XdpMode::Native => AyaXdpMode::Driver,
             XdpMode::Generic => AyaXdpMode::Skb,
