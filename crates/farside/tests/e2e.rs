@@ -327,39 +327,42 @@ fn invalid_configuration_names_the_key_and_exits_nonzero() {
     assert!(err.contains("monitor.period_us"), "{err}");
 }
 
-#[test]
-fn lab_admission_writes_summary_with_stable_keys_and_report() {
-    let dir = Dir::new("lab");
-    let out = dir.0.join("out");
+/// Run a short `lab admission` (1 s per point after 0.2 s of warm-up) with `args`,
+/// writing to `out`; asserts it succeeded and returns its output and stderr.
+fn lab_admission(args: &[&str], out: &Path) -> (std::process::Output, String) {
     let st = std::process::Command::new(exe())
-        .args([
-            "lab",
-            "admission",
-            "--systems",
-            "no-ac,onesided-ac",
-            "--traces",
-            "single,zipf",
-        ])
-        .args([
-            "--clients",
-            "2,6",
-            "--duration-s",
-            "1",
-            "--warmup-s",
-            "0.2",
-            "--backend-cpu-us",
-            "200",
-        ])
+        .args(["lab", "admission", "--duration-s", "1", "--warmup-s", "0.2"])
+        .args(args)
         .arg("--out")
-        .arg(&out)
+        .arg(out)
         .env(
             "FARSIDE_DATA",
             concat!(env!("CARGO_MANIFEST_DIR"), "/../../data"),
         )
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&st.stderr);
+    let stderr = String::from_utf8_lossy(&st.stderr).into_owned();
     assert!(st.status.success(), "lab failed:\n{stderr}");
+    (st, stderr)
+}
+
+#[test]
+fn lab_admission_writes_summary_with_stable_keys_and_report() {
+    let dir = Dir::new("lab");
+    let out = dir.0.join("out");
+    let (st, _) = lab_admission(
+        &[
+            "--systems",
+            "no-ac,onesided-ac",
+            "--traces",
+            "single,zipf",
+            "--clients",
+            "2,6",
+            "--backend-cpu-us",
+            "200",
+        ],
+        &out,
+    );
     assert!(
         String::from_utf8_lossy(&st.stdout).contains("improvement"),
         "table printed"
@@ -415,21 +418,21 @@ fn lab_admission_runs_nginx_back_ends_inside_namespaces() {
     }
     let dir = Dir::new("lab-nginx-ns");
     let out = dir.0.join("out");
-    let st = std::process::Command::new(exe())
-        .args(["lab", "admission", "--hosts", "netns"])
-        .args(["--backend-server", "nginx", "--systems", "onesided-ac"])
-        .args(["--traces", "single", "--clients", "4"])
-        .args(["--duration-s", "1", "--warmup-s", "0.2"])
-        .arg("--out")
-        .arg(&out)
-        .env(
-            "FARSIDE_DATA",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../data"),
-        )
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&st.stderr);
-    assert!(st.status.success(), "lab failed:\n{stderr}");
+    let (_, stderr) = lab_admission(
+        &[
+            "--hosts",
+            "netns",
+            "--backend-server",
+            "nginx",
+            "--systems",
+            "onesided-ac",
+            "--traces",
+            "single",
+            "--clients",
+            "4",
+        ],
+        &out,
+    );
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(s["hosts"], "netns");

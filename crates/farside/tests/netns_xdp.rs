@@ -69,11 +69,20 @@ fn monitor_follows_a_gatherer_over_xdp_across_namespaces() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert_eq!(ctl.decide_accept(), Ok(()));
-    let text = std::fs::read_to_string(&log).unwrap();
-    assert!(
-        text.contains("XDP responder on eth0 (generic mode)"),
-        "gatherd attached XDP:\n{text}"
-    );
+    // The region is readable the moment the program is attached, which can be just
+    // before gatherd logs it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&log).unwrap();
+        if text.contains("XDP responder on eth0 (generic mode)") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline && !text.contains("from user space"),
+            "gatherd attached XDP:\n{text}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 
     // The gatherd dies: XDP detaches and the record stops advancing; fail safe.
     g.stop();
