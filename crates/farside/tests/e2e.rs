@@ -395,6 +395,20 @@ fn lab_admission_writes_summary_with_stable_keys_and_report() {
             p["tps"].as_f64().unwrap() > 0.0,
             "every point served requests: {p}"
         );
+        // The admission-controlled proxy's monitor reports how its load reads went during
+        // the point; no-ac has no monitor and no such keys.
+        let monitored = p["system"] == "onesided-ac";
+        for k in [
+            "monitor_read_p50_us",
+            "monitor_read_p99_us",
+            "update_gap_p99_ms",
+        ] {
+            assert_eq!(p.get(k).is_some(), monitored, "`{k}` on {p}");
+        }
+        if monitored {
+            let gap_ms = p["update_gap_p99_ms"].as_f64().unwrap();
+            assert!(gap_ms > 0.0 && gap_ms < 1000.0, "{p}");
+        }
     }
     for f in ["points.csv", "report.html", "fig-avg-single.svg"] {
         assert!(out.join(f).exists(), "{f} written");

@@ -159,6 +159,8 @@ struct Tier {
     _gatherers: Vec<Child>,
     proxy: Child,
     proxy_addr: SocketAddr,
+    /// The proxy's admin listener (metrics), when it runs a monitor.
+    admin_addr: Option<SocketAddr>,
 }
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -189,6 +191,7 @@ const NETNS_WEB_PORT: u16 = 80;
 const NETNS_TCP_PORT: u16 = 7001;
 const NETNS_UDP_PORT: u16 = 7002;
 const NETNS_PROXY_PORT: u16 = 8080;
+const NETNS_ADMIN_PORT: u16 = 9100;
 
 /// Where the lab's nodes run.
 enum Fabric {
@@ -274,6 +277,14 @@ impl Fabric {
                     std::thread::sleep(std::time::Duration::from_millis(20));
                 }
             }
+        }
+    }
+
+    /// The proxy's metrics, fetched from where clients run.
+    fn scrape(&self, admin: SocketAddr) -> io::Result<String> {
+        match self {
+            Fabric::Loopback(_) => crate::promtext::scrape(admin),
+            Fabric::Netns(dc) => dc.run_in_ns("client", || crate::promtext::scrape(admin)),
         }
     }
 
@@ -408,6 +419,13 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, fabric: &Fabric) -> io
         args.push("--backend".into());
         args.push(s.clone());
     }
+    let admin_addr = if system != "no-ac" {
+        let admin = fabric.addr(Role::Proxy, NETNS_ADMIN_PORT)?;
+        args.extend(["--admin-listen".into(), admin.to_string()]);
+        Some(admin)
+    } else {
+        None
+    };
     if system != "no-ac" {
         args.extend([
             "--admission".into(),
@@ -425,7 +443,42 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, fabric: &Fabric) -> io
         _gatherers: gatherers,
         proxy,
         proxy_addr,
+        admin_addr,
     })
+}
+
+/// Histograms of the proxy's monitor at one moment (see [`MonitorWindow`]).
+struct MonitorScrape {
+    read: crate::promtext::Buckets,
+    gap: crate::promtext::Buckets,
+}
+
+impl MonitorScrape {
+    /// `None` (with a warning) when the proxy has no admin listener or does not answer:
+    /// the point is still measured, only without the monitor's figures.
+    fn take(fabric: &Fabric, tier: &Tier) -> Option<MonitorScrape> {
+        let admin = tier.admin_addr?;
+        match fabric.scrape(admin) {
+            Ok(text) => Some(MonitorScrape {
+                read: crate::promtext::buckets(&text, "farside_monitor_read_seconds"),
+                gap: crate::promtext::buckets(&text, "farside_monitor_update_gap_seconds"),
+            }),
+            Err(e) => {
+                eprintln!("lab admission: warning: no monitor figures for this point: {e}");
+                None
+            }
+        }
+    }
+
+    /// Fill `p`'s monitor figures from the window `before..self`.
+    fn fill(&self, before: &MonitorScrape, p: &mut Point) {
+        use crate::promtext::{delta, quantile};
+        let read = delta(&self.read, &before.read);
+        let gap = delta(&self.gap, &before.gap);
+        p.monitor_read_p50_us = quantile(&read, 0.50).map(|s| s * 1e6);
+        p.monitor_read_p99_us = quantile(&read, 0.99).map(|s| s * 1e6);
+        p.update_gap_p99_ms = quantile(&gap, 0.99).map(|s| s * 1e3);
+    }
 }
 
 fn trace_kind(t: &str) -> io::Result<TraceKind> {
@@ -487,6 +540,9 @@ fn point(system: &str, transport: &str, s: &farside_loadgen::Summary) -> Point {
         runs: 1,
         avg_ms_sd: 0.0,
         tps_sd: 0.0,
+        monitor_read_p50_us: None,
+        monitor_read_p99_us: None,
+        update_gap_p99_ms: None,
         series: s
             .series
             .iter()
@@ -670,15 +726,24 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
                 let l = loadgen_args(&a, tier.proxy_addr, trace, n, duration_s, warmup_s)?;
                 let mut runs = Vec::with_capacity(a.repeat as usize);
                 for r in 0..a.repeat.max(1) {
+                    let before = MonitorScrape::take(&fabric, &tier);
                     let s = fabric.run_clients(&l, pl.front.as_deref())?;
                     tier.proxy.check_alive()?;
+                    let mut p = point(system, transport_of(system, netns), &s);
+                    if let (Some(b), Some(a)) = (before, MonitorScrape::take(&fabric, &tier)) {
+                        a.fill(&b, &mut p);
+                    }
+                    let monitor = match (p.monitor_read_p99_us, p.update_gap_p99_ms) {
+                        (Some(r), Some(g)) => format!(" read-p99={r:.0}us gap-p99={g:.1}ms"),
+                        _ => String::new(),
+                    };
                     let rep = if a.repeat > 1 {
                         format!(" run {}/{}", r + 1, a.repeat)
                     } else {
                         String::new()
                     };
                     eprintln!(
-                        "[{}/{total} {:>4.0}s] {system:<12} {trace:<8} clients={n:<4}{rep} avg={:>8.1} ms p99={:>8.1} ms tps={:>7.1} drop={:>5.1}% slow={:>5.1}%",
+                        "[{}/{total} {:>4.0}s] {system:<12} {trace:<8} clients={n:<4}{rep} avg={:>8.1} ms p99={:>8.1} ms tps={:>7.1} drop={:>5.1}% slow={:>5.1}%{monitor}",
                         done + 1,
                         t0.elapsed().as_secs_f64(),
                         s.avg_ms,
@@ -687,7 +752,7 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
                         100.0 * s.drop_rate,
                         100.0 * s.slow_rate
                     );
-                    runs.push(point(system, transport_of(system, netns), &s));
+                    runs.push(p);
                 }
                 done += 1;
                 summary.push(Point::combine(&runs));

@@ -13,6 +13,7 @@ pub mod netns;
 pub mod nginx;
 pub mod probe;
 pub mod procs;
+pub mod promtext;
 pub mod report;
 pub mod summary;
 pub mod svg;

@@ -244,6 +244,32 @@ pub fn table_text(s: &Summary) -> String {
         if let Some(imp) = g.improvements(trace) {
             let _ = writeln!(out, "{}", imp.line());
         }
+        // What the proxy's monitor saw at the heaviest load: how long a load read took
+        // and how stale the proxy's view got (the mechanism behind the difference
+        // between two-sided and one-sided admission).
+        if let Some(&heaviest) = g.clients(trace).last() {
+            let seen: Vec<String> = g
+                .systems
+                .iter()
+                .filter_map(|sys| g.get(sys, trace, heaviest))
+                .filter_map(|p| {
+                    Some(format!(
+                        "{} read p50 {:.0} µs p99 {:.0} µs, new record p99 every {:.1} ms",
+                        p.system,
+                        p.monitor_read_p50_us?,
+                        p.monitor_read_p99_us?,
+                        p.update_gap_p99_ms?
+                    ))
+                })
+                .collect();
+            if !seen.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "monitor {trace} @ {heaviest} clients: {}",
+                    seen.join("; ")
+                );
+            }
+        }
         // With repeated runs, the spread at the heaviest load says whether a difference
         // is larger than the noise.
         if let Some(&heaviest) = g.clients(trace).last() {
@@ -355,12 +381,14 @@ pub fn series_file_name(p: &Point) -> String {
 
 fn points_csv(points: &[&Point]) -> String {
     let mut out = String::from(
-        "system,trace,clients,transport,avg_ms,p50_ms,p90_ms,p99_ms,max_ms,tps,drop_rate,slow_rate,attempts,served,dropped,failures\n",
+        "system,trace,clients,transport,avg_ms,p50_ms,p90_ms,p99_ms,max_ms,tps,drop_rate,slow_rate,attempts,served,dropped,failures,monitor_read_p50_us,monitor_read_p99_us,update_gap_p99_ms\n",
     );
+    // Absent monitor figures (no-ac) are empty fields.
+    let opt = |v: Option<f64>| v.map(|x| x.to_string()).unwrap_or_default();
     for p in points {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             csv_field(&p.system),
             csv_field(&p.trace),
             p.clients,
@@ -376,7 +404,10 @@ fn points_csv(points: &[&Point]) -> String {
             p.attempts,
             p.served,
             p.dropped,
-            p.failures
+            p.failures,
+            opt(p.monitor_read_p50_us),
+            opt(p.monitor_read_p99_us),
+            opt(p.update_gap_p99_ms)
         );
     }
     out
@@ -823,6 +854,9 @@ mod tests {
                         runs: 1,
                         avg_ms_sd: 0.0,
                         tps_sd: 0.0,
+                        monitor_read_p50_us: (si > 0).then_some(20.0 * si as f64),
+                        monitor_read_p99_us: (si > 0).then_some(900.0 / si as f64),
+                        update_gap_p99_ms: (si > 0).then_some(3.0 / si as f64),
                         series,
                     });
                 }

@@ -117,6 +117,17 @@ pub struct Point {
     /// `tps_sd`: sample standard deviation of `tps` across runs (0 for one run).
     #[serde(default)]
     pub tps_sd: f64,
+    /// `monitor_read_p50_us`: median round trip of the proxy's load reads during the
+    /// point (its embedded monitor, every G), µs; absent for `no-ac`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitor_read_p50_us: Option<f64>,
+    /// `monitor_read_p99_us`: 99th percentile of those reads, µs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitor_read_p99_us: Option<f64>,
+    /// `update_gap_p99_ms`: 99th percentile of the time between two reads that each found
+    /// a new load record (how stale the proxy's view gets), ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_gap_p99_ms: Option<f64>,
     /// Per-second series (Fig. 6/7). Not written to `summary.json`: the
     /// report writes it to `series-<system>-<trace>-<clients>.csv`.
     #[serde(skip_serializing, default)]
@@ -125,6 +136,12 @@ pub struct Point {
 
 fn one() -> u64 {
     1
+}
+
+/// Mean of the runs that have a value; `None` if none has.
+fn mean_some(runs: &[Point], f: fn(&Point) -> Option<f64>) -> Option<f64> {
+    let v: Vec<f64> = runs.iter().filter_map(f).collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
 }
 
 impl Point {
@@ -159,6 +176,9 @@ impl Point {
             runs: runs.len() as u64,
             avg_ms_sd: sd(|p| p.avg_ms),
             tps_sd: sd(|p| p.tps),
+            monitor_read_p50_us: mean_some(runs, |p| p.monitor_read_p50_us),
+            monitor_read_p99_us: mean_some(runs, |p| p.monitor_read_p99_us),
+            update_gap_p99_ms: mean_some(runs, |p| p.update_gap_p99_ms),
             ..first.clone()
         }
     }
@@ -302,6 +322,9 @@ mod tests {
             runs: 1,
             avg_ms_sd: 0.0,
             tps_sd: 0.0,
+            monitor_read_p50_us: Some(30.0),
+            monitor_read_p99_us: Some(900.0),
+            update_gap_p99_ms: Some(2.5),
             series: vec![SecondPoint {
                 t_s: 0,
                 served: 10,
@@ -423,12 +446,19 @@ mod tests {
             tps: 300.0,
             served: 7,
             max_ms: 50.0,
+            monitor_read_p99_us: Some(1100.0),
+            update_gap_p99_ms: None,
             ..admission()
         };
         let c = Point::combine(&[a.clone(), b]);
         assert_eq!(
             (c.avg_ms, c.tps, c.served, c.max_ms, c.runs),
             (15.0, 200.0, 12, 50.0, 2)
+        );
+        // Monitor figures: means of the runs that have them.
+        assert_eq!(
+            (c.monitor_read_p99_us, c.update_gap_p99_ms),
+            (Some(1000.0), Some(2.5))
         );
         assert!(
             (c.avg_ms_sd - 50f64.sqrt()).abs() < 1e-9,

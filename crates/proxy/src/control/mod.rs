@@ -8,6 +8,7 @@
 //! `admit` (fail open, treated as empty). The check runs right after accept (before the
 //! request is read, across all sites) and again per request (for the request's site).
 
+pub mod histogram;
 pub mod monitor;
 pub mod table;
 
@@ -70,7 +71,7 @@ pub struct Control {
     /// Whether any back-end names a site (else every Host goes everywhere).
     routed_by_site: bool,
     table: Option<Arc<dyn Words>>,
-    _monitor: Option<Monitor>,
+    monitor: Option<Monitor>,
     counters: Counters,
     rr: AtomicUsize,
 }
@@ -161,7 +162,7 @@ impl Control {
             routed_by_site: cfg.backends.iter().any(|b| !b.site.is_empty()),
             backends,
             table,
-            _monitor: monitor,
+            monitor,
             counters: Counters::default(),
             rr: AtomicUsize::new(0),
         })
@@ -528,6 +529,10 @@ impl Gate for Control {
         let _ = writeln!(out, "# TYPE farside_monitor_read_errors_total counter");
         let _ = writeln!(out, "# TYPE farside_monitor_read_latency_ns gauge");
         let _ = writeln!(out, "# TYPE farside_monitor_record_age_ns gauge");
+        let _ = writeln!(out, "# HELP farside_monitor_read_seconds Round trip of the embedded monitor's successful region reads.");
+        let _ = writeln!(out, "# TYPE farside_monitor_read_seconds histogram");
+        let _ = writeln!(out, "# HELP farside_monitor_update_gap_seconds Time between two monitor reads that each found a new load record.");
+        let _ = writeln!(out, "# TYPE farside_monitor_update_gap_seconds histogram");
         for (i, b) in self.backends.iter().enumerate() {
             let lbl = format!("backend=\"{}\",site=\"{}\"", b.addr, b.site);
             let load = match self.load(i, now) {
@@ -561,6 +566,11 @@ impl Gate for Control {
                     "farside_monitor_record_age_ns{{{lbl}}} {}",
                     now.saturating_sub(e.advanced_mono_ns)
                 );
+            }
+            if let Some(st) = self.monitor.as_ref().and_then(|m| m.stats(i)) {
+                st.read.render(out, "farside_monitor_read_seconds", &lbl);
+                st.update_gap
+                    .render(out, "farside_monitor_update_gap_seconds", &lbl);
             }
         }
     }

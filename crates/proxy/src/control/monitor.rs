@@ -3,6 +3,7 @@
 //! fail (timeout, refusal, torn or corrupt record) are counted and never published as
 //! load: the entry keeps its last good values and goes stale.
 
+use super::histogram::Histogram;
 use super::table::{self, Entry, EntryStatus, EntryWriter};
 use farside_region::{Snapshot, Words, SNAPSHOT_BYTES};
 use farside_rmem::{connect, mono_ns, ClientOptions, Endpoint, Pacer};
@@ -27,10 +28,24 @@ pub struct MonitorOptions {
     pub key: u64,
 }
 
+/// What one monitor thread measured of its reads, for the proxy's metrics: the part of
+/// the paper's argument that can be observed from the front-end (a two-sided read waits
+/// for the back-end's CPU; a one-sided one does not).
+#[derive(Default)]
+pub struct ReadStats {
+    /// Round trip of every successful read.
+    pub read: Histogram,
+    /// Time between two reads that each found a new record: how often fresh load
+    /// reaches the proxy (about max(G, gatherer period) when nothing waits).
+    pub update_gap: Histogram,
+}
+
 /// Running monitor threads; they stop when this is dropped.
 pub struct Monitor {
     stop: Arc<AtomicBool>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    /// `(table index, stats)` of every watched back-end.
+    stats: Vec<(usize, Arc<ReadStats>)>,
 }
 
 impl Monitor {
@@ -41,15 +56,30 @@ impl Monitor {
     ) -> std::io::Result<Monitor> {
         let stop = Arc::new(AtomicBool::new(false));
         let mut threads = Vec::with_capacity(watches.len());
+        let mut stats = Vec::with_capacity(watches.len());
         for w in watches {
             let (table, stop, opts) = (table.clone(), stop.clone(), opts.clone());
+            let st = Arc::new(ReadStats::default());
+            stats.push((w.index, st.clone()));
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("monitor-{}", w.index))
-                    .spawn(move || poll_loop(w, &*table, &opts, &stop))?,
+                    .spawn(move || poll_loop(w, &*table, &opts, &stop, &st))?,
             );
         }
-        Ok(Monitor { stop, threads })
+        Ok(Monitor {
+            stop,
+            threads,
+            stats,
+        })
+    }
+
+    /// Read statistics of the back-end at table index `index`, if it is watched.
+    pub fn stats(&self, index: usize) -> Option<&ReadStats> {
+        self.stats
+            .iter()
+            .find(|(i, _)| *i == index)
+            .map(|(_, s)| &**s)
     }
 }
 
@@ -65,7 +95,13 @@ impl Drop for Monitor {
 /// Connection retry backoff after a failed connect, bounded.
 const RECONNECT_BACKOFF_MAX: Duration = Duration::from_millis(200);
 
-fn poll_loop(w: Watch, table: &dyn Words, opts: &MonitorOptions, stop: &AtomicBool) {
+fn poll_loop(
+    w: Watch,
+    table: &dyn Words,
+    opts: &MonitorOptions,
+    stop: &AtomicBool,
+    stats: &ReadStats,
+) {
     let mut writer = EntryWriter::new(table, w.index);
     let mut e = Entry::default();
     let mut client = None;
@@ -111,7 +147,12 @@ fn poll_loop(w: Watch, table: &dyn Words, opts: &MonitorOptions, stop: &AtomicBo
         let now = mono_ns();
         match result {
             Ok(s) => {
+                let latency_ns = t0.elapsed().as_nanos() as u64;
+                stats.read.record(latency_ns);
                 if s.seq != e.remote_seq || s.header.generation != e.remote_generation {
+                    if e.advanced_mono_ns != 0 {
+                        stats.update_gap.record(now - e.advanced_mono_ns);
+                    }
                     e.advanced_mono_ns = now;
                 }
                 e.status = EntryStatus::Ok;
@@ -124,7 +165,7 @@ fn poll_loop(w: Watch, table: &dyn Words, opts: &MonitorOptions, stop: &AtomicBo
                 e.conns_established = s.load.conns_established;
                 e.accept_backlog = s.load.accept_backlog;
                 e.conns_pending = s.load.conns_pending;
-                e.read_latency_ns = t0.elapsed().as_nanos() as u64;
+                e.read_latency_ns = latency_ns;
             }
             Err(err) => {
                 e.errors += 1;

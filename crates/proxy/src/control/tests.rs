@@ -198,6 +198,28 @@ fn embedded_monitor_follows_a_live_region_and_notices_it_stop() {
         assert!(Instant::now() < deadline, "record never fresh again");
         std::thread::yield_now();
     }
+    // Its reads were timed, and the stall shows as one update gap of at least the
+    // staleness bound (the first record has no predecessor, so that is the only gap).
+    let st = c.monitor.as_ref().unwrap().stats(0).unwrap();
+    assert!(st.read.count() >= 2, "every successful read is timed");
+    assert_eq!(st.update_gap.count(), 1, "one gap between the two records");
+    let mut m = String::new();
+    c.render_metrics(&mut m);
+    let count = |name: &str| {
+        m.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no {name}:\n{m}"))
+    };
+    assert!(count("farside_monitor_read_seconds_count{") >= 2);
+    assert_eq!(count("farside_monitor_update_gap_seconds_count{"), 1);
+    // Gap >= 30 ms: no bucket at or below 20 ms holds it.
+    assert_eq!(
+        count("farside_monitor_update_gap_seconds_bucket{backend=\"127.0.0.1:1\",site=\"\",le=\"0.02\"}"),
+        0,
+        "{m}"
+    );
     let _ = std::fs::remove_file(path);
 }
 
