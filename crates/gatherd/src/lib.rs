@@ -86,6 +86,13 @@ pub struct GatherdArgs {
     /// (it walks the kernel's whole TCP hash; see README).
     #[arg(long, default_value_t = 0)]
     pub conns_every: u64,
+    /// Nice value of the sampling thread, -20..=19 (only that thread; the tcp and udp
+    /// servers keep the process's priority). A negative value keeps samples on time when
+    /// the web server saturates the node's CPUs, so a one-sided reader gets fresh load
+    /// (needs CAP_SYS_NICE; without it gatherd logs a warning and samples at the
+    /// process's priority). Default 0: unchanged.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub sampler_nice: i32,
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long)]
     pub duration_s: Option<f64>,
@@ -108,6 +115,7 @@ impl Default for GatherdArgs {
             rw_key: None,
             cgroup: None,
             conns_every: 0,
+            sampler_nice: 0,
             duration_s: None,
         }
     }
@@ -135,6 +143,12 @@ impl GatherdArgs {
         }
         if self.watch_ports.contains(&0) {
             return Err("--watch-port: port 0 is not a port a server listens on".into());
+        }
+        if !(-20..=19).contains(&self.sampler_nice) {
+            return Err(format!(
+                "--sampler-nice: -20..=19, got {}",
+                self.sampler_nice
+            ));
         }
         Ok(())
     }
@@ -180,6 +194,11 @@ pub struct Sampler {
     n: u64,
     /// Full connection count every this many samples.
     pub conns_every: u64,
+    /// Re-derive `conns_every` from the cost of each full count (`--conns-every 0`): the
+    /// cost grows with the sockets in the hash (TIME_WAIT included), so a rate calibrated
+    /// on an idle node would overspend under load.
+    conns_every_auto: bool,
+    period_us: u64,
     conns: sockdiag::ConnCounts,
 }
 
@@ -190,6 +209,13 @@ const CONNS_CPU_BUDGET: f64 = 0.02;
 const LISTENERS_REFRESH_EVERY: u64 = 1000;
 /// Calibration dumps at start (the cheapest one counts).
 const CONNS_CALIBRATION_DUMPS: u32 = 3;
+
+/// Samples between full connection counts so that a count costing `cost_ns` of CPU stays
+/// within [`CONNS_CPU_BUDGET`] at a sampling period of `period_us`.
+fn conns_every_for(cost_ns: u64, period_us: u64) -> u64 {
+    let budget_ns = CONNS_CPU_BUDGET * period_us as f64 * 1000.0;
+    ((cost_ns as f64 / budget_ns).ceil() as u64).max(1)
+}
 
 fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
@@ -222,8 +248,7 @@ impl Sampler {
                 cost_ns = cost_ns.min(clock_ns(libc::CLOCK_THREAD_CPUTIME_ID) - t0);
             }
             if args.conns_every == 0 {
-                let budget_ns = CONNS_CPU_BUDGET * args.period_us as f64 * 1000.0;
-                conns_every = ((cost_ns as f64 / budget_ns).ceil() as u64).max(1);
+                conns_every = conns_every_for(cost_ns, args.period_us);
             }
             log::info!(
                 "gatherd: a full connection count costs {:.1} µs; counting established connections every {} sample(s), the accept backlog every sample",
@@ -240,6 +265,8 @@ impl Sampler {
             mem: (0, 0),
             n: 0,
             conns_every,
+            conns_every_auto: args.conns_every == 0,
+            period_us: args.period_us,
             conns: Default::default(),
         })
     }
@@ -278,8 +305,13 @@ impl Sampler {
         }
         if let Some(d) = &mut self.diag {
             if self.n.is_multiple_of(self.conns_every) {
+                let t = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
                 self.conns = d.count()?;
                 rec.accept_backlog = self.conns.accept_backlog;
+                if self.conns_every_auto {
+                    let cost_ns = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(t);
+                    self.conns_every = conns_every_for(cost_ns, self.period_us);
+                }
             } else {
                 // O(1) lookups of the known listeners; a periodic dump (or a failed
                 // lookup: listener closed or replaced) finds them again.
@@ -390,9 +422,18 @@ impl Gatherd {
         let stop = Arc::new(AtomicBool::new(false));
         let period = Duration::from_micros(args.period_us);
         let (st, stp) = (stats.clone(), stop.clone());
+        let nice = args.sampler_nice;
         let thread = std::thread::Builder::new()
             .name("gatherd".into())
             .spawn(move || {
+                if nice != 0 {
+                    match set_thread_nice(nice) {
+                        Ok(()) => log::info!("gatherd: sampling thread at nice {nice}"),
+                        Err(e) => log::warn!(
+                            "gatherd: --sampler-nice {nice}: {e}; sampling at the process's priority"
+                        ),
+                    }
+                }
                 let mut pacer = farside_rmem::Pacer::new(period);
                 while !stp.load(Ordering::Relaxed) {
                     pacer.wait();
@@ -607,6 +648,21 @@ pub fn process_cpu_us() -> u64 {
     clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID) / 1000
 }
 
+/// Set the calling thread's nice value (Linux: `setpriority` on a thread id affects only
+/// that thread).
+fn set_thread_nice(nice: i32) -> io::Result<()> {
+    // SAFETY: gettid and setpriority take plain integers and have no memory effects.
+    let rc = unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -619,6 +675,44 @@ mod tests {
             "farside-gatherd-{tag}-{}.region",
             std::process::id()
         ))
+    }
+
+    #[test]
+    fn full_connection_counts_stay_within_their_cpu_budget() {
+        // 2% of a 1 ms period is 20 µs.
+        assert_eq!(conns_every_for(5_000, 1000), 1);
+        assert_eq!(conns_every_for(20_000, 1000), 1);
+        assert_eq!(conns_every_for(50_000, 1000), 3);
+        assert_eq!(conns_every_for(5_000_000, 1000), 250);
+        assert_eq!(conns_every_for(50_000, 10_000), 1);
+    }
+
+    #[test]
+    fn sampler_nice_applies_to_one_thread_and_is_bounded() {
+        // Raising a thread's nice value needs no privilege; the spawning thread keeps its own.
+        // SAFETY: getpriority takes plain integers.
+        let prio =
+            |tid: libc::pid_t| unsafe { libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t) };
+        let mine = prio(unsafe { libc::gettid() });
+        let theirs = std::thread::spawn(move || {
+            set_thread_nice(mine + 3).unwrap();
+            prio(unsafe { libc::gettid() })
+        })
+        .join()
+        .unwrap();
+        assert_eq!(theirs, mine + 3);
+        assert_eq!(
+            prio(unsafe { libc::gettid() }),
+            mine,
+            "only the sampler's thread"
+        );
+        for bad in [-21, 20] {
+            let a = GatherdArgs {
+                sampler_nice: bad,
+                ..Default::default()
+            };
+            assert!(a.validate().unwrap_err().contains("--sampler-nice"));
+        }
     }
 
     #[test]
@@ -642,8 +736,16 @@ mod tests {
             Endpoint::Tcp(g.tcp_addr.unwrap()),
         ] {
             let mut c = connect(&ep, &opts).unwrap();
-            c.read(0, &mut bytes).unwrap();
-            let a = Snapshot::decode(&bytes).unwrap();
+            // A read may race the writer: the seqlock says so (Torn) and the reader
+            // reads again, as the monitor does on its next period.
+            let mut read_whole = |bytes: &mut [u8; farside_region::SNAPSHOT_BYTES]| loop {
+                c.read(0, bytes).unwrap();
+                match Snapshot::decode(bytes) {
+                    Err(farside_region::RegionError::Torn) => continue,
+                    other => break other.unwrap(),
+                }
+            };
+            let a = read_whole(&mut bytes);
             assert_eq!(a.header.node_id, 3);
             assert_eq!(a.header.watched_ports[0], port);
             assert_eq!(
@@ -652,8 +754,7 @@ mod tests {
             );
             let deadline = Instant::now() + Duration::from_secs(5);
             loop {
-                c.read(0, &mut bytes).unwrap();
-                let b = Snapshot::decode(&bytes).unwrap();
+                let b = read_whole(&mut bytes);
                 if b.seq > a.seq && b.load.sample_mono_ns > a.load.sample_mono_ns {
                     break;
                 }

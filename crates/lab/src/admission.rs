@@ -103,6 +103,13 @@ pub struct AdmissionArgs {
     /// Gatherer sampling period, µs.
     #[arg(long, default_value_t = 1000)]
     pub gather_period_us: u64,
+    /// Nice value of each gatherer's sampling thread (`gatherd --sampler-nice`). The
+    /// sampler is the producer that every admission system reads: on a back-end whose
+    /// CPUs the web server saturates, at nice 0 it waits its turn behind the workers and
+    /// its record goes stale for tens of ms whatever the transport. Default -20 (the
+    /// transports alone then differ); 0 to leave it at normal priority.
+    #[arg(long, default_value_t = -20, allow_negative_numbers = true)]
+    pub sampler_nice: i32,
     /// Proxy worker threads.
     #[arg(long, default_value_t = 1)]
     pub proxy_workers: usize,
@@ -371,6 +378,8 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, fabric: &Fabric) -> io
             i.to_string(),
             "--period-us".into(),
             a.gather_period_us.to_string(),
+            "--sampler-nice".into(),
+            a.sampler_nice.to_string(),
             "--watch-port".into(),
             addr.port().to_string(),
             "--shm".into(),
@@ -649,6 +658,7 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         "limit": a.limit,
         "monitor_period_us": a.monitor_period_us,
         "gather_period_us": a.gather_period_us,
+        "sampler_nice": a.sampler_nice,
         "proxy_workers": a.proxy_workers,
         "duration_s": duration_s,
         "warmup_s": warmup_s,
