@@ -32,6 +32,9 @@ pub enum CpuSource {
         psi: Option<File>,
         root_cpu_stat: Option<File>,
         loadavg: Option<File>,
+        /// Online CPUs, read once at start: glibc's `sysconf` opens and reads
+        /// `/sys/devices/system/cpu/online` on every call, more than the rest of a sample.
+        ncpu: u64,
     },
     /// `<cgroup>/cpu.stat` (`usage_usec`) and `<cgroup>/cpu.pressure`; `/proc/stat` still
     /// gives runnable tasks.
@@ -69,6 +72,7 @@ impl CpuSource {
             psi,
             root_cpu_stat,
             loadavg,
+            ncpu: online_cpus(),
         })
     }
 
@@ -91,8 +95,7 @@ impl CpuSource {
     /// CPUs the utilisation is relative to.
     pub fn ncpu(&self) -> u64 {
         match self {
-            CpuSource::Host { .. } => online_cpus(),
-            CpuSource::Cgroup { ncpu, .. } => *ncpu,
+            CpuSource::Host { ncpu, .. } | CpuSource::Cgroup { ncpu, .. } => *ncpu,
         }
     }
 
