@@ -91,6 +91,10 @@ pub struct BackendFlags {
     /// Timeout of one remote read in ms (default 50).
     #[arg(long)]
     pub read_timeout_ms: Option<u64>,
+    /// Nice value of the monitor's polling threads, -20..=19 (default 0; negative keeps
+    /// them on time on a busy front-end CPU; needs CAP_SYS_NICE).
+    #[arg(long, allow_negative_numbers = true)]
+    pub monitor_nice: Option<i32>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -156,6 +160,9 @@ fn load_base(b: &BackendFlags, listen: Option<SocketAddr>) -> Result<ProxyConfig
     }
     if let Some(v) = b.monitor_period_us {
         cfg.monitor.period_us = v;
+    }
+    if let Some(v) = b.monitor_nice {
+        cfg.monitor.nice = v;
     }
     if let Some(v) = b.read_timeout_ms {
         cfg.monitor.read_timeout_ms = v;

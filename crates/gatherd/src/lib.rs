@@ -426,14 +426,7 @@ impl Gatherd {
         let thread = std::thread::Builder::new()
             .name("gatherd".into())
             .spawn(move || {
-                if nice != 0 {
-                    match set_thread_nice(nice) {
-                        Ok(()) => log::info!("gatherd: sampling thread at nice {nice}"),
-                        Err(e) => log::warn!(
-                            "gatherd: --sampler-nice {nice}: {e}; sampling at the process's priority"
-                        ),
-                    }
-                }
+                farside_rmem::apply_thread_nice("gatherd: sampler", nice);
                 let mut pacer = farside_rmem::Pacer::new(period);
                 while !stp.load(Ordering::Relaxed) {
                     pacer.wait();
@@ -648,21 +641,6 @@ pub fn process_cpu_us() -> u64 {
     clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID) / 1000
 }
 
-/// Set the calling thread's nice value (Linux: `setpriority` on a thread id affects only
-/// that thread).
-fn set_thread_nice(nice: i32) -> io::Result<()> {
-    // SAFETY: gettid and setpriority take plain integers and have no memory effects.
-    let rc = unsafe {
-        let tid = libc::gettid();
-        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice)
-    };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -695,7 +673,7 @@ mod tests {
             |tid: libc::pid_t| unsafe { libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t) };
         let mine = prio(unsafe { libc::gettid() });
         let theirs = std::thread::spawn(move || {
-            set_thread_nice(mine + 3).unwrap();
+            farside_rmem::set_thread_nice(mine + 3).unwrap();
             prio(unsafe { libc::gettid() })
         })
         .join()

@@ -103,13 +103,13 @@ pub struct AdmissionArgs {
     /// Gatherer sampling period, µs.
     #[arg(long, default_value_t = 1000)]
     pub gather_period_us: u64,
-    /// Nice value of each gatherer's sampling thread (`gatherd --sampler-nice`). The
-    /// sampler is the producer that every admission system reads: on a back-end whose
-    /// CPUs the web server saturates, at nice 0 it waits its turn behind the workers and
-    /// its record goes stale for tens of ms whatever the transport. Default -20 (the
-    /// transports alone then differ); 0 to leave it at normal priority.
+    /// Nice value of each gatherer's sampling thread and of the proxy's monitor threads
+    /// (`gatherd --sampler-nice`, `proxy --monitor-nice`). Both are periodic threads on
+    /// busy CPUs (the back-end's web workers; the proxy and clients): at nice 0 each waits
+    /// its turn and the proxy's view goes stale for tens of ms whatever the transport.
+    /// Default -20, so that the transports alone differ; 0 leaves both at normal priority.
     #[arg(long, default_value_t = -20, allow_negative_numbers = true)]
-    pub sampler_nice: i32,
+    pub control_nice: i32,
     /// Proxy worker threads.
     #[arg(long, default_value_t = 1)]
     pub proxy_workers: usize,
@@ -379,7 +379,7 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, fabric: &Fabric) -> io
             "--period-us".into(),
             a.gather_period_us.to_string(),
             "--sampler-nice".into(),
-            a.sampler_nice.to_string(),
+            a.control_nice.to_string(),
             "--watch-port".into(),
             addr.port().to_string(),
             "--shm".into(),
@@ -420,6 +420,8 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, fabric: &Fabric) -> io
         a.proxy_workers.to_string(),
         "--monitor-period-us".into(),
         a.monitor_period_us.to_string(),
+        "--monitor-nice".into(),
+        a.control_nice.to_string(),
     ];
     if !a.upstream_keepalive {
         args.extend(["--pool-idle".into(), "0".into()]);
@@ -658,7 +660,7 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         "limit": a.limit,
         "monitor_period_us": a.monitor_period_us,
         "gather_period_us": a.gather_period_us,
-        "sampler_nice": a.sampler_nice,
+        "control_nice": a.control_nice,
         "proxy_workers": a.proxy_workers,
         "duration_s": duration_s,
         "warmup_s": warmup_s,

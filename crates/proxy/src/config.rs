@@ -212,6 +212,10 @@ pub struct MonitorConfig {
     pub period_us: u64,
     /// Timeout of one remote read. Default 50 ms.
     pub read_timeout_ms: u64,
+    /// Nice value (-20..=19) of the monitor's polling threads only. The proxy's worker
+    /// and the clients it serves can keep the front-end's CPU busy; a negative value keeps
+    /// the reads on time there (needs CAP_SYS_NICE, else a warning). Default 0.
+    pub nice: i32,
     /// Read an external `farside monitor`'s table from this file instead of embedding
     /// the monitor. Default: none (embedded).
     pub table: Option<String>,
@@ -222,6 +226,7 @@ impl Default for MonitorConfig {
         MonitorConfig {
             period_us: 1000,
             read_timeout_ms: 50,
+            nice: 0,
             table: None,
         }
     }
@@ -352,6 +357,12 @@ impl ProxyConfig {
         if !(10..=1_000_000).contains(&self.monitor.period_us) {
             return Err(err("monitor.period_us", "must be 10..=1000000 µs"));
         }
+        if !(-20..=19).contains(&self.monitor.nice) {
+            return Err(err(
+                "monitor.nice",
+                format!("must be -20..=19, got {}", self.monitor.nice),
+            ));
+        }
         for (i, b) in self.backends.iter().enumerate() {
             if let Some(r) = &b.region {
                 crate::control::RegionSource::parse(r)
@@ -422,6 +433,12 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.key, "busy_poll_us");
+
+        let e = ProxyConfig::from_toml_str(
+            "listen = \"127.0.0.1:1\"\n[monitor]\nnice = -30\n[[backend]]\naddr = \"127.0.0.1:2\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "monitor.nice");
 
         let e = ProxyConfig::from_toml_str("listen = \"127.0.0.1:1\"\nbogus = 3\n").unwrap_err();
         assert!(e.msg.contains("bogus"), "{e}");

@@ -38,6 +38,32 @@ pub fn random_u64() -> u64 {
     }
 }
 
+/// Set the calling thread's nice value (-20..=19). On Linux `setpriority` on a thread id
+/// affects that thread only: a periodic thread (gatherd's sampler, a monitor) can be
+/// kept on time on a busy CPU without raising the rest of its process. Lowering it
+/// needs CAP_SYS_NICE.
+pub fn set_thread_nice(nice: i32) -> std::io::Result<()> {
+    // SAFETY: gettid and setpriority take plain integers and have no memory effects.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Apply `nice` to the calling periodic thread if it is not 0, logging the outcome as
+/// `who` (a failure is a warning: the thread runs on at the process's priority).
+pub fn apply_thread_nice(who: &str, nice: i32) {
+    if nice == 0 {
+        return;
+    }
+    match set_thread_nice(nice) {
+        Ok(()) => log::info!("{who}: thread at nice {nice}"),
+        Err(e) => log::warn!("{who}: nice {nice}: {e}; running at the process's priority"),
+    }
+}
+
 /// Paces a polling loop at a fixed period without drift; a late wake-up skips ahead
 /// instead of bursting to catch up.
 pub struct Pacer {

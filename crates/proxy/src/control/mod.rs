@@ -439,6 +439,7 @@ pub fn monitor_options(cfg: &ProxyConfig) -> MonitorOptions {
         period: Duration::from_micros(cfg.monitor.period_us),
         read_timeout: Duration::from_millis(cfg.monitor.read_timeout_ms),
         stale_after: Duration::from_millis(cfg.admission.stale_after_ms),
+        nice: cfg.monitor.nice,
         key: farside_rmem::DEFAULT_READ_KEY,
     }
 }

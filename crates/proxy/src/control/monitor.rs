@@ -26,6 +26,8 @@ pub struct MonitorOptions {
     /// Only used to log fresh → stale transitions.
     pub stale_after: Duration,
     pub key: u64,
+    /// Nice value of every polling thread (0: unchanged).
+    pub nice: i32,
 }
 
 /// What one monitor thread measured of its reads, for the proxy's metrics: the part of
@@ -113,6 +115,7 @@ fn poll_loop(
         key: opts.key,
         timeout: opts.read_timeout,
     };
+    farside_rmem::apply_thread_nice(&format!("monitor: {}", w.name), opts.nice);
     let mut pacer = Pacer::new(opts.period);
     while !stop.load(Ordering::Relaxed) {
         pacer.wait();
