@@ -68,6 +68,11 @@ pub struct ClientOptions {
     pub key: u64,
     /// Timeout of one operation (connect included for tcp). Default 50 ms.
     pub timeout: Duration,
+    /// Poll the socket for the reply for up to this long before sleeping in the kernel,
+    /// as an RDMA client polls its completion queue: the reader's own wake-up then stays
+    /// out of the round trip. Costs the reader's CPU while it waits; tcp and udp clients
+    /// poll alike. Default 0: sleep at once.
+    pub spin: Duration,
 }
 
 impl Default for ClientOptions {
@@ -75,7 +80,35 @@ impl Default for ClientOptions {
         ClientOptions {
             key: DEFAULT_READ_KEY,
             timeout: Duration::from_millis(50),
+            spin: Duration::ZERO,
         }
+    }
+}
+
+/// Poll `sock` (non-blocking peek) until it has something to read, an error is pending,
+/// or `spin` has passed; the caller's blocking receive then returns at once or sleeps.
+pub(crate) fn spin_until_readable(sock: &impl std::os::fd::AsRawFd, spin: Duration) {
+    if spin.is_zero() {
+        return;
+    }
+    let fd = sock.as_raw_fd();
+    let start = std::time::Instant::now();
+    let mut b = 0u8;
+    loop {
+        // SAFETY: one valid byte of buffer; MSG_PEEK leaves the data for the real read.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                (&mut b as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        let would_block = n < 0 && io::Error::last_os_error().kind() == io::ErrorKind::WouldBlock;
+        if !would_block || start.elapsed() >= spin {
+            return;
+        }
+        std::hint::spin_loop();
     }
 }
 
@@ -361,6 +394,7 @@ impl TcpClient {
             self.stream()?;
             let s = self.conn.as_mut().expect("stream() connected");
             s.write_all(&req)?;
+            spin_until_readable(s, self.opts.spin);
             let rep = &mut self.codec.rep;
             rep.resize(REP_HEADER_BYTES, 0);
             s.read_exact(&mut rep[..REP_HEADER_BYTES])?;

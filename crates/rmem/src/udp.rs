@@ -77,6 +77,7 @@ impl UdpClient {
             self.sock.send(self.codec.req())?;
         }
         let deadline = Instant::now() + timeout;
+        crate::client::spin_until_readable(&self.sock, self.opts.spin.min(timeout));
         let rep = self.codec.rep_mut();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());

@@ -18,6 +18,8 @@ fn opts(key: u64) -> ClientOptions {
     ClientOptions {
         key,
         timeout: Duration::from_millis(500),
+        // The shared exercise polls for replies (tcp and udp alike) before sleeping.
+        spin: Duration::from_micros(200),
     }
 }
 
@@ -91,6 +93,7 @@ fn udp_transport_reads_writes_and_does_atomics_and_drops_bad_keys() {
         ClientOptions {
             key: 1,
             timeout: Duration::from_millis(60),
+            ..Default::default()
         },
     )
     .unwrap();
@@ -115,6 +118,7 @@ fn udp_retries_reads_and_cas_across_loss_but_not_fetch_add() {
         ClientOptions {
             key: RW_KEY,
             timeout: Duration::from_millis(300),
+            ..Default::default()
         },
     )
     .unwrap();

@@ -156,6 +156,7 @@ fn client(net: &Net, port: u16, key: u64) -> UdpClient {
         ClientOptions {
             key,
             timeout: Duration::from_millis(300),
+            ..Default::default()
         },
     )
     .expect("client")

@@ -114,6 +114,7 @@ fn poll_loop(
     let copts = ClientOptions {
         key: opts.key,
         timeout: opts.read_timeout,
+        ..Default::default()
     };
     farside_rmem::apply_thread_nice(&format!("monitor: {}", w.name), opts.nice);
     let mut pacer = Pacer::new(opts.period);
