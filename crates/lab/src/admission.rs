@@ -96,7 +96,7 @@ pub struct AdmissionArgs {
     /// Load limit per back-end in the metric's unit (default: 2 connections waiting for a
     /// worker). A tight limit keeps the queue in front of the workers short, so the
     /// response time depends on how fresh the proxy's view is: measured across
-    /// namespaces, limit 2 gave 92–93% below no-ac and one-sided 9–10% ahead of tcp, limit
+    /// namespaces, limit 2 gave 92–93% below no-ac and one-sided 3–13% ahead of tcp, limit
     /// 8 gave 89% and 2–4% (docs/RESULTS.md).
     #[arg(long, default_value_t = 2)]
     pub limit: u64,
