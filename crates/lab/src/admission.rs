@@ -433,14 +433,13 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, fabric: &Fabric) -> io
         args.push("--backend".into());
         args.push(s.clone());
     }
-    let admin_addr = if system != "no-ac" {
+    let mut admin_addr = None;
+    if system != "no-ac" {
+        // The admin listener is not subject to admission: the lab reads the monitor's
+        // histograms there while the data port is rejecting.
         let admin = fabric.addr(Role::Proxy, NETNS_ADMIN_PORT)?;
         args.extend(["--admin-listen".into(), admin.to_string()]);
-        Some(admin)
-    } else {
-        None
-    };
-    if system != "no-ac" {
+        admin_addr = Some(admin);
         args.extend([
             "--admission".into(),
             "--metric".into(),
@@ -461,7 +460,7 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, fabric: &Fabric) -> io
     })
 }
 
-/// Histograms of the proxy's monitor at one moment (see [`MonitorWindow`]).
+/// Histograms of the proxy's monitor at one moment; two of them bracket a point.
 struct MonitorScrape {
     read: crate::promtext::Buckets,
     gap: crate::promtext::Buckets,

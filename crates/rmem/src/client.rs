@@ -394,7 +394,7 @@ impl TcpClient {
             self.stream()?;
             let s = self.conn.as_mut().expect("stream() connected");
             s.write_all(&req)?;
-            spin_until_readable(s, self.opts.spin);
+            spin_until_readable(s, self.opts.spin.min(self.opts.timeout));
             let rep = &mut self.codec.rep;
             rep.resize(REP_HEADER_BYTES, 0);
             s.read_exact(&mut rep[..REP_HEADER_BYTES])?;

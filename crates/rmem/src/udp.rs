@@ -5,7 +5,7 @@
 //! Retries and their semantics (a datagram or its reply may be lost):
 //! - READ and WRITE are idempotent and are retried up to `UDP_TRIES` times.
 //! - COMPARE-AND-SWAP is retried too. A retry whose first attempt was applied returns
-//!   `old == new` instead of `old == expected`; [`UdpClient::compare_swap`] reports that
+//!   `old == new` instead of `old == expected`; `UdpClient::compare_swap` reports that
 //!   as success, so a lost reply never makes the winner think it lost. This requires
 //!   that `new` is unique to the caller (farside's lock words embed the owner id), which
 //!   the lock protocol guarantees.
