@@ -195,6 +195,25 @@ pub fn print_table(s: &Summary, w: &mut impl Write) -> io::Result<()> {
     w.write_all(table_text(s).as_bytes())
 }
 
+/// What the proxy's monitor saw at `trace`'s heaviest load, per admission system: how
+/// long a load read took and how stale the proxy's view got (the mechanism behind the
+/// difference between two-sided and one-sided admission). `None` without monitor figures.
+fn monitor_line(g: &Grid, trace: &str) -> Option<String> {
+    let &heaviest = g.clients(trace).last()?;
+    let seen: Vec<String> = g
+        .systems
+        .iter()
+        .filter_map(|sys| g.get(sys, trace, heaviest))
+        .filter_map(|p| {
+            Some(format!(
+                "{} read p50 {:.0} µs p99 {:.0} µs, new record p99 every {:.1} ms",
+                p.system, p.monitor_read_p50_us?, p.monitor_read_p99_us?, p.update_gap_p99_ms?
+            ))
+        })
+        .collect();
+    (!seen.is_empty()).then(|| format!("monitor {trace} @ {heaviest} clients: {}", seen.join("; ")))
+}
+
 /// The text of [`print_table`].
 pub fn table_text(s: &Summary) -> String {
     let g = Grid::new(s);
@@ -244,31 +263,8 @@ pub fn table_text(s: &Summary) -> String {
         if let Some(imp) = g.improvements(trace) {
             let _ = writeln!(out, "{}", imp.line());
         }
-        // What the proxy's monitor saw at the heaviest load: how long a load read took
-        // and how stale the proxy's view got (the mechanism behind the difference
-        // between two-sided and one-sided admission).
-        if let Some(&heaviest) = g.clients(trace).last() {
-            let seen: Vec<String> = g
-                .systems
-                .iter()
-                .filter_map(|sys| g.get(sys, trace, heaviest))
-                .filter_map(|p| {
-                    Some(format!(
-                        "{} read p50 {:.0} µs p99 {:.0} µs, new record p99 every {:.1} ms",
-                        p.system,
-                        p.monitor_read_p50_us?,
-                        p.monitor_read_p99_us?,
-                        p.update_gap_p99_ms?
-                    ))
-                })
-                .collect();
-            if !seen.is_empty() {
-                let _ = writeln!(
-                    out,
-                    "monitor {trace} @ {heaviest} clients: {}",
-                    seen.join("; ")
-                );
-            }
+        if let Some(line) = monitor_line(&g, trace) {
+            let _ = writeln!(out, "{line}");
         }
         // With repeated runs, the spread at the heaviest load says whether a difference
         // is larger than the noise.
@@ -683,6 +679,9 @@ pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
         if let Some(imp) = g.improvements(trace) {
             let _ = writeln!(out, "<p class=\"imp\">{}</p>", escape(&imp.line()));
         }
+        if let Some(line) = monitor_line(g, trace) {
+            let _ = writeln!(out, "<p class=\"imp\">{}</p>", escape(&line));
+        }
     }
 
     let probes: Vec<&ProbePoint> = s.probe_points().collect();
@@ -885,6 +884,10 @@ mod tests {
         let line = "improvement single @ 640 clients (avg response time): \
                     tcp-ac vs no-ac 25.0%, onesided-ac vs no-ac 50.0%, onesided-ac vs tcp-ac 33.3%";
         assert!(text.contains(line), "{text}");
+        let monitor = "monitor single @ 640 clients: \
+                       tcp-ac read p50 20 µs p99 900 µs, new record p99 every 3.0 ms; \
+                       onesided-ac read p50 40 µs p99 450 µs, new record p99 every 1.5 ms";
+        assert!(text.contains(monitor), "{text}");
         let imp = improvements(&s);
         assert_eq!(imp.len(), 2);
         let p = imp[0].items[2].percent.unwrap();
@@ -957,6 +960,9 @@ mod tests {
         ] {
             assert!(v["points"][0].get(k).is_some(), "{k}");
         }
+
+        let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+        assert!(html.contains("monitor single @ 640 clients: tcp-ac read p50 20 µs"));
 
         let csv = std::fs::read_to_string(dir.join("points.csv")).unwrap();
         assert_eq!(csv.lines().count(), 1 + 18);
