@@ -824,7 +824,7 @@ async fn closed_client(ctx: Arc<Ctx>, id: u64) {
     let mut tally = Tally::default();
     // Consecutive 503s of this client (back-off exponent).
     let mut rejections: u32 = 0;
-    while ctx.may_start(Instant::now()) {
+    loop {
         let Some(pick) = ctx.trace.next_in(&mut session, &mut rng) else {
             // The trace client's session is over: a new user.
             ctx.user_done(std::mem::take(&mut tally));
@@ -833,6 +833,9 @@ async fn closed_client(ctx: Arc<Ctx>, id: u64) {
             rejections = 0;
             continue;
         };
+        if !ctx.may_start(Instant::now()) {
+            break;
+        }
         let Some(done) = timed_request(&ctx, &mut conn, pick).await else {
             break;
         };
