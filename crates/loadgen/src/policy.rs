@@ -43,7 +43,9 @@ pub enum OnReject {
     Retry,
     /// The user leaves; a new user (new connection) replaces it.
     Leave,
-    /// Fixed pause (`--reject-think-ms`, deprecated): no jitter.
+    /// Fixed pause (`--reject-think-ms`, deprecated): no jitter. Not a
+    /// value of `--on-reject`.
+    #[value(skip)]
     Fixed,
 }
 
