@@ -391,6 +391,13 @@ fn docroot_written_for_a_trace_serves_every_request() {
     let trace = Trace::zipf(50, 0.9, PathMode::Docroot);
     let report = write_docroot(&trace, &dir).unwrap();
     assert_eq!((report.files_written, report.files_skipped), (50, 0));
+    // Stamped with the date conditional GETs carry, so exact-match servers answer 304.
+    let mtime = std::fs::metadata(dir.join("zipf/1.html"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let mtime_s = mtime.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    assert_eq!(mtime_s, farside_loadgen::trace::CONDITIONAL_MTIME_UNIX_S);
     let h = backend(2, Some(dir.clone()));
     let out = dir.join("../farside-loadgen-docroot-records.csv");
     let mut a = args_for(h.addr());
@@ -721,6 +728,13 @@ fn worldcup_replay_keeps_timing_sessions_and_sends_conditional_gets() {
     assert_eq!(s.served + s.inflight_at_end, s.started, "{s}");
     let due_conditional = due.iter().filter(|r| r.pick.conditional).count() as u64;
     assert_eq!(s.conditional_requests, due_conditional);
+    // --rate picks the time scale whose average rate it is (4 rows / 3 s).
+    b.time_scale = None;
+    b.rate = Some(40.0 / 3.0);
+    b.duration_s = 0.2;
+    let s = run(&b).unwrap();
+    assert!((s.time_scale.unwrap() - 10.0).abs() < 1e-9, "{s}");
+    assert!((s.rate.unwrap() - 40.0 / 3.0).abs() < 1e-9);
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }
 
