@@ -26,7 +26,7 @@
 //!   seeded start. The trace's timing is ignored (the client's think time
 //!   applies).
 //! - Open loop: rows are sent at their logged times divided by the time scale
-//!   ([`Trace::replay_offset_ms`]); rows logged within the same second are
+//!   ([`Trace::replay_row`]); rows logged within the same second are
 //!   spread evenly over it (the log has one-second resolution). A trace
 //!   client's requests reuse its idle connection.
 

@@ -396,7 +396,10 @@ fn docroot_written_for_a_trace_serves_every_request() {
         .unwrap()
         .modified()
         .unwrap();
-    let mtime_s = mtime.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let mtime_s = mtime
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
     assert_eq!(mtime_s, farside_loadgen::trace::CONDITIONAL_MTIME_UNIX_S);
     let h = backend(2, Some(dir.clone()));
     let out = dir.join("../farside-loadgen-docroot-records.csv");
