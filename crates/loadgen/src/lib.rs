@@ -175,8 +175,9 @@ pub struct LoadgenArgs {
     /// apart; a 503 ends the session. Default: 1.
     #[arg(long = "session-requests", default_value_t = 1)]
     pub session_requests: u32,
-    /// Open loop: most users active at once; arrivals beyond are shed by the
-    /// client and counted (shed_by_client). Default: 10000.
+    /// Open loop: most users active at once (World Cup replay: requests in
+    /// flight); arrivals beyond are shed by the client and counted
+    /// (shed_by_client). Default: 10000.
     #[arg(long = "open-users-max", default_value_t = CLIENTS_MAX)]
     pub open_users_max: usize,
     /// World Cup open loop: replay the log's timing compressed by this factor

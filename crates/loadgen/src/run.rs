@@ -497,8 +497,9 @@ struct ReplayState {
     /// `REPLAY_IDLE_CONNS_MAX`).
     idle: HashMap<u32, Conn>,
     /// Trace clients that left after a 503: their later rows are skipped.
+    /// Bounded by the trace's clients (its rows: `WORLDCUP_ROWS_MAX`).
     left: HashSet<u32>,
-    /// Per trace client completions in the window.
+    /// Per trace client completions in the window; same bound.
     tally: HashMap<u32, Tally>,
 }
 

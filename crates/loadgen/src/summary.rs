@@ -163,7 +163,7 @@ pub struct Summary {
     pub users_left: u64,
     /// Requests of left users that were therefore never sent (sessions, replay).
     pub skipped_after_leave: u64,
-    /// Conditional GETs sent (`If-Modified-Since`, World Cup 304 rows), whole run.
+    /// Conditional GETs (`If-Modified-Since`, World Cup 304 rows) started in the window.
     pub conditional_requests: u64,
     /// 304 responses completed in the window (counted as served).
     pub not_modified: u64,
