@@ -453,3 +453,61 @@ impl fmt::Display for Summary {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary_with(latencies_us: &[u64], success: &[(u64, u64)]) -> Summary {
+        let mut h = new_latency_hist();
+        for l in latencies_us {
+            record_latency(&mut h, *l);
+        }
+        let mut c = ClientSuccess::default();
+        for (served, completed) in success {
+            c.add_user(*served, *completed);
+        }
+        let mut s = Summary {
+            served: latencies_us.len() as u64,
+            attempts: latencies_us.len() as u64,
+            avg_ms: latencies_us.iter().sum::<u64>() as f64 / latencies_us.len() as f64 / 1000.0,
+            duration_s: 1.0,
+            runs: 1,
+            ..Summary::default()
+        };
+        s.derive(&h, &new_latency_hist(), &c);
+        s
+    }
+
+    #[test]
+    fn merged_percentiles_are_those_of_the_pooled_requests_not_averages() {
+        // Run 1: 99 fast requests and 1 slow; run 2: 100 slow. Averaging the
+        // runs' p50s would give ~50 ms; the pooled p50 is slow.
+        let mut fast = vec![1_000u64; 99];
+        fast.push(100_000);
+        let a = summary_with(&fast, &[(1, 1), (0, 2), (3, 4)]);
+        let b = summary_with(&[100_000; 100], &[(1, 1); 8]);
+        assert_eq!(a.p50_ms, 1.0);
+        let m = Summary::merge(&[a, b]).unwrap();
+        assert!((m.p50_ms - 100.0).abs() < 0.1, "{}", m.p50_ms);
+        assert_eq!(m.served, 200);
+        assert!((m.tps - 100.0).abs() < 1e-9);
+        // Users: 0.0, 0.75, 1.0 x 9 => min 0, p10 0.75 (rank 2 of 11).
+        assert_eq!(m.client_success_users, 11);
+        assert_eq!(m.client_success_min, 0.0);
+        assert_eq!(m.client_success_p10, 0.75);
+        assert!((m.client_success_avg - 9.75 / 11.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn histograms_round_trip_through_text() {
+        let mut h = new_latency_hist();
+        for v in [1, 7, 900, 1_000_000, LATENCY_US_MAX * 2] {
+            record_latency(&mut h, v);
+        }
+        let back = decode_hist(&encode_hist(&h)).unwrap();
+        assert_eq!(back, h);
+        assert_eq!(back.len(), 5);
+        assert!(decode_hist("not base64!").is_err());
+    }
+}
