@@ -4,6 +4,7 @@
 //! body framed by Content-Length, chunked encoding, or connection close.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -44,6 +45,9 @@ pub struct Reply {
     pub body_bytes: u64,
     /// Whether the connection may carry another request.
     pub reusable: bool,
+    /// `Retry-After` in delta-seconds, if the response had one (an HTTP-date
+    /// form is ignored: back-off then follows its own schedule).
+    pub retry_after: Option<Duration>,
 }
 
 impl Conn {
@@ -131,7 +135,7 @@ impl Conn {
             .map_err(|_| (Failure::Io, false))?;
         let mut received_any = self.end > self.start;
         // Head, skipping 1xx interim responses.
-        let (status, framing, close) = loop {
+        let (status, framing, close, retry_after) = loop {
             let parsed = {
                 let mut headers = [httparse::EMPTY_HEADER; RESPONSE_HEADERS_MAX];
                 let mut resp = httparse::Response::new(&mut headers);
@@ -185,6 +189,7 @@ impl Conn {
             status,
             body_bytes,
             reusable,
+            retry_after,
         })
     }
 
@@ -215,14 +220,17 @@ enum Framing {
     Eof,
 }
 
-/// (status, framing, connection close?) from a parsed response head.
-fn head_info(resp: &httparse::Response<'_, '_>) -> (u16, Framing, bool) {
+/// (status, framing, connection close?, Retry-After) from a parsed response head.
+fn head_info(resp: &httparse::Response<'_, '_>) -> (u16, Framing, bool, Option<Duration>) {
     let status = resp.code.unwrap_or(0);
     let mut framing = Framing::Eof;
     let mut close = resp.version == Some(0);
+    let mut retry_after = None;
     for h in resp.headers.iter() {
         let value = String::from_utf8_lossy(h.value);
-        if h.name.eq_ignore_ascii_case("transfer-encoding") {
+        if h.name.eq_ignore_ascii_case("retry-after") {
+            retry_after = value.trim().parse::<u64>().ok().map(Duration::from_secs);
+        } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             if value.to_ascii_lowercase().contains("chunked") {
                 framing = Framing::Chunked;
             }
@@ -244,5 +252,5 @@ fn head_info(resp: &httparse::Response<'_, '_>) -> (u16, Framing, bool) {
             }
         }
     }
-    (status, framing, close)
+    (status, framing, close, retry_after)
 }

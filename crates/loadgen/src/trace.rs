@@ -12,6 +12,23 @@
 //! The single-file trace requests `--file-path` (default `/file16k`) in both
 //! modes. [`write_docroot`] materialises every object of either mode, so nginx
 //! or Apache can serve both.
+//!
+//! World Cup replay uses the whole shipped sample (`timestamp,client_id,url,
+//! status,size`, see `shared/traces/README.md`) and starts at a random row
+//! chosen by `--seed` ([`Trace::start_row`]), wrapping around at the end, so
+//! repeated points with different seeds replay different parts of the day.
+//! Rows whose log status was 304 are sent as conditional GETs
+//! (`If-Modified-Since`, [`Pick::conditional`]).
+//! - Closed loop: each loadgen client replays *sessions*: the requests of one
+//!   trace client, in log order, on one connection; when a session ends the
+//!   loadgen client takes the next trace client (a new user, a new
+//!   connection). Sessions are taken in order of first appearance from the
+//!   seeded start. The trace's timing is ignored (the client's think time
+//!   applies).
+//! - Open loop: rows are sent at their logged times divided by the time scale
+//!   ([`Trace::replay_row`]); rows logged within the same second are
+//!   spread evenly over it (the log has one-second resolution). A trace
+//!   client's requests reuse its idle connection.
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Write};
@@ -135,6 +152,8 @@ impl ZipfSampler {
 }
 
 /// The World Cup sample, loaded: distinct URLs, their sizes and the sequence.
+/// The per-row vectors (`sequence`, `times_s`, `clients`, `not_modified`)
+/// have one entry per valid row, in file (time) order.
 #[derive(Debug, Clone)]
 pub struct WorldCupTrace {
     /// Distinct URLs in order of first appearance.
@@ -143,6 +162,12 @@ pub struct WorldCupTrace {
     pub sizes: Vec<u64>,
     /// The request sequence, as indexes into `urls`.
     pub sequence: Vec<u32>,
+    /// Log timestamp of each row, Unix seconds.
+    pub times_s: Vec<u64>,
+    /// Client of each row, as a dense index in order of first appearance.
+    pub clients: Vec<u32>,
+    /// Whether the log answered the row 304 Not Modified.
+    pub not_modified: Vec<bool>,
     /// Data rows skipped for a bad field.
     pub rows_skipped: u64,
 }
@@ -159,10 +184,14 @@ impl WorldCupTrace {
             Box::new(BufReader::new(file))
         };
         let mut index: HashMap<String, u32> = HashMap::new();
+        let mut client_index: HashMap<u64, u32> = HashMap::new();
         let mut trace = WorldCupTrace {
             urls: Vec::new(),
             sizes: Vec::new(),
             sequence: Vec::new(),
+            times_s: Vec::new(),
+            clients: Vec::new(),
+            not_modified: Vec::new(),
             rows_skipped: 0,
         };
         for (n, line) in reader.split(b'\n').enumerate() {
@@ -173,10 +202,22 @@ impl WorldCupTrace {
             if trace.sequence.len() >= WORLDCUP_ROWS_MAX {
                 break;
             }
-            let Some((url, size)) = parse_row(&line) else {
+            let Some(row) = parse_row(&line) else {
                 trace.rows_skipped += 1;
                 continue;
             };
+            // The log is sorted by time; a row going back in time would
+            // break the replay's schedule.
+            if trace.times_s.last().is_some_and(|t| row.time_s < *t) {
+                trace.rows_skipped += 1;
+                continue;
+            }
+            let (url, size) = (row.url, row.size);
+            let next_client = client_index.len() as u32;
+            let client = *client_index.entry(row.client).or_insert(next_client);
+            trace.times_s.push(row.time_s);
+            trace.clients.push(client);
+            trace.not_modified.push(row.status == 304);
             let id = *index.entry(url.to_string()).or_insert_with(|| {
                 trace.urls.push(url.to_string());
                 trace.sizes.push(0);
@@ -197,7 +238,15 @@ impl WorldCupTrace {
     }
 }
 
-fn parse_row(line: &[u8]) -> Option<(&str, u64)> {
+struct Row<'a> {
+    time_s: u64,
+    client: u64,
+    url: &'a str,
+    status: u16,
+    size: u64,
+}
+
+fn parse_row(line: &[u8]) -> Option<Row<'_>> {
     let line = std::str::from_utf8(line).ok()?.trim_end_matches('\r');
     let mut fields = line.split(',');
     let (ts, client, url, status, size) = (
@@ -210,15 +259,21 @@ fn parse_row(line: &[u8]) -> Option<(&str, u64)> {
     if fields.next().is_some() {
         return None;
     }
-    ts.parse::<u64>().ok()?;
-    client.parse::<u64>().ok()?;
-    status.parse::<u16>().ok()?;
+    let time_s = ts.parse::<u64>().ok()?;
+    let client = client.parse::<u64>().ok()?;
+    let status = status.parse::<u16>().ok()?;
     let valid_url = url.starts_with('/') && url.bytes().all(|b| b.is_ascii_graphic());
     if !valid_url {
         return None;
     }
     let size = if size == "-" { 0 } else { size.parse().ok()? };
-    Some((url, size))
+    Some(Row {
+        time_s,
+        client,
+        url,
+        status,
+        size,
+    })
 }
 
 /// Finds a file of the project's `data/` directory: `$FARSIDE_DATA/<name>`,
@@ -297,10 +352,93 @@ impl TraceObject {
     }
 }
 
+/// The World Cup sample prepared for replay.
+struct Replay {
+    /// Object of each row.
+    objects: Vec<u32>,
+    /// Whether each row is sent as a conditional GET (the log had a 304).
+    conditional: Vec<bool>,
+    /// Trace client of each row (dense index).
+    clients: Vec<u32>,
+    /// Time of each row since the first row, ms; rows of one logged second
+    /// are spread evenly over it.
+    times_ms: Vec<u64>,
+    /// Rows of each trace client in log order, clients in order of first
+    /// appearance.
+    sessions: Vec<Vec<u32>>,
+    /// Replay period: time of the last row plus one second, ms.
+    period_ms: u64,
+}
+
+impl Replay {
+    fn new(wc: &WorldCupTrace) -> Replay {
+        let n = wc.sequence.len();
+        let first = wc.times_s.first().copied().unwrap_or(0);
+        let mut times_ms = Vec::with_capacity(n);
+        let mut i = 0;
+        while i < n {
+            let mut j = i;
+            while j < n && wc.times_s[j] == wc.times_s[i] {
+                j += 1;
+            }
+            let group = (j - i) as u64;
+            for k in 0..group {
+                times_ms.push((wc.times_s[i] - first) * 1000 + k * 1000 / group);
+            }
+            i = j;
+        }
+        let client_count = wc
+            .clients
+            .iter()
+            .map(|c| *c as usize + 1)
+            .max()
+            .unwrap_or(0);
+        let mut sessions = vec![Vec::new(); client_count];
+        for (row, c) in wc.clients.iter().enumerate() {
+            sessions[*c as usize].push(row as u32);
+        }
+        let period_ms = times_ms.last().map_or(1000, |t| t + 1000);
+        Replay {
+            objects: wc.sequence.clone(),
+            conditional: wc.not_modified.clone(),
+            clients: wc.clients.clone(),
+            times_ms,
+            sessions,
+            period_ms,
+        }
+    }
+}
+
 enum Sampler {
     Single,
     Zipf(ZipfSampler),
-    Sequence(Vec<u32>),
+    Replay(Replay),
+}
+
+/// One request to send: which object, and whether conditionally.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pick {
+    /// Index into [`Trace::objects`].
+    pub object: usize,
+    /// Send `If-Modified-Since` (the World Cup log answered this row 304).
+    pub conditional: bool,
+}
+
+/// A user's position in a trace (see [`Trace::new_session`]).
+#[derive(Debug, Clone)]
+pub struct Session {
+    /// World Cup: (trace client, next position in its rows).
+    replay: Option<(usize, usize)>,
+}
+
+/// One row of an open-loop World Cup replay ([`Trace::replay_row`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayRow {
+    pub pick: Pick,
+    /// Trace client (dense index) the row belongs to.
+    pub client: u32,
+    /// Send time since the start of the replay at time scale 1, ms.
+    pub offset_ms: u64,
 }
 
 /// A workload ready to sample: its objects and how to pick the next one.
@@ -310,8 +448,12 @@ pub struct Trace {
     /// World Cup rows skipped while loading (0 for other traces).
     pub rows_skipped: u64,
     sampler: Sampler,
-    /// Shared position in a replayed sequence (World Cup), wraps around.
+    /// Shared position in the World Cup rows (`next`) and sessions
+    /// (`new_session`), counted from the seeded start; wraps around.
     cursor: AtomicUsize,
+    session_cursor: AtomicUsize,
+    /// First World Cup row replayed (seeded, see [`Trace::seeded`]).
+    start_row: usize,
 }
 
 impl Trace {
@@ -322,6 +464,8 @@ impl Trace {
             rows_skipped: 0,
             sampler: Sampler::Single,
             cursor: AtomicUsize::new(0),
+            session_cursor: AtomicUsize::new(0),
+            start_row: 0,
         }
     }
 
@@ -342,6 +486,8 @@ impl Trace {
             rows_skipped: 0,
             sampler: Sampler::Zipf(ZipfSampler::new(files, alpha)),
             cursor: AtomicUsize::new(0),
+            session_cursor: AtomicUsize::new(0),
+            start_row: 0,
         }
     }
 
@@ -359,23 +505,121 @@ impl Trace {
             kind: TraceKind::Worldcup,
             objects,
             rows_skipped: wc.rows_skipped,
-            sampler: Sampler::Sequence(wc.sequence),
+            sampler: Sampler::Replay(Replay::new(&wc)),
             cursor: AtomicUsize::new(0),
+            session_cursor: AtomicUsize::new(0),
+            start_row: 0,
         }
     }
 
+    /// Starts the World Cup replay at a row drawn from `seed` (uniform over
+    /// the whole sample); other traces are unchanged.
+    pub fn seeded(mut self, seed: u64) -> Trace {
+        if let Sampler::Replay(r) = &self.sampler {
+            let mut rng = Rng::new(seed ^ 0x57A2_7C0F_F5E7_0000);
+            self.start_row = (rng.next_u64() % r.objects.len().max(1) as u64) as usize;
+        }
+        self
+    }
+
+    /// First World Cup row replayed (0 for other traces).
+    pub fn start_row(&self) -> usize {
+        self.start_row
+    }
+
+    /// Rows of the World Cup replay (0 for other traces).
+    pub fn replay_rows(&self) -> usize {
+        match &self.sampler {
+            Sampler::Replay(r) => r.objects.len(),
+            _ => 0,
+        }
+    }
+
+    /// Average request rate of the World Cup log at time scale 1, requests/s
+    /// (None for other traces).
+    pub fn replay_rate(&self) -> Option<f64> {
+        match &self.sampler {
+            Sampler::Replay(r) => Some(r.objects.len() as f64 / (r.period_ms as f64 / 1000.0)),
+            _ => None,
+        }
+    }
+
+    /// The `k`-th row of the open-loop replay from the seeded start, wrapping
+    /// around (None for traces that are not replays).
+    pub fn replay_row(&self, k: u64) -> Option<ReplayRow> {
+        let Sampler::Replay(r) = &self.sampler else {
+            return None;
+        };
+        let n = r.objects.len() as u64;
+        let abs = self.start_row as u64 + k;
+        let (lap, row) = (abs / n, (abs % n) as usize);
+        let start_ms = r.times_ms[self.start_row];
+        let offset_ms = (lap * r.period_ms + r.times_ms[row]) - start_ms;
+        Some(ReplayRow {
+            pick: Pick {
+                object: r.objects[row] as usize,
+                conditional: r.conditional[row],
+            },
+            client: r.clients[row],
+            offset_ms,
+        })
+    }
+
     /// Index into `objects` of the next request. Zipf draws from `rng` (one
-    /// per client); World Cup takes the next row of the shared sequence.
+    /// per client); World Cup takes the next row of the shared sequence,
+    /// from the seeded start.
     pub fn next(&self, rng: &mut Rng) -> usize {
         match &self.sampler {
             Sampler::Single => 0,
             Sampler::Zipf(z) => z.sample(rng) - 1,
-            Sampler::Sequence(seq) => {
-                let i = self.cursor.fetch_add(1, Ordering::Relaxed) % seq.len();
-                seq[i] as usize
+            Sampler::Replay(r) => {
+                let k = self.cursor.fetch_add(1, Ordering::Relaxed);
+                r.objects[(self.start_row + k) % r.objects.len()] as usize
             }
         }
     }
+
+    /// A new user. World Cup: the next trace client (a session), in order of
+    /// first appearance from the seeded start; other traces: an endless
+    /// session.
+    pub fn new_session(&self) -> Session {
+        match &self.sampler {
+            Sampler::Replay(r) => {
+                let first = r.clients[self.start_row] as usize;
+                let k = self.session_cursor.fetch_add(1, Ordering::Relaxed);
+                Session {
+                    replay: Some(((first + k) % r.sessions.len(), 0)),
+                }
+            }
+            _ => Session { replay: None },
+        }
+    }
+
+    /// The session's next request; None when its trace client has no more.
+    pub fn next_in(&self, session: &mut Session, rng: &mut Rng) -> Option<Pick> {
+        match (&self.sampler, &mut session.replay) {
+            (Sampler::Replay(r), Some((client, pos))) => {
+                let row = *r.sessions[*client].get(*pos)? as usize;
+                *pos += 1;
+                Some(Pick {
+                    object: r.objects[row] as usize,
+                    conditional: r.conditional[row],
+                })
+            }
+            _ => Some(Pick {
+                object: self.next(rng),
+                conditional: false,
+            }),
+        }
+    }
+}
+
+/// Modification time of docroot files: [`crate::CONDITIONAL_DATE`]
+/// (1998-04-30 00:00:00 UTC), the `If-Modified-Since` of conditional GETs.
+pub const CONDITIONAL_MTIME_UNIX_S: u64 = 893_894_400;
+
+fn conditional_mtime() -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + std::time::Duration::from_secs(CONDITIONAL_MTIME_UNIX_S)
 }
 
 /// What [`write_docroot`] did.
@@ -390,6 +634,7 @@ pub struct DocrootReport {
 
 /// Writes every object `trace` can request under `dir`, with its size and
 /// deterministic content, so a static server rooted at `dir` serves the trace.
+/// Files are stamped [`CONDITIONAL_MTIME_UNIX_S`] so conditional GETs match.
 pub fn write_docroot(trace: &Trace, dir: &Path) -> io::Result<DocrootReport> {
     let mut report = DocrootReport::default();
     std::fs::create_dir_all(dir)?;
@@ -418,6 +663,9 @@ pub fn write_docroot(trace: &Trace, dir: &Path) -> io::Result<DocrootReport> {
                 f.write_all(&chunk[..n])?;
                 left -= n as u64;
             }
+            // Conditional GETs carry this date; a server comparing
+            // If-Modified-Since exactly (nginx) then answers 304.
+            f.set_modified(conditional_mtime())?;
             Ok(())
         })();
         match written {

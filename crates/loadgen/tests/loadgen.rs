@@ -3,10 +3,13 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use farside_loadgen::{
-    run, write_docroot, LoadgenArgs, PathMode, Rng, Trace, TraceKind, WorldCupTrace, ZipfSampler,
+    backoff_delay, run, write_docroot, ArrivalGen, Arrivals, LoadgenArgs, OnReject, PathMode, Rng,
+    Summary, Trace, TraceKind, WorldCupTrace, ZipfSampler,
 };
 
 fn backend(workers: usize, root: Option<std::path::PathBuf>) -> farside_backend::Handle {
@@ -39,17 +42,65 @@ fn misbehaving_server(handler: fn(TcpStream)) -> SocketAddr {
     addr
 }
 
+/// A server whose connections are handled by `handler` on their own
+/// threads; returns its address and the count of accepted connections.
+fn counting_server(
+    handler: impl Fn(TcpStream) + Send + Sync + 'static,
+) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (count, handler) = (Arc::clone(&accepted), Arc::new(handler));
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            count.fetch_add(1, Ordering::SeqCst);
+            let h = Arc::clone(&handler);
+            std::thread::spawn(move || h(stream));
+        }
+    });
+    (addr, accepted)
+}
+
 /// Reads one request head (up to the blank line); false on EOF.
 fn read_request(s: &mut TcpStream) -> bool {
+    read_head(s).is_some()
+}
+
+/// Reads one request head (up to the blank line); None on EOF.
+fn read_head(s: &mut TcpStream) -> Option<String> {
     let mut head = Vec::new();
     let mut b = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         match s.read(&mut b) {
             Ok(1) => head.push(b[0]),
-            _ => return false,
+            _ => return None,
         }
     }
-    true
+    Some(String::from_utf8_lossy(&head).into_owned())
+}
+
+/// Answers every request on a connection with a 16-byte 200 after `delay`.
+fn slow_handler(delay: Duration) -> impl Fn(TcpStream) + Send + Sync + 'static {
+    move |mut s| {
+        while read_request(&mut s) {
+            std::thread::sleep(delay);
+            if s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 16\r\n\r\n0123456789abcdef")
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// Answers every request with a keep-alive 503.
+fn reject_all(mut s: TcpStream) {
+    while read_request(&mut s) {
+        let resp = "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 4\r\n\r\nbusy";
+        if s.write_all(resp.as_bytes()).is_err() {
+            return;
+        }
+    }
 }
 
 fn temp_dir(tag: &str) -> std::path::PathBuf {
@@ -121,12 +172,22 @@ fn status_503_counts_as_dropped_not_served() {
     let mut a = args_for(addr);
     a.clients = 2;
     a.requests = Some(50);
+    a.on_reject = Some(OnReject::Retry);
     let s = run(&a).unwrap();
     assert_eq!(
         (s.attempts, s.served, s.dropped_503, s.failures),
         (50, 0, 50, 0)
     );
     assert!((s.drop_rate - 1.0).abs() < 1e-9);
+    assert!((s.reject_rate - 1.0).abs() < 1e-9);
+    // The time to a 503 has its own statistics.
+    assert!(
+        s.reject_avg_ms > 0.0 && s.reject_p50_ms <= s.reject_p99_ms,
+        "{s}"
+    );
+    assert_eq!((s.p50_ms, s.avg_ms), (0.0, 0.0));
+    assert_eq!(s.client_success_users, 2);
+    assert_eq!(s.client_success_avg, 0.0);
 }
 
 #[test]
@@ -229,11 +290,29 @@ fn open_loop_sends_at_the_requested_rate() {
     let h = backend(4, None);
     let mut a = args_for(h.addr());
     a.rate = Some(200.0);
+    a.arrivals = Arrivals::Uniform;
     a.duration_s = 1.0;
     let s = run(&a).unwrap();
     assert_eq!(s.mode, "open");
-    assert!((180..=205).contains(&s.attempts), "{s}");
-    assert_eq!(s.served, s.attempts);
+    assert_eq!(s.arrivals.as_deref(), Some("uniform"));
+    assert!((180..=205).contains(&s.started), "{s}");
+    assert_eq!(s.served + s.inflight_at_end, s.started);
+    // Poisson (the default): the count the seeded generator gives for the
+    // window, give or take requests that the loaded machine delays.
+    let mut gen = ArrivalGen::new(Arrivals::Poisson, 200.0, a.seed);
+    let (mut t, mut expected) = (gen.next_gap_s(), 0u64);
+    while t < 1.0 {
+        expected += 1;
+        t += gen.next_gap_s();
+    }
+    a.arrivals = Arrivals::Poisson;
+    let p = run(&a).unwrap();
+    assert_eq!(p.arrivals.as_deref(), Some("poisson"));
+    assert!(
+        p.started.abs_diff(expected) <= 10,
+        "{p} expected {expected}"
+    );
+    assert!((p.offered_rps - p.started as f64).abs() < 1e-9);
 }
 
 #[test]
@@ -312,6 +391,16 @@ fn docroot_written_for_a_trace_serves_every_request() {
     let trace = Trace::zipf(50, 0.9, PathMode::Docroot);
     let report = write_docroot(&trace, &dir).unwrap();
     assert_eq!((report.files_written, report.files_skipped), (50, 0));
+    // Stamped with the date conditional GETs carry, so exact-match servers answer 304.
+    let mtime = std::fs::metadata(dir.join("zipf/1.html"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let mtime_s = mtime
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert_eq!(mtime_s, farside_loadgen::trace::CONDITIONAL_MTIME_UNIX_S);
     let h = backend(2, Some(dir.clone()));
     let out = dir.join("../farside-loadgen-docroot-records.csv");
     let mut a = args_for(h.addr());
@@ -344,4 +433,343 @@ fn worldcup_against_generated_backend_is_all_served() {
     a.requests = Some(500);
     let s = run(&a).unwrap();
     assert_eq!((s.served, s.failures), (500, 0), "{s}");
+}
+
+#[test]
+fn completion_window_accounting_obeys_littles_law() {
+    // 200 ms responses, 50 ms think: each client completes a request every
+    // 250 ms. The warm-up ends mid-request, so counting by start time (the
+    // old accounting) loses the requests that straddle it and the one in
+    // flight at the end: 3 of 4 per client and second (-25%).
+    let (addr, _) = counting_server(slow_handler(Duration::from_millis(200)));
+    let mut a = args_for(addr);
+    a.clients = 8;
+    a.think_ms = 50;
+    a.warmup_s = 0.3;
+    a.duration_s = 2.0;
+    let s = run(&a).unwrap();
+    assert_eq!((s.dropped_503, s.failures), (0, 0), "{s}");
+    let little = a.clients as f64 / ((s.avg_ms + a.think_ms as f64) / 1000.0);
+    assert!(
+        (s.tps - little).abs() / little < 0.05,
+        "tps {} vs N/(R+Z) {little}: {s}",
+        s.tps
+    );
+    assert_eq!(s.series.iter().map(|x| x.served).sum::<u64>(), s.served);
+    assert!((s.goodput_rps - s.tps).abs() < 1e-9);
+    assert_eq!(s.client_success_users, 8);
+    assert_eq!((s.client_success_min, s.client_success_avg), (1.0, 1.0));
+}
+
+#[test]
+fn requests_in_flight_at_the_end_are_reported_not_dropped_silently() {
+    // 400 ms responses in a 1 s window: completions at 0.4 s and 0.8 s,
+    // the third request is in flight when the run ends.
+    let (addr, _) = counting_server(slow_handler(Duration::from_millis(400)));
+    let mut a = args_for(addr);
+    a.clients = 3;
+    a.duration_s = 1.0;
+    let s = run(&a).unwrap();
+    assert_eq!(s.served, 6, "{s}");
+    assert_eq!(s.inflight_at_end, 3, "{s}");
+    assert_eq!(s.started, 9, "{s}");
+    assert_eq!(s.started, s.attempts + s.inflight_at_end);
+}
+
+#[test]
+fn backoff_is_full_jitter_within_its_bounds() {
+    let base = Duration::from_millis(50);
+    let cap = Duration::from_millis(2000);
+    let mut rng = Rng::new(3);
+    for k in 0..8u32 {
+        let bound = (base * 2u32.pow(k)).min(cap);
+        let draws: Vec<Duration> = (0..4000)
+            .map(|_| backoff_delay(k, None, base, cap, &mut rng))
+            .collect();
+        assert!(draws.iter().all(|d| *d <= bound), "k={k}");
+        let (min, max) = (draws.iter().min().unwrap(), draws.iter().max().unwrap());
+        // Uniform over the whole range, not a fixed pause.
+        assert!(
+            *min < bound / 50 && *max > bound * 49 / 50,
+            "k={k} {min:?} {max:?}"
+        );
+        let mean = draws.iter().sum::<Duration>() / draws.len() as u32;
+        let half = bound / 2;
+        assert!(mean.abs_diff(half) < bound / 20, "k={k} mean {mean:?}");
+    }
+    // Retry-After sets the range, still capped.
+    for (ra, bound) in [(1, 1000), (10, 2000)] {
+        let ra = Some(Duration::from_secs(ra));
+        let bound = Duration::from_millis(bound);
+        let draws: Vec<Duration> = (0..2000)
+            .map(|_| backoff_delay(0, ra, base, cap, &mut rng))
+            .collect();
+        assert!(draws.iter().all(|d| *d <= bound));
+        assert!(*draws.iter().max().unwrap() > bound * 49 / 50);
+    }
+}
+
+#[test]
+fn leave_replaces_the_user_and_retry_keeps_the_connection() {
+    let (addr, accepted) = counting_server(reject_all);
+    let mut a = args_for(addr);
+    a.clients = 2;
+    a.requests = Some(40);
+    a.on_reject = Some(OnReject::Leave);
+    let s = run(&a).unwrap();
+    assert_eq!((s.dropped_503, s.users_left), (40, 40), "{s}");
+    assert_eq!(s.on_reject, "leave");
+    // Each user sent one request on its own connection, then gave up.
+    assert_eq!(accepted.load(Ordering::SeqCst), 40);
+    assert_eq!(s.client_success_users, 40);
+
+    let (addr, accepted) = counting_server(reject_all);
+    let mut b = args_for(addr);
+    b.clients = 2;
+    b.requests = Some(40);
+    b.on_reject = Some(OnReject::Retry);
+    let s = run(&b).unwrap();
+    assert_eq!((s.dropped_503, s.users_left), (40, 0), "{s}");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+}
+
+#[test]
+fn backoff_is_the_default_and_slows_rejected_clients() {
+    let (addr, _) = counting_server(reject_all);
+    let mut a = args_for(addr);
+    a.clients = 2;
+    a.duration_s = 1.0;
+    let s = run(&a).unwrap();
+    assert_eq!(s.on_reject, "backoff");
+    // Without back-off two clients get thousands of 503s per second on
+    // loopback; with a 50 ms base doubling to 2 s, a few dozen at most.
+    assert!(s.dropped_503 > 2 && s.dropped_503 < 60, "{s}");
+    // The deprecated flag still works: a fixed pause.
+    let mut b = args_for(addr);
+    b.clients = 2;
+    b.duration_s = 0.5;
+    b.reject_think_ms = Some(100);
+    let s = run(&b).unwrap();
+    assert_eq!(s.on_reject, "fixed");
+    assert!((8..=12).contains(&s.dropped_503), "{s}");
+    b.on_reject = Some(OnReject::Leave);
+    assert!(run(&b).is_err());
+}
+
+#[test]
+fn poisson_arrivals_have_the_rate_and_exponential_gaps() {
+    let rate = 250.0;
+    let mut gen = ArrivalGen::new(Arrivals::Poisson, rate, 7);
+    let gaps: Vec<f64> = (0..200_000).map(|_| gen.next_gap_s()).collect();
+    let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+    assert!((mean * rate - 1.0).abs() < 0.01, "mean gap {mean}");
+    // Exponential: sd equals the mean; P(gap > mean) = 1/e.
+    let var = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
+    assert!((var.sqrt() / mean - 1.0).abs() < 0.02);
+    let above = gaps.iter().filter(|g| **g > mean).count() as f64 / gaps.len() as f64;
+    assert!((above - (-1.0f64).exp()).abs() < 0.01, "{above}");
+    // Arrivals per second: Poisson(rate), so the variance equals the mean.
+    let mut per_s = vec![0u32; 800];
+    let mut t = 0.0;
+    for g in &gaps {
+        t += g;
+        if (t as usize) < per_s.len() {
+            per_s[t as usize] += 1;
+        }
+    }
+    let m = per_s.iter().map(|c| *c as f64).sum::<f64>() / per_s.len() as f64;
+    let v = per_s.iter().map(|c| (*c as f64 - m).powi(2)).sum::<f64>() / per_s.len() as f64;
+    assert!(
+        (m / rate - 1.0).abs() < 0.01 && (v / m - 1.0).abs() < 0.15,
+        "{m} {v}"
+    );
+    // Seeded: the same seed, the same arrivals; another seed, others.
+    let mut again = ArrivalGen::new(Arrivals::Poisson, rate, 7);
+    assert_eq!(again.next_gap_s(), gaps[0]);
+    let mut other = ArrivalGen::new(Arrivals::Poisson, rate, 8);
+    assert_ne!(other.next_gap_s(), gaps[0]);
+    let mut uniform = ArrivalGen::new(Arrivals::Uniform, rate, 7);
+    assert_eq!(uniform.next_gap_s(), 1.0 / rate);
+}
+
+#[test]
+fn open_loop_users_leave_on_rejection_and_overflow_is_counted() {
+    let (addr, accepted) = counting_server(reject_all);
+    let mut a = args_for(addr);
+    a.rate = Some(100.0);
+    a.session_requests = 3;
+    a.duration_s = 0.5;
+    let s = run(&a).unwrap();
+    assert!(s.dropped_503 > 20, "{s}");
+    // One request per user: rejected at once, the user leaves.
+    assert_eq!(s.users_left, s.dropped_503);
+    assert_eq!(s.skipped_after_leave, 2 * s.users_left);
+    assert_eq!(accepted.load(Ordering::SeqCst) as u64, s.started);
+
+    // One user at a time against 300 ms responses: most arrivals are shed.
+    let (addr, _) = counting_server(slow_handler(Duration::from_millis(300)));
+    let mut b = args_for(addr);
+    b.rate = Some(100.0);
+    b.open_users_max = 1;
+    b.duration_s = 0.7;
+    let s = run(&b).unwrap();
+    assert!(s.shed_by_client > 30, "{s}");
+    assert_eq!(s.shed_by_client, s.failure_kinds.overflow);
+    assert!(s.served <= 3, "{s}");
+    assert_eq!(s.started, s.attempts + s.inflight_at_end);
+}
+
+/// Writes a small World Cup-format trace: (time, client, url, status, size).
+fn tiny_trace(tag: &str, rows: &[(u64, u64, &str, u16, u64)]) -> std::path::PathBuf {
+    let dir = temp_dir(tag);
+    let path = dir.join("t.csv");
+    let mut text = String::from("timestamp,client_id,url,status,size\n");
+    for (t, c, u, st, sz) in rows {
+        text.push_str(&format!("{t},{c},{u},{st},{sz}\n"));
+    }
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn worldcup_start_row_is_seeded_over_the_whole_sample() {
+    let mut a = LoadgenArgs::new("127.0.0.1:1");
+    a.trace = TraceKind::Worldcup;
+    let starts: Vec<usize> = (1..=40)
+        .map(|seed| {
+            a.seed = seed;
+            a.build_trace().unwrap().start_row()
+        })
+        .collect();
+    a.seed = 1;
+    let t1 = a.build_trace().unwrap();
+    assert_eq!(t1.start_row(), starts[0], "same seed, same start");
+    assert_ne!(starts[0], starts[1], "another seed, another start");
+    let rows = t1.replay_rows();
+    assert!(rows > 199_000);
+    // Spread over the whole sample, not its first few thousand rows.
+    assert!(*starts.iter().max().unwrap() > rows * 3 / 4, "{starts:?}");
+    assert!(*starts.iter().min().unwrap() < rows / 4, "{starts:?}");
+    let mut rng = Rng::new(0);
+    a.seed = 2;
+    let t2 = a.build_trace().unwrap();
+    let firsts = |t: &Trace, rng: &mut Rng| (0..20).map(|_| t.next(rng)).collect::<Vec<_>>();
+    assert_ne!(firsts(&t1, &mut rng), firsts(&t2, &mut rng));
+}
+
+#[test]
+fn worldcup_replay_keeps_timing_sessions_and_sends_conditional_gets() {
+    let path = tiny_trace(
+        "wc304",
+        &[
+            (100, 7, "/a.html", 200, 10),
+            (100, 7, "/b.gif", 304, 0),
+            (101, 9, "/a.html", 304, 0),
+            (102, 9, "/c.gif", 200, 5),
+        ],
+    );
+    let wc = WorldCupTrace::load(&path).unwrap();
+    assert_eq!(wc.not_modified, vec![false, true, true, false]);
+    assert_eq!(wc.clients, vec![0, 0, 1, 1]);
+    // Timing: rows of one logged second spread over it; the replay wraps
+    // after the last row's second.
+    let trace = Trace::worldcup(wc, PathMode::Generated);
+    let offsets: Vec<u64> = (0..8)
+        .map(|k| trace.replay_row(k).unwrap().offset_ms)
+        .collect();
+    assert_eq!(offsets, vec![0, 500, 1000, 2000, 3000, 3500, 4000, 5000]);
+    assert!((trace.replay_rate().unwrap() - 4.0 / 3.0).abs() < 1e-9);
+
+    // Closed loop: one client replays trace client 7's session, then 9's,
+    // each on a new connection; the 304 rows go out with If-Modified-Since.
+    let conditional = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&conditional);
+    let (addr, accepted) = counting_server(move |mut s| {
+        while let Some(head) = read_head(&mut s) {
+            let resp: &[u8] = if head.contains("If-Modified-Since: Thu, 30 Apr 1998") {
+                seen.fetch_add(1, Ordering::SeqCst);
+                b"HTTP/1.1 304 Not Modified\r\n\r\n"
+            } else {
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+            };
+            if s.write_all(resp).is_err() {
+                return;
+            }
+        }
+    });
+    let mut a = args_for(addr);
+    a.trace = TraceKind::Worldcup;
+    a.trace_file = Some(path.clone());
+    a.clients = 1;
+    a.requests = Some(4);
+    let s = run(&a).unwrap();
+    assert_eq!((s.served, s.failures), (4, 0), "{s}");
+    assert_eq!((s.conditional_requests, s.not_modified), (2, 2), "{s}");
+    assert_eq!(conditional.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        accepted.load(Ordering::SeqCst),
+        2,
+        "one connection per session"
+    );
+
+    // Open loop: the logged timing at 10x from the seeded start row.
+    let mut b = args_for(addr);
+    b.trace = TraceKind::Worldcup;
+    b.trace_file = Some(path.clone());
+    b.time_scale = Some(10.0);
+    b.duration_s = 0.575;
+    let seeded = b.build_trace().unwrap();
+    let due: Vec<_> = (0..)
+        .map(|k| seeded.replay_row(k).unwrap())
+        .take_while(|r| (r.offset_ms as f64) / 10.0 < 575.0)
+        .collect();
+    assert!(due.len() >= 7);
+    let s = run(&b).unwrap();
+    assert_eq!(s.arrivals.as_deref(), Some("trace"));
+    assert_eq!((s.mode.as_str(), s.time_scale), ("open", Some(10.0)));
+    assert_eq!(s.started, due.len() as u64, "{s}");
+    assert_eq!(s.served + s.inflight_at_end, s.started, "{s}");
+    let due_conditional = due.iter().filter(|r| r.pick.conditional).count() as u64;
+    assert_eq!(s.conditional_requests, due_conditional);
+    // --rate picks the time scale whose average rate it is (4 rows / 3 s).
+    b.time_scale = None;
+    b.rate = Some(40.0 / 3.0);
+    b.duration_s = 0.2;
+    let s = run(&b).unwrap();
+    assert!((s.time_scale.unwrap() - 10.0).abs() < 1e-9, "{s}");
+    assert!((s.rate.unwrap() - 40.0 / 3.0).abs() < 1e-9);
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+#[test]
+fn repeated_runs_merge_exactly() {
+    let h = backend(4, None);
+    let mut a = args_for(h.addr());
+    a.clients = 4;
+    a.requests = Some(200);
+    let r1 = run(&a).unwrap();
+    a.seed = 2;
+    let r2 = run(&a).unwrap();
+    let m = Summary::merge(&[r1.clone(), r2.clone()]).unwrap();
+    assert_eq!(m.runs, 2);
+    assert_eq!(m.served, r1.served + r2.served);
+    assert!((m.duration_s - (r1.duration_s + r2.duration_s)).abs() < 1e-9);
+    assert!((m.tps - m.served as f64 / m.duration_s).abs() < 1e-6);
+    let lo = r1.p99_ms.min(r2.p99_ms);
+    let hi = r1.p99_ms.max(r2.p99_ms);
+    assert!(m.p99_ms >= lo && m.p99_ms <= hi, "{} {lo} {hi}", m.p99_ms);
+    assert_eq!(
+        farside_loadgen::summary::decode_hist(&m.latency_hist_v2)
+            .unwrap()
+            .len(),
+        m.served
+    );
+    assert_eq!(m.series.len(), r1.series.len() + r2.series.len());
+    // Round trip through JSON (as the lab stores repeats).
+    let json = serde_json::to_string(&r1).unwrap();
+    let back: Summary = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.latency_hist_v2, r1.latency_hist_v2);
+    let m2 = Summary::merge(&[back, r2]).unwrap();
+    assert_eq!((m2.served, m2.p99_ms), (m.served, m.p99_ms));
+    assert!(Summary::merge(&[]).is_err());
 }
