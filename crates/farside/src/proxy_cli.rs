@@ -19,6 +19,7 @@ pub fn parse_backend(s: &str) -> Result<BackendConfig, String> {
         site: String::new(),
         region: None,
         limit: None,
+        maxconn: None,
     };
     for kv in parts {
         let (k, v) = kv

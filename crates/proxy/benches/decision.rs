@@ -37,6 +37,7 @@ fn main() {
                 site: String::new(),
                 region: None,
                 limit: None,
+                maxconn: None,
             })
             .collect();
         let mut cfg = ProxyConfig::simple("127.0.0.1:1".parse().unwrap(), backends);

@@ -20,6 +20,7 @@ fn backend(port: u16, site: &str) -> BackendConfig {
         site: site.into(),
         region: None,
         limit: None,
+        maxconn: None,
     }
 }
 
