@@ -854,7 +854,12 @@ impl Conn {
         // Before the head is consumed, so a refusal here is answered like the gate's.
         let checkout = sh
             .pool
-            .checkout(route.backend, route.addr, route.reuse_only, sh.queue_timeout)
+            .checkout(
+                route.backend,
+                route.addr,
+                route.reuse_only,
+                sh.queue_timeout,
+            )
             .await;
         match checkout {
             Ok(c) => self.proxy(sh, req, route, c).await,

@@ -59,7 +59,11 @@ impl Tally {
         let ms = now_ns / 1_000_000;
         let b = &mut self.buckets[ms as usize % TALLY_MS];
         if b.ms != ms {
-            *b = Bucket { ms, sent: 0, done: 0 };
+            *b = Bucket {
+                ms,
+                sent: 0,
+                done: 0,
+            };
         }
         match event {
             Event::Sent => b.sent = b.sent.saturating_add(1),

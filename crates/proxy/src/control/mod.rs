@@ -102,7 +102,10 @@ struct TallyCell(Mutex<Tally>);
 impl TallyCell {
     fn record(&self, e: Event) {
         let now = mono_ns();
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).record(e, now);
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(e, now);
     }
 
     fn since(&self, since_ns: u64) -> (u64, u64) {
@@ -406,7 +409,10 @@ impl Control {
             // try them anyway: a failure seen under overload must not turn into "503 for
             // everyone for a second"; only admission control decides to shed load.
             let scan = self.scan(host, now, true, &mut pick);
-            return pick.finish().map(|i| (i, scan.reuse_only(i))).ok_or(scan.why);
+            return pick
+                .finish()
+                .map(|i| (i, scan.reuse_only(i)))
+                .ok_or(scan.why);
         }
         pick.finish()
             .map(|i| (i, scan.reuse_only(i)))
@@ -798,10 +804,7 @@ impl Gate for Control {
             let _ = writeln!(out, "farside_backend_limit{{{lbl}}} {}", b.limit);
             if let Some(p) = self.pool.get() {
                 let (open, idle) = (p.open_count(i), p.idle_count(i));
-                let _ = writeln!(
-                    out,
-                    "farside_upstream_conns{{{lbl},state=\"idle\"}} {idle}"
-                );
+                let _ = writeln!(out, "farside_upstream_conns{{{lbl},state=\"idle\"}} {idle}");
                 let _ = writeln!(
                     out,
                     "farside_upstream_conns{{{lbl},state=\"busy\"}} {}",
