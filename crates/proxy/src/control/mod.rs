@@ -97,19 +97,27 @@ struct Backend {
 
 /// A back-end's [`Tally`], fed by the in-flight guards of its requests.
 #[derive(Default)]
-struct TallyCell(Mutex<Tally>);
+struct TallyCell {
+    tally: Mutex<Tally>,
+    /// Millisecond of the latest event: a decision whose sample is newer skips the lock.
+    last_ms: AtomicU64,
+}
 
 impl TallyCell {
     fn record(&self, e: Event) {
         let now = mono_ns();
-        self.0
+        self.tally
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .record(e, now);
+        self.last_ms.fetch_max(now / 1_000_000, Ordering::Relaxed);
     }
 
     fn since(&self, since_ns: u64) -> (u64, u64) {
-        self.0
+        if self.last_ms.load(Ordering::Relaxed) < since_ns / 1_000_000 {
+            return (0, 0);
+        }
+        self.tally
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .since(since_ns)
