@@ -10,6 +10,9 @@
 //! 3. `bind_pool`: once, at start: the data path hands the control layer its upstream
 //!    connection pool, so admission can tell this proxy's own idle keep-alive
 //!    connections from load, and shed them when they pin a back-end's workers.
+//! 4. `tend`: every few ms, requests or not: the control layer's upkeep (closing idle
+//!    connections that pin a queueing back-end's workers), so recovery from overload
+//!    never waits for a request to be admitted first.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -268,7 +268,9 @@ impl Control {
 
     /// Current load of back-end `i` in the admission metric: for `conns`, `backlog` and
     /// `pending` the estimate (sample + sent since − completed since), `conns` without
-    /// this proxy's idle pooled connections.
+    /// this proxy's idle pooled connections. For `conns` the idle count subtracted is
+    /// today's, not the sample's: the estimate is off by how much the idle count changed
+    /// since the sample (a sample period's worth of checkouts and returns).
     pub fn load(&self, i: usize, now_ns: u64) -> Load {
         let (load, sample_ns) = self.sample(i, now_ns);
         let Load::Known(v) = load else {
