@@ -30,7 +30,7 @@
 
 use crate::gate::Reject;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
@@ -54,6 +54,11 @@ struct Slot {
     maxconn: usize,
     /// Signalled when a connection is returned idle or closed.
     freed: Notify,
+    /// Connections to close instead of pooling when they come back (see
+    /// [`Pool::close_on_return`]).
+    close_on_return: AtomicUsize,
+    /// Connections closed by [`Pool::shed_idle`] or instead of being pooled.
+    shed_total: AtomicU64,
 }
 
 impl Slot {
@@ -106,6 +111,8 @@ impl Pool {
                         open: AtomicUsize::new(0),
                         maxconn: m,
                         freed: Notify::new(),
+                        close_on_return: AtomicUsize::new(0),
+                        shed_total: AtomicU64::new(0),
                     })
                 })
                 .collect(),
@@ -199,6 +206,15 @@ impl Pool {
         if self.idle_max == 0 {
             return;
         }
+        let close = slot
+            .close_on_return
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        if close.is_ok() {
+            // Pooled, it would pin the worker that a queued connection is waiting for.
+            slot.shed_total.fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            return;
+        }
         let oldest = {
             let mut idle = slot.idle.lock().unwrap_or_else(|p| p.into_inner());
             // Drop the oldest: the newest is the likeliest to stay alive.
@@ -231,7 +247,27 @@ impl Pool {
             shed
         };
         // Closed outside the lock.
+        slot.shed_total
+            .fetch_add(shed.len() as u64, Ordering::Relaxed);
         shed.len()
+    }
+
+    /// Close the next `n` connections to `backend` that come back instead of pooling
+    /// them (replaces the previous count). For a back-end whose queue is longer than the
+    /// idle connections [`Pool::shed_idle`] could close: each returning connection's
+    /// worker then takes a queued connection at once.
+    pub fn close_on_return(&self, backend: usize, n: usize) {
+        if let Some(slot) = self.slots.get(backend) {
+            slot.close_on_return.store(n, Ordering::Relaxed);
+        }
+    }
+
+    /// Connections to `backend` closed so far by [`Pool::shed_idle`] or
+    /// [`Pool::close_on_return`].
+    pub fn shed_total(&self, backend: usize) -> u64 {
+        self.slots
+            .get(backend)
+            .map_or(0, |s| s.shed_total.load(Ordering::Relaxed))
     }
 
     /// Close idle connections that have expired or that their back-end has closed, so
@@ -349,5 +385,26 @@ mod tests {
             pool.checkout(0, addr, false, Duration::ZERO).await,
             Ok(Checkout::Fresh(_))
         ));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn connections_marked_close_on_return_are_closed_not_pooled() {
+        let (l, addr) = listener().await;
+        let pool = Pool::new(&[4], 8, Duration::from_secs(30));
+        pool.close_on_return(0, 1);
+        let mut ends = Vec::new();
+        for _ in 0..2 {
+            let p = permit(pool.checkout(0, addr, false, Duration::ZERO).await.unwrap());
+            let stream = TcpStream::connect(addr).await.unwrap();
+            ends.push(l.accept().await.unwrap().0);
+            pool.put(0, addr, stream, p);
+        }
+        assert_eq!(
+            pool.idle_count(0),
+            1,
+            "the first was closed, the second pooled"
+        );
+        assert_eq!(pool.open_count(0), 1);
+        assert_eq!(pool.shed_total(0), 1);
     }
 }

@@ -18,9 +18,10 @@
 //!   subtracted; for `backlog`/`pending`, a request that can take an idle pooled
 //!   connection is admitted whatever the reading (it adds nothing to the accept queue),
 //!   as a *reuse-only* route that never opens a new connection;
-//! - when a back-end's accept queue is not empty while this proxy holds idle
-//!   connections to it, up to that many idle connections are closed (once per sample):
-//!   on a prefork server each pins a worker that the queue is waiting for.
+//! - when a back-end's accept queue is not empty, this proxy closes up to that many of
+//!   its idle connections to it, and for the rest of the queue closes connections as
+//!   they come back instead of pooling them (once per sample, [`relief`]): on a prefork
+//!   server each open connection pins a worker that the queue is waiting for.
 //!
 //! # Liveness: admission never rejects forever
 //!
@@ -88,11 +89,9 @@ struct Backend {
     down_until_ns: AtomicU64,
     /// What this proxy sent it and what completed, for the estimate between samples.
     tally: Arc<TallyCell>,
-    /// `advanced_mono_ns` of the sample for which idle connections were last shed, so
-    /// that one queue reading closes idle connections once, not once per decision.
-    shed_sample_ns: AtomicU64,
-    /// Idle pooled connections closed because the back-end queued.
-    shed_total: AtomicU64,
+    /// `advanced_mono_ns` of the sample last acted on by [`Control::relieve`], so that
+    /// one queue reading closes connections once, not once per decision.
+    relieved_sample_ns: AtomicU64,
 }
 
 /// A back-end's [`Tally`], fed by the in-flight guards of its requests.
@@ -242,8 +241,7 @@ impl Control {
                 inflight: Arc::new(AtomicU64::new(0)),
                 down_until_ns: AtomicU64::new(0),
                 tally: Arc::default(),
-                shed_sample_ns: AtomicU64::new(0),
-                shed_total: AtomicU64::new(0),
+                relieved_sample_ns: AtomicU64::new(0),
             })
             .collect();
         Ok(Control {
@@ -335,15 +333,16 @@ impl Control {
         )
     }
 
-    /// Close idle pooled connections to back-end `i` if its accept queue is not empty:
-    /// at most as many as are queued, once per sample. Returns how many were closed.
-    fn shed_if_queued(&self, i: usize, now_ns: u64) -> usize {
+    /// If back-end `i`'s accept queue is not empty, free the workers this proxy's own
+    /// connections pin: close up to that many idle pooled connections now, and the rest
+    /// of the queue's length in connections as they come back ([`relief`]). Acts once
+    /// per sample. Returns how many idle connections were closed now.
+    fn relieve(&self, i: usize, now_ns: u64) -> usize {
         let Some(pool) = self.pool.get() else {
             return 0;
         };
-        let idle = pool.idle_count(i);
         let b = &self.backends[i];
-        let (Some(t), true, true) = (&self.table, b.has_region, idle > 0) else {
+        let (Some(t), true) = (&self.table, b.has_region) else {
             return 0;
         };
         let Some((EntryStatus::Ok | EntryStatus::Error, advanced, backlog)) =
@@ -351,16 +350,23 @@ impl Control {
         else {
             return 0;
         };
-        let n = shed_count(backlog, idle as u64);
-        if n == 0 || now_ns.saturating_sub(advanced) > self.stale_after_ns {
-            return 0;
-        }
-        if b.shed_sample_ns.swap(advanced, Ordering::Relaxed) == advanced {
+        if b.relieved_sample_ns.swap(advanced, Ordering::Relaxed) == advanced {
             return 0; // already acted on this sample
         }
-        let shed = pool.shed_idle(i, n as usize);
-        b.shed_total.fetch_add(shed as u64, Ordering::Relaxed);
+        if now_ns.saturating_sub(advanced) > self.stale_after_ns {
+            pool.close_on_return(i, 0);
+            return 0;
+        }
+        let r = relief(backlog, pool.idle_count(i) as u64);
+        let shed = pool.shed_idle(i, r.close_idle as usize);
+        pool.close_on_return(i, r.close_on_return as usize);
         shed
+    }
+
+    /// Connections to back-end `i` closed so far because it queued (idle ones shed,
+    /// and returning ones not pooled).
+    pub fn shed_total(&self, i: usize) -> u64 {
+        self.pool.get().map_or(0, |p| p.shed_total(i))
     }
 
     fn is_down(&self, i: usize, now_ns: u64) -> bool {
@@ -383,10 +389,8 @@ impl Control {
             if self.is_down(i, now) && !all_down {
                 continue;
             }
+            self.relieve(i, now);
             let load = self.load(i, now);
-            if matches!(load, Load::Known(v) if v >= self.backends[i].limit) {
-                self.shed_if_queued(i, now);
-            }
             match self.admissible(i, load) {
                 Ok(_) => return Ok(()),
                 Err(r) => why = merge_reason(why, r),
@@ -448,10 +452,8 @@ impl Control {
                 scan.down += 1;
                 continue;
             }
+            self.relieve(i, now);
             let load = self.load(i, now);
-            if matches!(load, Load::Known(v) if v >= self.backends[i].limit) {
-                self.shed_if_queued(i, now);
-            }
             if check {
                 match self.admissible(i, load) {
                     Ok(Admit::Any) => {}
@@ -478,11 +480,6 @@ impl Control {
 
     pub fn backend_count(&self) -> usize {
         self.backends.len()
-    }
-
-    /// Idle pooled connections closed so far because back-end `i` queued.
-    pub fn shed_total(&self, i: usize) -> u64 {
-        self.backends[i].shed_total.load(Ordering::Relaxed)
     }
 }
 
@@ -517,11 +514,27 @@ pub fn admit(
     }
 }
 
-/// Idle pooled connections to close for a back-end whose accept queue holds `backlog`
-/// connections while this proxy holds `idle` idle ones to it, pure: each closed one
-/// frees a prefork worker for one queued connection, so no more than are queued.
-pub fn shed_count(backlog: u64, idle: u64) -> u64 {
-    backlog.min(idle)
+/// What to close for a back-end whose accept queue holds `backlog` connections while
+/// this proxy holds `idle` idle connections to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Relief {
+    /// Idle pooled connections to close now.
+    pub close_idle: u64,
+    /// Connections to close instead of pooling as they come back.
+    pub close_on_return: u64,
+}
+
+/// The queue-relief rule, pure. On a prefork server each connection this proxy keeps
+/// open pins a worker, so each queued connection waits for one of them to close: close
+/// idle ones now, at most as many as are queued, and for the rest of the queue, close
+/// connections as they come back instead of pooling them (their workers then take the
+/// queued connections at once, rather than waiting for the next sample).
+pub fn relief(backlog: u64, idle: u64) -> Relief {
+    let close_idle = backlog.min(idle);
+    Relief {
+        close_idle,
+        close_on_return: backlog - close_idle,
+    }
 }
 
 /// CLOCK_MONOTONIC_COARSE in ns: the same clock as `mono_ns` at kernel-tick resolution
@@ -729,7 +742,7 @@ impl Gate for Control {
     fn tend(&self) {
         let now = coarse_mono_ns();
         for i in 0..self.backends.len() {
-            self.shed_if_queued(i, now);
+            self.relieve(i, now);
         }
     }
 
@@ -786,8 +799,8 @@ impl Gate for Control {
         let _ = writeln!(out, "# HELP farside_upstream_conns Upstream connections this proxy holds open to the back-end, by state.");
         let _ = writeln!(out, "# TYPE farside_upstream_conns gauge");
         let _ = writeln!(out, "# TYPE farside_upstream_maxconn gauge");
-        let _ = writeln!(out, "# HELP farside_upstream_idle_shed_total Idle pooled connections closed because the back-end queued connections.");
-        let _ = writeln!(out, "# TYPE farside_upstream_idle_shed_total counter");
+        let _ = writeln!(out, "# HELP farside_upstream_shed_total Upstream connections closed (idle ones, or returning ones instead of pooling) because the back-end queued connections.");
+        let _ = writeln!(out, "# TYPE farside_upstream_shed_total counter");
         let _ = writeln!(out, "# TYPE farside_monitor_read_errors_total counter");
         let _ = writeln!(out, "# TYPE farside_monitor_read_latency_ns gauge");
         let _ = writeln!(out, "# TYPE farside_monitor_record_age_ns gauge");
@@ -824,8 +837,8 @@ impl Gate for Control {
             }
             let _ = writeln!(
                 out,
-                "farside_upstream_idle_shed_total{{{lbl}}} {}",
-                b.shed_total.load(Ordering::Relaxed)
+                "farside_upstream_shed_total{{{lbl}}} {}",
+                self.shed_total(i)
             );
             if let Some(e) = self.table.as_ref().and_then(|t| table::read(&**t, i)) {
                 let _ = writeln!(

@@ -395,7 +395,21 @@ async fn a_queueing_backend_gets_idle_connections_shed_and_reuse_only_routes() {
     EntryWriter::new(&*t, 0).publish(&e);
     c.tend();
     assert_eq!(pool.idle_count(0), 0);
+    assert_eq!(c.shed_total(0), 4);
     assert_eq!(c.route(None).err(), Some(Reject::Overloaded));
+    // Two of the three queued still wait for workers: the next connections coming back
+    // free theirs instead of being pooled.
+    for k in 0..3 {
+        let Ok(crate::pool::Checkout::Fresh(permit)) =
+            pool.checkout(0, addr, false, Duration::ZERO).await
+        else {
+            panic!("nothing idle, under the cap")
+        };
+        let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        pool.put(0, addr, s, permit);
+        assert_eq!(pool.idle_count(0), k / 2, "closed, closed, then pooled");
+    }
+    assert_eq!(c.shed_total(0), 6);
     let _ = std::fs::remove_file(p);
 }
 
@@ -429,7 +443,11 @@ fn admission_and_shedding_rules_are_pure() {
         admit(Load::Stale, 2, Metric::Backlog, Open, 0),
         Ok(Admit::Any)
     );
-    assert_eq!(shed_count(3, 5), 3);
-    assert_eq!(shed_count(3, 1), 1);
-    assert_eq!(shed_count(0, 5), 0);
+    let r = |close_idle, close_on_return| Relief {
+        close_idle,
+        close_on_return,
+    };
+    assert_eq!(relief(3, 5), r(3, 0));
+    assert_eq!(relief(3, 1), r(1, 2), "the rest as connections come back");
+    assert_eq!(relief(0, 5), r(0, 0));
 }
