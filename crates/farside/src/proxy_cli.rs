@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Parse `ADDR[,site=NAME][,region=shm:PATH|tcp:HOST:PORT|udp:HOST:PORT][,limit=N]`.
+/// Parse `ADDR[,site=NAME][,region=shm:PATH|tcp:HOST:PORT|udp:HOST:PORT][,limit=N][,maxconn=N]`.
 pub fn parse_backend(s: &str) -> Result<BackendConfig, String> {
     let mut parts = s.split(',');
     let addr = parts.next().unwrap_or_default();
@@ -19,6 +19,7 @@ pub fn parse_backend(s: &str) -> Result<BackendConfig, String> {
         site: String::new(),
         region: None,
         limit: None,
+        maxconn: None,
     };
     for kv in parts {
         let (k, v) = kv
@@ -31,9 +32,10 @@ pub fn parse_backend(s: &str) -> Result<BackendConfig, String> {
                 b.region = Some(v.to_string());
             }
             "limit" => b.limit = Some(v.parse().map_err(|e| format!("limit `{v}`: {e}"))?),
+            "maxconn" => b.maxconn = Some(v.parse().map_err(|e| format!("maxconn `{v}`: {e}"))?),
             _ => {
                 return Err(format!(
-                    "`{k}`: unknown back-end option (site, region, limit)"
+                    "`{k}`: unknown back-end option (site, region, limit, maxconn)"
                 ))
             }
         }
@@ -81,8 +83,9 @@ pub struct BackendFlags {
     /// TOML configuration file (see README); flags given as well override its values.
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,
-    /// Back-end: ADDR[,site=NAME][,region=shm:PATH|tcp:HOST:PORT|udp:HOST:PORT][,limit=N].
-    /// Repeatable; replaces the file's back-ends.
+    /// Back-end: ADDR[,site=NAME][,region=shm:PATH|tcp:HOST:PORT|udp:HOST:PORT][,limit=N]
+    /// [,maxconn=N]. Repeatable; replaces the file's back-ends. `maxconn`: most upstream
+    /// connections (busy + idle) kept open to it; set it to its workers or fewer.
     #[arg(long = "backend", value_parser = parse_backend)]
     pub backends: Vec<BackendConfig>,
     /// Monitor poll period G in µs (default 1000).
@@ -145,6 +148,16 @@ pub struct ProxyArgs {
     /// connection per request, so back-end connection counts equal requests in service).
     #[arg(long)]
     pub pool_idle: Option<usize>,
+    /// Most upstream connections (busy + idle) per back-end without a `maxconn=` of its
+    /// own, like HAProxy's `server maxconn`: set it to the back-ends' workers (Apache's
+    /// MaxClients) or fewer. Default: the back-end's limit with admission on metric
+    /// conns or inflight, else http.max_client_conns (default 10000).
+    #[arg(long)]
+    pub maxconn: Option<usize>,
+    /// Most time a request waits in the proxy for a connection when its back-end is at
+    /// its maxconn, ms; then 503 queue_timeout (default 500; 0 = do not wait).
+    #[arg(long)]
+    pub queue_timeout_ms: Option<u64>,
 }
 
 fn load_base(b: &BackendFlags, listen: Option<SocketAddr>) -> Result<ProxyConfig, String> {
@@ -212,6 +225,12 @@ pub fn proxy_config(a: &ProxyArgs) -> Result<ProxyConfig, String> {
     }
     if let Some(v) = a.pool_idle {
         cfg.http.pool_idle_per_backend = v;
+    }
+    if a.maxconn.is_some() {
+        cfg.http.maxconn_per_backend = a.maxconn;
+    }
+    if let Some(v) = a.queue_timeout_ms {
+        cfg.http.queue_timeout_ms = v;
     }
     cfg.validate().map_err(|e| e.to_string())?;
     Ok(cfg)
@@ -285,10 +304,16 @@ mod tests {
 
     #[test]
     fn backend_spec_parses_options_and_rejects_unknown_ones() {
-        let b =
-            parse_backend("127.0.0.1:80,site=a.example,region=tcp:127.0.0.1:7001,limit=5").unwrap();
+        let b = parse_backend(
+            "127.0.0.1:80,site=a.example,region=tcp:127.0.0.1:7001,limit=5,maxconn=16",
+        )
+        .unwrap();
         assert_eq!(b.site, "a.example");
         assert_eq!(b.limit, Some(5));
+        assert_eq!(b.maxconn, Some(16));
+        assert!(parse_backend("127.0.0.1:80,maxconn=x")
+            .unwrap_err()
+            .contains("maxconn"));
         assert!(parse_backend("127.0.0.1:80,colour=red")
             .unwrap_err()
             .contains("colour"));

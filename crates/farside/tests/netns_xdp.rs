@@ -49,6 +49,7 @@ fn monitor_follows_a_gatherer_over_xdp_across_namespaces() {
             site: String::new(),
             region: Some(format!("udp:{ip}:7002")),
             limit: None,
+            maxconn: None,
         }],
     );
     cfg.admission.enabled = true;

@@ -1,4 +1,6 @@
 //! Admission decision cost: read the monitor table + apply the policy, per request.
+//! The policy includes the load estimate between samples (this proxy's requests since
+//! the sample, a per-back-end tally); `route` also records the request in it.
 //! Target: under 100 ns. Run: `cargo bench -p farside-proxy --bench decision`.
 
 use farside_proxy::config::{BackendConfig, ProxyConfig};
@@ -37,6 +39,7 @@ fn main() {
                 site: String::new(),
                 region: None,
                 limit: None,
+                maxconn: None,
             })
             .collect();
         let mut cfg = ProxyConfig::simple("127.0.0.1:1".parse().unwrap(), backends);

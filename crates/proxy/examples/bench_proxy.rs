@@ -26,6 +26,7 @@ impl Gate for RoundRobin {
             backend: i,
             addr: self.addrs[i],
             guard: InflightGuard::new(self.inflight[i].clone()),
+            reuse_only: false,
         })
     }
 }
@@ -83,6 +84,7 @@ fn main() {
                 site: String::new(),
                 region: None,
                 limit: None,
+                maxconn: None,
             })
             .collect(),
     );

@@ -83,6 +83,15 @@ pub struct HttpConfig {
     pub pool_idle_per_backend: usize,
     /// An idle upstream connection older than this is closed, not reused. Default 30000 ms.
     pub pool_idle_timeout_ms: u64,
+    /// Cap on open upstream connections (busy + idle) per back-end, for back-ends that
+    /// set no `maxconn` of their own. Default: none, i.e. the rule of
+    /// [`ProxyConfig::maxconn_for`].
+    pub maxconn_per_backend: Option<usize>,
+    /// Most time a request waits in the proxy for a connection when its back-end's
+    /// `maxconn` is reached (HAProxy's `timeout queue`), then 503 `queue_timeout`.
+    /// 0 = do not wait. Default 500 ms: well inside the 1 s `Retry-After` a rejected
+    /// client is told, and many back-end service times.
+    pub queue_timeout_ms: u64,
 }
 
 impl Default for HttpConfig {
@@ -97,6 +106,8 @@ impl Default for HttpConfig {
             max_client_conns: 10_000,
             pool_idle_per_backend: 64,
             pool_idle_timeout_ms: 30_000,
+            maxconn_per_backend: None,
+            queue_timeout_ms: 500,
         }
     }
 }
@@ -120,6 +131,12 @@ pub struct BackendConfig {
     /// `admission.limit`. Default: none.
     #[serde(default)]
     pub limit: Option<u64>,
+    /// Most upstream connections (busy + idle) this proxy keeps open to it, like
+    /// HAProxy's `server maxconn`; set it to the back-end's workers (Apache's
+    /// MaxClients) or fewer. Default: `http.maxconn_per_backend`, else the rule of
+    /// [`ProxyConfig::maxconn_for`].
+    #[serde(default)]
+    pub maxconn: Option<usize>,
 }
 
 /// Which load figure admission and balancing compare.
@@ -274,6 +291,10 @@ pub const BUSY_POLL_US_MAX: u64 = 1000;
 /// Largest sane value for timeouts, to catch unit mistakes (ms given as µs).
 const TIMEOUT_MS_MAX: u64 = 3_600_000;
 
+/// Largest `maxconn`: more connections than ports one source address can use to one
+/// back-end address is a unit mistake.
+pub const MAXCONN_MAX: usize = 65_535;
+
 impl ProxyConfig {
     /// A configuration from flags alone: listen address and back-ends, defaults elsewhere.
     pub fn simple(listen: SocketAddr, backends: Vec<BackendConfig>) -> Self {
@@ -288,6 +309,43 @@ impl ProxyConfig {
             monitor: MonitorConfig::default(),
             balance: BalanceConfig::default(),
         }
+    }
+
+    /// The load limit of back-end `i` in the admission metric's unit: its own `limit`,
+    /// else its site's `admission.site_limits` entry, else `admission.limit`.
+    pub fn limit_for(&self, i: usize) -> u64 {
+        let b = &self.backends[i];
+        let a = &self.admission;
+        b.limit
+            .or_else(|| a.site_limits.get(&b.site).copied())
+            .unwrap_or(a.limit)
+    }
+
+    /// The connection cap of back-end `i` (busy + idle upstream connections). Its own
+    /// `maxconn`, else `http.maxconn_per_backend`, else derived:
+    /// - admission on with metric `conns` or `inflight`: the back-end's limit
+    ///   ([`ProxyConfig::limit_for`]). It is admitted requests only while below that
+    ///   many connections (requests), so connections beyond it could only sit idle or
+    ///   wait in its accept queue;
+    /// - otherwise `http.max_client_conns`: every upstream connection serves one client
+    ///   connection, so this is the bound the data path had anyway.
+    ///
+    /// The result is clamped to 1..=[`MAXCONN_MAX`].
+    pub fn maxconn_for(&self, i: usize) -> usize {
+        let derived = || {
+            let a = &self.admission;
+            match a.metric {
+                Metric::Conns | Metric::Inflight if a.enabled => {
+                    usize::try_from(self.limit_for(i)).unwrap_or(usize::MAX)
+                }
+                _ => self.http.max_client_conns,
+            }
+        };
+        self.backends[i]
+            .maxconn
+            .or(self.http.maxconn_per_backend)
+            .unwrap_or_else(derived)
+            .clamp(1, MAXCONN_MAX)
     }
 
     pub fn from_toml_str(s: &str) -> Result<Self, ConfigError> {
@@ -350,6 +408,30 @@ impl ProxyConfig {
         }
         if !(8..=1000).contains(&h.max_headers) {
             return Err(err("http.max_headers", "must be 8..=1000"));
+        }
+        if h.queue_timeout_ms > TIMEOUT_MS_MAX {
+            return Err(err(
+                "http.queue_timeout_ms",
+                format!("must be 0..={TIMEOUT_MS_MAX} ms"),
+            ));
+        }
+        if let Some(m) = h.maxconn_per_backend {
+            if !(1..=MAXCONN_MAX).contains(&m) {
+                return Err(err(
+                    "http.maxconn_per_backend",
+                    format!("must be 1..={MAXCONN_MAX}, got {m}"),
+                ));
+            }
+        }
+        for (i, b) in self.backends.iter().enumerate() {
+            if let Some(m) = b.maxconn {
+                if !(1..=MAXCONN_MAX).contains(&m) {
+                    return Err(err(
+                        format!("backend[{i}].maxconn"),
+                        format!("must be 1..={MAXCONN_MAX}, got {m}"),
+                    ));
+                }
+            }
         }
         if h.max_client_conns == 0 {
             return Err(err("http.max_client_conns", "must be at least 1"));
@@ -440,7 +522,47 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.key, "monitor.nice");
 
+        let e = ProxyConfig::from_toml_str(
+            "listen = \"127.0.0.1:1\"\n[[backend]]\naddr = \"127.0.0.1:2\"\nmaxconn = 0\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "backend[0].maxconn");
+
         let e = ProxyConfig::from_toml_str("listen = \"127.0.0.1:1\"\nbogus = 3\n").unwrap_err();
         assert!(e.msg.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn maxconn_follows_the_stated_rule() {
+        let c = ProxyConfig::from_toml_str(
+            r#"
+            listen = "127.0.0.1:8000"
+            [admission]
+            enabled = true
+            metric = "conns"
+            limit = 40
+            [[backend]]
+            addr = "127.0.0.1:8081"
+            region = "shm:/dev/shm/farside/a.region"
+            [[backend]]
+            addr = "127.0.0.1:8082"
+            region = "shm:/dev/shm/farside/b.region"
+            limit = 7
+            [[backend]]
+            addr = "127.0.0.1:8083"
+            region = "shm:/dev/shm/farside/c.region"
+            maxconn = 3
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.maxconn_for(0), 40, "conns: the back-end's limit");
+        assert_eq!(c.maxconn_for(1), 7, "its own limit");
+        assert_eq!(c.maxconn_for(2), 3, "explicit maxconn wins");
+        let mut c = c;
+        c.admission.metric = Metric::Backlog;
+        assert_eq!(c.maxconn_for(0), c.http.max_client_conns);
+        c.http.maxconn_per_backend = Some(16);
+        assert_eq!(c.maxconn_for(0), 16);
+        assert_eq!(c.maxconn_for(2), 3);
     }
 }

@@ -7,6 +7,12 @@
 //! 2. `route`: once the request head is parsed: which back-end serves this request
 //!    (site from `Host`), or a rejection. The returned [`Route`] holds an in-flight guard
 //!    that the data path keeps until the response has been fully relayed.
+//! 3. `bind_pool`: once, at start: the data path hands the control layer its upstream
+//!    connection pool, so admission can tell this proxy's own idle keep-alive
+//!    connections from load, and shed them when they pin a back-end's workers.
+//! 4. `tend`: every few ms, requests or not: the control layer's upkeep (closing idle
+//!    connections that pin a queueing back-end's workers), so recovery from overload
+//!    never waits for a request to be admitted first.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,15 +29,19 @@ pub enum Reject {
     UnknownSite,
     /// The site has back-ends but none is usable (all down).
     NoBackend,
+    /// The chosen back-end's connection cap (`maxconn`) stayed reached for the whole
+    /// `http.queue_timeout_ms`: the request waited in the proxy's queue and gave up.
+    QueueTimeout,
 }
 
 impl Reject {
     /// Every rejection reason, in the order of [`Reject::index`] (metric label order).
-    pub const ALL: [Reject; 4] = [
+    pub const ALL: [Reject; 5] = [
         Reject::Overloaded,
         Reject::StaleLoad,
         Reject::UnknownSite,
         Reject::NoBackend,
+        Reject::QueueTimeout,
     ];
 
     /// Position in [`Reject::ALL`], for per-reason counter arrays.
@@ -41,13 +51,16 @@ impl Reject {
             Reject::StaleLoad => 1,
             Reject::UnknownSite => 2,
             Reject::NoBackend => 3,
+            Reject::QueueTimeout => 4,
         }
     }
 
     /// HTTP status for this rejection. The only place rejections become statuses.
     pub fn status(self) -> u16 {
         match self {
-            Reject::Overloaded | Reject::StaleLoad | Reject::NoBackend => 503,
+            Reject::Overloaded | Reject::StaleLoad | Reject::NoBackend | Reject::QueueTimeout => {
+                503
+            }
             Reject::UnknownSite => 404,
         }
     }
@@ -59,6 +72,7 @@ impl Reject {
             Reject::StaleLoad => "stale_load",
             Reject::UnknownSite => "unknown_site",
             Reject::NoBackend => "no_backend",
+            Reject::QueueTimeout => "queue_timeout",
         }
     }
 }
@@ -70,21 +84,52 @@ pub struct Route {
     pub addr: SocketAddr,
     /// Decrements the back-end's local in-flight count when dropped.
     pub guard: InflightGuard,
+    /// Admitted only because an idle pooled connection to the back-end can carry it
+    /// (it adds nothing to the back-end's accept queue): the data path must not open a
+    /// new connection for it, and answers [`Reject::Overloaded`] if none is left.
+    pub reuse_only: bool,
+}
+
+/// Told when a request to a back-end starts and ends (the control layer's count of
+/// what this proxy sent since the last load sample).
+pub trait InflightObserver: Send + Sync {
+    /// A request was routed to the back-end.
+    fn sent(&self);
+    /// That request's exchange ended (relayed, failed, or abandoned).
+    fn done(&self);
 }
 
 /// Counts requests in flight to one back-end; the count drops with the guard.
-pub struct InflightGuard(Arc<AtomicU64>);
+pub struct InflightGuard {
+    counter: Arc<AtomicU64>,
+    observer: Option<Arc<dyn InflightObserver>>,
+}
 
 impl InflightGuard {
+    /// Count one request in `counter` until the guard is dropped.
     pub fn new(counter: Arc<AtomicU64>) -> Self {
         counter.fetch_add(1, Ordering::Relaxed);
-        InflightGuard(counter)
+        InflightGuard {
+            counter,
+            observer: None,
+        }
+    }
+
+    /// As [`InflightGuard::new`], and tell `observer` when the request starts and ends.
+    pub fn observed(counter: Arc<AtomicU64>, observer: Arc<dyn InflightObserver>) -> Self {
+        observer.sent();
+        let mut g = Self::new(counter);
+        g.observer = Some(observer);
+        g
     }
 }
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.counter.fetch_sub(1, Ordering::Relaxed);
+        if let Some(o) = &self.observer {
+            o.done();
+        }
     }
 }
 
@@ -103,4 +148,12 @@ pub trait Gate: Send + Sync + 'static {
     fn report_failure(&self, _backend: usize) {}
     /// Append the control layer's Prometheus metrics.
     fn render_metrics(&self, _out: &mut String) {}
+    /// The data path's upstream pool, handed over once at start. A control layer that
+    /// reads back-end load uses it to leave this proxy's own idle connections out of
+    /// that load and to close them when they pin a queueing back-end's workers.
+    fn bind_pool(&self, _pool: Arc<crate::pool::Pool>) {}
+    /// Periodic upkeep, called by the data path every few ms whether or not requests
+    /// arrive (the control layer closes idle connections that pin a queueing
+    /// back-end's workers here, so that recovery does not wait for a request).
+    fn tend(&self) {}
 }

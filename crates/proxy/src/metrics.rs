@@ -74,7 +74,7 @@ pub struct Metrics {
     pub conns_active: AtomicU64,
     /// Responses sent to clients by status class, index 0 = 1xx .. 4 = 5xx.
     pub responses_by_class: [AtomicU64; 5],
-    pub rejects: [AtomicU64; 4],
+    pub rejects: [AtomicU64; Reject::ALL.len()],
     pub upstream_errors: [AtomicU64; 6],
     pub upstream_connects: AtomicU64,
     pub upstream_reused: AtomicU64,

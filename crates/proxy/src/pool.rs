@@ -1,48 +1,187 @@
-//! Idle keep-alive connections to back-ends, one small LIFO stack per back-end.
+//! Upstream connections to back-ends: a per-back-end connection cap (`maxconn`), a short
+//! proxy-side wait queue when the cap is reached, and idle keep-alive connections kept
+//! in one small LIFO stack per back-end.
 //!
-//! Bounds: at most `http.pool_idle_per_backend` idle connections per back-end (a
-//! connection returned to a full stack is closed), none older than
-//! `http.pool_idle_timeout_ms` is handed out. LIFO keeps the hottest connections in use
-//! and lets the back-end's own keep-alive timeout retire the cold ones.
+//! Every upstream connection, busy or idle, holds one [`ConnPermit`] of its back-end,
+//! so busy + idle ≤ `maxconn` always (HAProxy's `server maxconn`). A prefork back-end
+//! (Apache's MaxClients, farside's `backend --workers`) gives every open connection a
+//! worker for as long as it stays open, idle or not; connections beyond its workers wait
+//! in its accept queue. A cap at or below the back-end's workers means this proxy never
+//! queues its own connections there.
+//!
+//! Bounds:
+//! - open connections per back-end ≤ `maxconn` (see `ProxyConfig::maxconn_for`);
+//! - a request that finds the cap reached waits at most `http.queue_timeout_ms`, then
+//!   gets [`Reject::QueueTimeout`] (503). Waiters are woken in FIFO order when a
+//!   connection is returned idle or closed; each waiter holds a client connection, so
+//!   their number is bounded by `http.max_client_conns`;
+//! - at most `http.pool_idle_per_backend` idle connections per back-end (a connection
+//!   returned to a full stack closes the oldest), none older than
+//!   `http.pool_idle_timeout_ms` is handed out. LIFO keeps the hottest connections in
+//!   use and lets the back-end's own keep-alive timeout retire the cold ones.
+//!
+//! The control layer reads [`Pool::idle_count`] (this proxy's idle connections are not
+//! load) and calls [`Pool::shed_idle`] when a back-end queues connections while this
+//! proxy keeps idle ones to it: each of those pins a worker the queue is waiting for.
 //!
 //! A connection the back-end closed while it sat idle is usually caught at checkout (its
 //! socket is already readable: EOF); the rest are caught by the caller's single retry
 //! on a fresh connection for idempotent requests.
 
+use crate::gate::Reject;
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 
 struct Idle {
     addr: SocketAddr,
     stream: TcpStream,
     since: Instant,
+    _permit: ConnPermit,
 }
 
+/// One back-end's connections.
+struct Slot {
+    /// Idle connections, oldest first. The lock is held only to push, pop or trim.
+    idle: Mutex<Vec<Idle>>,
+    /// `idle.len()`, readable without the lock by the decision path.
+    idle_count: AtomicUsize,
+    /// Open connections (busy + idle), i.e. permits held. Never above `maxconn`.
+    open: AtomicUsize,
+    maxconn: usize,
+    /// Signalled when a connection is returned idle or closed.
+    freed: Notify,
+    /// Connections to close instead of pooling when they come back (see
+    /// [`Pool::close_on_return`]).
+    close_on_return: AtomicUsize,
+    /// Connections closed by [`Pool::shed_idle`] or instead of being pooled.
+    shed_total: AtomicU64,
+}
+
+impl Slot {
+    fn set_idle_count(&self, idle: &[Idle]) {
+        self.idle_count.store(idle.len(), Ordering::Relaxed);
+    }
+}
+
+/// The right to keep one upstream connection open to a back-end; released on drop.
+pub struct ConnPermit(Option<Arc<Slot>>);
+
+impl Drop for ConnPermit {
+    fn drop(&mut self) {
+        if let Some(slot) = self.0.take() {
+            slot.open.fetch_sub(1, Ordering::Relaxed);
+            slot.freed.notify_one();
+        }
+    }
+}
+
+/// What [`Pool::checkout`] found for a request.
+pub enum Checkout {
+    /// A live idle connection, with its permit.
+    Pooled(TcpStream, ConnPermit),
+    /// No idle connection, but a permit to connect a new one.
+    Fresh(ConnPermit),
+}
+
+/// The upstream connections of every configured back-end.
 pub struct Pool {
     /// Indexed by back-end index (`Route::backend`, i.e. the configured back-end list);
-    /// an index beyond it is simply not pooled. The lock is held only to push or pop.
-    slots: Vec<Mutex<Vec<Idle>>>,
+    /// an index beyond it is neither capped nor pooled.
+    slots: Vec<Arc<Slot>>,
     idle_max: usize,
     idle_timeout: Duration,
 }
 
 impl Pool {
-    pub fn new(backends: usize, idle_max: usize, idle_timeout: Duration) -> Self {
+    /// A pool for `maxconn.len()` back-ends, back-end `i` capped at `maxconn[i]` open
+    /// connections, keeping up to `idle_max` idle ones each.
+    pub fn new(maxconn: &[usize], idle_max: usize, idle_timeout: Duration) -> Self {
         Pool {
-            slots: (0..backends).map(|_| Mutex::new(Vec::new())).collect(),
+            slots: maxconn
+                .iter()
+                .map(|&m| {
+                    assert!(m > 0, "maxconn is validated to be at least 1");
+                    Arc::new(Slot {
+                        idle: Mutex::new(Vec::new()),
+                        idle_count: AtomicUsize::new(0),
+                        open: AtomicUsize::new(0),
+                        maxconn: m,
+                        freed: Notify::new(),
+                        close_on_return: AtomicUsize::new(0),
+                        shed_total: AtomicU64::new(0),
+                    })
+                })
+                .collect(),
             idle_max,
             idle_timeout,
         }
     }
 
+    /// A connection for a request to back-end `backend` at `addr`: an idle one if a live
+    /// one is pooled, else a permit to open one. At the cap, waits up to `queue_timeout`
+    /// for a connection to come back or close ([`Reject::QueueTimeout`] after that).
+    /// With `reuse_only`, only an idle connection will do ([`Reject::Overloaded`] if
+    /// none is left).
+    pub async fn checkout(
+        &self,
+        backend: usize,
+        addr: SocketAddr,
+        reuse_only: bool,
+        queue_timeout: Duration,
+    ) -> Result<Checkout, Reject> {
+        let Some(slot) = self.slots.get(backend) else {
+            return if reuse_only {
+                Err(Reject::Overloaded)
+            } else {
+                Ok(Checkout::Fresh(ConnPermit(None)))
+            };
+        };
+        let deadline = tokio::time::Instant::now() + queue_timeout;
+        loop {
+            // Registered before looking, so a release between the look and the wait
+            // is not missed.
+            let freed = slot.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some((s, p)) = self.take(backend, addr) {
+                return Ok(Checkout::Pooled(s, p));
+            }
+            if reuse_only {
+                return Err(Reject::Overloaded);
+            }
+            if let Some(p) = Self::try_open(slot) {
+                return Ok(Checkout::Fresh(p));
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return Err(Reject::QueueTimeout);
+            }
+        }
+    }
+
+    fn try_open(slot: &Arc<Slot>) -> Option<ConnPermit> {
+        slot.open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < slot.maxconn).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ConnPermit(Some(slot.clone())))
+    }
+
     /// An idle connection to `addr`, if a live, fresh one is pooled for `backend`.
-    pub fn take(&self, backend: usize, addr: SocketAddr) -> Option<TcpStream> {
+    pub fn take(&self, backend: usize, addr: SocketAddr) -> Option<(TcpStream, ConnPermit)> {
         let slot = self.slots.get(backend)?;
         let now = Instant::now();
         loop {
-            let idle = slot.lock().unwrap_or_else(|p| p.into_inner()).pop()?;
+            let idle = {
+                let mut v = slot.idle.lock().unwrap_or_else(|p| p.into_inner());
+                let i = v.pop();
+                slot.set_idle_count(&v);
+                i?
+            };
             if idle.addr != addr || now.duration_since(idle.since) >= self.idle_timeout {
                 continue;
             }
@@ -51,38 +190,84 @@ impl Pool {
             // a reset, or stray bytes; all make it unusable.
             let mut probe = [0u8; 1];
             match idle.stream.try_read(&mut probe) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Some(idle.stream),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    return Some((idle.stream, idle._permit))
+                }
                 _ => continue,
             }
         }
     }
 
-    /// Return a connection whose last response was fully read.
-    pub fn put(&self, backend: usize, addr: SocketAddr, stream: TcpStream) {
+    /// Return a connection whose last response was fully read, with its permit.
+    pub fn put(&self, backend: usize, addr: SocketAddr, stream: TcpStream, permit: ConnPermit) {
         let Some(slot) = self.slots.get(backend) else {
             return;
         };
         if self.idle_max == 0 {
             return;
         }
-        let mut idle = slot.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() >= self.idle_max {
+        let close = slot
+            .close_on_return
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        if close.is_ok() {
+            // Pooled, it would pin the worker that a queued connection is waiting for.
+            slot.shed_total.fetch_add(1, Ordering::Relaxed);
+            drop(stream);
+            return;
+        }
+        let oldest = {
+            let mut idle = slot.idle.lock().unwrap_or_else(|p| p.into_inner());
             // Drop the oldest: the newest is the likeliest to stay alive.
-            let oldest = idle.remove(0);
+            let oldest = (idle.len() >= self.idle_max).then(|| idle.remove(0));
             idle.push(Idle {
                 addr,
                 stream,
                 since: Instant::now(),
+                _permit: permit,
             });
-            drop(idle);
-            drop(oldest);
-            return;
+            slot.set_idle_count(&idle);
+            oldest
+        };
+        drop(oldest);
+        // A request queued at the cap can take it now.
+        slot.freed.notify_one();
+    }
+
+    /// Close up to `n` idle connections to `backend`, oldest first; returns how many.
+    /// For a back-end that queues connections while this proxy keeps idle ones to it.
+    pub fn shed_idle(&self, backend: usize, n: usize) -> usize {
+        let Some(slot) = self.slots.get(backend) else {
+            return 0;
+        };
+        let shed: Vec<Idle> = {
+            let mut idle = slot.idle.lock().unwrap_or_else(|p| p.into_inner());
+            let n = n.min(idle.len());
+            let shed = idle.drain(..n).collect();
+            slot.set_idle_count(&idle);
+            shed
+        };
+        // Closed outside the lock.
+        slot.shed_total
+            .fetch_add(shed.len() as u64, Ordering::Relaxed);
+        shed.len()
+    }
+
+    /// Close the next `n` connections to `backend` that come back instead of pooling
+    /// them (replaces the previous count). For a back-end whose queue is longer than the
+    /// idle connections [`Pool::shed_idle`] could close: each returning connection's
+    /// worker then takes a queued connection at once.
+    pub fn close_on_return(&self, backend: usize, n: usize) {
+        if let Some(slot) = self.slots.get(backend) {
+            slot.close_on_return.store(n, Ordering::Relaxed);
         }
-        idle.push(Idle {
-            addr,
-            stream,
-            since: Instant::now(),
-        });
+    }
+
+    /// Connections to `backend` closed so far by [`Pool::shed_idle`] or
+    /// [`Pool::close_on_return`].
+    pub fn shed_total(&self, backend: usize) -> u64 {
+        self.slots
+            .get(backend)
+            .map_or(0, |s| s.shed_total.load(Ordering::Relaxed))
     }
 
     /// Close idle connections that have expired or that their back-end has closed, so
@@ -90,22 +275,136 @@ impl Pool {
     pub fn purge(&self) {
         let now = Instant::now();
         for slot in &self.slots {
-            let mut idle = slot.lock().unwrap_or_else(|p| p.into_inner());
-            let before = idle.len();
+            let mut idle = slot.idle.lock().unwrap_or_else(|p| p.into_inner());
             let mut probe = [0u8; 1];
             idle.retain(|i| {
                 now.duration_since(i.since) < self.idle_timeout
                     && matches!(i.stream.try_read(&mut probe),
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
             });
-            debug_assert!(idle.len() <= before);
+            slot.set_idle_count(&idle);
         }
     }
 
-    /// Idle connections pooled for `backend` now.
+    /// Idle connections pooled for `backend` now (lock-free; may lag a push or pop).
     pub fn idle_count(&self, backend: usize) -> usize {
         self.slots
             .get(backend)
-            .map_or(0, |s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .map_or(0, |s| s.idle_count.load(Ordering::Relaxed))
+    }
+
+    /// Open connections (busy + idle) to `backend` now.
+    pub fn open_count(&self, backend: usize) -> usize {
+        self.slots
+            .get(backend)
+            .map_or(0, |s| s.open.load(Ordering::Relaxed))
+    }
+
+    /// The connection cap of `backend` (`usize::MAX` if it has no slot).
+    pub fn maxconn(&self, backend: usize) -> usize {
+        self.slots.get(backend).map_or(usize::MAX, |s| s.maxconn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    async fn listener() -> (TcpListener, SocketAddr) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let a = l.local_addr().unwrap();
+        (l, a)
+    }
+
+    fn permit(c: Checkout) -> ConnPermit {
+        match c {
+            Checkout::Fresh(p) | Checkout::Pooled(_, p) => p,
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn busy_plus_idle_never_exceed_maxconn_and_a_queued_request_times_out() {
+        let (_l, addr) = listener().await;
+        let pool = Pool::new(&[2], 8, Duration::from_secs(30));
+        let q = Duration::from_millis(50);
+        let a = permit(pool.checkout(0, addr, false, q).await.unwrap());
+        let b = permit(pool.checkout(0, addr, false, q).await.unwrap());
+        assert_eq!(pool.open_count(0), 2);
+        let t0 = std::time::Instant::now();
+        assert_eq!(
+            pool.checkout(0, addr, false, q).await.err(),
+            Some(Reject::QueueTimeout)
+        );
+        assert!(t0.elapsed() >= q, "waited the queue timeout first");
+        drop(a);
+        drop(b);
+        assert_eq!(pool.open_count(0), 0);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_queued_request_gets_the_connection_returned_idle() {
+        let (l, addr) = listener().await;
+        let pool = Arc::new(Pool::new(&[1], 8, Duration::from_secs(30)));
+        let p = permit(pool.checkout(0, addr, false, Duration::ZERO).await.unwrap());
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let _server_side = l.accept().await.unwrap();
+        let waiter = {
+            let pool = pool.clone();
+            tokio::spawn(async move { pool.checkout(0, addr, false, Duration::from_secs(5)).await })
+        };
+        tokio::task::yield_now().await;
+        pool.put(0, addr, stream, p);
+        let got = waiter.await.unwrap();
+        assert!(
+            matches!(got, Ok(Checkout::Pooled(..))),
+            "handed the idle connection"
+        );
+        assert_eq!(pool.open_count(0), 1, "still one connection in all");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn idle_connections_count_against_the_cap_and_shedding_frees_them() {
+        let (l, addr) = listener().await;
+        let pool = Pool::new(&[1], 8, Duration::from_secs(30));
+        let p = permit(pool.checkout(0, addr, false, Duration::ZERO).await.unwrap());
+        let stream = TcpStream::connect(addr).await.unwrap();
+        let _server_side = l.accept().await.unwrap();
+        pool.put(0, addr, stream, p);
+        assert_eq!((pool.idle_count(0), pool.open_count(0)), (1, 1));
+        assert_eq!(pool.shed_idle(0, 5), 1);
+        assert_eq!((pool.idle_count(0), pool.open_count(0)), (0, 0));
+        assert!(
+            matches!(
+                pool.checkout(0, addr, true, Duration::ZERO).await,
+                Err(Reject::Overloaded)
+            ),
+            "reuse-only finds nothing idle"
+        );
+        assert!(matches!(
+            pool.checkout(0, addr, false, Duration::ZERO).await,
+            Ok(Checkout::Fresh(_))
+        ));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn connections_marked_close_on_return_are_closed_not_pooled() {
+        let (l, addr) = listener().await;
+        let pool = Pool::new(&[4], 8, Duration::from_secs(30));
+        pool.close_on_return(0, 1);
+        let mut ends = Vec::new();
+        for _ in 0..2 {
+            let p = permit(pool.checkout(0, addr, false, Duration::ZERO).await.unwrap());
+            let stream = TcpStream::connect(addr).await.unwrap();
+            ends.push(l.accept().await.unwrap().0);
+            pool.put(0, addr, stream, p);
+        }
+        assert_eq!(
+            pool.idle_count(0),
+            1,
+            "the first was closed, the second pooled"
+        );
+        assert_eq!(pool.open_count(0), 1);
+        assert_eq!(pool.shed_total(0), 1);
     }
 }

@@ -7,6 +7,8 @@
 //!   └→ read head (header/idle timeout, size limits) ─bad→ 400/408/431/501 + close
 //!       └→ local endpoint (/farside/metrics)                  ─→ respond ─┐
 //!       └→ gate.route(host) ─Err→ reject status (+Retry-After) ─→ respond ─┤
+//!       └→ pool.checkout: idle conn, or a permit under the back-end's maxconn
+//!          (waits ≤ http.queue_timeout_ms) ─Err→ 503 (+Retry-After) ─→ respond ─┤
 //!       └→ pooled or new upstream conn ─fail→ 502/504 ─────────→ respond ─┤
 //!           └→ send head + stream body → read response head (retry once on a
 //!              fresh connection if a pooled one was stale) → stream body back ─┤
@@ -24,7 +26,7 @@ use crate::config::ProxyConfig;
 use crate::gate::{Gate, Route};
 use crate::http::{self, BodyFraming, ChunkError, Chunked, RequestError, RequestHead};
 use crate::metrics::{Metrics, UpstreamError};
-use crate::pool::Pool;
+use crate::pool::{Checkout, Pool};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
@@ -65,23 +67,30 @@ struct Shared {
     cfg: Arc<ProxyConfig>,
     gate: Arc<dyn Gate>,
     metrics: Arc<Metrics>,
-    pool: Pool,
+    pool: Arc<Pool>,
     header_timeout: Duration,
     idle_timeout: Duration,
     connect_timeout: Duration,
     response_timeout: Duration,
+    queue_timeout: Duration,
 }
 
 impl Shared {
     fn new(cfg: Arc<ProxyConfig>, gate: Arc<dyn Gate>, metrics: Arc<Metrics>) -> Self {
         let h = &cfg.http;
         let ms = Duration::from_millis;
+        let maxconn: Vec<usize> = (0..cfg.backends.len())
+            .map(|i| cfg.maxconn_for(i))
+            .collect();
+        let pool = Arc::new(Pool::new(
+            &maxconn,
+            h.pool_idle_per_backend,
+            ms(h.pool_idle_timeout_ms),
+        ));
+        gate.bind_pool(pool.clone());
         Shared {
-            pool: Pool::new(
-                cfg.backends.len(),
-                h.pool_idle_per_backend,
-                ms(h.pool_idle_timeout_ms),
-            ),
+            pool,
+            queue_timeout: ms(h.queue_timeout_ms),
             header_timeout: ms(h.header_timeout_ms),
             idle_timeout: ms(h.idle_timeout_ms),
             connect_timeout: ms(h.connect_timeout_ms),
@@ -104,7 +113,11 @@ pub async fn serve(
 ) -> io::Result<()> {
     let max = cfg.http.max_client_conns;
     let sh = Arc::new(Shared::new(cfg, gate, metrics));
-    accept_loop(sh, listener, false, max, shutdown).await
+    let tend = tend_loop(sh.gate.clone(), std::future::pending());
+    tokio::select! {
+        r = accept_loop(sh, listener, false, max, shutdown) => r,
+        r = tend => r,
+    }
 }
 
 /// The proxy running on the current tokio runtime (see [`start`]).
@@ -144,13 +157,17 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
     let when_stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let mut tasks = vec![tokio::spawn(accept_loop(
+    let mut tasks = vec![tokio::spawn(tend_loop(
+        sh.gate.clone(),
+        when_stopped(stopped.clone()),
+    ))];
+    tasks.push(tokio::spawn(accept_loop(
         sh.clone(),
         listener,
         false,
         cfg.http.max_client_conns,
         when_stopped(stopped.clone()),
-    ))];
+    )));
     if let Some(l) = admin {
         tasks.push(tokio::spawn(accept_loop(
             sh,
@@ -295,6 +312,21 @@ async fn wait_for_signal() -> io::Result<()> {
     tokio::select! {
         r = tokio::signal::ctrl_c() => r,
         _ = term.recv() => Ok(()),
+    }
+}
+
+/// Call [`Gate::tend`] every [`TEND_PERIOD`](crate::control::TEND_PERIOD) until
+/// `shutdown`, so the control layer's upkeep does not wait for requests to arrive.
+async fn tend_loop(gate: Arc<dyn Gate>, shutdown: impl Future<Output = ()>) -> io::Result<()> {
+    let mut tick = tokio::time::interval(crate::control::TEND_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            biased;
+            _ = &mut shutdown => return Ok(()),
+            _ = tick.tick() => gate.tend(),
+        }
     }
 }
 
@@ -817,19 +849,43 @@ impl Conn {
         };
         let route = match routed {
             Ok(route) => route,
-            Err(r) => {
-                sh.metrics.reject(r);
-                let status = r.status();
-                let retry = (status == 503).then(|| sh.gate.retry_after_s());
-                return self
-                    .respond_to(sh, &req, status, retry, r.reason().as_bytes())
-                    .await;
-            }
+            Err(r) => return self.reject(sh, &req, r).await,
         };
-        self.proxy(sh, req, route).await
+        // Before the head is consumed, so a refusal here is answered like the gate's.
+        let checkout = sh
+            .pool
+            .checkout(
+                route.backend,
+                route.addr,
+                route.reuse_only,
+                sh.queue_timeout,
+            )
+            .await;
+        match checkout {
+            Ok(c) => self.proxy(sh, req, route, c).await,
+            Err(r) => {
+                drop(route);
+                self.reject(sh, &req, r).await
+            }
+        }
     }
 
-    async fn proxy(&mut self, sh: &Shared, req: RequestHead, route: Route) -> Next {
+    /// Answer `req` with the status of a rejection (503s carry `Retry-After`).
+    async fn reject(&mut self, sh: &Shared, req: &RequestHead, r: crate::gate::Reject) -> Next {
+        sh.metrics.reject(r);
+        let status = r.status();
+        let retry = (status == 503).then(|| sh.gate.retry_after_s());
+        self.respond_to(sh, req, status, retry, r.reason().as_bytes())
+            .await
+    }
+
+    async fn proxy(
+        &mut self,
+        sh: &Shared,
+        req: RequestHead,
+        route: Route,
+        checkout: Checkout,
+    ) -> Next {
         self.rbuf.consume(req.head_len);
         if req.expect_continue {
             // We strip Expect and answer it ourselves: the client would otherwise wait
@@ -863,23 +919,19 @@ impl Conn {
         // A request that fits in `out` can be sent again if a pooled connection was stale.
         let retryable = body.is_done() && req.idempotent;
 
-        let mut fresh_only = false;
-        let (mut up, resp) = loop {
-            let pooled = if fresh_only {
-                None
-            } else {
-                sh.pool.take(route.backend, route.addr)
-            };
-            let reused = pooled.is_some();
-            let mut up = match pooled {
-                Some(s) => {
+        // A retry after a stale pooled connection connects afresh under that
+        // connection's permit (the back-end closed it, so the count is unchanged).
+        let mut next = Some(checkout);
+        let (mut up, permit, resp) = loop {
+            let (reused, mut up, permit) = match next.take().expect("set for every attempt") {
+                Checkout::Pooled(s, p) => {
                     sh.metrics.upstream_reused.fetch_add(1, Relaxed);
-                    s
+                    (true, s, p)
                 }
-                None => match connect(route.addr, sh.connect_timeout).await {
+                Checkout::Fresh(p) => match connect(route.addr, sh.connect_timeout).await {
                     Ok(s) => {
                         sh.metrics.upstream_connects.fetch_add(1, Relaxed);
-                        s
+                        (false, s, p)
                     }
                     Err(e) => {
                         sh.gate.report_failure(route.backend);
@@ -892,7 +944,7 @@ impl Conn {
                 Err(Side::Client) => return Next::Abort,
                 Err(Side::Upstream) if reused && retryable => {
                     sh.metrics.upstream_retries.fetch_add(1, Relaxed);
-                    fresh_only = true;
+                    next = Some(Checkout::Fresh(permit));
                     continue;
                 }
                 Err(Side::Upstream) => {
@@ -901,10 +953,10 @@ impl Conn {
                 }
             }
             match self.read_response_head(sh, &mut up, &req).await {
-                Ok(resp) => break (up, resp),
+                Ok(resp) => break (up, permit, resp),
                 Err((UpstreamError::ResetBeforeHead, false)) if reused && retryable => {
                     sh.metrics.upstream_retries.fetch_add(1, Relaxed);
-                    fresh_only = true;
+                    next = Some(Checkout::Fresh(permit));
                 }
                 Err((e, _)) => {
                     if !reused && e == UpstreamError::ResetBeforeHead {
@@ -993,7 +1045,7 @@ impl Conn {
         }
         // Bytes beyond the response mean a confused back-end: do not reuse that connection.
         if resp.upstream_reusable && self.ubuf.is_empty() {
-            sh.pool.put(route.backend, route.addr, up);
+            sh.pool.put(route.backend, route.addr, up, permit);
         }
         self.ubuf.clear();
         drop(route);

@@ -61,6 +61,7 @@ impl Gate for TestGate {
             backend: i,
             addr: self.addrs[i],
             guard: InflightGuard::new(self.inflight.clone()),
+            reuse_only: false,
         })
     }
 
@@ -85,6 +86,7 @@ fn config(backends: &[SocketAddr]) -> ProxyConfig {
             site: String::new(),
             region: None,
             limit: None,
+            maxconn: None,
         })
         .collect();
     ProxyConfig::simple("127.0.0.1:0".parse().unwrap(), backends)

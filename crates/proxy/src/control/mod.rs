@@ -7,13 +7,55 @@
 //! or missing counts per `admission.on_stale`: `reject` (fail safe, treated as full) or
 //! `admit` (fail open, treated as empty). The check runs right after accept (before the
 //! request is read, across all sites) and again per request (for the request's site).
+//!
+//! What counts as load (issue 8):
+//! - the figure compared with the limit is an estimate, not the bare sample: the last
+//!   sample plus the requests this proxy routed to the back-end since, minus those of
+//!   its requests that completed since ([`estimate`]), for the metrics counted in
+//!   connections (`conns`, `backlog`, `pending`). Balancing compares the same estimate,
+//!   so the requests between two samples spread instead of herding onto one back-end;
+//! - this proxy's own idle pooled connections are not load: for `conns` they are
+//!   subtracted; for `backlog`/`pending`, a request that can take an idle pooled
+//!   connection is admitted whatever the reading (it adds nothing to the accept queue),
+//!   as a *reuse-only* route that never opens a new connection;
+//! - when a back-end's accept queue is not empty, this proxy closes up to that many of
+//!   its idle connections to it, and for the rest of the queue closes connections as
+//!   they come back instead of pooling them (once per sample, [`relief`]): on a prefork
+//!   server each open connection pins a worker that the queue is waiting for.
+//!
+//! # Liveness: admission never rejects forever
+//!
+//! Claim: once the offered load falls below capacity (in particular when it stops), a
+//! request is admitted again within `B = D + P + T`, where D is the time the back-end
+//! needs to serve the connections queued at it, P the monitor period and T the
+//! period at which the data path calls [`Gate::tend`] ([`TEND_PERIOD`]), as long as
+//! the back-end's load record stays fresh (a stale record is the fail-safe policy's
+//! business, not a lock-out).
+//!
+//! Why: the load admission reads is made of (1) requests in service, (2) connections
+//! waiting in the accept queue, (3) connections held open but idle. (1) ends within a
+//! service time. (2) drains as soon as workers free up, and a worker is only held
+//! forever by an open connection with no request, i.e. (3). Of (3), this proxy's own
+//! idle connections are never counted as load (`conns`) and are closed as soon as the
+//! back-end shows a queue (tend runs every T even with no request arriving, and reads
+//! a sample at most P old); the busy + idle connections this proxy opens are capped
+//! by `maxconn` (see [`crate::pool`]). So after load stops nothing of this proxy's
+//! keeps (1)–(3) above the limit longer than D + P + T, and the estimate adds nothing
+//! once no request was sent since the sample. The old lock-out broke exactly this: idle
+//! pooled connections pinned every worker, the proxy's own queued connections kept
+//! the backlog at the limit, and nothing ever closed them because nothing was
+//! admitted. `crates/farside/tests/admission_liveness.rs` reproduces it with real
+//! processes and checks the bound.
 
+pub mod estimate;
 pub mod histogram;
 pub mod monitor;
 pub mod table;
 
 use crate::config::{BalancePolicy, Metric, ProxyConfig, StalePolicy};
-use crate::gate::{Gate, InflightGuard, Reject, Route};
+use crate::gate::{Gate, InflightGuard, InflightObserver, Reject, Route};
+use crate::pool::Pool;
+use estimate::{Event, Tally};
 use farside_region::Words;
 use farside_rmem::mono_ns;
 pub use farside_rmem::Endpoint as RegionSource;
@@ -22,7 +64,7 @@ use std::cell::Cell;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use table::EntryStatus;
 
@@ -45,16 +87,66 @@ struct Backend {
     inflight: Arc<AtomicU64>,
     /// CLOCK_MONOTONIC ns until which the back-end is skipped after a failure.
     down_until_ns: AtomicU64,
+    /// What this proxy sent it and what completed, for the estimate between samples.
+    tally: Arc<TallyCell>,
+    /// `advanced_mono_ns` of the sample last acted on by [`Control::relieve`], so that
+    /// one queue reading closes connections once, not once per decision.
+    relieved_sample_ns: AtomicU64,
 }
 
-/// Decision counters, indexed by reject reason (`Reject as usize`).
+/// A back-end's [`Tally`], fed by the in-flight guards of its requests.
+#[derive(Default)]
+struct TallyCell {
+    tally: Mutex<Tally>,
+    /// Millisecond of the latest event: a decision whose sample is newer skips the lock.
+    last_ms: AtomicU64,
+}
+
+impl TallyCell {
+    fn record(&self, e: Event) {
+        let now = mono_ns();
+        self.tally
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(e, now);
+        self.last_ms.fetch_max(now / 1_000_000, Ordering::Relaxed);
+    }
+
+    fn since(&self, since_ns: u64) -> (u64, u64) {
+        if self.last_ms.load(Ordering::Relaxed) < since_ns / 1_000_000 {
+            return (0, 0);
+        }
+        self.tally
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .since(since_ns)
+    }
+}
+
+impl InflightObserver for TallyCell {
+    fn sent(&self) {
+        self.record(Event::Sent);
+    }
+    fn done(&self) {
+        self.record(Event::Done);
+    }
+}
+
+/// Decision counters, indexed by [`Reject::index`].
 #[derive(Default)]
 struct Counters {
     accept_admitted: AtomicU64,
-    accept_rejected: [AtomicU64; 4],
+    accept_rejected: [AtomicU64; Reject::ALL.len()],
     request_admitted: AtomicU64,
-    request_rejected: [AtomicU64; 4],
+    /// Of `request_admitted`: admitted only onto an idle pooled connection.
+    request_admitted_reuse_only: AtomicU64,
+    request_rejected: [AtomicU64; Reject::ALL.len()],
 }
+
+/// Period at which the data path calls [`Gate::tend`]: one of the terms of the
+/// liveness bound (module doc), far below its 1 s target, and ten monitor periods so
+/// the extra table reads cost nothing measurable.
+pub const TEND_PERIOD: Duration = Duration::from_millis(10);
 
 /// The proxy's control layer. Cheap to query from every worker thread.
 pub struct Control {
@@ -74,6 +166,9 @@ pub struct Control {
     monitor: Option<Monitor>,
     counters: Counters,
     rr: AtomicUsize,
+    /// The data path's upstream pool ([`Gate::bind_pool`]); until bound, no idle
+    /// connections are known.
+    pool: OnceLock<Arc<Pool>>,
 }
 
 thread_local! {
@@ -137,16 +232,16 @@ impl Control {
         let backends = cfg
             .backends
             .iter()
-            .map(|b| Backend {
+            .enumerate()
+            .map(|(i, b)| Backend {
                 addr: b.addr,
                 site: b.site.clone(),
-                limit: b
-                    .limit
-                    .or_else(|| a.site_limits.get(&b.site).copied())
-                    .unwrap_or(a.limit),
+                limit: cfg.limit_for(i),
                 has_region: b.region.is_some() || cfg.monitor.table.is_some(),
                 inflight: Arc::new(AtomicU64::new(0)),
                 down_until_ns: AtomicU64::new(0),
+                tally: Arc::default(),
+                relieved_sample_ns: AtomicU64::new(0),
             })
             .collect();
         Ok(Control {
@@ -165,17 +260,47 @@ impl Control {
             monitor,
             counters: Counters::default(),
             rr: AtomicUsize::new(0),
+            pool: OnceLock::new(),
         })
     }
 
-    /// Current load of back-end `i` in the admission metric.
+    /// Current load of back-end `i` in the admission metric: for `conns`, `backlog` and
+    /// `pending` the estimate (sample + sent since − completed since), `conns` without
+    /// this proxy's idle pooled connections. For `conns` the idle count subtracted is
+    /// today's, not the sample's: the estimate is off by how much the idle count changed
+    /// since the sample (a sample period's worth of checkouts and returns).
     pub fn load(&self, i: usize, now_ns: u64) -> Load {
+        let (load, sample_ns) = self.sample(i, now_ns);
+        let Load::Known(v) = load else {
+            return load;
+        };
+        Load::Known(match self.metric {
+            Metric::Conns | Metric::Backlog | Metric::Pending => {
+                let (sent, done) = self.backends[i].tally.since(sample_ns);
+                let v = estimate::estimate(v, sent, done);
+                if self.metric == Metric::Conns {
+                    // Idle pooled connections are established but carry no request.
+                    v.saturating_sub(self.idle(i))
+                } else {
+                    v
+                }
+            }
+            _ => v,
+        })
+    }
+
+    fn idle(&self, i: usize) -> u64 {
+        self.pool.get().map_or(0, |p| p.idle_count(i) as u64)
+    }
+
+    /// The bare sample of back-end `i` and its `advanced_mono_ns` (0 when there is none).
+    fn sample(&self, i: usize, now_ns: u64) -> (Load, u64) {
         let b = &self.backends[i];
         if self.metric == Metric::Inflight {
-            return Load::Known(b.inflight.load(Ordering::Relaxed));
+            return (Load::Known(b.inflight.load(Ordering::Relaxed)), 0);
         }
         let (Some(t), true) = (&self.table, b.has_region) else {
-            return Load::Unknown;
+            return (Load::Unknown, 0);
         };
         use table::field as f;
         let (f1, f2) = match self.metric {
@@ -191,21 +316,57 @@ impl Control {
             Some((EntryStatus::Ok | EntryStatus::Error, advanced, v))
                 if now_ns.saturating_sub(advanced) <= self.stale_after_ns =>
             {
-                Load::Known(v)
+                (Load::Known(v), advanced)
             }
-            _ => Load::Stale,
+            _ => (Load::Stale, 0),
         }
     }
 
     /// Whether back-end `i` may take one more request; `Err` says why not.
-    fn admissible(&self, i: usize, load: Load) -> Result<(), Reject> {
-        match load {
-            Load::Known(v) if v < self.backends[i].limit => Ok(()),
-            Load::Known(_) => Err(Reject::Overloaded),
-            Load::Stale if self.on_stale == StalePolicy::Admit => Ok(()),
-            Load::Stale => Err(Reject::StaleLoad),
-            Load::Unknown => Ok(()),
+    fn admissible(&self, i: usize, load: Load) -> Result<Admit, Reject> {
+        admit(
+            load,
+            self.backends[i].limit,
+            self.metric,
+            self.on_stale,
+            self.idle(i),
+        )
+    }
+
+    /// If back-end `i`'s accept queue is not empty, free the workers this proxy's own
+    /// connections pin: close up to that many idle pooled connections now, and the rest
+    /// of the queue's length in connections as they come back ([`relief`]). Acts once
+    /// per sample. Returns how many idle connections were closed now.
+    fn relieve(&self, i: usize, now_ns: u64) -> usize {
+        let Some(pool) = self.pool.get() else {
+            return 0;
+        };
+        let b = &self.backends[i];
+        let (Some(t), true) = (&self.table, b.has_region) else {
+            return 0;
+        };
+        let Some((EntryStatus::Ok | EntryStatus::Error, advanced, backlog)) =
+            table::read_load(&**t, i, table::field::ACCEPT_BACKLOG, None)
+        else {
+            return 0;
+        };
+        if b.relieved_sample_ns.swap(advanced, Ordering::Relaxed) == advanced {
+            return 0; // already acted on this sample
         }
+        if now_ns.saturating_sub(advanced) > self.stale_after_ns {
+            pool.close_on_return(i, 0);
+            return 0;
+        }
+        let r = relief(backlog, pool.idle_count(i) as u64);
+        let shed = pool.shed_idle(i, r.close_idle as usize);
+        pool.close_on_return(i, r.close_on_return as usize);
+        shed
+    }
+
+    /// Connections to back-end `i` closed so far because it queued (idle ones shed,
+    /// and returning ones not pooled).
+    pub fn shed_total(&self, i: usize) -> u64 {
+        self.pool.get().map_or(0, |p| p.shed_total(i))
     }
 
     fn is_down(&self, i: usize, now_ns: u64) -> bool {
@@ -228,8 +389,10 @@ impl Control {
             if self.is_down(i, now) && !all_down {
                 continue;
             }
-            match self.admissible(i, self.load(i, now)) {
-                Ok(()) => return Ok(()),
+            self.relieve(i, now);
+            let load = self.load(i, now);
+            match self.admissible(i, load) {
+                Ok(_) => return Ok(()),
                 Err(r) => why = merge_reason(why, r),
             }
         }
@@ -239,6 +402,12 @@ impl Control {
     /// Pick a back-end for a request to `host`: site filter, down filter, admission
     /// filter (if on), then the balancing policy among what is left.
     pub fn choose(&self, host: Option<&str>) -> Result<usize, Reject> {
+        self.choose_route(host).map(|(i, _)| i)
+    }
+
+    /// [`Control::choose`], also saying whether the back-end was admitted only onto an
+    /// idle pooled connection (reuse-only).
+    fn choose_route(&self, host: Option<&str>) -> Result<(usize, bool), Reject> {
         let now = coarse_mono_ns();
         let mut pick = Pick::new(
             self.policy,
@@ -254,9 +423,14 @@ impl Control {
             // try them anyway: a failure seen under overload must not turn into "503 for
             // everyone for a second"; only admission control decides to shed load.
             let scan = self.scan(host, now, true, &mut pick);
-            return pick.finish().ok_or(scan.why);
+            return pick
+                .finish()
+                .map(|i| (i, scan.reuse_only(i)))
+                .ok_or(scan.why);
         }
-        pick.finish().ok_or(scan.why)
+        pick.finish()
+            .map(|i| (i, scan.reuse_only(i)))
+            .ok_or(scan.why)
     }
 
     /// One pass over the back-ends serving `host`: offers each usable one (right site,
@@ -267,6 +441,7 @@ impl Control {
             serving: 0,
             down: 0,
             why: Reject::NoBackend,
+            reuse_only: 0,
         };
         for i in 0..self.backends.len() {
             if !self.serves(i, host) {
@@ -277,18 +452,24 @@ impl Control {
                 scan.down += 1;
                 continue;
             }
+            self.relieve(i, now);
             let load = self.load(i, now);
             if check {
-                if let Err(r) = self.admissible(i, load) {
-                    scan.why = merge_reason(scan.why, r);
-                    continue;
+                match self.admissible(i, load) {
+                    Ok(Admit::Any) => {}
+                    Ok(Admit::ReuseOnly) => scan.reuse_only |= 1 << i,
+                    Err(r) => {
+                        scan.why = merge_reason(scan.why, r);
+                        continue;
+                    }
                 }
             }
             let score = match load {
                 Load::Known(v) => v,
                 Load::Stale | Load::Unknown => 0,
             };
-            // Score: remote load first, then this proxy's in-flight requests (fresher).
+            // Score: the load estimate (sample + this proxy's requests since), then this
+            // proxy's in-flight requests.
             pick.offer(
                 i,
                 (score, self.backends[i].inflight.load(Ordering::Relaxed)),
@@ -299,6 +480,60 @@ impl Control {
 
     pub fn backend_count(&self) -> usize {
         self.backends.len()
+    }
+}
+
+/// How a back-end may take a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// On any connection, new or pooled.
+    Any,
+    /// Only on an idle pooled connection: it adds nothing to the accept queue.
+    ReuseOnly,
+}
+
+/// The admission rule for one back-end, pure: `load` (the estimate) against `limit`;
+/// for the queue metrics (`backlog`, `pending`) an idle pooled connection (`idle` > 0)
+/// may still carry the request, since it adds nothing to the reading.
+pub fn admit(
+    load: Load,
+    limit: u64,
+    metric: Metric,
+    on_stale: StalePolicy,
+    idle: u64,
+) -> Result<Admit, Reject> {
+    match load {
+        Load::Known(v) if v < limit => Ok(Admit::Any),
+        Load::Known(_) if idle > 0 && matches!(metric, Metric::Backlog | Metric::Pending) => {
+            Ok(Admit::ReuseOnly)
+        }
+        Load::Known(_) => Err(Reject::Overloaded),
+        Load::Stale if on_stale == StalePolicy::Admit => Ok(Admit::Any),
+        Load::Stale => Err(Reject::StaleLoad),
+        Load::Unknown => Ok(Admit::Any),
+    }
+}
+
+/// What to close for a back-end whose accept queue holds `backlog` connections while
+/// this proxy holds `idle` idle connections to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Relief {
+    /// Idle pooled connections to close now.
+    pub close_idle: u64,
+    /// Connections to close instead of pooling as they come back.
+    pub close_on_return: u64,
+}
+
+/// The queue-relief rule, pure. On a prefork server each connection this proxy keeps
+/// open pins a worker, so each queued connection waits for one of them to close: close
+/// idle ones now, at most as many as are queued, and for the rest of the queue, close
+/// connections as they come back instead of pooling them (their workers then take the
+/// queued connections at once, rather than waiting for the next sample).
+pub fn relief(backlog: u64, idle: u64) -> Relief {
+    let close_idle = backlog.min(idle);
+    Relief {
+        close_idle,
+        close_on_return: backlog - close_idle,
     }
 }
 
@@ -353,6 +588,14 @@ struct Scan {
     down: usize,
     /// The most telling reason a back-end was refused.
     why: Reject,
+    /// Bit i: back-end i was offered as reuse-only ([`Admit::ReuseOnly`]).
+    reuse_only: u64,
+}
+
+impl Scan {
+    fn reuse_only(&self, i: usize) -> bool {
+        self.reuse_only & (1 << i) != 0
+    }
 }
 
 /// Chooses among the back-ends offered by a scan, without allocating: least-loaded keeps
@@ -425,7 +668,7 @@ fn merge_reason(a: Reject, b: Reject) -> Reject {
         Reject::Overloaded => 3,
         Reject::StaleLoad => 2,
         Reject::NoBackend => 1,
-        Reject::UnknownSite => 0,
+        Reject::UnknownSite | Reject::QueueTimeout => 0,
     };
     if rank(b) > rank(a) {
         b
@@ -461,16 +704,22 @@ impl Gate for Control {
     }
 
     fn route(&self, host: Option<&str>) -> Result<Route, Reject> {
-        match self.choose(host) {
-            Ok(i) => {
+        match self.choose_route(host) {
+            Ok((i, reuse_only)) => {
                 self.counters
                     .request_admitted
                     .fetch_add(1, Ordering::Relaxed);
+                if reuse_only {
+                    self.counters
+                        .request_admitted_reuse_only
+                        .fetch_add(1, Ordering::Relaxed);
+                }
                 let b = &self.backends[i];
                 Ok(Route {
                     backend: i,
                     addr: b.addr,
-                    guard: InflightGuard::new(b.inflight.clone()),
+                    guard: InflightGuard::observed(b.inflight.clone(), b.tally.clone()),
+                    reuse_only,
                 })
             }
             Err(why) => {
@@ -482,6 +731,19 @@ impl Gate for Control {
 
     fn retry_after_s(&self) -> u32 {
         self.retry_after_s
+    }
+
+    fn bind_pool(&self, pool: Arc<Pool>) {
+        if self.pool.set(pool).is_err() {
+            log::warn!("control: a second upstream pool was bound; idle counts follow the first");
+        }
+    }
+
+    fn tend(&self) {
+        let now = coarse_mono_ns();
+        for i in 0..self.backends.len() {
+            self.relieve(i, now);
+        }
     }
 
     fn report_failure(&self, backend: usize) {
@@ -522,11 +784,23 @@ impl Gate for Control {
                 );
             }
         }
+        let _ = writeln!(out, "# HELP farside_admission_reuse_only_total Requests admitted only onto an idle pooled connection (the queue metric was at its limit).");
+        let _ = writeln!(out, "# TYPE farside_admission_reuse_only_total counter");
+        let _ = writeln!(
+            out,
+            "farside_admission_reuse_only_total {}",
+            c.request_admitted_reuse_only.load(Ordering::Relaxed)
+        );
         let now = mono_ns();
         let _ = writeln!(out, "# HELP farside_backend_load Back-end load in the admission metric's unit (-1: stale or unknown).");
         let _ = writeln!(out, "# TYPE farside_backend_load gauge");
         let _ = writeln!(out, "# TYPE farside_backend_inflight gauge");
         let _ = writeln!(out, "# TYPE farside_backend_limit gauge");
+        let _ = writeln!(out, "# HELP farside_upstream_conns Upstream connections this proxy holds open to the back-end, by state.");
+        let _ = writeln!(out, "# TYPE farside_upstream_conns gauge");
+        let _ = writeln!(out, "# TYPE farside_upstream_maxconn gauge");
+        let _ = writeln!(out, "# HELP farside_upstream_shed_total Upstream connections closed (idle ones, or returning ones instead of pooling) because the back-end queued connections.");
+        let _ = writeln!(out, "# TYPE farside_upstream_shed_total counter");
         let _ = writeln!(out, "# TYPE farside_monitor_read_errors_total counter");
         let _ = writeln!(out, "# TYPE farside_monitor_read_latency_ns gauge");
         let _ = writeln!(out, "# TYPE farside_monitor_record_age_ns gauge");
@@ -551,6 +825,21 @@ impl Gate for Control {
                 b.inflight.load(Ordering::Relaxed)
             );
             let _ = writeln!(out, "farside_backend_limit{{{lbl}}} {}", b.limit);
+            if let Some(p) = self.pool.get() {
+                let (open, idle) = (p.open_count(i), p.idle_count(i));
+                let _ = writeln!(out, "farside_upstream_conns{{{lbl},state=\"idle\"}} {idle}");
+                let _ = writeln!(
+                    out,
+                    "farside_upstream_conns{{{lbl},state=\"busy\"}} {}",
+                    open.saturating_sub(idle)
+                );
+                let _ = writeln!(out, "farside_upstream_maxconn{{{lbl}}} {}", p.maxconn(i));
+            }
+            let _ = writeln!(
+                out,
+                "farside_upstream_shed_total{{{lbl}}} {}",
+                self.shed_total(i)
+            );
             if let Some(e) = self.table.as_ref().and_then(|t| table::read(&**t, i)) {
                 let _ = writeln!(
                     out,

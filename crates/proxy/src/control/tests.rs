@@ -1,6 +1,7 @@
 use super::table::{Entry, EntryStatus, EntryWriter};
 use super::*;
 use crate::config::{BackendConfig, ProxyConfig};
+use crate::pool::Pool;
 use farside_region::layout::{REGION_WORDS, W_SEQ_TAIL};
 use farside_region::{Header, LoadRecord, MappedWords, RegionWriter};
 use std::path::PathBuf;
@@ -20,6 +21,7 @@ fn backend(port: u16, site: &str) -> BackendConfig {
         site: site.into(),
         region: None,
         limit: None,
+        maxconn: None,
     }
 }
 
@@ -264,4 +266,188 @@ fn torn_region_record_is_never_used() {
         "a torn record must not become load"
     );
     let _ = std::fs::remove_file(path);
+}
+
+/// Idle pooled connections to a listener, `n` of them for back-end 0 of a pool capped
+/// at `maxconn`. The listener and accepted ends are returned to keep them open.
+async fn pool_with_idle(
+    n: usize,
+    maxconn: usize,
+) -> (
+    Arc<Pool>,
+    SocketAddr,
+    tokio::net::TcpListener,
+    Vec<tokio::net::TcpStream>,
+) {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let pool = Arc::new(Pool::new(&[maxconn], 64, Duration::from_secs(30)));
+    let mut server_ends = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let c = pool
+            .checkout(0, addr, false, Duration::ZERO)
+            .await
+            .ok()
+            .unwrap();
+        let crate::pool::Checkout::Fresh(p) = c else {
+            panic!("nothing idle yet")
+        };
+        let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        server_ends.push(l.accept().await.unwrap().0);
+        held.push((s, p));
+    }
+    for (s, p) in held {
+        pool.put(0, addr, s, p);
+    }
+    assert_eq!(pool.idle_count(0), n);
+    (pool, addr, l, server_ends)
+}
+
+#[test]
+fn requests_since_the_sample_count_against_the_limit_and_spread_between_samples() {
+    // Item 5: A reads 3, B reads 5, limit 6. On the old code every request until the
+    // next sample went to A and was admitted (A's figure stayed 3).
+    let (c, t, p) = with_table(vec![backend(1, ""), backend(2, "")], |cfg| {
+        cfg.admission.limit = 6
+    });
+    EntryWriter::new(&*t, 0).publish(&fresh(3));
+    EntryWriter::new(&*t, 1).publish(&fresh(5));
+    let mut routes = Vec::new();
+    for _ in 0..4 {
+        routes.push(c.route(None).expect("admitted"));
+    }
+    let to_b = routes.iter().filter(|r| r.backend == 1).count();
+    assert_eq!(routes[0].backend, 0);
+    assert_eq!(routes[1].backend, 0);
+    assert!(
+        to_b >= 1,
+        "once A's estimate reaches B's, B gets requests too"
+    );
+    // A: 3 + 3 sent = 6, B: 5 + 1 = 6: both at the limit until something completes.
+    assert_eq!(c.load(0, mono_ns()), Load::Known(6));
+    assert_eq!(c.route(None).err(), Some(Reject::Overloaded));
+    routes.retain(|r| r.backend != 0);
+    assert_eq!(
+        c.load(0, mono_ns()),
+        Load::Known(3),
+        "completions since the sample count too"
+    );
+    assert_eq!(c.choose(None), Ok(0));
+    let _ = std::fs::remove_file(p);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn own_idle_pooled_connections_are_not_counted_as_conns() {
+    let (c, t, p) = with_table(vec![backend(1, "")], |cfg| cfg.admission.limit = 10);
+    let (pool, _addr, _l, _ends) = pool_with_idle(3, 64).await;
+    // 10 established, 3 of them this proxy's idle pooled connections.
+    EntryWriter::new(&*t, 0).publish(&fresh(10));
+    assert_eq!(
+        c.decide_accept(),
+        Err(Reject::Overloaded),
+        "pool not bound yet"
+    );
+    c.bind_pool(pool);
+    assert_eq!(c.load(0, mono_ns()), Load::Known(7));
+    assert_eq!(c.decide_accept(), Ok(()));
+    assert!(!c.route(None).unwrap().reuse_only);
+    let _ = std::fs::remove_file(p);
+}
+
+fn queued(backlog: u64) -> Entry {
+    Entry {
+        accept_backlog: backlog,
+        ..fresh(0)
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_queueing_backend_gets_idle_connections_shed_and_reuse_only_routes() {
+    let (c, t, p) = with_table(vec![backend(1, "")], |cfg| {
+        cfg.admission.metric = Metric::Backlog;
+        cfg.admission.limit = 2;
+    });
+    let (pool, addr, _l, _ends) = pool_with_idle(5, 64).await;
+    c.bind_pool(pool.clone());
+    // 3 connections queued while 5 of ours sit idle, pinning workers.
+    EntryWriter::new(&*t, 0).publish(&queued(3));
+    let r = c.route(None).expect("an idle connection can carry it");
+    assert!(r.reuse_only, "admitted onto an idle connection only");
+    assert_eq!(
+        pool.idle_count(0),
+        2,
+        "three idle connections shed for three queued"
+    );
+    assert_eq!(c.shed_total(0), 3);
+    c.tend();
+    assert_eq!(pool.idle_count(0), 2, "once per sample");
+    let got = pool
+        .checkout(0, addr, r.reuse_only, Duration::ZERO)
+        .await
+        .ok();
+    assert!(matches!(got, Some(crate::pool::Checkout::Pooled(..))));
+    drop(got);
+    // A new sample still queueing: tend (no request needed) sheds the rest.
+    let mut e = queued(3);
+    e.advanced_mono_ns = mono_ns() + 1;
+    e.remote_seq = 2;
+    EntryWriter::new(&*t, 0).publish(&e);
+    c.tend();
+    assert_eq!(pool.idle_count(0), 0);
+    assert_eq!(c.shed_total(0), 4);
+    assert_eq!(c.route(None).err(), Some(Reject::Overloaded));
+    // Two of the three queued still wait for workers: the next connections coming back
+    // free theirs instead of being pooled.
+    for k in 0..3 {
+        let Ok(crate::pool::Checkout::Fresh(permit)) =
+            pool.checkout(0, addr, false, Duration::ZERO).await
+        else {
+            panic!("nothing idle, under the cap")
+        };
+        let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        pool.put(0, addr, s, permit);
+        assert_eq!(pool.idle_count(0), k / 2, "closed, closed, then pooled");
+    }
+    assert_eq!(c.shed_total(0), 6);
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn admission_and_shedding_rules_are_pure() {
+    use crate::config::StalePolicy::{Admit as Open, Reject as Safe};
+    let k = Load::Known;
+    assert_eq!(admit(k(1), 2, Metric::Backlog, Safe, 0), Ok(Admit::Any));
+    assert_eq!(
+        admit(k(2), 2, Metric::Backlog, Safe, 0),
+        Err(Reject::Overloaded)
+    );
+    assert_eq!(
+        admit(k(9), 2, Metric::Backlog, Safe, 1),
+        Ok(Admit::ReuseOnly)
+    );
+    assert_eq!(
+        admit(k(9), 2, Metric::Pending, Safe, 1),
+        Ok(Admit::ReuseOnly)
+    );
+    assert_eq!(
+        admit(k(9), 2, Metric::Cpu, Safe, 1),
+        Err(Reject::Overloaded),
+        "an idle connection does not make CPU free"
+    );
+    assert_eq!(
+        admit(Load::Stale, 2, Metric::Backlog, Safe, 1),
+        Err(Reject::StaleLoad)
+    );
+    assert_eq!(
+        admit(Load::Stale, 2, Metric::Backlog, Open, 0),
+        Ok(Admit::Any)
+    );
+    let r = |close_idle, close_on_return| Relief {
+        close_idle,
+        close_on_return,
+    };
+    assert_eq!(relief(3, 5), r(3, 0));
+    assert_eq!(relief(3, 1), r(1, 2), "the rest as connections come back");
+    assert_eq!(relief(0, 5), r(0, 0));
 }
