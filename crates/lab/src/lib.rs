@@ -17,6 +17,7 @@ pub mod promtext;
 pub mod report;
 pub mod summary;
 pub mod svg;
+pub mod sweep;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct LabArgs {
