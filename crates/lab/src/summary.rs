@@ -500,6 +500,8 @@ mod tests {
             monitor_read_p50_us: Some(30.0),
             monitor_read_p99_us: Some(900.0),
             update_gap_p99_ms: Some(2.5),
+            limit: Some(16),
+            requests: vec![(0.25, 3.0)],
             series: vec![SecondPoint {
                 t_s: 0,
                 served: 10,
@@ -520,6 +522,9 @@ mod tests {
             p999_us: 40.0,
             max_us: 100.0,
             timeouts: 0,
+            runs: 1,
+            p50_us_sd: 0.0,
+            p99_us_sd: 0.0,
         }
     }
 
@@ -534,6 +539,7 @@ mod tests {
         assert_eq!(back.probe_points().next().unwrap(), &probe());
         let mut no_series = admission();
         no_series.series.clear();
+        no_series.requests.clear();
         assert_eq!(back.admission_points().next().unwrap(), &no_series);
     }
 
