@@ -415,6 +415,14 @@ fn lab_admission_writes_summary_with_stable_keys_and_report() {
     }
 }
 
+/// Fails loudly when a root test was asked to run without root (`--include-ignored`).
+fn require_root() {
+    assert!(
+        farside_lab::netns::is_root(),
+        "needs root: run as root (`cargo test -p farside -- --include-ignored`)"
+    );
+}
+
 /// netns lab runs in this binary take turns: one lab's namespace teardown holds the
 /// kernel's rtnl lock for long stretches, which would stall the other's set-up.
 fn netns_lab_lock() -> std::sync::MutexGuard<'static, ()> {
@@ -423,15 +431,12 @@ fn netns_lab_lock() -> std::sync::MutexGuard<'static, ()> {
 }
 
 #[test]
+#[ignore = "needs root and nginx: run with `cargo test -p farside -- --include-ignored` as root"]
 fn lab_admission_runs_nginx_back_ends_inside_namespaces() {
-    if !farside_lab::netns::is_root() {
-        eprintln!("lab_admission_runs_nginx_back_ends_inside_namespaces: skipped: needs root");
-        return;
-    }
+    require_root();
     let _one_at_a_time = netns_lab_lock();
-    if farside_lab::nginx::find_binary().is_err() {
-        eprintln!("lab_admission_runs_nginx_back_ends_inside_namespaces: skipped: no nginx");
-        return;
+    if let Err(e) = farside_lab::nginx::find_binary() {
+        panic!("needs nginx (scripts/setup.sh installs nginx-light): {e}");
     }
     let dir = Dir::new("lab-nginx-ns");
     let out = dir.0.join("out");
@@ -537,11 +542,9 @@ fn interrupted_loopback_lab_removes_its_temporary_state() {
 }
 
 #[test]
+#[ignore = "needs root: run with `cargo test -p farside -- --include-ignored` as root"]
 fn interrupted_netns_lab_removes_its_namespaces_and_cgroups() {
-    if !farside_lab::netns::is_root() {
-        eprintln!("interrupted_netns_lab_removes_its_namespaces_and_cgroups: skipped: needs root");
-        return;
-    }
+    require_root();
     let _one_at_a_time = netns_lab_lock();
     interrupt_lab(
         &["--hosts", "netns"],

@@ -1058,3 +1058,132 @@ fn unsafe_euid() -> u32 {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: AdmissionArgs,
+    }
+
+    fn args(line: &str) -> AdmissionArgs {
+        Cli::try_parse_from(std::iter::once("lab").chain(line.split_whitespace()))
+            .unwrap()
+            .a
+    }
+
+    #[test]
+    fn default_limit_follows_the_capacity_rule() {
+        // farside's server: C = workers.
+        let a = args("");
+        assert_eq!(capacity_conns(&a), 16);
+        assert_eq!(default_limit("backlog", 16).unwrap().0, 16);
+        assert_eq!(default_limit("pending", 16).unwrap().0, 16);
+        assert_eq!(default_limit("conns", 16).unwrap().0, 32);
+        assert_eq!(capacity_conns(&args("--backend-workers 40")), 40);
+        // nginx: worker_processes x worker_connections.
+        assert_eq!(capacity_conns(&args("--backend-server nginx")), 1024);
+        // Metrics that are not connection counts have no default: a clear error.
+        let e = default_limit("cpu", 16).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("give --limit N or --limits"), "{e}");
+        // The rule is in --help.
+        use clap::CommandFactory;
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("backlog, pending: limit = C"), "{help}");
+    }
+
+    #[test]
+    fn negative_nice_without_root_is_recorded_not_applied() {
+        let a = args("");
+        assert_eq!(a.control_nice, -20);
+        // Forced "not root" branch, default RLIMIT_NICE (floor 0).
+        let m = privileged_settings(&a, false, 0, 4);
+        let s = &m["control_nice"];
+        assert!(!s.applied);
+        assert_eq!(s.requested, serde_json::json!(-20));
+        assert!(s.reason.as_deref().unwrap().contains("needs root"), "{s:?}");
+        // Root, or an RLIMIT_NICE that allows it: applied.
+        assert!(privileged_settings(&a, true, 0, 4)["control_nice"].applied);
+        assert!(control_nice_setting(-20, false, -20).applied);
+        assert!(!control_nice_setting(-20, false, -10).applied);
+        assert!(control_nice_setting(0, false, 0).applied);
+        // Background load asked for on loopback is not applied either; one CPU: no pinning.
+        let m = privileged_settings(&args("--background-load 2"), true, 0, 1);
+        assert!(!m["background_load"].applied);
+        assert!(!m["pin"].applied);
+        // netns records its isolation as applied.
+        let m = privileged_settings(&args("--hosts netns"), true, 0, 4);
+        assert!(m["cgroups"].applied && m["rps"].applied && m["pin"].applied);
+    }
+
+    #[test]
+    fn effective_settings_hold_every_flag_after_defaults() {
+        let a = args("--quick --proxy-arg=--pool-idle=0 --proxy-arg --workers=2");
+        assert_eq!(a.proxy_args, ["--pool-idle=0", "--workers=2"]);
+        let v = effective(&a, &[4], &[16], "default: backlog: limit = C = 16", 6.0, 1.0).unwrap();
+        for k in [
+            "hosts",
+            "quick",
+            "systems",
+            "traces",
+            "clients",
+            "duration_s",
+            "warmup_s",
+            "limits",
+            "limit_rule",
+            "metric",
+            "control_nice",
+            "proxy_args",
+            "seed",
+            "repeat",
+            "capacity_conns",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}: {v}");
+        }
+        // The output directory is not a setting: resuming in another place is fine.
+        assert!(v.get("out").is_none() && v.get("resume").is_none());
+        assert_eq!(v["proxy_args"], serde_json::json!(["--pool-idle=0", "--workers=2"]));
+        assert_eq!(v["backend_server"], "farside");
+    }
+
+    #[test]
+    fn full_points_are_the_papers_scale_and_quick_is_short() {
+        assert_eq!((DURATION_S_FULL, WARMUP_S_FULL), (60.0, 10.0));
+        assert!(DURATION_S_QUICK < DURATION_S_FULL);
+        // no-ac once, each admission system once per limit.
+        let a = args("--systems no-ac,tcp-ac --traces single");
+        let k = keys(&a, &[2, 8], &[4]);
+        let names: Vec<(String, Option<u64>)> =
+            k.iter().map(|k| (k.system.clone(), k.limit)).collect();
+        assert_eq!(
+            names,
+            vec![
+                ("no-ac".into(), None),
+                ("tcp-ac".into(), Some(2)),
+                ("tcp-ac".into(), Some(8))
+            ]
+        );
+    }
+
+    #[test]
+    fn request_samples_keep_served_requests_thinned() {
+        let dir = std::env::temp_dir().join(format!("farside-req-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("r.csv");
+        let mut text = String::from("start_us,latency_us,status,bytes,outcome\n");
+        for i in 0..100u64 {
+            let outcome = if i % 10 == 0 { "dropped" } else { "served" };
+            text += &format!("{},{},200,10,{outcome}\n", i * 1000, 2000 + i);
+        }
+        std::fs::write(&path, text).unwrap();
+        let v = request_samples(&path, 30).unwrap();
+        assert!(v.len() <= 30 && v.len() >= 20, "{}", v.len());
+        assert_eq!(v[0], (0.001, 2.001));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
