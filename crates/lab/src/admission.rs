@@ -1125,7 +1125,15 @@ mod tests {
     fn effective_settings_hold_every_flag_after_defaults() {
         let a = args("--quick --proxy-arg=--pool-idle=0 --proxy-arg --workers=2");
         assert_eq!(a.proxy_args, ["--pool-idle=0", "--workers=2"]);
-        let v = effective(&a, &[4], &[16], "default: backlog: limit = C = 16", 6.0, 1.0).unwrap();
+        let v = effective(
+            &a,
+            &[4],
+            &[16],
+            "default: backlog: limit = C = 16",
+            6.0,
+            1.0,
+        )
+        .unwrap();
         for k in [
             "hosts",
             "quick",
@@ -1147,7 +1155,10 @@ mod tests {
         }
         // The output directory is not a setting: resuming in another place is fine.
         assert!(v.get("out").is_none() && v.get("resume").is_none());
-        assert_eq!(v["proxy_args"], serde_json::json!(["--pool-idle=0", "--workers=2"]));
+        assert_eq!(
+            v["proxy_args"],
+            serde_json::json!(["--pool-idle=0", "--workers=2"])
+        );
         assert_eq!(v["backend_server"], "farside");
     }
 
