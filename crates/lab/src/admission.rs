@@ -10,6 +10,24 @@
 //! | `no-ac` | off | (balancing by the proxy's own in-flight counts) |
 //! | `tcp-ac` | on | gatherer answers over TCP (two-sided, the paper's TCP/IP) |
 //! | `onesided-ac` | on | the region read one-sidedly (`shm` here; XDP with `--hosts netns`) |
+//!
+//! The experiment is a set-up (back-end tier, proxy, clients) and a point function on
+//! the shared runner ([`crate::sweep`]): repeats, progress, `points.jsonl`, `--resume` and
+//! `farside lab report DIR` come from there. Keys are (system, limit, trace, clients).
+//!
+//! Defaults are chosen by rules, never by which value gave the best result:
+//!
+//! - **Limit**: derived from the back-end's capacity by [`LIMIT_RULE`] (printed by
+//!   `--help`): `backlog`/`pending` limit = C, `conns` limit = 2 C, C the back-end's
+//!   connection capacity (workers; nginx's worker_processes × worker_connections).
+//!   `--limits a,b,c` sweeps it instead.
+//! - **Proxy**: the product's defaults (upstream pooling on); `--proxy-arg ARG` is the
+//!   explicit, recorded opt-out.
+//! - **Time**: 60 s points after 10 s of warm-up; `--quick` (6 s after 1 s) is for demos
+//!   and the summary says so.
+//! - **Privileges**: settings that need them (`--control-nice` below 0, background load,
+//!   pinning, netns isolation) are recorded in `settings` as applied or not, with a
+//!   warning when not ([`privileged_settings`]).
 
 use crate::nginx::{self, Nginx, NginxConfig};
 use crate::procs::Child;
@@ -183,6 +201,17 @@ pub struct AdmissionArgs {
     /// keep-alive.
     #[arg(long)]
     pub no_keepalive: bool,
+}
+
+/// Measured and warm-up seconds of each point: the flags, else the full (60 s after 10 s)
+/// or quick defaults.
+pub fn point_time(a: &AdmissionArgs) -> (f64, f64) {
+    let (d, w) = if a.quick {
+        (DURATION_S_QUICK, WARMUP_S_QUICK)
+    } else {
+        (DURATION_S_FULL, WARMUP_S_FULL)
+    };
+    (a.duration_s.unwrap_or(d), a.warmup_s.unwrap_or(w))
 }
 
 /// The rule that sets the default `--limit`, as `--help` prints it.
@@ -762,6 +791,9 @@ fn transport_of(system: &str, netns: bool) -> &'static str {
     }
 }
 
+/// The tier serving (system, limit) and the back-ends' background load.
+type Running = ((String, Option<u64>), Tier, Vec<crate::netns::LoadHandle>);
+
 /// One point of the sweep: its key in `points.jsonl`.
 #[derive(Debug, Clone, serde::Serialize)]
 struct Key {
@@ -871,16 +903,7 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
             "--limit/--limits: a limit of 0 admits nothing; use 1 or more",
         ));
     }
-    let duration_s = a.duration_s.unwrap_or(if a.quick {
-        DURATION_S_QUICK
-    } else {
-        DURATION_S_FULL
-    });
-    let warmup_s = a.warmup_s.unwrap_or(if a.quick {
-        WARMUP_S_QUICK
-    } else {
-        WARMUP_S_FULL
-    });
+    let (duration_s, warmup_s) = point_time(&a);
     let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
     let netns = a.hosts == Hosts::Netns;
     let mut meta = Summary::new(
@@ -981,7 +1004,7 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
     let keys = keys(&a, &limits, &clients);
     let heaviest = clients.iter().copied().max().unwrap_or(0);
     // The running tier and its background load, for the (system, limit) it serves.
-    let mut current: Option<((String, Option<u64>), Tier, Vec<crate::netns::LoadHandle>)> = None;
+    let mut current: Option<Running> = None;
     sweep.run(
         &keys,
         a.repeat,
@@ -1164,8 +1187,9 @@ mod tests {
 
     #[test]
     fn full_points_are_the_papers_scale_and_quick_is_short() {
-        assert_eq!((DURATION_S_FULL, WARMUP_S_FULL), (60.0, 10.0));
-        assert!(DURATION_S_QUICK < DURATION_S_FULL);
+        assert_eq!(point_time(&args("")), (60.0, 10.0));
+        assert_eq!(point_time(&args("--quick")), (6.0, 1.0));
+        assert_eq!(point_time(&args("--quick --duration-s 3")), (3.0, 1.0));
         // no-ac once, each admission system once per limit.
         let a = args("--systems no-ac,tcp-ac --traces single");
         let k = keys(&a, &[2, 8], &[4]);

@@ -717,6 +717,27 @@ mod tests {
     }
 
     #[test]
+    fn error_bars_and_scatter_are_drawn_and_widen_the_axis() {
+        let bars = Chart::new("bars", "x", "y")
+            .series_err("a", vec![(1.0, 10.0), (2.0, 20.0)], vec![0.0, 15.0])
+            .to_svg();
+        check_well_formed(&bars).unwrap();
+        // One bar (the zero one is not drawn), and the axis reaches 20 + 15.
+        assert_eq!(bars.matches("<path d=\"M").count(), 1, "{bars}");
+        assert!(bars.contains(">35<") || bars.contains(">40<"), "{bars}");
+        let cloud = Chart::new("cloud", "t (s)", "ms")
+            .log_y(true)
+            .hline(1000.0, "QoS")
+            .scatter("a", (0..100).map(|i| (i as f64, 1.0 + i as f64)).collect())
+            .to_svg();
+        check_well_formed(&cloud).unwrap();
+        // Dots, no line, even above the marker limit; the QoS line is there.
+        assert_eq!(cloud.matches("r=\"1.6\"").count(), 100);
+        assert!(!cloud.contains("<polyline"));
+        assert!(cloud.contains("QoS"));
+    }
+
+    #[test]
     fn charts_are_well_formed_in_every_shape() {
         let charts = [
             Chart::new("empty", "x", "y"),
