@@ -572,11 +572,14 @@ fn lab_admission_runs_nginx_back_ends_inside_namespaces() {
 /// Start a lab run, interrupt it with SIGINT once it is measuring, and check it exits
 /// with 130 leaving nothing behind.
 fn interrupt_lab(
+    tag: &str,
     extra: &[&str],
     leftovers: impl Fn(u32) -> Vec<PathBuf>,
     hosts_gone: impl Fn(u32) -> bool,
 ) {
-    let dir = Dir::new("interrupt");
+    // A directory of its own: the two interrupt tests may run at once, and one must not
+    // see the other's proxy log and signal its lab too early.
+    let dir = Dir::new(&format!("interrupt-{tag}"));
     let out = dir.0.join("out");
     let mut child = std::process::Command::new(exe())
         .args([
@@ -620,6 +623,7 @@ fn interrupt_lab(
 #[test]
 fn interrupted_loopback_lab_removes_its_temporary_state() {
     interrupt_lab(
+        "loopback",
         &[],
         |pid| {
             vec![
@@ -637,6 +641,7 @@ fn interrupted_netns_lab_removes_its_namespaces_and_cgroups() {
     require_root();
     let _one_at_a_time = netns_lab_lock();
     interrupt_lab(
+        "netns",
         &["--hosts", "netns"],
         |_| Vec::new(),
         |pid| {
