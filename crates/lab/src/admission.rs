@@ -94,7 +94,7 @@ pub struct AdmissionArgs {
     pub out: PathBuf,
     /// Continue the broken sweep kept in DIR (its output directory): finished runs are
     /// skipped. Refused when the settings differ from the kept run's.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "out")]
     #[serde(skip)]
     pub resume: Option<PathBuf>,
     /// Systems to compare, comma-separated.
@@ -1183,6 +1183,8 @@ mod tests {
             serde_json::json!(["--pool-idle=0", "--workers=2"])
         );
         assert_eq!(v["backend_server"], "farside");
+        // --resume names the directory: an --out beside it would be ambiguous.
+        assert!(Cli::try_parse_from(["lab", "--resume", "a", "--out", "b"]).is_err());
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub struct ProbeArgs {
     pub out: PathBuf,
     /// Continue the broken sweep kept in DIR (finished points are skipped); refused when
     /// the settings differ from the kept run's.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "out")]
     #[serde(skip)]
     pub resume: Option<PathBuf>,
     /// Transports to measure: shm, tcp, udp (user space), xdp (netns only). Default
