@@ -522,6 +522,9 @@ fn points_csv(points: &[&Point]) -> io::Result<String> {
             "runs",
             "avg_ms_sd",
             "tps_sd",
+            "p99_ms_sd",
+            "drop_rate_sd",
+            "slow_rate_sd",
         ],
         points.iter().map(|p| {
             vec![
@@ -548,6 +551,9 @@ fn points_csv(points: &[&Point]) -> io::Result<String> {
                 p.runs.to_string(),
                 p.avg_ms_sd.to_string(),
                 p.tps_sd.to_string(),
+                p.p99_ms_sd.to_string(),
+                p.drop_rate_sd.to_string(),
+                p.slow_rate_sd.to_string(),
             ]
         }),
     )
@@ -646,7 +652,7 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
                 &format!("Requests slower than {slow} ms — {trace}"),
                 "slow requests (% of served)",
                 &|p| p.slow_rate * 100.0,
-                &|_| 0.0,
+                &|p| p.slow_rate_sd * 100.0,
             ),
         ));
         let Some(&heaviest) = g.clients(trace).last() else {
@@ -1151,6 +1157,9 @@ mod tests {
                         runs: 1,
                         avg_ms_sd: 0.0,
                         tps_sd: 0.0,
+                        p99_ms_sd: 0.0,
+                        drop_rate_sd: 0.0,
+                        slow_rate_sd: 0.0,
                         monitor_read_p50_us: (si > 0).then_some(20.0 * si as f64),
                         monitor_read_p99_us: (si > 0).then_some(900.0 / si as f64),
                         update_gap_p99_ms: (si > 0).then_some(3.0 / si as f64),

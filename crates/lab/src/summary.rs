@@ -183,6 +183,15 @@ pub struct Point {
     /// `tps_sd`: sample standard deviation of `tps` across runs (0 for one run).
     #[serde(default)]
     pub tps_sd: f64,
+    /// `p99_ms_sd`: sample standard deviation of `p99_ms` across runs (0 for one run).
+    #[serde(default)]
+    pub p99_ms_sd: f64,
+    /// `drop_rate_sd`: sample standard deviation of `drop_rate` across runs.
+    #[serde(default)]
+    pub drop_rate_sd: f64,
+    /// `slow_rate_sd`: sample standard deviation of `slow_rate` across runs.
+    #[serde(default)]
+    pub slow_rate_sd: f64,
     /// `monitor_read_p50_us`: median round trip of the proxy's load reads during the
     /// point (its embedded monitor, every G), µs; absent for `no-ac`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -247,6 +256,9 @@ impl Point {
             runs: runs.len() as u64,
             avg_ms_sd: sd(|p| p.avg_ms),
             tps_sd: sd(|p| p.tps),
+            p99_ms_sd: sd(|p| p.p99_ms),
+            drop_rate_sd: sd(|p| p.drop_rate),
+            slow_rate_sd: sd(|p| p.slow_rate),
             monitor_read_p50_us: mean_some(runs, |p| p.monitor_read_p50_us),
             monitor_read_p99_us: mean_some(runs, |p| p.monitor_read_p99_us),
             update_gap_p99_ms: mean_some(runs, |p| p.update_gap_p99_ms),
@@ -497,6 +509,9 @@ mod tests {
             runs: 1,
             avg_ms_sd: 0.0,
             tps_sd: 0.0,
+            p99_ms_sd: 0.0,
+            drop_rate_sd: 0.0,
+            slow_rate_sd: 0.0,
             monitor_read_p50_us: Some(30.0),
             monitor_read_p99_us: Some(900.0),
             update_gap_p99_ms: Some(2.5),
