@@ -117,7 +117,7 @@ mod tests {
         for line in [
             "farside lab admission --quick",
             "farside lab admission --systems no-ac,onesided-ac --traces single --clients 8,16 --out /tmp/x",
-            "farside lab admission --limits 2,8,16 --proxy-arg=--pool-idle=0 --proxy-arg --workers=2 --seed 7 --repeat 3",
+            "farside lab admission --limits 2,8,16 --proxy-arg=--pool-idle=0 --proxy-arg --stale-after-ms=50 --seed 7 --repeat 3",
             "farside lab admission --resume out/admission",
             "farside lab probe --hosts netns --repeat 2 --resume out/probe",
             "farside lab report out/admission",

@@ -163,7 +163,9 @@ pub struct AdmissionArgs {
     pub proxy_workers: usize,
     /// Extra argument for every proxy the lab starts, after the lab's own (repeatable;
     /// e.g. `--proxy-arg=--pool-idle=0` turns upstream pooling off). Default none: the
-    /// proxy runs with its product defaults. Recorded in summary.json.
+    /// proxy runs with its product defaults. Flags the lab sets itself (listen address,
+    /// workers, monitor, back-ends, admission, metric, limit) are refused: use the lab's
+    /// own flags for them. Recorded in summary.json (`params.proxy_args`).
     #[arg(long = "proxy-arg", value_name = "ARG", allow_hyphen_values = true)]
     pub proxy_args: Vec<String>,
     /// Client think time between requests, ms.
@@ -201,6 +203,34 @@ pub struct AdmissionArgs {
     /// keep-alive.
     #[arg(long)]
     pub no_keepalive: bool,
+}
+
+/// Proxy flags the lab sets itself, with the lab flag that controls each (`--proxy-arg`
+/// may not repeat them: the proxy refuses a flag given twice).
+const LAB_PROXY_FLAGS: [(&str, &str); 9] = [
+    ("--listen", "(chosen by the lab)"),
+    ("--workers", "--proxy-workers"),
+    ("--monitor-period-us", "--monitor-period-us"),
+    ("--monitor-nice", "--control-nice"),
+    ("--backend", "--backends, --backend-server"),
+    ("--admin-listen", "(chosen by the lab)"),
+    ("--admission", "--systems"),
+    ("--metric", "--metric"),
+    ("--limit", "--limit, --limits"),
+];
+
+/// Refuse `--proxy-arg`s that repeat a flag the lab sets, naming the lab's own flag.
+pub fn check_proxy_args(args: &[String]) -> io::Result<()> {
+    for a in args {
+        let name = a.split('=').next().unwrap_or(a);
+        if let Some((_, lab)) = LAB_PROXY_FLAGS.iter().find(|(f, _)| *f == name) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("--proxy-arg {a}: the lab sets {name} itself; use {lab}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Measured and warm-up seconds of each point: the flags, else the full (60 s after 10 s)
@@ -875,6 +905,7 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
     for t in &a.traces {
         trace_kind(t)?;
     }
+    check_proxy_args(&a.proxy_args)?;
     let clients: Vec<u64> = if a.clients.is_empty() {
         let list = if a.quick { CLIENTS_QUICK } else { CLIENTS_FULL };
         list.split(',')
@@ -1149,8 +1180,14 @@ mod tests {
 
     #[test]
     fn effective_settings_hold_every_flag_after_defaults() {
-        let a = args("--quick --proxy-arg=--pool-idle=0 --proxy-arg --workers=2");
-        assert_eq!(a.proxy_args, ["--pool-idle=0", "--workers=2"]);
+        let a = args("--quick --proxy-arg=--pool-idle=0 --proxy-arg --stale-after-ms=50");
+        assert_eq!(a.proxy_args, ["--pool-idle=0", "--stale-after-ms=50"]);
+        check_proxy_args(&a.proxy_args).unwrap();
+        let e = check_proxy_args(&["--workers=2".to_string()]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--proxy-arg --workers=2: the lab sets --workers itself; use --proxy-workers"
+        );
         let v = effective(
             &a,
             &[4],
@@ -1183,7 +1220,7 @@ mod tests {
         assert!(v.get("out").is_none() && v.get("resume").is_none());
         assert_eq!(
             v["proxy_args"],
-            serde_json::json!(["--pool-idle=0", "--workers=2"])
+            serde_json::json!(["--pool-idle=0", "--stale-after-ms=50"])
         );
         assert_eq!(v["backend_server"], "farside");
         // --resume names the directory: an --out beside it would be ambiguous.
