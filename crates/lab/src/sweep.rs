@@ -145,12 +145,15 @@ impl Sweep {
                 dir.display(),
                 done.len()
             );
-        } else if dir.join(POINTS_FILE).exists() {
-            eprintln!(
-                "lab {}: starting a fresh sweep in {} (the previous points.jsonl is replaced; --resume DIR continues a sweep)",
-                meta.experiment,
-                dir.display()
-            );
+        } else {
+            let removed = remove_outputs(dir)?;
+            if removed > 0 {
+                eprintln!(
+                    "lab {}: starting a fresh sweep in {}: removed {removed} output file(s) of the previous one (--resume DIR continues a sweep instead)",
+                    meta.experiment,
+                    dir.display()
+                );
+            }
         }
         let file = if resume {
             // A run cut off mid-line left a partial last line: end it, so the next record
@@ -294,6 +297,29 @@ impl Sweep {
         );
         Ok(summary)
     }
+}
+
+/// Whether `name` is a file the lab writes into an output directory (and may remove).
+fn is_output(name: &str) -> bool {
+    matches!(
+        name,
+        SUMMARY_FILE | POINTS_FILE | "points.csv" | "probe.csv" | "report.html"
+    ) || (name.starts_with("series-") && name.ends_with(".csv"))
+        || (name.starts_with("fig-") && name.ends_with(".svg"))
+}
+
+/// Remove a previous sweep's outputs from `dir`, so no figure or series of another run
+/// is left beside the new one; other files are kept. Returns how many were removed.
+fn remove_outputs(dir: &Path) -> io::Result<usize> {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_file() && e.file_name().to_str().is_some_and(is_output) {
+            std::fs::remove_file(e.path())?;
+            n += 1;
+        }
+    }
+    Ok(n)
 }
 
 /// Differences between the kept run's settings and `now`'s, as `key: kept → now`.
@@ -646,6 +672,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!(read_records(&dir).unwrap().len(), 6);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_fresh_sweep_removes_the_previous_outputs_only() {
+        let dir = temp_dir("fresh");
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["fig-old.svg", "series-x-y-1.csv", "points.csv", "notes.txt"] {
+            std::fs::write(dir.join(f), "old").unwrap();
+        }
+        let _sw = Sweep::start(&dir, meta(2), false).unwrap();
+        for f in ["fig-old.svg", "series-x-y-1.csv", "points.csv"] {
+            assert!(!dir.join(f).exists(), "{f} left behind");
+        }
+        assert!(dir.join("notes.txt").exists(), "not ours: kept");
+        assert!(dir.join(SUMMARY_FILE).exists() && dir.join(POINTS_FILE).exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
