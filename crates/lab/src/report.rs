@@ -395,8 +395,14 @@ pub fn table_text(s: &Summary) -> String {
     }
     let probes: Vec<&ProbePoint> = s.probe_points().collect();
     if !probes.is_empty() {
-        let _ = writeln!(out, "{} — remote read round trip (µs)", s.experiment);
-        let head = format!(
+        let _ = writeln!(
+            out,
+            "{} — remote read round trip (µs; timed-out reads count as the timeout)",
+            s.experiment
+        );
+        // With repeats, the spread of p50 and p99 across runs says what is noise.
+        let spread = probes.iter().any(|p| p.runs > 1);
+        let mut head = format!(
             "{:<12}{:>6}{:>9}{:>10}{:>10}{:>10}{:>10}{:>10}{:>9}",
             "transport",
             "load",
@@ -408,10 +414,13 @@ pub fn table_text(s: &Summary) -> String {
             "max us",
             "timeouts"
         );
+        if spread {
+            let _ = write!(head, "{:>10}{:>10}", "p50 sd", "p99 sd");
+        }
         let _ = writeln!(out, "{head}");
         let _ = writeln!(out, "{}", "-".repeat(head.chars().count()));
         for p in probes {
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "{:<12}{:>6}{:>9}{:>10}{:>10.1}{:>10.1}{:>10.1}{:>10.1}{:>9}",
                 p.transport,
@@ -424,6 +433,10 @@ pub fn table_text(s: &Summary) -> String {
                 p.max_us,
                 p.timeouts
             );
+            if spread {
+                let _ = write!(out, "{:>10.1}{:>10.1}", p.p50_us_sd, p.p99_us_sd);
+            }
+            out.push('\n');
         }
         out.push('\n');
     }
@@ -1343,6 +1356,25 @@ mod tests {
         let fig = dir.join("fig-probe-p99-64B.svg");
         check_well_formed(&std::fs::read_to_string(fig).unwrap()).unwrap();
         assert!(table_text(&s).contains("udp-xdp"));
+        assert!(
+            !table_text(&s).contains("p50 sd"),
+            "no spread for single runs"
+        );
+        for p in &mut s.points {
+            if let crate::summary::AnyPoint::Probe(p) = p {
+                p.runs = 3;
+                p.p50_us_sd = 0.25;
+            }
+        }
+        let text = table_text(&s);
+        assert!(
+            text.contains("p50 sd") && text.contains("       0.2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("timed-out reads count as the timeout"),
+            "{text}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
