@@ -406,9 +406,15 @@ pub fn read_records(dir: &Path) -> io::Result<Vec<Record>> {
 }
 
 /// The summary of `dir` with its points rebuilt from `points.jsonl`: runs of one key
-/// combined, keys in order of first appearance.
+/// combined, keys in order of first appearance. Without `points.jsonl` (a run kept by an
+/// older lab) the points of `summary.json` are used as they are.
 pub fn load(dir: &Path) -> io::Result<Summary> {
     let mut s = read_summary(dir)?;
+    if !dir.join(POINTS_FILE).exists() {
+        // A run kept before points.jsonl existed: its summary.json holds the combined
+        // points (without series), which are all there is to render.
+        return Ok(s);
+    }
     let records = read_records(dir)?;
     let mut keys: Vec<&serde_json::Value> = Vec::new();
     for r in &records {
@@ -672,6 +678,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!(read_records(&dir).unwrap().len(), 6);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_older_run_without_points_jsonl_keeps_its_points() {
+        let dir = temp_dir("old");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut s = meta(2);
+        s.push(point("no-ac", 4, 3.0));
+        std::fs::write(dir.join(SUMMARY_FILE), s.to_json_pretty()).unwrap();
+        let (back, _) = regenerate(&dir).unwrap();
+        assert_eq!(back.admission_points().count(), 1);
+        assert_eq!(load(&dir).unwrap().admission_points().count(), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
