@@ -122,6 +122,8 @@ impl Setting {
 /// own (`transport`, `background_load`, `size_bytes`, `p50_us`, ...).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(untagged)]
+// A run holds hundreds of points at most: boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum AnyPoint {
     /// An admission-control measurement.
     Admission(Point),
