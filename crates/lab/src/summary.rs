@@ -60,7 +60,8 @@ pub struct Summary {
     /// that tree is still there; `null` otherwise.
     #[serde(default)]
     pub commit: Option<String>,
-    /// `commit_dirty`: that tree had uncommitted changes (`git status --porcelain`).
+    /// `commit_dirty`: that tree had uncommitted changes to tracked files
+    /// (`git status --porcelain --untracked-files=no`).
     #[serde(default)]
     pub commit_dirty: Option<bool>,
     /// `kernel`: `uname -r` of the machine that ran the sweep.
