@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job: build farside and run the admission-control lab demo (quick sweep) on
-# this machine. Output: out/admission/{summary.json,points.csv,*.svg,report.html}.
+# this machine. Output: out/admission/{summary.json,points.jsonl,points.csv,*.svg,report.html}
+# (`farside lab report out/admission` re-renders them; `--resume out/admission` continues a
+# broken sweep).
 # Extra arguments go to `farside lab admission` (e.g. without --quick for the full sweep).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -117,6 +117,10 @@ mod tests {
         for line in [
             "farside lab admission --quick",
             "farside lab admission --systems no-ac,onesided-ac --traces single --clients 8,16 --out /tmp/x",
+            "farside lab admission --limits 2,8,16 --proxy-arg=--pool-idle=0 --proxy-arg --stale-after-ms=50 --seed 7 --repeat 3",
+            "farside lab admission --resume out/admission",
+            "farside lab probe --hosts netns --repeat 2 --resume out/probe",
+            "farside lab report out/admission",
             "farside proxy --listen 127.0.0.1:8000 --backend 127.0.0.1:8080",
             "farside proxy --listen 127.0.0.1:8000 --backend 127.0.0.1:8080,region=tcp:127.0.0.1:7001 --admission --metric backlog --limit 4 --pool-idle 0",
             "farside gatherd --node-id 1 --watch-port 8080 --tcp-listen 127.0.0.1:7001",

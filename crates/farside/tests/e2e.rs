@@ -410,9 +410,107 @@ fn lab_admission_writes_summary_with_stable_keys_and_report() {
             assert!(gap_ms > 0.0 && gap_ms < 1000.0, "{p}");
         }
     }
-    for f in ["points.csv", "report.html", "fig-avg-single.svg"] {
+    for f in [
+        "points.csv",
+        "points.jsonl",
+        "report.html",
+        "fig-avg-single.svg",
+        "fig-requests-single.svg",
+    ] {
         assert!(out.join(f).exists(), "{f} written");
     }
+    // What ran, and where: reproducible metadata.
+    for k in [
+        "commit",
+        "commit_dirty",
+        "kernel",
+        "cpu_model",
+        "seed",
+        "settings",
+        "params",
+    ] {
+        assert!(s.get(k).is_some(), "summary lacks `{k}`");
+    }
+    assert_eq!(s["finished"], true);
+    assert!(
+        s["settings"].get("control_nice").is_some(),
+        "{}",
+        s["settings"]
+    );
+    // The product's defaults: the lab adds no proxy arguments of its own choosing
+    // (no `--pool-idle 0`), and a default limit set by the capacity rule.
+    assert_eq!(s["params"]["proxy_args"], serde_json::json!([]));
+    assert_eq!(s["params"]["limits"], serde_json::json!([16]));
+    // Every run was appended as it finished.
+    let jsonl = std::fs::read_to_string(out.join("points.jsonl")).unwrap();
+    assert_eq!(jsonl.lines().count(), 8);
+
+    // `lab report` re-renders the same files from what was kept.
+    let csv = std::fs::read(out.join("points.csv")).unwrap();
+    let html = std::fs::read(out.join("report.html")).unwrap();
+    let st = std::process::Command::new(exe())
+        .args(["lab", "report"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    assert!(String::from_utf8_lossy(&st.stdout).contains("improvement"));
+    assert_eq!(std::fs::read(out.join("points.csv")).unwrap(), csv);
+    assert_eq!(std::fs::read(out.join("report.html")).unwrap(), html);
+
+    // --resume of a finished sweep measures nothing; with other settings it is refused.
+    let resume = |extra: &[&str]| {
+        std::process::Command::new(exe())
+            .args(["lab", "admission", "--duration-s", "1", "--warmup-s", "0.2"])
+            .args([
+                "--systems",
+                "no-ac,onesided-ac",
+                "--traces",
+                "single,zipf",
+                "--clients",
+                "2,6",
+                "--backend-cpu-us",
+            ])
+            .args(extra)
+            .arg("--resume")
+            .arg(&out)
+            .env(
+                "FARSIDE_DATA",
+                concat!(env!("CARGO_MANIFEST_DIR"), "/../../data"),
+            )
+            .output()
+            .unwrap()
+    };
+    let st = resume(&["200"]);
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(st.status.success(), "{err}");
+    assert!(
+        err.contains("8 run(s) already on disk") && err.contains("0 to measure"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("points.jsonl")).unwrap(),
+        jsonl
+    );
+    let st = resume(&["300"]);
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(!st.status.success());
+    assert!(
+        err.contains("settings differ") && err.contains("backend_cpu_us: 200 → 300"),
+        "{err}"
+    );
+}
+
+/// Fails loudly when a root test was asked to run without root (`--include-ignored`).
+fn require_root() {
+    assert!(
+        farside_lab::netns::is_root(),
+        "needs root: run as root (`cargo test -p farside -- --include-ignored`)"
+    );
 }
 
 /// netns lab runs in this binary take turns: one lab's namespace teardown holds the
@@ -423,15 +521,12 @@ fn netns_lab_lock() -> std::sync::MutexGuard<'static, ()> {
 }
 
 #[test]
+#[ignore = "needs root and nginx: run with `cargo test -p farside -- --include-ignored` as root"]
 fn lab_admission_runs_nginx_back_ends_inside_namespaces() {
-    if !farside_lab::netns::is_root() {
-        eprintln!("lab_admission_runs_nginx_back_ends_inside_namespaces: skipped: needs root");
-        return;
-    }
+    require_root();
     let _one_at_a_time = netns_lab_lock();
-    if farside_lab::nginx::find_binary().is_err() {
-        eprintln!("lab_admission_runs_nginx_back_ends_inside_namespaces: skipped: no nginx");
-        return;
+    if let Err(e) = farside_lab::nginx::find_binary() {
+        panic!("needs nginx (scripts/setup.sh installs nginx-light): {e}");
     }
     let dir = Dir::new("lab-nginx-ns");
     let out = dir.0.join("out");
@@ -477,11 +572,14 @@ fn lab_admission_runs_nginx_back_ends_inside_namespaces() {
 /// Start a lab run, interrupt it with SIGINT once it is measuring, and check it exits
 /// with 130 leaving nothing behind.
 fn interrupt_lab(
+    tag: &str,
     extra: &[&str],
     leftovers: impl Fn(u32) -> Vec<PathBuf>,
     hosts_gone: impl Fn(u32) -> bool,
 ) {
-    let dir = Dir::new("interrupt");
+    // A directory of its own: the two interrupt tests may run at once, and one must not
+    // see the other's proxy log and signal its lab too early.
+    let dir = Dir::new(&format!("interrupt-{tag}"));
     let out = dir.0.join("out");
     let mut child = std::process::Command::new(exe())
         .args([
@@ -525,6 +623,7 @@ fn interrupt_lab(
 #[test]
 fn interrupted_loopback_lab_removes_its_temporary_state() {
     interrupt_lab(
+        "loopback",
         &[],
         |pid| {
             vec![
@@ -537,13 +636,12 @@ fn interrupted_loopback_lab_removes_its_temporary_state() {
 }
 
 #[test]
+#[ignore = "needs root: run with `cargo test -p farside -- --include-ignored` as root"]
 fn interrupted_netns_lab_removes_its_namespaces_and_cgroups() {
-    if !farside_lab::netns::is_root() {
-        eprintln!("interrupted_netns_lab_removes_its_namespaces_and_cgroups: skipped: needs root");
-        return;
-    }
+    require_root();
     let _one_at_a_time = netns_lab_lock();
     interrupt_lab(
+        "netns",
         &["--hosts", "netns"],
         |_| Vec::new(),
         |pid| {

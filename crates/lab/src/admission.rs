@@ -10,12 +10,31 @@
 //! | `no-ac` | off | (balancing by the proxy's own in-flight counts) |
 //! | `tcp-ac` | on | gatherer answers over TCP (two-sided, the paper's TCP/IP) |
 //! | `onesided-ac` | on | the region read one-sidedly (`shm` here; XDP with `--hosts netns`) |
+//!
+//! The experiment is a set-up (back-end tier, proxy, clients) and a point function on
+//! the shared runner ([`crate::sweep`]): repeats, progress, `points.jsonl`, `--resume` and
+//! `farside lab report DIR` come from there. Keys are (system, limit, trace, clients).
+//!
+//! Defaults are chosen by rules, never by which value gave the best result:
+//!
+//! - **Limit**: derived from the back-end's capacity by [`LIMIT_RULE`] (printed by
+//!   `--help`): `backlog`/`pending` limit = C, `conns` limit = 2 C, C the back-end's
+//!   connection capacity (workers; nginx's worker_processes × worker_connections).
+//!   `--limits a,b,c` sweeps it instead.
+//! - **Proxy**: the product's defaults (upstream pooling on); `--proxy-arg ARG` is the
+//!   explicit, recorded opt-out.
+//! - **Time**: 60 s points after 10 s of warm-up; `--quick` (6 s after 1 s) is for demos
+//!   and the summary says so.
+//! - **Privileges**: settings that need them (`--control-nice` below 0, background load,
+//!   pinning, netns isolation) are recorded in `settings` as applied or not, with a
+//!   warning when not ([`privileged_settings`]).
 
 use crate::nginx::{self, Nginx, NginxConfig};
 use crate::procs::Child;
-use crate::report;
-use crate::summary::{Point, SecondPoint, Summary};
+use crate::summary::{AnyPoint, Point, SecondPoint, Setting, Summary};
+use crate::sweep::Sweep;
 use farside_loadgen::{LoadgenArgs, PathMode, TraceKind};
+use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -29,7 +48,8 @@ const CLIENTS_FULL: &str = "16,64,128,192,256,320,400,520";
 const BACKEND_BACKLOG: u32 = 2048;
 const CLIENTS_QUICK: &str = "32,160,400";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum BackendServer {
     /// farside's own test server (bounded workers, per-request CPU cost).
     Farside,
@@ -37,7 +57,8 @@ pub enum BackendServer {
     Nginx,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Hosts {
     /// Processes on 127.0.0.1 ports; no privileges needed.
     Loopback,
@@ -45,17 +66,37 @@ pub enum Hosts {
     Netns,
 }
 
-#[derive(Debug, Clone, clap::Args)]
+/// Seconds measured per point of a full (not `--quick`) sweep: the paper's scale of time.
+pub const DURATION_S_FULL: f64 = 60.0;
+/// Warm-up seconds per point of a full sweep, not measured.
+pub const WARMUP_S_FULL: f64 = 10.0;
+/// Seconds per point of a `--quick` demo sweep: enough to see the shape, not to compare.
+pub const DURATION_S_QUICK: f64 = 6.0;
+/// Warm-up seconds per point of a `--quick` sweep.
+pub const WARMUP_S_QUICK: f64 = 1.0;
+/// Most per-request samples kept per point for Fig. 6's scatter: an SVG stays < 1 MB
+/// with three systems and the thinned cloud still shows the distribution's shape.
+pub const REQUEST_SAMPLES_MAX: usize = 1500;
+
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
+#[command(after_long_help = LIMIT_RULE)]
 pub struct AdmissionArgs {
     /// Where the nodes run.
     #[arg(long, value_enum, default_value_t = Hosts::Loopback)]
     pub hosts: Hosts,
-    /// Reduced sweep for demos and CI (3 client counts, short points; a few minutes).
+    /// Reduced sweep for demos and CI (3 client counts, 6 s points after 1 s of warm-up;
+    /// a few minutes). Its numbers are not for comparison; summary.json says `quick`.
     #[arg(long)]
     pub quick: bool,
-    /// Output directory for summary.json, CSV, plots and report.html.
+    /// Output directory for summary.json, points.jsonl, CSV, plots and report.html.
     #[arg(long, default_value = "out/admission")]
+    #[serde(skip)]
     pub out: PathBuf,
+    /// Continue the broken sweep kept in DIR (its output directory): finished runs are
+    /// skipped. Refused when the settings differ from the kept run's.
+    #[arg(long, value_name = "DIR", conflicts_with = "out")]
+    #[serde(skip)]
+    pub resume: Option<PathBuf>,
     /// Systems to compare, comma-separated.
     #[arg(
         long,
@@ -69,10 +110,10 @@ pub struct AdmissionArgs {
     /// Client counts of the sweep, comma-separated. Default: 16..520 (quick: 32,160,400).
     #[arg(long, value_delimiter = ',')]
     pub clients: Vec<u64>,
-    /// Measured seconds per point (default 20; quick: 6).
+    /// Measured seconds per point (default 60, the paper's scale; quick: 6).
     #[arg(long)]
     pub duration_s: Option<f64>,
-    /// Warm-up seconds per point, not measured (default 2; quick: 1).
+    /// Warm-up seconds per point, not measured (default 10; quick: 1).
     #[arg(long)]
     pub warmup_s: Option<f64>,
     /// Number of back-end web servers.
@@ -93,13 +134,15 @@ pub struct AdmissionArgs {
     /// and is sampled less often outside the netns lab).
     #[arg(long, default_value = "backlog")]
     pub metric: String,
-    /// Load limit per back-end in the metric's unit (default: 2 connections waiting for a
-    /// worker). A tight limit keeps the queue in front of the workers short, so the
-    /// response time depends on how fresh the proxy's view is: measured across
-    /// namespaces, limit 2 gave 92–93% below no-ac and one-sided 3–13% ahead of tcp, limit
-    /// 8 gave 89% and 2–4% (docs/RESULTS.md).
-    #[arg(long, default_value_t = 2)]
-    pub limit: u64,
+    /// Load limit per back-end in the metric's unit. Default: derived from the back-end's
+    /// capacity by the rule below (`--help`), never from results.
+    #[arg(long, conflicts_with = "limits")]
+    pub limit: Option<u64>,
+    /// Sweep the admission limit: comma-separated limits, each measured for every
+    /// admission-controlled system, trace and client count (no-ac once); the report plots
+    /// response time against goodput across them.
+    #[arg(long, value_delimiter = ',')]
+    pub limits: Vec<u64>,
     /// Monitor poll period G, µs.
     #[arg(long, default_value_t = 1000)]
     pub monitor_period_us: u64,
@@ -111,11 +154,20 @@ pub struct AdmissionArgs {
     /// busy CPUs (the back-end's web workers; the proxy and clients): at nice 0 each waits
     /// its turn and the proxy's view goes stale for tens of ms whatever the transport.
     /// Default -20, so that the transports alone differ; 0 leaves both at normal priority.
+    /// A negative value needs root (or CAP_SYS_NICE / RLIMIT_NICE): without it the run
+    /// warns and summary.json records `settings.control_nice.applied = false`.
     #[arg(long, default_value_t = -20, allow_negative_numbers = true)]
     pub control_nice: i32,
     /// Proxy worker threads.
     #[arg(long, default_value_t = 1)]
     pub proxy_workers: usize,
+    /// Extra argument for every proxy the lab starts, after the lab's own (repeatable;
+    /// e.g. `--proxy-arg=--pool-idle=0` turns upstream pooling off). Default none: the
+    /// proxy runs with its product defaults. Flags the lab sets itself (listen address,
+    /// workers, monitor, back-ends, admission, metric, limit) are refused: use the lab's
+    /// own flags for them. Recorded in summary.json (`params.proxy_args`).
+    #[arg(long = "proxy-arg", value_name = "ARG", allow_hyphen_values = true)]
+    pub proxy_args: Vec<String>,
     /// Client think time between requests, ms.
     #[arg(long, default_value_t = 0)]
     pub think_ms: u64,
@@ -130,19 +182,17 @@ pub struct AdmissionArgs {
     /// Client request timeout, ms (a timeout counts as a failure).
     #[arg(long, default_value_t = 10000)]
     pub timeout_ms: u64,
-    /// Proxy keeps idle upstream connections (default: a new upstream connection per
-    /// request, as the paper's Apache proxy did, so a back-end's connection count equals
-    /// the requests it holds).
-    #[arg(long)]
-    pub upstream_keepalive: bool,
+    /// Seed of the clients' workload samplers; repeat r of a point uses seed + r.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
     /// Do not pin tiers to CPUs. By default, with 2+ CPUs, back-end nodes (web server and
     /// gatherer) run on all CPUs but the first and the proxy and clients on the first, so
     /// the back-end tier can be saturated while the front-end is not, as on separate
     /// machines.
     #[arg(long)]
     pub no_pin: bool,
-    /// Run every point this many times and report means and standard deviations
-    /// (`runs`, `avg_ms_sd`, `tps_sd` in summary.json).
+    /// Run every point this many times; summary.json has means and standard deviations
+    /// (`runs`, `avg_ms_sd`, `tps_sd`) and the plots error bars (± 1 sd).
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
     /// Busy-looping processes per back-end node (the papers' emulated background load;
@@ -155,8 +205,165 @@ pub struct AdmissionArgs {
     pub no_keepalive: bool,
 }
 
+/// Proxy flags the lab sets itself, with the lab flag that controls each (`--proxy-arg`
+/// may not repeat them: the proxy refuses a flag given twice).
+const LAB_PROXY_FLAGS: [(&str, &str); 9] = [
+    ("--listen", "(chosen by the lab)"),
+    ("--workers", "--proxy-workers"),
+    ("--monitor-period-us", "--monitor-period-us"),
+    ("--monitor-nice", "--control-nice"),
+    ("--backend", "--backends, --backend-server"),
+    ("--admin-listen", "(chosen by the lab)"),
+    ("--admission", "--systems"),
+    ("--metric", "--metric"),
+    ("--limit", "--limit, --limits"),
+];
+
+/// Refuse `--proxy-arg`s that repeat a flag the lab sets, naming the lab's own flag.
+pub fn check_proxy_args(args: &[String]) -> io::Result<()> {
+    for a in args {
+        let name = a.split('=').next().unwrap_or(a);
+        if let Some((_, lab)) = LAB_PROXY_FLAGS.iter().find(|(f, _)| *f == name) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("--proxy-arg {a}: the lab sets {name} itself; use {lab}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Measured and warm-up seconds of each point: the flags, else the full (60 s after 10 s)
+/// or quick defaults.
+pub fn point_time(a: &AdmissionArgs) -> (f64, f64) {
+    let (d, w) = if a.quick {
+        (DURATION_S_QUICK, WARMUP_S_QUICK)
+    } else {
+        (DURATION_S_FULL, WARMUP_S_FULL)
+    };
+    (a.duration_s.unwrap_or(d), a.warmup_s.unwrap_or(w))
+}
+
+/// The rule that sets the default `--limit`, as `--help` prints it.
+pub const LIMIT_RULE: &str = "\
+Default admission limit (a rule on the back-end's capacity, not a tuned value):
+  C = the back-end's connection capacity: --backend-workers for farside's server
+      (Apache's MaxClients), worker_processes x worker_connections for nginx (1 x 1024).
+  backlog, pending: limit = C  (the queue in front of the workers holds at most one
+      request per worker, so a request admitted at the limit waits about one service
+      time before a worker takes it)
+  conns: limit = 2 C  (C connections in service plus C waiting, as above)
+  cpu, pressure, runnable: no capacity rule; give --limit or --limits.
+The limit used is in summary.json (`params.limits`, `params.limit_rule`).";
+
+/// The back-end's connection capacity C of [`LIMIT_RULE`].
+pub fn capacity_conns(a: &AdmissionArgs) -> u64 {
+    match a.backend_server {
+        BackendServer::Farside => a.backend_workers as u64,
+        BackendServer::Nginx => {
+            let c = NginxConfig::new(SocketAddr::new(LOCALHOST, 0), "/");
+            u64::from(c.worker_processes) * u64::from(c.worker_connections)
+        }
+    }
+}
+
+/// The default limit of [`LIMIT_RULE`] for `metric` and capacity `c`, with the rule as
+/// text; an error for metrics the rule does not cover.
+pub fn default_limit(metric: &str, c: u64) -> io::Result<(u64, String)> {
+    match metric {
+        "backlog" | "pending" => Ok((c, format!("{metric}: limit = C = {c}"))),
+        "conns" => Ok((2 * c, format!("conns: limit = 2 C = {}", 2 * c))),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "--metric {metric}: no default limit (it is not a connection count, so the \
+                 capacity rule does not apply); give --limit N or --limits a,b,c"
+            ),
+        )),
+    }
+}
+
+/// The lowest nice an unprivileged thread may set: `20 - RLIMIT_NICE` (0 by default).
+pub fn nice_floor() -> i32 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NICE, &mut r) } != 0 {
+        return 0;
+    }
+    (20 - r.rlim_cur.min(40) as i32).min(0)
+}
+
+/// Whether `--control-nice` takes effect: a negative nice needs root, or an
+/// `RLIMIT_NICE` that allows it (`floor` from [`nice_floor`]).
+pub fn control_nice_setting(requested: i32, is_root: bool, floor: i32) -> Setting {
+    if requested >= 0 || is_root || requested >= floor {
+        Setting::applied(requested)
+    } else {
+        Setting::not_applied(
+            requested,
+            &format!(
+                "nice {requested} needs root or CAP_SYS_NICE (RLIMIT_NICE allows down to {floor}); \
+                 the gatherers' samplers and the proxy's monitor run at nice 0"
+            ),
+        )
+    }
+}
+
+/// The settings of this run that need privileges or a particular host, as asked for and
+/// as they will be applied (`is_root` is a parameter so the unprivileged branch is
+/// testable as root).
+pub fn privileged_settings(
+    a: &AdmissionArgs,
+    is_root: bool,
+    nice_floor: i32,
+    cpus: usize,
+) -> BTreeMap<String, Setting> {
+    let mut m = BTreeMap::new();
+    m.insert(
+        "control_nice".into(),
+        control_nice_setting(a.control_nice, is_root, nice_floor),
+    );
+    let netns = a.hosts == Hosts::Netns;
+    if a.background_load > 0 {
+        m.insert(
+            "background_load".into(),
+            if netns {
+                Setting::applied(a.background_load)
+            } else {
+                Setting::not_applied(
+                    a.background_load,
+                    "busy processes run in the back-end nodes' cgroups: --hosts netns only",
+                )
+            },
+        );
+    }
+    if netns {
+        m.insert(
+            "cgroups".into(),
+            Setting::applied("per-node cpuset + quota"),
+        );
+        m.insert(
+            "rps".into(),
+            Setting::applied("receive softirq on each node's CPUs"),
+        );
+    }
+    if !a.no_pin {
+        m.insert(
+            "pin".into(),
+            if cpus >= 2 {
+                Setting::applied("proxy and clients on the first CPU, back-ends on the rest")
+            } else {
+                Setting::not_applied(true, "one CPU: the tiers share it")
+            },
+        );
+    }
+    m
+}
+
 struct Run {
-    dir: PathBuf,
     logs: PathBuf,
     shm: PathBuf,
     docroot: PathBuf,
@@ -317,7 +524,13 @@ impl Fabric {
     }
 }
 
-fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, fabric: &Fabric) -> io::Result<Tier> {
+fn start_tier(
+    a: &AdmissionArgs,
+    run: &Run,
+    system: &str,
+    limit: Option<u64>,
+    fabric: &Fabric,
+) -> io::Result<Tier> {
     let mut backends = Vec::new();
     let mut nginxes = Vec::new();
     let mut gatherers = Vec::new();
@@ -426,15 +639,12 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, fabric: &Fabric) -> io
         "--monitor-nice".into(),
         a.control_nice.to_string(),
     ];
-    if !a.upstream_keepalive {
-        args.extend(["--pool-idle".into(), "0".into()]);
-    }
     for s in &specs {
         args.push("--backend".into());
         args.push(s.clone());
     }
     let mut admin_addr = None;
-    if system != "no-ac" {
+    if let (true, Some(limit)) = (system != "no-ac", limit) {
         // The admin listener is not subject to admission: the lab reads the monitor's
         // histograms there while the data port is rejecting.
         let admin = fabric.addr(Role::Proxy, NETNS_ADMIN_PORT)?;
@@ -445,9 +655,11 @@ fn start_tier(a: &AdmissionArgs, run: &Run, system: &str, fabric: &Fabric) -> io
             "--metric".into(),
             a.metric.clone(),
             "--limit".into(),
-            a.limit.to_string(),
+            limit.to_string(),
         ]);
     }
+    // The user's own proxy arguments come last, so they override the lab's.
+    args.extend(a.proxy_args.iter().cloned());
     let mut proxy = fabric.spawn(Role::Proxy, &format!("{system}-proxy"), &args, &run.logs)?;
     fabric.wait_port(&mut proxy, proxy_addr)?;
     Ok(Tier {
@@ -532,11 +744,12 @@ fn loadgen_args(
     Ok(l)
 }
 
-fn point(system: &str, transport: &str, s: &farside_loadgen::Summary) -> Point {
+fn point(system: &str, limit: Option<u64>, transport: &str, s: &farside_loadgen::Summary) -> Point {
     Point {
         system: system.into(),
         trace: s.trace.clone(),
         clients: s.clients as u64,
+        limit,
         transport: transport.into(),
         avg_ms: s.avg_ms,
         p50_ms: s.p50_ms,
@@ -553,6 +766,9 @@ fn point(system: &str, transport: &str, s: &farside_loadgen::Summary) -> Point {
         runs: 1,
         avg_ms_sd: 0.0,
         tps_sd: 0.0,
+        p99_ms_sd: 0.0,
+        drop_rate_sd: 0.0,
+        slow_rate_sd: 0.0,
         monitor_read_p50_us: None,
         monitor_read_p99_us: None,
         update_gap_p99_ms: None,
@@ -566,7 +782,37 @@ fn point(system: &str, transport: &str, s: &farside_loadgen::Summary) -> Point {
                 avg_ms: x.avg_ms,
             })
             .collect(),
+        requests: Vec::new(),
     }
+}
+
+/// Served requests of a loadgen `--out` file as `(start s, response time ms)`, thinned
+/// evenly to at most `max` (every k-th served request).
+pub fn request_samples(path: &std::path::Path, max: usize) -> io::Result<Vec<(f64, f64)>> {
+    let mut r = csv::Reader::from_path(path).map_err(io::Error::other)?;
+    let head = r.headers().map_err(io::Error::other)?.clone();
+    let col = |name: &str| {
+        head.iter().position(|h| h == name).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: no `{name}` column", path.display()),
+            )
+        })
+    };
+    let (start, lat, outcome) = (col("start_us")?, col("latency_us")?, col("outcome")?);
+    let mut all = Vec::new();
+    for rec in r.records() {
+        let rec = rec.map_err(io::Error::other)?;
+        if rec.get(outcome) != Some("served") {
+            continue;
+        }
+        let num = |i: usize| rec.get(i).and_then(|v| v.parse::<f64>().ok());
+        if let (Some(s), Some(l)) = (num(start), num(lat)) {
+            all.push((s / 1e6, l / 1e3));
+        }
+    }
+    let step = all.len().div_ceil(max.max(1)).max(1);
+    Ok(all.into_iter().step_by(step).collect())
 }
 
 fn transport_of(system: &str, netns: bool) -> &'static str {
@@ -578,9 +824,75 @@ fn transport_of(system: &str, netns: bool) -> &'static str {
     }
 }
 
+/// The tier serving (system, limit) and the back-ends' background load.
+type Running = ((String, Option<u64>), Tier, Vec<crate::netns::LoadHandle>);
+
+/// One point of the sweep: its key in `points.jsonl`.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Key {
+    system: String,
+    trace: String,
+    /// `None` for no-ac.
+    limit: Option<u64>,
+    clients: u64,
+}
+
+/// The sweep's keys: per system (and per limit for the admission-controlled ones),
+/// per trace, per client count; one tier is started per (system, limit).
+fn keys(a: &AdmissionArgs, limits: &[u64], clients: &[u64]) -> Vec<Key> {
+    let mut out = Vec::new();
+    for system in &a.systems {
+        let ls: Vec<Option<u64>> = if system == "no-ac" {
+            vec![None]
+        } else {
+            limits.iter().map(|&l| Some(l)).collect()
+        };
+        for limit in ls {
+            for trace in &a.traces {
+                for &c in clients {
+                    out.push(Key {
+                        system: system.clone(),
+                        trace: trace.clone(),
+                        limit,
+                        clients: c,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The effective settings of a run: every flag after defaults (what `--resume` compares).
+fn effective(
+    a: &AdmissionArgs,
+    clients: &[u64],
+    limits: &[u64],
+    rule: &str,
+    duration_s: f64,
+    warmup_s: f64,
+) -> io::Result<serde_json::Value> {
+    let mut e = a.clone();
+    e.clients = clients.to_vec();
+    e.duration_s = Some(duration_s);
+    e.warmup_s = Some(warmup_s);
+    e.limits = limits.to_vec();
+    e.limit = None;
+    let mut v = serde_json::to_value(&e).map_err(io::Error::other)?;
+    if let Some(m) = v.as_object_mut() {
+        m.remove("limit");
+        m.insert("limit_rule".into(), rule.into());
+        m.insert("capacity_conns".into(), capacity_conns(a).into());
+        m.insert("backlog".into(), BACKEND_BACKLOG.into());
+        m.insert("keepalive".into(), (!a.no_keepalive).into());
+    }
+    Ok(v)
+}
+
 pub fn run(a: AdmissionArgs) -> io::Result<()> {
+    let euid = unsafe_euid();
     if a.hosts == Hosts::Netns {
-        crate::netns::check_root(unsafe_euid())?;
+        crate::netns::check_root(euid)?;
     }
     for s in &a.systems {
         if !SYSTEMS.contains(&s.as_str()) {
@@ -593,6 +905,7 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
     for t in &a.traces {
         trace_kind(t)?;
     }
+    check_proxy_args(&a.proxy_args)?;
     let clients: Vec<u64> = if a.clients.is_empty() {
         let list = if a.quick { CLIENTS_QUICK } else { CLIENTS_FULL };
         list.split(',')
@@ -607,13 +920,49 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
             "--clients: each count must be 1..=10000",
         ));
     }
-    let duration_s = a.duration_s.unwrap_or(if a.quick { 6.0 } else { 20.0 });
-    let warmup_s = a.warmup_s.unwrap_or(if a.quick { 1.0 } else { 2.0 });
+    let any_ac = a.systems.iter().any(|s| s != "no-ac");
+    let (limits, rule) = if !a.limits.is_empty() {
+        (a.limits.clone(), "--limits".to_string())
+    } else if let Some(l) = a.limit {
+        (vec![l], "--limit".to_string())
+    } else if any_ac {
+        let (l, rule) = default_limit(&a.metric, capacity_conns(&a))?;
+        (vec![l], format!("default: {rule}"))
+    } else {
+        (Vec::new(), "none (no admission control)".to_string())
+    };
+    if limits.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "--limit/--limits: a limit of 0 admits nothing; use 1 or more",
+        ));
+    }
+    let (duration_s, warmup_s) = point_time(&a);
+    let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
+    let netns = a.hosts == Hosts::Netns;
+    let mut meta = Summary::new(
+        "admission",
+        if netns { "netns" } else { "loopback" },
+        a.quick,
+    );
+    crate::sweep::fill_host_metadata(&mut meta);
+    meta.seed = Some(a.seed);
+    meta.params = effective(&a, &clients, &limits, &rule, duration_s, warmup_s)?;
+    meta.settings = privileged_settings(
+        &a,
+        euid == 0,
+        nice_floor(),
+        crate::procs::allowed_cpus().len(),
+    );
+    if a.quick {
+        meta.notes.push(format!(
+            "quick run: {duration_s} s points after {warmup_s} s of warm-up, for demos; not for comparison"
+        ));
+    }
+    let mut sweep = Sweep::start(&dir, meta, a.resume.is_some())?;
 
-    std::fs::create_dir_all(&a.out)?;
     let run = Run {
-        dir: a.out.clone(),
-        logs: a.out.join("logs"),
+        logs: dir.join("logs"),
         shm: PathBuf::from(format!("/dev/shm/farside-lab-{}", std::process::id())),
         docroot: std::env::temp_dir().join(format!("farside-lab-docroot-{}", std::process::id())),
     };
@@ -636,47 +985,6 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         farside_loadgen::write_docroot(&trace, &run.docroot)?;
     }
 
-    let total = a.systems.len() * a.traces.len() * clients.len();
-    let est = total as f64 * a.repeat.max(1) as f64 * (duration_s + warmup_s + 0.5);
-    eprintln!(
-        "lab admission: {} system(s) x {} trace(s) x {} client count(s) = {total} points, about {:.0} s; output in {}",
-        a.systems.len(),
-        a.traces.len(),
-        clients.len(),
-        est,
-        run.dir.display()
-    );
-    let t0 = Instant::now();
-    let netns = a.hosts == Hosts::Netns;
-    let mut summary = Summary::new(
-        "admission",
-        if netns { "netns" } else { "loopback" },
-        a.quick,
-    );
-    summary.params = serde_json::json!({
-        "backends": a.backends,
-        "backend_server": format!("{:?}", a.backend_server).to_lowercase(),
-        "backend_workers": a.backend_workers,
-        "backend_cpu_us": a.backend_cpu_us,
-        "metric": a.metric,
-        "limit": a.limit,
-        "monitor_period_us": a.monitor_period_us,
-        "gather_period_us": a.gather_period_us,
-        "control_nice": a.control_nice,
-        "proxy_workers": a.proxy_workers,
-        "duration_s": duration_s,
-        "warmup_s": warmup_s,
-        "think_ms": a.think_ms,
-        "reject_think_ms": a.reject_think_ms,
-        "qos_ms": a.qos_ms,
-        "keepalive": !a.no_keepalive,
-        "repeat": a.repeat,
-        "upstream_keepalive": a.upstream_keepalive,
-        "pinned": !a.no_pin,
-        "background_load": a.background_load,
-        "clients": clients,
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-    });
     let pl = placement(&a);
     if let (Some(f), Some(b)) = (&pl.front, &pl.back) {
         eprintln!("lab admission: proxy and clients on CPU {f:?}, back-end nodes on CPUs {b:?} (--no-pin to share)");
@@ -726,63 +1034,69 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         }
         Fabric::Loopback(pl.clone())
     };
-    let mut done = 0;
-    for system in &a.systems {
-        let mut tier = start_tier(&a, &run, system, &fabric)?;
-        let _busy = match &fabric {
-            Fabric::Netns(dc) if a.background_load > 0 => (0..a.backends)
-                .map(|i| dc.start_cpu_load(&format!("b{i}"), a.background_load))
-                .collect::<io::Result<Vec<_>>>()?,
-            _ => Vec::new(),
-        };
-        for trace in &a.traces {
-            for &n in &clients {
-                let l = loadgen_args(&a, tier.proxy_addr, trace, n, duration_s, warmup_s)?;
-                let mut runs = Vec::with_capacity(a.repeat as usize);
-                for r in 0..a.repeat.max(1) {
-                    let before = MonitorScrape::take(&fabric, &tier);
-                    let s = fabric.run_clients(&l, pl.front.as_deref())?;
-                    tier.proxy.check_alive()?;
-                    let mut p = point(system, transport_of(system, netns), &s);
-                    if let (Some(b), Some(a)) = (before, MonitorScrape::take(&fabric, &tier)) {
-                        a.fill(&b, &mut p);
-                    }
-                    let monitor = match (p.monitor_read_p99_us, p.update_gap_p99_ms) {
-                        (Some(r), Some(g)) => format!(" read-p99={r:.0}us gap-p99={g:.1}ms"),
-                        _ => String::new(),
-                    };
-                    let rep = if a.repeat > 1 {
-                        format!(" run {}/{}", r + 1, a.repeat)
-                    } else {
-                        String::new()
-                    };
-                    eprintln!(
-                        "[{}/{total} {:>4.0}s] {system:<12} {trace:<8} clients={n:<4}{rep} avg={:>8.1} ms p99={:>8.1} ms tps={:>7.1} drop={:>5.1}% slow={:>5.1}%{monitor}",
-                        done + 1,
-                        t0.elapsed().as_secs_f64(),
-                        s.avg_ms,
-                        s.p99_ms,
-                        s.tps,
-                        100.0 * s.drop_rate,
-                        100.0 * s.slow_rate
-                    );
-                    runs.push(p);
-                }
-                done += 1;
-                summary.push(Point::combine(&runs));
+
+    let keys = keys(&a, &limits, &clients);
+    let heaviest = clients.iter().copied().max().unwrap_or(0);
+    // The running tier and its background load, for the (system, limit) it serves.
+    let mut current: Option<Running> = None;
+    sweep.run(
+        &keys,
+        a.repeat,
+        duration_s + warmup_s + 0.5,
+        |k| {
+            let limit = k.limit.map(|l| format!(" limit={l}")).unwrap_or_default();
+            format!(
+                "{:<12} {:<8}{limit} clients={:<4}",
+                k.system, k.trace, k.clients
+            )
+        },
+        |k, r| {
+            let want = (k.system.clone(), k.limit);
+            if current.as_ref().map(|c| &c.0) != Some(&want) {
+                // One tier at a time: the old one stops before the new one starts.
+                current = None;
+                let tier = start_tier(&a, &run, &k.system, k.limit, &fabric)?;
+                let busy = match &fabric {
+                    Fabric::Netns(dc) if a.background_load > 0 => (0..a.backends)
+                        .map(|i| dc.start_cpu_load(&format!("b{i}"), a.background_load))
+                        .collect::<io::Result<Vec<_>>>()?,
+                    _ => Vec::new(),
+                };
+                current = Some((want, tier, busy));
             }
-        }
-        drop(tier);
-    }
-    summary.duration_s = t0.elapsed().as_secs_f64();
-    let mut out = io::stdout();
-    report::print_table(&summary, &mut out)?;
-    let files = report::write_all(&summary, &run.dir)?;
-    eprintln!(
-        "lab admission: wrote {} files to {} (open report.html)",
-        files.len(),
-        run.dir.display()
-    );
+            let (_, tier, _) = current.as_mut().expect("tier started above");
+            let mut l = loadgen_args(
+                &a,
+                tier.proxy_addr,
+                &k.trace,
+                k.clients,
+                duration_s,
+                warmup_s,
+            )?;
+            l.seed = a.seed.wrapping_add(u64::from(r));
+            // Per-request records only at the heaviest load: Fig. 6 shows that one, and a
+            // 60 s point at every load would keep megabytes per point.
+            let requests_csv = (k.clients == heaviest).then(|| run.logs.join("requests.csv"));
+            l.out = requests_csv.clone();
+            let before = MonitorScrape::take(&fabric, tier);
+            let s = fabric.run_clients(&l, pl.front.as_deref())?;
+            tier.proxy.check_alive()?;
+            let mut p = point(&k.system, k.limit, transport_of(&k.system, netns), &s);
+            if let (Some(b), Some(after)) = (before, MonitorScrape::take(&fabric, tier)) {
+                after.fill(&b, &mut p);
+            }
+            if let Some(path) = requests_csv {
+                match request_samples(&path, REQUEST_SAMPLES_MAX) {
+                    Ok(v) => p.requests = v,
+                    Err(e) => eprintln!("lab admission: warning: no per-request samples: {e}"),
+                }
+                let _ = std::fs::remove_file(&path);
+            }
+            Ok(AnyPoint::Admission(p))
+        },
+    )?;
+    drop(current);
+    sweep.finish()?;
     Ok(())
 }
 
@@ -800,4 +1114,153 @@ impl Drop for Cleanup {
 fn unsafe_euid() -> u32 {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: AdmissionArgs,
+    }
+
+    fn args(line: &str) -> AdmissionArgs {
+        Cli::try_parse_from(std::iter::once("lab").chain(line.split_whitespace()))
+            .unwrap()
+            .a
+    }
+
+    #[test]
+    fn default_limit_follows_the_capacity_rule() {
+        // farside's server: C = workers.
+        let a = args("");
+        assert_eq!(capacity_conns(&a), 16);
+        assert_eq!(default_limit("backlog", 16).unwrap().0, 16);
+        assert_eq!(default_limit("pending", 16).unwrap().0, 16);
+        assert_eq!(default_limit("conns", 16).unwrap().0, 32);
+        assert_eq!(capacity_conns(&args("--backend-workers 40")), 40);
+        // nginx: worker_processes x worker_connections.
+        assert_eq!(capacity_conns(&args("--backend-server nginx")), 1024);
+        // Metrics that are not connection counts have no default: a clear error.
+        let e = default_limit("cpu", 16).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(e.to_string().contains("give --limit N or --limits"), "{e}");
+        // The rule is in --help.
+        use clap::CommandFactory;
+        let help = Cli::command().render_long_help().to_string();
+        assert!(help.contains("backlog, pending: limit = C"), "{help}");
+    }
+
+    #[test]
+    fn negative_nice_without_root_is_recorded_not_applied() {
+        let a = args("");
+        assert_eq!(a.control_nice, -20);
+        // Forced "not root" branch, default RLIMIT_NICE (floor 0).
+        let m = privileged_settings(&a, false, 0, 4);
+        let s = &m["control_nice"];
+        assert!(!s.applied);
+        assert_eq!(s.requested, serde_json::json!(-20));
+        assert!(s.reason.as_deref().unwrap().contains("needs root"), "{s:?}");
+        // Root, or an RLIMIT_NICE that allows it: applied.
+        assert!(privileged_settings(&a, true, 0, 4)["control_nice"].applied);
+        assert!(control_nice_setting(-20, false, -20).applied);
+        assert!(!control_nice_setting(-20, false, -10).applied);
+        assert!(control_nice_setting(0, false, 0).applied);
+        // Background load asked for on loopback is not applied either; one CPU: no pinning.
+        let m = privileged_settings(&args("--background-load 2"), true, 0, 1);
+        assert!(!m["background_load"].applied);
+        assert!(!m["pin"].applied);
+        // netns records its isolation as applied.
+        let m = privileged_settings(&args("--hosts netns"), true, 0, 4);
+        assert!(m["cgroups"].applied && m["rps"].applied && m["pin"].applied);
+    }
+
+    #[test]
+    fn effective_settings_hold_every_flag_after_defaults() {
+        let a = args("--quick --proxy-arg=--pool-idle=0 --proxy-arg --stale-after-ms=50");
+        assert_eq!(a.proxy_args, ["--pool-idle=0", "--stale-after-ms=50"]);
+        check_proxy_args(&a.proxy_args).unwrap();
+        let e = check_proxy_args(&["--workers=2".to_string()]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "--proxy-arg --workers=2: the lab sets --workers itself; use --proxy-workers"
+        );
+        let v = effective(
+            &a,
+            &[4],
+            &[16],
+            "default: backlog: limit = C = 16",
+            6.0,
+            1.0,
+        )
+        .unwrap();
+        for k in [
+            "hosts",
+            "quick",
+            "systems",
+            "traces",
+            "clients",
+            "duration_s",
+            "warmup_s",
+            "limits",
+            "limit_rule",
+            "metric",
+            "control_nice",
+            "proxy_args",
+            "seed",
+            "repeat",
+            "capacity_conns",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}: {v}");
+        }
+        // The output directory is not a setting: resuming in another place is fine.
+        assert!(v.get("out").is_none() && v.get("resume").is_none());
+        assert_eq!(
+            v["proxy_args"],
+            serde_json::json!(["--pool-idle=0", "--stale-after-ms=50"])
+        );
+        assert_eq!(v["backend_server"], "farside");
+        // --resume names the directory: an --out beside it would be ambiguous.
+        assert!(Cli::try_parse_from(["lab", "--resume", "a", "--out", "b"]).is_err());
+    }
+
+    #[test]
+    fn full_points_are_the_papers_scale_and_quick_is_short() {
+        assert_eq!(point_time(&args("")), (60.0, 10.0));
+        assert_eq!(point_time(&args("--quick")), (6.0, 1.0));
+        assert_eq!(point_time(&args("--quick --duration-s 3")), (3.0, 1.0));
+        // no-ac once, each admission system once per limit.
+        let a = args("--systems no-ac,tcp-ac --traces single");
+        let k = keys(&a, &[2, 8], &[4]);
+        let names: Vec<(String, Option<u64>)> =
+            k.iter().map(|k| (k.system.clone(), k.limit)).collect();
+        assert_eq!(
+            names,
+            vec![
+                ("no-ac".into(), None),
+                ("tcp-ac".into(), Some(2)),
+                ("tcp-ac".into(), Some(8))
+            ]
+        );
+    }
+
+    #[test]
+    fn request_samples_keep_served_requests_thinned() {
+        let dir = std::env::temp_dir().join(format!("farside-req-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("r.csv");
+        let mut text = String::from("start_us,latency_us,status,bytes,outcome\n");
+        for i in 0..100u64 {
+            let outcome = if i % 10 == 0 { "dropped" } else { "served" };
+            text += &format!("{},{},200,10,{outcome}\n", i * 1000, 2000 + i);
+        }
+        std::fs::write(&path, text).unwrap();
+        let v = request_samples(&path, 30).unwrap();
+        assert!(v.len() <= 30 && v.len() >= 20, "{}", v.len());
+        assert_eq!(v[0], (0.001, 2.001));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

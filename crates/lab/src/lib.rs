@@ -5,7 +5,14 @@
 //! - [`probe`]: the remote-read latency micro-benchmark (`lab probe`)
 //! - [`procs`]: child-process supervision for the lab's nodes
 //! - [`nginx`]: real nginx as a back-end
+//! - [`sweep`]: the one sweep runner every experiment uses (repeats, progress with ETA,
+//!   `points.jsonl` appended per run, `--resume`, run metadata)
 //! - [`summary`], [`report`], [`svg`]: the stable result format and its renderings
+//!   (`farside lab report DIR` re-renders them from a kept run)
+//!
+//! A new experiment is its own set-up and point function: it lists its point keys and
+//! hands [`sweep::Sweep::run`] a closure that measures one; see `admission` and `probe`.
+//! User documentation: `farside lab <command> --help` and `docs/lab.md`.
 
 pub mod admission;
 pub mod flood;
@@ -17,13 +24,16 @@ pub mod promtext;
 pub mod report;
 pub mod summary;
 pub mod svg;
+pub mod sweep;
 
+/// `farside lab`: the experiments.
 #[derive(Debug, Clone, clap::Args)]
 pub struct LabArgs {
     #[command(subcommand)]
     pub cmd: LabCmd,
 }
 
+/// The lab's commands.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum LabCmd {
     /// Admission control: no-ac vs tcp-ac vs onesided-ac over a sweep of clients and
@@ -32,11 +42,22 @@ pub enum LabCmd {
     /// Latency of one-sided vs two-sided reads of a back-end's region under rising
     /// background CPU load (seed 000 Fig. 4, seed 001 Fig. 5-6).
     Probe(probe::ProbeArgs),
+    /// Re-render the table, CSV files, plots and report.html of a kept run from its
+    /// summary.json and points.jsonl, without running anything.
+    Report(ReportArgs),
     /// Remove everything `--hosts netns` runs left behind (namespaces, links, cgroups,
     /// state files); needs root.
     Clean,
 }
 
+/// `farside lab report DIR`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReportArgs {
+    /// A lab output directory (with summary.json and points.jsonl).
+    pub dir: std::path::PathBuf,
+}
+
+/// Run a `farside lab` command.
 pub fn run(a: LabArgs) -> std::io::Result<()> {
     procs::install_interrupt_handler()?;
     let r = run_cmd(a);
@@ -54,6 +75,16 @@ fn run_cmd(a: LabArgs) -> std::io::Result<()> {
     match a.cmd {
         LabCmd::Admission(x) => admission::run(x),
         LabCmd::Probe(x) => probe::run(x),
+        LabCmd::Report(x) => {
+            let (s, files) = sweep::regenerate(&x.dir)?;
+            report::print_table(&s, &mut std::io::stdout())?;
+            eprintln!(
+                "lab report: wrote {} files to {}",
+                files.len(),
+                x.dir.display()
+            );
+            Ok(())
+        }
         LabCmd::Clean => {
             print!("{}", netns::clean_all()?);
             Ok(())

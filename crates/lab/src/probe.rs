@@ -7,28 +7,36 @@
 //! with `--hosts netns`). The prober reads `size` bytes at offset 0 every `interval`
 //! and records each read's latency.
 
+use crate::admission::Hosts;
 use crate::procs::Child;
-use crate::report;
-use crate::summary::{ProbePoint, Summary};
+use crate::summary::{AnyPoint, ProbePoint, Summary};
+use crate::sweep::Sweep;
 use farside_rmem::{connect, ClientOptions, Endpoint, RemoteMemory, RmemError};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, clap::Args, serde::Serialize)]
 pub struct ProbeArgs {
     /// Where the nodes run (netns: back-end in its own namespace and cgroup, XDP).
-    #[arg(long, value_enum, default_value_t = crate::admission::Hosts::Loopback)]
-    pub hosts: crate::admission::Hosts,
+    #[arg(long, value_enum, default_value_t = Hosts::Loopback)]
+    pub hosts: Hosts,
     /// Reduced sweep (a minute or two).
     #[arg(long)]
     pub quick: bool,
     /// Output directory.
     #[arg(long, default_value = "out/probe")]
+    #[serde(skip)]
     pub out: PathBuf,
-    /// Transports to measure: shm, tcp, udp (user space), xdp (netns only).
-    #[arg(long, value_delimiter = ',', default_value = "shm,tcp,udp")]
+    /// Continue the broken sweep kept in DIR (finished points are skipped); refused when
+    /// the settings differ from the kept run's.
+    #[arg(long, value_name = "DIR", conflicts_with = "out")]
+    #[serde(skip)]
+    pub resume: Option<PathBuf>,
+    /// Transports to measure: shm, tcp, udp (user space), xdp (netns only). Default
+    /// shm,tcp,udp; with --hosts netns shm,tcp,udp,xdp (the papers' central comparison).
+    #[arg(long, value_delimiter = ',')]
     pub transports: Vec<String>,
     /// Background load levels: number of busy-looping processes on the back-end.
     /// Default 0,1,2,4 (quick: 0,2,4).
@@ -49,7 +57,8 @@ pub struct ProbeArgs {
     /// sustains (--hosts netns; 0 = skip).
     #[arg(long, default_value_t = 3.0)]
     pub flood_s: f64,
-    /// Timeout of one read, ms (a timed-out read counts as a timeout, not a latency).
+    /// Timeout of one read, ms. A timed-out read counts in `timeouts` and, as taking the
+    /// whole timeout, in the percentiles (a lost read is never left out of them).
     #[arg(long, default_value_t = 200)]
     pub timeout_ms: u64,
     /// The prober polls for each reply for up to this many µs before sleeping, as an
@@ -57,6 +66,19 @@ pub struct ProbeArgs {
     /// round trip (every transport alike; 0 = sleep at once). Default 200.
     #[arg(long, default_value_t = 200)]
     pub spin_us: u64,
+    /// Measure every point this many times; the table has means and the plots error bars
+    /// (± 1 sd of p50 and p99 across runs).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+}
+
+/// The transports measured when `--transports` is not given.
+pub fn default_transports(hosts: Hosts) -> Vec<String> {
+    let list: &[&str] = match hosts {
+        Hosts::Loopback => &["shm", "tcp", "udp"],
+        Hosts::Netns => &["shm", "tcp", "udp", "xdp"],
+    };
+    list.iter().map(|t| t.to_string()).collect()
 }
 
 /// Latency statistics of one point, µs.
@@ -91,12 +113,14 @@ pub fn latency_of(mut lat_us: Vec<f64>, timeouts: u64) -> Latency {
     }
 }
 
-/// Read `size` bytes `samples` times, pausing `interval` between reads.
+/// Read `size` bytes `samples` times, pausing `interval` between reads. A read that times
+/// out is counted in `timeouts` and enters the percentiles as `timeout`.
 pub fn measure(
     c: &mut dyn RemoteMemory,
     size: usize,
     samples: u64,
     interval: Duration,
+    timeout: Duration,
 ) -> io::Result<Latency> {
     let mut buf = vec![0u8; size];
     let mut lat = Vec::with_capacity(samples as usize);
@@ -107,7 +131,10 @@ pub fn measure(
         let t0 = Instant::now();
         match c.read(0, &mut buf) {
             Ok(()) => lat.push(t0.elapsed().as_nanos() as f64 / 1000.0),
-            Err(RmemError::Timeout) => timeouts += 1,
+            Err(RmemError::Timeout) => {
+                timeouts += 1;
+                lat.push(timeout.as_nanos() as f64 / 1000.0);
+            }
             Err(e) => {
                 return Err(io::Error::other(format!(
                     "{} read of {size} B: {e}",
@@ -141,7 +168,49 @@ impl CpuLoad {
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
-pub fn run(a: ProbeArgs) -> io::Result<()> {
+/// One point of the probe sweep: its key in `points.jsonl`.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Key {
+    transport: String,
+    background_load: u64,
+    size_bytes: u64,
+}
+
+fn label(k: &Key) -> String {
+    format!(
+        "{:<4} load={} size={:<5}",
+        k.transport, k.background_load, k.size_bytes
+    )
+}
+
+fn probe_point(k: &Key, l: &Latency) -> AnyPoint {
+    AnyPoint::Probe(ProbePoint {
+        transport: k.transport.clone(),
+        background_load: k.background_load,
+        size_bytes: k.size_bytes,
+        samples: l.samples,
+        p50_us: l.p50_us,
+        p99_us: l.p99_us,
+        p999_us: l.p999_us,
+        max_us: l.max_us,
+        timeouts: l.timeouts,
+        runs: 1,
+        p50_us_sd: 0.0,
+        p99_us_sd: 0.0,
+    })
+}
+
+pub fn run(mut a: ProbeArgs) -> io::Result<()> {
+    let euid = {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() }
+    };
+    if a.hosts == Hosts::Netns {
+        crate::netns::check_root(euid)?;
+    }
+    if a.transports.is_empty() {
+        a.transports = default_transports(a.hosts);
+    }
     let loads = if a.loads.is_empty() {
         if a.quick {
             vec![0, 2, 4]
@@ -172,7 +241,7 @@ pub fn run(a: ProbeArgs) -> io::Result<()> {
     for t in &a.transports {
         match t.as_str() {
             "shm" | "tcp" | "udp" => {}
-            "xdp" if a.hosts == crate::admission::Hosts::Netns => {}
+            "xdp" if a.hosts == Hosts::Netns => {}
             "xdp" => {
                 return Err(io::Error::new(
                     io::ErrorKind::Unsupported,
@@ -188,10 +257,34 @@ pub fn run(a: ProbeArgs) -> io::Result<()> {
         }
     }
     let samples = a.samples.unwrap_or(if a.quick { 1000 } else { 5000 });
-    let logs = a.out.join("logs");
+    let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
+    let mut meta = Summary::new(
+        "probe",
+        match a.hosts {
+            Hosts::Loopback => "loopback",
+            Hosts::Netns => "netns",
+        },
+        a.quick,
+    );
+    crate::sweep::fill_host_metadata(&mut meta);
+    let mut eff = a.clone();
+    eff.loads = loads.clone();
+    eff.sizes = sizes.clone();
+    eff.samples = Some(samples);
+    meta.params = serde_json::to_value(&eff).map_err(io::Error::other)?;
+    if a.hosts == Hosts::Netns {
+        if let Some(m) = meta.params.as_object_mut() {
+            m.insert(
+                "xdp_mode".into(),
+                "generic (runs in the back-end's softirq after RPS)".into(),
+            );
+        }
+    }
+    let sweep = Sweep::start(&dir, meta, a.resume.is_some())?;
+    let logs = dir.join("logs");
     std::fs::create_dir_all(&logs)?;
-    if a.hosts == crate::admission::Hosts::Netns {
-        return run_netns(&a, &loads, &sizes, samples, &logs);
+    if a.hosts == Hosts::Netns {
+        return run_netns(&a, sweep, &loads, &sizes, samples, &logs);
     }
     let shm = PathBuf::from(format!(
         "/dev/shm/farside-probe-{}.region",
@@ -214,95 +307,51 @@ pub fn run(a: ProbeArgs) -> io::Result<()> {
     let mut g = Child::farside("probe-gatherd", &args, &logs, None)?;
     g.wait_port(tcp)?;
     g.wait_file(&shm)?;
-    let total = a.transports.len() * loads.len() * sizes.len();
-    eprintln!(
-        "lab probe: {total} points of {samples} reads; output in {}",
-        a.out.display()
-    );
-    let mut summary = Summary::new("probe", "loopback", a.quick);
-    summary.params = serde_json::json!({
-        "samples": samples,
-        "interval_us": a.interval_us,
-        "timeout_ms": a.timeout_ms,
-        "spin_us": a.spin_us,
-        "loads": loads,
-        "sizes": sizes,
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-    });
-    let t0 = Instant::now();
     let opts = ClientOptions {
         timeout: Duration::from_millis(a.timeout_ms),
         spin: Duration::from_micros(a.spin_us),
         ..Default::default()
     };
-    let mut done = 0;
+    let mut keys = Vec::new();
     for &load in &loads {
-        let _busy = CpuLoad::start(load, &logs)?;
         for t in &a.transports {
-            let ep = match t.as_str() {
-                "shm" => Endpoint::Shm(shm.clone()),
-                "tcp" => Endpoint::Tcp(tcp),
-                _ => Endpoint::Udp(udp),
-            };
-            let mut c = connect(&ep, &opts).map_err(|e| io::Error::other(format!("{ep}: {e}")))?;
             for &size in &sizes {
-                let l = measure(
-                    &mut *c,
-                    size as usize,
-                    samples,
-                    Duration::from_micros(a.interval_us),
-                )?;
-                g.check_alive()?;
-                done += 1;
-                record(&mut summary, (done, total), t0, t, load, size, &l);
+                keys.push(Key {
+                    transport: t.clone(),
+                    background_load: load,
+                    size_bytes: size,
+                });
             }
         }
     }
+    let mut sweep = sweep;
+    let est = samples as f64 * a.interval_us as f64 / 1e6 + 0.2;
+    let mut busy: Option<(u64, CpuLoad)> = None;
+    sweep.run(&keys, a.repeat, est, label, |k, _| {
+        if busy.as_ref().map(|b| b.0) != Some(k.background_load) {
+            busy = None;
+            busy = Some((k.background_load, CpuLoad::start(k.background_load, &logs)?));
+        }
+        let ep = match k.transport.as_str() {
+            "shm" => Endpoint::Shm(shm.clone()),
+            "tcp" => Endpoint::Tcp(tcp),
+            _ => Endpoint::Udp(udp),
+        };
+        let mut c = connect(&ep, &opts).map_err(|e| io::Error::other(format!("{ep}: {e}")))?;
+        let l = measure(
+            &mut *c,
+            k.size_bytes as usize,
+            samples,
+            Duration::from_micros(a.interval_us),
+            opts.timeout,
+        )?;
+        g.check_alive()?;
+        Ok(probe_point(k, &l))
+    })?;
+    drop(busy);
     drop(g);
     let _ = std::fs::remove_file(&shm);
-    finish(summary, t0, &a)
-}
-
-/// Print a point's progress line and add it to the summary.
-fn record(
-    summary: &mut Summary,
-    (done, total): (usize, usize),
-    t0: Instant,
-    t: &str,
-    load: u64,
-    size: u64,
-    l: &Latency,
-) {
-    eprintln!(
-        "[{done}/{total} {:>4.0}s] {t:<4} load={load} size={size:<5} p50={:>8.1} µs p99={:>8.1} µs p99.9={:>8.1} µs timeouts={}",
-        t0.elapsed().as_secs_f64(),
-        l.p50_us,
-        l.p99_us,
-        l.p999_us,
-        l.timeouts
-    );
-    summary.push(ProbePoint {
-        transport: t.to_string(),
-        background_load: load,
-        size_bytes: size,
-        samples: l.samples,
-        p50_us: l.p50_us,
-        p99_us: l.p99_us,
-        p999_us: l.p999_us,
-        max_us: l.max_us,
-        timeouts: l.timeouts,
-    });
-}
-
-fn finish(mut summary: Summary, t0: Instant, a: &ProbeArgs) -> io::Result<()> {
-    summary.duration_s = t0.elapsed().as_secs_f64();
-    report::print_table(&summary, &mut io::stdout())?;
-    let files = report::write_all(&summary, &a.out)?;
-    eprintln!(
-        "lab probe: wrote {} files to {}",
-        files.len(),
-        a.out.display()
-    );
+    sweep.finish()?;
     Ok(())
 }
 
@@ -321,11 +370,105 @@ fn cpu_list(cpus: &[usize]) -> String {
         .join(",")
 }
 
+/// The back-end node's addresses and the probe's client options in the netns lab.
+struct NetnsBack<'a> {
+    dc: &'a crate::netns::VirtualDc,
+    exe: PathBuf,
+    shm: PathBuf,
+    tcp: SocketAddr,
+    udp: SocketAddr,
+    iface: String,
+    opts: ClientOptions,
+    logs: &'a std::path::Path,
+}
+
+impl NetnsBack<'_> {
+    /// Start the back-end's gatherd serving transport `t` alone and wait until one read
+    /// succeeds from the front node.
+    fn start_gatherd(&self, t: &str) -> io::Result<(Child, Endpoint)> {
+        let mut args: Vec<String> = vec!["gatherd".into()];
+        let ep = match t {
+            "shm" => {
+                args.extend(["--shm".into(), self.shm.display().to_string()]);
+                Endpoint::Shm(self.shm.clone())
+            }
+            "tcp" => {
+                args.extend([
+                    "--no-shm".into(),
+                    "--tcp-listen".into(),
+                    self.tcp.to_string(),
+                ]);
+                Endpoint::Tcp(self.tcp)
+            }
+            "udp" => {
+                args.extend([
+                    "--no-shm".into(),
+                    "--udp-listen".into(),
+                    self.udp.to_string(),
+                    "--xdp-mode".into(),
+                    "off".into(),
+                ]);
+                Endpoint::Udp(self.udp)
+            }
+            _ => {
+                args.extend([
+                    "--no-shm".into(),
+                    "--udp-listen".into(),
+                    self.udp.to_string(),
+                ]);
+                args.extend([
+                    "--xdp-iface".into(),
+                    self.iface.clone(),
+                    "--xdp-mode".into(),
+                    "generic".into(),
+                ]);
+                Endpoint::Udp(self.udp)
+            }
+        };
+        let log = self.logs.join(format!("probe-gatherd-{t}.log"));
+        let child = self.dc.spawn_in("back", &self.exe, &args, &log)?;
+        let mut g = Child::adopt(&format!("gatherd-{t}"), child, log);
+        let opts = self.opts.clone();
+        let ready = self.dc.run_in_ns("front", || {
+            let deadline = Instant::now() + crate::procs::READY_TIMEOUT;
+            loop {
+                if let Ok(mut c) = connect(&ep, &opts) {
+                    if c.read(0, &mut [0u8; 8]).is_ok() {
+                        return Ok(());
+                    }
+                }
+                if Instant::now() > deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("{ep}: no answer from the back-end node"),
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        if let Err(e) = ready {
+            g.check_alive()?;
+            return Err(e);
+        }
+        if t == "xdp" {
+            let log = std::fs::read_to_string(&g.log).unwrap_or_default();
+            if !log.contains("XDP responder on") {
+                return Err(io::Error::other(format!(
+                    "xdp: the gatherer did not attach XDP:\n{}",
+                    crate::procs::tail(&g.log, 10)
+                )));
+            }
+        }
+        Ok((g, ep))
+    }
+}
+
 /// The probe across hosts: back-end node (its own CPUs, RPS steered onto them so its
 /// softirq and XDP run there), front node (the prober). One gatherd per transport, so
 /// each is measured alone.
 fn run_netns(
     a: &ProbeArgs,
+    mut sweep: Sweep,
     loads: &[u64],
     sizes: &[u64],
     samples: u64,
@@ -357,122 +500,79 @@ fn run_netns(
         }
     });
     let back_ip = dc.node_ip("back");
-    let iface = dc.veth_in_ns("back");
-    let exe = std::env::current_exe()?;
-    let shm = PathBuf::from(format!("/dev/shm/farside-probe-{run_id}.region"));
-    let tcp = SocketAddr::new(IpAddr::V4(back_ip), NETNS_TCP_PORT);
-    let udp = SocketAddr::new(IpAddr::V4(back_ip), NETNS_UDP_PORT);
-    let total = a.transports.len() * loads.len() * sizes.len();
-    eprintln!(
-        "lab probe --hosts netns: back-end node on CPUs {back:?} (RPS there too), prober on {front:?}; {total} points of {samples} reads"
-    );
-    let mut summary = Summary::new("probe", "netns", a.quick);
-    summary.params = serde_json::json!({
-        "samples": samples, "interval_us": a.interval_us, "timeout_ms": a.timeout_ms, "spin_us": a.spin_us,
-        "loads": loads, "sizes": sizes, "back_cpus": back, "front_cpus": front,
-        "xdp_mode": "generic (runs in the back-end's softirq after RPS)",
-    });
-    let t0 = Instant::now();
-    let opts = ClientOptions {
-        timeout: Duration::from_millis(a.timeout_ms),
-        spin: Duration::from_micros(a.spin_us),
-        ..Default::default()
+    let nb = NetnsBack {
+        dc: &dc,
+        exe: std::env::current_exe()?,
+        shm: PathBuf::from(format!("/dev/shm/farside-probe-{run_id}.region")),
+        tcp: SocketAddr::new(IpAddr::V4(back_ip), NETNS_TCP_PORT),
+        udp: SocketAddr::new(IpAddr::V4(back_ip), NETNS_UDP_PORT),
+        iface: dc.veth_in_ns("back"),
+        opts: ClientOptions {
+            timeout: Duration::from_millis(a.timeout_ms),
+            spin: Duration::from_micros(a.spin_us),
+            ..Default::default()
+        },
+        logs,
     };
-    let mut done = 0;
+    eprintln!(
+        "lab probe --hosts netns: back-end node on CPUs {back:?} (RPS there too), prober on {front:?}"
+    );
+    let mut keys = Vec::new();
     for t in &a.transports {
-        let mut args: Vec<String> = vec!["gatherd".into()];
-        let ep = match t.as_str() {
-            "shm" => {
-                args.extend(["--shm".into(), shm.display().to_string()]);
-                Endpoint::Shm(shm.clone())
-            }
-            "tcp" => {
-                args.extend(["--no-shm".into(), "--tcp-listen".into(), tcp.to_string()]);
-                Endpoint::Tcp(tcp)
-            }
-            "udp" => {
-                args.extend([
-                    "--no-shm".into(),
-                    "--udp-listen".into(),
-                    udp.to_string(),
-                    "--xdp-mode".into(),
-                    "off".into(),
-                ]);
-                Endpoint::Udp(udp)
-            }
-            _ => {
-                args.extend(["--no-shm".into(), "--udp-listen".into(), udp.to_string()]);
-                args.extend([
-                    "--xdp-iface".into(),
-                    iface.clone(),
-                    "--xdp-mode".into(),
-                    "generic".into(),
-                ]);
-                Endpoint::Udp(udp)
-            }
-        };
-        let log = logs.join(format!("probe-gatherd-{t}.log"));
-        let child = dc.spawn_in("back", &exe, &args, &log)?;
-        let mut g = Child::adopt(&format!("gatherd-{t}"), child, log);
-        // Ready when one read succeeds from the front node.
-        let ready = dc.run_in_ns("front", || {
-            let deadline = Instant::now() + crate::procs::READY_TIMEOUT;
-            loop {
-                if let Ok(mut c) = connect(&ep, &opts) {
-                    if c.read(0, &mut [0u8; 8]).is_ok() {
-                        return Ok(());
-                    }
-                }
-                if Instant::now() > deadline {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("{ep}: no answer from the back-end node"),
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        });
-        if let Err(e) = ready {
-            g.check_alive()?;
-            return Err(e);
-        }
-        if t == "xdp" {
-            let log = std::fs::read_to_string(&g.log).unwrap_or_default();
-            if !log.contains("XDP responder on") {
-                return Err(io::Error::other(format!(
-                    "xdp: the gatherer did not attach XDP:\n{}",
-                    crate::procs::tail(&g.log, 10)
-                )));
-            }
-        }
         for &load in loads {
-            let _busy = dc.start_cpu_load("back", load as usize)?;
             for &size in sizes {
-                let f = front.clone();
-                let ep2 = ep.clone();
-                let l = dc.run_in_ns("front", || {
-                    crate::procs::pin_current_thread(&f)?;
-                    let mut c = connect(&ep2, &opts)
-                        .map_err(|e| io::Error::other(format!("{ep2}: {e}")))?;
-                    measure(
-                        &mut *c,
-                        size as usize,
-                        samples,
-                        Duration::from_micros(a.interval_us),
-                    )
-                })?;
-                g.check_alive()?;
-                done += 1;
-                record(&mut summary, (done, total), t0, t, load, size, &l);
+                keys.push(Key {
+                    transport: t.clone(),
+                    background_load: load,
+                    size_bytes: size,
+                });
             }
         }
-        if (t == "udp" || t == "xdp") && a.flood_s > 0.0 {
+    }
+    let est = samples as f64 * a.interval_us as f64 / 1e6 + 0.2;
+    let mut gatherd: Option<(String, Child, Endpoint)> = None;
+    let mut busy: Option<(u64, crate::netns::LoadHandle)> = None;
+    sweep.run(&keys, a.repeat, est, label, |k, _| {
+        if gatherd.as_ref().map(|g| g.0.as_str()) != Some(k.transport.as_str()) {
+            gatherd = None;
+            let (g, ep) = nb.start_gatherd(&k.transport)?;
+            gatherd = Some((k.transport.clone(), g, ep));
+        }
+        if busy.as_ref().map(|b| b.0) != Some(k.background_load) {
+            busy = None;
+            busy = Some((
+                k.background_load,
+                dc.start_cpu_load("back", k.background_load as usize)?,
+            ));
+        }
+        let (_, g, ep) = gatherd.as_mut().expect("started above");
+        let f = front.clone();
+        let opts = nb.opts.clone();
+        let l = dc.run_in_ns("front", || {
+            crate::procs::pin_current_thread(&f)?;
+            let mut c = connect(ep, &opts).map_err(|e| io::Error::other(format!("{ep}: {e}")))?;
+            measure(
+                &mut *c,
+                k.size_bytes as usize,
+                samples,
+                Duration::from_micros(a.interval_us),
+                opts.timeout,
+            )
+        })?;
+        g.check_alive()?;
+        Ok(probe_point(k, &l))
+    })?;
+    drop(busy);
+    drop(gatherd);
+    if a.flood_s > 0.0 {
+        for t in a.transports.iter().filter(|t| *t == "udp" || *t == "xdp") {
+            let (g, _) = nb.start_gatherd(t)?;
             for load in [0u64, *loads.iter().max().unwrap_or(&0)] {
                 let _busy = dc.start_cpu_load("back", load as usize)?;
                 let f = front.clone();
                 let r = dc.run_in_ns("front", || {
                     crate::procs::pin_current_thread(&f)?;
-                    crate::flood::flood(udp, farside_rmem::DEFAULT_READ_KEY, 64, a.flood_s)
+                    crate::flood::flood(nb.udp, farside_rmem::DEFAULT_READ_KEY, 64, a.flood_s)
                 })?;
                 let line = format!(
                     "flood {t} (64 B READs, background load {load}): {:.0} replies/s of {:.0} sent/s ({:.1}% answered)",
@@ -481,19 +581,47 @@ fn run_netns(
                     100.0 * r.replies as f64 / r.sent.max(1) as f64
                 );
                 eprintln!("{line}");
-                summary.notes.push(line);
+                sweep.note(line)?;
             }
+            drop(g);
         }
-        drop(g);
     }
-    let _ = std::fs::remove_file(&shm);
+    let _ = std::fs::remove_file(&nb.shm);
     drop(dc);
-    finish(summary, t0, a)
+    sweep.finish()?;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn netns_default_transports_include_xdp() {
+        assert_eq!(
+            default_transports(Hosts::Netns),
+            ["shm", "tcp", "udp", "xdp"]
+        );
+        assert!(!default_transports(Hosts::Loopback).contains(&"xdp".to_string()));
+    }
+
+    #[test]
+    fn timed_out_reads_count_in_the_percentiles_as_the_timeout() {
+        // A udp "back-end" that never answers: every read times out for real.
+        let silent = std::net::UdpSocket::bind((LOCALHOST, 0)).unwrap();
+        let timeout = Duration::from_millis(20);
+        let opts = ClientOptions {
+            timeout,
+            ..Default::default()
+        };
+        let mut c = connect(&Endpoint::Udp(silent.local_addr().unwrap()), &opts).unwrap();
+        let l = measure(&mut *c, 8, 3, Duration::from_micros(1), timeout).unwrap();
+        assert_eq!((l.samples, l.timeouts), (3, 3));
+        assert_eq!(
+            (l.p50_us, l.p99_us, l.max_us),
+            (20_000.0, 20_000.0, 20_000.0)
+        );
+    }
 
     #[test]
     fn quantiles_use_nearest_rank() {

@@ -1,5 +1,8 @@
 //! Outputs of a lab run: the text table on the terminal, and into `--out DIR`
-//! `summary.json`, CSV files, SVG figures and a self-contained `report.html`.
+//! `summary.json`, CSV files (written with the `csv` crate), SVG figures ([`crate::svg`],
+//! the lab's one plotting module) and a self-contained `report.html`. The sweep runner
+//! calls [`write_all`] on the summary it rebuilds from `points.jsonl`, as
+//! `farside lab report DIR` does ([`crate::sweep::regenerate`]).
 //!
 //! Files written by [`write_all`] (names are stable; `<trace>` and `<system>`
 //! are sanitised to `[A-Za-z0-9._-]`):
@@ -9,18 +12,21 @@
 //! | `summary.json` | [`Summary`], pretty JSON, without per-second series |
 //! | `points.csv` | one row per admission point (written when there are admission points or no points at all) |
 //! | `probe.csv` | one row per probe point (when there are probe points) |
-//! | `series-<system>-<trace>-<clients>.csv` | per-second series of one admission point |
-//! | `fig-avg-<trace>.svg` | avg response time vs clients, one line per system (Fig. 5(a), 10) |
-//! | `fig-tps-<trace>.svg` | TPS vs clients (Fig. 5(b)) |
+//! | `series-<system>[-limit<N>]-<trace>-<clients>.csv` | per-second series of one admission point (`-limit<N>` when several limits were swept) |
+//! | `fig-avg-<trace>.svg` | avg response time vs clients, one line per system, error bars ± 1 sd over repeats (Fig. 5(a), 10) |
+//! | `fig-tps-<trace>.svg` | TPS vs clients, error bars (Fig. 5(b)) |
 //! | `fig-slow-<trace>.svg` | % of served requests over the QoS threshold vs clients (Fig. 9) |
-//! | `fig-series-rt-<trace>.svg` | per-second avg response time at the heaviest load (Fig. 6) |
-//! | `fig-series-drop-<trace>.svg` | per-second drop rate at the heaviest load (Fig. 7) |
-//! | `fig-probe-p99-<size>B.svg` | probe p99 vs background load, one line per transport, log y |
-//! | `report.html` | title, parameters, tables, improvements, figures inlined, notes |
+//! | `fig-rt-goodput-<trace>.svg` | avg response time against goodput across the swept limits, heaviest load (`--limits`) |
+//! | `fig-requests-<trace>.svg` | response time of each served request (thinned sample), log y, QoS line, heaviest load (Fig. 6) |
+//! | `fig-series-rt-<trace>.svg` | per-second avg response time at the heaviest load |
+//! | `fig-series-drop-<trace>.svg` | per-second (instant) drop rate over the run at the heaviest load (Fig. 7) |
+//! | `fig-probe-p99-<size>B.svg`, `fig-probe-p50-<size>B.svg` | probe p99 / p50 vs background load, one line per transport, log y |
+//! | `fig-probe-size-load<N>.svg` | probe p50 vs read size at background load N (Fig. 4a) |
+//! | `report.html` | title, run metadata and warnings, parameters, tables, improvements, figures inlined, notes |
 //!
 //! Everything is a pure function of the [`Summary`]: the same input gives
-//! byte-identical files. Where several points share a (system, trace,
-//! clients) key, the first one is used in tables and figures.
+//! byte-identical files. Where several points share a label, trace and client count, the
+//! first one is used in tables and figures.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -86,36 +92,54 @@ impl TraceImprovements {
 }
 
 /// The admission points of a summary, indexed for tables and figures.
+///
+/// A point's *label* is its system, or `system limit=N` when the summary sweeps more
+/// than one admission limit (`lab admission --limits`): each label is one column of the
+/// tables and one line of the figures.
 struct Grid<'a> {
     points: Vec<&'a Point>,
+    /// The label of each point of `points`.
+    labels: Vec<String>,
     /// Traces in order of first appearance.
     traces: Vec<&'a str>,
-    /// `SYSTEMS` present, in their order, then any other system in order of appearance.
-    systems: Vec<&'a str>,
+    /// Labels present: `SYSTEMS` order (by limit within a system), then other systems
+    /// in order of appearance.
+    systems: Vec<String>,
+    /// More than one admission limit was measured.
+    multi_limit: bool,
 }
 
 impl<'a> Grid<'a> {
     fn new(s: &'a Summary) -> Grid<'a> {
         let points: Vec<&Point> = s.admission_points().collect();
+        let limits: BTreeSet<u64> = points.iter().filter_map(|p| p.limit).collect();
+        let multi_limit = limits.len() > 1;
+        let labels: Vec<String> = points.iter().map(|p| label(p, multi_limit)).collect();
         let mut traces: Vec<&str> = Vec::new();
-        let mut others: Vec<&str> = Vec::new();
         for p in &points {
             if !traces.contains(&p.trace.as_str()) {
                 traces.push(&p.trace);
             }
-            if !SYSTEMS.contains(&p.system.as_str()) && !others.contains(&p.system.as_str()) {
-                others.push(&p.system);
-            }
         }
-        let mut systems: Vec<&str> = SYSTEMS
-            .into_iter()
-            .filter(|sys| points.iter().any(|p| p.system == *sys))
-            .collect();
-        systems.extend(others);
+        // Sort labels by (rank of the system, limit, first appearance).
+        let mut keyed: Vec<(usize, u64, usize, String)> = Vec::new();
+        for (i, (p, l)) in points.iter().zip(&labels).enumerate() {
+            if keyed.iter().any(|k| &k.3 == l) {
+                continue;
+            }
+            let rank = SYSTEMS
+                .iter()
+                .position(|sys| *sys == p.system)
+                .unwrap_or(SYSTEMS.len());
+            keyed.push((rank, p.limit.unwrap_or(0), i, l.clone()));
+        }
+        keyed.sort();
         Grid {
             points,
+            labels,
             traces,
-            systems,
+            systems: keyed.into_iter().map(|k| k.3).collect(),
+            multi_limit,
         }
     }
 
@@ -130,11 +154,18 @@ impl<'a> Grid<'a> {
         set.into_iter().collect()
     }
 
-    fn get(&self, system: &str, trace: &str, clients: u64) -> Option<&'a Point> {
+    /// The point of `label` (see [`Grid`]) at `trace` and `clients`.
+    fn get(&self, label: &str, trace: &str, clients: u64) -> Option<&'a Point> {
         self.points
             .iter()
-            .find(|p| p.system == system && p.trace == trace && p.clients == clients)
-            .copied()
+            .zip(&self.labels)
+            .find(|(p, l)| *l == label && p.trace == trace && p.clients == clients)
+            .map(|(p, _)| *p)
+    }
+
+    /// The label of `p` in this grid.
+    fn label_of(&self, p: &Point) -> String {
+        label(p, self.multi_limit)
     }
 
     /// `(clients, f(point))` for one system's line on one trace, ascending clients.
@@ -159,17 +190,29 @@ impl<'a> Grid<'a> {
         let mut items: Vec<Improvement> = self
             .systems
             .iter()
-            .filter(|s| **s != SYSTEM_NO_AC)
+            .filter(|s| *s != SYSTEM_NO_AC)
             .map(|s| pct(s, SYSTEM_NO_AC))
             .collect();
-        if self.systems.contains(&"onesided-ac") && self.systems.contains(&"tcp-ac") {
-            items.push(pct("onesided-ac", "tcp-ac"));
+        // One-sided against two-sided at the same limit.
+        for sys in self.systems.iter().filter(|s| s.starts_with("onesided-ac")) {
+            let tcp = sys.replacen("onesided-ac", "tcp-ac", 1);
+            if self.systems.contains(&tcp) {
+                items.push(pct(sys, &tcp));
+            }
         }
         Some(TraceImprovements {
             trace: trace.to_string(),
             clients,
             items,
         })
+    }
+}
+
+/// `system`, or `system limit=N` when the run swept several limits.
+fn label(p: &Point, multi_limit: bool) -> String {
+    match (multi_limit, p.limit) {
+        (true, Some(l)) => format!("{} limit={l}", p.system),
+        _ => p.system.clone(),
     }
 }
 
@@ -207,17 +250,71 @@ fn monitor_line(g: &Grid, trace: &str) -> Option<String> {
         .filter_map(|p| {
             Some(format!(
                 "{} read p50 {:.0} µs p99 {:.0} µs, new record p99 every {:.1} ms",
-                p.system, p.monitor_read_p50_us?, p.monitor_read_p99_us?, p.update_gap_p99_ms?
+                g.label_of(p),
+                p.monitor_read_p50_us?,
+                p.monitor_read_p99_us?,
+                p.update_gap_p99_ms?
             ))
         })
         .collect();
     (!seen.is_empty()).then(|| format!("monitor {trace} @ {heaviest} clients: {}", seen.join("; ")))
 }
 
+/// What ran where: commit, kernel, CPU, seed, whether the run was quick or unfinished,
+/// and every privileged setting that was not applied (one per line).
+pub fn run_lines(s: &Summary) -> String {
+    let mut out = String::new();
+    let dirty = match s.commit_dirty {
+        Some(true) => " (dirty tree)",
+        _ => "",
+    };
+    let _ = writeln!(
+        out,
+        "commit {}{dirty}; kernel {}; CPU {} x {}; seed {}",
+        s.commit.as_deref().unwrap_or("unknown"),
+        if s.kernel.is_empty() {
+            "unknown"
+        } else {
+            &s.kernel
+        },
+        s.cpus,
+        if s.cpu_model.is_empty() {
+            "unknown"
+        } else {
+            &s.cpu_model
+        },
+        s.seed.map_or_else(|| "none".to_string(), |x| x.to_string())
+    );
+    if s.quick {
+        let _ = writeln!(
+            out,
+            "quick run: for demos and smoke tests, not for comparison"
+        );
+    }
+    if !s.finished {
+        let _ = writeln!(
+            out,
+            "unfinished sweep: points so far only (`--resume DIR` continues it)"
+        );
+    }
+    for (name, st) in &s.settings {
+        if !st.applied {
+            let _ = writeln!(
+                out,
+                "warning: {name} = {} not applied: {}",
+                st.requested,
+                st.reason.as_deref().unwrap_or("unknown reason")
+            );
+        }
+    }
+    out
+}
+
 /// The text of [`print_table`].
 pub fn table_text(s: &Summary) -> String {
     let g = Grid::new(s);
-    let mut out = String::new();
+    let mut out = run_lines(s);
+    out.push('\n');
     const CELL: usize = 32; // width of one system's four columns
     for trace in &g.traces {
         let _ = writeln!(
@@ -277,12 +374,16 @@ pub fn table_text(s: &Summary) -> String {
                 .map(|p| {
                     format!(
                         "{} {:.1} ± {:.1} ms, {:.0} ± {:.0} TPS",
-                        p.system, p.avg_ms, p.avg_ms_sd, p.tps, p.tps_sd
+                        g.label_of(p),
+                        p.avg_ms,
+                        p.avg_ms_sd,
+                        p.tps,
+                        p.tps_sd
                     )
                 })
                 .collect();
             if !spread.is_empty() {
-                let runs = g.get(g.systems[0], trace, heaviest).map_or(0, |p| p.runs);
+                let runs = g.get(&g.systems[0], trace, heaviest).map_or(0, |p| p.runs);
                 let _ = writeln!(
                     out,
                     "spread {trace} @ {heaviest} clients (mean ± sd of {runs} runs): {}",
@@ -294,8 +395,14 @@ pub fn table_text(s: &Summary) -> String {
     }
     let probes: Vec<&ProbePoint> = s.probe_points().collect();
     if !probes.is_empty() {
-        let _ = writeln!(out, "{} — remote read round trip (µs)", s.experiment);
-        let head = format!(
+        let _ = writeln!(
+            out,
+            "{} — remote read round trip (µs; timed-out reads count as the timeout)",
+            s.experiment
+        );
+        // With repeats, the spread of p50 and p99 across runs says what is noise.
+        let spread = probes.iter().any(|p| p.runs > 1);
+        let mut head = format!(
             "{:<12}{:>6}{:>9}{:>10}{:>10}{:>10}{:>10}{:>10}{:>9}",
             "transport",
             "load",
@@ -307,10 +414,13 @@ pub fn table_text(s: &Summary) -> String {
             "max us",
             "timeouts"
         );
+        if spread {
+            let _ = write!(head, "{:>10}{:>10}", "p50 sd", "p99 sd");
+        }
         let _ = writeln!(out, "{head}");
         let _ = writeln!(out, "{}", "-".repeat(head.chars().count()));
         for p in probes {
-            let _ = writeln!(
+            let _ = write!(
                 out,
                 "{:<12}{:>6}{:>9}{:>10}{:>10.1}{:>10.1}{:>10.1}{:>10.1}{:>9}",
                 p.transport,
@@ -323,6 +433,10 @@ pub fn table_text(s: &Summary) -> String {
                 p.max_us,
                 p.timeouts
             );
+            if spread {
+                let _ = write!(out, "{:>10.1}{:>10.1}", p.p50_us_sd, p.p99_us_sd);
+            }
+            out.push('\n');
         }
         out.push('\n');
     }
@@ -346,15 +460,15 @@ pub fn write_all(s: &Summary, dir: &Path) -> io::Result<Vec<PathBuf>> {
     put("summary.json", &(s.to_json_pretty() + "\n"))?;
     let g = Grid::new(s);
     if !g.points.is_empty() || s.points.is_empty() {
-        put("points.csv", &points_csv(&g.points))?;
+        put("points.csv", &points_csv(&g.points)?)?;
     }
     let probes: Vec<&ProbePoint> = s.probe_points().collect();
     if !probes.is_empty() {
-        put("probe.csv", &probe_csv(&probes))?;
+        put("probe.csv", &probe_csv(&probes)?)?;
     }
     for p in &g.points {
         if !p.series.is_empty() {
-            put(&series_file_name(p), &series_csv(&p.series))?;
+            put(&series_file_name(p, g.multi_limit), &series_csv(&p.series)?)?;
         }
     }
     let figures = figures(s, &g);
@@ -365,86 +479,147 @@ pub fn write_all(s: &Summary, dir: &Path) -> io::Result<Vec<PathBuf>> {
     Ok(written)
 }
 
-/// `series-<system>-<trace>-<clients>.csv`.
-pub fn series_file_name(p: &Point) -> String {
+/// `series-<system>-<trace>-<clients>.csv`, or `series-<system>-limit<N>-<trace>-<clients>.csv`
+/// for an admission-controlled point of a run that swept several limits.
+pub fn series_file_name(p: &Point, multi_limit: bool) -> String {
+    let limit = match (multi_limit, p.limit) {
+        (true, Some(l)) => format!("-limit{l}"),
+        _ => String::new(),
+    };
     format!(
-        "series-{}-{}-{}.csv",
+        "series-{}{limit}-{}-{}.csv",
         sanitize(&p.system),
         sanitize(&p.trace),
         p.clients
     )
 }
 
-fn points_csv(points: &[&Point]) -> String {
-    let mut out = String::from(
-        "system,trace,clients,transport,avg_ms,p50_ms,p90_ms,p99_ms,max_ms,tps,drop_rate,slow_rate,attempts,served,dropped,failures,monitor_read_p50_us,monitor_read_p99_us,update_gap_p99_ms\n",
-    );
-    // Absent monitor figures (no-ac) are empty fields.
+/// CSV text of `rows` under `head` (RFC 4180 quoting by the `csv` crate).
+fn csv_text(head: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> io::Result<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(head).map_err(io::Error::other)?;
+    for r in rows {
+        w.write_record(&r).map_err(io::Error::other)?;
+    }
+    let bytes = w
+        .into_inner()
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    String::from_utf8(bytes).map_err(io::Error::other)
+}
+
+fn points_csv(points: &[&Point]) -> io::Result<String> {
+    // Absent monitor figures (no-ac) and limits are empty fields.
     let opt = |v: Option<f64>| v.map(|x| x.to_string()).unwrap_or_default();
-    for p in points {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
-            csv_field(&p.system),
-            csv_field(&p.trace),
-            p.clients,
-            csv_field(&p.transport),
-            p.avg_ms,
-            p.p50_ms,
-            p.p90_ms,
-            p.p99_ms,
-            p.max_ms,
-            p.tps,
-            p.drop_rate,
-            p.slow_rate,
-            p.attempts,
-            p.served,
-            p.dropped,
-            p.failures,
-            opt(p.monitor_read_p50_us),
-            opt(p.monitor_read_p99_us),
-            opt(p.update_gap_p99_ms)
-        );
-    }
-    out
+    csv_text(
+        &[
+            "system",
+            "trace",
+            "clients",
+            "transport",
+            "avg_ms",
+            "p50_ms",
+            "p90_ms",
+            "p99_ms",
+            "max_ms",
+            "tps",
+            "drop_rate",
+            "slow_rate",
+            "attempts",
+            "served",
+            "dropped",
+            "failures",
+            "monitor_read_p50_us",
+            "monitor_read_p99_us",
+            "update_gap_p99_ms",
+            "limit",
+            "runs",
+            "avg_ms_sd",
+            "tps_sd",
+            "p99_ms_sd",
+            "drop_rate_sd",
+            "slow_rate_sd",
+        ],
+        points.iter().map(|p| {
+            vec![
+                p.system.clone(),
+                p.trace.clone(),
+                p.clients.to_string(),
+                p.transport.clone(),
+                p.avg_ms.to_string(),
+                p.p50_ms.to_string(),
+                p.p90_ms.to_string(),
+                p.p99_ms.to_string(),
+                p.max_ms.to_string(),
+                p.tps.to_string(),
+                p.drop_rate.to_string(),
+                p.slow_rate.to_string(),
+                p.attempts.to_string(),
+                p.served.to_string(),
+                p.dropped.to_string(),
+                p.failures.to_string(),
+                opt(p.monitor_read_p50_us),
+                opt(p.monitor_read_p99_us),
+                opt(p.update_gap_p99_ms),
+                p.limit.map(|l| l.to_string()).unwrap_or_default(),
+                p.runs.to_string(),
+                p.avg_ms_sd.to_string(),
+                p.tps_sd.to_string(),
+                p.p99_ms_sd.to_string(),
+                p.drop_rate_sd.to_string(),
+                p.slow_rate_sd.to_string(),
+            ]
+        }),
+    )
 }
 
-fn probe_csv(points: &[&ProbePoint]) -> String {
-    let mut out = String::from(
-        "transport,background_load,size_bytes,samples,p50_us,p99_us,p999_us,max_us,timeouts\n",
-    );
-    for p in points {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{},{},{},{},{}",
-            csv_field(&p.transport),
-            p.background_load,
-            p.size_bytes,
-            p.samples,
-            p.p50_us,
-            p.p99_us,
-            p.p999_us,
-            p.max_us,
-            p.timeouts
-        );
-    }
-    out
+fn probe_csv(points: &[&ProbePoint]) -> io::Result<String> {
+    csv_text(
+        &[
+            "transport",
+            "background_load",
+            "size_bytes",
+            "samples",
+            "p50_us",
+            "p99_us",
+            "p999_us",
+            "max_us",
+            "timeouts",
+            "runs",
+            "p50_us_sd",
+            "p99_us_sd",
+        ],
+        points.iter().map(|p| {
+            vec![
+                p.transport.clone(),
+                p.background_load.to_string(),
+                p.size_bytes.to_string(),
+                p.samples.to_string(),
+                p.p50_us.to_string(),
+                p.p99_us.to_string(),
+                p.p999_us.to_string(),
+                p.max_us.to_string(),
+                p.timeouts.to_string(),
+                p.runs.to_string(),
+                p.p50_us_sd.to_string(),
+                p.p99_us_sd.to_string(),
+            ]
+        }),
+    )
 }
 
-fn series_csv(series: &[SecondPoint]) -> String {
-    let mut out = String::from("t_s,served,dropped,drop_rate,avg_ms\n");
-    for sp in series {
-        let _ = writeln!(
-            out,
-            "{},{},{},{},{}",
-            sp.t_s,
-            sp.served,
-            sp.dropped,
-            sp.drop_rate(),
-            sp.avg_ms
-        );
-    }
-    out
+fn series_csv(series: &[SecondPoint]) -> io::Result<String> {
+    csv_text(
+        &["t_s", "served", "dropped", "drop_rate", "avg_ms"],
+        series.iter().map(|sp| {
+            vec![
+                sp.t_s.to_string(),
+                sp.served.to_string(),
+                sp.dropped.to_string(),
+                sp.drop_rate().to_string(),
+                sp.avg_ms.to_string(),
+            ]
+        }),
+    )
 }
 
 /// `(file name, caption, svg)` for every figure, in a fixed order.
@@ -453,13 +628,16 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
     let slow = fmt_num(slow_ms(s));
     for trace in &g.traces {
         let t = sanitize(trace);
-        let chart = |title: &str, y: &str, f: &dyn Fn(&Point) -> f64| {
-            let mut c = Chart::new(title, "clients", y);
-            for sys in &g.systems {
-                c = c.series(sys, g.line(sys, trace, f));
-            }
-            c.to_svg()
-        };
+        // Error bars: ± one standard deviation over the repeats (none for one run).
+        let chart =
+            |title: &str, y: &str, f: &dyn Fn(&Point) -> f64, sd: &dyn Fn(&Point) -> f64| {
+                let mut c = Chart::new(title, "clients", y);
+                for sys in &g.systems {
+                    let err = g.line(sys, trace, sd).into_iter().map(|p| p.1).collect();
+                    c = c.series_err(sys, g.line(sys, trace, f), err);
+                }
+                c.to_svg()
+            };
         out.push((
             format!("fig-avg-{t}.svg"),
             format!("Average response time vs load, trace {trace} (Fig. 5(a)/10)"),
@@ -467,6 +645,7 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
                 &format!("Average response time — {trace}"),
                 "avg response time (ms)",
                 &|p| p.avg_ms,
+                &|p| p.avg_ms_sd,
             ),
         ));
         out.push((
@@ -476,6 +655,7 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
                 &format!("Throughput — {trace}"),
                 "served requests per second (TPS)",
                 &|p| p.tps,
+                &|p| p.tps_sd,
             ),
         ));
         out.push((
@@ -485,11 +665,46 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
                 &format!("Requests slower than {slow} ms — {trace}"),
                 "slow requests (% of served)",
                 &|p| p.slow_rate * 100.0,
+                &|p| p.slow_rate_sd * 100.0,
             ),
         ));
         let Some(&heaviest) = g.clients(trace).last() else {
             continue;
         };
+        if g.multi_limit {
+            out.push((
+                format!("fig-rt-goodput-{t}.svg"),
+                format!(
+                    "Response time against goodput across admission limits, {heaviest} clients, trace {trace}"
+                ),
+                rt_goodput_chart(g, trace, heaviest),
+            ));
+        }
+        let sampled: Vec<&Point> = g
+            .systems
+            .iter()
+            .filter_map(|sys| g.get(sys, trace, heaviest))
+            .filter(|p| !p.requests.is_empty())
+            .collect();
+        if !sampled.is_empty() {
+            let mut c = Chart::new(
+                &format!("Response time of each request, {heaviest} clients — {trace}"),
+                "request start (s)",
+                "response time (ms, log)",
+            )
+            .log_y(true)
+            .hline(slow_ms(s), &format!("QoS {slow} ms"));
+            for p in &sampled {
+                c = c.scatter(&g.label_of(p), p.requests.clone());
+            }
+            out.push((
+                format!("fig-requests-{t}.svg"),
+                format!(
+                    "Response time of served requests (a thinned sample) at {heaviest} clients, trace {trace} (Fig. 6)"
+                ),
+                c.to_svg(),
+            ));
+        }
         let with_series: Vec<&Point> = g
             .systems
             .iter()
@@ -499,7 +714,7 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
         if with_series.is_empty() {
             continue;
         }
-        let rt: Vec<(&str, Vec<(f64, f64)>)> = with_series
+        let rt: Vec<(String, Vec<(f64, f64)>)> = with_series
             .iter()
             .map(|p| {
                 let pts = p
@@ -513,7 +728,7 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
                         )
                     })
                     .collect();
-                (p.system.as_str(), pts)
+                (g.label_of(p), pts)
             })
             .collect();
         let positive = rt
@@ -534,7 +749,7 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
             c = c.hline(slow_ms(s), &format!("QoS {slow} ms"));
         }
         for (name, pts) in rt {
-            c = c.series(name, pts);
+            c = c.series(&name, pts);
         }
         out.push((
             format!("fig-series-rt-{t}.svg"),
@@ -552,7 +767,7 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
                 .iter()
                 .map(|sp| (sp.t_s as f64, sp.drop_rate() * 100.0))
                 .collect();
-            c = c.series(&p.system, pts);
+            c = c.series(&g.label_of(p), pts);
         }
         out.push((
             format!("fig-series-drop-{t}.svg"),
@@ -592,8 +807,118 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
             format!("Remote read p99 latency vs background load, {size} B reads"),
             c.to_svg(),
         ));
+        out.push((
+            format!("fig-probe-p50-{size}B.svg"),
+            format!("Remote read median latency vs background load, {size} B reads"),
+            probe_chart(
+                &probes,
+                &format!("Remote read p50 vs background load — {size} B"),
+                "CPU-busy processes on the read node",
+                |p| (p.size_bytes == size).then_some(p.background_load as f64),
+                |p| (p.p50_us, p.p50_us_sd),
+            ),
+        ));
+    }
+    let loads: BTreeSet<u64> = probes.iter().map(|p| p.background_load).collect();
+    if sizes_of(&probes) > 1 {
+        for load in loads {
+            out.push((
+                format!("fig-probe-size-load{load}.svg"),
+                format!(
+                    "Remote read median latency vs read size, background load {load} (Fig. 4a)"
+                ),
+                probe_chart(
+                    &probes,
+                    &format!("Remote read p50 vs size — background load {load}"),
+                    "read size (log2 bytes: 3 = 8 B, 12 = 4 KiB)",
+                    |p| (p.background_load == load).then_some((p.size_bytes as f64).log2()),
+                    |p| (p.p50_us, p.p50_us_sd),
+                ),
+            ));
+        }
     }
     out
+}
+
+/// Distinct read sizes among the probe points.
+fn sizes_of(probes: &[&ProbePoint]) -> usize {
+    probes
+        .iter()
+        .map(|p| p.size_bytes)
+        .collect::<BTreeSet<_>>()
+        .len()
+}
+
+/// A probe chart, one line per transport: `x(p)` selects and places a point, `y(p)` is
+/// its value and error bar; log y (transports differ by orders of magnitude).
+fn probe_chart(
+    probes: &[&ProbePoint],
+    title: &str,
+    x_label: &str,
+    x: impl Fn(&ProbePoint) -> Option<f64>,
+    y: impl Fn(&ProbePoint) -> (f64, f64),
+) -> String {
+    let mut transports: Vec<&str> = Vec::new();
+    for p in probes {
+        if !transports.contains(&p.transport.as_str()) {
+            transports.push(&p.transport);
+        }
+    }
+    let mut c = Chart::new(title, x_label, "round trip (µs)").log_y(true);
+    for tr in transports {
+        let mut pts: Vec<(f64, f64, f64)> = probes
+            .iter()
+            .filter(|p| p.transport == tr)
+            .filter_map(|p| x(p).map(|xv| (xv, y(p).0, y(p).1)))
+            .collect();
+        if pts.is_empty() {
+            continue;
+        }
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        c = c.series_err(
+            tr,
+            pts.iter().map(|p| (p.0, p.1)).collect(),
+            pts.iter().map(|p| p.2).collect(),
+        );
+    }
+    c.to_svg()
+}
+
+/// Response time against goodput at `clients`, one line per system across its limits
+/// (ascending limit), no-ac as a single point; error bars ± 1 sd of the response time.
+fn rt_goodput_chart(g: &Grid, trace: &str, clients: u64) -> String {
+    let mut c = Chart::new(
+        &format!("Response time vs goodput across limits, {clients} clients — {trace}"),
+        "goodput (served requests/s)",
+        "avg response time (ms)",
+    );
+    let mut systems: Vec<&str> = Vec::new();
+    for p in &g.points {
+        if !systems.contains(&p.system.as_str()) {
+            systems.push(&p.system);
+        }
+    }
+    systems.sort_by_key(|sys| {
+        SYSTEMS
+            .iter()
+            .position(|x| x == sys)
+            .unwrap_or(SYSTEMS.len())
+    });
+    for sys in systems {
+        let mut pts: Vec<&Point> = g
+            .points
+            .iter()
+            .filter(|p| p.system == sys && p.trace == trace && p.clients == clients)
+            .copied()
+            .collect();
+        pts.sort_by_key(|p| p.limit.unwrap_or(0));
+        c = c.series_err(
+            sys,
+            pts.iter().map(|p| (p.tps, p.avg_ms)).collect(),
+            pts.iter().map(|p| p.avg_ms_sd).collect(),
+        );
+    }
+    c.to_svg()
 }
 
 fn html(s: &Summary, g: &Grid, figures: &[(String, String, String)]) -> String {
@@ -635,6 +960,7 @@ pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
             ""
         },
     );
+    let _ = writeln!(out, "<h2>Run</h2>\n<pre>{}</pre>", escape(&run_lines(s)));
     let _ = writeln!(out, "<h2>Parameters</h2>");
     let params = serde_json::to_string_pretty(&s.params).unwrap_or_default();
     let _ = writeln!(out, "<pre>{}</pre>", escape(&params));
@@ -754,15 +1080,6 @@ pub fn sanitize(s: &str) -> String {
     }
 }
 
-/// Quotes a CSV field when it holds a comma, quote or newline (RFC 4180).
-fn csv_field(s: &str) -> String {
-    if s.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", s.replace('"', "\"\""))
-    } else {
-        s.to_string()
-    }
-}
-
 /// `1000` for whole numbers, else up to 3 decimals.
 fn fmt_num(v: f64) -> String {
     if v.fract() == 0.0 && v.abs() < 1e15 {
@@ -853,10 +1170,15 @@ mod tests {
                         runs: 1,
                         avg_ms_sd: 0.0,
                         tps_sd: 0.0,
+                        p99_ms_sd: 0.0,
+                        drop_rate_sd: 0.0,
+                        slow_rate_sd: 0.0,
                         monitor_read_p50_us: (si > 0).then_some(20.0 * si as f64),
                         monitor_read_p99_us: (si > 0).then_some(900.0 / si as f64),
                         update_gap_p99_ms: (si > 0).then_some(3.0 / si as f64),
                         series,
+                        limit: (si > 0).then_some(16),
+                        requests: Vec::new(),
                     });
                 }
             }
@@ -1023,6 +1345,9 @@ mod tests {
                     p999_us: base * 10.0,
                     max_us: base * 20.0,
                     timeouts: 0,
+                    runs: 1,
+                    p50_us_sd: 0.0,
+                    p99_us_sd: 0.0,
                 });
             }
         }
@@ -1031,6 +1356,25 @@ mod tests {
         let fig = dir.join("fig-probe-p99-64B.svg");
         check_well_formed(&std::fs::read_to_string(fig).unwrap()).unwrap();
         assert!(table_text(&s).contains("udp-xdp"));
+        assert!(
+            !table_text(&s).contains("p50 sd"),
+            "no spread for single runs"
+        );
+        for p in &mut s.points {
+            if let crate::summary::AnyPoint::Probe(p) = p {
+                p.runs = 3;
+                p.p50_us_sd = 0.25;
+            }
+        }
+        let text = table_text(&s);
+        assert!(
+            text.contains("p50 sd") && text.contains("       0.2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("timed-out reads count as the timeout"),
+            "{text}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -1069,6 +1413,9 @@ mod tests {
                     p999_us: p99_us * 3.0,
                     max_us: p99_us * 10.0,
                     timeouts: 0,
+                    runs: 1,
+                    p50_us_sd: 0.0,
+                    p99_us_sd: 0.0,
                 });
             }
         }
@@ -1083,7 +1430,6 @@ mod tests {
         assert_eq!(sanitize(".."), "_..");
         assert_eq!(utc_string(0), "1970-01-01 00:00:00");
         assert_eq!(utc_string(951_782_400), "2000-02-29 00:00:00");
-        assert_eq!(csv_field("a,b"), "\"a,b\"");
     }
 
     #[test]

@@ -19,6 +19,7 @@
 //! Deserializing a `summary.json` therefore yields empty series.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Name of the baseline system without admission control.
 pub const SYSTEM_NO_AC: &str = "no-ac";
@@ -51,6 +52,68 @@ pub struct Summary {
     pub points: Vec<AnyPoint>,
     /// `notes`: free-text remarks (fallbacks taken, warnings, caveats).
     pub notes: Vec<String>,
+    /// `finished`: false while the sweep runs or after it broke off (`--resume DIR`
+    /// continues it); true once every point was measured.
+    #[serde(default)]
+    pub finished: bool,
+    /// `commit`: `git rev-parse HEAD` of the source tree the binary was built from, when
+    /// that tree is still there; `null` otherwise.
+    #[serde(default)]
+    pub commit: Option<String>,
+    /// `commit_dirty`: that tree had uncommitted changes to tracked files
+    /// (`git status --porcelain --untracked-files=no`).
+    #[serde(default)]
+    pub commit_dirty: Option<bool>,
+    /// `kernel`: `uname -r` of the machine that ran the sweep.
+    #[serde(default)]
+    pub kernel: String,
+    /// `cpu_model`: the first `model name` of `/proc/cpuinfo` (`"unknown"` without one).
+    #[serde(default)]
+    pub cpu_model: String,
+    /// `cpus`: CPUs this process may run on.
+    #[serde(default)]
+    pub cpus: usize,
+    /// `seed`: seed of the workload samplers (`--seed`; repeat `r` uses `seed + r`);
+    /// `null` for experiments without randomness.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// `settings`: settings that need privileges or a particular host, each with what was
+    /// asked for and whether it took effect (see [`Setting`]); a run whose settings were
+    /// not all applied says so here and in a warning on stderr.
+    #[serde(default)]
+    pub settings: BTreeMap<String, Setting>,
+}
+
+/// A setting that needs privileges (or a host feature), as asked for and as applied.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Setting {
+    /// `requested`: the value asked for (flag or default).
+    pub requested: serde_json::Value,
+    /// `applied`: whether it took effect.
+    pub applied: bool,
+    /// `reason`: why it was not applied (or how it was), `null` when applied as asked.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+impl Setting {
+    /// A setting applied as requested.
+    pub fn applied(requested: impl Into<serde_json::Value>) -> Setting {
+        Setting {
+            requested: requested.into(),
+            applied: true,
+            reason: None,
+        }
+    }
+
+    /// A setting that was not applied, and why.
+    pub fn not_applied(requested: impl Into<serde_json::Value>, reason: &str) -> Setting {
+        Setting {
+            requested: requested.into(),
+            applied: false,
+            reason: Some(reason.to_string()),
+        }
+    }
 }
 
 /// One element of [`Summary::points`]: either kind, told apart by its keys.
@@ -60,6 +123,8 @@ pub struct Summary {
 /// own (`transport`, `background_load`, `size_bytes`, `p50_us`, ...).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(untagged)]
+// A run holds hundreds of points at most: boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum AnyPoint {
     /// An admission-control measurement.
     Admission(Point),
@@ -78,6 +143,10 @@ pub struct Point {
     pub trace: String,
     /// `clients`: number of closed-loop clients (the load, x axis of Fig. 5).
     pub clients: u64,
+    /// `limit`: the admission limit of this point (`lab admission --limits`); absent for
+    /// `no-ac`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u64>,
     /// `transport`: how the proxy read back-end load: `"none"` for no-ac,
     /// else `"tcp"`, `"udp-xdp"`, `"udp-user"`, `"shm"`, ...
     pub transport: String,
@@ -117,6 +186,15 @@ pub struct Point {
     /// `tps_sd`: sample standard deviation of `tps` across runs (0 for one run).
     #[serde(default)]
     pub tps_sd: f64,
+    /// `p99_ms_sd`: sample standard deviation of `p99_ms` across runs (0 for one run).
+    #[serde(default)]
+    pub p99_ms_sd: f64,
+    /// `drop_rate_sd`: sample standard deviation of `drop_rate` across runs.
+    #[serde(default)]
+    pub drop_rate_sd: f64,
+    /// `slow_rate_sd`: sample standard deviation of `slow_rate` across runs.
+    #[serde(default)]
+    pub slow_rate_sd: f64,
     /// `monitor_read_p50_us`: median round trip of the proxy's load reads during the
     /// point (its embedded monitor, every G), µs; absent for `no-ac`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -132,6 +210,11 @@ pub struct Point {
     /// report writes it to `series-<system>-<trace>-<clients>.csv`.
     #[serde(skip_serializing, default)]
     pub series: Vec<SecondPoint>,
+    /// Served requests of the run, `(start s, response time ms)`, evenly thinned to at
+    /// most `admission::REQUEST_SAMPLES_MAX` (Fig. 6's scatter). Kept in `points.jsonl`,
+    /// not in `summary.json`.
+    #[serde(skip_serializing, default)]
+    pub requests: Vec<(f64, f64)>,
 }
 
 fn one() -> u64 {
@@ -176,6 +259,9 @@ impl Point {
             runs: runs.len() as u64,
             avg_ms_sd: sd(|p| p.avg_ms),
             tps_sd: sd(|p| p.tps),
+            p99_ms_sd: sd(|p| p.p99_ms),
+            drop_rate_sd: sd(|p| p.drop_rate),
+            slow_rate_sd: sd(|p| p.slow_rate),
             monitor_read_p50_us: mean_some(runs, |p| p.monitor_read_p50_us),
             monitor_read_p99_us: mean_some(runs, |p| p.monitor_read_p99_us),
             update_gap_p99_ms: mean_some(runs, |p| p.update_gap_p99_ms),
@@ -229,8 +315,104 @@ pub struct ProbePoint {
     pub p999_us: f64,
     /// `max_us`: largest round trip, µs.
     pub max_us: f64,
-    /// `timeouts`: reads that got no reply within the timeout.
+    /// `timeouts`: reads that got no reply within the timeout. They are in `samples` and
+    /// in the percentiles, counted as taking the whole timeout.
     pub timeouts: u64,
+    /// `runs`: repetitions this point averages (`lab probe --repeat`).
+    #[serde(default = "one")]
+    pub runs: u64,
+    /// `p50_us_sd`: sample standard deviation of `p50_us` across runs (0 for one run).
+    #[serde(default)]
+    pub p50_us_sd: f64,
+    /// `p99_us_sd`: sample standard deviation of `p99_us` across runs (0 for one run).
+    #[serde(default)]
+    pub p99_us_sd: f64,
+}
+
+/// Sample standard deviation of `v` (0 for fewer than two values).
+fn sd_of(v: &[f64]) -> f64 {
+    if v.len() < 2 {
+        return 0.0;
+    }
+    let n = v.len() as f64;
+    let m = v.iter().sum::<f64>() / n;
+    (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
+}
+
+impl ProbePoint {
+    /// Combine repetitions: means of the percentiles, sums of the counts, the largest
+    /// max, and the spread of p50 and p99.
+    pub fn combine(runs: &[ProbePoint]) -> ProbePoint {
+        let Some(first) = runs.first() else {
+            return ProbePoint::default();
+        };
+        let n = runs.len() as f64;
+        let mean = |f: fn(&ProbePoint) -> f64| runs.iter().map(f).sum::<f64>() / n;
+        let vals = |f: fn(&ProbePoint) -> f64| runs.iter().map(f).collect::<Vec<f64>>();
+        ProbePoint {
+            samples: runs.iter().map(|p| p.samples).sum(),
+            p50_us: mean(|p| p.p50_us),
+            p99_us: mean(|p| p.p99_us),
+            p999_us: mean(|p| p.p999_us),
+            max_us: runs.iter().map(|p| p.max_us).fold(0.0, f64::max),
+            timeouts: runs.iter().map(|p| p.timeouts).sum(),
+            runs: runs.len() as u64,
+            p50_us_sd: sd_of(&vals(|p| p.p50_us)),
+            p99_us_sd: sd_of(&vals(|p| p.p99_us)),
+            ..first.clone()
+        }
+    }
+}
+
+impl AnyPoint {
+    /// Combine repetitions of one point (all of one kind; a mixed list keeps the first
+    /// kind's runs only).
+    pub fn combine(runs: &[AnyPoint]) -> AnyPoint {
+        match runs.first() {
+            Some(AnyPoint::Probe(_)) => AnyPoint::Probe(ProbePoint::combine(
+                &runs
+                    .iter()
+                    .filter_map(|p| match p {
+                        AnyPoint::Probe(p) => Some(p.clone()),
+                        AnyPoint::Admission(_) => None,
+                    })
+                    .collect::<Vec<_>>(),
+            )),
+            _ => AnyPoint::Admission(Point::combine(
+                &runs
+                    .iter()
+                    .filter_map(|p| match p {
+                        AnyPoint::Admission(p) => Some(p.clone()),
+                        AnyPoint::Probe(_) => None,
+                    })
+                    .collect::<Vec<_>>(),
+            )),
+        }
+    }
+
+    /// The point's figures on one line, for progress output.
+    pub fn progress_line(&self) -> String {
+        match self {
+            AnyPoint::Admission(p) => {
+                let monitor = match (p.monitor_read_p99_us, p.update_gap_p99_ms) {
+                    (Some(r), Some(g)) => format!(" read-p99={r:.0}us gap-p99={g:.1}ms"),
+                    _ => String::new(),
+                };
+                format!(
+                    "avg={:>8.1} ms p99={:>8.1} ms tps={:>7.1} drop={:>5.1}% slow={:>5.1}%{monitor}",
+                    p.avg_ms,
+                    p.p99_ms,
+                    p.tps,
+                    100.0 * p.drop_rate,
+                    100.0 * p.slow_rate
+                )
+            }
+            AnyPoint::Probe(p) => format!(
+                "p50={:>8.1} µs p99={:>8.1} µs p99.9={:>8.1} µs timeouts={}",
+                p.p50_us, p.p99_us, p.p999_us, p.timeouts
+            ),
+        }
+    }
 }
 
 impl From<Point> for AnyPoint {
@@ -261,6 +443,14 @@ impl Summary {
             params: serde_json::Value::Object(serde_json::Map::new()),
             points: Vec::new(),
             notes: Vec::new(),
+            finished: false,
+            commit: None,
+            commit_dirty: None,
+            kernel: String::new(),
+            cpu_model: String::new(),
+            cpus: 0,
+            seed: None,
+            settings: BTreeMap::new(),
         }
     }
 
@@ -322,9 +512,14 @@ mod tests {
             runs: 1,
             avg_ms_sd: 0.0,
             tps_sd: 0.0,
+            p99_ms_sd: 0.0,
+            drop_rate_sd: 0.0,
+            slow_rate_sd: 0.0,
             monitor_read_p50_us: Some(30.0),
             monitor_read_p99_us: Some(900.0),
             update_gap_p99_ms: Some(2.5),
+            limit: Some(16),
+            requests: vec![(0.25, 3.0)],
             series: vec![SecondPoint {
                 t_s: 0,
                 served: 10,
@@ -345,6 +540,9 @@ mod tests {
             p999_us: 40.0,
             max_us: 100.0,
             timeouts: 0,
+            runs: 1,
+            p50_us_sd: 0.0,
+            p99_us_sd: 0.0,
         }
     }
 
@@ -359,6 +557,7 @@ mod tests {
         assert_eq!(back.probe_points().next().unwrap(), &probe());
         let mut no_series = admission();
         no_series.series.clear();
+        no_series.requests.clear();
         assert_eq!(back.admission_points().next().unwrap(), &no_series);
     }
 

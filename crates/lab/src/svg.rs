@@ -4,8 +4,9 @@
 //! with units, a legend, several series (colour-blind-safe palette plus a
 //! distinct marker shape per series, so the lines stay apart in greyscale),
 //! an optional log y axis and optional horizontal reference line (a QoS
-//! threshold, Fig. 8). Output is deterministic: the same chart gives the
-//! same bytes.
+//! threshold, Fig. 8), error bars (± one standard deviation over repeats)
+//! and scatter series (Fig. 6's per-request cloud). Output is deterministic:
+//! the same chart gives the same bytes. This is the lab's only plotting module.
 //!
 //! Non-finite y values (and, on a log axis, values <= 0) are gaps: the line
 //! is broken there instead of drawn to a made-up value.
@@ -29,6 +30,10 @@ pub struct Series {
     pub name: String,
     /// `(x, y)` points, drawn in the given order.
     pub points: Vec<(f64, f64)>,
+    /// Half-height of each point's error bar (same length as `points`; empty = none).
+    pub err: Vec<f64>,
+    /// Dots only, no line (a cloud of samples).
+    pub scatter: bool,
 }
 
 /// A line chart. Build with [`Chart::new`] and the builder methods, render with [`Chart::to_svg`].
@@ -87,6 +92,30 @@ impl Chart {
         self.series.push(Series {
             name: name.to_string(),
             points,
+            ..Series::default()
+        });
+        self
+    }
+
+    /// Adds a series with error bars of half-height `err[i]` at point `i` (bars of 0
+    /// are not drawn).
+    pub fn series_err(mut self, name: &str, points: Vec<(f64, f64)>, err: Vec<f64>) -> Chart {
+        self.series.push(Series {
+            name: name.to_string(),
+            points,
+            err,
+            scatter: false,
+        });
+        self
+    }
+
+    /// Adds a scatter series: small dots, no line.
+    pub fn scatter(mut self, name: &str, points: Vec<(f64, f64)>) -> Chart {
+        self.series.push(Series {
+            name: name.to_string(),
+            points,
+            err: Vec::new(),
+            scatter: true,
         });
         self
     }
@@ -130,8 +159,19 @@ impl Chart {
             .flat_map(|s| s.points.iter().copied())
             .filter(|&(x, y)| x.is_finite() && self.y_ok(y))
             .collect();
+        // The y range covers the error bars too.
+        let mut y_range = points.clone();
+        for s in &self.series {
+            for (&(x, y), &e) in s.points.iter().zip(&s.err) {
+                for v in [y - e, y + e] {
+                    if x.is_finite() && self.y_ok(y) && self.y_ok(v) {
+                        y_range.push((x, v));
+                    }
+                }
+            }
+        }
         let (x_ticks, x_lo, x_hi) = axis_x(&points);
-        let y_axis = self.axis_y(&points);
+        let y_axis = self.axis_y(&y_range);
 
         // Grid and ticks.
         out.push_str(r##"<g stroke="#e3e3e3" stroke-width="1">"##);
@@ -250,6 +290,31 @@ impl Chart {
                         .then(|| (plot.x(x, x_lo, x_hi), plot.y(y_axis.map(y))))
                 })
                 .collect();
+            if s.scatter {
+                for &(x, y) in mapped.iter().flatten() {
+                    let _ = writeln!(
+                        out,
+                        r#"<circle cx="{x:.1}" cy="{y:.1}" r="1.6" fill="{color}" fill-opacity="0.55" stroke="none"/>"#
+                    );
+                }
+                continue;
+            }
+            for (&(x, y), &e) in s.points.iter().zip(&s.err) {
+                if !(x.is_finite() && self.y_ok(y) && e > 0.0 && e.is_finite()) {
+                    continue;
+                }
+                let px = plot.x(x, x_lo, x_hi);
+                let lo = if self.y_ok(y - e) { y - e } else { y };
+                let (y1, y2) = (plot.y(y_axis.map(lo)), plot.y(y_axis.map(y + e)));
+                let _ = writeln!(
+                    out,
+                    r#"<path d="M{px:.1},{y1:.1}V{y2:.1}M{:.1},{y1:.1}H{:.1}M{:.1},{y2:.1}H{:.1}" stroke="{color}" stroke-width="1.2"/>"#,
+                    px - 4.0,
+                    px + 4.0,
+                    px - 4.0,
+                    px + 4.0
+                );
+            }
             for segment in mapped.split(|p| p.is_none()) {
                 let pts: Vec<String> = segment
                     .iter()
@@ -293,7 +358,7 @@ impl Chart {
         let (mut x, mut row) = (x0, 0usize);
         for (i, s) in self.series.iter().enumerate() {
             // The legend shows a marker only where the line has them.
-            let marked = s.points.len() <= MARKERS_POINTS_MAX;
+            let marked = s.points.len() <= MARKERS_POINTS_MAX && !s.scatter;
             // Rough text width: 7 px per char at 12 px sans-serif.
             let item_w = 34.0 + 7.0 * s.name.chars().count() as f64 + 18.0;
             if x + item_w > x_max && x > x0 {
@@ -304,8 +369,9 @@ impl Chart {
             let color = PALETTE[i % PALETTE.len()];
             let _ = writeln!(
                 out,
-                r##"<line x1="{x:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{color}" stroke-width="2"/>{}<text x="{:.1}" y="{:.1}" fill="#222">{}</text>"##,
+                r##"<line x1="{x:.1}" y1="{y:.1}" x2="{:.1}" y2="{y:.1}" stroke="{color}" stroke-width="{}"/>{}<text x="{:.1}" y="{:.1}" fill="#222">{}</text>"##,
                 x + 26.0,
+                if s.scatter { "5" } else { "2" },
                 if marked {
                     marker(i, x + 13.0, y, color)
                 } else {
@@ -648,6 +714,27 @@ mod tests {
         assert_eq!(format_log_tick(0.01), "0.01");
         assert_eq!(format_log_tick(1000.0), "1k");
         assert_eq!(format_log_tick(50.0), "50");
+    }
+
+    #[test]
+    fn error_bars_and_scatter_are_drawn_and_widen_the_axis() {
+        let bars = Chart::new("bars", "x", "y")
+            .series_err("a", vec![(1.0, 10.0), (2.0, 20.0)], vec![0.0, 15.0])
+            .to_svg();
+        check_well_formed(&bars).unwrap();
+        // One bar (the zero one is not drawn), and the axis reaches 20 + 15.
+        assert_eq!(bars.matches("<path d=\"M").count(), 1, "{bars}");
+        assert!(bars.contains(">35<") || bars.contains(">40<"), "{bars}");
+        let cloud = Chart::new("cloud", "t (s)", "ms")
+            .log_y(true)
+            .hline(1000.0, "QoS")
+            .scatter("a", (0..100).map(|i| (i as f64, 1.0 + i as f64)).collect())
+            .to_svg();
+        check_well_formed(&cloud).unwrap();
+        // Dots, no line, even above the marker limit; the QoS line is there.
+        assert_eq!(cloud.matches("r=\"1.6\"").count(), 100);
+        assert!(!cloud.contains("<polyline"));
+        assert!(cloud.contains("QoS"));
     }
 
     #[test]

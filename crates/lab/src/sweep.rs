@@ -1,0 +1,782 @@
+//! The one sweep runner of every `farside lab` experiment.
+//!
+//! An experiment is its own set-up and a *point function*; everything else is here:
+//!
+//! - **points and repeats**: the experiment lists its point keys (any `Serialize` value,
+//!   e.g. `{system, trace, limit, clients}`); every key is run `repeat` times and the
+//!   runs are combined ([`AnyPoint::combine`]: means, sums, standard deviations);
+//! - **progress**: one line per run with the runs done, elapsed time and an ETA from the
+//!   runs measured so far;
+//! - **append to disk**: each run is appended to `points.jsonl` ([`Record`], one JSON
+//!   object a line, series and per-request samples included) as soon as it finishes, so
+//!   a broken sweep loses at most the run in progress;
+//! - **resume**: [`Sweep::start`] with `resume` reads `summary.json` and `points.jsonl`
+//!   back, refuses if the effective settings differ, and [`Sweep::run`] skips the runs
+//!   already on disk;
+//! - **metadata**: `summary.json` is written at the start (`finished: false`) with the
+//!   commit, kernel, CPU model, effective settings (`params`), seed and privileged
+//!   settings (`settings`), then rewritten when the sweep ends;
+//! - **outputs**: [`Sweep::finish`] and `farside lab report DIR` both call
+//!   [`regenerate`], which rebuilds the summary from the two files and renders the
+//!   table, CSV, plots and `report.html` (`report::write_all`): what a run printed can
+//!   always be re-derived from what it kept.
+//!
+//! A point function gets the key and the repeat index and returns the measured point;
+//! state it needs across points (a running tier, background load) lives in its closure
+//! and is set up lazily, so a resumed sweep starts exactly what its remaining points need.
+
+use crate::report;
+use crate::summary::{AnyPoint, SecondPoint, Summary};
+use serde::{Deserialize, Serialize};
+use std::io::{self, BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// The appended results of a sweep, one [`Record`] a line.
+pub const POINTS_FILE: &str = "points.jsonl";
+/// The sweep's metadata (and, once finished, its combined points).
+pub const SUMMARY_FILE: &str = "summary.json";
+
+/// One finished run of one point: a line of `points.jsonl`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Record {
+    /// The point's key as the experiment gave it.
+    pub key: serde_json::Value,
+    /// Repeat index, 0-based.
+    pub run: u32,
+    /// The measured point (without its series and request samples: they follow).
+    pub point: AnyPoint,
+    /// Per-second series of an admission point.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub series: Vec<SecondPoint>,
+    /// Thinned per-request samples of an admission point (Fig. 6).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub requests: Vec<(f64, f64)>,
+}
+
+impl Record {
+    /// A record of `point`, its series and samples moved out (they are not part of the
+    /// point's JSON form).
+    pub fn new(key: serde_json::Value, run: u32, mut point: AnyPoint) -> Record {
+        let (series, requests) = match &mut point {
+            AnyPoint::Admission(p) => (
+                std::mem::take(&mut p.series),
+                std::mem::take(&mut p.requests),
+            ),
+            AnyPoint::Probe(_) => (Vec::new(), Vec::new()),
+        };
+        Record {
+            key,
+            run,
+            point,
+            series,
+            requests,
+        }
+    }
+
+    /// The point with its series and samples back in place.
+    pub fn into_point(self) -> AnyPoint {
+        let mut point = self.point;
+        if let AnyPoint::Admission(p) = &mut point {
+            p.series = self.series;
+            p.requests = self.requests;
+        }
+        point
+    }
+}
+
+/// A sweep in progress: its output directory, metadata and the runs on disk.
+pub struct Sweep {
+    dir: PathBuf,
+    meta: Summary,
+    done: Vec<Record>,
+    file: std::fs::File,
+    t0: Instant,
+    /// Wall-clock seconds spent by earlier attempts of a resumed sweep.
+    earlier_s: f64,
+}
+
+impl Sweep {
+    /// Start a sweep in `dir` with the metadata `meta` (no points; `params` must hold the
+    /// effective settings). Fresh: writes `summary.json` and an empty `points.jsonl`
+    /// (replacing a previous sweep's). `resume`: reads both back and refuses when
+    /// `experiment`, `hosts`, `quick`, `seed` or `params` differ from the kept run.
+    pub fn start(dir: &Path, mut meta: Summary, resume: bool) -> io::Result<Sweep> {
+        std::fs::create_dir_all(dir)?;
+        meta.points.clear();
+        meta.finished = false;
+        let mut done = Vec::new();
+        let mut earlier_s = 0.0;
+        if resume {
+            let kept = read_summary(dir)?;
+            let diffs = settings_diff(&kept, &meta);
+            if !diffs.is_empty() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "--resume {}: the settings differ from the kept run ({}); run with the kept settings, or start a fresh sweep with --out",
+                        dir.display(),
+                        diffs.join("; ")
+                    ),
+                ));
+            }
+            if kept.commit != meta.commit || kept.commit_dirty != meta.commit_dirty {
+                let line = format!(
+                    "resumed with commit {} (dirty {:?}); the sweep began with {} (dirty {:?})",
+                    meta.commit.as_deref().unwrap_or("unknown"),
+                    meta.commit_dirty,
+                    kept.commit.as_deref().unwrap_or("unknown"),
+                    kept.commit_dirty
+                );
+                eprintln!("lab {}: warning: {line}", meta.experiment);
+                meta.notes.push(line);
+            }
+            // Notes of the earlier attempts (floods, warnings) stay.
+            let mut notes = kept.notes.clone();
+            notes.retain(|n| !meta.notes.contains(n));
+            notes.append(&mut meta.notes);
+            meta.notes = notes;
+            meta.started_unix_s = kept.started_unix_s;
+            earlier_s = kept.duration_s;
+            done = read_records(dir)?;
+            eprintln!(
+                "lab {}: resuming {}: {} run(s) already on disk",
+                meta.experiment,
+                dir.display(),
+                done.len()
+            );
+        } else {
+            let removed = remove_outputs(dir)?;
+            if removed > 0 {
+                eprintln!(
+                    "lab {}: starting a fresh sweep in {}: removed {removed} output file(s) of the previous one (--resume DIR continues a sweep instead)",
+                    meta.experiment,
+                    dir.display()
+                );
+            }
+        }
+        let file = if resume {
+            // A run cut off mid-line left a partial last line: end it, so the next record
+            // starts on a line of its own (read_records skips the fragment).
+            let path = dir.join(POINTS_FILE);
+            let text = std::fs::read(&path).unwrap_or_default();
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)?;
+            if !text.is_empty() && !text.ends_with(b"\n") {
+                f.write_all(b"\n")?;
+            }
+            f
+        } else {
+            std::fs::File::create(dir.join(POINTS_FILE))?
+        };
+        for (name, s) in &meta.settings {
+            if !s.applied {
+                eprintln!(
+                    "lab {}: warning: {name} = {} not applied: {}",
+                    meta.experiment,
+                    s.requested,
+                    s.reason.as_deref().unwrap_or("unknown reason")
+                );
+            }
+        }
+        let sweep = Sweep {
+            dir: dir.to_path_buf(),
+            meta,
+            done,
+            file,
+            t0: Instant::now(),
+            earlier_s,
+        };
+        sweep.write_meta()?;
+        Ok(sweep)
+    }
+
+    /// The sweep's output directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Add a note to the summary (kept on disk at once).
+    pub fn note(&mut self, line: String) -> io::Result<()> {
+        self.meta.notes.push(line);
+        self.write_meta()
+    }
+
+    fn write_meta(&self) -> io::Result<()> {
+        let mut m = self.meta.clone();
+        m.duration_s = self.earlier_s + self.t0.elapsed().as_secs_f64();
+        std::fs::write(self.dir.join(SUMMARY_FILE), m.to_json_pretty() + "\n")
+    }
+
+    /// Whether run `run` of `key` is on disk already.
+    fn is_done(&self, key: &serde_json::Value, run: u32) -> bool {
+        self.done.iter().any(|r| &r.key == key && r.run == run)
+    }
+
+    /// Run every key `repeat` times (skipping runs on disk), appending each run to
+    /// `points.jsonl` and printing a progress line. `est_run_s` estimates one run before
+    /// any has been measured; `label` names a key in progress lines.
+    pub fn run<K: Serialize>(
+        &mut self,
+        keys: &[K],
+        repeat: u32,
+        est_run_s: f64,
+        label: impl Fn(&K) -> String,
+        mut point: impl FnMut(&K, u32) -> io::Result<AnyPoint>,
+    ) -> io::Result<()> {
+        let repeat = repeat.max(1);
+        let keyed: Vec<serde_json::Value> = keys
+            .iter()
+            .map(|k| serde_json::to_value(k).map_err(io::Error::other))
+            .collect::<io::Result<_>>()?;
+        let total = keys.len() * repeat as usize;
+        let todo = keyed
+            .iter()
+            .flat_map(|k| (0..repeat).map(move |r| (k, r)))
+            .filter(|(k, r)| !self.is_done(k, *r))
+            .count();
+        eprintln!(
+            "lab {}: {} point(s) x {repeat} run(s) = {total} runs, {todo} to measure, about {:.0} s; output in {}",
+            self.meta.experiment,
+            keys.len(),
+            todo as f64 * est_run_s,
+            self.dir.display()
+        );
+        let t0 = Instant::now();
+        let mut measured = 0usize;
+        let mut finished = total - todo;
+        for (k, kv) in keys.iter().zip(&keyed) {
+            for r in 0..repeat {
+                if self.is_done(kv, r) {
+                    continue;
+                }
+                let p = point(k, r)?;
+                measured += 1;
+                finished += 1;
+                let per_run = t0.elapsed().as_secs_f64() / measured as f64;
+                let eta = (total - finished) as f64 * per_run;
+                let rep = if repeat > 1 {
+                    format!(" run {}/{repeat}", r + 1)
+                } else {
+                    String::new()
+                };
+                eprintln!(
+                    "[{finished}/{total} {:>5.0}s eta {:>5.0}s] {}{rep} {}",
+                    t0.elapsed().as_secs_f64(),
+                    eta,
+                    label(k),
+                    p.progress_line()
+                );
+                let rec = Record::new(kv.clone(), r, p);
+                let mut line = serde_json::to_string(&rec).map_err(io::Error::other)?;
+                line.push('\n');
+                self.file.write_all(line.as_bytes())?;
+                self.file.flush()?;
+                self.done.push(rec);
+                self.write_meta()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Mark the sweep finished, then regenerate every output from the files on disk (as
+    /// `farside lab report DIR` does) and print the table. Returns the combined summary.
+    pub fn finish(mut self) -> io::Result<Summary> {
+        self.meta.finished = true;
+        self.write_meta()?;
+        let (summary, files) = regenerate(&self.dir)?;
+        report::print_table(&summary, &mut io::stdout())?;
+        eprintln!(
+            "lab {}: wrote {} files to {} (open report.html; `farside lab report {}` renders them again)",
+            summary.experiment,
+            files.len(),
+            self.dir.display(),
+            self.dir.display()
+        );
+        Ok(summary)
+    }
+}
+
+/// Whether `name` is a file the lab writes into an output directory (and may remove).
+fn is_output(name: &str) -> bool {
+    matches!(
+        name,
+        SUMMARY_FILE | POINTS_FILE | "points.csv" | "probe.csv" | "report.html"
+    ) || (name.starts_with("series-") && name.ends_with(".csv"))
+        || (name.starts_with("fig-") && name.ends_with(".svg"))
+}
+
+/// Remove a previous sweep's outputs from `dir`, so no figure or series of another run
+/// is left beside the new one; other files are kept. Returns how many were removed.
+fn remove_outputs(dir: &Path) -> io::Result<usize> {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if e.file_type()?.is_file() && e.file_name().to_str().is_some_and(is_output) {
+            std::fs::remove_file(e.path())?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// Differences between the kept run's settings and `now`'s, as `key: kept → now`.
+pub fn settings_diff(kept: &Summary, now: &Summary) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cmp = |name: &str, a: serde_json::Value, b: serde_json::Value| {
+        if a != b {
+            out.push(format!("{name}: {a} → {b}"));
+        }
+    };
+    cmp(
+        "experiment",
+        kept.experiment.clone().into(),
+        now.experiment.clone().into(),
+    );
+    cmp("hosts", kept.hosts.clone().into(), now.hosts.clone().into());
+    cmp("quick", kept.quick.into(), now.quick.into());
+    cmp("seed", kept.seed.into(), now.seed.into());
+    let empty = serde_json::Map::new();
+    let a = kept.params.as_object().unwrap_or(&empty);
+    let b = now.params.as_object().unwrap_or(&empty);
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    for k in keys {
+        let get = |m: &serde_json::Map<String, serde_json::Value>| {
+            m.get(k.as_str())
+                .cloned()
+                .unwrap_or(serde_json::Value::Null)
+        };
+        cmp(k, get(a), get(b));
+    }
+    out
+}
+
+/// `summary.json` of `dir`, with a clear error when it is missing or unreadable.
+pub fn read_summary(dir: &Path) -> io::Result<Summary> {
+    let path = dir.join(SUMMARY_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("{}: {e} (not a lab output directory?)", path.display()),
+        )
+    })?;
+    Summary::from_json(&text).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{}: {e}", path.display()),
+        )
+    })
+}
+
+/// The records of `dir/points.jsonl`. A last line cut off by a crash is skipped with a
+/// warning; a bad line elsewhere is an error naming it.
+pub fn read_records(dir: &Path) -> io::Result<Vec<Record>> {
+    let path = dir.join(POINTS_FILE);
+    let f = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", path.display()))),
+    };
+    let lines: Vec<String> = io::BufReader::new(f).lines().collect::<io::Result<_>>()?;
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Record>(line) {
+            Ok(r) => out.push(r),
+            // A line that does not end its object is a run cut off mid-write by a crash
+            // (a resume then appended after it): that run is simply not done.
+            Err(e) if !line.trim_end().ends_with('}') => eprintln!(
+                "lab: warning: {}:{}: skipping a run cut off mid-write ({e})",
+                path.display(),
+                i + 1
+            ),
+            Err(e) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("{}:{}: {e}", path.display(), i + 1),
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The summary of `dir` with its points rebuilt from `points.jsonl`: runs of one key
+/// combined, keys in order of first appearance. Without `points.jsonl` (a run kept by an
+/// older lab) the points of `summary.json` are used as they are.
+pub fn load(dir: &Path) -> io::Result<Summary> {
+    let mut s = read_summary(dir)?;
+    if !dir.join(POINTS_FILE).exists() {
+        // A run kept before points.jsonl existed: its summary.json holds the combined
+        // points (without series), which are all there is to render.
+        return Ok(s);
+    }
+    let records = read_records(dir)?;
+    let mut keys: Vec<&serde_json::Value> = Vec::new();
+    for r in &records {
+        if !keys.contains(&&r.key) {
+            keys.push(&r.key);
+        }
+    }
+    s.points = keys
+        .iter()
+        .map(|k| {
+            let mut runs: Vec<&Record> = records.iter().filter(|r| &r.key == *k).collect();
+            runs.sort_by_key(|r| r.run);
+            let points: Vec<AnyPoint> = runs.into_iter().map(|r| r.clone().into_point()).collect();
+            AnyPoint::combine(&points)
+        })
+        .collect();
+    Ok(s)
+}
+
+/// Re-render every output of `dir` from its `summary.json` and `points.jsonl` without
+/// running anything (`farside lab report DIR`). Returns the summary and the files written.
+pub fn regenerate(dir: &Path) -> io::Result<(Summary, Vec<PathBuf>)> {
+    let s = load(dir)?;
+    let files = report::write_all(&s, dir)?;
+    Ok((s, files))
+}
+
+/// Fill the host and source metadata of `s`: commit and dirty flag, kernel, CPU model,
+/// CPUs.
+pub fn fill_host_metadata(s: &mut Summary) {
+    let (commit, dirty) = source_commit();
+    s.commit = commit;
+    s.commit_dirty = dirty;
+    s.kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|k| k.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    s.cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| cpu_model_of(&t))
+        .unwrap_or_else(|| "unknown".into());
+    s.cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+}
+
+/// The first `model name` (x86) or `Model`/`Hardware` (arm) of a `/proc/cpuinfo` text.
+pub fn cpu_model_of(cpuinfo: &str) -> Option<String> {
+    for key in ["model name", "Model", "Hardware", "cpu model"] {
+        if let Some(v) = cpuinfo.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            (k.trim() == key).then(|| v.trim().to_string())
+        }) {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// `git rev-parse HEAD` and `git status --porcelain` of the source tree this binary was
+/// built from (its path is compiled in); `(None, None)` when that tree or git is gone.
+fn source_commit() -> (Option<String>, Option<bool>) {
+    let tree = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(tree)
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+    };
+    let commit = git(&["rev-parse", "HEAD"]).map(|c| c.trim().to_string());
+    let dirty = commit
+        .as_ref()
+        .and_then(|_| git(&["status", "--porcelain", "--untracked-files=no"]))
+        .map(|s| !s.trim().is_empty());
+    (commit, dirty)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::summary::{Point, ProbePoint, Setting};
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("farside-sweep-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn meta(limit: u64) -> Summary {
+        let mut s = Summary::new("admission", "loopback", true);
+        s.params = serde_json::json!({ "limit": limit, "duration_s": 1.0 });
+        s.seed = Some(1);
+        s
+    }
+
+    fn point(system: &str, clients: u64, avg_ms: f64) -> AnyPoint {
+        AnyPoint::Admission(Point {
+            system: system.into(),
+            trace: "single".into(),
+            clients,
+            avg_ms,
+            tps: 100.0,
+            series: vec![SecondPoint {
+                t_s: 0,
+                served: 3,
+                dropped: 1,
+                avg_ms,
+            }],
+            requests: vec![(0.5, avg_ms)],
+            ..Point::default()
+        })
+    }
+
+    #[derive(Serialize)]
+    struct Key {
+        system: &'static str,
+        clients: u64,
+    }
+
+    const KEYS: [Key; 3] = [
+        Key {
+            system: "no-ac",
+            clients: 4,
+        },
+        Key {
+            system: "no-ac",
+            clients: 8,
+        },
+        Key {
+            system: "tcp-ac",
+            clients: 4,
+        },
+    ];
+
+    #[test]
+    fn resume_skips_finished_runs_and_keeps_their_results() {
+        let dir = temp_dir("resume");
+        let mut calls = Vec::new();
+        {
+            let mut sw = Sweep::start(&dir, meta(2), false).unwrap();
+            // The sweep breaks off after two runs (the third point fails).
+            let r = sw.run(
+                &KEYS,
+                1,
+                1.0,
+                |k| k.system.into(),
+                |k, _| {
+                    if k.system == "tcp-ac" {
+                        return Err(io::Error::other("tier died"));
+                    }
+                    calls.push((k.system, k.clients));
+                    Ok(point(k.system, k.clients, k.clients as f64))
+                },
+            );
+            assert!(r.is_err());
+        }
+        assert_eq!(read_records(&dir).unwrap().len(), 2);
+        assert!(!read_summary(&dir).unwrap().finished);
+        calls.clear();
+        let mut sw = Sweep::start(&dir, meta(2), true).unwrap();
+        sw.run(
+            &KEYS,
+            1,
+            1.0,
+            |k| k.system.into(),
+            |k, _| {
+                calls.push((k.system, k.clients));
+                Ok(point(k.system, k.clients, 7.0))
+            },
+        )
+        .unwrap();
+        assert_eq!(calls, vec![("tcp-ac", 4)], "only the missing point ran");
+        let s = sw.finish().unwrap();
+        assert!(s.finished);
+        let pts: Vec<(String, u64, f64)> = s
+            .admission_points()
+            .map(|p| (p.system.clone(), p.clients, p.avg_ms))
+            .collect();
+        assert_eq!(
+            pts,
+            vec![
+                ("no-ac".into(), 4, 4.0),
+                ("no-ac".into(), 8, 8.0),
+                ("tcp-ac".into(), 4, 7.0)
+            ]
+        );
+        // Series and request samples survive the trip through points.jsonl.
+        let p = s.admission_points().next().unwrap();
+        assert_eq!((p.series.len(), p.requests.len()), (1, 1));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn resume_refuses_changed_settings_with_the_differences() {
+        let dir = temp_dir("refuse");
+        let mut sw = Sweep::start(&dir, meta(2), false).unwrap();
+        sw.run(
+            &KEYS[..1],
+            1,
+            1.0,
+            |_| String::new(),
+            |k, _| Ok(point(k.system, k.clients, 1.0)),
+        )
+        .unwrap();
+        drop(sw);
+        let e = Sweep::start(&dir, meta(4), true).err().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        let msg = e.to_string();
+        assert!(msg.contains("limit: 2 → 4"), "{msg}");
+        assert!(msg.contains("settings differ"), "{msg}");
+        // The kept run is untouched by the refusal.
+        assert_eq!(read_records(&dir).unwrap().len(), 1);
+        let mut quick_changed = meta(2);
+        quick_changed.quick = false;
+        let e = Sweep::start(&dir, quick_changed, true).err().unwrap();
+        assert!(e.to_string().contains("quick: true → false"), "{e}");
+        // No kept run at all: a clear error too.
+        let e = Sweep::start(&temp_dir("none"), meta(2), true)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("summary.json"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn repeats_combine_and_a_cut_off_line_is_skipped() {
+        let dir = temp_dir("repeat");
+        let mut sw = Sweep::start(&dir, meta(2), false).unwrap();
+        sw.run(
+            &KEYS[..1],
+            2,
+            1.0,
+            |_| String::new(),
+            |k, r| Ok(point(k.system, k.clients, 10.0 + 10.0 * r as f64)),
+        )
+        .unwrap();
+        drop(sw);
+        // A crash in the middle of writing a third line.
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join(POINTS_FILE))
+            .unwrap();
+        f.write_all(b"{\"key\":{\"system\":\"tcp").unwrap();
+        drop(f);
+        let s = load(&dir).unwrap();
+        let p = s.admission_points().next().unwrap();
+        assert_eq!((p.runs, p.avg_ms), (2, 15.0));
+        assert!((p.avg_ms_sd - 50f64.sqrt()).abs() < 1e-9);
+        // Resuming ends the fragment and appends after it.
+        let mut sw = Sweep::start(&dir, meta(2), true).unwrap();
+        sw.run(
+            &KEYS,
+            2,
+            1.0,
+            |_| String::new(),
+            |k, _| Ok(point(k.system, k.clients, 1.0)),
+        )
+        .unwrap();
+        assert_eq!(read_records(&dir).unwrap().len(), 6);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_older_run_without_points_jsonl_keeps_its_points() {
+        let dir = temp_dir("old");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut s = meta(2);
+        s.push(point("no-ac", 4, 3.0));
+        std::fs::write(dir.join(SUMMARY_FILE), s.to_json_pretty()).unwrap();
+        let (back, _) = regenerate(&dir).unwrap();
+        assert_eq!(back.admission_points().count(), 1);
+        assert_eq!(load(&dir).unwrap().admission_points().count(), 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_fresh_sweep_removes_the_previous_outputs_only() {
+        let dir = temp_dir("fresh");
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["fig-old.svg", "series-x-y-1.csv", "points.csv", "notes.txt"] {
+            std::fs::write(dir.join(f), "old").unwrap();
+        }
+        let _sw = Sweep::start(&dir, meta(2), false).unwrap();
+        for f in ["fig-old.svg", "series-x-y-1.csv", "points.csv"] {
+            assert!(!dir.join(f).exists(), "{f} left behind");
+        }
+        assert!(dir.join("notes.txt").exists(), "not ours: kept");
+        assert!(dir.join(SUMMARY_FILE).exists() && dir.join(POINTS_FILE).exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn metadata_keys_are_in_summary_json_from_the_start() {
+        let dir = temp_dir("meta");
+        let mut m = meta(2);
+        fill_host_metadata(&mut m);
+        m.settings.insert(
+            "control_nice".into(),
+            Setting::not_applied(-20, "needs root"),
+        );
+        let _sw = Sweep::start(&dir, m, false).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join(SUMMARY_FILE)).unwrap())
+                .unwrap();
+        for k in [
+            "commit",
+            "commit_dirty",
+            "kernel",
+            "cpu_model",
+            "cpus",
+            "seed",
+            "params",
+            "settings",
+            "quick",
+            "finished",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}: {v}");
+        }
+        assert_eq!(v["finished"], false);
+        assert_eq!(v["seed"], 1);
+        assert_eq!(
+            v["settings"]["control_nice"],
+            serde_json::json!({"requested": -20, "applied": false, "reason": "needs root"})
+        );
+        assert!(!v["kernel"].as_str().unwrap().is_empty());
+        // This test runs from a git checkout: the commit is a 40-digit hash.
+        if let Some(c) = v["commit"].as_str() {
+            assert_eq!(c.len(), 40, "{c}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn cpu_model_is_read_from_cpuinfo() {
+        let x86 = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\n";
+        assert_eq!(
+            cpu_model_of(x86).as_deref(),
+            Some("Intel(R) Xeon(R) CPU @ 2.20GHz")
+        );
+        assert_eq!(cpu_model_of("processor : 0\n"), None);
+    }
+
+    #[test]
+    fn probe_runs_combine_with_spread() {
+        let p = |p50: f64| ProbePoint {
+            transport: "tcp".into(),
+            samples: 10,
+            p50_us: p50,
+            p99_us: p50 * 2.0,
+            timeouts: 1,
+            runs: 1,
+            ..ProbePoint::default()
+        };
+        let c = AnyPoint::combine(&[p(10.0).into(), p(20.0).into()]);
+        let AnyPoint::Probe(c) = c else {
+            panic!("kind kept")
+        };
+        assert_eq!((c.samples, c.timeouts, c.runs, c.p50_us), (20, 2, 2, 15.0));
+        assert!((c.p50_us_sd - 50f64.sqrt()).abs() < 1e-9);
+    }
+}
