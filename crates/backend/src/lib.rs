@@ -24,6 +24,8 @@
 //! `X-Farside-Backend` header naming the listen address, so tests (and the
 //! lab) can see which back-end served a request.
 
+mod cost;
+mod httpdate;
 mod serve;
 
 use std::io;
@@ -35,7 +37,11 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use serve::{generated_byte, thread_cpu_us};
+pub use cost::{
+    thread_cpu_us, CostModel, CPU_NS_PER_BYTE_DEFAULT, CPU_NS_PER_BYTE_MAX,
+    CPU_US_PER_REQUEST_DEFAULT,
+};
+pub use serve::generated_byte;
 
 /// Largest request head (request line + headers) accepted, in bytes; larger
 /// heads get 431. Apache's default `LimitRequestFieldSize` is 8 KiB per field;
@@ -74,11 +80,23 @@ pub struct BackendArgs {
     /// Default: 1000.
     #[arg(long = "cpu-us", default_value_t = 1000)]
     pub cpu_us: u64,
-    /// CPU time burned for every static or generated file request before it is served,
-    /// in µs: emulated request processing, so that a lab's back-end tier (not its proxy
-    /// or clients) is the bottleneck, as in the papers' testbeds. Default: 0.
-    #[arg(long = "static-cpu-us", default_value_t = 0)]
-    pub static_cpu_us: u64,
+    /// Emulated CPU per static or generated file request (200, 304 or error), in µs,
+    /// burned before the response is written, on top of the server's own work. The
+    /// cost model is `µs = this + --cpu-ns-per-byte × body bytes / 1000`; the default
+    /// is the rule's figure: nginx's measured per-request CPU minus this server's own
+    /// (crates/backend/calibrate.sh). Raise it to make the back-end tier the
+    /// bottleneck. `--static-cpu-us` is the deprecated name of this flag.
+    #[arg(
+        long = "cpu-us-per-request",
+        alias = "static-cpu-us",
+        default_value_t = CPU_US_PER_REQUEST_DEFAULT
+    )]
+    pub cpu_us_per_request: u64,
+    /// Emulated CPU per body byte served by a file request, in ns (see
+    /// --cpu-us-per-request). Default: the rule's figure, nginx's measured per-byte CPU
+    /// minus this server's own read + write cost, clamped at 0.
+    #[arg(long = "cpu-ns-per-byte", default_value_t = CPU_NS_PER_BYTE_DEFAULT)]
+    pub cpu_ns_per_byte: u64,
     /// Requests served on one connection before it is closed (Apache's
     /// MaxKeepAliveRequests). Default: 100.
     #[arg(long = "keepalive-max", default_value_t = 100)]
@@ -97,7 +115,8 @@ impl Default for BackendArgs {
             workers: 8,
             backlog: 128,
             cpu_us: 1000,
-            static_cpu_us: 0,
+            cpu_us_per_request: CPU_US_PER_REQUEST_DEFAULT,
+            cpu_ns_per_byte: CPU_NS_PER_BYTE_DEFAULT,
             keepalive_max: 100,
             header_timeout_ms: 10_000,
         }
@@ -116,8 +135,13 @@ impl BackendArgs {
         if self.cpu_us > CPU_US_MAX {
             return Err(format!("--cpu-us must be at most {CPU_US_MAX}"));
         }
-        if self.static_cpu_us > CPU_US_MAX {
-            return Err(format!("--static-cpu-us must be at most {CPU_US_MAX}"));
+        if self.cpu_us_per_request > CPU_US_MAX {
+            return Err(format!("--cpu-us-per-request must be at most {CPU_US_MAX}"));
+        }
+        if self.cpu_ns_per_byte > CPU_NS_PER_BYTE_MAX {
+            return Err(format!(
+                "--cpu-ns-per-byte must be at most {CPU_NS_PER_BYTE_MAX}"
+            ));
         }
         if self.keepalive_max == 0 {
             return Err("--keepalive-max must be at least 1".into());
@@ -192,7 +216,7 @@ pub fn spawn(args: BackendArgs) -> io::Result<(SocketAddr, Handle)> {
         .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
     let listener = bind_listener(args.listen, args.backlog as i32)?;
     let addr = listener.local_addr()?;
-    let config = serve::Config::new(&args, addr);
+    let config = serve::Config::new(&args, addr)?;
     let shared = Arc::new(Shared {
         stop: AtomicBool::new(false),
         listener,
