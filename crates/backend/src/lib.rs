@@ -12,17 +12,34 @@
 //!
 //! Endpoints (GET and HEAD):
 //! - `/healthz` → 200.
-//! - `/cgi/work?us=N` → burns N µs of *thread CPU time* (default `--cpu-us`).
-//! - with `--root DIR`: static files under DIR (`..` segments → 400; a
-//!   directory serves its `index.html`).
+//! - `/cgi/work?us=N` → burns N µs of *thread CPU time* (default `--cpu-us`):
+//!   the dynamic request of a mixed-cost workload (e.g. static files at the
+//!   default ~tens of µs against `/cgi/work?us=5000`, a 100× difference).
+//! - with `--root DIR`: real files under DIR, read from disk per request
+//!   (`read` + `write`, see `serve`); a directory serves its `index.html`.
+//!   Refused: `..` segments, raw or percent-encoded (`%2e%2e`) → 400; malformed
+//!   escapes or NUL → 400; symlinks leading outside DIR → 403. Responses carry
+//!   `Last-Modified`, and `If-Modified-Since` no earlier than the file's mtime
+//!   → 304 Not Modified with no body. This is what the lab serves: it writes
+//!   the trace's files with `farside_loadgen::write_docroot` and runs the
+//!   load generator with `--paths docroot`.
 //! - without `--root`: generated content, `/file16k` (16384 bytes) and
 //!   `/files/<N>` or `/files/<N>/<anything>` (N bytes), so load generator
-//!   traces work with no docroot at all.
+//!   traces (`--paths generated`) and unit tests work with no docroot at all.
+//!
+//! Cost: file and generated requests burn the cost model's CPU
+//! (`--cpu-us-per-request` + `--cpu-ns-per-byte` × body bytes; see [`CostModel`]
+//! and the rule that sets its defaults) on top of the server's real work.
+//! Every response carries `X-Farside-Cpu-Us`: the worker thread's CPU time
+//! (`CLOCK_THREAD_CPUTIME_ID`) from the parsed request head to the response
+//! head's write — routing, `open`/`stat`, reading the body from disk (bodies up
+//! to 1 MiB), the emulated cost or `/cgi/work`'s burn; the final socket write is
+//! not included. Experiments use it to check the model.
 //!
 //! Errors: bad request line → 400, head larger than [`HEAD_BYTES_MAX`] → 431,
-//! unknown method → 501, missing file → 404. Every response carries an
-//! `X-Farside-Backend` header naming the listen address, so tests (and the
-//! lab) can see which back-end served a request.
+//! unknown method → 501, missing file → 404, a file that shrank while read →
+//! 500. Every response carries an `X-Farside-Backend` header naming the listen
+//! address, so tests (and the lab) can see which back-end served a request.
 
 mod cost;
 mod httpdate;
