@@ -98,22 +98,23 @@ pub struct BackendArgs {
     #[arg(long = "cpu-us", default_value_t = 1000)]
     pub cpu_us: u64,
     /// Emulated CPU per static or generated file request (200, 304 or error), in µs,
-    /// burned before the response is written, on top of the server's own work. The
-    /// cost model is `µs = this + --cpu-ns-per-byte × body bytes / 1000`; the default
-    /// is the rule's figure: nginx's measured per-request CPU minus this server's own
-    /// (crates/backend/calibrate.sh). Raise it to make the back-end tier the
-    /// bottleneck. `--static-cpu-us` is the deprecated name of this flag.
+    /// burned before the response is written, on top of the server's own work. Cost
+    /// model: µs = this + --cpu-ns-per-byte × body bytes / 1000. Default 0, by the rule
+    /// "this server's total = nginx's" (nginx ≈ 15 µs + 0.37 ns/B on the lab machine,
+    /// this server's own work ≈ 30 µs + 0.35 ns/B; crates/backend/calibrate.sh). For a
+    /// back-end k times as costly as nginx use ≈ (k − 1) × 15 here and (k − 1) × 0.37 for
+    /// --cpu-ns-per-byte, e.g. 1485 and 37. --static-cpu-us is the deprecated name.
     #[arg(
         long = "cpu-us-per-request",
         alias = "static-cpu-us",
         default_value_t = CPU_US_PER_REQUEST_DEFAULT
     )]
     pub cpu_us_per_request: u64,
-    /// Emulated CPU per body byte served by a file request, in ns (see
-    /// --cpu-us-per-request). Default: the rule's figure, nginx's measured per-byte CPU
-    /// minus this server's own read + write cost, clamped at 0.
+    /// Emulated CPU per body byte a file request sends, in ns (fractions allowed; see
+    /// --cpu-us-per-request). Default 0: nginx's per-byte cost minus this server's own
+    /// read + write cost, clamped at 0.
     #[arg(long = "cpu-ns-per-byte", default_value_t = CPU_NS_PER_BYTE_DEFAULT)]
-    pub cpu_ns_per_byte: u64,
+    pub cpu_ns_per_byte: f64,
     /// Requests served on one connection before it is closed (Apache's
     /// MaxKeepAliveRequests). Default: 100.
     #[arg(long = "keepalive-max", default_value_t = 100)]
@@ -155,9 +156,9 @@ impl BackendArgs {
         if self.cpu_us_per_request > CPU_US_MAX {
             return Err(format!("--cpu-us-per-request must be at most {CPU_US_MAX}"));
         }
-        if self.cpu_ns_per_byte > CPU_NS_PER_BYTE_MAX {
+        if !(0.0..=CPU_NS_PER_BYTE_MAX).contains(&self.cpu_ns_per_byte) {
             return Err(format!(
-                "--cpu-ns-per-byte must be at most {CPU_NS_PER_BYTE_MAX}"
+                "--cpu-ns-per-byte must be in 0..={CPU_NS_PER_BYTE_MAX}"
             ));
         }
         if self.keepalive_max == 0 {

@@ -234,7 +234,7 @@ pub(crate) fn serve_connection(mut stream: TcpStream, config: &Config, stop: &At
             } else {
                 response.body.len()
             };
-            cost::burn_cpu(config.cost.emulated_us(body_bytes));
+            cost::burn_cpu(config.cost.emulated(body_bytes));
         }
         let cpu_us = (cost::thread_cpu().saturating_sub(cpu_start)).as_micros() as u64;
         served += 1;
@@ -425,7 +425,7 @@ fn cgi_work(query: Option<&str>, config: &Config) -> Response {
         }
     }
     let start = cost::thread_cpu_us();
-    cost::burn_cpu(us);
+    cost::burn_cpu_us(us);
     Response::text(format!(
         "burned {} us of cpu\n",
         cost::thread_cpu_us().saturating_sub(start)
