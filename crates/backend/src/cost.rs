@@ -43,10 +43,10 @@
 //! A lab that wants the back-end tier to be the bottleneck (the paper's
 //! testbed ran 2008 hardware, not bare loopback) should scale *both* parts,
 //! so that traces of different sizes keep costing differently: for a total
-//! of k × nginx, add `(k − 1) ×` nginx's cost, i.e.
-//! `--cpu-us-per-request ≈ (k − 1) × 15` and `--cpu-ns-per-byte ≈ (k − 1) × 0.37`.
+//! of k × nginx, emulate k × nginx's cost minus this server's own, i.e.
+//! `--cpu-us-per-request ≈ k × 15 − 30` and `--cpu-ns-per-byte ≈ (k − 1) × 0.37`.
 //! For example k = 100 (≈ 1.5 ms for a 16 KiB file, the old fixed
-//! `--static-cpu-us 1500`): `--cpu-us-per-request 1485 --cpu-ns-per-byte 37`,
+//! `--static-cpu-us 1500`): `--cpu-us-per-request 1470 --cpu-ns-per-byte 37`,
 //! so a 1 MiB file costs ≈ 40 ms.
 
 use std::time::Duration;

@@ -102,8 +102,9 @@ pub struct BackendArgs {
     /// model: µs = this + --cpu-ns-per-byte × body bytes / 1000. Default 0, by the rule
     /// "this server's total = nginx's" (nginx ≈ 15 µs + 0.37 ns/B on the lab machine,
     /// this server's own work ≈ 30 µs + 0.35 ns/B; crates/backend/calibrate.sh). For a
-    /// back-end k times as costly as nginx use ≈ (k − 1) × 15 here and (k − 1) × 0.37 for
-    /// --cpu-ns-per-byte, e.g. 1485 and 37. --static-cpu-us is the deprecated name.
+    /// back-end k times as costly as nginx use ≈ k × 15 − 30 here and (k − 1) × 0.37 for
+    /// --cpu-ns-per-byte, e.g. 1470 and 37 for k = 100. --static-cpu-us is the deprecated
+    /// name.
     #[arg(
         long = "cpu-us-per-request",
         alias = "static-cpu-us",
