@@ -247,7 +247,7 @@ pub fn spawn(args: BackendArgs) -> io::Result<(SocketAddr, Handle)> {
         let shared = Arc::clone(&shared);
         let worker = std::thread::Builder::new()
             .name(format!("backend-w{index}"))
-            // Workers hold a 16 KiB head buffer and little else.
+            // Workers hold a 16 KiB head buffer and a heap body buffer (≤ 1 MiB).
             .stack_size(256 * 1024)
             .spawn(move || worker_loop(&shared, index))?;
         workers.push(worker);
@@ -302,6 +302,8 @@ pub fn run(args: BackendArgs, ready: Option<mpsc::Sender<SocketAddr>>) -> io::Re
 }
 
 fn worker_loop(shared: &Shared, index: usize) {
+    // Response bodies: the worker's own buffer, reused across connections.
+    let mut body_buf = Vec::new();
     while !shared.stop.load(Ordering::SeqCst) {
         let stream = match shared.listener.accept() {
             Ok((stream, _peer)) => stream,
@@ -323,7 +325,7 @@ fn worker_loop(shared: &Shared, index: usize) {
         }
         // A stop that raced with accept must still close this connection.
         if !shared.stop.load(Ordering::SeqCst) {
-            serve::serve_connection(stream, &shared.config, &shared.stop);
+            serve::serve_connection(stream, &shared.config, &shared.stop, &mut body_buf);
         }
         *shared.active[index]
             .lock()

@@ -177,19 +177,25 @@ enum HeadResult {
 }
 
 /// Serves one connection until close, timeout, keep-alive limit or stop.
-pub(crate) fn serve_connection(mut stream: TcpStream, config: &Config, stop: &AtomicBool) {
+///
+/// `body_buf` is the worker's response-body buffer, kept across connections
+/// as a prefork child keeps its memory (no page faults of a fresh buffer per
+/// connection); it grows to at most [`BODY_BUFFER_BYTES_MAX`].
+pub(crate) fn serve_connection(
+    mut stream: TcpStream,
+    config: &Config,
+    stop: &AtomicBool,
+    body_buf: &mut Vec<u8>,
+) {
     let _ = stream.set_nodelay(true);
     let mut buf = vec![0u8; HEAD_BYTES_MAX];
     let mut filled = 0usize;
-    // Response bodies, reused across the connection's requests; grows to at
-    // most BODY_BUFFER_BYTES_MAX.
-    let mut body_buf: Vec<u8> = Vec::new();
     let mut served: u32 = 0;
     while !stop.load(Ordering::Relaxed) {
         let (request, head_len) = match read_head(&mut stream, &mut buf, &mut filled, config) {
             HeadResult::Request(r, n) => (r, n),
             HeadResult::Reply(resp) => {
-                let _ = write_response(&mut stream, resp, false, false, 0, &mut body_buf, config);
+                let _ = write_response(&mut stream, resp, false, false, 0, body_buf, config);
                 return;
             }
             HeadResult::Closed => return,
@@ -203,7 +209,7 @@ pub(crate) fn serve_connection(mut stream: TcpStream, config: &Config, stop: &At
                 false,
                 false,
                 0,
-                &mut body_buf,
+                body_buf,
                 config,
             );
             return;
@@ -215,7 +221,7 @@ pub(crate) fn serve_connection(mut stream: TcpStream, config: &Config, stop: &At
                 false,
                 false,
                 0,
-                &mut body_buf,
+                body_buf,
                 config,
             );
             return;
@@ -226,7 +232,7 @@ pub(crate) fn serve_connection(mut stream: TcpStream, config: &Config, stop: &At
         let cpu_start = cost::thread_cpu();
         let mut response = route(&request, config);
         if !request.head_only {
-            load_body(&mut response, &mut body_buf);
+            load_body(&mut response, body_buf);
         }
         if response.modelled {
             let body_bytes = if request.head_only {
@@ -245,7 +251,7 @@ pub(crate) fn serve_connection(mut stream: TcpStream, config: &Config, stop: &At
             request.head_only,
             keep_alive,
             cpu_us,
-            &mut body_buf,
+            body_buf,
             config,
         )
         .is_err()
@@ -267,6 +273,8 @@ fn load_body(response: &mut Response, body_buf: &mut Vec<u8>) {
     match &mut response.body {
         Body::File(file, _) => {
             body_buf.clear();
+            // Exact room first: read_to_end would otherwise grow by doubling.
+            body_buf.reserve_exact(n as usize);
             let read = file.take(n).read_to_end(body_buf);
             if !matches!(read, Ok(got) if got as u64 == n) {
                 log::warn!("backend: file read failed or shrank: {read:?}, wanted {n}");
