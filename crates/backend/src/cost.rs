@@ -23,31 +23,37 @@
 //! `max(0, b_nginx − b_self)`: the emulated part that brings this server's
 //! total to nginx's.
 //!
-//! Measured 2026-11-23 on the lab machine (2 vCPU VM, two runs of 3 s per
-//! size and server, load average 2–4 from other engineers' builds):
+//! Measured 2026-11-23 on the lab machine (2 vCPU VM, three runs of 3 s per
+//! size and server with `wrk -t1 -c4`, load average 2–6 from other
+//! engineers' builds, so the ranges are wide):
 //!
 //! | server                     | a (µs/request) | b (ns/byte) |
 //! |----------------------------|----------------|-------------|
-//! | nginx 1 worker, sendfile   | 11.6 – 15.0    | 0.36 – 0.37 |
-//! | farside-backend, no model  | 30.4 – 32.9    | 0.30 – 0.35 |
+//! | nginx 1 worker, sendfile   | 11.6 – 22.1    | 0.28 – 0.37 |
+//! | farside-backend, no model  | 27.6 – 32.9    | 0.30 – 0.39 |
 //!
-//! (nginx ≈ 19–20 µs for 1–16 KiB and ≈ 390–400 µs for 1 MiB; this server
-//! ≈ 30–37 µs and ≈ 350–410 µs.) This server's own work — a thread per
+//! (nginx ≈ 19–21 µs for 1–16 KiB and ≈ 310–400 µs for 1 MiB; this server
+//! ≈ 30–41 µs and ≈ 350–440 µs.) This server's own work — a thread per
 //! connection, `realpath`, `read` into a buffer, `writev` — already costs at
-//! least nginx's, so the rule gives **0 µs and 0 ns/B**: at its defaults the
-//! test server costs what it really does, which is about what nginx costs, and
-//! that cost follows the bytes served (≈ 30 µs for 16 KiB, ≈ 400 µs for 1 MiB).
+//! least nginx's per request, and as much per byte within the noise
+//! (b_nginx − b_self = +0.06, +0.02, −0.11 ns/B), so the rule gives **0 µs and
+//! 0 ns/B**: at its defaults the test server costs what it really does, which
+//! is about what nginx costs, and that cost follows the bytes served (≈ 35 µs
+//! for 16 KiB, ≈ 400 µs for 1 MiB). Re-run `calibrate.sh` on an idle machine
+//! before quoting these figures.
 //!
 //! # Scaling: a back-end k times as costly as nginx
 //!
 //! A lab that wants the back-end tier to be the bottleneck (the paper's
 //! testbed ran 2008 hardware, not bare loopback) should scale *both* parts,
 //! so that traces of different sizes keep costing differently: for a total
-//! of k × nginx, emulate k × nginx's cost minus this server's own, i.e.
-//! `--cpu-us-per-request ≈ k × 15 − 30` and `--cpu-ns-per-byte ≈ (k − 1) × 0.37`.
-//! For example k = 100 (≈ 1.5 ms for a 16 KiB file, the old fixed
-//! `--static-cpu-us 1500`): `--cpu-us-per-request 1470 --cpu-ns-per-byte 37`,
-//! so a 1 MiB file costs ≈ 40 ms.
+//! of k × nginx, emulate k × nginx's cost minus this server's own. With the
+//! mid-range figures (nginx ≈ 17 µs + 0.33 ns/B, this server ≈ 30 µs +
+//! 0.35 ns/B): `--cpu-us-per-request ≈ k × 17 − 30` and
+//! `--cpu-ns-per-byte ≈ k × 0.33 − 0.35`. For example k = 90 (1.5 ms for a
+//! small file, the old fixed `--static-cpu-us 1500`):
+//! `--cpu-us-per-request 1500 --cpu-ns-per-byte 29`, so a 16 KiB file costs
+//! ≈ 2 ms and a 1 MiB file ≈ 32 ms.
 
 use std::time::Duration;
 
@@ -57,7 +63,7 @@ use crate::CPU_US_MAX;
 /// measured by `calibrate.sh` (see the module doc's table): 0.
 pub const CPU_US_PER_REQUEST_DEFAULT: u64 = 0;
 /// Default emulated CPU per body byte served, ns: `max(0, b_nginx − b_self)`
-/// measured by `calibrate.sh` (0.02 ns/B, within run-to-run noise): 0.
+/// measured by `calibrate.sh` (+0.06, +0.02, −0.11 ns/B: noise around 0): 0.
 pub const CPU_NS_PER_BYTE_DEFAULT: f64 = 0.0;
 /// Upper bound of `--cpu-ns-per-byte`: 1 µs per byte makes a 1 MiB file cost
 /// a second of CPU, far beyond any server's real per-byte cost.

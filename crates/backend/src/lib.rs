@@ -100,11 +100,11 @@ pub struct BackendArgs {
     /// Emulated CPU per static or generated file request (200, 304 or error), in µs,
     /// burned before the response is written, on top of the server's own work. Cost
     /// model: µs = this + --cpu-ns-per-byte × body bytes / 1000. Default 0, by the rule
-    /// "this server's total = nginx's" (nginx ≈ 15 µs + 0.37 ns/B on the lab machine,
-    /// this server's own work ≈ 30 µs + 0.35 ns/B; crates/backend/calibrate.sh). For a
-    /// back-end k times as costly as nginx use ≈ k × 15 − 30 here and (k − 1) × 0.37 for
-    /// --cpu-ns-per-byte, e.g. 1470 and 37 for k = 100. --static-cpu-us is the deprecated
-    /// name.
+    /// "this server's total = nginx's" (crates/backend/calibrate.sh: nginx ≈ 12–22 µs +
+    /// 0.28–0.37 ns/B on the lab machine, this server's own work ≈ 28–33 µs + 0.30–0.39
+    /// ns/B). For a back-end k times as costly as nginx use ≈ k × 17 − 30 here and
+    /// k × 0.33 − 0.35 for --cpu-ns-per-byte, e.g. 1500 and 29 for k = 90 (1.5 ms for a
+    /// small file, 32 ms for 1 MiB). --static-cpu-us is the deprecated name.
     #[arg(
         long = "cpu-us-per-request",
         alias = "static-cpu-us",
