@@ -481,7 +481,9 @@ fn interrupt_lab(
     leftovers: impl Fn(u32) -> Vec<PathBuf>,
     hosts_gone: impl Fn(u32) -> bool,
 ) {
-    let dir = Dir::new("interrupt");
+    // One directory per variant: the loopback and netns variants run in parallel, and a
+    // shared `out/logs` would let one see the other's proxy log and signal too early.
+    let dir = Dir::new(&format!("interrupt{}", extra.join("")));
     let out = dir.0.join("out");
     let mut child = std::process::Command::new(exe())
         .args([
