@@ -2,10 +2,10 @@
 //! the cost model's CPU, write the response; repeat while keep-alive allows.
 //!
 //! ```text
-//! read_head ─▶ route ─▶ load body ─▶ burn emulated CPU ─▶ write head+body
-//!   (≤ header      (open, stat,  (read from disk     (cost::CostModel)   (write /
-//!    timeout)       304?)         into a buffer)                         writev)
-//!              └──────────────── X-Farside-Cpu-Us ──────────────┘
+//! read_head ─▶ route ─────────▶ load body ────────▶ burn emulated CPU ─▶ write head + body
+//! (≤ header    (realpath, open, (read from disk      (cost::CostModel)     (writev; larger
+//!  timeout)     stat, 304?)      into the buffer)                           files streamed)
+//!              └─────────────── X-Farside-Cpu-Us covers ──────────────┘
 //! ```
 //!
 //! Files are read from disk per request with `read` and sent with `write`
