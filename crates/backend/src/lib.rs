@@ -12,18 +12,37 @@
 //!
 //! Endpoints (GET and HEAD):
 //! - `/healthz` → 200.
-//! - `/cgi/work?us=N` → burns N µs of *thread CPU time* (default `--cpu-us`).
-//! - with `--root DIR`: static files under DIR (`..` segments → 400; a
-//!   directory serves its `index.html`).
+//! - `/cgi/work?us=N` → burns N µs of *thread CPU time* (default `--cpu-us`):
+//!   the dynamic request of a mixed-cost workload (e.g. static files at the
+//!   default ~tens of µs against `/cgi/work?us=5000`, a 100× difference).
+//! - with `--root DIR`: real files under DIR, read from disk per request
+//!   (`read` + `write`, see `serve`); a directory serves its `index.html`.
+//!   Refused: `..` segments, raw or percent-encoded (`%2e%2e`) → 400; malformed
+//!   escapes or NUL → 400; symlinks leading outside DIR → 403. Responses carry
+//!   `Last-Modified`, and `If-Modified-Since` no earlier than the file's mtime
+//!   → 304 Not Modified with no body. This is what the lab serves: it writes
+//!   the trace's files with `farside_loadgen::write_docroot` and runs the
+//!   load generator with `--paths docroot`.
 //! - without `--root`: generated content, `/file16k` (16384 bytes) and
 //!   `/files/<N>` or `/files/<N>/<anything>` (N bytes), so load generator
-//!   traces work with no docroot at all.
+//!   traces (`--paths generated`) and unit tests work with no docroot at all.
+//!
+//! Cost: file and generated requests burn the cost model's CPU
+//! (`--cpu-us-per-request` + `--cpu-ns-per-byte` × body bytes; see [`CostModel`]
+//! and the rule that sets its defaults) on top of the server's real work.
+//! Every response carries `X-Farside-Cpu-Us`: the worker thread's CPU time
+//! (`CLOCK_THREAD_CPUTIME_ID`) from the parsed request head to the response
+//! head's write — routing, `open`/`stat`, reading the body from disk (bodies up
+//! to 1 MiB), the emulated cost or `/cgi/work`'s burn; the final socket write is
+//! not included. Experiments use it to check the model.
 //!
 //! Errors: bad request line → 400, head larger than [`HEAD_BYTES_MAX`] → 431,
-//! unknown method → 501, missing file → 404. Every response carries an
-//! `X-Farside-Backend` header naming the listen address, so tests (and the
-//! lab) can see which back-end served a request.
+//! unknown method → 501, missing file → 404, a file that shrank while read →
+//! 500. Every response carries an `X-Farside-Backend` header naming the listen
+//! address, so tests (and the lab) can see which back-end served a request.
 
+mod cost;
+mod httpdate;
 mod serve;
 
 use std::io;
@@ -35,7 +54,11 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-pub use serve::{generated_byte, thread_cpu_us};
+pub use cost::{
+    thread_cpu_us, CostModel, CPU_NS_PER_BYTE_DEFAULT, CPU_NS_PER_BYTE_MAX,
+    CPU_US_PER_REQUEST_DEFAULT,
+};
+pub use serve::generated_byte;
 
 /// Largest request head (request line + headers) accepted, in bytes; larger
 /// heads get 431. Apache's default `LimitRequestFieldSize` is 8 KiB per field;
@@ -74,11 +97,25 @@ pub struct BackendArgs {
     /// Default: 1000.
     #[arg(long = "cpu-us", default_value_t = 1000)]
     pub cpu_us: u64,
-    /// CPU time burned for every static or generated file request before it is served,
-    /// in µs: emulated request processing, so that a lab's back-end tier (not its proxy
-    /// or clients) is the bottleneck, as in the papers' testbeds. Default: 0.
-    #[arg(long = "static-cpu-us", default_value_t = 0)]
-    pub static_cpu_us: u64,
+    /// Emulated CPU per static or generated file request (200, 304 or error), in µs,
+    /// burned before the response is written, on top of the server's own work. Cost
+    /// model: µs = this + --cpu-ns-per-byte × body bytes / 1000. Default 0, by the rule
+    /// "this server's total = nginx's" (crates/backend/calibrate.sh: nginx ≈ 12–22 µs +
+    /// 0.28–0.37 ns/B on the lab machine, this server's own work ≈ 28–33 µs + 0.30–0.39
+    /// ns/B). For a back-end k times as costly as nginx use ≈ k × 17 − 30 here and
+    /// k × 0.33 − 0.35 for --cpu-ns-per-byte, e.g. 1500 and 29 for k = 90 (1.5 ms for a
+    /// small file, 32 ms for 1 MiB). --static-cpu-us is the deprecated name.
+    #[arg(
+        long = "cpu-us-per-request",
+        alias = "static-cpu-us",
+        default_value_t = CPU_US_PER_REQUEST_DEFAULT
+    )]
+    pub cpu_us_per_request: u64,
+    /// Emulated CPU per body byte a file request sends, in ns (fractions allowed; see
+    /// --cpu-us-per-request). Default 0: nginx's per-byte cost minus this server's own
+    /// read + write cost, clamped at 0.
+    #[arg(long = "cpu-ns-per-byte", default_value_t = CPU_NS_PER_BYTE_DEFAULT)]
+    pub cpu_ns_per_byte: f64,
     /// Requests served on one connection before it is closed (Apache's
     /// MaxKeepAliveRequests). Default: 100.
     #[arg(long = "keepalive-max", default_value_t = 100)]
@@ -97,7 +134,8 @@ impl Default for BackendArgs {
             workers: 8,
             backlog: 128,
             cpu_us: 1000,
-            static_cpu_us: 0,
+            cpu_us_per_request: CPU_US_PER_REQUEST_DEFAULT,
+            cpu_ns_per_byte: CPU_NS_PER_BYTE_DEFAULT,
             keepalive_max: 100,
             header_timeout_ms: 10_000,
         }
@@ -116,8 +154,13 @@ impl BackendArgs {
         if self.cpu_us > CPU_US_MAX {
             return Err(format!("--cpu-us must be at most {CPU_US_MAX}"));
         }
-        if self.static_cpu_us > CPU_US_MAX {
-            return Err(format!("--static-cpu-us must be at most {CPU_US_MAX}"));
+        if self.cpu_us_per_request > CPU_US_MAX {
+            return Err(format!("--cpu-us-per-request must be at most {CPU_US_MAX}"));
+        }
+        if !(0.0..=CPU_NS_PER_BYTE_MAX).contains(&self.cpu_ns_per_byte) {
+            return Err(format!(
+                "--cpu-ns-per-byte must be in 0..={CPU_NS_PER_BYTE_MAX}"
+            ));
         }
         if self.keepalive_max == 0 {
             return Err("--keepalive-max must be at least 1".into());
@@ -192,7 +235,7 @@ pub fn spawn(args: BackendArgs) -> io::Result<(SocketAddr, Handle)> {
         .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
     let listener = bind_listener(args.listen, args.backlog as i32)?;
     let addr = listener.local_addr()?;
-    let config = serve::Config::new(&args, addr);
+    let config = serve::Config::new(&args, addr)?;
     let shared = Arc::new(Shared {
         stop: AtomicBool::new(false),
         listener,
@@ -204,7 +247,7 @@ pub fn spawn(args: BackendArgs) -> io::Result<(SocketAddr, Handle)> {
         let shared = Arc::clone(&shared);
         let worker = std::thread::Builder::new()
             .name(format!("backend-w{index}"))
-            // Workers hold a 16 KiB head buffer and little else.
+            // Workers hold a 16 KiB head buffer and a heap body buffer (≤ 1 MiB).
             .stack_size(256 * 1024)
             .spawn(move || worker_loop(&shared, index))?;
         workers.push(worker);
@@ -259,6 +302,8 @@ pub fn run(args: BackendArgs, ready: Option<mpsc::Sender<SocketAddr>>) -> io::Re
 }
 
 fn worker_loop(shared: &Shared, index: usize) {
+    // Response bodies: the worker's own buffer, reused across connections.
+    let mut body_buf = Vec::new();
     while !shared.stop.load(Ordering::SeqCst) {
         let stream = match shared.listener.accept() {
             Ok((stream, _peer)) => stream,
@@ -280,7 +325,7 @@ fn worker_loop(shared: &Shared, index: usize) {
         }
         // A stop that raced with accept must still close this connection.
         if !shared.stop.load(Ordering::SeqCst) {
-            serve::serve_connection(stream, &shared.config, &shared.stop);
+            serve::serve_connection(stream, &shared.config, &shared.stop, &mut body_buf);
         }
         *shared.active[index]
             .lock()

@@ -1,32 +1,48 @@
-//! One connection's life: read a request head, route it, write the response,
-//! repeat while keep-alive allows.
+//! One connection's life: read a request head, route it, load the body, burn
+//! the cost model's CPU, write the response; repeat while keep-alive allows.
+//!
+//! ```text
+//! read_head ─▶ route ─────────▶ load body ────────▶ burn emulated CPU ─▶ write head + body
+//! (≤ header    (realpath, open, (read from disk      (cost::CostModel)     (writev; larger
+//!  timeout)     stat, 304?)      into the buffer)                           files streamed)
+//!              └─────────────── X-Farside-Cpu-Us covers ──────────────┘
+//! ```
+//!
+//! Files are read from disk per request with `read` and sent with `write`
+//! (not `sendfile`, as Apache 2.4's default `EnableSendfile Off`), so the
+//! per-byte CPU of both copies is real. Bodies up to [`BODY_BUFFER_BYTES_MAX`]
+//! are read before the head is written, so `X-Farside-Cpu-Us` counts the read;
+//! larger files stream in [`CHUNK_BYTES`] pieces after the head.
 
 use std::fs::File;
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::cost::{self, CostModel};
 use crate::{
-    BackendArgs, CPU_US_MAX, GENERATED_BYTES_MAX, HEADERS_MAX, HEAD_BYTES_MAX,
+    httpdate, BackendArgs, CPU_US_MAX, GENERATED_BYTES_MAX, HEADERS_MAX, HEAD_BYTES_MAX,
     REQUEST_BODY_BYTES_MAX,
 };
 
-/// Bodies up to this size are written together with the head in one write
-/// (one segment on loopback, no Nagle/delayed-ACK interplay).
-const BODY_INLINE_BYTES_MAX: u64 = 64 * 1024;
-/// Chunk size used to stream larger generated bodies and files.
+/// Bodies up to this size are loaded before the head is written and sent
+/// with it in one `writev`: covers every Zipf object (at most 1 MiB) and all
+/// but a few World Cup objects, and bounds a worker's buffer to 1 MiB.
+const BODY_BUFFER_BYTES_MAX: u64 = 1 << 20;
+/// Chunk size used to stream larger bodies: a socket send buffer's worth.
 const CHUNK_BYTES: usize = 64 * 1024;
 /// Size of `/file16k` in generated mode (the paper's single-file trace).
 const FILE16K_BYTES: u64 = 16 * 1024;
 
 /// Immutable per-server configuration shared by the workers.
 pub(crate) struct Config {
+    /// Canonical docroot: every served file must resolve inside it.
     root: Option<PathBuf>,
     cpu_us_default: u64,
-    /// CPU burned per static or generated file request (emulated processing).
-    static_cpu_us: u64,
+    /// Emulated CPU of file requests.
+    cost: CostModel,
     keepalive_max: u32,
     header_timeout: Duration,
     /// Value of the `X-Farside-Backend` header.
@@ -34,15 +50,25 @@ pub(crate) struct Config {
 }
 
 impl Config {
-    pub(crate) fn new(args: &BackendArgs, addr: SocketAddr) -> Config {
-        Config {
-            root: args.root.clone(),
+    pub(crate) fn new(args: &BackendArgs, addr: SocketAddr) -> io::Result<Config> {
+        let root =
+            match &args.root {
+                Some(r) => Some(r.canonicalize().map_err(|e| {
+                    io::Error::new(e.kind(), format!("--root {}: {e}", r.display()))
+                })?),
+                None => None,
+            };
+        Ok(Config {
+            root,
             cpu_us_default: args.cpu_us,
-            static_cpu_us: args.static_cpu_us,
+            cost: CostModel {
+                cpu_us_per_request: args.cpu_us_per_request,
+                cpu_ns_per_byte: args.cpu_ns_per_byte,
+            },
             keepalive_max: args.keepalive_max,
             header_timeout: Duration::from_millis(args.header_timeout_ms),
             backend_name: addr.to_string(),
-        }
+        })
     }
 }
 
@@ -53,43 +79,22 @@ pub fn generated_byte(i: u64) -> u8 {
     ALPHABET[(i % 64) as usize]
 }
 
-/// CPU time consumed by the calling thread so far, in µs.
-pub fn thread_cpu_us() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000 + ts.tv_nsec as u64 / 1000
-}
-
-/// Busy-loops until this thread has consumed `us` µs of CPU time (so the cost
-/// is real CPU, and a descheduled worker keeps owing it).
-fn burn_cpu(us: u64) {
-    let start = thread_cpu_us();
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    while thread_cpu_us().saturating_sub(start) < us {
-        for _ in 0..256 {
-            x = x
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-        }
-        std::hint::black_box(x);
-    }
-}
-
 enum Body {
+    /// Content in memory (texts, and bodies loaded into the connection's buffer).
     Bytes(Vec<u8>),
+    /// `n` bytes of generated content, not yet produced.
     Generated(u64),
+    /// An open file of `n` bytes, not yet read.
     File(File, u64),
+    /// The first `n` bytes of the connection's body buffer.
+    Loaded(u64),
 }
 
 impl Body {
     fn len(&self) -> u64 {
         match self {
             Body::Bytes(b) => b.len() as u64,
-            Body::Generated(n) | Body::File(_, n) => *n,
+            Body::Generated(n) | Body::File(_, n) | Body::Loaded(n) => *n,
         }
     }
 }
@@ -100,6 +105,10 @@ struct Response {
     body: Body,
     /// Close the connection after this response whatever the client asked.
     close: bool,
+    /// `Last-Modified` of a file response.
+    last_modified: Option<SystemTime>,
+    /// Whether the cost model's CPU applies (file and generated requests).
+    modelled: bool,
 }
 
 impl Response {
@@ -109,7 +118,9 @@ impl Response {
             status,
             content_type: "text/plain",
             body: Body::Bytes(text.into_bytes()),
-            close: matches!(status, 400 | 413 | 431 | 501),
+            close: matches!(status, 400 | 413 | 431 | 500 | 501),
+            last_modified: None,
+            modelled: false,
         }
     }
 
@@ -119,6 +130,16 @@ impl Response {
             content_type: "text/plain",
             body: Body::Bytes(body.into_bytes()),
             close: false,
+            last_modified: None,
+            modelled: false,
+        }
+    }
+
+    /// An error answered by the file handler: it costs a request.
+    fn file_error(status: u16) -> Response {
+        Response {
+            modelled: true,
+            ..Response::error(status)
         }
     }
 }
@@ -126,10 +147,13 @@ impl Response {
 fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
+        304 => "Not Modified",
         400 => "Bad Request",
+        403 => "Forbidden",
         404 => "Not Found",
         413 => "Content Too Large",
         431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
         501 => "Not Implemented",
         _ => "Unknown",
     }
@@ -142,6 +166,8 @@ struct Request {
     keep_alive: bool,
     body_bytes: u64,
     chunked_body: bool,
+    /// A valid `If-Modified-Since` date.
+    if_modified_since: Option<SystemTime>,
 }
 
 enum HeadResult {
@@ -151,7 +177,16 @@ enum HeadResult {
 }
 
 /// Serves one connection until close, timeout, keep-alive limit or stop.
-pub(crate) fn serve_connection(mut stream: TcpStream, config: &Config, stop: &AtomicBool) {
+///
+/// `body_buf` is the worker's response-body buffer, kept across connections
+/// as a prefork child keeps its memory (no page faults of a fresh buffer per
+/// connection); it grows to at most [`BODY_BUFFER_BYTES_MAX`].
+pub(crate) fn serve_connection(
+    mut stream: TcpStream,
+    config: &Config,
+    stop: &AtomicBool,
+    body_buf: &mut Vec<u8>,
+) {
     let _ = stream.set_nodelay(true);
     let mut buf = vec![0u8; HEAD_BYTES_MAX];
     let mut filled = 0usize;
@@ -160,7 +195,7 @@ pub(crate) fn serve_connection(mut stream: TcpStream, config: &Config, stop: &At
         let (request, head_len) = match read_head(&mut stream, &mut buf, &mut filled, config) {
             HeadResult::Request(r, n) => (r, n),
             HeadResult::Reply(resp) => {
-                let _ = write_response(&mut stream, resp, false, false, config);
+                let _ = write_response(&mut stream, resp, false, false, 0, body_buf, config);
                 return;
             }
             HeadResult::Closed => return,
@@ -168,25 +203,92 @@ pub(crate) fn serve_connection(mut stream: TcpStream, config: &Config, stop: &At
         buf.copy_within(head_len..filled, 0);
         filled -= head_len;
         if request.chunked_body {
-            let _ = write_response(&mut stream, Response::error(501), false, false, config);
+            let _ = write_response(
+                &mut stream,
+                Response::error(501),
+                false,
+                false,
+                0,
+                body_buf,
+                config,
+            );
             return;
         }
         if request.body_bytes > REQUEST_BODY_BYTES_MAX {
-            let _ = write_response(&mut stream, Response::error(413), false, false, config);
+            let _ = write_response(
+                &mut stream,
+                Response::error(413),
+                false,
+                false,
+                0,
+                body_buf,
+                config,
+            );
             return;
         }
         if discard_body(&mut stream, &mut buf, &mut filled, request.body_bytes).is_err() {
             return;
         }
-        let response = route(&request, config);
+        let cpu_start = cost::thread_cpu();
+        let mut response = route(&request, config);
+        if !request.head_only {
+            load_body(&mut response, body_buf);
+        }
+        if response.modelled {
+            let body_bytes = if request.head_only {
+                0
+            } else {
+                response.body.len()
+            };
+            cost::burn_cpu(config.cost.emulated(body_bytes));
+        }
+        let cpu_us = (cost::thread_cpu().saturating_sub(cpu_start)).as_micros() as u64;
         served += 1;
         let keep_alive = request.keep_alive && served < config.keepalive_max && !response.close;
-        if write_response(&mut stream, response, request.head_only, keep_alive, config).is_err()
+        if write_response(
+            &mut stream,
+            response,
+            request.head_only,
+            keep_alive,
+            cpu_us,
+            body_buf,
+            config,
+        )
+        .is_err()
             || !keep_alive
         {
             return;
         }
     }
+}
+
+/// Reads (or generates) a body of at most [`BODY_BUFFER_BYTES_MAX`] into
+/// `body_buf`, so its cost is paid before the head is written. A file that
+/// cannot be read in full (it shrank since `stat`) becomes a 500.
+fn load_body(response: &mut Response, body_buf: &mut Vec<u8>) {
+    let n = response.body.len();
+    if n > BODY_BUFFER_BYTES_MAX {
+        return;
+    }
+    match &mut response.body {
+        Body::File(file, _) => {
+            body_buf.clear();
+            // Exact room first: read_to_end would otherwise grow by doubling.
+            body_buf.reserve_exact(n as usize);
+            let read = file.take(n).read_to_end(body_buf);
+            if !matches!(read, Ok(got) if got as u64 == n) {
+                log::warn!("backend: file read failed or shrank: {read:?}, wanted {n}");
+                *response = Response::error(500);
+                return;
+            }
+        }
+        Body::Generated(_) => {
+            body_buf.clear();
+            body_buf.extend((0..n).map(generated_byte));
+        }
+        Body::Bytes(_) | Body::Loaded(_) => return,
+    }
+    response.body = Body::Loaded(n);
 }
 
 fn read_head(
@@ -235,6 +337,7 @@ fn to_request(req: &httparse::Request<'_, '_>) -> Request {
     let mut connection_keep_alive = false;
     let mut body_bytes = 0u64;
     let mut chunked_body = false;
+    let mut if_modified_since = None;
     for h in req.headers.iter() {
         let value = String::from_utf8_lossy(h.value);
         if h.name.eq_ignore_ascii_case("connection") {
@@ -248,6 +351,9 @@ fn to_request(req: &httparse::Request<'_, '_>) -> Request {
             body_bytes = value.trim().parse().unwrap_or(u64::MAX);
         } else if h.name.eq_ignore_ascii_case("transfer-encoding") {
             chunked_body = true;
+        } else if h.name.eq_ignore_ascii_case("if-modified-since") {
+            // An invalid date is ignored (RFC 9110 §13.1.3): the full body is sent.
+            if_modified_since = httpdate::parse(&value);
         }
     }
     let keep_alive = if version >= 1 {
@@ -268,6 +374,7 @@ fn to_request(req: &httparse::Request<'_, '_>) -> Request {
         keep_alive,
         body_bytes,
         chunked_body,
+        if_modified_since,
     }
 }
 
@@ -309,11 +416,8 @@ fn route(request: &Request, config: &Config) -> Response {
         "/cgi/work" => return cgi_work(query, config),
         _ => {}
     }
-    if config.static_cpu_us > 0 {
-        burn_cpu(config.static_cpu_us);
-    }
     match &config.root {
-        Some(root) => static_file(root, path),
+        Some(root) => static_file(root, path, request.if_modified_since),
         None => generated(path),
     }
 }
@@ -328,11 +432,11 @@ fn cgi_work(query: Option<&str>, config: &Config) -> Response {
             }
         }
     }
-    let start = thread_cpu_us();
-    burn_cpu(us);
+    let start = cost::thread_cpu_us();
+    cost::burn_cpu_us(us);
     Response::text(format!(
         "burned {} us of cpu\n",
-        thread_cpu_us().saturating_sub(start)
+        cost::thread_cpu_us().saturating_sub(start)
     ))
 }
 
@@ -353,8 +457,10 @@ fn generated(path: &str) -> Response {
             content_type: "application/octet-stream",
             body: Body::Generated(n),
             close: false,
+            last_modified: None,
+            modelled: true,
         },
-        None => Response::error(404),
+        None => Response::file_error(404),
     }
 }
 
@@ -376,37 +482,73 @@ fn percent_decode(path: &str) -> Option<Vec<u8>> {
     (!out.contains(&0)).then_some(out)
 }
 
-fn static_file(root: &Path, path: &str) -> Response {
+/// Resolves `path` under `root` (canonical) and opens it.
+///
+/// Refused: malformed escapes or NUL (400), a `..` segment before or after
+/// decoding (400), a path whose symlinks lead outside the docroot (403).
+/// `If-Modified-Since` no earlier than the file's mtime (whole seconds, as
+/// HTTP-dates have) gives 304 with no body.
+fn static_file(root: &Path, path: &str, if_modified_since: Option<SystemTime>) -> Response {
     use std::os::unix::ffi::OsStrExt;
     let Some(decoded) = percent_decode(path) else {
-        return Response::error(400);
+        return Response::file_error(400);
     };
     let mut full = root.to_path_buf();
     for segment in decoded.split(|b| *b == b'/') {
         match segment {
             b"" | b"." => {}
-            b".." => return Response::error(400),
+            b".." => return Response::file_error(400),
             s => full.push(std::ffi::OsStr::from_bytes(s)),
         }
     }
     if full.is_dir() {
         full.push("index.html");
     }
-    let Ok(file) = File::open(&full) else {
-        return Response::error(404);
+    let Ok(real) = full.canonicalize() else {
+        return Response::file_error(404);
     };
-    match file.metadata() {
-        Ok(meta) if meta.is_file() => {
-            let len = meta.len();
-            Response {
-                status: 200,
-                content_type: content_type(&full),
-                body: Body::File(file, len),
-                close: false,
-            }
-        }
-        _ => Response::error(404),
+    if !real.starts_with(root) {
+        return Response::file_error(403);
     }
+    let file = match File::open(&real) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Response::file_error(403),
+        Err(_) => return Response::file_error(404),
+    };
+    let meta = match file.metadata() {
+        Ok(meta) if meta.is_file() => meta,
+        _ => return Response::file_error(404),
+    };
+    let last_modified = meta.modified().ok().map(whole_seconds);
+    if let (Some(since), Some(modified)) = (if_modified_since, last_modified) {
+        if modified <= since {
+            return Response {
+                status: 304,
+                content_type: content_type(&real),
+                body: Body::Bytes(Vec::new()),
+                close: false,
+                last_modified,
+                modelled: true,
+            };
+        }
+    }
+    Response {
+        status: 200,
+        content_type: content_type(&real),
+        body: Body::File(file, meta.len()),
+        close: false,
+        last_modified,
+        modelled: true,
+    }
+}
+
+/// `t` truncated to whole seconds (the resolution of HTTP-dates).
+fn whole_seconds(t: SystemTime) -> SystemTime {
+    let secs = t
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_secs();
+    UNIX_EPOCH + Duration::from_secs(secs)
 }
 
 fn content_type(path: &Path) -> &'static str {
@@ -422,68 +564,98 @@ fn content_type(path: &Path) -> &'static str {
     }
 }
 
+/// Writes all of `head` and then `body` with as few `writev` calls as the
+/// socket allows.
+fn write_all_vectored(stream: &mut TcpStream, head: &[u8], body: &[u8]) -> io::Result<()> {
+    let mut slices = [IoSlice::new(head), IoSlice::new(body)];
+    let mut slices: &mut [IoSlice<'_>] = &mut slices;
+    while !slices.is_empty() {
+        match stream.write_vectored(slices) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut slices, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
 fn write_response(
     stream: &mut TcpStream,
     response: Response,
     head_only: bool,
     keep_alive: bool,
+    cpu_us: u64,
+    body_buf: &mut Vec<u8>,
     config: &Config,
 ) -> io::Result<()> {
+    use std::fmt::Write as _;
     let len = response.body.len();
-    let mut out = format!(
-        "HTTP/1.1 {} {}\r\nServer: farside-backend\r\nX-Farside-Backend: {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: {}\r\n\r\n",
+    let mut head = String::with_capacity(320);
+    let _ = write!(
+        head,
+        "HTTP/1.1 {} {}\r\nServer: farside-backend\r\nDate: {}\r\nX-Farside-Backend: {}\r\nX-Farside-Cpu-Us: {}\r\n",
         response.status,
         reason(response.status),
+        httpdate::format(SystemTime::now()),
         config.backend_name,
-        response.content_type,
-        len,
-        if keep_alive { "keep-alive" } else { "close" },
-    )
-    .into_bytes();
-    if head_only {
-        return stream.write_all(&out);
+        cpu_us,
+    );
+    if let Some(t) = response.last_modified {
+        let _ = write!(head, "Last-Modified: {}\r\n", httpdate::format(t));
+    }
+    // A 304 has no content and sends no Content-Length (RFC 9110 §15.4.5).
+    if response.status != 304 {
+        let _ = write!(
+            head,
+            "Content-Type: {}\r\nContent-Length: {}\r\n",
+            response.content_type, len
+        );
+    }
+    let _ = write!(
+        head,
+        "Connection: {}\r\n\r\n",
+        if keep_alive { "keep-alive" } else { "close" }
+    );
+    let head = head.as_bytes();
+    if head_only || response.status == 304 {
+        return stream.write_all(head);
     }
     match response.body {
-        Body::Bytes(bytes) => {
-            out.extend_from_slice(&bytes);
-            stream.write_all(&out)
-        }
+        Body::Bytes(bytes) => write_all_vectored(stream, head, &bytes),
+        Body::Loaded(n) => write_all_vectored(stream, head, &body_buf[..n as usize]),
         Body::Generated(n) => {
-            let inline = n <= BODY_INLINE_BYTES_MAX;
-            if !inline {
-                stream.write_all(&out)?;
-                out.clear();
-            }
+            stream.write_all(head)?;
             let mut offset = 0u64;
             while offset < n {
                 let chunk = (n - offset).min(CHUNK_BYTES as u64);
-                out.extend((offset..offset + chunk).map(generated_byte));
+                body_buf.clear();
+                body_buf.extend((offset..offset + chunk).map(generated_byte));
+                stream.write_all(body_buf)?;
                 offset += chunk;
-                if !inline {
-                    stream.write_all(&out)?;
-                    out.clear();
-                }
-            }
-            if inline {
-                stream.write_all(&out)?;
             }
             Ok(())
         }
         Body::File(mut file, n) => {
-            if n <= BODY_INLINE_BYTES_MAX {
-                let head = out.len();
-                out.resize(head + n as usize, 0);
-                file.read_exact(&mut out[head..])?;
-                stream.write_all(&out)
-            } else {
-                stream.write_all(&out)?;
-                let copied = io::copy(&mut file.take(n), stream)?;
-                if copied != n {
-                    // The file shrank under us: the framing is broken, close.
-                    return Err(io::ErrorKind::UnexpectedEof.into());
-                }
-                Ok(())
+            stream.write_all(head)?;
+            body_buf.resize(CHUNK_BYTES, 0);
+            let mut left = n;
+            while left > 0 {
+                let want = left.min(CHUNK_BYTES as u64) as usize;
+                let got = match file.read(&mut body_buf[..want]) {
+                    Ok(0) => {
+                        // The file shrank under us: the framing is broken, close.
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                    Ok(got) => got,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                };
+                stream.write_all(&body_buf[..got])?;
+                left -= got as u64;
             }
+            Ok(())
         }
     }
 }

@@ -125,7 +125,7 @@ mod tests {
             "farside proxy --listen 127.0.0.1:8000 --backend 127.0.0.1:8080,region=tcp:127.0.0.1:7001 --admission --metric backlog --limit 4 --pool-idle 0",
             "farside gatherd --node-id 1 --watch-port 8080 --tcp-listen 127.0.0.1:7001",
             "farside monitor --backend 127.0.0.1:8080,region=tcp:127.0.0.1:7001 --table /tmp/t",
-            "farside backend --listen 127.0.0.1:0 --workers 4 --static-cpu-us 100",
+            "farside backend --listen 127.0.0.1:0 --workers 4 --cpu-us-per-request 100 --cpu-ns-per-byte 2.5",
             "farside loadgen --target 127.0.0.1:8000 --clients 4 --trace zipf",
         ] {
             let args: Vec<&str> = line.split_whitespace().collect();
