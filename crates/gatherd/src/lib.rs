@@ -200,6 +200,8 @@ pub struct Sampler {
     conns_every_auto: bool,
     period_us: u64,
     conns: sockdiag::ConnCounts,
+    /// CLOCK_MONOTONIC of the sample whose full count `conns` holds.
+    conns_sampled_mono_ns: u64,
 }
 
 /// CPU share of one core that full connection counts may use when `--conns-every` is
@@ -268,6 +270,7 @@ impl Sampler {
             conns_every_auto: args.conns_every == 0,
             period_us: args.period_us,
             conns: Default::default(),
+            conns_sampled_mono_ns: 0,
         })
     }
 
@@ -307,6 +310,7 @@ impl Sampler {
             if self.n.is_multiple_of(self.conns_every) {
                 let t = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
                 self.conns = d.count()?;
+                self.conns_sampled_mono_ns = now;
                 rec.accept_backlog = self.conns.accept_backlog;
                 if self.conns_every_auto {
                     let cost_ns = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(t);
@@ -322,6 +326,7 @@ impl Sampler {
             }
             rec.conns_established = self.conns.established;
             rec.conns_pending = self.conns.pending;
+            rec.conns_sampled_mono_ns = self.conns_sampled_mono_ns;
             rec.flags |= FLAG_CONNS;
         }
         if self.n.is_multiple_of(MEM_EVERY_PERIODS) {
