@@ -34,7 +34,8 @@ impl LoadRecord {
         if self.flags & FLAG_CONNS == 0 || self.conns_sampled_mono_ns == 0 {
             return 0;
         }
-        self.sample_mono_ns.saturating_sub(self.conns_sampled_mono_ns)
+        self.sample_mono_ns
+            .saturating_sub(self.conns_sampled_mono_ns)
     }
 
     /// The fields between SEQ_HEAD and SEQ_TAIL, in word order.

@@ -18,10 +18,11 @@ pub mod udp;
 pub mod wire;
 
 pub use client::{
-    connect, ClientOptions, RemoteMemory, RmemError, ShmClient, TcpClient, DEFAULT_READ_KEY,
+    connect, connect_target, ClientOptions, RemoteMemory, RmemError, ShmClient, TcpClient,
+    DEFAULT_READ_KEY,
 };
-pub use endpoint::Endpoint;
-pub use ops::{AccessKeys, OpCounters, Perm};
+pub use endpoint::{Endpoint, Target};
+pub use ops::{AccessKeys, Dedup, OpCounters, Perm};
 pub use tcp_server::TcpServer;
 pub use udp::{UdpClient, UdpServer};
 
