@@ -14,7 +14,7 @@ use farside_region::layout::{FLAG_CONNS, FLAG_MEM, FLAG_PSI};
 use farside_region::{
     Header, HeapWords, LoadRecord, MappedWords, RegionWriter, Words, REGION_WORDS,
 };
-use farside_rmem::{AccessKeys, OpCounters, Perm, TcpServer, UdpServer, DEFAULT_READ_KEY};
+use farside_rmem::{AccessKeys, Dedup, OpCounters, Perm, TcpServer, UdpServer, DEFAULT_READ_KEY};
 use sample::{CpuCounters, CpuSource};
 use std::io;
 use std::net::SocketAddr;
@@ -78,6 +78,11 @@ pub struct GatherdArgs {
     /// Read-write access key (allows WRITE, CAS, FETCH-ADD), hex. Default: none.
     #[arg(long, value_parser = parse_key)]
     pub rw_key: Option<u64>,
+    /// bpffs directory where, with XDP, the region map is pinned for same-host shm
+    /// readers (the shm path becomes a symlink to the pin, so shm, tcp, udp and XDP all
+    /// operate on the same words).
+    #[arg(long, default_value = "/sys/fs/bpf")]
+    pub bpffs: PathBuf,
     /// Take CPU figures from this cgroup v2 directory instead of the whole host.
     #[arg(long)]
     pub cgroup: Option<PathBuf>,
@@ -113,6 +118,7 @@ impl Default for GatherdArgs {
             metrics_listen: None,
             read_key: None,
             rw_key: None,
+            bpffs: PathBuf::from("/sys/fs/bpf"),
             cgroup: None,
             conns_every: 0,
             sampler_nice: 0,
@@ -351,7 +357,11 @@ pub struct Gatherd {
     pub counters: Arc<OpCounters>,
     pub tcp_addr: Option<SocketAddr>,
     pub udp_addr: Option<SocketAddr>,
+    /// Where a region that is readable over shm lives: the region file, or with XDP a
+    /// symlink to the pinned region map.
     pub shm_path: Option<PathBuf>,
+    /// The pinned region map (with XDP), removed on drop.
+    pin: Option<PathBuf>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// How udp requests are answered: "xdp-native", "xdp-generic", "user-space" or "off".
@@ -378,14 +388,6 @@ impl Gatherd {
         args.validate()
             .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
         let mut sampler = Sampler::new(args)?;
-        let shm_path = args.shm_path();
-        let mem: Arc<dyn Words> = match &shm_path {
-            Some(p) => Arc::new(
-                MappedWords::create_file(p, REGION_WORDS)
-                    .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))?,
-            ),
-            None => Arc::new(HeapWords::new(REGION_WORDS)),
-        };
         let mut ports = [0u16; WATCHED_PORTS_MAX];
         ports[..args.watch_ports.len()].copy_from_slice(&args.watch_ports);
         let header = Header {
@@ -395,28 +397,85 @@ impl Gatherd {
             watched_ports: ports,
         };
         let counters = Arc::new(OpCounters::default());
+        let dedup = Arc::new(Dedup::new());
         let keys = args.keys();
-        // The region lives in every place a reader may look: the shm file (or heap) and,
-        // with XDP, the BPF map the kernel answers from. Each gets its own seqlock writer
-        // and a first record before any server answers from it, so readers never see
-        // Empty from a started gatherer; the TCP server starts last, so a gatherer whose
-        // TCP port accepts is wholly ready (the lab waits for that).
+        // One memory: every transport of this node operates on the same words. With XDP
+        // that is the BPF map the kernel answers from (the tcp server and the udp
+        // fallback serve the map's mapping, and shm readers map the pinned map); without,
+        // the shm file (or heap). The writer publishes a first record before any server
+        // answers, so readers never see Empty from a started gatherer; the TCP server
+        // starts last, so a gatherer whose TCP port accepts is wholly ready (the lab
+        // waits for that).
         let first = sampler.sample()?;
-        let mut writers = vec![RegionWriter::init(SharedWords(mem.clone()), header)];
-        writers[0].publish(&first);
         let mut map_writer = None;
-        let (xdp, udp, udp_server) = start_udp(args, &mem, &keys, &counters, &mut |region| {
+        let xdp = attach_xdp(args, &keys, &mut |region| {
             let mut w = RegionWriter::init(SharedWords(region), header);
             w.publish(&first);
             map_writer = Some(w);
         })?;
-        if xdp.is_some() {
-            // Set by the attempt that attached (each attempt loads a fresh map).
-            writers.extend(map_writer);
-        }
+        let mut pin = None;
+        let (mem, writer, shm_path): (Arc<dyn Words>, _, _) = match (&xdp, map_writer) {
+            (Some((x, _)), Some(w)) => {
+                let shm_path = args.shm_path();
+                if let Some(p) = &shm_path {
+                    pin = Some(share_map_as_shm(x, p, &args.bpffs, args.node_id)?);
+                }
+                (x.region(), w, shm_path)
+            }
+            _ => {
+                let shm_path = args.shm_path();
+                let mem: Arc<dyn Words> = match &shm_path {
+                    Some(p) => {
+                        // A symlink left by an XDP run would make us write into a stale pin.
+                        if std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink()) {
+                            let _ = std::fs::remove_file(p);
+                        }
+                        Arc::new(MappedWords::create_file(p, REGION_WORDS).map_err(|e| {
+                            io::Error::new(e.kind(), format!("{}: {e}", p.display()))
+                        })?)
+                    }
+                    None => Arc::new(HeapWords::new(REGION_WORDS)),
+                };
+                let mut w = RegionWriter::init(SharedWords(mem.clone()), header);
+                w.publish(&first);
+                (mem, w, shm_path)
+            }
+        };
+        let mut writers = vec![writer];
+        let udp_server = xdp.as_ref().map_or(
+            if args.udp_listen.is_some() {
+                "user-space"
+            } else {
+                "off"
+            },
+            |(_, name)| *name,
+        );
+        let xdp = xdp.map(|(x, _)| Arc::new(x));
+        // Same port, same memory as XDP: answers what the program passes on to the stack
+        // (fragments, IP options), or everything when XDP is not attached.
+        let udp = args
+            .udp_listen
+            .map(|a| {
+                UdpServer::spawn_with_dedup(
+                    a,
+                    mem.clone(),
+                    keys.clone(),
+                    counters.clone(),
+                    dedup.clone(),
+                )
+            })
+            .transpose()?;
         let tcp = args
             .tcp_listen
-            .map(|a| TcpServer::spawn(a, mem.clone(), keys.clone(), counters.clone()))
+            .map(|a| {
+                TcpServer::spawn_with_dedup(
+                    a,
+                    mem.clone(),
+                    keys.clone(),
+                    counters.clone(),
+                    dedup.clone(),
+                )
+            })
             .transpose()?;
         let udp_addr = match (&udp, args.udp_listen) {
             (Some(u), _) => Some(u.local_addr),
@@ -465,6 +524,7 @@ impl Gatherd {
             udp_server,
             xdp,
             shm_path,
+            pin,
             stop,
             thread: Some(thread),
             _tcp: tcp,
@@ -517,7 +577,52 @@ impl Gatherd {
 impl Drop for Gatherd {
     fn drop(&mut self) {
         self.stop();
+        if let Some(pin) = self.pin.take() {
+            // The symlink would dangle; readers then fail to open instead of reading a
+            // region nobody updates.
+            if let Some(p) = &self.shm_path {
+                let _ = std::fs::remove_file(p);
+            }
+            let _ = std::fs::remove_file(pin);
+        }
     }
+}
+
+/// With XDP, same-host shm readers must map the BPF map, not a copy: pin the map under
+/// `bpffs` and make `shm_path` a symlink to the pin (`farside_rmem::map_region` follows
+/// it). Returns the pin's path. The pin name carries the node id and the pid, so
+/// gatherers of several nodes on one host (the lab) never collide.
+fn share_map_as_shm(
+    x: &farside_xdp::XdpResponder,
+    shm_path: &std::path::Path,
+    bpffs: &std::path::Path,
+    node_id: u64,
+) -> io::Result<PathBuf> {
+    let pin = bpffs.join(format!(
+        "farside-node{node_id}-{}.region",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&pin);
+    x.pin_region(&pin).map_err(|e| {
+        io::Error::other(format!(
+            "{e} (shm readers must map the XDP region map; mount a bpffs at {} or pass --bpffs DIR, or --no-shm)",
+            bpffs.display()
+        ))
+    })?;
+    if let Some(dir) = shm_path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let _ = std::fs::remove_file(shm_path);
+    std::os::unix::fs::symlink(&pin, shm_path).map_err(|e| {
+        let _ = std::fs::remove_file(&pin);
+        io::Error::new(e.kind(), format!("{}: {e}", shm_path.display()))
+    })?;
+    log::info!(
+        "gatherd: shm readers of {} map the XDP region map pinned at {}",
+        shm_path.display(),
+        pin.display()
+    );
+    Ok(pin)
 }
 
 /// Prometheus text of gatherd's own counters and every server's op counters.
@@ -575,70 +680,103 @@ pub fn render_metrics(
     out
 }
 
-/// Start the udp server: the XDP responder if asked and possible, else user space.
-#[allow(clippy::type_complexity)]
-fn start_udp(
+/// Attach the XDP responder if asked and possible. `init` gets the map's region before
+/// the program is attached. Returns the responder and how udp is answered
+/// ("xdp-native" or "xdp-generic"), or None (user space answers, if udp is served).
+fn attach_xdp(
     args: &GatherdArgs,
-    mem: &Arc<dyn Words>,
     keys: &AccessKeys,
-    counters: &Arc<OpCounters>,
     init_map: &mut dyn FnMut(Arc<dyn Words>),
-) -> io::Result<(
-    Option<Arc<farside_xdp::XdpResponder>>,
-    Option<UdpServer>,
-    &'static str,
-)> {
+) -> io::Result<Option<(farside_xdp::XdpResponder, &'static str)>> {
     use farside_xdp::{XdpMode, XdpResponder};
-    let Some(addr) = args.udp_listen else {
-        return Ok((None, None, "off"));
+    let (Some(addr), Some(ifname)) = (args.udp_listen, &args.xdp_iface) else {
+        return Ok(None);
     };
-    if let (Some(ifname), true) = (&args.xdp_iface, args.xdp_mode != XdpChoice::Off) {
-        if addr.port() == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "--xdp-iface needs a fixed --udp-listen port",
-            ));
-        }
-        let xkeys: Vec<(u64, bool)> = keys
-            .iter()
-            .map(|(k, p)| (*k, *p == Perm::ReadWrite))
-            .collect();
-        let modes: &[XdpMode] = match args.xdp_mode {
-            XdpChoice::Auto => &[XdpMode::Native, XdpMode::Generic],
-            XdpChoice::Native => &[XdpMode::Native],
-            XdpChoice::Generic => &[XdpMode::Generic],
-            XdpChoice::Off => &[],
-        };
-        let mut last = String::new();
-        for &m in modes {
-            match XdpResponder::attach_with(ifname, m, addr.port(), &xkeys, &mut *init_map) {
-                Ok(x) => {
-                    log::info!("gatherd: XDP responder on {ifname} ({} mode), udp port {}: reads and atomics answered in the kernel", m.name(), addr.port());
-                    let name = if m == XdpMode::Native {
-                        "xdp-native"
-                    } else {
-                        "xdp-generic"
-                    };
-                    // Same port, same memory: answers what the program passes on to the
-                    // stack (fragments, IP options, a READ whose reply cannot grow the frame).
-                    let u = UdpServer::spawn(addr, x.region(), keys.clone(), counters.clone())?;
-                    return Ok((Some(Arc::new(x)), Some(u), name));
+    if args.xdp_mode == XdpChoice::Off {
+        return Ok(None);
+    }
+    if addr.port() == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "--xdp-iface needs a fixed --udp-listen port",
+        ));
+    }
+    let xkeys: Vec<(u64, bool)> = keys
+        .iter()
+        .map(|(k, p)| (*k, *p == Perm::ReadWrite))
+        .collect();
+    let modes: &[XdpMode] = match args.xdp_mode {
+        XdpChoice::Auto => &[XdpMode::Native, XdpMode::Generic],
+        XdpChoice::Native => &[XdpMode::Native],
+        XdpChoice::Generic => &[XdpMode::Generic],
+        XdpChoice::Off => &[],
+    };
+    let mut last = String::new();
+    for &m in modes {
+        match XdpResponder::attach_with(ifname, m, addr.port(), &xkeys, &mut *init_map) {
+            Ok(mut x) => {
+                // Answer only datagrams addressed to this node.
+                let node = match addr.ip() {
+                    std::net::IpAddr::V4(a) if !a.is_unspecified() => Some(a),
+                    _ => iface_ipv4(ifname),
+                };
+                if node.is_none() {
+                    log::warn!("gatherd: {ifname} has no IPv4 address: XDP answers datagrams to any address on port {}", addr.port());
                 }
-                Err(e) => {
-                    log::warn!("gatherd: XDP {} attach on {ifname} failed: {e}", m.name());
-                    last = e.to_string();
-                }
+                x.set_node_addr(node)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                log::info!("gatherd: XDP responder on {ifname} ({} mode), udp port {}: reads and atomics answered in the kernel", m.name(), addr.port());
+                let name = if m == XdpMode::Native {
+                    "xdp-native"
+                } else {
+                    "xdp-generic"
+                };
+                return Ok(Some((x, name)));
+            }
+            Err(e) => {
+                log::warn!("gatherd: XDP {} attach on {ifname} failed: {e}", m.name());
+                last = e.to_string();
             }
         }
-        if args.xdp_mode != XdpChoice::Auto {
-            return Err(io::Error::other(
-                format!("--xdp-mode {:?}: {last}", args.xdp_mode).to_lowercase(),
-            ));
-        }
-        log::warn!("gatherd: XDP unavailable; answering udp on {addr} from user space (two-sided)");
     }
-    let u = UdpServer::spawn(addr, mem.clone(), keys.clone(), counters.clone())?;
-    Ok((None, Some(u), "user-space"))
+    if args.xdp_mode != XdpChoice::Auto {
+        return Err(io::Error::other(
+            format!("--xdp-mode {:?}: {last}", args.xdp_mode).to_lowercase(),
+        ));
+    }
+    log::warn!("gatherd: XDP unavailable; answering udp on {addr} from user space (two-sided)");
+    Ok(None)
+}
+
+/// The first IPv4 address of interface `ifname`, if any.
+fn iface_ipv4(ifname: &str) -> Option<std::net::Ipv4Addr> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills head with a list we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: cur is a node of the list getifaddrs returned.
+        let ifa = unsafe { &*cur };
+        // SAFETY: ifa_name is a NUL-terminated string of the node.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+        if name.to_bytes() == ifname.as_bytes() && !ifa.ifa_addr.is_null() {
+            // SAFETY: a non-null address whose family we check before the cast.
+            let fam = unsafe { (*ifa.ifa_addr).sa_family };
+            if fam as i32 == libc::AF_INET {
+                // SAFETY: AF_INET addresses are sockaddr_in.
+                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+                found = Some(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+                break;
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: head came from getifaddrs.
+    unsafe { libc::freeifaddrs(head) };
+    found
 }
 
 /// Process CPU time (user + system) so far, µs.

@@ -18,8 +18,8 @@ pub mod udp;
 pub mod wire;
 
 pub use client::{
-    connect, connect_target, ClientOptions, RemoteMemory, RmemError, ShmClient, TcpClient,
-    DEFAULT_READ_KEY,
+    connect, connect_target, map_region, ClientOptions, RemoteMemory, RmemError, ShmClient,
+    TcpClient, DEFAULT_READ_KEY,
 };
 pub use endpoint::{Endpoint, Target};
 pub use ops::{AccessKeys, Dedup, OpCounters, Perm};

@@ -411,6 +411,25 @@ impl XdpResponder {
         self.loaded.set_node_addr(addr)
     }
 
+    /// Pin the region map at `path` on a bpffs mount, so that same-host readers can map
+    /// the very words the kernel answers from (`farside_rmem::ShmClient` opens a pinned
+    /// map like a region file). The pin outlives this process: remove it with
+    /// `std::fs::remove_file` when done.
+    pub fn pin_region(&self, path: &std::path::Path) -> Result<(), XdpError> {
+        let map = self
+            .loaded
+            .ebpf
+            .map(MAP_REGION)
+            .ok_or_else(|| XdpError::Load(format!("no map {MAP_REGION} in the object")))?;
+        map.pin(path).map_err(|e| {
+            classify(
+                &format!("pinning the region at {}", path.display()),
+                e,
+                XdpError::Map,
+            )
+        })
+    }
+
     /// Requests whose reply could not be built (the frame could not grow): XDP_ABORTED.
     pub fn aborted(&self) -> u64 {
         self.loaded.counter(COUNTER_ABORTED)
