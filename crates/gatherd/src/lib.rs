@@ -14,6 +14,7 @@ use farside_region::layout::{FLAG_CONNS, FLAG_MEM, FLAG_PSI};
 use farside_region::{
     Header, HeapWords, LoadRecord, MappedWords, RegionWriter, Words, REGION_WORDS,
 };
+use farside_rmem::fdshare::FdServer;
 use farside_rmem::{AccessKeys, Dedup, OpCounters, Perm, TcpServer, UdpServer, DEFAULT_READ_KEY};
 use sample::{CpuCounters, CpuSource};
 use std::io;
@@ -48,7 +49,9 @@ pub struct GatherdArgs {
     #[arg(long = "watch-port")]
     pub watch_ports: Vec<u16>,
     /// Region file in shared memory for same-host readers (`shm:` transport).
-    /// Default: /dev/shm/farside/node<ID>.region.
+    /// Default: /dev/shm/farside/node<ID>.region. With XDP attached this path is a Unix
+    /// socket that hands readers the XDP region map itself, so shm, tcp, udp and XDP
+    /// all operate on the same words.
     #[arg(long)]
     pub shm: Option<PathBuf>,
     /// Do not create a shared-memory region file (serve over tcp/udp only).
@@ -78,11 +81,6 @@ pub struct GatherdArgs {
     /// Read-write access key (allows WRITE, CAS, FETCH-ADD), hex. Default: none.
     #[arg(long, value_parser = parse_key)]
     pub rw_key: Option<u64>,
-    /// bpffs directory where, with XDP, the region map is pinned for same-host shm
-    /// readers (the shm path becomes a symlink to the pin, so shm, tcp, udp and XDP all
-    /// operate on the same words).
-    #[arg(long, default_value = "/sys/fs/bpf")]
-    pub bpffs: PathBuf,
     /// Take CPU figures from this cgroup v2 directory instead of the whole host.
     #[arg(long)]
     pub cgroup: Option<PathBuf>,
@@ -118,7 +116,6 @@ impl Default for GatherdArgs {
             metrics_listen: None,
             read_key: None,
             rw_key: None,
-            bpffs: PathBuf::from("/sys/fs/bpf"),
             cgroup: None,
             conns_every: 0,
             sampler_nice: 0,
@@ -357,11 +354,11 @@ pub struct Gatherd {
     pub counters: Arc<OpCounters>,
     pub tcp_addr: Option<SocketAddr>,
     pub udp_addr: Option<SocketAddr>,
-    /// Where a region that is readable over shm lives: the region file, or with XDP a
-    /// symlink to the pinned region map.
+    /// Where same-host readers find the region (`shm:` transport): the region file, or
+    /// with XDP a Unix socket that hands out the region map's fd.
     pub shm_path: Option<PathBuf>,
-    /// The pinned region map (with XDP), removed on drop.
-    pin: Option<PathBuf>,
+    /// With XDP: serves the map's fd at `shm_path` (removed on drop).
+    fd_server: Option<FdServer>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     /// How udp requests are answered: "xdp-native", "xdp-generic", "user-space" or "off".
@@ -413,12 +410,18 @@ impl Gatherd {
             w.publish(&first);
             map_writer = Some(w);
         })?;
-        let mut pin = None;
+        let mut fd_server = None;
         let (mem, writer, shm_path): (Arc<dyn Words>, _, _) = match (&xdp, map_writer) {
             (Some((x, _)), Some(w)) => {
+                // Same-host shm readers must map the BPF map, not a copy: the shm path
+                // becomes a Unix socket that hands out the map's fd (`map_region`).
                 let shm_path = args.shm_path();
                 if let Some(p) = &shm_path {
-                    pin = Some(share_map_as_shm(x, p, &args.bpffs, args.node_id)?);
+                    fd_server = Some(FdServer::spawn(p, x.region_fd())?);
+                    log::info!(
+                        "gatherd: shm readers of {} map the XDP region map (fd handed over the socket)",
+                        p.display()
+                    );
                 }
                 (x.region(), w, shm_path)
             }
@@ -426,8 +429,8 @@ impl Gatherd {
                 let shm_path = args.shm_path();
                 let mem: Arc<dyn Words> = match &shm_path {
                     Some(p) => {
-                        // A symlink left by an XDP run would make us write into a stale pin.
-                        if std::fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_symlink()) {
+                        // A socket left by an XDP run is not a region file.
+                        if std::fs::symlink_metadata(p).is_ok_and(|m| !m.file_type().is_file()) {
                             let _ = std::fs::remove_file(p);
                         }
                         Arc::new(MappedWords::create_file(p, REGION_WORDS).map_err(|e| {
@@ -524,7 +527,7 @@ impl Gatherd {
             udp_server,
             xdp,
             shm_path,
-            pin,
+            fd_server,
             stop,
             thread: Some(thread),
             _tcp: tcp,
@@ -577,52 +580,10 @@ impl Gatherd {
 impl Drop for Gatherd {
     fn drop(&mut self) {
         self.stop();
-        if let Some(pin) = self.pin.take() {
-            // The symlink would dangle; readers then fail to open instead of reading a
-            // region nobody updates.
-            if let Some(p) = &self.shm_path {
-                let _ = std::fs::remove_file(p);
-            }
-            let _ = std::fs::remove_file(pin);
-        }
+        // Before the responder (and its map fd) goes; removes the socket, so readers
+        // fail to open instead of mapping a region nobody updates.
+        self.fd_server.take();
     }
-}
-
-/// With XDP, same-host shm readers must map the BPF map, not a copy: pin the map under
-/// `bpffs` and make `shm_path` a symlink to the pin (`farside_rmem::map_region` follows
-/// it). Returns the pin's path. The pin name carries the node id and the pid, so
-/// gatherers of several nodes on one host (the lab) never collide.
-fn share_map_as_shm(
-    x: &farside_xdp::XdpResponder,
-    shm_path: &std::path::Path,
-    bpffs: &std::path::Path,
-    node_id: u64,
-) -> io::Result<PathBuf> {
-    let pin = bpffs.join(format!(
-        "farside-node{node_id}-{}.region",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&pin);
-    x.pin_region(&pin).map_err(|e| {
-        io::Error::other(format!(
-            "{e} (shm readers must map the XDP region map; mount a bpffs at {} or pass --bpffs DIR, or --no-shm)",
-            bpffs.display()
-        ))
-    })?;
-    if let Some(dir) = shm_path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let _ = std::fs::remove_file(shm_path);
-    std::os::unix::fs::symlink(&pin, shm_path).map_err(|e| {
-        let _ = std::fs::remove_file(&pin);
-        io::Error::new(e.kind(), format!("{}: {e}", shm_path.display()))
-    })?;
-    log::info!(
-        "gatherd: shm readers of {} map the XDP region map pinned at {}",
-        shm_path.display(),
-        pin.display()
-    );
-    Ok(pin)
 }
 
 /// Prometheus text of gatherd's own counters and every server's op counters.
@@ -996,5 +957,91 @@ mod tests {
         .err()
         .unwrap();
         assert!(e.to_string().contains("--watch-port"), "{e}");
+    }
+
+    /// Run `f` on a thread in a fresh network namespace with `lo` up (root only).
+    fn in_private_netns<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::spawn(move || {
+            // SAFETY: unshare affects this thread only (threads it spawns inherit it).
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+            let up = std::process::Command::new("ip")
+                .args(["link", "set", "lo", "up"])
+                .status()
+                .expect("ip");
+            assert!(up.success(), "ip link set lo up");
+            f()
+        })
+        .join()
+        .unwrap()
+    }
+
+    /// One memory (needs root; skipped otherwise): with XDP
+    /// attached, a CAS over udp (answered in the kernel) is seen over tcp and shm, and
+    /// atomics over tcp and shm are seen over udp. Fails on the old code, where tcp and
+    /// shm served the shm file and XDP the BPF map.
+    #[test]
+    fn with_xdp_every_transport_operates_on_the_same_words() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipped: needs root");
+            return;
+        }
+        const RW: u64 = 0x5eed_0001;
+        const LOCK: usize = farside_region::layout::W_LOCK_BASE * 8;
+        const COUNTER: usize = farside_region::layout::W_COUNTER_BASE * 8;
+        let shm = tmp_region("onemem");
+        let shm2 = shm.clone();
+        in_private_netns(move || {
+            let args = GatherdArgs {
+                node_id: 9,
+                shm: Some(shm2.clone()),
+                tcp_listen: Some("127.0.0.1:0".parse().unwrap()),
+                udp_listen: Some("127.0.0.1:17077".parse().unwrap()),
+                xdp_iface: Some("lo".into()),
+                xdp_mode: XdpChoice::Generic,
+                rw_key: Some(RW),
+                ..Default::default()
+            };
+            let g = Gatherd::start(&args).unwrap();
+            assert_eq!(g.udp_server, "xdp-generic");
+            let opts = ClientOptions {
+                key: RW,
+                timeout: Duration::from_millis(500),
+                ..Default::default()
+            };
+            let mut udp = connect(&Endpoint::Udp(g.udp_addr.unwrap()), &opts).unwrap();
+            let mut tcp = connect(&Endpoint::Tcp(g.tcp_addr.unwrap()), &opts).unwrap();
+            let mut shm = connect(&Endpoint::Shm(shm2.clone()), &opts).unwrap();
+            let read = |c: &mut Box<dyn farside_rmem::RemoteMemory>, off: usize| {
+                let mut b = [0u8; 8];
+                c.read(off, &mut b).unwrap();
+                u64::from_le_bytes(b)
+            };
+            let before = g.xdp.as_ref().unwrap().counters().0;
+            assert_eq!(udp.compare_swap(LOCK, 0, 0xA1).unwrap(), 0);
+            assert_eq!(read(&mut tcp, LOCK), 0xA1, "udp CAS seen over tcp");
+            assert_eq!(read(&mut shm, LOCK), 0xA1, "udp CAS seen over shm");
+            assert_eq!(tcp.fetch_add(COUNTER, 5).unwrap(), 0);
+            assert_eq!(shm.compare_swap(LOCK, 0xA1, 0xB2).unwrap(), 0xA1);
+            assert_eq!(read(&mut udp, COUNTER), 5, "tcp FADD seen over udp");
+            assert_eq!(read(&mut udp, LOCK), 0xB2, "shm CAS seen over udp");
+            let after = g.xdp.as_ref().unwrap().counters().0;
+            assert!(
+                after[3] > before[3] && after[1] > before[1],
+                "udp CAS and READs answered in the kernel: {before:?} -> {after:?}"
+            );
+            // The load record is published once, into the map: shm readers see it advance.
+            let mem = farside_rmem::map_region(&shm2, REGION_WORDS).unwrap();
+            let a = Snapshot::read_local(&mem, 3).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Snapshot::read_local(&mem, 3).unwrap().seq == a.seq {
+                assert!(Instant::now() < deadline, "record never advanced over shm");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            drop(g);
+            assert!(!shm2.exists(), "the shm socket goes with the gatherer");
+        });
+        let _ = std::fs::remove_file(shm);
     }
 }

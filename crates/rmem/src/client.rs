@@ -349,60 +349,23 @@ macro_rules! remote_memory_via_exchange {
     };
 }
 
-/// `statfs` magic of a bpffs mount.
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-/// bpf(2) command that opens a pinned object.
-const BPF_OBJ_GET: libc::c_long = 7;
-
 /// Map `n` words of the region at `path`: a region file, or (when gatherd runs the XDP
-/// responder) the BPF map it pinned on a bpffs, possibly through a symlink; so a shm
-/// reader operates on the same words the kernel answers udp requests from. Opening a
-/// pinned map needs the permission bpf(2) asks for on this host (root or CAP_BPF where
-/// unprivileged BPF is disabled).
+/// responder) the Unix socket at which gatherd hands out the BPF map's fd
+/// ([`crate::fdshare`]), so a shm reader operates on the same words the kernel answers
+/// udp requests from.
 pub fn map_region(path: &std::path::Path, n: usize) -> io::Result<MappedWords> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
-    // SAFETY: zeroed statfs is a valid out-buffer; c is a NUL-terminated path.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    let on_bpffs =
-        unsafe { libc::statfs(c.as_ptr(), &mut st) } == 0 && st.f_type as i64 == BPF_FS_MAGIC;
-    if !on_bpffs {
+    use std::os::unix::fs::FileTypeExt;
+    if !std::fs::metadata(path)?.file_type().is_socket() {
         return MappedWords::open_file(path, n);
     }
-    #[repr(C)]
-    #[derive(Default)]
-    struct ObjGetAttr {
-        pathname: u64,
-        bpf_fd: u32,
-        file_flags: u32,
-        path_fd: i32,
-        _pad: u32,
-    }
-    let mut attr = ObjGetAttr {
-        pathname: c.as_ptr() as u64,
-        ..Default::default()
-    };
-    // SAFETY: attr is a valid BPF_OBJ_GET attribute naming a NUL-terminated path.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET,
-            &mut attr as *mut ObjGetAttr,
-            std::mem::size_of::<ObjGetAttr>(),
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = fd as std::os::fd::RawFd;
+    let fd = crate::fdshare::receive_fd(path)?;
     let r = MappedWords::map_fd(fd, n);
-    // SAFETY: fd is ours; the mapping keeps the map alive without it.
+    // SAFETY: fd is ours; the mapping keeps the memory alive without it.
     unsafe { libc::close(fd) };
     r
 }
 
-/// Same-host transport: the region file (or the pinned XDP region map) mapped into this
+/// Same-host transport: the region file (or the XDP region map, see [`map_region`]) mapped into this
 /// process. Operations run in place with the same checks as every server
 /// (`ops::execute`), so semantics match.
 pub struct ShmClient {

@@ -12,6 +12,7 @@
 
 pub mod client;
 mod endpoint;
+pub mod fdshare;
 pub mod ops;
 pub mod tcp_server;
 pub mod udp;

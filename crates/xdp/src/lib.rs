@@ -28,7 +28,8 @@
 //! Use from gatherd: `XdpResponder::attach(iface, mode, port, keys)`, then make the map
 //! the node's only region: publish the load record through [`XdpResponder::region`],
 //! serve tcp and the user-space udp fallback from that same mapping, and give same-host
-//! shm readers the map itself ([`XdpResponder::pin_region`]), so every transport
+//! shm readers the map itself ([`XdpResponder::region_fd`], handed out by
+//! `farside_rmem::fdshare`), so every transport
 //! operates on the same words.
 //!
 //! Everything here needs CAP_BPF and CAP_NET_ADMIN (root in practice).
@@ -411,23 +412,14 @@ impl XdpResponder {
         self.loaded.set_node_addr(addr)
     }
 
-    /// Pin the region map at `path` on a bpffs mount, so that same-host readers can map
-    /// the very words the kernel answers from (`farside_rmem::ShmClient` opens a pinned
-    /// map like a region file). The pin outlives this process: remove it with
-    /// `std::fs::remove_file` when done.
-    pub fn pin_region(&self, path: &std::path::Path) -> Result<(), XdpError> {
-        let map = self
-            .loaded
-            .ebpf
-            .map(MAP_REGION)
-            .ok_or_else(|| XdpError::Load(format!("no map {MAP_REGION} in the object")))?;
-        map.pin(path).map_err(|e| {
-            classify(
-                &format!("pinning the region at {}", path.display()),
-                e,
-                XdpError::Map,
-            )
-        })
+    /// The region map's fd (valid while the responder lives), for handing the map to
+    /// same-host shm readers (`farside_rmem::fdshare`): they map the very words the
+    /// kernel answers from.
+    pub fn region_fd(&self) -> std::os::fd::RawFd {
+        match self.loaded.ebpf.map(MAP_REGION) {
+            Some(aya::maps::Map::Array(data)) => data.fd().as_fd().as_raw_fd(),
+            _ => unreachable!("checked at load"),
+        }
     }
 
     /// Requests whose reply could not be built (the frame could not grow): XDP_ABORTED.
