@@ -444,3 +444,33 @@ fn udp_reads_larger_than_a_datagram_are_split_and_whole() {
         assert_eq!(u64::from_le_bytes(w.try_into().unwrap()), i as u64);
     }
 }
+
+/// Per-back-end keys: a server that accepts only its own read key (gatherd
+/// `--read-key`) is read through a target that names it, and refuses (drops) a reader
+/// with the built-in key.
+#[test]
+fn a_target_reads_with_its_own_key() {
+    const OWN: u64 = 0x0123_4567_89ab_cdef;
+    let mem: Arc<dyn Words> = Arc::new(HeapWords::new(REGION_WORDS));
+    mem.words()[1].store(77, std::sync::atomic::Ordering::Relaxed);
+    let srv = UdpServer::spawn(
+        "127.0.0.1:0".parse().unwrap(),
+        mem,
+        AccessKeys::new().with(OWN, Perm::ReadOnly),
+        Default::default(),
+    )
+    .unwrap();
+    let o = ClientOptions {
+        timeout: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let t = Target::parse(&format!("udp:{}?key={OWN:x}", srv.local_addr)).unwrap();
+    let mut b = [0u8; 8];
+    connect_target(&t, &o).unwrap().read(8, &mut b).unwrap();
+    assert_eq!(u64::from_le_bytes(b), 77);
+    let plain = Target::from(Endpoint::Udp(srv.local_addr));
+    assert!(matches!(
+        connect_target(&plain, &o).unwrap().read(8, &mut b),
+        Err(RmemError::Timeout)
+    ));
+}

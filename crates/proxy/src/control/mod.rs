@@ -16,7 +16,8 @@ use crate::config::{BalancePolicy, Metric, ProxyConfig, StalePolicy};
 use crate::gate::{Gate, InflightGuard, Reject, Route};
 use farside_region::Words;
 use farside_rmem::mono_ns;
-pub use farside_rmem::Endpoint as RegionSource;
+/// A back-end's region and optional per-back-end key (`udp:HOST:PORT?key=HEX`).
+pub use farside_rmem::Target as RegionSource;
 use monitor::{Monitor, MonitorOptions, Watch};
 use std::cell::Cell;
 use std::fmt::Write as _;

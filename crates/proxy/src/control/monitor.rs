@@ -6,7 +6,7 @@
 use super::histogram::Histogram;
 use super::table::{self, Entry, EntryStatus, EntryWriter};
 use farside_region::{Snapshot, Words, SNAPSHOT_BYTES};
-use farside_rmem::{connect, mono_ns, ClientOptions, Endpoint, Pacer};
+use farside_rmem::{connect_target, mono_ns, ClientOptions, Pacer, Target};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 pub struct Watch {
     pub index: usize,
     pub name: String,
-    pub region: Endpoint,
+    /// Where the region is, and its own key if the configuration names one (else
+    /// `MonitorOptions::key`).
+    pub region: Target,
 }
 
 #[derive(Debug, Clone)]
@@ -124,7 +126,7 @@ fn poll_loop(
             if Instant::now() < next_connect {
                 continue;
             }
-            match connect(&w.region, &copts) {
+            match connect_target(&w.region, &copts) {
                 Ok(c) => {
                     client = Some(c);
                     backoff = Duration::ZERO;
@@ -169,6 +171,7 @@ fn poll_loop(
                 e.conns_established = s.load.conns_established;
                 e.accept_backlog = s.load.accept_backlog;
                 e.conns_pending = s.load.conns_pending;
+                e.conns_lag_ns = s.load.conns_lag_ns();
                 e.read_latency_ns = latency_ns;
             }
             Err(err) => {
