@@ -75,7 +75,8 @@ pub struct GatherdArgs {
     /// every server, XDP included) on this address. Default: off.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
-    /// Read-only access key, hex. Default: the well-known key "farside0".
+    /// Read-only access key, hex. Default: the well-known key "farside0". Readers name
+    /// it in their region string: `udp:HOST:PORT?key=HEX` (proxy `region=`).
     #[arg(long, value_parser = parse_key)]
     pub read_key: Option<u64>,
     /// Read-write access key (allows WRITE, CAS, FETCH-ADD), hex. Default: none.
