@@ -370,6 +370,12 @@ pub fn map_region(path: &std::path::Path, n: usize) -> io::Result<MappedWords> {
 /// (`ops::execute`), so semantics match.
 pub struct ShmClient {
     mem: MappedWords,
+    /// The region's path and the identity (device, inode) of what was mapped: a
+    /// restarted gatherd with XDP serves a new map at a new socket, so the client
+    /// re-maps when the path names something else (checked every `SHM_RECHECK`).
+    path: std::path::PathBuf,
+    mapped_id: (u64, u64),
+    checked: std::time::Instant,
     keys: AccessKeys,
     counters: OpCounters,
     /// Never consulted in earnest (a local operation cannot be lost), kept so that
@@ -378,15 +384,30 @@ pub struct ShmClient {
     codec: Codec,
 }
 
+/// How often a shm client checks that its path still names what it mapped: well under
+/// the proxy's default staleness bound (100 ms), one `stat` per period.
+pub const SHM_RECHECK: Duration = Duration::from_millis(50);
+
+fn path_id(path: &std::path::Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino()))
+}
+
 impl ShmClient {
     pub fn open(path: &std::path::Path) -> Result<Self, RmemError> {
-        let mem = map_region(path, REGION_WORDS).map_err(|e| {
+        let with_path = |e: io::Error| {
             RmemError::Io(io::Error::new(e.kind(), format!("{}: {e}", path.display())))
-        })?;
+        };
+        let mapped_id = path_id(path).map_err(with_path)?;
+        let mem = map_region(path, REGION_WORDS).map_err(with_path)?;
         // Local mapping: whoever can open the file may do everything.
         let keys = AccessKeys::new().with(DEFAULT_READ_KEY, Perm::ReadWrite);
         Ok(ShmClient {
             mem,
+            path: path.to_path_buf(),
+            mapped_id,
+            checked: std::time::Instant::now(),
             keys,
             counters: OpCounters::default(),
             dedup: Dedup::new(),
@@ -405,12 +426,25 @@ impl Exchange for ShmClient {
         &mut self.codec
     }
     fn exchange(&mut self, _op: Op, _seq: u64) -> Result<(), RmemError> {
+        if self.checked.elapsed() >= SHM_RECHECK {
+            self.checked = std::time::Instant::now();
+            // Gone: keep the old mapping (its record goes stale, which readers see).
+            if let Ok(id) = path_id(&self.path) {
+                if id != self.mapped_id {
+                    if let Ok(m) = map_region(&self.path, REGION_WORDS) {
+                        self.mem = m;
+                        self.mapped_id = id;
+                    }
+                }
+            }
+        }
         let ShmClient {
             mem,
             keys,
             counters,
             dedup,
             codec,
+            ..
         } = self;
         let req = std::mem::take(&mut codec.req);
         ops::execute(

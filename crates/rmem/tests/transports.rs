@@ -474,3 +474,31 @@ fn a_target_reads_with_its_own_key() {
         Err(RmemError::Timeout)
     ));
 }
+
+/// A gatherer restart replaces what the shm path names (with XDP: a new map behind a new
+/// socket); a shm client re-maps within `SHM_RECHECK` instead of reading the dead
+/// region forever.
+#[test]
+fn a_shm_client_follows_a_replaced_region() {
+    let dir = std::env::temp_dir().join(format!("farside-rmem-remap-{}", std::process::id()));
+    let path = dir.join("n.region");
+    let old = MappedWords::create_file(&path, REGION_WORDS).unwrap();
+    old.words()[1].store(1, std::sync::atomic::Ordering::Relaxed);
+    let mut c = connect(&Endpoint::Shm(path.clone()), &opts(RW_KEY)).unwrap();
+    let mut b = [0u8; 8];
+    c.read(8, &mut b).unwrap();
+    assert_eq!(u64::from_le_bytes(b), 1);
+    std::fs::remove_file(&path).unwrap();
+    let new = MappedWords::create_file(&path, REGION_WORDS).unwrap();
+    new.words()[1].store(2, std::sync::atomic::Ordering::Relaxed);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        c.read(8, &mut b).unwrap();
+        if u64::from_le_bytes(b) == 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never re-mapped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
