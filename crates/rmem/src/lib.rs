@@ -14,6 +14,7 @@ pub mod client;
 mod endpoint;
 pub mod fdshare;
 pub mod ops;
+pub mod relay;
 pub mod tcp_server;
 pub mod udp;
 pub mod wire;

@@ -1,6 +1,7 @@
 //! The same operations behave the same over every transport.
 
 use farside_region::{HeapWords, MappedWords, Words, REGION_WORDS};
+use farside_rmem::relay::{Faults, LossyRelay};
 use farside_rmem::wire::{self, Status};
 use farside_rmem::*;
 use std::sync::Arc;
@@ -219,106 +220,6 @@ fn the_udp_server_refuses_unpadded_reads_with_a_reply_no_larger_than_the_request
     );
 }
 
-/// A user-space UDP forwarder between one client and a server that loses, duplicates,
-/// delays and reorders datagrams in both directions, from a fixed seed.
-struct Relay {
-    addr: std::net::SocketAddr,
-    stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-/// Fault rates of the relay, per datagram, in percent, and the delay bound.
-#[derive(Clone, Copy)]
-struct Faults {
-    drop_req: u64,
-    drop_rep: u64,
-    dup: u64,
-    /// Every forwarded datagram (and duplicate) waits 0..=this before it is sent on.
-    delay_ms_max: u64,
-}
-
-impl Relay {
-    fn spawn(server: std::net::SocketAddr, f: Faults, seed: u64) -> Relay {
-        use std::net::UdpSocket;
-        use std::time::Instant;
-        let front = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let back = UdpSocket::bind("127.0.0.1:0").unwrap();
-        back.connect(server).unwrap();
-        front.set_nonblocking(true).unwrap();
-        back.set_nonblocking(true).unwrap();
-        let addr = front.local_addr().unwrap();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let st = stop.clone();
-        let thread = std::thread::spawn(move || {
-            let mut x = seed | 1;
-            let mut rnd = move |n: u64| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x % n.max(1)
-            };
-            let mut client = None;
-            // (due, toward the server, bytes)
-            let mut later: Vec<(Instant, bool, Vec<u8>)> = Vec::new();
-            let mut buf = vec![0u8; 9000];
-            while !st.load(std::sync::atomic::Ordering::Relaxed) {
-                let mut idle = true;
-                for up in [true, false] {
-                    let got = if up {
-                        front.recv_from(&mut buf).map(|(n, from)| {
-                            client = Some(from);
-                            n
-                        })
-                    } else {
-                        back.recv(&mut buf)
-                    };
-                    let Ok(n) = got else { continue };
-                    idle = false;
-                    let drop = if up { f.drop_req } else { f.drop_rep };
-                    if rnd(100) < drop {
-                        continue;
-                    }
-                    for _ in 0..1 + usize::from(rnd(100) < f.dup) {
-                        let due = Instant::now() + Duration::from_millis(rnd(f.delay_ms_max + 1));
-                        later.push((due, up, buf[..n].to_vec()));
-                    }
-                }
-                let now = Instant::now();
-                let mut i = 0;
-                while i < later.len() {
-                    if later[i].0 > now {
-                        i += 1;
-                        continue;
-                    }
-                    let (_, up, b) = later.swap_remove(i);
-                    if up {
-                        let _ = back.send(&b);
-                    } else if let Some(c) = client {
-                        let _ = front.send_to(&b, c);
-                    }
-                }
-                if idle {
-                    std::thread::sleep(Duration::from_micros(100));
-                }
-            }
-        });
-        Relay {
-            addr,
-            stop,
-            thread: Some(thread),
-        }
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// Through loss of requests and replies, duplicates and reordering, via the trait:
 /// every CAS that returns reports the value it saw when applied (a lost reply never
 /// turns a win into a loss), every FETCH-ADD that returns Ok was applied once
@@ -342,7 +243,7 @@ fn exactly_once_answers_through_a_lossy_reordering_relay() {
         dup: 30,
         delay_ms_max: 4,
     };
-    let relay = Relay::spawn(srv.local_addr, faults, 0x5eed);
+    let relay = LossyRelay::spawn(srv.local_addr, faults, 0x5eed).unwrap();
     let mut c = UdpClient::new(
         relay.addr,
         ClientOptions {
