@@ -403,3 +403,51 @@ fn a_shm_client_follows_a_replaced_region() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The tcp client retries on a new connection with the same (client, seq); the server
+/// replays the recorded answer instead of applying the op again. Shown with raw
+/// connections: the first attempt's reply is never read (its connection is dropped).
+#[test]
+fn a_tcp_retry_on_a_new_connection_is_replayed_not_applied_again() {
+    use std::io::{Read, Write};
+    let mem: Arc<dyn Words> = Arc::new(HeapWords::new(REGION_WORDS));
+    let srv = TcpServer::spawn(
+        "127.0.0.1:0".parse().unwrap(),
+        mem.clone(),
+        keys(),
+        Default::default(),
+    )
+    .unwrap();
+    let fadd = |flags: u16| {
+        let mut req = Vec::new();
+        wire::encode_request(
+            &mut req,
+            &wire::ReqHeader {
+                op: wire::Op::FetchAdd as u8,
+                flags,
+                seq: 5,
+                key: RW_KEY,
+                offset: 264,
+                len: 8,
+                client: 0xabc,
+                ..Default::default()
+            },
+            &10u64.to_le_bytes(),
+        );
+        req
+    };
+    let exchange = |req: &[u8]| {
+        let mut s = std::net::TcpStream::connect(srv.local_addr).unwrap();
+        s.write_all(req).unwrap();
+        let mut rep = [0u8; wire::REP_HEADER_BYTES + 8];
+        s.read_exact(&mut rep).unwrap();
+        wire::u64_at(&rep, wire::REP_HEADER_BYTES)
+    };
+    assert_eq!(exchange(&fadd(0)), 0);
+    assert_eq!(
+        exchange(&fadd(wire::FLAG_RETRY)),
+        0,
+        "the first answer, replayed"
+    );
+    assert_eq!(word(&mem, 33), 10, "applied once");
+}
