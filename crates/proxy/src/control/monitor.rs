@@ -112,6 +112,9 @@ fn poll_loop(
     let mut backoff = Duration::ZERO;
     let mut next_connect = Instant::now();
     let mut stale_logged = false;
+    // Times the connection count alone was found older than stale_after (logged at
+    // powers of two: it flips every count interval on a host whose counts are rare).
+    let mut conns_stale_seen = 0u64;
     let mut bytes = [0u8; SNAPSHOT_BYTES];
     let copts = ClientOptions {
         key: opts.key,
@@ -208,6 +211,21 @@ fn poll_loop(
                 );
             }
             stale_logged = stale;
+        }
+        let bound = opts.stale_after.as_nanos() as u64;
+        if !stale
+            && e.conns_lag_ns > 0
+            && now.saturating_sub(e.advanced_mono_ns) + e.conns_lag_ns > bound
+        {
+            conns_stale_seen += 1;
+            if conns_stale_seen.is_power_of_two() {
+                log::warn!(
+                    "monitor: {} ({}): connection count is stale ({} ms older than its fresh record; the gatherer counts every N samples): the conns and pending metrics treat it as stale (seen {conns_stale_seen} times; raise --stale-after-ms or lower gatherd --conns-every)",
+                    w.name,
+                    w.region,
+                    e.conns_lag_ns / 1_000_000
+                );
+            }
         }
         writer.publish(&e);
     }
