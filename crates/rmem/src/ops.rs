@@ -624,8 +624,9 @@ mod tests {
     }
 
     /// Bounded fuzz (runs in CI): random and mutated requests never panic `execute`,
-    /// never change a word outside the control words, and a request it accepts has its
-    /// offset and length within the region.
+    /// never change a word outside the control words, a request it accepts has its
+    /// offset and length within the region, and no datagram is answered with a reply
+    /// longer than itself (no reflection).
     #[test]
     fn random_and_mutated_requests_never_escape_their_bounds() {
         // Requests per kind; a fraction of a second.
@@ -679,10 +680,19 @@ mod tests {
                 assert!(h.offset as u64 + h.len as u64 <= 4096, "{h:?}");
                 assert!(h.offset % 8 == 0 && h.len % 8 == 0 && h.len > 0, "{h:?}");
             }
-            let st = execute(mem.words(), &keys, &c, &d, n % 3 == 0, &r, &mut reply);
+            let datagram = n % 3 != 0;
+            let st = execute(mem.words(), &keys, &c, &d, datagram, &r, &mut reply);
             let rep = RepHeader::decode(&reply).expect("every request gets a reply built");
             assert_eq!(rep.status, st);
             assert_eq!(reply.len(), REP_HEADER_BYTES + rep.len as usize);
+            if datagram && !silent(st) {
+                assert!(
+                    reply.len() <= r.len(),
+                    "{}-byte reply to {} bytes",
+                    reply.len(),
+                    r.len()
+                );
+            }
         }
         assert_eq!(
             outside(&mem),
