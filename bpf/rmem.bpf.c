@@ -217,6 +217,12 @@ int rmem_xdp(struct xdp_md *ctx)
 		status = RMEM_ST_UNPADDED;
 		goto reply;
 	}
+	/* Before a dedup slot is claimed: nothing may fail after the claim. */
+	region = bpf_map_lookup_elem(&rmem_region, &zero);
+	if (!region) {
+		status = RMEM_ST_NO_REGION;
+		goto reply;
+	}
 	/* Duplicate detection (top comment). */
 	if (op != RMEM_OP_READ && client != 0) {
 		slot = bpf_map_lookup_elem(&rmem_dedup, &client);
@@ -256,11 +262,6 @@ int rmem_xdp(struct xdp_md *ctx)
 		}
 	}
 
-	region = bpf_map_lookup_elem(&rmem_region, &zero);
-	if (!region) {
-		status = RMEM_ST_NO_REGION;
-		goto reply;
-	}
 	status = RMEM_ST_OK;
 	first = offset / 8;
 	if (op == RMEM_OP_READ) {
