@@ -5,6 +5,15 @@
 //!
 //! The loop never blocks on readers: it writes the region with plain stores under the
 //! seqlock and the servers (tcp, udp fallback) run on their own threads.
+//!
+//! One memory: a node has exactly one region, whatever the transports. Without XDP it
+//! is the shm file (`--shm`) or, with `--no-shm`, heap memory. With XDP it is the BPF
+//! map the kernel answers from: the record is published into the map's mapping, the tcp
+//! server and the user-space udp fallback serve that mapping, and the shm path becomes a
+//! Unix socket handing readers the map's fd (`farside_rmem::fdshare`), so a CAS over udp
+//! is seen over tcp and shm at once and the other way round. The tcp and udp servers
+//! share one duplicate-detection table (`farside_rmem::Dedup`); the XDP program keeps
+//! its own in a map.
 
 pub mod metrics;
 pub mod sample;
@@ -49,7 +58,7 @@ pub struct GatherdArgs {
     #[arg(long = "watch-port")]
     pub watch_ports: Vec<u16>,
     /// Region file in shared memory for same-host readers (`shm:` transport).
-    /// Default: /dev/shm/farside/node<ID>.region. With XDP attached this path is a Unix
+    /// Default: `/dev/shm/farside/node<ID>.region`. With XDP attached this path is a Unix
     /// socket that hands readers the XDP region map itself, so shm, tcp, udp and XDP
     /// all operate on the same words.
     #[arg(long)]
