@@ -5,7 +5,8 @@
  * back-end's region needs no user-space process to be scheduled.
  *
  * Which packets are ours: well-formed IPv4 UDP datagrams (no IP options, not
- * fragmented) to the configured port. Everything else goes to the stack
+ * fragmented) to the configured port and, if configured, to the node's own IPv4
+ * address (a packet for another host is never answered). Everything else goes to the stack
  * (XDP_PASS), including fragments and packets with IP options: the kernel
  * reassembles/handles them and gatherd's user-space server answers, if it runs.
  *
@@ -20,15 +21,22 @@
  *   6. offset and len multiples of 8                 -> Unaligned
  *   7. offset + len within the region                -> OutOfBounds
  *   8. WRITE/CAS/FADD need a read-write key          -> ReadOnly
+ *   9. WRITE/CAS/FADD within the control words       -> Protected
+ *  10. a READ request at least as long as its reply  -> Unpadded
  * The one difference from user space is the READ limit (one frame); see
- * rmem_consts.h. Refusals are answered with a header-only reply, memory untouched.
+ * rmem_consts.h. Refusals are answered with a header-only reply (never longer than
+ * the request), memory untouched.
  *
- * Frame size: the reply is built in the request's buffer. Replies to WRITE,
- * CAS, FADD and refusals are never longer than their request; a READ reply is
- * 24 + len bytes against a 40-byte request, so the frame must grow unless the
- * client padded the request (trailing bytes are ignored, here and in
- * ops::execute). If the buffer has no room to grow, the READ is passed to the
- * stack (counted as RMEM_CNT_NO_ROOM) for the user-space server.
+ * Then duplicate detection for WRITE/CAS/FADD of a client (id != 0), as ops::Dedup:
+ * the rmem_dedup map holds each client's last seq and the old value it returned.
+ * Same seq: the recorded reply is replayed (the op is not applied again); older seq:
+ * dropped (a delayed duplicate, counted Stale); a retry (RMEM_FLAG_RETRY) of a
+ * client with no record: Unknown, not applied; else applied and recorded.
+ *
+ * Frame size: the reply is built in the request's buffer and is never longer
+ * than the request (READs must be padded to their reply's size, rule 10), so the
+ * frame only shrinks. The grow path below stays as a guard: if the buffer could
+ * not hold the reply, the READ is passed to the stack (RMEM_CNT_NO_ROOM).
  *
  * The reply is built in place (XDP_TX): MACs, IPs and ports swapped, frame
  * resized with bpf_xdp_adjust_tail, IP checksum recomputed, and the UDP checksum
@@ -101,9 +109,10 @@ int rmem_xdp(struct xdp_md *ctx)
 	struct rmem_req *req;
 	struct rmem_config *cfg;
 	struct rmem_region *region = 0;
+	struct rmem_dedup *slot = 0;
 	__u32 zero = 0, ip_len, udp_len, plen, need, *perm;
-	__u32 op, status, offset, len, rep_len = 0, first, i;
-	__u64 seq, key, arg0 = 0, arg1 = 0, old = 0, sum;
+	__u32 op, status, offset, len, rep_len = 0, first, i, flags;
+	__u64 seq, key, client, arg0 = 0, arg1 = 0, old = 0, sum;
 	long delta;
 
 	/* Ours or the stack's? Anything not a plain IPv4 UDP datagram to our port is the stack's. */
@@ -121,6 +130,9 @@ int rmem_xdp(struct xdp_md *ctx)
 	cfg = bpf_map_lookup_elem(&rmem_config, &zero);
 	if (!cfg || cfg->udp_port == 0 || udp->dest != bpf_htons(cfg->udp_port))
 		return XDP_PASS;
+	/* Addressed to another host (bridge, promiscuous port): not ours to answer. */
+	if (cfg->ipv4_addr != 0 && ip->daddr != cfg->ipv4_addr)
+		return XDP_PASS;
 	ip_len = bpf_ntohs(ip->tot_len);
 	udp_len = bpf_ntohs(udp->len);
 	/* Inconsistent lengths: let the stack count and drop it. */
@@ -137,10 +149,12 @@ int rmem_xdp(struct xdp_md *ctx)
 		return XDP_DROP;
 	}
 	op = req->op;
+	flags = req->flags;
 	seq = req->seq;
 	key = req->key;
 	offset = req->offset;
 	len = req->len;
+	client = req->client;
 
 	/* 2. Known key: unknown keys get no reply at all. */
 	perm = bpf_map_lookup_elem(&rmem_keys, &key);
@@ -192,12 +206,62 @@ int rmem_xdp(struct xdp_md *ctx)
 		status = RMEM_ST_READ_ONLY;
 		goto reply;
 	}
-
+	/* 9. Mutations only within the control words. */
+	if (op != RMEM_OP_READ &&
+	    (offset < RMEM_WRITABLE_FIRST_BYTE || (__u64)offset + len > RMEM_WRITABLE_END_BYTE)) {
+		status = RMEM_ST_PROTECTED;
+		goto reply;
+	}
+	/* 10. No reflection: a READ's reply is never longer than its request. */
+	if (op == RMEM_OP_READ && plen < sizeof(struct rmem_rep) + len) {
+		status = RMEM_ST_UNPADDED;
+		goto reply;
+	}
+	/* Before a dedup slot is claimed: nothing may fail after the claim. */
 	region = bpf_map_lookup_elem(&rmem_region, &zero);
 	if (!region) {
 		status = RMEM_ST_NO_REGION;
 		goto reply;
 	}
+	/* Duplicate detection (top comment). */
+	if (op != RMEM_OP_READ && client != 0) {
+		slot = bpf_map_lookup_elem(&rmem_dedup, &client);
+		if (!slot) {
+			struct rmem_dedup fresh = { .seq = seq, .done_seq = seq - 1, .old = 0 };
+
+			if (flags & RMEM_FLAG_RETRY) {
+				status = RMEM_ST_UNKNOWN;
+				goto reply;
+			}
+			/* Fails only if a racing first attempt inserted it: that one answers. */
+			if (bpf_map_update_elem(&rmem_dedup, &client, &fresh, BPF_NOEXIST))
+				return XDP_DROP;
+			slot = bpf_map_lookup_elem(&rmem_dedup, &client);
+			if (!slot)
+				return XDP_DROP;
+		} else {
+			__u64 prev = slot->seq;
+			__s64 ahead = (__s64)(seq - prev);
+
+			if (ahead == 0) {
+				/* A retry of the last op: replay, unless it is still in flight. */
+				if (slot->done_seq != seq)
+					return XDP_DROP;
+				status = RMEM_ST_OK;
+				old = slot->old;
+				rep_len = op == RMEM_OP_WRITE ? 0 : 8;
+				goto reply;
+			}
+			if (ahead < 0) {
+				count(op, RMEM_ST_STALE);
+				return XDP_DROP;
+			}
+			/* Claim seq; a concurrent claimant (another CPU) wins and answers. */
+			if (__sync_val_compare_and_swap(&slot->seq, prev, seq) != prev)
+				return XDP_DROP;
+		}
+	}
+
 	status = RMEM_ST_OK;
 	first = offset / 8;
 	if (op == RMEM_OP_READ) {
@@ -231,6 +295,11 @@ int rmem_xdp(struct xdp_md *ctx)
 			old = __sync_fetch_and_add(&region->words[first], arg0);
 		}
 		rep_len = 8;
+	}
+	if (slot) {
+		/* Record the reply before marking it done (x86 keeps store order). */
+		slot->old = old;
+		*(volatile __u64 *)&slot->done_seq = seq;
 	}
 
 reply:

@@ -13,9 +13,11 @@
 /* Reply magic "FSRP" read as a little-endian u32 (wire::REP_MAGIC). */
 #define RMEM_REP_MAGIC 0x50525346
 /* Protocol version (wire::VERSION). */
-#define RMEM_VERSION 1
+#define RMEM_VERSION 2
 /* Fixed request header (wire::REQ_HEADER_BYTES). */
-#define RMEM_REQ_HEADER_BYTES 40
+#define RMEM_REQ_HEADER_BYTES 48
+/* Request flag: a retry of the same (client, seq) (wire::FLAG_RETRY). */
+#define RMEM_FLAG_RETRY 1
 /* Fixed reply header (wire::REP_HEADER_BYTES). */
 #define RMEM_REP_HEADER_BYTES 24
 /* Largest READ/WRITE the protocol allows: one region (wire::OP_BYTES_MAX). */
@@ -26,6 +28,19 @@
 #define RMEM_REGION_WORDS 512
 /* Most access keys (ops::KEYS_MAX): max_entries of the keys map. */
 #define RMEM_KEYS_MAX 8
+/*
+ * Clients whose last mutation is remembered (ops::DEDUP_CLIENTS_MAX): max_entries
+ * of the LRU dedup map. A forgotten client's retry is refused as UNKNOWN.
+ */
+#define RMEM_DEDUP_CLIENTS_MAX 1024
+/* Mutations remembered per client (ops::DEDUP_WINDOW): one outstanding op per client. */
+#define RMEM_DEDUP_WINDOW 1
+/*
+ * Bytes a WRITE/CAS/FADD may change: the control words
+ * [layout::WRITABLE_FIRST_WORD, layout::WRITABLE_END_WORD) * 8.
+ */
+#define RMEM_WRITABLE_FIRST_BYTE 256
+#define RMEM_WRITABLE_END_BYTE 512
 /*
  * Largest READ answered in the kernel (farside_xdp::XDP_READ_BYTES_MAX). The
  * reply must fit one frame: 14 + 20 + 8 + 24 + 1400 = 1466 bytes, under a
@@ -52,6 +67,10 @@
 #define RMEM_ST_BAD_LENGTH 6
 #define RMEM_ST_MALFORMED 7
 #define RMEM_ST_NO_REGION 8
+#define RMEM_ST_PROTECTED 9
+#define RMEM_ST_UNKNOWN 10
+#define RMEM_ST_STALE 11
+#define RMEM_ST_UNPADDED 12
 
 /* Key permissions (values of the keys map). */
 #define RMEM_PERM_READ 1
@@ -59,17 +78,17 @@
 
 /*
  * Counter indices (the counters map, per CPU): [0, 5) ops by op code with 0 =
- * unknown, [5, 14) replies by status, like ops::OpCounters; then
+ * unknown, [5, 18) replies by status, like ops::OpCounters; then
  * RMEM_CNT_ABORTED: replies that could not be built (cannot happen: XDP_ABORTED);
  * RMEM_CNT_NO_ROOM: READs passed to the stack because the frame could not grow
  * to the reply's size (pad READ requests to avoid it; see rmem.bpf.c).
  */
 #define RMEM_CNT_OPS 5
-#define RMEM_CNT_STATUS 9
+#define RMEM_CNT_STATUS 13
 #define RMEM_CNT_STATUS_BASE RMEM_CNT_OPS
-#define RMEM_CNT_ABORTED 14
-#define RMEM_CNT_NO_ROOM 15
-#define RMEM_COUNTERS 16
+#define RMEM_CNT_ABORTED 18
+#define RMEM_CNT_NO_ROOM 19
+#define RMEM_COUNTERS 20
 
 /* IPv4 fragment bits (frag_off, host order): more fragments, fragment offset. */
 #define RMEM_IP_MF 0x2000

@@ -23,6 +23,14 @@ struct {
 	__type(value, __u32);
 } rmem_keys SEC(".maps");
 
+/* Duplicate detection: client id -> its last mutation; least recently used evicted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, RMEM_DEDUP_CLIENTS_MAX);
+	__type(key, __u64);
+	__type(value, struct rmem_dedup);
+} rmem_dedup SEC(".maps");
+
 /* Configuration: entry 0 only. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

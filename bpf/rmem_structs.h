@@ -11,13 +11,14 @@ struct rmem_req {
 	__u32 magic;     /* RMEM_REQ_MAGIC */
 	__u8 version;    /* RMEM_VERSION */
 	__u8 op;         /* RMEM_OP_* */
-	__u16 reserved0;
-	__u64 seq;       /* echoed in the reply */
+	__u16 flags;     /* RMEM_FLAG_* */
+	__u64 seq;       /* echoed in the reply; +1 per op of a client */
 	__u64 key;       /* access key: must be in the keys map */
 	__u32 region;    /* only region 0 exists */
 	__u32 offset;    /* bytes, multiple of 8 */
 	__u32 len;       /* bytes, multiple of 8 */
 	__u32 reserved1;
+	__u64 client;    /* random per client; 0 = anonymous (no dedup) */
 	/* payload: WRITE len bytes; CAS expected u64, new u64; FADD delta u64 */
 };
 
@@ -48,7 +49,19 @@ _Static_assert(sizeof(struct rmem_region) == RMEM_REGION_BYTES, "region size");
 struct rmem_config {
 	__u16 udp_port;  /* destination port served, host order; 0 = serve nothing */
 	__u16 reserved0;
-	__u32 reserved1;
+	__u32 ipv4_addr; /* the node's address, network order: others' packets pass; 0 = any */
+};
+
+/*
+ * Value of the dedup map: the last mutation of one client (see ops::Dedup). seq is
+ * claimed by CAS before the op is applied; done_seq == seq once old is recorded, so
+ * a duplicate racing the first attempt on another CPU is dropped, never replayed
+ * with a half-written record.
+ */
+struct rmem_dedup {
+	__u64 seq;       /* last seq claimed */
+	__u64 done_seq;  /* last seq whose reply (old) is recorded */
+	__u64 old;       /* CAS/FADD: the old value returned; WRITE: 0 */
 };
 
 #endif /* RMEM_STRUCTS_H */

@@ -70,6 +70,7 @@ pub fn flood(target: SocketAddr, key: u64, size: usize, seconds: f64) -> io::Res
                     region: 0,
                     offset: 0,
                     len: size as u32,
+                    ..Default::default()
                 },
                 &[],
             );

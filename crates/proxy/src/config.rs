@@ -123,7 +123,8 @@ pub struct BackendConfig {
     #[serde(default)]
     pub site: String,
     /// Where its gatherer publishes the load region: `shm:/dev/shm/farside/NAME.region`,
-    /// `tcp:HOST:PORT`. Default: none (no load data; admission treats it per
+    /// `tcp:HOST:PORT`, `udp:HOST:PORT`, optionally with `?key=HEX` (this back-end's
+    /// read key, as given to its gatherd `--read-key`). Default: none (no load data; admission treats it per
     /// `admission.on_missing`).
     #[serde(default)]
     pub region: Option<String>,

@@ -8,6 +8,11 @@
 //! word  64..512   scratch        application data (probe payloads, cache directory)
 //! ```
 //!
+//! Remote READs may cover any word. Remote WRITE, COMPARE-AND-SWAP and FETCH-ADD are
+//! confined to the control words (`WRITABLE_FIRST_WORD..WRITABLE_END_WORD`), so that no
+//! key, read-write or not, can overwrite the header or the gatherer's load record.
+//! Every server (shm, tcp, udp, XDP) enforces it (`farside_rmem::ops`, `bpf/`).
+//!
 //! The layout version changes whenever a word moves; readers refuse other versions.
 //! These constants are the single source: the BPF side (`bpf/`) is checked against
 //! them by a test.
@@ -20,7 +25,8 @@ pub const REGION_BYTES: usize = REGION_WORDS * 8;
 /// `b"FSREGION"` read as a little-endian u64.
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FSREGION");
 /// Bumped whenever a word of this layout moves or changes meaning.
-pub const LAYOUT_VERSION: u64 = 1;
+/// Version 2: `W_CONNS_SAMPLED_MONO_NS` (word 22) and `W_ROLE_WANTED` (word 34).
+pub const LAYOUT_VERSION: u64 = 2;
 
 // ---- header (written once by the gatherer before the first record) ----
 pub const W_MAGIC: usize = 0;
@@ -68,6 +74,12 @@ pub const W_NCPU: usize = 19;
 pub const W_FLAGS: usize = 20;
 /// The gatherer's own CPU time spent on the last sample, ns.
 pub const W_SAMPLE_COST_NS: usize = 21;
+/// Gatherer's CLOCK_MONOTONIC when `W_CONNS_ESTABLISHED` and `W_CONNS_PENDING` were last
+/// counted, ns. They are counted only every N samples (a full count walks the kernel's
+/// TCP hash), so they can be older than `W_SAMPLE_MONO_NS`: their age at the sample is
+/// `sample_mono_ns - conns_sampled_mono_ns`, and a reader applies its staleness bound to
+/// that field's age, not the record's. 0 with FLAG_CONNS clear.
+pub const W_CONNS_SAMPLED_MONO_NS: usize = 22;
 pub const W_SEQ_TAIL: usize = 23;
 /// First word of the load record block (its SEQ_HEAD).
 pub const RECORD_FIRST_WORD: usize = W_SEQ_HEAD;
@@ -86,6 +98,9 @@ pub const FLAG_MEM: u64 = 1 << 3;
 pub const W_ROLE_SITE: usize = 32;
 /// Bumped with every role change (FETCH-ADD), so readers detect a move.
 pub const W_ROLE_EPOCH: usize = 33;
+/// The site balancers want this node to serve (written by remote CAS); the node's role
+/// applier makes it `W_ROLE_SITE` once it serves it.
+pub const W_ROLE_WANTED: usize = 34;
 /// First of `LOCK_WORDS` site lock words: 0 = free, else owner id << 32 | lease expiry.
 pub const W_LOCK_BASE: usize = 40;
 pub const LOCK_WORDS: usize = 8;
@@ -94,6 +109,10 @@ pub const W_COUNTER_BASE: usize = 48;
 pub const COUNTER_WORDS: usize = 16;
 pub const CONTROL_FIRST_WORD: usize = 32;
 pub const CONTROL_END_WORD: usize = 64;
+/// First word a remote WRITE / CAS / FETCH-ADD may change: the control area only.
+pub const WRITABLE_FIRST_WORD: usize = CONTROL_FIRST_WORD;
+/// One past the last word a remote WRITE / CAS / FETCH-ADD may change.
+pub const WRITABLE_END_WORD: usize = CONTROL_END_WORD;
 
 // ---- scratch ----
 pub const SCRATCH_FIRST_WORD: usize = 64;

@@ -1,6 +1,6 @@
 //! The client interface and the `shm` and `tcp` transports.
 
-use crate::ops::{self, AccessKeys, OpCounters, Perm};
+use crate::ops::{self, AccessKeys, Dedup, OpCounters, Perm};
 use crate::wire::*;
 use crate::Endpoint;
 use farside_region::{MappedWords, Words, REGION_WORDS};
@@ -46,6 +46,19 @@ impl From<io::Error> for RmemError {
 }
 
 /// One-sided access to a region. Offsets and lengths are bytes, multiples of 8.
+///
+/// Semantics, the same over every transport: an operation that returns `Ok` was applied
+/// exactly once and its answer is the one true answer (a CAS reports the value it saw
+/// when it was applied, even if the reply that reached the caller is a retry's). An
+/// operation that returns an error was applied at most once: `Timeout`, `Io` and
+/// `Refused(Status::Unknown)` mean it may have been applied; every other `Refused`
+/// means it was not. Retries inside a transport carry the same (client id, seq), and
+/// servers apply a mutation at most once per (client id, seq) (`ops::Dedup`, and the
+/// same table in the XDP program), so a lost reply, a duplicated request or a request
+/// delayed past a newer one never applies an operation twice or out of order.
+///
+/// WRITE, CAS and FETCH-ADD may only change the control words of the region
+/// (`farside_region::layout::WRITABLE_*`); elsewhere they are refused with `Protected`.
 pub trait RemoteMemory: Send {
     fn read(&mut self, offset: usize, buf: &mut [u8]) -> Result<(), RmemError>;
     fn write(&mut self, offset: usize, data: &[u8]) -> Result<(), RmemError>;
@@ -112,6 +125,23 @@ pub(crate) fn spin_until_readable(sock: &impl std::os::fd::AsRawFd, spin: Durati
     }
 }
 
+/// Open a client for a [`crate::Target`]: its own key if it names one, else `opts.key`.
+pub fn connect_target(
+    t: &crate::Target,
+    opts: &ClientOptions,
+) -> Result<Box<dyn RemoteMemory>, RmemError> {
+    match t.key {
+        Some(key) => connect(
+            &t.endpoint,
+            &ClientOptions {
+                key,
+                ..opts.clone()
+            },
+        ),
+        None => connect(&t.endpoint, opts),
+    }
+}
+
 /// Open a client for `ep`.
 pub fn connect(ep: &Endpoint, opts: &ClientOptions) -> Result<Box<dyn RemoteMemory>, RmemError> {
     Ok(match ep {
@@ -128,6 +158,8 @@ pub(crate) struct Codec {
     rep: Vec<u8>,
     seq: u64,
     key: u64,
+    /// Random, never 0: servers detect duplicates per (client, seq).
+    client: u64,
 }
 
 impl Codec {
@@ -137,7 +169,14 @@ impl Codec {
             rep: Vec::with_capacity(REP_BYTES_MAX),
             seq: crate::random_u64(),
             key,
+            client: crate::random_u64().max(1),
         }
+    }
+
+    /// Mark the encoded request as a retry of the same (client, seq).
+    pub(crate) fn mark_retry(&mut self) {
+        let flags = u16::from_le_bytes([self.req[6], self.req[7]]) | FLAG_RETRY;
+        self.req[6..8].copy_from_slice(&flags.to_le_bytes());
     }
 
     pub(crate) fn next_seq(&mut self) -> u64 {
@@ -168,11 +207,13 @@ impl Codec {
             &mut self.req,
             &ReqHeader {
                 op: op as u8,
+                flags: 0,
                 seq,
                 key: self.key,
                 region: 0,
                 offset,
                 len,
+                client: self.client,
             },
             payload,
         );
@@ -308,26 +349,68 @@ macro_rules! remote_memory_via_exchange {
     };
 }
 
-/// Same-host transport: the region file mapped into this process. Operations run in
-/// place with the same checks as every server (`ops::execute`), so semantics match.
+/// Map `n` words of the region at `path`: a region file, or (when gatherd runs the XDP
+/// responder) the Unix socket at which gatherd hands out the BPF map's fd
+/// ([`crate::fdshare`]), so a shm reader operates on the same words the kernel answers
+/// udp requests from.
+pub fn map_region(path: &std::path::Path, n: usize) -> io::Result<MappedWords> {
+    use std::os::unix::fs::FileTypeExt;
+    if !std::fs::metadata(path)?.file_type().is_socket() {
+        return MappedWords::open_file(path, n);
+    }
+    let fd = crate::fdshare::receive_fd(path)?;
+    let r = MappedWords::map_fd(fd, n);
+    // SAFETY: fd is ours; the mapping keeps the memory alive without it.
+    unsafe { libc::close(fd) };
+    r
+}
+
+/// Same-host transport: the region file (or the XDP region map, see [`map_region`]) mapped into this
+/// process. Operations run in place with the same checks as every server
+/// (`ops::execute`), so semantics match.
 pub struct ShmClient {
     mem: MappedWords,
+    /// The region's path and the identity (device, inode) of what was mapped: a
+    /// restarted gatherd with XDP serves a new map at a new socket, so the client
+    /// re-maps when the path names something else (checked every `SHM_RECHECK`).
+    path: std::path::PathBuf,
+    mapped_id: (u64, u64),
+    checked: std::time::Instant,
     keys: AccessKeys,
     counters: OpCounters,
+    /// Never consulted in earnest (a local operation cannot be lost), kept so that
+    /// `ops::execute` runs exactly as in every server.
+    dedup: Dedup,
     codec: Codec,
+}
+
+/// How often a shm client checks that its path still names what it mapped: well under
+/// the proxy's default staleness bound (100 ms), one `stat` per period.
+pub const SHM_RECHECK: Duration = Duration::from_millis(50);
+
+fn path_id(path: &std::path::Path) -> io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino()))
 }
 
 impl ShmClient {
     pub fn open(path: &std::path::Path) -> Result<Self, RmemError> {
-        let mem = MappedWords::open_file(path, REGION_WORDS).map_err(|e| {
+        let with_path = |e: io::Error| {
             RmemError::Io(io::Error::new(e.kind(), format!("{}: {e}", path.display())))
-        })?;
+        };
+        let mapped_id = path_id(path).map_err(with_path)?;
+        let mem = map_region(path, REGION_WORDS).map_err(with_path)?;
         // Local mapping: whoever can open the file may do everything.
         let keys = AccessKeys::new().with(DEFAULT_READ_KEY, Perm::ReadWrite);
         Ok(ShmClient {
             mem,
+            path: path.to_path_buf(),
+            mapped_id,
+            checked: std::time::Instant::now(),
             keys,
             counters: OpCounters::default(),
+            dedup: Dedup::new(),
             codec: Codec::new(DEFAULT_READ_KEY),
         })
     }
@@ -343,22 +426,50 @@ impl Exchange for ShmClient {
         &mut self.codec
     }
     fn exchange(&mut self, _op: Op, _seq: u64) -> Result<(), RmemError> {
+        if self.checked.elapsed() >= SHM_RECHECK {
+            self.checked = std::time::Instant::now();
+            // Gone: keep the old mapping (its record goes stale, which readers see).
+            if let Ok(id) = path_id(&self.path) {
+                if id != self.mapped_id {
+                    if let Ok(m) = map_region(&self.path, REGION_WORDS) {
+                        self.mem = m;
+                        self.mapped_id = id;
+                    }
+                }
+            }
+        }
         let ShmClient {
             mem,
             keys,
             counters,
+            dedup,
             codec,
+            ..
         } = self;
         let req = std::mem::take(&mut codec.req);
-        ops::execute(mem.words(), keys, counters, &req, &mut codec.rep);
+        ops::execute(
+            mem.words(),
+            keys,
+            counters,
+            dedup,
+            false,
+            &req,
+            &mut codec.rep,
+        );
         codec.req = req;
         Ok(())
     }
 }
 remote_memory_via_exchange!(ShmClient, "shm");
 
+/// Attempts per tcp operation: the first, and one more on a fresh connection if the first
+/// connection failed before its reply arrived (the server replays a mutation it already
+/// applied, so the retry is safe for every op).
+pub const TCP_TRIES: u32 = 2;
+
 /// Two-sided baseline: one TCP connection to the gatherer, which reads each request and
-/// answers it from user space. Reconnects on the next operation after any error.
+/// answers it from user space. After an error the connection is dropped and the
+/// operation retried once on a new one (`TCP_TRIES`).
 pub struct TcpClient {
     addr: SocketAddr,
     opts: ClientOptions,
@@ -420,12 +531,25 @@ impl Exchange for TcpClient {
         &mut self.codec
     }
     fn exchange(&mut self, _op: Op, _seq: u64) -> Result<(), RmemError> {
-        let r = self.try_exchange();
-        if r.is_err() {
-            // The stream may hold a partial reply: never reuse it.
-            self.conn = None;
+        let mut last = RmemError::Timeout;
+        for attempt in 0..TCP_TRIES {
+            if attempt > 0 {
+                self.codec.mark_retry();
+            }
+            match self.try_exchange() {
+                Ok(()) => return Ok(()),
+                Err(e @ RmemError::Protocol(_)) => {
+                    self.conn = None;
+                    return Err(e);
+                }
+                Err(e) => {
+                    // The stream may hold a partial reply: never reuse it.
+                    self.conn = None;
+                    last = e;
+                }
+            }
         }
-        r
+        Err(last)
     }
 }
 remote_memory_via_exchange!(TcpClient, "tcp");

@@ -9,19 +9,40 @@
 //!
 //! Operation semantics (checks and their order) live in [`ops`]; the wire format in
 //! [`wire`]. All offsets and lengths are bytes and multiples of 8.
+//!
+//! What every transport guarantees (the design, in one place):
+//! - **One memory.** A node's transports operate on the same words. Without XDP that is
+//!   the shm file (or heap) that gatherd's tcp and udp servers serve; with XDP it is the
+//!   BPF map: gatherd publishes into the map, serves tcp and the udp fallback from its
+//!   mapping, and hands same-host shm readers the map's fd over a Unix socket at the shm
+//!   path ([`fdshare`], [`map_region`]), since pinning maps is refused on some kernels.
+//! - **Exactly once, or at most once and said so.** Each client has a random id and
+//!   numbers its ops; retries repeat (client, seq). Servers apply a WRITE, CAS or
+//!   FETCH-ADD at most once per (client, seq), replay the recorded answer to a retry and
+//!   drop older duplicates ([`ops::Dedup`]; the XDP program's `rmem_dedup` map, one per
+//!   server: gatherd's tcp and udp servers share one, the XDP program has its own, and a
+//!   client's datagrams all reach the same one). `Ok` is the one true answer; an error
+//!   means applied at most once ([`RemoteMemory`]).
+//! - **Keys and permissions.** READs anywhere in the region; mutations only on the
+//!   control words; unknown keys get no reply; datagram READs must be padded to their
+//!   reply (no reflection); XDP answers only the node's address. A reader's key can be
+//!   given per region as `ENDPOINT?key=HEX` ([`Target`]).
 
 pub mod client;
 mod endpoint;
+pub mod fdshare;
 pub mod ops;
+pub mod relay;
 pub mod tcp_server;
 pub mod udp;
 pub mod wire;
 
 pub use client::{
-    connect, ClientOptions, RemoteMemory, RmemError, ShmClient, TcpClient, DEFAULT_READ_KEY,
+    connect, connect_target, map_region, ClientOptions, RemoteMemory, RmemError, ShmClient,
+    TcpClient, DEFAULT_READ_KEY,
 };
-pub use endpoint::Endpoint;
-pub use ops::{AccessKeys, OpCounters, Perm};
+pub use endpoint::{Endpoint, Target};
+pub use ops::{AccessKeys, Dedup, OpCounters, Perm};
 pub use tcp_server::TcpServer;
 pub use udp::{UdpClient, UdpServer};
 

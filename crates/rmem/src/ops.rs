@@ -12,10 +12,109 @@
 //! 6. offset and len multiples of 8 → `Unaligned`
 //! 7. offset + len within the region → `OutOfBounds`
 //! 8. WRITE/CAS/FADD need a read-write key → `ReadOnly`
+//! 9. WRITE/CAS/FADD only within the control words (`layout::WRITABLE_*`) → `Protected`
+//! 10. datagram servers only: a READ request shorter than its reply → `Unpadded`
+//!
+//! Then, for WRITE/CAS/FADD of a client with an id (not 0), duplicate detection
+//! ([`Dedup`]): every mutation is applied at most once, and a retry of the last one is
+//! answered with the recorded reply, so the client learns the one true outcome.
+//! - seq equal to the client's last applied seq → replay its reply (`Ok`, same old value)
+//! - seq older → `Stale`: a delayed duplicate, not applied (datagram servers stay silent)
+//! - a retry (FLAG_RETRY) of a client with no record → `Unknown`, not applied
+//! - otherwise apply and record
+//!
+//! READs are never recorded (they are idempotent and a reply carries the current words).
 
 use crate::wire::*;
+use farside_region::layout::{WRITABLE_END_WORD, WRITABLE_FIRST_WORD};
 use farside_region::mem::{copy_words_in, copy_words_out};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// Clients whose last mutation a server remembers. A client forgotten (the least
+/// recently used is evicted when a new one arrives) gets `Unknown` for a retry; 1024
+/// covers every balancer and monitor of a cluster with room to spare, at 32 bytes each.
+/// Mirrored by `RMEM_DEDUP_CLIENTS_MAX` in bpf/rmem_consts.h (max_entries of the XDP map).
+pub const DEDUP_CLIENTS_MAX: usize = 1024;
+/// Operations remembered per client: one, because a client has at most one operation
+/// outstanding (every transport's client waits for the reply or gives up before it
+/// sends the next seq). Mirrored by `RMEM_DEDUP_WINDOW` in bpf/rmem_consts.h.
+pub const DEDUP_WINDOW: usize = 1;
+
+/// The last applied mutation of one client.
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    seq: u64,
+    /// The old value a CAS/FADD returned (0 for WRITE).
+    old: u64,
+    /// For least-recently-used eviction.
+    used: u64,
+}
+
+/// Duplicate detection for mutations, keyed by client id (see the module docs). One
+/// per server process; gatherd shares one between its tcp and udp servers.
+#[derive(Debug, Default)]
+pub struct Dedup {
+    inner: Mutex<DedupInner>,
+}
+
+#[derive(Debug, Default)]
+struct DedupInner {
+    slots: HashMap<u64, Slot>,
+    clock: u64,
+}
+
+enum Seen {
+    New,
+    Replay(u64),
+    Refuse(Status),
+}
+
+impl DedupInner {
+    fn classify(&mut self, client: u64, seq: u64, retry: bool) -> Seen {
+        self.clock += 1;
+        let now = self.clock;
+        match self.slots.get_mut(&client) {
+            Some(s) => {
+                s.used = now;
+                match seq.wrapping_sub(s.seq) as i64 {
+                    0 => Seen::Replay(s.old),
+                    d if d < 0 => Seen::Refuse(Status::Stale),
+                    _ => Seen::New,
+                }
+            }
+            None if retry => Seen::Refuse(Status::Unknown),
+            None => Seen::New,
+        }
+    }
+
+    fn record(&mut self, client: u64, seq: u64, old: u64) {
+        if !self.slots.contains_key(&client) && self.slots.len() >= DEDUP_CLIENTS_MAX {
+            if let Some(victim) = self
+                .slots
+                .iter()
+                .min_by_key(|(_, s)| s.used)
+                .map(|(k, _)| *k)
+            {
+                self.slots.remove(&victim);
+            }
+        }
+        let used = self.clock;
+        self.slots.insert(client, Slot { seq, old, used });
+    }
+}
+
+impl Dedup {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Clients currently remembered.
+    pub fn clients(&self) -> usize {
+        self.inner.lock().map(|g| g.slots.len()).unwrap_or(0)
+    }
+}
 
 /// What a key may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,7 +157,7 @@ pub struct OpCounters {
     /// Indexed by op code (1..=4); 0 counts unknown ops.
     pub ops: [AtomicU64; 5],
     /// Indexed by `Status as u8`.
-    pub status: [AtomicU64; 9],
+    pub status: [AtomicU64; STATUS_COUNT],
 }
 
 impl OpCounters {
@@ -94,11 +193,13 @@ impl OpCounters {
     }
 }
 
-/// Check a request against the rules above. On success returns the decoded header.
+/// Check a request against the rules above (`datagram`: rule 10 applies). On success
+/// returns the decoded header, whose offset and len are then within `region_bytes`.
 pub fn check(
     req: &[u8],
     keys: &AccessKeys,
     region_bytes: usize,
+    datagram: bool,
 ) -> Result<ReqHeader, (u8, u64, Status)> {
     let h = ReqHeader::decode(req).map_err(|s| (0, 0, s))?;
     let fail = |s| (h.op, h.seq, s);
@@ -127,35 +228,93 @@ pub fn check(
     if op != Op::Read && perm != Perm::ReadWrite {
         return Err(fail(Status::ReadOnly));
     }
+    let first = h.offset as usize / 8;
+    if op != Op::Read && (first < WRITABLE_FIRST_WORD || first + len / 8 > WRITABLE_END_WORD) {
+        return Err(fail(Status::Protected));
+    }
+    if datagram && op == Op::Read && req.len() < REP_HEADER_BYTES + len {
+        return Err(fail(Status::Unpadded));
+    }
     Ok(h)
 }
 
+/// True if a datagram server must not answer a request that got `status`: bad keys and
+/// malformed requests (the sender may not be a client at all) and stale duplicates (the
+/// client has moved on).
+pub fn silent(status: Status) -> bool {
+    matches!(status, Status::BadKey | Status::Malformed | Status::Stale)
+}
+
 /// Execute one request on `words` and write the whole reply into `reply` (cleared
-/// first). Returns the status. For `BadKey` the reply is still built; datagram servers
-/// drop it instead of sending it.
+/// first). Returns the status. For the [`silent`] statuses the reply is still built;
+/// datagram servers drop it instead of sending it. `datagram`: the request came in a
+/// datagram (rule 10).
 pub fn execute(
     words: &[AtomicU64],
     keys: &AccessKeys,
     counters: &OpCounters,
+    dedup: &Dedup,
+    datagram: bool,
     req: &[u8],
     reply: &mut Vec<u8>,
 ) -> Status {
     reply.clear();
-    let h = match check(req, keys, words.len() * 8) {
-        Ok(h) => h,
-        Err((op, seq, st)) => {
-            RepHeader {
-                op,
-                status: st,
-                seq,
-                len: 0,
-            }
-            .encode(reply);
-            counters.count(op, st);
-            return st;
+    let refuse = |reply: &mut Vec<u8>, op: u8, seq: u64, st: Status| {
+        RepHeader {
+            op,
+            status: st,
+            seq,
+            len: 0,
         }
+        .encode(reply);
+        counters.count(op, st);
+        st
+    };
+    let h = match check(req, keys, words.len() * 8, datagram) {
+        Ok(h) => h,
+        Err((op, seq, st)) => return refuse(reply, op, seq, st),
     };
     let op = Op::from_u8(h.op).expect("checked");
+    if op != Op::Read && h.client != 0 {
+        // Held across the operation: decide, apply and record as one step.
+        let mut d = dedup.inner.lock().unwrap_or_else(|p| p.into_inner());
+        match d.classify(h.client, h.seq, h.flags & FLAG_RETRY != 0) {
+            Seen::Refuse(st) => return refuse(reply, h.op, h.seq, st),
+            Seen::Replay(old) => {
+                let len = if op == Op::Write { 0 } else { 8 };
+                RepHeader {
+                    op: h.op,
+                    status: Status::Ok,
+                    seq: h.seq,
+                    len,
+                }
+                .encode(reply);
+                if len == 8 {
+                    reply.extend_from_slice(&old.to_le_bytes());
+                }
+                counters.count(h.op, Status::Ok);
+                return Status::Ok;
+            }
+            Seen::New => {
+                let st = apply(words, &h, op, req, reply);
+                let old = if op == Op::Write {
+                    0
+                } else {
+                    u64_at(reply, REP_HEADER_BYTES)
+                };
+                d.record(h.client, h.seq, old);
+                counters.count(h.op, st);
+                return st;
+            }
+        }
+    }
+    let st = apply(words, &h, op, req, reply);
+    counters.count(h.op, st);
+    st
+}
+
+/// Apply a checked request and encode its reply.
+fn apply(words: &[AtomicU64], h: &ReqHeader, op: Op, req: &[u8], reply: &mut Vec<u8>) -> Status {
     let first = h.offset as usize / 8;
     let payload = &req[REQ_HEADER_BYTES..];
     let len = match op {
@@ -194,7 +353,6 @@ pub fn execute(
             reply.extend_from_slice(&old.to_le_bytes());
         }
     }
-    counters.count(h.op, Status::Ok);
     Status::Ok
 }
 
@@ -214,9 +372,9 @@ mod tests {
                 op,
                 seq: 77,
                 key,
-                region: 0,
                 offset,
                 len,
+                ..Default::default()
             },
             payload,
         );
@@ -280,10 +438,35 @@ mod tests {
                 req(2, RW, 8, 16, &[1; 8]),
                 Status::Malformed,
             ),
+            (
+                "write over the header",
+                req(2, RW, 8, 8, &[1; 8]),
+                Status::Protected,
+            ),
+            (
+                "cas on the load record",
+                req(3, RW, 8 * 13, 8, &cas),
+                Status::Protected,
+            ),
+            (
+                "fetch-add in scratch",
+                req(4, RW, 8 * 64, 8, &[1; 8]),
+                Status::Protected,
+            ),
+            (
+                "write running past the control words",
+                req(2, RW, 8 * 63, 16, &[1; 16]),
+                Status::Protected,
+            ),
+            (
+                "unpadded datagram read",
+                req(1, RO, 0, 64, &[]),
+                Status::Unpadded,
+            ),
         ];
         let mut reply = Vec::new();
         for (what, r, want) in cases {
-            let got = execute(mem.words(), &keys, &c, &r, &mut reply);
+            let got = execute(mem.words(), &keys, &c, &Dedup::new(), true, &r, &mut reply);
             assert_eq!(got, want, "{what}");
             let rep = RepHeader::decode(&reply).unwrap();
             assert_eq!((rep.status, rep.len), (want, 0), "{what}");
@@ -308,6 +491,8 @@ mod tests {
                 mem.words(),
                 &keys,
                 &c,
+                &Dedup::new(),
+                false,
                 &req(3, RW, 256, 8, &cas),
                 &mut reply
             ),
@@ -319,6 +504,8 @@ mod tests {
             mem.words(),
             &keys,
             &c,
+            &Dedup::new(),
+            false,
             &req(3, RW, 256, 8, &cas),
             &mut reply,
         );
@@ -327,6 +514,8 @@ mod tests {
             mem.words(),
             &keys,
             &c,
+            &Dedup::new(),
+            false,
             &req(4, RW, 256, 8, &3u64.to_le_bytes()),
             &mut reply,
         );
@@ -336,11 +525,179 @@ mod tests {
             mem.words(),
             &keys,
             &c,
+            &Dedup::new(),
+            false,
             &req(1, RW, 256, 16, &[]),
             &mut reply,
         );
         assert_eq!(RepHeader::decode(&reply).unwrap().len, 16);
         assert_eq!(u64_at(&reply, REP_HEADER_BYTES), 45);
         assert_eq!(c.ops[3].load(Ordering::Relaxed), 2);
+    }
+
+    fn client_req(op: u8, client: u64, seq: u64, retry: bool, payload: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        encode_request(
+            &mut b,
+            &ReqHeader {
+                op,
+                flags: if retry { FLAG_RETRY } else { 0 },
+                seq,
+                key: RW,
+                offset: 256,
+                len: 8,
+                client,
+                ..Default::default()
+            },
+            payload,
+        );
+        b
+    }
+
+    #[test]
+    fn mutations_apply_once_and_retries_replay_the_first_answer() {
+        let mem = HeapWords::new(512);
+        let keys = AccessKeys::new().with(RW, Perm::ReadWrite);
+        let (c, d) = (OpCounters::default(), Dedup::new());
+        let mut reply = Vec::new();
+        let mut run = |r: &[u8]| {
+            let st = execute(mem.words(), &keys, &c, &d, true, r, &mut reply);
+            let old = (reply.len() == REP_HEADER_BYTES + 8).then(|| u64_at(&reply, 24));
+            (st, old)
+        };
+        let one = 1u64.to_le_bytes();
+        assert_eq!(
+            run(&client_req(4, 9, 100, false, &one)),
+            (Status::Ok, Some(0))
+        );
+        // The reply was lost: the retry gets the same answer, not a second add.
+        assert_eq!(
+            run(&client_req(4, 9, 100, true, &one)),
+            (Status::Ok, Some(0))
+        );
+        assert_eq!(
+            run(&client_req(4, 9, 101, false, &one)),
+            (Status::Ok, Some(1))
+        );
+        // A delayed duplicate of seq 100 arrives after 101: dropped, not applied.
+        assert_eq!(run(&client_req(4, 9, 100, false, &one)).0, Status::Stale);
+        // Another client is independent; a retry from a client never seen is refused.
+        assert_eq!(
+            run(&client_req(4, 7, 5, false, &one)),
+            (Status::Ok, Some(2))
+        );
+        assert_eq!(run(&client_req(4, 8, 5, true, &one)).0, Status::Unknown);
+        // Anonymous clients (id 0) are not tracked.
+        assert_eq!(
+            run(&client_req(4, 0, 5, false, &one)),
+            (Status::Ok, Some(3))
+        );
+        assert_eq!(
+            run(&client_req(4, 0, 5, false, &one)),
+            (Status::Ok, Some(4))
+        );
+        assert_eq!(mem.words()[32].load(Ordering::Relaxed), 5);
+        // Sequence numbers wrap: u64::MAX then 0 is "newer".
+        assert_eq!(run(&client_req(4, 11, u64::MAX, false, &one)).0, Status::Ok);
+        assert_eq!(run(&client_req(4, 11, 0, false, &one)).0, Status::Ok);
+        assert_eq!(d.clients(), 3, "clients 9, 7 and 11");
+    }
+
+    #[test]
+    fn the_client_table_is_bounded_and_forgets_the_least_recently_used() {
+        let mem = HeapWords::new(512);
+        let keys = AccessKeys::new().with(RW, Perm::ReadWrite);
+        let (c, d) = (OpCounters::default(), Dedup::new());
+        let mut reply = Vec::new();
+        let one = 1u64.to_le_bytes();
+        for client in 1..=DEDUP_CLIENTS_MAX as u64 + 1 {
+            let r = client_req(4, client, 1, false, &one);
+            execute(mem.words(), &keys, &c, &d, true, &r, &mut reply);
+        }
+        assert_eq!(d.clients(), DEDUP_CLIENTS_MAX);
+        // Client 1 was evicted: its retry is refused as unknown rather than applied twice.
+        let r = client_req(4, 1, 1, true, &one);
+        assert_eq!(
+            execute(mem.words(), &keys, &c, &d, true, &r, &mut reply),
+            Status::Unknown
+        );
+    }
+
+    /// Bounded fuzz (runs in CI): random and mutated requests never panic `execute`,
+    /// never change a word outside the control words, a request it accepts has its
+    /// offset and length within the region, and no datagram is answered with a reply
+    /// longer than itself (no reflection).
+    #[test]
+    fn random_and_mutated_requests_never_escape_their_bounds() {
+        // Requests per kind; a fraction of a second.
+        const CASES: u32 = 50_000;
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mem = HeapWords::new(512);
+        for (i, w) in mem.words().iter().enumerate() {
+            w.store(i as u64 * 3 + 1, Ordering::Relaxed);
+        }
+        let outside = |m: &HeapWords| -> Vec<u64> {
+            m.words()
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !(WRITABLE_FIRST_WORD..WRITABLE_END_WORD).contains(i))
+                .map(|(_, w)| w.load(Ordering::Relaxed))
+                .collect()
+        };
+        let before = outside(&mem);
+        let keys = AccessKeys::new()
+            .with(RO, Perm::ReadOnly)
+            .with(RW, Perm::ReadWrite);
+        let (c, d) = (OpCounters::default(), Dedup::new());
+        let mut reply = Vec::new();
+        let seeds: Vec<Vec<u8>> = vec![
+            req(1, RO, 0, 192, &[0; 216]),
+            req(2, RW, 256, 16, &[7; 16]),
+            req(3, RW, 264, 8, &[1; 16]),
+            req(4, RW, 272, 8, &[2; 8]),
+        ];
+        for n in 0..CASES {
+            let r: Vec<u8> = if n % 2 == 0 {
+                let len = (rnd() % 300) as usize;
+                (0..len).map(|_| rnd() as u8).collect()
+            } else {
+                let mut m = seeds[(rnd() % 4) as usize].clone();
+                for _ in 0..1 + rnd() % 3 {
+                    let i = (rnd() % 48) as usize;
+                    m[i] = rnd() as u8;
+                }
+                let keep = m.len() - (rnd() % 8) as usize;
+                m.truncate(keep);
+                m
+            };
+            if let Ok(h) = check(&r, &keys, 4096, true) {
+                assert!(h.offset as u64 + h.len as u64 <= 4096, "{h:?}");
+                assert!(h.offset % 8 == 0 && h.len % 8 == 0 && h.len > 0, "{h:?}");
+            }
+            let datagram = n % 3 != 0;
+            let st = execute(mem.words(), &keys, &c, &d, datagram, &r, &mut reply);
+            let rep = RepHeader::decode(&reply).expect("every request gets a reply built");
+            assert_eq!(rep.status, st);
+            assert_eq!(reply.len(), REP_HEADER_BYTES + rep.len as usize);
+            if datagram && !silent(st) {
+                assert!(
+                    reply.len() <= r.len(),
+                    "{}-byte reply to {} bytes",
+                    reply.len(),
+                    r.len()
+                );
+            }
+        }
+        assert_eq!(
+            outside(&mem),
+            before,
+            "a word outside the control area changed"
+        );
     }
 }

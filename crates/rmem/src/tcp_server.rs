@@ -2,7 +2,7 @@
 //! connection and answers it. It runs at normal priority like any daemon, so under CPU
 //! saturation its answers wait for the scheduler — the effect the papers measure.
 
-use crate::ops::{self, AccessKeys, OpCounters};
+use crate::ops::{self, AccessKeys, Dedup, OpCounters};
 use crate::wire::*;
 use farside_region::Words;
 use std::io::{self, Read, Write};
@@ -28,6 +28,19 @@ impl TcpServer {
         keys: AccessKeys,
         counters: Arc<OpCounters>,
     ) -> io::Result<TcpServer> {
+        Self::spawn_with_dedup(addr, mem, keys, counters, Arc::new(Dedup::new()))
+    }
+
+    /// As [`TcpServer::spawn`], sharing duplicate detection with other servers of the
+    /// same memory (gatherd's udp server), so a client's retry is recognised whichever
+    /// server the first attempt reached.
+    pub fn spawn_with_dedup(
+        addr: SocketAddr,
+        mem: Arc<dyn Words>,
+        keys: AccessKeys,
+        counters: Arc<OpCounters>,
+        dedup: Arc<Dedup>,
+    ) -> io::Result<TcpServer> {
         let listener = TcpListener::bind(addr)?;
         let local_addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -46,17 +59,18 @@ impl TcpServer {
                         continue;
                     }
                     active.fetch_add(1, Ordering::Relaxed);
-                    let (mem, keys, counters, active, st) = (
+                    let (mem, keys, counters, dedup, active, st) = (
                         mem.clone(),
                         keys.clone(),
                         counters.clone(),
+                        dedup.clone(),
                         active.clone(),
                         st.clone(),
                     );
                     let spawned = std::thread::Builder::new()
                         .name("rmem-tcp-conn".into())
                         .spawn(move || {
-                            if let Err(e) = serve_conn(conn, &*mem, &keys, &counters, &st) {
+                            if let Err(e) = serve_conn(conn, &*mem, &keys, &counters, &dedup, &st) {
                                 log::debug!("rmem tcp connection ended: {e}");
                             }
                             active.fetch_sub(1, Ordering::Relaxed);
@@ -83,6 +97,7 @@ fn serve_conn(
     mem: &dyn Words,
     keys: &AccessKeys,
     counters: &OpCounters,
+    dedup: &Dedup,
     stop: &AtomicBool,
 ) -> io::Result<()> {
     s.set_nodelay(true)?;
@@ -127,6 +142,8 @@ fn serve_conn(
             mem.words(),
             keys,
             counters,
+            dedup,
+            false,
             &req[..REQ_HEADER_BYTES + payload],
             &mut reply,
         );

@@ -2,22 +2,24 @@
 //! the same packets: the XDP program in `bpf/` (in the kernel, one-sided) and
 //! [`UdpServer`] in gatherd (user space, the fallback when XDP cannot be attached).
 //!
-//! Retries and their semantics (a datagram or its reply may be lost):
-//! - READ and WRITE are idempotent and are retried up to `UDP_TRIES` times.
-//! - COMPARE-AND-SWAP is retried too. A retry whose first attempt was applied returns
-//!   `old == new` instead of `old == expected`; `UdpClient::compare_swap` reports that
-//!   as success, so a lost reply never makes the winner think it lost. This requires
-//!   that `new` is unique to the caller (farside's lock words embed the owner id), which
-//!   the lock protocol guarantees.
-//! - FETCH-AND-ADD is NOT retried: on a lost datagram it returns `Timeout`, meaning the
-//!   add may or may not have happened. Callers that need exactly-once counting must use
-//!   CAS loops; farside's update counters only need "at least one bump happened or the
-//!   caller knows it failed", which `Timeout` tells.
+//! Retries and their semantics (a datagram or its reply may be lost, duplicated or
+//! delayed past later ones):
+//! - Every op is retried up to `UDP_TRIES` times with the same (client id, seq) and
+//!   `FLAG_RETRY` set. Both servers (XDP and user space) apply a WRITE, CAS or FETCH-ADD
+//!   at most once per (client id, seq) and answer a retry of an applied one with the
+//!   recorded reply (`ops::Dedup`; `rmem_dedup` in the XDP program). So a CAS whose
+//!   first reply was lost still reports the value it saw when applied, a FETCH-ADD is
+//!   never counted twice, and a delayed duplicate of an old WRITE never overwrites a
+//!   newer one (it is older than the client's last seq: dropped as `Stale`).
+//! - `Timeout` after all attempts, or `Refused(Unknown)` (the server had no record of a
+//!   retried op's first attempt), means the op may or may not have been applied.
 //! - A reply whose sequence number is not the current request's is discarded (late
-//!   replies of earlier attempts), so replies are never matched to the wrong request.
+//!   replies of earlier operations), so replies are never matched to the wrong request.
+//! - A READ request is padded to the size of its reply: servers refuse shorter ones
+//!   (`Unpadded`), so the protocol cannot reflect a small datagram as a large one.
 
 use crate::client::{ClientOptions, Codec, Exchange, RmemError};
-use crate::ops::{self, AccessKeys, OpCounters};
+use crate::ops::{self, AccessKeys, Dedup, OpCounters};
 use crate::wire::*;
 use farside_region::Words;
 use std::io;
@@ -26,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Attempts per idempotent operation (first try + retries).
+/// Attempts per operation (first try + retries), every op alike.
 pub const UDP_TRIES: u32 = 3;
 /// Largest READ one datagram carries: the reply must fit one 1500-byte frame, because the
 /// XDP responder answers in place and cannot fragment. Larger reads are split into
@@ -70,7 +72,10 @@ impl UdpClient {
         (self.opts.timeout / tries.max(1)).max(Duration::from_micros(100))
     }
 
-    fn one_attempt(&mut self, seq: u64, timeout: Duration) -> Result<(), RmemError> {
+    fn one_attempt(&mut self, seq: u64, timeout: Duration, retry: bool) -> Result<(), RmemError> {
+        if retry {
+            self.codec.mark_retry();
+        }
         if self.drop_next_sends > 0 {
             self.drop_next_sends -= 1;
         } else {
@@ -116,15 +121,11 @@ impl Exchange for UdpClient {
                 u32::from_le_bytes(self.codec.req()[32..36].try_into().expect("header")) as usize;
             self.codec.pad_request(REP_HEADER_BYTES + len);
         }
-        let tries = if op == Op::FetchAdd {
-            1
-        } else {
-            self.tries.max(1)
-        };
+        let tries = self.tries.max(1);
         let per = self.attempt_timeout(tries);
         let mut last = RmemError::Timeout;
-        for _ in 0..tries {
-            match self.one_attempt(seq, per) {
+        for attempt in 0..tries {
+            match self.one_attempt(seq, per, attempt > 0) {
                 Ok(()) => return Ok(()),
                 Err(RmemError::Timeout) => last = RmemError::Timeout,
                 Err(e) => return Err(e),
@@ -159,30 +160,12 @@ impl crate::client::RemoteMemory for UdpClient {
     }
 }
 
-impl UdpClient {
-    /// CAS with retry semantics (see module docs): returns `Ok(expected)` if this caller's
-    /// swap was applied, even if only a retry's reply arrived.
-    pub fn compare_swap_retrying(
-        &mut self,
-        offset: usize,
-        expected: u64,
-        new: u64,
-    ) -> Result<u64, RmemError> {
-        use crate::client::RemoteMemory;
-        let old = self.compare_swap(offset, expected, new)?;
-        if old == new && expected != new {
-            // Our first attempt was applied and its reply was lost: we won.
-            return Ok(expected);
-        }
-        Ok(old)
-    }
-}
-
 /// Most datagrams the user-space server answers per wake-up before checking for stop.
 const SERVER_BATCH_MAX: usize = 64;
 
 /// User-space responder for the udp protocol (the fallback when XDP is unavailable).
-/// Bad keys are dropped without a reply, like the XDP program does.
+/// Bad keys, malformed requests and stale duplicates are dropped without a reply, like
+/// the XDP program does; READs must be padded to their reply's size (no reflection).
 pub struct UdpServer {
     pub local_addr: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -195,6 +178,18 @@ impl UdpServer {
         mem: Arc<dyn Words>,
         keys: AccessKeys,
         counters: Arc<OpCounters>,
+    ) -> io::Result<UdpServer> {
+        Self::spawn_with_dedup(addr, mem, keys, counters, Arc::new(Dedup::new()))
+    }
+
+    /// As [`UdpServer::spawn`], sharing duplicate detection with other servers of the
+    /// same memory (gatherd's tcp server).
+    pub fn spawn_with_dedup(
+        addr: SocketAddr,
+        mem: Arc<dyn Words>,
+        keys: AccessKeys,
+        counters: Arc<OpCounters>,
+        dedup: Arc<Dedup>,
     ) -> io::Result<UdpServer> {
         let sock = UdpSocket::bind(addr)?;
         let local_addr = sock.local_addr()?;
@@ -212,9 +207,16 @@ impl UdpServer {
                             Ok(x) => x,
                             Err(_) => break,
                         };
-                        let status =
-                            ops::execute(mem.words(), &keys, &counters, &buf[..n], &mut reply);
-                        if status != Status::BadKey && status != Status::Malformed {
+                        let status = ops::execute(
+                            mem.words(),
+                            &keys,
+                            &counters,
+                            &dedup,
+                            true,
+                            &buf[..n],
+                            &mut reply,
+                        );
+                        if !ops::silent(status) {
                             let _ = sock.send_to(&reply, peer);
                         }
                     }

@@ -1,7 +1,8 @@
 //! The same operations behave the same over every transport.
 
 use farside_region::{HeapWords, MappedWords, Words, REGION_WORDS};
-use farside_rmem::wire::Status;
+use farside_rmem::relay::{Faults, LossyRelay};
+use farside_rmem::wire::{self, Status};
 use farside_rmem::*;
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,7 +105,7 @@ fn udp_transport_reads_writes_and_does_atomics_and_drops_bad_keys() {
 }
 
 #[test]
-fn udp_retries_reads_and_cas_across_loss_but_not_fetch_add() {
+fn udp_retries_every_op_across_request_loss_and_applies_it_once() {
     let mem: Arc<dyn Words> = Arc::new(HeapWords::new(REGION_WORDS));
     let srv = UdpServer::spawn(
         "127.0.0.1:0".parse().unwrap(),
@@ -122,44 +123,187 @@ fn udp_retries_reads_and_cas_across_loss_but_not_fetch_add() {
         },
     )
     .unwrap();
-    c.drop_next_sends = 1;
     let mut b = [0u8; 8];
-    c.read(0, &mut b).expect("read survives one lost datagram");
+    c.read(0, &mut b).expect("a read");
+    c.fetch_add(264, 1)
+        .expect("the first mutation makes the server know this client");
+    for _ in 0..3 {
+        c.drop_next_sends = 1;
+        c.fetch_add(264, 1)
+            .expect("FADD survives one lost datagram");
+    }
     c.drop_next_sends = 1;
-    assert_eq!(
-        c.compare_swap_retrying(512, 0, 42).unwrap(),
-        0,
-        "CAS survives loss"
-    );
-    c.drop_next_sends = 1;
-    assert!(
-        matches!(c.fetch_add(512, 1), Err(RmemError::Timeout)),
-        "FADD is not retried"
-    );
-    assert_eq!(
-        mem.words()[64].load(std::sync::atomic::Ordering::Relaxed),
-        42,
-        "FADD not applied twice or at all"
-    );
+    assert_eq!(c.compare_swap(272, 0, 42).unwrap(), 0, "CAS survives loss");
+    assert_eq!(word(&mem, 33), 4, "each FADD applied exactly once");
+}
+
+fn word(mem: &Arc<dyn Words>, i: usize) -> u64 {
+    mem.words()[i].load(std::sync::atomic::Ordering::Relaxed)
 }
 
 #[test]
-fn udp_cas_whose_reply_was_lost_is_reported_as_won() {
-    // First attempt applied, reply lost: simulate by applying it through a second client.
+fn a_retry_of_a_first_mutation_never_received_is_refused_as_unknown_not_guessed() {
     let mem: Arc<dyn Words> = Arc::new(HeapWords::new(REGION_WORDS));
     let srv = UdpServer::spawn(
+        "127.0.0.1:0".parse().unwrap(),
+        mem.clone(),
+        keys(),
+        Default::default(),
+    )
+    .unwrap();
+    let mut c = UdpClient::new(srv.local_addr, opts(RW_KEY)).unwrap();
+    c.drop_next_sends = 1;
+    assert!(matches!(
+        c.fetch_add(264, 1),
+        Err(RmemError::Refused(Status::Unknown))
+    ));
+    assert_eq!(word(&mem, 33), 0);
+}
+
+#[test]
+fn writes_outside_the_control_words_are_refused_over_every_transport() {
+    let mem: Arc<dyn Words> = Arc::new(HeapWords::new(REGION_WORDS));
+    let any = "127.0.0.1:0".parse().unwrap();
+    let t = TcpServer::spawn(any, mem.clone(), keys(), Default::default()).unwrap();
+    let u = UdpServer::spawn(any, mem.clone(), keys(), Default::default()).unwrap();
+    for ep in [Endpoint::Tcp(t.local_addr), Endpoint::Udp(u.local_addr)] {
+        let mut c = connect(&ep, &opts(RW_KEY)).unwrap();
+        for (what, r) in [
+            ("header", c.write(0, &[1; 8])),
+            ("record", c.fetch_add(8 * 13, 1).map(|_| ())),
+            ("scratch", c.compare_swap(8 * 64, 0, 1).map(|_| ())),
+        ] {
+            assert!(
+                matches!(r, Err(RmemError::Refused(Status::Protected))),
+                "{ep} {what}: {r:?}"
+            );
+        }
+    }
+    assert!((0..REGION_WORDS).all(|i| word(&mem, i) == 0));
+}
+
+#[test]
+fn the_udp_server_refuses_unpadded_reads_with_a_reply_no_larger_than_the_request() {
+    let mem: Arc<dyn Words> = Arc::new(HeapWords::new(REGION_WORDS));
+    let u = UdpServer::spawn(
         "127.0.0.1:0".parse().unwrap(),
         mem,
         keys(),
         Default::default(),
     )
     .unwrap();
-    let mut a = UdpClient::new(srv.local_addr, opts(RW_KEY)).unwrap();
-    a.compare_swap(512, 0, 0xA1).unwrap();
-    // The retry sees old == new: won.
-    assert_eq!(a.compare_swap_retrying(512, 0, 0xA1).unwrap(), 0);
-    // A different owner sees old == someone else's value: lost.
-    assert_eq!(a.compare_swap_retrying(512, 0, 0xB2).unwrap(), 0xA1);
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut req = Vec::new();
+    wire::encode_request(
+        &mut req,
+        &wire::ReqHeader {
+            op: wire::Op::Read as u8,
+            seq: 1,
+            key: DEFAULT_READ_KEY,
+            len: 1024,
+            ..Default::default()
+        },
+        &[],
+    );
+    s.send_to(&req, u.local_addr).unwrap();
+    let mut buf = [0u8; 2048];
+    let n = s.recv(&mut buf).unwrap();
+    assert!(
+        n <= req.len(),
+        "{n}-byte reply to a {}-byte request",
+        req.len()
+    );
+    assert_eq!(
+        wire::RepHeader::decode(&buf[..n]).unwrap().status,
+        Status::Unpadded
+    );
+}
+
+/// Through loss of requests and replies, duplicates and reordering, via the trait:
+/// every CAS that returns reports the value it saw when applied (a lost reply never
+/// turns a win into a loss), every FETCH-ADD that returns Ok was applied once
+/// (distinct old values that account for the final sum), and the last WRITE is the
+/// value left (no delayed duplicate of an older write lands after it). Fails on the
+/// old code, whose trait CAS reported a retried win as a loss and whose retried
+/// datagrams were applied again.
+#[test]
+fn exactly_once_answers_through_a_lossy_reordering_relay() {
+    let mem: Arc<dyn Words> = Arc::new(HeapWords::new(REGION_WORDS));
+    let srv = UdpServer::spawn(
+        "127.0.0.1:0".parse().unwrap(),
+        mem.clone(),
+        keys(),
+        Default::default(),
+    )
+    .unwrap();
+    let faults = Faults {
+        drop_req: 15,
+        drop_rep: 25,
+        dup: 30,
+        delay_ms_max: 4,
+    };
+    let relay = LossyRelay::spawn(srv.local_addr, faults, 0x5eed).unwrap();
+    let mut c = UdpClient::new(
+        relay.addr,
+        ClientOptions {
+            key: RW_KEY,
+            timeout: Duration::from_millis(600),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    // At ~40% loss per round trip, 12 attempts all fail with p < 2e-5.
+    c.tries = 12;
+    let mut c: Box<dyn RemoteMemory> = Box::new(c);
+    let (mut unknown, mut ok) = (0u64, 0u64);
+    // A chain of CASes, each expecting the previous one's value: all must be won.
+    let mut cur = 0u64;
+    for i in 1..=60u64 {
+        match c.compare_swap(256, cur, i) {
+            Ok(old) => {
+                assert_eq!(old, cur, "CAS {i} applied once and reported as won");
+                cur = i;
+            }
+            Err(RmemError::Timeout | RmemError::Refused(Status::Unknown)) => {
+                unknown += 1;
+                cur = word(&mem, 32);
+            }
+            Err(e) => panic!("CAS {i}: {e}"),
+        }
+    }
+    let mut olds = std::collections::BTreeSet::new();
+    for _ in 0..60 {
+        match c.fetch_add(264, 1) {
+            Ok(old) => {
+                assert!(olds.insert(old), "old value {old} returned twice");
+                ok += 1;
+            }
+            Err(RmemError::Timeout | RmemError::Refused(Status::Unknown)) => unknown += 1,
+            Err(e) => panic!("FADD: {e}"),
+        }
+    }
+    let sum = word(&mem, 33);
+    assert!(
+        sum >= ok && sum <= ok + unknown,
+        "sum {sum}, {ok} ok, {unknown} unknown"
+    );
+    let mut last = None;
+    for v in 1..=60u64 {
+        if c.write(272, &v.to_le_bytes()).is_ok() {
+            last = Some(v);
+        }
+    }
+    // Let every delayed duplicate arrive, then check no older write overwrote the last.
+    std::thread::sleep(Duration::from_millis(faults.delay_ms_max * 4 + 50));
+    if let Some(v) = last {
+        assert_eq!(
+            word(&mem, 34),
+            v,
+            "a delayed duplicate overwrote the newest write"
+        );
+    }
+    assert!(unknown <= 3, "{unknown} operations with unknown outcome");
 }
 
 #[test]
@@ -200,4 +344,110 @@ fn udp_reads_larger_than_a_datagram_are_split_and_whole() {
     for (i, w) in b.chunks_exact(8).enumerate() {
         assert_eq!(u64::from_le_bytes(w.try_into().unwrap()), i as u64);
     }
+}
+
+/// Per-back-end keys: a server that accepts only its own read key (gatherd
+/// `--read-key`) is read through a target that names it, and refuses (drops) a reader
+/// with the built-in key.
+#[test]
+fn a_target_reads_with_its_own_key() {
+    const OWN: u64 = 0x0123_4567_89ab_cdef;
+    let mem: Arc<dyn Words> = Arc::new(HeapWords::new(REGION_WORDS));
+    mem.words()[1].store(77, std::sync::atomic::Ordering::Relaxed);
+    let srv = UdpServer::spawn(
+        "127.0.0.1:0".parse().unwrap(),
+        mem,
+        AccessKeys::new().with(OWN, Perm::ReadOnly),
+        Default::default(),
+    )
+    .unwrap();
+    let o = ClientOptions {
+        timeout: Duration::from_millis(100),
+        ..Default::default()
+    };
+    let t = Target::parse(&format!("udp:{}?key={OWN:x}", srv.local_addr)).unwrap();
+    let mut b = [0u8; 8];
+    connect_target(&t, &o).unwrap().read(8, &mut b).unwrap();
+    assert_eq!(u64::from_le_bytes(b), 77);
+    let plain = Target::from(Endpoint::Udp(srv.local_addr));
+    assert!(matches!(
+        connect_target(&plain, &o).unwrap().read(8, &mut b),
+        Err(RmemError::Timeout)
+    ));
+}
+
+/// A gatherer restart replaces what the shm path names (with XDP: a new map behind a new
+/// socket); a shm client re-maps within `SHM_RECHECK` instead of reading the dead
+/// region forever.
+#[test]
+fn a_shm_client_follows_a_replaced_region() {
+    let dir = std::env::temp_dir().join(format!("farside-rmem-remap-{}", std::process::id()));
+    let path = dir.join("n.region");
+    let old = MappedWords::create_file(&path, REGION_WORDS).unwrap();
+    old.words()[1].store(1, std::sync::atomic::Ordering::Relaxed);
+    let mut c = connect(&Endpoint::Shm(path.clone()), &opts(RW_KEY)).unwrap();
+    let mut b = [0u8; 8];
+    c.read(8, &mut b).unwrap();
+    assert_eq!(u64::from_le_bytes(b), 1);
+    std::fs::remove_file(&path).unwrap();
+    let new = MappedWords::create_file(&path, REGION_WORDS).unwrap();
+    new.words()[1].store(2, std::sync::atomic::Ordering::Relaxed);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        c.read(8, &mut b).unwrap();
+        if u64::from_le_bytes(b) == 2 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never re-mapped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The tcp client retries on a new connection with the same (client, seq); the server
+/// replays the recorded answer instead of applying the op again. Shown with raw
+/// connections: the first attempt's reply is never read (its connection is dropped).
+#[test]
+fn a_tcp_retry_on_a_new_connection_is_replayed_not_applied_again() {
+    use std::io::{Read, Write};
+    let mem: Arc<dyn Words> = Arc::new(HeapWords::new(REGION_WORDS));
+    let srv = TcpServer::spawn(
+        "127.0.0.1:0".parse().unwrap(),
+        mem.clone(),
+        keys(),
+        Default::default(),
+    )
+    .unwrap();
+    let fadd = |flags: u16| {
+        let mut req = Vec::new();
+        wire::encode_request(
+            &mut req,
+            &wire::ReqHeader {
+                op: wire::Op::FetchAdd as u8,
+                flags,
+                seq: 5,
+                key: RW_KEY,
+                offset: 264,
+                len: 8,
+                client: 0xabc,
+                ..Default::default()
+            },
+            &10u64.to_le_bytes(),
+        );
+        req
+    };
+    let exchange = |req: &[u8]| {
+        let mut s = std::net::TcpStream::connect(srv.local_addr).unwrap();
+        s.write_all(req).unwrap();
+        let mut rep = [0u8; wire::REP_HEADER_BYTES + 8];
+        s.read_exact(&mut rep).unwrap();
+        wire::u64_at(&rep, wire::REP_HEADER_BYTES)
+    };
+    assert_eq!(exchange(&fadd(0)), 0);
+    assert_eq!(
+        exchange(&fadd(wire::FLAG_RETRY)),
+        0,
+        "the first answer, replayed"
+    );
+    assert_eq!(word(&mem, 33), 10, "applied once");
 }

@@ -14,16 +14,23 @@
 //! Not ours (XDP_PASS, left to the stack and gatherd's user-space fallback): non-IPv4,
 //! non-UDP, other ports, IPv4 with options, IP fragments, inconsistent IP/UDP lengths.
 //!
-//! The reply is built in the request's buffer. A READ reply (24 + len bytes) is longer
-//! than its 40-byte request, and receive buffers on veth and in generic mode have only
-//! a few dozen bytes of tailroom, so the frame often cannot grow: such READs are passed
-//! to the stack ([`XdpResponder::no_room`] counts them) for the user-space server on the
-//! same port. Clients that pad READ requests with `len - 16` zero bytes (servers ignore
-//! trailing bytes) make every reply fit in place and are answered in the kernel.
+//! The reply is built in the request's buffer and is never longer than the request:
+//! READ requests must be padded to their reply's size (`Unpadded` otherwise, as in
+//! user space), which also means the protocol cannot reflect a small datagram as a
+//! large one. Only datagrams to the node's address are answered once
+//! [`XdpResponder::set_node_addr`] names it.
 //!
-//! Use from gatherd: `XdpResponder::attach(iface, mode, port, keys)`, publish the load
-//! record through [`XdpResponder::region`] instead of a heap or shm region, and keep
-//! `farside_rmem::UdpServer` bound to the same port on the same region as the fallback.
+//! WRITE, CAS and FETCH-ADD are confined to the control words and applied at most
+//! once per (client id, seq): the `rmem_dedup` LRU map (at most [`DEDUP_CLIENTS_MAX`]
+//! clients) remembers each client's last mutation and replays its reply to a retry,
+//! exactly as `farside_rmem::ops::Dedup` does in user space.
+//!
+//! Use from gatherd: `XdpResponder::attach(iface, mode, port, keys)`, then make the map
+//! the node's only region: publish the load record through [`XdpResponder::region`],
+//! serve tcp and the user-space udp fallback from that same mapping, and give same-host
+//! shm readers the map itself ([`XdpResponder::region_fd`], handed out by
+//! `farside_rmem::fdshare`), so every transport
+//! operates on the same words.
 //!
 //! Everything here needs CAP_BPF and CAP_NET_ADMIN (root in practice).
 
@@ -45,13 +52,20 @@ pub const XDP_READ_BYTES_MAX: usize = 1400;
 /// Most access keys the program holds (`max_entries` of its keys map).
 pub const KEYS_MAX: usize = farside_rmem::ops::KEYS_MAX;
 
-/// Counter slots in the counters map: 5 ops, 9 statuses, aborted, no room (see
+/// Op counter slots (op codes 1..=4, 0 = unknown).
+const OP_COUNTERS: usize = 5;
+/// Status counter slots, one per `farside_rmem::wire::Status`.
+const STATUS_COUNTERS: usize = farside_rmem::wire::STATUS_COUNT;
+/// Counter slots in the counters map: ops, statuses, aborted, no room (see
 /// rmem_consts.h).
-const COUNTERS: u32 = 16;
+const COUNTERS: u32 = (OP_COUNTERS + STATUS_COUNTERS) as u32 + 2;
 /// Index of the "reply could not be built" counter.
-const COUNTER_ABORTED: u32 = 14;
+const COUNTER_ABORTED: u32 = COUNTERS - 2;
 /// Index of the "READ passed to the stack: the frame could not grow" counter.
-const COUNTER_NO_ROOM: u32 = 15;
+const COUNTER_NO_ROOM: u32 = COUNTERS - 1;
+
+/// Clients whose last mutation the program remembers (max_entries of its LRU dedup map).
+pub const DEDUP_CLIENTS_MAX: usize = farside_rmem::ops::DEDUP_CLIENTS_MAX;
 
 /// Name of the XDP program function in the object.
 const PROG_NAME: &str = "rmem_xdp";
@@ -186,11 +200,15 @@ fn classify(
 struct Config {
     udp_port: u16,
     reserved0: u16,
-    reserved1: u32,
+    /// Network byte order; 0 = any address.
+    ipv4_addr: u32,
 }
 
 // SAFETY: repr(C), plain integers, no padding.
 unsafe impl aya::Pod for Config {}
+
+/// `(ops, status)` counters: ops by op code (0 = unknown), replies by `Status as u8`.
+pub type Counters = ([u64; OP_COUNTERS], [u64; STATUS_COUNTERS]);
 
 /// The loaded (not necessarily attached) program, configured, with its region mapped.
 struct Loaded {
@@ -225,7 +243,7 @@ impl Loaded {
                 Config {
                     udp_port,
                     reserved0: 0,
-                    reserved1: 0,
+                    ipv4_addr: 0,
                 },
                 0,
             )
@@ -253,6 +271,20 @@ impl Loaded {
         Ok(Loaded { ebpf, region })
     }
 
+    /// Answer only datagrams to `addr` (None: any address). Takes effect at once.
+    fn set_node_addr(&mut self, addr: Option<std::net::Ipv4Addr>) -> Result<(), XdpError> {
+        let mut config: Array<&mut MapData, Config> =
+            Array::try_from(map_mut(&mut self.ebpf, MAP_CONFIG)?)
+                .map_err(|e| XdpError::Map(format!("{MAP_CONFIG}: {e}")))?;
+        let mut c = config
+            .get(&0, 0)
+            .map_err(|e| XdpError::Map(format!("{MAP_CONFIG}: {e}")))?;
+        c.ipv4_addr = addr.map(|a| u32::from_ne_bytes(a.octets())).unwrap_or(0);
+        config
+            .set(0, c, 0)
+            .map_err(|e| classify("setting the node address", e, XdpError::Map))
+    }
+
     fn prog_mut(&mut self) -> &mut Xdp {
         self.ebpf
             .program_mut(PROG_NAME)
@@ -278,12 +310,12 @@ impl Loaded {
     }
 
     /// (ops, status) like `farside_rmem::OpCounters`; zeros if the map cannot be read.
-    fn counters(&self) -> ([u64; 5], [u64; 9]) {
+    fn counters(&self) -> Counters {
         let raw = self.counters_raw().unwrap_or([0; COUNTERS as usize]);
-        let mut ops = [0u64; 5];
-        let mut status = [0u64; 9];
-        ops.copy_from_slice(&raw[..5]);
-        status.copy_from_slice(&raw[5..14]);
+        let mut ops = [0u64; OP_COUNTERS];
+        let mut status = [0u64; STATUS_COUNTERS];
+        ops.copy_from_slice(&raw[..OP_COUNTERS]);
+        status.copy_from_slice(&raw[OP_COUNTERS..OP_COUNTERS + STATUS_COUNTERS]);
         (ops, status)
     }
 
@@ -369,8 +401,25 @@ impl XdpResponder {
     /// `(ops, status)` counters summed over CPUs, indexed like `farside_rmem::OpCounters`
     /// (ops by op code with 0 = unknown; status by `Status as u8`). Dropped requests
     /// (bad key, malformed) are counted too, as the user-space server does.
-    pub fn counters(&self) -> ([u64; 5], [u64; 9]) {
+    pub fn counters(&self) -> Counters {
         self.loaded.counters()
+    }
+
+    /// Answer only datagrams addressed to `addr` (None: any destination address), so
+    /// that packets for other hosts that reach the interface (a bridge port, a
+    /// promiscuous device) are never answered. Takes effect at once.
+    pub fn set_node_addr(&mut self, addr: Option<std::net::Ipv4Addr>) -> Result<(), XdpError> {
+        self.loaded.set_node_addr(addr)
+    }
+
+    /// The region map's fd (valid while the responder lives), for handing the map to
+    /// same-host shm readers (`farside_rmem::fdshare`): they map the very words the
+    /// kernel answers from.
+    pub fn region_fd(&self) -> std::os::fd::RawFd {
+        match self.loaded.ebpf.map(MAP_REGION) {
+            Some(aya::maps::Map::Array(data)) => data.fd().as_fd().as_raw_fd(),
+            _ => unreachable!("checked at load"),
+        }
     }
 
     /// Requests whose reply could not be built (the frame could not grow): XDP_ABORTED.
@@ -520,8 +569,13 @@ impl TestProgram {
     }
 
     /// `(ops, status)` counters, as [`XdpResponder::counters`].
-    pub fn counters(&self) -> ([u64; 5], [u64; 9]) {
+    pub fn counters(&self) -> Counters {
         self.loaded.counters()
+    }
+
+    /// As [`XdpResponder::set_node_addr`].
+    pub fn set_node_addr(&mut self, addr: Option<std::net::Ipv4Addr>) -> Result<(), XdpError> {
+        self.loaded.set_node_addr(addr)
     }
 
     /// As [`XdpResponder::aborted`].

@@ -56,8 +56,27 @@ fn bpf_constants_match_the_rust_side() {
         ("RMEM_ST_BAD_LENGTH", Status::BadLength as u64),
         ("RMEM_ST_MALFORMED", Status::Malformed as u64),
         ("RMEM_ST_NO_REGION", Status::NoRegion as u64),
+        ("RMEM_ST_PROTECTED", Status::Protected as u64),
+        ("RMEM_ST_UNKNOWN", Status::Unknown as u64),
+        ("RMEM_ST_STALE", Status::Stale as u64),
+        ("RMEM_ST_UNPADDED", Status::Unpadded as u64),
+        ("RMEM_FLAG_RETRY", wire::FLAG_RETRY.into()),
+        (
+            "RMEM_DEDUP_CLIENTS_MAX",
+            farside_rmem::ops::DEDUP_CLIENTS_MAX as u64,
+        ),
+        ("RMEM_DEDUP_WINDOW", farside_rmem::ops::DEDUP_WINDOW as u64),
+        (
+            "RMEM_WRITABLE_FIRST_BYTE",
+            farside_region::layout::WRITABLE_FIRST_WORD as u64 * 8,
+        ),
+        (
+            "RMEM_WRITABLE_END_BYTE",
+            farside_region::layout::WRITABLE_END_WORD as u64 * 8,
+        ),
         ("RMEM_CNT_OPS", 5),
         ("RMEM_CNT_STATUS", Status::ALL.len() as u64),
+        ("RMEM_CNT_STATUS", wire::STATUS_COUNT as u64),
     ];
     for (name, value) in want {
         assert_eq!(d.get(name), Some(&value), "bpf/rmem_consts.h {name}");

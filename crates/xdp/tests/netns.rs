@@ -183,9 +183,9 @@ fn read_request(key: u64, offset: u32, len: usize, padding: usize) -> Vec<u8> {
             op: Op::Read as u8,
             seq: 42,
             key,
-            region: 0,
             offset,
             len: len as u32,
+            ..Default::default()
         },
         &vec![0u8; padding],
     );
@@ -215,24 +215,24 @@ fn exercise(net: &Net, responder: &XdpResponder, port: u16) {
     ro.read(24, &mut buf).expect("read");
     assert_eq!(u64::from_le_bytes(buf), 0xfeed_beef);
 
-    // A remote WRITE is visible in the mapping.
+    // A remote WRITE (to the control words) is visible in the mapping.
     let data: Vec<u8> = (0..64u8).collect();
-    rw.write(512, &data).expect("write");
+    rw.write(256, &data).expect("write");
     for i in 0..8 {
         let want = u64::from_le_bytes(data[i * 8..i * 8 + 8].try_into().unwrap());
-        assert_eq!(words[64 + i].load(Ordering::Acquire), want);
+        assert_eq!(words[32 + i].load(Ordering::Acquire), want);
     }
 
     // CAS wins once, then loses and reports the current value.
-    assert_eq!(rw.compare_swap(1024, 0, 7).expect("cas"), 0);
-    assert_eq!(rw.compare_swap(1024, 0, 9).expect("cas"), 7);
-    assert_eq!(words[128].load(Ordering::Acquire), 7);
+    assert_eq!(rw.compare_swap(320, 0, 7).expect("cas"), 0);
+    assert_eq!(rw.compare_swap(320, 0, 9).expect("cas"), 7);
+    assert_eq!(words[40].load(Ordering::Acquire), 7);
 
     // Remote FADD and local atomic adds are coherent.
-    words[200].fetch_add(100, Ordering::AcqRel);
-    assert_eq!(rw.fetch_add(1600, 5).expect("fadd"), 100);
-    words[200].fetch_add(1, Ordering::AcqRel);
-    assert_eq!(words[200].load(Ordering::Acquire), 106);
+    words[50].fetch_add(100, Ordering::AcqRel);
+    assert_eq!(rw.fetch_add(400, 5).expect("fadd"), 100);
+    words[50].fetch_add(1, Ordering::AcqRel);
+    assert_eq!(words[50].load(Ordering::Acquire), 106);
 
     // The largest READ the program answers, padded to the reply's size (so the frame
     // need not grow): answered in the kernel.
@@ -257,17 +257,14 @@ fn exercise(net: &Net, responder: &XdpResponder, port: u16) {
         "the client's padded READ was answered by XDP"
     );
 
-    // A foreign client's unpadded READ does not fit the receive buffer (veth/generic XDP
-    // leave a few dozen bytes of tailroom): the program passes it to the stack, where the
-    // user-space server on the same port answers from the same region.
-    let rep = raw_exchange(net, port, &read_request(RO, 0, XDP_READ_BYTES_MAX, 0));
+    // A foreign client's unpadded READ would be answered by a reply 30 times its size:
+    // refused in the kernel with a header-only reply (no reflection).
+    let req = read_request(RO, 0, XDP_READ_BYTES_MAX, 0);
+    let rep = raw_exchange(net, port, &req);
     let h = RepHeader::decode(&rep).expect("reply header");
-    assert_eq!(
-        (h.status, h.len as usize),
-        (Status::Ok, XDP_READ_BYTES_MAX),
-        "answered via the fallback"
-    );
-    assert!(responder.no_room() >= 1, "the unpadded READ was passed");
+    assert_eq!((h.status, h.len), (Status::Unpadded, 0));
+    assert!(rep.len() <= req.len());
+    assert_eq!(responder.no_room(), 0, "nothing passed to the stack");
 
     // Refusals: over the XDP read limit, read-only key writing, unknown key (dropped).
     let rep = raw_exchange(net, port, &read_request(RO, 0, XDP_READ_BYTES_MAX + 8, 0));
@@ -277,8 +274,12 @@ fn exercise(net: &Net, responder: &XdpResponder, port: u16) {
         (Status::BadLength, 0, REP_HEADER_BYTES)
     );
     assert!(matches!(
-        ro.write(0, &[1; 8]),
+        ro.write(256, &[1; 8]),
         Err(RmemError::Refused(Status::ReadOnly))
+    ));
+    assert!(matches!(
+        rw.write(0, &[1; 8]),
+        Err(RmemError::Refused(Status::Protected))
     ));
     let mut stranger = client(net, port, 0xdead);
     stranger.tries = 1;
@@ -289,13 +290,15 @@ fn exercise(net: &Net, responder: &XdpResponder, port: u16) {
 
     let (ops, status) = responder.counters();
     assert_eq!(
-        ops[1], 5,
-        "reads (client max read and stranger's included): {ops:?}"
+        ops[1], 6,
+        "reads (client max read, unpadded and stranger's included): {ops:?}"
     );
-    assert_eq!(ops[2], 2, "writes: {ops:?}");
+    assert_eq!(ops[2], 3, "writes: {ops:?}");
     assert_eq!(ops[3], 2, "cas: {ops:?}");
     assert_eq!(ops[4], 1, "fadd: {ops:?}");
     assert_eq!(status[Status::Ok as usize], 7, "{status:?}");
+    assert_eq!(status[Status::Unpadded as usize], 1, "{status:?}");
+    assert_eq!(status[Status::Protected as usize], 1, "{status:?}");
     assert_eq!(status[Status::BadLength as usize], 1, "{status:?}");
     assert_eq!(status[Status::ReadOnly as usize], 1, "{status:?}");
     assert_eq!(status[Status::BadKey as usize], 1, "{status:?}");

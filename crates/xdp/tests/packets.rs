@@ -39,7 +39,17 @@ struct Case {
     expect: Expect,
 }
 
+/// A request of an anonymous client. READs up to the XDP limit are padded to their
+/// reply's size, as clients must (see `unpadded`).
 fn req(op: u8, key: u64, region: u32, offset: u32, len: u32, payload: &[u8]) -> Vec<u8> {
+    let mut b = unpadded(op, key, region, offset, len, payload);
+    if op == 1 && len as usize <= XDP_READ_BYTES_MAX {
+        b.resize(b.len().max(wire::REP_HEADER_BYTES + len as usize), 0);
+    }
+    b
+}
+
+fn unpadded(op: u8, key: u64, region: u32, offset: u32, len: u32, payload: &[u8]) -> Vec<u8> {
     let mut b = Vec::new();
     wire::encode_request(
         &mut b,
@@ -50,6 +60,27 @@ fn req(op: u8, key: u64, region: u32, offset: u32, len: u32, payload: &[u8]) -> 
             region,
             offset,
             len,
+            ..Default::default()
+        },
+        payload,
+    );
+    b
+}
+
+/// A mutation of client `client` with sequence number `seq` on word 40 (a lock word).
+fn mutation(op: u8, client: u64, seq: u64, retry: bool, payload: &[u8]) -> Vec<u8> {
+    let mut b = Vec::new();
+    wire::encode_request(
+        &mut b,
+        &ReqHeader {
+            op,
+            flags: if retry { wire::FLAG_RETRY } else { 0 },
+            seq,
+            key: RW,
+            offset: 320,
+            len: 8,
+            client,
+            ..Default::default()
         },
         payload,
     );
@@ -108,37 +139,44 @@ fn cases() -> Vec<Case> {
         ),
         c(
             "write 8 bytes",
-            to_us(&req(2, RW, 0, 16, 8, &7u64.to_le_bytes())),
+            to_us(&req(2, RW, 0, 272, 8, &7u64.to_le_bytes())),
             Expect::Reference,
         ),
         c(
-            "write 1024 bytes",
-            to_us(&req(2, RW, 0, 2048, 1024, &[0x5a; 1024])),
+            "write the whole control area",
+            to_us(&req(2, RW, 0, 256, 256, &[0x5a; 256])),
             Expect::Reference,
         ),
         c(
             "read back the write",
-            to_us(&req(1, RW, 0, 2040, 1040, &[])),
+            to_us(&req(1, RW, 0, 248, 272, &[])),
             Expect::Reference,
         ),
         c(
             "cas that wins",
-            to_us(&req(3, RW, 0, 24, 8, &cas_args(pattern(3), 99))),
+            to_us(&req(3, RW, 0, 264, 8, &cas_args(0x5a5a_5a5a_5a5a_5a5a, 99))),
             Expect::Reference,
         ),
         c(
             "cas that loses",
-            to_us(&req(3, RW, 0, 24, 8, &cas_args(pattern(3), 100))),
+            to_us(&req(
+                3,
+                RW,
+                0,
+                264,
+                8,
+                &cas_args(0x5a5a_5a5a_5a5a_5a5a, 100),
+            )),
             Expect::Reference,
         ),
         c(
             "fetch-add",
-            to_us(&req(4, RW, 0, 32, 8, &5u64.to_le_bytes())),
+            to_us(&req(4, RW, 0, 288, 8, &5u64.to_le_bytes())),
             Expect::Reference,
         ),
         c(
             "fetch-add wraps",
-            to_us(&req(4, RW, 0, 32, 8, &u64::MAX.to_le_bytes())),
+            to_us(&req(4, RW, 0, 288, 8, &u64::MAX.to_le_bytes())),
             Expect::Reference,
         ),
         c(
@@ -156,7 +194,96 @@ fn cases() -> Vec<Case> {
             with(|s| s.trailer = 20, &read8),
             Expect::Reference,
         ),
+        // Exactly once: client 0xc1's mutations, retries, duplicates (the reference runs
+        // the same sequence through ops::Dedup).
+        c(
+            "fetch-add of a new client",
+            to_us(&mutation(4, 0xc1, 10, false, &3u64.to_le_bytes())),
+            Expect::Reference,
+        ),
+        c(
+            "its retry: replayed, not added again",
+            to_us(&mutation(4, 0xc1, 10, true, &3u64.to_le_bytes())),
+            Expect::Reference,
+        ),
+        c(
+            "a plain duplicate: replayed too",
+            to_us(&mutation(4, 0xc1, 10, false, &3u64.to_le_bytes())),
+            Expect::Reference,
+        ),
+        c(
+            "the next cas",
+            to_us(&mutation(
+                3,
+                0xc1,
+                11,
+                false,
+                &cas_args(0x5a5a_5a5a_5a5a_5a5a + 3, 7),
+            )),
+            Expect::Reference,
+        ),
+        c(
+            "its retry reports the win",
+            to_us(&mutation(
+                3,
+                0xc1,
+                11,
+                true,
+                &cas_args(0x5a5a_5a5a_5a5a_5a5a + 3, 7),
+            )),
+            Expect::Reference,
+        ),
+        c(
+            "a delayed duplicate of seq 10: dropped",
+            to_us(&mutation(4, 0xc1, 10, false, &3u64.to_le_bytes())),
+            Expect::Reference,
+        ),
+        c(
+            "a write of the same client",
+            to_us(&mutation(2, 0xc1, 12, false, &9u64.to_le_bytes())),
+            Expect::Reference,
+        ),
+        c(
+            "its retry: replayed",
+            to_us(&mutation(2, 0xc1, 12, true, &9u64.to_le_bytes())),
+            Expect::Reference,
+        ),
+        c(
+            "a delayed older write: dropped, the newer value stays",
+            to_us(&mutation(2, 0xc1, 11, false, &1u64.to_le_bytes())),
+            Expect::Reference,
+        ),
+        c(
+            "a retry from a client never seen: unknown",
+            to_us(&mutation(4, 0xc2, 1, true, &1u64.to_le_bytes())),
+            Expect::Reference,
+        ),
         // Refusals answered with a status.
+        c(
+            "write over the header",
+            to_us(&req(2, RW, 0, 0, 8, &[1; 8])),
+            Expect::Reference,
+        ),
+        c(
+            "cas on the load record",
+            to_us(&req(3, RW, 0, 8 * 13, 8, &cas_args(0, 1))),
+            Expect::Reference,
+        ),
+        c(
+            "fetch-add in scratch",
+            to_us(&req(4, RW, 0, 512, 8, &[1; 8])),
+            Expect::Reference,
+        ),
+        c(
+            "write running past the control words",
+            to_us(&req(2, RW, 0, 504, 16, &[1; 16])),
+            Expect::Reference,
+        ),
+        c(
+            "unpadded read",
+            to_us(&unpadded(1, RO, 0, 0, 192, &[])),
+            Expect::Reference,
+        ),
         c(
             "unknown op 9",
             to_us(&req(9, RO, 0, 0, 8, &[])),
@@ -328,7 +455,7 @@ fn cases() -> Vec<Case> {
         ),
         c(
             "UDP length under 8",
-            with(|s| s.udp_len_extra = -44 /* 48 -> 4 */, &read8),
+            with(|s| s.udp_len_extra = -52 /* 56 -> 4 */, &read8),
             Expect::Pass,
         ),
         c(
@@ -374,8 +501,9 @@ fn every_case_matches_the_reference_semantics() {
         .with(RO, Perm::ReadOnly)
         .with(RW, Perm::ReadWrite);
     let ref_counters = OpCounters::default();
+    let ref_dedup = ops::Dedup::new();
     let mut extra_ops = [0u64; 5];
-    let mut extra_status = [0u64; 9];
+    let mut extra_status = [0u64; wire::STATUS_COUNT];
     let mut ref_reply = Vec::new();
 
     for case in cases() {
@@ -413,10 +541,12 @@ fn every_case_matches_the_reference_semantics() {
                     reference.words(),
                     &keys,
                     &ref_counters,
+                    &ref_dedup,
+                    true,
                     payload_of(&case.frame),
                     &mut ref_reply,
                 );
-                if st == Status::BadKey || st == Status::Malformed {
+                if ops::silent(st) {
                     assert_eq!(verdict, action::DROP, "{what}: verdict (reference {st:?})");
                 } else {
                     assert_eq!(verdict, action::TX, "{what}: verdict (reference {st:?})");
@@ -424,7 +554,7 @@ fn every_case_matches_the_reference_semantics() {
                     assert_eq!(got, ref_reply, "{what}: reply bytes (reference {st:?})");
                     assert_eq!(
                         u64::from_le_bytes(got[8..16].try_into().unwrap()),
-                        SEQ,
+                        ReqHeader::decode(payload_of(&case.frame)).unwrap().seq,
                         "{what}: seq echoed"
                     );
                 }
@@ -455,7 +585,7 @@ fn every_case_matches_the_reference_semantics() {
             "ops counter {i}"
         );
     }
-    for i in 0..9 {
+    for i in 0..wire::STATUS_COUNT {
         assert_eq!(
             status[i],
             ref_counters.status[i].load(Ordering::Relaxed) + extra_status[i],
@@ -488,15 +618,40 @@ fn read_sees_plain_stores_and_atomics_are_visible_to_user_space() {
     let prog = TestProgram::load(PORT, &[(RW, true)]).expect("load");
     let region = prog.region();
     region.words()[100].store(41, Ordering::Release);
-    let (v, out) = prog.run(&to_us(&req(4, RW, 0, 800, 8, &1u64.to_le_bytes())));
+    region.words()[50].store(41, Ordering::Release);
+    let (v, out) = prog.run(&to_us(&req(4, RW, 0, 400, 8, &1u64.to_le_bytes())));
     assert_eq!(v, action::TX);
     let rep = check_reply(
         "fadd",
-        &to_us(&req(4, RW, 0, 800, 8, &1u64.to_le_bytes())),
+        &to_us(&req(4, RW, 0, 400, 8, &1u64.to_le_bytes())),
         &out,
         PORT,
     );
     assert_eq!(wire::u64_at(&rep, 24), 41);
-    assert_eq!(region.words()[100].load(Ordering::Acquire), 42);
+    assert_eq!(region.words()[50].load(Ordering::Acquire), 42);
+    let (v, out) = prog.run(&to_us(&req(1, RW, 0, 800, 8, &[])));
+    assert_eq!(v, action::TX);
+    let rep = check_reply("read", &to_us(&req(1, RW, 0, 800, 8, &[])), &out, PORT);
+    assert_eq!(wire::u64_at(&rep, 24), 41, "a plain store seen by a READ");
     assert_eq!(REQ_MAGIC, u32::from_le_bytes(*b"FSRM"));
+}
+
+#[test]
+fn datagrams_to_another_address_are_passed_not_answered() {
+    if !need_root("datagrams_to_another_address_are_passed_not_answered") {
+        return;
+    }
+    let mut prog = TestProgram::load(PORT, &[(RO, false)]).expect("load");
+    let read = to_us(&req(1, RO, 0, 0, 8, &[]));
+    assert_eq!(
+        prog.run(&read).0,
+        action::TX,
+        "any address until one is set"
+    );
+    prog.set_node_addr(Some(IP_SERVER.into())).unwrap();
+    assert_eq!(prog.run(&read).0, action::TX, "to the node's address");
+    prog.set_node_addr(Some([10, 0, 0, 9].into())).unwrap();
+    let (v, out) = prog.run(&read);
+    assert_eq!(v, action::PASS, "to another host's address");
+    assert_eq!(out, read);
 }

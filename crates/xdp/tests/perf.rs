@@ -28,9 +28,12 @@ fn read_192_bytes_cost_per_packet() {
             region: 0,
             offset: 0,
             len: 192,
+            ..Default::default()
         },
         &[],
     );
+    // Padded to the reply's size, as clients must.
+    req.resize(wire::REP_HEADER_BYTES + 192, 0);
     let read = frame(Shape::to_port(PORT), &req);
     assert_eq!(prog.run(&read).0, action::TX);
     let pass = frame(Shape::to_port(PORT + 1), &req);

@@ -58,7 +58,8 @@ use crate::pool::Pool;
 use estimate::{Event, Tally};
 use farside_region::Words;
 use farside_rmem::mono_ns;
-pub use farside_rmem::Endpoint as RegionSource;
+/// A back-end's region and optional per-back-end key (`udp:HOST:PORT?key=HEX`).
+pub use farside_rmem::Target as RegionSource;
 use monitor::{Monitor, MonitorOptions, Watch};
 use std::cell::Cell;
 use std::fmt::Write as _;

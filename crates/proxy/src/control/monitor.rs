@@ -6,7 +6,7 @@
 use super::histogram::Histogram;
 use super::table::{self, Entry, EntryStatus, EntryWriter};
 use farside_region::{Snapshot, Words, SNAPSHOT_BYTES};
-use farside_rmem::{connect, mono_ns, ClientOptions, Endpoint, Pacer};
+use farside_rmem::{connect_target, mono_ns, ClientOptions, Pacer, Target};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 pub struct Watch {
     pub index: usize,
     pub name: String,
-    pub region: Endpoint,
+    /// Where the region is, and its own key if the configuration names one (else
+    /// `MonitorOptions::key`).
+    pub region: Target,
 }
 
 #[derive(Debug, Clone)]
@@ -110,6 +112,9 @@ fn poll_loop(
     let mut backoff = Duration::ZERO;
     let mut next_connect = Instant::now();
     let mut stale_logged = false;
+    // Times the connection count alone was found older than stale_after (logged at
+    // powers of two: it flips every count interval on a host whose counts are rare).
+    let mut conns_stale_seen = 0u64;
     let mut bytes = [0u8; SNAPSHOT_BYTES];
     let copts = ClientOptions {
         key: opts.key,
@@ -124,7 +129,7 @@ fn poll_loop(
             if Instant::now() < next_connect {
                 continue;
             }
-            match connect(&w.region, &copts) {
+            match connect_target(&w.region, &copts) {
                 Ok(c) => {
                     client = Some(c);
                     backoff = Duration::ZERO;
@@ -169,6 +174,7 @@ fn poll_loop(
                 e.conns_established = s.load.conns_established;
                 e.accept_backlog = s.load.accept_backlog;
                 e.conns_pending = s.load.conns_pending;
+                e.conns_lag_ns = s.load.conns_lag_ns();
                 e.read_latency_ns = latency_ns;
             }
             Err(err) => {
@@ -205,6 +211,21 @@ fn poll_loop(
                 );
             }
             stale_logged = stale;
+        }
+        let bound = opts.stale_after.as_nanos() as u64;
+        if !stale
+            && e.conns_lag_ns > 0
+            && now.saturating_sub(e.advanced_mono_ns) + e.conns_lag_ns > bound
+        {
+            conns_stale_seen += 1;
+            if conns_stale_seen.is_power_of_two() {
+                log::warn!(
+                    "monitor: {} ({}): connection count is stale ({} ms older than its fresh record; the gatherer counts every N samples): the conns and pending metrics treat it as stale (seen {conns_stale_seen} times; raise --stale-after-ms or lower gatherd --conns-every)",
+                    w.name,
+                    w.region,
+                    e.conns_lag_ns / 1_000_000
+                );
+            }
         }
         writer.publish(&e);
     }

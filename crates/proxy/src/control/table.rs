@@ -48,6 +48,9 @@ pub struct Entry {
     pub conns_pending: u64,
     /// Latency of the last read, ns.
     pub read_latency_ns: u64,
+    /// How much older than the record the connection counts were (the gatherer counts
+    /// them only every N samples), ns: their freshness is `advanced_mono_ns - this`.
+    pub conns_lag_ns: u64,
     /// Failed reads so far.
     pub errors: u64,
 }
@@ -80,7 +83,7 @@ impl Entry {
             self.conns_pending,
             self.read_latency_ns,
             self.errors,
-            0,
+            self.conns_lag_ns,
         ]
     }
 
@@ -104,6 +107,7 @@ impl Entry {
             conns_pending: f[10],
             read_latency_ns: f[11],
             errors: f[12],
+            conns_lag_ns: f[13],
         }
     }
 }
@@ -180,11 +184,14 @@ pub mod field {
     pub const CONNS_ESTABLISHED: usize = 9;
     pub const ACCEPT_BACKLOG: usize = 10;
     pub const CONNS_PENDING: usize = 11;
+    pub const CONNS_LAG_NS: usize = 14;
 }
 
 /// The hot-path read: status, advance time and one load field (or the sum of two) of
-/// entry `i`, validated by the same head/tail check as [`read`] but loading 5–6 words
-/// instead of 16. `None` if never written or torn on every try.
+/// entry `i`, validated by the same head/tail check as [`read`] but loading 5–7 words
+/// instead of 16. `None` if never written or torn on every try. The advance time is the
+/// field's own: for the connection counts it is moved back by their lag, so a staleness
+/// bound applies to the count's age, not the record's.
 pub fn read_load(
     words: &dyn Words,
     i: usize,
@@ -200,6 +207,12 @@ pub fn read_load(
         if let Some(f2) = f2 {
             v += b[f2].load(Ordering::Acquire);
         }
+        let conns = f1 == field::CONNS_ESTABLISHED || f2 == Some(field::CONNS_PENDING);
+        let lag = if conns {
+            b[field::CONNS_LAG_NS].load(Ordering::Acquire)
+        } else {
+            0
+        };
         let tail = b[ENTRY_WORDS - 1].load(Ordering::Acquire);
         if head == tail {
             if head == 0 {
@@ -210,7 +223,7 @@ pub fn read_load(
                 2 => EntryStatus::Error,
                 _ => EntryStatus::Never,
             };
-            return Some((status, advanced, v));
+            return Some((status, advanced.saturating_sub(lag), v));
         }
         std::hint::spin_loop();
     }
@@ -243,5 +256,21 @@ mod tests {
         );
         assert_eq!(read_load(&t, 0, field::CONNS_ESTABLISHED, None), None);
         assert_eq!(read(&t, 0), None);
+        // A connection count 3 ns older than its record is 3 ns less fresh; other
+        // fields keep the record's time.
+        let e = Entry {
+            conns_lag_ns: 3,
+            ..e
+        };
+        EntryWriter::new(&t, 1).publish(&e);
+        assert_eq!(read(&t, 1), Some(e));
+        assert_eq!(
+            read_load(&t, 1, field::CONNS_ESTABLISHED, None),
+            Some((EntryStatus::Ok, 2, 9))
+        );
+        assert_eq!(
+            read_load(&t, 1, field::CPU_UTIL_PPM, None).map(|r| r.1),
+            Some(5)
+        );
     }
 }

@@ -88,6 +88,21 @@ fn stale_records_follow_the_fail_safe_policy() {
     let _ = (std::fs::remove_file(p), std::fs::remove_file(p2));
 }
 
+/// Freshness per field: the record advanced just now, but its connection count was
+/// taken 50 ms before (the gatherer counts every N samples): with stale_after 5 ms the
+/// count is stale and admission follows the fail-safe policy.
+#[test]
+fn an_old_connection_count_inside_a_fresh_record_is_stale() {
+    let (c, t, p) = with_table(vec![backend(1, "")], |cfg| cfg.admission.stale_after_ms = 5);
+    let mut e = fresh(1);
+    EntryWriter::new(&*t, 0).publish(&e);
+    assert_eq!(c.decide_accept(), Ok(()), "a fresh count");
+    e.conns_lag_ns = 50_000_000;
+    EntryWriter::new(&*t, 0).publish(&e);
+    assert_eq!(c.decide_accept(), Err(Reject::StaleLoad), "an old count");
+    let _ = std::fs::remove_file(p);
+}
+
 #[test]
 fn never_read_backend_is_stale_not_idle() {
     let (c, _t, p) = with_table(vec![backend(1, "")], |_| {});
