@@ -8,7 +8,8 @@
 #   capacity  closed loop, 32 clients, admission OFF: the back-ends' capacity C (served/s)
 #   rate R    open loop at 0.9·C, 1.5·C, 3·C with admission ON (goodput, drop rate, p99)
 #   recovery  after the overload stops: time until the next request is admitted (200)
-# Result: one JSON object per phase in $OUT/lockout.jsonl and a table on stdout.
+# Result: one JSON object per phase in $OUT/lockout.jsonl (first line: commit, kernel, CPU,
+# settings) and a table on stdout; `bench/lockout-table.py FILE` prints the table again.
 #
 # Knobs (env): DURATION (20 s per phase), WARMUP (2 s), LIMIT (admission limit; unset =
 # the proxy's default), OUT (out/lockout), CARGO_TARGET_DIR (~/.cache/farside-target).
@@ -25,6 +26,21 @@ cargo build --release -q -p farside
 F="$CARGO_TARGET_DIR/release/farside"
 mkdir -p "$OUT"
 : >"$OUT/lockout.jsonl"
+meta() { # one JSON line: what ran, where
+    python3 - "$@" <<'PY'
+import json, os, platform, subprocess, sys
+def sh(*c):
+    try: return subprocess.run(c, capture_output=True, text=True, cwd=sys.argv[1]).stdout.strip()
+    except OSError: return ""
+cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "")
+print(json.dumps({"phase": "meta", "commit": sh("git", "rev-parse", "HEAD"),
+    "dirty": bool(sh("git", "status", "--porcelain", "--untracked-files=no")),
+    "kernel": platform.release(), "cpu_model": cpu, "cpus": os.cpu_count(),
+    "duration_s": float(sys.argv[2]), "warmup_s": float(sys.argv[3]), "limit": sys.argv[4] or "proxy default",
+    "backends": "2 x farside backend --workers 16 --cpu-us-per-request 1500, gatherd shm, on the last CPU"}))
+PY
+}
+meta "$root" "$DURATION" "$WARMUP" "${LIMIT:-}" >>"$OUT/lockout.jsonl"
 tmp=$(mktemp -d /tmp/farside-lockout.XXXXXX)
 pids=()
 cleanup() {
@@ -42,7 +58,7 @@ wait_http() { # url: bounded wait until it answers
 backs=()
 for i in 1 2; do
     p=$(free_port)
-    taskset -c "$last" "$F" backend --listen 127.0.0.1:$p --workers 16 --static-cpu-us 1500 \
+    taskset -c "$last" "$F" backend --listen 127.0.0.1:$p --workers 16 --cpu-us-per-request 1500 \
         >"$tmp/backend$i.log" 2>&1 & pids+=($!)
     taskset -c "$last" "$F" gatherd --node-id $i --watch-port $p --shm "$tmp/region$i" \
         --sampler-nice -20 >"$tmp/gatherd$i.log" 2>&1 & pids+=($!)
@@ -89,14 +105,4 @@ for _ in $(seq 1000); do
 done
 t1=$(date +%s%N)
 echo "{\"phase\":\"recovery\",\"status\":$code,\"ms_to_admit\":$(( (t1-t0)/1000000 ))}" >>"$OUT/lockout.jsonl"
-python3 - "$OUT/lockout.jsonl" "$cap" <<'PY'
-import json, sys
-cap = float(sys.argv[2])
-print(f"{'phase':<12}{'offered/s':>10}{'goodput/s':>10}{'of cap':>8}{'drop':>8}{'avg ms':>9}{'p99 ms':>9}")
-for line in open(sys.argv[1]):
-    s = json.loads(line)
-    if s["phase"] == "recovery":
-        print(f"recovery: status {s['status']} after {s['ms_to_admit']} ms"); continue
-    offered = s["attempts"] / s["duration_s"]
-    print(f"{s['phase']:<12}{offered:>10.0f}{s['tps']:>10.0f}{s['tps']/cap:>8.2f}{s['drop_rate']:>8.3f}{s['avg_ms']:>9.1f}{s['p99_ms']:>9.1f}")
-PY
+python3 "$here/lockout-table.py" "$OUT/lockout.jsonl"
