@@ -19,7 +19,7 @@ pub mod metrics;
 pub mod sample;
 pub mod sockdiag;
 
-use farside_region::layout::{FLAG_CONNS, FLAG_MEM, FLAG_PSI};
+use farside_region::layout::{FLAG_CONNS, FLAG_MEM, FLAG_PSI, FLAG_QUEUE_DELAY};
 use farside_region::{
     Header, HeapWords, LoadRecord, MappedWords, RegionWriter, Words, REGION_WORDS,
 };
@@ -340,7 +340,8 @@ impl Sampler {
             rec.conns_established = self.conns.established;
             rec.conns_pending = self.conns.pending;
             rec.conns_sampled_mono_ns = self.conns_sampled_mono_ns;
-            rec.flags |= FLAG_CONNS;
+            rec.queue_delay_us = sample::queue_delay_us(&self.conns);
+            rec.flags |= FLAG_CONNS | FLAG_QUEUE_DELAY;
         }
         if self.n.is_multiple_of(MEM_EVERY_PERIODS) {
             if let Some(f) = &self.meminfo {
