@@ -258,7 +258,7 @@ pub fn run_proxy(a: ProxyArgs) -> Result<(), String> {
         if cfg.admission.enabled { "on" } else { "off" },
         cfg.admission.metric.name(),
         cfg.admission.limit,
-        if cfg.admission.metric == farside_proxy::config::Metric::Delay {
+        if cfg.admission.metric == Metric::Delay {
             format!(", target delay {} ms", cfg.admission.target_delay_ms)
         } else {
             String::new()
@@ -339,5 +339,11 @@ mod tests {
         let keyed = parse_backend("127.0.0.1:80,region=udp:127.0.0.1:7000?key=5eed").unwrap();
         assert_eq!(keyed.region.as_deref(), Some("udp:127.0.0.1:7000?key=5eed"));
         assert!(parse_backend("127.0.0.1:80,region=udp:127.0.0.1:7000?key=zz").is_err());
+    }
+
+    #[test]
+    fn delay_metric_and_target_parse() {
+        assert_eq!(parse_metric("delay"), Ok(Metric::Delay));
+        assert!(parse_metric("latency").unwrap_err().contains("delay"));
     }
 }

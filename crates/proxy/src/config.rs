@@ -550,6 +550,14 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.key, "backend[0].maxconn");
 
+        for bad in [0, TARGET_DELAY_MS_MAX + 1] {
+            let e = ProxyConfig::from_toml_str(&format!(
+                "listen = \"127.0.0.1:1\"\n[admission]\nmetric = \"delay\"\ntarget_delay_ms = {bad}\n[[backend]]\naddr = \"127.0.0.1:2\"\nregion = \"shm:/x\"\n"
+            ))
+            .unwrap_err();
+            assert_eq!(e.key, "admission.target_delay_ms");
+        }
+
         let e = ProxyConfig::from_toml_str("listen = \"127.0.0.1:1\"\nbogus = 3\n").unwrap_err();
         assert!(e.msg.contains("bogus"), "{e}");
     }
