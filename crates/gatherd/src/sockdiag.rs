@@ -411,6 +411,10 @@ mod tests {
         let mut buf = [0u8; 64];
         let _ = s.read(&mut buf).unwrap();
         let n = d.count().unwrap();
-        assert_eq!((n.pending, n.oldest_unread_ms), (0, 0), "read: nothing waits");
+        assert_eq!(
+            (n.pending, n.oldest_unread_ms),
+            (0, 0),
+            "read: nothing waits"
+        );
     }
 }

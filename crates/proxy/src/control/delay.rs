@@ -308,7 +308,7 @@ mod tests {
         const TARGET_US: u64 = 10_000;
         let (workers, service_us) = (8, 2_000.0);
         let capacity = workers as f64 * 1e6 / service_us; // 4000/s
-        // A tenant the proxy does not see takes half the capacity from 10 s to 20 s.
+                                                          // A tenant the proxy does not see takes half the capacity from 10 s to 20 s.
         let mut b = SimBackend::new(workers, service_us, 7);
         let on = |t: u64| (10_000_000..20_000_000).contains(&t);
         let r = simulate(&mut b, 2.0 * capacity, 30, TARGET_US, |t| {

@@ -509,9 +509,16 @@ fn delay_metric_adapts_the_budget_to_the_published_queueing_delay() {
     assert_eq!(c.load(0, mono_ns()), Load::Known(8));
     let mut m = String::new();
     c.render_signal_metrics(&mut m);
-    assert!(m.contains("farside_backend_queue_delay_us{backend=\"127.0.0.1:1\",site=\"\"} 100000"), "{m}");
+    assert!(
+        m.contains("farside_backend_queue_delay_us{backend=\"127.0.0.1:1\",site=\"\"} 100000"),
+        "{m}"
+    );
     held.truncate(4);
-    assert_eq!(c.choose(None), Err(Reject::Overloaded), "4 in flight, budget 4");
+    assert_eq!(
+        c.choose(None),
+        Err(Reject::Overloaded),
+        "4 in flight, budget 4"
+    );
     held.truncate(3);
     assert!(c.choose(None).is_ok());
     // However high the delay stays, nothing in flight is always admitted.
@@ -529,7 +536,10 @@ fn delay_metric_adapts_the_budget_to_the_published_queueing_delay() {
         "farside_admission_checks_total{metric=\"delay\",decided=\"over_limit\"}",
         "farside_admission_target_delay_us 5000",
     ] {
-        let line = m.lines().find(|l| l.starts_with(want)).unwrap_or_else(|| panic!("{want} in {m}"));
+        let line = m
+            .lines()
+            .find(|l| l.starts_with(want))
+            .unwrap_or_else(|| panic!("{want} in {m}"));
         assert_ne!(line.rsplit(' ').next(), Some("0"), "{line}");
     }
     // A back-end that publishes no delay (no watched port) is stale for this metric.
