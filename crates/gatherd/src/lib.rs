@@ -781,6 +781,34 @@ mod tests {
         assert_eq!(conns_every_for(50_000, 10_000), 1);
     }
 
+    /// The record carries the queueing delay: the age of a request left unread in the
+    /// accept queue, with FLAG_QUEUE_DELAY, and 0 once nothing waits.
+    #[test]
+    fn records_publish_the_age_of_the_oldest_unread_request_as_queue_delay() {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let args = GatherdArgs {
+            watch_ports: vec![l.local_addr().unwrap().port()],
+            conns_every: 1,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(&args).unwrap();
+        let idle = s.sample().unwrap();
+        assert_ne!(idle.flags & FLAG_QUEUE_DELAY, 0);
+        assert_eq!(idle.queue_delay_us, 0);
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let r = s.sample().unwrap();
+        // Kernel-tick resolution: up to 10 ms below the true age at HZ=100.
+        assert!(r.queue_delay_us >= 40_000, "{r:?}");
+        assert!(r.queue_delay_us < 10_000_000, "{r:?}");
+        assert_eq!(r.conns_sampled_mono_ns, r.sample_mono_ns, "taken by this sample");
+        let (mut a, _) = l.accept().unwrap();
+        let _ = a.read(&mut [0u8; 64]).unwrap();
+        assert_eq!(s.sample().unwrap().queue_delay_us, 0, "read: nothing waits");
+    }
+
     #[test]
     fn sampler_nice_applies_to_one_thread_and_is_bounded() {
         // Raising a thread's nice value needs no privilege; the spawning thread keeps its own.
