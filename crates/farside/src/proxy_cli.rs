@@ -53,9 +53,11 @@ fn parse_metric(s: &str) -> Result<Metric, String> {
         "runnable" => Metric::Runnable,
         "inflight" => Metric::Inflight,
         "delay" => Metric::Delay,
-        _ => return Err(format!(
+        _ => {
+            return Err(format!(
             "`{s}`: expected conns, backlog, pending, cpu, pressure, runnable, inflight or delay"
-        )),
+        ))
+        }
     })
 }
 

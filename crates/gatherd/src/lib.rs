@@ -96,7 +96,8 @@ pub struct GatherdArgs {
     pub cgroup: Option<PathBuf>,
     /// Count established connections every N samples (the accept backlog is counted every
     /// sample). Default 0 = automatic: as often as keeps that count under 2% of one CPU
-    /// (it walks the kernel's whole TCP hash; see README).
+    /// (it walks the kernel's whole TCP hash; see README). The same count measures the
+    /// queueing delay (`queue_delay_us`) that `proxy --metric delay` follows.
     #[arg(long, default_value_t = 0)]
     pub conns_every: u64,
     /// Nice value of the sampling thread, -20..=19 (only that thread; the tcp and udp
@@ -803,7 +804,10 @@ mod tests {
         // Kernel-tick resolution: up to 10 ms below the true age at HZ=100.
         assert!(r.queue_delay_us >= 40_000, "{r:?}");
         assert!(r.queue_delay_us < 10_000_000, "{r:?}");
-        assert_eq!(r.conns_sampled_mono_ns, r.sample_mono_ns, "taken by this sample");
+        assert_eq!(
+            r.conns_sampled_mono_ns, r.sample_mono_ns,
+            "taken by this sample"
+        );
         let (mut a, _) = l.accept().unwrap();
         let _ = a.read(&mut [0u8; 64]).unwrap();
         assert_eq!(s.sample().unwrap().queue_delay_us, 0, "read: nothing waits");

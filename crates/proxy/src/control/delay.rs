@@ -110,39 +110,55 @@ impl DelayBudget {
 mod tests {
     use super::*;
 
+    /// Who sent a simulated request: proxy `i`, or the tenant the proxies do not see.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum From {
+        Proxy(usize),
+        Tenant,
+    }
+
     /// A seeded simulated back-end: `workers` servers, FIFO accept queue, exponential
-    /// service times of mean `service_us`; the published delay is the age of the
-    /// oldest waiting request, rounded down to a 4 ms kernel tick like the real one,
-    /// and read every `READ_EVERY_US`.
+    /// service times of mean `service_us` (a fraction `heavy_share` of requests costs
+    /// `HEAVY_COST`× that); the published delay is the age of the oldest waiting
+    /// request, rounded down to a 4 ms kernel tick like the real one, read every
+    /// `READ_EVERY_US`.
     struct SimBackend {
         workers: usize,
         service_us: f64,
+        heavy_share: f64,
         /// Arrival time of each waiting request (front: oldest), and who sent it.
-        queue: std::collections::VecDeque<(u64, bool)>,
-        /// Completion time of each busy worker, and whether the proxy sent it.
-        busy: Vec<(u64, bool)>,
+        queue: std::collections::VecDeque<(u64, From)>,
+        /// Completion time of each busy worker, and who sent its request.
+        busy: Vec<(u64, From)>,
         rng: u64,
         /// From this time on, service takes twice as long (a CPU quota halving).
         halve_at_us: u64,
-        served_proxy: u64,
+        /// Requests served, per proxy.
+        served: Vec<u64>,
         served_tenant: u64,
+        /// Busy worker-µs, for utilisation.
+        busy_us: f64,
     }
 
     const TICK_US: u64 = 4_000;
     const READ_EVERY_US: u64 = 20_000;
     const STEP_US: u64 = 100;
+    /// Cost of a heavy request relative to a light one: the 100×.
+    const HEAVY_COST: f64 = 100.0;
 
     impl SimBackend {
         fn new(workers: usize, service_us: f64, seed: u64) -> Self {
             SimBackend {
                 workers,
                 service_us,
+                heavy_share: 0.0,
                 queue: Default::default(),
                 busy: Vec::new(),
                 rng: seed | 1,
                 halve_at_us: u64::MAX,
-                served_proxy: 0,
+                served: Vec::new(),
                 served_tenant: 0,
+                busy_us: 0.0,
             }
         }
         fn uniform(&mut self) -> f64 {
@@ -154,37 +170,51 @@ mod tests {
         fn exp(&mut self, mean: f64) -> u64 {
             (-mean * (1.0 - self.uniform()).ln()) as u64
         }
-        fn arrive(&mut self, now: u64, proxy: bool) {
-            self.queue.push_back((now, proxy));
+        /// Mean cost of a request at `now`, heavy ones included.
+        fn mean_cost(&self, now: u64) -> f64 {
+            let base = if now >= self.halve_at_us {
+                2.0 * self.service_us
+            } else {
+                self.service_us
+            };
+            base * (1.0 - self.heavy_share + self.heavy_share * HEAVY_COST)
         }
-        /// Advance to `now`; returns requests of the proxy's that completed.
-        fn run(&mut self, now: u64) -> u64 {
-            let mut done = 0;
-            self.busy.retain(|&(t, p)| {
-                if t <= now {
-                    done += p as u64;
-                    false
-                } else {
-                    true
+        fn capacity(&self, now: u64) -> f64 {
+            self.workers as f64 * 1e6 / self.mean_cost(now)
+        }
+        /// Advance to `now`; returns each proxy's requests that completed.
+        fn run(&mut self, now: u64, done: &mut [u64]) {
+            let served = &mut self.served;
+            served.resize(done.len(), 0);
+            self.busy.retain(|&(t, f)| {
+                if t > now {
+                    return true;
                 }
+                if let From::Proxy(i) = f {
+                    done[i] += 1;
+                    served[i] += 1;
+                }
+                false
             });
-            self.served_proxy += done;
             while self.busy.len() < self.workers {
-                let Some((_, p)) = self.queue.pop_front() else {
+                let Some((_, f)) = self.queue.pop_front() else {
                     break;
                 };
-                if !p {
+                if f == From::Tenant {
                     self.served_tenant += 1;
                 }
-                let mean = if now >= self.halve_at_us {
+                let mut mean = if now >= self.halve_at_us {
                     2.0 * self.service_us
                 } else {
                     self.service_us
                 };
+                if self.uniform() < self.heavy_share {
+                    mean *= HEAVY_COST;
+                }
                 let s = self.exp(mean);
-                self.busy.push((now + s, p));
+                self.busy_us += s as f64;
+                self.busy.push((now + s, f));
             }
-            done
         }
         fn delay_us(&self, now: u64) -> u64 {
             self.queue
@@ -196,81 +226,95 @@ mod tests {
     struct Run {
         /// Published delay at each reading in the second half, µs.
         delays: Vec<u64>,
-        /// Proxy requests served per second over the second half.
-        goodput: f64,
-        /// Admission never refused with nothing of this proxy's in flight.
+        /// Requests served per second over the second half, per proxy.
+        goodput: Vec<f64>,
+        /// Admission refused with nothing of that proxy's in flight.
         locked_out: bool,
-        budget: DelayBudget,
+        budgets: Vec<DelayBudget>,
     }
 
-    /// Open-loop arrivals at `rate` per second through the proxy for `secs`; a tenant
-    /// the proxy does not see adds `tenant(t_us)` requests per second directly.
+    /// Open-loop arrivals at `rates[i]` per second through proxy `i` for `secs`, each
+    /// proxy with its own budget; a tenant the proxies do not see adds `tenant(t_us)`
+    /// requests per second directly.
     fn simulate(
         b: &mut SimBackend,
-        rate: f64,
+        rates: &[f64],
         secs: u64,
         target_us: u64,
         tenant: impl Fn(u64) -> f64,
     ) -> Run {
         let max = 1000.0;
-        let mut st = DelayBudget::new(BUDGET_MIN, max);
-        let mut inflight = 0u64;
-        let mut used = false;
+        let n = rates.len();
+        let mut st = vec![DelayBudget::new(BUDGET_MIN, max); n];
+        let mut inflight = vec![0u64; n];
+        let mut used = vec![false; n];
+        let mut done = vec![0u64; n];
         let end = secs * 1_000_000;
-        let (mut next_arrival, mut next_tenant, mut next_read) = (0u64, 0u64, READ_EVERY_US);
+        let mut next_arrival = vec![0u64; n];
+        let (mut next_tenant, mut next_read) = (0u64, READ_EVERY_US);
         let mut delays = Vec::new();
-        let mut served_half = 0;
+        let mut served_half = vec![0; n];
         let mut locked_out = false;
         let mut now = 0;
+        let mut settle = |b: &mut SimBackend, inflight: &mut [u64], now| {
+            done.iter_mut().for_each(|d| *d = 0);
+            b.run(now, &mut done);
+            for (f, d) in inflight.iter_mut().zip(&done) {
+                *f -= d;
+            }
+        };
         while now < end {
-            inflight -= b.run(now);
-            while next_arrival <= now {
-                if st.admits(inflight) {
-                    inflight += 1;
-                    used |= st.used_by(inflight);
-                    b.arrive(now, true);
-                } else if inflight == 0 {
-                    locked_out = true;
+            settle(b, &mut inflight, now);
+            for p in 0..n {
+                while next_arrival[p] <= now {
+                    if st[p].admits(inflight[p]) {
+                        inflight[p] += 1;
+                        used[p] |= st[p].used_by(inflight[p]);
+                        b.queue.push_back((now, From::Proxy(p)));
+                    } else if inflight[p] == 0 {
+                        locked_out = true;
+                    }
+                    next_arrival[p] += b.exp(1e6 / rates[p]).max(1);
                 }
-                next_arrival += b.exp(1e6 / rate).max(1);
             }
             let tr = tenant(now);
             while tr > 0.0 && next_tenant <= now {
-                b.arrive(now, false);
+                b.queue.push_back((now, From::Tenant));
                 next_tenant += b.exp(1e6 / tr).max(1);
             }
             if tr <= 0.0 {
                 next_tenant = now;
             }
-            inflight -= b.run(now);
+            settle(b, &mut inflight, now);
             if now >= next_read {
                 let d = b.delay_us(now);
-                st.on_reading(
-                    Reading {
+                for p in 0..n {
+                    let r = Reading {
                         id: now,
                         delay_us: d,
-                        used,
-                    },
-                    target_us,
-                    max,
-                    now * 1000,
-                );
-                used = st.used_by(inflight);
+                        used: used[p],
+                    };
+                    st[p].on_reading(r, target_us, max, now * 1000);
+                    used[p] = st[p].used_by(inflight[p]);
+                }
                 if now >= end / 2 {
                     delays.push(d);
                 }
                 next_read += READ_EVERY_US;
             }
             if now == end / 2 {
-                served_half = b.served_proxy;
+                served_half = b.served.clone();
             }
             now += STEP_US;
         }
+        let half_s = secs as f64 / 2.0;
         Run {
             delays,
-            goodput: (b.served_proxy - served_half) as f64 / (secs as f64 / 2.0),
+            goodput: (0..n)
+                .map(|p| (b.served[p] - served_half[p]) as f64 / half_s)
+                .collect(),
             locked_out,
-            budget: st,
+            budgets: st,
         }
     }
 
@@ -278,70 +322,121 @@ mod tests {
         v.iter().sum::<u64>() as f64 / v.len().max(1) as f64
     }
 
+    /// The simulated target: a few 4 ms ticks, as the rule for choosing it says.
+    const TARGET_US: u64 = 10_000;
+
+    fn check_near_target(what: &str, r: &Run) {
+        let m = mean(&r.delays);
+        assert!(!r.locked_out, "{what}: locked out");
+        assert!(
+            m < 2.0 * TARGET_US as f64,
+            "{what}: mean delay {m} µs, target {TARGET_US}"
+        );
+    }
+
     #[test]
     fn converges_to_the_target_at_different_capacities_and_keeps_goodput() {
-        const TARGET_US: u64 = 10_000;
         for (workers, service_us, seed) in [(4, 1_500.0, 1), (16, 1_500.0, 2), (4, 15_000.0, 3)] {
-            let capacity = workers as f64 * 1e6 / service_us;
             let mut b = SimBackend::new(workers, service_us, seed);
-            let r = simulate(&mut b, 3.0 * capacity, 20, TARGET_US, |_| 0.0);
-            let m = mean(&r.delays);
+            let capacity = b.capacity(0);
+            let r = simulate(&mut b, &[3.0 * capacity], 20, TARGET_US, |_| 0.0);
             eprintln!(
-                "workers {workers} service {service_us} µs: mean delay {m:.0} µs, goodput {:.0}/{capacity:.0}, budget {:.1}",
-                r.goodput, r.budget.budget
+                "workers {workers} service {service_us} µs: mean delay {:.0} µs, goodput {:.0}/{capacity:.0}, budget {:.1}",
+                mean(&r.delays), r.goodput[0], r.budgets[0].budget
             );
-            assert!(!r.locked_out);
+            check_near_target("capacities", &r);
             assert!(
-                m < 2.0 * TARGET_US as f64,
-                "delay held near the target under 3x overload: {m}"
-            );
-            assert!(
-                r.goodput > 0.85 * capacity,
+                r.goodput[0] > 0.85 * capacity,
                 "goodput near capacity: {} of {capacity}",
-                r.goodput
+                r.goodput[0]
             );
         }
     }
 
     #[test]
     fn adapts_when_a_tenant_switches_on_and_off_and_when_capacity_halves() {
-        const TARGET_US: u64 = 10_000;
         let (workers, service_us) = (8, 2_000.0);
-        let capacity = workers as f64 * 1e6 / service_us; // 4000/s
-                                                          // A tenant the proxy does not see takes half the capacity from 10 s to 20 s.
+        // A tenant the proxy does not see takes half the capacity from 10 s to 20 s.
         let mut b = SimBackend::new(workers, service_us, 7);
+        let capacity = b.capacity(0); // 4000/s
         let on = |t: u64| (10_000_000..20_000_000).contains(&t);
-        let r = simulate(&mut b, 2.0 * capacity, 30, TARGET_US, |t| {
+        let r = simulate(&mut b, &[2.0 * capacity], 30, TARGET_US, |t| {
             if on(t) {
                 capacity / 2.0
             } else {
                 0.0
             }
         });
-        let m = mean(&r.delays);
         eprintln!(
-            "tenant on/off: mean delay {m:.0} µs, proxy goodput {:.0}, tenant served {}",
-            r.goodput, b.served_tenant
+            "tenant on/off: mean delay {:.0} µs, proxy goodput {:.0}, tenant served {}",
+            mean(&r.delays),
+            r.goodput[0],
+            b.served_tenant
         );
-        assert!(!r.locked_out);
-        assert!(m < 2.0 * TARGET_US as f64, "{m}");
+        check_near_target("tenant", &r);
         assert!(b.served_tenant > 0);
         // The second half (15..30 s) has the tenant for 5 s: the proxy gets at least
         // what is left, most of the time.
-        assert!(r.goodput > 0.6 * capacity, "{}", r.goodput);
+        assert!(r.goodput[0] > 0.6 * capacity, "{}", r.goodput[0]);
 
         // Capacity halves (service time doubles) 5 s into a 20 s run: the second half
         // is measured at the new capacity, without retuning anything.
         let mut b = SimBackend::new(workers, service_us, 8);
         b.halve_at_us = 5_000_000;
-        let r2 = simulate(&mut b, 2.0 * capacity, 20, TARGET_US, |_| 0.0);
-        let m2 = mean(&r2.delays);
+        let r2 = simulate(&mut b, &[2.0 * capacity], 20, TARGET_US, |_| 0.0);
         eprintln!(
-            "halved: mean delay {m2:.0} µs, goodput {:.0}, budget {:.1}",
-            r2.goodput, r2.budget.budget
+            "halved: mean delay {:.0} µs, goodput {:.0}, budget {:.1}",
+            mean(&r2.delays),
+            r2.goodput[0],
+            r2.budgets[0].budget
         );
-        assert!(m2 < 2.0 * TARGET_US as f64, "{m2}");
-        assert!(r2.goodput > 0.85 * capacity / 2.0, "{}", r2.goodput);
+        check_near_target("halved", &r2);
+        assert!(
+            r2.goodput[0] > 0.85 * b.capacity(u64::MAX),
+            "{}",
+            r2.goodput[0]
+        );
+    }
+
+    #[test]
+    fn several_proxies_share_a_backend_and_a_100x_cost_mix_is_handled() {
+        // Three proxies, unequal offered loads, all above their share: each gets a
+        // share, none is starved, the delay holds and the back-end stays busy.
+        let mut b = SimBackend::new(8, 2_000.0, 11);
+        let capacity = b.capacity(0);
+        let r = simulate(
+            &mut b,
+            &[capacity, capacity, 2.0 * capacity],
+            20,
+            TARGET_US,
+            |_| 0.0,
+        );
+        let total: f64 = r.goodput.iter().sum();
+        eprintln!(
+            "3 proxies: mean delay {:.0} µs, goodput {:?} (total {total:.0}/{capacity:.0}), budgets {:?}",
+            mean(&r.delays),
+            r.goodput,
+            r.budgets.iter().map(|s| s.budget).collect::<Vec<_>>()
+        );
+        check_near_target("3 proxies", &r);
+        assert!(total > 0.85 * capacity, "{total}");
+        for g in &r.goodput {
+            assert!(*g > 0.1 * capacity, "no proxy starves: {:?}", r.goodput);
+        }
+
+        // 1% of requests cost 100× the rest (half the work is in them).
+        let mut b = SimBackend::new(8, 200.0, 12);
+        b.heavy_share = 0.01;
+        let capacity = b.capacity(0);
+        let r = simulate(&mut b, &[3.0 * capacity], 30, TARGET_US, |_| 0.0);
+        let util = b.busy_us / (8.0 * 30e6);
+        eprintln!(
+            "100x mix: mean delay {:.0} µs, goodput {:.0}/{capacity:.0}, utilisation {util:.2}",
+            mean(&r.delays),
+            r.goodput[0]
+        );
+        check_near_target("100x mix", &r);
+        assert!(util > 0.8, "the back-end stays busy: {util}");
     }
 
     #[test]

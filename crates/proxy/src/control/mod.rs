@@ -46,6 +46,11 @@
 //! the backlog at the limit, and nothing ever closed them because nothing was
 //! admitted. `crates/farside/tests/admission_liveness.rs` reproduces it with real
 //! processes and checks the bound.
+//!
+//! With metric `delay` ([`delay`]) the figure compared is this proxy's own requests in
+//! flight to the back-end, against a budget that adapts to the back-end's published
+//! queueing delay and never falls below one: (1)–(3) above do not enter it, and a
+//! request is admitted as soon as this proxy's requests to the back-end complete.
 
 pub mod delay;
 pub mod estimate;
