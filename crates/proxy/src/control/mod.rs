@@ -374,6 +374,16 @@ impl Control {
         Load::Known(b.inflight.load(Ordering::Relaxed))
     }
 
+    /// Metric `delay`: back-end `i`'s current budget of requests in flight.
+    fn budget(&self, i: usize) -> u64 {
+        let st = self.backends[i]
+            .delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .budget;
+        st.floor().max(delay::BUDGET_MIN) as u64
+    }
+
     /// The limit admission compares back-end `i`'s load with: its `limit`, or with
     /// metric `delay` its current budget (and notes whether the budget is in use).
     fn limit_now(&self, i: usize, load: Load) -> u64 {
@@ -381,13 +391,14 @@ impl Control {
         if self.metric != Metric::Delay {
             return b.limit;
         }
-        let st = *b.delay.lock().unwrap_or_else(|p| p.into_inner());
+        let budget = self.budget(i);
         if let Load::Known(inflight) = load {
-            if st.used_by(inflight + 1) {
+            // In use: after this request, at most one short of the budget.
+            if inflight + 2 >= budget {
                 b.delay_used.store(true, Ordering::Relaxed);
             }
         }
-        st.budget.floor().max(delay::BUDGET_MIN) as u64
+        budget
     }
 
     /// Whether back-end `i` may take one more request; `Err` says why not.
@@ -535,6 +546,12 @@ impl Control {
                 }
             }
             let score = match load {
+                // Metric `delay`: in flight relative to the budget (ppm), so a back-end
+                // whose delay allows more (a faster one, or one with no other tenant)
+                // gets proportionally more.
+                Load::Known(v) if self.metric == Metric::Delay => {
+                    v.saturating_add(1) * 1_000_000 / self.budget(i).max(1)
+                }
                 Load::Known(v) => v,
                 Load::Stale | Load::Unknown => 0,
             };

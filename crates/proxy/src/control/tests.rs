@@ -547,3 +547,30 @@ fn delay_metric_adapts_the_budget_to_the_published_queueing_delay() {
     assert_eq!(c.choose(None), Err(Reject::StaleLoad));
     let _ = std::fs::remove_file(p);
 }
+
+/// Metric `delay` balances by in-flight requests relative to each back-end's budget:
+/// the back-end whose delay let its budget grow further takes proportionally more.
+#[test]
+fn delay_metric_balances_by_headroom_in_the_budget() {
+    let mut small = backend(2, "");
+    small.limit = Some(3);
+    let (c, t, p) = with_table(vec![backend(1, ""), small], |cfg| {
+        cfg.admission.metric = Metric::Delay;
+        cfg.admission.limit = 12;
+    });
+    // Both stay under the target while in use: budgets grow to 12 and to 3.
+    let mut held = Vec::new();
+    for id in 1..=20 {
+        EntryWriter::new(&*t, 0).publish(&delay_reading(id, 0));
+        EntryWriter::new(&*t, 1).publish(&delay_reading(id, 0));
+        while let Ok(r) = c.route(None) {
+            held.push(r);
+        }
+    }
+    assert_eq!(held.len(), 15, "budgets 12 + 3");
+    held.clear();
+    let held: Vec<_> = (0..6).map(|_| c.route(None).unwrap()).collect();
+    let to = |i: usize| held.iter().filter(|r| r.backend == i).count();
+    assert_eq!((to(0), to(1)), (5, 1), "by headroom, not by count");
+    let _ = std::fs::remove_file(p);
+}
