@@ -103,6 +103,8 @@ struct Backend {
     delay: Mutex<delay::DelayBudget>,
     /// Metric `delay`: the budget was the constraint since the last reading.
     delay_used: AtomicBool,
+    /// Metric `delay`: "publishes no delay" was logged once.
+    delay_unpublished_logged: AtomicBool,
 }
 
 /// A back-end's [`Tally`], fed by the in-flight guards of its requests.
@@ -262,6 +264,7 @@ impl Control {
                     cfg.limit_for(i) as f64,
                 )),
                 delay_used: AtomicBool::new(false),
+                delay_unpublished_logged: AtomicBool::new(false),
             })
             .collect();
         Ok(Control {
@@ -357,9 +360,18 @@ impl Control {
         };
         let taken = e.advanced_mono_ns.saturating_sub(e.conns_lag_ns);
         if !matches!(e.status, EntryStatus::Ok | EntryStatus::Error)
-            || e.queue_delay_id == 0
             || now_ns.saturating_sub(taken) > self.stale_after_ns
         {
+            return Load::Stale;
+        }
+        if e.queue_delay_id == 0 {
+            if !b.delay_unpublished_logged.swap(true, Ordering::Relaxed) {
+                log::warn!(
+                    "admission: back-end {} publishes no queueing delay (its gatherd needs \
+                     --watch-port PORT of the web server); metric `delay` treats it as stale",
+                    b.addr
+                );
+            }
             return Load::Stale;
         }
         let mut st = b.delay.lock().unwrap_or_else(|p| p.into_inner());
