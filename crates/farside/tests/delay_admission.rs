@@ -77,18 +77,26 @@ fn metrics(admin: SocketAddr) -> String {
 struct Outcome {
     /// Published queueing delays after [`SETTLE`], µs, sorted.
     delays_us: Vec<u64>,
-    tps: f64,
+    /// Goodput through each proxy, req/s.
+    tps: Vec<f64>,
+    /// The first proxy's metrics after the run.
     metrics: String,
 }
 
 impl Outcome {
+    fn total_tps(&self) -> f64 {
+        self.tps.iter().sum()
+    }
+
     fn pct(&self, p: f64) -> u64 {
         let i = ((self.delays_us.len() as f64 - 1.0) * p).round() as usize;
         self.delays_us.get(i).copied().unwrap_or(0)
     }
 }
 
-fn overload(tag: &str, admission: bool) -> Outcome {
+/// [`OVERLOAD`] × capacity offered open loop, split evenly over `proxies` proxies that
+/// share the one back-end, each with admission (`--metric delay`) or without.
+fn overload(tag: &str, admission: bool, proxies: usize) -> Outcome {
     let dir = Dir::new(tag);
     let backend = free_addr();
     let mut be = spawn(
@@ -122,36 +130,38 @@ fn overload(tag: &str, admission: bool) -> Outcome {
         &dir,
     );
     g.wait_file(&region).unwrap();
-    let proxy = free_addr();
-    let admin = free_addr();
     let target = TARGET_DELAY_MS.to_string();
     let backend_spec = format!("{backend},region=shm:{}", region.display());
-    let mut args = vec![
-        "proxy",
-        "--listen",
-        &proxy.to_string(),
-        "--admin-listen",
-        &admin.to_string(),
-        "--backend",
-        &backend_spec,
-    ]
-    .into_iter()
-    .map(String::from)
-    .collect::<Vec<_>>();
-    if admission {
-        for a in [
-            "--admission",
-            "--metric",
-            "delay",
-            "--target-delay-ms",
-            &target,
-        ] {
-            args.push(a.into());
+    let mut ps = Vec::new();
+    for i in 0..proxies {
+        let (proxy, admin) = (free_addr(), free_addr());
+        let mut args: Vec<String> = [
+            "proxy",
+            "--listen",
+            &proxy.to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+            "--backend",
+            &backend_spec,
+        ]
+        .map(String::from)
+        .to_vec();
+        if admission {
+            for a in [
+                "--admission",
+                "--metric",
+                "delay",
+                "--target-delay-ms",
+                &target,
+            ] {
+                args.push(a.into());
+            }
         }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let mut p = spawn(&format!("proxy{i}"), &args, &dir);
+        p.wait_port(proxy).unwrap();
+        ps.push((p, proxy, admin));
     }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut p = spawn("proxy", &args, &dir);
-    p.wait_port(proxy).unwrap();
 
     // Sample the back-end's published queueing delay while the load runs.
     let words = MappedWords::open_file(&region, REGION_WORDS).unwrap();
@@ -175,53 +185,94 @@ fn overload(tag: &str, admission: bool) -> Outcome {
             out
         })
     };
-    let out = std::process::Command::new(exe())
-        .args([
-            "loadgen",
-            "--target",
-            &proxy.to_string(),
-            "--rate",
-            &(OVERLOAD * CAPACITY).to_string(),
-            "--duration-s",
-            &RUN_S.to_string(),
-            "--warmup-s",
-            "0",
-            "--timeout-ms",
-            "3000",
-            "--json",
-            "--quiet",
-        ])
-        .output()
-        .unwrap();
+    let loads: Vec<_> = ps
+        .iter()
+        .map(|(_, proxy, _)| {
+            std::process::Command::new(exe())
+                .args([
+                    "loadgen",
+                    "--target",
+                    &proxy.to_string(),
+                    "--rate",
+                    &(OVERLOAD * CAPACITY / proxies as f64).to_string(),
+                    "--duration-s",
+                    &RUN_S.to_string(),
+                    "--warmup-s",
+                    "0",
+                    "--timeout-ms",
+                    "3000",
+                    "--json",
+                    "--quiet",
+                ])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<_> = loads
+        .into_iter()
+        .map(|l| l.wait_with_output().unwrap())
+        .collect();
     stop.store(true, Ordering::Relaxed);
     let mut delays_us = reader.join().unwrap();
     delays_us.sort_unstable();
-    assert!(out.status.success(), "loadgen: {out:?}");
-    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let metrics = metrics(admin);
-    p.check_alive().unwrap();
+    let mut tps = Vec::new();
+    for out in outs {
+        assert!(out.status.success(), "loadgen: {out:?}");
+        let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        eprintln!(
+            "{tag}: served {} 503 {} failures {}",
+            summary["served"], summary["dropped_503"], summary["failures"]
+        );
+        tps.push(summary["tps"].as_f64().unwrap());
+    }
+    let metrics = metrics(ps[0].2);
+    for (p, _, _) in &mut ps {
+        p.check_alive().unwrap();
+    }
     let o = Outcome {
         delays_us,
-        tps: summary["tps"].as_f64().unwrap(),
+        tps,
         metrics,
     };
     eprintln!(
-        "{tag}: {} delay readings, p50 {} µs, p90 {} µs; tps {:.0}; served {} 503 {} failures {}",
+        "{tag}: {} delay readings, p50 {} µs, p90 {} µs; tps {:?}",
         o.delays_us.len(),
         o.pct(0.5),
         o.pct(0.9),
         o.tps,
-        summary["served"],
-        summary["dropped_503"],
-        summary["failures"]
     );
     o
 }
 
+/// Loose bounds for a busy 2-core machine, where the back-end's workers themselves wait
+/// for a CPU (other builds and tests): the runs being compared are seconds apart, so
+/// goodput is compared with a wide margin.
+const GOODPUT_SHARE_MIN: f64 = 0.5;
+/// The median published delay with the target is within this many targets...
+const DELAY_TARGETS_MAX: u64 = 5;
+/// ...and this many times below the median without admission.
+const DELAY_CUT_MIN: u64 = 10;
+
+/// The published delay has the kernel tick's resolution (4 ms at HZ=250): a 5 ms target
+/// reads as 4 or 8 ms around its operating point, more when the machine starves the
+/// back-end's workers of CPU.
+fn near_target(with: &Outcome, without: &Outcome) {
+    let target_us = TARGET_DELAY_MS * 1000;
+    assert!(
+        with.pct(0.5) <= DELAY_TARGETS_MAX * target_us
+            && with.pct(0.5) * DELAY_CUT_MIN <= without.pct(0.5),
+        "median delay {} µs with the target, {} µs without; metrics:\n{}",
+        with.pct(0.5),
+        without.pct(0.5),
+        with.metrics
+    );
+}
+
 #[test]
-fn a_target_delay_keeps_the_backends_queueing_delay_near_it_at_near_capacity_goodput() {
-    let noac = overload("noac", false);
-    let delay = overload("delay", true);
+fn a_target_delay_keeps_the_backends_queueing_delay_near_it_for_one_or_two_proxies() {
+    let noac = overload("noac", false, 1);
+    let delay = overload("delay", true, 1);
     let target_us = TARGET_DELAY_MS * 1000;
     assert!(
         delay.delays_us.len() >= 20,
@@ -233,19 +284,12 @@ fn a_target_delay_keeps_the_backends_queueing_delay_near_it_at_near_capacity_goo
         "without admission the overload queues far beyond the target: {} µs",
         noac.pct(0.5)
     );
-    // The published delay has the kernel tick's resolution (4 ms here): a 5 ms target
-    // reads as 4 or 8 ms around its operating point.
+    near_target(&delay, &noac);
     assert!(
-        delay.pct(0.5) <= 3 * target_us,
-        "with the target the median delay stays within a few targets: {} µs; metrics:\n{}",
-        delay.pct(0.5),
-        delay.metrics
-    );
-    assert!(
-        delay.tps >= 0.6 * noac.tps,
+        delay.total_tps() >= GOODPUT_SHARE_MIN * noac.total_tps(),
         "goodput near what the saturated back-end serves: {:.0} vs {:.0}",
-        delay.tps,
-        noac.tps
+        delay.total_tps(),
+        noac.total_tps()
     );
     let decided = |d: &str| {
         delay
@@ -264,4 +308,23 @@ fn a_target_delay_keeps_the_backends_queueing_delay_near_it_at_near_capacity_goo
         "the delay budget both admitted and refused:\n{}",
         delay.metrics
     );
+
+    // Two proxies share the back-end, each with its own budget and half the overload:
+    // the delay still holds, the back-end still serves near capacity, and neither proxy
+    // is starved. (One test, so that the runs never overlap.)
+    let two = overload("two", true, 2);
+    near_target(&two, &noac);
+    assert!(
+        two.total_tps() >= GOODPUT_SHARE_MIN * noac.total_tps(),
+        "{:?} vs {:.0}",
+        two.tps,
+        noac.total_tps()
+    );
+    for t in &two.tps {
+        assert!(
+            *t >= 0.2 * two.total_tps(),
+            "no proxy starves: {:?}",
+            two.tps
+        );
+    }
 }
