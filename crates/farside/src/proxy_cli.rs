@@ -52,10 +52,11 @@ fn parse_metric(s: &str) -> Result<Metric, String> {
         "pressure" => Metric::Pressure,
         "runnable" => Metric::Runnable,
         "inflight" => Metric::Inflight,
+        "delay" => Metric::Delay,
         _ => {
             return Err(format!(
-                "`{s}`: expected conns, backlog, pending, cpu, pressure, runnable or inflight"
-            ))
+            "`{s}`: expected conns, backlog, pending, cpu, pressure, runnable, inflight or delay"
+        ))
         }
     })
 }
@@ -123,12 +124,19 @@ pub struct ProxyArgs {
     /// Turn admission control on (default off).
     #[arg(long)]
     pub admission: bool,
-    /// Admission metric: conns, backlog, pending, cpu, pressure, runnable, inflight (default conns).
+    /// Admission metric: conns, backlog, pending, cpu, pressure, runnable, inflight, or
+    /// delay (objective-driven: see --target-delay-ms) (default conns).
     #[arg(long, value_parser = parse_metric)]
     pub metric: Option<Metric>,
     /// Load limit in the metric's unit (default 256); a back-end's `limit=` overrides it.
+    /// With --metric delay: the most requests in flight a back-end's budget may grow to.
     #[arg(long)]
     pub limit: Option<u64>,
+    /// With --metric delay: the queueing delay to keep each back-end under, ms (1..=10000,
+    /// default 5). Each back-end's budget of in-flight requests grows while its published
+    /// queueing delay is below this and is cut in proportion to the overshoot above it.
+    #[arg(long)]
+    pub target_delay_ms: Option<u64>,
     /// A record not updated for this long is stale, ms (default 100).
     #[arg(long)]
     pub stale_after_ms: Option<u64>,
@@ -209,6 +217,9 @@ pub fn proxy_config(a: &ProxyArgs) -> Result<ProxyConfig, String> {
     if let Some(v) = a.limit {
         ad.limit = v;
     }
+    if let Some(v) = a.target_delay_ms {
+        ad.target_delay_ms = v;
+    }
     if let Some(v) = a.stale_after_ms {
         ad.stale_after_ms = v;
     }
@@ -241,12 +252,17 @@ pub fn run_proxy(a: ProxyArgs) -> Result<(), String> {
     let cfg = proxy_config(&a)?;
     let ctl = Control::new(&cfg).map_err(|e| format!("proxy: {e}"))?;
     log::info!(
-        "proxy: {} → {} back-end(s); admission {} (metric {}, limit {}); monitor every {} µs",
+        "proxy: {} → {} back-end(s); admission {} (metric {}, limit {}{}); monitor every {} µs",
         cfg.listen,
         cfg.backends.len(),
         if cfg.admission.enabled { "on" } else { "off" },
         cfg.admission.metric.name(),
         cfg.admission.limit,
+        if cfg.admission.metric == Metric::Delay {
+            format!(", target delay {} ms", cfg.admission.target_delay_ms)
+        } else {
+            String::new()
+        },
         cfg.monitor.period_us,
     );
     farside_proxy::server::run(cfg, Arc::new(ctl)).map_err(|e| format!("proxy: {e}"))
@@ -323,5 +339,11 @@ mod tests {
         let keyed = parse_backend("127.0.0.1:80,region=udp:127.0.0.1:7000?key=5eed").unwrap();
         assert_eq!(keyed.region.as_deref(), Some("udp:127.0.0.1:7000?key=5eed"));
         assert!(parse_backend("127.0.0.1:80,region=udp:127.0.0.1:7000?key=zz").is_err());
+    }
+
+    #[test]
+    fn delay_metric_and_target_parse() {
+        assert_eq!(parse_metric("delay"), Ok(Metric::Delay));
+        assert!(parse_metric("latency").unwrap_err().contains("delay"));
     }
 }

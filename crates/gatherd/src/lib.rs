@@ -19,7 +19,7 @@ pub mod metrics;
 pub mod sample;
 pub mod sockdiag;
 
-use farside_region::layout::{FLAG_CONNS, FLAG_MEM, FLAG_PSI};
+use farside_region::layout::{FLAG_CONNS, FLAG_MEM, FLAG_PSI, FLAG_QUEUE_DELAY};
 use farside_region::{
     Header, HeapWords, LoadRecord, MappedWords, RegionWriter, Words, REGION_WORDS,
 };
@@ -96,7 +96,8 @@ pub struct GatherdArgs {
     pub cgroup: Option<PathBuf>,
     /// Count established connections every N samples (the accept backlog is counted every
     /// sample). Default 0 = automatic: as often as keeps that count under 2% of one CPU
-    /// (it walks the kernel's whole TCP hash; see README).
+    /// (it walks the kernel's whole TCP hash; see README). The same count measures the
+    /// queueing delay (`queue_delay_us`) that `proxy --metric delay` follows.
     #[arg(long, default_value_t = 0)]
     pub conns_every: u64,
     /// Nice value of the sampling thread, -20..=19 (only that thread; the tcp and udp
@@ -340,7 +341,8 @@ impl Sampler {
             rec.conns_established = self.conns.established;
             rec.conns_pending = self.conns.pending;
             rec.conns_sampled_mono_ns = self.conns_sampled_mono_ns;
-            rec.flags |= FLAG_CONNS;
+            rec.queue_delay_us = sample::queue_delay_us(&self.conns);
+            rec.flags |= FLAG_CONNS | FLAG_QUEUE_DELAY;
         }
         if self.n.is_multiple_of(MEM_EVERY_PERIODS) {
             if let Some(f) = &self.meminfo {
@@ -778,6 +780,37 @@ mod tests {
         assert_eq!(conns_every_for(50_000, 1000), 3);
         assert_eq!(conns_every_for(5_000_000, 1000), 250);
         assert_eq!(conns_every_for(50_000, 10_000), 1);
+    }
+
+    /// The record carries the queueing delay: the age of a request left unread in the
+    /// accept queue, with FLAG_QUEUE_DELAY, and 0 once nothing waits.
+    #[test]
+    fn records_publish_the_age_of_the_oldest_unread_request_as_queue_delay() {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let args = GatherdArgs {
+            watch_ports: vec![l.local_addr().unwrap().port()],
+            conns_every: 1,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(&args).unwrap();
+        let idle = s.sample().unwrap();
+        assert_ne!(idle.flags & FLAG_QUEUE_DELAY, 0);
+        assert_eq!(idle.queue_delay_us, 0);
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let r = s.sample().unwrap();
+        // Kernel-tick resolution: up to 10 ms below the true age at HZ=100.
+        assert!(r.queue_delay_us >= 40_000, "{r:?}");
+        assert!(r.queue_delay_us < 10_000_000, "{r:?}");
+        assert_eq!(
+            r.conns_sampled_mono_ns, r.sample_mono_ns,
+            "taken by this sample"
+        );
+        let (mut a, _) = l.accept().unwrap();
+        let _ = a.read(&mut [0u8; 64]).unwrap();
+        assert_eq!(s.sample().unwrap().queue_delay_us, 0, "read: nothing waits");
     }
 
     #[test]

@@ -1,6 +1,36 @@
 //! Load sources read every period. Files stay open and are re-read with `pread` at
 //! offset 0 (procfs and cgroupfs regenerate their content on each read), so a sample
 //! costs a few system calls and no allocation.
+//!
+//! # Queueing delay (`queue_delay_us`)
+//!
+//! What the objective-driven admission (`proxy --metric delay --target-delay-ms`)
+//! keeps under its target is the back-end's queueing delay: how long a request waits
+//! before the server starts on it. For an unmodified prefork or event server it is
+//! measured from outside, one-sidedly, as **the age of the oldest request that has
+//! arrived and not been read**, CoDel's sojourn time: in the full `sock_diag` dump of
+//! the watched ports, every established socket with unread bytes (one in an accept
+//! queue, or accepted but not read yet) carries `tcp_info.tcpi_last_data_recv`, the
+//! time since its data arrived; the largest is the head-of-line wait
+//! ([`queue_delay_us`]).
+//!
+//! Why this and not the alternatives the issue lists:
+//! - *queue length / service rate* needs a service rate, and nothing per port counts
+//!   accepts or completions (a listener's `tcp_info` holds only its queue length; the
+//!   `/proc/net` counters are per host), so the rate would be a guess; the sojourn is
+//!   measured directly and needs no rate, so it follows capacity changes (a quota
+//!   halving doubles it) and 100x cost differences without a model;
+//! - *CPU run-queue delay* (PSI `total` deltas, schedstat) is included where it
+//!   matters: a worker that accepted a connection but waits for a CPU before reading
+//!   it leaves the request unread, so its wait counts; PSI itself is a fraction of
+//!   wall time, not a per-request delay, and is published separately
+//!   (`cpu_pressure_ppm`).
+//!
+//! Limits: the age has the kernel tick's resolution (4 ms at HZ=250, 1 ms at
+//! HZ=1000): a target should be a few ticks or the controller sees {0, 4, 8} ms
+//! steps; and it is taken with the full count, so it is as fresh as
+//! `conns_sampled_mono_ns` (gatherd's `--conns-every`). A kernel-resident sampler
+//! that timestamps arrivals could fill the same word at every sample.
 
 use std::fs::File;
 use std::io;
@@ -170,6 +200,15 @@ impl CpuSource {
 }
 
 pub const READ_BUF: usize = READ_BUF_BYTES;
+
+/// The queueing delay published in the region, µs, from one full connection count:
+/// the age of the oldest unread request (module doc). 0 when nothing waits.
+pub fn queue_delay_us(c: &crate::sockdiag::ConnCounts) -> u64 {
+    if c.pending == 0 {
+        return 0;
+    }
+    c.oldest_unread_ms.saturating_mul(1000)
+}
 
 /// Busy time from the aggregate `cpu` line of /proc/stat, in µs: user + nice + system +
 /// irq + softirq + steal (idle and iowait are not busy).

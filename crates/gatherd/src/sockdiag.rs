@@ -21,6 +21,10 @@ const NLM_F_DUMP: u16 = 0x300;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const INET_DIAG_REQ_BYTECODE: u16 = 1;
+/// Reply attribute carrying the socket's `struct tcp_info`.
+const INET_DIAG_INFO: u16 = 2;
+/// `struct tcp_info`'s `tcpi_last_data_recv` (ms since data last arrived): byte offset.
+const TCPI_LAST_DATA_RECV_OFFSET: usize = 52;
 const INET_DIAG_BC_S_GE: u8 = 2;
 const INET_DIAG_BC_S_LE: u8 = 3;
 const TCP_ESTABLISHED: u8 = 1;
@@ -49,6 +53,10 @@ pub struct ConnCounts {
     pub accept_backlog: u64,
     /// Established sockets with unread received bytes (a request waiting to be read).
     pub pending: u64,
+    /// Of those, how long ago the oldest one's data arrived, ms (`tcp_info`'s
+    /// `tcpi_last_data_recv`, kernel-tick resolution): how long the oldest waiting
+    /// request has been queued. 0 when nothing is pending; full counts only.
+    pub oldest_unread_ms: u64,
 }
 
 pub struct SockDiag {
@@ -179,7 +187,9 @@ impl SockDiag {
                                                   // inet_diag_req_v2
         r.push(family);
         r.push(libc::IPPROTO_TCP as u8);
-        r.push(0); // ext
+        // ext: ask for tcp_info with full dumps (the age of unread requests).
+        let full = exact.is_none() && states & (1 << TCP_ESTABLISHED) != 0;
+        r.push(if full { 1 << (INET_DIAG_INFO - 1) } else { 0 });
         r.push(0); // pad
         r.extend_from_slice(&states.to_ne_bytes());
         match exact {
@@ -286,6 +296,8 @@ impl SockDiag {
                                 c.established += 1;
                                 if rqueue > 0 {
                                     c.pending += 1;
+                                    let age = last_data_recv_ms(&m[DIAG_MSG..len - NLMSG_HDR]);
+                                    c.oldest_unread_ms = c.oldest_unread_ms.max(age.unwrap_or(0));
                                 }
                             }
                             _ => {}
@@ -304,6 +316,23 @@ impl SockDiag {
             "sock_diag: dump did not finish within the batch bound",
         ))
     }
+}
+
+/// `tcpi_last_data_recv` from a diag message's attributes, if they carry tcp_info.
+fn last_data_recv_ms(mut attrs: &[u8]) -> Option<u64> {
+    while attrs.len() >= 4 {
+        let len = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
+        let ty = u16::from_ne_bytes([attrs[2], attrs[3]]);
+        if len < 4 || len > attrs.len() {
+            return None;
+        }
+        let off = 4 + TCPI_LAST_DATA_RECV_OFFSET;
+        if ty == INET_DIAG_INFO && len >= off + 4 {
+            return Some(u32::from_ne_bytes(attrs[off..off + 4].try_into().ok()?) as u64);
+        }
+        attrs = &attrs[((len + 3) & !3).min(attrs.len())..];
+    }
+    None
 }
 
 #[cfg(test)]
@@ -356,5 +385,36 @@ mod tests {
             );
             std::thread::yield_now();
         }
+    }
+
+    #[test]
+    fn the_oldest_unread_request_reports_its_age_and_none_once_read() {
+        use std::io::Read;
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let mut d = SockDiag::new(&[port]).unwrap();
+        d.count_listen().unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        c.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
+        let sent = std::time::Instant::now();
+        // Waits in the accept queue, unread, for at least this long.
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        let n = d.count().unwrap();
+        let waited_ms = sent.elapsed().as_millis() as u64;
+        assert_eq!(n.pending, 1, "{n:?}");
+        // Kernel-tick resolution (up to 10 ms at HZ=100).
+        assert!(
+            n.oldest_unread_ms + 10 >= 60 && n.oldest_unread_ms <= waited_ms + 10,
+            "age {n:?} after {waited_ms} ms"
+        );
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = [0u8; 64];
+        let _ = s.read(&mut buf).unwrap();
+        let n = d.count().unwrap();
+        assert_eq!(
+            (n.pending, n.oldest_unread_ms),
+            (0, 0),
+            "read: nothing waits"
+        );
     }
 }

@@ -158,6 +158,10 @@ pub enum Metric {
     Runnable,
     /// Requests this proxy has in flight to the back-end (local, needs no monitor).
     Inflight,
+    /// Objective-driven: the back-end's published queueing delay is kept under
+    /// `target_delay_ms` by an adaptive per-back-end budget of in-flight requests
+    /// (`limit` caps the budget); see `control::delay`.
+    Delay,
 }
 
 impl Metric {
@@ -170,6 +174,7 @@ impl Metric {
             Metric::Pressure => "pressure",
             Metric::Runnable => "runnable",
             Metric::Inflight => "inflight",
+            Metric::Delay => "delay",
         }
     }
 }
@@ -205,6 +210,8 @@ pub struct AdmissionConfig {
     pub retry_after_s: u32,
     /// Per-site limits overriding `limit`, e.g. `{ "shop.example" = 100 }`.
     pub site_limits: std::collections::BTreeMap<String, u64>,
+    /// Metric `delay`: the queueing delay each back-end is kept under, ms. Default 5.
+    pub target_delay_ms: u64,
 }
 
 impl Default for AdmissionConfig {
@@ -219,9 +226,14 @@ impl Default for AdmissionConfig {
             on_stale: StalePolicy::Reject,
             retry_after_s: 1,
             site_limits: Default::default(),
+            target_delay_ms: 5,
         }
     }
 }
+
+/// Largest `admission.target_delay_ms`: a queueing delay target above 10 s is not a
+/// target, it is a timeout.
+pub const TARGET_DELAY_MS_MAX: u64 = 10_000;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -434,6 +446,15 @@ impl ProxyConfig {
                 }
             }
         }
+        if !(1..=TARGET_DELAY_MS_MAX).contains(&self.admission.target_delay_ms) {
+            return Err(err(
+                "admission.target_delay_ms",
+                format!(
+                    "must be 1..={TARGET_DELAY_MS_MAX} ms, got {}",
+                    self.admission.target_delay_ms
+                ),
+            ));
+        }
         if h.max_client_conns == 0 {
             return Err(err("http.max_client_conns", "must be at least 1"));
         }
@@ -528,6 +549,14 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.key, "backend[0].maxconn");
+
+        for bad in [0, TARGET_DELAY_MS_MAX + 1] {
+            let e = ProxyConfig::from_toml_str(&format!(
+                "listen = \"127.0.0.1:1\"\n[admission]\nmetric = \"delay\"\ntarget_delay_ms = {bad}\n[[backend]]\naddr = \"127.0.0.1:2\"\nregion = \"shm:/x\"\n"
+            ))
+            .unwrap_err();
+            assert_eq!(e.key, "admission.target_delay_ms");
+        }
 
         let e = ProxyConfig::from_toml_str("listen = \"127.0.0.1:1\"\nbogus = 3\n").unwrap_err();
         assert!(e.msg.contains("bogus"), "{e}");

@@ -2,8 +2,8 @@
 //!
 //! ```text
 //! word   0..8     header         written once at start (magic, version, node, generation)
-//! word   8..24    load record    seqlock block: SEQ_HEAD .. fields .. SEQ_TAIL
-//! word  24..32    reserved       (pads the record to its own cache lines)
+//! word   8..25    load record    seqlock block: SEQ_HEAD .. fields .. SEQ_TAIL
+//! word  25..32    reserved       (pads the record to its own cache lines)
 //! word  32..64    control        role / lock / counter words changed by remote CAS and FETCH-ADD
 //! word  64..512   scratch        application data (probe payloads, cache directory)
 //! ```
@@ -26,7 +26,8 @@ pub const REGION_BYTES: usize = REGION_WORDS * 8;
 pub const MAGIC: u64 = u64::from_le_bytes(*b"FSREGION");
 /// Bumped whenever a word of this layout moves or changes meaning.
 /// Version 2: `W_CONNS_SAMPLED_MONO_NS` (word 22) and `W_ROLE_WANTED` (word 34).
-pub const LAYOUT_VERSION: u64 = 2;
+/// Version 3: `W_QUEUE_DELAY_US` (word 23); `W_SEQ_TAIL` moves to word 24.
+pub const LAYOUT_VERSION: u64 = 3;
 
 // ---- header (written once by the gatherer before the first record) ----
 pub const W_MAGIC: usize = 0;
@@ -80,7 +81,16 @@ pub const W_SAMPLE_COST_NS: usize = 21;
 /// `sample_mono_ns - conns_sampled_mono_ns`, and a reader applies its staleness bound to
 /// that field's age, not the record's. 0 with FLAG_CONNS clear.
 pub const W_CONNS_SAMPLED_MONO_NS: usize = 22;
-pub const W_SEQ_TAIL: usize = 23;
+/// The back-end's current queueing delay, µs: how long the oldest request that has
+/// arrived on a watched port has waited unread (in an accept queue, or on an accepted
+/// connection whose worker has not read it yet), CoDel's sojourn time measured from
+/// outside the server. Valid with `FLAG_QUEUE_DELAY`; taken by the same dump as the
+/// connection counts, so its time is `W_CONNS_SAMPLED_MONO_NS` and its inputs are
+/// `W_CONNS_PENDING` and `W_ACCEPT_BACKLOG`. Any sampler (user space or a BPF one)
+/// that can tell when the oldest waiting request arrived may fill it, and must set
+/// `FLAG_QUEUE_DELAY`; 0 with the flag set means nothing is waiting.
+pub const W_QUEUE_DELAY_US: usize = 23;
+pub const W_SEQ_TAIL: usize = 24;
 /// First word of the load record block (its SEQ_HEAD).
 pub const RECORD_FIRST_WORD: usize = W_SEQ_HEAD;
 /// Number of words from SEQ_HEAD to SEQ_TAIL inclusive.
@@ -92,6 +102,8 @@ pub const FLAG_PSI: u64 = 1 << 0;
 pub const FLAG_CONNS: u64 = 1 << 1;
 pub const FLAG_INFLIGHT: u64 = 1 << 2;
 pub const FLAG_MEM: u64 = 1 << 3;
+/// `W_QUEUE_DELAY_US` is measured.
+pub const FLAG_QUEUE_DELAY: u64 = 1 << 4;
 
 // ---- control area (seed 001: reconfiguration) ----
 /// The site this node serves now; changed by remote COMPARE-AND-SWAP.

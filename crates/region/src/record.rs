@@ -25,6 +25,9 @@ pub struct LoadRecord {
     /// When the connection counts (`conns_established`, `conns_pending`) were taken,
     /// gatherer CLOCK_MONOTONIC ns; see `layout::W_CONNS_SAMPLED_MONO_NS`.
     pub conns_sampled_mono_ns: u64,
+    /// Queueing delay of the oldest waiting request, µs, taken with the connection
+    /// counts (valid with `FLAG_QUEUE_DELAY`); see `layout::W_QUEUE_DELAY_US`.
+    pub queue_delay_us: u64,
 }
 
 impl LoadRecord {
@@ -56,6 +59,7 @@ impl LoadRecord {
         f[W_FLAGS - base] = self.flags;
         f[W_SAMPLE_COST_NS - base] = self.sample_cost_ns;
         f[W_CONNS_SAMPLED_MONO_NS - base] = self.conns_sampled_mono_ns;
+        f[W_QUEUE_DELAY_US - base] = self.queue_delay_us;
         f
     }
 
@@ -76,6 +80,7 @@ impl LoadRecord {
             flags: w[W_FLAGS],
             sample_cost_ns: w[W_SAMPLE_COST_NS],
             conns_sampled_mono_ns: w[W_CONNS_SAMPLED_MONO_NS],
+            queue_delay_us: w[W_QUEUE_DELAY_US],
         }
     }
 }
@@ -271,6 +276,8 @@ mod tests {
         let rec = LoadRecord {
             cpu_util_ppm: 500_000,
             conns_established: 12,
+            queue_delay_us: 4000,
+            flags: FLAG_QUEUE_DELAY,
             ncpu: 2,
             ..Default::default()
         };

@@ -46,7 +46,13 @@
 //! the backlog at the limit, and nothing ever closed them because nothing was
 //! admitted. `crates/farside/tests/admission_liveness.rs` reproduces it with real
 //! processes and checks the bound.
+//!
+//! With metric `delay` ([`delay`]) the figure compared is this proxy's own requests in
+//! flight to the back-end, against a budget that adapts to the back-end's published
+//! queueing delay and never falls below one: (1)–(3) above do not enter it, and a
+//! request is admitted as soon as this proxy's requests to the back-end complete.
 
+pub mod delay;
 pub mod estimate;
 pub mod histogram;
 pub mod monitor;
@@ -64,7 +70,7 @@ use monitor::{Monitor, MonitorOptions, Watch};
 use std::cell::Cell;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use table::EntryStatus;
@@ -93,6 +99,12 @@ struct Backend {
     /// `advanced_mono_ns` of the sample last acted on by [`Control::relieve`], so that
     /// one queue reading closes connections once, not once per decision.
     relieved_sample_ns: AtomicU64,
+    /// Metric `delay`: this back-end's adaptive budget of in-flight requests.
+    delay: Mutex<delay::DelayBudget>,
+    /// Metric `delay`: the budget was the constraint since the last reading.
+    delay_used: AtomicBool,
+    /// Metric `delay`: "publishes no delay" was logged once.
+    delay_unpublished_logged: AtomicBool,
 }
 
 /// A back-end's [`Tally`], fed by the in-flight guards of its requests.
@@ -155,6 +167,10 @@ pub struct Control {
     at_accept: bool,
     per_request: bool,
     metric: Metric,
+    /// Metric `delay`: the target queueing delay, µs.
+    target_delay_us: u64,
+    /// Which signal decided each per-back-end check ([`Control::render_signal_metrics`]).
+    signals: SignalCounters,
     stale_after_ns: u64,
     on_stale: StalePolicy,
     retry_after_s: u32,
@@ -243,6 +259,12 @@ impl Control {
                 down_until_ns: AtomicU64::new(0),
                 tally: Arc::default(),
                 relieved_sample_ns: AtomicU64::new(0),
+                delay: Mutex::new(delay::DelayBudget::new(
+                    delay::BUDGET_MIN,
+                    cfg.limit_for(i) as f64,
+                )),
+                delay_used: AtomicBool::new(false),
+                delay_unpublished_logged: AtomicBool::new(false),
             })
             .collect();
         Ok(Control {
@@ -250,6 +272,8 @@ impl Control {
             at_accept: a.at_accept,
             per_request: a.per_request,
             metric: a.metric,
+            target_delay_us: a.target_delay_ms * 1000,
+            signals: SignalCounters::default(),
             stale_after_ns: a.stale_after_ms * 1_000_000,
             on_stale: a.on_stale,
             retry_after_s: a.retry_after_s,
@@ -303,6 +327,9 @@ impl Control {
         let (Some(t), true) = (&self.table, b.has_region) else {
             return (Load::Unknown, 0);
         };
+        if self.metric == Metric::Delay {
+            return (self.delay_step(i, &**t, now_ns), 0);
+        }
         use table::field as f;
         let (f1, f2) = match self.metric {
             Metric::Conns => (f::CONNS_ESTABLISHED, None),
@@ -311,7 +338,7 @@ impl Control {
             Metric::Cpu => (f::CPU_UTIL_PPM, None),
             Metric::Pressure => (f::CPU_PRESSURE_PPM, None),
             Metric::Runnable => (f::RUNNABLE, None),
-            Metric::Inflight => unreachable!("handled above"),
+            Metric::Inflight | Metric::Delay => unreachable!("handled above"),
         };
         match table::read_load(&**t, i, f1, f2) {
             Some((EntryStatus::Ok | EntryStatus::Error, advanced, v))
@@ -323,15 +350,80 @@ impl Control {
         }
     }
 
+    /// Metric `delay`: apply back-end `i`'s latest delay reading to its budget (once per
+    /// reading) and return the load to compare with the budget: this proxy's requests
+    /// in flight to it. Stale when the reading is older than the staleness bound.
+    fn delay_step(&self, i: usize, t: &dyn Words, now_ns: u64) -> Load {
+        let b = &self.backends[i];
+        let Some(e) = table::read(t, i) else {
+            return Load::Stale;
+        };
+        let taken = e.advanced_mono_ns.saturating_sub(e.conns_lag_ns);
+        if !matches!(e.status, EntryStatus::Ok | EntryStatus::Error)
+            || now_ns.saturating_sub(taken) > self.stale_after_ns
+        {
+            return Load::Stale;
+        }
+        if e.queue_delay_id == 0 {
+            if !b.delay_unpublished_logged.swap(true, Ordering::Relaxed) {
+                log::warn!(
+                    "admission: back-end {} publishes no queueing delay (its gatherd needs \
+                     --watch-port PORT of the web server); metric `delay` treats it as stale",
+                    b.addr
+                );
+            }
+            return Load::Stale;
+        }
+        let mut st = b.delay.lock().unwrap_or_else(|p| p.into_inner());
+        if st.reading_id != e.queue_delay_id {
+            let r = delay::Reading {
+                id: e.queue_delay_id,
+                delay_us: e.queue_delay_us,
+                used: b.delay_used.swap(false, Ordering::Relaxed),
+            };
+            st.on_reading(r, self.target_delay_us, b.limit as f64, now_ns);
+        }
+        Load::Known(b.inflight.load(Ordering::Relaxed))
+    }
+
+    /// Metric `delay`: back-end `i`'s current budget of requests in flight.
+    fn budget(&self, i: usize) -> u64 {
+        let st = self.backends[i]
+            .delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .budget;
+        st.floor().max(delay::BUDGET_MIN) as u64
+    }
+
+    /// The limit admission compares back-end `i`'s load with: its `limit`, or with
+    /// metric `delay` its current budget (and notes whether the budget is in use).
+    fn limit_now(&self, i: usize, load: Load) -> u64 {
+        let b = &self.backends[i];
+        if self.metric != Metric::Delay {
+            return b.limit;
+        }
+        let budget = self.budget(i);
+        if let Load::Known(inflight) = load {
+            // In use: after this request, at most one short of the budget.
+            if inflight + 2 >= budget {
+                b.delay_used.store(true, Ordering::Relaxed);
+            }
+        }
+        budget
+    }
+
     /// Whether back-end `i` may take one more request; `Err` says why not.
     fn admissible(&self, i: usize, load: Load) -> Result<Admit, Reject> {
-        admit(
+        let r = admit(
             load,
-            self.backends[i].limit,
+            self.limit_now(i, load),
             self.metric,
             self.on_stale,
             self.idle(i),
-        )
+        );
+        self.signals.count(load, &r);
+        r
     }
 
     /// If back-end `i`'s accept queue is not empty, free the workers this proxy's own
@@ -466,6 +558,12 @@ impl Control {
                 }
             }
             let score = match load {
+                // Metric `delay`: in flight relative to the budget (ppm), so a back-end
+                // whose delay allows more (a faster one, or one with no other tenant)
+                // gets proportionally more.
+                Load::Known(v) if self.metric == Metric::Delay => {
+                    v.saturating_add(1) * 1_000_000 / self.budget(i).max(1)
+                }
                 Load::Known(v) => v,
                 Load::Stale | Load::Unknown => 0,
             };
@@ -688,6 +786,114 @@ pub fn monitor_options(cfg: &ProxyConfig) -> MonitorOptions {
     }
 }
 
+/// What decided one per-back-end admission check (the "which signal decided"
+/// accounting): the metric's reading against its limit or budget, an idle pooled
+/// connection, or the stale policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decided {
+    /// The metric's reading was below the limit (or, for `delay`, the budget).
+    Below,
+    /// At the limit, but an idle pooled connection could carry it (queue metrics).
+    ReuseOnly,
+    /// At or above the limit / budget: refused.
+    Over,
+    /// No fresh reading; the stale policy admitted.
+    StaleAdmit,
+    /// No fresh reading; the stale policy refused.
+    StaleReject,
+    /// No load data configured for the back-end: admitted on local state only.
+    NoData,
+}
+
+impl Decided {
+    pub const ALL: [Decided; 6] = [
+        Decided::Below,
+        Decided::ReuseOnly,
+        Decided::Over,
+        Decided::StaleAdmit,
+        Decided::StaleReject,
+        Decided::NoData,
+    ];
+
+    /// Label value in `farside_admission_checks_total{decided=...}`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Decided::Below => "below_limit",
+            Decided::ReuseOnly => "reuse_only",
+            Decided::Over => "over_limit",
+            Decided::StaleAdmit => "stale_admit",
+            Decided::StaleReject => "stale_reject",
+            Decided::NoData => "no_data",
+        }
+    }
+
+    /// What decided a check of `load` that ended in `r`.
+    pub fn of(load: Load, r: &Result<Admit, Reject>) -> Decided {
+        match (load, r) {
+            (Load::Unknown, _) => Decided::NoData,
+            (Load::Stale, Ok(_)) => Decided::StaleAdmit,
+            (Load::Stale, Err(_)) => Decided::StaleReject,
+            (Load::Known(_), Ok(Admit::Any)) => Decided::Below,
+            (Load::Known(_), Ok(Admit::ReuseOnly)) => Decided::ReuseOnly,
+            (Load::Known(_), Err(_)) => Decided::Over,
+        }
+    }
+}
+
+/// Per-back-end admission checks by what decided them ([`Decided`]).
+#[derive(Default)]
+struct SignalCounters([AtomicU64; Decided::ALL.len()]);
+
+impl SignalCounters {
+    fn count(&self, load: Load, r: &Result<Admit, Reject>) {
+        self.0[Decided::of(load, r) as usize].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl Control {
+    /// The "which signal decided" lines of the metrics output (one small function, so
+    /// the encoder can change around it): per-back-end admission checks by metric and
+    /// by what decided them, and with metric `delay` each back-end's last queueing
+    /// delay reading and target.
+    pub fn render_signal_metrics(&self, out: &mut String) {
+        let _ = writeln!(out, "# HELP farside_admission_checks_total Per-back-end admission checks by the metric in force and what decided them.");
+        let _ = writeln!(out, "# TYPE farside_admission_checks_total counter");
+        for d in Decided::ALL {
+            let _ = writeln!(
+                out,
+                "farside_admission_checks_total{{metric=\"{}\",decided=\"{}\"}} {}",
+                self.metric.name(),
+                d.name(),
+                self.signals.0[d as usize].load(Ordering::Relaxed)
+            );
+        }
+        if self.metric != Metric::Delay {
+            return;
+        }
+        let _ = writeln!(out, "# HELP farside_backend_queue_delay_us Back-end's last published queueing delay, µs (-1: none).");
+        let _ = writeln!(out, "# TYPE farside_backend_queue_delay_us gauge");
+        let _ = writeln!(out, "# TYPE farside_admission_target_delay_us gauge");
+        let _ = writeln!(
+            out,
+            "farside_admission_target_delay_us {}",
+            self.target_delay_us
+        );
+        for (i, b) in self.backends.iter().enumerate() {
+            let d = self
+                .table
+                .as_ref()
+                .and_then(|t| table::read(&**t, i))
+                .filter(|e| e.queue_delay_id != 0)
+                .map_or(-1, |e| e.queue_delay_us as i64);
+            let _ = writeln!(
+                out,
+                "farside_backend_queue_delay_us{{backend=\"{}\",site=\"{}\"}} {d}",
+                b.addr, b.site
+            );
+        }
+    }
+}
+
 impl Gate for Control {
     fn on_accept(&self, _peer: SocketAddr) -> Result<(), Reject> {
         if !(self.admission_on && self.at_accept) {
@@ -792,6 +998,7 @@ impl Gate for Control {
             "farside_admission_reuse_only_total {}",
             c.request_admitted_reuse_only.load(Ordering::Relaxed)
         );
+        self.render_signal_metrics(out);
         let now = mono_ns();
         let _ = writeln!(out, "# HELP farside_backend_load Back-end load in the admission metric's unit (-1: stale or unknown).");
         let _ = writeln!(out, "# TYPE farside_backend_load gauge");
@@ -825,7 +1032,8 @@ impl Gate for Control {
                 "farside_backend_inflight{{{lbl}}} {}",
                 b.inflight.load(Ordering::Relaxed)
             );
-            let _ = writeln!(out, "farside_backend_limit{{{lbl}}} {}", b.limit);
+            let limit = self.limit_now(i, Load::Unknown);
+            let _ = writeln!(out, "farside_backend_limit{{{lbl}}} {limit}");
             if let Some(p) = self.pool.get() {
                 let (open, idle) = (p.open_count(i), p.idle_count(i));
                 let _ = writeln!(out, "farside_upstream_conns{{{lbl},state=\"idle\"}} {idle}");

@@ -175,6 +175,13 @@ fn poll_loop(
                 e.accept_backlog = s.load.accept_backlog;
                 e.conns_pending = s.load.conns_pending;
                 e.conns_lag_ns = s.load.conns_lag_ns();
+                let has_delay = s.load.flags & farside_region::layout::FLAG_QUEUE_DELAY != 0;
+                e.queue_delay_us = s.load.queue_delay_us;
+                e.queue_delay_id = if has_delay {
+                    s.load.conns_sampled_mono_ns.max(1)
+                } else {
+                    0
+                };
                 e.read_latency_ns = latency_ns;
             }
             Err(err) => {

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! word 0..8            header: magic, version, backends, period_us, generation
-//! word 8 + i*16 ..     entry i (ENTRY_WORDS): seqlock block, fields below
+//! word 8 + i*18 ..     entry i (ENTRY_WORDS): seqlock block, fields below
 //! ```
 
 use farside_region::seqlock::{self, SeqlockWriter};
@@ -14,11 +14,12 @@ use std::sync::atomic::Ordering;
 
 /// `b"FSMONTBL"`.
 pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"FSMONTBL");
-pub const TABLE_VERSION: u64 = 1;
+/// Version 2: entries grew to 18 words (`queue_delay_us`, `queue_delay_id`).
+pub const TABLE_VERSION: u64 = 2;
 /// Most back-ends one table holds.
 pub const TABLE_BACKENDS_MAX: usize = 64;
 pub const HEADER_WORDS: usize = 8;
-pub const ENTRY_WORDS: usize = 16;
+pub const ENTRY_WORDS: usize = 18;
 pub const TABLE_WORDS: usize = HEADER_WORDS + TABLE_BACKENDS_MAX * ENTRY_WORDS;
 
 const H_MAGIC: usize = 0;
@@ -53,6 +54,12 @@ pub struct Entry {
     pub conns_lag_ns: u64,
     /// Failed reads so far.
     pub errors: u64,
+    /// The back-end's queueing delay, µs (region `queue_delay_us`), as old as the
+    /// connection counts (`conns_lag_ns`).
+    pub queue_delay_us: u64,
+    /// Identity of that delay reading: the gatherer's time of it (its clock; compare for
+    /// equality only). 0: the back-end publishes no delay.
+    pub queue_delay_id: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -84,6 +91,8 @@ impl Entry {
             self.read_latency_ns,
             self.errors,
             self.conns_lag_ns,
+            self.queue_delay_us,
+            self.queue_delay_id,
         ]
     }
 
@@ -108,6 +117,8 @@ impl Entry {
             read_latency_ns: f[11],
             errors: f[12],
             conns_lag_ns: f[13],
+            queue_delay_us: f[14],
+            queue_delay_id: f[15],
         }
     }
 }
@@ -185,6 +196,8 @@ pub mod field {
     pub const ACCEPT_BACKLOG: usize = 10;
     pub const CONNS_PENDING: usize = 11;
     pub const CONNS_LAG_NS: usize = 14;
+    pub const QUEUE_DELAY_US: usize = 15;
+    pub const QUEUE_DELAY_ID: usize = 16;
 }
 
 /// The hot-path read: status, advance time and one load field (or the sum of two) of

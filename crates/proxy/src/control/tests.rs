@@ -466,3 +466,111 @@ fn admission_and_shedding_rules_are_pure() {
     assert_eq!(relief(3, 1), r(1, 2), "the rest as connections come back");
     assert_eq!(relief(0, 5), r(0, 0));
 }
+
+fn delay_reading(id: u64, delay_us: u64) -> Entry {
+    Entry {
+        status: EntryStatus::Ok,
+        advanced_mono_ns: mono_ns(),
+        remote_seq: id,
+        queue_delay_us: delay_us,
+        queue_delay_id: id,
+        ..Default::default()
+    }
+}
+
+/// Metric `delay`: the budget starts at one request in flight, grows while the
+/// back-end's delay is under the target and the budget is in use, is cut when the delay
+/// is above it, and never falls below one (liveness); every check is accounted to the
+/// signal that decided it.
+#[test]
+fn delay_metric_adapts_the_budget_to_the_published_queueing_delay() {
+    let (c, t, p) = with_table(vec![backend(1, "")], |cfg| {
+        cfg.admission.metric = Metric::Delay;
+        cfg.admission.target_delay_ms = 5;
+        cfg.admission.limit = 8;
+    });
+    let mut id = 1;
+    EntryWriter::new(&*t, 0).publish(&delay_reading(id, 0));
+    let r1 = c.route(None).expect("budget 1, nothing in flight");
+    assert_eq!(c.choose(None), Err(Reject::Overloaded), "budget 1 in use");
+    // Low delay readings while the budget is in use: it grows, one per reading, to 8.
+    let mut held = vec![r1];
+    for _ in 0..20 {
+        id += 1;
+        EntryWriter::new(&*t, 0).publish(&delay_reading(id, 1_000));
+        while let Ok(r) = c.route(None) {
+            held.push(r);
+        }
+    }
+    assert_eq!(held.len(), 8, "grown to the cap `limit`");
+    // A delay far above the target: cut to half at once (the strongest cut).
+    id += 1;
+    EntryWriter::new(&*t, 0).publish(&delay_reading(id, 100_000));
+    assert_eq!(c.load(0, mono_ns()), Load::Known(8));
+    let mut m = String::new();
+    c.render_signal_metrics(&mut m);
+    assert!(
+        m.contains("farside_backend_queue_delay_us{backend=\"127.0.0.1:1\",site=\"\"} 100000"),
+        "{m}"
+    );
+    held.truncate(4);
+    assert_eq!(
+        c.choose(None),
+        Err(Reject::Overloaded),
+        "4 in flight, budget 4"
+    );
+    held.truncate(3);
+    assert!(c.choose(None).is_ok());
+    // However high the delay stays, nothing in flight is always admitted.
+    for _ in 0..20 {
+        id += 1;
+        EntryWriter::new(&*t, 0).publish(&delay_reading(id, 1_000_000));
+        let _ = c.load(0, mono_ns());
+    }
+    held.clear();
+    assert!(c.route(None).is_ok(), "never locked out");
+    let mut m = String::new();
+    c.render_signal_metrics(&mut m);
+    for want in [
+        "farside_admission_checks_total{metric=\"delay\",decided=\"below_limit\"}",
+        "farside_admission_checks_total{metric=\"delay\",decided=\"over_limit\"}",
+        "farside_admission_target_delay_us 5000",
+    ] {
+        let line = m
+            .lines()
+            .find(|l| l.starts_with(want))
+            .unwrap_or_else(|| panic!("{want} in {m}"));
+        assert_ne!(line.rsplit(' ').next(), Some("0"), "{line}");
+    }
+    // A back-end that publishes no delay (no watched port) is stale for this metric.
+    EntryWriter::new(&*t, 0).publish(&delay_reading(0, 0));
+    assert_eq!(c.choose(None), Err(Reject::StaleLoad));
+    let _ = std::fs::remove_file(p);
+}
+
+/// Metric `delay` balances by in-flight requests relative to each back-end's budget:
+/// the back-end whose delay let its budget grow further takes proportionally more.
+#[test]
+fn delay_metric_balances_by_headroom_in_the_budget() {
+    let mut small = backend(2, "");
+    small.limit = Some(3);
+    let (c, t, p) = with_table(vec![backend(1, ""), small], |cfg| {
+        cfg.admission.metric = Metric::Delay;
+        cfg.admission.limit = 12;
+    });
+    // Both stay under the target while in use: budgets grow to 12 and to 3.
+    let mut held = Vec::new();
+    for id in 1..=20 {
+        EntryWriter::new(&*t, 0).publish(&delay_reading(id, 0));
+        EntryWriter::new(&*t, 1).publish(&delay_reading(id, 0));
+        while let Ok(r) = c.route(None) {
+            held.push(r);
+        }
+    }
+    assert_eq!(held.len(), 15, "budgets 12 + 3");
+    held.clear();
+    let held: Vec<_> = (0..6).map(|_| c.route(None).unwrap()).collect();
+    let to = |i: usize| held.iter().filter(|r| r.backend == i).count();
+    assert_eq!((to(0), to(1)), (5, 1), "by headroom, not by count");
+    let _ = std::fs::remove_file(p);
+}
