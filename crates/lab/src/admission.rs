@@ -11,6 +11,21 @@
 //! | `tcp-ac` | on | gatherer answers over TCP (two-sided, the paper's TCP/IP) |
 //! | `onesided-ac` | on | the region read one-sidedly (`shm` here; XDP with `--hosts netns`) |
 //!
+//! # Load models (`--load closed|open|both`, default both)
+//!
+//! - **closed**: `--clients` users, each sends a request, waits for the answer and
+//!   repeats; after a 503 it follows `--on-reject` (the loadgen's default `backoff`:
+//!   full-jitter exponential back-off honouring `Retry-After`; `retry`; `leave`).
+//! - **open**: users arrive as a Poisson process at `--rates` × the back-end tier's
+//!   capacity (a rule, see `--help`; `params.capacity_rps`), each sends one request on a
+//!   connection of its own and leaves; a rejected user leaves. Arrivals do not slow down
+//!   when the servers do, so overload is real overload.
+//!
+//! Each point keeps the loadgen's own summary (histograms included) in `points.jsonl`;
+//! repeats combine with `farside_loadgen::Summary::merge`, so a repeated point's p99 is
+//! the p99 of all its requests, not a mean of p99s. Points carry `load_model`,
+//! `offered_rps`, `goodput`, `drop_rate`, `reject_p99_ms` and `inflight_at_end`.
+//!
 //! The experiment is a set-up (back-end tier, proxy, clients) and a point function on
 //! the shared runner ([`crate::sweep`]): repeats, progress, `points.jsonl`, `--resume` and
 //! `farside lab report DIR` come from there. Keys are (system, limit, trace, clients).
@@ -33,7 +48,7 @@ use crate::nginx::{self, Nginx, NginxConfig};
 use crate::procs::Child;
 use crate::summary::{AnyPoint, Point, SecondPoint, Setting, Summary};
 use crate::sweep::Sweep;
-use farside_loadgen::{LoadgenArgs, PathMode, TraceKind};
+use farside_loadgen::{LoadgenArgs, OnReject, PathMode, TraceKind};
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -56,6 +71,42 @@ pub enum BackendServer {
     /// Real nginx from the system.
     Nginx,
 }
+
+/// Load models of a sweep (`--load`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadModels {
+    /// Closed loop only: `--clients` users.
+    Closed,
+    /// Open loop only: Poisson arrivals at `--rates` x capacity.
+    Open,
+    /// Both, closed loop first.
+    Both,
+}
+
+impl LoadModels {
+    /// The models measured, in sweep order.
+    pub fn models(self) -> &'static [&'static str] {
+        match self {
+            LoadModels::Closed => &["closed"],
+            LoadModels::Open => &["open"],
+            LoadModels::Both => &["closed", "open"],
+        }
+    }
+}
+
+/// Open-loop rates of a full sweep, as multiples of the capacity: below it, near it,
+/// and well past it (where admission control has to shed).
+const RATES_FULL: &str = "0.5,0.9,1.5,3";
+/// Open-loop rates of a `--quick` sweep.
+const RATES_QUICK: &str = "0.5,1.5,3";
+/// Highest `--rates` multiple: past 10x capacity every system only sheds, and the
+/// clients' own sockets become the bottleneck.
+const RATE_X_MAX: f64 = 10.0;
+/// Most open-loop users active at once: each holds a socket on the client and one or two
+/// on the proxy; arrivals beyond are shed by the client and counted (`shed_by_client`),
+/// never silently lost.
+const OPEN_USERS_MAX: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -171,11 +222,29 @@ pub struct AdmissionArgs {
     /// Client think time between requests, ms.
     #[arg(long, default_value_t = 0)]
     pub think_ms: u64,
-    /// Think time of a client after a 503, ms: clients back off as `Retry-After` asks
-    /// instead of retrying at once (0 = retry immediately, a retry storm that loads the
-    /// front-end tier rather than the back-ends).
-    #[arg(long, default_value_t = 1000)]
-    pub reject_think_ms: u64,
+    /// Load models measured, closed, open or both. closed: `--clients` users each send,
+    /// wait and repeat; after a 503 they follow `--on-reject`. open: users arrive at
+    /// `--rates` × the capacity (Poisson), send one request on a connection of their own
+    /// and leave; a rejected user leaves. Default both: an admission comparison is
+    /// reported in both models (a closed loop slows its own arrivals when the servers
+    /// slow down; an open loop does not).
+    #[arg(long, value_enum, default_value_t = LoadModels::Both)]
+    pub load: LoadModels,
+    /// Closed loop, what a client does after a 503: backoff (full-jitter exponential
+    /// back-off honouring Retry-After, the loadgen's default), retry (at once) or leave
+    /// (a new user on a new connection takes its place).
+    #[arg(long, value_enum, default_value_t = OnReject::Backoff)]
+    pub on_reject: OnReject,
+    /// Open loop: arrival rates as multiples of the capacity (`params.capacity_rps`, by
+    /// the rule below or `--capacity-rps`), comma-separated, from below it to ~3x.
+    /// Default 0.5,0.9,1.5,3 (quick: 0.5,1.5,3).
+    #[arg(long, value_delimiter = ',')]
+    pub rates: Vec<f64>,
+    /// Open loop: the capacity (requests/s of the back-end tier) the `--rates` multiply.
+    /// Default: the rule below (back-end CPUs / CPU cost of a request); needed with
+    /// `--backend-server nginx`, whose cost per request the lab does not set.
+    #[arg(long)]
+    pub capacity_rps: Option<f64>,
     /// Response time above which a served request counts as slow (QoS), ms.
     #[arg(long, default_value_t = 1000)]
     pub qos_ms: u64,
@@ -254,7 +323,14 @@ Default admission limit (a rule on the back-end's capacity, not a tuned value):
       time before a worker takes it)
   conns: limit = 2 C  (C connections in service plus C waiting, as above)
   cpu, pressure, runnable: no capacity rule; give --limit or --limits.
-The limit used is in summary.json (`params.limits`, `params.limit_rule`).";
+The limit used is in summary.json (`params.limits`, `params.limit_rule`).
+
+Open-loop capacity (what --rates multiply; a rule, not a measurement):
+  capacity_rps = min(back-end CPUs, backends x workers) x 1e6 / cost_us
+      back-end CPUs: the CPUs the back-end tier may use (all but the first when
+      pinned); cost_us: --backend-cpu-us (mixed-cost: the scenario's mean cost).
+  --capacity-rps R sets it instead (needed for nginx back-ends).
+  The value used is in summary.json (`params.capacity_rps`, `params.capacity_rule`).";
 
 /// The back-end's connection capacity C of [`LIMIT_RULE`].
 pub fn capacity_conns(a: &AdmissionArgs) -> u64 {
@@ -281,6 +357,48 @@ pub fn default_limit(metric: &str, c: u64) -> io::Result<(u64, String)> {
             ),
         )),
     }
+}
+
+/// The open-loop capacity of [`LIMIT_RULE`] in requests/s, with the rule as text:
+/// `--capacity-rps`, else back-end CPUs (`back_cpus`) over the mean CPU cost of a request
+/// (`cost_us`).
+pub fn capacity_rps(
+    a: &AdmissionArgs,
+    back_cpus: usize,
+    cost_us: f64,
+) -> io::Result<(f64, String)> {
+    if let Some(r) = a.capacity_rps {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("--capacity-rps {r}: must be a positive number of requests/s"),
+            ));
+        }
+        return Ok((r, format!("--capacity-rps {r}")));
+    }
+    if a.backend_server == BackendServer::Nginx {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "open loop with --backend-server nginx: the lab does not set nginx's cost per \
+             request, so there is no capacity rule; give --capacity-rps R (or --load closed)",
+        ));
+    }
+    if cost_us <= 0.0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "open loop with --backend-cpu-us 0: requests cost no CPU, so there is no capacity \
+             rule; give --capacity-rps R (or --load closed)",
+        ));
+    }
+    let cpus = back_cpus.min(a.backends * a.backend_workers).max(1);
+    let r = cpus as f64 * 1e6 / cost_us;
+    Ok((
+        r,
+        format!(
+            "capacity_rps = min({back_cpus} CPUs, {} workers) x 1e6 / {cost_us} us = {r:.0}",
+            a.backends * a.backend_workers
+        ),
+    ))
 }
 
 /// The lowest nice an unprivileged thread may set: `20 - RLIMIT_NICE` (0 by default).
@@ -735,7 +853,7 @@ fn loadgen_args(
     l.duration_s = duration_s;
     l.warmup_s = warmup_s;
     l.think_ms = a.think_ms;
-    l.reject_think_ms = Some(a.reject_think_ms);
+    l.on_reject = Some(a.on_reject);
     l.qos_ms = a.qos_ms;
     l.timeout_ms = a.timeout_ms;
     l.no_keepalive = a.no_keepalive;
@@ -744,34 +862,18 @@ fn loadgen_args(
     Ok(l)
 }
 
-fn point(system: &str, limit: Option<u64>, transport: &str, s: &farside_loadgen::Summary) -> Point {
-    Point {
-        system: system.into(),
-        trace: s.trace.clone(),
-        clients: s.clients as u64,
-        limit,
+fn point(k: &Key, transport: &str, s: &farside_loadgen::Summary) -> Point {
+    let mut p = Point {
+        system: k.system.clone(),
+        trace: k.trace.clone(),
+        clients: k.clients.unwrap_or(0),
+        limit: k.limit,
         transport: transport.into(),
-        avg_ms: s.avg_ms,
-        p50_ms: s.p50_ms,
-        p90_ms: s.p90_ms,
-        p99_ms: s.p99_ms,
-        max_ms: s.max_ms,
-        tps: s.tps,
-        drop_rate: s.drop_rate,
-        slow_rate: s.slow_rate,
-        attempts: s.attempts,
-        served: s.served,
-        dropped: s.dropped_503,
-        failures: s.failures,
         runs: 1,
-        avg_ms_sd: 0.0,
-        tps_sd: 0.0,
-        p99_ms_sd: 0.0,
-        drop_rate_sd: 0.0,
-        slow_rate_sd: 0.0,
-        monitor_read_p50_us: None,
-        monitor_read_p99_us: None,
-        update_gap_p99_ms: None,
+        scenario: "single".into(),
+        load_model: k.load_model.clone(),
+        rate_x: k.rate_x,
+        rate_rps: k.rate_x.and(s.rate),
         series: s
             .series
             .iter()
@@ -782,8 +884,10 @@ fn point(system: &str, limit: Option<u64>, transport: &str, s: &farside_loadgen:
                 avg_ms: x.avg_ms,
             })
             .collect(),
-        requests: Vec::new(),
-    }
+        ..Point::default()
+    };
+    p.fill_from_loadgen(s);
+    p
 }
 
 /// Served requests of a loadgen `--out` file as `(start s, response time ms)`, thinned
@@ -834,28 +938,43 @@ struct Key {
     trace: String,
     /// `None` for no-ac.
     limit: Option<u64>,
-    clients: u64,
+    /// `closed` or `open`.
+    load_model: String,
+    /// Closed loop: the number of clients.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    clients: Option<u64>,
+    /// Open loop: the arrival rate as a multiple of the capacity.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate_x: Option<f64>,
 }
 
 /// The sweep's keys: per system (and per limit for the admission-controlled ones),
-/// per trace, per client count; one tier is started per (system, limit).
-fn keys(a: &AdmissionArgs, limits: &[u64], clients: &[u64]) -> Vec<Key> {
+/// per trace, per load model, per client count (closed) or rate (open); one tier is
+/// started per (system, limit).
+fn keys(a: &AdmissionArgs, limits: &[u64], clients: &[u64], rates: &[f64]) -> Vec<Key> {
     let mut out = Vec::new();
     for system in &a.systems {
-        let ls: Vec<Option<u64>> = if system == "no-ac" {
+        let ls: Vec<Option<u64>> = if system == "no-ac" || system == "haproxy" {
             vec![None]
         } else {
             limits.iter().map(|&l| Some(l)).collect()
         };
         for limit in ls {
             for trace in &a.traces {
-                for &c in clients {
-                    out.push(Key {
+                for model in a.load.models() {
+                    let key = |clients, rate_x| Key {
                         system: system.clone(),
                         trace: trace.clone(),
                         limit,
-                        clients: c,
-                    });
+                        load_model: model.to_string(),
+                        clients,
+                        rate_x,
+                    };
+                    if *model == "closed" {
+                        out.extend(clients.iter().map(|&c| key(Some(c), None)));
+                    } else {
+                        out.extend(rates.iter().map(|&r| key(None, Some(r))));
+                    }
                 }
             }
         }
@@ -937,6 +1056,31 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
             "--limit/--limits: a limit of 0 admits nothing; use 1 or more",
         ));
     }
+    let rates: Vec<f64> = if a.rates.is_empty() {
+        let list = if a.quick { RATES_QUICK } else { RATES_FULL };
+        list.split(',')
+            .map(|r| r.parse().expect("literal list"))
+            .collect()
+    } else {
+        a.rates.clone()
+    };
+    if rates.iter().any(|&r| !(r > 0.0 && r <= RATE_X_MAX)) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("--rates: each multiple of the capacity must be in (0, {RATE_X_MAX}]"),
+        ));
+    }
+    let pl = placement(&a);
+    let open = a.load != LoadModels::Closed;
+    let back_cpus = pl
+        .back
+        .as_ref()
+        .map_or_else(|| crate::procs::allowed_cpus().len(), |b| b.len());
+    let capacity = if open {
+        Some(capacity_rps(&a, back_cpus, a.backend_cpu_us as f64)?)
+    } else {
+        None
+    };
     let (duration_s, warmup_s) = point_time(&a);
     let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
     let netns = a.hosts == Hosts::Netns;
@@ -948,6 +1092,17 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
     crate::sweep::fill_host_metadata(&mut meta);
     meta.seed = Some(a.seed);
     meta.params = effective(&a, &clients, &limits, &rule, duration_s, warmup_s)?;
+    if let Some(m) = meta.params.as_object_mut() {
+        m.insert(
+            "rates".into(),
+            serde_json::json!(if open { rates.clone() } else { Vec::new() }),
+        );
+        m.insert("load_models".into(), serde_json::json!(a.load.models()));
+        if let Some((r, rule)) = &capacity {
+            m.insert("capacity_rps".into(), serde_json::json!(r));
+            m.insert("capacity_rule".into(), rule.clone().into());
+        }
+    }
     meta.settings = privileged_settings(
         &a,
         euid == 0,
@@ -985,7 +1140,6 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         farside_loadgen::write_docroot(&trace, &run.docroot)?;
     }
 
-    let pl = placement(&a);
     if let (Some(f), Some(b)) = (&pl.front, &pl.back) {
         eprintln!("lab admission: proxy and clients on CPU {f:?}, back-end nodes on CPUs {b:?} (--no-pin to share)");
     }
@@ -1035,7 +1189,7 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         Fabric::Loopback(pl.clone())
     };
 
-    let keys = keys(&a, &limits, &clients);
+    let keys = keys(&a, &limits, &clients, &rates);
     let heaviest = clients.iter().copied().max().unwrap_or(0);
     // The running tier and its background load, for the (system, limit) it serves.
     let mut current: Option<Running> = None;
@@ -1045,10 +1199,12 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         duration_s + warmup_s + 0.5,
         |k| {
             let limit = k.limit.map(|l| format!(" limit={l}")).unwrap_or_default();
-            format!(
-                "{:<12} {:<8}{limit} clients={:<4}",
-                k.system, k.trace, k.clients
-            )
+            let load = match (k.clients, k.rate_x) {
+                (Some(c), _) => format!("clients={c:<4}"),
+                (_, Some(x)) => format!("rate={x}x"),
+                _ => String::new(),
+            };
+            format!("{:<12} {:<8}{limit} {load}", k.system, k.trace)
         },
         |k, r| {
             let want = (k.system.clone(), k.limit);
@@ -1069,19 +1225,25 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
                 &a,
                 tier.proxy_addr,
                 &k.trace,
-                k.clients,
+                k.clients.unwrap_or(1),
                 duration_s,
                 warmup_s,
             )?;
             l.seed = a.seed.wrapping_add(u64::from(r));
+            if let (Some(x), Some((cap, _))) = (k.rate_x, &capacity) {
+                l.rate = Some(x * cap);
+                l.open_users_max = OPEN_USERS_MAX;
+            }
             // Per-request records only at the heaviest load: Fig. 6 shows that one, and a
             // 60 s point at every load would keep megabytes per point.
-            let requests_csv = (k.clients == heaviest).then(|| run.logs.join("requests.csv"));
+            let requests_csv = (k.clients == Some(heaviest)
+                || k.rate_x == rates.iter().copied().reduce(f64::max))
+            .then(|| run.logs.join("requests.csv"));
             l.out = requests_csv.clone();
             let before = MonitorScrape::take(&fabric, tier);
             let s = fabric.run_clients(&l, pl.front.as_deref())?;
             tier.proxy.check_alive()?;
-            let mut p = point(&k.system, k.limit, transport_of(&k.system, netns), &s);
+            let mut p = point(k, transport_of(&k.system, netns), &s);
             if let (Some(b), Some(after)) = (before, MonitorScrape::take(&fabric, tier)) {
                 after.fill(&b, &mut p);
             }
@@ -1233,8 +1395,8 @@ mod tests {
         assert_eq!(point_time(&args("--quick")), (6.0, 1.0));
         assert_eq!(point_time(&args("--quick --duration-s 3")), (3.0, 1.0));
         // no-ac once, each admission system once per limit.
-        let a = args("--systems no-ac,tcp-ac --traces single");
-        let k = keys(&a, &[2, 8], &[4]);
+        let a = args("--systems no-ac,tcp-ac --traces single --load closed");
+        let k = keys(&a, &[2, 8], &[4], &[1.0]);
         let names: Vec<(String, Option<u64>)> =
             k.iter().map(|k| (k.system.clone(), k.limit)).collect();
         assert_eq!(
@@ -1245,6 +1407,53 @@ mod tests {
                 ("tcp-ac".into(), Some(8))
             ]
         );
+    }
+
+    #[test]
+    fn both_load_models_are_swept_by_default_with_rates_of_the_capacity() {
+        let a = args("--systems no-ac --traces single");
+        assert_eq!(a.load, LoadModels::Both);
+        assert_eq!(a.on_reject, OnReject::Backoff);
+        let k = keys(&a, &[16], &[4, 8], &[0.5, 3.0]);
+        let got: Vec<(String, Option<u64>, Option<f64>)> = k
+            .iter()
+            .map(|k| (k.load_model.clone(), k.clients, k.rate_x))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("closed".into(), Some(4), None),
+                ("closed".into(), Some(8), None),
+                ("open".into(), None, Some(0.5)),
+                ("open".into(), None, Some(3.0)),
+            ]
+        );
+        // The capacity rule: back-end CPUs (at most one per worker) over the CPU cost.
+        let (r, rule) = capacity_rps(&args(""), 3, 1500.0).unwrap();
+        assert!((r - 2000.0).abs() < 1e-9, "{r}");
+        assert!(rule.contains("1e6 / 1500"), "{rule}");
+        let (r, _) = capacity_rps(&args("--backends 1 --backend-workers 2"), 8, 1000.0).unwrap();
+        assert!((r - 2000.0).abs() < 1e-9, "two workers cap it: {r}");
+        assert_eq!(
+            capacity_rps(&args("--capacity-rps 300"), 3, 1.0).unwrap().0,
+            300.0
+        );
+        let e = capacity_rps(&args("--backend-server nginx"), 3, 1500.0).unwrap_err();
+        assert!(e.to_string().contains("--capacity-rps"), "{e}");
+        // The closed loop follows --on-reject; the deprecated fixed pause is gone.
+        let l = loadgen_args(
+            &args("--on-reject leave"),
+            "127.0.0.1:1".parse().unwrap(),
+            "single",
+            4,
+            1.0,
+            0.0,
+        )
+        .unwrap();
+        assert_eq!(l.effective_on_reject(), OnReject::Leave);
+        assert_eq!(l.reject_think_ms, None);
+        let l = loadgen_args(&a, "127.0.0.1:1".parse().unwrap(), "single", 4, 1.0, 0.0).unwrap();
+        assert_eq!(l.effective_on_reject(), OnReject::Backoff);
     }
 
     #[test]

@@ -83,9 +83,10 @@ impl TraceImprovements {
             })
             .collect();
         format!(
-            "improvement {} @ {} clients (avg response time): {}",
+            "improvement {} @ {} {} (avg response time): {}",
             self.trace,
             self.clients,
+            load_header(&self.trace),
             items.join(", ")
         )
     }
@@ -100,8 +101,9 @@ struct Grid<'a> {
     points: Vec<&'a Point>,
     /// The label of each point of `points`.
     labels: Vec<String>,
-    /// Traces in order of first appearance.
-    traces: Vec<&'a str>,
+    /// Panels (trace, with scenario and load model when not the default; see
+    /// [`Point::panel`]) in order of first appearance.
+    traces: Vec<String>,
     /// Labels present: `SYSTEMS` order (by limit within a system), then other systems
     /// in order of appearance.
     systems: Vec<String>,
@@ -115,10 +117,11 @@ impl<'a> Grid<'a> {
         let limits: BTreeSet<u64> = points.iter().filter_map(|p| p.limit).collect();
         let multi_limit = limits.len() > 1;
         let labels: Vec<String> = points.iter().map(|p| label(p, multi_limit)).collect();
-        let mut traces: Vec<&str> = Vec::new();
+        let mut traces: Vec<String> = Vec::new();
         for p in &points {
-            if !traces.contains(&p.trace.as_str()) {
-                traces.push(&p.trace);
+            let panel = p.panel();
+            if !traces.contains(&panel) {
+                traces.push(panel);
             }
         }
         // Sort labels by (rank of the system, limit, first appearance).
@@ -148,8 +151,8 @@ impl<'a> Grid<'a> {
         let set: BTreeSet<u64> = self
             .points
             .iter()
-            .filter(|p| p.trace == trace)
-            .map(|p| p.clients)
+            .filter(|p| p.panel() == trace)
+            .map(|p| p.load_x())
             .collect();
         set.into_iter().collect()
     }
@@ -159,7 +162,7 @@ impl<'a> Grid<'a> {
         self.points
             .iter()
             .zip(&self.labels)
-            .find(|(p, l)| *l == label && p.trace == trace && p.clients == clients)
+            .find(|(p, l)| *l == label && p.panel() == trace && p.load_x() == clients)
             .map(|(p, _)| *p)
     }
 
@@ -216,6 +219,15 @@ fn label(p: &Point, multi_limit: bool) -> String {
     }
 }
 
+/// The x axis of a panel: clients (closed loop) or the open loop's arrival rate.
+fn load_header(panel: &str) -> &'static str {
+    if panel.ends_with("-open") {
+        "rate/s"
+    } else {
+        "clients"
+    }
+}
+
 /// Per trace, the improvement of each admission-controlled system over
 /// `no-ac` (and of `onesided-ac` over `tcp-ac`) at the heaviest load.
 pub fn improvements(s: &Summary) -> Vec<TraceImprovements> {
@@ -257,7 +269,13 @@ fn monitor_line(g: &Grid, trace: &str) -> Option<String> {
             ))
         })
         .collect();
-    (!seen.is_empty()).then(|| format!("monitor {trace} @ {heaviest} clients: {}", seen.join("; ")))
+    (!seen.is_empty()).then(|| {
+        format!(
+            "monitor {trace} @ {heaviest} {}: {}",
+            load_header(trace),
+            seen.join("; ")
+        )
+    })
 }
 
 /// What ran where: commit, kernel, CPU, seed, whether the run was quick or unfinished,
@@ -324,7 +342,7 @@ pub fn table_text(s: &Summary) -> String {
             fmt_num(slow_ms(s))
         );
         let mut head1 = format!("{:>8} ", "");
-        let mut head2 = format!("{:>8} ", "clients");
+        let mut head2 = format!("{:>8} ", load_header(trace));
         for sys in &g.systems {
             let _ = write!(head1, "| {sys:^w$} ", w = CELL - 3);
             let _ = write!(
@@ -386,7 +404,8 @@ pub fn table_text(s: &Summary) -> String {
                 let runs = g.get(&g.systems[0], trace, heaviest).map_or(0, |p| p.runs);
                 let _ = writeln!(
                     out,
-                    "spread {trace} @ {heaviest} clients (mean ± sd of {runs} runs): {}",
+                    "spread {trace} @ {heaviest} {} (mean ± sd of {runs} runs): {}",
+                    load_header(trace),
                     spread.join("; ")
                 );
             }
@@ -489,8 +508,8 @@ pub fn series_file_name(p: &Point, multi_limit: bool) -> String {
     format!(
         "series-{}{limit}-{}-{}.csv",
         sanitize(&p.system),
-        sanitize(&p.trace),
-        p.clients
+        sanitize(&p.panel()),
+        p.load_x()
     )
 }
 
@@ -538,6 +557,14 @@ fn points_csv(points: &[&Point]) -> io::Result<String> {
             "p99_ms_sd",
             "drop_rate_sd",
             "slow_rate_sd",
+            "scenario",
+            "load_model",
+            "rate_x",
+            "rate_rps",
+            "offered_rps",
+            "goodput",
+            "reject_p99_ms",
+            "inflight_at_end",
         ],
         points.iter().map(|p| {
             vec![
@@ -567,6 +594,14 @@ fn points_csv(points: &[&Point]) -> io::Result<String> {
                 p.p99_ms_sd.to_string(),
                 p.drop_rate_sd.to_string(),
                 p.slow_rate_sd.to_string(),
+                p.scenario.clone(),
+                p.load_model.clone(),
+                opt(p.rate_x),
+                opt(p.rate_rps),
+                p.offered_rps.to_string(),
+                p.goodput.to_string(),
+                p.reject_p99_ms.to_string(),
+                p.inflight_at_end.to_string(),
             ]
         }),
     )
@@ -908,7 +943,7 @@ fn rt_goodput_chart(g: &Grid, trace: &str, clients: u64) -> String {
         let mut pts: Vec<&Point> = g
             .points
             .iter()
-            .filter(|p| p.system == sys && p.trace == trace && p.clients == clients)
+            .filter(|p| p.system == sys && p.panel() == trace && p.load_x() == clients)
             .copied()
             .collect();
         pts.sort_by_key(|p| p.limit.unwrap_or(0));
@@ -971,8 +1006,9 @@ pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
     for trace in &g.traces {
         let _ = writeln!(
             out,
-            "<h3>Trace {}</h3>\n<table>\n<tr><th rowspan=\"2\">clients</th>",
-            escape(trace)
+            "<h3>Trace {}</h3>\n<table>\n<tr><th rowspan=\"2\">{}</th>",
+            escape(trace),
+            load_header(trace)
         );
         for sys in &g.systems {
             let _ = write!(out, "<th colspan=\"4\">{}</th>", escape(sys));
@@ -1179,6 +1215,9 @@ mod tests {
                         series,
                         limit: (si > 0).then_some(16),
                         requests: Vec::new(),
+                        scenario: "single".into(),
+                        load_model: "closed".into(),
+                        ..Point::default()
                     });
                 }
             }
