@@ -46,6 +46,7 @@
 
 use crate::nginx::{self, Nginx, NginxConfig};
 use crate::procs::Child;
+use crate::scenario::Scenario;
 use crate::summary::{AnyPoint, Point, SecondPoint, Setting, Summary};
 use crate::sweep::Sweep;
 use farside_loadgen::{LoadgenArgs, OnReject, PathMode, TraceKind};
@@ -55,7 +56,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Instant;
 
-pub const SYSTEMS: [&str; 3] = ["no-ac", "tcp-ac", "onesided-ac"];
+/// The systems `--systems` may name: the farside proxy without and with admission
+/// control (two-sided and one-sided load reads), and HAProxy ([`crate::haproxy`]).
+pub const SYSTEMS: [&str; 4] = ["no-ac", "tcp-ac", "onesided-ac", "haproxy"];
 pub const TRACES: [&str; 3] = ["single", "worldcup", "zipf"];
 const CLIENTS_FULL: &str = "16,64,128,192,256,320,400,520";
 /// Accept backlog of the lab's back-ends (and nginx's `listen backlog=`): deep enough
@@ -148,13 +151,36 @@ pub struct AdmissionArgs {
     #[arg(long, value_name = "DIR", conflicts_with = "out")]
     #[serde(skip)]
     pub resume: Option<PathBuf>,
-    /// Systems to compare, comma-separated.
+    /// Systems to compare, comma-separated: no-ac, tcp-ac, onesided-ac (the farside
+    /// proxy) and haproxy (HAProxy with per-server maxconn = the back-end's workers and a
+    /// short `timeout queue`; its configuration is in summary.json and the report).
     #[arg(
         long,
         default_value = "no-ac,tcp-ac,onesided-ac",
         value_delimiter = ','
     )]
     pub systems: Vec<String>,
+    /// Scenarios, comma-separated; each runs every system in every load model.
+    /// single: one proxy, homogeneous back-ends. multi-proxy: --proxies proxies share the
+    /// back-ends, clients spread unevenly (halving from one proxy to the next).
+    /// tenant-load: --tenant-procs busy processes per back-end come and go (co-hosted
+    /// services). mixed-cost: 1 client in 10 (open loop: 1 arrival in 100) asks a dynamic
+    /// endpoint costing 100x a static file. capacity-change: back-end b0 runs at half
+    /// speed (SIGSTOP/SIGCONT duty cycle) in the middle third of every point.
+    #[arg(long, value_enum, default_value = "single", value_delimiter = ',')]
+    pub scenario: Vec<Scenario>,
+    /// multi-proxy: number of proxies (2-4).
+    #[arg(long, default_value_t = 3)]
+    pub proxies: usize,
+    /// tenant-load: busy processes per back-end node, each running and pausing for
+    /// exponential times (mean a tenth of the point, 0.25-5 s).
+    #[arg(long, default_value_t = 2)]
+    pub tenant_procs: usize,
+    /// haproxy: `timeout queue`, ms: how long a request may wait in HAProxy's queue for a
+    /// server slot before HAProxy answers 503 (short, so HAProxy sheds instead of
+    /// queueing for seconds).
+    #[arg(long, default_value_t = crate::haproxy::TIMEOUT_QUEUE_MS_DEFAULT)]
+    pub haproxy_timeout_queue_ms: u64,
     /// Traces, comma-separated: single, worldcup, zipf.
     #[arg(long, default_value = "single,worldcup,zipf", value_delimiter = ',')]
     pub traces: Vec<String>,
@@ -273,6 +299,50 @@ pub struct AdmissionArgs {
     #[arg(long)]
     pub no_keepalive: bool,
 }
+
+/// Refuse scenario settings that cannot be built, naming the flag to change.
+pub fn check_scenarios(a: &AdmissionArgs) -> io::Result<()> {
+    let bad = |m: String| Err(io::Error::new(io::ErrorKind::InvalidInput, m));
+    if a.scenario.is_empty() {
+        return bad("--scenario: name at least one scenario".into());
+    }
+    if a.scenario.contains(&Scenario::MultiProxy)
+        && !(crate::scenario::PROXIES_MIN..=crate::scenario::PROXIES_MAX).contains(&a.proxies)
+    {
+        return bad(format!(
+            "--proxies {}: multi-proxy runs {}..={} proxies",
+            a.proxies,
+            crate::scenario::PROXIES_MIN,
+            crate::scenario::PROXIES_MAX
+        ));
+    }
+    if a.tenant_procs > TENANT_PROCS_MAX {
+        return bad(format!(
+            "--tenant-procs {}: at most {TENANT_PROCS_MAX} per back-end",
+            a.tenant_procs
+        ));
+    }
+    for sc in [Scenario::MixedCost, Scenario::CapacityChange] {
+        if a.scenario.contains(&sc) && a.backend_server != BackendServer::Farside {
+            return bad(format!(
+                "--scenario {}: needs --backend-server farside (its /cgi/work endpoint and \
+                 process are what the scenario drives)",
+                sc.name()
+            ));
+        }
+    }
+    if a.haproxy_timeout_queue_ms == 0 {
+        return bad(
+            "--haproxy-timeout-queue-ms: 0 would queue without limit in HAProxy; use 1 or more"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Most `--tenant-procs` per back-end: each is a busy loop on the back-end CPUs; beyond
+/// this the tenants, not the requests, are the experiment.
+pub const TENANT_PROCS_MAX: usize = 16;
 
 /// Proxy flags the lab sets itself, with the lab flag that controls each (`--proxy-arg`
 /// may not repeat them: the proxy refuses a flag given twice).
@@ -468,6 +538,40 @@ pub fn privileged_settings(
             Setting::applied("receive softirq on each node's CPUs"),
         );
     }
+    if a.scenario.contains(&Scenario::TenantLoad) {
+        m.insert(
+            "tenant_load".into(),
+            Setting {
+                requested: serde_json::json!(a.tenant_procs),
+                applied: true,
+                reason: Some(format!(
+                    "{} busy process(es) per back-end node ({}), each running and paused \
+                     (SIGSTOP/SIGCONT) for exponential times of mean a tenth of the point",
+                    a.tenant_procs,
+                    if netns {
+                        "in the node's cgroup"
+                    } else {
+                        "on the back-end CPUs"
+                    }
+                )),
+            },
+        );
+    }
+    if a.scenario.contains(&Scenario::CapacityChange) {
+        m.insert(
+            "capacity_change".into(),
+            Setting {
+                requested: "b0 at half capacity in the middle third of each point".into(),
+                applied: true,
+                reason: Some(format!(
+                    "SIGSTOP/SIGCONT duty cycle of b0's web server: runs {}% of every {} ms \
+                     (no cgroup CPU quota is used, on loopback or netns)",
+                    (crate::scenario::DUTY_RUN_FRACTION * 100.0) as u32,
+                    crate::scenario::DUTY_PERIOD.as_millis()
+                )),
+            },
+        );
+    }
     if !a.no_pin {
         m.insert(
             "pin".into(),
@@ -487,15 +591,26 @@ struct Run {
     docroot: PathBuf,
 }
 
-/// The back-end tier and proxy of one system.
-struct Tier {
-    _backends: Vec<Child>,
-    _nginx: Vec<Nginx>,
-    _gatherers: Vec<Child>,
-    proxy: Child,
-    proxy_addr: SocketAddr,
+/// One proxy of a tier (farside's or HAProxy).
+struct ProxyProc {
+    child: Child,
+    addr: SocketAddr,
     /// The proxy's admin listener (metrics), when it runs a monitor.
     admin_addr: Option<SocketAddr>,
+}
+
+/// The back-end tier and proxies of one system in one scenario.
+struct Tier {
+    // Tenants first: they are dropped (killed) before the back-ends they load.
+    _tenants: Vec<Child>,
+    _tenant_handles: Vec<crate::netns::LoadHandle>,
+    /// Pids of the tenant processes (`tenant-load`), paused and continued per point.
+    tenant_pids: Vec<u32>,
+    backends: Vec<Child>,
+    _nginx: Vec<Nginx>,
+    _gatherers: Vec<Child>,
+    /// One proxy, or `--proxies` of them (`multi-proxy`).
+    proxies: Vec<ProxyProc>,
 }
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -569,17 +684,29 @@ impl Fabric {
         args: &[String],
         logs: &std::path::Path,
     ) -> io::Result<Child> {
+        self.spawn_program(role, name, &std::env::current_exe()?, args, logs)
+    }
+
+    /// Start `program args` as the node of `role` (its CPUs, or its namespace).
+    fn spawn_program(
+        &self,
+        role: Role,
+        name: &str,
+        program: &std::path::Path,
+        args: &[String],
+        logs: &std::path::Path,
+    ) -> io::Result<Child> {
         match self {
             Fabric::Loopback(pl) => {
                 let cpus = match role {
                     Role::Backend(_) => pl.back.as_deref(),
                     Role::Proxy => pl.front.as_deref(),
                 };
-                Child::farside(name, args, logs, cpus)
+                Child::spawn_pinned(name, program, args, logs, cpus)
             }
             Fabric::Netns(dc) => {
                 let log = logs.join(format!("{name}.log"));
-                let c = dc.spawn_in(&Self::node(role), &std::env::current_exe()?, args, &log)?;
+                let c = dc.spawn_in(&Self::node(role), program, args, &log)?;
                 Ok(Child::adopt(name, c, log))
             }
         }
@@ -645,6 +772,7 @@ impl Fabric {
 fn start_tier(
     a: &AdmissionArgs,
     run: &Run,
+    scenario: Scenario,
     system: &str,
     limit: Option<u64>,
     fabric: &Fabric,
@@ -653,6 +781,7 @@ fn start_tier(
     let mut nginxes = Vec::new();
     let mut gatherers = Vec::new();
     let mut specs = Vec::new();
+    let mut addrs = Vec::new();
     let netns = matches!(fabric, Fabric::Netns(_));
     for i in 0..a.backends {
         let role = Role::Backend(i);
@@ -744,8 +873,116 @@ fn start_tier(
             _ => addr.to_string(),
         };
         specs.push(spec);
+        addrs.push(addr);
     }
-    let proxy_addr = fabric.addr(Role::Proxy, NETNS_PROXY_PORT)?;
+    let n_proxies = if scenario == Scenario::MultiProxy {
+        a.proxies
+    } else {
+        1
+    };
+    let mut proxies = Vec::new();
+    for p in 0..n_proxies {
+        let name = if n_proxies > 1 {
+            format!("{system}-proxy{p}")
+        } else {
+            format!("{system}-proxy")
+        };
+        let port_step = p as u16;
+        let proxy = if system == "haproxy" {
+            start_haproxy(a, run, fabric, &addrs, &name, port_step)?
+        } else {
+            start_farside_proxy(a, run, fabric, system, limit, &specs, &name, port_step)?
+        };
+        proxies.push(proxy);
+    }
+    let mut tenants = Vec::new();
+    let mut tenant_handles = Vec::new();
+    if scenario == Scenario::TenantLoad && a.tenant_procs > 0 {
+        for i in 0..a.backends {
+            match fabric {
+                Fabric::Loopback(pl) => {
+                    for t in 0..a.tenant_procs {
+                        tenants.push(Child::spawn_pinned(
+                            &format!("tenant-b{i}-{t}"),
+                            std::path::Path::new("/bin/sh"),
+                            &["-c".into(), "while :; do :; done".into()],
+                            &run.logs,
+                            pl.back.as_deref(),
+                        )?);
+                    }
+                }
+                Fabric::Netns(dc) => {
+                    tenant_handles.push(dc.start_cpu_load(&format!("b{i}"), a.tenant_procs)?)
+                }
+            }
+        }
+    }
+    let tenant_pids = tenants
+        .iter()
+        .map(|c| c.pid())
+        .chain(tenant_handles.iter().flat_map(|h| h.pids()))
+        .collect();
+    Ok(Tier {
+        backends,
+        _nginx: nginxes,
+        _gatherers: gatherers,
+        proxies,
+        _tenants: tenants,
+        _tenant_handles: tenant_handles,
+        tenant_pids,
+    })
+}
+
+/// Start one HAProxy instance in front of `backends` (see [`crate::haproxy`]).
+fn start_haproxy(
+    a: &AdmissionArgs,
+    run: &Run,
+    fabric: &Fabric,
+    backends: &[SocketAddr],
+    name: &str,
+    port_step: u16,
+) -> io::Result<ProxyProc> {
+    let addr = fabric.addr(Role::Proxy, NETNS_PROXY_PORT + port_step)?;
+    let cfg = haproxy_config(a, addr, backends);
+    let bin = crate::haproxy::find_binary()?;
+    let (_, args) = crate::haproxy::prepare(&bin, &cfg, &run.logs, name)?;
+    let mut child = fabric.spawn_program(Role::Proxy, name, &bin, &args, &run.logs)?;
+    fabric.wait_port(&mut child, addr)?;
+    Ok(ProxyProc {
+        child,
+        addr,
+        admin_addr: None,
+    })
+}
+
+/// The HAProxy configuration of the `haproxy` system: per-server `maxconn` = the
+/// back-end's connection capacity C, `--haproxy-timeout-queue-ms`, the proxy's workers.
+pub fn haproxy_config(
+    a: &AdmissionArgs,
+    listen: SocketAddr,
+    backends: &[SocketAddr],
+) -> crate::haproxy::HaproxyConfig {
+    let mut cfg = crate::haproxy::HaproxyConfig::new(listen, backends);
+    cfg.maxconn_per_server = capacity_conns(a);
+    cfg.timeout_queue_ms = a.haproxy_timeout_queue_ms;
+    cfg.timeout_ms = a.timeout_ms;
+    cfg.threads = a.proxy_workers;
+    cfg
+}
+
+/// Start one farside proxy of `system` in front of the back-ends `specs`.
+#[allow(clippy::too_many_arguments)]
+fn start_farside_proxy(
+    a: &AdmissionArgs,
+    run: &Run,
+    fabric: &Fabric,
+    system: &str,
+    limit: Option<u64>,
+    specs: &[String],
+    name: &str,
+    port_step: u16,
+) -> io::Result<ProxyProc> {
+    let proxy_addr = fabric.addr(Role::Proxy, NETNS_PROXY_PORT + port_step)?;
     let mut args: Vec<String> = vec![
         "proxy".into(),
         "--listen".into(),
@@ -757,7 +994,7 @@ fn start_tier(
         "--monitor-nice".into(),
         a.control_nice.to_string(),
     ];
-    for s in &specs {
+    for s in specs {
         args.push("--backend".into());
         args.push(s.clone());
     }
@@ -765,7 +1002,7 @@ fn start_tier(
     if let (true, Some(limit)) = (system != "no-ac", limit) {
         // The admin listener is not subject to admission: the lab reads the monitor's
         // histograms there while the data port is rejecting.
-        let admin = fabric.addr(Role::Proxy, NETNS_ADMIN_PORT)?;
+        let admin = fabric.addr(Role::Proxy, NETNS_ADMIN_PORT + port_step)?;
         args.extend(["--admin-listen".into(), admin.to_string()]);
         admin_addr = Some(admin);
         args.extend([
@@ -778,14 +1015,11 @@ fn start_tier(
     }
     // The user's own proxy arguments come last, so they override the lab's.
     args.extend(a.proxy_args.iter().cloned());
-    let mut proxy = fabric.spawn(Role::Proxy, &format!("{system}-proxy"), &args, &run.logs)?;
+    let mut proxy = fabric.spawn(Role::Proxy, name, &args, &run.logs)?;
     fabric.wait_port(&mut proxy, proxy_addr)?;
-    Ok(Tier {
-        _backends: backends,
-        _nginx: nginxes,
-        _gatherers: gatherers,
-        proxy,
-        proxy_addr,
+    Ok(ProxyProc {
+        child: proxy,
+        addr: proxy_addr,
         admin_addr,
     })
 }
@@ -800,7 +1034,8 @@ impl MonitorScrape {
     /// `None` (with a warning) when the proxy has no admin listener or does not answer:
     /// the point is still measured, only without the monitor's figures.
     fn take(fabric: &Fabric, tier: &Tier) -> Option<MonitorScrape> {
-        let admin = tier.admin_addr?;
+        // The first proxy's monitor (with `multi-proxy`, the one with the most clients).
+        let admin = tier.proxies.first()?.admin_addr?;
         match fabric.scrape(admin) {
             Ok(text) => Some(MonitorScrape {
                 read: crate::promtext::buckets(&text, "farside_monitor_read_seconds"),
@@ -870,7 +1105,7 @@ fn point(k: &Key, transport: &str, s: &farside_loadgen::Summary) -> Point {
         limit: k.limit,
         transport: transport.into(),
         runs: 1,
-        scenario: "single".into(),
+        scenario: k.scenario.name().into(),
         load_model: k.load_model.clone(),
         rate_x: k.rate_x,
         rate_rps: k.rate_x.and(s.rate),
@@ -928,12 +1163,21 @@ fn transport_of(system: &str, netns: bool) -> &'static str {
     }
 }
 
-/// The tier serving (system, limit) and the back-ends' background load.
-type Running = ((String, Option<u64>), Tier, Vec<crate::netns::LoadHandle>);
+/// The tier serving (scenario, system, limit) and the back-ends' background load.
+type Running = (
+    (Scenario, String, Option<u64>),
+    Tier,
+    Vec<crate::netns::LoadHandle>,
+);
+
+/// Distance between the seeds of a point's client groups (proxies, cost classes), so
+/// that no two groups draw the same workload or arrivals, even across repeats.
+const GROUP_SEED_STRIDE: u64 = 1_000_003;
 
 /// One point of the sweep: its key in `points.jsonl`.
 #[derive(Debug, Clone, serde::Serialize)]
 struct Key {
+    scenario: Scenario,
     system: String,
     trace: String,
     /// `None` for no-ac.
@@ -953,27 +1197,30 @@ struct Key {
 /// started per (system, limit).
 fn keys(a: &AdmissionArgs, limits: &[u64], clients: &[u64], rates: &[f64]) -> Vec<Key> {
     let mut out = Vec::new();
-    for system in &a.systems {
-        let ls: Vec<Option<u64>> = if system == "no-ac" || system == "haproxy" {
-            vec![None]
-        } else {
-            limits.iter().map(|&l| Some(l)).collect()
-        };
-        for limit in ls {
-            for trace in &a.traces {
-                for model in a.load.models() {
-                    let key = |clients, rate_x| Key {
-                        system: system.clone(),
-                        trace: trace.clone(),
-                        limit,
-                        load_model: model.to_string(),
-                        clients,
-                        rate_x,
-                    };
-                    if *model == "closed" {
-                        out.extend(clients.iter().map(|&c| key(Some(c), None)));
-                    } else {
-                        out.extend(rates.iter().map(|&r| key(None, Some(r))));
+    for &scenario in &a.scenario {
+        for system in &a.systems {
+            let ls: Vec<Option<u64>> = if system == "no-ac" || system == "haproxy" {
+                vec![None]
+            } else {
+                limits.iter().map(|&l| Some(l)).collect()
+            };
+            for limit in ls {
+                for trace in &a.traces {
+                    for model in a.load.models() {
+                        let key = |clients, rate_x| Key {
+                            scenario,
+                            system: system.clone(),
+                            trace: trace.clone(),
+                            limit,
+                            load_model: model.to_string(),
+                            clients,
+                            rate_x,
+                        };
+                        if *model == "closed" {
+                            out.extend(clients.iter().map(|&c| key(Some(c), None)));
+                        } else {
+                            out.extend(rates.iter().map(|&r| key(None, Some(r))));
+                        }
                     }
                 }
             }
@@ -1017,10 +1264,14 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         if !SYSTEMS.contains(&s.as_str()) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("--systems: unknown system `{s}` (no-ac, tcp-ac, onesided-ac)"),
+                format!("--systems: unknown system `{s}` ({})", SYSTEMS.join(", ")),
             ));
         }
     }
+    if a.systems.iter().any(|s| s == "haproxy") {
+        crate::haproxy::find_binary()?;
+    }
+    check_scenarios(&a)?;
     for t in &a.traces {
         trace_kind(t)?;
     }
@@ -1076,11 +1327,14 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         .back
         .as_ref()
         .map_or_else(|| crate::procs::allowed_cpus().len(), |b| b.len());
-    let capacity = if open {
-        Some(capacity_rps(&a, back_cpus, a.backend_cpu_us as f64)?)
-    } else {
-        None
-    };
+    // The open loop's capacity per scenario (mixed-cost's requests cost more on average).
+    let mut capacities: BTreeMap<&str, (f64, String)> = BTreeMap::new();
+    if open {
+        for sc in &a.scenario {
+            let cost = crate::scenario::mean_cost_us(*sc, a.backend_cpu_us);
+            capacities.insert(sc.name(), capacity_rps(&a, back_cpus, cost)?);
+        }
+    }
     let (duration_s, warmup_s) = point_time(&a);
     let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
     let netns = a.hosts == Hosts::Netns;
@@ -1098,9 +1352,24 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
             serde_json::json!(if open { rates.clone() } else { Vec::new() }),
         );
         m.insert("load_models".into(), serde_json::json!(a.load.models()));
-        if let Some((r, rule)) = &capacity {
+        if let Some((r, rule)) = capacities.values().next() {
             m.insert("capacity_rps".into(), serde_json::json!(r));
             m.insert("capacity_rule".into(), rule.clone().into());
+        }
+        if capacities.len() > 1 {
+            let by: serde_json::Map<String, serde_json::Value> = capacities
+                .iter()
+                .map(|(k, (r, _))| (k.to_string(), serde_json::json!(r)))
+                .collect();
+            m.insert("capacity_rps_by_scenario".into(), by.into());
+        }
+        if a.systems.iter().any(|s| s == "haproxy") {
+            let cfg = haproxy_config(
+                &a,
+                SocketAddr::new(LOCALHOST, 0),
+                &vec![SocketAddr::new(LOCALHOST, 0); a.backends],
+            );
+            m.insert("haproxy_config".into(), cfg.symbolic().render().into());
         }
     }
     meta.settings = privileged_settings(
@@ -1207,11 +1476,11 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
             format!("{:<12} {:<8}{limit} {load}", k.system, k.trace)
         },
         |k, r| {
-            let want = (k.system.clone(), k.limit);
+            let want = (k.scenario, k.system.clone(), k.limit);
             if current.as_ref().map(|c| &c.0) != Some(&want) {
                 // One tier at a time: the old one stops before the new one starts.
                 current = None;
-                let tier = start_tier(&a, &run, &k.system, k.limit, &fabric)?;
+                let tier = start_tier(&a, &run, k.scenario, &k.system, k.limit, &fabric)?;
                 let busy = match &fabric {
                     Fabric::Netns(dc) if a.background_load > 0 => (0..a.backends)
                         .map(|i| dc.start_cpu_load(&format!("b{i}"), a.background_load))
@@ -1221,39 +1490,106 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
                 current = Some((want, tier, busy));
             }
             let (_, tier, _) = current.as_mut().expect("tier started above");
-            let mut l = loadgen_args(
-                &a,
-                tier.proxy_addr,
-                &k.trace,
-                k.clients.unwrap_or(1),
-                duration_s,
-                warmup_s,
-            )?;
-            l.seed = a.seed.wrapping_add(u64::from(r));
-            if let (Some(x), Some((cap, _))) = (k.rate_x, &capacity) {
-                l.rate = Some(x * cap);
-                l.open_users_max = OPEN_USERS_MAX;
-            }
+            let seed = a.seed.wrapping_add(u64::from(r));
+            let rate = match (k.rate_x, capacities.get(k.scenario.name())) {
+                (Some(x), Some((cap, _))) => Some(x * cap),
+                _ => None,
+            };
+            let groups = crate::scenario::client_groups(
+                k.scenario,
+                tier.proxies.len(),
+                k.clients.unwrap_or(0),
+                rate,
+            );
             // Per-request records only at the heaviest load: Fig. 6 shows that one, and a
             // 60 s point at every load would keep megabytes per point.
-            let requests_csv = (k.clients == Some(heaviest)
-                || k.rate_x == rates.iter().copied().reduce(f64::max))
-            .then(|| run.logs.join("requests.csv"));
-            l.out = requests_csv.clone();
+            let keep_requests = k.clients == Some(heaviest)
+                || (k.rate_x.is_some() && k.rate_x == rates.iter().copied().reduce(f64::max));
+            let mut ls = Vec::new();
+            for (i, g) in groups.iter().enumerate() {
+                let mut l = loadgen_args(
+                    &a,
+                    tier.proxies[g.proxy].addr,
+                    &k.trace,
+                    g.clients.max(1),
+                    duration_s,
+                    warmup_s,
+                )?;
+                // Each group draws its own workload and arrivals.
+                l.seed = seed.wrapping_add(GROUP_SEED_STRIDE.wrapping_mul(i as u64));
+                if g.dynamic {
+                    l.trace = TraceKind::Single;
+                    l.file_path = format!(
+                        "/cgi/work?us={}",
+                        a.backend_cpu_us * crate::scenario::MIXED_COST_FACTOR
+                    );
+                }
+                if rate.is_some() {
+                    l.rate = Some(g.rate);
+                    l.open_users_max = OPEN_USERS_MAX;
+                }
+                l.out = keep_requests.then(|| run.logs.join(format!("requests-{i}.csv")));
+                ls.push(l);
+            }
             let before = MonitorScrape::take(&fabric, tier);
-            let s = fabric.run_clients(&l, pl.front.as_deref())?;
-            tier.proxy.check_alive()?;
+            // The scenario's disturbance runs beside the clients, and stops (continuing
+            // every process it paused) when the point ends, however it ends.
+            let disturbance = match k.scenario {
+                Scenario::TenantLoad if !tier.tenant_pids.is_empty() => {
+                    Some(crate::scenario::Disturbance::tenants(
+                        tier.tenant_pids.clone(),
+                        crate::scenario::tenant_mean_s(duration_s),
+                        seed,
+                    ))
+                }
+                Scenario::CapacityChange => {
+                    let pid = tier.backends.first().map(|b| b.pid()).ok_or_else(|| {
+                        io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            "--scenario capacity-change needs --backend-server farside",
+                        )
+                    })?;
+                    Some(crate::scenario::Disturbance::half_speed(
+                        pid,
+                        std::time::Duration::from_secs_f64(warmup_s + duration_s / 3.0),
+                        std::time::Duration::from_secs_f64(duration_s / 3.0),
+                    ))
+                }
+                _ => None,
+            };
+            let parts = std::thread::scope(|sc| {
+                let handles: Vec<_> = ls
+                    .iter()
+                    .map(|l| sc.spawn(|| fabric.run_clients(l, pl.front.as_deref())))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(io::Error::other("a client group panicked")))
+                    })
+                    .collect::<io::Result<Vec<_>>>()
+            })?;
+            drop(disturbance);
+            let s = crate::scenario::merge_concurrent(&parts)?;
+            for p in &mut tier.proxies {
+                p.child.check_alive()?;
+            }
             let mut p = point(k, transport_of(&k.system, netns), &s);
             if let (Some(b), Some(after)) = (before, MonitorScrape::take(&fabric, tier)) {
                 after.fill(&b, &mut p);
             }
-            if let Some(path) = requests_csv {
-                match request_samples(&path, REQUEST_SAMPLES_MAX) {
-                    Ok(v) => p.requests = v,
+            let mut samples = Vec::new();
+            for l in &ls {
+                let Some(path) = &l.out else { continue };
+                match request_samples(path, REQUEST_SAMPLES_MAX / ls.len().max(1)) {
+                    Ok(v) => samples.extend(v),
                     Err(e) => eprintln!("lab admission: warning: no per-request samples: {e}"),
                 }
-                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(path);
             }
+            samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+            p.requests = samples;
             Ok(AnyPoint::Admission(p))
         },
     )?;

@@ -16,12 +16,14 @@
 
 pub mod admission;
 pub mod flood;
+pub mod haproxy;
 pub mod netns;
 pub mod nginx;
 pub mod probe;
 pub mod procs;
 pub mod promtext;
 pub mod report;
+pub mod scenario;
 pub mod summary;
 pub mod svg;
 pub mod sweep;

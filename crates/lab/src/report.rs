@@ -999,6 +999,14 @@ pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
     let _ = writeln!(out, "<h2>Parameters</h2>");
     let params = serde_json::to_string_pretty(&s.params).unwrap_or_default();
     let _ = writeln!(out, "<pre>{}</pre>", escape(&params));
+    if let Some(cfg) = s.params.get("haproxy_config").and_then(|v| v.as_str()) {
+        let _ = writeln!(
+            out,
+            "<h2>HAProxy configuration</h2>\n<p class=\"meta\">As the lab wrote it for the \
+             <code>haproxy</code> system (addresses symbolic).</p>\n<pre>{}</pre>",
+            escape(cfg)
+        );
+    }
 
     if !g.traces.is_empty() {
         let _ = writeln!(out, "<h2>Results</h2>");
