@@ -46,7 +46,7 @@ pub fn maxconn_global() -> u64 {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
         return 1024;
     }
-    let fds = r.rlim_max as u64;
+    let fds: u64 = r.rlim_max;
     (fds.saturating_sub(FD_RESERVE) / 2).clamp(1, MAXCONN_GLOBAL_MAX)
 }
 /// Default `timeout queue`, ms: short, so a request HAProxy cannot place on a server
