@@ -1,15 +1,34 @@
-//! `farside lab admission`: the admission-control experiment of seed 000 (Fig. 5, 9, 10).
+//! `farside lab admission`: the admission-control experiment of seed 000 (Fig. 5, 9, 10),
+//! with HAProxy as the anchor and the scenarios the design is for.
 //!
-//! For each system (`no-ac`, `tcp-ac`, `onesided-ac`) the lab starts the back-end tier
-//! (K web servers, each with a gatherer beside it), one proxy, and then drives the proxy
-//! with closed-loop clients for every trace and client count of the sweep. The three
-//! systems differ only in the proxy's admission control:
+//! For each system the lab starts the back-end tier (K web servers, each with a gatherer
+//! beside it), the proxy tier (one proxy, or several with `multi-proxy`), and then drives
+//! it with clients for every trace and load of the sweep. The farside systems differ
+//! only in the proxy's admission control; `haproxy` is HAProxy 2.6 as it is usually
+//! deployed to protect back-ends ([`crate::haproxy`]):
 //!
 //! | system | admission | load data from |
 //! |---|---|---|
 //! | `no-ac` | off | (balancing by the proxy's own in-flight counts) |
 //! | `tcp-ac` | on | gatherer answers over TCP (two-sided, the paper's TCP/IP) |
 //! | `onesided-ac` | on | the region read one-sidedly (`shm` here; XDP with `--hosts netns`) |
+//! | `haproxy` | per-server `maxconn` = the back-end's workers, `timeout queue` short (503 after it) | its own connection counts only |
+//!
+//! # Scenarios (`--scenario`, comma-separated; default `single`)
+//!
+//! Each scenario runs every system in both load models; see [`crate::scenario`] for how
+//! each is built:
+//!
+//! - `single`: one proxy, homogeneous back-ends (the paper's case);
+//! - `multi-proxy`: `--proxies` (2-4) proxies share the back-ends, clients spread
+//!   unevenly; one-sided and TCP proxies all read the same regions (each sees the load
+//!   the others sent), each HAProxy only knows its own connections;
+//! - `tenant-load`: back-ends also carry busy processes that come and go (co-hosted
+//!   services), load the proxy did not send;
+//! - `mixed-cost`: some requests cost 100x the others (a dynamic endpoint beside static
+//!   files), so connection counts misstate load;
+//! - `capacity-change`: back-end b0 runs at half speed in the middle third of every
+//!   point and recovers.
 //!
 //! # Load models (`--load closed|open|both`, default both)
 //!
@@ -28,7 +47,8 @@
 //!
 //! The experiment is a set-up (back-end tier, proxy, clients) and a point function on
 //! the shared runner ([`crate::sweep`]): repeats, progress, `points.jsonl`, `--resume` and
-//! `farside lab report DIR` come from there. Keys are (system, limit, trace, clients).
+//! `farside lab report DIR` come from there. Keys are (scenario, system, limit, trace,
+//! load model, clients or rate); one tier runs per (scenario, system, limit).
 //!
 //! Defaults are chosen by rules, never by which value gave the best result:
 //!
