@@ -219,6 +219,114 @@ fn label(p: &Point, multi_limit: bool) -> String {
     }
 }
 
+/// One row of the scenario table: a (scenario, load model, trace, load) and, per
+/// system of the grid, `(avg ms, p99 ms, goodput/s, drop rate)`.
+struct ScenarioRow {
+    scenario: String,
+    load_model: String,
+    trace: String,
+    x: u64,
+    cells: Vec<Option<(f64, f64, f64, f64)>>,
+}
+
+/// The rows of the scenario table, in order of first appearance; empty when every point
+/// is the plain closed-loop `single` case (the per-trace tables say it all then).
+fn scenario_rows(g: &Grid) -> Vec<ScenarioRow> {
+    let plain = |p: &Point| p.panel() == p.trace;
+    if g.points.iter().all(|p| plain(p)) {
+        return Vec::new();
+    }
+    let mut rows: Vec<ScenarioRow> = Vec::new();
+    for p in &g.points {
+        let scenario = if p.scenario.is_empty() {
+            "single".to_string()
+        } else {
+            p.scenario.clone()
+        };
+        let load_model = if p.load_model.is_empty() {
+            "closed".to_string()
+        } else {
+            p.load_model.clone()
+        };
+        let x = p.load_x();
+        if rows.iter().any(|r| {
+            r.scenario == scenario && r.load_model == load_model && r.trace == p.trace && r.x == x
+        }) {
+            continue;
+        }
+        let panel = p.panel();
+        let cells = g
+            .systems
+            .iter()
+            .map(|sys| {
+                g.get(sys, &panel, x)
+                    .map(|q| (q.avg_ms, q.p99_ms, q.tps, q.drop_rate))
+            })
+            .collect();
+        rows.push(ScenarioRow {
+            scenario,
+            load_model,
+            trace: p.trace.clone(),
+            x,
+            cells,
+        });
+    }
+    rows
+}
+
+/// The scenario table as text (empty when [`scenario_rows`] is).
+fn scenario_table_text(g: &Grid) -> String {
+    let rows = scenario_rows(g);
+    let mut out = String::new();
+    if rows.is_empty() {
+        return out;
+    }
+    const CELL: usize = 36; // width of one system's four columns
+    let _ = writeln!(
+        out,
+        "scenarios — avg and p99 response time of served requests (ms), goodput (served/s), drop %"
+    );
+    let mut head1 = format!("{:<16}{:<7}{:<9}{:>8} ", "", "", "", "");
+    let mut head2 = format!("{:<16}{:<7}{:<9}{:>8} ", "scenario", "load", "trace", "x");
+    for sys in &g.systems {
+        let _ = write!(head1, "| {sys:^w$} ", w = CELL - 3);
+        let _ = write!(
+            head2,
+            "| {:>9}{:>9}{:>9}{:>6} ",
+            "avg ms", "p99 ms", "goodput", "drop%"
+        );
+    }
+    let _ = writeln!(out, "{}", head1.trim_end());
+    let _ = writeln!(out, "{}", head2.trim_end());
+    let _ = writeln!(out, "{}", "-".repeat(head2.trim_end().chars().count()));
+    for r in &rows {
+        let mut row = format!(
+            "{:<16}{:<7}{:<9}{:>8} ",
+            r.scenario, r.load_model, r.trace, r.x
+        );
+        for c in &r.cells {
+            match c {
+                Some((avg, p99, good, drop)) => {
+                    let _ = write!(
+                        row,
+                        "| {avg:>9.2}{p99:>9.2}{good:>9.1}{:>6.1} ",
+                        drop * 100.0
+                    );
+                }
+                None => {
+                    let _ = write!(row, "| {:>9}{:>9}{:>9}{:>6} ", "-", "-", "-", "-");
+                }
+            }
+        }
+        let _ = writeln!(out, "{}", row.trim_end());
+    }
+    let _ = writeln!(
+        out,
+        "(x: clients in the closed loop, arrivals/s in the open loop)\n"
+    );
+    out
+}
+
 /// The x axis of a panel: clients (closed loop) or the open loop's arrival rate.
 fn load_header(panel: &str) -> &'static str {
     if panel.ends_with("-open") {
@@ -412,6 +520,7 @@ pub fn table_text(s: &Summary) -> String {
         }
         out.push('\n');
     }
+    out.push_str(&scenario_table_text(&g));
     let probes: Vec<&ProbePoint> = s.probe_points().collect();
     if !probes.is_empty() {
         let _ = writeln!(
@@ -1054,6 +1163,39 @@ pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
         }
     }
 
+    let rows = scenario_rows(g);
+    if !rows.is_empty() {
+        out.push_str("<h2>Scenarios</h2>\n<p class=\"meta\">Per scenario and load model: avg and p99 response time of served requests (ms), goodput (served/s) and drop rate (%).</p>\n<table>\n<tr><th>scenario</th><th>load</th><th>trace</th><th>clients or rate/s</th>");
+        for sys in &g.systems {
+            let _ = write!(out, "<th colspan=\"4\">{}</th>", escape(sys));
+        }
+        out.push_str("</tr>\n");
+        for r in &rows {
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
+                escape(&r.scenario),
+                escape(&r.load_model),
+                escape(&r.trace),
+                r.x
+            );
+            for c in &r.cells {
+                match c {
+                    Some((avg, p99, good, drop)) => {
+                        let _ = write!(
+                            out,
+                            "<td>{avg:.2}</td><td>{p99:.2}</td><td>{good:.1}</td><td>{:.1}</td>",
+                            drop * 100.0
+                        );
+                    }
+                    None => out.push_str(r#"<td class="missing" colspan="4">—</td>"#),
+                }
+            }
+            out.push_str("</tr>\n");
+        }
+        out.push_str("</table>\n");
+    }
+
     let probes: Vec<&ProbePoint> = s.probe_points().collect();
     if !probes.is_empty() {
         out.push_str("<h2>Remote read latency</h2>\n<table>\n<tr><th>transport</th><th>background load</th><th>size B</th><th>samples</th><th>p50 µs</th><th>p99 µs</th><th>p99.9 µs</th><th>max µs</th><th>timeouts</th></tr>\n");
@@ -1237,6 +1379,51 @@ mod tests {
         let d = std::env::temp_dir().join(format!("farside-report-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    #[test]
+    fn scenario_table_has_avg_p99_goodput_and_drop_per_scenario_and_load_model() {
+        let mut s = Summary::new("admission", "loopback", true);
+        let pt =
+            |system: &str, scenario: &str, model: &str, clients: u64, rate: Option<f64>| Point {
+                system: system.into(),
+                trace: "single".into(),
+                clients,
+                transport: "none".into(),
+                scenario: scenario.into(),
+                load_model: model.into(),
+                rate_rps: rate,
+                avg_ms: 2.5,
+                p99_ms: 40.0,
+                tps: 123.0,
+                goodput: 123.0,
+                drop_rate: 0.25,
+                runs: 1,
+                ..Point::default()
+            };
+        s.push(pt("haproxy", "multi-proxy", "closed", 8, None));
+        s.push(pt("onesided-ac", "multi-proxy", "closed", 8, None));
+        s.push(pt("onesided-ac", "multi-proxy", "open", 0, Some(600.4)));
+        let text = table_text(&s);
+        assert!(text.contains("scenarios — avg and p99"), "{text}");
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("multi-proxy     closed single"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(row.contains("2.50    40.00    123.0  25.0"), "{row}");
+        // The open-loop row is labelled by its rate; haproxy has no point there.
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("multi-proxy     open"))
+            .unwrap();
+        assert!(row.contains(" 600 ") && row.contains("-"), "{row}");
+        // Panels are per scenario and load model; the open one counts arrivals/s.
+        assert!(text.contains("trace single-multi-proxy-open"), "{text}");
+        assert!(text.contains("rate/s"), "{text}");
+        let html = html(&s, &Grid::new(&s), &[]);
+        assert!(html.contains("<h2>Scenarios</h2>"));
+        // A plain closed-loop single run has no scenario table.
+        assert!(!table_text(&synthetic()).contains("scenarios —"));
     }
 
     #[test]
