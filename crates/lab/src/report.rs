@@ -34,6 +34,10 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use crate::summary::{Point, ProbePoint, SecondPoint, Summary, SYSTEMS, SYSTEM_NO_AC};
+
+/// The anchor system of `lab admission` (HAProxy), compared against in the improvement
+/// lines when it ran.
+const SYSTEM_HAPROXY: &str = "haproxy";
 use crate::svg::{escape, Chart};
 
 /// `params` keys that may hold the QoS threshold for `slow_rate`, in ms,
@@ -64,7 +68,8 @@ pub struct TraceImprovements {
     pub trace: String,
     /// The heaviest load measured for the trace (largest `clients`).
     pub clients: u64,
-    /// Each admission-controlled system vs `no-ac`, then `onesided-ac` vs `tcp-ac`.
+    /// Each system vs `no-ac` (when it ran), each farside system vs `haproxy` (when it
+    /// ran), then `onesided-ac` vs `tcp-ac`.
     pub items: Vec<Improvement>,
 }
 
@@ -190,12 +195,27 @@ impl<'a> Grid<'a> {
                 _ => None,
             },
         };
-        let mut items: Vec<Improvement> = self
-            .systems
-            .iter()
-            .filter(|s| *s != SYSTEM_NO_AC)
-            .map(|s| pct(s, SYSTEM_NO_AC))
-            .collect();
+        let has = |sys: &str| self.systems.iter().any(|s| s == sys);
+        // Against no-ac when it ran (or when nothing else is there to compare with).
+        let mut items: Vec<Improvement> = if has(SYSTEM_NO_AC) || !has(SYSTEM_HAPROXY) {
+            self.systems
+                .iter()
+                .filter(|s| *s != SYSTEM_NO_AC)
+                .map(|s| pct(s, SYSTEM_NO_AC))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        // The farside systems against the anchor, HAProxy.
+        if has(SYSTEM_HAPROXY) {
+            for sys in self
+                .systems
+                .iter()
+                .filter(|s| *s != SYSTEM_NO_AC && *s != SYSTEM_HAPROXY)
+            {
+                items.push(pct(sys, SYSTEM_HAPROXY));
+            }
+        }
         // One-sided against two-sided at the same limit.
         for sys in self.systems.iter().filter(|s| s.starts_with("onesided-ac")) {
             let tcp = sys.replacen("onesided-ac", "tcp-ac", 1);
@@ -1420,6 +1440,12 @@ mod tests {
         // Panels are per scenario and load model; the open one counts arrivals/s.
         assert!(text.contains("trace single-multi-proxy-open"), "{text}");
         assert!(text.contains("rate/s"), "{text}");
+        // Without no-ac, the farside systems are compared with the anchor.
+        let imp = text.lines().find(|l| l.starts_with("improvement")).unwrap();
+        assert!(
+            imp.contains("onesided-ac vs haproxy") && !imp.contains("no-ac"),
+            "{imp}"
+        );
         let html = html(&s, &Grid::new(&s), &[]);
         assert!(html.contains("<h2>Scenarios</h2>"));
         // A plain closed-loop single run has no scenario table.
