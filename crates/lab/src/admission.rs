@@ -258,7 +258,8 @@ pub struct AdmissionArgs {
     /// Proxy worker threads.
     #[arg(long, default_value_t = 1)]
     pub proxy_workers: usize,
-    /// Extra argument for every proxy the lab starts, after the lab's own (repeatable;
+    /// Extra argument for every farside proxy the lab starts (not HAProxy), after the
+    /// lab's own (repeatable;
     /// e.g. `--proxy-arg=--pool-idle=0` turns upstream pooling off). Default none: the
     /// proxy runs with its product defaults. Flags the lab sets itself (listen address,
     /// workers, monitor, back-ends, admission, metric, limit) are refused: use the lab's
@@ -1275,7 +1276,7 @@ fn effective(
     Ok(v)
 }
 
-pub fn run(a: AdmissionArgs) -> io::Result<()> {
+pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     let euid = unsafe_euid();
     if a.hosts == Hosts::Netns {
         crate::netns::check_root(euid)?;
@@ -1348,13 +1349,29 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         .as_ref()
         .map_or_else(|| crate::procs::allowed_cpus().len(), |b| b.len());
     // The open loop's capacity per scenario (mixed-cost's requests cost more on average).
-    let mut capacities: BTreeMap<&str, (f64, String)> = BTreeMap::new();
+    let mut capacities: BTreeMap<&'static str, (f64, String)> = BTreeMap::new();
+    let mut open_skipped = None;
     if open {
-        for sc in &a.scenario {
-            let cost = crate::scenario::mean_cost_us(*sc, a.backend_cpu_us);
-            capacities.insert(sc.name(), capacity_rps(&a, back_cpus, cost)?);
+        for sc in a.scenario.clone() {
+            let cost = crate::scenario::mean_cost_us(sc, a.backend_cpu_us);
+            match capacity_rps(&a, back_cpus, cost) {
+                Ok(c) => {
+                    capacities.insert(sc.name(), c);
+                }
+                // The default `--load both` without a capacity rule (nginx, or no CPU
+                // cost): the closed loop still runs, and the summary says why the open
+                // loop did not. An explicit `--load open` is an error.
+                Err(e) if a.load == LoadModels::Both => {
+                    open_skipped = Some(e.to_string());
+                    capacities.clear();
+                    a.load = LoadModels::Closed;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
         }
     }
+    let open = a.load != LoadModels::Closed;
     let (duration_s, warmup_s) = point_time(&a);
     let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
     let netns = a.hosts == Hosts::Netns;
@@ -1398,6 +1415,10 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         nice_floor(),
         crate::procs::allowed_cpus().len(),
     );
+    if let Some(why) = open_skipped {
+        meta.settings
+            .insert("open_loop".into(), Setting::not_applied("both", &why));
+    }
     if a.quick {
         meta.notes.push(format!(
             "quick run: {duration_s} s points after {warmup_s} s of warm-up, for demos; not for comparison"

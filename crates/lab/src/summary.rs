@@ -137,11 +137,13 @@ pub enum AnyPoint {
 /// All time keys are in milliseconds and cover served requests only.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Point {
-    /// `system`: `"no-ac"`, `"tcp-ac"` or `"onesided-ac"` (see [`SYSTEMS`]).
+    /// `system`: `"no-ac"`, `"tcp-ac"`, `"onesided-ac"` (see [`SYSTEMS`]) or `"haproxy"`
+    /// (the anchor, `lab admission --systems ...,haproxy`).
     pub system: String,
     /// `trace`: workload name, e.g. `"single"` (16 KB file), `"zipf"`, `"worldcup"`.
     pub trace: String,
-    /// `clients`: number of closed-loop clients (the load, x axis of Fig. 5).
+    /// `clients`: number of closed-loop clients (the load, x axis of Fig. 5); 0 in the
+    /// open loop (see `rate_rps`).
     pub clients: u64,
     /// `limit`: the admission limit of this point (`lab admission --limits`); absent for
     /// `no-ac`.
