@@ -795,7 +795,7 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
         // Error bars: ± one standard deviation over the repeats (none for one run).
         let chart =
             |title: &str, y: &str, f: &dyn Fn(&Point) -> f64, sd: &dyn Fn(&Point) -> f64| {
-                let mut c = Chart::new(title, "clients", y);
+                let mut c = Chart::new(title, load_header(trace), y);
                 for sys in &g.systems {
                     let err = g.line(sys, trace, sd).into_iter().map(|p| p.1).collect();
                     c = c.series_err(sys, g.line(sys, trace, f), err);
