@@ -214,3 +214,40 @@ fn scenario_flags_are_checked_before_anything_starts() {
         assert!(help.contains(s), "--help lacks {s}");
     }
 }
+
+#[test]
+#[ignore = "needs root: run with `cargo test -p farside -- --include-ignored` as root"]
+fn netns_runs_haproxy_and_onesided_ac_across_proxies_and_a_capacity_change() {
+    assert!(farside_lab::netns::is_root(), "needs root");
+    if !has_haproxy() {
+        eprintln!("skipped: no HAProxy on this host");
+        return;
+    }
+    let dir = Dir::new("netns");
+    let out = dir.0.join("out");
+    let s = lab(
+        &[
+            "--hosts",
+            "netns",
+            "--scenario",
+            "multi-proxy,capacity-change",
+            "--systems",
+            "haproxy,onesided-ac",
+            "--proxies",
+            "2",
+        ],
+        &out,
+    );
+    assert_eq!(s["hosts"], "netns");
+    let points = s["points"].as_array().unwrap();
+    // 2 scenarios x 2 systems x (1 client count + 1 rate).
+    assert_eq!(points.len(), 8);
+    for p in points {
+        assert!(p["tps"].as_f64().unwrap() > 0.0, "served requests: {p}");
+        if p["system"] == "onesided-ac" {
+            // One-sided across namespaces: the XDP responder answers the proxies.
+            assert_eq!(p["transport"], "udp-xdp", "{p}");
+        }
+    }
+    assert_eq!(s["settings"]["capacity_change"]["applied"], true);
+}
