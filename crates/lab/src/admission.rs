@@ -180,13 +180,8 @@ pub struct AdmissionArgs {
         value_delimiter = ','
     )]
     pub systems: Vec<String>,
-    /// Scenarios, comma-separated; each runs every system in every load model.
-    /// single: one proxy, homogeneous back-ends. multi-proxy: --proxies proxies share the
-    /// back-ends, clients spread unevenly (halving from one proxy to the next).
-    /// tenant-load: --tenant-procs busy processes per back-end come and go (co-hosted
-    /// services). mixed-cost: 1 client in 10 (open loop: 1 arrival in 100) asks a dynamic
-    /// endpoint costing 100x a static file. capacity-change: back-end b0 runs at half
-    /// speed (SIGSTOP/SIGCONT duty cycle) in the middle third of every point.
+    /// Scenarios, comma-separated; each runs every system in every load model. What each
+    /// models and how the lab builds it (also in docs/lab.md):
     #[arg(long, value_enum, default_value = "single", value_delimiter = ',')]
     pub scenario: Vec<Scenario>,
     /// multi-proxy: number of proxies (2-4).

@@ -26,13 +26,18 @@ use std::time::{Duration, Instant};
 pub enum Scenario {
     /// One proxy, homogeneous back-ends (the paper's case).
     Single,
-    /// 2-4 proxies (`--proxies`) sharing the back-ends, clients spread unevenly.
+    /// 2-4 proxies (--proxies) share the back-ends, clients spread unevenly (halving from
+    /// one proxy to the next): each HAProxy knows only its own connections, one-sided
+    /// and TCP proxies read every back-end's load.
     MultiProxy,
-    /// Back-ends also run busy processes that come and go (co-hosted services).
+    /// Back-ends also run --tenant-procs busy processes that come and go (co-hosted
+    /// services): load the proxy did not send.
     TenantLoad,
-    /// 1 request class in 100 (open) / 1 client in 10 (closed) costs 100x the others.
+    /// Request costs differ 100x (static files and /cgi/work): 1 client in 10 (open loop:
+    /// 1 arrival in 100) asks the costly endpoint, so connection counts misstate load.
     MixedCost,
-    /// Back-end b0's CPU halves during the middle third of each point, then recovers.
+    /// Back-end b0 runs at half speed (SIGSTOP/SIGCONT duty cycle) in the middle third of
+    /// every point, then recovers: a capacity cut and its end.
     CapacityChange,
 }
 
