@@ -318,6 +318,9 @@ impl Disturbance {
                 let u = 1.0 - rng.next_f64(); // (0, 1]: never ln(0)
                 Duration::from_secs_f64(-u.ln() * mean_s)
             };
+            if list.is_empty() {
+                return;
+            }
             let t0 = Instant::now();
             // Next switch time and state (running) of each process.
             let mut next: Vec<(Instant, bool)> = list.iter().map(|_| (t0 + exp(), false)).collect();
