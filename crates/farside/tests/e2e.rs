@@ -338,6 +338,7 @@ fn invalid_configuration_names_the_key_and_exits_nonzero() {
 fn lab_admission(args: &[&str], out: &Path) -> (std::process::Output, String) {
     let st = std::process::Command::new(exe())
         .args(["lab", "admission", "--duration-s", "1", "--warmup-s", "0.2"])
+        .args(["--load", "closed"])
         .args(args)
         .arg("--out")
         .arg(out)
@@ -469,6 +470,7 @@ fn lab_admission_writes_summary_with_stable_keys_and_report() {
     let resume = |extra: &[&str]| {
         std::process::Command::new(exe())
             .args(["lab", "admission", "--duration-s", "1", "--warmup-s", "0.2"])
+            .args(["--load", "closed"])
             .args([
                 "--systems",
                 "no-ac,onesided-ac",

@@ -1,19 +1,54 @@
-//! `farside lab admission`: the admission-control experiment of seed 000 (Fig. 5, 9, 10).
+//! `farside lab admission`: the admission-control experiment of seed 000 (Fig. 5, 9, 10),
+//! with HAProxy as the anchor and the scenarios the design is for.
 //!
-//! For each system (`no-ac`, `tcp-ac`, `onesided-ac`) the lab starts the back-end tier
-//! (K web servers, each with a gatherer beside it), one proxy, and then drives the proxy
-//! with closed-loop clients for every trace and client count of the sweep. The three
-//! systems differ only in the proxy's admission control:
+//! For each system the lab starts the back-end tier (K web servers, each with a gatherer
+//! beside it), the proxy tier (one proxy, or several with `multi-proxy`), and then drives
+//! it with clients for every trace and load of the sweep. The farside systems differ
+//! only in the proxy's admission control; `haproxy` is HAProxy 2.6 as it is usually
+//! deployed to protect back-ends ([`crate::haproxy`]):
 //!
 //! | system | admission | load data from |
 //! |---|---|---|
 //! | `no-ac` | off | (balancing by the proxy's own in-flight counts) |
 //! | `tcp-ac` | on | gatherer answers over TCP (two-sided, the paper's TCP/IP) |
 //! | `onesided-ac` | on | the region read one-sidedly (`shm` here; XDP with `--hosts netns`) |
+//! | `haproxy` | per-server `maxconn` = the back-end's workers, `timeout queue` short (503 after it) | its own connection counts only |
+//!
+//! # Scenarios (`--scenario`, comma-separated; default `single`)
+//!
+//! Each scenario runs every system in both load models; see [`crate::scenario`] for how
+//! each is built:
+//!
+//! - `single`: one proxy, homogeneous back-ends (the paper's case);
+//! - `multi-proxy`: `--proxies` (2-4) proxies share the back-ends, clients spread
+//!   unevenly; one-sided and TCP proxies all read the same regions (each sees the load
+//!   the others sent), each HAProxy only knows its own connections;
+//! - `tenant-load`: back-ends also carry busy processes that come and go (co-hosted
+//!   services), load the proxy did not send;
+//! - `mixed-cost`: some requests cost 100x the others (a dynamic endpoint beside static
+//!   files), so connection counts misstate load;
+//! - `capacity-change`: back-end b0 runs at half speed in the middle third of every
+//!   point and recovers.
+//!
+//! # Load models (`--load closed|open|both`, default both)
+//!
+//! - **closed**: `--clients` users, each sends a request, waits for the answer and
+//!   repeats; after a 503 it follows `--on-reject` (the loadgen's default `backoff`:
+//!   full-jitter exponential back-off honouring `Retry-After`; `retry`; `leave`).
+//! - **open**: users arrive as a Poisson process at `--rates` × the back-end tier's
+//!   capacity (a rule, see `--help`; `params.capacity_rps`), each sends one request on a
+//!   connection of its own and leaves; a rejected user leaves. Arrivals do not slow down
+//!   when the servers do, so overload is real overload.
+//!
+//! Each point keeps the loadgen's own summary (histograms included) in `points.jsonl`;
+//! repeats combine with `farside_loadgen::Summary::merge`, so a repeated point's p99 is
+//! the p99 of all its requests, not a mean of p99s. Points carry `load_model`,
+//! `offered_rps`, `goodput`, `drop_rate`, `reject_p99_ms` and `inflight_at_end`.
 //!
 //! The experiment is a set-up (back-end tier, proxy, clients) and a point function on
 //! the shared runner ([`crate::sweep`]): repeats, progress, `points.jsonl`, `--resume` and
-//! `farside lab report DIR` come from there. Keys are (system, limit, trace, clients).
+//! `farside lab report DIR` come from there. Keys are (scenario, system, limit, trace,
+//! load model, clients or rate); one tier runs per (scenario, system, limit).
 //!
 //! Defaults are chosen by rules, never by which value gave the best result:
 //!
@@ -31,16 +66,19 @@
 
 use crate::nginx::{self, Nginx, NginxConfig};
 use crate::procs::Child;
+use crate::scenario::Scenario;
 use crate::summary::{AnyPoint, Point, SecondPoint, Setting, Summary};
 use crate::sweep::Sweep;
-use farside_loadgen::{LoadgenArgs, PathMode, TraceKind};
+use farside_loadgen::{LoadgenArgs, OnReject, PathMode, TraceKind};
 use std::collections::BTreeMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Instant;
 
-pub const SYSTEMS: [&str; 3] = ["no-ac", "tcp-ac", "onesided-ac"];
+/// The systems `--systems` may name: the farside proxy without and with admission
+/// control (two-sided and one-sided load reads), and HAProxy ([`crate::haproxy`]).
+pub const SYSTEMS: [&str; 4] = ["no-ac", "tcp-ac", "onesided-ac", "haproxy"];
 pub const TRACES: [&str; 3] = ["single", "worldcup", "zipf"];
 const CLIENTS_FULL: &str = "16,64,128,192,256,320,400,520";
 /// Accept backlog of the lab's back-ends (and nginx's `listen backlog=`): deep enough
@@ -56,6 +94,42 @@ pub enum BackendServer {
     /// Real nginx from the system.
     Nginx,
 }
+
+/// Load models of a sweep (`--load`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadModels {
+    /// Closed loop only: `--clients` users.
+    Closed,
+    /// Open loop only: Poisson arrivals at `--rates` x capacity.
+    Open,
+    /// Both, closed loop first.
+    Both,
+}
+
+impl LoadModels {
+    /// The models measured, in sweep order.
+    pub fn models(self) -> &'static [&'static str] {
+        match self {
+            LoadModels::Closed => &["closed"],
+            LoadModels::Open => &["open"],
+            LoadModels::Both => &["closed", "open"],
+        }
+    }
+}
+
+/// Open-loop rates of a full sweep, as multiples of the capacity: below it, near it,
+/// and well past it (where admission control has to shed).
+const RATES_FULL: &str = "0.5,0.9,1.5,3";
+/// Open-loop rates of a `--quick` sweep.
+const RATES_QUICK: &str = "0.5,1.5,3";
+/// Highest `--rates` multiple: past 10x capacity every system only sheds, and the
+/// clients' own sockets become the bottleneck.
+const RATE_X_MAX: f64 = 10.0;
+/// Most open-loop users active at once: each holds a socket on the client and one or two
+/// on the proxy; arrivals beyond are shed by the client and counted (`shed_by_client`),
+/// never silently lost.
+const OPEN_USERS_MAX: usize = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -97,13 +171,31 @@ pub struct AdmissionArgs {
     #[arg(long, value_name = "DIR", conflicts_with = "out")]
     #[serde(skip)]
     pub resume: Option<PathBuf>,
-    /// Systems to compare, comma-separated.
+    /// Systems to compare, comma-separated: no-ac, tcp-ac, onesided-ac (the farside
+    /// proxy) and haproxy (HAProxy with per-server maxconn = the back-end's workers and a
+    /// short `timeout queue`; its configuration is in summary.json and the report).
     #[arg(
         long,
         default_value = "no-ac,tcp-ac,onesided-ac",
         value_delimiter = ','
     )]
     pub systems: Vec<String>,
+    /// Scenarios, comma-separated; each runs every system in every load model. What each
+    /// models and how the lab builds it (also in docs/lab.md):
+    #[arg(long, value_enum, default_value = "single", value_delimiter = ',')]
+    pub scenario: Vec<Scenario>,
+    /// multi-proxy: number of proxies (2-4).
+    #[arg(long, default_value_t = 3)]
+    pub proxies: usize,
+    /// tenant-load: busy processes per back-end node, each running and pausing for
+    /// exponential times (mean a tenth of the point, 0.25-5 s).
+    #[arg(long, default_value_t = 2)]
+    pub tenant_procs: usize,
+    /// haproxy: `timeout queue`, ms: how long a request may wait in HAProxy's queue for a
+    /// server slot before HAProxy answers 503 (short, so HAProxy sheds instead of
+    /// queueing for seconds).
+    #[arg(long, default_value_t = crate::haproxy::TIMEOUT_QUEUE_MS_DEFAULT)]
+    pub haproxy_timeout_queue_ms: u64,
     /// Traces, comma-separated: single, worldcup, zipf.
     #[arg(long, default_value = "single,worldcup,zipf", value_delimiter = ',')]
     pub traces: Vec<String>,
@@ -161,7 +253,8 @@ pub struct AdmissionArgs {
     /// Proxy worker threads.
     #[arg(long, default_value_t = 1)]
     pub proxy_workers: usize,
-    /// Extra argument for every proxy the lab starts, after the lab's own (repeatable;
+    /// Extra argument for every farside proxy the lab starts (not HAProxy), after the
+    /// lab's own (repeatable;
     /// e.g. `--proxy-arg=--pool-idle=0` turns upstream pooling off). Default none: the
     /// proxy runs with its product defaults. Flags the lab sets itself (listen address,
     /// workers, monitor, back-ends, admission, metric, limit) are refused: use the lab's
@@ -171,11 +264,29 @@ pub struct AdmissionArgs {
     /// Client think time between requests, ms.
     #[arg(long, default_value_t = 0)]
     pub think_ms: u64,
-    /// Think time of a client after a 503, ms: clients back off as `Retry-After` asks
-    /// instead of retrying at once (0 = retry immediately, a retry storm that loads the
-    /// front-end tier rather than the back-ends).
-    #[arg(long, default_value_t = 1000)]
-    pub reject_think_ms: u64,
+    /// Load models measured, closed, open or both. closed: `--clients` users each send,
+    /// wait and repeat; after a 503 they follow `--on-reject`. open: users arrive at
+    /// `--rates` × the capacity (Poisson), send one request on a connection of their own
+    /// and leave; a rejected user leaves. Default both: an admission comparison is
+    /// reported in both models (a closed loop slows its own arrivals when the servers
+    /// slow down; an open loop does not).
+    #[arg(long, value_enum, default_value_t = LoadModels::Both)]
+    pub load: LoadModels,
+    /// Closed loop, what a client does after a 503: backoff (full-jitter exponential
+    /// back-off honouring Retry-After, the loadgen's default), retry (at once) or leave
+    /// (a new user on a new connection takes its place).
+    #[arg(long, value_enum, default_value_t = OnReject::Backoff)]
+    pub on_reject: OnReject,
+    /// Open loop: arrival rates as multiples of the capacity (`params.capacity_rps`, by
+    /// the rule below or `--capacity-rps`), comma-separated, from below it to ~3x.
+    /// Default 0.5,0.9,1.5,3 (quick: 0.5,1.5,3).
+    #[arg(long, value_delimiter = ',')]
+    pub rates: Vec<f64>,
+    /// Open loop: the capacity (requests/s of the back-end tier) the `--rates` multiply.
+    /// Default: the rule below (back-end CPUs / CPU cost of a request); needed with
+    /// `--backend-server nginx`, whose cost per request the lab does not set.
+    #[arg(long)]
+    pub capacity_rps: Option<f64>,
     /// Response time above which a served request counts as slow (QoS), ms.
     #[arg(long, default_value_t = 1000)]
     pub qos_ms: u64,
@@ -204,6 +315,50 @@ pub struct AdmissionArgs {
     #[arg(long)]
     pub no_keepalive: bool,
 }
+
+/// Refuse scenario settings that cannot be built, naming the flag to change.
+pub fn check_scenarios(a: &AdmissionArgs) -> io::Result<()> {
+    let bad = |m: String| Err(io::Error::new(io::ErrorKind::InvalidInput, m));
+    if a.scenario.is_empty() {
+        return bad("--scenario: name at least one scenario".into());
+    }
+    if a.scenario.contains(&Scenario::MultiProxy)
+        && !(crate::scenario::PROXIES_MIN..=crate::scenario::PROXIES_MAX).contains(&a.proxies)
+    {
+        return bad(format!(
+            "--proxies {}: multi-proxy runs {}..={} proxies",
+            a.proxies,
+            crate::scenario::PROXIES_MIN,
+            crate::scenario::PROXIES_MAX
+        ));
+    }
+    if a.tenant_procs > TENANT_PROCS_MAX {
+        return bad(format!(
+            "--tenant-procs {}: at most {TENANT_PROCS_MAX} per back-end",
+            a.tenant_procs
+        ));
+    }
+    for sc in [Scenario::MixedCost, Scenario::CapacityChange] {
+        if a.scenario.contains(&sc) && a.backend_server != BackendServer::Farside {
+            return bad(format!(
+                "--scenario {}: needs --backend-server farside (its /cgi/work endpoint and \
+                 process are what the scenario drives)",
+                sc.name()
+            ));
+        }
+    }
+    if a.haproxy_timeout_queue_ms == 0 {
+        return bad(
+            "--haproxy-timeout-queue-ms: 0 would queue without limit in HAProxy; use 1 or more"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
+/// Most `--tenant-procs` per back-end: each is a busy loop on the back-end CPUs; beyond
+/// this the tenants, not the requests, are the experiment.
+pub const TENANT_PROCS_MAX: usize = 16;
 
 /// Proxy flags the lab sets itself, with the lab flag that controls each (`--proxy-arg`
 /// may not repeat them: the proxy refuses a flag given twice).
@@ -254,7 +409,14 @@ Default admission limit (a rule on the back-end's capacity, not a tuned value):
       time before a worker takes it)
   conns: limit = 2 C  (C connections in service plus C waiting, as above)
   cpu, pressure, runnable: no capacity rule; give --limit or --limits.
-The limit used is in summary.json (`params.limits`, `params.limit_rule`).";
+The limit used is in summary.json (`params.limits`, `params.limit_rule`).
+
+Open-loop capacity (what --rates multiply; a rule, not a measurement):
+  capacity_rps = min(back-end CPUs, backends x workers) x 1e6 / cost_us
+      back-end CPUs: the CPUs the back-end tier may use (all but the first when
+      pinned); cost_us: --backend-cpu-us (mixed-cost: the scenario's mean cost).
+  --capacity-rps R sets it instead (needed for nginx back-ends).
+  The value used is in summary.json (`params.capacity_rps`, `params.capacity_rule`).";
 
 /// The back-end's connection capacity C of [`LIMIT_RULE`].
 pub fn capacity_conns(a: &AdmissionArgs) -> u64 {
@@ -281,6 +443,48 @@ pub fn default_limit(metric: &str, c: u64) -> io::Result<(u64, String)> {
             ),
         )),
     }
+}
+
+/// The open-loop capacity of [`LIMIT_RULE`] in requests/s, with the rule as text:
+/// `--capacity-rps`, else back-end CPUs (`back_cpus`) over the mean CPU cost of a request
+/// (`cost_us`).
+pub fn capacity_rps(
+    a: &AdmissionArgs,
+    back_cpus: usize,
+    cost_us: f64,
+) -> io::Result<(f64, String)> {
+    if let Some(r) = a.capacity_rps {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("--capacity-rps {r}: must be a positive number of requests/s"),
+            ));
+        }
+        return Ok((r, format!("--capacity-rps {r}")));
+    }
+    if a.backend_server == BackendServer::Nginx {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "open loop with --backend-server nginx: the lab does not set nginx's cost per \
+             request, so there is no capacity rule; give --capacity-rps R (or --load closed)",
+        ));
+    }
+    if cost_us <= 0.0 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "open loop with --backend-cpu-us 0: requests cost no CPU, so there is no capacity \
+             rule; give --capacity-rps R (or --load closed)",
+        ));
+    }
+    let cpus = back_cpus.min(a.backends * a.backend_workers).max(1);
+    let r = cpus as f64 * 1e6 / cost_us;
+    Ok((
+        r,
+        format!(
+            "capacity_rps = min({back_cpus} CPUs, {} workers) x 1e6 / {cost_us} us = {r:.0}",
+            a.backends * a.backend_workers
+        ),
+    ))
 }
 
 /// The lowest nice an unprivileged thread may set: `20 - RLIMIT_NICE` (0 by default).
@@ -350,6 +554,40 @@ pub fn privileged_settings(
             Setting::applied("receive softirq on each node's CPUs"),
         );
     }
+    if a.scenario.contains(&Scenario::TenantLoad) {
+        m.insert(
+            "tenant_load".into(),
+            Setting {
+                requested: serde_json::json!(a.tenant_procs),
+                applied: true,
+                reason: Some(format!(
+                    "{} busy process(es) per back-end node ({}), each running and paused \
+                     (SIGSTOP/SIGCONT) for exponential times of mean a tenth of the point",
+                    a.tenant_procs,
+                    if netns {
+                        "in the node's cgroup"
+                    } else {
+                        "on the back-end CPUs"
+                    }
+                )),
+            },
+        );
+    }
+    if a.scenario.contains(&Scenario::CapacityChange) {
+        m.insert(
+            "capacity_change".into(),
+            Setting {
+                requested: "b0 at half capacity in the middle third of each point".into(),
+                applied: true,
+                reason: Some(format!(
+                    "SIGSTOP/SIGCONT duty cycle of b0's web server: runs {}% of every {} ms \
+                     (no cgroup CPU quota is used, on loopback or netns)",
+                    (crate::scenario::DUTY_RUN_FRACTION * 100.0) as u32,
+                    crate::scenario::DUTY_PERIOD.as_millis()
+                )),
+            },
+        );
+    }
     if !a.no_pin {
         m.insert(
             "pin".into(),
@@ -369,15 +607,26 @@ struct Run {
     docroot: PathBuf,
 }
 
-/// The back-end tier and proxy of one system.
-struct Tier {
-    _backends: Vec<Child>,
-    _nginx: Vec<Nginx>,
-    _gatherers: Vec<Child>,
-    proxy: Child,
-    proxy_addr: SocketAddr,
+/// One proxy of a tier (farside's or HAProxy).
+struct ProxyProc {
+    child: Child,
+    addr: SocketAddr,
     /// The proxy's admin listener (metrics), when it runs a monitor.
     admin_addr: Option<SocketAddr>,
+}
+
+/// The back-end tier and proxies of one system in one scenario.
+struct Tier {
+    // Tenants first: they are dropped (killed) before the back-ends they load.
+    _tenants: Vec<Child>,
+    _tenant_handles: Vec<crate::netns::LoadHandle>,
+    /// Pids of the tenant processes (`tenant-load`), paused and continued per point.
+    tenant_pids: Vec<u32>,
+    backends: Vec<Child>,
+    _nginx: Vec<Nginx>,
+    _gatherers: Vec<Child>,
+    /// One proxy, or `--proxies` of them (`multi-proxy`).
+    proxies: Vec<ProxyProc>,
 }
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -451,17 +700,29 @@ impl Fabric {
         args: &[String],
         logs: &std::path::Path,
     ) -> io::Result<Child> {
+        self.spawn_program(role, name, &std::env::current_exe()?, args, logs)
+    }
+
+    /// Start `program args` as the node of `role` (its CPUs, or its namespace).
+    fn spawn_program(
+        &self,
+        role: Role,
+        name: &str,
+        program: &std::path::Path,
+        args: &[String],
+        logs: &std::path::Path,
+    ) -> io::Result<Child> {
         match self {
             Fabric::Loopback(pl) => {
                 let cpus = match role {
                     Role::Backend(_) => pl.back.as_deref(),
                     Role::Proxy => pl.front.as_deref(),
                 };
-                Child::farside(name, args, logs, cpus)
+                Child::spawn_pinned(name, program, args, logs, cpus)
             }
             Fabric::Netns(dc) => {
                 let log = logs.join(format!("{name}.log"));
-                let c = dc.spawn_in(&Self::node(role), &std::env::current_exe()?, args, &log)?;
+                let c = dc.spawn_in(&Self::node(role), program, args, &log)?;
                 Ok(Child::adopt(name, c, log))
             }
         }
@@ -527,6 +788,7 @@ impl Fabric {
 fn start_tier(
     a: &AdmissionArgs,
     run: &Run,
+    scenario: Scenario,
     system: &str,
     limit: Option<u64>,
     fabric: &Fabric,
@@ -535,6 +797,7 @@ fn start_tier(
     let mut nginxes = Vec::new();
     let mut gatherers = Vec::new();
     let mut specs = Vec::new();
+    let mut addrs = Vec::new();
     let netns = matches!(fabric, Fabric::Netns(_));
     for i in 0..a.backends {
         let role = Role::Backend(i);
@@ -626,8 +889,116 @@ fn start_tier(
             _ => addr.to_string(),
         };
         specs.push(spec);
+        addrs.push(addr);
     }
-    let proxy_addr = fabric.addr(Role::Proxy, NETNS_PROXY_PORT)?;
+    let n_proxies = if scenario == Scenario::MultiProxy {
+        a.proxies
+    } else {
+        1
+    };
+    let mut proxies = Vec::new();
+    for p in 0..n_proxies {
+        let name = if n_proxies > 1 {
+            format!("{system}-proxy{p}")
+        } else {
+            format!("{system}-proxy")
+        };
+        let port_step = p as u16;
+        let proxy = if system == "haproxy" {
+            start_haproxy(a, run, fabric, &addrs, &name, port_step)?
+        } else {
+            start_farside_proxy(a, run, fabric, system, limit, &specs, &name, port_step)?
+        };
+        proxies.push(proxy);
+    }
+    let mut tenants = Vec::new();
+    let mut tenant_handles = Vec::new();
+    if scenario == Scenario::TenantLoad && a.tenant_procs > 0 {
+        for i in 0..a.backends {
+            match fabric {
+                Fabric::Loopback(pl) => {
+                    for t in 0..a.tenant_procs {
+                        tenants.push(Child::spawn_pinned(
+                            &format!("tenant-b{i}-{t}"),
+                            std::path::Path::new("/bin/sh"),
+                            &["-c".into(), "while :; do :; done".into()],
+                            &run.logs,
+                            pl.back.as_deref(),
+                        )?);
+                    }
+                }
+                Fabric::Netns(dc) => {
+                    tenant_handles.push(dc.start_cpu_load(&format!("b{i}"), a.tenant_procs)?)
+                }
+            }
+        }
+    }
+    let tenant_pids = tenants
+        .iter()
+        .map(|c| c.pid())
+        .chain(tenant_handles.iter().flat_map(|h| h.pids()))
+        .collect();
+    Ok(Tier {
+        backends,
+        _nginx: nginxes,
+        _gatherers: gatherers,
+        proxies,
+        _tenants: tenants,
+        _tenant_handles: tenant_handles,
+        tenant_pids,
+    })
+}
+
+/// Start one HAProxy instance in front of `backends` (see [`crate::haproxy`]).
+fn start_haproxy(
+    a: &AdmissionArgs,
+    run: &Run,
+    fabric: &Fabric,
+    backends: &[SocketAddr],
+    name: &str,
+    port_step: u16,
+) -> io::Result<ProxyProc> {
+    let addr = fabric.addr(Role::Proxy, NETNS_PROXY_PORT + port_step)?;
+    let cfg = haproxy_config(a, addr, backends);
+    let bin = crate::haproxy::find_binary()?;
+    let (_, args) = crate::haproxy::prepare(&bin, &cfg, &run.logs, name)?;
+    let mut child = fabric.spawn_program(Role::Proxy, name, &bin, &args, &run.logs)?;
+    fabric.wait_port(&mut child, addr)?;
+    Ok(ProxyProc {
+        child,
+        addr,
+        admin_addr: None,
+    })
+}
+
+/// The HAProxy configuration of the `haproxy` system: per-server `maxconn` = the
+/// back-end's connection capacity C, `--haproxy-timeout-queue-ms`, the proxy's workers.
+pub fn haproxy_config(
+    a: &AdmissionArgs,
+    listen: SocketAddr,
+    backends: &[SocketAddr],
+) -> crate::haproxy::HaproxyConfig {
+    let mut cfg = crate::haproxy::HaproxyConfig::new(listen, backends);
+    cfg.maxconn_per_server = capacity_conns(a);
+    cfg.timeout_queue_ms = a.haproxy_timeout_queue_ms;
+    cfg.timeout_ms = a.timeout_ms;
+    cfg.threads = a.proxy_workers;
+    cfg
+}
+
+/// Start one farside proxy of `system` in front of the back-ends `specs`.
+#[allow(clippy::too_many_arguments)]
+fn start_farside_proxy(
+    a: &AdmissionArgs,
+    run: &Run,
+    fabric: &Fabric,
+    system: &str,
+    limit: Option<u64>,
+    specs: &[String],
+    name: &str,
+    port_step: u16,
+) -> io::Result<ProxyProc> {
+    let proxy_addr = fabric.addr(Role::Proxy, NETNS_PROXY_PORT + port_step)?;
     let mut args: Vec<String> = vec![
         "proxy".into(),
         "--listen".into(),
@@ -639,7 +1010,7 @@ fn start_tier(
         "--monitor-nice".into(),
         a.control_nice.to_string(),
     ];
-    for s in &specs {
+    for s in specs {
         args.push("--backend".into());
         args.push(s.clone());
     }
@@ -647,7 +1018,7 @@ fn start_tier(
     if let (true, Some(limit)) = (system != "no-ac", limit) {
         // The admin listener is not subject to admission: the lab reads the monitor's
         // histograms there while the data port is rejecting.
-        let admin = fabric.addr(Role::Proxy, NETNS_ADMIN_PORT)?;
+        let admin = fabric.addr(Role::Proxy, NETNS_ADMIN_PORT + port_step)?;
         args.extend(["--admin-listen".into(), admin.to_string()]);
         admin_addr = Some(admin);
         args.extend([
@@ -660,14 +1031,11 @@ fn start_tier(
     }
     // The user's own proxy arguments come last, so they override the lab's.
     args.extend(a.proxy_args.iter().cloned());
-    let mut proxy = fabric.spawn(Role::Proxy, &format!("{system}-proxy"), &args, &run.logs)?;
+    let mut proxy = fabric.spawn(Role::Proxy, name, &args, &run.logs)?;
     fabric.wait_port(&mut proxy, proxy_addr)?;
-    Ok(Tier {
-        _backends: backends,
-        _nginx: nginxes,
-        _gatherers: gatherers,
-        proxy,
-        proxy_addr,
+    Ok(ProxyProc {
+        child: proxy,
+        addr: proxy_addr,
         admin_addr,
     })
 }
@@ -682,7 +1050,8 @@ impl MonitorScrape {
     /// `None` (with a warning) when the proxy has no admin listener or does not answer:
     /// the point is still measured, only without the monitor's figures.
     fn take(fabric: &Fabric, tier: &Tier) -> Option<MonitorScrape> {
-        let admin = tier.admin_addr?;
+        // The first proxy's monitor (with `multi-proxy`, the one with the most clients).
+        let admin = tier.proxies.first()?.admin_addr?;
         match fabric.scrape(admin) {
             Ok(text) => Some(MonitorScrape {
                 read: crate::promtext::buckets(&text, "farside_monitor_read_seconds"),
@@ -735,7 +1104,7 @@ fn loadgen_args(
     l.duration_s = duration_s;
     l.warmup_s = warmup_s;
     l.think_ms = a.think_ms;
-    l.reject_think_ms = Some(a.reject_think_ms);
+    l.on_reject = Some(a.on_reject);
     l.qos_ms = a.qos_ms;
     l.timeout_ms = a.timeout_ms;
     l.no_keepalive = a.no_keepalive;
@@ -744,34 +1113,18 @@ fn loadgen_args(
     Ok(l)
 }
 
-fn point(system: &str, limit: Option<u64>, transport: &str, s: &farside_loadgen::Summary) -> Point {
-    Point {
-        system: system.into(),
-        trace: s.trace.clone(),
-        clients: s.clients as u64,
-        limit,
+fn point(k: &Key, transport: &str, s: &farside_loadgen::Summary) -> Point {
+    let mut p = Point {
+        system: k.system.clone(),
+        trace: k.trace.clone(),
+        clients: k.clients.unwrap_or(0),
+        limit: k.limit,
         transport: transport.into(),
-        avg_ms: s.avg_ms,
-        p50_ms: s.p50_ms,
-        p90_ms: s.p90_ms,
-        p99_ms: s.p99_ms,
-        max_ms: s.max_ms,
-        tps: s.tps,
-        drop_rate: s.drop_rate,
-        slow_rate: s.slow_rate,
-        attempts: s.attempts,
-        served: s.served,
-        dropped: s.dropped_503,
-        failures: s.failures,
         runs: 1,
-        avg_ms_sd: 0.0,
-        tps_sd: 0.0,
-        p99_ms_sd: 0.0,
-        drop_rate_sd: 0.0,
-        slow_rate_sd: 0.0,
-        monitor_read_p50_us: None,
-        monitor_read_p99_us: None,
-        update_gap_p99_ms: None,
+        scenario: k.scenario.name().into(),
+        load_model: k.load_model.clone(),
+        rate_x: k.rate_x,
+        rate_rps: k.rate_x.and(s.rate),
         series: s
             .series
             .iter()
@@ -782,8 +1135,10 @@ fn point(system: &str, limit: Option<u64>, transport: &str, s: &farside_loadgen:
                 avg_ms: x.avg_ms,
             })
             .collect(),
-        requests: Vec::new(),
-    }
+        ..Point::default()
+    };
+    p.fill_from_loadgen(s);
+    p
 }
 
 /// Served requests of a loadgen `--out` file as `(start s, response time ms)`, thinned
@@ -824,38 +1179,65 @@ fn transport_of(system: &str, netns: bool) -> &'static str {
     }
 }
 
-/// The tier serving (system, limit) and the back-ends' background load.
-type Running = ((String, Option<u64>), Tier, Vec<crate::netns::LoadHandle>);
+/// The tier serving (scenario, system, limit) and the back-ends' background load.
+type Running = (
+    (Scenario, String, Option<u64>),
+    Tier,
+    Vec<crate::netns::LoadHandle>,
+);
+
+/// Distance between the seeds of a point's client groups (proxies, cost classes), so
+/// that no two groups draw the same workload or arrivals, even across repeats.
+const GROUP_SEED_STRIDE: u64 = 1_000_003;
 
 /// One point of the sweep: its key in `points.jsonl`.
 #[derive(Debug, Clone, serde::Serialize)]
 struct Key {
+    scenario: Scenario,
     system: String,
     trace: String,
     /// `None` for no-ac.
     limit: Option<u64>,
-    clients: u64,
+    /// `closed` or `open`.
+    load_model: String,
+    /// Closed loop: the number of clients.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    clients: Option<u64>,
+    /// Open loop: the arrival rate as a multiple of the capacity.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rate_x: Option<f64>,
 }
 
 /// The sweep's keys: per system (and per limit for the admission-controlled ones),
-/// per trace, per client count; one tier is started per (system, limit).
-fn keys(a: &AdmissionArgs, limits: &[u64], clients: &[u64]) -> Vec<Key> {
+/// per trace, per load model, per client count (closed) or rate (open); one tier is
+/// started per (system, limit).
+fn keys(a: &AdmissionArgs, limits: &[u64], clients: &[u64], rates: &[f64]) -> Vec<Key> {
     let mut out = Vec::new();
-    for system in &a.systems {
-        let ls: Vec<Option<u64>> = if system == "no-ac" {
-            vec![None]
-        } else {
-            limits.iter().map(|&l| Some(l)).collect()
-        };
-        for limit in ls {
-            for trace in &a.traces {
-                for &c in clients {
-                    out.push(Key {
-                        system: system.clone(),
-                        trace: trace.clone(),
-                        limit,
-                        clients: c,
-                    });
+    for &scenario in &a.scenario {
+        for system in &a.systems {
+            let ls: Vec<Option<u64>> = if system == "no-ac" || system == "haproxy" {
+                vec![None]
+            } else {
+                limits.iter().map(|&l| Some(l)).collect()
+            };
+            for limit in ls {
+                for trace in &a.traces {
+                    for model in a.load.models() {
+                        let key = |clients, rate_x| Key {
+                            scenario,
+                            system: system.clone(),
+                            trace: trace.clone(),
+                            limit,
+                            load_model: model.to_string(),
+                            clients,
+                            rate_x,
+                        };
+                        if *model == "closed" {
+                            out.extend(clients.iter().map(|&c| key(Some(c), None)));
+                        } else {
+                            out.extend(rates.iter().map(|&r| key(None, Some(r))));
+                        }
+                    }
                 }
             }
         }
@@ -889,7 +1271,7 @@ fn effective(
     Ok(v)
 }
 
-pub fn run(a: AdmissionArgs) -> io::Result<()> {
+pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     let euid = unsafe_euid();
     if a.hosts == Hosts::Netns {
         crate::netns::check_root(euid)?;
@@ -898,10 +1280,14 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         if !SYSTEMS.contains(&s.as_str()) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                format!("--systems: unknown system `{s}` (no-ac, tcp-ac, onesided-ac)"),
+                format!("--systems: unknown system `{s}` ({})", SYSTEMS.join(", ")),
             ));
         }
     }
+    if a.systems.iter().any(|s| s == "haproxy") {
+        crate::haproxy::find_binary()?;
+    }
+    check_scenarios(&a)?;
     for t in &a.traces {
         trace_kind(t)?;
     }
@@ -937,6 +1323,50 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
             "--limit/--limits: a limit of 0 admits nothing; use 1 or more",
         ));
     }
+    let rates: Vec<f64> = if a.rates.is_empty() {
+        let list = if a.quick { RATES_QUICK } else { RATES_FULL };
+        list.split(',')
+            .map(|r| r.parse().expect("literal list"))
+            .collect()
+    } else {
+        a.rates.clone()
+    };
+    if rates.iter().any(|&r| !(r > 0.0 && r <= RATE_X_MAX)) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("--rates: each multiple of the capacity must be in (0, {RATE_X_MAX}]"),
+        ));
+    }
+    let pl = placement(&a);
+    let open = a.load != LoadModels::Closed;
+    let back_cpus = pl
+        .back
+        .as_ref()
+        .map_or_else(|| crate::procs::allowed_cpus().len(), |b| b.len());
+    // The open loop's capacity per scenario (mixed-cost's requests cost more on average).
+    let mut capacities: BTreeMap<&'static str, (f64, String)> = BTreeMap::new();
+    let mut open_skipped = None;
+    if open {
+        for sc in a.scenario.clone() {
+            let cost = crate::scenario::mean_cost_us(sc, a.backend_cpu_us);
+            match capacity_rps(&a, back_cpus, cost) {
+                Ok(c) => {
+                    capacities.insert(sc.name(), c);
+                }
+                // The default `--load both` without a capacity rule (nginx, or no CPU
+                // cost): the closed loop still runs, and the summary says why the open
+                // loop did not. An explicit `--load open` is an error.
+                Err(e) if a.load == LoadModels::Both => {
+                    open_skipped = Some(e.to_string());
+                    capacities.clear();
+                    a.load = LoadModels::Closed;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    let open = a.load != LoadModels::Closed;
     let (duration_s, warmup_s) = point_time(&a);
     let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
     let netns = a.hosts == Hosts::Netns;
@@ -948,12 +1378,42 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
     crate::sweep::fill_host_metadata(&mut meta);
     meta.seed = Some(a.seed);
     meta.params = effective(&a, &clients, &limits, &rule, duration_s, warmup_s)?;
+    if let Some(m) = meta.params.as_object_mut() {
+        m.insert(
+            "rates".into(),
+            serde_json::json!(if open { rates.clone() } else { Vec::new() }),
+        );
+        m.insert("load_models".into(), serde_json::json!(a.load.models()));
+        if let Some((r, rule)) = capacities.values().next() {
+            m.insert("capacity_rps".into(), serde_json::json!(r));
+            m.insert("capacity_rule".into(), rule.clone().into());
+        }
+        if capacities.len() > 1 {
+            let by: serde_json::Map<String, serde_json::Value> = capacities
+                .iter()
+                .map(|(k, (r, _))| (k.to_string(), serde_json::json!(r)))
+                .collect();
+            m.insert("capacity_rps_by_scenario".into(), by.into());
+        }
+        if a.systems.iter().any(|s| s == "haproxy") {
+            let cfg = haproxy_config(
+                &a,
+                SocketAddr::new(LOCALHOST, 0),
+                &vec![SocketAddr::new(LOCALHOST, 0); a.backends],
+            );
+            m.insert("haproxy_config".into(), cfg.symbolic().render().into());
+        }
+    }
     meta.settings = privileged_settings(
         &a,
         euid == 0,
         nice_floor(),
         crate::procs::allowed_cpus().len(),
     );
+    if let Some(why) = open_skipped {
+        meta.settings
+            .insert("open_loop".into(), Setting::not_applied("both", &why));
+    }
     if a.quick {
         meta.notes.push(format!(
             "quick run: {duration_s} s points after {warmup_s} s of warm-up, for demos; not for comparison"
@@ -985,7 +1445,6 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         farside_loadgen::write_docroot(&trace, &run.docroot)?;
     }
 
-    let pl = placement(&a);
     if let (Some(f), Some(b)) = (&pl.front, &pl.back) {
         eprintln!("lab admission: proxy and clients on CPU {f:?}, back-end nodes on CPUs {b:?} (--no-pin to share)");
     }
@@ -1035,7 +1494,7 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         Fabric::Loopback(pl.clone())
     };
 
-    let keys = keys(&a, &limits, &clients);
+    let keys = keys(&a, &limits, &clients, &rates);
     let heaviest = clients.iter().copied().max().unwrap_or(0);
     // The running tier and its background load, for the (system, limit) it serves.
     let mut current: Option<Running> = None;
@@ -1045,17 +1504,19 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
         duration_s + warmup_s + 0.5,
         |k| {
             let limit = k.limit.map(|l| format!(" limit={l}")).unwrap_or_default();
-            format!(
-                "{:<12} {:<8}{limit} clients={:<4}",
-                k.system, k.trace, k.clients
-            )
+            let load = match (k.clients, k.rate_x) {
+                (Some(c), _) => format!("clients={c:<4}"),
+                (_, Some(x)) => format!("rate={x}x"),
+                _ => String::new(),
+            };
+            format!("{:<12} {:<8}{limit} {load}", k.system, k.trace)
         },
         |k, r| {
-            let want = (k.system.clone(), k.limit);
+            let want = (k.scenario, k.system.clone(), k.limit);
             if current.as_ref().map(|c| &c.0) != Some(&want) {
                 // One tier at a time: the old one stops before the new one starts.
                 current = None;
-                let tier = start_tier(&a, &run, &k.system, k.limit, &fabric)?;
+                let tier = start_tier(&a, &run, k.scenario, &k.system, k.limit, &fabric)?;
                 let busy = match &fabric {
                     Fabric::Netns(dc) if a.background_load > 0 => (0..a.backends)
                         .map(|i| dc.start_cpu_load(&format!("b{i}"), a.background_load))
@@ -1065,33 +1526,106 @@ pub fn run(a: AdmissionArgs) -> io::Result<()> {
                 current = Some((want, tier, busy));
             }
             let (_, tier, _) = current.as_mut().expect("tier started above");
-            let mut l = loadgen_args(
-                &a,
-                tier.proxy_addr,
-                &k.trace,
-                k.clients,
-                duration_s,
-                warmup_s,
-            )?;
-            l.seed = a.seed.wrapping_add(u64::from(r));
+            let seed = a.seed.wrapping_add(u64::from(r));
+            let rate = match (k.rate_x, capacities.get(k.scenario.name())) {
+                (Some(x), Some((cap, _))) => Some(x * cap),
+                _ => None,
+            };
+            let groups = crate::scenario::client_groups(
+                k.scenario,
+                tier.proxies.len(),
+                k.clients.unwrap_or(0),
+                rate,
+            );
             // Per-request records only at the heaviest load: Fig. 6 shows that one, and a
             // 60 s point at every load would keep megabytes per point.
-            let requests_csv = (k.clients == heaviest).then(|| run.logs.join("requests.csv"));
-            l.out = requests_csv.clone();
+            let keep_requests = k.clients == Some(heaviest)
+                || (k.rate_x.is_some() && k.rate_x == rates.iter().copied().reduce(f64::max));
+            let mut ls = Vec::new();
+            for (i, g) in groups.iter().enumerate() {
+                let mut l = loadgen_args(
+                    &a,
+                    tier.proxies[g.proxy].addr,
+                    &k.trace,
+                    g.clients.max(1),
+                    duration_s,
+                    warmup_s,
+                )?;
+                // Each group draws its own workload and arrivals.
+                l.seed = seed.wrapping_add(GROUP_SEED_STRIDE.wrapping_mul(i as u64));
+                if g.dynamic {
+                    l.trace = TraceKind::Single;
+                    l.file_path = format!(
+                        "/cgi/work?us={}",
+                        a.backend_cpu_us * crate::scenario::MIXED_COST_FACTOR
+                    );
+                }
+                if rate.is_some() {
+                    l.rate = Some(g.rate);
+                    l.open_users_max = OPEN_USERS_MAX;
+                }
+                l.out = keep_requests.then(|| run.logs.join(format!("requests-{i}.csv")));
+                ls.push(l);
+            }
             let before = MonitorScrape::take(&fabric, tier);
-            let s = fabric.run_clients(&l, pl.front.as_deref())?;
-            tier.proxy.check_alive()?;
-            let mut p = point(&k.system, k.limit, transport_of(&k.system, netns), &s);
+            // The scenario's disturbance runs beside the clients, and stops (continuing
+            // every process it paused) when the point ends, however it ends.
+            let disturbance = match k.scenario {
+                Scenario::TenantLoad if !tier.tenant_pids.is_empty() => {
+                    Some(crate::scenario::Disturbance::tenants(
+                        tier.tenant_pids.clone(),
+                        crate::scenario::tenant_mean_s(duration_s),
+                        seed,
+                    ))
+                }
+                Scenario::CapacityChange => {
+                    let pid = tier.backends.first().map(|b| b.pid()).ok_or_else(|| {
+                        io::Error::new(
+                            io::ErrorKind::InvalidInput,
+                            "--scenario capacity-change needs --backend-server farside",
+                        )
+                    })?;
+                    Some(crate::scenario::Disturbance::half_speed(
+                        pid,
+                        std::time::Duration::from_secs_f64(warmup_s + duration_s / 3.0),
+                        std::time::Duration::from_secs_f64(duration_s / 3.0),
+                    ))
+                }
+                _ => None,
+            };
+            let parts = std::thread::scope(|sc| {
+                let handles: Vec<_> = ls
+                    .iter()
+                    .map(|l| sc.spawn(|| fabric.run_clients(l, pl.front.as_deref())))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(io::Error::other("a client group panicked")))
+                    })
+                    .collect::<io::Result<Vec<_>>>()
+            })?;
+            drop(disturbance);
+            let s = crate::scenario::merge_concurrent(&parts)?;
+            for p in &mut tier.proxies {
+                p.child.check_alive()?;
+            }
+            let mut p = point(k, transport_of(&k.system, netns), &s);
             if let (Some(b), Some(after)) = (before, MonitorScrape::take(&fabric, tier)) {
                 after.fill(&b, &mut p);
             }
-            if let Some(path) = requests_csv {
-                match request_samples(&path, REQUEST_SAMPLES_MAX) {
-                    Ok(v) => p.requests = v,
+            let mut samples = Vec::new();
+            for l in &ls {
+                let Some(path) = &l.out else { continue };
+                match request_samples(path, REQUEST_SAMPLES_MAX / ls.len().max(1)) {
+                    Ok(v) => samples.extend(v),
                     Err(e) => eprintln!("lab admission: warning: no per-request samples: {e}"),
                 }
-                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(path);
             }
+            samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+            p.requests = samples;
             Ok(AnyPoint::Admission(p))
         },
     )?;
@@ -1233,8 +1767,8 @@ mod tests {
         assert_eq!(point_time(&args("--quick")), (6.0, 1.0));
         assert_eq!(point_time(&args("--quick --duration-s 3")), (3.0, 1.0));
         // no-ac once, each admission system once per limit.
-        let a = args("--systems no-ac,tcp-ac --traces single");
-        let k = keys(&a, &[2, 8], &[4]);
+        let a = args("--systems no-ac,tcp-ac --traces single --load closed");
+        let k = keys(&a, &[2, 8], &[4], &[1.0]);
         let names: Vec<(String, Option<u64>)> =
             k.iter().map(|k| (k.system.clone(), k.limit)).collect();
         assert_eq!(
@@ -1245,6 +1779,53 @@ mod tests {
                 ("tcp-ac".into(), Some(8))
             ]
         );
+    }
+
+    #[test]
+    fn both_load_models_are_swept_by_default_with_rates_of_the_capacity() {
+        let a = args("--systems no-ac --traces single");
+        assert_eq!(a.load, LoadModels::Both);
+        assert_eq!(a.on_reject, OnReject::Backoff);
+        let k = keys(&a, &[16], &[4, 8], &[0.5, 3.0]);
+        let got: Vec<(String, Option<u64>, Option<f64>)> = k
+            .iter()
+            .map(|k| (k.load_model.clone(), k.clients, k.rate_x))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("closed".into(), Some(4), None),
+                ("closed".into(), Some(8), None),
+                ("open".into(), None, Some(0.5)),
+                ("open".into(), None, Some(3.0)),
+            ]
+        );
+        // The capacity rule: back-end CPUs (at most one per worker) over the CPU cost.
+        let (r, rule) = capacity_rps(&args(""), 3, 1500.0).unwrap();
+        assert!((r - 2000.0).abs() < 1e-9, "{r}");
+        assert!(rule.contains("1e6 / 1500"), "{rule}");
+        let (r, _) = capacity_rps(&args("--backends 1 --backend-workers 2"), 8, 1000.0).unwrap();
+        assert!((r - 2000.0).abs() < 1e-9, "two workers cap it: {r}");
+        assert_eq!(
+            capacity_rps(&args("--capacity-rps 300"), 3, 1.0).unwrap().0,
+            300.0
+        );
+        let e = capacity_rps(&args("--backend-server nginx"), 3, 1500.0).unwrap_err();
+        assert!(e.to_string().contains("--capacity-rps"), "{e}");
+        // The closed loop follows --on-reject; the deprecated fixed pause is gone.
+        let l = loadgen_args(
+            &args("--on-reject leave"),
+            "127.0.0.1:1".parse().unwrap(),
+            "single",
+            4,
+            1.0,
+            0.0,
+        )
+        .unwrap();
+        assert_eq!(l.effective_on_reject(), OnReject::Leave);
+        assert_eq!(l.reject_think_ms, None);
+        let l = loadgen_args(&a, "127.0.0.1:1".parse().unwrap(), "single", 4, 1.0, 0.0).unwrap();
+        assert_eq!(l.effective_on_reject(), OnReject::Backoff);
     }
 
     #[test]

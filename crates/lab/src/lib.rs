@@ -2,6 +2,9 @@
 //! end to end and writes tables, `summary.json`, CSV series, plots and an HTML report.
 //!
 //! - [`admission`]: seed 000's admission-control experiment (`lab admission`)
+//! - [`scenario`]: the situations `lab admission --scenario` builds (several proxies,
+//!   tenant load, mixed request costs, a capacity change)
+//! - [`haproxy`]: HAProxy as the `haproxy` system of `lab admission`
 //! - [`probe`]: the remote-read latency micro-benchmark (`lab probe`)
 //! - [`procs`]: child-process supervision for the lab's nodes
 //! - [`nginx`]: real nginx as a back-end
@@ -16,12 +19,14 @@
 
 pub mod admission;
 pub mod flood;
+pub mod haproxy;
 pub mod netns;
 pub mod nginx;
 pub mod probe;
 pub mod procs;
 pub mod promtext;
 pub mod report;
+pub mod scenario;
 pub mod summary;
 pub mod svg;
 pub mod sweep;
@@ -35,9 +40,11 @@ pub struct LabArgs {
 
 /// The lab's commands.
 #[derive(Debug, Clone, clap::Subcommand)]
+// Parsed once per process: boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum LabCmd {
-    /// Admission control: no-ac vs tcp-ac vs onesided-ac over a sweep of clients and
-    /// three traces (seed 000, Fig. 5/9/10).
+    /// Admission control: no-ac vs tcp-ac vs onesided-ac (and HAProxy) over a sweep of
+    /// loads (closed and open loop), traces (seed 000, Fig. 5/9/10) and scenarios.
     Admission(admission::AdmissionArgs),
     /// Latency of one-sided vs two-sided reads of a back-end's region under rising
     /// background CPU load (seed 000 Fig. 4, seed 001 Fig. 5-6).

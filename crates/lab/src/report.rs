@@ -34,6 +34,10 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use crate::summary::{Point, ProbePoint, SecondPoint, Summary, SYSTEMS, SYSTEM_NO_AC};
+
+/// The anchor system of `lab admission` (HAProxy), compared against in the improvement
+/// lines when it ran.
+const SYSTEM_HAPROXY: &str = "haproxy";
 use crate::svg::{escape, Chart};
 
 /// `params` keys that may hold the QoS threshold for `slow_rate`, in ms,
@@ -64,7 +68,8 @@ pub struct TraceImprovements {
     pub trace: String,
     /// The heaviest load measured for the trace (largest `clients`).
     pub clients: u64,
-    /// Each admission-controlled system vs `no-ac`, then `onesided-ac` vs `tcp-ac`.
+    /// Each system vs `no-ac` (when it ran), each farside system vs `haproxy` (when it
+    /// ran), then `onesided-ac` vs `tcp-ac`.
     pub items: Vec<Improvement>,
 }
 
@@ -83,9 +88,10 @@ impl TraceImprovements {
             })
             .collect();
         format!(
-            "improvement {} @ {} clients (avg response time): {}",
+            "improvement {} @ {} {} (avg response time): {}",
             self.trace,
             self.clients,
+            load_header(&self.trace),
             items.join(", ")
         )
     }
@@ -100,8 +106,9 @@ struct Grid<'a> {
     points: Vec<&'a Point>,
     /// The label of each point of `points`.
     labels: Vec<String>,
-    /// Traces in order of first appearance.
-    traces: Vec<&'a str>,
+    /// Panels (trace, with scenario and load model when not the default; see
+    /// [`Point::panel`]) in order of first appearance.
+    traces: Vec<String>,
     /// Labels present: `SYSTEMS` order (by limit within a system), then other systems
     /// in order of appearance.
     systems: Vec<String>,
@@ -115,10 +122,11 @@ impl<'a> Grid<'a> {
         let limits: BTreeSet<u64> = points.iter().filter_map(|p| p.limit).collect();
         let multi_limit = limits.len() > 1;
         let labels: Vec<String> = points.iter().map(|p| label(p, multi_limit)).collect();
-        let mut traces: Vec<&str> = Vec::new();
+        let mut traces: Vec<String> = Vec::new();
         for p in &points {
-            if !traces.contains(&p.trace.as_str()) {
-                traces.push(&p.trace);
+            let panel = p.panel();
+            if !traces.contains(&panel) {
+                traces.push(panel);
             }
         }
         // Sort labels by (rank of the system, limit, first appearance).
@@ -148,8 +156,8 @@ impl<'a> Grid<'a> {
         let set: BTreeSet<u64> = self
             .points
             .iter()
-            .filter(|p| p.trace == trace)
-            .map(|p| p.clients)
+            .filter(|p| p.panel() == trace)
+            .map(|p| p.load_x())
             .collect();
         set.into_iter().collect()
     }
@@ -159,7 +167,7 @@ impl<'a> Grid<'a> {
         self.points
             .iter()
             .zip(&self.labels)
-            .find(|(p, l)| *l == label && p.trace == trace && p.clients == clients)
+            .find(|(p, l)| *l == label && p.panel() == trace && p.load_x() == clients)
             .map(|(p, _)| *p)
     }
 
@@ -187,12 +195,27 @@ impl<'a> Grid<'a> {
                 _ => None,
             },
         };
-        let mut items: Vec<Improvement> = self
-            .systems
-            .iter()
-            .filter(|s| *s != SYSTEM_NO_AC)
-            .map(|s| pct(s, SYSTEM_NO_AC))
-            .collect();
+        let has = |sys: &str| self.systems.iter().any(|s| s == sys);
+        // Against no-ac when it ran (or when nothing else is there to compare with).
+        let mut items: Vec<Improvement> = if has(SYSTEM_NO_AC) || !has(SYSTEM_HAPROXY) {
+            self.systems
+                .iter()
+                .filter(|s| *s != SYSTEM_NO_AC)
+                .map(|s| pct(s, SYSTEM_NO_AC))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        // The farside systems against the anchor, HAProxy.
+        if has(SYSTEM_HAPROXY) {
+            for sys in self
+                .systems
+                .iter()
+                .filter(|s| *s != SYSTEM_NO_AC && *s != SYSTEM_HAPROXY)
+            {
+                items.push(pct(sys, SYSTEM_HAPROXY));
+            }
+        }
         // One-sided against two-sided at the same limit.
         for sys in self.systems.iter().filter(|s| s.starts_with("onesided-ac")) {
             let tcp = sys.replacen("onesided-ac", "tcp-ac", 1);
@@ -213,6 +236,123 @@ fn label(p: &Point, multi_limit: bool) -> String {
     match (multi_limit, p.limit) {
         (true, Some(l)) => format!("{} limit={l}", p.system),
         _ => p.system.clone(),
+    }
+}
+
+/// One row of the scenario table: a (scenario, load model, trace, load) and, per
+/// system of the grid, `(avg ms, p99 ms, goodput/s, drop rate)`.
+struct ScenarioRow {
+    scenario: String,
+    load_model: String,
+    trace: String,
+    x: u64,
+    cells: Vec<Option<(f64, f64, f64, f64)>>,
+}
+
+/// The rows of the scenario table, in order of first appearance; empty when every point
+/// is the plain closed-loop `single` case (the per-trace tables say it all then).
+fn scenario_rows(g: &Grid) -> Vec<ScenarioRow> {
+    let plain = |p: &Point| p.panel() == p.trace;
+    if g.points.iter().all(|p| plain(p)) {
+        return Vec::new();
+    }
+    let mut rows: Vec<ScenarioRow> = Vec::new();
+    for p in &g.points {
+        let scenario = if p.scenario.is_empty() {
+            "single".to_string()
+        } else {
+            p.scenario.clone()
+        };
+        let load_model = if p.load_model.is_empty() {
+            "closed".to_string()
+        } else {
+            p.load_model.clone()
+        };
+        let x = p.load_x();
+        if rows.iter().any(|r| {
+            r.scenario == scenario && r.load_model == load_model && r.trace == p.trace && r.x == x
+        }) {
+            continue;
+        }
+        let panel = p.panel();
+        let cells = g
+            .systems
+            .iter()
+            .map(|sys| {
+                g.get(sys, &panel, x)
+                    .map(|q| (q.avg_ms, q.p99_ms, q.tps, q.drop_rate))
+            })
+            .collect();
+        rows.push(ScenarioRow {
+            scenario,
+            load_model,
+            trace: p.trace.clone(),
+            x,
+            cells,
+        });
+    }
+    rows
+}
+
+/// The scenario table as text (empty when [`scenario_rows`] is).
+fn scenario_table_text(g: &Grid) -> String {
+    let rows = scenario_rows(g);
+    let mut out = String::new();
+    if rows.is_empty() {
+        return out;
+    }
+    const CELL: usize = 36; // width of one system's four columns
+    let _ = writeln!(
+        out,
+        "scenarios — avg and p99 response time of served requests (ms), goodput (served/s), drop %"
+    );
+    let mut head1 = format!("{:<16}{:<7}{:<9}{:>8} ", "", "", "", "");
+    let mut head2 = format!("{:<16}{:<7}{:<9}{:>8} ", "scenario", "load", "trace", "x");
+    for sys in &g.systems {
+        let _ = write!(head1, "| {sys:^w$} ", w = CELL - 3);
+        let _ = write!(
+            head2,
+            "| {:>9}{:>9}{:>9}{:>6} ",
+            "avg ms", "p99 ms", "goodput", "drop%"
+        );
+    }
+    let _ = writeln!(out, "{}", head1.trim_end());
+    let _ = writeln!(out, "{}", head2.trim_end());
+    let _ = writeln!(out, "{}", "-".repeat(head2.trim_end().chars().count()));
+    for r in &rows {
+        let mut row = format!(
+            "{:<16}{:<7}{:<9}{:>8} ",
+            r.scenario, r.load_model, r.trace, r.x
+        );
+        for c in &r.cells {
+            match c {
+                Some((avg, p99, good, drop)) => {
+                    let _ = write!(
+                        row,
+                        "| {avg:>9.2}{p99:>9.2}{good:>9.1}{:>6.1} ",
+                        drop * 100.0
+                    );
+                }
+                None => {
+                    let _ = write!(row, "| {:>9}{:>9}{:>9}{:>6} ", "-", "-", "-", "-");
+                }
+            }
+        }
+        let _ = writeln!(out, "{}", row.trim_end());
+    }
+    let _ = writeln!(
+        out,
+        "(x: clients in the closed loop, arrivals/s in the open loop)\n"
+    );
+    out
+}
+
+/// The x axis of a panel: clients (closed loop) or the open loop's arrival rate.
+fn load_header(panel: &str) -> &'static str {
+    if panel.ends_with("-open") {
+        "rate/s"
+    } else {
+        "clients"
     }
 }
 
@@ -257,7 +397,13 @@ fn monitor_line(g: &Grid, trace: &str) -> Option<String> {
             ))
         })
         .collect();
-    (!seen.is_empty()).then(|| format!("monitor {trace} @ {heaviest} clients: {}", seen.join("; ")))
+    (!seen.is_empty()).then(|| {
+        format!(
+            "monitor {trace} @ {heaviest} {}: {}",
+            load_header(trace),
+            seen.join("; ")
+        )
+    })
 }
 
 /// What ran where: commit, kernel, CPU, seed, whether the run was quick or unfinished,
@@ -324,7 +470,7 @@ pub fn table_text(s: &Summary) -> String {
             fmt_num(slow_ms(s))
         );
         let mut head1 = format!("{:>8} ", "");
-        let mut head2 = format!("{:>8} ", "clients");
+        let mut head2 = format!("{:>8} ", load_header(trace));
         for sys in &g.systems {
             let _ = write!(head1, "| {sys:^w$} ", w = CELL - 3);
             let _ = write!(
@@ -386,13 +532,15 @@ pub fn table_text(s: &Summary) -> String {
                 let runs = g.get(&g.systems[0], trace, heaviest).map_or(0, |p| p.runs);
                 let _ = writeln!(
                     out,
-                    "spread {trace} @ {heaviest} clients (mean ± sd of {runs} runs): {}",
+                    "spread {trace} @ {heaviest} {} (mean ± sd of {runs} runs): {}",
+                    load_header(trace),
                     spread.join("; ")
                 );
             }
         }
         out.push('\n');
     }
+    out.push_str(&scenario_table_text(&g));
     let probes: Vec<&ProbePoint> = s.probe_points().collect();
     if !probes.is_empty() {
         let _ = writeln!(
@@ -489,8 +637,8 @@ pub fn series_file_name(p: &Point, multi_limit: bool) -> String {
     format!(
         "series-{}{limit}-{}-{}.csv",
         sanitize(&p.system),
-        sanitize(&p.trace),
-        p.clients
+        sanitize(&p.panel()),
+        p.load_x()
     )
 }
 
@@ -538,6 +686,14 @@ fn points_csv(points: &[&Point]) -> io::Result<String> {
             "p99_ms_sd",
             "drop_rate_sd",
             "slow_rate_sd",
+            "scenario",
+            "load_model",
+            "rate_x",
+            "rate_rps",
+            "offered_rps",
+            "goodput",
+            "reject_p99_ms",
+            "inflight_at_end",
         ],
         points.iter().map(|p| {
             vec![
@@ -567,6 +723,14 @@ fn points_csv(points: &[&Point]) -> io::Result<String> {
                 p.p99_ms_sd.to_string(),
                 p.drop_rate_sd.to_string(),
                 p.slow_rate_sd.to_string(),
+                p.scenario.clone(),
+                p.load_model.clone(),
+                opt(p.rate_x),
+                opt(p.rate_rps),
+                p.offered_rps.to_string(),
+                p.goodput.to_string(),
+                p.reject_p99_ms.to_string(),
+                p.inflight_at_end.to_string(),
             ]
         }),
     )
@@ -631,7 +795,7 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
         // Error bars: ± one standard deviation over the repeats (none for one run).
         let chart =
             |title: &str, y: &str, f: &dyn Fn(&Point) -> f64, sd: &dyn Fn(&Point) -> f64| {
-                let mut c = Chart::new(title, "clients", y);
+                let mut c = Chart::new(title, load_header(trace), y);
                 for sys in &g.systems {
                     let err = g.line(sys, trace, sd).into_iter().map(|p| p.1).collect();
                     c = c.series_err(sys, g.line(sys, trace, f), err);
@@ -908,7 +1072,7 @@ fn rt_goodput_chart(g: &Grid, trace: &str, clients: u64) -> String {
         let mut pts: Vec<&Point> = g
             .points
             .iter()
-            .filter(|p| p.system == sys && p.trace == trace && p.clients == clients)
+            .filter(|p| p.system == sys && p.panel() == trace && p.load_x() == clients)
             .copied()
             .collect();
         pts.sort_by_key(|p| p.limit.unwrap_or(0));
@@ -964,6 +1128,14 @@ pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
     let _ = writeln!(out, "<h2>Parameters</h2>");
     let params = serde_json::to_string_pretty(&s.params).unwrap_or_default();
     let _ = writeln!(out, "<pre>{}</pre>", escape(&params));
+    if let Some(cfg) = s.params.get("haproxy_config").and_then(|v| v.as_str()) {
+        let _ = writeln!(
+            out,
+            "<h2>HAProxy configuration</h2>\n<p class=\"meta\">As the lab wrote it for the \
+             <code>haproxy</code> system (addresses symbolic).</p>\n<pre>{}</pre>",
+            escape(cfg)
+        );
+    }
 
     if !g.traces.is_empty() {
         let _ = writeln!(out, "<h2>Results</h2>");
@@ -971,8 +1143,9 @@ pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
     for trace in &g.traces {
         let _ = writeln!(
             out,
-            "<h3>Trace {}</h3>\n<table>\n<tr><th rowspan=\"2\">clients</th>",
-            escape(trace)
+            "<h3>Trace {}</h3>\n<table>\n<tr><th rowspan=\"2\">{}</th>",
+            escape(trace),
+            load_header(trace)
         );
         for sys in &g.systems {
             let _ = write!(out, "<th colspan=\"4\">{}</th>", escape(sys));
@@ -1008,6 +1181,39 @@ pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
         if let Some(line) = monitor_line(g, trace) {
             let _ = writeln!(out, "<p class=\"imp\">{}</p>", escape(&line));
         }
+    }
+
+    let rows = scenario_rows(g);
+    if !rows.is_empty() {
+        out.push_str("<h2>Scenarios</h2>\n<p class=\"meta\">Per scenario and load model: avg and p99 response time of served requests (ms), goodput (served/s) and drop rate (%).</p>\n<table>\n<tr><th>scenario</th><th>load</th><th>trace</th><th>clients or rate/s</th>");
+        for sys in &g.systems {
+            let _ = write!(out, "<th colspan=\"4\">{}</th>", escape(sys));
+        }
+        out.push_str("</tr>\n");
+        for r in &rows {
+            let _ = write!(
+                out,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
+                escape(&r.scenario),
+                escape(&r.load_model),
+                escape(&r.trace),
+                r.x
+            );
+            for c in &r.cells {
+                match c {
+                    Some((avg, p99, good, drop)) => {
+                        let _ = write!(
+                            out,
+                            "<td>{avg:.2}</td><td>{p99:.2}</td><td>{good:.1}</td><td>{:.1}</td>",
+                            drop * 100.0
+                        );
+                    }
+                    None => out.push_str(r#"<td class="missing" colspan="4">—</td>"#),
+                }
+            }
+            out.push_str("</tr>\n");
+        }
+        out.push_str("</table>\n");
     }
 
     let probes: Vec<&ProbePoint> = s.probe_points().collect();
@@ -1179,6 +1385,9 @@ mod tests {
                         series,
                         limit: (si > 0).then_some(16),
                         requests: Vec::new(),
+                        scenario: "single".into(),
+                        load_model: "closed".into(),
+                        ..Point::default()
                     });
                 }
             }
@@ -1190,6 +1399,57 @@ mod tests {
         let d = std::env::temp_dir().join(format!("farside-report-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    #[test]
+    fn scenario_table_has_avg_p99_goodput_and_drop_per_scenario_and_load_model() {
+        let mut s = Summary::new("admission", "loopback", true);
+        let pt =
+            |system: &str, scenario: &str, model: &str, clients: u64, rate: Option<f64>| Point {
+                system: system.into(),
+                trace: "single".into(),
+                clients,
+                transport: "none".into(),
+                scenario: scenario.into(),
+                load_model: model.into(),
+                rate_rps: rate,
+                avg_ms: 2.5,
+                p99_ms: 40.0,
+                tps: 123.0,
+                goodput: 123.0,
+                drop_rate: 0.25,
+                runs: 1,
+                ..Point::default()
+            };
+        s.push(pt("haproxy", "multi-proxy", "closed", 8, None));
+        s.push(pt("onesided-ac", "multi-proxy", "closed", 8, None));
+        s.push(pt("onesided-ac", "multi-proxy", "open", 0, Some(600.4)));
+        let text = table_text(&s);
+        assert!(text.contains("scenarios — avg and p99"), "{text}");
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("multi-proxy     closed single"))
+            .unwrap_or_else(|| panic!("{text}"));
+        assert!(row.contains("2.50    40.00    123.0  25.0"), "{row}");
+        // The open-loop row is labelled by its rate; haproxy has no point there.
+        let row = text
+            .lines()
+            .find(|l| l.starts_with("multi-proxy     open"))
+            .unwrap();
+        assert!(row.contains(" 600 ") && row.contains("-"), "{row}");
+        // Panels are per scenario and load model; the open one counts arrivals/s.
+        assert!(text.contains("trace single-multi-proxy-open"), "{text}");
+        assert!(text.contains("rate/s"), "{text}");
+        // Without no-ac, the farside systems are compared with the anchor.
+        let imp = text.lines().find(|l| l.starts_with("improvement")).unwrap();
+        assert!(
+            imp.contains("onesided-ac vs haproxy") && !imp.contains("no-ac"),
+            "{imp}"
+        );
+        let html = html(&s, &Grid::new(&s), &[]);
+        assert!(html.contains("<h2>Scenarios</h2>"));
+        // A plain closed-loop single run has no scenario table.
+        assert!(!table_text(&synthetic()).contains("scenarios —"));
     }
 
     #[test]

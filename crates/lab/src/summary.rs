@@ -137,11 +137,13 @@ pub enum AnyPoint {
 /// All time keys are in milliseconds and cover served requests only.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct Point {
-    /// `system`: `"no-ac"`, `"tcp-ac"` or `"onesided-ac"` (see [`SYSTEMS`]).
+    /// `system`: `"no-ac"`, `"tcp-ac"`, `"onesided-ac"` (see [`SYSTEMS`]) or `"haproxy"`
+    /// (the anchor, `lab admission --systems ...,haproxy`).
     pub system: String,
     /// `trace`: workload name, e.g. `"single"` (16 KB file), `"zipf"`, `"worldcup"`.
     pub trace: String,
-    /// `clients`: number of closed-loop clients (the load, x axis of Fig. 5).
+    /// `clients`: number of closed-loop clients (the load, x axis of Fig. 5); 0 in the
+    /// open loop (see `rate_rps`).
     pub clients: u64,
     /// `limit`: the admission limit of this point (`lab admission --limits`); absent for
     /// `no-ac`.
@@ -206,6 +208,41 @@ pub struct Point {
     /// a new load record (how stale the proxy's view gets), ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_gap_p99_ms: Option<f64>,
+    /// `scenario`: what the data-center looked like (`lab admission --scenario`: `single`,
+    /// `multi-proxy`, `tenant-load`, `mixed-cost`, `capacity-change`); `single` for runs
+    /// kept by an older lab.
+    #[serde(default = "single")]
+    pub scenario: String,
+    /// `load_model`: `closed` (a fixed number of clients, `clients`) or `open` (Poisson
+    /// arrivals at `rate_rps`; users leave on rejection); `closed` for older runs.
+    #[serde(default = "closed")]
+    pub load_model: String,
+    /// `rate_x`: open loop: offered arrival rate as a multiple of the capacity
+    /// (`params.capacity_rps`, `lab admission --rates`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_x: Option<f64>,
+    /// `rate_rps`: open loop: the arrival rate asked of the clients, requests/s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_rps: Option<f64>,
+    /// `offered_rps`: requests started per second of measured time (closed loop: what the
+    /// clients managed to send).
+    #[serde(default)]
+    pub offered_rps: f64,
+    /// `goodput`: served requests per second of measured time (= `tps`).
+    #[serde(default)]
+    pub goodput: f64,
+    /// `reject_p99_ms`: 99th percentile time to a 503, ms (0 without rejections).
+    #[serde(default)]
+    pub reject_p99_ms: f64,
+    /// `inflight_at_end`: requests still in flight when the measured window ended (in no
+    /// other count; summed over runs).
+    #[serde(default)]
+    pub inflight_at_end: u64,
+    /// The loadgen's own summary of the run (histograms included), kept in `points.jsonl`
+    /// so that repeats merge exactly ([`farside_loadgen::Summary::merge`]: p99 of the
+    /// pooled requests, not a mean of p99s). Not in `summary.json`.
+    #[serde(skip_serializing, default)]
+    pub loadgen: Option<farside_loadgen::Summary>,
     /// Per-second series (Fig. 6/7). Not written to `summary.json`: the
     /// report writes it to `series-<system>-<trace>-<clients>.csv`.
     #[serde(skip_serializing, default)]
@@ -221,6 +258,14 @@ fn one() -> u64 {
     1
 }
 
+fn single() -> String {
+    "single".into()
+}
+
+fn closed() -> String {
+    "closed".into()
+}
+
 /// Mean of the runs that have a value; `None` if none has.
 fn mean_some(runs: &[Point], f: fn(&Point) -> Option<f64>) -> Option<f64> {
     let v: Vec<f64> = runs.iter().filter_map(f).collect();
@@ -228,9 +273,75 @@ fn mean_some(runs: &[Point], f: fn(&Point) -> Option<f64>) -> Option<f64> {
 }
 
 impl Point {
+    /// The x value of the point's load: `clients` in the closed loop, the asked arrival
+    /// rate (requests/s, rounded) in the open loop.
+    pub fn load_x(&self) -> u64 {
+        match self.rate_rps {
+            Some(r) if self.load_model == "open" => r.round() as u64,
+            _ => self.clients,
+        }
+    }
+
+    /// The group of points a table or figure shows together: the trace, with the
+    /// scenario and load model when they are not the default `single`/`closed`.
+    pub fn panel(&self) -> String {
+        let plain = matches!(self.scenario.as_str(), "" | "single")
+            && matches!(self.load_model.as_str(), "" | "closed");
+        if plain {
+            self.trace.clone()
+        } else {
+            format!("{}-{}-{}", self.trace, self.scenario, self.load_model)
+        }
+    }
+
+    /// Set the figures that come from the loadgen's summary `s` (times, rates, counts),
+    /// keeping `s` for exact merging of repeats.
+    pub fn fill_from_loadgen(&mut self, s: &farside_loadgen::Summary) {
+        self.avg_ms = s.avg_ms;
+        self.p50_ms = s.p50_ms;
+        self.p90_ms = s.p90_ms;
+        self.p99_ms = s.p99_ms;
+        self.max_ms = s.max_ms;
+        self.tps = s.tps;
+        self.goodput = s.goodput_rps;
+        self.offered_rps = s.offered_rps;
+        self.drop_rate = s.drop_rate;
+        self.slow_rate = s.slow_rate;
+        self.attempts = s.attempts;
+        self.served = s.served;
+        self.dropped = s.dropped_503;
+        self.failures = s.failures;
+        self.reject_p99_ms = s.reject_p99_ms;
+        self.inflight_at_end = s.inflight_at_end;
+        let mut kept = s.clone();
+        // The series is the point's own (`series`); the kept summary needs only counts and
+        // histograms.
+        kept.series.clear();
+        self.loadgen = Some(kept);
+    }
+
     /// Combine repetitions of one point: means of times and rates, sums of counts, the
     /// largest max, standard deviations of `avg_ms` and `tps`, the first run's series.
+    /// When every run kept its loadgen summary, times, percentiles and rates come from
+    /// their exact merge ([`farside_loadgen::Summary::merge`]) instead of means.
     pub fn combine(runs: &[Point]) -> Point {
+        let mut out = Self::combine_means(runs);
+        let kept: Option<Vec<farside_loadgen::Summary>> =
+            runs.iter().map(|p| p.loadgen.clone()).collect();
+        if let Some(kept) = kept.filter(|k| k.len() > 1) {
+            match farside_loadgen::Summary::merge(&kept) {
+                Ok(m) => {
+                    let series = std::mem::take(&mut out.series);
+                    out.fill_from_loadgen(&m);
+                    out.series = series;
+                }
+                Err(e) => log::warn!("lab: repeats of a point not merged exactly: {e}"),
+            }
+        }
+        out
+    }
+
+    fn combine_means(runs: &[Point]) -> Point {
         let n = runs.len().max(1) as f64;
         let mean = |f: fn(&Point) -> f64| runs.iter().map(f).sum::<f64>() / n;
         let sd = |f: fn(&Point) -> f64| {
@@ -265,6 +376,10 @@ impl Point {
             monitor_read_p50_us: mean_some(runs, |p| p.monitor_read_p50_us),
             monitor_read_p99_us: mean_some(runs, |p| p.monitor_read_p99_us),
             update_gap_p99_ms: mean_some(runs, |p| p.update_gap_p99_ms),
+            offered_rps: mean(|p| p.offered_rps),
+            goodput: mean(|p| p.goodput),
+            reject_p99_ms: mean(|p| p.reject_p99_ms),
+            inflight_at_end: runs.iter().map(|p| p.inflight_at_end).sum(),
             ..first.clone()
         }
     }
@@ -526,6 +641,9 @@ mod tests {
                 dropped: 1,
                 avg_ms: 3.0,
             }],
+            scenario: "single".into(),
+            load_model: "closed".into(),
+            ..Point::default()
         }
     }
 
@@ -629,6 +747,54 @@ mod tests {
             avg_ms: 1.0,
         };
         assert_eq!(s.drop_rate(), 0.25);
+    }
+
+    /// A loadgen summary of `n` requests served in 1 s, each taking `ms`.
+    fn loadgen_run(n: u64, ms: u64) -> farside_loadgen::Summary {
+        use farside_loadgen::summary::{encode_hist, new_latency_hist};
+        let mut h = new_latency_hist();
+        h.record_n(ms * 1000, n).unwrap();
+        farside_loadgen::Summary {
+            runs: 1,
+            served: n,
+            attempts: n,
+            started: n,
+            avg_ms: ms as f64,
+            p99_ms: ms as f64,
+            duration_s: 1.0,
+            tps: n as f64,
+            latency_hist_v2: encode_hist(&h),
+            reject_latency_hist_v2: encode_hist(&new_latency_hist()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn repeats_with_loadgen_summaries_merge_percentiles_exactly() {
+        let run = |n, ms| {
+            let mut p = admission();
+            p.fill_from_loadgen(&loadgen_run(n, ms));
+            p
+        };
+        // 990 fast requests in one run, 10 slow ones in the other: the pooled p99 is the
+        // fast one; a mean of the two runs' p99s would be ~50 ms.
+        let c = Point::combine(&[run(990, 1), run(10, 100)]);
+        assert!((c.p99_ms - 1.0).abs() < 0.01, "exact p99: {}", c.p99_ms);
+        assert_eq!((c.served, c.runs), (1000, 2));
+        assert!(
+            (c.goodput - 500.0).abs() < 1e-9,
+            "served / summed time: {}",
+            c.goodput
+        );
+        assert!((c.avg_ms - 1.99).abs() < 1e-9, "{}", c.avg_ms);
+        // The spread across runs is still reported.
+        assert!(c.p99_ms_sd > 50.0, "{}", c.p99_ms_sd);
+        // Without kept summaries (older runs): means, as before.
+        let mut a = admission();
+        let mut b = admission();
+        a.p99_ms = 10.0;
+        b.p99_ms = 30.0;
+        assert_eq!(Point::combine(&[a, b]).p99_ms, 20.0);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 //!
 //! - **points and repeats**: the experiment lists its point keys (any `Serialize` value,
 //!   e.g. `{system, trace, limit, clients}`); every key is run `repeat` times and the
-//!   runs are combined ([`AnyPoint::combine`]: means, sums, standard deviations);
+//!   runs are combined ([`AnyPoint::combine`]: means, sums, standard deviations; an
+//!   admission point's times and percentiles from the exact merge of the runs' loadgen
+//!   summaries, which each record keeps);
 //! - **progress**: one line per run with the runs done, elapsed time and an ETA from the
 //!   runs measured so far;
 //! - **append to disk**: each run is appended to `points.jsonl` ([`Record`], one JSON
@@ -52,18 +54,22 @@ pub struct Record {
     /// Thinned per-request samples of an admission point (Fig. 6).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub requests: Vec<(f64, f64)>,
+    /// The loadgen's summary of an admission run (histograms for exact merging).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loadgen: Option<farside_loadgen::Summary>,
 }
 
 impl Record {
     /// A record of `point`, its series and samples moved out (they are not part of the
     /// point's JSON form).
     pub fn new(key: serde_json::Value, run: u32, mut point: AnyPoint) -> Record {
-        let (series, requests) = match &mut point {
+        let (series, requests, loadgen) = match &mut point {
             AnyPoint::Admission(p) => (
                 std::mem::take(&mut p.series),
                 std::mem::take(&mut p.requests),
+                p.loadgen.take(),
             ),
-            AnyPoint::Probe(_) => (Vec::new(), Vec::new()),
+            AnyPoint::Probe(_) => (Vec::new(), Vec::new(), None),
         };
         Record {
             key,
@@ -71,6 +77,7 @@ impl Record {
             point,
             series,
             requests,
+            loadgen,
         }
     }
 
@@ -80,6 +87,7 @@ impl Record {
         if let AnyPoint::Admission(p) = &mut point {
             p.series = self.series;
             p.requests = self.requests;
+            p.loadgen = self.loadgen;
         }
         point
     }

@@ -1,0 +1,253 @@
+//! `farside lab admission --scenario`: every scenario builds and measures on loopback
+//! with tiny durations, HAProxy included, and `summary.json` carries the keys the
+//! scenario tables are made of.
+
+use std::path::{Path, PathBuf};
+
+fn exe() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_farside"))
+}
+
+/// A temporary directory removed on drop.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(tag: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("farside-scen-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Run `lab admission --quick` with 1 s points after 0.2 s of warm-up, one client count
+/// and one open-loop rate, and return summary.json.
+fn lab(args: &[&str], out: &Path) -> serde_json::Value {
+    let st = std::process::Command::new(exe())
+        .args([
+            "lab",
+            "admission",
+            "--quick",
+            "--duration-s",
+            "1",
+            "--warmup-s",
+            "0.2",
+        ])
+        .args(["--traces", "single", "--clients", "6", "--rates", "1.5"])
+        .args(["--backend-cpu-us", "300"])
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .env(
+            "FARSIDE_DATA",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../data"),
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&st.stderr);
+    assert!(st.status.success(), "lab failed:\n{stderr}");
+    serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap()
+}
+
+fn has_haproxy() -> bool {
+    farside_lab::haproxy::find_binary().is_ok()
+}
+
+#[test]
+fn multi_proxy_runs_haproxy_and_onesided_ac_in_both_loop_models() {
+    if !has_haproxy() {
+        eprintln!("skipped: no HAProxy on this host");
+        return;
+    }
+    let dir = Dir::new("multi");
+    let out = dir.0.join("out");
+    let s = lab(
+        &[
+            "--scenario",
+            "multi-proxy",
+            "--systems",
+            "haproxy,onesided-ac",
+            "--proxies",
+            "2",
+        ],
+        &out,
+    );
+    let points = s["points"].as_array().unwrap();
+    // 2 systems x (1 client count + 1 rate).
+    assert_eq!(points.len(), 4, "{points:?}");
+    let mut seen = std::collections::BTreeSet::new();
+    for p in points {
+        for k in [
+            "system",
+            "scenario",
+            "load_model",
+            "avg_ms",
+            "p99_ms",
+            "goodput",
+            "drop_rate",
+            "offered_rps",
+            "reject_p99_ms",
+            "inflight_at_end",
+        ] {
+            assert!(p.get(k).is_some(), "point lacks `{k}`: {p}");
+        }
+        assert_eq!(p["scenario"], "multi-proxy");
+        let served = p["served"].as_u64().unwrap() + p["dropped"].as_u64().unwrap();
+        assert!(served > 0, "every point got answers: {p}");
+        seen.insert((
+            p["system"].as_str().unwrap().to_string(),
+            p["load_model"].as_str().unwrap().to_string(),
+        ));
+        if p["load_model"] == "open" {
+            assert!(p["rate_rps"].as_f64().unwrap() > 0.0, "{p}");
+            assert!(p["offered_rps"].as_f64().unwrap() > 0.0, "{p}");
+        }
+    }
+    assert_eq!(seen.len(), 4, "each system in both loop models: {seen:?}");
+    // The HAProxy configuration the lab wrote is in the summary and the report, with a
+    // per-server maxconn of the back-end's workers (16 by default).
+    let cfg = s["params"]["haproxy_config"].as_str().unwrap();
+    assert!(cfg.contains("server b0 <b0> maxconn 16"), "{cfg}");
+    assert!(cfg.contains("timeout queue 50ms"), "{cfg}");
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("HAProxy configuration"));
+    // Two proxies of each kind ran: one configuration (and log) per HAProxy instance.
+    for f in [
+        "haproxy-proxy0.cfg",
+        "haproxy-proxy1.cfg",
+        "onesided-ac-proxy1.log",
+    ] {
+        assert!(out.join("logs").join(f).exists(), "{f}");
+    }
+    assert!(s["params"]["capacity_rps"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn disturbance_scenarios_run_and_record_how_they_were_applied() {
+    let dir = Dir::new("disturb");
+    let out = dir.0.join("out");
+    let s = lab(
+        &[
+            "--scenario",
+            "tenant-load,mixed-cost,capacity-change",
+            "--systems",
+            "onesided-ac",
+            "--tenant-procs",
+            "1",
+        ],
+        &out,
+    );
+    let points = s["points"].as_array().unwrap();
+    let got: Vec<(String, String)> = points
+        .iter()
+        .map(|p| {
+            (
+                p["scenario"].as_str().unwrap().to_string(),
+                p["load_model"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let want: Vec<(String, String)> = ["tenant-load", "mixed-cost", "capacity-change"]
+        .iter()
+        .flat_map(|sc| ["closed", "open"].map(|m| (sc.to_string(), m.to_string())))
+        .collect();
+    assert_eq!(got, want);
+    for p in points {
+        assert!(p["tps"].as_f64().unwrap() > 0.0, "served requests: {p}");
+    }
+    for k in ["tenant_load", "capacity_change"] {
+        let st = &s["settings"][k];
+        assert_eq!(st["applied"], true, "{k}: {st}");
+        assert!(st["reason"].as_str().unwrap().contains("SIGSTOP"), "{st}");
+    }
+    // mixed-cost's requests cost more on average: its open loop uses a lower capacity.
+    let by = &s["params"]["capacity_rps_by_scenario"];
+    assert!(by["mixed-cost"].as_f64().unwrap() < by["tenant-load"].as_f64().unwrap());
+}
+
+#[test]
+fn scenario_flags_are_checked_before_anything_starts() {
+    let dir = Dir::new("bad");
+    let st = std::process::Command::new(exe())
+        .args([
+            "lab",
+            "admission",
+            "--scenario",
+            "multi-proxy",
+            "--proxies",
+            "9",
+        ])
+        .arg("--out")
+        .arg(dir.0.join("out"))
+        .output()
+        .unwrap();
+    assert!(!st.status.success());
+    let err = String::from_utf8_lossy(&st.stderr);
+    assert!(err.contains("--proxies 9"), "{err}");
+    let st = std::process::Command::new(exe())
+        .args(["lab", "admission", "--scenario", "nonsense"])
+        .output()
+        .unwrap();
+    assert!(!st.status.success());
+    let help = std::process::Command::new(exe())
+        .args(["lab", "admission", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for s in [
+        "single",
+        "multi-proxy",
+        "tenant-load",
+        "mixed-cost",
+        "capacity-change",
+        "haproxy",
+        "--load",
+        "--rates",
+        "--on-reject",
+    ] {
+        assert!(help.contains(s), "--help lacks {s}");
+    }
+}
+
+#[test]
+#[ignore = "needs root: run with `cargo test -p farside -- --include-ignored` as root"]
+fn netns_runs_haproxy_and_onesided_ac_across_proxies_and_a_capacity_change() {
+    assert!(farside_lab::netns::is_root(), "needs root");
+    if !has_haproxy() {
+        eprintln!("skipped: no HAProxy on this host");
+        return;
+    }
+    let dir = Dir::new("netns");
+    let out = dir.0.join("out");
+    let s = lab(
+        &[
+            "--hosts",
+            "netns",
+            "--scenario",
+            "multi-proxy,capacity-change",
+            "--systems",
+            "haproxy,onesided-ac",
+            "--proxies",
+            "2",
+        ],
+        &out,
+    );
+    assert_eq!(s["hosts"], "netns");
+    let points = s["points"].as_array().unwrap();
+    // 2 scenarios x 2 systems x (1 client count + 1 rate).
+    assert_eq!(points.len(), 8);
+    for p in points {
+        assert!(p["tps"].as_f64().unwrap() > 0.0, "served requests: {p}");
+        if p["system"] == "onesided-ac" {
+            // One-sided across namespaces: the XDP responder answers the proxies.
+            assert_eq!(p["transport"], "udp-xdp", "{p}");
+        }
+    }
+    assert_eq!(s["settings"]["capacity_change"]["applied"], true);
+}

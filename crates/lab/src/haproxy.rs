@@ -1,0 +1,257 @@
+//! HAProxy, the anchor of the admission comparison: the `haproxy` system of
+//! `lab admission`.
+//!
+//! HAProxy has no view of the back-ends' load; it limits what it sends them. Each server
+//! gets `maxconn` = the back-end's connection capacity (its workers), so HAProxy holds
+//! at most that many requests in service per back-end and queues the rest in its own
+//! per-server queue; a request still queued after `timeout queue` is answered 503. With a
+//! short queue timeout this is admission control by connection counting, the usual way
+//! to protect back-ends with HAProxy. Everything else is as HAProxy ships it: keep-alive
+//! to clients (`option http-keep-alive`, its default mode), `http-reuse safe` (its
+//! default, so the line is not written), `balance leastconn` (the connection-aware
+//! balancer, as the farside proxy balances by its own in-flight counts).
+//!
+//! The lab writes the configuration ([`HaproxyConfig::render`]); the same text with
+//! symbolic addresses is in `summary.json` (`params.haproxy_config`) and the report.
+
+use crate::procs::Child;
+use std::fmt::Write as _;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Where HAProxy is looked for when `$HAPROXY` is not set (Debian's path first).
+pub const BINARY_PATHS: [&str; 3] = [
+    "/usr/sbin/haproxy",
+    "/usr/local/sbin/haproxy",
+    "/usr/bin/haproxy",
+];
+/// Highest process-wide and front-end connection limit written: above the loadgen's most
+/// clients (`farside_loadgen::CLIENTS_MAX`, 10,000) so that only the per-server `maxconn`
+/// and the queue decide, never a front-end limit the other systems do not have.
+pub const MAXCONN_GLOBAL_MAX: u64 = 20_000;
+/// File descriptors HAProxy keeps for itself beyond two per connection (listeners, logs,
+/// pollers, pipes).
+const FD_RESERVE: u64 = 100;
+
+/// The global `maxconn`: [`MAXCONN_GLOBAL_MAX`], lowered so that two descriptors per
+/// connection fit under this host's hard `RLIMIT_NOFILE` (HAProxy refuses to start when
+/// it cannot raise its limit that far).
+pub fn maxconn_global() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return 1024;
+    }
+    let fds: u64 = r.rlim_max;
+    (fds.saturating_sub(FD_RESERVE) / 2).clamp(1, MAXCONN_GLOBAL_MAX)
+}
+/// Default `timeout queue`, ms: short, so a request HAProxy cannot place on a server
+/// within a few service times is refused (503) rather than kept waiting for seconds.
+pub const TIMEOUT_QUEUE_MS_DEFAULT: u64 = 50;
+/// `timeout connect`, ms: back-ends are on this machine; a connect that takes longer is
+/// a failure, as it is for the farside proxy.
+pub const TIMEOUT_CONNECT_MS: u64 = 5_000;
+
+/// One HAProxy instance's configuration.
+#[derive(Debug, Clone)]
+pub struct HaproxyConfig {
+    /// Front-end address (`bind`), as text so a symbolic form can be rendered.
+    pub listen: String,
+    /// Back-end addresses, one `server` line each.
+    pub servers: Vec<String>,
+    /// Per-server `maxconn`: the back-end's connection capacity.
+    pub maxconn_per_server: u64,
+    /// `timeout queue`, ms.
+    pub timeout_queue_ms: u64,
+    /// `timeout client` and `timeout server`, ms: the clients' request timeout.
+    pub timeout_ms: u64,
+    /// `nbthread`: the proxy's worker threads (as `proxy --workers`).
+    pub threads: usize,
+    /// Global and front-end `maxconn` ([`maxconn_global`]).
+    pub maxconn_global: u64,
+}
+
+impl HaproxyConfig {
+    /// The configuration with `listen` and `servers` given as addresses.
+    pub fn new(listen: SocketAddr, servers: &[SocketAddr]) -> HaproxyConfig {
+        HaproxyConfig {
+            listen: listen.to_string(),
+            servers: servers.iter().map(|s| s.to_string()).collect(),
+            maxconn_per_server: 16,
+            timeout_queue_ms: TIMEOUT_QUEUE_MS_DEFAULT,
+            timeout_ms: 10_000,
+            threads: 1,
+            maxconn_global: maxconn_global(),
+        }
+    }
+
+    /// The same configuration with symbolic addresses (`<proxy>`, `<b0>`, ...): what the
+    /// summary and the report show, identical across runs whose ports differ.
+    pub fn symbolic(&self) -> HaproxyConfig {
+        HaproxyConfig {
+            listen: "<proxy>".into(),
+            servers: (0..self.servers.len()).map(|i| format!("<b{i}>")).collect(),
+            ..self.clone()
+        }
+    }
+
+    /// The `haproxy.cfg` text.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "# Written by farside lab admission (system haproxy).");
+        let _ = writeln!(s, "global");
+        let _ = writeln!(s, "    nbthread {}", self.threads.max(1));
+        let _ = writeln!(s, "    maxconn {}", self.maxconn_global);
+        let _ = writeln!(s, "defaults");
+        let _ = writeln!(s, "    mode http");
+        let _ = writeln!(s, "    option http-keep-alive");
+        let _ = writeln!(s, "    # http-reuse: HAProxy's default (safe)");
+        let _ = writeln!(s, "    maxconn {}", self.maxconn_global);
+        let _ = writeln!(s, "    timeout connect {TIMEOUT_CONNECT_MS}ms");
+        let _ = writeln!(s, "    timeout client {}ms", self.timeout_ms);
+        let _ = writeln!(s, "    timeout server {}ms", self.timeout_ms);
+        let _ = writeln!(s, "    timeout queue {}ms", self.timeout_queue_ms);
+        let _ = writeln!(s, "frontend fe");
+        let _ = writeln!(s, "    bind {}", self.listen);
+        let _ = writeln!(s, "    default_backend be");
+        let _ = writeln!(s, "backend be");
+        let _ = writeln!(s, "    balance leastconn");
+        for (i, srv) in self.servers.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "    server b{i} {srv} maxconn {}",
+                self.maxconn_per_server
+            );
+        }
+        s
+    }
+}
+
+/// The HAProxy binary: `$HAPROXY`, else the first of [`BINARY_PATHS`] that exists.
+pub fn find_binary() -> io::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("HAPROXY") {
+        let p = PathBuf::from(p);
+        if p.exists() {
+            return Ok(p);
+        }
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("$HAPROXY={}: no such file", p.display()),
+        ));
+    }
+    BINARY_PATHS
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!(
+                    "system haproxy: HAProxy not found (looked in {}; set $HAPROXY)",
+                    BINARY_PATHS.join(", ")
+                ),
+            )
+        })
+}
+
+/// Write `cfg` to `dir/NAME.cfg`, check it with `haproxy -c`, and return the path and
+/// the arguments that run it in the foreground (`-db`: no daemon, logs to stderr).
+pub fn prepare(
+    bin: &Path,
+    cfg: &HaproxyConfig,
+    dir: &Path,
+    name: &str,
+) -> io::Result<(PathBuf, Vec<String>)> {
+    let path = dir.join(format!("{name}.cfg"));
+    std::fs::write(&path, cfg.render())?;
+    let out = std::process::Command::new(bin)
+        .arg("-c")
+        .arg("-f")
+        .arg(&path)
+        .output()
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", bin.display())))?;
+    if !out.status.success() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{}: HAProxy refused the configuration: {}{}",
+                path.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        ));
+    }
+    Ok((
+        path.clone(),
+        vec!["-f".into(), path.display().to_string(), "-db".into()],
+    ))
+}
+
+/// Start HAProxy on this host (loopback lab), pinned to `cpus`.
+pub fn start_local(
+    bin: &Path,
+    cfg: &HaproxyConfig,
+    logs: &Path,
+    name: &str,
+    cpus: Option<&[usize]>,
+) -> io::Result<Child> {
+    let (_, args) = prepare(bin, cfg, logs, name)?;
+    Child::spawn_pinned(name, bin, &args, logs, cpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_limits_each_server_to_its_workers_with_a_short_queue() {
+        let mut c = HaproxyConfig::new(
+            "127.0.0.1:8080".parse().unwrap(),
+            &[
+                "127.0.0.1:9001".parse().unwrap(),
+                "127.0.0.1:9002".parse().unwrap(),
+            ],
+        );
+        c.maxconn_per_server = 16;
+        c.timeout_queue_ms = 50;
+        let text = c.render();
+        assert!(text.contains("bind 127.0.0.1:8080"), "{text}");
+        assert!(
+            text.contains("server b0 127.0.0.1:9001 maxconn 16"),
+            "{text}"
+        );
+        assert!(
+            text.contains("server b1 127.0.0.1:9002 maxconn 16"),
+            "{text}"
+        );
+        assert!(text.contains("timeout queue 50ms"), "{text}");
+        // http-reuse is left at HAProxy's default.
+        assert!(!text.contains("\n    http-reuse"), "{text}");
+        let sym = c.symbolic().render();
+        assert!(sym.contains("bind <proxy>") && sym.contains("server b1 <b1> maxconn 16"));
+    }
+
+    #[test]
+    fn the_installed_haproxy_accepts_the_config() {
+        let Ok(bin) = find_binary() else {
+            eprintln!("skipped: no HAProxy on this host");
+            return;
+        };
+        let dir = std::env::temp_dir().join(format!("farside-haproxy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let c = HaproxyConfig::new(
+            "127.0.0.1:1".parse().unwrap(),
+            &["127.0.0.1:2".parse().unwrap()],
+        );
+        prepare(&bin, &c, &dir, "check").unwrap();
+        let mut bad = c.clone();
+        bad.listen = "not-an-address".into();
+        let e = prepare(&bin, &bad, &dir, "bad").unwrap_err();
+        assert!(e.to_string().contains("refused the configuration"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
