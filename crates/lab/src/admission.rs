@@ -221,6 +221,13 @@ pub struct AdmissionArgs {
     /// the back-end tier, not the proxy, is the bottleneck).
     #[arg(long, default_value_t = 1500)]
     pub backend_cpu_us: u64,
+    /// CPU time each body byte costs a farside back-end, ns (`farside backend
+    /// --cpu-ns-per-byte`), so that a request's cost follows what it serves and the traces
+    /// differ as real workloads do. Default 29: with --backend-cpu-us 1500 this is the
+    /// back-end's scaling recipe for a server 90x as costly as nginx per request and per
+    /// byte (`crates/backend/calibrate.sh`): 16 KiB cost ~2.0 ms, 1 MiB ~32 ms.
+    #[arg(long, default_value_t = 29.0)]
+    pub backend_cpu_ns_per_byte: f64,
     /// Admission metric (backlog, conns, pending, cpu, pressure, runnable). Default
     /// backlog: fresh every 1 ms sample on any host (conns walks the host's whole TCP hash
     /// and is sampled less often outside the netns lab).
@@ -414,9 +421,16 @@ The limit used is in summary.json (`params.limits`, `params.limit_rule`).
 Open-loop capacity (what --rates multiply; a rule, not a measurement):
   capacity_rps = min(back-end CPUs, backends x workers) x 1e6 / cost_us
       back-end CPUs: the CPUs the back-end tier may use (all but the first when
-      pinned); cost_us: --backend-cpu-us (mixed-cost: the scenario's mean cost).
+      pinned); cost_us: --backend-cpu-us (mixed-cost: the scenario's mean cost) plus
+      --backend-cpu-ns-per-byte x 16,384 bytes (the single trace's object: zipf and
+      worldcup requests are smaller or larger on average, so the same rates load them
+      differently, which is what the traces are there to show).
   --capacity-rps R sets it instead (needed for nginx back-ends).
   The value used is in summary.json (`params.capacity_rps`, `params.capacity_rule`).";
+
+/// Body bytes of the request the open-loop capacity rule prices: the single trace's 16 KiB
+/// object, the paper's reference request.
+pub const CAPACITY_REFERENCE_BYTES: u64 = 16_384;
 
 /// The back-end's connection capacity C of [`LIMIT_RULE`].
 pub fn capacity_conns(a: &AdmissionArgs) -> u64 {
@@ -812,8 +826,10 @@ fn start_tier(
                     run.docroot.display().to_string(),
                     "--workers".into(),
                     a.backend_workers.to_string(),
-                    "--static-cpu-us".into(),
+                    "--cpu-us-per-request".into(),
                     a.backend_cpu_us.to_string(),
+                    "--cpu-ns-per-byte".into(),
+                    a.backend_cpu_ns_per_byte.to_string(),
                     "--backlog".into(),
                     BACKEND_BACKLOG.to_string(),
                 ];
@@ -1348,7 +1364,8 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     let mut open_skipped = None;
     if open {
         for sc in a.scenario.clone() {
-            let cost = crate::scenario::mean_cost_us(sc, a.backend_cpu_us);
+            let cost = crate::scenario::mean_cost_us(sc, a.backend_cpu_us)
+                + a.backend_cpu_ns_per_byte * CAPACITY_REFERENCE_BYTES as f64 / 1000.0;
             match capacity_rps(&a, back_cpus, cost) {
                 Ok(c) => {
                     capacities.insert(sc.name(), c);
