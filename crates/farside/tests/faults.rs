@@ -367,11 +367,11 @@ fn sighup_adds_and_removes_a_backend_without_failing_a_request() {
     std::fs::write(&cfg, "listen = [broken").unwrap();
     signal(&p, libc::SIGHUP);
     eventually("reload error counted", Duration::from_secs(5), || {
-        metrics(admin).contains("farside_config_reloads_total{outcome=\"error\"} 1")
+        metrics(admin).contains("farside_proxy_config_reloads_total{outcome=\"error\"} 1")
     });
     let m = metrics(admin);
     assert!(
-        m.contains("farside_config_reloads_total{outcome=\"ok\"} 2"),
+        m.contains("farside_proxy_config_reloads_total{outcome=\"ok\"} 2"),
         "{m}"
     );
     let at_b = b.requests.load(SeqCst);

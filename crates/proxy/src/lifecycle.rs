@@ -121,16 +121,16 @@ impl Lifecycle {
         let (ok, failed) = self.reloads();
         let _ = writeln!(
             out,
-            "# HELP farside_config_reloads_total Configuration reloads (SIGHUP) by outcome; an error keeps the running configuration."
+            "# HELP farside_proxy_config_reloads_total Configuration reloads (SIGHUP) by outcome; an error keeps the running configuration."
         );
-        let _ = writeln!(out, "# TYPE farside_config_reloads_total counter");
+        let _ = writeln!(out, "# TYPE farside_proxy_config_reloads_total counter");
         let _ = writeln!(
             out,
-            "farside_config_reloads_total{{outcome=\"ok\"}} {ok}\nfarside_config_reloads_total{{outcome=\"error\"}} {failed}"
+            "farside_proxy_config_reloads_total{{outcome=\"ok\"}} {ok}\nfarside_proxy_config_reloads_total{{outcome=\"error\"}} {failed}"
         );
         let _ = writeln!(
             out,
-            "# HELP farside_draining 1 once SIGTERM started the graceful drain.\n# TYPE farside_draining gauge\nfarside_draining {}",
+            "# HELP farside_proxy_draining 1 once SIGTERM started the graceful drain.\n# TYPE farside_proxy_draining gauge\nfarside_proxy_draining {}",
             u8::from(self.draining())
         );
     }
@@ -200,8 +200,8 @@ mod tests {
         l.start_drain();
         let mut s = String::new();
         l.render(&mut s);
-        assert!(s.contains("farside_config_reloads_total{outcome=\"ok\"} 1"));
-        assert!(s.contains("farside_config_reloads_total{outcome=\"error\"} 2"));
-        assert!(s.contains("farside_draining 1"));
+        assert!(s.contains("farside_proxy_config_reloads_total{outcome=\"ok\"} 1"));
+        assert!(s.contains("farside_proxy_config_reloads_total{outcome=\"error\"} 2"));
+        assert!(s.contains("farside_proxy_draining 1"));
     }
 }
