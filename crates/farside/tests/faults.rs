@@ -391,3 +391,38 @@ fn sighup_adds_and_removes_a_backend_without_failing_a_request() {
     assert!(served.load(SeqCst) > 100);
     p.stop();
 }
+
+#[test]
+fn lab_faults_quick_has_no_hung_request_and_a_fresh_view_soon_after_gatherd_restart() {
+    let dir = Dir::new("lab");
+    let out = dir.0.join("out");
+    let st = std::process::Command::new(exe())
+        .args(["lab", "faults", "--quick", "--out"])
+        .arg(&out)
+        .env("FARSIDE_LOG", "warn")
+        .status()
+        .unwrap();
+    assert!(st.success(), "lab faults: {st}");
+    let text = std::fs::read_to_string(out.join("summary.json")).unwrap();
+    let s: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let rows = s["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 5, "{text}");
+    let bound = s["fresh_bound_ms"].as_f64().unwrap();
+    assert_eq!(bound, 200.0);
+    for r in rows {
+        assert_eq!(r["hung"], 0, "{text}");
+        assert!(r["answered"].as_u64().unwrap() > 0, "{text}");
+        assert!(r["time_to_fresh_ms"].as_f64().is_some(), "{text}");
+        if r["fault"] == "gatherd-restart" {
+            assert_eq!(
+                r["stale_at_repair"], true,
+                "the fault reached the view: {text}"
+            );
+            assert!(r["time_to_fresh_ms"].as_f64().unwrap() <= bound, "{text}");
+        }
+        if r["fault"] == "reload" {
+            assert_eq!(r["failed"], 0, "a reload fails no request: {text}");
+        }
+    }
+    assert_eq!(s["targets_met"], true, "{text}");
+}

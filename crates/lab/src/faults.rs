@@ -126,10 +126,13 @@ pub struct FaultRow {
     /// From the repair to the first fully fresh view, ms; `None`: not within
     /// [`FRESH_WAIT_MAX`].
     pub time_to_fresh_ms: Option<f64>,
+    /// Whether the proxy's view was stale just before the repair (the fault reached the
+    /// view; expected for `gatherd-restart` only).
+    pub stale_at_repair: bool,
 }
 
 impl FaultRow {
-    fn new(fault: &str, s: &Summary, fresh: Option<Duration>) -> FaultRow {
+    fn new(fault: &str, s: &Summary, (fresh, stale_at_repair): Repair) -> FaultRow {
         let k = &s.failure_kinds;
         FaultRow {
             fault: fault.into(),
@@ -144,6 +147,7 @@ impl FaultRow {
             hung: k.timeouts,
             inflight_at_end: s.inflight_at_end,
             time_to_fresh_ms: fresh.map(|d| d.as_secs_f64() * 1e3),
+            stale_at_repair,
         }
     }
 }
@@ -332,22 +336,33 @@ fn wait_exit(c: &mut Child) -> io::Result<()> {
     Ok(())
 }
 
-/// Inject `fault` into `t`, repair it, and return the time from repair to a fresh view.
-fn inject(a: &FaultsArgs, t: &mut Tier, fault: &str) -> io::Result<Option<Duration>> {
+/// Time from the repair to a fresh view, and whether the view was stale at the repair.
+type Repair = (Option<Duration>, bool);
+
+/// Whether the proxy at `admin` sees a stale (or unreadable) view now.
+fn stale_now(admin: SocketAddr) -> bool {
+    !crate::promtext::scrape(admin).is_ok_and(|m| view_fresh(&m))
+}
+
+/// Inject `fault` into `t`, repair it, and measure the time from repair to a fresh view.
+fn inject(a: &FaultsArgs, t: &mut Tier, fault: &str) -> io::Result<Repair> {
     t.generation += 1;
     let g = t.generation;
+    let stale;
     match fault {
         "gatherd-restart" => {
             let n = &mut t.nodes[0];
             signal(&n.gatherd, libc::SIGKILL);
             wait_exit(&mut n.gatherd)?;
             std::thread::sleep(GATHERD_DOWN);
+            stale = stale_now(t.admin);
             n.gatherd = start_gatherd(&t.logs, n.web, n.udp, &format!("gatherd0-{g}"))?;
         }
         "backend-stop" => {
             let n = &t.nodes[0];
             signal(&n.backend, libc::SIGSTOP);
             std::thread::sleep(BACKEND_STOPPED);
+            stale = stale_now(t.admin);
             signal(&n.backend, libc::SIGCONT);
         }
         "backend-kill" => {
@@ -355,6 +370,7 @@ fn inject(a: &FaultsArgs, t: &mut Tier, fault: &str) -> io::Result<Option<Durati
             signal(&t.nodes[0].backend, libc::SIGKILL);
             wait_exit(&mut t.nodes[0].backend)?;
             std::thread::sleep(BACKEND_DOWN);
+            stale = stale_now(t.admin);
             t.nodes[0].backend = t.start_backend(web, &format!("backend0-{g}"))?;
         }
         "proxy-restart" => {
@@ -364,6 +380,7 @@ fn inject(a: &FaultsArgs, t: &mut Tier, fault: &str) -> io::Result<Option<Durati
             t.admin = admin;
             signal(&old, libc::SIGTERM);
             wait_exit(&mut old)?;
+            stale = stale_now(t.admin);
         }
         "reload" => {
             let mut with: Vec<&Node> = t.nodes.iter().collect();
@@ -371,6 +388,7 @@ fn inject(a: &FaultsArgs, t: &mut Tier, fault: &str) -> io::Result<Option<Durati
             write_config(a, &t.config, t.listen, &with)?;
             signal(&t.proxy, libc::SIGHUP);
             std::thread::sleep(RELOAD_HELD);
+            stale = stale_now(t.admin);
             let without: Vec<&Node> = t.nodes.iter().collect();
             write_config(a, &t.config, t.listen, &without)?;
             signal(&t.proxy, libc::SIGHUP);
@@ -382,7 +400,7 @@ fn inject(a: &FaultsArgs, t: &mut Tier, fault: &str) -> io::Result<Option<Durati
             ))
         }
     }
-    Ok(time_to_fresh(t.admin))
+    Ok((time_to_fresh(t.admin), stale))
 }
 
 fn table(rows: &[FaultRow]) -> String {
