@@ -426,3 +426,24 @@ fn lab_faults_quick_has_no_hung_request_and_a_fresh_view_soon_after_gatherd_rest
     }
     assert_eq!(s["targets_met"], true, "{text}");
 }
+
+#[test]
+fn a_silent_client_does_not_hold_the_drain_up() {
+    let dir = Dir::new("silent");
+    let be = Stub::start("a");
+    let (mut p, addr) = proxy(&dir, &["--backend".into(), be.addr.to_string()]);
+    // Connected, never sends a byte (its header timeout would be 10 s).
+    let mut silent = connect(addr);
+    std::thread::sleep(Duration::from_millis(50));
+    let t0 = Instant::now();
+    signal(&p, libc::SIGTERM);
+    let st = wait_exit(&mut p, Duration::from_secs(3));
+    assert!(st.success(), "{st}");
+    assert!(
+        t0.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t0.elapsed()
+    );
+    let mut buf = [0u8; 1];
+    assert_eq!(silent.read(&mut buf).unwrap_or(0), 0);
+}

@@ -60,6 +60,11 @@ const ADMIN_CONNS_MAX: usize = 16;
 /// (half of `http.pool_idle_timeout_ms` within these).
 const POOL_PURGE_PERIOD_MS_MIN: u64 = 100;
 const POOL_PURGE_PERIOD_MS_MAX: u64 = 5_000;
+/// During a drain, how long a connection accepted before the listener closed may stay
+/// silent before it is closed: a client sends its request right after connecting, so
+/// this covers the race with the close without letting a silent one hold the drain up
+/// to `http.header_timeout_ms` (and stays under the lab's 3 s stop grace).
+const DRAIN_FIRST_BYTE_GRACE: Duration = Duration::from_millis(500);
 /// Time the runtime gives tasks still running to finish once the proxy stops (after
 /// the drain, only admin scrapes can be left).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
@@ -994,11 +999,16 @@ impl Conn {
                     Err(e) => return Err(HeadFail::Bad(e)),
                 }
             }
+            let silent_new_conn = first && self.rbuf.is_empty();
             let read = self.rbuf.read_from(&mut self.client, h.max_header_bytes);
-            // An idle kept-alive client is closed as soon as the drain starts.
+            // Draining: an idle kept-alive client is closed at once; a new one that has
+            // sent nothing yet gets DRAIN_FIRST_BYTE_GRACE for its request to arrive.
             let drained = async {
                 if awaiting_first_byte {
                     life.until_draining().await
+                } else if silent_new_conn {
+                    life.until_draining().await;
+                    tokio::time::sleep(DRAIN_FIRST_BYTE_GRACE).await
                 } else {
                     std::future::pending().await
                 }
