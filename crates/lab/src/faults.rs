@@ -25,9 +25,12 @@
 //! the gatherd restart.
 //!
 //! Outputs in `--out`: `summary.json` (settings and rows), `table.txt` (what is printed).
+//! The offered rate is `--load-share` (0.7) × the capacity measured by a short
+//! closed-loop run through the proxy first, unless `--rate` sets it.
+//!
 //! Gaps: loopback only (the netns variant with an XDP or netem drop of region packets
-//! is not built yet); the rate is given, not calibrated to 0.7× capacity; outputs do
-//! not go through [`crate::sweep`] (its point type has no fault row yet).
+//! is not built yet); outputs do not go through [`crate::sweep`] (its point type has no
+//! fault row yet).
 
 use crate::procs::Child;
 use farside_loadgen::{LoadgenArgs, Summary};
@@ -78,10 +81,13 @@ pub struct FaultsArgs {
     #[arg(long, default_value = "loopback")]
     pub hosts: String,
     /// Open-loop arrival rate, requests/s (one request per connection), for the whole
-    /// run. Default 200: about 0.7× what two 8-worker back-ends serve of the 16 KiB
-    /// file with the proxy on one CPU here; set it from `lab admission` on other hosts.
-    #[arg(long, default_value_t = 200.0)]
-    pub rate: f64,
+    /// run. Default: `--load-share` × the tier's capacity, measured first by a short
+    /// closed-loop run through the proxy (`capacity_rps` in summary.json).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Share of the measured capacity offered when --rate is not given.
+    #[arg(long, default_value_t = 0.7)]
+    pub load_share: f64,
     /// Back-ends in the tier (≥ 2, so one can fail while the other serves).
     #[arg(long, default_value_t = 2)]
     pub backends: usize,
@@ -158,7 +164,10 @@ pub struct FaultsSummary {
     pub experiment: &'static str,
     pub hosts: String,
     pub quick: bool,
+    /// Offered open-loop rate, requests/s.
     pub rate: f64,
+    /// Served requests/s of the calibration run (absent with --rate).
+    pub capacity_rps: Option<f64>,
     pub backends: usize,
     pub backend_workers: usize,
     pub stale_after_ms: u64,
@@ -427,6 +436,27 @@ fn table(rows: &[FaultRow]) -> String {
     s
 }
 
+/// Clients of the calibration run: enough to keep every worker of two back-ends busy.
+const CALIBRATION_CLIENTS: usize = 32;
+
+/// Served requests/s of a short closed-loop run without think time through the proxy.
+fn capacity(target: SocketAddr, quick: bool) -> io::Result<f64> {
+    let mut l = LoadgenArgs::new(target.to_string());
+    l.clients = CALIBRATION_CLIENTS;
+    // The same shape as the open loop's requests: a new connection each.
+    l.no_keepalive = true;
+    l.keepalive = false;
+    (l.warmup_s, l.duration_s) = if quick { (0.5, 1.5) } else { (1.0, 4.0) };
+    l.quiet = true;
+    let s = farside_loadgen::run(&l).map_err(|e| io::Error::other(format!("loadgen: {e}")))?;
+    if s.tps <= 0.0 {
+        return Err(io::Error::other(
+            "calibration served nothing; see logs/ (or give --rate)",
+        ));
+    }
+    Ok(s.tps)
+}
+
 fn check_args(a: &FaultsArgs) -> io::Result<Vec<String>> {
     let bad = |m: String| Err(io::Error::new(io::ErrorKind::InvalidInput, m));
     if a.hosts != "loopback" {
@@ -438,8 +468,13 @@ fn check_args(a: &FaultsArgs) -> io::Result<Vec<String>> {
     if a.backends < 2 {
         return bad(format!("--backends {}: at least 2", a.backends));
     }
-    if !(a.rate > 0.0 && a.rate.is_finite()) {
-        return bad(format!("--rate {}: must be > 0", a.rate));
+    if let Some(r) = a.rate {
+        if !(r > 0.0 && r.is_finite()) {
+            return bad(format!("--rate {r}: must be > 0"));
+        }
+    }
+    if !(a.load_share > 0.0 && a.load_share <= 1.0) {
+        return bad(format!("--load-share {}: must be in (0, 1]", a.load_share));
     }
     let faults: Vec<String> = if a.faults.is_empty() {
         FAULTS.iter().map(|s| s.to_string()).collect()
@@ -489,11 +524,22 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
             "the proxy's view of the back-ends never became fresh; see logs/",
         ));
     }
+    let (rate, capacity_rps) = match a.rate {
+        Some(r) => (r, None),
+        None => {
+            let c = capacity(listen, a.quick)?;
+            eprintln!(
+                "lab faults: capacity {c:.0} requests/s; offering {:.0}",
+                c * a.load_share
+            );
+            (c * a.load_share, Some(c))
+        }
+    };
     let fault_at = Duration::from_secs_f64(phase_s / 8.0);
     let mut rows = Vec::new();
     for f in &faults {
         let mut l = LoadgenArgs::new(listen.to_string());
-        l.rate = Some(a.rate);
+        l.rate = Some(rate);
         l.duration_s = phase_s;
         l.warmup_s = 0.0;
         l.timeout_ms = a.timeout_ms;
@@ -528,7 +574,8 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
         experiment: "faults",
         hosts: a.hosts.clone(),
         quick: a.quick,
-        rate: a.rate,
+        rate,
+        capacity_rps,
         backends: a.backends,
         backend_workers: a.backend_workers,
         stale_after_ms: a.stale_after_ms,
@@ -569,7 +616,8 @@ mod tests {
             out: "x".into(),
             quick: true,
             hosts: "netns".into(),
-            rate: 10.0,
+            rate: Some(10.0),
+            load_share: 0.7,
             backends: 2,
             backend_workers: 2,
             stale_after_ms: 100,
@@ -580,6 +628,12 @@ mod tests {
         assert!(check_args(&a).unwrap_err().to_string().contains("--hosts"));
         a.hosts = "loopback".into();
         assert_eq!(check_args(&a).unwrap().len(), FAULTS.len());
+        a.load_share = 0.0;
+        assert!(check_args(&a)
+            .unwrap_err()
+            .to_string()
+            .contains("--load-share"));
+        a.load_share = 0.7;
         a.faults = vec!["meteor".into()];
         assert!(check_args(&a).unwrap_err().to_string().contains("meteor"));
     }
