@@ -12,6 +12,7 @@
 //! | `gatherd-restart` | SIGKILL back-end 0's gatherd | a new gatherd started 0.5 s later |
 //! | `backend-stop` | SIGSTOP back-end 0 | SIGCONT 2 s later |
 //! | `backend-kill` | SIGKILL back-end 0 | a new back-end started 1 s later |
+//! | `region-drop` (netns only) | `tc` drops 30% of region requests leaving the proxy node | the drop removed 2 s later |
 //! | `proxy-restart` | a second proxy binds the port (SO_REUSEPORT), then SIGTERM to the first | the first exits (drained) |
 //! | `reload` | config + spare back-end, SIGHUP | config without it, SIGHUP, 1 s later |
 //!
@@ -28,9 +29,13 @@
 //! The offered rate is `--load-share` (0.7) × the capacity measured by a short
 //! closed-loop run through the proxy first, unless `--rate` sets it.
 //!
-//! Gaps: loopback only (the netns variant with an XDP or netem drop of region packets
-//! is not built yet); outputs do not go through [`crate::sweep`] (its point type has no
-//! fault row yet).
+//! `--hosts netns` (root) runs every node in its own network namespace
+//! ([`crate::netns`]), regions over udp answered by XDP (generic mode) in the back-end
+//! node's kernel, and adds `region-drop`: a `prio` qdisc on the proxy node's `eth0` whose
+//! third band, selected by a `u32` filter on udp to the region port, is a `netem loss`
+//! (the back-end side cannot be used: XDP's replies bypass the qdisc).
+//!
+//! Gap: outputs do not go through [`crate::sweep`] (its point type has no fault row yet).
 
 use crate::procs::Child;
 use farside_loadgen::{LoadgenArgs, Summary};
@@ -41,13 +46,26 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The faults, in the order they run.
-pub const FAULTS: [&str; 5] = [
+pub const FAULTS: [&str; 6] = [
     "gatherd-restart",
     "backend-stop",
     "backend-kill",
+    "region-drop",
     "proxy-restart",
     "reload",
 ];
+/// Faults that need `--hosts netns` (they are skipped on loopback).
+pub const FAULTS_NETNS_ONLY: [&str; 1] = ["region-drop"];
+/// Share of region packets dropped in `region-drop`, percent.
+pub const REGION_DROP_PCT: u32 = 30;
+/// How long region packets are dropped in `region-drop`.
+const REGION_DROP_FOR: Duration = Duration::from_secs(2);
+/// Fixed ports of the netns tier (each node has its own IP).
+const NETNS_WEB_PORT: u16 = 80;
+const NETNS_UDP_PORT: u16 = 7002;
+const NETNS_PROXY_PORT: u16 = 8080;
+/// Admin port of the first proxy; a restarted one takes the next.
+const NETNS_ADMIN_PORT: u16 = 9100;
 
 /// Period of the admin-metrics poll measuring `time_to_fresh_ms` (the 10 ms).
 pub const FRESH_POLL: Duration = Duration::from_millis(10);
@@ -77,7 +95,9 @@ pub struct FaultsArgs {
     /// Short phases (4 s per fault instead of 10), for CI.
     #[arg(long)]
     pub quick: bool,
-    /// Where the nodes run: loopback (only this for now).
+    /// Where the nodes run: loopback (unprivileged) or netns (root: one network
+    /// namespace per node, regions over udp answered by XDP, and the `region-drop`
+    /// fault).
     #[arg(long, default_value = "loopback")]
     pub hosts: String,
     /// Open-loop arrival rate, requests/s (one request per connection), for the whole
@@ -198,8 +218,104 @@ fn signal(c: &Child, sig: i32) {
     unsafe { libc::kill(c.pid() as i32, sig) };
 }
 
+/// Where the tier's processes run.
+enum Fabric {
+    /// Processes on 127.0.0.1 with free ports.
+    Loopback,
+    /// One namespace per node: `b0..` (back-ends and the spare), `proxy`, `client`.
+    Netns(crate::netns::VirtualDc),
+}
+
+impl Fabric {
+    fn tcp_addr(&self, node: &str, port: u16) -> io::Result<SocketAddr> {
+        match self {
+            Fabric::Loopback => free_tcp(),
+            Fabric::Netns(dc) => Ok(SocketAddr::new(dc.node_ip(node).into(), port)),
+        }
+    }
+
+    fn udp_addr(&self, node: &str, port: u16) -> io::Result<SocketAddr> {
+        match self {
+            Fabric::Loopback => free_udp(),
+            Fabric::Netns(dc) => Ok(SocketAddr::new(dc.node_ip(node).into(), port)),
+        }
+    }
+
+    fn spawn(&self, node: &str, name: &str, args: &[String], logs: &Path) -> io::Result<Child> {
+        match self {
+            Fabric::Loopback => Child::farside(name, args, logs, None),
+            Fabric::Netns(dc) => {
+                let log = logs.join(format!("{name}.log"));
+                let c = dc.spawn_in(node, &std::env::current_exe()?, args, &log)?;
+                Ok(Child::adopt(name, c, log))
+            }
+        }
+    }
+
+    /// Wait until `addr` accepts connections, seen from where the clients run.
+    fn wait_port(&self, c: &mut Child, addr: SocketAddr) -> io::Result<()> {
+        let Fabric::Netns(dc) = self else {
+            return c.wait_port(addr);
+        };
+        let t0 = Instant::now();
+        loop {
+            c.check_alive()?;
+            let up = dc.run_in_ns("client", || {
+                Ok(std::net::TcpStream::connect_timeout(&addr, FRESH_POLL * 10).is_ok())
+            })?;
+            if up {
+                return Ok(());
+            }
+            if t0.elapsed() > READY_MAX {
+                return Err(io::Error::other(format!(
+                    "{} did not listen on {addr}",
+                    c.name
+                )));
+            }
+            std::thread::sleep(FRESH_POLL);
+        }
+    }
+
+    fn scrape(&self, admin: SocketAddr) -> io::Result<String> {
+        match self {
+            Fabric::Loopback => crate::promtext::scrape(admin),
+            Fabric::Netns(dc) => dc.run_in_ns("client", || crate::promtext::scrape(admin)),
+        }
+    }
+
+    fn loadgen(&self, l: &LoadgenArgs) -> io::Result<Summary> {
+        let run = || farside_loadgen::run(l).map_err(|e| io::Error::other(format!("loadgen: {e}")));
+        match self {
+            Fabric::Loopback => run(),
+            Fabric::Netns(dc) => dc.run_in_ns("client", run),
+        }
+    }
+
+    /// Run `tc ARGS` in `node`'s namespace.
+    fn tc(&self, node: &str, args: &[&str]) -> io::Result<()> {
+        let Fabric::Netns(dc) = self else {
+            return Err(io::Error::other("tc needs --hosts netns"));
+        };
+        let mut cmd = std::process::Command::new("tc");
+        cmd.args(args);
+        dc.prepare_command(node, &mut cmd)?;
+        let out = cmd
+            .output()
+            .map_err(|e| io::Error::other(format!("tc {}: {e}", args.join(" "))))?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "tc {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// One back-end node: web server + gatherd.
 struct Node {
+    name: String,
     web: SocketAddr,
     udp: SocketAddr,
     backend: Child,
@@ -208,6 +324,7 @@ struct Node {
 
 struct Tier {
     logs: PathBuf,
+    proxy_node_admin: u16,
     nodes: Vec<Node>,
     spare: Node,
     config: PathBuf,
@@ -219,14 +336,16 @@ struct Tier {
     generation: usize,
 }
 
-impl Tier {
-    fn start_backend(&self, web: SocketAddr, name: &str) -> io::Result<Child> {
-        start_backend(&self.logs, web, self.workers, name)
-    }
-}
-
-fn start_backend(logs: &Path, web: SocketAddr, workers: usize, name: &str) -> io::Result<Child> {
-    let mut c = Child::farside(
+fn start_backend(
+    f: &Fabric,
+    node: &str,
+    logs: &Path,
+    web: SocketAddr,
+    workers: usize,
+    name: &str,
+) -> io::Result<Child> {
+    let mut c = f.spawn(
+        node,
         name,
         &strings(&[
             "backend",
@@ -236,33 +355,46 @@ fn start_backend(logs: &Path, web: SocketAddr, workers: usize, name: &str) -> io
             &workers.to_string(),
         ]),
         logs,
-        None,
     )?;
-    c.wait_port(web)?;
+    f.wait_port(&mut c, web)?;
     Ok(c)
 }
 
-fn start_gatherd(logs: &Path, web: SocketAddr, udp: SocketAddr, name: &str) -> io::Result<Child> {
-    Child::farside(
-        name,
-        &strings(&[
-            "gatherd",
-            "--watch-port",
-            &web.port().to_string(),
-            "--no-shm",
-            "--udp-listen",
-            &udp.to_string(),
-        ]),
-        logs,
-        None,
-    )
+fn start_gatherd(
+    f: &Fabric,
+    node: &str,
+    logs: &Path,
+    web: SocketAddr,
+    udp: SocketAddr,
+    name: &str,
+) -> io::Result<Child> {
+    let mut args = strings(&[
+        "gatherd",
+        "--watch-port",
+        &web.port().to_string(),
+        "--no-shm",
+        "--udp-listen",
+        &udp.to_string(),
+    ]);
+    if matches!(f, Fabric::Netns(_)) {
+        // One-sided across hosts: the XDP responder in the back-end node's kernel.
+        args.extend(strings(&[
+            "--xdp-iface",
+            crate::netns::VETH_IN_NS,
+            "--xdp-mode",
+            "generic",
+        ]));
+    }
+    f.spawn(node, name, &args, logs)
 }
 
-fn start_node(logs: &Path, i: &str, workers: usize) -> io::Result<Node> {
-    let (web, udp) = (free_tcp()?, free_udp()?);
-    let backend = start_backend(logs, web, workers, &format!("backend{i}"))?;
-    let gatherd = start_gatherd(logs, web, udp, &format!("gatherd{i}"))?;
+fn start_node(f: &Fabric, logs: &Path, node: &str, workers: usize) -> io::Result<Node> {
+    let web = f.tcp_addr(node, NETNS_WEB_PORT)?;
+    let udp = f.udp_addr(node, NETNS_UDP_PORT)?;
+    let backend = start_backend(f, node, logs, web, workers, &format!("backend-{node}"))?;
+    let gatherd = start_gatherd(f, node, logs, web, udp, &format!("gatherd-{node}"))?;
     Ok(Node {
+        name: node.to_string(),
         web,
         udp,
         backend,
@@ -289,8 +421,15 @@ fn write_config(
     std::fs::write(path, s)
 }
 
-fn start_proxy(t_logs: &Path, config: &Path, admin: SocketAddr, name: &str) -> io::Result<Child> {
-    let mut c = Child::farside(
+fn start_proxy(
+    f: &Fabric,
+    logs: &Path,
+    config: &Path,
+    admin: SocketAddr,
+    name: &str,
+) -> io::Result<Child> {
+    let mut c = f.spawn(
+        "proxy",
         name,
         &strings(&[
             "proxy",
@@ -299,10 +438,9 @@ fn start_proxy(t_logs: &Path, config: &Path, admin: SocketAddr, name: &str) -> i
             "--admin-listen",
             &admin.to_string(),
         ]),
-        t_logs,
-        None,
+        logs,
     )?;
-    c.wait_port(admin)?;
+    f.wait_port(&mut c, admin)?;
     Ok(c)
 }
 
@@ -323,10 +461,10 @@ pub fn view_fresh(metrics: &str) -> bool {
 }
 
 /// Poll the proxy's admin metrics every [`FRESH_POLL`] from now until the view is fresh.
-fn time_to_fresh(admin: SocketAddr) -> Option<Duration> {
+fn time_to_fresh(f: &Fabric, admin: SocketAddr) -> Option<Duration> {
     let t0 = Instant::now();
     while t0.elapsed() < FRESH_WAIT_MAX {
-        if crate::promtext::scrape(admin).is_ok_and(|m| view_fresh(&m)) {
+        if f.scrape(admin).is_ok_and(|m| view_fresh(&m)) {
             return Some(t0.elapsed());
         }
         std::thread::sleep(FRESH_POLL);
@@ -349,12 +487,12 @@ fn wait_exit(c: &mut Child) -> io::Result<()> {
 type Repair = (Option<Duration>, bool);
 
 /// Whether the proxy at `admin` sees a stale (or unreadable) view now.
-fn stale_now(admin: SocketAddr) -> bool {
-    !crate::promtext::scrape(admin).is_ok_and(|m| view_fresh(&m))
+fn stale_now(f: &Fabric, admin: SocketAddr) -> bool {
+    !f.scrape(admin).is_ok_and(|m| view_fresh(&m))
 }
 
 /// Inject `fault` into `t`, repair it, and measure the time from repair to a fresh view.
-fn inject(a: &FaultsArgs, t: &mut Tier, fault: &str) -> io::Result<Repair> {
+fn inject(a: &FaultsArgs, fab: &Fabric, t: &mut Tier, fault: &str) -> io::Result<Repair> {
     t.generation += 1;
     let g = t.generation;
     let stale;
@@ -364,14 +502,15 @@ fn inject(a: &FaultsArgs, t: &mut Tier, fault: &str) -> io::Result<Repair> {
             signal(&n.gatherd, libc::SIGKILL);
             wait_exit(&mut n.gatherd)?;
             std::thread::sleep(GATHERD_DOWN);
-            stale = stale_now(t.admin);
-            n.gatherd = start_gatherd(&t.logs, n.web, n.udp, &format!("gatherd0-{g}"))?;
+            stale = stale_now(fab, t.admin);
+            let name = format!("gatherd-{}-{g}", n.name);
+            n.gatherd = start_gatherd(fab, &n.name, &t.logs, n.web, n.udp, &name)?;
         }
         "backend-stop" => {
             let n = &t.nodes[0];
             signal(&n.backend, libc::SIGSTOP);
             std::thread::sleep(BACKEND_STOPPED);
-            stale = stale_now(t.admin);
+            stale = stale_now(fab, t.admin);
             signal(&n.backend, libc::SIGCONT);
         }
         "backend-kill" => {
@@ -379,17 +518,55 @@ fn inject(a: &FaultsArgs, t: &mut Tier, fault: &str) -> io::Result<Repair> {
             signal(&t.nodes[0].backend, libc::SIGKILL);
             wait_exit(&mut t.nodes[0].backend)?;
             std::thread::sleep(BACKEND_DOWN);
-            stale = stale_now(t.admin);
-            t.nodes[0].backend = t.start_backend(web, &format!("backend0-{g}"))?;
+            stale = stale_now(fab, t.admin);
+            let node = t.nodes[0].name.clone();
+            let name = format!("backend-{node}-{g}");
+            t.nodes[0].backend = start_backend(fab, &node, &t.logs, web, t.workers, &name)?;
         }
         "proxy-restart" => {
-            let admin = free_tcp()?;
-            let next = start_proxy(&t.logs, &t.config, admin, &format!("proxy-{g}"))?;
+            let admin = fab.tcp_addr("proxy", t.proxy_node_admin + g as u16)?;
+            let next = start_proxy(fab, &t.logs, &t.config, admin, &format!("proxy-{g}"))?;
             let mut old = std::mem::replace(&mut t.proxy, next);
             t.admin = admin;
             signal(&old, libc::SIGTERM);
             wait_exit(&mut old)?;
-            stale = stale_now(t.admin);
+            stale = stale_now(fab, t.admin);
+        }
+        "region-drop" => {
+            // Requests to the region port leaving the proxy's node go through a netem
+            // band that drops REGION_DROP_PCT of them; everything else is untouched. (The
+            // back-end side cannot be used: XDP's replies bypass the qdisc.)
+            let dev = crate::netns::VETH_IN_NS;
+            let port = t.nodes[0].udp.port().to_string();
+            let loss = format!("{REGION_DROP_PCT}%");
+            fab.tc(
+                "proxy",
+                &["qdisc", "add", "dev", dev, "root", "handle", "1:", "prio"],
+            )?;
+            let cleanup = |e: io::Error| {
+                let _ = fab.tc("proxy", &["qdisc", "del", "dev", dev, "root"]);
+                e
+            };
+            fab.tc(
+                "proxy",
+                &[
+                    "qdisc", "add", "dev", dev, "parent", "1:3", "handle", "30:", "netem", "loss",
+                    &loss,
+                ],
+            )
+            .map_err(cleanup)?;
+            fab.tc(
+                "proxy",
+                &[
+                    "filter", "add", "dev", dev, "parent", "1:0", "protocol", "ip", "prio", "1",
+                    "u32", "match", "ip", "protocol", "17", "0xff", "match", "ip", "dport", &port,
+                    "0xffff", "flowid", "1:3",
+                ],
+            )
+            .map_err(cleanup)?;
+            std::thread::sleep(REGION_DROP_FOR);
+            stale = stale_now(fab, t.admin);
+            fab.tc("proxy", &["qdisc", "del", "dev", dev, "root"])?;
         }
         "reload" => {
             let mut with: Vec<&Node> = t.nodes.iter().collect();
@@ -397,7 +574,7 @@ fn inject(a: &FaultsArgs, t: &mut Tier, fault: &str) -> io::Result<Repair> {
             write_config(a, &t.config, t.listen, &with)?;
             signal(&t.proxy, libc::SIGHUP);
             std::thread::sleep(RELOAD_HELD);
-            stale = stale_now(t.admin);
+            stale = stale_now(fab, t.admin);
             let without: Vec<&Node> = t.nodes.iter().collect();
             write_config(a, &t.config, t.listen, &without)?;
             signal(&t.proxy, libc::SIGHUP);
@@ -409,7 +586,7 @@ fn inject(a: &FaultsArgs, t: &mut Tier, fault: &str) -> io::Result<Repair> {
             ))
         }
     }
-    Ok((time_to_fresh(t.admin), stale))
+    Ok((time_to_fresh(fab, t.admin), stale))
 }
 
 fn table(rows: &[FaultRow]) -> String {
@@ -440,7 +617,7 @@ fn table(rows: &[FaultRow]) -> String {
 const CALIBRATION_CLIENTS: usize = 32;
 
 /// Served requests/s of a short closed-loop run without think time through the proxy.
-fn capacity(target: SocketAddr, quick: bool) -> io::Result<f64> {
+fn capacity(fab: &Fabric, target: SocketAddr, quick: bool) -> io::Result<f64> {
     let mut l = LoadgenArgs::new(target.to_string());
     l.clients = CALIBRATION_CLIENTS;
     // The same shape as the open loop's requests: a new connection each.
@@ -448,7 +625,7 @@ fn capacity(target: SocketAddr, quick: bool) -> io::Result<f64> {
     l.keepalive = false;
     (l.warmup_s, l.duration_s) = if quick { (0.5, 1.5) } else { (1.0, 4.0) };
     l.quiet = true;
-    let s = farside_loadgen::run(&l).map_err(|e| io::Error::other(format!("loadgen: {e}")))?;
+    let s = fab.loadgen(&l)?;
     if s.tps <= 0.0 {
         return Err(io::Error::other(
             "calibration served nothing; see logs/ (or give --rate)",
@@ -459,12 +636,11 @@ fn capacity(target: SocketAddr, quick: bool) -> io::Result<f64> {
 
 fn check_args(a: &FaultsArgs) -> io::Result<Vec<String>> {
     let bad = |m: String| Err(io::Error::new(io::ErrorKind::InvalidInput, m));
-    if a.hosts != "loopback" {
-        return bad(format!(
-            "--hosts {}: only loopback is built so far (the netns variant, with a drop of region packets, is not)",
-            a.hosts
-        ));
-    }
+    let netns = match a.hosts.as_str() {
+        "loopback" => false,
+        "netns" => true,
+        h => return bad(format!("--hosts {h}: expected loopback or netns")),
+    };
     if a.backends < 2 {
         return bad(format!("--backends {}: at least 2", a.backends));
     }
@@ -477,7 +653,11 @@ fn check_args(a: &FaultsArgs) -> io::Result<Vec<String>> {
         return bad(format!("--load-share {}: must be in (0, 1]", a.load_share));
     }
     let faults: Vec<String> = if a.faults.is_empty() {
-        FAULTS.iter().map(|s| s.to_string()).collect()
+        FAULTS
+            .iter()
+            .filter(|f| netns || !FAULTS_NETNS_ONLY.contains(f))
+            .map(|s| s.to_string())
+            .collect()
     } else {
         a.faults.clone()
     };
@@ -487,6 +667,9 @@ fn check_args(a: &FaultsArgs) -> io::Result<Vec<String>> {
                 "--faults: unknown fault `{f}` ({})",
                 FAULTS.join(", ")
             ));
+        }
+        if !netns && FAULTS_NETNS_ONLY.contains(&f.as_str()) {
+            return bad(format!("--faults {f}: needs --hosts netns"));
         }
     }
     Ok(faults)
@@ -498,18 +681,38 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
     let phase_s = if a.quick { PHASE_S_QUICK } else { PHASE_S_FULL };
     let logs = a.out.join("logs");
     std::fs::create_dir_all(&logs)?;
+    let names: Vec<String> = (0..=a.backends).map(|i| format!("b{i}")).collect();
+    // Declared before the tier: dropped after it, so processes stop before teardown.
+    let fab = if a.hosts == "netns" {
+        use crate::netns::{NodeSpec, VirtualDc};
+        let mut specs: Vec<NodeSpec> = names.iter().map(|n| NodeSpec::new(n)).collect();
+        specs.push(NodeSpec::new("proxy"));
+        specs.push(NodeSpec::new("client"));
+        let dc = VirtualDc::create(&format!("f{}", std::process::id() % 100_000), &specs)?;
+        let id = dc.run_id().to_string();
+        crate::procs::on_interrupt(move || {
+            if let Ok(r) = crate::netns::clean_run_id(&id) {
+                eprint!("{r}");
+            }
+        });
+        Fabric::Netns(dc)
+    } else {
+        Fabric::Loopback
+    };
     let mut nodes = Vec::new();
-    for i in 0..a.backends {
-        nodes.push(start_node(&logs, &i.to_string(), a.backend_workers)?);
+    for n in &names {
+        nodes.push(start_node(&fab, &logs, n, a.backend_workers)?);
     }
-    let spare = start_node(&logs, "-spare", a.backend_workers)?;
-    let (listen, admin) = (free_tcp()?, free_tcp()?);
+    let spare = nodes.pop().expect("backends + 1 nodes");
+    let listen = fab.tcp_addr("proxy", NETNS_PROXY_PORT)?;
+    let admin = fab.tcp_addr("proxy", NETNS_ADMIN_PORT)?;
     let config = a.out.join("proxy.toml");
     write_config(&a, &config, listen, &nodes.iter().collect::<Vec<_>>())?;
-    let mut proxy = start_proxy(&logs, &config, admin, "proxy")?;
-    proxy.wait_port(listen)?;
+    let mut proxy = start_proxy(&fab, &logs, &config, admin, "proxy")?;
+    fab.wait_port(&mut proxy, listen)?;
     let mut t = Tier {
         logs,
+        proxy_node_admin: NETNS_ADMIN_PORT,
         nodes,
         spare,
         config,
@@ -519,7 +722,7 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
         workers: a.backend_workers,
         generation: 0,
     };
-    if time_to_fresh(t.admin).is_none() {
+    if time_to_fresh(&fab, t.admin).is_none() {
         return Err(io::Error::other(
             "the proxy's view of the back-ends never became fresh; see logs/",
         ));
@@ -527,7 +730,7 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
     let (rate, capacity_rps) = match a.rate {
         Some(r) => (r, None),
         None => {
-            let c = capacity(listen, a.quick)?;
+            let c = capacity(&fab, listen, a.quick)?;
             eprintln!(
                 "lab faults: capacity {c:.0} requests/s; offering {:.0}",
                 c * a.load_share
@@ -544,13 +747,16 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
         l.warmup_s = 0.0;
         l.timeout_ms = a.timeout_ms;
         l.quiet = true;
-        let load = std::thread::spawn(move || farside_loadgen::run(&l));
-        std::thread::sleep(fault_at);
-        let fresh = inject(&a, &mut t, f);
-        let summary = load
-            .join()
-            .map_err(|_| io::Error::other("loadgen thread panicked"))?
-            .map_err(|e| io::Error::other(format!("loadgen: {e}")))?;
+        let (summary, fresh) = std::thread::scope(|sc| {
+            let load = sc.spawn(|| fab.loadgen(&l));
+            std::thread::sleep(fault_at);
+            let fresh = inject(&a, &fab, &mut t, f);
+            let summary = load
+                .join()
+                .map_err(|_| io::Error::other("loadgen thread panicked"));
+            (summary, fresh)
+        });
+        let summary = summary??;
         let row = FaultRow::new(f, &summary, fresh?);
         eprintln!(
             "lab faults: {f}: answered {} refused {} failed {} hung {} fresh after {:?} ms",
@@ -625,9 +831,13 @@ mod tests {
             timeout_ms: 1000,
             faults: Vec::new(),
         };
+        assert_eq!(check_args(&a).unwrap().len(), FAULTS.len());
+        a.hosts = "moon".into();
         assert!(check_args(&a).unwrap_err().to_string().contains("--hosts"));
         a.hosts = "loopback".into();
-        assert_eq!(check_args(&a).unwrap().len(), FAULTS.len());
+        assert_eq!(check_args(&a).unwrap().len(), FAULTS.len() - 1);
+        a.faults = vec!["region-drop".into()];
+        assert!(check_args(&a).unwrap_err().to_string().contains("netns"));
         a.load_share = 0.0;
         assert!(check_args(&a)
             .unwrap_err()
