@@ -12,7 +12,7 @@
 //! | `gatherd-restart` | SIGKILL back-end 0's gatherd | a new gatherd started 0.5 s later |
 //! | `backend-stop` | SIGSTOP back-end 0 | SIGCONT 2 s later |
 //! | `backend-kill` | SIGKILL back-end 0 | a new back-end started 1 s later |
-//! | `region-drop` (netns only) | `tc` drops 30% of region requests leaving the proxy node | the drop removed 2 s later |
+//! | `region-drop` (netns only) | an nftables rule drops 30% of region requests leaving the proxy node | the rule removed 2 s later |
 //! | `proxy-restart` | a second proxy binds the port (SO_REUSEPORT), then SIGTERM to the first | the first exits (drained) |
 //! | `reload` | config + spare back-end, SIGHUP | config without it, SIGHUP, 1 s later |
 //!
@@ -31,9 +31,10 @@
 //!
 //! `--hosts netns` (root) runs every node in its own network namespace
 //! ([`crate::netns`]), regions over udp answered by XDP (generic mode) in the back-end
-//! node's kernel, and adds `region-drop`: a `prio` qdisc on the proxy node's `eth0` whose
-//! third band, selected by a `u32` filter on udp to the region port, is a `netem loss`
-//! (the back-end side cannot be used: XDP's replies bypass the qdisc).
+//! node's kernel, and adds `region-drop`: an nftables output rule in the proxy node's
+//! namespace, `udp dport PORT numgen random mod 100 < 30 drop` (needs `nft`; this
+//! kernel has no netem, prio or tc actions, and XDP's replies on the back-end side
+//! bypass both qdiscs and netfilter).
 //!
 //! Gap: outputs do not go through [`crate::sweep`] (its point type has no fault row yet).
 
@@ -58,6 +59,8 @@ pub const FAULTS: [&str; 6] = [
 pub const FAULTS_NETNS_ONLY: [&str; 1] = ["region-drop"];
 /// Share of region packets dropped in `region-drop`, percent.
 pub const REGION_DROP_PCT: u32 = 30;
+/// nftables table holding the `region-drop` rule (in the proxy node's namespace only).
+const NFT_TABLE: &str = "farside_faults";
 /// How long region packets are dropped in `region-drop`.
 const REGION_DROP_FOR: Duration = Duration::from_secs(2);
 /// Fixed ports of the netns tier (each node has its own IP).
@@ -291,21 +294,27 @@ impl Fabric {
         }
     }
 
-    /// Run `tc ARGS` in `node`'s namespace.
-    fn tc(&self, node: &str, args: &[&str]) -> io::Result<()> {
+    /// Run `nft ARGS` in `node`'s namespace with `stdin` as its input.
+    fn nft(&self, node: &str, args: &[&str], stdin: &str) -> io::Result<()> {
+        use std::process::{Command, Stdio};
         let Fabric::Netns(dc) = self else {
-            return Err(io::Error::other("tc needs --hosts netns"));
+            return Err(io::Error::other("nft needs --hosts netns"));
         };
-        let mut cmd = std::process::Command::new("tc");
-        cmd.args(args);
+        let what = format!("nft {} (apt-get install nftables)", args.join(" "));
+        let mut cmd = Command::new("nft");
+        cmd.args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         dc.prepare_command(node, &mut cmd)?;
-        let out = cmd
-            .output()
-            .map_err(|e| io::Error::other(format!("tc {}: {e}", args.join(" "))))?;
+        let mut c = cmd
+            .spawn()
+            .map_err(|e| io::Error::other(format!("{what}: {e}")))?;
+        c.stdin.take().expect("piped").write_all(stdin.as_bytes())?;
+        let out = c.wait_with_output()?;
         if !out.status.success() {
             return Err(io::Error::other(format!(
-                "tc {}: {}",
-                args.join(" "),
+                "{what}: {}",
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
@@ -533,40 +542,17 @@ fn inject(a: &FaultsArgs, fab: &Fabric, t: &mut Tier, fault: &str) -> io::Result
             stale = stale_now(fab, t.admin);
         }
         "region-drop" => {
-            // Requests to the region port leaving the proxy's node go through a netem
-            // band that drops REGION_DROP_PCT of them; everything else is untouched. (The
-            // back-end side cannot be used: XDP's replies bypass the qdisc.)
-            let dev = crate::netns::VETH_IN_NS;
-            let port = t.nodes[0].udp.port().to_string();
-            let loss = format!("{REGION_DROP_PCT}%");
-            fab.tc(
-                "proxy",
-                &["qdisc", "add", "dev", dev, "root", "handle", "1:", "prio"],
-            )?;
-            let cleanup = |e: io::Error| {
-                let _ = fab.tc("proxy", &["qdisc", "del", "dev", dev, "root"]);
-                e
-            };
-            fab.tc(
-                "proxy",
-                &[
-                    "qdisc", "add", "dev", dev, "parent", "1:3", "handle", "30:", "netem", "loss",
-                    &loss,
-                ],
-            )
-            .map_err(cleanup)?;
-            fab.tc(
-                "proxy",
-                &[
-                    "filter", "add", "dev", dev, "parent", "1:0", "protocol", "ip", "prio", "1",
-                    "u32", "match", "ip", "protocol", "17", "0xff", "match", "ip", "dport", &port,
-                    "0xffff", "flowid", "1:3",
-                ],
-            )
-            .map_err(cleanup)?;
+            // Region requests leaving the proxy's node are dropped at random by an
+            // nftables rule in its namespace (the kernel here has no netem, prio or tc
+            // actions; the back-end side cannot be used: XDP's replies bypass netfilter).
+            let port = t.nodes[0].udp.port();
+            let rules = format!(
+                "table ip {NFT_TABLE} {{\n chain out {{\n  type filter hook output priority 0; policy accept;\n  udp dport {port} numgen random mod 100 < {REGION_DROP_PCT} counter drop\n }}\n}}\n"
+            );
+            fab.nft("proxy", &["-f", "-"], &rules)?;
             std::thread::sleep(REGION_DROP_FOR);
             stale = stale_now(fab, t.admin);
-            fab.tc("proxy", &["qdisc", "del", "dev", dev, "root"])?;
+            fab.nft("proxy", &["delete", "table", "ip", NFT_TABLE], "")?;
         }
         "reload" => {
             let mut with: Vec<&Node> = t.nodes.iter().collect();
