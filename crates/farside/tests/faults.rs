@@ -394,10 +394,21 @@ fn sighup_adds_and_removes_a_backend_without_failing_a_request() {
 
 #[test]
 fn lab_faults_quick_has_no_hung_request_and_a_fresh_view_soon_after_gatherd_restart() {
-    let dir = Dir::new("lab");
+    lab_faults_quick("loopback", 5);
+}
+
+#[test]
+#[ignore = "needs root: run with `cargo test -p farside -- --include-ignored` as root"]
+fn lab_faults_quick_in_namespaces_with_region_drop() {
+    lab_faults_quick("netns", 6);
+}
+
+/// Run `lab faults --quick --hosts HOSTS` and check the targets on its rows.
+fn lab_faults_quick(hosts: &str, faults: usize) {
+    let dir = Dir::new(&format!("lab-{hosts}"));
     let out = dir.0.join("out");
     let st = std::process::Command::new(exe())
-        .args(["lab", "faults", "--quick", "--out"])
+        .args(["lab", "faults", "--quick", "--hosts", hosts, "--out"])
         .arg(&out)
         .env("FARSIDE_LOG", "warn")
         .status()
@@ -406,7 +417,7 @@ fn lab_faults_quick_has_no_hung_request_and_a_fresh_view_soon_after_gatherd_rest
     let text = std::fs::read_to_string(out.join("summary.json")).unwrap();
     let s: serde_json::Value = serde_json::from_str(&text).unwrap();
     let rows = s["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 5, "{text}");
+    assert_eq!(rows.len(), faults, "{text}");
     let bound = s["fresh_bound_ms"].as_f64().unwrap();
     assert_eq!(bound, 200.0);
     for r in rows {

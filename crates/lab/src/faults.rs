@@ -9,7 +9,7 @@
 //!
 //! | fault | injected at `fault_at` | repaired (`time_to_fresh_ms` counts from here) |
 //! |---|---|---|
-//! | `gatherd-restart` | SIGKILL back-end 0's gatherd | a new gatherd started 0.5 s later |
+//! | `gatherd-restart` | SIGKILL back-end 0's gatherd | a new gatherd started 0.5 s later serves (`repair_ms`: its start-up) |
 //! | `backend-stop` | SIGSTOP back-end 0 | SIGCONT 2 s later |
 //! | `backend-kill` | SIGKILL back-end 0 | a new back-end started 1 s later |
 //! | `region-drop` (netns only) | an nftables rule drops 30% of region requests leaving the proxy node | the rule removed 2 s later |
@@ -69,6 +69,8 @@ const NETNS_UDP_PORT: u16 = 7002;
 const NETNS_PROXY_PORT: u16 = 8080;
 /// Admin port of the first proxy; a restarted one takes the next.
 const NETNS_ADMIN_PORT: u16 = 9100;
+/// gatherd's metrics port in each back-end node.
+const NETNS_GATHERD_METRICS_PORT: u16 = 9200;
 
 /// Period of the admin-metrics poll measuring `time_to_fresh_ms` (the 10 ms).
 pub const FRESH_POLL: Duration = Duration::from_millis(10);
@@ -158,10 +160,14 @@ pub struct FaultRow {
     /// Whether the proxy's view was stale just before the repair (the fault reached the
     /// view; expected for `gatherd-restart` only).
     pub stale_at_repair: bool,
+    /// How long the repair took, ms: for `gatherd-restart`, from starting the new
+    /// gatherd until it serves (its metrics listener answers; the XDP attach takes
+    /// most of it in netns). `time_to_fresh_ms` counts from its end.
+    pub repair_ms: Option<f64>,
 }
 
 impl FaultRow {
-    fn new(fault: &str, s: &Summary, (fresh, stale_at_repair): Repair) -> FaultRow {
+    fn new(fault: &str, s: &Summary, (fresh, stale_at_repair, repair): Repair) -> FaultRow {
         let k = &s.failure_kinds;
         FaultRow {
             fault: fault.into(),
@@ -177,6 +183,7 @@ impl FaultRow {
             inflight_at_end: s.inflight_at_end,
             time_to_fresh_ms: fresh.map(|d| d.as_secs_f64() * 1e3),
             stale_at_repair,
+            repair_ms: repair.map(|d| d.as_secs_f64() * 1e3),
         }
     }
 }
@@ -327,6 +334,9 @@ struct Node {
     name: String,
     web: SocketAddr,
     udp: SocketAddr,
+    /// gatherd's metrics listener: it answers once the region is served (after the
+    /// XDP attach), so it tells when a restarted gatherd is ready.
+    gatherd_metrics: SocketAddr,
     backend: Child,
     gatherd: Child,
 }
@@ -369,14 +379,13 @@ fn start_backend(
     Ok(c)
 }
 
-fn start_gatherd(
-    f: &Fabric,
-    node: &str,
-    logs: &Path,
-    web: SocketAddr,
-    udp: SocketAddr,
-    name: &str,
-) -> io::Result<Child> {
+/// Where a node's gatherd runs and serves: node name, web port watched, region (udp)
+/// and metrics addresses.
+type GatherdAt<'a> = (&'a str, SocketAddr, SocketAddr, SocketAddr);
+
+/// Start a gatherd and wait until it serves (its metrics listener answers).
+fn start_gatherd(f: &Fabric, logs: &Path, at: GatherdAt, name: &str) -> io::Result<Child> {
+    let (node, web, udp, metrics) = at;
     let mut args = strings(&[
         "gatherd",
         "--watch-port",
@@ -384,6 +393,8 @@ fn start_gatherd(
         "--no-shm",
         "--udp-listen",
         &udp.to_string(),
+        "--metrics-listen",
+        &metrics.to_string(),
     ]);
     if matches!(f, Fabric::Netns(_)) {
         // One-sided across hosts: the XDP responder in the back-end node's kernel.
@@ -394,18 +405,23 @@ fn start_gatherd(
             "generic",
         ]));
     }
-    f.spawn(node, name, &args, logs)
+    let mut c = f.spawn(node, name, &args, logs)?;
+    f.wait_port(&mut c, metrics)?;
+    Ok(c)
 }
 
 fn start_node(f: &Fabric, logs: &Path, node: &str, workers: usize) -> io::Result<Node> {
     let web = f.tcp_addr(node, NETNS_WEB_PORT)?;
     let udp = f.udp_addr(node, NETNS_UDP_PORT)?;
+    let gatherd_metrics = f.tcp_addr(node, NETNS_GATHERD_METRICS_PORT)?;
     let backend = start_backend(f, node, logs, web, workers, &format!("backend-{node}"))?;
-    let gatherd = start_gatherd(f, node, logs, web, udp, &format!("gatherd-{node}"))?;
+    let at = (node, web, udp, gatherd_metrics);
+    let gatherd = start_gatherd(f, logs, at, &format!("gatherd-{node}"))?;
     Ok(Node {
         name: node.to_string(),
         web,
         udp,
+        gatherd_metrics,
         backend,
         gatherd,
     })
@@ -492,8 +508,9 @@ fn wait_exit(c: &mut Child) -> io::Result<()> {
     Ok(())
 }
 
-/// Time from the repair to a fresh view, and whether the view was stale at the repair.
-type Repair = (Option<Duration>, bool);
+/// Time from the repair to a fresh view, whether the view was stale at the repair, and
+/// how long the repair took.
+type Repair = (Option<Duration>, bool, Option<Duration>);
 
 /// Whether the proxy at `admin` sees a stale (or unreadable) view now.
 fn stale_now(f: &Fabric, admin: SocketAddr) -> bool {
@@ -505,6 +522,8 @@ fn inject(a: &FaultsArgs, fab: &Fabric, t: &mut Tier, fault: &str) -> io::Result
     t.generation += 1;
     let g = t.generation;
     let stale;
+    // Time the repair itself took (a restarted process starting up), where it matters.
+    let mut repair = None;
     match fault {
         "gatherd-restart" => {
             let n = &mut t.nodes[0];
@@ -513,7 +532,10 @@ fn inject(a: &FaultsArgs, fab: &Fabric, t: &mut Tier, fault: &str) -> io::Result
             std::thread::sleep(GATHERD_DOWN);
             stale = stale_now(fab, t.admin);
             let name = format!("gatherd-{}-{g}", n.name);
-            n.gatherd = start_gatherd(fab, &n.name, &t.logs, n.web, n.udp, &name)?;
+            let t_start = Instant::now();
+            let at = (n.name.as_str(), n.web, n.udp, n.gatherd_metrics);
+            n.gatherd = start_gatherd(fab, &t.logs, at, &name)?;
+            repair = Some(t_start.elapsed());
         }
         "backend-stop" => {
             let n = &t.nodes[0];
@@ -572,20 +594,29 @@ fn inject(a: &FaultsArgs, fab: &Fabric, t: &mut Tier, fault: &str) -> io::Result
             ))
         }
     }
-    Ok((time_to_fresh(fab, t.admin), stale))
+    Ok((time_to_fresh(fab, t.admin), stale, repair))
 }
 
 fn table(rows: &[FaultRow]) -> String {
     let mut s = format!(
-        "{:<16} {:>8} {:>9} {:>8} {:>7} {:>5} {:>9} {:>16}\n",
-        "fault", "started", "answered", "refused", "failed", "hung", "inflight", "time_to_fresh_ms"
+        "{:<16} {:>8} {:>9} {:>8} {:>7} {:>5} {:>9} {:>16} {:>9}\n",
+        "fault",
+        "started",
+        "answered",
+        "refused",
+        "failed",
+        "hung",
+        "inflight",
+        "time_to_fresh_ms",
+        "repair_ms"
     );
     for r in rows {
         let fresh = r
             .time_to_fresh_ms
             .map_or("never".to_string(), |v| format!("{v:.0}"));
+        let repair = r.repair_ms.map_or("-".to_string(), |v| format!("{v:.0}"));
         s.push_str(&format!(
-            "{:<16} {:>8} {:>9} {:>8} {:>7} {:>5} {:>9} {:>16}\n",
+            "{:<16} {:>8} {:>9} {:>8} {:>7} {:>5} {:>9} {:>16} {:>9}\n",
             r.fault,
             r.started,
             r.answered,
@@ -593,7 +624,8 @@ fn table(rows: &[FaultRow]) -> String {
             r.failed,
             r.hung,
             r.inflight_at_end,
-            fresh
+            fresh,
+            repair
         ));
     }
     s
