@@ -233,7 +233,7 @@ enum Fabric {
     /// Processes on 127.0.0.1 with free ports.
     Loopback,
     /// One namespace per node: `b0..` (back-ends and the spare), `proxy`, `client`.
-    Netns(crate::netns::VirtualDc),
+    Netns(Box<crate::netns::VirtualDc>),
 }
 
 impl Fabric {
@@ -713,7 +713,7 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
                 eprint!("{r}");
             }
         });
-        Fabric::Netns(dc)
+        Fabric::Netns(Box::new(dc))
     } else {
         Fabric::Loopback
     };
