@@ -18,8 +18,8 @@
 //! pool. Connections look the current generation up per request, so a reload applies to
 //! the next request of every client connection, kept-alive ones included, and never
 //! closes a client connection. What a reload cannot change (the listeners, worker
-//! threads, busy polling, `reuse_port`) needs a restart; a reload that changes them is
-//! applied without them and says so in the log.
+//! threads, busy polling, `reuse_port`, `http.max_client_conns`) needs a restart; a
+//! reload that changes them is applied without them and says so in the log.
 
 use crate::config::ProxyConfig;
 use crate::gate::Gate;
@@ -169,6 +169,12 @@ pub fn restart_only_changes(running: &ProxyConfig, next: &ProxyConfig) -> Vec<St
         "reuse_port",
         running.reuse_port.to_string(),
         next.reuse_port.to_string(),
+    );
+    // The accept loop's connection semaphore is sized once.
+    diff(
+        "http.max_client_conns",
+        running.http.max_client_conns.to_string(),
+        next.http.max_client_conns.to_string(),
     );
     v
 }

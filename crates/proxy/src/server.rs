@@ -21,6 +21,12 @@
 //! Bodies are streamed, never buffered whole. Every wait has a timeout from
 //! [`HttpConfig`](crate::config::HttpConfig), so no peer can hold a task forever, and a
 //! failure only ever closes the connection it happened on.
+//!
+//! Drain and reload ([`crate::lifecycle`]): every exchange looks up the current
+//! *generation* (configuration, control layer, upstream pool) when its head has been
+//! read, so a reload applies to the next request of every connection; once the drain
+//! starts, the main listener is closed, a connection idle between requests is closed,
+//! and the response in flight is the connection's last (`Connection: close`).
 
 use crate::config::ProxyConfig;
 use crate::gate::{Gate, Route};
@@ -234,6 +240,7 @@ impl Running {
             cfg.workers = running.workers;
             cfg.busy_poll_us = running.busy_poll_us;
             cfg.reuse_port = running.reuse_port;
+            cfg.http.max_client_conns = running.http.max_client_conns;
         }
         let n = cfg.backends.len();
         let next = Shared::new(
