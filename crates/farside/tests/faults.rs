@@ -458,3 +458,76 @@ fn a_silent_client_does_not_hold_the_drain_up() {
     let mut buf = [0u8; 1];
     assert_eq!(silent.read(&mut buf).unwrap_or(0), 0);
 }
+
+/// Reads gatherd answered so far (its `farside_gatherd_user_ops_total{op="read"}`).
+fn region_reads(gatherd_metrics: SocketAddr) -> u64 {
+    metrics(gatherd_metrics)
+        .lines()
+        .find(|l| l.starts_with("farside_gatherd_user_ops_total{op=\"read\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[test]
+fn sighup_starts_and_stops_watching_regions() {
+    let dir = Dir::new("regions");
+    let be = Stub::start("a");
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let gm = free_addr();
+    let args: Vec<String> = [
+        "gatherd",
+        "--watch-port",
+        &be.addr.port().to_string(),
+        "--no-shm",
+        "--udp-listen",
+        &udp.to_string(),
+        "--metrics-listen",
+        &gm.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut g = Child::spawn("gatherd", exe(), &args, &dir.0).unwrap();
+    g.wait_port(gm).unwrap();
+    let (listen, admin) = (free_addr(), free_addr());
+    let cfg = dir.0.join("proxy.toml");
+    let write = |region: bool| {
+        let mut s = format!(
+            "listen = \"{listen}\"\nadmin_listen = \"{admin}\"\n[[backend]]\naddr = \"{}\"\n",
+            be.addr
+        );
+        if region {
+            s.push_str(&format!("region = \"udp:{udp}\"\n"));
+        }
+        std::fs::write(&cfg, s).unwrap();
+    };
+    write(false);
+    let mut p = Child::spawn(
+        "proxy",
+        exe(),
+        &["proxy".into(), "--config".into(), cfg.display().to_string()],
+        &dir.0,
+    )
+    .unwrap();
+    p.wait_port(listen).unwrap();
+    let before = region_reads(gm);
+
+    // The region appears: the monitor polls it (every 1 ms).
+    write(true);
+    signal(&p, libc::SIGHUP);
+    eventually("region polled", Duration::from_secs(5), || {
+        region_reads(gm) > before + 100
+    });
+    // It goes: the old monitor stops with its generation.
+    write(false);
+    signal(&p, libc::SIGHUP);
+    eventually("region no longer polled", Duration::from_secs(5), || {
+        let a = region_reads(gm);
+        std::thread::sleep(Duration::from_millis(100));
+        region_reads(gm) == a
+    });
+    p.stop();
+}
