@@ -198,6 +198,10 @@ pub struct FaultsSummary {
     pub rate: f64,
     /// Served requests/s of the calibration run (absent with --rate).
     pub capacity_rps: Option<f64>,
+    /// Whether `net.ipv4.tcp_migrate_req` was set in the proxy's node (netns only):
+    /// then `proxy-restart` hands queued connections to the successor instead of
+    /// resetting them (loopback leaves the host's setting alone).
+    pub tcp_migrate_req: bool,
     pub backends: usize,
     pub backend_workers: usize,
     pub stale_after_ms: u64,
@@ -700,6 +704,7 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
     let logs = a.out.join("logs");
     std::fs::create_dir_all(&logs)?;
     let names: Vec<String> = (0..=a.backends).map(|i| format!("b{i}")).collect();
+    let mut migrate_req = false;
     // Declared before the tier: dropped after it, so processes stop before teardown.
     let fab = if a.hosts == "netns" {
         use crate::netns::{NodeSpec, VirtualDc};
@@ -707,6 +712,12 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
         specs.push(NodeSpec::new("proxy"));
         specs.push(NodeSpec::new("client"));
         let dc = VirtualDc::create(&format!("f{}", std::process::id() % 100_000), &specs)?;
+        // A closing listener's queued connections move to its SO_REUSEPORT successor
+        // instead of being reset (Linux ≥ 5.14; per namespace).
+        match dc.set_sysctl("proxy", "net/ipv4/tcp_migrate_req", "1") {
+            Ok(()) => migrate_req = true,
+            Err(e) => eprintln!("lab faults: warning: tcp_migrate_req not set: {e}"),
+        }
         let id = dc.run_id().to_string();
         crate::procs::on_interrupt(move || {
             if let Ok(r) = crate::netns::clean_run_id(&id) {
@@ -800,6 +811,7 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
         quick: a.quick,
         rate,
         capacity_rps,
+        tcp_migrate_req: migrate_req,
         backends: a.backends,
         backend_workers: a.backend_workers,
         stale_after_ms: a.stale_after_ms,
