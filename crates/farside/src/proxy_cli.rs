@@ -167,6 +167,17 @@ pub struct ProxyArgs {
     /// its maxconn, ms; then 503 queue_timeout (default 500; 0 = do not wait).
     #[arg(long)]
     pub queue_timeout_ms: Option<u64>,
+    /// After SIGTERM/SIGINT, time in-flight requests get to finish, ms (default 10000).
+    /// The listener closes at once, idle keep-alive clients are closed, busy ones get
+    /// `Connection: close`; a second signal exits at once. See README "Operating the
+    /// proxy: drain and reload" (SIGHUP re-reads --config; these flags are kept).
+    #[arg(long)]
+    pub drain_timeout_ms: Option<u64>,
+    /// Bind --listen with SO_REUSEPORT, so a new proxy can take the port while this one
+    /// drains (zero-downtime restart). Off by default: a second proxy on the port is
+    /// then an error.
+    #[arg(long)]
+    pub reuse_port: bool,
 }
 
 fn load_base(b: &BackendFlags, listen: Option<SocketAddr>) -> Result<ProxyConfig, String> {
@@ -244,6 +255,10 @@ pub fn proxy_config(a: &ProxyArgs) -> Result<ProxyConfig, String> {
     if let Some(v) = a.queue_timeout_ms {
         cfg.http.queue_timeout_ms = v;
     }
+    if let Some(v) = a.drain_timeout_ms {
+        cfg.http.drain_timeout_ms = v;
+    }
+    cfg.reuse_port |= a.reuse_port;
     cfg.validate().map_err(|e| e.to_string())?;
     Ok(cfg)
 }
@@ -265,7 +280,15 @@ pub fn run_proxy(a: ProxyArgs) -> Result<(), String> {
         },
         cfg.monitor.period_us,
     );
-    farside_proxy::server::run(cfg, Arc::new(ctl)).map_err(|e| format!("proxy: {e}"))
+    // SIGHUP: the file read again, the same flags over it (flags win and are kept).
+    let reloader: farside_proxy::lifecycle::Reloader = Arc::new(move || {
+        let cfg = proxy_config(&a)?;
+        let ctl = Control::new(&cfg).map_err(|e| format!("control layer: {e}"))?;
+        let gate: Arc<dyn farside_proxy::gate::Gate> = Arc::new(ctl);
+        Ok((cfg, gate))
+    });
+    farside_proxy::server::run_with_reload(cfg, Arc::new(ctl), Some(reloader))
+        .map_err(|e| format!("proxy: {e}"))
 }
 
 #[derive(Debug, Clone, clap::Args)]

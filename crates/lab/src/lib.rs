@@ -6,6 +6,7 @@
 //!   tenant load, mixed request costs, a capacity change)
 //! - [`haproxy`]: HAProxy as the `haproxy` system of `lab admission`
 //! - [`probe`]: the remote-read latency micro-benchmark (`lab probe`)
+//! - [`faults`]: fault injection into a loaded tier (`lab faults`)
 //! - [`procs`]: child-process supervision for the lab's nodes
 //! - [`nginx`]: real nginx as a back-end
 //! - [`sweep`]: the one sweep runner every experiment uses (repeats, progress with ETA,
@@ -18,6 +19,7 @@
 //! User documentation: `farside lab <command> --help` and `docs/lab.md`.
 
 pub mod admission;
+pub mod faults;
 pub mod flood;
 pub mod haproxy;
 pub mod netns;
@@ -49,6 +51,10 @@ pub enum LabCmd {
     /// Latency of one-sided vs two-sided reads of a back-end's region under rising
     /// background CPU load (seed 000 Fig. 4, seed 001 Fig. 5-6).
     Probe(probe::ProbeArgs),
+    /// Fault injection into a loaded tier: gatherd restart, back-end stop and kill,
+    /// proxy restart (drain) and reload; answered / refused / failed / hung requests
+    /// and time to a fresh view per fault (issue 8 item 9).
+    Faults(faults::FaultsArgs),
     /// Re-render the table, CSV files, plots and report.html of a kept run from its
     /// summary.json and points.jsonl, without running anything.
     Report(ReportArgs),
@@ -82,6 +88,7 @@ fn run_cmd(a: LabArgs) -> std::io::Result<()> {
     match a.cmd {
         LabCmd::Admission(x) => admission::run(x),
         LabCmd::Probe(x) => probe::run(x),
+        LabCmd::Faults(x) => faults::run(x),
         LabCmd::Report(x) => {
             let (s, files) = sweep::regenerate(&x.dir)?;
             report::print_table(&s, &mut std::io::stdout())?;

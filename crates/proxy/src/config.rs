@@ -48,6 +48,11 @@ pub struct ProxyConfig {
     /// `/farside/metrics` on the main listener always works.
     #[serde(default)]
     pub admin_listen: Option<SocketAddr>,
+    /// Bind `listen` with `SO_REUSEPORT`, so a successor proxy can bind the same port
+    /// while this one drains (zero-downtime restart). Default false: a second proxy on
+    /// the same port is then an error instead of silently sharing the traffic.
+    #[serde(default)]
+    pub reuse_port: bool,
     #[serde(default)]
     pub http: HttpConfig,
     /// The back-end servers. At least one.
@@ -92,6 +97,12 @@ pub struct HttpConfig {
     /// 0 = do not wait. Default 500 ms: well inside the 1 s `Retry-After` a rejected
     /// client is told, and many back-end service times.
     pub queue_timeout_ms: u64,
+    /// After SIGTERM, time in-flight requests get to finish before the proxy exits
+    /// anyway (the listeners are closed at once; idle keep-alive connections are closed,
+    /// busy ones get `Connection: close` on their last response). Default 10000 ms:
+    /// longer than most responses, shorter than the 30 s most supervisors wait before
+    /// SIGKILL.
+    pub drain_timeout_ms: u64,
 }
 
 impl Default for HttpConfig {
@@ -108,6 +119,7 @@ impl Default for HttpConfig {
             pool_idle_timeout_ms: 30_000,
             maxconn_per_backend: None,
             queue_timeout_ms: 500,
+            drain_timeout_ms: 10_000,
         }
     }
 }
@@ -316,6 +328,7 @@ impl ProxyConfig {
             workers: defaults::workers(),
             busy_poll_us: 0,
             admin_listen: None,
+            reuse_port: false,
             http: HttpConfig::default(),
             backends,
             admission: AdmissionConfig::default(),
@@ -408,6 +421,7 @@ impl ProxyConfig {
             ("http.connect_timeout_ms", h.connect_timeout_ms),
             ("http.response_timeout_ms", h.response_timeout_ms),
             ("http.pool_idle_timeout_ms", h.pool_idle_timeout_ms),
+            ("http.drain_timeout_ms", h.drain_timeout_ms),
             ("admission.stale_after_ms", self.admission.stale_after_ms),
             ("monitor.read_timeout_ms", self.monitor.read_timeout_ms),
             ("balance.down_for_ms", self.balance.down_for_ms),

@@ -5,11 +5,13 @@
 //! - [`control`]: monitor table, admission policy, balancing
 //! - [`server`]: the HTTP/1.1 data path (accept loop, connections, runtime), with
 //!   [`http`] (heads and framing), [`pool`] (upstream keep-alive) and [`metrics`]
+//! - [`lifecycle`]: graceful drain (SIGTERM) and live reload (SIGHUP)
 
 pub mod config;
 pub mod control;
 pub mod gate;
 pub mod http;
+pub mod lifecycle;
 pub mod metrics;
 pub mod pool;
 pub mod server;

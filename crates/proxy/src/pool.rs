@@ -30,7 +30,7 @@
 
 use crate::gate::Reject;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
@@ -94,6 +94,9 @@ pub struct Pool {
     slots: Vec<Arc<Slot>>,
     idle_max: usize,
     idle_timeout: Duration,
+    /// Set by [`Pool::retire`]: a reload replaced this pool, so returning connections
+    /// close instead of pooling.
+    retired: AtomicBool,
 }
 
 impl Pool {
@@ -118,6 +121,7 @@ impl Pool {
                 .collect(),
             idle_max,
             idle_timeout,
+            retired: AtomicBool::new(false),
         }
     }
 
@@ -203,7 +207,7 @@ impl Pool {
         let Some(slot) = self.slots.get(backend) else {
             return;
         };
-        if self.idle_max == 0 {
+        if self.idle_max == 0 || self.retired.load(Ordering::Relaxed) {
             return;
         }
         let close = slot
@@ -268,6 +272,21 @@ impl Pool {
         self.slots
             .get(backend)
             .map_or(0, |s| s.shed_total.load(Ordering::Relaxed))
+    }
+
+    /// A reload replaced this pool: close its idle connections now and every busy one
+    /// when its exchange ends (it is never pooled again).
+    pub fn retire(&self) {
+        self.retired.store(true, Ordering::Relaxed);
+        for slot in &self.slots {
+            let closed: Vec<Idle> = {
+                let mut idle = slot.idle.lock().unwrap_or_else(|p| p.into_inner());
+                let closed = idle.drain(..).collect();
+                slot.set_idle_count(&idle);
+                closed
+            };
+            drop(closed);
+        }
     }
 
     /// Close idle connections that have expired or that their back-end has closed, so
