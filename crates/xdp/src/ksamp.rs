@@ -42,6 +42,9 @@ pub const SAMPLER_PORTS_MAX: usize = 4;
 pub const SAMPLER_CPUS_MAX: u32 = 256;
 /// Weight of one tick in a CPU's busy average, as a shift (`KSAMP_EMA_SHIFT`).
 pub const SAMPLER_EMA_SHIFT: u32 = 4;
+/// Listening sockets whose accept queue the sampler reads directly
+/// (`KSAMP_LISTENERS_MAX`): SO_REUSEPORT groups of up to 16 across the watched ports.
+pub const SAMPLER_LISTENERS_MAX: usize = 16;
 /// Shortest tick period: a perf cpu-clock tick on every CPU every 100 µs is already
 /// 10,000 program runs per second per CPU.
 pub const SAMPLER_PERIOD_MIN: Duration = Duration::from_micros(100);
