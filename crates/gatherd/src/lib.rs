@@ -106,6 +106,12 @@ pub struct GatherdArgs {
     /// process's priority). Default 0: unchanged.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub sampler_nice: i32,
+    /// Who writes the load record: kernel (the kernel-resident sampler in the XDP
+    /// object: tracepoints and a per-CPU tick write the region map, no user-space thread
+    /// samples; needs --xdp-iface attached and no --cgroup), user (gatherd's sampling
+    /// thread), or auto (kernel if it loads, else user; logged).
+    #[arg(long, value_enum, default_value_t = SamplerChoice::Auto)]
+    pub sampler: SamplerChoice,
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long)]
     pub duration_s: Option<f64>,
@@ -129,6 +135,7 @@ impl Default for GatherdArgs {
             cgroup: None,
             conns_every: 0,
             sampler_nice: 0,
+            sampler: SamplerChoice::Auto,
             duration_s: None,
         }
     }
@@ -176,6 +183,17 @@ impl GatherdArgs {
     }
 }
 
+/// `--sampler`: who writes the load record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SamplerChoice {
+    /// The kernel sampler if it can run, else gatherd's thread (logged).
+    Auto,
+    /// The kernel-resident sampler; an error if it cannot run.
+    Kernel,
+    /// gatherd's sampling thread.
+    User,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum XdpChoice {
     Auto,
@@ -194,6 +212,28 @@ pub struct GatherStats {
     /// Periods whose deadline had already passed when the loop woke (overruns).
     pub overruns: AtomicU64,
     pub sample_errors: AtomicU64,
+    /// Per-field CPU cost, ns, summed over the samples that measured it (one in
+    /// [`FIELD_COST_EVERY`]): CPU figures, connection counts (backlog and full counts),
+    /// memory.
+    pub field_cost_samples: AtomicU64,
+    pub field_cost_cpu_ns: AtomicU64,
+    pub field_cost_conns_ns: AtomicU64,
+    pub field_cost_mem_ns: AtomicU64,
+    /// The kernel-resident sampler writes the record (no user-space samples).
+    pub kernel_sampler: AtomicBool,
+}
+
+/// One sample in this many measures its per-field cost: each measurement is a
+/// `clock_gettime(CLOCK_THREAD_CPUTIME_ID)` system call, which would otherwise add
+/// to the cost it measures.
+pub const FIELD_COST_EVERY: u64 = 64;
+
+/// CPU cost of one sample's parts, ns (see [`GatherStats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FieldCost {
+    pub cpu_ns: u64,
+    pub conns_ns: u64,
+    pub mem_ns: u64,
 }
 
 /// Computes load records from successive counter readings.
@@ -215,6 +255,8 @@ pub struct Sampler {
     conns: sockdiag::ConnCounts,
     /// CLOCK_MONOTONIC of the sample whose full count `conns` holds.
     conns_sampled_mono_ns: u64,
+    /// Per-field cost of the last sample that measured it (every [`FIELD_COST_EVERY`]).
+    pub last_field_cost: Option<FieldCost>,
 }
 
 /// CPU share of one core that full connection counts may use when `--conns-every` is
@@ -284,12 +326,22 @@ impl Sampler {
             period_us: args.period_us,
             conns: Default::default(),
             conns_sampled_mono_ns: 0,
+            last_field_cost: None,
         })
     }
 
     /// Take one sample. Rates (utilisation, pressure) are over the time since the last.
     pub fn sample(&mut self) -> io::Result<LoadRecord> {
         let t0 = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+        let measure = self.n.is_multiple_of(FIELD_COST_EVERY);
+        let lap = |on: bool| {
+            if on {
+                clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+            } else {
+                0
+            }
+        };
+        self.last_field_cost = None;
         let now = farside_rmem::mono_ns();
         let c = self.cpu.read(&mut self.buf)?;
         let ncpu = self.cpu.ncpu();
@@ -319,6 +371,7 @@ impl Sampler {
         if !keep_prev {
             self.prev = Some((c, now));
         }
+        let t_cpu = lap(measure);
         if let Some(d) = &mut self.diag {
             if self.n.is_multiple_of(self.conns_every) {
                 let t = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
@@ -342,6 +395,7 @@ impl Sampler {
             rec.conns_sampled_mono_ns = self.conns_sampled_mono_ns;
             rec.flags |= FLAG_CONNS;
         }
+        let t_conns = lap(measure);
         if self.n.is_multiple_of(MEM_EVERY_PERIODS) {
             if let Some(f) = &self.meminfo {
                 self.mem = sample::meminfo(f, &mut self.buf)?;
@@ -353,7 +407,15 @@ impl Sampler {
             rec.flags |= FLAG_MEM;
         }
         self.n += 1;
-        rec.sample_cost_ns = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(t0);
+        let t_end = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+        if measure {
+            self.last_field_cost = Some(FieldCost {
+                cpu_ns: t_cpu.saturating_sub(t0),
+                conns_ns: t_conns.saturating_sub(t_cpu),
+                mem_ns: t_end.saturating_sub(t_conns),
+            });
+        }
+        rec.sample_cost_ns = t_end.saturating_sub(t0);
         Ok(rec)
     }
 }
@@ -373,6 +435,10 @@ pub struct Gatherd {
     thread: Option<std::thread::JoinHandle<()>>,
     /// How udp requests are answered: "xdp-native", "xdp-generic", "user-space" or "off".
     pub udp_server: &'static str,
+    /// Who writes the load record: "kernel" (the kernel-resident sampler) or "user".
+    pub sampler: &'static str,
+    started: std::time::Instant,
+    cpu_us_at_start: u64,
     xdp: Option<Arc<farside_xdp::XdpResponder>>,
     _tcp: Option<TcpServer>,
     _udp: Option<UdpServer>,
@@ -415,11 +481,14 @@ impl Gatherd {
         // waits for that).
         let first = sampler.sample()?;
         let mut map_writer = None;
-        let xdp = attach_xdp(args, &keys, &mut |region| {
+        let mut xdp = attach_xdp(args, &keys, &mut |region| {
             let mut w = RegionWriter::init(SharedWords(region), header);
             w.publish(&first);
             map_writer = Some(w);
         })?;
+        // From here on the kernel writes the record if its sampler runs (the first
+        // record above is gatherd's; the kernel's sequence continues from it).
+        let kernel_sampler = start_kernel_sampler(args, xdp.as_mut().map(|(x, _)| x))?;
         let mut fd_server = None;
         let (mem, writer, shm_path): (Arc<dyn Words>, _, _) = match (&xdp, map_writer) {
             (Some((x, _)), Some(w)) => {
@@ -496,50 +565,68 @@ impl Gatherd {
         };
 
         let stats = Arc::new(GatherStats::default());
+        stats
+            .kernel_sampler
+            .store(kernel_sampler, Ordering::Relaxed);
         let stop = Arc::new(AtomicBool::new(false));
         let period = Duration::from_micros(args.period_us);
         let (st, stp) = (stats.clone(), stop.clone());
         let nice = args.sampler_nice;
-        let thread = std::thread::Builder::new()
-            .name("gatherd".into())
-            .spawn(move || {
-                farside_rmem::apply_thread_nice("gatherd: sampler", nice);
-                let mut pacer = farside_rmem::Pacer::new(period);
-                while !stp.load(Ordering::Relaxed) {
-                    pacer.wait();
-                    st.overruns.store(pacer.overruns, Ordering::Relaxed);
-                    match sampler.sample() {
-                        Ok(rec) => {
-                            for w in &mut writers {
-                                w.publish(&rec);
+        // With the kernel sampler no thread samples: nothing in user space runs per period.
+        let thread = (!kernel_sampler)
+            .then(|| {
+                std::thread::Builder::new()
+                    .name("gatherd".into())
+                    .spawn(move || {
+                        farside_rmem::apply_thread_nice("gatherd: sampler", nice);
+                        let mut pacer = farside_rmem::Pacer::new(period);
+                        while !stp.load(Ordering::Relaxed) {
+                            pacer.wait();
+                            st.overruns.store(pacer.overruns, Ordering::Relaxed);
+                            match sampler.sample() {
+                                Ok(rec) => {
+                                    for w in &mut writers {
+                                        w.publish(&rec);
+                                    }
+                                    st.samples.fetch_add(1, Ordering::Relaxed);
+                                    st.cost_ns_sum
+                                        .fetch_add(rec.sample_cost_ns, Ordering::Relaxed);
+                                    st.cost_ns_max
+                                        .fetch_max(rec.sample_cost_ns, Ordering::Relaxed);
+                                    if let Some(f) = sampler.last_field_cost {
+                                        st.field_cost_samples.fetch_add(1, Ordering::Relaxed);
+                                        st.field_cost_cpu_ns.fetch_add(f.cpu_ns, Ordering::Relaxed);
+                                        st.field_cost_conns_ns
+                                            .fetch_add(f.conns_ns, Ordering::Relaxed);
+                                        st.field_cost_mem_ns.fetch_add(f.mem_ns, Ordering::Relaxed);
+                                    }
+                                }
+                                Err(e) => {
+                                    // The record is left as it was: its sequence stops advancing, so
+                                    // readers see it go stale instead of reading a wrong value.
+                                    if st.sample_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                                        log::error!("gatherd: sampling failed: {e}");
+                                    }
+                                }
                             }
-                            st.samples.fetch_add(1, Ordering::Relaxed);
-                            st.cost_ns_sum
-                                .fetch_add(rec.sample_cost_ns, Ordering::Relaxed);
-                            st.cost_ns_max
-                                .fetch_max(rec.sample_cost_ns, Ordering::Relaxed);
                         }
-                        Err(e) => {
-                            // The record is left as it was: its sequence stops advancing, so
-                            // readers see it go stale instead of reading a wrong value.
-                            if st.sample_errors.fetch_add(1, Ordering::Relaxed) == 0 {
-                                log::error!("gatherd: sampling failed: {e}");
-                            }
-                        }
-                    }
-                }
-            })?;
+                    })
+            })
+            .transpose()?;
         Gatherd {
             stats,
             counters,
             tcp_addr: tcp.as_ref().map(|t| t.local_addr),
             udp_addr,
             udp_server,
+            sampler: if kernel_sampler { "kernel" } else { "user" },
+            started: std::time::Instant::now(),
+            cpu_us_at_start: process_cpu_us(),
             xdp,
             shm_path,
             fd_server,
             stop,
-            thread: Some(thread),
+            thread,
             _tcp: tcp,
             _udp: udp,
             _metrics: None,
@@ -561,7 +648,11 @@ impl Gatherd {
     }
 
     /// Stop sampling: the region's sequence stops advancing (readers see it go stale).
+    /// With the kernel sampler, its ticks are detached.
     pub fn stop(&mut self) {
+        if let Some(x) = &self.xdp {
+            x.stop_kernel_sampler_ticks();
+        }
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -573,17 +664,41 @@ impl Gatherd {
         self._metrics.as_ref().map(|m| m.local_addr)
     }
 
+    /// One line for the log at exit. `sampler=` says who wrote the record; `cpu_pct` is
+    /// gatherd's whole process CPU (all threads, servers included) over its run, % of one
+    /// core; `cost_{cpu,conns,mem}_us` the mean per-field cost of the user sampler;
+    /// `ktick_ns` the kernel sampler's mean kernel time per record (all CPUs' ticks;
+    /// 0 unless `kernel.bpf_stats_enabled=1`).
     pub fn summary(&self) -> String {
         let s = &self.stats;
         let n = s.samples.load(Ordering::Relaxed).max(1);
-        format!(
-            "samples={} cost_avg_us={:.1} cost_max_us={:.1} overruns={} errors={}",
+        let f = s.field_cost_samples.load(Ordering::Relaxed).max(1) as f64 * 1000.0;
+        let wall_us = self.started.elapsed().as_micros().max(1) as f64;
+        let cpu_pct =
+            process_cpu_us().saturating_sub(self.cpu_us_at_start) as f64 * 100.0 / wall_us;
+        let mut out = format!(
+            "sampler={} samples={} cost_avg_us={:.1} cost_max_us={:.1} cost_cpu_us={:.1} cost_conns_us={:.1} cost_mem_us={:.1} cpu_pct={:.2} overruns={} errors={}",
+            self.sampler,
             s.samples.load(Ordering::Relaxed),
             s.cost_ns_sum.load(Ordering::Relaxed) as f64 / n as f64 / 1000.0,
             s.cost_ns_max.load(Ordering::Relaxed) as f64 / 1000.0,
+            s.field_cost_cpu_ns.load(Ordering::Relaxed) as f64 / f,
+            s.field_cost_conns_ns.load(Ordering::Relaxed) as f64 / f,
+            s.field_cost_mem_ns.load(Ordering::Relaxed) as f64 / f,
+            cpu_pct,
             s.overruns.load(Ordering::Relaxed),
             s.sample_errors.load(Ordering::Relaxed)
-        )
+        );
+        if let Some(c) = self.xdp.as_ref().and_then(|x| x.kernel_sampler_costs()) {
+            use std::fmt::Write;
+            let _ = write!(
+                out,
+                " ktick_ns={:.0} krecords={}",
+                c.tick_ns_per_sample(),
+                c.tick.run_count / u64::from(c.cpus.max(1))
+            );
+        }
+        out
     }
 }
 
@@ -632,6 +747,39 @@ pub fn render_metrics(
             "# HELP farside_gatherd_{name} {help}\nfarside_gatherd_{name} {}",
             v.load(Ordering::Relaxed)
         );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP farside_gatherd_field_cost_samples_total User-space samples that measured their per-field cost (one in {FIELD_COST_EVERY}).\nfarside_gatherd_field_cost_samples_total {}\n# HELP farside_gatherd_field_cost_ns_sum Per-field CPU cost of those samples, ns.",
+        s.field_cost_samples.load(Ordering::Relaxed)
+    );
+    for (field, v) in [
+        ("cpu", &s.field_cost_cpu_ns),
+        ("conns", &s.field_cost_conns_ns),
+        ("mem", &s.field_cost_mem_ns),
+    ] {
+        let _ = writeln!(
+            out,
+            "farside_gatherd_field_cost_ns_sum{{field=\"{field}\"}} {}",
+            v.load(Ordering::Relaxed)
+        );
+    }
+    let kernel = s.kernel_sampler.load(Ordering::Relaxed);
+    let _ = writeln!(
+        out,
+        "# HELP farside_gatherd_sampler Who writes the load record (1 for the running one).\nfarside_gatherd_sampler{{mode=\"kernel\"}} {}\nfarside_gatherd_sampler{{mode=\"user\"}} {}",
+        u8::from(kernel),
+        u8::from(!kernel)
+    );
+    if let Some(c) = xdp.and_then(|x| x.kernel_sampler_costs()) {
+        let _ = writeln!(out, "# HELP farside_gatherd_ksampler_run_time_ns_total Kernel time of the kernel sampler's programs, ns (needs kernel.bpf_stats_enabled=1).");
+        for (prog, p) in [("tick", c.tick), ("state", c.state), ("ready", c.ready)] {
+            let _ = writeln!(
+                out,
+                "farside_gatherd_ksampler_run_time_ns_total{{prog=\"{prog}\"}} {}\nfarside_gatherd_ksampler_runs_total{{prog=\"{prog}\"}} {}",
+                p.run_time_ns, p.run_count
+            );
+        }
     }
     user.render("farside_gatherd_user", &mut out);
     if let Some(x) = xdp {
@@ -717,6 +865,64 @@ fn attach_xdp(
     }
     log::warn!("gatherd: XDP unavailable; answering udp on {addr} from user space (two-sided)");
     Ok(None)
+}
+
+/// Start the kernel-resident sampler if `--sampler` allows and it can run (it writes the
+/// XDP region map, so it needs the responder; it measures the whole host, so not with
+/// `--cgroup`). Returns whether it runs; `--sampler kernel` that cannot is an error,
+/// `auto` falls back to the user-space sampler and logs why.
+fn start_kernel_sampler(
+    args: &GatherdArgs,
+    xdp: Option<&mut farside_xdp::XdpResponder>,
+) -> io::Result<bool> {
+    if args.sampler == SamplerChoice::User {
+        log::info!("gatherd: sampler: user space (--sampler user)");
+        return Ok(false);
+    }
+    let result = match xdp {
+        None => Err("it writes the XDP region map: needs --xdp-iface attached".to_string()),
+        Some(_) if args.cgroup.is_some() => {
+            Err("it measures the whole host, not a --cgroup".to_string())
+        }
+        Some(x) => x
+            .start_kernel_sampler(
+                &args.watch_ports,
+                Duration::from_micros(args.period_us),
+                &mut || seed_counts(&args.watch_ports),
+            )
+            .map_err(|e| e.to_string()),
+    };
+    match result {
+        Ok(()) => {
+            log::info!(
+                "gatherd: sampler: kernel (bpf/ksamp.bpf.c publishes the record every {} µs; no user-space sampling)",
+                args.period_us
+            );
+            Ok(true)
+        }
+        Err(e) if args.sampler == SamplerChoice::Kernel => {
+            Err(io::Error::other(format!("--sampler kernel: {e}")))
+        }
+        Err(e) => {
+            log::warn!("gatherd: kernel sampler unavailable ({e}); sampling from user space");
+            Ok(false)
+        }
+    }
+}
+
+/// Connection counts of each watched port from one sock_diag dump: the kernel
+/// sampler's starting values.
+fn seed_counts(ports: &[u16]) -> io::Result<Vec<farside_xdp::PortCounts>> {
+    ports
+        .iter()
+        .map(|&p| {
+            let c = sockdiag::SockDiag::new(&[p])?.count()?;
+            Ok(farside_xdp::PortCounts {
+                established: c.established,
+                backlog: c.accept_backlog,
+            })
+        })
+        .collect()
 }
 
 /// The first IPv4 address of interface `ifname`, if any.

@@ -134,10 +134,22 @@ pub fn enable_bpf_stats() -> Result<OwnedFd, XdpError> {
         .map_err(|e| classify("BPF_ENABLE_STATS", e, XdpError::Load))
 }
 
-/// A running kernel sampler: which CPUs tick.
-#[derive(Debug, Clone)]
+/// A running kernel sampler: which CPUs tick, and the ticks' links (owned here so
+/// that [`SamplerState::stop_ticks`] needs no `&mut`: dropping a link detaches it).
+#[derive(Debug)]
 pub(crate) struct SamplerState {
     cpus: u32,
+    ticks: std::sync::Mutex<Vec<aya::programs::perf_event::PerfEventLink>>,
+}
+
+impl SamplerState {
+    /// Detach every tick: the record stops advancing (the event programs keep counting).
+    pub(crate) fn stop_ticks(&self) {
+        self.ticks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+    }
 }
 
 impl Loaded {
@@ -201,12 +213,15 @@ impl Loaded {
 
         // Event programs first (they only change counters), the ticks last: the record
         // is written only once everything else is in place.
-        let result = self.attach_sampler(ports, period, &cpus, seed);
+        let mut ticks = Vec::with_capacity(cpus.len());
+        let result = self.attach_sampler(ports, period, &cpus, seed, &mut ticks);
         if result.is_err() {
+            ticks.clear();
             self.stop_kernel_sampler();
         }
         result.map(|()| SamplerState {
             cpus: cpus.len() as u32,
+            ticks: std::sync::Mutex::new(ticks),
         })
     }
 
@@ -216,6 +231,7 @@ impl Loaded {
         period: Duration,
         cpus: &[u32],
         seed: &mut dyn FnMut() -> std::io::Result<Vec<PortCounts>>,
+        ticks: &mut Vec<aya::programs::perf_event::PerfEventLink>,
     ) -> Result<(), XdpError> {
         let load_err = |p: &str, e: aya::programs::ProgramError| {
             // A verifier refusal is EACCES too: keep its log.
@@ -250,13 +266,15 @@ impl Loaded {
         let pe: &mut PerfEvent = prog(&mut self.ebpf, PROG_TICK)?;
         pe.load().map_err(|e| load_err(PROG_TICK, e))?;
         for &cpu in cpus {
-            pe.attach(
-                PerfEventConfig::Software(SoftwareEvent::CpuClock),
-                PerfEventScope::AllProcessesOneCpu { cpu },
-                SamplePolicy::Period(period.as_nanos() as u64),
-                false,
-            )
-            .map_err(|e| load_err(PROG_TICK, e))?;
+            let id = pe
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Period(period.as_nanos() as u64),
+                    false,
+                )
+                .map_err(|e| load_err(PROG_TICK, e))?;
+            ticks.push(pe.take_link(id).map_err(|e| load_err(PROG_TICK, e))?);
         }
         Ok(())
     }

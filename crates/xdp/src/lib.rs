@@ -481,6 +481,15 @@ impl XdpResponder {
         self.loaded.start_sampler(ports, period, seed)
     }
 
+    /// Stop the kernel sampler's ticks: the record stops advancing (as when a user-space
+    /// gatherer stops). Connection events keep being counted; the sampler cannot be
+    /// restarted on this responder.
+    pub fn stop_kernel_sampler_ticks(&self) {
+        if let Some(s) = &self.loaded.sampler {
+            s.stop_ticks();
+        }
+    }
+
     /// Kernel cost of the sampler's programs, if it runs (zeros unless BPF stats are
     /// enabled: [`enable_bpf_stats`] or `sysctl kernel.bpf_stats_enabled=1`).
     pub fn kernel_sampler_costs(&self) -> Option<KernelSamplerCosts> {
@@ -638,8 +647,10 @@ impl TestProgram {
 
     /// Stop the kernel sampler: the record stops advancing.
     pub fn stop_kernel_sampler(&mut self) {
+        if let Some(s) = self.loaded.sampler.take() {
+            s.stop_ticks();
+        }
         self.loaded.stop_kernel_sampler();
-        self.loaded.sampler = None;
     }
 
     /// As [`XdpResponder::kernel_sampler_costs`].
