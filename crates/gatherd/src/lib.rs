@@ -1090,6 +1090,17 @@ mod tests {
         // No interface named: user space, port 0 allowed.
         let g = Gatherd::start(&args).unwrap();
         assert_eq!(g.udp_server, "user-space");
+        assert_eq!(
+            g.sampler, "user",
+            "no XDP map: the kernel sampler cannot run"
+        );
+        let e = Gatherd::start(&GatherdArgs {
+            sampler: SamplerChoice::Kernel,
+            ..args.clone()
+        })
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("--sampler kernel"), "{e}");
         // An interface XDP cannot use (does not exist), auto mode: falls back.
         let port = std::net::UdpSocket::bind("127.0.0.1:0")
             .unwrap()
@@ -1190,6 +1201,109 @@ mod tests {
         })
         .join()
         .unwrap()
+    }
+
+    /// The kernel sampler (root; skipped otherwise): with XDP, the record read over udp
+    /// (answered by XDP) and shm follows the watched port's accept queue and
+    /// connections, and its sequence advances although gatherd runs no sampling thread
+    /// (no user-space sample is ever taken after the first).
+    #[test]
+    fn kernel_sampler_publishes_without_a_sampling_thread() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipped: needs root");
+            return;
+        }
+        let shm = tmp_region("ksamp");
+        let shm2 = shm.clone();
+        in_private_netns(move || {
+            use std::net::{TcpListener, TcpStream};
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            // Two connections queued before gatherd starts: the seed counts them.
+            let mut clients: Vec<TcpStream> = (0..2)
+                .map(|_| TcpStream::connect(l.local_addr().unwrap()).unwrap())
+                .collect();
+            let args = GatherdArgs {
+                node_id: 4,
+                shm: Some(shm2.clone()),
+                watch_ports: vec![port],
+                udp_listen: Some("127.0.0.1:17078".parse().unwrap()),
+                xdp_iface: Some("lo".into()),
+                xdp_mode: XdpChoice::Generic,
+                sampler: SamplerChoice::Kernel,
+                ..Default::default()
+            };
+            let g = Gatherd::start(&args).unwrap();
+            assert_eq!(g.sampler, "kernel");
+            assert!(g.thread.is_none(), "no sampling thread");
+            let mut udp = connect(
+                &Endpoint::Udp(g.udp_addr.unwrap()),
+                &ClientOptions {
+                    timeout: Duration::from_millis(500),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let mem = farside_rmem::map_region(&shm2, REGION_WORDS).unwrap();
+            let read_udp = |c: &mut Box<dyn farside_rmem::RemoteMemory>| loop {
+                let mut bytes = [0u8; farside_region::SNAPSHOT_BYTES];
+                c.read(0, &mut bytes).unwrap();
+                match Snapshot::decode(&bytes) {
+                    Err(farside_region::RegionError::Torn) => continue,
+                    other => break other.unwrap(),
+                }
+            };
+            let mut await_both = |what: &str, ok: &dyn Fn(&Snapshot) -> bool| {
+                let deadline = Instant::now() + Duration::from_secs(5);
+                loop {
+                    let (a, b) = (read_udp(&mut udp), Snapshot::read_local(&mem, 10).unwrap());
+                    if ok(&a) && ok(&b) {
+                        return a;
+                    }
+                    assert!(Instant::now() < deadline, "{what}: udp {a:?} shm {b:?}");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            };
+            let first = await_both("seeded", &|s| {
+                s.load.accept_backlog == 2 && s.load.conns_established == 2
+            });
+            assert_eq!(first.header.node_id, 4);
+            // A third connection: the listener is learnt, its queue read directly.
+            clients.push(TcpStream::connect(l.local_addr().unwrap()).unwrap());
+            await_both("third queued", &|s| {
+                s.load.accept_backlog == 3 && s.load.conns_established == 3
+            });
+            let (served, _) = l.accept().unwrap();
+            await_both("accepted", &|s| {
+                s.load.accept_backlog == 2 && s.load.conns_established == 3
+            });
+            drop(served);
+            await_both("closed", &|s| {
+                s.load.accept_backlog == 2 && s.load.conns_established == 2
+            });
+            // The sequence advances with no user-space sample taken.
+            let a = await_both("any", &|_| true);
+            await_both("sequence advances", &|s| s.seq > a.seq + 10);
+            assert_eq!(g.stats.samples.load(Ordering::Relaxed), 0);
+            assert!(
+                g.summary().starts_with("sampler=kernel "),
+                "{}",
+                g.summary()
+            );
+            let mut g = g;
+            g.stop();
+            let s1 = Snapshot::read_local(&mem, 10).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(
+                Snapshot::read_local(&mem, 10).unwrap().seq,
+                s1.seq,
+                "a stopped gatherer's record stops advancing"
+            );
+            drop(clients);
+        });
+        let _ = std::fs::remove_file(shm);
     }
 
     /// Exactly-once through the trait against the XDP program (answering in the kernel):
