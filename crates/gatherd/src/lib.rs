@@ -1306,6 +1306,94 @@ mod tests {
         let _ = std::fs::remove_file(shm);
     }
 
+    /// Literally "no user process publishes" (root; skipped otherwise): a gatherd with
+    /// the kernel sampler runs in a child process (this test binary, re-run with
+    /// `FARSIDE_KSAMP_CHILD` set); the child is stopped with SIGSTOP, and the record,
+    /// mapped here through the child's shm socket, keeps advancing.
+    #[test]
+    fn kernel_sampler_record_advances_while_gatherd_is_sigstopped() {
+        const NAME: &str = "tests::kernel_sampler_record_advances_while_gatherd_is_sigstopped";
+        if let Some(path) = std::env::var_os("FARSIDE_KSAMP_CHILD") {
+            in_private_netns(move || {
+                let _g = Gatherd::start(&GatherdArgs {
+                    shm: Some(PathBuf::from(path)),
+                    udp_listen: Some("127.0.0.1:17079".parse().unwrap()),
+                    xdp_iface: Some("lo".into()),
+                    xdp_mode: XdpChoice::Generic,
+                    sampler: SamplerChoice::Kernel,
+                    ..Default::default()
+                })
+                .unwrap();
+                // Until the parent kills this process.
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            });
+            return;
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipped: needs root");
+            return;
+        }
+        let shm = tmp_region("sigstop");
+        let _ = std::fs::remove_file(&shm);
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--test-threads=1"])
+            .env("FARSIDE_KSAMP_CHILD", &shm)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id() as libc::pid_t;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // The socket appears once the sampler runs (it is served last).
+        let mem = loop {
+            if let Ok(m) = farside_rmem::map_region(&shm, REGION_WORDS) {
+                break m;
+            }
+            if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+                let _ = child.kill();
+                panic!("the child gatherd never served {}", shm.display());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // SAFETY: signalling our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        let stopped = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('T')
+            })
+        };
+        while !stopped() {
+            assert!(Instant::now() < deadline, "child never stopped");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let a = Snapshot::read_local(&mem, 10).unwrap();
+        let advanced = loop {
+            let b = Snapshot::read_local(&mem, 10).unwrap();
+            if b.seq > a.seq + 10 || Instant::now() > deadline {
+                break b;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let still_stopped = stopped();
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let _ = child.wait();
+        let _ = std::fs::remove_file(&shm);
+        assert!(still_stopped, "the child ran during the check");
+        assert!(
+            advanced.seq > a.seq + 10,
+            "record stopped at {} with gatherd stopped",
+            advanced.seq
+        );
+    }
+
     /// Exactly-once through the trait against the XDP program (answering in the kernel):
     /// requests and replies lost, duplicated and reordered by a relay. Every CAS of a
     /// chain is reported won, every Ok FETCH-ADD returned a distinct old value and the
