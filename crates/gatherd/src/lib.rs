@@ -987,6 +987,31 @@ mod tests {
     }
 
     #[test]
+    fn one_sample_in_field_cost_every_measures_its_fields() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut s = Sampler::new(&GatherdArgs {
+            watch_ports: vec![l.local_addr().unwrap().port()],
+            ..Default::default()
+        })
+        .unwrap();
+        for n in 0..=FIELD_COST_EVERY {
+            let rec = s.sample().unwrap();
+            match s.last_field_cost {
+                Some(f) => {
+                    assert!(n % FIELD_COST_EVERY == 0, "sample {n} measured");
+                    assert!(f.cpu_ns > 0 && f.conns_ns > 0, "{f:?}");
+                    assert!(
+                        f.cpu_ns + f.conns_ns + f.mem_ns <= rec.sample_cost_ns,
+                        "{f:?} within {}",
+                        rec.sample_cost_ns
+                    );
+                }
+                None => assert!(n % FIELD_COST_EVERY != 0, "sample {n} not measured"),
+            }
+        }
+    }
+
+    #[test]
     fn sampler_nice_applies_to_one_thread_and_is_bounded() {
         // Raising a thread's nice value needs no privilege; the spawning thread keeps its own.
         // SAFETY: getpriority takes plain integers.
