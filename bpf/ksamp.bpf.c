@@ -18,6 +18,9 @@
  *    accepts need no hook (this kernel has no kprobes, and tracing programs such as
  *    fexit are refused with EPERM here). A listener that has not signalled since the
  *    sampler started is counted from the seed.
+ * Both count only sockets of the loader's network namespace (config.netns_inum, read
+ * through skc_net at BTF offsets), so nodes in other namespaces on the same port
+ * (the lab's back-ends) do not count.
  *  - ksamp_tick (perf_event, cpu-clock every period on every CPU): the CPU notes
  *    whether a task other than its idle task was running (an exponential average of
  *    these ticks is its utilisation, as tick-based accounting does), and the tick on
@@ -56,6 +59,21 @@ static __always_inline int ksamp_port_slot(const struct ksamp_config *c, __u16 p
 	return -1;
 }
 
+/* Whether socket sk belongs to the configured network namespace. */
+static __always_inline int ksamp_our_netns(const struct ksamp_config *cfg, __u64 sk)
+{
+	__u64 net = 0;
+	__u32 inum = 0;
+
+	if (cfg->netns_inum == 0)
+		return 1;
+	if (bpf_probe_read_kernel(&net, sizeof(net), (void *)(sk + cfg->off_net)) || !net)
+		return 0;
+	if (bpf_probe_read_kernel(&inum, sizeof(inum), (void *)(net + cfg->off_net_inum)))
+		return 0;
+	return inum == cfg->netns_inum;
+}
+
 /* Forget a closed listener. */
 static __always_inline void ksamp_forget(__u64 sk)
 {
@@ -88,7 +106,7 @@ int ksamp_state(struct ksamp_inet_sock_set_state *ctx)
 	if (!cfg || !cnt)
 		return 0;
 	i = ksamp_port_slot(cfg, ctx->sport);
-	if (i < 0)
+	if (i < 0 || !ksamp_our_netns(cfg, (__u64)ctx->skaddr))
 		return 0;
 	i &= KSAMP_PORTS_MAX - 1;
 	if (ctx->newstate == KSAMP_TCP_ESTABLISHED) {
@@ -126,7 +144,7 @@ int ksamp_ready(struct ksamp_sk_data_ready *ctx)
 	if (bpf_probe_read_kernel(&port, sizeof(port), (void *)(sk + cfg->off_num)))
 		return 0;
 	i = ksamp_port_slot(cfg, port);
-	if (i < 0)
+	if (i < 0 || !ksamp_our_netns(cfg, sk))
 		return 0;
 	l = bpf_map_lookup_elem(&ksamp_listeners, &zero);
 	if (!l)

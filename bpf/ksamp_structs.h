@@ -15,7 +15,9 @@ struct ksamp_config {
 	__u32 off_num;                /* __sk_common.skc_num: local port, host order */
 	__u32 off_state;              /* __sk_common.skc_state */
 	__u32 off_ack_backlog;        /* sk_ack_backlog: the accept queue's length */
-	__u32 reserved0;
+	__u32 off_net;                /* __sk_common.skc_net: struct net * */
+	__u32 off_net_inum;           /* ns.inum in struct net */
+	__u32 netns_inum;             /* only sockets of this network namespace count; 0 = any */
 };
 
 /*

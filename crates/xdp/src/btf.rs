@@ -205,6 +205,8 @@ mod tests {
         let ack = btf.offset_of("sock", &["sk_ack_backlog"]).unwrap();
         assert!(ack > 18, "{ack}");
         assert_eq!(btf.offset_of("sock", &["no_such_field"]), None);
+        assert!(btf.offset_of("sock", &["__sk_common", "skc_net"]).is_some());
+        assert!(btf.offset_of("net", &["ns", "inum"]).is_some());
         assert!(Btf::parse(&raw[..10]).is_err());
     }
 }

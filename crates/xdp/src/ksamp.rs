@@ -19,8 +19,8 @@
 //! events that race the count itself may be counted twice or missed: the count is a few
 //! microseconds long.
 //!
-//! Known limits: the tracepoints see every network namespace, so sockets on a watched
-//! port in another namespace count too. A listener that has not had a connection queued
+//! Only sockets of the calling thread's network namespace count (the lab runs back-ends
+//! on the same port in separate namespaces). Known limits: a listener that has not had a connection queued
 //! since the sampler started is not known yet: its port's backlog is the seeded value
 //! until then (stale if the server accepts the seeded connections before any new one
 //! arrives). At most 16 listeners are read directly (`KSAMP_LISTENERS_MAX`).
@@ -67,9 +67,11 @@ struct Config {
     off_num: u32,
     off_state: u32,
     off_ack_backlog: u32,
-    reserved0: u32,
+    off_net: u32,
+    off_net_inum: u32,
+    netns_inum: u32,
 }
-// SAFETY: repr(C), plain integers, no padding (8 + 6 * 4 bytes).
+// SAFETY: repr(C), plain integers, no padding (8 + 8 * 4 bytes).
 unsafe impl aya::Pod for Config {}
 
 /// Value of the `ksamp_counts` map (struct ksamp_counts).
@@ -199,6 +201,13 @@ impl Loaded {
             off_num: off(&["__sk_common", "skc_num"])?,
             off_state: off(&["__sk_common", "skc_state"])?,
             off_ack_backlog: off(&["sk_ack_backlog"])?,
+            off_net: off(&["__sk_common", "skc_net"])?,
+            off_net_inum: btf.offset_of("net", &["ns", "inum"]).ok_or_else(|| {
+                XdpError::Load(format!(
+                    "kernel sampler: no struct net field ns.inum in {VMLINUX_BTF}"
+                ))
+            })?,
+            netns_inum: own_netns_inum()?,
             ..Default::default()
         };
         cfg.ports[..ports.len()].copy_from_slice(ports);
@@ -331,6 +340,16 @@ impl Loaded {
     }
 }
 
+/// Inode number of the calling thread's network namespace: the sampler counts only
+/// sockets of this namespace.
+fn own_netns_inum() -> Result<u32, XdpError> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata("/proc/thread-self/ns/net")
+        .map_err(|e| XdpError::Load(format!("kernel sampler: /proc/thread-self/ns/net: {e}")))?;
+    u32::try_from(m.ino())
+        .map_err(|_| XdpError::Load(format!("kernel sampler: netns inode {} > u32", m.ino())))
+}
+
 fn prog<'a, T>(ebpf: &'a mut aya::Ebpf, name: &str) -> Result<&'a mut T, XdpError>
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
@@ -347,7 +366,7 @@ mod tests {
 
     #[test]
     fn map_values_have_the_c_layout() {
-        assert_eq!(std::mem::size_of::<Config>(), 32);
+        assert_eq!(std::mem::size_of::<Config>(), 40);
         assert_eq!(std::mem::size_of::<Counts>(), 64);
     }
 }

@@ -84,6 +84,36 @@ fn kernel_sampler_publishes_backlog_and_connections_without_user_space() {
     assert_eq!(a.load.conns_established, 0);
     assert_eq!(a.load.accept_backlog, 0);
 
+    // The same port in another network namespace (another lab node) does not count.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let foreign = std::thread::spawn(move || {
+        // SAFETY: unshare affects this thread only.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+        let up = std::process::Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .expect("ip");
+        assert!(up.success());
+        let fl = TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let c: Vec<_> = (0..2)
+            .map(|_| TcpStream::connect(fl.local_addr().unwrap()).unwrap())
+            .collect();
+        tx.send(()).unwrap();
+        done_rx.recv().unwrap();
+        drop((c, fl));
+    });
+    rx.recv().unwrap();
+    let b = snapshot(&region);
+    let c = await_record(&region, "advances", |s| s.seq > b.seq + 5);
+    assert_eq!(
+        (c.load.conns_established, c.load.accept_backlog),
+        (0, 0),
+        "another namespace's sockets counted"
+    );
+    done_tx.send(()).unwrap();
+    foreign.join().unwrap();
+
     // N connections queued, not accepted: backlog N, established N (server side).
     const N: u64 = 3;
     let mut clients: Vec<TcpStream> = (0..N)
