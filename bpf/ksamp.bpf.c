@@ -31,8 +31,8 @@
  *
  * The record: sample_mono_ns (bpf_ktime_get_ns = CLOCK_MONOTONIC), cpu_util_ppm,
  * runnable (CPUs running a task at their last tick: a lower bound of procs_running),
- * conns_established, accept_backlog, ncpu, flags = FLAG_CONNS, conns_sampled_mono_ns =
- * sample_mono_ns (the counts are current). CPU pressure, pending connections, memory,
+ * conns_established, accept_backlog, ncpu, and with a watched port flags = FLAG_CONNS and
+ * conns_sampled_mono_ns = sample_mono_ns (the counts are current). CPU pressure, pending connections, memory,
  * inflight and the sample cost are not known here and are 0 with their flags clear.
  *
  * Seqlock: as crates/region/src/seqlock.rs, tail := seq, fields, head := seq. The
@@ -224,8 +224,11 @@ static __always_inline void ksamp_publish(const struct ksamp_config *cfg,
 	w[KSAMP_W_CONNS_ESTABLISHED] = est;
 	w[KSAMP_W_ACCEPT_BACKLOG] = backlog;
 	w[KSAMP_W_NCPU] = ncpu;
-	w[KSAMP_W_FLAGS] = KSAMP_FLAG_CONNS;
-	w[KSAMP_W_CONNS_SAMPLED_MONO_NS] = now;
+	/* Connection counts are valid if a port is watched (ports fill from index 0). */
+	if (cfg->ports[0]) {
+		w[KSAMP_W_FLAGS] = KSAMP_FLAG_CONNS;
+		w[KSAMP_W_CONNS_SAMPLED_MONO_NS] = now;
+	}
 	__sync_lock_test_and_set(&region->words[KSAMP_W_SEQ_HEAD], seq);
 }
 

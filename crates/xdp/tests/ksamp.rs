@@ -81,6 +81,12 @@ fn kernel_sampler_publishes_backlog_and_connections_without_user_space() {
     assert_eq!(a.header.node_id, 5, "the header gatherd wrote is kept");
     assert_eq!(a.header.generation, 77);
     assert!(a.load.sample_mono_ns > 0 && a.load.ncpu >= 1, "{a:?}");
+    assert_eq!(
+        a.load.flags,
+        farside_region::layout::FLAG_CONNS,
+        "counts valid; no PSI, memory or inflight in the kernel record"
+    );
+    assert_eq!(a.load.conns_lag_ns(), 0, "counts are current");
     assert_eq!(a.load.conns_established, 0);
     assert_eq!(a.load.accept_backlog, 0);
 
