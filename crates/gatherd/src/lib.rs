@@ -1183,6 +1183,14 @@ mod tests {
         s.read_to_string(&mut body).unwrap();
         assert!(body.contains("farside_gatherd_samples_total"), "{body}");
         assert!(
+            body.contains("farside_gatherd_sampler{mode=\"user\"} 1"),
+            "{body}"
+        );
+        assert!(
+            body.contains("farside_gatherd_field_cost_ns_sum{field=\"cpu\"}"),
+            "{body}"
+        );
+        assert!(
             body.contains("farside_gatherd_user_ops_total{op=\"read\"} 2"),
             "{body}"
         );
