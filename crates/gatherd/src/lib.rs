@@ -213,10 +213,11 @@ pub struct GatherStats {
     pub overruns: AtomicU64,
     pub sample_errors: AtomicU64,
     /// Per-field CPU cost, ns, summed over the samples that measured it (one in
-    /// [`FIELD_COST_EVERY`]): CPU figures, connection counts (backlog and full counts),
-    /// memory.
+    /// [`FIELD_COST_EVERY`]): CPU busy time and runnable tasks, CPU pressure (PSI),
+    /// connection counts (backlog and full counts), memory.
     pub field_cost_samples: AtomicU64,
     pub field_cost_cpu_ns: AtomicU64,
+    pub field_cost_psi_ns: AtomicU64,
     pub field_cost_conns_ns: AtomicU64,
     pub field_cost_mem_ns: AtomicU64,
     /// The kernel-resident sampler writes the record (no user-space samples).
@@ -231,8 +232,13 @@ pub const FIELD_COST_EVERY: u64 = 64;
 /// CPU cost of one sample's parts, ns (see [`GatherStats`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FieldCost {
+    /// Busy time and runnable tasks (and the rate computation).
     pub cpu_ns: u64,
+    /// CPU pressure (PSI).
+    pub psi_ns: u64,
+    /// Accept backlog, and the full connection count when it is due.
     pub conns_ns: u64,
+    /// Memory (read every `MEM_EVERY_PERIODS` samples).
     pub mem_ns: u64,
 }
 
@@ -343,7 +349,10 @@ impl Sampler {
         };
         self.last_field_cost = None;
         let now = farside_rmem::mono_ns();
-        let c = self.cpu.read(&mut self.buf)?;
+        let mut t_busy = 0;
+        let c = self
+            .cpu
+            .read_with_lap(&mut self.buf, &mut || t_busy = lap(measure))?;
         let ncpu = self.cpu.ncpu();
         let mut rec = LoadRecord {
             sample_mono_ns: now,
@@ -410,7 +419,8 @@ impl Sampler {
         let t_end = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
         if measure {
             self.last_field_cost = Some(FieldCost {
-                cpu_ns: t_cpu.saturating_sub(t0),
+                cpu_ns: t_busy.saturating_sub(t0),
+                psi_ns: t_cpu.saturating_sub(t_busy),
                 conns_ns: t_conns.saturating_sub(t_cpu),
                 mem_ns: t_end.saturating_sub(t_conns),
             });
@@ -596,6 +606,7 @@ impl Gatherd {
                                     if let Some(f) = sampler.last_field_cost {
                                         st.field_cost_samples.fetch_add(1, Ordering::Relaxed);
                                         st.field_cost_cpu_ns.fetch_add(f.cpu_ns, Ordering::Relaxed);
+                                        st.field_cost_psi_ns.fetch_add(f.psi_ns, Ordering::Relaxed);
                                         st.field_cost_conns_ns
                                             .fetch_add(f.conns_ns, Ordering::Relaxed);
                                         st.field_cost_mem_ns.fetch_add(f.mem_ns, Ordering::Relaxed);
@@ -666,7 +677,7 @@ impl Gatherd {
 
     /// One line for the log at exit. `sampler=` says who wrote the record; `cpu_pct` is
     /// gatherd's whole process CPU (all threads, servers included) over its run, % of one
-    /// core; `cost_{cpu,conns,mem}_us` the mean per-field cost of the user sampler;
+    /// core; `cost_{cpu,psi,conns,mem}_us` the mean per-field cost of the user sampler;
     /// `ktick_ns` the kernel sampler's mean kernel time per record (all CPUs' ticks;
     /// 0 unless `kernel.bpf_stats_enabled=1`).
     pub fn summary(&self) -> String {
@@ -677,12 +688,13 @@ impl Gatherd {
         let cpu_pct =
             process_cpu_us().saturating_sub(self.cpu_us_at_start) as f64 * 100.0 / wall_us;
         let mut out = format!(
-            "sampler={} samples={} cost_avg_us={:.1} cost_max_us={:.1} cost_cpu_us={:.1} cost_conns_us={:.1} cost_mem_us={:.1} cpu_pct={:.2} overruns={} errors={}",
+            "sampler={} samples={} cost_avg_us={:.1} cost_max_us={:.1} cost_cpu_us={:.1} cost_psi_us={:.1} cost_conns_us={:.1} cost_mem_us={:.1} cpu_pct={:.2} overruns={} errors={}",
             self.sampler,
             s.samples.load(Ordering::Relaxed),
             s.cost_ns_sum.load(Ordering::Relaxed) as f64 / n as f64 / 1000.0,
             s.cost_ns_max.load(Ordering::Relaxed) as f64 / 1000.0,
             s.field_cost_cpu_ns.load(Ordering::Relaxed) as f64 / f,
+            s.field_cost_psi_ns.load(Ordering::Relaxed) as f64 / f,
             s.field_cost_conns_ns.load(Ordering::Relaxed) as f64 / f,
             s.field_cost_mem_ns.load(Ordering::Relaxed) as f64 / f,
             cpu_pct,
@@ -755,6 +767,7 @@ pub fn render_metrics(
     );
     for (field, v) in [
         ("cpu", &s.field_cost_cpu_ns),
+        ("psi", &s.field_cost_psi_ns),
         ("conns", &s.field_cost_conns_ns),
         ("mem", &s.field_cost_mem_ns),
     ] {
@@ -1001,7 +1014,7 @@ mod tests {
                     assert!(n % FIELD_COST_EVERY == 0, "sample {n} measured");
                     assert!(f.cpu_ns > 0 && f.conns_ns > 0, "{f:?}");
                     assert!(
-                        f.cpu_ns + f.conns_ns + f.mem_ns <= rec.sample_cost_ns,
+                        f.cpu_ns + f.psi_ns + f.conns_ns + f.mem_ns <= rec.sample_cost_ns,
                         "{f:?} within {}",
                         rec.sample_cost_ns
                     );
