@@ -222,6 +222,9 @@ pub struct GatherStats {
     pub field_cost_mem_ns: AtomicU64,
     /// The kernel-resident sampler writes the record (no user-space samples).
     pub kernel_sampler: AtomicBool,
+    /// Full connection counts (every `--conns-every` samples) and their CPU cost, ns.
+    pub full_counts: AtomicU64,
+    pub full_count_ns_sum: AtomicU64,
 }
 
 /// One sample in this many measures its per-field cost: each measurement is a
@@ -236,7 +239,8 @@ pub struct FieldCost {
     pub cpu_ns: u64,
     /// CPU pressure (PSI).
     pub psi_ns: u64,
-    /// Accept backlog, and the full connection count when it is due.
+    /// Accept backlog (full connection counts are accounted apart:
+    /// [`GatherStats::full_count_ns_sum`]).
     pub conns_ns: u64,
     /// Memory (read every `MEM_EVERY_PERIODS` samples).
     pub mem_ns: u64,
@@ -263,11 +267,17 @@ pub struct Sampler {
     conns_sampled_mono_ns: u64,
     /// Per-field cost of the last sample that measured it (every [`FIELD_COST_EVERY`]).
     pub last_field_cost: Option<FieldCost>,
+    /// CPU cost of the last sample's full connection count, if it did one.
+    pub last_full_count_ns: Option<u64>,
 }
 
 /// CPU share of one core that full connection counts may use when `--conns-every` is
 /// automatic.
 const CONNS_CPU_BUDGET: f64 = 0.02;
+/// With no listener on the watched ports, look for one every this many samples: a server
+/// that starts listening is found within 10 periods (its backlog reads 0 until then),
+/// and an idle watched port costs a LISTEN dump per 10 samples instead of per sample.
+const NO_LISTENER_REDUMP_EVERY: u64 = 10;
 /// Listening sockets are found again by a dump every this many samples (1 s at 1 ms).
 const LISTENERS_REFRESH_EVERY: u64 = 1000;
 /// Calibration dumps at start (the cheapest one counts).
@@ -333,6 +343,7 @@ impl Sampler {
             conns: Default::default(),
             conns_sampled_mono_ns: 0,
             last_field_cost: None,
+            last_full_count_ns: None,
         })
     }
 
@@ -381,16 +392,24 @@ impl Sampler {
             self.prev = Some((c, now));
         }
         let t_cpu = lap(measure);
+        let mut full_count_ns = 0;
+        self.last_full_count_ns = None;
         if let Some(d) = &mut self.diag {
             if self.n.is_multiple_of(self.conns_every) {
                 let t = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
                 self.conns = d.count()?;
                 self.conns_sampled_mono_ns = now;
                 rec.accept_backlog = self.conns.accept_backlog;
+                let cost_ns = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(t);
+                full_count_ns = cost_ns;
+                self.last_full_count_ns = Some(cost_ns);
                 if self.conns_every_auto {
-                    let cost_ns = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(t);
                     self.conns_every = conns_every_for(cost_ns, self.period_us);
                 }
+            } else if !d.knows_listeners() && !self.n.is_multiple_of(NO_LISTENER_REDUMP_EVERY) {
+                // Nothing listens on the watched ports (yet): a LISTEN dump every sample
+                // would cost tens of µs to find nothing.
+                rec.accept_backlog = 0;
             } else {
                 // O(1) lookups of the known listeners; a periodic dump (or a failed
                 // lookup: listener closed or replaced) finds them again.
@@ -404,7 +423,7 @@ impl Sampler {
             rec.conns_sampled_mono_ns = self.conns_sampled_mono_ns;
             rec.flags |= FLAG_CONNS;
         }
-        let t_conns = lap(measure);
+        let t_conns = lap(measure).saturating_sub(full_count_ns);
         if self.n.is_multiple_of(MEM_EVERY_PERIODS) {
             if let Some(f) = &self.meminfo {
                 self.mem = sample::meminfo(f, &mut self.buf)?;
@@ -603,6 +622,10 @@ impl Gatherd {
                                         .fetch_add(rec.sample_cost_ns, Ordering::Relaxed);
                                     st.cost_ns_max
                                         .fetch_max(rec.sample_cost_ns, Ordering::Relaxed);
+                                    if let Some(ns) = sampler.last_full_count_ns {
+                                        st.full_counts.fetch_add(1, Ordering::Relaxed);
+                                        st.full_count_ns_sum.fetch_add(ns, Ordering::Relaxed);
+                                    }
                                     if let Some(f) = sampler.last_field_cost {
                                         st.field_cost_samples.fetch_add(1, Ordering::Relaxed);
                                         st.field_cost_cpu_ns.fetch_add(f.cpu_ns, Ordering::Relaxed);
@@ -677,7 +700,9 @@ impl Gatherd {
 
     /// One line for the log at exit. `sampler=` says who wrote the record; `cpu_pct` is
     /// gatherd's whole process CPU (all threads, servers included) over its run, % of one
-    /// core; `cost_{cpu,psi,conns,mem}_us` the mean per-field cost of the user sampler;
+    /// core; `cost_{cpu,psi,conns,mem}_us` the mean per-field cost of the user sampler
+    /// (`conns`: the accept backlog), `full_count_us` the mean cost of a full connection
+    /// count and `full_counts` how many ran;
     /// `ktick_ns` the kernel sampler's mean kernel time per record (all CPUs' ticks;
     /// 0 unless `kernel.bpf_stats_enabled=1`).
     pub fn summary(&self) -> String {
@@ -688,7 +713,7 @@ impl Gatherd {
         let cpu_pct =
             process_cpu_us().saturating_sub(self.cpu_us_at_start) as f64 * 100.0 / wall_us;
         let mut out = format!(
-            "sampler={} samples={} cost_avg_us={:.1} cost_max_us={:.1} cost_cpu_us={:.1} cost_psi_us={:.1} cost_conns_us={:.1} cost_mem_us={:.1} cpu_pct={:.2} overruns={} errors={}",
+            "sampler={} samples={} cost_avg_us={:.1} cost_max_us={:.1} cost_cpu_us={:.1} cost_psi_us={:.1} cost_conns_us={:.1} cost_mem_us={:.1} full_counts={} full_count_us={:.1} cpu_pct={:.2} overruns={} errors={}",
             self.sampler,
             s.samples.load(Ordering::Relaxed),
             s.cost_ns_sum.load(Ordering::Relaxed) as f64 / n as f64 / 1000.0,
@@ -697,6 +722,10 @@ impl Gatherd {
             s.field_cost_psi_ns.load(Ordering::Relaxed) as f64 / f,
             s.field_cost_conns_ns.load(Ordering::Relaxed) as f64 / f,
             s.field_cost_mem_ns.load(Ordering::Relaxed) as f64 / f,
+            s.full_counts.load(Ordering::Relaxed),
+            s.full_count_ns_sum.load(Ordering::Relaxed) as f64
+                / s.full_counts.load(Ordering::Relaxed).max(1) as f64
+                / 1000.0,
             cpu_pct,
             s.overruns.load(Ordering::Relaxed),
             s.sample_errors.load(Ordering::Relaxed)
@@ -777,6 +806,12 @@ pub fn render_metrics(
             v.load(Ordering::Relaxed)
         );
     }
+    let _ = writeln!(
+        out,
+        "# HELP farside_gatherd_full_counts_total Full connection counts (sock_diag dumps of established sockets).\nfarside_gatherd_full_counts_total {}\n# HELP farside_gatherd_full_count_ns_sum CPU time of full connection counts, ns.\nfarside_gatherd_full_count_ns_sum {}",
+        s.full_counts.load(Ordering::Relaxed),
+        s.full_count_ns_sum.load(Ordering::Relaxed)
+    );
     let kernel = s.kernel_sampler.load(Ordering::Relaxed);
     let _ = writeln!(
         out,
@@ -1022,6 +1057,30 @@ mod tests {
                 None => assert!(n % FIELD_COST_EVERY != 0, "sample {n} not measured"),
             }
         }
+    }
+
+    #[test]
+    fn a_listener_that_appears_later_is_found_within_the_redump_bound() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut s = Sampler::new(&GatherdArgs {
+            watch_ports: vec![port],
+            conns_every: 1_000_000,
+            ..Default::default()
+        })
+        .unwrap();
+        for _ in 0..3 {
+            assert_eq!(s.sample().unwrap().accept_backlog, 0);
+        }
+        let l = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let found = (0..NO_LISTENER_REDUMP_EVERY).any(|_| s.sample().unwrap().accept_backlog == 1);
+        assert!(
+            found,
+            "listener not found within {NO_LISTENER_REDUMP_EVERY} samples"
+        );
     }
 
     #[test]
