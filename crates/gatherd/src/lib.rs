@@ -423,7 +423,7 @@ impl Sampler {
             rec.conns_sampled_mono_ns = self.conns_sampled_mono_ns;
             rec.flags |= FLAG_CONNS;
         }
-        let t_conns = lap(measure).saturating_sub(full_count_ns);
+        let t_conns = lap(measure);
         if self.n.is_multiple_of(MEM_EVERY_PERIODS) {
             if let Some(f) = &self.meminfo {
                 self.mem = sample::meminfo(f, &mut self.buf)?;
@@ -440,7 +440,7 @@ impl Sampler {
             self.last_field_cost = Some(FieldCost {
                 cpu_ns: t_busy.saturating_sub(t0),
                 psi_ns: t_cpu.saturating_sub(t_busy),
-                conns_ns: t_conns.saturating_sub(t_cpu),
+                conns_ns: t_conns.saturating_sub(t_cpu).saturating_sub(full_count_ns),
                 mem_ns: t_end.saturating_sub(t_conns),
             });
         }
@@ -1047,9 +1047,11 @@ mod tests {
             match s.last_field_cost {
                 Some(f) => {
                     assert!(n % FIELD_COST_EVERY == 0, "sample {n} measured");
+                    assert!(f.mem_ns < rec.sample_cost_ns / 2 || n % MEM_EVERY_PERIODS == 0);
                     assert!(f.cpu_ns > 0 && f.conns_ns > 0, "{f:?}");
+                    let full = s.last_full_count_ns.unwrap_or(0);
                     assert!(
-                        f.cpu_ns + f.psi_ns + f.conns_ns + f.mem_ns <= rec.sample_cost_ns,
+                        f.cpu_ns + f.psi_ns + f.conns_ns + f.mem_ns + full <= rec.sample_cost_ns,
                         "{f:?} within {}",
                         rec.sample_cost_ns
                     );
