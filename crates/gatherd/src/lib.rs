@@ -269,6 +269,8 @@ pub struct Sampler {
     pub last_field_cost: Option<FieldCost>,
     /// CPU cost of the last sample's full connection count, if it did one.
     pub last_full_count_ns: Option<u64>,
+    /// Moving average of full counts' cost, ns (`--conns-every 0`).
+    full_cost_avg_ns: u64,
 }
 
 /// CPU share of one core that full connection counts may use when `--conns-every` is
@@ -278,6 +280,9 @@ const CONNS_CPU_BUDGET: f64 = 0.02;
 /// that starts listening is found within 10 periods (its backlog reads 0 until then),
 /// and an idle watched port costs a LISTEN dump per 10 samples instead of per sample.
 const NO_LISTENER_REDUMP_EVERY: u64 = 10;
+/// Weight of one full count in the moving average of their cost (1/4): a count's rate
+/// follows a lasting rise within a few counts and ignores a single cheap one.
+const FULL_COST_AVG_WEIGHT: u64 = 4;
 /// Listening sockets are found again by a dump every this many samples (1 s at 1 ms).
 const LISTENERS_REFRESH_EVERY: u64 = 1000;
 /// Calibration dumps at start (the cheapest one counts).
@@ -344,6 +349,7 @@ impl Sampler {
             conns_sampled_mono_ns: 0,
             last_field_cost: None,
             last_full_count_ns: None,
+            full_cost_avg_ns: 0,
         })
     }
 
@@ -404,7 +410,16 @@ impl Sampler {
                 full_count_ns = cost_ns;
                 self.last_full_count_ns = Some(cost_ns);
                 if self.conns_every_auto {
-                    self.conns_every = conns_every_for(cost_ns, self.period_us);
+                    // An average, not the last count: one cheap count must not let the
+                    // rate jump (the cost varies several-fold with the hash's load).
+                    self.full_cost_avg_ns = if self.full_cost_avg_ns == 0 {
+                        cost_ns
+                    } else {
+                        self.full_cost_avg_ns - self.full_cost_avg_ns / FULL_COST_AVG_WEIGHT
+                            + cost_ns / FULL_COST_AVG_WEIGHT
+                    };
+                    self.conns_every =
+                        conns_every_for(self.full_cost_avg_ns.max(cost_ns), self.period_us);
                 }
             } else if !d.knows_listeners() && !self.n.is_multiple_of(NO_LISTENER_REDUMP_EVERY) {
                 // Nothing listens on the watched ports (yet): a LISTEN dump every sample
