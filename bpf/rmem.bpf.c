@@ -413,4 +413,10 @@ reply:
 	return XDP_TX;
 }
 
+/*
+ * The kernel-resident load sampler shares this object, hence the region map (see
+ * ksamp.bpf.c). Its programs are loaded only when gatherd chooses it.
+ */
+#include "ksamp.bpf.c"
+
 char LICENSE[] SEC("license") = "GPL";

@@ -1,12 +1,16 @@
-//! Compiles `bpf/rmem.bpf.c` with clang into `$OUT_DIR/rmem.bpf.o`, embedded by `src/lib.rs`.
+//! Compiles `bpf/rmem.bpf.c` (which includes the kernel sampler, `bpf/ksamp.bpf.c`) with clang into `$OUT_DIR/rmem.bpf.o`, embedded by `src/lib.rs`.
 //! The compiler is `$CLANG` if set, else the first of `clang`, `clang-14`, or
 //! `/usr/lib/llvm-14/bin/clang` that runs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SOURCES: [&str; 5] = [
+const SOURCES: [&str; 9] = [
     "rmem.bpf.c",
+    "ksamp.bpf.c",
+    "ksamp_consts.h",
+    "ksamp_maps.h",
+    "ksamp_structs.h",
     "rmem_consts.h",
     "rmem_helpers.h",
     "rmem_maps.h",

@@ -107,6 +107,12 @@ pub struct GatherdArgs {
     /// process's priority). Default 0: unchanged.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub sampler_nice: i32,
+    /// Who writes the load record: kernel (the kernel-resident sampler in the XDP
+    /// object: tracepoints and a per-CPU tick write the region map, no user-space thread
+    /// samples; needs --xdp-iface attached and no --cgroup), user (gatherd's sampling
+    /// thread), or auto (kernel if it loads, else user; logged).
+    #[arg(long, value_enum, default_value_t = SamplerChoice::Auto)]
+    pub sampler: SamplerChoice,
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long)]
     pub duration_s: Option<f64>,
@@ -130,6 +136,7 @@ impl Default for GatherdArgs {
             cgroup: None,
             conns_every: 0,
             sampler_nice: 0,
+            sampler: SamplerChoice::Auto,
             duration_s: None,
         }
     }
@@ -177,6 +184,17 @@ impl GatherdArgs {
     }
 }
 
+/// `--sampler`: who writes the load record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SamplerChoice {
+    /// The kernel sampler if it can run, else gatherd's thread (logged).
+    Auto,
+    /// The kernel-resident sampler; an error if it cannot run.
+    Kernel,
+    /// gatherd's sampling thread.
+    User,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum XdpChoice {
     Auto,
@@ -195,6 +213,38 @@ pub struct GatherStats {
     /// Periods whose deadline had already passed when the loop woke (overruns).
     pub overruns: AtomicU64,
     pub sample_errors: AtomicU64,
+    /// Per-field CPU cost, ns, summed over the samples that measured it (one in
+    /// [`FIELD_COST_EVERY`]): CPU busy time and runnable tasks, CPU pressure (PSI),
+    /// connection counts (backlog and full counts), memory.
+    pub field_cost_samples: AtomicU64,
+    pub field_cost_cpu_ns: AtomicU64,
+    pub field_cost_psi_ns: AtomicU64,
+    pub field_cost_conns_ns: AtomicU64,
+    pub field_cost_mem_ns: AtomicU64,
+    /// The kernel-resident sampler writes the record (no user-space samples).
+    pub kernel_sampler: AtomicBool,
+    /// Full connection counts (every `--conns-every` samples) and their CPU cost, ns.
+    pub full_counts: AtomicU64,
+    pub full_count_ns_sum: AtomicU64,
+}
+
+/// One sample in this many measures its per-field cost: each measurement is a
+/// `clock_gettime(CLOCK_THREAD_CPUTIME_ID)` system call, which would otherwise add
+/// to the cost it measures.
+pub const FIELD_COST_EVERY: u64 = 64;
+
+/// CPU cost of one sample's parts, ns (see [`GatherStats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FieldCost {
+    /// Busy time and runnable tasks (and the rate computation).
+    pub cpu_ns: u64,
+    /// CPU pressure (PSI).
+    pub psi_ns: u64,
+    /// Accept backlog (full connection counts are accounted apart:
+    /// [`GatherStats::full_count_ns_sum`]).
+    pub conns_ns: u64,
+    /// Memory (read every `MEM_EVERY_PERIODS` samples).
+    pub mem_ns: u64,
 }
 
 /// Computes load records from successive counter readings.
@@ -216,11 +266,24 @@ pub struct Sampler {
     conns: sockdiag::ConnCounts,
     /// CLOCK_MONOTONIC of the sample whose full count `conns` holds.
     conns_sampled_mono_ns: u64,
+    /// Per-field cost of the last sample that measured it (every [`FIELD_COST_EVERY`]).
+    pub last_field_cost: Option<FieldCost>,
+    /// CPU cost of the last sample's full connection count, if it did one.
+    pub last_full_count_ns: Option<u64>,
+    /// Moving average of full counts' cost, ns (`--conns-every 0`).
+    full_cost_avg_ns: u64,
 }
 
 /// CPU share of one core that full connection counts may use when `--conns-every` is
 /// automatic.
 const CONNS_CPU_BUDGET: f64 = 0.02;
+/// With no listener on the watched ports, look for one every this many samples: a server
+/// that starts listening is found within 10 periods (its backlog reads 0 until then),
+/// and an idle watched port costs a LISTEN dump per 10 samples instead of per sample.
+const NO_LISTENER_REDUMP_EVERY: u64 = 10;
+/// Weight of one full count in the moving average of their cost (1/4): a count's rate
+/// follows a lasting rise within a few counts and ignores a single cheap one.
+const FULL_COST_AVG_WEIGHT: u64 = 4;
 /// Listening sockets are found again by a dump every this many samples (1 s at 1 ms).
 const LISTENERS_REFRESH_EVERY: u64 = 1000;
 /// Calibration dumps at start (the cheapest one counts).
@@ -285,14 +348,29 @@ impl Sampler {
             period_us: args.period_us,
             conns: Default::default(),
             conns_sampled_mono_ns: 0,
+            last_field_cost: None,
+            last_full_count_ns: None,
+            full_cost_avg_ns: 0,
         })
     }
 
     /// Take one sample. Rates (utilisation, pressure) are over the time since the last.
     pub fn sample(&mut self) -> io::Result<LoadRecord> {
         let t0 = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+        let measure = self.n.is_multiple_of(FIELD_COST_EVERY);
+        let lap = |on: bool| {
+            if on {
+                clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+            } else {
+                0
+            }
+        };
+        self.last_field_cost = None;
         let now = farside_rmem::mono_ns();
-        let c = self.cpu.read(&mut self.buf)?;
+        let mut t_busy = 0;
+        let c = self
+            .cpu
+            .read_with_lap(&mut self.buf, &mut || t_busy = lap(measure))?;
         let ncpu = self.cpu.ncpu();
         let mut rec = LoadRecord {
             sample_mono_ns: now,
@@ -320,16 +398,34 @@ impl Sampler {
         if !keep_prev {
             self.prev = Some((c, now));
         }
+        let t_cpu = lap(measure);
+        let mut full_count_ns = 0;
+        self.last_full_count_ns = None;
         if let Some(d) = &mut self.diag {
             if self.n.is_multiple_of(self.conns_every) {
                 let t = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
                 self.conns = d.count()?;
                 self.conns_sampled_mono_ns = now;
                 rec.accept_backlog = self.conns.accept_backlog;
+                let cost_ns = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(t);
+                full_count_ns = cost_ns;
+                self.last_full_count_ns = Some(cost_ns);
                 if self.conns_every_auto {
-                    let cost_ns = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(t);
-                    self.conns_every = conns_every_for(cost_ns, self.period_us);
+                    // An average, not the last count: one cheap count must not let the
+                    // rate jump (the cost varies several-fold with the hash's load).
+                    self.full_cost_avg_ns = if self.full_cost_avg_ns == 0 {
+                        cost_ns
+                    } else {
+                        self.full_cost_avg_ns - self.full_cost_avg_ns / FULL_COST_AVG_WEIGHT
+                            + cost_ns / FULL_COST_AVG_WEIGHT
+                    };
+                    self.conns_every =
+                        conns_every_for(self.full_cost_avg_ns.max(cost_ns), self.period_us);
                 }
+            } else if !d.knows_listeners() && !self.n.is_multiple_of(NO_LISTENER_REDUMP_EVERY) {
+                // Nothing listens on the watched ports (yet): a LISTEN dump every sample
+                // would cost tens of µs to find nothing.
+                rec.accept_backlog = 0;
             } else {
                 // O(1) lookups of the known listeners; a periodic dump (or a failed
                 // lookup: listener closed or replaced) finds them again.
@@ -344,6 +440,7 @@ impl Sampler {
             rec.queue_delay_us = sample::queue_delay_us(&self.conns);
             rec.flags |= FLAG_CONNS | FLAG_QUEUE_DELAY;
         }
+        let t_conns = lap(measure);
         if self.n.is_multiple_of(MEM_EVERY_PERIODS) {
             if let Some(f) = &self.meminfo {
                 self.mem = sample::meminfo(f, &mut self.buf)?;
@@ -355,7 +452,16 @@ impl Sampler {
             rec.flags |= FLAG_MEM;
         }
         self.n += 1;
-        rec.sample_cost_ns = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID).saturating_sub(t0);
+        let t_end = clock_ns(libc::CLOCK_THREAD_CPUTIME_ID);
+        if measure {
+            self.last_field_cost = Some(FieldCost {
+                cpu_ns: t_busy.saturating_sub(t0),
+                psi_ns: t_cpu.saturating_sub(t_busy),
+                conns_ns: t_conns.saturating_sub(t_cpu).saturating_sub(full_count_ns),
+                mem_ns: t_end.saturating_sub(t_conns),
+            });
+        }
+        rec.sample_cost_ns = t_end.saturating_sub(t0);
         Ok(rec)
     }
 }
@@ -375,6 +481,10 @@ pub struct Gatherd {
     thread: Option<std::thread::JoinHandle<()>>,
     /// How udp requests are answered: "xdp-native", "xdp-generic", "user-space" or "off".
     pub udp_server: &'static str,
+    /// Who writes the load record: "kernel" (the kernel-resident sampler) or "user".
+    pub sampler: &'static str,
+    started: std::time::Instant,
+    cpu_us_at_start: u64,
     xdp: Option<Arc<farside_xdp::XdpResponder>>,
     _tcp: Option<TcpServer>,
     _udp: Option<UdpServer>,
@@ -417,11 +527,14 @@ impl Gatherd {
         // waits for that).
         let first = sampler.sample()?;
         let mut map_writer = None;
-        let xdp = attach_xdp(args, &keys, &mut |region| {
+        let mut xdp = attach_xdp(args, &keys, &mut |region| {
             let mut w = RegionWriter::init(SharedWords(region), header);
             w.publish(&first);
             map_writer = Some(w);
         })?;
+        // From here on the kernel writes the record if its sampler runs (the first
+        // record above is gatherd's; the kernel's sequence continues from it).
+        let kernel_sampler = start_kernel_sampler(args, xdp.as_mut().map(|(x, _)| x))?;
         let mut fd_server = None;
         let (mem, writer, shm_path): (Arc<dyn Words>, _, _) = match (&xdp, map_writer) {
             (Some((x, _)), Some(w)) => {
@@ -498,50 +611,73 @@ impl Gatherd {
         };
 
         let stats = Arc::new(GatherStats::default());
+        stats
+            .kernel_sampler
+            .store(kernel_sampler, Ordering::Relaxed);
         let stop = Arc::new(AtomicBool::new(false));
         let period = Duration::from_micros(args.period_us);
         let (st, stp) = (stats.clone(), stop.clone());
         let nice = args.sampler_nice;
-        let thread = std::thread::Builder::new()
-            .name("gatherd".into())
-            .spawn(move || {
-                farside_rmem::apply_thread_nice("gatherd: sampler", nice);
-                let mut pacer = farside_rmem::Pacer::new(period);
-                while !stp.load(Ordering::Relaxed) {
-                    pacer.wait();
-                    st.overruns.store(pacer.overruns, Ordering::Relaxed);
-                    match sampler.sample() {
-                        Ok(rec) => {
-                            for w in &mut writers {
-                                w.publish(&rec);
+        // With the kernel sampler no thread samples: nothing in user space runs per period.
+        let thread = (!kernel_sampler)
+            .then(|| {
+                std::thread::Builder::new()
+                    .name("gatherd".into())
+                    .spawn(move || {
+                        farside_rmem::apply_thread_nice("gatherd: sampler", nice);
+                        let mut pacer = farside_rmem::Pacer::new(period);
+                        while !stp.load(Ordering::Relaxed) {
+                            pacer.wait();
+                            st.overruns.store(pacer.overruns, Ordering::Relaxed);
+                            match sampler.sample() {
+                                Ok(rec) => {
+                                    for w in &mut writers {
+                                        w.publish(&rec);
+                                    }
+                                    st.samples.fetch_add(1, Ordering::Relaxed);
+                                    st.cost_ns_sum
+                                        .fetch_add(rec.sample_cost_ns, Ordering::Relaxed);
+                                    st.cost_ns_max
+                                        .fetch_max(rec.sample_cost_ns, Ordering::Relaxed);
+                                    if let Some(ns) = sampler.last_full_count_ns {
+                                        st.full_counts.fetch_add(1, Ordering::Relaxed);
+                                        st.full_count_ns_sum.fetch_add(ns, Ordering::Relaxed);
+                                    }
+                                    if let Some(f) = sampler.last_field_cost {
+                                        st.field_cost_samples.fetch_add(1, Ordering::Relaxed);
+                                        st.field_cost_cpu_ns.fetch_add(f.cpu_ns, Ordering::Relaxed);
+                                        st.field_cost_psi_ns.fetch_add(f.psi_ns, Ordering::Relaxed);
+                                        st.field_cost_conns_ns
+                                            .fetch_add(f.conns_ns, Ordering::Relaxed);
+                                        st.field_cost_mem_ns.fetch_add(f.mem_ns, Ordering::Relaxed);
+                                    }
+                                }
+                                Err(e) => {
+                                    // The record is left as it was: its sequence stops advancing, so
+                                    // readers see it go stale instead of reading a wrong value.
+                                    if st.sample_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                                        log::error!("gatherd: sampling failed: {e}");
+                                    }
+                                }
                             }
-                            st.samples.fetch_add(1, Ordering::Relaxed);
-                            st.cost_ns_sum
-                                .fetch_add(rec.sample_cost_ns, Ordering::Relaxed);
-                            st.cost_ns_max
-                                .fetch_max(rec.sample_cost_ns, Ordering::Relaxed);
                         }
-                        Err(e) => {
-                            // The record is left as it was: its sequence stops advancing, so
-                            // readers see it go stale instead of reading a wrong value.
-                            if st.sample_errors.fetch_add(1, Ordering::Relaxed) == 0 {
-                                log::error!("gatherd: sampling failed: {e}");
-                            }
-                        }
-                    }
-                }
-            })?;
+                    })
+            })
+            .transpose()?;
         Gatherd {
             stats,
             counters,
             tcp_addr: tcp.as_ref().map(|t| t.local_addr),
             udp_addr,
             udp_server,
+            sampler: if kernel_sampler { "kernel" } else { "user" },
+            started: std::time::Instant::now(),
+            cpu_us_at_start: process_cpu_us(),
             xdp,
             shm_path,
             fd_server,
             stop,
-            thread: Some(thread),
+            thread,
             _tcp: tcp,
             _udp: udp,
             _metrics: None,
@@ -563,7 +699,11 @@ impl Gatherd {
     }
 
     /// Stop sampling: the region's sequence stops advancing (readers see it go stale).
+    /// With the kernel sampler, its ticks are detached.
     pub fn stop(&mut self) {
+        if let Some(x) = &self.xdp {
+            x.stop_kernel_sampler_ticks();
+        }
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
@@ -575,17 +715,48 @@ impl Gatherd {
         self._metrics.as_ref().map(|m| m.local_addr)
     }
 
+    /// One line for the log at exit. `sampler=` says who wrote the record; `cpu_pct` is
+    /// gatherd's whole process CPU (all threads, servers included) over its run, % of one
+    /// core; `cost_{cpu,psi,conns,mem}_us` the mean per-field cost of the user sampler
+    /// (`conns`: the accept backlog), `full_count_us` the mean cost of a full connection
+    /// count and `full_counts` how many ran;
+    /// `ktick_ns` the kernel sampler's mean kernel time per record (all CPUs' ticks;
+    /// 0 unless `kernel.bpf_stats_enabled=1`).
     pub fn summary(&self) -> String {
         let s = &self.stats;
         let n = s.samples.load(Ordering::Relaxed).max(1);
-        format!(
-            "samples={} cost_avg_us={:.1} cost_max_us={:.1} overruns={} errors={}",
+        let f = s.field_cost_samples.load(Ordering::Relaxed).max(1) as f64 * 1000.0;
+        let wall_us = self.started.elapsed().as_micros().max(1) as f64;
+        let cpu_pct =
+            process_cpu_us().saturating_sub(self.cpu_us_at_start) as f64 * 100.0 / wall_us;
+        let mut out = format!(
+            "sampler={} samples={} cost_avg_us={:.1} cost_max_us={:.1} cost_cpu_us={:.1} cost_psi_us={:.1} cost_conns_us={:.1} cost_mem_us={:.1} full_counts={} full_count_us={:.1} cpu_pct={:.2} overruns={} errors={}",
+            self.sampler,
             s.samples.load(Ordering::Relaxed),
             s.cost_ns_sum.load(Ordering::Relaxed) as f64 / n as f64 / 1000.0,
             s.cost_ns_max.load(Ordering::Relaxed) as f64 / 1000.0,
+            s.field_cost_cpu_ns.load(Ordering::Relaxed) as f64 / f,
+            s.field_cost_psi_ns.load(Ordering::Relaxed) as f64 / f,
+            s.field_cost_conns_ns.load(Ordering::Relaxed) as f64 / f,
+            s.field_cost_mem_ns.load(Ordering::Relaxed) as f64 / f,
+            s.full_counts.load(Ordering::Relaxed),
+            s.full_count_ns_sum.load(Ordering::Relaxed) as f64
+                / s.full_counts.load(Ordering::Relaxed).max(1) as f64
+                / 1000.0,
+            cpu_pct,
             s.overruns.load(Ordering::Relaxed),
             s.sample_errors.load(Ordering::Relaxed)
-        )
+        );
+        if let Some(c) = self.xdp.as_ref().and_then(|x| x.kernel_sampler_costs()) {
+            use std::fmt::Write;
+            let _ = write!(
+                out,
+                " ktick_ns={:.0} krecords={}",
+                c.tick_ns_per_sample(),
+                c.tick.run_count / u64::from(c.cpus.max(1))
+            );
+        }
+        out
     }
 }
 
@@ -634,6 +805,46 @@ pub fn render_metrics(
             "# HELP farside_gatherd_{name} {help}\nfarside_gatherd_{name} {}",
             v.load(Ordering::Relaxed)
         );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP farside_gatherd_field_cost_samples_total User-space samples that measured their per-field cost (one in {FIELD_COST_EVERY}).\nfarside_gatherd_field_cost_samples_total {}\n# HELP farside_gatherd_field_cost_ns_sum Per-field CPU cost of those samples, ns.",
+        s.field_cost_samples.load(Ordering::Relaxed)
+    );
+    for (field, v) in [
+        ("cpu", &s.field_cost_cpu_ns),
+        ("psi", &s.field_cost_psi_ns),
+        ("conns", &s.field_cost_conns_ns),
+        ("mem", &s.field_cost_mem_ns),
+    ] {
+        let _ = writeln!(
+            out,
+            "farside_gatherd_field_cost_ns_sum{{field=\"{field}\"}} {}",
+            v.load(Ordering::Relaxed)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP farside_gatherd_full_counts_total Full connection counts (sock_diag dumps of established sockets).\nfarside_gatherd_full_counts_total {}\n# HELP farside_gatherd_full_count_ns_sum CPU time of full connection counts, ns.\nfarside_gatherd_full_count_ns_sum {}",
+        s.full_counts.load(Ordering::Relaxed),
+        s.full_count_ns_sum.load(Ordering::Relaxed)
+    );
+    let kernel = s.kernel_sampler.load(Ordering::Relaxed);
+    let _ = writeln!(
+        out,
+        "# HELP farside_gatherd_sampler Who writes the load record (1 for the running one).\nfarside_gatherd_sampler{{mode=\"kernel\"}} {}\nfarside_gatherd_sampler{{mode=\"user\"}} {}",
+        u8::from(kernel),
+        u8::from(!kernel)
+    );
+    if let Some(c) = xdp.and_then(|x| x.kernel_sampler_costs()) {
+        let _ = writeln!(out, "# HELP farside_gatherd_ksampler_run_time_ns_total Kernel time of the kernel sampler's programs, ns (needs kernel.bpf_stats_enabled=1).");
+        for (prog, p) in [("tick", c.tick), ("state", c.state), ("ready", c.ready)] {
+            let _ = writeln!(
+                out,
+                "farside_gatherd_ksampler_run_time_ns_total{{prog=\"{prog}\"}} {}\nfarside_gatherd_ksampler_runs_total{{prog=\"{prog}\"}} {}",
+                p.run_time_ns, p.run_count
+            );
+        }
     }
     user.render("farside_gatherd_user", &mut out);
     if let Some(x) = xdp {
@@ -719,6 +930,64 @@ fn attach_xdp(
     }
     log::warn!("gatherd: XDP unavailable; answering udp on {addr} from user space (two-sided)");
     Ok(None)
+}
+
+/// Start the kernel-resident sampler if `--sampler` allows and it can run (it writes the
+/// XDP region map, so it needs the responder; it measures the whole host, so not with
+/// `--cgroup`). Returns whether it runs; `--sampler kernel` that cannot is an error,
+/// `auto` falls back to the user-space sampler and logs why.
+fn start_kernel_sampler(
+    args: &GatherdArgs,
+    xdp: Option<&mut farside_xdp::XdpResponder>,
+) -> io::Result<bool> {
+    if args.sampler == SamplerChoice::User {
+        log::info!("gatherd: sampler: user space (--sampler user)");
+        return Ok(false);
+    }
+    let result = match xdp {
+        None => Err("it writes the XDP region map: needs --xdp-iface attached".to_string()),
+        Some(_) if args.cgroup.is_some() => {
+            Err("it measures the whole host, not a --cgroup".to_string())
+        }
+        Some(x) => x
+            .start_kernel_sampler(
+                &args.watch_ports,
+                Duration::from_micros(args.period_us),
+                &mut || seed_counts(&args.watch_ports),
+            )
+            .map_err(|e| e.to_string()),
+    };
+    match result {
+        Ok(()) => {
+            log::info!(
+                "gatherd: sampler: kernel (bpf/ksamp.bpf.c publishes the record every {} µs; no user-space sampling)",
+                args.period_us
+            );
+            Ok(true)
+        }
+        Err(e) if args.sampler == SamplerChoice::Kernel => {
+            Err(io::Error::other(format!("--sampler kernel: {e}")))
+        }
+        Err(e) => {
+            log::warn!("gatherd: kernel sampler unavailable ({e}); sampling from user space");
+            Ok(false)
+        }
+    }
+}
+
+/// Connection counts of each watched port from one sock_diag dump: the kernel
+/// sampler's starting values.
+fn seed_counts(ports: &[u16]) -> io::Result<Vec<farside_xdp::PortCounts>> {
+    ports
+        .iter()
+        .map(|&p| {
+            let c = sockdiag::SockDiag::new(&[p])?.count()?;
+            Ok(farside_xdp::PortCounts {
+                established: c.established,
+                backlog: c.accept_backlog,
+            })
+        })
+        .collect()
 }
 
 /// The first IPv4 address of interface `ifname`, if any.
@@ -811,6 +1080,57 @@ mod tests {
         let (mut a, _) = l.accept().unwrap();
         let _ = a.read(&mut [0u8; 64]).unwrap();
         assert_eq!(s.sample().unwrap().queue_delay_us, 0, "read: nothing waits");
+    }
+
+    #[test]
+    fn one_sample_in_field_cost_every_measures_its_fields() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut s = Sampler::new(&GatherdArgs {
+            watch_ports: vec![l.local_addr().unwrap().port()],
+            ..Default::default()
+        })
+        .unwrap();
+        for n in 0..=FIELD_COST_EVERY {
+            let rec = s.sample().unwrap();
+            match s.last_field_cost {
+                Some(f) => {
+                    assert!(n % FIELD_COST_EVERY == 0, "sample {n} measured");
+                    assert!(f.mem_ns < rec.sample_cost_ns / 2 || n % MEM_EVERY_PERIODS == 0);
+                    assert!(f.cpu_ns > 0 && f.conns_ns > 0, "{f:?}");
+                    let full = s.last_full_count_ns.unwrap_or(0);
+                    assert!(
+                        f.cpu_ns + f.psi_ns + f.conns_ns + f.mem_ns + full <= rec.sample_cost_ns,
+                        "{f:?} within {}",
+                        rec.sample_cost_ns
+                    );
+                }
+                None => assert!(n % FIELD_COST_EVERY != 0, "sample {n} not measured"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_listener_that_appears_later_is_found_within_the_redump_bound() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let mut s = Sampler::new(&GatherdArgs {
+            watch_ports: vec![port],
+            conns_every: 1_000_000,
+            ..Default::default()
+        })
+        .unwrap();
+        for _ in 0..3 {
+            assert_eq!(s.sample().unwrap().accept_backlog, 0);
+        }
+        let l = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let found = (0..NO_LISTENER_REDUMP_EVERY).any(|_| s.sample().unwrap().accept_backlog == 1);
+        assert!(
+            found,
+            "listener not found within {NO_LISTENER_REDUMP_EVERY} samples"
+        );
     }
 
     #[test]
@@ -917,6 +1237,17 @@ mod tests {
         // No interface named: user space, port 0 allowed.
         let g = Gatherd::start(&args).unwrap();
         assert_eq!(g.udp_server, "user-space");
+        assert_eq!(
+            g.sampler, "user",
+            "no XDP map: the kernel sampler cannot run"
+        );
+        let e = Gatherd::start(&GatherdArgs {
+            sampler: SamplerChoice::Kernel,
+            ..args.clone()
+        })
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("--sampler kernel"), "{e}");
         // An interface XDP cannot use (does not exist), auto mode: falls back.
         let port = std::net::UdpSocket::bind("127.0.0.1:0")
             .unwrap()
@@ -974,6 +1305,14 @@ mod tests {
         s.read_to_string(&mut body).unwrap();
         assert!(body.contains("farside_gatherd_samples_total"), "{body}");
         assert!(
+            body.contains("farside_gatherd_sampler{mode=\"user\"} 1"),
+            "{body}"
+        );
+        assert!(
+            body.contains("farside_gatherd_field_cost_ns_sum{field=\"cpu\"}"),
+            "{body}"
+        );
+        assert!(
             body.contains("farside_gatherd_user_ops_total{op=\"read\"} 2"),
             "{body}"
         );
@@ -1017,6 +1356,197 @@ mod tests {
         })
         .join()
         .unwrap()
+    }
+
+    /// The kernel sampler (root; skipped otherwise): with XDP, the record read over udp
+    /// (answered by XDP) and shm follows the watched port's accept queue and
+    /// connections, and its sequence advances although gatherd runs no sampling thread
+    /// (no user-space sample is ever taken after the first).
+    #[test]
+    fn kernel_sampler_publishes_without_a_sampling_thread() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipped: needs root");
+            return;
+        }
+        let shm = tmp_region("ksamp");
+        let shm2 = shm.clone();
+        in_private_netns(move || {
+            use std::net::{TcpListener, TcpStream};
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = l.local_addr().unwrap().port();
+            // Two connections queued before gatherd starts: the seed counts them.
+            let mut clients: Vec<TcpStream> = (0..2)
+                .map(|_| TcpStream::connect(l.local_addr().unwrap()).unwrap())
+                .collect();
+            let args = GatherdArgs {
+                node_id: 4,
+                shm: Some(shm2.clone()),
+                watch_ports: vec![port],
+                udp_listen: Some("127.0.0.1:17078".parse().unwrap()),
+                xdp_iface: Some("lo".into()),
+                xdp_mode: XdpChoice::Generic,
+                sampler: SamplerChoice::Kernel,
+                ..Default::default()
+            };
+            let g = Gatherd::start(&args).unwrap();
+            assert_eq!(g.sampler, "kernel");
+            assert!(g.thread.is_none(), "no sampling thread");
+            let mut udp = connect(
+                &Endpoint::Udp(g.udp_addr.unwrap()),
+                &ClientOptions {
+                    timeout: Duration::from_millis(500),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let mem = farside_rmem::map_region(&shm2, REGION_WORDS).unwrap();
+            let read_udp = |c: &mut Box<dyn farside_rmem::RemoteMemory>| loop {
+                let mut bytes = [0u8; farside_region::SNAPSHOT_BYTES];
+                c.read(0, &mut bytes).unwrap();
+                match Snapshot::decode(&bytes) {
+                    Err(farside_region::RegionError::Torn) => continue,
+                    other => break other.unwrap(),
+                }
+            };
+            let mut await_both = |what: &str, ok: &dyn Fn(&Snapshot) -> bool| {
+                let deadline = Instant::now() + Duration::from_secs(5);
+                loop {
+                    let (a, b) = (read_udp(&mut udp), Snapshot::read_local(&mem, 10).unwrap());
+                    if ok(&a) && ok(&b) {
+                        return a;
+                    }
+                    assert!(Instant::now() < deadline, "{what}: udp {a:?} shm {b:?}");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            };
+            let first = await_both("seeded", &|s| {
+                s.load.accept_backlog == 2 && s.load.conns_established == 2
+            });
+            assert_eq!(first.header.node_id, 4);
+            // A third connection: the listener is learnt, its queue read directly.
+            clients.push(TcpStream::connect(l.local_addr().unwrap()).unwrap());
+            await_both("third queued", &|s| {
+                s.load.accept_backlog == 3 && s.load.conns_established == 3
+            });
+            let (served, _) = l.accept().unwrap();
+            await_both("accepted", &|s| {
+                s.load.accept_backlog == 2 && s.load.conns_established == 3
+            });
+            drop(served);
+            await_both("closed", &|s| {
+                s.load.accept_backlog == 2 && s.load.conns_established == 2
+            });
+            // The sequence advances with no user-space sample taken.
+            let a = await_both("any", &|_| true);
+            await_both("sequence advances", &|s| s.seq > a.seq + 10);
+            assert_eq!(g.stats.samples.load(Ordering::Relaxed), 0);
+            assert!(
+                g.summary().starts_with("sampler=kernel "),
+                "{}",
+                g.summary()
+            );
+            let mut g = g;
+            g.stop();
+            let s1 = Snapshot::read_local(&mem, 10).unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(
+                Snapshot::read_local(&mem, 10).unwrap().seq,
+                s1.seq,
+                "a stopped gatherer's record stops advancing"
+            );
+            drop(clients);
+        });
+        let _ = std::fs::remove_file(shm);
+    }
+
+    /// Literally "no user process publishes" (root; skipped otherwise): a gatherd with
+    /// the kernel sampler runs in a child process (this test binary, re-run with
+    /// `FARSIDE_KSAMP_CHILD` set); the child is stopped with SIGSTOP, and the record,
+    /// mapped here through the child's shm socket, keeps advancing.
+    #[test]
+    fn kernel_sampler_record_advances_while_gatherd_is_sigstopped() {
+        const NAME: &str = "tests::kernel_sampler_record_advances_while_gatherd_is_sigstopped";
+        if let Some(path) = std::env::var_os("FARSIDE_KSAMP_CHILD") {
+            in_private_netns(move || {
+                let _g = Gatherd::start(&GatherdArgs {
+                    shm: Some(PathBuf::from(path)),
+                    udp_listen: Some("127.0.0.1:17079".parse().unwrap()),
+                    xdp_iface: Some("lo".into()),
+                    xdp_mode: XdpChoice::Generic,
+                    sampler: SamplerChoice::Kernel,
+                    ..Default::default()
+                })
+                .unwrap();
+                // Until the parent kills this process.
+                loop {
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            });
+            return;
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "skipped: needs root");
+            return;
+        }
+        let shm = tmp_region("sigstop");
+        let _ = std::fs::remove_file(&shm);
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--test-threads=1"])
+            .env("FARSIDE_KSAMP_CHILD", &shm)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let pid = child.id() as libc::pid_t;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        // The socket appears once the sampler runs (it is served last).
+        let mem = loop {
+            if let Ok(m) = farside_rmem::map_region(&shm, REGION_WORDS) {
+                break m;
+            }
+            if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+                let _ = child.kill();
+                panic!("the child gatherd never served {}", shm.display());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        // SAFETY: signalling our own child.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+        let stopped = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .unwrap_or("")
+                    .trim_start()
+                    .starts_with('T')
+            })
+        };
+        while !stopped() {
+            assert!(Instant::now() < deadline, "child never stopped");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let a = Snapshot::read_local(&mem, 10).unwrap();
+        let advanced = loop {
+            let b = Snapshot::read_local(&mem, 10).unwrap();
+            if b.seq > a.seq + 10 || Instant::now() > deadline {
+                break b;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let still_stopped = stopped();
+        // SAFETY: as above.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        let _ = child.wait();
+        let _ = std::fs::remove_file(&shm);
+        assert!(still_stopped, "the child ran during the check");
+        assert!(
+            advanced.seq > a.seq + 10,
+            "record stopped at {} with gatherd stopped",
+            advanced.seq
+        );
     }
 
     /// Exactly-once through the trait against the XDP program (answering in the kernel):

@@ -136,6 +136,16 @@ impl CpuSource {
     }
 
     pub fn read(&self, buf: &mut [u8; READ_BUF_BYTES]) -> io::Result<CpuCounters> {
+        self.read_with_lap(buf, &mut || {})
+    }
+
+    /// As [`CpuSource::read`], calling `lap` between the busy-time/runnable reads and
+    /// the PSI read (the per-field cost measurement's split point).
+    pub fn read_with_lap(
+        &self,
+        buf: &mut [u8; READ_BUF_BYTES],
+        lap: &mut dyn FnMut(),
+    ) -> io::Result<CpuCounters> {
         let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_string());
         let mut c = CpuCounters::default();
         let psi = match self {
@@ -186,6 +196,7 @@ impl CpuSource {
                 psi
             }
         };
+        lap();
         if let Some(p) = psi {
             let t = pread_all(p, buf)?;
             // First line: "some avg10=.. avg60=.. avg300=.. total=N"

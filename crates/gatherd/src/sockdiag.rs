@@ -143,6 +143,11 @@ impl SockDiag {
         Ok(c.accept_backlog)
     }
 
+    /// Whether the last [`SockDiag::count_listen`] found a listener to look up exactly.
+    pub fn knows_listeners(&self) -> bool {
+        !self.listeners.is_empty()
+    }
+
     /// Full counts on all watched ports: established, backlog, pending. Walks the
     /// established hash once per address family with a listener.
     pub fn count(&mut self) -> io::Result<ConnCounts> {

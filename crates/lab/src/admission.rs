@@ -893,6 +893,12 @@ fn start_tier(
                 crate::netns::VETH_IN_NS.into(),
             ]);
             args.extend(["--xdp-mode".into(), "generic".into()]);
+            // With XDP gatherd's default is the kernel sampler, whose record has backlog,
+            // conns and a tick-sampled cpu but no pressure or pending: other metrics keep
+            // the user-space sampler.
+            if !matches!(a.metric.as_str(), "backlog" | "conns") {
+                args.extend(["--sampler".into(), "user".into()]);
+            }
         }
         let mut g = fabric.spawn(role, &format!("{system}-gatherd{i}"), &args, &run.logs)?;
         fabric.wait_port(&mut g, tcp)?;

@@ -32,7 +32,16 @@
 //! `farside_rmem::fdshare`), so every transport
 //! operates on the same words.
 //!
+//! The same object holds the kernel-resident load sampler ([`ksamp`]): started with
+//! [`XdpResponder::start_kernel_sampler`], it writes the load record into the region map
+//! from the kernel, so no user process publishes the load either.
+//!
 //! Everything here needs CAP_BPF and CAP_NET_ADMIN (root in practice).
+
+mod btf;
+pub mod ksamp;
+
+pub use ksamp::{enable_bpf_stats, KernelSamplerCosts, PortCounts, ProgCost};
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray};
 use aya::programs::{Xdp, XdpMode as AyaXdpMode};
@@ -214,6 +223,8 @@ pub type Counters = ([u64; OP_COUNTERS], [u64; STATUS_COUNTERS]);
 struct Loaded {
     ebpf: Ebpf,
     region: Arc<MappedWords>,
+    /// Set while the kernel sampler runs.
+    sampler: Option<ksamp::SamplerState>,
 }
 
 impl Loaded {
@@ -268,7 +279,11 @@ impl Loaded {
             let fd = data.fd().as_fd().as_raw_fd();
             Arc::new(MappedWords::map_fd(fd, REGION_WORDS).map_err(XdpError::Mmap)?)
         };
-        Ok(Loaded { ebpf, region })
+        Ok(Loaded {
+            ebpf,
+            region,
+            sampler: None,
+        })
     }
 
     /// Answer only datagrams to `addr` (None: any address). Takes effect at once.
@@ -283,6 +298,24 @@ impl Loaded {
         config
             .set(0, c, 0)
             .map_err(|e| classify("setting the node address", e, XdpError::Map))
+    }
+
+    /// See [`XdpResponder::start_kernel_sampler`].
+    fn start_sampler(
+        &mut self,
+        ports: &[u16],
+        period: Duration,
+        seed: &mut dyn FnMut() -> io::Result<Vec<PortCounts>>,
+    ) -> Result<(), XdpError> {
+        if self.sampler.is_some() {
+            return Err(XdpError::Config("the kernel sampler already runs".into()));
+        }
+        self.sampler = Some(self.start_kernel_sampler(ports, period, seed)?);
+        Ok(())
+    }
+
+    fn costs(&self) -> Option<KernelSamplerCosts> {
+        self.sampler.as_ref().map(|s| self.sampler_costs(s))
     }
 
     fn prog_mut(&mut self) -> &mut Xdp {
@@ -434,6 +467,35 @@ impl XdpResponder {
         self.loaded.counter(COUNTER_NO_ROOM)
     }
 
+    /// Start the kernel-resident sampler (see [`ksamp`]): from now on the kernel writes
+    /// the load record every `period` and the caller must stop writing it. `ports` are
+    /// the watched TCP ports (at most [`ksamp::SAMPLER_PORTS_MAX`]); `seed` counts their
+    /// existing connections (one [`PortCounts`] per port), called once the event
+    /// programs are attached. On error nothing of the sampler stays attached.
+    pub fn start_kernel_sampler(
+        &mut self,
+        ports: &[u16],
+        period: Duration,
+        seed: &mut dyn FnMut() -> io::Result<Vec<PortCounts>>,
+    ) -> Result<(), XdpError> {
+        self.loaded.start_sampler(ports, period, seed)
+    }
+
+    /// Stop the kernel sampler's ticks: the record stops advancing (as when a user-space
+    /// gatherer stops). Connection events keep being counted; the sampler cannot be
+    /// restarted on this responder.
+    pub fn stop_kernel_sampler_ticks(&self) {
+        if let Some(s) = &self.loaded.sampler {
+            s.stop_ticks();
+        }
+    }
+
+    /// Kernel cost of the sampler's programs, if it runs (zeros unless BPF stats are
+    /// enabled: [`enable_bpf_stats`] or `sysctl kernel.bpf_stats_enabled=1`).
+    pub fn kernel_sampler_costs(&self) -> Option<KernelSamplerCosts> {
+        self.loaded.costs()
+    }
+
     pub fn ifname(&self) -> &str {
         &self.ifname
     }
@@ -571,6 +633,29 @@ impl TestProgram {
     /// `(ops, status)` counters, as [`XdpResponder::counters`].
     pub fn counters(&self) -> Counters {
         self.loaded.counters()
+    }
+
+    /// As [`XdpResponder::start_kernel_sampler`] (the sampler needs no attached XDP).
+    pub fn start_kernel_sampler(
+        &mut self,
+        ports: &[u16],
+        period: Duration,
+        seed: &mut dyn FnMut() -> io::Result<Vec<PortCounts>>,
+    ) -> Result<(), XdpError> {
+        self.loaded.start_sampler(ports, period, seed)
+    }
+
+    /// Stop the kernel sampler: the record stops advancing.
+    pub fn stop_kernel_sampler(&mut self) {
+        if let Some(s) = self.loaded.sampler.take() {
+            s.stop_ticks();
+        }
+        self.loaded.stop_kernel_sampler();
+    }
+
+    /// As [`XdpResponder::kernel_sampler_costs`].
+    pub fn kernel_sampler_costs(&self) -> Option<KernelSamplerCosts> {
+        self.loaded.costs()
     }
 
     /// As [`XdpResponder::set_node_addr`].

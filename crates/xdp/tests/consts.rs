@@ -7,8 +7,12 @@ use farside_rmem::wire::{self, Op, Status};
 use std::collections::HashMap;
 
 fn header_defines() -> HashMap<String, u64> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../bpf/rmem_consts.h");
-    let text = std::fs::read_to_string(path).expect("read bpf/rmem_consts.h");
+    defines_of("rmem_consts.h")
+}
+
+fn defines_of(header: &str) -> HashMap<String, u64> {
+    let path = format!("{}/../../bpf/{header}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
     let mut out = HashMap::new();
     for line in text.lines() {
         let mut it = line.split_whitespace();
@@ -92,4 +96,39 @@ fn bpf_constants_match_the_rust_side() {
         farside_rmem::udp::UDP_READ_BYTES_MAX,
         farside_xdp::XDP_READ_BYTES_MAX
     );
+}
+
+/// The kernel sampler writes the load record itself: its word indices and flag must be
+/// the region layout's, and its limits the loader's. A word moved in
+/// `crates/region/src/layout.rs` fails here until `bpf/ksamp_consts.h` follows.
+#[test]
+fn kernel_sampler_constants_match_the_rust_side() {
+    use farside_region::layout as l;
+    use farside_xdp::ksamp;
+    let d = defines_of("ksamp_consts.h");
+    let want: Vec<(&str, u64)> = vec![
+        ("KSAMP_W_SEQ_HEAD", l::W_SEQ_HEAD as u64),
+        ("KSAMP_W_SAMPLE_MONO_NS", l::W_SAMPLE_MONO_NS as u64),
+        ("KSAMP_W_CPU_UTIL_PPM", l::W_CPU_UTIL_PPM as u64),
+        ("KSAMP_W_RUNNABLE", l::W_RUNNABLE as u64),
+        ("KSAMP_W_CONNS_ESTABLISHED", l::W_CONNS_ESTABLISHED as u64),
+        ("KSAMP_W_ACCEPT_BACKLOG", l::W_ACCEPT_BACKLOG as u64),
+        ("KSAMP_W_NCPU", l::W_NCPU as u64),
+        ("KSAMP_W_FLAGS", l::W_FLAGS as u64),
+        (
+            "KSAMP_W_CONNS_SAMPLED_MONO_NS",
+            l::W_CONNS_SAMPLED_MONO_NS as u64,
+        ),
+        ("KSAMP_W_SEQ_TAIL", l::W_SEQ_TAIL as u64),
+        ("KSAMP_FLAG_CONNS", l::FLAG_CONNS),
+        ("KSAMP_PORTS_MAX", ksamp::SAMPLER_PORTS_MAX as u64),
+        ("KSAMP_CPUS_MAX", ksamp::SAMPLER_CPUS_MAX.into()),
+        ("KSAMP_EMA_SHIFT", ksamp::SAMPLER_EMA_SHIFT.into()),
+        ("KSAMP_LISTENERS_MAX", ksamp::SAMPLER_LISTENERS_MAX as u64),
+    ];
+    for (name, value) in want {
+        assert_eq!(d.get(name), Some(&value), "bpf/ksamp_consts.h {name}");
+    }
+    assert!(ksamp::SAMPLER_CPUS_MAX.is_power_of_two());
+    assert!(ksamp::SAMPLER_PORTS_MAX.is_power_of_two());
 }

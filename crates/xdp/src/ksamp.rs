@@ -1,0 +1,372 @@
+//! The kernel-resident load sampler (`bpf/ksamp.bpf.c`): keeps the load record in the
+//! region map with no user-space process involved, so that with XDP a back-end's load
+//! is published *and* read without scheduling anything on it.
+//!
+//! It lives in the responder's object (one region map) and is started on an
+//! [`XdpResponder`](crate::XdpResponder) or a [`TestProgram`](crate::TestProgram) with
+//! `start_kernel_sampler`: a tracepoint (`sock:inet_sock_set_state`) keeps per-port
+//! counts of established connections with atomic adds; another (`sock:sk_data_ready`)
+//! learns the watched ports' listening sockets when they signal a queued connection,
+//! and the record then carries their accept queue's length (`sk_ack_backlog`, read at
+//! the offset the kernel's BTF gives); a `cpu-clock` perf event on every online CPU,
+//! every period, samples each CPU's busy state, and the tick on the first online CPU
+//! writes the record under the seqlock. See `bpf/ksamp.bpf.c` for the record's fields (CPU pressure,
+//! pending connections, memory and inflight are not known in the kernel: 0, flags clear).
+//!
+//! Counters are seeded after attaching from one count the caller supplies (gatherd: a
+//! sock_diag dump), so they start from the sockets that exist. Events between the
+//! caller's count and the seed write are kept (the seed is applied as a difference),
+//! events that race the count itself may be counted twice or missed: the count is a few
+//! microseconds long.
+//!
+//! Only sockets of the calling thread's network namespace count (the lab runs back-ends
+//! on the same port in separate namespaces). Known limits: a listener that has not had a connection queued
+//! since the sampler started is not known yet: its port's backlog is the seeded value
+//! until then (stale if the server accepts the seeded connections before any new one
+//! arrives). At most 16 listeners are read directly (`KSAMP_LISTENERS_MAX`).
+//!
+//! Cost: run [`enable_bpf_stats`] (or `sysctl kernel.bpf_stats_enabled=1`) and read
+//! [`KernelSamplerCosts`] (kernel run time and run count per program).
+
+use crate::{classify, error_chain, map_mut, Loaded, XdpError};
+use aya::maps::{Array, MapData};
+use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
+use aya::programs::{PerfEvent, TracePoint};
+use std::os::fd::OwnedFd;
+use std::time::Duration;
+
+/// Most watched ports (`KSAMP_PORTS_MAX`).
+pub const SAMPLER_PORTS_MAX: usize = 4;
+/// CPUs whose busy state the sampler can hold (`KSAMP_CPUS_MAX`); a host with a higher
+/// online CPU id is refused (the sampler falls back to user space).
+pub const SAMPLER_CPUS_MAX: u32 = 256;
+/// Weight of one tick in a CPU's busy average, as a shift (`KSAMP_EMA_SHIFT`).
+pub const SAMPLER_EMA_SHIFT: u32 = 4;
+/// Listening sockets whose accept queue the sampler reads directly
+/// (`KSAMP_LISTENERS_MAX`): SO_REUSEPORT groups of up to 16 across the watched ports.
+pub const SAMPLER_LISTENERS_MAX: usize = 16;
+/// Shortest tick period: a perf cpu-clock tick on every CPU every 100 µs is already
+/// 10,000 program runs per second per CPU.
+pub const SAMPLER_PERIOD_MIN: Duration = Duration::from_micros(100);
+
+const PROG_TICK: &str = "ksamp_tick";
+const PROG_STATE: &str = "ksamp_state";
+const PROG_READY: &str = "ksamp_ready";
+const MAP_CONFIG: &str = "ksamp_config";
+const MAP_COUNTS: &str = "ksamp_counts";
+/// Where the kernel's BTF is (for `struct sock` offsets).
+const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Value of the `ksamp_config` map (struct ksamp_config).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Config {
+    ports: [u16; SAMPLER_PORTS_MAX],
+    ncpu: u32,
+    writer_cpu: u32,
+    off_num: u32,
+    off_state: u32,
+    off_ack_backlog: u32,
+    off_net: u32,
+    off_net_inum: u32,
+    netns_inum: u32,
+}
+// SAFETY: repr(C), plain integers, no padding (8 + 8 * 4 bytes).
+unsafe impl aya::Pod for Config {}
+
+/// Value of the `ksamp_counts` map (struct ksamp_counts).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+struct Counts {
+    established: [i64; SAMPLER_PORTS_MAX],
+    backlog: [i64; SAMPLER_PORTS_MAX],
+}
+// SAFETY: repr(C), plain integers, no padding.
+unsafe impl aya::Pod for Counts {}
+
+/// Connection counts of one watched port, as a seed for the kernel counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PortCounts {
+    pub established: u64,
+    pub backlog: u64,
+}
+
+/// Kernel CPU spent by one sampler program (zero unless BPF stats are enabled).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProgCost {
+    pub run_count: u64,
+    pub run_time_ns: u64,
+}
+
+impl ProgCost {
+    /// Mean kernel time of one run, ns (0 if it never ran with stats on).
+    pub fn ns_per_run(&self) -> f64 {
+        if self.run_count == 0 {
+            0.0
+        } else {
+            self.run_time_ns as f64 / self.run_count as f64
+        }
+    }
+}
+
+/// Kernel cost of the sampler's programs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelSamplerCosts {
+    /// The per-CPU tick (one run per CPU per period; one of them writes the record).
+    pub tick: ProgCost,
+    /// The TCP state-change tracepoint (one run per state change of any TCP socket).
+    pub state: ProgCost,
+    /// The data-ready tracepoint (one run per data-ready wakeup of any TCP socket).
+    pub ready: ProgCost,
+    /// CPUs ticking.
+    pub cpus: u32,
+}
+
+impl KernelSamplerCosts {
+    /// Kernel ns spent per published record on ticks: every CPU's tick of one period.
+    pub fn tick_ns_per_sample(&self) -> f64 {
+        self.tick.ns_per_run() * f64::from(self.cpus.max(1))
+    }
+}
+
+/// Turn on the kernel's BPF run-time statistics while the returned fd is open
+/// (`BPF_ENABLE_STATS`; costs two clock reads per program run).
+pub fn enable_bpf_stats() -> Result<OwnedFd, XdpError> {
+    aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .map_err(|e| classify("BPF_ENABLE_STATS", e, XdpError::Load))
+}
+
+/// A running kernel sampler: which CPUs tick, and the ticks' links (owned here so
+/// that [`SamplerState::stop_ticks`] needs no `&mut`: dropping a link detaches it).
+#[derive(Debug)]
+pub(crate) struct SamplerState {
+    cpus: u32,
+    ticks: std::sync::Mutex<Vec<aya::programs::perf_event::PerfEventLink>>,
+}
+
+impl SamplerState {
+    /// Detach every tick: the record stops advancing (the event programs keep counting).
+    pub(crate) fn stop_ticks(&self) {
+        self.ticks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+    }
+}
+
+impl Loaded {
+    /// Load and attach the sampler's programs, seed the counters with `seed()` (one
+    /// entry per port, in `ports` order), then start the ticks. On error nothing stays
+    /// attached, so the caller may fall back to a user-space writer.
+    pub(crate) fn start_kernel_sampler(
+        &mut self,
+        ports: &[u16],
+        period: Duration,
+        seed: &mut dyn FnMut() -> std::io::Result<Vec<PortCounts>>,
+    ) -> Result<SamplerState, XdpError> {
+        if ports.len() > SAMPLER_PORTS_MAX {
+            return Err(XdpError::Config(format!(
+                "kernel sampler: {} watched ports, at most {SAMPLER_PORTS_MAX}",
+                ports.len()
+            )));
+        }
+        if period < SAMPLER_PERIOD_MIN {
+            return Err(XdpError::Config(format!(
+                "kernel sampler: period {period:?}, at least {SAMPLER_PERIOD_MIN:?}"
+            )));
+        }
+        let cpus = aya::util::online_cpus()
+            .map_err(|(what, e)| XdpError::Load(format!("kernel sampler: {what}: {e}")))?;
+        let max_cpu = cpus.iter().copied().max().unwrap_or(0);
+        if max_cpu >= SAMPLER_CPUS_MAX {
+            return Err(XdpError::Config(format!(
+                "kernel sampler: CPU id {max_cpu}, the sampler holds ids below {SAMPLER_CPUS_MAX}"
+            )));
+        }
+        let raw = std::fs::read(VMLINUX_BTF)
+            .map_err(|e| XdpError::Load(format!("kernel sampler: {VMLINUX_BTF}: {e}")))?;
+        let btf = crate::btf::Btf::parse(&raw)
+            .map_err(|e| XdpError::Load(format!("kernel sampler: {VMLINUX_BTF}: {e}")))?;
+        let off = |path: &[&str]| {
+            btf.offset_of("sock", path).ok_or_else(|| {
+                XdpError::Load(format!(
+                    "kernel sampler: no struct sock field {} in {VMLINUX_BTF}",
+                    path.join(".")
+                ))
+            })
+        };
+        let mut cfg = Config {
+            ncpu: max_cpu + 1,
+            writer_cpu: cpus.first().copied().unwrap_or(0),
+            off_num: off(&["__sk_common", "skc_num"])?,
+            off_state: off(&["__sk_common", "skc_state"])?,
+            off_ack_backlog: off(&["sk_ack_backlog"])?,
+            off_net: off(&["__sk_common", "skc_net"])?,
+            off_net_inum: btf.offset_of("net", &["ns", "inum"]).ok_or_else(|| {
+                XdpError::Load(format!(
+                    "kernel sampler: no struct net field ns.inum in {VMLINUX_BTF}"
+                ))
+            })?,
+            netns_inum: own_netns_inum()?,
+            ..Default::default()
+        };
+        cfg.ports[..ports.len()].copy_from_slice(ports);
+        {
+            let mut m: Array<&mut MapData, Config> =
+                Array::try_from(map_mut(&mut self.ebpf, MAP_CONFIG)?)
+                    .map_err(|e| XdpError::Map(format!("{MAP_CONFIG}: {e}")))?;
+            m.set(0, cfg, 0)
+                .map_err(|e| classify("configuring the kernel sampler", e, XdpError::Map))?;
+        }
+        self.write_counts(Counts::default())?;
+
+        // Event programs first (they only change counters), the ticks last: the record
+        // is written only once everything else is in place.
+        let mut ticks = Vec::with_capacity(cpus.len());
+        let result = self.attach_sampler(ports, period, &cpus, seed, &mut ticks);
+        if result.is_err() {
+            ticks.clear();
+            self.stop_kernel_sampler();
+        }
+        result.map(|()| SamplerState {
+            cpus: cpus.len() as u32,
+            ticks: std::sync::Mutex::new(ticks),
+        })
+    }
+
+    fn attach_sampler(
+        &mut self,
+        ports: &[u16],
+        period: Duration,
+        cpus: &[u32],
+        seed: &mut dyn FnMut() -> std::io::Result<Vec<PortCounts>>,
+        ticks: &mut Vec<aya::programs::perf_event::PerfEventLink>,
+    ) -> Result<(), XdpError> {
+        let load_err = |p: &str, e: aya::programs::ProgramError| {
+            // A verifier refusal is EACCES too: keep its log.
+            let verifier = matches!(e, aya::programs::ProgramError::LoadError { .. });
+            if crate::is_permission_error(&e) && !verifier {
+                XdpError::NoPrivilege(format!("loading {p}"))
+            } else {
+                XdpError::Load(format!("{p}: {}", error_chain(&e)))
+            }
+        };
+        let tp: &mut TracePoint = prog(&mut self.ebpf, PROG_STATE)?;
+        tp.load().map_err(|e| load_err(PROG_STATE, e))?;
+        tp.attach("sock", "inet_sock_set_state")
+            .map_err(|e| load_err(PROG_STATE, e))?;
+        let tp: &mut TracePoint = prog(&mut self.ebpf, PROG_READY)?;
+        tp.load().map_err(|e| load_err(PROG_READY, e))?;
+        tp.attach("sock", "sk_data_ready")
+            .map_err(|e| load_err(PROG_READY, e))?;
+
+        // Seed: the caller's count, applied as a difference so that events counted by
+        // the programs since `before` are kept.
+        let before = self.read_counts()?;
+        let counted = seed().map_err(|e| XdpError::Config(format!("kernel sampler seed: {e}")))?;
+        let now = self.read_counts()?;
+        let mut c = now;
+        for (i, pc) in counted.iter().take(ports.len()).enumerate() {
+            c.established[i] += pc.established as i64 - before.established[i];
+            c.backlog[i] += pc.backlog as i64 - before.backlog[i];
+        }
+        self.write_counts(c)?;
+
+        let pe: &mut PerfEvent = prog(&mut self.ebpf, PROG_TICK)?;
+        pe.load().map_err(|e| load_err(PROG_TICK, e))?;
+        for &cpu in cpus {
+            let id = pe
+                .attach(
+                    PerfEventConfig::Software(SoftwareEvent::CpuClock),
+                    PerfEventScope::AllProcessesOneCpu { cpu },
+                    SamplePolicy::Period(period.as_nanos() as u64),
+                    false,
+                )
+                .map_err(|e| load_err(PROG_TICK, e))?;
+            ticks.push(pe.take_link(id).map_err(|e| load_err(PROG_TICK, e))?);
+        }
+        Ok(())
+    }
+
+    /// Detach and unload every sampler program (the record stops advancing).
+    pub(crate) fn stop_kernel_sampler(&mut self) {
+        for name in [PROG_TICK, PROG_READY, PROG_STATE] {
+            if let Some(p) = self.ebpf.program_mut(name) {
+                // Unloading detaches every link of the program; not loaded is fine.
+                let _ = match p {
+                    aya::programs::Program::PerfEvent(p) => p.unload(),
+                    aya::programs::Program::TracePoint(p) => p.unload(),
+                    _ => Ok(()),
+                };
+            }
+        }
+    }
+
+    fn read_counts(&mut self) -> Result<Counts, XdpError> {
+        let m: Array<&mut MapData, Counts> = Array::try_from(map_mut(&mut self.ebpf, MAP_COUNTS)?)
+            .map_err(|e| XdpError::Map(format!("{MAP_COUNTS}: {e}")))?;
+        m.get(&0, 0)
+            .map_err(|e| XdpError::Map(format!("{MAP_COUNTS}: {e}")))
+    }
+
+    fn write_counts(&mut self, c: Counts) -> Result<(), XdpError> {
+        let mut m: Array<&mut MapData, Counts> =
+            Array::try_from(map_mut(&mut self.ebpf, MAP_COUNTS)?)
+                .map_err(|e| XdpError::Map(format!("{MAP_COUNTS}: {e}")))?;
+        m.set(0, c, 0)
+            .map_err(|e| classify("seeding the kernel sampler", e, XdpError::Map))
+    }
+
+    /// Kernel run time and count of the sampler's programs.
+    pub(crate) fn sampler_costs(&self, state: &SamplerState) -> KernelSamplerCosts {
+        let cost = |name: &str| -> ProgCost {
+            let info = match self.ebpf.program(name) {
+                Some(aya::programs::Program::PerfEvent(p)) => p.info(),
+                Some(aya::programs::Program::TracePoint(p)) => p.info(),
+                _ => return ProgCost::default(),
+            };
+            info.map(|i| ProgCost {
+                run_count: i.run_count(),
+                run_time_ns: i.run_time().as_nanos() as u64,
+            })
+            .unwrap_or_default()
+        };
+        KernelSamplerCosts {
+            tick: cost(PROG_TICK),
+            state: cost(PROG_STATE),
+            ready: cost(PROG_READY),
+            cpus: state.cpus,
+        }
+    }
+}
+
+/// Inode number of the calling thread's network namespace: the sampler counts only
+/// sockets of this namespace.
+fn own_netns_inum() -> Result<u32, XdpError> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata("/proc/thread-self/ns/net")
+        .map_err(|e| XdpError::Load(format!("kernel sampler: /proc/thread-self/ns/net: {e}")))?;
+    u32::try_from(m.ino())
+        .map_err(|_| XdpError::Load(format!("kernel sampler: netns inode {} > u32", m.ino())))
+}
+
+fn prog<'a, T>(ebpf: &'a mut aya::Ebpf, name: &str) -> Result<&'a mut T, XdpError>
+where
+    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+{
+    ebpf.program_mut(name)
+        .ok_or_else(|| XdpError::Load(format!("no program {name} in the object")))?
+        .try_into()
+        .map_err(|e: aya::programs::ProgramError| XdpError::Load(format!("{name}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn map_values_have_the_c_layout() {
+        assert_eq!(std::mem::size_of::<Config>(), 40);
+        assert_eq!(std::mem::size_of::<Counts>(), 64);
+    }
+}
