@@ -33,7 +33,7 @@
 #define KSAMP_W_NCPU 19
 #define KSAMP_W_FLAGS 20
 #define KSAMP_W_CONNS_SAMPLED_MONO_NS 22
-#define KSAMP_W_SEQ_TAIL 23
+#define KSAMP_W_SEQ_TAIL 24
 /* layout::FLAG_CONNS: connection counts valid. */
 #define KSAMP_FLAG_CONNS 2
 
