@@ -18,7 +18,13 @@
 //! holds each rewritten head, so a head and the first body bytes go out in one write.
 //! Bodies are streamed, never buffered whole. Every wait has a timeout from
 //! [`HttpConfig`](crate::config::HttpConfig), so no peer can hold a task forever, and a
-//! failure only ever closes the connection it happened on.
+//! failure only ever closes the connection it happened on. Body transfers also have a
+//! total deadline and a minimum average rate ([`Pace`]): a request body that misses them
+//! gets 408, a response body (back-end reads, client writes) is cut off.
+//!
+//! Chunked bodies are relayed byte for byte only after [`Chunked`] has checked them
+//! against RFC 9112's grammar, so the next hop delimits them exactly as the proxy did
+//! (no request smuggling through lenient framing).
 
 use crate::config::ProxyConfig;
 use crate::gate::{Gate, Route};
@@ -70,6 +76,9 @@ struct Shared {
     idle_timeout: Duration,
     connect_timeout: Duration,
     response_timeout: Duration,
+    request_body_timeout: Duration,
+    response_body_timeout: Duration,
+    body_rate_grace: Duration,
 }
 
 impl Shared {
@@ -86,6 +95,9 @@ impl Shared {
             idle_timeout: ms(h.idle_timeout_ms),
             connect_timeout: ms(h.connect_timeout_ms),
             response_timeout: ms(h.response_timeout_ms),
+            request_body_timeout: ms(h.request_body_timeout_ms),
+            response_body_timeout: ms(h.response_body_timeout_ms),
+            body_rate_grace: ms(h.body_rate_grace_ms),
             cfg,
             gate,
             metrics,
@@ -439,14 +451,65 @@ async fn lingering_close(mut client: TcpStream) {
 }
 
 async fn write_all_timeout(s: &mut TcpStream, data: &[u8], limit: Duration) -> io::Result<()> {
-    match timeout(limit, s.write_all(data)).await {
+    write_all_until(s, data, Instant::now() + limit).await
+}
+
+async fn write_all_until(s: &mut TcpStream, data: &[u8], deadline: Instant) -> io::Result<()> {
+    match timeout_at(deadline, s.write_all(data)).await {
         Ok(r) => r,
         Err(_) => Err(io::ErrorKind::TimedOut.into()),
     }
 }
 
+/// Deadline of one body transfer: a total bound, and after a grace period a minimum
+/// average rate (as Apache's mod_reqtimeout `body=20,MinRate=500`). A transfer that has
+/// moved `bytes` must move more by `start + grace + bytes / rate`, and must end by
+/// `start + total` whatever its rate. Every wait of the transfer is bounded by
+/// [`Pace::until`], so a trickling peer cannot hold a client slot, an upstream
+/// connection and a back-end worker beyond these.
+struct Pace {
+    start: Instant,
+    total: Duration,
+    grace: Duration,
+    rate_bytes_per_s: u64,
+    bytes: u64,
+}
+
+impl Pace {
+    fn new(sh: &Shared, start: Instant, total: Duration) -> Self {
+        Pace {
+            start,
+            total,
+            grace: sh.body_rate_grace,
+            rate_bytes_per_s: sh.cfg.http.body_min_rate_bytes_per_s,
+            bytes: 0,
+        }
+    }
+
+    fn moved(&mut self, n: usize) {
+        self.bytes = self.bytes.saturating_add(n as u64);
+    }
+
+    /// When the transfer fails unless it moves more bytes (or ends) first.
+    fn deadline(&self) -> Instant {
+        if self.rate_bytes_per_s == 0 {
+            return self.start + self.total;
+        }
+        let earned_us = u128::from(self.bytes) * 1_000_000 / u128::from(self.rate_bytes_per_s);
+        let by_rate = self.grace.saturating_add(Duration::from_micros(
+            u64::try_from(earned_us).unwrap_or(u64::MAX),
+        ));
+        self.start + by_rate.min(self.total)
+    }
+
+    /// The deadline of one wait that has its own limit `per_wait` too.
+    fn until(&self, per_wait: Duration) -> Instant {
+        self.deadline().min(Instant::now() + per_wait)
+    }
+}
+
 /// `write_all` of `a` then `b`, as vectored writes.
-async fn write_two(s: &mut TcpStream, a: &[u8], b: &[u8], limit: Duration) -> io::Result<()> {
+async fn write_two(s: &mut TcpStream, a: &[u8], b: &[u8], deadline: Instant) -> io::Result<()> {
     let all = async {
         let (mut a, mut b) = (a, b);
         while !a.is_empty() || !b.is_empty() {
@@ -467,7 +530,7 @@ async fn write_two(s: &mut TcpStream, a: &[u8], b: &[u8], limit: Duration) -> io
         }
         Ok(())
     };
-    match timeout(limit, all).await {
+    match timeout_at(deadline, all).await {
         Ok(r) => r,
         Err(_) => Err(io::ErrorKind::TimedOut.into()),
     }
@@ -831,6 +894,8 @@ impl Conn {
 
     async fn proxy(&mut self, sh: &Shared, req: RequestHead, route: Route) -> Next {
         self.rbuf.consume(req.head_len);
+        // The request body's deadlines run from the end of its head.
+        let mut pace = Pace::new(sh, Instant::now(), sh.request_body_timeout);
         if req.expect_continue {
             // We strip Expect and answer it ourselves: the client would otherwise wait
             // for the 100 while we wait for its body.
@@ -849,16 +914,9 @@ impl Conn {
             Ok(n) => {
                 self.out.extend_from_slice(&self.rbuf.filled()[..n]);
                 self.rbuf.consume(n);
+                pace.moved(n);
             }
-            Err(ChunkError) => {
-                return match self
-                    .respond(sh, 400, true, None, b"malformed_chunked_body", false)
-                    .await
-                {
-                    Ok(()) => Next::Close,
-                    Err(_) => Next::Abort,
-                };
-            }
+            Err(ChunkError) => return self.request_body_failed(sh, BodyFail::Malformed).await,
         }
         // A request that fits in `out` can be sent again if a pooled connection was stale.
         let retryable = body.is_done() && req.idempotent;
@@ -887,9 +945,10 @@ impl Conn {
                     }
                 },
             };
-            match self.send_request(sh, &mut up, &mut body).await {
+            match self.send_request(sh, &mut up, &mut body, &mut pace).await {
                 Ok(()) => {}
-                Err(Side::Client) => return Next::Abort,
+                // `up` holds part of a request: dropping it closes it, never pooled.
+                Err(Side::Client(f)) => return self.request_body_failed(sh, f).await,
                 Err(Side::Upstream) if reused && retryable => {
                     sh.metrics.upstream_retries.fetch_add(1, Relaxed);
                     fresh_only = true;
@@ -920,11 +979,14 @@ impl Conn {
         // in one segment: it is woken, and acknowledges, once per response instead of
         // twice. Bounded by the buffer and by the response timeout; as nothing has been
         // sent yet, a back-end failing here gets the client a 502.
+        // The response body's deadlines (total, minimum rate) bound every wait from here
+        // on: back-end reads and client writes alike.
+        let mut pace = Pace::new(sh, Instant::now(), sh.response_body_timeout);
         if let BodyFraming::Length(len) = resp.framing {
             let want = resp.head_len.saturating_add(len as usize);
             while !resp.dechunk && want <= UPSTREAM_BUF_BYTES && self.ubuf.len() < want {
                 let read = self.ubuf.read_from(&mut up, UPSTREAM_BUF_BYTES);
-                match timeout(sh.response_timeout, read).await {
+                match timeout_at(pace.until(sh.response_timeout), read).await {
                     Ok(Ok(n)) if n > 0 => {}
                     _ => {
                         sh.metrics.upstream_error(UpstreamError::MidBody);
@@ -952,16 +1014,18 @@ impl Conn {
         } else {
             &self.ubuf.filled()[..n]
         };
-        let written = write_two(&mut self.client, &self.out, raw, sh.idle_timeout).await;
+        let deadline = pace.until(sh.idle_timeout);
+        let written = write_two(&mut self.client, &self.out, raw, deadline).await;
         if written.is_err() {
             return Next::Abort;
         }
         self.bytes_out += (self.out.len() + raw.len()) as u64;
+        pace.moved(raw.len());
         self.ubuf.consume(n);
         let until_close = matches!(body, Body::UntilClose);
         while !body.is_done() {
             let read = self.ubuf.read_from(&mut up, UPSTREAM_BUF_BYTES);
-            match timeout(sh.response_timeout, read).await {
+            match timeout_at(pace.until(sh.response_timeout), read).await {
                 Ok(Ok(n)) if n > 0 => {}
                 Ok(Ok(_)) if until_close => break,
                 _ => {
@@ -982,13 +1046,15 @@ impl Conn {
             } else {
                 &self.ubuf.filled()[..n]
             };
-            if write_all_timeout(&mut self.client, chunk, sh.idle_timeout)
+            let deadline = pace.until(sh.idle_timeout);
+            if write_all_until(&mut self.client, chunk, deadline)
                 .await
                 .is_err()
             {
                 return Next::Abort;
             }
             self.bytes_out += chunk.len() as u64;
+            pace.moved(chunk.len());
             self.ubuf.consume(n);
         }
         // Bytes beyond the response mean a confused back-end: do not reuse that connection.
@@ -1008,11 +1074,14 @@ impl Conn {
     /// Send the head in `out` (with any buffered body bytes), then stream the rest of the
     /// request body from the client. `out` is left intact when the body was complete, so
     /// the request can be resent.
+    /// Each read from the client is bounded by `pace` (the request body's total and
+    /// minimum-rate deadlines) as well as by the idle timeout.
     async fn send_request(
         &mut self,
         sh: &Shared,
         up: &mut TcpStream,
         body: &mut Body,
+        pace: &mut Pace,
     ) -> Result<(), Side> {
         write_all_timeout(up, &self.out, sh.response_timeout)
             .await
@@ -1021,19 +1090,36 @@ impl Conn {
             let read = self
                 .rbuf
                 .read_from(&mut self.client, sh.cfg.http.max_header_bytes);
-            match timeout(sh.idle_timeout, read).await {
+            match timeout_at(pace.until(sh.idle_timeout), read).await {
                 Ok(Ok(n)) if n > 0 => self.bytes_in += n as u64,
-                _ => return Err(Side::Client),
+                Err(_) => return Err(Side::Client(BodyFail::Timeout)),
+                Ok(_) => return Err(Side::Client(BodyFail::Gone)),
             }
             let n = body
                 .advance(self.rbuf.filled(), &mut Vec::new())
-                .map_err(|_| Side::Client)?;
+                .map_err(|_| Side::Client(BodyFail::Malformed))?;
             write_all_timeout(up, &self.rbuf.filled()[..n], sh.response_timeout)
                 .await
                 .map_err(|_| Side::Upstream)?;
             self.rbuf.consume(n);
+            pace.moved(n);
         }
         Ok(())
+    }
+
+    /// The client's request body failed before any of the response was sent: tell it
+    /// why if it can still hear (408 / 400), then close. Whatever part of the request
+    /// reached a back-end dies with that connection, which is never reused.
+    async fn request_body_failed(&mut self, sh: &Shared, f: BodyFail) -> Next {
+        let (status, reason): (u16, &[u8]) = match f {
+            BodyFail::Gone => return Next::Abort,
+            BodyFail::Timeout => (408, b"request_body_timeout"),
+            BodyFail::Malformed => (400, b"malformed_chunked_body"),
+        };
+        match self.respond(sh, status, true, None, reason, false).await {
+            Ok(()) => Next::Close,
+            Err(_) => Next::Abort,
+        }
     }
 
     /// Read the back-end's response head into `ubuf`, skipping interim 1xx responses.
@@ -1116,6 +1202,16 @@ impl Conn {
 
 /// Which side of an exchange failed.
 enum Side {
-    Client,
+    Client(BodyFail),
     Upstream,
+}
+
+/// How a client's request body failed.
+enum BodyFail {
+    /// The client closed or reset the connection.
+    Gone,
+    /// Idle, total or minimum-rate deadline of the request body.
+    Timeout,
+    /// A chunked body outside RFC 9112's grammar or the scanner's bounds.
+    Malformed,
 }
