@@ -859,3 +859,22 @@ async fn bodies_reach_a_real_nginx_intact() {
     let _ = std::fs::remove_dir_all(&dir);
     result.expect("test timed out");
 }
+
+/// Strictness holds for back-ends too: a response whose chunked framing a client could
+/// read differently is never relayed.
+#[tokio::test]
+async fn response_with_bare_lf_chunks_gets_502() {
+    within(async {
+        let addr = fixed_upstream(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\nhello\n0\n\nHTTP/1.1 200 OK\r\n",
+        )
+        .await;
+        let p = start(config(addr)).await;
+        let mut c = Client::connect(p.addr).await;
+        c.send(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        let r = c.response().await.expect("response");
+        assert_eq!((r.status, &r.body[..]), (502, &b"bad_upstream_body"[..]));
+        assert!(c.closed().await);
+    })
+    .await
+}
