@@ -87,8 +87,9 @@ pub struct HttpConfig {
     // ---- Body deadlines: a slow body must not pin a client slot, an upstream connection
     // and a back-end worker for longer than these (per-read timeouts alone let a client
     // trickle one byte a minute). Validated by `HttpConfig::validate_body_deadlines`. ----
-    /// Total time a request body may take to arrive, counted from the end of its head;
-    /// beyond it the client gets 408 and both connections close. Default 60000 ms.
+    /// Total time a request body may take to arrive, counted from when the proxy starts
+    /// relaying it (a back-end connection is ready); beyond it the client gets 408 and
+    /// both connections close. Default 60000 ms.
     pub request_body_timeout_ms: u64,
     /// Total time to relay a response body (reads from the back-end and writes to the
     /// client); beyond it both connections are dropped. Default 300000 ms.

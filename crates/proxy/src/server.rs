@@ -894,8 +894,8 @@ impl Conn {
 
     async fn proxy(&mut self, sh: &Shared, req: RequestHead, route: Route) -> Next {
         self.rbuf.consume(req.head_len);
-        // The request body's deadlines run from the end of its head.
-        let mut pace = Pace::new(sh, Instant::now(), sh.request_body_timeout);
+        // The request body's deadlines (see `send_request`).
+        let mut pace: Option<Pace> = None;
         if req.expect_continue {
             // We strip Expect and answer it ourselves: the client would otherwise wait
             // for the 100 while we wait for its body.
@@ -910,14 +910,14 @@ impl Conn {
         }
         // Whatever part of the request body is already buffered goes out with the head.
         let mut body = Body::new(req.framing, false);
-        match body.advance(self.rbuf.filled(), &mut Vec::new()) {
+        let buffered_body = match body.advance(self.rbuf.filled(), &mut Vec::new()) {
             Ok(n) => {
                 self.out.extend_from_slice(&self.rbuf.filled()[..n]);
                 self.rbuf.consume(n);
-                pace.moved(n);
+                n
             }
             Err(ChunkError) => return self.request_body_failed(sh, BodyFail::Malformed).await,
-        }
+        };
         // A request that fits in `out` can be sent again if a pooled connection was stale.
         let retryable = body.is_done() && req.idempotent;
 
@@ -945,7 +945,14 @@ impl Conn {
                     }
                 },
             };
-            match self.send_request(sh, &mut up, &mut body, &mut pace).await {
+            // The request body's deadlines run from when the proxy starts relaying it: time
+            // spent getting a back-end connection is not the client's to make up.
+            let pace = pace.get_or_insert_with(|| {
+                let mut p = Pace::new(sh, Instant::now(), sh.request_body_timeout);
+                p.moved(buffered_body);
+                p
+            });
+            match self.send_request(sh, &mut up, &mut body, pace).await {
                 Ok(()) => {}
                 // `up` holds part of a request: dropping it closes it, never pooled.
                 Err(Side::Client(f)) => return self.request_body_failed(sh, f).await,
