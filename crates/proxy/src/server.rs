@@ -1222,3 +1222,42 @@ enum BodyFail {
     /// A chunked body outside RFC 9112's grammar or the scanner's bounds.
     Malformed,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pace(total_ms: u64, grace_ms: u64, rate_bytes_per_s: u64) -> Pace {
+        Pace {
+            start: Instant::now(),
+            total: Duration::from_millis(total_ms),
+            grace: Duration::from_millis(grace_ms),
+            rate_bytes_per_s,
+            bytes: 0,
+        }
+    }
+
+    #[test]
+    fn pace_deadline_is_grace_plus_earned_time_capped_by_total() {
+        let mut p = pace(10_000, 1_000, 1_000);
+        assert_eq!(p.deadline() - p.start, Duration::from_secs(1));
+        p.moved(500);
+        assert_eq!(p.deadline() - p.start, Duration::from_millis(1_500));
+        p.moved(1_000_000);
+        assert_eq!(
+            p.deadline() - p.start,
+            Duration::from_secs(10),
+            "total caps it"
+        );
+        // Huge byte counts saturate instead of overflowing.
+        p.moved(usize::MAX);
+        p.moved(usize::MAX);
+        assert_eq!(p.deadline() - p.start, Duration::from_secs(10));
+        // Rate 0: the total alone.
+        let p = pace(10_000, 1_000, 0);
+        assert_eq!(p.deadline() - p.start, Duration::from_secs(10));
+        // A wait's own limit applies when it is sooner.
+        let p = pace(10_000, 1_000, 0);
+        assert!(p.until(Duration::from_millis(5)) < p.start + Duration::from_secs(1));
+    }
+}

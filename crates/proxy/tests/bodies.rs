@@ -878,3 +878,22 @@ async fn response_with_bare_lf_chunks_gets_502() {
     })
     .await
 }
+
+#[tokio::test]
+async fn client_reading_below_minimum_rate_is_cut_off_long_before_the_total_deadline() {
+    within(async {
+        let len = 256 << 20;
+        let (addr, ended) = big_response_upstream(len).await;
+        let mut cfg = config(addr);
+        // Total deadline left at its default (300 s); the rate is what cuts.
+        cfg.http.body_rate_grace_ms = 200;
+        cfg.http.body_min_rate_bytes_per_s = 100_000_000;
+        let p = start(cfg).await;
+        let mut c = Client::connect(p.addr).await;
+        c.send(b"GET /big HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        let t0 = Instant::now();
+        until(|| ended.lock().unwrap().is_some()).await;
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    })
+    .await
+}
