@@ -1081,6 +1081,7 @@ impl Conn {
     /// Send the head in `out` (with any buffered body bytes), then stream the rest of the
     /// request body from the client. `out` is left intact when the body was complete, so
     /// the request can be resent.
+    ///
     /// Each read from the client is bounded by `pace` (the request body's total and
     /// minimum-rate deadlines) as well as by the idle timeout.
     async fn send_request(
