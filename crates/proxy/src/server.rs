@@ -894,6 +894,14 @@ impl Conn {
 
     async fn proxy(&mut self, sh: &Shared, req: RequestHead, route: Route) -> Next {
         self.rbuf.consume(req.head_len);
+        if req.host.is_none() {
+            // Only HTTP/1.0 may omit Host, but the request goes upstream as HTTP/1.1,
+            // which must carry one (RFC 9112 §3.2; nginx answers 400 without): name the
+            // back-end. `out` ends with the head's empty line.
+            let end = self.out.len() - 2;
+            let host = format!("Host: {}\r\n", route.addr);
+            self.out.splice(end..end, host.bytes());
+        }
         // The request body's deadlines (see `send_request`).
         let mut pace: Option<Pace> = None;
         if req.expect_continue {

@@ -852,6 +852,12 @@ async fn bodies_reach_a_real_nginx_intact() {
             assert!(r.body == **want, "{path}: body differs through nginx");
         }
         assert!(std::fs::read(dir.join("root/te.bin")).unwrap() == chunked_payload);
+        // HTTP/1.0 may omit Host; the HTTP/1.1 request sent upstream may not.
+        let mut c = Client::connect(p.addr).await;
+        c.send(b"GET /cl.bin HTTP/1.0\r\n\r\n").await;
+        let r = c.response().await.expect("response to HTTP/1.0 GET");
+        assert_eq!(r.status, 200, "{}", r.head);
+        assert!(r.body == length_body);
     })
     .await;
     let _ = nginx.kill();
@@ -894,6 +900,29 @@ async fn client_reading_below_minimum_rate_is_cut_off_long_before_the_total_dead
         let t0 = Instant::now();
         until(|| ended.lock().unwrap().is_some()).await;
         assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    })
+    .await
+}
+
+#[tokio::test]
+async fn http10_request_without_host_goes_upstream_with_one() {
+    within(async {
+        let up = Recorder::start().await;
+        let p = start(config(up.addr)).await;
+        let mut c = Client::connect(p.addr).await;
+        c.send(b"POST /old HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc")
+            .await;
+        let r = c.response().await.expect("response");
+        assert_eq!((r.status, &r.body[..]), (200, &b"abc"[..]));
+        let seen = up.requests();
+        let head = &seen[0].head;
+        assert!(head.starts_with("POST /old HTTP/1.1\r\n"), "{head}");
+        assert!(
+            head.contains(&format!("\r\nHost: {}\r\n", up.addr)),
+            "{head}"
+        );
+        assert!(head.ends_with("\r\n\r\n"));
+        assert_eq!(seen[0].body, b"abc");
     })
     .await
 }
