@@ -147,6 +147,20 @@ fn parse_content_length(v: &[u8]) -> Option<u64> {
     })
 }
 
+/// `Transfer_Encoding`, `content_length` and the like: not the framing fields, but a
+/// back-end that maps `_` to `-` (CGI-style environments, some frameworks) would read
+/// them as such while the proxy frames the body otherwise. Refused.
+fn looks_like_framing(name: &str) -> bool {
+    let n = name.as_bytes();
+    n.contains(&b'_')
+        && ["transfer-encoding", "content-length"].iter().any(|f| {
+            f.len() == n.len()
+                && f.bytes()
+                    .zip(n)
+                    .all(|(a, &b)| a == b.to_ascii_lowercase() || (a == b'-' && b == b'_'))
+        })
+}
+
 /// Headers that describe one hop and are never forwarded. `Transfer-Encoding` and
 /// `Content-Length` are re-framed by the proxy itself.
 fn is_hop_by_hop(name: &str) -> bool {
@@ -248,6 +262,9 @@ pub fn parse_request(
         let mut host = None;
         let mut expect_continue = false;
         for h in headers {
+            if looks_like_framing(h.name) {
+                return Err(RequestError::BadFraming);
+            }
             if eq_ic(h.name, "content-length") {
                 let n = parse_content_length(h.value).ok_or(RequestError::Malformed)?;
                 if content_length.is_some_and(|m| m != n) {
@@ -1040,6 +1057,12 @@ mod tests {
                 501,
             ),
             (
+                "TE with underscore",
+                "Transfer_Encoding: chunked\r\nContent-Length: 4\r\n",
+                400,
+            ),
+            ("CL with underscore", "Content_Length: 4\r\n", 400),
+            (
                 "bare CR in value",
                 "X-A: 1\rTransfer-Encoding: chunked\r\n",
                 400,
@@ -1071,6 +1094,17 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(h.framing, BodyFraming::Chunked);
+        // Naming the framing field in Connection does not remove it: the proxy restates it.
+        let mut out = Vec::new();
+        let s = format!("{H}Connection: Content-Length\r\nContent-Length: 4\r\nX_Ok: 1\r\n\r\n");
+        parse_request(s.as_bytes(), 100, 16384, "1.2.3.4", &mut out)
+            .unwrap()
+            .unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.contains("\r\nContent-Length: 4\r\n") && out.contains("X_Ok: 1"),
+            "{out}"
+        );
     }
 
     #[test]

@@ -515,6 +515,11 @@ async fn smuggling_shapes_are_refused_and_nothing_reaches_the_backend() {
                 400,
             ),
             (
+                "TE with underscore",
+                format!("{h}Transfer_Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n{S}"),
+                400,
+            ),
+            (
                 "bad trailer",
                 format!("{h}Transfer-Encoding: chunked\r\n\r\n0\r\nX-A : 1\r\n\r\n{S}"),
                 400,

@@ -84,6 +84,7 @@ const TOKENS: &[&[u8]] = &[
     b"0\r\n\r\n",
     b"\r\n\r\n",
     b"Transfer-Encoding: chunked\r\n",
+    b"Transfer_Encoding: chunked\r\n",
     b"Transfer-Encoding: chunked, identity\r\n",
     b"Transfer-Encoding: gzip, chunked\r\n",
     b"Content-Length: 5\r\n",
@@ -219,11 +220,16 @@ fn fuzz(name: &str, corpus: &[&[u8]], check: impl Fn(&mut Rng, &[u8]) -> &'stati
     );
 }
 
+/// Does `head` have a field `name`, also spelt with `_` for `-` (as CGI-style back-ends
+/// read it)?
 fn has_header(head: &[u8], name: &str) -> bool {
     head.split(|&c| c == b'\n').skip(1).any(|line| {
-        line.split(|&c| c == b':')
-            .next()
-            .is_some_and(|n| n.eq_ignore_ascii_case(name.as_bytes()))
+        line.split(|&c| c == b':').next().is_some_and(|n| {
+            n.len() == name.len()
+                && n.iter()
+                    .zip(name.bytes())
+                    .all(|(&a, b)| a.to_ascii_lowercase() == b || (a == b'_' && b == b'-'))
+        })
     })
 }
 
