@@ -1,5 +1,6 @@
 //! In-tree fuzzing of the proxy's two parsers of client bytes: the request head parser
-//! (`http::parse_request`) and the chunked-body scanner (`http::Chunked`). Stable Rust,
+//! (`http::parse_request`) and the chunked-body scanner (`http::Chunked`), alone and
+//! together on pipelined streams. Stable Rust,
 //! no extra tools: a seeded xorshift mutator over a corpus of valid inputs, run for a
 //! bounded number of iterations so that it runs in CI on every `cargo test`.
 //!
@@ -17,7 +18,10 @@
 //! - the chunked scanner agrees with an independent, whole-buffer reference decoder of
 //!   RFC 9112 §7.1 on where a body ends and what its payload is, rejects what the
 //!   reference rejects, gives the same answer however the input is split across reads,
-//!   and re-encoding its payload then decoding again gives the same bytes.
+//!   and re-encoding its payload then decoding again gives the same bytes;
+//! - a pipelined stream of requests, split as the data path splits it (rewritten heads,
+//!   bodies relayed as is), is read by a model back-end as exactly the same requests and
+//!   payloads, with nothing left over: no desynchronisation.
 
 use farside_proxy::http::{
     self, BodyFraming, ChunkError, Chunked, CHUNK_EXT_BYTES_MAX, CHUNK_SIZE_DIGITS_MAX,
@@ -519,6 +523,110 @@ fn fuzz_chunked_decoder() {
             Ref::Invalid => "invalid",
             _ if whole.is_err() => "refused before line end",
             _ => "incomplete",
+        }
+    });
+}
+
+const STREAM_CORPUS: &[&[u8]] = &[
+    b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhelloGET /b HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5;x=1\r\nhello\r\n0\r\nT: 1\r\n\r\nPUT /c HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok",
+    b"GET / HTTP/1.0\r\n\r\nPOST / HTTP/1.1\r\nHost: b\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 30\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n",
+];
+
+/// What a back-end makes of the bytes the proxy sends it: heads split at the empty line,
+/// framed by their one Content-Length or `Transfer-Encoding: chunked` (decoded by the
+/// reference decoder). `None` if it cannot make sense of them.
+fn backend_reads(mut wire: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+    let mut requests = Vec::new();
+    while !wire.is_empty() {
+        let head_len = wire.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+        let head = &wire[..head_len];
+        let field = |name: &str| {
+            head.split(|&c| c == b'\n').skip(1).find_map(|line| {
+                let colon = line.iter().position(|&c| c == b':')?;
+                line[..colon]
+                    .eq_ignore_ascii_case(name.as_bytes())
+                    .then(|| {
+                        String::from_utf8_lossy(&line[colon + 1..])
+                            .trim()
+                            .to_string()
+                    })
+            })
+        };
+        let (body_len, payload) = match (field("content-length"), field("transfer-encoding")) {
+            (Some(_), Some(_)) => return None,
+            (Some(n), None) => {
+                let n: usize = n.parse().ok()?;
+                let body = wire.get(head_len..head_len + n)?;
+                (n, body.to_vec())
+            }
+            (None, Some(te)) if te == "chunked" => match reference(&wire[head_len..]) {
+                Ref::Complete(e, p) => (e, p),
+                _ => return None,
+            },
+            (None, Some(_)) => return None,
+            (None, None) => (0, Vec::new()),
+        };
+        requests.push((head.to_vec(), payload));
+        wire = &wire[head_len + body_len..];
+    }
+    Some(requests)
+}
+
+/// The proxy's split of a pipelined request stream, as the data path does it: each
+/// request's rewritten head (with Host added when missing) and its body, relayed as is.
+/// Stops at the first request that is refused or incomplete.
+fn proxy_splits(input: &[u8]) -> (Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>) {
+    let mut pos = 0;
+    let mut wire = Vec::new();
+    let mut requests = Vec::new();
+    let mut out = Vec::new();
+    loop {
+        let rest = &input[pos..];
+        let Ok(Some(h)) =
+            http::parse_request(rest, MAX_HEADERS, MAX_HEADER_BYTES, "10.0.0.1", &mut out)
+        else {
+            break;
+        };
+        if h.host.is_none() {
+            let end = out.len() - 2;
+            out.splice(end..end, b"Host: 10.0.0.2:80\r\n".iter().copied());
+        }
+        let body = &rest[h.head_len..];
+        let (body_len, payload) = match h.framing {
+            BodyFraming::None => (0, Vec::new()),
+            BodyFraming::Length(n) => match usize::try_from(n).ok().filter(|&n| n <= body.len()) {
+                Some(n) => (n, body[..n].to_vec()),
+                None => break,
+            },
+            BodyFraming::Chunked => match scan_split(body, &[]) {
+                Ok(Some((e, p))) => (e, p),
+                _ => break,
+            },
+            BodyFraming::Close => panic!("a request never runs until close"),
+        };
+        wire.extend_from_slice(&out);
+        wire.extend_from_slice(&body[..body_len]);
+        requests.push((out.clone(), payload));
+        pos += h.head_len + body_len;
+        assert!(pos <= input.len(), "accepted more than the input");
+    }
+    (wire, requests)
+}
+
+/// No desynchronisation: a back-end reading exactly the bytes the proxy relays sees the
+/// same requests, with the same payloads, and nothing more.
+#[test]
+fn fuzz_pipelined_stream_reaches_backend_as_the_proxy_split_it() {
+    fuzz("request stream", STREAM_CORPUS, |_rng, input| {
+        let (wire, requests) = proxy_splits(input);
+        let seen = backend_reads(&wire).expect("back-end cannot parse what the proxy sent");
+        assert_eq!(seen, requests);
+        match requests.len() {
+            0 => "no request",
+            1 => "1 request",
+            _ => "2+ requests",
         }
     });
 }
