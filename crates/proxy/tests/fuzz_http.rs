@@ -1,8 +1,8 @@
 //! In-tree fuzzing of the proxy's two parsers of client bytes: the request head parser
 //! (`http::parse_request`) and the chunked-body scanner (`http::Chunked`), alone and
-//! together on pipelined streams. Stable Rust,
-//! no extra tools: a seeded xorshift mutator over a corpus of valid inputs, run for a
-//! bounded number of iterations so that it runs in CI on every `cargo test`.
+//! together on pipelined streams. Stable Rust, no extra tools: a seeded xorshift mutator
+//! over a corpus of valid inputs, run for a bounded number of iterations so that it runs
+//! in CI on every `cargo test`.
 //!
 //! - `FARSIDE_FUZZ_ITERS=N`: iterations per target (default [`CI_ITERS`]). For a long
 //!   run: `FARSIDE_FUZZ_ITERS=20000000 cargo test --release -p farside-proxy --test
@@ -534,10 +534,13 @@ const STREAM_CORPUS: &[&[u8]] = &[
     b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 30\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n",
 ];
 
+/// One request as relayed: its head and its payload.
+type Exchange = (Vec<u8>, Vec<u8>);
+
 /// What a back-end makes of the bytes the proxy sends it: heads split at the empty line,
 /// framed by their one Content-Length or `Transfer-Encoding: chunked` (decoded by the
 /// reference decoder). `None` if it cannot make sense of them.
-fn backend_reads(mut wire: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+fn backend_reads(mut wire: &[u8]) -> Option<Vec<Exchange>> {
     let mut requests = Vec::new();
     while !wire.is_empty() {
         let head_len = wire.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
@@ -577,7 +580,7 @@ fn backend_reads(mut wire: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
 /// The proxy's split of a pipelined request stream, as the data path does it: each
 /// request's rewritten head (with Host added when missing) and its body, relayed as is.
 /// Stops at the first request that is refused or incomplete.
-fn proxy_splits(input: &[u8]) -> (Vec<u8>, Vec<(Vec<u8>, Vec<u8>)>) {
+fn proxy_splits(input: &[u8]) -> (Vec<u8>, Vec<Exchange>) {
     let mut pos = 0;
     let mut wire = Vec::new();
     let mut requests = Vec::new();
