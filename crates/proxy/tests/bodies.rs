@@ -784,51 +784,75 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// A skip notice that shows even though libtest captures test output (`eprintln!` is
+/// captured; a direct write to the stderr handle is not).
+fn skip_notice(msg: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "SKIPPED {msg}");
+}
+
+/// Attempts at starting nginx, each on a port free a moment before (another process
+/// may take it in between).
+const NGINX_START_ATTEMPTS: usize = 3;
+
+/// nginx serving `dir/root` with WebDAV PUT, as one process of the invoking user that
+/// writes only under `dir`; its address once it accepts connections.
+async fn start_nginx(nginx: &str, dir: &std::path::Path) -> (std::process::Child, SocketAddr) {
+    let d = dir.display();
+    let mut why = String::new();
+    for _ in 0..NGINX_START_ATTEMPTS {
+        let port = free_port();
+        let conf = format!(
+            "daemon off;\nmaster_process off;\nerror_log {d}/error.log;\npid {d}/nginx.pid;\n\
+             events {{ worker_connections 64; }}\n\
+             http {{\n access_log off;\n client_body_temp_path {d}/tmp;\n\
+             proxy_temp_path {d}/tmp;\n fastcgi_temp_path {d}/tmp;\n uwsgi_temp_path {d}/tmp;\n\
+             scgi_temp_path {d}/tmp;\n\
+             server {{\n  listen 127.0.0.1:{port};\n  root {d}/root;\n  client_max_body_size 16m;\n\
+             dav_methods PUT;\n }}\n}}\n"
+        );
+        std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+        let mut child = std::process::Command::new(nginx)
+            .arg("-p")
+            .arg(dir)
+            .arg("-c")
+            .arg(dir.join("nginx.conf"))
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("nginx runs");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(5) {
+            if TcpStream::connect(addr).await.is_ok() {
+                return (child, addr);
+            }
+            if child.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        why = std::fs::read_to_string(dir.join("error.log")).unwrap_or_default();
+    }
+    panic!("nginx did not start: {why}");
+}
+
 #[tokio::test]
 async fn bodies_reach_a_real_nginx_intact() {
     const NGINX: &str = "/usr/sbin/nginx";
     if !std::path::Path::new(NGINX).exists() {
-        println!("SKIPPED bodies_reach_a_real_nginx_intact: {NGINX} is not installed");
+        skip_notice(&format!(
+            "bodies_reach_a_real_nginx_intact: {NGINX} is not installed"
+        ));
         return;
     }
     let dir = std::env::temp_dir().join(format!("farside-nginx-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("root")).unwrap();
     std::fs::create_dir_all(dir.join("tmp")).unwrap();
-    let port = free_port();
-    let d = dir.display();
-    // nginx runs as the invoking user (one process), writing only under `dir`.
-    let conf = format!(
-        "daemon off;\nmaster_process off;\nerror_log {d}/error.log;\npid {d}/nginx.pid;\n\
-         events {{ worker_connections 64; }}\n\
-         http {{\n access_log off;\n client_body_temp_path {d}/tmp;\n\
-         proxy_temp_path {d}/tmp;\n fastcgi_temp_path {d}/tmp;\n uwsgi_temp_path {d}/tmp;\n\
-         scgi_temp_path {d}/tmp;\n\
-         server {{\n  listen 127.0.0.1:{port};\n  root {d}/root;\n  client_max_body_size 16m;\n\
-         dav_methods PUT;\n }}\n}}\n"
-    );
-    std::fs::write(dir.join("nginx.conf"), conf).unwrap();
-    let mut nginx = match std::process::Command::new(NGINX)
-        .arg("-p")
-        .arg(&dir)
-        .arg("-c")
-        .arg(dir.join("nginx.conf"))
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-    {
-        Ok(n) => n,
-        Err(e) => {
-            println!("SKIPPED bodies_reach_a_real_nginx_intact: cannot run {NGINX}: {e}");
-            return;
-        }
-    };
+    let (mut nginx, addr) = within(start_nginx(NGINX, &dir)).await;
     let result = tokio::time::timeout(TEST_TIMEOUT, async {
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let t0 = Instant::now();
-        while TcpStream::connect(addr).await.is_err() {
-            assert!(t0.elapsed() < Duration::from_secs(5), "nginx did not start");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
         let p = start(config(addr)).await;
         let length_body = pattern(1_000_000);
         let chunked_payload = pattern(777_777);
