@@ -508,6 +508,13 @@ impl Pace {
     }
 }
 
+/// A write to the client that failed on its deadline cuts the response body off.
+fn count_write_timeout(sh: &Shared, e: &io::Error) {
+    if e.kind() == io::ErrorKind::TimedOut {
+        sh.metrics.response_body_timeouts.fetch_add(1, Relaxed);
+    }
+}
+
 /// `write_all` of `a` then `b`, as vectored writes.
 async fn write_two(s: &mut TcpStream, a: &[u8], b: &[u8], deadline: Instant) -> io::Result<()> {
     let all = async {
@@ -1031,7 +1038,8 @@ impl Conn {
         };
         let deadline = pace.until(sh.idle_timeout);
         let written = write_two(&mut self.client, &self.out, raw, deadline).await;
-        if written.is_err() {
+        if let Err(e) = written {
+            count_write_timeout(sh, &e);
             return Next::Abort;
         }
         self.bytes_out += (self.out.len() + raw.len()) as u64;
@@ -1043,7 +1051,10 @@ impl Conn {
             match timeout_at(pace.until(sh.response_timeout), read).await {
                 Ok(Ok(n)) if n > 0 => {}
                 Ok(Ok(_)) if until_close => break,
-                _ => {
+                r => {
+                    if r.is_err() {
+                        sh.metrics.response_body_timeouts.fetch_add(1, Relaxed);
+                    }
                     sh.metrics.upstream_error(UpstreamError::MidBody);
                     return Next::Abort;
                 }
@@ -1062,10 +1073,8 @@ impl Conn {
                 &self.ubuf.filled()[..n]
             };
             let deadline = pace.until(sh.idle_timeout);
-            if write_all_until(&mut self.client, chunk, deadline)
-                .await
-                .is_err()
-            {
+            if let Err(e) = write_all_until(&mut self.client, chunk, deadline).await {
+                count_write_timeout(sh, &e);
                 return Next::Abort;
             }
             self.bytes_out += chunk.len() as u64;
@@ -1129,7 +1138,10 @@ impl Conn {
     async fn request_body_failed(&mut self, sh: &Shared, f: BodyFail) -> Next {
         let (status, reason): (u16, &[u8]) = match f {
             BodyFail::Gone => return Next::Abort,
-            BodyFail::Timeout => (408, b"request_body_timeout"),
+            BodyFail::Timeout => {
+                sh.metrics.request_body_timeouts.fetch_add(1, Relaxed);
+                (408, b"request_body_timeout")
+            }
             BodyFail::Malformed => (400, b"malformed_chunked_body"),
         };
         match self.respond(sh, status, true, None, reason, false).await {
