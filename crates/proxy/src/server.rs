@@ -1010,7 +1010,10 @@ impl Conn {
                 let read = self.ubuf.read_from(&mut up, UPSTREAM_BUF_BYTES);
                 match timeout_at(pace.until(sh.response_timeout), read).await {
                     Ok(Ok(n)) if n > 0 => {}
-                    _ => {
+                    r => {
+                        if r.is_err() {
+                            sh.metrics.response_body_timeouts.fetch_add(1, Relaxed);
+                        }
                         sh.metrics.upstream_error(UpstreamError::MidBody);
                         return self.upstream_failed_before_head(sh, &req).await;
                     }

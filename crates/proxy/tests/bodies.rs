@@ -958,3 +958,59 @@ async fn http10_request_without_host_goes_upstream_with_one() {
     })
     .await
 }
+
+/// A back-end that sends a head promising `len` bytes, then one byte every 50 ms: never
+/// idle for the 30 s response timeout, never finishing. Reports when the proxy hung up.
+async fn trickling_upstream(len: usize) -> (SocketAddr, Arc<Mutex<Option<Instant>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let ended = Arc::new(Mutex::new(None));
+    let e = ended.clone();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut buf = Vec::new();
+        let mut tmp = [0u8; 4096];
+        while find(&buf, b"\r\n\r\n").is_none() {
+            let n = s.read(&mut tmp).await.unwrap();
+            buf.extend_from_slice(&tmp[..n]);
+        }
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n");
+        let _ = s.write_all(head.as_bytes()).await;
+        // The proxy hanging up shows as a failed write soon after.
+        while s.write_all(b"x").await.is_ok() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        *e.lock().unwrap() = Some(Instant::now());
+    });
+    (addr, ended)
+}
+
+#[tokio::test]
+async fn trickling_backend_response_is_cut_off_at_the_response_body_deadline() {
+    within(async {
+        // Short enough to be held back with the head (502), then long enough to stream
+        // (truncated, then closed).
+        for (len, held_back) in [(1_000, true), (1_000_000, false)] {
+            let (addr, ended) = trickling_upstream(len).await;
+            let mut cfg = config(addr);
+            cfg.http.response_body_timeout_ms = 400;
+            let p = start(cfg).await;
+            let mut c = Client::connect(p.addr).await;
+            c.send(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n").await;
+            let t0 = Instant::now();
+            let r = c.response().await;
+            let took = t0.elapsed();
+            if held_back {
+                let r = r.expect("a 502");
+                assert_eq!((r.status, &r.body[..]), (502, &b"bad_upstream_body"[..]));
+            } else {
+                assert!(r.is_none(), "a complete response arrived");
+            }
+            assert!(took >= Duration::from_millis(300), "{len}: {took:?}");
+            assert!(took < Duration::from_secs(5), "{len}: {took:?}");
+            assert_eq!(p.metrics.response_body_timeouts.load(SeqCst), 1);
+            until(|| ended.lock().unwrap().is_some()).await;
+        }
+    })
+    .await
+}
