@@ -103,6 +103,23 @@ pub struct HttpConfig {
     /// longer than most responses, shorter than the 30 s most supervisors wait before
     /// SIGKILL.
     pub drain_timeout_ms: u64,
+
+    // ---- Body deadlines: a slow body must not pin a client slot, an upstream connection
+    // and a back-end worker for longer than these (per-read timeouts alone let a client
+    // trickle one byte a minute). Validated by `HttpConfig::validate_body_deadlines`. ----
+    /// Total time a request body may take to arrive, counted from when the proxy starts
+    /// relaying it (a back-end connection is ready); beyond it the client gets 408 and
+    /// both connections close. Default 60000 ms.
+    pub request_body_timeout_ms: u64,
+    /// Total time to relay a response body (reads from the back-end and writes to the
+    /// client); beyond it both connections are dropped. Default 300000 ms.
+    pub response_body_timeout_ms: u64,
+    /// After `body_rate_grace_ms`, a request or response body must have moved at least
+    /// this many bytes per second on average since it began (mod_reqtimeout's `MinRate`),
+    /// or it fails as on its total timeout. 0 = no minimum rate. Default 500.
+    pub body_min_rate_bytes_per_s: u64,
+    /// Time a body transfer has before `body_min_rate_bytes_per_s` applies. Default 10000 ms.
+    pub body_rate_grace_ms: u64,
 }
 
 impl Default for HttpConfig {
@@ -120,7 +137,45 @@ impl Default for HttpConfig {
             maxconn_per_backend: None,
             queue_timeout_ms: 500,
             drain_timeout_ms: 10_000,
+
+            // Body deadlines.
+            request_body_timeout_ms: 60_000,
+            response_body_timeout_ms: 300_000,
+            body_min_rate_bytes_per_s: 500,
+            body_rate_grace_ms: 10_000,
         }
+    }
+}
+
+/// Largest `http.body_min_rate_bytes_per_s`: 1 GiB/s, beyond any single client; larger
+/// values are a unit mistake.
+pub const BODY_MIN_RATE_BYTES_PER_S_MAX: u64 = 1 << 30;
+
+impl HttpConfig {
+    /// Check the body-deadline keys; errors name the key.
+    pub fn validate_body_deadlines(&self) -> Result<(), ConfigError> {
+        for (k, v) in [
+            ("http.request_body_timeout_ms", self.request_body_timeout_ms),
+            (
+                "http.response_body_timeout_ms",
+                self.response_body_timeout_ms,
+            ),
+            ("http.body_rate_grace_ms", self.body_rate_grace_ms),
+        ] {
+            if v == 0 || v > TIMEOUT_MS_MAX {
+                return Err(err(k, format!("must be 1..={TIMEOUT_MS_MAX} ms, got {v}")));
+            }
+        }
+        if self.body_min_rate_bytes_per_s > BODY_MIN_RATE_BYTES_PER_S_MAX {
+            return Err(err(
+                "http.body_min_rate_bytes_per_s",
+                format!(
+                    "must be 0..={BODY_MIN_RATE_BYTES_PER_S_MAX}, got {}",
+                    self.body_min_rate_bytes_per_s
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -472,6 +527,7 @@ impl ProxyConfig {
         if h.max_client_conns == 0 {
             return Err(err("http.max_client_conns", "must be at least 1"));
         }
+        h.validate_body_deadlines()?;
         if !(10..=1_000_000).contains(&self.monitor.period_us) {
             return Err(err("monitor.period_us", "must be 10..=1000000 µs"));
         }
@@ -571,6 +627,18 @@ mod tests {
             .unwrap_err();
             assert_eq!(e.key, "admission.target_delay_ms");
         }
+
+        let e = ProxyConfig::from_toml_str(
+            "listen = \"127.0.0.1:1\"\n[http]\nrequest_body_timeout_ms = 0\n[[backend]]\naddr = \"127.0.0.1:2\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "http.request_body_timeout_ms");
+
+        let e = ProxyConfig::from_toml_str(
+            "listen = \"127.0.0.1:1\"\n[http]\nbody_min_rate_bytes_per_s = 2000000000\n[[backend]]\naddr = \"127.0.0.1:2\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "http.body_min_rate_bytes_per_s");
 
         let e = ProxyConfig::from_toml_str("listen = \"127.0.0.1:1\"\nbogus = 3\n").unwrap_err();
         assert!(e.msg.contains("bogus"), "{e}");

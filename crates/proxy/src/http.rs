@@ -38,23 +38,30 @@ pub enum RequestError {
     TooManyHeaders,
     /// A transfer coding other than `chunked`, or CONNECT.
     NotImplemented,
+    /// Framing a back-end could read differently (RFC 9112 §6): Content-Length together
+    /// with Transfer-Encoding, `chunked` missing, repeated or not the final coding, or
+    /// Transfer-Encoding on an HTTP/1.0 request.
+    BadFraming,
 }
 
 impl RequestError {
+    /// The HTTP status the client gets.
     pub fn status(self) -> u16 {
         match self {
-            RequestError::Malformed => 400,
+            RequestError::Malformed | RequestError::BadFraming => 400,
             RequestError::HeadTooLarge | RequestError::TooManyHeaders => 431,
             RequestError::NotImplemented => 501,
         }
     }
 
+    /// A short machine-readable reason, sent as the body of the error response.
     pub fn reason(self) -> &'static str {
         match self {
             RequestError::Malformed => "malformed_request",
             RequestError::HeadTooLarge => "header_too_large",
             RequestError::TooManyHeaders => "too_many_headers",
             RequestError::NotImplemented => "not_implemented",
+            RequestError::BadFraming => "bad_framing",
         }
     }
 }
@@ -84,8 +91,14 @@ pub struct RequestHead {
 /// Why a response head from a back-end was refused (the client gets 502).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResponseError {
+    /// Bad status line or header syntax, bad or conflicting Content-Length,
+    /// Transfer-Encoding on an HTTP/1.0 response, or a switch of protocols.
     Malformed,
+    /// The head is larger than `http.max_header_bytes` or has too many fields.
     HeadTooLarge,
+    /// A transfer coding the client cannot be sent: any coding to an HTTP/1.0 client,
+    /// which does not know Transfer-Encoding.
+    UnsupportedCoding,
 }
 
 /// What the data path needs to know about a parsed response head.
@@ -106,15 +119,15 @@ fn eq_ic(a: &str, b: &str) -> bool {
     a.eq_ignore_ascii_case(b)
 }
 
+/// Optional whitespace of RFC 9110 §5.6.3: space and horizontal tab, nothing else.
+fn is_ows(c: &u8) -> bool {
+    *c == b' ' || *c == b'\t'
+}
+
+/// `v` without leading and trailing OWS.
 fn trim(v: &[u8]) -> &[u8] {
-    let start = v
-        .iter()
-        .position(|c| !c.is_ascii_whitespace())
-        .unwrap_or(v.len());
-    let end = v
-        .iter()
-        .rposition(|c| !c.is_ascii_whitespace())
-        .map_or(start, |e| e + 1);
+    let start = v.iter().position(|c| !is_ows(c)).unwrap_or(v.len());
+    let end = v.iter().rposition(|c| !is_ows(c)).map_or(start, |e| e + 1);
     &v[start..end]
 }
 
@@ -132,6 +145,20 @@ fn parse_content_length(v: &[u8]) -> Option<u64> {
     v.iter().try_fold(0u64, |n, &d| {
         n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
     })
+}
+
+/// `Transfer_Encoding`, `content_length` and the like: not the framing fields, but a
+/// back-end that maps `_` to `-` (CGI-style environments, some frameworks) would read
+/// them as such while the proxy frames the body otherwise. Refused.
+fn looks_like_framing(name: &str) -> bool {
+    let n = name.as_bytes();
+    n.contains(&b'_')
+        && ["transfer-encoding", "content-length"].iter().any(|f| {
+            f.len() == n.len()
+                && f.bytes()
+                    .zip(n)
+                    .all(|(a, &b)| a == b.to_ascii_lowercase() || (a == b'-' && b == b'_'))
+        })
 }
 
 /// Headers that describe one hop and are never forwarded. `Transfer-Encoding` and
@@ -227,12 +254,17 @@ pub fn parse_request(
         let mut content_length = None;
         let mut te_seen = false;
         let mut chunked_count = 0;
+        let mut chunked_last = false;
+        let mut other_coding = false;
         let mut conn_close = false;
         let mut conn_keep_alive = false;
         let mut conn_names_others = false;
         let mut host = None;
         let mut expect_continue = false;
         for h in headers {
+            if looks_like_framing(h.name) {
+                return Err(RequestError::BadFraming);
+            }
             if eq_ic(h.name, "content-length") {
                 let n = parse_content_length(h.value).ok_or(RequestError::Malformed)?;
                 if content_length.is_some_and(|m| m != n) {
@@ -240,12 +272,15 @@ pub fn parse_request(
                 }
                 content_length = Some(n);
             } else if eq_ic(h.name, "transfer-encoding") {
+                // The codings of every Transfer-Encoding field, in order, form one list.
                 te_seen = true;
                 for t in tokens(h.value) {
-                    if !t.eq_ignore_ascii_case(b"chunked") {
-                        return Err(RequestError::NotImplemented);
+                    chunked_last = t.eq_ignore_ascii_case(b"chunked");
+                    if chunked_last {
+                        chunked_count += 1;
+                    } else {
+                        other_coding = true;
                     }
-                    chunked_count += 1;
                 }
             } else if eq_ic(h.name, "connection") {
                 for t in tokens(h.value) {
@@ -264,9 +299,18 @@ pub fn parse_request(
                 expect_continue = trim(h.value).eq_ignore_ascii_case(b"100-continue");
             }
         }
-        // Both framings at once is the request-smuggling shape: refuse (RFC 9112 §6.3).
-        if te_seen && (content_length.is_some() || chunked_count != 1) {
-            return Err(RequestError::Malformed);
+        if te_seen {
+            // RFC 9112 §6.1: Transfer-Encoding on HTTP/1.0 is faulty framing. §6.3: both
+            // framings at once is the request-smuggling shape (refused rather than
+            // processed-then-closed); a request whose final coding is not chunked has no
+            // determinable length (400). Anything else but chunked we cannot decode (501).
+            if minor_version == 0 || content_length.is_some() || !chunked_last || chunked_count != 1
+            {
+                return Err(RequestError::BadFraming);
+            }
+            if other_coding {
+                return Err(RequestError::NotImplemented);
+            }
         }
         if minor_version == 1 && host.is_none() {
             return Err(RequestError::Malformed);
@@ -337,7 +381,8 @@ pub fn parse_request(
             ),
             framing,
             keep_alive,
-            expect_continue: expect_continue && framing != BodyFraming::None,
+            // RFC 9110 §10.1.1: an HTTP/1.0 client does not know `100 Continue`.
+            expect_continue: expect_continue && minor_version == 1 && framing != BodyFraming::None,
             host,
             target: offset_in(buf, path.as_bytes()),
         }))
@@ -400,6 +445,7 @@ pub fn parse_response(
         let mut content_length = None;
         let mut te_seen = false;
         let mut te_chunked_last = false;
+        let mut te_other = false;
         let mut conn_names_others = false;
         let mut conn_close = false;
         let mut conn_keep_alive = false;
@@ -411,10 +457,12 @@ pub fn parse_response(
                 }
                 content_length = Some(n);
             } else if eq_ic(h.name, "transfer-encoding") {
+                // The codings of every Transfer-Encoding field, in order, form one list.
                 te_seen = true;
-                te_chunked_last = tokens(h.value)
-                    .last()
-                    .is_some_and(|t| t.eq_ignore_ascii_case(b"chunked"));
+                for t in tokens(h.value) {
+                    te_chunked_last = t.eq_ignore_ascii_case(b"chunked");
+                    te_other |= !te_chunked_last;
+                }
             } else if eq_ic(h.name, "connection") {
                 for t in tokens(h.value) {
                     let close = t.eq_ignore_ascii_case(b"close");
@@ -425,7 +473,17 @@ pub fn parse_response(
                 }
             }
         }
+        // RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 message is faulty framing.
+        if te_seen && minor_version == 0 {
+            return Err(ResponseError::Malformed);
+        }
         let no_body = req.is_head || status == 204 || status == 304;
+        // Codings other than chunked are passed on with their header (RFC 9112 §6.1), which
+        // an HTTP/1.0 client does not understand: refuse rather than send it a body it
+        // would misread.
+        if !no_body && te_other && req.minor_version == 0 {
+            return Err(ResponseError::UnsupportedCoding);
+        }
         let framing = if no_body {
             BodyFraming::None
         } else if te_seen {
@@ -455,8 +513,16 @@ pub fn parse_response(
         let _ = write!(out, "HTTP/1.1 {status} {reason}\r\n");
         // For bodiless responses Content-Length describes the entity (HEAD): keep it.
         let restate_length = framing != BodyFraming::None;
+        // The back-end's own Transfer-Encoding list goes to the client verbatim when it
+        // holds more than `chunked` (e.g. `gzip, chunked`, or `gzip` with the body ending
+        // at close): the client needs it to decode the body.
+        let pass_te = framing != BodyFraming::None && te_other;
         for h in headers {
             let n = h.name;
+            if pass_te && eq_ic(n, "transfer-encoding") {
+                push_header(out, n.as_bytes(), h.value);
+                continue;
+            }
             if is_hop_by_hop(n)
                 || (restate_length && eq_ic(n, "content-length"))
                 || (conn_names_others && named_by_connection(n, headers))
@@ -469,7 +535,7 @@ pub fn parse_response(
             BodyFraming::Length(n) => {
                 let _ = write!(out, "Content-Length: {n}\r\n");
             }
-            BodyFraming::Chunked if !dechunk => {
+            BodyFraming::Chunked if !dechunk && !pass_te => {
                 out.extend_from_slice(b"Transfer-Encoding: chunked\r\n")
             }
             _ => {}
@@ -484,7 +550,11 @@ pub fn parse_response(
             head_len,
             status,
             framing,
-            upstream_reusable: upstream_keep_alive && framing != BodyFraming::Close,
+            // Content-Length beside Transfer-Encoding: a confused back-end (RFC 9112 §6.3),
+            // whose connection is not trusted with another request.
+            upstream_reusable: upstream_keep_alive
+                && framing != BodyFraming::Close
+                && !(te_seen && content_length.is_some()),
             client_close,
             dechunk,
         }))
@@ -542,31 +612,81 @@ pub fn local_response(
     }
 }
 
-/// A malformed chunked body.
+/// Total bytes of chunk extensions accepted in one body. Extensions carry nothing the
+/// proxy uses; the bound stops a client from streaming an endless size line (the same
+/// bound as Node.js's fix for CVE-2024-22019).
+pub const CHUNK_EXT_BYTES_MAX: u64 = 16 * 1024;
+/// Total bytes of the trailer section of one body: at most what a request head may hold
+/// by default (`http.max_header_bytes`).
+pub const TRAILER_BYTES_MAX: u64 = 16 * 1024;
+/// Hex digits of one chunk size, leading zeros included: 16 digits fill a u64.
+pub const CHUNK_SIZE_DIGITS_MAX: u8 = 16;
+
+/// A malformed chunked body, or one beyond the bounds above.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ChunkState {
+    /// Hex digits of the chunk size.
     Size,
-    Extension,
+    /// Whitespace after the size or after an extension; a `;` must follow.
+    ExtBws,
+    /// After `;`: optional whitespace, then an extension name.
+    ExtNameStart,
+    ExtName,
+    /// Whitespace after an extension name: `=` or `;` must follow.
+    ExtAfterName,
+    /// After `=`: optional whitespace, then a token or a quoted string.
+    ExtValueStart,
+    ExtToken,
+    ExtQuoted,
+    ExtQuotedPair,
+    /// After a closing quote: `;`, whitespace then `;`, or CRLF.
+    ExtAfterQuoted,
+    /// CR of the size line seen; LF must follow.
     SizeLf,
     Data,
     DataCr,
     DataLf,
+    /// Start of a trailer line, or the CR of the final empty line.
     TrailerStart,
-    TrailerLine,
+    TrailerName,
+    TrailerValue,
     TrailerLf,
+    EndLf,
     Done,
 }
 
-/// Incremental scanner of a chunked body: finds where it ends (relay mode) and hands out
-/// the payload bytes (decode mode). Chunk extensions and trailers are tolerated.
+/// `tchar` of RFC 9110 §5.6.2: the bytes of a token.
+pub fn is_tchar(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&c)
+}
+
+/// Bytes of a field value or a quoted pair: HTAB, SP, VCHAR, obs-text.
+fn is_field_vchar(c: u8) -> bool {
+    c == b'\t' || c == b' ' || (0x21..=0x7e).contains(&c) || c >= 0x80
+}
+
+/// `qdtext` of RFC 9110 §5.6.4.
+fn is_qdtext(c: u8) -> bool {
+    is_field_vchar(c) && c != b'"' && c != b'\\'
+}
+
+/// Incremental scanner of a chunked body, strict per RFC 9112 §7.1: finds where it ends
+/// (relay mode) and hands out the payload bytes (decode mode). Every line ends in CRLF
+/// (no bare LF or CR anywhere), sizes are hex digits only, extensions follow the
+/// grammar (`;name`, `;name=token`, `;name="quoted"`, whitespace only around `;`/`=`)
+/// and trailers are field lines (token name, colon with no whitespace before it,
+/// visible value, no folding). What it accepts, every conforming parser delimits the
+/// same way, so bytes it relays verbatim cannot desynchronise the next hop.
 #[derive(Debug, Clone)]
 pub struct Chunked {
     state: ChunkState,
     size: u64,
     digits: u8,
+    ext_bytes: u64,
+    trailer_bytes: u64,
 }
 
 impl Default for Chunked {
@@ -576,115 +696,159 @@ impl Default for Chunked {
 }
 
 impl Chunked {
+    /// A scanner at the start of a body.
     pub fn new() -> Self {
         Chunked {
             state: ChunkState::Size,
             size: 0,
             digits: 0,
+            ext_bytes: 0,
+            trailer_bytes: 0,
         }
     }
 
+    /// The last-chunk and trailer section have been seen.
     pub fn is_done(&self) -> bool {
         self.state == ChunkState::Done
     }
 
-    fn end_of_size_line(&mut self) -> Result<(), ChunkError> {
-        if self.digits == 0 {
-            return Err(ChunkError);
-        }
+    fn end_of_size_line(&mut self) {
         self.digits = 0;
         self.state = if self.size == 0 {
             ChunkState::TrailerStart
         } else {
             ChunkState::Data
         };
-        Ok(())
+    }
+
+    /// Next state for byte `c` of a size line after the digits, or an error.
+    fn extension(&mut self, c: u8) -> Result<ChunkState, ChunkError> {
+        use ChunkState::*;
+        self.ext_bytes += 1;
+        if self.ext_bytes > CHUNK_EXT_BYTES_MAX {
+            return Err(ChunkError);
+        }
+        let ws = c == b' ' || c == b'\t';
+        Ok(match (self.state, c) {
+            (ExtBws | ExtAfterQuoted, _) if ws => ExtBws,
+            (ExtBws | ExtName | ExtAfterName | ExtToken | ExtAfterQuoted, b';') => ExtNameStart,
+            (ExtName | ExtToken | ExtAfterQuoted, b'\r') => SizeLf,
+            (ExtNameStart, _) if ws => ExtNameStart,
+            (ExtNameStart | ExtName, _) if is_tchar(c) => ExtName,
+            (ExtName | ExtAfterName, _) if ws => ExtAfterName,
+            (ExtName | ExtAfterName, b'=') => ExtValueStart,
+            (ExtValueStart, _) if ws => ExtValueStart,
+            (ExtValueStart, b'"') => ExtQuoted,
+            (ExtValueStart | ExtToken, _) if is_tchar(c) => ExtToken,
+            (ExtToken, _) if ws => ExtBws,
+            (ExtQuoted, b'"') => ExtAfterQuoted,
+            (ExtQuoted, b'\\') => ExtQuotedPair,
+            (ExtQuoted, _) if is_qdtext(c) => ExtQuoted,
+            (ExtQuotedPair, _) if is_field_vchar(c) => ExtQuoted,
+            _ => return Err(ChunkError),
+        })
+    }
+
+    /// Next state for byte `c` of the trailer section, or an error.
+    fn trailer(&mut self, c: u8) -> Result<ChunkState, ChunkError> {
+        use ChunkState::*;
+        self.trailer_bytes += 1;
+        if self.trailer_bytes > TRAILER_BYTES_MAX {
+            return Err(ChunkError);
+        }
+        Ok(match (self.state, c) {
+            (TrailerStart, b'\r') => EndLf,
+            (TrailerStart | TrailerName, _) if is_tchar(c) => TrailerName,
+            (TrailerName, b':') => TrailerValue,
+            (TrailerValue, b'\r') => TrailerLf,
+            (TrailerValue, _) if is_field_vchar(c) => TrailerValue,
+            (TrailerLf, b'\n') => TrailerStart,
+            _ => return Err(ChunkError),
+        })
     }
 
     /// Scan `input`. Payload bytes are passed to `on_data`. Returns `Some(n)` when the
     /// body ended after the first `n` bytes of `input`, `None` when all of it belongs to
-    /// the body and more is needed.
+    /// the body and more is needed. After an error the scanner must not be fed again.
     pub fn feed(
         &mut self,
         input: &[u8],
         on_data: &mut dyn FnMut(&[u8]),
     ) -> Result<Option<usize>, ChunkError> {
+        use ChunkState::*;
         let mut i = 0;
         while i < input.len() {
             let c = input[i];
             match self.state {
-                ChunkState::Size => match c {
-                    b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
-                        // 15 hex digits = 2^60 bytes: far beyond any real chunk.
-                        if self.digits >= 15 {
+                Size => {
+                    if let Some(d) = (c as char).to_digit(16) {
+                        if self.digits >= CHUNK_SIZE_DIGITS_MAX {
                             return Err(ChunkError);
                         }
-                        let d = (c as char).to_digit(16).unwrap_or(0);
-                        self.size = self.size * 16 + u64::from(d);
+                        self.size = self
+                            .size
+                            .checked_mul(16)
+                            .and_then(|s| s.checked_add(u64::from(d)))
+                            .ok_or(ChunkError)?;
                         self.digits += 1;
-                    }
-                    b';' | b' ' | b'\t' => self.state = ChunkState::Extension,
-                    b'\r' => self.state = ChunkState::SizeLf,
-                    b'\n' => self.end_of_size_line()?,
-                    _ => return Err(ChunkError),
-                },
-                ChunkState::Extension => {
-                    if c == b'\n' {
-                        self.end_of_size_line()?;
+                    } else if self.digits == 0 {
+                        return Err(ChunkError);
+                    } else {
+                        self.state = match c {
+                            b'\r' => SizeLf,
+                            b';' | b' ' | b'\t' => {
+                                self.state = ExtBws;
+                                self.extension(c)?
+                            }
+                            _ => return Err(ChunkError),
+                        };
                     }
                 }
-                ChunkState::SizeLf => {
+                ExtBws | ExtNameStart | ExtName | ExtAfterName | ExtValueStart | ExtToken
+                | ExtQuoted | ExtQuotedPair | ExtAfterQuoted => self.state = self.extension(c)?,
+                SizeLf => {
                     if c != b'\n' {
                         return Err(ChunkError);
                     }
-                    self.end_of_size_line()?;
+                    self.end_of_size_line();
                 }
-                ChunkState::Data => {
+                Data => {
                     let n = (input.len() - i).min(usize::try_from(self.size).unwrap_or(usize::MAX));
                     on_data(&input[i..i + n]);
                     self.size -= n as u64;
                     i += n;
                     if self.size == 0 {
-                        self.state = ChunkState::DataCr;
+                        self.state = DataCr;
                     }
                     continue;
                 }
-                ChunkState::DataCr => match c {
-                    b'\r' => self.state = ChunkState::DataLf,
-                    b'\n' => self.state = ChunkState::Size,
-                    _ => return Err(ChunkError),
-                },
-                ChunkState::DataLf => {
+                DataCr => {
+                    if c != b'\r' {
+                        return Err(ChunkError);
+                    }
+                    self.state = DataLf;
+                }
+                DataLf => {
                     if c != b'\n' {
                         return Err(ChunkError);
                     }
-                    self.state = ChunkState::Size;
+                    self.state = Size;
                 }
-                ChunkState::TrailerStart => match c {
-                    b'\r' => self.state = ChunkState::TrailerLf,
-                    b'\n' => {
-                        self.state = ChunkState::Done;
-                        return Ok(Some(i + 1));
-                    }
-                    _ => self.state = ChunkState::TrailerLine,
-                },
-                ChunkState::TrailerLine => {
-                    if c == b'\n' {
-                        self.state = ChunkState::TrailerStart;
-                    }
+                TrailerStart | TrailerName | TrailerValue | TrailerLf => {
+                    self.state = self.trailer(c)?
                 }
-                ChunkState::TrailerLf => {
+                EndLf => {
                     if c != b'\n' {
                         return Err(ChunkError);
                     }
-                    self.state = ChunkState::Done;
+                    self.state = Done;
                     return Ok(Some(i + 1));
                 }
-                ChunkState::Done => return Ok(Some(i)),
+                Done => return Ok(Some(i)),
             }
             i += 1;
         }
-        Ok(if self.state == ChunkState::Done {
+        Ok(if self.state == Done {
             Some(input.len())
         } else {
             None
@@ -833,6 +997,274 @@ mod tests {
             }
             let _ = Chunked::new().feed(&buf, &mut |_| {});
         }
+    }
+
+    /// The request-smuggling classics: each is refused with the status RFC 9112 asks for
+    /// (or, where the RFC allows either, the stricter one).
+    #[test]
+    fn smuggling_shapes_in_request_heads_are_refused() {
+        const H: &str = "POST / HTTP/1.1\r\nHost: a\r\n";
+        let cases: &[(&str, &str, u16)] = &[
+            (
+                "CL+TE",
+                "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n",
+                400,
+            ),
+            (
+                "TE+CL",
+                "Transfer-Encoding: chunked\r\nContent-Length: 4\r\n",
+                400,
+            ),
+            (
+                "CL conflict",
+                "Content-Length: 4\r\nContent-Length: 5\r\n",
+                400,
+            ),
+            ("CL list", "Content-Length: 4, 5\r\n", 400),
+            ("CL plus", "Content-Length: +4\r\n", 400),
+            ("CL minus", "Content-Length: -4\r\n", 400),
+            ("CL hex", "Content-Length: 0x4\r\n", 400),
+            ("CL inner space", "Content-Length: 4 4\r\n", 400),
+            ("CL empty", "Content-Length: \r\n", 400),
+            ("CL huge", "Content-Length: 99999999999999999999\r\n", 400),
+            ("CL vertical tab", "Content-Length: \x0b4\r\n", 400),
+            ("CL form feed", "Content-Length: 4\x0c\r\n", 400),
+            ("space before colon", "Transfer-Encoding : chunked\r\n", 400),
+            ("tab before colon", "Content-Length\t: 4\r\n", 400),
+            ("obs-fold", "X-A: 1\r\n Transfer-Encoding: chunked\r\n", 400),
+            ("obs-fold of TE", "Transfer-Encoding:\r\n chunked\r\n", 400),
+            (
+                "chunked, identity",
+                "Transfer-Encoding: chunked, identity\r\n",
+                400,
+            ),
+            (
+                "chunked twice",
+                "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
+                400,
+            ),
+            (
+                "chunked not last",
+                "Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n",
+                400,
+            ),
+            ("TE empty", "Transfer-Encoding: \r\n", 400),
+            ("TE quoted", "Transfer-Encoding: \"chunked\"\r\n", 400),
+            ("TE vertical tab", "Transfer-Encoding: \x0bchunked\r\n", 400),
+            (
+                "TE gzip, chunked",
+                "Transfer-Encoding: gzip, chunked\r\n",
+                501,
+            ),
+            (
+                "TE with underscore",
+                "Transfer_Encoding: chunked\r\nContent-Length: 4\r\n",
+                400,
+            ),
+            ("CL with underscore", "Content_Length: 4\r\n", 400),
+            (
+                "bare CR in value",
+                "X-A: 1\rTransfer-Encoding: chunked\r\n",
+                400,
+            ),
+            ("NUL in value", "X-A: \x00\r\n", 400),
+        ];
+        for (what, fields, status) in cases {
+            let r = req(&format!("{H}{fields}\r\n"));
+            assert_eq!(
+                r.map(|_| ()).map_err(|e| e.status()),
+                Err(*status),
+                "{what}"
+            );
+        }
+        // TE on HTTP/1.0 is faulty framing even alone (RFC 9112 §6.1).
+        let e = req("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n").unwrap_err();
+        assert_eq!(e, RequestError::BadFraming);
+        // Accepted: identical repeated lengths collapse to one, leading zeros, OWS.
+        let mut out = Vec::new();
+        let s = format!("{H}Content-Length: 4\r\nContent-Length:  004 \r\n\r\n");
+        let h = parse_request(s.as_bytes(), 100, 16384, "1.2.3.4", &mut out)
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, BodyFraming::Length(4));
+        let out = String::from_utf8(out).unwrap();
+        assert_eq!(out.matches("Content-Length").count(), 1, "{out}");
+        assert!(out.contains("Content-Length: 4\r\n"), "{out}");
+        let h = req(&format!("{H}transfer-encoding: Chunked\r\n\r\n"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.framing, BodyFraming::Chunked);
+        // Naming the framing field in Connection does not remove it: the proxy restates it.
+        let mut out = Vec::new();
+        let s = format!("{H}Connection: Content-Length\r\nContent-Length: 4\r\nX_Ok: 1\r\n\r\n");
+        parse_request(s.as_bytes(), 100, 16384, "1.2.3.4", &mut out)
+            .unwrap()
+            .unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(
+            out.contains("\r\nContent-Length: 4\r\n") && out.contains("X_Ok: 1"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn continue_is_never_promised_to_http10() {
+        let body = "Content-Length: 3\r\nExpect: 100-continue\r\n\r\n";
+        let h = req(&format!("POST / HTTP/1.1\r\nHost: a\r\n{body}"))
+            .unwrap()
+            .unwrap();
+        assert!(h.expect_continue);
+        let h = req(&format!("POST / HTTP/1.0\r\n{body}")).unwrap().unwrap();
+        assert!(!h.expect_continue);
+    }
+
+    #[test]
+    fn response_codings_other_than_chunked_keep_their_header() {
+        let get11 = req("GET / HTTP/1.1\r\nHost: a\r\n\r\n").unwrap().unwrap();
+        let get10 = req("GET / HTTP/1.0\r\n\r\n").unwrap().unwrap();
+        let resp = |r: &RequestHead, s: &str| {
+            let mut out = Vec::new();
+            parse_response(s.as_bytes(), 100, 16384, r, &mut out)
+                .map(|h| (h.unwrap(), String::from_utf8(out).unwrap()))
+        };
+        let (h, out) = resp(
+            &get11,
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(h.framing, BodyFraming::Chunked);
+        assert!(
+            out.contains("Transfer-Encoding: gzip, chunked\r\n"),
+            "{out}"
+        );
+        assert_eq!(out.matches("Transfer-Encoding").count(), 1, "{out}");
+        let (h, out) = resp(&get11, "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n").unwrap();
+        assert_eq!(h.framing, BodyFraming::Close);
+        assert!(h.client_close && !h.upstream_reusable);
+        assert!(out.contains("Transfer-Encoding: gzip\r\n"), "{out}");
+        let (h, out) = resp(
+            &get11,
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(h.framing, BodyFraming::Chunked);
+        assert!(out.contains("Transfer-Encoding: chunked\r\n"), "{out}");
+        // An HTTP/1.0 client cannot be sent a coding; plain chunked is decoded for it.
+        assert_eq!(
+            resp(
+                &get10,
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"
+            )
+            .unwrap_err(),
+            ResponseError::UnsupportedCoding
+        );
+        let (h, out) = resp(
+            &get10,
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )
+        .unwrap();
+        assert!(h.dechunk && !out.contains("Transfer-Encoding"), "{out}");
+        // Transfer-Encoding from an HTTP/1.0 back-end is faulty framing.
+        assert_eq!(
+            resp(
+                &get11,
+                "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
+            .unwrap_err(),
+            ResponseError::Malformed
+        );
+        // CL beside TE: TE frames the body, the back-end connection is not reused.
+        let (h, out) = resp(
+            &get11,
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+        )
+        .unwrap();
+        assert!(
+            !h.upstream_reusable && !out.contains("Content-Length"),
+            "{out}"
+        );
+    }
+
+    /// Feed `body` whole; `Ok(Some(end))` with the payload, or the error.
+    fn scan(body: &[u8]) -> Result<Option<(usize, Vec<u8>)>, ChunkError> {
+        let mut data = Vec::new();
+        let end = Chunked::new().feed(body, &mut |d| data.extend_from_slice(d))?;
+        Ok(end.map(|n| (n, data)))
+    }
+
+    #[test]
+    fn chunked_scanner_is_strict() {
+        let bad: &[(&str, &[u8])] = &[
+            ("bare LF after size", b"5\nhello\r\n0\r\n\r\n"),
+            ("bare LF after data", b"5\r\nhello\n0\r\n\r\n"),
+            ("bare LF at end", b"5\r\nhello\r\n0\r\n\n"),
+            ("bare CR in size line", b"5\rX\nhello\r\n0\r\n\r\n"),
+            ("bare CR in extension", b"5;a\rb\r\nhello\r\n0\r\n\r\n"),
+            ("bare LF in extension", b"5;a\nb\r\nhello\r\n0\r\n\r\n"),
+            ("no CRLF after data", b"5\r\nhelloX\r\n0\r\n\r\n"),
+            ("0x prefix", b"0x5\r\nhello\r\n0\r\n\r\n"),
+            ("sign", b"+5\r\nhello\r\n0\r\n\r\n"),
+            ("no digits", b"\r\nhello\r\n0\r\n\r\n"),
+            ("empty extension name", b"5;\r\nhello\r\n0\r\n\r\n"),
+            ("trailing whitespace", b"5 \r\nhello\r\n0\r\n\r\n"),
+            ("extension without semicolon", b"5 a\r\nhello\r\n0\r\n\r\n"),
+            ("bad extension byte", b"5;a=b\x01\r\nhello\r\n0\r\n\r\n"),
+            ("unterminated quote", b"5;a=\"b\r\nhello\r\n0\r\n\r\n"),
+            ("overflow", b"10000000000000000\r\n"),
+            ("17 digits", b"00000000000000001\r\n"),
+            ("trailer bare LF", b"0\r\nX-A: 1\n\r\n"),
+            ("trailer space before colon", b"0\r\nX-A : 1\r\n\r\n"),
+            ("trailer obs-fold", b"0\r\nX-A: 1\r\n 2\r\n\r\n"),
+            ("trailer without colon", b"0\r\nX-A\r\n\r\n"),
+            ("trailer NUL", b"0\r\nX-A: \x00\r\n\r\n"),
+            ("trailer bare CR", b"0\r\nX-A: 1\r2\r\n\r\n"),
+        ];
+        for (what, body) in bad {
+            assert_eq!(scan(body), Err(ChunkError), "{what}");
+        }
+        let good: &[(&str, &[u8])] = &[
+            ("plain", b"5\r\nhello\r\n0\r\n\r\n"),
+            ("upper hex, zeros", b"0005\r\nhello\r\n000\r\n\r\n"),
+            (
+                "extensions",
+                b"5;a;b=c;d=\"e;\\\"f\"\r\nhello\r\n0;z=1\r\n\r\n",
+            ),
+            ("BWS", b"5 ; a = b\t;c\r\nhello\r\n0\r\n\r\n"),
+            ("trailers", b"5\r\nhello\r\n0\r\nX-A: 1\r\nX-B:\r\n\r\n"),
+        ];
+        for (what, body) in good {
+            let (end, data) = scan(body).unwrap().unwrap();
+            assert_eq!((end, &data[..]), (body.len(), &b"hello"[..]), "{what}");
+        }
+        assert_eq!(
+            scan(b"a\r\n0123456789\r\n0\r\n\r\n").unwrap().unwrap().1,
+            b"0123456789"
+        );
+    }
+
+    #[test]
+    fn chunk_extensions_and_trailers_are_bounded() {
+        let mut c = Chunked::new();
+        let line = format!("1;{}=1\r\nx\r\n", "e".repeat(1000));
+        let mut fed = 0u64;
+        let err = loop {
+            match c.feed(line.as_bytes(), &mut |_| {}) {
+                Ok(None) => fed += line.len() as u64,
+                Ok(Some(_)) => panic!("no end was sent"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err, ChunkError);
+        assert!(fed <= CHUNK_EXT_BYTES_MAX + line.len() as u64);
+        assert!(fed >= CHUNK_EXT_BYTES_MAX - line.len() as u64);
+
+        let mut c = Chunked::new();
+        assert_eq!(c.feed(b"0\r\n", &mut |_| {}), Ok(None));
+        let field = format!("X-T: {}\r\n", "v".repeat(1000));
+        let err = (0..100)
+            .find_map(|_| c.feed(field.as_bytes(), &mut |_| {}).err())
+            .expect("trailers are bounded");
+        assert_eq!(err, ChunkError);
     }
 
     #[test]

@@ -81,6 +81,11 @@ pub struct Metrics {
     pub upstream_retries: AtomicU64,
     pub bytes_in: AtomicU64,
     pub bytes_out: AtomicU64,
+    /// Request bodies that missed their idle, total or minimum-rate deadline (408).
+    pub request_body_timeouts: AtomicU64,
+    /// Response bodies cut off at their total or minimum-rate deadline, or at a stalled
+    /// write to the client.
+    pub response_body_timeouts: AtomicU64,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
     latency_count: AtomicU64,
@@ -176,6 +181,18 @@ impl Metrics {
             "counter",
             "Bytes written to clients.",
             g(&self.bytes_out),
+        );
+        simple(
+            "request_body_timeouts_total",
+            "counter",
+            "Request bodies that missed their idle, total or minimum-rate deadline (408).",
+            g(&self.request_body_timeouts),
+        );
+        simple(
+            "response_body_timeouts_total",
+            "counter",
+            "Response bodies cut off at a deadline (back-end reads or client writes).",
+            g(&self.response_body_timeouts),
         );
 
         out.push_str(

@@ -27,6 +27,14 @@
 //! read, so a reload applies to the next request of every connection; once the drain
 //! starts, the main listener is closed, a connection idle between requests is closed,
 //! and the response in flight is the connection's last (`Connection: close`).
+//!
+//! Body transfers also have a total deadline and a minimum average rate ([`Pace`]): a
+//! request body that misses them gets 408, a response body (back-end reads, client
+//! writes) is cut off.
+//!
+//! Chunked bodies are relayed byte for byte only after [`Chunked`] has checked them
+//! against RFC 9112's grammar, so the next hop delimits them exactly as the proxy did
+//! (no request smuggling through lenient framing).
 
 use crate::config::ProxyConfig;
 use crate::gate::{Gate, Route};
@@ -88,6 +96,9 @@ struct Shared {
     connect_timeout: Duration,
     response_timeout: Duration,
     queue_timeout: Duration,
+    request_body_timeout: Duration,
+    response_body_timeout: Duration,
+    body_rate_grace: Duration,
 }
 
 /// What reading a request head needs, copied out of the generation so that a client
@@ -150,6 +161,9 @@ impl Shared {
             idle_timeout: ms(h.idle_timeout_ms),
             connect_timeout: ms(h.connect_timeout_ms),
             response_timeout: ms(h.response_timeout_ms),
+            request_body_timeout: ms(h.request_body_timeout_ms),
+            response_body_timeout: ms(h.response_body_timeout_ms),
+            body_rate_grace: ms(h.body_rate_grace_ms),
             cfg,
             gate,
             metrics,
@@ -713,14 +727,72 @@ async fn lingering_close(mut client: TcpStream) {
 }
 
 async fn write_all_timeout(s: &mut TcpStream, data: &[u8], limit: Duration) -> io::Result<()> {
-    match timeout(limit, s.write_all(data)).await {
+    write_all_until(s, data, Instant::now() + limit).await
+}
+
+async fn write_all_until(s: &mut TcpStream, data: &[u8], deadline: Instant) -> io::Result<()> {
+    match timeout_at(deadline, s.write_all(data)).await {
         Ok(r) => r,
         Err(_) => Err(io::ErrorKind::TimedOut.into()),
     }
 }
 
+/// Deadline of one body transfer: a total bound, and after a grace period a minimum
+/// average rate (as Apache's mod_reqtimeout `body=20,MinRate=500`). A transfer that has
+/// moved `bytes` must move more by `start + grace + bytes / rate`, and must end by
+/// `start + total` whatever its rate. Every wait of the transfer is bounded by
+/// [`Pace::until`], so a trickling peer cannot hold a client slot, an upstream
+/// connection and a back-end worker beyond these.
+struct Pace {
+    start: Instant,
+    total: Duration,
+    grace: Duration,
+    rate_bytes_per_s: u64,
+    bytes: u64,
+}
+
+impl Pace {
+    fn new(sh: &Shared, start: Instant, total: Duration) -> Self {
+        Pace {
+            start,
+            total,
+            grace: sh.body_rate_grace,
+            rate_bytes_per_s: sh.cfg.http.body_min_rate_bytes_per_s,
+            bytes: 0,
+        }
+    }
+
+    fn moved(&mut self, n: usize) {
+        self.bytes = self.bytes.saturating_add(n as u64);
+    }
+
+    /// When the transfer fails unless it moves more bytes (or ends) first.
+    fn deadline(&self) -> Instant {
+        if self.rate_bytes_per_s == 0 {
+            return self.start + self.total;
+        }
+        let earned_us = u128::from(self.bytes) * 1_000_000 / u128::from(self.rate_bytes_per_s);
+        let by_rate = self.grace.saturating_add(Duration::from_micros(
+            u64::try_from(earned_us).unwrap_or(u64::MAX),
+        ));
+        self.start + by_rate.min(self.total)
+    }
+
+    /// The deadline of one wait that has its own limit `per_wait` too.
+    fn until(&self, per_wait: Duration) -> Instant {
+        self.deadline().min(Instant::now() + per_wait)
+    }
+}
+
+/// A write to the client that failed on its deadline cuts the response body off.
+fn count_write_timeout(sh: &Shared, e: &io::Error) {
+    if e.kind() == io::ErrorKind::TimedOut {
+        sh.metrics.response_body_timeouts.fetch_add(1, Relaxed);
+    }
+}
+
 /// `write_all` of `a` then `b`, as vectored writes.
-async fn write_two(s: &mut TcpStream, a: &[u8], b: &[u8], limit: Duration) -> io::Result<()> {
+async fn write_two(s: &mut TcpStream, a: &[u8], b: &[u8], deadline: Instant) -> io::Result<()> {
     let all = async {
         let (mut a, mut b) = (a, b);
         while !a.is_empty() || !b.is_empty() {
@@ -741,7 +813,7 @@ async fn write_two(s: &mut TcpStream, a: &[u8], b: &[u8], limit: Duration) -> io
         }
         Ok(())
     };
-    match timeout(limit, all).await {
+    match timeout_at(deadline, all).await {
         Ok(r) => r,
         Err(_) => Err(io::ErrorKind::TimedOut.into()),
     }
@@ -1157,6 +1229,16 @@ impl Conn {
         checkout: Checkout,
     ) -> Next {
         self.rbuf.consume(req.head_len);
+        if req.host.is_none() {
+            // Only HTTP/1.0 may omit Host, but the request goes upstream as HTTP/1.1,
+            // which must carry one (RFC 9112 §3.2; nginx answers 400 without): name the
+            // back-end. `out` ends with the head's empty line.
+            let end = self.out.len() - 2;
+            let host = format!("Host: {}\r\n", route.addr);
+            self.out.splice(end..end, host.bytes());
+        }
+        // The request body's deadlines (see `send_request`).
+        let mut pace: Option<Pace> = None;
         if req.expect_continue {
             // We strip Expect and answer it ourselves: the client would otherwise wait
             // for the 100 while we wait for its body.
@@ -1171,21 +1253,14 @@ impl Conn {
         }
         // Whatever part of the request body is already buffered goes out with the head.
         let mut body = Body::new(req.framing, false);
-        match body.advance(self.rbuf.filled(), &mut Vec::new()) {
+        let buffered_body = match body.advance(self.rbuf.filled(), &mut Vec::new()) {
             Ok(n) => {
                 self.out.extend_from_slice(&self.rbuf.filled()[..n]);
                 self.rbuf.consume(n);
+                n
             }
-            Err(ChunkError) => {
-                return match self
-                    .respond(sh, 400, true, None, b"malformed_chunked_body", false)
-                    .await
-                {
-                    Ok(()) => Next::Close,
-                    Err(_) => Next::Abort,
-                };
-            }
-        }
+            Err(ChunkError) => return self.request_body_failed(sh, BodyFail::Malformed).await,
+        };
         // A request that fits in `out` can be sent again if a pooled connection was stale.
         let retryable = body.is_done() && req.idempotent;
 
@@ -1209,9 +1284,17 @@ impl Conn {
                     }
                 },
             };
-            match self.send_request(sh, &mut up, &mut body).await {
+            // The request body's deadlines run from when the proxy starts relaying it: time
+            // spent getting a back-end connection is not the client's to make up.
+            let pace = pace.get_or_insert_with(|| {
+                let mut p = Pace::new(sh, Instant::now(), sh.request_body_timeout);
+                p.moved(buffered_body);
+                p
+            });
+            match self.send_request(sh, &mut up, &mut body, pace).await {
                 Ok(()) => {}
-                Err(Side::Client) => return Next::Abort,
+                // `up` holds part of a request: dropping it closes it, never pooled.
+                Err(Side::Client(f)) => return self.request_body_failed(sh, f).await,
                 Err(Side::Upstream) if reused && retryable => {
                     sh.metrics.upstream_retries.fetch_add(1, Relaxed);
                     next = Some(Checkout::Fresh(permit));
@@ -1242,13 +1325,19 @@ impl Conn {
         // in one segment: it is woken, and acknowledges, once per response instead of
         // twice. Bounded by the buffer and by the response timeout; as nothing has been
         // sent yet, a back-end failing here gets the client a 502.
+        // The response body's deadlines (total, minimum rate) bound every wait from here
+        // on: back-end reads and client writes alike.
+        let mut pace = Pace::new(sh, Instant::now(), sh.response_body_timeout);
         if let BodyFraming::Length(len) = resp.framing {
             let want = resp.head_len.saturating_add(len as usize);
             while !resp.dechunk && want <= UPSTREAM_BUF_BYTES && self.ubuf.len() < want {
                 let read = self.ubuf.read_from(&mut up, UPSTREAM_BUF_BYTES);
-                match timeout(sh.response_timeout, read).await {
+                match timeout_at(pace.until(sh.response_timeout), read).await {
                     Ok(Ok(n)) if n > 0 => {}
-                    _ => {
+                    r => {
+                        if r.is_err() {
+                            sh.metrics.response_body_timeouts.fetch_add(1, Relaxed);
+                        }
                         sh.metrics.upstream_error(UpstreamError::MidBody);
                         return self.upstream_failed_before_head(sh, &req).await;
                     }
@@ -1274,19 +1363,25 @@ impl Conn {
         } else {
             &self.ubuf.filled()[..n]
         };
-        let written = write_two(&mut self.client, &self.out, raw, sh.idle_timeout).await;
-        if written.is_err() {
+        let deadline = pace.until(sh.idle_timeout);
+        let written = write_two(&mut self.client, &self.out, raw, deadline).await;
+        if let Err(e) = written {
+            count_write_timeout(sh, &e);
             return Next::Abort;
         }
         self.bytes_out += (self.out.len() + raw.len()) as u64;
+        pace.moved(raw.len());
         self.ubuf.consume(n);
         let until_close = matches!(body, Body::UntilClose);
         while !body.is_done() {
             let read = self.ubuf.read_from(&mut up, UPSTREAM_BUF_BYTES);
-            match timeout(sh.response_timeout, read).await {
+            match timeout_at(pace.until(sh.response_timeout), read).await {
                 Ok(Ok(n)) if n > 0 => {}
                 Ok(Ok(_)) if until_close => break,
-                _ => {
+                r => {
+                    if r.is_err() {
+                        sh.metrics.response_body_timeouts.fetch_add(1, Relaxed);
+                    }
                     sh.metrics.upstream_error(UpstreamError::MidBody);
                     return Next::Abort;
                 }
@@ -1304,13 +1399,13 @@ impl Conn {
             } else {
                 &self.ubuf.filled()[..n]
             };
-            if write_all_timeout(&mut self.client, chunk, sh.idle_timeout)
-                .await
-                .is_err()
-            {
+            let deadline = pace.until(sh.idle_timeout);
+            if let Err(e) = write_all_until(&mut self.client, chunk, deadline).await {
+                count_write_timeout(sh, &e);
                 return Next::Abort;
             }
             self.bytes_out += chunk.len() as u64;
+            pace.moved(chunk.len());
             self.ubuf.consume(n);
         }
         // Bytes beyond the response mean a confused back-end: do not reuse that connection.
@@ -1330,11 +1425,15 @@ impl Conn {
     /// Send the head in `out` (with any buffered body bytes), then stream the rest of the
     /// request body from the client. `out` is left intact when the body was complete, so
     /// the request can be resent.
+    ///
+    /// Each read from the client is bounded by `pace` (the request body's total and
+    /// minimum-rate deadlines) as well as by the idle timeout.
     async fn send_request(
         &mut self,
         sh: &Shared,
         up: &mut TcpStream,
         body: &mut Body,
+        pace: &mut Pace,
     ) -> Result<(), Side> {
         write_all_timeout(up, &self.out, sh.response_timeout)
             .await
@@ -1343,19 +1442,39 @@ impl Conn {
             let read = self
                 .rbuf
                 .read_from(&mut self.client, sh.cfg.http.max_header_bytes);
-            match timeout(sh.idle_timeout, read).await {
+            match timeout_at(pace.until(sh.idle_timeout), read).await {
                 Ok(Ok(n)) if n > 0 => self.bytes_in += n as u64,
-                _ => return Err(Side::Client),
+                Err(_) => return Err(Side::Client(BodyFail::Timeout)),
+                Ok(_) => return Err(Side::Client(BodyFail::Gone)),
             }
             let n = body
                 .advance(self.rbuf.filled(), &mut Vec::new())
-                .map_err(|_| Side::Client)?;
+                .map_err(|_| Side::Client(BodyFail::Malformed))?;
             write_all_timeout(up, &self.rbuf.filled()[..n], sh.response_timeout)
                 .await
                 .map_err(|_| Side::Upstream)?;
             self.rbuf.consume(n);
+            pace.moved(n);
         }
         Ok(())
+    }
+
+    /// The client's request body failed before any of the response was sent: tell it
+    /// why if it can still hear (408 / 400), then close. Whatever part of the request
+    /// reached a back-end dies with that connection, which is never reused.
+    async fn request_body_failed(&mut self, sh: &Shared, f: BodyFail) -> Next {
+        let (status, reason): (u16, &[u8]) = match f {
+            BodyFail::Gone => return Next::Abort,
+            BodyFail::Timeout => {
+                sh.metrics.request_body_timeouts.fetch_add(1, Relaxed);
+                (408, b"request_body_timeout")
+            }
+            BodyFail::Malformed => (400, b"malformed_chunked_body"),
+        };
+        match self.respond(sh, status, true, None, reason, false).await {
+            Ok(()) => Next::Close,
+            Err(_) => Next::Abort,
+        }
     }
 
     /// Read the back-end's response head into `ubuf`, skipping interim 1xx responses.
@@ -1442,6 +1561,55 @@ impl Conn {
 
 /// Which side of an exchange failed.
 enum Side {
-    Client,
+    Client(BodyFail),
     Upstream,
+}
+
+/// How a client's request body failed.
+enum BodyFail {
+    /// The client closed or reset the connection.
+    Gone,
+    /// Idle, total or minimum-rate deadline of the request body.
+    Timeout,
+    /// A chunked body outside RFC 9112's grammar or the scanner's bounds.
+    Malformed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pace(total_ms: u64, grace_ms: u64, rate_bytes_per_s: u64) -> Pace {
+        Pace {
+            start: Instant::now(),
+            total: Duration::from_millis(total_ms),
+            grace: Duration::from_millis(grace_ms),
+            rate_bytes_per_s,
+            bytes: 0,
+        }
+    }
+
+    #[test]
+    fn pace_deadline_is_grace_plus_earned_time_capped_by_total() {
+        let mut p = pace(10_000, 1_000, 1_000);
+        assert_eq!(p.deadline() - p.start, Duration::from_secs(1));
+        p.moved(500);
+        assert_eq!(p.deadline() - p.start, Duration::from_millis(1_500));
+        p.moved(1_000_000);
+        assert_eq!(
+            p.deadline() - p.start,
+            Duration::from_secs(10),
+            "total caps it"
+        );
+        // Huge byte counts saturate instead of overflowing.
+        p.moved(usize::MAX);
+        p.moved(usize::MAX);
+        assert_eq!(p.deadline() - p.start, Duration::from_secs(10));
+        // Rate 0: the total alone.
+        let p = pace(10_000, 1_000, 0);
+        assert_eq!(p.deadline() - p.start, Duration::from_secs(10));
+        // A wait's own limit applies when it is sooner.
+        let p = pace(10_000, 1_000, 0);
+        assert!(p.until(Duration::from_millis(5)) < p.start + Duration::from_secs(1));
+    }
 }
