@@ -16,6 +16,8 @@
 //! its own in a map.
 
 pub mod metrics;
+
+use farside_admin::{Encoder, Kind};
 pub mod sample;
 pub mod sockdiag;
 
@@ -554,8 +556,8 @@ impl Gatherd {
             let (stats, counters, xdp) =
                 (self.stats.clone(), self.counters.clone(), self.xdp.clone());
             let render: metrics::Render =
-                Arc::new(move || render_metrics(&stats, &counters, xdp.as_deref()));
-            let m = metrics::MetricsServer::spawn(a, render)?;
+                Arc::new(move |enc| render_metrics(enc, &stats, &counters, xdp.as_deref()));
+            let m = metrics::MetricsServer::spawn(a, "gatherd", render)?;
             log::info!("gatherd: metrics on http://{}/metrics", m.local_addr);
             self._metrics = Some(m);
         }
@@ -598,44 +600,53 @@ impl Drop for Gatherd {
     }
 }
 
-/// Prometheus text of gatherd's own counters and every server's op counters.
+/// Report gatherd's own counters and every server's op counters to the scrape's encoder.
 pub fn render_metrics(
+    enc: &mut Encoder,
     s: &GatherStats,
     user: &OpCounters,
     xdp: Option<&farside_xdp::XdpResponder>,
-) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    for (name, help, v) in [
-        ("samples_total", "Samples published.", &s.samples),
+) {
+    for (name, kind, help, v) in [
+        (
+            "samples_total",
+            Kind::Counter,
+            "Samples published.",
+            &s.samples,
+        ),
         (
             "sample_cost_ns_sum",
+            Kind::Counter,
             "CPU time spent sampling, ns.",
             &s.cost_ns_sum,
         ),
         (
             "sample_cost_ns_max",
+            Kind::Gauge,
             "Costliest sample, ns.",
             &s.cost_ns_max,
         ),
         (
             "overruns_total",
+            Kind::Counter,
             "Periods whose deadline had passed at wake-up.",
             &s.overruns,
         ),
         (
             "sample_errors_total",
+            Kind::Counter,
             "Failed samples (the record was left to go stale).",
             &s.sample_errors,
         ),
     ] {
-        let _ = writeln!(
-            out,
-            "# HELP farside_gatherd_{name} {help}\nfarside_gatherd_{name} {}",
-            v.load(Ordering::Relaxed)
-        );
+        let name = format!("farside_gatherd_{name}");
+        let v = v.load(Ordering::Relaxed);
+        match kind {
+            Kind::Gauge => enc.gauge(&name, help, &[], v),
+            _ => enc.counter(&name, help, &[], v),
+        }
     }
-    user.render("farside_gatherd_user", &mut out);
+    user.render("farside_gatherd_user", enc);
     if let Some(x) = xdp {
         let (ops, status) = x.counters();
         let c = OpCounters::default();
@@ -645,12 +656,20 @@ pub fn render_metrics(
         for (a, v) in c.status.iter().zip(status) {
             a.store(v, Ordering::Relaxed);
         }
-        c.render("farside_gatherd_xdp", &mut out);
-        let _ = writeln!(out, "farside_gatherd_xdp_aborted_total {}", x.aborted());
-        let _ = writeln!(out, "# HELP farside_gatherd_xdp_no_room_total READs passed to user space because the reply could not grow the frame.");
-        let _ = writeln!(out, "farside_gatherd_xdp_no_room_total {}", x.no_room());
+        c.render("farside_gatherd_xdp", enc);
+        enc.counter(
+            "farside_gatherd_xdp_aborted_total",
+            "Requests whose reply could not be built (the frame could not grow): XDP_ABORTED.",
+            &[],
+            x.aborted(),
+        );
+        enc.counter(
+            "farside_gatherd_xdp_no_room_total",
+            "READs passed to user space because the reply could not grow the frame.",
+            &[],
+            x.no_room(),
+        );
     }
-    out
 }
 
 /// Attach the XDP responder if asked and possible. `init` gets the map's region before

@@ -1170,10 +1170,11 @@ impl Conn {
             return if !is_metrics {
                 self.respond_to(sh, &req, 404, None, b"not_found").await
             } else if req.is_get || req.is_head {
-                let mut text = String::with_capacity(4096);
-                sh.metrics.render(&mut text);
-                sh.life.render(&mut text);
-                sh.gate.render_metrics(&mut text);
+                let mut enc = farside_admin::Encoder::new();
+                sh.metrics.render(&mut enc);
+                sh.life.render(&mut enc);
+                sh.gate.render_metrics(&mut enc);
+                let text = enc.finish();
                 self.respond_to(sh, &req, 200, None, text.as_bytes()).await
             } else {
                 self.respond_to(sh, &req, 405, None, b"method_not_allowed")

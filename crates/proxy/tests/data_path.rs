@@ -73,8 +73,8 @@ impl Gate for TestGate {
         self.failures.fetch_add(1, SeqCst);
     }
 
-    fn render_metrics(&self, out: &mut String) {
-        out.push_str("# TYPE test_gate_inflight gauge\ntest_gate_inflight 0\n");
+    fn render_metrics(&self, enc: &mut farside_admin::Encoder) {
+        enc.gauge("test_gate_inflight", "Test gate.", &[], 0u64);
     }
 }
 
