@@ -68,8 +68,6 @@ const LINGER_BYTES_MAX: usize = 64 * 1024;
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
 /// Kernel accept queue of the listeners.
 const LISTEN_BACKLOG: u32 = 1024;
-/// Concurrent connections on the admin listener (metrics scrapes).
-const ADMIN_CONNS_MAX: usize = 16;
 /// Bounds of the period at which idle upstream connections are checked and closed
 /// (half of `http.pool_idle_timeout_ms` within these).
 const POOL_PURGE_PERIOD_MS_MIN: u64 = 100;
@@ -80,7 +78,7 @@ const POOL_PURGE_PERIOD_MS_MAX: u64 = 5_000;
 /// to `http.header_timeout_ms` (and stays under the lab's 3 s stop grace).
 const DRAIN_FIRST_BYTE_GRACE: Duration = Duration::from_millis(500);
 /// Time the runtime gives tasks still running to finish once the proxy stops (after
-/// the drain, only admin scrapes can be left).
+/// the drain, none should be left).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 /// One generation (see [`crate::lifecycle`]): a configuration with its control layer and
@@ -200,7 +198,7 @@ pub async fn serve(
     });
     let tend = tend_loop(live.clone(), std::future::pending());
     tokio::select! {
-        r = accept_loop(live, listener, false, max, shutdown) => r,
+        r = accept_loop(live, listener, max, shutdown) => r,
         r = tend => r,
     }
 }
@@ -215,6 +213,8 @@ pub struct Running {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<io::Result<()>>>,
     live: Arc<Live>,
+    /// The admin listener's server (its own thread); stops when dropped.
+    _admin: Option<farside_admin::AdminServer>,
 }
 
 impl Running {
@@ -321,8 +321,14 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let listener = bind(cfg.listen, cfg.reuse_port)?;
     let addr = listener.local_addr()?;
-    let admin = cfg.admin_listen.map(|a| bind(a, false)).transpose()?;
-    let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
+    let admin = cfg
+        .admin_listen
+        .map(std::net::TcpListener::bind)
+        .transpose()?;
+    let admin_addr = admin
+        .as_ref()
+        .map(std::net::TcpListener::local_addr)
+        .transpose()?;
     let cfg = Arc::new(cfg);
     let metrics = Arc::new(Metrics::new());
     let life = Arc::new(Lifecycle::default());
@@ -345,9 +351,21 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
         live.clone(),
         when_stopped(stopped.clone()),
     ))];
-    // The main listener closes when the drain starts; the admin one stays for scrapes.
+    // The admin server (the one shared with gatherd, on its own thread) answers scrapes
+    // until the proxy stops, through the drain.
+    let admin = admin
+        .map(|l| {
+            let live = live.clone();
+            farside_admin::AdminServer::serve(
+                l,
+                "proxy",
+                Arc::new(move |enc| render_metrics(&live.current(), enc)),
+            )
+        })
+        .transpose()?;
+    // The main listener closes when the drain starts.
     let main_stopped = {
-        let (life, stopped) = (life.clone(), when_stopped(stopped.clone()));
+        let (life, stopped) = (life.clone(), when_stopped(stopped));
         async move {
             tokio::select! {
                 _ = stopped => {}
@@ -358,19 +376,9 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
     tasks.push(tokio::spawn(accept_loop(
         live.clone(),
         listener,
-        false,
         cfg.http.max_client_conns,
         main_stopped,
     )));
-    if let Some(l) = admin {
-        tasks.push(tokio::spawn(accept_loop(
-            live.clone(),
-            l,
-            true,
-            ADMIN_CONNS_MAX,
-            when_stopped(stopped),
-        )));
-    }
     Ok(Running {
         addr,
         admin_addr,
@@ -378,6 +386,7 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
         stop,
         tasks,
         live,
+        _admin: admin,
     })
 }
 
@@ -583,13 +592,11 @@ fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
 async fn accept_loop(
     live: Arc<Live>,
     listener: TcpListener,
-    admin: bool,
     conns_max: usize,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let limit = Arc::new(Semaphore::new(conns_max));
     tokio::pin!(shutdown);
-    // Only the main listener's loop tends the upstream pool.
     let mut purge = tokio::time::interval(Duration::from_millis(
         (live.current().cfg.http.pool_idle_timeout_ms / 2)
             .clamp(POOL_PURGE_PERIOD_MS_MIN, POOL_PURGE_PERIOD_MS_MAX),
@@ -601,7 +608,7 @@ async fn accept_loop(
         let permit = tokio::select! {
             biased;
             _ = &mut shutdown => return Ok(()),
-            _ = purge.tick(), if !admin => {
+            _ = purge.tick() => {
                 live.current().pool.purge();
                 continue;
             }
@@ -613,7 +620,7 @@ async fn accept_loop(
         let (sock, peer) = tokio::select! {
             biased;
             _ = &mut shutdown => return Ok(()),
-            _ = purge.tick(), if !admin => {
+            _ = purge.tick() => {
                 live.current().pool.purge();
                 drop(permit);
                 continue;
@@ -627,7 +634,7 @@ async fn accept_loop(
                 }
             },
         };
-        tokio::spawn(handle_conn(live.clone(), sock, peer, admin, permit));
+        tokio::spawn(handle_conn(live.clone(), sock, peer, permit));
     }
 }
 
@@ -635,26 +642,21 @@ async fn accept_loop(
 /// however the task ends.
 struct ActiveConn {
     live: Arc<Live>,
-    admin: bool,
 }
 
 impl ActiveConn {
-    fn new(live: Arc<Live>, admin: bool) -> Self {
+    fn new(live: Arc<Live>) -> Self {
         live.metrics.conns_accepted.fetch_add(1, Relaxed);
         live.metrics.conns_active.fetch_add(1, Relaxed);
-        if !admin {
-            live.life.conn_opened();
-        }
-        ActiveConn { live, admin }
+        live.life.conn_opened();
+        ActiveConn { live }
     }
 }
 
 impl Drop for ActiveConn {
     fn drop(&mut self) {
         self.live.metrics.conns_active.fetch_sub(1, Relaxed);
-        if !self.admin {
-            self.live.life.conn_closed();
-        }
+        self.live.life.conn_closed();
     }
 }
 
@@ -662,12 +664,11 @@ async fn handle_conn(
     live: Arc<Live>,
     client: TcpStream,
     peer: SocketAddr,
-    admin: bool,
     _permit: OwnedSemaphorePermit,
 ) {
-    let _active = ActiveConn::new(live.clone(), admin);
+    let _active = ActiveConn::new(live.clone());
     let _ = client.set_nodelay(true);
-    if !admin {
+    {
         let sh = live.current();
         if let Err(r) = sh.gate.on_accept(peer) {
             sh.metrics.conns_rejected_at_accept.fetch_add(1, Relaxed);
@@ -679,7 +680,6 @@ async fn handle_conn(
     let conn = Conn {
         client,
         peer_ip: peer.ip().to_string(),
-        admin,
         rbuf: Buf::new(CLIENT_BUF_BYTES),
         ubuf: Buf::new(UPSTREAM_BUF_BYTES),
         out: Vec::with_capacity(1024),
@@ -687,6 +687,14 @@ async fn handle_conn(
         bytes_out: 0,
     };
     conn.serve(&live).await;
+}
+
+/// One scrape of a generation's metrics (data path, lifecycle, control layer), for the
+/// admin server and the data port's `/farside/metrics`.
+fn render_metrics(sh: &Shared, enc: &mut farside_admin::Encoder) {
+    sh.metrics.render(enc);
+    sh.life.render(enc);
+    sh.gate.render_metrics(enc);
 }
 
 /// The paper's earliest rejection: answer before reading a byte of the request.
@@ -982,7 +990,6 @@ enum HeadFail {
 struct Conn {
     client: TcpStream,
     peer_ip: String,
-    admin: bool,
     rbuf: Buf,
     ubuf: Buf,
     /// Staging for every head (and the first body bytes) written to either side.
@@ -1165,15 +1172,10 @@ impl Conn {
     /// One request/response exchange for a parsed head (whose rewritten form is in `out`).
     async fn exchange(&mut self, sh: &Shared, req: RequestHead) -> Next {
         let target = &self.rbuf.filled()[req.target.clone()];
-        let is_metrics = target == b"/farside/metrics" || (self.admin && target == b"/metrics");
-        if is_metrics || self.admin {
-            return if !is_metrics {
-                self.respond_to(sh, &req, 404, None, b"not_found").await
-            } else if req.is_get || req.is_head {
+        if target == b"/farside/metrics" {
+            return if req.is_get || req.is_head {
                 let mut enc = farside_admin::Encoder::new();
-                sh.metrics.render(&mut enc);
-                sh.life.render(&mut enc);
-                sh.gate.render_metrics(&mut enc);
+                render_metrics(sh, &mut enc);
                 let text = enc.finish();
                 self.respond_to(sh, &req, 200, None, text.as_bytes()).await
             } else {

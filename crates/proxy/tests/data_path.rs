@@ -702,6 +702,8 @@ async fn metrics_endpoint_renders_prometheus_text() {
         assert!(String::from_utf8(r.body)
             .unwrap()
             .contains("farside_proxy_connections_accepted_total"));
+        // The admin server answers one request per connection.
+        let mut admin = Client::connect(p.admin_addr.unwrap()).await;
         admin.send(GET).await;
         assert_eq!(
             admin.response().await.unwrap().status,
