@@ -86,6 +86,9 @@ pub struct Metrics {
     /// Response bodies cut off at their total or minimum-rate deadline, or at a stalled
     /// write to the client.
     pub response_body_timeouts: AtomicU64,
+    /// Bytes of client and upstream read buffers allocated now, over all client
+    /// connections (a connection idle between requests holds none).
+    pub conn_buffer_bytes: AtomicU64,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
     latency_count: AtomicU64,
@@ -146,6 +149,12 @@ impl Metrics {
                 Kind::Gauge,
                 "Client connections open now.",
                 &self.conns_active,
+            ),
+            (
+                "connection_buffer_bytes",
+                Kind::Gauge,
+                "Bytes of client and upstream read buffers allocated now (none while a connection idles between requests).",
+                &self.conn_buffer_bytes,
             ),
             (
                 "upstream_connects_total",

@@ -680,9 +680,9 @@ async fn handle_conn(
     let conn = Conn {
         client,
         peer_ip: peer.ip().to_string(),
-        rbuf: Buf::new(CLIENT_BUF_BYTES),
-        ubuf: Buf::new(UPSTREAM_BUF_BYTES),
-        out: Vec::with_capacity(1024),
+        rbuf: Buf::new(CLIENT_BUF_BYTES, live.metrics.clone()),
+        ubuf: Buf::new(UPSTREAM_BUF_BYTES, live.metrics.clone()),
+        out: Vec::new(),
         bytes_in: 0,
         bytes_out: 0,
     };
@@ -843,18 +843,33 @@ struct Buf {
     data: Vec<u8>,
     start: usize,
     end: usize,
-    /// Size allocated on first read (allocation is deferred: most connections that
-    /// never reach a back-end never need the upstream buffer).
+    /// Size allocated when bytes are ready to read (allocation is deferred: most
+    /// connections that never reach a back-end never need the upstream buffer, and a
+    /// connection idle between requests holds none, see [`Buf::release`]).
     initial: usize,
+    /// Where the bytes allocated are accounted (`farside_proxy_connection_buffer_bytes`).
+    metrics: Arc<Metrics>,
 }
 
 impl Buf {
-    fn new(initial: usize) -> Self {
+    fn new(initial: usize, metrics: Arc<Metrics>) -> Self {
         Buf {
             data: Vec::new(),
             start: 0,
             end: 0,
             initial,
+            metrics,
+        }
+    }
+
+    /// Free the storage if nothing is buffered (a keep-alive connection waiting for its
+    /// next request, as nginx frees its buffers then): idle connections cost no buffer.
+    fn release(&mut self) {
+        if self.is_empty() && !self.data.is_empty() {
+            self.metrics
+                .conn_buffer_bytes
+                .fetch_sub(self.data.len() as u64, Relaxed);
+            self.data = Vec::new();
         }
     }
 
@@ -888,7 +903,12 @@ impl Buf {
     /// buffer at `limit` is an error (callers check their limits before).
     async fn read_from(&mut self, s: &mut TcpStream, limit: usize) -> io::Result<usize> {
         if self.data.is_empty() {
+            // Allocate only once there is something to read.
+            s.readable().await?;
             self.data = vec![0; self.initial.min(limit.max(1))];
+            self.metrics
+                .conn_buffer_bytes
+                .fetch_add(self.data.len() as u64, Relaxed);
         }
         if self.end == self.data.len() {
             if self.start > 0 {
@@ -897,6 +917,9 @@ impl Buf {
                 self.start = 0;
             } else if self.data.len() < limit {
                 let grown = (self.data.len() * 2).min(limit);
+                self.metrics
+                    .conn_buffer_bytes
+                    .fetch_add((grown - self.data.len()) as u64, Relaxed);
                 self.data.resize(grown, 0);
             } else {
                 return Err(io::Error::other("read buffer full"));
@@ -905,6 +928,14 @@ impl Buf {
         let n = s.read(&mut self.data[self.end..]).await?;
         self.end += n;
         Ok(n)
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        self.metrics
+            .conn_buffer_bytes
+            .fetch_sub(self.data.len() as u64, Relaxed);
     }
 }
 
@@ -1007,6 +1038,13 @@ impl Conn {
             // response said `Connection: close` unless the drain began after it).
             if !first && live.life.draining() && self.rbuf.is_empty() {
                 break;
+            }
+            if self.rbuf.is_empty() {
+                // Idle until the next request: hold no buffers meanwhile (they are
+                // allocated again when its first bytes arrive).
+                self.rbuf.release();
+                self.ubuf.release();
+                self.out = Vec::new();
             }
             let limits = live.current().limits();
             let req = self.read_head(limits, &live.life, first, accepted).await;
