@@ -724,7 +724,9 @@ async fn lingering_close(mut client: TcpStream) {
         return;
     }
     let deadline = Instant::now() + LINGER;
-    let mut scratch = [0u8; 4096];
+    // On the heap: an array here would sit in every connection task's state (the
+    // future's size is that of its largest await point), idle ones included.
+    let mut scratch = vec![0u8; 4096];
     let mut discarded = 0;
     while discarded < LINGER_BYTES_MAX {
         match timeout_at(deadline, client.read(&mut scratch)).await {
@@ -1071,7 +1073,9 @@ impl Conn {
             };
             first = false;
             let started = Instant::now();
-            let next = self.exchange(sh, req).await;
+            // Boxed: the exchange's large state lives on the heap only while it runs, so
+            // a connection idle between requests keeps just the small head-reading state.
+            let next = Box::pin(self.exchange(sh, req)).await;
             sh.metrics.latency(started.elapsed());
             self.flush_counts(sh);
             match next {
