@@ -16,6 +16,8 @@
 //! its own in a map.
 
 pub mod metrics;
+
+use farside_admin::{Encoder, Kind};
 pub mod sample;
 pub mod sockdiag;
 
@@ -690,8 +692,8 @@ impl Gatherd {
             let (stats, counters, xdp) =
                 (self.stats.clone(), self.counters.clone(), self.xdp.clone());
             let render: metrics::Render =
-                Arc::new(move || render_metrics(&stats, &counters, xdp.as_deref()));
-            let m = metrics::MetricsServer::spawn(a, render)?;
+                Arc::new(move |enc| render_metrics(enc, &stats, &counters, xdp.as_deref()));
+            let m = metrics::MetricsServer::spawn(a, "gatherd", render)?;
             log::info!("gatherd: metrics on http://{}/metrics", m.local_addr);
             self._metrics = Some(m);
         }
@@ -769,47 +771,59 @@ impl Drop for Gatherd {
     }
 }
 
-/// Prometheus text of gatherd's own counters and every server's op counters.
+/// Report gatherd's own counters and every server's op counters to the scrape's encoder.
 pub fn render_metrics(
+    enc: &mut Encoder,
     s: &GatherStats,
     user: &OpCounters,
     xdp: Option<&farside_xdp::XdpResponder>,
-) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    for (name, help, v) in [
-        ("samples_total", "Samples published.", &s.samples),
+) {
+    for (name, kind, help, v) in [
+        (
+            "samples_total",
+            Kind::Counter,
+            "Samples published.",
+            &s.samples,
+        ),
         (
             "sample_cost_ns_sum",
+            Kind::Counter,
             "CPU time spent sampling, ns.",
             &s.cost_ns_sum,
         ),
         (
             "sample_cost_ns_max",
+            Kind::Gauge,
             "Costliest sample, ns.",
             &s.cost_ns_max,
         ),
         (
             "overruns_total",
+            Kind::Counter,
             "Periods whose deadline had passed at wake-up.",
             &s.overruns,
         ),
         (
             "sample_errors_total",
+            Kind::Counter,
             "Failed samples (the record was left to go stale).",
             &s.sample_errors,
         ),
     ] {
-        let _ = writeln!(
-            out,
-            "# HELP farside_gatherd_{name} {help}\nfarside_gatherd_{name} {}",
-            v.load(Ordering::Relaxed)
-        );
+        let name = format!("farside_gatherd_{name}");
+        let v = v.load(Ordering::Relaxed);
+        match kind {
+            Kind::Gauge => enc.gauge(&name, help, &[], v),
+            _ => enc.counter(&name, help, &[], v),
+        }
     }
-    let _ = writeln!(
-        out,
-        "# HELP farside_gatherd_field_cost_samples_total User-space samples that measured their per-field cost (one in {FIELD_COST_EVERY}).\nfarside_gatherd_field_cost_samples_total {}\n# HELP farside_gatherd_field_cost_ns_sum Per-field CPU cost of those samples, ns.",
-        s.field_cost_samples.load(Ordering::Relaxed)
+    enc.counter(
+        "farside_gatherd_field_cost_samples_total",
+        &format!(
+            "User-space samples that measured their per-field cost (one in {FIELD_COST_EVERY})."
+        ),
+        &[],
+        s.field_cost_samples.load(Ordering::Relaxed),
     );
     for (field, v) in [
         ("cpu", &s.field_cost_cpu_ns),
@@ -817,36 +831,51 @@ pub fn render_metrics(
         ("conns", &s.field_cost_conns_ns),
         ("mem", &s.field_cost_mem_ns),
     ] {
-        let _ = writeln!(
-            out,
-            "farside_gatherd_field_cost_ns_sum{{field=\"{field}\"}} {}",
-            v.load(Ordering::Relaxed)
+        enc.counter(
+            "farside_gatherd_field_cost_ns_sum",
+            "Per-field CPU cost of those samples, ns.",
+            &[("field", field)],
+            v.load(Ordering::Relaxed),
         );
     }
-    let _ = writeln!(
-        out,
-        "# HELP farside_gatherd_full_counts_total Full connection counts (sock_diag dumps of established sockets).\nfarside_gatherd_full_counts_total {}\n# HELP farside_gatherd_full_count_ns_sum CPU time of full connection counts, ns.\nfarside_gatherd_full_count_ns_sum {}",
+    enc.counter(
+        "farside_gatherd_full_counts_total",
+        "Full connection counts (sock_diag dumps of established sockets).",
+        &[],
         s.full_counts.load(Ordering::Relaxed),
-        s.full_count_ns_sum.load(Ordering::Relaxed)
+    );
+    enc.counter(
+        "farside_gatherd_full_count_ns_sum",
+        "CPU time of full connection counts, ns.",
+        &[],
+        s.full_count_ns_sum.load(Ordering::Relaxed),
     );
     let kernel = s.kernel_sampler.load(Ordering::Relaxed);
-    let _ = writeln!(
-        out,
-        "# HELP farside_gatherd_sampler Who writes the load record (1 for the running one).\nfarside_gatherd_sampler{{mode=\"kernel\"}} {}\nfarside_gatherd_sampler{{mode=\"user\"}} {}",
-        u8::from(kernel),
-        u8::from(!kernel)
-    );
+    for (mode, on) in [("kernel", kernel), ("user", !kernel)] {
+        enc.gauge(
+            "farside_gatherd_sampler",
+            "Who writes the load record (1 for the running one).",
+            &[("mode", mode)],
+            on,
+        );
+    }
     if let Some(c) = xdp.and_then(|x| x.kernel_sampler_costs()) {
-        let _ = writeln!(out, "# HELP farside_gatherd_ksampler_run_time_ns_total Kernel time of the kernel sampler's programs, ns (needs kernel.bpf_stats_enabled=1).");
         for (prog, p) in [("tick", c.tick), ("state", c.state), ("ready", c.ready)] {
-            let _ = writeln!(
-                out,
-                "farside_gatherd_ksampler_run_time_ns_total{{prog=\"{prog}\"}} {}\nfarside_gatherd_ksampler_runs_total{{prog=\"{prog}\"}} {}",
-                p.run_time_ns, p.run_count
+            enc.counter(
+                "farside_gatherd_ksampler_run_time_ns_total",
+                "Kernel time of the kernel sampler's programs, ns (needs kernel.bpf_stats_enabled=1).",
+                &[("prog", prog)],
+                p.run_time_ns,
+            );
+            enc.counter(
+                "farside_gatherd_ksampler_runs_total",
+                "Runs of the kernel sampler's programs.",
+                &[("prog", prog)],
+                p.run_count,
             );
         }
     }
-    user.render("farside_gatherd_user", &mut out);
+    user.render("farside_gatherd_user", enc);
     if let Some(x) = xdp {
         let (ops, status) = x.counters();
         let c = OpCounters::default();
@@ -856,12 +885,20 @@ pub fn render_metrics(
         for (a, v) in c.status.iter().zip(status) {
             a.store(v, Ordering::Relaxed);
         }
-        c.render("farside_gatherd_xdp", &mut out);
-        let _ = writeln!(out, "farside_gatherd_xdp_aborted_total {}", x.aborted());
-        let _ = writeln!(out, "# HELP farside_gatherd_xdp_no_room_total READs passed to user space because the reply could not grow the frame.");
-        let _ = writeln!(out, "farside_gatherd_xdp_no_room_total {}", x.no_room());
+        c.render("farside_gatherd_xdp", enc);
+        enc.counter(
+            "farside_gatherd_xdp_aborted_total",
+            "Requests whose reply could not be built (the frame could not grow): XDP_ABORTED.",
+            &[],
+            x.aborted(),
+        );
+        enc.counter(
+            "farside_gatherd_xdp_no_room_total",
+            "READs passed to user space because the reply could not grow the frame.",
+            &[],
+            x.no_room(),
+        );
     }
-    out
 }
 
 /// Attach the XDP responder if asked and possible. `init` gets the map's region before

@@ -38,18 +38,20 @@ pub fn buckets(text: &str, name: &str) -> Buckets {
     let prefix = format!("{name}_bucket{{");
     let mut out: Buckets = Vec::new();
     for line in text.lines().filter(|l| l.starts_with(&prefix)) {
-        let Some(le) = line
-            .split("le=\"")
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-            .and_then(|v| match v {
+        let Some((labels, value)) = split_sample(&line[prefix.len()..]) else {
+            continue;
+        };
+        let Some(le) = labels
+            .iter()
+            .find(|(k, _)| k == "le")
+            .and_then(|(_, v)| match v.as_str() {
                 "+Inf" => Some(f64::INFINITY),
                 v => v.parse::<f64>().ok(),
             })
         else {
             continue;
         };
-        let Some(n) = line.rsplit(' ').next().and_then(|v| v.parse::<u64>().ok()) else {
+        let Some(n) = value.parse::<f64>().ok().map(|v| v as u64) else {
             continue;
         };
         match out.iter_mut().find(|(b, _)| *b == le) {
@@ -59,6 +61,34 @@ pub fn buckets(text: &str, name: &str) -> Buckets {
     }
     out.sort_by(|a, b| a.0.total_cmp(&b.0));
     out
+}
+
+/// Parse the rest of a sample line after its `{`: the labels (values unescaped as the
+/// text format escapes them: `\\`, `\"`, `\n`) and the value. `None` if malformed.
+fn split_sample(rest: &str) -> Option<(Vec<(String, String)>, &str)> {
+    let mut labels = Vec::new();
+    let mut rest = rest;
+    loop {
+        if let Some(r) = rest.strip_prefix('}') {
+            let value = r.trim_start().split(' ').next()?;
+            return Some((labels, value));
+        }
+        let (key, r) = rest.split_once("=\"")?;
+        let mut val = String::new();
+        let mut chars = r.char_indices();
+        let end = loop {
+            match chars.next()? {
+                (_, '\\') => match chars.next()?.1 {
+                    'n' => val.push('\n'),
+                    c => val.push(c),
+                },
+                (i, '"') => break i + 1,
+                (_, c) => val.push(c),
+            }
+        };
+        labels.push((key.trim_start_matches(',').to_string(), val));
+        rest = r[end..].trim_start_matches(',');
+    }
 }
 
 /// `after - before`, bucket by bucket (a bucket missing from `before` counts as 0).
@@ -122,6 +152,17 @@ y_seconds_bucket{backend=\"a\",le=\"0.001\"} 999
         assert!((quantile(&b, 0.45).unwrap() - 0.0015).abs() < 1e-12);
         // rank 99 is in +Inf: the largest finite bound.
         assert_eq!(quantile(&b, 0.99), Some(0.002));
+    }
+
+    #[test]
+    fn escaped_label_values_do_not_confuse_le() {
+        // A site named `tricky le="9" },\` (escaped as the text format does).
+        let text = "x_seconds_bucket{site=\"tricky le=\\\"9\\\" },\\\\\",le=\"0.002\"} 20\n\
+                    x_seconds_bucket{site=\"tricky le=\\\"9\\\" },\\\\\",le=\"+Inf\"} 21\n";
+        assert_eq!(
+            buckets(text, "x_seconds"),
+            vec![(0.002, 20), (f64::INFINITY, 21)]
+        );
     }
 
     #[test]

@@ -147,7 +147,7 @@ pub trait Gate: Send + Sync + 'static {
     /// mark it down for a while.
     fn report_failure(&self, _backend: usize) {}
     /// Append the control layer's Prometheus metrics.
-    fn render_metrics(&self, _out: &mut String) {}
+    fn render_metrics(&self, _enc: &mut farside_admin::Encoder) {}
     /// The data path's upstream pool, handed over once at start. A control layer that
     /// reads back-end load uses it to leave this proxy's own idle connections out of
     /// that load and to close them when they pin a queueing back-end's workers.

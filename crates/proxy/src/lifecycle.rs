@@ -23,7 +23,6 @@
 
 use crate::config::ProxyConfig;
 use crate::gate::Gate;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,21 +116,27 @@ impl Lifecycle {
     }
 
     /// Append the lifecycle's Prometheus metrics.
-    pub fn render(&self, out: &mut String) {
+    pub fn render(&self, enc: &mut farside_admin::Encoder) {
         let (ok, failed) = self.reloads();
-        let _ = writeln!(
-            out,
-            "# HELP farside_proxy_config_reloads_total Configuration reloads (SIGHUP) by outcome; an error keeps the running configuration."
+        let help =
+            "Configuration reloads (SIGHUP) by outcome; an error keeps the running configuration.";
+        enc.counter(
+            "farside_proxy_config_reloads_total",
+            help,
+            &[("outcome", "ok")],
+            ok,
         );
-        let _ = writeln!(out, "# TYPE farside_proxy_config_reloads_total counter");
-        let _ = writeln!(
-            out,
-            "farside_proxy_config_reloads_total{{outcome=\"ok\"}} {ok}\nfarside_proxy_config_reloads_total{{outcome=\"error\"}} {failed}"
+        enc.counter(
+            "farside_proxy_config_reloads_total",
+            help,
+            &[("outcome", "error")],
+            failed,
         );
-        let _ = writeln!(
-            out,
-            "# HELP farside_proxy_draining 1 once SIGTERM started the graceful drain.\n# TYPE farside_proxy_draining gauge\nfarside_proxy_draining {}",
-            u8::from(self.draining())
+        enc.gauge(
+            "farside_proxy_draining",
+            "1 once SIGTERM started the graceful drain.",
+            &[],
+            self.draining(),
         );
     }
 }
@@ -204,8 +209,9 @@ mod tests {
         l.reload_done(false);
         l.reload_done(false);
         l.start_drain();
-        let mut s = String::new();
-        l.render(&mut s);
+        let mut e = farside_admin::Encoder::new();
+        l.render(&mut e);
+        let s = e.finish();
         assert!(s.contains("farside_proxy_config_reloads_total{outcome=\"ok\"} 1"));
         assert!(s.contains("farside_proxy_config_reloads_total{outcome=\"error\"} 2"));
         assert!(s.contains("farside_proxy_draining 1"));

@@ -1,8 +1,8 @@
-//! Data-path counters, lock-free (relaxed atomics), rendered in the Prometheus text
-//! format with every name prefixed `farside_proxy_`.
+//! Data-path counters, lock-free (relaxed atomics), reported to the one Prometheus
+//! encoder ([`farside_admin::Encoder`]) with every name prefixed `farside_proxy_`.
 
 use crate::gate::Reject;
-use std::fmt::Write as _;
+use farside_admin::{Encoder, Kind};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
@@ -86,6 +86,9 @@ pub struct Metrics {
     /// Response bodies cut off at their total or minimum-rate deadline, or at a stalled
     /// write to the client.
     pub response_body_timeouts: AtomicU64,
+    /// Bytes of client and upstream read buffers allocated now, over all client
+    /// connections (a connection idle between requests holds none).
+    pub conn_buffer_bytes: AtomicU64,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
     latency_count: AtomicU64,
@@ -125,140 +128,119 @@ impl Metrics {
         self.latency_count.fetch_add(1, Relaxed);
     }
 
-    /// Append all counters in the Prometheus text exposition format.
-    pub fn render(&self, out: &mut String) {
+    /// Report all counters to the scrape's encoder, every name prefixed `farside_proxy_`.
+    pub fn render(&self, enc: &mut Encoder) {
         let g = |a: &AtomicU64| a.load(Relaxed);
-        let mut simple = |name: &str, kind: &str, help: &str, v: u64| {
-            let _ = write!(
-                out,
-                "# HELP farside_proxy_{name} {help}\n# TYPE farside_proxy_{name} {kind}\nfarside_proxy_{name} {v}\n"
-            );
-        };
-        simple(
-            "connections_accepted_total",
-            "counter",
-            "Client connections accepted.",
-            g(&self.conns_accepted),
-        );
-        simple(
-            "connections_rejected_at_accept_total",
-            "counter",
-            "Client connections answered 503 right after accept.",
-            g(&self.conns_rejected_at_accept),
-        );
-        simple(
-            "connections_active",
-            "gauge",
-            "Client connections open now.",
-            g(&self.conns_active),
-        );
-        simple(
-            "upstream_connects_total",
-            "counter",
-            "New connections opened to back-ends.",
-            g(&self.upstream_connects),
-        );
-        simple(
-            "upstream_reused_total",
-            "counter",
-            "Requests sent on a pooled back-end connection.",
-            g(&self.upstream_reused),
-        );
-        simple(
-            "upstream_retries_total",
-            "counter",
-            "Requests resent on a fresh connection after a stale pooled one failed.",
-            g(&self.upstream_retries),
-        );
-        simple(
-            "bytes_in_total",
-            "counter",
-            "Bytes read from clients.",
-            g(&self.bytes_in),
-        );
-        simple(
-            "bytes_out_total",
-            "counter",
-            "Bytes written to clients.",
-            g(&self.bytes_out),
-        );
-        simple(
-            "request_body_timeouts_total",
-            "counter",
-            "Request bodies that missed their idle, total or minimum-rate deadline (408).",
-            g(&self.request_body_timeouts),
-        );
-        simple(
-            "response_body_timeouts_total",
-            "counter",
-            "Response bodies cut off at a deadline (back-end reads or client writes).",
-            g(&self.response_body_timeouts),
-        );
-
-        out.push_str(
-            "# HELP farside_proxy_responses_total Responses sent to clients by status class.\n\
-             # TYPE farside_proxy_responses_total counter\n",
-        );
-        for (i, c) in self.responses_by_class.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "farside_proxy_responses_total{{class=\"{}xx\"}} {}",
-                i + 1,
-                g(c)
-            );
-        }
-        out.push_str(
-            "# HELP farside_proxy_rejects_total Requests and connections refused by the gate.\n\
-             # TYPE farside_proxy_rejects_total counter\n",
-        );
-        for r in Reject::ALL {
-            let _ = writeln!(
-                out,
-                "farside_proxy_rejects_total{{reason=\"{}\"}} {}",
-                r.reason(),
-                self.rejects_for(r)
-            );
-        }
-        out.push_str(
-            "# HELP farside_proxy_upstream_errors_total Failures talking to back-ends.\n\
-             # TYPE farside_proxy_upstream_errors_total counter\n",
-        );
-        for e in UPSTREAM_ERRORS {
-            let _ = writeln!(
-                out,
-                "farside_proxy_upstream_errors_total{{kind=\"{}\"}} {}",
-                e.kind(),
-                self.upstream_errors_for(e)
-            );
-        }
-        out.push_str(
-            "# HELP farside_proxy_request_duration_seconds Time from request head to end of response.\n\
-             # TYPE farside_proxy_request_duration_seconds histogram\n",
-        );
-        let mut cumulative = 0;
-        for (i, b) in self.latency_buckets.iter().enumerate() {
-            cumulative += g(b);
-            match LATENCY_BUCKETS_US.get(i) {
-                Some(&us) => {
-                    let _ = writeln!(
-                        out,
-                        "farside_proxy_request_duration_seconds_bucket{{le=\"{}\"}} {cumulative}",
-                        us as f64 / 1e6
-                    );
-                }
-                None => {
-                    let _ = writeln!(
-                        out,
-                        "farside_proxy_request_duration_seconds_bucket{{le=\"+Inf\"}} {cumulative}"
-                    );
-                }
+        for (name, kind, help, v) in [
+            (
+                "connections_accepted_total",
+                Kind::Counter,
+                "Client connections accepted.",
+                &self.conns_accepted,
+            ),
+            (
+                "connections_rejected_at_accept_total",
+                Kind::Counter,
+                "Client connections answered 503 right after accept.",
+                &self.conns_rejected_at_accept,
+            ),
+            (
+                "connections_active",
+                Kind::Gauge,
+                "Client connections open now.",
+                &self.conns_active,
+            ),
+            (
+                "connection_buffer_bytes",
+                Kind::Gauge,
+                "Bytes of client and upstream read buffers allocated now (none while a connection idles between requests).",
+                &self.conn_buffer_bytes,
+            ),
+            (
+                "upstream_connects_total",
+                Kind::Counter,
+                "New connections opened to back-ends.",
+                &self.upstream_connects,
+            ),
+            (
+                "upstream_reused_total",
+                Kind::Counter,
+                "Requests sent on a pooled back-end connection.",
+                &self.upstream_reused,
+            ),
+            (
+                "upstream_retries_total",
+                Kind::Counter,
+                "Requests resent on a fresh connection after a stale pooled one failed.",
+                &self.upstream_retries,
+            ),
+            (
+                "bytes_in_total",
+                Kind::Counter,
+                "Bytes read from clients.",
+                &self.bytes_in,
+            ),
+            (
+                "bytes_out_total",
+                Kind::Counter,
+                "Bytes written to clients.",
+                &self.bytes_out,
+            ),
+            (
+                "request_body_timeouts_total",
+                Kind::Counter,
+                "Request bodies that missed their idle, total or minimum-rate deadline (408).",
+                &self.request_body_timeouts,
+            ),
+            (
+                "response_body_timeouts_total",
+                Kind::Counter,
+                "Response bodies cut off at a deadline (back-end reads or client writes).",
+                &self.response_body_timeouts,
+            ),
+        ] {
+            let name = format!("farside_proxy_{name}");
+            match kind {
+                Kind::Gauge => enc.gauge(&name, help, &[], g(v)),
+                _ => enc.counter(&name, help, &[], g(v)),
             }
         }
-        let _ = writeln!(
-            out,
-            "farside_proxy_request_duration_seconds_sum {}\nfarside_proxy_request_duration_seconds_count {}",
+        for (i, c) in self.responses_by_class.iter().enumerate() {
+            let class = format!("{}xx", i + 1);
+            enc.counter(
+                "farside_proxy_responses_total",
+                "Responses sent to clients by status class.",
+                &[("class", &class)],
+                g(c),
+            );
+        }
+        for r in Reject::ALL {
+            enc.counter(
+                "farside_proxy_rejects_total",
+                "Requests and connections refused by the gate.",
+                &[("reason", r.reason())],
+                self.rejects_for(r),
+            );
+        }
+        for e in UPSTREAM_ERRORS {
+            enc.counter(
+                "farside_proxy_upstream_errors_total",
+                "Failures talking to back-ends.",
+                &[("kind", e.kind())],
+                self.upstream_errors_for(e),
+            );
+        }
+        let buckets = LATENCY_BUCKETS_US
+            .iter()
+            .zip(&self.latency_buckets)
+            .map(|(&us, n)| (us as f64 / 1e6, g(n)));
+        enc.histogram(
+            "farside_proxy_request_duration_seconds",
+            "Time from request head to end of response.",
+            &[],
+            buckets,
+            g(&self.latency_buckets[LATENCY_BUCKETS_US.len()]),
             g(&self.latency_sum_us) as f64 / 1e6,
-            g(&self.latency_count)
         );
     }
 }
@@ -275,8 +257,9 @@ mod tests {
         m.latency(Duration::from_secs(10));
         m.response(200);
         m.reject(Reject::Overloaded);
-        let mut s = String::new();
-        m.render(&mut s);
+        let mut e = Encoder::new();
+        m.render(&mut e);
+        let s = e.finish();
         assert!(s.contains("farside_proxy_request_duration_seconds_bucket{le=\"0.0001\"} 1\n"));
         assert!(s.contains("farside_proxy_request_duration_seconds_bucket{le=\"0.0005\"} 2\n"));
         assert!(s.contains("farside_proxy_request_duration_seconds_bucket{le=\"+Inf\"} 3\n"));

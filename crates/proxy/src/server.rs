@@ -20,19 +20,21 @@
 //! holds each rewritten head, so a head and the first body bytes go out in one write.
 //! Bodies are streamed, never buffered whole. Every wait has a timeout from
 //! [`HttpConfig`](crate::config::HttpConfig), so no peer can hold a task forever, and a
-//! failure only ever closes the connection it happened on. Body transfers also have a
-//! total deadline and a minimum average rate ([`Pace`]): a request body that misses them
-//! gets 408, a response body (back-end reads, client writes) is cut off.
-//!
-//! Chunked bodies are relayed byte for byte only after [`Chunked`] has checked them
-//! against RFC 9112's grammar, so the next hop delimits them exactly as the proxy did
-//! (no request smuggling through lenient framing).
+//! failure only ever closes the connection it happened on.
 //!
 //! Drain and reload ([`crate::lifecycle`]): every exchange looks up the current
 //! *generation* (configuration, control layer, upstream pool) when its head has been
 //! read, so a reload applies to the next request of every connection; once the drain
 //! starts, the main listener is closed, a connection idle between requests is closed,
 //! and the response in flight is the connection's last (`Connection: close`).
+//!
+//! Body transfers also have a total deadline and a minimum average rate ([`Pace`]): a
+//! request body that misses them gets 408, a response body (back-end reads, client
+//! writes) is cut off.
+//!
+//! Chunked bodies are relayed byte for byte only after [`Chunked`] has checked them
+//! against RFC 9112's grammar, so the next hop delimits them exactly as the proxy did
+//! (no request smuggling through lenient framing).
 
 use crate::config::ProxyConfig;
 use crate::gate::{Gate, Route};
@@ -66,8 +68,6 @@ const LINGER_BYTES_MAX: usize = 64 * 1024;
 const ACCEPT_ERROR_BACKOFF: Duration = Duration::from_millis(10);
 /// Kernel accept queue of the listeners.
 const LISTEN_BACKLOG: u32 = 1024;
-/// Concurrent connections on the admin listener (metrics scrapes).
-const ADMIN_CONNS_MAX: usize = 16;
 /// Bounds of the period at which idle upstream connections are checked and closed
 /// (half of `http.pool_idle_timeout_ms` within these).
 const POOL_PURGE_PERIOD_MS_MIN: u64 = 100;
@@ -78,7 +78,7 @@ const POOL_PURGE_PERIOD_MS_MAX: u64 = 5_000;
 /// to `http.header_timeout_ms` (and stays under the lab's 3 s stop grace).
 const DRAIN_FIRST_BYTE_GRACE: Duration = Duration::from_millis(500);
 /// Time the runtime gives tasks still running to finish once the proxy stops (after
-/// the drain, only admin scrapes can be left).
+/// the drain, none should be left).
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 /// One generation (see [`crate::lifecycle`]): a configuration with its control layer and
@@ -198,7 +198,7 @@ pub async fn serve(
     });
     let tend = tend_loop(live.clone(), std::future::pending());
     tokio::select! {
-        r = accept_loop(live, listener, false, max, shutdown) => r,
+        r = accept_loop(live, listener, max, shutdown) => r,
         r = tend => r,
     }
 }
@@ -213,6 +213,8 @@ pub struct Running {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<io::Result<()>>>,
     live: Arc<Live>,
+    /// The admin listener's server (its own thread); stops when dropped.
+    _admin: Option<farside_admin::AdminServer>,
 }
 
 impl Running {
@@ -319,8 +321,14 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     let listener = bind(cfg.listen, cfg.reuse_port)?;
     let addr = listener.local_addr()?;
-    let admin = cfg.admin_listen.map(|a| bind(a, false)).transpose()?;
-    let admin_addr = admin.as_ref().map(TcpListener::local_addr).transpose()?;
+    let admin = cfg
+        .admin_listen
+        .map(std::net::TcpListener::bind)
+        .transpose()?;
+    let admin_addr = admin
+        .as_ref()
+        .map(std::net::TcpListener::local_addr)
+        .transpose()?;
     let cfg = Arc::new(cfg);
     let metrics = Arc::new(Metrics::new());
     let life = Arc::new(Lifecycle::default());
@@ -343,9 +351,21 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
         live.clone(),
         when_stopped(stopped.clone()),
     ))];
-    // The main listener closes when the drain starts; the admin one stays for scrapes.
+    // The admin server (the one shared with gatherd, on its own thread) answers scrapes
+    // until the proxy stops, through the drain.
+    let admin = admin
+        .map(|l| {
+            let live = live.clone();
+            farside_admin::AdminServer::serve(
+                l,
+                "proxy",
+                Arc::new(move |enc| render_metrics(&live.current(), enc)),
+            )
+        })
+        .transpose()?;
+    // The main listener closes when the drain starts.
     let main_stopped = {
-        let (life, stopped) = (life.clone(), when_stopped(stopped.clone()));
+        let (life, stopped) = (life.clone(), when_stopped(stopped));
         async move {
             tokio::select! {
                 _ = stopped => {}
@@ -356,19 +376,9 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
     tasks.push(tokio::spawn(accept_loop(
         live.clone(),
         listener,
-        false,
         cfg.http.max_client_conns,
         main_stopped,
     )));
-    if let Some(l) = admin {
-        tasks.push(tokio::spawn(accept_loop(
-            live.clone(),
-            l,
-            true,
-            ADMIN_CONNS_MAX,
-            when_stopped(stopped),
-        )));
-    }
     Ok(Running {
         addr,
         admin_addr,
@@ -376,6 +386,7 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
         stop,
         tasks,
         live,
+        _admin: admin,
     })
 }
 
@@ -581,13 +592,11 @@ fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
 async fn accept_loop(
     live: Arc<Live>,
     listener: TcpListener,
-    admin: bool,
     conns_max: usize,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
     let limit = Arc::new(Semaphore::new(conns_max));
     tokio::pin!(shutdown);
-    // Only the main listener's loop tends the upstream pool.
     let mut purge = tokio::time::interval(Duration::from_millis(
         (live.current().cfg.http.pool_idle_timeout_ms / 2)
             .clamp(POOL_PURGE_PERIOD_MS_MIN, POOL_PURGE_PERIOD_MS_MAX),
@@ -599,7 +608,7 @@ async fn accept_loop(
         let permit = tokio::select! {
             biased;
             _ = &mut shutdown => return Ok(()),
-            _ = purge.tick(), if !admin => {
+            _ = purge.tick() => {
                 live.current().pool.purge();
                 continue;
             }
@@ -611,7 +620,7 @@ async fn accept_loop(
         let (sock, peer) = tokio::select! {
             biased;
             _ = &mut shutdown => return Ok(()),
-            _ = purge.tick(), if !admin => {
+            _ = purge.tick() => {
                 live.current().pool.purge();
                 drop(permit);
                 continue;
@@ -625,7 +634,7 @@ async fn accept_loop(
                 }
             },
         };
-        tokio::spawn(handle_conn(live.clone(), sock, peer, admin, permit));
+        tokio::spawn(handle_conn(live.clone(), sock, peer, permit));
     }
 }
 
@@ -633,26 +642,21 @@ async fn accept_loop(
 /// however the task ends.
 struct ActiveConn {
     live: Arc<Live>,
-    admin: bool,
 }
 
 impl ActiveConn {
-    fn new(live: Arc<Live>, admin: bool) -> Self {
+    fn new(live: Arc<Live>) -> Self {
         live.metrics.conns_accepted.fetch_add(1, Relaxed);
         live.metrics.conns_active.fetch_add(1, Relaxed);
-        if !admin {
-            live.life.conn_opened();
-        }
-        ActiveConn { live, admin }
+        live.life.conn_opened();
+        ActiveConn { live }
     }
 }
 
 impl Drop for ActiveConn {
     fn drop(&mut self) {
         self.live.metrics.conns_active.fetch_sub(1, Relaxed);
-        if !self.admin {
-            self.live.life.conn_closed();
-        }
+        self.live.life.conn_closed();
     }
 }
 
@@ -660,12 +664,11 @@ async fn handle_conn(
     live: Arc<Live>,
     client: TcpStream,
     peer: SocketAddr,
-    admin: bool,
     _permit: OwnedSemaphorePermit,
 ) {
-    let _active = ActiveConn::new(live.clone(), admin);
+    let _active = ActiveConn::new(live.clone());
     let _ = client.set_nodelay(true);
-    if !admin {
+    {
         let sh = live.current();
         if let Err(r) = sh.gate.on_accept(peer) {
             sh.metrics.conns_rejected_at_accept.fetch_add(1, Relaxed);
@@ -677,14 +680,21 @@ async fn handle_conn(
     let conn = Conn {
         client,
         peer_ip: peer.ip().to_string(),
-        admin,
-        rbuf: Buf::new(CLIENT_BUF_BYTES),
-        ubuf: Buf::new(UPSTREAM_BUF_BYTES),
-        out: Vec::with_capacity(1024),
+        rbuf: Buf::new(CLIENT_BUF_BYTES, live.metrics.clone()),
+        ubuf: Buf::new(UPSTREAM_BUF_BYTES, live.metrics.clone()),
+        out: Vec::new(),
         bytes_in: 0,
         bytes_out: 0,
     };
     conn.serve(&live).await;
+}
+
+/// One scrape of a generation's metrics (data path, lifecycle, control layer), for the
+/// admin server and the data port's `/farside/metrics`.
+fn render_metrics(sh: &Shared, enc: &mut farside_admin::Encoder) {
+    sh.metrics.render(enc);
+    sh.life.render(enc);
+    sh.gate.render_metrics(enc);
 }
 
 /// The paper's earliest rejection: answer before reading a byte of the request.
@@ -714,7 +724,9 @@ async fn lingering_close(mut client: TcpStream) {
         return;
     }
     let deadline = Instant::now() + LINGER;
-    let mut scratch = [0u8; 4096];
+    // On the heap: an array here would sit in every connection task's state (the
+    // future's size is that of its largest await point), idle ones included.
+    let mut scratch = vec![0u8; 4096];
     let mut discarded = 0;
     while discarded < LINGER_BYTES_MAX {
         match timeout_at(deadline, client.read(&mut scratch)).await {
@@ -833,18 +845,33 @@ struct Buf {
     data: Vec<u8>,
     start: usize,
     end: usize,
-    /// Size allocated on first read (allocation is deferred: most connections that
-    /// never reach a back-end never need the upstream buffer).
+    /// Size allocated when bytes are ready to read (allocation is deferred: most
+    /// connections that never reach a back-end never need the upstream buffer, and a
+    /// connection idle between requests holds none, see [`Buf::release`]).
     initial: usize,
+    /// Where the bytes allocated are accounted (`farside_proxy_connection_buffer_bytes`).
+    metrics: Arc<Metrics>,
 }
 
 impl Buf {
-    fn new(initial: usize) -> Self {
+    fn new(initial: usize, metrics: Arc<Metrics>) -> Self {
         Buf {
             data: Vec::new(),
             start: 0,
             end: 0,
             initial,
+            metrics,
+        }
+    }
+
+    /// Free the storage if nothing is buffered (a keep-alive connection waiting for its
+    /// next request, as nginx frees its buffers then): idle connections cost no buffer.
+    fn release(&mut self) {
+        if self.is_empty() && !self.data.is_empty() {
+            self.metrics
+                .conn_buffer_bytes
+                .fetch_sub(self.data.len() as u64, Relaxed);
+            self.data = Vec::new();
         }
     }
 
@@ -878,7 +905,12 @@ impl Buf {
     /// buffer at `limit` is an error (callers check their limits before).
     async fn read_from(&mut self, s: &mut TcpStream, limit: usize) -> io::Result<usize> {
         if self.data.is_empty() {
+            // Allocate only once there is something to read.
+            s.readable().await?;
             self.data = vec![0; self.initial.min(limit.max(1))];
+            self.metrics
+                .conn_buffer_bytes
+                .fetch_add(self.data.len() as u64, Relaxed);
         }
         if self.end == self.data.len() {
             if self.start > 0 {
@@ -887,6 +919,9 @@ impl Buf {
                 self.start = 0;
             } else if self.data.len() < limit {
                 let grown = (self.data.len() * 2).min(limit);
+                self.metrics
+                    .conn_buffer_bytes
+                    .fetch_add((grown - self.data.len()) as u64, Relaxed);
                 self.data.resize(grown, 0);
             } else {
                 return Err(io::Error::other("read buffer full"));
@@ -895,6 +930,14 @@ impl Buf {
         let n = s.read(&mut self.data[self.end..]).await?;
         self.end += n;
         Ok(n)
+    }
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        self.metrics
+            .conn_buffer_bytes
+            .fetch_sub(self.data.len() as u64, Relaxed);
     }
 }
 
@@ -980,7 +1023,6 @@ enum HeadFail {
 struct Conn {
     client: TcpStream,
     peer_ip: String,
-    admin: bool,
     rbuf: Buf,
     ubuf: Buf,
     /// Staging for every head (and the first body bytes) written to either side.
@@ -998,6 +1040,13 @@ impl Conn {
             // response said `Connection: close` unless the drain began after it).
             if !first && live.life.draining() && self.rbuf.is_empty() {
                 break;
+            }
+            if self.rbuf.is_empty() {
+                // Idle until the next request: hold no buffers meanwhile (they are
+                // allocated again when its first bytes arrive).
+                self.rbuf.release();
+                self.ubuf.release();
+                self.out = Vec::new();
             }
             let limits = live.current().limits();
             let req = self.read_head(limits, &live.life, first, accepted).await;
@@ -1024,7 +1073,9 @@ impl Conn {
             };
             first = false;
             let started = Instant::now();
-            let next = self.exchange(sh, req).await;
+            // Boxed: the exchange's large state lives on the heap only while it runs, so
+            // a connection idle between requests keeps just the small head-reading state.
+            let next = Box::pin(self.exchange(sh, req)).await;
             sh.metrics.latency(started.elapsed());
             self.flush_counts(sh);
             match next {
@@ -1163,15 +1214,11 @@ impl Conn {
     /// One request/response exchange for a parsed head (whose rewritten form is in `out`).
     async fn exchange(&mut self, sh: &Shared, req: RequestHead) -> Next {
         let target = &self.rbuf.filled()[req.target.clone()];
-        let is_metrics = target == b"/farside/metrics" || (self.admin && target == b"/metrics");
-        if is_metrics || self.admin {
-            return if !is_metrics {
-                self.respond_to(sh, &req, 404, None, b"not_found").await
-            } else if req.is_get || req.is_head {
-                let mut text = String::with_capacity(4096);
-                sh.metrics.render(&mut text);
-                sh.life.render(&mut text);
-                sh.gate.render_metrics(&mut text);
+        if target == b"/farside/metrics" {
+            return if req.is_get || req.is_head {
+                let mut enc = farside_admin::Encoder::new();
+                render_metrics(sh, &mut enc);
+                let text = enc.finish();
                 self.respond_to(sh, &req, 200, None, text.as_bytes()).await
             } else {
                 self.respond_to(sh, &req, 405, None, b"method_not_allowed")

@@ -73,8 +73,8 @@ impl Gate for TestGate {
         self.failures.fetch_add(1, SeqCst);
     }
 
-    fn render_metrics(&self, out: &mut String) {
-        out.push_str("# TYPE test_gate_inflight gauge\ntest_gate_inflight 0\n");
+    fn render_metrics(&self, enc: &mut farside_admin::Encoder) {
+        enc.gauge("test_gate_inflight", "Test gate.", &[], 0u64);
     }
 }
 
@@ -702,11 +702,53 @@ async fn metrics_endpoint_renders_prometheus_text() {
         assert!(String::from_utf8(r.body)
             .unwrap()
             .contains("farside_proxy_connections_accepted_total"));
+        // The admin server answers one request per connection.
+        let mut admin = Client::connect(p.admin_addr.unwrap()).await;
         admin.send(GET).await;
         assert_eq!(
             admin.response().await.unwrap().status,
             404,
             "admin only serves metrics"
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn idle_keep_alive_connections_hold_no_buffers() {
+    within(async {
+        let up = upstream(Behaviour::Respond(ok_response("ok"))).await;
+        let p = start(config(&[up.addr]), TestGate::new(vec![up.addr])).await;
+        let bytes = || {
+            p.metrics
+                .conn_buffer_bytes
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let idle = || async {
+            while bytes() != 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        };
+        let mut clients = Vec::new();
+        for _ in 0..10 {
+            let mut c = Client::connect(p.addr).await;
+            c.send(GET).await;
+            assert_eq!(c.response().await.unwrap().body, b"ok");
+            clients.push(c);
+        }
+        // Ten kept-alive connections between requests: no read buffer allocated (the old
+        // code held 8 KiB + 32 KiB each).
+        idle().await;
+        // They are still open and served, and release again afterwards.
+        for c in &mut clients {
+            c.send(GET).await;
+            assert_eq!(c.response().await.unwrap().body, b"ok");
+        }
+        idle().await;
+        assert_eq!(
+            up.accepted.load(SeqCst),
+            1,
+            "one pooled upstream connection"
         );
     })
     .await

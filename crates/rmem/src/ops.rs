@@ -171,23 +171,28 @@ impl OpCounters {
         self.status[st as usize].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn render(&self, prefix: &str, out: &mut String) {
-        use std::fmt::Write;
-        let _ = writeln!(out, "# TYPE {prefix}_ops_total counter");
+    /// Report `{prefix}_ops_total{op}` and `{prefix}_replies_total{status}` to the
+    /// scrape's encoder.
+    pub fn render(&self, prefix: &str, enc: &mut farside_admin::Encoder) {
+        let ops = format!("{prefix}_ops_total");
         for (i, name) in ["unknown", "read", "write", "compare_swap", "fetch_add"]
             .iter()
             .enumerate()
         {
-            let v = self.ops[i].load(Ordering::Relaxed);
-            let _ = writeln!(out, "{prefix}_ops_total{{op=\"{name}\"}} {v}");
+            enc.counter(
+                &ops,
+                "Remote-memory requests by operation.",
+                &[("op", name)],
+                self.ops[i].load(Ordering::Relaxed),
+            );
         }
-        let _ = writeln!(out, "# TYPE {prefix}_replies_total counter");
+        let replies = format!("{prefix}_replies_total");
         for st in Status::ALL {
-            let v = self.status[st as usize].load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "{prefix}_replies_total{{status=\"{}\"}} {v}",
-                st.name()
+            enc.counter(
+                &replies,
+                "Remote-memory replies by status.",
+                &[("status", st.name())],
+                self.status[st as usize].load(Ordering::Relaxed),
             );
         }
     }

@@ -2,7 +2,6 @@
 //! and how often fresh load reaches the proxy. One writer (a monitor thread) and any
 //! number of readers (metrics scrapes); rendered as a Prometheus histogram in seconds.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bucket mantissas per decade: steps of at most 1.67x keep a quantile estimated from
@@ -62,28 +61,26 @@ impl Histogram {
         self.counts.iter().map(|c| c.load(Ordering::Relaxed)).sum()
     }
 
-    /// Append `name_bucket{labels,le="…"}` lines (cumulative, seconds), `name_sum` and
-    /// `name_count`, in the Prometheus text format. `labels` is `k="v",…` or empty.
-    pub fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        let mut cumulative = 0u64;
-        for (i, c) in self.counts.iter().enumerate() {
-            cumulative += c.load(Ordering::Relaxed);
-            let le = match BOUNDS_NS.get(i) {
-                Some(&b) => format!("{}", b as f64 / 1e9),
-                None => "+Inf".to_string(),
-            };
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{sep}le=\"{le}\"}} {cumulative}"
-            );
-        }
-        let _ = writeln!(
-            out,
-            "{name}_sum{{{labels}}} {}",
-            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
+    /// Report as histogram `name` (seconds) with `labels` to the scrape's encoder.
+    pub fn render(
+        &self,
+        enc: &mut farside_admin::Encoder,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+    ) {
+        let n = |i: usize| self.counts[i].load(Ordering::Relaxed);
+        enc.histogram(
+            name,
+            help,
+            labels,
+            BOUNDS_NS
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| (b as f64 / 1e9, n(i))),
+            n(BOUNDS_NS.len()),
+            self.sum_ns.load(Ordering::Relaxed) as f64 / 1e9,
         );
-        let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
     }
 }
 
@@ -108,8 +105,9 @@ mod tests {
             h.record(ns);
         }
         assert_eq!(h.count(), 5);
-        let mut out = String::new();
-        h.render(&mut out, "x_seconds", "b=\"1\"");
+        let mut e = farside_admin::Encoder::new();
+        h.render(&mut e, "x_seconds", "X.", &[("b", "1")]);
+        let out = e.finish();
         let line = |le: &str| {
             out.lines()
                 .find(|l| l.starts_with(&format!("x_seconds_bucket{{b=\"1\",le=\"{le}\"}} ")))

@@ -62,13 +62,13 @@ use crate::config::{BalancePolicy, Metric, ProxyConfig, StalePolicy};
 use crate::gate::{Gate, InflightGuard, InflightObserver, Reject, Route};
 use crate::pool::Pool;
 use estimate::{Event, Tally};
+use farside_admin::Encoder;
 use farside_region::Words;
 use farside_rmem::mono_ns;
 /// A back-end's region and optional per-back-end key (`udp:HOST:PORT?key=HEX`).
 pub use farside_rmem::Target as RegionSource;
 use monitor::{Monitor, MonitorOptions, Watch};
 use std::cell::Cell;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -855,28 +855,23 @@ impl Control {
     /// the encoder can change around it): per-back-end admission checks by metric and
     /// by what decided them, and with metric `delay` each back-end's last queueing
     /// delay reading and target.
-    pub fn render_signal_metrics(&self, out: &mut String) {
-        let _ = writeln!(out, "# HELP farside_admission_checks_total Per-back-end admission checks by the metric in force and what decided them.");
-        let _ = writeln!(out, "# TYPE farside_admission_checks_total counter");
+    pub fn render_signal_metrics(&self, enc: &mut Encoder) {
         for d in Decided::ALL {
-            let _ = writeln!(
-                out,
-                "farside_admission_checks_total{{metric=\"{}\",decided=\"{}\"}} {}",
-                self.metric.name(),
-                d.name(),
-                self.signals.0[d as usize].load(Ordering::Relaxed)
+            enc.counter(
+                "farside_admission_checks_total",
+                "Per-back-end admission checks by the metric in force and what decided them.",
+                &[("metric", self.metric.name()), ("decided", d.name())],
+                self.signals.0[d as usize].load(Ordering::Relaxed),
             );
         }
         if self.metric != Metric::Delay {
             return;
         }
-        let _ = writeln!(out, "# HELP farside_backend_queue_delay_us Back-end's last published queueing delay, µs (-1: none).");
-        let _ = writeln!(out, "# TYPE farside_backend_queue_delay_us gauge");
-        let _ = writeln!(out, "# TYPE farside_admission_target_delay_us gauge");
-        let _ = writeln!(
-            out,
-            "farside_admission_target_delay_us {}",
-            self.target_delay_us
+        enc.gauge(
+            "farside_admission_target_delay_us",
+            "Queueing delay the delay metric steers each back-end to, µs.",
+            &[],
+            self.target_delay_us,
         );
         for (i, b) in self.backends.iter().enumerate() {
             let d = self
@@ -885,10 +880,12 @@ impl Control {
                 .and_then(|t| table::read(&**t, i))
                 .filter(|e| e.queue_delay_id != 0)
                 .map_or(-1, |e| e.queue_delay_us as i64);
-            let _ = writeln!(
-                out,
-                "farside_backend_queue_delay_us{{backend=\"{}\",site=\"{}\"}} {d}",
-                b.addr, b.site
+            let addr = b.addr.to_string();
+            enc.gauge(
+                "farside_backend_queue_delay_us",
+                "Back-end's last published queueing delay, µs (-1: none).",
+                &[("backend", &addr), ("site", &b.site)],
+                d,
             );
         }
     }
@@ -966,110 +963,127 @@ impl Gate for Control {
         }
     }
 
-    fn render_metrics(&self, out: &mut String) {
+    fn render_metrics(&self, enc: &mut Encoder) {
         let c = &self.counters;
-        let _ = writeln!(
-            out,
-            "# HELP farside_admission_decisions_total Admission decisions by stage and outcome."
-        );
-        let _ = writeln!(out, "# TYPE farside_admission_decisions_total counter");
+        let decisions = "Admission decisions by stage and outcome.";
         for (stage, admitted, rejected) in [
             ("accept", &c.accept_admitted, &c.accept_rejected),
             ("request", &c.request_admitted, &c.request_rejected),
         ] {
-            let _ = writeln!(
-                out,
-                "farside_admission_decisions_total{{stage=\"{stage}\",outcome=\"admit\",reason=\"\"}} {}",
-                admitted.load(Ordering::Relaxed)
+            enc.counter(
+                "farside_admission_decisions_total",
+                decisions,
+                &[("stage", stage), ("outcome", "admit"), ("reason", "")],
+                admitted.load(Ordering::Relaxed),
             );
             for r in Reject::ALL {
-                let _ = writeln!(
-                    out,
-                    "farside_admission_decisions_total{{stage=\"{stage}\",outcome=\"reject\",reason=\"{}\"}} {}",
-                    r.reason(),
-                    rejected[r.index()].load(Ordering::Relaxed)
+                enc.counter(
+                    "farside_admission_decisions_total",
+                    decisions,
+                    &[
+                        ("stage", stage),
+                        ("outcome", "reject"),
+                        ("reason", r.reason()),
+                    ],
+                    rejected[r.index()].load(Ordering::Relaxed),
                 );
             }
         }
-        let _ = writeln!(out, "# HELP farside_admission_reuse_only_total Requests admitted only onto an idle pooled connection (the queue metric was at its limit).");
-        let _ = writeln!(out, "# TYPE farside_admission_reuse_only_total counter");
-        let _ = writeln!(
-            out,
-            "farside_admission_reuse_only_total {}",
-            c.request_admitted_reuse_only.load(Ordering::Relaxed)
+        enc.counter(
+            "farside_admission_reuse_only_total",
+            "Requests admitted only onto an idle pooled connection (the queue metric was at its limit).",
+            &[],
+            c.request_admitted_reuse_only.load(Ordering::Relaxed),
         );
-        self.render_signal_metrics(out);
+        self.render_signal_metrics(enc);
         let now = mono_ns();
-        let _ = writeln!(out, "# HELP farside_backend_load Back-end load in the admission metric's unit (-1: stale or unknown).");
-        let _ = writeln!(out, "# TYPE farside_backend_load gauge");
-        let _ = writeln!(out, "# TYPE farside_backend_inflight gauge");
-        let _ = writeln!(out, "# TYPE farside_backend_limit gauge");
-        let _ = writeln!(out, "# HELP farside_upstream_conns Upstream connections this proxy holds open to the back-end, by state.");
-        let _ = writeln!(out, "# TYPE farside_upstream_conns gauge");
-        let _ = writeln!(out, "# TYPE farside_upstream_maxconn gauge");
-        let _ = writeln!(out, "# HELP farside_upstream_shed_total Upstream connections closed (idle ones, or returning ones instead of pooling) because the back-end queued connections.");
-        let _ = writeln!(out, "# TYPE farside_upstream_shed_total counter");
-        let _ = writeln!(out, "# TYPE farside_monitor_read_errors_total counter");
-        let _ = writeln!(out, "# TYPE farside_monitor_read_latency_ns gauge");
-        let _ = writeln!(out, "# TYPE farside_monitor_record_age_ns gauge");
-        let _ = writeln!(out, "# HELP farside_monitor_read_seconds Round trip of the embedded monitor's successful region reads.");
-        let _ = writeln!(out, "# TYPE farside_monitor_read_seconds histogram");
-        let _ = writeln!(out, "# HELP farside_monitor_update_gap_seconds Time between two monitor reads that each found a new load record.");
-        let _ = writeln!(out, "# TYPE farside_monitor_update_gap_seconds histogram");
         for (i, b) in self.backends.iter().enumerate() {
-            let lbl = format!("backend=\"{}\",site=\"{}\"", b.addr, b.site);
+            let addr = b.addr.to_string();
+            let lbl: &[(&str, &str)] = &[("backend", &addr), ("site", &b.site)];
+            let with = |k: &'static str, v: &'static str| [lbl[0], lbl[1], (k, v)];
             let load = match self.load(i, now) {
                 Load::Known(v) => v as i64,
                 _ => -1,
             };
-            let _ = writeln!(
-                out,
-                "farside_backend_load{{{lbl},metric=\"{}\"}} {load}",
-                self.metric.name()
+            enc.gauge(
+                "farside_backend_load",
+                "Back-end load in the admission metric's unit (-1: stale or unknown).",
+                &with("metric", self.metric.name()),
+                load,
             );
-            let _ = writeln!(
-                out,
-                "farside_backend_inflight{{{lbl}}} {}",
-                b.inflight.load(Ordering::Relaxed)
+            enc.gauge(
+                "farside_backend_inflight",
+                "Requests this proxy has in flight to the back-end.",
+                lbl,
+                b.inflight.load(Ordering::Relaxed),
             );
-            let limit = self.limit_now(i, Load::Unknown);
-            let _ = writeln!(out, "farside_backend_limit{{{lbl}}} {limit}");
+            enc.gauge(
+                "farside_backend_limit",
+                "Admission limit on the back-end's in-flight requests now.",
+                lbl,
+                self.limit_now(i, Load::Unknown),
+            );
             if let Some(p) = self.pool.get() {
                 let (open, idle) = (p.open_count(i), p.idle_count(i));
-                let _ = writeln!(out, "farside_upstream_conns{{{lbl},state=\"idle\"}} {idle}");
-                let _ = writeln!(
-                    out,
-                    "farside_upstream_conns{{{lbl},state=\"busy\"}} {}",
-                    open.saturating_sub(idle)
+                let conns = "Upstream connections this proxy holds open to the back-end, by state.";
+                enc.gauge(
+                    "farside_upstream_conns",
+                    conns,
+                    &with("state", "idle"),
+                    idle,
                 );
-                let _ = writeln!(out, "farside_upstream_maxconn{{{lbl}}} {}", p.maxconn(i));
+                enc.gauge(
+                    "farside_upstream_conns",
+                    conns,
+                    &with("state", "busy"),
+                    open.saturating_sub(idle),
+                );
+                enc.gauge(
+                    "farside_upstream_maxconn",
+                    "Cap on this proxy's open connections to the back-end.",
+                    lbl,
+                    p.maxconn(i),
+                );
             }
-            let _ = writeln!(
-                out,
-                "farside_upstream_shed_total{{{lbl}}} {}",
-                self.shed_total(i)
+            enc.counter(
+                "farside_upstream_shed_total",
+                "Upstream connections closed (idle ones, or returning ones instead of pooling) because the back-end queued connections.",
+                lbl,
+                self.shed_total(i),
             );
             if let Some(e) = self.table.as_ref().and_then(|t| table::read(&**t, i)) {
-                let _ = writeln!(
-                    out,
-                    "farside_monitor_read_errors_total{{{lbl}}} {}",
-                    e.errors
+                enc.counter(
+                    "farside_monitor_read_errors_total",
+                    "Failed region reads of the back-end's load record.",
+                    lbl,
+                    e.errors,
                 );
-                let _ = writeln!(
-                    out,
-                    "farside_monitor_read_latency_ns{{{lbl}}} {}",
-                    e.read_latency_ns
+                enc.gauge(
+                    "farside_monitor_read_latency_ns",
+                    "Round trip of the last region read, ns.",
+                    lbl,
+                    e.read_latency_ns,
                 );
-                let _ = writeln!(
-                    out,
-                    "farside_monitor_record_age_ns{{{lbl}}} {}",
-                    now.saturating_sub(e.advanced_mono_ns)
+                enc.gauge(
+                    "farside_monitor_record_age_ns",
+                    "Time since the back-end's load record last advanced, ns.",
+                    lbl,
+                    now.saturating_sub(e.advanced_mono_ns),
                 );
             }
             if let Some(st) = self.monitor.as_ref().and_then(|m| m.stats(i)) {
-                st.read.render(out, "farside_monitor_read_seconds", &lbl);
-                st.update_gap
-                    .render(out, "farside_monitor_update_gap_seconds", &lbl);
+                st.read.render(
+                    enc,
+                    "farside_monitor_read_seconds",
+                    "Round trip of the embedded monitor's successful region reads.",
+                    lbl,
+                );
+                st.update_gap.render(
+                    enc,
+                    "farside_monitor_update_gap_seconds",
+                    "Time between two monitor reads that each found a new load record.",
+                    lbl,
+                );
             }
         }
     }

@@ -220,8 +220,9 @@ fn embedded_monitor_follows_a_live_region_and_notices_it_stop() {
     let st = c.monitor.as_ref().unwrap().stats(0).unwrap();
     assert!(st.read.count() >= 2, "every successful read is timed");
     assert_eq!(st.update_gap.count(), 1, "one gap between the two records");
-    let mut m = String::new();
-    c.render_metrics(&mut m);
+    let mut e = farside_admin::Encoder::new();
+    c.render_metrics(&mut e);
+    let m = e.finish();
     let count = |name: &str| {
         m.lines()
             .find(|l| l.starts_with(name))
@@ -507,8 +508,9 @@ fn delay_metric_adapts_the_budget_to_the_published_queueing_delay() {
     id += 1;
     EntryWriter::new(&*t, 0).publish(&delay_reading(id, 100_000));
     assert_eq!(c.load(0, mono_ns()), Load::Known(8));
-    let mut m = String::new();
-    c.render_signal_metrics(&mut m);
+    let mut e = farside_admin::Encoder::new();
+    c.render_signal_metrics(&mut e);
+    let m = e.finish();
     assert!(
         m.contains("farside_backend_queue_delay_us{backend=\"127.0.0.1:1\",site=\"\"} 100000"),
         "{m}"
@@ -529,8 +531,9 @@ fn delay_metric_adapts_the_budget_to_the_published_queueing_delay() {
     }
     held.clear();
     assert!(c.route(None).is_ok(), "never locked out");
-    let mut m = String::new();
-    c.render_signal_metrics(&mut m);
+    let mut e = farside_admin::Encoder::new();
+    c.render_signal_metrics(&mut e);
+    let m = e.finish();
     for want in [
         "farside_admission_checks_total{metric=\"delay\",decided=\"below_limit\"}",
         "farside_admission_checks_total{metric=\"delay\",decided=\"over_limit\"}",
