@@ -11,8 +11,9 @@
 # Result: one JSON object per phase in $OUT/lockout.jsonl (first line: commit, kernel, CPU,
 # settings) and a table on stdout; `bench/lockout-table.py FILE` prints the table again.
 #
-# Knobs (env): DURATION (20 s per phase), WARMUP (2 s), LIMIT (admission limit; unset =
-# the proxy's default), OUT (out/lockout), CARGO_TARGET_DIR (~/.cache/farside-target).
+# Knobs (env): DURATION (20 s per phase), WARMUP (2 s), METRIC (admission metric, default
+# backlog; empty = the proxy's default), LIMIT (admission limit; unset = the proxy's default),
+# OUT (out/lockout), CARGO_TARGET_DIR (~/.cache/farside-target).
 # Everything binds 127.0.0.1; every run is bounded.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -36,11 +37,11 @@ cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.start
 print(json.dumps({"phase": "meta", "commit": sh("git", "rev-parse", "HEAD"),
     "dirty": bool(sh("git", "status", "--porcelain", "--untracked-files=no")),
     "kernel": platform.release(), "cpu_model": cpu, "cpus": os.cpu_count(),
-    "duration_s": float(sys.argv[2]), "warmup_s": float(sys.argv[3]), "limit": sys.argv[4] or "proxy default",
+    "duration_s": float(sys.argv[2]), "warmup_s": float(sys.argv[3]), "limit": sys.argv[4] or "proxy default", "metric": sys.argv[5] or "proxy default",
     "backends": "2 x farside backend --workers 16 --cpu-us-per-request 1500, gatherd shm, on the last CPU"}))
 PY
 }
-meta "$root" "$DURATION" "$WARMUP" "${LIMIT:-}" >>"$OUT/lockout.jsonl"
+meta "$root" "$DURATION" "$WARMUP" "${LIMIT:-}" "${METRIC-backlog}" >>"$OUT/lockout.jsonl"
 tmp=$(mktemp -d /tmp/farside-lockout.XXXXXX)
 pids=()
 cleanup() {
@@ -89,7 +90,8 @@ start_proxy
 phase capacity --clients 32
 cap=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["tps"])' "$OUT/lockout.jsonl")
 kill "$proxy_pid"; wait "$proxy_pid" 2>/dev/null || true
-adm=(--admission --metric backlog)
+adm=(--admission)
+[ -n "${METRIC-backlog}" ] && adm+=(--metric "${METRIC-backlog}")
 [ -n "${LIMIT:-}" ] && adm+=(--limit "$LIMIT")
 start_proxy "${adm[@]}"
 for f in 0.9 1.5 3; do
