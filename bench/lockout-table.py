@@ -14,6 +14,8 @@ for r in rows:
         print(f"commit {r['commit'][:12]}{' (dirty)' if r['dirty'] else ''}, kernel {r['kernel']}, "
               f"{r['cpus']} x {r['cpu_model']}; {r['duration_s']:g} s after {r['warmup_s']:g} s warm-up; "
               f"metric: {r.get('metric', 'backlog')}, limit: {r['limit']}")
+        if r.get("note"):
+            print(f"note: {r['note']}")
 print(f"{'phase':<12}{'offered/s':>10}{'goodput/s':>10}{'of cap':>8}{'drop':>8}{'avg ms':>9}{'p99 ms':>9}")
 for r in rows:
     if r["phase"] == "meta":
