@@ -114,7 +114,6 @@ fn overload(tag: &str, admission: bool, proxies: usize) -> Outcome {
                 args.push(a.into());
             }
         }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut p = spawn(&format!("proxy{i}"), &args, &dir);
         p.wait_port(proxy).unwrap();
         ps.push((p, proxy, admin));
