@@ -9,11 +9,12 @@
 //! stayed at the limit, and every request got 503 until the back-end's keep-alive
 //! timeout (here 30 s) finally closed the idle connections.
 
-use farside_lab::procs::Child;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
+
+mod common;
+use common::{exe, free_addr, metrics_raw, spawn, Dir};
 
 /// The liveness bound the issue sets: after the load stops, the next request is
 /// admitted within this.
@@ -31,38 +32,6 @@ const CAPACITY: f64 = WORKERS as f64 * 1e6 / CPU_US as f64;
 /// for this long.
 const OVERLOADS: [f64; 2] = [1.5, 3.0];
 const OVERLOAD_S: f64 = 1.5;
-
-fn exe() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_farside"))
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("farside-live-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn spawn(name: &str, args: &[&str], dir: &Dir) -> Child {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    Child::spawn(name, exe(), &args, &dir.0).unwrap()
-}
 
 /// One GET through `addr` on a fresh connection; returns the status (0 on failure).
 fn status_of(addr: SocketAddr, path: &str) -> u16 {
@@ -196,13 +165,8 @@ fn admission_recovers_within_a_second_after_open_loop_overloads_with_default_poo
 }
 
 fn metrics(admin: SocketAddr) -> String {
-    let Ok(mut s) = TcpStream::connect(admin) else {
-        return String::new();
-    };
-    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out.lines()
+    metrics_raw(admin)
+        .lines()
         .filter(|l| l.starts_with("farside_backend") || l.starts_with("farside_upstream"))
         .collect::<Vec<_>>()
         .join("\n")

@@ -9,14 +9,13 @@
 //! grows to hundreds of ms), and goodput stays near what the back-end serves when it is
 //! kept saturated without admission.
 
-use farside_lab::procs::Child;
 use farside_region::{MappedWords, Snapshot, REGION_WORDS};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+
+mod common;
+use common::{exe, free_addr, metrics_raw as metrics, spawn, Dir};
 
 /// Back-end: 2 prefork workers, 5 ms of CPU per request: at most 400 req/s.
 const WORKERS: u32 = 2;
@@ -31,48 +30,6 @@ const SETTLE: Duration = Duration::from_millis(1500);
 const TARGET_DELAY_MS: u64 = 5;
 /// How often the test samples the back-end's published delay.
 const READ_EVERY: Duration = Duration::from_millis(5);
-
-fn exe() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_farside"))
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("farside-delay-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn spawn(name: &str, args: &[&str], dir: &Dir) -> Child {
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    Child::spawn(name, exe(), &args, &dir.0).unwrap()
-}
-
-fn metrics(admin: SocketAddr) -> String {
-    let Ok(mut s) = TcpStream::connect(admin) else {
-        return String::new();
-    };
-    let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
-}
 
 struct Outcome {
     /// Published queueing delays after [`SETTLE`], µs, sorted.
@@ -157,7 +114,6 @@ fn overload(tag: &str, admission: bool, proxies: usize) -> Outcome {
                 args.push(a.into());
             }
         }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let mut p = spawn(&format!("proxy{i}"), &args, &dir);
         p.wait_port(proxy).unwrap();
         ps.push((p, proxy, admin));

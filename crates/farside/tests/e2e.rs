@@ -2,72 +2,26 @@
 //! monitor), talking over loopback and shared memory, as an operator would run them.
 
 use farside_lab::procs::Child;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-fn exe() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_farside"))
-}
+mod common;
+use common::{eventually, exe, free_addr, get_raw, spawn, strings, Dir};
 
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("farside-e2e-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn spawn(name: &str, args: &[String], dir: &Dir) -> Child {
-    Child::spawn(name, exe(), args, &dir.0).unwrap()
-}
-
-fn strings(v: &[&str]) -> Vec<String> {
-    v.iter().map(|s| s.to_string()).collect()
-}
+/// How long `eventually` waits in these tests.
+const WAIT: Duration = Duration::from_secs(10);
 
 /// One GET through `addr`; returns (status, body).
 fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
+    let out = get_raw(addr, path);
     let status = out
         .split_whitespace()
         .nth(1)
         .and_then(|x| x.parse().ok())
         .unwrap_or(0);
     (status, out)
-}
-
-/// Poll until `f` holds, up to 10 s.
-fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 struct Tier {
@@ -158,6 +112,7 @@ fn overloaded_backend_gets_503_with_retry_after_and_recovers() {
     // The admin listener is not subject to admission: watch the proxy's view of the load.
     eventually(
         "the proxy's monitor sees one connection in the back-end's backlog",
+        WAIT,
         || {
             get(admin, "/metrics")
                 .1
@@ -174,9 +129,11 @@ fn overloaded_backend_gets_503_with_retry_after_and_recovers() {
 
     drop(busy);
     drop(queued);
-    eventually("back-end drains and requests are admitted again", || {
-        get(t.proxy_addr, "/file16k").0 == 200
-    });
+    eventually(
+        "back-end drains and requests are admitted again",
+        WAIT,
+        || get(t.proxy_addr, "/file16k").0 == 200,
+    );
     // Read the counters from the admin listener: the data port's own `/farside/metrics`
     // is admitted at accept like any connection, so a back-end that is momentarily full
     // again (the proxy's pooled connection queued behind a draining worker) would 503 it.
@@ -209,7 +166,7 @@ fn dead_gatherer_goes_stale_and_the_proxy_fails_safe() {
     );
     assert_eq!(get(t.proxy_addr, "/file16k").0, 200);
     t.gatherd.stop();
-    eventually("stale record makes the proxy reject", || {
+    eventually("stale record makes the proxy reject", WAIT, || {
         get(t.proxy_addr, "/file16k").0 == 503
     });
     let (_, body) = get(t.proxy_addr, "/file16k");
@@ -300,7 +257,7 @@ fn proxy_reads_an_external_monitors_shared_table() {
         &dir,
     );
     p.wait_port(proxy_addr).unwrap();
-    eventually("request admitted on the monitor's data", || {
+    eventually("request admitted on the monitor's data", WAIT, || {
         get(proxy_addr, "/file16k").0 == 200
     });
     let metrics = get(proxy_addr, "/farside/metrics").1;
@@ -310,7 +267,7 @@ fn proxy_reads_an_external_monitors_shared_table() {
     );
     // The monitor dies: its table stops advancing, the proxy fails safe.
     m.stop();
-    eventually("monitor death makes the table stale", || {
+    eventually("monitor death makes the table stale", WAIT, || {
         get(proxy_addr, "/file16k").0 == 503
     });
 }
@@ -611,7 +568,7 @@ fn interrupt_lab(
         .unwrap();
     let pid = child.id();
     // Measuring once the proxy's log exists and the back-end answered.
-    eventually("the lab started its tier", || {
+    eventually("the lab started its tier", WAIT, || {
         out.join("logs/no-ac-proxy.log").exists()
     });
     std::thread::sleep(Duration::from_millis(300)); // let the clients start: nothing to await

@@ -5,50 +5,17 @@
 use farside_lab::procs::Child;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn exe() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_farside"))
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("farside-faults-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod common;
+use common::{eventually, exe, free_addr, spawn, Dir};
 
 fn signal(c: &Child, sig: i32) {
     // SAFETY: signalling our own child.
     assert_eq!(unsafe { libc::kill(c.pid() as i32, sig) }, 0);
-}
-
-/// Poll until `f` holds, up to `limit`.
-fn eventually(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// A keep-alive HTTP/1.1 back-end on a thread per connection: `GET /sleep/MS` answers
@@ -170,7 +137,7 @@ fn proxy(dir: &Dir, args: &[String]) -> (Child, SocketAddr) {
     let listen = free_addr();
     let mut all = vec!["proxy".to_string(), "--listen".into(), listen.to_string()];
     all.extend_from_slice(args);
-    let mut p = Child::spawn("proxy", exe(), &all, &dir.0).unwrap();
+    let mut p = spawn("proxy", &all, dir);
     p.wait_port(listen).unwrap();
     (p, listen)
 }
@@ -303,13 +270,11 @@ fn sighup_adds_and_removes_a_backend_without_failing_a_request() {
     let (listen, admin) = (free_addr(), free_addr());
     let cfg = dir.0.join("proxy.toml");
     write_config(&cfg, listen, admin, &[a.addr]);
-    let mut p = Child::spawn(
+    let mut p = spawn(
         "proxy",
-        exe(),
-        &["proxy".into(), "--config".into(), cfg.display().to_string()],
-        &dir.0,
-    )
-    .unwrap();
+        &["proxy", "--config", &cfg.display().to_string()],
+        &dir,
+    );
     p.wait_port(listen).unwrap();
 
     // A steady stream on one kept-alive client connection plus a new connection per
@@ -490,7 +455,7 @@ fn sighup_starts_and_stops_watching_regions() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let mut g = Child::spawn("gatherd", exe(), &args, &dir.0).unwrap();
+    let mut g = spawn("gatherd", &args, &dir);
     g.wait_port(gm).unwrap();
     let (listen, admin) = (free_addr(), free_addr());
     let cfg = dir.0.join("proxy.toml");
@@ -505,13 +470,11 @@ fn sighup_starts_and_stops_watching_regions() {
         std::fs::write(&cfg, s).unwrap();
     };
     write(false);
-    let mut p = Child::spawn(
+    let mut p = spawn(
         "proxy",
-        exe(),
-        &["proxy".into(), "--config".into(), cfg.display().to_string()],
-        &dir.0,
-    )
-    .unwrap();
+        &["proxy", "--config", &cfg.display().to_string()],
+        &dir,
+    );
     p.wait_port(listen).unwrap();
     let before = region_reads(gm);
 

@@ -2,29 +2,10 @@
 //! with tiny durations, HAProxy included, and `summary.json` carries the keys the
 //! scenario tables are made of.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-fn exe() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_farside"))
-}
-
-/// A temporary directory removed on drop.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(tag: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("farside-scen-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+mod common;
+use common::{exe, Dir};
 
 /// Run `lab admission --quick` with 1 s points after 0.2 s of warm-up, one client count
 /// and one open-loop rate, and return summary.json.

@@ -5,47 +5,15 @@
 //! values are escaped, values are numbers. The back-ends' `site` names carry a quote and
 //! a backslash so that unescaped label values would fail.
 
-use farside_lab::procs::Child;
 use std::collections::{HashMap, HashSet};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::net::SocketAddr;
 
-fn exe() -> &'static Path {
-    Path::new(env!("CARGO_BIN_EXE_farside"))
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-struct Dir(PathBuf);
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn spawn(name: &str, args: &[String], dir: &Dir) -> Child {
-    Child::spawn(name, exe(), args, &dir.0).unwrap()
-}
+mod common;
+use common::{free_addr, get_raw, spawn, Dir};
 
 /// One GET; the status line and body.
 fn get(addr: SocketAddr, path: &str) -> (String, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
+    let out = get_raw(addr, path);
     let (head, body) = out.split_once("\r\n\r\n").unwrap();
     (head.lines().next().unwrap().to_string(), body.to_string())
 }
@@ -197,8 +165,7 @@ fn check(text: &str, want: &[(&str, &str)]) -> Vec<Sample> {
 
 #[test]
 fn proxy_and_gatherd_metrics_are_conformant_exposition() {
-    let dir = Dir(std::env::temp_dir().join(format!("farside-metfmt-{}", std::process::id())));
-    std::fs::create_dir_all(&dir.0).unwrap();
+    let dir = Dir::new("metfmt");
     let s = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
     let backend = free_addr();
     let mut be = spawn(

@@ -8,8 +8,10 @@ use farside_lab::procs::Child;
 use farside_proxy::config::{BackendConfig, ProxyConfig};
 use farside_proxy::control::{Control, Load};
 use farside_proxy::gate::Reject;
-use std::path::Path;
 use std::time::{Duration, Instant};
+
+mod common;
+use common::exe;
 
 #[test]
 #[ignore = "needs root: run with `cargo test -p farside -- --include-ignored` as root"]
@@ -34,14 +36,7 @@ fn monitor_follows_a_gatherer_over_xdp_across_namespaces() {
         ])
         .collect();
     let log = logs.join("gatherd.log");
-    let c = dc
-        .spawn_in(
-            "back",
-            Path::new(env!("CARGO_BIN_EXE_farside")),
-            &args,
-            &log,
-        )
-        .unwrap();
+    let c = dc.spawn_in("back", exe(), &args, &log).unwrap();
     let mut g = Child::adopt("gatherd", c, log.clone());
 
     let mut cfg = ProxyConfig::simple(

@@ -76,22 +76,34 @@ impl Drop for FdServer {
     }
 }
 
+/// A zeroed control-message buffer with room for one fd.
+fn fd_cmsg_buf() -> Vec<u8> {
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    vec![0u8; space]
+}
+
+/// A header for a message of the one buffer `iov` with the control buffer `cbuf`. It
+/// points into both, so they must outlive every sendmsg/recvmsg call that uses it.
+fn single_iov_msghdr(iov: &mut libc::iovec, cbuf: &mut [u8]) -> libc::msghdr {
+    // SAFETY: msghdr is plain data; all zeros is a valid (empty) header.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = cbuf.len() as _;
+    msg
+}
+
 fn send_fd(sock: &UnixStream, fd: RawFd) -> io::Result<()> {
     let mut data = [TOKEN];
     let mut iov = libc::iovec {
         iov_base: data.as_mut_ptr().cast(),
         iov_len: 1,
     };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut cbuf = vec![0u8; space];
-    // SAFETY: msghdr is plain data; every pointer set below outlives the sendmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
-    // SAFETY: msg_control points to `space` bytes, room for one cmsg with one fd.
+    let mut cbuf = fd_cmsg_buf();
+    let msg = single_iov_msghdr(&mut iov, &mut cbuf);
+    // SAFETY: msg_control points to `cbuf`, room for one cmsg with one fd.
     unsafe {
         let c = libc::CMSG_FIRSTHDR(&msg);
         (*c).cmsg_level = libc::SOL_SOCKET;
@@ -115,15 +127,8 @@ pub fn receive_fd(path: &Path) -> io::Result<RawFd> {
         iov_base: data.as_mut_ptr().cast(),
         iov_len: 1,
     };
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut cbuf = vec![0u8; space];
-    // SAFETY: msghdr is plain data; every pointer set below outlives the recvmsg call.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = space as _;
+    let mut cbuf = fd_cmsg_buf();
+    let mut msg = single_iov_msghdr(&mut iov, &mut cbuf);
     // SAFETY: a valid socket and message buffers.
     let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
