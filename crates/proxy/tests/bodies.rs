@@ -649,6 +649,19 @@ async fn request_body_below_minimum_rate_gets_408_and_a_fast_one_passes() {
     .await
 }
 
+/// Reads (and discards) one request head from a test back-end's connection: until the
+/// blank line, the peer's close, or an error.
+async fn read_head(s: &mut TcpStream) {
+    let mut buf = Vec::new();
+    let mut tmp = [0u8; 4096];
+    while find(&buf, b"\r\n\r\n").is_none() {
+        match s.read(&mut tmp).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => buf.extend_from_slice(&tmp[..n]),
+        }
+    }
+}
+
 /// A back-end that answers every request with a `len`-byte body (written until the
 /// proxy stops reading) and reports when its connection ends.
 async fn big_response_upstream(len: usize) -> (SocketAddr, Arc<Mutex<Option<Instant>>>) {
@@ -658,12 +671,7 @@ async fn big_response_upstream(len: usize) -> (SocketAddr, Arc<Mutex<Option<Inst
     let e = ended.clone();
     tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
-        let mut buf = Vec::new();
-        let mut tmp = [0u8; 4096];
-        while find(&buf, b"\r\n\r\n").is_none() {
-            let n = s.read(&mut tmp).await.unwrap();
-            buf.extend_from_slice(&tmp[..n]);
-        }
+        read_head(&mut s).await;
         let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n");
         let _ = s.write_all(head.as_bytes()).await;
         let block = vec![b'b'; 64 * 1024];
@@ -676,7 +684,7 @@ async fn big_response_upstream(len: usize) -> (SocketAddr, Arc<Mutex<Option<Inst
             sent += n;
         }
         // Wait for the proxy to drop the connection (if it has not already).
-        let _ = s.read(&mut tmp).await;
+        let _ = s.read(&mut [0u8; 4096]).await;
         *e.lock().unwrap() = Some(Instant::now());
     });
     (addr, ended)
@@ -738,14 +746,7 @@ async fn fixed_upstream(resp: &'static [u8]) -> SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         while let Ok((mut s, _)) = listener.accept().await {
-            let mut buf = Vec::new();
-            let mut tmp = [0u8; 4096];
-            while find(&buf, b"\r\n\r\n").is_none() {
-                match s.read(&mut tmp).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => buf.extend_from_slice(&tmp[..n]),
-                }
-            }
+            read_head(&mut s).await;
             let _ = s.write_all(resp).await;
         }
     });
@@ -968,12 +969,7 @@ async fn trickling_upstream(len: usize) -> (SocketAddr, Arc<Mutex<Option<Instant
     let e = ended.clone();
     tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
-        let mut buf = Vec::new();
-        let mut tmp = [0u8; 4096];
-        while find(&buf, b"\r\n\r\n").is_none() {
-            let n = s.read(&mut tmp).await.unwrap();
-            buf.extend_from_slice(&tmp[..n]);
-        }
+        read_head(&mut s).await;
         let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n");
         let _ = s.write_all(head.as_bytes()).await;
         // The proxy hanging up shows as a failed write soon after.
