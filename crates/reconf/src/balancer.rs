@@ -346,6 +346,20 @@ impl Balancer {
     pub fn busy(&self) -> bool {
         self.phase != Phase::Idle
     }
+    /// The current phase, for logs and violation reports.
+    pub fn phase_name(&self) -> &'static str {
+        match self.phase {
+            Phase::Idle => "idle",
+            Phase::Reading { .. } => "reading",
+            Phase::LockRead { .. } => "lock-read",
+            Phase::Acquire { .. } => "acquire",
+            Phase::Fence { .. } => "fence",
+            Phase::Intent { .. } => "intent",
+            Phase::Move { .. } => "move",
+            Phase::Release { .. } => "release",
+        }
+    }
+
     /// Take the moves made since the last call.
     pub fn drain_log(&mut self) -> Vec<MoveRecord> {
         std::mem::take(&mut self.log)

@@ -220,7 +220,7 @@ pub struct FaultCounts {
     pub duplicated: u64,
     /// Messages given a long delay.
     pub long_delays: u64,
-    /// Replies that came after the op timed out.
+    /// Requests or replies still in flight when the op timed out.
     pub late_replies: u64,
     /// Balancer crashes.
     pub crashes: u64,
@@ -304,7 +304,10 @@ enum Ev {
         op: Op,
         /// Lock (site, token) the sender held when it issued the op.
         under: Option<(u16, u32)>,
+        /// A duplicate copy (an exactly-once server does not apply it).
         dup: bool,
+        /// Somebody waits for this copy's reply (not a duplicate, not timed out).
+        reply: bool,
         deadline: u64,
     },
     Reply(OpKey, Completion, u64),
@@ -555,18 +558,27 @@ impl Sim {
                         op: op.clone(),
                         under,
                         dup: true,
+                        reply: false,
                         deadline,
                     },
                 );
             }
-            let d = self.delay();
+            let t = self.now + self.delay();
+            // A request still in flight at the deadline completes as lost then, and
+            // applies later with nobody waiting for its reply.
+            let late = t > deadline;
+            if late {
+                self.report.faults.late_replies += 1;
+                self.at(deadline, Ev::Lost(key));
+            }
             self.at(
-                self.now + d,
+                t,
                 Ev::Deliver {
                     key,
                     op,
                     under,
                     dup: false,
+                    reply: !late,
                     deadline,
                 },
             );
@@ -815,8 +827,9 @@ impl Sim {
         if let Some((site, token, since)) = sm.holding() {
             if now - since > max {
                 let msg = format!(
-                    "balancer {b} holds site {site}'s lock (token {token}) for {} ns > {max}",
-                    now - since
+                    "balancer {b} holds site {site}'s lock (token {token}) for {} ns > {max} (phase {})",
+                    now - since,
+                    sm.phase_name()
                 );
                 self.violation(msg);
             }
@@ -852,10 +865,11 @@ impl Sim {
                 op,
                 under,
                 dup,
+                reply: wanted,
                 deadline,
             } => {
                 let reply = self.apply(key, &op, under, dup);
-                if dup {
+                if !wanted {
                     return;
                 }
                 let Some(reply) = reply else {
