@@ -190,13 +190,19 @@ mod tests {
             Err("nginx -s reload: exit 1".into())
         });
         let err = err.expect("the failure is reported");
-        assert!(err.contains("nginx") && err.contains("still serving site 1"), "{err}");
+        assert!(
+            err.contains("nginx") && err.contains("still serving site 1"),
+            "{err}"
+        );
         assert_eq!(words[W_ROLE_SERVED].load(Ordering::Relaxed), old.0);
         assert_eq!(words[W_ROLE_ERROR].load(Ordering::Relaxed), new.0);
         assert_eq!(words[W_ROLE_EPOCH].load(Ordering::Relaxed), 0);
         assert_eq!(agent.served(), old);
         // Not retried before the backoff, retried after it; success clears the error.
-        assert_eq!(agent.step(500, &words, |_| panic!("retried too early")), None);
+        assert_eq!(
+            agent.step(500, &words, |_| panic!("retried too early")),
+            None
+        );
         assert_eq!(agent.step(1_000, &words, |_| Ok(())), None);
         assert_eq!(words[W_ROLE_SERVED].load(Ordering::Relaxed), new.0);
         assert_eq!(words[W_ROLE_ERROR].load(Ordering::Relaxed), 0);
@@ -209,7 +215,10 @@ mod tests {
         let fenced = Role(old.0 + 1);
         let words = region(old, fenced);
         let mut agent = NodeAgent::new(old, 1_000);
-        assert_eq!(agent.step(0, &words, |_| panic!("no reload for a fence")), None);
+        assert_eq!(
+            agent.step(0, &words, |_| panic!("no reload for a fence")),
+            None
+        );
         assert_eq!(words[W_ROLE_SERVED].load(Ordering::Relaxed), fenced.0);
     }
 }

@@ -50,8 +50,8 @@
 
 use crate::op::{Completion, Issue, Op, OpId, Target};
 use crate::words::{
-    Lock, Role, BALANCER_MAX, NODE_MAX, NODE_READ_FIRST, NODE_READ_WORDS, SITE_MAX,
-    W_ROLE_WANTED, W_SHARED_COUNTER, W_SITE_LOCK,
+    Lock, Role, BALANCER_MAX, NODE_MAX, NODE_READ_FIRST, NODE_READ_WORDS, SITE_MAX, W_ROLE_WANTED,
+    W_SHARED_COUNTER, W_SITE_LOCK,
 };
 use std::fmt;
 
@@ -159,7 +159,10 @@ impl BalancerConfig {
             return err("spare_ppm above high_ppm would move nodes back and forth".into());
         }
         if self.load_word >= farside_region::layout::REGION_WORDS {
-            return err(format!("load word {} is outside the region", self.load_word));
+            return err(format!(
+                "load word {} is outside the region",
+                self.load_word
+            ));
         }
         if topo.anchors.is_empty() || topo.anchors.len() > SITE_MAX {
             return err(format!("sites must be 1..={SITE_MAX}"));
@@ -253,13 +256,38 @@ struct Plan {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Phase {
     Idle,
-    Reading { first: OpId, pending: u32 },
-    LockRead { plan: Plan },
-    Acquire { plan: Plan, expect: Lock, new: Lock, resolving: bool },
-    Fence { plan: Plan, node: u32, tries: u32 },
-    Intent { plan: Plan, new: Lock, resolving: bool },
-    Move { plan: Plan, fencing: bool, tries: u32 },
-    Release { tries: u32, resolving: bool },
+    Reading {
+        first: OpId,
+        pending: u32,
+    },
+    LockRead {
+        plan: Plan,
+    },
+    Acquire {
+        plan: Plan,
+        expect: Lock,
+        new: Lock,
+        resolving: bool,
+    },
+    Fence {
+        plan: Plan,
+        node: u32,
+        tries: u32,
+    },
+    Intent {
+        plan: Plan,
+        new: Lock,
+        resolving: bool,
+    },
+    Move {
+        plan: Plan,
+        fencing: bool,
+        tries: u32,
+    },
+    Release {
+        tries: u32,
+        resolving: bool,
+    },
 }
 
 /// One balancer. Drive it with [`Balancer::on_tick`] every S and
@@ -291,7 +319,10 @@ impl Balancer {
     pub fn new(id: u32, cfg: BalancerConfig, topo: Topology) -> Result<Balancer, ConfigError> {
         cfg.validate(&topo)?;
         if id >= topo.balancers {
-            return Err(ConfigError(format!("balancer id {id} >= {}", topo.balancers)));
+            return Err(ConfigError(format!(
+                "balancer id {id} >= {}",
+                topo.balancers
+            )));
         }
         let (n, s) = (topo.nodes as usize, topo.sites());
         Ok(Balancer {
@@ -521,9 +552,9 @@ impl Balancer {
                 resolving,
             } => {
                 let ok = match (&c, resolving) {
-                    (Completion::Cas(prev), false) => Some(
-                        *prev == self.held.map(|h| h.1.encode()).unwrap_or(u64::MAX),
-                    ),
+                    (Completion::Cas(prev), false) => {
+                        Some(*prev == self.held.map(|h| h.1.encode()).unwrap_or(u64::MAX))
+                    }
                     (Completion::Read(w), true) => Some(w[0] == new.encode()),
                     _ => None,
                 };
@@ -749,7 +780,9 @@ impl Balancer {
             // A lock in our own name is a ghost of an op we gave up on.
             Some(h) if h == self.id => true,
             Some(_) => match self.watch[site] {
-                Some((w, since)) if w == word => ctx.now_ns.saturating_sub(since) >= self.cfg.lease_ns,
+                Some((w, since)) if w == word => {
+                    ctx.now_ns.saturating_sub(since) >= self.cfg.lease_ns
+                }
                 _ => {
                     self.watch[site] = Some((word, ctx.now_ns));
                     false

@@ -423,9 +423,7 @@ impl Sim {
         let skew = cfg.faults.skew_ppm as i64;
         let bals = (0..cfg.balancers)
             .map(|b| Bal {
-                sm: Some(
-                    Balancer::new(b, cfg.balancer.clone(), topo.clone()).expect("validated"),
-                ),
+                sm: Some(Balancer::new(b, cfg.balancer.clone(), topo.clone()).expect("validated")),
                 inc: 0,
                 partitioned: false,
                 region: [0; SIM_REGION_WORDS],
@@ -512,18 +510,22 @@ impl Sim {
     fn violation(&mut self, msg: String) {
         self.report.violations += 1;
         if self.report.violation_log.len() < VIOLATIONS_KEPT_MAX {
-            self.report
-                .violation_log
-                .push(format!("t={:.3}s seed={} {msg}", self.now as f64 / 1e9, self.cfg.seed));
+            self.report.violation_log.push(format!(
+                "t={:.3}s seed={} {msg}",
+                self.now as f64 / 1e9,
+                self.cfg.seed
+            ));
         }
     }
 
     fn delay(&mut self) -> u64 {
         if self.rng.chance(self.cfg.net.tail_ppm) {
             self.report.faults.long_delays += 1;
-            self.rng.range(self.cfg.net.delay_max_ns, self.cfg.net.delay_tail_ns)
+            self.rng
+                .range(self.cfg.net.delay_max_ns, self.cfg.net.delay_tail_ns)
         } else {
-            self.rng.range(self.cfg.net.delay_min_ns, self.cfg.net.delay_max_ns)
+            self.rng
+                .range(self.cfg.net.delay_min_ns, self.cfg.net.delay_max_ns)
         }
     }
 
@@ -542,8 +544,7 @@ impl Sim {
             let key = OpKey { bal: b, inc, id };
             self.bals[b as usize].pending.insert(id);
             let deadline = self.now + timeout;
-            if self.bals[b as usize].partitioned || self.rng.chance(self.cfg.net.request_loss_ppm)
-            {
+            if self.bals[b as usize].partitioned || self.rng.chance(self.cfg.net.request_loss_ppm) {
                 self.report.faults.requests_lost += 1;
                 self.at(deadline, Ev::Lost(key));
                 continue;
@@ -598,7 +599,13 @@ impl Sim {
     }
 
     /// Apply one delivered op; returns the reply (None: the target did not answer).
-    fn apply(&mut self, key: OpKey, op: &Op, under: Option<(u16, u32)>, dup: bool) -> Option<Completion> {
+    fn apply(
+        &mut self,
+        key: OpKey,
+        op: &Op,
+        under: Option<(u16, u32)>,
+        dup: bool,
+    ) -> Option<Completion> {
         if dup && op.is_mutation() && self.cfg.net.dedup {
             // Exactly-once server: the duplicate is recognised and not applied.
             return None;
@@ -639,7 +646,14 @@ impl Sim {
     }
 
     /// Invariants 1, 2, 4 on one applied op (from the op log), and lock tracking.
-    fn check_op(&mut self, key: OpKey, op: &Op, under: Option<(u16, u32)>, before: u64, after: u64) {
+    fn check_op(
+        &mut self,
+        key: OpKey,
+        op: &Op,
+        under: Option<(u16, u32)>,
+        before: u64,
+        after: u64,
+    ) {
         let Target::Node(n) = op.target() else { return };
         let word = match *op {
             Op::Read { word, .. }
@@ -693,7 +707,10 @@ impl Sim {
         self.wanted_count[rb.site() as usize] -= 1;
         self.wanted_count[ra.site() as usize] += 1;
         if self.wanted_count[rb.site() as usize] == 0 {
-            let msg = format!("site {} has no node wanted (node {n} moved away)", rb.site());
+            let msg = format!(
+                "site {} has no node wanted (node {n} moved away)",
+                rb.site()
+            );
             self.violation(msg);
         }
         self.wake_agent(n);
@@ -915,7 +932,11 @@ impl Sim {
             Ev::ApplyDone(n, ok) => {
                 let node = &mut self.nodes[n as usize];
                 let before = node.agent.served();
-                let res = if ok { Ok(()) } else { Err("simulated reload failure".to_string()) };
+                let res = if ok {
+                    Ok(())
+                } else {
+                    Err("simulated reload failure".to_string())
+                };
                 let a = node.agent.applied(self.now, res);
                 node.mem[W_ROLE_ERROR] = a.error_word;
                 if a.error.is_some() {
