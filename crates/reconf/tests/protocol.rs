@@ -346,7 +346,9 @@ fn racing(seed: u64, dedup: bool) -> SimConfig {
     c.faults.partition_every_ns = 15 * S_NS;
     c.faults.partition_len_ns = 4 * S_NS;
     c.faults.apply_fail_ppm = 50_000;
-    c.phase_ns = (5 * S_NS, 30 * S_NS);
+    // Load moves on often and nodes switch slowly, so moves overlap switches.
+    c.phase_ns = (2 * S_NS, 20 * S_NS);
+    c.apply_ns = (200_000_000, 3_000_000_000);
     c
 }
 
@@ -438,4 +440,27 @@ fn role_and_lock_words_round_trip_for_random_values() {
             assert_ne!(l.acquired_by(h).encode(), l.encode());
         }
     }
+}
+
+/// Hostile: many long delays and frequent partitions, so a holder is often cut off
+/// with its move CAS still in flight.
+fn hostile(seed: u64, fence: bool) -> SimConfig {
+    let mut c = racing(seed, false);
+    c.net.tail_ppm = 300_000;
+    c.net.delay_tail_ns = 4_000_000_000;
+    c.faults.partition_every_ns = S_NS;
+    c.faults.partition_len_ns = 2 * S_NS;
+    c.balancer.fence_on_takeover = fence;
+    c
+}
+
+#[test]
+fn hostile_network_keeps_every_invariant() {
+    let mut takeovers = 0;
+    for seed in 1..=4 {
+        let r = sim::run(hostile(seed, true)).unwrap();
+        assert_eq!(r.violations, 0, "seed {seed}: {:#?}", r.violation_log);
+        takeovers += r.stats.takeovers;
+    }
+    assert!(takeovers > 0);
 }
