@@ -530,9 +530,18 @@ impl Balancer {
                     None => {}
                 }
             }
-            Phase::Fence { plan, node, tries } => match c {
-                Completion::Fadd(_) => {
+            Phase::Fence {
+                mut plan,
+                node,
+                tries,
+            } => match c {
+                Completion::Fadd(prev) => {
                     self.stats.fences += 1;
+                    if node == plan.node && prev == plan.from.0 {
+                        // We fenced the node we meant to move, which had not moved: it
+                        // is still ours to move, one version later.
+                        plan.from = Role(prev.wrapping_add(1));
+                    }
                     self.proceed(ctx, plan, out);
                 }
                 _ if tries < self.cfg.retry_max => {
