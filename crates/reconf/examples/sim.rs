@@ -94,12 +94,13 @@ fn main() {
         f.apply_failures
     );
     println!(
-        "balancers: {} rounds, {} moves, {} locks ({} takeovers, max wait {:.2} s), {} busy, {} node races, {} skipped, {} fenced out, {} fences, {} unknown outcomes, {} abandoned, {} no donor",
+        "balancers: {} rounds, {} moves, {} locks ({} taken over, longest wait {:.2} s, {} adopted), {} busy, {} node races, {} skipped, {} fenced out, {} fences, {} unknown outcomes, {} abandoned, {} no donor",
         s.rounds,
         s.moves,
         s.lock_acquired,
         s.takeovers,
         r.takeover_wait_max_ns as f64 / 1e9,
+        s.adopted,
         s.lock_busy,
         s.node_races,
         s.skipped_rounds,

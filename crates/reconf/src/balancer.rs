@@ -194,8 +194,11 @@ pub struct BalancerStats {
     pub moves: u64,
     /// Locks acquired (free or taken over).
     pub lock_acquired: u64,
-    /// Of which taken over from an expired holder.
+    /// Of which taken over from another, expired holder.
     pub takeovers: u64,
+    /// Of which found in our own name (left by an op we gave up on, or by our previous
+    /// incarnation) and taken back at once.
+    pub adopted: u64,
     /// Lock found held (not expired) or CAS lost to another balancer.
     pub lock_busy: u64,
     /// Node CAS lost to another balancer.
@@ -497,8 +500,10 @@ impl Balancer {
                 match got {
                     Some(true) => {
                         self.stats.lock_acquired += 1;
-                        if !expect.is_free() {
-                            self.stats.takeovers += 1;
+                        match expect.holder() {
+                            Some(h) if h == self.id => self.stats.adopted += 1,
+                            Some(_) => self.stats.takeovers += 1,
+                            None => {}
                         }
                         self.watch[plan.site as usize] = None;
                         self.held = Some((plan.site, new, ctx.now_ns));

@@ -272,8 +272,8 @@ pub struct SimReport {
     pub violations: u64,
     /// The first violations, verbatim.
     pub violation_log: Vec<String>,
-    /// Takeovers of expired locks and the time from the holder's last lock-word change
-    /// to the takeover, ns (max).
+    /// Longest time from a holder's last lock-word change to another balancer taking
+    /// the lock over, ns.
     pub takeover_wait_max_ns: u64,
 }
 
@@ -377,6 +377,7 @@ fn add_stats(a: &mut BalancerStats, b: &BalancerStats) {
     a.moves += b.moves;
     a.lock_acquired += b.lock_acquired;
     a.takeovers += b.takeovers;
+    a.adopted += b.adopted;
     a.lock_busy += b.lock_busy;
     a.node_races += b.node_races;
     a.skipped_rounds += b.skipped_rounds;
