@@ -53,7 +53,13 @@ use crate::words::{
     Lock, Role, BALANCER_MAX, NODE_MAX, NODE_READ_FIRST, NODE_READ_WORDS, SITE_MAX, W_ROLE_WANTED,
     W_SHARED_COUNTER, W_SITE_LOCK,
 };
+use std::collections::VecDeque;
 use std::fmt;
+
+/// Moves kept for [`Balancer::drain_log`] between drains: a caller that drains every S
+/// sees at most one move per round; the bound only matters if it never drains (the
+/// oldest records are dropped, counted in [`BalancerStats::log_dropped`]).
+pub const MOVE_LOG_MAX: usize = 1024;
 
 /// Timing and thresholds of a balancer. All times are nanoseconds of the caller's
 /// monotonic clock.
@@ -215,6 +221,8 @@ pub struct BalancerStats {
     pub abandoned: u64,
     /// Overloaded site for >= T with no node to spare.
     pub no_donor: u64,
+    /// Move records dropped because the log was not drained ([`MOVE_LOG_MAX`]).
+    pub log_dropped: u64,
 }
 
 /// One move, with its reason (for the log).
@@ -314,7 +322,7 @@ pub struct Balancer {
     roles: Vec<Option<[u64; NODE_READ_WORDS]>>,
     loads: Vec<Option<u64>>,
     stats: BalancerStats,
-    log: Vec<MoveRecord>,
+    log: VecDeque<MoveRecord>,
 }
 
 impl Balancer {
@@ -344,7 +352,7 @@ impl Balancer {
             roles: vec![None; n],
             loads: vec![None; n],
             stats: BalancerStats::default(),
-            log: Vec::new(),
+            log: VecDeque::new(),
             topo,
         })
     }
@@ -396,7 +404,7 @@ impl Balancer {
 
     /// Take the moves made since the last call.
     pub fn drain_log(&mut self) -> Vec<MoveRecord> {
-        std::mem::take(&mut self.log)
+        self.log.drain(..).collect()
     }
 
     fn issue(&mut self, out: &mut Vec<Issue>, op: Op) -> OpId {
@@ -729,7 +737,11 @@ impl Balancer {
 
     fn moved(&mut self, ctx: Ctx, plan: Plan, wanted: Role, out: &mut Vec<Issue>) {
         self.stats.moves += 1;
-        self.log.push(MoveRecord {
+        if self.log.len() >= MOVE_LOG_MAX {
+            self.log.pop_front();
+            self.stats.log_dropped += 1;
+        }
+        self.log.push_back(MoveRecord {
             at_ns: ctx.now_ns,
             node: plan.node,
             from_site: plan.from.site(),

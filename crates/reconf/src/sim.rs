@@ -29,7 +29,8 @@
 //!    [`BalancerConfig::hold_max_ns`], and a held lock word that a contender keeps
 //!    seeing unchanged for longer than the lease (plus a slack of rounds) is a violation;
 //! 4. no fenced-out write takes effect: a move CAS issued under a lock token never
-//!    applies after a node op under a later token of the same lock applied.
+//!    applies after a node op under a later token of the same lock applied;
+//! 5. every move a balancer reports (its move log) is a move that applied.
 //!
 //! The same seed gives the same run (one PRNG, events ordered by time then sequence).
 
@@ -268,6 +269,8 @@ pub struct SimReport {
     pub switch_ns: Vec<u64>,
     /// Nodes wanted per site at the end.
     pub nodes_per_site: Vec<u32>,
+    /// Moves the balancers reported (each checked against the applied moves).
+    pub moves_logged: u64,
     /// Invariant violations found (count).
     pub violations: u64,
     /// The first violations, verbatim.
@@ -367,6 +370,8 @@ pub struct Sim {
     served_count: Vec<u32>,
     demand_ppm: Vec<u64>,
     retired_stats: BalancerStats,
+    /// Every move applied, as (node, role written): a balancer's reported move must be one.
+    applied_moves: HashSet<(u32, u64)>,
     report: SimReport,
     out: Vec<Issue>,
 }
@@ -386,6 +391,7 @@ fn add_stats(a: &mut BalancerStats, b: &BalancerStats) {
     a.unknown_outcomes += b.unknown_outcomes;
     a.abandoned += b.abandoned;
     a.no_donor += b.no_donor;
+    a.log_dropped += b.log_dropped;
 }
 
 impl Sim {
@@ -455,6 +461,7 @@ impl Sim {
             wanted_count,
             demand_ppm: vec![0; sites],
             retired_stats: BalancerStats::default(),
+            applied_moves: HashSet::new(),
             out: Vec::new(),
             topo,
             bals,
@@ -705,6 +712,7 @@ impl Sim {
             self.violation(msg);
         }
         self.nodes[n as usize].assigning = Some((key.bal, ra.site(), self.now));
+        self.applied_moves.insert((n, after));
         self.wanted_count[rb.site() as usize] -= 1;
         self.wanted_count[ra.site() as usize] += 1;
         if self.wanted_count[rb.site() as usize] == 0 {
@@ -829,7 +837,18 @@ impl Sim {
         let mut out = std::mem::take(&mut self.out);
         let sm = self.bals[key.bal as usize].sm.as_mut().expect("alive");
         sm.on_completion(ctx, key.id, c, &mut out);
+        let log = sm.drain_log();
         self.out = out;
+        for m in log {
+            self.report.moves_logged += 1;
+            if !self.applied_moves.contains(&(m.node, m.wanted.0)) {
+                let msg = format!(
+                    "balancer {} reports moving node {} to site {} ({:#x}) but no such move applied",
+                    key.bal, m.node, m.to_site, m.wanted.0
+                );
+                self.violation(msg);
+            }
+        }
         self.check_holder(key.bal);
         self.send(key.bal);
     }
