@@ -57,6 +57,82 @@ pub struct Record {
     /// The loadgen's summary of an admission run (histograms for exact merging).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub loadgen: Option<farside_loadgen::Summary>,
+    /// CPU time the hypervisor took from this machine's CPUs while the run was measured
+    /// (`/proc/stat` steal), so a run hit by the host shows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steal: Option<Steal>,
+}
+
+/// CPU steal during one run: time the hypervisor ran something else on our virtual CPUs.
+/// A run in which one CPU lost a visible share of its time is not comparable with the
+/// others; the progress line and `farside lab report` say so.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct Steal {
+    /// Wall time of the run, s.
+    pub wall_s: f64,
+    /// Steal per CPU over the run, ms (index = CPU number).
+    pub per_cpu_ms: Vec<f64>,
+}
+
+impl Steal {
+    /// The largest share of one CPU's time stolen during the run (0..=1).
+    pub fn max_share(&self) -> f64 {
+        if self.wall_s <= 0.0 {
+            return 0.0;
+        }
+        self.per_cpu_ms.iter().fold(0.0f64, |m, &v| m.max(v)) / 1e3 / self.wall_s
+    }
+}
+
+/// A run whose most-robbed CPU lost more than this share of the run is flagged: 1% is
+/// above what this class of VM loses in a quiet hour (the host's background).
+pub const STEAL_FLAG_SHARE: f64 = 0.01;
+
+/// Steal time per CPU from a `/proc/stat` text, in USER_HZ ticks (`cpuN` lines, 8th
+/// value). Empty if the kernel does not report steal.
+pub fn steal_ticks_of(stat: &str) -> Vec<u64> {
+    stat.lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .filter_map(|l| l.split_whitespace().nth(8)?.parse().ok())
+        .collect()
+}
+
+/// Measures [`Steal`] between `start` and `finish`.
+struct StealMeter {
+    t0: Instant,
+    ticks: Vec<u64>,
+}
+
+impl StealMeter {
+    fn start() -> StealMeter {
+        StealMeter {
+            t0: Instant::now(),
+            ticks: read_steal_ticks(),
+        }
+    }
+
+    fn finish(self) -> Option<Steal> {
+        let now = read_steal_ticks();
+        if now.is_empty() || now.len() != self.ticks.len() {
+            return None;
+        }
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+        Some(Steal {
+            wall_s: self.t0.elapsed().as_secs_f64(),
+            per_cpu_ms: now
+                .iter()
+                .zip(&self.ticks)
+                .map(|(a, b)| a.saturating_sub(*b) as f64 * 1e3 / hz)
+                .collect(),
+        })
+    }
+}
+
+fn read_steal_ticks() -> Vec<u64> {
+    std::fs::read_to_string("/proc/stat")
+        .map(|s| steal_ticks_of(&s))
+        .unwrap_or_default()
 }
 
 impl Record {
@@ -78,6 +154,7 @@ impl Record {
             series,
             requests,
             loadgen,
+            steal: None,
         }
     }
 
@@ -260,7 +337,9 @@ impl Sweep {
                 if self.is_done(kv, r) {
                     continue;
                 }
+                let meter = StealMeter::start();
                 let p = point(k, r)?;
+                let steal = meter.finish();
                 measured += 1;
                 finished += 1;
                 let per_run = t0.elapsed().as_secs_f64() / measured as f64;
@@ -270,14 +349,22 @@ impl Sweep {
                 } else {
                     String::new()
                 };
+                let stolen = match &steal {
+                    Some(s) if s.max_share() > STEAL_FLAG_SHARE => format!(
+                        " [host stole {:.1}% of a CPU: not comparable]",
+                        s.max_share() * 100.0
+                    ),
+                    _ => String::new(),
+                };
                 eprintln!(
-                    "[{finished}/{total} {:>5.0}s eta {:>5.0}s] {}{rep} {}",
+                    "[{finished}/{total} {:>5.0}s eta {:>5.0}s] {}{rep} {}{stolen}",
                     t0.elapsed().as_secs_f64(),
                     eta,
                     label(k),
                     p.progress_line()
                 );
-                let rec = Record::new(kv.clone(), r, p);
+                let mut rec = Record::new(kv.clone(), r, p);
+                rec.steal = steal;
                 let mut line = serde_json::to_string(&rec).map_err(io::Error::other)?;
                 line.push('\n');
                 self.file.write_all(line.as_bytes())?;
@@ -439,6 +526,26 @@ pub fn load(dir: &Path) -> io::Result<Summary> {
             AnyPoint::combine(&points)
         })
         .collect();
+    for r in &records {
+        if let Some(st) = r
+            .steal
+            .as_ref()
+            .filter(|st| st.max_share() > STEAL_FLAG_SHARE)
+        {
+            s.notes.push(format!(
+                "run {} of {}: the host stole {:.1}% of a CPU during it (/proc/stat steal \
+                 {:?} ms over {:.0} s): not comparable with the others",
+                r.run + 1,
+                r.key,
+                st.max_share() * 100.0,
+                st.per_cpu_ms
+                    .iter()
+                    .map(|v| v.round() as u64)
+                    .collect::<Vec<_>>(),
+                st.wall_s
+            ));
+        }
+    }
     Ok(s)
 }
 
@@ -513,6 +620,21 @@ mod tests {
         let d = std::env::temp_dir().join(format!("farside-sweep-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    #[test]
+    fn steal_is_the_eighth_value_of_each_cpu_line() {
+        let stat = "cpu  921315 0 377485 420157 14066 0 47610 18192 0 0\n\
+                    cpu0 461365 0 131817 262672 6052 0 26557 9919 0 0\n\
+                    cpu1 459950 0 245667 157485 8013 0 21053 8273 0 0\n\
+                    intr 1 2 3\ncpufreq 5\n";
+        assert_eq!(steal_ticks_of(stat), vec![9919, 8273]);
+        let s = Steal {
+            wall_s: 10.0,
+            per_cpu_ms: vec![20.0, 300.0],
+        };
+        assert!((s.max_share() - 0.03).abs() < 1e-12);
+        assert!(s.max_share() > STEAL_FLAG_SHARE);
     }
 
     fn meta(limit: u64) -> Summary {
