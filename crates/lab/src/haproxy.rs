@@ -164,7 +164,9 @@ pub struct Times {
 
 /// Parse `/stats;csv`: the `be,BACKEND` row's `qtime`, `ctime`, `rtime`, `ttime`.
 pub fn parse_times(csv: &str) -> Option<Times> {
-    let mut lines = csv.lines();
+    // The header line starts with `# pxname`; anything before it (a chunk size) is
+    // skipped.
+    let mut lines = csv.lines().skip_while(|l| !l.starts_with("# pxname"));
     let head: Vec<&str> = lines.next()?.trim_start_matches("# ").split(',').collect();
     let col = |n: &str| head.iter().position(|h| *h == n);
     let (px, sv) = (col("pxname")?, col("svname")?);
@@ -185,16 +187,42 @@ pub fn parse_times(csv: &str) -> Option<Times> {
     })
 }
 
+/// The body of a chunked HTTP/1.1 response (HAProxy answers its stats page so): the
+/// chunks' data joined, up to the last chunk or the first malformed size line.
+pub fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else {
+            break;
+        };
+        if n == 0 || after.len() < n {
+            out.push_str(after.get(..n.min(after.len())).unwrap_or(""));
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
+    }
+    out
+}
+
 /// Fetch and parse HAProxy's stats CSV from `addr` (its `stats_listen`).
 pub fn fetch_times(addr: SocketAddr) -> io::Result<Times> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect_timeout(&addr, STATS_TIMEOUT)?;
     s.set_read_timeout(Some(STATS_TIMEOUT))?;
-    s.write_all(b"GET /stats;csv HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n")?;
+    s.write_all(b"GET /stats;csv HTTP/1.0\r\nHost: lab\r\n\r\n")?;
     let mut raw = String::new();
     s.take(STATS_BYTES_MAX).read_to_string(&mut raw)?;
-    let body = raw.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    parse_times(body).ok_or_else(|| {
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or(("", ""));
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    parse_times(&body).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidData,
             format!("{addr}/stats;csv: no `be,BACKEND` row with qtime/ctime/rtime/ttime"),
@@ -312,7 +340,7 @@ mod tests {
 
     #[test]
     fn stats_csv_gives_the_backends_queue_and_response_times() {
-        let csv = "# pxname,svname,qcur,qtime,ctime,rtime,ttime,\n\
+        let csv = "1f3\n# pxname,svname,qcur,qtime,ctime,rtime,ttime,\n\
                    fe,FRONTEND,,,,,,\n\
                    be,b0,0,7,0,3,11,\n\
                    be,BACKEND,0,12,1,4,18,\n";
@@ -322,6 +350,9 @@ mod tests {
             (12.0, 1.0, 4.0, 18.0)
         );
         assert!(parse_times("# pxname,svname\nbe,BACKEND\n").is_none());
+        // A row split across two chunks is joined again.
+        let body = "12\r\n# pxname,svname,qt\r\nd\r\nime,ctime,rti\r\n0\r\n\r\n";
+        assert_eq!(dechunk(body), "# pxname,svname,qtime,ctime,rti");
     }
 
     #[test]
