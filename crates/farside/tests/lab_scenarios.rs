@@ -300,4 +300,8 @@ fn netns_runs_haproxy_and_onesided_ac_across_proxies_and_a_capacity_change() {
         }
     }
     assert_eq!(s["settings"]["capacity_change"]["applied"], true);
+    assert_eq!(
+        s["settings"]["capacity_change_cpu_quota"]["applied"], false,
+        "the quota is emulated, and said so"
+    );
 }

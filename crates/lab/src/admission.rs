@@ -694,6 +694,19 @@ pub fn privileged_settings(
                 )),
             },
         );
+        // The issue's capacity change is a CPU quota that halves; the lab emulates it
+        // with the duty cycle above on both hosts, so the quota itself is recorded as
+        // not applied (the back-ends share their CPUs, so a quota would have to halve a
+        // share that other nodes' load moves: the duty cycle halves it whatever it is).
+        m.insert(
+            "capacity_change_cpu_quota".into(),
+            Setting::not_applied(
+                "b0's cgroup CPU quota halved",
+                "no cgroup CPU quota is changed (loopback has no per-node cgroup; in netns \
+                 the back-ends share a cpuset, so their share is not a fixed quota): the \
+                 halving is the SIGSTOP/SIGCONT duty cycle of settings.capacity_change",
+            ),
+        );
     }
     if !a.no_pin {
         m.insert(
