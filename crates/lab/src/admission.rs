@@ -11,8 +11,17 @@
 //! |---|---|---|
 //! | `no-ac` | off | (balancing by the proxy's own in-flight counts) |
 //! | `tcp-ac` | on | gatherer answers over TCP (two-sided, the paper's TCP/IP) |
-//! | `onesided-ac` | on | the region read one-sidedly (`shm` here; XDP with `--hosts netns`) |
+//! | `onesided-ac` | on, a static limit | the region read one-sidedly (`shm` here; XDP with `--hosts netns`) |
+//! | `onesided-delay` | on, objective-driven: `--metric delay` keeps each back-end's published queueing delay under a target | as `onesided-ac` |
 //! | `haproxy` | per-server `maxconn` = the back-end's workers, `timeout queue` short (503 after it) | its own connection counts only |
+//!
+//! Every system gets the same operator objective, `--queue-ms` (no request should wait
+//! longer before a back-end starts on it), turned into its bounds by one rule
+//! ([`LIMIT_RULE`], [`Objective`]): HAProxy's `timeout queue`, every farside proxy's
+//! `--queue-timeout-ms`, the backlog limit that drains within it, the delay target.
+//! Per point the lab also records where served time went: the proxy's queue and time
+//! (HAProxy's stats, the farside proxy's request-duration histogram) and the
+//! back-ends' published queueing delay, read from their regions for every system.
 //!
 //! # Scenarios (`--scenario`, comma-separated; default `single`)
 //!
@@ -52,8 +61,9 @@
 //!
 //! Defaults are chosen by rules, never by which value gave the best result:
 //!
-//! - **Limit**: derived from the back-end's capacity by [`LIMIT_RULE`] (printed by
-//!   `--help`): `backlog`/`pending` limit = C, `conns` limit = 2 C, C the back-end's
+//! - **Limit**: derived from `--queue-ms` and the back-end's capacity by [`LIMIT_RULE`]
+//!   (printed by `--help`): `backlog`/`pending` limit = L_Q, the accept queue one
+//!   back-end drains within `--queue-ms`, `conns` limit = C + L_Q, C the back-end's
 //!   connection capacity (workers; nginx's worker_processes × worker_connections).
 //!   `--limits a,b,c` sweeps it instead.
 //! - **Proxy**: the product's defaults (upstream pooling on); `--proxy-arg ARG` is the
@@ -178,8 +188,10 @@ pub struct AdmissionArgs {
     #[serde(skip)]
     pub resume: Option<PathBuf>,
     /// Systems to compare, comma-separated: no-ac, tcp-ac, onesided-ac (the farside
-    /// proxy) and haproxy (HAProxy with per-server maxconn = the back-end's workers and a
-    /// short `timeout queue`; its configuration is in summary.json and the report).
+    /// proxy with a static limit), onesided-delay (the farside proxy's objective mode,
+    /// `--metric delay` with a target derived from --queue-ms) and haproxy (HAProxy with
+    /// per-server maxconn = the back-end's workers and `timeout queue` --queue-ms; its
+    /// configuration is in summary.json and the report).
     #[arg(
         long,
         default_value = "no-ac,tcp-ac,onesided-ac",
