@@ -1317,7 +1317,8 @@ impl QueueSampler {
         let thread = std::thread::spawn(move || {
             let maps: Vec<_> = paths
                 .iter()
-                .filter_map(|p| farside_region::MappedWords::open_file(p, REGION_WORDS).ok())
+                // A region file, or gatherd's socket handing out the XDP region map.
+                .filter_map(|p| farside_rmem::map_region(p, REGION_WORDS).ok())
                 .collect();
             let mut last = vec![0u64; maps.len()];
             let mut out = Vec::new();
