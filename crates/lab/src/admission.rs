@@ -1287,6 +1287,11 @@ impl MonitorScrape {
         let n = self.duration_count - before.duration_count;
         if n > 0.0 {
             p.proxy_time_ms = Some((self.duration_sum_s - before.duration_sum_s) / n * 1e3);
+        } else {
+            eprintln!(
+                "lab admission: warning: the first proxy's request-duration count did not \
+                 move during the point: no proxy_time_ms"
+            );
         }
     }
 }
