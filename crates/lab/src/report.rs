@@ -543,6 +543,23 @@ pub fn run_lines(s: &Summary) -> String {
             );
         }
     }
+    // The one operator objective and what it set for each system (`lab admission`).
+    if let Some(rule) = s.params.get("objective_rule").and_then(|v| v.as_str()) {
+        let _ = writeln!(out, "objective: {rule}");
+    }
+    if let Some(by) = s
+        .params
+        .get("proxy_args_by_system")
+        .and_then(|v| v.as_object())
+    {
+        for (sys, args) in by {
+            let args: Vec<&str> = args
+                .as_array()
+                .map(|a| a.iter().filter_map(|x| x.as_str()).collect())
+                .unwrap_or_default();
+            let _ = writeln!(out, "proxy args {sys}: {}", args.join(" "));
+        }
+    }
     out
 }
 
@@ -1611,6 +1628,20 @@ mod tests {
         let html = html(&s, &Grid::new(&s), &[]);
         assert!(html.contains("<h2>Scenarios</h2>"));
         assert!(html.contains("Where served time went") && html.contains("<td>7.2</td>"));
+        // The objective and the proxy arguments it set are printed with the run.
+        s.params = serde_json::json!({
+            "objective_rule": "Q = --queue-ms 50; L_Q = 12",
+            "proxy_args_by_system": {"onesided-ac": ["--queue-timeout-ms", "50"]},
+        });
+        let lines = run_lines(&s);
+        assert!(
+            lines.contains("objective: Q = --queue-ms 50; L_Q = 12"),
+            "{lines}"
+        );
+        assert!(
+            lines.contains("proxy args onesided-ac: --queue-timeout-ms 50"),
+            "{lines}"
+        );
         // A plain closed-loop single run has no scenario table.
         assert!(!table_text(&synthetic()).contains("scenarios —"));
     }
