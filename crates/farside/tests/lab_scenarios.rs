@@ -153,6 +153,75 @@ fn disturbance_scenarios_run_and_record_how_they_were_applied() {
 }
 
 #[test]
+fn mixed_cost_and_capacity_change_run_haproxy_and_onesided_ac_under_one_objective() {
+    if !has_haproxy() {
+        eprintln!("skipped: no HAProxy on this host");
+        return;
+    }
+    let dir = Dir::new("anchor");
+    let out = dir.0.join("out");
+    let s = lab(
+        &[
+            "--scenario",
+            "mixed-cost,capacity-change",
+            "--systems",
+            "haproxy,onesided-ac",
+            "--queue-ms",
+            "40",
+        ],
+        &out,
+    );
+    let points = s["points"].as_array().unwrap();
+    // 2 scenarios x 2 systems x (1 client count + 1 rate).
+    assert_eq!(points.len(), 8, "{points:?}");
+    let mut seen = std::collections::BTreeSet::new();
+    for p in points {
+        for k in [
+            "system",
+            "scenario",
+            "avg_ms",
+            "p99_ms",
+            "goodput",
+            "drop_rate",
+        ] {
+            assert!(p.get(k).is_some(), "point lacks `{k}`: {p}");
+        }
+        assert!(p["goodput"].as_f64().unwrap() > 0.0, "served requests: {p}");
+        seen.insert((
+            p["scenario"].as_str().unwrap().to_string(),
+            p["system"].as_str().unwrap().to_string(),
+            p["load_model"].as_str().unwrap().to_string(),
+        ));
+    }
+    assert_eq!(seen.len(), 8, "{seen:?}");
+    // One bound for both: HAProxy's timeout queue, the farside proxy's queue timeout,
+    // and the backlog limit derived from it, recorded with the rule.
+    let params = &s["params"];
+    assert_eq!(params["queue_ms"], 40);
+    assert_eq!(params["objective"]["queue_ms"], 40);
+    let rule = params["objective_rule"].as_str().unwrap();
+    assert!(rule.contains("timeout queue 40 ms"), "{rule}");
+    let cfg = params["haproxy_config"].as_str().unwrap();
+    assert!(cfg.contains("timeout queue 40ms"), "{cfg}");
+    let args = params["proxy_args_by_system"]["onesided-ac"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let l = params["objective"]["queue_len"].as_u64().unwrap();
+    assert!(
+        args.starts_with("--queue-timeout-ms 40 --admission --metric backlog")
+            && args.ends_with(&format!("--limit {l}")),
+        "{args}"
+    );
+    let report = std::fs::read_to_string(out.join("table.txt")).unwrap_or_default()
+        + &std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(report.contains("Where served time went"), "no time split");
+}
+
+#[test]
 fn scenario_flags_are_checked_before_anything_starts() {
     let dir = Dir::new("bad");
     let st = std::process::Command::new(exe())
@@ -231,4 +300,8 @@ fn netns_runs_haproxy_and_onesided_ac_across_proxies_and_a_capacity_change() {
         }
     }
     assert_eq!(s["settings"]["capacity_change"]["applied"], true);
+    assert_eq!(
+        s["settings"]["capacity_change_cpu_quota"]["applied"], false,
+        "the quota is emulated, and said so"
+    );
 }

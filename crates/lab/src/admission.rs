@@ -11,8 +11,17 @@
 //! |---|---|---|
 //! | `no-ac` | off | (balancing by the proxy's own in-flight counts) |
 //! | `tcp-ac` | on | gatherer answers over TCP (two-sided, the paper's TCP/IP) |
-//! | `onesided-ac` | on | the region read one-sidedly (`shm` here; XDP with `--hosts netns`) |
+//! | `onesided-ac` | on, a static limit | the region read one-sidedly (`shm` here; XDP with `--hosts netns`) |
+//! | `onesided-delay` | on, objective-driven: `--metric delay` keeps each back-end's published queueing delay under a target | as `onesided-ac` |
 //! | `haproxy` | per-server `maxconn` = the back-end's workers, `timeout queue` short (503 after it) | its own connection counts only |
+//!
+//! Every system gets the same operator objective, `--queue-ms` (no request should wait
+//! longer before a back-end starts on it), turned into its bounds by one rule
+//! ([`LIMIT_RULE`], [`Objective`]): HAProxy's `timeout queue`, every farside proxy's
+//! `--queue-timeout-ms`, the backlog limit that drains within it, the delay target.
+//! Per point the lab also records where served time went: the proxy's queue and time
+//! (HAProxy's stats, the farside proxy's request-duration histogram) and the
+//! back-ends' published queueing delay, read from their regions for every system.
 //!
 //! # Scenarios (`--scenario`, comma-separated; default `single`)
 //!
@@ -52,8 +61,9 @@
 //!
 //! Defaults are chosen by rules, never by which value gave the best result:
 //!
-//! - **Limit**: derived from the back-end's capacity by [`LIMIT_RULE`] (printed by
-//!   `--help`): `backlog`/`pending` limit = C, `conns` limit = 2 C, C the back-end's
+//! - **Limit**: derived from `--queue-ms` and the back-end's capacity by [`LIMIT_RULE`]
+//!   (printed by `--help`): `backlog`/`pending` limit = L_Q, the accept queue one
+//!   back-end drains within `--queue-ms`, `conns` limit = C + L_Q, C the back-end's
 //!   connection capacity (workers; nginx's worker_processes × worker_connections).
 //!   `--limits a,b,c` sweeps it instead.
 //! - **Proxy**: the product's defaults (upstream pooling on); `--proxy-arg ARG` is the
@@ -78,7 +88,13 @@ use std::time::Instant;
 
 /// The systems `--systems` may name: the farside proxy without and with admission
 /// control (two-sided and one-sided load reads), and HAProxy ([`crate::haproxy`]).
-pub const SYSTEMS: [&str; 4] = ["no-ac", "tcp-ac", "onesided-ac", "haproxy"];
+pub const SYSTEMS: [&str; 5] = [
+    "no-ac",
+    "tcp-ac",
+    "onesided-ac",
+    "onesided-delay",
+    "haproxy",
+];
 pub const TRACES: [&str; 3] = ["single", "worldcup", "zipf"];
 const CLIENTS_FULL: &str = "16,64,128,192,256,320,400,520";
 /// Accept backlog of the lab's back-ends (and nginx's `listen backlog=`): deep enough
@@ -172,8 +188,10 @@ pub struct AdmissionArgs {
     #[serde(skip)]
     pub resume: Option<PathBuf>,
     /// Systems to compare, comma-separated: no-ac, tcp-ac, onesided-ac (the farside
-    /// proxy) and haproxy (HAProxy with per-server maxconn = the back-end's workers and a
-    /// short `timeout queue`; its configuration is in summary.json and the report).
+    /// proxy with a static limit), onesided-delay (the farside proxy's objective mode,
+    /// `--metric delay` with a target derived from --queue-ms) and haproxy (HAProxy with
+    /// per-server maxconn = the back-end's workers and `timeout queue` --queue-ms; its
+    /// configuration is in summary.json and the report).
     #[arg(
         long,
         default_value = "no-ac,tcp-ac,onesided-ac",
@@ -191,11 +209,18 @@ pub struct AdmissionArgs {
     /// exponential times (mean a tenth of the point, 0.25-5 s).
     #[arg(long, default_value_t = 2)]
     pub tenant_procs: usize,
-    /// haproxy: `timeout queue`, ms: how long a request may wait in HAProxy's queue for a
-    /// server slot before HAProxy answers 503 (short, so HAProxy sheds instead of
-    /// queueing for seconds).
-    #[arg(long, default_value_t = crate::haproxy::TIMEOUT_QUEUE_MS_DEFAULT)]
-    pub haproxy_timeout_queue_ms: u64,
+    /// The operator's bound on queueing, ms: the longest a request should wait before a
+    /// back-end starts on it. Every system gets it, by the rule printed below (`--help`)
+    /// and recorded in summary.json (`params.objective_rule`): HAProxy's `timeout
+    /// queue`, the farside proxy's `--queue-timeout-ms`, the backlog limit of
+    /// onesided-ac/tcp-ac (the accept queue that drains within it) and the target delay
+    /// of onesided-delay. Default 50, a short HAProxy `timeout queue`.
+    #[arg(
+        long,
+        alias = "haproxy-timeout-queue-ms",
+        default_value_t = crate::haproxy::TIMEOUT_QUEUE_MS_DEFAULT
+    )]
+    pub queue_ms: u64,
     /// Traces, comma-separated: single, worldcup, zipf.
     #[arg(long, default_value = "single,worldcup,zipf", value_delimiter = ',')]
     pub traces: Vec<String>,
@@ -354,11 +379,12 @@ pub fn check_scenarios(a: &AdmissionArgs) -> io::Result<()> {
             ));
         }
     }
-    if a.haproxy_timeout_queue_ms == 0 {
-        return bad(
-            "--haproxy-timeout-queue-ms: 0 would queue without limit in HAProxy; use 1 or more"
-                .into(),
-        );
+    if a.queue_ms == 0 || a.queue_ms > QUEUE_MS_MAX {
+        return bad(format!(
+            "--queue-ms {}: must be 1..={QUEUE_MS_MAX} (0 would queue without limit in \
+             HAProxy)",
+            a.queue_ms
+        ));
     }
     Ok(())
 }
@@ -367,9 +393,13 @@ pub fn check_scenarios(a: &AdmissionArgs) -> io::Result<()> {
 /// this the tenants, not the requests, are the experiment.
 pub const TENANT_PROCS_MAX: usize = 16;
 
+/// Largest `--queue-ms`: the farside proxy's `--target-delay-ms` stops at 10 s, and a
+/// queueing bound of seconds is no admission control.
+pub const QUEUE_MS_MAX: u64 = 10_000;
+
 /// Proxy flags the lab sets itself, with the lab flag that controls each (`--proxy-arg`
 /// may not repeat them: the proxy refuses a flag given twice).
-const LAB_PROXY_FLAGS: [(&str, &str); 9] = [
+const LAB_PROXY_FLAGS: [(&str, &str); 11] = [
     ("--listen", "(chosen by the lab)"),
     ("--workers", "--proxy-workers"),
     ("--monitor-period-us", "--monitor-period-us"),
@@ -379,6 +409,8 @@ const LAB_PROXY_FLAGS: [(&str, &str); 9] = [
     ("--admission", "--systems"),
     ("--metric", "--metric"),
     ("--limit", "--limit, --limits"),
+    ("--queue-timeout-ms", "--queue-ms"),
+    ("--target-delay-ms", "--queue-ms"),
 ];
 
 /// Refuse `--proxy-arg`s that repeat a flag the lab sets, naming the lab's own flag.
@@ -406,17 +438,30 @@ pub fn point_time(a: &AdmissionArgs) -> (f64, f64) {
     (a.duration_s.unwrap_or(d), a.warmup_s.unwrap_or(w))
 }
 
-/// The rule that sets the default `--limit`, as `--help` prints it.
+/// The rule that sets every system's bounds from `--queue-ms`, and the default
+/// `--limit`, as `--help` prints it.
 pub const LIMIT_RULE: &str = "\
-Default admission limit (a rule on the back-end's capacity, not a tuned value):
-  C = the back-end's connection capacity: --backend-workers for farside's server
-      (Apache's MaxClients), worker_processes x worker_connections for nginx (1 x 1024).
-  backlog, pending: limit = C  (the queue in front of the workers holds at most one
-      request per worker, so a request admitted at the limit waits about one service
-      time before a worker takes it)
-  conns: limit = 2 C  (C connections in service plus C waiting, as above)
-  cpu, pressure, runnable: no capacity rule; give --limit or --limits.
-The limit used is in summary.json (`params.limits`, `params.limit_rule`).
+One operator objective for every system (a rule on --queue-ms Q and the back-end's
+capacity, not a tuned value): no request should wait more than Q ms before a back-end
+starts on it.
+  C   = the back-end's connection capacity: --backend-workers for farside's server
+        (Apache's MaxClients), worker_processes x worker_connections for nginx (1 x 1024).
+  R_b = one back-end's service rate, requests/s: capacity_rps (below, at the 16 KiB
+        reference request) / --backends.
+  L_Q = max(1, floor(Q / 1000 x R_b)): the accept queue one back-end drains within Q ms.
+  haproxy:          server maxconn = C, timeout queue = Q ms (503 after it).
+  every farside proxy: --queue-timeout-ms Q (a request waiting for an upstream
+        connection slot gets 503 after Q ms; the proxy's other defaults are kept).
+  onesided-ac, tcp-ac:  backlog, pending: limit = L_Q  (at most Q ms of queue at the
+        back-end); conns: limit = C + L_Q; cpu, pressure, runnable: no rule, give
+        --limit or --limits.
+  onesided-delay:   --metric delay, --target-delay-ms = max(1, Q / 2) (the AIMD budget
+        oscillates about its target; half the bound leaves room for the overshoot),
+        budget cap --limit = C + L_Q.
+  Without a capacity rule (nginx without --capacity-rps, or --backend-cpu-us 0):
+        L_Q = C, the older rule (one request waiting per worker).
+The values used are in summary.json (`params.limits`, `params.limit_rule`,
+`params.objective`, `params.objective_rule`, `params.proxy_args_by_system`).
 
 Open-loop capacity (what --rates multiply; a rule, not a measurement):
   capacity_rps = min(back-end CPUs, backends x workers) x 1e6 / cost_us
@@ -428,9 +473,62 @@ Open-loop capacity (what --rates multiply; a rule, not a measurement):
   --capacity-rps R sets it instead (needed for nginx back-ends).
   The value used is in summary.json (`params.capacity_rps`, `params.capacity_rule`).";
 
+/// The bounds every system gets from `--queue-ms` ([`LIMIT_RULE`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Objective {
+    /// `--queue-ms`: the longest a request should wait before a back-end starts on it.
+    pub queue_ms: u64,
+    /// L_Q: the accept-queue length one back-end drains within `queue_ms`.
+    pub queue_len: u64,
+    /// onesided-delay's `--target-delay-ms`.
+    pub target_delay_ms: u64,
+    /// onesided-delay's budget cap (`--limit`): C + L_Q.
+    pub delay_budget_max: u64,
+}
+
+impl Objective {
+    /// The objective of `a`: `rate_b` is one back-end's service rate (requests/s), `None`
+    /// without a capacity rule. Returns it with its derivation as text.
+    pub fn derive(a: &AdmissionArgs, rate_b: Option<f64>) -> (Objective, String) {
+        let c = capacity_conns(a);
+        let q = a.queue_ms;
+        let (queue_len, how) = match rate_b {
+            Some(r) => {
+                let l = ((q as f64 / 1000.0 * r).floor() as u64).max(1);
+                (
+                    l,
+                    format!("L_Q = max(1, floor({q} ms x {r:.1} req/s per back-end)) = {l}"),
+                )
+            }
+            None => (c, format!("L_Q = C = {c} (no capacity rule)")),
+        };
+        let target = (q / 2).max(1);
+        let o = Objective {
+            queue_ms: q,
+            queue_len,
+            target_delay_ms: target,
+            delay_budget_max: c + queue_len,
+        };
+        let rule = format!(
+            "Q = --queue-ms {q}; {how}; haproxy: maxconn {c}, timeout queue {q} ms; farside \
+             proxies: --queue-timeout-ms {q}; onesided-delay: --target-delay-ms \
+             max(1, Q/2) = {target}, --limit C + L_Q = {}",
+            o.delay_budget_max
+        );
+        (o, rule)
+    }
+}
+
 /// Body bytes of the request the open-loop capacity rule prices: the single trace's 16 KiB
 /// object, the paper's reference request.
 pub const CAPACITY_REFERENCE_BYTES: u64 = 16_384;
+
+/// The mean CPU cost of a request of `scenario` at the reference object
+/// ([`CAPACITY_REFERENCE_BYTES`]), µs: what the capacity rule divides by.
+pub fn reference_cost_us(a: &AdmissionArgs, scenario: Scenario) -> f64 {
+    crate::scenario::mean_cost_us(scenario, a.backend_cpu_us)
+        + a.backend_cpu_ns_per_byte * CAPACITY_REFERENCE_BYTES as f64 / 1000.0
+}
 
 /// The back-end's connection capacity C of [`LIMIT_RULE`].
 pub fn capacity_conns(a: &AdmissionArgs) -> u64 {
@@ -443,12 +541,19 @@ pub fn capacity_conns(a: &AdmissionArgs) -> u64 {
     }
 }
 
-/// The default limit of [`LIMIT_RULE`] for `metric` and capacity `c`, with the rule as
-/// text; an error for metrics the rule does not cover.
-pub fn default_limit(metric: &str, c: u64) -> io::Result<(u64, String)> {
+/// The default limit of [`LIMIT_RULE`] for `metric`, capacity `c` and the queue `L_Q`
+/// that drains within `--queue-ms` (`queue_len`), with the rule as text; an error for
+/// metrics the rule does not cover.
+pub fn default_limit(metric: &str, c: u64, queue_len: u64) -> io::Result<(u64, String)> {
     match metric {
-        "backlog" | "pending" => Ok((c, format!("{metric}: limit = C = {c}"))),
-        "conns" => Ok((2 * c, format!("conns: limit = 2 C = {}", 2 * c))),
+        "backlog" | "pending" => Ok((queue_len, format!("{metric}: limit = L_Q = {queue_len}"))),
+        "conns" => Ok((
+            c + queue_len,
+            format!(
+                "conns: limit = C + L_Q = {c} + {queue_len} = {}",
+                c + queue_len
+            ),
+        )),
         _ => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!(
@@ -601,6 +706,19 @@ pub fn privileged_settings(
                 )),
             },
         );
+        // The issue's capacity change is a CPU quota that halves; the lab emulates it
+        // with the duty cycle above on both hosts, so the quota itself is recorded as
+        // not applied (the back-ends share their CPUs, so a quota would have to halve a
+        // share that other nodes' load moves: the duty cycle halves it whatever it is).
+        m.insert(
+            "capacity_change_cpu_quota".into(),
+            Setting::not_applied(
+                "b0's cgroup CPU quota halved",
+                "no cgroup CPU quota is changed (loopback has no per-node cgroup; in netns \
+                 the back-ends share a cpuset, so their share is not a fixed quota): the \
+                 halving is the SIGSTOP/SIGCONT duty cycle of settings.capacity_change",
+            ),
+        );
     }
     if !a.no_pin {
         m.insert(
@@ -625,8 +743,10 @@ struct Run {
 struct ProxyProc {
     child: Child,
     addr: SocketAddr,
-    /// The proxy's admin listener (metrics), when it runs a monitor.
+    /// The farside proxy's admin listener (metrics).
     admin_addr: Option<SocketAddr>,
+    /// HAProxy's stats listener (`/stats;csv`).
+    stats_addr: Option<SocketAddr>,
 }
 
 /// The back-end tier and proxies of one system in one scenario.
@@ -641,6 +761,9 @@ struct Tier {
     _gatherers: Vec<Child>,
     /// One proxy, or `--proxies` of them (`multi-proxy`).
     proxies: Vec<ProxyProc>,
+    /// The back-ends' regions as their gatherers write them (shm files), read by the
+    /// lab itself for the back-end queueing delay of every system ([`QueueSampler`]).
+    regions: Vec<PathBuf>,
 }
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -780,6 +903,14 @@ impl Fabric {
         }
     }
 
+    /// HAProxy's own timings, fetched from where clients run.
+    fn haproxy_times(&self, stats: SocketAddr) -> io::Result<crate::haproxy::Times> {
+        match self {
+            Fabric::Loopback(_) => crate::haproxy::fetch_times(stats),
+            Fabric::Netns(dc) => dc.run_in_ns("client", || crate::haproxy::fetch_times(stats)),
+        }
+    }
+
     /// Run the clients (in the client node's namespace for netns, on the front CPUs).
     fn run_clients(
         &self,
@@ -805,6 +936,7 @@ fn start_tier(
     scenario: Scenario,
     system: &str,
     limit: Option<u64>,
+    objective: &Objective,
     fabric: &Fabric,
 ) -> io::Result<Tier> {
     let mut backends = Vec::new();
@@ -812,6 +944,7 @@ fn start_tier(
     let mut gatherers = Vec::new();
     let mut specs = Vec::new();
     let mut addrs = Vec::new();
+    let mut regions = Vec::new();
     let netns = matches!(fabric, Fabric::Netns(_));
     for i in 0..a.backends {
         let role = Role::Backend(i);
@@ -896,7 +1029,7 @@ fn start_tier(
             // With XDP gatherd's default is the kernel sampler, whose record has backlog,
             // conns and a tick-sampled cpu but no pressure or pending: other metrics keep
             // the user-space sampler.
-            if !matches!(a.metric.as_str(), "backlog" | "conns") {
+            if !matches!(system_metric(a, system), "backlog" | "conns") {
                 args.extend(["--sampler".into(), "user".into()]);
             }
         }
@@ -904,10 +1037,13 @@ fn start_tier(
         fabric.wait_port(&mut g, tcp)?;
         g.wait_file(&shm)?;
         gatherers.push(g);
+        regions.push(shm.clone());
         let spec = match (system, netns) {
             ("tcp-ac", _) => format!("{addr},region=tcp:{tcp}"),
-            ("onesided-ac", false) => format!("{addr},region=shm:{}", shm.display()),
-            ("onesided-ac", true) => format!("{addr},region=udp:{udp}"),
+            ("onesided-ac" | "onesided-delay", false) => {
+                format!("{addr},region=shm:{}", shm.display())
+            }
+            ("onesided-ac" | "onesided-delay", true) => format!("{addr},region=udp:{udp}"),
             _ => addr.to_string(),
         };
         specs.push(spec);
@@ -929,7 +1065,9 @@ fn start_tier(
         let proxy = if system == "haproxy" {
             start_haproxy(a, run, fabric, &addrs, &name, port_step)?
         } else {
-            start_farside_proxy(a, run, fabric, system, limit, &specs, &name, port_step)?
+            start_farside_proxy(
+                a, run, fabric, system, limit, objective, &specs, &name, port_step,
+            )?
         };
         proxies.push(proxy);
     }
@@ -968,6 +1106,7 @@ fn start_tier(
         _tenants: tenants,
         _tenant_handles: tenant_handles,
         tenant_pids,
+        regions,
     })
 }
 
@@ -981,7 +1120,9 @@ fn start_haproxy(
     port_step: u16,
 ) -> io::Result<ProxyProc> {
     let addr = fabric.addr(Role::Proxy, NETNS_PROXY_PORT + port_step)?;
-    let cfg = haproxy_config(a, addr, backends);
+    let stats = fabric.addr(Role::Proxy, NETNS_ADMIN_PORT + port_step)?;
+    let mut cfg = haproxy_config(a, addr, backends);
+    cfg.stats_listen = Some(stats.to_string());
     let bin = crate::haproxy::find_binary()?;
     let (_, args) = crate::haproxy::prepare(&bin, &cfg, &run.logs, name)?;
     let mut child = fabric.spawn_program(Role::Proxy, name, &bin, &args, &run.logs)?;
@@ -990,6 +1131,7 @@ fn start_haproxy(
         child,
         addr,
         admin_addr: None,
+        stats_addr: Some(stats),
     })
 }
 
@@ -1002,10 +1144,52 @@ pub fn haproxy_config(
 ) -> crate::haproxy::HaproxyConfig {
     let mut cfg = crate::haproxy::HaproxyConfig::new(listen, backends);
     cfg.maxconn_per_server = capacity_conns(a);
-    cfg.timeout_queue_ms = a.haproxy_timeout_queue_ms;
+    cfg.timeout_queue_ms = a.queue_ms;
     cfg.timeout_ms = a.timeout_ms;
     cfg.threads = a.proxy_workers;
     cfg
+}
+
+/// The admission and queueing flags the lab gives a farside proxy of `system` (after its
+/// addresses, workers and monitor flags): what `params.proxy_args_by_system` records.
+/// Everything not here (or in `--proxy-arg`) is the proxy's product default.
+pub fn objective_proxy_args(
+    a: &AdmissionArgs,
+    system: &str,
+    limit: Option<u64>,
+    objective: &Objective,
+) -> Vec<String> {
+    let mut args = vec!["--queue-timeout-ms".to_string(), a.queue_ms.to_string()];
+    match (system, limit) {
+        ("onesided-delay", _) => args.extend([
+            "--admission".into(),
+            "--metric".into(),
+            "delay".into(),
+            "--target-delay-ms".into(),
+            objective.target_delay_ms.to_string(),
+            "--limit".into(),
+            limit.unwrap_or(objective.delay_budget_max).to_string(),
+        ]),
+        ("no-ac", _) | (_, None) => {}
+        (_, Some(l)) => args.extend([
+            "--admission".into(),
+            "--metric".into(),
+            a.metric.clone(),
+            "--limit".into(),
+            l.to_string(),
+        ]),
+    }
+    args
+}
+
+/// The admission metric the gatherers of `system` serve (the kernel sampler of the netns
+/// lab has no queueing delay, so `onesided-delay` needs the user-space one).
+fn system_metric<'a>(a: &'a AdmissionArgs, system: &str) -> &'a str {
+    if system == "onesided-delay" {
+        "delay"
+    } else {
+        &a.metric
+    }
 }
 
 /// Start one farside proxy of `system` in front of the back-ends `specs`.
@@ -1016,6 +1200,7 @@ fn start_farside_proxy(
     fabric: &Fabric,
     system: &str,
     limit: Option<u64>,
+    objective: &Objective,
     specs: &[String],
     name: &str,
     port_step: u16,
@@ -1036,21 +1221,12 @@ fn start_farside_proxy(
         args.push("--backend".into());
         args.push(s.clone());
     }
-    let mut admin_addr = None;
-    if let (true, Some(limit)) = (system != "no-ac", limit) {
-        // The admin listener is not subject to admission: the lab reads the monitor's
-        // histograms there while the data port is rejecting.
-        let admin = fabric.addr(Role::Proxy, NETNS_ADMIN_PORT + port_step)?;
-        args.extend(["--admin-listen".into(), admin.to_string()]);
-        admin_addr = Some(admin);
-        args.extend([
-            "--admission".into(),
-            "--metric".into(),
-            a.metric.clone(),
-            "--limit".into(),
-            limit.to_string(),
-        ]);
-    }
+    // The admin listener is not subject to admission: the lab reads the monitor's
+    // histograms and the request-duration histogram there while the data port rejects.
+    let admin = fabric.addr(Role::Proxy, NETNS_ADMIN_PORT + port_step)?;
+    args.extend(["--admin-listen".into(), admin.to_string()]);
+    let admin_addr = Some(admin);
+    args.extend(objective_proxy_args(a, system, limit, objective));
     // The user's own proxy arguments come last, so they override the lab's.
     args.extend(a.proxy_args.iter().cloned());
     let mut proxy = fabric.spawn(Role::Proxy, name, &args, &run.logs)?;
@@ -1059,6 +1235,7 @@ fn start_farside_proxy(
         child: proxy,
         addr: proxy_addr,
         admin_addr,
+        stats_addr: None,
     })
 }
 
@@ -1066,6 +1243,17 @@ fn start_farside_proxy(
 struct MonitorScrape {
     read: crate::promtext::Buckets,
     gap: crate::promtext::Buckets,
+    /// `farside_proxy_request_duration_seconds` `_sum` and `_count`.
+    duration_sum_s: f64,
+    duration_count: f64,
+}
+
+/// The value of the unlabelled sample `name` in Prometheus text, 0 when absent.
+fn sample_value(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .find_map(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 impl MonitorScrape {
@@ -1078,6 +1266,8 @@ impl MonitorScrape {
             Ok(text) => Some(MonitorScrape {
                 read: crate::promtext::buckets(&text, "farside_monitor_read_seconds"),
                 gap: crate::promtext::buckets(&text, "farside_monitor_update_gap_seconds"),
+                duration_sum_s: sample_value(&text, "farside_proxy_request_duration_seconds_sum"),
+                duration_count: sample_value(&text, "farside_proxy_request_duration_seconds_count"),
             }),
             Err(e) => {
                 eprintln!("lab admission: warning: no monitor figures for this point: {e}");
@@ -1094,6 +1284,102 @@ impl MonitorScrape {
         p.monitor_read_p50_us = quantile(&read, 0.50).map(|s| s * 1e6);
         p.monitor_read_p99_us = quantile(&read, 0.99).map(|s| s * 1e6);
         p.update_gap_p99_ms = quantile(&gap, 0.99).map(|s| s * 1e3);
+        let n = self.duration_count - before.duration_count;
+        if n > 0.0 {
+            p.proxy_time_ms = Some((self.duration_sum_s - before.duration_sum_s) / n * 1e3);
+        } else {
+            eprintln!(
+                "lab admission: warning: the first proxy's request-duration count did not \
+                 move during the point: no proxy_time_ms"
+            );
+        }
+    }
+}
+
+/// Period of [`QueueSampler`]'s reads: a few per gatherer connection count (every few ms
+/// to tens of ms), at a negligible cost (one shm read per back-end).
+const QUEUE_SAMPLE_PERIOD: std::time::Duration = std::time::Duration::from_millis(5);
+/// Most readings a [`QueueSampler`] keeps: a 60 s point at one new reading per ms from
+/// each of 4 back-ends; later readings are dropped (and the figures come from the rest).
+const QUEUE_READINGS_MAX: usize = 240_000;
+
+/// Reads the back-ends' published queueing delay (`queue_delay_us`) from their regions
+/// while a point runs, keeping each new reading (a new connection count): where served
+/// time went at the back-ends, the same measurement whichever proxy runs.
+struct QueueSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Vec<u64>>>,
+}
+
+impl QueueSampler {
+    /// Start reading `regions`, from `skip` (the warm-up) on.
+    fn start(regions: &[PathBuf], skip: std::time::Duration) -> QueueSampler {
+        use farside_region::layout::{FLAG_QUEUE_DELAY, REGION_WORDS};
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let paths = regions.to_vec();
+        let thread = std::thread::spawn(move || {
+            let maps: Vec<_> = paths
+                .iter()
+                // A region file, or gatherd's socket handing out the XDP region map.
+                .filter_map(|p| farside_rmem::map_region(p, REGION_WORDS).ok())
+                .collect();
+            let mut last = vec![0u64; maps.len()];
+            let mut out = Vec::new();
+            let measure_from = Instant::now() + skip;
+            while Instant::now() < measure_from && !s.load(Ordering::Relaxed) {
+                std::thread::sleep(QUEUE_SAMPLE_PERIOD);
+            }
+            while !s.load(Ordering::Relaxed) {
+                for (m, l) in maps.iter().zip(&mut last) {
+                    let Ok(snap) = farside_region::Snapshot::read_local(m, 4) else {
+                        continue;
+                    };
+                    let r = snap.load;
+                    if r.flags & FLAG_QUEUE_DELAY == 0 || r.conns_sampled_mono_ns == *l {
+                        continue;
+                    }
+                    *l = r.conns_sampled_mono_ns;
+                    if out.len() < QUEUE_READINGS_MAX {
+                        out.push(r.queue_delay_us);
+                    }
+                }
+                std::thread::sleep(QUEUE_SAMPLE_PERIOD);
+            }
+            out
+        });
+        QueueSampler {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop and fill `p`'s back-end queueing figures (left empty without readings).
+    fn finish(mut self, p: &mut Point) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut v = self
+            .thread
+            .take()
+            .and_then(|t| t.join().ok())
+            .unwrap_or_default();
+        if v.is_empty() {
+            return;
+        }
+        v.sort_unstable();
+        let mean = v.iter().sum::<u64>() as f64 / v.len() as f64;
+        let i = ((v.len() as f64 * 0.99).ceil() as usize).clamp(1, v.len()) - 1;
+        p.backend_queue_ms = Some(mean / 1e3);
+        p.backend_queue_p99_ms = Some(v[i] as f64 / 1e3);
+    }
+}
+
+impl Drop for QueueSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
@@ -1195,8 +1481,8 @@ pub fn request_samples(path: &std::path::Path, max: usize) -> io::Result<Vec<(f6
 fn transport_of(system: &str, netns: bool) -> &'static str {
     match (system, netns) {
         ("tcp-ac", _) => "tcp",
-        ("onesided-ac", false) => "shm",
-        ("onesided-ac", true) => "udp-xdp",
+        ("onesided-ac" | "onesided-delay", false) => "shm",
+        ("onesided-ac" | "onesided-delay", true) => "udp-xdp",
         _ => "none",
     }
 }
@@ -1233,12 +1519,21 @@ struct Key {
 /// The sweep's keys: per system (and per limit for the admission-controlled ones),
 /// per trace, per load model, per client count (closed) or rate (open); one tier is
 /// started per (system, limit).
-fn keys(a: &AdmissionArgs, limits: &[u64], clients: &[u64], rates: &[f64]) -> Vec<Key> {
+fn keys(
+    a: &AdmissionArgs,
+    limits: &[u64],
+    delay_cap: u64,
+    clients: &[u64],
+    rates: &[f64],
+) -> Vec<Key> {
     let mut out = Vec::new();
     for &scenario in &a.scenario {
         for system in &a.systems {
             let ls: Vec<Option<u64>> = if system == "no-ac" || system == "haproxy" {
                 vec![None]
+            } else if system == "onesided-delay" {
+                // Its budget cap is derived from the objective, never swept.
+                vec![Some(delay_cap)]
             } else {
                 limits.iter().map(|&l| Some(l)).collect()
             };
@@ -1328,16 +1623,33 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             "--clients: each count must be 1..=10000",
         ));
     }
-    let any_ac = a.systems.iter().any(|s| s != "no-ac");
+    let pl = placement(&a);
+    let back_cpus = pl
+        .back
+        .as_ref()
+        .map_or_else(|| crate::procs::allowed_cpus().len(), |b| b.len());
+    // The operator's objective, from --queue-ms and one back-end's service rate at the
+    // reference request (the same for every scenario: an operator sets it once).
+    let rate_b = capacity_rps(&a, back_cpus, reference_cost_us(&a, Scenario::Single))
+        .ok()
+        .map(|(r, _)| r / a.backends.max(1) as f64);
+    let (objective, objective_rule) = Objective::derive(&a, rate_b);
+    let any_ac = a
+        .systems
+        .iter()
+        .any(|s| s == "tcp-ac" || s == "onesided-ac");
     let (limits, rule) = if !a.limits.is_empty() {
         (a.limits.clone(), "--limits".to_string())
     } else if let Some(l) = a.limit {
         (vec![l], "--limit".to_string())
     } else if any_ac {
-        let (l, rule) = default_limit(&a.metric, capacity_conns(&a))?;
+        let (l, rule) = default_limit(&a.metric, capacity_conns(&a), objective.queue_len)?;
         (vec![l], format!("default: {rule}"))
     } else {
-        (Vec::new(), "none (no admission control)".to_string())
+        (
+            Vec::new(),
+            "none (no limit-driven admission control)".to_string(),
+        )
     };
     if limits.contains(&0) {
         return Err(io::Error::new(
@@ -1359,20 +1671,13 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             format!("--rates: each multiple of the capacity must be in (0, {RATE_X_MAX}]"),
         ));
     }
-    let pl = placement(&a);
     let open = a.load != LoadModels::Closed;
-    let back_cpus = pl
-        .back
-        .as_ref()
-        .map_or_else(|| crate::procs::allowed_cpus().len(), |b| b.len());
     // The open loop's capacity per scenario (mixed-cost's requests cost more on average).
     let mut capacities: BTreeMap<&'static str, (f64, String)> = BTreeMap::new();
     let mut open_skipped = None;
     if open {
         for sc in a.scenario.clone() {
-            let cost = crate::scenario::mean_cost_us(sc, a.backend_cpu_us)
-                + a.backend_cpu_ns_per_byte * CAPACITY_REFERENCE_BYTES as f64 / 1000.0;
-            match capacity_rps(&a, back_cpus, cost) {
+            match capacity_rps(&a, back_cpus, reference_cost_us(&a, sc)) {
                 Ok(c) => {
                     capacities.insert(sc.name(), c);
                 }
@@ -1418,6 +1723,29 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
                 .collect();
             m.insert("capacity_rps_by_scenario".into(), by.into());
         }
+        m.insert(
+            "objective".into(),
+            serde_json::to_value(&objective).map_err(io::Error::other)?,
+        );
+        m.insert("objective_rule".into(), objective_rule.clone().into());
+        // What the lab passes each farside proxy beyond addresses, workers and monitor
+        // flags (the rest is the product's defaults, or --proxy-arg, appended after).
+        let by: serde_json::Map<String, serde_json::Value> = a
+            .systems
+            .iter()
+            .filter(|s| *s != "haproxy")
+            .map(|s| {
+                let limit = match s.as_str() {
+                    "no-ac" => None,
+                    "onesided-delay" => Some(objective.delay_budget_max),
+                    _ => limits.first().copied(),
+                };
+                let mut v = objective_proxy_args(&a, s, limit, &objective);
+                v.extend(a.proxy_args.iter().cloned());
+                (s.clone(), serde_json::json!(v))
+            })
+            .collect();
+        m.insert("proxy_args_by_system".into(), by.into());
         if a.systems.iter().any(|s| s == "haproxy") {
             let cfg = haproxy_config(
                 &a,
@@ -1517,7 +1845,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
         Fabric::Loopback(pl.clone())
     };
 
-    let keys = keys(&a, &limits, &clients, &rates);
+    let keys = keys(&a, &limits, objective.delay_budget_max, &clients, &rates);
     let heaviest = clients.iter().copied().max().unwrap_or(0);
     // The running tier and its background load, for the (system, limit) it serves.
     let mut current: Option<Running> = None;
@@ -1539,7 +1867,9 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             if current.as_ref().map(|c| &c.0) != Some(&want) {
                 // One tier at a time: the old one stops before the new one starts.
                 current = None;
-                let tier = start_tier(&a, &run, k.scenario, &k.system, k.limit, &fabric)?;
+                let tier = start_tier(
+                    &a, &run, k.scenario, &k.system, k.limit, &objective, &fabric,
+                )?;
                 let busy = match &fabric {
                     Fabric::Netns(dc) if a.background_load > 0 => (0..a.backends)
                         .map(|i| dc.start_cpu_load(&format!("b{i}"), a.background_load))
@@ -1591,6 +1921,8 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
                 ls.push(l);
             }
             let before = MonitorScrape::take(&fabric, tier);
+            let queues =
+                QueueSampler::start(&tier.regions, std::time::Duration::from_secs_f64(warmup_s));
             // The scenario's disturbance runs beside the clients, and stops (continuing
             // every process it paused) when the point ends, however it ends.
             let disturbance = match k.scenario {
@@ -1637,6 +1969,16 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             let mut p = point(k, transport_of(&k.system, netns), &s);
             if let (Some(b), Some(after)) = (before, MonitorScrape::take(&fabric, tier)) {
                 after.fill(&b, &mut p);
+            }
+            queues.finish(&mut p);
+            if let Some(st) = tier.proxies.first().and_then(|p| p.stats_addr) {
+                match fabric.haproxy_times(st) {
+                    Ok(t) => {
+                        p.proxy_queue_ms = Some(t.queue_ms);
+                        p.proxy_time_ms = Some(t.queue_ms + t.connect_ms + t.response_ms);
+                    }
+                    Err(e) => eprintln!("lab admission: warning: no HAProxy timings: {e}"),
+                }
             }
             let mut samples = Vec::new();
             for l in &ls {
@@ -1695,20 +2037,67 @@ mod tests {
         // farside's server: C = workers.
         let a = args("");
         assert_eq!(capacity_conns(&a), 16);
-        assert_eq!(default_limit("backlog", 16).unwrap().0, 16);
-        assert_eq!(default_limit("pending", 16).unwrap().0, 16);
-        assert_eq!(default_limit("conns", 16).unwrap().0, 32);
+        assert_eq!(default_limit("backlog", 16, 12).unwrap().0, 12);
+        assert_eq!(default_limit("pending", 16, 12).unwrap().0, 12);
+        assert_eq!(default_limit("conns", 16, 12).unwrap().0, 28);
         assert_eq!(capacity_conns(&args("--backend-workers 40")), 40);
         // nginx: worker_processes x worker_connections.
         assert_eq!(capacity_conns(&args("--backend-server nginx")), 1024);
         // Metrics that are not connection counts have no default: a clear error.
-        let e = default_limit("cpu", 16).unwrap_err();
+        let e = default_limit("cpu", 16, 12).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         assert!(e.to_string().contains("give --limit N or --limits"), "{e}");
         // The rule is in --help.
         use clap::CommandFactory;
         let help = Cli::command().render_long_help().to_string();
-        assert!(help.contains("backlog, pending: limit = C"), "{help}");
+        assert!(help.contains("backlog, pending: limit = L_Q"), "{help}");
+        assert!(help.contains("--queue-ms"), "{help}");
+    }
+
+    #[test]
+    fn one_queue_bound_sets_every_systems_limits() {
+        // 50 ms at 253 requests/s per back-end: 12 requests drain within the bound.
+        let a = args("");
+        assert_eq!(a.queue_ms, 50);
+        let (o, rule) = Objective::derive(&a, Some(253.2));
+        assert_eq!(
+            o,
+            Objective {
+                queue_ms: 50,
+                queue_len: 12,
+                target_delay_ms: 25,
+                delay_budget_max: 28
+            }
+        );
+        assert!(
+            rule.contains("timeout queue 50 ms") && rule.contains("= 12"),
+            "{rule}"
+        );
+        // A tight bound still admits one waiting request; no capacity rule: L_Q = C.
+        let (o, _) = Objective::derive(&args("--queue-ms 1"), Some(253.2));
+        assert_eq!((o.queue_len, o.target_delay_ms), (1, 1));
+        assert_eq!(Objective::derive(&a, None).0.queue_len, 16);
+        // The same Q reaches HAProxy and every farside proxy; the old flag still works.
+        let a = args("--haproxy-timeout-queue-ms 20");
+        assert_eq!(a.queue_ms, 20);
+        let (o, _) = Objective::derive(&a, Some(500.0));
+        let cfg = haproxy_config(&a, "127.0.0.1:1".parse().unwrap(), &[]);
+        assert_eq!(cfg.timeout_queue_ms, 20);
+        let v = objective_proxy_args(&a, "no-ac", None, &o);
+        assert_eq!(v, ["--queue-timeout-ms", "20"]);
+        let v = objective_proxy_args(&a, "onesided-ac", Some(o.queue_len), &o);
+        assert_eq!(
+            v.join(" "),
+            "--queue-timeout-ms 20 --admission --metric backlog --limit 10"
+        );
+        let v = objective_proxy_args(&a, "onesided-delay", Some(o.delay_budget_max), &o);
+        assert_eq!(
+            v.join(" "),
+            "--queue-timeout-ms 20 --admission --metric delay --target-delay-ms 10 --limit 26"
+        );
+        // The lab's own flags cannot be given again through --proxy-arg.
+        assert!(check_proxy_args(&["--queue-timeout-ms=5".into()]).is_err());
+        assert!(check_scenarios(&args("--queue-ms 0")).is_err());
     }
 
     #[test]
@@ -1790,8 +2179,8 @@ mod tests {
         assert_eq!(point_time(&args("--quick")), (6.0, 1.0));
         assert_eq!(point_time(&args("--quick --duration-s 3")), (3.0, 1.0));
         // no-ac once, each admission system once per limit.
-        let a = args("--systems no-ac,tcp-ac --traces single --load closed");
-        let k = keys(&a, &[2, 8], &[4], &[1.0]);
+        let a = args("--systems no-ac,tcp-ac,onesided-delay --traces single --load closed");
+        let k = keys(&a, &[2, 8], 30, &[4], &[1.0]);
         let names: Vec<(String, Option<u64>)> =
             k.iter().map(|k| (k.system.clone(), k.limit)).collect();
         assert_eq!(
@@ -1799,7 +2188,8 @@ mod tests {
             vec![
                 ("no-ac".into(), None),
                 ("tcp-ac".into(), Some(2)),
-                ("tcp-ac".into(), Some(8))
+                ("tcp-ac".into(), Some(8)),
+                ("onesided-delay".into(), Some(30))
             ]
         );
     }
@@ -1809,7 +2199,7 @@ mod tests {
         let a = args("--systems no-ac --traces single");
         assert_eq!(a.load, LoadModels::Both);
         assert_eq!(a.on_reject, OnReject::Backoff);
-        let k = keys(&a, &[16], &[4, 8], &[0.5, 3.0]);
+        let k = keys(&a, &[16], 30, &[4, 8], &[0.5, 3.0]);
         let got: Vec<(String, Option<u64>, Option<f64>)> = k
             .iter()
             .map(|k| (k.load_model.clone(), k.clients, k.rate_x))

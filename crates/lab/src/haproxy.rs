@@ -73,6 +73,10 @@ pub struct HaproxyConfig {
     pub threads: usize,
     /// Global and front-end `maxconn` ([`maxconn_global`]).
     pub maxconn_global: u64,
+    /// Address of a separate stats listener (`/stats;csv`, where the lab reads HAProxy's
+    /// queue and response times: [`fetch_times`]); `None`: none. Not subject to the
+    /// front-end's connections, as farside's admin listener.
+    pub stats_listen: Option<String>,
 }
 
 impl HaproxyConfig {
@@ -86,6 +90,7 @@ impl HaproxyConfig {
             timeout_ms: 10_000,
             threads: 1,
             maxconn_global: maxconn_global(),
+            stats_listen: None,
         }
     }
 
@@ -95,6 +100,7 @@ impl HaproxyConfig {
         HaproxyConfig {
             listen: "<proxy>".into(),
             servers: (0..self.servers.len()).map(|i| format!("<b{i}>")).collect(),
+            stats_listen: self.stats_listen.as_ref().map(|_| "<stats>".into()),
             ..self.clone()
         }
     }
@@ -127,8 +133,101 @@ impl HaproxyConfig {
                 self.maxconn_per_server
             );
         }
+        if let Some(st) = &self.stats_listen {
+            let _ = writeln!(s, "listen stats");
+            let _ = writeln!(s, "    bind {st}");
+            let _ = writeln!(s, "    stats enable");
+            let _ = writeln!(s, "    stats uri /stats");
+        }
         s
     }
+}
+
+/// Longest the lab waits for HAProxy's stats page.
+const STATS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Most bytes of the stats page read: a few lines per server.
+const STATS_BYTES_MAX: u64 = 1 << 20;
+
+/// HAProxy's own timings of its back-end `be`, ms: its averages over its last 1024
+/// requests (`qtime`, `ctime`, `rtime`, `ttime` of the stats CSV).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Times {
+    /// Mean wait in HAProxy's queue for a server slot.
+    pub queue_ms: f64,
+    /// Mean time to connect to a server.
+    pub connect_ms: f64,
+    /// Mean time from sending the request to the server's response.
+    pub response_ms: f64,
+    /// Mean total time of a request.
+    pub total_ms: f64,
+}
+
+/// Parse `/stats;csv`: the `be,BACKEND` row's `qtime`, `ctime`, `rtime`, `ttime`.
+pub fn parse_times(csv: &str) -> Option<Times> {
+    // The header line starts with `# pxname`; anything before it (a chunk size) is
+    // skipped.
+    let mut lines = csv.lines().skip_while(|l| !l.starts_with("# pxname"));
+    let head: Vec<&str> = lines.next()?.trim_start_matches("# ").split(',').collect();
+    let col = |n: &str| head.iter().position(|h| *h == n);
+    let (px, sv) = (col("pxname")?, col("svname")?);
+    let (q, c, r, t) = (col("qtime")?, col("ctime")?, col("rtime")?, col("ttime")?);
+    let row: Vec<&str> = lines
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .find(|f| f.get(px) == Some(&"be") && f.get(sv) == Some(&"BACKEND"))?;
+    let num = |i: usize| {
+        row.get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    Some(Times {
+        queue_ms: num(q),
+        connect_ms: num(c),
+        response_ms: num(r),
+        total_ms: num(t),
+    })
+}
+
+/// The body of a chunked HTTP/1.1 response (HAProxy answers its stats page so): the
+/// chunks' data joined, up to the last chunk or the first malformed size line.
+pub fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16) else {
+            break;
+        };
+        if n == 0 || after.len() < n {
+            out.push_str(after.get(..n.min(after.len())).unwrap_or(""));
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].strip_prefix("\r\n").unwrap_or(&after[n..]);
+    }
+    out
+}
+
+/// Fetch and parse HAProxy's stats CSV from `addr` (its `stats_listen`).
+pub fn fetch_times(addr: SocketAddr) -> io::Result<Times> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, STATS_TIMEOUT)?;
+    s.set_read_timeout(Some(STATS_TIMEOUT))?;
+    s.write_all(b"GET /stats;csv HTTP/1.0\r\nHost: lab\r\n\r\n")?;
+    let mut raw = String::new();
+    s.take(STATS_BYTES_MAX).read_to_string(&mut raw)?;
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or(("", ""));
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    parse_times(&body).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("{addr}/stats;csv: no `be,BACKEND` row with qtime/ctime/rtime/ttime"),
+        )
+    })
 }
 
 /// The HAProxy binary: `$HAPROXY`, else the first of [`BINARY_PATHS`] that exists.
@@ -233,6 +332,27 @@ mod tests {
         assert!(!text.contains("\n    http-reuse"), "{text}");
         let sym = c.symbolic().render();
         assert!(sym.contains("bind <proxy>") && sym.contains("server b1 <b1> maxconn 16"));
+        assert!(!sym.contains("listen stats"));
+        c.stats_listen = Some("127.0.0.1:8081".into());
+        let sym = c.symbolic().render();
+        assert!(sym.contains("listen stats\n    bind <stats>\n"), "{sym}");
+    }
+
+    #[test]
+    fn stats_csv_gives_the_backends_queue_and_response_times() {
+        let csv = "1f3\n# pxname,svname,qcur,qtime,ctime,rtime,ttime,\n\
+                   fe,FRONTEND,,,,,,\n\
+                   be,b0,0,7,0,3,11,\n\
+                   be,BACKEND,0,12,1,4,18,\n";
+        let t = parse_times(csv).unwrap();
+        assert_eq!(
+            (t.queue_ms, t.connect_ms, t.response_ms, t.total_ms),
+            (12.0, 1.0, 4.0, 18.0)
+        );
+        assert!(parse_times("# pxname,svname\nbe,BACKEND\n").is_none());
+        // A row split across two chunks is joined again.
+        let body = "12\r\n# pxname,svname,qt\r\nd\r\nime,ctime,rti\r\n0\r\n\r\n";
+        assert_eq!(dechunk(body), "# pxname,svname,qtime,ctime,rti");
     }
 
     #[test]
@@ -248,6 +368,9 @@ mod tests {
             &["127.0.0.1:2".parse().unwrap()],
         );
         prepare(&bin, &c, &dir, "check").unwrap();
+        let mut st = c.clone();
+        st.stats_listen = Some("127.0.0.1:3".into());
+        prepare(&bin, &st, &dir, "stats").unwrap();
         let mut bad = c.clone();
         bad.listen = "not-an-address".into();
         let e = prepare(&bin, &bad, &dir, "bad").unwrap_err();

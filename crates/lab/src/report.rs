@@ -119,8 +119,14 @@ struct Grid<'a> {
 impl<'a> Grid<'a> {
     fn new(s: &'a Summary) -> Grid<'a> {
         let points: Vec<&Point> = s.admission_points().collect();
-        let limits: BTreeSet<u64> = points.iter().filter_map(|p| p.limit).collect();
-        let multi_limit = limits.len() > 1;
+        // Several limits of one system (a `--limits` sweep); systems with one limit each
+        // (onesided-ac's and onesided-delay's differ) keep their plain names.
+        let limits: BTreeSet<(&str, u64)> = points
+            .iter()
+            .filter_map(|p| Some((p.system.as_str(), p.limit?)))
+            .collect();
+        let systems_limited: BTreeSet<&str> = limits.iter().map(|l| l.0).collect();
+        let multi_limit = limits.len() > systems_limited.len();
         let labels: Vec<String> = points.iter().map(|p| label(p, multi_limit)).collect();
         let mut traces: Vec<String> = Vec::new();
         for p in &points {
@@ -247,6 +253,43 @@ struct ScenarioRow {
     trace: String,
     x: u64,
     cells: Vec<Option<(f64, f64, f64, f64)>>,
+    /// Per system: where served time went ([`Split`]).
+    splits: Vec<Option<Split>>,
+}
+
+/// Where a point's served time went: the proxy's queue, the proxy's whole time (queue +
+/// back-end), the back-ends' queueing delay (mean, p99), ms; `None` where not measured.
+#[derive(Clone, Copy)]
+struct Split {
+    proxy_queue: Option<f64>,
+    proxy_time: Option<f64>,
+    backend_queue: Option<f64>,
+    backend_queue_p99: Option<f64>,
+}
+
+impl Split {
+    fn of(p: &Point) -> Option<Split> {
+        let s = Split {
+            proxy_queue: p.proxy_queue_ms,
+            proxy_time: p.proxy_time_ms,
+            backend_queue: p.backend_queue_ms,
+            backend_queue_p99: p.backend_queue_p99_ms,
+        };
+        [s.proxy_queue, s.proxy_time, s.backend_queue]
+            .iter()
+            .any(Option::is_some)
+            .then_some(s)
+    }
+
+    fn cells(&self) -> [String; 4] {
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+        [
+            f(self.proxy_queue),
+            f(self.proxy_time),
+            f(self.backend_queue),
+            f(self.backend_queue_p99),
+        ]
+    }
 }
 
 /// The rows of the scenario table, in order of first appearance; empty when every point
@@ -283,12 +326,18 @@ fn scenario_rows(g: &Grid) -> Vec<ScenarioRow> {
                     .map(|q| (q.avg_ms, q.p99_ms, q.tps, q.drop_rate))
             })
             .collect();
+        let splits = g
+            .systems
+            .iter()
+            .map(|sys| g.get(sys, &panel, x).and_then(Split::of))
+            .collect();
         rows.push(ScenarioRow {
             scenario,
             load_model,
             trace: p.trace.clone(),
             x,
             cells,
+            splits,
         });
     }
     rows
@@ -344,8 +393,49 @@ fn scenario_table_text(g: &Grid) -> String {
         out,
         "(x: clients in the closed loop, arrivals/s in the open loop)\n"
     );
+    if rows.iter().all(|r| r.splits.iter().all(Option::is_none)) {
+        return out;
+    }
+    let _ = writeln!(out, "{SPLIT_TITLE}");
+    let mut head1 = format!("{:<16}{:<7}{:<9}{:>8} ", "", "", "", "");
+    let mut head2 = format!("{:<16}{:<7}{:<9}{:>8} ", "scenario", "load", "trace", "x");
+    for sys in &g.systems {
+        let _ = write!(head1, "| {sys:^w$} ", w = CELL - 3);
+        let _ = write!(
+            head2,
+            "| {:>8}{:>8}{:>8}{:>9} ",
+            "p.queue", "p.time", "b.queue", "b.q p99"
+        );
+    }
+    let _ = writeln!(out, "{}", head1.trim_end());
+    let _ = writeln!(out, "{}", head2.trim_end());
+    let _ = writeln!(out, "{}", "-".repeat(head2.trim_end().chars().count()));
+    for r in &rows {
+        let mut row = format!(
+            "{:<16}{:<7}{:<9}{:>8} ",
+            r.scenario, r.load_model, r.trace, r.x
+        );
+        for c in &r.splits {
+            let [a, b, c2, d] =
+                c.map_or_else(|| std::array::from_fn(|_| "-".to_string()), |s| s.cells());
+            let _ = write!(row, "| {a:>8}{b:>8}{c2:>8}{d:>9} ");
+        }
+        let _ = writeln!(out, "{}", row.trim_end());
+    }
+    let _ = writeln!(out, "{SPLIT_LEGEND}\n");
     out
 }
+
+/// Title of the where-time-went table.
+const SPLIT_TITLE: &str = "where served time went (ms): the proxy's queue, the proxy's time \
+(queue + back-end), the back-ends' queueing delay (mean, p99)";
+/// What the where-time-went columns are and where they come from.
+const SPLIT_LEGEND: &str = "(p.queue: HAProxy's qtime, its mean over its last 1024 requests \
+at the point's end; farside proxies export no queue wait, bounded by --queue-timeout-ms. \
+p.time: farside: mean request duration at the proxy over the point; HAProxy: qtime + ctime \
++ rtime. b.queue: the back-ends' published queueing delay (gatherd's queue_delay_us, the age \
+of the oldest unread request), every new reading during the point: the same measurement for \
+every system. multi-proxy: the first proxy's figures.)";
 
 /// The x axis of a panel: clients (closed loop) or the open loop's arrival rate.
 fn load_header(panel: &str) -> &'static str {
@@ -451,6 +541,23 @@ pub fn run_lines(s: &Summary) -> String {
                 st.requested,
                 st.reason.as_deref().unwrap_or("unknown reason")
             );
+        }
+    }
+    // The one operator objective and what it set for each system (`lab admission`).
+    if let Some(rule) = s.params.get("objective_rule").and_then(|v| v.as_str()) {
+        let _ = writeln!(out, "objective: {rule}");
+    }
+    if let Some(by) = s
+        .params
+        .get("proxy_args_by_system")
+        .and_then(|v| v.as_object())
+    {
+        for (sys, args) in by {
+            let args: Vec<&str> = args
+                .as_array()
+                .map(|a| a.iter().filter_map(|x| x.as_str()).collect())
+                .unwrap_or_default();
+            let _ = writeln!(out, "proxy args {sys}: {}", args.join(" "));
         }
     }
     out
@@ -1214,6 +1321,47 @@ pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
             out.push_str("</tr>\n");
         }
         out.push_str("</table>\n");
+        if rows.iter().any(|r| r.splits.iter().any(Option::is_some)) {
+            let _ = write!(
+                out,
+                "<h3>Where served time went</h3>\n<p class=\"meta\">{}</p>\n<table>\n<tr><th>scenario</th><th>load</th><th>trace</th><th>clients or rate/s</th>",
+                escape(SPLIT_TITLE)
+            );
+            for sys in &g.systems {
+                let _ = write!(out, "<th colspan=\"4\">{}</th>", escape(sys));
+            }
+            out.push_str("</tr>\n<tr><th></th><th></th><th></th><th></th>");
+            for _ in &g.systems {
+                out.push_str("<th>p.queue</th><th>p.time</th><th>b.queue</th><th>b.q p99</th>");
+            }
+            out.push_str("</tr>\n");
+            for r in &rows {
+                let _ = write!(
+                    out,
+                    "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td>",
+                    escape(&r.scenario),
+                    escape(&r.load_model),
+                    escape(&r.trace),
+                    r.x
+                );
+                for c in &r.splits {
+                    match c {
+                        Some(sp) => {
+                            for v in sp.cells() {
+                                let _ = write!(out, "<td>{}</td>", escape(&v));
+                            }
+                        }
+                        None => out.push_str(r#"<td class="missing" colspan="4">—</td>"#),
+                    }
+                }
+                out.push_str("</tr>\n");
+            }
+            let _ = writeln!(
+                out,
+                "</table>\n<p class=\"meta\">{}</p>",
+                escape(SPLIT_LEGEND)
+            );
+        }
     }
 
     let probes: Vec<&ProbePoint> = s.probe_points().collect();
@@ -1421,8 +1569,21 @@ mod tests {
                 runs: 1,
                 ..Point::default()
             };
-        s.push(pt("haproxy", "multi-proxy", "closed", 8, None));
-        s.push(pt("onesided-ac", "multi-proxy", "closed", 8, None));
+        let mut h = pt("haproxy", "multi-proxy", "closed", 8, None);
+        h.proxy_queue_ms = Some(7.25);
+        h.proxy_time_ms = Some(9.0);
+        h.backend_queue_ms = Some(0.5);
+        h.backend_queue_p99_ms = Some(4.0);
+        s.push(h);
+        let mut o = pt("onesided-ac", "multi-proxy", "closed", 8, None);
+        o.proxy_time_ms = Some(30.0);
+        o.backend_queue_ms = Some(22.0);
+        o.backend_queue_p99_ms = Some(48.0);
+        o.limit = Some(12);
+        s.push(o);
+        let mut d = pt("onesided-delay", "multi-proxy", "closed", 8, None);
+        d.limit = Some(28);
+        s.push(d);
         s.push(pt("onesided-ac", "multi-proxy", "open", 0, Some(600.4)));
         let text = table_text(&s);
         assert!(text.contains("scenarios — avg and p99"), "{text}");
@@ -1431,6 +1592,24 @@ mod tests {
             .find(|l| l.starts_with("multi-proxy     closed single"))
             .unwrap_or_else(|| panic!("{text}"));
         assert!(row.contains("2.50    40.00    123.0  25.0"), "{row}");
+        // Where the time went: HAProxy's queue vs the back-ends' queue, per system; a
+        // point without figures has dashes.
+        let split = text
+            .split(SPLIT_TITLE)
+            .nth(1)
+            .unwrap_or_else(|| panic!("{text}"));
+        let row = split
+            .lines()
+            .find(|l| l.starts_with("multi-proxy     closed"))
+            .unwrap();
+        assert!(
+            row.contains("|      7.2     9.0     0.5      4.0")
+                && row.contains("|        -    30.0    22.0     48.0"),
+            "{row}"
+        );
+        // One limit per system: plain system names, no "limit=" labels.
+        assert!(!text.contains("limit="), "{text}");
+        assert!(text.contains("onesided-delay"), "{text}");
         // The open-loop row is labelled by its rate; haproxy has no point there.
         let row = text
             .lines()
@@ -1448,6 +1627,21 @@ mod tests {
         );
         let html = html(&s, &Grid::new(&s), &[]);
         assert!(html.contains("<h2>Scenarios</h2>"));
+        assert!(html.contains("Where served time went") && html.contains("<td>7.2</td>"));
+        // The objective and the proxy arguments it set are printed with the run.
+        s.params = serde_json::json!({
+            "objective_rule": "Q = --queue-ms 50; L_Q = 12",
+            "proxy_args_by_system": {"onesided-ac": ["--queue-timeout-ms", "50"]},
+        });
+        let lines = run_lines(&s);
+        assert!(
+            lines.contains("objective: Q = --queue-ms 50; L_Q = 12"),
+            "{lines}"
+        );
+        assert!(
+            lines.contains("proxy args onesided-ac: --queue-timeout-ms 50"),
+            "{lines}"
+        );
         // A plain closed-loop single run has no scenario table.
         assert!(!table_text(&synthetic()).contains("scenarios —"));
     }

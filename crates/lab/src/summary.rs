@@ -208,6 +208,27 @@ pub struct Point {
     /// a new load record (how stale the proxy's view gets), ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_gap_p99_ms: Option<f64>,
+    /// `proxy_queue_ms`: where served time went, part 1: mean wait in the proxy for a
+    /// back-end connection slot, ms. HAProxy: its `qtime` (its own average over its last
+    /// 1024 requests, read at the point's end); absent for farside proxies, which export
+    /// no queue-wait figure (their wait is bounded by `--queue-timeout-ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_queue_ms: Option<f64>,
+    /// `proxy_time_ms`: mean time the proxy held a served request, head to end of
+    /// response (its queue plus the back-end), ms. farside: the point's
+    /// `farside_proxy_request_duration_seconds`; HAProxy: `qtime + ctime + rtime`.
+    /// With `multi-proxy`, the first proxy's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_time_ms: Option<f64>,
+    /// `backend_queue_ms`: where served time went, part 2: mean of the back-ends'
+    /// published queueing delay (the age of the oldest unread request, gatherd's
+    /// `queue_delay_us`), every new reading of every back-end during the point, ms. The
+    /// same measurement for every system.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_queue_ms: Option<f64>,
+    /// `backend_queue_p99_ms`: 99th percentile of those readings, ms.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_queue_p99_ms: Option<f64>,
     /// `scenario`: what the data-center looked like (`lab admission --scenario`: `single`,
     /// `multi-proxy`, `tenant-load`, `mixed-cost`, `capacity-change`); `single` for runs
     /// kept by an older lab.
@@ -376,6 +397,10 @@ impl Point {
             monitor_read_p50_us: mean_some(runs, |p| p.monitor_read_p50_us),
             monitor_read_p99_us: mean_some(runs, |p| p.monitor_read_p99_us),
             update_gap_p99_ms: mean_some(runs, |p| p.update_gap_p99_ms),
+            proxy_queue_ms: mean_some(runs, |p| p.proxy_queue_ms),
+            proxy_time_ms: mean_some(runs, |p| p.proxy_time_ms),
+            backend_queue_ms: mean_some(runs, |p| p.backend_queue_ms),
+            backend_queue_p99_ms: mean_some(runs, |p| p.backend_queue_p99_ms),
             offered_rps: mean(|p| p.offered_rps),
             goodput: mean(|p| p.goodput),
             reject_p99_ms: mean(|p| p.reject_p99_ms),
