@@ -124,12 +124,22 @@ pub struct ProxyArgs {
     /// Turn admission control on (default off).
     #[arg(long)]
     pub admission: bool,
-    /// Admission metric: conns, backlog, pending, cpu, pressure, runnable, inflight, or
-    /// delay (objective-driven: see --target-delay-ms) (default conns).
+    /// Admission metric: backlog, pending, conns, cpu, pressure, runnable, inflight, or
+    /// delay (objective-driven: see --target-delay-ms). Default backlog: connections
+    /// waiting in the back-end's accept queue, the one queue figure gatherd reads fresh at
+    /// every sample whatever the host's socket count (conns, pending and delay come from
+    /// a full connection dump that gatherd may run only every N samples on a big host),
+    /// and one whose limit needs no knowledge of the back-end's capacity.
     #[arg(long, value_parser = parse_metric)]
     pub metric: Option<Metric>,
-    /// Load limit in the metric's unit (default 256); a back-end's `limit=` overrides it.
-    /// With --metric delay: the most requests in flight a back-end's budget may grow to.
+    /// Load limit in the metric's unit; a back-end's `limit=` overrides it. Default, by
+    /// rule: backlog, pending: 2 connections waiting beyond the busy workers (at least 1 so
+    /// a worker that frees never idles while the proxy sends the next request; at most 2
+    /// so admission lets a request wait at most 2 service times on any back-end). conns,
+    /// inflight: none, give the back-end's workers (MaxClients) plus the connections
+    /// allowed to wait, e.g. 16 + 2 = 18; it is also the back-end's maxconn. cpu, pressure,
+    /// runnable: none. delay: the most requests in flight a back-end's budget may grow to
+    /// (default http.max_client_conns).
     #[arg(long)]
     pub limit: Option<u64>,
     /// With --metric delay: the queueing delay to keep each back-end under, ms (1..=10000,
@@ -226,7 +236,7 @@ pub fn proxy_config(a: &ProxyArgs) -> Result<ProxyConfig, String> {
         ad.metric = v;
     }
     if let Some(v) = a.limit {
-        ad.limit = v;
+        ad.limit = Some(v);
     }
     if let Some(v) = a.target_delay_ms {
         ad.target_delay_ms = v;
@@ -272,7 +282,12 @@ pub fn run_proxy(a: ProxyArgs) -> Result<(), String> {
         cfg.backends.len(),
         if cfg.admission.enabled { "on" } else { "off" },
         cfg.admission.metric.name(),
-        cfg.admission.limit,
+        match (cfg.common_limit(), cfg.admission.limit) {
+            (Some(l), Some(_)) => l.to_string(),
+            (Some(l), None) => format!("{l} by the metric's default rule"),
+            (None, _) if cfg.admission.enabled => "per back-end".to_string(),
+            (None, _) => "none".to_string(),
+        },
         if cfg.admission.metric == Metric::Delay {
             format!(", target delay {} ms", cfg.admission.target_delay_ms)
         } else {

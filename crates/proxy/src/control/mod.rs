@@ -358,7 +358,12 @@ impl Control {
         let Some(e) = table::read(t, i) else {
             return Load::Stale;
         };
-        let taken = e.advanced_mono_ns.saturating_sub(e.conns_lag_ns);
+        let taken = e
+            .advanced_mono_ns
+            .saturating_sub(table::conns_excess_lag_ns(
+                e.conns_lag_ns,
+                e.conns_interval_ns,
+            ));
         if !matches!(e.status, EntryStatus::Ok | EntryStatus::Error)
             || now_ns.saturating_sub(taken) > self.stale_after_ns
         {
@@ -1069,6 +1074,12 @@ impl Gate for Control {
                     "Time since the back-end's load record last advanced, ns.",
                     lbl,
                     now.saturating_sub(e.advanced_mono_ns),
+                );
+                enc.gauge(
+                    "farside_monitor_conns_interval_ns",
+                    "Back-end gatherer's connection-counting interval as seen between its last two counts, ns (0: not yet seen); a count this old is due, not stale.",
+                    lbl,
+                    e.conns_interval_ns,
                 );
             }
             if let Some(st) = self.monitor.as_ref().and_then(|m| m.stats(i)) {
