@@ -74,7 +74,8 @@ fn parse_stale(s: &str) -> Result<StalePolicy, String> {
     Ok(match s {
         "reject" => StalePolicy::Reject,
         "admit" => StalePolicy::Admit,
-        _ => return Err(format!("`{s}`: expected reject or admit")),
+        "local" => StalePolicy::Local,
+        _ => return Err(format!("`{s}`: expected local, reject or admit")),
     })
 }
 
@@ -150,7 +151,10 @@ pub struct ProxyArgs {
     /// A record not updated for this long is stale, ms (default 100).
     #[arg(long)]
     pub stale_after_ms: Option<u64>,
-    /// What a stale record means: reject (fail safe, default) or admit (fail open).
+    /// What a stale record means: local (default; fail safe, not blind: admit while this
+    /// proxy's requests in flight to the back-end are below the most it had in flight at
+    /// a fresh reading under the limit, so a dead gatherd neither overloads the back-end
+    /// nor refuses everyone), reject (fail safe: refuse) or admit (fail open).
     #[arg(long, value_parser = parse_stale)]
     pub on_stale: Option<StalePolicy>,
     /// Check only per request, not right after accept.

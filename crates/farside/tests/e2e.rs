@@ -162,6 +162,10 @@ fn dead_gatherer_goes_stale_and_the_proxy_fails_safe() {
             "100",
             "--stale-after-ms",
             "50",
+            // The refusing policy (the default, `local`, keeps serving at the last safe
+            // concurrency: admission_defaults.rs).
+            "--on-stale",
+            "reject",
         ],
     );
     assert_eq!(get(t.proxy_addr, "/file16k").0, 200);

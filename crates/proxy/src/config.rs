@@ -254,6 +254,22 @@ pub enum StalePolicy {
     Reject,
     /// Ignore load data for it (fail open: admit as without admission control).
     Admit,
+    /// Fall back to this proxy's own view (fail safe, not blind): admit while its
+    /// requests in flight to the back-end are below the back-end's last known safe
+    /// level, the most this proxy had in flight to it at a fresh reading below the limit
+    /// (lowered to the in-flight count at each fresh reading at or over the limit);
+    /// refuse beyond it, and refuse everything if there never was a fresh reading.
+    Local,
+}
+
+impl StalePolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            StalePolicy::Reject => "reject",
+            StalePolicy::Admit => "admit",
+            StalePolicy::Local => "local",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -280,7 +296,11 @@ pub struct AdmissionConfig {
     pub per_request: bool,
     /// A record whose sequence has not advanced for this long is stale. Default 100 ms.
     pub stale_after_ms: u64,
-    /// What a stale or missing record means. Default `reject`.
+    /// What a stale or missing record means. Default `local`: a dead gatherd (or a
+    /// lost region, or a monitor that cannot read it) must neither let this proxy
+    /// overload the back-end (`admit` sends it everything) nor refuse every request
+    /// (`reject`): the proxy keeps the back-end at the concurrency it last saw it take
+    /// without exceeding its limit, which is what it would be admitted at anyway.
     pub on_stale: StalePolicy,
     /// Value of `Retry-After` on 503. Default 1 s.
     pub retry_after_s: u32,
@@ -299,7 +319,7 @@ impl Default for AdmissionConfig {
             at_accept: true,
             per_request: true,
             stale_after_ms: 100,
-            on_stale: StalePolicy::Reject,
+            on_stale: StalePolicy::Local,
             retry_after_s: 1,
             site_limits: Default::default(),
             target_delay_ms: 5,

@@ -37,6 +37,8 @@ fn with_table(
     // These tests write connection counts by hand: metric `conns` unless a test says.
     cfg.admission.metric = Metric::Conns;
     cfg.admission.limit = Some(10);
+    // They test when a record is stale: refusing makes that visible.
+    cfg.admission.on_stale = StalePolicy::Reject;
     cfg.monitor.table = Some(path.display().to_string());
     tweak(&mut cfg);
     cfg.validate().unwrap();
@@ -105,27 +107,60 @@ fn an_old_connection_count_inside_a_fresh_record_is_stale() {
     let _ = std::fs::remove_file(p);
 }
 
-/// A gatherer that counts connections only every 50 ms (a big host) is slow, not dead:
-/// a 40 ms-old count inside a fresh record is within its counting interval and decides
+/// A gatherer that counts connections only every 100 ms (a big host) is slow, not dead:
+/// an 80 ms-old count inside a fresh record is within its counting interval and decides
 /// by its value; only a count overdue by more than `stale_after` is stale.
 #[test]
 fn a_count_within_its_counting_interval_is_fresh() {
-    let (c, t, p) = with_table(vec![backend(1, "")], |cfg| cfg.admission.stale_after_ms = 5);
-    let mut e = fresh(1);
-    e.conns_interval_ns = 50_000_000;
-    e.conns_lag_ns = 40_000_000;
-    EntryWriter::new(&*t, 0).publish(&e);
+    let (c, t, p) = with_table(vec![backend(1, "")], |cfg| {
+        cfg.admission.stale_after_ms = 20
+    });
+    let publish = |conns, lag_ms: u64| {
+        let mut e = fresh(conns);
+        e.conns_interval_ns = 100_000_000;
+        e.conns_lag_ns = lag_ms * 1_000_000;
+        EntryWriter::new(&*t, 0).publish(&e);
+    };
+    publish(1, 80);
     assert_eq!(c.decide_accept(), Ok(()), "due, not stale");
-    e.conns_established = 10;
-    EntryWriter::new(&*t, 0).publish(&e);
+    publish(10, 80);
     assert_eq!(
         c.decide_accept(),
         Err(Reject::Overloaded),
         "its value decides"
     );
-    e.conns_lag_ns = 60_000_000;
+    publish(1, 200);
+    assert_eq!(c.decide_accept(), Err(Reject::StaleLoad), "100 ms overdue");
+    let _ = std::fs::remove_file(p);
+}
+
+/// `on_stale = local` (the default): a stale back-end is held at the most requests this
+/// proxy had in flight to it at a fresh reading under the limit, lowered by fresh
+/// readings at the limit; never read fresh, it is refused.
+#[test]
+fn a_stale_backend_is_held_at_its_last_safe_concurrency() {
+    let (c, t, p) = with_table(vec![backend(1, "")], |cfg| {
+        cfg.admission.on_stale = StalePolicy::Local;
+        cfg.admission.stale_after_ms = 5;
+    });
+    assert_eq!(c.choose(None), Err(Reject::StaleLoad), "never read fresh");
+    EntryWriter::new(&*t, 0).publish(&fresh(1));
+    // Three requests admitted on fresh readings under the limit: safe level 3.
+    let mut routes: Vec<Route> = (0..3).map(|_| c.route(None).unwrap()).collect();
+    assert_eq!(c.safe_inflight(0), 3);
+    // The record goes stale: the three in flight are the level; a fourth waits.
+    let mut e = fresh(1);
+    e.advanced_mono_ns = mono_ns() - 50_000_000;
     EntryWriter::new(&*t, 0).publish(&e);
-    assert_eq!(c.decide_accept(), Err(Reject::StaleLoad), "10 ms overdue");
+    assert_eq!(c.load(0, mono_ns()), Load::Stale);
+    assert_eq!(c.choose(None), Err(Reject::StaleLoad), "at the safe level");
+    routes.pop();
+    assert!(c.choose(None).is_ok(), "one completed: below it again");
+    // A fresh reading at the limit with two in flight lowers the level to two.
+    EntryWriter::new(&*t, 0).publish(&fresh(10));
+    assert_eq!(c.choose(None), Err(Reject::Overloaded));
+    assert_eq!(c.safe_inflight(0), 2);
+    drop(routes);
     let _ = std::fs::remove_file(p);
 }
 
@@ -215,6 +250,8 @@ fn embedded_monitor_follows_a_live_region_and_notices_it_stop() {
     cfg.admission.enabled = true;
     cfg.admission.metric = Metric::Conns;
     cfg.admission.limit = Some(10);
+    // They test when a record is stale: refusing makes that visible.
+    cfg.admission.on_stale = StalePolicy::Reject;
     cfg.admission.stale_after_ms = 30;
     cfg.monitor.period_us = 200;
     let c = Control::new(&cfg).unwrap();
@@ -486,6 +523,13 @@ fn admission_and_shedding_rules_are_pure() {
     assert_eq!(
         admit(Load::Stale, 2, Metric::Backlog, Open, 0),
         Ok(Admit::Any)
+    );
+    assert_eq!(admit_local(2, 3), Ok(Admit::Any));
+    assert_eq!(admit_local(3, 3), Err(Reject::StaleLoad));
+    assert_eq!(
+        admit_local(0, 0),
+        Err(Reject::StaleLoad),
+        "never read fresh"
     );
     let r = |close_idle, close_on_return| Relief {
         close_idle,
