@@ -167,7 +167,8 @@ pub struct ProxyArgs {
     /// the monitor.
     #[arg(long)]
     pub monitor_table: Option<String>,
-    /// Idle keep-alive connections kept per back-end (default 64; 0 = a new upstream
+    /// Idle keep-alive connections kept per back-end (default 10000, as many as the client
+    /// connections the proxy takes, so keep-alive loads do not churn connections; 0 = a new upstream
     /// connection per request, so back-end connection counts equal requests in service).
     #[arg(long)]
     pub pool_idle: Option<usize>,

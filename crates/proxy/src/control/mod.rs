@@ -441,15 +441,11 @@ impl Control {
                 self.idle(i),
             )
         };
-        if let Load::Known(_) = load {
-            // The safe level: raised by fresh readings under the limit, lowered to what
-            // is in flight by fresh readings at or over it.
+        if let (Load::Known(_), Ok(_)) = (load, r) {
+            // The safe level: the most in flight with this request, admitted on a fresh
+            // reading within the limit.
             let inflight = b.inflight.load(Ordering::Relaxed);
-            match r {
-                Ok(Admit::Any) => b.safe_inflight.fetch_max(inflight + 1, Ordering::Relaxed),
-                Ok(Admit::ReuseOnly) => b.safe_inflight.fetch_max(inflight, Ordering::Relaxed),
-                Err(_) => b.safe_inflight.fetch_min(inflight, Ordering::Relaxed),
-            };
+            b.safe_inflight.fetch_max(inflight + 1, Ordering::Relaxed);
         }
         self.signals.count(load, &r);
         r
@@ -650,8 +646,10 @@ pub fn admit(
 
 /// The `on_stale = local` rule, pure: with no fresh reading, admit while this proxy's
 /// requests in flight to the back-end (`inflight`) are below `safe`, the most it had in
-/// flight at a fresh reading under the limit, lowered to the in-flight count at each
-/// fresh reading at or over the limit (0 = never read fresh: refuse). The back-end is
+/// flight (counting the admitted request) when a fresh reading admitted a request
+/// (0 = never read fresh: refuse). Under overload that is the back-end's full
+/// concurrency within its limit: a request is admitted exactly when the reading has
+/// just dropped below it. The back-end is
 /// then held at a concurrency it was last seen to take within its limit: a dead
 /// gatherd neither overloads it nor turns every request into a 503. Other proxies' load
 /// is as unknown as it was at that reading; each holds its own level, so the sum stays
@@ -970,10 +968,21 @@ impl Gate for Control {
                         .fetch_add(1, Ordering::Relaxed);
                 }
                 let b = &self.backends[i];
+                // Metric `backlog` counts the accept queue, which a request carried by an
+                // idle pooled connection never enters: such requests stay out of the
+                // estimate (else, with most requests on pooled connections, the
+                // sends-minus-completions of the last millisecond alone reach a queue
+                // limit of 2 on a back-end with no queue at all).
+                let reuses = reuse_only || self.idle(i) > 0;
+                let guard = if self.metric == Metric::Backlog && reuses {
+                    InflightGuard::new(b.inflight.clone())
+                } else {
+                    InflightGuard::observed(b.inflight.clone(), b.tally.clone())
+                };
                 Ok(Route {
                     backend: i,
                     addr: b.addr,
-                    guard: InflightGuard::observed(b.inflight.clone(), b.tally.clone()),
+                    guard,
                     reuse_only,
                 })
             }
