@@ -637,27 +637,25 @@ impl ProxyConfig {
                     .map_err(|m| err(format!("backend[{i}].region"), m))?;
             }
         }
-        if self.admission.enabled {
-            if (0..self.backends.len()).any(|i| self.configured_limit(i).is_none()) {
-                let m = self.admission.metric.name();
-                let what = match self.admission.metric {
-                    Metric::Conns | Metric::Inflight => format!(
-                        "metric `{m}` has no default limit: set it to the back-end's workers \
+        if self.admission.enabled
+            && (0..self.backends.len()).any(|i| self.configured_limit(i).is_none())
+        {
+            let m = self.admission.metric.name();
+            let what = match self.admission.metric {
+                Metric::Conns | Metric::Inflight => format!(
+                    "metric `{m}` has no default limit: set it to the back-end's workers \
                          (Apache's MaxClients) plus the connections allowed to wait for them \
                          (e.g. {QUEUE_LIMIT_DEFAULT}); it is also the back-end's maxconn"
-                    ),
-                    _ => format!(
-                        "metric `{m}` has no default limit (not a queue length): give one in \
+                ),
+                _ => format!(
+                    "metric `{m}` has no default limit (not a queue length): give one in \
                          its unit"
-                    ),
-                };
-                return Err(err(
-                    "admission.limit",
-                    format!(
-                        "{what} (admission.limit, --limit, a site limit or a back-end's limit=)"
-                    ),
-                ));
-            }
+                ),
+            };
+            return Err(err(
+                "admission.limit",
+                format!("{what} (admission.limit, --limit, a site limit or a back-end's limit=)"),
+            ));
         }
         if self.admission.enabled && self.admission.metric != Metric::Inflight {
             if let Some(i) = self.backends.iter().position(|b| b.region.is_none()) {
