@@ -255,6 +255,10 @@ fn proxy_reads_an_external_monitors_shared_table() {
             "--admission",
             "--limit",
             "100",
+            // Refuse when stale, so the monitor's death shows as 503 (the default, `local`,
+            // keeps serving one request at a time here: admission_defaults.rs).
+            "--on-stale",
+            "reject",
             "--monitor-table",
             table.to_str().unwrap(),
         ]),
