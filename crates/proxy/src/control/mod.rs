@@ -968,13 +968,14 @@ impl Gate for Control {
                         .fetch_add(1, Ordering::Relaxed);
                 }
                 let b = &self.backends[i];
-                // Metric `backlog` counts the accept queue, which a request carried by an
-                // idle pooled connection never enters: such requests stay out of the
-                // estimate (else, with most requests on pooled connections, the
-                // sends-minus-completions of the last millisecond alone reach a queue
-                // limit of 2 on a back-end with no queue at all).
-                let reuses = reuse_only || self.idle(i) > 0;
-                let guard = if self.metric == Metric::Backlog && reuses {
+                // Metric `backlog` counts the accept queue, which a reuse-only request
+                // (carried by an idle pooled connection, never a new one) cannot enter:
+                // it stays out of the estimate. A request admitted below the limit may
+                // open a new connection (an idle one seen now can be taken by another
+                // request first), so it counts: leaving those out too let the accept
+                // queue grow unseen under overload (p99 of seconds in a short
+                // bench/lockout.sh run).
+                let guard = if self.metric == Metric::Backlog && reuse_only {
                     InflightGuard::new(b.inflight.clone())
                 } else {
                     InflightGuard::observed(b.inflight.clone(), b.tally.clone())
