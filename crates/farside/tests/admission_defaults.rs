@@ -7,8 +7,8 @@
 //!   `conns` accepts a count as old as the gatherer's counting interval (a dead gatherd
 //!   still goes stale);
 //! - under a 3× open-loop overload the back-end's accept queue stays within a few
-//!   connections (the old default, `conns` with limit 256 and maxconn 256, let ~250
-//!   connections wait behind a few workers: seconds of p99);
+//!   connections (the old default, `conns` with limit 256 and maxconn 256, let the
+//!   queue fill up to the back-end's listen backlog, 128 here: seconds of p99);
 //! - a real nginx behind the default admission under 400 closed-loop clients serves
 //!   mostly 200s, at least 70% of what it serves without admission (the old default
 //!   answered 98% with 503).
@@ -195,7 +195,8 @@ fn accept_backlog(region: &Path) -> Option<u64> {
 /// Most connections the default admission may let wait in one back-end's accept queue
 /// here: its limit (2) plus what one proxy's estimate can let through between two
 /// samples at 1,200 req/s (one or two), doubled for a busy test machine. The old
-/// default (metric conns, limit = maxconn = 256) let the queue grow to ~250.
+/// default (metric conns, limit = maxconn = 256) let the queue grow to the back-end's
+/// listen backlog (128).
 const QUEUE_BOUND: u64 = 8;
 
 #[test]
