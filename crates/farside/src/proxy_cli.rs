@@ -148,7 +148,9 @@ pub struct ProxyArgs {
     /// queueing delay is below this and is cut in proportion to the overshoot above it.
     #[arg(long)]
     pub target_delay_ms: Option<u64>,
-    /// A record not updated for this long is stale, ms (default 100).
+    /// A record not updated for this long is stale, ms (default 100). A connection count
+    /// (conns, pending, delay) may be older by its gatherd's counting interval as the
+    /// monitor saw it (at most 1 s of it): it is stale once overdue by this much.
     #[arg(long)]
     pub stale_after_ms: Option<u64>,
     /// What a stale record means: local (default; fail safe, not blind: admit while this

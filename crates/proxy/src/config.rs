@@ -302,6 +302,9 @@ pub struct AdmissionConfig {
     /// Check again per request (keep-alive connections). Default true.
     pub per_request: bool,
     /// A record whose sequence has not advanced for this long is stale. Default 100 ms.
+    /// A connection count (metrics `conns`, `pending`, `delay`) may be older than its
+    /// record by its gatherer's counting interval (at most 1 s of it): it is stale once
+    /// overdue by this much (`control::table::conns_excess_lag_ns`).
     pub stale_after_ms: u64,
     /// What a stale or missing record means. Default `local`: a dead gatherd (or a
     /// lost region, or a monitor that cannot read it) must neither let this proxy
