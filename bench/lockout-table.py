@@ -16,9 +16,11 @@ for r in rows:
               f"metric: {r.get('metric', 'backlog')}, limit: {r['limit']}")
         if r.get("note"):
             print(f"note: {r['note']}")
+    if r["phase"] == "proxy":
+        print(f"the admission proxy used: metric {r['metric']}, limit {r['limit']}")
 print(f"{'phase':<12}{'offered/s':>10}{'goodput/s':>10}{'of cap':>8}{'drop':>8}{'avg ms':>9}{'p99 ms':>9}")
 for r in rows:
-    if r["phase"] == "meta":
+    if r["phase"] in ("meta", "proxy"):
         continue
     if r["phase"] == "recovery":
         print(f"recovery: status {r['status']} after {r['ms_to_admit']} ms")

@@ -3,16 +3,17 @@
 # DEFAULT upstream pooling under open-loop overload, tried as a user would.
 #
 # Two `farside backend` nodes (16 workers, 1.5 ms CPU per request) with a gatherd each
-# (shm regions), both on the last CPU; `farside proxy --admission --metric backlog` with
-# every other setting at its default, loadgen on CPU 0. Phases:
+# (shm regions), both on the last CPU; `farside proxy --admission` with every other
+# setting at its default (unless METRIC / LIMIT say otherwise), loadgen on CPU 0. Phases:
 #   capacity  closed loop, 32 clients, admission OFF: the back-ends' capacity C (served/s)
 #   rate R    open loop at 0.9·C, 1.5·C, 3·C with admission ON (goodput, drop rate, p99)
 #   recovery  after the overload stops: time until the next request is admitted (200)
 # Result: one JSON object per phase in $OUT/lockout.jsonl (first line: commit, kernel, CPU,
-# settings) and a table on stdout; `bench/lockout-table.py FILE` prints the table again.
+# settings; a "proxy" line: the metric and limit the admission proxy says it used, from
+# its start-up log) and a table on stdout; `bench/lockout-table.py FILE` prints it again.
 #
-# Knobs (env): DURATION (20 s per phase), WARMUP (2 s), METRIC (admission metric, default
-# backlog; empty = the proxy's default), LIMIT (admission limit; unset = the proxy's default),
+# Knobs (env): DURATION (20 s per phase), WARMUP (2 s), METRIC (admission metric; unset or
+# empty = the proxy's default), LIMIT (admission limit; unset = the proxy's default),
 # OUT (out/lockout), CARGO_TARGET_DIR (~/.cache/farside-target).
 # Everything binds 127.0.0.1; every run is bounded.
 set -euo pipefail
@@ -41,7 +42,7 @@ print(json.dumps({"phase": "meta", "commit": sh("git", "rev-parse", "HEAD"),
     "backends": "2 x farside backend --workers 16 --cpu-us-per-request 1500, gatherd shm, on the last CPU"}))
 PY
 }
-meta "$root" "$DURATION" "$WARMUP" "${LIMIT:-}" "${METRIC-backlog}" >>"$OUT/lockout.jsonl"
+meta "$root" "$DURATION" "$WARMUP" "${LIMIT:-}" "${METRIC:-}" >>"$OUT/lockout.jsonl"
 tmp=$(mktemp -d /tmp/farside-lockout.XXXXXX)
 pids=()
 cleanup() {
@@ -91,9 +92,18 @@ phase capacity --clients 32
 cap=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).readlines()[-1])["tps"])' "$OUT/lockout.jsonl")
 kill "$proxy_pid"; wait "$proxy_pid" 2>/dev/null || true
 adm=(--admission)
-[ -n "${METRIC-backlog}" ] && adm+=(--metric "${METRIC-backlog}")
+[ -n "${METRIC:-}" ] && adm+=(--metric "$METRIC")
 [ -n "${LIMIT:-}" ] && adm+=(--limit "$LIMIT")
 start_proxy "${adm[@]}"
+# What the proxy actually used: its start-up line "admission on (metric M, limit L...)".
+python3 - "$tmp/proxy.log" >>"$OUT/lockout.jsonl" <<'PY'
+import json, re, sys
+line = next((l for l in open(sys.argv[1]) if "admission on (" in l), "")
+m = re.search(r"admission on \(metric (\S+), limit ([^;)]*?)(?:, target delay [^)]*)?\);", line)
+print(json.dumps({"phase": "proxy", "metric": m.group(1) if m else "?",
+                  "limit": m.group(2) if m else "?", "log": line.strip()}))
+PY
+tail -n1 "$OUT/lockout.jsonl" >&2
 for f in 0.9 1.5 3; do
     r=$(python3 -c "print(round($cap*$f))")
     phase "open-${f}x" --rate "$r"

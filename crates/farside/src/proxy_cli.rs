@@ -74,7 +74,8 @@ fn parse_stale(s: &str) -> Result<StalePolicy, String> {
     Ok(match s {
         "reject" => StalePolicy::Reject,
         "admit" => StalePolicy::Admit,
-        _ => return Err(format!("`{s}`: expected reject or admit")),
+        "local" => StalePolicy::Local,
+        _ => return Err(format!("`{s}`: expected local, reject or admit")),
     })
 }
 
@@ -124,12 +125,22 @@ pub struct ProxyArgs {
     /// Turn admission control on (default off).
     #[arg(long)]
     pub admission: bool,
-    /// Admission metric: conns, backlog, pending, cpu, pressure, runnable, inflight, or
-    /// delay (objective-driven: see --target-delay-ms) (default conns).
+    /// Admission metric: backlog, pending, conns, cpu, pressure, runnable, inflight, or
+    /// delay (objective-driven: see --target-delay-ms). Default backlog: connections
+    /// waiting in the back-end's accept queue, the one queue figure gatherd reads fresh at
+    /// every sample whatever the host's socket count (conns, pending and delay come from
+    /// a full connection dump that gatherd may run only every N samples on a big host),
+    /// and one whose limit needs no knowledge of the back-end's capacity.
     #[arg(long, value_parser = parse_metric)]
     pub metric: Option<Metric>,
-    /// Load limit in the metric's unit (default 256); a back-end's `limit=` overrides it.
-    /// With --metric delay: the most requests in flight a back-end's budget may grow to.
+    /// Load limit in the metric's unit; a back-end's `limit=` overrides it. Default, by
+    /// rule: backlog, pending: 2 connections waiting beyond the busy workers (at least 1 so
+    /// a worker that frees never idles while the proxy sends the next request; at most 2
+    /// so admission lets a request wait at most 2 service times on any back-end). conns,
+    /// inflight: none, give the back-end's workers (MaxClients) plus the connections
+    /// allowed to wait, e.g. 16 + 2 = 18; it is also the back-end's maxconn. cpu, pressure,
+    /// runnable: none. delay: the most requests in flight a back-end's budget may grow to
+    /// (default http.max_client_conns).
     #[arg(long)]
     pub limit: Option<u64>,
     /// With --metric delay: the queueing delay to keep each back-end under, ms (1..=10000,
@@ -137,10 +148,15 @@ pub struct ProxyArgs {
     /// queueing delay is below this and is cut in proportion to the overshoot above it.
     #[arg(long)]
     pub target_delay_ms: Option<u64>,
-    /// A record not updated for this long is stale, ms (default 100).
+    /// A record not updated for this long is stale, ms (default 100). A connection count
+    /// (conns, pending, delay) may be older by its gatherd's counting interval as the
+    /// monitor saw it (at most 1 s of it): it is stale once overdue by this much.
     #[arg(long)]
     pub stale_after_ms: Option<u64>,
-    /// What a stale record means: reject (fail safe, default) or admit (fail open).
+    /// What a stale record means: local (default; fail safe, not blind: admit while this
+    /// proxy's requests in flight to the back-end are below the most it had in flight at
+    /// a fresh reading under the limit, so a dead gatherd neither overloads the back-end
+    /// nor refuses everyone), reject (fail safe: refuse) or admit (fail open).
     #[arg(long, value_parser = parse_stale)]
     pub on_stale: Option<StalePolicy>,
     /// Check only per request, not right after accept.
@@ -153,7 +169,8 @@ pub struct ProxyArgs {
     /// the monitor.
     #[arg(long)]
     pub monitor_table: Option<String>,
-    /// Idle keep-alive connections kept per back-end (default 64; 0 = a new upstream
+    /// Idle keep-alive connections kept per back-end (default 10000, as many as the client
+    /// connections the proxy takes, so keep-alive loads do not churn connections; 0 = a new upstream
     /// connection per request, so back-end connection counts equal requests in service).
     #[arg(long)]
     pub pool_idle: Option<usize>,
@@ -226,7 +243,7 @@ pub fn proxy_config(a: &ProxyArgs) -> Result<ProxyConfig, String> {
         ad.metric = v;
     }
     if let Some(v) = a.limit {
-        ad.limit = v;
+        ad.limit = Some(v);
     }
     if let Some(v) = a.target_delay_ms {
         ad.target_delay_ms = v;
@@ -272,7 +289,12 @@ pub fn run_proxy(a: ProxyArgs) -> Result<(), String> {
         cfg.backends.len(),
         if cfg.admission.enabled { "on" } else { "off" },
         cfg.admission.metric.name(),
-        cfg.admission.limit,
+        match (cfg.common_limit(), cfg.admission.limit) {
+            (Some(l), Some(_)) => l.to_string(),
+            (Some(l), None) => format!("{l} by the metric's default rule"),
+            (None, _) if cfg.admission.enabled => "per back-end".to_string(),
+            (None, _) => "none".to_string(),
+        },
         if cfg.admission.metric == Metric::Delay {
             format!(", target delay {} ms", cfg.admission.target_delay_ms)
         } else {

@@ -162,6 +162,10 @@ fn dead_gatherer_goes_stale_and_the_proxy_fails_safe() {
             "100",
             "--stale-after-ms",
             "50",
+            // The refusing policy (the default, `local`, keeps serving at the last safe
+            // concurrency: admission_defaults.rs).
+            "--on-stale",
+            "reject",
         ],
     );
     assert_eq!(get(t.proxy_addr, "/file16k").0, 200);
@@ -251,6 +255,10 @@ fn proxy_reads_an_external_monitors_shared_table() {
             "--admission",
             "--limit",
             "100",
+            // Refuse when stale, so the monitor's death shows as 503 (the default, `local`,
+            // keeps serving one request at a time here: admission_defaults.rs).
+            "--on-stale",
+            "reject",
             "--monitor-table",
             table.to_str().unwrap(),
         ]),

@@ -44,7 +44,7 @@ fn main() {
             .collect();
         let mut cfg = ProxyConfig::simple("127.0.0.1:1".parse().unwrap(), backends);
         cfg.admission.enabled = true;
-        cfg.admission.limit = 1000;
+        cfg.admission.limit = Some(1000);
         cfg.admission.stale_after_ms = 3_600_000;
         cfg.monitor.table = Some(path.display().to_string());
         let ctl = Control::new(&cfg).unwrap();

@@ -84,7 +84,14 @@ pub struct HttpConfig {
     pub max_headers: usize,
     /// Most client connections open at once; further accepts wait. Default 10000.
     pub max_client_conns: usize,
-    /// Idle upstream connections kept per back-end. Default 64.
+    /// Idle upstream connections kept per back-end. Default 10000, the default of
+    /// `max_client_conns`. Rule: every connection the data path may use at once may also
+    /// be kept, so a keep-alive load never churns connections for want of pool room (a
+    /// churned connection re-enters the back-end's accept queue, which the default
+    /// admission metric counts: with 64, 400 keep-alive clients to nginx reconnected
+    /// ~2,500 times in 3 s and doubled the 503s). An idle connection costs an event
+    /// server a few KB; on a prefork server it pins a worker, so at most its workers'
+    /// worth can be idle, and admission's relief closes them as soon as it queues.
     pub pool_idle_per_backend: usize,
     /// An idle upstream connection older than this is closed, not reused. Default 30000 ms.
     pub pool_idle_timeout_ms: u64,
@@ -132,7 +139,7 @@ impl Default for HttpConfig {
             max_header_bytes: 16 * 1024,
             max_headers: 100,
             max_client_conns: 10_000,
-            pool_idle_per_backend: 64,
+            pool_idle_per_backend: 10_000,
             pool_idle_timeout_ms: 30_000,
             maxconn_per_backend: None,
             queue_timeout_ms: 500,
@@ -254,6 +261,22 @@ pub enum StalePolicy {
     Reject,
     /// Ignore load data for it (fail open: admit as without admission control).
     Admit,
+    /// Fall back to this proxy's own view (fail safe, not blind): admit while its
+    /// requests in flight to the back-end are below the back-end's last known safe
+    /// level, the most this proxy had in flight to it when a fresh reading admitted a
+    /// request; refuse beyond it, and refuse everything if there never was a fresh
+    /// reading.
+    Local,
+}
+
+impl StalePolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            StalePolicy::Reject => "reject",
+            StalePolicy::Admit => "admit",
+            StalePolicy::Local => "local",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -261,17 +284,33 @@ pub enum StalePolicy {
 pub struct AdmissionConfig {
     /// Admission control on or off. Default off.
     pub enabled: bool,
-    /// Load figure compared with the limit. Default `conns`.
+    /// Load figure compared with the limit. Default `backlog`: it is the one queue
+    /// figure fresh at every sample whatever the back-end host's socket count (gatherd
+    /// looks its listeners up directly, while `conns`, `pending` and `delay` need a full
+    /// connection dump that gatherd may run only every N samples on a big host), it
+    /// measures what admission protects (connections waiting beyond the busy workers),
+    /// and its limit needs no knowledge of the back-end's capacity. See
+    /// [`AdmissionConfig::default_limit`].
     pub metric: Metric,
-    /// Admit only while the chosen back-end's load is below this. Default 256.
-    pub limit: u64,
+    /// Admit only while the chosen back-end's load is below this, in the metric's unit.
+    /// Default: none, i.e. the rule of [`AdmissionConfig::default_limit`] for `backlog`,
+    /// `pending` and `delay`; `conns`, `inflight`, `cpu`, `pressure` and `runnable` have
+    /// no capacity-free rule, so they need a limit here, per site or per back-end.
+    pub limit: Option<u64>,
     /// Check at accept time (before reading the request), as in the paper. Default true.
     pub at_accept: bool,
     /// Check again per request (keep-alive connections). Default true.
     pub per_request: bool,
     /// A record whose sequence has not advanced for this long is stale. Default 100 ms.
+    /// A connection count (metrics `conns`, `pending`, `delay`) may be older than its
+    /// record by its gatherer's counting interval (at most 1 s of it): it is stale once
+    /// overdue by this much (`control::table::conns_excess_lag_ns`).
     pub stale_after_ms: u64,
-    /// What a stale or missing record means. Default `reject`.
+    /// What a stale or missing record means. Default `local`: a dead gatherd (or a
+    /// lost region, or a monitor that cannot read it) must neither let this proxy
+    /// overload the back-end (`admit` sends it everything) nor refuse every request
+    /// (`reject`): the proxy keeps the back-end at the concurrency it last saw it take
+    /// without exceeding its limit, which is what it would be admitted at anyway.
     pub on_stale: StalePolicy,
     /// Value of `Retry-After` on 503. Default 1 s.
     pub retry_after_s: u32,
@@ -285,15 +324,52 @@ impl Default for AdmissionConfig {
     fn default() -> Self {
         AdmissionConfig {
             enabled: false,
-            metric: Metric::Conns,
-            limit: 256,
+            metric: Metric::Backlog,
+            limit: None,
             at_accept: true,
             per_request: true,
             stale_after_ms: 100,
-            on_stale: StalePolicy::Reject,
+            on_stale: StalePolicy::Local,
             retry_after_s: 1,
             site_limits: Default::default(),
             target_delay_ms: 5,
+        }
+    }
+}
+
+/// Default limit of the queue metrics (`backlog`, `pending`): connections a back-end may
+/// hold waiting beyond its busy workers. Rule (queue terms, not a tuned result): each
+/// waiting connection adds one service time S, spread over the W workers (S/W), to the
+/// wait of every connection behind it. At least 1 waiting, so that a worker that frees
+/// takes the next request at once instead of idling while this proxy learns of the
+/// completion and sends one; at most 2, so that the queueing delay admission lets a
+/// request incur stays within 2 service times on any back-end, one worker or hundreds
+/// (2·S/W ≤ 2·S). With N proxies reading the same sample, each adds only its own sends
+/// to its estimate, so the queue can reach N·L until the next sample shows it.
+pub const QUEUE_LIMIT_DEFAULT: u64 = 2;
+
+impl AdmissionConfig {
+    /// The limit used when neither `admission.limit`, a site limit nor a back-end's
+    /// `limit` gives one, by metric:
+    /// - `backlog`, `pending`: [`QUEUE_LIMIT_DEFAULT`] connections waiting beyond the
+    ///   busy workers;
+    /// - `delay`: the cap of the adaptive budget is `max_client_conns`, the data path's
+    ///   own bound on requests in flight (each holds a client connection): the budget is
+    ///   steered by the delay target, not by the cap;
+    /// - `conns`, `inflight`: none. They count connections (requests) in service plus
+    ///   waiting, so the limit is the back-end's capacity (its workers, Apache's
+    ///   MaxClients) plus the connections allowed to wait (e.g. [`QUEUE_LIMIT_DEFAULT`]):
+    ///   only the operator knows the workers;
+    /// - `cpu`, `pressure`, `runnable`: none; they are not queue lengths.
+    pub fn default_limit(&self, max_client_conns: usize) -> Option<u64> {
+        match self.metric {
+            Metric::Backlog | Metric::Pending => Some(QUEUE_LIMIT_DEFAULT),
+            Metric::Delay => Some(max_client_conns as u64),
+            Metric::Conns
+            | Metric::Inflight
+            | Metric::Cpu
+            | Metric::Pressure
+            | Metric::Runnable => None,
         }
     }
 }
@@ -392,14 +468,32 @@ impl ProxyConfig {
         }
     }
 
-    /// The load limit of back-end `i` in the admission metric's unit: its own `limit`,
-    /// else its site's `admission.site_limits` entry, else `admission.limit`.
-    pub fn limit_for(&self, i: usize) -> u64 {
+    /// The load limit of back-end `i` in the admission metric's unit as configured: its
+    /// own `limit`, else its site's `admission.site_limits` entry, else
+    /// `admission.limit`, else the metric's rule ([`AdmissionConfig::default_limit`]).
+    /// `None` when none applies ([`ProxyConfig::validate`] refuses that with admission on).
+    pub fn configured_limit(&self, i: usize) -> Option<u64> {
         let b = &self.backends[i];
         let a = &self.admission;
         b.limit
             .or_else(|| a.site_limits.get(&b.site).copied())
-            .unwrap_or(a.limit)
+            .or(a.limit)
+            .or_else(|| a.default_limit(self.http.max_client_conns))
+    }
+
+    /// [`ProxyConfig::configured_limit`], or `u64::MAX` (no limit) where none applies,
+    /// which only happens with admission off.
+    pub fn limit_for(&self, i: usize) -> u64 {
+        self.configured_limit(i).unwrap_or(u64::MAX)
+    }
+
+    /// The limit every back-end shares when they all have the same one (for the start-up
+    /// log and `/metrics`), else `None`.
+    pub fn common_limit(&self) -> Option<u64> {
+        let first = self.configured_limit(0)?;
+        (1..self.backends.len())
+            .all(|i| self.configured_limit(i) == Some(first))
+            .then_some(first)
     }
 
     /// The connection cap of back-end `i` (busy + idle upstream connections). Its own
@@ -407,7 +501,10 @@ impl ProxyConfig {
     /// - admission on with metric `conns` or `inflight`: the back-end's limit
     ///   ([`ProxyConfig::limit_for`]). It is admitted requests only while below that
     ///   many connections (requests), so connections beyond it could only sit idle or
-    ///   wait in its accept queue;
+    ///   wait in its accept queue. What `limit` means there: the back-end's workers plus
+    ///   the connections allowed to wait for them, so this proxy alone never has more
+    ///   than `limit − workers` waiting (a limit of 256 on 16 workers lets 240 wait:
+    ///   that is why `conns` has no default limit);
     /// - otherwise `http.max_client_conns`: every upstream connection serves one client
     ///   connection, so this is the bound the data path had anyway.
     ///
@@ -543,6 +640,26 @@ impl ProxyConfig {
                     .map_err(|m| err(format!("backend[{i}].region"), m))?;
             }
         }
+        if self.admission.enabled
+            && (0..self.backends.len()).any(|i| self.configured_limit(i).is_none())
+        {
+            let m = self.admission.metric.name();
+            let what = match self.admission.metric {
+                Metric::Conns | Metric::Inflight => format!(
+                    "metric `{m}` has no default limit: set it to the back-end's workers \
+                         (Apache's MaxClients) plus the connections allowed to wait for them \
+                         (e.g. {QUEUE_LIMIT_DEFAULT}); it is also the back-end's maxconn"
+                ),
+                _ => format!(
+                    "metric `{m}` has no default limit (not a queue length): give one in \
+                         its unit"
+                ),
+            };
+            return Err(err(
+                "admission.limit",
+                format!("{what} (admission.limit, --limit, a site limit or a back-end's limit=)"),
+            ));
+        }
         if self.admission.enabled && self.admission.metric != Metric::Inflight {
             if let Some(i) = self.backends.iter().position(|b| b.region.is_none()) {
                 if self.monitor.table.is_none() {
@@ -642,6 +759,50 @@ mod tests {
 
         let e = ProxyConfig::from_toml_str("listen = \"127.0.0.1:1\"\nbogus = 3\n").unwrap_err();
         assert!(e.msg.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn admission_defaults_follow_their_rules() {
+        // `[admission] enabled = true` only: metric backlog, limit 2 on every back-end.
+        let base =
+            "listen = \"127.0.0.1:1\"\n[[backend]]\naddr = \"127.0.0.1:2\"\nregion = \"shm:/x\"\n";
+        let c =
+            ProxyConfig::from_toml_str(&format!("{base}[admission]\nenabled = true\n")).unwrap();
+        assert_eq!(c.admission.metric, Metric::Backlog);
+        assert_eq!(c.admission.limit, None);
+        assert_eq!(c.limit_for(0), QUEUE_LIMIT_DEFAULT);
+        assert_eq!(c.common_limit(), Some(QUEUE_LIMIT_DEFAULT));
+        assert_eq!(c.maxconn_for(0), c.http.max_client_conns);
+        let c = ProxyConfig::from_toml_str(&format!(
+            "{base}[admission]\nenabled = true\nmetric = \"pending\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.limit_for(0), QUEUE_LIMIT_DEFAULT);
+        let c = ProxyConfig::from_toml_str(&format!(
+            "{base}[admission]\nenabled = true\nmetric = \"delay\"\n"
+        ))
+        .unwrap();
+        assert_eq!(c.limit_for(0), c.http.max_client_conns as u64);
+        // No magic limit for the metrics whose limit is the back-end's capacity.
+        for m in ["conns", "inflight", "cpu", "pressure", "runnable"] {
+            let e = ProxyConfig::from_toml_str(&format!(
+                "{base}[admission]\nenabled = true\nmetric = \"{m}\"\n"
+            ))
+            .unwrap_err();
+            assert_eq!(e.key, "admission.limit", "{m}: {e}");
+            assert!(e.msg.contains("no default limit"), "{m}: {e}");
+        }
+        let e = ProxyConfig::from_toml_str(&format!(
+            "{base}[admission]\nenabled = true\nmetric = \"conns\"\n"
+        ))
+        .unwrap_err();
+        assert!(e.msg.contains("workers"), "{e}");
+        // A back-end's own limit is enough; admission off needs none.
+        ProxyConfig::from_toml_str(&format!(
+            "{base}limit = 18\n[admission]\nenabled = true\nmetric = \"conns\"\n"
+        ))
+        .unwrap();
+        ProxyConfig::from_toml_str(&format!("{base}[admission]\nmetric = \"conns\"\n")).unwrap();
     }
 
     #[test]

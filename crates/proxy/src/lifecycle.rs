@@ -192,7 +192,7 @@ mod tests {
     fn restart_only_changes_names_listener_and_runtime_keys_only() {
         let a = ProxyConfig::simple("127.0.0.1:80".parse().unwrap(), Vec::new());
         let mut b = a.clone();
-        b.admission.limit = 7;
+        b.admission.limit = Some(7);
         b.http.drain_timeout_ms = 1;
         assert!(restart_only_changes(&a, &b).is_empty());
         b.listen = "127.0.0.1:81".parse().unwrap();

@@ -4,8 +4,10 @@
 //! Admission policy (the paper's, made explicit): a request is admitted only if some
 //! back-end eligible for it (right site, not marked down) has a fresh load below its
 //! limit; the balancer then sends it to one of those. A back-end whose record is stale
-//! or missing counts per `admission.on_stale`: `reject` (fail safe, treated as full) or
-//! `admit` (fail open, treated as empty). The check runs right after accept (before the
+//! or missing counts per `admission.on_stale`: `local` (the default: admitted while this
+//! proxy's requests in flight to it are below its last known safe level, see
+//! [`admit_local`]), `reject` (fail safe, treated as full) or `admit` (fail open,
+//! treated as empty). The check runs right after accept (before the
 //! request is read, across all sites) and again per request (for the request's site).
 //!
 //! What counts as load (issue 8):
@@ -105,6 +107,9 @@ struct Backend {
     delay_used: AtomicBool,
     /// Metric `delay`: "publishes no delay" was logged once.
     delay_unpublished_logged: AtomicBool,
+    /// `on_stale = local`: the back-end's last known safe level of this proxy's requests
+    /// in flight to it (0: no fresh reading yet). See [`admit_local`].
+    safe_inflight: AtomicU64,
 }
 
 /// A back-end's [`Tally`], fed by the in-flight guards of its requests.
@@ -265,6 +270,7 @@ impl Control {
                 )),
                 delay_used: AtomicBool::new(false),
                 delay_unpublished_logged: AtomicBool::new(false),
+                safe_inflight: AtomicU64::new(0),
             })
             .collect();
         Ok(Control {
@@ -358,7 +364,12 @@ impl Control {
         let Some(e) = table::read(t, i) else {
             return Load::Stale;
         };
-        let taken = e.advanced_mono_ns.saturating_sub(e.conns_lag_ns);
+        let taken = e
+            .advanced_mono_ns
+            .saturating_sub(table::conns_excess_lag_ns(
+                e.conns_lag_ns,
+                e.conns_interval_ns,
+            ));
         if !matches!(e.status, EntryStatus::Ok | EntryStatus::Error)
             || now_ns.saturating_sub(taken) > self.stale_after_ns
         {
@@ -415,15 +426,34 @@ impl Control {
 
     /// Whether back-end `i` may take one more request; `Err` says why not.
     fn admissible(&self, i: usize, load: Load) -> Result<Admit, Reject> {
-        let r = admit(
-            load,
-            self.limit_now(i, load),
-            self.metric,
-            self.on_stale,
-            self.idle(i),
-        );
+        let b = &self.backends[i];
+        let r = if load == Load::Stale && self.on_stale == StalePolicy::Local {
+            admit_local(
+                b.inflight.load(Ordering::Relaxed),
+                b.safe_inflight.load(Ordering::Relaxed),
+            )
+        } else {
+            admit(
+                load,
+                self.limit_now(i, load),
+                self.metric,
+                self.on_stale,
+                self.idle(i),
+            )
+        };
+        if let (Load::Known(_), Ok(_)) = (load, r) {
+            // The safe level: the most in flight with this request, admitted on a fresh
+            // reading within the limit.
+            let inflight = b.inflight.load(Ordering::Relaxed);
+            b.safe_inflight.fetch_max(inflight + 1, Ordering::Relaxed);
+        }
         self.signals.count(load, &r);
         r
+    }
+
+    /// `on_stale = local`: back-end `i`'s last known safe level of requests in flight.
+    pub fn safe_inflight(&self, i: usize) -> u64 {
+        self.backends[i].safe_inflight.load(Ordering::Relaxed)
     }
 
     /// If back-end `i`'s accept queue is not empty, free the workers this proxy's own
@@ -608,8 +638,27 @@ pub fn admit(
         }
         Load::Known(_) => Err(Reject::Overloaded),
         Load::Stale if on_stale == StalePolicy::Admit => Ok(Admit::Any),
+        // `local` needs the proxy's own state: `Control` applies [`admit_local`] first.
         Load::Stale => Err(Reject::StaleLoad),
         Load::Unknown => Ok(Admit::Any),
+    }
+}
+
+/// The `on_stale = local` rule, pure: with no fresh reading, admit while this proxy's
+/// requests in flight to the back-end (`inflight`) are below `safe`, the most it had in
+/// flight (counting the admitted request) when a fresh reading admitted a request
+/// (0 = never read fresh: refuse). Under overload that is the back-end's full
+/// concurrency within its limit: a request is admitted exactly when the reading has
+/// just dropped below it. The back-end is
+/// then held at a concurrency it was last seen to take within its limit: a dead
+/// gatherd neither overloads it nor turns every request into a 503. Other proxies' load
+/// is as unknown as it was at that reading; each holds its own level, so the sum stays
+/// what it was.
+pub fn admit_local(inflight: u64, safe: u64) -> Result<Admit, Reject> {
+    if inflight < safe {
+        Ok(Admit::Any)
+    } else {
+        Err(Reject::StaleLoad)
     }
 }
 
@@ -919,10 +968,22 @@ impl Gate for Control {
                         .fetch_add(1, Ordering::Relaxed);
                 }
                 let b = &self.backends[i];
+                // Metric `backlog` counts the accept queue, which a reuse-only request
+                // (carried by an idle pooled connection, never a new one) cannot enter:
+                // it stays out of the estimate. A request admitted below the limit may
+                // open a new connection (an idle one seen now can be taken by another
+                // request first), so it counts: leaving those out too let the accept
+                // queue grow unseen under overload (p99 of seconds in a short
+                // bench/lockout.sh run).
+                let guard = if self.metric == Metric::Backlog && reuse_only {
+                    InflightGuard::new(b.inflight.clone())
+                } else {
+                    InflightGuard::observed(b.inflight.clone(), b.tally.clone())
+                };
                 Ok(Route {
                     backend: i,
                     addr: b.addr,
-                    guard: InflightGuard::observed(b.inflight.clone(), b.tally.clone()),
+                    guard,
                     reuse_only,
                 })
             }
@@ -1069,6 +1130,12 @@ impl Gate for Control {
                     "Time since the back-end's load record last advanced, ns.",
                     lbl,
                     now.saturating_sub(e.advanced_mono_ns),
+                );
+                enc.gauge(
+                    "farside_monitor_conns_interval_ns",
+                    "Back-end gatherer's connection-counting interval as seen between its last two counts, ns (0: not yet seen); a count this old is due, not stale.",
+                    lbl,
+                    e.conns_interval_ns,
                 );
             }
             if let Some(st) = self.monitor.as_ref().and_then(|m| m.stats(i)) {

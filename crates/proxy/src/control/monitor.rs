@@ -115,6 +115,8 @@ fn poll_loop(
     // Times the connection count alone was found older than stale_after (logged at
     // powers of two: it flips every count interval on a host whose counts are rare).
     let mut conns_stale_seen = 0u64;
+    // The gatherer's last full count (its clock) and run, for its counting interval.
+    let mut last_count = (0u64, 0u64);
     let mut bytes = [0u8; SNAPSHOT_BYTES];
     let copts = ClientOptions {
         key: opts.key,
@@ -175,6 +177,18 @@ fn poll_loop(
                 e.accept_backlog = s.load.accept_backlog;
                 e.conns_pending = s.load.conns_pending;
                 e.conns_lag_ns = s.load.conns_lag_ns();
+                let counted = s.load.conns_sampled_mono_ns;
+                if counted != 0 && (counted, s.header.generation) != last_count {
+                    // A new full count: the interval is the gap since the previous one of
+                    // the same gatherer run (unknown again after a restart).
+                    e.conns_interval_ns =
+                        if last_count.1 == s.header.generation && counted > last_count.0 {
+                            counted - last_count.0
+                        } else {
+                            0
+                        };
+                    last_count = (counted, s.header.generation);
+                }
                 let has_delay = s.load.flags & farside_region::layout::FLAG_QUEUE_DELAY != 0;
                 e.queue_delay_us = s.load.queue_delay_us;
                 e.queue_delay_id = if has_delay {
@@ -220,17 +234,16 @@ fn poll_loop(
             stale_logged = stale;
         }
         let bound = opts.stale_after.as_nanos() as u64;
-        if !stale
-            && e.conns_lag_ns > 0
-            && now.saturating_sub(e.advanced_mono_ns) + e.conns_lag_ns > bound
-        {
+        let overdue = super::table::conns_excess_lag_ns(e.conns_lag_ns, e.conns_interval_ns);
+        if !stale && overdue > 0 && now.saturating_sub(e.advanced_mono_ns) + overdue > bound {
             conns_stale_seen += 1;
             if conns_stale_seen.is_power_of_two() {
                 log::warn!(
-                    "monitor: {} ({}): connection count is stale ({} ms older than its fresh record; the gatherer counts every N samples): the conns and pending metrics treat it as stale (seen {conns_stale_seen} times; raise --stale-after-ms or lower gatherd --conns-every)",
+                    "monitor: {} ({}): connection count is stale ({} ms older than its fresh record, {} ms beyond the gatherer's counting interval): the conns, pending and delay metrics treat it as stale (seen {conns_stale_seen} times; raise --stale-after-ms or lower gatherd --conns-every)",
                     w.name,
                     w.region,
-                    e.conns_lag_ns / 1_000_000
+                    e.conns_lag_ns / 1_000_000,
+                    overdue / 1_000_000
                 );
             }
         }

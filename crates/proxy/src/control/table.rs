@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! word 0..8            header: magic, version, backends, period_us, generation
-//! word 8 + i*18 ..     entry i (ENTRY_WORDS): seqlock block, fields below
+//! word 8 + i*19 ..     entry i (ENTRY_WORDS): seqlock block, fields below
 //! ```
 
 use farside_region::seqlock::{self, SeqlockWriter};
@@ -15,11 +15,12 @@ use std::sync::atomic::Ordering;
 /// `b"FSMONTBL"`.
 pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"FSMONTBL");
 /// Version 2: entries grew to 18 words (`queue_delay_us`, `queue_delay_id`).
-pub const TABLE_VERSION: u64 = 2;
+/// Version 3: 19 words (`conns_interval_ns`).
+pub const TABLE_VERSION: u64 = 3;
 /// Most back-ends one table holds.
 pub const TABLE_BACKENDS_MAX: usize = 64;
 pub const HEADER_WORDS: usize = 8;
-pub const ENTRY_WORDS: usize = 18;
+pub const ENTRY_WORDS: usize = 19;
 pub const TABLE_WORDS: usize = HEADER_WORDS + TABLE_BACKENDS_MAX * ENTRY_WORDS;
 
 const H_MAGIC: usize = 0;
@@ -60,6 +61,29 @@ pub struct Entry {
     /// Identity of that delay reading: the gatherer's time of it (its clock; compare for
     /// equality only). 0: the back-end publishes no delay.
     pub queue_delay_id: u64,
+    /// The gatherer's connection-counting interval as the monitor saw it: the time
+    /// between its last two full counts (gatherer clock), ns; 0 until two counts of the
+    /// same gatherer run were seen. A count is due again within this, so a lag up to it
+    /// (capped by [`CONNS_INTERVAL_ALLOWANCE_MAX_NS`]) is the counter's rhythm, not a
+    /// failure ([`conns_excess_lag_ns`]).
+    pub conns_interval_ns: u64,
+}
+
+/// Most of a connection count's lag that its counting interval may excuse, ns (1 s).
+/// gatherd's automatic rate (a 2% CPU budget at 1 ms samples) stays under it up to a
+/// 20 ms full count, i.e. hundreds of thousands of sockets; a count older than this
+/// is not a reading of the load admission protects (service times of ms), so beyond
+/// it the count ages into staleness as any other field.
+pub const CONNS_INTERVAL_ALLOWANCE_MAX_NS: u64 = 1_000_000_000;
+
+/// How much of a connection count's `lag` (its age when the record was published)
+/// counts against the staleness bound: what exceeds the gatherer's counting interval
+/// (capped at [`CONNS_INTERVAL_ALLOWANCE_MAX_NS`]; 0 = not yet known, so nothing is
+/// excused). A slow but live counter is then as fresh as its record; one that stopped
+/// counting while the record still advances goes stale `stale_after` past its due time;
+/// a dead gatherer goes stale with its record, as before.
+pub fn conns_excess_lag_ns(lag: u64, interval: u64) -> u64 {
+    lag.saturating_sub(interval.min(CONNS_INTERVAL_ALLOWANCE_MAX_NS))
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -93,6 +117,7 @@ impl Entry {
             self.conns_lag_ns,
             self.queue_delay_us,
             self.queue_delay_id,
+            self.conns_interval_ns,
         ]
     }
 
@@ -119,6 +144,7 @@ impl Entry {
             conns_lag_ns: f[13],
             queue_delay_us: f[14],
             queue_delay_id: f[15],
+            conns_interval_ns: f[16],
         }
     }
 }
@@ -198,13 +224,15 @@ pub mod field {
     pub const CONNS_LAG_NS: usize = 14;
     pub const QUEUE_DELAY_US: usize = 15;
     pub const QUEUE_DELAY_ID: usize = 16;
+    pub const CONNS_INTERVAL_NS: usize = 17;
 }
 
 /// The hot-path read: status, advance time and one load field (or the sum of two) of
 /// entry `i`, validated by the same head/tail check as [`read`] but loading 5–7 words
-/// instead of 16. `None` if never written or torn on every try. The advance time is the
-/// field's own: for the connection counts it is moved back by their lag, so a staleness
-/// bound applies to the count's age, not the record's.
+/// instead of 17. `None` if never written or torn on every try. The advance time is the
+/// field's own: for the connection counts it is moved back by the part of their lag
+/// beyond the gatherer's counting interval ([`conns_excess_lag_ns`]), so a staleness
+/// bound applies to how overdue the count is, not to the record alone.
 pub fn read_load(
     words: &dyn Words,
     i: usize,
@@ -222,7 +250,10 @@ pub fn read_load(
         }
         let conns = f1 == field::CONNS_ESTABLISHED || f2 == Some(field::CONNS_PENDING);
         let lag = if conns {
-            b[field::CONNS_LAG_NS].load(Ordering::Acquire)
+            conns_excess_lag_ns(
+                b[field::CONNS_LAG_NS].load(Ordering::Acquire),
+                b[field::CONNS_INTERVAL_NS].load(Ordering::Acquire),
+            )
         } else {
             0
         };
@@ -285,5 +316,41 @@ mod tests {
             read_load(&t, 1, field::CPU_UTIL_PPM, None).map(|r| r.1),
             Some(5)
         );
+        // A gatherer that counts every 10 ns: a 3 ns lag is its rhythm, not staleness;
+        // 12 ns is 2 ns overdue.
+        let e = Entry {
+            advanced_mono_ns: 50,
+            conns_lag_ns: 3,
+            conns_interval_ns: 10,
+            ..e
+        };
+        EntryWriter::new(&t, 1).publish(&e);
+        assert_eq!(read(&t, 1), Some(e));
+        assert_eq!(
+            read_load(&t, 1, field::CONNS_ESTABLISHED, None).map(|r| r.1),
+            Some(50)
+        );
+        let e = Entry {
+            conns_lag_ns: 12,
+            ..e
+        };
+        EntryWriter::new(&t, 1).publish(&e);
+        assert_eq!(
+            read_load(&t, 1, field::ACCEPT_BACKLOG, Some(field::CONNS_PENDING)).map(|r| r.1),
+            Some(48)
+        );
+    }
+
+    #[test]
+    fn the_counting_interval_excuses_lag_only_up_to_its_bound() {
+        assert_eq!(
+            conns_excess_lag_ns(50, 0),
+            50,
+            "interval unknown: nothing excused"
+        );
+        assert_eq!(conns_excess_lag_ns(50, 60), 0);
+        assert_eq!(conns_excess_lag_ns(70, 60), 10);
+        let cap = CONNS_INTERVAL_ALLOWANCE_MAX_NS;
+        assert_eq!(conns_excess_lag_ns(3 * cap, 10 * cap), 2 * cap);
     }
 }

@@ -34,7 +34,11 @@ fn with_table(
     let words = monitor::create_table(Some(&path), backends.len(), 1000).unwrap();
     let mut cfg = ProxyConfig::simple("127.0.0.1:1".parse().unwrap(), backends);
     cfg.admission.enabled = true;
-    cfg.admission.limit = 10;
+    // These tests write connection counts by hand: metric `conns` unless a test says.
+    cfg.admission.metric = Metric::Conns;
+    cfg.admission.limit = Some(10);
+    // They test when a record is stale: refusing makes that visible.
+    cfg.admission.on_stale = StalePolicy::Reject;
     cfg.monitor.table = Some(path.display().to_string());
     tweak(&mut cfg);
     cfg.validate().unwrap();
@@ -100,6 +104,63 @@ fn an_old_connection_count_inside_a_fresh_record_is_stale() {
     e.conns_lag_ns = 50_000_000;
     EntryWriter::new(&*t, 0).publish(&e);
     assert_eq!(c.decide_accept(), Err(Reject::StaleLoad), "an old count");
+    let _ = std::fs::remove_file(p);
+}
+
+/// A gatherer that counts connections only every 100 ms (a big host) is slow, not dead:
+/// an 80 ms-old count inside a fresh record is within its counting interval and decides
+/// by its value; only a count overdue by more than `stale_after` is stale.
+#[test]
+fn a_count_within_its_counting_interval_is_fresh() {
+    let (c, t, p) = with_table(vec![backend(1, "")], |cfg| {
+        cfg.admission.stale_after_ms = 20
+    });
+    let publish = |conns, lag_ms: u64| {
+        let mut e = fresh(conns);
+        e.conns_interval_ns = 100_000_000;
+        e.conns_lag_ns = lag_ms * 1_000_000;
+        EntryWriter::new(&*t, 0).publish(&e);
+    };
+    publish(1, 80);
+    assert_eq!(c.decide_accept(), Ok(()), "due, not stale");
+    publish(10, 80);
+    assert_eq!(
+        c.decide_accept(),
+        Err(Reject::Overloaded),
+        "its value decides"
+    );
+    publish(1, 200);
+    assert_eq!(c.decide_accept(), Err(Reject::StaleLoad), "100 ms overdue");
+    let _ = std::fs::remove_file(p);
+}
+
+/// `on_stale = local` (the default): a stale back-end is held at the most requests this
+/// proxy had in flight to it when a fresh reading admitted one; never read fresh, it is
+/// refused.
+#[test]
+fn a_stale_backend_is_held_at_its_last_safe_concurrency() {
+    let (c, t, p) = with_table(vec![backend(1, "")], |cfg| {
+        cfg.admission.on_stale = StalePolicy::Local;
+        cfg.admission.stale_after_ms = 5;
+    });
+    assert_eq!(c.choose(None), Err(Reject::StaleLoad), "never read fresh");
+    EntryWriter::new(&*t, 0).publish(&fresh(1));
+    // Three requests admitted on fresh readings under the limit: safe level 3.
+    let mut routes: Vec<Route> = (0..3).map(|_| c.route(None).unwrap()).collect();
+    assert_eq!(c.safe_inflight(0), 3);
+    // The record goes stale: the three in flight are the level; a fourth waits.
+    let mut e = fresh(1);
+    e.advanced_mono_ns = mono_ns() - 50_000_000;
+    EntryWriter::new(&*t, 0).publish(&e);
+    assert_eq!(c.load(0, mono_ns()), Load::Stale);
+    assert_eq!(c.choose(None), Err(Reject::StaleLoad), "at the safe level");
+    routes.pop();
+    assert!(c.choose(None).is_ok(), "one completed: below it again");
+    // A fresh reading at the limit refuses and leaves the level alone.
+    EntryWriter::new(&*t, 0).publish(&fresh(10));
+    assert_eq!(c.choose(None), Err(Reject::Overloaded));
+    assert_eq!(c.safe_inflight(0), 3);
+    drop(routes);
     let _ = std::fs::remove_file(p);
 }
 
@@ -187,6 +248,10 @@ fn embedded_monitor_follows_a_live_region_and_notices_it_stop() {
     b.region = Some(format!("shm:{}", path.display()));
     let mut cfg = ProxyConfig::simple("127.0.0.1:1".parse().unwrap(), vec![b]);
     cfg.admission.enabled = true;
+    cfg.admission.metric = Metric::Conns;
+    cfg.admission.limit = Some(10);
+    // They test when a record is stale: refusing makes that visible.
+    cfg.admission.on_stale = StalePolicy::Reject;
     cfg.admission.stale_after_ms = 30;
     cfg.monitor.period_us = 200;
     let c = Control::new(&cfg).unwrap();
@@ -325,7 +390,7 @@ fn requests_since_the_sample_count_against_the_limit_and_spread_between_samples(
     // Item 5: A reads 3, B reads 5, limit 6. On the old code every request until the
     // next sample went to A and was admitted (A's figure stayed 3).
     let (c, t, p) = with_table(vec![backend(1, ""), backend(2, "")], |cfg| {
-        cfg.admission.limit = 6
+        cfg.admission.limit = Some(6)
     });
     EntryWriter::new(&*t, 0).publish(&fresh(3));
     EntryWriter::new(&*t, 1).publish(&fresh(5));
@@ -355,7 +420,7 @@ fn requests_since_the_sample_count_against_the_limit_and_spread_between_samples(
 
 #[tokio::test(flavor = "current_thread")]
 async fn own_idle_pooled_connections_are_not_counted_as_conns() {
-    let (c, t, p) = with_table(vec![backend(1, "")], |cfg| cfg.admission.limit = 10);
+    let (c, t, p) = with_table(vec![backend(1, "")], |cfg| cfg.admission.limit = Some(10));
     let (pool, _addr, _l, _ends) = pool_with_idle(3, 64).await;
     // 10 established, 3 of them this proxy's idle pooled connections.
     EntryWriter::new(&*t, 0).publish(&fresh(10));
@@ -382,7 +447,7 @@ fn queued(backlog: u64) -> Entry {
 async fn a_queueing_backend_gets_idle_connections_shed_and_reuse_only_routes() {
     let (c, t, p) = with_table(vec![backend(1, "")], |cfg| {
         cfg.admission.metric = Metric::Backlog;
-        cfg.admission.limit = 2;
+        cfg.admission.limit = Some(2);
     });
     let (pool, addr, _l, _ends) = pool_with_idle(5, 64).await;
     c.bind_pool(pool.clone());
@@ -459,6 +524,13 @@ fn admission_and_shedding_rules_are_pure() {
         admit(Load::Stale, 2, Metric::Backlog, Open, 0),
         Ok(Admit::Any)
     );
+    assert_eq!(admit_local(2, 3), Ok(Admit::Any));
+    assert_eq!(admit_local(3, 3), Err(Reject::StaleLoad));
+    assert_eq!(
+        admit_local(0, 0),
+        Err(Reject::StaleLoad),
+        "never read fresh"
+    );
     let r = |close_idle, close_on_return| Relief {
         close_idle,
         close_on_return,
@@ -488,7 +560,7 @@ fn delay_metric_adapts_the_budget_to_the_published_queueing_delay() {
     let (c, t, p) = with_table(vec![backend(1, "")], |cfg| {
         cfg.admission.metric = Metric::Delay;
         cfg.admission.target_delay_ms = 5;
-        cfg.admission.limit = 8;
+        cfg.admission.limit = Some(8);
     });
     let mut id = 1;
     EntryWriter::new(&*t, 0).publish(&delay_reading(id, 0));
@@ -559,7 +631,7 @@ fn delay_metric_balances_by_headroom_in_the_budget() {
     small.limit = Some(3);
     let (c, t, p) = with_table(vec![backend(1, ""), small], |cfg| {
         cfg.admission.metric = Metric::Delay;
-        cfg.admission.limit = 12;
+        cfg.admission.limit = Some(12);
     });
     // Both stay under the target while in use: budgets grow to 12 and to 3.
     let mut held = Vec::new();
