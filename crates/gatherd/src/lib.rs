@@ -480,7 +480,13 @@ pub struct Gatherd {
     /// With XDP: serves the map's fd at `shm_path` (removed on drop).
     fd_server: Option<FdServer>,
     stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    /// The user-space sampling thread (none while the kernel sampler writes).
+    thread: Option<std::thread::JoinHandle<SamplerParts>>,
+    /// Wall time of each start-up stage, in order: gatherd's (`sampler_new`,
+    /// `first_sample`, `xdp_maps`, `serving`: the region answers from here,
+    /// `xdp_attached`, `sampler_handover`, `tcp`), then the XDP responder's own steps
+    /// (`farside_xdp::XdpResponder::startup_stages`, inside those).
+    pub startup: Vec<(&'static str, Duration)>,
     /// How udp requests are answered: "xdp-native", "xdp-generic", "user-space" or "off".
     pub udp_server: &'static str,
     /// Who writes the load record: "kernel" (the kernel-resident sampler) or "user".
@@ -505,10 +511,24 @@ impl Words for SharedWords {
 impl Gatherd {
     /// Start sampling and serving. Errors (bad args, a busy port, no /proc) are returned
     /// before anything runs.
+    ///
+    /// Start-up order (a restart's time to a fresh region is what it is for): sample
+    /// once; create the region (with XDP: the BPF maps only, milliseconds); publish the
+    /// first record; serve it at once from user space (udp on the XDP port, shm) and
+    /// start the user-space sampling thread; only then verify and attach the XDP
+    /// program and start the kernel sampler, which are the slow steps (hundreds of ms
+    /// under a busy verifier). Readers thus get a fresh record within milliseconds of
+    /// the exec; the user-space udp server answers until XDP attaches (the same words:
+    /// the map), and the user sampler writes the record until the kernel sampler's
+    /// first tick (handed over in the seed callback, see
+    /// `farside_xdp::XdpResponder::start_kernel_sampler`). The per-stage times are
+    /// logged and kept in [`Gatherd::startup`].
     pub fn start(args: &GatherdArgs) -> io::Result<Gatherd> {
         args.validate()
             .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+        let mut lap = Lap::new();
         let mut sampler = Sampler::new(args)?;
+        lap.stage("sampler_new");
         let mut ports = [0u16; WATCHED_PORTS_MAX];
         ports[..args.watch_ports.len()].copy_from_slice(&args.watch_ports);
         let header = Header {
@@ -522,24 +542,20 @@ impl Gatherd {
         let keys = args.keys();
         // One memory: every transport of this node operates on the same words. With XDP
         // that is the BPF map the kernel answers from (the tcp server and the udp
-        // fallback serve the map's mapping, and shm readers map the pinned map); without,
+        // fallback serve the map's mapping, and shm readers map the map itself); without,
         // the shm file (or heap). The writer publishes a first record before any server
         // answers, so readers never see Empty from a started gatherer; the TCP server
         // starts last, so a gatherer whose TCP port accepts is wholly ready (the lab
         // waits for that).
         let first = sampler.sample()?;
-        let mut map_writer = None;
-        let mut xdp = attach_xdp(args, &keys, &mut |region| {
-            let mut w = RegionWriter::init(SharedWords(region), header);
-            w.publish(&first);
-            map_writer = Some(w);
-        })?;
-        // From here on the kernel writes the record if its sampler runs (the first
-        // record above is gatherd's; the kernel's sequence continues from it).
-        let kernel_sampler = start_kernel_sampler(args, xdp.as_mut().map(|(x, _)| x))?;
+        lap.stage("first_sample");
+        let mut xdp = load_xdp(args, &keys)?;
+        lap.stage("xdp_maps");
         let mut fd_server = None;
-        let (mem, writer, shm_path): (Arc<dyn Words>, _, _) = match (&xdp, map_writer) {
-            (Some((x, _)), Some(w)) => {
+        let (mem, writer, shm_path): (Arc<dyn Words>, _, _) = match &xdp {
+            Some(x) => {
+                let mut w = RegionWriter::init(SharedWords(x.region()), header);
+                w.publish(&first);
                 // Same-host shm readers must map the BPF map, not a copy: the shm path
                 // becomes a Unix socket that hands out the map's fd (`map_region`).
                 let shm_path = args.shm_path();
@@ -552,7 +568,7 @@ impl Gatherd {
                 }
                 (x.region(), w, shm_path)
             }
-            _ => {
+            None => {
                 let shm_path = args.shm_path();
                 let mem: Arc<dyn Words> = match &shm_path {
                     Some(p) => {
@@ -571,18 +587,8 @@ impl Gatherd {
                 (mem, w, shm_path)
             }
         };
-        let mut writers = vec![writer];
-        let udp_server = xdp.as_ref().map_or(
-            if args.udp_listen.is_some() {
-                "user-space"
-            } else {
-                "off"
-            },
-            |(_, name)| *name,
-        );
-        let xdp = xdp.map(|(x, _)| Arc::new(x));
-        // Same port, same memory as XDP: answers what the program passes on to the stack
-        // (fragments, IP options), or everything when XDP is not attached.
+        // Same port, same memory as XDP: answers everything until the program attaches,
+        // then what it passes on to the stack (fragments, IP options).
         let udp = args
             .udp_listen
             .map(|a| {
@@ -595,6 +601,54 @@ impl Gatherd {
                 )
             })
             .transpose()?;
+        let stats = Arc::new(GatherStats::default());
+        let stop = Arc::new(AtomicBool::new(false));
+        let period = Duration::from_micros(args.period_us);
+        let nice = args.sampler_nice;
+        let mut thread = Some(spawn_sampler(
+            sampler,
+            vec![writer],
+            stats.clone(),
+            stop.clone(),
+            period,
+            nice,
+        )?);
+        lap.stage("serving");
+        // The slow steps, while the region is served and sampled.
+        let udp_server = match xdp.as_mut() {
+            Some(x) => attach_xdp(args, x)?,
+            None => None,
+        }
+        .unwrap_or(if args.udp_listen.is_some() {
+            "user-space"
+        } else {
+            "off"
+        });
+        lap.stage("xdp_attached");
+        let attached = xdp.as_mut().filter(|x| x.is_attached());
+        let mut parked = None;
+        let kernel_sampler = start_kernel_sampler(args, attached, &mut || {
+            // The handover: the user-space writer stops here and the kernel's first tick
+            // follows (its sequence continues from the user writer's last record).
+            stop.store(true, Ordering::Relaxed);
+            if let Some(t) = thread.take() {
+                parked = t.join().ok();
+            }
+        })?;
+        if let (false, Some((sampler, writers))) = (kernel_sampler, parked) {
+            // The kernel sampler failed after the handover: the user writer resumes.
+            stop.store(false, Ordering::Relaxed);
+            thread = Some(spawn_sampler(
+                sampler,
+                writers,
+                stats.clone(),
+                stop.clone(),
+                period,
+                nice,
+            )?);
+        }
+        lap.stage("sampler_handover");
+        let xdp = xdp.map(Arc::new);
         let tcp = args
             .tcp_listen
             .map(|a| {
@@ -611,61 +665,16 @@ impl Gatherd {
             (Some(u), _) => Some(u.local_addr),
             (None, a) => a,
         };
-
-        let stats = Arc::new(GatherStats::default());
         stats
             .kernel_sampler
             .store(kernel_sampler, Ordering::Relaxed);
-        let stop = Arc::new(AtomicBool::new(false));
-        let period = Duration::from_micros(args.period_us);
-        let (st, stp) = (stats.clone(), stop.clone());
-        let nice = args.sampler_nice;
-        // With the kernel sampler no thread samples: nothing in user space runs per period.
-        let thread = (!kernel_sampler)
-            .then(|| {
-                std::thread::Builder::new()
-                    .name("gatherd".into())
-                    .spawn(move || {
-                        farside_rmem::apply_thread_nice("gatherd: sampler", nice);
-                        let mut pacer = farside_rmem::Pacer::new(period);
-                        while !stp.load(Ordering::Relaxed) {
-                            pacer.wait();
-                            st.overruns.store(pacer.overruns, Ordering::Relaxed);
-                            match sampler.sample() {
-                                Ok(rec) => {
-                                    for w in &mut writers {
-                                        w.publish(&rec);
-                                    }
-                                    st.samples.fetch_add(1, Ordering::Relaxed);
-                                    st.cost_ns_sum
-                                        .fetch_add(rec.sample_cost_ns, Ordering::Relaxed);
-                                    st.cost_ns_max
-                                        .fetch_max(rec.sample_cost_ns, Ordering::Relaxed);
-                                    if let Some(ns) = sampler.last_full_count_ns {
-                                        st.full_counts.fetch_add(1, Ordering::Relaxed);
-                                        st.full_count_ns_sum.fetch_add(ns, Ordering::Relaxed);
-                                    }
-                                    if let Some(f) = sampler.last_field_cost {
-                                        st.field_cost_samples.fetch_add(1, Ordering::Relaxed);
-                                        st.field_cost_cpu_ns.fetch_add(f.cpu_ns, Ordering::Relaxed);
-                                        st.field_cost_psi_ns.fetch_add(f.psi_ns, Ordering::Relaxed);
-                                        st.field_cost_conns_ns
-                                            .fetch_add(f.conns_ns, Ordering::Relaxed);
-                                        st.field_cost_mem_ns.fetch_add(f.mem_ns, Ordering::Relaxed);
-                                    }
-                                }
-                                Err(e) => {
-                                    // The record is left as it was: its sequence stops advancing, so
-                                    // readers see it go stale instead of reading a wrong value.
-                                    if st.sample_errors.fetch_add(1, Ordering::Relaxed) == 0 {
-                                        log::error!("gatherd: sampling failed: {e}");
-                                    }
-                                }
-                            }
-                        }
-                    })
-            })
-            .transpose()?;
+        lap.stage("tcp");
+        let mut startup = lap.stages;
+        if let Some(x) = &xdp {
+            // The responder's own steps (inside xdp_maps, xdp_attached, sampler_handover).
+            startup.extend(x.startup_stages().iter().map(|&(n, d)| (n, d)));
+        }
+        log::info!("gatherd: start-up {}", format_stages(&startup));
         Gatherd {
             stats,
             counters,
@@ -680,6 +689,7 @@ impl Gatherd {
             fd_server,
             stop,
             thread,
+            startup,
             _tcp: tcp,
             _udp: udp,
             _metrics: None,
@@ -901,15 +911,105 @@ pub fn render_metrics(
     }
 }
 
-/// Attach the XDP responder if asked and possible. `init` gets the map's region before
-/// the program is attached. Returns the responder and how udp is answered
-/// ("xdp-native" or "xdp-generic"), or None (user space answers, if udp is served).
-fn attach_xdp(
+/// The user-space sampling thread's state, handed back when it stops.
+type SamplerParts = (Sampler, Vec<RegionWriter<SharedWords>>);
+
+/// Start the user-space sampling thread: every `period` it samples and publishes to
+/// `writers` until `stop` is set, then hands its state back (the kernel sampler's
+/// handover, or a resumption if that fails).
+fn spawn_sampler(
+    mut sampler: Sampler,
+    mut writers: Vec<RegionWriter<SharedWords>>,
+    st: Arc<GatherStats>,
+    stp: Arc<AtomicBool>,
+    period: Duration,
+    nice: i32,
+) -> io::Result<std::thread::JoinHandle<SamplerParts>> {
+    std::thread::Builder::new()
+        .name("gatherd".into())
+        .spawn(move || {
+            farside_rmem::apply_thread_nice("gatherd: sampler", nice);
+            let mut pacer = farside_rmem::Pacer::new(period);
+            while !stp.load(Ordering::Relaxed) {
+                pacer.wait();
+                if stp.load(Ordering::Relaxed) {
+                    break;
+                }
+                st.overruns.store(pacer.overruns, Ordering::Relaxed);
+                match sampler.sample() {
+                    Ok(rec) => {
+                        for w in &mut writers {
+                            w.publish(&rec);
+                        }
+                        st.samples.fetch_add(1, Ordering::Relaxed);
+                        st.cost_ns_sum
+                            .fetch_add(rec.sample_cost_ns, Ordering::Relaxed);
+                        st.cost_ns_max
+                            .fetch_max(rec.sample_cost_ns, Ordering::Relaxed);
+                        if let Some(ns) = sampler.last_full_count_ns {
+                            st.full_counts.fetch_add(1, Ordering::Relaxed);
+                            st.full_count_ns_sum.fetch_add(ns, Ordering::Relaxed);
+                        }
+                        if let Some(f) = sampler.last_field_cost {
+                            st.field_cost_samples.fetch_add(1, Ordering::Relaxed);
+                            st.field_cost_cpu_ns.fetch_add(f.cpu_ns, Ordering::Relaxed);
+                            st.field_cost_psi_ns.fetch_add(f.psi_ns, Ordering::Relaxed);
+                            st.field_cost_conns_ns
+                                .fetch_add(f.conns_ns, Ordering::Relaxed);
+                            st.field_cost_mem_ns.fetch_add(f.mem_ns, Ordering::Relaxed);
+                        }
+                    }
+                    Err(e) => {
+                        // The record is left as it was: its sequence stops advancing, so
+                        // readers see it go stale instead of reading a wrong value.
+                        if st.sample_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                            log::error!("gatherd: sampling failed: {e}");
+                        }
+                    }
+                }
+            }
+            (sampler, writers)
+        })
+}
+
+/// Wall-clock laps of gatherd's start-up, one named stage at a time.
+struct Lap {
+    last: std::time::Instant,
+    stages: Vec<(&'static str, Duration)>,
+}
+
+impl Lap {
+    fn new() -> Lap {
+        Lap {
+            last: std::time::Instant::now(),
+            stages: Vec::new(),
+        }
+    }
+
+    fn stage(&mut self, name: &'static str) {
+        let now = std::time::Instant::now();
+        self.stages.push((name, now - self.last));
+        self.last = now;
+    }
+}
+
+/// `name=ms name=ms ...` for the start-up log line.
+fn format_stages(stages: &[(&'static str, Duration)]) -> String {
+    stages
+        .iter()
+        .map(|(n, d)| format!("{n}={:.1}ms", d.as_secs_f64() * 1e3))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Create the XDP responder's maps (the region among them) if XDP is asked for, without
+/// verifying or attaching the program ([`attach_xdp`] does that once the region is
+/// served). None: not asked for, or (`--xdp-mode auto`) the maps cannot be created
+/// (logged; the region is then the shm file or heap).
+fn load_xdp(
     args: &GatherdArgs,
     keys: &AccessKeys,
-    init_map: &mut dyn FnMut(Arc<dyn Words>),
-) -> io::Result<Option<(farside_xdp::XdpResponder, &'static str)>> {
-    use farside_xdp::{XdpMode, XdpResponder};
+) -> io::Result<Option<farside_xdp::XdpResponder>> {
     let (Some(addr), Some(ifname)) = (args.udp_listen, &args.xdp_iface) else {
         return Ok(None);
     };
@@ -926,6 +1026,43 @@ fn attach_xdp(
         .iter()
         .map(|(k, p)| (*k, *p == Perm::ReadWrite))
         .collect();
+    let mut x = match farside_xdp::XdpResponder::load(addr.port(), &xkeys) {
+        Ok(x) => x,
+        Err(e) if args.xdp_mode == XdpChoice::Auto => {
+            log::warn!("gatherd: XDP unavailable ({e}); answering udp on {addr} from user space (two-sided)");
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(io::Error::other(
+                format!("--xdp-mode {:?}: {e}", args.xdp_mode).to_lowercase(),
+            ))
+        }
+    };
+    // Answer only datagrams addressed to this node.
+    let node = match addr.ip() {
+        std::net::IpAddr::V4(a) if !a.is_unspecified() => Some(a),
+        _ => iface_ipv4(ifname),
+    };
+    if node.is_none() {
+        log::warn!("gatherd: {ifname} has no IPv4 address: XDP answers datagrams to any address on port {}", addr.port());
+    }
+    x.set_node_addr(node)
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    Ok(Some(x))
+}
+
+/// Verify and attach the loaded responder `x` in the mode(s) `--xdp-mode` allows.
+/// Returns how udp is answered ("xdp-native" or "xdp-generic"), or None (`auto` and
+/// no mode attached, logged: user space keeps answering from the map, still the one
+/// region).
+fn attach_xdp(
+    args: &GatherdArgs,
+    x: &mut farside_xdp::XdpResponder,
+) -> io::Result<Option<&'static str>> {
+    use farside_xdp::XdpMode;
+    let (Some(addr), Some(ifname)) = (args.udp_listen, &args.xdp_iface) else {
+        return Ok(None);
+    };
     let modes: &[XdpMode] = match args.xdp_mode {
         XdpChoice::Auto => &[XdpMode::Native, XdpMode::Generic],
         XdpChoice::Native => &[XdpMode::Native],
@@ -934,25 +1071,14 @@ fn attach_xdp(
     };
     let mut last = String::new();
     for &m in modes {
-        match XdpResponder::attach_with(ifname, m, addr.port(), &xkeys, &mut *init_map) {
-            Ok(mut x) => {
-                // Answer only datagrams addressed to this node.
-                let node = match addr.ip() {
-                    std::net::IpAddr::V4(a) if !a.is_unspecified() => Some(a),
-                    _ => iface_ipv4(ifname),
-                };
-                if node.is_none() {
-                    log::warn!("gatherd: {ifname} has no IPv4 address: XDP answers datagrams to any address on port {}", addr.port());
-                }
-                x.set_node_addr(node)
-                    .map_err(|e| io::Error::other(e.to_string()))?;
+        match x.attach_to(ifname, m) {
+            Ok(()) => {
                 log::info!("gatherd: XDP responder on {ifname} ({} mode), udp port {}: reads and atomics answered in the kernel", m.name(), addr.port());
-                let name = if m == XdpMode::Native {
+                return Ok(Some(if m == XdpMode::Native {
                     "xdp-native"
                 } else {
                     "xdp-generic"
-                };
-                return Ok(Some((x, name)));
+                }));
             }
             Err(e) => {
                 log::warn!("gatherd: XDP {} attach on {ifname} failed: {e}", m.name());
@@ -976,6 +1102,7 @@ fn attach_xdp(
 fn start_kernel_sampler(
     args: &GatherdArgs,
     xdp: Option<&mut farside_xdp::XdpResponder>,
+    handover: &mut dyn FnMut(),
 ) -> io::Result<bool> {
     if args.sampler == SamplerChoice::User {
         log::info!("gatherd: sampler: user space (--sampler user)");
@@ -990,7 +1117,10 @@ fn start_kernel_sampler(
             .start_kernel_sampler(
                 &args.watch_ports,
                 Duration::from_micros(args.period_us),
-                &mut || seed_counts(&args.watch_ports),
+                &mut || {
+                    handover();
+                    seed_counts(&args.watch_ports)
+                },
             )
             .map_err(|e| e.to_string()),
     };
@@ -1398,7 +1528,7 @@ mod tests {
     /// The kernel sampler (root; skipped otherwise): with XDP, the record read over udp
     /// (answered by XDP) and shm follows the watched port's accept queue and
     /// connections, and its sequence advances although gatherd runs no sampling thread
-    /// (no user-space sample is ever taken after the first).
+    /// (no user-space sample is taken after the start-up's handover).
     #[test]
     fn kernel_sampler_publishes_without_a_sampling_thread() {
         // SAFETY: geteuid has no preconditions.
@@ -1430,6 +1560,8 @@ mod tests {
             let g = Gatherd::start(&args).unwrap();
             assert_eq!(g.sampler, "kernel");
             assert!(g.thread.is_none(), "no sampling thread");
+            // The user-space thread sampled only until the handover.
+            let user_samples = g.stats.samples.load(Ordering::Relaxed);
             let mut udp = connect(
                 &Endpoint::Udp(g.udp_addr.unwrap()),
                 &ClientOptions {
@@ -1478,7 +1610,7 @@ mod tests {
             // The sequence advances with no user-space sample taken.
             let a = await_both("any", &|_| true);
             await_both("sequence advances", &|s| s.seq > a.seq + 10);
-            assert_eq!(g.stats.samples.load(Ordering::Relaxed), 0);
+            assert_eq!(g.stats.samples.load(Ordering::Relaxed), user_samples);
             assert!(
                 g.summary().starts_with("sampler=kernel "),
                 "{}",

@@ -225,6 +225,10 @@ struct Loaded {
     region: Arc<MappedWords>,
     /// Set while the kernel sampler runs.
     sampler: Option<ksamp::SamplerState>,
+    /// Wall time of each start-up step, in order (see [`XdpResponder::startup_stages`]).
+    stages: Vec<(&'static str, Duration)>,
+    /// The XDP program is loaded (verified).
+    verified: bool,
 }
 
 impl Loaded {
@@ -235,15 +239,20 @@ impl Loaded {
                 keys.len()
             )));
         }
-        let mut ebpf =
-            Ebpf::load(OBJECT).map_err(|e| classify("creating maps", e, XdpError::Load))?;
-        let prog: &mut Xdp = ebpf
+        let mut lap = Lap::new();
+        // No kernel BTF for relocations: the programs use none (no CO-RE; the sampler
+        // finds its offsets with `btf.rs`), and `Ebpf::load` would parse
+        // /sys/kernel/btf/vmlinux twice more (tens of ms of a restart's start-up).
+        let mut ebpf = aya::EbpfLoader::new()
+            .btf(None)
+            .load(OBJECT)
+            .map_err(|e| classify("creating maps", e, XdpError::Load))?;
+        lap.stage("maps");
+        let _: &mut Xdp = ebpf
             .program_mut(PROG_NAME)
             .ok_or_else(|| XdpError::Load(format!("no program {PROG_NAME} in the object")))?
             .try_into()
             .map_err(|e| XdpError::Load(format!("{PROG_NAME}: {e}")))?;
-        prog.load()
-            .map_err(|e| classify("BPF_PROG_LOAD", e, XdpError::Load))?;
 
         let mut config: Array<&mut MapData, Config> =
             Array::try_from(map_mut(&mut ebpf, MAP_CONFIG)?)
@@ -279,11 +288,29 @@ impl Loaded {
             let fd = data.fd().as_fd().as_raw_fd();
             Arc::new(MappedWords::map_fd(fd, REGION_WORDS).map_err(XdpError::Mmap)?)
         };
+        lap.stage("config_mmap");
         Ok(Loaded {
             ebpf,
             region,
             sampler: None,
+            stages: lap.stages,
+            verified: false,
         })
+    }
+
+    /// Load (verify) the XDP program, once.
+    fn verify(&mut self) -> Result<(), XdpError> {
+        if self.verified {
+            return Ok(());
+        }
+        let mut lap = Lap::new();
+        self.prog_mut()
+            .load()
+            .map_err(|e| classify("BPF_PROG_LOAD", e, XdpError::Load))?;
+        lap.stage("xdp_verify");
+        self.stages.append(&mut lap.stages);
+        self.verified = true;
+        Ok(())
     }
 
     /// Answer only datagrams to `addr` (None: any address). Takes effect at once.
@@ -357,6 +384,28 @@ impl Loaded {
     }
 }
 
+/// Wall-clock laps of a start-up, one named stage at a time.
+pub(crate) struct Lap {
+    last: std::time::Instant,
+    pub(crate) stages: Vec<(&'static str, Duration)>,
+}
+
+impl Lap {
+    pub(crate) fn new() -> Lap {
+        Lap {
+            last: std::time::Instant::now(),
+            stages: Vec::new(),
+        }
+    }
+
+    /// Record the time since the previous stage (or the start) under `name`.
+    pub(crate) fn stage(&mut self, name: &'static str) {
+        let now = std::time::Instant::now();
+        self.stages.push((name, now - self.last));
+        self.last = now;
+    }
+}
+
 fn map_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::maps::Map, XdpError> {
     ebpf.map_mut(name)
         .ok_or_else(|| XdpError::Load(format!("no map {name} in the object")))
@@ -384,8 +433,8 @@ impl XdpResponder {
         Self::attach_with(ifname, mode, udp_port, keys, |_| {})
     }
 
-    /// Like [`XdpResponder::attach`], with `init` given the region after the program is
-    /// loaded and before it is attached: what it writes there is the first thing any
+    /// Like [`XdpResponder::attach`], with `init` given the region after the maps are
+    /// created and before the program is attached: what it writes there is the first thing any
     /// request can read (no window in which the kernel answers from a zeroed region).
     pub fn attach_with(
         ifname: &str,
@@ -394,41 +443,88 @@ impl XdpResponder {
         keys: &[(u64, bool)],
         init: impl FnOnce(Arc<dyn Words>),
     ) -> Result<XdpResponder, XdpError> {
+        let mut x = XdpResponder::load(udp_port, keys)?;
+        init(x.region());
+        x.attach_to(ifname, mode)?;
+        Ok(x)
+    }
+
+    /// Create the maps, configure port and keys, and map the region, without loading
+    /// or attaching the program: the region exists (and can be served from user space,
+    /// shared with shm readers, written by the sampler) before the slow steps, the
+    /// program's verification and attach ([`XdpResponder::attach_to`]), so a restarted
+    /// gatherd answers from its region within milliseconds while XDP comes up.
+    pub fn load(udp_port: u16, keys: &[(u64, bool)]) -> Result<XdpResponder, XdpError> {
         if udp_port == 0 {
             return Err(XdpError::Config(
                 "udp port 0 (the program would serve nothing)".into(),
             ));
         }
-        let mut loaded = Loaded::load(udp_port, keys)?;
-        init(loaded.region.clone());
+        Ok(XdpResponder {
+            loaded: Loaded::load(udp_port, keys)?,
+            link: None,
+            ifname: String::new(),
+            mode: XdpMode::Generic,
+        })
+    }
+
+    /// Load (verify) the program if not yet done and attach it to `ifname` in `mode`.
+    /// On error nothing is attached and the responder (its maps, its region) stays
+    /// usable: try another mode, or keep serving the region from user space.
+    pub fn attach_to(&mut self, ifname: &str, mode: XdpMode) -> Result<(), XdpError> {
+        if self.link.is_some() {
+            return Err(XdpError::Config(format!(
+                "already attached to {}",
+                self.ifname
+            )));
+        }
+        self.loaded.verify()?;
+        let mut lap = Lap::new();
         let aya_mode = match mode {
             XdpMode::Native => AyaXdpMode::Driver,
             XdpMode::Generic => AyaXdpMode::Skb,
         };
-        let link = loaded.prog_mut().attach(ifname, aya_mode).map_err(|e| {
-            if let aya::programs::ProgramError::UnknownInterface { name } = &e {
-                return XdpError::NoInterface(name.clone());
-            }
-            if is_permission_error(&e) {
-                return XdpError::NoPrivilege(format!("attaching to {ifname}"));
-            }
-            XdpError::Attach {
-                ifname: ifname.to_string(),
-                mode,
-                detail: error_chain(&e),
-            }
-        })?;
-        Ok(XdpResponder {
-            loaded,
-            link: Some(link),
-            ifname: ifname.to_string(),
-            mode,
-        })
+        let link = self
+            .loaded
+            .prog_mut()
+            .attach(ifname, aya_mode)
+            .map_err(|e| {
+                if let aya::programs::ProgramError::UnknownInterface { name } = &e {
+                    return XdpError::NoInterface(name.clone());
+                }
+                if is_permission_error(&e) {
+                    return XdpError::NoPrivilege(format!("attaching to {ifname}"));
+                }
+                XdpError::Attach {
+                    ifname: ifname.to_string(),
+                    mode,
+                    detail: error_chain(&e),
+                }
+            })?;
+        lap.stage("xdp_attach");
+        self.loaded.stages.append(&mut lap.stages);
+        self.link = Some(link);
+        self.ifname = ifname.to_string();
+        self.mode = mode;
+        Ok(())
+    }
+
+    /// Whether the program is attached (requests to the port are answered in the kernel).
+    pub fn is_attached(&self) -> bool {
+        self.link.is_some()
     }
 
     /// The region as words: a `MAP_SHARED`, read-write mapping of the region map.
     pub fn region(&self) -> Arc<dyn Words> {
         self.loaded.region.clone()
+    }
+
+    /// Wall time of each start-up step so far, in order: `maps` (object parse and map
+    /// creation), `xdp_verify` (BPF_PROG_LOAD), `config_mmap`, `init_region` (the
+    /// caller's `init`), `xdp_attach`, then the kernel sampler's (`ksamp_btf`,
+    /// `ksamp_events`, `ksamp_seed`, `ksamp_ticks`) once started.
+    pub fn startup_stages(&self) -> &[(&'static str, Duration)] {
+        &self.loaded.stages
     }
 
     /// `(ops, status)` counters summed over CPUs, indexed like `farside_rmem::OpCounters`
@@ -471,7 +567,9 @@ impl XdpResponder {
     /// the load record every `period` and the caller must stop writing it. `ports` are
     /// the watched TCP ports (at most [`ksamp::SAMPLER_PORTS_MAX`]); `seed` counts their
     /// existing connections (one [`PortCounts`] per port), called once the event
-    /// programs are attached. On error nothing of the sampler stays attached.
+    /// programs are attached and every program is verified, right before the ticks
+    /// start: a user-space writer of the record stops there (the handover), and the
+    /// record is next written by the first tick, one `period` and the tick attach later. On error nothing of the sampler stays attached.
     pub fn start_kernel_sampler(
         &mut self,
         ports: &[u16],
@@ -562,9 +660,9 @@ const BPF_PROG_TEST_RUN: libc::c_long = 10;
 impl TestProgram {
     /// Load and configure (port, keys) without attaching.
     pub fn load(udp_port: u16, keys: &[(u64, bool)]) -> Result<TestProgram, XdpError> {
-        Ok(TestProgram {
-            loaded: Loaded::load(udp_port, keys)?,
-        })
+        let mut loaded = Loaded::load(udp_port, keys)?;
+        loaded.verify()?;
+        Ok(TestProgram { loaded })
     }
 
     /// Run the program once on `packet` (an Ethernet frame). Returns the XDP action
