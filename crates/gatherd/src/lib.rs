@@ -616,7 +616,7 @@ impl Gatherd {
         lap.stage("serving");
         // The slow steps, while the region is served and sampled.
         let udp_server = match xdp.as_mut() {
-            Some(x) => attach_xdp(args, x)?,
+            Some(x) => attach_xdp(args, x, &dedup)?,
             None => None,
         }
         .unwrap_or(if args.udp_listen.is_some() {
@@ -1055,14 +1055,38 @@ fn load_xdp(
 /// Returns how udp is answered ("xdp-native" or "xdp-generic"), or None (`auto` and
 /// no mode attached, logged: user space keeps answering from the map, still the one
 /// region).
+///
+/// One dedup table across the handover: until the attach, the user-space udp server
+/// applies datagram mutations with `dedup`; right before it, `dedup` hands datagram
+/// mutations over (from then on it drops them unapplied: their clients retry) and its
+/// entries seed the program's map, so a retry answered by XDP of a mutation applied
+/// in user space is replayed, not applied again. If no mode attaches, `dedup` takes
+/// them back (nothing was applied in between).
 fn attach_xdp(
     args: &GatherdArgs,
     x: &mut farside_xdp::XdpResponder,
+    dedup: &Dedup,
 ) -> io::Result<Option<&'static str>> {
-    use farside_xdp::XdpMode;
     let (Some(addr), Some(ifname)) = (args.udp_listen, &args.xdp_iface) else {
         return Ok(None);
     };
+    let r = attach_xdp_modes(args, x, dedup, addr, ifname);
+    if !matches!(r, Ok(Some(_))) {
+        dedup.take_back_datagrams();
+    }
+    r
+}
+
+fn attach_xdp_modes(
+    args: &GatherdArgs,
+    x: &mut farside_xdp::XdpResponder,
+    dedup: &Dedup,
+    addr: SocketAddr,
+    ifname: &str,
+) -> io::Result<Option<&'static str>> {
+    use farside_xdp::XdpMode;
+    x.seed_dedup(&dedup.hand_over_datagrams())
+        .map_err(|e| io::Error::other(e.to_string()))?;
     let modes: &[XdpMode] = match args.xdp_mode {
         XdpChoice::Auto => &[XdpMode::Native, XdpMode::Generic],
         XdpChoice::Native => &[XdpMode::Native],
@@ -1716,6 +1740,136 @@ mod tests {
             "record stopped at {} with gatherd stopped",
             advanced.seq
         );
+    }
+
+    /// The stale bound of the restart test: a proxy's default `admission.stale_after_ms`.
+    const RESTART_STALE_AFTER: Duration = Duration::from_millis(100);
+
+    /// A gatherd killed and restarted (root: a private netns, XDP on lo, the kernel
+    /// sampler if it loads): counted from the new process's exec, a record of the new
+    /// generation younger than `stale_after` is read over udp within 2 × `stale_after`,
+    /// and from then on every read is fresh through the XDP attach and the sampler
+    /// handover. The gatherds are this test binary re-run with `FARSIDE_RESTART_CHILD`.
+    #[test]
+    #[ignore = "needs root: a network namespace, XDP on lo"]
+    fn a_restarted_gatherd_is_fresh_within_two_stale_bounds_of_its_exec() {
+        const NAME: &str =
+            "tests::a_restarted_gatherd_is_fresh_within_two_stale_bounds_of_its_exec";
+        const PORT: u16 = 17081;
+        const READY: &str = "FARSIDE-GATHERD-STARTED";
+        if std::env::var_os("FARSIDE_RESTART_CHILD").is_some() {
+            let g = Gatherd::start(&GatherdArgs {
+                no_shm: true,
+                udp_listen: Some(SocketAddr::from(([127, 0, 0, 1], PORT))),
+                xdp_iface: Some("lo".into()),
+                xdp_mode: XdpChoice::Generic,
+                ..Default::default()
+            })
+            .unwrap();
+            println!("{READY} {} {}", g.udp_server, format_stages(&g.startup));
+            // Until the parent kills this process.
+            loop {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        assert_eq!(unsafe { libc::geteuid() }, 0, "needs root");
+        in_private_netns(|| {
+            use std::io::BufRead;
+            let spawn = || {
+                let mut c = std::process::Command::new(std::env::current_exe().unwrap())
+                    .args([
+                        "--exact",
+                        NAME,
+                        "--include-ignored",
+                        "--nocapture",
+                        "--test-threads=1",
+                    ])
+                    .env("FARSIDE_RESTART_CHILD", "1")
+                    .stdout(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                let out = std::io::BufReader::new(c.stdout.take().unwrap());
+                // The readiness line, read on a thread so the parent polls meanwhile.
+                let ready = std::thread::spawn(move || {
+                    out.lines()
+                        .map_while(Result::ok)
+                        .find(|l| l.contains(READY))
+                });
+                (c, ready)
+            };
+            let mut udp = connect(
+                &Endpoint::Udp(SocketAddr::from(([127, 0, 0, 1], PORT))),
+                &ClientOptions {
+                    timeout: Duration::from_millis(10),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let mut read = || {
+                let mut bytes = [0u8; farside_region::SNAPSHOT_BYTES];
+                udp.read(0, &mut bytes).ok()?;
+                Snapshot::decode(&bytes).ok()
+            };
+            let age = |s: &Snapshot| {
+                Duration::from_nanos(farside_rmem::mono_ns().saturating_sub(s.load.sample_mono_ns))
+            };
+            let (mut a, ready_a) = spawn();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !ready_a.is_finished() {
+                if Instant::now() > deadline {
+                    let _ = a.kill();
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let line = ready_a.join().unwrap().expect("first gatherd started");
+            assert!(line.contains("xdp-generic"), "{line}");
+            let old = read().expect("first gatherd answers").header.generation;
+            a.kill().unwrap();
+            a.wait().unwrap();
+            let t0 = Instant::now();
+            let (mut b, ready_b) = spawn();
+            let fresh_at = loop {
+                if let Some(s) = read() {
+                    if s.header.generation != old && age(&s) < RESTART_STALE_AFTER {
+                        break t0.elapsed();
+                    }
+                }
+                if t0.elapsed() > Duration::from_secs(5) {
+                    let _ = b.kill();
+                    panic!("the restarted gatherd never served a fresh record");
+                }
+                // A reader's poll, not a spin: the machine's CPUs start the gatherd.
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            // Fresh through the XDP attach and the sampler's handover, and some time after.
+            let mut worst = Duration::ZERO;
+            let mut reads = 0;
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !ready_b.is_finished() || reads < 200 {
+                if let Some(s) = read() {
+                    worst = worst.max(age(&s));
+                    reads += 1;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+                assert!(
+                    Instant::now() < deadline,
+                    "the restarted gatherd never started"
+                );
+            }
+            let line = ready_b.join().unwrap().expect("restarted gatherd started");
+            let _ = b.kill();
+            let _ = b.wait();
+            eprintln!("fresh {fresh_at:?} after exec; worst age after {worst:?}; {line}");
+            assert!(
+                fresh_at < 2 * RESTART_STALE_AFTER,
+                "fresh only {fresh_at:?} after the exec ({line})"
+            );
+            assert!(line.contains("xdp-generic"), "{line}");
+            assert!(
+                worst < RESTART_STALE_AFTER,
+                "a stale record ({worst:?}) during the handover ({line})"
+            );
+        });
     }
 
     /// Exactly-once through the trait against the XDP program (answering in the kernel):

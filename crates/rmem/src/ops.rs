@@ -63,6 +63,9 @@ pub struct Dedup {
 struct DedupInner {
     slots: HashMap<u64, Slot>,
     clock: u64,
+    /// Datagram mutations belong to another table (the XDP program's) since
+    /// [`Dedup::hand_over_datagrams`]: they are dropped here, never applied.
+    datagrams_handed_over: bool,
 }
 
 enum Seen {
@@ -108,6 +111,28 @@ impl DedupInner {
 impl Dedup {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Hand datagram mutations over to another table (gatherd: the XDP program's
+    /// dedup map, which it seeds with the returned `(client, seq, old)` entries before
+    /// attaching the program). From the return on, a WRITE/CAS/FETCH-ADD of a client
+    /// with an id that arrives in a datagram is not applied here and gets no reply
+    /// (counted `Stale`); its retry is answered by the table's new owner, which knows
+    /// every mutation applied here, so none is applied twice across the handover. The
+    /// lock the operations hold makes the cut exact: a mutation in progress when this
+    /// is called is recorded in the returned entries. Mutations over streams (tcp) and
+    /// anonymous ones are unaffected.
+    pub fn hand_over_datagrams(&self) -> Vec<(u64, u64, u64)> {
+        let mut d = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        d.datagrams_handed_over = true;
+        d.slots.iter().map(|(&c, s)| (c, s.seq, s.old)).collect()
+    }
+
+    /// Undo [`Dedup::hand_over_datagrams`] (the new owner never took over: gatherd's
+    /// XDP attach failed). Nothing was applied in between, so this table is complete.
+    pub fn take_back_datagrams(&self) {
+        let mut d = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        d.datagrams_handed_over = false;
     }
 
     /// Clients currently remembered.
@@ -283,6 +308,10 @@ pub fn execute(
     if op != Op::Read && h.client != 0 {
         // Held across the operation: decide, apply and record as one step.
         let mut d = dedup.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if datagram && d.datagrams_handed_over {
+            // Another table owns datagram mutations (`Dedup::hand_over_datagrams`).
+            return refuse(reply, h.op, h.seq, Status::Stale);
+        }
         match d.classify(h.client, h.seq, h.flags & FLAG_RETRY != 0) {
             Seen::Refuse(st) => return refuse(reply, h.op, h.seq, st),
             Seen::Replay(old) => {

@@ -82,6 +82,7 @@ const MAP_REGION: &str = "rmem_region";
 const MAP_KEYS: &str = "rmem_keys";
 const MAP_CONFIG: &str = "rmem_config";
 const MAP_COUNTERS: &str = "rmem_counters";
+const MAP_DEDUP: &str = "rmem_dedup";
 /// Values of the keys map (RMEM_PERM_* in rmem_consts.h).
 const PERM_READ: u32 = 1;
 const PERM_RW: u32 = 2;
@@ -216,6 +217,21 @@ struct Config {
 // SAFETY: repr(C), plain integers, no padding.
 unsafe impl aya::Pod for Config {}
 
+/// Value of the dedup map (struct rmem_dedup): the last mutation of one client.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DedupValue {
+    /// Last seq claimed.
+    seq: u64,
+    /// Last seq whose reply (`old`) is recorded.
+    done_seq: u64,
+    /// CAS/FADD: the old value returned; WRITE: 0.
+    old: u64,
+}
+
+// SAFETY: repr(C), plain integers, no padding.
+unsafe impl aya::Pod for DedupValue {}
+
 /// `(ops, status)` counters: ops by op code (0 = unknown), replies by `Status as u8`.
 pub type Counters = ([u64; OP_COUNTERS], [u64; STATUS_COUNTERS]);
 
@@ -310,6 +326,29 @@ impl Loaded {
         lap.stage("xdp_verify");
         self.stages.append(&mut lap.stages);
         self.verified = true;
+        Ok(())
+    }
+
+    /// See [`XdpResponder::seed_dedup`].
+    fn seed_dedup(&mut self, entries: &[(u64, u64, u64)]) -> Result<(), XdpError> {
+        if entries.len() > DEDUP_CLIENTS_MAX {
+            return Err(XdpError::Config(format!(
+                "{} dedup entries, the map holds {DEDUP_CLIENTS_MAX}",
+                entries.len()
+            )));
+        }
+        let mut m: HashMap<&mut MapData, u64, DedupValue> =
+            HashMap::try_from(map_mut(&mut self.ebpf, MAP_DEDUP)?)
+                .map_err(|e| XdpError::Map(format!("{MAP_DEDUP}: {e}")))?;
+        for &(client, seq, old) in entries {
+            let v = DedupValue {
+                seq,
+                done_seq: seq,
+                old,
+            };
+            m.insert(client, v, 0)
+                .map_err(|e| classify("seeding the dedup map", e, XdpError::Map))?;
+        }
         Ok(())
     }
 
@@ -507,6 +546,16 @@ impl XdpResponder {
         self.ifname = ifname.to_string();
         self.mode = mode;
         Ok(())
+    }
+
+    /// Start the program's duplicate-detection table from another's entries
+    /// `(client, seq, old)`: each client's last applied mutation and the old value it
+    /// returned (`farside_rmem::Dedup::hand_over_datagrams`). A retry of one of them is
+    /// then replayed by the program, not applied again. Call before [`Self::attach_to`]:
+    /// the table must be complete before the program answers. At most
+    /// [`DEDUP_CLIENTS_MAX`] entries.
+    pub fn seed_dedup(&mut self, entries: &[(u64, u64, u64)]) -> Result<(), XdpError> {
+        self.loaded.seed_dedup(entries)
     }
 
     /// Whether the program is attached (requests to the port are answered in the kernel).
@@ -756,6 +805,11 @@ impl TestProgram {
         self.loaded.costs()
     }
 
+    /// As [`XdpResponder::seed_dedup`].
+    pub fn seed_dedup(&mut self, entries: &[(u64, u64, u64)]) -> Result<(), XdpError> {
+        self.loaded.seed_dedup(entries)
+    }
+
     /// As [`XdpResponder::set_node_addr`].
     pub fn set_node_addr(&mut self, addr: Option<std::net::Ipv4Addr>) -> Result<(), XdpError> {
         self.loaded.set_node_addr(addr)
@@ -814,5 +868,6 @@ mod tests {
         assert_eq!(define("RMEM_PERM_READ"), PERM_READ);
         assert_eq!(define("RMEM_PERM_RW"), PERM_RW);
         assert_eq!(std::mem::size_of::<Config>(), 8);
+        assert_eq!(std::mem::size_of::<DedupValue>(), 24);
     }
 }
