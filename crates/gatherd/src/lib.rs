@@ -1872,6 +1872,85 @@ mod tests {
         });
     }
 
+    /// A retry that crosses the XDP attach (root: private netns, XDP on lo): a FETCH-ADD
+    /// applied by the user-space udp server whose reply is lost, retried once XDP
+    /// answers, is replayed by XDP (same old value, applied once); a FETCH-ADD sent
+    /// between the hand-over and the attach is dropped unapplied by user space and
+    /// applied exactly once by XDP on its retry. The old code (two tables) answered the
+    /// first retry `Unknown`.
+    #[test]
+    #[ignore = "needs root: a network namespace, XDP on lo"]
+    fn a_retry_across_the_xdp_attach_is_applied_once() {
+        use farside_rmem::wire::{self, RepHeader, ReqHeader};
+        const PORT: u16 = 17082;
+        const RW: u64 = 0x5157;
+        const WORD: usize = farside_region::layout::W_COUNTER_BASE + 2;
+        assert_eq!(unsafe { libc::geteuid() }, 0, "needs root");
+        in_private_netns(|| {
+            let mut x = farside_xdp::XdpResponder::load(PORT, &[(RW, true)]).unwrap();
+            let region = x.region();
+            let dedup = Arc::new(Dedup::new());
+            let keys = AccessKeys::new().with(RW, Perm::ReadWrite);
+            let _udp = UdpServer::spawn_with_dedup(
+                SocketAddr::from(([127, 0, 0, 1], PORT)),
+                region.clone(),
+                keys,
+                Arc::new(OpCounters::default()),
+                dedup.clone(),
+            )
+            .unwrap();
+            let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            sock.connect(("127.0.0.1", PORT)).unwrap();
+            sock.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            // Returns the reply's status and old value, or None (no reply).
+            let fadd = |seq: u64, retry: bool| -> Option<(Status, u64)> {
+                let mut b = Vec::new();
+                let h = ReqHeader {
+                    op: 4,
+                    flags: if retry { wire::FLAG_RETRY } else { 0 },
+                    seq,
+                    key: RW,
+                    offset: (WORD * 8) as u32,
+                    len: 8,
+                    client: 0xc1,
+                    ..Default::default()
+                };
+                wire::encode_request(&mut b, &h, &1u64.to_le_bytes());
+                sock.send(&b).unwrap();
+                let mut r = [0u8; 64];
+                let n = sock.recv(&mut r).ok()?;
+                let rep = RepHeader::decode(&r[..n]).unwrap();
+                assert_eq!(rep.seq, seq);
+                let old = (rep.len == 8).then(|| wire::u64_at(&r, wire::REP_HEADER_BYTES));
+                Some((rep.status, old.unwrap_or(u64::MAX)))
+            };
+            let word = || region.words()[WORD].load(Ordering::Acquire);
+            // User space applies seq 1 (its reply, say, is lost).
+            assert_eq!(fadd(1, false), Some((Status::Ok, 0)));
+            assert_eq!(word(), 1);
+            // The hand-over: from here user space drops datagram mutations.
+            x.seed_dedup(&dedup.hand_over_datagrams()).unwrap();
+            assert_eq!(fadd(2, false), None, "dropped between hand-over and attach");
+            assert_eq!(word(), 1, "not applied");
+            x.attach_to("lo", farside_xdp::XdpMode::Generic).unwrap();
+            let xdp_ops = || x.counters().0[4];
+            let before = xdp_ops();
+            // The retry of seq 1 reaches XDP: replayed, not applied again.
+            assert_eq!(
+                fadd(1, true),
+                Some((Status::Ok, 0)),
+                "replayed from the seeded table"
+            );
+            assert_eq!(word(), 1, "seq 1 applied once");
+            // seq 2's retry: applied once, by XDP.
+            assert_eq!(fadd(2, true), Some((Status::Ok, 1)));
+            assert_eq!(fadd(2, true), Some((Status::Ok, 1)), "replayed");
+            assert_eq!(word(), 2);
+            assert!(xdp_ops() >= before + 3, "answered in the kernel");
+        });
+    }
+
     /// Exactly-once through the trait against the XDP program (answering in the kernel):
     /// requests and replies lost, duplicated and reordered by a relay. Every CAS of a
     /// chain is reported won, every Ok FETCH-ADD returned a distinct old value and the
