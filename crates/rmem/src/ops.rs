@@ -638,6 +638,34 @@ mod tests {
     }
 
     #[test]
+    fn handed_over_datagram_mutations_are_dropped_unapplied_until_taken_back() {
+        let mem = HeapWords::new(512);
+        let keys = AccessKeys::new().with(RW, Perm::ReadWrite);
+        let (c, d) = (OpCounters::default(), Dedup::new());
+        let mut reply = Vec::new();
+        let one = 1u64.to_le_bytes();
+        let mut run =
+            |datagram: bool, r: &[u8]| execute(mem.words(), &keys, &c, &d, datagram, r, &mut reply);
+        assert_eq!(run(true, &client_req(4, 9, 100, false, &one)), Status::Ok);
+        let entries = d.hand_over_datagrams();
+        assert_eq!(
+            entries,
+            vec![(9, 100, 0)],
+            "the applied mutation and its old value"
+        );
+        // Datagram mutations: dropped (a silent status), memory untouched.
+        let st = run(true, &client_req(4, 9, 101, false, &one));
+        assert!(silent(st), "{st:?}");
+        // Streams and reads are unaffected.
+        assert_eq!(run(false, &client_req(4, 7, 1, false, &one)), Status::Ok);
+        assert_eq!(run(true, &req(1, RW, 256, 8, &[])), Status::Ok);
+        assert_eq!(mem.words()[32].load(Ordering::Relaxed), 2);
+        d.take_back_datagrams();
+        assert_eq!(run(true, &client_req(4, 9, 101, true, &one)), Status::Ok);
+        assert_eq!(mem.words()[32].load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
     fn the_client_table_is_bounded_and_forgets_the_least_recently_used() {
         let mem = HeapWords::new(512);
         let keys = AccessKeys::new().with(RW, Perm::ReadWrite);
