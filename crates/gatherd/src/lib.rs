@@ -12,8 +12,14 @@
 //! server and the user-space udp fallback serve that mapping, and the shm path becomes a
 //! Unix socket handing readers the map's fd (`farside_rmem::fdshare`), so a CAS over udp
 //! is seen over tcp and shm at once and the other way round. The tcp and udp servers
-//! share one duplicate-detection table (`farside_rmem::Dedup`); the XDP program keeps
-//! its own in a map.
+//! share one duplicate-detection table (`farside_rmem::Dedup`). Datagram mutations
+//! have one table at a time: user space's until the XDP program attaches, then the
+//! program's map, seeded with user space's entries at the hand-over (see
+//! `attach_xdp`), so a retry answered across the attach is never applied twice.
+//!
+//! Start-up is ordered for a restart's freshness: the region (with XDP the map, before
+//! the program is verified) is served from user space and sampled within milliseconds
+//! of the exec; the XDP attach and the kernel sampler follow (see [`Gatherd::start`]).
 
 pub mod metrics;
 

@@ -23,7 +23,10 @@
 //! WRITE, CAS and FETCH-ADD are confined to the control words and applied at most
 //! once per (client id, seq): the `rmem_dedup` LRU map (at most [`DEDUP_CLIENTS_MAX`]
 //! clients) remembers each client's last mutation and replays its reply to a retry,
-//! exactly as `farside_rmem::ops::Dedup` does in user space.
+//! exactly as `farside_rmem::ops::Dedup` does in user space. gatherd makes the two
+//! one table across the attach: [`XdpResponder::load`] creates the maps, user space
+//! serves the region until [`XdpResponder::seed_dedup`] takes its table over and
+//! [`XdpResponder::attach_to`] attaches the program.
 //!
 //! Use from gatherd: `XdpResponder::attach(iface, mode, port, keys)`, then make the map
 //! the node's only region: publish the load record through [`XdpResponder::region`],
