@@ -1669,6 +1669,7 @@ mod tests {
         const NAME: &str = "tests::kernel_sampler_record_advances_while_gatherd_is_sigstopped";
         if let Some(path) = std::env::var_os("FARSIDE_KSAMP_CHILD") {
             in_private_netns(move || {
+                let ready = PathBuf::from(format!("{}.started", path.to_string_lossy()));
                 let _g = Gatherd::start(&GatherdArgs {
                     shm: Some(PathBuf::from(path)),
                     udp_listen: Some("127.0.0.1:17079".parse().unwrap()),
@@ -1678,6 +1679,9 @@ mod tests {
                     ..Default::default()
                 })
                 .unwrap();
+                // The socket answers from the start-up's first milliseconds, the kernel
+                // sampler only once `start` returns: say so.
+                std::fs::write(&ready, b"").unwrap();
                 // Until the parent kills this process.
                 loop {
                     std::thread::sleep(Duration::from_secs(1));
@@ -1701,10 +1705,15 @@ mod tests {
             .unwrap();
         let pid = child.id() as libc::pid_t;
         let deadline = Instant::now() + Duration::from_secs(20);
-        // The socket appears once the sampler runs (it is served last).
+        // The socket is served early in the start-up; the kernel sampler runs once the
+        // child says it started.
+        let started = PathBuf::from(format!("{}.started", shm.display()));
+        let _ = std::fs::remove_file(&started);
         let mem = loop {
-            if let Ok(m) = farside_rmem::map_region(&shm, REGION_WORDS) {
-                break m;
+            if started.exists() {
+                if let Ok(m) = farside_rmem::map_region(&shm, REGION_WORDS) {
+                    break m;
+                }
             }
             if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
                 let _ = child.kill();
@@ -1740,6 +1749,7 @@ mod tests {
         unsafe { libc::kill(pid, libc::SIGKILL) };
         let _ = child.wait();
         let _ = std::fs::remove_file(&shm);
+        let _ = std::fs::remove_file(&started);
         assert!(still_stopped, "the child ran during the check");
         assert!(
             advanced.seq > a.seq + 10,
