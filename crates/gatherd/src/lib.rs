@@ -620,6 +620,8 @@ impl Gatherd {
             nice,
         )?);
         lap.stage("serving");
+        // If a later step fails, the sampling thread must not outlive the error.
+        let abort = StopOnDrop(Some(stop.clone()));
         // The slow steps, while the region is served and sampled.
         let udp_server = match xdp.as_mut() {
             Some(x) => attach_xdp(args, x, &dedup)?,
@@ -681,6 +683,7 @@ impl Gatherd {
             startup.extend(x.startup_stages().iter().map(|&(n, d)| (n, d)));
         }
         log::info!("gatherd: start-up {}", format_stages(&startup));
+        abort.disarm();
         Gatherd {
             stats,
             counters,
@@ -976,6 +979,24 @@ fn spawn_sampler(
             }
             (sampler, writers)
         })
+}
+
+/// Sets the flag when dropped unless disarmed: stops the sampling thread of a start-up
+/// that fails after spawning it.
+struct StopOnDrop(Option<Arc<AtomicBool>>);
+
+impl StopOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Some(f) = &self.0 {
+            f.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Wall-clock laps of gatherd's start-up, one named stage at a time.
