@@ -63,6 +63,9 @@ pub struct Dedup {
 struct DedupInner {
     slots: HashMap<u64, Slot>,
     clock: u64,
+    /// Datagram mutations belong to another table (the XDP program's) since
+    /// [`Dedup::hand_over_datagrams`]: they are dropped here, never applied.
+    datagrams_handed_over: bool,
 }
 
 enum Seen {
@@ -108,6 +111,28 @@ impl DedupInner {
 impl Dedup {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Hand datagram mutations over to another table (gatherd: the XDP program's
+    /// dedup map, which it seeds with the returned `(client, seq, old)` entries before
+    /// attaching the program). From the return on, a WRITE/CAS/FETCH-ADD of a client
+    /// with an id that arrives in a datagram is not applied here and gets no reply
+    /// (counted `Stale`); its retry is answered by the table's new owner, which knows
+    /// every mutation applied here, so none is applied twice across the handover. The
+    /// lock the operations hold makes the cut exact: a mutation in progress when this
+    /// is called is recorded in the returned entries. Mutations over streams (tcp) and
+    /// anonymous ones are unaffected.
+    pub fn hand_over_datagrams(&self) -> Vec<(u64, u64, u64)> {
+        let mut d = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        d.datagrams_handed_over = true;
+        d.slots.iter().map(|(&c, s)| (c, s.seq, s.old)).collect()
+    }
+
+    /// Undo [`Dedup::hand_over_datagrams`] (the new owner never took over: gatherd's
+    /// XDP attach failed). Nothing was applied in between, so this table is complete.
+    pub fn take_back_datagrams(&self) {
+        let mut d = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        d.datagrams_handed_over = false;
     }
 
     /// Clients currently remembered.
@@ -283,6 +308,10 @@ pub fn execute(
     if op != Op::Read && h.client != 0 {
         // Held across the operation: decide, apply and record as one step.
         let mut d = dedup.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if datagram && d.datagrams_handed_over {
+            // Another table owns datagram mutations (`Dedup::hand_over_datagrams`).
+            return refuse(reply, h.op, h.seq, Status::Stale);
+        }
         match d.classify(h.client, h.seq, h.flags & FLAG_RETRY != 0) {
             Seen::Refuse(st) => return refuse(reply, h.op, h.seq, st),
             Seen::Replay(old) => {
@@ -606,6 +635,34 @@ mod tests {
         assert_eq!(run(&client_req(4, 11, u64::MAX, false, &one)).0, Status::Ok);
         assert_eq!(run(&client_req(4, 11, 0, false, &one)).0, Status::Ok);
         assert_eq!(d.clients(), 3, "clients 9, 7 and 11");
+    }
+
+    #[test]
+    fn handed_over_datagram_mutations_are_dropped_unapplied_until_taken_back() {
+        let mem = HeapWords::new(512);
+        let keys = AccessKeys::new().with(RW, Perm::ReadWrite);
+        let (c, d) = (OpCounters::default(), Dedup::new());
+        let mut reply = Vec::new();
+        let one = 1u64.to_le_bytes();
+        let mut run =
+            |datagram: bool, r: &[u8]| execute(mem.words(), &keys, &c, &d, datagram, r, &mut reply);
+        assert_eq!(run(true, &client_req(4, 9, 100, false, &one)), Status::Ok);
+        let entries = d.hand_over_datagrams();
+        assert_eq!(
+            entries,
+            vec![(9, 100, 0)],
+            "the applied mutation and its old value"
+        );
+        // Datagram mutations: dropped (a silent status), memory untouched.
+        let st = run(true, &client_req(4, 9, 101, false, &one));
+        assert!(silent(st), "{st:?}");
+        // Streams and reads are unaffected.
+        assert_eq!(run(false, &client_req(4, 7, 1, false, &one)), Status::Ok);
+        assert_eq!(run(true, &req(1, RW, 256, 8, &[])), Status::Ok);
+        assert_eq!(mem.words()[32].load(Ordering::Relaxed), 2);
+        d.take_back_datagrams();
+        assert_eq!(run(true, &client_req(4, 9, 101, true, &one)), Status::Ok);
+        assert_eq!(mem.words()[32].load(Ordering::Relaxed), 3);
     }
 
     #[test]

@@ -183,6 +183,7 @@ impl Loaded {
                 "kernel sampler: CPU id {max_cpu}, the sampler holds ids below {SAMPLER_CPUS_MAX}"
             )));
         }
+        let mut lap = crate::Lap::new();
         let raw = std::fs::read(VMLINUX_BTF)
             .map_err(|e| XdpError::Load(format!("kernel sampler: {VMLINUX_BTF}: {e}")))?;
         let btf = crate::btf::Btf::parse(&raw)
@@ -211,6 +212,7 @@ impl Loaded {
             ..Default::default()
         };
         cfg.ports[..ports.len()].copy_from_slice(ports);
+        lap.stage("ksamp_btf");
         {
             let mut m: Array<&mut MapData, Config> =
                 Array::try_from(map_mut(&mut self.ebpf, MAP_CONFIG)?)
@@ -223,7 +225,8 @@ impl Loaded {
         // Event programs first (they only change counters), the ticks last: the record
         // is written only once everything else is in place.
         let mut ticks = Vec::with_capacity(cpus.len());
-        let result = self.attach_sampler(ports, period, &cpus, seed, &mut ticks);
+        let result = self.attach_sampler(ports, period, &cpus, seed, &mut ticks, &mut lap);
+        self.stages.append(&mut lap.stages);
         if result.is_err() {
             ticks.clear();
             self.stop_kernel_sampler();
@@ -241,6 +244,7 @@ impl Loaded {
         cpus: &[u32],
         seed: &mut dyn FnMut() -> std::io::Result<Vec<PortCounts>>,
         ticks: &mut Vec<aya::programs::perf_event::PerfEventLink>,
+        lap: &mut crate::Lap,
     ) -> Result<(), XdpError> {
         let load_err = |p: &str, e: aya::programs::ProgramError| {
             // A verifier refusal is EACCES too: keep its log.
@@ -260,6 +264,12 @@ impl Loaded {
         tp.attach("sock", "sk_data_ready")
             .map_err(|e| load_err(PROG_READY, e))?;
 
+        // The tick verified before the seed: the seed callback may hand the record over
+        // from a user-space writer, and the record is not written between that and the
+        // first tick, so that gap must not hold a verification.
+        let pe: &mut PerfEvent = prog(&mut self.ebpf, PROG_TICK)?;
+        pe.load().map_err(|e| load_err(PROG_TICK, e))?;
+        lap.stage("ksamp_events");
         // Seed: the caller's count, applied as a difference so that events counted by
         // the programs since `before` are kept.
         let before = self.read_counts()?;
@@ -271,9 +281,9 @@ impl Loaded {
             c.backlog[i] += pc.backlog as i64 - before.backlog[i];
         }
         self.write_counts(c)?;
+        lap.stage("ksamp_seed");
 
         let pe: &mut PerfEvent = prog(&mut self.ebpf, PROG_TICK)?;
-        pe.load().map_err(|e| load_err(PROG_TICK, e))?;
         for &cpu in cpus {
             let id = pe
                 .attach(
@@ -285,6 +295,7 @@ impl Loaded {
                 .map_err(|e| load_err(PROG_TICK, e))?;
             ticks.push(pe.take_link(id).map_err(|e| load_err(PROG_TICK, e))?);
         }
+        lap.stage("ksamp_ticks");
         Ok(())
     }
 

@@ -23,7 +23,10 @@
 //! WRITE, CAS and FETCH-ADD are confined to the control words and applied at most
 //! once per (client id, seq): the `rmem_dedup` LRU map (at most [`DEDUP_CLIENTS_MAX`]
 //! clients) remembers each client's last mutation and replays its reply to a retry,
-//! exactly as `farside_rmem::ops::Dedup` does in user space.
+//! exactly as `farside_rmem::ops::Dedup` does in user space. gatherd makes the two
+//! one table across the attach: [`XdpResponder::load`] creates the maps, user space
+//! serves the region until [`XdpResponder::seed_dedup`] takes its table over and
+//! [`XdpResponder::attach_to`] attaches the program.
 //!
 //! Use from gatherd: `XdpResponder::attach(iface, mode, port, keys)`, then make the map
 //! the node's only region: publish the load record through [`XdpResponder::region`],
@@ -82,6 +85,7 @@ const MAP_REGION: &str = "rmem_region";
 const MAP_KEYS: &str = "rmem_keys";
 const MAP_CONFIG: &str = "rmem_config";
 const MAP_COUNTERS: &str = "rmem_counters";
+const MAP_DEDUP: &str = "rmem_dedup";
 /// Values of the keys map (RMEM_PERM_* in rmem_consts.h).
 const PERM_READ: u32 = 1;
 const PERM_RW: u32 = 2;
@@ -216,6 +220,21 @@ struct Config {
 // SAFETY: repr(C), plain integers, no padding.
 unsafe impl aya::Pod for Config {}
 
+/// Value of the dedup map (struct rmem_dedup): the last mutation of one client.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DedupValue {
+    /// Last seq claimed.
+    seq: u64,
+    /// Last seq whose reply (`old`) is recorded.
+    done_seq: u64,
+    /// CAS/FADD: the old value returned; WRITE: 0.
+    old: u64,
+}
+
+// SAFETY: repr(C), plain integers, no padding.
+unsafe impl aya::Pod for DedupValue {}
+
 /// `(ops, status)` counters: ops by op code (0 = unknown), replies by `Status as u8`.
 pub type Counters = ([u64; OP_COUNTERS], [u64; STATUS_COUNTERS]);
 
@@ -225,6 +244,10 @@ struct Loaded {
     region: Arc<MappedWords>,
     /// Set while the kernel sampler runs.
     sampler: Option<ksamp::SamplerState>,
+    /// Wall time of each start-up step, in order (see [`XdpResponder::startup_stages`]).
+    stages: Vec<(&'static str, Duration)>,
+    /// The XDP program is loaded (verified).
+    verified: bool,
 }
 
 impl Loaded {
@@ -235,15 +258,20 @@ impl Loaded {
                 keys.len()
             )));
         }
-        let mut ebpf =
-            Ebpf::load(OBJECT).map_err(|e| classify("creating maps", e, XdpError::Load))?;
-        let prog: &mut Xdp = ebpf
+        let mut lap = Lap::new();
+        // No kernel BTF for relocations: the programs use none (no CO-RE; the sampler
+        // finds its offsets with `btf.rs`), and `Ebpf::load` would parse
+        // /sys/kernel/btf/vmlinux twice more (tens of ms of a restart's start-up).
+        let mut ebpf = aya::EbpfLoader::new()
+            .btf(None)
+            .load(OBJECT)
+            .map_err(|e| classify("creating maps", e, XdpError::Load))?;
+        lap.stage("maps");
+        let _: &mut Xdp = ebpf
             .program_mut(PROG_NAME)
             .ok_or_else(|| XdpError::Load(format!("no program {PROG_NAME} in the object")))?
             .try_into()
             .map_err(|e| XdpError::Load(format!("{PROG_NAME}: {e}")))?;
-        prog.load()
-            .map_err(|e| classify("BPF_PROG_LOAD", e, XdpError::Load))?;
 
         let mut config: Array<&mut MapData, Config> =
             Array::try_from(map_mut(&mut ebpf, MAP_CONFIG)?)
@@ -279,11 +307,52 @@ impl Loaded {
             let fd = data.fd().as_fd().as_raw_fd();
             Arc::new(MappedWords::map_fd(fd, REGION_WORDS).map_err(XdpError::Mmap)?)
         };
+        lap.stage("config_mmap");
         Ok(Loaded {
             ebpf,
             region,
             sampler: None,
+            stages: lap.stages,
+            verified: false,
         })
+    }
+
+    /// Load (verify) the XDP program, once.
+    fn verify(&mut self) -> Result<(), XdpError> {
+        if self.verified {
+            return Ok(());
+        }
+        let mut lap = Lap::new();
+        self.prog_mut()
+            .load()
+            .map_err(|e| classify("BPF_PROG_LOAD", e, XdpError::Load))?;
+        lap.stage("xdp_verify");
+        self.stages.append(&mut lap.stages);
+        self.verified = true;
+        Ok(())
+    }
+
+    /// See [`XdpResponder::seed_dedup`].
+    fn seed_dedup(&mut self, entries: &[(u64, u64, u64)]) -> Result<(), XdpError> {
+        if entries.len() > DEDUP_CLIENTS_MAX {
+            return Err(XdpError::Config(format!(
+                "{} dedup entries, the map holds {DEDUP_CLIENTS_MAX}",
+                entries.len()
+            )));
+        }
+        let mut m: HashMap<&mut MapData, u64, DedupValue> =
+            HashMap::try_from(map_mut(&mut self.ebpf, MAP_DEDUP)?)
+                .map_err(|e| XdpError::Map(format!("{MAP_DEDUP}: {e}")))?;
+        for &(client, seq, old) in entries {
+            let v = DedupValue {
+                seq,
+                done_seq: seq,
+                old,
+            };
+            m.insert(client, v, 0)
+                .map_err(|e| classify("seeding the dedup map", e, XdpError::Map))?;
+        }
+        Ok(())
     }
 
     /// Answer only datagrams to `addr` (None: any address). Takes effect at once.
@@ -357,6 +426,28 @@ impl Loaded {
     }
 }
 
+/// Wall-clock laps of a start-up, one named stage at a time.
+pub(crate) struct Lap {
+    last: std::time::Instant,
+    pub(crate) stages: Vec<(&'static str, Duration)>,
+}
+
+impl Lap {
+    pub(crate) fn new() -> Lap {
+        Lap {
+            last: std::time::Instant::now(),
+            stages: Vec::new(),
+        }
+    }
+
+    /// Record the time since the previous stage (or the start) under `name`.
+    pub(crate) fn stage(&mut self, name: &'static str) {
+        let now = std::time::Instant::now();
+        self.stages.push((name, now - self.last));
+        self.last = now;
+    }
+}
+
 fn map_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::maps::Map, XdpError> {
     ebpf.map_mut(name)
         .ok_or_else(|| XdpError::Load(format!("no map {name} in the object")))
@@ -384,8 +475,8 @@ impl XdpResponder {
         Self::attach_with(ifname, mode, udp_port, keys, |_| {})
     }
 
-    /// Like [`XdpResponder::attach`], with `init` given the region after the program is
-    /// loaded and before it is attached: what it writes there is the first thing any
+    /// Like [`XdpResponder::attach`], with `init` given the region after the maps are
+    /// created and before the program is attached: what it writes there is the first thing any
     /// request can read (no window in which the kernel answers from a zeroed region).
     pub fn attach_with(
         ifname: &str,
@@ -394,41 +485,98 @@ impl XdpResponder {
         keys: &[(u64, bool)],
         init: impl FnOnce(Arc<dyn Words>),
     ) -> Result<XdpResponder, XdpError> {
+        let mut x = XdpResponder::load(udp_port, keys)?;
+        init(x.region());
+        x.attach_to(ifname, mode)?;
+        Ok(x)
+    }
+
+    /// Create the maps, configure port and keys, and map the region, without loading
+    /// or attaching the program: the region exists (and can be served from user space,
+    /// shared with shm readers, written by the sampler) before the slow steps, the
+    /// program's verification and attach ([`XdpResponder::attach_to`]), so a restarted
+    /// gatherd answers from its region within milliseconds while XDP comes up.
+    pub fn load(udp_port: u16, keys: &[(u64, bool)]) -> Result<XdpResponder, XdpError> {
         if udp_port == 0 {
             return Err(XdpError::Config(
                 "udp port 0 (the program would serve nothing)".into(),
             ));
         }
-        let mut loaded = Loaded::load(udp_port, keys)?;
-        init(loaded.region.clone());
+        Ok(XdpResponder {
+            loaded: Loaded::load(udp_port, keys)?,
+            link: None,
+            ifname: String::new(),
+            mode: XdpMode::Generic,
+        })
+    }
+
+    /// Load (verify) the program if not yet done and attach it to `ifname` in `mode`.
+    /// On error nothing is attached and the responder (its maps, its region) stays
+    /// usable: try another mode, or keep serving the region from user space.
+    pub fn attach_to(&mut self, ifname: &str, mode: XdpMode) -> Result<(), XdpError> {
+        if self.link.is_some() {
+            return Err(XdpError::Config(format!(
+                "already attached to {}",
+                self.ifname
+            )));
+        }
+        self.loaded.verify()?;
+        let mut lap = Lap::new();
         let aya_mode = match mode {
             XdpMode::Native => AyaXdpMode::Driver,
             XdpMode::Generic => AyaXdpMode::Skb,
         };
-        let link = loaded.prog_mut().attach(ifname, aya_mode).map_err(|e| {
-            if let aya::programs::ProgramError::UnknownInterface { name } = &e {
-                return XdpError::NoInterface(name.clone());
-            }
-            if is_permission_error(&e) {
-                return XdpError::NoPrivilege(format!("attaching to {ifname}"));
-            }
-            XdpError::Attach {
-                ifname: ifname.to_string(),
-                mode,
-                detail: error_chain(&e),
-            }
-        })?;
-        Ok(XdpResponder {
-            loaded,
-            link: Some(link),
-            ifname: ifname.to_string(),
-            mode,
-        })
+        let link = self
+            .loaded
+            .prog_mut()
+            .attach(ifname, aya_mode)
+            .map_err(|e| {
+                if let aya::programs::ProgramError::UnknownInterface { name } = &e {
+                    return XdpError::NoInterface(name.clone());
+                }
+                if is_permission_error(&e) {
+                    return XdpError::NoPrivilege(format!("attaching to {ifname}"));
+                }
+                XdpError::Attach {
+                    ifname: ifname.to_string(),
+                    mode,
+                    detail: error_chain(&e),
+                }
+            })?;
+        lap.stage("xdp_attach");
+        self.loaded.stages.append(&mut lap.stages);
+        self.link = Some(link);
+        self.ifname = ifname.to_string();
+        self.mode = mode;
+        Ok(())
+    }
+
+    /// Start the program's duplicate-detection table from another's entries
+    /// `(client, seq, old)`: each client's last applied mutation and the old value it
+    /// returned (`farside_rmem::Dedup::hand_over_datagrams`). A retry of one of them is
+    /// then replayed by the program, not applied again. Call before [`Self::attach_to`]:
+    /// the table must be complete before the program answers. At most
+    /// [`DEDUP_CLIENTS_MAX`] entries.
+    pub fn seed_dedup(&mut self, entries: &[(u64, u64, u64)]) -> Result<(), XdpError> {
+        self.loaded.seed_dedup(entries)
+    }
+
+    /// Whether the program is attached (requests to the port are answered in the kernel).
+    pub fn is_attached(&self) -> bool {
+        self.link.is_some()
     }
 
     /// The region as words: a `MAP_SHARED`, read-write mapping of the region map.
     pub fn region(&self) -> Arc<dyn Words> {
         self.loaded.region.clone()
+    }
+
+    /// Wall time of each start-up step so far, in order: `maps` (object parse and map
+    /// creation), `xdp_verify` (BPF_PROG_LOAD), `config_mmap`, `init_region` (the
+    /// caller's `init`), `xdp_attach`, then the kernel sampler's (`ksamp_btf`,
+    /// `ksamp_events`, `ksamp_seed`, `ksamp_ticks`) once started.
+    pub fn startup_stages(&self) -> &[(&'static str, Duration)] {
+        &self.loaded.stages
     }
 
     /// `(ops, status)` counters summed over CPUs, indexed like `farside_rmem::OpCounters`
@@ -471,7 +619,9 @@ impl XdpResponder {
     /// the load record every `period` and the caller must stop writing it. `ports` are
     /// the watched TCP ports (at most [`ksamp::SAMPLER_PORTS_MAX`]); `seed` counts their
     /// existing connections (one [`PortCounts`] per port), called once the event
-    /// programs are attached. On error nothing of the sampler stays attached.
+    /// programs are attached and every program is verified, right before the ticks
+    /// start: a user-space writer of the record stops there (the handover), and the
+    /// record is next written by the first tick, one `period` and the tick attach later. On error nothing of the sampler stays attached.
     pub fn start_kernel_sampler(
         &mut self,
         ports: &[u16],
@@ -562,9 +712,9 @@ const BPF_PROG_TEST_RUN: libc::c_long = 10;
 impl TestProgram {
     /// Load and configure (port, keys) without attaching.
     pub fn load(udp_port: u16, keys: &[(u64, bool)]) -> Result<TestProgram, XdpError> {
-        Ok(TestProgram {
-            loaded: Loaded::load(udp_port, keys)?,
-        })
+        let mut loaded = Loaded::load(udp_port, keys)?;
+        loaded.verify()?;
+        Ok(TestProgram { loaded })
     }
 
     /// Run the program once on `packet` (an Ethernet frame). Returns the XDP action
@@ -658,6 +808,11 @@ impl TestProgram {
         self.loaded.costs()
     }
 
+    /// As [`XdpResponder::seed_dedup`].
+    pub fn seed_dedup(&mut self, entries: &[(u64, u64, u64)]) -> Result<(), XdpError> {
+        self.loaded.seed_dedup(entries)
+    }
+
     /// As [`XdpResponder::set_node_addr`].
     pub fn set_node_addr(&mut self, addr: Option<std::net::Ipv4Addr>) -> Result<(), XdpError> {
         self.loaded.set_node_addr(addr)
@@ -716,5 +871,6 @@ mod tests {
         assert_eq!(define("RMEM_PERM_READ"), PERM_READ);
         assert_eq!(define("RMEM_PERM_RW"), PERM_RW);
         assert_eq!(std::mem::size_of::<Config>(), 8);
+        assert_eq!(std::mem::size_of::<DedupValue>(), 24);
     }
 }
