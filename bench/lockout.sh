@@ -76,14 +76,23 @@ start_proxy() { # admission flags...
         curl -s -o /dev/null "http://$proxy_addr/file16k" && return 0; sleep 0.1; done
     echo "proxy did not come up: $(cat "$tmp/proxy.log")" >&2; exit 1
 }
+steal() { # per-CPU steal ticks (USER_HZ) from /proc/stat, space-separated
+    awk '/^cpu[0-9]/ {printf "%s ", $9}' /proc/stat
+}
 phase() { # name loadgen-args...
     local name=$1; shift
     echo "== $name" >&2
+    local s0; s0=$(steal)
     taskset -c 0 "$F" loadgen --target "$proxy_addr" --duration-s "$DURATION" \
         --warmup-s "$WARMUP" --json --quiet "$@" >"$tmp/$name.json"
-    python3 - "$name" "$tmp/$name.json" >>"$OUT/lockout.jsonl" <<'PY'
+    # steal_ms: CPU time the hypervisor took from each CPU during the phase (a phase
+    # where one CPU lost > 1% of it is flagged by lockout-table.py).
+    python3 - "$name" "$tmp/$name.json" "$s0" "$(steal)" "$(getconf CLK_TCK)" \
+        >>"$OUT/lockout.jsonl" <<'PY'
 import json, sys
 s = json.load(open(sys.argv[2])); s.pop("series", None); s["phase"] = sys.argv[1]
+a, b, hz = sys.argv[3].split(), sys.argv[4].split(), float(sys.argv[5])
+s["steal_ms"] = [(int(y) - int(x)) * 1000.0 / hz for x, y in zip(a, b)]
 print(json.dumps(s))
 PY
 }
