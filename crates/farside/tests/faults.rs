@@ -381,9 +381,10 @@ fn lab_faults_quick(hosts: &str, faults: usize) {
     assert!(st.success(), "lab faults: {st}");
     let text = std::fs::read_to_string(out.join("summary.json")).unwrap();
     let s: serde_json::Value = serde_json::from_str(&text).unwrap();
-    let rows = s["rows"].as_array().unwrap();
+    let rows = s["points"].as_array().unwrap();
     assert_eq!(rows.len(), faults, "{text}");
-    let bound = s["fresh_bound_ms"].as_f64().unwrap();
+    assert_eq!(s["finished"], true, "{text}");
+    let bound = s["params"]["fresh_bound_ms"].as_f64().unwrap();
     assert_eq!(bound, 200.0);
     for r in rows {
         assert_eq!(r["hung"], 0, "{text}");
@@ -400,7 +401,9 @@ fn lab_faults_quick(hosts: &str, faults: usize) {
             assert_eq!(r["failed"], 0, "a reload fails no request: {text}");
         }
     }
-    assert_eq!(s["targets_met"], true, "{text}");
+    let table = std::fs::read_to_string(out.join("table.txt")).unwrap();
+    assert!(table.contains("): met"), "targets: {table}");
+    assert!(out.join("points.jsonl").exists() && out.join("faults.csv").exists());
 }
 
 #[test]

@@ -28,7 +28,11 @@
 //! Target: `hung` = 0 for every fault; `time_to_fresh_from_repair_cmd_ms` ≤ 2 ×
 //! `stale_after_ms` after the gatherd restart.
 //!
-//! Outputs in `--out`: `summary.json` (settings and rows), `table.txt` (what is printed).
+//! Outputs in `--out`, through the shared runner ([`crate::sweep`]): one point per fault
+//! appended to `points.jsonl` as it finishes (`--resume DIR` continues a broken run),
+//! `summary.json` (commit, kernel, CPU, settings in `params`, the rows as `points`,
+//! `targets_met`), `table.txt` and `faults.csv`; `farside lab report DIR` prints the
+//! table again from the kept files.
 //! The offered rate is `--load-share` (0.7) × the capacity measured by a short
 //! closed-loop run through the proxy first, unless `--rate` sets it.
 //!
@@ -38,12 +42,10 @@
 //! namespace, `udp dport PORT numgen random mod 100 < 30 drop` (needs `nft`; this
 //! kernel has no netem, prio or tc actions, and XDP's replies on the back-end side
 //! bypass both qdiscs and netfilter).
-//!
-//! Gap: outputs do not go through [`crate::sweep`] (its point type has no fault row yet).
 
 use crate::procs::Child;
 use farside_loadgen::{LoadgenArgs, Summary};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::io::{self, Write};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -97,9 +99,13 @@ const PHASE_S_QUICK: f64 = 4.0;
 /// `farside lab faults`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct FaultsArgs {
-    /// Output directory (summary.json, table.txt, logs/).
+    /// Output directory (summary.json, points.jsonl, table.txt, faults.csv, logs/).
     #[arg(long, default_value = "out/faults")]
     pub out: PathBuf,
+    /// Continue the broken run kept in DIR (its output directory): faults already
+    /// measured are skipped. Refused when the settings differ from the kept run's.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
     /// Short phases (4 s per fault instead of 10), for CI.
     #[arg(long)]
     pub quick: bool,
@@ -137,8 +143,8 @@ pub struct FaultsArgs {
     pub faults: Vec<String>,
 }
 
-/// What the clients saw during one fault's phase.
-#[derive(Serialize, Debug, Clone, PartialEq)]
+/// What the clients saw during one fault's phase (a point of the shared runner).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct FaultRow {
     pub fault: String,
     /// Requests started in the phase.
@@ -172,6 +178,13 @@ pub struct FaultRow {
     /// fresh region before its start-up ends); `None` where the repair takes no time
     /// (then it equals `time_to_fresh_ms`) or no fresh view came.
     pub time_to_fresh_from_repair_cmd_ms: Option<f64>,
+    /// Runs combined in this row (counts summed, times the worst run's).
+    #[serde(default = "one")]
+    pub runs: u64,
+}
+
+fn one() -> u64 {
+    1
 }
 
 impl FaultRow {
@@ -193,36 +206,46 @@ impl FaultRow {
             stale_at_repair,
             repair_ms: repair.map(|d| d.as_secs_f64() * 1e3),
             time_to_fresh_from_repair_cmd_ms: cmd.map(|d| d.as_secs_f64() * 1e3),
+            runs: 1,
         }
     }
-}
 
-/// `summary.json` of a faults run.
-#[derive(Serialize, Debug)]
-pub struct FaultsSummary {
-    pub experiment: &'static str,
-    pub hosts: String,
-    pub quick: bool,
-    /// Offered open-loop rate, requests/s.
-    pub rate: f64,
-    /// Served requests/s of the calibration run (absent with --rate).
-    pub capacity_rps: Option<f64>,
-    /// Whether `net.ipv4.tcp_migrate_req` was set in the proxy's node (netns only):
-    /// then `proxy-restart` hands queued connections to the successor instead of
-    /// resetting them (loopback leaves the host's setting alone).
-    pub tcp_migrate_req: bool,
-    pub backends: usize,
-    pub backend_workers: usize,
-    pub stale_after_ms: u64,
-    pub limit: u64,
-    pub timeout_ms: u64,
-    pub phase_s: f64,
-    /// Target of `time_to_fresh_from_repair_cmd_ms` after `gatherd-restart`:
-    /// 2 × `stale_after_ms`.
-    pub fresh_bound_ms: u64,
-    pub rows: Vec<FaultRow>,
-    /// Every fault had `hung == 0` and the gatherd restart met `fresh_bound_ms`.
-    pub targets_met: bool,
+    /// Repeats of one fault: counts summed; times are the worst run's (a run that never
+    /// became fresh makes the combined row `None`: the target is per run).
+    pub fn combine(runs: &[FaultRow]) -> FaultRow {
+        let Some(first) = runs.first() else {
+            return FaultRow::new("", &Summary::default(), (None, false, None, None));
+        };
+        let sum = |f: fn(&FaultRow) -> u64| runs.iter().map(f).sum::<u64>();
+        let worst = |f: fn(&FaultRow) -> Option<f64>| {
+            runs.iter()
+                .map(f)
+                .try_fold(0.0f64, |m, v| v.map(|v| m.max(v)))
+        };
+        let any_worst = |f: fn(&FaultRow) -> Option<f64>| {
+            runs.iter()
+                .filter_map(f)
+                .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
+        };
+        FaultRow {
+            fault: first.fault.clone(),
+            started: sum(|r| r.started),
+            answered: sum(|r| r.answered),
+            refused_503: sum(|r| r.refused_503),
+            failed: sum(|r| r.failed),
+            failed_connect: sum(|r| r.failed_connect),
+            failed_io: sum(|r| r.failed_io),
+            failed_malformed: sum(|r| r.failed_malformed),
+            failed_5xx: sum(|r| r.failed_5xx),
+            hung: sum(|r| r.hung),
+            inflight_at_end: sum(|r| r.inflight_at_end),
+            time_to_fresh_ms: worst(|r| r.time_to_fresh_ms),
+            stale_at_repair: runs.iter().any(|r| r.stale_at_repair),
+            repair_ms: any_worst(|r| r.repair_ms),
+            time_to_fresh_from_repair_cmd_ms: any_worst(|r| r.time_to_fresh_from_repair_cmd_ms),
+            runs: runs.iter().map(|r| r.runs).sum(),
+        }
+    }
 }
 
 fn free_tcp() -> io::Result<SocketAddr> {
@@ -645,7 +668,8 @@ fn inject(a: &FaultsArgs, fab: &Fabric, t: &mut Tier, fault: &str) -> io::Result
     Ok((fresh, stale, repair, fresh_from_cmd))
 }
 
-fn table(rows: &[FaultRow]) -> String {
+/// The faults table (`table.txt`, `farside lab report`).
+pub fn table(rows: &[&FaultRow]) -> String {
     let mut s = format!(
         "{:<16} {:>8} {:>9} {:>8} {:>7} {:>5} {:>9} {:>16} {:>9} {:>16}\n",
         "fault",
@@ -746,15 +770,33 @@ fn check_args(a: &FaultsArgs) -> io::Result<Vec<String>> {
     Ok(faults)
 }
 
-/// Run `farside lab faults`.
-pub fn run(a: FaultsArgs) -> io::Result<()> {
-    let faults = check_args(&a)?;
-    let phase_s = if a.quick { PHASE_S_QUICK } else { PHASE_S_FULL };
-    let logs = a.out.join("logs");
-    std::fs::create_dir_all(&logs)?;
+/// A running tier with its fabric: the tier's processes stop (drop) before the fabric
+/// (namespaces, cgroups) is torn down.
+struct Running {
+    t: Tier,
+    /// Offered open-loop rate, requests/s.
+    rate: f64,
+    fab: Fabric,
+}
+
+/// Whether `rows` meet the issue's targets: no hung request in any fault, and after the
+/// gatherd restart a fresh view within `fresh_bound_ms` of the restart command.
+pub fn targets_met(rows: &[&FaultRow], fresh_bound_ms: f64) -> bool {
+    rows.iter().all(|r| r.hung == 0)
+        && rows
+            .iter()
+            .filter(|r| r.fault == "gatherd-restart")
+            .all(|r| {
+                r.time_to_fresh_from_repair_cmd_ms
+                    .is_some_and(|v| v <= fresh_bound_ms)
+            })
+}
+
+/// Build the tier (fabric, back-ends with their gatherds, the proxy) and calibrate the
+/// offered rate. `notes` gets what the run should keep (capacity, sysctls).
+fn start_tier(a: &FaultsArgs, logs: &Path, notes: &mut Vec<String>) -> io::Result<Running> {
+    std::fs::create_dir_all(logs)?;
     let names: Vec<String> = (0..=a.backends).map(|i| format!("b{i}")).collect();
-    let mut migrate_req = false;
-    // Declared before the tier: dropped after it, so processes stop before teardown.
     let fab = if a.hosts == "netns" {
         use crate::netns::{NodeSpec, VirtualDc};
         let mut specs: Vec<NodeSpec> = names.iter().map(|n| NodeSpec::new(n)).collect();
@@ -764,8 +806,15 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
         // A closing listener's queued connections move to its SO_REUSEPORT successor
         // instead of being reset (Linux ≥ 5.14; per namespace).
         match dc.set_sysctl("proxy", "net/ipv4/tcp_migrate_req", "1") {
-            Ok(()) => migrate_req = true,
-            Err(e) => eprintln!("lab faults: warning: tcp_migrate_req not set: {e}"),
+            Ok(()) => notes.push(
+                "net.ipv4.tcp_migrate_req = 1 in the proxy node: proxy-restart hands \
+                 queued connections to the successor"
+                    .into(),
+            ),
+            Err(e) => {
+                eprintln!("lab faults: warning: tcp_migrate_req not set: {e}");
+                notes.push(format!("net.ipv4.tcp_migrate_req not set: {e}"));
+            }
         }
         let id = dc.run_id().to_string();
         crate::procs::on_interrupt(move || {
@@ -779,17 +828,20 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
     };
     let mut nodes = Vec::new();
     for n in &names {
-        nodes.push(start_node(&fab, &logs, n, a.backend_workers)?);
+        nodes.push(start_node(&fab, logs, n, a.backend_workers)?);
     }
     let spare = nodes.pop().expect("backends + 1 nodes");
     let listen = fab.tcp_addr("proxy", NETNS_PROXY_PORT)?;
     let admin = fab.tcp_addr("proxy", NETNS_ADMIN_PORT)?;
-    let config = a.out.join("proxy.toml");
-    write_config(&a, &config, listen, &nodes.iter().collect::<Vec<_>>())?;
-    let mut proxy = start_proxy(&fab, &logs, &config, admin, "proxy")?;
+    let config = logs
+        .parent()
+        .map_or_else(|| a.out.clone(), Path::to_path_buf)
+        .join("proxy.toml");
+    write_config(a, &config, listen, &nodes.iter().collect::<Vec<_>>())?;
+    let mut proxy = start_proxy(&fab, logs, &config, admin, "proxy")?;
     fab.wait_port(&mut proxy, listen)?;
-    let mut t = Tier {
-        logs,
+    let t = Tier {
+        logs: logs.to_path_buf(),
         proxy_node_admin: NETNS_ADMIN_PORT,
         nodes,
         spare,
@@ -805,77 +857,93 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
             "the proxy's view of the back-ends never became fresh; see logs/",
         ));
     }
-    let (rate, capacity_rps) = match a.rate {
-        Some(r) => (r, None),
+    let rate = match a.rate {
+        Some(r) => r,
         None => {
             let c = capacity(&fab, listen, a.quick)?;
-            eprintln!(
-                "lab faults: capacity {c:.0} requests/s; offering {:.0}",
-                c * a.load_share
+            let line = format!(
+                "capacity {c:.0} requests/s (closed loop, {CALIBRATION_CLIENTS} clients); \
+                 offered {:.0}/s (--load-share {})",
+                c * a.load_share,
+                a.load_share
             );
-            (c * a.load_share, Some(c))
+            eprintln!("lab faults: {line}");
+            notes.push(line);
+            c * a.load_share
         }
     };
-    let fault_at = Duration::from_secs_f64(phase_s / 8.0);
-    let mut rows = Vec::new();
-    for f in &faults {
-        let mut l = LoadgenArgs::new(listen.to_string());
-        l.rate = Some(rate);
-        l.duration_s = phase_s;
-        l.warmup_s = 0.0;
-        l.timeout_ms = a.timeout_ms;
-        l.quiet = true;
-        let (summary, fresh) = std::thread::scope(|sc| {
-            let load = sc.spawn(|| fab.loadgen(&l));
-            std::thread::sleep(fault_at);
-            let fresh = inject(&a, &fab, &mut t, f);
-            let summary = load
-                .join()
-                .map_err(|_| io::Error::other("loadgen thread panicked"));
-            (summary, fresh)
-        });
-        let summary = summary??;
-        let row = FaultRow::new(f, &summary, fresh?);
-        eprintln!(
-            "lab faults: {f}: answered {} refused {} failed {} hung {} fresh after {:?} ms",
-            row.answered, row.refused_503, row.failed, row.hung, row.time_to_fresh_ms
-        );
-        rows.push(row);
-    }
+    Ok(Running { t, rate, fab })
+}
+
+/// Run `farside lab faults`.
+pub fn run(a: FaultsArgs) -> io::Result<()> {
+    let faults = check_args(&a)?;
+    let phase_s = if a.quick { PHASE_S_QUICK } else { PHASE_S_FULL };
     let fresh_bound_ms = 2 * a.stale_after_ms;
-    let targets_met = rows.iter().all(|r| r.hung == 0)
-        && rows
-            .iter()
-            .filter(|r| r.fault == "gatherd-restart")
-            .all(|r| {
-                r.time_to_fresh_from_repair_cmd_ms
-                    .is_some_and(|v| v <= fresh_bound_ms as f64)
+    let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
+    let mut meta = crate::summary::Summary::new("faults", &a.hosts, a.quick);
+    crate::sweep::fill_host_metadata(&mut meta);
+    meta.params = serde_json::json!({
+        "faults": faults,
+        "rate": a.rate,
+        "load_share": a.load_share,
+        "backends": a.backends,
+        "backend_workers": a.backend_workers,
+        "stale_after_ms": a.stale_after_ms,
+        "limit": a.limit,
+        "metric": "backlog",
+        "timeout_ms": a.timeout_ms,
+        "phase_s": phase_s,
+        "fresh_bound_ms": fresh_bound_ms,
+        "fresh_poll_ms": FRESH_POLL.as_millis() as u64,
+    });
+    let mut sweep = crate::sweep::Sweep::start(&dir, meta, a.resume.is_some())?;
+    let logs = dir.join("logs");
+    let fault_at = Duration::from_secs_f64(phase_s / 8.0);
+    let mut running: Option<Running> = None;
+    let mut notes = Vec::new();
+    let result = sweep.run(
+        &faults,
+        1,
+        phase_s + 1.0,
+        |f: &String| f.clone(),
+        |f, _| {
+            if running.is_none() {
+                running = Some(start_tier(&a, &logs, &mut notes)?);
+            }
+            let r = running.as_mut().expect("started above");
+            let mut l = LoadgenArgs::new(r.t.listen.to_string());
+            l.rate = Some(r.rate);
+            l.duration_s = phase_s;
+            l.warmup_s = 0.0;
+            l.timeout_ms = a.timeout_ms;
+            l.quiet = true;
+            let (fab, t) = (&r.fab, &mut r.t);
+            let (summary, fresh) = std::thread::scope(|sc| {
+                let load = sc.spawn(|| fab.loadgen(&l));
+                std::thread::sleep(fault_at);
+                let fresh = inject(&a, fab, t, f);
+                let summary = load
+                    .join()
+                    .map_err(|_| io::Error::other("loadgen thread panicked"));
+                (summary, fresh)
             });
-    let text = table(&rows);
-    print!("{text}");
-    std::fs::write(a.out.join("table.txt"), &text)?;
-    let summary = FaultsSummary {
-        experiment: "faults",
-        hosts: a.hosts.clone(),
-        quick: a.quick,
-        rate,
-        capacity_rps,
-        tcp_migrate_req: migrate_req,
-        backends: a.backends,
-        backend_workers: a.backend_workers,
-        stale_after_ms: a.stale_after_ms,
-        limit: a.limit,
-        timeout_ms: a.timeout_ms,
-        phase_s,
-        fresh_bound_ms,
-        rows,
-        targets_met,
-    };
-    let mut f = std::fs::File::create(a.out.join("summary.json"))?;
-    serde_json::to_writer_pretty(&mut f, &summary).map_err(io::Error::other)?;
-    f.write_all(b"\n")?;
-    if !targets_met {
-        eprintln!("lab faults: targets NOT met (hung > 0, or a slow fresh view after the gatherd restart)");
+            Ok(crate::summary::AnyPoint::Fault(FaultRow::new(
+                f, &summary??, fresh?,
+            )))
+        },
+    );
+    drop(running);
+    for n in notes {
+        sweep.note(n)?;
+    }
+    result?;
+    let s = sweep.finish()?;
+    let rows: Vec<&FaultRow> = s.fault_rows().collect();
+    if !targets_met(&rows, fresh_bound_ms as f64) {
+        eprintln!(
+            "lab faults: targets NOT met (hung > 0, or a slow fresh view after the gatherd restart)"
+        );
     }
     Ok(())
 }
@@ -909,6 +977,7 @@ mod tests {
             limit: 4,
             timeout_ms: 1000,
             faults: Vec::new(),
+            resume: None,
         };
         assert_eq!(check_args(&a).unwrap().len(), FAULTS.len());
         a.hosts = "moon".into();

@@ -695,6 +695,20 @@ pub fn table_text(s: &Summary) -> String {
         }
         out.push('\n');
     }
+    let faults: Vec<&crate::faults::FaultRow> = s.fault_rows().collect();
+    if !faults.is_empty() {
+        out.push_str(&crate::faults::table(&faults));
+        if let Some(bound) = s.params.get("fresh_bound_ms").and_then(|v| v.as_f64()) {
+            let met = crate::faults::targets_met(&faults, bound);
+            let _ = writeln!(
+                out,
+                "targets (no hung request; fresh view <= {bound:.0} ms after the gatherd \
+                 restart command): {}",
+                if met { "met" } else { "NOT met" }
+            );
+        }
+        out.push('\n');
+    }
     if s.points.is_empty() {
         let _ = writeln!(out, "{}: no points measured", s.experiment);
     }
@@ -720,6 +734,11 @@ pub fn write_all(s: &Summary, dir: &Path) -> io::Result<Vec<PathBuf>> {
     let probes: Vec<&ProbePoint> = s.probe_points().collect();
     if !probes.is_empty() {
         put("probe.csv", &probe_csv(&probes)?)?;
+    }
+    let faults: Vec<&crate::faults::FaultRow> = s.fault_rows().collect();
+    if !faults.is_empty() {
+        put("faults.csv", &faults_csv(&faults)?)?;
+        put("table.txt", &table_text(s))?;
     }
     for p in &g.points {
         if !p.series.is_empty() {
@@ -838,6 +857,50 @@ fn points_csv(points: &[&Point]) -> io::Result<String> {
                 p.goodput.to_string(),
                 p.reject_p99_ms.to_string(),
                 p.inflight_at_end.to_string(),
+            ]
+        }),
+    )
+}
+
+fn faults_csv(rows: &[&crate::faults::FaultRow]) -> io::Result<String> {
+    let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+    csv_text(
+        &[
+            "fault",
+            "runs",
+            "started",
+            "answered",
+            "refused_503",
+            "failed",
+            "failed_connect",
+            "failed_io",
+            "failed_malformed",
+            "failed_5xx",
+            "hung",
+            "inflight_at_end",
+            "time_to_fresh_ms",
+            "stale_at_repair",
+            "repair_ms",
+            "time_to_fresh_from_repair_cmd_ms",
+        ],
+        rows.iter().map(|r| {
+            vec![
+                r.fault.clone(),
+                r.runs.to_string(),
+                r.started.to_string(),
+                r.answered.to_string(),
+                r.refused_503.to_string(),
+                r.failed.to_string(),
+                r.failed_connect.to_string(),
+                r.failed_io.to_string(),
+                r.failed_malformed.to_string(),
+                r.failed_5xx.to_string(),
+                r.hung.to_string(),
+                r.inflight_at_end.to_string(),
+                opt(r.time_to_fresh_ms),
+                r.stale_at_repair.to_string(),
+                opt(r.repair_ms),
+                opt(r.time_to_fresh_from_repair_cmd_ms),
             ]
         }),
     )
@@ -1384,6 +1447,14 @@ pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
         }
         out.push_str("</table>\n");
     }
+    let faults: Vec<&crate::faults::FaultRow> = s.fault_rows().collect();
+    if !faults.is_empty() {
+        let _ = writeln!(
+            out,
+            "<h2>Faults</h2>\n<pre>{}</pre>",
+            escape(&crate::faults::table(&faults))
+        );
+    }
     if s.points.is_empty() {
         out.push_str("<p>No points were measured.</p>\n");
     }
@@ -1668,6 +1739,72 @@ mod tests {
         assert_eq!(imp.len(), 2);
         let p = imp[0].items[2].percent.unwrap();
         assert!((p - 100.0 / 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn fault_rows_render_a_table_csv_and_the_targets_line() {
+        let row = |fault: &str, hung: u64, cmd: Option<f64>| crate::faults::FaultRow {
+            fault: fault.into(),
+            started: 100,
+            answered: 90,
+            refused_503: 10,
+            failed: 0,
+            failed_connect: 0,
+            failed_io: 0,
+            failed_malformed: 0,
+            failed_5xx: 0,
+            hung,
+            inflight_at_end: 0,
+            time_to_fresh_ms: Some(3.0),
+            stale_at_repair: fault == "gatherd-restart",
+            repair_ms: cmd.map(|v| v - 3.0),
+            time_to_fresh_from_repair_cmd_ms: cmd,
+            runs: 1,
+        };
+        let mut s = Summary::new("faults", "loopback", true);
+        s.params = serde_json::json!({ "fresh_bound_ms": 200 });
+        s.push(crate::summary::AnyPoint::Fault(row(
+            "gatherd-restart",
+            0,
+            Some(150.0),
+        )));
+        s.push(crate::summary::AnyPoint::Fault(row(
+            "backend-kill",
+            0,
+            None,
+        )));
+        let text = table_text(&s);
+        assert!(
+            text.contains("gatherd-restart") && text.contains("backend-kill"),
+            "{text}"
+        );
+        assert!(text.contains("): met"), "{text}");
+        // The untagged point survives the trip through JSON as a fault row.
+        let back = Summary::from_json(&s.to_json_pretty()).unwrap();
+        assert_eq!(back.fault_rows().count(), 2);
+        assert_eq!(back.admission_points().count(), 0);
+        s.push(crate::summary::AnyPoint::Fault(row(
+            "gatherd-restart",
+            0,
+            Some(250.0),
+        )));
+        assert!(table_text(&s).contains("NOT met"));
+        let combined = crate::faults::FaultRow::combine(&[
+            row("backend-stop", 1, None),
+            row("backend-stop", 0, None),
+        ]);
+        assert_eq!(
+            (combined.started, combined.hung, combined.runs),
+            (200, 1, 2)
+        );
+        let dir =
+            std::env::temp_dir().join(format!("farside-report-faults-{}", std::process::id()));
+        let files = write_all(&s, &dir).unwrap();
+        assert!(files.iter().any(|f| f.ends_with("faults.csv")));
+        assert!(std::fs::read_to_string(dir.join("report.html"))
+            .unwrap()
+            .contains("<h2>Faults</h2>"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

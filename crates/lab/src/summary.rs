@@ -120,7 +120,8 @@ impl Setting {
 ///
 /// Serialized untagged: an admission point is recognised by its required
 /// keys (`system`, `trace`, `clients`, `avg_ms`, ...), a probe point by its
-/// own (`transport`, `background_load`, `size_bytes`, `p50_us`, ...).
+/// own (`transport`, `background_load`, `size_bytes`, `p50_us`, ...), a fault row by
+/// `fault`, `started`, `answered`, `hung`, ...
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(untagged)]
 // A run holds hundreds of points at most: boxing the larger variant would buy nothing.
@@ -130,6 +131,8 @@ pub enum AnyPoint {
     Admission(Point),
     /// A remote-read latency probe measurement.
     Probe(ProbePoint),
+    /// What the clients saw during one injected fault (`lab faults`).
+    Fault(crate::faults::FaultRow),
 }
 
 /// One admission-control measurement: one system, trace and client count.
@@ -514,7 +517,16 @@ impl AnyPoint {
                     .iter()
                     .filter_map(|p| match p {
                         AnyPoint::Probe(p) => Some(p.clone()),
-                        AnyPoint::Admission(_) => None,
+                        _ => None,
+                    })
+                    .collect::<Vec<_>>(),
+            )),
+            Some(AnyPoint::Fault(_)) => AnyPoint::Fault(crate::faults::FaultRow::combine(
+                &runs
+                    .iter()
+                    .filter_map(|p| match p {
+                        AnyPoint::Fault(p) => Some(p.clone()),
+                        _ => None,
                     })
                     .collect::<Vec<_>>(),
             )),
@@ -523,7 +535,7 @@ impl AnyPoint {
                     .iter()
                     .filter_map(|p| match p {
                         AnyPoint::Admission(p) => Some(p.clone()),
-                        AnyPoint::Probe(_) => None,
+                        _ => None,
                     })
                     .collect::<Vec<_>>(),
             )),
@@ -550,6 +562,15 @@ impl AnyPoint {
             AnyPoint::Probe(p) => format!(
                 "p50={:>8.1} µs p99={:>8.1} µs p99.9={:>8.1} µs timeouts={}",
                 p.p50_us, p.p99_us, p.p999_us, p.timeouts
+            ),
+            AnyPoint::Fault(r) => format!(
+                "answered={} refused={} failed={} hung={} fresh after {}",
+                r.answered,
+                r.refused_503,
+                r.failed,
+                r.hung,
+                r.time_to_fresh_ms
+                    .map_or("never".to_string(), |v| format!("{v:.0} ms"))
             ),
         }
     }
@@ -603,7 +624,7 @@ impl Summary {
     pub fn admission_points(&self) -> impl Iterator<Item = &Point> {
         self.points.iter().filter_map(|p| match p {
             AnyPoint::Admission(p) => Some(p),
-            AnyPoint::Probe(_) => None,
+            _ => None,
         })
     }
 
@@ -611,7 +632,15 @@ impl Summary {
     pub fn probe_points(&self) -> impl Iterator<Item = &ProbePoint> {
         self.points.iter().filter_map(|p| match p {
             AnyPoint::Probe(p) => Some(p),
-            AnyPoint::Admission(_) => None,
+            _ => None,
+        })
+    }
+
+    /// The fault rows (`lab faults`), in insertion order.
+    pub fn fault_rows(&self) -> impl Iterator<Item = &crate::faults::FaultRow> {
+        self.points.iter().filter_map(|p| match p {
+            AnyPoint::Fault(r) => Some(r),
+            _ => None,
         })
     }
 

@@ -145,7 +145,7 @@ impl Record {
                 std::mem::take(&mut p.requests),
                 p.loadgen.take(),
             ),
-            AnyPoint::Probe(_) => (Vec::new(), Vec::new(), None),
+            AnyPoint::Probe(_) | AnyPoint::Fault(_) => (Vec::new(), Vec::new(), None),
         };
         Record {
             key,
