@@ -234,7 +234,18 @@ pub struct GatherStats {
     /// Full connection counts (every `--conns-every` samples) and their CPU cost, ns.
     pub full_counts: AtomicU64,
     pub full_count_ns_sum: AtomicU64,
+    /// Longest wall-clock gap between two consecutive published samples, ns, and how
+    /// many gaps exceeded [`LONG_GAP`]: a reader's record goes stale only through such
+    /// gaps, so they tell a stalled gatherer (descheduled, a stolen CPU, a blocked
+    /// dump) from a stalled reader.
+    pub gap_ns_max: AtomicU64,
+    pub long_gaps: AtomicU64,
 }
+
+/// A gap between two published samples longer than this is counted and logged: half
+/// the proxy's default `stale_after` (100 ms), so every gap that can make a record
+/// stale under the default is in the log.
+pub const LONG_GAP: Duration = Duration::from_millis(50);
 
 /// One sample in this many measures its per-field cost: each measurement is a
 /// `clock_gettime(CLOCK_THREAD_CPUTIME_ID)` system call, which would otherwise add
@@ -751,7 +762,7 @@ impl Gatherd {
         let cpu_pct =
             process_cpu_us().saturating_sub(self.cpu_us_at_start) as f64 * 100.0 / wall_us;
         let mut out = format!(
-            "sampler={} samples={} cost_avg_us={:.1} cost_max_us={:.1} cost_cpu_us={:.1} cost_psi_us={:.1} cost_conns_us={:.1} cost_mem_us={:.1} full_counts={} full_count_us={:.1} cpu_pct={:.2} overruns={} errors={}",
+            "sampler={} samples={} cost_avg_us={:.1} cost_max_us={:.1} cost_cpu_us={:.1} cost_psi_us={:.1} cost_conns_us={:.1} cost_mem_us={:.1} full_counts={} full_count_us={:.1} cpu_pct={:.2} overruns={} errors={} gap_max_ms={:.1} long_gaps={}",
             self.sampler,
             s.samples.load(Ordering::Relaxed),
             s.cost_ns_sum.load(Ordering::Relaxed) as f64 / n as f64 / 1000.0,
@@ -766,7 +777,9 @@ impl Gatherd {
                 / 1000.0,
             cpu_pct,
             s.overruns.load(Ordering::Relaxed),
-            s.sample_errors.load(Ordering::Relaxed)
+            s.sample_errors.load(Ordering::Relaxed),
+            s.gap_ns_max.load(Ordering::Relaxed) as f64 / 1e6,
+            s.long_gaps.load(Ordering::Relaxed)
         );
         if let Some(c) = self.xdp.as_ref().and_then(|x| x.kernel_sampler_costs()) {
             use std::fmt::Write;
@@ -827,6 +840,18 @@ pub fn render_metrics(
             Kind::Counter,
             "Failed samples (the record was left to go stale).",
             &s.sample_errors,
+        ),
+        (
+            "publish_gap_ns_max",
+            Kind::Gauge,
+            "Longest gap between two published user-space samples, ns.",
+            &s.gap_ns_max,
+        ),
+        (
+            "long_gaps_total",
+            Kind::Counter,
+            "Gaps between two published user-space samples longer than 50 ms.",
+            &s.long_gaps,
         ),
     ] {
         let name = format!("farside_gatherd_{name}");
@@ -939,6 +964,7 @@ fn spawn_sampler(
         .spawn(move || {
             farside_rmem::apply_thread_nice("gatherd: sampler", nice);
             let mut pacer = farside_rmem::Pacer::new(period);
+            let mut last_publish: Option<std::time::Instant> = None;
             while !stp.load(Ordering::Relaxed) {
                 pacer.wait();
                 if stp.load(Ordering::Relaxed) {
@@ -950,6 +976,25 @@ fn spawn_sampler(
                         for w in &mut writers {
                             w.publish(&rec);
                         }
+                        let now = std::time::Instant::now();
+                        if let Some(gap) = last_publish.map(|t| now.duration_since(t)) {
+                            let ns = u64::try_from(gap.as_nanos()).unwrap_or(u64::MAX);
+                            st.gap_ns_max.fetch_max(ns, Ordering::Relaxed);
+                            if gap > LONG_GAP {
+                                let n = st.long_gaps.fetch_add(1, Ordering::Relaxed) + 1;
+                                // Every gap up to 8, then powers of two: bounded log.
+                                if n <= 8 || n.is_power_of_two() {
+                                    log::warn!(
+                                        "gatherd: {:.0} ms between two published samples \
+                                         (long gap {n}; this sample cost {:.1} ms of CPU): \
+                                         the sampler was not running",
+                                        gap.as_secs_f64() * 1e3,
+                                        rec.sample_cost_ns as f64 / 1e6
+                                    );
+                                }
+                            }
+                        }
+                        last_publish = Some(now);
                         st.samples.fetch_add(1, Ordering::Relaxed);
                         st.cost_ns_sum
                             .fetch_add(rec.sample_cost_ns, Ordering::Relaxed);
