@@ -666,7 +666,7 @@ pub fn privileged_settings(
     if netns {
         m.insert(
             "cgroups".into(),
-            Setting::applied("per-node cpuset + quota"),
+            Setting::applied("per-node cgroup with a cpuset (no CPU quota: the back-ends' cost per request and their CPUs set their capacity)"),
         );
         m.insert(
             "rps".into(),
