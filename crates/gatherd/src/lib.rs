@@ -16,6 +16,7 @@
 //! its own in a map.
 
 pub mod metrics;
+pub mod role;
 
 use farside_admin::{Encoder, Kind};
 pub mod sample;
@@ -118,6 +119,9 @@ pub struct GatherdArgs {
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long)]
     pub duration_s: Option<f64>,
+    /// The node agent of co-hosted sites (seed 001): see `role.rs`.
+    #[command(flatten)]
+    pub role: role::RoleArgs,
 }
 
 impl Default for GatherdArgs {
@@ -140,6 +144,7 @@ impl Default for GatherdArgs {
             sampler_nice: 0,
             sampler: SamplerChoice::Auto,
             duration_s: None,
+            role: role::RoleArgs::default(),
         }
     }
 }
@@ -491,6 +496,8 @@ pub struct Gatherd {
     _tcp: Option<TcpServer>,
     _udp: Option<UdpServer>,
     _metrics: Option<metrics::MetricsServer>,
+    /// The node agent (`--role-*`), if running.
+    pub role: Option<role::RoleAgent>,
 }
 
 /// Region storage shared between the writer loop and the servers.
@@ -572,6 +579,8 @@ impl Gatherd {
             }
         };
         let mut writers = vec![writer];
+        // Before any server answers, so no reader sees the role words unset.
+        let role = role::RoleAgent::start(&args.role, mem.clone())?;
         let udp_server = xdp.as_ref().map_or(
             if args.udp_listen.is_some() {
                 "user-space"
@@ -683,6 +692,7 @@ impl Gatherd {
             _tcp: tcp,
             _udp: udp,
             _metrics: None,
+            role,
         }
         .with_metrics(args.metrics_listen)
     }
@@ -691,8 +701,13 @@ impl Gatherd {
         if let Some(a) = addr {
             let (stats, counters, xdp) =
                 (self.stats.clone(), self.counters.clone(), self.xdp.clone());
-            let render: metrics::Render =
-                Arc::new(move |enc| render_metrics(enc, &stats, &counters, xdp.as_deref()));
+            let role = self.role.as_ref().map(|r| r.stats.clone());
+            let render: metrics::Render = Arc::new(move |enc| {
+                render_metrics(enc, &stats, &counters, xdp.as_deref());
+                if let Some(r) = &role {
+                    r.render(enc);
+                }
+            });
             let m = metrics::MetricsServer::spawn(a, "gatherd", render)?;
             log::info!("gatherd: metrics on http://{}/metrics", m.local_addr);
             self._metrics = Some(m);
