@@ -39,6 +39,8 @@ struct Node {
     http: SocketAddr,
     rmem: Box<dyn RemoteMemory>,
     metrics: SocketAddr,
+    /// The gatherd's rmem tcp address.
+    tcp: SocketAddr,
 }
 
 fn start_node(dir: &Dir, role_flags: &[&str]) -> Node {
@@ -101,6 +103,7 @@ fn start_node(dir: &Dir, role_flags: &[&str]) -> Node {
         http,
         rmem,
         metrics,
+        tcp,
     }
 }
 
@@ -217,5 +220,178 @@ fn apply_command_writes_the_include_and_restores_it_on_failure() {
         inc(),
         format!("root {};\n", sites.join("beta").display()),
         "include restored"
+    );
+}
+
+/// `GET /` through the proxy with `Host: host`: (status, X-Farside-Backend, X-Farside-Site
+/// or the proxy's reason).
+fn via_proxy(proxy: SocketAddr, host: &str) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(proxy).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out[9..12].parse().unwrap();
+    let header = |name: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .unwrap_or("")
+            .to_owned()
+    };
+    let site = if status == 200 {
+        header("X-Farside-Site: ")
+    } else {
+        out.split("\r\n\r\n").nth(1).unwrap_or("").trim().to_owned()
+    };
+    (status, header("X-Farside-Backend: "), site)
+}
+
+/// Issue 11 item 1 end to end: two back-ends, three sites; a remote CAS moves one
+/// back-end's role; the proxy routes by the served role only.
+#[test]
+fn proxy_routes_each_site_only_to_backends_serving_it() {
+    let (da, db, dp) = (
+        Dir::new("route-a"),
+        Dir::new("route-b"),
+        Dir::new("route-p"),
+    );
+    let ctl = [
+        "--role-backend-control",
+        "{control}",
+        "--role-drain-ms",
+        "30",
+    ];
+    let mut a = start_node(&da, &ctl);
+    let mut b_flags = ctl.to_vec();
+    b_flags.extend(["--role-initial", "1"]);
+    let b = start_node(&db, &b_flags);
+    let (listen, admin) = (free_addr(), free_addr());
+    let cfg = dp.0.join("proxy.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"listen = "{listen}"
+admin_listen = "{admin}"
+[balance]
+policy = "round-robin"
+[[backend]]
+addr = "{}"
+region = "tcp:{}"
+[[backend]]
+addr = "{}"
+region = "tcp:{}"
+[[sites]]
+name = "alpha"
+hosts = ["alpha.test"]
+[[sites]]
+name = "beta"
+hosts = ["beta.test", "www.beta.test"]
+[[sites]]
+name = "gamma"
+hosts = ["gamma.test"]
+"#,
+            a.http, a.tcp, b.http, b.tcp
+        ),
+    )
+    .unwrap();
+    let mut p = spawn(
+        "proxy",
+        &strings(&["proxy", "--config", cfg.to_str().unwrap()]),
+        &dp,
+    );
+    p.wait_port(listen).unwrap();
+    let (an, bn) = (a.http.to_string(), b.http.to_string());
+    for _ in 0..6 {
+        assert_eq!(
+            via_proxy(listen, "alpha.test"),
+            (200, an.clone(), "alpha".into())
+        );
+        assert_eq!(
+            via_proxy(listen, "beta.test:80"),
+            (200, bn.clone(), "beta".into())
+        );
+        let g = via_proxy(listen, "gamma.test");
+        assert_eq!((g.0, g.2.as_str()), (503, "site_unserved"), "{g:?}");
+    }
+
+    // A's reload of gamma fails (no such directory): it keeps alpha, gamma stays unserved.
+    let (a0, to_gamma) = (Role::new(0, 1), Role::new(0, 1).moved_to(2));
+    a.rmem
+        .compare_swap(W_ROLE_WANTED * 8, a0.0, to_gamma.0)
+        .unwrap();
+    eventually("A reports the failed role", WAIT, || {
+        word(&mut a.rmem, W_ROLE_ERROR) == to_gamma.0
+    });
+    eventually("A serves alpha again after the failed apply", WAIT, || {
+        via_proxy(listen, "alpha.test").0 == 200
+    });
+    for _ in 0..6 {
+        assert_eq!(via_proxy(listen, "gamma.test").0, 503);
+        assert_eq!(
+            via_proxy(listen, "alpha.test"),
+            (200, an.clone(), "alpha".into())
+        );
+    }
+
+    // Move A to beta while clients keep asking for both sites: every answer comes from a
+    // back-end serving the asked site (A answers beta only once its served word says so)
+    // or is a 503 site_unserved for alpha once nobody serves it.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (stop, an) = (stop.clone(), an.clone());
+        std::thread::spawn(move || {
+            let (mut a_beta, mut n) = (0, 0);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for host in ["alpha.test", "beta.test"] {
+                    let want = &host[..host.len() - 5];
+                    let (st, be, site) = via_proxy(listen, host);
+                    n += 1;
+                    match st {
+                        200 => assert_eq!(site, want, "{host} answered by {be} serving {site}"),
+                        503 => assert_eq!((host, site.as_str()), ("alpha.test", "site_unserved")),
+                        _ => panic!("{host}: status {st}"),
+                    }
+                    if host == "beta.test" && be == an {
+                        a_beta += 1;
+                    }
+                }
+            }
+            (a_beta, n)
+        })
+    };
+    let to_beta = to_gamma.moved_to(1);
+    a.rmem
+        .compare_swap(W_ROLE_WANTED * 8, to_gamma.0, to_beta.0)
+        .unwrap();
+    eventually("A serves beta", WAIT, || {
+        word(&mut a.rmem, W_ROLE_SERVED) == to_beta.0
+    });
+    // Round robin over both beta back-ends: A gets beta requests from now on.
+    eventually("beta requests reach A", WAIT, || {
+        via_proxy(listen, "beta.test").1 == an
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (a_beta, n) = watcher.join().expect("no misrouted request");
+    assert!(a_beta > 0 && n > 20, "{a_beta} of {n}");
+    let al = via_proxy(listen, "alpha.test");
+    assert_eq!((al.0, al.2.as_str()), (503, "site_unserved"));
+    let m = metrics_raw(admin);
+    assert!(
+        m.contains(r#"farside_proxy_site_backends{site="beta"} 2"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"farside_proxy_site_backends{site="alpha"} 0"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"farside_proxy_site_unserved_total{site="gamma"}"#),
+        "{m}"
     );
 }

@@ -21,6 +21,10 @@
 //! is retried after `--role-retry-ms`. Site ids map to names with `--role-sites a,b,c`
 //! (id = index); without it a site's name is its decimal id.
 //!
+//! Before each apply the agent drains: it publishes `ROLE_SERVED` with version 0 (no
+//! role: proxies route nothing to it) and waits `--role-drain-ms`, so no request for the
+//! old site arrives after the server switched; a failed apply restores the served word.
+//!
 //! At start the agent applies `--role-initial` (default site 0) and publishes it as both
 //! wanted and served at version 1: a served word of version 0 means "no agent" to
 //! proxies.
@@ -41,6 +45,8 @@ use farside_region::Words;
 pub const POLL_MS_MAX: u64 = 1000;
 /// Longest allowed `--role-apply-timeout-ms`: a reload that takes longer is hung.
 pub const APPLY_TIMEOUT_MS_MAX: u64 = 600_000;
+/// Longest allowed `--role-drain-ms`: a drain adds to every switch.
+pub const DRAIN_MS_MAX: u64 = 10_000;
 /// Most sites `--role-sites` may name (the role word holds 16 bits of site).
 pub const SITES_MAX: usize = farside_reconf::words::SITE_MAX;
 /// Bounds (ms) of the switch-time histogram: from a local control-socket switch
@@ -82,6 +88,12 @@ pub struct RoleArgs {
     /// Time an apply may take before it counts as failed, ms. Default 10000.
     #[arg(long = "role-apply-timeout-ms", default_value_t = 10_000)]
     pub role_apply_timeout_ms: u64,
+    /// Before reconfiguring, publish "no role" (ROLE_SERVED version 0) and wait this
+    /// long, so proxies stop sending the old site's requests before the server changes
+    /// site (it must cover the proxies' monitor period G and a request's time in
+    /// flight; 0..=10000). Default 20.
+    #[arg(long = "role-drain-ms", default_value_t = 20)]
+    pub role_drain_ms: u64,
     /// Wait before retrying a wanted role whose apply failed, ms. Default 30000.
     #[arg(long = "role-retry-ms", default_value_t = farside_reconf::agent::APPLY_RETRY_NS_DEFAULT / 1_000_000)]
     pub role_retry_ms: u64,
@@ -123,6 +135,9 @@ impl RoleArgs {
                     farside_backend::sites::SITE_NAME_MAX
                 ));
             }
+        }
+        if self.role_drain_ms > DRAIN_MS_MAX {
+            return Err(format!("--role-drain-ms: 0..={DRAIN_MS_MAX}"));
         }
         if !self.role_sites.is_empty() && usize::from(self.role_initial) >= self.role_sites.len() {
             return Err(format!(
@@ -256,6 +271,7 @@ impl RoleAgent {
         let stop = Arc::new(AtomicBool::new(false));
         let (st, stp) = (stats.clone(), stop.clone());
         let poll = Duration::from_millis(args.role_poll_ms);
+        let drain = Duration::from_millis(args.role_drain_ms);
         let retry_ns = args.role_retry_ms.saturating_mul(1_000_000);
         let thread = std::thread::Builder::new()
             .name("gatherd-role".into())
@@ -269,7 +285,17 @@ impl RoleAgent {
                     let served = agent.served();
                     let wanted = Role(words[W_ROLE_WANTED].load(Ordering::Acquire));
                     let now_ns = t0.elapsed().as_nanos() as u64;
-                    let err = agent.step(now_ns, words, |site| applier.apply(site));
+                    let err = agent.step(now_ns, words, |site| {
+                        // Drain: proxies route by the served word, so none sends the old
+                        // site's requests once they read version 0; restored on failure.
+                        words[W_ROLE_SERVED].store(Role::new(served.site(), 0).0, Ordering::Release);
+                        std::thread::sleep(drain);
+                        let out = applier.apply(site);
+                        if out.is_err() {
+                            words[W_ROLE_SERVED].store(served.0, Ordering::Release);
+                        }
+                        out
+                    });
                     if let Some(e) = err {
                         st.failures.fetch_add(1, Ordering::Relaxed);
                         log::error!("gatherd: role: {e}");

@@ -64,6 +64,10 @@ pub struct ProxyConfig {
     pub monitor: MonitorConfig,
     #[serde(default)]
     pub balance: BalanceConfig,
+    /// `[[sites]]`: co-hosted sites routed by each back-end's served role (seed 001,
+    /// `crate::sites`). Empty: routing as without it.
+    #[serde(default)]
+    pub sites: Vec<crate::sites::SiteConfig>,
 }
 
 /// Limits and timeouts of the HTTP data path.
@@ -389,6 +393,7 @@ impl ProxyConfig {
             admission: AdmissionConfig::default(),
             monitor: MonitorConfig::default(),
             balance: BalanceConfig::default(),
+            sites: Vec::new(),
         }
     }
 
@@ -543,6 +548,10 @@ impl ProxyConfig {
                     .map_err(|m| err(format!("backend[{i}].region"), m))?;
             }
         }
+        crate::sites::validate(
+            &self.sites,
+            self.monitor.table.is_some() || self.backends.iter().all(|b| b.region.is_some()),
+        )?;
         if self.admission.enabled && self.admission.metric != Metric::Inflight {
             if let Some(i) = self.backends.iter().position(|b| b.region.is_none()) {
                 if self.monitor.table.is_none() {

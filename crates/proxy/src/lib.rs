@@ -15,3 +15,4 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod pool;
 pub mod server;
+pub mod sites;

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! word 0..8            header: magic, version, backends, period_us, generation
-//! word 8 + i*18 ..     entry i (ENTRY_WORDS): seqlock block, fields below
+//! word 8 + i*19 ..     entry i (ENTRY_WORDS): seqlock block, fields below
 //! ```
 
 use farside_region::seqlock::{self, SeqlockWriter};
@@ -15,11 +15,12 @@ use std::sync::atomic::Ordering;
 /// `b"FSMONTBL"`.
 pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"FSMONTBL");
 /// Version 2: entries grew to 18 words (`queue_delay_us`, `queue_delay_id`).
-pub const TABLE_VERSION: u64 = 2;
+/// Version 3: entries grew to 19 words (`role_served`, seed 001 sites).
+pub const TABLE_VERSION: u64 = 3;
 /// Most back-ends one table holds.
 pub const TABLE_BACKENDS_MAX: usize = 64;
 pub const HEADER_WORDS: usize = 8;
-pub const ENTRY_WORDS: usize = 18;
+pub const ENTRY_WORDS: usize = 19;
 pub const TABLE_WORDS: usize = HEADER_WORDS + TABLE_BACKENDS_MAX * ENTRY_WORDS;
 
 const H_MAGIC: usize = 0;
@@ -60,6 +61,9 @@ pub struct Entry {
     /// Identity of that delay reading: the gatherer's time of it (its clock; compare for
     /// equality only). 0: the back-end publishes no delay.
     pub queue_delay_id: u64,
+    /// The back-end's `ROLE_SERVED` word (site << 48 | version) at the last good read;
+    /// version 0: no node agent publishes a role (`crate::sites`).
+    pub role_served: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -93,6 +97,7 @@ impl Entry {
             self.conns_lag_ns,
             self.queue_delay_us,
             self.queue_delay_id,
+            self.role_served,
         ]
     }
 
@@ -119,6 +124,7 @@ impl Entry {
             conns_lag_ns: f[13],
             queue_delay_us: f[14],
             queue_delay_id: f[15],
+            role_served: f[16],
         }
     }
 }
@@ -198,6 +204,7 @@ pub mod field {
     pub const CONNS_LAG_NS: usize = 14;
     pub const QUEUE_DELAY_US: usize = 15;
     pub const QUEUE_DELAY_ID: usize = 16;
+    pub const ROLE_SERVED: usize = 17;
 }
 
 /// The hot-path read: status, advance time and one load field (or the sum of two) of
