@@ -101,7 +101,8 @@ pub struct BackendArgs {
     /// With --sites-root: path of a Unix stream socket through which a local agent
     /// (gatherd --role-backend-control) switches the site served: request `site NAME`,
     /// answer `ok NAME` or `err REASON`; `get` answers `site NAME`. One line each, at
-    /// most 128 bytes. An existing socket file at the path is replaced.
+    /// most 128 bytes. Mode 0600 (this user only). An existing socket file at the path
+    /// is replaced.
     #[arg(long, requires = "sites_root")]
     pub control: Option<PathBuf>,
     /// Worker threads, i.e. connections served at once (Apache's MaxClients).
@@ -308,6 +309,11 @@ pub fn spawn(args: BackendArgs) -> io::Result<(SocketAddr, Handle)> {
             let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| {
                 io::Error::new(e.kind(), format!("--control {}: {e}", path.display()))
             })?;
+            // Only this user (gatherd runs as the same user, or root) may switch sites.
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            }
             let (sites, stop) = (Arc::clone(sites), Arc::clone(&control_stop));
             let thread = std::thread::Builder::new()
                 .name("backend-control".into())

@@ -58,6 +58,11 @@ fn switches_site_at_run_time_over_the_control_socket() {
         (200, Some("alpha".into()), "site alpha\n".into())
     );
     assert_eq!(query_site(&control, T).unwrap(), "alpha");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&control).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "only this user may switch sites");
+    }
 
     request_site(&control, "beta", T).unwrap();
     // Every request routed after the reply is served from the new site.

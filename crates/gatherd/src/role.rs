@@ -444,3 +444,61 @@ fn run_with_timeout(
     }
     Err(format!("--role-apply-cmd `{cmd}`: {status}: {stderr}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_role_flags_name_the_flag() {
+        let on = RoleArgs {
+            role_apply_cmd: Some("true".into()),
+            role_poll_ms: 5,
+            role_apply_timeout_ms: 1000,
+            ..RoleArgs::default()
+        };
+        on.validate().unwrap();
+        for (bad, flag) in [
+            (
+                RoleArgs {
+                    role_poll_ms: 0,
+                    ..on.clone()
+                },
+                "--role-poll-ms",
+            ),
+            (
+                RoleArgs {
+                    role_drain_ms: DRAIN_MS_MAX + 1,
+                    ..on.clone()
+                },
+                "--role-drain-ms",
+            ),
+            (
+                RoleArgs {
+                    role_sites: vec!["a/b".into()],
+                    ..on.clone()
+                },
+                "--role-sites",
+            ),
+            (
+                RoleArgs {
+                    role_sites: vec!["a".into()],
+                    role_initial: 1,
+                    ..on.clone()
+                },
+                "--role-initial",
+            ),
+            (
+                RoleArgs {
+                    role_sites_root: Some("/x".into()),
+                    ..RoleArgs::default()
+                },
+                "--role-",
+            ),
+        ] {
+            let e = bad.validate().unwrap_err();
+            assert!(e.contains(flag), "{e}");
+        }
+        assert_eq!(on.site_name(3).as_deref(), Some("3"));
+    }
+}
