@@ -68,6 +68,9 @@ pub struct ProxyConfig {
     /// `crate::sites`). Empty: routing as without it.
     #[serde(default)]
     pub sites: Vec<crate::sites::SiteConfig>,
+    /// `[reconf]`: the reconfiguration driver (`crate::reconf`). Default off.
+    #[serde(default)]
+    pub reconf: crate::reconf::ReconfConfig,
 }
 
 /// Limits and timeouts of the HTTP data path.
@@ -394,6 +397,7 @@ impl ProxyConfig {
             monitor: MonitorConfig::default(),
             balance: BalanceConfig::default(),
             sites: Vec::new(),
+            reconf: crate::reconf::ReconfConfig::default(),
         }
     }
 
@@ -552,6 +556,7 @@ impl ProxyConfig {
             &self.sites,
             self.monitor.table.is_some() || self.backends.iter().all(|b| b.region.is_some()),
         )?;
+        self.reconf.validate(self)?;
         if self.admission.enabled && self.admission.metric != Metric::Inflight {
             if let Some(i) = self.backends.iter().position(|b| b.region.is_none()) {
                 if self.monitor.table.is_none() {

@@ -47,6 +47,10 @@ pub struct SiteConfig {
     /// Site number in role words. Default: the entry's index.
     #[serde(default)]
     pub id: Option<u16>,
+    /// With `[reconf]`: the index of the `[[backend]]` that holds this site's lock word
+    /// and is never moved.
+    #[serde(default)]
+    pub anchor: Option<usize>,
 }
 
 fn err(key: String, msg: impl Into<String>) -> ConfigError {
@@ -219,6 +223,7 @@ mod tests {
             name: name.into(),
             hosts: hosts.iter().map(|h| h.to_string()).collect(),
             id,
+            anchor: None,
         }
     }
 

@@ -21,8 +21,8 @@ const ROUND_OPS_MAX: usize = 2 * crate::words::NODE_MAX + 64;
 
 /// Remote memory of every node and every balancer (this one's own region included).
 pub struct RmemRegions {
-    /// Per node (index = node id).
-    pub nodes: Vec<Box<dyn RemoteMemory>>,
+    /// Per node (index = node id); `None` where unreachable (its ops are lost).
+    pub nodes: Vec<Option<Box<dyn RemoteMemory>>>,
     /// Per balancer (index = balancer id); `None` where unreachable (its ops are lost).
     pub balancers: Vec<Option<Box<dyn RemoteMemory>>>,
 }
@@ -30,7 +30,7 @@ pub struct RmemRegions {
 impl RmemRegions {
     fn mem(&mut self, t: Target) -> Option<&mut Box<dyn RemoteMemory>> {
         match t {
-            Target::Node(n) => self.nodes.get_mut(n as usize),
+            Target::Node(n) => self.nodes.get_mut(n as usize)?.as_mut(),
             Target::Balancer(b) => self.balancers.get_mut(b as usize)?.as_mut(),
         }
     }
@@ -155,7 +155,7 @@ mod tests {
             w[farside_region::layout::W_CPU_UTIL_PPM].store(load, Ordering::Relaxed);
         }
         let mut regions = RmemRegions {
-            nodes: nodes.iter().map(|(_, s)| client(s)).collect(),
+            nodes: nodes.iter().map(|(_, s)| Some(client(s))).collect(),
             balancers: bals.iter().map(|(_, s)| Some(client(s))).collect(),
         };
         let topo = Topology {
