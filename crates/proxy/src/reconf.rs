@@ -19,8 +19,11 @@
 //! Nodes are the `[[backend]]`s in order (their `region`); every `[[sites]]` entry names
 //! its `anchor` (a back-end index: it holds the site's lock word and is never moved).
 //! The proxy serves its own small region (shared update counter, heartbeat) with an
-//! embedded rmem tcp server on `region_listen`; peers FETCH-ADD its counter. Started
-//! once per process (a reload does not restart it). Metrics:
+//! embedded rmem tcp server on `region_listen`; peers FETCH-ADD its counter (the entry
+//! for `balancer_id` in `balancers` is replaced by that server). Started once per
+//! process: a reload (SIGHUP) does not restart it and ignores `[reconf]` changes.
+//! Connections are (re)opened every round where missing, and dropped after a lost op
+//! (a tcp stream may be out of step). Metrics:
 //! `farside_reconf_*_total` from `BalancerStats`; every move is logged with its reason.
 
 use crate::config::{ConfigError, ProxyConfig};

@@ -35,8 +35,26 @@ impl RmemRegions {
         }
     }
 
-    /// Issue `op` and wait for its reply; `Lost` on any error.
+    /// Issue `op` and wait for its reply; `Lost` on any error. After an error the
+    /// connection is dropped (a tcp stream may be out of step after a timeout) unless it
+    /// is shm; the caller reconnects empty slots.
     pub fn exec(&mut self, op: &Op) -> Completion {
+        let c = self.exec_once(op);
+        if c == Completion::Lost {
+            let slot = match op.target() {
+                Target::Node(n) => self.nodes.get_mut(n as usize),
+                Target::Balancer(b) => self.balancers.get_mut(b as usize),
+            };
+            if let Some(slot) = slot {
+                if slot.as_ref().is_some_and(|m| m.transport() != "shm") {
+                    *slot = None;
+                }
+            }
+        }
+        c
+    }
+
+    fn exec_once(&mut self, op: &Op) -> Completion {
         let Some(m) = self.mem(op.target()) else {
             return Completion::Lost;
         };
