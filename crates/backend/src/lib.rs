@@ -23,6 +23,10 @@
 //!   → 304 Not Modified with no body. This is what the lab serves: it writes
 //!   the trace's files with `farside_loadgen::write_docroot` and runs the
 //!   load generator with `--paths docroot`.
+//! - with `--sites-root DIR --site NAME`: co-hosted sites (seed 001): every site's
+//!   files under `DIR/<site>`, exactly one site served at a time (as `--root`), switched
+//!   at run time over the `--control` Unix socket (see [`sites`]); responses carry
+//!   `X-Farside-Site: <site>`.
 //! - without `--root`: generated content, `/file16k` (16384 bytes) and
 //!   `/files/<N>` or `/files/<N>/<anything>` (N bytes), so load generator
 //!   traces (`--paths generated`) and unit tests work with no docroot at all.
@@ -44,6 +48,7 @@
 mod cost;
 mod httpdate;
 mod serve;
+pub mod sites;
 
 use std::io;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -85,6 +90,21 @@ pub struct BackendArgs {
     /// generated files (`/file16k`, `/files/<N>`).
     #[arg(long)]
     pub root: Option<PathBuf>,
+    /// Co-hosted sites: a directory with one sub-directory per site (its docroot).
+    /// Exactly one site is served at a time (--site), switched at run time over
+    /// --control. Excludes --root.
+    #[arg(long = "sites-root", conflicts_with = "root", requires = "site")]
+    pub sites_root: Option<PathBuf>,
+    /// With --sites-root: the site served at start (a sub-directory name).
+    #[arg(long, requires = "sites_root")]
+    pub site: Option<String>,
+    /// With --sites-root: path of a Unix stream socket through which a local agent
+    /// (gatherd --role-backend-control) switches the site served: request `site NAME`,
+    /// answer `ok NAME` or `err REASON`; `get` answers `site NAME`. One line each, at
+    /// most 128 bytes. Mode 0600 (this user only). An existing socket file at the path
+    /// is replaced.
+    #[arg(long, requires = "sites_root")]
+    pub control: Option<PathBuf>,
     /// Worker threads, i.e. connections served at once (Apache's MaxClients).
     /// Default: 8.
     #[arg(long, default_value_t = 8)]
@@ -131,6 +151,9 @@ impl Default for BackendArgs {
         BackendArgs {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             root: None,
+            sites_root: None,
+            site: None,
+            control: None,
             workers: 8,
             backlog: 128,
             cpu_us: 1000,
@@ -168,6 +191,23 @@ impl BackendArgs {
         if self.header_timeout_ms == 0 {
             return Err("--header-timeout-ms must be at least 1".into());
         }
+        if self.sites_root.is_some() && self.root.is_some() {
+            return Err("--sites-root and --root exclude each other".into());
+        }
+        if self.sites_root.is_some() != self.site.is_some() {
+            return Err("--sites-root and --site go together".into());
+        }
+        if self.control.is_some() && self.sites_root.is_none() {
+            return Err("--control needs --sites-root".into());
+        }
+        if let Some(site) = &self.site {
+            if !sites::valid_site_name(site) {
+                return Err(format!(
+                    "--site {site:?}: 1..={} bytes of [A-Za-z0-9._-], not . or ..",
+                    sites::SITE_NAME_MAX
+                ));
+            }
+        }
         if let Some(root) = &self.root {
             if !root.is_dir() {
                 return Err(format!("--root {} is not a directory", root.display()));
@@ -191,6 +231,9 @@ pub struct Handle {
     addr: SocketAddr,
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    /// The `--control` socket's path and thread.
+    control: Option<(PathBuf, JoinHandle<()>)>,
+    control_stop: Arc<AtomicBool>,
 }
 
 impl Handle {
@@ -204,8 +247,24 @@ impl Handle {
         self.stop_and_join();
     }
 
+    /// The site served now, with `--sites-root`.
+    pub fn site(&self) -> Option<String> {
+        self.shared
+            .config
+            .sites
+            .as_ref()
+            .map(|s| s.current().name.to_string())
+    }
+
     fn stop_and_join(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        if let Some((path, thread)) = self.control.take() {
+            self.control_stop.store(true, Ordering::SeqCst);
+            // Wake the control thread's accept, then remove the socket file.
+            let _ = std::os::unix::net::UnixStream::connect(&path);
+            let _ = thread.join();
+            let _ = std::fs::remove_file(&path);
+        }
         // On Linux, shutdown() of a listening socket wakes every thread
         // blocked in accept() on it (accept returns EINVAL).
         // SAFETY: the fd is owned by `shared.listener`, alive for this call.
@@ -223,7 +282,7 @@ impl Handle {
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        if !self.workers.is_empty() {
+        if !self.workers.is_empty() || self.control.is_some() {
             self.stop_and_join();
         }
     }
@@ -242,6 +301,27 @@ pub fn spawn(args: BackendArgs) -> io::Result<(SocketAddr, Handle)> {
         active: (0..args.workers).map(|_| Mutex::new(None)).collect(),
         config,
     });
+    let control_stop = Arc::new(AtomicBool::new(false));
+    let control = match (&args.control, &shared.config.sites) {
+        (Some(path), Some(sites)) => {
+            // A stale socket file from an earlier run would make bind fail.
+            let _ = std::fs::remove_file(path);
+            let listener = std::os::unix::net::UnixListener::bind(path).map_err(|e| {
+                io::Error::new(e.kind(), format!("--control {}: {e}", path.display()))
+            })?;
+            // Only this user (gatherd runs as the same user, or root) may switch sites.
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            }
+            let (sites, stop) = (Arc::clone(sites), Arc::clone(&control_stop));
+            let thread = std::thread::Builder::new()
+                .name("backend-control".into())
+                .spawn(move || sites::control_loop(listener, sites, stop))?;
+            Some((path.clone(), thread))
+        }
+        _ => None,
+    };
     let mut workers = Vec::with_capacity(args.workers);
     for index in 0..args.workers {
         let shared = Arc::clone(&shared);
@@ -263,6 +343,8 @@ pub fn spawn(args: BackendArgs) -> io::Result<(SocketAddr, Handle)> {
             addr,
             shared,
             workers,
+            control,
+            control_stop,
         },
     ))
 }

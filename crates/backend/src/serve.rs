@@ -22,10 +22,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::cost::{self, CostModel};
+use crate::sites::Sites;
 use crate::{
     httpdate, BackendArgs, CPU_US_MAX, GENERATED_BYTES_MAX, HEADERS_MAX, HEAD_BYTES_MAX,
     REQUEST_BODY_BYTES_MAX,
 };
+use std::sync::Arc;
 
 /// Bodies up to this size are loaded before the head is written and sent
 /// with it in one `writev`: covers every Zipf object (at most 1 MiB) and all
@@ -40,6 +42,8 @@ const FILE16K_BYTES: u64 = 16 * 1024;
 pub(crate) struct Config {
     /// Canonical docroot: every served file must resolve inside it.
     root: Option<PathBuf>,
+    /// With `--sites-root`: the sites and the one served now (replaces `root`).
+    pub(crate) sites: Option<Arc<Sites>>,
     cpu_us_default: u64,
     /// Emulated CPU of file requests.
     cost: CostModel,
@@ -58,8 +62,16 @@ impl Config {
                 })?),
                 None => None,
             };
+        let sites = match &args.sites_root {
+            Some(dir) => Some(Arc::new(
+                Sites::new(dir, args.site.as_deref().unwrap_or_default())
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?,
+            )),
+            None => None,
+        };
         Ok(Config {
             root,
+            sites,
             cpu_us_default: args.cpu_us,
             cost: CostModel {
                 cpu_us_per_request: args.cpu_us_per_request,
@@ -109,6 +121,8 @@ struct Response {
     last_modified: Option<SystemTime>,
     /// Whether the cost model's CPU applies (file and generated requests).
     modelled: bool,
+    /// The site whose content answered (`X-Farside-Site`), with `--sites-root`.
+    site: Option<Arc<str>>,
 }
 
 impl Response {
@@ -121,6 +135,7 @@ impl Response {
             close: matches!(status, 400 | 413 | 431 | 500 | 501),
             last_modified: None,
             modelled: false,
+            site: None,
         }
     }
 
@@ -132,6 +147,7 @@ impl Response {
             close: false,
             last_modified: None,
             modelled: false,
+            site: None,
         }
     }
 
@@ -416,6 +432,12 @@ fn route(request: &Request, config: &Config) -> Response {
         "/cgi/work" => return cgi_work(query, config),
         _ => {}
     }
+    if let Some(sites) = &config.sites {
+        let cur = sites.current();
+        let mut response = static_file(&cur.root, path, request.if_modified_since);
+        response.site = Some(cur.name);
+        return response;
+    }
     match &config.root {
         Some(root) => static_file(root, path, request.if_modified_since),
         None => generated(path),
@@ -459,6 +481,7 @@ fn generated(path: &str) -> Response {
             close: false,
             last_modified: None,
             modelled: true,
+            site: None,
         },
         None => Response::file_error(404),
     }
@@ -529,6 +552,7 @@ fn static_file(root: &Path, path: &str, if_modified_since: Option<SystemTime>) -
                 close: false,
                 last_modified,
                 modelled: true,
+                site: None,
             };
         }
     }
@@ -539,6 +563,7 @@ fn static_file(root: &Path, path: &str, if_modified_since: Option<SystemTime>) -
         close: false,
         last_modified,
         modelled: true,
+        site: None,
     }
 }
 
@@ -602,6 +627,9 @@ fn write_response(
         config.backend_name,
         cpu_us,
     );
+    if let Some(site) = &response.site {
+        let _ = write!(head, "X-Farside-Site: {site}\r\n");
+    }
     if let Some(t) = response.last_modified {
         let _ = write!(head, "Last-Modified: {}\r\n", httpdate::format(t));
     }

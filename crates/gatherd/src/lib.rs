@@ -22,6 +22,7 @@
 //! of the exec; the XDP attach and the kernel sampler follow (see [`Gatherd::start`]).
 
 pub mod metrics;
+pub mod role;
 
 use farside_admin::{Encoder, Kind};
 pub mod sample;
@@ -124,6 +125,9 @@ pub struct GatherdArgs {
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long)]
     pub duration_s: Option<f64>,
+    /// The node agent of co-hosted sites (seed 001): see `role.rs`.
+    #[command(flatten)]
+    pub role: role::RoleArgs,
 }
 
 impl Default for GatherdArgs {
@@ -146,6 +150,7 @@ impl Default for GatherdArgs {
             sampler_nice: 0,
             sampler: SamplerChoice::Auto,
             duration_s: None,
+            role: role::RoleArgs::default(),
         }
     }
 }
@@ -514,6 +519,8 @@ pub struct Gatherd {
     _tcp: Option<TcpServer>,
     _udp: Option<UdpServer>,
     _metrics: Option<metrics::MetricsServer>,
+    /// The node agent (`--role-*`), if running.
+    pub role: Option<role::RoleAgent>,
 }
 
 /// Region storage shared between the writer loop and the servers.
@@ -604,6 +611,8 @@ impl Gatherd {
                 (mem, w, shm_path)
             }
         };
+        // Before any server answers, so no reader sees the role words unset.
+        let role = role::RoleAgent::start(&args.role, mem.clone())?;
         // Same port, same memory as XDP: answers everything until the program attaches,
         // then what it passes on to the stack (fragments, IP options).
         let udp = args
@@ -713,6 +722,7 @@ impl Gatherd {
             _tcp: tcp,
             _udp: udp,
             _metrics: None,
+            role,
         }
         .with_metrics(args.metrics_listen)
     }
@@ -721,8 +731,13 @@ impl Gatherd {
         if let Some(a) = addr {
             let (stats, counters, xdp) =
                 (self.stats.clone(), self.counters.clone(), self.xdp.clone());
-            let render: metrics::Render =
-                Arc::new(move |enc| render_metrics(enc, &stats, &counters, xdp.as_deref()));
+            let role = self.role.as_ref().map(|r| r.stats.clone());
+            let render: metrics::Render = Arc::new(move |enc| {
+                render_metrics(enc, &stats, &counters, xdp.as_deref());
+                if let Some(r) = &role {
+                    r.render(enc);
+                }
+            });
             let m = metrics::MetricsServer::spawn(a, "gatherd", render)?;
             log::info!("gatherd: metrics on http://{}/metrics", m.local_addr);
             self._metrics = Some(m);

@@ -64,6 +64,13 @@ pub struct ProxyConfig {
     pub monitor: MonitorConfig,
     #[serde(default)]
     pub balance: BalanceConfig,
+    /// `[[sites]]`: co-hosted sites routed by each back-end's served role (seed 001,
+    /// `crate::sites`). Empty: routing as without it.
+    #[serde(default)]
+    pub sites: Vec<crate::sites::SiteConfig>,
+    /// `[reconf]`: the reconfiguration driver (`crate::reconf`). Default off.
+    #[serde(default)]
+    pub reconf: crate::reconf::ReconfConfig,
 }
 
 /// Limits and timeouts of the HTTP data path.
@@ -465,6 +472,8 @@ impl ProxyConfig {
             admission: AdmissionConfig::default(),
             monitor: MonitorConfig::default(),
             balance: BalanceConfig::default(),
+            sites: Vec::new(),
+            reconf: crate::reconf::ReconfConfig::default(),
         }
     }
 
@@ -660,6 +669,11 @@ impl ProxyConfig {
                 format!("{what} (admission.limit, --limit, a site limit or a back-end's limit=)"),
             ));
         }
+        crate::sites::validate(
+            &self.sites,
+            self.monitor.table.is_some() || self.backends.iter().all(|b| b.region.is_some()),
+        )?;
+        self.reconf.validate(self)?;
         if self.admission.enabled && self.admission.metric != Metric::Inflight {
             if let Some(i) = self.backends.iter().position(|b| b.region.is_none()) {
                 if self.monitor.table.is_none() {

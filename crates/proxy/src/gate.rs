@@ -32,16 +32,20 @@ pub enum Reject {
     /// The chosen back-end's connection cap (`maxconn`) stayed reached for the whole
     /// `http.queue_timeout_ms`: the request waited in the proxy's queue and gave up.
     QueueTimeout,
+    /// The Host names a `[[sites]]` site, but no back-end's served role is that site
+    /// (`crate::sites`).
+    SiteUnserved,
 }
 
 impl Reject {
     /// Every rejection reason, in the order of [`Reject::index`] (metric label order).
-    pub const ALL: [Reject; 5] = [
+    pub const ALL: [Reject; 6] = [
         Reject::Overloaded,
         Reject::StaleLoad,
         Reject::UnknownSite,
         Reject::NoBackend,
         Reject::QueueTimeout,
+        Reject::SiteUnserved,
     ];
 
     /// Position in [`Reject::ALL`], for per-reason counter arrays.
@@ -52,15 +56,18 @@ impl Reject {
             Reject::UnknownSite => 2,
             Reject::NoBackend => 3,
             Reject::QueueTimeout => 4,
+            Reject::SiteUnserved => 5,
         }
     }
 
     /// HTTP status for this rejection. The only place rejections become statuses.
     pub fn status(self) -> u16 {
         match self {
-            Reject::Overloaded | Reject::StaleLoad | Reject::NoBackend | Reject::QueueTimeout => {
-                503
-            }
+            Reject::Overloaded
+            | Reject::StaleLoad
+            | Reject::NoBackend
+            | Reject::QueueTimeout
+            | Reject::SiteUnserved => 503,
             Reject::UnknownSite => 404,
         }
     }
@@ -73,6 +80,7 @@ impl Reject {
             Reject::UnknownSite => "unknown_site",
             Reject::NoBackend => "no_backend",
             Reject::QueueTimeout => "queue_timeout",
+            Reject::SiteUnserved => "site_unserved",
         }
     }
 }

@@ -14,4 +14,6 @@ pub mod http;
 pub mod lifecycle;
 pub mod metrics;
 pub mod pool;
+pub mod reconf;
 pub mod server;
+pub mod sites;

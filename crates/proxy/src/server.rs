@@ -215,6 +215,8 @@ pub struct Running {
     live: Arc<Live>,
     /// The admin listener's server (its own thread); stops when dropped.
     _admin: Option<farside_admin::AdminServer>,
+    /// The reconfiguration driver (`[reconf]`), if enabled.
+    pub reconf: Option<crate::reconf::ReconfDriver>,
 }
 
 impl Running {
@@ -329,6 +331,9 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
         .as_ref()
         .map(std::net::TcpListener::local_addr)
         .transpose()?;
+    // Once per process (a reload keeps it): it serves this proxy's own region.
+    let reconf = crate::reconf::ReconfDriver::start(&cfg)?;
+    let reconf_stats = reconf.as_ref().map(|r| r.stats());
     let cfg = Arc::new(cfg);
     let metrics = Arc::new(Metrics::new());
     let life = Arc::new(Lifecycle::default());
@@ -359,7 +364,12 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
             farside_admin::AdminServer::serve(
                 l,
                 "proxy",
-                Arc::new(move |enc| render_metrics(&live.current(), enc)),
+                Arc::new(move |enc| {
+                    render_metrics(&live.current(), enc);
+                    if let Some(s) = &reconf_stats {
+                        crate::reconf::render(s, enc);
+                    }
+                }),
             )
         })
         .transpose()?;
@@ -387,6 +397,7 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
         tasks,
         live,
         _admin: admin,
+        reconf,
     })
 }
 

@@ -10,6 +10,7 @@
 //!   locks that survive a crashed or partitioned balancer.
 //! - [`agent`]: the node side: apply the wanted role to the web server, publish the
 //!   served role, keep the old one if the apply fails.
+//! - [`drive`]: one balancer round over real remote memory (`farside_rmem`).
 //! - [`sim`]: drives the same code over a lossy, reordering, duplicating network with
 //!   crashes and partitions, checking the invariants after every event.
 //!
@@ -18,6 +19,7 @@
 
 pub mod agent;
 pub mod balancer;
+pub mod drive;
 pub mod op;
 pub mod sim;
 pub mod words;

@@ -19,23 +19,20 @@
 
 use farside_region::layout;
 
-/// Role the node serves now: the `ROLE_WANTED` value it applied (site|version). Written
-/// only by the node's agent; requests for a site go to nodes whose served site is it.
-pub const W_ROLE_SERVED: usize = layout::W_ROLE_SITE;
-/// Bumped by the node's agent each time it serves a new site (readers detect a switch).
-pub const W_ROLE_EPOCH: usize = layout::W_ROLE_EPOCH;
-/// Role balancers want the node to serve (site|version), changed only by remote CAS
-/// (a move) or FETCH-ADD of 1 (a fence: new version, same site).
-pub const W_ROLE_WANTED: usize = layout::W_ROLE_WANTED;
-/// The `ROLE_WANTED` value the agent failed to apply (0: the last apply succeeded).
-/// Not yet in `farside_region::layout` (word 35 is free there): to be added there.
-pub const W_ROLE_ERROR: usize = 35;
-/// A site's lock word, kept on the site's anchor node (which never moves).
-pub const W_SITE_LOCK: usize = layout::W_LOCK_BASE;
-/// A balancer's shared update counter, in its own region; peers FETCH-ADD it.
-pub const W_SHARED_COUNTER: usize = layout::W_COUNTER_BASE;
-/// A balancer's heartbeat, in its own region; the balancer adds 1 every S.
-pub const W_BALANCER_HEARTBEAT: usize = layout::W_COUNTER_BASE + 1;
+/// A balancer's heartbeat, in its own region.
+pub use layout::W_BALANCER_HEARTBEAT;
+/// Bumped by the node's agent each time it serves a new site.
+pub use layout::W_ROLE_EPOCH;
+/// The `ROLE_WANTED` value the agent failed to apply (0: none).
+pub use layout::W_ROLE_ERROR;
+/// Role the node serves now (site|version), written only by the node's agent.
+pub use layout::W_ROLE_SERVED;
+/// Role balancers want the node to serve (remote CAS or FETCH-ADD 1 only).
+pub use layout::W_ROLE_WANTED;
+/// A balancer's shared update counter, in its own region.
+pub use layout::W_SHARED_COUNTER;
+/// A site's lock word, on the site's anchor node.
+pub use layout::W_SITE_LOCK;
 /// First word a balancer reads per node in one READ (served, epoch, wanted, error).
 pub const NODE_READ_FIRST: usize = W_ROLE_SERVED;
 /// Words in that READ.

@@ -4,7 +4,8 @@
 //! word   0..8     header         written once at start (magic, version, node, generation)
 //! word   8..25    load record    seqlock block: SEQ_HEAD .. fields .. SEQ_TAIL
 //! word  25..32    reserved       (pads the record to its own cache lines)
-//! word  32..64    control        role / lock / counter words changed by remote CAS and FETCH-ADD
+//! word  32..64    control        role / lock / counter words (docs/reconf.md): remote CAS and
+//!                                FETCH-ADD, plus words only the local owner writes
 //! word  64..512   scratch        application data (probe payloads, cache directory)
 //! ```
 //!
@@ -105,19 +106,43 @@ pub const FLAG_MEM: u64 = 1 << 3;
 /// `W_QUEUE_DELAY_US` is measured.
 pub const FLAG_QUEUE_DELAY: u64 = 1 << 4;
 
-// ---- control area (seed 001: reconfiguration) ----
-/// The site this node serves now; changed by remote COMPARE-AND-SWAP.
-pub const W_ROLE_SITE: usize = 32;
-/// Bumped with every role change (FETCH-ADD), so readers detect a move.
+// ---- control area (seed 001: reconfiguration, `farside_reconf`, docs/reconf.md) ----
+//
+// Role words are `site << 48 | version` (`farside_reconf::Role`): the version changes
+// with every write, so a CAS that expects an older value can never succeed again.
+/// The role the node serves now (site|version): the `W_ROLE_WANTED` value its agent
+/// applied. Written only by the node's own agent (gatherd's role module), never
+/// remotely; proxies route a site's requests to nodes whose served site is that site.
+pub const W_ROLE_SERVED: usize = 32;
+/// Former name of [`W_ROLE_SERVED`].
+pub const W_ROLE_SITE: usize = W_ROLE_SERVED;
+/// Bumped by the node's agent each time it starts serving a new site (readers detect a
+/// switch).
 pub const W_ROLE_EPOCH: usize = 33;
-/// The site balancers want this node to serve (written by remote CAS); the node's role
-/// applier makes it `W_ROLE_SITE` once it serves it.
+/// The role balancers want this node to serve (site|version): changed only by remote
+/// COMPARE-AND-SWAP (a move) or FETCH-ADD of 1 (a fence: new version, same site). The
+/// node's agent applies it and then copies it into `W_ROLE_SERVED`.
 pub const W_ROLE_WANTED: usize = 34;
-/// First of `LOCK_WORDS` site lock words: 0 = free, else owner id << 32 | lease expiry.
+/// The `W_ROLE_WANTED` value whose apply failed on this node (0: the last apply
+/// succeeded). Written only by the node's agent.
+pub const W_ROLE_ERROR: usize = 35;
+/// First of `LOCK_WORDS` site lock words (only the first, [`W_SITE_LOCK`], is used: on
+/// a site's anchor node). Encoding `intent:20 | beat:12 | token:20 | owner:12` (high to
+/// low, `farside_reconf::Lock`); owner 0 = free. It holds no expiry time: clocks are
+/// not trusted across hosts, so a contender declares a lease expired when the whole
+/// word stayed unchanged for the lease by its own monotonic clock.
 pub const W_LOCK_BASE: usize = 40;
+/// A site's lock word (on the site's anchor node, which never moves).
+pub const W_SITE_LOCK: usize = W_LOCK_BASE;
 pub const LOCK_WORDS: usize = 8;
-/// First of `COUNTER_WORDS` update counters that peers bump with FETCH-ADD.
+/// First of `COUNTER_WORDS` counter words; in a balancer's region the first two are its
+/// shared update counter and its heartbeat.
 pub const W_COUNTER_BASE: usize = 48;
+/// A balancer's shared update counter, in the balancer's own region: peers FETCH-ADD it
+/// after every move (the paper's dual update counters).
+pub const W_SHARED_COUNTER: usize = W_COUNTER_BASE;
+/// A balancer's heartbeat, in its own region: the balancer adds 1 every S.
+pub const W_BALANCER_HEARTBEAT: usize = W_COUNTER_BASE + 1;
 pub const COUNTER_WORDS: usize = 16;
 pub const CONTROL_FIRST_WORD: usize = 32;
 pub const CONTROL_END_WORD: usize = 64;

@@ -184,6 +184,8 @@ pub struct Control {
     backends: Vec<Backend>,
     /// Whether any back-end names a site (else every Host goes everywhere).
     routed_by_site: bool,
+    /// `[[sites]]`: routing by each back-end's served role (`crate::sites`).
+    sites: Option<crate::sites::SiteRouter>,
     table: Option<Arc<dyn Words>>,
     monitor: Option<Monitor>,
     counters: Counters,
@@ -286,6 +288,7 @@ impl Control {
             policy: cfg.balance.policy,
             down_for_ns: cfg.balance.down_for_ms * 1_000_000,
             routed_by_site: cfg.backends.iter().any(|b| !b.site.is_empty()),
+            sites: crate::sites::SiteRouter::new(&cfg.sites),
             backends,
             table,
             monitor,
@@ -496,7 +499,21 @@ impl Control {
         self.backends[i].down_until_ns.load(Ordering::Relaxed) > now_ns
     }
 
+    /// Back-end `i`'s `ROLE_SERVED` word as last read by the monitor (`None`: never).
+    fn role_served(&self, i: usize) -> Option<u64> {
+        let t = self.table.as_ref()?;
+        match table::read_load(&**t, i, table::field::ROLE_SERVED, None)? {
+            (EntryStatus::Never, _, _) => None,
+            (_, _, w) => Some(w),
+        }
+    }
+
     fn serves(&self, i: usize, host: Option<&str>) -> bool {
+        if let Some((_, site)) = self.sites.as_ref().and_then(|s| s.site_for_host(host)) {
+            return self
+                .role_served(i)
+                .is_some_and(|w| crate::sites::role_serves(w, site));
+        }
         let site = &self.backends[i].site;
         !self.routed_by_site
             || site.is_empty()
@@ -539,6 +556,10 @@ impl Control {
         );
         let scan = self.scan(host, now, false, &mut pick);
         if scan.serving == 0 {
+            if let Some((index, _)) = self.sites.as_ref().and_then(|s| s.site_for_host(host)) {
+                self.sites.as_ref().expect("matched").count_unserved(index);
+                return Err(Reject::SiteUnserved);
+            }
             return Err(Reject::UnknownSite);
         }
         if pick.is_empty() && scan.down == scan.serving {
@@ -816,7 +837,7 @@ fn merge_reason(a: Reject, b: Reject) -> Reject {
         Reject::Overloaded => 3,
         Reject::StaleLoad => 2,
         Reject::NoBackend => 1,
-        Reject::UnknownSite | Reject::QueueTimeout => 0,
+        Reject::UnknownSite | Reject::QueueTimeout | Reject::SiteUnserved => 0,
     };
     if rank(b) > rank(a) {
         b
@@ -1057,6 +1078,12 @@ impl Gate for Control {
             c.request_admitted_reuse_only.load(Ordering::Relaxed),
         );
         self.render_signal_metrics(enc);
+        if let Some(s) = &self.sites {
+            let roles: Vec<Option<u64>> = (0..self.backends.len())
+                .map(|i| self.role_served(i))
+                .collect();
+            s.render(enc, &roles);
+        }
         let now = mono_ns();
         for (i, b) in self.backends.iter().enumerate() {
             let addr = b.addr.to_string();

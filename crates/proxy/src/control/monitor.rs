@@ -5,6 +5,7 @@
 
 use super::histogram::Histogram;
 use super::table::{self, Entry, EntryStatus, EntryWriter};
+use farside_region::layout::{W_ROLE_ERROR, W_ROLE_SERVED};
 use farside_region::{Snapshot, Words, SNAPSHOT_BYTES};
 use farside_rmem::{connect_target, mono_ns, ClientOptions, Pacer, Target};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -96,6 +97,11 @@ impl Drop for Monitor {
     }
 }
 
+/// Bytes of one monitor READ: header, load record and the role words (32..=35, seed
+/// 001 sites), one READ of 288 bytes (within every transport's single-READ bound).
+const MONITOR_READ_BYTES: usize = (W_ROLE_ERROR + 1) * 8;
+const _: () = assert!(MONITOR_READ_BYTES >= SNAPSHOT_BYTES && MONITOR_READ_BYTES <= 1400);
+
 /// Connection retry backoff after a failed connect, bounded.
 const RECONNECT_BACKOFF_MAX: Duration = Duration::from_millis(200);
 
@@ -117,7 +123,7 @@ fn poll_loop(
     let mut conns_stale_seen = 0u64;
     // The gatherer's last full count (its clock) and run, for its counting interval.
     let mut last_count = (0u64, 0u64);
-    let mut bytes = [0u8; SNAPSHOT_BYTES];
+    let mut bytes = [0u8; MONITOR_READ_BYTES];
     let copts = ClientOptions {
         key: opts.key,
         timeout: opts.read_timeout,
@@ -197,6 +203,8 @@ fn poll_loop(
                     0
                 };
                 e.read_latency_ns = latency_ns;
+                let r = W_ROLE_SERVED * 8;
+                e.role_served = u64::from_le_bytes(bytes[r..r + 8].try_into().expect("8 bytes"));
             }
             Err(err) => {
                 e.errors += 1;

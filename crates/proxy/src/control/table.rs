@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! word 0..8            header: magic, version, backends, period_us, generation
-//! word 8 + i*19 ..     entry i (ENTRY_WORDS): seqlock block, fields below
+//! word 8 + i*20 ..     entry i (ENTRY_WORDS): seqlock block, fields below
 //! ```
 
 use farside_region::seqlock::{self, SeqlockWriter};
@@ -16,11 +16,12 @@ use std::sync::atomic::Ordering;
 pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"FSMONTBL");
 /// Version 2: entries grew to 18 words (`queue_delay_us`, `queue_delay_id`).
 /// Version 3: 19 words (`conns_interval_ns`).
-pub const TABLE_VERSION: u64 = 3;
+/// Version 4: 20 words (`role_served`, seed 001 sites).
+pub const TABLE_VERSION: u64 = 4;
 /// Most back-ends one table holds.
 pub const TABLE_BACKENDS_MAX: usize = 64;
 pub const HEADER_WORDS: usize = 8;
-pub const ENTRY_WORDS: usize = 19;
+pub const ENTRY_WORDS: usize = 20;
 pub const TABLE_WORDS: usize = HEADER_WORDS + TABLE_BACKENDS_MAX * ENTRY_WORDS;
 
 const H_MAGIC: usize = 0;
@@ -67,6 +68,9 @@ pub struct Entry {
     /// (capped by [`CONNS_INTERVAL_ALLOWANCE_MAX_NS`]) is the counter's rhythm, not a
     /// failure ([`conns_excess_lag_ns`]).
     pub conns_interval_ns: u64,
+    /// The back-end's `ROLE_SERVED` word (site << 48 | version) at the last good read;
+    /// version 0: no node agent publishes a role (`crate::sites`).
+    pub role_served: u64,
 }
 
 /// Most of a connection count's lag that its counting interval may excuse, ns (1 s).
@@ -118,6 +122,7 @@ impl Entry {
             self.queue_delay_us,
             self.queue_delay_id,
             self.conns_interval_ns,
+            self.role_served,
         ]
     }
 
@@ -145,6 +150,7 @@ impl Entry {
             queue_delay_us: f[14],
             queue_delay_id: f[15],
             conns_interval_ns: f[16],
+            role_served: f[17],
         }
     }
 }
@@ -225,6 +231,7 @@ pub mod field {
     pub const QUEUE_DELAY_US: usize = 15;
     pub const QUEUE_DELAY_ID: usize = 16;
     pub const CONNS_INTERVAL_NS: usize = 17;
+    pub const ROLE_SERVED: usize = 18;
 }
 
 /// The hot-path read: status, advance time and one load field (or the sum of two) of

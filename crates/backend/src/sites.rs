@@ -1,0 +1,192 @@
+//! Co-hosted sites (seed 001, issue 11): every back-end holds every site's content
+//! (`--sites-root DIR`, one sub-directory per site) and serves exactly one of them at a
+//! time, switched at run time through a control socket without a restart.
+//!
+//! Control protocol (`--control PATH`, a Unix stream socket, so only local processes
+//! with file access reach it: gatherd's role agent): one request line per connection,
+//! at most [`CONTROL_LINE_MAX`] bytes, answered by one line.
+//!
+//! ```text
+//! site NAME\n   ──► ok NAME\n        NAME is served from now on (every request routed
+//!                                    after this reply uses DIR/NAME)
+//!               ──► err REASON\n     unknown or invalid name: the old site stays
+//! get\n         ──► site NAME\n
+//! ```
+//!
+//! A site name is 1..=[`SITE_NAME_MAX`] bytes of `[A-Za-z0-9._-]`, not `.` or `..`,
+//! and must name a sub-directory of the sites root.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// Longest control request line: `site ` and a name of [`SITE_NAME_MAX`] bytes fit.
+pub const CONTROL_LINE_MAX: usize = 128;
+/// Longest site name (a directory name; the proxy's `[[sites]]` names are the same).
+pub const SITE_NAME_MAX: usize = 64;
+/// Time a control client has to send its line: the agent writes it at once, and the
+/// single control thread must not be held by a silent client.
+const CONTROL_READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Is `name` a valid site name (see the module doc)?
+pub fn valid_site_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= SITE_NAME_MAX
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// The site served now: its name and canonical docroot.
+#[derive(Debug, Clone)]
+pub(crate) struct Current {
+    pub(crate) name: Arc<str>,
+    pub(crate) root: Arc<PathBuf>,
+}
+
+/// The sites root and the site served now.
+#[derive(Debug)]
+pub(crate) struct Sites {
+    root: PathBuf,
+    current: RwLock<Current>,
+}
+
+impl Sites {
+    /// Opens `root` (canonicalised) serving `initial`.
+    pub(crate) fn new(root: &Path, initial: &str) -> Result<Sites, String> {
+        let root = root
+            .canonicalize()
+            .map_err(|e| format!("--sites-root {}: {e}", root.display()))?;
+        let current = Self::resolve(&root, initial).map_err(|e| format!("--site: {e}"))?;
+        Ok(Sites {
+            root,
+            current: RwLock::new(current),
+        })
+    }
+
+    fn resolve(root: &Path, name: &str) -> Result<Current, String> {
+        if !valid_site_name(name) {
+            return Err(format!(
+                "invalid site name {name:?} (1..={SITE_NAME_MAX} of [A-Za-z0-9._-])"
+            ));
+        }
+        let dir = root.join(name);
+        let real = dir
+            .canonicalize()
+            .map_err(|e| format!("site {name}: {}: {e}", dir.display()))?;
+        if !real.starts_with(root) || !real.is_dir() {
+            return Err(format!(
+                "site {name}: {} is not a directory under {}",
+                dir.display(),
+                root.display()
+            ));
+        }
+        Ok(Current {
+            name: name.into(),
+            root: Arc::new(real),
+        })
+    }
+
+    /// The site served now.
+    pub(crate) fn current(&self) -> Current {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Serve `name` from now on; on error the old site stays.
+    pub(crate) fn switch(&self, name: &str) -> Result<(), String> {
+        let next = Self::resolve(&self.root, name)?;
+        let mut cur = self.current.write().unwrap_or_else(|p| p.into_inner());
+        if *cur.name != *next.name {
+            log::info!("backend: now serving site {name} ({})", next.root.display());
+        }
+        *cur = next;
+        Ok(())
+    }
+
+    /// Answers one control request line.
+    fn handle(&self, line: &str) -> String {
+        let line = line.trim_end_matches(['\r', '\n']);
+        match line.split_once(' ') {
+            Some(("site", name)) => match self.switch(name) {
+                Ok(()) => format!("ok {name}\n"),
+                Err(e) => format!("err {e}\n"),
+            },
+            None if line == "get" => format!("site {}\n", self.current().name),
+            _ => "err unknown request (expected `site NAME` or `get`)\n".into(),
+        }
+    }
+}
+
+/// Serves the control socket until `stop`; one client at a time.
+pub(crate) fn control_loop(listener: UnixListener, sites: Arc<Sites>, stop: Arc<AtomicBool>) {
+    for conn in listener.incoming() {
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+        match conn {
+            Ok(stream) => {
+                if let Err(e) = control_client(stream, &sites) {
+                    log::warn!("backend control: {e}");
+                }
+            }
+            Err(e) => {
+                log::warn!("backend control accept: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+    }
+}
+
+fn control_client(stream: UnixStream, sites: &Sites) -> io::Result<()> {
+    stream.set_read_timeout(Some(CONTROL_READ_TIMEOUT))?;
+    stream.set_write_timeout(Some(CONTROL_READ_TIMEOUT))?;
+    let mut line = String::new();
+    let mut reader = BufReader::new((&stream).take(CONTROL_LINE_MAX as u64 + 1));
+    reader.read_line(&mut line)?;
+    let reply = if line.len() > CONTROL_LINE_MAX {
+        format!("err request longer than {CONTROL_LINE_MAX} bytes\n")
+    } else {
+        sites.handle(&line)
+    };
+    (&stream).write_all(reply.as_bytes())
+}
+
+/// Client side: asks the back-end at `socket` to serve `site` and checks its answer.
+/// Used by gatherd's role agent and by tests.
+pub fn request_site(socket: &Path, site: &str, timeout: Duration) -> Result<(), String> {
+    let reply = control_request(socket, &format!("site {site}\n"), timeout)?;
+    match reply.strip_prefix("ok ") {
+        Some(n) if n == site => Ok(()),
+        _ => Err(format!("backend control {}: {reply}", socket.display())),
+    }
+}
+
+/// Client side: the site the back-end at `socket` serves now.
+pub fn query_site(socket: &Path, timeout: Duration) -> Result<String, String> {
+    let reply = control_request(socket, "get\n", timeout)?;
+    reply
+        .strip_prefix("site ")
+        .map(str::to_owned)
+        .ok_or_else(|| format!("backend control {}: {reply}", socket.display()))
+}
+
+fn control_request(socket: &Path, line: &str, timeout: Duration) -> Result<String, String> {
+    let ctx = |e: io::Error| format!("backend control {}: {e}", socket.display());
+    let mut s = UnixStream::connect(socket).map_err(ctx)?;
+    s.set_read_timeout(Some(timeout)).map_err(ctx)?;
+    s.set_write_timeout(Some(timeout)).map_err(ctx)?;
+    s.write_all(line.as_bytes()).map_err(ctx)?;
+    let mut reply = String::new();
+    BufReader::new(s.take(CONTROL_LINE_MAX as u64 * 4))
+        .read_line(&mut reply)
+        .map_err(ctx)?;
+    Ok(reply.trim_end().to_owned())
+}

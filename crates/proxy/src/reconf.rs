@@ -1,0 +1,347 @@
+//! The proxy's reconfiguration driver (seed 001, issue 11 item 3): runs
+//! `farside_reconf`'s [`Balancer`] every S over the back-ends' regions and the peers'
+//! balancer regions, through `farside_rmem` (`farside_reconf::drive`).
+//!
+//! ```toml
+//! [reconf]
+//! enabled = true
+//! balancer_id = 0                       # this proxy's index in `balancers`
+//! balancers = ["tcp:10.0.0.1:7100", "tcp:10.0.0.2:7100"]   # every balancer's region
+//! region_listen = "0.0.0.0:7100"        # this proxy's own region (rmem tcp server)
+//! key = "5eed0001"                      # read-write key of back-ends and balancers
+//! sensitivity_ms = 1000                 # S
+//! history_ms = 5000                     # T
+//! lease_ms = 3000
+//! high_ppm = 800000
+//! spare_ppm = 600000
+//! ```
+//!
+//! Nodes are the `[[backend]]`s in order (their `region`); every `[[sites]]` entry names
+//! its `anchor` (a back-end index: it holds the site's lock word and is never moved).
+//! The proxy serves its own small region (shared update counter, heartbeat) with an
+//! embedded rmem tcp server on `region_listen`; peers FETCH-ADD its counter (the entry
+//! for `balancer_id` in `balancers` is replaced by that server). Started once per
+//! process: a reload (SIGHUP) does not restart it and ignores `[reconf]` changes.
+//! Connections are (re)opened every round where missing, and dropped after a lost op
+//! (a tcp stream may be out of step). Metrics:
+//! `farside_reconf_*_total` from `BalancerStats`; every move is logged with its reason.
+
+use crate::config::{ConfigError, ProxyConfig};
+use farside_reconf::drive::{run_round, RmemRegions};
+use farside_reconf::{Balancer, BalancerConfig, BalancerStats, Topology};
+use farside_region::{HeapWords, Words};
+use farside_rmem::{
+    connect_target, AccessKeys, ClientOptions, OpCounters, Perm, TcpServer, DEFAULT_READ_KEY,
+};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Most balancers (the lock word's owner field and a sane peer list).
+pub const BALANCERS_MAX: usize = 64;
+/// Timeout of one remote op: a reply slower than this is lost (and the lease must
+/// cover a hold of several of them: `BalancerConfig::hold_max_ns`).
+const OP_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// `[reconf]`.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconfConfig {
+    /// Run the driver. Default false.
+    pub enabled: bool,
+    /// This proxy's balancer id (index into `balancers`).
+    pub balancer_id: u32,
+    /// Every balancer's region (rmem target strings), this one's included.
+    pub balancers: Vec<String>,
+    /// Serve this proxy's own region over rmem tcp here.
+    pub region_listen: Option<SocketAddr>,
+    /// Read-write key (hex) of the back-ends' and balancers' regions.
+    pub key: String,
+    /// S, ms. Default 1000.
+    pub sensitivity_ms: u64,
+    /// T, ms. Default 5000.
+    pub history_ms: u64,
+    /// Lease, ms. Default 3000.
+    pub lease_ms: u64,
+    /// Overloaded at this mean load (ppm). Default 800000.
+    pub high_ppm: u64,
+    /// A donor's load over one node fewer must stay under this (ppm). Default 600000.
+    pub spare_ppm: u64,
+}
+
+impl Default for ReconfConfig {
+    fn default() -> Self {
+        let b = BalancerConfig::default();
+        ReconfConfig {
+            enabled: false,
+            balancer_id: 0,
+            balancers: Vec::new(),
+            region_listen: None,
+            key: String::new(),
+            sensitivity_ms: b.sensitivity_ns / 1_000_000,
+            history_ms: b.history_ns / 1_000_000,
+            lease_ms: b.lease_ns / 1_000_000,
+            high_ppm: b.high_ppm,
+            spare_ppm: b.spare_ppm,
+        }
+    }
+}
+
+fn err(key: &str, msg: impl Into<String>) -> ConfigError {
+    ConfigError {
+        key: format!("reconf.{key}"),
+        msg: msg.into(),
+    }
+}
+
+impl ReconfConfig {
+    fn rw_key(&self) -> Result<u64, ConfigError> {
+        u64::from_str_radix(self.key.trim_start_matches("0x"), 16)
+            .map_err(|e| err("key", format!("{:?}: a 64-bit hex key: {e}", self.key)))
+    }
+
+    fn balancer_config(&self) -> BalancerConfig {
+        BalancerConfig {
+            sensitivity_ns: self.sensitivity_ms * 1_000_000,
+            history_ns: self.history_ms * 1_000_000,
+            lease_ns: self.lease_ms * 1_000_000,
+            op_timeout_ns: OP_TIMEOUT.as_nanos() as u64,
+            high_ppm: self.high_ppm,
+            spare_ppm: self.spare_ppm,
+            ..BalancerConfig::default()
+        }
+    }
+
+    fn topology(&self, cfg: &ProxyConfig) -> Topology {
+        Topology {
+            nodes: cfg.backends.len() as u32,
+            anchors: cfg
+                .sites
+                .iter()
+                .map(|s| s.anchor.unwrap_or(0) as u32)
+                .collect(),
+            balancers: self.balancers.len() as u32,
+        }
+    }
+
+    /// Checks `[reconf]` against the whole configuration.
+    pub fn validate(&self, cfg: &ProxyConfig) -> Result<(), ConfigError> {
+        if !self.enabled {
+            return Ok(());
+        }
+        self.rw_key()?;
+        if cfg.sites.is_empty() {
+            return Err(err("enabled", "needs [[sites]]"));
+        }
+        for (i, s) in cfg.sites.iter().enumerate() {
+            match s.anchor {
+                Some(a) if a < cfg.backends.len() => {}
+                _ => {
+                    return Err(ConfigError {
+                        key: format!("sites[{i}].anchor"),
+                        msg: "with [reconf]: the index of a [[backend]] (it holds the site's \
+                              lock and is never moved)"
+                            .into(),
+                    })
+                }
+            }
+            if s.id.is_some_and(|id| usize::from(id) != i) {
+                return Err(ConfigError {
+                    key: format!("sites[{i}].id"),
+                    msg: "with [reconf]: site ids must be the entries' indices".into(),
+                });
+            }
+        }
+        if cfg.backends.iter().any(|b| b.region.is_none()) {
+            return Err(err("enabled", "every [[backend]] needs a `region`"));
+        }
+        if self.balancers.is_empty() || self.balancers.len() > BALANCERS_MAX {
+            return Err(err("balancers", format!("1..={BALANCERS_MAX} regions")));
+        }
+        if self.balancer_id as usize >= self.balancers.len() {
+            return Err(err("balancer_id", "must index `balancers`"));
+        }
+        for b in &self.balancers {
+            crate::control::RegionSource::parse(b).map_err(|m| err("balancers", m))?;
+        }
+        if self.region_listen.is_none() {
+            return Err(err("region_listen", "required: peers update this region"));
+        }
+        if self.sensitivity_ms == 0 {
+            return Err(err("sensitivity_ms", "at least 1"));
+        }
+        self.balancer_config()
+            .validate(&self.topology(cfg))
+            .map_err(|e| err("lease_ms", e.0))
+    }
+}
+
+/// The running driver; stops on drop.
+pub struct ReconfDriver {
+    stats: Arc<Mutex<BalancerStats>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    _server: TcpServer,
+    /// Address of this proxy's own region server.
+    pub region_addr: SocketAddr,
+}
+
+impl ReconfDriver {
+    /// Start the driver if `[reconf]` enables it.
+    pub fn start(cfg: &ProxyConfig) -> std::io::Result<Option<ReconfDriver>> {
+        let r = &cfg.reconf;
+        if !r.enabled {
+            return Ok(None);
+        }
+        let inval = |e: ConfigError| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
+        r.validate(cfg).map_err(inval)?;
+        let key = r.rw_key().map_err(inval)?;
+        let mem: Arc<HeapWords> = Arc::new(HeapWords::new(farside_region::REGION_WORDS));
+        let server = TcpServer::spawn(
+            r.region_listen.expect("validated"),
+            mem.clone(),
+            AccessKeys::new()
+                .with(DEFAULT_READ_KEY, Perm::ReadOnly)
+                .with(key, Perm::ReadWrite),
+            Arc::new(OpCounters::default()),
+        )?;
+        let region_addr = server.local_addr;
+        let opts = ClientOptions {
+            key,
+            timeout: OP_TIMEOUT,
+            ..Default::default()
+        };
+        let node_targets: Vec<_> = cfg
+            .backends
+            .iter()
+            .map(|b| crate::control::RegionSource::parse(b.region.as_deref().expect("validated")))
+            .collect::<Result<_, _>>()
+            .map_err(|m| inval(err("enabled", m)))?;
+        let me = r.balancer_id;
+        let mut bal_targets: Vec<_> = r
+            .balancers
+            .iter()
+            .map(|b| crate::control::RegionSource::parse(b))
+            .collect::<Result<_, _>>()
+            .map_err(|m| inval(err("balancers", m)))?;
+        // Our own region is the one we serve, whatever address the list gives for it.
+        bal_targets[me as usize] =
+            crate::control::RegionSource::parse(&format!("tcp:{region_addr}"))
+                .map_err(|m| inval(err("region_listen", m)))?;
+        let mut balancer = Balancer::new(me, r.balancer_config(), r.topology(cfg))
+            .map_err(|e| inval(err("enabled", e.0)))?;
+        let stats = Arc::new(Mutex::new(BalancerStats::default()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (st, stp) = (stats.clone(), stop.clone());
+        let period = Duration::from_millis(r.sensitivity_ms);
+        let names: Vec<String> = cfg.sites.iter().map(|s| s.name.clone()).collect();
+        let thread = std::thread::Builder::new()
+            .name("reconf".into())
+            .spawn(move || {
+                let own = farside_reconf::words::W_BALANCER_HEARTBEAT;
+                let t0 = Instant::now();
+                let now = move || t0.elapsed().as_nanos() as u64 + 1;
+                let mut regions = RmemRegions {
+                    nodes: node_targets.iter().map(|_| None).collect(),
+                    balancers: bal_targets.iter().map(|_| None).collect(),
+                };
+                let mut pacer = farside_rmem::Pacer::new(period);
+                while !stp.load(Ordering::Relaxed) {
+                    pacer.wait();
+                    mem.words()[own].fetch_add(1, Ordering::AcqRel);
+                    // (Re)connect what is missing; an unreachable region's ops are lost.
+                    for (slot, t) in regions.nodes.iter_mut().zip(&node_targets) {
+                        if slot.is_none() {
+                            *slot = connect_target(t, &opts).ok();
+                        }
+                    }
+                    for (slot, t) in regions.balancers.iter_mut().zip(&bal_targets) {
+                        if slot.is_none() {
+                            *slot = connect_target(t, &opts).ok();
+                        }
+                    }
+                    run_round(&mut balancer, &mut regions, &now);
+                    for m in balancer.drain_log() {
+                        let name = |s: u16| names.get(usize::from(s)).cloned().unwrap_or_default();
+                        log::info!(
+                            "reconf: moved node {} from site {} to site {} (site load {} ppm, overloaded for {} ms, lock token {})",
+                            m.node,
+                            name(m.from_site),
+                            name(m.to_site),
+                            m.site_load_ppm,
+                            m.overloaded_ns / 1_000_000,
+                            m.token
+                        );
+                    }
+                    *st.lock().unwrap_or_else(|p| p.into_inner()) = balancer.stats().clone();
+                }
+            })?;
+        log::info!("reconf: balancer {me} on region {region_addr}");
+        Ok(Some(ReconfDriver {
+            stats,
+            stop,
+            thread: Some(thread),
+            _server: server,
+            region_addr,
+        }))
+    }
+
+    /// The balancer's counters so far.
+    pub fn stats(&self) -> Arc<Mutex<BalancerStats>> {
+        self.stats.clone()
+    }
+}
+
+impl Drop for ReconfDriver {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Report the driver's counters into a scrape.
+pub fn render(stats: &Mutex<BalancerStats>, enc: &mut farside_admin::Encoder) {
+    let s = stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for (name, help, v) in [
+        ("rounds", "Balancer rounds (every S).", s.rounds),
+        ("moves", "Nodes moved (role CAS won).", s.moves),
+        ("lock_acquired", "Site locks acquired.", s.lock_acquired),
+        (
+            "takeovers",
+            "Expired locks of another holder taken over.",
+            s.takeovers,
+        ),
+        (
+            "lock_busy",
+            "Rounds that found the site lock held.",
+            s.lock_busy,
+        ),
+        (
+            "node_races",
+            "Move CASes lost to another balancer.",
+            s.node_races,
+        ),
+        (
+            "skipped_rounds",
+            "Rounds skipped: a peer moved a node (update counters).",
+            s.skipped_rounds,
+        ),
+        ("fenced_out", "Holds lost to a takeover.", s.fenced_out),
+        (
+            "unknown_outcomes",
+            "Ops whose reply was lost.",
+            s.unknown_outcomes,
+        ),
+        (
+            "no_donor",
+            "Overloaded sites with no node to spare.",
+            s.no_donor,
+        ),
+    ] {
+        enc.counter(&format!("farside_reconf_{name}_total"), help, &[], v);
+    }
+}
