@@ -407,9 +407,12 @@ fn lab_admission_writes_summary_with_stable_keys_and_report() {
         s["settings"]
     );
     // The product's defaults: the lab adds no proxy arguments of its own choosing
-    // (no `--pool-idle 0`), and a default limit set by the capacity rule.
+    // (no `--pool-idle 0`), and a default limit set by the objective rule: for metric
+    // backlog, L_Q, the accept queue one back-end drains within --queue-ms.
     assert_eq!(s["params"]["proxy_args"], serde_json::json!([]));
-    assert_eq!(s["params"]["limits"], serde_json::json!([16]));
+    let l_q = s["params"]["objective"]["queue_len"].as_u64().unwrap();
+    assert!(l_q >= 1, "{}", s["params"]);
+    assert_eq!(s["params"]["limits"], serde_json::json!([l_q]));
     // Every run was appended as it finished.
     let jsonl = std::fs::read_to_string(out.join("points.jsonl")).unwrap();
     assert_eq!(jsonl.lines().count(), 8);

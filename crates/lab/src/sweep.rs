@@ -75,6 +75,14 @@ pub struct Steal {
 }
 
 impl Steal {
+    /// Whether the run is flagged: one CPU lost more than [`STEAL_FLAG_SHARE`] of the
+    /// run and at least [`STEAL_FLAG_MIN_MS`] (steal is counted in 10 ms ticks, so a
+    /// single tick in a short run is not a finding).
+    pub fn flagged(&self) -> bool {
+        self.max_share() > STEAL_FLAG_SHARE
+            && self.per_cpu_ms.iter().any(|&v| v >= STEAL_FLAG_MIN_MS)
+    }
+
     /// The largest share of one CPU's time stolen during the run (0..=1).
     pub fn max_share(&self) -> f64 {
         if self.wall_s <= 0.0 {
@@ -87,6 +95,8 @@ impl Steal {
 /// A run whose most-robbed CPU lost more than this share of the run is flagged: 1% is
 /// above what this class of VM loses in a quiet hour (the host's background).
 pub const STEAL_FLAG_SHARE: f64 = 0.01;
+/// Least steal of one CPU that flags a run, ms: five of the kernel's 10 ms ticks.
+pub const STEAL_FLAG_MIN_MS: f64 = 50.0;
 
 /// Steal time per CPU from a `/proc/stat` text, in USER_HZ ticks (`cpuN` lines, 8th
 /// value). Empty if the kernel does not report steal.
@@ -350,7 +360,7 @@ impl Sweep {
                     String::new()
                 };
                 let stolen = match &steal {
-                    Some(s) if s.max_share() > STEAL_FLAG_SHARE => format!(
+                    Some(s) if s.flagged() => format!(
                         " [host stole {:.1}% of a CPU: not comparable]",
                         s.max_share() * 100.0
                     ),
@@ -527,12 +537,8 @@ pub fn load(dir: &Path) -> io::Result<Summary> {
         })
         .collect();
     for r in &records {
-        if let Some(st) = r
-            .steal
-            .as_ref()
-            .filter(|st| st.max_share() > STEAL_FLAG_SHARE)
-        {
-            s.notes.push(format!(
+        if let Some(st) = r.steal.as_ref().filter(|st| st.flagged()) {
+            let note = format!(
                 "run {} of {}: the host stole {:.1}% of a CPU during it (/proc/stat steal \
                  {:?} ms over {:.0} s): not comparable with the others",
                 r.run + 1,
@@ -543,7 +549,11 @@ pub fn load(dir: &Path) -> io::Result<Summary> {
                     .map(|v| v.round() as u64)
                     .collect::<Vec<_>>(),
                 st.wall_s
-            ));
+            );
+            // summary.json keeps the notes of an earlier rendering: once each.
+            if !s.notes.contains(&note) {
+                s.notes.push(note);
+            }
         }
     }
     Ok(s)
@@ -634,7 +644,12 @@ mod tests {
             per_cpu_ms: vec![20.0, 300.0],
         };
         assert!((s.max_share() - 0.03).abs() < 1e-12);
-        assert!(s.max_share() > STEAL_FLAG_SHARE);
+        assert!(s.flagged());
+        let one_tick = Steal {
+            wall_s: 1.0,
+            per_cpu_ms: vec![20.0, 0.0],
+        };
+        assert!(one_tick.max_share() > STEAL_FLAG_SHARE && !one_tick.flagged());
     }
 
     fn meta(limit: u64) -> Summary {
