@@ -172,7 +172,8 @@ impl Child {
             std::thread::sleep(POLL);
         }
         log::warn!(
-            "lab: {} ignored SIGTERM for {STOP_GRACE:?}; killing it",
+            "lab: {} had not exited {STOP_GRACE:?} after SIGTERM (a proxy still draining \
+             in-flight requests, or a process stuck in its exit); killing it",
             self.name
         );
         let _ = self.child.kill();
