@@ -51,6 +51,10 @@ fn monitor_follows_a_gatherer_over_xdp_across_namespaces() {
     );
     cfg.admission.enabled = true;
     cfg.admission.stale_after_ms = 50;
+    // What this test checks is the view going stale when the gatherer dies; `reject`
+    // makes that visible as StaleLoad (the default `local` keeps admitting up to the
+    // last safe level, tested in admission_defaults.rs).
+    cfg.admission.on_stale = farside_proxy::config::StalePolicy::Reject;
     cfg.monitor.period_us = 500;
     // Monitor threads inherit the namespace of the thread that starts them.
     let deadline = Instant::now() + Duration::from_secs(10);
