@@ -301,21 +301,10 @@ fn invalid_configuration_names_the_key_and_exits_nonzero() {
 /// Run a short `lab admission` (1 s per point after 0.2 s of warm-up) with `args`,
 /// writing to `out`; asserts it succeeded and returns its output and stderr.
 fn lab_admission(args: &[&str], out: &Path) -> (std::process::Output, String) {
-    let st = std::process::Command::new(exe())
-        .args(["lab", "admission", "--duration-s", "1", "--warmup-s", "0.2"])
-        .args(["--load", "closed"])
-        .args(args)
-        .arg("--out")
-        .arg(out)
-        .env(
-            "FARSIDE_DATA",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../data"),
-        )
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&st.stderr).into_owned();
-    assert!(st.status.success(), "lab failed:\n{stderr}");
-    (st, stderr)
+    let mut all = vec!["admission", "--duration-s", "1", "--warmup-s", "0.2"];
+    all.extend(["--load", "closed"]);
+    all.extend(args);
+    common::run_lab(&all, out)
 }
 
 #[test]

@@ -10,29 +10,26 @@ use common::{exe, Dir};
 /// Run `lab admission --quick` with 1 s points after 0.2 s of warm-up, one client count
 /// and one open-loop rate, and return summary.json.
 fn lab(args: &[&str], out: &Path) -> serde_json::Value {
-    let st = std::process::Command::new(exe())
-        .args([
-            "lab",
-            "admission",
-            "--quick",
-            "--duration-s",
-            "1",
-            "--warmup-s",
-            "0.2",
-        ])
-        .args(["--traces", "single", "--clients", "6", "--rates", "1.5"])
-        .args(["--backend-cpu-us", "300"])
-        .args(args)
-        .arg("--out")
-        .arg(out)
-        .env(
-            "FARSIDE_DATA",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../../data"),
-        )
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&st.stderr);
-    assert!(st.status.success(), "lab failed:\n{stderr}");
+    let mut all = vec![
+        "admission",
+        "--quick",
+        "--duration-s",
+        "1",
+        "--warmup-s",
+        "0.2",
+    ];
+    all.extend([
+        "--traces",
+        "single",
+        "--clients",
+        "6",
+        "--rates",
+        "1.5",
+        "--backend-cpu-us",
+        "300",
+    ]);
+    all.extend(args);
+    common::run_lab(&all, out);
     serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap()
 }
 

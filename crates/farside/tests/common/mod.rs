@@ -21,6 +21,26 @@ pub fn exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_farside"))
 }
 
+/// Run `farside lab ARGS --out OUT` with the shipped trace data; asserts it succeeded
+/// and returns its output and stderr.
+#[allow(dead_code)] // not every test binary runs the lab
+pub fn run_lab(args: &[&str], out: &Path) -> (std::process::Output, String) {
+    let st = std::process::Command::new(exe())
+        .arg("lab")
+        .args(args)
+        .arg("--out")
+        .arg(out)
+        .env(
+            "FARSIDE_DATA",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/../../data"),
+        )
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&st.stderr).into_owned();
+    assert!(st.status.success(), "lab failed:\n{stderr}");
+    (st, stderr)
+}
+
 /// A loopback address whose port was free a moment ago.
 pub fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
