@@ -32,8 +32,12 @@
  * The record: sample_mono_ns (bpf_ktime_get_ns = CLOCK_MONOTONIC), cpu_util_ppm,
  * runnable (CPUs running a task at their last tick: a lower bound of procs_running),
  * conns_established, accept_backlog, ncpu, and with a watched port flags = FLAG_CONNS and
- * conns_sampled_mono_ns = sample_mono_ns (the counts are current). CPU pressure, pending connections, memory,
- * inflight and the sample cost are not known here and are 0 with their flags clear.
+ * conns_sampled_mono_ns = sample_mono_ns (the counts are current), and FLAG_QUEUE_DELAY
+ * with queue_delay_us: the age of the oldest connection waiting in a watched accept
+ * queue (ksamp_head_age; the user-space sampler also counts a request accepted but not
+ * yet read, which the kernel sampler does not see). CPU pressure, pending connections,
+ * memory, inflight and the sample cost are not known here and are 0 with their flags
+ * clear.
  *
  * Seqlock: as crates/region/src/seqlock.rs, tail := seq, fields, head := seq. The
  * two sequence stores are atomic exchanges (BPF_XCHG is fully ordered on every
@@ -86,6 +90,7 @@ static __always_inline void ksamp_forget(__u64 sk)
 	for (int i = 0; i < KSAMP_LISTENERS_MAX; i++) {
 		if (l->sk[i] == sk) {
 			l->slot[i] = 0;
+			l->arrivals[i] = 0;
 			__sync_val_compare_and_swap(&l->sk[i], sk, 0);
 		}
 	}
@@ -121,7 +126,42 @@ int ksamp_state(struct ksamp_inet_sock_set_state *ctx)
 	return 0;
 }
 
-/* A socket signalled data ready: if it is a watched listener, remember it. */
+/*
+ * A connection was queued on listener j (its data-ready signal): note its arrival time.
+ * Signals on one listener can come from several CPUs at once; the fetch-and-add gives
+ * each its own ring slot.
+ */
+static __always_inline void ksamp_arrival(struct ksamp_listeners *l, int j)
+{
+	__u64 n = __sync_fetch_and_add(&l->arrivals[j & (KSAMP_LISTENERS_MAX - 1)], 1);
+
+	l->ring[j & (KSAMP_LISTENERS_MAX - 1)][n & (KSAMP_ARRIVALS_RING - 1)] = bpf_ktime_get_ns();
+}
+
+/*
+ * Age of the oldest connection in listener j's accept queue of length q, ns (0: empty
+ * or unknown). The queue is FIFO and every queued connection signalled its arrival, so
+ * its head is arrival (arrivals - q). A head queued before the listener was remembered,
+ * or beyond the ring, is older than every kept arrival: the oldest kept one's age is
+ * published (a lower bound). A connection queued whose signal has not run yet makes
+ * the head one arrival earlier for that moment (an overestimate by one inter-arrival).
+ */
+static __always_inline __u64 ksamp_head_age(const struct ksamp_listeners *l, int j, __u64 q,
+					    __u64 now)
+{
+	__u64 a = l->arrivals[j & (KSAMP_LISTENERS_MAX - 1)], head, t;
+
+	if (q == 0 || a == 0)
+		return 0;
+	head = a > q ? a - q : 0;
+	if (a - head > KSAMP_ARRIVALS_RING)
+		head = a - KSAMP_ARRIVALS_RING;
+	t = l->ring[j & (KSAMP_LISTENERS_MAX - 1)][head & (KSAMP_ARRIVALS_RING - 1)];
+	return t && now > t ? now - t : 0;
+}
+
+/* A socket signalled data ready: if it is a watched listener, remember it and note the
+ * arrival of the connection it queued. */
 SEC("tracepoint/sock/sk_data_ready")
 int ksamp_ready(struct ksamp_sk_data_ready *ctx)
 {
@@ -150,13 +190,17 @@ int ksamp_ready(struct ksamp_sk_data_ready *ctx)
 	if (!l)
 		return 0;
 #pragma unroll
-	for (int j = 0; j < KSAMP_LISTENERS_MAX; j++)
-		if (l->sk[j] == sk)
+	for (int j = 0; j < KSAMP_LISTENERS_MAX; j++) {
+		if (l->sk[j] == sk) {
+			ksamp_arrival(l, j);
 			return 0;
+		}
+	}
 #pragma unroll
 	for (int j = 0; j < KSAMP_LISTENERS_MAX; j++) {
 		if (l->sk[j] == 0 && __sync_val_compare_and_swap(&l->sk[j], 0, sk) == 0) {
 			l->slot[j] = i + 1;
+			ksamp_arrival(l, j);
 			return 0;
 		}
 	}
@@ -177,13 +221,14 @@ static __always_inline void ksamp_publish(const struct ksamp_config *cfg,
 	struct ksamp_counts *cnt = bpf_map_lookup_elem(&ksamp_counts, &zero);
 	struct ksamp_listeners *l = bpf_map_lookup_elem(&ksamp_listeners, &zero);
 	__u64 known[KSAMP_PORTS_MAX] = {0, 0, 0, 0};
-	__u64 ncpu = cfg->ncpu, sum = 0, running = 0, est = 0, backlog = 0, now, seq;
+	__u64 ncpu = cfg->ncpu, sum = 0, running = 0, est = 0, backlog = 0, oldest = 0, now, seq;
 	volatile __u64 *w;
 
 	if (!region || !cnt || !l)
 		return;
 	if (ncpu > KSAMP_CPUS_MAX)
 		ncpu = KSAMP_CPUS_MAX;
+	now = bpf_ktime_get_ns();
 	for (__u32 c = 0; c < KSAMP_CPUS_MAX; c++) {
 		if (c >= ncpu)
 			break;
@@ -192,7 +237,7 @@ static __always_inline void ksamp_publish(const struct ksamp_config *cfg,
 	}
 #pragma unroll
 	for (int j = 0; j < KSAMP_LISTENERS_MAX; j++) {
-		__u64 sk = l->sk[j], slot = l->slot[j];
+		__u64 sk = l->sk[j], slot = l->slot[j], age;
 		__u32 q = 0;
 
 		if (!sk || slot == 0 || slot > KSAMP_PORTS_MAX)
@@ -202,6 +247,9 @@ static __always_inline void ksamp_publish(const struct ksamp_config *cfg,
 			continue;
 		backlog += q;
 		known[(slot - 1) & (KSAMP_PORTS_MAX - 1)] = 1;
+		age = ksamp_head_age(l, j, q, now);
+		if (age > oldest)
+			oldest = age;
 	}
 #pragma unroll
 	for (int i = 0; i < KSAMP_PORTS_MAX; i++) {
@@ -209,7 +257,6 @@ static __always_inline void ksamp_publish(const struct ksamp_config *cfg,
 		if (!known[i])
 			backlog += ksamp_clamp(cnt->backlog[i]);
 	}
-	now = bpf_ktime_get_ns();
 	w = region->words;
 	seq = w[KSAMP_W_SEQ_HEAD] + 1;
 	if (seq == 0)
@@ -226,8 +273,9 @@ static __always_inline void ksamp_publish(const struct ksamp_config *cfg,
 	w[KSAMP_W_NCPU] = ncpu;
 	/* Connection counts are valid if a port is watched (ports fill from index 0). */
 	if (cfg->ports[0]) {
-		w[KSAMP_W_FLAGS] = KSAMP_FLAG_CONNS;
+		w[KSAMP_W_FLAGS] = KSAMP_FLAG_CONNS | KSAMP_FLAG_QUEUE_DELAY;
 		w[KSAMP_W_CONNS_SAMPLED_MONO_NS] = now;
+		w[KSAMP_W_QUEUE_DELAY_US] = oldest / 1000;
 	}
 	__sync_lock_test_and_set(&region->words[KSAMP_W_SEQ_HEAD], seq);
 }

@@ -34,8 +34,11 @@
 #define KSAMP_W_FLAGS 20
 #define KSAMP_W_CONNS_SAMPLED_MONO_NS 22
 #define KSAMP_W_SEQ_TAIL 24
+#define KSAMP_W_QUEUE_DELAY_US 23
 /* layout::FLAG_CONNS: connection counts valid. */
 #define KSAMP_FLAG_CONNS 2
+/* layout::FLAG_QUEUE_DELAY: KSAMP_W_QUEUE_DELAY_US is measured. */
+#define KSAMP_FLAG_QUEUE_DELAY 16
 
 /* TCP states (include/net/tcp_states.h). */
 #define KSAMP_TCP_ESTABLISHED 1
@@ -51,5 +54,12 @@
  * groups of up to 16 sockets across the four ports); more are counted from the seed.
  */
 #define KSAMP_LISTENERS_MAX 16
+/*
+ * Arrival times kept per listener (a power of two, used as a mask): the accept queue's
+ * head is found among the last KSAMP_ARRIVALS_RING arrivals; a longer queue's head is
+ * older than all of them, and its age is published as the oldest kept (a lower bound).
+ * 64 covers the lab's accept queues at the limits admission keeps them to (<= 2 x 16).
+ */
+#define KSAMP_ARRIVALS_RING 64
 
 #endif /* KSAMP_CONSTS_H */

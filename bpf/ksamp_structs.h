@@ -40,6 +40,10 @@ struct ksamp_counts {
 struct ksamp_listeners {
 	__u64 sk[KSAMP_LISTENERS_MAX];
 	__u64 slot[KSAMP_LISTENERS_MAX];
+	/* Connections queued on it since it was remembered (its data-ready signals). */
+	__u64 arrivals[KSAMP_LISTENERS_MAX];
+	/* bpf_ktime_get_ns of arrival n at ring[n % KSAMP_ARRIVALS_RING]. */
+	__u64 ring[KSAMP_LISTENERS_MAX][KSAMP_ARRIVALS_RING];
 };
 
 /* One CPU's sampled state; only that CPU writes it. */

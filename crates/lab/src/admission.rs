@@ -1027,9 +1027,9 @@ fn start_tier(
             ]);
             args.extend(["--xdp-mode".into(), "generic".into()]);
             // With XDP gatherd's default is the kernel sampler, whose record has backlog,
-            // conns and a tick-sampled cpu but no pressure or pending: other metrics keep
-            // the user-space sampler.
-            if !matches!(system_metric(a, system), "backlog" | "conns") {
+            // conns, the accept queue's delay and a tick-sampled cpu but no pressure or
+            // pending: other metrics keep the user-space sampler.
+            if !matches!(system_metric(a, system), "backlog" | "conns" | "delay") {
                 args.extend(["--sampler".into(), "user".into()]);
             }
         }
@@ -1182,8 +1182,8 @@ pub fn objective_proxy_args(
     args
 }
 
-/// The admission metric the gatherers of `system` serve (the kernel sampler of the netns
-/// lab has no queueing delay, so `onesided-delay` needs the user-space one).
+/// The admission metric the gatherers of `system` serve (`onesided-delay`: the queueing
+/// delay, which the netns lab's kernel sampler publishes every tick).
 fn system_metric<'a>(a: &'a AdmissionArgs, system: &str) -> &'a str {
     if system == "onesided-delay" {
         "delay"

@@ -10,8 +10,14 @@
 //! and the record then carries their accept queue's length (`sk_ack_backlog`, read at
 //! the offset the kernel's BTF gives); a `cpu-clock` perf event on every online CPU,
 //! every period, samples each CPU's busy state, and the tick on the first online CPU
-//! writes the record under the seqlock. See `bpf/ksamp.bpf.c` for the record's fields (CPU pressure,
-//! pending connections, memory and inflight are not known in the kernel: 0, flags clear).
+//! writes the record under the seqlock. Each queued connection's arrival time is kept
+//! (a ring of [`SAMPLER_ARRIVALS_RING`] per listener), so the record also carries the
+//! back-end's queueing delay (`queue_delay_us`, `FLAG_QUEUE_DELAY`): the age of the
+//! oldest connection in a watched accept queue, fresh every tick, which the proxy's
+//! `--metric delay` follows. It does not see a request accepted but not yet read (the
+//! user-space sampler's dump does). See `bpf/ksamp.bpf.c` for the record's fields (CPU
+//! pressure, pending connections, memory and inflight are not known in the kernel: 0,
+//! flags clear).
 //!
 //! Counters are seeded after attaching from one count the caller supplies (gatherd: a
 //! sock_diag dump), so they start from the sockets that exist. Events between the
@@ -45,6 +51,11 @@ pub const SAMPLER_EMA_SHIFT: u32 = 4;
 /// Listening sockets whose accept queue the sampler reads directly
 /// (`KSAMP_LISTENERS_MAX`): SO_REUSEPORT groups of up to 16 across the watched ports.
 pub const SAMPLER_LISTENERS_MAX: usize = 16;
+/// Arrival times kept per listener (`KSAMP_ARRIVALS_RING`) to find the age of its accept
+/// queue's head, the published `queue_delay_us`; a longer queue reads as the oldest kept
+/// arrival's age (a lower bound). 64 covers twice a 16-worker back-end's queue at the
+/// limits admission keeps.
+pub const SAMPLER_ARRIVALS_RING: usize = 64;
 /// Shortest tick period: a perf cpu-clock tick on every CPU every 100 µs is already
 /// 10,000 program runs per second per CPU.
 pub const SAMPLER_PERIOD_MIN: Duration = Duration::from_micros(100);

@@ -121,6 +121,9 @@ fn kernel_sampler_constants_match_the_rust_side() {
         ),
         ("KSAMP_W_SEQ_TAIL", l::W_SEQ_TAIL as u64),
         ("KSAMP_FLAG_CONNS", l::FLAG_CONNS),
+        ("KSAMP_W_QUEUE_DELAY_US", l::W_QUEUE_DELAY_US as u64),
+        ("KSAMP_FLAG_QUEUE_DELAY", l::FLAG_QUEUE_DELAY),
+        ("KSAMP_ARRIVALS_RING", ksamp::SAMPLER_ARRIVALS_RING as u64),
         ("KSAMP_PORTS_MAX", ksamp::SAMPLER_PORTS_MAX as u64),
         ("KSAMP_CPUS_MAX", ksamp::SAMPLER_CPUS_MAX.into()),
         ("KSAMP_EMA_SHIFT", ksamp::SAMPLER_EMA_SHIFT.into()),
@@ -131,4 +134,5 @@ fn kernel_sampler_constants_match_the_rust_side() {
     }
     assert!(ksamp::SAMPLER_CPUS_MAX.is_power_of_two());
     assert!(ksamp::SAMPLER_PORTS_MAX.is_power_of_two());
+    assert!(ksamp::SAMPLER_ARRIVALS_RING.is_power_of_two());
 }

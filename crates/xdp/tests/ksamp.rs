@@ -83,9 +83,10 @@ fn kernel_sampler_publishes_backlog_and_connections_without_user_space() {
     assert!(a.load.sample_mono_ns > 0 && a.load.ncpu >= 1, "{a:?}");
     assert_eq!(
         a.load.flags,
-        farside_region::layout::FLAG_CONNS,
-        "counts valid; no PSI, memory or inflight in the kernel record"
+        farside_region::layout::FLAG_CONNS | farside_region::layout::FLAG_QUEUE_DELAY,
+        "counts and queueing delay valid; no PSI, memory or inflight in the kernel record"
     );
+    assert_eq!(a.load.queue_delay_us, 0, "nothing waits");
     assert_eq!(a.load.conns_lag_ns(), 0, "counts are current");
     assert_eq!(a.load.conns_established, 0);
     assert_eq!(a.load.accept_backlog, 0);
@@ -122,16 +123,45 @@ fn kernel_sampler_publishes_backlog_and_connections_without_user_space() {
 
     // N connections queued, not accepted: backlog N, established N (server side).
     const N: u64 = 3;
-    let mut clients: Vec<TcpStream> = (0..N)
+    let clients: Vec<TcpStream> = (0..N)
         .map(|_| TcpStream::connect(l.local_addr().unwrap()).unwrap())
         .collect();
+    let queued_at = std::time::Instant::now();
     await_record(&region, "backlog N", |s| {
         s.load.accept_backlog == N && s.load.conns_established == N
     });
+    // The queue's head has waited since it was queued: its age grows with the clock.
+    const WAIT: Duration = Duration::from_millis(30);
+    let waited = await_record(&region, "queueing delay of the head", |s| {
+        s.load.queue_delay_us >= WAIT.as_micros() as u64
+    });
+    let bound = queued_at.elapsed().as_micros() as u64;
+    assert!(
+        waited.load.queue_delay_us <= bound,
+        "head age {} µs > {bound} µs since the first connect",
+        waited.load.queue_delay_us
+    );
 
-    // Accept one: backlog N-1, still N established.
+    // Accept one: backlog N-1, still N established; the new head arrived later, so the
+    // delay is not older than the first connection's wait.
     let (served, _) = l.accept().unwrap();
-    await_record(&region, "accept lowers the backlog", |s| {
+    let after = await_record(&region, "accept lowers the backlog", |s| {
+        s.load.accept_backlog == N - 1 && s.load.conns_established == N
+    });
+    assert!(after.load.queue_delay_us > 0, "{after:?}");
+    // Accept the rest: nothing waits, the delay reads 0.
+    let rest: Vec<_> = (0..N - 1).map(|_| l.accept().unwrap().0).collect();
+    await_record(&region, "empty queue, no delay", |s| {
+        s.load.accept_backlog == 0 && s.load.queue_delay_us == 0
+    });
+    drop(rest);
+    // Those closed server-side leave ESTABLISHED; queue N - 1 new ones for what follows.
+    let mut clients: Vec<TcpStream> = clients
+        .into_iter()
+        .take(1)
+        .chain((0..N - 1).map(|_| TcpStream::connect(l.local_addr().unwrap()).unwrap()))
+        .collect();
+    await_record(&region, "re-queued", |s| {
         s.load.accept_backlog == N - 1 && s.load.conns_established == N
     });
 

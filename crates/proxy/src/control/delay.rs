@@ -13,7 +13,11 @@
 //! - delay at or above the target: cut multiplicatively in proportion to the overshoot,
 //!   `budget × max(1 − CUT_GAIN × (delay − target) / delay, CUT_FACTOR_MIN)`: a small
 //!   overshoot trims, a large one halves;
-//! - always within `[BUDGET_MIN, max]`, `max` being the back-end's `limit`.
+//! - always within `[BUDGET_MIN, max]`, `max` being the back-end's `limit`;
+//! - at most one step per target delay ([`DelayBudget::due`]): a cut shows in the delay
+//!   only once the queue in front of it has drained, about one target's worth of time,
+//!   so a sampler that publishes every millisecond (the kernel sampler) would otherwise
+//!   cut again and again for the same overshoot. Readings in between are skipped.
 //!
 //! Nothing is modelled: other tenants' load, other proxies' requests, a request mix whose
 //! cost differs 100×, or a CPU quota that halves all show up as delay, and the budget
@@ -84,6 +88,12 @@ impl DelayBudget {
     /// Whether `inflight` requests in flight use the budget (see [`Reading::used`]).
     pub fn used_by(&self, inflight: u64) -> bool {
         inflight as f64 + 1.0 >= self.budget.floor()
+    }
+
+    /// Whether a step is due at `now_ns` with target `target_us` (module doc: at most one
+    /// step per target delay).
+    pub fn due(&self, now_ns: u64, target_us: u64) -> bool {
+        self.updated_ns == 0 || now_ns.saturating_sub(self.updated_ns) >= target_us * 1000
     }
 
     /// Apply one reading (no-op if it is the one already applied). Returns whether the
@@ -289,6 +299,10 @@ mod tests {
             if now >= next_read {
                 let d = b.delay_us(now);
                 for p in 0..n {
+                    if !st[p].due(now * 1000, target_us) {
+                        used[p] |= st[p].used_by(inflight[p]);
+                        continue;
+                    }
                     let r = Reading {
                         id: now,
                         delay_us: d,
@@ -488,5 +502,26 @@ mod tests {
             3,
         );
         assert_eq!(s2.budget, 5.0);
+    }
+
+    #[test]
+    fn steps_at_most_once_per_target_delay() {
+        let mut st = DelayBudget::new(16.0, 32.0);
+        assert!(st.due(1, 5_000), "the first reading is always due");
+        st.on_reading(
+            Reading {
+                id: 1,
+                delay_us: 10_000,
+                used: true,
+            },
+            5_000,
+            32.0,
+            1_000_000,
+        );
+        assert_eq!(st.budget, 12.0, "one cut: 16 x (1 - 0.5 x 5/10)");
+        // Readings every 1 ms (the kernel sampler): not due until 5 ms have passed.
+        assert!(!st.due(2_000_000, 5_000));
+        assert!(!st.due(5_999_999, 5_000));
+        assert!(st.due(6_000_000, 5_000));
     }
 }

@@ -389,7 +389,7 @@ impl Control {
             return Load::Stale;
         }
         let mut st = b.delay.lock().unwrap_or_else(|p| p.into_inner());
-        if st.reading_id != e.queue_delay_id {
+        if st.reading_id != e.queue_delay_id && st.due(now_ns, self.target_delay_us) {
             let r = delay::Reading {
                 id: e.queue_delay_id,
                 delay_us: e.queue_delay_us,

@@ -551,6 +551,27 @@ fn delay_reading(id: u64, delay_us: u64) -> Entry {
     }
 }
 
+/// Publish delay reading `id` for back-end `i` and wait until the budget has acted on
+/// it: a step is due at most once per target delay (`delay::DelayBudget::due`), so a
+/// reading published sooner is applied once that time has passed.
+fn publish_and_await_step(c: &Control, t: &dyn Words, i: usize, id: u64, delay_us: u64) {
+    EntryWriter::new(t, i).publish(&delay_reading(id, delay_us));
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let _ = c.load(i, mono_ns());
+        let applied = c.backends[i]
+            .delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .reading_id;
+        if applied == id {
+            return;
+        }
+        assert!(Instant::now() < deadline, "reading {id} never applied");
+        std::thread::yield_now();
+    }
+}
+
 /// Metric `delay`: the budget starts at one request in flight, grows while the
 /// back-end's delay is under the target and the budget is in use, is cut when the delay
 /// is above it, and never falls below one (liveness); every check is accounted to the
@@ -568,9 +589,9 @@ fn delay_metric_adapts_the_budget_to_the_published_queueing_delay() {
     assert_eq!(c.choose(None), Err(Reject::Overloaded), "budget 1 in use");
     // Low delay readings while the budget is in use: it grows, one per reading, to 8.
     let mut held = vec![r1];
-    for _ in 0..20 {
+    for _ in 0..10 {
         id += 1;
-        EntryWriter::new(&*t, 0).publish(&delay_reading(id, 1_000));
+        publish_and_await_step(&c, &*t, 0, id, 1_000);
         while let Ok(r) = c.route(None) {
             held.push(r);
         }
@@ -578,7 +599,7 @@ fn delay_metric_adapts_the_budget_to_the_published_queueing_delay() {
     assert_eq!(held.len(), 8, "grown to the cap `limit`");
     // A delay far above the target: cut to half at once (the strongest cut).
     id += 1;
-    EntryWriter::new(&*t, 0).publish(&delay_reading(id, 100_000));
+    publish_and_await_step(&c, &*t, 0, id, 100_000);
     assert_eq!(c.load(0, mono_ns()), Load::Known(8));
     let mut e = farside_admin::Encoder::new();
     c.render_signal_metrics(&mut e);
@@ -635,9 +656,9 @@ fn delay_metric_balances_by_headroom_in_the_budget() {
     });
     // Both stay under the target while in use: budgets grow to 12 and to 3.
     let mut held = Vec::new();
-    for id in 1..=20 {
-        EntryWriter::new(&*t, 0).publish(&delay_reading(id, 0));
-        EntryWriter::new(&*t, 1).publish(&delay_reading(id, 0));
+    for id in 1..=12 {
+        publish_and_await_step(&c, &*t, 0, id, 0);
+        publish_and_await_step(&c, &*t, 1, id, 0);
         while let Ok(r) = c.route(None) {
             held.push(r);
         }
