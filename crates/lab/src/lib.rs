@@ -19,6 +19,7 @@
 //! User documentation: `farside lab <command> --help` and `docs/lab.md`.
 
 pub mod admission;
+pub mod echo;
 pub mod faults;
 pub mod flood;
 pub mod haproxy;

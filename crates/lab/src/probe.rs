@@ -34,8 +34,11 @@ pub struct ProbeArgs {
     #[arg(long, value_name = "DIR", conflicts_with = "out")]
     #[serde(skip)]
     pub resume: Option<PathBuf>,
-    /// Transports to measure: shm, tcp, udp (user space), xdp (netns only). Default
-    /// shm,tcp,udp; with --hosts netns shm,tcp,udp,xdp (the papers' central comparison).
+    /// Transports to measure: shm, tcp, udp (user space), xdp (netns only), icmp (netns
+    /// only: the kernel's ICMP echo over the same path and steering, answered by the
+    /// back-end node's kernel: the floor any one-sided read stands on). Default
+    /// shm,tcp,udp; with --hosts netns icmp,shm,tcp,udp,xdp (the papers' central
+    /// comparison, beside its floor measured in the same run).
     #[arg(long, value_delimiter = ',')]
     pub transports: Vec<String>,
     /// Background load levels: number of busy-looping processes on the back-end.
@@ -76,7 +79,7 @@ pub struct ProbeArgs {
 pub fn default_transports(hosts: Hosts) -> Vec<String> {
     let list: &[&str] = match hosts {
         Hosts::Loopback => &["shm", "tcp", "udp"],
-        Hosts::Netns => &["shm", "tcp", "udp", "xdp"],
+        Hosts::Netns => &["icmp", "shm", "tcp", "udp", "xdp"],
     };
     list.iter().map(|t| t.to_string()).collect()
 }
@@ -123,24 +126,41 @@ pub fn measure(
     timeout: Duration,
 ) -> io::Result<Latency> {
     let mut buf = vec![0u8; size];
+    let transport = c.transport();
+    measure_with(
+        transport,
+        || c.read(0, &mut buf),
+        size,
+        samples,
+        interval,
+        timeout,
+    )
+}
+
+/// The loop of [`measure`] around any round trip `op` (a region read, or the kernel's
+/// echo): `samples` times, paced by `interval`; a timeout counts in `timeouts` and enters
+/// the percentiles as `timeout`.
+pub fn measure_with(
+    what: &str,
+    mut op: impl FnMut() -> Result<(), RmemError>,
+    size: usize,
+    samples: u64,
+    interval: Duration,
+    timeout: Duration,
+) -> io::Result<Latency> {
     let mut lat = Vec::with_capacity(samples as usize);
     let mut timeouts = 0;
     let mut pacer = farside_rmem::Pacer::new(interval);
     for _ in 0..samples {
         pacer.wait();
         let t0 = Instant::now();
-        match c.read(0, &mut buf) {
+        match op() {
             Ok(()) => lat.push(t0.elapsed().as_nanos() as f64 / 1000.0),
             Err(RmemError::Timeout) => {
                 timeouts += 1;
                 lat.push(timeout.as_nanos() as f64 / 1000.0);
             }
-            Err(e) => {
-                return Err(io::Error::other(format!(
-                    "{} read of {size} B: {e}",
-                    c.transport()
-                )))
-            }
+            Err(e) => return Err(io::Error::other(format!("{what} read of {size} B: {e}"))),
         }
     }
     Ok(latency_of(lat, timeouts))
@@ -241,17 +261,17 @@ pub fn run(mut a: ProbeArgs) -> io::Result<()> {
     for t in &a.transports {
         match t.as_str() {
             "shm" | "tcp" | "udp" => {}
-            "xdp" if a.hosts == Hosts::Netns => {}
-            "xdp" => {
+            "xdp" | "icmp" if a.hosts == Hosts::Netns => {}
+            "xdp" | "icmp" => {
                 return Err(io::Error::new(
                     io::ErrorKind::Unsupported,
-                    "--transports xdp needs --hosts netns (root)",
+                    format!("--transports {t} needs --hosts netns (root)"),
                 ))
             }
             _ => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidInput,
-                    format!("--transports: unknown `{t}` (shm, tcp, udp, xdp)"),
+                    format!("--transports: unknown `{t}` (shm, tcp, udp, xdp, icmp)"),
                 ))
             }
         }
@@ -463,6 +483,30 @@ impl NetnsBack<'_> {
     }
 }
 
+/// One line per (load, size) measured with both: each transport's p50 as a multiple of
+/// the kernel echo's (`icmp`) in the same run (issue target: xdp ≤ 1.3×).
+fn floor_ratios(p50s: &[(Key, f64)]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (fk, floor) in p50s.iter().filter(|(k, _)| k.transport == "icmp") {
+        let same =
+            |k: &Key| k.background_load == fk.background_load && k.size_bytes == fk.size_bytes;
+        let rest: Vec<String> = p50s
+            .iter()
+            .filter(|(k, _)| k.transport != "icmp" && same(k))
+            .map(|(k, p)| format!("{} {:.2}x", k.transport, p / floor.max(f64::MIN_POSITIVE)))
+            .collect();
+        if !rest.is_empty() {
+            out.push(format!(
+                "floor: load {} size {} B: icmp echo p50 {floor:.1} µs; p50 / floor: {}",
+                fk.background_load,
+                fk.size_bytes,
+                rest.join(", ")
+            ));
+        }
+    }
+    out
+}
+
 /// The probe across hosts: back-end node (its own CPUs, RPS steered onto them so its
 /// softirq and XDP run there), front node (the prober). One gatherd per transport, so
 /// each is measured alone.
@@ -532,12 +576,9 @@ fn run_netns(
     let est = samples as f64 * a.interval_us as f64 / 1e6 + 0.2;
     let mut gatherd: Option<(String, Child, Endpoint)> = None;
     let mut busy: Option<(u64, crate::netns::LoadHandle)> = None;
+    // p50 of every (transport, load, size) measured in this run, for the floor ratios.
+    let mut p50s: Vec<(Key, f64)> = Vec::new();
     sweep.run(&keys, a.repeat, est, label, |k, _| {
-        if gatherd.as_ref().map(|g| g.0.as_str()) != Some(k.transport.as_str()) {
-            gatherd = None;
-            let (g, ep) = nb.start_gatherd(&k.transport)?;
-            gatherd = Some((k.transport.clone(), g, ep));
-        }
         if busy.as_ref().map(|b| b.0) != Some(k.background_load) {
             busy = None;
             busy = Some((
@@ -545,9 +586,32 @@ fn run_netns(
                 dc.start_cpu_load("back", k.background_load as usize)?,
             ));
         }
-        let (_, g, ep) = gatherd.as_mut().expect("started above");
         let f = front.clone();
         let opts = nb.opts.clone();
+        if k.transport == "icmp" {
+            // The floor: the back-end node's kernel answers; no gatherd is involved.
+            gatherd = None;
+            let l = dc.run_in_ns("front", || {
+                crate::procs::pin_current_thread(&f)?;
+                let mut e = crate::echo::IcmpEcho::new(back_ip, opts.spin, opts.timeout)?;
+                measure_with(
+                    "icmp",
+                    || e.echo(k.size_bytes as usize),
+                    k.size_bytes as usize,
+                    samples,
+                    Duration::from_micros(a.interval_us),
+                    opts.timeout,
+                )
+            })?;
+            p50s.push((k.clone(), l.p50_us));
+            return Ok(probe_point(k, &l));
+        }
+        if gatherd.as_ref().map(|g| g.0.as_str()) != Some(k.transport.as_str()) {
+            gatherd = None;
+            let (g, ep) = nb.start_gatherd(&k.transport)?;
+            gatherd = Some((k.transport.clone(), g, ep));
+        }
+        let (_, g, ep) = gatherd.as_mut().expect("started above");
         let l = dc.run_in_ns("front", || {
             crate::procs::pin_current_thread(&f)?;
             let mut c = connect(ep, &opts).map_err(|e| io::Error::other(format!("{ep}: {e}")))?;
@@ -560,8 +624,13 @@ fn run_netns(
             )
         })?;
         g.check_alive()?;
+        p50s.push((k.clone(), l.p50_us));
         Ok(probe_point(k, &l))
     })?;
+    for line in floor_ratios(&p50s) {
+        eprintln!("{line}");
+        sweep.note(line)?;
+    }
     drop(busy);
     drop(gatherd);
     if a.flood_s > 0.0 {
@@ -597,12 +666,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn netns_default_transports_include_xdp() {
+    fn netns_default_transports_include_xdp_and_its_floor() {
         assert_eq!(
             default_transports(Hosts::Netns),
-            ["shm", "tcp", "udp", "xdp"]
+            ["icmp", "shm", "tcp", "udp", "xdp"]
         );
         assert!(!default_transports(Hosts::Loopback).contains(&"xdp".to_string()));
+    }
+
+    #[test]
+    fn floor_ratios_divide_by_the_echo_of_the_same_load_and_size() {
+        let k = |t: &str, load, size| Key {
+            transport: t.into(),
+            background_load: load,
+            size_bytes: size,
+        };
+        let lines = floor_ratios(&[
+            (k("icmp", 0, 8), 20.0),
+            (k("xdp", 0, 8), 26.0),
+            (k("tcp", 0, 8), 60.0),
+            (k("xdp", 2, 8), 90.0),
+            (k("icmp", 2, 8), 30.0),
+            (k("xdp", 0, 64), 99.0),
+        ]);
+        assert_eq!(
+            lines,
+            [
+                "floor: load 0 size 8 B: icmp echo p50 20.0 µs; p50 / floor: xdp 1.30x, tcp 3.00x",
+                "floor: load 2 size 8 B: icmp echo p50 30.0 µs; p50 / floor: xdp 3.00x",
+            ]
+        );
     }
 
     #[test]
