@@ -1246,6 +1246,9 @@ struct MonitorScrape {
     /// `farside_proxy_request_duration_seconds` `_sum` and `_count`.
     duration_sum_s: f64,
     duration_count: f64,
+    /// `farside_proxy_upstream_wait_microseconds_total` and `_checkouts_total`.
+    wait_us: f64,
+    checkouts: f64,
 }
 
 /// The value of the unlabelled sample `name` in Prometheus text, 0 when absent.
@@ -1268,6 +1271,8 @@ impl MonitorScrape {
                 gap: crate::promtext::buckets(&text, "farside_monitor_update_gap_seconds"),
                 duration_sum_s: sample_value(&text, "farside_proxy_request_duration_seconds_sum"),
                 duration_count: sample_value(&text, "farside_proxy_request_duration_seconds_count"),
+                wait_us: sample_value(&text, "farside_proxy_upstream_wait_microseconds_total"),
+                checkouts: sample_value(&text, "farside_proxy_upstream_checkouts_total"),
             }),
             Err(e) => {
                 eprintln!("lab admission: warning: no monitor figures for this point: {e}");
@@ -1284,6 +1289,11 @@ impl MonitorScrape {
         p.monitor_read_p50_us = quantile(&read, 0.50).map(|s| s * 1e6);
         p.monitor_read_p99_us = quantile(&read, 0.99).map(|s| s * 1e6);
         p.update_gap_p99_ms = quantile(&gap, 0.99).map(|s| s * 1e3);
+        let checkouts = self.checkouts - before.checkouts;
+        if checkouts > 0.0 {
+            // Mean wait for an upstream connection slot per request that asked for one.
+            p.proxy_queue_ms = Some((self.wait_us - before.wait_us) / checkouts / 1e3);
+        }
         let n = self.duration_count - before.duration_count;
         if n > 0.0 {
             p.proxy_time_ms = Some((self.duration_sum_s - before.duration_sum_s) / n * 1e3);

@@ -431,8 +431,8 @@ const SPLIT_TITLE: &str = "where served time went (ms): the proxy's queue, the p
 (queue + back-end), the back-ends' queueing delay (mean, p99)";
 /// What the where-time-went columns are and where they come from.
 const SPLIT_LEGEND: &str = "(p.queue: HAProxy's qtime, its mean over its last 1024 requests \
-at the point's end; farside proxies export no queue wait, bounded by --queue-timeout-ms. \
-p.time: farside: mean request duration at the proxy over the point; HAProxy: qtime + ctime \
+at the point's end; farside: its mean wait for an upstream connection slot over the point \
+(farside_proxy_upstream_wait_microseconds_total / _checkouts_total). p.time: farside: mean request duration at the proxy over the point; HAProxy: qtime + ctime \
 + rtime. b.queue: the back-ends' published queueing delay (gatherd's queue_delay_us, the age \
 of the oldest unread request), every new reading during the point: the same measurement for \
 every system. multi-proxy: the first proxy's figures.)";

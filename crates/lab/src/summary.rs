@@ -213,8 +213,10 @@ pub struct Point {
     pub update_gap_p99_ms: Option<f64>,
     /// `proxy_queue_ms`: where served time went, part 1: mean wait in the proxy for a
     /// back-end connection slot, ms. HAProxy: its `qtime` (its own average over its last
-    /// 1024 requests, read at the point's end); absent for farside proxies, which export
-    /// no queue-wait figure (their wait is bounded by `--queue-timeout-ms`).
+    /// 1024 requests, read at the point's end); farside: the point's
+    /// `farside_proxy_upstream_wait_microseconds_total` over `_checkouts_total` (every
+    /// request that asked for an upstream connection, served or refused at the queue
+    /// timeout). With `multi-proxy`, the first proxy's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_queue_ms: Option<f64>,
     /// `proxy_time_ms`: mean time the proxy held a served request, head to end of

@@ -89,6 +89,12 @@ pub struct Metrics {
     /// Bytes of client and upstream read buffers allocated now, over all client
     /// connections (a connection idle between requests holds none).
     pub conn_buffer_bytes: AtomicU64,
+    /// Time requests waited in the proxy for an upstream connection slot (the back-end's
+    /// connection cap reached), µs, summed over every checkout (those that did not wait
+    /// add 0), and the number of checkouts: their ratio is the mean proxy queueing per
+    /// request sent or refused there.
+    pub upstream_wait_us: AtomicU64,
+    pub upstream_checkouts: AtomicU64,
     latency_buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
     latency_sum_us: AtomicU64,
     latency_count: AtomicU64,
@@ -118,6 +124,13 @@ impl Metrics {
 
     pub fn upstream_errors_for(&self, e: UpstreamError) -> u64 {
         self.upstream_errors[e.index()].load(Relaxed)
+    }
+
+    /// One checkout of an upstream connection that waited `d` for a slot.
+    pub fn upstream_wait(&self, d: Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.upstream_wait_us.fetch_add(us, Relaxed);
+        self.upstream_checkouts.fetch_add(1, Relaxed);
     }
 
     pub fn latency(&self, d: Duration) {
@@ -155,6 +168,18 @@ impl Metrics {
                 Kind::Gauge,
                 "Bytes of client and upstream read buffers allocated now (none while a connection idles between requests).",
                 &self.conn_buffer_bytes,
+            ),
+            (
+                "upstream_wait_microseconds_total",
+                Kind::Counter,
+                "Time requests waited in the proxy for an upstream connection slot, summed over all checkouts.",
+                &self.upstream_wait_us,
+            ),
+            (
+                "upstream_checkouts_total",
+                Kind::Counter,
+                "Requests that asked for an upstream connection (waited or not).",
+                &self.upstream_checkouts,
             ),
             (
                 "upstream_connects_total",

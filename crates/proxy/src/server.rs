@@ -1250,6 +1250,7 @@ impl Conn {
             Err(r) => return self.reject(sh, &req, r).await,
         };
         // Before the head is consumed, so a refusal here is answered like the gate's.
+        let waited_from = Instant::now();
         let checkout = sh
             .pool
             .checkout(
@@ -1259,6 +1260,7 @@ impl Conn {
                 sh.queue_timeout,
             )
             .await;
+        sh.metrics.upstream_wait(waited_from.elapsed());
         match checkout {
             Ok(c) => self.proxy(sh, req, route, c).await,
             Err(r) => {

@@ -117,5 +117,15 @@ async fn a_request_waiting_longer_than_the_queue_timeout_gets_503() {
             .rejects_for(farside_proxy::gate::Reject::QueueTimeout),
         1
     );
+    // Both asked for an upstream connection; the refused one waited the whole timeout,
+    // and the wait is exported.
+    use std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(p.metrics.upstream_checkouts.load(Relaxed), 2);
+    assert!(p.metrics.upstream_wait_us.load(Relaxed) >= 50_000);
+    let text = farside_admin::scrape_text(&|e: &mut farside_admin::Encoder| p.metrics.render(e));
+    assert!(
+        text.contains("farside_proxy_upstream_checkouts_total 2"),
+        "{text}"
+    );
     p.stop().await;
 }
