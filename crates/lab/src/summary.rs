@@ -56,12 +56,13 @@ pub struct Summary {
     /// continues it); true once every point was measured.
     #[serde(default)]
     pub finished: bool,
-    /// `commit`: `git rev-parse HEAD` of the source tree the binary was built from, when
-    /// that tree is still there; `null` otherwise.
+    /// `commit`: the commit the binary was built from (compiled in), else `git rev-parse
+    /// HEAD` of its source tree; `null` when neither is known.
     #[serde(default)]
     pub commit: Option<String>,
-    /// `commit_dirty`: that tree had uncommitted changes to tracked files
-    /// (`git status --porcelain --untracked-files=no`).
+    /// `commit_dirty`: the tree had uncommitted changes to tracked files
+    /// (`git status --porcelain --untracked-files=no`), read at run time: `null` when the
+    /// tree has moved past the build's commit since (then unknown).
     #[serde(default)]
     pub commit_dirty: Option<bool>,
     /// `kernel`: `uname -r` of the machine that ran the sweep.

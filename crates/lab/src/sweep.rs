@@ -598,9 +598,32 @@ pub fn cpu_model_of(cpuinfo: &str) -> Option<String> {
     None
 }
 
+/// The commit this binary was built from (compiled in by `build.rs`), and whether the
+/// tree had uncommitted changes to tracked files. The dirty flag is read from the tree
+/// now, so it is only known while the tree is still at the build's commit; once HEAD has
+/// moved the build commit is recorded with `dirty` unknown (and a warning), never the
+/// tree's newer commit. Without a build commit (no git at build time): the tree's, as
+/// before.
+fn source_commit() -> (Option<String>, Option<bool>) {
+    let built = env!("FARSIDE_BUILD_COMMIT");
+    let (now, dirty) = tree_commit();
+    if built.is_empty() {
+        return (now, dirty);
+    }
+    if now.as_deref() == Some(built) {
+        return (now, dirty);
+    }
+    eprintln!(
+        "lab: warning: this binary was built from {built}, the source tree is now at {}: \
+         recording {built} (uncommitted changes at build time unknown)",
+        now.as_deref().unwrap_or("unknown")
+    );
+    (Some(built.to_string()), None)
+}
+
 /// `git rev-parse HEAD` and `git status --porcelain` of the source tree this binary was
 /// built from (its path is compiled in); `(None, None)` when that tree or git is gone.
-fn source_commit() -> (Option<String>, Option<bool>) {
+fn tree_commit() -> (Option<String>, Option<bool>) {
     let tree = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let git = |args: &[&str]| {
         std::process::Command::new("git")
