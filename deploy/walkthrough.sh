@@ -30,18 +30,24 @@ done
 # Bounds of the waits below: every step is local and takes milliseconds to a second.
 READY_TIMEOUT_S=20   # a daemon listening / a fresh view (XDP verify is the slow step)
 REQUESTS=50          # requests sent through the proxy
-STOP_TIMEOUT_S=$(sed -n 's/^TimeoutStopSec=\([0-9]*\)s$/\1/p' "$DEPLOY/farside-proxy.service")
+KILL_AFTER_S=15      # clean-up: SIGKILL what SIGTERM has not stopped by then
 
 T=fw$(($$ % 100000))             # names of this run (interfaces: at most 15 characters)
 SW=${T}sw P=${T}p B1=${T}b1 B2=${T}b2
 WORK=$(mktemp -d /tmp/farside-walkthrough.XXXXXX)
 chmod 755 "$WORK"
 PIDS=()
+GATHERD_PIDS=()
 
 cleanup() {
     local rc=$?
+    local p end=$((SECONDS + KILL_AFTER_S))
     for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do
+        while kill -0 "$p" 2>/dev/null && [ $SECONDS -lt $end ]; do sleep 0.1; done
+        kill -KILL "$p" 2>/dev/null || true
+        wait "$p" 2>/dev/null || true
+    done
     for ns in "$P" "$B1" "$B2" "$SW"; do ip netns del "$ns" 2>/dev/null || true; done
     if [ "$rc" != 0 ]; then
         for f in "$WORK"/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -n 20 "$f"; }; done
@@ -93,19 +99,33 @@ rewrite() { # LINE RUNDIR
     echo "${l//\/run\/farside-gatherd/$2}"
 }
 # Run one Exec line as the unit's user would (uid 65534, only the unit's capabilities),
-# words split as systemd splits an unquoted $VAR.
-as_unit() { # NS UNIT LINE [background LOG]
-    local ns=$1 caps=$2 line=$3
+# words split as systemd splits an unquoted $VAR. With a LOG, in the background: the
+# daemon's pid (nsenter and setpriv exec it) is appended to PIDS.
+as_unit() { # NS CAPS LINE [LOG]
+    local ns=$1 caps=$2 line=$3 log=${4:-}
     eval "set -- $line"
     local priv=(setpriv --reuid=65534 --regid=65534 --clear-groups
         "--inh-caps=-all,$caps" "--ambient-caps=-all,$caps" "--bounding-set=-all,$caps"
         --no-new-privs --)
-    if [ "${4:-}" = background ]; then
-        in_ns "$ns" "${priv[@]}" "$@" >"$5" 2>&1 &
+    if [ -n "$log" ]; then
+        nsenter --net="/run/netns/$ns" "${priv[@]}" "$@" >"$log" 2>&1 &
         PIDS+=($!)
     else
         in_ns "$ns" "${priv[@]}" "$@"
     fi
+}
+# SIGTERM a daemon as `systemctl stop` does; it must exit 0 within TimeoutStopSec.
+stop_unit() { # PID UNIT WHAT
+    local pid=$1 limit t0=$SECONDS rc=0
+    limit=$(sed -n 's/^TimeoutStopSec=\([0-9]*\)s$/\1/p' "$DEPLOY/$2")
+    kill -TERM "$pid"
+    while kill -0 "$pid" 2>/dev/null; do
+        [ $((SECONDS - t0)) -lt "$limit" ] || die "$3 still running ${limit} s after SIGTERM"
+        sleep 0.05
+    done
+    wait "$pid" || rc=$?
+    [ "$rc" = 0 ] || die "$3 exited $rc after SIGTERM"
+    say "SIGTERM: $3 exited 0 in $((SECONDS - t0)) s (TimeoutStopSec ${limit} s)"
 }
 wait_for() { # WHAT COMMAND...
     local what=$1 end=$((SECONDS + READY_TIMEOUT_S))
@@ -143,7 +163,7 @@ http {
     server { listen $ip:80; root $d/www; }
 }
 EOF
-    in_ns "$ns" nginx -c "$d/nginx.conf" >"$WORK/nginx-$ns.log" 2>&1 &
+    nsenter --net="/run/netns/$ns" nginx -c "$d/nginx.conf" >"$WORK/nginx-$ns.log" 2>&1 &
     PIDS+=($!)
     wait_for "nginx on $ip" in_ns "$ns" curl -fsS "http://$ip/"
 
@@ -151,12 +171,14 @@ EOF
     local GATHERD_FLAGS
     GATHERD_FLAGS=$(sed -n 's/^GATHERD_FLAGS="\(.*\)"$/\1/p' "$DEPLOY/gatherd-$ip.env")
     [ -n "$GATHERD_FLAGS" ] || die "no GATHERD_FLAGS in gatherd-$ip.env"
+    GATHERD_FLAGS=$(rewrite "$GATHERD_FLAGS" "$d/run")
     local pre start
     pre=$(rewrite "$(unit_lines farside-gatherd.service ExecStartPre)" "$d/run")
     start=$(rewrite "$(unit_lines farside-gatherd.service ExecStart)" "$d/run")
     out=$(as_unit "$ns" "$GCAPS" "$pre" 2>&1) || die "$ip ExecStartPre: $out"
     say "$ip ExecStartPre: $out"
-    as_unit "$ns" "$GCAPS" "$start" background "$WORK/gatherd-$ns.log"
+    as_unit "$ns" "$GCAPS" "$start" "$WORK/gatherd-$ns.log"
+    GATHERD_PIDS+=("${PIDS[-1]}")
     wait_for "gatherd on $ip serving metrics" in_ns "$ns" curl -fsS http://127.0.0.1:9101/metrics
     wait_for "gatherd on $ip attaching XDP" grep -q "answered in the kernel" "$WORK/gatherd-$ns.log"
     sampler=$(in_ns "$ns" curl -fsS http://127.0.0.1:9101/metrics |
@@ -171,7 +193,7 @@ pre=$(rewrite "$(unit_lines farside-proxy.service ExecStartPre)" "")
 start=$(rewrite "$(unit_lines farside-proxy.service ExecStart)" "")
 out=$(as_unit "$P" "$PCAPS" "$pre" 2>&1) || die "proxy ExecStartPre: $out"
 say "proxy ExecStartPre: $out"
-as_unit "$P" "$PCAPS" "$start" background "$WORK/proxy.log"
+as_unit "$P" "$PCAPS" "$start" "$WORK/proxy.log"
 MAINPID=${PIDS[-1]}
 metrics() { in_ns "$P" curl -fsS http://127.0.0.1:9100/metrics; }
 wait_for "proxy admin listener" metrics
@@ -213,20 +235,12 @@ while read -r line; do
     l=$(rewrite "$line" "")
     as_unit "$P" "$PCAPS" "$l" >/dev/null
 done < <(unit_lines farside-proxy.service ExecReload)
-wait_for "the reload applied" test "$(reloads)" -gt "${before:-0}"
+reloaded() { [ "$(reloads)" -gt "${before:-0}" ]; }
+wait_for "the reload applied" reloaded
 say "ExecReload: check passed, SIGHUP applied (reloads ok: ${before:-0} -> $(reloads))"
 wait_for "a fresh view after the reload" fresh
 
 # ---- stop as `systemctl stop` does ----------------------------------------------------
-kill -TERM "$MAINPID"
-t0=$SECONDS
-end=$((SECONDS + STOP_TIMEOUT_S))
-while kill -0 "$MAINPID" 2>/dev/null; do
-    [ $SECONDS -lt $end ] || die "proxy still running ${STOP_TIMEOUT_S} s after SIGTERM"
-    sleep 0.05
-done
-rc=0
-wait "$MAINPID" || rc=$?
-[ "$rc" = 0 ] || die "proxy exited $rc after SIGTERM"
-say "SIGTERM: proxy drained and exited 0 in $((SECONDS - t0)) s (TimeoutStopSec ${STOP_TIMEOUT_S} s)"
+stop_unit "$MAINPID" farside-proxy.service "proxy (drained)"
+for pid in "${GATHERD_PIDS[@]}"; do stop_unit "$pid" farside-gatherd.service gatherd; done
 say "OK"

@@ -121,7 +121,12 @@ fn run_gatherd(a: farside_gatherd::GatherdArgs) -> Result<(), String> {
         100.0 * cpu / wall,
         wall
     );
-    if let Some(p) = &g.shm_path {
+    // Drop the gatherer (its servers) before removing the shm path: with XDP that path
+    // is the region-fd server's socket, which its drop connects to in order to wake its
+    // accept loop (removing it first left gatherd hanging on SIGTERM).
+    let shm_path = g.shm_path.clone();
+    drop(g);
+    if let Some(p) = shm_path {
         let _ = std::fs::remove_file(p);
     }
     Ok(())
@@ -174,19 +179,20 @@ fn check_gatherd(a: &farside_gatherd::GatherdArgs) -> Result<String, Vec<String>
         return Err(errs);
     }
     let off = || "off".to_string();
+    let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
     Ok(format!(
-        "OK: node {} every {} µs, watching port(s) {:?}; udp {}{}, tcp {}, shm {}; sampler {:?}; metrics {}",
+        "OK: node {} every {} µs, watching port(s) {:?}; udp {}{}, tcp {}, shm {}; sampler {}; metrics {}",
         a.node_id,
         a.period_us,
         a.watch_ports,
         a.udp_listen.map(|x| x.to_string()).unwrap_or_else(off),
-        xdp.map(|i| format!(" answered by XDP on {i} ({:?} mode)", a.xdp_mode).to_lowercase())
+        xdp.map(|i| format!(" answered by XDP on {i} ({} mode)", lower(&a.xdp_mode)))
             .unwrap_or_default(),
         a.tcp_listen.map(|x| x.to_string()).unwrap_or_else(off),
         a.shm_path()
             .map(|p| p.display().to_string())
             .unwrap_or_else(off),
-        a.sampler,
+        lower(&a.sampler),
         a.metrics_listen.map(|x| x.to_string()).unwrap_or_else(off),
     ))
 }

@@ -306,17 +306,18 @@ pub fn check_config(a: &ProxyArgs) -> Result<String, Vec<String>> {
         .take()
         .ok_or_else(|| vec!["no FILE".to_string()])?;
     a.b.config = Some(file.clone());
-    let cfg = merged_config(&a).map_err(|e| vec![e])?;
+    let cfg = merged_config(&a).map_err(|e| vec![format!("{}: {e}", file.display())])?;
     let mut errs: Vec<String> = cfg
         .validation_errors()
         .iter()
-        .map(ToString::to_string)
+        .map(|e| format!("{}: {e}", file.display()))
         .collect();
     // The one start-up step that reads outside the file: an external monitor's table.
     if let Some(t) = &cfg.monitor.table {
         if let Err(e) = std::fs::metadata(t) {
             errs.push(format!(
-                "`monitor.table`: {t}: {e} (start `farside monitor --table {t}` first)"
+                "{}: `monitor.table`: {t}: {e} (start `farside monitor --table {t}` first)",
+                file.display()
             ));
         }
     }
