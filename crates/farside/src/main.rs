@@ -19,7 +19,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Back-end node: sample load every period and publish the node's region.
-    Gatherd(farside_gatherd::GatherdArgs),
+    Gatherd(GatherdCli),
     /// Front-end: HTTP reverse proxy with one-sided admission control and balancing.
     Proxy(proxy_cli::ProxyArgs),
     /// Stand-alone load monitor: poll every back-end's region and publish a shared table
@@ -33,11 +33,49 @@ enum Cmd {
     Lab(farside_lab::LabArgs),
 }
 
+/// `farside gatherd`: its flags, and `--check`.
+#[derive(clap::Args)]
+struct GatherdCli {
+    #[command(flatten)]
+    args: farside_gatherd::GatherdArgs,
+    /// Check the flags and exit: 0 with a one-line summary, or 2 with every error
+    /// (bounds, --xdp-iface present in this network namespace and paired with a fixed
+    /// --udp-listen port, --sampler kernel's needs). Loads no program, binds no socket,
+    /// creates no file (deploy/farside-gatherd.service runs it before every start).
+    #[arg(long)]
+    check: bool,
+}
+
+/// Exit status of a `--check-config` / `--check` that found errors (as for a usage
+/// error: the command line or file given is wrong, not the run).
+const EXIT_INVALID_CONFIG: u8 = 2;
+
+/// Print a check's outcome and turn it into the exit status.
+fn report_check(what: &str, r: Result<String, Vec<String>>) -> ExitCode {
+    match r {
+        Ok(summary) => {
+            println!("farside {what}: {summary}");
+            ExitCode::SUCCESS
+        }
+        Err(errs) => {
+            for e in &errs {
+                eprintln!("farside {what}: {e}");
+            }
+            eprintln!("farside {what}: {} error(s)", errs.len());
+            ExitCode::from(EXIT_INVALID_CONFIG)
+        }
+    }
+}
+
 fn main() -> ExitCode {
     logging::init();
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Gatherd(a) => run_gatherd(a),
+        Cmd::Gatherd(a) if a.check => return report_check("gatherd", check_gatherd(&a.args)),
+        Cmd::Gatherd(a) => run_gatherd(a.args),
+        Cmd::Proxy(a) if a.check_config.is_some() => {
+            return report_check("proxy", proxy_cli::check_config(&a))
+        }
         Cmd::Proxy(a) => proxy_cli::run_proxy(a),
         Cmd::Monitor(a) => proxy_cli::run_monitor(a),
         Cmd::Backend(a) => farside_backend::run(a, None).map_err(|e| format!("backend: {e}")),
@@ -83,10 +121,80 @@ fn run_gatherd(a: farside_gatherd::GatherdArgs) -> Result<(), String> {
         100.0 * cpu / wall,
         wall
     );
-    if let Some(p) = &g.shm_path {
+    // Drop the gatherer (its servers) before removing the shm path: with XDP that path
+    // is the region-fd server's socket, which its drop connects to in order to wake its
+    // accept loop (removing it first left gatherd hanging on SIGTERM).
+    let shm_path = g.shm_path.clone();
+    drop(g);
+    if let Some(p) = shm_path {
         let _ = std::fs::remove_file(p);
     }
     Ok(())
+}
+
+/// `farside gatherd --check`: what `gatherd` would refuse at start (or silently
+/// ignore: `--xdp-iface` without `--udp-listen`), found without starting anything.
+fn check_gatherd(a: &farside_gatherd::GatherdArgs) -> Result<String, Vec<String>> {
+    use farside_gatherd::{SamplerChoice, XdpChoice};
+    let mut errs = Vec::new();
+    if let Err(e) = a.validate() {
+        errs.push(e);
+    }
+    if let Err(e) = a.role.validate() {
+        errs.push(e);
+    }
+    let xdp = a
+        .xdp_iface
+        .as_deref()
+        .filter(|_| a.xdp_mode != XdpChoice::Off);
+    if let Some(ifname) = xdp {
+        match a.udp_listen {
+            None => errs.push(format!(
+                "--xdp-iface {ifname}: needs --udp-listen IP:PORT (the port XDP answers)"
+            )),
+            Some(u) if u.port() == 0 => {
+                errs.push("--xdp-iface needs a fixed --udp-listen port, not 0".into())
+            }
+            Some(_) => {}
+        }
+        let present = std::ffi::CString::new(ifname)
+            // SAFETY: if_nametoindex reads a NUL-terminated string and nothing else.
+            .map(|c| unsafe { libc::if_nametoindex(c.as_ptr()) } != 0)
+            .unwrap_or(false);
+        if !present {
+            errs.push(format!(
+                "--xdp-iface {ifname}: no such interface in this network namespace"
+            ));
+        }
+    }
+    if a.sampler == SamplerChoice::Kernel {
+        if xdp.is_none() {
+            errs.push("--sampler kernel: needs --xdp-iface (it writes the XDP region map)".into());
+        }
+        if a.cgroup.is_some() {
+            errs.push("--sampler kernel: does not sample a --cgroup (use user or auto)".into());
+        }
+    }
+    if !errs.is_empty() {
+        return Err(errs);
+    }
+    let off = || "off".to_string();
+    let lower = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
+    Ok(format!(
+        "OK: node {} every {} µs, watching port(s) {:?}; udp {}{}, tcp {}, shm {}; sampler {}; metrics {}",
+        a.node_id,
+        a.period_us,
+        a.watch_ports,
+        a.udp_listen.map(|x| x.to_string()).unwrap_or_else(off),
+        xdp.map(|i| format!(" answered by XDP on {i} ({} mode)", lower(&a.xdp_mode)))
+            .unwrap_or_default(),
+        a.tcp_listen.map(|x| x.to_string()).unwrap_or_else(off),
+        a.shm_path()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(off),
+        lower(&a.sampler),
+        a.metrics_listen.map(|x| x.to_string()).unwrap_or_else(off),
+    ))
 }
 
 fn run_loadgen(a: farside_loadgen::LoadgenArgs) -> Result<(), String> {
@@ -124,6 +232,8 @@ mod tests {
             "farside proxy --listen 127.0.0.1:8000 --backend 127.0.0.1:8080",
             "farside proxy --listen 127.0.0.1:8000 --backend 127.0.0.1:8080,region=tcp:127.0.0.1:7001 --admission --metric backlog --limit 4 --pool-idle 0",
             "farside gatherd --node-id 1 --watch-port 8080 --tcp-listen 127.0.0.1:7001",
+            "farside gatherd --node-id 1 --watch-port 80 --udp-listen 10.0.0.11:7000 --xdp-iface eth0 --check",
+            "farside proxy --check-config /etc/farside/proxy.toml --monitor-nice 0",
             "farside monitor --backend 127.0.0.1:8080,region=tcp:127.0.0.1:7001 --table /tmp/t",
             "farside backend --listen 127.0.0.1:0 --workers 4 --cpu-us-per-request 100 --cpu-ns-per-byte 2.5",
             "farside loadgen --target 127.0.0.1:8000 --clients 4 --trace zipf",

@@ -195,11 +195,19 @@ pub struct ProxyArgs {
     /// then an error.
     #[arg(long)]
     pub reuse_port: bool,
+    /// Check the configuration FILE, with the other flags given over it exactly as
+    /// `--config FILE` would run it, and exit: 0 with a one-line summary (back-ends,
+    /// their region transports, admission metric and limit), or 2 with every error.
+    /// Binds no socket and starts no thread (deploy/farside-proxy.service runs it before
+    /// every start and reload).
+    #[arg(long, value_name = "FILE", conflicts_with = "config")]
+    pub check_config: Option<PathBuf>,
 }
 
 fn load_base(b: &BackendFlags, listen: Option<SocketAddr>) -> Result<ProxyConfig, String> {
     let mut cfg = match &b.config {
-        Some(p) => ProxyConfig::from_file(p).map_err(|e| e.to_string())?,
+        // Validated once the flags are merged over it: a flag may repair the file.
+        Some(p) => ProxyConfig::parse_file(p).map_err(|e| e.to_string())?,
         None => {
             let listen = listen.unwrap_or_else(|| "127.0.0.1:0".parse().expect("literal"));
             ProxyConfig::simple(listen, Vec::new())
@@ -220,7 +228,15 @@ fn load_base(b: &BackendFlags, listen: Option<SocketAddr>) -> Result<ProxyConfig
     Ok(cfg)
 }
 
+/// The configuration `farside proxy` runs with: the file, the flags over it, validated.
 pub fn proxy_config(a: &ProxyArgs) -> Result<ProxyConfig, String> {
+    let cfg = merged_config(a)?;
+    cfg.validate().map_err(|e| e.to_string())?;
+    Ok(cfg)
+}
+
+/// The file (if any) with the flags over it, not validated yet.
+fn merged_config(a: &ProxyArgs) -> Result<ProxyConfig, String> {
     if a.b.config.is_none() && a.listen.is_none() {
         return Err("proxy: --listen ADDR is required (or --config FILE)".into());
     }
@@ -276,8 +292,103 @@ pub fn proxy_config(a: &ProxyArgs) -> Result<ProxyConfig, String> {
         cfg.http.drain_timeout_ms = v;
     }
     cfg.reuse_port |= a.reuse_port;
-    cfg.validate().map_err(|e| e.to_string())?;
     Ok(cfg)
+}
+
+/// `farside proxy --check-config FILE`: everything `farside proxy --config FILE` (with
+/// the same other flags) checks before it starts, without binding a socket or starting
+/// a thread. `Ok`: a one-line summary; `Err`: every error found, one per line (a file
+/// that cannot be read or parsed is one error; then every invalid key is listed).
+pub fn check_config(a: &ProxyArgs) -> Result<String, Vec<String>> {
+    let mut a = a.clone();
+    let file = a
+        .check_config
+        .take()
+        .ok_or_else(|| vec!["no FILE".to_string()])?;
+    a.b.config = Some(file.clone());
+    let cfg = merged_config(&a).map_err(|e| vec![format!("{}: {e}", file.display())])?;
+    let mut errs: Vec<String> = cfg
+        .validation_errors()
+        .iter()
+        .map(|e| format!("{}: {e}", file.display()))
+        .collect();
+    // The one start-up step that reads outside the file: an external monitor's table.
+    if let Some(t) = &cfg.monitor.table {
+        if let Err(e) = std::fs::metadata(t) {
+            errs.push(format!(
+                "{}: `monitor.table`: {t}: {e} (start `farside monitor --table {t}` first)",
+                file.display()
+            ));
+        }
+    }
+    if !errs.is_empty() {
+        return Err(errs);
+    }
+    Ok(format!("{}: OK: {}", file.display(), summary(&cfg)))
+}
+
+/// One line saying what a valid configuration runs: listeners, back-ends with their
+/// region transport (keys redacted) and limit, admission metric and limit (and by which
+/// rule), monitor period.
+fn summary(cfg: &ProxyConfig) -> String {
+    let ad = &cfg.admission;
+    let common = cfg.common_limit();
+    let backends: Vec<String> = (0..cfg.backends.len())
+        .map(|i| {
+            let b = &cfg.backends[i];
+            let region = match b.region.as_deref().map(RegionSource::parse) {
+                Some(Ok(r)) => r.to_string(),
+                _ if cfg.monitor.table.is_some() => "monitor table".to_string(),
+                _ => "no region".to_string(),
+            };
+            let mut s = format!("{} via {region}", b.addr);
+            if !b.site.is_empty() {
+                s += &format!(", site {}", b.site);
+            }
+            if ad.enabled && common.is_none() {
+                if let Some(l) = cfg.configured_limit(i) {
+                    s += &format!(", limit {l}");
+                }
+            }
+            format!("[{s}]")
+        })
+        .collect();
+    let admission = if !ad.enabled {
+        "admission off".to_string()
+    } else {
+        let limit = match (common, ad.limit) {
+            (Some(l), Some(_)) => format!("limit {l}"),
+            (Some(l), None)
+                if ad.site_limits.is_empty() && cfg.backends.iter().all(|b| b.limit.is_none()) =>
+            {
+                format!("limit {l} by the metric's default rule")
+            }
+            (Some(l), None) => format!("limit {l}"),
+            (None, _) => "limit per back-end".to_string(),
+        };
+        let target = if ad.metric == Metric::Delay {
+            format!(", target delay {} ms", ad.target_delay_ms)
+        } else {
+            String::new()
+        };
+        format!(
+            "admission on: metric {}, {limit}{target}, on_stale {} after {} ms",
+            ad.metric.name(),
+            ad.on_stale.name(),
+            ad.stale_after_ms
+        )
+    };
+    format!(
+        "listen {}{}, {} back-end(s) {}; {admission}; monitor every {} µs at nice {}",
+        cfg.listen,
+        cfg.admin_listen
+            .map(|a| format!(", admin {a}"))
+            .unwrap_or_default(),
+        cfg.backends.len(),
+        backends.join(" "),
+        cfg.monitor.period_us,
+        cfg.monitor.nice,
+    )
 }
 
 pub fn run_proxy(a: ProxyArgs) -> Result<(), String> {
@@ -331,6 +442,7 @@ pub fn run_monitor(a: MonitorArgs) -> Result<(), String> {
     if cfg.backends.is_empty() {
         return Err("monitor: no back-ends (--backend ADDR,region=... or --config FILE)".into());
     }
+    cfg.validate().map_err(|e| format!("monitor: {e}"))?;
     let mut watches = Vec::new();
     for (i, b) in cfg.backends.iter().enumerate() {
         let r = b

@@ -535,8 +535,17 @@ impl ProxyConfig {
             .clamp(1, MAXCONN_MAX)
     }
 
+    /// Parse and validate a TOML configuration.
     pub fn from_toml_str(s: &str) -> Result<Self, ConfigError> {
-        let cfg: ProxyConfig = toml::from_str(s).map_err(|e| {
+        let cfg = Self::parse_toml_str(s)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parse a TOML configuration without validating it (flags go over it first, then
+    /// [`ProxyConfig::validate`] checks the result).
+    pub fn parse_toml_str(s: &str) -> Result<Self, ConfigError> {
+        toml::from_str(s).map_err(|e| {
             let key = e
                 .span()
                 .map(|sp| format!("at bytes {}..{}", sp.start, sp.end));
@@ -544,33 +553,54 @@ impl ProxyConfig {
                 key.unwrap_or_else(|| "file".into()),
                 e.message().to_string(),
             )
-        })?;
+        })
+    }
+
+    /// Read, parse and validate a TOML configuration file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let cfg = Self::parse_file(path)?;
         cfg.validate()?;
         Ok(cfg)
     }
 
-    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+    /// Read and parse a TOML configuration file without validating it (see
+    /// [`ProxyConfig::parse_toml_str`]).
+    pub fn parse_file(path: &Path) -> Result<Self, ConfigError> {
         let s = std::fs::read_to_string(path)
             .map_err(|e| err(path.display().to_string(), format!("cannot read: {e}")))?;
-        Self::from_toml_str(&s)
+        Self::parse_toml_str(&s)
     }
 
+    /// Check the configuration; the error is the first of
+    /// [`ProxyConfig::validation_errors`].
     pub fn validate(&self) -> Result<(), ConfigError> {
+        match self.validation_errors().into_iter().next() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Every validation error, each naming its key (for `farside proxy
+    /// --check-config`). Each key's own bounds are checked independently; the checks
+    /// across keys (sites, reconfiguration, regions needed by the admission metric) run
+    /// only once every key on its own is valid, since they read those keys.
+    pub fn validation_errors(&self) -> Vec<ConfigError> {
+        let mut errs = Vec::new();
         if self.workers == 0 || self.workers > 256 {
-            return Err(err("workers", "must be 1..=256"));
+            errs.push(err("workers", "must be 1..=256"));
         }
         if self.busy_poll_us > BUSY_POLL_US_MAX {
-            return Err(err(
+            errs.push(err(
                 "busy_poll_us",
                 format!("must be 0..={BUSY_POLL_US_MAX}"),
             ));
         }
         if self.backends.is_empty() {
-            return Err(err("backend", "at least one back-end is required"));
+            errs.push(err("backend", "at least one back-end is required"));
         }
         let max = crate::control::table::TABLE_BACKENDS_MAX;
         if self.backends.len() > max {
-            return Err(err(
+            errs.push(err(
                 "backend",
                 format!("at most {max} back-ends, got {}", self.backends.len()),
             ));
@@ -588,24 +618,24 @@ impl ProxyConfig {
             ("balance.down_for_ms", self.balance.down_for_ms),
         ] {
             if v == 0 || v > TIMEOUT_MS_MAX {
-                return Err(err(k, format!("must be 1..={TIMEOUT_MS_MAX} ms, got {v}")));
+                errs.push(err(k, format!("must be 1..={TIMEOUT_MS_MAX} ms, got {v}")));
             }
         }
         if !(1024..=1 << 20).contains(&h.max_header_bytes) {
-            return Err(err("http.max_header_bytes", "must be 1024..=1048576"));
+            errs.push(err("http.max_header_bytes", "must be 1024..=1048576"));
         }
         if !(8..=1000).contains(&h.max_headers) {
-            return Err(err("http.max_headers", "must be 8..=1000"));
+            errs.push(err("http.max_headers", "must be 8..=1000"));
         }
         if h.queue_timeout_ms > TIMEOUT_MS_MAX {
-            return Err(err(
+            errs.push(err(
                 "http.queue_timeout_ms",
                 format!("must be 0..={TIMEOUT_MS_MAX} ms"),
             ));
         }
         if let Some(m) = h.maxconn_per_backend {
             if !(1..=MAXCONN_MAX).contains(&m) {
-                return Err(err(
+                errs.push(err(
                     "http.maxconn_per_backend",
                     format!("must be 1..={MAXCONN_MAX}, got {m}"),
                 ));
@@ -614,7 +644,7 @@ impl ProxyConfig {
         for (i, b) in self.backends.iter().enumerate() {
             if let Some(m) = b.maxconn {
                 if !(1..=MAXCONN_MAX).contains(&m) {
-                    return Err(err(
+                    errs.push(err(
                         format!("backend[{i}].maxconn"),
                         format!("must be 1..={MAXCONN_MAX}, got {m}"),
                     ));
@@ -622,7 +652,7 @@ impl ProxyConfig {
             }
         }
         if !(1..=TARGET_DELAY_MS_MAX).contains(&self.admission.target_delay_ms) {
-            return Err(err(
+            errs.push(err(
                 "admission.target_delay_ms",
                 format!(
                     "must be 1..={TARGET_DELAY_MS_MAX} ms, got {}",
@@ -631,22 +661,25 @@ impl ProxyConfig {
             ));
         }
         if h.max_client_conns == 0 {
-            return Err(err("http.max_client_conns", "must be at least 1"));
+            errs.push(err("http.max_client_conns", "must be at least 1"));
         }
-        h.validate_body_deadlines()?;
+        if let Err(e) = h.validate_body_deadlines() {
+            errs.push(e);
+        }
         if !(10..=1_000_000).contains(&self.monitor.period_us) {
-            return Err(err("monitor.period_us", "must be 10..=1000000 µs"));
+            errs.push(err("monitor.period_us", "must be 10..=1000000 µs"));
         }
         if !(-20..=19).contains(&self.monitor.nice) {
-            return Err(err(
+            errs.push(err(
                 "monitor.nice",
                 format!("must be -20..=19, got {}", self.monitor.nice),
             ));
         }
         for (i, b) in self.backends.iter().enumerate() {
             if let Some(r) = &b.region {
-                crate::control::RegionSource::parse(r)
-                    .map_err(|m| err(format!("backend[{i}].region"), m))?;
+                if let Err(m) = crate::control::RegionSource::parse(r) {
+                    errs.push(err(format!("backend[{i}].region"), m));
+                }
             }
         }
         if self.admission.enabled
@@ -664,20 +697,27 @@ impl ProxyConfig {
                          its unit"
                 ),
             };
-            return Err(err(
+            errs.push(err(
                 "admission.limit",
                 format!("{what} (admission.limit, --limit, a site limit or a back-end's limit=)"),
             ));
         }
-        crate::sites::validate(
+        if !errs.is_empty() {
+            return errs;
+        }
+        if let Err(e) = crate::sites::validate(
             &self.sites,
             self.monitor.table.is_some() || self.backends.iter().all(|b| b.region.is_some()),
-        )?;
-        self.reconf.validate(self)?;
+        ) {
+            errs.push(e);
+        }
+        if let Err(e) = self.reconf.validate(self) {
+            errs.push(e);
+        }
         if self.admission.enabled && self.admission.metric != Metric::Inflight {
             if let Some(i) = self.backends.iter().position(|b| b.region.is_none()) {
                 if self.monitor.table.is_none() {
-                    return Err(err(
+                    errs.push(err(
                         format!("backend[{i}].region"),
                         format!(
                             "admission metric `{}` needs every back-end's load region \
@@ -688,7 +728,7 @@ impl ProxyConfig {
                 }
             }
         }
-        Ok(())
+        errs
     }
 }
 
@@ -773,6 +813,26 @@ mod tests {
 
         let e = ProxyConfig::from_toml_str("listen = \"127.0.0.1:1\"\nbogus = 3\n").unwrap_err();
         assert!(e.msg.contains("bogus"), "{e}");
+    }
+
+    #[test]
+    fn validation_reports_every_invalid_key() {
+        let c = ProxyConfig::parse_toml_str(
+            "listen = \"127.0.0.1:1\"\nworkers = 0\n[http]\nheader_timeout_ms = 0\n\
+             [monitor]\nnice = 40\n[[backend]]\naddr = \"127.0.0.1:2\"\nregion = \"ftp:x\"\n",
+        )
+        .unwrap();
+        let keys: Vec<String> = c.validation_errors().into_iter().map(|e| e.key).collect();
+        assert_eq!(
+            keys,
+            [
+                "workers",
+                "http.header_timeout_ms",
+                "monitor.nice",
+                "backend[0].region"
+            ]
+        );
+        assert_eq!(c.validate().unwrap_err().key, "workers", "the first one");
     }
 
     #[test]
