@@ -1,8 +1,10 @@
 //! The live dashboard in a real browser: a proxy with two back-ends (each with its
 //! gatherd publishing load in a shm region), some requests, then the page opened in
-//! headless Chromium twice. Through the DOM: both back-end rows, their freshness (record
-//! age) and the admitted-decision counter appear, and change between the two looks. A
-//! screenshot is saved as `$CARGO_TARGET_DIR/dashboard.png` (path printed).
+//! headless Chromium, driven by the DevTools protocol (`--remote-debugging-pipe`).
+//! Through the DOM: both back-end rows, their freshness (record age) and the admitted
+//! decision counter appear, and change between two looks at the same live page (more
+//! requests in between). A screenshot is saved as `$CARGO_TARGET_DIR/dashboard.png`
+//! (path printed).
 //!
 //! Without Chromium (Debian's `chromium`, installed by scripts/setup.sh; or the binary
 //! named by `FARSIDE_CHROMIUM`) the browser part is skipped with the reason printed;
@@ -10,19 +12,21 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 mod common;
 use common::{free_addr, get_raw, spawn, strings, Dir};
 
-/// Longest one Chromium run may take (start, load, run the page's JS, dump, exit) on a
-/// busy CI machine before the test fails instead of hanging.
-const BROWSER_TIMEOUT: Duration = Duration::from_secs(90);
-/// Virtual time the page runs before the DOM is dumped: enough for several snapshots at
-/// the default 10 a second.
-const PAGE_RUN_MS: u32 = 2500;
+/// Longest one DevTools command may take (Chromium starting, a page loading, a
+/// screenshot) on a busy CI machine before the test fails instead of hanging.
+const BROWSER_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest the page may take to show live data after it was opened.
+const LIVE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The Chromium binary, or why there is none.
 fn chromium() -> Result<PathBuf, String> {
@@ -38,96 +42,231 @@ fn chromium() -> Result<PathBuf, String> {
             }
         }
     }
-    Err("no chromium, chromium-browser or google-chrome on PATH and FARSIDE_CHROMIUM \
+    Err(
+        "no chromium, chromium-browser or google-chrome on PATH and FARSIDE_CHROMIUM \
          unset (Debian: apt-get install chromium; scripts/setup.sh installs it)"
-        .into())
+            .into(),
+    )
 }
 
-/// Run headless Chromium on `url` with `extra` flags; its stdout.
-fn browse(chrome: &Path, profile: &Path, url: &str, extra: &[&str]) -> String {
-    let mut c = Command::new(chrome)
-        .args([
+fn pipe() -> (OwnedFd, OwnedFd) {
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two new descriptors into `fds`, which we then own.
+    unsafe {
+        assert_eq!(libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC), 0);
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    }
+}
+
+/// Headless Chromium driven by the DevTools protocol over `--remote-debugging-pipe`
+/// (JSON messages ending in NUL; it reads fd 3 and writes fd 4): one page, kept open,
+/// so that one live page is looked at twice.
+struct Browser {
+    child: std::process::Child,
+    to: std::fs::File,
+    from: mpsc::Receiver<serde_json::Value>,
+    next_id: u64,
+    session: String,
+}
+
+impl Browser {
+    fn open(chrome: &Path, profile: &Path, url: &str) -> Browser {
+        let (their_in, our_out) = pipe();
+        let (our_in, their_out) = pipe();
+        let (r, w) = (their_in.as_raw_fd(), their_out.as_raw_fd());
+        let mut cmd = Command::new(chrome);
+        cmd.args([
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
             "--no-first-run",
             "--hide-scrollbars",
-            "--window-size=1500,1100",
-            &format!("--virtual-time-budget={PAGE_RUN_MS}"),
+            "--window-size=1500,1150",
+            "--remote-debugging-pipe",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
-        .args(extra)
-        .arg(url)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start chromium");
-    let mut out = c.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let deadline = Instant::now() + BROWSER_TIMEOUT;
-    loop {
-        if c.try_wait().unwrap().is_some() {
-            break;
+        .arg("about:blank")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        // SAFETY: only async-signal-safe calls (fcntl, dup2) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                // Move both ends above 4 first, so neither dup2 overwrites the other.
+                let (r, w) = (
+                    libc::fcntl(r, libc::F_DUPFD, 10),
+                    libc::fcntl(w, libc::F_DUPFD, 10),
+                );
+                if r < 0 || w < 0 || libc::dup2(r, 3) < 0 || libc::dup2(w, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
         }
-        if Instant::now() > deadline {
-            let _ = c.kill();
-            let _ = c.wait();
-            panic!("chromium took more than {BROWSER_TIMEOUT:?} on {url}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+        let child = cmd.spawn().expect("start chromium");
+        drop((their_in, their_out));
+        let (tx, from) = mpsc::channel();
+        let mut input = std::fs::File::from(our_in);
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 65536];
+            while let Ok(n) = input.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                while let Some(end) = buf.iter().position(|&b| b == 0) {
+                    let msg: Vec<u8> = buf.drain(..=end).collect();
+                    if let Ok(v) = serde_json::from_slice(&msg[..msg.len() - 1]) {
+                        if tx.send(v).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        let mut b = Browser {
+            child,
+            to: std::fs::File::from(our_out),
+            from,
+            next_id: 0,
+            session: String::new(),
+        };
+        let t = b.call("Target.createTarget", serde_json::json!({ "url": url }));
+        let target = t["targetId"].as_str().unwrap().to_string();
+        let s = b.call(
+            "Target.attachToTarget",
+            serde_json::json!({ "targetId": target, "flatten": true }),
+        );
+        b.session = s["sessionId"].as_str().unwrap().to_string();
+        b
     }
-    reader.join().unwrap()
+
+    /// One DevTools command (on the page's session once attached); its result.
+    fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut msg = serde_json::json!({ "id": id, "method": method, "params": params });
+        if !self.session.is_empty() {
+            msg["sessionId"] = self.session.clone().into();
+        }
+        let mut bytes = serde_json::to_vec(&msg).unwrap();
+        bytes.push(0);
+        self.to.write_all(&bytes).expect("write to chromium");
+        let deadline = Instant::now() + BROWSER_TIMEOUT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let v = self
+                .from
+                .recv_timeout(left)
+                .unwrap_or_else(|e| panic!("chromium: no answer to {method}: {e}"));
+            if v["id"].as_u64() == Some(id) {
+                assert!(v["error"].is_null(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    /// Evaluate `expr` in the page; its value (JSON).
+    fn eval(&mut self, expr: &str) -> serde_json::Value {
+        let r = self.call(
+            "Runtime.evaluate",
+            serde_json::json!({ "expression": expr, "returnByValue": true }),
+        );
+        assert!(r["exceptionDetails"].is_null(), "{expr}: {r}");
+        r["result"]["value"].clone()
+    }
+
+    /// A PNG of the page.
+    fn screenshot(&mut self) -> Vec<u8> {
+        let r = self.call(
+            "Page.captureScreenshot",
+            serde_json::json!({ "format": "png", "captureBeyondViewport": true }),
+        );
+        base64_decode(r["data"].as_str().unwrap())
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => u32::from(c - b'A'),
+            b'a'..=b'z' => u32::from(c - b'a') + 26,
+            b'0'..=b'9' => u32::from(c - b'0') + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("bad base64 byte {c}"),
+        }
+    };
+    let bytes: Vec<u8> = s.bytes().filter(|&c| c != b'=').collect();
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for chunk in bytes.chunks(4) {
+        let mut n = 0u32;
+        for (i, &c) in chunk.iter().enumerate() {
+            n |= val(c) << (18 - 6 * i);
+        }
+        out.extend_from_slice(&n.to_be_bytes()[1..chunk.len()]);
+    }
+    out
 }
 
 /// What the test reads off the page's DOM.
 #[derive(Debug)]
 struct Look {
     updates: u64,
-    /// Per back-end row: (address, state cell, record age cell).
-    rows: Vec<(String, String, String)>,
-    admitted_total: u64,
+    /// Per back-end row: [address, state cell, record age cell].
+    rows: Vec<[String; 3]>,
+    /// The "admitted" row's total, as shown.
+    admitted: String,
 }
 
-/// The text of the first `<td class="CLASS…">` after `from` in `html`.
-fn cell<'a>(html: &'a str, class: &str) -> Option<&'a str> {
-    let i = html.find(&format!("<td class=\"{class}"))?;
-    let rest = &html[i..];
-    let start = rest.find('>')? + 1;
-    let end = rest.find("</td>")?;
-    Some(&rest[start..end])
-}
-
-fn look(dom: &str) -> Look {
-    let attr = |s: &str, name: &str| -> Option<String> {
-        let i = s.find(&format!("{name}=\""))? + name.len() + 2;
-        Some(s[i..i + s[i..].find('"')?].to_string())
-    };
-    let updates = attr(dom, "data-updates")
-        .and_then(|u| u.parse().ok())
-        .unwrap_or(0);
-    let mut rows = Vec::new();
-    for part in dom.split("<tr class=\"backend\"").skip(1) {
-        let row = &part[..part.find("</tr>").unwrap_or(part.len())];
-        rows.push((
-            attr(row, "data-addr").unwrap_or_default(),
-            cell(row, "state").unwrap_or_default().to_string(),
-            cell(row, "age").unwrap_or_default().to_string(),
-        ));
+impl Look {
+    fn admitted_total(&self) -> u64 {
+        self.admitted.replace(',', "").parse().unwrap_or(0)
     }
-    let admitted_total = dom
-        .find("<tr id=\"dec-admit\"")
-        .and_then(|i| cell(&dom[i..], "total"))
-        .map(|t| t.replace(',', ""))
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(0);
+}
+
+/// Read the page through its DOM.
+const LOOK: &str = r#"JSON.stringify({
+  updates: Number(document.body.dataset.updates || 0),
+  rows: [...document.querySelectorAll('#backends tr.backend')].map((tr) =>
+    [tr.dataset.addr, tr.querySelector('td.state').textContent,
+     tr.querySelector('td.age').textContent]),
+  admitted: (document.querySelector('#dec-admit td.total') || {}).textContent || '',
+})"#;
+
+fn look(b: &mut Browser) -> Look {
+    let v: serde_json::Value = serde_json::from_str(b.eval(LOOK).as_str().unwrap()).unwrap();
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
     Look {
-        updates,
-        rows,
-        admitted_total,
+        updates: v["updates"].as_u64().unwrap_or(0),
+        rows: v["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| [text(&r[0]), text(&r[1]), text(&r[2])])
+            .collect(),
+        admitted: text(&v["admitted"]),
+    }
+}
+
+/// Look until `ok` holds (the page is live), up to [`LIVE_TIMEOUT`].
+fn look_until(b: &mut Browser, what: &str, ok: impl Fn(&Look) -> bool) -> Look {
+    let deadline = Instant::now() + LIVE_TIMEOUT;
+    loop {
+        let l = look(b);
+        if ok(&l) {
+            return l;
+        }
+        assert!(Instant::now() < deadline, "page never showed {what}: {l:?}");
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
@@ -194,7 +333,8 @@ fn dashboard_shows_live_backends_in_a_browser() {
     assert!(lib.starts_with("HTTP/1.1 200") && lib.len() > 40_000);
     let mut s = TcpStream::connect(admin).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    s.write_all(b"GET /events HTTP/1.1\r\nHost: a\r\n\r\n").unwrap();
+    s.write_all(b"GET /events HTTP/1.1\r\nHost: a\r\n\r\n")
+        .unwrap();
     let mut got = Vec::new();
     let mut buf = [0u8; 8192];
     let event = loop {
@@ -210,7 +350,10 @@ fn dashboard_shows_live_backends_in_a_browser() {
     };
     drop(s);
     let head = String::from_utf8_lossy(&got);
-    assert!(head.contains("Content-Type: text/event-stream\r\n"), "{head}");
+    assert!(
+        head.contains("Content-Type: text/event-stream\r\n"),
+        "{head}"
+    );
     let snap: serde_json::Value = serde_json::from_str(&event["data: ".len()..]).unwrap();
     let addrs: Vec<&str> = snap["backends"]
         .as_array()
@@ -222,59 +365,61 @@ fn dashboard_shows_live_backends_in_a_browser() {
     for b in snap["backends"].as_array().unwrap() {
         assert_eq!(b["transport"], "shm", "{event}");
         assert!(b["v"]["farside_monitor_record_age_ns"].is_u64(), "{event}");
-        assert!(b["v"]["farside_backend_routed_total"].as_u64().unwrap() > 0, "{event}");
+        assert!(
+            b["v"]["farside_backend_routed_total"].as_u64().unwrap() > 0,
+            "{event}"
+        );
     }
 
     let chrome = match chromium() {
         Ok(c) => c,
         Err(why) => {
-            eprintln!("SKIPPED the browser part of dashboard_shows_live_backends_in_a_browser: {why}");
+            eprintln!(
+                "SKIPPED the browser part of dashboard_shows_live_backends_in_a_browser: {why}"
+            );
             return;
         }
     };
     let url = format!("http://{admin}/");
-    let profile = dir.0.join("chromium");
-    let first = look(&browse(&chrome, &profile, &url, &["--dump-dom"]));
+    let mut browser = Browser::open(&chrome, &dir.0.join("chromium"), &url);
+    let first = look_until(&mut browser, "two back-ends and 20 admitted", |l| {
+        l.updates >= 2 && l.rows.len() == 2 && l.admitted_total() >= 20
+    });
     eprintln!("first look: {first:?}");
-    assert!(first.updates >= 2, "the page got live data: {first:?}");
-    assert_eq!(first.rows.len(), 2, "two back-end rows: {first:?}");
-    for (addr, state, age) in &first.rows {
+    for [addr, state, age] in &first.rows {
         assert!(addrs.contains(&addr.as_str()), "{first:?}");
         // Fresh normally; a record may be seen stale on a CI machine starved of CPU.
         assert!(["fresh", "stale"].contains(&state.as_str()), "{first:?}");
         assert!(age.ends_with(" ms"), "freshness shown: {first:?}");
     }
-    assert!(first.admitted_total >= 20, "decision counter: {first:?}");
 
     requests(proxy, 30);
-    let second = look(&browse(&chrome, &profile, &url, &["--dump-dom"]));
+    let want = first.admitted_total() + 30;
+    let second = look_until(&mut browser, "the decision counter move", |l| {
+        l.admitted_total() >= want && l.updates > first.updates
+    });
     eprintln!("second look: {second:?}");
     assert_eq!(second.rows.len(), 2, "{second:?}");
-    assert!(
-        second.admitted_total >= first.admitted_total + 30,
-        "the decision counter moved: {first:?} -> {second:?}"
-    );
-    assert_ne!(
-        first.rows.iter().map(|r| &r.2).collect::<Vec<_>>(),
-        second.rows.iter().map(|r| &r.2).collect::<Vec<_>>(),
-        "the freshness moved"
-    );
+    let ages = |l: &Look| l.rows.iter().map(|r| r[2].clone()).collect::<Vec<_>>();
+    let moved = look_until(&mut browser, "the freshness change", |l| {
+        ages(l) != ages(&first)
+    });
+    assert_eq!(moved.rows.len(), 2, "{moved:?}");
+    // Let the charts gather a few seconds of history for the screenshot.
+    requests(proxy, 30);
+    std::thread::sleep(Duration::from_secs(2));
 
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target")
-        });
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
     std::fs::create_dir_all(&target).unwrap();
     let png = target.join("dashboard.png");
-    let _ = std::fs::remove_file(&png);
-    browse(
-        &chrome,
-        &profile,
-        &url,
-        &[&format!("--screenshot={}", png.display())],
+    let shot = browser.screenshot();
+    assert!(
+        shot.starts_with(b"\x89PNG") && shot.len() > 10_000,
+        "{} bytes",
+        shot.len()
     );
-    let size = std::fs::metadata(&png).map(|m| m.len()).unwrap_or(0);
-    assert!(size > 10_000, "screenshot written: {} ({size} bytes)", png.display());
+    std::fs::write(&png, shot).unwrap();
     eprintln!("dashboard screenshot: {}", png.display());
 }

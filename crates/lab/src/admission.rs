@@ -2065,7 +2065,11 @@ mod tests {
         // Refused before anything starts (and before the root check).
         let e = run(args("--hosts netns --dashboard 127.0.0.1:9101")).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        assert!(e.to_string().contains("--dashboard is not supported with --hosts netns"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("--dashboard is not supported with --hosts netns"),
+            "{e}"
+        );
     }
 
     #[test]

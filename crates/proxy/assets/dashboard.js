@@ -161,9 +161,11 @@ function drawBackends(cur, old) {
   });
 }
 
-// Outcomes: admitted, then each rejection reason, over both stages (accept, request).
+// Outcomes: requests admitted (every routed request counts there), then each rejection
+// reason over both stages (a connection refused at accept sends no request), then the
+// connections admitted at accept (a connection carries one or many requests).
 function outcomes(g) {
-  const out = [['admit', sumOf(g, 'farside_admission_decisions_total', { outcome: 'admit' })]];
+  const out = [['admit', sumOf(g, 'farside_admission_decisions_total', { stage: 'request', outcome: 'admit' })]];
   const reasons = new Set();
   for (const k in g) {
     if (k.startsWith('farside_admission_decisions_total{') || k.startsWith('farside_proxy_rejects_total{')) {
@@ -178,6 +180,7 @@ function outcomes(g) {
       sumOf(g, 'farside_admission_decisions_total', { outcome: 'reject', reason: r }),
       sumOf(g, 'farside_proxy_rejects_total', { reason: r }))]);
   }
+  out.push(['accept', sumOf(g, 'farside_admission_decisions_total', { stage: 'accept', outcome: 'admit' })]);
   return out;
 }
 
@@ -189,8 +192,9 @@ function drawDecisions(cur, old) {
   for (const [name, total] of outcomes(cur.g)) {
     const tr = document.createElement('tr');
     tr.id = 'dec-' + name;
-    tr.className = name === 'admit' ? 'admit' : 'reject';
-    cell(tr, 'name', name === 'admit' ? 'admitted' : 'rejected: ' + name);
+    tr.className = name === 'admit' || name === 'accept' ? name : 'reject';
+    cell(tr, 'name', name === 'admit' ? 'requests admitted'
+      : name === 'accept' ? 'connections admitted at accept' : 'rejected: ' + name);
     const r = prev && dt > 0 ? Math.max(0, (total - (prev.get(name) || 0)) / dt) : null;
     cell(tr, 'rate', fmt(r, 1));
     cell(tr, 'total', fmt(total));
@@ -279,7 +283,7 @@ function drawCharts(cur) {
     const o = outcomes(s.g);
     const po = prev ? outcomes(prev.g) : null;
     const dt = prev ? (s.t_ms - prev.t_ms) / 1000 : 0;
-    const sumRej = (list) => list.slice(1).reduce((a, x) => a + x[1], 0);
+    const sumRej = (list) => list.slice(1, -1).reduce((a, x) => a + x[1], 0);
     adm.push(po && dt > 0 ? Math.max(0, (o[0][1] - po[0][1]) / dt) : null);
     rej.push(po && dt > 0 ? Math.max(0, (sumRej(o) - sumRej(po)) / dt) : null);
     prev = s;
