@@ -273,7 +273,7 @@ fn look_until(b: &mut Browser, what: &str, ok: impl Fn(&Look) -> bool) -> Look {
 /// `n` requests through the proxy, each answered 200.
 fn requests(proxy: SocketAddr, n: usize) {
     for _ in 0..n {
-        let r = get_raw(proxy, "/");
+        let r = get_raw(proxy, "/healthz");
         assert!(r.starts_with("HTTP/1.1 200"), "{r}");
     }
 }
