@@ -119,7 +119,8 @@ pub struct ProxyArgs {
     /// that CPU time. Like HAProxy's `busy-polling`, but bounded.
     #[arg(long)]
     pub busy_poll_us: Option<u64>,
-    /// Admin listener serving /metrics (default: none; /farside/metrics on --listen works).
+    /// Admin listener serving /metrics and the live dashboard at / (default: none;
+    /// /farside/metrics on --listen works).
     #[arg(long)]
     pub admin_listen: Option<SocketAddr>,
     /// Turn admission control on (default off).

@@ -346,6 +346,12 @@ pub struct AdmissionArgs {
     /// keep-alive.
     #[arg(long)]
     pub no_keepalive: bool,
+    /// Serve the farside proxy's live dashboard on ADDR during the run (the first proxy
+    /// of each farside system binds its admin listener there, one system after another):
+    /// open http://ADDR/ to watch the experiment. --hosts loopback only.
+    #[arg(long, value_name = "ADDR")]
+    #[serde(skip)]
+    pub dashboard: Option<SocketAddr>,
 }
 
 /// Refuse scenario settings that cannot be built, naming the flag to change.
@@ -1223,7 +1229,11 @@ fn start_farside_proxy(
     }
     // The admin listener is not subject to admission: the lab reads the monitor's
     // histograms and the request-duration histogram there while the data port rejects.
-    let admin = fabric.addr(Role::Proxy, NETNS_ADMIN_PORT + port_step)?;
+    let admin = match a.dashboard {
+        // `--dashboard`: the first proxy's admin listener is the one the user watches.
+        Some(d) if port_step == 0 => d,
+        _ => fabric.addr(Role::Proxy, NETNS_ADMIN_PORT + port_step)?,
+    };
     args.extend(["--admin-listen".into(), admin.to_string()]);
     let admin_addr = Some(admin);
     args.extend(objective_proxy_args(a, system, limit, objective));
@@ -1231,6 +1241,9 @@ fn start_farside_proxy(
     args.extend(a.proxy_args.iter().cloned());
     let mut proxy = fabric.spawn(Role::Proxy, name, &args, &run.logs)?;
     fabric.wait_port(&mut proxy, proxy_addr)?;
+    if a.dashboard.is_some() && port_step == 0 {
+        eprintln!("lab admission: dashboard of {system} ({name}): http://{admin}/");
+    }
     Ok(ProxyProc {
         child: proxy,
         addr: proxy_addr,
@@ -1601,7 +1614,18 @@ fn effective(
 pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     let euid = unsafe_euid();
     if a.hosts == Hosts::Netns {
+        if a.dashboard.is_some() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "--dashboard is not supported with --hosts netns yet: the proxy's admin \
+                 listener is inside the proxy's namespace (open it from there, e.g. \
+                 `ip netns exec NS curl -N http://ADMIN/events`)",
+            ));
+        }
         crate::netns::check_root(euid)?;
+    }
+    if let Some(d) = a.dashboard {
+        eprintln!("lab admission: live dashboard at http://{d}/ (while a farside system runs)");
     }
     for s in &a.systems {
         if !SYSTEMS.contains(&s.as_str()) {
@@ -2040,6 +2064,22 @@ mod tests {
         Cli::try_parse_from(std::iter::once("lab").chain(line.split_whitespace()))
             .unwrap()
             .a
+    }
+
+    #[test]
+    fn dashboard_flag_parses_and_netns_is_refused_clearly() {
+        assert_eq!(args("").dashboard, None);
+        let a = args("--dashboard 127.0.0.1:9101");
+        assert_eq!(a.dashboard, Some("127.0.0.1:9101".parse().unwrap()));
+        assert!(Cli::try_parse_from(["lab", "--dashboard", "nowhere"]).is_err());
+        // Refused before anything starts (and before the root check).
+        let e = run(args("--hosts netns --dashboard 127.0.0.1:9101")).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        assert!(
+            e.to_string()
+                .contains("--dashboard is not supported with --hosts netns"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -44,7 +44,8 @@ pub struct ProxyConfig {
     /// [`BUSY_POLL_US_MAX`].
     #[serde(default)]
     pub busy_poll_us: u64,
-    /// Separate admin listener serving `/metrics` (Prometheus text). Default: none;
+    /// Separate admin listener serving `/metrics` (Prometheus text) and the live
+    /// dashboard (`/`, `/events`; `crate::dashboard`). Default: none;
     /// `/farside/metrics` on the main listener always works.
     #[serde(default)]
     pub admin_listen: Option<SocketAddr>,

@@ -358,19 +358,24 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
     ))];
     // The admin server (the one shared with gatherd, on its own thread) answers scrapes
     // until the proxy stops, through the drain.
+    // It also serves the live dashboard (`crate::dashboard`), built from the same render.
     let admin = admin
         .map(|l| {
-            let live = live.clone();
-            farside_admin::AdminServer::serve(
-                l,
-                "proxy",
+            let render: farside_admin::Render = {
+                let live = live.clone();
                 Arc::new(move |enc| {
                     render_metrics(&live.current(), enc);
                     if let Some(s) = &reconf_stats {
                         crate::reconf::render(s, enc);
                     }
-                }),
-            )
+                })
+            };
+            let cfg: crate::dashboard::CurrentConfig = {
+                let live = live.clone();
+                Arc::new(move || live.current().cfg.clone())
+            };
+            let dash = crate::dashboard::dashboard(render.clone(), cfg);
+            farside_admin::AdminServer::serve_with(l, "proxy", render, Some(dash))
         })
         .transpose()?;
     // The main listener closes when the drain starts.

@@ -64,7 +64,7 @@ use crate::config::{BalancePolicy, Metric, ProxyConfig, StalePolicy};
 use crate::gate::{Gate, InflightGuard, InflightObserver, Reject, Route};
 use crate::pool::Pool;
 use estimate::{Event, Tally};
-use farside_admin::Encoder;
+use farside_admin::{Encoder, Labels};
 use farside_region::Words;
 use farside_rmem::mono_ns;
 /// A back-end's region and optional per-back-end key (`udp:HOST:PORT?key=HEX`).
@@ -94,6 +94,8 @@ struct Backend {
     limit: u64,
     has_region: bool,
     inflight: Arc<AtomicU64>,
+    /// Requests routed to it so far (its balancing share; `farside_backend_routed_total`).
+    routed: AtomicU64,
     /// CLOCK_MONOTONIC ns until which the back-end is skipped after a failure.
     down_until_ns: AtomicU64,
     /// What this proxy sent it and what completed, for the estimate between samples.
@@ -263,6 +265,7 @@ impl Control {
                 limit: cfg.limit_for(i),
                 has_region: b.region.is_some() || cfg.monitor.table.is_some(),
                 inflight: Arc::new(AtomicU64::new(0)),
+                routed: AtomicU64::new(0),
                 down_until_ns: AtomicU64::new(0),
                 tally: Arc::default(),
                 relieved_sample_ns: AtomicU64::new(0),
@@ -961,6 +964,64 @@ impl Control {
     }
 }
 
+impl Control {
+    /// Back-end `i` as the monitor table and the balancer see it (the dashboard's
+    /// per-back-end row): requests routed, down flag, and the table entry's status, load
+    /// fields and served role.
+    fn render_backend_view(&self, enc: &mut Encoder, i: usize, lbl: Labels<'_>, now: u64) {
+        enc.counter(
+            "farside_backend_routed_total",
+            "Requests routed to the back-end (its balancing share).",
+            lbl,
+            self.backends[i].routed.load(Ordering::Relaxed),
+        );
+        enc.gauge(
+            "farside_backend_down",
+            "1 while the back-end is skipped after a failure (balance.down_for_ms).",
+            lbl,
+            self.is_down(i, now),
+        );
+        let Some(e) = self.table.as_ref().and_then(|t| table::read(&**t, i)) else {
+            return;
+        };
+        enc.gauge(
+            "farside_monitor_status",
+            "Monitor's last read of the back-end: 0 never read, 1 ok, 2 failed (values are the last good ones).",
+            lbl,
+            e.status as u64,
+        );
+        let with = |f: &'static str| [lbl[0], lbl[1], ("field", f)];
+        for (field, v) in [
+            ("cpu_util_ppm", e.cpu_util_ppm),
+            ("cpu_pressure_ppm", e.cpu_pressure_ppm),
+            ("runnable", e.runnable),
+            ("conns_established", e.conns_established),
+            ("accept_backlog", e.accept_backlog),
+            ("conns_pending", e.conns_pending),
+        ] {
+            enc.gauge(
+                "farside_monitor_load",
+                "Back-end load fields in the monitor table, as last read.",
+                &with(field),
+                v,
+            );
+        }
+        let role = "Back-end's served role as last read (ROLE_SERVED): site number and version (version 0: no role published).";
+        enc.gauge(
+            "farside_monitor_role_served",
+            role,
+            &[lbl[0], lbl[1], ("part", "site")],
+            e.role_served >> 48,
+        );
+        enc.gauge(
+            "farside_monitor_role_served",
+            role,
+            &[lbl[0], lbl[1], ("part", "version")],
+            e.role_served & ((1 << 48) - 1),
+        );
+    }
+}
+
 impl Gate for Control {
     fn on_accept(&self, _peer: SocketAddr) -> Result<(), Reject> {
         if !(self.admission_on && self.at_accept) {
@@ -989,6 +1050,7 @@ impl Gate for Control {
                         .fetch_add(1, Ordering::Relaxed);
                 }
                 let b = &self.backends[i];
+                b.routed.fetch_add(1, Ordering::Relaxed);
                 // Metric `backlog` counts the accept queue, which a reuse-only request
                 // (carried by an idle pooled connection, never a new one) cannot enter:
                 // it stays out of the estimate. A request admitted below the limit may
@@ -1165,6 +1227,7 @@ impl Gate for Control {
                     e.conns_interval_ns,
                 );
             }
+            self.render_backend_view(enc, i, lbl, now);
             if let Some(st) = self.monitor.as_ref().and_then(|m| m.stats(i)) {
                 st.read.render(
                     enc,

@@ -1,0 +1,247 @@
+//! The operator's live dashboard, served by the admin listener (`admin_listen`) next to
+//! `/metrics`: `GET /` is one HTML page (assets embedded in the binary, the chart library
+//! vendored under `assets/vendor/`), `GET /events[?hz=N]` a server-sent-events stream of
+//! JSON snapshots ([`farside_admin::HZ_DEFAULT`] a second, capped at
+//! [`farside_admin::HZ_MAX`]; at most [`farside_admin::STREAMS_MAX`] streams).
+//!
+//! A snapshot is built from the very samples a `/metrics` scrape reads (the same render
+//! closure, into a capturing encoder), so the page never touches the data path: the
+//! monitor table's entries, the admission decisions by reason, per-back-end routed
+//! counts, the sites. One snapshot per tick is shared by every open stream; none is built
+//! while no page is open. Rates (decisions per second, balancing share) are computed by
+//! the page from consecutive snapshots' counters and times.
+//!
+//! Snapshot (one line of JSON):
+//!
+//! ```text
+//! {"t_ms": UNIX ms, "metric": "cpu", "admission": true, "stale_after_ms": 100,
+//!  "backends": [{"addr", "site", "transport", "limit",
+//!                "v": {"farside_backend_load{metric=cpu}": 3, ...}}],
+//!  "sites": [{"name", "id", "hosts": [...]}],
+//!  "g": {"farside_admission_decisions_total{stage=request,outcome=admit,reason=}": 9, ...}}
+//! ```
+//!
+//! `v` holds each back-end's samples (labels `backend` and `site` dropped from the key),
+//! `g` every sample without a `backend` label; keys are `name{k=v,...}` in report order.
+
+use crate::config::ProxyConfig;
+use farside_admin::{Dashboard, Encoder, Render, Sample, Value};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+const PAGE: &[u8] = include_bytes!("../assets/dashboard.html");
+const SCRIPT: &[u8] = include_bytes!("../assets/dashboard.js");
+const STYLE: &[u8] = include_bytes!("../assets/dashboard.css");
+const UPLOT_JS: &[u8] = include_bytes!("../assets/vendor/uplot/uPlot.iife.min.js");
+const UPLOT_CSS: &[u8] = include_bytes!("../assets/vendor/uplot/uPlot.min.css");
+const UPLOT_LICENSE: &[u8] = include_bytes!("../assets/vendor/uplot/LICENSE");
+
+/// The running configuration, read at each snapshot (a reload changes it).
+pub type CurrentConfig = Arc<dyn Fn() -> Arc<ProxyConfig> + Send + Sync>;
+
+/// The dashboard for the admin server: its files, and snapshots from `render` (the
+/// `/metrics` render closure) and the running configuration.
+pub fn dashboard(render: Render, cfg: CurrentConfig) -> Dashboard {
+    Dashboard {
+        files: vec![
+            ("/", "text/html; charset=utf-8", PAGE),
+            ("/dashboard.js", "text/javascript; charset=utf-8", SCRIPT),
+            ("/dashboard.css", "text/css; charset=utf-8", STYLE),
+            (
+                "/vendor/uplot/uPlot.iife.min.js",
+                "text/javascript; charset=utf-8",
+                UPLOT_JS,
+            ),
+            (
+                "/vendor/uplot/uPlot.min.css",
+                "text/css; charset=utf-8",
+                UPLOT_CSS,
+            ),
+            (
+                "/vendor/uplot/LICENSE",
+                "text/plain; charset=utf-8",
+                UPLOT_LICENSE,
+            ),
+        ],
+        snapshot: Arc::new(move || {
+            let mut enc = Encoder::capturing();
+            render(&mut enc);
+            let t_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            snapshot(&enc.into_samples(), &cfg(), t_ms)
+        }),
+    }
+}
+
+/// How the proxy reads a back-end's load: the region's scheme, `table` (a shared
+/// monitor table), or `none`.
+fn transport(cfg: &ProxyConfig, i: usize) -> &str {
+    match cfg.backends[i].region.as_deref() {
+        Some(r) => r.split(':').next().unwrap_or(""),
+        None if cfg.monitor.table.is_some() => "table",
+        None => "none",
+    }
+}
+
+/// One snapshot of `samples` (a capturing scrape) with `cfg`'s back-ends and sites.
+pub fn snapshot(samples: &[Sample], cfg: &ProxyConfig, t_ms: u64) -> String {
+    let addrs: Vec<String> = cfg.backends.iter().map(|b| b.addr.to_string()).collect();
+    let index: HashMap<&str, usize> = addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (a.as_str(), i))
+        .collect();
+    let mut per: Vec<String> = vec![String::new(); addrs.len()];
+    let mut global = String::new();
+    let mut key = String::new();
+    for s in samples {
+        let backend = s.labels.iter().find(|(k, _)| k == "backend");
+        let out = match backend {
+            Some((_, a)) => match index.get(a.as_str()) {
+                Some(&i) => &mut per[i],
+                None => continue,
+            },
+            None => &mut global,
+        };
+        key.clear();
+        key.push_str(&s.name);
+        let mut first = true;
+        for (k, v) in &s.labels {
+            if backend.is_some() && (k == "backend" || k == "site") {
+                continue;
+            }
+            key.push(if first { '{' } else { ',' });
+            first = false;
+            let _ = write!(key, "{k}={v}");
+        }
+        if !first {
+            key.push('}');
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        json_str(out, &key);
+        out.push(':');
+        json_value(out, s.value);
+    }
+    let mut o =
+        String::with_capacity(1024 + global.len() + per.iter().map(String::len).sum::<usize>());
+    let a = &cfg.admission;
+    let _ = write!(
+        o,
+        "{{\"t_ms\":{t_ms},\"metric\":\"{}\",\"admission\":{},\"stale_after_ms\":{},\"backends\":[",
+        a.metric.name(),
+        a.enabled,
+        a.stale_after_ms
+    );
+    for (i, b) in cfg.backends.iter().enumerate() {
+        if i > 0 {
+            o.push(',');
+        }
+        o.push_str("{\"addr\":");
+        json_str(&mut o, &addrs[i]);
+        o.push_str(",\"site\":");
+        json_str(&mut o, &b.site);
+        o.push_str(",\"transport\":");
+        json_str(&mut o, transport(cfg, i));
+        match cfg.limit_for(i) {
+            u64::MAX => o.push_str(",\"limit\":null,\"v\":{"),
+            l => {
+                let _ = write!(o, ",\"limit\":{l},\"v\":{{");
+            }
+        }
+        o.push_str(&per[i]);
+        o.push_str("}}");
+    }
+    o.push_str("],\"sites\":[");
+    for (i, s) in cfg.sites.iter().enumerate() {
+        if i > 0 {
+            o.push(',');
+        }
+        o.push_str("{\"name\":");
+        json_str(&mut o, &s.name);
+        let _ = write!(o, ",\"id\":{},\"hosts\":[", s.id.map_or(i, usize::from));
+        for (j, h) in s.hosts.iter().enumerate() {
+            if j > 0 {
+                o.push(',');
+            }
+            json_str(&mut o, h);
+        }
+        o.push_str("]}");
+    }
+    o.push_str("],\"g\":{");
+    o.push_str(&global);
+    o.push_str("}}");
+    o
+}
+
+fn json_value(out: &mut String, v: Value) {
+    let _ = match v {
+        Value::U(v) => write!(out, "{v}"),
+        Value::I(v) => write!(out, "{v}"),
+        Value::F(v) if v.is_finite() => write!(out, "{v}"),
+        Value::F(_) => write!(out, "null"),
+    };
+}
+
+/// `s` as a JSON string (quotes, backslashes and control characters escaped).
+fn json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_groups_by_backend_and_escapes() {
+        let cfg: ProxyConfig = toml::from_str(
+            "listen = \"127.0.0.1:0\"\n\
+             [[backend]]\naddr = \"127.0.0.1:1\"\nregion = \"tcp:127.0.0.1:9\"\n\
+             [[backend]]\naddr = \"127.0.0.1:2\"\nsite = \"a\\\"b\"\n",
+        )
+        .unwrap();
+        let mut e = Encoder::capturing();
+        e.counter(
+            "farside_admission_decisions_total",
+            "D.",
+            &[("stage", "request"), ("outcome", "admit"), ("reason", "")],
+            5u64,
+        );
+        e.gauge(
+            "farside_backend_load",
+            "L.",
+            &[
+                ("backend", "127.0.0.1:2"),
+                ("site", "a\"b"),
+                ("metric", "cpu"),
+            ],
+            -1i64,
+        );
+        e.gauge("x", "X.", &[("backend", "10.0.0.1:1")], 1u64);
+        e.gauge("nan", "N.", &[], f64::NAN);
+        let s = snapshot(&e.into_samples(), &cfg, 7);
+        assert_eq!(
+            s,
+            "{\"t_ms\":7,\"metric\":\"backlog\",\"admission\":false,\"stale_after_ms\":100,\"backends\":[\
+             {\"addr\":\"127.0.0.1:1\",\"site\":\"\",\"transport\":\"tcp\",\"limit\":2,\"v\":{}},\
+             {\"addr\":\"127.0.0.1:2\",\"site\":\"a\\\"b\",\"transport\":\"none\",\"limit\":2,\
+             \"v\":{\"farside_backend_load{metric=cpu}\":-1}}],\"sites\":[],\
+             \"g\":{\"farside_admission_decisions_total{stage=request,outcome=admit,reason=}\":5,\
+             \"nan\":null}}"
+        );
+    }
+}
