@@ -591,12 +591,14 @@ pub fn backend_quota(a: &AdmissionArgs) -> io::Result<Option<BackendQuota>> {
         Some(p) => {
             if p == 0 || p > BACKEND_CPU_QUOTA_PCT_MAX {
                 return bad(format!(
-                    "--backend-cpu-quota-pct {p}: must be 1..={BACKEND_CPU_QUOTA_PCT_MAX}                      (percent of one CPU per back-end node)"
+                    "--backend-cpu-quota-pct {p}: must be 1..={BACKEND_CPU_QUOTA_PCT_MAX} (percent of one \
+                    CPU per back-end node)"
                 ));
             }
             if a.hosts != Hosts::Netns {
                 return bad(format!(
-                    "--backend-cpu-quota-pct {p}: needs --hosts netns (a per-node cgroup);                      loopback has none, so the quota could not be applied"
+                    "--backend-cpu-quota-pct {p}: needs --hosts netns (a per-node cgroup); loopback has \
+                    none, so the quota could not be applied"
                 ));
             }
             (p, format!("--backend-cpu-quota-pct {p}"))
@@ -606,7 +608,9 @@ pub fn backend_quota(a: &AdmissionArgs) -> io::Result<Option<BackendQuota>> {
             (
                 p,
                 format!(
-                    "default for nginx: max(1, floor({NGINX_TIER_CPU_PCT} / {} backends)) =                      {p} % of one CPU per node (the tier a fifth of a CPU, below what the                      proxy and clients on the first CPU can drive)",
+                    "default for nginx: max(1, floor({NGINX_TIER_CPU_PCT} / {} backends)) = {p} % of one CPU \
+                    per node (the tier a fifth of a CPU, below what the proxy and clients on the first CPU \
+                    can drive)",
                     a.backends
                 ),
             )
@@ -676,7 +680,8 @@ impl Calibration {
             .filter(|n| !n.cpu.cpu_max.starts_with("max") && n.cpu.nr_throttled == 0)
             .map(|n| {
                 format!(
-                    "calibration: node {} was never throttled by its CPU quota ({}): the                      calibrated capacity may be the clients' limit, not nginx's",
+                    "calibration: node {} was never throttled by its CPU quota ({}): the calibrated capacity \
+                    may be the clients' limit, not nginx's",
                     n.node, n.cpu.cpu_max
                 )
             })
@@ -1358,7 +1363,8 @@ fn calibrate(
     let capacity: f64 = parts.iter().map(|p| p.goodput_rps).sum();
     if capacity.is_nan() || capacity <= 0.0 {
         return Err(io::Error::other(format!(
-            "calibration: the back-end tier served nothing in {CALIBRATION_S} s ({}              failures); see the logs in {}",
+            "calibration: the back-end tier served nothing in {CALIBRATION_S} s ({} failures); see \
+            the logs in {}",
             s.failures,
             run.logs.display()
         )));
@@ -1389,7 +1395,10 @@ fn calibrate(
     Ok(Calibration {
         capacity_rps: capacity,
         rule: format!(
-            "calibrated: the back-end tier's saturated throughput for the              {CAPACITY_REFERENCE_BYTES}-byte reference object, closed loop, {clients} clients              straight to the back-ends (no proxy, no admission) for {CALIBRATION_S} s after              {CALIBRATION_WARMUP_S} s = {capacity:.0} req/s"
+            "calibrated: the back-end tier's saturated throughput for the \
+            {CAPACITY_REFERENCE_BYTES}-byte reference object, closed loop, {clients} clients \
+            straight to the back-ends (no proxy, no admission) for {CALIBRATION_S} s after \
+            {CALIBRATION_WARMUP_S} s = {capacity:.0} req/s"
         ),
         duration_s: CALIBRATION_S,
         warmup_s: CALIBRATION_WARMUP_S,
