@@ -641,7 +641,8 @@ pub const CALIBRATION_CLIENTS_PER_BACKEND: usize = 32;
 pub struct NodeCalibration {
     /// `b0`, `b1`, ...
     pub node: String,
-    /// The node cgroup's quota as the kernel had it and its throttling during the run.
+    /// The node cgroup's quota as the kernel had it and its throttling during the run
+    /// (warm-up included, as the CPU times below).
     pub cpu: crate::netns::CpuStat,
     /// CPU seconds the web server's processes used during the run.
     pub web_cpu_s: f64,
