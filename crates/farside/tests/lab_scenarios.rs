@@ -302,3 +302,85 @@ fn netns_runs_haproxy_and_onesided_ac_across_proxies_and_a_capacity_change() {
         "the quota is emulated, and said so"
     );
 }
+
+#[test]
+#[ignore = "needs root and nginx: run with `cargo test -p farside -- --include-ignored` as root"]
+fn nginx_in_netns_runs_inside_a_short_period_cpu_quota_with_a_calibrated_capacity() {
+    assert!(farside_lab::netns::is_root(), "needs root");
+    if let Err(e) = farside_lab::nginx::find_binary() {
+        panic!("needs nginx (scripts/setup.sh installs nginx-light): {e}");
+    }
+    let dir = Dir::new("nginx-quota");
+    let out = dir.0.join("out");
+    let s = lab(
+        &[
+            "--hosts",
+            "netns",
+            "--backend-server",
+            "nginx",
+            "--systems",
+            "no-ac",
+        ],
+        &out,
+    );
+    let p = &s["params"];
+    // The default quota for 2 nginx back-ends: 10 % of a CPU each, in a 10 ms period.
+    let (quota_us, period_us) = farside_lab::netns::cpu_quota_period(10);
+    assert_eq!(p["backend_quota"]["pct"], 10, "{}", p["backend_quota"]);
+    assert_eq!(p["backend_quota"]["quota_us"], quota_us);
+    assert_eq!(p["backend_quota"]["period_us"], period_us);
+    assert_eq!(period_us, farside_lab::netns::CPU_PERIOD_US);
+    assert!(
+        s["settings"]["cgroups"]["requested"]
+            .as_str()
+            .unwrap()
+            .contains("10 % of one CPU"),
+        "{}",
+        s["settings"]
+    );
+    // The calibrated capacity is what the open loop and the limit rule use.
+    let cal = &p["calibration"];
+    let cap = cal["capacity_rps"].as_f64().unwrap();
+    assert!(cap > 0.0, "{cal}");
+    assert_eq!(p["capacity_rps"].as_f64(), Some(cap));
+    assert!(
+        p["capacity_rule"]
+            .as_str()
+            .unwrap()
+            .starts_with("calibrated"),
+        "{}",
+        p["capacity_rule"]
+    );
+    assert_eq!(cal["clients"], 64);
+    let per_backend = format!("{:.1} req/s per back-end", cap / 2.0);
+    assert!(
+        p["objective_rule"].as_str().unwrap().contains(&per_backend),
+        "{} lacks {per_backend}",
+        p["objective_rule"]
+    );
+    // While the calibration ran, each node's cgroup had the quota and hit it.
+    let nodes = cal["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2, "{cal}");
+    for n in nodes {
+        assert_eq!(
+            n["cpu"]["cpu_max"],
+            format!("{quota_us} {period_us}"),
+            "{n}"
+        );
+        assert!(n["cpu"]["nr_periods"].as_u64().unwrap() > 0, "{n}");
+        assert!(n["cpu"]["nr_throttled"].as_u64().unwrap() > 0, "{n}");
+        assert!(n["web_cpu_s"].as_f64().unwrap() > 0.0, "{n}");
+    }
+    // One closed-loop point and one open-loop point at 1.5 x the calibrated capacity.
+    let points = s["points"].as_array().unwrap();
+    assert_eq!(points.len(), 2, "{points:?}");
+    for pt in points {
+        assert!(pt["tps"].as_f64().unwrap() > 0.0, "served requests: {pt}");
+    }
+    let open = points.iter().find(|pt| pt["load_model"] == "open").unwrap();
+    let rate = open["rate_rps"].as_f64().unwrap();
+    assert!(
+        (rate - 1.5 * cap).abs() < 1e-6 * cap,
+        "{rate} vs 1.5 x {cap}"
+    );
+}

@@ -319,6 +319,15 @@ pub struct AdmissionArgs {
     /// `--backend-server nginx`, whose cost per request the lab does not set.
     #[arg(long)]
     pub capacity_rps: Option<f64>,
+    /// --hosts netns: CPU quota of every back-end node, percent of one CPU (50 = half a
+    /// CPU), in a short CFS period (10 ms, longer only where the quota would be under the
+    /// kernel's 1 ms minimum). The quota holds the node's whole cgroup: web server and
+    /// gatherer (the gatherer's share is measured and recorded). Default with
+    /// --backend-server nginx: the rule below (`--help`), 20 / --backends; with farside's
+    /// server: no quota (its cost per request sets its capacity). Recorded in summary.json
+    /// (`params.backend_quota`).
+    #[arg(long, value_name = "P")]
+    pub backend_cpu_quota_pct: Option<u32>,
     /// Response time above which a served request counts as slow (QoS), ms.
     #[arg(long, default_value_t = 1000)]
     pub qos_ms: u64,
@@ -476,8 +485,26 @@ Open-loop capacity (what --rates multiply; a rule, not a measurement):
       --backend-cpu-ns-per-byte x 16,384 bytes (the single trace's object: zipf and
       worldcup requests are smaller or larger on average, so the same rates load them
       differently, which is what the traces are there to show).
-  --capacity-rps R sets it instead (needed for nginx back-ends).
-  The value used is in summary.json (`params.capacity_rps`, `params.capacity_rule`).";
+  nginx back-ends (the lab does not set nginx's cost per request): calibrated at the
+      start of the sweep instead, the back-end tier's saturated throughput for the
+      16 KiB reference object: closed loop, 32 clients per back-end sent straight to
+      the back-ends (no proxy, no admission) for 2 s after 0.5 s of warm-up
+      (`params.calibration`; a resumed sweep keeps the kept run's value). The limit
+      rule's R_b above is this value / --backends.
+  --capacity-rps R sets it instead (no calibration then).
+  The value used is in summary.json (`params.capacity_rps`, `params.capacity_rule`).
+
+Back-end CPU quota (--hosts netns; `params.backend_quota`):
+  nginx: each back-end node's cgroup (nginx and its gatherer) gets
+      --backend-cpu-quota-pct P = max(1, floor(20 / backends)) % of one CPU by default:
+      the whole tier a fifth of a CPU, while the proxy and the clients share the first
+      CPU and each does at least a static server's work per request, so nginx inside its
+      quota, not the front end, is the bottleneck. The CFS period is 10 ms so a
+      throttled node waits ms, not the kernel's 100 ms chunks. The calibration records
+      each node's throttling (`params.calibration.nodes`) and warns if the quota never
+      bound.
+  farside's server: no quota unless --backend-cpu-quota-pct is given; the capacity rule
+      above then uses min(back-end CPUs, backends x P / 100) CPUs.";
 
 /// The bounds every system gets from `--queue-ms` ([`LIMIT_RULE`]).
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -536,6 +563,139 @@ pub fn reference_cost_us(a: &AdmissionArgs, scenario: Scenario) -> f64 {
         + a.backend_cpu_ns_per_byte * CAPACITY_REFERENCE_BYTES as f64 / 1000.0
 }
 
+/// Share of one CPU the whole back-end tier gets by default with nginx in `--hosts
+/// netns`, percent ([`LIMIT_RULE`]): the proxy and the clients share the first CPU and
+/// each does at least a static server's work per request, so a tier of a fifth of a CPU
+/// stays below what the front end can drive, with room for the proxy's extra copies.
+pub const NGINX_TIER_CPU_PCT: u32 = 20;
+/// Largest `--backend-cpu-quota-pct`: ten CPUs per node, more than any host this lab runs
+/// on has (a larger value is a typo, not a limit).
+pub const BACKEND_CPU_QUOTA_PCT_MAX: u32 = 1000;
+
+/// The CPU quota of every back-end node ([`backend_quota`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BackendQuota {
+    /// Percent of one CPU per node.
+    pub pct: u32,
+    /// CFS quota per period, µs.
+    pub quota_us: u64,
+    /// CFS period, µs ([`crate::netns::CPU_PERIOD_US`] unless the quota needs longer).
+    pub period_us: u64,
+    /// What the node's cgroup holds.
+    pub covers: String,
+    /// How `pct` was chosen.
+    pub rule: String,
+}
+
+/// The back-end nodes' CPU quota: `--backend-cpu-quota-pct`, else with nginx in
+/// `--hosts netns` the default of [`LIMIT_RULE`], else none. Errors: a quota outside
+/// 1..=[`BACKEND_CPU_QUOTA_PCT_MAX`], or asked for without `--hosts netns` (loopback has
+/// no per-node cgroup: the run would be silently unlimited).
+pub fn backend_quota(a: &AdmissionArgs) -> io::Result<Option<BackendQuota>> {
+    let bad = |m: String| Err(io::Error::new(io::ErrorKind::InvalidInput, m));
+    let (pct, rule) = match a.backend_cpu_quota_pct {
+        Some(p) => {
+            if p == 0 || p > BACKEND_CPU_QUOTA_PCT_MAX {
+                return bad(format!(
+                    "--backend-cpu-quota-pct {p}: must be 1..={BACKEND_CPU_QUOTA_PCT_MAX} (percent of one \
+                    CPU per back-end node)"
+                ));
+            }
+            if a.hosts != Hosts::Netns {
+                return bad(format!(
+                    "--backend-cpu-quota-pct {p}: needs --hosts netns (a per-node cgroup); loopback has \
+                    none, so the quota could not be applied"
+                ));
+            }
+            (p, format!("--backend-cpu-quota-pct {p}"))
+        }
+        None if a.hosts == Hosts::Netns && a.backend_server == BackendServer::Nginx => {
+            let p = (NGINX_TIER_CPU_PCT / a.backends.max(1) as u32).max(1);
+            (
+                p,
+                format!(
+                    "default for nginx: max(1, floor({NGINX_TIER_CPU_PCT} / {} backends)) = {p} % of one CPU \
+                    per node (the tier a fifth of a CPU, below what the proxy and clients on the first CPU \
+                    can drive)",
+                    a.backends
+                ),
+            )
+        }
+        None => return Ok(None),
+    };
+    let (quota_us, period_us) = crate::netns::cpu_quota_period(pct);
+    Ok(Some(BackendQuota {
+        pct,
+        quota_us,
+        period_us,
+        covers: "the back-end node's cgroup: the web server and its gatherer".into(),
+        rule,
+    }))
+}
+
+/// Measured seconds of the calibration run that prices an nginx tier: the tier saturates
+/// within ms, and 2 s of 16 KiB requests is thousands of them.
+pub const CALIBRATION_S: f64 = 2.0;
+/// Warm-up of the calibration run, not measured: connections open, page cache warm.
+pub const CALIBRATION_WARMUP_S: f64 = 0.5;
+/// Calibration clients per back-end: well above an event-driven nginx's saturation (a
+/// few connections keep its worker busy) and far below its 1024 connections.
+pub const CALIBRATION_CLIENTS_PER_BACKEND: usize = 32;
+
+/// One back-end node during the calibration run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodeCalibration {
+    /// `b0`, `b1`, ...
+    pub node: String,
+    /// The node cgroup's quota as the kernel had it and its throttling during the run
+    /// (warm-up included, as the CPU times below).
+    pub cpu: crate::netns::CpuStat,
+    /// CPU seconds the web server's processes used during the run.
+    pub web_cpu_s: f64,
+    /// CPU seconds the gatherer used during the run (inside the same quota).
+    pub gatherd_cpu_s: f64,
+}
+
+/// The calibration run of an nginx tier ([`LIMIT_RULE`]): `params.calibration`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Calibration {
+    /// Requests/s the tier served: the capacity the open loop's `--rates` multiply.
+    pub capacity_rps: f64,
+    /// The rule as text (`params.capacity_rule`).
+    pub rule: String,
+    /// Measured seconds.
+    pub duration_s: f64,
+    /// Warm-up seconds.
+    pub warmup_s: f64,
+    /// Closed-loop clients in all.
+    pub clients: usize,
+    /// Body bytes of the object asked for.
+    pub object_bytes: u64,
+    /// Mean and p99 response time during the run, ms.
+    pub avg_ms: f64,
+    pub p99_ms: f64,
+    /// Per back-end node (netns only).
+    pub nodes: Vec<NodeCalibration>,
+}
+
+impl Calibration {
+    /// Warnings for nodes under a quota that was never hit: then something other than
+    /// the quota (the clients' CPU) bounded the tier.
+    pub fn warnings(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|n| !n.cpu.cpu_max.starts_with("max") && n.cpu.nr_throttled == 0)
+            .map(|n| {
+                format!(
+                    "calibration: node {} was never throttled by its CPU quota ({}): the calibrated capacity \
+                    may be the clients' limit, not nginx's",
+                    n.node, n.cpu.cpu_max
+                )
+            })
+            .collect()
+    }
+}
+
 /// The back-end's connection capacity C of [`LIMIT_RULE`].
 pub fn capacity_conns(a: &AdmissionArgs) -> u64 {
     match a.backend_server {
@@ -571,12 +731,14 @@ pub fn default_limit(metric: &str, c: u64, queue_len: u64) -> io::Result<(u64, S
 }
 
 /// The open-loop capacity of [`LIMIT_RULE`] in requests/s, with the rule as text:
-/// `--capacity-rps`, else back-end CPUs (`back_cpus`) over the mean CPU cost of a request
+/// `--capacity-rps`, else the calibrated value and its rule (`calibrated`, nginx), else
+/// back-end CPUs (`back_cpus`, at most the quota's) over the mean CPU cost of a request
 /// (`cost_us`).
 pub fn capacity_rps(
     a: &AdmissionArgs,
     back_cpus: usize,
     cost_us: f64,
+    calibrated: Option<&(f64, String)>,
 ) -> io::Result<(f64, String)> {
     if let Some(r) = a.capacity_rps {
         if !(r.is_finite() && r > 0.0) {
@@ -587,11 +749,14 @@ pub fn capacity_rps(
         }
         return Ok((r, format!("--capacity-rps {r}")));
     }
+    if let Some((r, rule)) = calibrated {
+        return Ok((*r, rule.clone()));
+    }
     if a.backend_server == BackendServer::Nginx {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "open loop with --backend-server nginx: the lab does not set nginx's cost per \
-             request, so there is no capacity rule; give --capacity-rps R (or --load closed)",
+             request and no calibration ran; give --capacity-rps R (or --load closed)",
         ));
     }
     if cost_us <= 0.0 {
@@ -602,6 +767,21 @@ pub fn capacity_rps(
         ));
     }
     let cpus = back_cpus.min(a.backends * a.backend_workers).max(1);
+    if let Some(q) = backend_quota(a)? {
+        let quota_cpus = a.backends as f64 * f64::from(q.pct) / 100.0;
+        let c = (cpus as f64).min(quota_cpus);
+        let r = c * 1e6 / cost_us;
+        return Ok((
+            r,
+            format!(
+                "capacity_rps = min({back_cpus} CPUs, {} workers, {} backends x {} % quota) x \
+                 1e6 / {cost_us} us = {r:.0}",
+                a.backends * a.backend_workers,
+                a.backends,
+                q.pct
+            ),
+        ));
+    }
     let r = cpus as f64 * 1e6 / cost_us;
     Ok((
         r,
@@ -672,7 +852,14 @@ pub fn privileged_settings(
     if netns {
         m.insert(
             "cgroups".into(),
-            Setting::applied("per-node cgroup with a cpuset (no CPU quota: the back-ends' cost per request and their CPUs set their capacity)"),
+            match backend_quota(a).ok().flatten() {
+                Some(q) => Setting::applied(format!(
+                    "per-node cgroup with a cpuset; back-end nodes (web server and gatherer) \
+                     in a CPU quota of {} % of one CPU ({} us every {} us)",
+                    q.pct, q.quota_us, q.period_us
+                )),
+                None => Setting::applied("per-node cgroup with a cpuset (no CPU quota: the back-ends' cost per request and their CPUs set their capacity)"),
+            },
         );
         m.insert(
             "rps".into(),
@@ -770,6 +957,9 @@ struct Tier {
     /// The back-ends' regions as their gatherers write them (shm files), read by the
     /// lab itself for the back-end queueing delay of every system ([`QueueSampler`]).
     regions: Vec<PathBuf>,
+    /// The back-end web servers' addresses (the calibration run's clients go straight
+    /// to them).
+    backend_addrs: Vec<SocketAddr>,
 }
 
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -1113,6 +1303,117 @@ fn start_tier(
         _tenant_handles: tenant_handles,
         tenant_pids,
         regions,
+        backend_addrs: addrs,
+    })
+}
+
+/// The calibration run of [`LIMIT_RULE`]: a no-ac tier (back-ends and gatherers as in the
+/// sweep, inside their quota), [`CALIBRATION_CLIENTS_PER_BACKEND`] closed-loop clients per
+/// back-end sent straight to it (no proxy, no admission) for [`CALIBRATION_S`] after
+/// [`CALIBRATION_WARMUP_S`], asking the single trace's 16 KiB object. The capacity is the
+/// requests/s served; per node it records the quota's throttling and the CPU time of the
+/// web server and of the gatherer.
+fn calibrate(
+    a: &AdmissionArgs,
+    run: &Run,
+    fabric: &Fabric,
+    front: Option<&[usize]>,
+) -> io::Result<Calibration> {
+    let (objective, _) = Objective::derive(a, None);
+    let tier = start_tier(a, run, Scenario::Single, "no-ac", None, &objective, fabric)?;
+    let nodes: Vec<String> = (0..a.backends).map(|i| format!("b{i}")).collect();
+    let gatherd_pids: Vec<u32> = tier._gatherers.iter().map(|g| g.pid()).collect();
+    type Snap = Vec<(crate::netns::CpuStat, Vec<crate::netns::ProcCpu>)>;
+    let snap = || -> io::Result<Snap> {
+        match fabric {
+            Fabric::Netns(dc) => nodes
+                .iter()
+                .map(|n| Ok((dc.cpu_stat(n)?, dc.node_procs_cpu(n)?)))
+                .collect(),
+            Fabric::Loopback(_) => Ok(Vec::new()),
+        }
+    };
+    let mut ls = Vec::new();
+    for (i, addr) in tier.backend_addrs.iter().enumerate() {
+        let mut l = loadgen_args(
+            a,
+            *addr,
+            "single",
+            CALIBRATION_CLIENTS_PER_BACKEND as u64,
+            CALIBRATION_S,
+            CALIBRATION_WARMUP_S,
+        )?;
+        // Saturation: no think time, whatever the sweep's.
+        l.think_ms = 0;
+        l.seed = a
+            .seed
+            .wrapping_add(GROUP_SEED_STRIDE.wrapping_mul(i as u64));
+        ls.push(l);
+    }
+    let before = snap()?;
+    let parts = std::thread::scope(|sc| {
+        let handles: Vec<_> = ls
+            .iter()
+            .map(|l| sc.spawn(|| fabric.run_clients(l, front)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(io::Error::other("a calibration client panicked")))
+            })
+            .collect::<io::Result<Vec<_>>>()
+    })?;
+    let after = snap()?;
+    drop(tier);
+    let s = crate::scenario::merge_concurrent(&parts)?;
+    let capacity: f64 = parts.iter().map(|p| p.goodput_rps).sum();
+    if capacity.is_nan() || capacity <= 0.0 {
+        return Err(io::Error::other(format!(
+            "calibration: the back-end tier served nothing in {CALIBRATION_S} s ({} failures); see \
+            the logs in {}",
+            s.failures,
+            run.logs.display()
+        )));
+    }
+    let node_cal = nodes
+        .iter()
+        .zip(before.iter().zip(after.iter()))
+        .map(|(n, ((c0, p0), (c1, p1)))| {
+            let (mut web, mut gatherd) = (0u64, 0u64);
+            for p in p1 {
+                let was = p0.iter().find(|q| q.pid == p.pid).map_or(0, |q| q.cpu_us);
+                let used = p.cpu_us.saturating_sub(was);
+                if gatherd_pids.contains(&p.pid) {
+                    gatherd += used;
+                } else {
+                    web += used;
+                }
+            }
+            NodeCalibration {
+                node: n.clone(),
+                cpu: c1.since(c0),
+                web_cpu_s: web as f64 / 1e6,
+                gatherd_cpu_s: gatherd as f64 / 1e6,
+            }
+        })
+        .collect();
+    let clients = CALIBRATION_CLIENTS_PER_BACKEND * a.backends;
+    Ok(Calibration {
+        capacity_rps: capacity,
+        rule: format!(
+            "calibrated: the back-end tier's saturated throughput for the \
+            {CAPACITY_REFERENCE_BYTES}-byte reference object, closed loop, {clients} clients \
+            straight to the back-ends (no proxy, no admission) for {CALIBRATION_S} s after \
+            {CALIBRATION_WARMUP_S} s = {capacity:.0} req/s"
+        ),
+        duration_s: CALIBRATION_S,
+        warmup_s: CALIBRATION_WARMUP_S,
+        clients,
+        object_bytes: CAPACITY_REFERENCE_BYTES,
+        avg_ms: s.avg_ms,
+        p99_ms: s.p99_ms,
+        nodes: node_cal,
     })
 }
 
@@ -1662,34 +1963,20 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
         .back
         .as_ref()
         .map_or_else(|| crate::procs::allowed_cpus().len(), |b| b.len());
-    // The operator's objective, from --queue-ms and one back-end's service rate at the
-    // reference request (the same for every scenario: an operator sets it once).
-    let rate_b = capacity_rps(&a, back_cpus, reference_cost_us(&a, Scenario::Single))
-        .ok()
-        .map(|(r, _)| r / a.backends.max(1) as f64);
-    let (objective, objective_rule) = Objective::derive(&a, rate_b);
-    let any_ac = a
-        .systems
-        .iter()
-        .any(|s| s == "tcp-ac" || s == "onesided-ac");
-    let (limits, rule) = if !a.limits.is_empty() {
-        (a.limits.clone(), "--limits".to_string())
-    } else if let Some(l) = a.limit {
-        (vec![l], "--limit".to_string())
-    } else if any_ac {
-        let (l, rule) = default_limit(&a.metric, capacity_conns(&a), objective.queue_len)?;
-        (vec![l], format!("default: {rule}"))
-    } else {
-        (
-            Vec::new(),
-            "none (no limit-driven admission control)".to_string(),
-        )
-    };
-    if limits.contains(&0) {
+    let quota = backend_quota(&a)?;
+    if a.limit == Some(0) || a.limits.contains(&0) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "--limit/--limits: a limit of 0 admits nothing; use 1 or more",
         ));
+    }
+    let any_ac = a
+        .systems
+        .iter()
+        .any(|s| s == "tcp-ac" || s == "onesided-ac");
+    if any_ac && a.limit.is_none() && a.limits.is_empty() {
+        // A metric without a default limit fails here, before namespaces and calibration.
+        default_limit(&a.metric, 1, 1)?;
     }
     let rates: Vec<f64> = if a.rates.is_empty() {
         let list = if a.quick { RATES_QUICK } else { RATES_FULL };
@@ -1705,107 +1992,9 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             format!("--rates: each multiple of the capacity must be in (0, {RATE_X_MAX}]"),
         ));
     }
-    let open = a.load != LoadModels::Closed;
-    // The open loop's capacity per scenario (mixed-cost's requests cost more on average).
-    let mut capacities: BTreeMap<&'static str, (f64, String)> = BTreeMap::new();
-    let mut open_skipped = None;
-    if open {
-        for sc in a.scenario.clone() {
-            match capacity_rps(&a, back_cpus, reference_cost_us(&a, sc)) {
-                Ok(c) => {
-                    capacities.insert(sc.name(), c);
-                }
-                // The default `--load both` without a capacity rule (nginx, or no CPU
-                // cost): the closed loop still runs, and the summary says why the open
-                // loop did not. An explicit `--load open` is an error.
-                Err(e) if a.load == LoadModels::Both => {
-                    open_skipped = Some(e.to_string());
-                    capacities.clear();
-                    a.load = LoadModels::Closed;
-                    break;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    let open = a.load != LoadModels::Closed;
     let (duration_s, warmup_s) = point_time(&a);
     let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
     let netns = a.hosts == Hosts::Netns;
-    let mut meta = Summary::new(
-        "admission",
-        if netns { "netns" } else { "loopback" },
-        a.quick,
-    );
-    crate::sweep::fill_host_metadata(&mut meta);
-    meta.seed = Some(a.seed);
-    meta.params = effective(&a, &clients, &limits, &rule, duration_s, warmup_s)?;
-    if let Some(m) = meta.params.as_object_mut() {
-        m.insert(
-            "rates".into(),
-            serde_json::json!(if open { rates.clone() } else { Vec::new() }),
-        );
-        m.insert("load_models".into(), serde_json::json!(a.load.models()));
-        if let Some((r, rule)) = capacities.values().next() {
-            m.insert("capacity_rps".into(), serde_json::json!(r));
-            m.insert("capacity_rule".into(), rule.clone().into());
-        }
-        if capacities.len() > 1 {
-            let by: serde_json::Map<String, serde_json::Value> = capacities
-                .iter()
-                .map(|(k, (r, _))| (k.to_string(), serde_json::json!(r)))
-                .collect();
-            m.insert("capacity_rps_by_scenario".into(), by.into());
-        }
-        m.insert(
-            "objective".into(),
-            serde_json::to_value(&objective).map_err(io::Error::other)?,
-        );
-        m.insert("objective_rule".into(), objective_rule.clone().into());
-        // What the lab passes each farside proxy beyond addresses, workers and monitor
-        // flags (the rest is the product's defaults, or --proxy-arg, appended after).
-        let by: serde_json::Map<String, serde_json::Value> = a
-            .systems
-            .iter()
-            .filter(|s| *s != "haproxy")
-            .map(|s| {
-                let limit = match s.as_str() {
-                    "no-ac" => None,
-                    "onesided-delay" => Some(objective.delay_budget_max),
-                    _ => limits.first().copied(),
-                };
-                let mut v = objective_proxy_args(&a, s, limit, &objective);
-                v.extend(a.proxy_args.iter().cloned());
-                (s.clone(), serde_json::json!(v))
-            })
-            .collect();
-        m.insert("proxy_args_by_system".into(), by.into());
-        if a.systems.iter().any(|s| s == "haproxy") {
-            let cfg = haproxy_config(
-                &a,
-                SocketAddr::new(LOCALHOST, 0),
-                &vec![SocketAddr::new(LOCALHOST, 0); a.backends],
-            );
-            m.insert("haproxy_config".into(), cfg.symbolic().render().into());
-        }
-    }
-    meta.settings = privileged_settings(
-        &a,
-        euid == 0,
-        nice_floor(),
-        crate::procs::allowed_cpus().len(),
-    );
-    if let Some(why) = open_skipped {
-        meta.settings
-            .insert("open_loop".into(), Setting::not_applied("both", &why));
-    }
-    if a.quick {
-        meta.notes.push(format!(
-            "quick run: {duration_s} s points after {warmup_s} s of warm-up, for demos; not for comparison"
-        ));
-    }
-    let mut sweep = Sweep::start(&dir, meta, a.resume.is_some())?;
-
     let run = Run {
         logs: dir.join("logs"),
         shm: PathBuf::from(format!("/dev/shm/farside-lab-{}", std::process::id())),
@@ -1855,7 +2044,13 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             n
         };
         let mut nodes: Vec<NodeSpec> = (0..a.backends)
-            .map(|i| node(&format!("b{i}"), &pl.back))
+            .map(|i| {
+                let n = node(&format!("b{i}"), &pl.back);
+                match &quota {
+                    Some(q) => n.cpu_quota_pct(q.pct),
+                    None => n,
+                }
+            })
             .collect();
         nodes.push(node("proxy", &pl.front));
         nodes.push(node("client", &pl.front));
@@ -1878,6 +2073,178 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
         }
         Fabric::Loopback(pl.clone())
     };
+
+    if let Some(q) = &quota {
+        eprintln!(
+            "lab admission: back-end nodes in a CPU quota of {} % of one CPU each ({} us every \
+             {} us; {})",
+            q.pct, q.quota_us, q.period_us, q.rule
+        );
+    }
+    // nginx's capacity is measured, not ruled: the calibration run (or the kept run's
+    // value when resuming, so that the settings still match).
+    let mut calibration: Option<serde_json::Value> = None;
+    let mut calibration_notes = Vec::new();
+    if a.backend_server == BackendServer::Nginx && a.capacity_rps.is_none() {
+        if a.resume.is_some() {
+            let kept = crate::sweep::read_summary(&dir)?;
+            calibration = kept.params.get("calibration").cloned();
+        } else {
+            eprintln!(
+                "lab admission: calibrating the nginx tier's capacity ({} clients, {CALIBRATION_S} s)",
+                CALIBRATION_CLIENTS_PER_BACKEND * a.backends
+            );
+            let c = calibrate(&a, &run, &fabric, pl.front.as_deref())?;
+            eprintln!("lab admission: {}", c.rule);
+            for w in c.warnings() {
+                eprintln!("lab admission: warning: {w}");
+                calibration_notes.push(w);
+            }
+            calibration = Some(serde_json::to_value(&c).map_err(io::Error::other)?);
+        }
+    }
+    let calibrated: Option<(f64, String)> = calibration.as_ref().and_then(|c| {
+        Some((
+            c.get("capacity_rps")?.as_f64()?,
+            c.get("rule")?.as_str()?.to_string(),
+        ))
+    });
+    // The operator's objective, from --queue-ms and one back-end's service rate at the
+    // reference request (the same for every scenario: an operator sets it once).
+    let rate_b = capacity_rps(
+        &a,
+        back_cpus,
+        reference_cost_us(&a, Scenario::Single),
+        calibrated.as_ref(),
+    )
+    .ok()
+    .map(|(r, _)| r / a.backends.max(1) as f64);
+    let (objective, objective_rule) = Objective::derive(&a, rate_b);
+    let (limits, rule) = if !a.limits.is_empty() {
+        (a.limits.clone(), "--limits".to_string())
+    } else if let Some(l) = a.limit {
+        (vec![l], "--limit".to_string())
+    } else if any_ac {
+        let (l, rule) = default_limit(&a.metric, capacity_conns(&a), objective.queue_len)?;
+        (vec![l], format!("default: {rule}"))
+    } else {
+        (
+            Vec::new(),
+            "none (no limit-driven admission control)".to_string(),
+        )
+    };
+    let open = a.load != LoadModels::Closed;
+    // The open loop's capacity per scenario (mixed-cost's requests cost more on average).
+    let mut capacities: BTreeMap<&'static str, (f64, String)> = BTreeMap::new();
+    let mut open_skipped = None;
+    if open {
+        for sc in a.scenario.clone() {
+            match capacity_rps(
+                &a,
+                back_cpus,
+                reference_cost_us(&a, sc),
+                calibrated.as_ref(),
+            ) {
+                Ok(c) => {
+                    capacities.insert(sc.name(), c);
+                }
+                // The default `--load both` without a capacity rule (nginx, or no CPU
+                // cost): the closed loop still runs, and the summary says why the open
+                // loop did not. An explicit `--load open` is an error.
+                Err(e) if a.load == LoadModels::Both => {
+                    open_skipped = Some(e.to_string());
+                    capacities.clear();
+                    a.load = LoadModels::Closed;
+                    break;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    let open = a.load != LoadModels::Closed;
+    let mut meta = Summary::new(
+        "admission",
+        if netns { "netns" } else { "loopback" },
+        a.quick,
+    );
+    crate::sweep::fill_host_metadata(&mut meta);
+    meta.seed = Some(a.seed);
+    meta.params = effective(&a, &clients, &limits, &rule, duration_s, warmup_s)?;
+    if let Some(m) = meta.params.as_object_mut() {
+        m.insert(
+            "rates".into(),
+            serde_json::json!(if open { rates.clone() } else { Vec::new() }),
+        );
+        m.insert("load_models".into(), serde_json::json!(a.load.models()));
+        // nginx's calibrated capacity is recorded in closed-loop runs too: the limit rule's
+        // R_b comes from it.
+        if let Some((r, rule)) = capacities.values().next().or(calibrated.as_ref()) {
+            m.insert("capacity_rps".into(), serde_json::json!(r));
+            m.insert("capacity_rule".into(), rule.clone().into());
+        }
+        if capacities.len() > 1 {
+            let by: serde_json::Map<String, serde_json::Value> = capacities
+                .iter()
+                .map(|(k, (r, _))| (k.to_string(), serde_json::json!(r)))
+                .collect();
+            m.insert("capacity_rps_by_scenario".into(), by.into());
+        }
+        m.insert(
+            "backend_quota".into(),
+            serde_json::to_value(&quota).map_err(io::Error::other)?,
+        );
+        if let Some(c) = &calibration {
+            m.insert("calibration".into(), c.clone());
+        }
+        m.insert(
+            "objective".into(),
+            serde_json::to_value(&objective).map_err(io::Error::other)?,
+        );
+        m.insert("objective_rule".into(), objective_rule.clone().into());
+        // What the lab passes each farside proxy beyond addresses, workers and monitor
+        // flags (the rest is the product's defaults, or --proxy-arg, appended after).
+        let by: serde_json::Map<String, serde_json::Value> = a
+            .systems
+            .iter()
+            .filter(|s| *s != "haproxy")
+            .map(|s| {
+                let limit = match s.as_str() {
+                    "no-ac" => None,
+                    "onesided-delay" => Some(objective.delay_budget_max),
+                    _ => limits.first().copied(),
+                };
+                let mut v = objective_proxy_args(&a, s, limit, &objective);
+                v.extend(a.proxy_args.iter().cloned());
+                (s.clone(), serde_json::json!(v))
+            })
+            .collect();
+        m.insert("proxy_args_by_system".into(), by.into());
+        if a.systems.iter().any(|s| s == "haproxy") {
+            let cfg = haproxy_config(
+                &a,
+                SocketAddr::new(LOCALHOST, 0),
+                &vec![SocketAddr::new(LOCALHOST, 0); a.backends],
+            );
+            m.insert("haproxy_config".into(), cfg.symbolic().render().into());
+        }
+    }
+    meta.settings = privileged_settings(
+        &a,
+        euid == 0,
+        nice_floor(),
+        crate::procs::allowed_cpus().len(),
+    );
+    if let Some(why) = open_skipped {
+        meta.settings
+            .insert("open_loop".into(), Setting::not_applied("both", &why));
+    }
+    meta.notes.extend(calibration_notes);
+    if a.quick {
+        meta.notes.push(format!(
+            "quick run: {duration_s} s points after {warmup_s} s of warm-up, for demos; not for comparison"
+        ));
+    }
+    let mut sweep = Sweep::start(&dir, meta, a.resume.is_some())?;
 
     let keys = keys(&a, &limits, objective.delay_budget_max, &clients, &rates);
     let heaviest = clients.iter().copied().max().unwrap_or(0);
@@ -2245,6 +2612,77 @@ mod tests {
     }
 
     #[test]
+    fn nginx_in_netns_gets_a_quota_by_rule_and_the_flag_needs_netns() {
+        // The default: the tier a fifth of a CPU, split over the back-ends, short period.
+        let q = backend_quota(&args("--hosts netns --backend-server nginx"))
+            .unwrap()
+            .unwrap();
+        assert_eq!((q.pct, q.quota_us, q.period_us), (10, 1_000, 10_000));
+        assert!(q.rule.starts_with("default for nginx"), "{}", q.rule);
+        let q = backend_quota(&args("--hosts netns --backend-server nginx --backends 4"))
+            .unwrap()
+            .unwrap();
+        assert_eq!((q.pct, q.quota_us, q.period_us), (5, 1_000, 20_000));
+        let q = backend_quota(&args("--hosts netns --backend-server nginx --backends 40"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(q.pct, 1);
+        // The flag overrides, also for farside's server; without it farside has none.
+        let q = backend_quota(&args("--hosts netns --backend-cpu-quota-pct 30"))
+            .unwrap()
+            .unwrap();
+        assert_eq!((q.pct, q.quota_us, q.period_us), (30, 3_000, 10_000));
+        assert_eq!(backend_quota(&args("--hosts netns")).unwrap(), None);
+        assert_eq!(
+            backend_quota(&args("--backend-server nginx")).unwrap(),
+            None
+        );
+        // Never a silent unlimited run: loopback has no per-node cgroup.
+        let e = backend_quota(&args("--backend-cpu-quota-pct 30")).unwrap_err();
+        assert!(e.to_string().contains("needs --hosts netns"), "{e}");
+        let e = backend_quota(&args("--hosts netns --backend-cpu-quota-pct 0")).unwrap_err();
+        assert!(e.to_string().contains("1..="), "{e}");
+        // The settings say so.
+        let s = privileged_settings(&args("--hosts netns --backend-server nginx"), true, 0, 2);
+        let text = s["cgroups"].requested.to_string();
+        assert!(
+            text.contains("10 % of one CPU (1000 us every 10000 us)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn calibration_warns_when_the_quota_never_bound() {
+        let node = |name: &str, cpu_max: &str, throttled| NodeCalibration {
+            node: name.into(),
+            cpu: crate::netns::CpuStat {
+                cpu_max: cpu_max.into(),
+                nr_periods: 200,
+                nr_throttled: throttled,
+                throttled_us: 0,
+            },
+            web_cpu_s: 0.2,
+            gatherd_cpu_s: 0.01,
+        };
+        let mut c = Calibration {
+            capacity_rps: 1000.0,
+            rule: String::new(),
+            duration_s: CALIBRATION_S,
+            warmup_s: CALIBRATION_WARMUP_S,
+            clients: 64,
+            object_bytes: CAPACITY_REFERENCE_BYTES,
+            avg_ms: 1.0,
+            p99_ms: 2.0,
+            nodes: vec![node("b0", "1000 10000", 150), node("b1", "max 10000", 0)],
+        };
+        assert!(c.warnings().is_empty(), "{:?}", c.warnings());
+        c.nodes.push(node("b2", "1000 10000", 0));
+        let w = c.warnings();
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("node b2 was never throttled"), "{w:?}");
+    }
+
+    #[test]
     fn both_load_models_are_swept_by_default_with_rates_of_the_capacity() {
         let a = args("--systems no-ac --traces single");
         assert_eq!(a.load, LoadModels::Both);
@@ -2264,17 +2702,31 @@ mod tests {
             ]
         );
         // The capacity rule: back-end CPUs (at most one per worker) over the CPU cost.
-        let (r, rule) = capacity_rps(&args(""), 3, 1500.0).unwrap();
+        let (r, rule) = capacity_rps(&args(""), 3, 1500.0, None).unwrap();
         assert!((r - 2000.0).abs() < 1e-9, "{r}");
         assert!(rule.contains("1e6 / 1500"), "{rule}");
-        let (r, _) = capacity_rps(&args("--backends 1 --backend-workers 2"), 8, 1000.0).unwrap();
+        let (r, _) =
+            capacity_rps(&args("--backends 1 --backend-workers 2"), 8, 1000.0, None).unwrap();
         assert!((r - 2000.0).abs() < 1e-9, "two workers cap it: {r}");
         assert_eq!(
-            capacity_rps(&args("--capacity-rps 300"), 3, 1.0).unwrap().0,
+            capacity_rps(&args("--capacity-rps 300"), 3, 1.0, None)
+                .unwrap()
+                .0,
             300.0
         );
-        let e = capacity_rps(&args("--backend-server nginx"), 3, 1500.0).unwrap_err();
+        let e = capacity_rps(&args("--backend-server nginx"), 3, 1500.0, None).unwrap_err();
         assert!(e.to_string().contains("--capacity-rps"), "{e}");
+        // nginx: the calibrated capacity, unless --capacity-rps overrides it.
+        let cal = (1234.0, "calibrated: ...".to_string());
+        let n = args("--backend-server nginx");
+        assert_eq!(capacity_rps(&n, 3, 1500.0, Some(&cal)).unwrap(), cal);
+        let n = args("--backend-server nginx --capacity-rps 300");
+        assert_eq!(capacity_rps(&n, 3, 1500.0, Some(&cal)).unwrap().0, 300.0);
+        // farside's server under a quota: the quota's CPUs bound the rule's.
+        let q = args("--hosts netns --backends 2 --backend-cpu-quota-pct 25");
+        let (r, rule) = capacity_rps(&q, 3, 1000.0, None).unwrap();
+        assert!((r - 500.0).abs() < 1e-9, "2 x 25 % of a CPU at 1 ms: {r}");
+        assert!(rule.contains("25 % quota"), "{rule}");
         // The closed loop follows --on-reject; the deprecated fixed pause is gone.
         let l = loadgen_args(
             &args("--on-reject leave"),

@@ -94,8 +94,95 @@ pub const SUBNET_PREFIX_LEN: u8 = 24;
 pub const FIRST_HOST: u8 = 10;
 /// Most nodes a run can have.
 pub const MAX_NODES: usize = 240;
-/// CPU quota period (µs) used for `cpu.max` / `cpu.cfs_period_us`.
-pub const CPU_PERIOD_US: u64 = 100_000;
+/// CFS period (µs) of a node's CPU quota (`cpu.max` / `cpu.cfs_period_us`): 10 ms, so
+/// a throttled node waits at most one short period for its next share; the kernel's
+/// default 100 ms would stall a node for up to ~100 ms at a time, which dominates a p99
+/// of a few ms. [`cpu_quota_period`] lengthens it only where the quota would fall below
+/// [`CPU_QUOTA_MIN_US`].
+pub const CPU_PERIOD_US: u64 = 10_000;
+/// The kernel's smallest CFS quota per period, µs (`cpu.cfs_quota_us` below 1 ms is
+/// refused with EINVAL).
+pub const CPU_QUOTA_MIN_US: u64 = 1_000;
+
+/// The CFS quota and period (µs) of a CPU quota of `pct` percent of one CPU: the period
+/// is [`CPU_PERIOD_US`], lengthened just enough that the quota is at least
+/// [`CPU_QUOTA_MIN_US`] (below 10 %).
+pub fn cpu_quota_period(pct: u32) -> (u64, u64) {
+    let pct = u64::from(pct.max(1));
+    let period = CPU_PERIOD_US.max((CPU_QUOTA_MIN_US * 100).div_ceil(pct));
+    (pct * period / 100, period)
+}
+
+/// A node cgroup's CPU quota and throttling counters (`cpu.max`/`cpu.cfs_*` and
+/// `cpu.stat`), read from the hierarchy that holds the cpu controller.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuStat {
+    /// The quota as the kernel has it, `"QUOTA PERIOD"` in µs (`"max PERIOD"`: none).
+    pub cpu_max: String,
+    /// CFS periods in which the cgroup ran.
+    pub nr_periods: u64,
+    /// Periods in which it used up its quota and was throttled.
+    pub nr_throttled: u64,
+    /// Total time its tasks were throttled, µs.
+    pub throttled_us: u64,
+}
+
+impl CpuStat {
+    /// The counters of `self` minus those of `before` (the quota is `self`'s).
+    pub fn since(&self, before: &CpuStat) -> CpuStat {
+        CpuStat {
+            cpu_max: self.cpu_max.clone(),
+            nr_periods: self.nr_periods.saturating_sub(before.nr_periods),
+            nr_throttled: self.nr_throttled.saturating_sub(before.nr_throttled),
+            throttled_us: self.throttled_us.saturating_sub(before.throttled_us),
+        }
+    }
+}
+
+/// Parses a `cpu.stat` (v2: `throttled_usec`; v1: `throttled_time` in ns).
+pub fn parse_cpu_stat(text: &str) -> CpuStat {
+    let mut s = CpuStat::default();
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(k), Some(v)) = (it.next(), it.next().and_then(|v| v.parse::<u64>().ok())) else {
+            continue;
+        };
+        match k {
+            "nr_periods" => s.nr_periods = v,
+            "nr_throttled" => s.nr_throttled = v,
+            "throttled_usec" => s.throttled_us = v,
+            "throttled_time" => s.throttled_us = v / 1000,
+            _ => {}
+        }
+    }
+    s
+}
+
+/// CPU time of one process of a node, from `/proc/PID/stat` (all its threads).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcCpu {
+    pub pid: u32,
+    /// The command name (`comm`), e.g. `nginx` or `farside`.
+    pub comm: String,
+    /// utime + stime, µs (clock-tick resolution, 10 ms at the usual 100 Hz).
+    pub cpu_us: u64,
+}
+
+/// utime + stime of `pid` in µs and its `comm`, if it exists.
+fn proc_cpu(pid: u32) -> Option<ProcCpu> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let comm = s[s.find('(')? + 1..s.rfind(')')?].to_string();
+    let rest: Vec<&str> = s[s.rfind(')')? + 1..].split_whitespace().collect();
+    // Fields 14 and 15 (utime, stime) are the 12th and 13th after the comm.
+    let ticks: u64 = rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(ProcCpu {
+        pid,
+        comm,
+        cpu_us: ticks * 1_000_000 / hz,
+    })
+}
 
 const EHASH_SYSCTL: &str = "/proc/sys/net/ipv4/tcp_child_ehash_entries";
 const NOT_ROOT: &str =
@@ -550,10 +637,10 @@ impl VirtualDc {
                             write_file(&d.join("cpuset.cpus"), c, "set the node's CPUs")?;
                         }
                         if let Some(p) = n.spec.cpu_quota_pct {
-                            let q = u64::from(p) * CPU_PERIOD_US / 100;
+                            let (q, period) = cpu_quota_period(p);
                             write_file(
                                 &d.join("cpu.max"),
-                                &format!("{q} {CPU_PERIOD_US}"),
+                                &format!("{q} {period}"),
                                 "set the node's CPU quota",
                             )?;
                         }
@@ -566,10 +653,10 @@ impl VirtualDc {
                     }
                     CgroupKind::V1Cpu => {
                         if let Some(p) = n.spec.cpu_quota_pct {
-                            let q = u64::from(p) * CPU_PERIOD_US / 100;
+                            let (q, period) = cpu_quota_period(p);
                             write_file(
                                 &d.join("cpu.cfs_period_us"),
-                                &CPU_PERIOD_US.to_string(),
+                                &period.to_string(),
                                 "set the node's CPU period",
                             )?;
                             write_file(
@@ -660,6 +747,55 @@ impl VirtualDc {
             .iter()
             .map(|h| h.subtree().join(&self.run_id).join(node))
             .collect()
+    }
+
+    /// The node's CPU quota and throttling counters, from the hierarchy with the cpu
+    /// controller (v2 `cpu.max` + `cpu.stat`; v1 `cpu.cfs_quota_us`/`cpu.cfs_period_us` +
+    /// `cpu.stat`).
+    pub fn cpu_stat(&self, node: &str) -> io::Result<CpuStat> {
+        self.node(node)?;
+        for d in self.cgroup_dirs(node) {
+            let Ok(stat) = fs::read_to_string(d.join("cpu.stat")) else {
+                continue;
+            };
+            if !stat.contains("nr_throttled") {
+                continue;
+            }
+            let cpu_max = match fs::read_to_string(d.join("cpu.max")) {
+                Ok(m) => m.trim().to_string(),
+                Err(_) => {
+                    let rd = |f: &str| {
+                        fs::read_to_string(d.join(f))
+                            .map(|v| v.trim().to_string())
+                            .map_err(|e| ctx(e, &format!("read {}", d.join(f).display())))
+                    };
+                    let q = rd("cpu.cfs_quota_us")?;
+                    let p = rd("cpu.cfs_period_us")?;
+                    format!("{} {p}", if q == "-1" { "max" } else { q.as_str() })
+                }
+            };
+            return Ok(CpuStat {
+                cpu_max,
+                ..parse_cpu_stat(&stat)
+            });
+        }
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("--hosts netns: node {node}: no cgroup with the cpu controller's cpu.stat"),
+        ))
+    }
+
+    /// CPU time of every process in the node's cgroup (e.g. to tell the web server's
+    /// share of a quota from the gatherer's).
+    pub fn node_procs_cpu(&self, node: &str) -> io::Result<Vec<ProcCpu>> {
+        let d = self.cgroup_dir(node);
+        let procs = fs::read_to_string(d.join("cgroup.procs"))
+            .map_err(|e| ctx(e, &format!("read {}", d.join("cgroup.procs").display())))?;
+        Ok(procs
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .filter_map(proc_cpu)
+            .collect())
     }
 
     /// The hierarchies used.
@@ -1490,6 +1626,32 @@ mod tests {
         assert!(!valid_name("a b", 32));
         assert!(!valid_name("a/b", 32));
         assert!(valid_name("be-0_x", 32));
+    }
+
+    #[test]
+    fn quota_period_is_short_and_never_below_the_kernel_minimum() {
+        assert_eq!(cpu_quota_period(50), (5_000, CPU_PERIOD_US));
+        assert_eq!(cpu_quota_period(10), (1_000, 10_000));
+        assert_eq!(cpu_quota_period(200), (20_000, 10_000));
+        // Below 10 % the period grows so that the quota stays at 1 ms.
+        assert_eq!(cpu_quota_period(5), (1_000, 20_000));
+        assert_eq!(cpu_quota_period(3), (1_000, 33_334));
+        let (q, p) = cpu_quota_period(1);
+        assert_eq!((q, p), (1_000, 100_000));
+    }
+
+    #[test]
+    fn cpu_stat_parses_v1_and_v2() {
+        let v2 = "usage_usec 10\nnr_periods 7\nnr_throttled 3\nthrottled_usec 4500\n";
+        let s = parse_cpu_stat(v2);
+        assert_eq!((s.nr_periods, s.nr_throttled, s.throttled_us), (7, 3, 4500));
+        let v1 = "nr_periods 9\nnr_throttled 2\nthrottled_time 5000000\n";
+        let s = parse_cpu_stat(v1);
+        assert_eq!((s.nr_periods, s.nr_throttled, s.throttled_us), (9, 2, 5000));
+        let d = s.since(&parse_cpu_stat("nr_periods 4\nnr_throttled 1\n"));
+        assert_eq!((d.nr_periods, d.nr_throttled), (5, 1));
+        let me = proc_cpu(std::process::id()).unwrap();
+        assert!(!me.comm.is_empty());
     }
 
     #[test]

@@ -216,7 +216,7 @@ fn two_nodes_tcp_cgroups_rps_load_and_drop() {
     let ns = std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
     let ino = std::fs::metadata(dc.netns_path("be")).unwrap().ino();
     assert_eq!(ns.to_string_lossy(), format!("net:[{ino}]"));
-    // The CPU quota (50 % of one CPU).
+    // The CPU quota (50 % of one CPU) in the short period.
     let quota = dc
         .cgroup_dirs("be")
         .iter()
@@ -226,7 +226,9 @@ fn two_nodes_tcp_cgroups_rps_load_and_drop() {
                 .ok()
         })
         .unwrap();
-    assert!(quota.starts_with("50000"), "quota {quota}");
+    let (q, period) = netns::cpu_quota_period(50);
+    assert!(quota.starts_with(&q.to_string()), "quota {quota}");
+    assert_eq!(dc.cpu_stat("be").unwrap().cpu_max, format!("{q} {period}"));
 
     // Background load: busy processes in the node's cgroup, gone with the handle.
     let load = dc.start_cpu_load("be", 2).unwrap();
