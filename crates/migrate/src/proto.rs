@@ -1,0 +1,319 @@
+//! The hand-over between a source and a target daemon over TCP.
+//!
+//! ```text
+//! source                                   target
+//!   freeze + dump ── fails ──> ResumedOnSource(NotDumpable), socket untouched
+//!   OFFER(state)  ─────────────────────>   admit(state)?
+//!                 <───────────── ACCEPT | REFUSE(reason)
+//!   REFUSE / timeout / EOF ──> resume (repair off): ResumedOnSource
+//!   [CloseBeforeRestore: close source silently]
+//!   COMMIT        ─────────────────────>   restore(state)
+//!                 <───────────── RESTORED | FAILED(reason)
+//!   RESTORED: [CloseAfterRestore: close source silently] ──> Migrated
+//!   FAILED / timeout / EOF:
+//!     CloseAfterRestore:  resume the frozen source socket
+//!     CloseBeforeRestore: restore the dump locally on a new socket
+//!     ──> ResumedOnSource
+//! ```
+//!
+//! Every wait is bounded ([`MigrateConfig`]); a target that is unreachable, refuses,
+//! dies or stalls costs the client at most those bounds plus one retransmission.
+
+use std::io;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use crate::dump::{close_silently, freeze_and_dump, resume};
+use crate::error::DumpError;
+use crate::restore::restore;
+use crate::state::TcpState;
+use crate::wire::{read_message, reason, write_message, Message};
+
+/// Default bound on connecting to the target: it is on the cluster network, a few
+/// hops away; one that needs a second to accept is too loaded to take connections.
+pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
+/// Default bound on each reply (ACCEPT/REFUSE, RESTORED/FAILED) and each write: the
+/// client's segments are dropped while the connection is frozen, so this is also the
+/// longest extra stall a silent target can cause.
+pub const REPLY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
+
+/// When the source socket is closed relative to the target's restore.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handover {
+    /// Source and target share a network namespace (tests, or two daemons on one
+    /// host): the restore would collide with the source's 4-tuple, so the source is
+    /// closed silently *before* COMMIT; on failure the source restores its own dump.
+    CloseBeforeRestore,
+    /// Different hosts/namespaces (the deployment): the source keeps the frozen
+    /// socket until RESTORED, so the fall-back is simply repair off.
+    CloseAfterRestore,
+}
+
+/// Bounds and mode of one migration.
+#[derive(Clone, Copy, Debug)]
+pub struct MigrateConfig {
+    /// See [`Handover`]. Default: `CloseAfterRestore`.
+    pub handover: Handover,
+    /// Bound on connecting to the target. Default [`CONNECT_TIMEOUT_DEFAULT`].
+    pub connect_timeout: Duration,
+    /// Bound on each reply and write. Default [`REPLY_TIMEOUT_DEFAULT`].
+    pub reply_timeout: Duration,
+}
+
+impl Default for MigrateConfig {
+    fn default() -> Self {
+        Self {
+            handover: Handover::CloseAfterRestore,
+            connect_timeout: CONNECT_TIMEOUT_DEFAULT,
+            reply_timeout: REPLY_TIMEOUT_DEFAULT,
+        }
+    }
+}
+
+/// Why a connection stayed on (or came back to) the source.
+#[derive(Debug)]
+pub enum Fallback {
+    /// The state could not be fully dumped: the connection was never offered.
+    NotDumpable(DumpError),
+    /// The target could not be reached within the bound.
+    TargetUnreachable(io::Error),
+    /// The target refused the offer.
+    Refused(String),
+    /// The target reported a failed restore.
+    RestoreFailed(String),
+    /// The target closed, stalled or spoke garbage.
+    TargetGone(io::Error),
+}
+
+/// Timings of one migration, measured on the source.
+#[derive(Clone, Copy, Debug)]
+pub struct Timings {
+    /// Freeze and dump.
+    pub dump: Duration,
+    /// From freeze to RESTORED (the client's worst stall is this plus its RTO).
+    pub total: Duration,
+    /// Bytes of state shipped (both queues included).
+    pub state_bytes: usize,
+}
+
+/// What [`migrate`] did.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The target restored the connection; the source's socket is closed silently.
+    Migrated(Timings),
+    /// The connection continues on the source: `sock` is the original socket thawed,
+    /// or (after [`Handover::CloseBeforeRestore`]) the dump restored locally.
+    ResumedOnSource {
+        /// The connection, ready to use.
+        sock: TcpStream,
+        /// Why it did not move.
+        reason: Fallback,
+    },
+    /// Only with [`Handover::CloseBeforeRestore`]: neither the target nor the local
+    /// re-restore succeeded. The connection is gone (the client will time out).
+    Lost(io::Error),
+}
+
+fn state_bytes(st: &TcpState) -> usize {
+    st.send_queue.len() + st.recv_queue.len()
+}
+
+fn exchange(ctrl: &mut TcpStream, msg: &Message) -> io::Result<Message> {
+    write_message(ctrl, msg)?;
+    read_message(ctrl)
+}
+
+fn open_control(target: SocketAddr, cfg: &MigrateConfig) -> io::Result<TcpStream> {
+    let c = TcpStream::connect_timeout(&target, cfg.connect_timeout)?;
+    c.set_read_timeout(Some(cfg.reply_timeout))?;
+    c.set_write_timeout(Some(cfg.reply_timeout))?;
+    c.set_nodelay(true)?;
+    Ok(c)
+}
+
+fn resumed(sock: TcpStream, reason: Fallback) -> Outcome {
+    if let Err(e) = resume(&sock) {
+        // Thawing failed: the socket stays frozen and the client would stall; report
+        // it, the caller still owns the socket and can close it.
+        log::error!("migrate: resuming on the source failed: {e}");
+    }
+    Outcome::ResumedOnSource { sock, reason }
+}
+
+/// Migrates the connection `sock` to the daemon at `target`.
+///
+/// Never loses the connection except in the one case [`Outcome::Lost`] names; a
+/// connection whose state could not be fully dumped is never offered.
+pub fn migrate(sock: TcpStream, target: SocketAddr, cfg: &MigrateConfig) -> Outcome {
+    let t0 = Instant::now();
+    let st = match freeze_and_dump(&sock) {
+        Ok(st) => st,
+        Err(e) => {
+            return Outcome::ResumedOnSource {
+                sock,
+                reason: Fallback::NotDumpable(e),
+            }
+        }
+    };
+    let dump = t0.elapsed();
+    let mut ctrl = match open_control(target, cfg) {
+        Ok(c) => c,
+        Err(e) => return resumed(sock, Fallback::TargetUnreachable(e)),
+    };
+    match exchange(&mut ctrl, &Message::Offer(st.clone())) {
+        Ok(Message::Accept) => {}
+        Ok(Message::Refuse(r)) => return resumed(sock, Fallback::Refused(r)),
+        Ok(m) => return resumed(sock, Fallback::TargetGone(unexpected(&m))),
+        Err(e) => return resumed(sock, Fallback::TargetGone(e)),
+    }
+    let held = match cfg.handover {
+        Handover::CloseAfterRestore => Some(sock),
+        Handover::CloseBeforeRestore => {
+            if let Err(e) = close_silently(sock) {
+                // Cannot happen after a successful dump (repair was on); report it.
+                log::error!("migrate: silent close failed: {e}");
+            }
+            None
+        }
+    };
+    let reason = match exchange(&mut ctrl, &Message::Commit) {
+        Ok(Message::Restored) => {
+            if let Some(sock) = held {
+                if let Err(e) = close_silently(sock) {
+                    log::error!("migrate: silent close failed: {e}");
+                }
+            }
+            return Outcome::Migrated(Timings {
+                dump,
+                total: t0.elapsed(),
+                state_bytes: state_bytes(&st),
+            });
+        }
+        Ok(Message::Failed(r)) => Fallback::RestoreFailed(r),
+        Ok(m) => Fallback::TargetGone(unexpected(&m)),
+        Err(e) => Fallback::TargetGone(e),
+    };
+    match held {
+        Some(sock) => resumed(sock, reason),
+        None => match restore(&st) {
+            Ok(sock) => Outcome::ResumedOnSource { sock, reason },
+            Err(e) => Outcome::Lost(io::Error::new(
+                e.kind(),
+                format!("target failed ({reason:?}) and local restore failed: {e}"),
+            )),
+        },
+    }
+}
+
+fn unexpected(m: &Message) -> io::Error {
+    let name = match m {
+        Message::Offer(_) => "OFFER",
+        Message::Accept => "ACCEPT",
+        Message::Refuse(_) => "REFUSE",
+        Message::Commit => "COMMIT",
+        Message::Restored => "RESTORED",
+        Message::Failed(_) => "FAILED",
+    };
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("unexpected {name} message"),
+    )
+}
+
+/// What the target side did with one offer.
+#[derive(Debug)]
+pub enum TargetOutcome {
+    /// Restored and handed to the callback.
+    Restored {
+        /// The connection's local (service) address.
+        local: SocketAddr,
+        /// The client.
+        remote: SocketAddr,
+    },
+    /// The admission callback refused (reason sent to the source).
+    Refused(String),
+    /// Restore failed (reason sent to the source; nothing left behind).
+    RestoreFailed(String),
+    /// The source went away before COMMIT or before reading RESTORED; nothing kept.
+    SourceGone(io::Error),
+}
+
+/// The target daemon's side: a listener for source daemons.
+pub struct Target {
+    listener: TcpListener,
+    reply_timeout: Duration,
+}
+
+impl Target {
+    /// Listens for source daemons on `addr` (port 0 for any).
+    pub fn bind(addr: SocketAddr) -> io::Result<Self> {
+        Ok(Self {
+            listener: TcpListener::bind(addr)?,
+            reply_timeout: REPLY_TIMEOUT_DEFAULT,
+        })
+    }
+
+    /// The address sources connect to.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Accepts one source and serves its offer: `admit` decides (Err = REFUSE with
+    /// that reason), `handoff` receives the restored connection.
+    pub fn serve_one(
+        &self,
+        admit: impl FnOnce(&TcpState) -> Result<(), String>,
+        handoff: impl FnOnce(TcpStream),
+    ) -> io::Result<TargetOutcome> {
+        let (ctrl, _) = self.listener.accept()?;
+        serve_conn(ctrl, self.reply_timeout, admit, handoff)
+    }
+}
+
+/// Serves one offer on an accepted control connection (see [`Target::serve_one`]).
+pub fn serve_conn(
+    mut ctrl: TcpStream,
+    timeout: Duration,
+    admit: impl FnOnce(&TcpState) -> Result<(), String>,
+    handoff: impl FnOnce(TcpStream),
+) -> io::Result<TargetOutcome> {
+    ctrl.set_read_timeout(Some(timeout))?;
+    ctrl.set_write_timeout(Some(timeout))?;
+    ctrl.set_nodelay(true)?;
+    let st = match read_message(&mut ctrl) {
+        Ok(Message::Offer(st)) => st,
+        Ok(m) => return Ok(TargetOutcome::SourceGone(unexpected(&m))),
+        Err(e) => return Ok(TargetOutcome::SourceGone(e)),
+    };
+    if let Err(r) = admit(&st) {
+        let r = reason(&r);
+        write_message(&mut ctrl, &Message::Refuse(r.clone()))?;
+        return Ok(TargetOutcome::Refused(r));
+    }
+    if let Err(e) = write_message(&mut ctrl, &Message::Accept) {
+        return Ok(TargetOutcome::SourceGone(e));
+    }
+    match read_message(&mut ctrl) {
+        Ok(Message::Commit) => {}
+        Ok(m) => return Ok(TargetOutcome::SourceGone(unexpected(&m))),
+        Err(e) => return Ok(TargetOutcome::SourceGone(e)),
+    }
+    let sock = match restore(&st) {
+        Ok(s) => s,
+        Err(e) => {
+            let r = reason(&e.to_string());
+            write_message(&mut ctrl, &Message::Failed(r.clone()))?;
+            return Ok(TargetOutcome::RestoreFailed(r));
+        }
+    };
+    if let Err(e) = write_message(&mut ctrl, &Message::Restored) {
+        // The source will resume: this copy must not run as well.
+        let _ = close_silently(sock);
+        return Ok(TargetOutcome::SourceGone(e));
+    }
+    handoff(sock);
+    Ok(TargetOutcome::Restored {
+        local: st.local,
+        remote: st.remote,
+    })
+}
