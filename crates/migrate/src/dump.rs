@@ -91,12 +91,11 @@ fn check_no_urgent(fd: RawFd) -> Result<(), DumpError> {
         fd,
         &mut b,
         libc::MSG_OOB | libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        "recv MSG_OOB",
     ) {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(DumpError::UrgentData),
         Ok(_) => Err(DumpError::UrgentData),
-        Err(e) => Err(e.into()),
+        Err(e) => Err(io::Error::new(e.kind(), format!("recv MSG_OOB: {e}")).into()),
     }
 }
 
@@ -123,12 +122,8 @@ fn read_queue(fd: RawFd, q: Queue, len: usize) -> Result<Vec<u8>, DumpError> {
     }
     // One spare byte: reading more than the kernel announced means the count was stale.
     let mut buf = vec![0u8; len + 1];
-    let got = sys::recv(
-        fd,
-        &mut buf,
-        libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        "recv queue (repair)",
-    )?;
+    let got = sys::recv(fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+        .map_err(|e| io::Error::new(e.kind(), format!("peek {q:?} queue (repair): {e}")))?;
     if got != len {
         return Err(DumpError::QueueIncomplete {
             queue: q,

@@ -1,8 +1,8 @@
 //! Rebuild a dumped connection on a new socket with TCP_REPAIR.
 //!
 //! Order (each step depends on the ones before it):
-//! 1. `socket()`, TCP_REPAIR on (lets `bind` share the port with the listener),
-//!    `SO_REUSEADDR`, `IP_FREEBIND` (the address may not be local yet), `bind` to the
+//! 1. `socket()`, `SO_REUSEADDR`, TCP_REPAIR on (after it: lets `bind` share the
+//!    port with the service's listener), `IP_FREEBIND` (the address may not be local yet), `bind` to the
 //!    original local address;
 //! 2. `TCP_QUEUE_SEQ` of both queues to the sequence number of their first byte;
 //! 3. `connect()` to the peer: in repair mode no handshake, the socket is ESTABLISHED;
@@ -93,7 +93,6 @@ fn new_socket(local: &SocketAddr) -> io::Result<OwnedFd> {
 
 /// Steps 1–7: leaves the socket in repair mode.
 fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
-    repair(fd, true)?;
     let one: libc::c_int = 1;
     sys::setsockopt(
         fd,
@@ -102,6 +101,9 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
         &one,
         "SO_REUSEADDR",
     )?;
+    // After SO_REUSEADDR, which would overwrite it: repair on sets sk_reuse to
+    // SK_FORCE_REUSE, so `bind` succeeds next to the service's listener.
+    repair(fd, true)?;
     if st.local.is_ipv4() {
         sys::setsockopt(fd, libc::SOL_IP, libc::IP_FREEBIND, &one, "IP_FREEBIND")?;
     } else {

@@ -143,12 +143,13 @@ pub fn ioctl_int(fd: RawFd, req: libc::c_ulong, op: &'static str) -> io::Result<
     Ok(v)
 }
 
-/// `recv` with flags into `buf`; returns the byte count.
-pub fn recv(fd: RawFd, buf: &mut [u8], flags: libc::c_int, op: &'static str) -> io::Result<usize> {
+/// `recv` with flags into `buf`; returns the byte count. Errors are the raw OS error
+/// (callers match on errno).
+pub fn recv(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
     // SAFETY: `buf` is a live, writable buffer of the length passed.
     let ret = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
     if ret < 0 {
-        check(-1, op)?;
+        return Err(io::Error::last_os_error());
     }
     Ok(ret as usize)
 }
