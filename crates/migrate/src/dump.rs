@@ -232,6 +232,12 @@ pub fn freeze_and_dump(sock: &TcpStream) -> Result<TcpState, DumpError> {
     if ty != libc::SOCK_STREAM || proto != libc::IPPROTO_TCP {
         return Err(DumpError::NotTcp);
     }
+    // Cheap refusals first, before touching the socket (read_state checks again
+    // once frozen).
+    let state = sys::tcp_info(fd)?.state;
+    if state != sys::TCP_ESTABLISHED {
+        return Err(DumpError::NotEstablished(state));
+    }
     attach_drop_filter(fd)?;
     let result = check_no_urgent(fd).and_then(|()| {
         repair(fd, true)?;
