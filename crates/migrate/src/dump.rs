@@ -28,7 +28,7 @@ use crate::sys;
 const DUMP_ATTEMPTS_MAX: usize = 3;
 
 /// Attaches the drop-everything socket filter (input freeze).
-fn attach_drop_filter(fd: RawFd) -> io::Result<()> {
+pub(crate) fn attach_drop_filter(fd: RawFd) -> io::Result<()> {
     // BPF_RET | BPF_K, k = 0: accept zero bytes of every packet, i.e. drop it.
     let mut insn = [libc::sock_filter {
         code: 0x06,
@@ -259,7 +259,7 @@ pub fn freeze_and_dump(sock: &TcpStream) -> Result<TcpState, DumpError> {
     result
 }
 
-fn thaw(fd: RawFd) -> io::Result<()> {
+pub(crate) fn thaw(fd: RawFd) -> io::Result<()> {
     // Repair off sends a window probe, so the peer retransmits what the filter dropped
     // without waiting for its retransmission timer.
     let r = repair(fd, false);

@@ -9,8 +9,12 @@
 //!   [CloseBeforeRestore: close source silently]
 //!   COMMIT        ─────────────────────>   restore(state)
 //!                 <───────────── RESTORED | FAILED(reason)
-//!   RESTORED: [CloseAfterRestore: close source silently] ──> Migrated
-//!   FAILED / timeout / EOF:
+//!   RESTORED: move_flow() (front-end entry → target)
+//!     ok:  DONE ──────────────────────>   hand the fd to the local server
+//!          [CloseAfterRestore: close source silently] ──> Migrated
+//!     err: ABORT ─────────────────────>   close the restored copy silently
+//!                 <───────────── FAILED("aborted")
+//!   FAILED / timeout / EOF / ABORT sent:
 //!     CloseAfterRestore:  resume the frozen source socket
 //!     CloseBeforeRestore: restore the dump locally on a new socket
 //!     ──> ResumedOnSource
@@ -25,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use crate::dump::{close_silently, freeze_and_dump, resume};
 use crate::error::DumpError;
-use crate::restore::restore;
+use crate::restore::{restore, restore_frozen};
 use crate::state::TcpState;
 use crate::wire::{read_message, reason, write_message, Message};
 
@@ -83,6 +87,9 @@ pub enum Fallback {
     RestoreFailed(String),
     /// The target closed, stalled or spoke garbage.
     TargetGone(io::Error),
+    /// The target restored, but the front-end's flow entry could not be moved
+    /// (`move_flow` failed): the target was told to ABORT.
+    FlowNotMoved(io::Error),
 }
 
 /// Timings of one migration, measured on the source.
@@ -109,8 +116,9 @@ pub enum Outcome {
         /// Why it did not move.
         reason: Fallback,
     },
-    /// Only with [`Handover::CloseBeforeRestore`]: neither the target nor the local
-    /// re-restore succeeded. The connection is gone (the client will time out).
+    /// The connection is gone (the client will time out): with
+    /// [`Handover::CloseBeforeRestore`] neither the target nor the local re-restore
+    /// succeeded; or the flow was moved but DONE could not be sent to the target.
     Lost(io::Error),
 }
 
@@ -140,11 +148,25 @@ fn resumed(sock: TcpStream, reason: Fallback) -> Outcome {
     Outcome::ResumedOnSource { sock, reason }
 }
 
-/// Migrates the connection `sock` to the daemon at `target`.
-///
-/// Never loses the connection except in the one case [`Outcome::Lost`] names; a
-/// connection whose state could not be fully dumped is never offered.
+/// Migrates the connection `sock` to the daemon at `target`, with no flow entry to
+/// move (same host, or steering that follows the socket).
 pub fn migrate(sock: TcpStream, target: SocketAddr, cfg: &MigrateConfig) -> Outcome {
+    migrate_with(sock, target, cfg, || Ok(()))
+}
+
+/// Migrates the connection `sock` to the daemon at `target`. `move_flow` runs after
+/// the target has restored the connection and before the source socket is closed: it
+/// points the front-end's flow entry at the target. If it fails, the target is told
+/// to ABORT and the connection resumes on the source.
+///
+/// Never loses the connection except in the cases [`Outcome::Lost`] names; a
+/// connection whose state could not be fully dumped is never offered.
+pub fn migrate_with(
+    sock: TcpStream,
+    target: SocketAddr,
+    cfg: &MigrateConfig,
+    move_flow: impl FnOnce() -> io::Result<()>,
+) -> Outcome {
     let t0 = Instant::now();
     let st = match freeze_and_dump(&sock) {
         Ok(st) => st,
@@ -177,18 +199,33 @@ pub fn migrate(sock: TcpStream, target: SocketAddr, cfg: &MigrateConfig) -> Outc
         }
     };
     let reason = match exchange(&mut ctrl, &Message::Commit) {
-        Ok(Message::Restored) => {
-            if let Some(sock) = held {
-                if let Err(e) = close_silently(sock) {
-                    log::error!("migrate: silent close failed: {e}");
+        Ok(Message::Restored) => match move_flow() {
+            Ok(()) => {
+                let done = write_message(&mut ctrl, &Message::Done);
+                if let Some(sock) = held {
+                    if let Err(e) = close_silently(sock) {
+                        log::error!("migrate: silent close failed: {e}");
+                    }
                 }
+                return match done {
+                    Ok(()) => Outcome::Migrated(Timings {
+                        dump,
+                        total: t0.elapsed(),
+                        state_bytes: state_bytes(&st),
+                    }),
+                    Err(e) => Outcome::Lost(io::Error::new(
+                        e.kind(),
+                        format!("flow moved but DONE not delivered: {e}"),
+                    )),
+                };
             }
-            return Outcome::Migrated(Timings {
-                dump,
-                total: t0.elapsed(),
-                state_bytes: state_bytes(&st),
-            });
-        }
+            Err(e) => {
+                // Wait (bounded) until the target has dropped its copy: in one
+                // namespace the local re-restore needs the 4-tuple free.
+                let _ = exchange(&mut ctrl, &Message::Abort);
+                Fallback::FlowNotMoved(e)
+            }
+        },
         Ok(Message::Failed(r)) => Fallback::RestoreFailed(r),
         Ok(m) => Fallback::TargetGone(unexpected(&m)),
         Err(e) => Fallback::TargetGone(e),
@@ -213,6 +250,8 @@ fn unexpected(m: &Message) -> io::Error {
         Message::Commit => "COMMIT",
         Message::Restored => "RESTORED",
         Message::Failed(_) => "FAILED",
+        Message::Done => "DONE",
+        Message::Abort => "ABORT",
     };
     io::Error::new(
         io::ErrorKind::InvalidData,
@@ -234,7 +273,10 @@ pub enum TargetOutcome {
     Refused(String),
     /// Restore failed (reason sent to the source; nothing left behind).
     RestoreFailed(String),
-    /// The source went away before COMMIT or before reading RESTORED; nothing kept.
+    /// Restored, but the source could not move the flow and sent ABORT: the copy
+    /// was closed silently.
+    Aborted,
+    /// The source went away (or stalled past the bound) before DONE; nothing kept.
     SourceGone(io::Error),
 }
 
@@ -298,7 +340,7 @@ pub fn serve_conn(
         Ok(m) => return Ok(TargetOutcome::SourceGone(unexpected(&m))),
         Err(e) => return Ok(TargetOutcome::SourceGone(e)),
     }
-    let sock = match restore(&st) {
+    let frozen = match restore_frozen(&st) {
         Ok(s) => s,
         Err(e) => {
             let r = reason(&e.to_string());
@@ -306,14 +348,35 @@ pub fn serve_conn(
             return Ok(TargetOutcome::RestoreFailed(r));
         }
     };
-    if let Err(e) = write_message(&mut ctrl, &Message::Restored) {
-        // The source will resume: this copy must not run as well.
-        let _ = close_silently(sock);
-        return Ok(TargetOutcome::SourceGone(e));
+    // Until DONE the copy stays frozen (repair on, input dropped): the source may
+    // still resume, so this copy must neither send nor acknowledge anything yet.
+    let verdict =
+        write_message(&mut ctrl, &Message::Restored).and_then(|()| read_message(&mut ctrl));
+    match verdict {
+        Ok(Message::Done) => {
+            let sock = match frozen.release() {
+                Ok(s) => s,
+                // The source has closed: nothing left to fall back to.
+                Err(e) => return Ok(TargetOutcome::RestoreFailed(reason(&e.to_string()))),
+            };
+            handoff(sock);
+            Ok(TargetOutcome::Restored {
+                local: st.local,
+                remote: st.remote,
+            })
+        }
+        Ok(Message::Abort) => {
+            frozen.discard();
+            let _ = write_message(&mut ctrl, &Message::Failed("aborted".into()));
+            Ok(TargetOutcome::Aborted)
+        }
+        Ok(m) => {
+            frozen.discard();
+            Ok(TargetOutcome::SourceGone(unexpected(&m)))
+        }
+        Err(e) => {
+            frozen.discard();
+            Ok(TargetOutcome::SourceGone(e))
+        }
     }
-    handoff(sock);
-    Ok(TargetOutcome::Restored {
-        local: st.local,
-        remote: st.remote,
-    })
 }

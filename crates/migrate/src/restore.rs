@@ -12,8 +12,11 @@
 //! 6. refill the receive queue and the *sent* part of the send queue (repair-mode
 //!    writes: queued as received / as already transmitted);
 //! 7. `TCP_REPAIR_WINDOW` (checked by the kernel against `rcv_nxt`, hence after 6);
-//! 8. TCP_REPAIR off (sends a window probe), then the never-sent bytes are written
-//!    normally.
+//! 8. (on [`Frozen::release`]) TCP_REPAIR off (sends a window probe), input filter
+//!    off, then the never-sent bytes are written normally.
+//!
+//! Until released the restored socket is frozen like the source: repair mode on and
+//! the drop-everything input filter attached from before `connect`.
 //!
 //! The socket and its 4-tuple must not exist in this network namespace: on the same
 //! host the source is closed silently first (see [`crate::Handover`]).
@@ -23,7 +26,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use crate::dump::{repair, repair_queue};
+use crate::dump::{attach_drop_filter, close_silently, repair, repair_queue, thaw};
 use crate::state::TcpState;
 use crate::sys;
 
@@ -175,31 +178,67 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
     )
 }
 
-/// Restores `st` on a new socket and returns it as a working, blocking stream.
+/// A restored connection still frozen (repair mode on, input dropped): nothing is
+/// sent or acknowledged until [`Frozen::release`]; dropping it closes it silently.
+pub struct Frozen {
+    stream: TcpStream,
+    unsent: Vec<u8>,
+}
+
+/// Restores `st` on a new socket and keeps it frozen until the caller releases it
+/// (the target waits for the source's DONE: until then the source may still resume).
 ///
 /// On failure the partial socket is closed in repair mode, so the peer sees nothing
 /// and the 4-tuple is free again (the caller may restore elsewhere).
-pub fn restore(st: &TcpState) -> io::Result<TcpStream> {
+pub fn restore_frozen(st: &TcpState) -> io::Result<Frozen> {
     st.validate().map_err(io::Error::other)?;
     let owned = new_socket(&st.local)?;
     let fd = owned.as_raw_fd();
+    // Input is dropped from the moment the 4-tuple exists (at `connect`), so nothing
+    // is acknowledged before the caller decides.
+    attach_drop_filter(fd)?;
     // Dropping `owned` on an error below closes it while repair is still on: silent.
     rebuild(fd, st)?;
-    repair(fd, false)?;
-    let mut stream = TcpStream::from(owned);
-    if !st.unsent().is_empty() {
-        let written = stream
-            .set_write_timeout(Some(UNSENT_WRITE_TIMEOUT))
-            .and_then(|()| stream.write_all(st.unsent()))
-            .and_then(|()| stream.set_write_timeout(None));
-        if let Err(e) = written {
-            // Some bytes may be lost already: never leave such a socket running.
-            let _ = crate::dump::close_silently(stream);
-            return Err(io::Error::new(
-                e.kind(),
-                format!("writing unsent bytes: {e}"),
-            ));
+    Ok(Frozen {
+        stream: TcpStream::from(owned),
+        unsent: st.unsent().to_vec(),
+    })
+}
+
+impl Frozen {
+    /// Lets the connection run: repair off (a window probe tells the client to
+    /// resend what was dropped), input on, then the never-sent bytes are written.
+    pub fn release(self) -> io::Result<TcpStream> {
+        let mut stream = self.stream;
+        if let Err(e) = thaw(stream.as_raw_fd()) {
+            let _ = close_silently(stream);
+            return Err(e);
         }
+        if !self.unsent.is_empty() {
+            let written = stream
+                .set_write_timeout(Some(UNSENT_WRITE_TIMEOUT))
+                .and_then(|()| stream.write_all(&self.unsent))
+                .and_then(|()| stream.set_write_timeout(None));
+            if let Err(e) = written {
+                // Some bytes may be lost already: never leave such a socket running.
+                let _ = close_silently(stream);
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("writing unsent bytes: {e}"),
+                ));
+            }
+        }
+        Ok(stream)
     }
-    Ok(stream)
+
+    /// Closes the frozen copy without a trace (no FIN, no RST).
+    pub fn discard(self) {
+        let _ = close_silently(self.stream);
+    }
+}
+
+/// Restores `st` on a new socket and returns it as a working, blocking stream
+/// ([`restore_frozen`] then [`Frozen::release`]).
+pub fn restore(st: &TcpState) -> io::Result<TcpStream> {
+    restore_frozen(st)?.release()
 }

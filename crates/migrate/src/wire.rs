@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Kinds: `1 OFFER(state)`, `2 ACCEPT`, `3 REFUSE(reason)`, `4 COMMIT`,
-//! `5 RESTORED`, `6 FAILED(reason)`. A reason is UTF-8 text of at most
+//! `5 RESTORED`, `6 FAILED(reason)`, `7 DONE`, `8 ABORT`. A reason is UTF-8 text of at most
 //! [`REASON_BYTES_MAX`] bytes. The OFFER payload (a [`TcpState`]):
 //!
 //! ```text
@@ -63,6 +63,12 @@ pub enum Message {
     Restored,
     /// Target → source: the restore failed (reason); nothing of it is left.
     Failed(String),
+    /// Source → target: the flow now points at the target and the source socket is
+    /// closed: hand the connection to the local server.
+    Done,
+    /// Source → target: the flow could not be moved; close the restored copy silently
+    /// (the target answers FAILED("aborted") once it has).
+    Abort,
 }
 
 impl Message {
@@ -74,6 +80,8 @@ impl Message {
             Self::Commit => 4,
             Self::Restored => 5,
             Self::Failed(_) => 6,
+            Self::Done => 7,
+            Self::Abort => 8,
         }
     }
 }
@@ -140,7 +148,7 @@ pub fn encode(msg: &Message) -> Vec<u8> {
             assert!(r.len() <= REASON_BYTES_MAX, "reason too long");
             payload.extend_from_slice(r.as_bytes());
         }
-        Message::Accept | Message::Commit | Message::Restored => {}
+        Message::Accept | Message::Commit | Message::Restored | Message::Done | Message::Abort => {}
     }
     let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
     out.extend_from_slice(&MAGIC);
@@ -288,7 +296,7 @@ pub fn decode_header(h: &[u8; HEADER_BYTES]) -> Result<(u8, usize), WireError> {
         return Err(WireError::Version(h[4]));
     }
     let kind = h[5];
-    if !(1..=6).contains(&kind) {
+    if !(1..=8).contains(&kind) {
         return Err(WireError::Kind(kind));
     }
     let len = u32::from_be_bytes(h[6..10].try_into().expect("4 bytes")) as usize;
@@ -321,6 +329,8 @@ pub fn decode_payload(kind: u8, payload: &[u8]) -> Result<Message, WireError> {
         }
         4 => Message::Commit,
         5 => Message::Restored,
+        7 => Message::Done,
+        8 => Message::Abort,
         k => return Err(WireError::Kind(k)),
     };
     if !c.buf.is_empty() {

@@ -24,7 +24,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use farside_migrate::{
-    freeze_and_dump, migrate, wire, DumpError, Fallback, Handover, MigrateConfig, Outcome, Target,
+    freeze_and_dump, migrate, migrate_with, wire, DumpError, Fallback, Handover, MigrateConfig,
+    Outcome, Target,
 };
 
 /// Longest a client read may wait once the migration is over: one retransmission
@@ -304,6 +305,8 @@ fn run_client(addr: SocketAddr, migrated: mpsc::Receiver<()>) -> ClientReport {
 enum TargetKind {
     /// `farside_migrate::Target`, admitting everything.
     Real,
+    /// `Target`, admitting everything, but the source's front-end flow update fails.
+    RealFlowUpdateLost,
     /// `Target`, refusing.
     Refusing,
     /// Reads the OFFER header and part of its payload, then dies.
@@ -320,8 +323,9 @@ fn scenario(kind: TargetKind, handover: Handover) -> (Result<(), Fallback>, Clie
     let (to_target_server, target_server_rx) = mpsc::channel::<TcpStream>();
     let target = Target::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let target_addr = target.local_addr().unwrap();
+    let flow_lost = matches!(kind, TargetKind::RealFlowUpdateLost);
     let target_thread = thread::spawn(move || match kind {
-        TargetKind::Real => Some(
+        TargetKind::Real | TargetKind::RealFlowUpdateLost => Some(
             target
                 .serve_one(|_| Ok(()), |s| to_target_server.send(s).unwrap())
                 .unwrap(),
@@ -355,36 +359,19 @@ fn scenario(kind: TargetKind, handover: Handover) -> (Result<(), Fallback>, Clie
     let (signal, migrated) = mpsc::channel();
     let client = thread::spawn(move || run_client(addr, migrated));
 
-    let (mut s, _) = listener.accept().unwrap();
-    let (line, _) = read_head_unbuffered(&mut s);
-    assert!(line.starts_with("GET /big "), "{line}");
-    // Answer as much as the socket takes now; the rest stays with the application.
-    s.set_nonblocking(true).unwrap();
-    let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {BIG_BYTES}\r\n\r\n");
-    s.write_all(head.as_bytes()).unwrap();
-    let body = big_body(0);
-    let mut big_sent = 0;
-    loop {
-        match s.write(&body[big_sent..]) {
-            Ok(n) => big_sent += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) => panic!("response 1: {e}"),
-        }
-    }
-    assert!(
-        big_sent < BIG_BYTES,
-        "the client's small window should stop the send"
-    );
-    s.set_nonblocking(false).unwrap();
-    await_cond("POST bytes in the source's receive queue", || {
-        inq(&s) >= INQ_BEFORE_MIGRATE
-    });
+    let (s, big_sent) = source_prefix(&listener);
 
     let cfg = MigrateConfig {
         handover,
         ..MigrateConfig::default()
     };
-    let outcome = migrate(s, target_addr, &cfg);
+    let outcome = migrate_with(s, target_addr, &cfg, || {
+        if flow_lost {
+            Err(io::Error::other("front-end map update lost"))
+        } else {
+            Ok(())
+        }
+    });
     let result = match outcome {
         Outcome::Migrated(t) => {
             eprintln!(
@@ -418,6 +405,38 @@ fn scenario(kind: TargetKind, handover: Handover) -> (Result<(), Fallback>, Clie
     (result, report)
 }
 
+/// The source server's part before the move: read `GET /big`, send as much of the
+/// answer as the socket takes now (the rest stays with the application), and wait
+/// until POST bytes sit in the receive queue. Returns the socket and the body bytes
+/// sent.
+fn source_prefix(listener: &TcpListener) -> (TcpStream, usize) {
+    let (mut s, _) = listener.accept().unwrap();
+    let (line, _) = read_head_unbuffered(&mut s);
+    assert!(line.starts_with("GET /big "), "{line}");
+    // Answer as much as the socket takes now; the rest stays with the application.
+    s.set_nonblocking(true).unwrap();
+    let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {BIG_BYTES}\r\n\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    let body = big_body(0);
+    let mut big_sent = 0;
+    loop {
+        match s.write(&body[big_sent..]) {
+            Ok(n) => big_sent += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) => panic!("response 1: {e}"),
+        }
+    }
+    assert!(
+        big_sent < BIG_BYTES,
+        "the client's small window should stop the send"
+    );
+    s.set_nonblocking(false).unwrap();
+    await_cond("POST bytes in the source's receive queue", || {
+        inq(&s) >= INQ_BEFORE_MIGRATE
+    });
+    (s, big_sent)
+}
+
 /// The raw listener inside a `Target` for the fake targets (rebinding its port).
 fn target_listener(target: Target) -> TcpListener {
     let addr = target.local_addr().unwrap();
@@ -442,6 +461,16 @@ fn refused_migration_completes_on_source() {
         matches!(r, Err(Fallback::Refused(ref s)) if s == "window closed"),
         "{r:?}"
     );
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): run with `cargo test -p farside-migrate -- --include-ignored` as root"]
+fn lost_flow_update_completes_on_source() {
+    assert!(is_root(), "needs root");
+    // The target restored (frozen), the flow could not be moved: ABORT, the target
+    // discards its copy, the source restores its dump (it had closed before COMMIT).
+    let (r, _) = scenario(TargetKind::RealFlowUpdateLost, Handover::CloseBeforeRestore);
+    assert!(matches!(r, Err(Fallback::FlowNotMoved(_))), "{r:?}");
 }
 
 #[test]
