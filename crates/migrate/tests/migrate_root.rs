@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use farside_migrate::{
     freeze_and_dump, migrate, migrate_with, wire, DumpError, Fallback, Handover, MigrateConfig,
-    Outcome, Target,
+    Outcome, Target, TargetOutcome,
 };
 
 /// Longest a client read may wait once the migration is over: one retransmission
@@ -610,4 +610,174 @@ fn listening_and_udp_sockets_are_refused() {
     // SAFETY: as above, for a UDP socket.
     let u = unsafe { TcpStream::from_raw_fd(libc::dup(udp.as_raw_fd())) };
     assert!(matches!(freeze_and_dump(&u), Err(DumpError::NotTcp)));
+}
+
+/// Three network namespaces for the real move, deleted on drop: client `c`, source
+/// back-end `a`, target back-end `b`. The VIP is on both back-ends' loopback; the
+/// client reaches it through veth `c-a` until the flow is moved to veth `c-b` (the
+/// front-end's flow entry, here a /32 route in the client namespace); `a` and `b`
+/// talk over their own veth (the cluster network).
+struct Netns {
+    tag: String,
+}
+
+const VIP: &str = "10.77.0.100";
+const CLIENT_IP: &str = "10.77.9.1";
+const VIP_PORT: u16 = 8080;
+
+impl Netns {
+    fn ns(&self, which: &str) -> String {
+        format!("{}{which}", self.tag)
+    }
+
+    fn ip(&self, which: &str, args: &str) {
+        let ns = self.ns(which);
+        let mut cmd = std::process::Command::new("ip");
+        cmd.args(["-n", &ns]).args(args.split_whitespace());
+        let st = cmd.status().expect("ip");
+        assert!(st.success(), "ip -n {ns} {args}");
+    }
+
+    fn setup() -> Self {
+        // Not the lab's `fs…` names; the pid keeps parallel runs apart.
+        let n = Self {
+            tag: format!("mg{}", std::process::id() % 100_000),
+        };
+        let t = n.tag.clone();
+        for w in ["c", "a", "b"] {
+            let st = std::process::Command::new("ip")
+                .args(["netns", "add", &n.ns(w)])
+                .status()
+                .expect("ip netns add");
+            assert!(st.success());
+        }
+        let run = |args: String| {
+            let st = std::process::Command::new("ip")
+                .args(args.split_whitespace())
+                .status()
+                .expect("ip link add");
+            assert!(st.success(), "ip {args}");
+        };
+        run(format!(
+            "link add {t}ca netns {t}c type veth peer name {t}ac netns {t}a"
+        ));
+        run(format!(
+            "link add {t}cb netns {t}c type veth peer name {t}bc netns {t}b"
+        ));
+        run(format!(
+            "link add {t}ab netns {t}a type veth peer name {t}ba netns {t}b"
+        ));
+        n.ip("c", "link set lo up");
+        n.ip("c", &format!("addr add {CLIENT_IP}/32 dev lo"));
+        n.ip("c", &format!("link set {t}ca up"));
+        n.ip("c", &format!("link set {t}cb up"));
+        n.ip(
+            "c",
+            &format!("route add {VIP}/32 dev {t}ca src {CLIENT_IP}"),
+        );
+        for (w, to_client, cluster, ip) in [
+            ("a", "ac", "ab", "10.77.2.1"),
+            ("b", "bc", "ba", "10.77.2.2"),
+        ] {
+            n.ip(w, "link set lo up");
+            n.ip(w, &format!("addr add {VIP}/32 dev lo"));
+            n.ip(w, &format!("link set {t}{to_client} up"));
+            n.ip(w, &format!("route add {CLIENT_IP}/32 dev {t}{to_client}"));
+            n.ip(w, &format!("addr add {ip}/24 dev {t}{cluster}"));
+            n.ip(w, &format!("link set {t}{cluster} up"));
+        }
+        n
+    }
+
+    /// Moves the calling thread into namespace `which` (sockets it creates live there).
+    fn enter(&self, which: &str) {
+        let f = std::fs::File::open(format!("/run/netns/{}", self.ns(which))).expect("netns");
+        // SAFETY: setns on an open netns fd; affects only this thread.
+        let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns: {}", io::Error::last_os_error());
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for w in ["c", "a", "b"] {
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &self.ns(w)])
+                .status();
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root (netns, TCP_REPAIR): run with `cargo test -p farside-migrate -- --include-ignored` as root under flock /tmp/farside-root.lock"]
+fn migrated_across_namespaces_with_flow_moved_after_restore() {
+    assert!(is_root(), "needs root");
+    let ns = std::sync::Arc::new(Netns::setup());
+    let vip: SocketAddr = format!("{VIP}:{VIP_PORT}").parse().unwrap();
+
+    // Target back-end `b`: control listener on the cluster network; the restored
+    // connection finishes the session there.
+    let (target_addr_tx, target_addr_rx) = mpsc::channel();
+    let (big_sent_tx, big_sent_rx) = mpsc::channel::<usize>();
+    let nsb = ns.clone();
+    let target_thread = thread::spawn(move || {
+        nsb.enter("b");
+        let target = Target::bind("10.77.2.2:0".parse().unwrap()).unwrap();
+        target_addr_tx.send(target.local_addr().unwrap()).unwrap();
+        let mut restored = None;
+        let outcome = target
+            .serve_one(|_| Ok(()), |s| restored = Some(s))
+            .unwrap();
+        let s = restored.expect("handed over");
+        finish_serving(s, big_sent_rx.recv_timeout(AWAIT_MAX).unwrap());
+        outcome
+    });
+    let target_addr = target_addr_rx.recv_timeout(AWAIT_MAX).unwrap();
+
+    // Source back-end `a`: the service on the VIP.
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (signal, migrated) = mpsc::channel();
+    let nsa = ns.clone();
+    let source_thread = thread::spawn(move || {
+        nsa.enter("a");
+        let listener = TcpListener::bind(vip).unwrap();
+        ready_tx.send(()).unwrap();
+        let (s, big_sent) = source_prefix(&listener);
+        let cfg = MigrateConfig::default(); // CloseAfterRestore: the deployment's order
+        let outcome = migrate_with(s, target_addr, &cfg, || {
+            // The front-end flip, after the restore and before the source closes.
+            nsa.ip(
+                "c",
+                &format!("route replace {VIP}/32 dev {}cb src {CLIENT_IP}", nsa.tag),
+            );
+            Ok(())
+        });
+        let Outcome::Migrated(t) = outcome else {
+            panic!("expected a migration, got {outcome:?}");
+        };
+        eprintln!(
+            "migrated across namespaces: dump {:?}, total {:?}, {} queued bytes",
+            t.dump, t.total, t.state_bytes
+        );
+        big_sent_tx.send(big_sent).unwrap();
+        signal.send(()).unwrap();
+        // The source's service stays up (its listener still answers on the VIP).
+        drop(listener);
+    });
+
+    ready_rx.recv_timeout(AWAIT_MAX).unwrap();
+    let nsc = ns.clone();
+    let client = thread::spawn(move || {
+        nsc.enter("c");
+        run_client(vip, migrated)
+    });
+    let report = client.join().expect("client");
+    source_thread.join().expect("source");
+    let outcome = target_thread.join().expect("target");
+    assert!(
+        matches!(outcome, TargetOutcome::Restored { .. }),
+        "{outcome:?}"
+    );
+    eprintln!("client's longest read wait {:?}", report.longest_read_wait);
+    assert!(report.longest_read_wait < STALL_MAX);
 }
