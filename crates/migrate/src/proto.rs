@@ -41,6 +41,13 @@ pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_secs(1);
 /// longest extra stall a silent target can cause.
 pub const REPLY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
 
+/// Default time the source keeps its frozen socket after the flow was moved, before
+/// closing it: segments the client sent before the flip may still be in flight to the
+/// source, and a source without the socket answers them with RST (seen in the
+/// cross-namespace test). One LAN round trip is well under a millisecond; 50 ms also
+/// covers softirq delays on a loaded host.
+pub const FLOW_DRAIN_DEFAULT: Duration = Duration::from_millis(50);
+
 /// When the source socket is closed relative to the target's restore.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Handover {
@@ -62,6 +69,10 @@ pub struct MigrateConfig {
     pub connect_timeout: Duration,
     /// Bound on each reply and write. Default [`REPLY_TIMEOUT_DEFAULT`].
     pub reply_timeout: Duration,
+    /// With [`Handover::CloseAfterRestore`]: how long the source stays frozen after
+    /// the flow was moved, so in-flight segments are dropped rather than reset.
+    /// Default [`FLOW_DRAIN_DEFAULT`].
+    pub flow_drain: Duration,
 }
 
 impl Default for MigrateConfig {
@@ -70,6 +81,7 @@ impl Default for MigrateConfig {
             handover: Handover::CloseAfterRestore,
             connect_timeout: CONNECT_TIMEOUT_DEFAULT,
             reply_timeout: REPLY_TIMEOUT_DEFAULT,
+            flow_drain: FLOW_DRAIN_DEFAULT,
         }
     }
 }
@@ -97,7 +109,8 @@ pub enum Fallback {
 pub struct Timings {
     /// Freeze and dump.
     pub dump: Duration,
-    /// From freeze to RESTORED (the client's worst stall is this plus its RTO).
+    /// From freeze to DONE, the flow moved (the client's worst stall is this plus
+    /// its retransmission timeout); excludes the source's flow drain.
     pub total: Duration,
     /// Bytes of state shipped (both queues included).
     pub state_bytes: usize,
@@ -202,7 +215,11 @@ pub fn migrate_with(
         Ok(Message::Restored) => match move_flow() {
             Ok(()) => {
                 let done = write_message(&mut ctrl, &Message::Done);
+                let total = t0.elapsed();
                 if let Some(sock) = held {
+                    // Still frozen: segments in flight to the source are dropped (the
+                    // client resends them to the target) instead of answered by RST.
+                    std::thread::sleep(cfg.flow_drain);
                     if let Err(e) = close_silently(sock) {
                         log::error!("migrate: silent close failed: {e}");
                     }
@@ -210,7 +227,7 @@ pub fn migrate_with(
                 return match done {
                     Ok(()) => Outcome::Migrated(Timings {
                         dump,
-                        total: t0.elapsed(),
+                        total,
                         state_bytes: state_bytes(&st),
                     }),
                     Err(e) => Outcome::Lost(io::Error::new(

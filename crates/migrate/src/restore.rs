@@ -215,11 +215,7 @@ impl Frozen {
             return Err(e);
         }
         if !self.unsent.is_empty() {
-            let written = stream
-                .set_write_timeout(Some(UNSENT_WRITE_TIMEOUT))
-                .and_then(|()| stream.write_all(&self.unsent))
-                .and_then(|()| stream.set_write_timeout(None));
-            if let Err(e) = written {
+            if let Err(e) = write_unsent(&mut stream, &self.unsent) {
                 // Some bytes may be lost already: never leave such a socket running.
                 let _ = close_silently(stream);
                 return Err(io::Error::new(
@@ -235,6 +231,45 @@ impl Frozen {
     pub fn discard(self) {
         let _ = close_silently(self.stream);
     }
+}
+
+/// Poll interval while the send buffer is full (a few client round trips).
+const UNSENT_POLL_MS: libc::c_int = 10;
+
+/// Writes the never-sent bytes within [`UNSENT_WRITE_TIMEOUT`]. The send buffer can
+/// report "full" (EAGAIN) even on a blocking socket: the refilled queue's skbs are
+/// accounted differently from the source's, and the client's window may be shut; so
+/// wait for POLLOUT and retry instead of failing.
+fn write_unsent(stream: &mut TcpStream, mut buf: &[u8]) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + UNSENT_WRITE_TIMEOUT;
+    while !buf.is_empty() {
+        match stream.write(buf) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes")),
+            Ok(n) => buf = &buf[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                if std::time::Instant::now() >= deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "send buffer stayed full",
+                    ));
+                }
+                let mut pfd = libc::pollfd {
+                    fd: stream.as_raw_fd(),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one live pollfd.
+                unsafe { libc::poll(&mut pfd, 1, UNSENT_POLL_MS) };
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Restores `st` on a new socket and returns it as a working, blocking stream
