@@ -10,8 +10,13 @@
 //! the restored socket. This holds the flow at the socket itself, on loopback as well
 //! as across hosts; the front-end's flow hold comes on top of it in the deployment.
 //!
-//! Order: filter on → urgent-data check → TCP_REPAIR on → read state (twice, until two
-//! reads agree) → return. On any refusal the socket is thawed (repair off, filter
+//! Repair mode does not stop the *transmit* path either: a pacing or persist timer can
+//! still send never-sent bytes after the dump. So the freeze also sets the send window
+//! to zero (`TCP_REPAIR_WINDOW`); the dumped state keeps the real window, and
+//! [`resume`] puts it back.
+//!
+//! Order: filter on → urgent-data check → TCP_REPAIR on → send window 0 → read state
+//! (twice, until two reads agree) → return. On any refusal the socket is thawed (repair off, filter
 //! off) and keeps working.
 
 use std::io;
@@ -239,12 +244,22 @@ pub fn freeze_and_dump(sock: &TcpStream) -> Result<TcpState, DumpError> {
         return Err(DumpError::NotEstablished(state));
     }
     attach_drop_filter(fd)?;
+    let mut saved: Option<RepairWindow> = None;
     let result = check_no_urgent(fd).and_then(|()| {
         repair(fd, true)?;
+        // Repair mode does not stop the transmit path: a pacing or persist timer can
+        // still send never-sent bytes after the dump (seen with BBR on a veth), and
+        // the target would not know them. A zero send window stops new data; only
+        // already-sent bytes may be retransmitted. The real window is dumped and
+        // put back on resume.
+        let w = get_window(fd)?;
+        saved = Some(w);
+        set_window(fd, &RepairWindow { snd_wnd: 0, ..w })?;
         let mut prev = read_state(fd)?;
         for _ in 1..DUMP_ATTEMPTS_MAX {
-            let next = read_state(fd)?;
+            let mut next = read_state(fd)?;
             if same_state(&prev, &next) {
+                next.window = w;
                 return Ok(next);
             }
             prev = next;
@@ -252,25 +267,63 @@ pub fn freeze_and_dump(sock: &TcpStream) -> Result<TcpState, DumpError> {
         Err(DumpError::Unstable)
     });
     if result.is_err() {
-        if let Err(e) = thaw(fd) {
+        if let Err(e) = thaw(fd, saved.as_ref()) {
             log::warn!("migrate: thawing a refused socket failed: {e}");
         }
     }
     result
 }
 
-pub(crate) fn thaw(fd: RawFd) -> io::Result<()> {
+fn get_window(fd: RawFd) -> io::Result<RepairWindow> {
+    let (w, len) = sys::getsockopt::<sys::TcpRepairWindow>(
+        fd,
+        libc::SOL_TCP,
+        sys::TCP_REPAIR_WINDOW,
+        "TCP_REPAIR_WINDOW",
+    )?;
+    if len != std::mem::size_of::<sys::TcpRepairWindow>() {
+        return Err(io::Error::other("TCP_REPAIR_WINDOW short"));
+    }
+    Ok(RepairWindow {
+        snd_wl1: w.snd_wl1,
+        snd_wnd: w.snd_wnd,
+        max_window: w.max_window,
+        rcv_wnd: w.rcv_wnd,
+        rcv_wup: w.rcv_wup,
+    })
+}
+
+pub(crate) fn set_window(fd: RawFd, w: &RepairWindow) -> io::Result<()> {
+    let raw = sys::TcpRepairWindow {
+        snd_wl1: w.snd_wl1,
+        snd_wnd: w.snd_wnd,
+        max_window: w.max_window,
+        rcv_wnd: w.rcv_wnd,
+        rcv_wup: w.rcv_wup,
+    };
+    sys::setsockopt(
+        fd,
+        libc::SOL_TCP,
+        sys::TCP_REPAIR_WINDOW,
+        &raw,
+        "TCP_REPAIR_WINDOW",
+    )
+}
+
+pub(crate) fn thaw(fd: RawFd, window: Option<&RepairWindow>) -> io::Result<()> {
+    // The send window zeroed by the freeze (while repair is still on).
+    let w = window.map_or(Ok(()), |w| set_window(fd, w));
     // Repair off sends a window probe, so the peer retransmits what the filter dropped
     // without waiting for its retransmission timer.
-    let r = repair(fd, false);
+    let r = w.and(repair(fd, false));
     detach_filter(fd)?;
     r
 }
 
 /// Continues a frozen socket where it was (the paper's fall-back): repair off, input
 /// filter off. Nothing was lost: dropped segments are retransmitted by the peer.
-pub fn resume(sock: &TcpStream) -> io::Result<()> {
-    thaw(sock.as_raw_fd())
+pub fn resume(sock: &TcpStream, st: &TcpState) -> io::Result<()> {
+    thaw(sock.as_raw_fd(), Some(&st.window))
 }
 
 /// Closes `sock` without telling the peer: in repair mode `close()` sends neither FIN

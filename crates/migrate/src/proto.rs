@@ -152,8 +152,8 @@ fn open_control(target: SocketAddr, cfg: &MigrateConfig) -> io::Result<TcpStream
     Ok(c)
 }
 
-fn resumed(sock: TcpStream, reason: Fallback) -> Outcome {
-    if let Err(e) = resume(&sock) {
+fn resumed(sock: TcpStream, st: &TcpState, reason: Fallback) -> Outcome {
+    if let Err(e) = resume(&sock, st) {
         // Thawing failed: the socket stays frozen and the client would stall; report
         // it, the caller still owns the socket and can close it.
         log::error!("migrate: resuming on the source failed: {e}");
@@ -193,13 +193,13 @@ pub fn migrate_with(
     let dump = t0.elapsed();
     let mut ctrl = match open_control(target, cfg) {
         Ok(c) => c,
-        Err(e) => return resumed(sock, Fallback::TargetUnreachable(e)),
+        Err(e) => return resumed(sock, &st, Fallback::TargetUnreachable(e)),
     };
     match exchange(&mut ctrl, &Message::Offer(st.clone())) {
         Ok(Message::Accept) => {}
-        Ok(Message::Refuse(r)) => return resumed(sock, Fallback::Refused(r)),
-        Ok(m) => return resumed(sock, Fallback::TargetGone(unexpected(&m))),
-        Err(e) => return resumed(sock, Fallback::TargetGone(e)),
+        Ok(Message::Refuse(r)) => return resumed(sock, &st, Fallback::Refused(r)),
+        Ok(m) => return resumed(sock, &st, Fallback::TargetGone(unexpected(&m))),
+        Err(e) => return resumed(sock, &st, Fallback::TargetGone(e)),
     }
     let held = match cfg.handover {
         Handover::CloseAfterRestore => Some(sock),
@@ -248,7 +248,7 @@ pub fn migrate_with(
         Err(e) => Fallback::TargetGone(e),
     };
     match held {
-        Some(sock) => resumed(sock, reason),
+        Some(sock) => resumed(sock, &st, reason),
         None => match restore(&st) {
             Ok(sock) => Outcome::ResumedOnSource { sock, reason },
             Err(e) => Outcome::Lost(io::Error::new(

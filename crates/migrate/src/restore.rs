@@ -210,7 +210,7 @@ impl Frozen {
     /// resend what was dropped), input on, then the never-sent bytes are written.
     pub fn release(self) -> io::Result<TcpStream> {
         let mut stream = self.stream;
-        if let Err(e) = thaw(stream.as_raw_fd()) {
+        if let Err(e) = thaw(stream.as_raw_fd(), None) {
             let _ = close_silently(stream);
             return Err(e);
         }

@@ -618,6 +618,13 @@ fn listening_and_udp_sockets_are_refused() {
 /// front-end's flow entry, here a /32 route in the client namespace); `a` and `b`
 /// talk over their own veth (the cluster network).
 struct Netns {
+    r: NsRef,
+}
+
+/// The namespaces' names, for the threads; the owning [`Netns`] stays with the test
+/// function so its `Drop` runs even when a thread panics and never finishes.
+#[derive(Clone)]
+struct NsRef {
     tag: String,
 }
 
@@ -625,7 +632,7 @@ const VIP: &str = "10.77.0.100";
 const CLIENT_IP: &str = "10.77.9.1";
 const VIP_PORT: u16 = 8080;
 
-impl Netns {
+impl NsRef {
     fn ns(&self, which: &str) -> String {
         format!("{}{which}", self.tag)
     }
@@ -638,11 +645,24 @@ impl Netns {
         assert!(st.success(), "ip -n {ns} {args}");
     }
 
+    /// Moves the calling thread into namespace `which` (sockets it creates live there).
+    fn enter(&self, which: &str) {
+        let f = std::fs::File::open(format!("/run/netns/{}", self.ns(which))).expect("netns");
+        // SAFETY: setns on an open netns fd; affects only this thread.
+        let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+        assert_eq!(r, 0, "setns: {}", io::Error::last_os_error());
+    }
+}
+
+impl Netns {
     fn setup() -> Self {
         // Not the lab's `fs…` names; the pid keeps parallel runs apart.
-        let n = Self {
-            tag: format!("mg{}", std::process::id() % 100_000),
+        let guard = Self {
+            r: NsRef {
+                tag: format!("mg{}", std::process::id() % 100_000),
+            },
         };
+        let n = guard.r.clone();
         let t = n.tag.clone();
         for w in ["c", "a", "b"] {
             let st = std::process::Command::new("ip")
@@ -686,15 +706,7 @@ impl Netns {
             n.ip(w, &format!("addr add {ip}/24 dev {t}{cluster}"));
             n.ip(w, &format!("link set {t}{cluster} up"));
         }
-        n
-    }
-
-    /// Moves the calling thread into namespace `which` (sockets it creates live there).
-    fn enter(&self, which: &str) {
-        let f = std::fs::File::open(format!("/run/netns/{}", self.ns(which))).expect("netns");
-        // SAFETY: setns on an open netns fd; affects only this thread.
-        let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns: {}", io::Error::last_os_error());
+        guard
     }
 }
 
@@ -702,7 +714,7 @@ impl Drop for Netns {
     fn drop(&mut self) {
         for w in ["c", "a", "b"] {
             let _ = std::process::Command::new("ip")
-                .args(["netns", "del", &self.ns(w)])
+                .args(["netns", "del", &self.r.ns(w)])
                 .status();
         }
     }
@@ -711,16 +723,9 @@ impl Drop for Netns {
 #[test]
 #[ignore = "needs root (netns, TCP_REPAIR): run with `cargo test -p farside-migrate -- --include-ignored` as root under flock /tmp/farside-root.lock"]
 fn migrated_across_namespaces_with_flow_moved_after_restore() {
-    // Disabled by default: flaky (about 1 run in 3 passes). When it fails the move
-    // itself succeeds but the server→client direction stalls after the flip (the
-    // restored socket's first write got EAGAIN, then no data reached the client
-    // within 60 s). Not diagnosed yet; run with FARSIDE_MIGRATE_NETNS=1 to try.
-    if std::env::var("FARSIDE_MIGRATE_NETNS").as_deref() != Ok("1") {
-        eprintln!("skipped: set FARSIDE_MIGRATE_NETNS=1 (known flaky, see docs/migrate.md)");
-        return;
-    }
     assert!(is_root(), "needs root");
-    let ns = std::sync::Arc::new(Netns::setup());
+    let guard = Netns::setup();
+    let ns = guard.r.clone();
     let vip: SocketAddr = format!("{VIP}:{VIP_PORT}").parse().unwrap();
 
     // Target back-end `b`: control listener on the cluster network; the restored
