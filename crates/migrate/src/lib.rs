@@ -5,10 +5,12 @@
 //! - [`dump`]: freeze a socket (input filter + repair mode) and read its full state
 //!   ([`TcpState`]), refusing what it cannot read completely; resume it or close it
 //!   silently.
-//! - [`restore`]: rebuild a socket from a [`TcpState`].
+//! - [`restore`]: rebuild a socket from a [`TcpState`], kept frozen ([`Frozen`]) until
+//!   the source has moved the flow.
 //! - [`wire`]: the versioned, bounded encoding of the hand-over messages.
-//! - [`proto`]: the source/target hand-over ([`migrate`], [`Target`]) with the
-//!   paper's fall-back: refused or failed migrations resume on the source.
+//! - [`proto`]: the source/target hand-over ([`migrate`], [`migrate_with`] which moves
+//!   the front-end's flow between restore and close, [`Target`]) with the paper's
+//!   fall-back: refused or failed migrations resume on the source.
 //!
 //! TCP_REPAIR needs CAP_NET_ADMIN. The protocol and failure cases are described in
 //! `docs/migrate.md`.
