@@ -5,7 +5,7 @@
 //! - [`dump`]: freeze a socket (input filter + repair mode) and read its full state
 //!   ([`TcpState`]), refusing what it cannot read completely; resume it or close it
 //!   silently.
-//! - [`restore`]: rebuild a socket from a [`TcpState`], kept frozen ([`Frozen`]) until
+//! - [`mod@restore`]: rebuild a socket from a [`TcpState`], kept frozen ([`Frozen`]) until
 //!   the source has moved the flow.
 //! - [`wire`]: the versioned, bounded encoding of the hand-over messages.
 //! - [`proto`]: the source/target hand-over ([`migrate`], [`migrate_with`] which moves

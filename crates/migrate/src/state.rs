@@ -1,5 +1,5 @@
 //! The dumped state of one established TCP connection: everything
-//! [`crate::restore`] needs to rebuild the server-side endpoint on another socket.
+//! [`crate::restore()`] needs to rebuild the server-side endpoint on another socket.
 //!
 //! Sequence-number convention (as the kernel reports them in repair mode):
 //! `snd_seq` is `write_seq`, the sequence number *after* the last byte the
