@@ -1,0 +1,339 @@
+//! Freeze and dump an established TCP socket with TCP_REPAIR; resume it or close it
+//! silently afterwards.
+//!
+//! **What is frozen.** Repair mode stops the socket from *sending* (no data, no
+//! FIN/RST on close) but not from *receiving*: a segment arriving after the dump would
+//! be acknowledged by the source and then lost with it. So before entering repair mode
+//! [`freeze_and_dump`] attaches a one-instruction classic BPF socket filter that drops
+//! every incoming segment (`tcp_filter()` runs before TCP processing, so dropped
+//! segments are neither queued nor acknowledged); the peer retransmits them later to
+//! the restored socket. This holds the flow at the socket itself, on loopback as well
+//! as across hosts; the front-end's flow hold comes on top of it in the deployment.
+//!
+//! Repair mode does not stop the *transmit* path either: a pacing or persist timer can
+//! still send never-sent bytes after the dump. So the freeze also sets the send window
+//! to zero (`TCP_REPAIR_WINDOW`); the dumped state keeps the real window, and
+//! [`resume`] puts it back.
+//!
+//! Order: filter on → urgent-data check → TCP_REPAIR on → send window 0 → read state
+//! (twice, until two reads agree) → return. On any refusal the socket is thawed (repair off, filter
+//! off) and keeps working.
+
+use std::io;
+use std::net::TcpStream;
+use std::os::fd::{AsRawFd, RawFd};
+
+use crate::error::{DumpError, Queue};
+use crate::state::{RepairWindow, TcpOptions, TcpState, QUEUE_BYTES_MAX};
+use crate::sys;
+
+/// Times the dump re-reads the state when two consecutive reads disagree (a segment
+/// that passed the filter just before it was attached); one retry covers that race,
+/// a third disagreement means input is not frozen.
+const DUMP_ATTEMPTS_MAX: usize = 3;
+
+/// Attaches the drop-everything socket filter (input freeze).
+pub(crate) fn attach_drop_filter(fd: RawFd) -> io::Result<()> {
+    // BPF_RET | BPF_K, k = 0: accept zero bytes of every packet, i.e. drop it.
+    let mut insn = [libc::sock_filter {
+        code: 0x06,
+        jt: 0,
+        jf: 0,
+        k: 0,
+    }];
+    let prog = libc::sock_fprog {
+        len: 1,
+        filter: insn.as_mut_ptr(),
+    };
+    sys::setsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_ATTACH_FILTER,
+        &prog,
+        "SO_ATTACH_FILTER",
+    )
+}
+
+fn detach_filter(fd: RawFd) -> io::Result<()> {
+    let zero: libc::c_int = 0;
+    sys::setsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_DETACH_FILTER,
+        &zero,
+        "SO_DETACH_FILTER",
+    )
+}
+
+pub(crate) fn repair(fd: RawFd, on: bool) -> io::Result<()> {
+    let v = if on {
+        sys::TCP_REPAIR_ON
+    } else {
+        sys::TCP_REPAIR_OFF
+    };
+    sys::setsockopt(fd, libc::SOL_TCP, sys::TCP_REPAIR, &v, "TCP_REPAIR")
+}
+
+pub(crate) fn repair_queue(fd: RawFd, q: libc::c_int) -> io::Result<()> {
+    sys::setsockopt(
+        fd,
+        libc::SOL_TCP,
+        sys::TCP_REPAIR_QUEUE,
+        &q,
+        "TCP_REPAIR_QUEUE",
+    )
+}
+
+/// Fails with `UrgentData` if urgent data is announced or pending.
+fn check_no_urgent(fd: RawFd) -> Result<(), DumpError> {
+    if sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_OOBINLINE, "SO_OOBINLINE")? != 0 {
+        return Err(DumpError::OobInline);
+    }
+    let mut b = [0u8; 1];
+    // tcp_recv_urg(): EINVAL means "no urgent data to read" (none, or already read);
+    // a byte or EAGAIN (announced, not yet arrived) means urgent data is pending.
+    match sys::recv(
+        fd,
+        &mut b,
+        libc::MSG_OOB | libc::MSG_PEEK | libc::MSG_DONTWAIT,
+    ) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(DumpError::UrgentData),
+        Ok(_) => Err(DumpError::UrgentData),
+        Err(e) => Err(io::Error::new(e.kind(), format!("recv MSG_OOB: {e}")).into()),
+    }
+}
+
+fn queue_seq(fd: RawFd, q: libc::c_int) -> io::Result<u32> {
+    repair_queue(fd, q)?;
+    let v = sys::getsockopt::<u32>(fd, libc::SOL_TCP, sys::TCP_QUEUE_SEQ, "TCP_QUEUE_SEQ")?.0;
+    Ok(v)
+}
+
+/// Reads one queue completely (repair mode, MSG_PEEK), or refuses.
+fn read_queue(fd: RawFd, q: Queue, len: usize) -> Result<Vec<u8>, DumpError> {
+    if len > QUEUE_BYTES_MAX {
+        return Err(DumpError::QueueTooLarge(q, len));
+    }
+    repair_queue(
+        fd,
+        match q {
+            Queue::Send => sys::TCP_SEND_QUEUE,
+            Queue::Recv => sys::TCP_RECV_QUEUE,
+        },
+    )?;
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    // One spare byte: reading more than the kernel announced means the count was stale.
+    let mut buf = vec![0u8; len + 1];
+    let got = sys::recv(fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+        .map_err(|e| io::Error::new(e.kind(), format!("peek {q:?} queue (repair): {e}")))?;
+    if got != len {
+        return Err(DumpError::QueueIncomplete {
+            queue: q,
+            expected: len,
+            got,
+        });
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+fn read_state(fd: RawFd) -> Result<TcpState, DumpError> {
+    let info = sys::tcp_info(fd)?;
+    if info.state != sys::TCP_ESTABLISHED {
+        return Err(DumpError::NotEstablished(info.state));
+    }
+    if info.options & !sys::TCPI_OPT_KNOWN != 0 {
+        return Err(DumpError::UnknownOptions(
+            info.options & !sys::TCPI_OPT_KNOWN,
+        ));
+    }
+    let local = sys::sock_addr(fd, false)?;
+    let remote = sys::sock_addr(fd, true)?;
+    let mss = sys::getsockopt_int(fd, libc::SOL_TCP, sys::TCP_MAXSEG, "TCP_MAXSEG")?;
+    let timestamp =
+        sys::getsockopt::<u32>(fd, libc::SOL_TCP, sys::TCP_TIMESTAMP, "TCP_TIMESTAMP")?.0;
+    let (w, wlen) = sys::getsockopt::<sys::TcpRepairWindow>(
+        fd,
+        libc::SOL_TCP,
+        sys::TCP_REPAIR_WINDOW,
+        "TCP_REPAIR_WINDOW",
+    )?;
+    if wlen != std::mem::size_of::<sys::TcpRepairWindow>() {
+        return Err(DumpError::Sys(io::Error::other("TCP_REPAIR_WINDOW short")));
+    }
+    let sndbuf = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, "SO_SNDBUF")?;
+    let rcvbuf = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, "SO_RCVBUF")?;
+
+    let rcv_seq = queue_seq(fd, sys::TCP_RECV_QUEUE)?;
+    let snd_seq = queue_seq(fd, sys::TCP_SEND_QUEUE)?;
+    let inq = sys::ioctl_int(fd, sys::SIOCINQ, "SIOCINQ")? as usize;
+    let outq = sys::ioctl_int(fd, sys::SIOCOUTQ, "SIOCOUTQ")? as usize;
+    let unsent = sys::ioctl_int(fd, sys::SIOCOUTQNSD, "SIOCOUTQNSD")? as usize;
+    if unsent > outq {
+        return Err(DumpError::Unstable);
+    }
+    let recv_queue = read_queue(fd, Queue::Recv, inq)?;
+    let send_queue = read_queue(fd, Queue::Send, outq)?;
+    repair_queue(fd, sys::TCP_NO_QUEUE)?;
+
+    let mss = u16::try_from(mss)
+        .ok()
+        .filter(|m| *m > 0)
+        .ok_or_else(|| DumpError::Sys(io::Error::other(format!("MSS {mss} out of range"))))?;
+    let state = TcpState {
+        local,
+        remote,
+        snd_seq,
+        rcv_seq,
+        options: TcpOptions {
+            mss,
+            wscale: (info.options & sys::TCPI_OPT_WSCALE != 0)
+                .then_some((info.snd_wscale, info.rcv_wscale)),
+            sack: info.options & sys::TCPI_OPT_SACK != 0,
+            timestamps: info.options & sys::TCPI_OPT_TIMESTAMPS != 0,
+        },
+        timestamp,
+        window: RepairWindow {
+            snd_wl1: w.snd_wl1,
+            snd_wnd: w.snd_wnd,
+            max_window: w.max_window,
+            rcv_wnd: w.rcv_wnd,
+            rcv_wup: w.rcv_wup,
+        },
+        sndbuf: sndbuf.max(0) as u32,
+        rcvbuf: rcvbuf.max(0) as u32,
+        send_queue,
+        unsent_len: unsent as u32,
+        recv_queue,
+    };
+    state
+        .validate()
+        .map_err(|e| DumpError::Sys(io::Error::other(e)))?;
+    Ok(state)
+}
+
+/// Two dumps are "the same connection state" if everything but the clock agrees.
+fn same_state(a: &TcpState, b: &TcpState) -> bool {
+    a.snd_seq == b.snd_seq
+        && a.rcv_seq == b.rcv_seq
+        && a.window == b.window
+        && a.unsent_len == b.unsent_len
+        && a.send_queue.len() == b.send_queue.len()
+        && a.recv_queue.len() == b.recv_queue.len()
+}
+
+/// Freezes `sock` (input filter, then repair mode) and dumps its full state.
+///
+/// On success the socket stays frozen: the caller either closes it with
+/// [`close_silently`] or continues it with [`resume`]. On error the socket has been
+/// thawed and works as before: it is never left half-frozen.
+pub fn freeze_and_dump(sock: &TcpStream) -> Result<TcpState, DumpError> {
+    let fd = sock.as_raw_fd();
+    let ty = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE, "SO_TYPE")?;
+    let proto = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL, "SO_PROTOCOL")?;
+    if ty != libc::SOCK_STREAM || proto != libc::IPPROTO_TCP {
+        return Err(DumpError::NotTcp);
+    }
+    // Cheap refusals first, before touching the socket (read_state checks again
+    // once frozen).
+    let state = sys::tcp_info(fd)?.state;
+    if state != sys::TCP_ESTABLISHED {
+        return Err(DumpError::NotEstablished(state));
+    }
+    attach_drop_filter(fd)?;
+    let mut saved: Option<RepairWindow> = None;
+    let result = check_no_urgent(fd).and_then(|()| {
+        repair(fd, true)?;
+        // Repair mode does not stop the transmit path: a pacing or persist timer can
+        // still send never-sent bytes after the dump (seen with BBR on a veth), and
+        // the target would not know them. A zero send window stops new data; only
+        // already-sent bytes may be retransmitted. The real window is dumped and
+        // put back on resume.
+        let w = get_window(fd)?;
+        saved = Some(w);
+        set_window(fd, &RepairWindow { snd_wnd: 0, ..w })?;
+        let mut prev = read_state(fd)?;
+        for _ in 1..DUMP_ATTEMPTS_MAX {
+            let mut next = read_state(fd)?;
+            if same_state(&prev, &next) {
+                next.window = w;
+                return Ok(next);
+            }
+            prev = next;
+        }
+        Err(DumpError::Unstable)
+    });
+    if result.is_err() {
+        if let Err(e) = thaw(fd, saved.as_ref()) {
+            log::warn!("migrate: thawing a refused socket failed: {e}");
+        }
+    }
+    result
+}
+
+fn get_window(fd: RawFd) -> io::Result<RepairWindow> {
+    let (w, len) = sys::getsockopt::<sys::TcpRepairWindow>(
+        fd,
+        libc::SOL_TCP,
+        sys::TCP_REPAIR_WINDOW,
+        "TCP_REPAIR_WINDOW",
+    )?;
+    if len != std::mem::size_of::<sys::TcpRepairWindow>() {
+        return Err(io::Error::other("TCP_REPAIR_WINDOW short"));
+    }
+    Ok(RepairWindow {
+        snd_wl1: w.snd_wl1,
+        snd_wnd: w.snd_wnd,
+        max_window: w.max_window,
+        rcv_wnd: w.rcv_wnd,
+        rcv_wup: w.rcv_wup,
+    })
+}
+
+pub(crate) fn set_window(fd: RawFd, w: &RepairWindow) -> io::Result<()> {
+    let raw = sys::TcpRepairWindow {
+        snd_wl1: w.snd_wl1,
+        snd_wnd: w.snd_wnd,
+        max_window: w.max_window,
+        rcv_wnd: w.rcv_wnd,
+        rcv_wup: w.rcv_wup,
+    };
+    sys::setsockopt(
+        fd,
+        libc::SOL_TCP,
+        sys::TCP_REPAIR_WINDOW,
+        &raw,
+        "TCP_REPAIR_WINDOW",
+    )
+}
+
+pub(crate) fn thaw(fd: RawFd, window: Option<&RepairWindow>) -> io::Result<()> {
+    // The send window zeroed by the freeze (while repair is still on).
+    let w = window.map_or(Ok(()), |w| set_window(fd, w));
+    // Repair off sends a window probe, so the peer retransmits what the filter dropped
+    // without waiting for its retransmission timer.
+    let r = w.and(repair(fd, false));
+    detach_filter(fd)?;
+    r
+}
+
+/// Continues a frozen socket where it was (the paper's fall-back): repair off, input
+/// filter off. Nothing was lost: dropped segments are retransmitted by the peer.
+pub fn resume(sock: &TcpStream, st: &TcpState) -> io::Result<()> {
+    thaw(sock.as_raw_fd(), Some(&st.window))
+}
+
+/// Closes `sock` without telling the peer: in repair mode `close()` sends neither FIN
+/// nor RST and leaves no TIME_WAIT, and the input filter makes sure nothing arriving
+/// meanwhile is acknowledged.
+pub fn close_silently(sock: TcpStream) -> io::Result<()> {
+    let fd = sock.as_raw_fd();
+    // Idempotent: the socket is normally frozen already.
+    let _ = attach_drop_filter(fd);
+    repair(fd, true)?;
+    drop(sock);
+    Ok(())
+}

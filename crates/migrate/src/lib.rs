@@ -1,0 +1,33 @@
+//! TCP connection endpoint migration (seed 002, issue 12 item 2): move the server
+//! side of an established connection to another socket — another process, namespace
+//! or host — invisibly to the client, with Linux TCP_REPAIR.
+//!
+//! - [`dump`]: freeze a socket (input filter + repair mode) and read its full state
+//!   ([`TcpState`]), refusing what it cannot read completely; resume it or close it
+//!   silently.
+//! - [`mod@restore`]: rebuild a socket from a [`TcpState`], kept frozen ([`Frozen`]) until
+//!   the source has moved the flow.
+//! - [`wire`]: the versioned, bounded encoding of the hand-over messages.
+//! - [`proto`]: the source/target hand-over ([`migrate`], [`migrate_with`] which moves
+//!   the front-end's flow between restore and close, [`Target`]) with the paper's
+//!   fall-back: refused or failed migrations resume on the source.
+//!
+//! TCP_REPAIR needs CAP_NET_ADMIN. The protocol and failure cases are described in
+//! `docs/migrate.md`.
+
+pub mod dump;
+pub mod error;
+pub mod proto;
+pub mod restore;
+pub mod state;
+mod sys;
+pub mod wire;
+
+pub use dump::{close_silently, freeze_and_dump, resume};
+pub use error::{DumpError, Queue, WireError};
+pub use proto::{
+    migrate, migrate_with, serve_conn, Fallback, Handover, MigrateConfig, Outcome, Target,
+    TargetOutcome, Timings,
+};
+pub use restore::{restore, restore_frozen, Frozen};
+pub use state::{RepairWindow, TcpOptions, TcpState, QUEUE_BYTES_MAX};

@@ -1,0 +1,279 @@
+//! Rebuild a dumped connection on a new socket with TCP_REPAIR.
+//!
+//! Order (each step depends on the ones before it):
+//! 1. `socket()`, `SO_REUSEADDR`, TCP_REPAIR on (after it: lets `bind` share the
+//!    port with the service's listener), `IP_FREEBIND` (the address may not be local yet), `bind` to the
+//!    original local address;
+//! 2. `TCP_QUEUE_SEQ` of both queues to the sequence number of their first byte;
+//! 3. `connect()` to the peer: in repair mode no handshake, the socket is ESTABLISHED;
+//! 4. `TCP_REPAIR_OPTIONS` (MSS, window scales, SACK, timestamps: the kernel takes
+//!    them only before any byte was sent), `TCP_TIMESTAMP`;
+//! 5. buffer sizes raised to the source's if the queues would not fit otherwise;
+//! 6. refill the receive queue and the *sent* part of the send queue (repair-mode
+//!    writes: queued as received / as already transmitted);
+//! 7. `TCP_REPAIR_WINDOW` (checked by the kernel against `rcv_nxt`, hence after 6);
+//! 8. (on [`Frozen::release`]) TCP_REPAIR off (sends a window probe), input filter
+//!    off, then the never-sent bytes are written normally.
+//!
+//! Until released the restored socket is frozen like the source: repair mode on and
+//! the drop-everything input filter attached from before `connect`.
+//!
+//! The socket and its 4-tuple must not exist in this network namespace: on the same
+//! host the source is closed silently first (see [`crate::Handover`]).
+
+use std::io::{self, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use crate::dump::{attach_drop_filter, close_silently, repair, repair_queue, thaw};
+use crate::state::TcpState;
+use crate::sys;
+
+/// How long writing the never-sent bytes may block after repair is off: they fit in
+/// the source's send buffer, so they go as soon as the peer's window opens; a peer
+/// that keeps its window shut this long is treated as a failed restore.
+pub const UNSENT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Writes all of `buf` into the queue selected in repair mode. Each call may take
+/// only part (the kernel builds one skb of at most MAX_SKB_FRAGS pages per call).
+fn refill(fd: RawFd, queue: libc::c_int, buf: &[u8]) -> io::Result<()> {
+    repair_queue(fd, queue)?;
+    let mut off = 0;
+    while off < buf.len() {
+        let n = sys::send(fd, &buf[off..], "send (repair refill)")?;
+        if n == 0 {
+            return Err(io::Error::other("repair refill made no progress"));
+        }
+        off += n;
+    }
+    Ok(())
+}
+
+fn raise_buffer(fd: RawFd, get: libc::c_int, force: libc::c_int, want: u32) -> io::Result<()> {
+    let have = sys::getsockopt_int(fd, libc::SOL_SOCKET, get, "SO_*BUF")?;
+    if (want as i64) > have as i64 {
+        // The kernel doubles the value set (for its bookkeeping) and reports the
+        // doubled one, so half of the source's reported size gives the same buffer.
+        // The *FORCE variants need CAP_NET_ADMIN, which TCP_REPAIR needs anyway.
+        let half = (want / 2) as libc::c_int;
+        sys::setsockopt(fd, libc::SOL_SOCKET, force, &half, "SO_*BUFFORCE")?;
+    }
+    Ok(())
+}
+
+fn options_blob(st: &TcpState) -> Vec<u8> {
+    let mut opts = vec![(sys::TCPOPT_MSS, u32::from(st.options.mss))];
+    if let Some((snd, rcv)) = st.options.wscale {
+        opts.push((sys::TCPOPT_WINDOW, u32::from(snd) | (u32::from(rcv) << 16)));
+    }
+    if st.options.sack {
+        opts.push((sys::TCPOPT_SACK_PERM, 0));
+    }
+    if st.options.timestamps {
+        opts.push((sys::TCPOPT_TIMESTAMP, 0));
+    }
+    // An array of struct tcp_repair_opt, native byte order.
+    opts.iter()
+        .flat_map(|(c, v)| c.to_ne_bytes().into_iter().chain(v.to_ne_bytes()))
+        .collect()
+}
+
+fn new_socket(local: &SocketAddr) -> io::Result<OwnedFd> {
+    let family = if local.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain socket(2); the fd is owned below.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Steps 1–7: leaves the socket in repair mode.
+fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
+    let one: libc::c_int = 1;
+    sys::setsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_REUSEADDR,
+        &one,
+        "SO_REUSEADDR",
+    )?;
+    // After SO_REUSEADDR, which would overwrite it: repair on sets sk_reuse to
+    // SK_FORCE_REUSE, so `bind` succeeds next to the service's listener.
+    repair(fd, true)?;
+    if st.local.is_ipv4() {
+        sys::setsockopt(fd, libc::SOL_IP, libc::IP_FREEBIND, &one, "IP_FREEBIND")?;
+    } else {
+        sys::setsockopt(
+            fd,
+            libc::SOL_IPV6,
+            sys::IPV6_FREEBIND,
+            &one,
+            "IPV6_FREEBIND",
+        )?;
+    }
+    sys::bind(fd, &st.local)?;
+
+    let rcv_first = st.rcv_seq.wrapping_sub(st.recv_queue.len() as u32);
+    let snd_first = st.snd_seq.wrapping_sub(st.send_queue.len() as u32);
+    repair_queue(fd, sys::TCP_RECV_QUEUE)?;
+    sys::setsockopt(
+        fd,
+        libc::SOL_TCP,
+        sys::TCP_QUEUE_SEQ,
+        &rcv_first,
+        "TCP_QUEUE_SEQ recv",
+    )?;
+    repair_queue(fd, sys::TCP_SEND_QUEUE)?;
+    sys::setsockopt(
+        fd,
+        libc::SOL_TCP,
+        sys::TCP_QUEUE_SEQ,
+        &snd_first,
+        "TCP_QUEUE_SEQ send",
+    )?;
+    repair_queue(fd, sys::TCP_NO_QUEUE)?;
+
+    sys::connect(fd, &st.remote)?;
+    sys::setsockopt_bytes(
+        fd,
+        libc::SOL_TCP,
+        sys::TCP_REPAIR_OPTIONS,
+        &options_blob(st),
+        "TCP_REPAIR_OPTIONS",
+    )?;
+    sys::setsockopt(
+        fd,
+        libc::SOL_TCP,
+        sys::TCP_TIMESTAMP,
+        &st.timestamp,
+        "TCP_TIMESTAMP",
+    )?;
+    raise_buffer(fd, libc::SO_SNDBUF, libc::SO_SNDBUFFORCE, st.sndbuf)?;
+    raise_buffer(fd, libc::SO_RCVBUF, libc::SO_RCVBUFFORCE, st.rcvbuf)?;
+
+    refill(fd, sys::TCP_RECV_QUEUE, &st.recv_queue)?;
+    refill(fd, sys::TCP_SEND_QUEUE, st.sent_unacked())?;
+    repair_queue(fd, sys::TCP_NO_QUEUE)?;
+
+    let w = sys::TcpRepairWindow {
+        snd_wl1: st.window.snd_wl1,
+        snd_wnd: st.window.snd_wnd,
+        max_window: st.window.max_window,
+        rcv_wnd: st.window.rcv_wnd,
+        rcv_wup: st.window.rcv_wup,
+    };
+    sys::setsockopt(
+        fd,
+        libc::SOL_TCP,
+        sys::TCP_REPAIR_WINDOW,
+        &w,
+        "TCP_REPAIR_WINDOW",
+    )
+}
+
+/// A restored connection still frozen (repair mode on, input dropped): nothing is
+/// sent or acknowledged until [`Frozen::release`]; dropping it closes it silently.
+pub struct Frozen {
+    stream: TcpStream,
+    unsent: Vec<u8>,
+}
+
+/// Restores `st` on a new socket and keeps it frozen until the caller releases it
+/// (the target waits for the source's DONE: until then the source may still resume).
+///
+/// On failure the partial socket is closed in repair mode, so the peer sees nothing
+/// and the 4-tuple is free again (the caller may restore elsewhere).
+pub fn restore_frozen(st: &TcpState) -> io::Result<Frozen> {
+    st.validate().map_err(io::Error::other)?;
+    let owned = new_socket(&st.local)?;
+    let fd = owned.as_raw_fd();
+    // Input is dropped from the moment the 4-tuple exists (at `connect`), so nothing
+    // is acknowledged before the caller decides.
+    attach_drop_filter(fd)?;
+    // Dropping `owned` on an error below closes it while repair is still on: silent.
+    rebuild(fd, st)?;
+    Ok(Frozen {
+        stream: TcpStream::from(owned),
+        unsent: st.unsent().to_vec(),
+    })
+}
+
+impl Frozen {
+    /// Lets the connection run: repair off (a window probe tells the client to
+    /// resend what was dropped), input on, then the never-sent bytes are written.
+    pub fn release(self) -> io::Result<TcpStream> {
+        let mut stream = self.stream;
+        if let Err(e) = thaw(stream.as_raw_fd(), None) {
+            let _ = close_silently(stream);
+            return Err(e);
+        }
+        if !self.unsent.is_empty() {
+            if let Err(e) = write_unsent(&mut stream, &self.unsent) {
+                // Some bytes may be lost already: never leave such a socket running.
+                let _ = close_silently(stream);
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!("writing unsent bytes: {e}"),
+                ));
+            }
+        }
+        Ok(stream)
+    }
+
+    /// Closes the frozen copy without a trace (no FIN, no RST).
+    pub fn discard(self) {
+        let _ = close_silently(self.stream);
+    }
+}
+
+/// Poll interval while the send buffer is full (a few client round trips).
+const UNSENT_POLL_MS: libc::c_int = 10;
+
+/// Writes the never-sent bytes within [`UNSENT_WRITE_TIMEOUT`]. The send buffer can
+/// report "full" (EAGAIN) even on a blocking socket: the refilled queue's skbs are
+/// accounted differently from the source's, and the client's window may be shut; so
+/// wait for POLLOUT and retry instead of failing.
+fn write_unsent(stream: &mut TcpStream, mut buf: &[u8]) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + UNSENT_WRITE_TIMEOUT;
+    while !buf.is_empty() {
+        match stream.write(buf) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes")),
+            Ok(n) => buf = &buf[n..],
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                if std::time::Instant::now() >= deadline {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "send buffer stayed full",
+                    ));
+                }
+                let mut pfd = libc::pollfd {
+                    fd: stream.as_raw_fd(),
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one live pollfd.
+                unsafe { libc::poll(&mut pfd, 1, UNSENT_POLL_MS) };
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Restores `st` on a new socket and returns it as a working, blocking stream
+/// ([`restore_frozen`] then [`Frozen::release`]).
+pub fn restore(st: &TcpState) -> io::Result<TcpStream> {
+    restore_frozen(st)?.release()
+}

@@ -1,0 +1,295 @@
+//! Thin, checked wrappers over the Linux socket calls TCP_REPAIR needs. Constants
+//! are from the uapi headers (`linux/tcp.h`, `linux/sockios.h`); the `libc` crate does
+//! not export all of them.
+
+use std::io;
+use std::mem::size_of;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::RawFd;
+
+pub const TCP_MAXSEG: libc::c_int = 2;
+pub const TCP_INFO: libc::c_int = 11;
+pub const TCP_REPAIR: libc::c_int = 19;
+pub const TCP_REPAIR_QUEUE: libc::c_int = 20;
+pub const TCP_QUEUE_SEQ: libc::c_int = 21;
+pub const TCP_REPAIR_OPTIONS: libc::c_int = 22;
+pub const TCP_TIMESTAMP: libc::c_int = 24;
+pub const TCP_REPAIR_WINDOW: libc::c_int = 29;
+
+pub const TCP_REPAIR_ON: libc::c_int = 1;
+/// Repair off, and send a window probe so the peer learns our window at once.
+pub const TCP_REPAIR_OFF: libc::c_int = 0;
+
+pub const TCP_NO_QUEUE: libc::c_int = 0;
+pub const TCP_RECV_QUEUE: libc::c_int = 1;
+pub const TCP_SEND_QUEUE: libc::c_int = 2;
+
+pub const TCPOPT_MSS: u32 = 2;
+pub const TCPOPT_WINDOW: u32 = 3;
+pub const TCPOPT_SACK_PERM: u32 = 4;
+pub const TCPOPT_TIMESTAMP: u32 = 8;
+
+pub const TCPI_OPT_TIMESTAMPS: u8 = 1;
+pub const TCPI_OPT_SACK: u8 = 2;
+pub const TCPI_OPT_WSCALE: u8 = 4;
+/// The `tcpi_options` bits this crate knows how to restore; any other bit (ECN,
+/// ECN seen, SYN data, µs timestamps, TFO child, …) makes the dump refuse.
+pub const TCPI_OPT_KNOWN: u8 = TCPI_OPT_TIMESTAMPS | TCPI_OPT_SACK | TCPI_OPT_WSCALE;
+
+pub const TCP_ESTABLISHED: u8 = 1;
+
+/// `SIOCINQ` (= FIONREAD): bytes in the receive queue.
+pub const SIOCINQ: libc::c_ulong = 0x541B;
+/// `SIOCOUTQ` (= TIOCOUTQ): bytes in the send queue, unacknowledged plus unsent.
+pub const SIOCOUTQ: libc::c_ulong = 0x5411;
+/// `SIOCOUTQNSD`: bytes in the send queue never sent.
+pub const SIOCOUTQNSD: libc::c_ulong = 0x894B;
+
+pub const IPV6_FREEBIND: libc::c_int = 78;
+
+/// `struct tcp_repair_window`.
+#[repr(C)]
+#[derive(Default)]
+pub struct TcpRepairWindow {
+    pub snd_wl1: u32,
+    pub snd_wnd: u32,
+    pub max_window: u32,
+    pub rcv_wnd: u32,
+    pub rcv_wup: u32,
+}
+
+fn check(ret: libc::c_int, op: &'static str) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        let e = io::Error::last_os_error();
+        Err(io::Error::new(e.kind(), format!("{op}: {e}")))
+    } else {
+        Ok(ret)
+    }
+}
+
+/// `setsockopt` with a plain-old-data value.
+pub fn setsockopt<T>(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    val: &T,
+    op: &'static str,
+) -> io::Result<()> {
+    // SAFETY: `val` points to a live T of the length passed.
+    let ret = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (val as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
+        )
+    };
+    check(ret, op).map(drop)
+}
+
+/// `setsockopt` with a byte buffer (for arrays such as `TCP_REPAIR_OPTIONS`).
+pub fn setsockopt_bytes(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    val: &[u8],
+    op: &'static str,
+) -> io::Result<()> {
+    // SAFETY: `val` is a live buffer of the length passed.
+    let ret = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            val.as_ptr().cast(),
+            val.len() as libc::socklen_t,
+        )
+    };
+    check(ret, op).map(drop)
+}
+
+/// `getsockopt` into a plain-old-data value; returns the length the kernel wrote.
+pub fn getsockopt<T: Default>(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    op: &'static str,
+) -> io::Result<(T, usize)> {
+    let mut val = T::default();
+    let mut len = size_of::<T>() as libc::socklen_t;
+    // SAFETY: `val` is a live T and `len` its size; the kernel writes at most `len`.
+    let ret = unsafe { libc::getsockopt(fd, level, name, (&mut val as *mut T).cast(), &mut len) };
+    check(ret, op)?;
+    Ok((val, len as usize))
+}
+
+/// `getsockopt` of an int.
+pub fn getsockopt_int(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    op: &'static str,
+) -> io::Result<libc::c_int> {
+    getsockopt::<libc::c_int>(fd, level, name, op).map(|(v, _)| v)
+}
+
+/// `ioctl` returning an int (SIOCINQ / SIOCOUTQ / SIOCOUTQNSD).
+pub fn ioctl_int(fd: RawFd, req: libc::c_ulong, op: &'static str) -> io::Result<libc::c_int> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: these requests write one int through the pointer.
+    let ret = unsafe { libc::ioctl(fd, req as _, &mut v as *mut libc::c_int) };
+    check(ret, op)?;
+    Ok(v)
+}
+
+/// `recv` with flags into `buf`; returns the byte count. Errors are the raw OS error
+/// (callers match on errno).
+pub fn recv(fd: RawFd, buf: &mut [u8], flags: libc::c_int) -> io::Result<usize> {
+    // SAFETY: `buf` is a live, writable buffer of the length passed.
+    let ret = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), flags) };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ret as usize)
+}
+
+/// `send` without SIGPIPE; returns the byte count.
+pub fn send(fd: RawFd, buf: &[u8], op: &'static str) -> io::Result<usize> {
+    // SAFETY: `buf` is a live buffer of the length passed.
+    let ret = unsafe {
+        libc::send(
+            fd,
+            buf.as_ptr().cast(),
+            buf.len(),
+            libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+        )
+    };
+    if ret < 0 {
+        check(-1, op)?;
+    }
+    Ok(ret as usize)
+}
+
+/// A `sockaddr_storage` filled from a Rust address, and its length.
+pub fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
+            let sin = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
+            };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in6.
+            let sin6 = unsafe {
+                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
+            };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_flowinfo = a.flowinfo();
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            sin6.sin6_scope_id = a.scope_id();
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+fn from_sockaddr(ss: &libc::sockaddr_storage) -> io::Result<SocketAddr> {
+    match ss.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin =
+                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            Ok(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6 =
+                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            Ok(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+                u16::from_be(sin6.sin6_port),
+                sin6.sin6_flowinfo,
+                sin6.sin6_scope_id,
+            )))
+        }
+        f => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("address family {f} is not IPv4 or IPv6"),
+        )),
+    }
+}
+
+/// `getsockname` / `getpeername`.
+pub fn sock_addr(fd: RawFd, peer: bool) -> io::Result<SocketAddr> {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    let p = (&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr>();
+    // SAFETY: `ss` is a live sockaddr_storage and `len` its size.
+    let ret = unsafe {
+        if peer {
+            libc::getpeername(fd, p, &mut len)
+        } else {
+            libc::getsockname(fd, p, &mut len)
+        }
+    };
+    check(ret, if peer { "getpeername" } else { "getsockname" })?;
+    from_sockaddr(&ss)
+}
+
+/// `bind`.
+pub fn bind(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
+    let (ss, len) = to_sockaddr(addr);
+    // SAFETY: `ss` holds a valid address of length `len`.
+    let ret = unsafe { libc::bind(fd, (&ss as *const libc::sockaddr_storage).cast(), len) };
+    check(ret, "bind").map(drop)
+}
+
+/// `connect` (in repair mode it returns at once, without a handshake).
+pub fn connect(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
+    let (ss, len) = to_sockaddr(addr);
+    // SAFETY: `ss` holds a valid address of length `len`.
+    let ret = unsafe { libc::connect(fd, (&ss as *const libc::sockaddr_storage).cast(), len) };
+    check(ret, "connect (repair)").map(drop)
+}
+
+/// The first bytes of `struct tcp_info` this crate reads.
+#[derive(Clone, Copy, Debug)]
+pub struct TcpInfoHead {
+    pub state: u8,
+    pub options: u8,
+    pub snd_wscale: u8,
+    pub rcv_wscale: u8,
+}
+
+/// `TCP_INFO`, parsed for state, options and window scales.
+pub fn tcp_info(fd: RawFd) -> io::Result<TcpInfoHead> {
+    // The kernel copies min(len, sizeof tcp_info); 8 bytes cover the fields used:
+    // u8 state, ca_state, retransmits, probes, backoff, options,
+    // snd_wscale:4 | rcv_wscale:4 (little-endian bitfield order), …
+    let (buf, len) = getsockopt::<[u8; 8]>(fd, libc::SOL_TCP, TCP_INFO, "getsockopt TCP_INFO")?;
+    if len < 7 {
+        return Err(io::Error::other("TCP_INFO too short"));
+    }
+    Ok(TcpInfoHead {
+        state: buf[0],
+        options: buf[5],
+        snd_wscale: buf[6] & 0x0f,
+        rcv_wscale: buf[6] >> 4,
+    })
+}
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("tcp_info bitfield parsing assumes a little-endian target");
