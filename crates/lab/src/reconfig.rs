@@ -96,6 +96,13 @@ const PROXY_PORT: u16 = 8080;
 const ADMIN_PORT: u16 = 9100;
 /// Each proxy's own balancer region (rmem tcp server of `[reconf]`).
 const BALANCER_PORT: u16 = 7100;
+/// gatherd's sampling period, µs: one CFS period of the nodes' quota, so each
+/// utilisation sample averages a whole period (a 1 ms sample of a throttled node reads
+/// either full or idle, and a site would never look overloaded for T in a row).
+const GATHERD_PERIOD_US: u64 = crate::netns::CPU_PERIOD_US;
+/// The proxies' `admission.stale_after_ms` (admission stays off; routing still
+/// distrusts a region that stops advancing): several gatherd periods.
+const STALE_AFTER_MS: u64 = 5 * GATHERD_PERIOD_US / 1000;
 /// Bits of a role word's version (`site << 48 | version`, docs/reconf.md).
 const ROLE_VERSION_BITS: u32 = 48;
 
@@ -626,6 +633,8 @@ impl Lab {
                 "gatherd",
                 "--node-id",
                 &i.to_string(),
+                "--period-us",
+                &GATHERD_PERIOD_US.to_string(),
                 "--watch-port",
                 &WEB_PORT.to_string(),
                 "--no-shm",
@@ -675,7 +684,9 @@ impl Lab {
         for (id, p) in self.proxies.iter().enumerate() {
             let listen = self.addr(p, PROXY_PORT);
             let admin = self.addr(p, ADMIN_PORT);
-            let mut s = format!("listen = \"{listen}\"\n");
+            let mut s = format!(
+                "listen = \"{listen}\"\n\n[admission]\nenabled = false\nstale_after_ms = {STALE_AFTER_MS}\n"
+            );
             for (_, web, region, _) in &nodes {
                 let _ = write!(
                     s,
@@ -938,8 +949,11 @@ fn measure(
     let after = switch_buckets(lab, &t);
     let d = crate::promtext::delta(&after, &before);
     let mut moves = 0;
-    for &(_, admin) in &t.proxies {
-        moves += plain_value(&lab.scrape(admin)?, "farside_reconf_moves_total");
+    for (i, &(_, admin)) in t.proxies.iter().enumerate() {
+        let m = lab.scrape(admin)?;
+        moves += plain_value(&m, "farside_reconf_moves_total");
+        // Kept for diagnosis (the balancer's rounds, skips, races, no-donor counts).
+        std::fs::write(lab.logs.join(format!("{tag}-proxy-p{i}.metrics")), &m)?;
     }
     Ok(ReconfigPoint {
         system: key.system.clone(),
