@@ -1319,7 +1319,7 @@ mod tests {
             let o = overprovisioned_allocation(&r, loaded);
             assert_eq!(o.iter().filter(|&&s| s == loaded).count(), 8 - 2);
             for s in 0..3 {
-                assert!(o.iter().any(|&x| x == s), "site {s} kept a node");
+                assert!(o.contains(&s), "site {s} kept a node");
             }
         }
         let r4 = [2, 2, 2, 2];
