@@ -89,6 +89,7 @@ fn netns_reconf_moves_a_node_to_the_loaded_site() {
     }
     let reconf = points.iter().find(|p| p["system"] == "reconf").unwrap();
     assert!(reconf["moves"].as_u64().unwrap() >= 1, "{reconf}");
+    assert_eq!(reconf["history_ms"], 300, "{reconf}");
     assert!(reconf["switch_p50_ms"].as_f64().is_some(), "{reconf}");
     // The loaded site was served by more than its 2 static nodes at some point.
     assert!(
@@ -105,10 +106,14 @@ fn netns_reconf_moves_a_node_to_the_loaded_site() {
         .unwrap();
     assert_eq!(over["moves"], 0, "no balancer runs: {over}");
     assert!(over["lab_moves"].as_u64().unwrap() >= 1, "{over}");
-    for f in ["table.txt", "reconfig.csv", "nodes-reconf-2-2-1200.csv"] {
+    for f in [
+        "table.txt",
+        "reconfig.csv",
+        "nodes-reconf-T300-2-2-1200.csv",
+    ] {
         assert!(out.join(f).exists(), "{f}");
     }
     let table = std::fs::read_to_string(out.join("table.txt")).unwrap();
     assert!(table.contains("Fig. 7"), "{table}");
-    assert!(out.join("configs/reconf-2-2-p0.toml").exists());
+    assert!(out.join("configs/reconf-T300-2-2-p0.toml").exists());
 }

@@ -159,9 +159,11 @@ pub struct ReconfigArgs {
     /// S: the balancers' period, ms.
     #[arg(long, default_value_t = 1000)]
     pub sensitivity_ms: u64,
-    /// T: how long a site stays overloaded before it gets a node, ms.
-    #[arg(long, default_value_t = 5000)]
-    pub history_ms: u64,
+    /// T: how long a site stays overloaded before it gets a node, ms. Several values
+    /// (comma-separated) sweep T for `reconf`, one point each: thrashing (moves) against
+    /// responsiveness (TPS), which the paper leaves unexplored.
+    #[arg(long, value_delimiter = ',', default_value = "5000")]
+    pub history_ms: Vec<u64>,
     /// Lease of a site lock, ms.
     #[arg(long, default_value_t = 3000)]
     pub lease_ms: u64,
@@ -203,6 +205,9 @@ pub struct ReconfigPoint {
     pub burst: u64,
     /// `xdp` or `tcp`: the back-ends' region transport.
     pub transport: String,
+    /// T (history window) of a `reconf` point, ms; `None` for the static systems.
+    #[serde(default)]
+    pub history_ms: Option<u64>,
     /// Requests served / summed wall time of the point's bursts, requests/s.
     pub tps: f64,
     /// Requests served (status < 500) over all bursts.
@@ -246,6 +251,7 @@ impl ReconfigPoint {
                 scenario: String::new(),
                 burst: 0,
                 transport: String::new(),
+                history_ms: None,
                 tps: 0.0,
                 served: 0,
                 failures: 0,
@@ -399,6 +405,15 @@ pub fn split(total: u64, parts: usize) -> Vec<u64> {
         .collect()
 }
 
+/// A system's name in tables and file names: `reconf` points carry their T
+/// (`reconf-T5000`).
+pub fn label(system: &str, history_ms: Option<u64>) -> String {
+    match history_ms {
+        Some(t) => format!("{system}-T{t}"),
+        None => system.to_string(),
+    }
+}
+
 fn site_name(i: usize) -> String {
     format!("s{i}")
 }
@@ -494,7 +509,7 @@ fn check_args(a: &ReconfigArgs) -> io::Result<Plan> {
     if a.node_cpu_pct == Some(0) {
         return Err(bad("--node-cpu-pct 0: at least 1".into()));
     }
-    if a.sensitivity_ms == 0 || a.history_ms == 0 {
+    if a.sensitivity_ms == 0 || a.history_ms.is_empty() || a.history_ms.contains(&0) {
         return Err(bad("--sensitivity-ms and --history-ms: at least 1".into()));
     }
     if !(1..=100).contains(&a.high_pct) || !(1..=100).contains(&a.spare_pct) {
@@ -593,11 +608,11 @@ impl Lab {
         &self,
         a: &ReconfigArgs,
         xdp: bool,
-        system: &str,
-        scenario: &str,
+        key: &Key,
         ratio: &[usize],
         tag: &str,
     ) -> io::Result<Tier> {
+        let (system, scenario, history_ms) = (&key.system, &key.scenario, key.history_ms);
         let alloc = initial_allocation(ratio);
         let sites: Vec<String> = (0..ratio.len()).map(site_name).collect();
         let mut children = Vec::new();
@@ -710,15 +725,17 @@ impl Lab {
                     balancers.join(", "),
                     self.addr(p, BALANCER_PORT),
                     a.sensitivity_ms,
-                    a.history_ms,
+                    history_ms.unwrap_or(a.history_ms[0]),
                     a.lease_ms,
                     self.high_ppm,
                     self.spare_ppm
                 );
             }
-            let cfg = self
-                .configs
-                .join(format!("{system}-{}-{p}.toml", scenario.replace(':', "-")));
+            let cfg = self.configs.join(format!(
+                "{}-{}-{p}.toml",
+                label(system, history_ms),
+                scenario.replace(':', "-")
+            ));
             std::fs::write(&cfg, s)?;
             let mut c = self.spawn(
                 p,
@@ -856,11 +873,11 @@ fn measure(
 ) -> io::Result<ReconfigPoint> {
     let tag = format!(
         "{}-{}-{}",
-        key.system,
+        label(&key.system, key.history_ms),
         key.scenario.replace(':', "-"),
         key.burst
     );
-    let t = lab.start_tier(a, xdp, &key.system, &key.scenario, ratio, &tag)?;
+    let t = lab.start_tier(a, xdp, key, ratio, &tag)?;
     let before = switch_buckets(lab, &t);
     let schedule = burst_schedule(ratio.len(), key.burst, a.cycles);
     let clients = split(a.clients as u64, t.proxies.len());
@@ -960,6 +977,7 @@ fn measure(
         scenario: key.scenario.clone(),
         burst: key.burst,
         transport: a.transport.clone(),
+        history_ms: key.history_ms,
         tps: if wall_s > 0.0 {
             served as f64 / wall_s
         } else {
@@ -986,6 +1004,35 @@ struct Key {
     scenario: String,
     burst: u64,
     system: String,
+    /// T of a `reconf` point.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history_ms: Option<u64>,
+}
+
+/// The points of a run, scenario by scenario, burst by burst: every system once, and
+/// `reconf` once per T.
+fn point_keys(plan: &Plan, history_ms: &[u64]) -> Vec<Key> {
+    let mut keys = Vec::new();
+    for (sc, _) in &plan.scenarios {
+        for &b in &plan.bursts {
+            for sys in &plan.systems {
+                let ts: Vec<Option<u64>> = if sys == "reconf" {
+                    history_ms.iter().map(|&t| Some(t)).collect()
+                } else {
+                    vec![None]
+                };
+                for history_ms in ts {
+                    keys.push(Key {
+                        scenario: sc.clone(),
+                        burst: b,
+                        system: sys.clone(),
+                        history_ms,
+                    });
+                }
+            }
+        }
+    }
+    keys
 }
 
 /// Build the namespaces, the sites' files and the thresholds.
@@ -1081,7 +1128,7 @@ pub fn table(points: &[&ReconfigPoint]) -> String {
         let _ = writeln!(
             s,
             "{:<16} {:<9} {:>7} {:>9} {:>9.1} {:>8} {:>6} {:>9} {:>10} {:>10} {:>9.1}",
-            p.system,
+            label(&p.system, p.history_ms),
             p.scenario,
             p.burst,
             p.transport,
@@ -1101,11 +1148,12 @@ pub fn table(points: &[&ReconfigPoint]) -> String {
         }
     }
     for sc in scenarios {
-        let mut systems: Vec<&str> = Vec::new();
+        let mut systems: Vec<String> = Vec::new();
         let mut bursts: Vec<u64> = Vec::new();
         for p in points.iter().filter(|p| p.scenario == sc) {
-            if !systems.contains(&p.system.as_str()) {
-                systems.push(&p.system);
+            let l = label(&p.system, p.history_ms);
+            if !systems.contains(&l) {
+                systems.push(l);
             }
             if !bursts.contains(&p.burst) {
                 bursts.push(p.burst);
@@ -1124,10 +1172,9 @@ pub fn table(points: &[&ReconfigPoint]) -> String {
         for b in bursts {
             let _ = write!(s, "{b:<8}");
             for sys in &systems {
-                match points
-                    .iter()
-                    .find(|p| p.scenario == sc && p.burst == b && p.system == *sys)
-                {
+                match points.iter().find(|p| {
+                    p.scenario == sc && p.burst == b && label(&p.system, p.history_ms) == *sys
+                }) {
                     Some(p) => {
                         let _ = write!(s, " {:>16.1}", p.tps);
                     }
@@ -1146,13 +1193,14 @@ pub fn table(points: &[&ReconfigPoint]) -> String {
 pub fn csv(points: &[&ReconfigPoint]) -> String {
     let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
     let mut s = String::from(
-        "system,scenario,burst,transport,tps,served,failures,wall_s,bursts,moves,lab_moves,switches,switch_p50_ms,switch_p99_ms\n",
+        "system,history_ms,scenario,burst,transport,tps,served,failures,wall_s,bursts,moves,lab_moves,switches,switch_p50_ms,switch_p99_ms\n",
     );
     for p in points {
         let _ = writeln!(
             s,
-            "{},{},{},{},{:.3},{},{},{:.3},{},{},{},{},{},{}",
+            "{},{},{},{},{},{:.3},{},{},{:.3},{},{},{},{},{},{}",
             p.system,
+            p.history_ms.map_or(String::new(), |t| t.to_string()),
             p.scenario,
             p.burst,
             p.transport,
@@ -1181,7 +1229,7 @@ pub fn series_csv(p: &ReconfigPoint) -> (String, String) {
     (
         format!(
             "nodes-{}-{}-{}.csv",
-            p.system,
+            label(&p.system, p.history_ms),
             p.scenario.replace(':', "-"),
             p.burst
         ),
@@ -1236,18 +1284,7 @@ pub fn run(a: ReconfigArgs) -> io::Result<()> {
         "tps": "requests served / summed wall time of the point's bursts",
     });
     let mut sweep = crate::sweep::Sweep::start(&dir, meta, a.resume.is_some())?;
-    let mut keys = Vec::new();
-    for (sc, _) in &plan.scenarios {
-        for &b in &plan.bursts {
-            for sys in &plan.systems {
-                keys.push(Key {
-                    scenario: sc.clone(),
-                    burst: b,
-                    system: sys.clone(),
-                });
-            }
-        }
-    }
+    let keys = point_keys(&plan, &a.history_ms);
     let mut lab: Option<Lab> = None;
     let mut notes = Vec::new();
     // A rough per-point estimate for the ETA: every site's burst at ~500 requests/s,
@@ -1261,7 +1298,14 @@ pub fn run(a: ReconfigArgs) -> io::Result<()> {
         &keys,
         1,
         est_run_s,
-        |k: &Key| format!("{} {} L={}", k.system, k.scenario, k.burst),
+        |k: &Key| {
+            format!(
+                "{} {} L={}",
+                label(&k.system, k.history_ms),
+                k.scenario,
+                k.burst
+            )
+        },
         |k, _| {
             if lab.is_none() {
                 lab = Some(start_lab(&a, &dir, nodes_n, &mut notes, sites_n)?);
@@ -1380,7 +1424,7 @@ mod tests {
             node_cpu_pct: None,
             transport: "xdp".into(),
             sensitivity_ms: 1000,
-            history_ms: 5000,
+            history_ms: vec![5000],
             lease_ms: 3000,
             high_pct: 80,
             spare_pct: 60,
@@ -1452,12 +1496,47 @@ mod tests {
     }
 
     #[test]
+    fn a_t_sweep_gives_reconf_one_point_per_t() {
+        let plan = check_args(&ReconfigArgs {
+            systems: vec!["rigid".into(), "reconf".into()],
+            bursts: vec![512, 4096],
+            ..args()
+        })
+        .unwrap();
+        let keys = point_keys(&plan, &[300, 5000]);
+        let names: Vec<String> = keys
+            .iter()
+            .map(|k| format!("{} {}", label(&k.system, k.history_ms), k.burst))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "rigid 512",
+                "reconf-T300 512",
+                "reconf-T5000 512",
+                "rigid 4096",
+                "reconf-T300 4096",
+                "reconf-T5000 4096"
+            ]
+        );
+        let e = check_args(&ReconfigArgs {
+            history_ms: vec![0],
+            ..args()
+        })
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("--history-ms"), "{e}");
+    }
+
+    #[test]
     fn points_round_trip_as_reconfig_points_and_render() {
         let p = ReconfigPoint {
             system: "reconf".into(),
             scenario: "2:2".into(),
             burst: 512,
             transport: "xdp".into(),
+            history_ms: Some(300),
             tps: 100.0,
             served: 1024,
             failures: 0,
@@ -1486,9 +1565,10 @@ mod tests {
             .lines()
             .nth(1)
             .unwrap()
-            .starts_with("reconf,2:2,512,xdp,"));
+            .starts_with("reconf,300,2:2,512,xdp,"));
+        assert!(t.contains("reconf-T300"), "{t}");
         let (name, body) = series_csv(&p);
-        assert_eq!(name, "nodes-reconf-2-2-512.csv");
+        assert_eq!(name, "nodes-reconf-T300-2-2-512.csv");
         assert_eq!(body, "t_s,site,nodes\n0.100,0,2\n");
         let c = ReconfigPoint::combine(&[p.clone(), p.clone()]);
         assert_eq!((c.runs, c.moves, c.served), (2, 2, 2048));
