@@ -7,6 +7,7 @@
 //! - [`haproxy`]: HAProxy as the `haproxy` system of `lab admission`
 //! - [`probe`]: the remote-read latency micro-benchmark (`lab probe`)
 //! - [`faults`]: fault injection into a loaded tier (`lab faults`)
+//! - [`reconfig`]: seed 001's reconfiguration experiment (`lab reconfig`)
 //! - [`procs`]: child-process supervision for the lab's nodes
 //! - [`nginx`]: real nginx as a back-end
 //! - [`sweep`]: the one sweep runner every experiment uses (repeats, progress with ETA,
@@ -28,6 +29,7 @@ pub mod nginx;
 pub mod probe;
 pub mod procs;
 pub mod promtext;
+pub mod reconfig;
 pub mod report;
 pub mod scenario;
 pub mod summary;
@@ -56,6 +58,10 @@ pub enum LabCmd {
     /// proxy restart (drain) and reload; answered / refused / failed / hung requests
     /// and time to a fresh view per fault (issue 8 item 9).
     Faults(faults::FaultsArgs),
+    /// Seed 001's shared data-center: rigid vs overprovisioned vs reconf (balancers in
+    /// the proxies move back-end nodes between sites by remote CAS) under bursts of
+    /// requests to one site after another (Fig. 7-9); needs root (netns).
+    Reconfig(reconfig::ReconfigArgs),
     /// Re-render the table, CSV files, plots and report.html of a kept run from its
     /// summary.json and points.jsonl, without running anything.
     Report(ReportArgs),
@@ -90,6 +96,7 @@ fn run_cmd(a: LabArgs) -> std::io::Result<()> {
         LabCmd::Admission(x) => admission::run(x),
         LabCmd::Probe(x) => probe::run(x),
         LabCmd::Faults(x) => faults::run(x),
+        LabCmd::Reconfig(x) => reconfig::run(x),
         LabCmd::Report(x) => {
             let (s, files) = sweep::regenerate(&x.dir)?;
             report::print_table(&s, &mut std::io::stdout())?;

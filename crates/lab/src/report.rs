@@ -709,6 +709,11 @@ pub fn table_text(s: &Summary) -> String {
         }
         out.push('\n');
     }
+    let reconfig: Vec<&crate::reconfig::ReconfigPoint> = s.reconfig_points().collect();
+    if !reconfig.is_empty() {
+        out.push_str(&crate::reconfig::table(&reconfig));
+        out.push('\n');
+    }
     if s.points.is_empty() {
         let _ = writeln!(out, "{}: no points measured", s.experiment);
     }
@@ -739,6 +744,15 @@ pub fn write_all(s: &Summary, dir: &Path) -> io::Result<Vec<PathBuf>> {
     if !faults.is_empty() {
         put("faults.csv", &faults_csv(&faults)?)?;
         put("table.txt", &table_text(s))?;
+    }
+    let reconfig: Vec<&crate::reconfig::ReconfigPoint> = s.reconfig_points().collect();
+    if !reconfig.is_empty() {
+        put("reconfig.csv", &crate::reconfig::csv(&reconfig))?;
+        put("table.txt", &table_text(s))?;
+        for p in &reconfig {
+            let (name, body) = crate::reconfig::series_csv(p);
+            put(&name, &body)?;
+        }
     }
     for p in &g.points {
         if !p.series.is_empty() {
@@ -1453,6 +1467,14 @@ pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
             out,
             "<h2>Faults</h2>\n<pre>{}</pre>",
             escape(&crate::faults::table(&faults))
+        );
+    }
+    let reconfig: Vec<&crate::reconfig::ReconfigPoint> = s.reconfig_points().collect();
+    if !reconfig.is_empty() {
+        let _ = writeln!(
+            out,
+            "<h2>Reconfiguration</h2>\n<pre>{}</pre>",
+            escape(&crate::reconfig::table(&reconfig))
         );
     }
     if s.points.is_empty() {

@@ -134,6 +134,10 @@ pub enum AnyPoint {
     Probe(ProbePoint),
     /// What the clients saw during one injected fault (`lab faults`).
     Fault(crate::faults::FaultRow),
+    /// One system, scenario and burst length of `lab reconfig` (recognised by
+    /// `scenario`, `burst`, `moves`, `lab_moves`, ...; last, so it never shadows the
+    /// kinds above).
+    Reconfig(crate::reconfig::ReconfigPoint),
 }
 
 /// One admission-control measurement: one system, trace and client count.
@@ -533,6 +537,17 @@ impl AnyPoint {
                     })
                     .collect::<Vec<_>>(),
             )),
+            Some(AnyPoint::Reconfig(_)) => {
+                AnyPoint::Reconfig(crate::reconfig::ReconfigPoint::combine(
+                    &runs
+                        .iter()
+                        .filter_map(|p| match p {
+                            AnyPoint::Reconfig(p) => Some(p.clone()),
+                            _ => None,
+                        })
+                        .collect::<Vec<_>>(),
+                ))
+            }
             _ => AnyPoint::Admission(Point::combine(
                 &runs
                     .iter()
@@ -575,6 +590,7 @@ impl AnyPoint {
                 r.time_to_fresh_ms
                     .map_or("never".to_string(), |v| format!("{v:.0} ms"))
             ),
+            AnyPoint::Reconfig(p) => p.progress_line(),
         }
     }
 }
@@ -643,6 +659,14 @@ impl Summary {
     pub fn fault_rows(&self) -> impl Iterator<Item = &crate::faults::FaultRow> {
         self.points.iter().filter_map(|p| match p {
             AnyPoint::Fault(r) => Some(r),
+            _ => None,
+        })
+    }
+
+    /// The `lab reconfig` points, in insertion order.
+    pub fn reconfig_points(&self) -> impl Iterator<Item = &crate::reconfig::ReconfigPoint> {
+        self.points.iter().filter_map(|p| match p {
+            AnyPoint::Reconfig(p) => Some(p),
             _ => None,
         })
     }

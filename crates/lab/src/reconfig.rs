@@ -1,0 +1,1577 @@
+//! `farside lab reconfig`: seed 001's reconfiguration experiment (issue 11 item 6).
+//!
+//! A shared data-center of N back-end nodes (N = the scenario's sum: `3:3:2` and
+//! `2:2:2:2` are 8) hosting several sites, each node in its own network namespace and
+//! cgroup with a CPU quota (`--node-cpu-pct`; default: the back-ends together get half of
+//! the machine's CPUs, each node an equal share, so nodes saturate independently). Every
+//! node runs `farside backend --sites-root DIR --site S --control SOCK` (DIR holds one
+//! directory per site with a 1 KiB file, the paper's 1 KB files; `--cpu-us-per-request`
+//! emulates a costlier server, as Apache was on the paper's nodes) and `farside gatherd`
+//! with the node agent (`--role-backend-control SOCK --role-sites s0,s1,..
+//! --role-initial i --rw-key KEY`), `--cgroup` at the node's cgroup so the load it
+//! publishes is the node's own, and the region served over `--transport`: `xdp` (udp
+//! answered by XDP in the node's kernel: one-sided) or `tcp` (gatherd's user-space tcp
+//! server: two-sided, it needs the node's CPU, which the loaded nodes are short of).
+//!
+//! `--proxies` proxies (`p0`, `p1`, ..) share the client load; each has a `[[sites]]`
+//! entry per site (hosts `s0.example`, ..; anchor: the site's first node) and, for the
+//! `reconf` system, `[reconf]` with every balancer's region. Their TOML is written to
+//! `configs/` in the output directory.
+//!
+//! Systems:
+//! - `rigid`: the scenario's static allocation (sites get consecutive nodes in ratio
+//!   order), no `[reconf]`.
+//! - `overprovisioned`: the loaded site statically has N − (sites − 1) nodes. The
+//!   loaded site changes every burst, so before each burst the lab itself moves every
+//!   non-anchor node to the burst's site by remote CAS on `ROLE_WANTED` and waits until
+//!   every proxy routes to them; that set-up time is not counted in the TPS (the best
+//!   static case, which a real data-center pays for with that many nodes per site).
+//! - `reconf`: starts as `rigid`; the proxies' balancers move nodes (`[reconf]`).
+//!
+//! Load: bursts of L requests to one site (the Host header), then L to the next, cycling
+//! over the sites `--cycles` times (`sites × cycles` bursts per point), run as one
+//! closed-loop loadgen per proxy in parallel (`--clients` split over them, L split
+//! likewise). A point is (system, scenario, L); its `tps` = requests served / the summed
+//! wall time of its bursts. Moves: the proxies' `farside_reconf_moves_total` (summed);
+//! switch times: the gatherds' `farside_gatherd_role_switch_ms` histogram over the point
+//! (new wanted value seen → served, drain included), p50/p99 interpolated. Every
+//! [`SERIES_EVERY`] the lab reads proxy `p0`'s `farside_proxy_site_backends{site}` for
+//! the loaded site: the nodes serving it over time (Fig. 8/9), kept in the point.
+//! Every point starts from fresh processes (allocation, balancer history and metrics
+//! reset); the namespaces are built once per run.
+
+use crate::netns::{NodeSpec, VirtualDc};
+use crate::procs::Child;
+use farside_loadgen::LoadgenArgs;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The systems compared.
+pub const SYSTEMS: [&str; 3] = ["rigid", "overprovisioned", "reconf"];
+/// The paper's scenarios (3 sites 3:3:2, 4 sites 2:2:2:2 on 8 nodes).
+pub const SCENARIOS: [&str; 2] = ["3:3:2", "2:2:2:2"];
+/// Burst lengths of a full run (the paper spans 512..16,384).
+pub const BURSTS_FULL: [u64; 4] = [512, 2048, 8192, 16384];
+/// Burst lengths of `--quick`.
+pub const BURSTS_QUICK: [u64; 2] = [512, 4096];
+/// Most back-end nodes in a scenario: the virtual data-center holds at most
+/// [`crate::netns::MAX_NODES`] nodes, and the proxies' table is scanned per request.
+pub const SCENARIO_NODES_MAX: usize = 64;
+/// Most sites: a site id is 16 bits in the role word, but the lab's sites are the
+/// proxies' `[[sites]]` and its bursts cycle over all of them.
+pub const SITES_MAX: usize = 32;
+/// Lowest default node quota, percent of one CPU: below it a node's scheduling slices
+/// (CFS period 100 ms) make its service bursty rather than slow.
+pub const NODE_CPU_PCT_MIN: u32 = 5;
+/// The size of each site's file (the paper's 1 KB files).
+pub const FILE_BYTES: usize = 1024;
+/// The path every request asks for.
+pub const FILE_PATH: &str = "/f1k";
+/// Period of the nodes-serving-the-loaded-site series (the issue's 100 ms).
+pub const SERIES_EVERY: Duration = Duration::from_millis(100);
+/// Read-write key of the nodes' regions (balancers and the lab CAS with it).
+pub const RW_KEY: &str = "5eed0001";
+/// Longest wait for a process to listen, or for the proxies to see an allocation.
+const READY_MAX: Duration = Duration::from_secs(20);
+/// Poll period while waiting for an allocation to be served.
+const POLL: Duration = Duration::from_millis(20);
+/// Longest one burst may run (loadgen's duration bound; a burst still running then has
+/// a stuck tier, and its point reports what was served by then).
+const BURST_TIME_MAX_S: f64 = 900.0;
+/// Timeout of the lab's own remote ops (overprovisioned set-up), per op.
+const RMEM_TIMEOUT: Duration = Duration::from_millis(500);
+/// Attempts at one CAS of the lab's (a concurrent agent write only changes the version).
+const CAS_ATTEMPTS: usize = 5;
+/// Fixed ports of the netns tier (each node has its own IP).
+const WEB_PORT: u16 = 80;
+const REGION_UDP_PORT: u16 = 7002;
+const REGION_TCP_PORT: u16 = 7001;
+const GATHERD_METRICS_PORT: u16 = 9200;
+const PROXY_PORT: u16 = 8080;
+const ADMIN_PORT: u16 = 9100;
+/// Each proxy's own balancer region (rmem tcp server of `[reconf]`).
+const BALANCER_PORT: u16 = 7100;
+/// gatherd's sampling period, µs: one CFS period of the nodes' quota, so each
+/// utilisation sample averages a whole period (a 1 ms sample of a throttled node reads
+/// either full or idle, and a site would never look overloaded for T in a row).
+const GATHERD_PERIOD_US: u64 = crate::netns::CPU_PERIOD_US;
+/// The proxies' `admission.stale_after_ms` (admission stays off; routing still
+/// distrusts a region that stops advancing): several gatherd periods.
+const STALE_AFTER_MS: u64 = 5 * GATHERD_PERIOD_US / 1000;
+/// Bits of a role word's version (`site << 48 | version`, docs/reconf.md).
+const ROLE_VERSION_BITS: u32 = 48;
+
+/// `farside lab reconfig`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReconfigArgs {
+    /// Output directory (summary.json, points.jsonl, table.txt, reconfig.csv, series
+    /// CSVs, configs/, logs/).
+    #[arg(long, default_value = "out/reconfig")]
+    pub out: PathBuf,
+    /// Continue the broken run kept in DIR: points already measured are skipped.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// Bursts 512,4096 and the scenario 2:2:2:2 only (unless given), for CI (< 5 min).
+    #[arg(long)]
+    pub quick: bool,
+    /// Where the nodes run: netns only (root: one namespace and cgroup per node, so each
+    /// node's CPU and load are its own).
+    #[arg(long, default_value = "netns")]
+    pub hosts: String,
+    /// Systems to compare (comma-separated): rigid, overprovisioned, reconf.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "rigid,overprovisioned,reconf"
+    )]
+    pub systems: Vec<String>,
+    /// Scenarios: node ratios per site, e.g. 3:3:2 (3 sites on 8 nodes). Default:
+    /// 3:3:2,2:2:2:2 (--quick: 2:2:2:2).
+    #[arg(long, value_delimiter = ',')]
+    pub scenario: Vec<String>,
+    /// Burst lengths L (requests per burst). Default 512,2048,8192,16384 (--quick:
+    /// 512,4096).
+    #[arg(long, value_delimiter = ',')]
+    pub bursts: Vec<u64>,
+    /// Rounds over the sites per point (each a burst of L to every site in turn).
+    #[arg(long, default_value_t = 1)]
+    pub cycles: usize,
+    /// Closed-loop clients in all, split over the proxies.
+    #[arg(long, default_value_t = 64)]
+    pub clients: usize,
+    /// Proxies sharing the client load (each a balancer under `reconf`).
+    #[arg(long, default_value_t = 2)]
+    pub proxies: usize,
+    /// CPU quota of each back-end node, percent of one CPU. Default: half the machine's
+    /// CPUs shared equally by the nodes (100 × CPUs / (2 × nodes), at least 5).
+    #[arg(long)]
+    pub node_cpu_pct: Option<u32>,
+    /// Region transport of the back-ends: xdp (udp answered by XDP, one-sided) or tcp
+    /// (gatherd's user-space server, two-sided). Balancers' locks and moves and the
+    /// proxies' monitor use it alike.
+    #[arg(long, default_value = "xdp")]
+    pub transport: String,
+    /// S: the balancers' period, ms.
+    #[arg(long, default_value_t = 1000)]
+    pub sensitivity_ms: u64,
+    /// T: how long a site stays overloaded before it gets a node, ms. Several values
+    /// (comma-separated) sweep T for `reconf`, one point each: thrashing (moves) against
+    /// responsiveness (TPS), which the paper leaves unexplored.
+    #[arg(long, value_delimiter = ',', default_value = "5000")]
+    pub history_ms: Vec<u64>,
+    /// Lease of a site lock, ms.
+    #[arg(long, default_value_t = 3000)]
+    pub lease_ms: u64,
+    /// A site is overloaded when its nodes' mean CPU use is at least this share of a
+    /// node's quota, percent (converted to gatherd's ppm: `high_ppm` in params).
+    #[arg(long, default_value_t = 80)]
+    pub high_pct: u32,
+    /// A donor's load over one node fewer must stay under this share of a node's quota,
+    /// percent (`spare_ppm` in params).
+    #[arg(long, default_value_t = 60)]
+    pub spare_pct: u32,
+    /// Worker threads of each back-end.
+    #[arg(long, default_value_t = 8)]
+    pub backend_workers: usize,
+    /// Emulated CPU per request on the back-ends, µs (`farside backend
+    /// --cpu-us-per-request`): makes a node's capacity, not the proxies', the limit.
+    #[arg(long, default_value_t = 500)]
+    pub cpu_us_per_request: u64,
+}
+
+/// The nodes serving the loaded site at one instant (proxy `p0`'s view).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
+pub struct NodesSample {
+    /// Seconds since the point's first burst started.
+    pub t_s: f64,
+    /// The loaded site's index.
+    pub site: usize,
+    /// Back-ends whose served role is that site.
+    pub nodes: u64,
+}
+
+/// One point of `lab reconfig`: one system, scenario and burst length.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ReconfigPoint {
+    pub system: String,
+    /// Node ratio, e.g. `2:2:2:2`.
+    pub scenario: String,
+    /// Requests per burst (L).
+    pub burst: u64,
+    /// `xdp` or `tcp`: the back-ends' region transport.
+    pub transport: String,
+    /// T (history window) of a `reconf` point, ms; `None` for the static systems.
+    #[serde(default)]
+    pub history_ms: Option<u64>,
+    /// Requests served / summed wall time of the point's bursts, requests/s.
+    pub tps: f64,
+    /// Requests served (status < 500) over all bursts.
+    pub served: u64,
+    /// Failed or refused requests over all bursts.
+    pub failures: u64,
+    /// Summed wall time of the bursts, s (the overprovisioned set-up excluded).
+    pub wall_s: f64,
+    /// Bursts run.
+    pub bursts: u64,
+    /// Nodes moved by the balancers (`farside_reconf_moves_total`, all proxies).
+    pub moves: u64,
+    /// Nodes moved by the lab itself (the overprovisioned set-up before each burst).
+    pub lab_moves: u64,
+    /// Role switches the nodes completed during the point.
+    pub switches: u64,
+    /// Switch time p50 / p99, ms (gatherd's histogram, new wanted value seen → served);
+    /// `None` without a switch.
+    pub switch_p50_ms: Option<f64>,
+    pub switch_p99_ms: Option<f64>,
+    /// TPS of each burst in order (served / its wall time).
+    pub burst_tps: Vec<f64>,
+    /// Nodes serving the loaded site, every [`SERIES_EVERY`] (Fig. 8/9).
+    pub series: Vec<NodesSample>,
+    /// Runs combined in this point.
+    #[serde(default = "one")]
+    pub runs: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl ReconfigPoint {
+    /// Repeats of one point: counts summed, `tps` recomputed from the sums, switch
+    /// quantiles the worst run's, series and per-burst TPS the first run's.
+    pub fn combine(runs: &[ReconfigPoint]) -> ReconfigPoint {
+        let Some(first) = runs.first() else {
+            return ReconfigPoint {
+                system: String::new(),
+                scenario: String::new(),
+                burst: 0,
+                transport: String::new(),
+                history_ms: None,
+                tps: 0.0,
+                served: 0,
+                failures: 0,
+                wall_s: 0.0,
+                bursts: 0,
+                moves: 0,
+                lab_moves: 0,
+                switches: 0,
+                switch_p50_ms: None,
+                switch_p99_ms: None,
+                burst_tps: Vec::new(),
+                series: Vec::new(),
+                runs: 0,
+            };
+        };
+        let worst = |f: fn(&ReconfigPoint) -> Option<f64>| {
+            runs.iter()
+                .filter_map(f)
+                .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
+        };
+        let served = runs.iter().map(|r| r.served).sum::<u64>();
+        let wall_s = runs.iter().map(|r| r.wall_s).sum::<f64>();
+        ReconfigPoint {
+            tps: if wall_s > 0.0 {
+                served as f64 / wall_s
+            } else {
+                0.0
+            },
+            served,
+            failures: runs.iter().map(|r| r.failures).sum(),
+            wall_s,
+            bursts: runs.iter().map(|r| r.bursts).sum(),
+            moves: runs.iter().map(|r| r.moves).sum(),
+            lab_moves: runs.iter().map(|r| r.lab_moves).sum(),
+            switches: runs.iter().map(|r| r.switches).sum(),
+            switch_p50_ms: worst(|r| r.switch_p50_ms),
+            switch_p99_ms: worst(|r| r.switch_p99_ms),
+            runs: runs.iter().map(|r| r.runs).sum(),
+            ..first.clone()
+        }
+    }
+
+    /// The point's figures on one line, for progress output.
+    pub fn progress_line(&self) -> String {
+        let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+        format!(
+            "tps={:.1} served={} failures={} moves={} lab_moves={} switch p50={} p99={} ms",
+            self.tps,
+            self.served,
+            self.failures,
+            self.moves,
+            self.lab_moves,
+            ms(self.switch_p50_ms),
+            ms(self.switch_p99_ms)
+        )
+    }
+}
+
+/// Parse a scenario `a:b:c` into nodes per site (each ≥ 1, at least 2 sites, at most
+/// [`SITES_MAX`] sites and [`SCENARIO_NODES_MAX`] nodes).
+pub fn parse_scenario(s: &str) -> Result<Vec<usize>, String> {
+    let ratio = s
+        .split(':')
+        .map(|p| p.trim().parse::<usize>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("--scenario {s}: expected node counts like 3:3:2 ({e})"))?;
+    if ratio.len() < 2 || ratio.len() > SITES_MAX {
+        return Err(format!("--scenario {s}: 2..={SITES_MAX} sites"));
+    }
+    if ratio.contains(&0) {
+        return Err(format!(
+            "--scenario {s}: every site needs at least one node"
+        ));
+    }
+    let n: usize = ratio.iter().sum();
+    if n > SCENARIO_NODES_MAX {
+        return Err(format!(
+            "--scenario {s}: at most {SCENARIO_NODES_MAX} nodes"
+        ));
+    }
+    Ok(ratio)
+}
+
+/// The static allocation of a scenario: node → site, sites taking consecutive nodes in
+/// ratio order (`3:3:2` → 0,0,0,1,1,1,2,2).
+pub fn initial_allocation(ratio: &[usize]) -> Vec<usize> {
+    ratio
+        .iter()
+        .enumerate()
+        .flat_map(|(site, &n)| std::iter::repeat_n(site, n))
+        .collect()
+}
+
+/// Each site's anchor (never moved, holds its lock): its first node in the static
+/// allocation.
+pub fn anchors(ratio: &[usize]) -> Vec<usize> {
+    ratio
+        .iter()
+        .scan(0, |next, &n| {
+            let a = *next;
+            *next += n;
+            Some(a)
+        })
+        .collect()
+}
+
+/// The overprovisioned allocation while `loaded` takes the load: every site keeps its
+/// anchor, every other node serves `loaded`, which so has N − (sites − 1) nodes.
+pub fn overprovisioned_allocation(ratio: &[usize], loaded: usize) -> Vec<usize> {
+    let anchors = anchors(ratio);
+    initial_allocation(ratio)
+        .into_iter()
+        .enumerate()
+        .map(
+            |(node, site)| {
+                if anchors[site] == node {
+                    site
+                } else {
+                    loaded
+                }
+            },
+        )
+        .collect()
+}
+
+/// The bursts of one point: (site, L) for each site in turn, `cycles` times.
+pub fn burst_schedule(sites: usize, burst: u64, cycles: usize) -> Vec<(usize, u64)> {
+    (0..cycles.max(1))
+        .flat_map(|_| (0..sites).map(move |s| (s, burst)))
+        .collect()
+}
+
+/// Default CPU quota per back-end node, percent of one CPU: the back-ends together get
+/// half of `cpus` (the other half runs proxies, clients and the lab), in equal shares.
+pub fn default_node_cpu_pct(cpus: usize, nodes: usize) -> u32 {
+    let pct = 100 * cpus / (2 * nodes.max(1));
+    (pct as u32).max(NODE_CPU_PCT_MIN)
+}
+
+/// A share (`pct` percent) of a node's quota (`quota_pct` percent of one CPU) in the
+/// ppm gatherd publishes, whose 1,000,000 is `ref_cpus` whole CPUs.
+pub fn quota_share_ppm(pct: u32, quota_pct: u32, ref_cpus: u64) -> u64 {
+    (pct as u64 * quota_pct as u64 * 100) / ref_cpus.max(1)
+}
+
+/// Split `total` into `parts` shares differing by at most one (the first ones larger).
+pub fn split(total: u64, parts: usize) -> Vec<u64> {
+    let parts = parts.max(1) as u64;
+    (0..parts)
+        .map(|i| total / parts + u64::from(i < total % parts))
+        .collect()
+}
+
+/// A system's name in tables and file names: `reconf` points carry their T
+/// (`reconf-T5000`).
+pub fn label(system: &str, history_ms: Option<u64>) -> String {
+    match history_ms {
+        Some(t) => format!("{system}-T{t}"),
+        None => system.to_string(),
+    }
+}
+
+fn site_name(i: usize) -> String {
+    format!("s{i}")
+}
+
+fn site_host(i: usize) -> String {
+    format!("s{i}.example")
+}
+
+/// The value of `farside_proxy_site_backends{site="NAME"}` in a scrape.
+pub fn site_backends(metrics: &str, site: &str) -> Option<u64> {
+    let prefix = format!("farside_proxy_site_backends{{site=\"{site}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+/// The value of an unlabelled counter or gauge `name` in a scrape (0 if absent).
+pub fn plain_value(metrics: &str, name: &str) -> u64 {
+    let prefix = format!("{name} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+/// The checked settings of a run.
+struct Plan {
+    systems: Vec<String>,
+    scenarios: Vec<(String, Vec<usize>)>,
+    bursts: Vec<u64>,
+    xdp: bool,
+}
+
+fn check_args(a: &ReconfigArgs) -> io::Result<Plan> {
+    let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+    if a.hosts != "netns" {
+        return Err(bad(format!(
+            "--hosts {}: lab reconfig runs on netns only (on loopback every node would \
+             share one CPU pool and measure the same load)",
+            a.hosts
+        )));
+    }
+    let xdp = match a.transport.as_str() {
+        "xdp" => true,
+        "tcp" => false,
+        t => return Err(bad(format!("--transport {t}: expected xdp or tcp"))),
+    };
+    for s in &a.systems {
+        if !SYSTEMS.contains(&s.as_str()) {
+            return Err(bad(format!(
+                "--systems: unknown system `{s}` ({})",
+                SYSTEMS.join(", ")
+            )));
+        }
+    }
+    if a.systems.is_empty() {
+        return Err(bad("--systems: at least one".into()));
+    }
+    let names: Vec<String> = if !a.scenario.is_empty() {
+        a.scenario.clone()
+    } else if a.quick {
+        vec![SCENARIOS[1].to_string()]
+    } else {
+        SCENARIOS.iter().map(|s| s.to_string()).collect()
+    };
+    let mut scenarios = Vec::new();
+    for s in names {
+        let r = parse_scenario(&s).map_err(bad)?;
+        scenarios.push((s, r));
+    }
+    let bursts = if !a.bursts.is_empty() {
+        a.bursts.clone()
+    } else if a.quick {
+        BURSTS_QUICK.to_vec()
+    } else {
+        BURSTS_FULL.to_vec()
+    };
+    if bursts.contains(&0) {
+        return Err(bad("--bursts: every burst needs at least 1 request".into()));
+    }
+    if a.proxies == 0 || a.proxies > 16 {
+        return Err(bad(format!("--proxies {}: 1..=16", a.proxies)));
+    }
+    if a.clients < a.proxies {
+        return Err(bad(format!(
+            "--clients {}: at least one per proxy ({})",
+            a.clients, a.proxies
+        )));
+    }
+    if a.node_cpu_pct == Some(0) {
+        return Err(bad("--node-cpu-pct 0: at least 1".into()));
+    }
+    if a.sensitivity_ms == 0 || a.history_ms.is_empty() || a.history_ms.contains(&0) {
+        return Err(bad("--sensitivity-ms and --history-ms: at least 1".into()));
+    }
+    if !(1..=100).contains(&a.high_pct) || !(1..=100).contains(&a.spare_pct) {
+        return Err(bad("--high-pct and --spare-pct: 1..=100".into()));
+    }
+    if a.backend_workers == 0 {
+        return Err(bad("--backend-workers: at least 1".into()));
+    }
+    Ok(Plan {
+        systems: a.systems.clone(),
+        scenarios,
+        bursts,
+        xdp,
+    })
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// The run's shared state: the namespaces (built for the largest scenario) and the
+/// directories.
+struct Lab {
+    dc: VirtualDc,
+    /// Back-end node names `b0..`.
+    nodes: Vec<String>,
+    proxies: Vec<String>,
+    logs: PathBuf,
+    configs: PathBuf,
+    sites_root: PathBuf,
+    /// Short directory for the back-ends' control sockets (a Unix socket path is at most
+    /// 107 bytes; the output directory may be long).
+    sockets: PathBuf,
+    high_ppm: u64,
+    spare_ppm: u64,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.sockets);
+    }
+}
+
+/// A running tier (one point's processes); stopped on drop, before the namespaces.
+struct Tier {
+    /// (name, web, region string, gatherd metrics), per back-end node.
+    nodes: Vec<(String, SocketAddr, String, SocketAddr)>,
+    /// (listen, admin) per proxy.
+    proxies: Vec<(SocketAddr, SocketAddr)>,
+    _children: Vec<Child>,
+}
+
+impl Lab {
+    fn spawn(&self, node: &str, name: &str, args: &[String]) -> io::Result<Child> {
+        let log = self.logs.join(format!("{name}.log"));
+        let c = self
+            .dc
+            .spawn_in(node, &std::env::current_exe()?, args, &log)?;
+        Ok(Child::adopt(name, c, log))
+    }
+
+    /// Wait until `addr` accepts connections, seen from the client node.
+    fn wait_port(&self, c: &mut Child, addr: SocketAddr) -> io::Result<()> {
+        let t0 = Instant::now();
+        loop {
+            c.check_alive()?;
+            let up = self.dc.run_in_ns("client", || {
+                Ok(std::net::TcpStream::connect_timeout(&addr, POLL * 5).is_ok())
+            })?;
+            if up {
+                return Ok(());
+            }
+            if t0.elapsed() > READY_MAX {
+                return Err(io::Error::other(format!(
+                    "{} did not listen on {addr}; see {}",
+                    c.name,
+                    c.log.display()
+                )));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    fn scrape(&self, addr: SocketAddr) -> io::Result<String> {
+        self.dc
+            .run_in_ns("client", || crate::promtext::scrape(addr))
+    }
+
+    fn addr(&self, node: &str, port: u16) -> SocketAddr {
+        SocketAddr::new(self.dc.node_ip(node).into(), port)
+    }
+
+    /// Start the back-ends, their gatherds and the proxies of one point, and wait until
+    /// every proxy routes by the scenario's static allocation.
+    fn start_tier(
+        &self,
+        a: &ReconfigArgs,
+        xdp: bool,
+        key: &Key,
+        ratio: &[usize],
+        tag: &str,
+    ) -> io::Result<Tier> {
+        let (system, scenario, history_ms) = (&key.system, &key.scenario, key.history_ms);
+        let alloc = initial_allocation(ratio);
+        let sites: Vec<String> = (0..ratio.len()).map(site_name).collect();
+        let mut children = Vec::new();
+        let mut nodes = Vec::new();
+        for (i, &site) in alloc.iter().enumerate() {
+            let node = &self.nodes[i];
+            let web = self.addr(node, WEB_PORT);
+            let control = self.sockets.join(format!("{node}.sock"));
+            let mut be = self.spawn(
+                node,
+                &format!("{tag}-backend-{node}"),
+                &strings(&[
+                    "backend",
+                    "--listen",
+                    &web.to_string(),
+                    "--workers",
+                    &a.backend_workers.to_string(),
+                    "--sites-root",
+                    &self.sites_root.display().to_string(),
+                    "--site",
+                    &sites[site],
+                    "--control",
+                    &control.display().to_string(),
+                    "--cpu-us-per-request",
+                    &a.cpu_us_per_request.to_string(),
+                ]),
+            )?;
+            self.wait_port(&mut be, web)?;
+            children.push(be);
+            let metrics = self.addr(node, GATHERD_METRICS_PORT);
+            let cgroup = self.dc.cgroup_dir(node);
+            let mut args = strings(&[
+                "gatherd",
+                "--node-id",
+                &i.to_string(),
+                "--period-us",
+                &GATHERD_PERIOD_US.to_string(),
+                "--watch-port",
+                &WEB_PORT.to_string(),
+                "--no-shm",
+                "--metrics-listen",
+                &metrics.to_string(),
+                "--rw-key",
+                RW_KEY,
+                "--cgroup",
+                &cgroup.display().to_string(),
+                "--sampler",
+                "user",
+                "--role-backend-control",
+                &control.display().to_string(),
+                "--role-sites",
+                &sites.join(","),
+                "--role-initial",
+                &site.to_string(),
+            ]);
+            let region = if xdp {
+                let udp = self.addr(node, REGION_UDP_PORT);
+                args.extend(strings(&[
+                    "--udp-listen",
+                    &udp.to_string(),
+                    "--xdp-iface",
+                    crate::netns::VETH_IN_NS,
+                    "--xdp-mode",
+                    "generic",
+                ]));
+                format!("udp:{udp}")
+            } else {
+                let tcp = self.addr(node, REGION_TCP_PORT);
+                args.extend(strings(&["--tcp-listen", &tcp.to_string()]));
+                format!("tcp:{tcp}")
+            };
+            let mut g = self.spawn(node, &format!("{tag}-gatherd-{node}"), &args)?;
+            self.wait_port(&mut g, metrics)?;
+            children.push(g);
+            nodes.push((node.clone(), web, region, metrics));
+        }
+        let balancers: Vec<String> = self
+            .proxies
+            .iter()
+            .map(|p| format!("\"tcp:{}\"", self.addr(p, BALANCER_PORT)))
+            .collect();
+        let anchors = anchors(ratio);
+        let mut proxies = Vec::new();
+        for (id, p) in self.proxies.iter().enumerate() {
+            let listen = self.addr(p, PROXY_PORT);
+            let admin = self.addr(p, ADMIN_PORT);
+            let mut s = format!(
+                "listen = \"{listen}\"\n\n[admission]\nenabled = false\nstale_after_ms = {STALE_AFTER_MS}\n"
+            );
+            for (_, web, region, _) in &nodes {
+                let _ = write!(
+                    s,
+                    "\n[[backend]]\naddr = \"{web}\"\nregion = \"{region}\"\n"
+                );
+            }
+            for (k, name) in sites.iter().enumerate() {
+                let _ = write!(
+                    s,
+                    "\n[[sites]]\nname = \"{name}\"\nhosts = [\"{}\"]\nanchor = {}\n",
+                    site_host(k),
+                    anchors[k]
+                );
+            }
+            if system == "reconf" {
+                let _ = write!(
+                    s,
+                    "\n[reconf]\nenabled = true\nbalancer_id = {id}\nbalancers = [{}]\n\
+                     region_listen = \"{}\"\nkey = \"{RW_KEY}\"\nsensitivity_ms = {}\n\
+                     history_ms = {}\nlease_ms = {}\nhigh_ppm = {}\nspare_ppm = {}\n",
+                    balancers.join(", "),
+                    self.addr(p, BALANCER_PORT),
+                    a.sensitivity_ms,
+                    history_ms.unwrap_or(a.history_ms[0]),
+                    a.lease_ms,
+                    self.high_ppm,
+                    self.spare_ppm
+                );
+            }
+            let cfg = self.configs.join(format!(
+                "{}-{}-{p}.toml",
+                label(system, history_ms),
+                scenario.replace(':', "-")
+            ));
+            std::fs::write(&cfg, s)?;
+            let mut c = self.spawn(
+                p,
+                &format!("{tag}-proxy-{p}"),
+                &strings(&[
+                    "proxy",
+                    "--config",
+                    &cfg.display().to_string(),
+                    "--admin-listen",
+                    &admin.to_string(),
+                ]),
+            )?;
+            self.wait_port(&mut c, admin)?;
+            self.wait_port(&mut c, listen)?;
+            children.push(c);
+            proxies.push((listen, admin));
+        }
+        let t = Tier {
+            nodes,
+            proxies,
+            _children: children,
+        };
+        self.wait_served(&t, ratio, &alloc)?;
+        Ok(t)
+    }
+
+    /// Wait until every proxy sees, for every site, as many serving back-ends as `alloc`
+    /// gives it.
+    fn wait_served(&self, t: &Tier, ratio: &[usize], alloc: &[usize]) -> io::Result<()> {
+        let want: Vec<u64> = (0..ratio.len())
+            .map(|s| alloc.iter().filter(|&&x| x == s).count() as u64)
+            .collect();
+        let t0 = Instant::now();
+        loop {
+            let mut ok = true;
+            for &(_, admin) in &t.proxies {
+                let m = self.scrape(admin).unwrap_or_default();
+                ok &= want
+                    .iter()
+                    .enumerate()
+                    .all(|(s, &n)| site_backends(&m, &site_name(s)) == Some(n));
+            }
+            if ok {
+                return Ok(());
+            }
+            if t0.elapsed() > READY_MAX {
+                return Err(io::Error::other(format!(
+                    "the proxies did not route by the allocation {alloc:?} within \
+                     {READY_MAX:?}; see logs/"
+                )));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Move nodes to `alloc` by remote CAS on their `ROLE_WANTED` (from the client
+    /// node, with the read-write key) and wait until the proxies route by it. Returns
+    /// the nodes moved.
+    fn set_allocation(&self, t: &Tier, ratio: &[usize], alloc: &[usize]) -> io::Result<u64> {
+        let regions: Vec<String> = t.nodes.iter().map(|n| n.2.clone()).collect();
+        let alloc_v = alloc.to_vec();
+        let moved = self.dc.run_in_ns("client", move || {
+            let key = u64::from_str_radix(RW_KEY, 16).expect("hex key");
+            let opts = farside_rmem::ClientOptions {
+                key,
+                timeout: RMEM_TIMEOUT,
+                ..Default::default()
+            };
+            let off = farside_region::layout::W_ROLE_WANTED * 8;
+            let mut moved = 0u64;
+            for (region, &site) in regions.iter().zip(&alloc_v) {
+                let ep = farside_rmem::Endpoint::parse(region).map_err(io::Error::other)?;
+                let mut m = farside_rmem::connect(&ep, &opts)
+                    .map_err(|e| io::Error::other(format!("{region}: {e}")))?;
+                let mut done = false;
+                for _ in 0..CAS_ATTEMPTS {
+                    let mut b = [0u8; 8];
+                    m.read(off, &mut b)
+                        .map_err(|e| io::Error::other(format!("{region}: read: {e}")))?;
+                    let w = u64::from_le_bytes(b);
+                    if (w >> ROLE_VERSION_BITS) as usize == site {
+                        done = true;
+                        break;
+                    }
+                    let version = w & ((1 << ROLE_VERSION_BITS) - 1);
+                    let new = ((site as u64) << ROLE_VERSION_BITS) | (version + 1);
+                    match m.compare_swap(off, w, new) {
+                        Ok(old) if old == w => {
+                            moved += 1;
+                            done = true;
+                            break;
+                        }
+                        Ok(_) => continue,
+                        Err(e) => return Err(io::Error::other(format!("{region}: CAS: {e}"))),
+                    }
+                }
+                if !done {
+                    return Err(io::Error::other(format!(
+                        "{region}: role CAS lost {CAS_ATTEMPTS} times"
+                    )));
+                }
+            }
+            Ok(moved)
+        })?;
+        self.wait_served(t, ratio, alloc)?;
+        Ok(moved)
+    }
+}
+
+/// Sum of the gatherds' switch-time histograms.
+fn switch_buckets(lab: &Lab, t: &Tier) -> crate::promtext::Buckets {
+    let mut all: crate::promtext::Buckets = Vec::new();
+    for (_, _, _, metrics) in &t.nodes {
+        let Ok(m) = lab.scrape(*metrics) else {
+            continue;
+        };
+        for (le, n) in crate::promtext::buckets(&m, "farside_gatherd_role_switch_ms") {
+            match all.iter_mut().find(|(b, _)| *b == le) {
+                Some((_, c)) => *c += n,
+                None => all.push((le, n)),
+            }
+        }
+    }
+    all.sort_by(|a, b| a.0.total_cmp(&b.0));
+    all
+}
+
+/// Measure one point.
+fn measure(
+    lab: &Lab,
+    a: &ReconfigArgs,
+    xdp: bool,
+    key: &Key,
+    ratio: &[usize],
+) -> io::Result<ReconfigPoint> {
+    let tag = format!(
+        "{}-{}-{}",
+        label(&key.system, key.history_ms),
+        key.scenario.replace(':', "-"),
+        key.burst
+    );
+    let t = lab.start_tier(a, xdp, key, ratio, &tag)?;
+    let before = switch_buckets(lab, &t);
+    let schedule = burst_schedule(ratio.len(), key.burst, a.cycles);
+    let clients = split(a.clients as u64, t.proxies.len());
+    let loaded = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let t0 = Instant::now();
+    let admin0 = t.proxies[0].1;
+    let (mut served, mut failures, mut wall_s, mut lab_moves) = (0u64, 0u64, 0.0f64, 0u64);
+    let mut burst_tps = Vec::new();
+    let (series, result) = std::thread::scope(|sc| {
+        let sampler = sc.spawn(|| {
+            lab.dc.run_in_ns("client", || {
+                let mut v = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let site = loaded.load(Ordering::Relaxed);
+                    if let Ok(m) = crate::promtext::scrape(admin0) {
+                        if let Some(n) = site_backends(&m, &site_name(site)) {
+                            v.push(NodesSample {
+                                t_s: t0.elapsed().as_secs_f64(),
+                                site,
+                                nodes: n,
+                            });
+                        }
+                    }
+                    std::thread::sleep(SERIES_EVERY);
+                }
+                Ok(v)
+            })
+        });
+        let result = (|| -> io::Result<()> {
+            for &(site, l) in &schedule {
+                loaded.store(site, Ordering::Relaxed);
+                if key.system == "overprovisioned" {
+                    let alloc = overprovisioned_allocation(ratio, site);
+                    lab_moves += lab.set_allocation(&t, ratio, &alloc)?;
+                }
+                let shares = split(l, t.proxies.len());
+                let b0 = Instant::now();
+                let sums = std::thread::scope(|sc2| {
+                    let hs: Vec<_> = t
+                        .proxies
+                        .iter()
+                        .zip(shares.iter().zip(&clients))
+                        .filter(|(_, (&n, _))| n > 0)
+                        .map(|(&(listen, _), (&n, &c))| {
+                            let mut lg = LoadgenArgs::new(listen.to_string());
+                            lg.host = Some(site_host(site));
+                            lg.clients = (c as usize).min(n as usize).max(1);
+                            lg.requests = Some(n);
+                            lg.duration_s = BURST_TIME_MAX_S;
+                            lg.warmup_s = 0.0;
+                            lg.file_path = FILE_PATH.to_string();
+                            lg.quiet = true;
+                            sc2.spawn(move || {
+                                lab.dc.run_in_ns("client", || {
+                                    farside_loadgen::run(&lg)
+                                        .map_err(|e| io::Error::other(format!("loadgen: {e}")))
+                                })
+                            })
+                        })
+                        .collect();
+                    hs.into_iter()
+                        .map(|h| {
+                            h.join()
+                                .map_err(|_| io::Error::other("loadgen thread panicked"))?
+                        })
+                        .collect::<io::Result<Vec<_>>>()
+                })?;
+                let w = b0.elapsed().as_secs_f64();
+                let s: u64 = sums.iter().map(|x| x.served).sum();
+                served += s;
+                failures += sums.iter().map(|x| x.failures + x.dropped_503).sum::<u64>();
+                wall_s += w;
+                burst_tps.push(s as f64 / w.max(1e-9));
+            }
+            Ok(())
+        })();
+        stop.store(true, Ordering::Relaxed);
+        let series = sampler
+            .join()
+            .map_err(|_| io::Error::other("series thread panicked"))
+            .and_then(|r| r);
+        (series, result)
+    });
+    result?;
+    let after = switch_buckets(lab, &t);
+    let d = crate::promtext::delta(&after, &before);
+    let mut moves = 0;
+    for (i, &(_, admin)) in t.proxies.iter().enumerate() {
+        let m = lab.scrape(admin)?;
+        moves += plain_value(&m, "farside_reconf_moves_total");
+        // Kept for diagnosis (the balancer's rounds, skips, races, no-donor counts).
+        std::fs::write(lab.logs.join(format!("{tag}-proxy-p{i}.metrics")), &m)?;
+    }
+    Ok(ReconfigPoint {
+        system: key.system.clone(),
+        scenario: key.scenario.clone(),
+        burst: key.burst,
+        transport: a.transport.clone(),
+        history_ms: key.history_ms,
+        tps: if wall_s > 0.0 {
+            served as f64 / wall_s
+        } else {
+            0.0
+        },
+        served,
+        failures,
+        wall_s,
+        bursts: schedule.len() as u64,
+        moves,
+        lab_moves,
+        switches: d.last().map_or(0, |x| x.1),
+        switch_p50_ms: crate::promtext::quantile(&d, 0.5),
+        switch_p99_ms: crate::promtext::quantile(&d, 0.99),
+        burst_tps,
+        series: series?,
+        runs: 1,
+    })
+}
+
+/// One point's key.
+#[derive(Serialize, Debug, Clone)]
+struct Key {
+    scenario: String,
+    burst: u64,
+    system: String,
+    /// T of a `reconf` point.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history_ms: Option<u64>,
+}
+
+/// The points of a run, scenario by scenario, burst by burst: every system once, and
+/// `reconf` once per T.
+fn point_keys(plan: &Plan, history_ms: &[u64]) -> Vec<Key> {
+    let mut keys = Vec::new();
+    for (sc, _) in &plan.scenarios {
+        for &b in &plan.bursts {
+            for sys in &plan.systems {
+                let ts: Vec<Option<u64>> = if sys == "reconf" {
+                    history_ms.iter().map(|&t| Some(t)).collect()
+                } else {
+                    vec![None]
+                };
+                for history_ms in ts {
+                    keys.push(Key {
+                        scenario: sc.clone(),
+                        burst: b,
+                        system: sys.clone(),
+                        history_ms,
+                    });
+                }
+            }
+        }
+    }
+    keys
+}
+
+/// Build the namespaces, the sites' files and the thresholds.
+fn start_lab(
+    a: &ReconfigArgs,
+    dir: &Path,
+    nodes_n: usize,
+    notes: &mut Vec<String>,
+    sites_n: usize,
+) -> io::Result<Lab> {
+    let cpus = crate::procs::allowed_cpus().len().max(1);
+    let quota = a
+        .node_cpu_pct
+        .unwrap_or_else(|| default_node_cpu_pct(cpus, nodes_n));
+    let nodes: Vec<String> = (0..nodes_n).map(|i| format!("b{i}")).collect();
+    let proxies: Vec<String> = (0..a.proxies).map(|i| format!("p{i}")).collect();
+    let mut specs: Vec<NodeSpec> = nodes
+        .iter()
+        .map(|n| NodeSpec::new(n).cpu_quota_pct(quota))
+        .collect();
+    specs.extend(proxies.iter().map(|p| NodeSpec::new(p)));
+    specs.push(NodeSpec::new("client"));
+    let dc = VirtualDc::create(&format!("r{}", std::process::id() % 100_000), &specs)?;
+    let id = dc.run_id().to_string();
+    crate::procs::on_interrupt(move || {
+        if let Ok(r) = crate::netns::clean_run_id(&id) {
+            eprint!("{r}");
+        }
+    });
+    // gatherd's ppm is relative to the CPUs its cgroup may use (the quota rounded up,
+    // or all online CPUs where the quota is in a v1 hierarchy it does not read).
+    let ref_cpus = farside_gatherd::sample::cgroup_cpus(&dc.cgroup_dir(&nodes[0]))
+        .unwrap_or_else(farside_gatherd::sample::online_cpus);
+    let high_ppm = quota_share_ppm(a.high_pct, quota, ref_cpus);
+    let spare_ppm = quota_share_ppm(a.spare_pct, quota, ref_cpus);
+    notes.push(format!(
+        "back-end nodes: {nodes_n}, each a cgroup with a CPU quota of {quota}% of one CPU \
+         ({}; {cpus} CPUs here); gatherd's load is relative to {ref_cpus} CPU(s), so \
+         high = {}% of a node's quota = {high_ppm} ppm, spare = {}% = {spare_ppm} ppm",
+        if a.node_cpu_pct.is_some() {
+            "--node-cpu-pct"
+        } else {
+            "default: half the CPUs shared by the nodes"
+        },
+        a.high_pct,
+        a.spare_pct
+    ));
+    let logs = dir.join("logs");
+    let configs = dir.join("configs");
+    let sites_root = dir.join("sites");
+    std::fs::create_dir_all(&logs)?;
+    std::fs::create_dir_all(&configs)?;
+    for s in 0..sites_n {
+        let d = sites_root.join(site_name(s));
+        std::fs::create_dir_all(&d)?;
+        let mut body = format!("site {} ", site_name(s)).into_bytes();
+        body.resize(FILE_BYTES, b'.');
+        std::fs::write(d.join(FILE_PATH.trim_start_matches('/')), body)?;
+    }
+    let sockets = std::env::temp_dir().join(format!("farside-reconfig-{}", std::process::id()));
+    std::fs::create_dir_all(&sockets)?;
+    Ok(Lab {
+        dc,
+        nodes,
+        proxies,
+        logs,
+        configs,
+        sites_root,
+        sockets,
+        high_ppm,
+        spare_ppm,
+    })
+}
+
+/// The reconfig tables: one row per point, and TPS vs burst length per system (Fig. 7).
+pub fn table(points: &[&ReconfigPoint]) -> String {
+    let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let mut s = format!(
+        "{:<16} {:<9} {:>7} {:>9} {:>9} {:>8} {:>6} {:>9} {:>10} {:>10} {:>9}\n",
+        "system",
+        "scenario",
+        "burst",
+        "transport",
+        "tps",
+        "failures",
+        "moves",
+        "lab_moves",
+        "switch_p50",
+        "switch_p99",
+        "wall_s"
+    );
+    for p in points {
+        let _ = writeln!(
+            s,
+            "{:<16} {:<9} {:>7} {:>9} {:>9.1} {:>8} {:>6} {:>9} {:>10} {:>10} {:>9.1}",
+            label(&p.system, p.history_ms),
+            p.scenario,
+            p.burst,
+            p.transport,
+            p.tps,
+            p.failures,
+            p.moves,
+            p.lab_moves,
+            ms(p.switch_p50_ms),
+            ms(p.switch_p99_ms),
+            p.wall_s
+        );
+    }
+    let mut scenarios: Vec<&str> = Vec::new();
+    for p in points {
+        if !scenarios.contains(&p.scenario.as_str()) {
+            scenarios.push(&p.scenario);
+        }
+    }
+    for sc in scenarios {
+        let mut systems: Vec<String> = Vec::new();
+        let mut bursts: Vec<u64> = Vec::new();
+        for p in points.iter().filter(|p| p.scenario == sc) {
+            let l = label(&p.system, p.history_ms);
+            if !systems.contains(&l) {
+                systems.push(l);
+            }
+            if !bursts.contains(&p.burst) {
+                bursts.push(p.burst);
+            }
+        }
+        bursts.sort_unstable();
+        let _ = write!(
+            s,
+            "\nTPS vs burst length, scenario {sc} (Fig. 7)\n{:<8}",
+            "burst"
+        );
+        for sys in &systems {
+            let _ = write!(s, " {sys:>16}");
+        }
+        s.push('\n');
+        for b in bursts {
+            let _ = write!(s, "{b:<8}");
+            for sys in &systems {
+                match points.iter().find(|p| {
+                    p.scenario == sc && p.burst == b && label(&p.system, p.history_ms) == *sys
+                }) {
+                    Some(p) => {
+                        let _ = write!(s, " {:>16.1}", p.tps);
+                    }
+                    None => {
+                        let _ = write!(s, " {:>16}", "-");
+                    }
+                }
+            }
+            s.push('\n');
+        }
+    }
+    s
+}
+
+/// `reconfig.csv`: one row per point.
+pub fn csv(points: &[&ReconfigPoint]) -> String {
+    let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+    let mut s = String::from(
+        "system,history_ms,scenario,burst,transport,tps,served,failures,wall_s,bursts,moves,lab_moves,switches,switch_p50_ms,switch_p99_ms\n",
+    );
+    for p in points {
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{:.3},{},{},{:.3},{},{},{},{},{},{}",
+            p.system,
+            p.history_ms.map_or(String::new(), |t| t.to_string()),
+            p.scenario,
+            p.burst,
+            p.transport,
+            p.tps,
+            p.served,
+            p.failures,
+            p.wall_s,
+            p.bursts,
+            p.moves,
+            p.lab_moves,
+            p.switches,
+            o(p.switch_p50_ms),
+            o(p.switch_p99_ms)
+        );
+    }
+    s
+}
+
+/// The nodes-serving series of a point as CSV (`t_s,site,nodes`) and its file name
+/// (`nodes-<system>-<scenario>-<burst>.csv`, `:` written `-`).
+pub fn series_csv(p: &ReconfigPoint) -> (String, String) {
+    let mut s = String::from("t_s,site,nodes\n");
+    for x in &p.series {
+        let _ = writeln!(s, "{:.3},{},{}", x.t_s, x.site, x.nodes);
+    }
+    (
+        format!(
+            "nodes-{}-{}-{}.csv",
+            label(&p.system, p.history_ms),
+            p.scenario.replace(':', "-"),
+            p.burst
+        ),
+        s,
+    )
+}
+
+/// Run `farside lab reconfig`.
+pub fn run(a: ReconfigArgs) -> io::Result<()> {
+    let plan = check_args(&a)?;
+    // SAFETY: geteuid has no preconditions.
+    crate::netns::check_root(unsafe { libc::geteuid() }).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "lab reconfig needs root: it builds a network namespace and a cgroup with a CPU \
+             quota per node, and attaches XDP (--hosts netns)",
+        )
+    })?;
+    let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
+    let mut meta = crate::summary::Summary::new("reconfig", &a.hosts, a.quick);
+    crate::sweep::fill_host_metadata(&mut meta);
+    let nodes_n = plan
+        .scenarios
+        .iter()
+        .map(|(_, r)| r.iter().sum::<usize>())
+        .max()
+        .unwrap_or(0);
+    let sites_n = plan
+        .scenarios
+        .iter()
+        .map(|(_, r)| r.len())
+        .max()
+        .unwrap_or(0);
+    meta.params = serde_json::json!({
+        "systems": plan.systems,
+        "scenarios": plan.scenarios.iter().map(|(s, _)| s.clone()).collect::<Vec<_>>(),
+        "bursts": plan.bursts,
+        "cycles": a.cycles,
+        "clients": a.clients,
+        "proxies": a.proxies,
+        "node_cpu_pct": a.node_cpu_pct,
+        "transport": a.transport,
+        "sensitivity_ms": a.sensitivity_ms,
+        "history_ms": a.history_ms,
+        "lease_ms": a.lease_ms,
+        "high_pct": a.high_pct,
+        "spare_pct": a.spare_pct,
+        "backend_workers": a.backend_workers,
+        "cpu_us_per_request": a.cpu_us_per_request,
+        "file_bytes": FILE_BYTES,
+        "series_every_ms": SERIES_EVERY.as_millis() as u64,
+        "tps": "requests served / summed wall time of the point's bursts",
+    });
+    let mut sweep = crate::sweep::Sweep::start(&dir, meta, a.resume.is_some())?;
+    let keys = point_keys(&plan, &a.history_ms);
+    let mut lab: Option<Lab> = None;
+    let mut notes = Vec::new();
+    // A rough per-point estimate for the ETA: every site's burst at ~500 requests/s,
+    // plus the tier's start.
+    let est = |k: &Key| {
+        let sites = k.scenario.split(':').count() as f64;
+        sites * a.cycles as f64 * k.burst as f64 / 500.0 + 10.0
+    };
+    let est_run_s = keys.iter().map(est).sum::<f64>() / keys.len().max(1) as f64;
+    let result = sweep.run(
+        &keys,
+        1,
+        est_run_s,
+        |k: &Key| {
+            format!(
+                "{} {} L={}",
+                label(&k.system, k.history_ms),
+                k.scenario,
+                k.burst
+            )
+        },
+        |k, _| {
+            if lab.is_none() {
+                lab = Some(start_lab(&a, &dir, nodes_n, &mut notes, sites_n)?);
+            }
+            let l = lab.as_ref().expect("started above");
+            let ratio = plan
+                .scenarios
+                .iter()
+                .find(|(s, _)| *s == k.scenario)
+                .map(|(_, r)| r.clone())
+                .expect("keys come from the plan");
+            Ok(crate::summary::AnyPoint::Reconfig(measure(
+                l, &a, plan.xdp, k, &ratio,
+            )?))
+        },
+    );
+    drop(lab);
+    for n in notes {
+        sweep.note(n)?;
+    }
+    sweep.note(
+        "overprovisioned: before each burst the lab moves every non-anchor node to the \
+         burst's site by remote CAS and waits until the proxies route to them; that time \
+         is not counted"
+            .into(),
+    )?;
+    result?;
+    sweep.finish()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenarios_parse_and_bad_ones_name_the_flag() {
+        assert_eq!(parse_scenario("3:3:2").unwrap(), vec![3, 3, 2]);
+        assert_eq!(parse_scenario("2:2:2:2").unwrap(), vec![2, 2, 2, 2]);
+        for bad in ["3", "3:0:2", "a:b", "", "40:40"] {
+            let e = parse_scenario(bad).unwrap_err();
+            assert!(e.contains("--scenario"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn allocations_follow_the_ratio_and_overprovisioning_keeps_anchors() {
+        let r = [3, 3, 2];
+        assert_eq!(initial_allocation(&r), vec![0, 0, 0, 1, 1, 1, 2, 2]);
+        assert_eq!(anchors(&r), vec![0, 3, 6]);
+        let o = overprovisioned_allocation(&r, 1);
+        assert_eq!(o, vec![0, 1, 1, 1, 1, 1, 2, 1]);
+        // The loaded site has N − (sites − 1) nodes, every other site its anchor only.
+        for loaded in 0..3 {
+            let o = overprovisioned_allocation(&r, loaded);
+            assert_eq!(o.iter().filter(|&&s| s == loaded).count(), 8 - 2);
+            for s in 0..3 {
+                assert!(o.contains(&s), "site {s} kept a node");
+            }
+        }
+        let r4 = [2, 2, 2, 2];
+        let o = overprovisioned_allocation(&r4, 3);
+        assert_eq!(o, vec![0, 3, 1, 3, 2, 3, 3, 3]);
+    }
+
+    #[test]
+    fn bursts_cycle_over_the_sites() {
+        assert_eq!(
+            burst_schedule(3, 512, 1),
+            vec![(0, 512), (1, 512), (2, 512)]
+        );
+        assert_eq!(
+            burst_schedule(2, 7, 2),
+            vec![(0, 7), (1, 7), (0, 7), (1, 7)]
+        );
+        assert_eq!(burst_schedule(2, 7, 0).len(), 2, "at least one cycle");
+        assert_eq!(split(10, 3), vec![4, 3, 3]);
+        assert_eq!(split(10, 3).iter().sum::<u64>(), 10);
+        assert_eq!(split(1, 2), vec![1, 0]);
+    }
+
+    #[test]
+    fn default_quota_gives_the_backends_half_the_cpus() {
+        assert_eq!(default_node_cpu_pct(2, 8), 12);
+        assert_eq!(default_node_cpu_pct(16, 8), 100);
+        assert_eq!(default_node_cpu_pct(1, 64), NODE_CPU_PCT_MIN);
+        // 80% of a 12% quota, in ppm of 2 CPUs: 0.8 × 0.12 / 2.
+        assert_eq!(quota_share_ppm(80, 12, 2), 48_000);
+        assert_eq!(quota_share_ppm(80, 100, 1), 800_000);
+    }
+
+    #[test]
+    fn metrics_are_read_by_name_and_label() {
+        let m = "farside_proxy_site_backends{site=\"s0\"} 3\n\
+                 farside_proxy_site_backends{site=\"s1\"} 1\n\
+                 farside_reconf_moves_total 4\n";
+        assert_eq!(site_backends(m, "s0"), Some(3));
+        assert_eq!(site_backends(m, "s1"), Some(1));
+        assert_eq!(site_backends(m, "s2"), None);
+        assert_eq!(plain_value(m, "farside_reconf_moves_total"), 4);
+        assert_eq!(plain_value(m, "farside_reconf_rounds_total"), 0);
+    }
+
+    fn args() -> ReconfigArgs {
+        ReconfigArgs {
+            out: "x".into(),
+            resume: None,
+            quick: true,
+            hosts: "netns".into(),
+            systems: SYSTEMS.iter().map(|s| s.to_string()).collect(),
+            scenario: Vec::new(),
+            bursts: Vec::new(),
+            cycles: 1,
+            clients: 64,
+            proxies: 2,
+            node_cpu_pct: None,
+            transport: "xdp".into(),
+            sensitivity_ms: 1000,
+            history_ms: vec![5000],
+            lease_ms: 3000,
+            high_pct: 80,
+            spare_pct: 60,
+            backend_workers: 8,
+            cpu_us_per_request: 500,
+        }
+    }
+
+    #[test]
+    fn arguments_are_checked_with_the_flag_named() {
+        let p = check_args(&args()).unwrap();
+        assert_eq!(p.bursts, BURSTS_QUICK.to_vec());
+        assert_eq!(p.scenarios.len(), 1);
+        let full = check_args(&ReconfigArgs {
+            quick: false,
+            ..args()
+        })
+        .unwrap();
+        assert_eq!(full.bursts, BURSTS_FULL.to_vec());
+        assert_eq!(full.scenarios.len(), 2);
+        let cases: [(&str, ReconfigArgs); 6] = [
+            (
+                "--hosts",
+                ReconfigArgs {
+                    hosts: "loopback".into(),
+                    ..args()
+                },
+            ),
+            (
+                "--transport",
+                ReconfigArgs {
+                    transport: "shm".into(),
+                    ..args()
+                },
+            ),
+            (
+                "--systems",
+                ReconfigArgs {
+                    systems: vec!["elastic".into()],
+                    ..args()
+                },
+            ),
+            (
+                "--scenario",
+                ReconfigArgs {
+                    scenario: vec!["8".into()],
+                    ..args()
+                },
+            ),
+            (
+                "--bursts",
+                ReconfigArgs {
+                    bursts: vec![0],
+                    ..args()
+                },
+            ),
+            (
+                "--clients",
+                ReconfigArgs {
+                    clients: 1,
+                    ..args()
+                },
+            ),
+        ];
+        for (flag, a) in cases {
+            let e = check_args(&a).err().expect(flag).to_string();
+            assert!(e.contains(flag), "{flag}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_t_sweep_gives_reconf_one_point_per_t() {
+        let plan = check_args(&ReconfigArgs {
+            systems: vec!["rigid".into(), "reconf".into()],
+            bursts: vec![512, 4096],
+            ..args()
+        })
+        .unwrap();
+        let keys = point_keys(&plan, &[300, 5000]);
+        let names: Vec<String> = keys
+            .iter()
+            .map(|k| format!("{} {}", label(&k.system, k.history_ms), k.burst))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "rigid 512",
+                "reconf-T300 512",
+                "reconf-T5000 512",
+                "rigid 4096",
+                "reconf-T300 4096",
+                "reconf-T5000 4096"
+            ]
+        );
+        let e = check_args(&ReconfigArgs {
+            history_ms: vec![0],
+            ..args()
+        })
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(e.contains("--history-ms"), "{e}");
+    }
+
+    #[test]
+    fn points_round_trip_as_reconfig_points_and_render() {
+        let p = ReconfigPoint {
+            system: "reconf".into(),
+            scenario: "2:2".into(),
+            burst: 512,
+            transport: "xdp".into(),
+            history_ms: Some(300),
+            tps: 100.0,
+            served: 1024,
+            failures: 0,
+            wall_s: 10.24,
+            bursts: 2,
+            moves: 1,
+            lab_moves: 0,
+            switches: 1,
+            switch_p50_ms: Some(25.0),
+            switch_p99_ms: Some(40.0),
+            burst_tps: vec![90.0, 110.0],
+            series: vec![NodesSample {
+                t_s: 0.1,
+                site: 0,
+                nodes: 2,
+            }],
+            runs: 1,
+        };
+        let any = crate::summary::AnyPoint::Reconfig(p.clone());
+        let text = serde_json::to_string(&any).unwrap();
+        let back: crate::summary::AnyPoint = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, any);
+        let t = table(&[&p]);
+        assert!(t.contains("reconf") && t.contains("Fig. 7"), "{t}");
+        assert!(csv(&[&p])
+            .lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("reconf,300,2:2,512,xdp,"));
+        assert!(t.contains("reconf-T300"), "{t}");
+        let (name, body) = series_csv(&p);
+        assert_eq!(name, "nodes-reconf-T300-2-2-512.csv");
+        assert_eq!(body, "t_s,site,nodes\n0.100,0,2\n");
+        let c = ReconfigPoint::combine(&[p.clone(), p.clone()]);
+        assert_eq!((c.runs, c.moves, c.served), (2, 2, 2048));
+        assert!((c.tps - 100.0).abs() < 1e-9);
+    }
+}
