@@ -233,9 +233,10 @@ impl Look {
     }
 }
 
-/// Read the page through its DOM.
+/// Read the page through its DOM (before the page has loaded there is no body yet: it
+/// reads as no update and no rows, and [`look_until`] looks again).
 const LOOK: &str = r#"JSON.stringify({
-  updates: Number(document.body.dataset.updates || 0),
+  updates: Number((document.body && document.body.dataset.updates) || 0),
   rows: [...document.querySelectorAll('#backends tr.backend')].map((tr) =>
     [tr.dataset.addr, tr.querySelector('td.state').textContent,
      tr.querySelector('td.age').textContent]),

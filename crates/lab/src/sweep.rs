@@ -609,7 +609,9 @@ pub fn cpu_model_of(cpuinfo: &str) -> Option<String> {
 fn source_commit() -> (Option<String>, Option<bool>) {
     let built = env!("FARSIDE_BUILD_COMMIT");
     let (now, dirty) = tree_commit();
-    if built.is_empty() {
+    // Read in another checkout sharing the target dir (build.rs): not this build's.
+    let (built_in, this) = (env!("FARSIDE_BUILD_TREE"), env!("CARGO_MANIFEST_DIR"));
+    if built.is_empty() || !Path::new(built_in).eq(Path::new(this)) {
         return (now, dirty);
     }
     if now.as_deref() == Some(built) {
