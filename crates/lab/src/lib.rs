@@ -66,7 +66,8 @@ pub enum LabCmd {
     /// summary.json and points.jsonl, without running anything.
     Report(ReportArgs),
     /// Remove everything `--hosts netns` runs left behind (namespaces, links, cgroups,
-    /// state files); needs root.
+    /// state files), e.g. after a crash; needs root. It removes runs that are still
+    /// running too (their processes are killed): not while an experiment runs.
     Clean,
 }
 

@@ -260,6 +260,22 @@ fn two_nodes_tcp_cgroups_rps_load_and_drop() {
 fn crash_then_clean_all_removes_everything() {
     require_root();
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // clean_all removes every run, running ones too: refuse (loudly) to destroy another
+    // process's live lab run, e.g. an experiment on a developer's machine.
+    let mut ignore = netns::CleanReport::default();
+    let others: Vec<_> = netns::read_states(&mut ignore)
+        .into_iter()
+        .filter(|(_, s)| {
+            s.owner_pid != std::process::id()
+                && Path::new(&format!("/proc/{}", s.owner_pid)).exists()
+        })
+        .map(|(_, s)| format!("{} (pid {})", s.run_id, s.owner_pid))
+        .collect();
+    assert!(
+        others.is_empty(),
+        "another lab run is active ({others:?}): this test's clean_all would kill it; \
+         run it when no lab runs"
+    );
     let run = run_id("c");
     let dc =
         VirtualDc::create(&run, &[NodeSpec::new("n1").cpus("1"), NodeSpec::new("n2")]).unwrap();
