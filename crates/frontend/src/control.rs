@@ -18,6 +18,7 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -34,6 +35,8 @@ pub const CONNS_MAX: usize = 16;
 /// A connection idle this long is closed (daemons reconnect; a stuck peer must not
 /// hold one of the [`CONNS_MAX`] places forever).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Pause after a failed accept (out of fds, ...), so the loop does not spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
 /// Client: longest wait for connect, a write or a reply. A `MOVE` stalls a migrating
 /// connection (frozen on its source) for this long at most before the migration
 /// falls back to the source.
@@ -42,6 +45,8 @@ pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The control server; stops (and joins its accept thread) when dropped.
 pub struct Server {
     addr: SocketAddr,
+    /// The listener's fd (owned by the accept thread until it is joined).
+    listener_fd: std::os::fd::RawFd,
     stop: Arc<AtomicBool>,
     thread: Option<thread::JoinHandle<()>>,
 }
@@ -51,6 +56,7 @@ impl Server {
     pub fn start(addr: SocketAddr, fe: Arc<Mutex<Frontend>>) -> io::Result<Server> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
+        let listener_fd = listener.as_raw_fd();
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = thread::Builder::new()
@@ -58,6 +64,7 @@ impl Server {
             .spawn(move || accept_loop(listener, fe, stop2))?;
         Ok(Server {
             addr,
+            listener_fd,
             stop,
             thread: Some(thread),
         })
@@ -72,13 +79,10 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop.
-        let wake = if self.addr.ip().is_unspecified() {
-            SocketAddr::new(Ipv4Addr::LOCALHOST.into(), self.addr.port())
-        } else {
-            self.addr
-        };
-        let _ = TcpStream::connect_timeout(&wake, CLIENT_TIMEOUT);
+        // Wake the accept loop: shutdown makes a blocked accept(2) fail at once (a
+        // connect to wake it would fail from another network namespace).
+        // SAFETY: the fd is the listener's, still open: its thread is joined below.
+        unsafe { libc::shutdown(self.listener_fd, libc::SHUT_RDWR) };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -91,7 +95,11 @@ fn accept_loop(listener: TcpListener, fe: Arc<Mutex<Frontend>>, stop: Arc<Atomic
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        let Ok(mut conn) = conn else { continue };
+        let Ok(mut conn) = conn else {
+            // E.g. out of fds: do not spin.
+            thread::sleep(ACCEPT_ERROR_PAUSE);
+            continue;
+        };
         if active.load(Ordering::SeqCst) >= CONNS_MAX {
             let _ = conn.write_all(b"ERR busy\n");
             continue;
