@@ -1,5 +1,5 @@
 //! `farside frontend` as a user runs it: clear errors for bad flags (no root), and
-//! (root) attach to a dummy interface in a fresh network namespace, answer the
+//! (root) attach to a veth in a fresh network namespace, answer the
 //! control port, print the counters and exit 0 at SIGTERM, leaving nothing to detach.
 
 use std::io::{BufRead, BufReader};
@@ -112,7 +112,10 @@ fn runs_serves_control_and_reports_at_sigterm() {
     assert!(farside_frontend::is_root(), "needs root");
     let ns = Ns(format!("fecli{}", std::process::id() % 100_000));
     sh(&["ip", "netns", "add", &ns.0]);
-    sh(&["ip", "-n", &ns.0, "link", "add", "d0", "type", "dummy"]);
+    // A veth pair (no dummy module on every kernel); the front-end on one end.
+    sh(&[
+        "ip", "-n", &ns.0, "link", "add", "d0", "type", "veth", "peer", "name", "d1",
+    ]);
     sh(&["ip", "-n", &ns.0, "link", "set", "d0", "up"]);
     sh(&["ip", "-n", &ns.0, "link", "set", "lo", "up"]);
     let mut child = Command::new("ip")
