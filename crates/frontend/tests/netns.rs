@@ -16,7 +16,7 @@ use std::time::Duration;
 use common::session::{self, AWAIT_MAX, STALL_MAX};
 use common::{need_root, Lan, NsRef, A_IP, B_IP, FE_IF, FE_IP, VIP};
 use farside_frontend::{control, table, Frontend};
-use farside_migrate::{migrate_with, MigrateConfig, Outcome, Target, TargetOutcome};
+use farside_migrate::{migrate_with, Fallback, MigrateConfig, Outcome, Target, TargetOutcome};
 
 /// Connections in the split test.
 const CONNS: usize = 1000;
@@ -145,11 +145,23 @@ fn thousand_connections_split_75_25_and_each_stays_on_one_backend() {
     drop(lan);
 }
 
-#[test]
-#[ignore = "needs root (netns, BPF, TCP_REPAIR): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
-fn connection_migrated_between_backends_through_the_frontend_keeps_every_byte() {
+/// How the front-end's flip goes in [`migrate_through_frontend`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flip {
+    /// `MOVE` over the control port.
+    Moved,
+    /// The front-end's control port is gone (front-end process died): `move_flow`
+    /// fails, the migration must complete on the source.
+    ControlPortDown,
+}
+
+/// An HTTP/1.1 keep-alive session established through the front-end to A (every new
+/// flow goes to A), migrated to B with `migrate_with` (`CloseAfterRestore`) whose
+/// `move_flow` is the control client's `MOVE`. Checks every byte (client and
+/// server), the stall bound, and where the flow entry points afterwards.
+fn migrate_through_frontend(which: char, flip: Flip) {
     need_root();
-    let lan = Lan::setup('y');
+    let lan = Lan::setup(which);
     let r = lan.r.clone();
     // Every new flow to A; B gets flows only by MOVE.
     let fe = Arc::new(Mutex::new(attach(&r, 1, 0)));
@@ -162,6 +174,13 @@ fn connection_migrated_between_backends_through_the_frontend_keeps_every_byte() 
     .join()
     .unwrap();
     let control_addr = server.local_addr();
+    let server = match flip {
+        Flip::Moved => Some(server),
+        Flip::ControlPortDown => {
+            drop(server);
+            None
+        }
+    };
 
     // Target back-end B: migration listener on its LAN address.
     let (target_addr_tx, target_addr_rx) = mpsc::channel();
@@ -175,8 +194,9 @@ fn connection_migrated_between_backends_through_the_frontend_keeps_every_byte() 
         let outcome = target
             .serve_one(|_| Ok(()), |s| restored = Some(s))
             .unwrap();
-        let s = restored.unwrap_or_else(|| panic!("not handed over: {outcome:?}"));
-        session::finish_serving(s, big_sent_rx.recv_timeout(AWAIT_MAX).unwrap());
+        if let Some(s) = restored {
+            session::finish_serving(s, big_sent_rx.recv_timeout(AWAIT_MAX).unwrap());
+        }
         outcome
     });
     let target_addr = target_addr_rx.recv_timeout(AWAIT_MAX).unwrap();
@@ -193,19 +213,41 @@ fn connection_migrated_between_backends_through_the_frontend_keeps_every_byte() 
         let SocketAddr::V4(peer) = s.peer_addr().unwrap() else {
             unreachable!()
         };
-        let mut fe_client = control::Client::connect(control_addr).expect("control port");
-        assert_eq!(fe_client.flow(peer).unwrap(), Some((A_IP, false)));
-        let cfg = MigrateConfig::default(); // CloseAfterRestore
-        let outcome = migrate_with(s, target_addr, &cfg, || fe_client.move_flow(peer, B_IP));
-        let Outcome::Migrated(t) = outcome else {
-            panic!("expected a migration, got {outcome:?}");
+        let mut fe_client = match flip {
+            Flip::Moved => {
+                let mut c = control::Client::connect(control_addr).expect("control port");
+                assert_eq!(c.flow(peer).unwrap(), Some((A_IP, false)));
+                Some(c)
+            }
+            Flip::ControlPortDown => None,
         };
-        eprintln!(
-            "migrated through the front-end: dump {:?}, total {:?}, {} queued bytes",
-            t.dump, t.total, t.state_bytes
-        );
-        big_sent_tx.send(big_sent).unwrap();
-        signal.send(()).unwrap();
+        let cfg = MigrateConfig::default(); // CloseAfterRestore
+        let outcome = migrate_with(s, target_addr, &cfg, || match fe_client.as_mut() {
+            Some(c) => c.move_flow(peer, B_IP),
+            None => control::Client::connect(control_addr)?.move_flow(peer, B_IP),
+        });
+        match (flip, outcome) {
+            (Flip::Moved, Outcome::Migrated(t)) => {
+                eprintln!(
+                    "migrated through the front-end: dump {:?}, total {:?}, {} queued bytes",
+                    t.dump, t.total, t.state_bytes
+                );
+                big_sent_tx.send(big_sent).unwrap();
+                signal.send(()).unwrap();
+            }
+            (
+                Flip::ControlPortDown,
+                Outcome::ResumedOnSource {
+                    sock,
+                    reason: Fallback::FlowNotMoved(e),
+                },
+            ) => {
+                eprintln!("flow not moved ({e}): the connection completes on the source");
+                signal.send(()).unwrap();
+                session::finish_serving(sock, big_sent);
+            }
+            (_, outcome) => panic!("unexpected outcome {outcome:?}"),
+        }
         drop(listener);
         peer
     });
@@ -219,20 +261,41 @@ fn connection_migrated_between_backends_through_the_frontend_keeps_every_byte() 
     let report = client.join().expect("client");
     let peer: SocketAddrV4 = source_thread.join().expect("source");
     let outcome = target_thread.join().expect("target");
-    assert!(
-        matches!(outcome, TargetOutcome::Restored { .. }),
-        "{outcome:?}"
-    );
     eprintln!("client's longest read wait {:?}", report.longest_read_wait);
     assert!(report.longest_read_wait < STALL_MAX);
     let fe = fe.lock().unwrap();
-    assert_eq!(fe.flow(peer).unwrap(), Some((B_IP, false)));
     let s = fe.stats().unwrap();
     eprintln!("front-end: {s}");
     assert_eq!(s.backends[0].new_flows, 1);
-    assert!(s.backends[1].packets > 0, "B got the flow's later packets");
     assert_eq!(s.counters["nonsyn_miss"], 0);
+    match flip {
+        Flip::Moved => {
+            assert!(
+                matches!(outcome, TargetOutcome::Restored { .. }),
+                "{outcome:?}"
+            );
+            assert_eq!(fe.flow(peer).unwrap(), Some((B_IP, false)));
+            assert!(s.backends[1].packets > 0, "B got the flow's later packets");
+        }
+        Flip::ControlPortDown => {
+            assert!(matches!(outcome, TargetOutcome::Aborted), "{outcome:?}");
+            assert_eq!(fe.flow(peer).unwrap(), Some((A_IP, false)));
+            assert_eq!(s.backends[1].packets, 0, "nothing ever went to B");
+        }
+    }
     drop(fe);
     drop(server);
     drop(lan);
+}
+
+#[test]
+#[ignore = "needs root (netns, BPF, TCP_REPAIR): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn connection_migrated_between_backends_through_the_frontend_keeps_every_byte() {
+    migrate_through_frontend('y', Flip::Moved);
+}
+
+#[test]
+#[ignore = "needs root (netns, BPF, TCP_REPAIR): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn frontend_unreachable_at_the_flip_completes_on_the_source() {
+    migrate_through_frontend('z', Flip::ControlPortDown);
 }
