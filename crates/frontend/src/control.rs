@@ -35,6 +35,8 @@ pub const CONNS_MAX: usize = 16;
 /// A connection idle this long is closed (daemons reconnect; a stuck peer must not
 /// hold one of the [`CONNS_MAX`] places forever).
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Longest reply line the client reads: `STATS` for 64 back-ends is ~10 KiB.
+const REPLY_BYTES_MAX: u64 = 1 << 20;
 /// Pause after a failed accept (out of fds, ...), so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
 /// Client: longest wait for connect, a write or a reply. A `MOVE` stalls a migrating
@@ -232,7 +234,7 @@ impl Client {
         let (r, w) = self.ensure()?;
         w.write_all(format!("{req}\n").as_bytes())?;
         let mut line = String::new();
-        let n = r.by_ref().take(1 << 20).read_line(&mut line)?;
+        let n = r.by_ref().take(REPLY_BYTES_MAX).read_line(&mut line)?;
         if n == 0 || !line.ends_with('\n') {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,

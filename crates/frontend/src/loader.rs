@@ -530,7 +530,7 @@ impl Frontend {
         }
         // BPF_EXIST: never resurrect an entry evicted meanwhile.
         flows
-            .insert(key, v, u64::from(aya_exist_flag()))
+            .insert(key, v, BPF_EXIST)
             .map_err(|e| classify("writing a flow entry", e, FrontendError::Map))
     }
 
@@ -641,10 +641,8 @@ impl Drop for Frontend {
     }
 }
 
-/// BPF_EXIST for map updates.
-fn aya_exist_flag() -> u32 {
-    2
-}
+/// Map update flag: only if the key exists (`BPF_EXIST`).
+const BPF_EXIST: u64 = 2;
 
 /// Largest frame handed back by a test run (one page).
 const TEST_FRAME_BYTES_MAX: usize = 4096;
