@@ -29,6 +29,9 @@ enum Cmd {
     Backend(farside_backend::BackendArgs),
     /// Closed- and open-loop HTTP load generator with the papers' traces.
     Loadgen(farside_loadgen::LoadgenArgs),
+    /// Blind front-end (seed 002): route TCP to a VIP to back-ends by weighted hash
+    /// with an eBPF flow table (L2 direct server return); `--detach IF` cleans up.
+    Frontend(farside_frontend::cli::FrontendArgs),
     /// Virtual data-center on this machine: run the papers' experiments end to end.
     Lab(farside_lab::LabArgs),
 }
@@ -81,6 +84,11 @@ fn main() -> ExitCode {
         Cmd::Backend(a) => farside_backend::run(a, None).map_err(|e| format!("backend: {e}")),
         Cmd::Loadgen(a) => run_loadgen(a),
         Cmd::Lab(a) => farside_lab::run(a).map_err(|e| format!("lab: {e}")),
+        Cmd::Frontend(a) => {
+            let signals = logging::block_termination_signals();
+            farside_frontend::cli::run(a, |limit| logging::wait_for_signal(&signals, limit))
+                .map_err(|e| format!("frontend: {e}"))
+        }
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -237,6 +245,8 @@ mod tests {
             "farside monitor --backend 127.0.0.1:8080,region=tcp:127.0.0.1:7001 --table /tmp/t",
             "farside backend --listen 127.0.0.1:0 --workers 4 --cpu-us-per-request 100 --cpu-ns-per-byte 2.5",
             "farside loadgen --target 127.0.0.1:8000 --clients 4 --trace zipf",
+            "farside frontend --iface eth0 --vip 10.0.0.100:80 --backend 02:00:00:00:00:0a@10.0.0.11=75 --backend 02:00:00:00:00:0b@10.0.0.12=25 --control 10.0.0.1:7400",
+            "farside frontend --detach eth0",
         ] {
             let args: Vec<&str> = line.split_whitespace().collect();
             if let Err(e) = Cli::try_parse_from(&args) {

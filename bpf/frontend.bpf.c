@@ -1,0 +1,235 @@
+// SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
+/*
+ * The blind front-end (seed 002, issue 12 item 1): a tc (cls_bpf, direct-action)
+ * ingress program on the front-end's LAN interface. L2 direct server return, as
+ * LVS-DR and Katran's L2 mode: the VIP is on every back-end's loopback, clients
+ * route the VIP to the front-end, and the program rewrites only the Ethernet
+ * addresses (destination: the chosen back-end's MAC; source: the front-end's)
+ * and sends the frame back out of the same interface. IP and TCP are untouched
+ * (no checksum to fix); replies go from the back-end straight to the client.
+ *
+ * Which packets are ours: Ethernet frames to the front-end's own MAC carrying
+ * IPv4 TCP to VIP:port. Everything else is passed to the stack (TC_ACT_OK).
+ * Ours but not verifiable is dropped (TC_ACT_SHOT), counted by reason:
+ *   - truncated IPv4 or TCP header, IHL < 5, total length below 40 or beyond
+ *     the frame, TCP data offset < 5 or beyond the total length: FE_CNT_MALFORMED
+ *     (a truncated IPv4 header to our MAC is dropped too: its address is unknown);
+ *   - IP options (IHL > 5), checked before the port: FE_CNT_IP_OPTIONS;
+ *   - fragments (MF or an offset), checked before the port (later fragments have
+ *     none): FE_CNT_FRAGMENT.
+ *
+ * Decision: the flow table (LRU hash keyed by the 4-tuple) first; on a hit the
+ * entry's back-end (a held entry drops the packet); on a miss the weight table
+ * slot of the 4-tuple's hash (the paper's blind, weighted routing), recorded in
+ * the flow table. A miss on a non-SYN (entry evicted, front-end restarted) is
+ * hashed the same way and recorded: with unchanged weights and an unmoved flow
+ * it reaches the same back-end as before; if the weights changed or the flow
+ * had been moved (migrated) it may reach another back-end, which has no socket
+ * and answers RST: that connection is lost (counted FE_CNT_NONSYN_MISS).
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/pkt_cls.h>
+#include <linux/tcp.h>
+
+#include "frontend_consts.h"
+#include "frontend_maps.h"
+#include "frontend_structs.h"
+
+#undef __always_inline
+#define __always_inline inline __attribute__((always_inline))
+
+static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;
+static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, __u64 flags) = (void *)BPF_FUNC_map_update_elem;
+static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)BPF_FUNC_redirect;
+static long (*bpf_skb_pull_data)(struct __sk_buff *skb, __u32 len) = (void *)BPF_FUNC_skb_pull_data;
+
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define fe_ntohl(x) __builtin_bswap32(x)
+#define fe_ntohs(x) __builtin_bswap16(x)
+#define fe_htons(x) __builtin_bswap16(x)
+#else
+#define fe_ntohl(x) (x)
+#define fe_ntohs(x) (x)
+#define fe_htons(x) (x)
+#endif
+
+/* Bytes the headers we read need in the linear part: Ethernet, IPv4 without
+ * options, TCP without options. */
+#define HDRS_BYTES (sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct tcphdr))
+#define IP_MF 0x2000
+#define IP_OFFSET 0x1fff
+
+static __always_inline void count(__u32 i)
+{
+	__u64 *v = bpf_map_lookup_elem(&fe_counters, &i);
+
+	if (v)
+		*v += 1;
+}
+
+/* murmur3's finaliser: every input bit affects every output bit. */
+static __always_inline __u32 fmix32(__u32 h)
+{
+	h ^= h >> 16;
+	h *= 0x85ebca6bU;
+	h ^= h >> 13;
+	h *= 0xc2b2ae35U;
+	h ^= h >> 16;
+	return h;
+}
+
+/* Hash of the 4-tuple in host byte order; crates/frontend/src/table.rs has the
+ * same function (checked by the packet tests). */
+static __always_inline __u32 flow_hash(__u32 saddr, __u32 daddr, __u16 sport, __u16 dport)
+{
+	__u32 h = FE_HASH_SEED;
+
+	h = fmix32(h ^ saddr);
+	h = fmix32(h ^ daddr);
+	h = fmix32(h ^ (((__u32)sport << 16) | dport));
+	return h;
+}
+
+static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
+{
+	return a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] &&
+	       a[4] == b[4] && a[5] == b[5];
+}
+
+SEC("classifier")
+int fs_frontend(struct __sk_buff *skb)
+{
+	__u32 zero = 0;
+	struct fe_config *cfg = bpf_map_lookup_elem(&fe_config, &zero);
+
+	if (!cfg || cfg->backends == 0)
+		return TC_ACT_OK;
+
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	/* Headers beyond the linear part (rare on ingress): pull what exists. */
+	if (data + HDRS_BYTES > data_end && skb->len > (__u32)(data_end - data)) {
+		__u32 want = skb->len < HDRS_BYTES ? skb->len : HDRS_BYTES;
+
+		if (bpf_skb_pull_data(skb, want))
+			return TC_ACT_OK;
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+	}
+
+	struct ethhdr *eth = data;
+
+	if ((void *)(eth + 1) > data_end)
+		goto pass;
+	if (eth->h_proto != fe_htons(ETH_P_IP) || !mac_eq(eth->h_dest, cfg->mac))
+		goto pass;
+
+	struct iphdr *ip = (void *)(eth + 1);
+
+	if ((void *)(ip + 1) > data_end) {
+		count(FE_CNT_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	if (ip->daddr != cfg->vip || ip->protocol != IPPROTO_TCP)
+		goto pass;
+	if (ip->version != 4 || ip->ihl < 5) {
+		count(FE_CNT_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	if (ip->ihl > 5) {
+		count(FE_CNT_IP_OPTIONS);
+		return TC_ACT_SHOT;
+	}
+	if (ip->frag_off & fe_htons(IP_MF | IP_OFFSET)) {
+		count(FE_CNT_FRAGMENT);
+		return TC_ACT_SHOT;
+	}
+	__u32 tot_len = fe_ntohs(ip->tot_len);
+
+	if (tot_len < sizeof(struct iphdr) + sizeof(struct tcphdr) ||
+	    tot_len + sizeof(struct ethhdr) > skb->len) {
+		count(FE_CNT_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+
+	struct tcphdr *tcp = (void *)(ip + 1);
+
+	if ((void *)(tcp + 1) > data_end) {
+		count(FE_CNT_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+	if (tcp->dest != cfg->port)
+		goto pass;
+	if (tcp->doff < 5 || sizeof(struct iphdr) + tcp->doff * 4 > tot_len) {
+		count(FE_CNT_MALFORMED);
+		return TC_ACT_SHOT;
+	}
+
+	struct fe_flow_key key = {
+		.saddr = ip->saddr,
+		.daddr = ip->daddr,
+		.sport = tcp->source,
+		.dport = tcp->dest,
+	};
+	int syn = tcp->syn && !tcp->ack;
+	__u32 b;
+	struct fe_flow *f = bpf_map_lookup_elem(&fe_flows, &key);
+
+	if (f) {
+		if (f->flags & FE_FLOW_HOLD) {
+			count(FE_CNT_HELD);
+			return TC_ACT_SHOT;
+		}
+		b = f->backend;
+		if (syn)
+			count(FE_CNT_SYN_HIT);
+	} else {
+		__u32 slot = flow_hash(fe_ntohl(key.saddr), fe_ntohl(key.daddr),
+				       fe_ntohs(key.sport), fe_ntohs(key.dport)) %
+			     FE_SLOTS;
+		__u32 *bp = bpf_map_lookup_elem(&fe_table, &slot);
+
+		if (!bp) {
+			count(FE_CNT_NO_BACKEND);
+			return TC_ACT_SHOT;
+		}
+		b = *bp;
+		if (b >= cfg->backends) {
+			count(FE_CNT_NO_BACKEND);
+			return TC_ACT_SHOT;
+		}
+		struct fe_flow nf = { .backend = b, .flags = 0 };
+
+		if (bpf_map_update_elem(&fe_flows, &key, &nf, BPF_ANY))
+			count(FE_CNT_INSERT_FAILED);
+		if (!syn)
+			count(FE_CNT_NONSYN_MISS);
+	}
+	if (b >= cfg->backends) {
+		count(FE_CNT_NO_BACKEND);
+		return TC_ACT_SHOT;
+	}
+	struct fe_backend *be = bpf_map_lookup_elem(&fe_backends, &b);
+	struct fe_bstats *st = bpf_map_lookup_elem(&fe_bstats, &b);
+
+	if (!be || !st) {
+		count(FE_CNT_NO_BACKEND);
+		return TC_ACT_SHOT;
+	}
+	st->packets += 1;
+	if (!f && syn)
+		st->new_flows += 1;
+	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
+	return bpf_redirect(cfg->ifindex, 0);
+
+pass:
+	count(FE_CNT_PASSED);
+	return TC_ACT_OK;
+}
+
+char _license[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,37 @@
+/* SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0 */
+/*
+ * Limits and indices of the blind front-end (frontend.bpf.c). Mirrored in
+ * crates/frontend/src/maps.rs, which a unit test checks against this file.
+ */
+#ifndef FRONTEND_CONSTS_H
+#define FRONTEND_CONSTS_H
+
+/* Back-ends the front-end can route to (max_entries of fe_backends and fe_bstats):
+ * a cluster of the paper's size is a handful; 64 keeps the maps one page. */
+#define FE_BACKENDS_MAX 64
+/* Slots of the weight table: a weight is resolved to 1/1024 (75/25 and 67/33 are
+ * off by < 0.1 %); 1024 slots cost 4 KiB. */
+#define FE_SLOTS 1024
+/* Flows remembered (LRU): 65,536 x ~40 bytes of kernel memory (a few MiB); the
+ * least recently used entry is evicted past it (see docs/frontend.md). */
+#define FE_FLOWS_MAX 65536
+/* Fixed seed of the 4-tuple hash: the same after a front-end restart, so a flow
+ * whose entry was lost is hashed to the same back-end as before. */
+#define FE_HASH_SEED 0x5f3759dfU
+
+/* Flow entry flags. */
+#define FE_FLOW_HOLD 1 /* drop the flow's packets (held for a migration) */
+
+/* Global counters (fe_counters, per CPU), by index. */
+#define FE_CNT_PASSED 0        /* not ours: left to the stack */
+#define FE_CNT_MALFORMED 1     /* to the VIP but bad lengths / truncated: dropped */
+#define FE_CNT_FRAGMENT 2      /* TCP to the VIP, fragmented: dropped */
+#define FE_CNT_IP_OPTIONS 3    /* TCP to the VIP with IP options: dropped */
+#define FE_CNT_NONSYN_MISS 4   /* no flow entry and not a SYN: hashed anyway */
+#define FE_CNT_HELD 5          /* dropped: the flow is held */
+#define FE_CNT_NO_BACKEND 6    /* slot or entry names no configured back-end: dropped */
+#define FE_CNT_INSERT_FAILED 7 /* flow entry could not be written (forwarded anyway) */
+#define FE_CNT_SYN_HIT 8       /* a SYN that found an entry (4-tuple reuse): followed it */
+#define FE_COUNTERS 9
+
+#endif /* FRONTEND_CONSTS_H */

@@ -1,0 +1,117 @@
+//! `farside frontend`: attach the blind front-end to an interface, serve the control
+//! port, print the counters on exit. `farside frontend --detach IF` removes a
+//! front-end a dead process left attached (only possible on kernels before 6.6).
+
+use std::net::{SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Mutex};
+
+use crate::control::Server;
+use crate::loader::{detach_iface, validate_backends, BackendSpec, Frontend};
+
+/// `farside frontend` flags.
+#[derive(clap::Args, Debug, Clone)]
+#[command(
+    after_help = "Forwarding: L2 direct server return. Put the VIP on every back-end's lo \
+(sysctl net.ipv4.conf.all.arp_ignore=1, arp_announce=2), route the VIP to this node, and \
+give every back-end here as MAC@IP=WEIGHT (its MAC on IF's LAN, its own address, its \
+share of new flows). Control port (one line per request, one reply line): MOVE \
+client_ip:port backend_ip | HOLD client_ip:port | RELEASE client_ip:port | FLOW \
+client_ip:port | WEIGHTS ip=w,ip=w | STATS. See docs/frontend.md."
+)]
+pub struct FrontendArgs {
+    /// The LAN interface clients' VIP traffic arrives on and back-ends are reached
+    /// through (the program runs at its tc ingress).
+    #[arg(long, value_name = "IF", required_unless_present = "detach")]
+    pub iface: Option<String>,
+    /// The service's virtual address: IPv4 TCP to it is routed, everything else passes.
+    #[arg(long, value_name = "IP:PORT", required_unless_present = "detach")]
+    pub vip: Option<SocketAddrV4>,
+    /// A back-end, MAC@IP=WEIGHT (e.g. 02:00:00:00:00:0b@10.0.0.11=75); repeat for
+    /// each (at most 64). Weights are relative shares of new flows.
+    #[arg(long = "backend", value_name = "MAC@IP=WEIGHT")]
+    pub backends: Vec<BackendSpec>,
+    /// Serve the control port here (TCP), e.g. 10.0.0.1:7400; none if absent.
+    #[arg(long, value_name = "ADDR")]
+    pub control: Option<SocketAddr>,
+    /// Stop after this many seconds (default: at SIGINT/SIGTERM).
+    #[arg(long, value_name = "S")]
+    pub duration_s: Option<f64>,
+    /// Remove a front-end left attached to IF by a process that died, and exit
+    /// (needed only on kernels before 6.6: a TCX attachment ends with its process).
+    #[arg(long, value_name = "IF", conflicts_with_all = ["iface", "vip", "backends", "control"])]
+    pub detach: Option<String>,
+}
+
+impl FrontendArgs {
+    /// Check the flags without touching the kernel.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.detach.is_some() {
+            return Ok(());
+        }
+        let vip = self.vip.ok_or("--vip is required")?;
+        if vip.port() == 0 {
+            return Err("--vip: port 0".into());
+        }
+        if self.backends.is_empty() {
+            return Err("give at least one --backend MAC@IP=WEIGHT".into());
+        }
+        validate_backends(&self.backends).map_err(|e| format!("--backend: {e}"))?;
+        if let Some(d) = self.duration_s {
+            if !(d.is_finite() && d > 0.0) {
+                return Err(format!("--duration-s {d}: must be positive"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Run `farside frontend`: attach, serve the control port, call `wait` (which
+/// returns at the termination signal or the duration), print the counters, detach.
+/// Block SIGINT/SIGTERM before calling (the control threads inherit the mask).
+pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> Result<(), String> {
+    a.validate()?;
+    if let Some(ifname) = &a.detach {
+        let msg = detach_iface(ifname).map_err(|e| e.to_string())?;
+        println!("farside frontend: {msg}");
+        return Ok(());
+    }
+    let ifname = a.iface.as_deref().ok_or("--iface is required")?;
+    let vip = a.vip.ok_or("--vip is required")?;
+    let fe = Frontend::attach(ifname, vip, &a.backends).map_err(|e| e.to_string())?;
+    let fe = Arc::new(Mutex::new(fe));
+    let server = match a.control {
+        Some(addr) => {
+            Some(Server::start(addr, fe.clone()).map_err(|e| format!("--control {addr}: {e}"))?)
+        }
+        None => None,
+    };
+    let shares: Vec<String> = a
+        .backends
+        .iter()
+        .map(|b| format!("{}={}", b.ip, b.weight))
+        .collect();
+    log::info!(
+        "frontend: routing TCP to {vip} arriving on {ifname} to {} (L2 DSR, tc ingress){}",
+        shares.join(","),
+        server
+            .as_ref()
+            .map(|s| format!("; control on {}", s.local_addr()))
+            .unwrap_or_default()
+    );
+    wait(a.duration_s.map(std::time::Duration::from_secs_f64));
+    drop(server);
+    let (stats, detached) = {
+        // A control connection still open holds a reference: detach explicitly.
+        let mut fe = fe.lock().unwrap_or_else(|p| p.into_inner());
+        (fe.stats(), fe.detach())
+    };
+    match detached {
+        Ok(()) => log::info!("frontend: detached from {ifname}"),
+        Err(e) => log::warn!("frontend: {e}"),
+    }
+    match stats {
+        Ok(s) => println!("{s}"),
+        Err(e) => log::warn!("frontend: reading the counters: {e}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,34 @@
+//! The blind front-end of seed 002 (issue 12 item 1): an eBPF program on the
+//! front-end node's LAN interface that routes each new TCP flow to the VIP to a
+//! back-end by weighted hash of its 4-tuple and keeps a flow table, so that a
+//! migrated connection's later packets reach its new node. L2 direct server return
+//! (LVS-DR, Katran's L2 mode): the VIP is on every back-end's loopback, the program
+//! rewrites only the destination (and source) MAC and sends the frame back out,
+//! replies go from the back-end straight to the client. See `docs/frontend.md`.
+//!
+//! - [`table`]: the weight table and the 4-tuple hash (the paper's sub-optimal
+//!   routing), pure and unit-tested;
+//! - [`Frontend`]: load, configure, attach (tc ingress), and the map operations;
+//! - [`control`]: the control port (`MOVE`, `HOLD`, `RELEASE`, `FLOW`, `WEIGHTS`,
+//!   `STATS`) and its [`control::Client`];
+//! - [`cli`]: `farside frontend`.
+//!
+//! Everything but [`table`] needs CAP_BPF and CAP_NET_ADMIN (root in practice).
+
+pub mod cli;
+pub mod control;
+mod loader;
+mod maps;
+pub mod table;
+
+pub use loader::{
+    detach_iface, format_mac, iface_mac_index, parse_mac, parse_weights, validate_backends,
+    verdict, BackendReport, BackendSpec, Frontend, FrontendError, Stats,
+};
+pub use maps::{BACKENDS_MAX, COUNTERS, COUNTER_NAMES, FLOWS_MAX, HASH_SEED, SLOTS};
+
+/// True if this process runs as root (the live tests need it).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}

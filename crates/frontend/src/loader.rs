@@ -1,0 +1,817 @@
+//! Loading, configuring and attaching `bpf/frontend.bpf.c`, and every map operation
+//! the control port offers (move, hold, release, weights, stats).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::os::fd::{AsFd, AsRawFd};
+use std::str::FromStr;
+
+use aya::maps::{Array, HashMap, MapData, PerCpuArray};
+use aya::programs::tc::{SchedClassifierLinkId, TcAttachType};
+use aya::programs::SchedClassifier;
+use aya::Ebpf;
+use serde::{Deserialize, Serialize};
+
+use crate::maps::{
+    BackendEntry, BackendStats, Config, FlowKey, FlowValue, COUNTERS, COUNTER_NAMES, FLOW_HOLD,
+    MAP_BACKENDS, MAP_BSTATS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_TABLE, PROG_NAME, SLOTS,
+};
+use crate::table;
+
+/// The compiled program (clang -target bpf), 8-byte aligned as ELF parsing needs.
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/frontend.bpf.o"));
+
+/// tc verdicts as returned by [`Frontend::test_run`] (`TC_ACT_*`).
+pub mod verdict {
+    /// Passed to the stack.
+    pub const PASS: u32 = 0;
+    /// Dropped.
+    pub const DROP: u32 = 2;
+    /// Forwarded (`bpf_redirect` out of the interface).
+    pub const REDIRECT: u32 = 7;
+}
+
+/// What failed; every message names the step.
+#[derive(Debug)]
+pub enum FrontendError {
+    /// Bad arguments (VIP, back-ends, weights, unknown flow or back-end).
+    Config(String),
+    /// The kernel refused for lack of privilege (CAP_BPF / CAP_NET_ADMIN).
+    NoPrivilege(String),
+    /// Creating maps or loading (verifying) the program failed.
+    Load(String),
+    /// No such interface in this network namespace.
+    NoInterface(String),
+    /// Attaching or detaching failed.
+    Attach(String),
+    /// Reading or writing a map failed.
+    Map(String),
+    /// BPF_PROG_TEST_RUN failed.
+    TestRun(io::Error),
+}
+
+impl fmt::Display for FrontendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FrontendError::Config(m) => write!(f, "{m}"),
+            FrontendError::NoPrivilege(what) => write!(
+                f,
+                "the front-end needs CAP_BPF/CAP_NET_ADMIN (run as root): {what} was refused"
+            ),
+            FrontendError::Load(m) => write!(f, "loading the front-end program failed: {m}"),
+            FrontendError::NoInterface(i) => {
+                write!(f, "no network interface {i:?} in this namespace")
+            }
+            FrontendError::Attach(m) => write!(f, "{m}"),
+            FrontendError::Map(m) => write!(f, "front-end map: {m}"),
+            FrontendError::TestRun(e) => write!(f, "BPF_PROG_TEST_RUN failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for FrontendError {}
+
+fn is_permission_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<io::Error>() {
+            if matches!(io.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES)) {
+                return true;
+            }
+        }
+        cur = err.source();
+    }
+    false
+}
+
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(err) = cur {
+        let m = err.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = err.source();
+    }
+    s
+}
+
+fn classify(
+    step: &str,
+    e: impl std::error::Error + 'static,
+    other: impl FnOnce(String) -> FrontendError,
+) -> FrontendError {
+    if is_permission_error(&e) {
+        FrontendError::NoPrivilege(step.to_string())
+    } else {
+        other(format!("{step}: {}", chain(&e)))
+    }
+}
+
+/// One back-end: where frames for it go (its MAC on the LAN), its address (to name
+/// it in `MOVE` and `WEIGHTS`) and its routing weight. Parsed from `MAC@IP=WEIGHT`,
+/// e.g. `02:00:00:00:00:0b@10.0.0.11=75`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackendSpec {
+    /// The back-end's MAC on the front-end's LAN.
+    pub mac: [u8; 6],
+    /// The back-end's own address (not the VIP): its name here.
+    pub ip: Ipv4Addr,
+    /// Relative share of new flows (0 = none).
+    pub weight: u32,
+}
+
+/// Parse `aa:bb:cc:dd:ee:ff`.
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 {
+        return Err(format!("{s:?}: a MAC is six hex bytes, aa:bb:cc:dd:ee:ff"));
+    }
+    let mut mac = [0u8; 6];
+    for (m, p) in mac.iter_mut().zip(&parts) {
+        if p.len() != 2 {
+            return Err(format!("{s:?}: a MAC is six hex bytes, aa:bb:cc:dd:ee:ff"));
+        }
+        *m = u8::from_str_radix(p, 16).map_err(|_| format!("{s:?}: {p:?} is not a hex byte"))?;
+    }
+    if mac[0] & 1 == 1 || mac == [0; 6] {
+        return Err(format!("{s:?}: not a unicast MAC"));
+    }
+    Ok(mac)
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+pub fn format_mac(mac: &[u8; 6]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+impl FromStr for BackendSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let usage =
+            || format!("{s:?}: a back-end is MAC@IP=WEIGHT, e.g. 02:00:00:00:00:0b@10.0.0.11=75");
+        let (mac, rest) = s.split_once('@').ok_or_else(usage)?;
+        let (ip, weight) = rest.split_once('=').ok_or_else(usage)?;
+        Ok(BackendSpec {
+            mac: parse_mac(mac)?,
+            ip: ip
+                .parse()
+                .map_err(|_| format!("{s:?}: {ip:?} is not an IPv4 address"))?,
+            weight: weight
+                .parse()
+                .map_err(|_| format!("{s:?}: weight {weight:?} is not a whole number"))?,
+        })
+    }
+}
+
+/// Parse `a=67,b=33` where each name is a back-end's IP: the `WEIGHTS` argument.
+pub fn parse_weights(s: &str) -> Result<Vec<(Ipv4Addr, u32)>, String> {
+    s.split(',')
+        .map(|kv| {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("{kv:?}: expected BACKEND_IP=WEIGHT"))?;
+            Ok((
+                k.trim()
+                    .parse()
+                    .map_err(|_| format!("{k:?} is not a back-end IPv4 address"))?,
+                v.trim()
+                    .parse()
+                    .map_err(|_| format!("{v:?} is not a whole-number weight"))?,
+            ))
+        })
+        .collect()
+}
+
+/// Check a set of back-ends: 1..=[`BACKENDS_MAX`](crate::BACKENDS_MAX), distinct IPs and MACs, weights
+/// not all 0.
+pub fn validate_backends(backends: &[BackendSpec]) -> Result<(), String> {
+    let weights: Vec<u32> = backends.iter().map(|b| b.weight).collect();
+    table::apportion(&weights, SLOTS).map_err(|e| format!("back-ends: {e}"))?;
+    for (i, a) in backends.iter().enumerate() {
+        for b in &backends[..i] {
+            if a.ip == b.ip {
+                return Err(format!("back-end {} given twice", a.ip));
+            }
+            if a.mac == b.mac {
+                return Err(format!("MAC {} given twice", format_mac(&a.mac)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Counters of one back-end, summed over CPUs.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BackendReport {
+    /// The back-end's address (its name).
+    pub ip: Ipv4Addr,
+    /// Its MAC.
+    pub mac: String,
+    /// Its current weight.
+    pub weight: u32,
+    /// Packets forwarded to it.
+    pub packets: u64,
+    /// New flows (SYN, no entry) routed to it.
+    pub new_flows: u64,
+}
+
+/// What `STATS` reports.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Stats {
+    /// Per back-end, in configuration order.
+    pub backends: Vec<BackendReport>,
+    /// Global counters by name ([`COUNTER_NAMES`]).
+    pub counters: BTreeMap<String, u64>,
+    /// Entries in the flow table now (at most [`crate::FLOWS_MAX`]).
+    pub flows: usize,
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in &self.backends {
+            writeln!(
+                f,
+                "backend {} ({}) weight {}: {} packets, {} new flows",
+                b.ip, b.mac, b.weight, b.packets, b.new_flows
+            )?;
+        }
+        let c: Vec<String> = self
+            .counters
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        write!(f, "flows {}; {}", self.flows, c.join(" "))
+    }
+}
+
+/// The front-end program, loaded and configured; attached to an interface if made by
+/// [`Frontend::attach`]. Detached when dropped (and by the kernel when the process
+/// dies: the TCX link is owned by this process and pinned nowhere).
+pub struct Frontend {
+    ebpf: Ebpf,
+    vip: SocketAddrV4,
+    backends: Vec<BackendSpec>,
+    link: Option<SchedClassifierLinkId>,
+    ifname: String,
+}
+
+fn map_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::maps::Map, FrontendError> {
+    ebpf.map_mut(name)
+        .ok_or_else(|| FrontendError::Load(format!("no map {name} in the object")))
+}
+
+fn map_ref<'a>(ebpf: &'a Ebpf, name: &str) -> Result<&'a aya::maps::Map, FrontendError> {
+    ebpf.map(name)
+        .ok_or_else(|| FrontendError::Load(format!("no map {name} in the object")))
+}
+
+impl Frontend {
+    /// Load the program and fill its maps for `vip` and `backends`, without attaching:
+    /// `mac` is the interface's own MAC (only frames to it are routed; it is the
+    /// source MAC of forwarded frames), `ifindex` the interface frames go out of.
+    pub fn load(
+        vip: SocketAddrV4,
+        backends: &[BackendSpec],
+        mac: [u8; 6],
+        ifindex: u32,
+    ) -> Result<Frontend, FrontendError> {
+        if vip.port() == 0 {
+            return Err(FrontendError::Config("VIP port 0".into()));
+        }
+        validate_backends(backends).map_err(FrontendError::Config)?;
+        let mut ebpf = aya::EbpfLoader::new()
+            .btf(None)
+            .load(OBJECT)
+            .map_err(|e| classify("creating maps", e, FrontendError::Load))?;
+        let prog: &mut SchedClassifier = ebpf
+            .program_mut(PROG_NAME)
+            .ok_or_else(|| FrontendError::Load(format!("no program {PROG_NAME}")))?
+            .try_into()
+            .map_err(|e| FrontendError::Load(format!("{PROG_NAME}: {e}")))?;
+        prog.load()
+            .map_err(|e| classify("BPF_PROG_LOAD", e, FrontendError::Load))?;
+        let mut fe = Frontend {
+            ebpf,
+            vip,
+            backends: backends.to_vec(),
+            link: None,
+            ifname: String::new(),
+        };
+        {
+            let mut m: Array<&mut MapData, BackendEntry> =
+                Array::try_from(map_mut(&mut fe.ebpf, MAP_BACKENDS)?)
+                    .map_err(|e| FrontendError::Map(format!("{MAP_BACKENDS}: {e}")))?;
+            for (i, b) in backends.iter().enumerate() {
+                let entry = BackendEntry {
+                    mac: b.mac,
+                    reserved: 0,
+                    ip: u32::from(b.ip).to_be(),
+                };
+                m.set(i as u32, entry, 0)
+                    .map_err(|e| classify("writing a back-end", e, FrontendError::Map))?;
+            }
+        }
+        fe.write_table()?;
+        let mut config: Array<&mut MapData, Config> =
+            Array::try_from(map_mut(&mut fe.ebpf, MAP_CONFIG)?)
+                .map_err(|e| FrontendError::Map(format!("{MAP_CONFIG}: {e}")))?;
+        // Written last: `backends` > 0 is what turns routing on.
+        config
+            .set(
+                0,
+                Config {
+                    vip: u32::from(*vip.ip()).to_be(),
+                    port: vip.port().to_be(),
+                    mac,
+                    ifindex,
+                    backends: backends.len() as u32,
+                },
+                0,
+            )
+            .map_err(|e| classify("writing the configuration", e, FrontendError::Map))?;
+        Ok(fe)
+    }
+
+    /// Load for `vip` and `backends` and attach to `ifname`'s tc ingress (in the
+    /// calling thread's network namespace).
+    pub fn attach(
+        ifname: &str,
+        vip: SocketAddrV4,
+        backends: &[BackendSpec],
+    ) -> Result<Frontend, FrontendError> {
+        let (mac, ifindex) = iface_mac_index(ifname)?;
+        let mut fe = Frontend::load(vip, backends, mac, ifindex)?;
+        let prog: &mut SchedClassifier = fe.prog_mut();
+        let link = prog
+            .attach(ifname, TcAttachType::Ingress)
+            .or_else(|e| {
+                // Kernels before 6.6 (no TCX) attach through a clsact qdisc.
+                if aya::programs::tc::qdisc_add_clsact(ifname).is_ok() {
+                    prog.attach(ifname, TcAttachType::Ingress)
+                } else {
+                    Err(e)
+                }
+            })
+            .map_err(|e| {
+                if is_permission_error(&e) {
+                    FrontendError::NoPrivilege(format!("attaching to {ifname}"))
+                } else {
+                    FrontendError::Attach(format!(
+                        "attaching to {ifname}'s tc ingress: {}",
+                        chain(&e)
+                    ))
+                }
+            })?;
+        fe.link = Some(link);
+        fe.ifname = ifname.to_string();
+        Ok(fe)
+    }
+
+    fn prog_mut(&mut self) -> &mut SchedClassifier {
+        self.ebpf
+            .program_mut(PROG_NAME)
+            .and_then(|p| <&mut SchedClassifier>::try_from(p).ok())
+            .expect("checked at load")
+    }
+
+    fn write_table(&mut self) -> Result<(), FrontendError> {
+        let weights: Vec<u32> = self.backends.iter().map(|b| b.weight).collect();
+        let t = table::fill_table(&weights, SLOTS).map_err(FrontendError::Config)?;
+        let mut m: Array<&mut MapData, u32> = Array::try_from(map_mut(&mut self.ebpf, MAP_TABLE)?)
+            .map_err(|e| FrontendError::Map(format!("{MAP_TABLE}: {e}")))?;
+        for (slot, b) in t.iter().enumerate() {
+            m.set(slot as u32, *b, 0)
+                .map_err(|e| classify("writing the weight table", e, FrontendError::Map))?;
+        }
+        Ok(())
+    }
+
+    /// The weight table as the program sees it now.
+    pub fn table(&self) -> Result<Vec<u32>, FrontendError> {
+        let m: Array<&MapData, u32> = Array::try_from(map_ref(&self.ebpf, MAP_TABLE)?)
+            .map_err(|e| FrontendError::Map(format!("{MAP_TABLE}: {e}")))?;
+        (0..SLOTS as u32)
+            .map(|i| {
+                m.get(&i, 0)
+                    .map_err(|e| FrontendError::Map(format!("{MAP_TABLE}[{i}]: {e}")))
+            })
+            .collect()
+    }
+
+    /// Detach from the interface (if attached): from now on its traffic goes to the
+    /// stack. The maps stay readable.
+    pub fn detach(&mut self) -> Result<(), FrontendError> {
+        match self.link.take() {
+            Some(link) => self.prog_mut().detach(link).map_err(|e| {
+                FrontendError::Attach(format!("detaching from {}: {}", self.ifname, chain(&e)))
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the program is attached.
+    pub fn is_attached(&self) -> bool {
+        self.link.is_some()
+    }
+
+    /// The VIP served.
+    pub fn vip(&self) -> SocketAddrV4 {
+        self.vip
+    }
+
+    /// The back-ends, with their current weights.
+    pub fn backends(&self) -> &[BackendSpec] {
+        &self.backends
+    }
+
+    /// The interface attached to ("" if not attached).
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    fn backend_index(&self, ip: Ipv4Addr) -> Result<u32, FrontendError> {
+        self.backends
+            .iter()
+            .position(|b| b.ip == ip)
+            .map(|i| i as u32)
+            .ok_or_else(|| FrontendError::Config(format!("no back-end {ip}")))
+    }
+
+    /// Change weights (each named by its back-end's IP; the others keep theirs) and
+    /// refill the weight table. Only new flows are affected: existing entries stay.
+    pub fn set_weights(&mut self, weights: &[(Ipv4Addr, u32)]) -> Result<(), FrontendError> {
+        let mut next = self.backends.clone();
+        for &(ip, w) in weights {
+            let i = self.backend_index(ip)? as usize;
+            next[i].weight = w;
+        }
+        validate_backends(&next).map_err(FrontendError::Config)?;
+        let before = std::mem::replace(&mut self.backends, next);
+        if let Err(e) = self.write_table() {
+            self.backends = before;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn flows_mut(&mut self) -> Result<HashMap<&mut MapData, FlowKey, FlowValue>, FrontendError> {
+        HashMap::try_from(map_mut(&mut self.ebpf, MAP_FLOWS)?)
+            .map_err(|e| FrontendError::Map(format!("{MAP_FLOWS}: {e}")))
+    }
+
+    fn flows(&self) -> Result<HashMap<&MapData, FlowKey, FlowValue>, FrontendError> {
+        HashMap::try_from(map_ref(&self.ebpf, MAP_FLOWS)?)
+            .map_err(|e| FrontendError::Map(format!("{MAP_FLOWS}: {e}")))
+    }
+
+    /// The flow of `client` to the VIP: its back-end's IP and whether it is held;
+    /// None if the table has no entry.
+    pub fn flow(&self, client: SocketAddrV4) -> Result<Option<(Ipv4Addr, bool)>, FrontendError> {
+        let key = FlowKey::new(client, self.vip);
+        match self.flows()?.get(&key, 0) {
+            Ok(v) => Ok(Some((
+                self.backends
+                    .get(v.backend as usize)
+                    .map(|b| b.ip)
+                    .unwrap_or(Ipv4Addr::UNSPECIFIED),
+                v.flags & FLOW_HOLD != 0,
+            ))),
+            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(FrontendError::Map(format!("{MAP_FLOWS}: {e}"))),
+        }
+    }
+
+    /// Send `client`'s flow to the back-end `backend` from its next packet on, and
+    /// release it if held: the flip `farside_migrate::migrate_with`'s `move_flow`
+    /// makes after the restore. A flow with no entry (evicted) gets one.
+    pub fn move_flow(
+        &mut self,
+        client: SocketAddrV4,
+        backend: Ipv4Addr,
+    ) -> Result<(), FrontendError> {
+        let b = self.backend_index(backend)?;
+        let key = FlowKey::new(client, self.vip);
+        self.flows_mut()?
+            .insert(
+                key,
+                FlowValue {
+                    backend: b,
+                    flags: 0,
+                },
+                0,
+            )
+            .map_err(|e| classify("writing a flow entry", e, FrontendError::Map))
+    }
+
+    /// Hold (drop the packets of) `client`'s flow, or release it. Errors if the flow
+    /// has no entry.
+    pub fn set_held(&mut self, client: SocketAddrV4, held: bool) -> Result<(), FrontendError> {
+        let key = FlowKey::new(client, self.vip);
+        let mut flows = self.flows_mut()?;
+        let mut v = flows.get(&key, 0).map_err(|e| match e {
+            aya::maps::MapError::KeyNotFound => {
+                FrontendError::Config(format!("no flow from {client}"))
+            }
+            e => FrontendError::Map(format!("{MAP_FLOWS}: {e}")),
+        })?;
+        if held {
+            v.flags |= FLOW_HOLD;
+        } else {
+            v.flags &= !FLOW_HOLD;
+        }
+        // BPF_EXIST: never resurrect an entry evicted meanwhile.
+        flows
+            .insert(key, v, BPF_EXIST)
+            .map_err(|e| classify("writing a flow entry", e, FrontendError::Map))
+    }
+
+    /// Counters and flow count.
+    pub fn stats(&self) -> Result<Stats, FrontendError> {
+        let bs: PerCpuArray<&MapData, BackendStats> =
+            PerCpuArray::try_from(map_ref(&self.ebpf, MAP_BSTATS)?)
+                .map_err(|e| FrontendError::Map(format!("{MAP_BSTATS}: {e}")))?;
+        let mut backends = Vec::new();
+        for (i, b) in self.backends.iter().enumerate() {
+            let per_cpu = bs
+                .get(&(i as u32), 0)
+                .map_err(|e| FrontendError::Map(format!("{MAP_BSTATS}[{i}]: {e}")))?;
+            let (packets, new_flows) = per_cpu.iter().fold((0u64, 0u64), |(p, n), s| {
+                (p.wrapping_add(s.packets), n.wrapping_add(s.new_flows))
+            });
+            backends.push(BackendReport {
+                ip: b.ip,
+                mac: format_mac(&b.mac),
+                weight: b.weight,
+                packets,
+                new_flows,
+            });
+        }
+        let cs: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(map_ref(&self.ebpf, MAP_COUNTERS)?)
+                .map_err(|e| FrontendError::Map(format!("{MAP_COUNTERS}: {e}")))?;
+        let mut counters = BTreeMap::new();
+        for (i, name) in COUNTER_NAMES.iter().enumerate().take(COUNTERS) {
+            let per_cpu = cs
+                .get(&(i as u32), 0)
+                .map_err(|e| FrontendError::Map(format!("{MAP_COUNTERS}[{i}]: {e}")))?;
+            counters.insert(
+                name.to_string(),
+                per_cpu.iter().copied().fold(0u64, u64::wrapping_add),
+            );
+        }
+        let flows = self.flows()?.keys().filter(|k| k.is_ok()).count();
+        Ok(Stats {
+            backends,
+            counters,
+            flows,
+        })
+    }
+
+    /// Run the program once on `frame` (an Ethernet frame) with BPF_PROG_TEST_RUN:
+    /// the verdict ([`verdict`]) and the frame as the program left it. Maps are the
+    /// live ones (a test run records flows and counts like real traffic).
+    pub fn test_run(&self, frame: &[u8]) -> Result<(u32, Vec<u8>), FrontendError> {
+        self.test_run_once(frame).map(|(v, out, _)| (v, out))
+    }
+
+    /// Mean run time in ns of the program on `frame` over `runs` test runs, as the
+    /// kernel measures it, and the last verdict. Each run gets a fresh copy of
+    /// `frame`: the kernel's own repeat loop would run the program again on the frame
+    /// it rewrote (no longer addressed to the front-end), measuring the pass path.
+    pub fn test_run_mean_ns(&self, frame: &[u8], runs: u32) -> Result<(u32, u64), FrontendError> {
+        let (mut total, mut last) = (0u64, 0u32);
+        for _ in 0..runs.max(1) {
+            let (v, _, ns) = self.test_run_once(frame)?;
+            total += u64::from(ns);
+            last = v;
+        }
+        Ok((last, total / u64::from(runs.max(1))))
+    }
+
+    fn test_run_once(&self, frame: &[u8]) -> Result<(u32, Vec<u8>, u32), FrontendError> {
+        let prog = self
+            .ebpf
+            .program(PROG_NAME)
+            .and_then(|p| <&SchedClassifier>::try_from(p).ok())
+            .expect("checked at load");
+        let fd = prog
+            .fd()
+            .map_err(|e| FrontendError::Load(e.to_string()))?
+            .as_fd()
+            .as_raw_fd();
+        let mut out = vec![0u8; TEST_FRAME_BYTES_MAX.max(frame.len() + 256)];
+        let mut attr = TestRunAttr {
+            prog_fd: fd as u32,
+            data_size_in: frame.len() as u32,
+            data_size_out: out.len() as u32,
+            data_in: frame.as_ptr() as u64,
+            data_out: out.as_mut_ptr() as u64,
+            repeat: 1,
+            ..Default::default()
+        };
+        // SAFETY: attr points to valid buffers of the stated sizes for the call's duration.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_PROG_TEST_RUN,
+                &mut attr as *mut TestRunAttr,
+                std::mem::size_of::<TestRunAttr>(),
+            )
+        };
+        if rc < 0 {
+            return Err(FrontendError::TestRun(io::Error::last_os_error()));
+        }
+        out.truncate(attr.data_size_out as usize);
+        Ok((attr.retval, out, attr.duration))
+    }
+}
+
+impl Drop for Frontend {
+    fn drop(&mut self) {
+        let _ = self.detach();
+    }
+}
+
+/// Map update flag: only if the key exists (`BPF_EXIST`).
+const BPF_EXIST: u64 = 2;
+
+/// Largest frame handed back by a test run (one page).
+const TEST_FRAME_BYTES_MAX: usize = 4096;
+
+/// The bpf(2) command number of BPF_PROG_TEST_RUN.
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+
+/// `union bpf_attr`'s `test` member.
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    _pad: u32,
+}
+
+/// The MAC and index of `ifname` in the calling thread's network namespace (an
+/// ioctl on a socket of this namespace: /sys/class/net shows the mount's namespace).
+pub fn iface_mac_index(ifname: &str) -> Result<([u8; 6], u32), FrontendError> {
+    let c = std::ffi::CString::new(ifname)
+        .map_err(|_| FrontendError::NoInterface(ifname.to_string()))?;
+    if ifname.len() >= 16 {
+        return Err(FrontendError::NoInterface(ifname.to_string()));
+    }
+    // SAFETY: if_nametoindex reads a NUL-terminated string.
+    let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if ifindex == 0 {
+        return Err(FrontendError::NoInterface(ifname.to_string()));
+    }
+    #[repr(C)]
+    struct IfReqHw {
+        name: [u8; 16],
+        family: u16,
+        data: [u8; 14],
+        _pad: [u8; 8],
+    }
+    let mut req = IfReqHw {
+        name: [0; 16],
+        family: 0,
+        data: [0; 14],
+        _pad: [0; 8],
+    };
+    req.name[..ifname.len()].copy_from_slice(ifname.as_bytes());
+    // SAFETY: a plain datagram socket, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(FrontendError::Attach(format!(
+            "socket for SIOCGIFHWADDR: {}",
+            io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: SIOCGIFHWADDR fills a struct ifreq (40 bytes) we own.
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req as *mut IfReqHw) };
+    let err = io::Error::last_os_error();
+    // SAFETY: closing the socket opened above.
+    unsafe { libc::close(fd) };
+    if rc < 0 {
+        return Err(FrontendError::Attach(format!(
+            "reading {ifname}'s MAC: {err}"
+        )));
+    }
+    let mut mac = [0u8; 6];
+    mac.copy_from_slice(&req.data[..6]);
+    Ok((mac, ifindex))
+}
+
+/// `farside frontend --detach IF`: remove a front-end left attached through the
+/// legacy netlink interface (kernels before 6.6) by a process that died. On kernels
+/// with TCX the attachment is a link owned by the process and is gone with it; then
+/// this finds nothing and says so. Returns what it did.
+pub fn detach_iface(ifname: &str) -> Result<String, FrontendError> {
+    iface_mac_index(ifname)?;
+    match aya::programs::tc::qdisc_detach_program(ifname, TcAttachType::Ingress, PROG_NAME) {
+        Ok(()) => Ok(format!("detached {PROG_NAME} from {ifname}'s tc ingress")),
+        Err(aya::programs::tc::TcError::IoError(e)) if e.kind() == io::ErrorKind::NotFound => {
+            Ok(format!(
+                "nothing to detach: no {PROG_NAME} filter on {ifname} (a TCX attachment ends with its process)"
+            ))
+        }
+        Err(e) => {
+            let msg = chain(&e);
+            // No clsact qdisc at all: nothing was ever attached through netlink.
+            if msg.contains("No such file") || msg.contains("Invalid argument") {
+                Ok(format!("nothing to detach on {ifname} ({msg})"))
+            } else if is_permission_error(&e) {
+                Err(FrontendError::NoPrivilege(format!("detaching from {ifname}")))
+            } else {
+                Err(FrontendError::Attach(format!(
+                    "detaching from {ifname}: {msg}"
+                )))
+            }
+        }
+    }
+}
+
+/// Compile-time check: the control thread shares the front-end.
+#[allow(dead_code)]
+fn _assert_send() {
+    fn s<T: Send>() {}
+    s::<Frontend>();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_specs_parse_and_errors_are_clear() {
+        let b: BackendSpec = "02:00:00:00:00:0b@10.0.0.11=75".parse().unwrap();
+        assert_eq!(b.mac, [2, 0, 0, 0, 0, 0x0b]);
+        assert_eq!(b.ip, Ipv4Addr::new(10, 0, 0, 11));
+        assert_eq!(b.weight, 75);
+        for (bad, says) in [
+            ("10.0.0.11=75", "MAC@IP=WEIGHT"),
+            ("02:00:00:00:00:0b@10.0.0.11", "MAC@IP=WEIGHT"),
+            ("02:00:00:00:0b@10.0.0.11=1", "six hex bytes"),
+            ("02:00:00:00:00:zz@10.0.0.11=1", "not a hex byte"),
+            ("01:00:00:00:00:0b@10.0.0.11=1", "unicast"),
+            ("02:00:00:00:00:0b@10.0.0=1", "not an IPv4"),
+            ("02:00:00:00:00:0b@10.0.0.11=-1", "whole number"),
+        ] {
+            let e = bad.parse::<BackendSpec>().unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn backend_sets_are_validated() {
+        let a: BackendSpec = "02:00:00:00:00:0a@10.0.0.10=1".parse().unwrap();
+        let b: BackendSpec = "02:00:00:00:00:0b@10.0.0.11=1".parse().unwrap();
+        assert!(validate_backends(&[a, b]).is_ok());
+        assert!(validate_backends(&[a, a]).unwrap_err().contains("twice"));
+        let mut c = b;
+        c.ip = Ipv4Addr::new(10, 0, 0, 12);
+        c.mac = a.mac;
+        assert!(validate_backends(&[a, c]).unwrap_err().contains("MAC"));
+        let zero = BackendSpec { weight: 0, ..a };
+        assert!(validate_backends(&[zero])
+            .unwrap_err()
+            .contains("every weight is 0"));
+        assert!(validate_backends(&[]).unwrap_err().contains("no back-end"));
+    }
+
+    #[test]
+    fn weights_argument_parses() {
+        assert_eq!(
+            parse_weights("10.0.0.10=67,10.0.0.11=33").unwrap(),
+            vec![
+                (Ipv4Addr::new(10, 0, 0, 10), 67),
+                (Ipv4Addr::new(10, 0, 0, 11), 33)
+            ]
+        );
+        assert!(parse_weights("a=67").unwrap_err().contains("IPv4"));
+        assert!(parse_weights("10.0.0.10")
+            .unwrap_err()
+            .contains("BACKEND_IP=WEIGHT"));
+        assert!(parse_weights("10.0.0.10=x").unwrap_err().contains("weight"));
+    }
+}

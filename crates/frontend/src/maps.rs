@@ -1,0 +1,166 @@
+//! Map layouts and limits shared with `bpf/frontend_*.h` (one source of truth there;
+//! the test below parses the header and checks every mirrored value).
+
+/// Back-ends the program can route to (`FE_BACKENDS_MAX`): a handful in the paper's
+/// cluster; 64 keeps the per-back-end maps small.
+pub const BACKENDS_MAX: usize = 64;
+/// Weight-table slots (`FE_SLOTS`): weights resolve to 1/1024.
+pub const SLOTS: usize = 1024;
+/// Flows the LRU flow table holds (`FE_FLOWS_MAX`); older ones are evicted.
+pub const FLOWS_MAX: usize = 65_536;
+/// Seed of the 4-tuple hash (`FE_HASH_SEED`): fixed, so a restarted front-end hashes
+/// every flow as before.
+pub const HASH_SEED: u32 = 0x5f37_59df;
+/// Flow flag: packets of the flow are dropped (`FE_FLOW_HOLD`).
+pub const FLOW_HOLD: u32 = 1;
+
+/// Global counters, by index (`FE_CNT_*`), with the names `STATS` reports.
+pub const COUNTER_NAMES: [&str; COUNTERS] = [
+    "passed",
+    "malformed",
+    "fragment",
+    "ip_options",
+    "nonsyn_miss",
+    "held",
+    "no_backend",
+    "insert_failed",
+    "syn_hit",
+];
+/// Number of global counters (`FE_COUNTERS`).
+pub const COUNTERS: usize = 9;
+
+pub(crate) const PROG_NAME: &str = "fs_frontend";
+pub(crate) const MAP_CONFIG: &str = "fe_config";
+pub(crate) const MAP_BACKENDS: &str = "fe_backends";
+pub(crate) const MAP_TABLE: &str = "fe_table";
+pub(crate) const MAP_FLOWS: &str = "fe_flows";
+pub(crate) const MAP_BSTATS: &str = "fe_bstats";
+pub(crate) const MAP_COUNTERS: &str = "fe_counters";
+
+/// `struct fe_config`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Config {
+    pub vip: u32,
+    pub port: u16,
+    pub mac: [u8; 6],
+    pub ifindex: u32,
+    pub backends: u32,
+}
+
+/// `struct fe_backend`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct BackendEntry {
+    pub mac: [u8; 6],
+    pub reserved: u16,
+    pub ip: u32,
+}
+
+/// `struct fe_flow_key` (network byte order, as `to_be` values stored natively).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct FlowKey {
+    pub saddr: u32,
+    pub daddr: u32,
+    pub sport: u16,
+    pub dport: u16,
+}
+
+/// `struct fe_flow`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct FlowValue {
+    pub backend: u32,
+    pub flags: u32,
+}
+
+/// `struct fe_bstats`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct BackendStats {
+    pub packets: u64,
+    pub new_flows: u64,
+}
+
+// SAFETY: repr(C), plain integers, no padding (sizes checked in the test below).
+unsafe impl aya::Pod for Config {}
+// SAFETY: as above.
+unsafe impl aya::Pod for BackendEntry {}
+// SAFETY: as above.
+unsafe impl aya::Pod for FlowKey {}
+// SAFETY: as above.
+unsafe impl aya::Pod for FlowValue {}
+// SAFETY: as above.
+unsafe impl aya::Pod for BackendStats {}
+
+impl FlowKey {
+    pub fn new(client: std::net::SocketAddrV4, vip: std::net::SocketAddrV4) -> FlowKey {
+        FlowKey {
+            saddr: u32::from(*client.ip()).to_be(),
+            daddr: u32::from(*vip.ip()).to_be(),
+            sport: client.port().to_be(),
+            dport: vip.port().to_be(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn define(header: &str, name: &str) -> u64 {
+        header
+            .lines()
+            .find_map(|l| {
+                let mut it = l.split_whitespace();
+                (it.next() == Some("#define") && it.next() == Some(name))
+                    .then(|| it.next())
+                    .flatten()
+            })
+            .map(|v| {
+                let v = v.trim_end_matches('U');
+                match v.strip_prefix("0x") {
+                    Some(h) => u64::from_str_radix(h, 16).unwrap(),
+                    None => v.parse().unwrap(),
+                }
+            })
+            .unwrap_or_else(|| panic!("{name} not in frontend_consts.h"))
+    }
+
+    #[test]
+    fn constants_match_the_bpf_header() {
+        let h = include_str!("../../../bpf/frontend_consts.h");
+        assert_eq!(define(h, "FE_BACKENDS_MAX"), BACKENDS_MAX as u64);
+        assert_eq!(define(h, "FE_SLOTS"), SLOTS as u64);
+        assert_eq!(define(h, "FE_FLOWS_MAX"), FLOWS_MAX as u64);
+        assert_eq!(define(h, "FE_HASH_SEED"), u64::from(HASH_SEED));
+        assert_eq!(define(h, "FE_FLOW_HOLD"), u64::from(FLOW_HOLD));
+        assert_eq!(define(h, "FE_COUNTERS"), COUNTERS as u64);
+        for (i, name) in [
+            "FE_CNT_PASSED",
+            "FE_CNT_MALFORMED",
+            "FE_CNT_FRAGMENT",
+            "FE_CNT_IP_OPTIONS",
+            "FE_CNT_NONSYN_MISS",
+            "FE_CNT_HELD",
+            "FE_CNT_NO_BACKEND",
+            "FE_CNT_INSERT_FAILED",
+            "FE_CNT_SYN_HIT",
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert_eq!(define(h, name), i as u64, "{name}");
+            assert_eq!(
+                COUNTER_NAMES[i],
+                name.trim_start_matches("FE_CNT_").to_lowercase()
+            );
+        }
+        assert_eq!(std::mem::size_of::<Config>(), 20);
+        assert_eq!(std::mem::size_of::<BackendEntry>(), 12);
+        assert_eq!(std::mem::size_of::<FlowKey>(), 12);
+        assert_eq!(std::mem::size_of::<FlowValue>(), 8);
+        assert_eq!(std::mem::size_of::<BackendStats>(), 16);
+    }
+}

@@ -1,0 +1,301 @@
+//! The front-end live, in network namespaces on one bridged LAN (client, front-end,
+//! two back-ends; see `common/mod.rs`): the program attached to the front-end's
+//! interface, real TCP through it, replies straight from the back-ends (L2 DSR).
+//! Root only: `flock /tmp/farside-root.lock cargo test -p farside-frontend --
+//! --include-ignored`.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, SocketAddrV4, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use common::session::{self, AWAIT_MAX, STALL_MAX};
+use common::{need_root, Lan, NsRef, A_IP, B_IP, FE_IF, FE_IP, VIP};
+use farside_frontend::{control, table, Frontend};
+use farside_migrate::{migrate_with, Fallback, MigrateConfig, Outcome, Target, TargetOutcome};
+
+/// Connections in the split test.
+const CONNS: usize = 1000;
+/// Bytes the client sends per round; two rounds per connection.
+const ROUND_BYTES: usize = 8192;
+/// Allowed distance of back-end A's share from 75 %: one standard deviation of the
+/// share of 1,000 hashed flows is 1.4 %; 5 % is more than 3.5 of them.
+const SHARE_TOLERANCE: f64 = 0.05;
+
+fn attach(r: &NsRef, wa: u32, wb: u32) -> Frontend {
+    let r = r.clone();
+    thread::spawn(move || {
+        r.enter("f");
+        Frontend::attach(FE_IF, VIP, &Lan::backends(wa, wb)).expect("attach")
+    })
+    .join()
+    .expect("attach thread")
+}
+
+/// A back-end's service on the VIP in namespace `which`: per connection, two rounds
+/// of `<id>\n` + ROUND_BYTES of pattern `id`, each answered `<name> <id> <bad bytes>`.
+/// Stops when `stop` is set.
+fn serve_rounds(r: NsRef, which: &'static str, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
+    thread::spawn(move || {
+        r.enter(which);
+        let l = TcpListener::bind(SocketAddr::V4(VIP)).expect("bind VIP");
+        l.set_nonblocking(true).unwrap();
+        let mut served = 0;
+        while !stop.load(Ordering::SeqCst) {
+            let s = match l.accept() {
+                Ok((s, _)) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                Err(e) => panic!("accept: {e}"),
+            };
+            s.set_nonblocking(false).unwrap();
+            s.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+            let mut w = s.try_clone().unwrap();
+            let mut rd = BufReader::new(s);
+            for _ in 0..2 {
+                let mut line = String::new();
+                rd.read_line(&mut line).expect("id line");
+                let id: u64 = line.trim().parse().expect("id");
+                let mut buf = vec![0u8; ROUND_BYTES];
+                rd.read_exact(&mut buf).expect("round bytes");
+                let bad = buf
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, &b)| b != session::pat(id, i))
+                    .count();
+                writeln!(w, "{which} {id} {bad}").unwrap();
+            }
+            let mut rest = Vec::new();
+            rd.read_to_end(&mut rest).expect("client close");
+            assert!(rest.is_empty());
+            served += 1;
+        }
+        served
+    })
+}
+
+#[test]
+#[ignore = "needs root (netns, BPF): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn thousand_connections_split_75_25_and_each_stays_on_one_backend() {
+    need_root();
+    let lan = Lan::setup('x');
+    let r = lan.r.clone();
+    let fe = attach(&r, 75, 25);
+    let t = fe.table().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let servers = [
+        serve_rounds(r.clone(), "a", stop.clone()),
+        serve_rounds(r.clone(), "b", stop.clone()),
+    ];
+    let rc = r.clone();
+    let client = thread::spawn(move || {
+        rc.enter("c");
+        let mut on_a = 0usize;
+        for id in 0..CONNS as u64 {
+            let s = TcpStream::connect_timeout(&SocketAddr::V4(VIP), AWAIT_MAX)
+                .unwrap_or_else(|e| panic!("connection {id}: {e}"));
+            s.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+            let SocketAddr::V4(local) = s.local_addr().unwrap() else {
+                unreachable!()
+            };
+            let want = ["a", "b"][table::backend_for(&t, local, VIP) as usize];
+            let mut w = s.try_clone().unwrap();
+            let mut rd = BufReader::new(s);
+            for round in 0..2 {
+                let body: Vec<u8> = (0..ROUND_BYTES).map(|i| session::pat(id, i)).collect();
+                w.write_all(format!("{id}\n").as_bytes()).unwrap();
+                w.write_all(&body).unwrap();
+                let mut line = String::new();
+                rd.read_line(&mut line)
+                    .unwrap_or_else(|e| panic!("connection {id} round {round}: {e}"));
+                assert_eq!(
+                    line.trim(),
+                    format!("{want} {id} 0"),
+                    "connection {id} from {local}, round {round}: served by the hashed back-end, every byte intact"
+                );
+            }
+            on_a += usize::from(want == "a");
+        }
+        on_a
+    });
+    let on_a = client.join().expect("client");
+    stop.store(true, Ordering::SeqCst);
+    let served: Vec<usize> = servers.map(|h| h.join().expect("server")).into();
+    assert_eq!(served, vec![on_a, CONNS - on_a]);
+    let share = on_a as f64 / CONNS as f64;
+    eprintln!(
+        "75/25: {on_a} of {CONNS} connections on A ({:.1} %)",
+        share * 100.0
+    );
+    assert!((share - 0.75).abs() < SHARE_TOLERANCE, "share {share}");
+    let s = fe.stats().unwrap();
+    eprintln!("front-end: {s}");
+    assert_eq!(s.backends[0].new_flows as usize, on_a);
+    assert_eq!(s.backends[1].new_flows as usize, CONNS - on_a);
+    assert_eq!(s.counters["nonsyn_miss"], 0);
+    assert_eq!(s.counters["malformed"], 0);
+    assert_eq!(s.flows, CONNS);
+    drop(fe);
+    drop(lan);
+}
+
+/// How the front-end's flip goes in [`migrate_through_frontend`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flip {
+    /// `MOVE` over the control port.
+    Moved,
+    /// The front-end's control port is gone (front-end process died): `move_flow`
+    /// fails, the migration must complete on the source.
+    ControlPortDown,
+}
+
+/// An HTTP/1.1 keep-alive session established through the front-end to A (every new
+/// flow goes to A), migrated to B with `migrate_with` (`CloseAfterRestore`) whose
+/// `move_flow` is the control client's `MOVE`. Checks every byte (client and
+/// server), the stall bound, and where the flow entry points afterwards.
+fn migrate_through_frontend(which: char, flip: Flip) {
+    need_root();
+    let lan = Lan::setup(which);
+    let r = lan.r.clone();
+    // Every new flow to A; B gets flows only by MOVE.
+    let fe = Arc::new(Mutex::new(attach(&r, 1, 0)));
+    let rf = r.clone();
+    let fe2 = fe.clone();
+    let server = thread::spawn(move || {
+        rf.enter("f");
+        control::Server::start(SocketAddr::new(FE_IP.into(), 0), fe2).expect("control")
+    })
+    .join()
+    .unwrap();
+    let control_addr = server.local_addr();
+    let server = match flip {
+        Flip::Moved => Some(server),
+        Flip::ControlPortDown => {
+            drop(server);
+            None
+        }
+    };
+
+    // Target back-end B: migration listener on its LAN address.
+    let (target_addr_tx, target_addr_rx) = mpsc::channel();
+    let (big_sent_tx, big_sent_rx) = mpsc::channel::<usize>();
+    let rb = r.clone();
+    let target_thread = thread::spawn(move || {
+        rb.enter("b");
+        let target = Target::bind(SocketAddr::new(B_IP.into(), 0)).unwrap();
+        target_addr_tx.send(target.local_addr().unwrap()).unwrap();
+        let mut restored = None;
+        let outcome = target
+            .serve_one(|_| Ok(()), |s| restored = Some(s))
+            .unwrap();
+        if let Some(s) = restored {
+            session::finish_serving(s, big_sent_rx.recv_timeout(AWAIT_MAX).unwrap());
+        }
+        outcome
+    });
+    let target_addr = target_addr_rx.recv_timeout(AWAIT_MAX).unwrap();
+
+    // Source back-end A: the service on the VIP; migrates with the front-end's MOVE.
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let (signal, migrated) = mpsc::channel();
+    let ra = r.clone();
+    let source_thread = thread::spawn(move || {
+        ra.enter("a");
+        let listener = TcpListener::bind(SocketAddr::V4(VIP)).unwrap();
+        ready_tx.send(()).unwrap();
+        let (s, big_sent) = session::source_prefix(&listener);
+        let SocketAddr::V4(peer) = s.peer_addr().unwrap() else {
+            unreachable!()
+        };
+        let mut fe_client = match flip {
+            Flip::Moved => {
+                let mut c = control::Client::connect(control_addr).expect("control port");
+                assert_eq!(c.flow(peer).unwrap(), Some((A_IP, false)));
+                Some(c)
+            }
+            Flip::ControlPortDown => None,
+        };
+        let cfg = MigrateConfig::default(); // CloseAfterRestore
+        let outcome = migrate_with(s, target_addr, &cfg, || match fe_client.as_mut() {
+            Some(c) => c.move_flow(peer, B_IP),
+            None => control::Client::connect(control_addr)?.move_flow(peer, B_IP),
+        });
+        match (flip, outcome) {
+            (Flip::Moved, Outcome::Migrated(t)) => {
+                eprintln!(
+                    "migrated through the front-end: dump {:?}, total {:?}, {} queued bytes",
+                    t.dump, t.total, t.state_bytes
+                );
+                big_sent_tx.send(big_sent).unwrap();
+                signal.send(()).unwrap();
+            }
+            (
+                Flip::ControlPortDown,
+                Outcome::ResumedOnSource {
+                    sock,
+                    reason: Fallback::FlowNotMoved(e),
+                },
+            ) => {
+                eprintln!("flow not moved ({e}): the connection completes on the source");
+                signal.send(()).unwrap();
+                session::finish_serving(sock, big_sent);
+            }
+            (_, outcome) => panic!("unexpected outcome {outcome:?}"),
+        }
+        drop(listener);
+        peer
+    });
+
+    ready_rx.recv_timeout(AWAIT_MAX).unwrap();
+    let rc = r.clone();
+    let client = thread::spawn(move || {
+        rc.enter("c");
+        session::run_client(SocketAddr::V4(VIP), migrated)
+    });
+    let report = client.join().expect("client");
+    let peer: SocketAddrV4 = source_thread.join().expect("source");
+    let outcome = target_thread.join().expect("target");
+    eprintln!("client's longest read wait {:?}", report.longest_read_wait);
+    assert!(report.longest_read_wait < STALL_MAX);
+    let fe = fe.lock().unwrap();
+    let s = fe.stats().unwrap();
+    eprintln!("front-end: {s}");
+    assert_eq!(s.backends[0].new_flows, 1);
+    assert_eq!(s.counters["nonsyn_miss"], 0);
+    match flip {
+        Flip::Moved => {
+            assert!(
+                matches!(outcome, TargetOutcome::Restored { .. }),
+                "{outcome:?}"
+            );
+            assert_eq!(fe.flow(peer).unwrap(), Some((B_IP, false)));
+            assert!(s.backends[1].packets > 0, "B got the flow's later packets");
+        }
+        Flip::ControlPortDown => {
+            assert!(matches!(outcome, TargetOutcome::Aborted), "{outcome:?}");
+            assert_eq!(fe.flow(peer).unwrap(), Some((A_IP, false)));
+            assert_eq!(s.backends[1].packets, 0, "nothing ever went to B");
+        }
+    }
+    drop(fe);
+    drop(server);
+    drop(lan);
+}
+
+#[test]
+#[ignore = "needs root (netns, BPF, TCP_REPAIR): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn connection_migrated_between_backends_through_the_frontend_keeps_every_byte() {
+    migrate_through_frontend('y', Flip::Moved);
+}
+
+#[test]
+#[ignore = "needs root (netns, BPF, TCP_REPAIR): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn frontend_unreachable_at_the_flip_completes_on_the_source() {
+    migrate_through_frontend('z', Flip::ControlPortDown);
+}
