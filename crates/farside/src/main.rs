@@ -31,6 +31,9 @@ enum Cmd {
     Loadgen(farside_loadgen::LoadgenArgs),
     /// Virtual data-center on this machine: run the papers' experiments end to end.
     Lab(farside_lab::LabArgs),
+    /// Speculative-admission daemon of a back-end: migrates connections beyond its
+    /// server's accept queue to the least-loaded peer, takes its peers' migrations.
+    Specd(farside_spec::SpecdArgs),
 }
 
 /// `farside gatherd`: its flags, and `--check`.
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
         Cmd::Backend(a) => farside_backend::run(a, None).map_err(|e| format!("backend: {e}")),
         Cmd::Loadgen(a) => run_loadgen(a),
         Cmd::Lab(a) => farside_lab::run(a).map_err(|e| format!("lab: {e}")),
+        Cmd::Specd(a) => farside_spec::run(a).map_err(|e| format!("specd: {e}")),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -9,11 +9,23 @@
 //!   `farside backend --adopt-socket`, or a relay to unmodified nginx), notifies
 //!   refused sources ([`notify`]) when it can take again.
 //! - [`load`]: the local server's accept-queue length (sock_diag).
+//! - [`source`]: the source side: steered connections accepted on the admission
+//!   listener, migrated to the least-loaded peer (regions read one-sidedly), falling
+//!   back to the local server; [`steer`]: the sk_lookup program (`bpf/steer.bpf.c`)
+//!   and the front-end flow hook ([`steer::FlowSteer`]).
 //! - [`stats`]: bounded per-migration samples.
+//! - [`cli`]: `farside specd`.
+//!
+//! Deployment and flags: `docs/speculative.md`.
 
+pub mod cli;
 pub mod handoff;
 pub mod load;
 pub mod notify;
+pub mod source;
 pub mod stats;
+pub mod steer;
 pub mod target;
 pub mod window;
+
+pub use cli::{run, SpecdArgs};
