@@ -13,7 +13,8 @@
  * The daemon (crates/spec/src/steer.rs) sets divert from the server's accept queue
  * (sock_diag) and its admission window every poll period: "queue at Q and the
  * window has room". sk_lookup runs only when no established socket or request
- * socket matches, i.e. for SYNs (and for final ACKs under SYN cookies).
+ * socket matches, i.e. for SYNs (and for final ACKs under SYN cookies), and for
+ * listener lookups without a packet (sock_diag), which are left alone.
  * Everything else: SK_PASS with no assignment (the kernel's own lookup).
  */
 #include <linux/bpf.h>
@@ -53,12 +54,12 @@ struct {
 	__type(value, struct steer_config);
 } steer_config SEC(".maps");
 
-/* The daemon's admission listener, entry 0. */
+/* The daemon's admission listener, entry 0 (user space writes its fd: a u32). */
 struct {
 	__uint(type, BPF_MAP_TYPE_SOCKMAP);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, __u32);
 } steer_sock SEC(".maps");
 
 /* Counters per CPU, indexed by STEER_CNT_*; user space sums the CPUs. */
@@ -88,6 +89,10 @@ int steer(struct bpf_sk_lookup *ctx)
 	if (!c)
 		return SK_PASS;
 	if (ctx->family != STEER_AF_INET || ctx->protocol != STEER_IPPROTO_TCP)
+		return SK_PASS;
+	/* Lookups without a packet (ingress_ifindex 0: sock_diag's exact lookup of a
+	 * listener, which the daemon polls) must find the real listener. */
+	if (ctx->ingress_ifindex == 0)
 		return SK_PASS;
 	if (ctx->local_port != c->port || (c->vip && ctx->local_ip4 != c->vip))
 		return SK_PASS;

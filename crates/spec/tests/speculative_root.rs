@@ -272,7 +272,6 @@ fn node(
         peers: Vec::new(),
     })
     .expect("target");
-    ready.send(target.addr()).unwrap();
     let source = source_peer.map(|rx| {
         let peer = rx.recv_timeout(AWAIT_MAX).expect("peer address");
         SourceDaemon::start(
@@ -300,6 +299,8 @@ fn node(
         )
         .expect("source daemon")
     });
+    // Ready once everything, steering included, is in place.
+    ready.send(target.addr()).unwrap();
     let _ = stop.recv_timeout(AWAIT_MAX * 2);
     let mut report = NodeReport {
         source: None,
@@ -351,8 +352,6 @@ fn scenario(suffix: &str, b_admit_queue_max: u32) -> (NodeReport, NodeReport) {
         .send(b_addr.recv_timeout(AWAIT_MAX).expect("b ready"))
         .unwrap();
     a_addr.recv_timeout(AWAIT_MAX).expect("a ready");
-    // The source daemon attaches after its target is up: give it its first poll.
-    thread::sleep(Duration::from_millis(50));
     let vip: SocketAddr = format!("{VIP}:{PORT}").parse().unwrap();
     let nc = ns.clone();
     let clients = thread::spawn(move || {
@@ -376,6 +375,23 @@ fn scenario(suffix: &str, b_admit_queue_max: u32) -> (NodeReport, NodeReport) {
         eprintln!("{CONNS} sessions in {:?}", t0.elapsed());
         failures
     });
+    if std::env::var_os("SPEC_DEBUG").is_some() {
+        thread::sleep(Duration::from_millis(120));
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns.name("a"), "ss", "-tanoi"])
+            .output()
+            .unwrap();
+        eprintln!("{}", String::from_utf8_lossy(&out.stdout));
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns.name("a"), "nstat", "-az"])
+            .output()
+            .unwrap();
+        for l in String::from_utf8_lossy(&out.stdout).lines() {
+            if l.split_whitespace().nth(1).is_some_and(|v| v != "0") {
+                eprintln!("{l}");
+            }
+        }
+    }
     let failures = clients.join().expect("clients");
     stop_a_tx.send(()).unwrap();
     stop_b_tx.send(()).unwrap();
