@@ -204,6 +204,76 @@ mod tests {
         );
     }
 
+    fn process_cpu_us() -> u64 {
+        // SAFETY: getrusage writes one rusage.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+        let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
+        tv(ru.ru_utime) + tv(ru.ru_stime)
+    }
+
+    /// Sends `bytes` from a client to a sink server, through the relay or directly;
+    /// returns (wall µs, process CPU µs).
+    fn transfer(bytes: usize, relay: bool) -> (u64, u64) {
+        let sink = TcpListener::bind("127.0.0.1:0").unwrap();
+        let sink_addr = sink.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = sink.accept().unwrap();
+            let mut buf = vec![0u8; 1 << 16];
+            let mut got = 0;
+            while got < bytes {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0);
+                got += n;
+            }
+            s.write_all(b"k").unwrap();
+        });
+        let h = HandOff::new(Handoff::Relay(sink_addr)).unwrap();
+        let front = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (t0, c0) = (std::time::Instant::now(), process_cpu_us());
+        let mut client = if relay {
+            let c = TcpStream::connect(front.local_addr().unwrap()).unwrap();
+            let (conn, _) = front.accept().unwrap();
+            h.hand(conn).unwrap();
+            c
+        } else {
+            TcpStream::connect(sink_addr).unwrap()
+        };
+        let chunk = vec![7u8; 1 << 16];
+        let mut sent = 0;
+        while sent < bytes {
+            client.write_all(&chunk).unwrap();
+            sent += chunk.len();
+        }
+        let mut k = [0u8; 1];
+        client.read_exact(&mut k).unwrap();
+        server.join().unwrap();
+        (
+            t0.elapsed().as_micros() as u64,
+            process_cpu_us().saturating_sub(c0),
+        )
+    }
+
+    /// The relay's cost against a direct connection on loopback (informative: run
+    /// on an idle machine with `cargo test -p farside-spec relay_cost -- --ignored
+    /// --nocapture`).
+    #[test]
+    #[ignore = "measurement, not a check: run on an idle machine"]
+    fn relay_cost() {
+        const BYTES: usize = 256 << 20;
+        let (dw, dc) = transfer(BYTES, false);
+        let (rw, rc) = transfer(BYTES, true);
+        let mb = BYTES as f64 / 1e6;
+        eprintln!(
+            "direct: {:.0} MB/s, {:.1} µs CPU/MB; relay: {:.0} MB/s, {:.1} µs CPU/MB (+{:.1} µs/MB)",
+            mb / (dw as f64 / 1e6),
+            dc as f64 / mb,
+            mb / (rw as f64 / 1e6),
+            rc as f64 / mb,
+            (rc as f64 - dc as f64) / mb
+        );
+    }
+
     #[test]
     fn relay_to_a_dead_server_fails_and_counts() {
         let dead = TcpListener::bind("127.0.0.1:0").unwrap();
