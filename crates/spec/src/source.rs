@@ -467,20 +467,32 @@ fn acceptor_loop(s: &Shared, listener: &TcpListener, tx: SyncSender<TcpStream>) 
     }
 }
 
-/// The least-loaded peer: known loads first, then by accept backlog plus
-/// migrations in flight to it, then CPU utilisation.
-fn choose_peer(s: &Shared) -> &PeerState {
-    s.peers
-        .iter()
-        .min_by_key(|p| {
-            let l = *lock(&p.load);
+/// Index of the least-loaded candidate, each given as (its last load, migrations to
+/// it in progress): known loads first, then by accept backlog plus migrations in
+/// flight, then CPU utilisation; the first of equals.
+fn least_loaded(cands: impl Iterator<Item = (PeerLoad, u32)>) -> Option<usize> {
+    cands
+        .enumerate()
+        .min_by_key(|(i, (l, inflight))| {
             (
                 !l.known,
-                l.accept_backlog + u64::from(p.inflight.load(Ordering::Relaxed)),
+                l.accept_backlog + u64::from(*inflight),
                 l.cpu_util_ppm,
+                *i,
             )
         })
-        .expect("validated: at least one peer")
+        .map(|(i, _)| i)
+}
+
+/// The least-loaded peer (see [`least_loaded`]).
+fn choose_peer(s: &Shared) -> &PeerState {
+    let i = least_loaded(
+        s.peers
+            .iter()
+            .map(|p| (*lock(&p.load), p.inflight.load(Ordering::Relaxed))),
+    )
+    .expect("validated: at least one peer");
+    &s.peers[i]
 }
 
 fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<TcpStream>>) {
@@ -670,6 +682,34 @@ fn notified_loop(s: &Shared, sock: &UdpSocket) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn load(known: bool, backlog: u64, cpu: u64) -> PeerLoad {
+        PeerLoad {
+            known,
+            accept_backlog: backlog,
+            cpu_util_ppm: cpu,
+        }
+    }
+
+    #[test]
+    fn the_least_loaded_peer_is_chosen() {
+        // By backlog.
+        let c = [(load(true, 5, 0), 0), (load(true, 2, 900_000), 0)];
+        assert_eq!(least_loaded(c.into_iter()), Some(1));
+        // Migrations in flight count as backlog.
+        let c = [(load(true, 5, 0), 0), (load(true, 2, 0), 4)];
+        assert_eq!(least_loaded(c.into_iter()), Some(0));
+        // Equal backlog: by CPU.
+        let c = [(load(true, 3, 700_000), 0), (load(true, 3, 200_000), 0)];
+        assert_eq!(least_loaded(c.into_iter()), Some(1));
+        // An unknown load ranks after any known one.
+        let c = [(load(false, 0, 0), 0), (load(true, 60, 999_000), 0)];
+        assert_eq!(least_loaded(c.into_iter()), Some(1));
+        // All unknown: the first, then the one with fewer in flight.
+        let c = [(load(false, 0, 0), 1), (load(false, 0, 0), 0)];
+        assert_eq!(least_loaded(c.into_iter()), Some(1));
+        assert_eq!(least_loaded(std::iter::empty()), None);
+    }
 
     #[test]
     fn peer_specs_parse_and_refuse_bad_input() {
