@@ -219,6 +219,9 @@ struct Shared {
     flow: Box<dyn FlowSteer>,
     /// The sk_lookup program's counters at the last poll.
     steer_counts: Mutex<[u64; crate::steer::COUNTERS]>,
+    /// When the daemon started (event times are relative to it).
+    started: std::time::Instant,
+    window_events: Mutex<WindowEvents>,
 }
 
 /// A running source side. Dropping it stops it.
@@ -279,6 +282,8 @@ impl SourceDaemon {
             local,
             flow,
             steer_counts: Mutex::new([0; crate::steer::COUNTERS]),
+            started: std::time::Instant::now(),
+            window_events: Mutex::new(WindowEvents::default()),
         });
         let (tx, rx) = sync_channel::<TcpStream>(QUEUE_WINDOW_MAX as usize);
         let rx = Arc::new(Mutex::new(rx));
@@ -365,8 +370,21 @@ impl SourceDaemon {
             })
             .collect();
         let steer = lock(&self.shared.steer_counts);
+        let events = {
+            let ev = lock(&self.shared.window_events);
+            let list: Vec<String> = ev
+                .events
+                .iter()
+                .map(|(t, what)| format!("[{t},\"{what}\"]"))
+                .collect();
+            format!(
+                "\"window_events\":[{}],\"window_events_dropped\":{}",
+                list.join(","),
+                ev.dropped
+            )
+        };
         format!(
-            "{{\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{}}},\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"peers\":[{}]}}",
+            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{}}},\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"peers\":[{}]}}",
             s.accepted.load(Ordering::Relaxed),
             s.stale_local.load(Ordering::Relaxed),
             s.migrated.load(Ordering::Relaxed),
@@ -413,6 +431,53 @@ impl Drop for SourceDaemon {
     }
 }
 
+/// Most window transitions kept for the summary (each a few bytes; a window that
+/// flaps every millisecond for a long run is cut here, and the cut is counted).
+pub const WINDOW_EVENTS_MAX: usize = 10_000;
+
+/// Window transitions over time, for the summary's `window_events`.
+#[derive(Debug, Default)]
+struct WindowEvents {
+    /// (ms since start, what): `close`, `open_notify`, `open_service`.
+    events: Vec<(u64, &'static str)>,
+    /// Transitions past [`WINDOW_EVENTS_MAX`], not kept.
+    dropped: u64,
+}
+
+/// Runs `f` on the window and records the transitions it caused.
+fn window_op<R>(s: &Shared, f: impl FnOnce(&mut Window) -> R) -> R {
+    let mut w = lock(&s.window);
+    let before = w.stats();
+    let r = f(&mut w);
+    let after = w.stats();
+    drop(w);
+    let happened = [
+        (after.closures - before.closures, "close"),
+        (
+            after.reopened_by_notification - before.reopened_by_notification,
+            "open_notify",
+        ),
+        (
+            after.reopened_by_service - before.reopened_by_service,
+            "open_service",
+        ),
+    ];
+    if happened.iter().any(|(n, _)| *n > 0) {
+        let t_ms = s.started.elapsed().as_millis() as u64;
+        let mut ev = lock(&s.window_events);
+        for (n, what) in happened {
+            for _ in 0..n {
+                if ev.events.len() < WINDOW_EVENTS_MAX {
+                    ev.events.push((t_ms, what));
+                } else {
+                    ev.dropped += 1;
+                }
+            }
+        }
+    }
+    r
+}
+
 /// Hands a connection to the local server (fall-back or stale divert).
 fn hand_local(s: &Shared, sock: TcpStream) {
     if let Err(e) = s.local.hand(sock) {
@@ -449,13 +514,13 @@ fn acceptor_loop(s: &Shared, listener: &TcpListener, tx: SyncSender<TcpStream>) 
         let _ = sock.set_nonblocking(false);
         s.stats.accepted.fetch_add(1, Ordering::Relaxed);
         let q = s.server_queue.load(Ordering::Relaxed);
-        let decision = lock(&s.window).on_arrival(q);
+        let decision = window_op(s, |w| w.on_arrival(q));
         match decision {
             Decision::Migrate => match tx.try_send(sock) {
                 Ok(()) => {}
                 // Cannot happen: the channel holds QUEUE_WINDOW_MAX ≥ W in flight.
                 Err(TrySendError::Full(sock)) | Err(TrySendError::Disconnected(sock)) => {
-                    lock(&s.window).on_resolved(Resolution::NotDumpable);
+                    window_op(s, |w| w.on_resolved(Resolution::NotDumpable));
                     hand_local(s, sock);
                 }
             },
@@ -516,7 +581,7 @@ fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<TcpStream>>) {
             Ok(a) => a,
             Err(_) => {
                 // The client is already gone: nothing to migrate.
-                lock(&s.window).on_resolved(Resolution::NotDumpable);
+                window_op(s, |w| w.on_resolved(Resolution::NotDumpable));
                 continue;
             }
         };
@@ -530,7 +595,7 @@ fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<TcpStream>>) {
         peer.inflight.fetch_sub(1, Ordering::Relaxed);
         match outcome {
             Outcome::Migrated(t) => {
-                lock(&s.window).on_resolved(Resolution::Migrated);
+                window_op(s, |w| w.on_resolved(Resolution::Migrated));
                 s.stats.migrated.fetch_add(1, Ordering::Relaxed);
                 peer.migrated.fetch_add(1, Ordering::Relaxed);
                 lock(&s.stats.migration_us).record(t.total.as_micros() as u64);
@@ -550,11 +615,10 @@ fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<TcpStream>>) {
                     }
                 };
                 log::debug!("specd: {remote} stays here: {reason:?}");
-                {
-                    let mut w = lock(&s.window);
+                window_op(s, |w| {
                     w.on_resolved(r);
                     w.on_served_locally(1);
-                }
+                });
                 s.stats.fell_back.fetch_add(1, Ordering::Relaxed);
                 hand_local(s, sock);
             }
@@ -563,7 +627,7 @@ fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<TcpStream>>) {
                     "specd: {remote} lost migrating to {}: {e}",
                     peer.peer.daemon
                 );
-                lock(&s.window).on_resolved(Resolution::TargetFailed);
+                window_op(s, |w| w.on_resolved(Resolution::TargetFailed));
                 peer.failed.fetch_add(1, Ordering::Relaxed);
                 s.stats.lost.fetch_add(1, Ordering::Relaxed);
             }
@@ -598,13 +662,12 @@ fn poller_loop(s: &Shared, mut queue: ServerQueue, mut steering: Option<Steering
         // Accepts over the period ≈ passed − queue growth.
         let served = (passed as i64 - (i64::from(q) - i64::from(prev_q))).max(0) as u64;
         prev_q = q;
-        let divert = {
-            let mut w = lock(&s.window);
+        let divert = window_op(s, |w| {
             if served > 0 {
                 w.on_served_locally(served);
             }
             w.diverts(q)
-        };
+        });
         if let Err(e) = st.set_divert(divert) {
             log::warn!("specd: {e}");
         }
@@ -675,7 +738,7 @@ fn notified_loop(s: &Shared, sock: &UdpSocket) {
             continue;
         }
         s.stats.notifications.fetch_add(1, Ordering::Relaxed);
-        lock(&s.window).on_notification();
+        window_op(s, |w| w.on_notification());
     }
 }
 

@@ -118,7 +118,12 @@ fn refusal_closes_the_window_and_only_a_peers_notification_reopens_it() {
             .load(std::sync::atomic::Ordering::Relaxed),
         1
     );
-    eprintln!("source: {}", source.summary_json());
+    let summary = source.summary_json();
+    eprintln!("source: {summary}");
+    assert!(
+        summary.contains("\"close\"]") && summary.contains("\"open_notify\"]"),
+        "window transitions over time in the summary"
+    );
     source.stop();
     peer.stop();
 }
