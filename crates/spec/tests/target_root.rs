@@ -9,7 +9,8 @@
 //! `farside backend` through `--adopt-socket`. The back-end serves the whole session:
 //! the client checks every response byte, the server's digest of the upload, that
 //! the responses came from that back-end, and that no read waited longer than
-//! [`STALL_MAX`]. The refusal case runs the same session through the source's
+//! [`STALL_MAX`]. The same session through the relay hand-off (the way to an
+//! unmodified server such as nginx) is checked the same way. The refusal case runs the same session through the source's
 //! fall-back (hand-off to its local server) and checks the target's notification.
 //!
 //! Source and target share this network namespace, so the migration uses
@@ -252,17 +253,21 @@ fn source_accept(listener: &TcpListener) -> TcpStream {
     s
 }
 
-#[test]
-#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
-fn migrated_session_is_served_by_farside_backend_through_adoption() {
+/// Migrates the session to a [`TargetDaemon`] handing over with `relay` (else by
+/// adoption) to a real `farside backend`, and checks it end to end.
+fn migrated_session(relay: bool) {
     assert!(is_root(), "needs root");
-    let adopt = temp_path("adopt");
+    let adopt = temp_path(if relay { "relay" } else { "adopt" });
     let (backend_addr, backend) = backend(&adopt);
     let target = TargetDaemon::start(TargetConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         server_port: backend_addr.port(),
         admit_queue_max: 64,
-        handoff: Handoff::Adopt(adopt.clone()),
+        handoff: if relay {
+            Handoff::Relay(backend_addr)
+        } else {
+            Handoff::Adopt(adopt.clone())
+        },
         threads: 2,
         peers: Vec::new(),
     })
@@ -293,15 +298,29 @@ fn migrated_session_is_served_by_farside_backend_through_adoption() {
     let st = target.stats();
     assert_eq!(st.restored.load(std::sync::atomic::Ordering::Relaxed), 1);
     assert_eq!(st.cpu_us.lock().unwrap().count, 1);
-    assert_eq!(
-        target
-            .handoff_stats()
-            .handed
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1
-    );
+    let h = target.handoff_stats();
+    assert_eq!(h.handed.load(std::sync::atomic::Ordering::Relaxed), 1);
+    if relay {
+        // The upload, the three requests and the three responses went through it.
+        assert!(
+            h.relayed_bytes.load(std::sync::atomic::Ordering::Relaxed)
+                > (POST_BYTES + BIG_BYTES) as u64
+        );
+    }
     target.stop();
     backend.stop();
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn migrated_session_is_served_by_farside_backend_through_adoption() {
+    migrated_session(false);
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn migrated_session_is_served_by_an_unmodified_server_through_the_relay() {
+    migrated_session(true);
 }
 
 #[test]
