@@ -12,6 +12,9 @@
 //!
 //! Endpoints (GET and HEAD):
 //! - `/healthz` → 200.
+//! - `POST /digest` (with `Content-Length`, at most [`POST_DIGEST_BYTES_MAX`]) → 200
+//!   `fnv1a64=<16 hex digits> bytes=<n>`: the body streamed through FNV-1a 64, so tests
+//!   can check every byte of a large upload (e.g. one carried across a migration).
 //! - `/cgi/work?us=N` → burns N µs of *thread CPU time* (default `--cpu-us`):
 //!   the dynamic request of a mixed-cost workload (e.g. static files at the
 //!   default ~tens of µs against `/cgi/work?us=5000`, a 100× difference).
@@ -40,11 +43,16 @@
 //! to 1 MiB), the emulated cost or `/cgi/work`'s burn; the final socket write is
 //! not included. Experiments use it to check the model.
 //!
+//! With `--adopt-socket PATH` the same workers also serve connected sockets handed
+//! over by a local agent (the speculative-admission daemon's migrated connections),
+//! see [`adopt`].
+//!
 //! Errors: bad request line → 400, head larger than [`HEAD_BYTES_MAX`] → 431,
 //! unknown method → 501, missing file → 404, a file that shrank while read →
 //! 500. Every response carries an `X-Farside-Backend` header naming the listen
 //! address, so tests (and the lab) can see which back-end served a request.
 
+pub mod adopt;
 mod cost;
 mod httpdate;
 mod serve;
@@ -79,6 +87,8 @@ pub const CPU_US_MAX: u64 = 10_000_000;
 pub const GENERATED_BYTES_MAX: u64 = 1 << 30;
 /// Largest request body a GET/HEAD may carry (it is read and discarded); more → 413.
 pub const REQUEST_BODY_BYTES_MAX: u64 = 1 << 20;
+/// Largest `POST /digest` body (streamed, never held): 1 GiB bounds one request's time.
+pub const POST_DIGEST_BYTES_MAX: u64 = 1 << 30;
 
 /// Command-line flags of `farside backend`.
 #[derive(Debug, Clone, clap::Args)]
@@ -144,6 +154,12 @@ pub struct BackendArgs {
     /// connection before it is closed, in ms. Default: 10000.
     #[arg(long = "header-timeout-ms", default_value_t = 10_000)]
     pub header_timeout_ms: u64,
+    /// Path of a Unix datagram socket (created, mode 0600; an existing socket file is
+    /// replaced) through which a local agent (`farside specd`) hands over connected
+    /// TCP sockets by SCM_RIGHTS, one per datagram; they are served like accepted
+    /// connections by the same workers. Default: none.
+    #[arg(long = "adopt-socket")]
+    pub adopt_socket: Option<PathBuf>,
 }
 
 impl Default for BackendArgs {
@@ -161,6 +177,7 @@ impl Default for BackendArgs {
             cpu_ns_per_byte: CPU_NS_PER_BYTE_DEFAULT,
             keepalive_max: 100,
             header_timeout_ms: 10_000,
+            adopt_socket: None,
         }
     }
 }
@@ -221,6 +238,8 @@ impl BackendArgs {
 pub(crate) struct Shared {
     pub(crate) stop: AtomicBool,
     listener: TcpListener,
+    /// With `--adopt-socket`: where adopted connections arrive (non-blocking).
+    adopt: Option<std::os::unix::net::UnixDatagram>,
     /// The connection each worker is serving, so that stopping can shut it down.
     active: Vec<Mutex<Option<TcpStream>>>,
     pub(crate) config: serve::Config,
@@ -234,6 +253,8 @@ pub struct Handle {
     /// The `--control` socket's path and thread.
     control: Option<(PathBuf, JoinHandle<()>)>,
     control_stop: Arc<AtomicBool>,
+    /// The `--adopt-socket` path, removed on stop.
+    adopt_path: Option<PathBuf>,
 }
 
 impl Handle {
@@ -277,6 +298,9 @@ impl Handle {
         for worker in self.workers.drain(..) {
             let _ = worker.join();
         }
+        if let Some(path) = self.adopt_path.take() {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
@@ -295,9 +319,18 @@ pub fn spawn(args: BackendArgs) -> io::Result<(SocketAddr, Handle)> {
     let listener = bind_listener(args.listen, args.backlog as i32)?;
     let addr = listener.local_addr()?;
     let config = serve::Config::new(&args, addr)?;
+    let adopt = match &args.adopt_socket {
+        Some(path) => {
+            // Workers poll both sockets and take items without blocking.
+            listener.set_nonblocking(true)?;
+            Some(adopt::bind(path)?)
+        }
+        None => None,
+    };
     let shared = Arc::new(Shared {
         stop: AtomicBool::new(false),
         listener,
+        adopt,
         active: (0..args.workers).map(|_| Mutex::new(None)).collect(),
         config,
     });
@@ -345,6 +378,7 @@ pub fn spawn(args: BackendArgs) -> io::Result<(SocketAddr, Handle)> {
             workers,
             control,
             control_stop,
+            adopt_path: args.adopt_socket.clone(),
         },
     ))
 }
@@ -383,10 +417,65 @@ pub fn run(args: BackendArgs, ready: Option<mpsc::Sender<SocketAddr>>) -> io::Re
     Ok(())
 }
 
+/// Longest a worker polling the listener and the adoption socket sleeps before it
+/// checks the stop flag again: a safety net (shutting the listener down wakes it).
+const ADOPT_POLL_MAX: Duration = Duration::from_secs(1);
+
+/// The next connection for a worker with `--adopt-socket`: an adopted one if waiting,
+/// else an accepted one. `None` when stopping.
+fn next_connection(shared: &Shared, adopt: &std::os::unix::net::UnixDatagram) -> Option<TcpStream> {
+    while !shared.stop.load(Ordering::SeqCst) {
+        let (listen_ready, adopt_ready) = match adopt::wait(
+            shared.listener.as_raw_fd(),
+            adopt.as_raw_fd(),
+            ADOPT_POLL_MAX,
+        ) {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("backend poll: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if adopt_ready {
+            match adopt::recv(adopt) {
+                Ok(Some(s)) => return Some(s),
+                Ok(None) => {}
+                Err(e) => log::warn!("backend adopt: {e}"),
+            }
+        }
+        if listen_ready {
+            match shared.listener.accept() {
+                Ok((s, _)) => {
+                    // Accepted sockets do not inherit O_NONBLOCK on Linux; make sure.
+                    let _ = s.set_nonblocking(false);
+                    return Some(s);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => {
+                    if shared.stop.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    log::warn!("backend accept: {e}");
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+    None
+}
+
 fn worker_loop(shared: &Shared, index: usize) {
     // Response bodies: the worker's own buffer, reused across connections.
     let mut body_buf = Vec::new();
     while !shared.stop.load(Ordering::SeqCst) {
+        if let Some(adopt) = &shared.adopt {
+            let Some(stream) = next_connection(shared, adopt) else {
+                break;
+            };
+            serve_one(shared, index, stream, &mut body_buf);
+            continue;
+        }
         let stream = match shared.listener.accept() {
             Ok((stream, _peer)) => stream,
             Err(e) => {
@@ -400,19 +489,23 @@ fn worker_loop(shared: &Shared, index: usize) {
                 continue;
             }
         };
-        if let Ok(clone) = stream.try_clone() {
-            *shared.active[index]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()) = Some(clone);
-        }
-        // A stop that raced with accept must still close this connection.
-        if !shared.stop.load(Ordering::SeqCst) {
-            serve::serve_connection(stream, &shared.config, &shared.stop, &mut body_buf);
-        }
+        serve_one(shared, index, stream, &mut body_buf);
+    }
+}
+
+fn serve_one(shared: &Shared, index: usize, stream: TcpStream, body_buf: &mut Vec<u8>) {
+    if let Ok(clone) = stream.try_clone() {
         *shared.active[index]
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
+            .unwrap_or_else(|p| p.into_inner()) = Some(clone);
     }
+    // A stop that raced with accept must still close this connection.
+    if !shared.stop.load(Ordering::SeqCst) {
+        serve::serve_connection(stream, &shared.config, &shared.stop, body_buf);
+    }
+    *shared.active[index]
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = None;
 }
 
 /// Creates a listening TCP socket with an explicit backlog (std's

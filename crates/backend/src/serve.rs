@@ -25,7 +25,7 @@ use crate::cost::{self, CostModel};
 use crate::sites::Sites;
 use crate::{
     httpdate, BackendArgs, CPU_US_MAX, GENERATED_BYTES_MAX, HEADERS_MAX, HEAD_BYTES_MAX,
-    REQUEST_BODY_BYTES_MAX,
+    POST_DIGEST_BYTES_MAX, REQUEST_BODY_BYTES_MAX,
 };
 use std::sync::Arc;
 
@@ -184,6 +184,8 @@ struct Request {
     chunked_body: bool,
     /// A valid `If-Modified-Since` date.
     if_modified_since: Option<SystemTime>,
+    /// `POST /digest`: the body is streamed through FNV-1a and the digest answered.
+    digest: bool,
 }
 
 enum HeadResult {
@@ -229,6 +231,42 @@ pub(crate) fn serve_connection(
                 config,
             );
             return;
+        }
+        if request.digest {
+            if request.body_bytes > POST_DIGEST_BYTES_MAX {
+                let _ = write_response(
+                    &mut stream,
+                    Response::error(413),
+                    false,
+                    false,
+                    0,
+                    body_buf,
+                    config,
+                );
+                return;
+            }
+            let Ok(fnv) = digest_body(&mut stream, &mut buf, &mut filled, request.body_bytes)
+            else {
+                return;
+            };
+            served += 1;
+            let keep_alive = request.keep_alive && served < config.keepalive_max;
+            let text = format!("fnv1a64={fnv:016x} bytes={}\n", request.body_bytes);
+            if write_response(
+                &mut stream,
+                Response::text(text),
+                false,
+                keep_alive,
+                0,
+                body_buf,
+                config,
+            )
+            .is_err()
+                || !keep_alive
+            {
+                return;
+            }
+            continue;
         }
         if request.body_bytes > REQUEST_BODY_BYTES_MAX {
             let _ = write_response(
@@ -378,7 +416,8 @@ fn to_request(req: &httparse::Request<'_, '_>) -> Request {
         connection_keep_alive
     };
     let head_only = method == "HEAD";
-    let target = if method == "GET" || head_only {
+    let digest = method == "POST" && req.path == Some("/digest");
+    let target = if method == "GET" || head_only || digest {
         req.path.unwrap_or("").to_string()
     } else {
         // Marker routed to 501 below; keeps Request small.
@@ -391,7 +430,47 @@ fn to_request(req: &httparse::Request<'_, '_>) -> Request {
         body_bytes,
         chunked_body,
         if_modified_since,
+        digest,
     }
+}
+
+/// FNV-1a (64 bit) offset basis and prime.
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV_PRIME: u64 = 0x100_0000_01b3;
+
+/// Reads a `POST /digest` body of `len` bytes (the buffered part first), returns its
+/// FNV-1a 64 digest.
+fn digest_body(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    filled: &mut usize,
+    len: u64,
+) -> io::Result<u64> {
+    let mut h = FNV_OFFSET;
+    let mut update = |bytes: &[u8]| {
+        for &b in bytes {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(FNV_PRIME);
+        }
+    };
+    let buffered = (*filled as u64).min(len) as usize;
+    update(&buf[..buffered]);
+    buf.copy_within(buffered..*filled, 0);
+    *filled -= buffered;
+    let mut remaining = len - buffered as u64;
+    let mut scratch = vec![0u8; CHUNK_BYTES];
+    while remaining > 0 {
+        let want = (remaining as usize).min(scratch.len());
+        let n = match stream.read(&mut scratch[..want]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        update(&scratch[..n]);
+        remaining -= n as u64;
+    }
+    Ok(h)
 }
 
 fn discard_body(

@@ -34,6 +34,9 @@ enum Cmd {
     Frontend(farside_frontend::cli::FrontendArgs),
     /// Virtual data-center on this machine: run the papers' experiments end to end.
     Lab(farside_lab::LabArgs),
+    /// Speculative-admission daemon of a back-end: migrates connections beyond its
+    /// server's accept queue to the least-loaded peer, takes its peers' migrations.
+    Specd(farside_spec::SpecdArgs),
 }
 
 /// `farside gatherd`: its flags, and `--check`.
@@ -89,6 +92,7 @@ fn main() -> ExitCode {
             farside_frontend::cli::run(a, |limit| logging::wait_for_signal(&signals, limit))
                 .map_err(|e| format!("frontend: {e}"))
         }
+        Cmd::Specd(a) => farside_spec::run(a).map_err(|e| format!("specd: {e}")),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,322 @@
+//! `farside specd`: the speculative-admission daemon of one back-end (both roles:
+//! target of its peers' migrations, and with `--accept` source of its own).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use farside_migrate::Handover;
+
+use crate::handoff::{HandOff, Handoff};
+use crate::source::{Peer, SourceConfig, SourceDaemon, MIGRATORS_DEFAULT};
+use crate::steer::{FlowSteer, NoSteer, PolicyRouteSteer};
+use crate::target::{TargetConfig, TargetDaemon, TARGET_THREADS_DEFAULT};
+use crate::window::{WindowConfig, QUEUE_DEFAULT, WINDOW_DEFAULT};
+
+/// Upper bound of the poll periods, µs: a window that learns its server's queue less
+/// often than every second is not speculative admission any more.
+pub const POLL_US_MAX: u64 = 1_000_000;
+
+/// Command-line flags of `farside specd`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SpecdArgs {
+    /// Migration listener (TCP) on the cluster network, where peers offer
+    /// connections; peers' notifications arrive on the same address (UDP). Port 0
+    /// picks one (logged).
+    #[arg(long)]
+    pub listen: SocketAddr,
+    /// Port of the local web server's listener: its accept-queue length (read with
+    /// sock_diag) is this node's load, for admitting offers and for the window.
+    #[arg(long = "server-port")]
+    pub server_port: u16,
+    /// Hand restored and fallen-back connections to `farside backend --adopt-socket
+    /// PATH` (fd passing).
+    #[arg(
+        long = "adopt-socket",
+        conflicts_with = "relay",
+        required_unless_present = "relay"
+    )]
+    pub adopt_socket: Option<PathBuf>,
+    /// Hand connections to an unmodified server (nginx) at this local address
+    /// through a relay (two threads and two copies per connection).
+    #[arg(long)]
+    pub relay: Option<SocketAddr>,
+    /// Target role: refuse offers while the server's accept queue plus restores in
+    /// progress is at least this. Default: 64 (the paper's accept queue).
+    #[arg(long = "admit-queue-max", default_value_t = QUEUE_DEFAULT)]
+    pub admit_queue_max: u32,
+    /// Threads serving offers. Default: 4.
+    #[arg(long = "target-threads", default_value_t = TARGET_THREADS_DEFAULT)]
+    pub target_threads: usize,
+    /// A peer back-end: `daemon=IP:PORT[,region=ENDPOINT][,backend=IP]` — its
+    /// specd's --listen, its gatherd region read one-sidedly for its load (e.g.
+    /// udp:10.0.0.2:7471, answered by XDP), and its address at the front-end
+    /// (default: the daemon's IP). Repeat per peer. Refused sources among the peers
+    /// are notified at their daemon address.
+    #[arg(long = "peer", value_parser = Peer::parse)]
+    pub peers: Vec<Peer>,
+    /// Source role: the admission listener for speculatively admitted connections
+    /// (e.g. 127.0.0.1:0; the sk_lookup program assigns the service's SYNs to it).
+    /// Without it the daemon is a target only.
+    #[arg(long)]
+    pub accept: Option<SocketAddr>,
+    /// Q: the server's accept-queue length at which new connections go to the
+    /// admission window. Default: 64.
+    #[arg(long, default_value_t = QUEUE_DEFAULT)]
+    pub queue: u32,
+    /// W: the admission window (migratory connections in flight at most). Default: 32.
+    #[arg(long, default_value_t = WINDOW_DEFAULT)]
+    pub window: u32,
+    /// N: locally served requests after which a closed window reopens without a
+    /// notification. Default: W.
+    #[arg(long = "reopen-after")]
+    pub reopen_after: Option<u32>,
+    /// Service address steered by the sk_lookup program: the VIP (IPv4). Default:
+    /// any local address.
+    #[arg(long)]
+    pub vip: Option<Ipv4Addr>,
+    /// Service port steered by the sk_lookup program. Default: --server-port.
+    #[arg(long = "service-port")]
+    pub service_port: Option<u16>,
+    /// Do not attach the sk_lookup program (connections reach --accept otherwise).
+    #[arg(long = "no-steer")]
+    pub no_steer: bool,
+    /// Migration threads. Default: 32 (each migration holds one for ~50 ms of flow
+    /// drain).
+    #[arg(long, default_value_t = MIGRATORS_DEFAULT)]
+    pub migrators: usize,
+    /// Poll period of the server's accept queue and the steering flag, µs. Default:
+    /// 1000.
+    #[arg(long = "poll-us", default_value_t = 1000)]
+    pub poll_us: u64,
+    /// Period of the peers' region reads, µs. Default: 5000.
+    #[arg(long = "peer-poll-us", default_value_t = 5000)]
+    pub peer_poll_us: u64,
+    /// Source and targets share one network namespace (tests, one host): close the
+    /// source socket before the target restores (the 4-tuple would collide).
+    #[arg(long = "same-netns")]
+    pub same_netns: bool,
+    /// Test front-end: move each migrated flow with a policy rule in this network
+    /// namespace (the client's), by the tables of --flow-table. Default: no
+    /// front-end flow to move (the eBPF front-end's control client replaces this).
+    #[arg(long = "flow-netns", requires = "flow_tables")]
+    pub flow_netns: Option<String>,
+    /// With --flow-netns: `BACKEND_IP=TABLE`, the routing table that reaches that
+    /// back-end. Repeat per peer.
+    #[arg(long = "flow-table", value_parser = parse_flow_table)]
+    pub flow_tables: Vec<(IpAddr, u32)>,
+    /// Stop after this many seconds. Default: run until SIGTERM/SIGINT.
+    #[arg(long = "duration-s")]
+    pub duration_s: Option<f64>,
+    /// Write the exit summary (JSON: window, migrations, migration time and CPU
+    /// percentiles, target counters) to this file too.
+    #[arg(long)]
+    pub summary: Option<PathBuf>,
+}
+
+fn parse_flow_table(s: &str) -> Result<(IpAddr, u32), String> {
+    let (ip, t) = s
+        .split_once('=')
+        .ok_or_else(|| format!("--flow-table `{s}`: expected BACKEND_IP=TABLE"))?;
+    Ok((
+        ip.parse().map_err(|e| format!("--flow-table `{s}`: {e}"))?,
+        t.parse().map_err(|e| format!("--flow-table `{s}`: {e}"))?,
+    ))
+}
+
+impl SpecdArgs {
+    fn window_config(&self) -> WindowConfig {
+        WindowConfig {
+            queue: self.queue,
+            window: self.window,
+            reopen_after: self.reopen_after.unwrap_or(self.window),
+        }
+    }
+
+    /// Checks every bound; the message names the flag.
+    pub fn validate(&self) -> Result<(), String> {
+        self.window_config().validate()?;
+        if self.accept.is_some() && self.peers.is_empty() {
+            return Err("--accept needs at least one --peer to migrate to".into());
+        }
+        for (name, us) in [
+            ("--poll-us", self.poll_us),
+            ("--peer-poll-us", self.peer_poll_us),
+        ] {
+            if us == 0 || us > POLL_US_MAX {
+                return Err(format!("{name} must be in 1..={POLL_US_MAX}"));
+            }
+        }
+        if let Some(d) = self.duration_s {
+            if !(d > 0.0 && d.is_finite()) {
+                return Err("--duration-s must be positive".into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs the daemon until SIGTERM/SIGINT or `--duration-s`, then prints the summary.
+/// Blocks SIGTERM and SIGINT in the calling thread first (call before other threads
+/// exist).
+pub fn run(args: SpecdArgs) -> Result<(), String> {
+    args.validate()?;
+    // SAFETY: plain libc signal-set manipulation on a local sigset_t.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    };
+    let handoff = match (&args.adopt_socket, args.relay) {
+        (Some(p), _) => Handoff::Adopt(p.clone()),
+        (None, Some(a)) => Handoff::Relay(a),
+        (None, None) => return Err("--adopt-socket or --relay is required".into()),
+    };
+    let t0 = Instant::now();
+    let target = TargetDaemon::start(TargetConfig {
+        listen: args.listen,
+        server_port: args.server_port,
+        admit_queue_max: args.admit_queue_max,
+        handoff: handoff.clone(),
+        threads: args.target_threads,
+        peers: args.peers.iter().map(|p| p.daemon).collect(),
+    })
+    .map_err(|e| format!("specd target: {e}"))?;
+    let source = match args.accept {
+        Some(accept) => {
+            let flow: Box<dyn FlowSteer> = match &args.flow_netns {
+                Some(ns) => Box::new(PolicyRouteSteer {
+                    netns: ns.clone(),
+                    tables: args.flow_tables.clone(),
+                }),
+                None => Box::new(NoSteer),
+            };
+            let local = HandOff::new(handoff).map_err(|e| format!("specd: {e}"))?;
+            Some(
+                SourceDaemon::start(
+                    SourceConfig {
+                        accept,
+                        notify: target.addr(),
+                        window: args.window_config(),
+                        server_port: args.server_port,
+                        steer: (!args.no_steer)
+                            .then_some((args.vip, args.service_port.unwrap_or(args.server_port))),
+                        peers: args.peers.clone(),
+                        migrators: args.migrators,
+                        poll: Duration::from_micros(args.poll_us),
+                        peer_poll: Duration::from_micros(args.peer_poll_us),
+                        handover: if args.same_netns {
+                            Handover::CloseBeforeRestore
+                        } else {
+                            Handover::CloseAfterRestore
+                        },
+                    },
+                    local,
+                    flow,
+                )
+                .map_err(|e| format!("specd source: {e}"))?,
+            )
+        }
+        None => None,
+    };
+    log::info!(
+        "specd: migrations on {}{}",
+        target.addr(),
+        source
+            .as_ref()
+            .map(|s| format!(", admission listener {}", s.accept_addr()))
+            .unwrap_or_default()
+    );
+    wait_for_signal(&set, args.duration_s.map(Duration::from_secs_f64));
+    let source_json = source
+        .as_ref()
+        .map(|s| s.summary_json())
+        .unwrap_or_else(|| "null".into());
+    let summary = format!(
+        "{{\"wall_s\":{:.3},\"source\":{source_json},\"target\":{}}}",
+        t0.elapsed().as_secs_f64(),
+        target.summary_json()
+    );
+    if let Some(s) = source {
+        s.stop();
+    }
+    target.stop();
+    println!("{summary}");
+    if let Some(path) = &args.summary {
+        std::fs::write(path, format!("{summary}\n"))
+            .map_err(|e| format!("--summary {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn wait_for_signal(set: &libc::sigset_t, limit: Option<Duration>) {
+    match limit {
+        None => {
+            let mut sig = 0;
+            // SAFETY: `set` is initialised; sigwait writes one int.
+            unsafe { libc::sigwait(set, &mut sig) };
+        }
+        Some(d) => {
+            let ts = libc::timespec {
+                tv_sec: d.as_secs() as libc::time_t,
+                tv_nsec: d.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: valid set and timespec; no siginfo wanted.
+            unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: SpecdArgs,
+    }
+
+    fn parse(args: &str) -> Result<SpecdArgs, String> {
+        Cli::try_parse_from(std::iter::once("specd").chain(args.split_whitespace()))
+            .map(|c| c.a)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn flags_parse_and_bad_ones_are_refused() {
+        let a = parse(
+            "--listen 10.0.0.1:7000 --server-port 80 --adopt-socket /run/a.sock \
+             --accept 127.0.0.1:0 --peer daemon=10.0.0.2:7000,region=udp:10.0.0.2:7471 \
+             --window 50 --flow-netns c --flow-table 10.0.0.2=102",
+        )
+        .unwrap();
+        a.validate().unwrap();
+        assert_eq!(a.window_config(), WindowConfig::new(64, 50));
+        assert_eq!(a.flow_tables, vec![("10.0.0.2".parse().unwrap(), 102)]);
+        // One hand-off, exactly.
+        assert!(parse("--listen 10.0.0.1:7000 --server-port 80").is_err());
+        assert!(parse(
+            "--listen 10.0.0.1:7000 --server-port 80 --adopt-socket /a --relay 127.0.0.1:80"
+        )
+        .is_err());
+        // A source needs a peer.
+        let a = parse(
+            "--listen 10.0.0.1:7000 --server-port 80 --relay 127.0.0.1:80 --accept 127.0.0.1:0",
+        )
+        .unwrap();
+        assert!(a.validate().is_err());
+        let a = parse("--listen 10.0.0.1:7000 --server-port 80 --relay 127.0.0.1:80 --poll-us 0")
+            .unwrap();
+        assert!(a.validate().is_err());
+        assert!(parse("--listen x --server-port 80 --relay 127.0.0.1:80").is_err());
+        assert!(parse(
+            "--listen 1.2.3.4:5 --server-port 80 --relay 127.0.0.1:80 --flow-table nope"
+        )
+        .is_err());
+    }
+}

@@ -1,0 +1,793 @@
+//! The source side of `farside specd`: speculatively admitted connections are
+//! accepted on the daemon's admission listener, marked migratory and migrated to the
+//! least-loaded peer; refusals and failures fall back to the local server and close
+//! the window (seed 002 §3.2).
+//!
+//! ```text
+//!  SYN for VIP:port ──sk_lookup (steer.bpf.c)── divert? ──no──▶ web server's listener
+//!                                                 │yes
+//!                                                 ▼
+//!  admission listener ─▶ acceptor: window.on_arrival(server queue)
+//!        Migrate ─▶ migrators (bounded channel, --migrators threads):
+//!                     least-loaded peer (regions read one-sidedly, --peer-poll-us)
+//!                     migrate_with(sock, peer, move_flow)
+//!                       Migrated ───────────────▶ resolved(Migrated)
+//!                       Refused / failed / lost ─▶ resolved(…): window closes,
+//!                                                  connection handed to the local server
+//!        Server / Refuse (stale divert flag) ─▶ handed to the local server
+//!  poller (--poll-us): server queue (sock_diag) → divert flag; locally served
+//!                      estimate → window.on_served_locally
+//!  notifications (UDP on --listen) from peers ─▶ window.on_notification
+//! ```
+//!
+//! Locally served requests (the N-rule) are estimated as the server's accepts:
+//! connections the program passed to the server minus the growth of its accept
+//! queue over the poll period, plus the connections that fell back. A SYN dropped
+//! by a full accept queue is counted when the program passes it (it may be retried),
+//! so the estimate can run ahead when the server's queue overflows.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use farside_migrate::{migrate_with, Fallback, Handover, MigrateConfig, Outcome};
+use farside_region::layout::SNAPSHOT_BYTES;
+use farside_region::Snapshot;
+use farside_rmem::{connect_target, ClientOptions};
+
+use crate::handoff::HandOff;
+use crate::load::ServerQueue;
+use crate::stats::Samples;
+use crate::steer::{FlowSteer, Steering, CNT_DAEMON, CNT_SERVER};
+use crate::window::{Decision, Resolution, Window, WindowConfig, QUEUE_WINDOW_MAX};
+
+/// Default migration threads. Each migration holds its thread for the migration
+/// (about a millisecond) plus the source's flow drain (`FLOW_DRAIN_DEFAULT`, 50 ms,
+/// a sleep), so one thread moves at most ~20 connections per second; 32 threads
+/// cover the paper's rates (hundreds per second).
+pub const MIGRATORS_DEFAULT: usize = 32;
+/// Upper bound of `--migrators` (each a thread with a small stack).
+pub const MIGRATORS_MAX: usize = 256;
+/// Default poll period of the server's queue and the divert flag: 1 ms (a sock_diag
+/// exact lookup costs a few µs; requests take milliseconds).
+pub const POLL_DEFAULT: Duration = Duration::from_millis(1);
+/// Default period of the peers' region reads: 5 ms.
+pub const PEER_POLL_DEFAULT: Duration = Duration::from_millis(5);
+/// Bound on the notification socket's wait, so its thread sees a stop.
+const NOTIFY_WAIT_MAX: Duration = Duration::from_millis(200);
+/// Bound on the admission listener's wait (poll), so the acceptor sees a stop.
+const ACCEPT_WAIT_MAX: Duration = Duration::from_millis(200);
+/// Most peers (region reads every period, one entry each).
+pub const PEERS_MAX: usize = 64;
+/// Migrator threads' stack (the migrate protocol's buffers live on the heap).
+const MIGRATOR_STACK_BYTES: usize = 256 * 1024;
+
+/// A peer back-end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    /// Its daemon's migration listener.
+    pub daemon: SocketAddr,
+    /// Its region (`farside gatherd`), read one-sidedly for its load; `None`: load
+    /// unknown (ranked after peers with a known load).
+    pub region: Option<String>,
+    /// Its address as the front-end knows it (the `move_flow` target). Default: the
+    /// daemon's IP.
+    pub backend: IpAddr,
+}
+
+impl Peer {
+    /// Parses `daemon=IP:PORT[,region=ENDPOINT][,backend=IP]`.
+    pub fn parse(s: &str) -> Result<Peer, String> {
+        let (mut daemon, mut region, mut backend) = (None, None, None);
+        for part in s.split(',') {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("--peer `{s}`: `{part}` is not key=value"))?;
+            match k {
+                "daemon" => {
+                    daemon = Some(
+                        v.parse::<SocketAddr>()
+                            .map_err(|e| format!("--peer `{s}`: daemon `{v}`: {e}"))?,
+                    )
+                }
+                "region" => {
+                    farside_rmem::Target::parse(v)
+                        .map_err(|e| format!("--peer `{s}`: region: {e}"))?;
+                    region = Some(v.to_string());
+                }
+                "backend" => {
+                    backend = Some(
+                        v.parse::<IpAddr>()
+                            .map_err(|e| format!("--peer `{s}`: backend `{v}`: {e}"))?,
+                    )
+                }
+                _ => return Err(format!("--peer `{s}`: unknown key `{k}`")),
+            }
+        }
+        let daemon = daemon.ok_or_else(|| format!("--peer `{s}`: daemon=IP:PORT is required"))?;
+        Ok(Peer {
+            daemon,
+            region,
+            backend: backend.unwrap_or(daemon.ip()),
+        })
+    }
+}
+
+/// Configuration of the source side.
+#[derive(Clone, Debug)]
+pub struct SourceConfig {
+    /// The daemon's admission listener (steered connections arrive here).
+    pub accept: SocketAddr,
+    /// Where peers' notifications arrive (UDP; the daemon's `--listen`).
+    pub notify: SocketAddr,
+    /// Q, W, N.
+    pub window: WindowConfig,
+    /// The local web server's port.
+    pub server_port: u16,
+    /// Steer with the sk_lookup program for this service (`None`: no steering; only
+    /// connections that reach the admission listener otherwise are handled).
+    pub steer: Option<(Option<Ipv4Addr>, u16)>,
+    /// The peers.
+    pub peers: Vec<Peer>,
+    /// Migration threads.
+    pub migrators: usize,
+    /// Poll period of the server's queue.
+    pub poll: Duration,
+    /// Period of the peers' region reads.
+    pub peer_poll: Duration,
+    /// Hand-over order (`CloseAfterRestore` across hosts/namespaces).
+    pub handover: Handover,
+}
+
+impl SourceConfig {
+    /// Checks every bound.
+    pub fn validate(&self) -> Result<(), String> {
+        self.window.validate()?;
+        if self.peers.is_empty() {
+            return Err("speculative admission needs at least one --peer".into());
+        }
+        if self.peers.len() > PEERS_MAX {
+            return Err(format!("at most {PEERS_MAX} peers"));
+        }
+        if self.migrators == 0 || self.migrators > MIGRATORS_MAX {
+            return Err(format!("--migrators must be in 1..={MIGRATORS_MAX}"));
+        }
+        if self.poll.is_zero() || self.peer_poll.is_zero() {
+            return Err("poll periods must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+/// A peer's last known load.
+#[derive(Clone, Copy, Debug, Default)]
+struct PeerLoad {
+    known: bool,
+    accept_backlog: u64,
+    cpu_util_ppm: u64,
+}
+
+struct PeerState {
+    peer: Peer,
+    load: Mutex<PeerLoad>,
+    /// Migrations to it in progress (added to its backlog when choosing).
+    inflight: AtomicU32,
+    migrated: AtomicU64,
+    refused: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// Counters of the source side.
+#[derive(Debug, Default)]
+pub struct SourceStats {
+    /// Connections accepted on the admission listener.
+    pub accepted: AtomicU64,
+    /// Accepted while the window said "server" or "refuse" (stale divert): served
+    /// locally.
+    pub stale_local: AtomicU64,
+    /// Migrated.
+    pub migrated: AtomicU64,
+    /// Fell back to the local server (refused, failed, not dumpable).
+    pub fell_back: AtomicU64,
+    /// Lost (see `farside_migrate::Outcome::Lost`).
+    pub lost: AtomicU64,
+    /// Local hand-overs that failed (connection closed).
+    pub local_handoff_failed: AtomicU64,
+    /// Notifications received from peers.
+    pub notifications: AtomicU64,
+    /// Freeze to DONE per migrated connection, µs.
+    pub migration_us: Mutex<Samples>,
+    /// Freeze and dump per migrated connection, µs.
+    pub dump_us: Mutex<Samples>,
+    /// Source CPU per migrated connection (the migrator thread's CPU time), µs.
+    pub cpu_us: Mutex<Samples>,
+}
+
+struct Shared {
+    cfg: SourceConfig,
+    stop: AtomicBool,
+    window: Mutex<Window>,
+    server_queue: AtomicU32,
+    peers: Vec<PeerState>,
+    stats: SourceStats,
+    local: HandOff,
+    flow: Box<dyn FlowSteer>,
+    /// The sk_lookup program's counters at the last poll.
+    steer_counts: Mutex<[u64; crate::steer::COUNTERS]>,
+    /// When the daemon started (event times are relative to it).
+    started: std::time::Instant,
+    window_events: Mutex<WindowEvents>,
+}
+
+/// A running source side. Dropping it stops it.
+pub struct SourceDaemon {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    accept_addr: SocketAddr,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl SourceDaemon {
+    /// Binds the admission listener (backlog: Q + W, the paper's enlarged queue,
+    /// at least 128), attaches steering if configured (in the calling thread's
+    /// network namespace) and starts the threads.
+    pub fn start(cfg: SourceConfig, local: HandOff, flow: Box<dyn FlowSteer>) -> io::Result<Self> {
+        cfg.validate()
+            .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
+        let listener = TcpListener::bind(cfg.accept)
+            .map_err(|e| io::Error::new(e.kind(), format!("--accept {}: {e}", cfg.accept)))?;
+        let backlog = (cfg.window.queue + cfg.window.window).max(128) as libc::c_int;
+        // SAFETY: listen(2) on our bound socket, to set its backlog.
+        if unsafe { libc::listen(listener.as_raw_fd(), backlog) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        listener.set_nonblocking(true)?;
+        let accept_addr = listener.local_addr()?;
+        let notify = UdpSocket::bind(cfg.notify).map_err(|e| {
+            io::Error::new(e.kind(), format!("notifications on {}: {e}", cfg.notify))
+        })?;
+        notify.set_read_timeout(Some(NOTIFY_WAIT_MAX))?;
+        let steering = match cfg.steer {
+            Some((vip, port)) => Some(Steering::attach(vip, port, &listener)?),
+            None => None,
+        };
+        let mut queue = ServerQueue::new(cfg.server_port)?;
+        let q0 = queue.read()?;
+        let shared = Arc::new(Shared {
+            window: Mutex::new(Window::new(cfg.window)),
+            server_queue: AtomicU32::new(q0),
+            peers: cfg
+                .peers
+                .iter()
+                .map(|p| PeerState {
+                    peer: p.clone(),
+                    load: Mutex::new(PeerLoad::default()),
+                    inflight: AtomicU32::new(0),
+                    migrated: AtomicU64::new(0),
+                    refused: AtomicU64::new(0),
+                    failed: AtomicU64::new(0),
+                })
+                .collect(),
+            cfg,
+            stop: AtomicBool::new(false),
+            stats: SourceStats::default(),
+            local,
+            flow,
+            steer_counts: Mutex::new([0; crate::steer::COUNTERS]),
+            started: std::time::Instant::now(),
+            window_events: Mutex::new(WindowEvents::default()),
+        });
+        let (tx, rx) = sync_channel::<TcpStream>(QUEUE_WINDOW_MAX as usize);
+        let rx = Arc::new(Mutex::new(rx));
+        let mut threads = Vec::new();
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name)
+                .stack_size(MIGRATOR_STACK_BYTES)
+                .spawn(f)
+        };
+        for i in 0..shared.cfg.migrators {
+            let (s, rx) = (Arc::clone(&shared), Arc::clone(&rx));
+            threads.push(spawn(
+                format!("specd-mig{i}"),
+                Box::new(move || migrator_loop(&s, &rx)),
+            )?);
+        }
+        let s = Arc::clone(&shared);
+        threads.push(spawn(
+            "specd-accept".into(),
+            Box::new(move || acceptor_loop(&s, &listener, tx)),
+        )?);
+        let s = Arc::clone(&shared);
+        threads.push(spawn(
+            "specd-poll".into(),
+            Box::new(move || poller_loop(&s, queue, steering)),
+        )?);
+        let s = Arc::clone(&shared);
+        threads.push(spawn(
+            "specd-peers".into(),
+            Box::new(move || peers_loop(&s)),
+        )?);
+        let s = Arc::clone(&shared);
+        threads.push(spawn(
+            "specd-notified".into(),
+            Box::new(move || notified_loop(&s, &notify)),
+        )?);
+        log::info!(
+            "specd source: admission listener {accept_addr}, Q {} W {} N {}, {} peers",
+            shared.cfg.window.queue,
+            shared.cfg.window.window,
+            shared.cfg.window.reopen_after,
+            shared.peers.len()
+        );
+        Ok(Self {
+            shared,
+            threads,
+            accept_addr,
+        })
+    }
+
+    /// The admission listener's address.
+    pub fn accept_addr(&self) -> SocketAddr {
+        self.accept_addr
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &SourceStats {
+        &self.shared.stats
+    }
+
+    /// The window's state now.
+    pub fn window(&self) -> Window {
+        lock(&self.shared.window).clone()
+    }
+
+    /// One-line JSON of the source side (the exit summary's `source` object).
+    pub fn summary_json(&self) -> String {
+        let s = &self.shared.stats;
+        let w = self.window();
+        let ws = w.stats();
+        let peers: Vec<String> = self
+            .shared
+            .peers
+            .iter()
+            .map(|p| {
+                format!(
+                    "{{\"daemon\":\"{}\",\"migrated\":{},\"refused\":{},\"failed\":{}}}",
+                    p.peer.daemon,
+                    p.migrated.load(Ordering::Relaxed),
+                    p.refused.load(Ordering::Relaxed),
+                    p.failed.load(Ordering::Relaxed)
+                )
+            })
+            .collect();
+        let steer = lock(&self.shared.steer_counts);
+        let events = {
+            let ev = lock(&self.shared.window_events);
+            let list: Vec<String> = ev
+                .events
+                .iter()
+                .map(|(t, what)| format!("[{t},\"{what}\"]"))
+                .collect();
+            format!(
+                "\"window_events\":[{}],\"window_events_dropped\":{}",
+                list.join(","),
+                ev.dropped
+            )
+        };
+        format!(
+            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{}}},\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"peers\":[{}]}}",
+            s.accepted.load(Ordering::Relaxed),
+            s.stale_local.load(Ordering::Relaxed),
+            s.migrated.load(Ordering::Relaxed),
+            s.fell_back.load(Ordering::Relaxed),
+            s.lost.load(Ordering::Relaxed),
+            s.local_handoff_failed.load(Ordering::Relaxed),
+            s.notifications.load(Ordering::Relaxed),
+            w.size(),
+            w.in_flight(),
+            ws.migratory,
+            ws.target_refusals,
+            ws.target_failures,
+            ws.not_dumpable,
+            ws.closures,
+            ws.reopened_by_notification,
+            ws.reopened_by_service,
+            steer[CNT_SERVER],
+            steer[CNT_DAEMON],
+            lock(&s.migration_us).json(),
+            lock(&s.dump_us).json(),
+            lock(&s.cpu_us).json(),
+            peers.join(","),
+        )
+    }
+
+    /// Stops the threads (migrations in progress finish).
+    pub fn stop(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for SourceDaemon {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.stop_and_join();
+        }
+    }
+}
+
+/// Most window transitions kept for the summary (each a few bytes; a window that
+/// flaps every millisecond for a long run is cut here, and the cut is counted).
+pub const WINDOW_EVENTS_MAX: usize = 10_000;
+
+/// Window transitions over time, for the summary's `window_events`.
+#[derive(Debug, Default)]
+struct WindowEvents {
+    /// (ms since start, what): `close`, `open_notify`, `open_service`.
+    events: Vec<(u64, &'static str)>,
+    /// Transitions past [`WINDOW_EVENTS_MAX`], not kept.
+    dropped: u64,
+}
+
+/// Runs `f` on the window and records the transitions it caused.
+fn window_op<R>(s: &Shared, f: impl FnOnce(&mut Window) -> R) -> R {
+    let mut w = lock(&s.window);
+    let before = w.stats();
+    let r = f(&mut w);
+    let after = w.stats();
+    drop(w);
+    let happened = [
+        (after.closures - before.closures, "close"),
+        (
+            after.reopened_by_notification - before.reopened_by_notification,
+            "open_notify",
+        ),
+        (
+            after.reopened_by_service - before.reopened_by_service,
+            "open_service",
+        ),
+    ];
+    if happened.iter().any(|(n, _)| *n > 0) {
+        let t_ms = s.started.elapsed().as_millis() as u64;
+        let mut ev = lock(&s.window_events);
+        for (n, what) in happened {
+            for _ in 0..n {
+                if ev.events.len() < WINDOW_EVENTS_MAX {
+                    ev.events.push((t_ms, what));
+                } else {
+                    ev.dropped += 1;
+                }
+            }
+        }
+    }
+    r
+}
+
+/// Hands a connection to the local server (fall-back or stale divert).
+fn hand_local(s: &Shared, sock: TcpStream) {
+    if let Err(e) = s.local.hand(sock) {
+        s.stats.local_handoff_failed.fetch_add(1, Ordering::Relaxed);
+        log::warn!("specd: hand-off to the local server failed: {e}");
+    }
+}
+
+fn wait_readable(fd: i32, timeout: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) };
+    n > 0
+}
+
+fn acceptor_loop(s: &Shared, listener: &TcpListener, tx: SyncSender<TcpStream>) {
+    while !s.stop.load(Ordering::SeqCst) {
+        if !wait_readable(listener.as_raw_fd(), ACCEPT_WAIT_MAX) {
+            continue;
+        }
+        let sock = match listener.accept() {
+            Ok((sock, _)) => sock,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            Err(e) => {
+                log::warn!("specd accept: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let _ = sock.set_nonblocking(false);
+        s.stats.accepted.fetch_add(1, Ordering::Relaxed);
+        let q = s.server_queue.load(Ordering::Relaxed);
+        let decision = window_op(s, |w| w.on_arrival(q));
+        match decision {
+            Decision::Migrate => match tx.try_send(sock) {
+                Ok(()) => {}
+                // Cannot happen: the channel holds QUEUE_WINDOW_MAX ≥ W in flight.
+                Err(TrySendError::Full(sock)) | Err(TrySendError::Disconnected(sock)) => {
+                    window_op(s, |w| w.on_resolved(Resolution::NotDumpable));
+                    hand_local(s, sock);
+                }
+            },
+            Decision::Server | Decision::Refuse => {
+                s.stats.stale_local.fetch_add(1, Ordering::Relaxed);
+                hand_local(s, sock);
+            }
+        }
+    }
+}
+
+/// Index of the least-loaded candidate, each given as (its last load, migrations to
+/// it in progress): known loads first, then by accept backlog plus migrations in
+/// flight, then CPU utilisation; the first of equals.
+fn least_loaded(cands: impl Iterator<Item = (PeerLoad, u32)>) -> Option<usize> {
+    cands
+        .enumerate()
+        .min_by_key(|(i, (l, inflight))| {
+            (
+                !l.known,
+                l.accept_backlog + u64::from(*inflight),
+                l.cpu_util_ppm,
+                *i,
+            )
+        })
+        .map(|(i, _)| i)
+}
+
+/// The least-loaded peer (see [`least_loaded`]).
+fn choose_peer(s: &Shared) -> &PeerState {
+    let i = least_loaded(
+        s.peers
+            .iter()
+            .map(|p| (*lock(&p.load), p.inflight.load(Ordering::Relaxed))),
+    )
+    .expect("validated: at least one peer");
+    &s.peers[i]
+}
+
+fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<TcpStream>>) {
+    let mcfg = MigrateConfig {
+        handover: s.cfg.handover,
+        ..MigrateConfig::default()
+    };
+    loop {
+        let next = lock(rx).recv_timeout(ACCEPT_WAIT_MAX);
+        let sock = match next {
+            Ok(sock) => sock,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if s.stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                continue;
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+        };
+        let remote = match sock.peer_addr() {
+            Ok(a) => a,
+            Err(_) => {
+                // The client is already gone: nothing to migrate.
+                window_op(s, |w| w.on_resolved(Resolution::NotDumpable));
+                continue;
+            }
+        };
+        let peer = choose_peer(s);
+        peer.inflight.fetch_add(1, Ordering::Relaxed);
+        let cpu0 = farside_backend::thread_cpu_us();
+        let outcome = migrate_with(sock, peer.peer.daemon, &mcfg, || {
+            s.flow.move_flow(remote, peer.peer.backend)
+        });
+        let cpu = farside_backend::thread_cpu_us().saturating_sub(cpu0);
+        peer.inflight.fetch_sub(1, Ordering::Relaxed);
+        match outcome {
+            Outcome::Migrated(t) => {
+                window_op(s, |w| w.on_resolved(Resolution::Migrated));
+                s.stats.migrated.fetch_add(1, Ordering::Relaxed);
+                peer.migrated.fetch_add(1, Ordering::Relaxed);
+                lock(&s.stats.migration_us).record(t.total.as_micros() as u64);
+                lock(&s.stats.dump_us).record(t.dump.as_micros() as u64);
+                lock(&s.stats.cpu_us).record(cpu);
+            }
+            Outcome::ResumedOnSource { sock, reason } => {
+                let r = match &reason {
+                    Fallback::NotDumpable(_) => Resolution::NotDumpable,
+                    Fallback::Refused(_) => {
+                        peer.refused.fetch_add(1, Ordering::Relaxed);
+                        Resolution::Refused
+                    }
+                    _ => {
+                        peer.failed.fetch_add(1, Ordering::Relaxed);
+                        Resolution::TargetFailed
+                    }
+                };
+                log::debug!("specd: {remote} stays here: {reason:?}");
+                window_op(s, |w| {
+                    w.on_resolved(r);
+                    w.on_served_locally(1);
+                });
+                s.stats.fell_back.fetch_add(1, Ordering::Relaxed);
+                hand_local(s, sock);
+            }
+            Outcome::Lost(e) => {
+                log::warn!(
+                    "specd: {remote} lost migrating to {}: {e}",
+                    peer.peer.daemon
+                );
+                window_op(s, |w| w.on_resolved(Resolution::TargetFailed));
+                peer.failed.fetch_add(1, Ordering::Relaxed);
+                s.stats.lost.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+fn poller_loop(s: &Shared, mut queue: ServerQueue, mut steering: Option<Steering>) {
+    let mut prev_q = s.server_queue.load(Ordering::Relaxed);
+    let mut prev_passed = steering
+        .as_ref()
+        .and_then(|st| st.counters().ok())
+        .map(|c| c[CNT_SERVER])
+        .unwrap_or(0);
+    while !s.stop.load(Ordering::SeqCst) {
+        std::thread::sleep(s.cfg.poll);
+        let q = match queue.read() {
+            Ok(q) => q,
+            Err(e) => {
+                log::warn!("specd: reading the server's queue: {e}");
+                continue;
+            }
+        };
+        s.server_queue.store(q, Ordering::Relaxed);
+        let Some(st) = steering.as_mut() else {
+            prev_q = q;
+            continue;
+        };
+        let counts = st.counters().unwrap_or_default();
+        let passed = counts[CNT_SERVER].saturating_sub(prev_passed);
+        prev_passed = counts[CNT_SERVER];
+        // Accepts over the period ≈ passed − queue growth.
+        let served = (passed as i64 - (i64::from(q) - i64::from(prev_q))).max(0) as u64;
+        prev_q = q;
+        let divert = window_op(s, |w| {
+            if served > 0 {
+                w.on_served_locally(served);
+            }
+            w.diverts(q)
+        });
+        if let Err(e) = st.set_divert(divert) {
+            log::warn!("specd: {e}");
+        }
+        *lock(&s.steer_counts) = counts;
+    }
+    // Leave new connections to the server while the program is still attached.
+    if let Some(mut st) = steering {
+        let _ = st.set_divert(false);
+    }
+}
+
+fn peers_loop(s: &Shared) {
+    let mut clients: Vec<Option<Box<dyn farside_rmem::RemoteMemory>>> =
+        s.peers.iter().map(|_| None).collect();
+    let mut buf = vec![0u8; SNAPSHOT_BYTES];
+    while !s.stop.load(Ordering::SeqCst) {
+        for (p, c) in s.peers.iter().zip(clients.iter_mut()) {
+            let Some(region) = &p.peer.region else {
+                continue;
+            };
+            if c.is_none() {
+                let t = farside_rmem::Target::parse(region).expect("validated at parse");
+                match connect_target(&t, &ClientOptions::default()) {
+                    Ok(client) => *c = Some(client),
+                    Err(e) => {
+                        log::debug!("specd: region {region}: {e}");
+                        lock(&p.load).known = false;
+                        continue;
+                    }
+                }
+            }
+            let client = c.as_mut().expect("connected above");
+            let read = client
+                .read(0, &mut buf)
+                .map_err(|e| e.to_string())
+                .and_then(|()| Snapshot::decode(&buf).map_err(|e| e.to_string()));
+            let mut l = lock(&p.load);
+            match read {
+                Ok(snap) => {
+                    *l = PeerLoad {
+                        known: true,
+                        accept_backlog: snap.load.accept_backlog,
+                        cpu_util_ppm: snap.load.cpu_util_ppm,
+                    }
+                }
+                Err(e) => {
+                    log::debug!("specd: region {region}: {e}");
+                    l.known = false;
+                }
+            }
+        }
+        std::thread::sleep(s.cfg.peer_poll);
+    }
+}
+
+fn notified_loop(s: &Shared, sock: &UdpSocket) {
+    let mut b = [0u8; 64];
+    while !s.stop.load(Ordering::SeqCst) {
+        let Ok((n, from)) = sock.recv_from(&mut b) else {
+            continue;
+        };
+        let from_peer = s
+            .peers
+            .iter()
+            .any(|p| p.peer.daemon.ip() == from.ip() || p.peer.backend == from.ip());
+        if !from_peer || !crate::notify::is_can_take(&b[..n]) {
+            log::debug!("specd: ignored a datagram from {from}");
+            continue;
+        }
+        s.stats.notifications.fetch_add(1, Ordering::Relaxed);
+        window_op(s, |w| w.on_notification());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(known: bool, backlog: u64, cpu: u64) -> PeerLoad {
+        PeerLoad {
+            known,
+            accept_backlog: backlog,
+            cpu_util_ppm: cpu,
+        }
+    }
+
+    #[test]
+    fn the_least_loaded_peer_is_chosen() {
+        // By backlog.
+        let c = [(load(true, 5, 0), 0), (load(true, 2, 900_000), 0)];
+        assert_eq!(least_loaded(c.into_iter()), Some(1));
+        // Migrations in flight count as backlog.
+        let c = [(load(true, 5, 0), 0), (load(true, 2, 0), 4)];
+        assert_eq!(least_loaded(c.into_iter()), Some(0));
+        // Equal backlog: by CPU.
+        let c = [(load(true, 3, 700_000), 0), (load(true, 3, 200_000), 0)];
+        assert_eq!(least_loaded(c.into_iter()), Some(1));
+        // An unknown load ranks after any known one.
+        let c = [(load(false, 0, 0), 0), (load(true, 60, 999_000), 0)];
+        assert_eq!(least_loaded(c.into_iter()), Some(1));
+        // All unknown: the first, then the one with fewer in flight.
+        let c = [(load(false, 0, 0), 1), (load(false, 0, 0), 0)];
+        assert_eq!(least_loaded(c.into_iter()), Some(1));
+        assert_eq!(least_loaded(std::iter::empty()), None);
+    }
+
+    #[test]
+    fn peer_specs_parse_and_refuse_bad_input() {
+        let p =
+            Peer::parse("daemon=10.0.0.2:7000,region=udp:10.0.0.2:7471,backend=10.1.0.2").unwrap();
+        assert_eq!(p.daemon, "10.0.0.2:7000".parse().unwrap());
+        assert_eq!(p.region.as_deref(), Some("udp:10.0.0.2:7471"));
+        assert_eq!(p.backend, "10.1.0.2".parse::<IpAddr>().unwrap());
+        let p = Peer::parse("daemon=10.0.0.3:7000").unwrap();
+        assert_eq!(p.backend, "10.0.0.3".parse::<IpAddr>().unwrap());
+        assert!(p.region.is_none());
+        assert!(Peer::parse("region=udp:1.2.3.4:5").is_err());
+        assert!(Peer::parse("daemon=nope").is_err());
+        assert!(Peer::parse("daemon=1.2.3.4:5,region=ftp:x").is_err());
+        assert!(Peer::parse("daemon=1.2.3.4:5,color=red").is_err());
+        assert!(Peer::parse("daemon").is_err());
+    }
+}

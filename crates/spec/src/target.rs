@@ -1,0 +1,340 @@
+//! The target side of `farside specd`: takes migration offers from peers, admits by
+//! its own load, restores and hands the connection to the local web server, and
+//! notifies the sources it refused once it can take again.
+//!
+//! ```text
+//! peer (source) ──OFFER──▶ acceptor threads (TARGET_THREADS) ── admit? ──┐
+//!                           server accept queue (sock_diag) + restores   │ no: REFUSE,
+//!                           in progress < --admit-queue-max              │ remember source
+//!                            │ yes                                        ▼
+//!                            ▼                                  notifier (NOTIFY_PERIOD):
+//!                     restore (frozen) ─DONE─▶ HandOff            queue back under the
+//!                                              (adopt / relay)     bound → "can take"
+//!                                                                  datagram to each
+//! ```
+//!
+//! "Can take again" is what the source's window waits for (seed 002 §3.2: the paper
+//! sends it when the migrated requests were served; here the target does not see its
+//! server finish a request, so it notifies when its admission condition holds again,
+//! which is the same promise).
+
+use std::io;
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use farside_migrate::proto::REPLY_TIMEOUT_DEFAULT;
+use farside_migrate::{serve_conn, TargetOutcome};
+
+use crate::handoff::{HandOff, Handoff};
+use crate::load::ServerQueue;
+use crate::stats::Samples;
+
+/// Threads serving offers at once: a restore takes about a millisecond, so a few
+/// threads keep up with thousands of migrations per second; more offers wait in the
+/// listen backlog (bounded by the kernel) and the source's connect timeout.
+pub const TARGET_THREADS_DEFAULT: usize = 4;
+/// Upper bound of `--target-threads`.
+pub const TARGET_THREADS_MAX: usize = 64;
+/// How often the notifier checks whether refused sources can be told "can take":
+/// 5 ms is well under a request's service time and costs a sock_diag read (µs).
+pub const NOTIFY_PERIOD: Duration = Duration::from_millis(5);
+/// Most refused sources remembered for a notification (one per peer; a cluster of
+/// more back-ends than this is outside the design, and extra sources fall back to
+/// the N-local-requests rule).
+pub const REFUSED_SOURCES_MAX: usize = 64;
+
+/// Configuration of the target side.
+#[derive(Clone, Debug)]
+pub struct TargetConfig {
+    /// Migration listener (TCP) on the cluster network.
+    pub listen: SocketAddr,
+    /// The local web server's port (its accept queue is the load).
+    pub server_port: u16,
+    /// Refuse offers while the server's accept queue plus restores in progress is at
+    /// least this.
+    pub admit_queue_max: u32,
+    /// Where restored connections go.
+    pub handoff: Handoff,
+    /// Threads serving offers.
+    pub threads: usize,
+    /// The peers' daemon addresses: a refused source whose IP is among them is
+    /// notified at that address, any other at (its IP, our listen port).
+    pub peers: Vec<SocketAddr>,
+}
+
+/// Counters of the target side.
+#[derive(Debug, Default)]
+pub struct TargetStats {
+    /// Offers received.
+    pub offers: AtomicU64,
+    /// Offers refused by load.
+    pub refused: AtomicU64,
+    /// Connections restored and handed over.
+    pub restored: AtomicU64,
+    /// Restores that failed.
+    pub restore_failed: AtomicU64,
+    /// Offers the source aborted or abandoned.
+    pub aborted: AtomicU64,
+    /// Notifications sent.
+    pub notifications: AtomicU64,
+    /// Restored connections the local server could not take (closed).
+    pub handoff_failed: AtomicU64,
+    /// Target CPU per restored migration, µs (thread CPU of the offer's handling).
+    pub cpu_us: Mutex<Samples>,
+}
+
+struct Shared {
+    cfg: TargetConfig,
+    stop: AtomicBool,
+    listener: TcpListener,
+    handoff: HandOff,
+    /// Offers admitted and not yet handed over.
+    restoring: AtomicU32,
+    refused_sources: Mutex<Vec<IpAddr>>,
+    stats: TargetStats,
+}
+
+/// A running target side. Dropping it stops it.
+pub struct TargetDaemon {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    addr: SocketAddr,
+}
+
+impl TargetDaemon {
+    /// Binds the migration listener and starts the threads.
+    pub fn start(cfg: TargetConfig) -> io::Result<Self> {
+        if cfg.threads == 0 || cfg.threads > TARGET_THREADS_MAX {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("target threads must be in 1..={TARGET_THREADS_MAX}"),
+            ));
+        }
+        let listener = TcpListener::bind(cfg.listen)
+            .map_err(|e| io::Error::new(e.kind(), format!("--listen {}: {e}", cfg.listen)))?;
+        let addr = listener.local_addr()?;
+        // Probe the server's queue once so a bad port or missing permission fails now.
+        ServerQueue::new(cfg.server_port)?.read()?;
+        let shared = Arc::new(Shared {
+            handoff: HandOff::new(cfg.handoff.clone())?,
+            cfg,
+            stop: AtomicBool::new(false),
+            listener,
+            restoring: AtomicU32::new(0),
+            refused_sources: Mutex::new(Vec::new()),
+            stats: TargetStats::default(),
+        });
+        let mut threads = Vec::new();
+        for i in 0..shared.cfg.threads {
+            let s = Arc::clone(&shared);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("specd-target{i}"))
+                    .spawn(move || offers_loop(&s))?,
+            );
+        }
+        let notify_sock = UdpSocket::bind(SocketAddr::new(addr.ip(), 0))?;
+        let s = Arc::clone(&shared);
+        threads.push(
+            std::thread::Builder::new()
+                .name("specd-notify".into())
+                .spawn(move || notifier_loop(&s, &notify_sock))?,
+        );
+        log::info!("specd target: migrations on {addr}");
+        Ok(Self {
+            shared,
+            threads,
+            addr,
+        })
+    }
+
+    /// The migration listener's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> &TargetStats {
+        &self.shared.stats
+    }
+
+    /// Hand-off counters.
+    pub fn handoff_stats(&self) -> &crate::handoff::HandoffStats {
+        self.shared.handoff.stats()
+    }
+
+    /// One-line JSON of the counters (the exit summary's `target` object).
+    pub fn summary_json(&self) -> String {
+        let s = &self.shared.stats;
+        let h = self.shared.handoff.stats();
+        format!(
+            "{{\"offers\":{},\"refused\":{},\"restored\":{},\"restore_failed\":{},\"aborted\":{},\"notifications\":{},\"handoff_failed\":{},\"relayed_bytes\":{},\"cpu_us\":{}}}",
+            s.offers.load(Ordering::Relaxed),
+            s.refused.load(Ordering::Relaxed),
+            s.restored.load(Ordering::Relaxed),
+            s.restore_failed.load(Ordering::Relaxed),
+            s.aborted.load(Ordering::Relaxed),
+            s.notifications.load(Ordering::Relaxed),
+            s.handoff_failed.load(Ordering::Relaxed),
+            h.relayed_bytes.load(Ordering::Relaxed),
+            s.cpu_us.lock().unwrap_or_else(|p| p.into_inner()).json(),
+        )
+    }
+
+    /// Stops accepting offers and joins the threads (offers being served finish).
+    pub fn stop(mut self) {
+        self.stop_and_join();
+    }
+
+    fn stop_and_join(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        // Wakes every thread blocked in accept (it returns EINVAL).
+        // SAFETY: the fd is owned by the listener, alive for this call.
+        unsafe { libc::shutdown(self.shared.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for TargetDaemon {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            self.stop_and_join();
+        }
+    }
+}
+
+/// Decrements the restores-in-progress count however the offer ends.
+struct Restoring<'a>(&'a AtomicU32);
+
+impl Drop for Restoring<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn offers_loop(s: &Shared) {
+    let mut queue = match ServerQueue::new(s.cfg.server_port) {
+        Ok(q) => q,
+        Err(e) => {
+            log::error!("specd target: sock_diag: {e}");
+            return;
+        }
+    };
+    while !s.stop.load(Ordering::SeqCst) {
+        let (ctrl, peer) = match s.listener.accept() {
+            Ok(c) => c,
+            Err(e) => {
+                if s.stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                log::warn!("specd target accept: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        s.stats.offers.fetch_add(1, Ordering::Relaxed);
+        let cpu0 = farside_backend::thread_cpu_us();
+        let mut admitted: Option<Restoring<'_>> = None;
+        let admit = |_: &farside_migrate::TcpState| -> Result<(), String> {
+            let q = queue.read().map_err(|e| format!("cannot read load: {e}"))?;
+            let restoring = s.restoring.fetch_add(1, Ordering::SeqCst);
+            let guard = Restoring(&s.restoring);
+            if q.saturating_add(restoring) >= s.cfg.admit_queue_max {
+                return Err(format!(
+                    "loaded: accept queue {q} + {restoring} restoring >= {}",
+                    s.cfg.admit_queue_max
+                ));
+            }
+            admitted = Some(guard);
+            Ok(())
+        };
+        let handoff = |sock| {
+            if let Err(e) = s.handoff.hand(sock) {
+                s.stats.handoff_failed.fetch_add(1, Ordering::Relaxed);
+                log::warn!("specd target: hand-off to the local server failed: {e}");
+            }
+        };
+        let outcome = serve_conn(ctrl, REPLY_TIMEOUT_DEFAULT, admit, handoff);
+        drop(admitted);
+        match outcome {
+            Ok(TargetOutcome::Restored { .. }) => {
+                s.stats.restored.fetch_add(1, Ordering::Relaxed);
+                let cpu = farside_backend::thread_cpu_us().saturating_sub(cpu0);
+                s.stats
+                    .cpu_us
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .record(cpu);
+            }
+            Ok(TargetOutcome::Refused(r)) => {
+                s.stats.refused.fetch_add(1, Ordering::Relaxed);
+                log::debug!("specd target: refused {peer}: {r}");
+                let mut v = s.refused_sources.lock().unwrap_or_else(|p| p.into_inner());
+                if !v.contains(&peer.ip()) && v.len() < REFUSED_SOURCES_MAX {
+                    v.push(peer.ip());
+                }
+            }
+            Ok(TargetOutcome::RestoreFailed(r)) => {
+                s.stats.restore_failed.fetch_add(1, Ordering::Relaxed);
+                log::warn!("specd target: restore from {peer} failed: {r}");
+            }
+            Ok(TargetOutcome::Aborted) | Ok(TargetOutcome::SourceGone(_)) => {
+                s.stats.aborted.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                s.stats.aborted.fetch_add(1, Ordering::Relaxed);
+                log::debug!("specd target: offer from {peer}: {e}");
+            }
+        }
+    }
+}
+
+fn notify_addr(cfg: &TargetConfig, ip: IpAddr) -> SocketAddr {
+    cfg.peers
+        .iter()
+        .find(|p| p.ip() == ip)
+        .copied()
+        .unwrap_or(SocketAddr::new(ip, cfg.listen.port()))
+}
+
+fn notifier_loop(s: &Shared, sock: &UdpSocket) {
+    let mut queue = match ServerQueue::new(s.cfg.server_port) {
+        Ok(q) => q,
+        Err(e) => {
+            log::error!("specd notifier: sock_diag: {e}");
+            return;
+        }
+    };
+    while !s.stop.load(Ordering::SeqCst) {
+        std::thread::sleep(NOTIFY_PERIOD);
+        let pending = !s
+            .refused_sources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty();
+        if !pending {
+            continue;
+        }
+        let Ok(q) = queue.read() else { continue };
+        if q.saturating_add(s.restoring.load(Ordering::SeqCst)) >= s.cfg.admit_queue_max {
+            continue;
+        }
+        let sources =
+            std::mem::take(&mut *s.refused_sources.lock().unwrap_or_else(|p| p.into_inner()));
+        for ip in sources {
+            let to = notify_addr(&s.cfg, ip);
+            match crate::notify::send(sock, to) {
+                Ok(()) => {
+                    s.stats.notifications.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => log::debug!("specd notify {to}: {e}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! The target side with the real hand-off (needs CAP_NET_ADMIN for TCP_REPAIR): run
+//! as root with `cargo test -p farside-spec -- --include-ignored`.
+//!
+//! A client opens an HTTP/1.1 keep-alive session to a source socket and pipelines
+//! `GET /files/4194304` (4 MiB), a `POST /digest` with an 8 MiB body and
+//! `GET /files/5`; the source (standing in for the daemon's admission listener)
+//! accepts, lets request bytes pile up in its receive queue and migrates the
+//! connection to a [`TargetDaemon`], which restores it and hands it to a real
+//! `farside backend` through `--adopt-socket`. The back-end serves the whole session:
+//! the client checks every response byte, the server's digest of the upload, that
+//! the responses came from that back-end, and that no read waited longer than
+//! [`STALL_MAX`]. The same session through the relay hand-off (the way to an
+//! unmodified server such as nginx) is checked the same way. The refusal case runs the same session through the source's
+//! fall-back (hand-off to its local server) and checks the target's notification.
+//!
+//! Source and target share this network namespace, so the migration uses
+//! `Handover::CloseBeforeRestore` (the restore would collide with the source's
+//! 4-tuple otherwise); the cross-namespace deployment order is tested in
+//! `speculative_root.rs`.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::path::{Path, PathBuf};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use farside_backend::{generated_byte, BackendArgs};
+use farside_migrate::{migrate, Fallback, Handover, MigrateConfig, Outcome};
+use farside_spec::handoff::{HandOff, Handoff};
+use farside_spec::notify;
+use farside_spec::target::{TargetConfig, TargetDaemon};
+
+/// Longest a client read may wait: one retransmission timeout (backed off while
+/// frozen) plus slack for this busy machine.
+const STALL_MAX: Duration = Duration::from_secs(5);
+/// Bound on any await (a hang is a failure).
+const AWAIT_MAX: Duration = Duration::from_secs(60);
+const BIG_BYTES: usize = 4 << 20;
+const POST_BYTES: usize = 8 << 20;
+const CLIENT_RCVBUF: libc::c_int = 64 << 10;
+/// The source migrates once this many request bytes wait in its receive queue.
+const INQ_BEFORE_MIGRATE: usize = 64 << 10;
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn pat(i: usize) -> u8 {
+    let mut x = (i as u64 / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5bd1_e995;
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 27;
+    (x >> ((i % 8) * 8)) as u8
+}
+
+fn post_digest() -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for i in 0..POST_BYTES {
+        h ^= u64::from(pat(i));
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+fn connect_small_rcvbuf(addr: SocketAddr) -> TcpStream {
+    // SAFETY: plain socket(2), owned by the TcpStream below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0);
+    // SAFETY: fresh descriptor.
+    let s = unsafe { TcpStream::from_raw_fd(fd) };
+    // SAFETY: setsockopt with an int of the length passed.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&CLIENT_RCVBUF as *const libc::c_int).cast(),
+            4,
+        )
+    };
+    assert_eq!(r, 0);
+    let SocketAddr::V4(a) = addr else {
+        panic!("v4 only")
+    };
+    // SAFETY: zeroed sockaddr_in filled below.
+    let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sin.sin_family = libc::AF_INET as libc::sa_family_t;
+    sin.sin_port = a.port().to_be();
+    sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+    // SAFETY: valid sockaddr_in of the length passed.
+    let r = unsafe {
+        libc::connect(
+            fd,
+            (&sin as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "connect: {}", io::Error::last_os_error());
+    s
+}
+
+fn inq(s: &TcpStream) -> usize {
+    let mut v: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut v) };
+    assert_eq!(r, 0);
+    v as usize
+}
+
+fn await_cond(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < AWAIT_MAX, "timed out awaiting {what}");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// (status line, headers lower-cased, Content-Length)
+fn read_head(r: &mut impl BufRead) -> (String, Vec<(String, String)>, usize) {
+    let mut status = String::new();
+    r.read_line(&mut status).expect("status line (reset?)");
+    assert!(!status.is_empty(), "EOF before a response");
+    let mut headers = Vec::new();
+    loop {
+        let mut l = String::new();
+        r.read_line(&mut l).expect("header line");
+        if l == "\r\n" {
+            break;
+        }
+        let (k, v) = l.split_once(':').expect("header");
+        headers.push((k.to_ascii_lowercase(), v.trim().to_string()));
+    }
+    let len = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .map(|(_, v)| v.parse().unwrap())
+        .unwrap_or(0);
+    (status, headers, len)
+}
+
+struct ClientReport {
+    longest_read_wait: Duration,
+    served_by: String,
+}
+
+/// The client: a writer thread pipelines the three requests; the reader checks every
+/// response byte and the upload's digest.
+fn run_client(addr: SocketAddr) -> ClientReport {
+    let s = connect_small_rcvbuf(addr);
+    s.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+    s.set_write_timeout(Some(AWAIT_MAX)).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let writer = thread::spawn(move || {
+        write!(w, "GET /files/{BIG_BYTES} HTTP/1.1\r\nHost: t\r\n\r\n").unwrap();
+        write!(
+            w,
+            "POST /digest HTTP/1.1\r\nHost: t\r\nContent-Length: {POST_BYTES}\r\n\r\n"
+        )
+        .unwrap();
+        let mut chunk = vec![0u8; 64 << 10];
+        let mut off = 0;
+        while off < POST_BYTES {
+            let n = chunk.len().min(POST_BYTES - off);
+            for (k, b) in chunk[..n].iter_mut().enumerate() {
+                *b = pat(off + k);
+            }
+            w.write_all(&chunk[..n]).expect("POST body write (reset?)");
+            off += n;
+        }
+        w.write_all(b"GET /files/5 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            .unwrap();
+    });
+    let mut r = BufReader::with_capacity(64 << 10, s);
+    let mut longest = Duration::ZERO;
+    let (status, headers, len) = read_head(&mut r);
+    // The first wait includes the migration itself; count the waits after it.
+    let mut last = Instant::now();
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    assert_eq!(len, BIG_BYTES);
+    let served_by = headers
+        .iter()
+        .find(|(k, _)| k == "x-farside-backend")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    let mut buf = vec![0u8; 64 << 10];
+    let mut got = 0;
+    while got < len {
+        let n = r
+            .read(&mut buf[..(len - got).min(64 << 10)])
+            .expect("response 1 (reset?)");
+        assert!(n > 0, "EOF inside response 1 at {got}");
+        for (k, &b) in buf[..n].iter().enumerate() {
+            assert_eq!(
+                b,
+                generated_byte((got + k) as u64),
+                "response byte {}",
+                got + k
+            );
+        }
+        got += n;
+        longest = longest.max(last.elapsed());
+        last = Instant::now();
+    }
+    let (status, _, len) = read_head(&mut r);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let mut digest = vec![0u8; len];
+    r.read_exact(&mut digest).expect("response 2");
+    longest = longest.max(last.elapsed());
+    last = Instant::now();
+    assert_eq!(
+        String::from_utf8(digest).unwrap(),
+        format!("fnv1a64={:016x} bytes={POST_BYTES}\n", post_digest()),
+        "the server's digest of the upload"
+    );
+    let (status, _, len) = read_head(&mut r);
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    let mut small = vec![0u8; len];
+    r.read_exact(&mut small).expect("response 3");
+    longest = longest.max(last.elapsed());
+    assert_eq!(small, (0..5).map(generated_byte).collect::<Vec<_>>());
+    let mut rest = Vec::new();
+    r.read_to_end(&mut rest).expect("server's close");
+    assert!(rest.is_empty());
+    writer.join().expect("client writer");
+    ClientReport {
+        longest_read_wait: longest,
+        served_by,
+    }
+}
+
+fn temp_path(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("farside-spec-{}-{name}", std::process::id()))
+}
+
+fn backend(adopt: &Path) -> (SocketAddr, farside_backend::Handle) {
+    farside_backend::spawn(BackendArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        workers: 2,
+        adopt_socket: Some(adopt.to_path_buf()),
+        ..BackendArgs::default()
+    })
+    .expect("backend")
+}
+
+/// Accepts the client and waits until request bytes pile up in the receive queue.
+fn source_accept(listener: &TcpListener) -> TcpStream {
+    let (s, _) = listener.accept().unwrap();
+    await_cond("request bytes queued on the source", || {
+        inq(&s) >= INQ_BEFORE_MIGRATE
+    });
+    s
+}
+
+/// Migrates the session to a [`TargetDaemon`] handing over with `relay` (else by
+/// adoption) to a real `farside backend`, and checks it end to end.
+fn migrated_session(relay: bool) {
+    assert!(is_root(), "needs root");
+    let adopt = temp_path(if relay { "relay" } else { "adopt" });
+    let (backend_addr, backend) = backend(&adopt);
+    let target = TargetDaemon::start(TargetConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        server_port: backend_addr.port(),
+        admit_queue_max: 64,
+        handoff: if relay {
+            Handoff::Relay(backend_addr)
+        } else {
+            Handoff::Adopt(adopt.clone())
+        },
+        threads: 2,
+        peers: Vec::new(),
+    })
+    .expect("target daemon");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client = thread::spawn(move || run_client(addr));
+    let s = source_accept(&listener);
+    let cfg = MigrateConfig {
+        handover: Handover::CloseBeforeRestore,
+        ..MigrateConfig::default()
+    };
+    match migrate(s, target.addr(), &cfg) {
+        Outcome::Migrated(t) => eprintln!(
+            "migrated: dump {:?}, total {:?}, {} queued bytes",
+            t.dump, t.total, t.state_bytes
+        ),
+        other => panic!("expected a migration, got {other:?}"),
+    }
+    let report = client.join().expect("client");
+    eprintln!(
+        "target: {}; client's longest read wait {:?}",
+        target.summary_json(),
+        report.longest_read_wait
+    );
+    assert_eq!(report.served_by, backend_addr.to_string());
+    assert!(report.longest_read_wait < STALL_MAX);
+    let st = target.stats();
+    assert_eq!(st.restored.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(st.cpu_us.lock().unwrap().count, 1);
+    let h = target.handoff_stats();
+    assert_eq!(h.handed.load(std::sync::atomic::Ordering::Relaxed), 1);
+    if relay {
+        // The upload, the three requests and the three responses went through it.
+        assert!(
+            h.relayed_bytes.load(std::sync::atomic::Ordering::Relaxed)
+                > (POST_BYTES + BIG_BYTES) as u64
+        );
+    }
+    target.stop();
+    backend.stop();
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn migrated_session_is_served_by_farside_backend_through_adoption() {
+    migrated_session(false);
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn migrated_session_is_served_by_an_unmodified_server_through_the_relay() {
+    migrated_session(true);
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn refused_migration_is_served_on_the_source_and_the_target_notifies_when_it_can_take() {
+    assert!(is_root(), "needs root");
+    let adopt = temp_path("adopt-refuse");
+    let (backend_addr, backend) = backend(&adopt);
+    // The target's load: a server socket whose accept queue the test fills and drains.
+    let loaded = TcpListener::bind("127.0.0.1:0").unwrap();
+    let waiting: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(loaded.local_addr().unwrap()).unwrap())
+        .collect();
+    // The source daemon's notification socket.
+    let source_notify = UdpSocket::bind("127.0.0.1:0").unwrap();
+    source_notify.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+    let target = TargetDaemon::start(TargetConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        server_port: loaded.local_addr().unwrap().port(),
+        admit_queue_max: 2,
+        handoff: Handoff::Adopt(adopt.clone()),
+        threads: 1,
+        peers: vec![source_notify.local_addr().unwrap()],
+    })
+    .expect("target daemon");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let client = thread::spawn(move || run_client(addr));
+    let s = source_accept(&listener);
+    let cfg = MigrateConfig {
+        handover: Handover::CloseBeforeRestore,
+        ..MigrateConfig::default()
+    };
+    let local = HandOff::new(Handoff::Adopt(adopt.clone())).unwrap();
+    match migrate(s, target.addr(), &cfg) {
+        Outcome::ResumedOnSource {
+            sock,
+            reason: Fallback::Refused(r),
+        } => {
+            eprintln!("refused: {r}");
+            // The source's fall-back: its own server serves the connection.
+            local.hand(sock).expect("local hand-off");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let report = client.join().expect("client");
+    assert_eq!(report.served_by, backend_addr.to_string());
+    assert!(report.longest_read_wait < STALL_MAX);
+    // No notification while the target is still loaded.
+    source_notify
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut b = [0u8; 16];
+    assert!(
+        source_notify.recv_from(&mut b).is_err(),
+        "notified while loaded"
+    );
+    // Drain the target's accept queue: it can take again and says so.
+    let accepted: Vec<_> = waiting.iter().map(|_| loaded.accept().unwrap()).collect();
+    source_notify.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+    let (n, from) = source_notify.recv_from(&mut b).expect("notification");
+    assert!(notify::is_can_take(&b[..n]), "{:?}", &b[..n]);
+    assert_eq!(from.ip(), target.addr().ip());
+    eprintln!("target: {}", target.summary_json());
+    let st = target.stats();
+    assert_eq!(st.refused.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        st.notifications.load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    drop(accepted);
+    target.stop();
+    backend.stop();
+}
