@@ -9,7 +9,7 @@ use farside_migrate::Handover;
 
 use crate::handoff::{HandOff, Handoff};
 use crate::source::{Peer, SourceConfig, SourceDaemon, MIGRATORS_DEFAULT};
-use crate::steer::{FlowSteer, NoSteer, PolicyRouteSteer};
+use crate::steer::{FlowSteer, FrontendSteer, NoSteer, PolicyRouteSteer};
 use crate::target::{TargetConfig, TargetDaemon, TARGET_THREADS_DEFAULT};
 use crate::window::{WindowConfig, QUEUE_DEFAULT, WINDOW_DEFAULT};
 
@@ -99,8 +99,12 @@ pub struct SpecdArgs {
     /// Test front-end: move each migrated flow with a policy rule in this network
     /// namespace (the client's), by the tables of --flow-table. Default: no
     /// front-end flow to move (the eBPF front-end's control client replaces this).
-    #[arg(long = "flow-netns", requires = "flow_tables")]
+    #[arg(long = "flow-netns", requires = "flow_tables", conflicts_with = "frontend")]
     pub flow_netns: Option<String>,
+    /// The eBPF front-end's control port (`farside frontend --control ADDR`): every
+    /// migrated flow is moved there with `MOVE client backend` after the restore.
+    #[arg(long)]
+    pub frontend: Option<SocketAddr>,
     /// With --flow-netns: `BACKEND_IP=TABLE`, the routing table that reaches that
     /// back-end. Repeat per peer.
     #[arg(long = "flow-table", value_parser = parse_flow_table)]
@@ -187,12 +191,13 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
     .map_err(|e| format!("specd target: {e}"))?;
     let source = match args.accept {
         Some(accept) => {
-            let flow: Box<dyn FlowSteer> = match &args.flow_netns {
-                Some(ns) => Box::new(PolicyRouteSteer {
+            let flow: Box<dyn FlowSteer> = match (&args.flow_netns, args.frontend) {
+                (Some(ns), _) => Box::new(PolicyRouteSteer {
                     netns: ns.clone(),
                     tables: args.flow_tables.clone(),
                 }),
-                None => Box::new(NoSteer),
+                (None, Some(fe)) => Box::new(FrontendSteer::new(fe)),
+                (None, None) => Box::new(NoSteer),
             };
             let local = HandOff::new(handoff).map_err(|e| format!("specd: {e}"))?;
             Some(

@@ -10,9 +10,10 @@
 //!   the server). The program is detached when the daemon exits (its link is not
 //!   pinned), so a crash leaves nothing attached.
 //! - [`FlowSteer`]: moving a migrated connection's flow at the front-end, the hook
-//!   `migrate_with` calls between restore and close. The eBPF front-end's control
-//!   client implements it in deployment; [`PolicyRouteSteer`] is the stand-in the
-//!   tests use (a per-flow policy route in the client's namespace).
+//!   `migrate_with` calls between restore and close. [`FrontendSteer`] sends `MOVE` to
+//!   the eBPF front-end's control port (`farside frontend --control`) in deployment;
+//!   [`PolicyRouteSteer`] is the stand-in the tests use (a per-flow policy route in the
+//!   client's namespace).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
@@ -192,5 +193,50 @@ impl FlowSteer for PolicyRouteSteer {
         } else {
             Err(io::Error::other(format!("ip rule add for {client}: {st}")))
         }
+    }
+}
+
+/// Most idle control connections kept to the front-end: one per migrator thread that
+/// may flip a flow at the same time would do; more only hold sockets open.
+pub const FRONTEND_CONNS_MAX: usize = 8;
+
+/// The deployed front-end: each move is a `MOVE client backend` on the control port of
+/// `farside frontend` (crates/frontend), which rewrites the flow's entry in its eBPF
+/// flow table. Connections are reused (at most [`FRONTEND_CONNS_MAX`] idle ones); the
+/// control client bounds every request (1 s, one retry on a fresh connection).
+pub struct FrontendSteer {
+    addr: SocketAddr,
+    idle: std::sync::Mutex<Vec<farside_frontend::control::Client>>,
+}
+
+impl FrontendSteer {
+    /// A steer that talks to the front-end's control port at `addr` (connects lazily).
+    pub fn new(addr: SocketAddr) -> FrontendSteer {
+        FrontendSteer {
+            addr,
+            idle: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl FlowSteer for FrontendSteer {
+    fn move_flow(&self, client: SocketAddr, to_backend: IpAddr) -> io::Result<()> {
+        let (SocketAddr::V4(client), IpAddr::V4(backend)) = (client, to_backend) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the front-end routes IPv4 only",
+            ));
+        };
+        let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut c = match pooled {
+            Some(c) => c,
+            None => farside_frontend::control::Client::connect(self.addr)?,
+        };
+        c.move_flow(client, backend)?;
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < FRONTEND_CONNS_MAX {
+            idle.push(c);
+        }
+        Ok(())
     }
 }

@@ -1,0 +1,69 @@
+//! `FrontendSteer` against the real eBPF front-end: the front-end's program and maps
+//! are loaded (root: CAP_BPF; not attached to any interface, which moving a flow does
+//! not need) and its control server started on 127.0.0.1:0; the steer's `MOVE` must
+//! rewrite the flow's entry, reuse its connection, and report errors.
+//! Run: `cargo test -p farside-spec --test frontend_steer -- --include-ignored` as root.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Mutex};
+
+use farside_frontend::control::{Client, Server};
+use farside_frontend::{BackendSpec, Frontend};
+use farside_spec::steer::{FlowSteer, FrontendSteer};
+
+const A_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 11);
+const B_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 12);
+const VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 100), 80);
+
+fn frontend() -> Frontend {
+    let backends = [
+        BackendSpec {
+            mac: [2, 0, 0, 0, 0xaa, 1],
+            ip: A_IP,
+            weight: 1,
+        },
+        BackendSpec {
+            mac: [2, 0, 0, 0, 0xbb, 1],
+            ip: B_IP,
+            weight: 1,
+        },
+    ];
+    Frontend::load(VIP, &backends, [2, 0, 0, 0, 0xfe, 1], 1).expect("load the front-end (root?)")
+}
+
+#[test]
+#[ignore = "needs root"]
+fn moves_flows_through_the_front_ends_control_port() {
+    let server = Server::start("127.0.0.1:0".parse().unwrap(), Arc::new(Mutex::new(frontend())))
+        .expect("control server");
+    let steer = FrontendSteer::new(server.local_addr());
+    let mut check = Client::connect(server.local_addr()).unwrap();
+    for port in [40_000u16, 40_001, 40_002] {
+        let client = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 1), port);
+        assert_eq!(check.flow(client).unwrap(), None, "no entry before the move");
+        steer.move_flow(SocketAddr::V4(client), IpAddr::V4(B_IP)).unwrap();
+        assert_eq!(check.flow(client).unwrap(), Some((B_IP, false)));
+        steer.move_flow(SocketAddr::V4(client), IpAddr::V4(A_IP)).unwrap();
+        assert_eq!(check.flow(client).unwrap(), Some((A_IP, false)));
+    }
+    // A back-end the front-end does not know is an error, and the entry stays.
+    let client = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 1), 40_000);
+    let unknown = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 99));
+    assert!(steer.move_flow(SocketAddr::V4(client), unknown).is_err());
+    assert_eq!(check.flow(client).unwrap(), Some((A_IP, false)));
+    // IPv6 is refused before any request.
+    let v6: SocketAddr = "[::1]:40000".parse().unwrap();
+    assert!(steer.move_flow(v6, IpAddr::V4(B_IP)).is_err());
+}
+
+#[test]
+fn a_dead_front_end_is_an_error() {
+    // A port nothing listens on (bound, then closed).
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let steer = FrontendSteer::new(addr);
+    let client: SocketAddr = "10.0.9.1:40000".parse().unwrap();
+    assert!(steer.move_flow(client, IpAddr::V4(B_IP)).is_err());
+}
