@@ -400,4 +400,54 @@ mod tests {
         assert!(s.contains("farside_proxy_responses_total{class=\"2xx\"} 1\n"));
         assert!(s.contains("farside_proxy_rejects_total{reason=\"overloaded\"} 1\n"));
     }
+
+    #[test]
+    fn each_worker_counts_in_its_own_shard_and_a_scrape_sums_them() {
+        let m = std::sync::Arc::new(Metrics::with_workers(2));
+        m.response(200);
+        m.latency(Duration::from_micros(50));
+        let m1 = m.clone();
+        std::thread::spawn(move || {
+            set_worker(1);
+            m1.response(200);
+            m1.response(503);
+            m1.here().bytes_out.fetch_add(10, Relaxed);
+            m1.here().conns_active.fetch_add(1, Relaxed);
+        })
+        .join()
+        .unwrap();
+        // A gauge decremented on another shard than it was incremented on still sums.
+        m.here().conns_active.fetch_sub(1, Relaxed);
+        assert_eq!(m.worker(0).responses(), 1);
+        assert_eq!(m.worker(1).responses(), 2);
+        assert_eq!(m.total(|s| &s.bytes_out), 10);
+        assert_eq!(m.total(|s| &s.conns_active), 0);
+        assert_eq!(
+            std::mem::align_of::<Shard>(),
+            128,
+            "no two shards share a line"
+        );
+        let mut e = Encoder::new();
+        m.render(&mut e);
+        let s = e.finish();
+        assert!(
+            s.contains("farside_proxy_responses_total{class=\"2xx\"} 2\n"),
+            "{s}"
+        );
+        assert!(s.contains("farside_proxy_responses_total{class=\"5xx\"} 1\n"));
+        assert!(s.contains("farside_proxy_bytes_out_total 10\n"));
+        assert!(s.contains("farside_proxy_connections_active 0\n"));
+        assert!(s.contains("farside_proxy_request_duration_seconds_count 1\n"));
+        assert!(s.contains("farside_proxy_worker_requests_total{worker=\"0\"} 1\n"));
+        assert!(s.contains("farside_proxy_worker_requests_total{worker=\"1\"} 2\n"));
+        // A thread of another worker than the shards cover counts in the last one.
+        let m2 = m.clone();
+        std::thread::spawn(move || {
+            set_worker(7);
+            m2.response(200);
+        })
+        .join()
+        .unwrap();
+        assert_eq!(m.worker(1).responses(), 3);
+    }
 }

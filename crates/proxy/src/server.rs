@@ -348,16 +348,16 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     // Workers 1.. each get a thread with a single-threaded runtime, built first so that
     // their listeners register with their own I/O drivers (see `crate::server` docs).
-    let runtimes = (1..cfg.workers)
-        .map(|_| build_runtime(1, cfg.busy_poll_us))
-        .collect::<io::Result<Vec<_>>>()?;
     let listener = bind(cfg.listen, cfg.reuse_port, cfg.workers > 1)?;
     let addr = listener.local_addr()?;
+    let runtimes = (1..cfg.workers)
+        .map(|_| build_runtime(1, cfg.busy_poll_us).map(WorkerRuntime::new))
+        .collect::<io::Result<Vec<_>>>()?;
     // The others join its `SO_REUSEPORT` group on the port it got (so port 0 works).
     let siblings = runtimes
         .iter()
         .map(|rt| {
-            let _in_rt = rt.enter();
+            let _in_rt = rt.get().enter();
             bind(addr, true, false)
         })
         .collect::<io::Result<Vec<_>>>()?;
@@ -655,6 +655,32 @@ fn bind(addr: SocketAddr, reuse_port: bool, siblings: bool) -> io::Result<TcpLis
     sock.listen(LISTEN_BACKLOG)
 }
 
+/// A worker's runtime until its thread runs it. Dropped on the way (a failed start, on
+/// the caller's runtime), it shuts down without blocking, which tokio requires there.
+struct WorkerRuntime(Option<tokio::runtime::Runtime>);
+
+impl WorkerRuntime {
+    fn new(rt: tokio::runtime::Runtime) -> Self {
+        WorkerRuntime(Some(rt))
+    }
+
+    fn get(&self) -> &tokio::runtime::Runtime {
+        self.0.as_ref().expect("taken only by its thread")
+    }
+
+    fn take(mut self) -> tokio::runtime::Runtime {
+        self.0.take().expect("taken only by its thread")
+    }
+}
+
+impl Drop for WorkerRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 /// A data-path worker on its own thread (workers 1..; worker 0 runs on the caller's
 /// runtime).
 struct WorkerThread {
@@ -667,7 +693,7 @@ struct WorkerThread {
 /// until the drain or the stop, then its remaining connections until the stop.
 fn spawn_worker(
     i: usize,
-    rt: tokio::runtime::Runtime,
+    rt: WorkerRuntime,
     listener: TcpListener,
     live: Arc<Live>,
     limit: Arc<Semaphore>,
@@ -678,6 +704,7 @@ fn spawn_worker(
         .name(format!("farside-proxy-{i}"))
         .spawn(move || {
             crate::metrics::set_worker(i);
+            let rt = rt.take();
             rt.block_on(async move {
                 let life = live.life.clone();
                 let until = until_stop_or_drain(life, stopped.clone());
