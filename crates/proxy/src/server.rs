@@ -219,7 +219,8 @@ pub async fn serve(
     }
 }
 
-/// The proxy running on the current tokio runtime (see [`start`]).
+/// The proxy running: worker 0 on the current tokio runtime, the others on threads of
+/// their own (see [`start`]). Dropping it stops every worker's accept loop.
 pub struct Running {
     /// The main listener's address (useful with port 0).
     pub addr: SocketAddr,
