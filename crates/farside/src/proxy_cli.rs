@@ -110,7 +110,8 @@ pub struct ProxyArgs {
     /// Address to accept clients on (required unless in the file).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Worker threads of the data path (default 1).
+    /// Data-path workers, 1..=256 (default 1): threads, each with its own runtime and
+    /// SO_REUSEPORT listener on --listen, over which the kernel spreads connections.
     #[arg(long)]
     pub workers: Option<usize>,
     /// Spin up to this long before a worker sleeps waiting for I/O, µs (default 0 = off;

@@ -34,7 +34,11 @@ fn err(key: impl Into<String>, msg: impl Into<String>) -> ConfigError {
 pub struct ProxyConfig {
     /// Address the proxy accepts clients on. Required.
     pub listen: SocketAddr,
-    /// Worker threads of the data path. Default 1.
+    /// Data-path workers, 1..=256. Each is a thread with its own single-threaded runtime
+    /// and its own listener on `listen` (`SO_REUSEPORT`: the kernel spreads new
+    /// connections over the workers by a hash of their addresses, with no shared accept
+    /// queue or lock); a connection stays on the worker that accepted it. Counters are
+    /// kept per worker (`farside_proxy_worker_*{worker}`). Default 1.
     #[serde(default = "defaults::workers")]
     pub workers: usize,
     /// Before a worker thread sleeps waiting for I/O it spins this long, µs (like
@@ -51,7 +55,9 @@ pub struct ProxyConfig {
     pub admin_listen: Option<SocketAddr>,
     /// Bind `listen` with `SO_REUSEPORT`, so a successor proxy can bind the same port
     /// while this one drains (zero-downtime restart). Default false: a second proxy on
-    /// the same port is then an error instead of silently sharing the traffic.
+    /// the same port is then an error instead of silently sharing the traffic (with
+    /// several `workers`, the first listener is bound without the option and given it
+    /// only afterwards, for its siblings, so that stays true).
     #[serde(default)]
     pub reuse_port: bool,
     #[serde(default)]

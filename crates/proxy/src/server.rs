@@ -22,6 +22,21 @@
 //! [`HttpConfig`](crate::config::HttpConfig), so no peer can hold a task forever, and a
 //! failure only ever closes the connection it happened on.
 //!
+//! Workers (`workers`): worker 0 runs on the runtime [`start`] is called on (a
+//! single-threaded one under [`run`] and [`spawn`]), workers 1.. each on a thread of
+//! their own with a single-threaded runtime. Every worker has its own listener on the
+//! same port (`SO_REUSEPORT`), so the kernel picks a connection's worker by a hash of
+//! its addresses and no accept queue, lock or wake-up is shared; the connection's task
+//! runs on that worker until it closes. Chosen over one multi-threaded runtime with a
+//! listener per worker because there tasks migrate between threads (work stealing), so
+//! neither a connection's counters nor its I/O would stay on one core; the price is no
+//! rebalancing of an uneven spread. Shared by all workers: the generation (below), the
+//! upstream pool with its `maxconn` caps (a pooled connection is moved to the reusing
+//! worker's I/O driver, see [`rehome`]), the bound on client connections, and the drain.
+//! Counters are per worker ([`Metrics`]). A listener that closes resets the connections
+//! still in its accept queue unless `net.ipv4.tcp_migrate_req = 1` hands them to another
+//! listener of the group (a successor's): the same as with one listener, per listener.
+//!
 //! Drain and reload ([`crate::lifecycle`]): every exchange looks up the current
 //! *generation* (configuration, control layer, upstream pool) when its head has been
 //! read, so a reload applies to the next request of every connection; once the drain
@@ -197,13 +212,15 @@ pub async fn serve(
         metrics,
     });
     let tend = tend_loop(live.clone(), std::future::pending());
+    let limit = Arc::new(Semaphore::new(max));
     tokio::select! {
-        r = accept_loop(live, listener, max, shutdown) => r,
+        r = accept_loop(live, listener, limit, true, shutdown) => r,
         r = tend => r,
     }
 }
 
-/// The proxy running on the current tokio runtime (see [`start`]).
+/// The proxy running: worker 0 on the current tokio runtime, the others on threads of
+/// their own (see [`start`]). Dropping it stops every worker's accept loop.
 pub struct Running {
     /// The main listener's address (useful with port 0).
     pub addr: SocketAddr,
@@ -212,6 +229,8 @@ pub struct Running {
     pub metrics: Arc<Metrics>,
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<io::Result<()>>>,
+    /// Workers 1.. (worker 0 is the accept loop in `tasks`).
+    workers: Vec<WorkerThread>,
     live: Arc<Live>,
     /// The admin listener's server (its own thread); stops when dropped.
     _admin: Option<farside_admin::AdminServer>,
@@ -220,11 +239,17 @@ pub struct Running {
 }
 
 impl Running {
-    /// Stop accepting on all listeners and wait for the accept loops to end.
+    /// Stop accepting on all listeners and wait for the accept loops to end. Connections
+    /// still open on worker 0 keep running on the caller's runtime; those of the other
+    /// workers get [`SHUTDOWN_GRACE`] on their threads, which then exit.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         for t in self.tasks {
             let _ = t.await;
+        }
+        for w in self.workers {
+            // `Err`: the thread is gone, so is its accept loop.
+            let _ = w.accepting.await;
         }
     }
 
@@ -316,13 +341,27 @@ impl Running {
     }
 }
 
-/// Validate `cfg`, bind `cfg.listen` (and `cfg.admin_listen`), and serve on the current
-/// runtime until [`Running::stop`]. Port 0 works; the bound addresses are returned.
+/// Validate `cfg`, bind `cfg.listen` once per worker (and `cfg.admin_listen`), and serve
+/// until [`Running::stop`]: worker 0 on the current runtime, workers 1.. on threads of
+/// their own. Port 0 works; the bound addresses are returned.
 pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running> {
     cfg.validate()
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    let listener = bind(cfg.listen, cfg.reuse_port)?;
+    // Workers 1.. each get a thread with a single-threaded runtime, built first so that
+    // their listeners register with their own I/O drivers (see `crate::server` docs).
+    let listener = bind(cfg.listen, cfg.reuse_port, cfg.workers > 1)?;
     let addr = listener.local_addr()?;
+    let runtimes = (1..cfg.workers)
+        .map(|_| build_runtime(1, cfg.busy_poll_us).map(WorkerRuntime::new))
+        .collect::<io::Result<Vec<_>>>()?;
+    // The others join its `SO_REUSEPORT` group on the port it got (so port 0 works).
+    let siblings = runtimes
+        .iter()
+        .map(|rt| {
+            let _in_rt = rt.get().enter();
+            bind(addr, true, false)
+        })
+        .collect::<io::Result<Vec<_>>>()?;
     let admin = cfg
         .admin_listen
         .map(std::net::TcpListener::bind)
@@ -335,7 +374,7 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
     let reconf = crate::reconf::ReconfDriver::start(&cfg)?;
     let reconf_stats = reconf.as_ref().map(|r| r.stats());
     let cfg = Arc::new(cfg);
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::with_workers(cfg.workers));
     let life = Arc::new(Lifecycle::default());
     let sh = Arc::new(Shared::new(
         cfg.clone(),
@@ -349,12 +388,9 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
         metrics: metrics.clone(),
     });
     let (stop, stopped) = watch::channel(false);
-    let when_stopped = |mut rx: watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
     let mut tasks = vec![tokio::spawn(tend_loop(
         live.clone(),
-        when_stopped(stopped.clone()),
+        until_stopped(stopped.clone()),
     ))];
     // The admin server (the one shared with gatherd, on its own thread) answers scrapes
     // until the proxy stops, through the drain.
@@ -378,28 +414,31 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
             farside_admin::AdminServer::serve_with(l, "proxy", render, Some(dash))
         })
         .transpose()?;
-    // The main listener closes when the drain starts.
-    let main_stopped = {
-        let (life, stopped) = (life.clone(), when_stopped(stopped));
-        async move {
-            tokio::select! {
-                _ = stopped => {}
-                _ = life.until_draining() => {}
-            }
-        }
-    };
+    // One bound on client connections for all workers, as for one.
+    let limit = Arc::new(Semaphore::new(cfg.http.max_client_conns));
+    // The main listeners close when the drain starts.
     tasks.push(tokio::spawn(accept_loop(
         live.clone(),
         listener,
-        cfg.http.max_client_conns,
-        main_stopped,
+        limit.clone(),
+        true,
+        until_stop_or_drain(life.clone(), stopped.clone()),
     )));
+    let workers = runtimes
+        .into_iter()
+        .zip(siblings)
+        .enumerate()
+        .map(|(i, (rt, l))| {
+            spawn_worker(i + 1, rt, l, live.clone(), limit.clone(), stopped.clone())
+        })
+        .collect::<io::Result<Vec<_>>>()?;
     Ok(Running {
         addr,
         admin_addr,
         metrics,
         stop,
         tasks,
+        workers,
         live,
         _admin: admin,
         reconf,
@@ -436,15 +475,16 @@ impl Drop for Spawned {
     }
 }
 
-/// Start the proxy on a new thread with a runtime of `cfg.workers` threads and return
-/// once it listens. For the lab and tests that are not themselves async.
+/// Start the proxy on a new thread (worker 0, a single-threaded runtime; workers 1..
+/// get threads of their own) and return once it listens. For the lab and tests that
+/// are not themselves async.
 pub fn spawn(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Spawned> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let thread = std::thread::Builder::new()
         .name("farside-proxy".into())
         .spawn(move || {
-            let rt = match build_runtime(cfg.workers, cfg.busy_poll_us) {
+            let rt = match build_runtime(1, cfg.busy_poll_us) {
                 Ok(rt) => rt,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -478,9 +518,10 @@ pub fn spawn(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Spawned> {
     })
 }
 
-/// Run the proxy until SIGINT or SIGTERM: a runtime with `cfg.workers` threads (1 = a
-/// single-threaded runtime, the configuration compared with HAProxy `nbthread 1`),
-/// `cfg.listen`, and `cfg.admin_listen` if set. SIGHUP is ignored (logged); see
+/// Run the proxy until SIGINT or SIGTERM: `cfg.workers` workers, each a thread with a
+/// single-threaded runtime and its own listener on `cfg.listen` (worker 0 is the calling
+/// thread; 1 worker is the configuration compared with HAProxy `nbthread 1`), and
+/// `cfg.admin_listen` if set. SIGHUP is ignored (logged); see
 /// [`run_with_reload`].
 pub fn run(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<()> {
     run_with_reload(cfg, gate, None)
@@ -495,7 +536,7 @@ pub fn run_with_reload(
     reloader: Option<Reloader>,
 ) -> io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let rt = build_runtime(cfg.workers, cfg.busy_poll_us)?;
+    let rt = build_runtime(1, cfg.busy_poll_us)?;
     let result = rt.block_on(async {
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
@@ -551,14 +592,15 @@ pub fn run_with_reload(
     result
 }
 
-/// The runtime for `workers` data-path threads, each spinning up to `busy_poll_us`
-/// before it sleeps in the I/O driver (see [`ProxyConfig::busy_poll_us`]).
-pub fn build_runtime(workers: usize, busy_poll_us: u64) -> io::Result<tokio::runtime::Runtime> {
-    let mut b = if workers <= 1 {
+/// A runtime of `threads` threads (1, what each worker runs: a single-threaded one),
+/// each spinning up to `busy_poll_us` before it sleeps in the I/O driver (see
+/// [`ProxyConfig::busy_poll_us`]).
+pub fn build_runtime(threads: usize, busy_poll_us: u64) -> io::Result<tokio::runtime::Runtime> {
+    let mut b = if threads <= 1 {
         tokio::runtime::Builder::new_current_thread()
     } else {
         let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(workers).thread_name("farside-proxy");
+        b.worker_threads(threads).thread_name("farside-proxy");
         b
     };
     if busy_poll_us > 0 {
@@ -591,7 +633,12 @@ async fn tend_loop(live: Arc<Live>, shutdown: impl Future<Output = ()>) -> io::R
     }
 }
 
-fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
+/// Bind and listen on `addr`, registered with the current runtime. `reuse_port`: with
+/// `SO_REUSEPORT` from the start, so the port may already be held by listeners that set
+/// it too (a predecessor, or this proxy's first worker). `siblings`: set it only after
+/// the bind, so the bind itself stays exclusive (a second proxy without `reuse_port`
+/// still fails with "address in use") while this proxy's other workers can join.
+fn bind(addr: SocketAddr, reuse_port: bool, siblings: bool) -> io::Result<TcpListener> {
     let sock = if addr.is_ipv4() {
         TcpSocket::new_v4()?
     } else {
@@ -602,16 +649,104 @@ fn bind(addr: SocketAddr, reuse_port: bool) -> io::Result<TcpListener> {
         sock.set_reuseport(true)?;
     }
     sock.bind(addr)?;
+    if siblings && !reuse_port {
+        // Read at listen(), when the kernel creates the socket's reuseport group.
+        sock.set_reuseport(true)?;
+    }
     sock.listen(LISTEN_BACKLOG)
 }
 
+/// A worker's runtime until its thread runs it. Dropped on the way (a failed start, on
+/// the caller's runtime), it shuts down without blocking, which tokio requires there.
+struct WorkerRuntime(Option<tokio::runtime::Runtime>);
+
+impl WorkerRuntime {
+    fn new(rt: tokio::runtime::Runtime) -> Self {
+        WorkerRuntime(Some(rt))
+    }
+
+    fn get(&self) -> &tokio::runtime::Runtime {
+        self.0.as_ref().expect("taken only by its thread")
+    }
+
+    fn take(mut self) -> tokio::runtime::Runtime {
+        self.0.take().expect("taken only by its thread")
+    }
+}
+
+impl Drop for WorkerRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// A data-path worker on its own thread (workers 1..; worker 0 runs on the caller's
+/// runtime).
+struct WorkerThread {
+    /// Resolves (or fails, if the thread died) when the worker's accept loop has ended.
+    accepting: oneshot::Receiver<()>,
+    _thread: std::thread::JoinHandle<()>,
+}
+
+/// Run worker `i` on a new thread: its accept loop on `listener` (registered with `rt`)
+/// until the drain or the stop, then its remaining connections until the stop.
+fn spawn_worker(
+    i: usize,
+    rt: WorkerRuntime,
+    listener: TcpListener,
+    live: Arc<Live>,
+    limit: Arc<Semaphore>,
+    stopped: watch::Receiver<bool>,
+) -> io::Result<WorkerThread> {
+    let (accepting_tx, accepting) = oneshot::channel();
+    let thread = std::thread::Builder::new()
+        .name(format!("farside-proxy-{i}"))
+        .spawn(move || {
+            crate::metrics::set_worker(i);
+            let rt = rt.take();
+            rt.block_on(async move {
+                let life = live.life.clone();
+                let until = until_stop_or_drain(life, stopped.clone());
+                if let Err(e) = accept_loop(live, listener, limit, false, until).await {
+                    log::error!("worker {i}: accept loop failed: {e}");
+                }
+                let _ = accepting_tx.send(());
+                // Its connections run on (a drain lets them finish) until the proxy stops.
+                until_stopped(stopped).await;
+            });
+            rt.shutdown_timeout(SHUTDOWN_GRACE);
+        })?;
+    Ok(WorkerThread {
+        accepting,
+        _thread: thread,
+    })
+}
+
+/// Resolves when [`Running::stop`] was called or the [`Running`] dropped.
+async fn until_stopped(mut stopped: watch::Receiver<bool>) {
+    let _ = stopped.wait_for(|s| *s).await;
+}
+
+/// Resolves at the stop or when the drain starts: when the listeners close.
+async fn until_stop_or_drain(life: Arc<Lifecycle>, stopped: watch::Receiver<bool>) {
+    tokio::select! {
+        _ = until_stopped(stopped) => {}
+        _ = life.until_draining() => {}
+    }
+}
+
+/// Accept clients on `listener` until `shutdown`, each connection a task on the current
+/// runtime, at most `limit`'s permits open (shared by all workers). One worker
+/// (`purge_pool`) also closes the upstream pool's expired idle connections.
 async fn accept_loop(
     live: Arc<Live>,
     listener: TcpListener,
-    conns_max: usize,
+    limit: Arc<Semaphore>,
+    purge_pool: bool,
     shutdown: impl Future<Output = ()>,
 ) -> io::Result<()> {
-    let limit = Arc::new(Semaphore::new(conns_max));
     tokio::pin!(shutdown);
     let mut purge = tokio::time::interval(Duration::from_millis(
         (live.current().cfg.http.pool_idle_timeout_ms / 2)
@@ -624,7 +759,7 @@ async fn accept_loop(
         let permit = tokio::select! {
             biased;
             _ = &mut shutdown => return Ok(()),
-            _ = purge.tick() => {
+            _ = purge.tick(), if purge_pool => {
                 live.current().pool.purge();
                 continue;
             }
@@ -636,7 +771,7 @@ async fn accept_loop(
         let (sock, peer) = tokio::select! {
             biased;
             _ = &mut shutdown => return Ok(()),
-            _ = purge.tick() => {
+            _ = purge.tick(), if purge_pool => {
                 live.current().pool.purge();
                 drop(permit);
                 continue;
@@ -654,6 +789,18 @@ async fn accept_loop(
     }
 }
 
+/// Move a pooled upstream connection to this worker's I/O driver. The pool is shared by
+/// all workers, and a connection stays registered with the driver of the worker that
+/// opened it: used from another worker as is, every readiness event would reach this one
+/// through that worker's thread (a cross-thread wake-up, late while that worker is busy).
+/// With several workers it is re-registered here (two `epoll_ctl` calls per reuse).
+fn rehome(s: TcpStream, workers: usize) -> io::Result<TcpStream> {
+    if workers <= 1 {
+        return Ok(s);
+    }
+    TcpStream::from_std(s.into_std()?)
+}
+
 /// Keeps `connections_active` (and the drain's count of client connections) right
 /// however the task ends.
 struct ActiveConn {
@@ -662,8 +809,8 @@ struct ActiveConn {
 
 impl ActiveConn {
     fn new(live: Arc<Live>) -> Self {
-        live.metrics.conns_accepted.fetch_add(1, Relaxed);
-        live.metrics.conns_active.fetch_add(1, Relaxed);
+        live.metrics.here().conns_accepted.fetch_add(1, Relaxed);
+        live.metrics.here().conns_active.fetch_add(1, Relaxed);
         live.life.conn_opened();
         ActiveConn { live }
     }
@@ -671,7 +818,7 @@ impl ActiveConn {
 
 impl Drop for ActiveConn {
     fn drop(&mut self) {
-        self.live.metrics.conns_active.fetch_sub(1, Relaxed);
+        self.live.metrics.here().conns_active.fetch_sub(1, Relaxed);
         self.live.life.conn_closed();
     }
 }
@@ -687,7 +834,10 @@ async fn handle_conn(
     {
         let sh = live.current();
         if let Err(r) = sh.gate.on_accept(peer) {
-            sh.metrics.conns_rejected_at_accept.fetch_add(1, Relaxed);
+            sh.metrics
+                .here()
+                .conns_rejected_at_accept
+                .fetch_add(1, Relaxed);
             sh.metrics.reject(r);
             reject_at_accept(&sh, client, r).await;
             return;
@@ -729,7 +879,10 @@ async fn reject_at_accept(sh: &Shared, mut client: TcpStream, r: crate::gate::Re
     );
     sh.metrics.response(status);
     if write_all_timeout(&mut client, &out, LINGER).await.is_ok() {
-        sh.metrics.bytes_out.fetch_add(out.len() as u64, Relaxed);
+        sh.metrics
+            .here()
+            .bytes_out
+            .fetch_add(out.len() as u64, Relaxed);
         lingering_close(client).await;
     }
 }
@@ -813,7 +966,10 @@ impl Pace {
 /// A write to the client that failed on its deadline cuts the response body off.
 fn count_write_timeout(sh: &Shared, e: &io::Error) {
     if e.kind() == io::ErrorKind::TimedOut {
-        sh.metrics.response_body_timeouts.fetch_add(1, Relaxed);
+        sh.metrics
+            .here()
+            .response_body_timeouts
+            .fetch_add(1, Relaxed);
     }
 }
 
@@ -885,6 +1041,7 @@ impl Buf {
     fn release(&mut self) {
         if self.is_empty() && !self.data.is_empty() {
             self.metrics
+                .here()
                 .conn_buffer_bytes
                 .fetch_sub(self.data.len() as u64, Relaxed);
             self.data = Vec::new();
@@ -925,6 +1082,7 @@ impl Buf {
             s.readable().await?;
             self.data = vec![0; self.initial.min(limit.max(1))];
             self.metrics
+                .here()
                 .conn_buffer_bytes
                 .fetch_add(self.data.len() as u64, Relaxed);
         }
@@ -936,6 +1094,7 @@ impl Buf {
             } else if self.data.len() < limit {
                 let grown = (self.data.len() * 2).min(limit);
                 self.metrics
+                    .here()
                     .conn_buffer_bytes
                     .fetch_add((grown - self.data.len()) as u64, Relaxed);
                 self.data.resize(grown, 0);
@@ -952,6 +1111,7 @@ impl Buf {
 impl Drop for Buf {
     fn drop(&mut self) {
         self.metrics
+            .here()
             .conn_buffer_bytes
             .fetch_sub(self.data.len() as u64, Relaxed);
     }
@@ -1104,8 +1264,11 @@ impl Conn {
     }
 
     fn flush_counts(&mut self, sh: &Shared) {
-        sh.metrics.bytes_in.fetch_add(self.bytes_in, Relaxed);
-        sh.metrics.bytes_out.fetch_add(self.bytes_out, Relaxed);
+        sh.metrics.here().bytes_in.fetch_add(self.bytes_in, Relaxed);
+        sh.metrics
+            .here()
+            .bytes_out
+            .fetch_add(self.bytes_out, Relaxed);
         self.bytes_in = 0;
         self.bytes_out = 0;
     }
@@ -1332,13 +1495,20 @@ impl Conn {
         let mut next = Some(checkout);
         let (mut up, permit, resp) = loop {
             let (reused, mut up, permit) = match next.take().expect("set for every attempt") {
-                Checkout::Pooled(s, p) => {
-                    sh.metrics.upstream_reused.fetch_add(1, Relaxed);
-                    (true, s, p)
-                }
+                Checkout::Pooled(s, p) => match rehome(s, sh.cfg.workers) {
+                    Ok(s) => {
+                        sh.metrics.here().upstream_reused.fetch_add(1, Relaxed);
+                        (true, s, p)
+                    }
+                    // Its old driver is gone (that worker stopped): connect afresh.
+                    Err(_) => {
+                        next = Some(Checkout::Fresh(p));
+                        continue;
+                    }
+                },
                 Checkout::Fresh(p) => match connect(route.addr, sh.connect_timeout).await {
                     Ok(s) => {
-                        sh.metrics.upstream_connects.fetch_add(1, Relaxed);
+                        sh.metrics.here().upstream_connects.fetch_add(1, Relaxed);
                         (false, s, p)
                     }
                     Err(e) => {
@@ -1359,7 +1529,7 @@ impl Conn {
                 // `up` holds part of a request: dropping it closes it, never pooled.
                 Err(Side::Client(f)) => return self.request_body_failed(sh, f).await,
                 Err(Side::Upstream) if reused && retryable => {
-                    sh.metrics.upstream_retries.fetch_add(1, Relaxed);
+                    sh.metrics.here().upstream_retries.fetch_add(1, Relaxed);
                     next = Some(Checkout::Fresh(permit));
                     continue;
                 }
@@ -1371,7 +1541,7 @@ impl Conn {
             match self.read_response_head(sh, &mut up, &mut req).await {
                 Ok(resp) => break (up, permit, resp),
                 Err((UpstreamError::ResetBeforeHead, false)) if reused && retryable => {
-                    sh.metrics.upstream_retries.fetch_add(1, Relaxed);
+                    sh.metrics.here().upstream_retries.fetch_add(1, Relaxed);
                     next = Some(Checkout::Fresh(permit));
                 }
                 Err((e, _)) => {
@@ -1399,7 +1569,10 @@ impl Conn {
                     Ok(Ok(n)) if n > 0 => {}
                     r => {
                         if r.is_err() {
-                            sh.metrics.response_body_timeouts.fetch_add(1, Relaxed);
+                            sh.metrics
+                                .here()
+                                .response_body_timeouts
+                                .fetch_add(1, Relaxed);
                         }
                         sh.metrics.upstream_error(UpstreamError::MidBody);
                         return self.upstream_failed_before_head(sh, &req).await;
@@ -1443,7 +1616,10 @@ impl Conn {
                 Ok(Ok(_)) if until_close => break,
                 r => {
                     if r.is_err() {
-                        sh.metrics.response_body_timeouts.fetch_add(1, Relaxed);
+                        sh.metrics
+                            .here()
+                            .response_body_timeouts
+                            .fetch_add(1, Relaxed);
                     }
                     sh.metrics.upstream_error(UpstreamError::MidBody);
                     return Next::Abort;
@@ -1529,7 +1705,10 @@ impl Conn {
         let (status, reason): (u16, &[u8]) = match f {
             BodyFail::Gone => return Next::Abort,
             BodyFail::Timeout => {
-                sh.metrics.request_body_timeouts.fetch_add(1, Relaxed);
+                sh.metrics
+                    .here()
+                    .request_body_timeouts
+                    .fetch_add(1, Relaxed);
                 (408, b"request_body_timeout")
             }
             BodyFail::Malformed => (400, b"malformed_chunked_body"),

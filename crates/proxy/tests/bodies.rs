@@ -11,7 +11,6 @@ use farside_proxy::config::ProxyConfig;
 use farside_proxy::control::Control;
 use farside_proxy::server::{self, Running};
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -602,7 +601,7 @@ async fn slow_request_body_gets_408_at_its_total_deadline() {
             up.requests().is_empty(),
             "the partial request was not completed"
         );
-        assert_eq!(p.metrics.request_body_timeouts.load(SeqCst), 1);
+        assert_eq!(p.metrics.total(|s| &s.request_body_timeouts), 1);
     })
     .await
 }
@@ -707,7 +706,7 @@ async fn client_that_stops_reading_is_cut_off_at_the_response_body_deadline() {
         until(|| ended.lock().unwrap().is_some()).await;
         let took = t0.elapsed();
         assert!(took < Duration::from_secs(5), "{took:?}");
-        assert_eq!(p.metrics.response_body_timeouts.load(SeqCst), 1);
+        assert_eq!(p.metrics.total(|s| &s.response_body_timeouts), 1);
         // The client gets a truncated body, then the close.
         let mut got = 0usize;
         while c.fill().await {
@@ -1004,7 +1003,7 @@ async fn trickling_backend_response_is_cut_off_at_the_response_body_deadline() {
             }
             assert!(took >= Duration::from_millis(300), "{len}: {took:?}");
             assert!(took < Duration::from_secs(5), "{len}: {took:?}");
-            assert_eq!(p.metrics.response_body_timeouts.load(SeqCst), 1);
+            assert_eq!(p.metrics.total(|s| &s.response_body_timeouts), 1);
             until(|| ended.lock().unwrap().is_some()).await;
         }
     })

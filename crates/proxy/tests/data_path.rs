@@ -622,12 +622,7 @@ async fn reject_at_accept_sends_503_with_retry_after_before_reading() {
         assert_eq!(r.header("connection"), Some("close"));
         assert_eq!(r.body, b"overloaded");
         assert!(c.closed().await);
-        assert_eq!(
-            p.metrics
-                .conns_rejected_at_accept
-                .load(std::sync::atomic::Ordering::Relaxed),
-            1
-        );
+        assert_eq!(p.metrics.total(|s| &s.conns_rejected_at_accept), 1);
         assert_eq!(up.accepted.load(SeqCst), 0);
     })
     .await
@@ -719,11 +714,7 @@ async fn idle_keep_alive_connections_hold_no_buffers() {
     within(async {
         let up = upstream(Behaviour::Respond(ok_response("ok"))).await;
         let p = start(config(&[up.addr]), TestGate::new(vec![up.addr])).await;
-        let bytes = || {
-            p.metrics
-                .conn_buffer_bytes
-                .load(std::sync::atomic::Ordering::Relaxed)
-        };
+        let bytes = || p.metrics.total(|s| &s.conn_buffer_bytes);
         let idle = || async {
             while bytes() != 0 {
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;
@@ -766,10 +757,7 @@ async fn pooled_connection_is_reused() {
             assert_eq!(c.response().await.unwrap().body, b"ok");
         }
         assert_eq!(up.accepted.load(SeqCst), 1);
-        let reused = p
-            .metrics
-            .upstream_reused
-            .load(std::sync::atomic::Ordering::Relaxed);
+        let reused = p.metrics.total(|s| &s.upstream_reused);
         assert_eq!(reused, 2);
     })
     .await

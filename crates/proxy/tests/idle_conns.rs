@@ -16,7 +16,7 @@ use farside_proxy::gate::{Gate, InflightGuard, Reject, Route};
 use farside_proxy::server;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -182,7 +182,7 @@ fn memory_per_idle_keep_alive_connection() {
         clients.push(one(i));
     }
     let deadline = Instant::now() + Duration::from_secs(30);
-    while p.metrics.conn_buffer_bytes.load(Relaxed) != 0 {
+    while p.metrics.total(|s| &s.conn_buffer_bytes) != 0 {
         assert!(Instant::now() < deadline, "buffers never released");
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -119,9 +119,8 @@ async fn a_request_waiting_longer_than_the_queue_timeout_gets_503() {
     );
     // Both asked for an upstream connection; the refused one waited the whole timeout,
     // and the wait is exported.
-    use std::sync::atomic::Ordering::Relaxed;
-    assert_eq!(p.metrics.upstream_checkouts.load(Relaxed), 2);
-    assert!(p.metrics.upstream_wait_us.load(Relaxed) >= 50_000);
+    assert_eq!(p.metrics.total(|s| &s.upstream_checkouts), 2);
+    assert!(p.metrics.total(|s| &s.upstream_wait_us) >= 50_000);
     let text = farside_admin::scrape_text(&|e: &mut farside_admin::Encoder| p.metrics.render(e));
     assert!(
         text.contains("farside_proxy_upstream_checkouts_total 2"),
