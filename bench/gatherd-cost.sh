@@ -138,7 +138,9 @@ for c in $CASES; do
         BPF_STATS_WAS=$(sysctl -n kernel.bpf_stats_enabled)
         sysctl -qw kernel.bpf_stats_enabled=1
       fi
-      NSEXEC="ip netns exec $NS"
+      # nsenter, not `ip netns exec`: that remounts /sys, hiding tracefs from the kernel
+      # sampler (its tracepoints).
+      NSEXEC="nsenter --net=/run/netns/$NS"
       kflags=(--sampler kernel --udp-listen 127.0.0.1:$UDP_PORT --xdp-iface lo --xdp-mode generic)
       if [ "$c" = kernel-port ]; then
         $NSEXEC "$B" backend --listen 127.0.0.1:$PORT --workers 4 >"$D/be.log" 2>&1 &

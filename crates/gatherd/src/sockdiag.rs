@@ -107,6 +107,9 @@ pub struct SockDiag {
     listeners: Vec<Listener>,
     /// Whether every listener can be looked up exactly (else LISTEN dumps are needed).
     all_steered: bool,
+    /// Cookies of the listeners no remote port reached: not searched again (each
+    /// search is up to [`STEER_TRIES_MAX`] lookups) while they are listed by the dumps.
+    unreached: Vec<[u8; 8]>,
     /// The listeners' exact-lookup requests, back to back: sent in one `sendto` (their
     /// sequence numbers are rewritten before each send).
     exact_req: Vec<u8>,
@@ -144,6 +147,7 @@ impl SockDiag {
             families: vec![libc::AF_INET as u8, libc::AF_INET6 as u8],
             listeners: Vec::with_capacity(LISTENERS_MAX),
             all_steered: false,
+            unreached: Vec::new(),
             exact_req: Vec::with_capacity(LISTENERS_MAX * EXACT_REQ),
             buf: vec![0; RECV_BUF_BYTES],
             req: Vec::with_capacity(128),
@@ -199,9 +203,16 @@ impl SockDiag {
     /// cleared, so the sampler reads the backlog by LISTEN dumps.
     fn steer(&mut self, previous: &[Listener]) -> io::Result<()> {
         let mut kept = Vec::with_capacity(self.listeners.len());
+        let mut unreached = Vec::new();
         self.all_steered = true;
         for i in 0..self.listeners.len() {
             let (family, mut id) = self.listeners[i];
+            let c: [u8; 8] = cookie(&id).try_into().expect("8 bytes");
+            if self.unreached.contains(&c) {
+                unreached.push(c);
+                self.all_steered = false;
+                continue;
+            }
             let before = previous
                 .iter()
                 .find(|(f, p)| *f == family && cookie(p) == cookie(&id))
@@ -221,10 +232,12 @@ impl SockDiag {
             if reached {
                 kept.push((family, id));
             } else {
+                unreached.push(c);
                 self.all_steered = false;
             }
         }
         self.listeners = kept;
+        self.unreached = unreached;
         Ok(())
     }
 
@@ -275,9 +288,10 @@ impl SockDiag {
         self.after(r)
     }
 
-    /// Whether the last [`SockDiag::count_listen`] found a listener to look up exactly.
+    /// Whether the last [`SockDiag::count_listen`] found a listener (one an exact lookup
+    /// reaches, or one only dumps read).
     pub fn knows_listeners(&self) -> bool {
-        !self.listeners.is_empty()
+        !self.listeners.is_empty() || !self.unreached.is_empty()
     }
 
     /// Full counts on all watched ports: established, backlog, pending. Walks the
