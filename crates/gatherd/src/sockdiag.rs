@@ -1,15 +1,26 @@
 //! Counting a server's TCP connections with netlink `sock_diag` (no /proc parsing per
-//! sample), filtered in the kernel by an `inet_diag` bytecode program
-//! `sport >= P && sport <= P`.
+//! sample), filtered in the kernel by the request's source port and an `inet_diag`
+//! bytecode program `sport >= P && sport <= P`.
 //!
-//! Cost: a dump of LISTEN sockets only walks the small listening hash and is cheap (a few
-//! µs). A dump that includes ESTABLISHED sockets walks every bucket of the TCP
-//! established hash, whatever the filter: on a host whose hash has 262,144 buckets that
-//! is about 1.5 ms of kernel CPU per dump. A network namespace created after
+//! Cost (this host, 2 CPUs, 262,144-bucket TCP hash): a dump of LISTEN sockets walks the
+//! whole listening hash (~15 µs), so it only finds the listeners
+//! ([`SockDiag::count_listen`]: at start, then once a second or when a lookup fails);
+//! every sample reads their accept queues by **exact lookup** of each listener's id
+//! (cookie included: an O(1) hash lookup in the kernel), all of them in one `sendto` and
+//! one `recvmmsg` on a socket kept open, into buffers allocated once
+//! ([`SockDiag::count_listen_exact`], ~3 µs). A dump that includes ESTABLISHED sockets
+//! walks every bucket of the established hash whatever the filter (~170 µs here, ms with
+//! many TIME_WAIT sockets); a network namespace created after
 //! `net.ipv4.tcp_child_ehash_entries` is set small has its own small hash, and the same
-//! dump costs microseconds. So the accept backlog is counted every sample
-//! ([`SockDiag::count_listen`]) and the full count ([`SockDiag::count`]) as often as a CPU
-//! budget allows (see gatherd's `--conns-every`).
+//! dump costs microseconds. So established connections are counted
+//! ([`SockDiag::count_established`]) as often as a CPU budget allows (gatherd's
+//! `--conns-every`).
+//!
+//! Replies are checked, never guessed at: every message must be whole, carry the
+//! sequence number of the request it answers and, for an exact lookup, name the socket
+//! asked for; anything else is an error (the sample fails and the record goes stale
+//! rather than carrying a wrong number), and the netlink socket is replaced so no
+//! leftover of a broken exchange can be read as the next answer.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -18,6 +29,7 @@ const NETLINK_SOCK_DIAG: i32 = 4;
 const SOCK_DIAG_BY_FAMILY: u16 = 20;
 const NLM_F_REQUEST: u16 = 1;
 const NLM_F_DUMP: u16 = 0x300;
+const NLMSG_NOOP: u16 = 1;
 const NLMSG_ERROR: u16 = 2;
 const NLMSG_DONE: u16 = 3;
 const INET_DIAG_REQ_BYTECODE: u16 = 1;
@@ -38,11 +50,26 @@ const DUMP_BATCHES_MAX: usize = 4096;
 
 /// Most listening sockets remembered for exact lookups (SO_REUSEPORT groups, two
 /// families, four ports).
-const LISTENERS_MAX: usize = 32;
+pub const LISTENERS_MAX: usize = 32;
+/// Receive-buffer bytes for one exact lookup's reply (a listener's `inet_diag_msg` and
+/// its default attributes take ~100 bytes; a reply that does not fit is an error).
+const EXACT_REPLY_BYTES: usize = RECV_BUF_BYTES / LISTENERS_MAX;
+/// Remote ports tried to steer an exact lookup to one member of a SO_REUSEPORT group:
+/// the kernel answers a lookup with the member a hash of the (remote address, remote
+/// port) picks, and refuses it (ENOENT) if that is not the socket asked for, so each
+/// member needs a remote port that hashes to it (about n tries for a group of n). A
+/// member not reached within this bound is read by LISTEN dumps instead.
+const STEER_TRIES_MAX: u16 = 256;
+/// `recvmmsg` calls allowed to collect one batch of exact-lookup replies (the kernel
+/// queues them all before `sendto` returns, so one call normally takes them all).
+const EXACT_RECV_CALLS_MAX: usize = 4;
 
 const NLMSG_HDR: usize = 16;
 const REQ_V2: usize = 56;
 const DIAG_MSG: usize = 72;
+const SOCKID: usize = 48;
+/// Bytes of one exact-lookup request (header and `inet_diag_req_v2`, no attribute).
+const EXACT_REQ: usize = NLMSG_HDR + REQ_V2;
 
 /// Connection counts on the watched ports.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -59,53 +86,98 @@ pub struct ConnCounts {
     pub oldest_unread_ms: u64,
 }
 
+/// A listening socket found by a LISTEN dump: its family and `inet_diag_sockid` (the
+/// cookie included), what an exact lookup names; the id's remote port (bytes 2..4)
+/// steers the lookup within a SO_REUSEPORT group (see [`STEER_TRIES_MAX`]).
+type Listener = (u8, [u8; SOCKID]);
+
+fn cookie(id: &[u8; SOCKID]) -> &[u8] {
+    &id[40..48]
+}
+
+/// The sock_diag client of gatherd's sampler: one netlink socket, kept open.
 pub struct SockDiag {
     fd: OwnedFd,
     ports: Vec<u16>,
     /// Address families that had a listener on a watched port at the last listen dump;
     /// full dumps skip the others (each full dump walks the whole established hash).
     families: Vec<u8>,
-    /// Listening sockets found by the last LISTEN dump: (family, inet_diag_sockid bytes,
-    /// cookie included). Looked up one by one, which costs O(1) instead of a hash walk.
-    listeners: Vec<(u8, [u8; 48])>,
+    /// Listening sockets found by the last LISTEN dump, looked up one by one each
+    /// sample, which costs O(1) instead of a hash walk.
+    listeners: Vec<Listener>,
+    /// Whether every listener can be looked up exactly (else LISTEN dumps are needed).
+    all_steered: bool,
+    /// Cookies of the listeners no remote port reached: not searched again (each
+    /// search is up to [`STEER_TRIES_MAX`] lookups) while they are listed by the dumps.
+    unreached: Vec<[u8; 8]>,
+    /// The listeners' exact-lookup requests, back to back: sent in one `sendto` (their
+    /// sequence numbers are rewritten before each send).
+    exact_req: Vec<u8>,
     buf: Vec<u8>,
     req: Vec<u8>,
     seq: u32,
 }
 
+fn bad(m: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("sock_diag: {m}"))
+}
+
+fn open_socket() -> io::Result<OwnedFd> {
+    // SAFETY: plain socket(2).
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            NETLINK_SOCK_DIAG,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh, owned descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 impl SockDiag {
+    /// A client counting connections on `ports` (none found yet).
     pub fn new(ports: &[u16]) -> io::Result<Self> {
-        // SAFETY: plain socket(2).
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-                NETLINK_SOCK_DIAG,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a fresh, owned descriptor.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let families = vec![libc::AF_INET as u8, libc::AF_INET6 as u8];
         Ok(SockDiag {
-            fd,
+            fd: open_socket()?,
             ports: ports.to_vec(),
-            families,
-            listeners: Vec::new(),
+            families: vec![libc::AF_INET as u8, libc::AF_INET6 as u8],
+            listeners: Vec::with_capacity(LISTENERS_MAX),
+            all_steered: false,
+            unreached: Vec::new(),
+            exact_req: Vec::with_capacity(LISTENERS_MAX * EXACT_REQ),
             buf: vec![0; RECV_BUF_BYTES],
             req: Vec::with_capacity(128),
             seq: 0,
         })
     }
 
-    /// Accept-queue lengths only (LISTEN sockets; cheap). Also notes which address
-    /// families have listeners, for [`SockDiag::count`].
+    /// After a failed exchange: a fresh socket, so nothing left of it (the rest of a
+    /// dump, a late reply) is read as the answer to the next request.
+    fn after<T>(&mut self, r: io::Result<T>) -> io::Result<T> {
+        if r.is_err() {
+            if let Ok(fd) = open_socket() {
+                self.fd = fd;
+            }
+        }
+        r
+    }
+
+    /// Accept-queue lengths by a LISTEN dump (walks the listening hash), which also
+    /// finds the listeners [`SockDiag::count_listen_exact`] looks up and notes which
+    /// address families have listeners, for the full counts.
     pub fn count_listen(&mut self) -> io::Result<u64> {
+        let r = self.count_listen_inner();
+        self.after(r)
+    }
+
+    fn count_listen_inner(&mut self) -> io::Result<u64> {
         let mut backlog = 0;
         let mut families = Vec::with_capacity(2);
-        self.listeners.clear();
+        let previous = std::mem::take(&mut self.listeners);
         for i in 0..self.ports.len() {
             let port = self.ports[i];
             for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
@@ -120,12 +192,83 @@ impl SockDiag {
         if !families.is_empty() {
             self.families = families;
         }
+        self.steer(&previous)?;
+        self.build_exact_requests();
         Ok(backlog)
     }
 
+    /// Finds, for each listener just dumped, a remote port whose exact lookup reaches
+    /// it (the one it had before first, then 0, 1, ...: see [`STEER_TRIES_MAX`]).
+    /// Listeners not reached are dropped from the exact lookups and `all_steered` is
+    /// cleared, so the sampler reads the backlog by LISTEN dumps.
+    fn steer(&mut self, previous: &[Listener]) -> io::Result<()> {
+        let mut kept = Vec::with_capacity(self.listeners.len());
+        let mut unreached = Vec::new();
+        self.all_steered = true;
+        for i in 0..self.listeners.len() {
+            let (family, mut id) = self.listeners[i];
+            let c: [u8; 8] = cookie(&id).try_into().expect("8 bytes");
+            if self.unreached.contains(&c) {
+                unreached.push(c);
+                self.all_steered = false;
+                continue;
+            }
+            let before = previous
+                .iter()
+                .find(|(f, p)| *f == family && cookie(p) == cookie(&id))
+                .map(|(_, p)| u16::from_be_bytes([p[2], p[3]]));
+            let mut reached = false;
+            for port in before.into_iter().chain(0..STEER_TRIES_MAX) {
+                id[2..4].copy_from_slice(&port.to_be_bytes());
+                match self.lookup_one(family, &id) {
+                    Ok(_) => {
+                        reached = true;
+                        break;
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            if reached {
+                kept.push((family, id));
+            } else {
+                unreached.push(c);
+                self.all_steered = false;
+            }
+        }
+        self.listeners = kept;
+        self.unreached = unreached;
+        Ok(())
+    }
+
+    /// One exact lookup of listener `id`: its accept-queue length.
+    fn lookup_one(&mut self, family: u8, id: &[u8; SOCKID]) -> io::Result<u64> {
+        let seq = self.next_seq();
+        let mut r = [0u8; EXACT_REQ];
+        exact_request(&mut r, family, id, seq);
+        send(self.fd.as_raw_fd(), &r)?;
+        // SAFETY: receiving into our own buffer; MSG_TRUNC returns the real length.
+        let n = unsafe {
+            libc::recv(
+                self.fd.as_raw_fd(),
+                self.buf.as_mut_ptr().cast(),
+                self.buf.len(),
+                libc::MSG_TRUNC,
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n as usize > self.buf.len() {
+            return Err(bad("exact lookup reply truncated"));
+        }
+        parse_exact_reply(&self.buf[..n as usize], seq, family, id)
+    }
+
     /// Accept-queue lengths by exact lookup of the listeners the last [`count_listen`]
-    /// found (no hash walk). An error (a listener closed or replaced: ENOENT, ESTALE)
-    /// means the caller should run `count_listen` again.
+    /// found (no hash walk): one `sendto` for all, one `recvmmsg` for their replies. An
+    /// error (a listener closed or replaced: ENOENT, ESTALE; or one the lookup cannot
+    /// reach: Unsupported) means the caller should run `count_listen` instead.
     ///
     /// [`count_listen`]: SockDiag::count_listen
     pub fn count_listen_exact(&mut self) -> io::Result<u64> {
@@ -135,76 +278,147 @@ impl SockDiag {
                 "no listener known yet",
             ));
         }
-        let mut c = ConnCounts::default();
-        for i in 0..self.listeners.len() {
-            let (family, id) = self.listeners[i];
-            self.exchange(family, 0, 1 << TCP_LISTEN, Some(&id), &mut c)?;
+        if !self.all_steered {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "a SO_REUSEPORT listener no exact lookup reaches",
+            ));
         }
-        Ok(c.accept_backlog)
+        let r = self.count_listen_exact_inner();
+        self.after(r)
     }
 
-    /// Whether the last [`SockDiag::count_listen`] found a listener to look up exactly.
+    /// Whether the last [`SockDiag::count_listen`] found a listener (one an exact lookup
+    /// reaches, or one only dumps read).
     pub fn knows_listeners(&self) -> bool {
-        !self.listeners.is_empty()
+        !self.listeners.is_empty() || !self.unreached.is_empty()
     }
 
     /// Full counts on all watched ports: established, backlog, pending. Walks the
-    /// established hash once per address family with a listener.
+    /// listening hash and the established hash once per address family with a listener.
     pub fn count(&mut self) -> io::Result<ConnCounts> {
+        let r = self.count_states((1 << TCP_ESTABLISHED) | (1 << TCP_LISTEN));
+        self.after(r)
+    }
+
+    /// Established and pending connections only (`accept_backlog` 0: the sampler reads
+    /// it by exact lookup every sample), which spares the listening hash's walk.
+    pub fn count_established(&mut self) -> io::Result<ConnCounts> {
+        let r = self.count_states(1 << TCP_ESTABLISHED);
+        self.after(r)
+    }
+
+    fn count_states(&mut self, states: u32) -> io::Result<ConnCounts> {
         let mut c = ConnCounts::default();
         for i in 0..self.ports.len() {
             let port = self.ports[i];
             for f in 0..self.families.len() {
                 let family = self.families[f];
-                self.dump(
-                    family,
-                    port,
-                    (1 << TCP_ESTABLISHED) | (1 << TCP_LISTEN),
-                    &mut c,
-                )?;
+                self.dump(family, port, states, &mut c)?;
             }
         }
         Ok(c)
     }
 
-    fn build_request(&mut self, family: u8, port: u16, states: u32, exact: Option<&[u8; 48]>) {
+    fn next_seq(&mut self) -> u32 {
         self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    /// The exact-lookup requests of the known listeners, back to back.
+    fn build_exact_requests(&mut self) {
+        self.exact_req.clear();
+        for &(family, id) in &self.listeners {
+            let start = self.exact_req.len();
+            self.exact_req.resize(start + EXACT_REQ, 0);
+            // seq is set before each send.
+            exact_request(&mut self.exact_req[start..], family, &id, 0);
+        }
+    }
+
+    fn count_listen_exact_inner(&mut self) -> io::Result<u64> {
+        let n = self.listeners.len();
+        let first = self.seq.wrapping_add(1);
+        for i in 0..n {
+            let s = self.next_seq();
+            self.exact_req[i * EXACT_REQ + 8..i * EXACT_REQ + 12].copy_from_slice(&s.to_ne_bytes());
+        }
+        send(self.fd.as_raw_fd(), &self.exact_req)?;
+        // One receive slot per reply, in the buffer allocated once.
+        let mut iov: [libc::iovec; LISTENERS_MAX] = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; LISTENERS_MAX];
+        // SAFETY: mmsghdr is plain data; all-zero is a valid empty header.
+        let mut hdrs: [libc::mmsghdr; LISTENERS_MAX] = unsafe { std::mem::zeroed() };
+        let mut got = 0;
+        let mut backlog = 0;
+        for _ in 0..EXACT_RECV_CALLS_MAX {
+            let want = n - got;
+            for k in 0..want {
+                let slot = &mut self.buf[(got + k) * EXACT_REPLY_BYTES..][..EXACT_REPLY_BYTES];
+                iov[k] = libc::iovec {
+                    iov_base: slot.as_mut_ptr().cast(),
+                    iov_len: EXACT_REPLY_BYTES,
+                };
+                hdrs[k].msg_hdr.msg_iov = &mut iov[k];
+                hdrs[k].msg_hdr.msg_iovlen = 1;
+                hdrs[k].msg_hdr.msg_flags = 0;
+                hdrs[k].msg_len = 0;
+            }
+            // SAFETY: `want` headers, each pointing at one slot of our own buffer.
+            let r = unsafe {
+                libc::recvmmsg(
+                    self.fd.as_raw_fd(),
+                    hdrs.as_mut_ptr(),
+                    want as u32,
+                    libc::MSG_WAITFORONE,
+                    std::ptr::null_mut(),
+                )
+            };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            for h in &hdrs[..r as usize] {
+                if h.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+                    return Err(bad("exact lookup reply truncated"));
+                }
+                let i = got;
+                let slot = &self.buf[i * EXACT_REPLY_BYTES..][..h.msg_len as usize];
+                let (family, id) = &self.listeners[i];
+                backlog += parse_exact_reply(slot, first.wrapping_add(i as u32), *family, id)?;
+                got += 1;
+            }
+            if got == n {
+                return Ok(backlog);
+            }
+        }
+        Err(bad("exact lookup replies missing"))
+    }
+
+    fn build_request(&mut self, family: u8, port: u16, states: u32) {
+        let seq = self.next_seq();
         let attr_len: u16 = 4 + 16;
-        let total = (NLMSG_HDR
-            + REQ_V2
-            + if exact.is_some() {
-                0
-            } else {
-                attr_len as usize
-            }) as u32;
-        let flags = if exact.is_some() {
-            NLM_F_REQUEST
-        } else {
-            NLM_F_REQUEST | NLM_F_DUMP
-        };
+        let total = (NLMSG_HDR + REQ_V2 + attr_len as usize) as u32;
         let r = &mut self.req;
         r.clear();
         r.extend_from_slice(&total.to_ne_bytes());
         r.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-        r.extend_from_slice(&flags.to_ne_bytes());
-        r.extend_from_slice(&self.seq.to_ne_bytes());
-        r.extend_from_slice(&0u32.to_ne_bytes()); // pid
+        r.extend_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+        r.extend_from_slice(&seq.to_ne_bytes());
+        r.extend_from_slice(&0u32.to_ne_bytes()); // pid: the kernel
                                                   // inet_diag_req_v2
         r.push(family);
         r.push(libc::IPPROTO_TCP as u8);
-        // ext: ask for tcp_info with full dumps (the age of unread requests).
-        let full = exact.is_none() && states & (1 << TCP_ESTABLISHED) != 0;
+        // ext: ask for tcp_info with established sockets (the age of unread requests).
+        let full = states & (1 << TCP_ESTABLISHED) != 0;
         r.push(if full { 1 << (INET_DIAG_INFO - 1) } else { 0 });
         r.push(0); // pad
         r.extend_from_slice(&states.to_ne_bytes());
-        match exact {
-            // One socket by its full id (cookie included): an O(1) lookup, no dump.
-            Some(id) => {
-                r.extend_from_slice(id);
-                return;
-            }
-            None => r.extend_from_slice(&[0u8; 48]), // inet_diag_sockid: wildcard
-        }
+        // inet_diag_sockid: the source port (the kernel skips other ports before the
+        // bytecode runs), the rest wildcard.
+        r.extend_from_slice(&port.to_be_bytes());
+        r.extend_from_slice(&[0u8; SOCKID - 2]);
         // INET_DIAG_REQ_BYTECODE: sport >= port && sport <= port.
         r.extend_from_slice(&attr_len.to_ne_bytes());
         r.extend_from_slice(&INET_DIAG_REQ_BYTECODE.to_ne_bytes());
@@ -220,101 +434,42 @@ impl SockDiag {
         r.extend_from_slice(&port.to_ne_bytes());
     }
 
-    /// One dump; adds to `c` and returns the number of listeners seen.
+    /// One dump; adds to `c` and returns the number of listeners seen (remembered for
+    /// exact lookups when the dump is of LISTEN sockets only).
     fn dump(&mut self, family: u8, port: u16, states: u32, c: &mut ConnCounts) -> io::Result<u64> {
-        self.exchange(family, port, states, None, c)
-    }
-
-    /// One request (a dump, or an exact lookup of `exact`) and its replies.
-    fn exchange(
-        &mut self,
-        family: u8,
-        port: u16,
-        states: u32,
-        exact: Option<&[u8; 48]>,
-        c: &mut ConnCounts,
-    ) -> io::Result<u64> {
-        self.build_request(family, port, states, exact);
-        let mut listeners = 0;
+        self.build_request(family, port, states);
+        let seq = self.seq;
         let fd = self.fd.as_raw_fd();
-        // SAFETY: sending our own buffer on our socket (kernel as destination: zeroed sockaddr_nl).
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as u16;
-        // SAFETY: valid buffer and address for the call's duration.
-        let n = unsafe {
-            libc::sendto(
-                fd,
-                self.req.as_ptr().cast(),
-                self.req.len(),
-                0,
-                (&sa as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as u32,
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        send(fd, &self.req)?;
+        let keep = states == 1 << TCP_LISTEN;
+        let mut listeners = 0;
         for _ in 0..DUMP_BATCHES_MAX {
-            // SAFETY: receiving into our own buffer.
-            let n = unsafe { libc::recv(fd, self.buf.as_mut_ptr().cast(), self.buf.len(), 0) };
+            // SAFETY: receiving into our own buffer; MSG_TRUNC returns the datagram's
+            // real length, so a truncated one is caught.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                    libc::MSG_TRUNC,
+                )
+            };
             if n < 0 {
                 return Err(io::Error::last_os_error());
             }
-            let mut off = 0usize;
             let n = n as usize;
-            while off + NLMSG_HDR <= n {
-                let b = &self.buf[off..n];
-                let len = u32::from_ne_bytes(b[0..4].try_into().expect("4")) as usize;
-                let ty = u16::from_ne_bytes(b[4..6].try_into().expect("2"));
-                if len < NLMSG_HDR || len > b.len() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "sock_diag: bad netlink length",
-                    ));
+            if n > self.buf.len() {
+                return Err(bad("dump batch truncated"));
+            }
+            let found = &mut self.listeners;
+            let done = parse_dump_batch(&self.buf[..n], seq, family, c, &mut |id| {
+                listeners += 1;
+                if keep && found.len() < LISTENERS_MAX {
+                    found.push((family, id));
                 }
-                match ty {
-                    NLMSG_DONE => return Ok(listeners),
-                    NLMSG_ERROR => {
-                        let errno = i32::from_ne_bytes(b[16..20].try_into().expect("4"));
-                        if errno == 0 {
-                            return Ok(listeners);
-                        }
-                        return Err(io::Error::from_raw_os_error(-errno));
-                    }
-                    SOCK_DIAG_BY_FAMILY if len >= NLMSG_HDR + DIAG_MSG => {
-                        let m = &b[NLMSG_HDR..];
-                        let state = m[1];
-                        let rqueue = u32::from_ne_bytes(m[56..60].try_into().expect("4")) as u64;
-                        match state {
-                            TCP_LISTEN => {
-                                listeners += 1;
-                                c.accept_backlog += rqueue;
-                                if exact.is_none()
-                                    && states == 1 << TCP_LISTEN
-                                    && self.listeners.len() < LISTENERS_MAX
-                                {
-                                    let id: [u8; 48] = m[4..52].try_into().expect("48 bytes");
-                                    self.listeners.push((family, id));
-                                }
-                            }
-                            TCP_ESTABLISHED => {
-                                c.established += 1;
-                                if rqueue > 0 {
-                                    c.pending += 1;
-                                    let age = last_data_recv_ms(&m[DIAG_MSG..len - NLMSG_HDR]);
-                                    c.oldest_unread_ms = c.oldest_unread_ms.max(age.unwrap_or(0));
-                                }
-                            }
-                            _ => {}
-                        }
-                    }
-                    _ => {}
-                }
-                if exact.is_some() && ty == SOCK_DIAG_BY_FAMILY {
-                    // An exact lookup answers with one message and no NLMSG_DONE.
-                    return Ok(listeners);
-                }
-                off += (len + 3) & !3;
+            })?;
+            if done {
+                return Ok(listeners);
             }
         }
         Err(io::Error::other(
@@ -323,21 +478,207 @@ impl SockDiag {
     }
 }
 
-/// `tcpi_last_data_recv` from a diag message's attributes, if they carry tcp_info.
-fn last_data_recv_ms(mut attrs: &[u8]) -> Option<u64> {
+/// An exact-lookup request for socket `id` into `r` (`EXACT_REQ` bytes).
+fn exact_request(r: &mut [u8], family: u8, id: &[u8; SOCKID], seq: u32) {
+    r[..EXACT_REQ].fill(0);
+    r[0..4].copy_from_slice(&(EXACT_REQ as u32).to_ne_bytes());
+    r[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    // One socket by its full id (cookie included): an O(1) lookup, no dump.
+    r[6..8].copy_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+    r[8..12].copy_from_slice(&seq.to_ne_bytes());
+    // pid (12..16) 0: the kernel.
+    r[16] = family;
+    r[17] = libc::IPPROTO_TCP as u8;
+    // ext (18) 0, pad (19) 0.
+    r[20..24].copy_from_slice(&(1u32 << TCP_LISTEN).to_ne_bytes());
+    r[24..24 + SOCKID].copy_from_slice(id);
+}
+
+fn send(fd: i32, req: &[u8]) -> io::Result<()> {
+    // SAFETY: kernel as destination: zeroed sockaddr_nl with the family set.
+    let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
+    sa.nl_family = libc::AF_NETLINK as u16;
+    // SAFETY: valid buffer and address for the call's duration.
+    let n = unsafe {
+        libc::sendto(
+            fd,
+            req.as_ptr().cast(),
+            req.len(),
+            0,
+            (&sa as *const libc::sockaddr_nl).cast(),
+            std::mem::size_of::<libc::sockaddr_nl>() as u32,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if n as usize != req.len() {
+        return Err(bad("request sent in part"));
+    }
+    Ok(())
+}
+
+/// One netlink message at the start of `b`: its type, sequence number, payload, and
+/// the bytes it takes with its padding (at most `b.len()`).
+fn next_msg(b: &[u8]) -> io::Result<(u16, u32, &[u8], usize)> {
+    if b.len() < NLMSG_HDR {
+        return Err(bad("truncated netlink header"));
+    }
+    let len = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize;
+    if len < NLMSG_HDR || len > b.len() {
+        return Err(bad("bad netlink length"));
+    }
+    let ty = u16::from_ne_bytes([b[4], b[5]]);
+    let seq = u32::from_ne_bytes([b[8], b[9], b[10], b[11]]);
+    Ok((ty, seq, &b[NLMSG_HDR..len], ((len + 3) & !3).min(b.len())))
+}
+
+/// An `NLMSG_ERROR` payload: Ok for an acknowledgement (0), else the error.
+fn netlink_error(p: &[u8]) -> io::Result<()> {
+    if p.len() < 4 {
+        return Err(bad("truncated error message"));
+    }
+    match i32::from_ne_bytes([p[0], p[1], p[2], p[3]]) {
+        0 => Ok(()),
+        e => Err(io::Error::from_raw_os_error(e.saturating_neg())),
+    }
+}
+
+/// The fields gatherd uses of one `inet_diag_msg`, and its attributes.
+struct DiagMsg<'a> {
+    family: u8,
+    state: u8,
+    id: [u8; SOCKID],
+    rqueue: u64,
+    attrs: &'a [u8],
+}
+
+fn parse_diag(p: &[u8]) -> io::Result<DiagMsg<'_>> {
+    if p.len() < DIAG_MSG {
+        return Err(bad("truncated inet_diag_msg"));
+    }
+    Ok(DiagMsg {
+        family: p[0],
+        state: p[1],
+        id: p[4..4 + SOCKID].try_into().expect("48 bytes"),
+        rqueue: u32::from_ne_bytes([p[56], p[57], p[58], p[59]]) as u64,
+        attrs: &p[DIAG_MSG..],
+    })
+}
+
+/// Adds one received batch of a dump's messages (`buf`, one datagram) to `c`, calling
+/// `on_listener` with each listener's id. Returns whether the dump is done. Every
+/// message must be whole, answer request `seq` and be of `family`: a malformed,
+/// truncated or foreign message is an error, never a count.
+fn parse_dump_batch(
+    buf: &[u8],
+    seq: u32,
+    family: u8,
+    c: &mut ConnCounts,
+    on_listener: &mut dyn FnMut([u8; SOCKID]),
+) -> io::Result<bool> {
+    let mut off = 0;
+    while off < buf.len() {
+        let (ty, s, p, step) = next_msg(&buf[off..])?;
+        if s != seq {
+            return Err(bad("reply to another request"));
+        }
+        match ty {
+            NLMSG_DONE => {
+                // The dump's status: negative if it ended in an error.
+                if p.len() >= 4 {
+                    let e = i32::from_ne_bytes([p[0], p[1], p[2], p[3]]);
+                    if e < 0 {
+                        return Err(io::Error::from_raw_os_error(e.saturating_neg()));
+                    }
+                }
+                return Ok(true);
+            }
+            NLMSG_ERROR => {
+                netlink_error(p)?;
+                return Ok(true);
+            }
+            NLMSG_NOOP => {}
+            SOCK_DIAG_BY_FAMILY => {
+                let m = parse_diag(p)?;
+                if m.family != family {
+                    return Err(bad("reply of another address family"));
+                }
+                match m.state {
+                    TCP_LISTEN => {
+                        c.accept_backlog += m.rqueue;
+                        on_listener(m.id);
+                    }
+                    TCP_ESTABLISHED => {
+                        c.established += 1;
+                        if m.rqueue > 0 {
+                            c.pending += 1;
+                            let age = last_data_recv_ms(m.attrs)?;
+                            c.oldest_unread_ms = c.oldest_unread_ms.max(age);
+                        }
+                    }
+                    _ => return Err(bad("socket in a state not asked for")),
+                }
+            }
+            _ => return Err(bad("unexpected netlink message type")),
+        }
+        off += step;
+    }
+    Ok(false)
+}
+
+/// The accept-queue length in an exact lookup's reply (`msg`, one datagram) to request
+/// `seq` for listener `id` of `family`. An error reply, a malformed or truncated
+/// message, a reply to another request or about another socket, or a socket not
+/// listening is an error.
+fn parse_exact_reply(msg: &[u8], seq: u32, family: u8, id: &[u8; SOCKID]) -> io::Result<u64> {
+    let (ty, s, p, step) = next_msg(msg)?;
+    if step != msg.len() {
+        return Err(bad("exact lookup reply of more than one message"));
+    }
+    if s != seq {
+        return Err(bad("reply to another request"));
+    }
+    match ty {
+        NLMSG_ERROR => {
+            netlink_error(p)?;
+            Err(bad("exact lookup acknowledged without an answer"))
+        }
+        SOCK_DIAG_BY_FAMILY => {
+            let m = parse_diag(p)?;
+            // Source port (0..2) and cookie (40..48): the socket asked for.
+            if m.family != family || m.id[0..2] != id[0..2] || m.id[40..48] != id[40..48] {
+                return Err(bad("exact lookup answered about another socket"));
+            }
+            if m.state != TCP_LISTEN {
+                return Err(bad("looked-up socket no longer listens"));
+            }
+            Ok(m.rqueue)
+        }
+        _ => Err(bad("unexpected netlink message type")),
+    }
+}
+
+/// `tcpi_last_data_recv` from a diag message's attributes (a full dump asks for
+/// tcp_info): malformed attributes, or none carrying tcp_info, are an error.
+fn last_data_recv_ms(mut attrs: &[u8]) -> io::Result<u64> {
     while attrs.len() >= 4 {
         let len = u16::from_ne_bytes([attrs[0], attrs[1]]) as usize;
         let ty = u16::from_ne_bytes([attrs[2], attrs[3]]);
         if len < 4 || len > attrs.len() {
-            return None;
+            return Err(bad("bad attribute length"));
         }
-        let off = 4 + TCPI_LAST_DATA_RECV_OFFSET;
-        if ty == INET_DIAG_INFO && len >= off + 4 {
-            return Some(u32::from_ne_bytes(attrs[off..off + 4].try_into().ok()?) as u64);
+        if ty == INET_DIAG_INFO {
+            let off = 4 + TCPI_LAST_DATA_RECV_OFFSET;
+            if len < off + 4 {
+                return Err(bad("truncated tcp_info"));
+            }
+            let v = &attrs[off..off + 4];
+            return Ok(u32::from_ne_bytes([v[0], v[1], v[2], v[3]]) as u64);
         }
         attrs = &attrs[((len + 3) & !3).min(attrs.len())..];
     }
-    None
+    Err(bad("no tcp_info for a socket with unread bytes"))
 }
 
 #[cfg(test)]
@@ -389,6 +730,331 @@ mod tests {
                 "pending never seen: {c:?}"
             );
             std::thread::yield_now();
+        }
+    }
+
+    /// A netlink message: header (type, seq) and payload, padded to 4 bytes.
+    fn msg(ty: u16, seq: u32, payload: &[u8]) -> Vec<u8> {
+        let len = (NLMSG_HDR + payload.len()) as u32;
+        let mut m = Vec::new();
+        m.extend_from_slice(&len.to_ne_bytes());
+        m.extend_from_slice(&ty.to_ne_bytes());
+        m.extend_from_slice(&0u16.to_ne_bytes());
+        m.extend_from_slice(&seq.to_ne_bytes());
+        m.extend_from_slice(&0u32.to_ne_bytes());
+        m.extend_from_slice(payload);
+        while m.len() % 4 != 0 {
+            m.push(0);
+        }
+        m
+    }
+
+    /// An `inet_diag_msg` of `family`/`state` for port 8080 with cookie `cookie`, its
+    /// receive queue `rqueue`, and attributes `attrs`.
+    fn diag(family: u8, state: u8, cookie: u64, rqueue: u32, attrs: &[u8]) -> Vec<u8> {
+        let mut p = vec![0u8; DIAG_MSG];
+        p[0] = family;
+        p[1] = state;
+        p[4..6].copy_from_slice(&8080u16.to_be_bytes());
+        p[44..52].copy_from_slice(&cookie.to_ne_bytes());
+        p[56..60].copy_from_slice(&rqueue.to_ne_bytes());
+        p.extend_from_slice(attrs);
+        p
+    }
+
+    /// An INET_DIAG_INFO attribute whose tcp_info says data last arrived `ms` ago.
+    fn info_attr(ms: u32) -> Vec<u8> {
+        let mut a = vec![0u8; 4 + 104];
+        let len = a.len() as u16;
+        a[0..2].copy_from_slice(&len.to_ne_bytes());
+        a[2..4].copy_from_slice(&INET_DIAG_INFO.to_ne_bytes());
+        let off = 4 + TCPI_LAST_DATA_RECV_OFFSET;
+        a[off..off + 4].copy_from_slice(&ms.to_ne_bytes());
+        a
+    }
+
+    const V4: u8 = libc::AF_INET as u8;
+
+    fn parse(buf: &[u8]) -> io::Result<(bool, ConnCounts, Vec<[u8; SOCKID]>)> {
+        let mut c = ConnCounts::default();
+        let mut found = Vec::new();
+        let done = parse_dump_batch(buf, 7, V4, &mut c, &mut |id| found.push(id))?;
+        Ok((done, c, found))
+    }
+
+    #[test]
+    fn a_well_formed_dump_is_counted() {
+        let mut b = msg(SOCK_DIAG_BY_FAMILY, 7, &diag(V4, TCP_LISTEN, 1, 3, &[]));
+        b.extend(msg(
+            SOCK_DIAG_BY_FAMILY,
+            7,
+            &diag(V4, TCP_ESTABLISHED, 2, 0, &info_attr(0)),
+        ));
+        b.extend(msg(
+            SOCK_DIAG_BY_FAMILY,
+            7,
+            &diag(V4, TCP_ESTABLISHED, 3, 10, &info_attr(40)),
+        ));
+        let (done, c, found) = parse(&b).unwrap();
+        assert!(!done, "no NLMSG_DONE yet");
+        assert_eq!(
+            c,
+            ConnCounts {
+                established: 2,
+                accept_backlog: 3,
+                pending: 1,
+                oldest_unread_ms: 40
+            }
+        );
+        assert_eq!(found.len(), 1);
+        let (done, _, _) = parse(&msg(NLMSG_DONE, 7, &0i32.to_ne_bytes())).unwrap();
+        assert!(done);
+    }
+
+    #[test]
+    fn a_malformed_or_truncated_dump_is_an_error_never_a_count() {
+        let good = msg(SOCK_DIAG_BY_FAMILY, 7, &diag(V4, TCP_LISTEN, 1, 3, &[]));
+        let mut cases: Vec<(&str, Vec<u8>)> = vec![
+            ("truncated header", good[..10].to_vec()),
+            ("truncated message", good[..good.len() - 8].to_vec()),
+            (
+                "message then a partial header",
+                [&good[..], &good[..6]].concat(),
+            ),
+            (
+                "another request's reply",
+                msg(SOCK_DIAG_BY_FAMILY, 6, &diag(V4, TCP_LISTEN, 1, 3, &[])),
+            ),
+            (
+                "short inet_diag_msg",
+                msg(SOCK_DIAG_BY_FAMILY, 7, &[0u8; DIAG_MSG - 1]),
+            ),
+            (
+                "another family",
+                msg(
+                    SOCK_DIAG_BY_FAMILY,
+                    7,
+                    &diag(libc::AF_INET6 as u8, TCP_LISTEN, 1, 3, &[]),
+                ),
+            ),
+            (
+                "a state not asked for",
+                msg(SOCK_DIAG_BY_FAMILY, 7, &diag(V4, 6, 1, 0, &[])),
+            ),
+            (
+                "a netlink error",
+                msg(NLMSG_ERROR, 7, &(-libc::EBUSY).to_ne_bytes()),
+            ),
+            ("a short error", msg(NLMSG_ERROR, 7, &[0xff, 0xff])),
+            (
+                "a dump that ended in an error",
+                msg(NLMSG_DONE, 7, &(-libc::EINTR).to_ne_bytes()),
+            ),
+            ("an overrun", msg(4, 7, &[])),
+            (
+                "unread bytes without tcp_info",
+                msg(
+                    SOCK_DIAG_BY_FAMILY,
+                    7,
+                    &diag(V4, TCP_ESTABLISHED, 1, 5, &[]),
+                ),
+            ),
+            (
+                "tcp_info cut short",
+                msg(
+                    SOCK_DIAG_BY_FAMILY,
+                    7,
+                    &diag(V4, TCP_ESTABLISHED, 1, 5, &{
+                        let mut a = info_attr(9)[..40].to_vec();
+                        a[0..2].copy_from_slice(&40u16.to_ne_bytes());
+                        a
+                    }),
+                ),
+            ),
+            (
+                "attribute longer than the message",
+                msg(
+                    SOCK_DIAG_BY_FAMILY,
+                    7,
+                    &diag(V4, TCP_ESTABLISHED, 1, 5, &{
+                        let mut a = info_attr(9);
+                        a[0..2].copy_from_slice(&500u16.to_ne_bytes());
+                        a
+                    }),
+                ),
+            ),
+        ];
+        // A length field below the header size.
+        let mut short_len = good.clone();
+        short_len[0..4].copy_from_slice(&8u32.to_ne_bytes());
+        cases.push(("length below the header", short_len));
+        for (what, b) in cases {
+            assert!(parse(&b).is_err(), "{what}: {:?}", parse(&b));
+        }
+    }
+
+    #[test]
+    fn an_exact_reply_must_name_the_socket_asked_for() {
+        let id = {
+            let d = diag(V4, TCP_LISTEN, 42, 0, &[]);
+            let id: [u8; SOCKID] = d[4..4 + SOCKID].try_into().unwrap();
+            id
+        };
+        let ok = msg(SOCK_DIAG_BY_FAMILY, 9, &diag(V4, TCP_LISTEN, 42, 5, &[]));
+        assert_eq!(parse_exact_reply(&ok, 9, V4, &id).unwrap(), 5);
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            (
+                "another request",
+                msg(SOCK_DIAG_BY_FAMILY, 8, &diag(V4, TCP_LISTEN, 42, 5, &[])),
+            ),
+            (
+                "another socket",
+                msg(SOCK_DIAG_BY_FAMILY, 9, &diag(V4, TCP_LISTEN, 43, 5, &[])),
+            ),
+            (
+                "another family",
+                msg(
+                    SOCK_DIAG_BY_FAMILY,
+                    9,
+                    &diag(libc::AF_INET6 as u8, TCP_LISTEN, 42, 5, &[]),
+                ),
+            ),
+            (
+                "not listening",
+                msg(
+                    SOCK_DIAG_BY_FAMILY,
+                    9,
+                    &diag(V4, TCP_ESTABLISHED, 42, 5, &[]),
+                ),
+            ),
+            (
+                "listener gone",
+                msg(NLMSG_ERROR, 9, &(-libc::ENOENT).to_ne_bytes()),
+            ),
+            (
+                "an acknowledgement",
+                msg(NLMSG_ERROR, 9, &0i32.to_ne_bytes()),
+            ),
+            ("two messages", [&ok[..], &ok[..]].concat()),
+            ("truncated", ok[..ok.len() - 4].to_vec()),
+            ("a dump's end", msg(NLMSG_DONE, 9, &0i32.to_ne_bytes())),
+        ];
+        for (what, b) in cases {
+            let r = parse_exact_reply(&b, 9, V4, &id);
+            assert!(r.is_err(), "{what}: {r:?}");
+        }
+        let gone = msg(NLMSG_ERROR, 9, &(-libc::ENOENT).to_ne_bytes());
+        assert_eq!(
+            parse_exact_reply(&gone, 9, V4, &id)
+                .unwrap_err()
+                .raw_os_error(),
+            Some(libc::ENOENT),
+            "the kernel's error is passed on"
+        );
+    }
+
+    /// Root (a private network namespace, so no other socket of the host is counted):
+    /// the per-sample exact lookups of every listener (two families on one port, a
+    /// SO_REUSEPORT pair on another) return the same accept backlog as the full dump,
+    /// with different numbers of connections queued on each; a closed listener makes
+    /// the lookup fail (never a smaller number) until a LISTEN dump finds the rest.
+    #[test]
+    fn exact_lookups_agree_with_the_full_dump_on_queued_connections() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            let _ = writeln!(std::io::stderr(), "skipped: needs root");
+            return;
+        }
+        std::thread::spawn(|| {
+            // SAFETY: unshare affects this thread only.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0, "unshare");
+            let up = std::process::Command::new("ip")
+                .args(["link", "set", "lo", "up"])
+                .status()
+                .expect("ip");
+            assert!(up.success());
+            let v4 = TcpListener::bind("127.0.0.1:0").unwrap();
+            let port = v4.local_addr().unwrap().port();
+            let v6 = TcpListener::bind(("::1", port)).unwrap();
+            let (r1, port2) = reuseport_listener(0);
+            let (r2, _) = reuseport_listener(port2);
+            // The group spreads connections by hash: accept from either without blocking.
+            r1.set_nonblocking(true).unwrap();
+            r2.set_nonblocking(true).unwrap();
+            let mut d = SockDiag::new(&[port, port2]).unwrap();
+            let mut clients = Vec::new();
+            for (addr, n) in [
+                (v4.local_addr().unwrap(), 3),
+                (v6.local_addr().unwrap(), 2),
+                (r1.local_addr().unwrap(), 4),
+            ] {
+                for _ in 0..n {
+                    clients.push(TcpStream::connect(addr).unwrap());
+                }
+            }
+            let dumped = d.count_listen().unwrap();
+            assert_eq!(dumped, 9, "3 + 2 + 4 queued");
+            assert_eq!(
+                d.listeners.len(),
+                4,
+                "every listener reached: {:?}",
+                d.listeners
+            );
+            let exact = d.count_listen_exact().unwrap();
+            let full = d.count().unwrap();
+            assert_eq!((exact, full.accept_backlog), (9, 9));
+            assert_eq!(full.established, 9);
+            // Accept one from each: every lookup sees its own queue shrink.
+            let _a = (v4.accept().unwrap(), v6.accept().unwrap());
+            let r_accepted = r1.accept().or_else(|_| r2.accept()).unwrap();
+            assert_eq!(d.count_listen_exact().unwrap(), 6);
+            assert_eq!(d.count().unwrap().accept_backlog, 6);
+            // Closing a listener: its lookup fails, the dump finds the others.
+            drop(v6);
+            assert!(
+                d.count_listen_exact().is_err(),
+                "a closed listener is an error"
+            );
+            let after = d.count_listen().unwrap();
+            assert_eq!(after, d.count().unwrap().accept_backlog);
+            assert_eq!(d.count_listen_exact().unwrap(), after);
+            assert_eq!(d.listeners.len(), 3);
+            drop((r_accepted, clients));
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A listener on 127.0.0.1:`port` with SO_REUSEPORT (port 0: a free one).
+    fn reuseport_listener(port: u16) -> (TcpListener, u16) {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain socket calls on a fresh descriptor we own.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+            assert!(fd >= 0);
+            let one: libc::c_int = 1;
+            let r = libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_REUSEPORT,
+                (&one as *const libc::c_int).cast(),
+                4,
+            );
+            assert_eq!(r, 0);
+            let mut sa: libc::sockaddr_in = std::mem::zeroed();
+            sa.sin_family = libc::AF_INET as u16;
+            sa.sin_port = port.to_be();
+            sa.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+            let r = libc::bind(
+                fd,
+                (&sa as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as u32,
+            );
+            assert_eq!(r, 0, "bind: {}", io::Error::last_os_error());
+            assert_eq!(libc::listen(fd, 128), 0);
+            let l = TcpListener::from_raw_fd(fd);
+            let port = l.local_addr().unwrap().port();
+            (l, port)
         }
     }
 

@@ -74,7 +74,8 @@ pub const W_INFLIGHT: usize = 18;
 pub const W_NCPU: usize = 19;
 /// Which optional fields are valid, see `FLAG_*`.
 pub const W_FLAGS: usize = 20;
-/// The gatherer's own CPU time spent on the last sample, ns.
+/// The gatherer's sampling-thread CPU per sample, ns: mean over its last 64 samples,
+/// the period's wake-up included (0 until the first 64; 0 from the kernel sampler).
 pub const W_SAMPLE_COST_NS: usize = 21;
 /// Gatherer's CLOCK_MONOTONIC when `W_CONNS_ESTABLISHED` and `W_CONNS_PENDING` were last
 /// counted, ns. They are counted only every N samples (a full count walks the kernel's
