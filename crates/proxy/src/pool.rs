@@ -45,8 +45,8 @@
 //! on a fresh connection for idempotent requests.
 
 use crate::gate::Reject;
-use std::net::SocketAddr;
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -340,13 +340,7 @@ impl Pool {
 
     /// Return a connection whose last response was fully read, with its permit. It is
     /// closed instead if a fresh exchange to the back-end has stalled (module doc).
-    pub fn put(
-        &self,
-        backend: usize,
-        addr: SocketAddr,
-        stream: TcpStream,
-        mut permit: ConnPermit,
-    ) {
+    pub fn put(&self, backend: usize, addr: SocketAddr, stream: TcpStream, mut permit: ConnPermit) {
         permit.end_fresh();
         let Some(slot) = self.slots.get(backend) else {
             return;
@@ -641,7 +635,10 @@ mod tests {
         // No connection comes back: the watchdog closes the idle one when B stalls.
         let limit = t0 + Duration::from_secs(5);
         while pool.idle_count(0) > 0 {
-            assert!(Instant::now() < limit, "the idle connection was never closed");
+            assert!(
+                Instant::now() < limit,
+                "the idle connection was never closed"
+            );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         assert!(t0.elapsed() >= stall_after(q), "not before B stalled");
