@@ -33,7 +33,10 @@
 //! pooled, and its idle ones are closed (at once, and by a watchdog when that moment
 //! comes with no connection returning), so each freed worker takes the oldest queued
 //! connection: the accept queue is served in order. Pooling resumes as soon as no fresh
-//! exchange is that old. A request retried on a new connection after a stale pooled one
+//! exchange is that old. A back-end with a region is left to the control layer, which
+//! sees its accept backlog and relieves it ([`Pool::close_on_return`]; before its first
+//! sample the rule applies): the rule is for back-ends nobody reads, where it needs no
+//! region, and it keeps admission's behaviour as it was. A request retried on a new connection after a stale pooled one
 //! is not watched (rare; it shares the stale one's permit).
 //!
 //! The control layer reads [`Pool::idle_count`] (this proxy's idle connections are not
@@ -82,6 +85,9 @@ struct Slot {
     next_ticket: AtomicU64,
     /// A stall watchdog task is running for this slot.
     watching: AtomicBool,
+    /// The control layer relieves this back-end from its region's accept backlog (it
+    /// has called [`Pool::close_on_return`]): the stall rule stays out of its way.
+    relieved: AtomicBool,
 }
 
 impl Slot {
@@ -142,7 +148,7 @@ impl Slot {
                     let fresh = slot.fresh.lock().unwrap_or_else(|p| p.into_inner());
                     fresh.contains_key(&ticket)
                 };
-                if still {
+                if still && !slot.relieved.load(Ordering::Relaxed) {
                     slot.shed_all_idle();
                 }
             }
@@ -238,6 +244,7 @@ impl Pool {
                         fresh: Mutex::new(BTreeMap::new()),
                         next_ticket: AtomicU64::new(0),
                         watching: AtomicBool::new(false),
+                        relieved: AtomicBool::new(false),
                     })
                 })
                 .collect(),
@@ -281,6 +288,9 @@ impl Pool {
                 return Err(Reject::Overloaded);
             }
             if let Some(mut p) = Self::try_open(slot) {
+                if slot.relieved.load(Ordering::Relaxed) {
+                    return Ok(Checkout::Fresh(p));
+                }
                 let ticket = slot.next_ticket.fetch_add(1, Ordering::Relaxed);
                 let at = Instant::now() + stall_after(queue_timeout);
                 {
@@ -348,7 +358,7 @@ impl Pool {
         if self.idle_max == 0 || self.retired.load(Ordering::Relaxed) {
             return;
         }
-        if slot.stalled(Instant::now()) {
+        if !slot.relieved.load(Ordering::Relaxed) && slot.stalled(Instant::now()) {
             // Its worker is what a queued connection waits for; so are the idle ones'.
             slot.shed_all_idle();
             slot.shed_total.fetch_add(1, Ordering::Relaxed);
@@ -405,8 +415,13 @@ impl Pool {
     /// them (replaces the previous count). For a back-end whose queue is longer than the
     /// idle connections [`Pool::shed_idle`] could close: each returning connection's
     /// worker then takes a queued connection at once.
+    ///
+    /// The control layer calls this once per sample of a back-end with a region; from the
+    /// first call on, the back-end is relieved by what its region says and not by the
+    /// stall rule (module doc).
     pub fn close_on_return(&self, backend: usize, n: usize) {
         if let Some(slot) = self.slots.get(backend) {
+            slot.relieved.store(true, Ordering::Relaxed);
             slot.close_on_return.store(n, Ordering::Relaxed);
         }
     }
@@ -649,6 +664,25 @@ mod tests {
             assert!(Instant::now() < limit, "the watchdog did not end");
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_back_end_the_control_layer_relieves_is_left_to_it() {
+        let (l, addr) = listener().await;
+        let pool = Pool::new(&[8], 8, Duration::from_secs(30));
+        pool.close_on_return(0, 0);
+        let q = Duration::from_millis(30);
+        let (a, pa, _ea) = open(&pool, &l, addr, q).await;
+        pool.put(0, addr, a, pa);
+        let (a, pa) = reuse(&pool, addr, q).await;
+        let (_b, _pb, _eb) = open(&pool, &l, addr, q).await;
+        tokio::time::sleep(stall_after(q)).await;
+        pool.put(0, addr, a, pa);
+        assert_eq!(
+            (pool.idle_count(0), pool.shed_total(0)),
+            (1, 0),
+            "pooled as before: its region says whether it queues"
+        );
     }
 
     #[test]
