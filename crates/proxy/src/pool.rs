@@ -20,6 +20,25 @@
 //!   `http.pool_idle_timeout_ms` is handed out. LIFO keeps the hottest connections in
 //!   use and lets the back-end's own keep-alive timeout retire the cold ones.
 //!
+//! **A fresh connection left waiting stops pooling.** A request on a connection this
+//! proxy just opened may sit in the back-end's accept queue; one on a pooled connection
+//! never does (its worker is already on it). Handing a returned connection to the next
+//! request (LIFO) lets that request jump the accept queue, and the worker stays pinned
+//! until the back-end closes the connection (after `--keepalive-max` requests, or its
+//! idle timeout when no request comes): with 16 clients on 2 two-worker back-ends, 6
+//! connections per back-end waited there for 100 requests of each pinned one, seconds.
+//! Rule, needing no region: while a connection to a back-end opened for a request has
+//! gone [`stall_after`] (the queue timeout, at least [`STALL_MIN`]) without its exchange
+//! ending, every connection to that back-end that comes back is closed instead of
+//! pooled, and its idle ones are closed (at once, and by a watchdog when that moment
+//! comes with no connection returning), so each freed worker takes the oldest queued
+//! connection: the accept queue is served in order. Pooling resumes as soon as no fresh
+//! exchange is that old. A back-end with a region is left to the control layer, which
+//! sees its accept backlog and relieves it ([`Pool::close_on_return`]; before its first
+//! sample the rule applies): the rule is for back-ends nobody reads, where it needs no
+//! region, and it keeps admission's behaviour as it was. A request retried on a new connection after a stale pooled one
+//! is not watched (rare; it shares the stale one's permit).
+//!
 //! The control layer reads [`Pool::idle_count`] (this proxy's idle connections are not
 //! load) and calls [`Pool::shed_idle`] when a back-end queues connections while this
 //! proxy keeps idle ones to it: each of those pins a worker the queue is waiting for.
@@ -29,6 +48,7 @@
 //! on a fresh connection for idempotent requests.
 
 use crate::gate::Reject;
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -59,24 +79,129 @@ struct Slot {
     close_on_return: AtomicUsize,
     /// Connections closed by [`Pool::shed_idle`] or instead of being pooled.
     shed_total: AtomicU64,
+    /// Exchanges on fresh connections not ended yet: ticket (in grant order) → when it
+    /// counts as stalled. At most `maxconn` entries (one per permit).
+    fresh: Mutex<BTreeMap<u64, Instant>>,
+    next_ticket: AtomicU64,
+    /// A stall watchdog task is running for this slot.
+    watching: AtomicBool,
+    /// The control layer relieves this back-end from its region's accept backlog (it
+    /// has called [`Pool::close_on_return`]): the stall rule stays out of its way.
+    relieved: AtomicBool,
 }
 
 impl Slot {
     fn set_idle_count(&self, idle: &[Idle]) {
         self.idle_count.store(idle.len(), Ordering::Relaxed);
     }
+
+    /// Whether some fresh exchange to this back-end has stalled by `now`.
+    fn stalled(&self, now: Instant) -> bool {
+        let fresh = self.fresh.lock().unwrap_or_else(|p| p.into_inner());
+        fresh.first_key_value().is_some_and(|(_, &at)| at <= now)
+    }
+
+    /// Close every idle connection; returns how many.
+    fn shed_all_idle(&self) -> usize {
+        let shed: Vec<Idle> = {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            let shed = idle.drain(..).collect();
+            self.set_idle_count(&idle);
+            shed
+        };
+        // Closed outside the lock.
+        self.shed_total
+            .fetch_add(shed.len() as u64, Ordering::Relaxed);
+        shed.len()
+    }
+
+    /// Watch the fresh exchanges of `slot` until none is left: when one stalls, close
+    /// the idle connections (each pins a worker the stalled one may be queued for).
+    /// Once per fresh exchange at most; connections returning later are closed by
+    /// [`Pool::put`].
+    fn watch(slot: Arc<Slot>) {
+        tokio::spawn(async move {
+            let mut handled: Option<u64> = None;
+            loop {
+                let next = {
+                    let fresh = slot.fresh.lock().unwrap_or_else(|p| p.into_inner());
+                    let from = handled.map_or(0, |t| t + 1);
+                    fresh.range(from..).next().map(|(&t, &at)| (t, at))
+                };
+                let Some((ticket, at)) = next else {
+                    slot.watching.store(false, Ordering::Release);
+                    // A registration between the look and the store saw `watching` set
+                    // and spawned nothing: look again.
+                    let more = {
+                        let fresh = slot.fresh.lock().unwrap_or_else(|p| p.into_inner());
+                        let from = handled.map_or(0, |t| t + 1);
+                        fresh.range(from..).next().is_some()
+                    };
+                    if more && !slot.watching.swap(true, Ordering::AcqRel) {
+                        continue;
+                    }
+                    return;
+                };
+                tokio::time::sleep_until(at.into()).await;
+                handled = Some(ticket);
+                let still = {
+                    let fresh = slot.fresh.lock().unwrap_or_else(|p| p.into_inner());
+                    fresh.contains_key(&ticket)
+                };
+                if still && !slot.relieved.load(Ordering::Relaxed) {
+                    slot.shed_all_idle();
+                }
+            }
+        });
+    }
 }
 
 /// The right to keep one upstream connection open to a back-end; released on drop.
-pub struct ConnPermit(Option<Arc<Slot>>);
+pub struct ConnPermit {
+    slot: Option<Arc<Slot>>,
+    /// The ticket of this connection's first exchange while it has not ended (a
+    /// connection opened for a request, which may wait in the back-end's accept queue).
+    fresh: Option<u64>,
+}
+
+impl ConnPermit {
+    fn unslotted() -> Self {
+        ConnPermit {
+            slot: None,
+            fresh: None,
+        }
+    }
+
+    /// Its first exchange ended: the connection is no longer waiting for a worker.
+    fn end_fresh(&mut self) {
+        if let (Some(slot), Some(t)) = (&self.slot, self.fresh.take()) {
+            let mut fresh = slot.fresh.lock().unwrap_or_else(|p| p.into_inner());
+            fresh.remove(&t);
+        }
+    }
+}
 
 impl Drop for ConnPermit {
     fn drop(&mut self) {
-        if let Some(slot) = self.0.take() {
+        self.end_fresh();
+        if let Some(slot) = self.slot.take() {
             slot.open.fetch_sub(1, Ordering::Relaxed);
             slot.freed.notify_one();
         }
     }
+}
+
+/// Shortest time a fresh exchange must last before it counts as stalled (waiting in the
+/// back-end's accept queue), whatever the queue timeout: a loopback back-end serves a
+/// small file in well under this, so with `queue_timeout_ms = 0` an exchange that old is
+/// likelier queued than served.
+pub const STALL_MIN: Duration = Duration::from_millis(10);
+
+/// How long a fresh exchange may last before its back-end counts as queueing it: the
+/// queue timeout (the operator's bound on waiting before a back-end starts on a request),
+/// at least [`STALL_MIN`].
+pub fn stall_after(queue_timeout: Duration) -> Duration {
+    queue_timeout.max(STALL_MIN)
 }
 
 /// What [`Pool::checkout`] found for a request.
@@ -116,6 +241,10 @@ impl Pool {
                         freed: Notify::new(),
                         close_on_return: AtomicUsize::new(0),
                         shed_total: AtomicU64::new(0),
+                        fresh: Mutex::new(BTreeMap::new()),
+                        next_ticket: AtomicU64::new(0),
+                        watching: AtomicBool::new(false),
+                        relieved: AtomicBool::new(false),
                     })
                 })
                 .collect(),
@@ -129,7 +258,8 @@ impl Pool {
     /// one is pooled, else a permit to open one. At the cap, waits up to `queue_timeout`
     /// for a connection to come back or close ([`Reject::QueueTimeout`] after that).
     /// With `reuse_only`, only an idle connection will do ([`Reject::Overloaded`] if
-    /// none is left).
+    /// none is left). A permit to open a connection starts its first exchange's stall
+    /// clock ([`stall_after`]`(queue_timeout)`, see the module doc).
     pub async fn checkout(
         &self,
         backend: usize,
@@ -141,7 +271,7 @@ impl Pool {
             return if reuse_only {
                 Err(Reject::Overloaded)
             } else {
-                Ok(Checkout::Fresh(ConnPermit(None)))
+                Ok(Checkout::Fresh(ConnPermit::unslotted()))
             };
         };
         let deadline = tokio::time::Instant::now() + queue_timeout;
@@ -157,7 +287,20 @@ impl Pool {
             if reuse_only {
                 return Err(Reject::Overloaded);
             }
-            if let Some(p) = Self::try_open(slot) {
+            if let Some(mut p) = Self::try_open(slot) {
+                if slot.relieved.load(Ordering::Relaxed) {
+                    return Ok(Checkout::Fresh(p));
+                }
+                let ticket = slot.next_ticket.fetch_add(1, Ordering::Relaxed);
+                let at = Instant::now() + stall_after(queue_timeout);
+                {
+                    let mut fresh = slot.fresh.lock().unwrap_or_else(|p| p.into_inner());
+                    fresh.insert(ticket, at);
+                }
+                p.fresh = Some(ticket);
+                if !slot.watching.swap(true, Ordering::AcqRel) {
+                    Slot::watch(slot.clone());
+                }
                 return Ok(Checkout::Fresh(p));
             }
             if tokio::time::timeout_at(deadline, freed).await.is_err() {
@@ -172,7 +315,10 @@ impl Pool {
                 (n < slot.maxconn).then_some(n + 1)
             })
             .ok()
-            .map(|_| ConnPermit(Some(slot.clone())))
+            .map(|_| ConnPermit {
+                slot: Some(slot.clone()),
+                fresh: None,
+            })
     }
 
     /// An idle connection to `addr`, if a live, fresh one is pooled for `backend`.
@@ -202,12 +348,21 @@ impl Pool {
         }
     }
 
-    /// Return a connection whose last response was fully read, with its permit.
-    pub fn put(&self, backend: usize, addr: SocketAddr, stream: TcpStream, permit: ConnPermit) {
+    /// Return a connection whose last response was fully read, with its permit. It is
+    /// closed instead if a fresh exchange to the back-end has stalled (module doc).
+    pub fn put(&self, backend: usize, addr: SocketAddr, stream: TcpStream, mut permit: ConnPermit) {
+        permit.end_fresh();
         let Some(slot) = self.slots.get(backend) else {
             return;
         };
         if self.idle_max == 0 || self.retired.load(Ordering::Relaxed) {
+            return;
+        }
+        if !slot.relieved.load(Ordering::Relaxed) && slot.stalled(Instant::now()) {
+            // Its worker is what a queued connection waits for; so are the idle ones'.
+            slot.shed_all_idle();
+            slot.shed_total.fetch_add(1, Ordering::Relaxed);
+            drop(stream);
             return;
         }
         let close = slot
@@ -260,8 +415,13 @@ impl Pool {
     /// them (replaces the previous count). For a back-end whose queue is longer than the
     /// idle connections [`Pool::shed_idle`] could close: each returning connection's
     /// worker then takes a queued connection at once.
+    ///
+    /// The control layer calls this once per sample of a back-end with a region; from the
+    /// first call on, the back-end is relieved by what its region says and not by the
+    /// stall rule (module doc).
     pub fn close_on_return(&self, backend: usize, n: usize) {
         if let Some(slot) = self.slots.get(backend) {
+            slot.relieved.store(true, Ordering::Relaxed);
             slot.close_on_return.store(n, Ordering::Relaxed);
         }
     }
@@ -425,5 +585,112 @@ mod tests {
         );
         assert_eq!(pool.open_count(0), 1);
         assert_eq!(pool.shed_total(0), 1);
+    }
+
+    /// A connection to `addr` opened through `pool` (fresh permit), its server end kept.
+    async fn open(
+        pool: &Pool,
+        l: &TcpListener,
+        addr: SocketAddr,
+        q: Duration,
+    ) -> (TcpStream, ConnPermit, TcpStream) {
+        let c = pool.checkout(0, addr, false, q).await.unwrap();
+        assert!(matches!(c, Checkout::Fresh(_)), "a fresh connection");
+        let s = TcpStream::connect(addr).await.unwrap();
+        let (end, _) = l.accept().await.unwrap();
+        (s, permit(c), end)
+    }
+
+    async fn reuse(pool: &Pool, addr: SocketAddr, q: Duration) -> (TcpStream, ConnPermit) {
+        match pool.checkout(0, addr, false, q).await.unwrap() {
+            Checkout::Pooled(s, p) => (s, p),
+            Checkout::Fresh(_) => panic!("expected the pooled connection"),
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_stalled_fresh_exchange_stops_pooling_until_it_ends() {
+        let (l, addr) = listener().await;
+        let pool = Pool::new(&[8], 8, Duration::from_secs(30));
+        let q = Duration::from_millis(30);
+        let (a, pa, _ea) = open(&pool, &l, addr, q).await;
+        pool.put(0, addr, a, pa);
+        assert_eq!(pool.idle_count(0), 1, "its own exchange ended: pooled");
+        let (a, pa) = reuse(&pool, addr, q).await;
+        // B: opened while A is busy, as a request finding no idle connection does.
+        let (_b, pb, _eb) = open(&pool, &l, addr, q).await;
+        pool.put(0, addr, a, pa);
+        assert_eq!(pool.idle_count(0), 1, "B not stalled yet: A pooled");
+        let (a, pa) = reuse(&pool, addr, q).await;
+        tokio::time::sleep(stall_after(q)).await;
+        pool.put(0, addr, a, pa);
+        assert_eq!(
+            (pool.idle_count(0), pool.open_count(0), pool.shed_total(0)),
+            (0, 1, 1),
+            "B stalled: A closed, not pooled (its worker is what B waits for)"
+        );
+        drop(pb);
+        let (c, pc, _ec) = open(&pool, &l, addr, q).await;
+        pool.put(0, addr, c, pc);
+        assert_eq!(pool.idle_count(0), 1, "B ended: pooling again");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn idle_connections_are_closed_when_a_fresh_exchange_stalls() {
+        let (l, addr) = listener().await;
+        let pool = Pool::new(&[8], 8, Duration::from_secs(30));
+        let q = Duration::from_millis(30);
+        let (a, pa, _ea) = open(&pool, &l, addr, q).await;
+        pool.put(0, addr, a, pa);
+        let (a, pa) = reuse(&pool, addr, q).await;
+        let t0 = Instant::now();
+        let (_b, pb, _eb) = open(&pool, &l, addr, q).await;
+        pool.put(0, addr, a, pa);
+        assert_eq!(pool.idle_count(0), 1);
+        // No connection comes back: the watchdog closes the idle one when B stalls.
+        let limit = t0 + Duration::from_secs(5);
+        while pool.idle_count(0) > 0 {
+            assert!(
+                Instant::now() < limit,
+                "the idle connection was never closed"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert!(t0.elapsed() >= stall_after(q), "not before B stalled");
+        assert_eq!((pool.open_count(0), pool.shed_total(0)), (1, 1));
+        drop(pb);
+        let slot = pool.slots[0].clone();
+        while slot.watching.load(Ordering::Acquire) {
+            assert!(Instant::now() < limit, "the watchdog did not end");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_back_end_the_control_layer_relieves_is_left_to_it() {
+        let (l, addr) = listener().await;
+        let pool = Pool::new(&[8], 8, Duration::from_secs(30));
+        pool.close_on_return(0, 0);
+        let q = Duration::from_millis(30);
+        let (a, pa, _ea) = open(&pool, &l, addr, q).await;
+        pool.put(0, addr, a, pa);
+        let (a, pa) = reuse(&pool, addr, q).await;
+        let (_b, _pb, _eb) = open(&pool, &l, addr, q).await;
+        tokio::time::sleep(stall_after(q)).await;
+        pool.put(0, addr, a, pa);
+        assert_eq!(
+            (pool.idle_count(0), pool.shed_total(0)),
+            (1, 0),
+            "pooled as before: its region says whether it queues"
+        );
+    }
+
+    #[test]
+    fn the_stall_threshold_is_the_queue_timeout_with_a_floor() {
+        assert_eq!(stall_after(Duration::ZERO), STALL_MIN);
+        assert_eq!(
+            stall_after(Duration::from_millis(500)),
+            Duration::from_millis(500)
+        );
     }
 }
