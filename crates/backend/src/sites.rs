@@ -146,7 +146,12 @@ impl Sites {
     /// A response from the content of switch `switch` was sent (status < 400): logs
     /// the first one after each switch (see the module doc). Returns whether it was.
     pub(crate) fn served(&self, name: &str, switch: u64) -> bool {
-        if switch == 0 || self.first_logged.fetch_max(switch, Ordering::AcqRel) >= switch {
+        // A plain load first: every response passes here, and all but one per switch
+        // stop at it without writing the shared word.
+        if switch == 0
+            || self.first_logged.load(Ordering::Acquire) >= switch
+            || self.first_logged.fetch_max(switch, Ordering::AcqRel) >= switch
+        {
             return false;
         }
         let cur = self.current();

@@ -43,9 +43,10 @@ fn bad_hosts_and_transports_are_refused_with_the_reason() {
 fn check_move_timings(reconf: &serde_json::Value) {
     let moves = reconf["moves"].as_u64().unwrap();
     let timed = reconf["moves_timed"].as_array().unwrap();
-    assert_eq!(
-        timed.len() as u64,
-        moves,
+    // Every counted move is logged with its timing (a move between the lab's metrics
+    // scrape and its reading of the logs can only add a line).
+    assert!(
+        timed.len() as u64 >= moves && moves >= 1,
         "every balancer move logged with its timing: {reconf}"
     );
     let matched: Vec<f64> = timed
