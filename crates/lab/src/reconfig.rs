@@ -359,6 +359,8 @@ impl ReconfigPoint {
     /// The point's figures on one line, for progress output.
     pub fn progress_line(&self) -> String {
         let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+        // The decision-to-move latency is often under a millisecond.
+        let ms2 = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
         format!(
             "tps={:.1} served={} failures={} moves={} lab_moves={} switch p50={} p99={} ms \
              (unmatched {}) decision p50={} p99={} ms apply p50={} p99={} ms",
@@ -370,8 +372,8 @@ impl ReconfigPoint {
             ms(self.switch_p50_ms),
             ms(self.switch_p99_ms),
             self.switch_unmatched,
-            ms(self.decision_p50_ms),
-            ms(self.decision_p99_ms),
+            ms2(self.decision_p50_ms),
+            ms2(self.decision_p99_ms),
             ms(self.apply_p50_ms),
             ms(self.apply_p99_ms)
         )
@@ -1404,6 +1406,7 @@ fn start_lab(
 /// The reconfig tables: one row per point, and TPS vs burst length per system (Fig. 7).
 pub fn table(points: &[&ReconfigPoint]) -> String {
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let ms2 = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     let mut s = format!(
         "{:<16} {:<9} {:>7} {:>9} {:>9} {:>8} {:>6} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
         "system",
@@ -1436,8 +1439,8 @@ pub fn table(points: &[&ReconfigPoint]) -> String {
             p.lab_moves,
             ms(p.switch_p50_ms),
             ms(p.switch_p99_ms),
-            ms(p.decision_p50_ms),
-            ms(p.decision_p99_ms),
+            ms2(p.decision_p50_ms),
+            ms2(p.decision_p99_ms),
             ms(p.apply_p50_ms),
             ms(p.apply_p99_ms),
             p.wall_s
