@@ -121,8 +121,9 @@ struct Response {
     last_modified: Option<SystemTime>,
     /// Whether the cost model's CPU applies (file and generated requests).
     modelled: bool,
-    /// The site whose content answered (`X-Farside-Site`), with `--sites-root`.
-    site: Option<Arc<str>>,
+    /// The site whose content answered (`X-Farside-Site`) and its switch number
+    /// ([`crate::sites::Sites::served`]), with `--sites-root`.
+    site: Option<(Arc<str>, u64)>,
 }
 
 impl Response {
@@ -299,7 +300,8 @@ pub(crate) fn serve_connection(
         let cpu_us = (cost::thread_cpu().saturating_sub(cpu_start)).as_micros() as u64;
         served += 1;
         let keep_alive = request.keep_alive && served < config.keepalive_max && !response.close;
-        if write_response(
+        let site = response.site.clone().filter(|_| response.status < 400);
+        let sent = write_response(
             &mut stream,
             response,
             request.head_only,
@@ -308,9 +310,11 @@ pub(crate) fn serve_connection(
             body_buf,
             config,
         )
-        .is_err()
-            || !keep_alive
-        {
+        .is_ok();
+        if let (true, Some((name, switch)), Some(sites)) = (sent, site, &config.sites) {
+            sites.served(&name, switch);
+        }
+        if !sent || !keep_alive {
             return;
         }
     }
@@ -514,7 +518,7 @@ fn route(request: &Request, config: &Config) -> Response {
     if let Some(sites) = &config.sites {
         let cur = sites.current();
         let mut response = static_file(&cur.root, path, request.if_modified_since);
-        response.site = Some(cur.name);
+        response.site = Some((cur.name, cur.switch));
         return response;
     }
     match &config.root {
@@ -706,7 +710,7 @@ fn write_response(
         config.backend_name,
         cpu_us,
     );
-    if let Some(site) = &response.site {
+    if let Some((site, _)) = &response.site {
         let _ = write!(head, "X-Farside-Site: {site}\r\n");
     }
     if let Some(t) = response.last_modified {

@@ -15,11 +15,17 @@
 //!
 //! A site name is 1..=[`SITE_NAME_MAX`] bytes of `[A-Za-z0-9._-]`, not `.` or `..`,
 //! and must name a sub-directory of the sites root.
+//!
+//! Switching time (issue 11): every switch to another site is numbered, and the first
+//! successful response (status < 400) served from the new site after it is logged once:
+//! `backend: first request for site NAME after switch N served_unix_us=T
+//! switched_unix_us=S` (the host's wall clock, shared by every process of the lab, which
+//! joins it with the balancer's move CAS).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -47,6 +53,10 @@ pub fn valid_site_name(name: &str) -> bool {
 pub(crate) struct Current {
     pub(crate) name: Arc<str>,
     pub(crate) root: Arc<PathBuf>,
+    /// Switches to another site so far (0: the site served at start).
+    pub(crate) switch: u64,
+    /// When that switch took effect, µs since the Unix epoch (0 for the start).
+    switched_unix_us: u64,
 }
 
 /// The sites root and the site served now.
@@ -54,6 +64,15 @@ pub(crate) struct Current {
 pub(crate) struct Sites {
     root: PathBuf,
     current: RwLock<Current>,
+    /// The last switch whose first response was logged.
+    first_logged: AtomicU64,
+}
+
+/// µs since the Unix epoch by the host's wall clock (0 before 1970).
+fn unix_now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 impl Sites {
@@ -66,6 +85,7 @@ impl Sites {
         Ok(Sites {
             root,
             current: RwLock::new(current),
+            first_logged: AtomicU64::new(0),
         })
     }
 
@@ -89,6 +109,8 @@ impl Sites {
         Ok(Current {
             name: name.into(),
             root: Arc::new(real),
+            switch: 0,
+            switched_unix_us: 0,
         })
     }
 
@@ -102,13 +124,49 @@ impl Sites {
 
     /// Serve `name` from now on; on error the old site stays.
     pub(crate) fn switch(&self, name: &str) -> Result<(), String> {
-        let next = Self::resolve(&self.root, name)?;
+        let mut next = Self::resolve(&self.root, name)?;
         let mut cur = self.current.write().unwrap_or_else(|p| p.into_inner());
         if *cur.name != *next.name {
-            log::info!("backend: now serving site {name} ({})", next.root.display());
+            next.switch = cur.switch + 1;
+            next.switched_unix_us = unix_now_us();
+            log::info!(
+                "backend: now serving site {name} ({}) switch={} switched_unix_us={}",
+                next.root.display(),
+                next.switch,
+                next.switched_unix_us
+            );
+        } else {
+            next.switch = cur.switch;
+            next.switched_unix_us = cur.switched_unix_us;
         }
         *cur = next;
         Ok(())
+    }
+
+    /// A response from the content of switch `switch` was sent (status < 400): logs
+    /// the first one after each switch (see the module doc). Returns whether it was.
+    pub(crate) fn served(&self, name: &str, switch: u64) -> bool {
+        // A plain load first: every response passes here, and all but one per switch
+        // stop at it without writing the shared word.
+        if switch == 0
+            || self.first_logged.load(Ordering::Acquire) >= switch
+            || self.first_logged.fetch_max(switch, Ordering::AcqRel) >= switch
+        {
+            return false;
+        }
+        let cur = self.current();
+        // A later switch may already have happened; its time is not this one's.
+        let switched = if cur.switch == switch {
+            cur.switched_unix_us.to_string()
+        } else {
+            "-".into()
+        };
+        log::info!(
+            "backend: first request for site {name} after switch {switch} served_unix_us={} \
+             switched_unix_us={switched}",
+            unix_now_us()
+        );
+        true
     }
 
     /// Answers one control request line.
@@ -189,4 +247,36 @@ fn control_request(socket: &Path, line: &str, timeout: Duration) -> Result<Strin
         .read_line(&mut reply)
         .map_err(ctx)?;
     Ok(reply.trim_end().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first response of each switch is reported once; the start, repeats, and a
+    /// late response of an older switch are not.
+    #[test]
+    fn the_first_response_after_each_switch_is_reported_once() {
+        let dir = std::env::temp_dir().join(format!("farside-sites-unit-{}", std::process::id()));
+        for s in ["a", "b"] {
+            std::fs::create_dir_all(dir.join(s)).unwrap();
+        }
+        let sites = Sites::new(&dir, "a").unwrap();
+        assert_eq!(sites.current().switch, 0);
+        assert!(!sites.served("a", 0), "the start is no switch");
+        sites.switch("a").unwrap();
+        assert_eq!(sites.current().switch, 0, "same site: no switch");
+        sites.switch("b").unwrap();
+        let b = sites.current();
+        assert_eq!(b.switch, 1);
+        assert!(b.switched_unix_us > 0);
+        assert!(sites.served("b", 1));
+        assert!(!sites.served("b", 1), "only the first");
+        sites.switch("a").unwrap();
+        sites.switch("b").unwrap();
+        assert_eq!(sites.current().switch, 3);
+        assert!(sites.served("b", 3));
+        assert!(!sites.served("a", 2), "an older switch after a newer one");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -1,8 +1,9 @@
 //! `farside lab reconfig`: seed 001's reconfiguration experiment (issue 11 item 6).
 //!
 //! A shared data-center of N back-end nodes (N = the scenario's sum: `3:3:2` and
-//! `2:2:2:2` are 8) hosting several sites, each node in its own network namespace and
-//! cgroup with a CPU quota (`--node-cpu-pct`; default: the back-ends together get half of
+//! `2:2:2:2` are 8) hosting several sites, each node in its own network namespace (or,
+//! `--hosts loopback`, as processes on 127.0.0.1: [`loopback`]) and cgroup with a CPU
+//! quota (`--node-cpu-pct`; default: the back-ends together get half of
 //! the machine's CPUs, each node an equal share, so nodes saturate independently). Every
 //! node runs `farside backend --sites-root DIR --site S --control SOCK` (DIR holds one
 //! directory per site with a 1 KiB file, the paper's 1 KB files; `--cpu-us-per-request`
@@ -11,7 +12,8 @@
 //! --role-initial i --rw-key KEY`), `--cgroup` at the node's cgroup so the load it
 //! publishes is the node's own, and the region served over `--transport`: `xdp` (udp
 //! answered by XDP in the node's kernel: one-sided) or `tcp` (gatherd's user-space tcp
-//! server: two-sided, it needs the node's CPU, which the loaded nodes are short of).
+//! server: two-sided, it needs the node's CPU, which the loaded nodes are short of); on
+//! loopback `shm` (one-sided on one host), `tcp` or `udp`.
 //!
 //! `--proxies` proxies (`p0`, `p1`, ..) share the client load; each has a `[[sites]]`
 //! entry per site (hosts `s0.example`, ..; anchor: the site's first node) and, for the
@@ -33,8 +35,11 @@
 //! closed-loop loadgen per proxy in parallel (`--clients` split over them, L split
 //! likewise). A point is (system, scenario, L); its `tps` = requests served / the summed
 //! wall time of its bursts. Moves: the proxies' `farside_reconf_moves_total` (summed);
-//! switch times: the gatherds' `farside_gatherd_role_switch_ms` histogram over the point
-//! (new wanted value seen → served, drain included), p50/p99 interpolated. Every
+//! switching time: from a balancer's move CAS to the node's first request served in the
+//! new role, and decision-to-move latency, both joined per move from the processes' logs
+//! ([`timing`]); the agents' apply time: the gatherds' `farside_gatherd_role_switch_ms`
+//! histogram over the point (new wanted value seen → served, drain included), p50/p99
+//! interpolated. Figures: [`figures`] (Fig. 7-9). `--sweep-t` sweeps T. Every
 //! [`SERIES_EVERY`] the lab reads proxy `p0`'s `farside_proxy_site_backends{site}` for
 //! the loaded site: the nodes serving it over time (Fig. 8/9), kept in the point.
 //! Every point starts from fresh processes (allocation, balancer history and metrics
@@ -50,6 +55,10 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+pub mod figures;
+pub mod loopback;
+pub mod timing;
 
 /// The systems compared.
 pub const SYSTEMS: [&str; 3] = ["rigid", "overprovisioned", "reconf"];
@@ -105,6 +114,8 @@ const GATHERD_PERIOD_US: u64 = crate::netns::CPU_PERIOD_US;
 const STALE_AFTER_MS: u64 = 5 * GATHERD_PERIOD_US / 1000;
 /// Bits of a role word's version (`site << 48 | version`, docs/reconf.md).
 const ROLE_VERSION_BITS: u32 = 48;
+/// --history-ms's default T, ms (the balancer's default).
+const DEFAULT_HISTORY_MS: u64 = 5000;
 
 /// `farside lab reconfig`.
 #[derive(Debug, Clone, clap::Args)]
@@ -119,8 +130,11 @@ pub struct ReconfigArgs {
     /// Bursts 512,4096 and the scenario 2:2:2:2 only (unless given), for CI (< 5 min).
     #[arg(long)]
     pub quick: bool,
-    /// Where the nodes run: netns only (root: one namespace and cgroup per node, so each
-    /// node's CPU and load are its own).
+    /// Where the nodes run: netns (root: one namespace and cgroup per node, so each
+    /// node's CPU and load are its own) or loopback (processes on 127.0.0.1; as root each
+    /// node a cgroup with a CPU quota, otherwise no quota: capacity from
+    /// --backend-workers x --cpu-us-per-request only, and every node publishes the
+    /// host's load; stated in the output).
     #[arg(long, default_value = "netns")]
     pub hosts: String,
     /// Systems to compare (comma-separated): rigid, overprovisioned, reconf.
@@ -151,19 +165,26 @@ pub struct ReconfigArgs {
     /// CPUs shared equally by the nodes (100 × CPUs / (2 × nodes), at least 5).
     #[arg(long)]
     pub node_cpu_pct: Option<u32>,
-    /// Region transport of the back-ends: xdp (udp answered by XDP, one-sided) or tcp
-    /// (gatherd's user-space server, two-sided). Balancers' locks and moves and the
-    /// proxies' monitor use it alike.
-    #[arg(long, default_value = "xdp")]
-    pub transport: String,
+    /// Region transport of the back-ends, which the balancers' locks and moves and the
+    /// proxies' monitor use alike. --hosts netns: xdp (udp answered by XDP, one-sided;
+    /// default) or tcp (gatherd's user-space server, two-sided). --hosts loopback: shm
+    /// (the region file mapped by the proxies, CAS and FETCH-ADD in place: one-sided;
+    /// default), tcp or udp (gatherd's user-space servers: two-sided).
+    #[arg(long)]
+    pub transport: Option<String>,
     /// S: the balancers' period, ms.
     #[arg(long, default_value_t = 1000)]
     pub sensitivity_ms: u64,
     /// T: how long a site stays overloaded before it gets a node, ms. Several values
-    /// (comma-separated) sweep T for `reconf`, one point each: thrashing (moves) against
-    /// responsiveness (TPS), which the paper leaves unexplored.
+    /// (comma-separated) sweep T like --sweep-t.
     #[arg(long, value_delimiter = ',', default_value = "5000")]
     pub history_ms: Vec<u64>,
+    /// Sweep T (the history window, ms; comma-separated, e.g. 300,1000,2000,5000): one
+    /// `reconf` point per value (`reconf-T<ms>`), and a table of T vs moves vs TPS
+    /// (thrashing against responsiveness, which the paper leaves unexplored). Replaces
+    /// --history-ms (giving both is refused).
+    #[arg(long, value_delimiter = ',', value_name = "T1,T2,..")]
+    pub sweep_t: Vec<u64>,
     /// Lease of a site lock, ms.
     #[arg(long, default_value_t = 3000)]
     pub lease_ms: u64,
@@ -203,7 +224,8 @@ pub struct ReconfigPoint {
     pub scenario: String,
     /// Requests per burst (L).
     pub burst: u64,
-    /// `xdp` or `tcp`: the back-ends' region transport.
+    /// The back-ends' region transport: `xdp` or `tcp` (netns), `shm`, `tcp` or `udp`
+    /// (loopback).
     pub transport: String,
     /// T (history window) of a `reconf` point, ms; `None` for the static systems.
     #[serde(default)]
@@ -224,10 +246,34 @@ pub struct ReconfigPoint {
     pub lab_moves: u64,
     /// Role switches the nodes completed during the point.
     pub switches: u64,
-    /// Switch time p50 / p99, ms (gatherd's histogram, new wanted value seen → served);
-    /// `None` without a switch.
+    /// Switching time p50 / p99, ms, as issue 11 defines it: from a balancer's move CAS
+    /// on the node's `ROLE_WANTED` to the first request the node served in the new role
+    /// (one host clock; [`timing`]). Balancer moves only (`moves_timed`); `None` without
+    /// one.
     pub switch_p50_ms: Option<f64>,
     pub switch_p99_ms: Option<f64>,
+    /// Moves whose node served no request for its new site within the point (the load
+    /// had moved on): not in the switch quantiles.
+    #[serde(default)]
+    pub switch_unmatched: u64,
+    /// The node agents' part, p50 / p99, ms: gatherd's `farside_gatherd_role_switch_ms`
+    /// (new wanted value seen → served published, drain included), every switch of the
+    /// point (the overprovisioned set-up's included).
+    #[serde(default)]
+    pub apply_p50_ms: Option<f64>,
+    #[serde(default)]
+    pub apply_p99_ms: Option<f64>,
+    /// Decision-to-move latency p50 / p99, ms: from the balancer round's decision that a
+    /// site is due a node to the reply of that node's role CAS (lock read, acquire,
+    /// intent, move: round trips over `transport`).
+    #[serde(default)]
+    pub decision_p50_ms: Option<f64>,
+    #[serde(default)]
+    pub decision_p99_ms: Option<f64>,
+    /// Every balancer move of the point with its timings (Fig. 8/9 marks, the quantiles'
+    /// samples).
+    #[serde(default)]
+    pub moves_timed: Vec<timing::MoveTiming>,
     /// TPS of each burst in order (served / its wall time).
     pub burst_tps: Vec<f64>,
     /// Nodes serving the loaded site, every [`SERIES_EVERY`] (Fig. 8/9).
@@ -242,8 +288,9 @@ fn one() -> u64 {
 }
 
 impl ReconfigPoint {
-    /// Repeats of one point: counts summed, `tps` recomputed from the sums, switch
-    /// quantiles the worst run's, series and per-burst TPS the first run's.
+    /// Repeats of one point: counts summed, `tps` recomputed from the sums, switch and
+    /// decision quantiles recomputed over every run's moves, apply quantiles the worst
+    /// run's, series and per-burst TPS the first run's.
     pub fn combine(runs: &[ReconfigPoint]) -> ReconfigPoint {
         let Some(first) = runs.first() else {
             return ReconfigPoint {
@@ -262,6 +309,12 @@ impl ReconfigPoint {
                 switches: 0,
                 switch_p50_ms: None,
                 switch_p99_ms: None,
+                switch_unmatched: 0,
+                apply_p50_ms: None,
+                apply_p99_ms: None,
+                decision_p50_ms: None,
+                decision_p99_ms: None,
+                moves_timed: Vec::new(),
                 burst_tps: Vec::new(),
                 series: Vec::new(),
                 runs: 0,
@@ -274,6 +327,9 @@ impl ReconfigPoint {
         };
         let served = runs.iter().map(|r| r.served).sum::<u64>();
         let wall_s = runs.iter().map(|r| r.wall_s).sum::<f64>();
+        let moves_timed: Vec<timing::MoveTiming> =
+            runs.iter().flat_map(|r| r.moves_timed.clone()).collect();
+        let q = timing_quantiles(&moves_timed);
         ReconfigPoint {
             tps: if wall_s > 0.0 {
                 served as f64 / wall_s
@@ -287,8 +343,14 @@ impl ReconfigPoint {
             moves: runs.iter().map(|r| r.moves).sum(),
             lab_moves: runs.iter().map(|r| r.lab_moves).sum(),
             switches: runs.iter().map(|r| r.switches).sum(),
-            switch_p50_ms: worst(|r| r.switch_p50_ms),
-            switch_p99_ms: worst(|r| r.switch_p99_ms),
+            switch_p50_ms: q.switch_p50_ms,
+            switch_p99_ms: q.switch_p99_ms,
+            switch_unmatched: runs.iter().map(|r| r.switch_unmatched).sum(),
+            apply_p50_ms: worst(|r| r.apply_p50_ms),
+            apply_p99_ms: worst(|r| r.apply_p99_ms),
+            decision_p50_ms: q.decision_p50_ms,
+            decision_p99_ms: q.decision_p99_ms,
+            moves_timed,
             runs: runs.iter().map(|r| r.runs).sum(),
             ..first.clone()
         }
@@ -297,16 +359,45 @@ impl ReconfigPoint {
     /// The point's figures on one line, for progress output.
     pub fn progress_line(&self) -> String {
         let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+        // The decision-to-move latency is often under a millisecond.
+        let ms2 = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
         format!(
-            "tps={:.1} served={} failures={} moves={} lab_moves={} switch p50={} p99={} ms",
+            "tps={:.1} served={} failures={} moves={} lab_moves={} switch p50={} p99={} ms \
+             (unmatched {}) decision p50={} p99={} ms apply p50={} p99={} ms",
             self.tps,
             self.served,
             self.failures,
             self.moves,
             self.lab_moves,
             ms(self.switch_p50_ms),
-            ms(self.switch_p99_ms)
+            ms(self.switch_p99_ms),
+            self.switch_unmatched,
+            ms2(self.decision_p50_ms),
+            ms2(self.decision_p99_ms),
+            ms(self.apply_p50_ms),
+            ms(self.apply_p99_ms)
         )
+    }
+}
+
+/// Switch and decision quantiles of a set of moves.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct TimingQuantiles {
+    pub switch_p50_ms: Option<f64>,
+    pub switch_p99_ms: Option<f64>,
+    pub decision_p50_ms: Option<f64>,
+    pub decision_p99_ms: Option<f64>,
+}
+
+/// The quantiles of `moves`' switch times (matched moves only) and decision latencies.
+pub fn timing_quantiles(moves: &[timing::MoveTiming]) -> TimingQuantiles {
+    let sw: Vec<f64> = moves.iter().filter_map(|m| m.switch_ms).collect();
+    let de: Vec<f64> = moves.iter().map(|m| m.decision_ms).collect();
+    TimingQuantiles {
+        switch_p50_ms: timing::quantile(&sw, 0.5),
+        switch_p99_ms: timing::quantile(&sw, 0.99),
+        decision_p50_ms: timing::quantile(&de, 0.5),
+        decision_p99_ms: timing::quantile(&de, 0.99),
     }
 }
 
@@ -442,27 +533,109 @@ pub fn plain_value(metrics: &str, name: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// The back-ends' region transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// udp answered by XDP in the node's kernel (netns).
+    Xdp,
+    /// gatherd's user-space tcp server.
+    Tcp,
+    /// The region file mapped by the proxies (loopback).
+    Shm,
+    /// gatherd's user-space udp server (loopback).
+    Udp,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        match self {
+            Transport::Xdp => "xdp",
+            Transport::Tcp => "tcp",
+            Transport::Shm => "shm",
+            Transport::Udp => "udp",
+        }
+    }
+}
+
+/// Where the nodes run.
+enum Fabric {
+    Netns(VirtualDc),
+    Loopback(loopback::LoopbackHosts),
+}
+
+impl Fabric {
+    /// Run `f` where the clients are (the `client` namespace, or here).
+    fn in_client<T: Send>(&self, f: impl FnOnce() -> io::Result<T> + Send) -> io::Result<T> {
+        match self {
+            Fabric::Netns(dc) => dc.run_in_ns("client", f),
+            Fabric::Loopback(_) => f(),
+        }
+    }
+
+    fn addr(&self, node: &str, port: u16) -> io::Result<SocketAddr> {
+        match self {
+            Fabric::Netns(dc) => Ok(SocketAddr::new(dc.node_ip(node).into(), port)),
+            Fabric::Loopback(h) => h.addr(node, port),
+        }
+    }
+
+    /// The node's cgroup for gatherd `--cgroup` (`None`: loopback without root).
+    fn cgroup_dir(&self, node: &str) -> Option<PathBuf> {
+        match self {
+            Fabric::Netns(dc) => Some(dc.cgroup_dir(node)),
+            Fabric::Loopback(h) => h.cgroup_dir(node),
+        }
+    }
+
+    fn spawn(
+        &self,
+        node: &str,
+        exe: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> io::Result<std::process::Child> {
+        match self {
+            Fabric::Netns(dc) => dc.spawn_in(node, exe, args, log),
+            Fabric::Loopback(h) => h.spawn(node, exe, args, log),
+        }
+    }
+}
+
 /// The checked settings of a run.
 struct Plan {
     systems: Vec<String>,
     scenarios: Vec<(String, Vec<usize>)>,
     bursts: Vec<u64>,
-    xdp: bool,
+    transport: Transport,
+    /// Nodes on 127.0.0.1 (`--hosts loopback`) rather than in namespaces.
+    loopback: bool,
+    /// T values for `reconf` (--sweep-t, else --history-ms).
+    history_ms: Vec<u64>,
 }
 
 fn check_args(a: &ReconfigArgs) -> io::Result<Plan> {
     let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
-    if a.hosts != "netns" {
-        return Err(bad(format!(
-            "--hosts {}: lab reconfig runs on netns only (on loopback every node would \
-             share one CPU pool and measure the same load)",
-            a.hosts
-        )));
-    }
-    let xdp = match a.transport.as_str() {
-        "xdp" => true,
-        "tcp" => false,
-        t => return Err(bad(format!("--transport {t}: expected xdp or tcp"))),
+    let loopback = match a.hosts.as_str() {
+        "netns" => false,
+        "loopback" => true,
+        h => return Err(bad(format!("--hosts {h}: expected netns or loopback"))),
+    };
+    let transport = match (a.transport.as_deref(), loopback) {
+        (None | Some("xdp"), false) => Transport::Xdp,
+        (None | Some("shm"), true) => Transport::Shm,
+        (Some("tcp"), _) => Transport::Tcp,
+        (Some("udp"), true) => Transport::Udp,
+        (Some(t), false) => {
+            return Err(bad(format!(
+                "--transport {t}: with --hosts netns, xdp or tcp"
+            )))
+        }
+        (Some(t), true) => {
+            return Err(bad(format!(
+                "--transport {t}: with --hosts loopback, shm, tcp or udp (no XDP on lo; shm \
+                 is the one-sided transport on one host)"
+            )))
+        }
     };
     for s in &a.systems {
         if !SYSTEMS.contains(&s.as_str()) {
@@ -512,6 +685,21 @@ fn check_args(a: &ReconfigArgs) -> io::Result<Plan> {
     if a.sensitivity_ms == 0 || a.history_ms.is_empty() || a.history_ms.contains(&0) {
         return Err(bad("--sensitivity-ms and --history-ms: at least 1".into()));
     }
+    if a.sweep_t.contains(&0) {
+        return Err(bad("--sweep-t: every T at least 1 ms".into()));
+    }
+    if !a.sweep_t.is_empty() && a.history_ms != [DEFAULT_HISTORY_MS] {
+        return Err(bad(
+            "--sweep-t and --history-ms: give the T values once (--sweep-t is the sweep's \
+             name, --history-ms the older one)"
+                .into(),
+        ));
+    }
+    let history_ms = if a.sweep_t.is_empty() {
+        a.history_ms.clone()
+    } else {
+        a.sweep_t.clone()
+    };
     if !(1..=100).contains(&a.high_pct) || !(1..=100).contains(&a.spare_pct) {
         return Err(bad("--high-pct and --spare-pct: 1..=100".into()));
     }
@@ -522,7 +710,9 @@ fn check_args(a: &ReconfigArgs) -> io::Result<Plan> {
         systems: a.systems.clone(),
         scenarios,
         bursts,
-        xdp,
+        transport,
+        loopback,
+        history_ms,
     })
 }
 
@@ -533,7 +723,7 @@ fn strings(v: &[&str]) -> Vec<String> {
 /// The run's shared state: the namespaces (built for the largest scenario) and the
 /// directories.
 struct Lab {
-    dc: VirtualDc,
+    fabric: Fabric,
     /// Back-end node names `b0..`.
     nodes: Vec<String>,
     proxies: Vec<String>,
@@ -566,8 +756,8 @@ impl Lab {
     fn spawn(&self, node: &str, name: &str, args: &[String]) -> io::Result<Child> {
         let log = self.logs.join(format!("{name}.log"));
         let c = self
-            .dc
-            .spawn_in(node, &std::env::current_exe()?, args, &log)?;
+            .fabric
+            .spawn(node, &std::env::current_exe()?, args, &log)?;
         Ok(Child::adopt(name, c, log))
     }
 
@@ -576,9 +766,9 @@ impl Lab {
         let t0 = Instant::now();
         loop {
             c.check_alive()?;
-            let up = self.dc.run_in_ns("client", || {
-                Ok(std::net::TcpStream::connect_timeout(&addr, POLL * 5).is_ok())
-            })?;
+            let up = self
+                .fabric
+                .in_client(|| Ok(std::net::TcpStream::connect_timeout(&addr, POLL * 5).is_ok()))?;
             if up {
                 return Ok(());
             }
@@ -594,12 +784,11 @@ impl Lab {
     }
 
     fn scrape(&self, addr: SocketAddr) -> io::Result<String> {
-        self.dc
-            .run_in_ns("client", || crate::promtext::scrape(addr))
+        self.fabric.in_client(|| crate::promtext::scrape(addr))
     }
 
-    fn addr(&self, node: &str, port: u16) -> SocketAddr {
-        SocketAddr::new(self.dc.node_ip(node).into(), port)
+    fn addr(&self, node: &str, port: u16) -> io::Result<SocketAddr> {
+        self.fabric.addr(node, port)
     }
 
     /// Start the back-ends, their gatherds and the proxies of one point, and wait until
@@ -607,7 +796,7 @@ impl Lab {
     fn start_tier(
         &self,
         a: &ReconfigArgs,
-        xdp: bool,
+        transport: Transport,
         key: &Key,
         ratio: &[usize],
         tag: &str,
@@ -619,7 +808,7 @@ impl Lab {
         let mut nodes = Vec::new();
         for (i, &site) in alloc.iter().enumerate() {
             let node = &self.nodes[i];
-            let web = self.addr(node, WEB_PORT);
+            let web = self.addr(node, WEB_PORT)?;
             let control = self.sockets.join(format!("{node}.sock"));
             let mut be = self.spawn(
                 node,
@@ -642,8 +831,7 @@ impl Lab {
             )?;
             self.wait_port(&mut be, web)?;
             children.push(be);
-            let metrics = self.addr(node, GATHERD_METRICS_PORT);
-            let cgroup = self.dc.cgroup_dir(node);
+            let metrics = self.addr(node, GATHERD_METRICS_PORT)?;
             let mut args = strings(&[
                 "gatherd",
                 "--node-id",
@@ -651,14 +839,11 @@ impl Lab {
                 "--period-us",
                 &GATHERD_PERIOD_US.to_string(),
                 "--watch-port",
-                &WEB_PORT.to_string(),
-                "--no-shm",
+                &web.port().to_string(),
                 "--metrics-listen",
                 &metrics.to_string(),
                 "--rw-key",
                 RW_KEY,
-                "--cgroup",
-                &cgroup.display().to_string(),
                 "--sampler",
                 "user",
                 "--role-backend-control",
@@ -668,37 +853,59 @@ impl Lab {
                 "--role-initial",
                 &site.to_string(),
             ]);
-            let region = if xdp {
-                let udp = self.addr(node, REGION_UDP_PORT);
-                args.extend(strings(&[
-                    "--udp-listen",
-                    &udp.to_string(),
-                    "--xdp-iface",
-                    crate::netns::VETH_IN_NS,
-                    "--xdp-mode",
-                    "generic",
-                ]));
-                format!("udp:{udp}")
+            if let Some(cg) = self.fabric.cgroup_dir(node) {
+                args.extend(strings(&["--cgroup", &cg.display().to_string()]));
+            }
+            let shm = self.sockets.join(format!("{node}.region"));
+            if transport == Transport::Shm {
+                let _ = std::fs::remove_file(&shm);
+                args.extend(strings(&["--shm", &shm.display().to_string()]));
             } else {
-                let tcp = self.addr(node, REGION_TCP_PORT);
-                args.extend(strings(&["--tcp-listen", &tcp.to_string()]));
-                format!("tcp:{tcp}")
+                args.push("--no-shm".into());
+            }
+            let region = match transport {
+                Transport::Xdp => {
+                    let udp = self.addr(node, REGION_UDP_PORT)?;
+                    args.extend(strings(&[
+                        "--udp-listen",
+                        &udp.to_string(),
+                        "--xdp-iface",
+                        crate::netns::VETH_IN_NS,
+                        "--xdp-mode",
+                        "generic",
+                    ]));
+                    format!("udp:{udp}")
+                }
+                Transport::Udp => {
+                    let udp = self.addr(node, REGION_UDP_PORT)?;
+                    args.extend(strings(&["--udp-listen", &udp.to_string()]));
+                    format!("udp:{udp}")
+                }
+                Transport::Tcp => {
+                    let tcp = self.addr(node, REGION_TCP_PORT)?;
+                    args.extend(strings(&["--tcp-listen", &tcp.to_string()]));
+                    format!("tcp:{tcp}")
+                }
+                Transport::Shm => format!("shm:{}", shm.display()),
             };
             let mut g = self.spawn(node, &format!("{tag}-gatherd-{node}"), &args)?;
             self.wait_port(&mut g, metrics)?;
+            if transport == Transport::Shm {
+                g.wait_file(&shm)?;
+            }
             children.push(g);
             nodes.push((node.clone(), web, region, metrics));
         }
         let balancers: Vec<String> = self
             .proxies
             .iter()
-            .map(|p| format!("\"tcp:{}\"", self.addr(p, BALANCER_PORT)))
-            .collect();
+            .map(|p| Ok(format!("\"tcp:{}\"", self.addr(p, BALANCER_PORT)?)))
+            .collect::<io::Result<_>>()?;
         let anchors = anchors(ratio);
         let mut proxies = Vec::new();
         for (id, p) in self.proxies.iter().enumerate() {
-            let listen = self.addr(p, PROXY_PORT);
-            let admin = self.addr(p, ADMIN_PORT);
+            let listen = self.addr(p, PROXY_PORT)?;
+            let admin = self.addr(p, ADMIN_PORT)?;
             let mut s = format!(
                 "listen = \"{listen}\"\n\n[admission]\nenabled = false\nstale_after_ms = {STALE_AFTER_MS}\n"
             );
@@ -723,9 +930,9 @@ impl Lab {
                      region_listen = \"{}\"\nkey = \"{RW_KEY}\"\nsensitivity_ms = {}\n\
                      history_ms = {}\nlease_ms = {}\nhigh_ppm = {}\nspare_ppm = {}\n",
                     balancers.join(", "),
-                    self.addr(p, BALANCER_PORT),
+                    self.addr(p, BALANCER_PORT)?,
                     a.sensitivity_ms,
-                    history_ms.unwrap_or(a.history_ms[0]),
+                    history_ms.unwrap_or(DEFAULT_HISTORY_MS),
                     a.lease_ms,
                     self.high_ppm,
                     self.spare_ppm
@@ -797,7 +1004,7 @@ impl Lab {
     fn set_allocation(&self, t: &Tier, ratio: &[usize], alloc: &[usize]) -> io::Result<u64> {
         let regions: Vec<String> = t.nodes.iter().map(|n| n.2.clone()).collect();
         let alloc_v = alloc.to_vec();
-        let moved = self.dc.run_in_ns("client", move || {
+        let moved = self.fabric.in_client(move || {
             let key = u64::from_str_radix(RW_KEY, 16).expect("hex key");
             let opts = farside_rmem::ClientOptions {
                 key,
@@ -845,6 +1052,27 @@ impl Lab {
     }
 }
 
+impl Lab {
+    /// The balancers' moves of point `tag` joined with the nodes' first requests in the
+    /// new role, from the processes' logs ([`timing`]); unreadable logs give no moves.
+    fn move_timings(
+        &self,
+        tag: &str,
+        proxies: usize,
+        nodes: usize,
+        t0_unix_us: u64,
+    ) -> Vec<timing::MoveTiming> {
+        let read = |name: String| std::fs::read_to_string(self.logs.join(name)).unwrap_or_default();
+        let moves: Vec<timing::MoveLine> = (0..proxies)
+            .flat_map(|i| timing::parse_moves(&read(format!("{tag}-proxy-p{i}.log")), i))
+            .collect();
+        let firsts: Vec<timing::FirstServed> = (0..nodes)
+            .flat_map(|i| timing::parse_first_served(&read(format!("{tag}-backend-b{i}.log")), i))
+            .collect();
+        timing::join(&moves, &firsts, &site_name, t0_unix_us)
+    }
+}
+
 /// Sum of the gatherds' switch-time histograms.
 fn switch_buckets(lab: &Lab, t: &Tier) -> crate::promtext::Buckets {
     let mut all: crate::promtext::Buckets = Vec::new();
@@ -867,7 +1095,7 @@ fn switch_buckets(lab: &Lab, t: &Tier) -> crate::promtext::Buckets {
 fn measure(
     lab: &Lab,
     a: &ReconfigArgs,
-    xdp: bool,
+    transport: Transport,
     key: &Key,
     ratio: &[usize],
 ) -> io::Result<ReconfigPoint> {
@@ -877,19 +1105,20 @@ fn measure(
         key.scenario.replace(':', "-"),
         key.burst
     );
-    let t = lab.start_tier(a, xdp, key, ratio, &tag)?;
+    let t = lab.start_tier(a, transport, key, ratio, &tag)?;
     let before = switch_buckets(lab, &t);
     let schedule = burst_schedule(ratio.len(), key.burst, a.cycles);
     let clients = split(a.clients as u64, t.proxies.len());
     let loaded = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let t0 = Instant::now();
+    let t0_unix_us = timing::unix_now_us();
     let admin0 = t.proxies[0].1;
     let (mut served, mut failures, mut wall_s, mut lab_moves) = (0u64, 0u64, 0.0f64, 0u64);
     let mut burst_tps = Vec::new();
     let (series, result) = std::thread::scope(|sc| {
         let sampler = sc.spawn(|| {
-            lab.dc.run_in_ns("client", || {
+            lab.fabric.in_client(|| {
                 let mut v = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     let site = loaded.load(Ordering::Relaxed);
@@ -932,7 +1161,7 @@ fn measure(
                             lg.file_path = FILE_PATH.to_string();
                             lg.quiet = true;
                             sc2.spawn(move || {
-                                lab.dc.run_in_ns("client", || {
+                                lab.fabric.in_client(|| {
                                     farside_loadgen::run(&lg)
                                         .map_err(|e| io::Error::other(format!("loadgen: {e}")))
                                 })
@@ -972,11 +1201,13 @@ fn measure(
         // Kept for diagnosis (the balancer's rounds, skips, races, no-donor counts).
         std::fs::write(lab.logs.join(format!("{tag}-proxy-p{i}.metrics")), &m)?;
     }
+    let moves_timed = lab.move_timings(&tag, t.proxies.len(), t.nodes.len(), t0_unix_us);
+    let q = timing_quantiles(&moves_timed);
     Ok(ReconfigPoint {
         system: key.system.clone(),
         scenario: key.scenario.clone(),
         burst: key.burst,
-        transport: a.transport.clone(),
+        transport: transport.name().to_string(),
         history_ms: key.history_ms,
         tps: if wall_s > 0.0 {
             served as f64 / wall_s
@@ -990,8 +1221,14 @@ fn measure(
         moves,
         lab_moves,
         switches: d.last().map_or(0, |x| x.1),
-        switch_p50_ms: crate::promtext::quantile(&d, 0.5),
-        switch_p99_ms: crate::promtext::quantile(&d, 0.99),
+        switch_p50_ms: q.switch_p50_ms,
+        switch_p99_ms: q.switch_p99_ms,
+        switch_unmatched: moves_timed.iter().filter(|m| m.switch_ms.is_none()).count() as u64,
+        apply_p50_ms: crate::promtext::quantile(&d, 0.5),
+        apply_p99_ms: crate::promtext::quantile(&d, 0.99),
+        decision_p50_ms: q.decision_p50_ms,
+        decision_p99_ms: q.decision_p99_ms,
+        moves_timed,
         burst_tps,
         series: series?,
         runs: 1,
@@ -1035,50 +1272,109 @@ fn point_keys(plan: &Plan, history_ms: &[u64]) -> Vec<Key> {
     keys
 }
 
-/// Build the namespaces, the sites' files and the thresholds.
+/// Build the namespaces (or the loopback nodes), the sites' files and the thresholds.
 fn start_lab(
     a: &ReconfigArgs,
+    plan: &Plan,
     dir: &Path,
     nodes_n: usize,
     notes: &mut Vec<String>,
     sites_n: usize,
 ) -> io::Result<Lab> {
     let cpus = crate::procs::allowed_cpus().len().max(1);
-    let quota = a
-        .node_cpu_pct
-        .unwrap_or_else(|| default_node_cpu_pct(cpus, nodes_n));
+    let root = crate::netns::is_root();
+    // A per-node quota needs a cgroup per node: root (netns always is).
+    let quota = if plan.loopback && !root {
+        None
+    } else {
+        Some(
+            a.node_cpu_pct
+                .unwrap_or_else(|| default_node_cpu_pct(cpus, nodes_n)),
+        )
+    };
     let nodes: Vec<String> = (0..nodes_n).map(|i| format!("b{i}")).collect();
     let proxies: Vec<String> = (0..a.proxies).map(|i| format!("p{i}")).collect();
-    let mut specs: Vec<NodeSpec> = nodes
-        .iter()
-        .map(|n| NodeSpec::new(n).cpu_quota_pct(quota))
-        .collect();
-    specs.extend(proxies.iter().map(|p| NodeSpec::new(p)));
-    specs.push(NodeSpec::new("client"));
-    let dc = VirtualDc::create(&format!("r{}", std::process::id() % 100_000), &specs)?;
-    let id = dc.run_id().to_string();
-    crate::procs::on_interrupt(move || {
-        if let Ok(r) = crate::netns::clean_run_id(&id) {
-            eprint!("{r}");
-        }
-    });
+    let fabric = if plan.loopback {
+        let id = format!("l{}", std::process::id() % 100_000);
+        Fabric::Loopback(loopback::LoopbackHosts::create(&id, &nodes, quota)?)
+    } else {
+        let quota = quota.expect("netns runs as root");
+        let mut specs: Vec<NodeSpec> = nodes
+            .iter()
+            .map(|n| NodeSpec::new(n).cpu_quota_pct(quota))
+            .collect();
+        specs.extend(proxies.iter().map(|p| NodeSpec::new(p)));
+        specs.push(NodeSpec::new("client"));
+        let dc = VirtualDc::create(&format!("r{}", std::process::id() % 100_000), &specs)?;
+        let id = dc.run_id().to_string();
+        crate::procs::on_interrupt(move || {
+            if let Ok(r) = crate::netns::clean_run_id(&id) {
+                eprint!("{r}");
+            }
+        });
+        Fabric::Netns(dc)
+    };
     // gatherd's ppm is relative to the CPUs its cgroup may use (the quota rounded up,
-    // or all online CPUs where the quota is in a v1 hierarchy it does not read).
-    let ref_cpus = farside_gatherd::sample::cgroup_cpus(&dc.cgroup_dir(&nodes[0]))
+    // or all online CPUs where the quota is in a v1 hierarchy it does not read, or the
+    // host without a cgroup).
+    let ref_cpus = fabric
+        .cgroup_dir(&nodes[0])
+        .and_then(|d| farside_gatherd::sample::cgroup_cpus(&d))
         .unwrap_or_else(farside_gatherd::sample::online_cpus);
-    let high_ppm = quota_share_ppm(a.high_pct, quota, ref_cpus);
-    let spare_ppm = quota_share_ppm(a.spare_pct, quota, ref_cpus);
+    let where_ = if plan.loopback {
+        "processes on 127.0.0.1"
+    } else {
+        "network namespaces"
+    };
+    let (high_ppm, spare_ppm) = match quota {
+        Some(quota) => {
+            let high_ppm = quota_share_ppm(a.high_pct, quota, ref_cpus);
+            let spare_ppm = quota_share_ppm(a.spare_pct, quota, ref_cpus);
+            notes.push(format!(
+                "back-end nodes: {nodes_n} ({where_}), each a cgroup with a CPU quota of \
+                 {quota}% of one CPU ({}; {cpus} CPUs here); gatherd's load is relative to \
+                 {ref_cpus} CPU(s), so high = {}% of a node's quota = {high_ppm} ppm, spare = \
+                 {}% = {spare_ppm} ppm",
+                if a.node_cpu_pct.is_some() {
+                    "--node-cpu-pct"
+                } else {
+                    "default: half the CPUs shared by the nodes"
+                },
+                a.high_pct,
+                a.spare_pct
+            ));
+            (high_ppm, spare_ppm)
+        }
+        None => {
+            let (high_ppm, spare_ppm) = (a.high_pct as u64 * 10_000, a.spare_pct as u64 * 10_000);
+            notes.push(format!(
+                "back-end nodes: {nodes_n} ({where_}) WITHOUT a CPU quota (not root: no \
+                 cgroup per node): a node's capacity is bounded only by its {} workers x {} us \
+                 of CPU per request (at most {:.0} requests/s each if the host had the CPUs), \
+                 the nodes share the host's {cpus} CPUs, and every gatherd publishes the \
+                 host's CPU use, so the balancers cannot tell a loaded site from an idle one \
+                 (high = {}% = {high_ppm} ppm and spare = {}% = {spare_ppm} ppm of the host); \
+                 run as root for per-node quotas",
+                a.backend_workers,
+                a.cpu_us_per_request,
+                a.backend_workers as f64 * 1e6 / a.cpu_us_per_request.max(1) as f64,
+                a.high_pct,
+                a.spare_pct
+            ));
+            (high_ppm, spare_ppm)
+        }
+    };
     notes.push(format!(
-        "back-end nodes: {nodes_n}, each a cgroup with a CPU quota of {quota}% of one CPU \
-         ({}; {cpus} CPUs here); gatherd's load is relative to {ref_cpus} CPU(s), so \
-         high = {}% of a node's quota = {high_ppm} ppm, spare = {}% = {spare_ppm} ppm",
-        if a.node_cpu_pct.is_some() {
-            "--node-cpu-pct"
-        } else {
-            "default: half the CPUs shared by the nodes"
-        },
-        a.high_pct,
-        a.spare_pct
+        "region transport: {} ({})",
+        plan.transport.name(),
+        match plan.transport {
+            Transport::Xdp => "udp answered by XDP in each node's kernel: one-sided",
+            Transport::Shm =>
+                "the region file mapped by the proxies; READ, CAS and FETCH-ADD execute on \
+                 the mapped words: one-sided on one host",
+            Transport::Tcp => "gatherd's user-space tcp server: two-sided",
+            Transport::Udp => "gatherd's user-space udp server: two-sided",
+        }
     ));
     let logs = dir.join("logs");
     let configs = dir.join("configs");
@@ -1095,7 +1391,7 @@ fn start_lab(
     let sockets = std::env::temp_dir().join(format!("farside-reconfig-{}", std::process::id()));
     std::fs::create_dir_all(&sockets)?;
     Ok(Lab {
-        dc,
+        fabric,
         nodes,
         proxies,
         logs,
@@ -1110,8 +1406,9 @@ fn start_lab(
 /// The reconfig tables: one row per point, and TPS vs burst length per system (Fig. 7).
 pub fn table(points: &[&ReconfigPoint]) -> String {
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let ms2 = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
     let mut s = format!(
-        "{:<16} {:<9} {:>7} {:>9} {:>9} {:>8} {:>6} {:>9} {:>10} {:>10} {:>9}\n",
+        "{:<16} {:<9} {:>7} {:>9} {:>9} {:>8} {:>6} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
         "system",
         "scenario",
         "burst",
@@ -1122,12 +1419,16 @@ pub fn table(points: &[&ReconfigPoint]) -> String {
         "lab_moves",
         "switch_p50",
         "switch_p99",
+        "dec_p50",
+        "dec_p99",
+        "apply_p50",
+        "apply_p99",
         "wall_s"
     );
     for p in points {
         let _ = writeln!(
             s,
-            "{:<16} {:<9} {:>7} {:>9} {:>9.1} {:>8} {:>6} {:>9} {:>10} {:>10} {:>9.1}",
+            "{:<16} {:<9} {:>7} {:>9} {:>9.1} {:>8} {:>6} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9.1}",
             label(&p.system, p.history_ms),
             p.scenario,
             p.burst,
@@ -1138,9 +1439,18 @@ pub fn table(points: &[&ReconfigPoint]) -> String {
             p.lab_moves,
             ms(p.switch_p50_ms),
             ms(p.switch_p99_ms),
+            ms2(p.decision_p50_ms),
+            ms2(p.decision_p99_ms),
+            ms(p.apply_p50_ms),
+            ms(p.apply_p99_ms),
             p.wall_s
         );
     }
+    s.push_str(
+        "switch: balancer's move CAS -> the node's first request in the new role (ms; \
+         balancer moves only); dec: the round's decision -> that CAS (ms); apply: the node \
+         agent's wanted seen -> served (ms)\n",
+    );
     let mut scenarios: Vec<&str> = Vec::new();
     for p in points {
         if !scenarios.contains(&p.scenario.as_str()) {
@@ -1186,6 +1496,55 @@ pub fn table(points: &[&ReconfigPoint]) -> String {
             s.push('\n');
         }
     }
+    s.push_str(&t_sweep_table(points));
+    s
+}
+
+/// The T sweep (`--sweep-t`): per scenario with more than one T, one row per (T,
+/// burst): moves (thrashing) against TPS (responsiveness), switch and decision p50.
+/// Empty without a sweep.
+pub fn t_sweep_table(points: &[&ReconfigPoint]) -> String {
+    let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let mut s = String::new();
+    let mut scenarios: Vec<&str> = Vec::new();
+    for p in points {
+        if !scenarios.contains(&p.scenario.as_str()) {
+            scenarios.push(&p.scenario);
+        }
+    }
+    for sc in scenarios {
+        let mut rows: Vec<&ReconfigPoint> = points
+            .iter()
+            .copied()
+            .filter(|p| p.scenario == sc && p.history_ms.is_some())
+            .collect();
+        let mut ts: Vec<u64> = rows.iter().filter_map(|p| p.history_ms).collect();
+        ts.sort_unstable();
+        ts.dedup();
+        if ts.len() < 2 {
+            continue;
+        }
+        rows.sort_by_key(|p| (p.history_ms, p.burst));
+        let _ = writeln!(
+            s,
+            "\nT sweep, scenario {sc}: moves (thrashing) vs TPS (responsiveness)\n\
+             {:<8} {:>7} {:>9} {:>6} {:>9} {:>10} {:>9}",
+            "T_ms", "burst", "transport", "moves", "tps", "switch_p50", "dec_p50"
+        );
+        for p in rows {
+            let _ = writeln!(
+                s,
+                "{:<8} {:>7} {:>9} {:>6} {:>9.1} {:>10} {:>9}",
+                p.history_ms.unwrap_or(0),
+                p.burst,
+                p.transport,
+                p.moves,
+                p.tps,
+                ms(p.switch_p50_ms),
+                ms(p.decision_p50_ms)
+            );
+        }
+    }
     s
 }
 
@@ -1193,12 +1552,12 @@ pub fn table(points: &[&ReconfigPoint]) -> String {
 pub fn csv(points: &[&ReconfigPoint]) -> String {
     let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
     let mut s = String::from(
-        "system,history_ms,scenario,burst,transport,tps,served,failures,wall_s,bursts,moves,lab_moves,switches,switch_p50_ms,switch_p99_ms\n",
+        "system,history_ms,scenario,burst,transport,tps,served,failures,wall_s,bursts,moves,lab_moves,switches,switch_p50_ms,switch_p99_ms,switch_unmatched,decision_p50_ms,decision_p99_ms,apply_p50_ms,apply_p99_ms\n",
     );
     for p in points {
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{:.3},{},{},{:.3},{},{},{},{},{},{}",
+            "{},{},{},{},{},{:.3},{},{},{:.3},{},{},{},{},{},{},{},{},{},{},{}",
             p.system,
             p.history_ms.map_or(String::new(), |t| t.to_string()),
             p.scenario,
@@ -1213,7 +1572,12 @@ pub fn csv(points: &[&ReconfigPoint]) -> String {
             p.lab_moves,
             p.switches,
             o(p.switch_p50_ms),
-            o(p.switch_p99_ms)
+            o(p.switch_p99_ms),
+            p.switch_unmatched,
+            o(p.decision_p50_ms),
+            o(p.decision_p99_ms),
+            o(p.apply_p50_ms),
+            o(p.apply_p99_ms)
         );
     }
     s
@@ -1240,14 +1604,21 @@ pub fn series_csv(p: &ReconfigPoint) -> (String, String) {
 /// Run `farside lab reconfig`.
 pub fn run(a: ReconfigArgs) -> io::Result<()> {
     let plan = check_args(&a)?;
-    // SAFETY: geteuid has no preconditions.
-    crate::netns::check_root(unsafe { libc::geteuid() }).map_err(|_| {
-        io::Error::new(
+    if !plan.loopback {
+        // SAFETY: geteuid has no preconditions.
+        crate::netns::check_root(unsafe { libc::geteuid() }).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "lab reconfig --hosts netns needs root: it builds a network namespace and a \
+                 cgroup with a CPU quota per node, and attaches XDP (or use --hosts loopback)",
+            )
+        })?;
+    } else if a.node_cpu_pct.is_some() && !crate::netns::is_root() {
+        return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            "lab reconfig needs root: it builds a network namespace and a cgroup with a CPU \
-             quota per node, and attaches XDP (--hosts netns)",
-        )
-    })?;
+            "--node-cpu-pct with --hosts loopback needs root (a cgroup per node)",
+        ));
+    }
     let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
     let mut meta = crate::summary::Summary::new("reconfig", &a.hosts, a.quick);
     crate::sweep::fill_host_metadata(&mut meta);
@@ -1271,9 +1642,11 @@ pub fn run(a: ReconfigArgs) -> io::Result<()> {
         "clients": a.clients,
         "proxies": a.proxies,
         "node_cpu_pct": a.node_cpu_pct,
-        "transport": a.transport,
+        "transport": plan.transport.name(),
+        "hosts": a.hosts,
         "sensitivity_ms": a.sensitivity_ms,
-        "history_ms": a.history_ms,
+        "history_ms": plan.history_ms,
+        "sweep_t": !a.sweep_t.is_empty() || plan.history_ms.len() > 1,
         "lease_ms": a.lease_ms,
         "high_pct": a.high_pct,
         "spare_pct": a.spare_pct,
@@ -1284,7 +1657,7 @@ pub fn run(a: ReconfigArgs) -> io::Result<()> {
         "tps": "requests served / summed wall time of the point's bursts",
     });
     let mut sweep = crate::sweep::Sweep::start(&dir, meta, a.resume.is_some())?;
-    let keys = point_keys(&plan, &a.history_ms);
+    let keys = point_keys(&plan, &plan.history_ms);
     let mut lab: Option<Lab> = None;
     let mut notes = Vec::new();
     // A rough per-point estimate for the ETA: every site's burst at ~500 requests/s,
@@ -1308,7 +1681,7 @@ pub fn run(a: ReconfigArgs) -> io::Result<()> {
         },
         |k, _| {
             if lab.is_none() {
-                lab = Some(start_lab(&a, &dir, nodes_n, &mut notes, sites_n)?);
+                lab = Some(start_lab(&a, &plan, &dir, nodes_n, &mut notes, sites_n)?);
             }
             let l = lab.as_ref().expect("started above");
             let ratio = plan
@@ -1318,7 +1691,11 @@ pub fn run(a: ReconfigArgs) -> io::Result<()> {
                 .map(|(_, r)| r.clone())
                 .expect("keys come from the plan");
             Ok(crate::summary::AnyPoint::Reconfig(measure(
-                l, &a, plan.xdp, k, &ratio,
+                l,
+                &a,
+                plan.transport,
+                k,
+                &ratio,
             )?))
         },
     );
@@ -1422,9 +1799,10 @@ mod tests {
             clients: 64,
             proxies: 2,
             node_cpu_pct: None,
-            transport: "xdp".into(),
+            transport: None,
             sensitivity_ms: 1000,
             history_ms: vec![5000],
+            sweep_t: Vec::new(),
             lease_ms: 3000,
             high_pct: 80,
             spare_pct: 60,
@@ -1445,21 +1823,41 @@ mod tests {
         .unwrap();
         assert_eq!(full.bursts, BURSTS_FULL.to_vec());
         assert_eq!(full.scenarios.len(), 2);
-        let cases: [(&str, ReconfigArgs); 6] = [
+        // Transports per host mode: xdp by default on netns, shm on loopback.
+        assert_eq!(p.transport, Transport::Xdp);
+        let lo = |t: Option<&str>| ReconfigArgs {
+            hosts: "loopback".into(),
+            transport: t.map(str::to_string),
+            ..args()
+        };
+        let l = check_args(&lo(None)).unwrap();
+        assert!(l.loopback);
+        assert_eq!(l.transport, Transport::Shm);
+        assert_eq!(
+            check_args(&lo(Some("udp"))).unwrap().transport,
+            Transport::Udp
+        );
+        assert_eq!(
+            check_args(&lo(Some("tcp"))).unwrap().transport,
+            Transport::Tcp
+        );
+        let cases: [(&str, ReconfigArgs); 8] = [
             (
                 "--hosts",
                 ReconfigArgs {
-                    hosts: "loopback".into(),
+                    hosts: "cloud".into(),
                     ..args()
                 },
             ),
             (
                 "--transport",
                 ReconfigArgs {
-                    transport: "shm".into(),
+                    transport: Some("shm".into()),
                     ..args()
                 },
             ),
+            ("--transport", lo(Some("xdp"))),
+            ("--transport", lo(Some("rdma"))),
             (
                 "--systems",
                 ReconfigArgs {
@@ -1527,6 +1925,60 @@ mod tests {
         .unwrap()
         .to_string();
         assert!(e.contains("--history-ms"), "{e}");
+        // --sweep-t is the sweep's documented name: same points as --history-ms.
+        let plan = check_args(&ReconfigArgs {
+            systems: vec!["reconf".into()],
+            bursts: vec![512],
+            sweep_t: vec![300, 1000, 5000],
+            ..args()
+        })
+        .unwrap();
+        assert_eq!(plan.history_ms, [300, 1000, 5000]);
+        assert_eq!(point_keys(&plan, &plan.history_ms).len(), 3);
+        for (bad, flag) in [
+            (
+                ReconfigArgs {
+                    sweep_t: vec![300, 0],
+                    ..args()
+                },
+                "--sweep-t",
+            ),
+            (
+                ReconfigArgs {
+                    sweep_t: vec![300],
+                    history_ms: vec![1000],
+                    ..args()
+                },
+                "--history-ms",
+            ),
+        ] {
+            let e = check_args(&bad).err().unwrap().to_string();
+            assert!(e.contains(flag), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_t_sweep_table_gives_moves_and_tps_per_t() {
+        let mk = |t: u64, burst: u64, moves: u64, tps: f64| {
+            let mut p = ReconfigPoint::combine(&[]);
+            p.system = "reconf".into();
+            p.scenario = "2:2:2:2".into();
+            p.transport = "xdp".into();
+            p.history_ms = Some(t);
+            p.burst = burst;
+            p.moves = moves;
+            p.tps = tps;
+            p
+        };
+        let pts = [mk(300, 512, 9, 500.0), mk(5000, 512, 1, 420.0)];
+        let refs: Vec<&ReconfigPoint> = pts.iter().collect();
+        let t = t_sweep_table(&refs);
+        assert!(t.contains("T sweep, scenario 2:2:2:2"), "{t}");
+        let row = t.lines().find(|l| l.starts_with("300 ")).expect(&t);
+        assert!(row.contains(" 9 ") && row.contains("500.0"), "{row}");
+        assert!(table(&refs).contains("T sweep"), "in the main table too");
+        // One T: no sweep table.
+        assert!(t_sweep_table(&refs[..1]).is_empty());
     }
 
     #[test]
@@ -1545,8 +1997,22 @@ mod tests {
             moves: 1,
             lab_moves: 0,
             switches: 1,
-            switch_p50_ms: Some(25.0),
-            switch_p99_ms: Some(40.0),
+            switch_p50_ms: Some(45.0),
+            switch_p99_ms: Some(45.0),
+            switch_unmatched: 0,
+            apply_p50_ms: Some(25.0),
+            apply_p99_ms: Some(40.0),
+            decision_p50_ms: Some(1.8),
+            decision_p99_ms: Some(1.8),
+            moves_timed: vec![timing::MoveTiming {
+                balancer: 0,
+                node: 1,
+                to_site: 0,
+                t_s: 1.5,
+                decision_ms: 1.8,
+                round_ms: 2.6,
+                switch_ms: Some(45.0),
+            }],
             burst_tps: vec![90.0, 110.0],
             series: vec![NodesSample {
                 t_s: 0.1,
@@ -1572,6 +2038,23 @@ mod tests {
         assert_eq!(body, "t_s,site,nodes\n0.100,0,2\n");
         let c = ReconfigPoint::combine(&[p.clone(), p.clone()]);
         assert_eq!((c.runs, c.moves, c.served), (2, 2, 2048));
+        assert_eq!(c.moves_timed.len(), 2);
+        assert_eq!(
+            (c.switch_p99_ms, c.decision_p50_ms),
+            (Some(45.0), Some(1.8))
+        );
+        // A point written before these keys existed still reads (they default).
+        let mut old = serde_json::to_value(&p).unwrap();
+        for k in [
+            "switch_unmatched",
+            "apply_p50_ms",
+            "decision_p99_ms",
+            "moves_timed",
+        ] {
+            old.as_object_mut().unwrap().remove(k);
+        }
+        let back: ReconfigPoint = serde_json::from_value(old).unwrap();
+        assert!(back.moves_timed.is_empty() && back.decision_p99_ms.is_none());
         assert!((c.tps - 100.0).abs() < 1e-9);
     }
 }

@@ -22,6 +22,7 @@
 //! | `fig-series-drop-<trace>.svg` | per-second (instant) drop rate over the run at the heaviest load (Fig. 7) |
 //! | `fig-probe-p99-<size>B.svg`, `fig-probe-p50-<size>B.svg` | probe p99 / p50 vs background load, one line per transport, log y |
 //! | `fig-probe-size-load<N>.svg` | probe p50 vs read size at background load N (Fig. 4a) |
+//! | `fig7-tps-<scenario>.svg`, `fig8-nodes-<scenario>-L<burst>.svg`, `fig9-…` | `lab reconfig`: TPS vs burst length per system; nodes serving the loaded site over time at L = 512 and the burst closest to 8,096 (seed 001's Fig. 7-9; `reconfig::figures`) |
 //! | `report.html` | title, run metadata and warnings, parameters, tables, improvements, figures inlined, notes |
 //!
 //! Everything is a pure function of the [`Summary`]: the same input gives
@@ -1185,6 +1186,8 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
             ));
         }
     }
+    let reconfig: Vec<&crate::reconfig::ReconfigPoint> = s.reconfig_points().collect();
+    out.extend(crate::reconfig::figures::figures(&reconfig));
     out
 }
 

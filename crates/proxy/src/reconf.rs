@@ -24,7 +24,11 @@
 //! process: a reload (SIGHUP) does not restart it and ignores `[reconf]` changes.
 //! Connections are (re)opened every round where missing, and dropped after a lost op
 //! (a tcp stream may be out of step). Metrics:
-//! `farside_reconf_*_total` from `BalancerStats`; every move is logged with its reason.
+//! `farside_reconf_*_total` from `BalancerStats`; every move is logged with its reason
+//! and its timing as `key=value` fields (`node=`, `to=`, `wanted=`, `cas_unix_us=`: the
+//! host's wall clock when the move CAS's reply arrived, `decision_to_cas_us=`: from the
+//! round's decision to that reply, `round_to_cas_us=`: from the round's start), which
+//! `farside lab reconfig` joins with the nodes' first request in the new role.
 
 use crate::config::{ConfigError, ProxyConfig};
 use farside_reconf::drive::{run_round, RmemRegions};
@@ -263,16 +267,26 @@ impl ReconfDriver {
                         }
                     }
                     run_round(&mut balancer, &mut regions, &now);
+                    // The host's wall clock at the CAS (shared by every process on the
+                    // host, so the lab can join it with the node's first request in the
+                    // new role): now, less the monotonic time since the CAS's reply.
+                    let (mono, unix_us) = (now(), unix_now_us());
                     for m in balancer.drain_log() {
                         let name = |s: u16| names.get(usize::from(s)).cloned().unwrap_or_default();
                         log::info!(
-                            "reconf: moved node {} from site {} to site {} (site load {} ppm, overloaded for {} ms, lock token {})",
+                            "reconf: moved node {} from site {} to site {} (site load {} ppm, overloaded for {} ms, lock token {}) node={} to={} wanted={:#x} cas_unix_us={} decision_to_cas_us={} round_to_cas_us={}",
                             m.node,
                             name(m.from_site),
                             name(m.to_site),
                             m.site_load_ppm,
                             m.overloaded_ns / 1_000_000,
-                            m.token
+                            m.token,
+                            m.node,
+                            m.to_site,
+                            m.wanted.0,
+                            unix_us.saturating_sub(mono.saturating_sub(m.at_ns) / 1000),
+                            m.at_ns.saturating_sub(m.decided_ns) / 1000,
+                            m.at_ns.saturating_sub(m.round_ns) / 1000
                         );
                     }
                     *st.lock().unwrap_or_else(|p| p.into_inner()) = balancer.stats().clone();
@@ -301,6 +315,13 @@ impl Drop for ReconfDriver {
             let _ = t.join();
         }
     }
+}
+
+/// Microseconds since the Unix epoch by this host's wall clock (0 before 1970).
+fn unix_now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// Report the driver's counters into a scrape.

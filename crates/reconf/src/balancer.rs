@@ -228,8 +228,14 @@ pub struct BalancerStats {
 /// One move, with its reason (for the log).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MoveRecord {
-    /// When the move CAS was confirmed.
+    /// When the move CAS was confirmed (its reply received).
     pub at_ns: u64,
+    /// When the round's decision that the site is due a node was taken (after the
+    /// round's reads): `at_ns - decided_ns` is the decision-to-move latency (lock read,
+    /// acquire, fences, intent and the move CAS, one round trip each).
+    pub decided_ns: u64,
+    /// When the round that decided the move started (before its reads of every node).
+    pub round_ns: u64,
     /// Node moved.
     pub node: u32,
     /// Site it left.
@@ -262,6 +268,8 @@ struct Plan {
     from: Role,
     site_load_ppm: u64,
     overloaded_ns: u64,
+    /// When the decision was taken.
+    decided_ns: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -323,6 +331,8 @@ pub struct Balancer {
     loads: Vec<Option<u64>>,
     stats: BalancerStats,
     log: VecDeque<MoveRecord>,
+    /// When the current (or last) round started.
+    round_ns: u64,
 }
 
 impl Balancer {
@@ -353,6 +363,7 @@ impl Balancer {
             loads: vec![None; n],
             stats: BalancerStats::default(),
             log: VecDeque::new(),
+            round_ns: 0,
             topo,
         })
     }
@@ -420,12 +431,12 @@ impl Balancer {
 
     /// Every S: start a round (read every node) unless one is running.
     pub fn on_tick(&mut self, ctx: Ctx, out: &mut Vec<Issue>) {
-        let _ = ctx;
         if self.phase != Phase::Idle {
             self.stats.overruns += 1;
             return;
         }
         self.stats.rounds += 1;
+        self.round_ns = ctx.now_ns;
         let first = self.next_id;
         for n in 0..self.topo.nodes {
             self.roles[n as usize] = None;
@@ -743,6 +754,8 @@ impl Balancer {
         }
         self.log.push_back(MoveRecord {
             at_ns: ctx.now_ns,
+            decided_ns: plan.decided_ns,
+            round_ns: self.round_ns,
             node: plan.node,
             from_site: plan.from.site(),
             to_site: plan.site,
@@ -902,6 +915,7 @@ impl Balancer {
             from,
             site_load_ppm: site_load,
             overloaded_ns: ctx.now_ns - self.overloaded_since[s].unwrap_or(ctx.now_ns),
+            decided_ns: ctx.now_ns,
         };
         self.phase = Phase::LockRead { plan };
         self.read_lock(plan.site, out);

@@ -204,6 +204,17 @@ mod tests {
             1,
             "the peer's shared counter bumped"
         );
-        assert_eq!(b.drain_log().len(), 1);
+        let log = b.drain_log();
+        assert_eq!(log.len(), 1);
+        // The round's reads, then the decision, then lock ops and the move CAS: each
+        // a real round trip, so the three instants are strictly ordered.
+        let m = &log[0];
+        assert!(
+            m.round_ns < m.decided_ns && m.decided_ns < m.at_ns,
+            "round {} decided {} moved {}",
+            m.round_ns,
+            m.decided_ns,
+            m.at_ns
+        );
     }
 }
