@@ -563,7 +563,8 @@ fn same_peer(from: SocketAddr, to: SocketAddr) -> bool {
     from == to || (from.port() == to.port() && to.ip().is_unspecified())
 }
 
-fn set_rcvbuf(s: &UdpSocket, bytes: usize) {
+/// Ask for a receive buffer of `bytes` (forced if the process may; else up to `rmem_max`).
+pub(crate) fn set_rcvbuf(s: &UdpSocket, bytes: usize) {
     let v = bytes.min(i32::MAX as usize) as libc::c_int;
     for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
         // SAFETY: setsockopt with a valid int option value.
