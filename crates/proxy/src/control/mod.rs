@@ -1195,6 +1195,9 @@ impl Gate for Control {
             c.request_admitted_reuse_only.load(Ordering::Relaxed),
         );
         self.render_signal_metrics(enc);
+        if let Some(m) = &self.monitor {
+            m.render(enc);
+        }
         if let Some(s) = &self.sites {
             let roles: Vec<Option<u64>> = (0..self.backends.len())
                 .map(|i| self.role_served(i))
