@@ -4,23 +4,20 @@
 //! Reads that fail (timeout, refusal, torn or corrupt record) are counted and never
 //! published as load: the entry keeps its last good values and goes stale.
 //!
-//! Who reads what:
-//! - `shm` and `udp` regions: a few poller threads ([`poller`]), each reading all its
-//!   regions once per period with non-blocking sockets and batched sends and receives
-//!   (`sendmmsg`/`recvmmsg`); shm regions are read in place in the same loop. Threads:
-//!   `MonitorOptions::threads`, or by default one per [`BACKENDS_PER_THREAD`].
-//! - `tcp` regions (the two-sided baseline: a blocking request/response stream per
-//!   back-end) keep one thread each ([`thread`]); they exist for the comparison, not
-//!   for scale.
+//! Who reads: a few poller threads ([`poller`]), each reading all its regions once per
+//! period: `udp` with one non-blocking socket and batched sends and receives
+//! (`sendmmsg`/`recvmmsg`), `tcp` (the two-sided baseline) with a non-blocking stream
+//! per back-end in the same `ppoll` set, `shm` in place. Threads:
+//! `MonitorOptions::threads`, or by default one per [`BACKENDS_PER_THREAD`].
 //!
 //! What a read's outcome does to an entry is one pure function
-//! ([`watch::apply_snapshot`]) shared by both.
+//! ([`watch::apply_snapshot`]).
 
 pub mod histogram;
 pub mod poller;
 pub mod responder;
 pub mod table;
-mod thread;
+mod tcp;
 pub mod watch;
 
 use farside_region::Words;
@@ -129,30 +126,18 @@ impl Monitor {
         let stop = Arc::new(AtomicBool::new(false));
         let slots = watches.iter().map(|w| w.index + 1).max().unwrap_or(0);
         let mut stats = vec![None; slots];
-        let mut threads = Vec::new();
         let mut polled = Vec::new();
-        let mut m = Monitor {
-            stop: stop.clone(),
-            threads: Vec::new(),
-            stats: Vec::new(),
-            pollers: Vec::new(),
-        };
         for w in watches {
             let st = Arc::new(ReadStats::default());
             stats[w.index] = Some(st.clone());
-            if w.region.transport_name() == "tcp" {
-                let (table, stop, opts) = (table.clone(), stop.clone(), opts.clone());
-                threads.push(
-                    std::thread::Builder::new()
-                        .name(format!("monitor-{}", w.index))
-                        .spawn(move || thread::poll_loop(w, &*table, &opts, &stop, &st))?,
-                );
-            } else {
-                polled.push((w, st));
-            }
+            polled.push((w, st));
         }
-        m.threads = threads;
-        m.stats = stats;
+        let mut m = Monitor {
+            stop: stop.clone(),
+            threads: Vec::new(),
+            stats,
+            pollers: Vec::new(),
+        };
         let k = poller_threads(polled.len(), opts.threads);
         let mut parts: Vec<Vec<_>> = (0..k).map(|_| Vec::new()).collect();
         for (j, w) in polled.into_iter().enumerate() {

@@ -73,6 +73,11 @@ enum Kind {
         key: u64,
         pending: Option<Pending>,
     },
+    Tcp {
+        t: Box<crate::tcp::TcpSlot>,
+        /// Its entry in `Poller::pollfds`.
+        pfd: usize,
+    },
 }
 
 /// A READ in flight.
@@ -108,6 +113,11 @@ pub(crate) struct Poller<'t> {
     next_expiry: Option<Instant>,
     stats: std::sync::Arc<PollerStats>,
     scratch: Vec<u8>,
+    read_timeout: Duration,
+    /// The `ppoll` set: the two udp sockets (fd -1 if none), then one entry per tcp slot.
+    pollfds: Vec<libc::pollfd>,
+    /// Slot of each `pollfds` entry from 2 on.
+    pfd_slot: Vec<usize>,
 }
 
 impl<'t> Poller<'t> {
@@ -120,6 +130,8 @@ impl<'t> Poller<'t> {
         let mut socks: [Option<UdpSocket>; 2] = [None, None];
         let mut udp_slots = [0usize; 2];
         let mut slots = Vec::with_capacity(watches.len());
+        let client = farside_rmem::random_u64().max(1);
+        let mut pfd_slot = Vec::new();
         for (w, rs) in watches {
             let st = WatchState::new(table, w.index, w.name.clone(), w.region.to_string());
             let kind = match &w.region.endpoint {
@@ -139,7 +151,17 @@ impl<'t> Poller<'t> {
                         pending: None,
                     }
                 }
-                Endpoint::Tcp(_) => unreachable!("tcp back-ends get a thread each (lib.rs)"),
+                Endpoint::Tcp(a) => {
+                    pfd_slot.push(slots.len());
+                    Kind::Tcp {
+                        t: Box::new(crate::tcp::TcpSlot::new(
+                            *a,
+                            w.region.key.unwrap_or(opts.key),
+                            client,
+                        )),
+                        pfd: 1 + pfd_slot.len(),
+                    }
+                }
             };
             slots.push(Slot {
                 st,
@@ -164,7 +186,7 @@ impl<'t> Poller<'t> {
         Ok(Poller {
             slots,
             socks,
-            client: farside_rmem::random_u64().max(1),
+            client,
             round: 0,
             attempt_timeout: (opts.read_timeout / UDP_TRIES).max(ATTEMPT_TIMEOUT_MIN),
             stale_after: opts.stale_after,
@@ -173,7 +195,27 @@ impl<'t> Poller<'t> {
             next_expiry: None,
             stats,
             scratch: Vec::with_capacity(REQ_PADDED_BYTES),
-        })
+            read_timeout: opts.read_timeout,
+            pollfds: vec![
+                libc::pollfd {
+                    fd: -1,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                2 + pfd_slot.len()
+            ],
+            pfd_slot,
+        }
+        .with_socket_fds())
+    }
+
+    fn with_socket_fds(mut self) -> Self {
+        for f in 0..2 {
+            if let Some(s) = &self.socks[f] {
+                self.pollfds[f].fd = s.as_raw_fd();
+            }
+        }
+        self
     }
 
     /// Poll until `stop` is set.
@@ -230,6 +272,16 @@ impl<'t> Poller<'t> {
                     }
                     Some(_) => {}
                 },
+                Kind::Tcp { t, pfd } => {
+                    let seq = (self.round << SLOT_BITS) | i as u64;
+                    let done = t.tick(now, seq, self.read_timeout, self.period);
+                    let (fd, events) = t.pollfd();
+                    self.pollfds[*pfd].fd = fd;
+                    self.pollfds[*pfd].events = events;
+                    if let Some(d) = done {
+                        account_tcp(&mut slot.st, &slot.stats, d, self.stale_after);
+                    }
+                }
             }
         }
         self.next_expiry = None;
@@ -254,24 +306,45 @@ impl<'t> Poller<'t> {
                 continue;
             }
             let until = self.next_expiry.map_or(deadline, |e| e.min(deadline));
-            let mut fds: [libc::pollfd; 2] = [libc::pollfd {
-                fd: -1,
-                events: libc::POLLIN,
-                revents: 0,
-            }; 2];
-            for (f, s) in self.socks.iter().enumerate() {
-                if let Some(s) = s {
-                    fds[f].fd = s.as_raw_fd();
-                }
-            }
             let left = until.saturating_duration_since(now);
             let ts = libc::timespec {
                 tv_sec: left.as_secs() as libc::time_t,
                 tv_nsec: left.subsec_nanos() as libc::c_long,
             };
-            // SAFETY: fds is a valid array of 2 pollfd (fd -1 entries are ignored); ts
+            // SAFETY: pollfds is a valid array of pollfd (fd -1 entries are ignored); ts
             // outlives the call; no signal mask.
-            unsafe { libc::ppoll(fds.as_mut_ptr(), 2, &ts, std::ptr::null()) };
+            let ready = unsafe {
+                libc::ppoll(
+                    self.pollfds.as_mut_ptr(),
+                    self.pollfds.len() as libc::nfds_t,
+                    &ts,
+                    std::ptr::null(),
+                )
+            };
+            if ready > 0 {
+                self.tcp_ready();
+            }
+        }
+    }
+
+    /// Serve the tcp streams `ppoll` found ready.
+    fn tcp_ready(&mut self) {
+        for k in 2..self.pollfds.len() {
+            let revents = std::mem::take(&mut self.pollfds[k].revents);
+            if revents == 0 {
+                continue;
+            }
+            let slot = &mut self.slots[self.pfd_slot[k - 2]];
+            let Kind::Tcp { t, .. } = &mut slot.kind else {
+                unreachable!("pollfds past 2 are tcp slots")
+            };
+            let done = t.on_ready(revents);
+            let (fd, events) = t.pollfd();
+            self.pollfds[k].fd = fd;
+            self.pollfds[k].events = events;
+            if let Some(d) = done {
+                account_tcp(&mut slot.st, &slot.stats, d, self.stale_after);
+            }
         }
     }
 
@@ -521,6 +594,21 @@ impl<'t> Poller<'t> {
     }
 }
 
+/// Account a tcp read's outcome and publish.
+fn account_tcp(
+    st: &mut WatchState<'_>,
+    stats: &ReadStats,
+    d: crate::tcp::Done,
+    stale_after: Duration,
+) {
+    let now = mono_ns();
+    match d {
+        crate::tcp::Done::Read(bytes, latency_ns) => st.on_read(&bytes[..], latency_ns, now, stats),
+        crate::tcp::Done::Failed(e) => st.on_error(&e),
+    }
+    st.publish(now, stale_after);
+}
+
 /// A same-host shm read, done in place: (re)open with backoff, read, account.
 fn read_shm(
     st: &mut WatchState<'_>,
@@ -583,7 +671,8 @@ pub(crate) fn set_rcvbuf(s: &UdpSocket, bytes: usize) {
     }
 }
 
-fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+/// `a` as a C socket address and its length.
+pub(crate) fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
     // SAFETY: plain data, all-zero valid.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match a {

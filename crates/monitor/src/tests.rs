@@ -18,12 +18,12 @@ fn opts(threads: usize) -> MonitorOptions {
     }
 }
 
-/// Wait until `f` holds, at most 10 s.
+/// Wait until `f` holds, at most 60 s (tests run at idle priority on a shared machine).
 fn until(what: &str, mut f: impl FnMut() -> bool) {
     let t0 = Instant::now();
     while !f() {
         assert!(
-            t0.elapsed() < Duration::from_secs(10),
+            t0.elapsed() < Duration::from_secs(60),
             "timed out waiting: {what}"
         );
         std::thread::sleep(Duration::from_millis(2));
@@ -178,4 +178,95 @@ fn tables_are_sized_from_the_back_ends_and_refuse_beyond_the_bound() {
         .err()
         .expect("beyond the bound");
     assert!(err.to_string().contains("at most 1024"), "{err}");
+}
+
+/// A region in shared words behind gatherd's own tcp server, with `conns` published.
+fn tcp_region(conns: u64) -> (farside_rmem::TcpServer, Arc<dyn Words>) {
+    use farside_region::{Header, HeapWords, LoadRecord, RegionWriter, REGION_WORDS};
+    use farside_rmem::ops::{AccessKeys, OpCounters, Perm};
+    struct Shared(Arc<HeapWords>);
+    impl Words for Shared {
+        fn words(&self) -> &[std::sync::atomic::AtomicU64] {
+            self.0.words()
+        }
+    }
+    let mem = Arc::new(HeapWords::new(REGION_WORDS));
+    let mut w = RegionWriter::init(
+        Shared(mem.clone()),
+        Header {
+            node_id: 3,
+            generation: 5,
+            period_us: 1000,
+            watched_ports: [0; 4],
+        },
+    );
+    w.publish(&LoadRecord {
+        conns_established: conns,
+        ..Default::default()
+    });
+    let words: Arc<dyn Words> = mem;
+    let keys = AccessKeys::new().with(farside_rmem::DEFAULT_READ_KEY, Perm::ReadOnly);
+    let s = farside_rmem::TcpServer::spawn(
+        "127.0.0.1:0".parse().unwrap(),
+        words.clone(),
+        keys,
+        Arc::new(OpCounters::default()),
+    )
+    .unwrap();
+    (s, words)
+}
+
+#[test]
+fn tcp_regions_are_read_by_the_poller_with_udp_ones_and_a_dead_server_fails_alone() {
+    let (s1, _m1) = tcp_region(41);
+    let (s2, _m2) = tcp_region(42);
+    let r = MultiResponder::spawn(1).unwrap();
+    // A port nothing listens on: connect refused, backoff, counted.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap();
+    drop(dead);
+    let tcp = |a: std::net::SocketAddr| Target::parse(&format!("tcp:{a}")).unwrap();
+    let watches = vec![
+        Watch {
+            index: 0,
+            name: "t1".into(),
+            region: tcp(s1.local_addr),
+        },
+        Watch {
+            index: 1,
+            name: "u".into(),
+            region: r.target(0),
+        },
+        Watch {
+            index: 2,
+            name: "t2".into(),
+            region: tcp(s2.local_addr),
+        },
+        Watch {
+            index: 3,
+            name: "dead".into(),
+            region: tcp(dead_addr),
+        },
+    ];
+    let t = create_table(None, 4, 1000).unwrap();
+    let m = Monitor::start(watches, t.clone(), opts(0)).unwrap();
+    assert_eq!(
+        m.pollers().len(),
+        1,
+        "tcp regions need no thread of their own"
+    );
+    until("tcp and udp entries read", || {
+        [(0, 41), (1, 0), (2, 42)].iter().all(|&(i, v)| {
+            table::read(&*t, i)
+                .is_some_and(|e| e.status == EntryStatus::Ok && e.conns_established == v)
+        })
+    });
+    until("the dead server's reads fail", || {
+        table::read(&*t, 3).is_some_and(|e| e.status == EntryStatus::Error && e.errors >= 2)
+    });
+    // Reads keep succeeding on the live streams (one stream each, many reads).
+    let before = m.stats(0).unwrap().read.count();
+    until("more tcp reads", || {
+        m.stats(0).unwrap().read.count() > before + 10
+    });
 }
