@@ -101,8 +101,8 @@ pub struct BackendFlags {
     /// them on time on a busy front-end CPU; needs CAP_SYS_NICE).
     #[arg(long, allow_negative_numbers = true)]
     pub monitor_nice: Option<i32>,
-    /// Monitor poller threads reading the shm and udp regions, 1..=16 (default: one per
-    /// 512 back-ends; tcp regions get a thread each).
+    /// Monitor poller threads, each reading its share of the regions every period,
+    /// 1..=16 (default: one per 512 back-ends).
     #[arg(long)]
     pub monitor_threads: Option<usize>,
 }

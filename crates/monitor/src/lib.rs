@@ -56,9 +56,10 @@ pub struct MonitorOptions {
     pub threads: usize,
 }
 
-/// Back-ends one poller thread reads by default: at 1 ms one read costs the poller
-/// about 1 µs of CPU (a datagram out and one in, batched), so 512 keep a thread near
-/// half a core with room for a slow period (`bench_monitor` gives the figure).
+/// Back-ends one poller thread reads by default. The rule's reasoning, an estimate
+/// until `bench_monitor` is run on a quiet machine: a read costs the poller a datagram
+/// out and one in, batched (about 1 µs of CPU), so 512 reads per 1 ms period keep one
+/// thread near half a core, with room for a slow period.
 pub const BACKENDS_PER_THREAD: usize = 512;
 
 /// Most poller threads: more than the front-end's cores only adds wake-ups.

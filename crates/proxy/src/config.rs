@@ -400,8 +400,8 @@ pub struct MonitorConfig {
     /// Read an external `farside monitor`'s table from this file instead of embedding
     /// the monitor. Default: none (embedded).
     pub table: Option<String>,
-    /// Poller threads reading the shm and udp regions (tcp regions get a thread each).
-    /// Default 0: one per 512 back-ends (`farside_monitor::BACKENDS_PER_THREAD`), at
+    /// Poller threads, each reading its share of the regions every period. Default 0:
+    /// one per 512 back-ends (`farside_monitor::BACKENDS_PER_THREAD`), at
     /// most 16.
     pub threads: usize,
 }
