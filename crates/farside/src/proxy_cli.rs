@@ -1,7 +1,7 @@
 //! Flags of `farside proxy` and `farside monitor`, merged over an optional TOML file.
 
+use farside_monitor::{self as monitor, Monitor, Watch};
 use farside_proxy::config::{BackendConfig, BalancePolicy, Metric, ProxyConfig, StalePolicy};
-use farside_proxy::control::monitor::{self, Monitor, Watch};
 use farside_proxy::control::{self, Control, RegionSource};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -101,6 +101,10 @@ pub struct BackendFlags {
     /// them on time on a busy front-end CPU; needs CAP_SYS_NICE).
     #[arg(long, allow_negative_numbers = true)]
     pub monitor_nice: Option<i32>,
+    /// Monitor poller threads, each reading its share of the regions every period,
+    /// 1..=16 (default: one per 512 back-ends).
+    #[arg(long)]
+    pub monitor_threads: Option<usize>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -223,6 +227,9 @@ fn load_base(b: &BackendFlags, listen: Option<SocketAddr>) -> Result<ProxyConfig
     }
     if let Some(v) = b.monitor_nice {
         cfg.monitor.nice = v;
+    }
+    if let Some(v) = b.monitor_threads {
+        cfg.monitor.threads = v;
     }
     if let Some(v) = b.read_timeout_ms {
         cfg.monitor.read_timeout_ms = v;

@@ -504,7 +504,7 @@ impl Sampler {
         let t0 = lap(measure);
         self.last_field_cost = None;
         self.last_sample_cost_ns = None;
-        let now = farside_rmem::mono_ns();
+        let now = farside_rt::mono_ns();
         let (mut t_busy, mut t_cpu) = (t0, t0);
         if self.n.is_multiple_of(self.cpu_every) {
             let c = self
@@ -1119,9 +1119,9 @@ fn spawn_sampler(
     std::thread::Builder::new()
         .name("gatherd".into())
         .spawn(move || {
-            farside_rmem::apply_thread_nice("gatherd: sampler", nice);
+            farside_rt::apply_thread_nice("gatherd: sampler", nice);
             sampler.restart_cost_window();
-            let mut pacer = farside_rmem::Pacer::new(period);
+            let mut pacer = farside_rt::Pacer::new(period);
             let mut last_publish: Option<std::time::Instant> = None;
             while !stp.load(Ordering::Relaxed) {
                 pacer.wait();
@@ -1593,7 +1593,7 @@ mod tests {
             |tid: libc::pid_t| unsafe { libc::getpriority(libc::PRIO_PROCESS, tid as libc::id_t) };
         let mine = prio(unsafe { libc::gettid() });
         let theirs = std::thread::spawn(move || {
-            farside_rmem::set_thread_nice(mine + 3).unwrap();
+            farside_rt::set_thread_nice(mine + 3).unwrap();
             prio(unsafe { libc::gettid() })
         })
         .join()
@@ -2082,7 +2082,7 @@ mod tests {
                 Snapshot::decode(&bytes).ok()
             };
             let age = |s: &Snapshot| {
-                Duration::from_nanos(farside_rmem::mono_ns().saturating_sub(s.load.sample_mono_ns))
+                Duration::from_nanos(farside_rt::mono_ns().saturating_sub(s.load.sample_mono_ns))
             };
             let (mut a, ready_a) = spawn();
             let deadline = Instant::now() + Duration::from_secs(10);

@@ -150,7 +150,7 @@ pub fn measure_with(
 ) -> io::Result<Latency> {
     let mut lat = Vec::with_capacity(samples as usize);
     let mut timeouts = 0;
-    let mut pacer = farside_rmem::Pacer::new(interval);
+    let mut pacer = farside_rt::Pacer::new(interval);
     for _ in 0..samples {
         pacer.wait();
         let t0 = Instant::now();

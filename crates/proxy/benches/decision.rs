@@ -52,7 +52,7 @@ fn main() {
             let e = Entry {
                 status: EntryStatus::Ok,
                 conns_established: 10 + i as u64,
-                advanced_mono_ns: farside_rmem::mono_ns(),
+                advanced_mono_ns: farside_rt::mono_ns(),
                 ..Default::default()
             };
             EntryWriter::new(&*table, i).publish(&e);

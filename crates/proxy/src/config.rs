@@ -318,7 +318,7 @@ pub struct AdmissionConfig {
     /// A record whose sequence has not advanced for this long is stale. Default 100 ms.
     /// A connection count (metrics `conns`, `pending`, `delay`) may be older than its
     /// record by its gatherer's counting interval (at most 1 s of it): it is stale once
-    /// overdue by this much (`control::table::conns_excess_lag_ns`).
+    /// overdue by this much (`farside_monitor::table::conns_excess_lag_ns`).
     pub stale_after_ms: u64,
     /// What a stale or missing record means. Default `local`: a dead gatherd (or a
     /// lost region, or a monitor that cannot read it) must neither let this proxy
@@ -406,6 +406,10 @@ pub struct MonitorConfig {
     /// Read an external `farside monitor`'s table from this file instead of embedding
     /// the monitor. Default: none (embedded).
     pub table: Option<String>,
+    /// Poller threads, each reading its share of the regions every period. Default 0:
+    /// one per 512 back-ends (`farside_monitor::BACKENDS_PER_THREAD`), at
+    /// most 16.
+    pub threads: usize,
 }
 
 impl Default for MonitorConfig {
@@ -415,6 +419,7 @@ impl Default for MonitorConfig {
             read_timeout_ms: 50,
             nice: 0,
             table: None,
+            threads: 0,
         }
     }
 }
@@ -605,7 +610,17 @@ impl ProxyConfig {
         if self.backends.is_empty() {
             errs.push(err("backend", "at least one back-end is required"));
         }
-        let max = crate::control::table::TABLE_BACKENDS_MAX;
+        if self.monitor.threads > farside_monitor::MONITOR_THREADS_MAX {
+            errs.push(err(
+                "monitor.threads",
+                format!(
+                    "must be 0 (one per {} back-ends) ..={}",
+                    farside_monitor::BACKENDS_PER_THREAD,
+                    farside_monitor::MONITOR_THREADS_MAX
+                ),
+            ));
+        }
+        let max = farside_monitor::table::TABLE_BACKENDS_MAX;
         if self.backends.len() > max {
             errs.push(err(
                 "backend",
@@ -684,7 +699,7 @@ impl ProxyConfig {
         }
         for (i, b) in self.backends.iter().enumerate() {
             if let Some(r) = &b.region {
-                if let Err(m) = crate::control::RegionSource::parse(r) {
+                if let Err(m) = farside_rmem::Target::parse(r) {
                     errs.push(err(format!("backend[{i}].region"), m));
                 }
             }

@@ -251,7 +251,7 @@ impl ReconfDriver {
                     nodes: node_targets.iter().map(|_| None).collect(),
                     balancers: bal_targets.iter().map(|_| None).collect(),
                 };
-                let mut pacer = farside_rmem::Pacer::new(period);
+                let mut pacer = farside_rt::Pacer::new(period);
                 while !stp.load(Ordering::Relaxed) {
                     pacer.wait();
                     mem.words()[own].fetch_add(1, Ordering::AcqRel);

@@ -31,6 +31,7 @@
 pub mod client;
 mod endpoint;
 pub mod fdshare;
+pub mod iface;
 pub mod ops;
 pub mod relay;
 pub mod tcp_server;
@@ -59,73 +60,6 @@ pub fn random_u64() -> u64 {
     }
 }
 
-/// Set the calling thread's nice value (-20..=19). On Linux `setpriority` on a thread id
-/// affects that thread only: a periodic thread (gatherd's sampler, a monitor) can be
-/// kept on time on a busy CPU without raising the rest of its process. Lowering it
-/// needs CAP_SYS_NICE.
-pub fn set_thread_nice(nice: i32) -> std::io::Result<()> {
-    // SAFETY: gettid and setpriority take plain integers and have no memory effects.
-    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, nice) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-/// Apply `nice` to the calling periodic thread if it is not 0, logging the outcome as
-/// `who` (a failure is a warning: the thread runs on at the process's priority).
-pub fn apply_thread_nice(who: &str, nice: i32) {
-    if nice == 0 {
-        return;
-    }
-    match set_thread_nice(nice) {
-        Ok(()) => log::info!("{who}: thread at nice {nice}"),
-        Err(e) => log::warn!("{who}: nice {nice}: {e}; running at the process's priority"),
-    }
-}
-
-/// Paces a polling loop at a fixed period without drift; a late wake-up skips ahead
-/// instead of bursting to catch up.
-pub struct Pacer {
-    period: std::time::Duration,
-    next: std::time::Instant,
-    /// Periods whose deadline had passed when `wait` was called.
-    pub overruns: u64,
-}
-
-impl Pacer {
-    pub fn new(period: std::time::Duration) -> Self {
-        // Timer slack of 1 µs so sub-ms periods are kept (the default slack is 50 µs).
-        // SAFETY: prctl with integer arguments; affects only the calling thread.
-        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000u64, 0, 0, 0) };
-        Pacer {
-            period,
-            next: std::time::Instant::now() + period,
-            overruns: 0,
-        }
-    }
-
-    /// Sleep until the next period starts.
-    pub fn wait(&mut self) {
-        let now = std::time::Instant::now();
-        if self.next > now {
-            std::thread::sleep(self.next - now);
-            self.next += self.period;
-        } else {
-            self.overruns += 1;
-            self.next = now + self.period;
-        }
-    }
-}
-
-/// CLOCK_MONOTONIC in ns: comparable across processes on one host (shared tables).
-pub fn mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+/// Clocks, pacing and thread priority live in `farside-rt`; re-exported here for the
+/// callers that reach them through the remote-memory layer.
+pub use farside_rt::{apply_thread_nice, mono_ns, set_thread_nice, Pacer};

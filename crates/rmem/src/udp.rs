@@ -18,7 +18,7 @@
 //! - A READ request is padded to the size of its reply: servers refuse shorter ones
 //!   (`Unpadded`), so the protocol cannot reflect a small datagram as a large one.
 
-use crate::client::{ClientOptions, Codec, Exchange, RmemError};
+use crate::iface::{ClientOptions, Codec, Exchange, RmemError};
 use crate::ops::{self, AccessKeys, Dedup, OpCounters};
 use crate::wire::*;
 use farside_region::Words;
@@ -82,7 +82,7 @@ impl UdpClient {
             self.sock.send(self.codec.req())?;
         }
         let deadline = Instant::now() + timeout;
-        crate::client::spin_until_readable(&self.sock, self.opts.spin.min(timeout));
+        crate::iface::spin_until_readable(&self.sock, self.opts.spin.min(timeout));
         let rep = self.codec.rep_mut();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -136,7 +136,7 @@ impl Exchange for UdpClient {
 }
 
 /// Reads larger than one datagram are split; everything else goes straight through.
-impl crate::client::RemoteMemory for UdpClient {
+impl crate::iface::RemoteMemory for UdpClient {
     fn read(&mut self, offset: usize, buf: &mut [u8]) -> Result<(), RmemError> {
         let mut done = 0;
         while done < buf.len() {

@@ -56,9 +56,11 @@
 
 pub mod delay;
 pub mod estimate;
-pub mod histogram;
-pub mod monitor;
-pub mod table;
+
+/// The monitor (its own crate, `farside-monitor`) and its table, under the names the
+/// control layer has always used.
+pub use farside_monitor as monitor;
+pub use farside_monitor::{histogram, table};
 
 use crate::config::{BalancePolicy, Metric, ProxyConfig, StalePolicy};
 use crate::gate::{Gate, InflightGuard, InflightObserver, Reject, Route};
@@ -66,9 +68,9 @@ use crate::pool::Pool;
 use estimate::{Event, Tally};
 use farside_admin::{Encoder, Labels};
 use farside_region::Words;
-use farside_rmem::mono_ns;
 /// A back-end's region and optional per-back-end key (`udp:HOST:PORT?key=HEX`).
 pub use farside_rmem::Target as RegionSource;
+use farside_rt::{coarse_mono_ns, mono_ns};
 use monitor::{Monitor, MonitorOptions, Watch};
 use std::cell::Cell;
 use std::net::SocketAddr;
@@ -213,8 +215,12 @@ fn rand_below(n: usize) -> usize {
     })
 }
 
-/// Most back-ends considered per decision (the table's bound).
-const CANDIDATES_MAX: usize = table::TABLE_BACKENDS_MAX;
+/// Random back-ends power-of-two-choices draws before it falls back to a walk: with a
+/// fraction f of the back-ends usable, 8 draws find two with probability
+/// 1 − f⁸ − 8f(1 − f)⁷ (0.96 at f = ½), so with most of them usable a decision reads
+/// about two entries whatever the back-end count; below that the walk
+/// ([`Control::scan`]) takes over.
+pub const P2C_DRAWS_MAX: usize = 8;
 
 impl Control {
     /// Build the control layer: start the embedded monitor, or map an external
@@ -236,13 +242,7 @@ impl Control {
             .collect();
         let (table, monitor) = match &cfg.monitor.table {
             Some(path) => {
-                let words: Arc<dyn Words> = Arc::new(farside_region::MappedWords::open_file(
-                    path.as_ref(),
-                    table::TABLE_WORDS,
-                )?);
-                table::check(&*words, n).map_err(|m| {
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{path}: {m}"))
-                })?;
+                let words = monitor::open_table(path.as_ref(), n)?;
                 (Some(words), None)
             }
             None if !watches.is_empty() => {
@@ -523,20 +523,36 @@ impl Control {
             || host.is_some_and(|h| h.eq_ignore_ascii_case(site))
     }
 
-    /// The admission check alone, across all back-ends (what `on_accept` runs).
+    /// The admission check alone, across all back-ends (what `on_accept` runs): true as
+    /// soon as one back-end (not marked down, unless all are) may take a request. The
+    /// walk starts at a random back-end and stops at the first admissible one, so it
+    /// reads O(1) entries while a fair share of the back-ends is admissible and O(n)
+    /// only to refuse.
     pub fn decide_accept(&self) -> Result<(), Reject> {
         let now = coarse_mono_ns();
+        let n = self.backends.len();
+        let start = rand_below(n.max(1));
         let mut why = Reject::NoBackend;
-        let all_down = (0..self.backends.len()).all(|i| self.is_down(i, now));
-        for i in 0..self.backends.len() {
-            if self.is_down(i, now) && !all_down {
-                continue;
+        let mut down = 0;
+        for ignore_down in [false, true] {
+            for k in 0..n {
+                let i = (start + k) % n;
+                if !ignore_down && self.is_down(i, now) {
+                    down += 1;
+                    continue;
+                }
+                if ignore_down && !self.is_down(i, now) {
+                    continue; // already checked in the first pass
+                }
+                self.relieve(i, now);
+                let load = self.load(i, now);
+                match self.admissible(i, load) {
+                    Ok(_) => return Ok(()),
+                    Err(r) => why = merge_reason(why, r),
+                }
             }
-            self.relieve(i, now);
-            let load = self.load(i, now);
-            match self.admissible(i, load) {
-                Ok(_) => return Ok(()),
-                Err(r) => why = merge_reason(why, r),
+            if down < n {
+                break; // some back-end is up: the marks stand
             }
         }
         Err(why)
@@ -550,14 +566,38 @@ impl Control {
 
     /// [`Control::choose`], also saying whether the back-end was admitted only onto an
     /// idle pooled connection (reuse-only).
+    ///
+    /// Cost in back-ends n: power-of-two-choices first draws up to [`P2C_DRAWS_MAX`]
+    /// random back-ends and stops at two usable ones (O(1)); if the draws find fewer,
+    /// a walk from a random back-end stops at the second usable one (O(n / usable)) and
+    /// only a refusal reads all n. Round-robin walks from its rotation to the first
+    /// usable one. Least-loaded reads all n (it must see every load).
     fn choose_route(&self, host: Option<&str>) -> Result<(usize, bool), Reject> {
         let now = coarse_mono_ns();
-        let mut pick = Pick::new(
-            self.policy,
-            self.rr.fetch_add(1, Ordering::Relaxed),
-            self.backends.len(),
-        );
-        let scan = self.scan(host, now, false, &mut pick);
+        let n = self.backends.len();
+        let rotation = self.rr.fetch_add(1, Ordering::Relaxed);
+        if self.policy == BalancePolicy::P2c {
+            let mut pick = Pick::new(self.policy, 2);
+            for _ in 0..P2C_DRAWS_MAX.min(n) {
+                let i = rand_below(n);
+                if pick.has(i) {
+                    continue;
+                }
+                if let Considered::Usable { key, reuse_only } = self.consider(i, host, now, false) {
+                    pick.offer(i, key, reuse_only);
+                    if pick.is_full() {
+                        return Ok(pick.finish().expect("two offered"));
+                    }
+                }
+            }
+        }
+        let (start, want) = match self.policy {
+            BalancePolicy::LeastLoaded => (rotation, usize::MAX),
+            BalancePolicy::RoundRobin => (rotation, 1),
+            BalancePolicy::P2c => (rand_below(n.max(1)), 2),
+        };
+        let mut pick = Pick::new(self.policy, want);
+        let scan = self.scan(host, now, false, start, &mut pick);
         if scan.serving == 0 {
             if let Some((index, _)) = self.sites.as_ref().and_then(|s| s.site_for_host(host)) {
                 self.sites.as_ref().expect("matched").count_unserved(index);
@@ -569,64 +609,81 @@ impl Control {
             // Panic mode: every back-end of the site is marked down. Ignore the marks and
             // try them anyway: a failure seen under overload must not turn into "503 for
             // everyone for a second"; only admission control decides to shed load.
-            let scan = self.scan(host, now, true, &mut pick);
-            return pick
-                .finish()
-                .map(|i| (i, scan.reuse_only(i)))
-                .ok_or(scan.why);
+            let scan = self.scan(host, now, true, start, &mut pick);
+            return pick.finish().ok_or(scan.why);
         }
-        pick.finish()
-            .map(|i| (i, scan.reuse_only(i)))
-            .ok_or(scan.why)
+        pick.finish().ok_or(scan.why)
     }
 
-    /// One pass over the back-ends serving `host`: offers each usable one (right site,
-    /// not down unless `ignore_down`, admissible if admission is on) to `pick`.
-    fn scan(&self, host: Option<&str>, now: u64, ignore_down: bool, pick: &mut Pick) -> Scan {
-        let check = self.admission_on && self.per_request;
+    /// Whether back-end `i` can take a request to `host` now, and at what score.
+    fn consider(&self, i: usize, host: Option<&str>, now: u64, ignore_down: bool) -> Considered {
+        if !self.serves(i, host) {
+            return Considered::NotServing;
+        }
+        if !ignore_down && self.is_down(i, now) {
+            return Considered::Down;
+        }
+        self.relieve(i, now);
+        let load = self.load(i, now);
+        let mut reuse_only = false;
+        if self.admission_on && self.per_request {
+            match self.admissible(i, load) {
+                Ok(Admit::Any) => {}
+                Ok(Admit::ReuseOnly) => reuse_only = true,
+                Err(r) => return Considered::Refused(r),
+            }
+        }
+        let score = match load {
+            // Metric `delay`: in flight relative to the budget (ppm), so a back-end
+            // whose delay allows more (a faster one, or one with no other tenant)
+            // gets proportionally more.
+            Load::Known(v) if self.metric == Metric::Delay => {
+                v.saturating_add(1) * 1_000_000 / self.budget(i).max(1)
+            }
+            Load::Known(v) => v,
+            Load::Stale | Load::Unknown => 0,
+        };
+        // Score: the load estimate (sample + this proxy's requests since), then this
+        // proxy's in-flight requests.
+        Considered::Usable {
+            key: (score, self.backends[i].inflight.load(Ordering::Relaxed)),
+            reuse_only,
+        }
+    }
+
+    /// A walk over the back-ends from `start` (wrapping), offering each usable one
+    /// (right site, not down unless `ignore_down`, admissible if admission is on) to
+    /// `pick` until it is full; counts what it saw on the way.
+    fn scan(
+        &self,
+        host: Option<&str>,
+        now: u64,
+        ignore_down: bool,
+        start: usize,
+        pick: &mut Pick,
+    ) -> Scan {
+        let n = self.backends.len();
         let mut scan = Scan {
             serving: 0,
             down: 0,
             why: Reject::NoBackend,
-            reuse_only: 0,
         };
-        for i in 0..self.backends.len() {
-            if !self.serves(i, host) {
+        for k in 0..n {
+            let i = (start + k) % n;
+            if pick.has(i) {
+                scan.serving += 1;
                 continue;
+            }
+            match self.consider(i, host, now, ignore_down) {
+                Considered::NotServing => continue,
+                Considered::Down => scan.down += 1,
+                Considered::Refused(r) => scan.why = merge_reason(scan.why, r),
+                Considered::Usable { key, reuse_only } => pick.offer(i, key, reuse_only),
             }
             scan.serving += 1;
-            if !ignore_down && self.is_down(i, now) {
-                scan.down += 1;
-                continue;
+            if pick.is_full() {
+                break;
             }
-            self.relieve(i, now);
-            let load = self.load(i, now);
-            if check {
-                match self.admissible(i, load) {
-                    Ok(Admit::Any) => {}
-                    Ok(Admit::ReuseOnly) => scan.reuse_only |= 1 << i,
-                    Err(r) => {
-                        scan.why = merge_reason(scan.why, r);
-                        continue;
-                    }
-                }
-            }
-            let score = match load {
-                // Metric `delay`: in flight relative to the budget (ppm), so a back-end
-                // whose delay allows more (a faster one, or one with no other tenant)
-                // gets proportionally more.
-                Load::Known(v) if self.metric == Metric::Delay => {
-                    v.saturating_add(1) * 1_000_000 / self.budget(i).max(1)
-                }
-                Load::Known(v) => v,
-                Load::Stale | Load::Unknown => 0,
-            };
-            // Score: the load estimate (sample + this proxy's requests since), then this
-            // proxy's in-flight requests.
-            pick.offer(
-                i,
-                (score, self.backends[i].inflight.load(Ordering::Relaxed)),
-            );
         }
         scan
     }
@@ -709,20 +766,6 @@ pub fn relief(backlog: u64, idle: u64) -> Relief {
     }
 }
 
-/// CLOCK_MONOTONIC_COARSE in ns: the same clock as `mono_ns` at kernel-tick resolution
-/// (1–4 ms), at a fraction of the cost. Staleness thresholds are tens of ms, so the
-/// decision path uses this; a coarse `now` lags, which can only make a record look
-/// fresher by at most one tick.
-fn coarse_mono_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 /// Most time a starting proxy waits for the monitor's first read of every back-end, so
 /// that it does not answer its first requests with fail-safe 503s.
 const FIRST_READ_WAIT: Duration = Duration::from_secs(2);
@@ -752,7 +795,20 @@ fn wait_first_reads(words: &dyn Words, indices: &[usize], cfg: &ProxyConfig) {
     }
 }
 
-/// What one pass over the back-ends saw.
+/// What [`Control::consider`] found of one back-end.
+enum Considered {
+    /// It does not serve the request's site.
+    NotServing,
+    /// Marked down after a failure.
+    Down,
+    /// Admission refused it.
+    Refused(Reject),
+    /// It can take the request: its balancing key (lower is better) and whether only
+    /// onto an idle pooled connection.
+    Usable { key: (u64, u64), reuse_only: bool },
+}
+
+/// What one walk over the back-ends saw (until it stopped).
 struct Scan {
     /// Back-ends serving the site.
     serving: usize,
@@ -760,75 +816,73 @@ struct Scan {
     down: usize,
     /// The most telling reason a back-end was refused.
     why: Reject,
-    /// Bit i: back-end i was offered as reuse-only ([`Admit::ReuseOnly`]).
-    reuse_only: u64,
 }
 
-impl Scan {
-    fn reuse_only(&self, i: usize) -> bool {
-        self.reuse_only & (1 << i) != 0
-    }
-}
-
-/// Chooses among the back-ends offered by a scan, without allocating: least-loaded keeps
-/// a running minimum (ties broken by a rotating start so they spread); round-robin and
-/// p2c collect candidate indices in a fixed array.
+/// Chooses among the back-ends offered, in O(1) memory whatever their number:
+/// least-loaded keeps the running minimum (the walk starts at a rotating back-end, so
+/// ties spread); round-robin takes the first offered (the walk starts at the rotation);
+/// power-of-two-choices keeps the first two offered (drawn at random, or met by a walk
+/// from a random back-end) and takes the less loaded.
 struct Pick {
     policy: BalancePolicy,
-    rotation: usize,
-    len: usize,
-    best: Option<((u64, u64, usize), usize)>,
+    /// Offers after which the choice is made (`usize::MAX`: all of them).
+    want: usize,
+    /// Offered so far.
     n: usize,
-    idx: [u8; CANDIDATES_MAX],
-    key: [(u64, u64); CANDIDATES_MAX],
+    /// The best (least-loaded, or the first for round-robin) and the runner-up (p2c).
+    best: Option<(usize, (u64, u64), bool)>,
+    second: Option<(usize, (u64, u64), bool)>,
 }
 
 impl Pick {
-    fn new(policy: BalancePolicy, rotation: usize, len: usize) -> Pick {
+    fn new(policy: BalancePolicy, want: usize) -> Pick {
         Pick {
             policy,
-            rotation,
-            len: len.max(1),
-            best: None,
+            want,
             n: 0,
-            idx: [0; CANDIDATES_MAX],
-            key: [(0, 0); CANDIDATES_MAX],
+            best: None,
+            second: None,
         }
     }
 
-    fn offer(&mut self, i: usize, key: (u64, u64)) {
+    fn offer(&mut self, i: usize, key: (u64, u64), reuse_only: bool) {
+        let c = Some((i, key, reuse_only));
         match self.policy {
             BalancePolicy::LeastLoaded => {
-                let rot = (i + self.len - self.rotation % self.len) % self.len;
-                let k = (key.0, key.1, rot);
-                if self.best.is_none_or(|(b, _)| k < b) {
-                    self.best = Some((k, i));
+                if self.best.is_none_or(|(_, k, _)| key < k) {
+                    self.best = c;
                 }
             }
             BalancePolicy::RoundRobin | BalancePolicy::P2c => {
-                self.idx[self.n] = i as u8;
-                self.key[self.n] = key;
+                if self.best.is_none() {
+                    self.best = c;
+                } else if self.second.is_none() {
+                    self.second = c;
+                }
             }
         }
         self.n += 1;
+    }
+
+    /// Whether back-end `i` was offered already (p2c's draws may repeat).
+    fn has(&self, i: usize) -> bool {
+        self.best.is_some_and(|b| b.0 == i) || self.second.is_some_and(|b| b.0 == i)
+    }
+
+    fn is_full(&self) -> bool {
+        self.n >= self.want
     }
 
     fn is_empty(&self) -> bool {
         self.n == 0
     }
 
-    fn finish(&self) -> Option<usize> {
-        if self.n == 0 {
-            return None;
-        }
-        Some(match self.policy {
-            BalancePolicy::LeastLoaded => self.best.expect("n > 0").1,
-            BalancePolicy::RoundRobin => self.idx[self.rotation % self.n] as usize,
-            BalancePolicy::P2c => {
-                let (a, b) = (rand_below(self.n), rand_below(self.n));
-                let k = if self.key[a] <= self.key[b] { a } else { b };
-                self.idx[k] as usize
-            }
+    /// The chosen back-end and whether it is reuse-only.
+    fn finish(&self) -> Option<(usize, bool)> {
+        let (i, k, r) = self.best?;
+        Some(match (self.policy, self.second) {
+            (BalancePolicy::P2c, Some((j, kj, rj))) if kj < k => (j, rj),
+            _ => (i, r),
         })
     }
 }
@@ -856,6 +910,7 @@ pub fn monitor_options(cfg: &ProxyConfig) -> MonitorOptions {
         stale_after: Duration::from_millis(cfg.admission.stale_after_ms),
         nice: cfg.monitor.nice,
         key: farside_rmem::DEFAULT_READ_KEY,
+        threads: cfg.monitor.threads,
     }
 }
 
@@ -1140,6 +1195,9 @@ impl Gate for Control {
             c.request_admitted_reuse_only.load(Ordering::Relaxed),
         );
         self.render_signal_metrics(enc);
+        if let Some(m) = &self.monitor {
+            m.render(enc);
+        }
         if let Some(s) = &self.sites {
             let roles: Vec<Option<u64>> = (0..self.backends.len())
                 .map(|i| self.role_served(i))

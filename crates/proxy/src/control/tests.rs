@@ -670,3 +670,78 @@ fn delay_metric_balances_by_headroom_in_the_budget() {
     assert_eq!((to(0), to(1)), (5, 1), "by headroom, not by count");
     let _ = std::fs::remove_file(p);
 }
+
+/// Per-back-end admission checks made so far (each reads one table entry).
+fn checks(c: &Control) -> u64 {
+    c.signals.0.iter().map(|x| x.load(Ordering::Relaxed)).sum()
+}
+
+fn thousand(policy: BalancePolicy) -> (Control, Arc<dyn Words>, PathBuf) {
+    let n = table::TABLE_BACKENDS_MAX;
+    let backends = (0..n).map(|i| backend(10_000 + i as u16, "")).collect();
+    with_table(backends, |cfg| cfg.balance.policy = policy)
+}
+
+#[test]
+fn p2c_over_a_thousand_backends_reads_a_bounded_number_of_entries() {
+    let (c, t, p) = thousand(BalancePolicy::P2c);
+    let n = c.backend_count();
+    for i in 0..n {
+        EntryWriter::new(&*t, i).publish(&fresh(i as u64 % 5));
+    }
+    let decisions = 1_000;
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..decisions {
+        seen.insert(c.choose(None).unwrap());
+    }
+    let per = checks(&c) as f64 / decisions as f64;
+    assert!(
+        per <= P2C_DRAWS_MAX as f64,
+        "{per} entries read per decision over {n} back-ends"
+    );
+    assert!(
+        seen.len() > n / 4,
+        "draws spread: {} back-ends chosen",
+        seen.len()
+    );
+    // The accept check stops at the first admissible back-end.
+    let before = checks(&c);
+    for _ in 0..decisions {
+        c.decide_accept().unwrap();
+    }
+    assert!(checks(&c) - before <= 2 * decisions);
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn the_only_usable_backend_among_a_thousand_is_found_by_every_policy() {
+    for policy in [
+        BalancePolicy::P2c,
+        BalancePolicy::RoundRobin,
+        BalancePolicy::LeastLoaded,
+    ] {
+        let (c, t, p) = thousand(policy);
+        let n = c.backend_count();
+        let only = n - 24; // beyond what a u8 index or a 64-bit mask can name
+        for i in 0..n {
+            EntryWriter::new(&*t, i).publish(&fresh(if i == only { 0 } else { 10 }));
+        }
+        for _ in 0..50 {
+            assert_eq!(c.choose(None), Ok(only), "{policy:?}");
+            assert_eq!(c.decide_accept(), Ok(()), "{policy:?}");
+        }
+        EntryWriter::new(&*t, only).publish(&fresh(10));
+        assert_eq!(c.choose(None), Err(Reject::Overloaded), "{policy:?}");
+        assert_eq!(c.decide_accept(), Err(Reject::Overloaded), "{policy:?}");
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+#[test]
+fn more_backends_than_the_table_holds_is_a_config_error() {
+    let n = table::TABLE_BACKENDS_MAX + 1;
+    let backends = (0..n).map(|i| backend(10_000 + i as u16, "")).collect();
+    let cfg = ProxyConfig::simple("127.0.0.1:1".parse().unwrap(), backends);
+    let err = cfg.validate().unwrap_err().to_string();
+    assert!(err.contains("at most 1024 back-ends"), "{err}");
+}

@@ -18,11 +18,19 @@ pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"FSMONTBL");
 /// Version 3: 19 words (`conns_interval_ns`).
 /// Version 4: 20 words (`role_served`, seed 001 sites).
 pub const TABLE_VERSION: u64 = 4;
-/// Most back-ends one table holds.
-pub const TABLE_BACKENDS_MAX: usize = 64;
+/// Most back-ends one table holds (and so one proxy balances over): the poller and the
+/// decisions were built and measured for this many (issue 9: at least 1,024); a table
+/// is sized for the configured back-ends ([`table_words`]), 160 KiB at this bound.
+pub const TABLE_BACKENDS_MAX: usize = 1024;
+/// Words of the table header.
 pub const HEADER_WORDS: usize = 8;
+/// Words of one entry (seqlock head and tail included).
 pub const ENTRY_WORDS: usize = 20;
-pub const TABLE_WORDS: usize = HEADER_WORDS + TABLE_BACKENDS_MAX * ENTRY_WORDS;
+
+/// Words of a table for `backends` entries.
+pub const fn table_words(backends: usize) -> usize {
+    HEADER_WORDS + backends * ENTRY_WORDS
+}
 
 const H_MAGIC: usize = 0;
 const H_VERSION: usize = 1;
@@ -159,9 +167,10 @@ fn entry_first(i: usize) -> usize {
     HEADER_WORDS + i * ENTRY_WORDS
 }
 
-/// Initialise a table for `backends` entries.
+/// Initialise a table for `backends` entries (`words` holds at least
+/// [`table_words`]`(backends)`).
 pub fn init(words: &dyn Words, backends: usize, period_us: u64) {
-    assert!(backends <= TABLE_BACKENDS_MAX);
+    assert!(backends <= TABLE_BACKENDS_MAX && words.words().len() >= table_words(backends));
     let w = words.words();
     w[H_MAGIC].store(0, Ordering::Release);
     for x in &w[HEADER_WORDS..] {
@@ -177,7 +186,7 @@ pub fn init(words: &dyn Words, backends: usize, period_us: u64) {
 /// Check an existing (shared) table holds `backends` entries.
 pub fn check(words: &dyn Words, backends: usize) -> Result<(), String> {
     let w = words.words();
-    if w.len() < TABLE_WORDS || w[H_MAGIC].load(Ordering::Acquire) != TABLE_MAGIC {
+    if w.len() < table_words(backends) || w[H_MAGIC].load(Ordering::Acquire) != TABLE_MAGIC {
         return Err("not a farside monitor table (is `farside monitor` running?)".into());
     }
     if w[H_VERSION].load(Ordering::Acquire) != TABLE_VERSION {
@@ -196,6 +205,7 @@ pub fn check(words: &dyn Words, backends: usize) -> Result<(), String> {
 pub struct EntryWriter<'a>(SeqlockWriter<'a>);
 
 impl<'a> EntryWriter<'a> {
+    /// The writer of entry `i` of `words`.
     pub fn new(words: &'a dyn Words, i: usize) -> Self {
         EntryWriter(SeqlockWriter::new(
             words.words(),
@@ -204,6 +214,7 @@ impl<'a> EntryWriter<'a> {
         ))
     }
 
+    /// Publish `e` as the entry's new value (seqlock write).
     pub fn publish(&mut self, e: &Entry) {
         self.0.publish(&e.fields());
     }
@@ -288,7 +299,7 @@ mod tests {
 
     #[test]
     fn entries_round_trip_and_unwritten_ones_read_as_none() {
-        let t = HeapWords::new(TABLE_WORDS);
+        let t = HeapWords::new(table_words(2));
         init(&t, 2, 1000);
         check(&t, 2).unwrap();
         assert!(check(&t, 3).is_err());

@@ -1,0 +1,271 @@
+//! The load monitor: reads every back-end's region every period G through its
+//! transport and publishes what it saw into the monitor table ([`table`]), which the
+//! proxy's policy reads (embedded) or proxies on the same host map (`farside monitor`).
+//! Reads that fail (timeout, refusal, torn or corrupt record) are counted and never
+//! published as load: the entry keeps its last good values and goes stale.
+//!
+//! Who reads: a few poller threads ([`poller`]), each reading all its regions once per
+//! period: `udp` with one non-blocking socket and batched sends and receives
+//! (`sendmmsg`/`recvmmsg`), `tcp` (the two-sided baseline) with a non-blocking stream
+//! per back-end in the same `ppoll` set, `shm` in place. Threads:
+//! `MonitorOptions::threads`, or by default one per [`BACKENDS_PER_THREAD`].
+//!
+//! What a read's outcome does to an entry is one pure function
+//! ([`watch::apply_snapshot`]).
+
+pub mod histogram;
+pub mod poller;
+pub mod responder;
+pub mod table;
+mod tcp;
+pub mod watch;
+
+use farside_region::Words;
+use histogram::Histogram;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use farside_rmem::Target;
+pub use watch::MONITOR_READ_BYTES;
+
+/// One back-end to watch: its table index and where its region is.
+#[derive(Debug, Clone)]
+pub struct Watch {
+    pub index: usize,
+    pub name: String,
+    /// Where the region is, and its own key if the configuration names one (else
+    /// `MonitorOptions::key`).
+    pub region: Target,
+}
+
+/// How the monitor reads.
+#[derive(Debug, Clone)]
+pub struct MonitorOptions {
+    /// Poll period G.
+    pub period: Duration,
+    /// Timeout of one read (all its attempts).
+    pub read_timeout: Duration,
+    /// Only used to log fresh → stale transitions.
+    pub stale_after: Duration,
+    /// Read key of regions that name none.
+    pub key: u64,
+    /// Nice value of every polling thread (0: unchanged).
+    pub nice: i32,
+    /// Poller threads; 0: the default rule ([`poller_threads`]).
+    pub threads: usize,
+}
+
+/// Back-ends one poller thread reads by default. The rule's reasoning, an estimate
+/// until `bench_monitor` is run on a quiet machine: a read costs the poller a datagram
+/// out and one in, batched (about 1 µs of CPU), so 512 reads per 1 ms period keep one
+/// thread near half a core, with room for a slow period.
+pub const BACKENDS_PER_THREAD: usize = 512;
+
+/// Most poller threads: more than the front-end's cores only adds wake-ups.
+pub const MONITOR_THREADS_MAX: usize = 16;
+
+/// Poller threads for `polled` back-ends: `requested` if not 0, else one per
+/// [`BACKENDS_PER_THREAD`] (at least one); never more than there are back-ends or
+/// [`MONITOR_THREADS_MAX`].
+pub fn poller_threads(polled: usize, requested: usize) -> usize {
+    let n = if requested > 0 {
+        requested
+    } else {
+        polled.div_ceil(BACKENDS_PER_THREAD)
+    };
+    n.clamp(1, MONITOR_THREADS_MAX).min(polled.max(1))
+}
+
+/// What one monitor thread measured of its reads, for the proxy's metrics: the part of
+/// the paper's argument that can be observed from the front-end (a two-sided read waits
+/// for the back-end's CPU; a one-sided one does not).
+#[derive(Default)]
+pub struct ReadStats {
+    /// Round trip of every successful read.
+    pub read: Histogram,
+    /// Time between two reads that each found a new record: how often fresh load
+    /// reaches the proxy (about max(G, gatherer period) when nothing waits).
+    pub update_gap: Histogram,
+}
+
+/// What one poller thread did, for metrics and the benchmark.
+#[derive(Default, Debug)]
+pub struct PollerStats {
+    /// Periods completed.
+    pub periods: AtomicU64,
+    /// Periods whose deadline had passed before the work of the previous one ended.
+    pub overruns: AtomicU64,
+    /// The thread's CPU time so far, ns (updated once per period).
+    pub cpu_ns: AtomicU64,
+    /// Datagrams that matched no pending read (answers after their read was given
+    /// up, or strays): dropped.
+    pub late: AtomicU64,
+    /// Requests the socket would not take (send buffer full): retried at their deadline.
+    pub send_dropped: AtomicU64,
+}
+
+/// Running monitor threads; they stop when this is dropped.
+pub struct Monitor {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Read statistics by table index (`None`: not watched).
+    stats: Vec<Option<Arc<ReadStats>>>,
+    pollers: Vec<Arc<PollerStats>>,
+}
+
+/// Connection retry backoff after a failed connect, bounded.
+pub(crate) const RECONNECT_BACKOFF_MAX: Duration = Duration::from_millis(200);
+
+impl Monitor {
+    /// Start reading `watches` into `table` (sized for every watch's index).
+    pub fn start(
+        watches: Vec<Watch>,
+        table: Arc<dyn Words>,
+        opts: MonitorOptions,
+    ) -> std::io::Result<Monitor> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let slots = watches.iter().map(|w| w.index + 1).max().unwrap_or(0);
+        let mut stats = vec![None; slots];
+        let mut polled = Vec::new();
+        for w in watches {
+            let st = Arc::new(ReadStats::default());
+            stats[w.index] = Some(st.clone());
+            polled.push((w, st));
+        }
+        let mut m = Monitor {
+            stop: stop.clone(),
+            threads: Vec::new(),
+            stats,
+            pollers: Vec::new(),
+        };
+        let k = poller_threads(polled.len(), opts.threads);
+        let mut parts: Vec<Vec<_>> = (0..k).map(|_| Vec::new()).collect();
+        for (j, w) in polled.into_iter().enumerate() {
+            parts[j % k].push(w);
+        }
+        for (j, part) in parts.into_iter().enumerate() {
+            if part.is_empty() {
+                continue;
+            }
+            let ps = Arc::new(PollerStats::default());
+            m.pollers.push(ps.clone());
+            let (table, stop, opts) = (table.clone(), stop.clone(), opts.clone());
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            let h = std::thread::Builder::new()
+                .name(format!("monitor-poll-{j}"))
+                .spawn(move || {
+                    farside_rt::apply_thread_nice(&format!("monitor: poller {j}"), opts.nice);
+                    match poller::Poller::new(&*table, part, &opts, ps) {
+                        Ok(mut p) => {
+                            let _ = tx.send(Ok(()));
+                            p.run(&stop);
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                        }
+                    }
+                })?;
+            m.threads.push(h);
+            rx.recv()
+                .unwrap_or_else(|_| Err(std::io::Error::other("monitor poller ended at start")))?;
+        }
+        Ok(m)
+    }
+
+    /// Read statistics of the back-end at table index `index`, if it is watched.
+    pub fn stats(&self, index: usize) -> Option<&ReadStats> {
+        self.stats.get(index)?.as_deref()
+    }
+
+    /// Each poller thread's counters.
+    pub fn pollers(&self) -> &[Arc<PollerStats>] {
+        &self.pollers
+    }
+
+    /// Report the poller threads' counters to a metrics scrape.
+    pub fn render(&self, enc: &mut farside_admin::Encoder) {
+        for (j, p) in self.pollers.iter().enumerate() {
+            let t = j.to_string();
+            let l: &[(&str, &str)] = &[("poller", &t)];
+            enc.counter(
+                "farside_monitor_periods_total",
+                "Periods a monitor poller thread completed.",
+                l,
+                p.periods.load(Ordering::Relaxed),
+            );
+            enc.counter(
+                "farside_monitor_overruns_total",
+                "Periods a monitor poller thread started late (its work outlasted a period).",
+                l,
+                p.overruns.load(Ordering::Relaxed),
+            );
+            enc.counter(
+                "farside_monitor_cpu_ns_total",
+                "CPU time of a monitor poller thread, ns.",
+                l,
+                p.cpu_ns.load(Ordering::Relaxed),
+            );
+            enc.counter(
+                "farside_monitor_late_replies_total",
+                "Replies that matched no pending read (late or stray): dropped.",
+                l,
+                p.late.load(Ordering::Relaxed),
+            );
+        }
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Create the table words for `n` back-ends: a shared file if `path` is given.
+pub fn create_table(
+    path: Option<&std::path::Path>,
+    n: usize,
+    period_us: u64,
+) -> std::io::Result<Arc<dyn Words>> {
+    if n > table::TABLE_BACKENDS_MAX {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "{n} back-ends, a monitor table holds at most {} (table::TABLE_BACKENDS_MAX)",
+                table::TABLE_BACKENDS_MAX
+            ),
+        ));
+    }
+    let words: Arc<dyn Words> = match path {
+        Some(p) => Arc::new(farside_region::MappedWords::create_file(
+            p,
+            table::table_words(n),
+        )?),
+        None => Arc::new(farside_region::HeapWords::new(table::table_words(n))),
+    };
+    table::init(&*words, n, period_us);
+    Ok(words)
+}
+
+/// Map the shared table of a `farside monitor` at `path`, checking it holds `n`
+/// back-ends.
+pub fn open_table(path: &std::path::Path, n: usize) -> std::io::Result<Arc<dyn Words>> {
+    let words: Arc<dyn Words> = Arc::new(farside_region::MappedWords::open_file(
+        path,
+        table::table_words(n),
+    )?);
+    table::check(&*words, n).map_err(|m| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{}: {m}", path.display()),
+        )
+    })?;
+    Ok(words)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,728 @@
+//! The poller: one thread reads many back-ends' regions every period.
+//!
+//! ```text
+//! every period G:
+//!   shm slots      read in place (a mapped file: no waiting)
+//!   udp slots      no read pending → queue a READ (new seq)
+//!                  read pending past its attempt deadline → resend (retry flag, new
+//!                  seq) or, after UDP_TRIES attempts, count a failed read
+//!   flush          sendmmsg, BATCH_MAX datagrams per call, one socket per family
+//!   until G ends   ppoll on the sockets; recvmmsg drains replies as they come
+//! ```
+//!
+//! Every READ carries its own sequence number: `round << SLOT_BITS | slot`, so a reply
+//! names its slot in O(1) and is accepted only if it answers one of the attempts of
+//! the slot's pending read and comes from the slot's address; anything else (a reply
+//! that arrives after its read was given up, a stray datagram) is counted as late and
+//! dropped. A read's timeout and the error and staleness accounting are those of a
+//! blocking client (`farside_rmem::UdpClient`: the read timeout split over
+//! `UDP_TRIES` attempts; [`crate::watch::WatchState`]), without a thread per back-end.
+
+use crate::watch::{WatchState, MONITOR_READ_BYTES};
+use crate::{MonitorOptions, PollerStats, ReadStats, Watch, RECONNECT_BACKOFF_MAX};
+use farside_region::Words;
+use farside_rmem::udp::UDP_TRIES;
+use farside_rmem::wire::{encode_request, Op, RepHeader, ReqHeader, Status, FLAG_RETRY};
+use farside_rmem::wire::{REP_HEADER_BYTES, REQ_HEADER_BYTES};
+use farside_rmem::{Endpoint, RemoteMemory, RmemError, ShmClient};
+use farside_rt::{mono_ns, Pacer};
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Low bits of a READ's sequence number that name its slot: a poller holds at most
+/// 2^20 slots, far above the table's bound, and the 44 high bits count rounds (never
+/// wrap in practice: 2^44 periods of 1 ms are 550 years).
+pub const SLOT_BITS: u32 = 20;
+const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
+
+/// Datagrams per `sendmmsg`/`recvmmsg` call: one call moves a batch, and the arrays
+/// live on the poller's stack (64 × 512 B of replies).
+pub const BATCH_MAX: usize = 64;
+
+/// A READ request padded to its reply's size (servers refuse shorter ones).
+const REQ_PADDED_BYTES: usize = REP_HEADER_BYTES + MONITOR_READ_BYTES;
+const _: () = assert!(REQ_PADDED_BYTES >= REQ_HEADER_BYTES);
+
+/// Receive buffer of one datagram: a reply is `REP_HEADER_BYTES + MONITOR_READ_BYTES`
+/// (312 B); anything longer is truncated and refused.
+const REPLY_BUF_BYTES: usize = 512;
+
+/// Socket receive buffer per udp slot: a small datagram costs about 1–2 KiB of kernel
+/// memory (skb truesize), and at most one read (two replies when a retry crosses a
+/// late answer) is in flight per slot; the kernel clamps it to `rmem_max` unless the
+/// process may force it.
+const RCVBUF_PER_SLOT_BYTES: usize = 4096;
+
+/// Shortest attempt timeout, as the blocking udp client's.
+const ATTEMPT_TIMEOUT_MIN: Duration = Duration::from_micros(100);
+
+enum Kind {
+    Shm {
+        path: std::path::PathBuf,
+        client: Option<Box<ShmClient>>,
+        backoff: Duration,
+        next_connect: Instant,
+    },
+    Udp {
+        addr: SocketAddr,
+        /// Index into `Poller::socks`: 0 IPv4, 1 IPv6.
+        family: usize,
+        key: u64,
+        pending: Option<Pending>,
+    },
+    Tcp {
+        t: Box<crate::tcp::TcpSlot>,
+        /// Its entry in `Poller::pollfds`.
+        pfd: usize,
+    },
+}
+
+/// A READ in flight.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    /// Sequence numbers of its first and latest attempt (a reply to any is accepted).
+    first_seq: u64,
+    seq: u64,
+    attempt: u32,
+    started: Instant,
+    deadline: Instant,
+}
+
+struct Slot<'t> {
+    st: WatchState<'t>,
+    stats: std::sync::Arc<ReadStats>,
+    kind: Kind,
+}
+
+/// Reads every slot's region once per period until `stop`.
+pub(crate) struct Poller<'t> {
+    slots: Vec<Slot<'t>>,
+    socks: [Option<UdpSocket>; 2],
+    /// Datagram client id (servers key duplicate detection on it; READs skip it).
+    client: u64,
+    round: u64,
+    attempt_timeout: Duration,
+    stale_after: Duration,
+    period: Duration,
+    /// Slots whose READ is to be sent, per socket family.
+    queue: [Vec<usize>; 2],
+    /// Earliest attempt deadline among pending reads (a bound: may be early).
+    next_expiry: Option<Instant>,
+    stats: std::sync::Arc<PollerStats>,
+    scratch: Vec<u8>,
+    read_timeout: Duration,
+    /// The `ppoll` set: the two udp sockets (fd -1 if none), then one entry per tcp slot.
+    pollfds: Vec<libc::pollfd>,
+    /// Slot of each `pollfds` entry from 2 on.
+    pfd_slot: Vec<usize>,
+}
+
+impl<'t> Poller<'t> {
+    pub(crate) fn new(
+        table: &'t dyn Words,
+        watches: Vec<(Watch, std::sync::Arc<ReadStats>)>,
+        opts: &MonitorOptions,
+        stats: std::sync::Arc<PollerStats>,
+    ) -> io::Result<Poller<'t>> {
+        let mut socks: [Option<UdpSocket>; 2] = [None, None];
+        let mut udp_slots = [0usize; 2];
+        let mut slots = Vec::with_capacity(watches.len());
+        let client = farside_rmem::random_u64().max(1);
+        let mut pfd_slot = Vec::new();
+        for (w, rs) in watches {
+            let st = WatchState::new(table, w.index, w.name.clone(), w.region.to_string());
+            let kind = match &w.region.endpoint {
+                Endpoint::Shm(p) => Kind::Shm {
+                    path: p.clone(),
+                    client: None,
+                    backoff: Duration::ZERO,
+                    next_connect: Instant::now(),
+                },
+                Endpoint::Udp(a) => {
+                    let family = usize::from(a.is_ipv6());
+                    udp_slots[family] += 1;
+                    Kind::Udp {
+                        addr: *a,
+                        family,
+                        key: w.region.key.unwrap_or(opts.key),
+                        pending: None,
+                    }
+                }
+                Endpoint::Tcp(a) => {
+                    pfd_slot.push(slots.len());
+                    Kind::Tcp {
+                        t: Box::new(crate::tcp::TcpSlot::new(
+                            *a,
+                            w.region.key.unwrap_or(opts.key),
+                            client,
+                        )),
+                        pfd: 1 + pfd_slot.len(),
+                    }
+                }
+            };
+            slots.push(Slot {
+                st,
+                stats: rs,
+                kind,
+            });
+        }
+        assert!(
+            slots.len() as u64 <= SLOT_MASK,
+            "slots beyond the seq's slot bits"
+        );
+        for (family, n) in udp_slots.into_iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let bind = if family == 0 { "0.0.0.0:0" } else { "[::]:0" };
+            let s = UdpSocket::bind(bind)?;
+            s.set_nonblocking(true)?;
+            set_rcvbuf(&s, n * RCVBUF_PER_SLOT_BYTES);
+            socks[family] = Some(s);
+        }
+        Ok(Poller {
+            slots,
+            socks,
+            client,
+            round: 0,
+            attempt_timeout: (opts.read_timeout / UDP_TRIES).max(ATTEMPT_TIMEOUT_MIN),
+            stale_after: opts.stale_after,
+            period: opts.period,
+            queue: [Vec::new(), Vec::new()],
+            next_expiry: None,
+            stats,
+            scratch: Vec::with_capacity(REQ_PADDED_BYTES),
+            read_timeout: opts.read_timeout,
+            pollfds: vec![
+                libc::pollfd {
+                    fd: -1,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                2 + pfd_slot.len()
+            ],
+            pfd_slot,
+        }
+        .with_socket_fds())
+    }
+
+    fn with_socket_fds(mut self) -> Self {
+        for f in 0..2 {
+            if let Some(s) = &self.socks[f] {
+                self.pollfds[f].fd = s.as_raw_fd();
+            }
+        }
+        self
+    }
+
+    /// Poll until `stop` is set.
+    pub(crate) fn run(&mut self, stop: &AtomicBool) {
+        let mut pacer = Pacer::new(self.period);
+        while !stop.load(Ordering::Relaxed) {
+            self.round();
+            self.wait_until(pacer.deadline());
+            pacer.advance();
+            self.stats.periods.fetch_add(1, Ordering::Relaxed);
+            self.stats.overruns.store(pacer.overruns, Ordering::Relaxed);
+            self.stats
+                .cpu_ns
+                .store(farside_rt::thread_cpu_ns(), Ordering::Relaxed);
+        }
+    }
+
+    /// One period's work: read shm slots, start or retry udp reads, send them.
+    pub(crate) fn round(&mut self) {
+        self.round += 1;
+        let now = Instant::now();
+        for i in 0..self.slots.len() {
+            let slot = &mut self.slots[i];
+            match &mut slot.kind {
+                Kind::Shm {
+                    path,
+                    client,
+                    backoff,
+                    next_connect,
+                } => {
+                    read_shm(
+                        &mut slot.st,
+                        &slot.stats,
+                        path,
+                        client,
+                        backoff,
+                        next_connect,
+                        self.period,
+                    );
+                    slot.st.publish(mono_ns(), self.stale_after);
+                }
+                Kind::Udp {
+                    family, pending, ..
+                } => match pending {
+                    None => self.queue[*family].push(i),
+                    Some(p) if now >= p.deadline => {
+                        if p.attempt + 1 < UDP_TRIES {
+                            self.queue[*family].push(i);
+                        } else {
+                            *pending = None;
+                            slot.st.on_error(&RmemError::Timeout);
+                            slot.st.publish(mono_ns(), self.stale_after);
+                        }
+                    }
+                    Some(_) => {}
+                },
+                Kind::Tcp { t, pfd } => {
+                    let seq = (self.round << SLOT_BITS) | i as u64;
+                    let done = t.tick(now, seq, self.read_timeout, self.period);
+                    let (fd, events) = t.pollfd();
+                    self.pollfds[*pfd].fd = fd;
+                    self.pollfds[*pfd].events = events;
+                    if let Some(d) = done {
+                        account_tcp(&mut slot.st, &slot.stats, d, self.stale_after);
+                    }
+                }
+            }
+        }
+        self.next_expiry = None;
+        for family in 0..2 {
+            self.flush(family, now);
+        }
+    }
+
+    /// Sleep in `ppoll` until `deadline`, taking replies as they come and retrying or
+    /// failing reads whose attempt deadline passes meanwhile.
+    fn wait_until(&mut self, deadline: Instant) {
+        loop {
+            for family in 0..2 {
+                self.drain(family);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            if self.next_expiry.is_some_and(|e| now >= e) {
+                self.expire(now);
+                continue;
+            }
+            let until = self.next_expiry.map_or(deadline, |e| e.min(deadline));
+            let left = until.saturating_duration_since(now);
+            let ts = libc::timespec {
+                tv_sec: left.as_secs() as libc::time_t,
+                tv_nsec: left.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: pollfds is a valid array of pollfd (fd -1 entries are ignored); ts
+            // outlives the call; no signal mask.
+            let ready = unsafe {
+                libc::ppoll(
+                    self.pollfds.as_mut_ptr(),
+                    self.pollfds.len() as libc::nfds_t,
+                    &ts,
+                    std::ptr::null(),
+                )
+            };
+            if ready > 0 {
+                self.tcp_ready();
+            }
+        }
+    }
+
+    /// Serve the tcp streams `ppoll` found ready.
+    fn tcp_ready(&mut self) {
+        for k in 2..self.pollfds.len() {
+            let revents = std::mem::take(&mut self.pollfds[k].revents);
+            if revents == 0 {
+                continue;
+            }
+            let slot = &mut self.slots[self.pfd_slot[k - 2]];
+            let Kind::Tcp { t, .. } = &mut slot.kind else {
+                unreachable!("pollfds past 2 are tcp slots")
+            };
+            let done = t.on_ready(revents);
+            let (fd, events) = t.pollfd();
+            self.pollfds[k].fd = fd;
+            self.pollfds[k].events = events;
+            if let Some(d) = done {
+                account_tcp(&mut slot.st, &slot.stats, d, self.stale_after);
+            }
+        }
+    }
+
+    /// Retry or fail the pending reads whose attempt deadline passed.
+    fn expire(&mut self, now: Instant) {
+        self.next_expiry = None;
+        for i in 0..self.slots.len() {
+            let slot = &mut self.slots[i];
+            if let Kind::Udp {
+                family,
+                pending: pending @ Some(_),
+                ..
+            } = &mut slot.kind
+            {
+                let p = pending.expect("matched Some");
+                if now < p.deadline {
+                    self.next_expiry =
+                        Some(self.next_expiry.map_or(p.deadline, |e| e.min(p.deadline)));
+                } else if p.attempt + 1 < UDP_TRIES {
+                    self.queue[*family].push(i);
+                } else {
+                    *pending = None;
+                    slot.st.on_error(&RmemError::Timeout);
+                    slot.st.publish(mono_ns(), self.stale_after);
+                }
+            }
+        }
+        for family in 0..2 {
+            self.flush(family, now);
+        }
+    }
+
+    /// Send the queued READs of `family` in batches.
+    fn flush(&mut self, family: usize, now: Instant) {
+        let queue = std::mem::take(&mut self.queue[family]);
+        let Some(fd) = self.socks[family].as_ref().map(|s| s.as_raw_fd()) else {
+            self.queue[family] = queue;
+            return;
+        };
+        let mut bufs = [[0u8; REQ_PADDED_BYTES]; BATCH_MAX];
+        let mut addrs: [(libc::sockaddr_storage, libc::socklen_t); BATCH_MAX] =
+            // SAFETY: sockaddr_storage is plain data; all-zero is a valid value.
+            [(unsafe { std::mem::zeroed() }, 0); BATCH_MAX];
+        for chunk in queue.chunks(BATCH_MAX) {
+            for (j, &i) in chunk.iter().enumerate() {
+                let Kind::Udp {
+                    addr, key, pending, ..
+                } = &mut self.slots[i].kind
+                else {
+                    unreachable!("only udp slots are queued")
+                };
+                let seq = (self.round << SLOT_BITS) | i as u64;
+                let (attempt, first_seq, started) = match pending {
+                    Some(p) => (p.attempt + 1, p.first_seq, p.started),
+                    None => (0, seq, now),
+                };
+                encode_request(
+                    &mut self.scratch,
+                    &ReqHeader {
+                        op: Op::Read as u8,
+                        flags: if attempt > 0 { FLAG_RETRY } else { 0 },
+                        seq,
+                        key: *key,
+                        region: 0,
+                        offset: 0,
+                        len: MONITOR_READ_BYTES as u32,
+                        client: self.client,
+                    },
+                    &[],
+                );
+                bufs[j][..self.scratch.len()].copy_from_slice(&self.scratch);
+                bufs[j][self.scratch.len()..].fill(0);
+                addrs[j] = sockaddr(addr);
+                let deadline = now + self.attempt_timeout;
+                *pending = Some(Pending {
+                    first_seq,
+                    seq,
+                    attempt,
+                    started,
+                    deadline,
+                });
+                self.next_expiry = Some(self.next_expiry.map_or(deadline, |e| e.min(deadline)));
+            }
+            let n = chunk.len();
+            // SAFETY: iovecs and headers point into bufs/addrs, which outlive the calls.
+            let mut iov: [libc::iovec; BATCH_MAX] = unsafe { std::mem::zeroed() };
+            let mut msgs: [libc::mmsghdr; BATCH_MAX] = unsafe { std::mem::zeroed() };
+            for j in 0..n {
+                iov[j] = libc::iovec {
+                    iov_base: bufs[j].as_mut_ptr().cast(),
+                    iov_len: REQ_PADDED_BYTES,
+                };
+                msgs[j].msg_hdr.msg_name = (&mut addrs[j].0 as *mut libc::sockaddr_storage).cast();
+                msgs[j].msg_hdr.msg_namelen = addrs[j].1;
+                msgs[j].msg_hdr.msg_iov = &mut iov[j];
+                msgs[j].msg_hdr.msg_iovlen = 1;
+            }
+            let mut sent = 0;
+            while sent < n {
+                // SAFETY: msgs[sent..n] are initialised above and point to live buffers.
+                let r = unsafe {
+                    libc::sendmmsg(
+                        fd,
+                        msgs[sent..].as_mut_ptr(),
+                        (n - sent) as libc::c_uint,
+                        libc::MSG_DONTWAIT,
+                    )
+                };
+                if r > 0 {
+                    sent += r as usize;
+                    continue;
+                }
+                let err = io::Error::last_os_error();
+                if err.kind() == io::ErrorKind::WouldBlock {
+                    // The rest stays pending and is retried at its deadline.
+                    self.stats
+                        .send_dropped
+                        .fetch_add((n - sent) as u64, Ordering::Relaxed);
+                    break;
+                }
+                if err.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                // The first unsent datagram failed (e.g. no route): a failed read.
+                let slot = &mut self.slots[chunk[sent]];
+                if let Kind::Udp { pending, .. } = &mut slot.kind {
+                    *pending = None;
+                }
+                slot.st.on_error(&err);
+                slot.st.publish(mono_ns(), self.stale_after);
+                sent += 1;
+            }
+            // Replies to the first batch may already be queued: take them before the
+            // next batch so the socket buffer never has to hold a whole round.
+            self.drain(family);
+        }
+        let mut queue = queue;
+        queue.clear();
+        self.queue[family] = queue;
+    }
+
+    /// Receive every reply waiting on `family`'s socket.
+    fn drain(&mut self, family: usize) {
+        let Some(fd) = self.socks[family].as_ref().map(|s| s.as_raw_fd()) else {
+            return;
+        };
+        let mut bufs = [[0u8; REPLY_BUF_BYTES]; BATCH_MAX];
+        loop {
+            // SAFETY: plain data, all-zero valid.
+            let mut addrs: [libc::sockaddr_storage; BATCH_MAX] = unsafe { std::mem::zeroed() };
+            let mut iov: [libc::iovec; BATCH_MAX] = unsafe { std::mem::zeroed() };
+            let mut msgs: [libc::mmsghdr; BATCH_MAX] = unsafe { std::mem::zeroed() };
+            for j in 0..BATCH_MAX {
+                iov[j] = libc::iovec {
+                    iov_base: bufs[j].as_mut_ptr().cast(),
+                    iov_len: REPLY_BUF_BYTES,
+                };
+                msgs[j].msg_hdr.msg_name = (&mut addrs[j] as *mut libc::sockaddr_storage).cast();
+                msgs[j].msg_hdr.msg_namelen =
+                    std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                msgs[j].msg_hdr.msg_iov = &mut iov[j];
+                msgs[j].msg_hdr.msg_iovlen = 1;
+            }
+            // SAFETY: msgs point into bufs/addrs/iov, all live for the call.
+            let r = unsafe {
+                libc::recvmmsg(
+                    fd,
+                    msgs.as_mut_ptr(),
+                    BATCH_MAX as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                    std::ptr::null_mut(),
+                )
+            };
+            if r <= 0 {
+                return;
+            }
+            let now = Instant::now();
+            let mono = mono_ns();
+            let r = r as usize;
+            for j in 0..r {
+                let len = msgs[j].msg_len as usize;
+                let truncated = msgs[j].msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
+                let from = from_sockaddr(&addrs[j]);
+                self.on_reply(
+                    &bufs[j][..len.min(REPLY_BUF_BYTES)],
+                    truncated,
+                    from,
+                    now,
+                    mono,
+                );
+            }
+            if r < BATCH_MAX {
+                return;
+            }
+        }
+    }
+
+    /// Match one datagram to its slot's pending read, or drop it as late.
+    fn on_reply(
+        &mut self,
+        b: &[u8],
+        truncated: bool,
+        from: Option<SocketAddr>,
+        now: Instant,
+        mono: u64,
+    ) {
+        let Ok(h) = RepHeader::decode(b) else {
+            self.stats.late.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let i = (h.seq & SLOT_MASK) as usize;
+        let Some(slot) = self.slots.get_mut(i) else {
+            self.stats.late.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let Kind::Udp { addr, pending, .. } = &mut slot.kind else {
+            self.stats.late.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let ours = pending.is_some_and(|p| {
+            (p.first_seq..=p.seq).contains(&h.seq) && from.is_none_or(|f| same_peer(f, *addr))
+        });
+        if !ours {
+            self.stats.late.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let p = pending.take().expect("ours");
+        let latency_ns = now.duration_since(p.started).as_nanos() as u64;
+        let body = &b[REP_HEADER_BYTES.min(b.len())..];
+        if h.status != Status::Ok {
+            slot.st.on_error(&RmemError::Refused(h.status));
+        } else if truncated
+            || h.op != Op::Read as u8
+            || h.len as usize != MONITOR_READ_BYTES
+            || body.len() < MONITOR_READ_BYTES
+        {
+            slot.st.on_error(&RmemError::Protocol(format!(
+                "reply of {} bytes, op {}, for a {MONITOR_READ_BYTES}-byte READ",
+                b.len(),
+                h.op
+            )));
+        } else {
+            slot.st
+                .on_read(&body[..MONITOR_READ_BYTES], latency_ns, mono, &slot.stats);
+        }
+        slot.st.publish(mono, self.stale_after);
+    }
+}
+
+/// Account a tcp read's outcome and publish.
+fn account_tcp(
+    st: &mut WatchState<'_>,
+    stats: &ReadStats,
+    d: crate::tcp::Done,
+    stale_after: Duration,
+) {
+    let now = mono_ns();
+    match d {
+        crate::tcp::Done::Read(bytes, latency_ns) => st.on_read(&bytes[..], latency_ns, now, stats),
+        crate::tcp::Done::Failed(e) => st.on_error(&e),
+    }
+    st.publish(now, stale_after);
+}
+
+/// A same-host shm read, done in place: (re)open with backoff, read, account.
+fn read_shm(
+    st: &mut WatchState<'_>,
+    stats: &ReadStats,
+    path: &std::path::Path,
+    client: &mut Option<Box<ShmClient>>,
+    backoff: &mut Duration,
+    next_connect: &mut Instant,
+    period: Duration,
+) {
+    if client.is_none() {
+        if Instant::now() < *next_connect {
+            return;
+        }
+        match ShmClient::open(path) {
+            Ok(c) => {
+                *client = Some(Box::new(c));
+                *backoff = Duration::ZERO;
+            }
+            Err(err) => {
+                st.on_error(&err);
+                *backoff = (*backoff * 2).clamp(period, RECONNECT_BACKOFF_MAX);
+                *next_connect = Instant::now() + *backoff;
+                return;
+            }
+        }
+    }
+    let c = client.as_mut().expect("opened above");
+    let mut bytes = [0u8; MONITOR_READ_BYTES];
+    let t0 = Instant::now();
+    match c.read(0, &mut bytes) {
+        Ok(()) => st.on_read(&bytes, t0.elapsed().as_nanos() as u64, mono_ns(), stats),
+        Err(err) => st.on_error(&err),
+    }
+}
+
+/// Whether a reply from `from` can answer a request sent to `to` (an unspecified or
+/// IPv4-mapped address compares by value and port).
+fn same_peer(from: SocketAddr, to: SocketAddr) -> bool {
+    from == to || (from.port() == to.port() && to.ip().is_unspecified())
+}
+
+/// Ask for a receive buffer of `bytes` (forced if the process may; else up to `rmem_max`).
+pub(crate) fn set_rcvbuf(s: &UdpSocket, bytes: usize) {
+    let v = bytes.min(i32::MAX as usize) as libc::c_int;
+    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+        // SAFETY: setsockopt with a valid int option value.
+        let rc = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc == 0 {
+            return;
+        }
+    }
+}
+
+/// `a` as a C socket address and its length.
+pub(crate) fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: plain data, all-zero valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: v6.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: v6.scope_id(),
+            };
+            // SAFETY: as above, for sockaddr_in6.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as libc::socklen_t)
+}
+
+fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match ss.ss_family as libc::c_int {
+        libc::AF_INET => {
+            // SAFETY: the kernel wrote a sockaddr_in for AF_INET.
+            let sin: libc::sockaddr_in =
+                unsafe { std::ptr::read((ss as *const libc::sockaddr_storage).cast()) };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            Some(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the kernel wrote a sockaddr_in6 for AF_INET6.
+            let sin6: libc::sockaddr_in6 =
+                unsafe { std::ptr::read((ss as *const libc::sockaddr_storage).cast()) };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::from((ip, u16::from_be(sin6.sin6_port))))
+        }
+        _ => None,
+    }
+}
