@@ -115,7 +115,7 @@ const STALE_AFTER_MS: u64 = 5 * GATHERD_PERIOD_US / 1000;
 /// Bits of a role word's version (`site << 48 | version`, docs/reconf.md).
 const ROLE_VERSION_BITS: u32 = 48;
 /// --history-ms's default T, ms (the balancer's default).
-const DEFAULT_HISTORY_MS: u64 = 5000;
+const DEFAULT_HISTORY_MS: u64 = 500;
 
 /// `farside lab reconfig`.
 #[derive(Debug, Clone, clap::Args)]
@@ -172,12 +172,13 @@ pub struct ReconfigArgs {
     /// default), tcp or udp (gatherd's user-space servers: two-sided).
     #[arg(long)]
     pub transport: Option<String>,
-    /// S: the balancers' period, ms.
-    #[arg(long, default_value_t = 1000)]
+    /// S: the balancers' period, ms (the balancer's default: docs/reconf.md states its
+    /// rule).
+    #[arg(long, default_value_t = 250)]
     pub sensitivity_ms: u64,
     /// T: how long a site stays overloaded before it gets a node, ms. Several values
     /// (comma-separated) sweep T like --sweep-t.
-    #[arg(long, value_delimiter = ',', default_value = "5000")]
+    #[arg(long, value_delimiter = ',', default_value = "500")]
     pub history_ms: Vec<u64>,
     /// Sweep T (the history window, ms; comma-separated, e.g. 300,1000,2000,5000): one
     /// `reconf` point per value (`reconf-T<ms>`), and a table of T vs moves vs TPS
@@ -1800,8 +1801,8 @@ mod tests {
             proxies: 2,
             node_cpu_pct: None,
             transport: None,
-            sensitivity_ms: 1000,
-            history_ms: vec![5000],
+            sensitivity_ms: 250,
+            history_ms: vec![DEFAULT_HISTORY_MS],
             sweep_t: Vec::new(),
             lease_ms: 3000,
             high_pct: 80,

@@ -9,8 +9,8 @@
 //! balancers = ["tcp:10.0.0.1:7100", "tcp:10.0.0.2:7100"]   # every balancer's region
 //! region_listen = "0.0.0.0:7100"        # this proxy's own region (rmem tcp server)
 //! key = "5eed0001"                      # read-write key of back-ends and balancers
-//! sensitivity_ms = 1000                 # S
-//! history_ms = 5000                     # T
+//! sensitivity_ms = 250                  # S
+//! history_ms = 500                      # T = 2 S
 //! lease_ms = 3000
 //! high_ppm = 800000
 //! spare_ppm = 600000

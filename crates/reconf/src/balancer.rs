@@ -65,9 +65,17 @@ pub const MOVE_LOG_MAX: usize = 1024;
 /// monotonic clock.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BalancerConfig {
-    /// S, sensitivity: period of the load checks. Default 1 s.
+    /// S, sensitivity: period of the load checks. Default 250 ms (rule: several node
+    /// switch times, which measure 35–60 ms from CAS to first request, so a move has
+    /// settled before the next check; the checks are one-sided reads, so checking often
+    /// costs the back-ends nothing).
     pub sensitivity_ns: u64,
-    /// T, history window: a site must stay overloaded this long to get a node. Default 5 s.
+    /// T, history window: a site must stay overloaded this long to get a node. Default
+    /// 2 S = 500 ms (rule: overloaded at two checks in a row, so one transient reading
+    /// moves nothing). Measured (docs/RESULTS.md, `lab reconfig --sweep-t`): T = 5 s
+    /// leaves reconfiguration barely above the rigid allocation for bursts of up to a
+    /// minute; T = 250 ms thrashes on 512-request bursts (0.81x rigid); T = 500 ms
+    /// does neither.
     pub history_ns: u64,
     /// A held lock whose word did not change for this long (by our clock) is expired.
     /// Must cover a live holder's longest hold ([`BalancerConfig::hold_max_ns`]). Default 3 s.
@@ -93,8 +101,8 @@ pub struct BalancerConfig {
 impl Default for BalancerConfig {
     fn default() -> Self {
         BalancerConfig {
-            sensitivity_ns: 1_000_000_000,
-            history_ns: 5_000_000_000,
+            sensitivity_ns: 250_000_000,
+            history_ns: 500_000_000,
             lease_ns: 3_000_000_000,
             op_timeout_ns: 50_000_000,
             high_ppm: 800_000,

@@ -99,7 +99,11 @@ pub struct SpecdArgs {
     /// Test front-end: move each migrated flow with a policy rule in this network
     /// namespace (the client's), by the tables of --flow-table. Default: no
     /// front-end flow to move (the eBPF front-end's control client replaces this).
-    #[arg(long = "flow-netns", requires = "flow_tables", conflicts_with = "frontend")]
+    #[arg(
+        long = "flow-netns",
+        requires = "flow_tables",
+        conflicts_with = "frontend"
+    )]
     pub flow_netns: Option<String>,
     /// The eBPF front-end's control port (`farside frontend --control ADDR`): every
     /// migrated flow is moved there with `MOVE client backend` after the restore.

@@ -34,16 +34,27 @@ fn frontend() -> Frontend {
 #[test]
 #[ignore = "needs root"]
 fn moves_flows_through_the_front_ends_control_port() {
-    let server = Server::start("127.0.0.1:0".parse().unwrap(), Arc::new(Mutex::new(frontend())))
-        .expect("control server");
+    let server = Server::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::new(Mutex::new(frontend())),
+    )
+    .expect("control server");
     let steer = FrontendSteer::new(server.local_addr());
     let mut check = Client::connect(server.local_addr()).unwrap();
     for port in [40_000u16, 40_001, 40_002] {
         let client = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 1), port);
-        assert_eq!(check.flow(client).unwrap(), None, "no entry before the move");
-        steer.move_flow(SocketAddr::V4(client), IpAddr::V4(B_IP)).unwrap();
+        assert_eq!(
+            check.flow(client).unwrap(),
+            None,
+            "no entry before the move"
+        );
+        steer
+            .move_flow(SocketAddr::V4(client), IpAddr::V4(B_IP))
+            .unwrap();
         assert_eq!(check.flow(client).unwrap(), Some((B_IP, false)));
-        steer.move_flow(SocketAddr::V4(client), IpAddr::V4(A_IP)).unwrap();
+        steer
+            .move_flow(SocketAddr::V4(client), IpAddr::V4(A_IP))
+            .unwrap();
         assert_eq!(check.flow(client).unwrap(), Some((A_IP, false)));
     }
     // A back-end the front-end does not know is an error, and the entry stays.
