@@ -714,6 +714,11 @@ pub fn table_text(s: &Summary) -> String {
         out.push_str(&crate::reconfig::table(&reconfig));
         out.push('\n');
     }
+    let spec: Vec<&crate::speculative::SpecPoint> = s.speculative_points().collect();
+    if !spec.is_empty() {
+        out.push_str(&crate::speculative::table(&spec));
+        out.push('\n');
+    }
     if s.points.is_empty() {
         let _ = writeln!(out, "{}: no points measured", s.experiment);
     }
@@ -753,6 +758,11 @@ pub fn write_all(s: &Summary, dir: &Path) -> io::Result<Vec<PathBuf>> {
             let (name, body) = crate::reconfig::series_csv(p);
             put(&name, &body)?;
         }
+    }
+    let spec: Vec<&crate::speculative::SpecPoint> = s.speculative_points().collect();
+    if !spec.is_empty() {
+        put("speculative.csv", &crate::speculative::csv(&spec))?;
+        put("table.txt", &table_text(s))?;
     }
     for p in &g.points {
         if !p.series.is_empty() {
@@ -1185,6 +1195,8 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
             ));
         }
     }
+    let spec: Vec<&crate::speculative::SpecPoint> = s.speculative_points().collect();
+    out.extend(crate::speculative::figures(&spec));
     out
 }
 
@@ -1475,6 +1487,14 @@ pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
             out,
             "<h2>Reconfiguration</h2>\n<pre>{}</pre>",
             escape(&crate::reconfig::table(&reconfig))
+        );
+    }
+    let spec: Vec<&crate::speculative::SpecPoint> = s.speculative_points().collect();
+    if !spec.is_empty() {
+        let _ = writeln!(
+            out,
+            "<h2>Speculative admission</h2>\n<pre>{}</pre>",
+            escape(&crate::speculative::table(&spec))
         );
     }
     if s.points.is_empty() {
