@@ -195,4 +195,14 @@ fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
         })
         .unwrap_or_default();
     assert!(states.is_empty(), "{states:?}");
+    // Every back-end ran with `--root <out>/docroot`: none is still running.
+    let needle = out.join("docroot").display().to_string();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&needle))
+        .collect();
+    assert!(left.is_empty(), "processes left: {left:?}");
 }

@@ -22,6 +22,7 @@
 //! | `fig-series-drop-<trace>.svg` | per-second (instant) drop rate over the run at the heaviest load (Fig. 7) |
 //! | `fig-probe-p99-<size>B.svg`, `fig-probe-p50-<size>B.svg` | probe p99 / p50 vs background load, one line per transport, log y |
 //! | `fig-probe-size-load<N>.svg` | probe p50 vs read size at background load N (Fig. 4a) |
+//! | `speculative.csv`, `fig-spec-conn-<panel>.svg`, `fig-spec-rt-<panel>.svg` | `lab speculative`: rows; conn/s and avg response time vs offered rate per panel (`single`: Fig. 1, `split-67-33`, `split-75-25`: Fig. 2/3), one line per system |
 //! | `report.html` | title, run metadata and warnings, parameters, tables, improvements, figures inlined, notes |
 //!
 //! Everything is a pure function of the [`Summary`]: the same input gives
