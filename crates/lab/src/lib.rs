@@ -8,6 +8,8 @@
 //! - [`probe`]: the remote-read latency micro-benchmark (`lab probe`)
 //! - [`faults`]: fault injection into a loaded tier (`lab faults`)
 //! - [`reconfig`]: seed 001's reconfiguration experiment (`lab reconfig`)
+//! - [`speculative`]: seed 002's speculative connection admission (`lab speculative`;
+//!   first version: the baselines)
 //! - [`procs`]: child-process supervision for the lab's nodes
 //! - [`nginx`]: real nginx as a back-end
 //! - [`sweep`]: the one sweep runner every experiment uses (repeats, progress with ETA,
@@ -32,6 +34,7 @@ pub mod promtext;
 pub mod reconfig;
 pub mod report;
 pub mod scenario;
+pub mod speculative;
 pub mod summary;
 pub mod svg;
 pub mod sweep;
@@ -62,6 +65,11 @@ pub enum LabCmd {
     /// the proxies move back-end nodes between sites by remote CAS) under bursts of
     /// requests to one site after another (Fig. 7-9); needs root (netns).
     Reconfig(reconfig::ReconfigArgs),
+    /// Seed 002's speculative connection admission: a single server with accept queues
+    /// 64/96/128 and two servers behind the blind eBPF front-end at 67/33 and 75/25,
+    /// conn/s vs offered connection rate (Fig. 1-3); needs root (netns). Speculative
+    /// systems (spec32, spec50) are not available yet.
+    Speculative(speculative::SpeculativeArgs),
     /// Re-render the table, CSV files, plots and report.html of a kept run from its
     /// summary.json and points.jsonl, without running anything.
     Report(ReportArgs),
@@ -98,6 +106,7 @@ fn run_cmd(a: LabArgs) -> std::io::Result<()> {
         LabCmd::Probe(x) => probe::run(x),
         LabCmd::Faults(x) => faults::run(x),
         LabCmd::Reconfig(x) => reconfig::run(x),
+        LabCmd::Speculative(x) => speculative::run(x),
         LabCmd::Report(x) => {
             let (s, files) = sweep::regenerate(&x.dir)?;
             report::print_table(&s, &mut std::io::stdout())?;

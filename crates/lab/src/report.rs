@@ -23,6 +23,7 @@
 //! | `fig-probe-p99-<size>B.svg`, `fig-probe-p50-<size>B.svg` | probe p99 / p50 vs background load, one line per transport, log y |
 //! | `fig-probe-size-load<N>.svg` | probe p50 vs read size at background load N (Fig. 4a) |
 //! | `fig7-tps-<scenario>.svg`, `fig8-nodes-<scenario>-L<burst>.svg`, `fig9-…` | `lab reconfig`: TPS vs burst length per system; nodes serving the loaded site over time at L = 512 and the burst closest to 8,096 (seed 001's Fig. 7-9; `reconfig::figures`) |
+//! | `speculative.csv`, `fig-spec-conn-<panel>.svg`, `fig-spec-rt-<panel>.svg` | `lab speculative`: rows; conn/s and avg response time vs offered rate per panel (`single`: Fig. 1, `split-67-33`, `split-75-25`: Fig. 2/3), one line per system |
 //! | `report.html` | title, run metadata and warnings, parameters, tables, improvements, figures inlined, notes |
 //!
 //! Everything is a pure function of the [`Summary`]: the same input gives
@@ -715,6 +716,11 @@ pub fn table_text(s: &Summary) -> String {
         out.push_str(&crate::reconfig::table(&reconfig));
         out.push('\n');
     }
+    let spec: Vec<&crate::speculative::SpecPoint> = s.speculative_points().collect();
+    if !spec.is_empty() {
+        out.push_str(&crate::speculative::table(&spec));
+        out.push('\n');
+    }
     if s.points.is_empty() {
         let _ = writeln!(out, "{}: no points measured", s.experiment);
     }
@@ -754,6 +760,11 @@ pub fn write_all(s: &Summary, dir: &Path) -> io::Result<Vec<PathBuf>> {
             let (name, body) = crate::reconfig::series_csv(p);
             put(&name, &body)?;
         }
+    }
+    let spec: Vec<&crate::speculative::SpecPoint> = s.speculative_points().collect();
+    if !spec.is_empty() {
+        put("speculative.csv", &crate::speculative::csv(&spec))?;
+        put("table.txt", &table_text(s))?;
     }
     for p in &g.points {
         if !p.series.is_empty() {
@@ -1188,6 +1199,8 @@ fn figures(s: &Summary, g: &Grid) -> Vec<(String, String, String)> {
     }
     let reconfig: Vec<&crate::reconfig::ReconfigPoint> = s.reconfig_points().collect();
     out.extend(crate::reconfig::figures::figures(&reconfig));
+    let spec: Vec<&crate::speculative::SpecPoint> = s.speculative_points().collect();
+    out.extend(crate::speculative::figures(&spec));
     out
 }
 
@@ -1478,6 +1491,14 @@ pre {{ background: #f7f7f7; padding: 0.8em; overflow-x: auto; font-size: 12px; }
             out,
             "<h2>Reconfiguration</h2>\n<pre>{}</pre>",
             escape(&crate::reconfig::table(&reconfig))
+        );
+    }
+    let spec: Vec<&crate::speculative::SpecPoint> = s.speculative_points().collect();
+    if !spec.is_empty() {
+        let _ = writeln!(
+            out,
+            "<h2>Speculative admission</h2>\n<pre>{}</pre>",
+            escape(&crate::speculative::table(&spec))
         );
     }
     if s.points.is_empty() {

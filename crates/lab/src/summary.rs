@@ -138,6 +138,9 @@ pub enum AnyPoint {
     /// `scenario`, `burst`, `moves`, `lab_moves`, ...; last, so it never shadows the
     /// kinds above).
     Reconfig(crate::reconfig::ReconfigPoint),
+    /// One experiment, system, split and offered rate of `lab speculative` (recognised
+    /// by `split`, `conn_per_s`, `migrations`, ...; after the kinds above).
+    Speculative(crate::speculative::SpecPoint),
 }
 
 /// One admission-control measurement: one system, trace and client count.
@@ -548,6 +551,17 @@ impl AnyPoint {
                         .collect::<Vec<_>>(),
                 ))
             }
+            Some(AnyPoint::Speculative(_)) => {
+                AnyPoint::Speculative(crate::speculative::SpecPoint::combine(
+                    &runs
+                        .iter()
+                        .filter_map(|p| match p {
+                            AnyPoint::Speculative(p) => Some(p.clone()),
+                            _ => None,
+                        })
+                        .collect::<Vec<_>>(),
+                ))
+            }
             _ => AnyPoint::Admission(Point::combine(
                 &runs
                     .iter()
@@ -591,6 +605,7 @@ impl AnyPoint {
                     .map_or("never".to_string(), |v| format!("{v:.0} ms"))
             ),
             AnyPoint::Reconfig(p) => p.progress_line(),
+            AnyPoint::Speculative(p) => p.progress_line(),
         }
     }
 }
@@ -667,6 +682,14 @@ impl Summary {
     pub fn reconfig_points(&self) -> impl Iterator<Item = &crate::reconfig::ReconfigPoint> {
         self.points.iter().filter_map(|p| match p {
             AnyPoint::Reconfig(p) => Some(p),
+            _ => None,
+        })
+    }
+
+    /// The `lab speculative` points, in insertion order.
+    pub fn speculative_points(&self) -> impl Iterator<Item = &crate::speculative::SpecPoint> {
+        self.points.iter().filter_map(|p| match p {
+            AnyPoint::Speculative(p) => Some(p),
             _ => None,
         })
     }

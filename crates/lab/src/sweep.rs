@@ -155,9 +155,10 @@ impl Record {
                 std::mem::take(&mut p.requests),
                 p.loadgen.take(),
             ),
-            AnyPoint::Probe(_) | AnyPoint::Fault(_) | AnyPoint::Reconfig(_) => {
-                (Vec::new(), Vec::new(), None)
-            }
+            AnyPoint::Probe(_)
+            | AnyPoint::Fault(_)
+            | AnyPoint::Reconfig(_)
+            | AnyPoint::Speculative(_) => (Vec::new(), Vec::new(), None),
         };
         Record {
             key,

@@ -1,0 +1,208 @@
+//! `farside lab speculative`: a tiny run of each experiment on network namespaces (root)
+//! through the blind eBPF front-end: the summary's keys, an unmodified client (curl)
+//! fetching the 4 KB page from the VIP during the run, and nothing left behind (no
+//! namespace, no state file, no process). Without netns, or with a speculative system,
+//! the command refuses with the reason.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{exe, Dir};
+
+/// Longest the tiny netns run may take (namespaces, calibration, 3 points of 2 s).
+const RUN_MAX: Duration = Duration::from_secs(180);
+/// curl's own bound per attempt, s.
+const CURL_MAX_S: &str = "2";
+
+fn summary(out: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap()
+}
+
+fn refused(args: &[&str], tag: &str) -> String {
+    let dir = Dir::new(tag);
+    let st = Command::new(exe())
+        .args(["lab", "speculative"])
+        .args(args)
+        .arg("--out")
+        .arg(dir.0.join("out"))
+        .output()
+        .unwrap();
+    assert!(!st.status.success());
+    String::from_utf8_lossy(&st.stderr).into_owned()
+}
+
+#[test]
+fn loopback_and_speculative_systems_are_refused_with_the_reason() {
+    let e = refused(&["--hosts", "loopback"], "spec-loopback");
+    assert!(e.contains("--hosts loopback") && e.contains("netns"), "{e}");
+    for s in ["spec32", "spec50"] {
+        let e = refused(
+            &["--experiment", "split", "--systems", &format!("acc64,{s}")],
+            "spec-sys",
+        );
+        assert!(e.contains("not available yet") && e.contains(s), "{e}");
+    }
+}
+
+/// Namespaces whose name starts with `prefix`.
+fn namespaces(prefix: &str) -> Vec<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+/// `GET /index.html` from the VIP with curl inside namespace `ns`: the body, if any.
+fn curl_vip(ns: &str) -> Option<Vec<u8>> {
+    let vip = farside_lab::speculative::VIP;
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "curl", "-sf", "--max-time", CURL_MAX_S])
+        .arg(format!("http://{vip}/index.html"))
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    out.status.success().then_some(out.stdout)
+}
+
+#[test]
+#[ignore = "needs root and curl: run with `cargo test -p farside -- --include-ignored` as root"]
+fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
+    assert!(farside_lab::netns::is_root(), "needs root");
+    let dir = Dir::new("speculative-netns");
+    let out = dir.0.join("out");
+    // One node: 20 % of a CPU at 2 ms per request, ~98 conn/s; one rate of 60 conn/s
+    // (below it) for 2 s per point: two accept queues of the single server, one split.
+    let mut lab = Command::new(exe())
+        .args([
+            "lab",
+            "speculative",
+            "--quick",
+            "--accept-queues",
+            "64,128",
+            "--splits",
+            "75/25",
+            "--rates",
+            "60",
+            "--duration-s",
+            "2",
+            "--out",
+        ])
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The lab names its run after its pid (`VirtualDc` run id `s<pid % 100000>`).
+    let prefix = farside_lab::netns::netns_name(&format!("s{}", lab.id() % 100_000), "");
+    let client_ns = format!("{prefix}client");
+    let t0 = Instant::now();
+    let mut page = None;
+    let status = loop {
+        if let Some(st) = lab.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            t0.elapsed() < RUN_MAX,
+            "the lab ran longer than {RUN_MAX:?}"
+        );
+        // While a point runs, the front-end routes the VIP: an unmodified client works.
+        if page.is_none() && out.join("logs/single-acc64-100-60-frontend.log").exists() {
+            page = curl_vip(&client_ns);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let o = lab.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(status.success(), "{stderr}");
+    let page = page.expect("curl fetched the page from the VIP during the run");
+    assert_eq!(page.len(), farside_lab::speculative::FILE_BYTES);
+
+    let s = summary(&out);
+    assert_eq!(s["experiment"], "speculative");
+    assert_eq!(s["finished"], true);
+    let points = s["points"].as_array().unwrap();
+    assert_eq!(points.len(), 3, "{points:?}");
+    for p in points {
+        for k in [
+            "system",
+            "split",
+            "rate",
+            "conn_per_s",
+            "avg_ms",
+            "p99_ms",
+            "failures",
+            "migrations",
+            "migration_p50_us",
+            "migration_p99_us",
+            "accept_queue",
+            "capacity_rps",
+        ] {
+            assert!(p.get(k).is_some(), "key {k} missing: {p}");
+        }
+        assert_eq!(p["rate"], 60.0);
+        assert_eq!(p["migrations"], 0);
+        assert!(p["migration_p50_us"].is_null() && p["migration_p99_us"].is_null());
+        // Below one node's capacity: connections complete through the front-end.
+        assert!(p["conn_per_s"].as_f64().unwrap() > 20.0, "{p}");
+    }
+    let names: Vec<String> = points
+        .iter()
+        .map(|p| format!("{} {}", p["system"], p["split"]))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "\"acc64\" \"100\"",
+            "\"acc128\" \"100\"",
+            "\"acc64\" \"75/25\""
+        ]
+    );
+    let notes = s["notes"].to_string();
+    assert!(
+        notes.contains("capacity") && notes.contains("measured"),
+        "{notes}"
+    );
+    for f in [
+        "table.txt",
+        "speculative.csv",
+        "fig-spec-conn-single.svg",
+        "fig-spec-conn-split-75-25.svg",
+        "report.html",
+    ] {
+        assert!(out.join(f).exists(), "{f}");
+    }
+    let table = std::fs::read_to_string(out.join("table.txt")).unwrap();
+    assert!(
+        table.contains("Fig. 1") && table.contains("Fig. 3"),
+        "{table}"
+    );
+    // Cleanup: no namespace and no state file of the run left (`farside lab clean`
+    // reads those state files after a crash), no process in the run's namespaces.
+    assert!(namespaces(&prefix).is_empty(), "{:?}", namespaces(&prefix));
+    let run_id = prefix.trim_start_matches(farside_lab::netns::NETNS_PREFIX);
+    let run_id = run_id.trim_end_matches('-');
+    let states: Vec<String> = std::fs::read_dir(farside_lab::netns::STATE_DIR)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains(run_id))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(states.is_empty(), "{states:?}");
+    // Every back-end ran with `--root <out>/docroot`: none is still running.
+    let needle = out.join("docroot").display().to_string();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&needle))
+        .collect();
+    assert!(left.is_empty(), "processes left: {left:?}");
+}

@@ -1,0 +1,1260 @@
+//! `farside lab speculative`: seed 002's speculative connection admission experiment
+//! (issue 12 item 5), first version: the baselines without speculation.
+//!
+//! Topology (`--hosts netns`, root): namespaces `client`, `fe` and the back-ends `b0`
+//! (and `b1` for the `split` experiment) on one bridge. `fe` runs `farside frontend`
+//! (the blind eBPF front-end, L2 direct server return, docs/frontend.md) on its `eth0`;
+//! the service's VIP ([`VIP`]) is on every back-end's `lo` (arp_ignore=1,
+//! arp_announce=2) and the client routes it to `fe`. Every back-end node is a cgroup
+//! with a CPU quota (`--node-cpu-pct`) running `farside backend` with the point's
+//! accept queue (`--backlog`) and an emulated CPU cost per request
+//! (`--cpu-us-per-request`), so that one node's capacity is well below what the client
+//! can offer. Capacity per node: [`capacity_rps`] (a formula), and measured once per run
+//! (closed loop straight at `b0`, stated in `notes`).
+//!
+//! Load: S-Clients-like open loop, `farside loadgen` with Poisson arrivals at each
+//! `--rates` value, every arrival one connection carrying one `GET` of a 4 KB file
+//! (`Connection: close`), a client timeout (`--timeout-ms`, connect included): a
+//! connection refused, reset or timed out counts as failed.
+//!
+//! Experiments: `single` (one server, accept queues `--accept-queues` 64/96/128, systems
+//! `acc64`, `acc96`, `acc128`: Fig. 1) and `split` (two servers behind the front-end at
+//! `--splits` 67/33 and 75/25, `--systems` `acc64`: normal processing, Fig. 2/3). The
+//! speculative systems `spec32` and `spec50` (an admission window on each back-end, run
+//! by `farside specd`) are refused with "not available yet" until that daemon exists;
+//! [`specd_hook`] is where it will be started.
+
+use crate::netns::{NodeSpec, VirtualDc};
+use crate::procs::Child;
+use crate::svg::Chart;
+use farside_loadgen::LoadgenArgs;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write as _;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The experiments.
+pub const EXPERIMENTS: [&str; 2] = ["single", "split"];
+/// The speculative systems (admission window 32 and 50 on a base accept queue of 64):
+/// not available until `farside specd` is merged.
+pub const SPEC_SYSTEMS: [&str; 2] = ["spec32", "spec50"];
+/// The paper's accept queues of Fig. 1.
+pub const ACCEPT_QUEUES: [u32; 3] = [64, 96, 128];
+/// The paper's base accept queue (normal processing `acc64`).
+pub const BASE_ACCEPT_QUEUE: u32 = 64;
+/// The paper's routing splits (Fig. 2: 67/33, Fig. 3: 75/25).
+pub const SPLITS: [&str; 2] = ["67/33", "75/25"];
+/// The `split` value of the single-server experiment (every flow to `b0`).
+pub const SPLIT_SINGLE: &str = "100";
+/// Offered rates of a full run, as multiples of one node's capacity.
+pub const RATE_MULTIPLES_FULL: [f64; 6] = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0];
+/// Offered rates of `--quick`, as multiples of one node's capacity.
+pub const RATE_MULTIPLES_QUICK: [f64; 3] = [0.5, 1.5, 3.0];
+/// Highest offered rate, connections/s: the client namespace shares the machine with
+/// everything else, and far past that it measures itself, not the servers.
+pub const RATE_MAX: f64 = 20_000.0;
+/// Default CPU quota of each back-end node, percent of one CPU: two nodes take 40 % of
+/// one CPU, leaving the rest of the machine to the client, the front-end and the lab, so
+/// the clients can offer 3× one node's capacity without being the bottleneck.
+pub const NODE_CPU_PCT_DEFAULT: u32 = 20;
+/// The back-end's own CPU per small-file request, µs, on top of
+/// `--cpu-us-per-request` (`farside backend --help`: 28–33 µs measured here).
+pub const BACKEND_OWN_US: f64 = 30.0;
+/// Size of the file every connection asks for (S-Clients' index.html, ~4 KB).
+pub const FILE_BYTES: usize = 4096;
+/// The path every request asks for.
+pub const FILE_PATH: &str = "/index.html";
+/// The service's virtual address (outside the lab's subnet; routed to `fe`).
+pub const VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 77, 1, 100), 80);
+/// The front-end's control port (used here to know it is up).
+const FE_CONTROL_PORT: u16 = 7400;
+/// Longest wait for a process to listen, or for the VIP to answer through the front-end.
+const READY_MAX: Duration = Duration::from_secs(20);
+/// Poll period while waiting.
+const POLL: Duration = Duration::from_millis(20);
+/// Warm-up of every point before it is measured (first flows, first throttling).
+const WARMUP_S: f64 = 1.0;
+/// Calibration of one node's capacity: closed loop straight at `b0` for this long
+/// (after [`WARMUP_S`]), with [`CALIBRATION_CLIENTS`] clients (enough to keep its
+/// workers busy and its accept queue non-empty).
+const CALIBRATION_S: f64 = 2.0;
+const CALIBRATION_CLIENTS: usize = 16;
+
+/// `farside lab speculative`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(
+    after_help = "Capacity of one back-end node (what the default --rates multiply; \
+a formula, not a measurement):
+  capacity_rps = node_cpu_pct / 100 x 1e6 / (cpu_us_per_request + 30)
+  (30 µs: farside backend's own work per small file). The run also measures it once,
+  closed loop straight at b0 for 2 s, and states both in summary.json `notes`."
+)]
+pub struct SpeculativeArgs {
+    /// Output directory (summary.json, points.jsonl, table.txt, speculative.csv, SVG
+    /// figures, logs/).
+    #[arg(long, default_value = "out/speculative")]
+    pub out: PathBuf,
+    /// Continue the broken run kept in DIR: points already measured are skipped.
+    #[arg(long, value_name = "DIR")]
+    pub resume: Option<PathBuf>,
+    /// 3 rates (0.5, 1.5, 3 × one node's capacity) of 3 s each, for CI (< 5 min).
+    #[arg(long)]
+    pub quick: bool,
+    /// Where the nodes run: netns only (root: one namespace per node, a cgroup with a
+    /// CPU quota per back-end, the eBPF front-end on its own node).
+    #[arg(long, default_value = "netns")]
+    pub hosts: String,
+    /// Experiments (comma-separated): single (one server, accept queues
+    /// --accept-queues: Fig. 1), split (two servers at --splits: Fig. 2/3).
+    #[arg(long, value_delimiter = ',', default_value = "single,split")]
+    pub experiment: Vec<String>,
+    /// Systems of the split experiment (comma-separated): accN (normal processing, accept
+    /// queue N), spec32 and spec50 (speculative admission: not available yet).
+    #[arg(long, value_delimiter = ',', default_value = "acc64")]
+    pub systems: Vec<String>,
+    /// Accept queues of the single experiment (systems accN).
+    #[arg(long, value_delimiter = ',', default_value = "64,96,128")]
+    pub accept_queues: Vec<u32>,
+    /// Routing splits of the split experiment, percent of new flows to b0/b1.
+    #[arg(long, value_delimiter = ',', default_value = "67/33,75/25")]
+    pub splits: Vec<String>,
+    /// Offered connection rates, connections/s (comma-separated). Default: 0.5, 1, 1.5,
+    /// 2, 2.5, 3 × one node's capacity (--quick: 0.5, 1.5, 3).
+    #[arg(long, value_delimiter = ',')]
+    pub rates: Vec<f64>,
+    /// Measured time per point, s (after 1 s of warm-up). Default 20 (--quick: 3).
+    #[arg(long)]
+    pub duration_s: Option<f64>,
+    /// Client timeout per connection (connect, request and response), ms: a connection
+    /// not answered by then counts as failed. 2,000 lets a SYN dropped once by a full
+    /// accept queue be retried (the kernel retries after 1 s) but not twice.
+    #[arg(long, default_value_t = 2000)]
+    pub timeout_ms: u64,
+    /// CPU quota of each back-end node, percent of one CPU. Default: 20 (see
+    /// NODE_CPU_PCT_DEFAULT: two nodes take 40 % of a CPU, the clients the rest).
+    #[arg(long)]
+    pub node_cpu_pct: Option<u32>,
+    /// Emulated CPU per request on the back-ends, µs (`farside backend
+    /// --cpu-us-per-request`): sets, with the quota, one node's capacity.
+    #[arg(long, default_value_t = 2000)]
+    pub cpu_us_per_request: u64,
+    /// Worker threads of each back-end (connections served at once; the rest wait in
+    /// the accept queue).
+    #[arg(long, default_value_t = 8)]
+    pub backend_workers: usize,
+    /// Seed of the Poisson arrivals.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+}
+
+/// One point of `lab speculative`: one experiment, system, split and offered rate.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SpecPoint {
+    /// `single` or `split`.
+    pub experiment: String,
+    /// `accN` (normal processing, accept queue N) or `specN` (speculative).
+    pub system: String,
+    /// Percent of new flows per back-end, `67/33`; `100` for the single server.
+    pub split: String,
+    /// Accept queue of every back-end (listen backlog).
+    pub accept_queue: u32,
+    /// Admission window of every back-end (`specN`); `None` for normal processing.
+    pub admission_window: Option<u32>,
+    /// Offered connection rate, connections/s (the x axis).
+    pub rate: f64,
+    /// Connections the clients started per second of measured time.
+    pub offered_per_s: f64,
+    /// Connections completed (response received) per second: the paper's connection
+    /// throughput (the y axis of Fig. 1-3).
+    pub conn_per_s: f64,
+    /// Connections completed in the measured window.
+    pub served: u64,
+    /// Connections refused, reset or timed out (`--timeout-ms`), or answered 5xx.
+    pub failures: u64,
+    /// Of `failures`: client timeouts.
+    pub timeouts: u64,
+    /// Response time of completed connections (connect to last byte), ms.
+    pub avg_ms: f64,
+    pub p99_ms: f64,
+    /// Connections migrated between back-ends (0 without speculation).
+    pub migrations: u64,
+    /// Migration latency p50 / p99, µs; `None` without a migration.
+    pub migration_p50_us: Option<f64>,
+    pub migration_p99_us: Option<f64>,
+    /// Migrations refused by a target, and admission windows closed (0 without
+    /// speculation).
+    pub refusals: u64,
+    pub window_closures: u64,
+    /// One node's capacity by the formula, connections/s ([`capacity_rps`]).
+    pub capacity_rps: f64,
+    /// Measured time, s.
+    pub duration_s: f64,
+    /// Runs combined in this point.
+    #[serde(default = "one")]
+    pub runs: u64,
+}
+
+fn one() -> u64 {
+    1
+}
+
+impl SpecPoint {
+    /// Repeats of one point: counts summed, rates and times averaged (weighted by the
+    /// measured time), migration quantiles the worst run's.
+    pub fn combine(runs: &[SpecPoint]) -> SpecPoint {
+        let Some(first) = runs.first() else {
+            return SpecPoint::empty();
+        };
+        let d: f64 = runs.iter().map(|r| r.duration_s).sum();
+        let served: u64 = runs.iter().map(|r| r.served).sum();
+        let wavg = |f: fn(&SpecPoint) -> f64| {
+            if d > 0.0 {
+                runs.iter().map(|r| f(r) * r.duration_s).sum::<f64>() / d
+            } else {
+                f(first)
+            }
+        };
+        let worst = |f: fn(&SpecPoint) -> Option<f64>| {
+            runs.iter()
+                .filter_map(f)
+                .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
+        };
+        SpecPoint {
+            offered_per_s: wavg(|r| r.offered_per_s),
+            conn_per_s: if d > 0.0 { served as f64 / d } else { 0.0 },
+            served,
+            failures: runs.iter().map(|r| r.failures).sum(),
+            timeouts: runs.iter().map(|r| r.timeouts).sum(),
+            avg_ms: wavg(|r| r.avg_ms),
+            p99_ms: runs.iter().map(|r| r.p99_ms).fold(0.0, f64::max),
+            migrations: runs.iter().map(|r| r.migrations).sum(),
+            migration_p50_us: worst(|r| r.migration_p50_us),
+            migration_p99_us: worst(|r| r.migration_p99_us),
+            refusals: runs.iter().map(|r| r.refusals).sum(),
+            window_closures: runs.iter().map(|r| r.window_closures).sum(),
+            duration_s: d,
+            runs: runs.iter().map(|r| r.runs).sum(),
+            ..first.clone()
+        }
+    }
+
+    fn empty() -> SpecPoint {
+        SpecPoint {
+            experiment: String::new(),
+            system: String::new(),
+            split: String::new(),
+            accept_queue: 0,
+            admission_window: None,
+            rate: 0.0,
+            offered_per_s: 0.0,
+            conn_per_s: 0.0,
+            served: 0,
+            failures: 0,
+            timeouts: 0,
+            avg_ms: 0.0,
+            p99_ms: 0.0,
+            migrations: 0,
+            migration_p50_us: None,
+            migration_p99_us: None,
+            refusals: 0,
+            window_closures: 0,
+            capacity_rps: 0.0,
+            duration_s: 0.0,
+            runs: 0,
+        }
+    }
+
+    /// The point's figures on one line, for progress output.
+    pub fn progress_line(&self) -> String {
+        format!(
+            "conn/s={:.1} offered={:.1}/s failures={} timeouts={} avg={:.1} ms p99={:.1} ms \
+             migrations={}",
+            self.conn_per_s,
+            self.offered_per_s,
+            self.failures,
+            self.timeouts,
+            self.avg_ms,
+            self.p99_ms,
+            self.migrations
+        )
+    }
+
+    /// The line this point belongs to in tables and figures: `single` or `split 75/25`.
+    pub fn panel(&self) -> String {
+        if self.experiment == "single" {
+            "single".into()
+        } else {
+            format!("split {}", self.split)
+        }
+    }
+}
+
+/// One node's capacity, connections/s: its CPU quota over the CPU one request costs
+/// (`--cpu-us-per-request` plus [`BACKEND_OWN_US`]).
+pub fn capacity_rps(node_cpu_pct: u32, cpu_us_per_request: u64) -> f64 {
+    node_cpu_pct as f64 / 100.0 * 1e6 / (cpu_us_per_request as f64 + BACKEND_OWN_US)
+}
+
+/// Parse a split `a/b` (percent of new flows to b0 and b1, each ≥ 1).
+pub fn parse_split(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("--splits {s}: expected two shares like 75/25, each at least 1");
+    let (a, b) = s.split_once('/').ok_or_else(bad)?;
+    let a: u32 = a.trim().parse().map_err(|_| bad())?;
+    let b: u32 = b.trim().parse().map_err(|_| bad())?;
+    if a == 0 || b == 0 {
+        return Err(bad());
+    }
+    Ok((a, b))
+}
+
+/// A system's accept queue (`accN` → N) and admission window (`spec32`, `spec50` → the
+/// base queue 64 and that window).
+pub fn parse_system(s: &str) -> Result<(u32, Option<u32>), String> {
+    if let Some(n) = s.strip_prefix("acc") {
+        return match n.parse::<u32>() {
+            Ok(q) if q >= 1 => Ok((q, None)),
+            _ => Err(format!(
+                "--systems: `{s}`: accN needs an accept queue N ≥ 1"
+            )),
+        };
+    }
+    if let Some(w) = s.strip_prefix("spec") {
+        if let Ok(w) = w.parse::<u32>() {
+            return Ok((BASE_ACCEPT_QUEUE, Some(w)));
+        }
+    }
+    Err(format!(
+        "--systems: unknown system `{s}` (accN, {})",
+        SPEC_SYSTEMS.join(", ")
+    ))
+}
+
+/// Where the speculative systems' daemon will be started: `farside specd` (helper
+/// "spec", not merged yet) on each back-end node, with the base accept queue and the
+/// admission window `window`, after the back-end listens and before the front-end
+/// routes to it; its migrations, refusals, window closures and migration latencies then
+/// fill the point. Until then every `specN` system is refused here.
+pub fn specd_hook(system: &str, window: u32) -> io::Result<()> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        format!(
+            "--systems {system}: not available yet: speculative admission (window \
+             {window}) needs `farside specd` on every back-end, which is not merged; run \
+             the baselines (acc64) for now"
+        ),
+    ))
+}
+
+/// The checked settings of a run.
+struct Plan {
+    rates: Vec<f64>,
+    duration_s: f64,
+    quota: u32,
+    capacity: f64,
+    nodes: usize,
+}
+
+fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
+    let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+    if a.hosts != "netns" {
+        return Err(bad(format!(
+            "--hosts {}: lab speculative runs on netns only (the eBPF front-end routes by \
+             MAC on a LAN of namespaces, and each back-end needs its own CPU quota)",
+            a.hosts
+        )));
+    }
+    if a.experiment.is_empty() {
+        return Err(bad("--experiment: at least one (single, split)".into()));
+    }
+    for e in &a.experiment {
+        if !EXPERIMENTS.contains(&e.as_str()) {
+            return Err(bad(format!(
+                "--experiment: unknown experiment `{e}` ({})",
+                EXPERIMENTS.join(", ")
+            )));
+        }
+    }
+    let split = a.experiment.iter().any(|e| e == "split");
+    if split {
+        if a.systems.is_empty() {
+            return Err(bad("--systems: at least one".into()));
+        }
+        for s in &a.systems {
+            let (_, window) = parse_system(s).map_err(bad)?;
+            if let Some(w) = window {
+                specd_hook(s, w)?;
+            }
+        }
+        if a.splits.is_empty() {
+            return Err(bad("--splits: at least one".into()));
+        }
+        for s in &a.splits {
+            parse_split(s).map_err(bad)?;
+        }
+    }
+    if a.experiment.iter().any(|e| e == "single")
+        && (a.accept_queues.is_empty() || a.accept_queues.contains(&0))
+    {
+        return Err(bad("--accept-queues: at least one, each ≥ 1".into()));
+    }
+    let quota = a.node_cpu_pct.unwrap_or(NODE_CPU_PCT_DEFAULT);
+    if quota == 0 || quota > 100 {
+        return Err(bad(format!("--node-cpu-pct {quota}: 1..=100")));
+    }
+    let capacity = capacity_rps(quota, a.cpu_us_per_request);
+    let rates: Vec<f64> = if !a.rates.is_empty() {
+        a.rates.clone()
+    } else if a.quick {
+        RATE_MULTIPLES_QUICK.iter().map(|m| m * capacity).collect()
+    } else {
+        RATE_MULTIPLES_FULL.iter().map(|m| m * capacity).collect()
+    };
+    if rates
+        .iter()
+        .any(|&r| !(r.is_finite() && r > 0.0 && r <= RATE_MAX))
+    {
+        return Err(bad(format!(
+            "--rates: every rate in (0, {RATE_MAX}] connections/s (default rates: \
+             lower --cpu-us-per-request or --node-cpu-pct)"
+        )));
+    }
+    let duration_s = a.duration_s.unwrap_or(if a.quick { 3.0 } else { 20.0 });
+    if !(duration_s.is_finite() && duration_s > 0.0) {
+        return Err(bad(format!("--duration-s {duration_s}: must be positive")));
+    }
+    if a.timeout_ms == 0 {
+        return Err(bad("--timeout-ms: at least 1".into()));
+    }
+    if a.backend_workers == 0 {
+        return Err(bad("--backend-workers: at least 1".into()));
+    }
+    Ok(Plan {
+        rates,
+        duration_s,
+        quota,
+        capacity,
+        nodes: if split { 2 } else { 1 },
+    })
+}
+
+/// One point's key.
+#[derive(Serialize, Debug, Clone)]
+struct Key {
+    experiment: String,
+    system: String,
+    split: String,
+    rate: f64,
+}
+
+fn point_keys(a: &SpeculativeArgs, plan: &Plan) -> Vec<Key> {
+    let mut keys = Vec::new();
+    for e in &a.experiment {
+        let lines: Vec<(String, String)> = if e == "single" {
+            a.accept_queues
+                .iter()
+                .map(|q| (format!("acc{q}"), SPLIT_SINGLE.to_string()))
+                .collect()
+        } else {
+            a.splits
+                .iter()
+                .flat_map(|sp| a.systems.iter().map(move |s| (s.clone(), sp.clone())))
+                .collect()
+        };
+        for (system, split) in lines {
+            for &rate in &plan.rates {
+                keys.push(Key {
+                    experiment: e.clone(),
+                    system: system.clone(),
+                    split: split.clone(),
+                    rate,
+                });
+            }
+        }
+    }
+    keys
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+/// The run's namespaces and directories.
+struct Lab {
+    dc: VirtualDc,
+    /// Back-end nodes `b0`, `b1` with their MAC on the LAN.
+    backends: Vec<(String, String)>,
+    logs: PathBuf,
+    docroot: PathBuf,
+}
+
+const CLIENT: &str = "client";
+const FE: &str = "fe";
+
+fn ip_cmd(args: &[&str]) -> io::Result<String> {
+    let out = std::process::Command::new("ip").args(args).output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The MAC address in `ip -o link show` output (`link/ether XX:..`).
+pub fn mac_of(ip_link: &str) -> Option<String> {
+    let mut w = ip_link.split_whitespace();
+    while let Some(t) = w.next() {
+        if t == "link/ether" {
+            return w.next().map(str::to_string);
+        }
+    }
+    None
+}
+
+impl Lab {
+    fn spawn(&self, node: &str, name: &str, args: &[String]) -> io::Result<Child> {
+        let log = self.logs.join(format!("{name}.log"));
+        let c = self
+            .dc
+            .spawn_in(node, &std::env::current_exe()?, args, &log)?;
+        Ok(Child::adopt(name, c, log))
+    }
+
+    /// Wait until `addr` accepts connections, seen from the client node.
+    fn wait_port(&self, c: &mut Child, addr: SocketAddr) -> io::Result<()> {
+        let t0 = Instant::now();
+        loop {
+            c.check_alive()?;
+            let up = self.dc.run_in_ns(CLIENT, || {
+                Ok(std::net::TcpStream::connect_timeout(&addr, POLL * 5).is_ok())
+            })?;
+            if up {
+                return Ok(());
+            }
+            if t0.elapsed() > READY_MAX {
+                return Err(io::Error::other(format!(
+                    "{} did not answer on {addr} within {READY_MAX:?}; see {}",
+                    c.name,
+                    c.log.display()
+                )));
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Start `farside backend` on back-end `i` with accept queue `backlog`.
+    fn start_backend(
+        &self,
+        a: &SpeculativeArgs,
+        i: usize,
+        backlog: u32,
+        tag: &str,
+    ) -> io::Result<Child> {
+        let node = &self.backends[i].0;
+        let mut be = self.spawn(
+            node,
+            &format!("{tag}-backend-{node}"),
+            &strings(&[
+                "backend",
+                "--listen",
+                "0.0.0.0:80",
+                "--root",
+                &self.docroot.display().to_string(),
+                "--workers",
+                &a.backend_workers.to_string(),
+                "--backlog",
+                &backlog.to_string(),
+                "--cpu-us-per-request",
+                &a.cpu_us_per_request.to_string(),
+            ]),
+        )?;
+        let direct = SocketAddr::new(self.dc.node_ip(node).into(), 80);
+        self.wait_port(&mut be, direct)?;
+        Ok(be)
+    }
+
+    /// Start the front-end with `weights` (one per back-end used) and wait until the VIP
+    /// answers through it.
+    fn start_frontend(&self, weights: &[u32], tag: &str) -> io::Result<Child> {
+        let fe_ip = self.dc.node_ip(FE);
+        let control = SocketAddr::new(fe_ip.into(), FE_CONTROL_PORT);
+        let mut args = strings(&[
+            "frontend",
+            "--iface",
+            crate::netns::VETH_IN_NS,
+            "--vip",
+            &VIP.to_string(),
+            "--control",
+            &control.to_string(),
+        ]);
+        for (i, w) in weights.iter().enumerate() {
+            let (node, mac) = &self.backends[i];
+            args.push("--backend".into());
+            args.push(format!("{mac}@{}={w}", self.dc.node_ip(node)));
+        }
+        let mut fe = self.spawn(FE, &format!("{tag}-frontend"), &args)?;
+        self.wait_port(&mut fe, control)?;
+        self.wait_port(&mut fe, SocketAddr::V4(VIP))?;
+        Ok(fe)
+    }
+
+    /// One open-loop run from the client node.
+    fn load(
+        &self,
+        target: SocketAddr,
+        rate: Option<f64>,
+        duration_s: f64,
+        a: &SpeculativeArgs,
+    ) -> io::Result<farside_loadgen::Summary> {
+        let mut lg = LoadgenArgs::new(target.to_string());
+        match rate {
+            Some(r) => {
+                lg.rate = Some(r);
+                lg.session_requests = 1;
+            }
+            None => lg.clients = CALIBRATION_CLIENTS,
+        }
+        lg.no_keepalive = true;
+        lg.duration_s = duration_s;
+        lg.warmup_s = WARMUP_S;
+        lg.file_path = FILE_PATH.to_string();
+        lg.timeout_ms = a.timeout_ms;
+        lg.seed = a.seed;
+        lg.quiet = true;
+        self.dc.run_in_ns(CLIENT, || {
+            farside_loadgen::run(&lg).map_err(|e| io::Error::other(format!("loadgen: {e}")))
+        })
+    }
+}
+
+/// Build the namespaces: client, front-end, back-ends with the VIP on their `lo`.
+fn start_lab(dir: &Path, plan: &Plan) -> io::Result<Lab> {
+    let backends: Vec<String> = (0..plan.nodes).map(|i| format!("b{i}")).collect();
+    let mut specs = vec![NodeSpec::new(CLIENT), NodeSpec::new(FE)];
+    specs.extend(
+        backends
+            .iter()
+            .map(|n| NodeSpec::new(n).cpu_quota_pct(plan.quota)),
+    );
+    let dc = VirtualDc::create(&format!("s{}", std::process::id() % 100_000), &specs)?;
+    let id = dc.run_id().to_string();
+    crate::procs::on_interrupt(move || {
+        if let Ok(r) = crate::netns::clean_run_id(&id) {
+            eprint!("{r}");
+        }
+    });
+    let vip = format!("{}/32", VIP.ip());
+    let mut with_mac = Vec::new();
+    for n in &backends {
+        let ns = dc.netns_name(n);
+        ip_cmd(&["-n", &ns, "addr", "add", &vip, "dev", "lo"])?;
+        dc.set_sysctl(n, "net/ipv4/conf/all/arp_ignore", "1")?;
+        dc.set_sysctl(n, "net/ipv4/conf/all/arp_announce", "2")?;
+        let link = ip_cmd(&["-n", &ns, "-o", "link", "show", crate::netns::VETH_IN_NS])?;
+        let mac = mac_of(&link)
+            .ok_or_else(|| io::Error::other(format!("no MAC for {n}'s eth0 in: {link}")))?;
+        with_mac.push((n.clone(), mac));
+    }
+    let fe_ip = dc.node_ip(FE).to_string();
+    ip_cmd(&[
+        "-n",
+        &dc.netns_name(CLIENT),
+        "route",
+        "add",
+        &vip,
+        "via",
+        &fe_ip,
+    ])?;
+    let logs = dir.join("logs");
+    let docroot = dir.join("docroot");
+    std::fs::create_dir_all(&logs)?;
+    std::fs::create_dir_all(&docroot)?;
+    let mut body = b"<html><body>farside lab speculative: a 4 KB page\n".to_vec();
+    body.resize(FILE_BYTES - 15, b'.');
+    body.extend_from_slice(b"\n</body></html>");
+    std::fs::write(docroot.join(FILE_PATH.trim_start_matches('/')), body)?;
+    Ok(Lab {
+        dc,
+        backends: with_mac,
+        logs,
+        docroot,
+    })
+}
+
+/// Measure one node's capacity: closed loop straight at `b0` (no front-end), accept
+/// queue 128. Returns connections/s.
+fn calibrate(lab: &Lab, a: &SpeculativeArgs) -> io::Result<f64> {
+    let _be = lab.start_backend(a, 0, 128, "calibrate")?;
+    let direct = SocketAddr::new(lab.dc.node_ip(&lab.backends[0].0).into(), 80);
+    let s = lab.load(direct, None, CALIBRATION_S, a)?;
+    Ok(s.tps)
+}
+
+/// Measure one point.
+fn measure(lab: &Lab, a: &SpeculativeArgs, plan: &Plan, key: &Key) -> io::Result<SpecPoint> {
+    let (queue, window) = parse_system(&key.system).map_err(io::Error::other)?;
+    if let Some(w) = window {
+        specd_hook(&key.system, w)?;
+    }
+    let weights: Vec<u32> = if key.experiment == "single" {
+        vec![1]
+    } else {
+        let (x, y) = parse_split(&key.split).map_err(io::Error::other)?;
+        vec![x, y]
+    };
+    let tag = format!(
+        "{}-{}-{}-{:.0}",
+        key.experiment,
+        key.system,
+        key.split.replace('/', "-"),
+        key.rate
+    );
+    let mut children = Vec::new();
+    for i in 0..weights.len() {
+        children.push(lab.start_backend(a, i, queue, &tag)?);
+    }
+    children.push(lab.start_frontend(&weights, &tag)?);
+    let s = lab.load(SocketAddr::V4(VIP), Some(key.rate), plan.duration_s, a)?;
+    // Front-end first (it prints its counters to its log), then the back-ends.
+    while let Some(mut c) = children.pop() {
+        c.stop();
+    }
+    Ok(SpecPoint {
+        experiment: key.experiment.clone(),
+        system: key.system.clone(),
+        split: key.split.clone(),
+        accept_queue: queue,
+        admission_window: window,
+        rate: key.rate,
+        offered_per_s: s.offered_rps,
+        conn_per_s: s.tps,
+        served: s.served,
+        failures: s.failures + s.dropped_503,
+        timeouts: s.failure_kinds.timeouts,
+        avg_ms: s.avg_ms,
+        p99_ms: s.p99_ms,
+        migrations: 0,
+        migration_p50_us: None,
+        migration_p99_us: None,
+        refusals: 0,
+        window_closures: 0,
+        capacity_rps: plan.capacity,
+        duration_s: s.duration_s,
+        runs: 1,
+    })
+}
+
+/// The panels in first-seen order, each with its systems in first-seen order.
+fn panels(points: &[&SpecPoint]) -> Vec<(String, Vec<String>)> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for p in points {
+        let panel = p.panel();
+        let i = match out.iter().position(|(x, _)| *x == panel) {
+            Some(i) => i,
+            None => {
+                out.push((panel, Vec::new()));
+                out.len() - 1
+            }
+        };
+        if !out[i].1.contains(&p.system) {
+            out[i].1.push(p.system.clone());
+        }
+    }
+    out
+}
+
+fn fig_of(panel: &str) -> &'static str {
+    if panel == "single" {
+        "Fig. 1"
+    } else if panel.ends_with("67/33") {
+        "Fig. 2"
+    } else if panel.ends_with("75/25") {
+        "Fig. 3"
+    } else {
+        "Fig. 2/3"
+    }
+}
+
+/// The speculative tables: one row per point, and conn/s vs offered rate per panel
+/// (single server: Fig. 1; each split: Fig. 2/3), one column per system.
+pub fn table(points: &[&SpecPoint]) -> String {
+    let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
+    let mut s = format!(
+        "{:<8} {:<8} {:<6} {:>8} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9} {:>10} {:>8} {:>8}\n",
+        "exp",
+        "system",
+        "split",
+        "rate",
+        "offered",
+        "conn/s",
+        "failures",
+        "timeouts",
+        "avg_ms",
+        "p99_ms",
+        "migrations",
+        "mig_p50",
+        "mig_p99"
+    );
+    for p in points {
+        let _ = writeln!(
+            s,
+            "{:<8} {:<8} {:<6} {:>8.1} {:>9.1} {:>9.1} {:>8} {:>8} {:>9.1} {:>9.1} {:>10} {:>8} {:>8}",
+            p.experiment,
+            p.system,
+            p.split,
+            p.rate,
+            p.offered_per_s,
+            p.conn_per_s,
+            p.failures,
+            p.timeouts,
+            p.avg_ms,
+            p.p99_ms,
+            p.migrations,
+            us(p.migration_p50_us),
+            us(p.migration_p99_us)
+        );
+    }
+    if let Some(c) = points.first().map(|p| p.capacity_rps) {
+        let _ = writeln!(s, "one node's capacity (formula): {c:.1} conn/s");
+    }
+    for (panel, systems) in panels(points) {
+        let _ = write!(
+            s,
+            "\nconn/s vs offered rate, {panel} ({})\n{:<10}",
+            fig_of(&panel),
+            "rate"
+        );
+        for sys in &systems {
+            let _ = write!(s, " {sys:>10}");
+        }
+        s.push('\n');
+        let mut rates: Vec<f64> = points
+            .iter()
+            .filter(|p| p.panel() == panel)
+            .map(|p| p.rate)
+            .collect();
+        rates.sort_by(f64::total_cmp);
+        rates.dedup();
+        for r in rates {
+            let _ = write!(s, "{r:<10.1}");
+            for sys in &systems {
+                match points
+                    .iter()
+                    .find(|p| p.panel() == panel && p.system == *sys && p.rate == r)
+                {
+                    Some(p) => {
+                        let _ = write!(s, " {:>10.1}", p.conn_per_s);
+                    }
+                    None => {
+                        let _ = write!(s, " {:>10}", "-");
+                    }
+                }
+            }
+            s.push('\n');
+        }
+    }
+    s
+}
+
+/// `speculative.csv`: one row per point.
+pub fn csv(points: &[&SpecPoint]) -> String {
+    let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.1}"));
+    let mut s = String::from(
+        "experiment,system,split,accept_queue,admission_window,rate,offered_per_s,conn_per_s,served,failures,timeouts,avg_ms,p99_ms,migrations,migration_p50_us,migration_p99_us,refusals,window_closures,capacity_rps,duration_s\n",
+    );
+    for p in points {
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{:.3},{:.3},{:.3},{},{},{},{:.3},{:.3},{},{},{},{},{},{:.3},{:.3}",
+            p.experiment,
+            p.system,
+            p.split,
+            p.accept_queue,
+            p.admission_window.map_or(String::new(), |w| w.to_string()),
+            p.rate,
+            p.offered_per_s,
+            p.conn_per_s,
+            p.served,
+            p.failures,
+            p.timeouts,
+            p.avg_ms,
+            p.p99_ms,
+            p.migrations,
+            o(p.migration_p50_us),
+            o(p.migration_p99_us),
+            p.refusals,
+            p.window_closures,
+            p.capacity_rps,
+            p.duration_s
+        );
+    }
+    s
+}
+
+/// `(file name, caption, svg)` per panel: conn/s vs offered rate and avg response time
+/// vs offered rate, one line per system.
+pub fn figures(points: &[&SpecPoint]) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for (panel, systems) in panels(points) {
+        let file = panel.replace([' ', '/'], "-");
+        let line = |sys: &str, f: fn(&SpecPoint) -> f64| {
+            let mut v: Vec<(f64, f64)> = points
+                .iter()
+                .filter(|p| p.panel() == panel && p.system == sys)
+                .map(|p| (p.rate, f(p)))
+                .collect();
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            v
+        };
+        let mut c = Chart::new(
+            &format!("Connection throughput, {panel}"),
+            "offered connections/s",
+            "connections completed/s",
+        );
+        let mut rt = Chart::new(
+            &format!("Response time, {panel}"),
+            "offered connections/s",
+            "avg response time (ms)",
+        );
+        for sys in &systems {
+            c = c.series(sys, line(sys, |p| p.conn_per_s));
+            rt = rt.series(sys, line(sys, |p| p.avg_ms));
+        }
+        out.push((
+            format!("fig-spec-conn-{file}.svg"),
+            format!(
+                "Connections completed/s vs offered rate, {panel} ({})",
+                fig_of(&panel)
+            ),
+            c.to_svg(),
+        ));
+        out.push((
+            format!("fig-spec-rt-{file}.svg"),
+            format!("Average response time vs offered rate, {panel}"),
+            rt.to_svg(),
+        ));
+    }
+    out
+}
+
+/// Run `farside lab speculative`.
+pub fn run(a: SpeculativeArgs) -> io::Result<()> {
+    let plan = check_args(&a)?;
+    // SAFETY: geteuid has no preconditions.
+    crate::netns::check_root(unsafe { libc::geteuid() }).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "lab speculative needs root: it builds a network namespace per node, a cgroup \
+             with a CPU quota per back-end, and attaches the eBPF front-end (--hosts netns)",
+        )
+    })?;
+    let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
+    let mut meta = crate::summary::Summary::new("speculative", &a.hosts, a.quick);
+    crate::sweep::fill_host_metadata(&mut meta);
+    meta.seed = Some(a.seed);
+    meta.params = serde_json::json!({
+        "experiments": a.experiment,
+        "systems": a.systems,
+        "accept_queues": a.accept_queues,
+        "splits": a.splits,
+        "rates": plan.rates,
+        "duration_s": plan.duration_s,
+        "warmup_s": WARMUP_S,
+        "timeout_ms": a.timeout_ms,
+        "node_cpu_pct": plan.quota,
+        "node_cpu_pct_rule": if a.node_cpu_pct.is_some() {
+            "--node-cpu-pct".to_string()
+        } else {
+            format!("default {NODE_CPU_PCT_DEFAULT}% of one CPU per back-end node")
+        },
+        "cpu_us_per_request": a.cpu_us_per_request,
+        "backend_workers": a.backend_workers,
+        "capacity_rps": plan.capacity,
+        "capacity_rule": format!(
+            "node_cpu_pct / 100 x 1e6 / (cpu_us_per_request + {BACKEND_OWN_US})"
+        ),
+        "file_bytes": FILE_BYTES,
+        "vip": VIP.to_string(),
+        "load": "open loop, Poisson arrivals, one connection per request (Connection: close)",
+        "conn_per_s": "connections completed (response received) / measured time",
+    });
+    let mut sweep = crate::sweep::Sweep::start(&dir, meta, a.resume.is_some())?;
+    let keys = point_keys(&a, &plan);
+    let mut lab: Option<Lab> = None;
+    let mut notes = Vec::new();
+    let est_run_s = plan.duration_s + WARMUP_S + 3.0;
+    let result = sweep.run(
+        &keys,
+        1,
+        est_run_s,
+        |k: &Key| {
+            format!(
+                "{} {} {} rate={:.1}",
+                k.experiment, k.system, k.split, k.rate
+            )
+        },
+        |k, _| {
+            if lab.is_none() {
+                let l = start_lab(&dir, &plan)?;
+                let measured = calibrate(&l, &a)?;
+                notes.push(format!(
+                    "one back-end node: {}% of one CPU, {} µs per request: capacity by \
+                     the formula {:.1} conn/s, measured {measured:.1} conn/s (closed loop, \
+                     {CALIBRATION_CLIENTS} clients straight at b0, {CALIBRATION_S} s)",
+                    plan.quota, a.cpu_us_per_request, plan.capacity
+                ));
+                lab = Some(l);
+            }
+            let l = lab.as_ref().expect("started above");
+            Ok(crate::summary::AnyPoint::Speculative(measure(
+                l, &a, &plan, k,
+            )?))
+        },
+    );
+    drop(lab);
+    for n in notes {
+        sweep.note(n)?;
+    }
+    sweep.note(
+        "spec32 and spec50 (speculative admission) are not available yet: they need \
+         `farside specd`; migrations are 0 and migration latencies null until then"
+            .into(),
+    )?;
+    result?;
+    sweep.finish()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> SpeculativeArgs {
+        SpeculativeArgs {
+            out: "x".into(),
+            resume: None,
+            quick: true,
+            hosts: "netns".into(),
+            experiment: vec!["single".into(), "split".into()],
+            systems: vec!["acc64".into()],
+            accept_queues: ACCEPT_QUEUES.to_vec(),
+            splits: SPLITS.iter().map(|s| s.to_string()).collect(),
+            rates: Vec::new(),
+            duration_s: None,
+            timeout_ms: 2000,
+            node_cpu_pct: None,
+            cpu_us_per_request: 2000,
+            backend_workers: 8,
+            seed: 1,
+        }
+    }
+
+    #[test]
+    fn capacity_rule_and_default_rates() {
+        let c = capacity_rps(20, 2000);
+        assert!((c - 0.2e6 / 2030.0).abs() < 1e-9, "{c}");
+        let p = check_args(&args()).unwrap();
+        assert_eq!(p.rates.len(), RATE_MULTIPLES_QUICK.len());
+        assert!((p.rates[0] - 0.5 * c).abs() < 1e-9);
+        assert!((p.rates[2] - 3.0 * c).abs() < 1e-9);
+        assert_eq!(p.duration_s, 3.0);
+        assert_eq!(p.nodes, 2);
+        let full = check_args(&SpeculativeArgs {
+            quick: false,
+            experiment: vec!["single".into()],
+            ..args()
+        })
+        .unwrap();
+        assert_eq!(full.rates.len(), RATE_MULTIPLES_FULL.len());
+        assert_eq!(full.nodes, 1);
+    }
+
+    #[test]
+    fn splits_and_systems_parse() {
+        assert_eq!(parse_split("75/25").unwrap(), (75, 25));
+        assert_eq!(parse_split("67/33").unwrap(), (67, 33));
+        for bad in ["75", "0/100", "a/b", "75/"] {
+            assert!(parse_split(bad).unwrap_err().contains("--splits"), "{bad}");
+        }
+        assert_eq!(parse_system("acc64").unwrap(), (64, None));
+        assert_eq!(parse_system("spec32").unwrap(), (64, Some(32)));
+        assert!(parse_system("acc0").is_err());
+        assert!(parse_system("cm33").unwrap_err().contains("--systems"));
+    }
+
+    #[test]
+    fn speculative_systems_are_refused_as_not_available_yet() {
+        for s in SPEC_SYSTEMS {
+            let e = check_args(&SpeculativeArgs {
+                systems: vec!["acc64".into(), s.into()],
+                ..args()
+            })
+            .err()
+            .expect(s)
+            .to_string();
+            assert!(e.contains("not available yet") && e.contains(s), "{e}");
+        }
+    }
+
+    #[test]
+    fn arguments_are_checked_with_the_flag_named() {
+        let cases: [(&str, SpeculativeArgs); 7] = [
+            (
+                "--hosts",
+                SpeculativeArgs {
+                    hosts: "loopback".into(),
+                    ..args()
+                },
+            ),
+            (
+                "--experiment",
+                SpeculativeArgs {
+                    experiment: vec!["triple".into()],
+                    ..args()
+                },
+            ),
+            (
+                "--rates",
+                SpeculativeArgs {
+                    rates: vec![0.0],
+                    ..args()
+                },
+            ),
+            (
+                "--node-cpu-pct",
+                SpeculativeArgs {
+                    node_cpu_pct: Some(0),
+                    ..args()
+                },
+            ),
+            (
+                "--accept-queues",
+                SpeculativeArgs {
+                    accept_queues: vec![0],
+                    ..args()
+                },
+            ),
+            (
+                "--splits",
+                SpeculativeArgs {
+                    splits: vec!["100".into()],
+                    ..args()
+                },
+            ),
+            (
+                "--duration-s",
+                SpeculativeArgs {
+                    duration_s: Some(0.0),
+                    ..args()
+                },
+            ),
+        ];
+        for (flag, a) in cases {
+            let e = check_args(&a).err().expect(flag).to_string();
+            assert!(e.contains(flag), "{flag}: {e}");
+        }
+    }
+
+    #[test]
+    fn keys_cover_each_experiment_line_and_rate() {
+        let a = SpeculativeArgs {
+            rates: vec![50.0, 100.0],
+            ..args()
+        };
+        let p = check_args(&a).unwrap();
+        let names: Vec<String> = point_keys(&a, &p)
+            .iter()
+            .map(|k| format!("{} {} {} {}", k.experiment, k.system, k.split, k.rate))
+            .collect();
+        assert_eq!(names.len(), (3 + 2) * 2);
+        assert_eq!(names[0], "single acc64 100 50");
+        assert_eq!(names[5], "single acc128 100 100");
+        assert_eq!(names[6], "split acc64 67/33 50");
+        assert_eq!(names[9], "split acc64 75/25 100");
+    }
+
+    #[test]
+    fn mac_is_read_from_ip_link() {
+        let l = "3: eth0@if4: <BROADCAST,MULTICAST,UP,LOWER_UP> mtu 1500 qdisc noqueue \
+                 state UP mode DEFAULT group default qlen 1000\\    link/ether \
+                 9a:3b:00:11:22:33 brd ff:ff:ff:ff:ff:ff link-netns fs-x";
+        assert_eq!(mac_of(l).as_deref(), Some("9a:3b:00:11:22:33"));
+        assert_eq!(mac_of("1: lo: <LOOPBACK>"), None);
+    }
+
+    fn point(system: &str, split: &str, rate: f64, conn: f64) -> SpecPoint {
+        SpecPoint {
+            experiment: if split == SPLIT_SINGLE {
+                "single".into()
+            } else {
+                "split".into()
+            },
+            system: system.into(),
+            split: split.into(),
+            accept_queue: 64,
+            rate,
+            offered_per_s: rate,
+            conn_per_s: conn,
+            served: (conn * 10.0) as u64,
+            duration_s: 10.0,
+            capacity_rps: 98.5,
+            runs: 1,
+            ..SpecPoint::empty()
+        }
+    }
+
+    #[test]
+    fn points_round_trip_and_render() {
+        let p = point("acc64", "75/25", 100.0, 90.0);
+        let any = crate::summary::AnyPoint::Speculative(p.clone());
+        let text = serde_json::to_string(&any).unwrap();
+        for k in [
+            "\"system\"",
+            "\"split\"",
+            "\"rate\"",
+            "\"conn_per_s\"",
+            "\"migrations\"",
+            "\"migration_p50_us\":null",
+            "\"migration_p99_us\":null",
+        ] {
+            assert!(text.contains(k), "{k}: {text}");
+        }
+        let back: crate::summary::AnyPoint = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, any);
+        let pts = [
+            p.clone(),
+            point("acc64", SPLIT_SINGLE, 100.0, 80.0),
+            point("acc96", SPLIT_SINGLE, 100.0, 85.0),
+        ];
+        let refs: Vec<&SpecPoint> = pts.iter().collect();
+        let t = table(&refs);
+        assert!(t.contains("Fig. 1") && t.contains("Fig. 3"), "{t}");
+        assert!(t.contains("acc96"), "{t}");
+        assert!(csv(&refs)
+            .lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("split,acc64,75/25,64,,100.000,"));
+        let f = figures(&refs);
+        let names: Vec<&str> = f.iter().map(|x| x.0.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "fig-spec-conn-split-75-25.svg",
+                "fig-spec-rt-split-75-25.svg",
+                "fig-spec-conn-single.svg",
+                "fig-spec-rt-single.svg"
+            ]
+        );
+        for (_, _, svg) in &f {
+            crate::svg::check_well_formed(svg).unwrap();
+        }
+        let c = SpecPoint::combine(&[p.clone(), p.clone()]);
+        assert_eq!((c.runs, c.served), (2, 1800));
+        assert!((c.conn_per_s - 90.0).abs() < 1e-9);
+    }
+}
