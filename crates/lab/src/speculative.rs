@@ -909,9 +909,10 @@ fn measure(lab: &Lab, a: &SpeculativeArgs, plan: &Plan, key: &Key) -> io::Result
     })();
     let s =
         started.and_then(|()| lab.load(SocketAddr::V4(VIP), Some(key.rate), plan.duration_s, a));
-    // specd first (SIGTERM: it writes its summary), then the front-end (it prints its
-    // counters to its log), then the back-ends.
-    for mut c in specds.drain(..).rev() {
+    // specd first (SIGTERM: it writes its summary), b0 (the heavier source) before b1
+    // so that b0's last migrations still find b1's target; then the front-end (it
+    // prints its counters to its log), then the back-ends.
+    for mut c in specds.drain(..) {
         c.stop();
     }
     while let Some(mut c) = children.pop() {
