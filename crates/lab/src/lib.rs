@@ -67,8 +67,9 @@ pub enum LabCmd {
     Reconfig(reconfig::ReconfigArgs),
     /// Seed 002's speculative connection admission: a single server with accept queues
     /// 64/96/128 and two servers behind the blind eBPF front-end at 67/33 and 75/25,
-    /// conn/s vs offered connection rate (Fig. 1-3); needs root (netns). Speculative
-    /// systems (spec32, spec50) are not available yet.
+    /// conn/s vs offered connection rate (Fig. 1-3), normal processing (accN) vs
+    /// speculative admission (spec32, spec50: `farside specd` on both back-ends); needs
+    /// root (netns).
     Speculative(speculative::SpeculativeArgs),
     /// Re-render the table, CSV files, plots and report.html of a kept run from its
     /// summary.json and points.jsonl, without running anything.

@@ -1,5 +1,5 @@
 //! `farside lab speculative`: seed 002's speculative connection admission experiment
-//! (issue 12 item 5), first version: the baselines without speculation.
+//! (issue 12 item 5): the baselines and the speculative systems.
 //!
 //! Topology (`--hosts netns`, root): namespaces `client`, `fe` and the back-ends `b0`
 //! (and `b1` for the `split` experiment) on one bridge. `fe` runs `farside frontend`
@@ -19,10 +19,12 @@
 //!
 //! Experiments: `single` (one server, accept queues `--accept-queues` 64/96/128, systems
 //! `acc64`, `acc96`, `acc128`: Fig. 1) and `split` (two servers behind the front-end at
-//! `--splits` 67/33 and 75/25, `--systems` `acc64`: normal processing, Fig. 2/3). The
-//! speculative systems `spec32` and `spec50` (an admission window on each back-end, run
-//! by `farside specd`) are refused with "not available yet" until that daemon exists;
-//! [`specd_hook`] is where it will be started.
+//! `--splits` 67/33 and 75/25, `--systems` `acc64`: normal processing, `spec32` /
+//! `spec50`: speculative admission, Fig. 2/3). For a `specN` point every back-end runs
+//! `farside backend --adopt-socket` and `farside specd` (source and target: admission
+//! window N on the base accept queue 64, the other back-end as its one peer, migrated
+//! flows moved at the front-end's control port); [`specd_args`] builds its command
+//! line, and its exit summary fills the point's migration figures ([`SpecdFigures`]).
 
 use crate::netns::{NodeSpec, VirtualDc};
 use crate::procs::Child;
@@ -37,8 +39,8 @@ use std::time::{Duration, Instant};
 
 /// The experiments.
 pub const EXPERIMENTS: [&str; 2] = ["single", "split"];
-/// The speculative systems (admission window 32 and 50 on a base accept queue of 64):
-/// not available until `farside specd` is merged.
+/// The speculative systems (admission window 32 and 50 on a base accept queue of 64),
+/// run by `farside specd` on every back-end.
 pub const SPEC_SYSTEMS: [&str; 2] = ["spec32", "spec50"];
 /// The paper's accept queues of Fig. 1.
 pub const ACCEPT_QUEUES: [u32; 3] = [64, 96, 128];
@@ -68,8 +70,16 @@ pub const FILE_BYTES: usize = 4096;
 pub const FILE_PATH: &str = "/index.html";
 /// The service's virtual address (outside the lab's subnet; routed to `fe`).
 pub const VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 77, 1, 100), 80);
-/// The front-end's control port (used here to know it is up).
+/// The front-end's control port (used here to know it is up, and by `farside specd
+/// --frontend` to move migrated flows).
 const FE_CONTROL_PORT: u16 = 7400;
+/// `farside specd --listen` port on every back-end's cluster address (migration offers
+/// over TCP, notifications over UDP).
+pub const SPECD_PORT: u16 = 7000;
+/// Largest admission window of a `specN` system (`farside specd --window` bound).
+pub const SPEC_WINDOW_MAX: u32 = 4096;
+/// What `farside specd` logs once its listeners are up (and steering attached).
+const SPECD_READY: &str = "specd: migrations on";
 /// Longest wait for a process to listen, or for the VIP to answer through the front-end.
 const READY_MAX: Duration = Duration::from_secs(20);
 /// Poll period while waiting.
@@ -111,7 +121,8 @@ pub struct SpeculativeArgs {
     #[arg(long, value_delimiter = ',', default_value = "single,split")]
     pub experiment: Vec<String>,
     /// Systems of the split experiment (comma-separated): accN (normal processing, accept
-    /// queue N), spec32 and spec50 (speculative admission: not available yet).
+    /// queue N), specW (speculative admission, window W on accept queue 64: spec32 and
+    /// spec50 are the paper's; `farside specd` on every back-end).
     #[arg(long, value_delimiter = ',', default_value = "acc64")]
     pub systems: Vec<String>,
     /// Accept queues of the single experiment (systems accN).
@@ -187,6 +198,17 @@ pub struct SpecPoint {
     /// speculation).
     pub refusals: u64,
     pub window_closures: u64,
+    /// Connections specd lost or could not hand to a server after taking them
+    /// (summaries' `lost` + `local_handoff_failed` + target `handoff_failed`): client
+    /// failures caused by migration. 0 without speculation.
+    #[serde(default)]
+    pub migration_lost: u64,
+    /// CPU per migrated connection on the source (migrator thread) and on the target
+    /// (restore and hand-off), mean µs; `None` without a migration.
+    #[serde(default)]
+    pub migration_cpu_source_us: Option<f64>,
+    #[serde(default)]
+    pub migration_cpu_target_us: Option<f64>,
     /// One node's capacity by the formula, connections/s ([`capacity_rps`]).
     pub capacity_rps: f64,
     /// Measured time, s.
@@ -234,6 +256,9 @@ impl SpecPoint {
             migration_p99_us: worst(|r| r.migration_p99_us),
             refusals: runs.iter().map(|r| r.refusals).sum(),
             window_closures: runs.iter().map(|r| r.window_closures).sum(),
+            migration_lost: runs.iter().map(|r| r.migration_lost).sum(),
+            migration_cpu_source_us: worst(|r| r.migration_cpu_source_us),
+            migration_cpu_target_us: worst(|r| r.migration_cpu_target_us),
             duration_s: d,
             runs: runs.iter().map(|r| r.runs).sum(),
             ..first.clone()
@@ -260,6 +285,9 @@ impl SpecPoint {
             migration_p99_us: None,
             refusals: 0,
             window_closures: 0,
+            migration_lost: 0,
+            migration_cpu_source_us: None,
+            migration_cpu_target_us: None,
             capacity_rps: 0.0,
             duration_s: 0.0,
             runs: 0,
@@ -322,7 +350,12 @@ pub fn parse_system(s: &str) -> Result<(u32, Option<u32>), String> {
     }
     if let Some(w) = s.strip_prefix("spec") {
         if let Ok(w) = w.parse::<u32>() {
-            return Ok((BASE_ACCEPT_QUEUE, Some(w)));
+            if (1..=SPEC_WINDOW_MAX).contains(&w) {
+                return Ok((BASE_ACCEPT_QUEUE, Some(w)));
+            }
+            return Err(format!(
+                "--systems: `{s}`: specW needs an admission window W in 1..={SPEC_WINDOW_MAX}"
+            ));
         }
     }
     Err(format!(
@@ -331,20 +364,110 @@ pub fn parse_system(s: &str) -> Result<(u32, Option<u32>), String> {
     ))
 }
 
-/// Where the speculative systems' daemon will be started: `farside specd` (helper
-/// "spec", not merged yet) on each back-end node, with the base accept queue and the
-/// admission window `window`, after the back-end listens and before the front-end
-/// routes to it; its migrations, refusals, window closures and migration latencies then
-/// fill the point. Until then every `specN` system is refused here.
-pub fn specd_hook(system: &str, window: u32) -> io::Result<()> {
-    Err(io::Error::new(
-        io::ErrorKind::Unsupported,
-        format!(
-            "--systems {system}: not available yet: speculative admission (window \
-             {window}) needs `farside specd` on every back-end, which is not merged; run \
-             the baselines (acc64) for now"
-        ),
-    ))
+/// `farside specd` arguments for back-end `node` (cluster address `ip`) of a `specN`
+/// point: source and target, admission window `window` on the base accept queue, the
+/// other back-end `peer_ip` as its one peer (no region: with a single peer the choice is
+/// that peer; the target's own accept queue decides admission), the VIP steered by
+/// sk_lookup, migrated flows moved at the front-end's control port `frontend`,
+/// connections handed to `farside backend --adopt-socket adopt`, summary to `summary`.
+pub fn specd_args(
+    ip: Ipv4Addr,
+    peer_ip: Ipv4Addr,
+    window: u32,
+    frontend: SocketAddr,
+    adopt: &Path,
+    summary: &Path,
+) -> Vec<String> {
+    strings(&[
+        "specd",
+        "--listen",
+        &SocketAddr::new(ip.into(), SPECD_PORT).to_string(),
+        "--server-port",
+        &VIP.port().to_string(),
+        "--adopt-socket",
+        &adopt.display().to_string(),
+        "--accept",
+        "127.0.0.1:0",
+        "--queue",
+        &BASE_ACCEPT_QUEUE.to_string(),
+        "--window",
+        &window.to_string(),
+        "--vip",
+        &VIP.ip().to_string(),
+        "--service-port",
+        &VIP.port().to_string(),
+        "--peer",
+        &format!("daemon={peer_ip}:{SPECD_PORT},backend={peer_ip}"),
+        "--frontend",
+        &frontend.to_string(),
+        "--summary",
+        &summary.display().to_string(),
+    ])
+}
+
+/// What one point takes from the back-ends' `farside specd` exit summaries.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SpecdFigures {
+    /// Connections migrated (sources' `migrated`).
+    pub migrations: u64,
+    /// Migration latency (freeze to DONE): p50 weighted by each source's count, p99 the
+    /// worst source's; µs.
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    /// Migrations refused by a target (`window.target_refusals`).
+    pub refusals: u64,
+    /// Admission windows closed (`window.closures`).
+    pub window_closures: u64,
+    /// Connections lost by specd (`lost` + `local_handoff_failed` + target
+    /// `handoff_failed`).
+    pub lost: u64,
+    /// Mean CPU per migration on the sources and on the targets, µs.
+    pub cpu_source_us: Option<f64>,
+    pub cpu_target_us: Option<f64>,
+}
+
+impl SpecdFigures {
+    /// Sum the summaries (one JSON object per back-end, `farside specd --summary`).
+    pub fn from_summaries(summaries: &[serde_json::Value]) -> SpecdFigures {
+        let u = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
+        let mut f = SpecdFigures::default();
+        let (mut p50_w, mut src_cpu, mut src_n, mut tgt_cpu, mut tgt_n) =
+            (0.0, 0.0, 0u64, 0.0, 0u64);
+        for s in summaries {
+            let src = &s["source"];
+            let tgt = &s["target"];
+            let n = u(&src["migration_us"]["count"]);
+            f.migrations += u(&src["migrated"]);
+            if n > 0 {
+                p50_w += src["migration_us"]["p50"].as_f64().unwrap_or(0.0) * n as f64;
+                let p99 = src["migration_us"]["p99"].as_f64().unwrap_or(0.0);
+                f.p99_us = Some(f.p99_us.map_or(p99, |m: f64| m.max(p99)));
+            }
+            let c = u(&src["cpu_us"]["count"]);
+            if c > 0 {
+                src_cpu += src["cpu_us"]["mean"].as_f64().unwrap_or(0.0) * c as f64;
+                src_n += c;
+            }
+            let c = u(&tgt["cpu_us"]["count"]);
+            if c > 0 {
+                tgt_cpu += tgt["cpu_us"]["mean"].as_f64().unwrap_or(0.0) * c as f64;
+                tgt_n += c;
+            }
+            f.refusals += u(&src["window"]["target_refusals"]);
+            f.window_closures += u(&src["window"]["closures"]);
+            f.lost += u(&src["lost"]) + u(&src["local_handoff_failed"]) + u(&tgt["handoff_failed"]);
+        }
+        let counted: u64 = summaries
+            .iter()
+            .map(|s| u(&s["source"]["migration_us"]["count"]))
+            .sum();
+        if counted > 0 {
+            f.p50_us = Some(p50_w / counted as f64);
+        }
+        f.cpu_source_us = (src_n > 0).then(|| src_cpu / src_n as f64);
+        f.cpu_target_us = (tgt_n > 0).then(|| tgt_cpu / tgt_n as f64);
+        f
+    }
 }
 
 /// The checked settings of a run.
@@ -382,10 +505,7 @@ fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
             return Err(bad("--systems: at least one".into()));
         }
         for s in &a.systems {
-            let (_, window) = parse_system(s).map_err(bad)?;
-            if let Some(w) = window {
-                specd_hook(s, w)?;
-            }
+            parse_system(s).map_err(bad)?;
         }
         if a.splits.is_empty() {
             return Err(bad("--splits: at least one".into()));
@@ -546,35 +666,78 @@ impl Lab {
         }
     }
 
-    /// Start `farside backend` on back-end `i` with accept queue `backlog`.
+    /// Start `farside backend` on back-end `i` with accept queue `backlog` (and
+    /// `--adopt-socket adopt` for specd's hand-offs).
     fn start_backend(
         &self,
         a: &SpeculativeArgs,
         i: usize,
         backlog: u32,
+        adopt: Option<&Path>,
         tag: &str,
     ) -> io::Result<Child> {
         let node = &self.backends[i].0;
-        let mut be = self.spawn(
-            node,
-            &format!("{tag}-backend-{node}"),
-            &strings(&[
-                "backend",
-                "--listen",
-                "0.0.0.0:80",
-                "--root",
-                &self.docroot.display().to_string(),
-                "--workers",
-                &a.backend_workers.to_string(),
-                "--backlog",
-                &backlog.to_string(),
-                "--cpu-us-per-request",
-                &a.cpu_us_per_request.to_string(),
-            ]),
-        )?;
+        let mut args = strings(&[
+            "backend",
+            "--listen",
+            "0.0.0.0:80",
+            "--root",
+            &self.docroot.display().to_string(),
+            "--workers",
+            &a.backend_workers.to_string(),
+            "--backlog",
+            &backlog.to_string(),
+            "--cpu-us-per-request",
+            &a.cpu_us_per_request.to_string(),
+        ]);
+        if let Some(p) = adopt {
+            args.push("--adopt-socket".into());
+            args.push(p.display().to_string());
+        }
+        let mut be = self.spawn(node, &format!("{tag}-backend-{node}"), &args)?;
         let direct = SocketAddr::new(self.dc.node_ip(node).into(), 80);
         self.wait_port(&mut be, direct)?;
         Ok(be)
+    }
+
+    /// Start `farside specd` on back-end `i` (the other one its peer) and wait until it
+    /// logs its listeners.
+    fn start_specd(
+        &self,
+        i: usize,
+        window: u32,
+        adopt: &Path,
+        summary: &Path,
+        tag: &str,
+    ) -> io::Result<Child> {
+        let node = &self.backends[i].0;
+        let peer = &self.backends[1 - i].0;
+        let control = SocketAddr::new(self.dc.node_ip(FE).into(), FE_CONTROL_PORT);
+        let args = specd_args(
+            self.dc.node_ip(node),
+            self.dc.node_ip(peer),
+            window,
+            control,
+            adopt,
+            summary,
+        );
+        let mut c = self.spawn(node, &format!("{tag}-specd-{node}"), &args)?;
+        let t0 = Instant::now();
+        loop {
+            c.check_alive()?;
+            let log = std::fs::read_to_string(&c.log).unwrap_or_default();
+            if log.contains(SPECD_READY) {
+                return Ok(c);
+            }
+            if t0.elapsed() > READY_MAX {
+                return Err(io::Error::other(format!(
+                    "{} did not log `{SPECD_READY}` within {READY_MAX:?}; see {}",
+                    c.name,
+                    c.log.display()
+                )));
+            }
+            std::thread::sleep(POLL);
+        }
     }
 
     /// Start the front-end with `weights` (one per back-end used) and wait until the VIP
@@ -688,7 +851,7 @@ fn start_lab(dir: &Path, plan: &Plan) -> io::Result<Lab> {
 /// Measure one node's capacity: closed loop straight at `b0` (no front-end), accept
 /// queue 128. Returns connections/s.
 fn calibrate(lab: &Lab, a: &SpeculativeArgs) -> io::Result<f64> {
-    let _be = lab.start_backend(a, 0, 128, "calibrate")?;
+    let _be = lab.start_backend(a, 0, 128, None, "calibrate")?;
     let direct = SocketAddr::new(lab.dc.node_ip(&lab.backends[0].0).into(), 80);
     let s = lab.load(direct, None, CALIBRATION_S, a)?;
     Ok(s.tps)
@@ -697,9 +860,6 @@ fn calibrate(lab: &Lab, a: &SpeculativeArgs) -> io::Result<f64> {
 /// Measure one point.
 fn measure(lab: &Lab, a: &SpeculativeArgs, plan: &Plan, key: &Key) -> io::Result<SpecPoint> {
     let (queue, window) = parse_system(&key.system).map_err(io::Error::other)?;
-    if let Some(w) = window {
-        specd_hook(&key.system, w)?;
-    }
     let weights: Vec<u32> = if key.experiment == "single" {
         vec![1]
     } else {
@@ -713,16 +873,69 @@ fn measure(lab: &Lab, a: &SpeculativeArgs, plan: &Plan, key: &Key) -> io::Result
         key.split.replace('/', "-"),
         key.rate
     );
+    // specN needs both back-ends (each is the other's peer): the split experiment.
+    let spec = window.filter(|_| weights.len() == 2);
+    // Unix socket paths are short (108 bytes): in the temp dir, not under --out.
+    let adopt: Vec<PathBuf> = (0..weights.len())
+        .map(|i| {
+            std::env::temp_dir().join(format!(
+                "farside-{}-{}-adopt.sock",
+                lab.dc.run_id(),
+                lab.backends[i].0
+            ))
+        })
+        .collect();
+    let summaries: Vec<PathBuf> = (0..weights.len())
+        .map(|i| {
+            lab.logs
+                .join(format!("{tag}-specd-{}.json", lab.backends[i].0))
+        })
+        .collect();
     let mut children = Vec::new();
-    for i in 0..weights.len() {
-        children.push(lab.start_backend(a, i, queue, &tag)?);
+    let mut specds = Vec::new();
+    let started = (|| -> io::Result<()> {
+        for (i, sock) in adopt.iter().enumerate() {
+            let sock = spec.map(|_| sock.as_path());
+            children.push(lab.start_backend(a, i, queue, sock, &tag)?);
+        }
+        children.push(lab.start_frontend(&weights, &tag)?);
+        if let Some(w) = spec {
+            for (i, (sock, summary)) in adopt.iter().zip(&summaries).enumerate() {
+                let _ = std::fs::remove_file(summary);
+                specds.push(lab.start_specd(i, w, sock, summary, &tag)?);
+            }
+        }
+        Ok(())
+    })();
+    let s =
+        started.and_then(|()| lab.load(SocketAddr::V4(VIP), Some(key.rate), plan.duration_s, a));
+    // specd first (SIGTERM: it writes its summary), b0 (the heavier source) before b1
+    // so that b0's last migrations still find b1's target; then the front-end (it
+    // prints its counters to its log), then the back-ends.
+    for mut c in specds.drain(..) {
+        c.stop();
     }
-    children.push(lab.start_frontend(&weights, &tag)?);
-    let s = lab.load(SocketAddr::V4(VIP), Some(key.rate), plan.duration_s, a)?;
-    // Front-end first (it prints its counters to its log), then the back-ends.
     while let Some(mut c) = children.pop() {
         c.stop();
     }
+    for p in &adopt {
+        let _ = std::fs::remove_file(p);
+    }
+    let s = s?;
+    let figures = match spec {
+        Some(_) => {
+            let mut v = Vec::new();
+            for p in &summaries {
+                let text = std::fs::read_to_string(p)
+                    .map_err(|e| io::Error::other(format!("specd summary {}: {e}", p.display())))?;
+                v.push(serde_json::from_str(&text).map_err(|e| {
+                    io::Error::other(format!("specd summary {}: {e}", p.display()))
+                })?);
+            }
+            SpecdFigures::from_summaries(&v)
+        }
+        None => SpecdFigures::default(),
+    };
     Ok(SpecPoint {
         experiment: key.experiment.clone(),
         system: key.system.clone(),
@@ -737,11 +950,14 @@ fn measure(lab: &Lab, a: &SpeculativeArgs, plan: &Plan, key: &Key) -> io::Result
         timeouts: s.failure_kinds.timeouts,
         avg_ms: s.avg_ms,
         p99_ms: s.p99_ms,
-        migrations: 0,
-        migration_p50_us: None,
-        migration_p99_us: None,
-        refusals: 0,
-        window_closures: 0,
+        migrations: figures.migrations,
+        migration_p50_us: figures.p50_us,
+        migration_p99_us: figures.p99_us,
+        refusals: figures.refusals,
+        window_closures: figures.window_closures,
+        migration_lost: figures.lost,
+        migration_cpu_source_us: figures.cpu_source_us,
+        migration_cpu_target_us: figures.cpu_target_us,
         capacity_rps: plan.capacity,
         duration_s: s.duration_s,
         runs: 1,
@@ -864,12 +1080,12 @@ pub fn table(points: &[&SpecPoint]) -> String {
 pub fn csv(points: &[&SpecPoint]) -> String {
     let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.1}"));
     let mut s = String::from(
-        "experiment,system,split,accept_queue,admission_window,rate,offered_per_s,conn_per_s,served,failures,timeouts,avg_ms,p99_ms,migrations,migration_p50_us,migration_p99_us,refusals,window_closures,capacity_rps,duration_s\n",
+        "experiment,system,split,accept_queue,admission_window,rate,offered_per_s,conn_per_s,served,failures,timeouts,avg_ms,p99_ms,migrations,migration_p50_us,migration_p99_us,refusals,window_closures,migration_lost,migration_cpu_source_us,migration_cpu_target_us,capacity_rps,duration_s\n",
     );
     for p in points {
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{:.3},{:.3},{:.3},{},{},{},{:.3},{:.3},{},{},{},{},{},{:.3},{:.3}",
+            "{},{},{},{},{},{:.3},{:.3},{:.3},{},{},{},{:.3},{:.3},{},{},{},{},{},{},{},{},{:.3},{:.3}",
             p.experiment,
             p.system,
             p.split,
@@ -888,6 +1104,9 @@ pub fn csv(points: &[&SpecPoint]) -> String {
             o(p.migration_p99_us),
             p.refusals,
             p.window_closures,
+            p.migration_lost,
+            o(p.migration_cpu_source_us),
+            o(p.migration_cpu_target_us),
             p.capacity_rps,
             p.duration_s
         );
@@ -1019,11 +1238,18 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
     for n in notes {
         sweep.note(n)?;
     }
-    sweep.note(
-        "spec32 and spec50 (speculative admission) are not available yet: they need \
-         `farside specd`; migrations are 0 and migration latencies null until then"
-            .into(),
-    )?;
+    if a.systems.iter().any(|s| s.starts_with("spec")) {
+        sweep.note(format!(
+            "specN: on each back-end `farside specd` (source and target) with accept queue \
+             {BASE_ACCEPT_QUEUE} and window N, the other back-end its one peer (no region \
+             read: with one peer there is no choice; the target admits by its own accept \
+             queue, --admit-queue-max {BASE_ACCEPT_QUEUE}), hand-off by fd passing to \
+             `farside backend --adopt-socket`, flows moved at the front-end's control port; \
+             specd runs inside the back-end's CPU quota. migration_p50_us: count-weighted \
+             mean of the sources' p50; migration_p99_us: the worst source's p99; \
+             migration_cpu_*_us: means per migration"
+        ))?;
+    }
     result?;
     sweep.finish()?;
     Ok(())
@@ -1087,17 +1313,63 @@ mod tests {
     }
 
     #[test]
-    fn speculative_systems_are_refused_as_not_available_yet() {
+    fn speculative_systems_are_accepted_and_specd_gets_its_flags() {
         for s in SPEC_SYSTEMS {
-            let e = check_args(&SpeculativeArgs {
+            check_args(&SpeculativeArgs {
                 systems: vec!["acc64".into(), s.into()],
                 ..args()
             })
-            .err()
-            .expect(s)
-            .to_string();
-            assert!(e.contains("not available yet") && e.contains(s), "{e}");
+            .expect(s);
         }
+        assert!(parse_system("spec0").unwrap_err().contains("window"));
+        let v = specd_args(
+            Ipv4Addr::new(10, 0, 0, 2),
+            Ipv4Addr::new(10, 0, 0, 3),
+            50,
+            "10.0.0.9:7400".parse().unwrap(),
+            Path::new("/tmp/a.sock"),
+            Path::new("/tmp/s.json"),
+        )
+        .join(" ");
+        for want in [
+            "specd --listen 10.0.0.2:7000 --server-port 80 --adopt-socket /tmp/a.sock",
+            "--accept 127.0.0.1:0 --queue 64 --window 50 --vip 10.77.1.100",
+            "--peer daemon=10.0.0.3:7000,backend=10.0.0.3 --frontend 10.0.0.9:7400",
+            "--summary /tmp/s.json",
+        ] {
+            assert!(v.contains(want), "{want}: {v}");
+        }
+    }
+
+    #[test]
+    fn specd_summaries_fill_the_point() {
+        let b0: serde_json::Value = serde_json::from_str(
+            r#"{"wall_s":5.0,"source":{"accepted":12,"migrated":10,"lost":1,
+            "local_handoff_failed":0,"window":{"target_refusals":2,"closures":3},
+            "migration_us":{"count":10,"p50":100,"p99":900,"max":950,"mean":150.0},
+            "cpu_us":{"count":10,"p50":400,"p99":800,"max":800,"mean":500.0}},
+            "target":{"handoff_failed":0,"cpu_us":{"count":0,"p50":0,"p99":0,"max":0,"mean":0.0}}}"#,
+        )
+        .unwrap();
+        let b1: serde_json::Value = serde_json::from_str(
+            r#"{"wall_s":5.0,"source":{"migrated":30,"lost":0,"local_handoff_failed":0,
+            "window":{"target_refusals":0,"closures":1},
+            "migration_us":{"count":30,"p50":200,"p99":500,"max":600,"mean":210.0},
+            "cpu_us":{"count":30,"p50":300,"p99":400,"max":400,"mean":300.0}},
+            "target":{"handoff_failed":2,"cpu_us":{"count":10,"p50":250,"p99":300,"max":300,"mean":250.0}}}"#,
+        )
+        .unwrap();
+        let f = SpecdFigures::from_summaries(&[b0, b1]);
+        assert_eq!(
+            (f.migrations, f.refusals, f.window_closures, f.lost),
+            (40, 2, 4, 3)
+        );
+        assert_eq!(f.p50_us, Some(175.0));
+        assert_eq!(f.p99_us, Some(900.0));
+        assert_eq!(f.cpu_source_us, Some(350.0));
+        assert_eq!(f.cpu_target_us, Some(250.0));
+        let none = SpecdFigures::from_summaries(&[serde_json::json!({"source": null})]);
+        assert_eq!(none, SpecdFigures::default());
     }
 
     #[test]
