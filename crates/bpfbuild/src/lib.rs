@@ -1,0 +1,87 @@
+//! Build-script helper of the crates that embed BPF programs from `bpf/` (farside-xdp,
+//! farside-frontend, farside-spec): one place that finds clang, sets the project's
+//! compiler flags and tells cargo which sources to watch.
+//!
+//! The compiler is `$CLANG` if set, else the first of `clang`, `clang-14` or
+//! `/usr/lib/llvm-14/bin/clang` that runs. Called from a build script only (it reads
+//! cargo's `CARGO_MANIFEST_DIR`, `OUT_DIR`, `CARGO_CFG_TARGET_ARCH` and panics with the
+//! reason when something is missing, which is how a build script reports an error).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Flags of every program: optimised (the verifier needs it), BTF for CO-RE and the
+/// loader, warnings as errors.
+pub const BASE_FLAGS: [&str; 6] = ["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"];
+
+/// One BPF program of `bpf/`.
+pub struct Program<'a> {
+    /// Its C source, relative to `bpf/` (e.g. `"rmem.bpf.c"`).
+    pub source: &'a str,
+    /// Headers and included sources it depends on, relative to `bpf/` (rebuild when
+    /// they change).
+    pub depends_on: &'a [&'a str],
+    /// Object file name in `$OUT_DIR` (embedded with `include_bytes_aligned!`).
+    pub object: &'a str,
+    /// Flags beyond [`BASE_FLAGS`] (e.g. `-mcpu=v3`).
+    pub extra_flags: &'a [&'a str],
+}
+
+/// The first clang that runs.
+pub fn find_clang() -> Option<String> {
+    let candidates: Vec<String> = match std::env::var("CLANG") {
+        Ok(c) => vec![c],
+        Err(_) => ["clang", "clang-14", "/usr/lib/llvm-14/bin/clang"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+    };
+    candidates.into_iter().find(|c| {
+        Command::new(c)
+            .arg("--version")
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false)
+    })
+}
+
+/// Compile `p` into `$OUT_DIR/<object>`; panics (failing the build) with the reason.
+pub fn compile(p: &Program) {
+    let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let bpf_dir = manifest.join("../../bpf");
+    for f in std::iter::once(&p.source).chain(p.depends_on) {
+        println!("cargo:rerun-if-changed={}", bpf_dir.join(f).display());
+    }
+    println!("cargo:rerun-if-env-changed=CLANG");
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets it")).join(p.object);
+    let src = bpf_dir.join(p.source);
+    let Some(clang) = find_clang() else {
+        panic!(
+            "clang not found: apt-get install clang (or set CLANG=/path/to/clang); it builds bpf/{}",
+            p.source
+        );
+    };
+    // asm/types.h etc. live in the multiarch include directory on Debian.
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let multiarch = format!("/usr/include/{arch}-linux-gnu");
+    let status = Command::new(&clang)
+        .args(BASE_FLAGS)
+        .args(p.extra_flags)
+        .arg(format!("-I{multiarch}"))
+        .arg("-c")
+        .arg(&src)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .unwrap_or_else(|e| panic!("running {clang}: {e}"));
+    if !status.success() {
+        panic!("{clang} failed to compile {}", display(&src));
+    }
+}
+
+fn display(p: &Path) -> String {
+    p.canonicalize()
+        .unwrap_or_else(|_| p.to_path_buf())
+        .display()
+        .to_string()
+}
