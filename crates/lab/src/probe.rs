@@ -471,16 +471,30 @@ impl NetnsBack<'_> {
             return Err(e);
         }
         if t == "xdp" {
-            let log = std::fs::read_to_string(&g.log).unwrap_or_default();
-            if !log.contains("XDP responder on") {
-                return Err(io::Error::other(format!(
-                    "xdp: the gatherer did not attach XDP:\n{}",
-                    crate::procs::tail(&g.log, 10)
-                )));
+            // gatherd answers over user-space udp before XDP is attached (verifying and
+            // attaching take ~150 ms here), so a successful read does not mean XDP answers:
+            // wait for the attach line, or the xdp row would measure user space.
+            let deadline = Instant::now() + crate::procs::READY_TIMEOUT;
+            while !xdp_attached(&std::fs::read_to_string(&g.log).unwrap_or_default()) {
+                g.check_alive()?;
+                if Instant::now() > deadline {
+                    return Err(io::Error::other(format!(
+                        "xdp: the gatherer did not attach XDP within {:?}:\n{}",
+                        crate::procs::READY_TIMEOUT,
+                        crate::procs::tail(&g.log, 10)
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(10));
             }
         }
         Ok((g, ep))
     }
+}
+
+/// Whether gatherd's log says its XDP responder is attached (the kernel answers from then
+/// on).
+fn xdp_attached(log: &str) -> bool {
+    log.contains("XDP responder on")
 }
 
 /// One line per (load, size) measured with both: each transport's p50 as a multiple of
@@ -714,6 +728,16 @@ mod tests {
             (l.p50_us, l.p99_us, l.max_us),
             (20_000.0, 20_000.0, 20_000.0)
         );
+    }
+
+    #[test]
+    fn xdp_counts_as_attached_only_after_gatherds_attach_line() {
+        // What gatherd logs while its user-space udp server already answers, and after.
+        let serving = "INFO  gatherd: node 0 every 1000 µs; shm=off tcp=off udp=10.77.0.10:7002\n";
+        let attached = "INFO  gatherd: XDP responder on eth0 (generic mode), udp port 7002: reads and atomics answered in the kernel\n";
+        assert!(!xdp_attached(""));
+        assert!(!xdp_attached(serving));
+        assert!(xdp_attached(&format!("{attached}{serving}")));
     }
 
     #[test]
