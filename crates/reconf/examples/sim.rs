@@ -23,11 +23,11 @@ struct Args {
     /// Simulated hours.
     #[arg(long, default_value_t = 2.0)]
     hours: f64,
-    /// S, ms.
-    #[arg(long, default_value_t = 1000)]
+    /// S, ms (the balancer's default, `BalancerConfig::default()`).
+    #[arg(long, default_value_t = 250)]
     sensitivity_ms: u64,
-    /// T, ms.
-    #[arg(long, default_value_t = 5000)]
+    /// T, ms (the balancer's default: 2 S).
+    #[arg(long, default_value_t = 500)]
     history_ms: u64,
     /// Lease, ms.
     #[arg(long, default_value_t = 3000)]
