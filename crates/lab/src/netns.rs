@@ -185,6 +185,24 @@ fn proc_cpu(pid: u32) -> Option<ProcCpu> {
 }
 
 const EHASH_SYSCTL: &str = "/proc/sys/net/ipv4/tcp_child_ehash_entries";
+/// Lock file (in [`STATE_DIR`]) serialising the read-set-restore of [`EHASH_SYSCTL`]
+/// between runs that build namespaces at the same time.
+const EHASH_LOCK: &str = "ehash.lock";
+
+/// `path` opened (created if missing) and locked exclusively with `flock`; the lock
+/// lasts as long as the returned file.
+fn lock_exclusive(path: &Path) -> io::Result<File> {
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    // SAFETY: flock on a descriptor this function owns; it blocks until the lock is ours.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(f)
+}
 const NOT_ROOT: &str =
     "--hosts netns needs root (network namespaces, cgroups); run as root or use --hosts loopback";
 /// How long teardown waits for killed processes to leave a cgroup.
@@ -526,7 +544,16 @@ impl VirtualDc {
     }
 
     fn build(&mut self) -> io::Result<()> {
-        // 1. Namespaces, with a small TCP established hash each.
+        // 1. Namespaces, with a small TCP established hash each. The sysctl is
+        // host-wide: two runs building at once would each read the other's 4096 as the
+        // value to restore and leave it set, so read, set, create and restore hold one
+        // host-wide lock (an flock, released when `_ehash_lock` drops, also on a crash).
+        fs::create_dir_all(STATE_DIR)?;
+        let _ehash_lock = lock_exclusive(&Path::new(STATE_DIR).join(EHASH_LOCK))?;
+        self.state.ehash_prev = fs::read_to_string(EHASH_SYSCTL)
+            .ok()
+            .map(|s| s.trim().to_string());
+        write_state(&self.state_path, &self.state)?;
         let prev = self.state.ehash_prev.clone();
         if prev.is_some() {
             write_file(

@@ -421,3 +421,35 @@ fn failed_create_leaves_nothing() {
     dc.destroy().unwrap();
     assert_gone(&run, &["a"], &[]);
 }
+
+#[test]
+#[ignore = "needs root: run with `cargo test -p farside-lab -- --include-ignored` as root"]
+fn concurrent_builds_restore_the_tcp_hash_sysctl() {
+    // `tcp_child_ehash_entries` is host-wide: runs that build at the same moment must not
+    // take each other's temporary value for the one to restore (it was left at 4096).
+    require_root();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let path = "/proc/sys/net/ipv4/tcp_child_ehash_entries";
+    let before = std::fs::read_to_string(path).unwrap_or_default();
+    for round in 0..5 {
+        let start = std::sync::Arc::new(std::sync::Barrier::new(4));
+        let builders: Vec<_> = (0..4)
+            .map(|i| {
+                let start = start.clone();
+                let run = run_id(&format!("c{round}{i}"));
+                std::thread::spawn(move || {
+                    start.wait();
+                    VirtualDc::create(&run, &[NodeSpec::new("n")]).map(drop)
+                })
+            })
+            .collect();
+        for b in builders {
+            b.join().expect("builder thread").expect("create");
+        }
+        assert_eq!(
+            std::fs::read_to_string(path).unwrap_or_default(),
+            before,
+            "round {round}: the sysctl was not restored"
+        );
+    }
+}
