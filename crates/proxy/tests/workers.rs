@@ -160,6 +160,14 @@ async fn two_workers_share_the_port_and_each_serves_its_share() {
             accepted(w0),
             accepted(w1)
         );
+        // A response is counted after its last byte is written, so the client can read it
+        // a moment before the count moves: await it (bounded) rather than race it.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while w0.responses() + w1.responses() < 2 * CONNS as u64
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         assert_eq!(w0.responses() + w1.responses(), 2 * CONNS as u64);
         assert_eq!(m.total(|s| &s.conns_active), CONNS as u64);
         let text = scrape(&p);
