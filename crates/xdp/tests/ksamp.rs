@@ -123,10 +123,11 @@ fn kernel_sampler_publishes_backlog_and_connections_without_user_space() {
 
     // N connections queued, not accepted: backlog N, established N (server side).
     const N: u64 = 3;
+    // Taken before the first connect: the head's age counts from its arrival.
+    let queued_at = std::time::Instant::now();
     let clients: Vec<TcpStream> = (0..N)
         .map(|_| TcpStream::connect(l.local_addr().unwrap()).unwrap())
         .collect();
-    let queued_at = std::time::Instant::now();
     await_record(&region, "backlog N", |s| {
         s.load.accept_backlog == N && s.load.conns_established == N
     });
