@@ -342,12 +342,15 @@ hosts = ["gamma.test"]
     // back-end serving the asked site (A answers beta only once its served word says so)
     // or is a 503 site_unserved for alpha once nobody serves it.
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen_a_beta = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let watcher = {
-        let (stop, an) = (stop.clone(), an.clone());
+        let (stop, an, seen) = (stop.clone(), an.clone(), seen_a_beta.clone());
         std::thread::spawn(move || {
             let (mut a_beta, mut n) = (0, 0);
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                for host in ["alpha.test", "beta.test"] {
+                // Two beta requests a round: with one, the round robin's parity could send
+                // every beta request of the watcher to the same back-end.
+                for host in ["alpha.test", "beta.test", "beta.test"] {
                     let want = &host[..host.len() - 5];
                     let (st, be, site) = via_proxy(listen, host);
                     n += 1;
@@ -358,6 +361,7 @@ hosts = ["gamma.test"]
                     }
                     if host == "beta.test" && be == an {
                         a_beta += 1;
+                        seen.store(a_beta, std::sync::atomic::Ordering::Relaxed);
                     }
                 }
             }
@@ -374,6 +378,10 @@ hosts = ["gamma.test"]
     // Round robin over both beta back-ends: A gets beta requests from now on.
     eventually("beta requests reach A", WAIT, || {
         via_proxy(listen, "beta.test").1 == an
+    });
+    // Until the watcher itself saw A answer beta (bounded), not a fixed window.
+    eventually("the watcher's beta requests reach A", WAIT, || {
+        seen_a_beta.load(std::sync::atomic::Ordering::Relaxed) > 0
     });
     std::thread::sleep(Duration::from_millis(100));
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
