@@ -8,7 +8,8 @@
 //! 3. `connect()` to the peer: in repair mode no handshake, the socket is ESTABLISHED;
 //! 4. `TCP_REPAIR_OPTIONS` (MSS, window scales, SACK, timestamps: the kernel takes
 //!    them only before any byte was sent), `TCP_TIMESTAMP`;
-//! 5. buffer sizes raised to the source's if the queues would not fit otherwise;
+//! 5. buffer sizes raised to the source's, and the send buffer to hold the whole send queue
+//!    (see [`sndbuf_wanted`]);
 //! 6. refill the receive queue and the *sent* part of the send queue (repair-mode
 //!    writes: queued as received / as already transmitted);
 //! 7. `TCP_REPAIR_WINDOW` (checked by the kernel against `rcv_nxt`, hence after 6);
@@ -60,6 +61,25 @@ fn raise_buffer(fd: RawFd, get: libc::c_int, force: libc::c_int, want: u32) -> i
         sys::setsockopt(fd, libc::SOL_SOCKET, force, &half, "SO_*BUFFORCE")?;
     }
     Ok(())
+}
+
+/// Headroom of the restored send buffer over the bytes of the send queue: the kernel
+/// charges an skb's truesize (payload plus page and struct overhead), and the refilled
+/// queue is built from different skbs than the source's, so the source's `SO_SNDBUF`
+/// alone may not hold the whole queue again.
+const SNDBUF_HEADROOM: u32 = 2;
+
+/// The send buffer the restored socket needs (in `getsockopt` units, which count the
+/// kernel's doubling): the whole send queue, sent and never-sent part, must fit before
+/// the client's window opens, or writing the never-sent part would wait for a client
+/// that may itself be waiting for the migration to end.
+fn sndbuf_wanted(st: &TcpState) -> u32 {
+    let queue = u32::try_from(st.send_queue.len()).unwrap_or(u32::MAX);
+    st.sndbuf.max(
+        queue
+            .saturating_mul(SNDBUF_HEADROOM)
+            .saturating_add(64 << 10),
+    )
 }
 
 fn options_blob(st: &TcpState) -> Vec<u8> {
@@ -155,7 +175,7 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
         &st.timestamp,
         "TCP_TIMESTAMP",
     )?;
-    raise_buffer(fd, libc::SO_SNDBUF, libc::SO_SNDBUFFORCE, st.sndbuf)?;
+    raise_buffer(fd, libc::SO_SNDBUF, libc::SO_SNDBUFFORCE, sndbuf_wanted(st))?;
     raise_buffer(fd, libc::SO_RCVBUF, libc::SO_RCVBUFFORCE, st.rcvbuf)?;
 
     refill(fd, sys::TCP_RECV_QUEUE, &st.recv_queue)?;
@@ -236,11 +256,19 @@ impl Frozen {
 /// Poll interval while the send buffer is full (a few client round trips).
 const UNSENT_POLL_MS: libc::c_int = 10;
 
-/// Writes the never-sent bytes within [`UNSENT_WRITE_TIMEOUT`]. The send buffer can
-/// report "full" (EAGAIN) even on a blocking socket: the refilled queue's skbs are
-/// accounted differently from the source's, and the client's window may be shut; so
-/// wait for POLLOUT and retry instead of failing.
-fn write_unsent(stream: &mut TcpStream, mut buf: &[u8]) -> io::Result<()> {
+/// Writes the never-sent bytes within [`UNSENT_WRITE_TIMEOUT`]. The send buffer was
+/// sized for the whole queue ([`sndbuf_wanted`]), but the client's window may be
+/// shut; on EAGAIN wait for POLLOUT and retry, until the deadline.
+fn write_unsent(stream: &mut TcpStream, buf: &[u8]) -> io::Result<()> {
+    // Non-blocking, so the deadline holds even if a blocking write would wait on a
+    // shut window forever.
+    stream.set_nonblocking(true)?;
+    let r = write_unsent_nonblocking(stream, buf);
+    stream.set_nonblocking(false)?;
+    r
+}
+
+fn write_unsent_nonblocking(stream: &mut TcpStream, mut buf: &[u8]) -> io::Result<()> {
     let deadline = std::time::Instant::now() + UNSENT_WRITE_TIMEOUT;
     while !buf.is_empty() {
         match stream.write(buf) {

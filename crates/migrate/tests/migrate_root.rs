@@ -123,6 +123,23 @@ fn connect_small_rcvbuf(addr: SocketAddr) -> TcpStream {
     s
 }
 
+/// The source socket's `SO_SNDBUF` (the kernel doubles it): a quarter of the response.
+const SOURCE_SNDBUF: libc::c_int = (BIG_BYTES / 8) as libc::c_int;
+
+fn set_int_opt(s: &TcpStream, opt: libc::c_int, v: libc::c_int) {
+    // SAFETY: setsockopt with an int of the length passed.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&v as *const libc::c_int).cast(),
+            4,
+        )
+    };
+    assert_eq!(r, 0, "setsockopt: {}", io::Error::last_os_error());
+}
+
 fn inq(s: &TcpStream) -> usize {
     let mut v: libc::c_int = 0;
     // SAFETY: FIONREAD writes one int.
@@ -411,6 +428,9 @@ fn scenario(kind: TargetKind, handover: Handover) -> (Result<(), Fallback>, Clie
 /// sent.
 fn source_prefix(listener: &TcpListener) -> (TcpStream, usize) {
     let (mut s, _) = listener.accept().unwrap();
+    // A fixed send buffer well below the response: autotuning may grow it to
+    // `tcp_wmem` max (4 MiB on 6.x kernels), which would take the whole response.
+    set_int_opt(&s, libc::SO_SNDBUF, SOURCE_SNDBUF);
     let (line, _) = read_head_unbuffered(&mut s);
     assert!(line.starts_with("GET /big "), "{line}");
     // Answer as much as the socket takes now; the rest stays with the application.
@@ -419,7 +439,7 @@ fn source_prefix(listener: &TcpListener) -> (TcpStream, usize) {
     s.write_all(head.as_bytes()).unwrap();
     let body = big_body(0);
     let mut big_sent = 0;
-    loop {
+    while big_sent < body.len() {
         match s.write(&body[big_sent..]) {
             Ok(n) => big_sent += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
