@@ -317,7 +317,20 @@ pub(crate) fn thaw(fd: RawFd, window: Option<&RepairWindow>) -> io::Result<()> {
     // without waiting for its retransmission timer.
     let r = w.and(repair(fd, false));
     detach_filter(fd)?;
-    r
+    r?;
+    // Repair off leaves `sk_reuse` at SK_NO_REUSE (repair on had forced reuse), and a
+    // socket without SO_REUSEADDR (later its TIME_WAIT) keeps the server from binding
+    // its port again: a web server restarted on a node that took migrated connections
+    // got EADDRINUSE for a minute. A connected socket's SO_REUSEADDR only lets others
+    // bind beside it, which is what the server's listener expects of its connections.
+    let one: libc::c_int = 1;
+    sys::setsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_REUSEADDR,
+        &one,
+        "SO_REUSEADDR",
+    )
 }
 
 /// Continues a frozen socket where it was (the paper's fall-back): repair off, input

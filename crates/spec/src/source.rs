@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use farside_migrate::{migrate_with, Fallback, Handover, MigrateConfig, Outcome};
 use farside_region::layout::SNAPSHOT_BYTES;
@@ -206,6 +206,39 @@ pub struct SourceStats {
     pub dump_us: Mutex<Samples>,
     /// Source CPU per migrated connection (the migrator thread's CPU time), µs.
     pub cpu_us: Mutex<Samples>,
+    /// Admission to a migrator thread taking the connection, per migratory
+    /// connection, µs (waiting for a free migrator and for CPU).
+    pub queue_wait_us: Mutex<Samples>,
+    /// Admission to DONE per migrated connection, µs: what the connection waited
+    /// for the move (queue wait + freeze to DONE).
+    pub admit_to_done_us: Mutex<Samples>,
+    /// Fall-backs by reason, indexed as [`FALLBACK_REASONS`].
+    pub fallbacks: [AtomicU64; FALLBACK_REASONS.len()],
+}
+
+/// Labels of the fall-back reasons in the summary's `fallbacks` (the dump errors
+/// that occur on a live server split out: a client that closed or reset first
+/// leaves a socket that is no longer ESTABLISHED).
+pub const FALLBACK_REASONS: [&str; 7] = [
+    "not_established",
+    "not_dumpable_other",
+    "target_unreachable",
+    "refused",
+    "restore_failed",
+    "target_gone",
+    "flow_not_moved",
+];
+
+fn fallback_index(f: &Fallback) -> usize {
+    match f {
+        Fallback::NotDumpable(farside_migrate::DumpError::NotEstablished(_)) => 0,
+        Fallback::NotDumpable(_) => 1,
+        Fallback::TargetUnreachable(_) => 2,
+        Fallback::Refused(_) => 3,
+        Fallback::RestoreFailed(_) => 4,
+        Fallback::TargetGone(_) => 5,
+        Fallback::FlowNotMoved(_) => 6,
+    }
 }
 
 struct Shared {
@@ -285,7 +318,7 @@ impl SourceDaemon {
             started: std::time::Instant::now(),
             window_events: Mutex::new(WindowEvents::default()),
         });
-        let (tx, rx) = sync_channel::<TcpStream>(QUEUE_WINDOW_MAX as usize);
+        let (tx, rx) = sync_channel::<(TcpStream, Instant)>(QUEUE_WINDOW_MAX as usize);
         let rx = Arc::new(Mutex::new(rx));
         let mut threads = Vec::new();
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
@@ -384,7 +417,7 @@ impl SourceDaemon {
             )
         };
         format!(
-            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{}}},\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"peers\":[{}]}}",
+            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{}}},\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"admit_to_done_us\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
             s.accepted.load(Ordering::Relaxed),
             s.stale_local.load(Ordering::Relaxed),
             s.migrated.load(Ordering::Relaxed),
@@ -406,6 +439,14 @@ impl SourceDaemon {
             lock(&s.migration_us).json(),
             lock(&s.dump_us).json(),
             lock(&s.cpu_us).json(),
+            lock(&s.queue_wait_us).json(),
+            lock(&s.admit_to_done_us).json(),
+            FALLBACK_REASONS
+                .iter()
+                .zip(&s.fallbacks)
+                .map(|(k, v)| format!("\"{k}\":{}", v.load(Ordering::Relaxed)))
+                .collect::<Vec<_>>()
+                .join(","),
             peers.join(","),
         )
     }
@@ -497,7 +538,7 @@ fn wait_readable(fd: i32, timeout: Duration) -> bool {
     n > 0
 }
 
-fn acceptor_loop(s: &Shared, listener: &TcpListener, tx: SyncSender<TcpStream>) {
+fn acceptor_loop(s: &Shared, listener: &TcpListener, tx: SyncSender<(TcpStream, Instant)>) {
     while !s.stop.load(Ordering::SeqCst) {
         if !wait_readable(listener.as_raw_fd(), ACCEPT_WAIT_MAX) {
             continue;
@@ -516,10 +557,10 @@ fn acceptor_loop(s: &Shared, listener: &TcpListener, tx: SyncSender<TcpStream>) 
         let q = s.server_queue.load(Ordering::Relaxed);
         let decision = window_op(s, |w| w.on_arrival(q));
         match decision {
-            Decision::Migrate => match tx.try_send(sock) {
+            Decision::Migrate => match tx.try_send((sock, Instant::now())) {
                 Ok(()) => {}
                 // Cannot happen: the channel holds QUEUE_WINDOW_MAX ≥ W in flight.
-                Err(TrySendError::Full(sock)) | Err(TrySendError::Disconnected(sock)) => {
+                Err(TrySendError::Full((sock, _))) | Err(TrySendError::Disconnected((sock, _))) => {
                     window_op(s, |w| w.on_resolved(Resolution::NotDumpable));
                     hand_local(s, sock);
                 }
@@ -560,15 +601,15 @@ fn choose_peer(s: &Shared) -> &PeerState {
     &s.peers[i]
 }
 
-fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<TcpStream>>) {
+fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<(TcpStream, Instant)>>) {
     let mcfg = MigrateConfig {
         handover: s.cfg.handover,
         ..MigrateConfig::default()
     };
     loop {
         let next = lock(rx).recv_timeout(ACCEPT_WAIT_MAX);
-        let sock = match next {
-            Ok(sock) => sock,
+        let (sock, admitted) = match next {
+            Ok(next) => next,
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 if s.stop.load(Ordering::SeqCst) {
                     return;
@@ -587,6 +628,7 @@ fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<TcpStream>>) {
         };
         let peer = choose_peer(s);
         peer.inflight.fetch_add(1, Ordering::Relaxed);
+        lock(&s.stats.queue_wait_us).record(admitted.elapsed().as_micros() as u64);
         let cpu0 = farside_backend::thread_cpu_us();
         let outcome = migrate_with(sock, peer.peer.daemon, &mcfg, || {
             s.flow.move_flow(remote, peer.peer.backend)
@@ -599,10 +641,12 @@ fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<TcpStream>>) {
                 s.stats.migrated.fetch_add(1, Ordering::Relaxed);
                 peer.migrated.fetch_add(1, Ordering::Relaxed);
                 lock(&s.stats.migration_us).record(t.total.as_micros() as u64);
+                lock(&s.stats.admit_to_done_us).record(admitted.elapsed().as_micros() as u64);
                 lock(&s.stats.dump_us).record(t.dump.as_micros() as u64);
                 lock(&s.stats.cpu_us).record(cpu);
             }
             Outcome::ResumedOnSource { sock, reason } => {
+                s.stats.fallbacks[fallback_index(&reason)].fetch_add(1, Ordering::Relaxed);
                 let r = match &reason {
                     Fallback::NotDumpable(_) => Resolution::NotDumpable,
                     Fallback::Refused(_) => {
