@@ -114,6 +114,13 @@ pub struct Timings {
     pub total: Duration,
     /// Bytes of state shipped (both queues included).
     pub state_bytes: usize,
+    /// Connecting to the target and OFFER until ACCEPT (the state's transfer and the
+    /// target's admission).
+    pub offer: Duration,
+    /// COMMIT until RESTORED (the target's restore).
+    pub restore: Duration,
+    /// The flow move (`move_flow`) until DONE is written.
+    pub flow: Duration,
 }
 
 /// What [`migrate`] did.
@@ -191,6 +198,7 @@ pub fn migrate_with(
         }
     };
     let dump = t0.elapsed();
+    let t_offer = Instant::now();
     let mut ctrl = match open_control(target, cfg) {
         Ok(c) => c,
         Err(e) => return resumed(sock, &st, Fallback::TargetUnreachable(e)),
@@ -201,6 +209,7 @@ pub fn migrate_with(
         Ok(m) => return resumed(sock, &st, Fallback::TargetGone(unexpected(&m))),
         Err(e) => return resumed(sock, &st, Fallback::TargetGone(e)),
     }
+    let offer = t_offer.elapsed();
     let held = match cfg.handover {
         Handover::CloseAfterRestore => Some(sock),
         Handover::CloseBeforeRestore => {
@@ -211,11 +220,13 @@ pub fn migrate_with(
             None
         }
     };
+    let t_commit = Instant::now();
     let reason = match exchange(&mut ctrl, &Message::Commit) {
-        Ok(Message::Restored) => match move_flow() {
-            Ok(()) => {
+        Ok(Message::Restored) => match (t_commit.elapsed(), Instant::now(), move_flow()) {
+            (restore, t_flow, Ok(())) => {
                 let done = write_message(&mut ctrl, &Message::Done);
                 let total = t0.elapsed();
+                let flow = t_flow.elapsed();
                 if let Some(sock) = held {
                     // Still frozen: segments in flight to the source are dropped (the
                     // client resends them to the target) instead of answered by RST.
@@ -229,6 +240,9 @@ pub fn migrate_with(
                         dump,
                         total,
                         state_bytes: state_bytes(&st),
+                        offer,
+                        restore,
+                        flow,
                     }),
                     Err(e) => Outcome::Lost(io::Error::new(
                         e.kind(),
@@ -236,7 +250,7 @@ pub fn migrate_with(
                     )),
                 };
             }
-            Err(e) => {
+            (_, _, Err(e)) => {
                 // Wait (bounded) until the target has dropped its copy: in one
                 // namespace the local re-restore needs the 4-tuple free.
                 let _ = exchange(&mut ctrl, &Message::Abort);

@@ -45,7 +45,7 @@ pub struct SpecdArgs {
     /// progress is at least this. Default: 64 (the paper's accept queue).
     #[arg(long = "admit-queue-max", default_value_t = QUEUE_DEFAULT)]
     pub admit_queue_max: u32,
-    /// Threads serving offers. Default: 4.
+    /// Threads serving offers. Default: 32 (one per migration a peer runs at once).
     #[arg(long = "target-threads", default_value_t = TARGET_THREADS_DEFAULT)]
     pub target_threads: usize,
     /// A peer back-end: `daemon=IP:PORT[,region=ENDPOINT][,backend=IP]` — its
@@ -86,8 +86,8 @@ pub struct SpecdArgs {
     #[arg(long, default_value_t = MIGRATORS_DEFAULT)]
     pub migrators: usize,
     /// Poll period of the server's accept queue and the steering flag, µs. Default:
-    /// 1000.
-    #[arg(long = "poll-us", default_value_t = 1000)]
+    /// 5000 (see `source::POLL_DEFAULT`).
+    #[arg(long = "poll-us", default_value_t = crate::source::POLL_DEFAULT.as_micros() as u64)]
     pub poll_us: u64,
     /// Period of the peers' region reads, µs. Default: 5000.
     #[arg(long = "peer-poll-us", default_value_t = 5000)]
@@ -275,8 +275,9 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
         .map(|s| s.summary_json())
         .unwrap_or_else(|| "null".into());
     let summary = format!(
-        "{{\"wall_s\":{:.3},\"source\":{source_json},\"target\":{}}}",
+        "{{\"wall_s\":{:.3},\"process_cpu_ms\":{:.1},\"source\":{source_json},\"target\":{}}}",
         t0.elapsed().as_secs_f64(),
+        process_cpu_ms(),
         target.summary_json()
     );
     if let Some(s) = source {
@@ -289,6 +290,19 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
             .map_err(|e| format!("--summary {}: {e}", path.display()))?;
     }
     Ok(())
+}
+
+/// CPU time (user + system) of the whole daemon so far, ms: what it cost its node,
+/// migrations, polls and notifications together.
+fn process_cpu_ms() -> f64 {
+    // SAFETY: getrusage writes one rusage struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return 0.0;
+    }
+    let ms = |t: libc::timeval| t.tv_sec as f64 * 1e3 + t.tv_usec as f64 / 1e3;
+    ms(ru.ru_utime) + ms(ru.ru_stime)
 }
 
 fn wait_for_signal(set: &libc::sigset_t, limit: Option<Duration>) {

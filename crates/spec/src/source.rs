@@ -53,9 +53,12 @@ use crate::window::{Decision, Resolution, Window, WindowConfig, QUEUE_WINDOW_MAX
 pub const MIGRATORS_DEFAULT: usize = 32;
 /// Upper bound of `--migrators` (each a thread with a small stack).
 pub const MIGRATORS_MAX: usize = 256;
-/// Default poll period of the server's queue and the divert flag: 1 ms (a sock_diag
-/// exact lookup costs a few µs; requests take milliseconds).
-pub const POLL_DEFAULT: Duration = Duration::from_millis(1);
+/// Default poll period of the server's queue and the divert flag: 5 ms. A poll (a
+/// sock_diag exact lookup, the program's counters) costs ~20 µs of CPU, so 1 ms polls
+/// cost the node 2 % of a CPU, 10 % of a lab node's 20 % quota, even idle; and the
+/// queue moves by one position per served request (~11 ms at a lab node's 88 conn/s),
+/// so a 5 ms old flag is at most about one connection behind.
+pub const POLL_DEFAULT: Duration = Duration::from_millis(5);
 /// Default period of the peers' region reads: 5 ms.
 pub const PEER_POLL_DEFAULT: Duration = Duration::from_millis(5);
 /// Bound on the notification socket's wait, so its thread sees a stop.
@@ -212,6 +215,12 @@ pub struct SourceStats {
     /// Admission to DONE per migrated connection, µs: what the connection waited
     /// for the move (queue wait + freeze to DONE).
     pub admit_to_done_us: Mutex<Samples>,
+    /// Connect + OFFER until ACCEPT per migrated connection, µs.
+    pub offer_us: Mutex<Samples>,
+    /// COMMIT until RESTORED per migrated connection, µs.
+    pub restore_us: Mutex<Samples>,
+    /// The front-end's flow move until DONE per migrated connection, µs.
+    pub flow_us: Mutex<Samples>,
     /// Fall-backs by reason, indexed as [`FALLBACK_REASONS`].
     pub fallbacks: [AtomicU64; FALLBACK_REASONS.len()],
 }
@@ -344,11 +353,15 @@ impl SourceDaemon {
             "specd-poll".into(),
             Box::new(move || poller_loop(&s, queue, steering)),
         )?);
-        let s = Arc::clone(&shared);
-        threads.push(spawn(
-            "specd-peers".into(),
-            Box::new(move || peers_loop(&s)),
-        )?);
+        // Without a region to read there is nothing to poll (each wake-up costs the
+        // node CPU: with one peer there is no choice to make).
+        if shared.peers.iter().any(|p| p.peer.region.is_some()) {
+            let s = Arc::clone(&shared);
+            threads.push(spawn(
+                "specd-peers".into(),
+                Box::new(move || peers_loop(&s)),
+            )?);
+        }
         let s = Arc::clone(&shared);
         threads.push(spawn(
             "specd-notified".into(),
@@ -417,7 +430,7 @@ impl SourceDaemon {
             )
         };
         format!(
-            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{}}},\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"admit_to_done_us\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
+            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{}}},\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
             s.accepted.load(Ordering::Relaxed),
             s.stale_local.load(Ordering::Relaxed),
             s.migrated.load(Ordering::Relaxed),
@@ -440,6 +453,9 @@ impl SourceDaemon {
             lock(&s.dump_us).json(),
             lock(&s.cpu_us).json(),
             lock(&s.queue_wait_us).json(),
+            lock(&s.offer_us).json(),
+            lock(&s.restore_us).json(),
+            lock(&s.flow_us).json(),
             lock(&s.admit_to_done_us).json(),
             FALLBACK_REASONS
                 .iter()
@@ -607,16 +623,10 @@ fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<(TcpStream, Instant)>>) {
         ..MigrateConfig::default()
     };
     loop {
-        let next = lock(rx).recv_timeout(ACCEPT_WAIT_MAX);
-        let (sock, admitted) = match next {
-            Ok(next) => next,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                if s.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                continue;
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+        // Blocks without a timeout: the acceptor drops the sender when it stops, which
+        // ends every migrator (32 threads waking every 200 ms cost an idle node CPU).
+        let Ok((sock, admitted)) = lock(rx).recv() else {
+            return;
         };
         let remote = match sock.peer_addr() {
             Ok(a) => a,
@@ -643,6 +653,9 @@ fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<(TcpStream, Instant)>>) {
                 lock(&s.stats.migration_us).record(t.total.as_micros() as u64);
                 lock(&s.stats.admit_to_done_us).record(admitted.elapsed().as_micros() as u64);
                 lock(&s.stats.dump_us).record(t.dump.as_micros() as u64);
+                lock(&s.stats.offer_us).record(t.offer.as_micros() as u64);
+                lock(&s.stats.restore_us).record(t.restore.as_micros() as u64);
+                lock(&s.stats.flow_us).record(t.flow.as_micros() as u64);
                 lock(&s.stats.cpu_us).record(cpu);
             }
             Outcome::ResumedOnSource { sock, reason } => {

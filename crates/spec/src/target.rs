@@ -33,15 +33,22 @@ use crate::handoff::{HandOff, Handoff};
 use crate::load::ServerQueue;
 use crate::stats::Samples;
 
-/// Threads serving offers at once: a restore takes about a millisecond, so a few
-/// threads keep up with thousands of migrations per second; more offers wait in the
-/// listen backlog (bounded by the kernel) and the source's connect timeout.
-pub const TARGET_THREADS_DEFAULT: usize = 4;
+/// Threads serving offers at once: 32, one per migration a peer runs at once
+/// (`source::MIGRATORS_DEFAULT`). A thread holds an offer for its whole exchange
+/// (OFFER, COMMIT, restore, RESTORED, DONE), about a millisecond on an idle node but
+/// tens of ms on a node whose CPU quota is spent: with 4 threads offers queued in the
+/// listen backlog and OFFER-to-ACCEPT took 210 ms p50 in `lab speculative` (75/25 at 3×
+/// one node's capacity). More offers wait in the listen backlog (bounded by the
+/// kernel) and the source's connect timeout.
+pub const TARGET_THREADS_DEFAULT: usize = 32;
 /// Upper bound of `--target-threads`.
 pub const TARGET_THREADS_MAX: usize = 64;
 /// How often the notifier checks whether refused sources can be told "can take":
 /// 5 ms is well under a request's service time and costs a sock_diag read (µs).
 pub const NOTIFY_PERIOD: Duration = Duration::from_millis(5);
+/// Bound on the notifier's sleep while no source waits for a notification, so it
+/// sees a stop.
+const NOTIFY_IDLE_WAIT_MAX: Duration = Duration::from_millis(200);
 /// Most refused sources remembered for a notification (one per peer; a cluster of
 /// more back-ends than this is outside the design, and extra sources fall back to
 /// the N-local-requests rule).
@@ -95,6 +102,9 @@ struct Shared {
     /// Offers admitted and not yet handed over.
     restoring: AtomicU32,
     refused_sources: Mutex<Vec<IpAddr>>,
+    /// Signalled when a source is added to `refused_sources`: the notifier sleeps on
+    /// it instead of polling while nobody waits for a notification.
+    refused_added: std::sync::Condvar,
     stats: TargetStats,
 }
 
@@ -126,6 +136,7 @@ impl TargetDaemon {
             listener,
             restoring: AtomicU32::new(0),
             refused_sources: Mutex::new(Vec::new()),
+            refused_added: std::sync::Condvar::new(),
             stats: TargetStats::default(),
         });
         let mut threads = Vec::new();
@@ -278,6 +289,7 @@ fn offers_loop(s: &Shared) {
                 let mut v = s.refused_sources.lock().unwrap_or_else(|p| p.into_inner());
                 if !v.contains(&peer.ip()) && v.len() < REFUSED_SOURCES_MAX {
                     v.push(peer.ip());
+                    s.refused_added.notify_one();
                 }
             }
             Ok(TargetOutcome::RestoreFailed(r)) => {
@@ -312,15 +324,18 @@ fn notifier_loop(s: &Shared, sock: &UdpSocket) {
         }
     };
     while !s.stop.load(Ordering::SeqCst) {
-        std::thread::sleep(NOTIFY_PERIOD);
-        let pending = !s
-            .refused_sources
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty();
-        if !pending {
-            continue;
+        {
+            // Nobody refused: sleep until a refusal (bounded, to see a stop).
+            let v = s.refused_sources.lock().unwrap_or_else(|p| p.into_inner());
+            if v.is_empty() {
+                let _ = s
+                    .refused_added
+                    .wait_timeout(v, NOTIFY_IDLE_WAIT_MAX)
+                    .unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
         }
+        std::thread::sleep(NOTIFY_PERIOD);
         let Ok(q) = queue.read() else { continue };
         if q.saturating_add(s.restoring.load(Ordering::SeqCst)) >= s.cfg.admit_queue_max {
             continue;
