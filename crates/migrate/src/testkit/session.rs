@@ -1,23 +1,27 @@
-//! The HTTP/1.1 keep-alive session of `crates/migrate/tests/migrate_root.rs` (copied:
-//! test files of another crate cannot be shared without moving them): `GET /big`
-//! (4 MiB, answered partly before the move), an 8 MiB `POST` written during the
-//! migration, `GET /small`; every byte checked by pattern and FNV-1a digest, no read
-//! may fail or wait longer than [`STALL_MAX`].
-#![allow(dead_code)]
+//! The HTTP/1.1 keep-alive session of the migration tests: the client sends
+//! `GET /big` (a [`BIG_BYTES`] response), then at once a `POST /upload` with a
+//! [`POST_BYTES`] body, then `GET /small`. The source answers the GET only partly
+//! ([`source_prefix`]: the client's small receive buffer and the source's fixed send
+//! buffer leave unsent bytes with the application and unacknowledged ones in the
+//! send queue), waits until POST bytes sit in its receive queue, and migrates while
+//! the client keeps sending. Whoever ends up with the connection finishes it
+//! ([`finish_serving`]). The client ([`run_client`]) checks every response byte
+//! against the pattern, the server every POST byte, both compare digests; no read
+//! may fail (no reset) and the client reports its longest wait.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
+
+use super::{await_cond, connect_with_rcvbuf, inq, set_int_opt};
+pub use super::{is_root, pat, pattern_digest, Fnv, AWAIT_MAX};
 
 /// Longest a client read may wait once the migration is over: one retransmission
 /// timeout (200 ms minimum, backed off while frozen) plus slack for this busy,
 /// shared machine (builds run at idle priority next to the lead's measurements).
 pub const STALL_MAX: Duration = Duration::from_secs(5);
-/// Bound on any await in these tests (a hang is a failure, not a wait).
-pub const AWAIT_MAX: Duration = Duration::from_secs(60);
 /// Response to `GET /big`.
 pub const BIG_BYTES: usize = 4 << 20;
 /// POST body.
@@ -26,139 +30,94 @@ pub const POST_BYTES: usize = 8 << 20;
 pub const CLIENT_RCVBUF: libc::c_int = 64 << 10;
 /// The source migrates once this many request bytes wait in its receive queue.
 pub const INQ_BEFORE_MIGRATE: usize = 64 << 10;
+/// The source socket's `SO_SNDBUF` (the kernel doubles it): a quarter of the
+/// response. Fixed because autotuning may grow it to `tcp_wmem` max (4 MiB on 6.x
+/// kernels), which would take the whole response.
+pub const SOURCE_SNDBUF: libc::c_int = (BIG_BYTES / 8) as libc::c_int;
 
+/// Pattern stream of the `GET /big` response.
 pub const SEED_RESPONSE: u64 = 1;
+/// Pattern stream of the POST body.
 pub const SEED_POST: u64 = 2;
 
-/// Byte `i` of the pattern stream `seed`.
-pub fn pat(seed: u64, i: usize) -> u8 {
-    let mut x = (i as u64 / 8).wrapping_add(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    x ^= x >> 30;
-    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x ^= x >> 27;
-    x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^= x >> 31;
-    (x >> ((i % 8) * 8)) as u8
-}
-
-/// FNV-1a, 64 bit: the digest both ends compare.
-#[derive(Clone, Copy)]
-pub struct Fnv(u64);
-impl Fnv {
-    fn new() -> Self {
-        Self(0xcbf2_9ce4_8422_2325)
-    }
-    fn update(&mut self, b: &[u8]) {
-        for &x in b {
-            self.0 ^= u64::from(x);
-            self.0 = self.0.wrapping_mul(0x100_0000_01b3);
-        }
-    }
-}
-
-pub fn pattern_digest(seed: u64, len: usize) -> u64 {
-    let mut f = Fnv::new();
-    for i in 0..len {
-        f.update(&[pat(seed, i)]);
-    }
-    f.0
-}
-
-/// A client socket whose receive buffer is set before connecting.
+/// A client socket with a [`CLIENT_RCVBUF`] receive buffer, connected to `addr`.
 pub fn connect_small_rcvbuf(addr: SocketAddr) -> TcpStream {
-    // SAFETY: plain socket(2), owned by the TcpStream below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    assert!(fd >= 0);
-    // SAFETY: fresh descriptor.
-    let s = unsafe { TcpStream::from_raw_fd(fd) };
-    // SAFETY: setsockopt with an int of the length passed.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&CLIENT_RCVBUF as *const libc::c_int).cast(),
-            4,
-        )
-    };
-    assert_eq!(r, 0);
-    let SocketAddr::V4(a) = addr else {
-        panic!("v4 only")
-    };
-    // SAFETY: zeroed sockaddr_in filled below.
-    let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    sin.sin_family = libc::AF_INET as libc::sa_family_t;
-    sin.sin_port = a.port().to_be();
-    sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
-    // SAFETY: valid sockaddr_in of the length passed.
-    let r = unsafe {
-        libc::connect(
-            fd,
-            (&sin as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(r, 0, "connect: {}", io::Error::last_os_error());
-    s
-}
-
-pub fn inq(s: &TcpStream) -> usize {
-    let mut v: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int.
-    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut v) };
-    assert_eq!(r, 0);
-    v as usize
-}
-
-pub fn await_cond(what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < AWAIT_MAX, "timed out awaiting {what}");
-        thread::sleep(Duration::from_millis(1));
-    }
+    connect_with_rcvbuf(addr, CLIENT_RCVBUF).unwrap_or_else(|e| panic!("connect {addr}: {e}"))
 }
 
 /// Reads request headers one byte at a time (so nothing after them leaves the
 /// kernel's receive queue); returns the request line and Content-Length.
-pub fn read_head_unbuffered(s: &mut TcpStream) -> (String, usize) {
+pub fn read_head_unbuffered(s: &mut TcpStream) -> io::Result<(String, usize)> {
     let mut head = Vec::new();
     let mut b = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut b).expect("request head");
+        s.read_exact(&mut b)?;
         head.push(b[0]);
+        if head.len() > HEAD_BYTES_MAX {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "head too long"));
+        }
     }
-    parse_head(&String::from_utf8(head).expect("utf-8 head"))
+    let head = String::from_utf8(head)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "head not UTF-8"))?;
+    Ok(parse_head(&head))
 }
 
+/// Longest request or response head the kit reads (its own heads are < 200 bytes).
+pub const HEAD_BYTES_MAX: usize = 4096;
+
+/// The first line and the Content-Length (0 if none) of a head.
 pub fn parse_head(head: &str) -> (String, usize) {
     let line = head.lines().next().unwrap_or_default().to_string();
     let len = head
         .lines()
-        .find_map(|l| l.strip_prefix("Content-Length: "))
-        .map(|v| v.trim().parse().expect("content length"))
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length").then_some(v)
+        })
+        .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0);
     (line, len)
 }
 
-pub fn read_head(r: &mut impl BufRead) -> (String, usize) {
-    let mut head = String::new();
+/// Reads a head from a buffered reader: (first line, headers lower-cased,
+/// Content-Length); panics on EOF or a bad header (test code).
+pub fn read_head_full(r: &mut impl BufRead) -> (String, Vec<(String, String)>, usize) {
+    let mut first = String::new();
+    r.read_line(&mut first).expect("first line (reset?)");
+    assert!(!first.is_empty(), "EOF before a head");
+    let mut headers = Vec::new();
     loop {
-        let mut line = String::new();
-        let n = r.read_line(&mut line).expect("head line");
+        let mut l = String::new();
+        let n = r.read_line(&mut l).expect("header line");
         assert!(n > 0, "EOF inside a head");
-        head.push_str(&line);
-        if line == "\r\n" {
-            return parse_head(&head);
+        if l == "\r\n" {
+            break;
         }
+        let (k, v) = l.split_once(':').expect("header");
+        headers.push((k.to_ascii_lowercase(), v.trim().to_string()));
     }
+    let len = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .map(|(_, v)| v.parse().expect("content length"))
+        .unwrap_or(0);
+    (first.trim_end().to_string(), headers, len)
 }
 
+/// Reads a head from a buffered reader: (first line, Content-Length).
+pub fn read_head(r: &mut impl BufRead) -> (String, usize) {
+    let (line, _, len) = read_head_full(r);
+    (line, len)
+}
+
+/// The `GET /big` body from byte `from` on.
 pub fn big_body(from: usize) -> Vec<u8> {
     (from..BIG_BYTES).map(|i| pat(SEED_RESPONSE, i)).collect()
 }
 
-/// The server's part after the move: the rest of response 1, then the POST and
-/// `GET /small`, then wait for the client's close.
+/// The server's part after the move: the rest of response 1 (from `big_sent`), then
+/// the POST (answered with its digest and mismatch count) and `GET /small`, then
+/// wait for the client's close.
 pub fn finish_serving(s: TcpStream, big_sent: usize) {
     s.set_nonblocking(false).unwrap();
     s.set_read_timeout(Some(AWAIT_MAX)).unwrap();
@@ -202,12 +161,56 @@ pub fn finish_serving(s: TcpStream, big_sent: usize) {
 }
 
 /// What the client saw.
+#[derive(Clone, Copy, Debug)]
 pub struct ClientReport {
+    /// Longest wait between two reads after the migration signal.
     pub longest_read_wait: Duration,
 }
 
-/// The client: writer thread sends all requests at once; the reader starts when the
-/// migration (or fall-back) is over and checks every response byte.
+/// Measures the longest gap between calls to [`ReadWaits::note`].
+pub struct ReadWaits {
+    last: Instant,
+    /// The longest gap so far.
+    pub longest: Duration,
+}
+
+impl Default for ReadWaits {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ReadWaits {
+    /// Starts timing now.
+    pub fn new() -> Self {
+        Self {
+            last: Instant::now(),
+            longest: Duration::ZERO,
+        }
+    }
+    /// A read completed.
+    pub fn note(&mut self) {
+        self.longest = self.longest.max(self.last.elapsed());
+        self.last = Instant::now();
+    }
+}
+
+/// Writes `len` bytes of pattern stream `seed` in 64 KiB chunks.
+pub fn write_pattern(w: &mut impl Write, seed: u64, len: usize) -> io::Result<()> {
+    let mut chunk = vec![0u8; 64 << 10];
+    let mut off = 0;
+    while off < len {
+        let n = chunk.len().min(len - off);
+        super::fill_pat(seed, off, &mut chunk[..n]);
+        w.write_all(&chunk[..n])?;
+        off += n;
+    }
+    Ok(())
+}
+
+/// The client: a writer thread sends all requests at once; the reader starts when
+/// `migrated` fires (the migration or fall-back is over) and checks every response
+/// byte and the server's digest of the POST.
 pub fn run_client(addr: SocketAddr, migrated: mpsc::Receiver<()>) -> ClientReport {
     let s = connect_small_rcvbuf(addr);
     s.set_read_timeout(Some(AWAIT_MAX)).unwrap();
@@ -221,29 +224,15 @@ pub fn run_client(addr: SocketAddr, migrated: mpsc::Receiver<()>) -> ClientRepor
             "POST /upload HTTP/1.1\r\nHost: t\r\nContent-Length: {POST_BYTES}\r\n\r\n"
         )
         .unwrap();
-        let mut chunk = vec![0u8; 64 << 10];
-        let mut off = 0;
-        while off < POST_BYTES {
-            let n = chunk.len().min(POST_BYTES - off);
-            for (k, b) in chunk[..n].iter_mut().enumerate() {
-                *b = pat(SEED_POST, off + k);
-            }
-            w.write_all(&chunk[..n]).expect("POST body write (reset?)");
-            off += n;
-        }
+        write_pattern(&mut w, SEED_POST, POST_BYTES).expect("POST body write (reset?)");
         w.write_all(b"GET /small HTTP/1.1\r\nHost: t\r\n\r\n")
             .unwrap();
     });
     migrated.recv_timeout(AWAIT_MAX).expect("migration signal");
     let mut r = BufReader::with_capacity(64 << 10, s);
-    let mut longest = Duration::ZERO;
-    let mut last = Instant::now();
-    let mut note = |last: &mut Instant| {
-        longest = longest.max(last.elapsed());
-        *last = Instant::now();
-    };
+    let mut waits = ReadWaits::new();
     let (line, len) = read_head(&mut r);
-    note(&mut last);
+    waits.note();
     assert!(line.starts_with("HTTP/1.1 200"), "{line}");
     assert_eq!(len, BIG_BYTES);
     let mut buf = vec![0u8; 64 << 10];
@@ -257,12 +246,12 @@ pub fn run_client(addr: SocketAddr, migrated: mpsc::Receiver<()>) -> ClientRepor
             assert_eq!(b, pat(SEED_RESPONSE, got + k), "response byte {}", got + k);
         }
         got += n;
-        note(&mut last);
+        waits.note();
     }
     let (_, len) = read_head(&mut r);
     let mut digest = vec![0u8; len];
     r.read_exact(&mut digest).expect("response 2");
-    note(&mut last);
+    waits.note();
     let digest = String::from_utf8(digest).unwrap();
     assert_eq!(
         digest,
@@ -272,29 +261,30 @@ pub fn run_client(addr: SocketAddr, migrated: mpsc::Receiver<()>) -> ClientRepor
     let (_, len) = read_head(&mut r);
     let mut small = vec![0u8; len];
     r.read_exact(&mut small).expect("response 3");
-    note(&mut last);
+    waits.note();
     assert_eq!(small, b"small");
     writer.join().expect("client writer");
     ClientReport {
-        longest_read_wait: longest,
+        longest_read_wait: waits.longest,
     }
 }
 
-/// The source server's part before the move: read `GET /big`, send as much of the
-/// answer as the socket takes now (the rest stays with the application), and wait
-/// until POST bytes sit in the receive queue. Returns the socket and the body bytes
-/// sent.
+/// The source server's part before the move: accept, read `GET /big`, send as much
+/// of the answer as the socket takes now (the rest stays with the application), and
+/// wait until POST bytes sit in the receive queue. Returns the socket and the body
+/// bytes sent.
 pub fn source_prefix(listener: &TcpListener) -> (TcpStream, usize) {
     let (mut s, _) = listener.accept().unwrap();
-    let (line, _) = read_head_unbuffered(&mut s);
+    set_int_opt(&s, libc::SOL_SOCKET, libc::SO_SNDBUF, SOURCE_SNDBUF).expect("SO_SNDBUF");
+    let (line, _) = read_head_unbuffered(&mut s).expect("request head");
     assert!(line.starts_with("GET /big "), "{line}");
-    // Answer as much as the socket takes now; the rest stays with the application.
     s.set_nonblocking(true).unwrap();
     let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {BIG_BYTES}\r\n\r\n");
     s.write_all(head.as_bytes()).unwrap();
     let body = big_body(0);
     let mut big_sent = 0;
-    loop {
+    // Bounded: each pass sends bytes or stops (WouldBlock); at most the body.
+    while big_sent < body.len() {
         match s.write(&body[big_sent..]) {
             Ok(n) => big_sent += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -307,7 +297,7 @@ pub fn source_prefix(listener: &TcpListener) -> (TcpStream, usize) {
     );
     s.set_nonblocking(false).unwrap();
     await_cond("POST bytes in the source's receive queue", || {
-        inq(&s) >= INQ_BEFORE_MIGRATE
+        inq(&s).expect("FIONREAD") >= INQ_BEFORE_MIGRATE
     });
     (s, big_sent)
 }
