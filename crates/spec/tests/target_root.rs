@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use farside_backend::{generated_byte, BackendArgs};
 use farside_migrate::testkit::session::{
-    connect_small_rcvbuf, read_head_full as read_head, write_pattern, ReadWaits, AWAIT_MAX,
-    BIG_BYTES, INQ_BEFORE_MIGRATE, POST_BYTES, SEED_POST, STALL_MAX,
+    connect_small_rcvbuf, read_body_checked, read_head_full as read_head, write_pattern, ReadWaits,
+    AWAIT_MAX, BIG_BYTES, INQ_BEFORE_MIGRATE, POST_BYTES, SEED_POST, STALL_MAX,
 };
 use farside_migrate::testkit::{await_cond, inq, is_root, pattern_digest};
 use farside_migrate::{migrate, Fallback, Handover, MigrateConfig, Outcome};
@@ -69,24 +69,7 @@ fn run_client(addr: SocketAddr) -> ClientReport {
         .find(|(k, _)| k == "x-farside-backend")
         .map(|(_, v)| v.clone())
         .unwrap_or_default();
-    let mut buf = vec![0u8; 64 << 10];
-    let mut got = 0;
-    while got < len {
-        let n = r
-            .read(&mut buf[..(len - got).min(64 << 10)])
-            .expect("response 1 (reset?)");
-        assert!(n > 0, "EOF inside response 1 at {got}");
-        for (k, &b) in buf[..n].iter().enumerate() {
-            assert_eq!(
-                b,
-                generated_byte((got + k) as u64),
-                "response byte {}",
-                got + k
-            );
-        }
-        got += n;
-        waits.note();
-    }
+    read_body_checked(&mut r, len, |i| generated_byte(i as u64), &mut waits);
     let (status, _, len) = read_head(&mut r);
     assert!(status.starts_with("HTTP/1.1 200"), "{status}");
     let mut digest = vec![0u8; len];

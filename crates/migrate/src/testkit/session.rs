@@ -208,6 +208,30 @@ pub fn write_pattern(w: &mut impl Write, seed: u64, len: usize) -> io::Result<()
     Ok(())
 }
 
+/// Reads a `len`-byte response body from `r`, asserting that byte `i` is
+/// `expected(i)` (once, in order: no reset, no early EOF); notes each read in
+/// `waits`.
+pub fn read_body_checked(
+    r: &mut impl Read,
+    len: usize,
+    expected: impl Fn(usize) -> u8,
+    waits: &mut ReadWaits,
+) {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut got = 0;
+    while got < len {
+        let n = r
+            .read(&mut buf[..(len - got).min(64 << 10)])
+            .expect("response body (reset?)");
+        assert!(n > 0, "EOF inside the response body at {got}");
+        for (k, &b) in buf[..n].iter().enumerate() {
+            assert_eq!(b, expected(got + k), "response byte {}", got + k);
+        }
+        got += n;
+        waits.note();
+    }
+}
+
 /// The client: a writer thread sends all requests at once; the reader starts when
 /// `migrated` fires (the migration or fall-back is over) and checks every response
 /// byte and the server's digest of the POST.
@@ -235,19 +259,7 @@ pub fn run_client(addr: SocketAddr, migrated: mpsc::Receiver<()>) -> ClientRepor
     waits.note();
     assert!(line.starts_with("HTTP/1.1 200"), "{line}");
     assert_eq!(len, BIG_BYTES);
-    let mut buf = vec![0u8; 64 << 10];
-    let mut got = 0;
-    while got < len {
-        let n = r
-            .read(&mut buf[..(len - got).min(64 << 10)])
-            .expect("response 1 (reset?)");
-        assert!(n > 0, "EOF inside response 1 at {got}");
-        for (k, &b) in buf[..n].iter().enumerate() {
-            assert_eq!(b, pat(SEED_RESPONSE, got + k), "response byte {}", got + k);
-        }
-        got += n;
-        waits.note();
-    }
+    read_body_checked(&mut r, len, |i| pat(SEED_RESPONSE, i), &mut waits);
     let (_, len) = read_head(&mut r);
     let mut digest = vec![0u8; len];
     r.read_exact(&mut digest).expect("response 2");
