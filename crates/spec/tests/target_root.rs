@@ -253,8 +253,12 @@ fn refused_migration_is_served_on_the_source_and_the_target_notifies_when_it_can
     let (n, from) = source_notify.recv_from(&mut b).expect("notification");
     assert!(notify::is_can_take(&b[..n]), "{:?}", &b[..n]);
     assert_eq!(from.ip(), target.addr().ip());
-    eprintln!("target: {}", target.summary_json());
     let st = target.stats();
+    // The daemon counts a notification after sending it: await the count.
+    await_cond("the notification counted", || {
+        st.notifications.load(std::sync::atomic::Ordering::Relaxed) >= 1
+    });
+    eprintln!("target: {}", target.summary_json());
     assert_eq!(st.refused.load(std::sync::atomic::Ordering::Relaxed), 1);
     assert_eq!(
         st.notifications.load(std::sync::atomic::Ordering::Relaxed),
