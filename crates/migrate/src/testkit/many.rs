@@ -17,9 +17,10 @@
 //!    sit in its receive queue;
 //! 3. it migrates with [`migrate_with`] ([`crate::Handover::CloseAfterRestore`]); the flow
 //!    is moved between restore and close by one policy rule in `c` for this
-//!    connection (`ip rule add … ipproto tcp sport S dport D lookup <table b>`),
-//!    deleted by the client once the connection is closed: at most `concurrency`
-//!    rules exist at a time, none at the end (counted: `flow_rules_left`);
+//!    connection (`from C ipproto tcp sport S dport D lookup <table b>`, added over
+//!    rtnetlink: [`super::rule`]), deleted by the client once the connection is
+//!    closed: at most `concurrency` rules exist at a time, none at the end
+//!    (counted: `flow_rules_left`);
 //! 4. whoever holds the connection (the target, or the source after a fall-back)
 //!    sends the rest of the response, reads the whole body checking every byte,
 //!    and answers with its digest, length and mismatch count;
@@ -30,8 +31,8 @@
 //! Lost bytes are the ones a side expected and never got; bad bytes are the ones
 //! that differ from the pattern at their offset (a duplicated or reordered byte is
 //! one). CPU per migration is measured with `getrusage(RUSAGE_THREAD)` around
-//! [`migrate_with`] on the source thread (the flow move's `ip` child process is not
-//! included, its spawn is) and around [`Target::serve_one`] on the target thread.
+//! [`migrate_with`] on the source thread (the flow move's netlink request
+//! included) and around [`Target::serve_one`] on the target thread.
 
 use std::collections::BTreeMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -44,6 +45,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::netns::{Netns, NetnsSpec, NsRef};
+use super::rule::{FlowRule, RuleSock};
 use super::session::read_head_unbuffered;
 use super::{await_within, connect_with_rcvbuf, fill_pat, inq, set_int_opt, thread_cpu, Fnv};
 use crate::proto::{migrate_with, Fallback, MigrateConfig, Outcome, Target};
@@ -210,7 +212,7 @@ pub struct ManyReport {
     pub latency_us: Samples,
     /// Freeze and dump (`Timings::dump`), µs.
     pub dump_us: Samples,
-    /// The flow move (one `ip rule add`), µs.
+    /// The flow move (one rule added over rtnetlink), µs.
     pub flow_move_us: Samples,
     /// Source thread CPU around `migrate_with`, µs (migrated connections).
     pub source_cpu_us: Samples,
@@ -255,7 +257,7 @@ impl ManyReport {
             "{{\n  \"connections_requested\": {},\n  \"concurrency\": {},\n  \
              \"conn_timeout_s\": {},\n  \"deadline_s\": {},\n  \
              \"handover\": \"CloseAfterRestore\",\n  \
-             \"flow_move\": \"one ip policy rule per connection in the client namespace \
+             \"flow_move\": \"one policy rule per connection in the client namespace over rtnetlink \
              (from client, tcp sport+dport, lookup table {TABLE_B}), deleted when the connection closes\",\n  \
              \"attempted\": {},\n  \"migrated\": {},\n  \"resumed_on_source\": {{{}}},\n  \
              \"lost\": {},\n  \"failed\": {},\n  \"bytes_checked\": {},\n  \
@@ -263,7 +265,7 @@ impl ManyReport {
              \"bytes_lost_or_duplicated\": {},\n  \
              \"migration_latency_us\": {},\n  \"dump_us\": {},\n  \"flow_move_us\": {},\n  \
              \"cpu_per_migration_source_us\": {},\n  \"cpu_per_migration_target_us\": {},\n  \
-             \"cpu_method\": \"getrusage(RUSAGE_THREAD) around migrate_with (source; the ip child process excluded) and around Target::serve_one (target)\",\n  \
+             \"cpu_method\": \"getrusage(RUSAGE_THREAD) around migrate_with (source, the flow move included) and around Target::serve_one (target)\",\n  \
              \"state_bytes\": {},\n  \"flow_rules_left\": {},\n  \"wall_s\": {:.3},\n  \
              \"errors\": [{}]\n}}\n",
             cfg.connections,
@@ -340,11 +342,14 @@ impl Shared {
         (id < self.cfg.connections).then_some(id)
     }
 
-    fn rule(&self, verb: &str, sport: u16, dport: u16) -> String {
-        format!(
-            "rule {verb} priority {RULE_PRIORITY} from {} ipproto tcp sport {sport} dport {dport} lookup {TABLE_B}",
-            self.client_ip
-        )
+    fn rule(&self, sport: u16, dport: u16) -> FlowRule {
+        FlowRule {
+            priority: RULE_PRIORITY,
+            from: self.client_ip,
+            sport,
+            dport,
+            table: TABLE_B,
+        }
     }
 
     fn with_report(&self, f: impl FnOnce(&mut ManyReport)) {
@@ -375,9 +380,18 @@ pub fn run(cfg: ManyConfig) -> io::Result<ManyReport> {
         t0: Instant::now(),
         report: Mutex::new(ManyReport::default()),
     });
+    // One rtnetlink socket a lane, opened in `c` (where the rules go).
+    let ns = guard.r.clone();
+    let n = cfg.concurrency;
+    let socks = thread::spawn(move || -> io::Result<Vec<RuleSock>> {
+        ns.enter("c")?;
+        (0..n).map(|_| RuleSock::open()).collect()
+    })
+    .join()
+    .map_err(|_| io::Error::other("rule socket thread panicked"))??;
     let mut threads = Vec::new();
-    for k in 0..cfg.concurrency {
-        match start_lane(&shared, k, spec.b_ip) {
+    for (k, sock) in socks.into_iter().enumerate() {
+        match start_lane(&shared, k, spec.b_ip, Arc::new(Mutex::new(sock))) {
             Ok(mut t) => threads.append(&mut t),
             Err(e) => {
                 shared.cfg.stop.store(true, Ordering::Relaxed);
@@ -433,6 +447,7 @@ fn start_lane(
     shared: &Arc<Shared>,
     k: usize,
     b_ip: Ipv4Addr,
+    rules: Arc<Mutex<RuleSock>>,
 ) -> io::Result<Vec<thread::JoinHandle<()>>> {
     let port = BASE_PORT + k as u16;
     let lane_done = Arc::new(AtomicBool::new(false));
@@ -449,6 +464,7 @@ fn start_lane(
     let (signal_tx, signal_rx) = mpsc::channel::<Signal>();
     let sh = shared.clone();
     let ld = lane_done.clone();
+    let source_rules = rules.clone();
     let source = thread::spawn(move || {
         source_lane(
             &sh,
@@ -458,6 +474,7 @@ fn start_lane(
             &ready_tx,
             &served_rx,
             &signal_tx,
+            &source_rules,
         );
         target_done.store(true, Ordering::Relaxed);
         // Wake the target's blocking accept (it sees EOF and the done flag).
@@ -468,7 +485,7 @@ fn start_lane(
         .map_err(|_| io::Error::other("source lane did not start"))??;
     let sh = shared.clone();
     let client = thread::spawn(move || {
-        client_lane(&sh, port, &signal_rx);
+        client_lane(&sh, port, &signal_rx, &rules);
         lane_done.store(true, Ordering::Relaxed);
     });
     Ok(vec![client, source, target])
@@ -552,6 +569,7 @@ fn accept_polled(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn source_lane(
     sh: &Shared,
     port: u16,
@@ -560,6 +578,7 @@ fn source_lane(
     ready: &Sender<io::Result<()>>,
     served: &Receiver<Served>,
     signal: &Sender<Signal>,
+    rules: &Mutex<RuleSock>,
 ) {
     let listener = sh.ns.enter("a").and_then(|()| {
         let l = TcpListener::bind(SocketAddr::from((sh.vip, port)))?;
@@ -585,7 +604,7 @@ fn source_lane(
                 return;
             }
         };
-        if let Err(e) = source_conn(sh, s, target, served, signal) {
+        if let Err(e) = source_conn(sh, s, target, served, signal, rules) {
             sh.with_report(|r| r.error(format!("source port {port}: {e}")));
         }
     }
@@ -613,6 +632,7 @@ fn source_conn(
     target: SocketAddr,
     served: &Receiver<Served>,
     signal: &Sender<Signal>,
+    rules: &Mutex<RuleSock>,
 ) -> io::Result<()> {
     let bound = sh.cfg.conn_timeout;
     s.set_read_timeout(Some(bound))?;
@@ -651,9 +671,10 @@ fn source_conn(
     let c0 = thread_cpu();
     let outcome = migrate_with(s, target, &cfg, || {
         let t = Instant::now();
-        let r = sh
-            .ns
-            .try_ip("c", &sh.rule("add", client.port(), service.port()));
+        let r = rules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .add(&sh.rule(client.port(), service.port()));
         flow_move = t.elapsed();
         moved = r.is_ok();
         r
@@ -785,7 +806,7 @@ fn finish(
     Ok(())
 }
 
-fn client_lane(sh: &Shared, port: u16, signal: &Receiver<Signal>) {
+fn client_lane(sh: &Shared, port: u16, signal: &Receiver<Signal>, rules: &Mutex<RuleSock>) {
     if let Err(e) = sh.ns.enter("c") {
         sh.with_report(|r| r.error(format!("client lane: {e}")));
         return;
@@ -793,7 +814,7 @@ fn client_lane(sh: &Shared, port: u16, signal: &Receiver<Signal>) {
     let vip = SocketAddr::from((sh.vip, port));
     while let Some(id) = sh.take_id() {
         sh.with_report(|r| r.attempted += 1);
-        let c = client_conn(sh, id, vip, signal);
+        let c = client_conn(sh, id, vip, signal, rules);
         sh.with_report(|r| {
             r.bytes_checked += c.checked;
             r.bytes_lost += c.lost;
@@ -830,7 +851,13 @@ struct ClientCount {
     error: Option<String>,
 }
 
-fn client_conn(sh: &Shared, id: usize, vip: SocketAddr, signal: &Receiver<Signal>) -> ClientCount {
+fn client_conn(
+    sh: &Shared,
+    id: usize,
+    vip: SocketAddr,
+    signal: &Receiver<Signal>,
+    rules: &Mutex<RuleSock>,
+) -> ClientCount {
     let (resp_len, post_len) = sizes(id);
     let mut c = ClientCount::default();
     let bound = sh.cfg.conn_timeout;
@@ -913,7 +940,10 @@ fn client_conn(sh: &Shared, id: usize, vip: SocketAddr, signal: &Receiver<Signal
     let mut rest = Vec::new();
     let _ = (&s).read_to_end(&mut rest);
     if moved {
-        let _ = sh.ns.try_ip("c", &sh.rule("del", sport, vip.port()));
+        let _ = rules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .del(&sh.rule(sport, vip.port()));
     }
     c
 }

@@ -10,6 +10,7 @@
 //!   [`session::run_client`].
 //! - [`netns`]: client `c`, source back-end `a`, target back-end `b`, the VIP on both
 //!   back-ends' loopback, deleted on drop.
+//! - [`rule`]: per-flow policy rules over rtnetlink (the bench's flow move).
 //! - [`many`]: the bench core: many connections migrated between namespaces, each
 //!   byte checked.
 //!
@@ -18,6 +19,7 @@
 
 pub mod many;
 pub mod netns;
+pub mod rule;
 pub mod session;
 
 use std::io;
