@@ -38,12 +38,15 @@ fn attach(r: &NsRef, wa: u32, wb: u32) -> Frontend {
 
 /// A back-end's service on the VIP in namespace `which`: per connection, two rounds
 /// of `<id>\n` + ROUND_BYTES of pattern `id`, each answered `<name> <id> <bad bytes>`.
-/// Stops when `stop` is set.
+/// Stops when `stop` is set. Returns once the listener is bound (a client that
+/// connected earlier was refused: CI saw "connection 0: Connection refused").
 fn serve_rounds(r: NsRef, which: &'static str, stop: Arc<AtomicBool>) -> thread::JoinHandle<usize> {
-    thread::spawn(move || {
+    let (bound_tx, bound_rx) = mpsc::channel();
+    let h = thread::spawn(move || {
         r.enter(which);
         let l = TcpListener::bind(SocketAddr::V4(VIP)).expect("bind VIP");
         l.set_nonblocking(true).unwrap();
+        bound_tx.send(()).unwrap();
         let mut served = 0;
         while !stop.load(Ordering::SeqCst) {
             let s = match l.accept() {
@@ -77,7 +80,11 @@ fn serve_rounds(r: NsRef, which: &'static str, stop: Arc<AtomicBool>) -> thread:
             served += 1;
         }
         served
-    })
+    });
+    bound_rx
+        .recv_timeout(AWAIT_MAX)
+        .expect("back-end listening on the VIP");
+    h
 }
 
 #[test]

@@ -12,6 +12,9 @@
 //!   the front-end's flow between restore and close, [`Target`]) with the paper's
 //!   fall-back: refused or failed migrations resume on the source.
 //!
+//! - `testkit` (cargo feature `testkit`, for tests and the `migrate_many` bench): the
+//!   shared migration session, namespaces and the many-connection bench core.
+//!
 //! TCP_REPAIR needs CAP_NET_ADMIN. The protocol and failure cases are described in
 //! `docs/migrate.md`.
 
@@ -21,6 +24,8 @@ pub mod proto;
 pub mod restore;
 pub mod state;
 mod sys;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 pub mod wire;
 
 pub use dump::{close_silently, freeze_and_dump, resume};

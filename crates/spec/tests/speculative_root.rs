@@ -20,15 +20,17 @@
 //!   connection falls back to a's server, no SYN is diverted while the window is
 //!   closed, and every connection completes on `a`.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use farside_backend::BackendArgs;
+use farside_migrate::testkit::netns::{Netns, NetnsSpec, NsRef};
+use farside_migrate::testkit::session::read_head_full;
+use farside_migrate::testkit::{is_root, Fnv};
 use farside_migrate::Handover;
 use farside_spec::handoff::{HandOff, Handoff};
 use farside_spec::source::{Peer, SourceConfig, SourceDaemon};
@@ -54,103 +56,19 @@ const POST_BYTES: usize = 256 << 10;
 /// CPU per `GET /cgi/work`, µs: a's one worker falls behind CONN_GAP.
 const WORK_US: u64 = 40_000;
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-#[derive(Clone)]
-struct Ns {
-    tag: String,
-}
-
-impl Ns {
-    fn name(&self, which: &str) -> String {
-        format!("{}{which}", self.tag)
-    }
-    fn ip(&self, which: &str, args: &str) {
-        let ns = self.name(which);
-        let st = std::process::Command::new("ip")
-            .args(["-n", &ns])
-            .args(args.split_whitespace())
-            .status()
-            .expect("ip");
-        assert!(st.success(), "ip -n {ns} {args}");
-    }
-    fn enter(&self, which: &str) {
-        let f = std::fs::File::open(format!("/run/netns/{}", self.name(which))).expect("netns");
-        // SAFETY: setns on an open netns fd; affects only this thread.
-        let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(r, 0, "setns: {}", io::Error::last_os_error());
-    }
-}
-
-/// The namespaces, deleted on drop (also when a thread panicked).
-struct Netns(Ns);
-
-impl Netns {
-    fn setup(suffix: &str) -> Self {
+/// The kit's namespaces with a table in `c` that routes the VIP to `b` (the
+/// per-flow rules' target), deleted on drop (also when a thread panicked).
+fn netns(suffix: &str) -> Netns {
+    Netns::setup(NetnsSpec {
         // Not the lab's `fs…` names; the pid keeps parallel runs apart.
-        let n = Ns {
-            tag: format!("sp{}{suffix}", std::process::id() % 100_000),
-        };
-        let guard = Netns(n.clone());
-        let t = &n.tag;
-        for w in ["c", "a", "b"] {
-            let st = std::process::Command::new("ip")
-                .args(["netns", "add", &n.name(w)])
-                .status()
-                .expect("ip netns add");
-            assert!(st.success());
-        }
-        let run = |args: String| {
-            let st = std::process::Command::new("ip")
-                .args(args.split_whitespace())
-                .status()
-                .expect("ip");
-            assert!(st.success(), "ip {args}");
-        };
-        run(format!(
-            "link add {t}ca netns {t}c type veth peer name {t}ac netns {t}a"
-        ));
-        run(format!(
-            "link add {t}cb netns {t}c type veth peer name {t}bc netns {t}b"
-        ));
-        run(format!(
-            "link add {t}ab netns {t}a type veth peer name {t}ba netns {t}b"
-        ));
-        n.ip("c", "link set lo up");
-        n.ip("c", &format!("addr add {CLIENT_IP}/32 dev lo"));
-        n.ip("c", &format!("link set {t}ca up"));
-        n.ip("c", &format!("link set {t}cb up"));
-        n.ip(
-            "c",
-            &format!("route add {VIP}/32 dev {t}ca src {CLIENT_IP}"),
-        );
-        n.ip(
-            "c",
-            &format!("route add {VIP}/32 dev {t}cb src {CLIENT_IP} table {TABLE_B}"),
-        );
-        for (w, to_client, cluster, ip) in [("a", "ac", "ab", A_IP), ("b", "bc", "ba", B_IP)] {
-            n.ip(w, "link set lo up");
-            n.ip(w, &format!("addr add {VIP}/32 dev lo"));
-            n.ip(w, &format!("link set {t}{to_client} up"));
-            n.ip(w, &format!("route add {CLIENT_IP}/32 dev {t}{to_client}"));
-            n.ip(w, &format!("addr add {ip}/24 dev {t}{cluster}"));
-            n.ip(w, &format!("link set {t}{cluster} up"));
-        }
-        guard
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for w in ["c", "a", "b"] {
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "del", &self.0.name(w)])
-                .status();
-        }
-    }
+        tag: format!("sp{}{suffix}", std::process::id() % 100_000),
+        vip: VIP.parse().unwrap(),
+        client_ip: CLIENT_IP.parse().unwrap(),
+        a_ip: A_IP.parse().unwrap(),
+        b_ip: B_IP.parse().unwrap(),
+        table_b: Some(TABLE_B),
+    })
+    .expect("namespaces")
 }
 
 fn pat(conn: usize, i: usize) -> u8 {
@@ -158,29 +76,15 @@ fn pat(conn: usize, i: usize) -> u8 {
 }
 
 fn fnv(conn: usize) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut f = Fnv::new();
     for i in 0..POST_BYTES {
-        h ^= u64::from(pat(conn, i));
-        h = h.wrapping_mul(0x100_0000_01b3);
+        f.update(&[pat(conn, i)]);
     }
-    h
+    f.0
 }
 
 fn read_response(r: &mut impl BufRead) -> (String, Vec<u8>) {
-    let mut status = String::new();
-    r.read_line(&mut status).expect("status line (reset?)");
-    assert!(!status.is_empty(), "EOF before a response");
-    let mut len = 0usize;
-    loop {
-        let mut l = String::new();
-        r.read_line(&mut l).expect("header line");
-        if l == "\r\n" {
-            break;
-        }
-        if let Some(v) = l.to_ascii_lowercase().strip_prefix("content-length:") {
-            len = v.trim().parse().unwrap();
-        }
-    }
+    let (status, _, len) = read_head_full(r);
     let mut body = vec![0u8; len];
     r.read_exact(&mut body).expect("body");
     (status, body)
@@ -244,7 +148,7 @@ struct NodeReport {
 /// source side (steering the VIP). Sends the target's address on `ready`.
 #[allow(clippy::too_many_arguments)]
 fn node(
-    ns: Ns,
+    ns: NsRef,
     which: &'static str,
     ip: &'static str,
     workers: usize,
@@ -253,7 +157,7 @@ fn node(
     ready: mpsc::Sender<SocketAddr>,
     stop: mpsc::Receiver<()>,
 ) -> NodeReport {
-    ns.enter(which);
+    ns.enter(which).unwrap();
     let adopt = temp_path(&format!("{}{which}", ns.tag));
     let (addr, backend) = farside_backend::spawn(BackendArgs {
         listen: format!("{VIP}:{PORT}").parse().unwrap(),
@@ -293,7 +197,7 @@ fn node(
             },
             HandOff::new(Handoff::Adopt(adopt.clone())).unwrap(),
             Box::new(PolicyRouteSteer {
-                netns: ns.name("c"),
+                netns: ns.ns("c"),
                 tables: vec![(B_IP.parse().unwrap(), TABLE_B)],
             }),
         )
@@ -337,8 +241,8 @@ fn node(
 
 /// Runs the scenario; returns (a's report, b's report).
 fn scenario(suffix: &str, b_admit_queue_max: u32) -> (NodeReport, NodeReport) {
-    let guard = Netns::setup(suffix);
-    let ns = guard.0.clone();
+    let guard = netns(suffix);
+    let ns = guard.r.clone();
     let (b_ready, b_addr) = mpsc::channel();
     let (a_ready, a_addr) = mpsc::channel();
     let (peer_tx, peer_rx) = mpsc::channel();
@@ -355,13 +259,13 @@ fn scenario(suffix: &str, b_admit_queue_max: u32) -> (NodeReport, NodeReport) {
     let vip: SocketAddr = format!("{VIP}:{PORT}").parse().unwrap();
     let nc = ns.clone();
     let clients = thread::spawn(move || {
-        nc.enter("c");
+        nc.enter("c").unwrap();
         let t0 = Instant::now();
         let mut sessions = Vec::new();
         for conn in 0..CONNS {
             let nc = nc.clone();
             sessions.push(thread::spawn(move || {
-                nc.enter("c");
+                nc.enter("c").unwrap();
                 session(conn, vip)
             }));
             thread::sleep(CONN_GAP);
@@ -378,12 +282,12 @@ fn scenario(suffix: &str, b_admit_queue_max: u32) -> (NodeReport, NodeReport) {
     if std::env::var_os("SPEC_DEBUG").is_some() {
         thread::sleep(Duration::from_millis(120));
         let out = std::process::Command::new("ip")
-            .args(["netns", "exec", &ns.name("a"), "ss", "-tanoi"])
+            .args(["netns", "exec", &ns.ns("a"), "ss", "-tanoi"])
             .output()
             .unwrap();
         eprintln!("{}", String::from_utf8_lossy(&out.stdout));
         let out = std::process::Command::new("ip")
-            .args(["netns", "exec", &ns.name("a"), "nstat", "-az"])
+            .args(["netns", "exec", &ns.ns("a"), "nstat", "-az"])
             .output()
             .unwrap();
         for l in String::from_utf8_lossy(&out.stdout).lines() {

@@ -18,127 +18,22 @@
 //! 4-tuple otherwise); the cross-namespace deployment order is tested in
 //! `speculative_root.rs`.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use farside_backend::{generated_byte, BackendArgs};
+use farside_migrate::testkit::session::{
+    connect_small_rcvbuf, read_body_checked, read_head_full as read_head, write_pattern, ReadWaits,
+    AWAIT_MAX, BIG_BYTES, INQ_BEFORE_MIGRATE, POST_BYTES, SEED_POST, STALL_MAX,
+};
+use farside_migrate::testkit::{await_cond, inq, is_root, pattern_digest};
 use farside_migrate::{migrate, Fallback, Handover, MigrateConfig, Outcome};
 use farside_spec::handoff::{HandOff, Handoff};
 use farside_spec::notify;
 use farside_spec::target::{TargetConfig, TargetDaemon};
-
-/// Longest a client read may wait: one retransmission timeout (backed off while
-/// frozen) plus slack for this busy machine.
-const STALL_MAX: Duration = Duration::from_secs(5);
-/// Bound on any await (a hang is a failure).
-const AWAIT_MAX: Duration = Duration::from_secs(60);
-const BIG_BYTES: usize = 4 << 20;
-const POST_BYTES: usize = 8 << 20;
-const CLIENT_RCVBUF: libc::c_int = 64 << 10;
-/// The source migrates once this many request bytes wait in its receive queue.
-const INQ_BEFORE_MIGRATE: usize = 64 << 10;
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
-fn pat(i: usize) -> u8 {
-    let mut x = (i as u64 / 8).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5bd1_e995;
-    x ^= x >> 30;
-    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x ^= x >> 27;
-    (x >> ((i % 8) * 8)) as u8
-}
-
-fn post_digest() -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325u64;
-    for i in 0..POST_BYTES {
-        h ^= u64::from(pat(i));
-        h = h.wrapping_mul(0x100_0000_01b3);
-    }
-    h
-}
-
-fn connect_small_rcvbuf(addr: SocketAddr) -> TcpStream {
-    // SAFETY: plain socket(2), owned by the TcpStream below.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
-    assert!(fd >= 0);
-    // SAFETY: fresh descriptor.
-    let s = unsafe { TcpStream::from_raw_fd(fd) };
-    // SAFETY: setsockopt with an int of the length passed.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&CLIENT_RCVBUF as *const libc::c_int).cast(),
-            4,
-        )
-    };
-    assert_eq!(r, 0);
-    let SocketAddr::V4(a) = addr else {
-        panic!("v4 only")
-    };
-    // SAFETY: zeroed sockaddr_in filled below.
-    let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    sin.sin_family = libc::AF_INET as libc::sa_family_t;
-    sin.sin_port = a.port().to_be();
-    sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
-    // SAFETY: valid sockaddr_in of the length passed.
-    let r = unsafe {
-        libc::connect(
-            fd,
-            (&sin as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    assert_eq!(r, 0, "connect: {}", io::Error::last_os_error());
-    s
-}
-
-fn inq(s: &TcpStream) -> usize {
-    let mut v: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int.
-    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut v) };
-    assert_eq!(r, 0);
-    v as usize
-}
-
-fn await_cond(what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < AWAIT_MAX, "timed out awaiting {what}");
-        thread::sleep(Duration::from_millis(1));
-    }
-}
-
-/// (status line, headers lower-cased, Content-Length)
-fn read_head(r: &mut impl BufRead) -> (String, Vec<(String, String)>, usize) {
-    let mut status = String::new();
-    r.read_line(&mut status).expect("status line (reset?)");
-    assert!(!status.is_empty(), "EOF before a response");
-    let mut headers = Vec::new();
-    loop {
-        let mut l = String::new();
-        r.read_line(&mut l).expect("header line");
-        if l == "\r\n" {
-            break;
-        }
-        let (k, v) = l.split_once(':').expect("header");
-        headers.push((k.to_ascii_lowercase(), v.trim().to_string()));
-    }
-    let len = headers
-        .iter()
-        .find(|(k, _)| k == "content-length")
-        .map(|(_, v)| v.parse().unwrap())
-        .unwrap_or(0);
-    (status, headers, len)
-}
 
 struct ClientReport {
     longest_read_wait: Duration,
@@ -159,24 +54,14 @@ fn run_client(addr: SocketAddr) -> ClientReport {
             "POST /digest HTTP/1.1\r\nHost: t\r\nContent-Length: {POST_BYTES}\r\n\r\n"
         )
         .unwrap();
-        let mut chunk = vec![0u8; 64 << 10];
-        let mut off = 0;
-        while off < POST_BYTES {
-            let n = chunk.len().min(POST_BYTES - off);
-            for (k, b) in chunk[..n].iter_mut().enumerate() {
-                *b = pat(off + k);
-            }
-            w.write_all(&chunk[..n]).expect("POST body write (reset?)");
-            off += n;
-        }
+        write_pattern(&mut w, SEED_POST, POST_BYTES).expect("POST body write (reset?)");
         w.write_all(b"GET /files/5 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
             .unwrap();
     });
     let mut r = BufReader::with_capacity(64 << 10, s);
-    let mut longest = Duration::ZERO;
     let (status, headers, len) = read_head(&mut r);
     // The first wait includes the migration itself; count the waits after it.
-    let mut last = Instant::now();
+    let mut waits = ReadWaits::new();
     assert!(status.starts_with("HTTP/1.1 200"), "{status}");
     assert_eq!(len, BIG_BYTES);
     let served_by = headers
@@ -184,48 +69,32 @@ fn run_client(addr: SocketAddr) -> ClientReport {
         .find(|(k, _)| k == "x-farside-backend")
         .map(|(_, v)| v.clone())
         .unwrap_or_default();
-    let mut buf = vec![0u8; 64 << 10];
-    let mut got = 0;
-    while got < len {
-        let n = r
-            .read(&mut buf[..(len - got).min(64 << 10)])
-            .expect("response 1 (reset?)");
-        assert!(n > 0, "EOF inside response 1 at {got}");
-        for (k, &b) in buf[..n].iter().enumerate() {
-            assert_eq!(
-                b,
-                generated_byte((got + k) as u64),
-                "response byte {}",
-                got + k
-            );
-        }
-        got += n;
-        longest = longest.max(last.elapsed());
-        last = Instant::now();
-    }
+    read_body_checked(&mut r, len, |i| generated_byte(i as u64), &mut waits);
     let (status, _, len) = read_head(&mut r);
     assert!(status.starts_with("HTTP/1.1 200"), "{status}");
     let mut digest = vec![0u8; len];
     r.read_exact(&mut digest).expect("response 2");
-    longest = longest.max(last.elapsed());
-    last = Instant::now();
+    waits.note();
     assert_eq!(
         String::from_utf8(digest).unwrap(),
-        format!("fnv1a64={:016x} bytes={POST_BYTES}\n", post_digest()),
+        format!(
+            "fnv1a64={:016x} bytes={POST_BYTES}\n",
+            pattern_digest(SEED_POST, POST_BYTES)
+        ),
         "the server's digest of the upload"
     );
     let (status, _, len) = read_head(&mut r);
     assert!(status.starts_with("HTTP/1.1 200"), "{status}");
     let mut small = vec![0u8; len];
     r.read_exact(&mut small).expect("response 3");
-    longest = longest.max(last.elapsed());
+    waits.note();
     assert_eq!(small, (0..5).map(generated_byte).collect::<Vec<_>>());
     let mut rest = Vec::new();
     r.read_to_end(&mut rest).expect("server's close");
     assert!(rest.is_empty());
     writer.join().expect("client writer");
     ClientReport {
-        longest_read_wait: longest,
+        longest_read_wait: waits.longest,
         served_by,
     }
 }
@@ -248,7 +117,7 @@ fn backend(adopt: &Path) -> (SocketAddr, farside_backend::Handle) {
 fn source_accept(listener: &TcpListener) -> TcpStream {
     let (s, _) = listener.accept().unwrap();
     await_cond("request bytes queued on the source", || {
-        inq(&s) >= INQ_BEFORE_MIGRATE
+        inq(&s).unwrap() >= INQ_BEFORE_MIGRATE
     });
     s
 }
@@ -384,8 +253,12 @@ fn refused_migration_is_served_on_the_source_and_the_target_notifies_when_it_can
     let (n, from) = source_notify.recv_from(&mut b).expect("notification");
     assert!(notify::is_can_take(&b[..n]), "{:?}", &b[..n]);
     assert_eq!(from.ip(), target.addr().ip());
-    eprintln!("target: {}", target.summary_json());
     let st = target.stats();
+    // The daemon counts a notification after sending it: await the count.
+    await_cond("the notification counted", || {
+        st.notifications.load(std::sync::atomic::Ordering::Relaxed) >= 1
+    });
+    eprintln!("target: {}", target.summary_json());
     assert_eq!(st.refused.load(std::sync::atomic::Ordering::Relaxed), 1);
     assert_eq!(
         st.notifications.load(std::sync::atomic::Ordering::Relaxed),

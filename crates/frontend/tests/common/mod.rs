@@ -4,7 +4,8 @@
 //! the client routing the VIP to the front-end. Deleted on drop.
 #![allow(dead_code)]
 
-pub mod session;
+/// The migration session (`GET /big`, a large POST, `GET /small`), from the kit.
+pub use farside_migrate::testkit::session;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
