@@ -1073,6 +1073,62 @@ pub fn table(points: &[&SpecPoint]) -> String {
             s.push('\n');
         }
     }
+    s.push_str(&peaks_and_break_even(points));
+    s
+}
+
+/// The peak conn/s of each panel and system, against the single server's peak (the
+/// issue's target: two speculative servers at 75/25 ≥ 1.9× one), and the break-even
+/// request cost: a migration pays for the overloaded source only if the request it
+/// moves would have cost the source more CPU than moving it, so the break-even request
+/// cost is the source's CPU per migration (mean over every migrated connection, the
+/// points weighted by their migrations); the target's CPU per migration is the extra
+/// work the move adds to the cluster.
+pub fn peaks_and_break_even(points: &[&SpecPoint]) -> String {
+    let mut s = String::from("\npeak conn/s (x the single server's acc64 peak)\n");
+    let peak = |panel: &str, sys: &str| {
+        points
+            .iter()
+            .filter(|p| p.panel() == panel && p.system == sys)
+            .map(|p| p.conn_per_s)
+            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
+    };
+    let single = peak("single", "acc64");
+    for (panel, systems) in panels(points) {
+        for sys in systems {
+            let Some(pk) = peak(&panel, &sys) else {
+                continue;
+            };
+            let ratio = single
+                .filter(|s| *s > 0.0)
+                .map_or("-".to_string(), |sg| format!("{:.2}x", pk / sg));
+            let _ = writeln!(s, "  {panel:<12} {sys:<8} {pk:>8.1}  {ratio}");
+        }
+    }
+    let migrated: Vec<&&SpecPoint> = points.iter().filter(|p| p.migrations > 0).collect();
+    let n: u64 = migrated.iter().map(|p| p.migrations).sum();
+    let mean = |f: fn(&SpecPoint) -> Option<f64>| {
+        let w: f64 = migrated
+            .iter()
+            .filter_map(|p| f(p).map(|v| v * p.migrations as f64))
+            .sum();
+        (n > 0).then(|| w / n as f64)
+    };
+    match (
+        mean(|p| p.migration_cpu_source_us),
+        mean(|p| p.migration_cpu_target_us),
+    ) {
+        (Some(src), tgt) => {
+            let _ = writeln!(
+                s,
+                "break-even request cost: {src:.0} µs of CPU (the source's CPU per migration, \
+                 mean of {n} migrations): a request that costs its server less is cheaper to \
+                 serve where it landed; each migration also costs the target {} µs",
+                tgt.map_or("-".to_string(), |t| format!("{t:.0}"))
+            );
+        }
+        (None, _) => s.push_str("break-even request cost: - (no migration)\n"),
+    }
     s
 }
 
@@ -1257,6 +1313,43 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn peaks_compare_with_the_single_server_and_break_even_weighs_by_migrations() {
+        let pt = |exp: &str, sys: &str, split: &str, rate: f64, cps: f64, mig: u64, cpu: f64| {
+            SpecPoint {
+                experiment: exp.into(),
+                system: sys.into(),
+                split: split.into(),
+                rate,
+                conn_per_s: cps,
+                migrations: mig,
+                migration_cpu_source_us: (mig > 0).then_some(cpu),
+                migration_cpu_target_us: (mig > 0).then_some(cpu / 2.0),
+                ..SpecPoint::empty()
+            }
+        };
+        let pts = [
+            pt("single", "acc64", "100", 100.0, 90.0, 0, 0.0),
+            pt("single", "acc64", "100", 200.0, 80.0, 0, 0.0),
+            pt("split", "acc64", "75/25", 200.0, 140.0, 0, 0.0),
+            pt("split", "spec32", "75/25", 200.0, 171.0, 100, 400.0),
+            pt("split", "spec32", "75/25", 300.0, 160.0, 300, 600.0),
+        ];
+        let refs: Vec<&SpecPoint> = pts.iter().collect();
+        let t = peaks_and_break_even(&refs);
+        assert!(t.contains("single       acc64        90.0  1.00x"), "{t}");
+        assert!(t.contains("split 75/25  acc64       140.0  1.56x"), "{t}");
+        assert!(t.contains("split 75/25  spec32      171.0  1.90x"), "{t}");
+        // (100 x 400 + 300 x 600) / 400 = 550; the target's (50 + 0.5 x ...) = 275.
+        assert!(t.contains("break-even request cost: 550 µs"), "{t}");
+        assert!(t.contains("costs the target 275 µs"), "{t}");
+        let none = peaks_and_break_even(&refs[..3]);
+        assert!(
+            none.contains("break-even request cost: - (no migration)"),
+            "{none}"
+        );
+    }
+
     use super::*;
 
     fn args() -> SpeculativeArgs {
