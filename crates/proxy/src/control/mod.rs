@@ -131,7 +131,11 @@ impl TallyCell {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .record(e, now);
-        self.last_ms.fetch_max(now / 1_000_000, Ordering::Relaxed);
+        // Mostly the same millisecond as the last event: a load, not a write.
+        let ms = now / 1_000_000;
+        if self.last_ms.load(Ordering::Relaxed) < ms {
+            self.last_ms.fetch_max(ms, Ordering::Relaxed);
+        }
     }
 
     fn since(&self, since_ns: u64) -> (u64, u64) {
