@@ -103,6 +103,14 @@ pub struct PollerStats {
     pub late: AtomicU64,
     /// Requests the socket would not take (send buffer full): retried at their deadline.
     pub send_dropped: AtomicU64,
+    /// READ datagrams sent (first attempts and retries).
+    pub sent: AtomicU64,
+    /// `sendmmsg` calls that sent datagrams (reads sent / this: the batch size reached).
+    pub send_calls: AtomicU64,
+    /// `recvmmsg` calls that received datagrams (replies / this: the batch size reached).
+    pub recv_calls: AtomicU64,
+    /// Sleeps in `ppoll` (each one a wake-up when it ends).
+    pub waits: AtomicU64,
 }
 
 /// Running monitor threads; they stop when this is dropped.

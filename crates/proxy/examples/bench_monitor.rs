@@ -5,8 +5,12 @@
 //! every period with its poller threads for `--seconds`; then the proxy's decisions run
 //! over a table of N fresh entries. Prints, per N: the pollers' CPU (% of one core, and
 //! µs per period, from each poller's CLOCK_THREAD_CPUTIME_ID), periods that overran,
-//! the share of reads answered, and ns per decision (route: p2c and least-loaded;
-//! accept check).
+//! the share of reads answered, CPU per answered read and per READ sent (and the
+//! user / system split per answered read, from /proc, tick-grained), the batch sizes
+//! reached (READs per `sendmmsg`, replies per `recvmmsg`), `ppoll` sleeps per period,
+//! and ns per decision: `choose` is the decision alone, `route` adds the request's
+//! accounting (counters, in-flight guard taken and dropped); p2c and least-loaded;
+//! the accept check.
 //!
 //! Run (release, on a quiet machine; the responder needs a core of its own at 1,024):
 //! `cargo run --release -p farside-proxy --example bench_monitor -- \
@@ -59,8 +63,57 @@ fn args() -> Result<Args, String> {
     Ok(a)
 }
 
-/// Pollers' CPU over a steady window: (% of one core, µs per period, periods, overruns).
-fn monitor_cost(n: usize, a: &Args) -> (f64, f64, u64, u64, f64) {
+/// User and system CPU time so far of this process's threads named `monitor-poll-*`,
+/// ns (from /proc/self/task/*/stat, in clock ticks).
+fn pollers_user_sys_ns() -> (u64, u64) {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let mut out = (0, 0);
+    for t in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("monitor-poll") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        // Fields after the command's closing parenthesis: utime and stime are the
+        // 12th and 13th.
+        let rest = stat.rsplit_once(')').map_or("", |r| r.1);
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        if f.len() > 12 {
+            out.0 += f[11] * 1_000_000_000 / hz;
+            out.1 += f[12] * 1_000_000_000 / hz;
+        }
+    }
+    out
+}
+
+/// What the pollers did over the steady window.
+struct Cost {
+    cpu_pct: f64,
+    us_per_period: f64,
+    overruns: u64,
+    answered_pct: f64,
+    /// CPU per answered read, ns: all, then user and system (tick-grained).
+    ns_per_read: f64,
+    user_ns_per_read: f64,
+    sys_ns_per_read: f64,
+    /// CPU per READ datagram sent (answered or not), ns.
+    ns_per_sent: f64,
+    /// Datagrams per sendmmsg, replies per recvmmsg, ppoll sleeps per period.
+    sent_per_call: f64,
+    recv_per_call: f64,
+    waits_per_period: f64,
+}
+
+/// Pollers' CPU over a steady window.
+fn monitor_cost(n: usize, a: &Args) -> Cost {
     let r = MultiResponder::spawn(n).expect("responder");
     let table = create_table(None, n, a.period_us).expect("table");
     let watches = (0..n)
@@ -80,12 +133,16 @@ fn monitor_cost(n: usize, a: &Args) -> (f64, f64, u64, u64, f64) {
     };
     let m = Monitor::start(watches, table, opts).expect("monitor");
     let snap = |m: &Monitor| {
-        m.pollers().iter().fold((0u64, 0u64, 0u64), |s, p| {
-            (
-                s.0 + p.cpu_ns.load(Ordering::Relaxed),
-                s.1 + p.periods.load(Ordering::Relaxed),
-                s.2 + p.overruns.load(Ordering::Relaxed),
-            )
+        m.pollers().iter().fold([0u64; 7], |s, p| {
+            [
+                s[0] + p.cpu_ns.load(Ordering::Relaxed),
+                s[1] + p.periods.load(Ordering::Relaxed),
+                s[2] + p.overruns.load(Ordering::Relaxed),
+                s[3] + p.send_calls.load(Ordering::Relaxed),
+                s[4] + p.recv_calls.load(Ordering::Relaxed),
+                s[5] + p.waits.load(Ordering::Relaxed),
+                s[6] + p.sent.load(Ordering::Relaxed),
+            ]
         })
     };
     let reads = |m: &Monitor| -> u64 {
@@ -96,7 +153,7 @@ fn monitor_cost(n: usize, a: &Args) -> (f64, f64, u64, u64, f64) {
     };
     // Warm up (first reads, socket buffers), then measure a steady window.
     std::thread::sleep(Duration::from_millis(500));
-    let (c0, r0, t0) = (snap(&m), reads(&m), Instant::now());
+    let (c0, r0, t0, us0) = (snap(&m), reads(&m), Instant::now(), pollers_user_sys_ns());
     let ticker = std::thread::spawn({
         let until = Instant::now() + Duration::from_secs_f64(a.seconds);
         move || {
@@ -111,18 +168,26 @@ fn monitor_cost(n: usize, a: &Args) -> (f64, f64, u64, u64, f64) {
         }
     });
     let _r = ticker.join().expect("ticker");
-    let (c1, r1, wall) = (snap(&m), reads(&m), t0.elapsed());
-    let cpu_ns = (c1.0 - c0.0) as f64;
-    let periods = (c1.1 - c0.1).max(1);
-    let threads = m.pollers().len() as u64;
+    let (c1, r1, wall, us1) = (snap(&m), reads(&m), t0.elapsed(), pollers_user_sys_ns());
+    let d = |k: usize| (c1[k] - c0[k]) as f64;
+    let cpu_ns = d(0);
+    let periods = d(1).max(1.0);
+    let threads = m.pollers().len().max(1) as f64;
     let expected_reads = n as f64 * wall.as_secs_f64() * 1e6 / a.period_us as f64;
-    (
-        100.0 * cpu_ns / wall.as_nanos() as f64,
-        cpu_ns / 1e3 / (periods / threads.max(1)) as f64,
-        periods,
-        c1.2 - c0.2,
-        100.0 * (r1 - r0) as f64 / expected_reads,
-    )
+    let answered = (r1 - r0).max(1) as f64;
+    Cost {
+        cpu_pct: 100.0 * cpu_ns / wall.as_nanos() as f64,
+        us_per_period: cpu_ns / 1e3 / (periods / threads),
+        overruns: c1[2] - c0[2],
+        answered_pct: 100.0 * (r1 - r0) as f64 / expected_reads,
+        ns_per_read: cpu_ns / answered,
+        user_ns_per_read: (us1.0 - us0.0) as f64 / answered,
+        sys_ns_per_read: (us1.1 - us0.1) as f64 / answered,
+        ns_per_sent: cpu_ns / d(6).max(1.0),
+        sent_per_call: d(6) / d(3).max(1.0),
+        recv_per_call: answered / d(4).max(1.0),
+        waits_per_period: d(5) / periods,
+    }
 }
 
 /// ns per call of `f`, best of 5 runs of about 200 ms each.
@@ -149,7 +214,9 @@ fn ns_per(mut f: impl FnMut()) -> f64 {
         .fold(f64::MAX, f64::min)
 }
 
-fn decision_cost(n: usize, policy: BalancePolicy) -> (f64, f64) {
+/// ns per decision: (choose: the decision alone, route: the decision and the request's
+/// accounting (counters, in-flight guard taken and dropped), accept check).
+fn decision_cost(n: usize, policy: BalancePolicy) -> (f64, f64, f64) {
     let path = std::env::temp_dir().join(format!(
         "farside-bench-monitor-{}-{n}-{policy:?}",
         std::process::id()
@@ -182,6 +249,9 @@ fn decision_cost(n: usize, policy: BalancePolicy) -> (f64, f64) {
         };
         EntryWriter::new(&*table, i).publish(&e);
     }
+    let choose = ns_per(|| {
+        black_box(ctl.choose(black_box(None)).expect("admitted"));
+    });
     let route = ns_per(|| {
         black_box(ctl.route(black_box(None)).expect("admitted"));
     });
@@ -190,7 +260,7 @@ fn decision_cost(n: usize, policy: BalancePolicy) -> (f64, f64) {
         black_box(ctl.on_accept(black_box(peer))).expect("admitted");
     });
     let _ = std::fs::remove_file(path);
-    (route, accept)
+    (choose, route, accept)
 }
 
 fn main() {
@@ -202,24 +272,44 @@ fn main() {
         }
     };
     println!(
-        "{:>8} {:>8} {:>10} {:>12} {:>9} {:>9} {:>12} {:>12} {:>11}",
+        "{:>8} {:>7} {:>9} {:>13} {:>8} {:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9}",
         "backends",
         "pollers",
         "cpu_%core",
         "cpu_us/period",
         "overruns",
         "answered%",
+        "cpu_ns/read",
+        "cpu_ns/sent",
+        "user_ns/rd",
+        "sys_ns/rd",
+        "reads/send",
+        "reps/recv",
+        "waits/period",
+        "choose_p2c_ns",
         "route_p2c_ns",
+        "choose_ll_ns",
         "route_ll_ns",
         "accept_ns"
     );
     for &n in &a.backends {
-        let (cpu, per_period, _periods, overruns, answered) = monitor_cost(n, &a);
-        let (p2c, accept) = decision_cost(n, BalancePolicy::P2c);
-        let (ll, _) = decision_cost(n, BalancePolicy::LeastLoaded);
+        let c = monitor_cost(n, &a);
+        let (p2c_choose, p2c, accept) = decision_cost(n, BalancePolicy::P2c);
+        let (ll_choose, ll, _) = decision_cost(n, BalancePolicy::LeastLoaded);
         println!(
-            "{n:>8} {:>8} {cpu:>10.1} {per_period:>12.1} {overruns:>9} {answered:>9.1} {p2c:>12.1} {ll:>12.1} {accept:>11.1}",
+            "{n:>8} {:>7} {:>9.1} {:>13.1} {:>8} {:>9.1} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>9.1} {:>9.1} {:>11.1} {p2c_choose:>11.1} {p2c:>11.1} {ll_choose:>11.1} {ll:>11.1} {accept:>9.1}",
             farside_monitor::poller_threads(n, a.threads),
+            c.cpu_pct,
+            c.us_per_period,
+            c.overruns,
+            c.answered_pct,
+            c.ns_per_read,
+            c.ns_per_sent,
+            c.user_ns_per_read,
+            c.sys_ns_per_read,
+            c.sent_per_call,
+            c.recv_per_call,
+            c.waits_per_period,
         );
     }
 }

@@ -28,18 +28,25 @@ pub enum Event {
     Done,
 }
 
+/// Counts of events before the start of one millisecond (wrapping: only differences
+/// within the window are read, far below 2^32 events).
 #[derive(Debug, Clone, Copy, Default)]
 struct Bucket {
     ms: u64,
-    sent: u32,
-    done: u32,
+    sent_before: u32,
+    done_before: u32,
 }
 
-/// Requests sent to and completed by one back-end, per millisecond, for the last
-/// [`TALLY_MS`] ms.
+/// Requests sent to and completed by one back-end, for the last [`TALLY_MS`] ms: running
+/// totals, and for every millisecond of the window the totals before it, so that
+/// [`Tally::since`] (on every decision) is two loads and a subtraction whatever the
+/// sample's age; [`Tally::record`] pays for the milliseconds it moves over (at most
+/// [`TALLY_MS`], once each).
 #[derive(Debug, Clone)]
 pub struct Tally {
     buckets: [Bucket; TALLY_MS],
+    sent: u32,
+    done: u32,
     /// Latest millisecond recorded.
     last_ms: u64,
 }
@@ -48,6 +55,8 @@ impl Default for Tally {
     fn default() -> Self {
         Tally {
             buckets: [Bucket::default(); TALLY_MS],
+            sent: 0,
+            done: 0,
             last_ms: 0,
         }
     }
@@ -57,33 +66,49 @@ impl Tally {
     /// Count `event` at `now_ns`.
     pub fn record(&mut self, event: Event, now_ns: u64) {
         let ms = now_ns / 1_000_000;
-        let b = &mut self.buckets[ms as usize % TALLY_MS];
-        if b.ms != ms {
-            *b = Bucket {
-                ms,
-                sent: 0,
-                done: 0,
-            };
+        let window_start = |last: u64| last.saturating_sub(TALLY_MS as u64 - 1);
+        if ms > self.last_ms {
+            // Open the milliseconds up to `ms` (those older than the window are skipped).
+            for k in (self.last_ms + 1).max(window_start(ms))..=ms {
+                self.buckets[k as usize % TALLY_MS] = Bucket {
+                    ms: k,
+                    sent_before: self.sent,
+                    done_before: self.done,
+                };
+            }
+            self.last_ms = ms;
         }
-        match event {
-            Event::Sent => b.sent = b.sent.saturating_add(1),
-            Event::Done => b.done = b.done.saturating_add(1),
+        let (ds, dd) = match event {
+            Event::Sent => (1, 0),
+            Event::Done => (0, 1),
+        };
+        self.sent = self.sent.wrapping_add(ds);
+        self.done = self.done.wrapping_add(dd);
+        // An event in a past millisecond (another thread's, recorded late) counts as
+        // before every later millisecond of the window.
+        for k in (ms + 1).max(window_start(self.last_ms))..=self.last_ms {
+            let b = &mut self.buckets[k as usize % TALLY_MS];
+            b.sent_before = b.sent_before.wrapping_add(ds);
+            b.done_before = b.done_before.wrapping_add(dd);
         }
-        self.last_ms = self.last_ms.max(ms);
     }
 
-    /// (sent, done) since `since_ns` (from its millisecond on).
+    /// (sent, done) since `since_ns` (from its millisecond on), within the window.
     pub fn since(&self, since_ns: u64) -> (u64, u64) {
         let from = (since_ns / 1_000_000).max(self.last_ms.saturating_sub(TALLY_MS as u64 - 1));
-        let (mut sent, mut done) = (0u64, 0u64);
-        for ms in from..=self.last_ms {
-            let b = &self.buckets[ms as usize % TALLY_MS];
-            if b.ms == ms {
-                sent += u64::from(b.sent);
-                done += u64::from(b.done);
-            }
+        if from > self.last_ms {
+            return (0, 0);
         }
-        (sent, done)
+        let b = &self.buckets[from as usize % TALLY_MS];
+        let (s0, d0) = if b.ms == from {
+            (b.sent_before, b.done_before)
+        } else {
+            (0, 0) // before the first event: nothing was before it
+        };
+        (
+            u64::from(self.sent.wrapping_sub(s0)),
+            u64::from(self.done.wrapping_sub(d0)),
+        )
     }
 }
 
@@ -146,5 +171,46 @@ mod tests {
         t.record(Event::Sent, 18 * MS);
         assert_eq!(t.since(19 * MS), (1, 0));
         assert_eq!(t.since(18 * MS), (2, 0));
+    }
+
+    /// The window's events counted one by one: what `since` must equal.
+    fn naive(events: &[(Event, u64)], since_ns: u64) -> (u64, u64) {
+        let last = events.iter().map(|e| e.1 / MS).max().unwrap_or(0);
+        let from = (since_ns / MS).max(last.saturating_sub(TALLY_MS as u64 - 1));
+        events
+            .iter()
+            .filter(|e| e.1 / MS >= from)
+            .fold((0, 0), |(s, d), e| match e.0 {
+                Event::Sent => (s + 1, d),
+                Event::Done => (s, d + 1),
+            })
+    }
+
+    #[test]
+    fn since_equals_counting_the_window_for_any_sample_age() {
+        let mut t = Tally::default();
+        let mut events = Vec::new();
+        let mut x = 0x2545_f491_4f6c_dd1d_u64;
+        let mut now = 50_000 * MS;
+        for _ in 0..5_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Mostly forward by up to 3 ms, sometimes a jump past the window, sometimes
+            // an event from a few ms ago (recorded late by another thread).
+            now = match x % 50 {
+                0 => now + (TALLY_MS as u64 + x % 300) * MS,
+                1..=4 => now - (x % 4) * MS,
+                _ => now + (x % 3) * MS + x % MS,
+            };
+            let ev = if x & 1 == 0 { Event::Sent } else { Event::Done };
+            t.record(ev, now);
+            events.push((ev, now));
+            let latest = events.iter().map(|e| e.1).max().unwrap();
+            for back in [0, 1, 2, 5, 40, 127, 128, 129, 400] {
+                let since = latest.saturating_sub(back * MS);
+                assert_eq!(t.since(since), naive(&events, since), "since {since}");
+            }
+        }
     }
 }

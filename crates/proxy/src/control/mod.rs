@@ -131,7 +131,11 @@ impl TallyCell {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .record(e, now);
-        self.last_ms.fetch_max(now / 1_000_000, Ordering::Relaxed);
+        // Mostly the same millisecond as the last event: a load, not a write.
+        let ms = now / 1_000_000;
+        if self.last_ms.load(Ordering::Relaxed) < ms {
+            self.last_ms.fetch_max(ms, Ordering::Relaxed);
+        }
     }
 
     fn since(&self, since_ns: u64) -> (u64, u64) {
@@ -211,7 +215,10 @@ fn rand_below(n: usize) -> usize {
         x ^= x << 25;
         x ^= x >> 27;
         r.set(x);
-        (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32) as usize % n
+        // The high 32 bits scaled to [0, n) by a multiply (no division); n is far below
+        // 2^32, so the bias is under n / 2^32.
+        let hi = x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32;
+        ((hi * n as u64) >> 32) as usize
     })
 }
 
@@ -450,8 +457,12 @@ impl Control {
         if let (Load::Known(_), Ok(_)) = (load, r) {
             // The safe level: the most in flight with this request, admitted on a fresh
             // reading within the limit.
+            // Written only when it rises (a read-modify-write on every decision would
+            // take the line from the other workers each time).
             let inflight = b.inflight.load(Ordering::Relaxed);
-            b.safe_inflight.fetch_max(inflight + 1, Ordering::Relaxed);
+            if b.safe_inflight.load(Ordering::Relaxed) <= inflight {
+                b.safe_inflight.fetch_max(inflight + 1, Ordering::Relaxed);
+            }
         }
         self.signals.count(load, &r);
         r
@@ -479,8 +490,13 @@ impl Control {
         else {
             return 0;
         };
-        if b.relieved_sample_ns.swap(advanced, Ordering::Relaxed) == advanced {
-            return 0; // already acted on this sample
+        // Already acted on this sample: the common case, a plain load (a swap on every
+        // decision would take the line from the other workers each time); the swap
+        // keeps "once per sample" among workers racing on a new one.
+        if b.relieved_sample_ns.load(Ordering::Relaxed) == advanced
+            || b.relieved_sample_ns.swap(advanced, Ordering::Relaxed) == advanced
+        {
+            return 0;
         }
         if now_ns.saturating_sub(advanced) > self.stale_after_ns {
             pool.close_on_return(i, 0);
@@ -575,7 +591,6 @@ impl Control {
     fn choose_route(&self, host: Option<&str>) -> Result<(usize, bool), Reject> {
         let now = coarse_mono_ns();
         let n = self.backends.len();
-        let rotation = self.rr.fetch_add(1, Ordering::Relaxed);
         if self.policy == BalancePolicy::P2c {
             let mut pick = Pick::new(self.policy, 2);
             for _ in 0..P2C_DRAWS_MAX.min(n) {
@@ -591,9 +606,12 @@ impl Control {
                 }
             }
         }
+        // The rotation is a shared counter: p2c (which draws at random) leaves it alone,
+        // so its decisions write no line that other workers read.
+        let rotation = || self.rr.fetch_add(1, Ordering::Relaxed);
         let (start, want) = match self.policy {
-            BalancePolicy::LeastLoaded => (rotation, usize::MAX),
-            BalancePolicy::RoundRobin => (rotation, 1),
+            BalancePolicy::LeastLoaded => (rotation(), usize::MAX),
+            BalancePolicy::RoundRobin => (rotation(), 1),
             BalancePolicy::P2c => (rand_below(n.max(1)), 2),
         };
         let mut pick = Pick::new(self.policy, want);
