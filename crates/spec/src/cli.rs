@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use farside_migrate::Handover;
 
 use crate::handoff::{HandOff, Handoff};
-use crate::source::{Peer, SourceConfig, SourceDaemon, MIGRATORS_DEFAULT};
+use crate::source::{
+    Affinity, Peer, SourceConfig, SourceDaemon, AFFINITY_WAIT_DEFAULT, MIGRATORS_DEFAULT,
+};
 use crate::steer::{FlowSteer, FrontendSteer, NoSteer, PolicyRouteSteer};
 use crate::target::{TargetConfig, TargetDaemon, TARGET_THREADS_DEFAULT};
 use crate::window::{WindowConfig, QUEUE_DEFAULT, WINDOW_DEFAULT};
@@ -120,6 +122,16 @@ pub struct SpecdArgs {
     /// percentiles, target counters) to this file too.
     #[arg(long)]
     pub summary: Option<PathBuf>,
+    /// Content-aware migration: with several peers, send requests for the same path
+    /// to the same peer (the request line is peeked, it moves with the connection),
+    /// unless that peer's known load says it is full (--admit-queue-max); then the
+    /// least-loaded peer.
+    #[arg(long)]
+    pub affinity: bool,
+    /// With --affinity: how long a migrator waits for the request line, µs.
+    /// Default: 2000.
+    #[arg(long = "affinity-wait-us", default_value_t = AFFINITY_WAIT_DEFAULT.as_micros() as u64)]
+    pub affinity_wait_us: u64,
     /// Nice value of every daemon thread (-20..=19; inherited by the threads started
     /// after it is set). Default: -10 (see [`NICE_DEFAULT`]); 0 leaves it unchanged.
     #[arg(long, default_value_t = NICE_DEFAULT, allow_hyphen_values = true)]
@@ -168,6 +180,9 @@ impl SpecdArgs {
             if us == 0 || us > POLL_US_MAX {
                 return Err(format!("{name} must be in 1..={POLL_US_MAX}"));
             }
+        }
+        if self.affinity_wait_us > POLL_US_MAX {
+            return Err(format!("--affinity-wait-us must be at most {POLL_US_MAX}"));
         }
         if !(-20..=19).contains(&self.nice) {
             return Err(format!("--nice {}: must be in -20..=19", self.nice));
@@ -252,6 +267,10 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
                         } else {
                             Handover::CloseAfterRestore
                         },
+                        affinity: args.affinity.then(|| Affinity {
+                            wait: Duration::from_micros(args.affinity_wait_us),
+                            full_at: u64::from(args.admit_queue_max),
+                        }),
                     },
                     local,
                     flow,

@@ -145,6 +145,78 @@ pub struct SourceConfig {
     pub peer_poll: Duration,
     /// Hand-over order (`CloseAfterRestore` across hosts/namespaces).
     pub handover: Handover,
+    /// Content-aware choice of the target (`None`: least-loaded only).
+    pub affinity: Option<Affinity>,
+}
+
+/// Content-aware migration: the migrator reads the request's first line (a peek: the
+/// bytes stay in the receive queue and move with the connection) and sends equal
+/// paths to the same peer, so each peer's cache holds its share of the content; a
+/// peer known to be full is passed over for the least-loaded one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Affinity {
+    /// How long the migrator waits for the request's first bytes before choosing
+    /// without them (the client sends its request right after the handshake).
+    pub wait: Duration,
+    /// A peer whose known backlog plus migrations in flight reaches this is full
+    /// (it would refuse): `--admit-queue-max` of the peers, 64 by default.
+    pub full_at: u64,
+}
+
+/// Bytes peeked for the request line (a request line longer than this is chosen
+/// for by least load).
+pub const AFFINITY_PEEK_BYTES: usize = 2048;
+/// Default wait for the request's first bytes: 2 ms (one round trip on a LAN plus the
+/// client's scheduling; a migration waits tens of ms for CPU on a saturated node).
+pub const AFFINITY_WAIT_DEFAULT: Duration = Duration::from_millis(2);
+
+/// The path of an HTTP/1.x request line at the start of `buf` (`None`: not a
+/// complete request line).
+pub fn request_path(buf: &[u8]) -> Option<&[u8]> {
+    let end = buf.windows(2).position(|w| w == b"\r\n")?;
+    let mut parts = buf[..end].split(|&b| b == b' ');
+    let (_method, path, version) = (parts.next()?, parts.next()?, parts.next()?);
+    (version.starts_with(b"HTTP/1.") && !path.is_empty() && parts.next().is_none()).then_some(path)
+}
+
+/// FNV-1a of a path: stable across runs and hosts, so every source sends a path to
+/// the same peer.
+pub fn path_hash(path: &[u8]) -> u64 {
+    path.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// The peer for a request: the path's peer (`hash % peers`) unless its load is known
+/// and it is full, else the least-loaded (see [`least_loaded`]).
+fn choose_with_affinity(hash: Option<u64>, cands: &[(PeerLoad, u32)], full_at: u64) -> usize {
+    if let Some(h) = hash {
+        let i = (h % cands.len() as u64) as usize;
+        let (l, inflight) = cands[i];
+        if !l.known || l.accept_backlog + u64::from(inflight) < full_at {
+            return i;
+        }
+    }
+    least_loaded(cands.iter().copied()).unwrap_or(0)
+}
+
+/// Peeks the request line of `sock` (waiting at most `wait`) and hashes its path.
+fn peek_path_hash(sock: &TcpStream, wait: Duration) -> Option<u64> {
+    if !wait_readable(sock.as_raw_fd(), wait) {
+        return None;
+    }
+    let mut buf = [0u8; AFFINITY_PEEK_BYTES];
+    // SAFETY: recv into a local buffer of the length passed.
+    let n = unsafe {
+        libc::recv(
+            sock.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    let n = usize::try_from(n).ok()?;
+    request_path(&buf[..n]).map(path_hash)
 }
 
 impl SourceConfig {
@@ -221,6 +293,9 @@ pub struct SourceStats {
     pub restore_us: Mutex<Samples>,
     /// The front-end's flow move until DONE per migrated connection, µs.
     pub flow_us: Mutex<Samples>,
+    /// Migratory connections whose target was chosen by their request path
+    /// ([`Affinity`]).
+    pub affinity_hashed: AtomicU64,
     /// Fall-backs by reason, indexed as [`FALLBACK_REASONS`].
     pub fallbacks: [AtomicU64; FALLBACK_REASONS.len()],
 }
@@ -430,7 +505,7 @@ impl SourceDaemon {
             )
         };
         format!(
-            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{}}},\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
+            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{}}},\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
             s.accepted.load(Ordering::Relaxed),
             s.stale_local.load(Ordering::Relaxed),
             s.migrated.load(Ordering::Relaxed),
@@ -456,6 +531,7 @@ impl SourceDaemon {
             lock(&s.offer_us).json(),
             lock(&s.restore_us).json(),
             lock(&s.flow_us).json(),
+            s.affinity_hashed.load(Ordering::Relaxed),
             lock(&s.admit_to_done_us).json(),
             FALLBACK_REASONS
                 .iter()
@@ -606,14 +682,24 @@ fn least_loaded(cands: impl Iterator<Item = (PeerLoad, u32)>) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
-/// The least-loaded peer (see [`least_loaded`]).
-fn choose_peer(s: &Shared) -> &PeerState {
-    let i = least_loaded(
-        s.peers
-            .iter()
-            .map(|p| (*lock(&p.load), p.inflight.load(Ordering::Relaxed))),
-    )
-    .expect("validated: at least one peer");
+/// The target for `sock`: with [`Affinity`] the request path's peer (unless full),
+/// else the least-loaded peer (see [`least_loaded`]).
+fn choose_peer<'a>(s: &'a Shared, sock: &TcpStream) -> &'a PeerState {
+    let cands: Vec<(PeerLoad, u32)> = s
+        .peers
+        .iter()
+        .map(|p| (*lock(&p.load), p.inflight.load(Ordering::Relaxed)))
+        .collect();
+    let i = match s.cfg.affinity {
+        Some(a) if cands.len() > 1 => {
+            let hash = peek_path_hash(sock, a.wait);
+            if hash.is_some() {
+                s.stats.affinity_hashed.fetch_add(1, Ordering::Relaxed);
+            }
+            choose_with_affinity(hash, &cands, a.full_at)
+        }
+        _ => least_loaded(cands.into_iter()).expect("validated: at least one peer"),
+    };
     &s.peers[i]
 }
 
@@ -636,7 +722,7 @@ fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<(TcpStream, Instant)>>) {
                 continue;
             }
         };
-        let peer = choose_peer(s);
+        let peer = choose_peer(s, &sock);
         peer.inflight.fetch_add(1, Ordering::Relaxed);
         lock(&s.stats.queue_wait_us).record(admitted.elapsed().as_micros() as u64);
         let cpu0 = farside_backend::thread_cpu_us();
@@ -809,6 +895,67 @@ mod tests {
             accept_backlog: backlog,
             cpu_util_ppm: cpu,
         }
+    }
+
+    #[test]
+    fn request_paths_are_read_from_complete_request_lines_only() {
+        assert_eq!(
+            request_path(b"GET /a/b.html HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Some(&b"/a/b.html"[..])
+        );
+        assert_eq!(request_path(b"POST /up HTTP/1.0\r\n"), Some(&b"/up"[..]));
+        assert_eq!(request_path(b"GET /a/b.html HTTP/1.1"), None, "no CRLF yet");
+        assert_eq!(request_path(b"GET /a HTTP/2\r\n"), None);
+        assert_eq!(request_path(b"GET  HTTP/1.1\r\n"), None);
+        assert_eq!(request_path(b"GET /a HTTP/1.1 x\r\n"), None);
+        assert_eq!(request_path(b"\r\n"), None);
+    }
+
+    #[test]
+    fn the_peek_leaves_the_request_in_the_receive_queue() {
+        use std::io::{Read, Write};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        // Nothing sent yet: no path within the wait.
+        assert_eq!(peek_path_hash(&s, Duration::from_millis(1)), None);
+        let req = b"GET /a.html HTTP/1.1\r\nHost: x\r\n\r\n";
+        c.write_all(req).unwrap();
+        assert_eq!(
+            peek_path_hash(&s, Duration::from_secs(5)),
+            Some(path_hash(b"/a.html"))
+        );
+        let mut got = vec![0u8; req.len()];
+        (&s).read_exact(&mut got).unwrap();
+        assert_eq!(&got[..], &req[..], "the request is still there, whole");
+    }
+
+    #[test]
+    fn equal_paths_go_to_one_peer_unless_it_is_full() {
+        let free = (load(true, 3, 0), 0);
+        let unknown = (load(false, 0, 0), 0);
+        let full = (load(true, 60, 0), 4);
+        let h = path_hash(b"/index.html");
+        assert_eq!(h, path_hash(b"/index.html"), "stable");
+        assert_ne!(h, path_hash(b"/other.html"));
+        let cands = [free, free, free];
+        let i = choose_with_affinity(Some(h), &cands, 64);
+        assert_eq!(i, (h % 3) as usize);
+        // Same path, same peer, whatever the loads of the others.
+        let mut other = cands;
+        other[(i + 1) % 3] = (load(true, 0, 0), 0);
+        assert_eq!(choose_with_affinity(Some(h), &other, 64), i);
+        // An unknown load is not full: the path's peer keeps it.
+        let mut unk = cands;
+        unk[i] = unknown;
+        assert_eq!(choose_with_affinity(Some(h), &unk, 64), i);
+        // Its peer full (60 + 4 in flight = 64): the least-loaded instead.
+        let mut f = cands;
+        f[i] = full;
+        f[(i + 2) % 3] = (load(true, 1, 0), 0);
+        assert_eq!(choose_with_affinity(Some(h), &f, 64), (i + 2) % 3);
+        // No path: least-loaded.
+        assert_eq!(choose_with_affinity(None, &f, 64), (i + 2) % 3);
     }
 
     #[test]

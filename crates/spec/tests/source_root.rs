@@ -81,6 +81,7 @@ fn refusal_closes_the_window_and_only_a_peers_notification_reopens_it() {
             poll: Duration::from_millis(1),
             peer_poll: Duration::from_millis(5),
             handover: Handover::CloseBeforeRestore,
+            affinity: None,
         },
         HandOff::new(Handoff::Relay(sink_addr)).unwrap(),
         Box::new(NoSteer),

@@ -194,6 +194,7 @@ fn node(
                 poll: Duration::from_millis(1),
                 peer_poll: Duration::from_millis(5),
                 handover: Handover::CloseAfterRestore,
+                affinity: None,
             },
             HandOff::new(Handoff::Adopt(adopt.clone())).unwrap(),
             Box::new(PolicyRouteSteer {
