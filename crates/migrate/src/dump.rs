@@ -323,14 +323,7 @@ pub(crate) fn thaw(fd: RawFd, window: Option<&RepairWindow>) -> io::Result<()> {
     // its port again: a web server restarted on a node that took migrated connections
     // got EADDRINUSE for a minute. A connected socket's SO_REUSEADDR only lets others
     // bind beside it, which is what the server's listener expects of its connections.
-    let one: libc::c_int = 1;
-    sys::setsockopt(
-        fd,
-        libc::SOL_SOCKET,
-        libc::SO_REUSEADDR,
-        &one,
-        "SO_REUSEADDR",
-    )
+    sys::set_reuseaddr(fd)
 }
 
 /// Continues a frozen socket where it was (the paper's fall-back): repair off, input

@@ -116,14 +116,8 @@ fn new_socket(local: &SocketAddr) -> io::Result<OwnedFd> {
 
 /// Steps 1–7: leaves the socket in repair mode.
 fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
+    sys::set_reuseaddr(fd)?;
     let one: libc::c_int = 1;
-    sys::setsockopt(
-        fd,
-        libc::SOL_SOCKET,
-        libc::SO_REUSEADDR,
-        &one,
-        "SO_REUSEADDR",
-    )?;
     // After SO_REUSEADDR, which would overwrite it: repair on sets sk_reuse to
     // SK_FORCE_REUSE, so `bind` succeeds next to the service's listener.
     repair(fd, true)?;

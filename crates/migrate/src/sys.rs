@@ -258,6 +258,18 @@ pub fn bind(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
 }
 
 /// `connect` (in repair mode it returns at once, without a handshake).
+/// `SO_REUSEADDR` on.
+pub fn set_reuseaddr(fd: RawFd) -> io::Result<()> {
+    let one: libc::c_int = 1;
+    setsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        libc::SO_REUSEADDR,
+        &one,
+        "SO_REUSEADDR",
+    )
+}
+
 pub fn connect(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
     let (ss, len) = to_sockaddr(addr);
     // SAFETY: `ss` holds a valid address of length `len`.
