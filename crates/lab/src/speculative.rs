@@ -76,6 +76,10 @@ const FE_CONTROL_PORT: u16 = 7400;
 /// `farside specd --listen` port on every back-end's cluster address (migration offers
 /// over TCP, notifications over UDP).
 pub const SPECD_PORT: u16 = 7000;
+/// Each `specN` back-end's gatherd: its region over udp, answered by XDP in the node's
+/// kernel (the peers' one-sided load reads), and a tcp port the lab waits on.
+pub const REGION_UDP_PORT: u16 = 7471;
+const GATHERD_TCP_PORT: u16 = 7472;
 /// Largest admission window of a `specN` system (`farside specd --window` bound).
 pub const SPEC_WINDOW_MAX: u32 = 4096;
 /// What `farside specd` logs once its listeners are up (and steering attached).
@@ -366,8 +370,10 @@ pub fn parse_system(s: &str) -> Result<(u32, Option<u32>), String> {
 
 /// `farside specd` arguments for back-end `node` (cluster address `ip`) of a `specN`
 /// point: source and target, admission window `window` on the base accept queue, the
-/// other back-end `peer_ip` as its one peer (no region: with a single peer the choice is
-/// that peer; the target's own accept queue decides admission), the VIP steered by
+/// other back-end `peer_ip` as its one peer, its load read one-sidedly from the peer's
+/// gatherd region (udp, answered by XDP): a source migrates only while the peer's
+/// known backlog leaves room (else the connection waits in its own queue, no dump and
+/// no refused offer); the target's own accept queue decides admission; the VIP steered by
 /// sk_lookup, migrated flows moved at the front-end's control port `frontend`,
 /// connections handed to `farside backend --adopt-socket adopt`, summary to `summary`.
 pub fn specd_args(
@@ -397,7 +403,7 @@ pub fn specd_args(
         "--service-port",
         &VIP.port().to_string(),
         "--peer",
-        &format!("daemon={peer_ip}:{SPECD_PORT},backend={peer_ip}"),
+        &format!("daemon={peer_ip}:{SPECD_PORT},backend={peer_ip},region=udp:{peer_ip}:{REGION_UDP_PORT}"),
         "--frontend",
         &frontend.to_string(),
         "--summary",
@@ -700,6 +706,35 @@ impl Lab {
         Ok(be)
     }
 
+    /// Start `farside gatherd` on back-end `i` (`specN`): the node's load in its region,
+    /// read one-sidedly by the peer's specd over udp and answered by XDP (generic mode)
+    /// on the node's link; the kernel sampler (XDP's default: accept backlog, conns,
+    /// delay), so the node pays a few µs a period, not a user-space loop.
+    fn start_gatherd(&self, i: usize, tag: &str) -> io::Result<Child> {
+        let node = &self.backends[i].0;
+        let ip = self.dc.node_ip(node);
+        let tcp = SocketAddr::new(ip.into(), GATHERD_TCP_PORT);
+        let args = strings(&[
+            "gatherd",
+            "--node-id",
+            &i.to_string(),
+            "--watch-port",
+            &VIP.port().to_string(),
+            "--no-shm",
+            "--tcp-listen",
+            &tcp.to_string(),
+            "--udp-listen",
+            &SocketAddr::new(ip.into(), REGION_UDP_PORT).to_string(),
+            "--xdp-iface",
+            crate::netns::VETH_IN_NS,
+            "--xdp-mode",
+            "generic",
+        ]);
+        let mut g = self.spawn(node, &format!("{tag}-gatherd-{node}"), &args)?;
+        self.wait_port(&mut g, tcp)?;
+        Ok(g)
+    }
+
     /// Start `farside specd` on back-end `i` (the other one its peer) and wait until it
     /// logs its listeners.
     fn start_specd(
@@ -900,6 +935,9 @@ fn measure(lab: &Lab, a: &SpeculativeArgs, plan: &Plan, key: &Key) -> io::Result
         }
         children.push(lab.start_frontend(&weights, &tag)?);
         if let Some(w) = spec {
+            for i in 0..weights.len() {
+                children.push(lab.start_gatherd(i, &tag)?);
+            }
             for (i, (sock, summary)) in adopt.iter().zip(&summaries).enumerate() {
                 let _ = std::fs::remove_file(summary);
                 specds.push(lab.start_specd(i, w, sock, summary, &tag)?);
@@ -1297,9 +1335,11 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
     if a.systems.iter().any(|s| s.starts_with("spec")) {
         sweep.note(format!(
             "specN: on each back-end `farside specd` (source and target) with accept queue \
-             {BASE_ACCEPT_QUEUE} and window N, the other back-end its one peer (no region \
-             read: with one peer there is no choice; the target admits by its own accept \
-             queue, --admit-queue-max {BASE_ACCEPT_QUEUE}), hand-off by fd passing to \
+             {BASE_ACCEPT_QUEUE} and window N, the other back-end its one peer, whose load (its gatherd region, kernel \
+             sampler, read one-sidedly over udp and answered by XDP) gates migration: \
+             while the peer's backlog plus migrations in flight is {BASE_ACCEPT_QUEUE} or more \
+             the source does not divert (the target admits by its own accept queue, \
+             --admit-queue-max {BASE_ACCEPT_QUEUE}), hand-off by fd passing to \
              `farside backend --adopt-socket`, flows moved at the front-end's control port; \
              specd runs inside the back-end's CPU quota. migration_p50_us: count-weighted \
              mean of the sources' p50; migration_p99_us: the worst source's p99; \
@@ -1427,7 +1467,7 @@ mod tests {
         for want in [
             "specd --listen 10.0.0.2:7000 --server-port 80 --adopt-socket /tmp/a.sock",
             "--accept 127.0.0.1:0 --queue 64 --window 50 --vip 10.77.1.100",
-            "--peer daemon=10.0.0.3:7000,backend=10.0.0.3 --frontend 10.0.0.9:7400",
+            "--peer daemon=10.0.0.3:7000,backend=10.0.0.3,region=udp:10.0.0.3:7471 --frontend 10.0.0.9:7400",
             "--summary /tmp/s.json",
         ] {
             assert!(v.contains(want), "{want}: {v}");

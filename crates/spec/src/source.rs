@@ -293,6 +293,9 @@ pub struct SourceStats {
     pub restore_us: Mutex<Samples>,
     /// The front-end's flow move until DONE per migrated connection, µs.
     pub flow_us: Mutex<Samples>,
+    /// Migratory connections kept for the local server because every peer's known
+    /// load said it was full (no dump, no offer, no refusal).
+    pub no_peer_room: AtomicU64,
     /// Migratory connections whose target was chosen by their request path
     /// ([`Affinity`]).
     pub affinity_hashed: AtomicU64,
@@ -505,7 +508,7 @@ impl SourceDaemon {
             )
         };
         format!(
-            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{}}},\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
+            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{}}},\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"no_peer_room\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
             s.accepted.load(Ordering::Relaxed),
             s.stale_local.load(Ordering::Relaxed),
             s.migrated.load(Ordering::Relaxed),
@@ -531,6 +534,7 @@ impl SourceDaemon {
             lock(&s.offer_us).json(),
             lock(&s.restore_us).json(),
             lock(&s.flow_us).json(),
+            s.no_peer_room.load(Ordering::Relaxed),
             s.affinity_hashed.load(Ordering::Relaxed),
             lock(&s.admit_to_done_us).json(),
             FALLBACK_REASONS
@@ -649,6 +653,13 @@ fn acceptor_loop(s: &Shared, listener: &TcpListener, tx: SyncSender<(TcpStream, 
         let q = s.server_queue.load(Ordering::Relaxed);
         let decision = window_op(s, |w| w.on_arrival(q));
         match decision {
+            Decision::Migrate if !peers_have_room(s) => {
+                // Every peer read one-sidedly is full: an offer would be refused after a
+                // dump; the connection waits in the local queue instead.
+                window_op(s, |w| w.on_resolved(Resolution::NoPeerRoom));
+                s.stats.no_peer_room.fetch_add(1, Ordering::Relaxed);
+                hand_local(s, sock);
+            }
             Decision::Migrate => match tx.try_send((sock, Instant::now())) {
                 Ok(()) => {}
                 // Cannot happen: the channel holds QUEUE_WINDOW_MAX ≥ W in flight.
@@ -680,6 +691,23 @@ fn least_loaded(cands: impl Iterator<Item = (PeerLoad, u32)>) -> Option<usize> {
             )
         })
         .map(|(i, _)| i)
+}
+
+/// Whether some peer may take a migration: its load is unknown (the target decides),
+/// or its known accept backlog plus the migrations to it in flight is below `full_at`.
+fn some_peer_has_room(cands: impl Iterator<Item = (PeerLoad, u32)>, full_at: u64) -> bool {
+    cands
+        .into_iter()
+        .any(|(l, inflight)| !l.known || l.accept_backlog + u64::from(inflight) < full_at)
+}
+
+fn peers_have_room(s: &Shared) -> bool {
+    some_peer_has_room(
+        s.peers
+            .iter()
+            .map(|p| (*lock(&p.load), p.inflight.load(Ordering::Relaxed))),
+        u64::from(s.cfg.window.queue),
+    )
 }
 
 /// The target for `sock`: with [`Affinity`] the request path's peer (unless full),
@@ -810,7 +838,7 @@ fn poller_loop(s: &Shared, mut queue: ServerQueue, mut steering: Option<Steering
                 w.on_served_locally(served);
             }
             w.diverts(q)
-        });
+        }) && peers_have_room(s);
         if let Err(e) = st.set_divert(divert) {
             log::warn!("specd: {e}");
         }
@@ -956,6 +984,17 @@ mod tests {
         assert_eq!(choose_with_affinity(Some(h), &f, 64), (i + 2) % 3);
         // No path: least-loaded.
         assert_eq!(choose_with_affinity(None, &f, 64), (i + 2) % 3);
+    }
+
+    #[test]
+    fn a_peer_has_room_unless_its_known_load_is_full() {
+        let c = |v: &[(PeerLoad, u32)]| some_peer_has_room(v.iter().copied(), 64);
+        assert!(c(&[(load(false, 0, 0), 0)]), "unknown: the target decides");
+        assert!(c(&[(load(true, 63, 0), 0)]));
+        assert!(!c(&[(load(true, 63, 0), 1)]), "63 + 1 in flight = 64");
+        assert!(!c(&[(load(true, 64, 0), 0), (load(true, 70, 0), 0)]));
+        assert!(c(&[(load(true, 64, 0), 0), (load(true, 10, 0), 0)]));
+        assert!(!c(&[]));
     }
 
     #[test]

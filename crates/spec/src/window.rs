@@ -115,6 +115,9 @@ pub enum Resolution {
     /// Its state could not be fully dumped: never offered, served locally; the
     /// window is unchanged.
     NotDumpable,
+    /// Every peer's known load said full: never offered, served locally; the window
+    /// is unchanged (no target refused: the source read the peers' load).
+    NoPeerRoom,
 }
 
 /// Counters of a window's life (for metrics and the exit summary).
@@ -134,6 +137,8 @@ pub struct WindowStats {
     pub target_failures: u64,
     /// Migratory connections that could not be dumped.
     pub not_dumpable: u64,
+    /// Migratory connections kept because no peer had room.
+    pub no_peer_room: u64,
     /// Times the window went from open to closed.
     pub closures: u64,
     /// Reopenings by a target's notification.
@@ -233,6 +238,7 @@ impl Window {
         match r {
             Resolution::Migrated => self.stats.migrated += 1,
             Resolution::NotDumpable => self.stats.not_dumpable += 1,
+            Resolution::NoPeerRoom => self.stats.no_peer_room += 1,
             Resolution::Refused => {
                 self.stats.target_refusals += 1;
                 self.close();
