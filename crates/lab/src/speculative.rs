@@ -371,9 +371,9 @@ pub fn parse_system(s: &str) -> Result<(u32, Option<u32>), String> {
 /// `farside specd` arguments for back-end `node` (cluster address `ip`) of a `specN`
 /// point: source and target, admission window `window` on the base accept queue, the
 /// other back-end `peer_ip` as its one peer, its load read one-sidedly from the peer's
-/// gatherd region (udp, answered by XDP): a source migrates only while the peer's
-/// known backlog leaves room (else the connection waits in its own queue, no dump and
-/// no refused offer); the target's own accept queue decides admission; the VIP steered by
+/// gatherd region (udp, answered by XDP; with one peer it ranks nothing, and specd's
+/// opt-in `--gate-peer-load` is not used); the target's own accept queue decides
+/// admission; the VIP steered by
 /// sk_lookup, migrated flows moved at the front-end's control port `frontend`,
 /// connections handed to `farside backend --adopt-socket adopt`, summary to `summary`.
 pub fn specd_args(
@@ -1335,11 +1335,9 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
     if a.systems.iter().any(|s| s.starts_with("spec")) {
         sweep.note(format!(
             "specN: on each back-end `farside specd` (source and target) with accept queue \
-             {BASE_ACCEPT_QUEUE} and window N, the other back-end its one peer, whose load (its gatherd region, kernel \
-             sampler, read one-sidedly over udp and answered by XDP) gates migration: \
-             while the peer's backlog plus migrations in flight is {BASE_ACCEPT_QUEUE} or more \
-             the source does not divert (the target admits by its own accept queue, \
-             --admit-queue-max {BASE_ACCEPT_QUEUE}), hand-off by fd passing to \
+             {BASE_ACCEPT_QUEUE} and window N, the other back-end its one peer, whose load is read one-sidedly (its gatherd \
+             region, kernel sampler, over udp answered by XDP; no --gate-peer-load) and \
+             which admits by its own accept queue (--admit-queue-max {BASE_ACCEPT_QUEUE}), hand-off by fd passing to \
              `farside backend --adopt-socket`, flows moved at the front-end's control port; \
              specd runs inside the back-end's CPU quota. migration_p50_us: count-weighted \
              mean of the sources' p50; migration_p99_us: the worst source's p99; \

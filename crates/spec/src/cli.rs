@@ -122,6 +122,11 @@ pub struct SpecdArgs {
     /// percentiles, target counters) to this file too.
     #[arg(long)]
     pub summary: Option<PathBuf>,
+    /// Keep migratory arrivals local while every peer's load (read one-sidedly from
+    /// its `region=`) says full: backlog plus migrations in flight ≥ --queue. Off by
+    /// default (see `source::SourceConfig::gate_on_peer_load`).
+    #[arg(long = "gate-peer-load")]
+    pub gate_peer_load: bool,
     /// Content-aware migration: with several peers, send requests for the same path
     /// to the same peer (the request line is peeked, it moves with the connection),
     /// unless that peer's known load says it is full (--admit-queue-max); then the
@@ -267,6 +272,7 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
                         } else {
                             Handover::CloseAfterRestore
                         },
+                        gate_on_peer_load: args.gate_peer_load,
                         affinity: args.affinity.then(|| Affinity {
                             wait: Duration::from_micros(args.affinity_wait_us),
                             full_at: u64::from(args.admit_queue_max),

@@ -82,6 +82,7 @@ fn refusal_closes_the_window_and_only_a_peers_notification_reopens_it() {
             peer_poll: Duration::from_millis(5),
             handover: Handover::CloseBeforeRestore,
             affinity: None,
+            gate_on_peer_load: false,
         },
         HandOff::new(Handoff::Relay(sink_addr)).unwrap(),
         Box::new(NoSteer),
@@ -125,6 +126,34 @@ fn refusal_closes_the_window_and_only_a_peers_notification_reopens_it() {
         summary.contains("\"close\"]") && summary.contains("\"open_notify\"]"),
         "window transitions over time in the summary"
     );
+    // Every key holds what its name says (the format's arguments are positional).
+    let v: serde_json::Value = serde_json::from_str(&summary).expect("summary is JSON");
+    for k in [
+        "migration_us",
+        "dump_us",
+        "cpu_us",
+        "queue_wait_us",
+        "offer_us",
+        "restore_us",
+        "flow_us",
+        "admit_to_done_us",
+    ] {
+        assert!(v[k]["count"].is_u64(), "{k} is a sample set: {}", v[k]);
+    }
+    for k in [
+        "accepted",
+        "stale_local",
+        "migrated",
+        "fell_back",
+        "lost",
+        "no_peer_room",
+        "affinity_hashed",
+    ] {
+        assert!(v[k].is_u64(), "{k} is a count: {}", v[k]);
+    }
+    assert!(v["fallbacks"]["refused"].is_u64(), "{}", v["fallbacks"]);
+    assert!(v["window"]["closures"].is_u64(), "{}", v["window"]);
+    assert!(v["peers"].is_array(), "{}", v["peers"]);
     source.stop();
     peer.stop();
 }

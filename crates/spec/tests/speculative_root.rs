@@ -195,6 +195,7 @@ fn node(
                 peer_poll: Duration::from_millis(5),
                 handover: Handover::CloseAfterRestore,
                 affinity: None,
+                gate_on_peer_load: false,
             },
             HandOff::new(Handoff::Adopt(adopt.clone())).unwrap(),
             Box::new(PolicyRouteSteer {
