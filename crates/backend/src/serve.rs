@@ -233,19 +233,24 @@ pub(crate) fn serve_connection(
             );
             return;
         }
+        let body_max = if request.digest {
+            POST_DIGEST_BYTES_MAX
+        } else {
+            REQUEST_BODY_BYTES_MAX
+        };
+        if request.body_bytes > body_max {
+            let _ = write_response(
+                &mut stream,
+                Response::error(413),
+                false,
+                false,
+                0,
+                body_buf,
+                config,
+            );
+            return;
+        }
         if request.digest {
-            if request.body_bytes > POST_DIGEST_BYTES_MAX {
-                let _ = write_response(
-                    &mut stream,
-                    Response::error(413),
-                    false,
-                    false,
-                    0,
-                    body_buf,
-                    config,
-                );
-                return;
-            }
             let Ok(fnv) = digest_body(&mut stream, &mut buf, &mut filled, request.body_bytes)
             else {
                 return;
@@ -268,18 +273,6 @@ pub(crate) fn serve_connection(
                 return;
             }
             continue;
-        }
-        if request.body_bytes > REQUEST_BODY_BYTES_MAX {
-            let _ = write_response(
-                &mut stream,
-                Response::error(413),
-                false,
-                false,
-                0,
-                body_buf,
-                config,
-            );
-            return;
         }
         if discard_body(&mut stream, &mut buf, &mut filled, request.body_bytes).is_err() {
             return;
