@@ -159,10 +159,19 @@ pub struct SpeculativeArgs {
     /// the accept queue).
     #[arg(long, default_value_t = 8)]
     pub backend_workers: usize,
-    /// Seed of the Poisson arrivals.
+    /// Seed of the Poisson arrivals; run r of a point (`--repeat`) uses seed + r.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Run every point this many times (1..=REPEAT_MAX): a point's conn/s is then
+    /// served over measured time of all its runs, counts are summed (`runs` in each
+    /// point), and a single run's noise (1-4 % here) no longer decides a peak.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
 }
+
+/// Most runs per point (`--repeat`): ten 20 s runs of each of the full run's 42 points
+/// already take over two hours.
+pub const REPEAT_MAX: u32 = 10;
 
 /// One point of `lab speculative`: one experiment, system, split and offered rate.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -220,6 +229,12 @@ pub struct SpecPoint {
     /// Runs combined in this point.
     #[serde(default = "one")]
     pub runs: u64,
+    /// The lowest and highest conn/s of a single run (`--repeat`): the spread behind
+    /// `conn_per_s`. `None` for one run.
+    #[serde(default)]
+    pub conn_per_s_min: Option<f64>,
+    #[serde(default)]
+    pub conn_per_s_max: Option<f64>,
 }
 
 fn one() -> u64 {
@@ -265,6 +280,16 @@ impl SpecPoint {
             migration_cpu_target_us: worst(|r| r.migration_cpu_target_us),
             duration_s: d,
             runs: runs.iter().map(|r| r.runs).sum(),
+            conn_per_s_min: (runs.len() > 1).then(|| {
+                runs.iter()
+                    .map(|r| r.conn_per_s_min.unwrap_or(r.conn_per_s))
+                    .fold(f64::INFINITY, f64::min)
+            }),
+            conn_per_s_max: (runs.len() > 1).then(|| {
+                runs.iter()
+                    .map(|r| r.conn_per_s_max.unwrap_or(r.conn_per_s))
+                    .fold(0.0, f64::max)
+            }),
             ..first.clone()
         }
     }
@@ -295,6 +320,8 @@ impl SpecPoint {
             capacity_rps: 0.0,
             duration_s: 0.0,
             runs: 0,
+            conn_per_s_min: None,
+            conn_per_s_max: None,
         }
     }
 
@@ -493,6 +520,9 @@ fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
              MAC on a LAN of namespaces, and each back-end needs its own CPU quota)",
             a.hosts
         )));
+    }
+    if a.repeat == 0 || a.repeat > REPEAT_MAX {
+        return Err(bad(format!("--repeat {}: 1..={REPEAT_MAX}", a.repeat)));
     }
     if a.experiment.is_empty() {
         return Err(bad("--experiment: at least one (single, split)".into()));
@@ -807,6 +837,7 @@ impl Lab {
         rate: Option<f64>,
         duration_s: f64,
         a: &SpeculativeArgs,
+        run: u32,
     ) -> io::Result<farside_loadgen::Summary> {
         let mut lg = LoadgenArgs::new(target.to_string());
         match rate {
@@ -821,7 +852,7 @@ impl Lab {
         lg.warmup_s = WARMUP_S;
         lg.file_path = FILE_PATH.to_string();
         lg.timeout_ms = a.timeout_ms;
-        lg.seed = a.seed;
+        lg.seed = a.seed.wrapping_add(u64::from(run));
         lg.quiet = true;
         self.dc.run_in_ns(CLIENT, || {
             farside_loadgen::run(&lg).map_err(|e| io::Error::other(format!("loadgen: {e}")))
@@ -888,12 +919,18 @@ fn start_lab(dir: &Path, plan: &Plan) -> io::Result<Lab> {
 fn calibrate(lab: &Lab, a: &SpeculativeArgs) -> io::Result<f64> {
     let _be = lab.start_backend(a, 0, 128, None, "calibrate")?;
     let direct = SocketAddr::new(lab.dc.node_ip(&lab.backends[0].0).into(), 80);
-    let s = lab.load(direct, None, CALIBRATION_S, a)?;
+    let s = lab.load(direct, None, CALIBRATION_S, a, 0)?;
     Ok(s.tps)
 }
 
 /// Measure one point.
-fn measure(lab: &Lab, a: &SpeculativeArgs, plan: &Plan, key: &Key) -> io::Result<SpecPoint> {
+fn measure(
+    lab: &Lab,
+    a: &SpeculativeArgs,
+    plan: &Plan,
+    key: &Key,
+    run: u32,
+) -> io::Result<SpecPoint> {
     let (queue, window) = parse_system(&key.system).map_err(io::Error::other)?;
     let weights: Vec<u32> = if key.experiment == "single" {
         vec![1]
@@ -901,13 +938,17 @@ fn measure(lab: &Lab, a: &SpeculativeArgs, plan: &Plan, key: &Key) -> io::Result
         let (x, y) = parse_split(&key.split).map_err(io::Error::other)?;
         vec![x, y]
     };
-    let tag = format!(
+    let mut tag = format!(
         "{}-{}-{}-{:.0}",
         key.experiment,
         key.system,
         key.split.replace('/', "-"),
         key.rate
     );
+    if run > 0 {
+        // Logs and specd summaries of every run are kept (run 0 keeps the old names).
+        tag.push_str(&format!("-r{run}"));
+    }
     // specN needs both back-ends (each is the other's peer): the split experiment.
     let spec = window.filter(|_| weights.len() == 2);
     // Unix socket paths are short (108 bytes): in the temp dir, not under --out.
@@ -945,8 +986,8 @@ fn measure(lab: &Lab, a: &SpeculativeArgs, plan: &Plan, key: &Key) -> io::Result
         }
         Ok(())
     })();
-    let s =
-        started.and_then(|()| lab.load(SocketAddr::V4(VIP), Some(key.rate), plan.duration_s, a));
+    let s = started
+        .and_then(|()| lab.load(SocketAddr::V4(VIP), Some(key.rate), plan.duration_s, a, run));
     // specd first (SIGTERM: it writes its summary), b0 (the heavier source) before b1
     // so that b0's last migrations still find b1's target; then the front-end (it
     // prints its counters to its log), then the back-ends.
@@ -999,6 +1040,8 @@ fn measure(lab: &Lab, a: &SpeculativeArgs, plan: &Plan, key: &Key) -> io::Result
         capacity_rps: plan.capacity,
         duration_s: s.duration_s,
         runs: 1,
+        conn_per_s_min: None,
+        conn_per_s_max: None,
     })
 }
 
@@ -1071,6 +1114,11 @@ pub fn table(points: &[&SpecPoint]) -> String {
             us(p.migration_p50_us),
             us(p.migration_p99_us)
         );
+        if let (Some(lo), Some(hi)) = (p.conn_per_s_min, p.conn_per_s_max) {
+            // Replace the line's end: the runs' conn/s range after the row.
+            s.pop();
+            let _ = writeln!(s, "  ({} runs: {lo:.1}-{hi:.1} conn/s)", p.runs);
+        }
     }
     if let Some(c) = points.first().map(|p| p.capacity_rps) {
         let _ = writeln!(s, "one node's capacity (formula): {c:.1} conn/s");
@@ -1302,7 +1350,7 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
     let est_run_s = plan.duration_s + WARMUP_S + 3.0;
     let result = sweep.run(
         &keys,
-        1,
+        a.repeat,
         est_run_s,
         |k: &Key| {
             format!(
@@ -1310,7 +1358,7 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
                 k.experiment, k.system, k.split, k.rate
             )
         },
-        |k, _| {
+        |k, run| {
             if lab.is_none() {
                 let l = start_lab(&dir, &plan)?;
                 let measured = calibrate(&l, &a)?;
@@ -1324,7 +1372,7 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
             }
             let l = lab.as_ref().expect("started above");
             Ok(crate::summary::AnyPoint::Speculative(measure(
-                l, &a, &plan, k,
+                l, &a, &plan, k, run,
             )?))
         },
     );
@@ -1407,6 +1455,7 @@ mod tests {
             cpu_us_per_request: 2000,
             backend_workers: 8,
             seed: 1,
+            repeat: 1,
         }
     }
 
@@ -1505,7 +1554,21 @@ mod tests {
 
     #[test]
     fn arguments_are_checked_with_the_flag_named() {
-        let cases: [(&str, SpeculativeArgs); 7] = [
+        let cases: [(&str, SpeculativeArgs); 9] = [
+            (
+                "--repeat",
+                SpeculativeArgs {
+                    repeat: 0,
+                    ..args()
+                },
+            ),
+            (
+                "--repeat",
+                SpeculativeArgs {
+                    repeat: REPEAT_MAX + 1,
+                    ..args()
+                },
+            ),
             (
                 "--hosts",
                 SpeculativeArgs {
@@ -1608,6 +1671,21 @@ mod tests {
             runs: 1,
             ..SpecPoint::empty()
         }
+    }
+
+    #[test]
+    fn repeats_combine_into_one_point_with_their_spread() {
+        let a = point("spec32", "75/25", 200.0, 140.0);
+        let b = point("spec32", "75/25", 200.0, 150.0);
+        let c = SpecPoint::combine(&[a.clone(), b]);
+        assert_eq!(c.runs, 2);
+        assert!((c.conn_per_s - 145.0).abs() < 1e-9, "{}", c.conn_per_s);
+        assert_eq!(c.conn_per_s_min, Some(140.0));
+        assert_eq!(c.conn_per_s_max, Some(150.0));
+        assert!(table(&[&c]).contains("(2 runs: 140.0-150.0 conn/s)"));
+        let one = SpecPoint::combine(&[a]);
+        assert_eq!((one.conn_per_s_min, one.conn_per_s_max), (None, None));
+        assert!(!table(&[&one]).contains("runs:"));
     }
 
     #[test]
