@@ -306,7 +306,8 @@ impl Steering {
         self.cfg.divert = 0;
         self.write_config()?;
         match map_elem(BPF_MAP_DELETE_ELEM, self.socks.as_fd(), SOCK_SERVER, None) {
-            Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+            // A sockmap answers EINVAL for an empty entry (the server closed it).
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINVAL)) => {
                 Err(err("dropping the server's listener from steer_sock", e))
             }
             _ => Ok(()),
