@@ -63,7 +63,11 @@ pub fn server_listener(port: u16) -> io::Result<(std::os::fd::OwnedFd, ListenerO
         ));
     }
     for entry in std::fs::read_dir("/proc")?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
@@ -92,7 +96,9 @@ pub fn server_listener(port: u16) -> io::Result<(std::os::fd::OwnedFd, ListenerO
     }
     Err(io::Error::new(
         io::ErrorKind::NotFound,
-        format!("no process holds the listener of port {port} (inodes {inodes:?}) where we can take it"),
+        format!(
+            "no process holds the listener of port {port} (inodes {inodes:?}) where we can take it"
+        ),
     ))
 }
 
@@ -126,7 +132,10 @@ fn listen_inodes(table: &str, port: u16) -> Vec<u64> {
 
 /// The inode of a `socket:[N]` link target.
 fn socket_inode(link: &str) -> Option<u64> {
-    link.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+    link.strip_prefix("socket:[")?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
 }
 
 /// A copy of descriptor `fd` of process `pid`.
@@ -177,7 +186,13 @@ mod tests {
         let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
         let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
         // SAFETY: getsockname into a sockaddr_in of the length given.
-        let r = unsafe { libc::getsockname(fd.as_raw_fd(), (&mut a as *mut libc::sockaddr_in).cast(), &mut len) };
+        let r = unsafe {
+            libc::getsockname(
+                fd.as_raw_fd(),
+                (&mut a as *mut libc::sockaddr_in).cast(),
+                &mut len,
+            )
+        };
         assert_eq!(r, 0);
         assert_eq!(u16::from_be(a.sin_port), port, "the same socket");
         drop(l);

@@ -186,7 +186,12 @@ struct ElemAttr {
     flags: u64,
 }
 
-fn map_elem(cmd: libc::c_int, map: BorrowedFd<'_>, key: u32, value: Option<&mut u64>) -> io::Result<()> {
+fn map_elem(
+    cmd: libc::c_int,
+    map: BorrowedFd<'_>,
+    key: u32,
+    value: Option<&mut u64>,
+) -> io::Result<()> {
     let attr = ElemAttr {
         map_fd: map.as_raw_fd() as u32,
         _pad: 0,
@@ -249,8 +254,13 @@ impl Steering {
         let socks = map_fd(&ebpf, "steer_sock")?;
         let live = Arc::new(Live::map(map_fd(&ebpf, "steer_live")?.as_fd())?);
         let mut fd = daemon.as_raw_fd() as u64;
-        map_elem(BPF_MAP_UPDATE_ELEM, socks.as_fd(), SOCK_DAEMON, Some(&mut fd))
-            .map_err(|e| err("putting the admission listener in steer_sock", e))?;
+        map_elem(
+            BPF_MAP_UPDATE_ELEM,
+            socks.as_fd(),
+            SOCK_DAEMON,
+            Some(&mut fd),
+        )
+        .map_err(|e| err("putting the admission listener in steer_sock", e))?;
         let mut st = Self {
             ebpf,
             cfg,
@@ -290,8 +300,13 @@ impl Steering {
     pub fn use_server_listener(&mut self, server: BorrowedFd<'_>, queue: u32) -> io::Result<()> {
         let off = ack_backlog_offset()?;
         let mut fd = server.as_raw_fd() as u64;
-        map_elem(BPF_MAP_UPDATE_ELEM, self.socks.as_fd(), SOCK_SERVER, Some(&mut fd))
-            .map_err(|e| err("putting the server's listener in steer_sock", e))?;
+        map_elem(
+            BPF_MAP_UPDATE_ELEM,
+            self.socks.as_fd(),
+            SOCK_SERVER,
+            Some(&mut fd),
+        )
+        .map_err(|e| err("putting the server's listener in steer_sock", e))?;
         self.cfg.off_ack_backlog = off;
         self.cfg.queue = queue;
         self.cfg.mode = Mode::Kernel as u32;
@@ -327,7 +342,12 @@ impl Steering {
     /// the last descriptor of it closes (the server closed or restarted).
     pub fn server_listener_present(&self) -> io::Result<bool> {
         let mut cookie = 0u64;
-        match map_elem(BPF_MAP_LOOKUP_ELEM, self.socks.as_fd(), SOCK_SERVER, Some(&mut cookie)) {
+        match map_elem(
+            BPF_MAP_LOOKUP_ELEM,
+            self.socks.as_fd(),
+            SOCK_SERVER,
+            Some(&mut cookie),
+        ) {
             Ok(()) => Ok(true),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
             Err(e) => Err(err("steer_sock lookup", e)),

@@ -66,7 +66,10 @@ fn enter(f: &std::fs::File) {
 fn await_cond(what: &str, mut f: impl FnMut() -> bool) {
     let t0 = std::time::Instant::now();
     while !f() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "timed out awaiting {what}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "timed out awaiting {what}"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -99,10 +102,16 @@ fn in_kernel_mode_the_program_diverts_from_the_servers_queue() {
         let mut held = Vec::new();
         for i in 0..Q {
             held.push(TcpStream::connect("10.79.0.100:8080").unwrap());
-            await_cond("the server's queue to grow", || queue.read().unwrap() == i + 1);
+            await_cond("the server's queue to grow", || {
+                queue.read().unwrap() == i + 1
+            });
         }
         assert_eq!(st.counters().unwrap()[CNT_SERVER], u64::from(Q));
-        assert_eq!(live.backlog(), Q - 1, "the backlog the program saw at the last SYN");
+        assert_eq!(
+            live.backlog(),
+            Q - 1,
+            "the backlog the program saw at the last SYN"
+        );
         // At Q, with room: the daemon, decided by the program alone.
         let _c = TcpStream::connect("10.79.0.100:8080").unwrap();
         assert!(accepts(&daemon), "queue at Q: the daemon");
@@ -111,7 +120,9 @@ fn in_kernel_mode_the_program_diverts_from_the_servers_queue() {
         // At Q without room (window closed): the server.
         live.set_room(false);
         held.push(TcpStream::connect("10.79.0.100:8080").unwrap());
-        await_cond("the server's queue to grow", || queue.read().unwrap() == Q + 1);
+        await_cond("the server's queue to grow", || {
+            queue.read().unwrap() == Q + 1
+        });
         live.set_room(true);
         // The server drains its queue: the next SYN goes to it again.
         server.set_nonblocking(true).unwrap();
@@ -126,13 +137,20 @@ fn in_kernel_mode_the_program_diverts_from_the_servers_queue() {
         let c = st.counters().unwrap();
         eprintln!("counters {c:?}, seen {}", live.seen());
         assert_eq!((c[CNT_SERVER], c[CNT_DAEMON]), (u64::from(Q) + 2, 1));
-        assert_eq!(live.seen(), u64::from(Q) + 3, "the backlog read at every SYN");
+        assert_eq!(
+            live.seen(),
+            u64::from(Q) + 3,
+            "the backlog read at every SYN"
+        );
         // The server closes its listener: nothing of ours keeps it open, the kernel
         // drops it from the map, and the port refuses rather than queueing into a
         // listener nobody accepts from.
         assert!(st.server_listener_present().unwrap());
         drop(server);
-        assert!(!st.server_listener_present().unwrap(), "dropped from the map");
+        assert!(
+            !st.server_listener_present().unwrap(),
+            "dropped from the map"
+        );
         let e = TcpStream::connect("10.79.0.100:8080").expect_err("nobody listens");
         assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
         assert_eq!(st.counters().unwrap()[CNT_NO_SERVER], 1);
