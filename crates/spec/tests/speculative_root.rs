@@ -13,7 +13,7 @@
 //! answer.
 //!
 //! - `window_connections_migrate_to_the_peer_and_complete`: once a's queue is at Q
-//!   the program diverts SYNs to the daemon, which migrates them to `b`; every
+//!   the program (kernel mode: a's listener in its map) diverts SYNs to the daemon, which migrates them to `b`; every
 //!   connection completes and some were served by `b`.
 //! - `refusing_target_closes_the_window_and_connections_complete_on_the_source`:
 //!   `b` refuses every offer; the first refusal closes the window, the refused
@@ -305,6 +305,12 @@ fn scenario(suffix: &str, b_admit_queue_max: u32) -> (NodeReport, NodeReport) {
     let rb = b.join().expect("node b");
     eprintln!("source a: {}", ra.source.as_deref().unwrap_or("-"));
     assert_eq!(failures, 0, "client sessions failed");
+    let summary: serde_json::Value =
+        serde_json::from_str(ra.source.as_deref().expect("a is a source")).unwrap();
+    assert_eq!(
+        summary["steer_mode"], "kernel",
+        "the program decides from a's listener (taken from the backend)"
+    );
     drop(guard);
     (ra, rb)
 }
