@@ -73,10 +73,6 @@ pub const MIGRATORS_MAX: usize = 256;
 pub const POLL_DEFAULT: Duration = Duration::from_millis(5);
 /// Default age below which a peer's load read from its region is reused: 5 ms.
 pub const PEER_POLL_DEFAULT: Duration = Duration::from_millis(5);
-/// Bound on the notification socket's wait, so its thread sees a stop.
-const NOTIFY_WAIT_MAX: Duration = Duration::from_millis(200);
-/// Bound on the admission listener's wait (poll), so the acceptor sees a stop.
-const ACCEPT_WAIT_MAX: Duration = Duration::from_millis(200);
 /// How often, in kernel mode, the daemon checks that the server's listener is still in
 /// the program's map (the kernel drops it when the server closes it), and in poll mode
 /// tries to take it again: 1 s, one bpf(2) lookup per second (a restarted server is
@@ -225,7 +221,7 @@ fn choose_with_affinity(hash: Option<u64>, cands: &[(PeerLoad, u32)], full_at: u
 
 /// Peeks the request line of `sock` (waiting at most `wait`) and hashes its path.
 fn peek_path_hash(sock: &TcpStream, wait: Duration) -> Option<u64> {
-    if !wait_readable(sock.as_raw_fd(), wait) {
+    if !wait_readable(sock.as_raw_fd(), Some(wait)) {
         return None;
     }
     let mut buf = [0u8; AFFINITY_PEEK_BYTES];
@@ -387,6 +383,10 @@ struct Shared {
     steer_mode: AtomicU8,
     /// Wakes the poller when the window closes or on stop (kernel mode).
     poller_wake: Condvar,
+    /// The admission listener (the acceptor's; shut down to wake it on stop).
+    admission: TcpListener,
+    /// Where peers' notifications arrive (shut down to wake its thread on stop).
+    notify_sock: UdpSocket,
     peers: Vec<PeerState>,
     stats: SourceStats,
     local: HandOff,
@@ -431,7 +431,9 @@ impl SourceDaemon {
         let notify = UdpSocket::bind(cfg.notify).map_err(|e| {
             io::Error::new(e.kind(), format!("notifications on {}: {e}", cfg.notify))
         })?;
-        notify.set_read_timeout(Some(NOTIFY_WAIT_MAX))?;
+        // No read timeout, and the acceptor's wait has none either: a stop wakes both
+        // by shutting their sockets down (at 200 ms timeouts they cost an idle node 10
+        // wake-ups a second).
         let mut steering = match cfg.steer {
             Some((vip, port)) => Some(Steering::attach(vip, port, &listener)?),
             None => None,
@@ -468,6 +470,8 @@ impl SourceDaemon {
             steer_mode: AtomicU8::new(mode),
             poller_wake: Condvar::new(),
             steering: Mutex::new(steering),
+            admission: listener,
+            notify_sock: notify,
             peers: cfg
                 .peers
                 .iter()
@@ -509,7 +513,7 @@ impl SourceDaemon {
         let s = Arc::clone(&shared);
         threads.push(spawn(
             "specd-accept".into(),
-            Box::new(move || acceptor_loop(&s, &listener, tx)),
+            Box::new(move || acceptor_loop(&s, &s.admission, tx)),
         )?);
         let s = Arc::clone(&shared);
         threads.push(spawn(
@@ -519,7 +523,7 @@ impl SourceDaemon {
         let s = Arc::clone(&shared);
         threads.push(spawn(
             "specd-notified".into(),
-            Box::new(move || notified_loop(&s, &notify)),
+            Box::new(move || notified_loop(&s, &s.notify_sock)),
         )?);
         log::info!(
             "specd source: admission listener {accept_addr}, Q {} W {} N {}, {} peers",
@@ -641,6 +645,17 @@ impl SourceDaemon {
             let _w = lock(&self.shared.window);
             self.shared.poller_wake.notify_all();
         }
+        // Wakes the acceptor's and the notification thread's waits (no timeouts):
+        // the listener stops listening (the kernel drops it from the program's map, new
+        // SYNs take the normal lookup), the datagram socket's reads return 0. A UDP
+        // socket answers ENOTCONN and is shut down all the same.
+        for fd in [
+            self.shared.admission.as_raw_fd(),
+            self.shared.notify_sock.as_raw_fd(),
+        ] {
+            // SAFETY: shutdown(2) on a socket Shared owns (open until Shared drops).
+            unsafe { libc::shutdown(fd, libc::SHUT_RD) };
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -719,20 +734,23 @@ fn hand_local(s: &Shared, sock: TcpStream) {
     }
 }
 
-fn wait_readable(fd: i32, timeout: Duration) -> bool {
+/// Waits until `fd` is readable (or hung up), at most `timeout` (`None`: no bound).
+fn wait_readable(fd: i32, timeout: Option<Duration>) -> bool {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
     };
+    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as libc::c_int);
     // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) };
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
     n > 0
 }
 
 fn acceptor_loop(s: &Shared, listener: &TcpListener, tx: SyncSender<(TcpStream, Instant)>) {
     while !s.stop.load(Ordering::SeqCst) {
-        if !wait_readable(listener.as_raw_fd(), ACCEPT_WAIT_MAX) {
+        // No timeout: a stop shuts the listener down, which wakes this wait.
+        if !wait_readable(listener.as_raw_fd(), None) || s.stop.load(Ordering::SeqCst) {
             continue;
         }
         let sock = match listener.accept() {
