@@ -1080,14 +1080,19 @@ fn poller_loop(s: &Shared, mut queue: ServerQueue) {
 /// one-sided region read each; a peer another thread is reading keeps its cached
 /// load). Called when a migration chooses its target: no timer thread.
 fn refresh_peer_loads(s: &Shared) {
-    for p in &s.peers {
+    refresh_loads(&s.peers, s.cfg.peer_poll);
+}
+
+/// [`refresh_peer_loads`] of `peers`, reusing loads younger than `max_age`.
+fn refresh_loads(peers: &[PeerState], max_age: Duration) {
+    for p in peers {
         let Some(region) = &p.peer.region else {
             continue;
         };
         let Ok(mut r) = p.region.try_lock() else {
             continue;
         };
-        if r.read_at.is_some_and(|t| t.elapsed() < s.cfg.peer_poll) {
+        if r.read_at.is_some_and(|t| t.elapsed() < max_age) {
             continue;
         }
         r.read_at = Some(Instant::now());
@@ -1155,6 +1160,64 @@ mod tests {
             accept_backlog: backlog,
             cpu_util_ppm: cpu,
         }
+    }
+
+    fn peer_state(region: Option<String>) -> PeerState {
+        PeerState {
+            peer: Peer {
+                daemon: "127.0.0.1:1".parse().unwrap(),
+                region,
+                backend: "127.0.0.1".parse().unwrap(),
+            },
+            load: Mutex::new(PeerLoad::default()),
+            region: Mutex::new(RegionReader::default()),
+            inflight: AtomicU32::new(0),
+            migrated: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn peer_loads_are_read_on_demand_and_reused_while_young() {
+        use farside_region::{Header, LoadRecord, MappedWords, RegionWriter, REGION_WORDS};
+        let path =
+            std::env::temp_dir().join(format!("farside-spec-peer-{}.region", std::process::id()));
+        let mut w = RegionWriter::init(
+            MappedWords::create_file(&path, REGION_WORDS).unwrap(),
+            Header {
+                node_id: 2,
+                generation: 1,
+                period_us: 1000,
+                watched_ports: [80, 0, 0, 0],
+            },
+        );
+        let publish = |w: &mut RegionWriter<MappedWords>, backlog| {
+            w.publish(&LoadRecord {
+                accept_backlog: backlog,
+                ..LoadRecord::default()
+            })
+        };
+        publish(&mut w, 7);
+        let peers = [
+            peer_state(Some(format!("shm:{}", path.display()))),
+            peer_state(None),
+            peer_state(Some("tcp:127.0.0.1:1".into())),
+        ];
+        assert!(!lock(&peers[0].load).known, "nothing read before a choice");
+        refresh_loads(&peers, Duration::from_secs(3600));
+        let l = *lock(&peers[0].load);
+        assert!(l.known && l.accept_backlog == 7, "{l:?}");
+        assert!(!lock(&peers[1].load).known, "no region: unknown");
+        assert!(!lock(&peers[2].load).known, "unreachable region: unknown");
+        // Younger than the bound: the cached load, no read.
+        publish(&mut w, 9);
+        refresh_loads(&peers, Duration::from_secs(3600));
+        assert_eq!(lock(&peers[0].load).accept_backlog, 7);
+        // Older: read again.
+        refresh_loads(&peers, Duration::ZERO);
+        assert_eq!(lock(&peers[0].load).accept_backlog, 9);
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]
