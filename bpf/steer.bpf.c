@@ -22,7 +22,9 @@
  *     (STEER_CNT_NO_SERVER).
  *   - config.mode == STEER_MODE_POLL: the daemon, from its polls (sock_diag) of the
  *     server's queue and its window, in config.divert (the fallback when the server's
- *     listener cannot be put in the map).
+ *     listener cannot be put in the map, or when the verifier refuses `steer`'s
+ *     helpers: then the daemon attaches `steer_poll`, the same program without the
+ *     kernel mode).
  *
  * sk_lookup runs only when no established socket or request socket matches, i.e. for
  * SYNs (and for final ACKs under SYN cookies), and for listener lookups without a
@@ -155,8 +157,11 @@ static __attribute__((always_inline)) inline int kernel_decides(struct steer_con
 	return q >= c->queue && live->room;
 }
 
-SEC("sk_lookup")
-int steer(struct bpf_sk_lookup *ctx)
+/* The decision for one lookup; `kernel_ok` is a constant per program (steer: 1,
+ * steer_poll: 0), so steer_poll has no kernel-mode code and needs no CAP_PERFMON
+ * helpers: the daemon loads it when the verifier refuses steer (lockdown, no
+ * perfmon) and then runs in poll mode. */
+static __attribute__((always_inline)) inline int decide(struct bpf_sk_lookup *ctx, int kernel_ok)
 {
 	__u32 zero = 0;
 	struct steer_config *c = bpf_map_lookup_elem(&steer_config, &zero);
@@ -174,7 +179,7 @@ int steer(struct bpf_sk_lookup *ctx)
 		return SK_PASS;
 	if (ctx->local_port != c->port || (c->vip && ctx->local_ip4 != c->vip))
 		return SK_PASS;
-	if (c->mode == STEER_MODE_KERNEL)
+	if (kernel_ok && c->mode == STEER_MODE_KERNEL)
 		divert = kernel_decides(c);
 	else
 		divert = c->divert;
@@ -197,6 +202,18 @@ int steer(struct bpf_sk_lookup *ctx)
 	}
 	count(STEER_CNT_DAEMON);
 	return SK_PASS;
+}
+
+SEC("sk_lookup")
+int steer(struct bpf_sk_lookup *ctx)
+{
+	return decide(ctx, 1);
+}
+
+SEC("sk_lookup")
+int steer_poll(struct bpf_sk_lookup *ctx)
+{
+	return decide(ctx, 0);
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

@@ -94,6 +94,11 @@ pub struct SpecdArgs {
     /// (see `source::POLL_DEFAULT`).
     #[arg(long = "poll-us", default_value_t = crate::source::POLL_DEFAULT.as_micros() as u64)]
     pub poll_us: u64,
+    /// Steer by polling (the daemon sets the program's divert flag every --poll-us)
+    /// even where the kernel mode (the program reads the server's queue per SYN) is
+    /// possible: for comparisons. Default: the kernel mode when it can be set up.
+    #[arg(long = "poll-steer")]
+    pub poll_steer: bool,
     /// A peer's load is read from its region when a migration chooses its target;
     /// a load read less than this many µs ago is reused. Default: 5000.
     #[arg(long = "peer-poll-us", default_value_t = 5000)]
@@ -270,6 +275,7 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
                         peers: args.peers.clone(),
                         migrators: args.migrators,
                         poll: Duration::from_micros(args.poll_us),
+                        poll_steer: args.poll_steer,
                         peer_poll: Duration::from_micros(args.peer_poll_us),
                         handover: if args.same_netns {
                             Handover::CloseBeforeRestore

@@ -55,7 +55,7 @@ use farside_rmem::{connect_target, ClientOptions};
 use crate::handoff::HandOff;
 use crate::load::{server_listener, ServerQueue};
 use crate::stats::Samples;
-use crate::steer::{FlowSteer, Mode, Steering, CNT_DAEMON, CNT_SERVER};
+use crate::steer::{FlowSteer, Mode, Steering, CNT_DAEMON, CNT_NO_SERVER, CNT_SERVER};
 use crate::window::{Decision, Resolution, Window, WindowConfig, QUEUE_WINDOW_MAX};
 
 /// Default migration threads. Each migration holds its thread for the migration
@@ -154,6 +154,9 @@ pub struct SourceConfig {
     pub migrators: usize,
     /// Poll period of the server's queue.
     pub poll: Duration,
+    /// Steer by polling even where the kernel mode is possible (`--poll-steer`; for
+    /// comparisons with the kernel mode).
+    pub poll_steer: bool,
     /// Age below which a peer's load, read from its region when a migration chooses
     /// its target, is reused (no timer: regions are read on demand).
     pub peer_poll: Duration,
@@ -435,7 +438,12 @@ impl SourceDaemon {
         // by shutting their sockets down (at 200 ms timeouts they cost an idle node 10
         // wake-ups a second).
         let mut steering = match cfg.steer {
-            Some((vip, port)) => Some(Steering::attach(vip, port, &listener)?),
+            Some((vip, port)) => Some(Steering::attach_with(
+                vip,
+                port,
+                &listener,
+                !cfg.poll_steer,
+            )?),
             None => None,
         };
         let mode = match steering.as_mut() {
@@ -593,7 +601,7 @@ impl SourceDaemon {
             )
         };
         format!(
-            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{}}},\"steer_mode\":\"{}\",\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"no_peer_room\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
+            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{},\"no_server\":{}}},\"steer_mode\":\"{}\",\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"no_peer_room\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
             s.accepted.load(Ordering::Relaxed),
             s.stale_local.load(Ordering::Relaxed),
             s.migrated.load(Ordering::Relaxed),
@@ -612,6 +620,7 @@ impl SourceDaemon {
             ws.reopened_by_service,
             steer[CNT_SERVER],
             steer[CNT_DAEMON],
+            steer[CNT_NO_SERVER],
             steer_mode_name(self.shared.steer_mode.load(Ordering::Relaxed)),
             lock(&s.migration_us).json(),
             lock(&s.dump_us).json(),

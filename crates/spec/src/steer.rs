@@ -170,6 +170,20 @@ pub struct Steering {
     /// A descriptor of `steer_sock` (raw map syscalls: its values are u64).
     socks: OwnedFd,
     live: Arc<Live>,
+    /// Why the kernel mode is unavailable (`steer_poll` attached), if it is.
+    no_kernel_mode: Option<String>,
+}
+
+/// `e` and its sources, `: `-separated (the verifier's log is a source of aya's error).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> io::Error {
@@ -237,11 +251,23 @@ fn ack_backlog_offset() -> io::Result<u32> {
 }
 
 impl Steering {
-    /// Loads the program, puts `daemon` (the admission listener) in its socket map and
+    /// Loads the program (`steer`; if the verifier refuses its kernel-mode helpers,
+    /// `steer_poll`, and [`Steering::use_server_listener`] then says why), puts `daemon` (the admission listener) in its socket map and
     /// attaches it to the calling thread's network namespace for `vip:port` (`vip`
     /// `None`: any local address). Starts in [`Mode::Poll`] with divert off. Needs
     /// CAP_BPF and CAP_NET_ADMIN.
     pub fn attach(vip: Option<Ipv4Addr>, port: u16, daemon: &TcpListener) -> io::Result<Self> {
+        Self::attach_with(vip, port, daemon, true)
+    }
+
+    /// [`Steering::attach`], with `kernel_mode` false: `steer_poll` (the program
+    /// without the kernel mode) whatever the verifier would accept (`--poll-steer`).
+    pub fn attach_with(
+        vip: Option<Ipv4Addr>,
+        port: u16,
+        daemon: &TcpListener,
+        kernel_mode: bool,
+    ) -> io::Result<Self> {
         let ebpf = aya::EbpfLoader::new()
             .btf(None)
             .load(OBJECT)
@@ -266,20 +292,52 @@ impl Steering {
             cfg,
             socks,
             live,
+            no_kernel_mode: None,
         };
         st.write_config()?;
         let netns = std::fs::File::open("/proc/thread-self/ns/net")?;
+        let first = if kernel_mode {
+            st.load_program("steer")
+        } else {
+            st.no_kernel_mode = Some("the poll mode was asked for (--poll-steer)".into());
+            Ok(())
+        };
+        let name = match first {
+            Ok(()) if kernel_mode => "steer",
+            Ok(()) => {
+                st.load_program("steer_poll")
+                    .map_err(|e| err("loading the sk_lookup program steer_poll", e))?;
+                "steer_poll"
+            }
+            Err(e) => {
+                // The kernel mode's helpers need CAP_PERFMON and no lockdown.
+                st.no_kernel_mode = Some(format!(
+                    "the verifier refused the program that reads the backlog: {}",
+                    error_chain(&e)
+                ));
+                st.load_program("steer_poll")
+                    .map_err(|e| err("loading the sk_lookup program steer_poll", e))?;
+                "steer_poll"
+            }
+        };
         let prog: &mut SkLookup = st
             .ebpf
-            .program_mut("steer")
-            .ok_or_else(|| err("program", "no steer"))?
+            .program_mut(name)
+            .ok_or_else(|| err("program", name))?
             .try_into()
             .map_err(|e| err("program", e))?;
-        prog.load()
-            .map_err(|e| err("loading the sk_lookup program", e))?;
         prog.attach(&netns)
             .map_err(|e| err("attaching to the network namespace", e))?;
         Ok(st)
+    }
+
+    fn load_program(&mut self, name: &str) -> Result<(), aya::programs::ProgramError> {
+        let prog: &mut SkLookup = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(aya::programs::ProgramError::NotLoaded)?
+            .try_into()?;
+        prog.load()
     }
 
     fn write_config(&mut self) -> io::Result<()> {
@@ -298,6 +356,9 @@ impl Steering {
     /// program's socket map and has the program divert at `queue` (Q). Divert off
     /// until [`Live::set_room`] says the window has room.
     pub fn use_server_listener(&mut self, server: BorrowedFd<'_>, queue: u32) -> io::Result<()> {
+        if let Some(why) = &self.no_kernel_mode {
+            return Err(err("kernel mode", why));
+        }
         let off = ack_backlog_offset()?;
         let mut fd = server.as_raw_fd() as u64;
         map_elem(

@@ -167,8 +167,24 @@ fn in_kernel_mode_the_program_diverts_from_the_servers_queue() {
 #[test]
 #[ignore = "needs root (netns, BPF): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn syns_go_to_the_daemon_only_while_divert_is_on() {
+    divert_flag_steers(true);
+}
+
+#[test]
+#[ignore = "needs root (netns, BPF): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn the_program_without_the_kernel_mode_steers_by_the_flag() {
+    divert_flag_steers(false);
+}
+
+/// The poll mode: the daemon's flag decides. `kernel_mode`: which program is
+/// attached (`steer`, or `steer_poll`, which cannot take the kernel mode).
+fn divert_flag_steers(kernel_mode: bool) {
     assert!(is_root(), "needs root");
-    let ns = Ns(format!("st{}", std::process::id() % 100_000));
+    let ns = Ns(format!(
+        "st{}{}",
+        u8::from(kernel_mode),
+        std::process::id() % 100_000
+    ));
     let run = |args: &[&str]| {
         let st = std::process::Command::new("ip")
             .args(args)
@@ -187,8 +203,20 @@ fn syns_go_to_the_daemon_only_while_divert_is_on() {
         let server = TcpListener::bind("10.79.0.100:8080").unwrap();
         let other = TcpListener::bind("10.79.0.100:8081").unwrap();
         let daemon = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut st =
-            Steering::attach(Some("10.79.0.100".parse().unwrap()), 8080, &daemon).expect("attach");
+        let mut st = Steering::attach_with(
+            Some("10.79.0.100".parse().unwrap()),
+            8080,
+            &daemon,
+            kernel_mode,
+        )
+        .expect("attach");
+        if !kernel_mode {
+            let e = st
+                .use_server_listener(std::os::fd::AsFd::as_fd(&server), 1)
+                .expect_err("steer_poll has no kernel mode");
+            assert!(e.to_string().contains("--poll-steer"), "{e}");
+            assert_eq!(st.mode(), Mode::Poll);
+        }
         let _c1 = TcpStream::connect("10.79.0.100:8080").unwrap();
         assert!(accepts(&server), "divert off: the server");
         st.set_divert(true).unwrap();
