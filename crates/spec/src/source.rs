@@ -397,7 +397,7 @@ struct Shared {
     /// The sk_lookup program (`None`: no steering); the poller's, and the summary's
     /// counters.
     steering: Mutex<Option<Steering>>,
-    /// The sk_lookup program's counters at the last poll.
+    /// The sk_lookup program's counters at the last summary (or at the poller's exit).
     steer_counts: Mutex<[u64; crate::steer::COUNTERS]>,
     /// When the daemon started (event times are relative to it).
     started: std::time::Instant,
@@ -953,6 +953,9 @@ fn take_server_listener(st: &mut Steering, cfg: &SourceConfig) -> io::Result<Str
 /// whether a listener the daemon has not tried yet appeared (a restarted server).
 fn check_listener(s: &Shared, st: &mut Steering, tried: &mut Vec<u64>) {
     let port = s.cfg.server_port;
+    if !st.kernel_mode_possible() {
+        return;
+    }
     if s.steer_mode.load(Ordering::Relaxed) == STEER_KERNEL {
         match st.server_listener_present() {
             Ok(true) => return,
@@ -1011,12 +1014,15 @@ fn poll_once(s: &Shared, queue: &mut ServerQueue, base: &mut Option<PollBase>) {
     let Some(st) = steering.as_mut() else {
         return;
     };
-    let counts = st.counters().unwrap_or_default();
-    *lock(&s.steer_counts) = counts;
-    let now = PollBase {
-        queue: q,
-        passed: counts[CNT_SERVER],
+    // One counter per poll (the summary reads them all).
+    let passed = match st.counter(CNT_SERVER) {
+        Ok(n) => n,
+        Err(e) => {
+            log::warn!("specd: {e}");
+            return;
+        }
     };
+    let now = PollBase { queue: q, passed };
     let Some(prev) = base.replace(now) else {
         return;
     };

@@ -430,6 +430,27 @@ impl Steering {
         self.write_config()
     }
 
+    /// Whether [`Steering::use_server_listener`] can work (the attached program has
+    /// the kernel mode).
+    pub fn kernel_mode_possible(&self) -> bool {
+        self.no_kernel_mode.is_none()
+    }
+
+    /// One of the program's counters (`CNT_*`) summed over CPUs: one syscall, where
+    /// [`Steering::counters`] makes one per counter.
+    pub fn counter(&self, i: usize) -> io::Result<u64> {
+        let map = self
+            .ebpf
+            .map("steer_counters")
+            .ok_or_else(|| err("map", "no steer_counters"))?;
+        let a: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(map).map_err(|e| err("steer_counters", e))?;
+        let v = a
+            .get(&(i as u32), 0)
+            .map_err(|e| err("steer_counters", e))?;
+        Ok(v.iter().sum())
+    }
+
     /// The program's counters summed over CPUs (index by `CNT_*`).
     pub fn counters(&self) -> io::Result<[u64; COUNTERS]> {
         let map = self
