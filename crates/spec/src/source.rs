@@ -65,8 +65,9 @@ use crate::window::{Decision, Resolution, Window, WindowConfig, QUEUE_WINDOW_MAX
 pub const MIGRATORS_DEFAULT: usize = 32;
 /// Upper bound of `--migrators` (each a thread with a small stack).
 pub const MIGRATORS_MAX: usize = 256;
-/// Default poll period of the server's queue and the divert flag: 5 ms. A poll (a
-/// sock_diag exact lookup, the program's counters) costs ~20 µs of CPU, so 1 ms polls
+/// Default poll period of the server's queue (and, in the poll mode, the divert flag):
+/// 5 ms. A poll (a sock_diag exact lookup, one program counter) costs ~20 µs of CPU, so
+/// 1 ms polls
 /// cost the node 2 % of a CPU, 10 % of a lab node's 20 % quota, even idle; and the
 /// queue moves by one position per served request (~11 ms at a lab node's 88 conn/s),
 /// so a 5 ms old flag is at most about one connection behind.
