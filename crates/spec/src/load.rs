@@ -183,20 +183,14 @@ mod tests {
         let (fd, owner) = server_listener(port).unwrap();
         assert_eq!(owner.pid, std::process::id());
         assert_eq!(owner.fd, l.as_raw_fd());
-        let mut a: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-        // SAFETY: getsockname into a sockaddr_in of the length given.
-        let r = unsafe {
-            libc::getsockname(
-                fd.as_raw_fd(),
-                (&mut a as *mut libc::sockaddr_in).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(r, 0);
-        assert_eq!(u16::from_be(a.sin_port), port, "the same socket");
+        let copy = std::net::TcpListener::from(fd);
+        assert_eq!(
+            copy.local_addr().unwrap(),
+            l.local_addr().unwrap(),
+            "the same socket"
+        );
         drop(l);
-        drop(fd);
+        drop(copy);
         assert!(server_listener(port).is_err(), "closed: not found");
     }
 }
