@@ -230,6 +230,7 @@ fn map_elem(
     }
 }
 
+/// bpf(2) commands (linux/bpf.h `enum bpf_cmd`).
 const BPF_MAP_LOOKUP_ELEM: libc::c_int = 1;
 const BPF_MAP_UPDATE_ELEM: libc::c_int = 2;
 const BPF_MAP_DELETE_ELEM: libc::c_int = 3;
@@ -252,10 +253,11 @@ fn ack_backlog_offset() -> io::Result<u32> {
 
 impl Steering {
     /// Loads the program (`steer`; if the verifier refuses its kernel-mode helpers,
-    /// `steer_poll`, and [`Steering::use_server_listener`] then says why), puts `daemon` (the admission listener) in its socket map and
-    /// attaches it to the calling thread's network namespace for `vip:port` (`vip`
-    /// `None`: any local address). Starts in [`Mode::Poll`] with divert off. Needs
-    /// CAP_BPF and CAP_NET_ADMIN.
+    /// `steer_poll`, and [`Steering::use_server_listener`] then says why), puts
+    /// `daemon` (the admission listener) in its socket map and attaches it to the
+    /// calling thread's network namespace for `vip:port` (`vip` `None`: any local
+    /// address). Starts in [`Mode::Poll`] with divert off. Needs CAP_BPF and
+    /// CAP_NET_ADMIN (and CAP_PERFMON for the kernel mode's helpers).
     pub fn attach(vip: Option<Ipv4Addr>, port: u16, daemon: &TcpListener) -> io::Result<Self> {
         Self::attach_with(vip, port, daemon, true)
     }
