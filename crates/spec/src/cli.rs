@@ -87,11 +87,20 @@ pub struct SpecdArgs {
     /// drain).
     #[arg(long, default_value_t = MIGRATORS_DEFAULT)]
     pub migrators: usize,
-    /// Poll period of the server's accept queue and the steering flag, µs. Default:
-    /// 5000 (see `source::POLL_DEFAULT`).
+    /// Poll period of the server's accept queue, µs. In the kernel steering mode (the
+    /// sk_lookup program reads the server's queue per SYN) the daemon polls only while
+    /// its window is closed (to count locally served requests); in the poll mode
+    /// (fallback, logged) it also sets the steering flag every period. Default: 5000
+    /// (see `source::POLL_DEFAULT`).
     #[arg(long = "poll-us", default_value_t = crate::source::POLL_DEFAULT.as_micros() as u64)]
     pub poll_us: u64,
-    /// Period of the peers' region reads, µs. Default: 5000.
+    /// Steer by polling (the daemon sets the program's divert flag every --poll-us)
+    /// even where the kernel mode (the program reads the server's queue per SYN) is
+    /// possible: for comparisons. Default: the kernel mode when it can be set up.
+    #[arg(long = "poll-steer")]
+    pub poll_steer: bool,
+    /// A peer's load is read from its region when a migration chooses its target;
+    /// a load read less than this many µs ago is reused. Default: 5000.
     #[arg(long = "peer-poll-us", default_value_t = 5000)]
     pub peer_poll_us: u64,
     /// Source and targets share one network namespace (tests, one host): close the
@@ -266,6 +275,7 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
                         peers: args.peers.clone(),
                         migrators: args.migrators,
                         poll: Duration::from_micros(args.poll_us),
+                        poll_steer: args.poll_steer,
                         peer_poll: Duration::from_micros(args.peer_poll_us),
                         handover: if args.same_netns {
                             Handover::CloseBeforeRestore

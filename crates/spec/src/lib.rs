@@ -8,11 +8,13 @@
 //!   server's accept queue, restores, hands over ([`handoff`]: fd passing to
 //!   `farside backend --adopt-socket`, or a relay to unmodified nginx), notifies
 //!   refused sources ([`notify`]) when it can take again.
-//! - [`load`]: the local server's accept-queue length (sock_diag).
+//! - [`load`]: the local server's accept-queue length (sock_diag) and its listener
+//!   (taken from its owner for the kernel steering mode).
 //! - [`source`]: the source side: steered connections accepted on the admission
 //!   listener, migrated to the least-loaded peer (regions read one-sidedly), falling
 //!   back to the local server; [`steer`]: the sk_lookup program (`bpf/steer.bpf.c`)
-//!   and the front-end flow hook ([`steer::FlowSteer`]).
+//!   (kernel mode: it reads the server's queue per SYN; poll mode: a flag the daemon
+//!   polls) and the front-end flow hook ([`steer::FlowSteer`]).
 //! - [`stats`]: bounded per-migration samples.
 //! - [`cli`]: `farside specd`.
 //!

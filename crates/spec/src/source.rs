@@ -5,20 +5,32 @@
 //!
 //! ```text
 //!  SYN for VIP:port ──sk_lookup (steer.bpf.c)── divert? ──no──▶ web server's listener
-//!                                                 │yes
-//!                                                 ▼
-//!  admission listener ─▶ acceptor: window.on_arrival(server queue)
+//!              kernel mode: server's sk_ack_backlog ≥ Q    │yes
+//!                           and room (window events)       ▼
+//!  admission listener ─▶ acceptor: window.on_arrival(server queue: the backlog the
+//!                                   program published, or the poller's)
 //!        Migrate ─▶ migrators (bounded channel, --migrators threads):
-//!                     least-loaded peer (regions read one-sidedly, --peer-poll-us)
+//!                     least-loaded peer (regions read one-sidedly when choosing,
+//!                     a load younger than --peer-poll-us reused)
 //!                     migrate_with(sock, peer, move_flow)
 //!                       Migrated ───────────────▶ resolved(Migrated)
 //!                       Refused / failed / lost ─▶ resolved(…): window closes,
 //!                                                  connection handed to the local server
 //!        Server / Refuse (stale divert flag) ─▶ handed to the local server
-//!  poller (--poll-us): server queue (sock_diag) → divert flag; locally served
-//!                      estimate → window.on_served_locally
+//!  poller (--poll-us): server queue (sock_diag); locally served estimate →
+//!                      window.on_served_locally; poll mode: → divert flag.
+//!                      Kernel mode: runs only while the window is closed (else it
+//!                      sleeps, waking every LISTENER_CHECK to see that the server's
+//!                      listener is still there).
 //!  notifications (UDP on --listen) from peers ─▶ window.on_notification
 //! ```
+//!
+//! Steering modes (summary key `steer_mode`): `kernel` when the server's listener
+//! could be put in the program's socket map (taken from its owner with
+//! `pidfd_getfd`, see [`crate::load::server_listener`]; the daemon keeps no
+//! descriptor of it, so a server that closes it closes it); `poll` when it could
+//! not (or was closed since: checked every [`LISTENER_CHECK`], and taken again when a
+//! server listens again); `none` without steering.
 //!
 //! Locally served requests (the N-rule) are estimated as the server's accepts:
 //! connections the program passed to the server minus the growth of its accept
@@ -29,9 +41,9 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -41,9 +53,9 @@ use farside_region::Snapshot;
 use farside_rmem::{connect_target, ClientOptions};
 
 use crate::handoff::HandOff;
-use crate::load::ServerQueue;
+use crate::load::{server_listener, ServerQueue};
 use crate::stats::Samples;
-use crate::steer::{FlowSteer, Steering, CNT_DAEMON, CNT_SERVER};
+use crate::steer::{FlowSteer, Mode, Steering, CNT_DAEMON, CNT_NO_SERVER, CNT_SERVER};
 use crate::window::{Decision, Resolution, Window, WindowConfig, QUEUE_WINDOW_MAX};
 
 /// Default migration threads. Each migration holds its thread for the migration
@@ -53,19 +65,21 @@ use crate::window::{Decision, Resolution, Window, WindowConfig, QUEUE_WINDOW_MAX
 pub const MIGRATORS_DEFAULT: usize = 32;
 /// Upper bound of `--migrators` (each a thread with a small stack).
 pub const MIGRATORS_MAX: usize = 256;
-/// Default poll period of the server's queue and the divert flag: 5 ms. A poll (a
-/// sock_diag exact lookup, the program's counters) costs ~20 µs of CPU, so 1 ms polls
+/// Default poll period of the server's queue (and, in the poll mode, the divert flag):
+/// 5 ms. A poll (a sock_diag exact lookup, one program counter) costs ~20 µs of CPU, so
+/// 1 ms polls
 /// cost the node 2 % of a CPU, 10 % of a lab node's 20 % quota, even idle; and the
 /// queue moves by one position per served request (~11 ms at a lab node's 88 conn/s),
 /// so a 5 ms old flag is at most about one connection behind.
 pub const POLL_DEFAULT: Duration = Duration::from_millis(5);
-/// Default period of the peers' region reads: 5 ms.
+/// Default age below which a peer's load read from its region is reused: 5 ms.
 pub const PEER_POLL_DEFAULT: Duration = Duration::from_millis(5);
-/// Bound on the notification socket's wait, so its thread sees a stop.
-const NOTIFY_WAIT_MAX: Duration = Duration::from_millis(200);
-/// Bound on the admission listener's wait (poll), so the acceptor sees a stop.
-const ACCEPT_WAIT_MAX: Duration = Duration::from_millis(200);
-/// Most peers (region reads every period, one entry each).
+/// How often, in kernel mode, the daemon checks that the server's listener is still in
+/// the program's map (the kernel drops it when the server closes it), and in poll mode
+/// tries to take it again: 1 s, one bpf(2) lookup per second (a restarted server is
+/// back in the kernel mode within a second; until then the polls steer).
+pub const LISTENER_CHECK: Duration = Duration::from_secs(1);
+/// Most peers (one region read each when choosing a target).
 pub const PEERS_MAX: usize = 64;
 /// Migrator threads' stack (the migrate protocol's buffers live on the heap).
 const MIGRATOR_STACK_BYTES: usize = 256 * 1024;
@@ -141,7 +155,11 @@ pub struct SourceConfig {
     pub migrators: usize,
     /// Poll period of the server's queue.
     pub poll: Duration,
-    /// Period of the peers' region reads.
+    /// Steer by polling even where the kernel mode is possible (`--poll-steer`; for
+    /// comparisons with the kernel mode).
+    pub poll_steer: bool,
+    /// Age below which a peer's load, read from its region when a migration chooses
+    /// its target, is reused (no timer: regions are read on demand).
     pub peer_poll: Duration,
     /// Hand-over order (`CloseAfterRestore` across hosts/namespaces).
     pub handover: Handover,
@@ -207,7 +225,7 @@ fn choose_with_affinity(hash: Option<u64>, cands: &[(PeerLoad, u32)], full_at: u
 
 /// Peeks the request line of `sock` (waiting at most `wait`) and hashes its path.
 fn peek_path_hash(sock: &TcpStream, wait: Duration) -> Option<u64> {
-    if !wait_readable(sock.as_raw_fd(), wait) {
+    if !wait_readable(sock.as_raw_fd(), Some(wait)) {
         return None;
     }
     let mut buf = [0u8; AFFINITY_PEEK_BYTES];
@@ -255,6 +273,8 @@ struct PeerLoad {
 struct PeerState {
     peer: Peer,
     load: Mutex<PeerLoad>,
+    /// The region client and when the load was last read (`None`: never).
+    region: Mutex<RegionReader>,
     /// Migrations to it in progress (added to its backlog when choosing).
     inflight: AtomicU32,
     migrated: AtomicU64,
@@ -333,16 +353,52 @@ fn fallback_index(f: &Fallback) -> usize {
     }
 }
 
+/// A peer's region client and the age of its last read.
+#[derive(Default)]
+struct RegionReader {
+    client: Option<Box<dyn farside_rmem::RemoteMemory>>,
+    read_at: Option<Instant>,
+    buf: Vec<u8>,
+}
+
+/// Which mode steers (`steer_mode` in the summary).
+const STEER_NONE: u8 = 0;
+const STEER_POLL: u8 = 1;
+const STEER_KERNEL: u8 = 2;
+
+fn steer_mode_name(m: u8) -> &'static str {
+    match m {
+        STEER_KERNEL => "kernel",
+        STEER_POLL => "poll",
+        _ => "none",
+    }
+}
+
 struct Shared {
     cfg: SourceConfig,
     stop: AtomicBool,
     window: Mutex<Window>,
+    /// The server's queue as the poller last read it (poll mode, and kernel mode while
+    /// the window is closed).
     server_queue: AtomicU32,
+    /// The program's shared words (`None`: no steering).
+    live: Option<Arc<crate::steer::Live>>,
+    /// `STEER_*`: who decides the divert now.
+    steer_mode: AtomicU8,
+    /// Wakes the poller when the window closes or on stop (kernel mode).
+    poller_wake: Condvar,
+    /// The admission listener (the acceptor's; shut down to wake it on stop).
+    admission: TcpListener,
+    /// Where peers' notifications arrive (shut down to wake its thread on stop).
+    notify_sock: UdpSocket,
     peers: Vec<PeerState>,
     stats: SourceStats,
     local: HandOff,
     flow: Box<dyn FlowSteer>,
-    /// The sk_lookup program's counters at the last poll.
+    /// The sk_lookup program (`None`: no steering); the poller's, and the summary's
+    /// counters.
+    steering: Mutex<Option<Steering>>,
+    /// The sk_lookup program's counters at the last summary (or at the poller's exit).
     steer_counts: Mutex<[u64; crate::steer::COUNTERS]>,
     /// When the daemon started (event times are relative to it).
     started: std::time::Instant,
@@ -379,22 +435,59 @@ impl SourceDaemon {
         let notify = UdpSocket::bind(cfg.notify).map_err(|e| {
             io::Error::new(e.kind(), format!("notifications on {}: {e}", cfg.notify))
         })?;
-        notify.set_read_timeout(Some(NOTIFY_WAIT_MAX))?;
-        let steering = match cfg.steer {
-            Some((vip, port)) => Some(Steering::attach(vip, port, &listener)?),
+        // No read timeout, and the acceptor's wait has none either: a stop wakes both
+        // by shutting their sockets down (at 200 ms timeouts they cost an idle node 10
+        // wake-ups a second).
+        let mut steering = match cfg.steer {
+            Some((vip, port)) => Some(Steering::attach_with(
+                vip,
+                port,
+                &listener,
+                !cfg.poll_steer,
+            )?),
             None => None,
         };
+        let mode = match steering.as_mut() {
+            Some(st) => match take_server_listener(st, &cfg) {
+                Ok(why) => {
+                    log::info!("specd: steer mode kernel: the program decides per SYN ({why})");
+                    STEER_KERNEL
+                }
+                Err(e) => {
+                    log::warn!(
+                        "specd: steer mode poll (every {:?}): the server's listener cannot be put in the program's map: {e}",
+                        cfg.poll
+                    );
+                    STEER_POLL
+                }
+            },
+            None => {
+                log::info!("specd: steer mode none (no sk_lookup program)");
+                STEER_NONE
+            }
+        };
+        let live = steering.as_ref().map(|st| st.live());
+        if let Some(l) = &live {
+            l.set_room(true);
+        }
         let mut queue = ServerQueue::new(cfg.server_port)?;
         let q0 = queue.read()?;
         let shared = Arc::new(Shared {
             window: Mutex::new(Window::new(cfg.window)),
             server_queue: AtomicU32::new(q0),
+            live,
+            steer_mode: AtomicU8::new(mode),
+            poller_wake: Condvar::new(),
+            steering: Mutex::new(steering),
+            admission: listener,
+            notify_sock: notify,
             peers: cfg
                 .peers
                 .iter()
                 .map(|p| PeerState {
                     peer: p.clone(),
                     load: Mutex::new(PeerLoad::default()),
+                    region: Mutex::new(RegionReader::default()),
                     inflight: AtomicU32::new(0),
                     migrated: AtomicU64::new(0),
                     refused: AtomicU64::new(0),
@@ -429,26 +522,17 @@ impl SourceDaemon {
         let s = Arc::clone(&shared);
         threads.push(spawn(
             "specd-accept".into(),
-            Box::new(move || acceptor_loop(&s, &listener, tx)),
+            Box::new(move || acceptor_loop(&s, &s.admission, tx)),
         )?);
         let s = Arc::clone(&shared);
         threads.push(spawn(
             "specd-poll".into(),
-            Box::new(move || poller_loop(&s, queue, steering)),
+            Box::new(move || poller_loop(&s, queue)),
         )?);
-        // Without a region to read there is nothing to poll (each wake-up costs the
-        // node CPU: with one peer there is no choice to make).
-        if shared.peers.iter().any(|p| p.peer.region.is_some()) {
-            let s = Arc::clone(&shared);
-            threads.push(spawn(
-                "specd-peers".into(),
-                Box::new(move || peers_loop(&s)),
-            )?);
-        }
         let s = Arc::clone(&shared);
         threads.push(spawn(
             "specd-notified".into(),
-            Box::new(move || notified_loop(&s, &notify)),
+            Box::new(move || notified_loop(&s, &s.notify_sock)),
         )?);
         log::info!(
             "specd source: admission listener {accept_addr}, Q {} W {} N {}, {} peers",
@@ -498,6 +582,11 @@ impl SourceDaemon {
                 )
             })
             .collect();
+        if let Some(st) = lock(&self.shared.steering).as_ref() {
+            if let Ok(c) = st.counters() {
+                *lock(&self.shared.steer_counts) = c;
+            }
+        }
         let steer = lock(&self.shared.steer_counts);
         let events = {
             let ev = lock(&self.shared.window_events);
@@ -513,7 +602,7 @@ impl SourceDaemon {
             )
         };
         format!(
-            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{}}},\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"no_peer_room\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
+            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{},\"no_server\":{}}},\"steer_mode\":\"{}\",\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"no_peer_room\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
             s.accepted.load(Ordering::Relaxed),
             s.stale_local.load(Ordering::Relaxed),
             s.migrated.load(Ordering::Relaxed),
@@ -532,6 +621,8 @@ impl SourceDaemon {
             ws.reopened_by_service,
             steer[CNT_SERVER],
             steer[CNT_DAEMON],
+            steer[CNT_NO_SERVER],
+            steer_mode_name(self.shared.steer_mode.load(Ordering::Relaxed)),
             lock(&s.migration_us).json(),
             lock(&s.dump_us).json(),
             lock(&s.cpu_us).json(),
@@ -559,6 +650,22 @@ impl SourceDaemon {
 
     fn stop_and_join(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
+        {
+            // Under the window's lock: the poller checks `stop` under it before waiting.
+            let _w = lock(&self.shared.window);
+            self.shared.poller_wake.notify_all();
+        }
+        // Wakes the acceptor's and the notification thread's waits (no timeouts):
+        // the listener stops listening (the kernel drops it from the program's map, new
+        // SYNs take the normal lookup), the datagram socket's reads return 0. A UDP
+        // socket answers ENOTCONN and is shut down all the same.
+        for fd in [
+            self.shared.admission.as_raw_fd(),
+            self.shared.notify_sock.as_raw_fd(),
+        ] {
+            // SAFETY: shutdown(2) on a socket Shared owns (open until Shared drops).
+            unsafe { libc::shutdown(fd, libc::SHUT_RD) };
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -590,8 +697,17 @@ struct WindowEvents {
 fn window_op<R>(s: &Shared, f: impl FnOnce(&mut Window) -> R) -> R {
     let mut w = lock(&s.window);
     let before = w.stats();
+    let was_open = w.is_open();
     let r = f(&mut w);
     let after = w.stats();
+    // Kernel mode: the program reads `room` at every SYN; a store, under the lock so
+    // that stores land in the window's order.
+    if let Some(l) = &s.live {
+        l.set_room(w.is_open() && w.has_room());
+    }
+    if was_open && !w.is_open() {
+        s.poller_wake.notify_all();
+    }
     drop(w);
     let happened = [
         (after.closures - before.closures, "close"),
@@ -628,20 +744,23 @@ fn hand_local(s: &Shared, sock: TcpStream) {
     }
 }
 
-fn wait_readable(fd: i32, timeout: Duration) -> bool {
+/// Waits until `fd` is readable (or hung up), at most `timeout` (`None`: no bound).
+fn wait_readable(fd: i32, timeout: Option<Duration>) -> bool {
     let mut p = libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
     };
+    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as libc::c_int);
     // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) };
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
     n > 0
 }
 
 fn acceptor_loop(s: &Shared, listener: &TcpListener, tx: SyncSender<(TcpStream, Instant)>) {
     while !s.stop.load(Ordering::SeqCst) {
-        if !wait_readable(listener.as_raw_fd(), ACCEPT_WAIT_MAX) {
+        // No timeout: a stop shuts the listener down, which wakes this wait.
+        if !wait_readable(listener.as_raw_fd(), None) || s.stop.load(Ordering::SeqCst) {
             continue;
         }
         let sock = match listener.accept() {
@@ -655,7 +774,10 @@ fn acceptor_loop(s: &Shared, listener: &TcpListener, tx: SyncSender<(TcpStream, 
         };
         let _ = sock.set_nonblocking(false);
         s.stats.accepted.fetch_add(1, Ordering::Relaxed);
-        let q = s.server_queue.load(Ordering::Relaxed);
+        let q = match &s.live {
+            Some(l) if s.steer_mode.load(Ordering::Relaxed) == STEER_KERNEL => l.backlog(),
+            _ => s.server_queue.load(Ordering::Relaxed),
+        };
         let decision = window_op(s, |w| w.on_arrival(q));
         match decision {
             Decision::Migrate if s.cfg.gate_on_peer_load && !peers_have_room(s) => {
@@ -707,6 +829,7 @@ fn some_peer_has_room(cands: impl Iterator<Item = (PeerLoad, u32)>, full_at: u64
 }
 
 fn peers_have_room(s: &Shared) -> bool {
+    refresh_peer_loads(s);
     some_peer_has_room(
         s.peers
             .iter()
@@ -718,6 +841,7 @@ fn peers_have_room(s: &Shared) -> bool {
 /// The target for `sock`: with [`Affinity`] the request path's peer (unless full),
 /// else the least-loaded peer (see [`least_loaded`]).
 fn choose_peer<'a>(s: &'a Shared, sock: &TcpStream) -> &'a PeerState {
+    refresh_peer_loads(s);
     let cands: Vec<(PeerLoad, u32)> = s
         .peers
         .iter()
@@ -811,91 +935,215 @@ fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<(TcpStream, Instant)>>) {
     }
 }
 
-fn poller_loop(s: &Shared, mut queue: ServerQueue, mut steering: Option<Steering>) {
-    let mut prev_q = s.server_queue.load(Ordering::Relaxed);
-    let mut prev_passed = steering
-        .as_ref()
-        .and_then(|st| st.counters().ok())
-        .map(|c| c[CNT_SERVER])
-        .unwrap_or(0);
-    while !s.stop.load(Ordering::SeqCst) {
-        std::thread::sleep(s.cfg.poll);
-        let q = match queue.read() {
-            Ok(q) => q,
-            Err(e) => {
-                log::warn!("specd: reading the server's queue: {e}");
-                continue;
-            }
-        };
-        s.server_queue.store(q, Ordering::Relaxed);
-        let Some(st) = steering.as_mut() else {
-            prev_q = q;
-            continue;
-        };
-        let counts = st.counters().unwrap_or_default();
-        let passed = counts[CNT_SERVER].saturating_sub(prev_passed);
-        prev_passed = counts[CNT_SERVER];
-        // Accepts over the period ≈ passed − queue growth.
-        let served = (passed as i64 - (i64::from(q) - i64::from(prev_q))).max(0) as u64;
-        prev_q = q;
-        let divert = window_op(s, |w| {
-            if served > 0 {
-                w.on_served_locally(served);
-            }
-            w.diverts(q)
-        }) && (!s.cfg.gate_on_peer_load || peers_have_room(s));
-        if let Err(e) = st.set_divert(divert) {
-            log::warn!("specd: {e}");
-        }
-        *lock(&s.steer_counts) = counts;
+/// Puts the server's listener (`cfg.server_port`) in the program's map, taken from its
+/// owner; the daemon's copy of the descriptor is closed before returning, so only
+/// the server's descriptors keep the listener open. Returns what was taken, for the
+/// log.
+fn take_server_listener(st: &mut Steering, cfg: &SourceConfig) -> io::Result<String> {
+    let (fd, owner) = server_listener(cfg.server_port)?;
+    st.use_server_listener(std::os::fd::AsFd::as_fd(&fd), cfg.window.queue)?;
+    drop(fd);
+    Ok(format!(
+        "the listener of port {} (inode {}) taken from pid {} fd {}, divert at its sk_ack_backlog ≥ {}",
+        cfg.server_port, owner.inode, owner.pid, owner.fd, cfg.window.queue
+    ))
+}
+
+/// Every [`LISTENER_CHECK`]: in kernel mode, whether the server's listener is still in
+/// the map (else take the server's new one, or fall back to polling); in poll mode,
+/// whether a listener the daemon has not tried yet appeared (a restarted server).
+fn check_listener(s: &Shared, st: &mut Steering, tried: &mut Vec<u64>) {
+    let port = s.cfg.server_port;
+    if !st.kernel_mode_possible() {
+        return;
     }
-    // Leave new connections to the server while the program is still attached.
-    if let Some(mut st) = steering {
-        let _ = st.set_divert(false);
+    if s.steer_mode.load(Ordering::Relaxed) == STEER_KERNEL {
+        match st.server_listener_present() {
+            Ok(true) => return,
+            Ok(false) => log::warn!(
+                "specd: the server's listener on port {port} left the program's map (the server closed it)"
+            ),
+            Err(e) => log::warn!("specd: {e}"),
+        }
+    } else {
+        let now = crate::load::listening_inodes(port);
+        if now.is_empty() || now == *tried {
+            return;
+        }
+        *tried = now;
+    }
+    match take_server_listener(st, &s.cfg) {
+        Ok(why) => {
+            log::info!("specd: steer mode kernel: the program decides per SYN ({why})");
+            s.steer_mode.store(STEER_KERNEL, Ordering::Relaxed);
+        }
+        Err(e) => {
+            if s.steer_mode.swap(STEER_POLL, Ordering::Relaxed) == STEER_KERNEL {
+                log::warn!(
+                    "specd: steer mode poll (every {:?}): the server's listener cannot be put in the program's map: {e}",
+                    s.cfg.poll
+                );
+            }
+            *tried = crate::load::listening_inodes(port);
+            if let Err(e) = st.use_polling() {
+                log::warn!("specd: {e}");
+            }
+        }
     }
 }
 
-fn peers_loop(s: &Shared) {
-    let mut clients: Vec<Option<Box<dyn farside_rmem::RemoteMemory>>> =
-        s.peers.iter().map(|_| None).collect();
-    let mut buf = vec![0u8; SNAPSHOT_BYTES];
+/// The poller's view at its last poll: the server's queue and the connections the
+/// program had passed to the server.
+#[derive(Clone, Copy)]
+struct PollBase {
+    queue: u32,
+    passed: u64,
+}
+
+/// One poll: the server's queue; with steering the locally served estimate (for the
+/// N-rule) and, in poll mode, the divert flag.
+fn poll_once(s: &Shared, queue: &mut ServerQueue, base: &mut Option<PollBase>) {
+    let q = match queue.read() {
+        Ok(q) => q,
+        Err(e) => {
+            log::warn!("specd: reading the server's queue: {e}");
+            return;
+        }
+    };
+    s.server_queue.store(q, Ordering::Relaxed);
+    let mut steering = lock(&s.steering);
+    let Some(st) = steering.as_mut() else {
+        return;
+    };
+    // One counter per poll (the summary reads them all).
+    let passed = match st.counter(CNT_SERVER) {
+        Ok(n) => n,
+        Err(e) => {
+            log::warn!("specd: {e}");
+            return;
+        }
+    };
+    let now = PollBase { queue: q, passed };
+    let Some(prev) = base.replace(now) else {
+        return;
+    };
+    let passed = now.passed.saturating_sub(prev.passed);
+    // Accepts over the period ≈ passed − queue growth.
+    let served = (passed as i64 - (i64::from(q) - i64::from(prev.queue))).max(0) as u64;
+    let diverts = window_op(s, |w| {
+        if served > 0 {
+            w.on_served_locally(served);
+        }
+        w.diverts(q)
+    });
+    if st.mode() == Mode::Poll {
+        let divert = diverts && (!s.cfg.gate_on_peer_load || peers_have_room(s));
+        if let Err(e) = st.set_divert(divert) {
+            log::warn!("specd: {e}");
+        }
+    }
+}
+
+/// The poller. Poll mode (and no steering): a poll every `--poll-us`. Kernel mode:
+/// polls only while the window is closed (the N-rule counts locally served
+/// requests); while it is open the thread sleeps until the window closes, waking every
+/// [`LISTENER_CHECK`] to check the server's listener.
+fn poller_loop(s: &Shared, mut queue: ServerQueue) {
+    let mut base = None;
+    poll_once(s, &mut queue, &mut base);
+    let mut next_check = Instant::now() + LISTENER_CHECK;
+    let mut tried = Vec::new();
     while !s.stop.load(Ordering::SeqCst) {
-        for (p, c) in s.peers.iter().zip(clients.iter_mut()) {
-            let Some(region) = &p.peer.region else {
-                continue;
-            };
-            if c.is_none() {
-                let t = farside_rmem::Target::parse(region).expect("validated at parse");
-                match connect_target(&t, &ClientOptions::default()) {
-                    Ok(client) => *c = Some(client),
-                    Err(e) => {
-                        log::debug!("specd: region {region}: {e}");
-                        lock(&p.load).known = false;
-                        continue;
-                    }
-                }
+        let kernel = || s.steer_mode.load(Ordering::Relaxed) == STEER_KERNEL;
+        let open = lock(&s.window).is_open();
+        if kernel() && open {
+            base = None;
+            let w = lock(&s.window);
+            let timeout = next_check.saturating_duration_since(Instant::now());
+            let waited = s.poller_wake.wait_timeout_while(w, timeout, |w| {
+                w.is_open() && !s.stop.load(Ordering::SeqCst)
+            });
+            drop(waited.unwrap_or_else(|e| e.into_inner()));
+        } else if base.is_some() || !kernel() {
+            std::thread::sleep(s.cfg.poll);
+        }
+        if s.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        if Instant::now() >= next_check {
+            next_check = Instant::now() + LISTENER_CHECK;
+            if let Some(st) = lock(&s.steering).as_mut() {
+                check_listener(s, st, &mut tried);
             }
-            let client = c.as_mut().expect("connected above");
-            let read = client
-                .read(0, &mut buf)
-                .map_err(|e| e.to_string())
-                .and_then(|()| Snapshot::decode(&buf).map_err(|e| e.to_string()));
-            let mut l = lock(&p.load);
-            match read {
-                Ok(snap) => {
-                    *l = PeerLoad {
-                        known: true,
-                        accept_backlog: snap.load.accept_backlog,
-                        cpu_util_ppm: snap.load.cpu_util_ppm,
-                    }
-                }
+        }
+        if kernel() && lock(&s.window).is_open() {
+            continue;
+        }
+        poll_once(s, &mut queue, &mut base);
+    }
+    // Leave new connections to the server while the program is still attached.
+    if let Some(st) = lock(&s.steering).as_mut() {
+        if let Ok(c) = st.counters() {
+            *lock(&s.steer_counts) = c;
+        }
+        if let Err(e) = st.use_polling() {
+            log::warn!("specd: {e}");
+        }
+    }
+}
+
+/// Reads the peers' loads whose last read is older than `--peer-poll-us` (one
+/// one-sided region read each; a peer another thread is reading keeps its cached
+/// load). Called when a migration chooses its target: no timer thread.
+fn refresh_peer_loads(s: &Shared) {
+    refresh_loads(&s.peers, s.cfg.peer_poll);
+}
+
+/// [`refresh_peer_loads`] of `peers`, reusing loads younger than `max_age`.
+fn refresh_loads(peers: &[PeerState], max_age: Duration) {
+    for p in peers {
+        let Some(region) = &p.peer.region else {
+            continue;
+        };
+        let Ok(mut r) = p.region.try_lock() else {
+            continue;
+        };
+        if r.read_at.is_some_and(|t| t.elapsed() < max_age) {
+            continue;
+        }
+        r.read_at = Some(Instant::now());
+        if r.client.is_none() {
+            let t = farside_rmem::Target::parse(region).expect("validated at parse");
+            match connect_target(&t, &ClientOptions::default()) {
+                Ok(client) => r.client = Some(client),
                 Err(e) => {
                     log::debug!("specd: region {region}: {e}");
-                    l.known = false;
+                    lock(&p.load).known = false;
+                    continue;
                 }
             }
         }
-        std::thread::sleep(s.cfg.peer_poll);
+        let RegionReader { client, buf, .. } = &mut *r;
+        buf.resize(SNAPSHOT_BYTES, 0);
+        let client = client.as_mut().expect("connected above");
+        let read = client
+            .read(0, buf)
+            .map_err(|e| e.to_string())
+            .and_then(|()| Snapshot::decode(buf).map_err(|e| e.to_string()));
+        let mut l = lock(&p.load);
+        match read {
+            Ok(snap) => {
+                *l = PeerLoad {
+                    known: true,
+                    accept_backlog: snap.load.accept_backlog,
+                    cpu_util_ppm: snap.load.cpu_util_ppm,
+                }
+            }
+            Err(e) => {
+                log::debug!("specd: region {region}: {e}");
+                l.known = false;
+            }
+        }
     }
 }
 
@@ -928,6 +1176,64 @@ mod tests {
             accept_backlog: backlog,
             cpu_util_ppm: cpu,
         }
+    }
+
+    fn peer_state(region: Option<String>) -> PeerState {
+        PeerState {
+            peer: Peer {
+                daemon: "127.0.0.1:1".parse().unwrap(),
+                region,
+                backend: "127.0.0.1".parse().unwrap(),
+            },
+            load: Mutex::new(PeerLoad::default()),
+            region: Mutex::new(RegionReader::default()),
+            inflight: AtomicU32::new(0),
+            migrated: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        }
+    }
+
+    #[test]
+    fn peer_loads_are_read_on_demand_and_reused_while_young() {
+        use farside_region::{Header, LoadRecord, MappedWords, RegionWriter, REGION_WORDS};
+        let path =
+            std::env::temp_dir().join(format!("farside-spec-peer-{}.region", std::process::id()));
+        let mut w = RegionWriter::init(
+            MappedWords::create_file(&path, REGION_WORDS).unwrap(),
+            Header {
+                node_id: 2,
+                generation: 1,
+                period_us: 1000,
+                watched_ports: [80, 0, 0, 0],
+            },
+        );
+        let publish = |w: &mut RegionWriter<MappedWords>, backlog| {
+            w.publish(&LoadRecord {
+                accept_backlog: backlog,
+                ..LoadRecord::default()
+            })
+        };
+        publish(&mut w, 7);
+        let peers = [
+            peer_state(Some(format!("shm:{}", path.display()))),
+            peer_state(None),
+            peer_state(Some("tcp:127.0.0.1:1".into())),
+        ];
+        assert!(!lock(&peers[0].load).known, "nothing read before a choice");
+        refresh_loads(&peers, Duration::from_secs(3600));
+        let l = *lock(&peers[0].load);
+        assert!(l.known && l.accept_backlog == 7, "{l:?}");
+        assert!(!lock(&peers[1].load).known, "no region: unknown");
+        assert!(!lock(&peers[2].load).known, "unreachable region: unknown");
+        // Younger than the bound: the cached load, no read.
+        publish(&mut w, 9);
+        refresh_loads(&peers, Duration::from_secs(3600));
+        assert_eq!(lock(&peers[0].load).accept_backlog, 7);
+        // Older: read again.
+        refresh_loads(&peers, Duration::ZERO);
+        assert_eq!(lock(&peers[0].load).accept_backlog, 9);
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

@@ -1,12 +1,23 @@
 //! Steering new connections between the web server and the daemon.
 //!
 //! - [`Steering`]: the sk_lookup program (`bpf/steer.bpf.c`) attached to this
-//!   network namespace: SYNs for the service go to the server's listener, or, while
-//!   the daemon sets `divert`, to the daemon's admission listener. The daemon sets
-//!   `divert` = "server's accept queue ≥ Q and the window has room" every poll period
-//!   (`--poll-us`), so the program's view is at most one period plus one sock_diag
-//!   read old; the daemon re-decides every connection it accepts with the fresh
-//!   window, and a connection diverted on a stale flag is served locally (handed to
+//!   network namespace: SYNs for the service go to the server's listener, or to the
+//!   daemon's admission listener. Who decides, per [`Mode`]:
+//!   - [`Mode::Kernel`]: the program, per SYN, from the exact queue: the server's
+//!     listener is in the program's socket map ([`Steering::use_server_listener`]) and
+//!     the program reads its `sk_ack_backlog` (at the offset the kernel's BTF gives);
+//!     it diverts iff the backlog is ≥ Q and the window has room ([`Live::set_room`],
+//!     a plain store into a map the daemon mmaps, written on window events). It
+//!     publishes the backlog it saw ([`Live::backlog`]), so the daemon reads it with no
+//!     syscall. The map entry does not keep the listener alive: when the server closes
+//!     it the kernel drops it from the map and SYNs take the normal lookup.
+//!   - [`Mode::Poll`]: the daemon sets `divert` = "server's accept queue ≥ Q and the
+//!     window has room" every poll period (`--poll-us`), so the program's view is at
+//!     most one period plus one sock_diag read old (the fallback when the server's
+//!     listener cannot be put in the map).
+//!
+//!   Either way the daemon re-decides every connection it accepts with the fresh
+//!   window, and a connection diverted on a stale view is served locally (handed to
 //!   the server). The program is detached when the daemon exits (its link is not
 //!   pinned), so a crash leaves nothing attached.
 //! - [`FlowSteer`]: moving a migrated connection's flow at the front-end, the hook
@@ -17,9 +28,11 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
-use aya::maps::{Array, MapData, PerCpuArray, SockMap};
+use aya::maps::{Array, Map, MapData, PerCpuArray};
 use aya::programs::SkLookup;
 use aya::Ebpf;
 
@@ -33,8 +46,27 @@ pub const CNT_DAEMON: usize = 1;
 pub const CNT_NO_DAEMON: usize = 2;
 /// `bpf_sk_assign` failed.
 pub const CNT_ASSIGN_FAILED: usize = 3;
+/// Kernel mode, but the server's listener was not in the map (closed by the server):
+/// the SYN took the normal lookup.
+pub const CNT_NO_SERVER: usize = 4;
 /// Number of counters.
-pub const COUNTERS: usize = 4;
+pub const COUNTERS: usize = 5;
+
+/// `steer_sock` entry of the daemon's admission listener (`STEER_SOCK_DAEMON`).
+const SOCK_DAEMON: u32 = 0;
+/// `steer_sock` entry of the server's listener (`STEER_SOCK_SERVER`).
+const SOCK_SERVER: u32 = 1;
+/// Where the kernel's BTF is (for the offset of `struct sock.sk_ack_backlog`).
+const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Who decides whether a SYN is diverted (`STEER_MODE_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The daemon, from its polls, in the `divert` flag.
+    Poll = 0,
+    /// The program, per SYN, from the server's listener's backlog and the `room` flag.
+    Kernel = 1,
+}
 
 /// `struct steer_config` of `bpf/steer.bpf.c`.
 #[repr(C)]
@@ -43,75 +75,274 @@ struct SteerConfig {
     vip: u32,
     port: u32,
     divert: u32,
-    pad: u32,
+    mode: u32,
+    queue: u32,
+    off_ack_backlog: u32,
 }
 
 // SAFETY: plain C struct of u32s, no padding, every bit pattern valid.
 unsafe impl aya::Pod for SteerConfig {}
 
+/// `struct steer_live` of `bpf/steer.bpf.c`, as the daemon sees it in its mapping.
+#[repr(C)]
+struct LiveWords {
+    room: AtomicU32,
+    backlog: AtomicU32,
+    seen: AtomicU64,
+}
+
+/// The daemon's mapping of the program's `steer_live` map: the `room` flag it writes
+/// and the backlog the program saw, both without a syscall. Valid after the program
+/// is gone (the mapping holds the map).
+pub struct Live {
+    ptr: *mut LiveWords,
+    len: usize,
+}
+
+// SAFETY: the mapping is shared memory accessed only through atomics; it lives until
+// Drop unmaps it.
+unsafe impl Send for Live {}
+// SAFETY: as above, all access is atomic.
+unsafe impl Sync for Live {}
+
+impl Live {
+    fn map(fd: BorrowedFd<'_>) -> io::Result<Live> {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+        // SAFETY: maps one page of an mmapable BPF array (its entry 0 is at offset 0).
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                page,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(err("mmap of steer_live", io::Error::last_os_error()));
+        }
+        Ok(Live {
+            ptr: p.cast(),
+            len: page,
+        })
+    }
+
+    fn words(&self) -> &LiveWords {
+        // SAFETY: `ptr` is a live, page-aligned mapping of at least one entry.
+        unsafe { &*self.ptr }
+    }
+
+    /// Tells the program whether the window has room (kernel mode).
+    pub fn set_room(&self, room: bool) {
+        self.words().room.store(u32::from(room), Ordering::Release);
+    }
+
+    /// The `room` flag as last written.
+    pub fn room(&self) -> bool {
+        self.words().room.load(Ordering::Acquire) != 0
+    }
+
+    /// The server's accept-queue length the program read at the last SYN for the
+    /// service (kernel mode; 0 before the first).
+    pub fn backlog(&self) -> u32 {
+        self.words().backlog.load(Ordering::Acquire)
+    }
+
+    /// SYNs at which the program read the server's backlog (kernel mode).
+    pub fn seen(&self) -> u64 {
+        self.words().seen.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `map`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
 /// The attached sk_lookup program. Dropping it detaches the program.
 pub struct Steering {
     ebpf: Ebpf,
     cfg: SteerConfig,
+    /// A descriptor of `steer_sock` (raw map syscalls: its values are u64).
+    socks: OwnedFd,
+    live: Arc<Live>,
+    /// Why the kernel mode is unavailable (`steer_poll` attached), if it is.
+    no_kernel_mode: Option<String>,
+}
+
+/// `e` and its sources, `: `-separated (the verifier's log is a source of aya's error).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("steer: {what}: {e}"))
 }
 
+/// `union bpf_attr` for the map element commands.
+#[repr(C)]
+struct ElemAttr {
+    map_fd: u32,
+    _pad: u32,
+    key: u64,
+    value: u64,
+    flags: u64,
+}
+
+fn map_elem(
+    cmd: libc::c_int,
+    map: BorrowedFd<'_>,
+    key: u32,
+    value: Option<&mut u64>,
+) -> io::Result<()> {
+    let attr = ElemAttr {
+        map_fd: map.as_raw_fd() as u32,
+        _pad: 0,
+        key: std::ptr::addr_of!(key) as u64,
+        value: value.map(|v| v as *mut u64 as u64).unwrap_or(0),
+        flags: 0,
+    };
+    // SAFETY: bpf(2) with a map element command; key and value point at live locals
+    // of the sizes the map has (u32, u64).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            std::ptr::addr_of!(attr),
+            std::mem::size_of::<ElemAttr>(),
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// bpf(2) commands (linux/bpf.h `enum bpf_cmd`).
+const BPF_MAP_LOOKUP_ELEM: libc::c_int = 1;
+const BPF_MAP_UPDATE_ELEM: libc::c_int = 2;
+const BPF_MAP_DELETE_ELEM: libc::c_int = 3;
+
+fn map_fd(ebpf: &Ebpf, name: &str) -> io::Result<OwnedFd> {
+    let data = match ebpf.map(name) {
+        Some(Map::Array(d) | Map::SockMap(d)) => d,
+        _ => return Err(err("map", format!("no {name}"))),
+    };
+    data.fd().as_fd().try_clone_to_owned()
+}
+
+/// Offset of `struct sock.sk_ack_backlog` in the running kernel (its BTF).
+fn ack_backlog_offset() -> io::Result<u32> {
+    let raw = std::fs::read(VMLINUX_BTF).map_err(|e| err(VMLINUX_BTF, e))?;
+    let btf = farside_xdp::btf::Btf::parse(&raw).map_err(|e| err(VMLINUX_BTF, e))?;
+    btf.offset_of("sock", &["sk_ack_backlog"])
+        .ok_or_else(|| err(VMLINUX_BTF, "no struct sock field sk_ack_backlog"))
+}
+
 impl Steering {
-    /// Loads the program, puts `daemon` (the admission listener) in its socket map and
-    /// attaches it to the calling thread's network namespace for `vip:port` (`vip`
-    /// `None`: any local address). Starts with divert off. Needs CAP_BPF and
-    /// CAP_NET_ADMIN.
+    /// Loads the program (`steer`; if the verifier refuses its kernel-mode helpers,
+    /// `steer_poll`, and [`Steering::use_server_listener`] then says why), puts
+    /// `daemon` (the admission listener) in its socket map and attaches it to the
+    /// calling thread's network namespace for `vip:port` (`vip` `None`: any local
+    /// address). Starts in [`Mode::Poll`] with divert off. Needs CAP_BPF and
+    /// CAP_NET_ADMIN (and CAP_PERFMON for the kernel mode's helpers).
     pub fn attach(vip: Option<Ipv4Addr>, port: u16, daemon: &TcpListener) -> io::Result<Self> {
-        let mut ebpf = aya::EbpfLoader::new()
+        Self::attach_with(vip, port, daemon, true)
+    }
+
+    /// [`Steering::attach`], with `kernel_mode` false: `steer_poll` (the program
+    /// without the kernel mode) whatever the verifier would accept (`--poll-steer`).
+    pub fn attach_with(
+        vip: Option<Ipv4Addr>,
+        port: u16,
+        daemon: &TcpListener,
+        kernel_mode: bool,
+    ) -> io::Result<Self> {
+        let ebpf = aya::EbpfLoader::new()
             .btf(None)
             .load(OBJECT)
             .map_err(|e| err("loading bpf/steer.bpf.o", e))?;
         let cfg = SteerConfig {
             vip: vip.map(|a| u32::from_ne_bytes(a.octets())).unwrap_or(0),
             port: u32::from(port),
-            divert: 0,
-            pad: 0,
+            ..SteerConfig::default()
         };
-        {
-            let map = ebpf
-                .map_mut("steer_config")
-                .ok_or_else(|| err("map", "no steer_config"))?;
-            let mut a: Array<&mut MapData, SteerConfig> =
-                Array::try_from(map).map_err(|e| err("steer_config", e))?;
-            a.set(0, cfg, 0).map_err(|e| err("steer_config", e))?;
-        }
-        {
-            let map = ebpf
-                .map_mut("steer_sock")
-                .ok_or_else(|| err("map", "no steer_sock"))?;
-            let mut m: SockMap<&mut MapData> =
-                SockMap::try_from(map).map_err(|e| err("steer_sock", e))?;
-            m.set(0, &daemon.as_raw_fd(), 0)
-                .map_err(|e| err("putting the admission listener in steer_sock", e))?;
-        }
+        let socks = map_fd(&ebpf, "steer_sock")?;
+        let live = Arc::new(Live::map(map_fd(&ebpf, "steer_live")?.as_fd())?);
+        let mut fd = daemon.as_raw_fd() as u64;
+        map_elem(
+            BPF_MAP_UPDATE_ELEM,
+            socks.as_fd(),
+            SOCK_DAEMON,
+            Some(&mut fd),
+        )
+        .map_err(|e| err("putting the admission listener in steer_sock", e))?;
+        let mut st = Self {
+            ebpf,
+            cfg,
+            socks,
+            live,
+            no_kernel_mode: None,
+        };
+        st.write_config()?;
         let netns = std::fs::File::open("/proc/thread-self/ns/net")?;
-        let prog: &mut SkLookup = ebpf
-            .program_mut("steer")
-            .ok_or_else(|| err("program", "no steer"))?
+        let first = if kernel_mode {
+            st.load_program("steer")
+        } else {
+            st.no_kernel_mode = Some("the poll mode was asked for (--poll-steer)".into());
+            Ok(())
+        };
+        let name = match first {
+            Ok(()) if kernel_mode => "steer",
+            Ok(()) => {
+                st.load_program("steer_poll")
+                    .map_err(|e| err("loading the sk_lookup program steer_poll", e))?;
+                "steer_poll"
+            }
+            Err(e) => {
+                // The kernel mode's helpers need CAP_PERFMON and no lockdown.
+                st.no_kernel_mode = Some(format!(
+                    "the verifier refused the program that reads the backlog: {}",
+                    error_chain(&e)
+                ));
+                st.load_program("steer_poll")
+                    .map_err(|e| err("loading the sk_lookup program steer_poll", e))?;
+                "steer_poll"
+            }
+        };
+        let prog: &mut SkLookup = st
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| err("program", name))?
             .try_into()
             .map_err(|e| err("program", e))?;
-        prog.load()
-            .map_err(|e| err("loading the sk_lookup program", e))?;
         prog.attach(&netns)
             .map_err(|e| err("attaching to the network namespace", e))?;
-        Ok(Self { ebpf, cfg })
+        Ok(st)
     }
 
-    /// Sets whether new connections go to the daemon's listener.
-    pub fn set_divert(&mut self, on: bool) -> io::Result<()> {
-        let v = u32::from(on);
-        if self.cfg.divert == v {
-            return Ok(());
-        }
-        self.cfg.divert = v;
+    fn load_program(&mut self, name: &str) -> Result<(), aya::programs::ProgramError> {
+        let prog: &mut SkLookup = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(aya::programs::ProgramError::NotLoaded)?
+            .try_into()?;
+        prog.load()
+    }
+
+    fn write_config(&mut self) -> io::Result<()> {
         let map = self
             .ebpf
             .map_mut("steer_config")
@@ -119,6 +350,107 @@ impl Steering {
         let mut a: Array<&mut MapData, SteerConfig> =
             Array::try_from(map).map_err(|e| err("steer_config", e))?;
         a.set(0, self.cfg, 0).map_err(|e| err("steer_config", e))
+    }
+
+    /// Switches to [`Mode::Kernel`]: puts `server` (the web server's listener; the
+    /// map takes its own reference to the socket, not to the descriptor, so the caller
+    /// may close `server` and the server's close still frees the socket) in the
+    /// program's socket map and has the program divert at `queue` (Q). Divert off
+    /// until [`Live::set_room`] says the window has room.
+    pub fn use_server_listener(&mut self, server: BorrowedFd<'_>, queue: u32) -> io::Result<()> {
+        if let Some(why) = &self.no_kernel_mode {
+            return Err(err("kernel mode", why));
+        }
+        let off = ack_backlog_offset()?;
+        let mut fd = server.as_raw_fd() as u64;
+        map_elem(
+            BPF_MAP_UPDATE_ELEM,
+            self.socks.as_fd(),
+            SOCK_SERVER,
+            Some(&mut fd),
+        )
+        .map_err(|e| err("putting the server's listener in steer_sock", e))?;
+        self.cfg.off_ack_backlog = off;
+        self.cfg.queue = queue;
+        self.cfg.mode = Mode::Kernel as u32;
+        self.cfg.divert = 0;
+        self.write_config()
+    }
+
+    /// Switches to [`Mode::Poll`] (divert off) and drops the server's listener from
+    /// the map if it is still there.
+    pub fn use_polling(&mut self) -> io::Result<()> {
+        self.cfg.mode = Mode::Poll as u32;
+        self.cfg.divert = 0;
+        self.write_config()?;
+        match map_elem(BPF_MAP_DELETE_ELEM, self.socks.as_fd(), SOCK_SERVER, None) {
+            // A sockmap answers EINVAL for an empty entry (the server closed it).
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINVAL)) => {
+                Err(err("dropping the server's listener from steer_sock", e))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Who decides now.
+    pub fn mode(&self) -> Mode {
+        if self.cfg.mode == Mode::Kernel as u32 {
+            Mode::Kernel
+        } else {
+            Mode::Poll
+        }
+    }
+
+    /// Whether the server's listener is still in the map: the kernel drops it when
+    /// the last descriptor of it closes (the server closed or restarted).
+    pub fn server_listener_present(&self) -> io::Result<bool> {
+        let mut cookie = 0u64;
+        match map_elem(
+            BPF_MAP_LOOKUP_ELEM,
+            self.socks.as_fd(),
+            SOCK_SERVER,
+            Some(&mut cookie),
+        ) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(err("steer_sock lookup", e)),
+        }
+    }
+
+    /// The shared `room`/`backlog` words (kernel mode).
+    pub fn live(&self) -> Arc<Live> {
+        Arc::clone(&self.live)
+    }
+
+    /// Sets whether new connections go to the daemon's listener ([`Mode::Poll`]).
+    pub fn set_divert(&mut self, on: bool) -> io::Result<()> {
+        let v = u32::from(on);
+        if self.cfg.divert == v {
+            return Ok(());
+        }
+        self.cfg.divert = v;
+        self.write_config()
+    }
+
+    /// Whether [`Steering::use_server_listener`] can work (the attached program has
+    /// the kernel mode).
+    pub fn kernel_mode_possible(&self) -> bool {
+        self.no_kernel_mode.is_none()
+    }
+
+    /// One of the program's counters (`CNT_*`) summed over CPUs: one syscall, where
+    /// [`Steering::counters`] makes one per counter.
+    pub fn counter(&self, i: usize) -> io::Result<u64> {
+        let map = self
+            .ebpf
+            .map("steer_counters")
+            .ok_or_else(|| err("map", "no steer_counters"))?;
+        let a: PerCpuArray<&MapData, u64> =
+            PerCpuArray::try_from(map).map_err(|e| err("steer_counters", e))?;
+        let v = a
+            .get(&(i as u32), 0)
+            .map_err(|e| err("steer_counters", e))?;
+        Ok(v.iter().sum())
     }
 
     /// The program's counters summed over CPUs (index by `CNT_*`).

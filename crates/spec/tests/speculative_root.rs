@@ -13,8 +13,10 @@
 //! answer.
 //!
 //! - `window_connections_migrate_to_the_peer_and_complete`: once a's queue is at Q
-//!   the program diverts SYNs to the daemon, which migrates them to `b`; every
+//!   the program (kernel mode: a's listener in its map) diverts SYNs to the daemon, which migrates them to `b`; every
 //!   connection completes and some were served by `b`.
+//! - `in_the_poll_mode_window_connections_migrate_too`: the same with `--poll-steer`
+//!   (the daemon's divert flag, polled every 1 ms).
 //! - `refusing_target_closes_the_window_and_connections_complete_on_the_source`:
 //!   `b` refuses every offer; the first refusal closes the window, the refused
 //!   connection falls back to a's server, no SYN is diverted while the window is
@@ -153,7 +155,8 @@ fn node(
     ip: &'static str,
     workers: usize,
     admit_queue_max: u32,
-    source_peer: Option<mpsc::Receiver<SocketAddr>>,
+    // The peer's address, and whether to steer by polling (`--poll-steer`).
+    source_peer: Option<(mpsc::Receiver<SocketAddr>, bool)>,
     ready: mpsc::Sender<SocketAddr>,
     stop: mpsc::Receiver<()>,
 ) -> NodeReport {
@@ -176,7 +179,7 @@ fn node(
         peers: Vec::new(),
     })
     .expect("target");
-    let source = source_peer.map(|rx| {
+    let source = source_peer.map(|(rx, poll_steer)| {
         let peer = rx.recv_timeout(AWAIT_MAX).expect("peer address");
         SourceDaemon::start(
             SourceConfig {
@@ -192,6 +195,7 @@ fn node(
                 }],
                 migrators: 8,
                 poll: Duration::from_millis(1),
+                poll_steer,
                 peer_poll: Duration::from_millis(5),
                 handover: Handover::CloseAfterRestore,
                 affinity: None,
@@ -242,7 +246,7 @@ fn node(
 }
 
 /// Runs the scenario; returns (a's report, b's report).
-fn scenario(suffix: &str, b_admit_queue_max: u32) -> (NodeReport, NodeReport) {
+fn scenario(suffix: &str, b_admit_queue_max: u32, poll_steer: bool) -> (NodeReport, NodeReport) {
     let guard = netns(suffix);
     let ns = guard.r.clone();
     let (b_ready, b_addr) = mpsc::channel();
@@ -253,7 +257,18 @@ fn scenario(suffix: &str, b_admit_queue_max: u32) -> (NodeReport, NodeReport) {
     let nb = ns.clone();
     let b = thread::spawn(move || node(nb, "b", B_IP, 4, b_admit_queue_max, None, b_ready, stop_b));
     let na = ns.clone();
-    let a = thread::spawn(move || node(na, "a", A_IP, 1, 64, Some(peer_rx), a_ready, stop_a));
+    let a = thread::spawn(move || {
+        node(
+            na,
+            "a",
+            A_IP,
+            1,
+            64,
+            Some((peer_rx, poll_steer)),
+            a_ready,
+            stop_a,
+        )
+    });
     peer_tx
         .send(b_addr.recv_timeout(AWAIT_MAX).expect("b ready"))
         .unwrap();
@@ -305,6 +320,13 @@ fn scenario(suffix: &str, b_admit_queue_max: u32) -> (NodeReport, NodeReport) {
     let rb = b.join().expect("node b");
     eprintln!("source a: {}", ra.source.as_deref().unwrap_or("-"));
     assert_eq!(failures, 0, "client sessions failed");
+    let summary: serde_json::Value =
+        serde_json::from_str(ra.source.as_deref().expect("a is a source")).unwrap();
+    assert_eq!(
+        summary["steer_mode"],
+        if poll_steer { "poll" } else { "kernel" },
+        "kernel: the program decides from a's listener (taken from the backend)"
+    );
     drop(guard);
     (ra, rb)
 }
@@ -313,7 +335,7 @@ fn scenario(suffix: &str, b_admit_queue_max: u32) -> (NodeReport, NodeReport) {
 #[ignore = "needs root (netns, sk_lookup, TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn window_connections_migrate_to_the_peer_and_complete() {
     assert!(is_root(), "needs root");
-    let (a, b) = scenario("m", 64);
+    let (a, b) = scenario("m", 64, false);
     assert!(a.source_migrated > 0, "nothing migrated");
     assert_eq!(b.target_restored, a.source_migrated);
     assert_eq!(a.source_closures, 0, "b never refused");
@@ -321,9 +343,18 @@ fn window_connections_migrate_to_the_peer_and_complete() {
 
 #[test]
 #[ignore = "needs root (netns, sk_lookup, TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn in_the_poll_mode_window_connections_migrate_too() {
+    assert!(is_root(), "needs root");
+    let (a, b) = scenario("p", 64, true);
+    assert!(a.source_migrated > 0, "nothing migrated");
+    assert_eq!(b.target_restored, a.source_migrated);
+}
+
+#[test]
+#[ignore = "needs root (netns, sk_lookup, TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn refusing_target_closes_the_window_and_connections_complete_on_the_source() {
     assert!(is_root(), "needs root");
-    let (a, b) = scenario("r", 0);
+    let (a, b) = scenario("r", 0, false);
     assert_eq!(a.source_migrated, 0);
     assert_eq!(b.target_restored, 0);
     assert!(a.source_fell_back > 0, "no migration was attempted");

@@ -1,13 +1,17 @@
 //! The sk_lookup steering program alone (needs root: netns, BPF): in a fresh network
 //! namespace, SYNs for VIP:port reach the server's listener while divert is off and
-//! the daemon's listener while it is on; other ports are never touched.
+//! the daemon's listener while it is on; other ports are never touched. In kernel
+//! mode the program decides from the server's accept queue itself (no poll, no divert
+//! flag), and a server that closes its listener closes it (the map holds no
+//! descriptor): the port refuses instead of queueing into a dead listener.
 
 use std::io;
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use farside_spec::steer::{Steering, CNT_DAEMON, CNT_SERVER};
+use farside_spec::load::{server_listener, ServerQueue};
+use farside_spec::steer::{Mode, Steering, CNT_DAEMON, CNT_NO_SERVER, CNT_SERVER};
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -36,11 +40,151 @@ fn accepts(l: &TcpListener) -> bool {
     false
 }
 
+/// A fresh network namespace with 10.79.0.100 on its loopback, deleted on drop.
+fn netns(tag: &str) -> (Ns, std::fs::File) {
+    let ns = Ns(format!("{tag}{}", std::process::id() % 100_000));
+    let run = |args: &[&str]| {
+        let st = std::process::Command::new("ip")
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(st.success(), "ip {args:?}");
+    };
+    run(&["netns", "add", &ns.0]);
+    run(&["-n", &ns.0, "link", "set", "lo", "up"]);
+    run(&["-n", &ns.0, "addr", "add", "10.79.0.100/32", "dev", "lo"]);
+    let f = std::fs::File::open(format!("/run/netns/{}", ns.0)).unwrap();
+    (ns, f)
+}
+
+fn enter(f: &std::fs::File) {
+    // SAFETY: setns on an open netns fd; affects only this thread.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns: {}", io::Error::last_os_error());
+}
+
+fn await_cond(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "timed out awaiting {what}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+#[ignore = "needs root (netns, BPF): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn in_kernel_mode_the_program_diverts_from_the_servers_queue() {
+    assert!(is_root(), "needs root");
+    let (_ns, f) = netns("sk");
+    let th = std::thread::spawn(move || {
+        enter(&f);
+        const Q: u32 = 2;
+        let server = TcpListener::bind("10.79.0.100:8080").unwrap();
+        let daemon = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut queue = ServerQueue::new(8080).unwrap();
+        let mut st =
+            Steering::attach(Some("10.79.0.100".parse().unwrap()), 8080, &daemon).expect("attach");
+        {
+            // Taken from its owner (this process) as specd takes nginx's; our copy is
+            // closed right away: the map holds the socket, not a descriptor.
+            let (fd, owner) = server_listener(8080).unwrap();
+            assert_eq!(owner.pid, std::process::id());
+            st.use_server_listener(std::os::fd::AsFd::as_fd(&fd), Q)
+                .expect("the server's listener in the map");
+        }
+        assert_eq!(st.mode(), Mode::Kernel);
+        let live = st.live();
+        live.set_room(true);
+        // Below Q: the server, whatever the divert flag (poll mode's) would say.
+        let mut held = Vec::new();
+        for i in 0..Q {
+            held.push(TcpStream::connect("10.79.0.100:8080").unwrap());
+            await_cond("the server's queue to grow", || {
+                queue.read().unwrap() == i + 1
+            });
+        }
+        assert_eq!(st.counters().unwrap()[CNT_SERVER], u64::from(Q));
+        assert_eq!(
+            live.backlog(),
+            Q - 1,
+            "the backlog the program saw at the last SYN"
+        );
+        // At Q, with room: the daemon, decided by the program alone.
+        let _c = TcpStream::connect("10.79.0.100:8080").unwrap();
+        assert!(accepts(&daemon), "queue at Q: the daemon");
+        assert_eq!(live.backlog(), Q, "published for the acceptor");
+        assert_eq!(st.counters().unwrap()[CNT_DAEMON], 1);
+        // At Q without room (window closed): the server.
+        live.set_room(false);
+        held.push(TcpStream::connect("10.79.0.100:8080").unwrap());
+        await_cond("the server's queue to grow", || {
+            queue.read().unwrap() == Q + 1
+        });
+        live.set_room(true);
+        // The server drains its queue: the next SYN goes to it again.
+        server.set_nonblocking(true).unwrap();
+        let mut drained = Vec::new();
+        while drained.len() < (Q + 1) as usize {
+            if let Ok((c, _)) = server.accept() {
+                drained.push(c);
+            }
+        }
+        let _d = TcpStream::connect("10.79.0.100:8080").unwrap();
+        assert!(accepts(&server), "queue drained: the server");
+        let c = st.counters().unwrap();
+        eprintln!("counters {c:?}, seen {}", live.seen());
+        assert_eq!((c[CNT_SERVER], c[CNT_DAEMON]), (u64::from(Q) + 2, 1));
+        assert_eq!(
+            live.seen(),
+            u64::from(Q) + 3,
+            "the backlog read at every SYN"
+        );
+        // The server closes its listener: nothing of ours keeps it open, the kernel
+        // drops it from the map, and the port refuses rather than queueing into a
+        // listener nobody accepts from.
+        assert!(st.server_listener_present().unwrap());
+        drop(server);
+        assert!(
+            !st.server_listener_present().unwrap(),
+            "dropped from the map"
+        );
+        let e = TcpStream::connect("10.79.0.100:8080").expect_err("nobody listens");
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+        assert_eq!(st.counters().unwrap()[CNT_NO_SERVER], 1);
+        // A new server: back to the kernel's own lookup until the daemon takes it.
+        let server2 = TcpListener::bind("10.79.0.100:8080").unwrap();
+        let _e = TcpStream::connect("10.79.0.100:8080").unwrap();
+        assert!(accepts(&server2), "a restarted server gets its SYNs");
+        st.use_polling().unwrap();
+        assert_eq!(st.mode(), Mode::Poll);
+    });
+    th.join().expect("kernel-mode steering");
+}
+
 #[test]
 #[ignore = "needs root (netns, BPF): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn syns_go_to_the_daemon_only_while_divert_is_on() {
+    divert_flag_steers(true);
+}
+
+#[test]
+#[ignore = "needs root (netns, BPF): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn the_program_without_the_kernel_mode_steers_by_the_flag() {
+    divert_flag_steers(false);
+}
+
+/// The poll mode: the daemon's flag decides. `kernel_mode`: which program is
+/// attached (`steer`, or `steer_poll`, which cannot take the kernel mode).
+fn divert_flag_steers(kernel_mode: bool) {
     assert!(is_root(), "needs root");
-    let ns = Ns(format!("st{}", std::process::id() % 100_000));
+    let ns = Ns(format!(
+        "st{}{}",
+        u8::from(kernel_mode),
+        std::process::id() % 100_000
+    ));
     let run = |args: &[&str]| {
         let st = std::process::Command::new("ip")
             .args(args)
@@ -59,8 +203,20 @@ fn syns_go_to_the_daemon_only_while_divert_is_on() {
         let server = TcpListener::bind("10.79.0.100:8080").unwrap();
         let other = TcpListener::bind("10.79.0.100:8081").unwrap();
         let daemon = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut st =
-            Steering::attach(Some("10.79.0.100".parse().unwrap()), 8080, &daemon).expect("attach");
+        let mut st = Steering::attach_with(
+            Some("10.79.0.100".parse().unwrap()),
+            8080,
+            &daemon,
+            kernel_mode,
+        )
+        .expect("attach");
+        if !kernel_mode {
+            let e = st
+                .use_server_listener(std::os::fd::AsFd::as_fd(&server), 1)
+                .expect_err("steer_poll has no kernel mode");
+            assert!(e.to_string().contains("--poll-steer"), "{e}");
+            assert_eq!(st.mode(), Mode::Poll);
+        }
         let _c1 = TcpStream::connect("10.79.0.100:8080").unwrap();
         assert!(accepts(&server), "divert off: the server");
         st.set_divert(true).unwrap();

@@ -41,7 +41,7 @@
 //!
 //! Everything here needs CAP_BPF and CAP_NET_ADMIN (root in practice).
 
-mod btf;
+pub mod btf;
 pub mod ksamp;
 
 pub use ksamp::{enable_bpf_stats, KernelSamplerCosts, PortCounts, ProgCost};
