@@ -222,6 +222,14 @@ pub struct SpecPoint {
     pub migration_cpu_source_us: Option<f64>,
     #[serde(default)]
     pub migration_cpu_target_us: Option<f64>,
+    /// specd's process CPU, ms per second per back-end (mean): its whole tax on a
+    /// node's quota (`None` without speculation).
+    #[serde(default)]
+    pub specd_cpu_ms_per_s: Option<f64>,
+    /// How the sources' sk_lookup program decided (`kernel`: per SYN from the server's
+    /// accept queue; `poll`: a flag polled by specd).
+    #[serde(default)]
+    pub steer_mode: Option<String>,
     /// One node's capacity by the formula, connections/s ([`capacity_rps`]).
     pub capacity_rps: f64,
     /// Measured time, s.
@@ -278,6 +286,7 @@ impl SpecPoint {
             migration_lost: runs.iter().map(|r| r.migration_lost).sum(),
             migration_cpu_source_us: worst(|r| r.migration_cpu_source_us),
             migration_cpu_target_us: worst(|r| r.migration_cpu_target_us),
+            specd_cpu_ms_per_s: worst(|r| r.specd_cpu_ms_per_s),
             duration_s: d,
             runs: runs.iter().map(|r| r.runs).sum(),
             conn_per_s_min: (runs.len() > 1).then(|| {
@@ -317,6 +326,8 @@ impl SpecPoint {
             migration_lost: 0,
             migration_cpu_source_us: None,
             migration_cpu_target_us: None,
+            specd_cpu_ms_per_s: None,
+            steer_mode: None,
             capacity_rps: 0.0,
             duration_s: 0.0,
             runs: 0,
@@ -457,6 +468,11 @@ pub struct SpecdFigures {
     /// Mean CPU per migration on the sources and on the targets, µs.
     pub cpu_source_us: Option<f64>,
     pub cpu_target_us: Option<f64>,
+    /// specd's whole process CPU (`process_cpu_ms` over `wall_s`), ms per second,
+    /// mean over the back-ends: its tax on a node's quota, migrations included.
+    pub cpu_ms_per_s: Option<f64>,
+    /// The sources' steering modes (`source.steer_mode`), distinct, comma-separated.
+    pub steer_mode: Option<String>,
 }
 
 impl SpecdFigures {
@@ -499,6 +515,22 @@ impl SpecdFigures {
         }
         f.cpu_source_us = (src_n > 0).then(|| src_cpu / src_n as f64);
         f.cpu_target_us = (tgt_n > 0).then(|| tgt_cpu / tgt_n as f64);
+        let taxes: Vec<f64> = summaries
+            .iter()
+            .filter_map(|s| {
+                let wall = s["wall_s"].as_f64()?;
+                (wall > 0.0).then(|| s["process_cpu_ms"].as_f64().unwrap_or(0.0) / wall)
+            })
+            .collect();
+        f.cpu_ms_per_s =
+            (!taxes.is_empty()).then(|| taxes.iter().sum::<f64>() / taxes.len() as f64);
+        let mut modes: Vec<&str> = summaries
+            .iter()
+            .filter_map(|s| s["source"]["steer_mode"].as_str())
+            .collect();
+        modes.sort_unstable();
+        modes.dedup();
+        f.steer_mode = (!modes.is_empty()).then(|| modes.join(","));
         f
     }
 }
@@ -1037,6 +1069,8 @@ fn measure(
         migration_lost: figures.lost,
         migration_cpu_source_us: figures.cpu_source_us,
         migration_cpu_target_us: figures.cpu_target_us,
+        specd_cpu_ms_per_s: figures.cpu_ms_per_s,
+        steer_mode: figures.steer_mode,
         capacity_rps: plan.capacity,
         duration_s: s.duration_s,
         runs: 1,
@@ -1176,19 +1210,30 @@ pub fn peaks_and_break_even(points: &[&SpecPoint]) -> String {
         points
             .iter()
             .filter(|p| p.panel() == panel && p.system == sys)
-            .map(|p| p.conn_per_s)
-            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
+            .max_by(|a, b| a.conn_per_s.total_cmp(&b.conn_per_s))
+            .copied()
     };
-    let single = peak("single", "acc64");
+    let single = peak("single", "acc64").map(|p| p.conn_per_s);
     for (panel, systems) in panels(points) {
         for sys in systems {
-            let Some(pk) = peak(&panel, &sys) else {
+            let Some(p) = peak(&panel, &sys) else {
                 continue;
             };
+            let pk = p.conn_per_s;
             let ratio = single
                 .filter(|s| *s > 0.0)
                 .map_or("-".to_string(), |sg| format!("{:.2}x", pk / sg));
-            let _ = writeln!(s, "  {panel:<12} {sys:<8} {pk:>8.1}  {ratio}");
+            let _ = write!(s, "  {panel:<12} {sys:<8} {pk:>8.1}  {ratio}");
+            if let Some(tax) = p.specd_cpu_ms_per_s {
+                // specd's share of this point's node quota, at the peak.
+                let _ = write!(
+                    s,
+                    "  (at rate {:.1}; specd {tax:.1} ms/s per node, {})",
+                    p.rate,
+                    p.steer_mode.as_deref().unwrap_or("-")
+                );
+            }
+            s.push('\n');
         }
     }
     let migrated: Vec<&&SpecPoint> = points.iter().filter(|p| p.migrations > 0).collect();
@@ -1387,7 +1432,9 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
              region, kernel sampler, over udp answered by XDP; no --gate-peer-load) and \
              which admits by its own accept queue (--admit-queue-max {BASE_ACCEPT_QUEUE}), hand-off by fd passing to \
              `farside backend --adopt-socket`, flows moved at the front-end's control port; \
-             specd runs inside the back-end's CPU quota. migration_p50_us: count-weighted \
+             specd runs inside the back-end's CPU quota (specd_cpu_ms_per_s: its process CPU \
+             per second, mean per back-end); steer_mode: how its sk_lookup program decided \
+             (kernel: per SYN from the server's accept queue). migration_p50_us: count-weighted \
              mean of the sources' p50; migration_p99_us: the worst source's p99; \
              migration_cpu_*_us: means per migration"
         ))?;
@@ -1524,7 +1571,7 @@ mod tests {
     #[test]
     fn specd_summaries_fill_the_point() {
         let b0: serde_json::Value = serde_json::from_str(
-            r#"{"wall_s":5.0,"source":{"accepted":12,"migrated":10,"lost":1,
+            r#"{"wall_s":5.0,"process_cpu_ms":100.0,"source":{"accepted":12,"migrated":10,"lost":1,"steer_mode":"kernel",
             "local_handoff_failed":0,"window":{"target_refusals":2,"closures":3},
             "migration_us":{"count":10,"p50":100,"p99":900,"max":950,"mean":150.0},
             "cpu_us":{"count":10,"p50":400,"p99":800,"max":800,"mean":500.0}},
@@ -1532,7 +1579,7 @@ mod tests {
         )
         .unwrap();
         let b1: serde_json::Value = serde_json::from_str(
-            r#"{"wall_s":5.0,"source":{"migrated":30,"lost":0,"local_handoff_failed":0,
+            r#"{"wall_s":4.0,"process_cpu_ms":120.0,"source":{"migrated":30,"lost":0,"local_handoff_failed":0,"steer_mode":"kernel",
             "window":{"target_refusals":0,"closures":1},
             "migration_us":{"count":30,"p50":200,"p99":500,"max":600,"mean":210.0},
             "cpu_us":{"count":30,"p50":300,"p99":400,"max":400,"mean":300.0}},
@@ -1548,6 +1595,9 @@ mod tests {
         assert_eq!(f.p99_us, Some(900.0));
         assert_eq!(f.cpu_source_us, Some(350.0));
         assert_eq!(f.cpu_target_us, Some(250.0));
+        // 100 ms over 5 s and 120 ms over 4 s: 20 and 30 ms/s.
+        assert_eq!(f.cpu_ms_per_s, Some(25.0));
+        assert_eq!(f.steer_mode.as_deref(), Some("kernel"));
         let none = SpecdFigures::from_summaries(&[serde_json::json!({"source": null})]);
         assert_eq!(none, SpecdFigures::default());
     }
