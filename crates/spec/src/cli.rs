@@ -131,9 +131,11 @@ pub struct SpecdArgs {
     /// percentiles, target counters) to this file too.
     #[arg(long)]
     pub summary: Option<PathBuf>,
-    /// Keep migratory arrivals local while every peer's load (read one-sidedly from
-    /// its `region=`) says full: backlog plus migrations in flight ≥ --queue. Off by
-    /// default (see `source::SourceConfig::gate_on_peer_load`).
+    /// Read the peers' load one-sidedly (their `region=`) before offering: while every
+    /// peer is full (backlog plus migrations in flight ≥ --queue) a migratory arrival
+    /// stays local and the window closes as on a refusal, with no dump or offer spent;
+    /// while closed, a peer whose load leaves room for a whole window reopens it. Off
+    /// by default (see `source::SourceConfig::gate_on_peer_load`).
     #[arg(long = "gate-peer-load")]
     pub gate_peer_load: bool,
     /// Content-aware migration: with several peers, send requests for the same path

@@ -602,7 +602,7 @@ impl SourceDaemon {
             )
         };
         format!(
-            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{}}},\"steer\":{{\"server\":{},\"daemon\":{},\"no_server\":{}}},\"steer_mode\":\"{}\",\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"no_peer_room\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
+            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{},\"reopened_by_peer_load\":{}}},\"steer\":{{\"server\":{},\"daemon\":{},\"no_server\":{}}},\"steer_mode\":\"{}\",\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"no_peer_room\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
             s.accepted.load(Ordering::Relaxed),
             s.stale_local.load(Ordering::Relaxed),
             s.migrated.load(Ordering::Relaxed),
@@ -619,6 +619,7 @@ impl SourceDaemon {
             ws.closures,
             ws.reopened_by_notification,
             ws.reopened_by_service,
+            ws.reopened_by_peer_load,
             steer[CNT_SERVER],
             steer[CNT_DAEMON],
             steer[CNT_NO_SERVER],
@@ -687,7 +688,8 @@ pub const WINDOW_EVENTS_MAX: usize = 10_000;
 /// Window transitions over time, for the summary's `window_events`.
 #[derive(Debug, Default)]
 struct WindowEvents {
-    /// (ms since start, what): `close`, `open_notify`, `open_service`.
+    /// (ms since start, what): `close`, `open_notify`, `open_service`,
+    /// `open_peer_load`.
     events: Vec<(u64, &'static str)>,
     /// Transitions past [`WINDOW_EVENTS_MAX`], not kept.
     dropped: u64,
@@ -718,6 +720,10 @@ fn window_op<R>(s: &Shared, f: impl FnOnce(&mut Window) -> R) -> R {
         (
             after.reopened_by_service - before.reopened_by_service,
             "open_service",
+        ),
+        (
+            after.reopened_by_peer_load - before.reopened_by_peer_load,
+            "open_peer_load",
         ),
     ];
     if happened.iter().any(|(n, _)| *n > 0) {
@@ -775,14 +781,20 @@ fn acceptor_loop(s: &Shared, listener: &TcpListener, tx: SyncSender<(TcpStream, 
         let _ = sock.set_nonblocking(false);
         s.stats.accepted.fetch_add(1, Ordering::Relaxed);
         let q = match &s.live {
-            Some(l) if s.steer_mode.load(Ordering::Relaxed) == STEER_KERNEL => l.backlog(),
+            // The program diverted this connection because the server's queue was at Q
+            // when its SYN came (the paper marks a connection migratory then); a later
+            // SYN's reading, published since, does not undo that verdict.
+            Some(l) if s.steer_mode.load(Ordering::Relaxed) == STEER_KERNEL => {
+                l.backlog().max(s.cfg.window.queue)
+            }
             _ => s.server_queue.load(Ordering::Relaxed),
         };
         let decision = window_op(s, |w| w.on_arrival(q));
         match decision {
             Decision::Migrate if s.cfg.gate_on_peer_load && !peers_have_room(s) => {
                 // Every peer read one-sidedly is full: an offer would be refused after a
-                // dump; the connection waits in the local queue instead.
+                // dump. The window closes as on that refusal (without the dump and the
+                // offer) and the connection is served here.
                 window_op(s, |w| w.on_resolved(Resolution::NoPeerRoom));
                 s.stats.no_peer_room.fetch_add(1, Ordering::Relaxed);
                 hand_local(s, sock);
@@ -828,13 +840,27 @@ fn some_peer_has_room(cands: impl Iterator<Item = (PeerLoad, u32)>, full_at: u64
         .any(|(l, inflight)| !l.known || l.accept_backlog + u64::from(inflight) < full_at)
 }
 
+/// The load (backlog plus migrations in flight) below which a peer whose admission
+/// bound is `bound` still takes `n` more connections: `bound - n + 1`.
+fn full_at_for(bound: u32, n: u32) -> u64 {
+    u64::from(bound).saturating_sub(u64::from(n.max(1)) - 1)
+}
+
 fn peers_have_room(s: &Shared) -> bool {
+    peers_have_room_for(s, 1)
+}
+
+/// Whether some peer's known load (refreshed if older than --peer-poll-us) leaves room
+/// for `n` more connections under its admission bound (`--admit-queue-max` of the
+/// peers, taken equal to our Q); an unknown load has room (the target decides).
+fn peers_have_room_for(s: &Shared, n: u32) -> bool {
     refresh_peer_loads(s);
+    let full_at = full_at_for(s.cfg.window.queue, n);
     some_peer_has_room(
         s.peers
             .iter()
             .map(|p| (*lock(&p.load), p.inflight.load(Ordering::Relaxed))),
-        u64::from(s.cfg.window.queue),
+        full_at,
     )
 }
 
@@ -1030,9 +1056,17 @@ fn poll_once(s: &Shared, queue: &mut ServerQueue, base: &mut Option<PollBase>) {
     let passed = now.passed.saturating_sub(prev.passed);
     // Accepts over the period ≈ passed − queue growth.
     let served = (passed as i64 - (i64::from(q) - i64::from(prev.queue))).max(0) as u64;
+    // Gated: while closed, the peers' loads (read one-sidedly, at most one read per
+    // --peer-poll-us each) reopen the window once one has room for a whole window.
+    let peer_room = s.cfg.gate_on_peer_load
+        && !lock(&s.window).is_open()
+        && peers_have_room_for(s, s.cfg.window.window);
     let diverts = window_op(s, |w| {
         if served > 0 {
             w.on_served_locally(served);
+        }
+        if peer_room {
+            w.on_peer_room();
         }
         w.diverts(q)
     });
@@ -1295,6 +1329,25 @@ mod tests {
         assert_eq!(choose_with_affinity(Some(h), &f, 64), (i + 2) % 3);
         // No path: least-loaded.
         assert_eq!(choose_with_affinity(None, &f, 64), (i + 2) % 3);
+    }
+
+    #[test]
+    fn room_for_a_whole_window_leaves_the_window_under_the_bound() {
+        let c = |backlog: u64, n: u32| {
+            some_peer_has_room(
+                [(load(true, backlog, 0), 0)].into_iter(),
+                full_at_for(64, n),
+            )
+        };
+        assert!(c(32, 32), "32 + 32 = 64: fits");
+        assert!(!c(33, 32), "33 + 32 > 64");
+        assert!(c(63, 1) && !c(64, 1));
+        assert_eq!(full_at_for(64, 0), 64, "n = 0 is read as 1");
+        assert_eq!(
+            full_at_for(8, 32),
+            0,
+            "a window larger than the bound never fits"
+        );
     }
 
     #[test]

@@ -115,8 +115,11 @@ pub enum Resolution {
     /// Its state could not be fully dumped: never offered, served locally; the
     /// window is unchanged.
     NotDumpable,
-    /// Every peer's known load said full: never offered, served locally; the window
-    /// is unchanged (no target refused: the source read the peers' load).
+    /// Every peer's known load said full (`--gate-peer-load`): never offered, served
+    /// locally, and the window closes as on a refusal: the source read one-sidedly
+    /// what the target would have answered, without paying for the dump and the offer.
+    /// It reopens as after a refusal, or when a peer's load shows room for a whole
+    /// window ([`Window::on_peer_room`]).
     NoPeerRoom,
 }
 
@@ -145,6 +148,9 @@ pub struct WindowStats {
     pub reopened_by_notification: u64,
     /// Reopenings after N locally served requests.
     pub reopened_by_service: u64,
+    /// Reopenings because a peer's load, read one-sidedly, showed room for a whole
+    /// window (`--gate-peer-load`).
+    pub reopened_by_peer_load: u64,
 }
 
 /// The admission window. See the module doc for the state machine.
@@ -238,7 +244,10 @@ impl Window {
         match r {
             Resolution::Migrated => self.stats.migrated += 1,
             Resolution::NotDumpable => self.stats.not_dumpable += 1,
-            Resolution::NoPeerRoom => self.stats.no_peer_room += 1,
+            Resolution::NoPeerRoom => {
+                self.stats.no_peer_room += 1;
+                self.close();
+            }
             Resolution::Refused => {
                 self.stats.target_refusals += 1;
                 self.close();
@@ -255,6 +264,16 @@ impl Window {
         if !self.is_open() && self.cfg.window > 0 {
             self.size = self.cfg.window;
             self.stats.reopened_by_notification += 1;
+        }
+    }
+
+    /// A peer's load, read one-sidedly, shows room for a whole window (its accept
+    /// backlog plus the migrations to it in flight plus W below its admission bound):
+    /// a closed window reopens, as on that peer's notification.
+    pub fn on_peer_room(&mut self) {
+        if !self.is_open() && self.cfg.window > 0 {
+            self.size = self.cfg.window;
+            self.stats.reopened_by_peer_load += 1;
         }
     }
 
@@ -332,6 +351,25 @@ mod tests {
         assert_eq!(w.on_arrival(64), Decision::Migrate);
         let s = w.stats();
         assert_eq!((s.closures, s.reopened_by_notification), (1, 1));
+    }
+
+    #[test]
+    fn a_full_peer_closes_the_window_and_its_room_reopens_it() {
+        let mut w = win(64, 32);
+        assert_eq!(w.on_arrival(64), Decision::Migrate);
+        w.on_resolved(Resolution::NoPeerRoom);
+        assert!(!w.is_open(), "the gate closes as a refusal would");
+        assert_eq!(w.on_arrival(64), Decision::Refuse);
+        w.on_peer_room();
+        assert!(w.is_open());
+        assert_eq!(w.size(), 32);
+        // Room reported to an open window changes nothing.
+        w.on_peer_room();
+        let s = w.stats();
+        assert_eq!(
+            (s.no_peer_room, s.closures, s.reopened_by_peer_load),
+            (1, 1, 1)
+        );
     }
 
     #[test]

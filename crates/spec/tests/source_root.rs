@@ -160,7 +160,14 @@ fn refusal_closes_the_window_and_only_a_peers_notification_reopens_it() {
         assert!(v[k].is_u64(), "{k} is a count: {}", v[k]);
     }
     assert!(v["fallbacks"]["refused"].is_u64(), "{}", v["fallbacks"]);
-    assert!(v["window"]["closures"].is_u64(), "{}", v["window"]);
+    for k in [
+        "closures",
+        "reopened_by_notification",
+        "reopened_by_service",
+        "reopened_by_peer_load",
+    ] {
+        assert!(v["window"][k].is_u64(), "window.{k}: {}", v["window"]);
+    }
     assert!(v["peers"].is_array(), "{}", v["peers"]);
     assert_eq!(v["steer_mode"], "none", "no sk_lookup program");
     source.stop();
