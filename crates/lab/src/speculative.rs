@@ -126,7 +126,8 @@ pub struct SpeculativeArgs {
     pub experiment: Vec<String>,
     /// Systems of the split experiment (comma-separated): accN (normal processing, accept
     /// queue N), specW (speculative admission, window W on accept queue 64: spec32 and
-    /// spec50 are the paper's; `farside specd` on every back-end).
+    /// spec50 are the paper's; `farside specd` on every back-end), specWg (the same
+    /// with `specd --gate-peer-load`: the peer's load read one-sidedly before offering).
     #[arg(long, value_delimiter = ',', default_value = "acc64")]
     pub systems: Vec<String>,
     /// Accept queues of the single experiment (systems accN).
@@ -391,6 +392,7 @@ pub fn parse_system(s: &str) -> Result<(u32, Option<u32>), String> {
         };
     }
     if let Some(w) = s.strip_prefix("spec") {
+        let w = w.strip_suffix('g').unwrap_or(w);
         if let Ok(w) = w.parse::<u32>() {
             if (1..=SPEC_WINDOW_MAX).contains(&w) {
                 return Ok((BASE_ACCEPT_QUEUE, Some(w)));
@@ -404,6 +406,12 @@ pub fn parse_system(s: &str) -> Result<(u32, Option<u32>), String> {
         "--systems: unknown system `{s}` (accN, {})",
         SPEC_SYSTEMS.join(", ")
     ))
+}
+
+/// Whether system `s` is a gated speculative one (`specWg`: `farside specd
+/// --gate-peer-load`, the peer's load read one-sidedly before every offer).
+pub fn system_gated(s: &str) -> bool {
+    s.starts_with("spec") && s.ends_with('g')
 }
 
 /// `farside specd` arguments for back-end `node` (cluster address `ip`) of a `specN`
@@ -421,8 +429,9 @@ pub fn specd_args(
     frontend: SocketAddr,
     adopt: &Path,
     summary: &Path,
+    gate: bool,
 ) -> Vec<String> {
-    strings(&[
+    let mut v = strings(&[
         "specd",
         "--listen",
         &SocketAddr::new(ip.into(), SPECD_PORT).to_string(),
@@ -446,7 +455,11 @@ pub fn specd_args(
         &frontend.to_string(),
         "--summary",
         &summary.display().to_string(),
-    ])
+    ]);
+    if gate {
+        v.push("--gate-peer-load".into());
+    }
+    v
 }
 
 /// What one point takes from the back-ends' `farside specd` exit summaries.
@@ -803,6 +816,7 @@ impl Lab {
         &self,
         i: usize,
         window: u32,
+        gate: bool,
         adopt: &Path,
         summary: &Path,
         tag: &str,
@@ -817,6 +831,7 @@ impl Lab {
             control,
             adopt,
             summary,
+            gate,
         );
         let mut c = self.spawn(node, &format!("{tag}-specd-{node}"), &args)?;
         let t0 = Instant::now();
@@ -1013,7 +1028,14 @@ fn measure(
             }
             for (i, (sock, summary)) in adopt.iter().zip(&summaries).enumerate() {
                 let _ = std::fs::remove_file(summary);
-                specds.push(lab.start_specd(i, w, sock, summary, &tag)?);
+                specds.push(lab.start_specd(
+                    i,
+                    w,
+                    system_gated(&key.system),
+                    sock,
+                    summary,
+                    &tag,
+                )?);
             }
         }
         Ok(())
@@ -1535,6 +1557,9 @@ mod tests {
         }
         assert_eq!(parse_system("acc64").unwrap(), (64, None));
         assert_eq!(parse_system("spec32").unwrap(), (64, Some(32)));
+        assert_eq!(parse_system("spec50g").unwrap(), (64, Some(50)));
+        assert!(system_gated("spec50g") && !system_gated("spec50") && !system_gated("acc64"));
+        assert!(parse_system("acc64g").is_err());
         assert!(parse_system("acc0").is_err());
         assert!(parse_system("cm33").unwrap_err().contains("--systems"));
     }
@@ -1556,8 +1581,20 @@ mod tests {
             "10.0.0.9:7400".parse().unwrap(),
             Path::new("/tmp/a.sock"),
             Path::new("/tmp/s.json"),
+            false,
         )
         .join(" ");
+        assert!(!v.contains("--gate-peer-load"));
+        let g = specd_args(
+            Ipv4Addr::new(10, 0, 0, 2),
+            Ipv4Addr::new(10, 0, 0, 3),
+            50,
+            "10.0.0.9:7400".parse().unwrap(),
+            Path::new("/tmp/a.sock"),
+            Path::new("/tmp/s.json"),
+            true,
+        );
+        assert_eq!(g.last().map(String::as_str), Some("--gate-peer-load"));
         for want in [
             "specd --listen 10.0.0.2:7000 --server-port 80 --adopt-socket /tmp/a.sock",
             "--accept 127.0.0.1:0 --queue 64 --window 50 --vip 10.77.1.100",
