@@ -456,7 +456,10 @@ fn start_lane(
     let (addr_tx, addr_rx) = mpsc::channel::<io::Result<SocketAddr>>();
     let sh = shared.clone();
     let td = target_done.clone();
-    let target = thread::spawn(move || target_lane(&sh, b_ip, &td, &addr_tx, &served_tx));
+    // Named per side, so `perf report --sort comm` splits the CPU by side.
+    let target = thread::Builder::new()
+        .name("mm-target".into())
+        .spawn(move || target_lane(&sh, b_ip, &td, &addr_tx, &served_tx))?;
     let target_addr = addr_rx
         .recv_timeout(super::AWAIT_MAX)
         .map_err(|_| io::Error::other("target lane did not start"))??;
@@ -465,7 +468,7 @@ fn start_lane(
     let sh = shared.clone();
     let ld = lane_done.clone();
     let source_rules = rules.clone();
-    let source = thread::spawn(move || {
+    let source = thread::Builder::new().name("mm-source".into()).spawn(move || {
         source_lane(
             &sh,
             port,
@@ -479,15 +482,15 @@ fn start_lane(
         target_done.store(true, Ordering::Relaxed);
         // Wake the target's blocking accept (it sees EOF and the done flag).
         let _ = TcpStream::connect_timeout(&target_addr, Duration::from_secs(1));
-    });
+    })?;
     ready_rx
         .recv_timeout(super::AWAIT_MAX)
         .map_err(|_| io::Error::other("source lane did not start"))??;
     let sh = shared.clone();
-    let client = thread::spawn(move || {
+    let client = thread::Builder::new().name("mm-client".into()).spawn(move || {
         client_lane(&sh, port, &signal_rx, &rules);
         lane_done.store(true, Ordering::Relaxed);
-    });
+    })?;
     Ok(vec![client, source, target])
 }
 
