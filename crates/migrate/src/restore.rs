@@ -22,12 +22,12 @@
 //! The socket and its 4-tuple must not exist in this network namespace: on the same
 //! host the source is closed silently first (see [`crate::Handover`]).
 
-use std::io::{self, Write};
+use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use crate::dump::{attach_drop_filter, close_silently, repair, repair_queue, thaw};
+use crate::dump::{attach_drop_filter, close_frozen, close_silently, repair, repair_queue, thaw};
 use crate::state::TcpState;
 use crate::sys;
 
@@ -39,6 +39,9 @@ pub const UNSENT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Writes all of `buf` into the queue selected in repair mode. Each call may take
 /// only part (the kernel builds one skb of at most MAX_SKB_FRAGS pages per call).
 fn refill(fd: RawFd, queue: libc::c_int, buf: &[u8]) -> io::Result<()> {
+    if buf.is_empty() {
+        return Ok(());
+    }
     repair_queue(fd, queue)?;
     let mut off = 0;
     while off < buf.len() {
@@ -152,7 +155,8 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
         &snd_first,
         "TCP_QUEUE_SEQ send",
     )?;
-    repair_queue(fd, sys::TCP_NO_QUEUE)?;
+    // The queue selection stays: `connect`, the options, the buffers and the window do
+    // not depend on it (one system call less; each refill selects its queue).
 
     sys::connect(fd, &st.remote)?;
     sys::setsockopt_bytes(
@@ -174,7 +178,6 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
 
     refill(fd, sys::TCP_RECV_QUEUE, &st.recv_queue)?;
     refill(fd, sys::TCP_SEND_QUEUE, st.sent_unacked())?;
-    repair_queue(fd, sys::TCP_NO_QUEUE)?;
 
     let w = sys::TcpRepairWindow {
         snd_wl1: st.window.snd_wl1,
@@ -243,7 +246,8 @@ impl Frozen {
 
     /// Closes the frozen copy without a trace (no FIN, no RST).
     pub fn discard(self) {
-        let _ = close_silently(self.stream);
+        // Still frozen (repair on, filter attached since before `connect`).
+        close_frozen(self.stream);
     }
 }
 
@@ -252,20 +256,14 @@ const UNSENT_POLL_MS: libc::c_int = 10;
 
 /// Writes the never-sent bytes within [`UNSENT_WRITE_TIMEOUT`]. The send buffer was
 /// sized for the whole queue ([`sndbuf_wanted`]), but the client's window may be
-/// shut; on EAGAIN wait for POLLOUT and retry, until the deadline.
-fn write_unsent(stream: &mut TcpStream, buf: &[u8]) -> io::Result<()> {
-    // Non-blocking, so the deadline holds even if a blocking write would wait on a
-    // shut window forever.
-    stream.set_nonblocking(true)?;
-    let r = write_unsent_nonblocking(stream, buf);
-    stream.set_nonblocking(false)?;
-    r
-}
-
-fn write_unsent_nonblocking(stream: &mut TcpStream, mut buf: &[u8]) -> io::Result<()> {
+/// shut; on EAGAIN wait for POLLOUT and retry, until the deadline. Each write is
+/// non-blocking by itself (`MSG_DONTWAIT`), so the deadline holds without switching
+/// the socket's mode back and forth.
+fn write_unsent(stream: &mut TcpStream, mut buf: &[u8]) -> io::Result<()> {
+    let fd = stream.as_raw_fd();
     let deadline = std::time::Instant::now() + UNSENT_WRITE_TIMEOUT;
     while !buf.is_empty() {
-        match stream.write(buf) {
+        match sys::send(fd, buf, "send (unsent bytes)") {
             Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes")),
             Ok(n) => buf = &buf[n..],
             Err(e)
@@ -281,7 +279,7 @@ fn write_unsent_nonblocking(stream: &mut TcpStream, mut buf: &[u8]) -> io::Resul
                     ));
                 }
                 let mut pfd = libc::pollfd {
-                    fd: stream.as_raw_fd(),
+                    fd,
                     events: libc::POLLOUT,
                     revents: 0,
                 };
