@@ -666,13 +666,47 @@ impl ControlConn {
         admit: impl FnOnce(&TcpState) -> Result<(), String>,
         handoff: impl FnOnce(TcpStream),
     ) -> io::Result<Option<TargetOutcome>> {
+        match self.wait(idle, None)? {
+            Ready::Offer => self.serve_ready(admit, handoff),
+            Ready::Idle | Ready::Listener => {
+                self.reusable = false;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Waits up to `idle` for the next OFFER (or EOF) on this connection, or for
+    /// `listener` to become readable (a source waiting to connect, or the listener
+    /// shut down), whichever comes first. One `poll`.
+    pub fn wait(&mut self, idle: Duration, listener: Option<&TcpListener>) -> io::Result<Ready> {
+        if !self.reader.buffer().is_empty() {
+            return Ok(Ready::Offer);
+        }
+        let mut fds = [
+            pollin(self.stream().as_raw_fd()),
+            pollin(listener.map_or(-1, |l| l.as_raw_fd())),
+        ];
+        let n = if listener.is_some() { 2 } else { 1 };
+        if !poll_within(&mut fds[..n], idle)? {
+            return Ok(Ready::Idle);
+        }
+        if fds[0].revents != 0 {
+            return Ok(Ready::Offer);
+        }
+        Ok(Ready::Listener)
+    }
+
+    /// Serves the OFFER that [`ControlConn::wait`] found ready: `Ok(None)` if it was
+    /// the source's close instead.
+    pub fn serve_ready(
+        &mut self,
+        admit: impl FnOnce(&TcpState) -> Result<(), String>,
+        handoff: impl FnOnce(TcpStream),
+    ) -> io::Result<Option<TargetOutcome>> {
         if !self.reusable {
             return Ok(None);
         }
         self.reusable = false;
-        if self.reader.buffer().is_empty() && !wait_readable(self.stream(), idle)? {
-            return Ok(None);
-        }
         match self.reader.fill_buf() {
             Ok([]) => return Ok(None),
             Ok(_) => {}
@@ -775,19 +809,32 @@ impl ControlConn {
     }
 }
 
-/// Waits up to `timeout` for `s` to become readable (data, EOF or error); false on
-/// timeout.
-fn wait_readable(s: &TcpStream, timeout: Duration) -> io::Result<bool> {
-    let mut pfd = libc::pollfd {
-        fd: s.as_raw_fd(),
+/// What [`ControlConn::wait`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ready {
+    /// Bytes (the next OFFER) or the source's close wait on the connection.
+    Offer,
+    /// The listener is readable (a source waits to connect, or it was shut down).
+    Listener,
+    /// Nothing within the idle bound.
+    Idle,
+}
+
+fn pollin(fd: libc::c_int) -> libc::pollfd {
+    libc::pollfd {
+        fd,
         events: libc::POLLIN,
         revents: 0,
-    };
+    }
+}
+
+/// Polls `fds` for up to `timeout`; false on timeout.
+fn poll_within(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<bool> {
     let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
     // An interrupted wait restarts (with the full timeout: signals are rare here).
     loop {
-        // SAFETY: one live pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        // SAFETY: `fds` is a live array of pollfd of the length passed.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
         if r >= 0 {
             return Ok(r > 0);
         }
