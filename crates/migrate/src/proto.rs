@@ -45,8 +45,8 @@ use crate::restore::{restore, restore_frozen};
 use crate::state::TcpState;
 use crate::sys;
 use crate::wire::{
-    decode_header, encode, read_message, read_message_after, reason, write_message,
-    write_offer, Message, HEADER_BYTES,
+    decode_header, encode, read_message, read_message_after, reason, write_message, write_offer,
+    Message, HEADER_BYTES,
 };
 
 /// Default bound on connecting to the target: it is on the cluster network, a few
@@ -854,10 +854,12 @@ pub fn serve_conn(
     handoff: impl FnOnce(TcpStream),
 ) -> io::Result<TargetOutcome> {
     let mut conn = ControlConn::new(ctrl, timeout)?;
-    Ok(conn.serve_next(timeout, admit, handoff)?.unwrap_or_else(|| {
-        TargetOutcome::SourceGone(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "no OFFER before the connection closed or timed out",
-        ))
-    }))
+    Ok(conn
+        .serve_next(timeout, admit, handoff)?
+        .unwrap_or_else(|| {
+            TargetOutcome::SourceGone(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "no OFFER before the connection closed or timed out",
+            ))
+        }))
 }

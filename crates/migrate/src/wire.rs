@@ -472,8 +472,7 @@ fn read_offer(r: &mut impl Read, len: usize) -> io::Result<TcpState> {
     st.send_queue = read_vec(r, send_len)?;
     let mut l = [0u8; 4];
     r.read_exact(&mut l)?;
-    let recv_len =
-        queue_len(u32::from_be_bytes(l), "receive queue").map_err(bad_data)?;
+    let recv_len = queue_len(u32::from_be_bytes(l), "receive queue").map_err(bad_data)?;
     let end = n + send_len + 4 + recv_len;
     if end > len {
         return Err(bad_data(WireError::Truncated));

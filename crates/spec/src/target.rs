@@ -300,9 +300,7 @@ fn offers_loop(s: &Shared) {
             Ok(Ready::Listener) => {
                 // A source waits to connect (or the listener was shut down: stop).
                 // With no free thread, one idle connection makes room for it.
-                if s.free.load(Ordering::SeqCst) == 0
-                    && !s.yielding.swap(true, Ordering::SeqCst)
-                {
+                if s.free.load(Ordering::SeqCst) == 0 && !s.yielding.swap(true, Ordering::SeqCst) {
                     // Closed before the accept, so its source sees the EOF at once.
                     drop(conn.take());
                     let next = accept_control(s);

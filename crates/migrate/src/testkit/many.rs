@@ -473,29 +473,33 @@ fn start_lane(
     let sh = shared.clone();
     let ld = lane_done.clone();
     let source_rules = rules.clone();
-    let source = thread::Builder::new().name("mm-source".into()).spawn(move || {
-        source_lane(
-            &sh,
-            port,
-            target_addr,
-            &ld,
-            &ready_tx,
-            &served_rx,
-            &signal_tx,
-            &source_rules,
-        );
-        target_done.store(true, Ordering::Relaxed);
-        // Wake the target's blocking accept (it sees EOF and the done flag).
-        let _ = TcpStream::connect_timeout(&target_addr, Duration::from_secs(1));
-    })?;
+    let source = thread::Builder::new()
+        .name("mm-source".into())
+        .spawn(move || {
+            source_lane(
+                &sh,
+                port,
+                target_addr,
+                &ld,
+                &ready_tx,
+                &served_rx,
+                &signal_tx,
+                &source_rules,
+            );
+            target_done.store(true, Ordering::Relaxed);
+            // Wake the target's blocking accept (it sees EOF and the done flag).
+            let _ = TcpStream::connect_timeout(&target_addr, Duration::from_secs(1));
+        })?;
     ready_rx
         .recv_timeout(super::AWAIT_MAX)
         .map_err(|_| io::Error::other("source lane did not start"))??;
     let sh = shared.clone();
-    let client = thread::Builder::new().name("mm-client".into()).spawn(move || {
-        client_lane(&sh, port, &signal_rx, &rules);
-        lane_done.store(true, Ordering::Relaxed);
-    })?;
+    let client = thread::Builder::new()
+        .name("mm-client".into())
+        .spawn(move || {
+            client_lane(&sh, port, &signal_rx, &rules);
+            lane_done.store(true, Ordering::Relaxed);
+        })?;
     Ok(vec![client, source, target])
 }
 
