@@ -3,12 +3,16 @@
 //! ```text
 //! source                                   target
 //!   freeze + dump ── fails ──> ResumedOnSource(NotDumpable), socket untouched
-//!   OFFER(state)  ─────────────────────>   admit(state)?
+//!   CloseBeforeRestore:
+//!     OFFER(state) ──────────────────────>   admit(state)?
 //!                 <───────────── ACCEPT | REFUSE(reason)
-//!   REFUSE / timeout / EOF ──> resume (repair off): ResumedOnSource
-//!   [CloseBeforeRestore: close source silently]
-//!   COMMIT        ─────────────────────>   restore(state)
-//!                 <───────────── RESTORED | FAILED(reason)
+//!     REFUSE / timeout / EOF ──> resume (repair off): ResumedOnSource
+//!     close source silently
+//!     COMMIT       ──────────────────────>   restore(state)
+//!   CloseAfterRestore (the source holds its frozen socket until RESTORED):
+//!     OFFER_COMMIT(state) ───────────────>   admit(state)? then restore(state)
+//!                 <───────────── REFUSE(reason) | RESTORED | FAILED(reason)
+//!   then:         <───────────── RESTORED | FAILED(reason)
 //!   RESTORED: move_flow() (front-end entry → target)
 //!     ok:  DONE ──────────────────────>   hand the fd to the local server
 //!          [CloseAfterRestore: close source silently] ──> Migrated
@@ -30,7 +34,9 @@
 //! offers on a connection one after the other ([`ControlConn`]) and closes it after
 //! [`CONTROL_IDLE_TIMEOUT`] without one. A pooled connection found dead before or
 //! during its OFFER (the target restarted or timed it out) is replaced by a fresh one
-//! once; nothing happens on a target before COMMIT, so resending the OFFER is safe.
+//! once. Resending is safe: nothing happens on a target before COMMIT, and a copy
+//! restored for an OFFER_COMMIT is discarded unless DONE follows on the same
+//! connection (so at most one copy is ever released).
 
 use std::io::{self, BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -46,7 +52,7 @@ use crate::state::TcpState;
 use crate::sys;
 use crate::wire::{
     decode_header, encode, read_message, read_message_after, reason, write_message, write_offer,
-    Message, HEADER_BYTES,
+    write_offer_commit, Message, HEADER_BYTES,
 };
 
 /// Default bound on connecting to the target: it is on the cluster network, a few
@@ -151,10 +157,13 @@ pub struct Timings {
     pub total: Duration,
     /// Bytes of state shipped (both queues included).
     pub state_bytes: usize,
-    /// Connecting to the target and OFFER until ACCEPT (the state's transfer and the
-    /// target's admission).
+    /// Connecting to the target (or reusing a pooled connection) and OFFER until
+    /// ACCEPT: the state's transfer and the target's admission. With
+    /// [`Handover::CloseAfterRestore`] the OFFER carries the COMMIT (OFFER_COMMIT), so
+    /// this runs until RESTORED and includes the target's restore.
     pub offer: Duration,
-    /// COMMIT until RESTORED (the target's restore).
+    /// COMMIT until RESTORED (the target's restore); zero with
+    /// [`Handover::CloseAfterRestore`], whose restore is inside `offer`.
     pub restore: Duration,
     /// The flow move (`move_flow`) until DONE is written.
     pub flow: Duration,
@@ -188,8 +197,13 @@ fn exchange(ctrl: &mut TcpStream, msg: &Message) -> io::Result<Message> {
     read_message(ctrl)
 }
 
-fn exchange_offer(ctrl: &mut TcpStream, st: &TcpState) -> io::Result<Message> {
-    write_offer(ctrl, st)?;
+/// OFFER (or OFFER_COMMIT, `commit`) and its answer.
+fn exchange_offer(ctrl: &mut TcpStream, st: &TcpState, commit: bool) -> io::Result<Message> {
+    if commit {
+        write_offer_commit(ctrl, st)?;
+    } else {
+        write_offer(ctrl, st)?;
+    }
     read_message(ctrl)
 }
 
@@ -373,16 +387,20 @@ impl Control<'_> {
 
     /// The OFFER exchange; a reused connection that turns out dead is replaced by a
     /// fresh one, once.
-    fn offer(&self, st: &TcpState) -> Result<(TcpStream, io::Result<Message>), Fallback> {
+    fn offer(
+        &self,
+        st: &TcpState,
+        commit: bool,
+    ) -> Result<(TcpStream, io::Result<Message>), Fallback> {
         let (mut ctrl, reused) = self.get().map_err(Fallback::TargetUnreachable)?;
-        let reply = exchange_offer(&mut ctrl, st);
+        let reply = exchange_offer(&mut ctrl, st, commit);
         match (&reply, self.pool) {
             (Err(e), Some(p)) if reused && is_stale(e) => {
                 p.stale.fetch_add(1, Ordering::Relaxed);
                 let mut ctrl = p
                     .open(self.target, self.cfg)
                     .map_err(Fallback::TargetUnreachable)?;
-                let reply = exchange_offer(&mut ctrl, st);
+                let reply = exchange_offer(&mut ctrl, st, commit);
                 Ok((ctrl, reply))
             }
             _ => Ok((ctrl, reply)),
@@ -448,29 +466,37 @@ fn migrate_inner(
     let dump = t0.elapsed();
     let t_offer = Instant::now();
     let control = Control { pool, target, cfg };
-    let mut ctrl = match control.offer(&st) {
+    // The source keeps its frozen socket until RESTORED: nothing to do between OFFER
+    // and COMMIT, so both go in one message (one round trip less).
+    let commit_now = cfg.handover == Handover::CloseAfterRestore;
+    let (mut ctrl, first) = match control.offer(&st, commit_now) {
         Err(reason) => return resumed(sock, &st, reason),
-        Ok((ctrl, Ok(Message::Accept))) => ctrl,
-        Ok((ctrl, Ok(Message::Refuse(r)))) => {
+        Ok(x) => x,
+    };
+    let (reply, offer, restore_time, held) = match first {
+        Ok(Message::Refuse(r)) => {
             control.done(ctrl);
             return resumed(sock, &st, Fallback::Refused(r));
         }
-        Ok((_, Ok(m))) => return resumed(sock, &st, Fallback::TargetGone(unexpected(&m))),
-        Ok((_, Err(e))) => return resumed(sock, &st, Fallback::TargetGone(e)),
-    };
-    let offer = t_offer.elapsed();
-    let held = match cfg.handover {
-        Handover::CloseAfterRestore => Some(sock),
-        Handover::CloseBeforeRestore => {
-            // Frozen by the dump (repair on, filter attached): the close is silent.
+        Ok(Message::Accept) if !commit_now => {
+            let offer = t_offer.elapsed();
+            // CloseBeforeRestore: frozen by the dump (repair on, filter attached), so
+            // the close is silent.
             close_frozen(sock);
-            None
+            let t_commit = Instant::now();
+            let reply = exchange(&mut ctrl, &Message::Commit);
+            (reply, offer, t_commit.elapsed(), None)
         }
+        // OFFER_COMMIT's answer: `offer` covers the restore too.
+        Ok(m @ (Message::Restored | Message::Failed(_))) if commit_now => {
+            (Ok(m), t_offer.elapsed(), Duration::ZERO, Some(sock))
+        }
+        Ok(m) => return resumed(sock, &st, Fallback::TargetGone(unexpected(&m))),
+        Err(e) => return resumed(sock, &st, Fallback::TargetGone(e)),
     };
-    let t_commit = Instant::now();
-    let reason = match exchange(&mut ctrl, &Message::Commit) {
-        Ok(Message::Restored) => match (t_commit.elapsed(), Instant::now(), move_flow()) {
-            (restore, t_flow, Ok(())) => {
+    let reason = match reply {
+        Ok(Message::Restored) => match (Instant::now(), move_flow()) {
+            (t_flow, Ok(())) => {
                 let done = write_message(&mut ctrl, &Message::Done);
                 let total = t0.elapsed();
                 let flow = t_flow.elapsed();
@@ -489,7 +515,7 @@ fn migrate_inner(
                         total,
                         state_bytes: state_bytes(&st),
                         offer,
-                        restore,
+                        restore: restore_time,
                         flow,
                     }),
                     Err(e) => Outcome::Lost(io::Error::new(
@@ -498,7 +524,7 @@ fn migrate_inner(
                     )),
                 };
             }
-            (_, _, Err(e)) => {
+            (_, Err(e)) => {
                 // Wait (bounded) until the target has dropped its copy: in one
                 // namespace the local re-restore needs the 4-tuple free.
                 if let Ok(Message::Failed(_)) = exchange(&mut ctrl, &Message::Abort) {
@@ -536,6 +562,7 @@ fn unexpected(m: &Message) -> io::Error {
         Message::Failed(_) => "FAILED",
         Message::Done => "DONE",
         Message::Abort => "ABORT",
+        Message::OfferCommit(_) => "OFFER_COMMIT",
     };
     io::Error::new(
         io::ErrorKind::InvalidData,
@@ -726,12 +753,13 @@ impl ControlConn {
                 e,
             ))));
         }
-        let st = match read_message_after(&mut self.reader, &h) {
-            Ok(Message::Offer(st)) => st,
+        let (st, commit_now) = match read_message_after(&mut self.reader, &h) {
+            Ok(Message::Offer(st)) => (st, false),
+            Ok(Message::OfferCommit(st)) => (st, true),
             Ok(m) => return Ok(Some(TargetOutcome::SourceGone(unexpected(&m)))),
             Err(e) => return Ok(Some(TargetOutcome::SourceGone(e))),
         };
-        let outcome = self.serve_offer(st, admit, handoff)?;
+        let outcome = self.serve_offer(st, commit_now, admit, handoff)?;
         self.reusable = matches!(
             outcome,
             TargetOutcome::Restored { .. }
@@ -747,9 +775,11 @@ impl ControlConn {
         io::Write::write_all(self.reader.get_mut(), &encode(msg))
     }
 
+    /// One offer; `commit_now`: it was an OFFER_COMMIT (no ACCEPT, no COMMIT).
     fn serve_offer(
         &mut self,
         st: TcpState,
+        commit_now: bool,
         admit: impl FnOnce(&TcpState) -> Result<(), String>,
         handoff: impl FnOnce(TcpStream),
     ) -> io::Result<TargetOutcome> {
@@ -758,13 +788,15 @@ impl ControlConn {
             self.write(&Message::Refuse(r.clone()))?;
             return Ok(TargetOutcome::Refused(r));
         }
-        if let Err(e) = self.write(&Message::Accept) {
-            return Ok(TargetOutcome::SourceGone(e));
-        }
-        match read_message(&mut self.reader) {
-            Ok(Message::Commit) => {}
-            Ok(m) => return Ok(TargetOutcome::SourceGone(unexpected(&m))),
-            Err(e) => return Ok(TargetOutcome::SourceGone(e)),
+        if !commit_now {
+            if let Err(e) = self.write(&Message::Accept) {
+                return Ok(TargetOutcome::SourceGone(e));
+            }
+            match read_message(&mut self.reader) {
+                Ok(Message::Commit) => {}
+                Ok(m) => return Ok(TargetOutcome::SourceGone(unexpected(&m))),
+                Err(e) => return Ok(TargetOutcome::SourceGone(e)),
+            }
         }
         let frozen = match restore_frozen(&st) {
             Ok(s) => s,

@@ -7,13 +7,15 @@
 //! ```
 //!
 //! Version 2 (this one): a control connection carries any number of hand-overs one
-//! after the other (the source keeps it in a [`crate::ControlPool`]); version 1 closed
-//! it after one. The frames are the same; a peer speaking another version is refused
+//! after the other (the source keeps it in a [`crate::ControlPool`]; version 1 closed
+//! it after one), and OFFER_COMMIT exists. A peer speaking another version is refused
 //! with [`WireError::Version`], whose text names both versions.
 //!
 //! Kinds: `1 OFFER(state)`, `2 ACCEPT`, `3 REFUSE(reason)`, `4 COMMIT`,
-//! `5 RESTORED`, `6 FAILED(reason)`, `7 DONE`, `8 ABORT`. A reason is UTF-8 text of at most
-//! [`REASON_BYTES_MAX`] bytes. The OFFER payload (a [`TcpState`]):
+//! `5 RESTORED`, `6 FAILED(reason)`, `7 DONE`, `8 ABORT`, `9 OFFER_COMMIT(state)`
+//! (version 2: OFFER and COMMIT at once, answered REFUSE or RESTORED/FAILED). A
+//! reason is UTF-8 text of at most [`REASON_BYTES_MAX`] bytes. The OFFER (and
+//! OFFER_COMMIT) payload (a [`TcpState`]):
 //!
 //! ```text
 //! family u8 (4|6) | local addr | remote addr
@@ -86,10 +88,19 @@ pub enum Message {
     /// Source → target: the flow could not be moved; close the restored copy silently
     /// (the target answers FAILED("aborted") once it has).
     Abort,
+    /// Source → target: OFFER and COMMIT in one message (the source holds its frozen
+    /// socket until RESTORED, `Handover::CloseAfterRestore`, so nothing has to happen
+    /// between them): the target answers REFUSE, or restores at once and answers
+    /// RESTORED or FAILED. Saves one round trip (two sends, two receives) a migration.
+    OfferCommit(TcpState),
 }
 
 /// The OFFER kind.
 const KIND_OFFER: u8 = 1;
+/// The OFFER_COMMIT kind.
+const KIND_OFFER_COMMIT: u8 = 9;
+/// The highest kind.
+const KIND_MAX: u8 = KIND_OFFER_COMMIT;
 
 impl Message {
     fn kind(&self) -> u8 {
@@ -102,6 +113,7 @@ impl Message {
             Self::Failed(_) => 6,
             Self::Done => 7,
             Self::Abort => 8,
+            Self::OfferCommit(_) => KIND_OFFER_COMMIT,
         }
     }
 }
@@ -174,7 +186,7 @@ fn put_header(out: &mut Vec<u8>, kind: u8, len: usize) {
 /// state fails [`TcpState::validate`] or a reason longer than [`REASON_BYTES_MAX`].
 pub fn encode(msg: &Message) -> Vec<u8> {
     match msg {
-        Message::Offer(st) => {
+        Message::Offer(st) | Message::OfferCommit(st) => {
             assert!(st.validate().is_ok(), "encoding an invalid TcpState");
             let len = offer_payload_len(st);
             let mut out = Vec::with_capacity(HEADER_BYTES + len);
@@ -350,12 +362,12 @@ pub fn decode_header(h: &[u8; HEADER_BYTES]) -> Result<(u8, usize), WireError> {
         return Err(WireError::Version(h[4]));
     }
     let kind = h[5];
-    if !(1..=8).contains(&kind) {
+    if !(1..=KIND_MAX).contains(&kind) {
         return Err(WireError::Kind(kind));
     }
     let len = u32::from_be_bytes(h[6..10].try_into().expect("4 bytes")) as usize;
     let max = match kind {
-        1 => PAYLOAD_BYTES_MAX,
+        KIND_OFFER | KIND_OFFER_COMMIT => PAYLOAD_BYTES_MAX,
         3 | 6 => REASON_BYTES_MAX,
         _ => 0,
     };
@@ -369,7 +381,8 @@ pub fn decode_header(h: &[u8; HEADER_BYTES]) -> Result<(u8, usize), WireError> {
 pub fn decode_payload(kind: u8, payload: &[u8]) -> Result<Message, WireError> {
     let mut c = Cursor { buf: payload };
     let msg = match kind {
-        1 => Message::Offer(decode_state(&mut c)?),
+        KIND_OFFER => Message::Offer(decode_state(&mut c)?),
+        KIND_OFFER_COMMIT => Message::OfferCommit(decode_state(&mut c)?),
         2 => Message::Accept,
         3 | 6 => {
             let text = std::str::from_utf8(c.take(payload.len())?)
@@ -427,6 +440,9 @@ pub fn read_message_after(r: &mut impl Read, h: &[u8; HEADER_BYTES]) -> io::Resu
     let (kind, len) = decode_header(h).map_err(bad_data)?;
     if kind == KIND_OFFER {
         return read_offer(r, len).map(Message::Offer);
+    }
+    if kind == KIND_OFFER_COMMIT {
+        return read_offer(r, len).map(Message::OfferCommit);
     }
     // `len` is bounded by decode_header (REASON_BYTES_MAX for every other kind).
     let mut payload = [0u8; REASON_BYTES_MAX];
@@ -490,6 +506,7 @@ fn read_offer(r: &mut impl Read, len: usize) -> io::Result<TcpState> {
 pub fn write_message(w: &mut impl Write, msg: &Message) -> io::Result<()> {
     match msg {
         Message::Offer(st) => write_offer(w, st),
+        Message::OfferCommit(st) => write_offer_commit(w, st),
         _ => {
             w.write_all(&encode(msg))?;
             w.flush()
@@ -500,9 +517,18 @@ pub fn write_message(w: &mut impl Write, msg: &Message) -> io::Result<()> {
 /// Writes an OFFER of `st` (the same bytes as `encode(&Message::Offer(st))`) without
 /// copying the queues. Panics like [`encode`] on an invalid state.
 pub fn write_offer(w: &mut impl Write, st: &TcpState) -> io::Result<()> {
+    write_state(w, KIND_OFFER, st)
+}
+
+/// [`write_offer`] for an OFFER_COMMIT ([`Message::OfferCommit`]).
+pub fn write_offer_commit(w: &mut impl Write, st: &TcpState) -> io::Result<()> {
+    write_state(w, KIND_OFFER_COMMIT, st)
+}
+
+fn write_state(w: &mut impl Write, kind: u8, st: &TcpState) -> io::Result<()> {
     assert!(st.validate().is_ok(), "encoding an invalid TcpState");
     let mut head = Vec::with_capacity(HEADER_BYTES + OFFER_PREFIX_V6);
-    put_header(&mut head, KIND_OFFER, offer_payload_len(st));
+    put_header(&mut head, kind, offer_payload_len(st));
     encode_state_prefix(&mut head, st);
     let recv_len = (st.recv_queue.len() as u32).to_be_bytes();
     let mut bufs = [

@@ -97,8 +97,9 @@ fn message(r: &mut Rng) -> Message {
             .map(|_| (b'a' + r.below(26) as u8) as char)
             .collect::<String>()
     };
-    match r.below(8) {
+    match r.below(9) {
         0 => Message::Offer(state(r)),
+        7 => Message::OfferCommit(state(r)),
         1 => Message::Accept,
         2 => Message::Refuse(text(r)),
         3 => Message::Commit,
@@ -278,7 +279,7 @@ fn random_garbage_never_panics() {
             // A valid header prefix, to get past the magic into the payload checks.
             g[..4].copy_from_slice(&wire::MAGIC);
             g[4] = wire::VERSION;
-            g[5] = 1 + r.below(8) as u8;
+            g[5] = 1 + r.below(9) as u8;
         }
         let _ = decode(&g);
     }
@@ -305,7 +306,14 @@ fn header_checks_refuse_bad_magic_version_kind_and_oversize() {
         Err(WireError::Version(wire::VERSION + 1))
     );
     assert_eq!(wire::decode_header(&header(0, 0)), Err(WireError::Kind(0)));
-    assert_eq!(wire::decode_header(&header(9, 0)), Err(WireError::Kind(9)));
+    assert_eq!(
+        wire::decode_header(&header(10, 0)),
+        Err(WireError::Kind(10))
+    );
+    assert!(matches!(
+        wire::decode_header(&header(9, PAYLOAD_BYTES_MAX as u32 + 1)),
+        Err(WireError::TooLarge(..))
+    ));
     // Payload-less kinds carry no payload; reasons and offers are bounded.
     assert!(matches!(
         wire::decode_header(&header(2, 1)),
