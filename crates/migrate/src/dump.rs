@@ -29,6 +29,7 @@ use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 
+use crate::bufs;
 use crate::error::{DumpError, Queue};
 use crate::state::{RepairWindow, TcpOptions, TcpState, QUEUE_BYTES_MAX};
 use crate::sys;
@@ -157,17 +158,36 @@ fn read_queue(sel: &mut QueueSel, q: Queue, len: usize) -> Result<Vec<u8>, DumpE
     }
     sel.select(queue_id(q))?;
     // One spare byte: reading more than the kernel announced means the count was stale.
-    let mut buf = vec![0u8; len + 1];
-    let got = sys::recv(sel.fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT)
-        .map_err(|e| io::Error::new(e.kind(), format!("peek {q:?} queue (repair): {e}")))?;
+    // A buffer kept from this thread's last migration (resident pages), written by the
+    // kernel without zeroing it first.
+    let mut buf = bufs::take(len + 1);
+    let spare = &mut buf.spare_capacity_mut()[..len + 1];
+    // SAFETY: `spare` is writable memory of the length passed; recv writes at most
+    // that many bytes.
+    let got = unsafe {
+        libc::recv(
+            sel.fd,
+            spare.as_mut_ptr().cast(),
+            spare.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if got < 0 {
+        let e = io::Error::last_os_error();
+        bufs::give(buf);
+        return Err(io::Error::new(e.kind(), format!("peek {q:?} queue (repair): {e}")).into());
+    }
+    let got = got as usize;
     if got != len {
+        bufs::give(buf);
         return Err(DumpError::QueueIncomplete {
             queue: q,
             expected: len,
             got,
         });
     }
-    buf.truncate(len);
+    // SAFETY: recv initialised the first `got` (= len) bytes.
+    unsafe { buf.set_len(len) };
     Ok(buf)
 }
 
@@ -235,6 +255,8 @@ fn read_state(fd: RawFd, window: RepairWindow) -> Result<TcpState, DumpError> {
         let recv_queue = read_queue(&mut sel, Queue::Recv, before.inq)?;
         let after = read_moving(&mut sel)?;
         if after != before {
+            bufs::give(send_queue);
+            bufs::give(recv_queue);
             before = after;
             continue;
         }

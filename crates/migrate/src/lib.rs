@@ -18,6 +18,7 @@
 //! TCP_REPAIR needs CAP_NET_ADMIN. The protocol and failure cases are described in
 //! `docs/migrate.md`.
 
+mod bufs;
 pub mod dump;
 pub mod error;
 pub mod proto;

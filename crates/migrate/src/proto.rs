@@ -45,6 +45,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::bufs::Recycled;
 use crate::dump::{close_frozen, freeze_and_dump, resume};
 use crate::error::DumpError;
 use crate::restore::{restore, restore_frozen};
@@ -455,7 +456,8 @@ fn migrate_inner(
 ) -> Outcome {
     let t0 = Instant::now();
     let st = match freeze_and_dump(&sock) {
-        Ok(st) => st,
+        // Its queue buffers go back to this thread's spares at the end.
+        Ok(st) => Recycled(st),
         Err(e) => {
             return Outcome::ResumedOnSource {
                 sock,
@@ -759,7 +761,7 @@ impl ControlConn {
             Ok(m) => return Ok(Some(TargetOutcome::SourceGone(unexpected(&m)))),
             Err(e) => return Ok(Some(TargetOutcome::SourceGone(e))),
         };
-        let outcome = self.serve_offer(st, commit_now, admit, handoff)?;
+        let outcome = self.serve_offer(Recycled(st), commit_now, admit, handoff)?;
         self.reusable = matches!(
             outcome,
             TargetOutcome::Restored { .. }
@@ -778,7 +780,7 @@ impl ControlConn {
     /// One offer; `commit_now`: it was an OFFER_COMMIT (no ACCEPT, no COMMIT).
     fn serve_offer(
         &mut self,
-        st: TcpState,
+        st: Recycled,
         commit_now: bool,
         admit: impl FnOnce(&TcpState) -> Result<(), String>,
         handoff: impl FnOnce(TcpStream),

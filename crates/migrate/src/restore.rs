@@ -218,7 +218,11 @@ pub fn restore_frozen(st: &TcpState) -> io::Result<Frozen> {
     rebuild(fd, st)?;
     Ok(Frozen {
         stream: TcpStream::from(owned),
-        unsent: st.unsent().to_vec(),
+        unsent: {
+            let mut u = crate::bufs::take(st.unsent().len());
+            u.extend_from_slice(st.unsent());
+            u
+        },
     })
 }
 
@@ -226,29 +230,34 @@ impl Frozen {
     /// Lets the connection run: repair off (a window probe tells the client to
     /// resend what was dropped), input on, then the never-sent bytes are written.
     pub fn release(self) -> io::Result<TcpStream> {
-        let mut stream = self.stream;
-        if let Err(e) = thaw(stream.as_raw_fd(), None) {
-            let _ = close_silently(stream);
-            return Err(e);
-        }
-        if !self.unsent.is_empty() {
-            if let Err(e) = write_unsent(&mut stream, &self.unsent) {
+        let Frozen { mut stream, unsent } = self;
+        let r = release_stream(&mut stream, &unsent);
+        crate::bufs::give(unsent);
+        match r {
+            Ok(()) => Ok(stream),
+            Err(e) => {
                 // Some bytes may be lost already: never leave such a socket running.
                 let _ = close_silently(stream);
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("writing unsent bytes: {e}"),
-                ));
+                Err(e)
             }
         }
-        Ok(stream)
     }
 
     /// Closes the frozen copy without a trace (no FIN, no RST).
     pub fn discard(self) {
         // Still frozen (repair on, filter attached since before `connect`).
         close_frozen(self.stream);
+        crate::bufs::give(self.unsent);
     }
+}
+
+fn release_stream(stream: &mut TcpStream, unsent: &[u8]) -> io::Result<()> {
+    thaw(stream.as_raw_fd(), None)?;
+    if !unsent.is_empty() {
+        write_unsent(stream, unsent)
+            .map_err(|e| io::Error::new(e.kind(), format!("writing unsent bytes: {e}")))?;
+    }
+    Ok(())
 }
 
 /// Poll interval while the send buffer is full (a few client round trips).

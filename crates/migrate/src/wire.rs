@@ -455,10 +455,15 @@ fn bad_data(e: WireError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
-/// Reads exactly `n` bytes into a new buffer.
+/// Reads exactly `n` bytes into a buffer (a spare one of this thread if it has one:
+/// resident pages, see `bufs`).
 fn read_vec(r: &mut impl Read, n: usize) -> io::Result<Vec<u8>> {
-    let mut v = vec![0u8; n];
-    r.read_exact(&mut v)?;
+    let mut v = crate::bufs::take(n);
+    v.resize(n, 0);
+    if let Err(e) = r.read_exact(&mut v) {
+        crate::bufs::give(v);
+        return Err(e);
+    }
     Ok(v)
 }
 
