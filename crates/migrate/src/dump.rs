@@ -39,8 +39,42 @@ use crate::sys;
 /// a third disagreement means input is not frozen.
 const DUMP_ATTEMPTS_MAX: usize = 3;
 
-/// Attaches the drop-everything socket filter (input freeze).
+/// The process's drop-everything eBPF socket filter, loaded once; `None` if the
+/// kernel refused it (then the classic filter is attached each time).
+fn drop_prog() -> Option<RawFd> {
+    static PROG: std::sync::OnceLock<Option<std::os::fd::OwnedFd>> = std::sync::OnceLock::new();
+    PROG.get_or_init(|| match sys::load_drop_socket_filter() {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            log::warn!("migrate: {e}; attaching a classic filter on every freeze instead");
+            None
+        }
+    })
+    .as_ref()
+    .map(|f| f.as_raw_fd())
+}
+
+/// Attaches the drop-everything socket filter (input freeze): the eBPF program
+/// loaded once per process (attaching it takes a reference), or a classic one.
 pub(crate) fn attach_drop_filter(fd: RawFd) -> io::Result<()> {
+    if let Some(prog) = drop_prog() {
+        if sys::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            sys::SO_ATTACH_BPF,
+            &prog,
+            "SO_ATTACH_BPF",
+        )
+        .is_ok()
+        {
+            return Ok(());
+        }
+    }
+    attach_classic_drop_filter(fd)
+}
+
+/// The classic form: converted and JIT-compiled by the kernel on every attach.
+fn attach_classic_drop_filter(fd: RawFd) -> io::Result<()> {
     // BPF_RET | BPF_K, k = 0: accept zero bytes of every packet, i.e. drop it.
     let mut insn = [libc::sock_filter {
         code: 0x06,
@@ -404,4 +438,35 @@ pub fn close_silently(sock: TcpStream) -> io::Result<()> {
 /// nothing to set again, the close alone is silent (saves two system calls).
 pub(crate) fn close_frozen(sock: TcpStream) {
     drop(sock);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    /// The eBPF drop filter loads (root) and drops input like the classic one: bytes
+    /// sent while it is attached arrive only after it is detached (retransmitted).
+    #[test]
+    #[ignore = "needs root (bpf): run with `cargo test -p farside-migrate -- --include-ignored` as root"]
+    fn the_ebpf_drop_filter_loads_and_holds_input_until_detached() {
+        assert!(drop_prog().is_some(), "the eBPF program must load as root");
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        attach_drop_filter(s.as_raw_fd()).unwrap();
+        c.write_all(b"held").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            sys::ioctl_int(s.as_raw_fd(), sys::SIOCINQ, "SIOCINQ").unwrap(),
+            0
+        );
+        detach_filter(s.as_raw_fd()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"held");
+    }
 }
