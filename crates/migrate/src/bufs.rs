@@ -27,10 +27,14 @@ pub(crate) fn take(len: usize) -> Vec<u8> {
         let i = (0..s.len()).max_by_key(|&i| s[i].capacity())?;
         Some(s.swap_remove(i))
     });
-    let mut v = spare.unwrap_or_default();
-    v.clear();
-    v.reserve(len);
-    v
+    match spare {
+        // Growing a kept buffer would copy its old capacity: start afresh instead.
+        Some(mut v) if v.capacity() >= len => {
+            v.clear();
+            v
+        }
+        _ => Vec::with_capacity(len),
+    }
 }
 
 /// Keeps `v` for a later [`take`] on this thread, within the bounds.

@@ -2,16 +2,16 @@
 //!
 //! Order (each step depends on the ones before it):
 //! 1. `socket()`, `SO_REUSEADDR`, TCP_REPAIR on (after it: lets `bind` share the
-//!    port with the service's listener), `IP_FREEBIND` (the address may not be local yet), `bind` to the
-//!    original local address;
+//!    port with the service's listener), `bind` to the original local address (again
+//!    with `IP_FREEBIND` if the address is not local yet);
 //! 2. `TCP_QUEUE_SEQ` of both queues to the sequence number of their first byte;
 //! 3. `connect()` to the peer: in repair mode no handshake, the socket is ESTABLISHED;
 //! 4. `TCP_REPAIR_OPTIONS` (MSS, window scales, SACK, timestamps: the kernel takes
 //!    them only before any byte was sent), `TCP_TIMESTAMP`;
 //! 5. buffer sizes raised to the source's, and the send buffer to hold the whole send queue
 //!    (see [`sndbuf_wanted`]);
-//! 6. refill the receive queue and the *sent* part of the send queue (repair-mode
-//!    writes: queued as received / as already transmitted);
+//! 6. refill the *sent* part of the send queue and the receive queue (repair-mode
+//!    writes: queued as already transmitted / as received);
 //! 7. `TCP_REPAIR_WINDOW` (checked by the kernel against `rcv_nxt`, hence after 6);
 //! 8. (on [`Frozen::release`]) TCP_REPAIR off (sends a window probe), input filter
 //!    off, then the never-sent bytes are written normally.
@@ -38,11 +38,14 @@ pub const UNSENT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Writes all of `buf` into the queue selected in repair mode. Each call may take
 /// only part (the kernel builds one skb of at most MAX_SKB_FRAGS pages per call).
-fn refill(fd: RawFd, queue: libc::c_int, buf: &[u8]) -> io::Result<()> {
+/// `selected`: `queue` is already the repair queue selected.
+fn refill(fd: RawFd, queue: libc::c_int, buf: &[u8], selected: bool) -> io::Result<()> {
     if buf.is_empty() {
         return Ok(());
     }
-    repair_queue(fd, queue)?;
+    if !selected {
+        repair_queue(fd, queue)?;
+    }
     let mut off = 0;
     while off < buf.len() {
         let n = sys::send(fd, &buf[off..], "send (repair refill)")?;
@@ -124,18 +127,26 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
     // After SO_REUSEADDR, which would overwrite it: repair on sets sk_reuse to
     // SK_FORCE_REUSE, so `bind` succeeds next to the service's listener.
     repair(fd, true)?;
-    if st.local.is_ipv4() {
-        sys::setsockopt(fd, libc::SOL_IP, libc::IP_FREEBIND, &one, "IP_FREEBIND")?;
-    } else {
-        sys::setsockopt(
-            fd,
-            libc::SOL_IPV6,
-            sys::IPV6_FREEBIND,
-            &one,
-            "IPV6_FREEBIND",
-        )?;
+    match sys::bind(fd, &st.local) {
+        Ok(()) => {}
+        // The address is not local (yet) here: bind it anyway. Tried second, as the
+        // service address is normally local (one system call less per restore).
+        Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {
+            if st.local.is_ipv4() {
+                sys::setsockopt(fd, libc::SOL_IP, libc::IP_FREEBIND, &one, "IP_FREEBIND")?;
+            } else {
+                sys::setsockopt(
+                    fd,
+                    libc::SOL_IPV6,
+                    sys::IPV6_FREEBIND,
+                    &one,
+                    "IPV6_FREEBIND",
+                )?;
+            }
+            sys::bind(fd, &st.local)?;
+        }
+        Err(e) => return Err(e),
     }
-    sys::bind(fd, &st.local)?;
 
     let rcv_first = st.rcv_seq.wrapping_sub(st.recv_queue.len() as u32);
     let snd_first = st.snd_seq.wrapping_sub(st.send_queue.len() as u32);
@@ -176,8 +187,10 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
     raise_buffer(fd, libc::SO_SNDBUF, libc::SO_SNDBUFFORCE, sndbuf_wanted(st))?;
     raise_buffer(fd, libc::SO_RCVBUF, libc::SO_RCVBUFFORCE, st.rcvbuf)?;
 
-    refill(fd, sys::TCP_RECV_QUEUE, &st.recv_queue)?;
-    refill(fd, sys::TCP_SEND_QUEUE, st.sent_unacked())?;
+    // The send queue is still selected (its TCP_QUEUE_SEQ was set last): refill it
+    // first, then the receive queue; the two are independent in the kernel.
+    refill(fd, sys::TCP_SEND_QUEUE, st.sent_unacked(), true)?;
+    refill(fd, sys::TCP_RECV_QUEUE, &st.recv_queue, false)?;
 
     let w = sys::TcpRepairWindow {
         snd_wl1: st.window.snd_wl1,

@@ -456,15 +456,22 @@ fn bad_data(e: WireError) -> io::Error {
 }
 
 /// Reads exactly `n` bytes into a buffer (a spare one of this thread if it has one:
-/// resident pages, see `bufs`).
+/// resident pages, see `bufs`), without zeroing it first (`read_to_end` reads into
+/// the spare capacity).
 fn read_vec(r: &mut impl Read, n: usize) -> io::Result<Vec<u8>> {
     let mut v = crate::bufs::take(n);
-    v.resize(n, 0);
-    if let Err(e) = r.read_exact(&mut v) {
-        crate::bufs::give(v);
-        return Err(e);
+    let got = r.by_ref().take(n as u64).read_to_end(&mut v);
+    match got {
+        Ok(k) if k == n => Ok(v),
+        Ok(_) => {
+            crate::bufs::give(v);
+            Err(io::ErrorKind::UnexpectedEof.into())
+        }
+        Err(e) => {
+            crate::bufs::give(v);
+            Err(e)
+        }
     }
-    Ok(v)
 }
 
 /// Reads an OFFER payload of `len` bytes (checked against the structure before each
