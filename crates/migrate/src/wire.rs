@@ -456,22 +456,16 @@ fn bad_data(e: WireError) -> io::Error {
 }
 
 /// Reads exactly `n` bytes into a buffer (a spare one of this thread if it has one:
-/// resident pages, see `bufs`), without zeroing it first (`read_to_end` reads into
-/// the spare capacity).
+/// resident pages, see `bufs`). Zeroed first: `read_to_end` would skip that but reads
+/// a socket in growing chunks (8 KiB, 16 KiB, …), twice the `recv` calls.
 fn read_vec(r: &mut impl Read, n: usize) -> io::Result<Vec<u8>> {
     let mut v = crate::bufs::take(n);
-    let got = r.by_ref().take(n as u64).read_to_end(&mut v);
-    match got {
-        Ok(k) if k == n => Ok(v),
-        Ok(_) => {
-            crate::bufs::give(v);
-            Err(io::ErrorKind::UnexpectedEof.into())
-        }
-        Err(e) => {
-            crate::bufs::give(v);
-            Err(e)
-        }
+    v.resize(n, 0);
+    if let Err(e) = r.read_exact(&mut v) {
+        crate::bufs::give(v);
+        return Err(e);
     }
+    Ok(v)
 }
 
 /// Reads an OFFER payload of `len` bytes (checked against the structure before each

@@ -13,6 +13,9 @@
 //!                                                                  datagram to each
 //! ```
 //!
+//! Each thread keeps its control connection between offers (wire version 2, the
+//! source's `ControlPool`), see [`TARGET_THREADS_DEFAULT`].
+//!
 //! "Can take again" is what the source's window waits for (seed 002 §3.2: the paper
 //! sends it when the migrated requests were served; here the target does not see its
 //! server finish a request, so it notifies when its admission condition holds again,
