@@ -9,7 +9,7 @@
 //! 4. `TCP_REPAIR_OPTIONS` (MSS, window scales, SACK, timestamps: the kernel takes
 //!    them only before any byte was sent), `TCP_TIMESTAMP`;
 //! 5. buffer sizes raised to the source's, and the send buffer to hold the whole send queue
-//!    (see [`sndbuf_wanted`]);
+//!    (see `sndbuf_wanted`);
 //! 6. refill the *sent* part of the send queue and the receive queue (repair-mode
 //!    writes: queued as already transmitted / as received);
 //! 7. `TCP_REPAIR_WINDOW` (checked by the kernel against `rcv_nxt`, hence after 6);
