@@ -25,8 +25,9 @@ usage: migrate_many [--connections N] [--concurrency K] [--out FILE]
                     [--conn-timeout-s S] [--deadline-s S]
 
 Migrates N real TCP connections (client namespace -> source back-end namespace,
-moved mid-stream to the target back-end namespace with migrate_with,
-CloseAfterRestore, one policy rule per flow) and checks every byte. Root only.
+moved mid-stream to the target back-end namespace with ControlPool::migrate_with,
+one reused control connection per lane, CloseAfterRestore, one policy rule per
+flow) and checks every byte. Reports CPU per migration on each side. Root only.
 
   --connections N     connections to attempt (default 10000)
   --concurrency K     connections in flight, 1..=256 (default 16)

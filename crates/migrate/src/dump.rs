@@ -15,14 +15,21 @@
 //! to zero (`TCP_REPAIR_WINDOW`); the dumped state keeps the real window, and
 //! [`resume`] puts it back.
 //!
-//! Order: filter on → urgent-data check → TCP_REPAIR on → send window 0 → read state
-//! (twice, until two reads agree) → return. On any refusal the socket is thawed (repair off, filter
-//! off) and keeps working.
+//! Order: filter on → urgent-data check → TCP_REPAIR on → send window 0 → read the
+//! fixed fields once → sequence numbers and queue lengths, queues, sequence numbers
+//! and queue lengths again, until two consecutive reads agree → return. On any
+//! refusal the socket is thawed (repair off, filter off) and keeps working.
+//!
+//! Cost (issue 12, CPU per migration): the queues are peeked once when the reads
+//! around them agree, the fixed fields (addresses, MSS, timestamp clock, buffer sizes,
+//! options) once, and the repair queue is selected only when it changes: about 30
+//! system calls per dump instead of 53.
 
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, RawFd};
 
+use crate::bufs;
 use crate::error::{DumpError, Queue};
 use crate::state::{RepairWindow, TcpOptions, TcpState, QUEUE_BYTES_MAX};
 use crate::sys;
@@ -32,8 +39,42 @@ use crate::sys;
 /// a third disagreement means input is not frozen.
 const DUMP_ATTEMPTS_MAX: usize = 3;
 
-/// Attaches the drop-everything socket filter (input freeze).
+/// The process's drop-everything eBPF socket filter, loaded once; `None` if the
+/// kernel refused it (then the classic filter is attached each time).
+fn drop_prog() -> Option<RawFd> {
+    static PROG: std::sync::OnceLock<Option<std::os::fd::OwnedFd>> = std::sync::OnceLock::new();
+    PROG.get_or_init(|| match sys::load_drop_socket_filter() {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            log::warn!("migrate: {e}; attaching a classic filter on every freeze instead");
+            None
+        }
+    })
+    .as_ref()
+    .map(|f| f.as_raw_fd())
+}
+
+/// Attaches the drop-everything socket filter (input freeze): the eBPF program
+/// loaded once per process (attaching it takes a reference), or a classic one.
 pub(crate) fn attach_drop_filter(fd: RawFd) -> io::Result<()> {
+    if let Some(prog) = drop_prog() {
+        if sys::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            sys::SO_ATTACH_BPF,
+            &prog,
+            "SO_ATTACH_BPF",
+        )
+        .is_ok()
+        {
+            return Ok(());
+        }
+    }
+    attach_classic_drop_filter(fd)
+}
+
+/// The classic form: converted and JIT-compiled by the kernel on every attach.
+fn attach_classic_drop_filter(fd: RawFd) -> io::Result<()> {
     // BPF_RET | BPF_K, k = 0: accept zero bytes of every packet, i.e. drop it.
     let mut insn = [libc::sock_filter {
         code: 0x06,
@@ -104,43 +145,119 @@ fn check_no_urgent(fd: RawFd) -> Result<(), DumpError> {
     }
 }
 
-fn queue_seq(fd: RawFd, q: libc::c_int) -> io::Result<u32> {
-    repair_queue(fd, q)?;
-    let v = sys::getsockopt::<u32>(fd, libc::SOL_TCP, sys::TCP_QUEUE_SEQ, "TCP_QUEUE_SEQ")?.0;
-    Ok(v)
+/// The repair queue selected on a socket (`TCP_REPAIR_QUEUE`), set only when it
+/// changes: each selection is a system call.
+struct QueueSel {
+    fd: RawFd,
+    cur: libc::c_int,
+}
+
+impl QueueSel {
+    /// Repair on has just reset the selection to no queue.
+    fn new(fd: RawFd) -> Self {
+        Self {
+            fd,
+            cur: sys::TCP_NO_QUEUE,
+        }
+    }
+
+    fn select(&mut self, q: libc::c_int) -> io::Result<()> {
+        if self.cur != q {
+            repair_queue(self.fd, q)?;
+            self.cur = q;
+        }
+        Ok(())
+    }
+
+    fn seq(&mut self, q: libc::c_int) -> io::Result<u32> {
+        self.select(q)?;
+        Ok(sys::getsockopt::<u32>(self.fd, libc::SOL_TCP, sys::TCP_QUEUE_SEQ, "TCP_QUEUE_SEQ")?.0)
+    }
+}
+
+fn queue_id(q: Queue) -> libc::c_int {
+    match q {
+        Queue::Send => sys::TCP_SEND_QUEUE,
+        Queue::Recv => sys::TCP_RECV_QUEUE,
+    }
 }
 
 /// Reads one queue completely (repair mode, MSG_PEEK), or refuses.
-fn read_queue(fd: RawFd, q: Queue, len: usize) -> Result<Vec<u8>, DumpError> {
+fn read_queue(sel: &mut QueueSel, q: Queue, len: usize) -> Result<Vec<u8>, DumpError> {
     if len > QUEUE_BYTES_MAX {
         return Err(DumpError::QueueTooLarge(q, len));
     }
-    repair_queue(
-        fd,
-        match q {
-            Queue::Send => sys::TCP_SEND_QUEUE,
-            Queue::Recv => sys::TCP_RECV_QUEUE,
-        },
-    )?;
     if len == 0 {
         return Ok(Vec::new());
     }
+    sel.select(queue_id(q))?;
     // One spare byte: reading more than the kernel announced means the count was stale.
-    let mut buf = vec![0u8; len + 1];
-    let got = sys::recv(fd, &mut buf, libc::MSG_PEEK | libc::MSG_DONTWAIT)
-        .map_err(|e| io::Error::new(e.kind(), format!("peek {q:?} queue (repair): {e}")))?;
+    // A buffer kept from this thread's last migration (resident pages), written by the
+    // kernel without zeroing it first.
+    let mut buf = bufs::take(len + 1);
+    let spare = &mut buf.spare_capacity_mut()[..len + 1];
+    // SAFETY: `spare` is writable memory of the length passed; recv writes at most
+    // that many bytes.
+    let got = unsafe {
+        libc::recv(
+            sel.fd,
+            spare.as_mut_ptr().cast(),
+            spare.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if got < 0 {
+        let e = io::Error::last_os_error();
+        bufs::give(buf);
+        return Err(io::Error::new(e.kind(), format!("peek {q:?} queue (repair): {e}")).into());
+    }
+    let got = got as usize;
     if got != len {
+        bufs::give(buf);
         return Err(DumpError::QueueIncomplete {
             queue: q,
             expected: len,
             got,
         });
     }
-    buf.truncate(len);
+    // SAFETY: recv initialised the first `got` (= len) bytes.
+    unsafe { buf.set_len(len) };
     Ok(buf)
 }
 
-fn read_state(fd: RawFd) -> Result<TcpState, DumpError> {
+/// What changes when a segment lands: read before and after the queues, which are
+/// consistent with it when both reads agree.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Moving {
+    snd_seq: u32,
+    rcv_seq: u32,
+    inq: usize,
+    outq: usize,
+    unsent: usize,
+}
+
+fn read_moving(sel: &mut QueueSel) -> Result<Moving, DumpError> {
+    // Receive first: after the queues were peeked (send, then receive) the receive
+    // queue is still selected.
+    let rcv_seq = sel.seq(sys::TCP_RECV_QUEUE)?;
+    let snd_seq = sel.seq(sys::TCP_SEND_QUEUE)?;
+    let fd = sel.fd;
+    let m = Moving {
+        snd_seq,
+        rcv_seq,
+        inq: sys::ioctl_int(fd, sys::SIOCINQ, "SIOCINQ")? as usize,
+        outq: sys::ioctl_int(fd, sys::SIOCOUTQ, "SIOCOUTQ")? as usize,
+        unsent: sys::ioctl_int(fd, sys::SIOCOUTQNSD, "SIOCOUTQNSD")? as usize,
+    };
+    if m.unsent > m.outq {
+        return Err(DumpError::Unstable);
+    }
+    Ok(m)
+}
+
+/// Reads the state of a frozen socket (repair on, send window zeroed; `window` is the
+/// real one, read before it was zeroed).
+fn read_state(fd: RawFd, window: RepairWindow) -> Result<TcpState, DumpError> {
     let info = sys::tcp_info(fd)?;
     if info.state != sys::TCP_ESTABLISHED {
         return Err(DumpError::NotEstablished(info.state));
@@ -155,74 +272,54 @@ fn read_state(fd: RawFd) -> Result<TcpState, DumpError> {
     let mss = sys::getsockopt_int(fd, libc::SOL_TCP, sys::TCP_MAXSEG, "TCP_MAXSEG")?;
     let timestamp =
         sys::getsockopt::<u32>(fd, libc::SOL_TCP, sys::TCP_TIMESTAMP, "TCP_TIMESTAMP")?.0;
-    let (w, wlen) = sys::getsockopt::<sys::TcpRepairWindow>(
-        fd,
-        libc::SOL_TCP,
-        sys::TCP_REPAIR_WINDOW,
-        "TCP_REPAIR_WINDOW",
-    )?;
-    if wlen != std::mem::size_of::<sys::TcpRepairWindow>() {
-        return Err(DumpError::Sys(io::Error::other("TCP_REPAIR_WINDOW short")));
-    }
     let sndbuf = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, "SO_SNDBUF")?;
     let rcvbuf = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, "SO_RCVBUF")?;
-
-    let rcv_seq = queue_seq(fd, sys::TCP_RECV_QUEUE)?;
-    let snd_seq = queue_seq(fd, sys::TCP_SEND_QUEUE)?;
-    let inq = sys::ioctl_int(fd, sys::SIOCINQ, "SIOCINQ")? as usize;
-    let outq = sys::ioctl_int(fd, sys::SIOCOUTQ, "SIOCOUTQ")? as usize;
-    let unsent = sys::ioctl_int(fd, sys::SIOCOUTQNSD, "SIOCOUTQNSD")? as usize;
-    if unsent > outq {
-        return Err(DumpError::Unstable);
-    }
-    let recv_queue = read_queue(fd, Queue::Recv, inq)?;
-    let send_queue = read_queue(fd, Queue::Send, outq)?;
-    repair_queue(fd, sys::TCP_NO_QUEUE)?;
-
     let mss = u16::try_from(mss)
         .ok()
         .filter(|m| *m > 0)
         .ok_or_else(|| DumpError::Sys(io::Error::other(format!("MSS {mss} out of range"))))?;
-    let state = TcpState {
-        local,
-        remote,
-        snd_seq,
-        rcv_seq,
-        options: TcpOptions {
-            mss,
-            wscale: (info.options & sys::TCPI_OPT_WSCALE != 0)
-                .then_some((info.snd_wscale, info.rcv_wscale)),
-            sack: info.options & sys::TCPI_OPT_SACK != 0,
-            timestamps: info.options & sys::TCPI_OPT_TIMESTAMPS != 0,
-        },
-        timestamp,
-        window: RepairWindow {
-            snd_wl1: w.snd_wl1,
-            snd_wnd: w.snd_wnd,
-            max_window: w.max_window,
-            rcv_wnd: w.rcv_wnd,
-            rcv_wup: w.rcv_wup,
-        },
-        sndbuf: sndbuf.max(0) as u32,
-        rcvbuf: rcvbuf.max(0) as u32,
-        send_queue,
-        unsent_len: unsent as u32,
-        recv_queue,
-    };
-    state
-        .validate()
-        .map_err(|e| DumpError::Sys(io::Error::other(e)))?;
-    Ok(state)
-}
 
-/// Two dumps are "the same connection state" if everything but the clock agrees.
-fn same_state(a: &TcpState, b: &TcpState) -> bool {
-    a.snd_seq == b.snd_seq
-        && a.rcv_seq == b.rcv_seq
-        && a.window == b.window
-        && a.unsent_len == b.unsent_len
-        && a.send_queue.len() == b.send_queue.len()
-        && a.recv_queue.len() == b.recv_queue.len()
+    // The repair queue selection is left as it is at the end: it only matters while
+    // repair is on, for TCP_QUEUE_SEQ and repair-mode reads/writes, and the source
+    // socket is only resumed (repair off) or closed after this.
+    let mut sel = QueueSel::new(fd);
+    let mut before = read_moving(&mut sel)?;
+    for _ in 0..DUMP_ATTEMPTS_MAX {
+        let send_queue = read_queue(&mut sel, Queue::Send, before.outq)?;
+        let recv_queue = read_queue(&mut sel, Queue::Recv, before.inq)?;
+        let after = read_moving(&mut sel)?;
+        if after != before {
+            bufs::give(send_queue);
+            bufs::give(recv_queue);
+            before = after;
+            continue;
+        }
+        let state = TcpState {
+            local,
+            remote,
+            snd_seq: after.snd_seq,
+            rcv_seq: after.rcv_seq,
+            options: TcpOptions {
+                mss,
+                wscale: (info.options & sys::TCPI_OPT_WSCALE != 0)
+                    .then_some((info.snd_wscale, info.rcv_wscale)),
+                sack: info.options & sys::TCPI_OPT_SACK != 0,
+                timestamps: info.options & sys::TCPI_OPT_TIMESTAMPS != 0,
+            },
+            timestamp,
+            window,
+            sndbuf: sndbuf.max(0) as u32,
+            rcvbuf: rcvbuf.max(0) as u32,
+            send_queue,
+            unsent_len: after.unsent as u32,
+            recv_queue,
+        };
+        state
+            .validate()
+            .map_err(|e| DumpError::Sys(io::Error::other(e)))?;
+        return Ok(state);
+    }
+    Err(DumpError::Unstable)
 }
 
 /// Freezes `sock` (input filter, then repair mode) and dumps its full state.
@@ -232,9 +329,10 @@ fn same_state(a: &TcpState, b: &TcpState) -> bool {
 /// thawed and works as before: it is never left half-frozen.
 pub fn freeze_and_dump(sock: &TcpStream) -> Result<TcpState, DumpError> {
     let fd = sock.as_raw_fd();
-    let ty = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TYPE, "SO_TYPE")?;
+    // IPPROTO_TCP sockets are always SOCK_STREAM (MPTCP has its own protocol number),
+    // and a Unix or UDP socket has another protocol: one call checks both.
     let proto = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_PROTOCOL, "SO_PROTOCOL")?;
-    if ty != libc::SOCK_STREAM || proto != libc::IPPROTO_TCP {
+    if proto != libc::IPPROTO_TCP {
         return Err(DumpError::NotTcp);
     }
     // Cheap refusals first, before touching the socket (read_state checks again
@@ -255,16 +353,7 @@ pub fn freeze_and_dump(sock: &TcpStream) -> Result<TcpState, DumpError> {
         let w = get_window(fd)?;
         saved = Some(w);
         set_window(fd, &RepairWindow { snd_wnd: 0, ..w })?;
-        let mut prev = read_state(fd)?;
-        for _ in 1..DUMP_ATTEMPTS_MAX {
-            let mut next = read_state(fd)?;
-            if same_state(&prev, &next) {
-                next.window = w;
-                return Ok(next);
-            }
-            prev = next;
-        }
-        Err(DumpError::Unstable)
+        read_state(fd, w)
     });
     if result.is_err() {
         if let Err(e) = thaw(fd, saved.as_ref()) {
@@ -342,4 +431,42 @@ pub fn close_silently(sock: TcpStream) -> io::Result<()> {
     repair(fd, true)?;
     drop(sock);
     Ok(())
+}
+
+/// [`close_silently`] for a socket frozen by [`freeze_and_dump`] or
+/// [`crate::restore_frozen`] and not thawed since (filter attached, repair on):
+/// nothing to set again, the close alone is silent (saves two system calls).
+pub(crate) fn close_frozen(sock: TcpStream) {
+    drop(sock);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::time::Duration;
+
+    /// The eBPF drop filter loads (root) and drops input like the classic one: bytes
+    /// sent while it is attached arrive only after it is detached (retransmitted).
+    #[test]
+    #[ignore = "needs root (bpf): run with `cargo test -p farside-migrate -- --include-ignored` as root"]
+    fn the_ebpf_drop_filter_loads_and_holds_input_until_detached() {
+        assert!(drop_prog().is_some(), "the eBPF program must load as root");
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        attach_drop_filter(s.as_raw_fd()).unwrap();
+        c.write_all(b"held").unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            sys::ioctl_int(s.as_raw_fd(), sys::SIOCINQ, "SIOCINQ").unwrap(),
+            0
+        );
+        detach_filter(s.as_raw_fd()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 4];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(&b, b"held");
+    }
 }

@@ -97,7 +97,11 @@ impl fmt::Display for WireError {
         match self {
             Self::Truncated => write!(f, "truncated"),
             Self::Magic => write!(f, "bad magic"),
-            Self::Version(v) => write!(f, "unsupported version {v}"),
+            Self::Version(v) => write!(
+                f,
+                "peer speaks migration wire version {v}, this build speaks {} (upgrade both daemons together)",
+                crate::wire::VERSION
+            ),
             Self::Kind(k) => write!(f, "unknown message kind {k}"),
             Self::TooLarge(what, n) => write!(f, "{what} of {n} bytes above its bound"),
             Self::Invalid(s) => write!(f, "invalid: {s}"),

@@ -18,6 +18,7 @@
 //! TCP_REPAIR needs CAP_NET_ADMIN. The protocol and failure cases are described in
 //! `docs/migrate.md`.
 
+mod bufs;
 pub mod dump;
 pub mod error;
 pub mod proto;
@@ -31,8 +32,8 @@ pub mod wire;
 pub use dump::{close_silently, freeze_and_dump, resume};
 pub use error::{DumpError, Queue, WireError};
 pub use proto::{
-    migrate, migrate_with, serve_conn, Fallback, Handover, MigrateConfig, Outcome, Target,
-    TargetOutcome, Timings,
+    migrate, migrate_with, serve_conn, ControlConn, ControlPool, Fallback, Handover, MigrateConfig,
+    Outcome, Ready, Target, TargetOutcome, Timings,
 };
 pub use restore::{restore, restore_frozen, Frozen};
 pub use state::{RepairWindow, TcpOptions, TcpState, QUEUE_BYTES_MAX};

@@ -3,12 +3,16 @@
 //! ```text
 //! source                                   target
 //!   freeze + dump ── fails ──> ResumedOnSource(NotDumpable), socket untouched
-//!   OFFER(state)  ─────────────────────>   admit(state)?
+//!   CloseBeforeRestore:
+//!     OFFER(state) ──────────────────────>   admit(state)?
 //!                 <───────────── ACCEPT | REFUSE(reason)
-//!   REFUSE / timeout / EOF ──> resume (repair off): ResumedOnSource
-//!   [CloseBeforeRestore: close source silently]
-//!   COMMIT        ─────────────────────>   restore(state)
-//!                 <───────────── RESTORED | FAILED(reason)
+//!     REFUSE / timeout / EOF ──> resume (repair off): ResumedOnSource
+//!     close source silently
+//!     COMMIT       ──────────────────────>   restore(state)
+//!   CloseAfterRestore (the source holds its frozen socket until RESTORED):
+//!     OFFER_COMMIT(state) ───────────────>   admit(state)? then restore(state)
+//!                 <───────────── REFUSE(reason) | RESTORED | FAILED(reason)
+//!   then:         <───────────── RESTORED | FAILED(reason)
 //!   RESTORED: move_flow() (front-end entry → target)
 //!     ok:  DONE ──────────────────────>   hand the fd to the local server
 //!          [CloseAfterRestore: close source silently] ──> Migrated
@@ -22,16 +26,35 @@
 //!
 //! Every wait is bounded ([`MigrateConfig`]); a target that is unreachable, refuses,
 //! dies or stalls costs the client at most those bounds plus one retransmission.
+//!
+//! **Control connections are reused** (wire version 2): a source that migrates through
+//! a [`ControlPool`] keeps the connection to each target after a hand-over that ended
+//! cleanly (REFUSE, DONE, FAILED) and sends its next OFFER on it, instead of paying a
+//! connect, an accept, two closes and a TIME_WAIT per migration. The target serves
+//! offers on a connection one after the other ([`ControlConn`]) and closes it after
+//! [`CONTROL_IDLE_TIMEOUT`] without one. A pooled connection found dead before or
+//! during its OFFER (the target restarted or timed it out) is replaced by a fresh one
+//! once. Resending is safe: nothing happens on a target before COMMIT, and a copy
+//! restored for an OFFER_COMMIT is discarded unless DONE follows on the same
+//! connection (so at most one copy is ever released).
 
-use std::io;
+use std::io::{self, BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::dump::{close_silently, freeze_and_dump, resume};
+use crate::bufs::Recycled;
+use crate::dump::{close_frozen, freeze_and_dump, resume};
 use crate::error::DumpError;
 use crate::restore::{restore, restore_frozen};
 use crate::state::TcpState;
-use crate::wire::{read_message, reason, write_message, Message};
+use crate::sys;
+use crate::wire::{
+    decode_header, encode, read_message, read_message_after, reason, write_message, write_offer,
+    write_offer_commit, Message, HEADER_BYTES,
+};
 
 /// Default bound on connecting to the target: it is on the cluster network, a few
 /// hops away; one that needs a second to accept is too loaded to take connections.
@@ -47,6 +70,27 @@ pub const REPLY_TIMEOUT_DEFAULT: Duration = Duration::from_secs(2);
 /// cross-namespace test). One LAN round trip is well under a millisecond; 50 ms also
 /// covers softirq delays on a loaded host.
 pub const FLOW_DRAIN_DEFAULT: Duration = Duration::from_millis(50);
+
+/// How long a target keeps a control connection without an OFFER before closing it:
+/// each open connection holds one of the target's serving threads, so an idle source
+/// must give it back; 3 s spans the pauses between migrations of a busy source.
+pub const CONTROL_IDLE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest a [`ControlPool`] reuses a connection that sat idle: well below
+/// [`CONTROL_IDLE_TIMEOUT`], so the source drops it before the target does.
+pub const POOL_IDLE_MAX: Duration = Duration::from_secs(1);
+/// Default most idle connections a [`ControlPool`] keeps per target: about the
+/// migrations a source runs at once to one target in the lab's 75/25 pair (a few
+/// hundred per second at ~1 ms each); more in flight at once are opened and closed
+/// as before. Each idle connection holds one target thread for at most
+/// [`POOL_IDLE_MAX`].
+pub const POOL_IDLE_PER_TARGET_DEFAULT: usize = 8;
+/// Upper bound of a pool's per-target bound (a target serves at most 64 connections
+/// at once: `farside specd --target-threads`).
+pub const POOL_IDLE_PER_TARGET_MAX: usize = 64;
+/// The target's read buffer per control connection: one `recv` takes a reply or an
+/// OFFER's header and fixed fields (≤ 120 bytes) and the start of its queues; larger
+/// reads bypass it.
+const CONTROL_READ_BUF_BYTES: usize = 4 << 10;
 
 /// When the source socket is closed relative to the target's restore.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,10 +158,13 @@ pub struct Timings {
     pub total: Duration,
     /// Bytes of state shipped (both queues included).
     pub state_bytes: usize,
-    /// Connecting to the target and OFFER until ACCEPT (the state's transfer and the
-    /// target's admission).
+    /// Connecting to the target (or reusing a pooled connection) and OFFER until
+    /// ACCEPT: the state's transfer and the target's admission. With
+    /// [`Handover::CloseAfterRestore`] the OFFER carries the COMMIT (OFFER_COMMIT), so
+    /// this runs until RESTORED and includes the target's restore.
     pub offer: Duration,
-    /// COMMIT until RESTORED (the target's restore).
+    /// COMMIT until RESTORED (the target's restore); zero with
+    /// [`Handover::CloseAfterRestore`], whose restore is inside `offer`.
     pub restore: Duration,
     /// The flow move (`move_flow`) until DONE is written.
     pub flow: Duration,
@@ -151,12 +198,222 @@ fn exchange(ctrl: &mut TcpStream, msg: &Message) -> io::Result<Message> {
     read_message(ctrl)
 }
 
+/// OFFER (or OFFER_COMMIT, `commit`) and its answer.
+fn exchange_offer(ctrl: &mut TcpStream, st: &TcpState, commit: bool) -> io::Result<Message> {
+    if commit {
+        write_offer_commit(ctrl, st)?;
+    } else {
+        write_offer(ctrl, st)?;
+    }
+    read_message(ctrl)
+}
+
 fn open_control(target: SocketAddr, cfg: &MigrateConfig) -> io::Result<TcpStream> {
     let c = TcpStream::connect_timeout(&target, cfg.connect_timeout)?;
     c.set_read_timeout(Some(cfg.reply_timeout))?;
     c.set_write_timeout(Some(cfg.reply_timeout))?;
     c.set_nodelay(true)?;
     Ok(c)
+}
+
+/// Errors that mean a reused connection was already dead (closed or reset by the
+/// target) rather than a slow or refusing target.
+fn is_stale(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::UnexpectedEof
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::NotConnected
+    )
+}
+
+/// Whether an idle control connection is still usable: nothing to read (no EOF, no
+/// reset, no stray bytes). One non-blocking peek.
+fn idle_alive(c: &TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    match sys::recv(c.as_raw_fd(), &mut b, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+        Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+        Ok(_) => false,
+    }
+}
+
+struct IdleConn {
+    target: SocketAddr,
+    conn: TcpStream,
+    since: Instant,
+    /// The read/write timeout set on it.
+    timeout: Duration,
+}
+
+/// Control connections kept open between migrations, per target (wire version 2).
+/// Shared by the threads that migrate (all methods take `&self`).
+pub struct ControlPool {
+    idle: Mutex<Vec<IdleConn>>,
+    per_target_max: usize,
+    opened: AtomicU64,
+    reused: AtomicU64,
+    stale: AtomicU64,
+}
+
+impl Default for ControlPool {
+    fn default() -> Self {
+        Self::new(POOL_IDLE_PER_TARGET_DEFAULT).expect("the default bound is in range")
+    }
+}
+
+impl ControlPool {
+    /// A pool keeping at most `idle_per_target_max` idle connections per target
+    /// (1..=[`POOL_IDLE_PER_TARGET_MAX`]).
+    pub fn new(idle_per_target_max: usize) -> io::Result<Self> {
+        if !(1..=POOL_IDLE_PER_TARGET_MAX).contains(&idle_per_target_max) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "idle control connections per target must be in 1..={POOL_IDLE_PER_TARGET_MAX}, got {idle_per_target_max}"
+                ),
+            ));
+        }
+        Ok(Self {
+            idle: Mutex::new(Vec::new()),
+            per_target_max: idle_per_target_max,
+            opened: AtomicU64::new(0),
+            reused: AtomicU64::new(0),
+            stale: AtomicU64::new(0),
+        })
+    }
+
+    /// Connections opened (connects that succeeded).
+    pub fn opened(&self) -> u64 {
+        self.opened.load(Ordering::Relaxed)
+    }
+
+    /// Migrations that reused an idle connection.
+    pub fn reused(&self) -> u64 {
+        self.reused.load(Ordering::Relaxed)
+    }
+
+    /// Idle connections found dead (closed by the target, expired, or failing at
+    /// their OFFER) and replaced.
+    pub fn stale(&self) -> u64 {
+        self.stale.load(Ordering::Relaxed)
+    }
+
+    /// Idle connections held now.
+    pub fn idle(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<IdleConn>> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`migrate_with`] over a pooled control connection to `target`.
+    pub fn migrate_with(
+        &self,
+        sock: TcpStream,
+        target: SocketAddr,
+        cfg: &MigrateConfig,
+        move_flow: impl FnOnce() -> io::Result<()>,
+    ) -> Outcome {
+        migrate_inner(sock, target, cfg, Some(self), move_flow)
+    }
+
+    /// An idle connection to `target` that still looks alive, newest first.
+    fn take_idle(&self, target: SocketAddr, cfg: &MigrateConfig) -> Option<TcpStream> {
+        // Bounded: each pass removes one entry.
+        loop {
+            let c = {
+                let mut idle = self.lock();
+                let i = idle.iter().rposition(|c| c.target == target)?;
+                idle.remove(i)
+            };
+            if c.since.elapsed() > POOL_IDLE_MAX || !idle_alive(&c.conn) {
+                self.stale.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            if c.timeout != cfg.reply_timeout {
+                let set = c
+                    .conn
+                    .set_read_timeout(Some(cfg.reply_timeout))
+                    .and_then(|()| c.conn.set_write_timeout(Some(cfg.reply_timeout)));
+                if set.is_err() {
+                    continue;
+                }
+            }
+            self.reused.fetch_add(1, Ordering::Relaxed);
+            return Some(c.conn);
+        }
+    }
+
+    fn open(&self, target: SocketAddr, cfg: &MigrateConfig) -> io::Result<TcpStream> {
+        let c = open_control(target, cfg)?;
+        self.opened.fetch_add(1, Ordering::Relaxed);
+        Ok(c)
+    }
+
+    /// Keeps `conn` (its last hand-over ended cleanly) unless `target` has enough.
+    fn give_back(&self, target: SocketAddr, conn: TcpStream, cfg: &MigrateConfig) {
+        let mut idle = self.lock();
+        if idle.iter().filter(|c| c.target == target).count() < self.per_target_max {
+            idle.push(IdleConn {
+                target,
+                conn,
+                since: Instant::now(),
+                timeout: cfg.reply_timeout,
+            });
+        }
+    }
+}
+
+/// Where a migration's control connection comes from and goes back to.
+struct Control<'a> {
+    pool: Option<&'a ControlPool>,
+    target: SocketAddr,
+    cfg: &'a MigrateConfig,
+}
+
+impl Control<'_> {
+    /// A connection and whether it was reused.
+    fn get(&self) -> io::Result<(TcpStream, bool)> {
+        match self.pool {
+            Some(p) => match p.take_idle(self.target, self.cfg) {
+                Some(c) => Ok((c, true)),
+                None => p.open(self.target, self.cfg).map(|c| (c, false)),
+            },
+            None => open_control(self.target, self.cfg).map(|c| (c, false)),
+        }
+    }
+
+    /// The OFFER exchange; a reused connection that turns out dead is replaced by a
+    /// fresh one, once.
+    fn offer(
+        &self,
+        st: &TcpState,
+        commit: bool,
+    ) -> Result<(TcpStream, io::Result<Message>), Fallback> {
+        let (mut ctrl, reused) = self.get().map_err(Fallback::TargetUnreachable)?;
+        let reply = exchange_offer(&mut ctrl, st, commit);
+        match (&reply, self.pool) {
+            (Err(e), Some(p)) if reused && is_stale(e) => {
+                p.stale.fetch_add(1, Ordering::Relaxed);
+                let mut ctrl = p
+                    .open(self.target, self.cfg)
+                    .map_err(Fallback::TargetUnreachable)?;
+                let reply = exchange_offer(&mut ctrl, st, commit);
+                Ok((ctrl, reply))
+            }
+            _ => Ok((ctrl, reply)),
+        }
+    }
+
+    /// The hand-over on `ctrl` ended cleanly: keep it for the next one.
+    fn done(&self, ctrl: TcpStream) {
+        if let Some(p) = self.pool {
+            p.give_back(self.target, ctrl, self.cfg);
+        }
+    }
 }
 
 fn resumed(sock: TcpStream, st: &TcpState, reason: Fallback) -> Outcome {
@@ -187,9 +444,20 @@ pub fn migrate_with(
     cfg: &MigrateConfig,
     move_flow: impl FnOnce() -> io::Result<()>,
 ) -> Outcome {
+    migrate_inner(sock, target, cfg, None, move_flow)
+}
+
+fn migrate_inner(
+    sock: TcpStream,
+    target: SocketAddr,
+    cfg: &MigrateConfig,
+    pool: Option<&ControlPool>,
+    move_flow: impl FnOnce() -> io::Result<()>,
+) -> Outcome {
     let t0 = Instant::now();
     let st = match freeze_and_dump(&sock) {
-        Ok(st) => st,
+        // Its queue buffers go back to this thread's spares at the end.
+        Ok(st) => Recycled(st),
         Err(e) => {
             return Outcome::ResumedOnSource {
                 sock,
@@ -199,41 +467,49 @@ pub fn migrate_with(
     };
     let dump = t0.elapsed();
     let t_offer = Instant::now();
-    let mut ctrl = match open_control(target, cfg) {
-        Ok(c) => c,
-        Err(e) => return resumed(sock, &st, Fallback::TargetUnreachable(e)),
+    let control = Control { pool, target, cfg };
+    // The source keeps its frozen socket until RESTORED: nothing to do between OFFER
+    // and COMMIT, so both go in one message (one round trip less).
+    let commit_now = cfg.handover == Handover::CloseAfterRestore;
+    let (mut ctrl, first) = match control.offer(&st, commit_now) {
+        Err(reason) => return resumed(sock, &st, reason),
+        Ok(x) => x,
     };
-    match exchange(&mut ctrl, &Message::Offer(st.clone())) {
-        Ok(Message::Accept) => {}
-        Ok(Message::Refuse(r)) => return resumed(sock, &st, Fallback::Refused(r)),
+    let (reply, offer, restore_time, held) = match first {
+        Ok(Message::Refuse(r)) => {
+            control.done(ctrl);
+            return resumed(sock, &st, Fallback::Refused(r));
+        }
+        Ok(Message::Accept) if !commit_now => {
+            let offer = t_offer.elapsed();
+            // CloseBeforeRestore: frozen by the dump (repair on, filter attached), so
+            // the close is silent.
+            close_frozen(sock);
+            let t_commit = Instant::now();
+            let reply = exchange(&mut ctrl, &Message::Commit);
+            (reply, offer, t_commit.elapsed(), None)
+        }
+        // OFFER_COMMIT's answer: `offer` covers the restore too.
+        Ok(m @ (Message::Restored | Message::Failed(_))) if commit_now => {
+            (Ok(m), t_offer.elapsed(), Duration::ZERO, Some(sock))
+        }
         Ok(m) => return resumed(sock, &st, Fallback::TargetGone(unexpected(&m))),
         Err(e) => return resumed(sock, &st, Fallback::TargetGone(e)),
-    }
-    let offer = t_offer.elapsed();
-    let held = match cfg.handover {
-        Handover::CloseAfterRestore => Some(sock),
-        Handover::CloseBeforeRestore => {
-            if let Err(e) = close_silently(sock) {
-                // Cannot happen after a successful dump (repair was on); report it.
-                log::error!("migrate: silent close failed: {e}");
-            }
-            None
-        }
     };
-    let t_commit = Instant::now();
-    let reason = match exchange(&mut ctrl, &Message::Commit) {
-        Ok(Message::Restored) => match (t_commit.elapsed(), Instant::now(), move_flow()) {
-            (restore, t_flow, Ok(())) => {
+    let reason = match reply {
+        Ok(Message::Restored) => match (Instant::now(), move_flow()) {
+            (t_flow, Ok(())) => {
                 let done = write_message(&mut ctrl, &Message::Done);
                 let total = t0.elapsed();
                 let flow = t_flow.elapsed();
+                if done.is_ok() {
+                    control.done(ctrl);
+                }
                 if let Some(sock) = held {
                     // Still frozen: segments in flight to the source are dropped (the
                     // client resends them to the target) instead of answered by RST.
                     std::thread::sleep(cfg.flow_drain);
-                    if let Err(e) = close_silently(sock) {
-                        log::error!("migrate: silent close failed: {e}");
-                    }
+                    close_frozen(sock);
                 }
                 return match done {
                     Ok(()) => Outcome::Migrated(Timings {
@@ -241,7 +517,7 @@ pub fn migrate_with(
                         total,
                         state_bytes: state_bytes(&st),
                         offer,
-                        restore,
+                        restore: restore_time,
                         flow,
                     }),
                     Err(e) => Outcome::Lost(io::Error::new(
@@ -250,14 +526,19 @@ pub fn migrate_with(
                     )),
                 };
             }
-            (_, _, Err(e)) => {
+            (_, Err(e)) => {
                 // Wait (bounded) until the target has dropped its copy: in one
                 // namespace the local re-restore needs the 4-tuple free.
-                let _ = exchange(&mut ctrl, &Message::Abort);
+                if let Ok(Message::Failed(_)) = exchange(&mut ctrl, &Message::Abort) {
+                    control.done(ctrl);
+                }
                 Fallback::FlowNotMoved(e)
             }
         },
-        Ok(Message::Failed(r)) => Fallback::RestoreFailed(r),
+        Ok(Message::Failed(r)) => {
+            control.done(ctrl);
+            Fallback::RestoreFailed(r)
+        }
         Ok(m) => Fallback::TargetGone(unexpected(&m)),
         Err(e) => Fallback::TargetGone(e),
     };
@@ -283,6 +564,7 @@ fn unexpected(m: &Message) -> io::Error {
         Message::Failed(_) => "FAILED",
         Message::Done => "DONE",
         Message::Abort => "ABORT",
+        Message::OfferCommit(_) => "OFFER_COMMIT",
     };
     io::Error::new(
         io::ErrorKind::InvalidData,
@@ -315,6 +597,8 @@ pub enum TargetOutcome {
 pub struct Target {
     listener: TcpListener,
     reply_timeout: Duration,
+    /// The connection [`Target::serve_next`] serves offers on.
+    conn: Option<ControlConn>,
 }
 
 impl Target {
@@ -323,6 +607,7 @@ impl Target {
         Ok(Self {
             listener: TcpListener::bind(addr)?,
             reply_timeout: REPLY_TIMEOUT_DEFAULT,
+            conn: None,
         })
     }
 
@@ -332,7 +617,8 @@ impl Target {
     }
 
     /// Accepts one source and serves its offer: `admit` decides (Err = REFUSE with
-    /// that reason), `handoff` receives the restored connection.
+    /// that reason), `handoff` receives the restored connection. The connection is
+    /// closed afterwards (a pooling source then opens a new one).
     pub fn serve_one(
         &self,
         admit: impl FnOnce(&TcpState) -> Result<(), String>,
@@ -341,73 +627,273 @@ impl Target {
         let (ctrl, _) = self.listener.accept()?;
         serve_conn(ctrl, self.reply_timeout, admit, handoff)
     }
+
+    /// Serves the next offer on the current control connection, or on a newly
+    /// accepted one if there is none; keeps the connection for the next call when the
+    /// hand-over ended cleanly. A connection that closes, or stays idle for
+    /// [`CONTROL_IDLE_TIMEOUT`], before its next OFFER ends the call with
+    /// `SourceGone` (and is dropped).
+    pub fn serve_next(
+        &mut self,
+        admit: impl FnOnce(&TcpState) -> Result<(), String>,
+        handoff: impl FnOnce(TcpStream),
+    ) -> io::Result<TargetOutcome> {
+        let mut conn = match self.conn.take() {
+            Some(c) => c,
+            None => ControlConn::new(self.listener.accept()?.0, self.reply_timeout)?,
+        };
+        let outcome = conn.serve_next(CONTROL_IDLE_TIMEOUT, admit, handoff)?;
+        if conn.reusable() {
+            self.conn = Some(conn);
+        }
+        Ok(outcome.unwrap_or_else(|| {
+            TargetOutcome::SourceGone(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "control connection closed or idle before an OFFER",
+            ))
+        }))
+    }
 }
 
-/// Serves one offer on an accepted control connection (see [`Target::serve_one`]).
+/// One control connection on the target: the offers a source sends over it, served
+/// one after the other (wire version 2).
+pub struct ControlConn {
+    reader: BufReader<TcpStream>,
+    reusable: bool,
+}
+
+impl ControlConn {
+    /// Prepares an accepted connection: every read and write bounded by
+    /// `reply_timeout`, Nagle off.
+    pub fn new(stream: TcpStream, reply_timeout: Duration) -> io::Result<Self> {
+        stream.set_read_timeout(Some(reply_timeout))?;
+        stream.set_write_timeout(Some(reply_timeout))?;
+        stream.set_nodelay(true)?;
+        Ok(Self {
+            reader: BufReader::with_capacity(CONTROL_READ_BUF_BYTES, stream),
+            reusable: true,
+        })
+    }
+
+    /// The connection (e.g. to shut it down from another thread via a clone).
+    pub fn stream(&self) -> &TcpStream {
+        self.reader.get_ref()
+    }
+
+    /// Whether the last hand-over ended cleanly, so the next OFFER may follow on this
+    /// connection; false after an error, an unexpected message or a closed connection.
+    pub fn reusable(&self) -> bool {
+        self.reusable
+    }
+
+    /// Waits up to `idle` for the next OFFER and serves it (see [`serve_conn`]).
+    /// `Ok(None)`: the source closed the connection, or sent nothing within `idle`;
+    /// the connection is then not reusable.
+    pub fn serve_next(
+        &mut self,
+        idle: Duration,
+        admit: impl FnOnce(&TcpState) -> Result<(), String>,
+        handoff: impl FnOnce(TcpStream),
+    ) -> io::Result<Option<TargetOutcome>> {
+        match self.wait(idle, None)? {
+            Ready::Offer => self.serve_ready(admit, handoff),
+            Ready::Idle | Ready::Listener => {
+                self.reusable = false;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Waits up to `idle` for the next OFFER (or EOF) on this connection, or for
+    /// `listener` to become readable (a source waiting to connect, or the listener
+    /// shut down), whichever comes first. One `poll`.
+    pub fn wait(&mut self, idle: Duration, listener: Option<&TcpListener>) -> io::Result<Ready> {
+        if !self.reader.buffer().is_empty() {
+            return Ok(Ready::Offer);
+        }
+        let mut fds = [
+            pollin(self.stream().as_raw_fd()),
+            pollin(listener.map_or(-1, |l| l.as_raw_fd())),
+        ];
+        let n = if listener.is_some() { 2 } else { 1 };
+        if !poll_within(&mut fds[..n], idle)? {
+            return Ok(Ready::Idle);
+        }
+        if fds[0].revents != 0 {
+            return Ok(Ready::Offer);
+        }
+        Ok(Ready::Listener)
+    }
+
+    /// Serves the OFFER that [`ControlConn::wait`] found ready: `Ok(None)` if it was
+    /// the source's close instead.
+    pub fn serve_ready(
+        &mut self,
+        admit: impl FnOnce(&TcpState) -> Result<(), String>,
+        handoff: impl FnOnce(TcpStream),
+    ) -> io::Result<Option<TargetOutcome>> {
+        if !self.reusable {
+            return Ok(None);
+        }
+        self.reusable = false;
+        match self.reader.fill_buf() {
+            Ok([]) => return Ok(None),
+            Ok(_) => {}
+            Err(e) => return Ok(Some(TargetOutcome::SourceGone(e))),
+        }
+        let mut h = [0u8; HEADER_BYTES];
+        if let Err(e) = io::Read::read_exact(&mut self.reader, &mut h) {
+            return Ok(Some(TargetOutcome::SourceGone(e)));
+        }
+        if let Err(e) = decode_header(&h) {
+            // Another wire version (or garbage): say so to the source, in our
+            // framing (an old source's decoder names the version it got).
+            let text = reason(&format!("target refuses the frame: {e}"));
+            let _ = self.write(&Message::Refuse(text));
+            return Ok(Some(TargetOutcome::SourceGone(io::Error::new(
+                io::ErrorKind::InvalidData,
+                e,
+            ))));
+        }
+        let (st, commit_now) = match read_message_after(&mut self.reader, &h) {
+            Ok(Message::Offer(st)) => (st, false),
+            Ok(Message::OfferCommit(st)) => (st, true),
+            Ok(m) => return Ok(Some(TargetOutcome::SourceGone(unexpected(&m)))),
+            Err(e) => return Ok(Some(TargetOutcome::SourceGone(e))),
+        };
+        let outcome = self.serve_offer(Recycled(st), commit_now, admit, handoff)?;
+        self.reusable = matches!(
+            outcome,
+            TargetOutcome::Restored { .. }
+                | TargetOutcome::Refused(_)
+                | TargetOutcome::RestoreFailed(_)
+                | TargetOutcome::Aborted
+        );
+        Ok(Some(outcome))
+    }
+
+    fn write(&mut self, msg: &Message) -> io::Result<()> {
+        // Replies are empty or a short reason: one small frame, one write.
+        io::Write::write_all(self.reader.get_mut(), &encode(msg))
+    }
+
+    /// One offer; `commit_now`: it was an OFFER_COMMIT (no ACCEPT, no COMMIT).
+    fn serve_offer(
+        &mut self,
+        st: Recycled,
+        commit_now: bool,
+        admit: impl FnOnce(&TcpState) -> Result<(), String>,
+        handoff: impl FnOnce(TcpStream),
+    ) -> io::Result<TargetOutcome> {
+        if let Err(r) = admit(&st) {
+            let r = reason(&r);
+            self.write(&Message::Refuse(r.clone()))?;
+            return Ok(TargetOutcome::Refused(r));
+        }
+        if !commit_now {
+            if let Err(e) = self.write(&Message::Accept) {
+                return Ok(TargetOutcome::SourceGone(e));
+            }
+            match read_message(&mut self.reader) {
+                Ok(Message::Commit) => {}
+                Ok(m) => return Ok(TargetOutcome::SourceGone(unexpected(&m))),
+                Err(e) => return Ok(TargetOutcome::SourceGone(e)),
+            }
+        }
+        let frozen = match restore_frozen(&st) {
+            Ok(s) => s,
+            Err(e) => {
+                let r = reason(&e.to_string());
+                self.write(&Message::Failed(r.clone()))?;
+                return Ok(TargetOutcome::RestoreFailed(r));
+            }
+        };
+        // Until DONE the copy stays frozen (repair on, input dropped): the source may
+        // still resume, so this copy must neither send nor acknowledge anything yet.
+        let verdict = self
+            .write(&Message::Restored)
+            .and_then(|()| read_message(&mut self.reader));
+        match verdict {
+            Ok(Message::Done) => {
+                let sock = match frozen.release() {
+                    Ok(s) => s,
+                    // The source has closed: nothing left to fall back to.
+                    Err(e) => return Ok(TargetOutcome::RestoreFailed(reason(&e.to_string()))),
+                };
+                handoff(sock);
+                Ok(TargetOutcome::Restored {
+                    local: st.local,
+                    remote: st.remote,
+                })
+            }
+            Ok(Message::Abort) => {
+                frozen.discard();
+                self.write(&Message::Failed("aborted".into()))?;
+                Ok(TargetOutcome::Aborted)
+            }
+            Ok(m) => {
+                frozen.discard();
+                Ok(TargetOutcome::SourceGone(unexpected(&m)))
+            }
+            Err(e) => {
+                frozen.discard();
+                Ok(TargetOutcome::SourceGone(e))
+            }
+        }
+    }
+}
+
+/// What [`ControlConn::wait`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ready {
+    /// Bytes (the next OFFER) or the source's close wait on the connection.
+    Offer,
+    /// The listener is readable (a source waits to connect, or it was shut down).
+    Listener,
+    /// Nothing within the idle bound.
+    Idle,
+}
+
+fn pollin(fd: libc::c_int) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// Polls `fds` for up to `timeout`; false on timeout.
+fn poll_within(fds: &mut [libc::pollfd], timeout: Duration) -> io::Result<bool> {
+    let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+    // An interrupted wait restarts (with the full timeout: signals are rare here).
+    loop {
+        // SAFETY: `fds` is a live array of pollfd of the length passed.
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if r >= 0 {
+            return Ok(r > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Serves one offer on an accepted control connection (see [`Target::serve_one`]);
+/// waits at most `timeout` for the OFFER, as for every reply and write.
 pub fn serve_conn(
-    mut ctrl: TcpStream,
+    ctrl: TcpStream,
     timeout: Duration,
     admit: impl FnOnce(&TcpState) -> Result<(), String>,
     handoff: impl FnOnce(TcpStream),
 ) -> io::Result<TargetOutcome> {
-    ctrl.set_read_timeout(Some(timeout))?;
-    ctrl.set_write_timeout(Some(timeout))?;
-    ctrl.set_nodelay(true)?;
-    let st = match read_message(&mut ctrl) {
-        Ok(Message::Offer(st)) => st,
-        Ok(m) => return Ok(TargetOutcome::SourceGone(unexpected(&m))),
-        Err(e) => return Ok(TargetOutcome::SourceGone(e)),
-    };
-    if let Err(r) = admit(&st) {
-        let r = reason(&r);
-        write_message(&mut ctrl, &Message::Refuse(r.clone()))?;
-        return Ok(TargetOutcome::Refused(r));
-    }
-    if let Err(e) = write_message(&mut ctrl, &Message::Accept) {
-        return Ok(TargetOutcome::SourceGone(e));
-    }
-    match read_message(&mut ctrl) {
-        Ok(Message::Commit) => {}
-        Ok(m) => return Ok(TargetOutcome::SourceGone(unexpected(&m))),
-        Err(e) => return Ok(TargetOutcome::SourceGone(e)),
-    }
-    let frozen = match restore_frozen(&st) {
-        Ok(s) => s,
-        Err(e) => {
-            let r = reason(&e.to_string());
-            write_message(&mut ctrl, &Message::Failed(r.clone()))?;
-            return Ok(TargetOutcome::RestoreFailed(r));
-        }
-    };
-    // Until DONE the copy stays frozen (repair on, input dropped): the source may
-    // still resume, so this copy must neither send nor acknowledge anything yet.
-    let verdict =
-        write_message(&mut ctrl, &Message::Restored).and_then(|()| read_message(&mut ctrl));
-    match verdict {
-        Ok(Message::Done) => {
-            let sock = match frozen.release() {
-                Ok(s) => s,
-                // The source has closed: nothing left to fall back to.
-                Err(e) => return Ok(TargetOutcome::RestoreFailed(reason(&e.to_string()))),
-            };
-            handoff(sock);
-            Ok(TargetOutcome::Restored {
-                local: st.local,
-                remote: st.remote,
-            })
-        }
-        Ok(Message::Abort) => {
-            frozen.discard();
-            let _ = write_message(&mut ctrl, &Message::Failed("aborted".into()));
-            Ok(TargetOutcome::Aborted)
-        }
-        Ok(m) => {
-            frozen.discard();
-            Ok(TargetOutcome::SourceGone(unexpected(&m)))
-        }
-        Err(e) => {
-            frozen.discard();
-            Ok(TargetOutcome::SourceGone(e))
-        }
-    }
+    let mut conn = ControlConn::new(ctrl, timeout)?;
+    Ok(conn
+        .serve_next(timeout, admit, handoff)?
+        .unwrap_or_else(|| {
+            TargetOutcome::SourceGone(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "no OFFER before the connection closed or timed out",
+            ))
+        }))
 }

@@ -2,16 +2,16 @@
 //!
 //! Order (each step depends on the ones before it):
 //! 1. `socket()`, `SO_REUSEADDR`, TCP_REPAIR on (after it: lets `bind` share the
-//!    port with the service's listener), `IP_FREEBIND` (the address may not be local yet), `bind` to the
-//!    original local address;
+//!    port with the service's listener), `bind` to the original local address (again
+//!    with `IP_FREEBIND` if the address is not local yet);
 //! 2. `TCP_QUEUE_SEQ` of both queues to the sequence number of their first byte;
 //! 3. `connect()` to the peer: in repair mode no handshake, the socket is ESTABLISHED;
 //! 4. `TCP_REPAIR_OPTIONS` (MSS, window scales, SACK, timestamps: the kernel takes
 //!    them only before any byte was sent), `TCP_TIMESTAMP`;
 //! 5. buffer sizes raised to the source's, and the send buffer to hold the whole send queue
-//!    (see [`sndbuf_wanted`]);
-//! 6. refill the receive queue and the *sent* part of the send queue (repair-mode
-//!    writes: queued as received / as already transmitted);
+//!    (see `sndbuf_wanted`);
+//! 6. refill the *sent* part of the send queue and the receive queue (repair-mode
+//!    writes: queued as already transmitted / as received);
 //! 7. `TCP_REPAIR_WINDOW` (checked by the kernel against `rcv_nxt`, hence after 6);
 //! 8. (on [`Frozen::release`]) TCP_REPAIR off (sends a window probe), input filter
 //!    off, then the never-sent bytes are written normally.
@@ -22,12 +22,12 @@
 //! The socket and its 4-tuple must not exist in this network namespace: on the same
 //! host the source is closed silently first (see [`crate::Handover`]).
 
-use std::io::{self, Write};
+use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use crate::dump::{attach_drop_filter, close_silently, repair, repair_queue, thaw};
+use crate::dump::{attach_drop_filter, close_frozen, close_silently, repair, repair_queue, thaw};
 use crate::state::TcpState;
 use crate::sys;
 
@@ -38,8 +38,14 @@ pub const UNSENT_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Writes all of `buf` into the queue selected in repair mode. Each call may take
 /// only part (the kernel builds one skb of at most MAX_SKB_FRAGS pages per call).
-fn refill(fd: RawFd, queue: libc::c_int, buf: &[u8]) -> io::Result<()> {
-    repair_queue(fd, queue)?;
+/// `selected`: `queue` is already the repair queue selected.
+fn refill(fd: RawFd, queue: libc::c_int, buf: &[u8], selected: bool) -> io::Result<()> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    if !selected {
+        repair_queue(fd, queue)?;
+    }
     let mut off = 0;
     while off < buf.len() {
         let n = sys::send(fd, &buf[off..], "send (repair refill)")?;
@@ -121,18 +127,26 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
     // After SO_REUSEADDR, which would overwrite it: repair on sets sk_reuse to
     // SK_FORCE_REUSE, so `bind` succeeds next to the service's listener.
     repair(fd, true)?;
-    if st.local.is_ipv4() {
-        sys::setsockopt(fd, libc::SOL_IP, libc::IP_FREEBIND, &one, "IP_FREEBIND")?;
-    } else {
-        sys::setsockopt(
-            fd,
-            libc::SOL_IPV6,
-            sys::IPV6_FREEBIND,
-            &one,
-            "IPV6_FREEBIND",
-        )?;
+    match sys::bind(fd, &st.local) {
+        Ok(()) => {}
+        // The address is not local (yet) here: bind it anyway. Tried second, as the
+        // service address is normally local (one system call less per restore).
+        Err(e) if e.kind() == io::ErrorKind::AddrNotAvailable => {
+            if st.local.is_ipv4() {
+                sys::setsockopt(fd, libc::SOL_IP, libc::IP_FREEBIND, &one, "IP_FREEBIND")?;
+            } else {
+                sys::setsockopt(
+                    fd,
+                    libc::SOL_IPV6,
+                    sys::IPV6_FREEBIND,
+                    &one,
+                    "IPV6_FREEBIND",
+                )?;
+            }
+            sys::bind(fd, &st.local)?;
+        }
+        Err(e) => return Err(e),
     }
-    sys::bind(fd, &st.local)?;
 
     let rcv_first = st.rcv_seq.wrapping_sub(st.recv_queue.len() as u32);
     let snd_first = st.snd_seq.wrapping_sub(st.send_queue.len() as u32);
@@ -152,7 +166,8 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
         &snd_first,
         "TCP_QUEUE_SEQ send",
     )?;
-    repair_queue(fd, sys::TCP_NO_QUEUE)?;
+    // The queue selection stays: `connect`, the options, the buffers and the window do
+    // not depend on it (one system call less; each refill selects its queue).
 
     sys::connect(fd, &st.remote)?;
     sys::setsockopt_bytes(
@@ -172,9 +187,10 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
     raise_buffer(fd, libc::SO_SNDBUF, libc::SO_SNDBUFFORCE, sndbuf_wanted(st))?;
     raise_buffer(fd, libc::SO_RCVBUF, libc::SO_RCVBUFFORCE, st.rcvbuf)?;
 
-    refill(fd, sys::TCP_RECV_QUEUE, &st.recv_queue)?;
-    refill(fd, sys::TCP_SEND_QUEUE, st.sent_unacked())?;
-    repair_queue(fd, sys::TCP_NO_QUEUE)?;
+    // The send queue is still selected (its TCP_QUEUE_SEQ was set last): refill it
+    // first, then the receive queue; the two are independent in the kernel.
+    refill(fd, sys::TCP_SEND_QUEUE, st.sent_unacked(), true)?;
+    refill(fd, sys::TCP_RECV_QUEUE, &st.recv_queue, false)?;
 
     let w = sys::TcpRepairWindow {
         snd_wl1: st.window.snd_wl1,
@@ -215,7 +231,11 @@ pub fn restore_frozen(st: &TcpState) -> io::Result<Frozen> {
     rebuild(fd, st)?;
     Ok(Frozen {
         stream: TcpStream::from(owned),
-        unsent: st.unsent().to_vec(),
+        unsent: {
+            let mut u = crate::bufs::take(st.unsent().len());
+            u.extend_from_slice(st.unsent());
+            u
+        },
     })
 }
 
@@ -223,28 +243,34 @@ impl Frozen {
     /// Lets the connection run: repair off (a window probe tells the client to
     /// resend what was dropped), input on, then the never-sent bytes are written.
     pub fn release(self) -> io::Result<TcpStream> {
-        let mut stream = self.stream;
-        if let Err(e) = thaw(stream.as_raw_fd(), None) {
-            let _ = close_silently(stream);
-            return Err(e);
-        }
-        if !self.unsent.is_empty() {
-            if let Err(e) = write_unsent(&mut stream, &self.unsent) {
+        let Frozen { mut stream, unsent } = self;
+        let r = release_stream(&mut stream, &unsent);
+        crate::bufs::give(unsent);
+        match r {
+            Ok(()) => Ok(stream),
+            Err(e) => {
                 // Some bytes may be lost already: never leave such a socket running.
                 let _ = close_silently(stream);
-                return Err(io::Error::new(
-                    e.kind(),
-                    format!("writing unsent bytes: {e}"),
-                ));
+                Err(e)
             }
         }
-        Ok(stream)
     }
 
     /// Closes the frozen copy without a trace (no FIN, no RST).
     pub fn discard(self) {
-        let _ = close_silently(self.stream);
+        // Still frozen (repair on, filter attached since before `connect`).
+        close_frozen(self.stream);
+        crate::bufs::give(self.unsent);
     }
+}
+
+fn release_stream(stream: &mut TcpStream, unsent: &[u8]) -> io::Result<()> {
+    thaw(stream.as_raw_fd(), None)?;
+    if !unsent.is_empty() {
+        write_unsent(stream, unsent)
+            .map_err(|e| io::Error::new(e.kind(), format!("writing unsent bytes: {e}")))?;
+    }
+    Ok(())
 }
 
 /// Poll interval while the send buffer is full (a few client round trips).
@@ -252,20 +278,14 @@ const UNSENT_POLL_MS: libc::c_int = 10;
 
 /// Writes the never-sent bytes within [`UNSENT_WRITE_TIMEOUT`]. The send buffer was
 /// sized for the whole queue ([`sndbuf_wanted`]), but the client's window may be
-/// shut; on EAGAIN wait for POLLOUT and retry, until the deadline.
-fn write_unsent(stream: &mut TcpStream, buf: &[u8]) -> io::Result<()> {
-    // Non-blocking, so the deadline holds even if a blocking write would wait on a
-    // shut window forever.
-    stream.set_nonblocking(true)?;
-    let r = write_unsent_nonblocking(stream, buf);
-    stream.set_nonblocking(false)?;
-    r
-}
-
-fn write_unsent_nonblocking(stream: &mut TcpStream, mut buf: &[u8]) -> io::Result<()> {
+/// shut; on EAGAIN wait for POLLOUT and retry, until the deadline. Each write is
+/// non-blocking by itself (`MSG_DONTWAIT`), so the deadline holds without switching
+/// the socket's mode back and forth.
+fn write_unsent(stream: &mut TcpStream, mut buf: &[u8]) -> io::Result<()> {
+    let fd = stream.as_raw_fd();
     let deadline = std::time::Instant::now() + UNSENT_WRITE_TIMEOUT;
     while !buf.is_empty() {
-        match stream.write(buf) {
+        match sys::send(fd, buf, "send (unsent bytes)") {
             Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes")),
             Ok(n) => buf = &buf[n..],
             Err(e)
@@ -281,7 +301,7 @@ fn write_unsent_nonblocking(stream: &mut TcpStream, mut buf: &[u8]) -> io::Resul
                     ));
                 }
                 let mut pfd = libc::pollfd {
-                    fd: stream.as_raw_fd(),
+                    fd,
                     events: libc::POLLOUT,
                     revents: 0,
                 };

@@ -47,6 +47,89 @@ pub const SIOCOUTQNSD: libc::c_ulong = 0x894B;
 
 pub const IPV6_FREEBIND: libc::c_int = 78;
 
+/// `SO_ATTACH_BPF` (asm-generic/socket.h): attach a loaded eBPF socket filter by fd.
+pub const SO_ATTACH_BPF: libc::c_int = 50;
+
+/// `union bpf_attr` as `BPF_PROG_LOAD` reads it (linux/bpf.h), zero beyond the fields
+/// set; 128 bytes cover every field up to the ones this call leaves zero.
+#[repr(C)]
+struct BpfProgLoadAttr {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    rest: [u8; 88],
+}
+
+/// `struct bpf_insn`.
+#[repr(C)]
+struct BpfInsn {
+    code: u8,
+    /// dst_reg:4 | src_reg:4 (little-endian bitfield order).
+    regs: u8,
+    off: i16,
+    imm: i32,
+}
+
+/// Loads the eBPF socket filter `r0 = 0; exit` (every packet: keep 0 bytes, i.e.
+/// drop). Attaching it by fd ([`SO_ATTACH_BPF`]) only takes a reference, where
+/// `SO_ATTACH_FILTER` converts and JIT-compiles a classic program on every attach.
+pub fn load_drop_socket_filter() -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    const BPF_PROG_LOAD: libc::c_long = 5;
+    const BPF_PROG_TYPE_SOCKET_FILTER: u32 = 1;
+    let insns = [
+        // BPF_ALU64 | BPF_MOV | BPF_K, dst r0, imm 0
+        BpfInsn {
+            code: 0xb7,
+            regs: 0,
+            off: 0,
+            imm: 0,
+        },
+        // BPF_JMP | BPF_EXIT
+        BpfInsn {
+            code: 0x95,
+            regs: 0,
+            off: 0,
+            imm: 0,
+        },
+    ];
+    let license = b"GPL\0";
+    let attr = BpfProgLoadAttr {
+        prog_type: BPF_PROG_TYPE_SOCKET_FILTER,
+        insn_cnt: insns.len() as u32,
+        insns: insns.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 0,
+        log_size: 0,
+        log_buf: 0,
+        kern_version: 0,
+        prog_flags: 0,
+        rest: [0; 88],
+    };
+    // SAFETY: `attr` is a live, zero-padded bpf_attr of the size passed; the
+    // pointers in it stay valid for the call.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_LOAD,
+            &attr as *const BpfProgLoadAttr,
+            size_of::<BpfProgLoadAttr>(),
+        )
+    };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("bpf(BPF_PROG_LOAD): {e}")));
+    }
+    // SAFETY: a fresh descriptor owned by nobody else.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
 /// `struct tcp_repair_window`.
 #[repr(C)]
 #[derive(Default)]

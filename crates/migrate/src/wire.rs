@@ -3,12 +3,19 @@
 //! Frame (all integers big-endian):
 //!
 //! ```text
-//! magic "FSMG" | version u8 (= 1) | kind u8 | payload length u32 | payload
+//! magic "FSMG" | version u8 (= 2) | kind u8 | payload length u32 | payload
 //! ```
 //!
+//! Version 2 (this one): a control connection carries any number of hand-overs one
+//! after the other (the source keeps it in a [`crate::ControlPool`]; version 1 closed
+//! it after one), and OFFER_COMMIT exists. A peer speaking another version is refused
+//! with [`WireError::Version`], whose text names both versions.
+//!
 //! Kinds: `1 OFFER(state)`, `2 ACCEPT`, `3 REFUSE(reason)`, `4 COMMIT`,
-//! `5 RESTORED`, `6 FAILED(reason)`, `7 DONE`, `8 ABORT`. A reason is UTF-8 text of at most
-//! [`REASON_BYTES_MAX`] bytes. The OFFER payload (a [`TcpState`]):
+//! `5 RESTORED`, `6 FAILED(reason)`, `7 DONE`, `8 ABORT`, `9 OFFER_COMMIT(state)`
+//! (version 2: OFFER and COMMIT at once, answered REFUSE or RESTORED/FAILED). A
+//! reason is UTF-8 text of at most [`REASON_BYTES_MAX`] bytes. The OFFER (and
+//! OFFER_COMMIT) payload (a [`TcpState`]):
 //!
 //! ```text
 //! family u8 (4|6) | local addr | remote addr
@@ -24,7 +31,7 @@
 //! flag bits, lengths above their bounds, truncation, trailing bytes, or a state that
 //! fails [`TcpState::validate`].
 
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
 use crate::error::WireError;
@@ -32,14 +39,26 @@ use crate::state::{RepairWindow, TcpOptions, TcpState, QUEUE_BYTES_MAX, WSCALE_M
 
 /// Frame magic.
 pub const MAGIC: [u8; 4] = *b"FSMG";
-/// The wire version this crate writes and reads.
-pub const VERSION: u8 = 1;
+/// The wire version this crate writes and reads (2: control connections are reused
+/// across hand-overs).
+pub const VERSION: u8 = 2;
 /// Frame header: magic, version, kind, payload length.
 pub const HEADER_BYTES: usize = 4 + 1 + 1 + 4;
 /// Longest REFUSE/FAILED reason: a one-line diagnostic, not a log.
 pub const REASON_BYTES_MAX: usize = 256;
 /// Fixed part of an OFFER payload at its largest (IPv6 addresses).
 const STATE_FIXED_BYTES_MAX: usize = 1 + 2 * (16 + 4 + 4 + 2) + 3 * 4 + 5 + 5 * 4 + 3 * 4 + 2 * 4;
+/// An OFFER payload up to and including the send queue's length: family, addresses
+/// (`addr` bytes each), then sequence numbers, timestamp, options, window, buffer
+/// sizes, unsent length and the send queue's length.
+const fn offer_prefix_bytes(addr: usize) -> usize {
+    1 + 2 * addr + 3 * 4 + 5 + 5 * 4 + 3 * 4 + 4
+}
+/// [`offer_prefix_bytes`] with IPv4 addresses (ip, port).
+const OFFER_PREFIX_V4: usize = offer_prefix_bytes(4 + 2);
+/// [`offer_prefix_bytes`] with IPv6 addresses (ip, flowinfo, scope id, port).
+const OFFER_PREFIX_V6: usize = offer_prefix_bytes(16 + 4 + 4 + 2);
+const _: () = assert!(OFFER_PREFIX_V6 + 4 == STATE_FIXED_BYTES_MAX);
 /// Longest payload: an OFFER with both queues full. Bounds the reader's allocation.
 pub const PAYLOAD_BYTES_MAX: usize = STATE_FIXED_BYTES_MAX + 2 * QUEUE_BYTES_MAX;
 
@@ -69,12 +88,24 @@ pub enum Message {
     /// Source → target: the flow could not be moved; close the restored copy silently
     /// (the target answers FAILED("aborted") once it has).
     Abort,
+    /// Source → target: OFFER and COMMIT in one message (the source holds its frozen
+    /// socket until RESTORED, `Handover::CloseAfterRestore`, so nothing has to happen
+    /// between them): the target answers REFUSE, or restores at once and answers
+    /// RESTORED or FAILED. Saves one round trip (two sends, two receives) a migration.
+    OfferCommit(TcpState),
 }
+
+/// The OFFER kind.
+const KIND_OFFER: u8 = 1;
+/// The OFFER_COMMIT kind.
+const KIND_OFFER_COMMIT: u8 = 9;
+/// The highest kind.
+const KIND_MAX: u8 = KIND_OFFER_COMMIT;
 
 impl Message {
     fn kind(&self) -> u8 {
         match self {
-            Self::Offer(_) => 1,
+            Self::Offer(_) => KIND_OFFER,
             Self::Accept => 2,
             Self::Refuse(_) => 3,
             Self::Commit => 4,
@@ -82,6 +113,7 @@ impl Message {
             Self::Failed(_) => 6,
             Self::Done => 7,
             Self::Abort => 8,
+            Self::OfferCommit(_) => KIND_OFFER_COMMIT,
         }
     }
 }
@@ -102,7 +134,9 @@ fn put_u32(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_be_bytes());
 }
 
-fn encode_state(out: &mut Vec<u8>, st: &TcpState) {
+/// The OFFER payload up to and including the send queue's length (the queues follow:
+/// send bytes, receive length, receive bytes).
+fn encode_state_prefix(out: &mut Vec<u8>, st: &TcpState) {
     out.push(if st.local.is_ipv4() { 4 } else { 6 });
     put_addr(out, &st.local);
     put_addr(out, &st.remote);
@@ -130,33 +164,52 @@ fn encode_state(out: &mut Vec<u8>, st: &TcpState) {
     put_u32(out, st.rcvbuf);
     put_u32(out, st.unsent_len);
     put_u32(out, st.send_queue.len() as u32);
-    out.extend_from_slice(&st.send_queue);
-    put_u32(out, st.recv_queue.len() as u32);
-    out.extend_from_slice(&st.recv_queue);
+}
+
+fn offer_payload_len(st: &TcpState) -> usize {
+    let prefix = if st.local.is_ipv4() {
+        OFFER_PREFIX_V4
+    } else {
+        OFFER_PREFIX_V6
+    };
+    prefix + st.send_queue.len() + 4 + st.recv_queue.len()
+}
+
+fn put_header(out: &mut Vec<u8>, kind: u8, len: usize) {
+    out.extend_from_slice(&MAGIC);
+    out.push(VERSION);
+    out.push(kind);
+    put_u32(out, len as u32);
 }
 
 /// Encodes one message as a frame. Panics only on a programmer error: an OFFER whose
 /// state fails [`TcpState::validate`] or a reason longer than [`REASON_BYTES_MAX`].
 pub fn encode(msg: &Message) -> Vec<u8> {
-    let mut payload = Vec::new();
     match msg {
-        Message::Offer(st) => {
+        Message::Offer(st) | Message::OfferCommit(st) => {
             assert!(st.validate().is_ok(), "encoding an invalid TcpState");
-            encode_state(&mut payload, st);
+            let len = offer_payload_len(st);
+            let mut out = Vec::with_capacity(HEADER_BYTES + len);
+            put_header(&mut out, msg.kind(), len);
+            encode_state_prefix(&mut out, st);
+            out.extend_from_slice(&st.send_queue);
+            put_u32(&mut out, st.recv_queue.len() as u32);
+            out.extend_from_slice(&st.recv_queue);
+            out
         }
         Message::Refuse(r) | Message::Failed(r) => {
             assert!(r.len() <= REASON_BYTES_MAX, "reason too long");
-            payload.extend_from_slice(r.as_bytes());
+            let mut out = Vec::with_capacity(HEADER_BYTES + r.len());
+            put_header(&mut out, msg.kind(), r.len());
+            out.extend_from_slice(r.as_bytes());
+            out
         }
-        Message::Accept | Message::Commit | Message::Restored | Message::Done | Message::Abort => {}
+        Message::Accept | Message::Commit | Message::Restored | Message::Done | Message::Abort => {
+            let mut out = Vec::with_capacity(HEADER_BYTES);
+            put_header(&mut out, msg.kind(), 0);
+            out
+        }
     }
-    let mut out = Vec::with_capacity(HEADER_BYTES + payload.len());
-    out.extend_from_slice(&MAGIC);
-    out.push(VERSION);
-    out.push(msg.kind());
-    put_u32(&mut out, payload.len() as u32);
-    out.extend_from_slice(&payload);
-    out
 }
 
 /// A reason cut to [`REASON_BYTES_MAX`] bytes at a character boundary.
@@ -213,15 +266,22 @@ impl<'a> Cursor<'a> {
         }
     }
     fn queue(&mut self, what: &'static str) -> Result<Vec<u8>, WireError> {
-        let len = self.u32()? as usize;
-        if len > QUEUE_BYTES_MAX {
-            return Err(WireError::TooLarge(what, len));
-        }
+        let len = queue_len(self.u32()?, what)?;
         Ok(self.take(len)?.to_vec())
     }
 }
 
-fn decode_state(c: &mut Cursor<'_>) -> Result<TcpState, WireError> {
+fn queue_len(len: u32, what: &'static str) -> Result<usize, WireError> {
+    let len = len as usize;
+    if len > QUEUE_BYTES_MAX {
+        return Err(WireError::TooLarge(what, len));
+    }
+    Ok(len)
+}
+
+/// Decodes an OFFER payload up to and including the send queue's length; returns the
+/// state with empty queues and that length.
+fn decode_state_prefix(c: &mut Cursor<'_>) -> Result<(TcpState, usize), WireError> {
     let v4 = match c.u8()? {
         4 => true,
         6 => false,
@@ -262,8 +322,7 @@ fn decode_state(c: &mut Cursor<'_>) -> Result<TcpState, WireError> {
     let sndbuf = c.u32()?;
     let rcvbuf = c.u32()?;
     let unsent_len = c.u32()?;
-    let send_queue = c.queue("send queue")?;
-    let recv_queue = c.queue("receive queue")?;
+    let send_len = queue_len(c.u32()?, "send queue")?;
     let st = TcpState {
         local,
         remote,
@@ -279,10 +338,17 @@ fn decode_state(c: &mut Cursor<'_>) -> Result<TcpState, WireError> {
         window,
         sndbuf,
         rcvbuf,
-        send_queue,
+        send_queue: Vec::new(),
         unsent_len,
-        recv_queue,
+        recv_queue: Vec::new(),
     };
+    Ok((st, send_len))
+}
+
+fn decode_state(c: &mut Cursor<'_>) -> Result<TcpState, WireError> {
+    let (mut st, send_len) = decode_state_prefix(c)?;
+    st.send_queue = c.take(send_len)?.to_vec();
+    st.recv_queue = c.queue("receive queue")?;
     st.validate().map_err(WireError::Invalid)?;
     Ok(st)
 }
@@ -296,12 +362,12 @@ pub fn decode_header(h: &[u8; HEADER_BYTES]) -> Result<(u8, usize), WireError> {
         return Err(WireError::Version(h[4]));
     }
     let kind = h[5];
-    if !(1..=8).contains(&kind) {
+    if !(1..=KIND_MAX).contains(&kind) {
         return Err(WireError::Kind(kind));
     }
     let len = u32::from_be_bytes(h[6..10].try_into().expect("4 bytes")) as usize;
     let max = match kind {
-        1 => PAYLOAD_BYTES_MAX,
+        KIND_OFFER | KIND_OFFER_COMMIT => PAYLOAD_BYTES_MAX,
         3 | 6 => REASON_BYTES_MAX,
         _ => 0,
     };
@@ -315,7 +381,8 @@ pub fn decode_header(h: &[u8; HEADER_BYTES]) -> Result<(u8, usize), WireError> {
 pub fn decode_payload(kind: u8, payload: &[u8]) -> Result<Message, WireError> {
     let mut c = Cursor { buf: payload };
     let msg = match kind {
-        1 => Message::Offer(decode_state(&mut c)?),
+        KIND_OFFER => Message::Offer(decode_state(&mut c)?),
+        KIND_OFFER_COMMIT => Message::OfferCommit(decode_state(&mut c)?),
         2 => Message::Accept,
         3 | 6 => {
             let text = std::str::from_utf8(c.take(payload.len())?)
@@ -358,19 +425,133 @@ pub fn decode(frame: &[u8]) -> Result<Message, WireError> {
 }
 
 /// Reads one frame from a stream; malformed input is `InvalidData`.
+///
+/// An OFFER's queues are read straight into their own buffers (no staging copy of
+/// the payload): give a buffered reader so the header and the fixed fields cost one
+/// `recv`, not several.
 pub fn read_message(r: &mut impl Read) -> io::Result<Message> {
     let mut h = [0u8; HEADER_BYTES];
     r.read_exact(&mut h)?;
-    let bad = |e: WireError| io::Error::new(io::ErrorKind::InvalidData, e);
-    let (kind, len) = decode_header(&h).map_err(bad)?;
-    // `len` is bounded by decode_header, so this allocation is too.
-    let mut payload = vec![0u8; len];
-    r.read_exact(&mut payload)?;
-    decode_payload(kind, &payload).map_err(bad)
+    read_message_after(r, &h)
 }
 
-/// Writes one frame to a stream.
+/// [`read_message`] once its header `h` has been read.
+pub fn read_message_after(r: &mut impl Read, h: &[u8; HEADER_BYTES]) -> io::Result<Message> {
+    let (kind, len) = decode_header(h).map_err(bad_data)?;
+    if kind == KIND_OFFER {
+        return read_offer(r, len).map(Message::Offer);
+    }
+    if kind == KIND_OFFER_COMMIT {
+        return read_offer(r, len).map(Message::OfferCommit);
+    }
+    // `len` is bounded by decode_header (REASON_BYTES_MAX for every other kind).
+    let mut payload = [0u8; REASON_BYTES_MAX];
+    let payload = &mut payload[..len];
+    r.read_exact(payload)?;
+    decode_payload(kind, payload).map_err(bad_data)
+}
+
+fn bad_data(e: WireError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+/// Reads exactly `n` bytes into a buffer (a spare one of this thread if it has one:
+/// resident pages, see `bufs`). Zeroed first: `read_to_end` would skip that but reads
+/// a socket in growing chunks (8 KiB, 16 KiB, …), twice the `recv` calls.
+fn read_vec(r: &mut impl Read, n: usize) -> io::Result<Vec<u8>> {
+    let mut v = crate::bufs::take(n);
+    v.resize(n, 0);
+    if let Err(e) = r.read_exact(&mut v) {
+        crate::bufs::give(v);
+        return Err(e);
+    }
+    Ok(v)
+}
+
+/// Reads an OFFER payload of `len` bytes (checked against the structure before each
+/// queue is allocated, so a lying length allocates at most what it claims, which
+/// [`decode_header`] bounded).
+fn read_offer(r: &mut impl Read, len: usize) -> io::Result<TcpState> {
+    if len == 0 {
+        return Err(bad_data(WireError::Truncated));
+    }
+    let mut prefix = [0u8; OFFER_PREFIX_V6];
+    r.read_exact(&mut prefix[..1])?;
+    let n = match prefix[0] {
+        4 => OFFER_PREFIX_V4,
+        6 => OFFER_PREFIX_V6,
+        f => return Err(bad_data(WireError::Invalid(format!("address family {f}")))),
+    };
+    if len < n + 4 {
+        return Err(bad_data(WireError::Truncated));
+    }
+    r.read_exact(&mut prefix[1..n])?;
+    let (mut st, send_len) =
+        decode_state_prefix(&mut Cursor { buf: &prefix[..n] }).map_err(bad_data)?;
+    if n + send_len + 4 > len {
+        return Err(bad_data(WireError::Truncated));
+    }
+    st.send_queue = read_vec(r, send_len)?;
+    let mut l = [0u8; 4];
+    r.read_exact(&mut l)?;
+    let recv_len = queue_len(u32::from_be_bytes(l), "receive queue").map_err(bad_data)?;
+    let end = n + send_len + 4 + recv_len;
+    if end > len {
+        return Err(bad_data(WireError::Truncated));
+    }
+    if end < len {
+        return Err(bad_data(WireError::Trailing(len - end)));
+    }
+    st.recv_queue = read_vec(r, recv_len)?;
+    st.validate().map_err(|e| bad_data(WireError::Invalid(e)))?;
+    Ok(st)
+}
+
+/// Writes one frame to a stream. An OFFER goes out with one vectored write straight
+/// from the state's queues (no copy into a frame buffer).
 pub fn write_message(w: &mut impl Write, msg: &Message) -> io::Result<()> {
-    w.write_all(&encode(msg))?;
+    match msg {
+        Message::Offer(st) => write_offer(w, st),
+        Message::OfferCommit(st) => write_offer_commit(w, st),
+        _ => {
+            w.write_all(&encode(msg))?;
+            w.flush()
+        }
+    }
+}
+
+/// Writes an OFFER of `st` (the same bytes as `encode(&Message::Offer(st))`) without
+/// copying the queues. Panics like [`encode`] on an invalid state.
+pub fn write_offer(w: &mut impl Write, st: &TcpState) -> io::Result<()> {
+    write_state(w, KIND_OFFER, st)
+}
+
+/// [`write_offer`] for an OFFER_COMMIT ([`Message::OfferCommit`]).
+pub fn write_offer_commit(w: &mut impl Write, st: &TcpState) -> io::Result<()> {
+    write_state(w, KIND_OFFER_COMMIT, st)
+}
+
+fn write_state(w: &mut impl Write, kind: u8, st: &TcpState) -> io::Result<()> {
+    assert!(st.validate().is_ok(), "encoding an invalid TcpState");
+    let mut head = Vec::with_capacity(HEADER_BYTES + OFFER_PREFIX_V6);
+    put_header(&mut head, kind, offer_payload_len(st));
+    encode_state_prefix(&mut head, st);
+    let recv_len = (st.recv_queue.len() as u32).to_be_bytes();
+    let mut bufs = [
+        IoSlice::new(&head),
+        IoSlice::new(&st.send_queue),
+        IoSlice::new(&recv_len),
+        IoSlice::new(&st.recv_queue),
+    ];
+    let mut bufs = &mut bufs[..];
+    // Bounded: each pass writes at least one byte or fails.
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "wrote 0 bytes")),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
     w.flush()
 }

@@ -165,6 +165,18 @@ fn refused_migration_completes_on_source() {
 
 #[test]
 #[ignore = "needs root (TCP_REPAIR): run with `cargo test -p farside-migrate -- --include-ignored` as root"]
+fn refused_offer_commit_completes_on_source() {
+    assert!(is_root(), "needs root");
+    // CloseAfterRestore sends OFFER_COMMIT: a refusal comes instead of RESTORED.
+    let (r, _) = scenario(TargetKind::Refusing, Handover::CloseAfterRestore);
+    assert!(
+        matches!(r, Err(Fallback::Refused(ref s)) if s == "window closed"),
+        "{r:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): run with `cargo test -p farside-migrate -- --include-ignored` as root"]
 fn lost_flow_update_completes_on_source() {
     assert!(is_root(), "needs root");
     // The target restored (frozen), the flow could not be moved: ABORT, the target

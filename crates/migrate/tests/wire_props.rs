@@ -97,8 +97,9 @@ fn message(r: &mut Rng) -> Message {
             .map(|_| (b'a' + r.below(26) as u8) as char)
             .collect::<String>()
     };
-    match r.below(8) {
+    match r.below(9) {
         0 => Message::Offer(state(r)),
+        7 => Message::OfferCommit(state(r)),
         1 => Message::Accept,
         2 => Message::Refuse(text(r)),
         3 => Message::Commit,
@@ -163,6 +164,14 @@ fn corrupted_frames_never_panic_and_accepted_ones_are_canonical() {
             let i = r.below(frame.len() as u64) as usize;
             frame[i] ^= 1 << r.below(8);
         }
+        // The stream reader (which reads an OFFER's queues straight into their
+        // buffers) accepts exactly what the slice decoder accepts, when it reads the
+        // whole input (a corrupted length can end a frame early: a stream leaves the
+        // rest for the next frame, the slice decoder calls it trailing bytes).
+        let mut cur = io::Cursor::new(&frame);
+        let streamed = wire::read_message(&mut cur);
+        let whole = streamed.is_ok() && cur.position() == frame.len() as u64;
+        assert_eq!(whole, decode(&frame).is_ok());
         if let Ok(m) = decode(&frame) {
             // Whatever decodes is valid and encodes back to the same bytes: the
             // format has one encoding per message, so no ambiguity to exploit.
@@ -170,7 +179,93 @@ fn corrupted_frames_never_panic_and_accepted_ones_are_canonical() {
                 assert!(st.validate().is_ok());
             }
             assert_eq!(encode(&m), frame);
+            assert_eq!(streamed.unwrap(), m);
         }
+    }
+}
+
+/// Takes at most 7 bytes per write: exercises the vectored writer's partial writes.
+struct Dribble(Vec<u8>);
+
+impl io::Write for Dribble {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        let n = b.len().min(7);
+        self.0.extend_from_slice(&b[..n]);
+        Ok(n)
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match bufs.iter().find(|b| !b.is_empty()) {
+            Some(b) => self.write(b),
+            None => Ok(0),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn the_vectored_offer_writer_sends_the_canonical_frame() {
+    let mut r = Rng(0x5eed_0006);
+    for case in 0..200 {
+        let st = state(&mut r);
+        let frame = encode(&Message::Offer(st.clone()));
+        let mut whole = Vec::new();
+        wire::write_offer(&mut whole, &st).unwrap();
+        assert_eq!(whole, frame, "case {case}");
+        let mut d = Dribble(Vec::new());
+        wire::write_message(&mut d, &Message::Offer(st)).unwrap();
+        assert_eq!(d.0, frame, "case {case} in 7-byte writes");
+    }
+}
+
+#[test]
+fn another_wire_version_is_refused_with_both_versions_named() {
+    let mut frame = encode(&Message::Accept);
+    frame[4] = 1;
+    let e = wire::read_message(&mut io::Cursor::new(&frame)).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    let text = e.to_string();
+    assert!(
+        text.contains("version 1") && text.contains(&format!("speaks {}", wire::VERSION)),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_target_answers_a_version_1_source_with_a_refusal_naming_the_versions() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut src = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+    src.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let (c, _) = l.accept().unwrap();
+    // An OFFER as a version-1 source frames it.
+    let mut r = Rng(0x5eed_0007);
+    let mut frame = encode(&Message::Offer(state(&mut r)));
+    frame[4] = 1;
+    io::Write::write_all(&mut src, &frame).unwrap();
+    let mut conn =
+        farside_migrate::ControlConn::new(c, std::time::Duration::from_secs(10)).unwrap();
+    let o = conn
+        .serve_next(
+            std::time::Duration::from_secs(10),
+            |_| panic!("a version-1 offer must not reach admission"),
+            |_| unreachable!(),
+        )
+        .unwrap();
+    match o {
+        Some(farside_migrate::TargetOutcome::SourceGone(e)) => {
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}")
+        }
+        o => panic!("{o:?}"),
+    }
+    assert!(!conn.reusable());
+    match wire::read_message(&mut src).unwrap() {
+        Message::Refuse(text) => assert!(
+            text.contains("version 1") && text.contains(&format!("speaks {}", wire::VERSION)),
+            "{text}"
+        ),
+        m => panic!("{m:?}"),
     }
 }
 
@@ -184,7 +279,7 @@ fn random_garbage_never_panics() {
             // A valid header prefix, to get past the magic into the payload checks.
             g[..4].copy_from_slice(&wire::MAGIC);
             g[4] = wire::VERSION;
-            g[5] = 1 + r.below(8) as u8;
+            g[5] = 1 + r.below(9) as u8;
         }
         let _ = decode(&g);
     }
@@ -211,7 +306,14 @@ fn header_checks_refuse_bad_magic_version_kind_and_oversize() {
         Err(WireError::Version(wire::VERSION + 1))
     );
     assert_eq!(wire::decode_header(&header(0, 0)), Err(WireError::Kind(0)));
-    assert_eq!(wire::decode_header(&header(9, 0)), Err(WireError::Kind(9)));
+    assert_eq!(
+        wire::decode_header(&header(10, 0)),
+        Err(WireError::Kind(10))
+    );
+    assert!(matches!(
+        wire::decode_header(&header(9, PAYLOAD_BYTES_MAX as u32 + 1)),
+        Err(WireError::TooLarge(..))
+    ));
     // Payload-less kinds carry no payload; reasons and offers are bounded.
     assert!(matches!(
         wire::decode_header(&header(2, 1)),

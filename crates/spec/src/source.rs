@@ -47,7 +47,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use farside_migrate::{migrate_with, Fallback, Handover, MigrateConfig, Outcome};
+use farside_migrate::{Fallback, Handover, MigrateConfig, Outcome};
 use farside_region::layout::SNAPSHOT_BYTES;
 use farside_region::Snapshot;
 use farside_rmem::{connect_target, ClientOptions};
@@ -403,6 +403,9 @@ struct Shared {
     /// When the daemon started (event times are relative to it).
     started: std::time::Instant,
     window_events: Mutex<WindowEvents>,
+    /// Control connections to the peers' daemons, reused across migrations (issue 12:
+    /// a connect, accept, two closes and a TIME_WAIT less per migration).
+    control: farside_migrate::ControlPool,
 }
 
 /// A running source side. Dropping it stops it.
@@ -502,6 +505,7 @@ impl SourceDaemon {
             steer_counts: Mutex::new([0; crate::steer::COUNTERS]),
             started: std::time::Instant::now(),
             window_events: Mutex::new(WindowEvents::default()),
+            control: farside_migrate::ControlPool::default(),
         });
         let (tx, rx) = sync_channel::<(TcpStream, Instant)>(QUEUE_WINDOW_MAX as usize);
         let rx = Arc::new(Mutex::new(rx));
@@ -909,7 +913,7 @@ fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<(TcpStream, Instant)>>) {
         peer.inflight.fetch_add(1, Ordering::Relaxed);
         lock(&s.stats.queue_wait_us).record(admitted.elapsed().as_micros() as u64);
         let cpu0 = farside_backend::thread_cpu_us();
-        let outcome = migrate_with(sock, peer.peer.daemon, &mcfg, || {
+        let outcome = s.control.migrate_with(sock, peer.peer.daemon, &mcfg, || {
             s.flow.move_flow(remote, peer.peer.backend)
         });
         let cpu = farside_backend::thread_cpu_us().saturating_sub(cpu0);

@@ -13,6 +13,9 @@
 //!                                                                  datagram to each
 //! ```
 //!
+//! Each thread keeps its control connection between offers (wire version 2, the
+//! source's `ControlPool`), see [`TARGET_THREADS_DEFAULT`].
+//!
 //! "Can take again" is what the source's window waits for (seed 002 §3.2: the paper
 //! sends it when the migrated requests were served; here the target does not see its
 //! server finish a request, so it notifies when its admission condition holds again,
@@ -26,8 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use farside_migrate::proto::REPLY_TIMEOUT_DEFAULT;
-use farside_migrate::{serve_conn, TargetOutcome};
+use farside_migrate::proto::{CONTROL_IDLE_TIMEOUT, REPLY_TIMEOUT_DEFAULT};
+use farside_migrate::{ControlConn, Ready, TargetOutcome};
 
 use crate::handoff::{HandOff, Handoff};
 use crate::load::ServerQueue;
@@ -40,6 +43,12 @@ use crate::stats::Samples;
 /// listen backlog and OFFER-to-ACCEPT took 210 ms p50 in `lab speculative` (75/25 at 3×
 /// one node's capacity). More offers wait in the listen backlog (bounded by the
 /// kernel) and the source's connect timeout.
+///
+/// A thread keeps its control connection between offers (wire version 2: the
+/// source's `ControlPool` reuses it), until the source closes it, it stays idle for
+/// `CONTROL_IDLE_TIMEOUT`, or a new source waits to connect while no thread is free:
+/// then one idle connection (one at a time) is closed and its thread takes the
+/// newcomer, so idle pooled connections never starve a source.
 pub const TARGET_THREADS_DEFAULT: usize = 32;
 /// Upper bound of `--target-threads`.
 pub const TARGET_THREADS_MAX: usize = 64;
@@ -106,6 +115,11 @@ struct Shared {
     /// it instead of polling while nobody waits for a notification.
     refused_added: std::sync::Condvar,
     stats: TargetStats,
+    /// Threads without a control connection (waiting in accept).
+    free: AtomicU32,
+    /// Set while one thread gives up its idle connection for a waiting source, so
+    /// the other idle threads keep theirs.
+    yielding: AtomicBool,
 }
 
 /// A running target side. Dropping it stops it.
@@ -138,6 +152,8 @@ impl TargetDaemon {
             refused_sources: Mutex::new(Vec::new()),
             refused_added: std::sync::Condvar::new(),
             stats: TargetStats::default(),
+            free: AtomicU32::new(0),
+            yielding: AtomicBool::new(false),
         });
         let mut threads = Vec::new();
         for i in 0..shared.cfg.threads {
@@ -229,6 +245,35 @@ impl Drop for Restoring<'_> {
     }
 }
 
+/// While a waiting source is left to the free threads (or to the one idle thread
+/// yielding), an idle thread waits on its connection alone this long before
+/// watching the listener again: the accept takes microseconds, so this bounds the
+/// wake-ups without delaying anything.
+const LISTENER_RECHECK: Duration = Duration::from_millis(10);
+
+/// Accepts one source (blocking), counted as a free thread meanwhile.
+fn accept_control(s: &Shared) -> Option<(ControlConn, SocketAddr)> {
+    s.free.fetch_add(1, Ordering::SeqCst);
+    let r = s.listener.accept();
+    s.free.fetch_sub(1, Ordering::SeqCst);
+    match r {
+        Ok((ctrl, peer)) => match ControlConn::new(ctrl, REPLY_TIMEOUT_DEFAULT) {
+            Ok(c) => Some((c, peer)),
+            Err(e) => {
+                log::debug!("specd target: control connection from {peer}: {e}");
+                None
+            }
+        },
+        Err(e) => {
+            if !s.stop.load(Ordering::SeqCst) {
+                log::warn!("specd target accept: {e}");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            None
+        }
+    }
+}
+
 fn offers_loop(s: &Shared) {
     let mut queue = match ServerQueue::new(s.cfg.server_port) {
         Ok(q) => q,
@@ -237,19 +282,48 @@ fn offers_loop(s: &Shared) {
             return;
         }
     };
+    let mut conn: Option<(ControlConn, SocketAddr)> = None;
+    let mut watch_listener = true;
     while !s.stop.load(Ordering::SeqCst) {
-        let (ctrl, peer) = match s.listener.accept() {
-            Ok(c) => c,
-            Err(e) => {
-                if s.stop.load(Ordering::SeqCst) {
-                    break;
+        let (ctrl, peer) = match conn.as_mut() {
+            Some(c) => c,
+            None => match accept_control(s) {
+                Some(c) => conn.insert(c),
+                None => continue,
+            },
+        };
+        let peer = *peer;
+        let (idle, listener) = if watch_listener {
+            (CONTROL_IDLE_TIMEOUT, Some(&s.listener))
+        } else {
+            (LISTENER_RECHECK, None)
+        };
+        match ctrl.wait(idle, listener) {
+            Ok(Ready::Offer) => {}
+            Ok(Ready::Listener) => {
+                // A source waits to connect (or the listener was shut down: stop).
+                // With no free thread, one idle connection makes room for it.
+                if s.free.load(Ordering::SeqCst) == 0 && !s.yielding.swap(true, Ordering::SeqCst) {
+                    // Closed before the accept, so its source sees the EOF at once.
+                    drop(conn.take());
+                    let next = accept_control(s);
+                    s.yielding.store(false, Ordering::SeqCst);
+                    conn = next;
+                } else {
+                    watch_listener = false;
                 }
-                log::warn!("specd target accept: {e}");
-                std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
-        };
-        s.stats.offers.fetch_add(1, Ordering::Relaxed);
+            Ok(Ready::Idle) if !watch_listener => {
+                watch_listener = true;
+                continue;
+            }
+            Ok(Ready::Idle) | Err(_) => {
+                conn = None;
+                continue;
+            }
+        }
+        watch_listener = true;
         let cpu0 = farside_backend::thread_cpu_us();
         let mut admitted: Option<Restoring<'_>> = None;
         let admit = |_: &farside_migrate::TcpState| -> Result<(), String> {
@@ -271,8 +345,18 @@ fn offers_loop(s: &Shared) {
                 log::warn!("specd target: hand-off to the local server failed: {e}");
             }
         };
-        let outcome = serve_conn(ctrl, REPLY_TIMEOUT_DEFAULT, admit, handoff);
+        let outcome = ctrl.serve_ready(admit, handoff);
         drop(admitted);
+        if !ctrl.reusable() {
+            conn = None;
+        }
+        let outcome = match outcome {
+            // The source closed its (idle) connection: not an offer.
+            Ok(None) => continue,
+            Ok(Some(o)) => Ok(o),
+            Err(e) => Err(e),
+        };
+        s.stats.offers.fetch_add(1, Ordering::Relaxed);
         match outcome {
             Ok(TargetOutcome::Restored { .. }) => {
                 s.stats.restored.fetch_add(1, Ordering::Relaxed);

@@ -268,3 +268,75 @@ fn refused_migration_is_served_on_the_source_and_the_target_notifies_when_it_can
     target.stop();
     backend.stop();
 }
+
+/// One short request migrated through `pool` (a source's pooled control connections)
+/// to `target` and answered by the back-end behind it.
+fn migrate_one_request(
+    pool: &farside_migrate::ControlPool,
+    target: SocketAddr,
+    listener: &TcpListener,
+) -> Result<(), String> {
+    let addr = listener.local_addr().unwrap();
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+    c.write_all(b"GET /files/5 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let (s, _) = listener.accept().unwrap();
+    await_cond("request queued on the source", || inq(&s).unwrap() > 0);
+    let cfg = MigrateConfig {
+        handover: Handover::CloseBeforeRestore,
+        ..MigrateConfig::default()
+    };
+    match pool.migrate_with(s, target, &cfg, || Ok(())) {
+        Outcome::Migrated(_) => {}
+        Outcome::ResumedOnSource { reason, .. } => return Err(format!("stayed: {reason:?}")),
+        Outcome::Lost(e) => return Err(format!("lost: {e}")),
+    }
+    let mut resp = Vec::new();
+    c.read_to_end(&mut resp).expect("response");
+    let resp = String::from_utf8_lossy(&resp);
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn an_idle_pooled_connection_gives_its_thread_to_another_source() {
+    assert!(is_root(), "needs root");
+    let adopt = temp_path("adopt-yield");
+    let (backend_addr, backend) = backend(&adopt);
+    // One thread: source A's idle pooled connection holds it after A's migration.
+    let target = TargetDaemon::start(TargetConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        server_port: backend_addr.port(),
+        admit_queue_max: 64,
+        handoff: Handoff::Adopt(adopt.clone()),
+        threads: 1,
+        peers: Vec::new(),
+    })
+    .expect("target daemon");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let (a, b) = (
+        farside_migrate::ControlPool::default(),
+        farside_migrate::ControlPool::default(),
+    );
+    migrate_one_request(&a, target.addr(), &listener).expect("A's first migration");
+    assert_eq!(a.idle(), 1, "A keeps its connection");
+    // Source B: without the thread giving up A's idle connection, B's OFFER would
+    // wait in the listen backlog until its reply timeout and fall back.
+    migrate_one_request(&b, target.addr(), &listener).expect("B's migration");
+    // A's pooled connection was closed for B: A notices and reconnects.
+    migrate_one_request(&a, target.addr(), &listener).expect("A's second migration");
+    assert_eq!((a.opened(), a.stale()), (2, 1));
+    assert_eq!(b.opened(), 1);
+    // Counted once the hand-off returns, which may be after the client's response.
+    await_cond("three restores counted", || {
+        target
+            .stats()
+            .restored
+            .load(std::sync::atomic::Ordering::Relaxed)
+            == 3
+    });
+    target.stop();
+    backend.stop();
+}

@@ -15,7 +15,8 @@
 //!    fixed send buffer ([`SOURCE_SNDBUF`]) takes — for the larger `R` the send queue
 //!    is full and bytes stay with the application — and waits until request bytes
 //!    sit in its receive queue;
-//! 3. it migrates with [`migrate_with`] ([`crate::Handover::CloseAfterRestore`]); the flow
+//! 3. it migrates with [`ControlPool::migrate_with`] (one pooled control connection
+//!    per lane, reused across its connections; [`crate::Handover::CloseAfterRestore`]); the flow
 //!    is moved between restore and close by one policy rule in `c` for this
 //!    connection (`from C ipproto tcp sport S dport D lookup <table b>`, added over
 //!    rtnetlink: [`super::rule`]), deleted by the client once the connection is
@@ -31,8 +32,8 @@
 //! Lost bytes are the ones a side expected and never got; bad bytes are the ones
 //! that differ from the pattern at their offset (a duplicated or reordered byte is
 //! one). CPU per migration is measured with `getrusage(RUSAGE_THREAD)` around
-//! [`migrate_with`] on the source thread (the flow move's netlink request
-//! included) and around [`Target::serve_one`] on the target thread.
+//! [`ControlPool::migrate_with`] on the source thread (the flow move's netlink request
+//! included) and around [`Target::serve_next`] on the target thread.
 
 use std::collections::BTreeMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -48,7 +49,7 @@ use super::netns::{Netns, NetnsSpec, NsRef};
 use super::rule::{FlowRule, RuleSock};
 use super::session::read_head_unbuffered;
 use super::{await_within, connect_with_rcvbuf, fill_pat, inq, set_int_opt, thread_cpu, Fnv};
-use crate::proto::{migrate_with, Fallback, MigrateConfig, Outcome, Target};
+use crate::proto::{ControlPool, Fallback, MigrateConfig, Outcome, Target};
 
 /// First service port; lane `k` listens on `BASE_PORT + k` (one listener a lane, so
 /// each lane's source accepts exactly its own client's connection).
@@ -196,7 +197,7 @@ pub struct ManyReport {
     pub migrated: u64,
     /// Connections that stayed on the source, by [`Fallback`] reason.
     pub resumed_on_source: BTreeMap<String, u64>,
-    /// Connections [`migrate_with`] lost ([`Outcome::Lost`]).
+    /// Connections the migration lost ([`Outcome::Lost`]).
     pub lost: u64,
     /// Connections whose client saw an error, a wrong byte or a short read.
     pub failed: u64,
@@ -214,14 +215,17 @@ pub struct ManyReport {
     pub dump_us: Samples,
     /// The flow move (one rule added over rtnetlink), µs.
     pub flow_move_us: Samples,
-    /// Source thread CPU around `migrate_with`, µs (migrated connections).
+    /// Source thread CPU around `ControlPool::migrate_with`, µs (migrated connections).
     pub source_cpu_us: Samples,
-    /// Target thread CPU around `serve_one`, µs (restored connections).
+    /// Target thread CPU around `serve_next`, µs (restored connections).
     pub target_cpu_us: Samples,
     /// State shipped (both queues), bytes.
     pub state_bytes: Samples,
     /// Per-flow rules still in `c` at the end (must be 0).
     pub flow_rules_left: u64,
+    /// Control connections the sources opened (each lane keeps one in a
+    /// [`ControlPool`]; more than one per lane means a target closed one).
+    pub control_connections: u64,
     /// Wall time of the run.
     pub wall: Duration,
     /// The first [`ERRORS_KEPT_MAX`] errors.
@@ -265,8 +269,8 @@ impl ManyReport {
              \"bytes_lost_or_duplicated\": {},\n  \
              \"migration_latency_us\": {},\n  \"dump_us\": {},\n  \"flow_move_us\": {},\n  \
              \"cpu_per_migration_source_us\": {},\n  \"cpu_per_migration_target_us\": {},\n  \
-             \"cpu_method\": \"getrusage(RUSAGE_THREAD) around migrate_with (source, the flow move included) and around Target::serve_one (target)\",\n  \
-             \"state_bytes\": {},\n  \"flow_rules_left\": {},\n  \"wall_s\": {:.3},\n  \
+             \"cpu_method\": \"getrusage(RUSAGE_THREAD) around ControlPool::migrate_with (source, the flow move included) and around Target::serve_next (target)\",\n  \
+             \"state_bytes\": {},\n  \"flow_rules_left\": {},\n  \"control_connections\": {},\n  \"wall_s\": {:.3},\n  \
              \"errors\": [{}]\n}}\n",
             cfg.connections,
             cfg.concurrency,
@@ -288,6 +292,7 @@ impl ManyReport {
             pcts(&self.target_cpu_us),
             pcts(&self.state_bytes),
             self.flow_rules_left,
+            self.control_connections,
             self.wall.as_secs_f64(),
             errors.join(", ")
         )
@@ -435,7 +440,7 @@ struct Signal {
     moved: bool,
 }
 
-/// Target → source: what one `serve_one` did.
+/// Target → source: what one `serve_next` did.
 struct Served {
     remote_port: Option<u16>,
     sock: Option<TcpStream>,
@@ -456,7 +461,10 @@ fn start_lane(
     let (addr_tx, addr_rx) = mpsc::channel::<io::Result<SocketAddr>>();
     let sh = shared.clone();
     let td = target_done.clone();
-    let target = thread::spawn(move || target_lane(&sh, b_ip, &td, &addr_tx, &served_tx));
+    // Named per side, so `perf report --sort comm` splits the CPU by side.
+    let target = thread::Builder::new()
+        .name("mm-target".into())
+        .spawn(move || target_lane(&sh, b_ip, &td, &addr_tx, &served_tx))?;
     let target_addr = addr_rx
         .recv_timeout(super::AWAIT_MAX)
         .map_err(|_| io::Error::other("target lane did not start"))??;
@@ -465,29 +473,33 @@ fn start_lane(
     let sh = shared.clone();
     let ld = lane_done.clone();
     let source_rules = rules.clone();
-    let source = thread::spawn(move || {
-        source_lane(
-            &sh,
-            port,
-            target_addr,
-            &ld,
-            &ready_tx,
-            &served_rx,
-            &signal_tx,
-            &source_rules,
-        );
-        target_done.store(true, Ordering::Relaxed);
-        // Wake the target's blocking accept (it sees EOF and the done flag).
-        let _ = TcpStream::connect_timeout(&target_addr, Duration::from_secs(1));
-    });
+    let source = thread::Builder::new()
+        .name("mm-source".into())
+        .spawn(move || {
+            source_lane(
+                &sh,
+                port,
+                target_addr,
+                &ld,
+                &ready_tx,
+                &served_rx,
+                &signal_tx,
+                &source_rules,
+            );
+            target_done.store(true, Ordering::Relaxed);
+            // Wake the target's blocking accept (it sees EOF and the done flag).
+            let _ = TcpStream::connect_timeout(&target_addr, Duration::from_secs(1));
+        })?;
     ready_rx
         .recv_timeout(super::AWAIT_MAX)
         .map_err(|_| io::Error::other("source lane did not start"))??;
     let sh = shared.clone();
-    let client = thread::spawn(move || {
-        client_lane(&sh, port, &signal_rx, &rules);
-        lane_done.store(true, Ordering::Relaxed);
-    });
+    let client = thread::Builder::new()
+        .name("mm-client".into())
+        .spawn(move || {
+            client_lane(&sh, port, &signal_rx, &rules);
+            lane_done.store(true, Ordering::Relaxed);
+        })?;
     Ok(vec![client, source, target])
 }
 
@@ -502,7 +514,7 @@ fn target_lane(
         .ns
         .enter("b")
         .and_then(|()| Target::bind(SocketAddr::from((b_ip, 0))));
-    let target = match target.and_then(|t| t.local_addr().map(|a| (t, a))) {
+    let mut target = match target.and_then(|t| t.local_addr().map(|a| (t, a))) {
         Ok((t, a)) => {
             let _ = addr_tx.send(Ok(a));
             t
@@ -517,7 +529,7 @@ fn target_lane(
     while !done.load(Ordering::Relaxed) && accept_errors < 100 {
         let mut restored = None;
         let c0 = thread_cpu();
-        let outcome = target.serve_one(|_| Ok(()), |s| restored = Some(s));
+        let outcome = target.serve_next(|_| Ok(()), |s| restored = Some(s));
         let cpu = thread_cpu().saturating_sub(c0);
         let remote_port = match outcome {
             Ok(crate::TargetOutcome::Restored { remote, .. }) => Some(remote.port()),
@@ -595,19 +607,22 @@ fn source_lane(
             return;
         }
     };
+    // One connection at a time per lane: one pooled control connection.
+    let pool = ControlPool::new(1).expect("bound 1 is valid");
     loop {
         let s = match accept_polled(&listener, lane_done, Duration::MAX) {
             Ok(Some(s)) => s,
-            Ok(None) => return,
+            Ok(None) => break,
             Err(e) => {
                 sh.with_report(|r| r.error(format!("source accept: {e}")));
-                return;
+                break;
             }
         };
-        if let Err(e) = source_conn(sh, s, target, served, signal, rules) {
+        if let Err(e) = source_conn(sh, s, target, &pool, served, signal, rules) {
             sh.with_report(|r| r.error(format!("source port {port}: {e}")));
         }
     }
+    sh.with_report(|r| r.control_connections += pool.opened());
 }
 
 /// Parses `POST /c/<id>?resp=<R> HTTP/1.1` → (id, R).
@@ -630,6 +645,7 @@ fn source_conn(
     sh: &Shared,
     mut s: TcpStream,
     target: SocketAddr,
+    pool: &ControlPool,
     served: &Receiver<Served>,
     signal: &Sender<Signal>,
     rules: &Mutex<RuleSock>,
@@ -669,7 +685,7 @@ fn source_conn(
     let mut moved = false;
     let cfg = MigrateConfig::default(); // CloseAfterRestore
     let c0 = thread_cpu();
-    let outcome = migrate_with(s, target, &cfg, || {
+    let outcome = pool.migrate_with(s, target, &cfg, || {
         let t = Instant::now();
         let r = rules
             .lock()
