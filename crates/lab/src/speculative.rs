@@ -1451,7 +1451,7 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
         sweep.note(format!(
             "specN: on each back-end `farside specd` (source and target) with accept queue \
              {BASE_ACCEPT_QUEUE} and window N, the other back-end its one peer, whose load is read one-sidedly (its gatherd \
-             region, kernel sampler, over udp answered by XDP; no --gate-peer-load) and \
+             region, kernel sampler, over udp answered by XDP; specWg: also --gate-peer-load, the offer gated on that read) and \
              which admits by its own accept queue (--admit-queue-max {BASE_ACCEPT_QUEUE}), hand-off by fd passing to \
              `farside backend --adopt-socket`, flows moved at the front-end's control port; \
              specd runs inside the back-end's CPU quota (specd_cpu_ms_per_s: its process CPU \
