@@ -1574,26 +1574,20 @@ mod tests {
             .expect(s);
         }
         assert!(parse_system("spec0").unwrap_err().contains("window"));
-        let v = specd_args(
-            Ipv4Addr::new(10, 0, 0, 2),
-            Ipv4Addr::new(10, 0, 0, 3),
-            50,
-            "10.0.0.9:7400".parse().unwrap(),
-            Path::new("/tmp/a.sock"),
-            Path::new("/tmp/s.json"),
-            false,
-        )
-        .join(" ");
+        let with_gate = |gate| {
+            specd_args(
+                Ipv4Addr::new(10, 0, 0, 2),
+                Ipv4Addr::new(10, 0, 0, 3),
+                50,
+                "10.0.0.9:7400".parse().unwrap(),
+                Path::new("/tmp/a.sock"),
+                Path::new("/tmp/s.json"),
+                gate,
+            )
+        };
+        let v = with_gate(false).join(" ");
         assert!(!v.contains("--gate-peer-load"));
-        let g = specd_args(
-            Ipv4Addr::new(10, 0, 0, 2),
-            Ipv4Addr::new(10, 0, 0, 3),
-            50,
-            "10.0.0.9:7400".parse().unwrap(),
-            Path::new("/tmp/a.sock"),
-            Path::new("/tmp/s.json"),
-            true,
-        );
+        let g = with_gate(true);
         assert_eq!(g.last().map(String::as_str), Some("--gate-peer-load"));
         for want in [
             "specd --listen 10.0.0.2:7000 --server-port 80 --adopt-socket /tmp/a.sock",

@@ -282,6 +282,21 @@ struct PeerState {
     failed: AtomicU64,
 }
 
+impl PeerState {
+    /// A peer with no load read yet and nothing counted.
+    fn new(peer: Peer) -> PeerState {
+        PeerState {
+            peer,
+            load: Mutex::new(PeerLoad::default()),
+            region: Mutex::new(RegionReader::default()),
+            inflight: AtomicU32::new(0),
+            migrated: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        }
+    }
+}
+
 /// Counters of the source side.
 #[derive(Debug, Default)]
 pub struct SourceStats {
@@ -493,15 +508,7 @@ impl SourceDaemon {
             peers: cfg
                 .peers
                 .iter()
-                .map(|p| PeerState {
-                    peer: p.clone(),
-                    load: Mutex::new(PeerLoad::default()),
-                    region: Mutex::new(RegionReader::default()),
-                    inflight: AtomicU32::new(0),
-                    migrated: AtomicU64::new(0),
-                    refused: AtomicU64::new(0),
-                    failed: AtomicU64::new(0),
-                })
+                .map(|p| PeerState::new(p.clone()))
                 .collect(),
             cfg,
             stop: AtomicBool::new(false),
@@ -1223,19 +1230,11 @@ mod tests {
     }
 
     fn peer_state(region: Option<String>) -> PeerState {
-        PeerState {
-            peer: Peer {
-                daemon: "127.0.0.1:1".parse().unwrap(),
-                region,
-                backend: "127.0.0.1".parse().unwrap(),
-            },
-            load: Mutex::new(PeerLoad::default()),
-            region: Mutex::new(RegionReader::default()),
-            inflight: AtomicU32::new(0),
-            migrated: AtomicU64::new(0),
-            refused: AtomicU64::new(0),
-            failed: AtomicU64::new(0),
-        }
+        PeerState::new(Peer {
+            daemon: "127.0.0.1:1".parse().unwrap(),
+            region,
+            backend: "127.0.0.1".parse().unwrap(),
+        })
     }
 
     #[test]
