@@ -182,22 +182,7 @@ fn the_program_without_the_kernel_mode_steers_by_the_flag() {
 /// attached (`steer`, or `steer_poll`, which cannot take the kernel mode).
 fn divert_flag_steers(kernel_mode: bool) {
     assert!(is_root(), "needs root");
-    let ns = Ns(format!(
-        "st{}{}",
-        u8::from(kernel_mode),
-        std::process::id() % 100_000
-    ));
-    let run = |args: &[&str]| {
-        let st = std::process::Command::new("ip")
-            .args(args)
-            .status()
-            .unwrap();
-        assert!(st.success(), "ip {args:?}");
-    };
-    run(&["netns", "add", &ns.0]);
-    run(&["-n", &ns.0, "link", "set", "lo", "up"]);
-    run(&["-n", &ns.0, "addr", "add", "10.79.0.100/32", "dev", "lo"]);
-    let f = std::fs::File::open(format!("/run/netns/{}", ns.0)).unwrap();
+    let (_ns, f) = netns(&format!("st{}", u8::from(kernel_mode)));
     let th = std::thread::spawn(move || {
         // SAFETY: setns on an open netns fd; affects only this thread.
         let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
