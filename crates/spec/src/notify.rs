@@ -5,7 +5,8 @@
 //! requests anyway. A source accepts notifications only from its configured peers.
 
 use std::io;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::os::fd::AsRawFd;
 
 /// Magic of a notification datagram.
 pub const MAGIC: &[u8; 4] = b"FSNT";
@@ -38,9 +39,71 @@ pub fn send(sock: &UdpSocket, to: SocketAddr) -> io::Result<()> {
     sock.send_to(&encode(), to).map(|_| ())
 }
 
+/// Receives one datagram into `buf`: `Ok(Some((len, from)))`, or `Ok(None)` when the
+/// read returned without a sender (the wake-up of `shutdown(SHUT_RD)` on stop: 0 bytes,
+/// no address). `UdpSocket::recv_from` asserts on that address and panics, which is why
+/// this goes to recvfrom(2) itself.
+pub fn recv(sock: &UdpSocket, buf: &mut [u8]) -> io::Result<Option<(usize, SocketAddr)>> {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut len = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    // SAFETY: buf and ss are valid for the lengths passed; len is in/out.
+    let n = unsafe {
+        libc::recvfrom(
+            sock.as_raw_fd(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            0,
+            (&mut ss as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let from = match i32::from(ss.ss_family) {
+        libc::AF_INET if len as usize >= size_of::<libc::sockaddr_in>() => {
+            // SAFETY: the kernel wrote a sockaddr_in (family and length checked).
+            let a = unsafe { &*(&ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
+                u16::from_be(a.sin_port),
+            ))
+        }
+        libc::AF_INET6 if len as usize >= size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: the kernel wrote a sockaddr_in6 (family and length checked).
+            let a =
+                unsafe { &*(&ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(a.sin6_addr.s6_addr),
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            ))
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some((n as usize, from)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recv_gives_the_sender_and_survives_a_shutdown_wake_up() {
+        let rx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let tx = UdpSocket::bind("127.0.0.1:0").unwrap();
+        send(&tx, rx.local_addr().unwrap()).unwrap();
+        let mut b = [0u8; 64];
+        let (n, from) = recv(&rx, &mut b).unwrap().unwrap();
+        assert!(is_can_take(&b[..n]));
+        assert_eq!(from, tx.local_addr().unwrap());
+        // What a stopping daemon does to wake its reader: std's recv_from panics here.
+        // SAFETY: shutdown(2) on a socket this test owns.
+        unsafe { libc::shutdown(rx.as_raw_fd(), libc::SHUT_RD) };
+        assert!(recv(&rx, &mut b).unwrap().is_none());
+    }
 
     #[test]
     fn only_the_exact_datagram_is_a_notification() {

@@ -1201,7 +1201,8 @@ fn refresh_loads(peers: &[PeerState], max_age: Duration) {
 fn notified_loop(s: &Shared, sock: &UdpSocket) {
     let mut b = [0u8; 64];
     while !s.stop.load(Ordering::SeqCst) {
-        let Ok((n, from)) = sock.recv_from(&mut b) else {
+        // None: the stop's shutdown woke the read (no sender); the loop sees `stop`.
+        let Ok(Some((n, from))) = crate::notify::recv(sock, &mut b) else {
             continue;
         };
         let from_peer = s
