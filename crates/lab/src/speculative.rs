@@ -231,6 +231,10 @@ pub struct SpecPoint {
     /// accept queue; `poll`: a flag polled by specd).
     #[serde(default)]
     pub steer_mode: Option<String>,
+    /// Each back-end node's CPU over the load (warm-up included), by process: where
+    /// a node's quota went (empty in result files from before this field).
+    #[serde(default)]
+    pub nodes: Vec<NodeCpu>,
     /// One node's capacity by the formula, connections/s ([`capacity_rps`]).
     pub capacity_rps: f64,
     /// Measured time, s.
@@ -248,6 +252,113 @@ pub struct SpecPoint {
 
 fn one() -> u64 {
     1
+}
+
+/// One back-end node's CPU during a point's load, ms of CPU per second of wall time
+/// (`/proc/PID/stat` utime + stime of each process in the node's cgroup, 10 ms ticks:
+/// ±0.5 ms/s over a 20 s point; softirq work the kernel does while one of them runs
+/// counts as theirs).
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq)]
+pub struct NodeCpu {
+    /// The node, `b0` or `b1`.
+    pub node: String,
+    /// Every process of the node (the quota is `--node-cpu-pct` × 10 ms/s).
+    pub cpu_ms_per_s: f64,
+    /// `farside backend` (the web server).
+    pub backend_ms_per_s: f64,
+    /// `farside specd` (0 for normal processing).
+    pub specd_ms_per_s: f64,
+    /// `farside gatherd` (the load region; only with specd).
+    pub gatherd_ms_per_s: f64,
+    /// Time the node's cgroup was throttled (its quota used up), ms per second.
+    pub throttled_ms_per_s: f64,
+}
+
+impl NodeCpu {
+    /// `runs`' nodes averaged, weighted by each run's measured time.
+    fn combine(runs: &[SpecPoint]) -> Vec<NodeCpu> {
+        let d: f64 = runs.iter().map(|r| r.duration_s).sum();
+        let n = runs.iter().map(|r| r.nodes.len()).min().unwrap_or(0);
+        if d <= 0.0 {
+            return runs.first().map(|r| r.nodes.clone()).unwrap_or_default();
+        }
+        (0..n)
+            .map(|i| {
+                let avg = |f: fn(&NodeCpu) -> f64| {
+                    runs.iter()
+                        .map(|r| f(&r.nodes[i]) * r.duration_s)
+                        .sum::<f64>()
+                        / d
+                };
+                NodeCpu {
+                    node: runs[0].nodes[i].node.clone(),
+                    cpu_ms_per_s: avg(|c| c.cpu_ms_per_s),
+                    backend_ms_per_s: avg(|c| c.backend_ms_per_s),
+                    specd_ms_per_s: avg(|c| c.specd_ms_per_s),
+                    gatherd_ms_per_s: avg(|c| c.gatherd_ms_per_s),
+                    throttled_ms_per_s: avg(|c| c.throttled_ms_per_s),
+                }
+            })
+            .collect()
+    }
+
+    /// One node for the peaks line: `b0 198 (backend 181, specd 14, gatherd 0)`.
+    fn brief(&self) -> String {
+        format!(
+            "{} {:.0} (backend {:.0}, specd {:.1}, gatherd {:.1}; throttled {:.0})",
+            self.node,
+            self.cpu_ms_per_s,
+            self.backend_ms_per_s,
+            self.specd_ms_per_s,
+            self.gatherd_ms_per_s,
+            self.throttled_ms_per_s
+        )
+    }
+}
+
+/// What a node's processes are, for [`NodeCpu`].
+#[derive(Default)]
+struct NodePids {
+    backend: Option<u32>,
+    specd: Option<u32>,
+    gatherd: Option<u32>,
+}
+
+/// A node's counters at one instant.
+struct NodeSnap {
+    throttled_us: u64,
+    procs: Vec<crate::netns::ProcCpu>,
+}
+
+fn node_snap(dc: &VirtualDc, node: &str) -> NodeSnap {
+    NodeSnap {
+        throttled_us: dc.cpu_stat(node).map_or(0, |c| c.throttled_us),
+        procs: dc.node_procs_cpu(node).unwrap_or_default(),
+    }
+}
+
+fn node_cpu(node: &str, pids: &NodePids, a: &NodeSnap, b: &NodeSnap, wall: Duration) -> NodeCpu {
+    let secs = wall.as_secs_f64().max(1e-3);
+    let used = |pid: Option<u32>| -> u64 {
+        let Some(pid) = pid else { return 0 };
+        let at = |s: &NodeSnap| {
+            s.procs
+                .iter()
+                .find(|p| p.pid == pid)
+                .map_or(0, |p| p.cpu_us)
+        };
+        at(b).saturating_sub(at(a))
+    };
+    let all: u64 = b.procs.iter().map(|p| used(Some(p.pid))).sum();
+    let ms = |us: u64| us as f64 / 1e3 / secs;
+    NodeCpu {
+        node: node.to_string(),
+        cpu_ms_per_s: ms(all),
+        backend_ms_per_s: ms(used(pids.backend)),
+        specd_ms_per_s: ms(used(pids.specd)),
+        gatherd_ms_per_s: ms(used(pids.gatherd)),
+        throttled_ms_per_s: ms(b.throttled_us.saturating_sub(a.throttled_us)),
+    }
 }
 
 impl SpecPoint {
@@ -288,6 +399,7 @@ impl SpecPoint {
             migration_cpu_source_us: worst(|r| r.migration_cpu_source_us),
             migration_cpu_target_us: worst(|r| r.migration_cpu_target_us),
             specd_cpu_ms_per_s: worst(|r| r.specd_cpu_ms_per_s),
+            nodes: NodeCpu::combine(runs),
             duration_s: d,
             runs: runs.iter().map(|r| r.runs).sum(),
             conn_per_s_min: (runs.len() > 1).then(|| {
@@ -329,6 +441,7 @@ impl SpecPoint {
             migration_cpu_target_us: None,
             specd_cpu_ms_per_s: None,
             steer_mode: None,
+            nodes: Vec::new(),
             capacity_rps: 0.0,
             duration_s: 0.0,
             runs: 0,
@@ -1040,8 +1153,29 @@ fn measure(
         }
         Ok(())
     })();
-    let s = started
-        .and_then(|()| lab.load(SocketAddr::V4(VIP), Some(key.rate), plan.duration_s, a, run));
+    // Which process is which, for the nodes' CPU: the back-ends were started first,
+    // then the front-end, then the gatherers; specd separately.
+    let n = weights.len();
+    let pids: Vec<NodePids> = (0..n)
+        .map(|i| NodePids {
+            backend: children.get(i).map(Child::pid),
+            gatherd: spec.and_then(|_| children.get(n + 1 + i).map(Child::pid)),
+            specd: specds.get(i).map(Child::pid),
+        })
+        .collect();
+    let s = started.and_then(|()| {
+        let nodes: Vec<&str> = lab.backends[..n].iter().map(|b| b.0.as_str()).collect();
+        let before: Vec<NodeSnap> = nodes.iter().map(|nd| node_snap(&lab.dc, nd)).collect();
+        let t0 = Instant::now();
+        let s = lab.load(SocketAddr::V4(VIP), Some(key.rate), plan.duration_s, a, run)?;
+        let wall = t0.elapsed();
+        let cpu: Vec<NodeCpu> = nodes
+            .iter()
+            .zip(before.iter().zip(&pids))
+            .map(|(nd, (b, p))| node_cpu(nd, p, b, &node_snap(&lab.dc, nd), wall))
+            .collect();
+        Ok((s, cpu))
+    });
     // specd first (SIGTERM: it writes its summary), b0 (the heavier source) before b1
     // so that b0's last migrations still find b1's target; then the front-end (it
     // prints its counters to its log), then the back-ends.
@@ -1054,7 +1188,7 @@ fn measure(
     for p in &adopt {
         let _ = std::fs::remove_file(p);
     }
-    let s = s?;
+    let (s, nodes) = s?;
     let figures = match spec {
         Some(_) => {
             let mut v = Vec::new();
@@ -1093,6 +1227,7 @@ fn measure(
         migration_cpu_target_us: figures.cpu_target_us,
         specd_cpu_ms_per_s: figures.cpu_ms_per_s,
         steer_mode: figures.steer_mode,
+        nodes,
         capacity_rps: plan.capacity,
         duration_s: s.duration_s,
         runs: 1,
@@ -1256,6 +1391,11 @@ pub fn peaks_and_break_even(points: &[&SpecPoint]) -> String {
                 );
             }
             s.push('\n');
+            if !p.nodes.is_empty() {
+                // Where each node's quota went at the peak, ms of CPU per second.
+                let nodes: Vec<String> = p.nodes.iter().map(NodeCpu::brief).collect();
+                let _ = writeln!(s, "      cpu ms/s: {}", nodes.join(", "));
+            }
         }
     }
     let migrated: Vec<&&SpecPoint> = points.iter().filter(|p| p.migrations > 0).collect();
@@ -1468,6 +1608,53 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_nodes_cpu_is_split_by_process_and_repeats_average_by_time() {
+        use crate::netns::ProcCpu;
+        let proc_ = |pid, cpu_us| ProcCpu {
+            pid,
+            comm: "farside".into(),
+            cpu_us,
+        };
+        let pids = NodePids {
+            backend: Some(10),
+            specd: Some(11),
+            gatherd: Some(12),
+        };
+        let a = NodeSnap {
+            throttled_us: 1_000,
+            procs: vec![proc_(10, 500_000), proc_(11, 10_000), proc_(12, 0)],
+        };
+        // A process that started during the load (13) counts from zero.
+        let b = NodeSnap {
+            throttled_us: 3_001_000,
+            procs: vec![
+                proc_(10, 2_500_000),
+                proc_(11, 110_000),
+                proc_(12, 10_000),
+                proc_(13, 20_000),
+            ],
+        };
+        let c = node_cpu("b0", &pids, &a, &b, Duration::from_secs(10));
+        assert_eq!(c.backend_ms_per_s, 200.0);
+        assert_eq!(c.specd_ms_per_s, 10.0);
+        assert_eq!(c.gatherd_ms_per_s, 1.0);
+        assert_eq!(c.cpu_ms_per_s, 213.0);
+        assert_eq!(c.throttled_ms_per_s, 300.0);
+        let run = |d: f64, cpu: f64| SpecPoint {
+            duration_s: d,
+            nodes: vec![NodeCpu {
+                node: "b0".into(),
+                cpu_ms_per_s: cpu,
+                ..NodeCpu::default()
+            }],
+            ..SpecPoint::empty()
+        };
+        let both = SpecPoint::combine(&[run(10.0, 100.0), run(30.0, 200.0)]);
+        assert_eq!(both.nodes.len(), 1);
+        assert_eq!(both.nodes[0].cpu_ms_per_s, 175.0);
+    }
+
     #[test]
     fn peaks_compare_with_the_single_server_and_break_even_weighs_by_migrations() {
         let pt = |exp: &str, sys: &str, split: &str, rate: f64, cps: f64, mig: u64, cpu: f64| {
