@@ -270,7 +270,8 @@ pub struct NodeCpu {
     pub specd_ms_per_s: f64,
     /// `farside gatherd` (the load region; only with specd).
     pub gatherd_ms_per_s: f64,
-    /// Time the node's cgroup was throttled (its quota used up), ms per second.
+    /// Time the node's tasks were throttled (quota used up), ms per second, summed over
+    /// the CPUs they wait on (`cpu.stat` throttled time): above 1,000 on two CPUs.
     pub throttled_ms_per_s: f64,
 }
 
@@ -302,16 +303,15 @@ impl NodeCpu {
             .collect()
     }
 
-    /// One node for the peaks line: `b0 198 (backend 181, specd 14, gatherd 0)`.
+    /// One node for the peaks line: `b0 198 (backend 181, specd 14.0, gatherd 0.9)`.
     fn brief(&self) -> String {
         format!(
-            "{} {:.0} (backend {:.0}, specd {:.1}, gatherd {:.1}; throttled {:.0})",
+            "{} {:.0} (backend {:.0}, specd {:.1}, gatherd {:.1})",
             self.node,
             self.cpu_ms_per_s,
             self.backend_ms_per_s,
             self.specd_ms_per_s,
             self.gatherd_ms_per_s,
-            self.throttled_ms_per_s
         )
     }
 }
