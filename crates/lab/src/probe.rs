@@ -653,15 +653,31 @@ fn run_netns(
             for load in [0u64, *loads.iter().max().unwrap_or(&0)] {
                 let _busy = dc.start_cpu_load("back", load as usize)?;
                 let f = front.clone();
+                // The back-end's own UDP drops (the user-space responder's socket).
+                let back_udp = || dc.run_in_ns("back", crate::flood::udp_counters);
+                let b0 = back_udp()?;
                 let r = dc.run_in_ns("front", || {
                     crate::procs::pin_current_thread(&f)?;
                     crate::flood::flood(nb.udp, farside_rmem::DEFAULT_READ_KEY, 64, a.flood_s)
                 })?;
+                let b1 = back_udp()?;
+                let lost = r.sent.saturating_sub(r.replies);
                 let line = format!(
-                    "flood {t} (64 B READs, background load {load}): {:.0} replies/s of {:.0} sent/s ({:.1}% answered)",
+                    "flood {t} (64 B READs, background load {load}): {:.0} replies/s of {:.0} sent/s ({:.1}% answered); \
+                     {lost} unanswered: {} at the back-end's socket, {} in CPU input backlogs, {} at the prober's socket, \
+                     {} not sent, {} elsewhere",
                     r.replies_per_s(),
                     r.sent as f64 / r.seconds,
-                    100.0 * r.replies as f64 / r.sent.max(1) as f64
+                    100.0 * r.replies as f64 / r.sent.max(1) as f64,
+                    b1.rcvbuf_errors.saturating_sub(b0.rcvbuf_errors),
+                    r.backlog_drops,
+                    r.prober_rcvbuf_drops,
+                    r.send_errors,
+                    lost.saturating_sub(
+                        b1.rcvbuf_errors.saturating_sub(b0.rcvbuf_errors)
+                            + r.backlog_drops
+                            + r.prober_rcvbuf_drops
+                    ),
                 );
                 eprintln!("{line}");
                 sweep.note(line)?;
