@@ -210,6 +210,20 @@ fn set_rcvbuf(sock: &UdpSocket, bytes: usize) {
     }
 }
 
+/// One `mmsghdr` per iovec (no address: the socket is connected). The iovecs must
+/// outlive every use of the headers.
+fn headers(iovs: &mut [libc::iovec]) -> Vec<libc::mmsghdr> {
+    iovs.iter_mut()
+        .map(|iov| {
+            // SAFETY: an all-zero mmsghdr is valid (no name, no control).
+            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            m.msg_hdr.msg_iov = iov;
+            m.msg_hdr.msg_iovlen = 1;
+            m
+        })
+        .collect()
+}
+
 /// Sends `reqs` with one `sendmmsg` on the connected `sock`: how many went out.
 fn send_batch(sock: &UdpSocket, reqs: &[Vec<u8>]) -> io::Result<usize> {
     let mut iovs: Vec<libc::iovec> = reqs
@@ -219,16 +233,7 @@ fn send_batch(sock: &UdpSocket, reqs: &[Vec<u8>]) -> io::Result<usize> {
             iov_len: r.len(),
         })
         .collect();
-    // SAFETY: all-zero mmsghdrs are valid; each points at one iovec that outlives the call.
-    let mut msgs: Vec<libc::mmsghdr> = iovs
-        .iter_mut()
-        .map(|iov| {
-            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-            m.msg_hdr.msg_iov = iov;
-            m.msg_hdr.msg_iovlen = 1;
-            m
-        })
-        .collect();
+    let mut msgs = headers(&mut iovs);
     // SAFETY: msgs describes valid buffers (above).
     let n = unsafe { libc::sendmmsg(sock.as_raw_fd(), msgs.as_mut_ptr(), msgs.len() as _, 0) };
     if n < 0 {
@@ -247,16 +252,7 @@ fn recv_batch(sock: &UdpSocket, bufs: &mut [[u8; REP_BYTES_MAX]]) -> io::Result<
             iov_len: b.len(),
         })
         .collect();
-    // SAFETY: as in send_batch.
-    let mut msgs: Vec<libc::mmsghdr> = iovs
-        .iter_mut()
-        .map(|iov| {
-            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-            m.msg_hdr.msg_iov = iov;
-            m.msg_hdr.msg_iovlen = 1;
-            m
-        })
-        .collect();
+    let mut msgs = headers(&mut iovs);
     // SAFETY: msgs describes valid buffers (above); no timeout pointer.
     let n = unsafe {
         libc::recvmmsg(
