@@ -18,14 +18,17 @@
 //! - `with_affinity_each_url_migrates_to_its_peer`: the source's `affinity` is on.
 //!   Every migrated connection was served by the peer its path hashes to
 //!   (`path_hash(path) % 2`; the paths are chosen so that both peers have one), both
-//!   peers took migrations, and `affinity_hashed` > 0.
+//!   peers took migrations, and every target choice read its path (`affinity_hashed`
+//!   equals the migrated plus fallen-back connections, > 0). With `choose_peer`
+//!   patched to ignore the hash, this test fails (`/u0 migrated to b`).
 //! - `without_affinity_urls_do_not_follow_their_peer`: the negative control, affinity
 //!   off. Least-loaded choice with unknown loads (no `region=`) takes `b` unless `b`
 //!   has more migrations in flight than `d`, so whether one URL is ever seen on both
-//!   peers depends on migrations overlapping: not deterministic. The control instead
-//!   checks what the first test asserts fails here: some migrated connection was
-//!   served by a peer other than its path's (in practice a `/u0` or `/u2` on `b`), and
-//!   nothing was hashed.
+//!   peers depends on migrations overlapping (each holds ~25 ms of flow move here, so
+//!   they usually do, but nothing guarantees it). The control instead checks what the
+//!   first test asserts fails here: some migrated connection was served by a peer
+//!   other than its path's (two of the three paths hash to `d`, and `b` is the
+//!   tie-break), and nothing was hashed.
 
 use std::collections::BTreeMap;
 use std::io::{self, BufReader, Read, Write};
