@@ -676,6 +676,16 @@ mod tests {
         assert!(count(&st.queued) > 0 && count(&st.queued_max) > 0);
         assert_eq!(lock(&st.wait_us).count, count(&st.queued));
         assert_eq!(st.closed() + count(&st.client_gone), 0);
+        // Every key holds what its name says (the format's arguments are positional).
+        let v: serde_json::Value = serde_json::from_str(&st.json()).expect("JSON");
+        assert_eq!(v["handed"], n as u64);
+        assert_eq!(v["queued"], count(&st.queued));
+        assert_eq!(v["queued_max"], count(&st.queued_max));
+        assert_eq!(v["pending"], 0);
+        assert_eq!(v["wait_us"]["count"], count(&st.queued));
+        for k in ["failed", "over_bound", "waited_too_long", "client_gone"] {
+            assert_eq!(v[k], 0, "{k}");
+        }
         drop(h);
         backend.stop();
     }
