@@ -217,6 +217,15 @@ pub struct SpecPoint {
     /// failures caused by migration. 0 without speculation.
     #[serde(default)]
     pub migration_lost: u64,
+    /// Most connections waiting at once in one specd for its local server to take them
+    /// (its adoption queue full), source or target side (`queued_max` of the
+    /// summaries' `local_handoff` / `handoff`).
+    #[serde(default)]
+    pub handoff_queued_max: u64,
+    /// Connections whose client had gone while they waited for the hand-off (not
+    /// lost: closed by the client; summaries' `client_gone`).
+    #[serde(default)]
+    pub handoff_client_gone: u64,
     /// CPU per migrated connection on the source (migrator thread) and on the target
     /// (restore and hand-off), mean µs; `None` without a migration.
     #[serde(default)]
@@ -396,6 +405,8 @@ impl SpecPoint {
             refusals: runs.iter().map(|r| r.refusals).sum(),
             window_closures: runs.iter().map(|r| r.window_closures).sum(),
             migration_lost: runs.iter().map(|r| r.migration_lost).sum(),
+            handoff_queued_max: runs.iter().map(|r| r.handoff_queued_max).max().unwrap_or(0),
+            handoff_client_gone: runs.iter().map(|r| r.handoff_client_gone).sum(),
             migration_cpu_source_us: worst(|r| r.migration_cpu_source_us),
             migration_cpu_target_us: worst(|r| r.migration_cpu_target_us),
             specd_cpu_ms_per_s: worst(|r| r.specd_cpu_ms_per_s),
@@ -437,6 +448,8 @@ impl SpecPoint {
             refusals: 0,
             window_closures: 0,
             migration_lost: 0,
+            handoff_queued_max: 0,
+            handoff_client_gone: 0,
             migration_cpu_source_us: None,
             migration_cpu_target_us: None,
             specd_cpu_ms_per_s: None,
@@ -591,6 +604,10 @@ pub struct SpecdFigures {
     /// Connections lost by specd (`lost` + `local_handoff_failed` + target
     /// `handoff_failed`).
     pub lost: u64,
+    /// Most connections waiting for a hand-off at once in one specd (`queued_max`).
+    pub handoff_queued_max: u64,
+    /// Hand-offs whose client had gone while waiting (`client_gone`).
+    pub handoff_client_gone: u64,
     /// Mean CPU per migration on the sources and on the targets, µs.
     pub cpu_source_us: Option<f64>,
     pub cpu_target_us: Option<f64>,
@@ -631,6 +648,10 @@ impl SpecdFigures {
             f.refusals += u(&src["window"]["target_refusals"]);
             f.window_closures += u(&src["window"]["closures"]);
             f.lost += u(&src["lost"]) + u(&src["local_handoff_failed"]) + u(&tgt["handoff_failed"]);
+            for h in [&src["local_handoff"], &tgt["handoff"]] {
+                f.handoff_queued_max = f.handoff_queued_max.max(u(&h["queued_max"]));
+                f.handoff_client_gone += u(&h["client_gone"]);
+            }
         }
         let counted: u64 = summaries
             .iter()
@@ -1223,6 +1244,8 @@ fn measure(
         refusals: figures.refusals,
         window_closures: figures.window_closures,
         migration_lost: figures.lost,
+        handoff_queued_max: figures.handoff_queued_max,
+        handoff_client_gone: figures.handoff_client_gone,
         migration_cpu_source_us: figures.cpu_source_us,
         migration_cpu_target_us: figures.cpu_target_us,
         specd_cpu_ms_per_s: figures.cpu_ms_per_s,
@@ -1790,7 +1813,8 @@ mod tests {
     fn specd_summaries_fill_the_point() {
         let b0: serde_json::Value = serde_json::from_str(
             r#"{"wall_s":5.0,"process_cpu_ms":100.0,"source":{"accepted":12,"migrated":10,"lost":1,"steer_mode":"kernel",
-            "local_handoff_failed":0,"window":{"target_refusals":2,"closures":3},
+            "local_handoff_failed":0,"local_handoff":{"queued_max":7,"client_gone":1},
+            "window":{"target_refusals":2,"closures":3},
             "migration_us":{"count":10,"p50":100,"p99":900,"max":950,"mean":150.0},
             "cpu_us":{"count":10,"p50":400,"p99":800,"max":800,"mean":500.0}},
             "target":{"handoff_failed":0,"cpu_us":{"count":0,"p50":0,"p99":0,"max":0,"mean":0.0}}}"#,
@@ -1801,7 +1825,7 @@ mod tests {
             "window":{"target_refusals":0,"closures":1},
             "migration_us":{"count":30,"p50":200,"p99":500,"max":600,"mean":210.0},
             "cpu_us":{"count":30,"p50":300,"p99":400,"max":400,"mean":300.0}},
-            "target":{"handoff_failed":2,"cpu_us":{"count":10,"p50":250,"p99":300,"max":300,"mean":250.0}}}"#,
+            "target":{"handoff_failed":2,"handoff":{"queued_max":12,"client_gone":2},"cpu_us":{"count":10,"p50":250,"p99":300,"max":300,"mean":250.0}}}"#,
         )
         .unwrap();
         let f = SpecdFigures::from_summaries(&[b0, b1]);
@@ -1809,6 +1833,7 @@ mod tests {
             (f.migrations, f.refusals, f.window_closures, f.lost),
             (40, 2, 4, 3)
         );
+        assert_eq!((f.handoff_queued_max, f.handoff_client_gone), (12, 3));
         assert_eq!(f.p50_us, Some(175.0));
         assert_eq!(f.p99_us, Some(900.0));
         assert_eq!(f.cpu_source_us, Some(350.0));

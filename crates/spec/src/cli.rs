@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use farside_migrate::Handover;
 
-use crate::handoff::{HandOff, Handoff};
+use crate::handoff::{HandOff, Handoff, HANDOFF_WAIT_MAX, PENDING_MAX};
 use crate::source::{
     Affinity, Peer, SourceConfig, SourceDaemon, AFFINITY_WAIT_DEFAULT, MIGRATORS_DEFAULT,
 };
@@ -44,7 +44,9 @@ pub struct SpecdArgs {
     #[arg(long)]
     pub relay: Option<SocketAddr>,
     /// Target role: refuse offers while the server's accept queue plus restores in
-    /// progress is at least this. Default: 64 (the paper's accept queue).
+    /// progress plus restored connections waiting for the hand-off (the server's
+    /// adoption queue was full) is at least this; also the most that may wait.
+    /// Default: 64 (the paper's accept queue).
     #[arg(long = "admit-queue-max", default_value_t = QUEUE_DEFAULT)]
     pub admit_queue_max: u32,
     /// Threads serving offers. Default: 32 (one per migration a peer runs at once).
@@ -264,7 +266,14 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
                 (None, Some(fe)) => Box::new(FrontendSteer::new(fe)),
                 (None, None) => Box::new(NoSteer),
             };
-            let local = HandOff::new(handoff).map_err(|e| format!("specd: {e}"))?;
+            // The local server's share of the paper's enlarged accept queue: Q + W
+            // connections may wait for it (fall-backs and stale diverts).
+            let local = HandOff::with_bounds(
+                handoff,
+                (args.queue as usize + args.window as usize).clamp(1, PENDING_MAX),
+                HANDOFF_WAIT_MAX,
+            )
+            .map_err(|e| format!("specd: {e}"))?;
             Some(
                 SourceDaemon::start(
                     SourceConfig {

@@ -10,26 +10,93 @@
 //!   connection, and the server sees 127.0.0.1 as the client. A sockmap `sk_skb`
 //!   splice would save the copies but not the bookkeeping (the verdict never sees a
 //!   FIN, and bytes already queued are not redirected: DESIGN.md); not done here.
+//!
+//! # Adoption under overload
+//!
+//! The adoption channel is the back-end's Unix datagram socket, whose receive queue
+//! the kernel bounds at `net.unix.max_dgram_qlen` (10 by default: 11 datagrams) for
+//! every socket; an overloaded server's workers drain it slowly. A full channel is
+//! not a reason to close a connection the server could still serve, and a caller (a
+//! migrator, a target thread) must not wait for it. So:
+//!
+//! ```text
+//! hand(conn) ── queue empty? ── non-blocking sendmsg ── sent ──▶ handed
+//!                   │ no                 │ EAGAIN (channel full)
+//!                   ▼                    ▼
+//!        pending queue (≤ pending_max; beyond: closed, `over_bound`)
+//!                   │ one hand-off thread, FIFO: poll(POLLOUT) on the socket
+//!                   │ connected to PATH (the kernel wakes it when the server
+//!                   │ takes a datagram; RETRY_SLICE at most), then sendmsg again
+//!                   ├─ client sent FIN/RST, nothing left to serve ─▶ `client_gone`
+//!                   ├─ waited more than wait_max ─▶ closed, `waited_too_long`
+//!                   └─ other send error (server gone) ─▶ closed, `failed`
+//! ```
+//!
+//! `hand` returns after a non-blocking send or an enqueue (microseconds), never
+//! waiting for the server. Trade-off against changing the channel (a connected
+//! `SOCK_SEQPACKET` socket, bounded by its send buffer rather than
+//! `max_dgram_qlen`): that moves the same queue into the kernel, still bounded, so
+//! specd would need this queue all the same once it fills, and it changes the
+//! back-end's worker loop (one more socket per peer to poll). The datagram channel
+//! stays as it is (`farside backend --adopt-socket PATH` unchanged); what it costs:
+//! queued connections hold a descriptor each in specd (bounded by `pending_max`),
+//! they are invisible to the server's accept-queue length (the target counts them in
+//! its admission: [`HandOff::pending`]), and a server that never drains keeps them
+//! for `wait_max`. No sysctl is set: the product does not depend on one.
+//!
+//! Relay mode is unchanged: it connects to the server (at most [`HANDOFF_TIMEOUT`])
+//! in the caller's thread.
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-/// Longest a hand-over may block on a full adoption queue or a slow connect to the
-/// local server: a local server that cannot take a connection within a second is
-/// stuck, and the connection is closed rather than holding the daemon.
+use crate::stats::Samples;
+
+/// Longest a relay hand-over waits for its connect to the local server: a local
+/// server that cannot take a connection within a second is stuck, and the connection
+/// is closed rather than holding the daemon. Also the adoption send's timeout
+/// argument (unused: the socket is non-blocking) and how long a stopping hand-off
+/// thread keeps trying to pass what still waits.
 pub const HANDOFF_TIMEOUT: Duration = Duration::from_secs(1);
+/// Connections that may wait for the local server at once, by default
+/// ([`HandOff::new`]): the paper's accept queue (64) plus its largest admission
+/// window (50), rounded up — as many as the paper's enlarged accept queue held
+/// unserved. specd sets its own from `--queue` + `--window` (source) and
+/// `--admit-queue-max` (target).
+pub const PENDING_DEFAULT: usize = 128;
+/// Upper bound of a pending queue: each waiting connection holds a descriptor in
+/// specd, whose soft `RLIMIT_NOFILE` is 1,024 by default, shared with the migrators'
+/// sockets and the relays.
+pub const PENDING_MAX: usize = 512;
+/// Longest a connection waits for the local server to take it, by default. Clients
+/// wait less (the lab's and wrk's 2 s) or much longer (browsers, minutes); one whose
+/// client has gone is closed as soon as that is seen (`client_gone`), so this only
+/// bounds a server that has stopped taking connections: 10 s, the back-end's own
+/// header timeout, is a request the server would itself have given up on.
+pub const HANDOFF_WAIT_MAX: Duration = Duration::from_secs(10);
+/// Longest the hand-off thread sleeps in `poll(POLLOUT)` on a full adoption channel
+/// before it re-checks (the kernel's wake-up when the server takes a datagram
+/// normally comes first): bounds how late it sees a stop, an expiry or a restarted
+/// server.
+const RETRY_SLICE: Duration = Duration::from_millis(10);
+/// How often the waiting connections are all checked for a client that has gone
+/// (one `recv` each, at most [`PENDING_MAX`]); the front one is checked before every
+/// send.
+const SWEEP_PERIOD: Duration = Duration::from_millis(100);
+/// Relay threads' stack: one buffer lives on the heap, little else.
+const RELAY_STACK_BYTES: usize = 64 * 1024;
 /// Most relayed connections at once (two threads each): bounds the daemon's threads.
 pub const RELAYS_MAX: usize = 1024;
 /// Relay buffer per direction.
 const RELAY_BUF_BYTES: usize = 64 * 1024;
-/// Relay threads' stack: one buffer lives on the heap, little else.
-const RELAY_STACK_BYTES: usize = 64 * 1024;
 
 /// Where connections go.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -43,34 +110,122 @@ pub enum Handoff {
 /// Counters of the hand-off.
 #[derive(Debug, Default)]
 pub struct HandoffStats {
-    /// Connections handed over.
+    /// Connections handed over (the server has them).
     pub handed: AtomicU64,
-    /// Hand-overs that failed (the connection was closed).
+    /// Hand-overs that failed for another reason than a full channel (server gone,
+    /// relay connect failed): the connection was closed.
     pub failed: AtomicU64,
+    /// Connections that had to wait in the pending queue (the channel was full).
+    pub queued: AtomicU64,
+    /// Connections waiting now.
+    pub pending: AtomicU64,
+    /// Most connections waiting at once (high-water mark).
+    pub queued_max: AtomicU64,
+    /// Arrivals closed because `pending_max` connections were already waiting.
+    pub over_bound: AtomicU64,
+    /// Waiting connections closed after `wait_max` (the server took none of them).
+    pub waited_too_long: AtomicU64,
+    /// Waiting connections whose client had gone (FIN with nothing left to serve, or
+    /// a reset): closed, not handed, not a failure.
+    pub client_gone: AtomicU64,
+    /// Time in the pending queue of each connection handed after waiting, µs.
+    pub wait_us: Mutex<Samples>,
     /// Bytes relayed (both directions), with [`Handoff::Relay`].
     pub relayed_bytes: AtomicU64,
+}
+
+impl HandoffStats {
+    /// Connections a server could still have served that the hand-off closed:
+    /// `failed` + `over_bound` + `waited_too_long` (not `client_gone`).
+    pub fn closed(&self) -> u64 {
+        self.failed.load(Ordering::Relaxed)
+            + self.over_bound.load(Ordering::Relaxed)
+            + self.waited_too_long.load(Ordering::Relaxed)
+    }
+
+    /// `{"handed":…,"failed":…,"queued":…,"pending":…,"queued_max":…,
+    /// "over_bound":…,"waited_too_long":…,"client_gone":…,"wait_us":{…}}`.
+    pub fn json(&self) -> String {
+        let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        format!(
+            "{{\"handed\":{},\"failed\":{},\"queued\":{},\"pending\":{},\"queued_max\":{},\"over_bound\":{},\"waited_too_long\":{},\"client_gone\":{},\"wait_us\":{}}}",
+            c(&self.handed),
+            c(&self.failed),
+            c(&self.queued),
+            c(&self.pending),
+            c(&self.queued_max),
+            c(&self.over_bound),
+            c(&self.waited_too_long),
+            c(&self.client_gone),
+            lock(&self.wait_us).json(),
+        )
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// Hands connections to the local server.
 pub struct HandOff {
     how: Handoff,
-    via: Option<UnixDatagram>,
+    adopt: Option<Arc<Adopter>>,
+    /// The hand-off thread ([`Handoff::Adopt`]); joined on drop.
+    thread: Option<JoinHandle<()>>,
     relays: Arc<AtomicUsize>,
     stats: Arc<HandoffStats>,
 }
 
 impl HandOff {
-    /// Prepares the hand-off (an unbound datagram socket for [`Handoff::Adopt`]).
+    /// Prepares the hand-off with the default bounds ([`PENDING_DEFAULT`],
+    /// [`HANDOFF_WAIT_MAX`]).
     pub fn new(how: Handoff) -> io::Result<Self> {
-        let via = match &how {
-            Handoff::Adopt(_) => Some(UnixDatagram::unbound()?),
-            Handoff::Relay(_) => None,
+        Self::with_bounds(how, PENDING_DEFAULT, HANDOFF_WAIT_MAX)
+    }
+
+    /// Prepares the hand-off: for [`Handoff::Adopt`], a non-blocking datagram socket
+    /// and the hand-off thread; at most `pending_max` (1..=[`PENDING_MAX`])
+    /// connections wait for the server, each at most `wait_max` (non-zero).
+    pub fn with_bounds(how: Handoff, pending_max: usize, wait_max: Duration) -> io::Result<Self> {
+        if !(1..=PENDING_MAX).contains(&pending_max) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("hand-off pending bound {pending_max}: must be in 1..={PENDING_MAX}"),
+            ));
+        }
+        if wait_max.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "hand-off wait bound must be positive",
+            ));
+        }
+        let stats = Arc::new(HandoffStats::default());
+        let (adopt, thread) = match &how {
+            Handoff::Adopt(path) => {
+                let via = UnixDatagram::unbound()?;
+                via.set_nonblocking(true)?;
+                let a = Arc::new(Adopter {
+                    path: path.clone(),
+                    via,
+                    pending_max,
+                    wait_max,
+                    state: Mutex::new(Pending::default()),
+                    wake: Condvar::new(),
+                });
+                let (a2, s2) = (Arc::clone(&a), Arc::clone(&stats));
+                let t = std::thread::Builder::new()
+                    .name("specd-handoff".into())
+                    .spawn(move || a2.run(&s2))?;
+                (Some(a), Some(t))
+            }
+            Handoff::Relay(_) => (None, None),
         };
         Ok(Self {
             how,
-            via,
+            adopt,
+            thread,
             relays: Arc::new(AtomicUsize::new(0)),
-            stats: Arc::new(HandoffStats::default()),
+            stats,
         })
     }
 
@@ -79,20 +234,29 @@ impl HandOff {
         &self.stats
     }
 
-    /// Hands `conn` over. On error the connection is dropped (closed).
+    /// Connections waiting for the local server now (0 with [`Handoff::Relay`]).
+    pub fn pending(&self) -> usize {
+        self.stats.pending.load(Ordering::Relaxed) as usize
+    }
+
+    /// Hands `conn` over. With [`Handoff::Adopt`] it never waits for the server: the
+    /// connection is passed at once if the channel has room, else queued (see the
+    /// module doc); `Err` means it was closed now (over the bound, or the server is
+    /// not there). Later outcomes are counted in [`HandoffStats`]. With
+    /// [`Handoff::Relay`], `Err` means the relay could not start (connection closed).
     pub fn hand(&self, conn: TcpStream) -> io::Result<()> {
-        let r = match (&self.how, &self.via) {
-            (Handoff::Adopt(path), Some(via)) => {
-                farside_backend::adopt::send(via, path, conn.as_raw_fd(), HANDOFF_TIMEOUT)
+        match (&self.how, &self.adopt) {
+            (Handoff::Adopt(_), Some(a)) => a.hand(conn, &self.stats),
+            (Handoff::Relay(to), _) => {
+                let r = self.relay(conn, *to);
+                match &r {
+                    Ok(()) => self.stats.handed.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => self.stats.failed.fetch_add(1, Ordering::Relaxed),
+                };
+                r
             }
-            (Handoff::Relay(to), _) => self.relay(conn, *to),
             (Handoff::Adopt(_), None) => unreachable!("adopt has its socket"),
-        };
-        match &r {
-            Ok(()) => self.stats.handed.fetch_add(1, Ordering::Relaxed),
-            Err(_) => self.stats.failed.fetch_add(1, Ordering::Relaxed),
-        };
-        r
+        }
     }
 
     fn relay(&self, conn: TcpStream, to: SocketAddr) -> io::Result<()> {
@@ -122,6 +286,249 @@ impl HandOff {
             })?;
         Ok(())
     }
+}
+
+impl Drop for HandOff {
+    /// Stops the hand-off thread: it keeps passing what waits for at most
+    /// [`HANDOFF_TIMEOUT`], then closes the rest (counted `failed`).
+    fn drop(&mut self) {
+        if let Some(a) = &self.adopt {
+            lock(&a.state).stop = true;
+            a.wake.notify_all();
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The adoption channel and the connections waiting for it.
+struct Adopter {
+    path: PathBuf,
+    /// Non-blocking; connected to `path` when it could be (so that `poll(POLLOUT)`
+    /// reports the server's queue having room), re-connected after an error.
+    via: UnixDatagram,
+    pending_max: usize,
+    wait_max: Duration,
+    state: Mutex<Pending>,
+    /// Signalled when a connection is queued and on stop.
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct Pending {
+    /// Oldest first: sent in arrival order, and the front is the first to expire.
+    items: VecDeque<Waiting>,
+    /// `via` is connected to the socket now bound at `path`, as far as we know.
+    connected: bool,
+    stop: bool,
+}
+
+struct Waiting {
+    conn: TcpStream,
+    since: Instant,
+}
+
+enum Sent {
+    Yes,
+    /// The server's queue is full (EAGAIN).
+    Full,
+    Failed(io::Error),
+}
+
+impl Adopter {
+    /// One non-blocking send, under the state's lock (sends stay in order).
+    fn try_send(&self, p: &mut Pending, conn: &TcpStream) -> Sent {
+        if !p.connected {
+            p.connected = self.via.connect(&self.path).is_ok();
+        }
+        match farside_backend::adopt::send(&self.via, &self.path, conn.as_raw_fd(), HANDOFF_TIMEOUT)
+        {
+            Ok(()) => Sent::Yes,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Sent::Full,
+            Err(e) => {
+                p.connected = false;
+                Sent::Failed(e)
+            }
+        }
+    }
+
+    fn hand(&self, conn: TcpStream, stats: &HandoffStats) -> io::Result<()> {
+        let mut p = lock(&self.state);
+        if p.items.is_empty() {
+            match self.try_send(&mut p, &conn) {
+                Sent::Yes => {
+                    stats.handed.fetch_add(1, Ordering::Relaxed);
+                    return Ok(());
+                }
+                Sent::Failed(e) => {
+                    stats.failed.fetch_add(1, Ordering::Relaxed);
+                    return Err(e);
+                }
+                Sent::Full => {}
+            }
+        }
+        if p.items.len() >= self.pending_max {
+            // Rare: make room from clients that have gone before refusing a live one.
+            sweep(&mut p, stats);
+        }
+        if p.items.len() >= self.pending_max {
+            stats.over_bound.fetch_add(1, Ordering::Relaxed);
+            return Err(io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "{} connections already wait for the local server (bound): closed",
+                    self.pending_max
+                ),
+            ));
+        }
+        p.items.push_back(Waiting {
+            conn,
+            since: Instant::now(),
+        });
+        stats.queued.fetch_add(1, Ordering::Relaxed);
+        stats
+            .queued_max
+            .fetch_max(p.items.len() as u64, Ordering::Relaxed);
+        stats.pending.store(p.items.len() as u64, Ordering::Relaxed);
+        drop(p);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Passes waiting connections from the front until the channel is full or none
+    /// waits; drops the expired and the gone on the way. Returns (full, passed).
+    fn drain(&self, p: &mut Pending, stats: &HandoffStats) -> (bool, usize) {
+        let mut passed = 0;
+        let full = loop {
+            let Some(w) = p.items.pop_front() else {
+                break false;
+            };
+            if w.since.elapsed() > self.wait_max {
+                stats.waited_too_long.fetch_add(1, Ordering::Relaxed);
+                log::warn!(
+                    "specd: a connection waited {:?} for the local server: closed",
+                    self.wait_max
+                );
+                continue;
+            }
+            if client_gone(&w.conn) {
+                stats.client_gone.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            match self.try_send(p, &w.conn) {
+                Sent::Yes => {
+                    passed += 1;
+                    stats.handed.fetch_add(1, Ordering::Relaxed);
+                    lock(&stats.wait_us).record(w.since.elapsed().as_micros() as u64);
+                }
+                Sent::Full => {
+                    p.items.push_front(w);
+                    break true;
+                }
+                Sent::Failed(e) => {
+                    stats.failed.fetch_add(1, Ordering::Relaxed);
+                    log::warn!("specd: hand-off to the local server failed: {e}");
+                }
+            }
+        };
+        stats.pending.store(p.items.len() as u64, Ordering::Relaxed);
+        (full, passed)
+    }
+
+    /// The hand-off thread: waits for queued connections and passes them as the
+    /// server makes room.
+    fn run(&self, stats: &HandoffStats) {
+        let mut last_sweep = Instant::now();
+        let mut stop_by: Option<Instant> = None;
+        // The last poll said the channel has room: a send that finds it full anyway
+        // means `via` is connected to a socket no longer bound at the path (the server
+        // restarted), whose poll tells nothing; reconnect.
+        let mut room_seen = false;
+        let mut p = lock(&self.state);
+        loop {
+            while p.items.is_empty() && !p.stop {
+                p = self.wake.wait(p).unwrap_or_else(|e| e.into_inner());
+            }
+            if p.items.is_empty() {
+                return;
+            }
+            if p.stop
+                && *stop_by.get_or_insert_with(|| Instant::now() + HANDOFF_TIMEOUT)
+                    <= Instant::now()
+            {
+                let left = p.items.len() as u64;
+                p.items.clear();
+                stats.failed.fetch_add(left, Ordering::Relaxed);
+                stats.pending.store(0, Ordering::Relaxed);
+                log::warn!(
+                    "specd: stopping: {left} connections still waiting for the local server closed"
+                );
+                return;
+            }
+            if last_sweep.elapsed() >= SWEEP_PERIOD {
+                sweep(&mut p, stats);
+                last_sweep = Instant::now();
+            }
+            let (full, passed) = self.drain(&mut p, stats);
+            if !full {
+                room_seen = false;
+                continue;
+            }
+            if room_seen && passed == 0 {
+                p.connected = false;
+            }
+            drop(p);
+            room_seen = poll_out(self.via.as_raw_fd(), RETRY_SLICE);
+            p = lock(&self.state);
+        }
+    }
+}
+
+/// Drops every waiting connection whose client has gone.
+fn sweep(p: &mut Pending, stats: &HandoffStats) {
+    let before = p.items.len();
+    p.items.retain(|w| !client_gone(&w.conn));
+    let gone = (before - p.items.len()) as u64;
+    if gone > 0 {
+        stats.client_gone.fetch_add(gone, Ordering::Relaxed);
+        stats.pending.store(p.items.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// The client has gone and left nothing to serve: a FIN with no request byte
+/// waiting (recv peeks 0), or an error such as a reset. One non-blocking `recv`.
+fn client_gone(conn: &TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    // SAFETY: recv into a 1-byte buffer we own; MSG_PEEK leaves the byte queued.
+    let n = unsafe {
+        libc::recv(
+            conn.as_raw_fd(),
+            b.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    match n {
+        0 => true,
+        n if n > 0 => false,
+        _ => !matches!(
+            io::Error::last_os_error().kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        ),
+    }
+}
+
+/// Waits until `fd` is writable, at most `timeout`; `true` if it is.
+fn poll_out(fd: i32, timeout: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, timeout.as_millis() as libc::c_int) };
+    n > 0 && p.revents & libc::POLLOUT != 0
 }
 
 /// Frees a relay slot when both directions are done.
@@ -162,6 +569,241 @@ fn pump(mut from: TcpStream, mut to: TcpStream, stats: &HandoffStats) {
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    /// Longest any awaited condition or client read may take here.
+    const AWAIT_MAX: Duration = Duration::from_secs(10);
+    const REQUEST: &[u8] = b"GET /files/100 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
+
+    fn await_cond(what: &str, mut f: impl FnMut() -> bool) {
+        let t0 = Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < AWAIT_MAX, "timed out awaiting {what}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The kernel's bound on a datagram socket's queue (the adoption channel).
+    fn max_dgram_qlen() -> usize {
+        std::fs::read_to_string("/proc/sys/net/unix/max_dgram_qlen")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(10)
+    }
+
+    /// A real `farside backend --adopt-socket` with one worker: the first adopted
+    /// connection whose client sends nothing yet keeps it busy (it waits for the
+    /// request), so nothing more leaves the adoption queue until the clients ask.
+    fn one_worker_backend(name: &str) -> (PathBuf, farside_backend::Handle) {
+        let path = std::env::temp_dir().join(format!(
+            "farside-handoff-{}-{name}.sock",
+            std::process::id()
+        ));
+        let (_, handle) = farside_backend::spawn(farside_backend::BackendArgs {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            workers: 1,
+            adopt_socket: Some(path.clone()),
+            ..farside_backend::BackendArgs::default()
+        })
+        .expect("backend");
+        (path, handle)
+    }
+
+    /// A connected pair through `front`: (client, server side to hand over).
+    fn pair(front: &TcpListener) -> (TcpStream, TcpStream) {
+        let c = TcpStream::connect(front.local_addr().unwrap()).unwrap();
+        c.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+        let (s, _) = front.accept().unwrap();
+        (c, s)
+    }
+
+    /// Sends the request and reads until the server closes: the response, or
+    /// nothing when the connection was closed unserved.
+    fn ask(c: &mut TcpStream) -> Vec<u8> {
+        // A closed peer may answer the write or the read with a reset: unserved.
+        if c.write_all(REQUEST).is_err() {
+            return Vec::new();
+        }
+        let mut got = Vec::new();
+        let _ = c.read_to_end(&mut got);
+        got
+    }
+
+    fn served(got: &[u8]) -> bool {
+        got.starts_with(b"HTTP/1.1 200")
+    }
+
+    fn count(a: &AtomicU64) -> u64 {
+        a.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn more_connections_than_the_adoption_queue_holds_wait_and_are_all_served() {
+        let (path, backend) = one_worker_backend("many");
+        let h = HandOff::new(Handoff::Adopt(path)).unwrap();
+        // Beyond what the worker and the kernel's datagram queue (qlen + 1) take.
+        let n = max_dgram_qlen() + 12;
+        let front = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut clients = Vec::new();
+        for i in 0..n {
+            let (c, s) = pair(&front);
+            // No client has asked yet, so the server cannot drain: a hand-off that
+            // waited for room would never return (the old one failed after 1 s).
+            h.hand(s)
+                .unwrap_or_else(|e| panic!("connection {i} closed: {e}"));
+            clients.push(c);
+        }
+        let st = h.stats();
+        await_cond("every connection handed or waiting", || {
+            count(&st.handed) + count(&st.pending) == n as u64
+        });
+        assert!(count(&st.pending) > 0, "{}", st.json());
+        assert_eq!(count(&st.failed) + count(&st.over_bound), 0);
+        // Now the clients ask; the one worker serves them one after another.
+        for c in &mut clients {
+            c.write_all(REQUEST).unwrap();
+        }
+        for (i, c) in clients.iter_mut().enumerate() {
+            let mut got = Vec::new();
+            c.read_to_end(&mut got).unwrap();
+            assert!(
+                served(&got),
+                "client {i}: {:?}",
+                String::from_utf8_lossy(&got)
+            );
+        }
+        assert_eq!(count(&st.handed), n as u64, "{}", st.json());
+        assert_eq!(count(&st.pending), 0);
+        assert!(count(&st.queued) > 0 && count(&st.queued_max) > 0);
+        assert_eq!(lock(&st.wait_us).count, count(&st.queued));
+        assert_eq!(st.closed() + count(&st.client_gone), 0);
+        // Every key holds what its name says (the format's arguments are positional).
+        let v: serde_json::Value = serde_json::from_str(&st.json()).expect("JSON");
+        assert_eq!(v["handed"], n as u64);
+        assert_eq!(v["queued"], count(&st.queued));
+        assert_eq!(v["queued_max"], count(&st.queued_max));
+        assert_eq!(v["pending"], 0);
+        assert_eq!(v["wait_us"]["count"], count(&st.queued));
+        for k in ["failed", "over_bound", "waited_too_long", "client_gone"] {
+            assert_eq!(v[k], 0, "{k}");
+        }
+        drop(h);
+        backend.stop();
+    }
+
+    #[test]
+    fn a_client_that_closes_while_queued_is_counted_gone_not_handed() {
+        let (path, backend) = one_worker_backend("gone");
+        let h = HandOff::new(Handoff::Adopt(path)).unwrap();
+        let st = h.stats();
+        let n = max_dgram_qlen() + 4;
+        let front = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut clients: Vec<TcpStream> = (0..n)
+            .map(|_| {
+                let (c, s) = pair(&front);
+                h.hand(s).unwrap();
+                c
+            })
+            .collect();
+        await_cond("connections waiting in specd", || {
+            count(&st.handed) + count(&st.pending) == n as u64 && count(&st.pending) > 0
+        });
+        let queued = count(&st.queued);
+        let (victim, s) = pair(&front);
+        h.hand(s).unwrap();
+        assert_eq!(count(&st.queued), queued + 1, "the victim waits in specd");
+        drop(victim);
+        // The periodic check finds it while the server is still blocked.
+        await_cond("the gone client counted", || count(&st.client_gone) == 1);
+        for (i, c) in clients.iter_mut().enumerate() {
+            assert!(served(&ask(c)), "client {i}");
+        }
+        assert_eq!(count(&st.handed), n as u64, "{}", st.json());
+        assert_eq!(count(&st.client_gone), 1);
+        assert_eq!(st.closed(), 0, "{}", st.json());
+        assert_eq!(count(&st.pending), 0);
+        drop(h);
+        backend.stop();
+    }
+
+    #[test]
+    fn an_arrival_over_the_bound_is_closed_and_counted_and_the_others_are_served() {
+        const BOUND: usize = 3;
+        let (path, backend) = one_worker_backend("bound");
+        let h = HandOff::with_bounds(Handoff::Adopt(path), BOUND, HANDOFF_WAIT_MAX).unwrap();
+        let st = h.stats();
+        let front = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut kept = Vec::new();
+        let mut refused = None;
+        for _ in 0..max_dgram_qlen() + 2 + BOUND + 8 {
+            let (c, s) = pair(&front);
+            match h.hand(s) {
+                Ok(()) => kept.push(c),
+                Err(e) => {
+                    eprintln!("over the bound: {e}");
+                    refused = Some(c);
+                    break;
+                }
+            }
+        }
+        let mut refused = refused.expect("an arrival over the bound");
+        assert_eq!(count(&st.over_bound), 1);
+        let mut b = [0u8; 1];
+        assert_eq!(refused.read(&mut b).unwrap_or(0), 0, "closed at once");
+        for (i, c) in kept.iter_mut().enumerate() {
+            assert!(served(&ask(c)), "client {i}");
+        }
+        assert_eq!(count(&st.handed), kept.len() as u64, "{}", st.json());
+        assert_eq!(count(&st.failed) + count(&st.waited_too_long), 0);
+        assert_eq!(st.closed(), 1);
+        drop(h);
+        backend.stop();
+    }
+
+    #[test]
+    fn a_connection_the_server_does_not_take_in_time_is_closed_and_counted() {
+        let wait_max = Duration::from_millis(200);
+        let (path, backend) = one_worker_backend("expire");
+        let h = HandOff::with_bounds(Handoff::Adopt(path), PENDING_DEFAULT, wait_max).unwrap();
+        let st = h.stats();
+        let n = max_dgram_qlen() + 4;
+        let front = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut clients: Vec<TcpStream> = (0..n)
+            .map(|_| {
+                let (c, s) = pair(&front);
+                h.hand(s).unwrap();
+                c
+            })
+            .collect();
+        await_cond("the waiting ones expired", || {
+            count(&st.handed) + count(&st.waited_too_long) == n as u64 && count(&st.pending) == 0
+        });
+        let expired = count(&st.waited_too_long);
+        assert!(expired > 0);
+        let unserved = clients
+            .iter_mut()
+            .map(ask)
+            .filter(|got| !served(got))
+            .count();
+        assert_eq!(unserved as u64, expired, "{}", st.json());
+        assert_eq!(st.closed(), expired);
+        drop(h);
+        backend.stop();
+    }
+
+    #[test]
+    fn adoption_without_a_server_fails_at_once_and_counts() {
+        let path = std::env::temp_dir().join(format!(
+            "farside-handoff-{}-nobody.sock",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let h = HandOff::new(Handoff::Adopt(path)).unwrap();
+        let front = TcpListener::bind("127.0.0.1:0").unwrap();
+        let (_c, s) = pair(&front);
+        assert!(h.hand(s).is_err());
+        assert_eq!(count(&h.stats().failed), 1);
+        assert_eq!(h.pending(), 0);
+    }
 
     #[test]
     fn relay_carries_both_directions_and_forwards_half_close() {

@@ -311,8 +311,6 @@ pub struct SourceStats {
     pub fell_back: AtomicU64,
     /// Lost (see `farside_migrate::Outcome::Lost`).
     pub lost: AtomicU64,
-    /// Local hand-overs that failed (connection closed).
-    pub local_handoff_failed: AtomicU64,
     /// Notifications received from peers.
     pub notifications: AtomicU64,
     /// Freeze to DONE per migrated connection, µs.
@@ -619,13 +617,14 @@ impl SourceDaemon {
             )
         };
         format!(
-            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{},\"reopened_by_peer_load\":{}}},\"steer\":{{\"server\":{},\"daemon\":{},\"no_server\":{}}},\"steer_mode\":\"{}\",\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"no_peer_room\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
+            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"local_handoff\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{},\"reopened_by_peer_load\":{}}},\"steer\":{{\"server\":{},\"daemon\":{},\"no_server\":{}}},\"steer_mode\":\"{}\",\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"no_peer_room\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
             s.accepted.load(Ordering::Relaxed),
             s.stale_local.load(Ordering::Relaxed),
             s.migrated.load(Ordering::Relaxed),
             s.fell_back.load(Ordering::Relaxed),
             s.lost.load(Ordering::Relaxed),
-            s.local_handoff_failed.load(Ordering::Relaxed),
+            self.shared.local.stats().closed(),
+            self.shared.local.stats().json(),
             s.notifications.load(Ordering::Relaxed),
             w.size(),
             w.in_flight(),
@@ -759,10 +758,11 @@ fn window_op<R>(s: &Shared, f: impl FnOnce(&mut Window) -> R) -> R {
     r
 }
 
-/// Hands a connection to the local server (fall-back or stale divert).
+/// Hands a connection to the local server (fall-back or stale divert); never waits
+/// for the server (see [`HandOff::hand`]). What it closes is counted in the
+/// hand-off's stats (`local_handoff_failed`, `local_handoff` in the summary).
 fn hand_local(s: &Shared, sock: TcpStream) {
     if let Err(e) = s.local.hand(sock) {
-        s.stats.local_handoff_failed.fetch_add(1, Ordering::Relaxed);
         log::warn!("specd: hand-off to the local server failed: {e}");
     }
 }

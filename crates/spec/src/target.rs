@@ -5,7 +5,8 @@
 //! ```text
 //! peer (source) ──OFFER──▶ acceptor threads (TARGET_THREADS) ── admit? ──┐
 //!                           server accept queue (sock_diag) + restores   │ no: REFUSE,
-//!                           in progress < --admit-queue-max              │ remember source
+//!                           in progress + waiting for hand-off           │ remember source
+//!                           < --admit-queue-max                          │
 //!                            │ yes                                        ▼
 //!                            ▼                                  notifier (NOTIFY_PERIOD):
 //!                     restore (frozen) ─DONE─▶ HandOff            queue back under the
@@ -32,7 +33,7 @@ use std::time::Duration;
 use farside_migrate::proto::{CONTROL_IDLE_TIMEOUT, REPLY_TIMEOUT_DEFAULT};
 use farside_migrate::{ControlConn, Ready, TargetOutcome};
 
-use crate::handoff::{HandOff, Handoff};
+use crate::handoff::{HandOff, Handoff, HANDOFF_WAIT_MAX, PENDING_MAX};
 use crate::load::ServerQueue;
 use crate::stats::Samples;
 
@@ -70,7 +71,8 @@ pub struct TargetConfig {
     pub listen: SocketAddr,
     /// The local web server's port (its accept queue is the load).
     pub server_port: u16,
-    /// Refuse offers while the server's accept queue plus restores in progress is at
+    /// Refuse offers while the server's accept queue plus restores in progress plus
+    /// restored connections waiting for the hand-off (`HandOff::pending`) is at
     /// least this.
     pub admit_queue_max: u32,
     /// Where restored connections go.
@@ -97,8 +99,6 @@ pub struct TargetStats {
     pub aborted: AtomicU64,
     /// Notifications sent.
     pub notifications: AtomicU64,
-    /// Restored connections the local server could not take (closed).
-    pub handoff_failed: AtomicU64,
     /// Target CPU per restored migration, µs (thread CPU of the offer's handling).
     pub cpu_us: Mutex<Samples>,
 }
@@ -108,7 +108,7 @@ struct Shared {
     stop: AtomicBool,
     listener: TcpListener,
     handoff: HandOff,
-    /// Offers admitted and not yet handed over.
+    /// Offers admitted and not yet handed over (or queued for the server).
     restoring: AtomicU32,
     refused_sources: Mutex<Vec<IpAddr>>,
     /// Signalled when a source is added to `refused_sources`: the notifier sleeps on
@@ -144,7 +144,13 @@ impl TargetDaemon {
         // Probe the server's queue once so a bad port or missing permission fails now.
         ServerQueue::new(cfg.server_port)?.read()?;
         let shared = Arc::new(Shared {
-            handoff: HandOff::new(cfg.handoff.clone())?,
+            // Restored connections waiting for the server count in the admission
+            // (below), so no more than --admit-queue-max of them ever wait.
+            handoff: HandOff::with_bounds(
+                cfg.handoff.clone(),
+                (cfg.admit_queue_max as usize).clamp(1, PENDING_MAX),
+                HANDOFF_WAIT_MAX,
+            )?,
             cfg,
             stop: AtomicBool::new(false),
             listener,
@@ -199,14 +205,15 @@ impl TargetDaemon {
         let s = &self.shared.stats;
         let h = self.shared.handoff.stats();
         format!(
-            "{{\"offers\":{},\"refused\":{},\"restored\":{},\"restore_failed\":{},\"aborted\":{},\"notifications\":{},\"handoff_failed\":{},\"relayed_bytes\":{},\"cpu_us\":{}}}",
+            "{{\"offers\":{},\"refused\":{},\"restored\":{},\"restore_failed\":{},\"aborted\":{},\"notifications\":{},\"handoff_failed\":{},\"handoff\":{},\"relayed_bytes\":{},\"cpu_us\":{}}}",
             s.offers.load(Ordering::Relaxed),
             s.refused.load(Ordering::Relaxed),
             s.restored.load(Ordering::Relaxed),
             s.restore_failed.load(Ordering::Relaxed),
             s.aborted.load(Ordering::Relaxed),
             s.notifications.load(Ordering::Relaxed),
-            s.handoff_failed.load(Ordering::Relaxed),
+            h.closed(),
+            h.json(),
             h.relayed_bytes.load(Ordering::Relaxed),
             s.cpu_us.lock().unwrap_or_else(|p| p.into_inner()).json(),
         )
@@ -330,9 +337,12 @@ fn offers_loop(s: &Shared) {
             let q = queue.read().map_err(|e| format!("cannot read load: {e}"))?;
             let restoring = s.restoring.fetch_add(1, Ordering::SeqCst);
             let guard = Restoring(&s.restoring);
-            if q.saturating_add(restoring) >= s.cfg.admit_queue_max {
+            // Connections the hand-off still holds for the server (its adoption queue
+            // was full) are load the accept queue does not show.
+            let waiting = s.handoff.pending() as u32;
+            if q.saturating_add(restoring).saturating_add(waiting) >= s.cfg.admit_queue_max {
                 return Err(format!(
-                    "loaded: accept queue {q} + {restoring} restoring >= {}",
+                    "loaded: accept queue {q} + {restoring} restoring + {waiting} waiting for hand-off >= {}",
                     s.cfg.admit_queue_max
                 ));
             }
@@ -340,8 +350,8 @@ fn offers_loop(s: &Shared) {
             Ok(())
         };
         let handoff = |sock| {
+            // Never waits for the server: queued if its adoption queue is full.
             if let Err(e) = s.handoff.hand(sock) {
-                s.stats.handoff_failed.fetch_add(1, Ordering::Relaxed);
                 log::warn!("specd target: hand-off to the local server failed: {e}");
             }
         };
@@ -421,7 +431,11 @@ fn notifier_loop(s: &Shared, sock: &UdpSocket) {
         }
         std::thread::sleep(NOTIFY_PERIOD);
         let Ok(q) = queue.read() else { continue };
-        if q.saturating_add(s.restoring.load(Ordering::SeqCst)) >= s.cfg.admit_queue_max {
+        let waiting = s.handoff.pending() as u32;
+        if q.saturating_add(s.restoring.load(Ordering::SeqCst))
+            .saturating_add(waiting)
+            >= s.cfg.admit_queue_max
+        {
             continue;
         }
         let sources =

@@ -154,6 +154,7 @@ fn refusal_closes_the_window_and_only_a_peers_notification_reopens_it() {
         "migrated",
         "fell_back",
         "lost",
+        "local_handoff_failed",
         "no_peer_room",
         "affinity_hashed",
     ] {
@@ -170,6 +171,11 @@ fn refusal_closes_the_window_and_only_a_peers_notification_reopens_it() {
     }
     assert!(v["peers"].is_array(), "{}", v["peers"]);
     assert_eq!(v["steer_mode"], "none", "no sk_lookup program");
+    // The refused connection went to the local server (relay: never queued).
+    let h = &v["local_handoff"];
+    assert!(h["handed"].as_u64() >= Some(1), "{h}");
+    assert_eq!(v["local_handoff_failed"], 0, "{h}");
+    assert!(h["wait_us"]["count"].is_u64(), "{h}");
     source.stop();
     peer.stop();
 }

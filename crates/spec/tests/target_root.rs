@@ -340,3 +340,111 @@ fn an_idle_pooled_connection_gives_its_thread_to_another_source() {
     target.stop();
     backend.stop();
 }
+
+/// The kernel's bound on a datagram socket's queue (the adoption channel).
+fn max_dgram_qlen() -> usize {
+    std::fs::read_to_string("/proc/sys/net/unix/max_dgram_qlen")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(10)
+}
+
+/// A connection with one short request (`Connection: close`) queued on the source
+/// side: (client, source socket).
+fn short_request(listener: &TcpListener) -> (TcpStream, TcpStream) {
+    let mut c = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    c.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+    c.write_all(b"GET /files/5 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let (s, _) = listener.accept().unwrap();
+    await_cond("request queued on the source", || inq(&s).unwrap() > 0);
+    (c, s)
+}
+
+fn response(c: &mut TcpStream) -> String {
+    let mut resp = Vec::new();
+    let _ = c.read_to_end(&mut resp);
+    String::from_utf8_lossy(&resp).into_owned()
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn a_restored_connection_waits_for_a_full_server_and_counts_in_the_admission() {
+    assert!(is_root(), "needs root");
+    let adopt = temp_path("adopt-full");
+    let (_, backend) = backend(&adopt);
+    // The back-end's two workers held and its adoption queue full: connections
+    // whose clients have not asked yet (handed by the source side's hand-off).
+    let local = HandOff::new(Handoff::Adopt(adopt.clone())).unwrap();
+    let front = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut idle: Vec<TcpStream> = (0..max_dgram_qlen() + 5)
+        .map(|_| {
+            let c = TcpStream::connect(front.local_addr().unwrap()).unwrap();
+            c.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+            local.hand(front.accept().unwrap().0).unwrap();
+            c
+        })
+        .collect();
+    await_cond("the adoption queue full", || local.pending() > 0);
+    // The target's load: an empty accept queue, so only what waits for the hand-off
+    // can refuse.
+    let load = TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = TargetDaemon::start(TargetConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        server_port: load.local_addr().unwrap().port(),
+        admit_queue_max: 1,
+        handoff: Handoff::Adopt(adopt.clone()),
+        threads: 1,
+        peers: Vec::new(),
+    })
+    .expect("target daemon");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let cfg = MigrateConfig {
+        handover: Handover::CloseBeforeRestore,
+        ..MigrateConfig::default()
+    };
+    let (mut c1, s1) = short_request(&listener);
+    match migrate(s1, target.addr(), &cfg) {
+        Outcome::Migrated(_) => {}
+        other => panic!("expected a migration, got {other:?}"),
+    }
+    // Restored and waiting in the target's hand-off (the old one closed it after 1 s).
+    let h = target.handoff_stats();
+    await_cond("the restored connection waiting", || {
+        h.pending.load(std::sync::atomic::Ordering::Relaxed) == 1
+    });
+    // It counts in the admission: the next offer is refused and resumes on the
+    // source, whose local hand-off queues it too.
+    let (mut c2, s2) = short_request(&listener);
+    match migrate(s2, target.addr(), &cfg) {
+        Outcome::ResumedOnSource {
+            sock,
+            reason: Fallback::Refused(r),
+        } => {
+            eprintln!("refused: {r}");
+            local.hand(sock).expect("local hand-off");
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    // The server drains: everyone is served.
+    for c in &mut idle {
+        c.write_all(b"GET /files/5 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            .unwrap();
+    }
+    for (i, c) in idle.iter_mut().enumerate() {
+        let r = response(c);
+        assert!(r.starts_with("HTTP/1.1 200"), "idle client {i}: {r}");
+    }
+    for (name, c) in [("migrated", &mut c1), ("refused", &mut c2)] {
+        let r = response(c);
+        assert!(r.starts_with("HTTP/1.1 200"), "{name} client: {r}");
+    }
+    eprintln!("target: {}", target.summary_json());
+    let o = std::sync::atomic::Ordering::Relaxed;
+    assert_eq!(h.handed.load(o), 1);
+    assert_eq!(h.closed(), 0);
+    assert_eq!(target.stats().refused.load(o), 1);
+    assert_eq!(local.stats().closed(), 0);
+    target.stop();
+    backend.stop();
+}
