@@ -5,8 +5,10 @@
 //! channel is a Unix **datagram** socket bound at PATH (mode 0600): each datagram
 //! carries one byte ([`ADOPT_TAG`]) and one connected TCP socket as `SCM_RIGHTS`.
 //! Datagrams keep one connection per message without framing; the kernel bounds the
-//! queue (`net.unix.max_dgram_qlen`), so a sender blocks (up to its send timeout) when
-//! the server falls behind, which is the back-pressure we want.
+//! queue (`net.unix.max_dgram_qlen`, 10 by default). A blocking sender waits (up to its
+//! send timeout) when the server falls behind; specd sends non-blocking and keeps the
+//! connections the queue cannot take in its own bounded queue until the server makes
+//! room (`farside_spec::handoff`), so a slow server never costs a connection.
 //!
 //! Workers wait on both the listener and this socket with `poll` and take one item
 //! with a non-blocking `accept` or `recvmsg`; a worker that loses the race to another
@@ -39,8 +41,9 @@ pub fn bind(path: &Path) -> io::Result<UnixDatagram> {
 }
 
 /// Hands the connected socket `conn` to the server whose `--adopt-socket` is `path`,
-/// through `via` (an unbound datagram socket of the caller). Blocks while the server's
-/// adoption queue is full, up to `timeout`. The caller keeps its own descriptor and
+/// through `via` (a datagram socket of the caller). On a blocking `via`, blocks while
+/// the server's adoption queue is full, up to `timeout`; on a non-blocking one, a full
+/// queue is `WouldBlock` at once. The caller keeps its own descriptor and
 /// should close it at once: the server owns the connection from here.
 pub fn send(via: &UnixDatagram, path: &Path, conn: RawFd, timeout: Duration) -> io::Result<()> {
     via.set_write_timeout(Some(timeout))?;
