@@ -227,14 +227,32 @@ fn black_hole(v6: bool) -> io::Result<OwnedFd> {
     let one: libc::c_int = 1;
     crate::dump::attach_drop_filter(raw)?;
     if v6 {
-        sys::setsockopt(raw, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, &one, "IPV6_V6ONLY")?;
-        sys::setsockopt(raw, libc::IPPROTO_IPV6, IPV6_FREEBIND, &one, "IPV6_FREEBIND")?;
+        sys::setsockopt(
+            raw,
+            libc::IPPROTO_IPV6,
+            libc::IPV6_V6ONLY,
+            &one,
+            "IPV6_V6ONLY",
+        )?;
+        sys::setsockopt(
+            raw,
+            libc::IPPROTO_IPV6,
+            IPV6_FREEBIND,
+            &one,
+            "IPV6_FREEBIND",
+        )?;
         let mut a: libc::sockaddr_in6 = unsafe_zeroed_in6();
         a.sin6_family = libc::AF_INET6 as libc::sa_family_t;
         a.sin6_addr.s6_addr = std::net::Ipv6Addr::LOCALHOST.octets();
         bind_raw(raw, &a)?;
     } else {
-        sys::setsockopt(raw, libc::IPPROTO_IP, libc::IP_FREEBIND, &one, "IP_FREEBIND")?;
+        sys::setsockopt(
+            raw,
+            libc::IPPROTO_IP,
+            libc::IP_FREEBIND,
+            &one,
+            "IP_FREEBIND",
+        )?;
         let a = libc::sockaddr_in {
             sin_family: libc::AF_INET as libc::sa_family_t,
             sin_port: 0,
@@ -345,7 +363,12 @@ impl FlowHold {
     /// its server socket sees them) for at most `ttl`, until the returned guard is
     /// dropped: while no established socket has that 4-tuple they are dropped
     /// silently instead of answered with a RST.
-    pub fn hold(&self, local: SocketAddr, remote: SocketAddr, ttl: Duration) -> io::Result<Held<'_>> {
+    pub fn hold(
+        &self,
+        local: SocketAddr,
+        remote: SocketAddr,
+        ttl: Duration,
+    ) -> io::Result<Held<'_>> {
         let key = HoldKey::new(local, remote)?;
         if key.family == libc::AF_INET6 as u32 && self.v6.is_none() {
             return Err(err("IPv6 flow", "no IPv6 black-hole listener"));
@@ -502,10 +525,6 @@ mod tests {
         let v6 = HoldKey::new("[::1]:80".parse().unwrap(), "[::1]:5".parse().unwrap()).unwrap();
         assert_eq!(v6.family, 10);
         assert_eq!(v6.local_ip[3].to_ne_bytes(), [0, 0, 0, 1]);
-        assert!(HoldKey::new(
-            "10.0.0.1:1".parse().unwrap(),
-            "[::1]:5".parse().unwrap()
-        )
-        .is_err());
+        assert!(HoldKey::new("10.0.0.1:1".parse().unwrap(), "[::1]:5".parse().unwrap()).is_err());
     }
 }
