@@ -15,6 +15,7 @@
 //! - [`gap_segments_reach_the_local_restore_after_a_target_dies`]: the same, but the
 //!   target dies instead of restoring: the source restores its dump locally and the
 //!   segment reaches it (the hold lasts until the local restore).
+//! - [`ipv6_segments_in_the_gap_are_held_not_reset`]: both over IPv6 (`::1`).
 //! - [`continuous_sender_migrations_see_no_reset`]: the real `Target`, a client that
 //!   keeps sending during each of the migrations; no reset, every byte once, in order.
 //!   Whether a segment lands in the gap is up to timing (the client's tail-loss
@@ -176,9 +177,14 @@ fn gap_client(mut c: TcpStream, gap_rx: mpsc::Receiver<()>) -> Result<(), String
     Ok(())
 }
 
-/// One forced-gap migration; returns the client's verdict and the source's outcome.
-fn forced_gap(hold: &Arc<FlowHold>, after: After) -> (Result<(), String>, Outcome) {
-    let service = TcpListener::bind("127.0.0.1:0").unwrap();
+/// One forced-gap migration of a connection to `service_ip` (port 0); returns the
+/// client's verdict and the source's outcome.
+fn forced_gap(
+    hold: &Arc<FlowHold>,
+    after: After,
+    service_ip: &str,
+) -> (Result<(), String>, Outcome) {
+    let service = TcpListener::bind(format!("{service_ip}:0")).unwrap();
     let target = TcpListener::bind("127.0.0.1:0").unwrap();
     let target_addr = target.local_addr().unwrap();
     let c = TcpStream::connect(service.local_addr().unwrap()).unwrap();
@@ -224,7 +230,7 @@ fn segments_in_the_gap_are_held_not_reset() {
     let t0 = Instant::now();
     let mut resets = Vec::new();
     for i in 0..GAP_MIGRATIONS {
-        let (verdict, outcome) = forced_gap(&hold, After::Restore);
+        let (verdict, outcome) = forced_gap(&hold, After::Restore, "127.0.0.1");
         assert!(matches!(outcome, Outcome::Migrated(_)), "{i}: {outcome:?}");
         if let Err(e) = verdict {
             resets.push(format!("{i}: {e}"));
@@ -250,13 +256,39 @@ fn gap_segments_reach_the_local_restore_after_a_target_dies() {
     private_netns();
     let hold = Arc::new(FlowHold::attach().expect("hold"));
     for i in 0..3 {
-        let (verdict, outcome) = forced_gap(&hold, After::Die);
+        let (verdict, outcome) = forced_gap(&hold, After::Die, "127.0.0.1");
         assert!(
             matches!(outcome, Outcome::ResumedOnSource { .. }),
             "{i}: {outcome:?}"
         );
         assert_eq!(verdict, Ok(()), "{i}");
     }
+}
+
+#[test]
+#[ignore = "needs root (netns, TCP_REPAIR, bpf): run with `cargo test -p farside-migrate -- --include-ignored` as root under flock /tmp/farside-root.lock"]
+fn ipv6_segments_in_the_gap_are_held_not_reset() {
+    assert!(is_root(), "needs root");
+    private_netns();
+    let hold = Arc::new(FlowHold::attach().expect("hold"));
+    for (i, after) in [After::Restore, After::Restore, After::Die]
+        .into_iter()
+        .enumerate()
+    {
+        let (verdict, outcome) = forced_gap(&hold, after, "[::1]");
+        let moved = matches!(outcome, Outcome::Migrated(_));
+        let resumed = matches!(outcome, Outcome::ResumedOnSource { .. });
+        assert!(
+            if after == After::Restore {
+                moved
+            } else {
+                resumed
+            },
+            "{i}: {outcome:?}"
+        );
+        assert_eq!(verdict, Ok(()), "{i}");
+    }
+    assert!(hold.counter(CNT_DROPPED).unwrap() >= 3);
 }
 
 /// The continuous sender: [`STREAM_BYTES`] of the pattern in [`STREAM_CHUNK`] writes
