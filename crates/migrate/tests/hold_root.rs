@@ -16,6 +16,9 @@
 //!   target dies instead of restoring: the source restores its dump locally and the
 //!   segment reaches it (the hold lasts until the local restore).
 //! - [`ipv6_segments_in_the_gap_are_held_not_reset`]: both over IPv6 (`::1`).
+//! - [`holds_drop_silently_expire_and_are_swept_when_the_map_is_full`]: the hold's
+//!   own bounds (a held SYN times out without a RST; a guard removes its entry; an
+//!   entry past its deadline is ignored; a full map is swept of expired entries).
 //! - [`continuous_sender_migrations_see_no_reset`]: the real `Target`, a client that
 //!   keeps sending during each of the migrations; no reset, every byte once, in order.
 //!   Whether a segment lands in the gap is up to timing (the client's tail-loss
@@ -401,4 +404,126 @@ fn continuous_sender_migrations_see_no_reset() {
         "{} of {STREAM_MIGRATIONS} clients failed: {failures:?}",
         failures.len()
     );
+}
+
+/// Connects from `from` to `to` with a bound: `Ok` if the handshake completed.
+fn connect_from(from: SocketAddr, to: SocketAddr, bound: Duration) -> std::io::Result<()> {
+    // SAFETY: plain socket(2), owned by the TcpStream below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0);
+    // SAFETY: `fd` is fresh and owned by nobody else.
+    let s = unsafe { <TcpStream as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let SocketAddr::V4(from) = from else {
+        panic!("IPv4 only")
+    };
+    let a = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: from.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(from.ip().octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt and bind with live locals of the sizes passed.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            4,
+        );
+        assert_eq!(
+            libc::bind(
+                fd,
+                (&a as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            ),
+            0
+        );
+    }
+    // std has no connect for a bound socket: a non-blocking connect and a poll.
+    s.set_nonblocking(true)?;
+    let SocketAddr::V4(to) = to else {
+        panic!("IPv4 only")
+    };
+    let t = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: to.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(to.ip().octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: connect with a live sockaddr_in of the size passed.
+    unsafe {
+        libc::connect(
+            fd,
+            (&t as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: poll on one live pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, bound.as_millis() as libc::c_int) };
+    if n == 0 {
+        return Err(std::io::ErrorKind::TimedOut.into());
+    }
+    match s.take_error()? {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+#[test]
+#[ignore = "needs root (netns, bpf): run with `cargo test -p farside-migrate -- --include-ignored` as root under flock /tmp/farside-root.lock"]
+fn holds_drop_silently_expire_and_are_swept_when_the_map_is_full() {
+    assert!(is_root(), "needs root");
+    private_netns();
+    let hold = FlowHold::attach().expect("hold");
+    let service = TcpListener::bind("127.0.0.1:0").unwrap();
+    let to = service.local_addr().unwrap();
+    let from: SocketAddr = "127.0.0.1:47001".parse().unwrap();
+    // Held: with no established socket the lookup reaches the program even for a
+    // SYN, which the black hole drops silently (no RST: the connect just times out).
+    {
+        let _held = hold.hold(to, from, Duration::from_secs(60)).unwrap();
+        assert_eq!(hold.held().unwrap(), 1);
+        let r = connect_from(from, to, Duration::from_millis(300));
+        assert_eq!(
+            r.as_ref().map_err(|e| e.kind()),
+            Err(std::io::ErrorKind::TimedOut),
+            "{r:?}"
+        );
+        assert!(hold.counter(CNT_DROPPED).unwrap() >= 1);
+    }
+    assert_eq!(hold.held().unwrap(), 0, "the guard removes its entry");
+    // Past its deadline an entry is ignored: the connection is made.
+    let from2: SocketAddr = "127.0.0.1:47002".parse().unwrap();
+    let stale = hold.hold(to, from2, Duration::ZERO).unwrap();
+    connect_from(from2, to, READ_BOUND).expect("an expired hold does not hold");
+    assert!(hold.counter(farside_migrate::hold::CNT_EXPIRED).unwrap() >= 1);
+    // A map full of entries nobody removed (leaked guards, a bug) makes room for a
+    // new hold by sweeping the expired ones.
+    std::mem::forget(stale);
+    for port in 0..farside_migrate::hold::FLOWS_MAX - 1 {
+        let a: SocketAddr = format!("10.9.{}.{}:1", port / 256, port % 256)
+            .parse()
+            .unwrap();
+        std::mem::forget(hold.hold(to, a, Duration::ZERO).unwrap());
+    }
+    assert_eq!(hold.held().unwrap(), farside_migrate::hold::FLOWS_MAX);
+    let fresh = hold.hold(to, from, Duration::from_secs(60)).unwrap();
+    assert_eq!(
+        hold.held().unwrap(),
+        1,
+        "the sweep removed every expired entry"
+    );
+    drop(fresh);
+    assert_eq!(hold.held().unwrap(), 0);
 }
