@@ -33,8 +33,9 @@
 //! target on different hosts) nothing of this runs. With `CloseBeforeRestore`, one
 //! map insert and one delete (two `bpf(2)` calls) per migration when the caller keeps
 //! a [`FlowHold`] in [`crate::MigrateConfig::hold`] (as `farside specd --same-netns`
-//! does); without one, [`crate::migrate`] attaches a hold for that migration alone (a
-//! program load, about a millisecond).
+//! does); without one, [`crate::migrate`] attaches a hold for that migration alone,
+//! before the freeze (a program load: 24–32 ms on the shared 2-core test machine,
+//! debug build).
 
 use std::io;
 use std::net::SocketAddr;

@@ -134,8 +134,9 @@ pub struct MigrateConfig {
     pub flow_drain: Duration,
     /// With [`Handover::CloseBeforeRestore`]: the flow hold attached to the
     /// namespace (keep one per daemon: [`FlowHold::attach`]). `None` (the default):
-    /// each such migration attaches a hold of its own (a program load, about a
-    /// millisecond), or, if that fails (no CAP_BPF), runs unheld with a warning.
+    /// each such migration attaches a hold of its own before its freeze (a program
+    /// load, tens of milliseconds), or, if that fails (no CAP_BPF), runs unheld with
+    /// a warning.
     /// Unused with [`Handover::CloseAfterRestore`].
     pub hold: Option<Arc<FlowHold>>,
 }
@@ -476,9 +477,15 @@ fn migrate_inner(
     pool: Option<&ControlPool>,
     move_flow: impl FnOnce() -> io::Result<()>,
 ) -> Outcome {
-    // CloseBeforeRestore's hold: a hold attached for this migration alone (if the
-    // config has none), and the held 4-tuple, released (declared after) first.
-    let mut own_hold: Option<FlowHold> = None;
+    // CloseBeforeRestore's hold: one attached for this migration alone if the config
+    // has none (before the freeze: the load takes milliseconds the client must not
+    // wait for), and the held 4-tuple, released (declared after) first.
+    let own_hold = match (cfg.handover, &cfg.hold) {
+        (Handover::CloseBeforeRestore, None) => FlowHold::attach()
+            .inspect_err(|e| log::warn!("migrate: {e}; this migration's flow is not held"))
+            .ok(),
+        _ => None,
+    };
     let mut _held: Option<Held<'_>> = None;
     let t0 = Instant::now();
     let st = match freeze_and_dump(&sock) {
@@ -511,7 +518,11 @@ fn migrate_inner(
             // From the close until the target's restore (or the local one) no socket
             // has the 4-tuple: hold the flow, or a segment of the client would meet
             // the service's listener and its RST.
-            _held = hold_gap(cfg, &st, &mut own_hold);
+            _held = cfg
+                .hold
+                .as_deref()
+                .or(own_hold.as_ref())
+                .and_then(|h| hold_gap(h, cfg, &st));
             // CloseBeforeRestore: frozen by the dump (repair on, filter attached), so
             // the close is silent.
             close_frozen(sock);
@@ -584,24 +595,10 @@ fn migrate_inner(
     }
 }
 
-/// Holds `st`'s flow for a [`Handover::CloseBeforeRestore`] gap, with the config's
-/// [`FlowHold`] or one attached now into `own`; `None` (and a warning) if neither
-/// works: the migration then runs unheld, as before the hold existed.
-fn hold_gap<'a>(
-    cfg: &'a MigrateConfig,
-    st: &TcpState,
-    own: &'a mut Option<FlowHold>,
-) -> Option<Held<'a>> {
-    let hold: &FlowHold = match &cfg.hold {
-        Some(h) => h,
-        None => match FlowHold::attach() {
-            Ok(h) => own.insert(h),
-            Err(e) => {
-                log::warn!("migrate: {e}; the flow of {} is not held", st.remote);
-                return None;
-            }
-        },
-    };
+/// Holds `st`'s flow in `hold` for a [`Handover::CloseBeforeRestore`] gap; `None`
+/// (and a warning) if that fails: the migration then runs unheld, as before the hold
+/// existed.
+fn hold_gap<'a>(hold: &'a FlowHold, cfg: &MigrateConfig, st: &TcpState) -> Option<Held<'a>> {
     let ttl = cfg.reply_timeout * HOLD_TTL_REPLIES + HOLD_TTL_SLACK;
     match hold.hold(st.local, st.remote, ttl) {
         Ok(h) => Some(h),

@@ -485,7 +485,9 @@ fn connect_from(from: SocketAddr, to: SocketAddr, bound: Duration) -> std::io::R
 fn holds_drop_silently_expire_and_are_swept_when_the_map_is_full() {
     assert!(is_root(), "needs root");
     private_netns();
+    let t0 = Instant::now();
     let hold = FlowHold::attach().expect("hold");
+    eprintln!("FlowHold::attach took {:?}", t0.elapsed());
     let service = TcpListener::bind("127.0.0.1:0").unwrap();
     let to = service.local_addr().unwrap();
     let from: SocketAddr = "127.0.0.1:47001".parse().unwrap();
