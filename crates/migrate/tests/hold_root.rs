@@ -346,14 +346,19 @@ fn continuous_sender_migrations_see_no_reset() {
     let hold = Arc::new(FlowHold::attach().expect("hold"));
     let target = Target::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let target_addr = target.local_addr().unwrap();
-    let (restored_tx, restored_rx) = mpsc::channel::<TcpStream>();
+    // Each offer's outcome, with the restored connection if there is one.
+    let (served_tx, served_rx) = mpsc::channel::<(TargetOutcome, Option<TcpStream>)>();
     let target_thread = thread::spawn(move || {
         for _ in 0..STREAM_MIGRATIONS {
-            let tx = restored_tx.clone();
+            let mut restored = None;
             let o = target
-                .serve_one(|_| Ok(()), move |s| tx.send(s).unwrap())
+                .serve_one(|_| Ok(()), |s| restored = Some(s))
                 .unwrap();
-            assert!(matches!(o, TargetOutcome::Restored { .. }), "{o:?}");
+            let stop = !matches!(o, TargetOutcome::Restored { .. });
+            served_tx.send((o, restored)).unwrap();
+            if stop {
+                return;
+            }
         }
     });
     let service = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -377,12 +382,17 @@ fn continuous_sender_migrations_see_no_reset() {
         await_cond("the stream in the source's queue", || {
             inq(&s).unwrap() >= STREAM_BEFORE_MIGRATE
         });
-        match migrate(s, target_addr, &cfg(&hold)) {
-            Outcome::Migrated(_) => {
-                let r = restored_rx.recv_timeout(READ_BOUND).expect("handoff");
-                stream_server(r);
-            }
-            o => panic!("{i}: expected a migration, got {o:?}"),
+        // The test is about resets, not timeouts: on this shared machine a 2 s
+        // reply bound was once exceeded under load (one run in about twenty).
+        let cfg = MigrateConfig {
+            reply_timeout: READ_BOUND,
+            ..cfg(&hold)
+        };
+        let outcome = migrate(s, target_addr, &cfg);
+        let (served, restored) = served_rx.recv_timeout(READ_BOUND).expect("target");
+        match (outcome, restored) {
+            (Outcome::Migrated(_), Some(r)) => stream_server(r),
+            (o, _) => panic!("{i}: expected a migration, got {o:?}; target: {served:?}"),
         }
         if let Err(e) = client.join().expect("client") {
             failures.push(format!("{i}: {e}"));
