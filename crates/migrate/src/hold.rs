@@ -242,7 +242,7 @@ fn black_hole(v6: bool) -> io::Result<OwnedFd> {
             &one,
             "IPV6_FREEBIND",
         )?;
-        let mut a: libc::sockaddr_in6 = unsafe_zeroed_in6();
+        let mut a: libc::sockaddr_in6 = zeroed_in6();
         a.sin6_family = libc::AF_INET6 as libc::sa_family_t;
         a.sin6_addr.s6_addr = std::net::Ipv6Addr::LOCALHOST.octets();
         bind_raw(raw, &a)?;
@@ -271,7 +271,7 @@ fn black_hole(v6: bool) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-fn unsafe_zeroed_in6() -> libc::sockaddr_in6 {
+fn zeroed_in6() -> libc::sockaddr_in6 {
     // SAFETY: sockaddr_in6 is plain data; all-zero is a valid value (::, port 0).
     unsafe { std::mem::zeroed() }
 }
