@@ -8,6 +8,9 @@
 //! - [`mod@restore`]: rebuild a socket from a [`TcpState`], kept frozen ([`Frozen`]) until
 //!   the source has moved the flow.
 //! - [`wire`]: the versioned, bounded encoding of the hand-over messages.
+//! - [`hold`]: the flow hold of a same-namespace hand-over ([`FlowHold`]): an
+//!   sk_lookup program that drops a migrating connection's segments silently while
+//!   no socket has its 4-tuple (instead of the listener's RST).
 //! - [`proto`]: the source/target hand-over ([`migrate`], [`migrate_with`] which moves
 //!   the front-end's flow between restore and close, [`Target`]) with the paper's
 //!   fall-back: refused or failed migrations resume on the source.
@@ -21,6 +24,7 @@
 mod bufs;
 pub mod dump;
 pub mod error;
+pub mod hold;
 pub mod proto;
 pub mod restore;
 pub mod state;
@@ -31,6 +35,7 @@ pub mod wire;
 
 pub use dump::{close_silently, freeze_and_dump, resume};
 pub use error::{DumpError, Queue, WireError};
+pub use hold::{FlowHold, Held};
 pub use proto::{
     migrate, migrate_with, serve_conn, ControlConn, ControlPool, Fallback, Handover, MigrateConfig,
     Outcome, Ready, Target, TargetOutcome, Timings,

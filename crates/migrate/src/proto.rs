@@ -7,7 +7,7 @@
 //!     OFFER(state) ──────────────────────>   admit(state)?
 //!                 <───────────── ACCEPT | REFUSE(reason)
 //!     REFUSE / timeout / EOF ──> resume (repair off): ResumedOnSource
-//!     close source silently
+//!     hold the flow (sk_lookup black hole, crate::hold), close source silently
 //!     COMMIT       ──────────────────────>   restore(state)
 //!   CloseAfterRestore (the source holds its frozen socket until RESTORED):
 //!     OFFER_COMMIT(state) ───────────────>   admit(state)? then restore(state)
@@ -22,6 +22,8 @@
 //!     CloseAfterRestore:  resume the frozen source socket
 //!     CloseBeforeRestore: restore the dump locally on a new socket
 //!     ──> ResumedOnSource
+//!   CloseBeforeRestore: the hold ends on every outcome, after the restore (target's
+//!   or local) or the loss
 //! ```
 //!
 //! Every wait is bounded ([`MigrateConfig`]); a target that is unreachable, refuses,
@@ -42,12 +44,13 @@ use std::io::{self, BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::bufs::Recycled;
 use crate::dump::{close_frozen, freeze_and_dump, resume};
 use crate::error::DumpError;
+use crate::hold::{FlowHold, Held};
 use crate::restore::{restore, restore_frozen};
 use crate::state::TcpState;
 use crate::sys;
@@ -98,14 +101,26 @@ pub enum Handover {
     /// Source and target share a network namespace (tests, or two daemons on one
     /// host): the restore would collide with the source's 4-tuple, so the source is
     /// closed silently *before* COMMIT; on failure the source restores its own dump.
+    /// From the close until a socket has the 4-tuple again the flow is held
+    /// ([`crate::hold`], [`MigrateConfig::hold`]): the client's segments are dropped
+    /// silently, not answered with a RST by the service's listener.
     CloseBeforeRestore,
     /// Different hosts/namespaces (the deployment): the source keeps the frozen
     /// socket until RESTORED, so the fall-back is simply repair off.
     CloseAfterRestore,
 }
 
+/// Slack of a flow hold's deadline over the hand-over's own bounds (a `move_flow` and
+/// the local re-restore are not bounded by [`MigrateConfig::reply_timeout`]; the
+/// front-end's move is bounded by 1 s and a retry).
+pub const HOLD_TTL_SLACK: Duration = Duration::from_secs(3);
+/// Replies a held hand-over waits for at most (RESTORED, then FAILED after an ABORT):
+/// with [`HOLD_TTL_SLACK`], a hold's deadline; the hold is removed when the migration
+/// ends, the deadline only bounds a hold that was not.
+const HOLD_TTL_REPLIES: u32 = 2;
+
 /// Bounds and mode of one migration.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct MigrateConfig {
     /// See [`Handover`]. Default: `CloseAfterRestore`.
     pub handover: Handover,
@@ -117,6 +132,13 @@ pub struct MigrateConfig {
     /// the flow was moved, so in-flight segments are dropped rather than reset.
     /// Default [`FLOW_DRAIN_DEFAULT`].
     pub flow_drain: Duration,
+    /// With [`Handover::CloseBeforeRestore`]: the flow hold attached to the
+    /// namespace (keep one per daemon: [`FlowHold::attach`]). `None` (the default):
+    /// each such migration attaches a hold of its own before its freeze (a program
+    /// load, tens of milliseconds), or, if that fails (no CAP_BPF), runs unheld with
+    /// a warning.
+    /// Unused with [`Handover::CloseAfterRestore`].
+    pub hold: Option<Arc<FlowHold>>,
 }
 
 impl Default for MigrateConfig {
@@ -126,6 +148,7 @@ impl Default for MigrateConfig {
             connect_timeout: CONNECT_TIMEOUT_DEFAULT,
             reply_timeout: REPLY_TIMEOUT_DEFAULT,
             flow_drain: FLOW_DRAIN_DEFAULT,
+            hold: None,
         }
     }
 }
@@ -454,6 +477,16 @@ fn migrate_inner(
     pool: Option<&ControlPool>,
     move_flow: impl FnOnce() -> io::Result<()>,
 ) -> Outcome {
+    // CloseBeforeRestore's hold: one attached for this migration alone if the config
+    // has none (before the freeze: the load takes milliseconds the client must not
+    // wait for), and the held 4-tuple, released (declared after) first.
+    let own_hold = match (cfg.handover, &cfg.hold) {
+        (Handover::CloseBeforeRestore, None) => FlowHold::attach()
+            .inspect_err(|e| log::warn!("migrate: {e}; this migration's flow is not held"))
+            .ok(),
+        _ => None,
+    };
+    let mut _held: Option<Held<'_>> = None;
     let t0 = Instant::now();
     let st = match freeze_and_dump(&sock) {
         // Its queue buffers go back to this thread's spares at the end.
@@ -482,6 +515,14 @@ fn migrate_inner(
         }
         Ok(Message::Accept) if !commit_now => {
             let offer = t_offer.elapsed();
+            // From the close until the target's restore (or the local one) no socket
+            // has the 4-tuple: hold the flow, or a segment of the client would meet
+            // the service's listener and its RST.
+            _held = cfg
+                .hold
+                .as_deref()
+                .or(own_hold.as_ref())
+                .and_then(|h| hold_gap(h, cfg, &st));
             // CloseBeforeRestore: frozen by the dump (repair on, filter attached), so
             // the close is silent.
             close_frozen(sock);
@@ -551,6 +592,20 @@ fn migrate_inner(
                 format!("target failed ({reason:?}) and local restore failed: {e}"),
             )),
         },
+    }
+}
+
+/// Holds `st`'s flow in `hold` for a [`Handover::CloseBeforeRestore`] gap; `None`
+/// (and a warning) if that fails: the migration then runs unheld, as before the hold
+/// existed.
+fn hold_gap<'a>(hold: &'a FlowHold, cfg: &MigrateConfig, st: &TcpState) -> Option<Held<'a>> {
+    let ttl = cfg.reply_timeout * HOLD_TTL_REPLIES + HOLD_TTL_SLACK;
+    match hold.hold(st.local, st.remote, ttl) {
+        Ok(h) => Some(h),
+        Err(e) => {
+            log::warn!("migrate: {e}; the flow of {} is not held", st.remote);
+            None
+        }
     }
 }
 

@@ -106,7 +106,9 @@ pub struct SpecdArgs {
     #[arg(long = "peer-poll-us", default_value_t = 5000)]
     pub peer_poll_us: u64,
     /// Source and targets share one network namespace (tests, one host): close the
-    /// source socket before the target restores (the 4-tuple would collide).
+    /// source socket before the target restores (the 4-tuple would collide), and
+    /// hold the flow meanwhile (an sk_lookup program drops the client's segments
+    /// instead of the listener resetting them; needs CAP_BPF).
     #[arg(long = "same-netns")]
     pub same_netns: bool,
     /// Test front-end: move each migrated flow with a policy rule in this network

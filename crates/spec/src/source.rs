@@ -47,7 +47,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use farside_migrate::{Fallback, Handover, MigrateConfig, Outcome};
+use farside_migrate::{Fallback, FlowHold, Handover, MigrateConfig, Outcome};
 use farside_region::layout::SNAPSHOT_BYTES;
 use farside_region::Snapshot;
 use farside_rmem::{connect_target, ClientOptions};
@@ -419,6 +419,10 @@ struct Shared {
     /// Control connections to the peers' daemons, reused across migrations (issue 12:
     /// a connect, accept, two closes and a TIME_WAIT less per migration).
     control: farside_migrate::ControlPool,
+    /// With `CloseBeforeRestore` (`--same-netns`): the flow hold of this namespace,
+    /// which drops a client's segments between the source's close and the target's
+    /// restore instead of letting the listener reset them (`farside_migrate::hold`).
+    hold: Option<Arc<FlowHold>>,
 }
 
 /// A running source side. Dropping it stops it.
@@ -488,6 +492,13 @@ impl SourceDaemon {
                 STEER_NONE
             }
         };
+        // After the steering program: the hold's selection replaces steer's anyway.
+        let hold = match cfg.handover {
+            Handover::CloseBeforeRestore => Some(Arc::new(FlowHold::attach().map_err(|e| {
+                io::Error::new(e.kind(), format!("--same-netns needs the flow hold: {e}"))
+            })?)),
+            Handover::CloseAfterRestore => None,
+        };
         let live = steering.as_ref().map(|st| st.live());
         if let Some(l) = &live {
             l.set_room(true);
@@ -517,6 +528,7 @@ impl SourceDaemon {
             started: std::time::Instant::now(),
             window_events: Mutex::new(WindowEvents::default()),
             control: farside_migrate::ControlPool::default(),
+            hold,
         });
         let (tx, rx) = sync_channel::<(TcpStream, Instant)>(QUEUE_WINDOW_MAX as usize);
         let rx = Arc::new(Mutex::new(rx));
@@ -906,6 +918,7 @@ fn choose_peer<'a>(s: &'a Shared, sock: &TcpStream) -> &'a PeerState {
 fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<(TcpStream, Instant)>>) {
     let mcfg = MigrateConfig {
         handover: s.cfg.handover,
+        hold: s.hold.clone(),
         ..MigrateConfig::default()
     };
     loop {
