@@ -130,6 +130,7 @@ fn monitor_cost(n: usize, a: &Args) -> Cost {
         key: farside_rmem::DEFAULT_READ_KEY,
         nice: 0,
         threads: a.threads,
+        group: None,
     };
     let m = Monitor::start(watches, table, opts).expect("monitor");
     let snap = |m: &Monitor| {
