@@ -58,7 +58,9 @@ pub struct MonitorOptions {
     /// that every back-end's responder answers from its own region endpoint) instead of
     /// one per back-end; replies are matched by source address, missing ones retried
     /// unicast ([`poller`]). Back-ends with their own read key, on IPv6, or sharing an
-    /// endpoint are read unicast. `None` (the default): unicast reads only.
+    /// endpoint are read unicast. One poller thread reads them all (`threads` is
+    /// ignored: every back-end answers every group READ, so a second poller would
+    /// double the replies). `None` (the default): unicast reads only.
     pub group: Option<std::net::SocketAddr>,
 }
 
@@ -160,7 +162,14 @@ impl Monitor {
             stats,
             pollers: Vec::new(),
         };
-        let k = poller_threads(polled.len(), opts.threads);
+        // Group reads: one poller. Every back-end answers every group READ, so a second
+        // poller's READ would send it each reply twice, half to a poller that does
+        // not know it.
+        let k = if opts.group.is_some() {
+            1
+        } else {
+            poller_threads(polled.len(), opts.threads)
+        };
         let mut parts: Vec<Vec<_>> = (0..k).map(|_| Vec::new()).collect();
         for (j, w) in polled.into_iter().enumerate() {
             parts[j % k].push(w);
