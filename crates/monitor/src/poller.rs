@@ -80,8 +80,8 @@ const RCVBUF_PER_SLOT_BYTES: usize = 4096;
 /// of waking for each datagram: the replies of one group READ arrive within a round trip
 /// or so of each other (tens of µs on a LAN, 50–60 µs across the lab's namespaces), and
 /// a wake-up costs about as much as receiving a batch; at most period / this wake-ups
-/// per period (10 at 1 ms), and at most this much added to a group read's measured
-/// latency.
+/// per period (10 at 1 ms), and at most this much added to the measured latency of a
+/// read (group or unicast: the poller's IPv4 socket is left out of `ppoll` meanwhile).
 pub const GROUP_GATHER: Duration = Duration::from_micros(100);
 
 /// Shortest attempt timeout, as the blocking udp client's.
