@@ -6,7 +6,20 @@
  *
  * Which packets are ours: well-formed IPv4 UDP datagrams (no IP options, not
  * fragmented) to the configured port and, if configured, to the node's own IPv4
- * address (a packet for another host is never answered). Everything else goes to the stack
+ * address (a packet for another host is never answered), or to the configured group
+ * (below).
+ *
+ * Group READs: a datagram to the configured multicast group (cfg->group_ipv4, != 0)
+ * in a frame to the group's multicast MAC (01:00:5e + the group's low 23 bits) is a
+ * group READ, sent once by a monitor to every back-end: it is checked and answered
+ * exactly like a unicast READ (same key check), but the reply comes from the node's
+ * own address (source IP cfg->ipv4_addr, source MAC cfg->node_mac, source port the
+ * served port), so the monitor can tell the back-ends' replies apart. Passed to the
+ * stack if the node's address or MAC is not configured (the reply's source would be
+ * unknown) or the frame's MAC is not the group's. Only READs: a WRITE/CAS/FADD (or
+ * unknown op) to the group is dropped unanswered (counted as Malformed): a mutation
+ * must never be applied by every node at once. Datagrams to any other multicast
+ * address are passed, even when any destination address is served. Everything else goes to the stack
  * (XDP_PASS), including fragments and packets with IP options: the kernel
  * reassembles/handles them and gatherd's user-space server answers, if it runs.
  *
@@ -82,6 +95,12 @@ static __always_inline void count_other(__u32 i)
 		*v += 1;
 }
 
+/* An all-zero MAC address (the config's "unknown"). */
+static __always_inline int is_zero_mac(const __u8 *m)
+{
+	return (m[0] | m[1] | m[2] | m[3] | m[4] | m[5]) == 0;
+}
+
 /* Fold a 64-bit one's complement accumulator to the 16-bit checksum field value. */
 static __always_inline __u16 csum_fold(__u64 sum)
 {
@@ -111,7 +130,7 @@ int rmem_xdp(struct xdp_md *ctx)
 	struct rmem_region *region = 0;
 	struct rmem_dedup *slot = 0;
 	__u32 zero = 0, ip_len, udp_len, plen, need, *perm;
-	__u32 op, status, offset, len, rep_len = 0, first, i, flags;
+	__u32 op, status, offset, len, rep_len = 0, first, i, flags, group;
 	__u64 seq, key, client, arg0 = 0, arg1 = 0, old = 0, sum;
 	long delta;
 
@@ -130,9 +149,25 @@ int rmem_xdp(struct xdp_md *ctx)
 	cfg = bpf_map_lookup_elem(&rmem_config, &zero);
 	if (!cfg || cfg->udp_port == 0 || udp->dest != bpf_htons(cfg->udp_port))
 		return XDP_PASS;
-	/* Addressed to another host (bridge, promiscuous port): not ours to answer. */
-	if (cfg->ipv4_addr != 0 && ip->daddr != cfg->ipv4_addr)
+	group = cfg->group_ipv4 != 0 && ip->daddr == cfg->group_ipv4;
+	if (group) {
+		/* A group READ: the reply's source must be known, the frame the group's. */
+		__u32 g = bpf_ntohl(cfg->group_ipv4);
+
+		if (cfg->ipv4_addr == 0 || is_zero_mac(cfg->node_mac) || eth->h_dest[0] != 0x01 ||
+		    eth->h_dest[1] != 0x00 || eth->h_dest[2] != 0x5e ||
+		    eth->h_dest[3] != ((g >> 16) & 0x7f) || eth->h_dest[4] != ((g >> 8) & 0xff) ||
+		    eth->h_dest[5] != (g & 0xff))
+			return XDP_PASS;
+	} else if ((cfg->ipv4_addr != 0 && ip->daddr != cfg->ipv4_addr) ||
+		   (bpf_ntohl(ip->daddr) >> 28) == RMEM_IPV4_MULTICAST_NIBBLE) {
+		/*
+		 * Addressed to another host (bridge, promiscuous port), or to a multicast
+		 * group that is not the configured one (even with any address served: a
+		 * reply would come from the group's address): not ours to answer.
+		 */
 		return XDP_PASS;
+	}
 	ip_len = bpf_ntohs(ip->tot_len);
 	udp_len = bpf_ntohs(udp->len);
 	/* Inconsistent lengths: let the stack count and drop it. */
@@ -160,6 +195,11 @@ int rmem_xdp(struct xdp_md *ctx)
 	perm = bpf_map_lookup_elem(&rmem_keys, &key);
 	if (!perm) {
 		count(op, RMEM_ST_BAD_KEY);
+		return XDP_DROP;
+	}
+	/* Group datagrams: READs only, never answered otherwise (top comment). */
+	if (group && op != RMEM_OP_READ) {
+		count(op, RMEM_ST_MALFORMED);
 		return XDP_DROP;
 	}
 	/* 3. Known op, and its whole payload present. */
@@ -331,7 +371,11 @@ reply:
 	{
 		unsigned char mac[ETH_ALEN];
 
-		__builtin_memcpy(mac, eth->h_dest, ETH_ALEN);
+		/* A group reply comes from the node's own MAC, not the group's. */
+		if (group)
+			__builtin_memcpy(mac, cfg->node_mac, ETH_ALEN);
+		else
+			__builtin_memcpy(mac, eth->h_dest, ETH_ALEN);
 		__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
 		__builtin_memcpy(eth->h_source, mac, ETH_ALEN);
 	}
@@ -339,7 +383,8 @@ reply:
 		__be32 a = ip->saddr;
 		__u16 *w = (void *)ip;
 
-		ip->saddr = ip->daddr;
+		/* A group reply comes from the node's own address, not the group's. */
+		ip->saddr = group ? cfg->ipv4_addr : ip->daddr;
 		ip->daddr = a;
 		ip->tot_len = bpf_htons(sizeof(*ip) + sizeof(*udp) + sizeof(struct rmem_rep) + rep_len);
 		ip->ttl = RMEM_REPLY_TTL;

@@ -94,6 +94,12 @@
 #define RMEM_IP_MF 0x2000
 #define RMEM_IP_OFFSET 0x1fff
 
+/* High 4 bits of an IPv4 multicast address (224.0.0.0/4). */
+#define RMEM_IPV4_MULTICAST_NIBBLE 0xe
+
+/* Bytes of a MAC address in the config (ETH_ALEN, without linux/if_ether.h here). */
+#define ETH_ALEN_BYTES 6
+
 /* TTL of replies. */
 #define RMEM_REPLY_TTL 64
 

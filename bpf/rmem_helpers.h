@@ -17,6 +17,7 @@
 
 #define bpf_htons(x) __builtin_bswap16(x)
 #define bpf_ntohs(x) __builtin_bswap16(x)
+#define bpf_ntohl(x) __builtin_bswap32(x)
 
 /* Helpers, by their UAPI numbers. */
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;

@@ -50,7 +50,12 @@ struct rmem_config {
 	__u16 udp_port;  /* destination port served, host order; 0 = serve nothing */
 	__u16 reserved0;
 	__u32 ipv4_addr; /* the node's address, network order: others' packets pass; 0 = any */
+	__u32 group_ipv4; /* group READs' multicast address, network order; 0 = off */
+	__u8 node_mac[ETH_ALEN_BYTES]; /* the node's MAC: group replies' source; 0 = unknown */
+	__u16 reserved1;
 };
+
+_Static_assert(sizeof(struct rmem_config) == 20, "config size (crates/xdp Config)");
 
 /*
  * Value of the dedup map: the last mutation of one client (see ops::Dedup). seq is

@@ -105,6 +105,12 @@ pub struct BackendFlags {
     /// 1..=16 (default: one per 512 back-ends).
     #[arg(long)]
     pub monitor_threads: Option<usize>,
+    /// Group reads: every period ONE READ to this IPv4 group ADDR:PORT (e.g.
+    /// 239.1.1.1:7000), answered by every back-end's gatherd --group-read from its own
+    /// region endpoint; replies matched by source, missing ones retried unicast.
+    /// Back-ends with their own read key are read unicast (default: off).
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub group_read: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -230,6 +236,9 @@ fn load_base(b: &BackendFlags, listen: Option<SocketAddr>) -> Result<ProxyConfig
     }
     if let Some(v) = b.monitor_threads {
         cfg.monitor.threads = v;
+    }
+    if let Some(v) = b.group_read {
+        cfg.monitor.group_read = Some(v);
     }
     if let Some(v) = b.read_timeout_ms {
         cfg.monitor.read_timeout_ms = v;

@@ -89,6 +89,14 @@ pub struct GatherdArgs {
     /// native, generic, or off.
     #[arg(long, value_enum, default_value_t = XdpChoice::Auto)]
     pub xdp_mode: XdpChoice,
+    /// Answer group READs sent to this IPv4 multicast group (e.g. 239.1.1.1) on the
+    /// --udp-listen port: a monitor's one READ per period (`--group-read ADDR:PORT`)
+    /// answered by every back-end from its own address. The XDP program answers them
+    /// (needs the interface's IPv4 address and MAC) and the user-space server joins the
+    /// group (IGMP) and answers them when XDP does not; WRITEs and atomics to the group
+    /// are dropped. Needs --udp-listen 0.0.0.0:PORT. Default: off.
+    #[arg(long, value_name = "ADDR")]
+    pub group_read: Option<std::net::Ipv4Addr>,
     /// Serve Prometheus metrics (samples, sampling cost, per-op and per-refusal counters of
     /// every server, XDP included) on this address. Default: off.
     #[arg(long)]
@@ -142,6 +150,7 @@ impl Default for GatherdArgs {
             udp_listen: None,
             xdp_iface: None,
             xdp_mode: XdpChoice::Auto,
+            group_read: None,
             metrics_listen: None,
             read_key: None,
             rw_key: None,
@@ -177,6 +186,22 @@ impl GatherdArgs {
         }
         if self.watch_ports.contains(&0) {
             return Err("--watch-port: port 0 is not a port a server listens on".into());
+        }
+        if let Some(g) = self.group_read {
+            if !g.is_multicast() {
+                return Err(format!(
+                    "--group-read {g}: not an IPv4 multicast group (224.0.0.0/4)"
+                ));
+            }
+            if !self
+                .udp_listen
+                .is_some_and(|a| a.is_ipv4() && a.ip().is_unspecified())
+            {
+                return Err(format!(
+                    "--group-read {g}: needs --udp-listen 0.0.0.0:PORT (a socket bound to \
+                     one address never receives the group's datagrams)"
+                ));
+            }
         }
         if !(-20..=19).contains(&self.sampler_nice) {
             return Err(format!(
@@ -738,15 +763,24 @@ impl Gatherd {
         let role = role::RoleAgent::start(&args.role, mem.clone())?;
         // Same port, same memory as XDP: answers everything until the program attaches,
         // then what it passes on to the stack (fragments, IP options).
+        let group = args.group_read.map(|group| farside_rmem::GroupJoin {
+            group,
+            iface: args
+                .xdp_iface
+                .as_deref()
+                .and_then(iface_ipv4)
+                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+        });
         let udp = args
             .udp_listen
             .map(|a| {
-                UdpServer::spawn_with_dedup(
+                UdpServer::spawn_with_group(
                     a,
                     mem.clone(),
                     keys.clone(),
                     counters.clone(),
                     dedup.clone(),
+                    group,
                 )
             })
             .transpose()?;
@@ -1282,6 +1316,14 @@ fn load_xdp(
     }
     x.set_node_addr(node)
         .map_err(|e| io::Error::other(e.to_string()))?;
+    if let Some(g) = args.group_read {
+        match (node, iface_mac(ifname)) {
+            (Some(_), Some(mac)) => x
+                .set_group_read(Some(g), mac)
+                .map_err(|e| io::Error::other(e.to_string()))?,
+            _ => log::warn!("gatherd: {ifname} has no IPv4 address or MAC: group reads to {g} are answered from user space"),
+        }
+    }
     Ok(Some(x))
 }
 
@@ -1436,6 +1478,42 @@ fn iface_ipv4(ifname: &str) -> Option<std::net::Ipv4Addr> {
                 // SAFETY: AF_INET addresses are sockaddr_in.
                 let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
                 found = Some(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+                break;
+            }
+        }
+        cur = ifa.ifa_next;
+    }
+    // SAFETY: head came from getifaddrs.
+    unsafe { libc::freeifaddrs(head) };
+    found
+}
+
+/// The hardware (MAC) address of interface `ifname`, if it has a non-zero one (in the
+/// calling thread's network namespace, unlike /sys/class/net).
+fn iface_mac(ifname: &str) -> Option<[u8; 6]> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills head with a list we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return None;
+    }
+    let mut found = None;
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: cur is a node of the list getifaddrs returned.
+        let ifa = unsafe { &*cur };
+        // SAFETY: ifa_name is a NUL-terminated string of the node.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+        if name.to_bytes() == ifname.as_bytes() && !ifa.ifa_addr.is_null() {
+            // SAFETY: a non-null address whose family we check before the cast.
+            let fam = unsafe { (*ifa.ifa_addr).sa_family };
+            if fam as i32 == libc::AF_PACKET {
+                // SAFETY: AF_PACKET addresses of getifaddrs are sockaddr_ll.
+                let ll = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_ll) };
+                if ll.sll_halen == 6 {
+                    let mut mac = [0u8; 6];
+                    mac.copy_from_slice(&ll.sll_addr[..6]);
+                    found = Some(mac).filter(|m| *m != [0; 6]);
+                }
                 break;
             }
         }
@@ -1677,6 +1755,86 @@ mod tests {
         let b = Snapshot::read_local(&mem, 3).unwrap();
         assert_eq!(a.seq, b.seq);
         let _ = std::fs::remove_file(args.shm_path().unwrap());
+    }
+
+    #[test]
+    fn group_read_needs_a_multicast_group_and_the_wildcard_udp_address() {
+        let a = |group: &str, udp: Option<&str>| GatherdArgs {
+            group_read: Some(group.parse().unwrap()),
+            udp_listen: udp.map(|u| u.parse().unwrap()),
+            ..Default::default()
+        };
+        assert!(a("239.1.1.1", Some("0.0.0.0:7000")).validate().is_ok());
+        let e = a("10.0.0.1", Some("0.0.0.0:7000")).validate().unwrap_err();
+        assert!(e.contains("not an IPv4 multicast group"), "{e}");
+        for udp in [None, Some("127.0.0.1:7000"), Some("[::]:7000")] {
+            let e = a("239.1.1.1", udp).validate().unwrap_err();
+            assert!(e.contains("0.0.0.0:PORT"), "{udp:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_user_space_server_answers_group_reads_from_the_nodes_address() {
+        use farside_rmem::wire::{self, Op, RepHeader, ReqHeader};
+        let group: std::net::Ipv4Addr = "239.77.3.4".parse().unwrap();
+        let args = GatherdArgs {
+            no_shm: true,
+            udp_listen: Some("0.0.0.0:0".parse().unwrap()),
+            // The interface the group is joined on; no XDP (user space answers).
+            xdp_iface: Some("lo".into()),
+            xdp_mode: XdpChoice::Off,
+            group_read: Some(group),
+            ..Default::default()
+        };
+        let g = Gatherd::start(&args).unwrap();
+        assert_eq!(g.udp_server, "user-space");
+        let port = g.udp_addr.unwrap().port();
+        let c = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        c.set_multicast_loop_v4(true).unwrap();
+        // Multicast out on loopback (where the server joined).
+        let lo = libc::in_addr {
+            s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
+        };
+        // SAFETY: setsockopt with an in_addr value.
+        let rc = unsafe {
+            use std::os::fd::AsRawFd;
+            libc::setsockopt(
+                c.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_MULTICAST_IF,
+                (&lo as *const libc::in_addr).cast(),
+                std::mem::size_of::<libc::in_addr>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0);
+        c.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut req = Vec::new();
+        wire::encode_request(
+            &mut req,
+            &ReqHeader {
+                op: Op::Read as u8,
+                seq: 7,
+                key: farside_rmem::DEFAULT_READ_KEY,
+                len: 64,
+                ..Default::default()
+            },
+            &[],
+        );
+        req.resize(req.len().max(wire::REP_HEADER_BYTES + 64), 0);
+        let mut buf = [0u8; 512];
+        // The first sample may not be published yet: ask until a good reply (bounded).
+        let mut answered = None;
+        for _ in 0..20 {
+            c.send_to(&req, (group, port)).unwrap();
+            if let Ok((n, from)) = c.recv_from(&mut buf) {
+                answered = Some((from, RepHeader::decode(&buf[..n]).unwrap()));
+                break;
+            }
+        }
+        let (from, h) = answered.expect("a reply to the group READ");
+        assert_eq!(from, SocketAddr::from(([127, 0, 0, 1], port)));
+        assert_eq!((h.seq, h.status), (7, Status::Ok));
     }
 
     #[test]

@@ -54,6 +54,14 @@ pub struct MonitorOptions {
     pub nice: i32,
     /// Poller threads; 0: the default rule ([`poller_threads`]).
     pub threads: usize,
+    /// Group reads: every period, ONE READ to this address (an IPv4 multicast group
+    /// that every back-end's responder answers from its own region endpoint) instead of
+    /// one per back-end; replies are matched by source address, missing ones retried
+    /// unicast ([`poller`]). Back-ends with their own read key, on IPv6, or sharing an
+    /// endpoint are read unicast. One poller thread reads them all (`threads` is
+    /// ignored: every back-end answers every group READ, so a second poller would
+    /// double the replies). `None` (the default): unicast reads only.
+    pub group: Option<std::net::SocketAddr>,
 }
 
 /// Back-ends one poller thread reads by default. The rule's reasoning, an estimate
@@ -111,6 +119,13 @@ pub struct PollerStats {
     pub recv_calls: AtomicU64,
     /// Sleeps in `ppoll` (each one a wake-up when it ends).
     pub waits: AtomicU64,
+    /// Group READs sent (also counted in `sent`).
+    pub group_sent: AtomicU64,
+    /// Replies to group READs accepted.
+    pub group_replies: AtomicU64,
+    /// Replies to a group READ from an address that is no grouped back-end's endpoint:
+    /// dropped (also counted in `late`).
+    pub unknown_source: AtomicU64,
 }
 
 /// Running monitor threads; they stop when this is dropped.
@@ -147,7 +162,14 @@ impl Monitor {
             stats,
             pollers: Vec::new(),
         };
-        let k = poller_threads(polled.len(), opts.threads);
+        // Group reads: one poller. Every back-end answers every group READ, so a second
+        // poller's READ would send it each reply twice, half to a poller that does
+        // not know it.
+        let k = if opts.group.is_some() {
+            1
+        } else {
+            poller_threads(polled.len(), opts.threads)
+        };
         let mut parts: Vec<Vec<_>> = (0..k).map(|_| Vec::new()).collect();
         for (j, w) in polled.into_iter().enumerate() {
             parts[j % k].push(w);
@@ -219,6 +241,24 @@ impl Monitor {
                 "Replies that matched no pending read (late or stray): dropped.",
                 l,
                 p.late.load(Ordering::Relaxed),
+            );
+            enc.counter(
+                "farside_monitor_group_reads_total",
+                "Group READs a monitor poller thread sent (one per period in group mode).",
+                l,
+                p.group_sent.load(Ordering::Relaxed),
+            );
+            enc.counter(
+                "farside_monitor_group_replies_total",
+                "Replies to group READs accepted.",
+                l,
+                p.group_replies.load(Ordering::Relaxed),
+            );
+            enc.counter(
+                "farside_monitor_unknown_source_replies_total",
+                "Replies to a group READ from no watched back-end's endpoint: dropped.",
+                l,
+                p.unknown_source.load(Ordering::Relaxed),
             );
         }
     }

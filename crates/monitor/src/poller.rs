@@ -14,7 +14,23 @@
 //! names its slot in O(1) and is accepted only if it answers one of the attempts of
 //! the slot's pending read and comes from the slot's address; anything else (a reply
 //! that arrives after its read was given up, a stray datagram) is counted as late and
-//! dropped. A read's timeout and the error and staleness accounting are those of a
+//! dropped.
+//!
+//! **Group reads** (`MonitorOptions::group`): every period, the udp slots that can be
+//! read by the group (IPv4, the shared read key, an endpoint no other slot has) get
+//! ONE READ sent to the group address, `round << SLOT_BITS | GROUP_SLOT`, which every
+//! back-end's responder answers from its own region endpoint. A reply to it names no
+//! slot: it is matched by its SOURCE address (a map built at start, O(1), no
+//! allocation per reply) and accepted only if that slot's pending read was started by
+//! a group READ not older than the reply's and not newer than the last one sent (so a
+//! back-end that answers a later period's group READ first still completes its read).
+//! Unknown sources are counted (`unknown_source`) and dropped with the late ones. A
+//! slot without a reply by the attempt deadline is retried like any unicast read: the
+//! retry goes UNICAST to that back-end alone (simplest correct choice: a retry to the
+//! group would make every back-end answer again for the few that were missed), and
+//! after `UDP_TRIES` attempts counts a timed-out read, as today. At most one reply per
+//! slot is accepted per read, so a period accepts at most as many group replies as the
+//! poller has slots (the table's bound). A read's timeout and the error and staleness accounting are those of a
 //! blocking client (`farside_rmem::UdpClient`: the read timeout split over
 //! `UDP_TRIES` attempts; [`crate::watch::WatchState`]), without a thread per back-end.
 
@@ -38,6 +54,10 @@ use std::time::{Duration, Instant};
 pub const SLOT_BITS: u32 = 20;
 const SLOT_MASK: u64 = (1 << SLOT_BITS) - 1;
 
+/// Slot bits of a group READ's sequence number: no slot has this index (slots are
+/// fewer than `SLOT_MASK`), so a group reply never names a slot by its seq.
+pub const GROUP_SLOT: u64 = SLOT_MASK;
+
 /// Datagrams per `sendmmsg`/`recvmmsg` call: one call moves a batch, and the arrays
 /// live on the poller's stack (64 × 512 B of replies).
 pub const BATCH_MAX: usize = 64;
@@ -55,6 +75,14 @@ const REPLY_BUF_BYTES: usize = 512;
 /// late answer) is in flight per slot; the kernel clamps it to `rmem_max` unless the
 /// process may force it.
 const RCVBUF_PER_SLOT_BYTES: usize = 4096;
+
+/// How long the poller sleeps between two drains while group replies are due, instead
+/// of waking for each datagram: the replies of one group READ arrive within a round trip
+/// or so of each other (tens of µs on a LAN, 50–60 µs across the lab's namespaces), and
+/// a wake-up costs about as much as receiving a batch; at most period / this wake-ups
+/// per period (10 at 1 ms), and at most this much added to the measured latency of a
+/// read (group or unicast: the poller's IPv4 socket is left out of `ppoll` meanwhile).
+pub const GROUP_GATHER: Duration = Duration::from_micros(100);
 
 /// Shortest attempt timeout, as the blocking udp client's.
 const ATTEMPT_TIMEOUT_MIN: Duration = Duration::from_micros(100);
@@ -124,6 +152,8 @@ enum Kind {
         /// Index into `Poller::socks`: 0 IPv4, 1 IPv6.
         family: usize,
         key: u64,
+        /// Read by the period's group READ (else by its own unicast READ).
+        grouped: bool,
         pending: Option<Pending>,
     },
     Tcp {
@@ -136,12 +166,47 @@ enum Kind {
 /// A READ in flight.
 #[derive(Debug, Clone, Copy)]
 struct Pending {
-    /// Sequence numbers of its first and latest attempt (a reply to any is accepted).
+    /// Sequence numbers of its first and latest unicast attempt (a reply to any is
+    /// accepted); both 0 while it has had none (a group read not yet retried).
     first_seq: u64,
     seq: u64,
+    /// The group READ that started it, 0 if it started unicast.
+    group_seq: u64,
     attempt: u32,
     started: Instant,
     deadline: Instant,
+}
+
+impl Pending {
+    /// Whether a reply with `seq` answers this read: one of its unicast attempts, or a
+    /// group READ from the one that started it to `group_last` (the latest sent).
+    /// Started by a group READ, neither answered nor retried unicast yet.
+    fn awaits_group(&self) -> bool {
+        self.group_seq != 0 && self.seq == 0
+    }
+
+    fn answers(&self, seq: u64, group_last: u64) -> bool {
+        if seq & SLOT_MASK == GROUP_SLOT {
+            self.group_seq != 0 && (self.group_seq..=group_last).contains(&seq)
+        } else {
+            self.seq != 0 && (self.first_seq..=self.seq).contains(&seq)
+        }
+    }
+}
+
+/// The group READ's set-up: where it goes and whose replies are whose.
+struct Group {
+    /// The group address as a C socket address and its length.
+    sa: Box<(libc::sockaddr_storage, libc::socklen_t)>,
+    /// Grouped slot by its region endpoint (a reply's source address).
+    by_addr: std::collections::HashMap<SocketAddr, usize>,
+    /// Sequence number of the latest group READ sent (0: none yet).
+    last_seq: u64,
+    /// The shared read key the group READ carries.
+    key: u64,
+    /// Reads started by a group READ with no reply and no unicast retry yet: while any
+    /// is, the poller gathers replies ([`GROUP_GATHER`]) instead of waking for each.
+    waiting: usize,
 }
 
 struct Slot<'t> {
@@ -173,6 +238,8 @@ pub(crate) struct Poller<'t> {
     pfd_slot: Vec<usize>,
     send: Box<SendBatch>,
     recv: Box<RecvBatch>,
+    /// Group reads, if configured and at least one slot can be read so.
+    group: Option<Group>,
 }
 
 impl<'t> Poller<'t> {
@@ -204,6 +271,7 @@ impl<'t> Poller<'t> {
                         sa: Box::new(sockaddr(a)),
                         family,
                         key: w.region.key.unwrap_or(opts.key),
+                        grouped: false,
                         pending: None,
                     }
                 }
@@ -226,9 +294,13 @@ impl<'t> Poller<'t> {
             });
         }
         assert!(
-            slots.len() as u64 <= SLOT_MASK,
+            (slots.len() as u64) < GROUP_SLOT,
             "slots beyond the seq's slot bits"
         );
+        let group = match opts.group {
+            Some(g) => group_slots(&mut slots, g, opts.key)?,
+            None => None,
+        };
         for (family, n) in udp_slots.into_iter().enumerate() {
             if n == 0 {
                 continue;
@@ -263,6 +335,7 @@ impl<'t> Poller<'t> {
             pfd_slot,
             send: SendBatch::new(),
             recv: RecvBatch::new(),
+            group,
         }
         .with_socket_fds())
     }
@@ -295,6 +368,10 @@ impl<'t> Poller<'t> {
     pub(crate) fn round(&mut self) {
         self.round += 1;
         let now = Instant::now();
+        // Grouped slots that started a read: this period's group READ goes out.
+        let mut group_started = 0;
+        // Group reads that stopped waiting for a group reply (retried or failed).
+        let mut group_done = 0;
         for i in 0..self.slots.len() {
             let slot = &mut self.slots[i];
             match &mut slot.kind {
@@ -316,13 +393,29 @@ impl<'t> Poller<'t> {
                     slot.st.publish(mono_ns(), self.stale_after);
                 }
                 Kind::Udp {
-                    family, pending, ..
+                    family,
+                    grouped,
+                    pending,
+                    ..
                 } => match pending {
+                    None if *grouped => {
+                        let deadline = now + self.attempt_timeout;
+                        *pending = Some(Pending {
+                            first_seq: 0,
+                            seq: 0,
+                            group_seq: (self.round << SLOT_BITS) | GROUP_SLOT,
+                            attempt: 0,
+                            started: now,
+                            deadline,
+                        });
+                        group_started += 1;
+                    }
                     None => self.queue[*family].push(i),
                     Some(p) if now >= p.deadline => {
                         if p.attempt + 1 < UDP_TRIES {
                             self.queue[*family].push(i);
                         } else {
+                            group_done += usize::from(p.awaits_group());
                             *pending = None;
                             slot.st.on_error(&RmemError::Timeout);
                             slot.st.publish(mono_ns(), self.stale_after);
@@ -343,9 +436,61 @@ impl<'t> Poller<'t> {
             }
         }
         self.next_expiry = None;
+        if let Some(g) = &mut self.group {
+            g.waiting = (g.waiting + group_started).saturating_sub(group_done);
+        }
+        if group_started > 0 {
+            self.send_group(now);
+        }
         for family in 0..2 {
             self.flush(family, now);
         }
+    }
+
+    /// Send this period's group READ: one datagram, answered by every grouped slot's
+    /// back-end. A send that fails leaves the reads pending: they are retried unicast
+    /// at their deadline.
+    fn send_group(&mut self, now: Instant) {
+        let (Some(g), Some(sock)) = (self.group.as_mut(), self.socks[0].as_ref()) else {
+            return;
+        };
+        let seq = (self.round << SLOT_BITS) | GROUP_SLOT;
+        g.last_seq = seq;
+        encode_request(
+            &mut self.scratch,
+            &ReqHeader {
+                op: Op::Read as u8,
+                flags: 0,
+                seq,
+                key: g.key,
+                region: 0,
+                offset: 0,
+                len: MONITOR_READ_BYTES as u32,
+                client: self.client,
+            },
+            &[],
+        );
+        let mut buf = [0u8; REQ_PADDED_BYTES];
+        buf[..self.scratch.len()].copy_from_slice(&self.scratch);
+        // SAFETY: buf and the group's sockaddr outlive the call.
+        let r = unsafe {
+            libc::sendto(
+                sock.as_raw_fd(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+                (&g.sa.0 as *const libc::sockaddr_storage).cast(),
+                g.sa.1,
+            )
+        };
+        if r > 0 {
+            self.stats.sent.fetch_add(1, Ordering::Relaxed);
+            self.stats.group_sent.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.stats.send_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+        let deadline = now + self.attempt_timeout;
+        self.next_expiry = Some(self.next_expiry.map_or(deadline, |e| e.min(deadline)));
     }
 
     /// Sleep in `ppoll` until `deadline`, taking replies as they come and retrying or
@@ -363,7 +508,14 @@ impl<'t> Poller<'t> {
                 self.expire(now);
                 continue;
             }
-            let until = self.next_expiry.map_or(deadline, |e| e.min(deadline));
+            let mut until = self.next_expiry.map_or(deadline, |e| e.min(deadline));
+            // Group replies due: sleep through their arrivals (the IPv4 socket left out
+            // of the set) and take them in batches at the next drain.
+            let gather = self.group.as_ref().is_some_and(|g| g.waiting > 0);
+            if gather {
+                until = until.min(now + GROUP_GATHER);
+                self.pollfds[0].fd = -1;
+            }
             let left = until.saturating_duration_since(now);
             let ts = libc::timespec {
                 tv_sec: left.as_secs() as libc::time_t,
@@ -380,6 +532,11 @@ impl<'t> Poller<'t> {
                 )
             };
             self.stats.waits.fetch_add(1, Ordering::Relaxed);
+            if gather {
+                if let Some(s) = &self.socks[0] {
+                    self.pollfds[0].fd = s.as_raw_fd();
+                }
+            }
             if ready > 0 {
                 self.tcp_ready();
             }
@@ -425,6 +582,11 @@ impl<'t> Poller<'t> {
                 } else if p.attempt + 1 < UDP_TRIES {
                     self.queue[*family].push(i);
                 } else {
+                    if p.awaits_group() {
+                        if let Some(g) = &mut self.group {
+                            g.waiting = g.waiting.saturating_sub(1);
+                        }
+                    }
                     *pending = None;
                     slot.st.on_error(&RmemError::Timeout);
                     slot.st.publish(mono_ns(), self.stale_after);
@@ -452,9 +614,16 @@ impl<'t> Poller<'t> {
                     unreachable!("only udp slots are queued")
                 };
                 let seq = (self.round << SLOT_BITS) | i as u64;
-                let (attempt, first_seq, started) = match pending {
-                    Some(p) => (p.attempt + 1, p.first_seq, p.started),
-                    None => (0, seq, now),
+                let (attempt, first_seq, group_seq, started) = match pending {
+                    // A group read's first retry is its first unicast attempt.
+                    Some(p) if p.seq == 0 => {
+                        if let Some(g) = &mut self.group {
+                            g.waiting = g.waiting.saturating_sub(usize::from(p.awaits_group()));
+                        }
+                        (p.attempt + 1, seq, p.group_seq, p.started)
+                    }
+                    Some(p) => (p.attempt + 1, p.first_seq, p.group_seq, p.started),
+                    None => (0, seq, 0, now),
                 };
                 encode_request(
                     &mut self.scratch,
@@ -479,6 +648,7 @@ impl<'t> Poller<'t> {
                 *pending = Some(Pending {
                     first_seq,
                     seq,
+                    group_seq,
                     attempt,
                     started,
                     deadline,
@@ -570,6 +740,7 @@ impl<'t> Poller<'t> {
                 let from = from_sockaddr(&self.recv.addrs[j]);
                 on_reply(
                     &mut self.slots,
+                    self.group.as_mut(),
                     &self.stats,
                     self.stale_after,
                     &self.recv.bufs[j][..len],
@@ -590,6 +761,7 @@ impl<'t> Poller<'t> {
 #[allow(clippy::too_many_arguments)]
 fn on_reply(
     slots: &mut [Slot<'_>],
+    group: Option<&mut Group>,
     stats: &PollerStats,
     stale_after: Duration,
     b: &[u8],
@@ -602,7 +774,27 @@ fn on_reply(
         stats.late.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    let i = (h.seq & SLOT_MASK) as usize;
+    let by_group = h.seq & SLOT_MASK == GROUP_SLOT;
+    let i = if by_group {
+        // A group reply names its back-end by where it comes from.
+        match (group.as_deref(), from) {
+            (Some(g), Some(f)) => match g.by_addr.get(&f) {
+                Some(&i) => i,
+                None => {
+                    stats.unknown_source.fetch_add(1, Ordering::Relaxed);
+                    stats.late.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+            },
+            _ => {
+                stats.late.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        }
+    } else {
+        (h.seq & SLOT_MASK) as usize
+    };
+    let group_last = group.as_deref().map_or(0, |g| g.last_seq);
     let Some(slot) = slots.get_mut(i) else {
         stats.late.fetch_add(1, Ordering::Relaxed);
         return;
@@ -611,14 +803,21 @@ fn on_reply(
         stats.late.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    let ours = pending.is_some_and(|p| {
-        (p.first_seq..=p.seq).contains(&h.seq) && from.is_none_or(|f| same_peer(f, *addr))
-    });
+    let ours = pending
+        .is_some_and(|p| p.answers(h.seq, group_last) && from.is_none_or(|f| same_peer(f, *addr)));
     if !ours {
         stats.late.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    if by_group {
+        stats.group_replies.fetch_add(1, Ordering::Relaxed);
+    }
     let p = pending.take().expect("ours");
+    if p.awaits_group() {
+        if let Some(g) = group {
+            g.waiting = g.waiting.saturating_sub(1);
+        }
+    }
     let latency_ns = now.duration_since(p.started).as_nanos() as u64;
     let body = &b[REP_HEADER_BYTES.min(b.len())..];
     if h.status != Status::Ok {
@@ -638,6 +837,53 @@ fn on_reply(
             .on_read(&body[..MONITOR_READ_BYTES], latency_ns, mono, &slot.stats);
     }
     slot.st.publish(mono, stale_after);
+}
+
+/// Mark the udp slots the group READ to `group` can read: IPv4, read with the shared
+/// `key`, and an endpoint no other slot has (a reply is matched by its source alone).
+/// `None` if no slot qualifies. An IPv6 group is refused: the back-ends' XDP program
+/// answers IPv4 group reads only.
+fn group_slots(slots: &mut [Slot<'_>], group: SocketAddr, key: u64) -> io::Result<Option<Group>> {
+    if !group.is_ipv4() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("group read address {group}: only IPv4 groups are supported"),
+        ));
+    }
+    let mut by_addr = std::collections::HashMap::new();
+    let mut shared = std::collections::HashSet::new();
+    for (i, s) in slots.iter().enumerate() {
+        if let Kind::Udp {
+            addr,
+            family: 0,
+            key: k,
+            ..
+        } = &s.kind
+        {
+            if *k == key && by_addr.insert(*addr, i).is_some() {
+                shared.insert(*addr);
+            }
+        }
+    }
+    for a in &shared {
+        log::warn!("monitor: several back-ends' regions at {a}: read unicast, not by the group");
+        by_addr.remove(a);
+    }
+    if by_addr.is_empty() {
+        return Ok(None);
+    }
+    for &i in by_addr.values() {
+        if let Kind::Udp { grouped, .. } = &mut slots[i].kind {
+            *grouped = true;
+        }
+    }
+    Ok(Some(Group {
+        sa: Box::new(sockaddr(&group)),
+        by_addr,
+        last_seq: 0,
+        key,
+        waiting: 0,
+    }))
 }
 
 /// Account a tcp read's outcome and publish.
@@ -770,5 +1016,241 @@ fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
             Some(SocketAddr::from((ip, u16::from_be(sin6.sin6_port))))
         }
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::table::{self, EntryStatus};
+    use crate::{create_table, Target};
+    use farside_rmem::wire::ReqHeader;
+
+    /// A good reply to `seq`: a region whose record says `conns_established = conns`.
+    fn reply(seq: u64, conns: u64) -> Vec<u8> {
+        let mut rep = Vec::new();
+        farside_rmem::wire::RepHeader {
+            op: Op::Read as u8,
+            status: Status::Ok,
+            seq,
+            len: MONITOR_READ_BYTES as u32,
+        }
+        .encode(&mut rep);
+        let mut mem = farside_region::RegionWriter::init(
+            farside_region::HeapWords::new(farside_region::REGION_WORDS),
+            farside_region::Header {
+                node_id: 1,
+                generation: 9,
+                period_us: 1000,
+                watched_ports: [0; 4],
+            },
+        );
+        mem.publish(&farside_region::LoadRecord {
+            conns_established: conns,
+            ..Default::default()
+        });
+        for w in &mem.mem().words()[..MONITOR_READ_BYTES / 8] {
+            rep.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
+        }
+        rep
+    }
+
+    fn opts(group: Option<SocketAddr>) -> MonitorOptions {
+        MonitorOptions {
+            period: Duration::from_millis(1),
+            // Attempts of 1 s: nothing expires unless the test says so.
+            read_timeout: Duration::from_secs(3),
+            stale_after: Duration::from_secs(10),
+            key: farside_rmem::DEFAULT_READ_KEY,
+            nice: 0,
+            threads: 1,
+            group,
+        }
+    }
+
+    fn watch(i: usize, target: &str) -> (Watch, std::sync::Arc<ReadStats>) {
+        (
+            Watch {
+                index: i,
+                name: format!("b{i}"),
+                region: Target::parse(target).unwrap(),
+            },
+            Default::default(),
+        )
+    }
+
+    /// A back-end's socket at its own loopback address (127.1.0.k).
+    fn backend(k: u8) -> UdpSocket {
+        let s = UdpSocket::bind((std::net::Ipv4Addr::new(127, 1, 0, k), 0)).unwrap();
+        s.set_nonblocking(true).unwrap();
+        s
+    }
+
+    /// Feed `b` from `from` to the poller as if received.
+    fn deliver(p: &mut Poller<'_>, b: &[u8], from: SocketAddr) {
+        on_reply(
+            &mut p.slots,
+            p.group.as_mut(),
+            &p.stats,
+            p.stale_after,
+            b,
+            false,
+            Some(from),
+            Instant::now(),
+            mono_ns(),
+        );
+    }
+
+    fn request(s: &UdpSocket) -> Option<ReqHeader> {
+        let mut buf = [0u8; 1024];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match s.recv_from(&mut buf) {
+                Ok((n, _)) => return Some(ReqHeader::decode(&buf[..n]).unwrap()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if Instant::now() > deadline {
+                        return None;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    }
+
+    fn nothing_sent_to(s: &UdpSocket) -> bool {
+        let mut buf = [0u8; 1024];
+        std::thread::sleep(Duration::from_millis(20));
+        s.recv_from(&mut buf).is_err()
+    }
+
+    #[test]
+    fn group_replies_match_by_source_and_late_stray_unknown_ones_are_refused_and_counted() {
+        let bs = [backend(1), backend(2), backend(3)];
+        let addr = |k: usize| bs[k].local_addr().unwrap();
+        let group = UdpSocket::bind("127.0.0.1:0").unwrap();
+        group.set_nonblocking(true).unwrap();
+        let t = create_table(None, 3, 1000).unwrap();
+        let watches = (0..3)
+            .map(|k| watch(k, &format!("udp:{}", addr(k))))
+            .collect();
+        let stats = std::sync::Arc::new(PollerStats::default());
+        let o = opts(Some(group.local_addr().unwrap()));
+        let mut p = Poller::new(&*t, watches, &o, stats.clone()).unwrap();
+        p.round();
+
+        // ONE READ, to the group, with the shared key and the group's slot bits.
+        let req = request(&group).expect("the group READ");
+        assert_eq!(req.seq & SLOT_MASK, GROUP_SLOT);
+        assert_eq!(req.key, farside_rmem::DEFAULT_READ_KEY);
+        assert!(nothing_sent_to(&group), "one group READ per period");
+        assert!(bs.iter().all(nothing_sent_to), "no unicast READ");
+        assert_eq!(stats.sent.load(Ordering::Relaxed), 1);
+        assert_eq!(stats.group_sent.load(Ordering::Relaxed), 1);
+        let waiting = |p: &Poller<'_>| p.group.as_ref().map(|g| g.waiting);
+        assert_eq!(waiting(&p), Some(3), "three replies to gather");
+
+        // Back-end 0 answers: its own entry, found by the reply's source.
+        deliver(&mut p, &reply(req.seq, 10), addr(0));
+        let e0 = table::read(&*t, 0).unwrap();
+        assert_eq!((e0.status, e0.conns_established), (EntryStatus::Ok, 10));
+        assert_eq!(stats.group_replies.load(Ordering::Relaxed), 1);
+
+        let late = |n: u64| assert_eq!(stats.late.load(Ordering::Relaxed), n);
+        // The same reply again: its read is done.
+        deliver(&mut p, &reply(req.seq, 11), addr(0));
+        late(1);
+        // From an address that is no back-end's endpoint.
+        let stranger = SocketAddr::from(([127, 1, 0, 9], addr(1).port()));
+        deliver(&mut p, &reply(req.seq, 12), stranger);
+        late(2);
+        assert_eq!(stats.unknown_source.load(Ordering::Relaxed), 1);
+        // A back-end's right address but another port.
+        let other_port = SocketAddr::from(([127, 1, 0, 2], addr(1).port().wrapping_add(1)));
+        deliver(&mut p, &reply(req.seq, 12), other_port);
+        assert_eq!(stats.unknown_source.load(Ordering::Relaxed), 2);
+        // An older group READ's answer, and a unicast seq no attempt was sent with.
+        deliver(&mut p, &reply(req.seq - (1 << SLOT_BITS), 13), addr(1));
+        deliver(&mut p, &reply((req.seq & !SLOT_MASK) | 1, 13), addr(1));
+        // A group READ not sent yet.
+        deliver(&mut p, &reply(req.seq + (1 << SLOT_BITS), 13), addr(1));
+        late(6);
+        assert!(table::read(&*t, 1).is_none_or(|e| e.status == EntryStatus::Never));
+        assert_eq!(waiting(&p), Some(2));
+        assert_eq!(stats.group_replies.load(Ordering::Relaxed), 1);
+
+        // The attempt deadline passes: the missing back-ends alone are retried, unicast.
+        p.expire(Instant::now() + Duration::from_secs(2));
+        assert!(nothing_sent_to(&bs[0]), "back-end 0 answered");
+        assert!(nothing_sent_to(&group), "retries never go to the group");
+        assert_eq!(
+            waiting(&p),
+            Some(0),
+            "retried: no more group replies to gather"
+        );
+        let r1 = request(&bs[1]).expect("unicast retry to back-end 1");
+        let r2 = request(&bs[2]).expect("unicast retry to back-end 2");
+        assert_eq!(r1.seq & SLOT_MASK, 1);
+        assert_eq!(r2.seq & SLOT_MASK, 2);
+        assert_ne!(r1.flags & FLAG_RETRY, 0);
+        // Either attempt may answer: the retry for 1, the group READ for 2.
+        deliver(&mut p, &reply(r1.seq, 21), addr(1));
+        deliver(&mut p, &reply(req.seq, 22), addr(2));
+        late(6);
+        for (i, c) in [(1, 21), (2, 22)] {
+            let e = table::read(&*t, i).unwrap();
+            assert_eq!((e.status, e.conns_established), (EntryStatus::Ok, c));
+        }
+    }
+
+    #[test]
+    fn a_group_read_unanswered_through_every_attempt_is_a_timed_out_read() {
+        let b = backend(4);
+        let group = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let t = create_table(None, 1, 1000).unwrap();
+        let watches = vec![watch(0, &format!("udp:{}", b.local_addr().unwrap()))];
+        let o = opts(Some(group.local_addr().unwrap()));
+        let mut p = Poller::new(&*t, watches, &o, Default::default()).unwrap();
+        p.round();
+        let mut later = Instant::now();
+        for _ in 0..UDP_TRIES {
+            later += Duration::from_secs(2);
+            p.expire(later);
+        }
+        let e = table::read(&*t, 0).unwrap();
+        assert_eq!((e.status, e.errors), (EntryStatus::Error, 1));
+        // Two unicast retries after the group READ.
+        assert!(request(&b).is_some() && request(&b).is_some());
+        assert!(nothing_sent_to(&b));
+    }
+
+    #[test]
+    fn slots_the_group_cannot_read_stay_unicast_and_ipv6_groups_are_refused() {
+        let (a, b) = (backend(5), backend(6));
+        let group = UdpSocket::bind("127.0.0.1:0").unwrap();
+        group.set_nonblocking(true).unwrap();
+        let t = create_table(None, 3, 1000).unwrap();
+        let (aa, ba) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        let watches = vec![
+            // Its own key: the group READ carries the shared one.
+            watch(0, &format!("udp:{aa}?key=abc")),
+            // Two regions at one endpoint: a reply's source cannot tell them apart.
+            watch(1, &format!("udp:{ba}")),
+            watch(2, &format!("udp:{ba}")),
+        ];
+        let o = opts(Some(group.local_addr().unwrap()));
+        let stats = std::sync::Arc::new(PollerStats::default());
+        let mut p = Poller::new(&*t, watches, &o, stats.clone()).unwrap();
+        p.round();
+        assert!(nothing_sent_to(&group));
+        assert_eq!(request(&a).map(|r| r.key), Some(0xabc));
+        assert!(request(&b).is_some() && request(&b).is_some());
+        assert_eq!(stats.group_sent.load(Ordering::Relaxed), 0);
+
+        let v6 = opts(Some("[ff02::1]:7000".parse().unwrap()));
+        let err = Poller::new(&*t, Vec::new(), &v6, Default::default())
+            .err()
+            .expect("an IPv6 group");
+        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
     }
 }

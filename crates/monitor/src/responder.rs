@@ -209,3 +209,289 @@ impl Drop for MultiResponder {
         }
     }
 }
+
+/// Region `i`'s endpoint address in a [`GroupResponder`]: 127.1.x.y, distinct per
+/// region (every 127/8 address is local on Linux's loopback), never 127.0.0.1.
+pub fn group_region_ip(i: usize) -> std::net::Ipv4Addr {
+    std::net::Ipv4Addr::new(
+        127,
+        1 + (i / 40_000) as u8,
+        (i / 200 % 200) as u8,
+        1 + (i % 200) as u8,
+    )
+}
+
+/// What `n` back-ends answering group reads would send, in one process: one socket on
+/// port P (bound to the wildcard address) takes READs addressed to 127.0.0.1:P (the
+/// stand-in for the multicast group: the network's fan-out is not what is measured) and
+/// answers each with `n` replies, region `i`'s sent FROM its own endpoint
+/// `group_region_ip(i):P` (`IP_PKTINFO` sets each reply's source address, so the
+/// replies go out in `sendmmsg` batches as a responder per back-end would cost the
+/// network, not the poller). A READ addressed to a region's endpoint (a unicast retry)
+/// is answered by that region alone. Every region answers the shared read key
+/// (`farside_rmem::DEFAULT_READ_KEY`); region `i` publishes `conns_established = i`.
+pub struct GroupResponder {
+    /// The group address (where group READs go).
+    pub group: SocketAddr,
+    writers: Arc<Mutex<Vec<RegionWriter<Shared>>>>,
+    /// Replies sent.
+    pub answered: Arc<AtomicU64>,
+    /// Group READs taken.
+    pub group_reads: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Bytes of the control message carrying one `in_pktinfo` (CMSG_SPACE of it).
+const PKTINFO_CMSG_BYTES: usize = 32;
+
+/// One reply's control message, aligned as the kernel reads it.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct Cmsg([u8; PKTINFO_CMSG_BYTES]);
+
+/// Write a `cmsghdr` with an `in_pktinfo` whose source address is `ip` into `c`.
+fn pktinfo_cmsg(c: &mut Cmsg, ip: std::net::Ipv4Addr) {
+    // SAFETY: CMSG_SPACE/CMSG_LEN are pure arithmetic.
+    let (space, len) = unsafe {
+        (
+            libc::CMSG_SPACE(std::mem::size_of::<libc::in_pktinfo>() as u32) as usize,
+            libc::CMSG_LEN(std::mem::size_of::<libc::in_pktinfo>() as u32) as usize,
+        )
+    };
+    assert!(
+        space <= PKTINFO_CMSG_BYTES,
+        "in_pktinfo control message fits"
+    );
+    let hdr = libc::cmsghdr {
+        cmsg_len: len as _,
+        cmsg_level: libc::IPPROTO_IP,
+        cmsg_type: libc::IP_PKTINFO,
+    };
+    let info = libc::in_pktinfo {
+        ipi_ifindex: 0,
+        ipi_spec_dst: libc::in_addr {
+            s_addr: u32::from_ne_bytes(ip.octets()),
+        },
+        ipi_addr: libc::in_addr { s_addr: 0 },
+    };
+    let data = std::mem::size_of::<libc::cmsghdr>();
+    // SAFETY: c is 8-aligned and holds a cmsghdr followed by an in_pktinfo (asserted).
+    unsafe {
+        std::ptr::write_unaligned(c.0.as_mut_ptr().cast(), hdr);
+        std::ptr::write_unaligned(c.0.as_mut_ptr().add(data).cast(), info);
+    }
+}
+
+/// The destination address of a datagram received with `IP_PKTINFO` on, from its
+/// control messages.
+fn pktinfo_dst(msg: &libc::msghdr) -> Option<std::net::Ipv4Addr> {
+    // SAFETY: msg's control buffer was filled by recvmmsg; the CMSG_* walk stays within
+    // msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_PKTINFO {
+                let info: libc::in_pktinfo = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                return Some(std::net::Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)));
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    None
+}
+
+impl GroupResponder {
+    /// Start answering group READs for `n` regions.
+    pub fn spawn(n: usize) -> std::io::Result<GroupResponder> {
+        let sock = UdpSocket::bind("0.0.0.0:0")?;
+        sock.set_read_timeout(Some(IDLE_CHECK))?;
+        crate::poller::set_rcvbuf(&sock, (n * 4096).max(1 << 20));
+        let on: libc::c_int = 1;
+        // SAFETY: setsockopt with a valid int option value.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_PKTINFO,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let port = sock.local_addr()?.port();
+        let group = SocketAddr::from(([127, 0, 0, 1], port));
+        let mut mems = Vec::with_capacity(n);
+        let mut writers = Vec::with_capacity(n);
+        for i in 0..n {
+            let mem = Arc::new(HeapWords::new(REGION_WORDS));
+            let header = Header {
+                node_id: i as u64,
+                generation: farside_region::fresh_generation(),
+                period_us: 1000,
+                watched_ports: [0; 4],
+            };
+            let mut w = RegionWriter::init(Shared(mem.clone()), header);
+            w.publish(&LoadRecord {
+                conns_established: i as u64,
+                ..Default::default()
+            });
+            mems.push(mem);
+            writers.push(w);
+        }
+        let by_ip: HashMap<std::net::Ipv4Addr, usize> =
+            (0..n).map(|i| (group_region_ip(i), i)).collect();
+        let keys = AccessKeys::new().with(farside_rmem::DEFAULT_READ_KEY, Perm::ReadOnly);
+        let stop = Arc::new(AtomicBool::new(false));
+        let answered = Arc::new(AtomicU64::new(0));
+        let group_reads = Arc::new(AtomicU64::new(0));
+        let (st, ans, greads) = (stop.clone(), answered.clone(), group_reads.clone());
+        let thread = std::thread::Builder::new()
+            .name("group-responder".into())
+            .spawn(move || {
+                let counters = OpCounters::default();
+                let dedup = Dedup::new();
+                let fd = sock.as_raw_fd();
+                let mut req = [0u8; REQ_BUF_BYTES];
+                let mut reps: Vec<Vec<u8>> = (0..BATCH)
+                    .map(|_| Vec::with_capacity(REP_BYTES_MAX))
+                    .collect();
+                let mut cmsgs = [Cmsg([0; PKTINFO_CMSG_BYTES]); BATCH];
+                while !st.load(Ordering::Relaxed) {
+                    // One request at a time: each fans out to up to n replies.
+                    // SAFETY: plain data, all-zero valid.
+                    let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+                    let mut ctl = Cmsg([0; PKTINFO_CMSG_BYTES]);
+                    let mut iov = libc::iovec {
+                        iov_base: req.as_mut_ptr().cast(),
+                        iov_len: REQ_BUF_BYTES,
+                    };
+                    // SAFETY: plain data, all-zero valid.
+                    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+                    msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
+                    msg.msg_namelen =
+                        std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                    msg.msg_iov = &mut iov;
+                    msg.msg_iovlen = 1;
+                    msg.msg_control = ctl.0.as_mut_ptr().cast();
+                    msg.msg_controllen = PKTINFO_CMSG_BYTES as _;
+                    // SAFETY: msg points to live buffers; blocks up to IDLE_CHECK.
+                    let r = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+                    if r <= 0 {
+                        continue;
+                    }
+                    let req = &req[..(r as usize).min(REQ_BUF_BYTES)];
+                    let Ok(h) = ReqHeader::decode(req) else {
+                        continue;
+                    };
+                    if h.key != farside_rmem::DEFAULT_READ_KEY {
+                        continue; // unknown key: no reply, as every server
+                    }
+                    let regions = match pktinfo_dst(&msg) {
+                        Some(d) if d == std::net::Ipv4Addr::LOCALHOST => {
+                            greads.fetch_add(1, Ordering::Relaxed);
+                            0..n
+                        }
+                        Some(d) => match by_ip.get(&d) {
+                            Some(&i) => i..i + 1,
+                            None => continue,
+                        },
+                        None => continue,
+                    };
+                    let mut start = regions.start;
+                    while start < regions.end {
+                        let chunk = start..(start + BATCH).min(regions.end);
+                        start = chunk.end;
+                        // SAFETY: plain data, all-zero valid.
+                        let mut out_iov: [libc::iovec; BATCH] = unsafe { std::mem::zeroed() };
+                        let mut out_msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+                        let mut out = 0;
+                        for i in chunk {
+                            let rep = &mut reps[out];
+                            let status = ops::execute(
+                                mems[i].words(),
+                                &keys,
+                                &counters,
+                                &dedup,
+                                true,
+                                req,
+                                rep,
+                            );
+                            if ops::silent(status) {
+                                continue;
+                            }
+                            pktinfo_cmsg(&mut cmsgs[out], group_region_ip(i));
+                            out_iov[out] = libc::iovec {
+                                iov_base: rep.as_mut_ptr().cast(),
+                                iov_len: rep.len(),
+                            };
+                            let m = &mut out_msgs[out].msg_hdr;
+                            m.msg_name = msg.msg_name;
+                            m.msg_namelen = msg.msg_namelen;
+                            m.msg_iov = &mut out_iov[out];
+                            m.msg_iovlen = 1;
+                            m.msg_control = cmsgs[out].0.as_mut_ptr().cast();
+                            m.msg_controllen = PKTINFO_CMSG_BYTES as _;
+                            out += 1;
+                        }
+                        let mut sent = 0;
+                        while sent < out {
+                            // SAFETY: out_msgs[sent..out] point to live replies, the
+                            // requester's address and control messages.
+                            let k = unsafe {
+                                libc::sendmmsg(
+                                    fd,
+                                    out_msgs[sent..].as_mut_ptr(),
+                                    (out - sent) as libc::c_uint,
+                                    0,
+                                )
+                            };
+                            if k <= 0 {
+                                sent += 1; // skip the one that failed
+                            } else {
+                                sent += k as usize;
+                                ans.fetch_add(k as u64, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                }
+            })?;
+        Ok(GroupResponder {
+            group,
+            writers: Arc::new(Mutex::new(writers)),
+            answered,
+            group_reads,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Publish a new record in every region, region `i` with `conns_established = i +
+    /// bump`.
+    pub fn publish_all(&self, bump: u64) {
+        let mut w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
+        for (i, w) in w.iter_mut().enumerate() {
+            w.publish(&LoadRecord {
+                conns_established: i as u64 + bump,
+                ..Default::default()
+            });
+        }
+    }
+
+    /// `udp:IP:PORT` of region `i` (its endpoint; the shared read key).
+    pub fn target(&self, i: usize) -> farside_rmem::Target {
+        farside_rmem::Target::parse(&format!("udp:{}:{}", group_region_ip(i), self.group.port()))
+            .expect("valid target")
+    }
+}
+
+impl Drop for GroupResponder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -15,6 +15,7 @@ fn opts(threads: usize) -> MonitorOptions {
         key: farside_rmem::DEFAULT_READ_KEY,
         nice: 0,
         threads,
+        group: None,
     }
 }
 
@@ -269,4 +270,53 @@ fn tcp_regions_are_read_by_the_poller_with_udp_ones_and_a_dead_server_fails_alon
     until("more tcp reads", || {
         m.stats(0).unwrap().read.count() > before + 10
     });
+}
+
+#[test]
+fn group_reads_fill_every_entry_with_one_read_per_period_and_a_silent_back_end_times_out() {
+    use crate::responder::{group_region_ip, GroupResponder};
+    let n = 64;
+    let r = GroupResponder::spawn(n).unwrap();
+    let t = create_table(None, n + 1, 1000).unwrap();
+    let mut watches: Vec<Watch> = (0..n)
+        .map(|i| Watch {
+            index: i,
+            name: format!("b{i}"),
+            region: r.target(i),
+        })
+        .collect();
+    // A grouped back-end that never answers (the responder knows no region there).
+    let silent = format!("udp:{}:{}", group_region_ip(n + 1000), r.group.port());
+    watches.push(Watch {
+        index: n,
+        name: "silent".into(),
+        region: Target::parse(&silent).unwrap(),
+    });
+    let o = MonitorOptions {
+        period: Duration::from_millis(5),
+        group: Some(r.group),
+        ..opts(1)
+    };
+    let m = Monitor::start(watches, t.clone(), o).unwrap();
+    let good = |bump: u64| {
+        (0..n).all(|i| {
+            table::read(&*t, i).is_some_and(|e| {
+                e.status == EntryStatus::Ok && e.conns_established == i as u64 + bump
+            })
+        })
+    };
+    until("every entry read by the group", || good(0));
+    r.publish_all(1000);
+    until("every entry advanced", || good(1000));
+    until("the silent back-end's reads time out", || {
+        table::read(&*t, n).is_some_and(|e| e.status == EntryStatus::Error && e.errors >= 2)
+    });
+    // Replies to the group READs come in (a starved poller may retry some reads
+    // unicast; `poller::tests` counts the datagrams of one period exactly).
+    let p = &m.pollers()[0];
+    until("group replies from every back-end", || {
+        p.group_replies.load(Ordering::Relaxed) >= 3 * n as u64
+    });
+    assert!(p.group_sent.load(Ordering::Relaxed) > 0);
+    assert!(r.group_reads.load(Ordering::Relaxed) > 0);
 }

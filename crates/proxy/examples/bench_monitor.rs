@@ -14,12 +14,19 @@
 //!
 //! Run (release, on a quiet machine; the responder needs a core of its own at 1,024):
 //! `cargo run --release -p farside-proxy --example bench_monitor -- \
-//!    [--backends 16,256,1024] [--seconds 5] [--period-us 1000] [--threads 0]`
+//!    [--backends 16,256,1024] [--seconds 5] [--period-us 1000] [--threads 0] [--group]`
+//!
+//! `--group`: each N is measured twice, `unicast` (a READ per back-end, as above) and
+//! `group` (`MonitorOptions::group`: ONE READ per period to the group address, answered
+//! by `farside_monitor::responder::GroupResponder` with N replies, region `i`'s from its
+//! own endpoint 127.1.x.y:P, i.e. what N back-ends' XDP programs would send; the
+//! network's fan-out of the group datagram is not part of the cost). Decision costs do
+//! not depend on the mode and are printed on the unicast row only.
 //!
 //! Targets (issue 9): 1,024 back-ends at 1 ms with the monitor ≤ 1 core; a per-request
 //! decision < 100 ns.
 
-use farside_monitor::responder::MultiResponder;
+use farside_monitor::responder::{GroupResponder, MultiResponder};
 use farside_monitor::table::{Entry, EntryStatus, EntryWriter};
 use farside_monitor::{create_table, Monitor, MonitorOptions, Watch};
 use farside_proxy::config::{BackendConfig, BalancePolicy, ProxyConfig};
@@ -34,6 +41,37 @@ struct Args {
     seconds: f64,
     period_us: u64,
     threads: usize,
+    /// Also measure group reads.
+    group: bool,
+}
+
+/// How the monitor reads in one measurement.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Unicast,
+    Group,
+}
+
+/// The responder of one measurement.
+enum Responder {
+    Multi(MultiResponder),
+    Group(GroupResponder),
+}
+
+impl Responder {
+    fn target(&self, i: usize) -> farside_monitor::Target {
+        match self {
+            Responder::Multi(r) => r.target(i),
+            Responder::Group(r) => r.target(i),
+        }
+    }
+
+    fn publish_all(&self, bump: u64) {
+        match self {
+            Responder::Multi(r) => r.publish_all(bump),
+            Responder::Group(r) => r.publish_all(bump),
+        }
+    }
 }
 
 fn args() -> Result<Args, String> {
@@ -42,9 +80,14 @@ fn args() -> Result<Args, String> {
         seconds: 5.0,
         period_us: 1000,
         threads: 0,
+        group: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
+        if k == "--group" {
+            a.group = true;
+            continue;
+        }
         let v = it.next().ok_or(format!("{k} needs a value"))?;
         let bad = |e: &dyn std::fmt::Display| format!("{k} {v}: {e}");
         match k.as_str() {
@@ -96,6 +139,7 @@ fn pollers_user_sys_ns() -> (u64, u64) {
 
 /// What the pollers did over the steady window.
 struct Cost {
+    pollers: usize,
     cpu_pct: f64,
     us_per_period: f64,
     overruns: u64,
@@ -113,8 +157,15 @@ struct Cost {
 }
 
 /// Pollers' CPU over a steady window.
-fn monitor_cost(n: usize, a: &Args) -> Cost {
-    let r = MultiResponder::spawn(n).expect("responder");
+fn monitor_cost(n: usize, a: &Args, mode: Mode) -> Cost {
+    let r = match mode {
+        Mode::Unicast => Responder::Multi(MultiResponder::spawn(n).expect("responder")),
+        Mode::Group => Responder::Group(GroupResponder::spawn(n).expect("group responder")),
+    };
+    let group = match &r {
+        Responder::Group(g) => Some(g.group),
+        Responder::Multi(_) => None,
+    };
     let table = create_table(None, n, a.period_us).expect("table");
     let watches = (0..n)
         .map(|i| Watch {
@@ -130,6 +181,7 @@ fn monitor_cost(n: usize, a: &Args) -> Cost {
         key: farside_rmem::DEFAULT_READ_KEY,
         nice: 0,
         threads: a.threads,
+        group,
     };
     let m = Monitor::start(watches, table, opts).expect("monitor");
     let snap = |m: &Monitor| {
@@ -138,7 +190,8 @@ fn monitor_cost(n: usize, a: &Args) -> Cost {
                 s[0] + p.cpu_ns.load(Ordering::Relaxed),
                 s[1] + p.periods.load(Ordering::Relaxed),
                 s[2] + p.overruns.load(Ordering::Relaxed),
-                s[3] + p.send_calls.load(Ordering::Relaxed),
+                // A group READ is a send call of its own (`sendto`).
+                s[3] + p.send_calls.load(Ordering::Relaxed) + p.group_sent.load(Ordering::Relaxed),
                 s[4] + p.recv_calls.load(Ordering::Relaxed),
                 s[5] + p.waits.load(Ordering::Relaxed),
                 s[6] + p.sent.load(Ordering::Relaxed),
@@ -176,6 +229,7 @@ fn monitor_cost(n: usize, a: &Args) -> Cost {
     let expected_reads = n as f64 * wall.as_secs_f64() * 1e6 / a.period_us as f64;
     let answered = (r1 - r0).max(1) as f64;
     Cost {
+        pollers: m.pollers().len(),
         cpu_pct: 100.0 * cpu_ns / wall.as_nanos() as f64,
         us_per_period: cpu_ns / 1e3 / (periods / threads),
         overruns: c1[2] - c0[2],
@@ -272,8 +326,9 @@ fn main() {
         }
     };
     println!(
-        "{:>8} {:>7} {:>9} {:>13} {:>8} {:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9}",
+        "{:>8} {:>7} {:>7} {:>9} {:>13} {:>8} {:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9}",
         "backends",
+        "mode",
         "pollers",
         "cpu_%core",
         "cpu_us/period",
@@ -292,13 +347,36 @@ fn main() {
         "route_ll_ns",
         "accept_ns"
     );
+    let modes: &[Mode] = if a.group {
+        &[Mode::Unicast, Mode::Group]
+    } else {
+        &[Mode::Unicast]
+    };
     for &n in &a.backends {
-        let c = monitor_cost(n, &a);
-        let (p2c_choose, p2c, accept) = decision_cost(n, BalancePolicy::P2c);
-        let (ll_choose, ll, _) = decision_cost(n, BalancePolicy::LeastLoaded);
-        println!(
-            "{n:>8} {:>7} {:>9.1} {:>13.1} {:>8} {:>9.1} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>9.1} {:>9.1} {:>11.1} {p2c_choose:>11.1} {p2c:>11.1} {ll_choose:>11.1} {ll:>11.1} {accept:>9.1}",
-            farside_monitor::poller_threads(n, a.threads),
+        for &mode in modes {
+            row(n, &a, mode);
+        }
+    }
+}
+
+/// Measure and print one row.
+fn row(n: usize, a: &Args, mode: Mode) {
+    let c = monitor_cost(n, a, mode);
+    let decisions = match mode {
+        Mode::Unicast => {
+            let (p2c_choose, p2c, accept) = decision_cost(n, BalancePolicy::P2c);
+            let (ll_choose, ll, _) = decision_cost(n, BalancePolicy::LeastLoaded);
+            format!("{p2c_choose:>11.1} {p2c:>11.1} {ll_choose:>11.1} {ll:>11.1} {accept:>9.1}")
+        }
+        Mode::Group => format!("{:>11} {:>11} {:>11} {:>11} {:>9}", "-", "-", "-", "-", "-"),
+    };
+    let mode = match mode {
+        Mode::Unicast => "unicast",
+        Mode::Group => "group",
+    };
+    println!(
+            "{n:>8} {mode:>7} {:>7} {:>9.1} {:>13.1} {:>8} {:>9.1} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>9.1} {:>9.1} {:>11.1} {decisions}",
+            c.pollers,
             c.cpu_pct,
             c.us_per_period,
             c.overruns,
@@ -311,5 +389,4 @@ fn main() {
             c.recv_per_call,
             c.waits_per_period,
         );
-    }
 }

@@ -410,6 +410,11 @@ pub struct MonitorConfig {
     /// one per 512 back-ends (`farside_monitor::BACKENDS_PER_THREAD`), at
     /// most 16.
     pub threads: usize,
+    /// Group reads: every period ONE READ to this IPv4 `ADDR:PORT` (a multicast group
+    /// every back-end's gatherd answers from its own region endpoint, with the shared
+    /// read key) instead of one per back-end; missing replies are retried unicast.
+    /// Default: none (a READ per back-end).
+    pub group_read: Option<std::net::SocketAddr>,
 }
 
 impl Default for MonitorConfig {
@@ -420,6 +425,7 @@ impl Default for MonitorConfig {
             nice: 0,
             table: None,
             threads: 0,
+            group_read: None,
         }
     }
 }
@@ -620,6 +626,12 @@ impl ProxyConfig {
                 ),
             ));
         }
+        if self.monitor.group_read.is_some_and(|g| !g.is_ipv4()) {
+            errs.push(err(
+                "monitor.group_read",
+                "must be an IPv4 ADDR:PORT (back-ends answer IPv4 group reads only)",
+            ));
+        }
         let max = farside_monitor::table::TABLE_BACKENDS_MAX;
         if self.backends.len() > max {
             errs.push(err(
@@ -776,6 +788,25 @@ mod tests {
         assert_eq!(c.admission.metric, Metric::Cpu);
         assert_eq!(c.http.max_header_bytes, 16384);
         assert_eq!(c.monitor.period_us, 1000);
+    }
+
+    #[test]
+    fn group_read_parses_and_an_ipv6_group_is_refused() {
+        let c = ProxyConfig::from_toml_str(
+            "listen = \"127.0.0.1:1\"\n[monitor]\ngroup_read = \"239.1.1.1:7000\"\n[[backend]]\naddr = \"127.0.0.1:2\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.monitor.group_read,
+            Some("239.1.1.1:7000".parse().unwrap())
+        );
+        let o = crate::control::monitor_options(&c);
+        assert_eq!(o.group, c.monitor.group_read);
+        let e = ProxyConfig::from_toml_str(
+            "listen = \"127.0.0.1:1\"\n[monitor]\ngroup_read = \"[ff02::1]:7000\"\n[[backend]]\naddr = \"127.0.0.1:2\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.key, "monitor.group_read");
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub use client::{
 pub use endpoint::{Endpoint, Target};
 pub use ops::{AccessKeys, Dedup, OpCounters, Perm};
 pub use tcp_server::TcpServer;
-pub use udp::{UdpClient, UdpServer};
+pub use udp::{GroupJoin, UdpClient, UdpServer};
 
 /// A random 64-bit value from the kernel (sequence starts, generated keys).
 pub fn random_u64() -> u64 {

@@ -191,11 +191,58 @@ impl UdpServer {
         counters: Arc<OpCounters>,
         dedup: Arc<Dedup>,
     ) -> io::Result<UdpServer> {
+        Self::spawn_with_group(addr, mem, keys, counters, dedup, None)
+    }
+
+    /// As [`UdpServer::spawn_with_dedup`], also answering group READs if `group` is
+    /// given: the socket joins the multicast group (`IP_ADD_MEMBERSHIP`, which also
+    /// makes the kernel send the IGMP report switches need) and answers READs sent to
+    /// it from its own address (the reply's source is the node's address, chosen by the
+    /// route back, as for any reply); WRITEs and atomics sent to the group, and
+    /// datagrams to any other multicast address, are dropped unanswered. `addr` must be
+    /// the wildcard address (0.0.0.0:PORT): a socket bound to one address never
+    /// receives datagrams sent to a group.
+    pub fn spawn_with_group(
+        addr: SocketAddr,
+        mem: Arc<dyn Words>,
+        keys: AccessKeys,
+        counters: Arc<OpCounters>,
+        dedup: Arc<Dedup>,
+        group: Option<GroupJoin>,
+    ) -> io::Result<UdpServer> {
+        if let Some(g) = group {
+            if !g.group.is_multicast() || !addr.ip().is_unspecified() || !addr.is_ipv4() {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!(
+                        "group reads on {addr} for {}: need an IPv4 multicast group and a \
+                         server on the wildcard address (0.0.0.0:PORT)",
+                        g.group
+                    ),
+                ));
+            }
+        }
         let sock = UdpSocket::bind(addr)?;
         let local_addr = sock.local_addr()?;
         sock.set_read_timeout(Some(Duration::from_millis(100)))?;
+        if let Some(g) = group {
+            sock.join_multicast_v4(&g.group, &g.iface)?;
+            set_int_opt(&sock, libc::IPPROTO_IP, libc::IP_PKTINFO, 1)?;
+            // Only the groups this socket joined (not every group the host joined).
+            set_int_opt(&sock, libc::IPPROTO_IP, libc::IP_MULTICAST_ALL, 0)?;
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
+        if let Some(g) = group {
+            let thread = std::thread::Builder::new()
+                .name("rmem-udp".into())
+                .spawn(move || serve_with_group(&sock, &*mem, &keys, &counters, &dedup, g, &st))?;
+            return Ok(UdpServer {
+                local_addr,
+                stop,
+                thread: Some(thread),
+            });
+        }
         let thread = std::thread::Builder::new()
             .name("rmem-udp".into())
             .spawn(move || {
@@ -230,11 +277,278 @@ impl UdpServer {
     }
 }
 
+/// A multicast group a [`UdpServer`] answers READs on, and the local interface address
+/// to join it on (`UNSPECIFIED`: the kernel's choice, by route).
+#[derive(Debug, Clone, Copy)]
+pub struct GroupJoin {
+    pub group: std::net::Ipv4Addr,
+    pub iface: std::net::Ipv4Addr,
+}
+
+fn set_int_opt(
+    sock: &UdpSocket,
+    level: libc::c_int,
+    opt: libc::c_int,
+    v: libc::c_int,
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: setsockopt with a valid int option value.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            level,
+            opt,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Bytes of the control buffer that receives one `in_pktinfo` (CMSG_SPACE of it).
+const PKTINFO_CMSG_BYTES: usize = 32;
+
+/// A datagram's source and the destination address it was sent to (from `IP_PKTINFO`).
+fn recv_with_dst(
+    sock: &UdpSocket,
+    buf: &mut [u8],
+) -> io::Result<(usize, SocketAddr, Option<std::net::Ipv4Addr>)> {
+    use std::os::fd::AsRawFd;
+    #[repr(C, align(8))]
+    struct Ctl([u8; PKTINFO_CMSG_BYTES]);
+    let mut ctl = Ctl([0; PKTINFO_CMSG_BYTES]);
+    // SAFETY: plain data, all-zero valid.
+    let mut from: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: plain data, all-zero valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut from as *mut libc::sockaddr_in).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctl.0.as_mut_ptr().cast();
+    msg.msg_controllen = PKTINFO_CMSG_BYTES as _;
+    // SAFETY: msg points to live buffers for the call.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let peer = SocketAddr::from((
+        std::net::Ipv4Addr::from(u32::from_be(from.sin_addr.s_addr)),
+        u16::from_be(from.sin_port),
+    ));
+    let mut dst = None;
+    // SAFETY: the kernel filled msg's control buffer; the CMSG walk stays within
+    // msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::IPPROTO_IP && (*c).cmsg_type == libc::IP_PKTINFO {
+                let info: libc::in_pktinfo = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                dst = Some(std::net::Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)));
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n as usize, peer, dst))
+}
+
+/// The server loop with group reads (see [`UdpServer::spawn_with_group`]).
+fn serve_with_group(
+    sock: &UdpSocket,
+    mem: &dyn Words,
+    keys: &AccessKeys,
+    counters: &OpCounters,
+    dedup: &Dedup,
+    g: GroupJoin,
+    stop: &AtomicBool,
+) {
+    let mut buf = vec![0u8; REQ_BYTES_MAX + 64];
+    let mut reply = Vec::with_capacity(REP_BYTES_MAX);
+    while !stop.load(Ordering::Relaxed) {
+        for _ in 0..SERVER_BATCH_MAX {
+            let Ok((n, peer, dst)) = recv_with_dst(sock, &mut buf) else {
+                break;
+            };
+            let req = &buf[..n];
+            if let Some(d) = dst.filter(|d| d.is_multicast()) {
+                // To the group: READs only (a mutation is never applied by every node
+                // at once); other groups: not ours.
+                let read = ReqHeader::decode(req).is_ok_and(|h| h.op == Op::Read as u8);
+                if d != g.group || !read {
+                    continue;
+                }
+            }
+            let status = ops::execute(mem.words(), keys, counters, dedup, true, req, &mut reply);
+            if !ops::silent(status) {
+                let _ = sock.send_to(&reply, peer);
+            }
+        }
+    }
+}
+
 impl Drop for UdpServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::Perm;
+    use farside_region::HeapWords;
+    use std::net::Ipv4Addr;
+
+    const GROUP: Ipv4Addr = Ipv4Addr::new(239, 77, 1, 2);
+    const RW: u64 = 0x77;
+
+    /// A server on 0.0.0.0 answering group READs of GROUP on loopback, word 40 = 5.
+    fn server(group: Option<GroupJoin>) -> io::Result<(UdpServer, Arc<HeapWords>)> {
+        let mem = Arc::new(HeapWords::new(farside_region::REGION_WORDS));
+        mem.words()[40].store(5, Ordering::Relaxed);
+        let keys = AccessKeys::new()
+            .with(crate::DEFAULT_READ_KEY, Perm::ReadOnly)
+            .with(RW, Perm::ReadWrite);
+        let s = UdpServer::spawn_with_group(
+            "0.0.0.0:0".parse().unwrap(),
+            mem.clone(),
+            keys,
+            Arc::new(OpCounters::default()),
+            Arc::new(Dedup::new()),
+            group,
+        )?;
+        Ok((s, mem))
+    }
+
+    /// A client socket whose multicast goes out on loopback.
+    fn client() -> UdpSocket {
+        let c = UdpSocket::bind("127.0.0.1:0").unwrap();
+        // SAFETY: setsockopt with an in_addr value.
+        let lo = libc::in_addr {
+            s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
+        };
+        let rc = unsafe {
+            use std::os::fd::AsRawFd;
+            libc::setsockopt(
+                c.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_MULTICAST_IF,
+                (&lo as *const libc::in_addr).cast(),
+                std::mem::size_of::<libc::in_addr>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0);
+        c.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        c
+    }
+
+    fn request(op: Op, seq: u64, key: u64, offset: u32, payload: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        encode_request(
+            &mut b,
+            &ReqHeader {
+                op: op as u8,
+                seq,
+                key,
+                offset,
+                len: 8,
+                client: 9,
+                ..Default::default()
+            },
+            payload,
+        );
+        if op == Op::Read {
+            b.resize(b.len().max(REP_HEADER_BYTES + 8), 0);
+        }
+        b
+    }
+
+    /// The reply to `req` sent to `to`: (source, seq, payload word) or None.
+    fn ask(c: &UdpSocket, to: SocketAddr, req: &[u8]) -> Option<(SocketAddr, u64, u64)> {
+        c.send_to(req, to).unwrap();
+        let mut buf = [0u8; 512];
+        let (n, from) = c.recv_from(&mut buf).ok()?;
+        let h = RepHeader::decode(&buf[..n]).unwrap();
+        let word = if n >= REP_HEADER_BYTES + 8 {
+            u64_at(&buf[..n], REP_HEADER_BYTES)
+        } else {
+            0
+        };
+        Some((from, h.seq, word))
+    }
+
+    #[test]
+    fn group_reads_are_answered_from_the_servers_own_address_and_group_writes_dropped() {
+        let lo = Ipv4Addr::LOCALHOST;
+        let (s, mem) = server(Some(GroupJoin {
+            group: GROUP,
+            iface: lo,
+        }))
+        .unwrap();
+        let port = s.local_addr.port();
+        let (group, own) = (
+            SocketAddr::from((GROUP, port)),
+            SocketAddr::from((lo, port)),
+        );
+        let c = client();
+        let rep = ask(
+            &c,
+            group,
+            &request(Op::Read, 1, crate::DEFAULT_READ_KEY, 320, &[]),
+        );
+        assert_eq!(
+            rep,
+            Some((own, 1, 5)),
+            "from the node's address, not the group's"
+        );
+        // Mutations to the group: dropped, memory untouched; the same unicast applies.
+        let write = request(Op::Write, 2, RW, 320, &9u64.to_le_bytes());
+        assert_eq!(ask(&c, group, &write), None);
+        let fadd = request(Op::FetchAdd, 3, RW, 320, &1u64.to_le_bytes());
+        assert_eq!(ask(&c, group, &fadd), None);
+        assert_eq!(mem.words()[40].load(Ordering::Relaxed), 5);
+        assert!(ask(
+            &c,
+            own,
+            &request(Op::Write, 4, RW, 320, &9u64.to_le_bytes())
+        )
+        .is_some());
+        assert_eq!(mem.words()[40].load(Ordering::Relaxed), 9);
+    }
+
+    #[test]
+    fn a_group_server_needs_a_multicast_group_and_the_wildcard_address() {
+        let g = |group| {
+            Some(GroupJoin {
+                group,
+                iface: Ipv4Addr::UNSPECIFIED,
+            })
+        };
+        let e = server(g(Ipv4Addr::new(10, 0, 0, 1))).err().unwrap();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+        let mem = Arc::new(HeapWords::new(farside_region::REGION_WORDS));
+        let e = UdpServer::spawn_with_group(
+            "127.0.0.1:0".parse().unwrap(),
+            mem,
+            AccessKeys::new(),
+            Arc::new(OpCounters::default()),
+            Arc::new(Dedup::new()),
+            g(GROUP),
+        )
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("wildcard"), "{e}");
     }
 }

@@ -215,6 +215,11 @@ struct Config {
     reserved0: u16,
     /// Network byte order; 0 = any address.
     ipv4_addr: u32,
+    /// Group READs' multicast address, network byte order; 0 = off.
+    group_ipv4: u32,
+    /// The node's MAC, source of group replies; all zero = unknown.
+    node_mac: [u8; 6],
+    reserved1: u16,
 }
 
 // SAFETY: repr(C), plain integers, no padding.
@@ -283,6 +288,9 @@ impl Loaded {
                     udp_port,
                     reserved0: 0,
                     ipv4_addr: 0,
+                    group_ipv4: 0,
+                    node_mac: [0; 6],
+                    reserved1: 0,
                 },
                 0,
             )
@@ -357,16 +365,42 @@ impl Loaded {
 
     /// Answer only datagrams to `addr` (None: any address). Takes effect at once.
     fn set_node_addr(&mut self, addr: Option<std::net::Ipv4Addr>) -> Result<(), XdpError> {
+        self.update_config("setting the node address", |c| {
+            c.ipv4_addr = addr.map(|a| u32::from_ne_bytes(a.octets())).unwrap_or(0);
+        })
+    }
+
+    /// See [`XdpResponder::set_group_read`].
+    fn set_group_read(
+        &mut self,
+        group: Option<std::net::Ipv4Addr>,
+        node_mac: [u8; 6],
+    ) -> Result<(), XdpError> {
+        if let Some(g) = group {
+            if !g.is_multicast() {
+                return Err(XdpError::Config(format!(
+                    "group read address {g}: not an IPv4 multicast group (224.0.0.0/4)"
+                )));
+            }
+        }
+        self.update_config("setting the group read", |c| {
+            c.group_ipv4 = group.map(|a| u32::from_ne_bytes(a.octets())).unwrap_or(0);
+            c.node_mac = node_mac;
+        })
+    }
+
+    /// Read, change and write back the config map's one value.
+    fn update_config(&mut self, step: &str, f: impl FnOnce(&mut Config)) -> Result<(), XdpError> {
         let mut config: Array<&mut MapData, Config> =
             Array::try_from(map_mut(&mut self.ebpf, MAP_CONFIG)?)
                 .map_err(|e| XdpError::Map(format!("{MAP_CONFIG}: {e}")))?;
         let mut c = config
             .get(&0, 0)
             .map_err(|e| XdpError::Map(format!("{MAP_CONFIG}: {e}")))?;
-        c.ipv4_addr = addr.map(|a| u32::from_ne_bytes(a.octets())).unwrap_or(0);
+        f(&mut c);
         config
             .set(0, c, 0)
-            .map_err(|e| classify("setting the node address", e, XdpError::Map))
+            .map_err(|e| classify(step, e, XdpError::Map))
     }
 
     /// See [`XdpResponder::start_kernel_sampler`].
@@ -591,6 +625,20 @@ impl XdpResponder {
     /// promiscuous device) are never answered. Takes effect at once.
     pub fn set_node_addr(&mut self, addr: Option<std::net::Ipv4Addr>) -> Result<(), XdpError> {
         self.loaded.set_node_addr(addr)
+    }
+
+    /// Answer group READs: READs addressed to the multicast `group` (in a frame to its
+    /// multicast MAC) are answered like unicast ones, from the node's own address (set
+    /// with [`Self::set_node_addr`]) and `node_mac` (the interface's MAC); WRITEs and
+    /// atomics to the group are dropped. Group READs go to the stack while the node's
+    /// address or MAC is unknown (None / all zero). `None`: off (the default). Takes
+    /// effect at once; refused if `group` is not multicast.
+    pub fn set_group_read(
+        &mut self,
+        group: Option<std::net::Ipv4Addr>,
+        node_mac: [u8; 6],
+    ) -> Result<(), XdpError> {
+        self.loaded.set_group_read(group, node_mac)
     }
 
     /// The region map's fd (valid while the responder lives), for handing the map to
@@ -818,6 +866,15 @@ impl TestProgram {
         self.loaded.set_node_addr(addr)
     }
 
+    /// As [`XdpResponder::set_group_read`].
+    pub fn set_group_read(
+        &mut self,
+        group: Option<std::net::Ipv4Addr>,
+        node_mac: [u8; 6],
+    ) -> Result<(), XdpError> {
+        self.loaded.set_group_read(group, node_mac)
+    }
+
     /// As [`XdpResponder::aborted`].
     pub fn aborted(&self) -> u64 {
         self.loaded.counter(COUNTER_ABORTED)
@@ -870,7 +927,7 @@ mod tests {
         assert_eq!(define("RMEM_CNT_NO_ROOM"), COUNTER_NO_ROOM);
         assert_eq!(define("RMEM_PERM_READ"), PERM_READ);
         assert_eq!(define("RMEM_PERM_RW"), PERM_RW);
-        assert_eq!(std::mem::size_of::<Config>(), 8);
+        assert_eq!(std::mem::size_of::<Config>(), 20);
         assert_eq!(std::mem::size_of::<DedupValue>(), 24);
     }
 }

@@ -655,3 +655,151 @@ fn datagrams_to_another_address_are_passed_not_answered() {
     assert_eq!(v, action::PASS, "to another host's address");
     assert_eq!(out, read);
 }
+
+/// The group of the group-read tests and a frame to it (its multicast MAC and address).
+const GROUP: [u8; 4] = [239, 1, 2, 3];
+
+fn to_group(payload: &[u8]) -> Vec<u8> {
+    frame_to(Shape::to_port(PORT), payload, group_mac(GROUP), GROUP)
+}
+
+/// A program serving `RO` and `RW`, the node at IP_SERVER / MAC_SERVER, group on.
+fn group_program() -> TestProgram {
+    let mut prog = TestProgram::load(PORT, &[(RO, false), (RW, true)]).expect("load");
+    prog.set_node_addr(Some(IP_SERVER.into())).unwrap();
+    prog.set_group_read(Some(GROUP.into()), MAC_SERVER).unwrap();
+    prog
+}
+
+#[test]
+fn a_group_read_is_answered_from_the_nodes_own_address_and_mac() {
+    if !need_root("a_group_read_is_answered_from_the_nodes_own_address_and_mac") {
+        return;
+    }
+    let prog = group_program();
+    prog.region().words()[3].store(0x77, Ordering::Release);
+    for (what, payload) in [
+        ("read of the monitor's size", req(1, RO, 0, 0, 288, &[])),
+        ("read with a read-write key", req(1, RW, 0, 16, 8, &[])),
+        ("refused read (unaligned)", req(1, RO, 0, 0, 12, &[])),
+    ] {
+        let group = to_group(&payload);
+        let unicast = to_us(&payload);
+        let (v, out) = prog.run(&group);
+        assert_eq!(v, action::TX, "{what}");
+        // Byte for byte the unicast reply: from IP_SERVER / MAC_SERVER / PORT to the
+        // client, checksums over the node's address.
+        let (_, want) = prog.run(&unicast);
+        assert_eq!(out, want, "{what}: the unicast reply");
+        check_reply(what, &unicast, &out, PORT);
+    }
+    let (_, out) = prog.run(&to_group(&req(1, RO, 0, 24, 8, &[])));
+    let rep = check_reply("read", &to_us(&req(1, RO, 0, 24, 8, &[])), &out, PORT);
+    assert_eq!(wire::u64_at(&rep, 24), 0x77);
+    // The key check is unchanged: an unknown key gets nothing.
+    assert_eq!(
+        prog.run(&to_group(&req(1, 0x9999, 0, 0, 8, &[]))).0,
+        action::DROP
+    );
+}
+
+#[test]
+fn group_writes_and_atomics_are_dropped_and_touch_nothing() {
+    if !need_root("group_writes_and_atomics_are_dropped_and_touch_nothing") {
+        return;
+    }
+    let prog = group_program();
+    let region = prog.region();
+    region.words()[40].store(5, Ordering::Release);
+    let before: Vec<u64> = region
+        .words()
+        .iter()
+        .map(|w| w.load(Ordering::Acquire))
+        .collect();
+    for (what, payload) in [
+        ("write", req(2, RW, 0, 320, 8, &9u64.to_le_bytes())),
+        (
+            "cas",
+            req(
+                3,
+                RW,
+                0,
+                320,
+                8,
+                &[5u64.to_le_bytes(), 6u64.to_le_bytes()].concat(),
+            ),
+        ),
+        ("fadd", req(4, RW, 0, 320, 8, &1u64.to_le_bytes())),
+        ("unknown op", req(9, RW, 0, 320, 8, &[])),
+    ] {
+        let (v, _) = prog.run(&to_group(&payload));
+        assert_eq!(v, action::DROP, "group {what}");
+        // The same to the node's own address is applied (the test's control).
+        assert_ne!(prog.run(&to_us(&payload)).0, action::DROP, "unicast {what}");
+    }
+    // Only the unicast ones changed memory: replay them on the reference.
+    let after: Vec<u64> = region
+        .words()
+        .iter()
+        .map(|w| w.load(Ordering::Acquire))
+        .collect();
+    assert_eq!(
+        after[40],
+        9 + 1,
+        "write 9 (the cas expected 5: no swap), fadd 1"
+    );
+    assert_eq!(before[..40], after[..40]);
+}
+
+#[test]
+fn group_reads_are_passed_when_off_unconfigured_or_not_to_the_group_mac() {
+    if !need_root("group_reads_are_passed_when_off_unconfigured_or_not_to_the_group_mac") {
+        return;
+    }
+    let read = to_group(&req(1, RO, 0, 0, 8, &[]));
+    let pass = |prog: &TestProgram, f: &[u8], what: &str| {
+        let (v, out) = prog.run(f);
+        assert_eq!(v, action::PASS, "{what}");
+        assert_eq!(out, f, "{what}: frame unchanged");
+    };
+    let mut prog = group_program();
+    assert_eq!(prog.run(&read).0, action::TX, "on and configured");
+    // The group's address in a frame to the node's own MAC (or another group's).
+    pass(
+        &prog,
+        &frame_to(
+            Shape::to_port(PORT),
+            &req(1, RO, 0, 0, 8, &[]),
+            MAC_SERVER,
+            GROUP,
+        ),
+        "unicast MAC",
+    );
+    pass(
+        &prog,
+        &frame_to(
+            Shape::to_port(PORT),
+            &req(1, RO, 0, 0, 8, &[]),
+            group_mac([239, 1, 2, 4]),
+            GROUP,
+        ),
+        "another group's MAC",
+    );
+    // Reply source unknown: the node's MAC, then its address.
+    prog.set_group_read(Some(GROUP.into()), [0; 6]).unwrap();
+    pass(&prog, &read, "no node MAC");
+    prog.set_group_read(Some(GROUP.into()), MAC_SERVER).unwrap();
+    prog.set_node_addr(None).unwrap();
+    pass(&prog, &read, "no node address");
+    // Off.
+    prog.set_node_addr(Some(IP_SERVER.into())).unwrap();
+    prog.set_group_read(None, MAC_SERVER).unwrap();
+    pass(&prog, &read, "group reads off");
+    // Off by default.
+    let fresh = TestProgram::load(PORT, &[(RO, false)]).expect("load");
+    pass(&fresh, &read, "a fresh program");
+    // Only a multicast group can be configured.
+    assert!(prog
+        .set_group_read(Some([10, 0, 0, 1].into()), MAC_SERVER)
+        .is_err());
+}

@@ -929,6 +929,7 @@ pub fn monitor_options(cfg: &ProxyConfig) -> MonitorOptions {
         nice: cfg.monitor.nice,
         key: farside_rmem::DEFAULT_READ_KEY,
         threads: cfg.monitor.threads,
+        group: cfg.monitor.group_read,
     }
 }
 

@@ -81,8 +81,18 @@ impl Shape {
 }
 
 pub fn frame(shape: Shape, payload: &[u8]) -> Vec<u8> {
+    frame_to(shape, payload, MAC_SERVER, IP_SERVER)
+}
+
+/// The multicast MAC of IPv4 group `g`: 01:00:5e and the group's low 23 bits.
+pub fn group_mac(g: [u8; 4]) -> [u8; 6] {
+    [0x01, 0x00, 0x5e, g[1] & 0x7f, g[2], g[3]]
+}
+
+/// As [`frame`], addressed to `dst_mac` / `dst_ip` (a group's, say).
+pub fn frame_to(shape: Shape, payload: &[u8], dst_mac: [u8; 6], dst_ip: [u8; 4]) -> Vec<u8> {
     let mut f = Vec::new();
-    f.extend_from_slice(&MAC_SERVER);
+    f.extend_from_slice(&dst_mac);
     f.extend_from_slice(&MAC_CLIENT);
     f.extend_from_slice(&shape.ethertype.to_be_bytes());
     let ihl = 5 + shape.ip_option_words as usize;
@@ -98,7 +108,7 @@ pub fn frame(shape: Shape, payload: &[u8]) -> Vec<u8> {
     f.push(shape.proto);
     f.extend_from_slice(&[0, 0]);
     f.extend_from_slice(&IP_CLIENT);
-    f.extend_from_slice(&IP_SERVER);
+    f.extend_from_slice(&dst_ip);
     f.extend(std::iter::repeat_n(1u8, shape.ip_option_words as usize * 4));
     let c = ip_checksum(&f[ip_start..]);
     f[ip_start + 10..ip_start + 12].copy_from_slice(&c.to_be_bytes());
@@ -110,7 +120,7 @@ pub fn frame(shape: Shape, payload: &[u8]) -> Vec<u8> {
     f.extend_from_slice(&[0, 0]);
     f.extend_from_slice(payload);
     if !shape.no_udp_checksum {
-        let c = udp_checksum(IP_CLIENT, IP_SERVER, &f[udp_start..]);
+        let c = udp_checksum(IP_CLIENT, dst_ip, &f[udp_start..]);
         f[udp_start + 6..udp_start + 8].copy_from_slice(&c.to_be_bytes());
     }
     f.extend(std::iter::repeat_n(0xeeu8, shape.trailer));
