@@ -153,24 +153,8 @@ impl MultiResponder {
                         out_msgs[out].msg_hdr.msg_iovlen = 1;
                         out += 1;
                     }
-                    let mut sent = 0;
-                    while sent < out {
-                        // SAFETY: out_msgs[sent..out] point to live replies and addresses.
-                        let k = unsafe {
-                            libc::sendmmsg(
-                                fd,
-                                out_msgs[sent..].as_mut_ptr(),
-                                (out - sent) as libc::c_uint,
-                                0,
-                            )
-                        };
-                        if k <= 0 {
-                            sent += 1; // skip the one that failed
-                        } else {
-                            sent += k as usize;
-                            ans.fetch_add(k as u64, Ordering::Relaxed);
-                        }
-                    }
+                    // SAFETY: out_msgs[..out] point to live replies and addresses.
+                    unsafe { send_replies(fd, &mut out_msgs[..out], &ans) };
                 }
             })?;
         Ok(MultiResponder {
@@ -185,13 +169,7 @@ impl MultiResponder {
     /// Publish a new record in every region (as a gatherer's sample would), region `i`
     /// with `conns_established = i + bump`.
     pub fn publish_all(&self, bump: u64) {
-        let mut w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
-        for (i, w) in w.iter_mut().enumerate() {
-            w.publish(&LoadRecord {
-                conns_established: i as u64 + bump,
-                ..Default::default()
-            });
-        }
+        publish_regions(&self.writers, bump);
     }
 
     /// `udp:ADDR?key=HEX` of region `i`.
@@ -436,25 +414,9 @@ impl GroupResponder {
                             m.msg_controllen = PKTINFO_CMSG_BYTES as _;
                             out += 1;
                         }
-                        let mut sent = 0;
-                        while sent < out {
-                            // SAFETY: out_msgs[sent..out] point to live replies, the
-                            // requester's address and control messages.
-                            let k = unsafe {
-                                libc::sendmmsg(
-                                    fd,
-                                    out_msgs[sent..].as_mut_ptr(),
-                                    (out - sent) as libc::c_uint,
-                                    0,
-                                )
-                            };
-                            if k <= 0 {
-                                sent += 1; // skip the one that failed
-                            } else {
-                                sent += k as usize;
-                                ans.fetch_add(k as u64, Ordering::Relaxed);
-                            }
-                        }
+                        // SAFETY: out_msgs[..out] point to live replies, the
+                        // requester's address and control messages.
+                        unsafe { send_replies(fd, &mut out_msgs[..out], &ans) };
                     }
                 }
             })?;
@@ -471,13 +433,7 @@ impl GroupResponder {
     /// Publish a new record in every region, region `i` with `conns_established = i +
     /// bump`.
     pub fn publish_all(&self, bump: u64) {
-        let mut w = self.writers.lock().unwrap_or_else(|p| p.into_inner());
-        for (i, w) in w.iter_mut().enumerate() {
-            w.publish(&LoadRecord {
-                conns_established: i as u64 + bump,
-                ..Default::default()
-            });
-        }
+        publish_regions(&self.writers, bump);
     }
 
     /// `udp:IP:PORT` of region `i` (its endpoint; the shared read key).
@@ -493,5 +449,42 @@ impl Drop for GroupResponder {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+}
+
+/// Sends every reply in `msgs` with `sendmmsg`, skipping one that fails; counts the sent
+/// ones in `answered`.
+///
+/// # Safety
+/// Every header in `msgs` must point to live buffers (reply, address, control).
+unsafe fn send_replies(fd: libc::c_int, msgs: &mut [libc::mmsghdr], answered: &AtomicU64) {
+    let mut sent = 0;
+    while sent < msgs.len() {
+        // SAFETY: the caller's contract: msgs[sent..] point to live buffers.
+        let k = unsafe {
+            libc::sendmmsg(
+                fd,
+                msgs[sent..].as_mut_ptr(),
+                (msgs.len() - sent) as libc::c_uint,
+                0,
+            )
+        };
+        if k <= 0 {
+            sent += 1; // skip the one that failed
+        } else {
+            sent += k as usize;
+            answered.fetch_add(k as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Region `i` gets a new record with `conns_established = i + bump`.
+fn publish_regions<W: Words>(writers: &Mutex<Vec<RegionWriter<W>>>, bump: u64) {
+    let mut w = writers.lock().unwrap_or_else(|p| p.into_inner());
+    for (i, w) in w.iter_mut().enumerate() {
+        w.publish(&LoadRecord {
+            conns_established: i as u64 + bump,
+            ..Default::default()
+        });
     }
 }
