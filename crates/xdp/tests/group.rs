@@ -8,34 +8,19 @@
 
 mod common;
 
+use common::sh;
+
 use common::{group_mac, need_root};
 use farside_rmem::wire::{self, Op, RepHeader, ReqHeader, Status};
 use farside_xdp::{XdpMode, XdpResponder};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 const KEY: u64 = 0x6161;
 const RW: u64 = 0x6262;
 const PORT: u16 = 7311;
-
-fn sh(args: &[&str]) -> Result<(), String> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .map_err(|e| format!("{}: {e}", args[0]))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
 
 /// A bridge in the root namespace and `n` back-end namespaces on it, removed on drop.
 struct Lan {

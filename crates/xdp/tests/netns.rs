@@ -10,6 +10,8 @@
 
 mod common;
 
+use common::sh;
+
 use common::need_root;
 
 /// Also skip (and say so) without ethtool: offloads must be off for checksums to count.
@@ -41,22 +43,6 @@ use std::time::Duration;
 
 const RO: u64 = 0x5151;
 const RW: u64 = 0x5252;
-
-fn sh(args: &[&str]) -> Result<(), String> {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .map_err(|e| format!("{}: {e}", args[0]))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
 
 /// A namespace and a veth pair, removed on drop (also when the test fails).
 struct Net {

@@ -177,3 +177,20 @@ pub fn check_reply(what: &str, request: &[u8], reply: &[u8], port: u16) -> Vec<u
     );
     udp[8..].to_vec()
 }
+
+/// Runs a command (`args[0]` with the rest), its stderr in the error.
+pub fn sh(args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|e| format!("{}: {e}", args[0]))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
