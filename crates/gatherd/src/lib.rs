@@ -1459,38 +1459,35 @@ fn seed_counts(ports: &[u16]) -> io::Result<Vec<farside_xdp::PortCounts>> {
 
 /// The first IPv4 address of interface `ifname`, if any.
 fn iface_ipv4(ifname: &str) -> Option<std::net::Ipv4Addr> {
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills head with a list we free below.
-    if unsafe { libc::getifaddrs(&mut head) } != 0 {
-        return None;
-    }
-    let mut found = None;
-    let mut cur = head;
-    while !cur.is_null() {
-        // SAFETY: cur is a node of the list getifaddrs returned.
-        let ifa = unsafe { &*cur };
-        // SAFETY: ifa_name is a NUL-terminated string of the node.
-        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
-        if name.to_bytes() == ifname.as_bytes() && !ifa.ifa_addr.is_null() {
-            // SAFETY: a non-null address whose family we check before the cast.
-            let fam = unsafe { (*ifa.ifa_addr).sa_family };
-            if fam as i32 == libc::AF_INET {
-                // SAFETY: AF_INET addresses are sockaddr_in.
-                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                found = Some(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
-                break;
-            }
-        }
-        cur = ifa.ifa_next;
-    }
-    // SAFETY: head came from getifaddrs.
-    unsafe { libc::freeifaddrs(head) };
-    found
+    iface_addr(ifname, libc::AF_INET, |sa| {
+        // SAFETY: AF_INET addresses are sockaddr_in (family checked by iface_addr).
+        let sin = unsafe { &*(sa as *const libc::sockaddr).cast::<libc::sockaddr_in>() };
+        Some(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+    })
 }
 
 /// The hardware (MAC) address of interface `ifname`, if it has a non-zero one (in the
 /// calling thread's network namespace, unlike /sys/class/net).
 fn iface_mac(ifname: &str) -> Option<[u8; 6]> {
+    iface_addr(ifname, libc::AF_PACKET, |sa| {
+        // SAFETY: AF_PACKET addresses of getifaddrs are sockaddr_ll (family checked).
+        let ll = unsafe { &*(sa as *const libc::sockaddr).cast::<libc::sockaddr_ll>() };
+        if ll.sll_halen != 6 {
+            return None;
+        }
+        let mut mac = [0u8; 6];
+        mac.copy_from_slice(&ll.sll_addr[..6]);
+        Some(mac).filter(|m| *m != [0; 6])
+    })
+}
+
+/// `read` of the first address of family `family` that interface `ifname` has
+/// (getifaddrs, in the calling thread's network namespace).
+fn iface_addr<T>(
+    ifname: &str,
+    family: libc::c_int,
+    read: impl FnOnce(&libc::sockaddr) -> Option<T>,
+) -> Option<T> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills head with a list we free below.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
@@ -1503,19 +1500,14 @@ fn iface_mac(ifname: &str) -> Option<[u8; 6]> {
         let ifa = unsafe { &*cur };
         // SAFETY: ifa_name is a NUL-terminated string of the node.
         let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
-        if name.to_bytes() == ifname.as_bytes() && !ifa.ifa_addr.is_null() {
-            // SAFETY: a non-null address whose family we check before the cast.
-            let fam = unsafe { (*ifa.ifa_addr).sa_family };
-            if fam as i32 == libc::AF_PACKET {
-                // SAFETY: AF_PACKET addresses of getifaddrs are sockaddr_ll.
-                let ll = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_ll) };
-                if ll.sll_halen == 6 {
-                    let mut mac = [0u8; 6];
-                    mac.copy_from_slice(&ll.sll_addr[..6]);
-                    found = Some(mac).filter(|m| *m != [0; 6]);
-                }
-                break;
-            }
+        // SAFETY: a non-null address of the node (its family is read, then cast by `read`).
+        if name.to_bytes() == ifname.as_bytes()
+            && !ifa.ifa_addr.is_null()
+            && i32::from(unsafe { (*ifa.ifa_addr).sa_family }) == family
+        {
+            // SAFETY: as above; the list lives until freeifaddrs below.
+            found = read(unsafe { &*ifa.ifa_addr });
+            break;
         }
         cur = ifa.ifa_next;
     }
@@ -1661,6 +1653,15 @@ mod tests {
             found,
             "listener not found within {NO_LISTENER_REDUMP_EVERY} samples"
         );
+    }
+
+    #[test]
+    fn interface_addresses_come_from_getifaddrs() {
+        // Every namespace has a loopback; its MAC is all zeros, which counts as none.
+        assert_eq!(iface_ipv4("lo"), Some(std::net::Ipv4Addr::LOCALHOST));
+        assert_eq!(iface_mac("lo"), None);
+        assert_eq!(iface_ipv4("no-such-if0"), None);
+        assert_eq!(iface_mac("no-such-if0"), None);
     }
 
     #[test]
