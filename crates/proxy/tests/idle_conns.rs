@@ -7,9 +7,11 @@
 //! FARSIDE_IDLE_CONNS=50000 cargo test --release -p farside-proxy --test idle_conns -- --ignored --nocapture
 //! ```
 //!
-//! The clients live in the same process, so the figure also holds their (small) socket
-//! handles: an upper bound of the proxy's cost. Clients bind 127.0.0.2, .3, … (20000
-//! each) so the 4-tuples do not run out of ephemeral ports; RLIMIT_NOFILE is raised.
+//! The clients live in child processes (the test binary run again as
+//! `idle_client_pool_child`, one per 20,000 connections), so the proxy's process holds
+//! only its own descriptor per connection and its RSS only the proxy's memory. Clients
+//! bind 127.0.0.2, .3, … (20000 each) so the 4-tuples do not run out of ephemeral
+//! ports; RLIMIT_NOFILE is raised (the hard limit only with CAP_SYS_RESOURCE).
 
 use farside_proxy::config::{BackendConfig, ProxyConfig};
 use farside_proxy::gate::{Gate, InflightGuard, Reject, Route};
@@ -110,16 +112,19 @@ fn connect_from(i: usize, to: SocketAddr) -> TcpStream {
     fd
 }
 
-#[test]
-#[ignore = "opens FARSIDE_IDLE_CONNS (default 50000) sockets; run by hand"]
-fn memory_per_idle_keep_alive_connection() {
-    let n: usize = std::env::var("FARSIDE_IDLE_CONNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50_000);
-    // Two fds per connection here (client and proxy side) plus a few; raise the soft
-    // limit to the hard one, and the hard one too where allowed (CAP_SYS_RESOURCE).
-    let want = (2 * n + 256) as libc::rlim_t;
+/// Environment of a client-pool child (see [`idle_client_pool_child`]): the proxy's
+/// address, how many connections, and the index of the first (for its source address).
+const CHILD_ADDR: &str = "FARSIDE_IDLE_CHILD_ADDR";
+const CHILD_N: &str = "FARSIDE_IDLE_CHILD_N";
+const CHILD_FIRST: &str = "FARSIDE_IDLE_CHILD_FIRST";
+/// The line a child prints when all its connections are idle.
+const CHILD_READY: &str = "FARSIDE_IDLE_CHILD_READY";
+/// File descriptors kept free for everything else (listeners, pipes, the runtime).
+const FDS_SPARE: usize = 256;
+
+/// Raises the soft RLIMIT_NOFILE to `want` (and the hard one where allowed:
+/// CAP_SYS_RESOURCE), else to the hard limit. Returns the soft limit now in force.
+fn raise_nofile(want: usize) -> usize {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -128,8 +133,8 @@ fn memory_per_idle_keep_alive_connection() {
     unsafe {
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
         let raised = libc::rlimit {
-            rlim_cur: want,
-            rlim_max: want.max(lim.rlim_max),
+            rlim_cur: want as libc::rlim_t,
+            rlim_max: (want as libc::rlim_t).max(lim.rlim_max),
         };
         if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) != 0 {
             lim.rlim_cur = lim.rlim_max;
@@ -138,11 +143,115 @@ fn memory_per_idle_keep_alive_connection() {
             lim = raised;
         }
     }
-    let cap = (lim.rlim_cur as usize).saturating_sub(256) / 2;
+    lim.rlim_cur as usize
+}
+
+/// One keep-alive request on a fresh connection from client `i`; the connection is
+/// returned idle (its response read).
+fn one_request(i: usize, to: SocketAddr) -> TcpStream {
+    let mut c = connect_from(i, to);
+    c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut buf = [0u8; 256];
+    let mut got = 0;
+    while !buf[..got].ends_with(b"ok") {
+        let n = c.read(&mut buf[got..]).unwrap();
+        assert!(n > 0, "proxy closed client {i}");
+        got += n;
+    }
+    c
+}
+
+/// Not a test of its own: the client side of [`memory_per_idle_keep_alive_connection`],
+/// run in a child process (the test binary again) so that the clients' descriptors do
+/// not count against the proxy's process limit and their memory is not in its RSS.
+/// Without its environment it returns at once.
+#[test]
+#[ignore = "client pool of memory_per_idle_keep_alive_connection (a child process)"]
+fn idle_client_pool_child() {
+    let (Ok(addr), Ok(n), Ok(first)) = (
+        std::env::var(CHILD_ADDR),
+        std::env::var(CHILD_N),
+        std::env::var(CHILD_FIRST),
+    ) else {
+        return;
+    };
+    let addr: SocketAddr = addr.parse().unwrap();
+    let n: usize = n.parse().unwrap();
+    let first: usize = first.parse().unwrap();
+    raise_nofile(n + FDS_SPARE);
+    let clients: Vec<TcpStream> = (first..first + n).map(|i| one_request(i, addr)).collect();
+    println!("{CHILD_READY} {}", clients.len());
+    // Idle until the parent closes our stdin.
+    let mut sink = Vec::new();
+    let _ = std::io::stdin().read_to_end(&mut sink);
+    drop(clients);
+}
+
+/// A child process holding `n` idle client connections from client index `first` on,
+/// and the read end of its stdout (kept open until it exits, so its last lines do not
+/// meet a closed pipe).
+struct ClientPool(
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+);
+
+impl ClientPool {
+    fn start(to: SocketAddr, first: usize, n: usize) -> ClientPool {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--ignored",
+                "--exact",
+                "idle_client_pool_child",
+                "--nocapture",
+            ])
+            .env(CHILD_ADDR, to.to_string())
+            .env(CHILD_N, n.to_string())
+            .env(CHILD_FIRST, first.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        while out.read_line(&mut line).unwrap() > 0 {
+            if let Some(k) = line.trim_end().strip_prefix(CHILD_READY) {
+                assert_eq!(k.trim(), n.to_string(), "child opened {k} of {n}");
+                return ClientPool(child, out);
+            }
+            line.clear();
+        }
+        panic!(
+            "client pool child exited before {CHILD_READY}: {:?}",
+            child.wait()
+        );
+    }
+}
+
+impl Drop for ClientPool {
+    fn drop(&mut self) {
+        drop(self.0.stdin.take());
+        let mut rest = Vec::new();
+        let _ = self.1.read_to_end(&mut rest);
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+#[ignore = "opens FARSIDE_IDLE_CONNS (default 50000) sockets; run by hand"]
+fn memory_per_idle_keep_alive_connection() {
+    let n: usize = std::env::var("FARSIDE_IDLE_CONNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50_000);
+    // The proxy holds one descriptor per client connection (the clients are in child
+    // processes, one per CONNS_PER_SOURCE_IP, each with its own limit).
+    let cap = raise_nofile(n + FDS_SPARE).saturating_sub(FDS_SPARE);
     if n > cap {
         println!(
-            "RLIMIT_NOFILE is {} here (hard limit not raisable): measuring {cap} connections, not {n}",
-            lim.rlim_cur
+            "RLIMIT_NOFILE allows {} descriptors here (hard limit not raisable): measuring {cap} connections, not {n}",
+            cap + FDS_SPARE
         );
     }
     let n = n.min(cap);
@@ -161,26 +270,16 @@ fn memory_per_idle_keep_alive_connection() {
     cfg.http.idle_timeout_ms = 600_000;
     let p = server::spawn(cfg, Arc::new(One(up, Arc::default()))).unwrap();
     // Warm up allocator and runtime with a few connections first.
-    let mut clients: Vec<TcpStream> = Vec::with_capacity(n);
-    let mut buf = [0u8; 256];
-    let mut one = |i: usize| {
-        let mut c = connect_from(i, p.addr);
-        c.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
-        let mut got = 0;
-        while !buf[..got].ends_with(b"ok") {
-            got += c.read(&mut buf[got..]).unwrap();
-        }
-        c
-    };
     for i in 0..64 {
-        drop(one(i));
+        drop(one_request(i, p.addr));
     }
     std::thread::sleep(Duration::from_millis(200));
     let before = rss_bytes();
     let t = Instant::now();
-    for i in 0..n {
-        clients.push(one(i));
-    }
+    let pools: Vec<ClientPool> = (0..n)
+        .step_by(CONNS_PER_SOURCE_IP)
+        .map(|first| ClientPool::start(p.addr, first, CONNS_PER_SOURCE_IP.min(n - first)))
+        .collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     while p.metrics.total(|s| &s.conn_buffer_bytes) != 0 {
         assert!(Instant::now() < deadline, "buffers never released");
@@ -189,8 +288,9 @@ fn memory_per_idle_keep_alive_connection() {
     let after = rss_bytes();
     let per = (after.saturating_sub(before)) as f64 / n as f64;
     println!(
-        "{n} idle keep-alive connections (opened in {:.1} s): RSS {} -> {} MiB, {per:.0} bytes per connection",
+        "{n} idle keep-alive connections (opened in {:.1} s, clients in {} child processes): RSS {} -> {} MiB, {per:.0} bytes per connection",
         t.elapsed().as_secs_f64(),
+        pools.len(),
         before >> 20,
         after >> 20
     );
@@ -198,5 +298,5 @@ fn memory_per_idle_keep_alive_connection() {
         per <= 4096.0,
         "{per:.0} bytes per idle connection (target <= 4 KiB)"
     );
-    drop(clients);
+    drop(pools);
 }
