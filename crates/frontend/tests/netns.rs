@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use common::session::{self, AWAIT_MAX, STALL_MAX};
 use common::{need_root, Lan, NsRef, A_IP, B_IP, FE_IF, FE_IP, VIP};
+use farside_frontend::fmove::MoveClient;
 use farside_frontend::{control, table, Frontend};
 use farside_migrate::{migrate_with, Fallback, MigrateConfig, Outcome, Target, TargetOutcome};
 
@@ -152,11 +153,21 @@ fn thousand_connections_split_75_25_and_each_stays_on_one_backend() {
     drop(lan);
 }
 
+/// The front-end's one-sided MOVE port in these tests.
+const MOVE_PORT: u16 = 7400;
+
 /// How the front-end's flip goes in [`migrate_through_frontend`].
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Flip {
     /// `MOVE` over the control port.
     Moved,
+    /// The one-sided MOVE: a UDP datagram from A answered by the front-end's tc
+    /// program; no control server exists at all.
+    MovedUdp,
+    /// The one-sided MOVE with the front-end's move port off: the front-end's stack
+    /// answers ICMP port unreachable, `move_flow` fails, the migration must complete
+    /// on the source.
+    UdpMoveOff,
     /// The front-end's control port is gone (front-end process died): `move_flow`
     /// fails, the migration must complete on the source.
     ControlPortDown,
@@ -171,7 +182,11 @@ fn migrate_through_frontend(which: char, flip: Flip) {
     let lan = Lan::setup(which);
     let r = lan.r.clone();
     // Every new flow to A; B gets flows only by MOVE.
-    let fe = Arc::new(Mutex::new(attach(&r, 1, 0)));
+    let mut fe = attach(&r, 1, 0);
+    if flip == Flip::MovedUdp {
+        fe.set_move_udp(FE_IP, MOVE_PORT).unwrap();
+    }
+    let fe = Arc::new(Mutex::new(fe));
     let rf = r.clone();
     let fe2 = fe.clone();
     let server = thread::spawn(move || {
@@ -183,7 +198,7 @@ fn migrate_through_frontend(which: char, flip: Flip) {
     let control_addr = server.local_addr();
     let server = match flip {
         Flip::Moved => Some(server),
-        Flip::ControlPortDown => {
+        Flip::ControlPortDown | Flip::MovedUdp | Flip::UdpMoveOff => {
             drop(server);
             None
         }
@@ -226,15 +241,21 @@ fn migrate_through_frontend(which: char, flip: Flip) {
                 assert_eq!(c.flow(peer).unwrap(), Some((A_IP, false)));
                 Some(c)
             }
-            Flip::ControlPortDown => None,
+            Flip::ControlPortDown | Flip::MovedUdp | Flip::UdpMoveOff => None,
         };
+        // The one-sided MOVE's client, from A's namespace: its source is A's address.
+        let mut mover = MoveClient::connect(SocketAddrV4::new(FE_IP, MOVE_PORT)).unwrap();
+        assert_eq!(mover.local_ip(), A_IP);
         let cfg = MigrateConfig::default(); // CloseAfterRestore
-        let outcome = migrate_with(s, target_addr, &cfg, || match fe_client.as_mut() {
-            Some(c) => c.move_flow(peer, B_IP),
-            None => control::Client::connect(control_addr)?.move_flow(peer, B_IP),
+        let outcome = migrate_with(s, target_addr, &cfg, || match flip {
+            Flip::MovedUdp | Flip::UdpMoveOff => mover.move_flow(peer, B_IP),
+            Flip::Moved | Flip::ControlPortDown => match fe_client.as_mut() {
+                Some(c) => c.move_flow(peer, B_IP),
+                None => control::Client::connect(control_addr)?.move_flow(peer, B_IP),
+            },
         });
         match (flip, outcome) {
-            (Flip::Moved, Outcome::Migrated(t)) => {
+            (Flip::Moved | Flip::MovedUdp, Outcome::Migrated(t)) => {
                 eprintln!(
                     "migrated through the front-end: dump {:?}, total {:?}, {} queued bytes",
                     t.dump, t.total, t.state_bytes
@@ -243,7 +264,7 @@ fn migrate_through_frontend(which: char, flip: Flip) {
                 signal.send(()).unwrap();
             }
             (
-                Flip::ControlPortDown,
+                Flip::ControlPortDown | Flip::UdpMoveOff,
                 Outcome::ResumedOnSource {
                     sock,
                     reason: Fallback::FlowNotMoved(e),
@@ -276,15 +297,32 @@ fn migrate_through_frontend(which: char, flip: Flip) {
     assert_eq!(s.backends[0].new_flows, 1);
     assert_eq!(s.counters["nonsyn_miss"], 0);
     match flip {
-        Flip::Moved => {
+        Flip::Moved | Flip::MovedUdp => {
             assert!(
                 matches!(outcome, TargetOutcome::Restored { .. }),
                 "{outcome:?}"
             );
             assert_eq!(fe.flow(peer).unwrap(), Some((B_IP, false)));
             assert!(s.backends[1].packets > 0, "B got the flow's later packets");
+            let (moved, via_udp) = (s.counters["moved"], flip == Flip::MovedUdp);
+            assert_eq!(
+                moved,
+                u64::from(via_udp),
+                "moved by the tc program iff one-sided"
+            );
+            if via_udp {
+                for k in [
+                    "move_already",
+                    "move_not_owner",
+                    "move_not_found",
+                    "move_refused",
+                    "move_malformed",
+                ] {
+                    assert_eq!(s.counters[k], 0, "{k}");
+                }
+            }
         }
-        Flip::ControlPortDown => {
+        Flip::ControlPortDown | Flip::UdpMoveOff => {
             assert!(matches!(outcome, TargetOutcome::Aborted), "{outcome:?}");
             assert_eq!(fe.flow(peer).unwrap(), Some((A_IP, false)));
             assert_eq!(s.backends[1].packets, 0, "nothing ever went to B");
@@ -305,4 +343,16 @@ fn connection_migrated_between_backends_through_the_frontend_keeps_every_byte() 
 #[ignore = "needs root (netns, BPF, TCP_REPAIR): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
 fn frontend_unreachable_at_the_flip_completes_on_the_source() {
     migrate_through_frontend('z', Flip::ControlPortDown);
+}
+
+#[test]
+#[ignore = "needs root (netns, BPF, TCP_REPAIR): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn connection_migrated_with_the_one_sided_move_keeps_every_byte() {
+    migrate_through_frontend('u', Flip::MovedUdp);
+}
+
+#[test]
+#[ignore = "needs root (netns, BPF, TCP_REPAIR): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn one_sided_move_unanswered_completes_on_the_source() {
+    migrate_through_frontend('v', Flip::UdpMoveOff);
 }
