@@ -356,3 +356,80 @@ fn connection_migrated_with_the_one_sided_move_keeps_every_byte() {
 fn one_sided_move_unanswered_completes_on_the_source() {
     migrate_through_frontend('v', Flip::UdpMoveOff);
 }
+
+/// Requests in [`one_sided_move_is_answered_on_the_lan_without_a_process`].
+const PROBES: u64 = 100;
+
+/// The one-sided MOVE live on the LAN, many times: every request from A is answered
+/// by the tc program (no process, no control server), a request from A for a flow it
+/// does not own is refused, and the reply's timing is reported: on veth/bridge the
+/// reply is normally queued before `send` returns (informative: on a busy machine
+/// softirqs may be deferred to ksoftirqd).
+#[test]
+#[ignore = "needs root (netns, BPF): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn one_sided_move_is_answered_on_the_lan_without_a_process() {
+    use farside_frontend::fmove::{MoveRequest, MoveStatus, MSG_BYTES};
+    need_root();
+    let lan = Lan::setup('w');
+    let r = lan.r.clone();
+    let mut fe = attach(&r, 1, 0);
+    fe.set_move_udp(FE_IP, MOVE_PORT).unwrap();
+    let ra = r.clone();
+    let (immediate, refused) = thread::spawn(move || {
+        ra.enter("a");
+        let sock = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        sock.connect(SocketAddrV4::new(FE_IP, MOVE_PORT)).unwrap();
+        let mut immediate = 0u64;
+        let mut buf = [0u8; 64];
+        for seq in 0..PROBES {
+            // A flow the front-end has never seen: NOT_FOUND, nothing written.
+            let req = MoveRequest {
+                seq,
+                client: SocketAddrV4::new(std::net::Ipv4Addr::new(10, 78, 9, 1), 1000 + seq as u16),
+                expected: A_IP,
+                next: B_IP,
+            };
+            sock.send(&req.encode()).unwrap();
+            sock.set_nonblocking(true).unwrap();
+            let n = match sock.recv(&mut buf) {
+                Ok(n) => {
+                    immediate += 1;
+                    n
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    sock.set_nonblocking(false).unwrap();
+                    sock.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+                    sock.recv(&mut buf).expect("a reply")
+                }
+                Err(e) => panic!("recv: {e}"),
+            };
+            sock.set_nonblocking(false).unwrap();
+            assert_eq!(n, MSG_BYTES);
+            assert_eq!(req.match_reply(&buf[..n]), Some(MoveStatus::NotFound));
+        }
+        // A's request naming B as the expected owner is refused (dropped): no reply.
+        let mut c = MoveClient::connect(SocketAddrV4::new(FE_IP, MOVE_PORT)).unwrap();
+        let e = c
+            .request(
+                SocketAddrV4::new(std::net::Ipv4Addr::new(10, 78, 9, 1), 999),
+                B_IP,
+                A_IP,
+            )
+            .unwrap_err();
+        (immediate, e.kind() == std::io::ErrorKind::TimedOut)
+    })
+    .join()
+    .expect("requester");
+    eprintln!("one-sided MOVE: {immediate} of {PROBES} replies already queued when send returned");
+    assert!(refused, "a request from a non-owner gets no reply");
+    let s = fe.stats().unwrap();
+    assert_eq!(s.counters["move_not_found"], PROBES);
+    assert_eq!(
+        s.counters["move_refused"],
+        farside_frontend::fmove::ATTEMPTS as u64
+    );
+    assert_eq!(s.counters["move_malformed"], 0);
+    assert_eq!(s.flows, 0, "nothing written");
+    drop(fe);
+    drop(lan);
+}
