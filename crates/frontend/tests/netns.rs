@@ -155,6 +155,8 @@ fn thousand_connections_split_75_25_and_each_stays_on_one_backend() {
 
 /// The front-end's one-sided MOVE port in these tests.
 const MOVE_PORT: u16 = 7400;
+/// A client address no flow has.
+const CLIENT_IP_PROBE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 78, 9, 9);
 
 /// How the front-end's flip goes in [`migrate_through_frontend`].
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -431,5 +433,77 @@ fn one_sided_move_is_answered_on_the_lan_without_a_process() {
     assert_eq!(s.counters["move_malformed"], 0);
     assert_eq!(s.flows, 0, "nothing written");
     drop(fe);
+    drop(lan);
+}
+
+/// `farside frontend`'s flags (`cli::run` in the front-end's namespace): the one-sided
+/// MOVE answers on --control's IP and port number by default, on the interface's
+/// address with --move-udp-port and no --control, and not at all with port 0.
+#[test]
+#[ignore = "needs root (netns, BPF): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn farside_frontend_flags_place_the_one_sided_move() {
+    use farside_frontend::cli::{run, FrontendArgs};
+    use farside_frontend::fmove::MoveStatus;
+    need_root();
+    let lan = Lan::setup('t');
+    let r = lan.r.clone();
+    // (--control, --move-udp-port, where a MOVE must be answered, or refused at).
+    let cases: [(Option<SocketAddr>, Option<u16>, SocketAddrV4, bool); 4] = [
+        (
+            Some(SocketAddr::new(FE_IP.into(), 7410)),
+            None,
+            SocketAddrV4::new(FE_IP, 7410),
+            true,
+        ),
+        (None, Some(7411), SocketAddrV4::new(FE_IP, 7411), true),
+        (
+            Some(SocketAddr::new(FE_IP.into(), 7412)),
+            Some(7413),
+            SocketAddrV4::new(FE_IP, 7413),
+            true,
+        ),
+        (
+            Some(SocketAddr::new(FE_IP.into(), 7414)),
+            Some(0),
+            SocketAddrV4::new(FE_IP, 7414),
+            false,
+        ),
+    ];
+    for (control, move_udp_port, at, answered) in cases {
+        let args = FrontendArgs {
+            iface: Some(FE_IF.into()),
+            vip: Some(VIP),
+            backends: Lan::backends(1, 1).to_vec(),
+            control,
+            move_udp_port,
+            duration_s: None,
+            detach: None,
+        };
+        let (rf, ra) = (r.clone(), r.clone());
+        thread::spawn(move || {
+            rf.enter("f");
+            run(args, move |_| {
+                let got = thread::spawn(move || {
+                    ra.enter("a");
+                    let mut c = MoveClient::connect(at).unwrap();
+                    c.request(SocketAddrV4::new(CLIENT_IP_PROBE, 1), A_IP, B_IP)
+                })
+                .join()
+                .unwrap();
+                match (answered, got) {
+                    (true, Ok(s)) => assert_eq!(s, MoveStatus::NotFound),
+                    (false, Err(e)) => {
+                        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}")
+                    }
+                    (a, g) => {
+                        panic!("{control:?} {move_udp_port:?} at {at}: answered {a}, got {g:?}")
+                    }
+                }
+            })
+            .unwrap();
+        })
+        .join()
+        .expect("farside frontend");
+    }
     drop(lan);
 }
