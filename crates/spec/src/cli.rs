@@ -280,7 +280,17 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
                     netns: ns.clone(),
                     tables: args.flow_tables.clone(),
                 }),
-                (None, Some(fe)) => Box::new(FrontendSteer::new(fe, args.frontend_move)),
+                (None, Some(fe)) => {
+                    log::info!(
+                        "specd: migrated flows moved at the front-end {fe} ({})",
+                        match args.frontend_move {
+                            FrontendMove::Udp =>
+                                "one-sided MOVE over UDP, answered by its tc program",
+                            FrontendMove::Tcp => "MOVE on its control port, TCP",
+                        }
+                    );
+                    Box::new(FrontendSteer::new(fe, args.frontend_move))
+                }
                 (None, None) => Box::new(NoSteer),
             };
             // The local server's share of the paper's enlarged accept queue: Q + W
