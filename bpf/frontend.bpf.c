@@ -26,6 +26,14 @@
  * it reaches the same back-end as before; if the weights changed or the flow
  * had been moved (migrated) it may reach another back-end, which has no socket
  * and answers RST: that connection is lost (counted FE_CNT_NONSYN_MISS).
+ *
+ * The one-sided MOVE (handle_move): a UDP datagram to the front-end's own address
+ * and move port (fe_config) is answered here, in the kernel, with no front-end
+ * process involved: the flow entry is compare-and-swapped from the requester (the
+ * back-end the entry names) to the new back-end, and the request is turned into
+ * its reply in place and sent back out. Protocol and statuses: struct
+ * fe_move_msg, docs/frontend.md "One-sided MOVE". Other traffic to the front-end's
+ * address (other protocols, other ports, later fragments) passes as before.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -33,6 +41,7 @@
 #include <linux/ip.h>
 #include <linux/pkt_cls.h>
 #include <linux/tcp.h>
+#include <linux/udp.h>
 
 #include "frontend_consts.h"
 #include "frontend_maps.h"
@@ -45,13 +54,17 @@ static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FU
 static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, __u64 flags) = (void *)BPF_FUNC_map_update_elem;
 static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)BPF_FUNC_redirect;
 static long (*bpf_skb_pull_data)(struct __sk_buff *skb, __u32 len) = (void *)BPF_FUNC_skb_pull_data;
+static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to,
+				   __u64 flags) = (void *)BPF_FUNC_l4_csum_replace;
 
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define fe_ntohl(x) __builtin_bswap32(x)
 #define fe_ntohs(x) __builtin_bswap16(x)
 #define fe_htons(x) __builtin_bswap16(x)
+#define fe_htonl(x) __builtin_bswap32(x)
 #else
 #define fe_ntohl(x) (x)
+#define fe_htonl(x) (x)
 #define fe_ntohs(x) (x)
 #define fe_htons(x) (x)
 #endif
@@ -61,6 +74,19 @@ static long (*bpf_skb_pull_data)(struct __sk_buff *skb, __u32 len) = (void *)BPF
 #define HDRS_BYTES (sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct tcphdr))
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1fff
+/* Bytes a MOVE request may need in the linear part: Ethernet, IPv4 with the
+ * longest options (60), UDP, the message. */
+#define MOVE_PULL_BYTES (sizeof(struct ethhdr) + 60 + sizeof(struct udphdr) + sizeof(struct fe_move_msg))
+/* A MOVE request's exact IPv4 total length and UDP length. */
+#define MOVE_UDP_LEN (sizeof(struct udphdr) + sizeof(struct fe_move_msg))
+#define MOVE_IP_LEN (sizeof(struct iphdr) + MOVE_UDP_LEN)
+/* Offset of the UDP checksum in a MOVE request's frame (no IP options). */
+#define MOVE_CSUM_OFF (sizeof(struct ethhdr) + sizeof(struct iphdr) + 6)
+/* bpf_l4_csum_replace flags: a 4-byte field; a zero UDP checksum (none) stays 0. */
+#define FE_F_MARK_MANGLED_0 (1ULL << 5)
+#define FE_CSUM_FIELD_4 4
+
+_Static_assert(sizeof(struct fe_move_msg) == 32, "fe_move_msg is 32 bytes");
 
 static __always_inline void count(__u32 i)
 {
@@ -99,6 +125,143 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 	       a[4] == b[4] && a[5] == b[5];
 }
 
+/* Index of the configured back-end at address ip (network order), or -1. */
+static __always_inline int backend_of(__u32 ip, __u32 backends)
+{
+	__u32 *i = bpf_map_lookup_elem(&fe_bip, &ip);
+
+	if (!i || *i >= backends)
+		return -1;
+	return (int)*i;
+}
+
+/*
+ * The one-sided MOVE: IPv4 UDP to the front-end's own address (checked by the
+ * caller), frame to its MAC. Anything not to the move port passes. A request is
+ * verified (exact lengths, no IP options, not a fragment, magic, version, op, zero
+ * status and reserved) or dropped (FE_CNT_MOVE_MALFORMED); its sender must be the
+ * expected back-end and both back-ends configured, or it is dropped
+ * (FE_CNT_MOVE_REFUSED). Then the flow entry's back-end is compare-and-swapped
+ * from expected to next, and the request becomes the reply in place (MACs, IPs,
+ * ports swapped; op, status; UDP checksum fixed incrementally; the IP checksum
+ * does not change with the swap) and goes back out of the interface.
+ */
+static __always_inline int handle_move(struct __sk_buff *skb, struct fe_config *cfg)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+
+	if (data + MOVE_PULL_BYTES > data_end && skb->len > (__u32)(data_end - data)) {
+		__u32 want = skb->len < MOVE_PULL_BYTES ? skb->len : MOVE_PULL_BYTES;
+
+		if (bpf_skb_pull_data(skb, want))
+			goto pass;
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+	}
+
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+
+	if ((void *)(ip + 1) > data_end)
+		goto pass;
+	__u32 ihl = ip->ihl;
+
+	/* Not judged here (no port to read): the stack's business, as before. */
+	if (ip->version != 4 || ihl < 5 || (ip->frag_off & fe_htons(IP_OFFSET)))
+		goto pass;
+	struct udphdr *udp = (void *)ip + ihl * 4;
+
+	if ((void *)(udp + 1) > data_end)
+		goto pass;
+	if (udp->dest != cfg->move_port)
+		goto pass;
+
+	/* Ours: a well-formed MOVE request or dropped. */
+	if (ihl != 5 || (ip->frag_off & fe_htons(IP_MF)))
+		goto malformed;
+	udp = (void *)(ip + 1);
+	struct fe_move_msg *m = (void *)(udp + 1);
+
+	if ((void *)(m + 1) > data_end)
+		goto malformed;
+	if (fe_ntohs(ip->tot_len) != MOVE_IP_LEN || fe_ntohs(udp->len) != MOVE_UDP_LEN)
+		goto malformed;
+	if (m->magic != fe_htonl(FE_MOVE_MAGIC) || m->version != FE_MOVE_VERSION ||
+	    m->op != FE_MOVE_OP_REQUEST || m->status != 0 || m->reserved != 0)
+		goto malformed;
+
+	/* Only the back-end that owns the flow may give it away. */
+	if (ip->saddr != m->expected) {
+		count(FE_CNT_MOVE_REFUSED);
+		return TC_ACT_SHOT;
+	}
+	int from = backend_of(m->expected, cfg->backends);
+	int to = backend_of(m->next, cfg->backends);
+
+	if (from < 0 || to < 0) {
+		count(FE_CNT_MOVE_REFUSED);
+		return TC_ACT_SHOT;
+	}
+
+	struct fe_flow_key key = {
+		.saddr = m->client_ip,
+		.daddr = cfg->vip,
+		.sport = m->client_port,
+		.dport = cfg->port,
+	};
+	struct fe_flow *f = bpf_map_lookup_elem(&fe_flows, &key);
+	__u16 status;
+
+	if (!f) {
+		status = FE_MOVE_NOT_FOUND;
+		count(FE_CNT_MOVE_NOT_FOUND);
+	} else {
+		__u32 was = __sync_val_compare_and_swap(&f->backend, (__u32)from, (__u32)to);
+
+		if (was == (__u32)from || was == (__u32)to) {
+			/* Moved (or moved by an earlier copy of this request): released. */
+			__sync_fetch_and_and(&f->flags, ~FE_FLOW_HOLD);
+			status = was == (__u32)from ? FE_MOVE_MOVED : FE_MOVE_ALREADY;
+			count(was == (__u32)from ? FE_CNT_MOVED : FE_CNT_MOVE_ALREADY);
+		} else {
+			status = FE_MOVE_NOT_OWNER;
+			count(FE_CNT_MOVE_NOT_OWNER);
+		}
+	}
+
+	/* The reply, in place. */
+	__u32 old_word = *(__u32 *)&m->version;
+
+	m->op = FE_MOVE_OP_REPLY;
+	m->status = fe_htons(status);
+	__u32 new_word = *(__u32 *)&m->version;
+
+	__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
+	__u32 a = ip->saddr;
+
+	ip->saddr = ip->daddr;
+	ip->daddr = a;
+	__u16 p = udp->source;
+
+	udp->source = udp->dest;
+	udp->dest = p;
+	/* Swapped addresses and ports leave both checksums' sums unchanged; only the
+	 * op/status word changed. Invalidates the packet pointers: last. */
+	if (bpf_l4_csum_replace(skb, MOVE_CSUM_OFF, old_word, new_word,
+				FE_F_MARK_MANGLED_0 | FE_CSUM_FIELD_4))
+		goto malformed;
+	return bpf_redirect(cfg->ifindex, 0);
+
+malformed:
+	count(FE_CNT_MOVE_MALFORMED);
+	return TC_ACT_SHOT;
+pass:
+	count(FE_CNT_PASSED);
+	return TC_ACT_OK;
+}
+
 SEC("classifier")
 int fs_frontend(struct __sk_buff *skb)
 {
@@ -134,6 +297,8 @@ int fs_frontend(struct __sk_buff *skb)
 		count(FE_CNT_MALFORMED);
 		return TC_ACT_SHOT;
 	}
+	if (cfg->move_port && ip->daddr == cfg->ip && ip->protocol == IPPROTO_UDP)
+		return handle_move(skb, cfg);
 	if (ip->daddr != cfg->vip || ip->protocol != IPPROTO_TCP)
 		goto pass;
 	if (ip->version != 4 || ip->ihl < 5) {

@@ -32,6 +32,25 @@
 #define FE_CNT_NO_BACKEND 6    /* slot or entry names no configured back-end: dropped */
 #define FE_CNT_INSERT_FAILED 7 /* flow entry could not be written (forwarded anyway) */
 #define FE_CNT_SYN_HIT 8       /* a SYN that found an entry (4-tuple reuse): followed it */
-#define FE_COUNTERS 9
+#define FE_CNT_MOVE_MALFORMED 9   /* UDP to the move port, not a well-formed MOVE: dropped */
+#define FE_CNT_MOVE_REFUSED 10    /* MOVE from another host than the expected back-end,
+                                   * or naming an unconfigured back-end: dropped */
+#define FE_CNT_MOVED 11           /* MOVE answered MOVED (the entry named the requester) */
+#define FE_CNT_MOVE_ALREADY 12    /* MOVE answered ALREADY (the entry named the new one) */
+#define FE_CNT_MOVE_NOT_OWNER 13  /* MOVE answered NOT_OWNER (a third back-end) */
+#define FE_CNT_MOVE_NOT_FOUND 14  /* MOVE answered NOT_FOUND (no entry) */
+#define FE_COUNTERS 15
+
+/* The one-sided MOVE over UDP (docs/frontend.md "One-sided MOVE"), struct
+ * fe_move_msg. Every field in network byte order. */
+#define FE_MOVE_MAGIC 0x46534d56U /* "FSMV" */
+#define FE_MOVE_VERSION 1
+#define FE_MOVE_OP_REQUEST 1
+#define FE_MOVE_OP_REPLY 2
+/* Reply statuses. */
+#define FE_MOVE_MOVED 1     /* the entry named the expected back-end: now the new one */
+#define FE_MOVE_ALREADY 2   /* the entry already named the new back-end (a retry) */
+#define FE_MOVE_NOT_OWNER 3 /* the entry names a third back-end: unchanged */
+#define FE_MOVE_NOT_FOUND 4 /* no entry (evicted): nothing written */
 
 #endif /* FRONTEND_CONSTS_H */

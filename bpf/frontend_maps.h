@@ -26,6 +26,14 @@ struct {
 	__type(value, struct fe_backend);
 } fe_backends SEC(".maps");
 
+/* Back-end address (network byte order) -> index, for the one-sided MOVE. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FE_BACKENDS_MAX);
+	__type(key, __u32);
+	__type(value, __u32);
+} fe_bip SEC(".maps");
+
 /* Weight table: slot (hash % FE_SLOTS) -> back-end index, filled from the weights. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -14,6 +14,9 @@ struct fe_config {
 	                  * switches never learn a client's MAC on the front-end's port) */
 	__u32 ifindex;   /* where forwarded frames go out (the same interface) */
 	__u32 backends;  /* configured back-ends; 0 = route nothing (all passed) */
+	__u32 ip;        /* the front-end's own address: MOVE requests go to it */
+	__u16 move_port; /* UDP port of the one-sided MOVE; 0 = off (passed) */
+	__u16 reserved;
 };
 
 /* fe_backends[i]. */
@@ -41,6 +44,21 @@ struct fe_flow {
 struct fe_bstats {
 	__u64 packets;
 	__u64 new_flows;
+};
+
+/* The one-sided MOVE (UDP payload, exactly this size; request and reply alike).
+ * Network byte order throughout. */
+struct fe_move_msg {
+	__u32 magic;       /* FE_MOVE_MAGIC */
+	__u8 version;      /* FE_MOVE_VERSION */
+	__u8 op;           /* FE_MOVE_OP_REQUEST; the reply: FE_MOVE_OP_REPLY */
+	__u16 status;      /* request: 0; reply: FE_MOVE_MOVED ... FE_MOVE_NOT_FOUND */
+	__u64 seq;         /* the requester's, echoed */
+	__u32 client_ip;   /* the flow: client address and port (to the VIP:port) */
+	__u16 client_port;
+	__u16 reserved;    /* 0 */
+	__u32 expected;    /* the back-end the entry names now (= the requester's IP) */
+	__u32 next;        /* the back-end it is to name */
 };
 
 #endif /* FRONTEND_STRUCTS_H */

@@ -6,6 +6,7 @@ fn main() {
         source: "frontend.bpf.c",
         depends_on: &["frontend_consts.h", "frontend_maps.h", "frontend_structs.h"],
         object: "frontend.bpf.o",
-        extra_flags: &["-fno-strict-aliasing"],
+        // -mcpu=v3: the one-sided MOVE's compare-and-swap (BPF_CMPXCHG, Linux >= 5.12).
+        extra_flags: &["-fno-strict-aliasing", "-mcpu=v3"],
     });
 }

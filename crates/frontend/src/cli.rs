@@ -16,7 +16,9 @@ use crate::loader::{detach_iface, validate_backends, BackendSpec, Frontend};
 give every back-end here as MAC@IP=WEIGHT (its MAC on IF's LAN, its own address, its \
 share of new flows). Control port (one line per request, one reply line): MOVE \
 client_ip:port backend_ip | HOLD client_ip:port | RELEASE client_ip:port | FLOW \
-client_ip:port | WEIGHTS ip=w,ip=w | STATS. See docs/frontend.md."
+client_ip:port | WEIGHTS ip=w,ip=w | STATS. One-sided MOVE (answered by the tc program, no \
+process involved): UDP to this node's address on --move-udp-port (default: the control port's \
+number). See docs/frontend.md."
 )]
 pub struct FrontendArgs {
     /// The LAN interface clients' VIP traffic arrives on and back-ends are reached
@@ -33,12 +35,17 @@ pub struct FrontendArgs {
     /// Serve the control port here (TCP), e.g. 10.0.0.1:7400; none if absent.
     #[arg(long, value_name = "ADDR")]
     pub control: Option<SocketAddr>,
+    /// UDP port of the one-sided MOVE, answered by the tc program itself (no process
+    /// involved) at this node's address: --control's IP if it names one, else IF's
+    /// IPv4 address. Default: --control's port number (off without --control); 0 = off.
+    #[arg(long, value_name = "PORT")]
+    pub move_udp_port: Option<u16>,
     /// Stop after this many seconds (default: at SIGINT/SIGTERM).
     #[arg(long, value_name = "S")]
     pub duration_s: Option<f64>,
     /// Remove a front-end left attached to IF by a process that died, and exit
     /// (needed only on kernels before 6.6: a TCX attachment ends with its process).
-    #[arg(long, value_name = "IF", conflicts_with_all = ["iface", "vip", "backends", "control"])]
+    #[arg(long, value_name = "IF", conflicts_with_all = ["iface", "vip", "backends", "control", "move_udp_port"])]
     pub detach: Option<String>,
 }
 
@@ -63,6 +70,14 @@ impl FrontendArgs {
         }
         Ok(())
     }
+
+    /// The one-sided MOVE's port: `--move-udp-port`, else the control port's number,
+    /// else none (0 = off).
+    pub fn move_port(&self) -> u16 {
+        self.move_udp_port
+            .or(self.control.map(|c| c.port()))
+            .unwrap_or(0)
+    }
 }
 
 /// Run `farside frontend`: attach, serve the control port, call `wait` (which
@@ -77,7 +92,25 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
     }
     let ifname = a.iface.as_deref().ok_or("--iface is required")?;
     let vip = a.vip.ok_or("--vip is required")?;
-    let fe = Frontend::attach(ifname, vip, &a.backends).map_err(|e| e.to_string())?;
+    let mut fe = Frontend::attach(ifname, vip, &a.backends).map_err(|e| e.to_string())?;
+    let move_port = a.move_port();
+    if move_port != 0 {
+        // The front-end's own address: --control's if it names one (the address the
+        // back-ends' `specd --frontend` gives), else the interface's.
+        let ip = match a.control.map(|c| c.ip()) {
+            Some(std::net::IpAddr::V4(ip)) if !ip.is_unspecified() => ip,
+            _ => crate::loader::iface_ipv4(ifname)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| {
+                    format!(
+                        "--move-udp-port {move_port}: {ifname} has no IPv4 address to answer on \
+                         (give --control IP:PORT, or --move-udp-port 0)"
+                    )
+                })?,
+        };
+        fe.set_move_udp(ip, move_port)
+            .map_err(|e| format!("--move-udp-port {move_port}: {e}"))?;
+    }
     let fe = Arc::new(Mutex::new(fe));
     let server = match a.control {
         Some(addr) => {
@@ -90,12 +123,16 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
         .iter()
         .map(|b| format!("{}={}", b.ip, b.weight))
         .collect();
+    let move_udp = fe.lock().unwrap_or_else(|p| p.into_inner()).move_udp();
     log::info!(
-        "frontend: routing TCP to {vip} arriving on {ifname} to {} (L2 DSR, tc ingress){}",
+        "frontend: routing TCP to {vip} arriving on {ifname} to {} (L2 DSR, tc ingress){}{}",
         shares.join(","),
         server
             .as_ref()
             .map(|s| format!("; control on {}", s.local_addr()))
+            .unwrap_or_default(),
+        move_udp
+            .map(|m| format!("; one-sided MOVE on udp {m}"))
             .unwrap_or_default()
     );
     wait(a.duration_s.map(std::time::Duration::from_secs_f64));

@@ -11,19 +11,22 @@
 //! - [`Frontend`]: load, configure, attach (tc ingress), and the map operations;
 //! - [`control`]: the control port (`MOVE`, `HOLD`, `RELEASE`, `FLOW`, `WEIGHTS`,
 //!   `STATS`) and its [`control::Client`];
+//! - [`fmove`]: the one-sided MOVE, a UDP request the program answers in the kernel,
+//!   and its [`fmove::MoveClient`];
 //! - [`cli`]: `farside frontend`.
 //!
 //! Everything but [`table`] needs CAP_BPF and CAP_NET_ADMIN (root in practice).
 
 pub mod cli;
 pub mod control;
+pub mod fmove;
 mod loader;
 mod maps;
 pub mod table;
 
 pub use loader::{
-    detach_iface, format_mac, iface_mac_index, parse_mac, parse_weights, validate_backends,
-    verdict, BackendReport, BackendSpec, Frontend, FrontendError, Stats,
+    detach_iface, format_mac, iface_ipv4, iface_mac_index, parse_mac, parse_weights,
+    validate_backends, verdict, BackendReport, BackendSpec, Frontend, FrontendError, Stats,
 };
 pub use maps::{BACKENDS_MAX, COUNTERS, COUNTER_NAMES, FLOWS_MAX, HASH_SEED, SLOTS};
 

@@ -16,7 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::maps::{
     BackendEntry, BackendStats, Config, FlowKey, FlowValue, COUNTERS, COUNTER_NAMES, FLOW_HOLD,
-    MAP_BACKENDS, MAP_BSTATS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_TABLE, PROG_NAME, SLOTS,
+    MAP_BACKENDS, MAP_BIP, MAP_BSTATS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_TABLE, PROG_NAME,
+    SLOTS,
 };
 use crate::table;
 
@@ -258,6 +259,8 @@ impl fmt::Display for Stats {
 /// dies: the TCX link is owned by this process and pinned nowhere).
 pub struct Frontend {
     ebpf: Ebpf,
+    /// `fe_config[0]` as last written.
+    config: Config,
     vip: SocketAddrV4,
     backends: Vec<BackendSpec>,
     link: Option<SchedClassifierLinkId>,
@@ -301,6 +304,14 @@ impl Frontend {
             .map_err(|e| classify("BPF_PROG_LOAD", e, FrontendError::Load))?;
         let mut fe = Frontend {
             ebpf,
+            config: Config {
+                vip: u32::from(*vip.ip()).to_be(),
+                port: vip.port().to_be(),
+                mac,
+                ifindex,
+                backends: backends.len() as u32,
+                ..Config::default()
+            },
             vip,
             backends: backends.to_vec(),
             link: None,
@@ -320,25 +331,53 @@ impl Frontend {
                     .map_err(|e| classify("writing a back-end", e, FrontendError::Map))?;
             }
         }
+        {
+            let mut m: HashMap<&mut MapData, u32, u32> =
+                HashMap::try_from(map_mut(&mut fe.ebpf, MAP_BIP)?)
+                    .map_err(|e| FrontendError::Map(format!("{MAP_BIP}: {e}")))?;
+            for (i, b) in backends.iter().enumerate() {
+                m.insert(u32::from(b.ip).to_be(), i as u32, 0)
+                    .map_err(|e| classify("writing a back-end's address", e, FrontendError::Map))?;
+            }
+        }
         fe.write_table()?;
-        let mut config: Array<&mut MapData, Config> =
-            Array::try_from(map_mut(&mut fe.ebpf, MAP_CONFIG)?)
-                .map_err(|e| FrontendError::Map(format!("{MAP_CONFIG}: {e}")))?;
         // Written last: `backends` > 0 is what turns routing on.
-        config
-            .set(
-                0,
-                Config {
-                    vip: u32::from(*vip.ip()).to_be(),
-                    port: vip.port().to_be(),
-                    mac,
-                    ifindex,
-                    backends: backends.len() as u32,
-                },
-                0,
-            )
-            .map_err(|e| classify("writing the configuration", e, FrontendError::Map))?;
+        fe.write_config()?;
         Ok(fe)
+    }
+
+    fn write_config(&mut self) -> Result<(), FrontendError> {
+        let mut config: Array<&mut MapData, Config> =
+            Array::try_from(map_mut(&mut self.ebpf, MAP_CONFIG)?)
+                .map_err(|e| FrontendError::Map(format!("{MAP_CONFIG}: {e}")))?;
+        config
+            .set(0, self.config, 0)
+            .map_err(|e| classify("writing the configuration", e, FrontendError::Map))
+    }
+
+    /// Answer the one-sided MOVE (UDP to `ip:port`, the front-end's own address; see
+    /// [`crate::fmove`]) in the program from now on; port 0 turns it off (such
+    /// datagrams pass to the stack as any other).
+    pub fn set_move_udp(&mut self, ip: Ipv4Addr, port: u16) -> Result<(), FrontendError> {
+        if port != 0 && (ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast()) {
+            return Err(FrontendError::Config(format!(
+                "the one-sided MOVE needs the front-end's own unicast address, not {ip}"
+            )));
+        }
+        let before = self.config;
+        self.config.ip = u32::from(ip).to_be();
+        self.config.move_port = port.to_be();
+        self.write_config().inspect_err(|_| self.config = before)
+    }
+
+    /// Where the one-sided MOVE is answered, if it is on.
+    pub fn move_udp(&self) -> Option<SocketAddrV4> {
+        (self.config.move_port != 0).then(|| {
+            SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(self.config.ip)),
+                u16::from_be(self.config.move_port),
+            )
+        })
     }
 
     /// Load for `vip` and `backends` and attach to `ifname`'s tc ingress (in the
@@ -720,6 +759,50 @@ pub fn iface_mac_index(ifname: &str) -> Result<([u8; 6], u32), FrontendError> {
     let mut mac = [0u8; 6];
     mac.copy_from_slice(&req.data[..6]);
     Ok((mac, ifindex))
+}
+
+/// The first IPv4 address of `ifname` in the calling thread's network namespace
+/// (SIOCGIFADDR), None if it has none.
+pub fn iface_ipv4(ifname: &str) -> Result<Option<Ipv4Addr>, FrontendError> {
+    if ifname.len() >= 16 || ifname.contains('\0') {
+        return Err(FrontendError::NoInterface(ifname.to_string()));
+    }
+    #[repr(C)]
+    struct IfReqAddr {
+        name: [u8; 16],
+        addr: libc::sockaddr_in,
+        _pad: [u8; 8],
+    }
+    // SAFETY: all-zero is a valid sockaddr_in.
+    let mut req = IfReqAddr {
+        name: [0; 16],
+        addr: unsafe { std::mem::zeroed() },
+        _pad: [0; 8],
+    };
+    req.name[..ifname.len()].copy_from_slice(ifname.as_bytes());
+    // SAFETY: a plain datagram socket, closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(FrontendError::Attach(format!(
+            "socket for SIOCGIFADDR: {}",
+            io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: SIOCGIFADDR fills a struct ifreq (40 bytes) we own.
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFADDR, &mut req as *mut IfReqAddr) };
+    let err = io::Error::last_os_error();
+    // SAFETY: closing the socket opened above.
+    unsafe { libc::close(fd) };
+    if rc < 0 {
+        return match err.raw_os_error() {
+            Some(libc::EADDRNOTAVAIL) => Ok(None),
+            Some(libc::ENODEV) => Err(FrontendError::NoInterface(ifname.to_string())),
+            _ => Err(FrontendError::Attach(format!(
+                "reading {ifname}'s IPv4 address: {err}"
+            ))),
+        };
+    }
+    Ok(Some(Ipv4Addr::from(u32::from_be(req.addr.sin_addr.s_addr))))
 }
 
 /// `farside frontend --detach IF`: remove a front-end left attached through the

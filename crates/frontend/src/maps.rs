@@ -25,9 +25,15 @@ pub const COUNTER_NAMES: [&str; COUNTERS] = [
     "no_backend",
     "insert_failed",
     "syn_hit",
+    "move_malformed",
+    "move_refused",
+    "moved",
+    "move_already",
+    "move_not_owner",
+    "move_not_found",
 ];
 /// Number of global counters (`FE_COUNTERS`).
-pub const COUNTERS: usize = 9;
+pub const COUNTERS: usize = 15;
 
 pub(crate) const PROG_NAME: &str = "fs_frontend";
 pub(crate) const MAP_CONFIG: &str = "fe_config";
@@ -36,6 +42,7 @@ pub(crate) const MAP_TABLE: &str = "fe_table";
 pub(crate) const MAP_FLOWS: &str = "fe_flows";
 pub(crate) const MAP_BSTATS: &str = "fe_bstats";
 pub(crate) const MAP_COUNTERS: &str = "fe_counters";
+pub(crate) const MAP_BIP: &str = "fe_bip";
 
 /// `struct fe_config`.
 #[repr(C)]
@@ -46,6 +53,9 @@ pub(crate) struct Config {
     pub mac: [u8; 6],
     pub ifindex: u32,
     pub backends: u32,
+    pub ip: u32,
+    pub move_port: u16,
+    pub reserved: u16,
 }
 
 /// `struct fe_backend`.
@@ -147,6 +157,12 @@ mod tests {
             "FE_CNT_NO_BACKEND",
             "FE_CNT_INSERT_FAILED",
             "FE_CNT_SYN_HIT",
+            "FE_CNT_MOVE_MALFORMED",
+            "FE_CNT_MOVE_REFUSED",
+            "FE_CNT_MOVED",
+            "FE_CNT_MOVE_ALREADY",
+            "FE_CNT_MOVE_NOT_OWNER",
+            "FE_CNT_MOVE_NOT_FOUND",
         ]
         .iter()
         .enumerate()
@@ -157,7 +173,29 @@ mod tests {
                 name.trim_start_matches("FE_CNT_").to_lowercase()
             );
         }
-        assert_eq!(std::mem::size_of::<Config>(), 20);
+        use crate::fmove;
+        assert_eq!(define(h, "FE_MOVE_MAGIC"), u64::from(fmove::MAGIC));
+        assert_eq!(define(h, "FE_MOVE_VERSION"), u64::from(fmove::VERSION));
+        assert_eq!(
+            define(h, "FE_MOVE_OP_REQUEST"),
+            u64::from(fmove::OP_REQUEST)
+        );
+        assert_eq!(define(h, "FE_MOVE_OP_REPLY"), u64::from(fmove::OP_REPLY));
+        for s in [
+            fmove::MoveStatus::Moved,
+            fmove::MoveStatus::Already,
+            fmove::MoveStatus::NotOwner,
+            fmove::MoveStatus::NotFound,
+        ] {
+            let name = match s {
+                fmove::MoveStatus::Moved => "FE_MOVE_MOVED",
+                fmove::MoveStatus::Already => "FE_MOVE_ALREADY",
+                fmove::MoveStatus::NotOwner => "FE_MOVE_NOT_OWNER",
+                fmove::MoveStatus::NotFound => "FE_MOVE_NOT_FOUND",
+            };
+            assert_eq!(define(h, name), u64::from(s as u16), "{name}");
+        }
+        assert_eq!(std::mem::size_of::<Config>(), 28);
         assert_eq!(std::mem::size_of::<BackendEntry>(), 12);
         assert_eq!(std::mem::size_of::<FlowKey>(), 12);
         assert_eq!(std::mem::size_of::<FlowValue>(), 8);

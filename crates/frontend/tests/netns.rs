@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use common::session::{self, AWAIT_MAX, STALL_MAX};
 use common::{need_root, Lan, NsRef, A_IP, B_IP, FE_IF, FE_IP, VIP};
+use farside_frontend::fmove::MoveClient;
 use farside_frontend::{control, table, Frontend};
 use farside_migrate::{migrate_with, Fallback, MigrateConfig, Outcome, Target, TargetOutcome};
 
@@ -152,11 +153,23 @@ fn thousand_connections_split_75_25_and_each_stays_on_one_backend() {
     drop(lan);
 }
 
+/// The front-end's one-sided MOVE port in these tests.
+const MOVE_PORT: u16 = 7400;
+/// A client address no flow has.
+const CLIENT_IP_PROBE: std::net::Ipv4Addr = std::net::Ipv4Addr::new(10, 78, 9, 9);
+
 /// How the front-end's flip goes in [`migrate_through_frontend`].
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Flip {
     /// `MOVE` over the control port.
     Moved,
+    /// The one-sided MOVE: a UDP datagram from A answered by the front-end's tc
+    /// program; no control server exists at all.
+    MovedUdp,
+    /// The one-sided MOVE with the front-end's move port off: the front-end's stack
+    /// answers ICMP port unreachable, `move_flow` fails, the migration must complete
+    /// on the source.
+    UdpMoveOff,
     /// The front-end's control port is gone (front-end process died): `move_flow`
     /// fails, the migration must complete on the source.
     ControlPortDown,
@@ -171,7 +184,11 @@ fn migrate_through_frontend(which: char, flip: Flip) {
     let lan = Lan::setup(which);
     let r = lan.r.clone();
     // Every new flow to A; B gets flows only by MOVE.
-    let fe = Arc::new(Mutex::new(attach(&r, 1, 0)));
+    let mut fe = attach(&r, 1, 0);
+    if flip == Flip::MovedUdp {
+        fe.set_move_udp(FE_IP, MOVE_PORT).unwrap();
+    }
+    let fe = Arc::new(Mutex::new(fe));
     let rf = r.clone();
     let fe2 = fe.clone();
     let server = thread::spawn(move || {
@@ -183,7 +200,7 @@ fn migrate_through_frontend(which: char, flip: Flip) {
     let control_addr = server.local_addr();
     let server = match flip {
         Flip::Moved => Some(server),
-        Flip::ControlPortDown => {
+        Flip::ControlPortDown | Flip::MovedUdp | Flip::UdpMoveOff => {
             drop(server);
             None
         }
@@ -226,15 +243,21 @@ fn migrate_through_frontend(which: char, flip: Flip) {
                 assert_eq!(c.flow(peer).unwrap(), Some((A_IP, false)));
                 Some(c)
             }
-            Flip::ControlPortDown => None,
+            Flip::ControlPortDown | Flip::MovedUdp | Flip::UdpMoveOff => None,
         };
+        // The one-sided MOVE's client, from A's namespace: its source is A's address.
+        let mut mover = MoveClient::connect(SocketAddrV4::new(FE_IP, MOVE_PORT)).unwrap();
+        assert_eq!(mover.local_ip(), A_IP);
         let cfg = MigrateConfig::default(); // CloseAfterRestore
-        let outcome = migrate_with(s, target_addr, &cfg, || match fe_client.as_mut() {
-            Some(c) => c.move_flow(peer, B_IP),
-            None => control::Client::connect(control_addr)?.move_flow(peer, B_IP),
+        let outcome = migrate_with(s, target_addr, &cfg, || match flip {
+            Flip::MovedUdp | Flip::UdpMoveOff => mover.move_flow(peer, B_IP),
+            Flip::Moved | Flip::ControlPortDown => match fe_client.as_mut() {
+                Some(c) => c.move_flow(peer, B_IP),
+                None => control::Client::connect(control_addr)?.move_flow(peer, B_IP),
+            },
         });
         match (flip, outcome) {
-            (Flip::Moved, Outcome::Migrated(t)) => {
+            (Flip::Moved | Flip::MovedUdp, Outcome::Migrated(t)) => {
                 eprintln!(
                     "migrated through the front-end: dump {:?}, total {:?}, {} queued bytes",
                     t.dump, t.total, t.state_bytes
@@ -243,7 +266,7 @@ fn migrate_through_frontend(which: char, flip: Flip) {
                 signal.send(()).unwrap();
             }
             (
-                Flip::ControlPortDown,
+                Flip::ControlPortDown | Flip::UdpMoveOff,
                 Outcome::ResumedOnSource {
                     sock,
                     reason: Fallback::FlowNotMoved(e),
@@ -276,15 +299,32 @@ fn migrate_through_frontend(which: char, flip: Flip) {
     assert_eq!(s.backends[0].new_flows, 1);
     assert_eq!(s.counters["nonsyn_miss"], 0);
     match flip {
-        Flip::Moved => {
+        Flip::Moved | Flip::MovedUdp => {
             assert!(
                 matches!(outcome, TargetOutcome::Restored { .. }),
                 "{outcome:?}"
             );
             assert_eq!(fe.flow(peer).unwrap(), Some((B_IP, false)));
             assert!(s.backends[1].packets > 0, "B got the flow's later packets");
+            let (moved, via_udp) = (s.counters["moved"], flip == Flip::MovedUdp);
+            assert_eq!(
+                moved,
+                u64::from(via_udp),
+                "moved by the tc program iff one-sided"
+            );
+            if via_udp {
+                for k in [
+                    "move_already",
+                    "move_not_owner",
+                    "move_not_found",
+                    "move_refused",
+                    "move_malformed",
+                ] {
+                    assert_eq!(s.counters[k], 0, "{k}");
+                }
+            }
         }
-        Flip::ControlPortDown => {
+        Flip::ControlPortDown | Flip::UdpMoveOff => {
             assert!(matches!(outcome, TargetOutcome::Aborted), "{outcome:?}");
             assert_eq!(fe.flow(peer).unwrap(), Some((A_IP, false)));
             assert_eq!(s.backends[1].packets, 0, "nothing ever went to B");
@@ -305,4 +345,165 @@ fn connection_migrated_between_backends_through_the_frontend_keeps_every_byte() 
 #[ignore = "needs root (netns, BPF, TCP_REPAIR): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
 fn frontend_unreachable_at_the_flip_completes_on_the_source() {
     migrate_through_frontend('z', Flip::ControlPortDown);
+}
+
+#[test]
+#[ignore = "needs root (netns, BPF, TCP_REPAIR): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn connection_migrated_with_the_one_sided_move_keeps_every_byte() {
+    migrate_through_frontend('u', Flip::MovedUdp);
+}
+
+#[test]
+#[ignore = "needs root (netns, BPF, TCP_REPAIR): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn one_sided_move_unanswered_completes_on_the_source() {
+    migrate_through_frontend('v', Flip::UdpMoveOff);
+}
+
+/// Requests in [`one_sided_move_is_answered_on_the_lan_without_a_process`].
+const PROBES: u64 = 100;
+
+/// The one-sided MOVE live on the LAN, many times: every request from A is answered
+/// by the tc program (no process, no control server), a request from A for a flow it
+/// does not own is refused, and the reply's timing is reported: on veth/bridge the
+/// reply is normally queued before `send` returns (informative: on a busy machine
+/// softirqs may be deferred to ksoftirqd).
+#[test]
+#[ignore = "needs root (netns, BPF): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn one_sided_move_is_answered_on_the_lan_without_a_process() {
+    use farside_frontend::fmove::{MoveRequest, MoveStatus, MSG_BYTES};
+    need_root();
+    let lan = Lan::setup('w');
+    let r = lan.r.clone();
+    let mut fe = attach(&r, 1, 0);
+    fe.set_move_udp(FE_IP, MOVE_PORT).unwrap();
+    let ra = r.clone();
+    let (immediate, refused) = thread::spawn(move || {
+        ra.enter("a");
+        let sock = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        sock.connect(SocketAddrV4::new(FE_IP, MOVE_PORT)).unwrap();
+        let mut immediate = 0u64;
+        let mut buf = [0u8; 64];
+        for seq in 0..PROBES {
+            // A flow the front-end has never seen: NOT_FOUND, nothing written.
+            let req = MoveRequest {
+                seq,
+                client: SocketAddrV4::new(std::net::Ipv4Addr::new(10, 78, 9, 1), 1000 + seq as u16),
+                expected: A_IP,
+                next: B_IP,
+            };
+            sock.send(&req.encode()).unwrap();
+            sock.set_nonblocking(true).unwrap();
+            let n = match sock.recv(&mut buf) {
+                Ok(n) => {
+                    immediate += 1;
+                    n
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    sock.set_nonblocking(false).unwrap();
+                    sock.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+                    sock.recv(&mut buf).expect("a reply")
+                }
+                Err(e) => panic!("recv: {e}"),
+            };
+            sock.set_nonblocking(false).unwrap();
+            assert_eq!(n, MSG_BYTES);
+            assert_eq!(req.match_reply(&buf[..n]), Some(MoveStatus::NotFound));
+        }
+        // A's request naming B as the expected owner is refused (dropped): no reply.
+        let mut c = MoveClient::connect(SocketAddrV4::new(FE_IP, MOVE_PORT)).unwrap();
+        let e = c
+            .request(
+                SocketAddrV4::new(std::net::Ipv4Addr::new(10, 78, 9, 1), 999),
+                B_IP,
+                A_IP,
+            )
+            .unwrap_err();
+        (immediate, e.kind() == std::io::ErrorKind::TimedOut)
+    })
+    .join()
+    .expect("requester");
+    eprintln!("one-sided MOVE: {immediate} of {PROBES} replies already queued when send returned");
+    assert!(refused, "a request from a non-owner gets no reply");
+    let s = fe.stats().unwrap();
+    assert_eq!(s.counters["move_not_found"], PROBES);
+    assert_eq!(
+        s.counters["move_refused"],
+        farside_frontend::fmove::ATTEMPTS as u64
+    );
+    assert_eq!(s.counters["move_malformed"], 0);
+    assert_eq!(s.flows, 0, "nothing written");
+    drop(fe);
+    drop(lan);
+}
+
+/// `farside frontend`'s flags (`cli::run` in the front-end's namespace): the one-sided
+/// MOVE answers on --control's IP and port number by default, on the interface's
+/// address with --move-udp-port and no --control, and not at all with port 0.
+#[test]
+#[ignore = "needs root (netns, BPF): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn farside_frontend_flags_place_the_one_sided_move() {
+    use farside_frontend::cli::{run, FrontendArgs};
+    use farside_frontend::fmove::MoveStatus;
+    need_root();
+    let lan = Lan::setup('t');
+    let r = lan.r.clone();
+    // (--control, --move-udp-port, where a MOVE must be answered, or refused at).
+    let cases: [(Option<SocketAddr>, Option<u16>, SocketAddrV4, bool); 4] = [
+        (
+            Some(SocketAddr::new(FE_IP.into(), 7410)),
+            None,
+            SocketAddrV4::new(FE_IP, 7410),
+            true,
+        ),
+        (None, Some(7411), SocketAddrV4::new(FE_IP, 7411), true),
+        (
+            Some(SocketAddr::new(FE_IP.into(), 7412)),
+            Some(7413),
+            SocketAddrV4::new(FE_IP, 7413),
+            true,
+        ),
+        (
+            Some(SocketAddr::new(FE_IP.into(), 7414)),
+            Some(0),
+            SocketAddrV4::new(FE_IP, 7414),
+            false,
+        ),
+    ];
+    for (control, move_udp_port, at, answered) in cases {
+        let args = FrontendArgs {
+            iface: Some(FE_IF.into()),
+            vip: Some(VIP),
+            backends: Lan::backends(1, 1).to_vec(),
+            control,
+            move_udp_port,
+            duration_s: None,
+            detach: None,
+        };
+        let (rf, ra) = (r.clone(), r.clone());
+        thread::spawn(move || {
+            rf.enter("f");
+            run(args, move |_| {
+                let got = thread::spawn(move || {
+                    ra.enter("a");
+                    let mut c = MoveClient::connect(at).unwrap();
+                    c.request(SocketAddrV4::new(CLIENT_IP_PROBE, 1), A_IP, B_IP)
+                })
+                .join()
+                .unwrap();
+                match (answered, got) {
+                    (true, Ok(s)) => assert_eq!(s, MoveStatus::NotFound),
+                    (false, Err(e)) => {
+                        assert_eq!(e.kind(), std::io::ErrorKind::ConnectionRefused, "{e}")
+                    }
+                    (a, g) => {
+                        panic!("{control:?} {move_udp_port:?} at {at}: answered {a}, got {g:?}")
+                    }
+                }
+            })
+            .unwrap();
+        })
+        .join()
+        .expect("farside frontend");
+    }
+    drop(lan);
 }

@@ -449,3 +449,434 @@ fn per_packet_cost_is_reported() {
     // Informative only (busy machine): the flow-table hit path.
     eprintln!("flow-table hit: {ns} ns per packet (BPF_PROG_TEST_RUN, 10,000 runs)");
 }
+
+// ---- The one-sided MOVE (UDP to the front-end's own address, answered in the kernel).
+
+use farside_frontend::fmove::{MoveRequest, MoveStatus, MSG_BYTES, OP_REPLY};
+
+const FE_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+const MOVE_PORT: u16 = 7400;
+const REQ_PORT: u16 = 45_678;
+const C_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xcc, 0x01];
+const C_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 13);
+
+/// A front-end of A, B, C (weights 1, 0, 0: every new flow to A) answering MOVE.
+fn load_move() -> Frontend {
+    let backends = [(A_MAC, A_IP, 1), (B_MAC, B_IP, 0), (C_MAC, C_IP, 0)]
+        .map(|(mac, ip, weight)| BackendSpec { mac, ip, weight });
+    let mut fe = Frontend::load(VIP, &backends, FE_MAC, IFINDEX).expect("load (root?)");
+    fe.set_move_udp(FE_IP, MOVE_PORT).unwrap();
+    assert_eq!(fe.move_udp(), Some(SocketAddrV4::new(FE_IP, MOVE_PORT)));
+    fe
+}
+
+/// How to shape a MOVE datagram.
+#[derive(Clone)]
+struct MoveShape {
+    src_mac: [u8; 6],
+    src_ip: Ipv4Addr,
+    dst_ip: Ipv4Addr,
+    dport: u16,
+    payload: Vec<u8>,
+    ip_option_words: u8,
+    frag_off: u16,
+    /// Compute the UDP checksum (else 0: none).
+    udp_csum: bool,
+}
+
+impl MoveShape {
+    fn from(src_mac: [u8; 6], src_ip: Ipv4Addr, req: &MoveRequest) -> MoveShape {
+        MoveShape {
+            src_mac,
+            src_ip,
+            dst_ip: FE_IP,
+            dport: MOVE_PORT,
+            payload: req.encode().to_vec(),
+            ip_option_words: 0,
+            frag_off: 0x4000,
+            udp_csum: true,
+        }
+    }
+}
+
+fn csum_fold(mut sum: u32) -> u16 {
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+fn sum16(b: &[u8]) -> u32 {
+    b.chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)])))
+        .sum()
+}
+
+/// The UDP checksum of `udp` (header with its checksum field, and data) between
+/// `src` and `dst`: 0 when the field is right (or 0 = none).
+fn udp_csum_check(src: &[u8], dst: &[u8], udp: &[u8]) -> u16 {
+    let pseudo = sum16(src) + sum16(dst) + 17 + udp.len() as u32;
+    csum_fold(pseudo + sum16(udp))
+}
+
+fn move_frame(s: &MoveShape) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&FE_MAC);
+    f.extend_from_slice(&s.src_mac);
+    f.extend_from_slice(&0x0800u16.to_be_bytes());
+    let ihl = 5 + s.ip_option_words;
+    let udp_len = 8 + s.payload.len();
+    let tot = ihl as usize * 4 + udp_len;
+    let ip_start = f.len();
+    f.push(0x40 | ihl);
+    f.push(0);
+    f.extend_from_slice(&(tot as u16).to_be_bytes());
+    f.extend_from_slice(&[0x12, 0x34]);
+    f.extend_from_slice(&s.frag_off.to_be_bytes());
+    f.push(64);
+    f.push(17);
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(&s.src_ip.octets());
+    f.extend_from_slice(&s.dst_ip.octets());
+    f.extend(std::iter::repeat_n(1u8, s.ip_option_words as usize * 4));
+    let ip_csum = csum_fold(sum16(&f[ip_start..]));
+    f[ip_start + 10..ip_start + 12].copy_from_slice(&ip_csum.to_be_bytes());
+    let udp_start = f.len();
+    f.extend_from_slice(&REQ_PORT.to_be_bytes());
+    f.extend_from_slice(&s.dport.to_be_bytes());
+    f.extend_from_slice(&(udp_len as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(&s.payload);
+    if s.udp_csum {
+        let mut c = udp_csum_check(&s.src_ip.octets(), &s.dst_ip.octets(), &f[udp_start..]);
+        if c == 0 {
+            c = 0xffff;
+        }
+        f[udp_start + 6..udp_start + 8].copy_from_slice(&c.to_be_bytes());
+    }
+    f
+}
+
+/// Runs a well-formed MOVE `req` sent by `(mac, ip)` and checks the reply frame: back
+/// to the sender (MACs, IPs, ports swapped), IP checksum unchanged and valid, UDP
+/// checksum valid (or still 0), the payload the reply to `req`. Returns its status.
+fn move_reply(
+    fe: &Frontend,
+    mac: [u8; 6],
+    ip: Ipv4Addr,
+    req: &MoveRequest,
+    csum: bool,
+) -> MoveStatus {
+    let shape = MoveShape {
+        udp_csum: csum,
+        ..MoveShape::from(mac, ip, req)
+    };
+    let f = move_frame(&shape);
+    let (v, out) = run(fe, &f);
+    assert_eq!(v, verdict::REDIRECT, "MOVE answered and sent back out");
+    assert_eq!(out.len(), f.len());
+    assert_eq!(&out[0..6], &mac, "to the requester's MAC");
+    assert_eq!(&out[6..12], &FE_MAC, "from the front-end's");
+    assert_eq!(
+        &out[12..26],
+        &f[12..26],
+        "IP header up to the addresses unchanged"
+    );
+    assert_eq!(&out[26..30], &FE_IP.octets());
+    assert_eq!(&out[30..34], &ip.octets());
+    assert_eq!(csum_fold(sum16(&out[14..34])), 0, "IP checksum still right");
+    assert_eq!(&out[34..36], &MOVE_PORT.to_be_bytes());
+    assert_eq!(&out[36..38], &REQ_PORT.to_be_bytes());
+    if csum {
+        assert_eq!(
+            udp_csum_check(&out[26..30], &out[30..34], &out[34..]),
+            0,
+            "UDP checksum fixed"
+        );
+    } else {
+        assert_eq!(&out[40..42], &[0, 0], "no UDP checksum stays none");
+    }
+    let payload = &out[42..];
+    assert_eq!(payload.len(), MSG_BYTES);
+    assert_eq!(payload[5], OP_REPLY);
+    req.match_reply(payload).expect("the reply to this request")
+}
+
+fn client(n: u8) -> SocketAddrV4 {
+    SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, n), 40_000 + u16::from(n))
+}
+
+/// Opens `c`'s flow (a SYN: every new flow goes to A).
+fn open_flow(fe: &Frontend, c: SocketAddrV4) {
+    let syn = frame(Shape {
+        src: c,
+        ..Shape::tcp(SYN)
+    });
+    assert_forwarded("SYN", &syn, run(fe, &syn), A_MAC);
+}
+
+fn data_to(fe: &Frontend, c: SocketAddrV4, mac: [u8; 6], what: &str) {
+    let d = frame(Shape {
+        src: c,
+        payload: 100,
+        ..Shape::tcp(ACK)
+    });
+    assert_forwarded(what, &d, run(fe, &d), mac);
+}
+
+#[test]
+#[ignore = "needs root (BPF): cargo test -p farside-frontend -- --include-ignored"]
+fn one_sided_move_moved_already_not_owner_not_found() {
+    need_root();
+    let mut fe = load_move();
+    let c = client(1);
+    open_flow(&fe, c);
+    let req = |seq, expected, next| MoveRequest {
+        seq,
+        client: c,
+        expected,
+        next,
+    };
+
+    // MOVED: A gives the flow to B; its next packets go to B.
+    let r = req(7, A_IP, B_IP);
+    assert_eq!(move_reply(&fe, A_MAC, A_IP, &r, true), MoveStatus::Moved);
+    assert_eq!(fe.flow(c).unwrap(), Some((B_IP, false)));
+    data_to(&fe, c, B_MAC, "after MOVED");
+    assert_eq!(counter(&fe, "moved"), 1);
+
+    // ALREADY: the same request again (its reply was lost); a checksum-less one too.
+    assert_eq!(move_reply(&fe, A_MAC, A_IP, &r, true), MoveStatus::Already);
+    assert_eq!(move_reply(&fe, A_MAC, A_IP, &r, false), MoveStatus::Already);
+    assert_eq!(counter(&fe, "move_already"), 2);
+    assert_eq!(fe.flow(c).unwrap(), Some((B_IP, false)));
+
+    // A held flow is released by its move (MOVED and ALREADY alike).
+    fe.set_held(c, true).unwrap();
+    assert_eq!(
+        move_reply(&fe, B_MAC, B_IP, &req(8, B_IP, A_IP), true),
+        MoveStatus::Moved
+    );
+    assert_eq!(fe.flow(c).unwrap(), Some((A_IP, false)));
+    fe.set_held(c, true).unwrap();
+    assert_eq!(
+        move_reply(&fe, B_MAC, B_IP, &req(9, B_IP, A_IP), true),
+        MoveStatus::Already
+    );
+    assert_eq!(fe.flow(c).unwrap(), Some((A_IP, false)));
+    data_to(&fe, c, A_MAC, "after a held flow's move");
+
+    // NOT_OWNER: the entry names A; B asks to give it to C: nothing changes.
+    assert_eq!(
+        move_reply(&fe, B_MAC, B_IP, &req(10, B_IP, C_IP), true),
+        MoveStatus::NotOwner
+    );
+    assert_eq!(fe.flow(c).unwrap(), Some((A_IP, false)));
+    assert_eq!(counter(&fe, "move_not_owner"), 1);
+
+    // NOT_FOUND: no entry (evicted, never seen): nothing is written.
+    let stranger = client(2);
+    let r = MoveRequest {
+        seq: 11,
+        client: stranger,
+        expected: A_IP,
+        next: B_IP,
+    };
+    assert_eq!(move_reply(&fe, A_MAC, A_IP, &r, true), MoveStatus::NotFound);
+    assert_eq!(fe.flow(stranger).unwrap(), None);
+    assert_eq!(counter(&fe, "move_not_found"), 1);
+    let s = fe.stats().unwrap();
+    assert_eq!(s.counters["move_malformed"], 0);
+    assert_eq!(s.counters["move_refused"], 0);
+}
+
+#[test]
+#[ignore = "needs root (BPF): cargo test -p farside-frontend -- --include-ignored"]
+fn bad_move_requests_are_dropped_or_passed_and_forwarding_is_unchanged() {
+    need_root();
+    let mut fe = load_move();
+    let c = client(1);
+    open_flow(&fe, c);
+    let good = MoveRequest {
+        seq: 1,
+        client: c,
+        expected: A_IP,
+        next: B_IP,
+    };
+    let base = MoveShape::from(A_MAC, A_IP, &good);
+    let with_payload = |f: &dyn Fn(&mut Vec<u8>)| {
+        let mut s = base.clone();
+        f(&mut s.payload);
+        s
+    };
+    let unknown = Ipv4Addr::new(10, 0, 0, 99);
+    let cases: Vec<(&str, MoveShape, u32, &str)> = vec![
+        (
+            "bad magic",
+            with_payload(&|p| p[0] ^= 1),
+            verdict::DROP,
+            "move_malformed",
+        ),
+        (
+            "version 2",
+            with_payload(&|p| p[4] = 2),
+            verdict::DROP,
+            "move_malformed",
+        ),
+        (
+            "op reply",
+            with_payload(&|p| p[5] = OP_REPLY),
+            verdict::DROP,
+            "move_malformed",
+        ),
+        (
+            "status set",
+            with_payload(&|p| p[7] = 1),
+            verdict::DROP,
+            "move_malformed",
+        ),
+        (
+            "reserved set",
+            with_payload(&|p| p[23] = 1),
+            verdict::DROP,
+            "move_malformed",
+        ),
+        (
+            "one byte short",
+            with_payload(&|p| {
+                p.pop();
+            }),
+            verdict::DROP,
+            "move_malformed",
+        ),
+        (
+            "one byte long",
+            with_payload(&|p| p.push(0)),
+            verdict::DROP,
+            "move_malformed",
+        ),
+        (
+            "empty",
+            with_payload(&|p| p.clear()),
+            verdict::DROP,
+            "move_malformed",
+        ),
+        (
+            "IP options",
+            MoveShape {
+                ip_option_words: 2,
+                ..base.clone()
+            },
+            verdict::DROP,
+            "move_malformed",
+        ),
+        (
+            "first fragment (MF)",
+            MoveShape {
+                frag_off: 0x2000,
+                ..base.clone()
+            },
+            verdict::DROP,
+            "move_malformed",
+        ),
+        (
+            "sender is not the expected back-end",
+            MoveShape {
+                src_mac: B_MAC,
+                src_ip: B_IP,
+                ..base.clone()
+            },
+            verdict::DROP,
+            "move_refused",
+        ),
+        (
+            "expected back-end not configured",
+            MoveShape::from(
+                A_MAC,
+                unknown,
+                &MoveRequest {
+                    expected: unknown,
+                    ..good
+                },
+            ),
+            verdict::DROP,
+            "move_refused",
+        ),
+        (
+            "new back-end not configured",
+            MoveShape::from(
+                A_MAC,
+                A_IP,
+                &MoveRequest {
+                    next: unknown,
+                    ..good
+                },
+            ),
+            verdict::DROP,
+            "move_refused",
+        ),
+        (
+            "later fragment (no port to read)",
+            MoveShape {
+                frag_off: 0x0010,
+                ..base.clone()
+            },
+            verdict::PASS,
+            "passed",
+        ),
+        (
+            "another UDP port of the front-end",
+            MoveShape {
+                dport: MOVE_PORT + 1,
+                ..base.clone()
+            },
+            verdict::PASS,
+            "passed",
+        ),
+        (
+            "another address",
+            MoveShape {
+                dst_ip: Ipv4Addr::new(10, 0, 0, 3),
+                ..base.clone()
+            },
+            verdict::PASS,
+            "passed",
+        ),
+    ];
+    for (what, shape, want, counter_name) in cases {
+        let f = move_frame(&shape);
+        let before = counter(&fe, counter_name);
+        let (v, out) = run(&fe, &f);
+        assert_eq!(v, want, "{what}: verdict");
+        assert_eq!(out, f, "{what}: frame untouched");
+        assert_eq!(
+            counter(&fe, counter_name),
+            before + 1,
+            "{what}: {counter_name}"
+        );
+        assert_eq!(
+            fe.flow(c).unwrap(),
+            Some((A_IP, false)),
+            "{what}: flow unchanged"
+        );
+    }
+    let s = fe.stats().unwrap();
+    for k in ["moved", "move_already", "move_not_owner", "move_not_found"] {
+        assert_eq!(s.counters[k], 0, "{k}");
+    }
+    // TCP to the front-end's address and move port is not a MOVE: passed.
+    let tcp = frame(Shape {
+        dst: SocketAddrV4::new(FE_IP, MOVE_PORT),
+        ..Shape::tcp(SYN)
+    });
+    assert_eq!(run(&fe, &tcp), (verdict::PASS, tcp.clone()));
+    // Forwarding is as before with the MOVE on: the flow still goes to A.
+    data_to(&fe, c, A_MAC, "forwarding with MOVE on");
+    // MOVE off (port 0): the datagram is the stack's, and nothing moves.
+    fe.set_move_udp(FE_IP, 0).unwrap();
+    assert_eq!(fe.move_udp(), None);
+    let f = move_frame(&base);
+    assert_eq!(run(&fe, &f), (verdict::PASS, f.clone()));
+    assert_eq!(fe.flow(c).unwrap(), Some((A_IP, false)));
+    assert!(fe.set_move_udp(Ipv4Addr::UNSPECIFIED, MOVE_PORT).is_err());
+}

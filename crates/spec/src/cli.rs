@@ -11,7 +11,7 @@ use crate::handoff::{HandOff, Handoff, HANDOFF_WAIT_MAX, PENDING_MAX};
 use crate::source::{
     Affinity, Peer, SourceConfig, SourceDaemon, AFFINITY_WAIT_DEFAULT, MIGRATORS_DEFAULT,
 };
-use crate::steer::{FlowSteer, FrontendSteer, NoSteer, PolicyRouteSteer};
+use crate::steer::{FlowSteer, FrontendMove, FrontendSteer, NoSteer, PolicyRouteSteer};
 use crate::target::{TargetConfig, TargetDaemon, TARGET_THREADS_DEFAULT};
 use crate::window::{WindowConfig, QUEUE_DEFAULT, WINDOW_DEFAULT};
 
@@ -120,10 +120,17 @@ pub struct SpecdArgs {
         conflicts_with = "frontend"
     )]
     pub flow_netns: Option<String>,
-    /// The eBPF front-end's control port (`farside frontend --control ADDR`): every
-    /// migrated flow is moved there with `MOVE client backend` after the restore.
+    /// The eBPF front-end's control address (`farside frontend --control ADDR`): every
+    /// migrated flow is moved there after the restore, per --frontend-move.
     #[arg(long)]
     pub frontend: Option<SocketAddr>,
+    /// How --frontend moves a flow: `udp`, the one-sided MOVE (one datagram to the
+    /// same IP and port number, answered by the front-end's tc program in the kernel;
+    /// sent from this host's address toward the front-end, which must be this
+    /// back-end's --backend IP there), or `tcp`, `MOVE client backend` on the control
+    /// port (answered by the front-end process).
+    #[arg(long = "frontend-move", value_enum, default_value_t = FrontendMove::Udp)]
+    pub frontend_move: FrontendMove,
     /// With --flow-netns: `BACKEND_IP=TABLE`, the routing table that reaches that
     /// back-end. Repeat per peer.
     #[arg(long = "flow-table", value_parser = parse_flow_table)]
@@ -212,6 +219,14 @@ impl SpecdArgs {
                 return Err("--duration-s must be positive".into());
             }
         }
+        if let (Some(fe), FrontendMove::Udp) = (self.frontend, self.frontend_move) {
+            if !fe.is_ipv4() || fe.ip().is_unspecified() || fe.port() == 0 {
+                return Err(format!(
+                    "--frontend {fe}: the one-sided MOVE (--frontend-move udp) needs the \
+                     front-end's IPv4 address and port"
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -265,7 +280,17 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
                     netns: ns.clone(),
                     tables: args.flow_tables.clone(),
                 }),
-                (None, Some(fe)) => Box::new(FrontendSteer::new(fe)),
+                (None, Some(fe)) => {
+                    log::info!(
+                        "specd: migrated flows moved at the front-end {fe} ({})",
+                        match args.frontend_move {
+                            FrontendMove::Udp =>
+                                "one-sided MOVE over UDP, answered by its tc program",
+                            FrontendMove::Tcp => "MOVE on its control port, TCP",
+                        }
+                    );
+                    Box::new(FrontendSteer::new(fe, args.frontend_move))
+                }
                 (None, None) => Box::new(NoSteer),
             };
             // The local server's share of the paper's enlarged accept queue: Q + W
@@ -419,5 +444,34 @@ mod tests {
             "--listen 1.2.3.4:5 --server-port 80 --relay 127.0.0.1:80 --flow-table nope"
         )
         .is_err());
+    }
+
+    #[test]
+    fn frontend_move_defaults_to_the_one_sided_udp_and_checks_the_address() {
+        let base = "--listen 10.0.0.1:7000 --server-port 80 --relay 127.0.0.1:80";
+        let a = parse(&format!("{base} --frontend 10.0.0.9:7400")).unwrap();
+        assert_eq!(a.frontend_move, FrontendMove::Udp);
+        a.validate().unwrap();
+        let a = parse(&format!(
+            "{base} --frontend 10.0.0.9:7400 --frontend-move tcp"
+        ))
+        .unwrap();
+        assert_eq!(a.frontend_move, FrontendMove::Tcp);
+        a.validate().unwrap();
+        let e = parse(&format!("{base} --frontend [::1]:7400"))
+            .unwrap()
+            .validate()
+            .unwrap_err();
+        assert!(e.contains("--frontend-move udp"), "{e}");
+        parse(&format!("{base} --frontend [::1]:7400 --frontend-move tcp"))
+            .unwrap()
+            .validate()
+            .unwrap();
+        let e = parse(&format!(
+            "{base} --frontend 10.0.0.9:7400 --frontend-move ssh"
+        ))
+        .map(drop)
+        .unwrap_err();
+        assert!(e.contains("udp") && e.contains("tcp"), "{e}");
     }
 }

@@ -21,8 +21,10 @@
 //!   the server). The program is detached when the daemon exits (its link is not
 //!   pinned), so a crash leaves nothing attached.
 //! - [`FlowSteer`]: moving a migrated connection's flow at the front-end, the hook
-//!   `migrate_with` calls between restore and close. [`FrontendSteer`] sends `MOVE` to
-//!   the eBPF front-end's control port (`farside frontend --control`) in deployment;
+//!   `migrate_with` calls between restore and close. [`FrontendSteer`] moves it at the
+//!   eBPF front-end in deployment: by default with the one-sided MOVE (one UDP
+//!   datagram answered by the front-end's tc program, `farside_frontend::fmove`), or
+//!   with `MOVE` on its control port (`farside frontend --control`, TCP);
 //!   [`PolicyRouteSteer`] is the stand-in the tests use (a per-flow policy route in the
 //!   client's namespace).
 
@@ -528,25 +530,68 @@ impl FlowSteer for PolicyRouteSteer {
     }
 }
 
-/// Most idle control connections kept to the front-end: one per migrator thread that
-/// may flip a flow at the same time would do; more only hold sockets open.
+/// Most idle control connections (or one-sided MOVE sockets) kept to the front-end:
+/// one per migrator thread that may flip a flow at the same time would do; more only
+/// hold sockets open.
 pub const FRONTEND_CONNS_MAX: usize = 8;
 
-/// The deployed front-end: each move is a `MOVE client backend` on the control port of
-/// `farside frontend` (crates/frontend), which rewrites the flow's entry in its eBPF
-/// flow table. Connections are reused (at most [`FRONTEND_CONNS_MAX`] idle ones); the
-/// control client bounds every request (1 s, one retry on a fresh connection).
+/// How [`FrontendSteer`] moves a flow (`specd --frontend-move`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FrontendMove {
+    /// The one-sided MOVE: one UDP datagram to the front-end's address, answered by
+    /// its tc program in the kernel (a compare-and-swap of the flow's entry from this
+    /// back-end to the target); no front-end process, no connection. Bounded by
+    /// `farside_frontend::fmove::ATTEMPTS` x `ATTEMPT_TIMEOUT` (3 x 50 ms).
+    Udp,
+    /// `MOVE client backend` on the front-end's control port (TCP), answered by
+    /// `farside frontend`'s control thread. Bounded by its `CLIENT_TIMEOUT` (1 s, one
+    /// retry on a fresh connection).
+    Tcp,
+}
+
+/// The deployed front-end (crates/frontend): each move rewrites the flow's entry in
+/// its eBPF flow table, either one-sidedly ([`FrontendMove::Udp`]: the request's
+/// source address, picked by routing toward the front-end, must be this back-end's
+/// address as the front-end knows it, since only the flow's owner may move it) or by
+/// `MOVE` on the control port ([`FrontendMove::Tcp`]). Sockets are reused (at most
+/// [`FRONTEND_CONNS_MAX`] idle ones).
+///
+/// Outcomes: MOVED or ALREADY (a retry whose first reply was lost) are `Ok`;
+/// NOT_OWNER, NOT_FOUND (the entry was evicted: the one-sided MOVE never creates one),
+/// no reply, or a TCP `ERR` are errors, and the migration resumes on the source.
 pub struct FrontendSteer {
     addr: SocketAddr,
-    idle: std::sync::Mutex<Vec<farside_frontend::control::Client>>,
+    via: FrontendMove,
+    idle_tcp: std::sync::Mutex<Vec<farside_frontend::control::Client>>,
+    idle_udp: std::sync::Mutex<Vec<farside_frontend::fmove::MoveClient>>,
 }
 
 impl FrontendSteer {
-    /// A steer that talks to the front-end's control port at `addr` (connects lazily).
-    pub fn new(addr: SocketAddr) -> FrontendSteer {
+    /// A steer that moves flows at the front-end at `addr` (its control port; the
+    /// one-sided MOVE goes to the same address and port number over UDP, `farside
+    /// frontend --move-udp-port`'s default), by `via`. Sockets are made lazily.
+    pub fn new(addr: SocketAddr, via: FrontendMove) -> FrontendSteer {
         FrontendSteer {
             addr,
-            idle: std::sync::Mutex::new(Vec::new()),
+            via,
+            idle_tcp: std::sync::Mutex::new(Vec::new()),
+            idle_udp: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// How it moves flows.
+    pub fn via(&self) -> FrontendMove {
+        self.via
+    }
+
+    fn pooled<T>(pool: &std::sync::Mutex<Vec<T>>) -> Option<T> {
+        pool.lock().unwrap_or_else(|e| e.into_inner()).pop()
+    }
+
+    fn put_back<T>(pool: &std::sync::Mutex<Vec<T>>, c: T) {
+        let mut idle = pool.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < FRONTEND_CONNS_MAX {
+            idle.push(c);
         }
     }
 }
@@ -559,15 +604,29 @@ impl FlowSteer for FrontendSteer {
                 "the front-end routes IPv4 only",
             ));
         };
-        let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let mut c = match pooled {
-            Some(c) => c,
-            None => farside_frontend::control::Client::connect(self.addr)?,
-        };
-        c.move_flow(client, backend)?;
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < FRONTEND_CONNS_MAX {
-            idle.push(c);
+        match self.via {
+            FrontendMove::Udp => {
+                let SocketAddr::V4(fe) = self.addr else {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("front-end {}: the one-sided MOVE is IPv4", self.addr),
+                    ));
+                };
+                let mut c = match Self::pooled(&self.idle_udp) {
+                    Some(c) => c,
+                    None => farside_frontend::fmove::MoveClient::connect(fe)?,
+                };
+                c.move_flow(client, backend)?;
+                Self::put_back(&self.idle_udp, c);
+            }
+            FrontendMove::Tcp => {
+                let mut c = match Self::pooled(&self.idle_tcp) {
+                    Some(c) => c,
+                    None => farside_frontend::control::Client::connect(self.addr)?,
+                };
+                c.move_flow(client, backend)?;
+                Self::put_back(&self.idle_tcp, c);
+            }
         }
         Ok(())
     }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use farside_frontend::control::{Client, Server};
 use farside_frontend::{BackendSpec, Frontend};
-use farside_spec::steer::{FlowSteer, FrontendSteer};
+use farside_spec::steer::{FlowSteer, FrontendMove, FrontendSteer};
 
 const A_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 11);
 const B_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 12);
@@ -39,7 +39,7 @@ fn moves_flows_through_the_front_ends_control_port() {
         Arc::new(Mutex::new(frontend())),
     )
     .expect("control server");
-    let steer = FrontendSteer::new(server.local_addr());
+    let steer = FrontendSteer::new(server.local_addr(), FrontendMove::Tcp);
     let mut check = Client::connect(server.local_addr()).unwrap();
     for port in [40_000u16, 40_001, 40_002] {
         let client = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 1), port);
@@ -74,7 +74,70 @@ fn a_dead_front_end_is_an_error() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let steer = FrontendSteer::new(addr);
     let client: SocketAddr = "10.0.9.1:40000".parse().unwrap();
-    assert!(steer.move_flow(client, IpAddr::V4(B_IP)).is_err());
+    for via in [FrontendMove::Tcp, FrontendMove::Udp] {
+        let steer = FrontendSteer::new(addr, via);
+        assert!(
+            steer.move_flow(client, IpAddr::V4(B_IP)).is_err(),
+            "{via:?}"
+        );
+    }
+}
+
+/// `FrontendSteer`'s default, the one-sided MOVE, against the real program attached
+/// to `lo` of a network namespace of this thread's own (its tc ingress sees the
+/// request, the reply it sends out of `lo` comes back in to the steer's socket): the
+/// sender is 127.0.0.1, configured as back-end A.
+#[test]
+#[ignore = "needs root"]
+fn moves_flows_one_sidedly_through_the_front_ends_tc_program() {
+    std::thread::spawn(|| {
+        // SAFETY: a new network namespace for this thread only.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+        let st = std::process::Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let lo = Ipv4Addr::LOCALHOST;
+        let c_ip = Ipv4Addr::new(10, 0, 0, 13);
+        let backends = [(lo, 1), (B_IP, 2), (c_ip, 3)].map(|(ip, n)| BackendSpec {
+            mac: [2, 0, 0, 0, 0xaa, n],
+            ip,
+            weight: 1,
+        });
+        let mut fe = Frontend::attach("lo", VIP, &backends).expect("attach to lo");
+        fe.set_move_udp(lo, 7400).unwrap();
+        let steer = FrontendSteer::new(SocketAddr::new(lo.into(), 7400), FrontendMove::Udp);
+        let client = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 1), 40_000);
+        let c = SocketAddr::V4(client);
+        fe.move_flow(client, lo).unwrap(); // the flow's entry names A (127.0.0.1)
+        steer.move_flow(c, IpAddr::V4(B_IP)).expect("MOVED");
+        assert_eq!(fe.flow(client).unwrap(), Some((B_IP, false)));
+        steer.move_flow(c, IpAddr::V4(B_IP)).expect("ALREADY is Ok");
+        // The entry names a third back-end: NOT_OWNER is an error, nothing changes.
+        fe.move_flow(client, c_ip).unwrap();
+        let e = steer.move_flow(c, IpAddr::V4(B_IP)).unwrap_err();
+        assert!(e.to_string().contains("NOT_OWNER"), "{e}");
+        assert_eq!(fe.flow(client).unwrap(), Some((c_ip, false)));
+        // No entry: NOT_FOUND, and none is created.
+        let stranger = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 1);
+        let e = steer
+            .move_flow(SocketAddr::V4(stranger), IpAddr::V4(B_IP))
+            .unwrap_err();
+        assert!(e.to_string().contains("NOT_FOUND"), "{e}");
+        assert_eq!(fe.flow(stranger).unwrap(), None);
+        let s = fe.stats().unwrap();
+        assert_eq!(
+            [
+                s.counters["moved"],
+                s.counters["move_already"],
+                s.counters["move_not_owner"],
+                s.counters["move_not_found"],
+            ],
+            [1, 1, 1, 1]
+        );
+    })
+    .join()
+    .unwrap();
 }

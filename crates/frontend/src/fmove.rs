@@ -1,0 +1,410 @@
+//! The one-sided MOVE: a migration's source moves the client's flow at the front-end
+//! with one UDP datagram that the front-end's tc program answers in the kernel
+//! (`handle_move` in `bpf/frontend.bpf.c`): no front-end process, no control
+//! connection. Over a veth/bridge LAN the whole round trip completes inside the
+//! requester's `sendto` (the reply is queued on its socket before `sendto` returns).
+//!
+//! Protocol, version [`VERSION`] (docs/frontend.md "One-sided MOVE"): UDP to the
+//! front-end's own address on its move port (`farside frontend --move-udp-port`,
+//! default the control port's number), a payload of exactly [`MSG_BYTES`] bytes,
+//! network byte order:
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | magic [`MAGIC`] (`"FSMV"`) |
+//! | 4 | 1 | version [`VERSION`] |
+//! | 5 | 1 | op: [`OP_REQUEST`]; the reply [`OP_REPLY`] |
+//! | 6 | 2 | status: 0 in a request; the reply's [`MoveStatus`] |
+//! | 8 | 8 | seq, chosen by the requester, echoed |
+//! | 16 | 4 | client IPv4 address (the flow: client to the VIP:port) |
+//! | 20 | 2 | client port |
+//! | 22 | 2 | reserved, 0 |
+//! | 24 | 4 | expected back-end: the one the entry names now, and the sender |
+//! | 28 | 4 | new back-end |
+//!
+//! The [`MoveClient`] sends a request and waits for the reply with its seq, at most
+//! [`ATTEMPTS`] times [`ATTEMPT_TIMEOUT`] (a retry after a lost reply is answered
+//! [`MoveStatus::Already`]).
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::time::{Duration, Instant};
+
+/// `"FSMV"` (`FE_MOVE_MAGIC`).
+pub const MAGIC: u32 = 0x4653_4d56;
+/// Protocol version (`FE_MOVE_VERSION`); a request of another version is dropped.
+pub const VERSION: u8 = 1;
+/// Op of a request (`FE_MOVE_OP_REQUEST`).
+pub const OP_REQUEST: u8 = 1;
+/// Op of a reply (`FE_MOVE_OP_REPLY`).
+pub const OP_REPLY: u8 = 2;
+/// Size of a request and of a reply (`struct fe_move_msg`): anything else is dropped.
+pub const MSG_BYTES: usize = 32;
+/// Attempts per move: a lost request or reply costs one [`ATTEMPT_TIMEOUT`]; three
+/// losses in a row on a LAN mean the front-end is gone or refuses us.
+pub const ATTEMPTS: u32 = 3;
+/// Wait for a reply per attempt. The front-end answers in its receive path (on a
+/// veth LAN before the request's `sendto` returns; on a real LAN one RTT): 50 ms is
+/// hundreds of RTTs, and the migrating connection is frozen meanwhile.
+pub const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(50);
+
+// The whole move stays within the control client's bound (the migration's budget
+// for the front-end flip).
+const _: () = assert!(
+    ATTEMPTS as u128 * ATTEMPT_TIMEOUT.as_millis() < crate::control::CLIENT_TIMEOUT.as_millis()
+);
+
+/// The front-end's answer (`FE_MOVE_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u16)]
+pub enum MoveStatus {
+    /// The entry named the expected back-end: it names the new one now (hold cleared).
+    Moved = 1,
+    /// The entry already named the new back-end (a retried request): hold cleared.
+    Already = 2,
+    /// The entry names a third back-end: nothing changed.
+    NotOwner = 3,
+    /// No entry for the flow (evicted): nothing written; the migration falls back
+    /// to the source.
+    NotFound = 4,
+}
+
+impl MoveStatus {
+    fn from_wire(v: u16) -> Option<MoveStatus> {
+        Some(match v {
+            1 => MoveStatus::Moved,
+            2 => MoveStatus::Already,
+            3 => MoveStatus::NotOwner,
+            4 => MoveStatus::NotFound,
+            _ => return None,
+        })
+    }
+
+    /// Whether the flow now goes to the new back-end.
+    pub fn is_moved(self) -> bool {
+        matches!(self, MoveStatus::Moved | MoveStatus::Already)
+    }
+}
+
+/// One MOVE request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MoveRequest {
+    /// Echoed in the reply.
+    pub seq: u64,
+    /// The flow's client (its connection to the VIP).
+    pub client: SocketAddrV4,
+    /// The back-end the flow's entry names now; must be the request's sender.
+    pub expected: Ipv4Addr,
+    /// The back-end it is to name.
+    pub next: Ipv4Addr,
+}
+
+impl MoveRequest {
+    /// The request's payload.
+    pub fn encode(&self) -> [u8; MSG_BYTES] {
+        let mut b = [0u8; MSG_BYTES];
+        b[0..4].copy_from_slice(&MAGIC.to_be_bytes());
+        b[4] = VERSION;
+        b[5] = OP_REQUEST;
+        b[8..16].copy_from_slice(&self.seq.to_be_bytes());
+        b[16..20].copy_from_slice(&self.client.ip().octets());
+        b[20..22].copy_from_slice(&self.client.port().to_be_bytes());
+        b[24..28].copy_from_slice(&self.expected.octets());
+        b[28..32].copy_from_slice(&self.next.octets());
+        b
+    }
+
+    /// The reply to this request, if `reply` is one: its status. None for anything
+    /// else (wrong size, magic, version, op, seq, flow, or an unknown status).
+    pub fn match_reply(&self, reply: &[u8]) -> Option<MoveStatus> {
+        if reply.len() != MSG_BYTES {
+            return None;
+        }
+        let mut want = self.encode();
+        want[5] = OP_REPLY;
+        // Everything but the status is the request's, echoed.
+        if reply[..6] != want[..6] || reply[8..] != want[8..] {
+            return None;
+        }
+        MoveStatus::from_wire(u16::from_be_bytes([reply[6], reply[7]]))
+    }
+}
+
+/// First seq of a client: time-derived so that two clients (or a restarted process)
+/// on one port do not take each other's late replies for their own.
+fn seq_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ (u64::from(std::process::id()) << 32)
+}
+
+/// A UDP socket connected to a front-end's move port. Its source address (picked by
+/// the kernel's routing toward the front-end, or given to [`MoveClient::bind`]) is
+/// the requester: it must be the back-end's address as the front-end knows it
+/// (`--backend MAC@IP=W`), since only the flow's owner may move it. Not shareable
+/// between threads at once (one request in flight); pool them.
+pub struct MoveClient {
+    sock: UdpSocket,
+    local: Ipv4Addr,
+    frontend: SocketAddrV4,
+    seq: u64,
+}
+
+impl MoveClient {
+    /// A client of the front-end's move port at `frontend`, sending from the address
+    /// routing picks.
+    pub fn connect(frontend: SocketAddrV4) -> io::Result<MoveClient> {
+        MoveClient::bind(Ipv4Addr::UNSPECIFIED, frontend)
+    }
+
+    /// A client sending from `local` (unspecified: the address routing picks).
+    pub fn bind(local: Ipv4Addr, frontend: SocketAddrV4) -> io::Result<MoveClient> {
+        if frontend.port() == 0 || frontend.ip().is_unspecified() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("front-end move address {frontend}: needs an address and a port"),
+            ));
+        }
+        let sock = UdpSocket::bind(SocketAddrV4::new(local, 0))?;
+        sock.connect(frontend)?;
+        let SocketAddr::V4(l) = sock.local_addr()? else {
+            unreachable!("an IPv4 socket")
+        };
+        Ok(MoveClient {
+            sock,
+            local: *l.ip(),
+            frontend,
+            seq: seq_seed(),
+        })
+    }
+
+    /// The requester's address (the back-end that must own the flows it moves).
+    pub fn local_ip(&self) -> Ipv4Addr {
+        self.local
+    }
+
+    /// Move `client`'s flow from this back-end ([`MoveClient::local_ip`]) to `next`.
+    /// `Ok` if the flow now goes to `next` (moved, or already); an error for
+    /// `NotOwner`, `NotFound`, no answer within [`ATTEMPTS`] x [`ATTEMPT_TIMEOUT`], or
+    /// an ICMP refusal (nothing answers on the front-end's move port).
+    pub fn move_flow(&mut self, client: SocketAddrV4, next: Ipv4Addr) -> io::Result<()> {
+        let expected = self.local;
+        match self.request(client, expected, next)? {
+            s if s.is_moved() => Ok(()),
+            MoveStatus::NotOwner => Err(io::Error::other(format!(
+                "front-end {}: MOVE {client} {expected} -> {next}: NOT_OWNER (the flow names a third back-end)",
+                self.frontend
+            ))),
+            _ => Err(io::Error::other(format!(
+                "front-end {}: MOVE {client} {expected} -> {next}: NOT_FOUND (no flow entry: evicted?)",
+                self.frontend
+            ))),
+        }
+    }
+
+    /// Send one request (a fresh seq; `expected` as given, for tests of the
+    /// front-end's refusal) and return the front-end's status.
+    pub fn request(
+        &mut self,
+        client: SocketAddrV4,
+        expected: Ipv4Addr,
+        next: Ipv4Addr,
+    ) -> io::Result<MoveStatus> {
+        self.seq = self.seq.wrapping_add(1);
+        let req = MoveRequest {
+            seq: self.seq,
+            client,
+            expected,
+            next,
+        };
+        let msg = req.encode();
+        let mut buf = [0u8; MSG_BYTES + 1];
+        for _ in 0..ATTEMPTS {
+            self.sock.send(&msg).map_err(|e| self.refused(e))?;
+            let deadline = Instant::now() + ATTEMPT_TIMEOUT;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                self.sock.set_read_timeout(Some(left))?;
+                match self.sock.recv(&mut buf) {
+                    Ok(n) => {
+                        // A stale reply (an earlier request's) or junk: keep waiting.
+                        if let Some(s) = req.match_reply(&buf[..n]) {
+                            return Ok(s);
+                        }
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        break
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(self.refused(e)),
+                }
+            }
+        }
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "front-end {}: no MOVE reply in {ATTEMPTS} x {ATTEMPT_TIMEOUT:?} (front-end down, \
+                 --move-udp-port off, or {} is not a back-end it knows)",
+                self.frontend, self.local
+            ),
+        ))
+    }
+
+    fn refused(&self, e: io::Error) -> io::Error {
+        if e.kind() == io::ErrorKind::ConnectionRefused {
+            io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!(
+                    "front-end {}: nothing answers MOVE on this UDP port (front-end not running, or its --move-udp-port differs)",
+                    self.frontend
+                ),
+            )
+        } else {
+            e
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> MoveRequest {
+        MoveRequest {
+            seq: 0x0102_0304_0506_0708,
+            client: "10.0.9.1:40000".parse().unwrap(),
+            expected: Ipv4Addr::new(10, 0, 0, 11),
+            next: Ipv4Addr::new(10, 0, 0, 12),
+        }
+    }
+
+    #[test]
+    fn request_layout_is_the_documented_one() {
+        let b = req().encode();
+        assert_eq!(
+            b,
+            [
+                b'F', b'S', b'M', b'V', 1, 1, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 0, 9, 1, 0x9c,
+                0x40, 0, 0, 10, 0, 0, 11, 10, 0, 0, 12
+            ]
+        );
+    }
+
+    #[test]
+    fn only_the_matching_reply_is_taken() {
+        let r = req();
+        let mut reply = r.encode();
+        reply[5] = OP_REPLY;
+        for (code, s) in [
+            (1u8, MoveStatus::Moved),
+            (2, MoveStatus::Already),
+            (3, MoveStatus::NotOwner),
+            (4, MoveStatus::NotFound),
+        ] {
+            reply[7] = code;
+            assert_eq!(r.match_reply(&reply), Some(s));
+        }
+        reply[7] = 1;
+        assert!(MoveStatus::Moved.is_moved() && MoveStatus::Already.is_moved());
+        assert!(!MoveStatus::NotOwner.is_moved() && !MoveStatus::NotFound.is_moved());
+        // Not a reply: the request itself, other seq, other flow, unknown status, size.
+        assert_eq!(r.match_reply(&r.encode()), None);
+        let other = MoveRequest {
+            seq: r.seq + 1,
+            ..r
+        };
+        assert_eq!(other.match_reply(&reply), None);
+        let mut bad = reply;
+        bad[21] ^= 1;
+        assert_eq!(r.match_reply(&bad), None);
+        let mut bad = reply;
+        bad[7] = 9;
+        assert_eq!(r.match_reply(&bad), None);
+        assert_eq!(r.match_reply(&reply[..31]), None);
+    }
+
+    #[test]
+    fn nothing_listening_is_a_quick_clear_error() {
+        // A UDP port nothing listens on: the ICMP refusal ends the move at once.
+        let port = UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut c = MoveClient::connect(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).unwrap();
+        assert_eq!(c.local_ip(), Ipv4Addr::LOCALHOST);
+        let t0 = Instant::now();
+        let e = c
+            .move_flow("10.0.9.1:1".parse().unwrap(), Ipv4Addr::new(10, 0, 0, 12))
+            .unwrap_err();
+        assert!(e.to_string().contains("nothing answers"), "{e}");
+        assert!(t0.elapsed() < ATTEMPT_TIMEOUT * ATTEMPTS);
+    }
+
+    #[test]
+    fn silence_times_out_after_the_bounded_attempts() {
+        // A bound socket that never answers: three attempts, then TimedOut.
+        let mute = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let SocketAddr::V4(a) = mute.local_addr().unwrap() else {
+            unreachable!()
+        };
+        let mut c = MoveClient::connect(a).unwrap();
+        let t0 = Instant::now();
+        let e = c
+            .move_flow("10.0.9.1:1".parse().unwrap(), Ipv4Addr::new(10, 0, 0, 12))
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
+        assert!(t0.elapsed() >= ATTEMPT_TIMEOUT * ATTEMPTS);
+        let mut got = [0u8; 64];
+        mute.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        let mut n_req = 0;
+        while let Ok(n) = mute.recv(&mut got) {
+            assert_eq!(n, MSG_BYTES);
+            n_req += 1;
+            mute.set_nonblocking(true).unwrap();
+        }
+        assert_eq!(n_req, ATTEMPTS, "one datagram per attempt, same request");
+    }
+
+    #[test]
+    fn a_late_reply_to_a_retried_request_is_accepted_and_stale_ones_ignored() {
+        // A fake front-end that drops the first copy, answers a stale seq, then the right one.
+        let fe = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let SocketAddr::V4(a) = fe.local_addr().unwrap() else {
+            unreachable!()
+        };
+        let h = std::thread::spawn(move || {
+            let mut b = [0u8; 64];
+            let (n, _) = fe.recv_from(&mut b).unwrap();
+            assert_eq!(n, MSG_BYTES);
+            let (n, from) = fe.recv_from(&mut b).unwrap();
+            let mut reply = b;
+            reply[5] = OP_REPLY;
+            reply[7] = 2;
+            let mut stale = reply;
+            stale[15] ^= 0xff;
+            fe.send_to(&stale[..n], from).unwrap();
+            fe.send_to(&reply[..n], from).unwrap();
+        });
+        let mut c = MoveClient::connect(a).unwrap();
+        let s = c
+            .request(
+                "10.0.9.1:1".parse().unwrap(),
+                Ipv4Addr::LOCALHOST,
+                Ipv4Addr::new(10, 0, 0, 12),
+            )
+            .unwrap();
+        assert_eq!(s, MoveStatus::Already);
+        h.join().unwrap();
+    }
+}
