@@ -85,6 +85,19 @@ impl Netns {
         })
     }
 
+    /// The port of the namespace's one UDP socket bound to 0.0.0.0 (the poller's: the
+    /// responders and the tests' sockets bind 127.0.0.1).
+    fn wildcard_udp_port(&self) -> u16 {
+        let out = sh(&["ip", "netns", "exec", &self.name, "ss", "-Huan"]);
+        let ports: Vec<u16> = out
+            .split_whitespace()
+            .filter_map(|w| w.strip_prefix("0.0.0.0:"))
+            .filter_map(|p| p.parse().ok())
+            .collect();
+        assert_eq!(ports.len(), 1, "one wildcard udp socket: {out}");
+        ports[0]
+    }
+
     /// Whether an XDP program is attached to the namespace's lo.
     fn xdp_on_lo(&self) -> bool {
         sh(&["ip", "-n", &self.name, "-d", "link", "show", "lo"]).contains("xdp")
@@ -182,6 +195,27 @@ fn every_reply_comes_through_the_ring_other_traffic_passes_and_stop_detaches() {
         assert!(ring >= 2 * n as u64, "{ring} replies through the ring");
         assert_eq!(udp, 0, "no reply through the UDP socket");
         assert_eq!(p.late.load(Ordering::Relaxed), 0, "no stray");
+        // Strays to the poller's port come through the ring too, and are refused and
+        // counted as the UDP path does: garbage, and a well-formed reply header from
+        // an address that is no back-end's.
+        let port = ns.wildcard_udp_port();
+        let stranger = UdpSocket::bind("127.0.0.1:0").unwrap();
+        stranger.send_to(b"garbage", ("127.0.0.1", port)).unwrap();
+        let mut fake = Vec::new();
+        farside_rmem::wire::RepHeader {
+            op: farside_rmem::wire::Op::Read as u8,
+            status: farside_rmem::wire::Status::Ok,
+            seq: 1,
+            len: farside_monitor::MONITOR_READ_BYTES as u32,
+        }
+        .encode(&mut fake);
+        fake.resize(fake.len() + farside_monitor::MONITOR_READ_BYTES, 0);
+        stranger.send_to(&fake, ("127.0.0.1", port)).unwrap();
+        until("both strays counted", || {
+            p.late.load(Ordering::Relaxed) == 2
+        });
+        assert_eq!(counts(&p).2, 0, "strays too came through the ring");
+        assert!(all_read(&*t, n, 5), "no entry changed by a stray");
         drop(m);
         assert!(!ns.xdp_on_lo(), "detached when the monitor stops");
         other_udp_traffic_reaches_its_socket();
