@@ -269,6 +269,9 @@ fn frame(port: u16, payload: &[u8]) -> Vec<u8> {
     f
 }
 
+/// A change that makes a good frame one the program must pass.
+type Change<'a> = dyn Fn(&mut Vec<u8>) + 'a;
+
 /// The program's verdicts through BPF_PROG_TEST_RUN: only a well-formed IPv4 UDP
 /// datagram to the listed port is redirected, everything else passed (never dropped).
 #[test]
@@ -294,7 +297,7 @@ fn the_program_redirects_only_well_formed_datagrams_to_the_port() {
             XDP_REDIRECT,
             "Ethernet padding"
         );
-        let cases: &[(&str, &dyn Fn(&mut Vec<u8>))] = &[
+        let cases: &[(&str, &Change<'_>)] = &[
             ("another port", &|f| {
                 f[36..38].copy_from_slice(&(port + 1).to_be_bytes())
             }),
