@@ -32,6 +32,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 /// RX queues one receiver binds (`max_entries` of the program's socket map): a monitor
 /// host's NIC rarely has more than 16 queues, and each costs a UMEM; an interface with
@@ -59,6 +60,14 @@ pub const XSK_FRAMES_MAX: u32 = 4096;
 /// Entries of the completion ring: receive only, nothing ever completes, but the
 /// kernel refuses to bind without one.
 const XSK_COMP_RING: u32 = 8;
+
+/// How long a bind refused with EBUSY is retried: a socket closed just before on the
+/// same queue (a restarted monitor) gives the queue back from a kernel work item,
+/// within milliseconds (seen: 1 bind in 10 refused right after a close on a 4-queue
+/// veth); a queue still busy after this is held by another socket.
+const BIND_BUSY_WAIT_MAX: Duration = Duration::from_millis(500);
+/// Pause between two of those binds.
+const BIND_BUSY_PAUSE: Duration = Duration::from_millis(1);
 
 /// The compiled program (clang -target bpf), 8-byte aligned as ELF parsing needs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xskrx.bpf.o"));
@@ -402,21 +411,34 @@ impl Queue {
             sxdp_queue_id: queue,
             sxdp_shared_umem_fd: 0,
         };
-        // SAFETY: sa is a valid sockaddr_xdp of the stated length.
-        let rc = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_xdp).cast(),
-                std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
+        let give_up = Instant::now() + BIND_BUSY_WAIT_MAX;
+        loop {
+            // SAFETY: sa is a valid sockaddr_xdp of the stated length.
+            let rc = unsafe {
+                libc::bind(
+                    fd.as_raw_fd(),
+                    (&sa as *const libc::sockaddr_xdp).cast(),
+                    std::mem::size_of::<libc::sockaddr_xdp>() as libc::socklen_t,
+                )
+            };
+            if rc == 0 {
+                return Ok(Queue { fd, rx, fill, umem });
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < give_up {
+                std::thread::sleep(BIND_BUSY_PAUSE);
+                continue;
+            }
+            let busy = if e.raw_os_error() == Some(libc::EBUSY) {
+                " (another AF_XDP socket holds the queue)"
+            } else {
+                ""
+            };
             return Err(fail(
-                &format!("binding to RX queue {queue} in copy mode"),
-                io::Error::last_os_error(),
+                &format!("binding to RX queue {queue} in copy mode{busy}"),
+                e,
             ));
         }
-        Ok(Queue { fd, rx, fill, umem })
     }
 
     /// Hand every datagram in the RX ring to `f`, then its frame back to the kernel.

@@ -427,3 +427,112 @@ fn without_privilege_the_monitor_falls_back_to_the_udp_socket_and_says_why() {
         assert!(!ns.xdp_on_lo(), "nothing attached");
     });
 }
+
+/// Region words a [`farside_region::RegionWriter`] owns while a server reads them.
+struct Shared(std::sync::Arc<farside_region::HeapWords>);
+
+impl farside_region::Words for Shared {
+    fn words(&self) -> &[std::sync::atomic::AtomicU64] {
+        farside_region::Words::words(&*self.0)
+    }
+}
+
+#[test]
+fn every_rx_queue_of_a_multi_queue_veth_gets_a_socket_and_the_replies_come_through_the_rings() {
+    if !need_root("every_rx_queue_of_a_multi_queue_veth_gets_a_socket") {
+        return;
+    }
+    const QUEUES: &str = "4";
+    let (mon, back) = (Netns::new("mq-m"), Netns::new("mq-b"));
+    sh(&[
+        "ip",
+        "-n",
+        &mon.name,
+        "link",
+        "add",
+        "xskm0",
+        "numtxqueues",
+        QUEUES,
+        "numrxqueues",
+        QUEUES,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "xskb0",
+        "numtxqueues",
+        QUEUES,
+        "numrxqueues",
+        QUEUES,
+        "netns",
+        &back.name,
+    ]);
+    for (ns, dev, addr) in [
+        (&mon, "xskm0", "10.77.0.1/24"),
+        (&back, "xskb0", "10.77.0.2/24"),
+    ] {
+        sh(&["ip", "-n", &ns.name, "addr", "add", addr, "dev", dev]);
+        sh(&["ip", "-n", &ns.name, "link", "set", dev, "up"]);
+    }
+    // Back-ends: a user-space server per region, each on its own port (their replies
+    // hash to different queues).
+    let n = 8;
+    let servers = back.run(|| {
+        (0..n)
+            .map(|i| {
+                let mem = std::sync::Arc::new(farside_region::HeapWords::new(
+                    farside_region::REGION_WORDS,
+                ));
+                let mut w = farside_region::RegionWriter::init(
+                    Shared(mem.clone()),
+                    farside_region::Header {
+                        node_id: i as u64,
+                        generation: farside_region::fresh_generation(),
+                        period_us: 1000,
+                        watched_ports: [0; 4],
+                    },
+                );
+                w.publish(&farside_region::LoadRecord {
+                    conns_established: i as u64,
+                    ..Default::default()
+                });
+                farside_rmem::udp::UdpServer::spawn(
+                    "10.77.0.2:0".parse().unwrap(),
+                    mem,
+                    farside_rmem::ops::AccessKeys::new().with(
+                        farside_rmem::DEFAULT_READ_KEY,
+                        farside_rmem::ops::Perm::ReadOnly,
+                    ),
+                    Default::default(),
+                )
+                .unwrap()
+            })
+            .collect::<Vec<_>>()
+    });
+    mon.run(|| {
+        // Opened again right after a close: the kernel gives the queues back from a
+        // work item, binds are retried meanwhile (1 in 10 failed before).
+        for _ in 0..20 {
+            let x = XskRx::open("xskm0", 40_000, XSK_FRAMES_MIN).unwrap();
+            assert_eq!(x.queues(), 4, "a socket per RX queue");
+        }
+        let t = create_table(None, n, 5000).unwrap();
+        let targets = watches(n, |i| {
+            farside_monitor::Target::parse(&format!("udp:{}", servers[i].local_addr)).unwrap()
+        });
+        let m = Monitor::start(
+            targets,
+            t.clone(),
+            opts(MonitorRx::Xsk("xskm0".into()), None),
+        )
+        .unwrap();
+        until("every entry read", || all_read(&*t, n, 0));
+        let (xsk, ring, udp) = counts(&m.pollers()[0]);
+        assert!(xsk);
+        assert!(ring >= n as u64, "{ring} replies through the rings");
+        assert_eq!(udp, 0);
+        drop(m);
+    });
+    let link = sh(&["ip", "-n", &mon.name, "-d", "link", "show", "xskm0"]);
+    assert!(!link.contains("xdp"), "detached: {link}");
+}
