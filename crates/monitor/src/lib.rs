@@ -54,7 +54,8 @@ pub struct MonitorOptions {
     pub key: u64,
     /// Nice value of every polling thread (0: unchanged).
     pub nice: i32,
-    /// Poller threads; 0: the default rule ([`poller_threads`]).
+    /// Poller threads; 0: the default rule ([`poller_threads`]). Ignored (one poller)
+    /// with group reads or AF_XDP receive.
     pub threads: usize,
     /// Group reads: every period, ONE READ to this address (an IPv4 multicast group
     /// that every back-end's responder answers from its own region endpoint) instead of
@@ -122,7 +123,8 @@ pub struct PollerStats {
     pub sent: AtomicU64,
     /// `sendmmsg` calls that sent datagrams (reads sent / this: the batch size reached).
     pub send_calls: AtomicU64,
-    /// `recvmmsg` calls that received datagrams (replies / this: the batch size reached).
+    /// `recvmmsg` calls, and AF_XDP ring drains, that received datagrams (replies /
+    /// this: the batch size reached).
     pub recv_calls: AtomicU64,
     /// Sleeps in `ppoll` (each one a wake-up when it ends).
     pub waits: AtomicU64,

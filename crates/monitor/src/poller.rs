@@ -30,7 +30,14 @@
 //! group would make every back-end answer again for the few that were missed), and
 //! after `UDP_TRIES` attempts counts a timed-out read, as today. At most one reply per
 //! slot is accepted per read, so a period accepts at most as many group replies as the
-//! poller has slots (the table's bound). A read's timeout and the error and staleness accounting are those of a
+//! poller has slots (the table's bound).
+//!
+//! **AF_XDP receive** (`MonitorOptions::rx`, [`crate::xsk`]): the IPv4 socket still
+//! sends every READ and keeps its port, but the replies are taken from AF_XDP RX rings
+//! (an XDP program redirects the datagrams to the socket's port there) and handed to
+//! the same matching as the socket's; the rings' sockets join the `ppoll` set.
+//!
+//! A read's timeout and the error and staleness accounting are those of a
 //! blocking client (`farside_rmem::UdpClient`: the read timeout split over
 //! `UDP_TRIES` attempts; [`crate::watch::WatchState`]), without a thread per back-end.
 
