@@ -748,12 +748,13 @@ impl<'t> Poller<'t> {
             return;
         };
         let port = x.port();
-        let now = Instant::now();
-        let mono = mono_ns();
+        // Read the clocks once per drain, and only when there is something to time.
+        let mut clock = None;
         let (slots, group, stats) = (&mut self.slots, &mut self.group, &*self.stats);
         let stale_after = self.stale_after;
         let n = x.take(|frame| match crate::xsk::parse_udp4(frame, port) {
             Some((from, payload)) => {
+                let (now, mono) = *clock.get_or_insert_with(|| (Instant::now(), mono_ns()));
                 let len = payload.len().min(REPLY_BUF_BYTES);
                 on_reply(
                     slots,
@@ -781,8 +782,16 @@ impl<'t> Poller<'t> {
     /// Receive every reply waiting on `family`'s socket (and, for IPv4, in the AF_XDP
     /// RX rings).
     fn drain(&mut self, family: usize) {
-        if family == 0 {
+        if family == 0 && self.xsk.is_some() {
             self.drain_xsk();
+            // The replies come through the rings: the socket gets only what the
+            // program passes (fragments, IP options), so it is read only when the last
+            // `ppoll` found it readable, not with a `recvmmsg` per drain. It stays in
+            // the `ppoll` set (outside group gathers), so a datagram there is never
+            // left waiting for more than one sleep.
+            if std::mem::take(&mut self.pollfds[0].revents) == 0 {
+                return;
+            }
         }
         let Some(fd) = self.socks[family].as_ref().map(|s| s.as_raw_fd()) else {
             return;

@@ -252,6 +252,37 @@ fn group_replies_come_through_the_ring() {
     });
 }
 
+/// Datagrams the program passes (here fragments: lo's MTU is below a reply's size)
+/// reach the poller's UDP socket, which it still reads in xsk mode.
+#[test]
+fn fragmented_replies_are_passed_to_the_stack_and_read_from_the_udp_socket() {
+    if !need_root("fragmented_replies_are_passed_to_the_stack") {
+        return;
+    }
+    let ns = Netns::new("frag");
+    // A reply is 340 bytes of IP: every READ and reply goes out in two fragments.
+    sh(&["ip", "-n", &ns.name, "link", "set", "lo", "mtu", "300"]);
+    ns.run(|| {
+        let n = 4;
+        let r = MultiResponder::spawn(n).unwrap();
+        let t = create_table(None, n, 5000).unwrap();
+        let m = Monitor::start(
+            watches(n, |i| r.target(i)),
+            t.clone(),
+            opts(MonitorRx::Xsk("lo".into()), None),
+        )
+        .unwrap();
+        let p = m.pollers()[0].clone();
+        until("every entry read", || all_read(&*t, n, 0));
+        r.publish_all(3);
+        until("every entry advanced", || all_read(&*t, n, 3));
+        let (xsk, ring, udp) = counts(&p);
+        assert!(xsk, "the AF_XDP path is set up");
+        assert_eq!(ring, 0, "fragments are passed, not redirected");
+        assert!(udp >= 2 * n as u64, "{udp} replies through the UDP socket");
+    });
+}
+
 /// An Ethernet frame (as lo builds it: zero MACs) of an IPv4 UDP datagram to `port`.
 fn frame(port: u16, payload: &[u8]) -> Vec<u8> {
     let mut f = vec![0u8; 12];
