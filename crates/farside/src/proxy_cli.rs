@@ -111,6 +111,18 @@ pub struct BackendFlags {
     /// Back-ends with their own read key are read unicast (default: off).
     #[arg(long, value_name = "ADDR:PORT")]
     pub group_read: Option<SocketAddr>,
+    /// Where the monitor takes its udp replies from: `udp` (its UDP socket, the
+    /// default) or `xsk:IFACE` (AF_XDP sockets on IFACE's RX queues, fed by an XDP
+    /// program that takes the replies off the kernel's UDP stack: less CPU per reply;
+    /// one poller thread; needs root, else the UDP socket is used with a warning).
+    #[arg(long, value_name = "udp|xsk:IFACE", value_parser = parse_monitor_rx)]
+    pub monitor_rx: Option<String>,
+}
+
+/// `--monitor-rx`: checked here, kept as the configuration's string.
+fn parse_monitor_rx(s: &str) -> Result<String, String> {
+    s.parse::<farside_monitor::MonitorRx>()
+        .map(|_| s.to_string())
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -239,6 +251,9 @@ fn load_base(b: &BackendFlags, listen: Option<SocketAddr>) -> Result<ProxyConfig
     }
     if let Some(v) = b.group_read {
         cfg.monitor.group_read = Some(v);
+    }
+    if let Some(v) = &b.monitor_rx {
+        cfg.monitor.rx = v.clone();
     }
     if let Some(v) = b.read_timeout_ms {
         cfg.monitor.read_timeout_ms = v;

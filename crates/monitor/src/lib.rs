@@ -19,6 +19,7 @@ pub mod responder;
 pub mod table;
 mod tcp;
 pub mod watch;
+pub mod xsk;
 
 use farside_region::Words;
 use histogram::Histogram;
@@ -28,6 +29,7 @@ use std::time::Duration;
 
 pub use farside_rmem::Target;
 pub use watch::MONITOR_READ_BYTES;
+pub use xsk::MonitorRx;
 
 /// One back-end to watch: its table index and where its region is.
 #[derive(Debug, Clone)]
@@ -52,7 +54,8 @@ pub struct MonitorOptions {
     pub key: u64,
     /// Nice value of every polling thread (0: unchanged).
     pub nice: i32,
-    /// Poller threads; 0: the default rule ([`poller_threads`]).
+    /// Poller threads; 0: the default rule ([`poller_threads`]). Ignored (one poller)
+    /// with group reads or AF_XDP receive.
     pub threads: usize,
     /// Group reads: every period, ONE READ to this address (an IPv4 multicast group
     /// that every back-end's responder answers from its own region endpoint) instead of
@@ -62,6 +65,11 @@ pub struct MonitorOptions {
     /// ignored: every back-end answers every group READ, so a second poller would
     /// double the replies). `None` (the default): unicast reads only.
     pub group: Option<std::net::SocketAddr>,
+    /// Where the udp replies are taken from: the UDP socket (the default) or AF_XDP
+    /// sockets on an interface's RX queues ([`xsk`]; one poller thread then reads
+    /// every back-end, `threads` is ignored: the queues' sockets are that poller's).
+    /// Where AF_XDP cannot be set up the poller logs why and uses the UDP socket.
+    pub rx: MonitorRx,
 }
 
 /// Back-ends one poller thread reads by default. The rule's reasoning, an estimate
@@ -115,7 +123,8 @@ pub struct PollerStats {
     pub sent: AtomicU64,
     /// `sendmmsg` calls that sent datagrams (reads sent / this: the batch size reached).
     pub send_calls: AtomicU64,
-    /// `recvmmsg` calls that received datagrams (replies / this: the batch size reached).
+    /// `recvmmsg` calls, and AF_XDP ring drains, that received datagrams (replies /
+    /// this: the batch size reached).
     pub recv_calls: AtomicU64,
     /// Sleeps in `ppoll` (each one a wake-up when it ends).
     pub waits: AtomicU64,
@@ -126,6 +135,13 @@ pub struct PollerStats {
     /// Replies to a group READ from an address that is no grouped back-end's endpoint:
     /// dropped (also counted in `late`).
     pub unknown_source: AtomicU64,
+    /// The poller takes its udp replies from AF_XDP sockets (`MonitorRx::Xsk` set up);
+    /// false: from its UDP sockets.
+    pub xsk: AtomicBool,
+    /// Datagrams taken from the AF_XDP RX rings.
+    pub xsk_rx: AtomicU64,
+    /// Datagrams received on the UDP sockets.
+    pub udp_rx: AtomicU64,
 }
 
 /// Running monitor threads; they stop when this is dropped.
@@ -165,7 +181,8 @@ impl Monitor {
         // Group reads: one poller. Every back-end answers every group READ, so a second
         // poller's READ would send it each reply twice, half to a poller that does
         // not know it.
-        let k = if opts.group.is_some() {
+        // AF_XDP receive: one poller too, the RX queues' sockets are its own.
+        let k = if opts.group.is_some() || opts.rx != MonitorRx::Udp {
             1
         } else {
             poller_threads(polled.len(), opts.threads)
@@ -259,6 +276,24 @@ impl Monitor {
                 "Replies to a group READ from no watched back-end's endpoint: dropped.",
                 l,
                 p.unknown_source.load(Ordering::Relaxed),
+            );
+            enc.gauge(
+                "farside_monitor_rx_xsk",
+                "1 if a monitor poller thread takes its replies from AF_XDP sockets, 0 if from its UDP socket.",
+                l,
+                u64::from(p.xsk.load(Ordering::Relaxed)),
+            );
+            enc.counter(
+                "farside_monitor_xsk_replies_total",
+                "Datagrams a monitor poller thread took from its AF_XDP RX rings.",
+                l,
+                p.xsk_rx.load(Ordering::Relaxed),
+            );
+            enc.counter(
+                "farside_monitor_udp_replies_total",
+                "Datagrams a monitor poller thread received on its UDP sockets.",
+                l,
+                p.udp_rx.load(Ordering::Relaxed),
             );
         }
     }

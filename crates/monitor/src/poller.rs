@@ -30,11 +30,19 @@
 //! group would make every back-end answer again for the few that were missed), and
 //! after `UDP_TRIES` attempts counts a timed-out read, as today. At most one reply per
 //! slot is accepted per read, so a period accepts at most as many group replies as the
-//! poller has slots (the table's bound). A read's timeout and the error and staleness accounting are those of a
+//! poller has slots (the table's bound).
+//!
+//! **AF_XDP receive** (`MonitorOptions::rx`, [`crate::xsk`]): the IPv4 socket still
+//! sends every READ and keeps its port, but the replies are taken from AF_XDP RX rings
+//! (an XDP program redirects the datagrams to the socket's port there) and handed to
+//! the same matching as the socket's; the rings' sockets join the `ppoll` set.
+//!
+//! A read's timeout and the error and staleness accounting are those of a
 //! blocking client (`farside_rmem::UdpClient`: the read timeout split over
 //! `UDP_TRIES` attempts; [`crate::watch::WatchState`]), without a thread per back-end.
 
 use crate::watch::{WatchState, MONITOR_READ_BYTES};
+use crate::xsk::{MonitorRx, XskRx};
 use crate::{MonitorOptions, PollerStats, ReadStats, Watch, RECONNECT_BACKOFF_MAX};
 use farside_region::Words;
 use farside_rmem::udp::UDP_TRIES;
@@ -240,6 +248,10 @@ pub(crate) struct Poller<'t> {
     recv: Box<RecvBatch>,
     /// Group reads, if configured and at least one slot can be read so.
     group: Option<Group>,
+    /// AF_XDP receive of the IPv4 socket's replies (`MonitorOptions::rx`), if set up.
+    xsk: Option<XskRx>,
+    /// Index in `pollfds` of the first AF_XDP socket (after the tcp slots').
+    xsk_pfd: usize,
 }
 
 impl<'t> Poller<'t> {
@@ -311,6 +323,30 @@ impl<'t> Poller<'t> {
             set_rcvbuf(&s, n * RCVBUF_PER_SLOT_BYTES);
             socks[family] = Some(s);
         }
+        let xsk = match (&opts.rx, &socks[0]) {
+            (MonitorRx::Xsk(ifname), Some(s)) => open_xsk(ifname, s, udp_slots[0], &stats),
+            (MonitorRx::Xsk(ifname), None) => {
+                log::info!("monitor: no IPv4 udp back-end: AF_XDP receive on {ifname} not used");
+                None
+            }
+            (MonitorRx::Udp, _) => None,
+        };
+        let xsk_pfd = 2 + pfd_slot.len();
+        let mut pollfds = vec![
+            libc::pollfd {
+                fd: -1,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            xsk_pfd
+        ];
+        for fd in xsk.iter().flat_map(|x| x.fds()) {
+            pollfds.push(libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
         Ok(Poller {
             slots,
             socks,
@@ -324,18 +360,13 @@ impl<'t> Poller<'t> {
             stats,
             scratch: Vec::with_capacity(REQ_PADDED_BYTES),
             read_timeout: opts.read_timeout,
-            pollfds: vec![
-                libc::pollfd {
-                    fd: -1,
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                2 + pfd_slot.len()
-            ],
+            pollfds,
             pfd_slot,
             send: SendBatch::new(),
             recv: RecvBatch::new(),
             group,
+            xsk,
+            xsk_pfd,
         }
         .with_socket_fds())
     }
@@ -515,6 +546,9 @@ impl<'t> Poller<'t> {
             if gather {
                 until = until.min(now + GROUP_GATHER);
                 self.pollfds[0].fd = -1;
+                for p in &mut self.pollfds[self.xsk_pfd..] {
+                    p.fd = -1;
+                }
             }
             let left = until.saturating_duration_since(now);
             let ts = libc::timespec {
@@ -536,6 +570,11 @@ impl<'t> Poller<'t> {
                 if let Some(s) = &self.socks[0] {
                     self.pollfds[0].fd = s.as_raw_fd();
                 }
+                if let Some(x) = &self.xsk {
+                    for (p, fd) in self.pollfds[self.xsk_pfd..].iter_mut().zip(x.fds()) {
+                        p.fd = fd;
+                    }
+                }
             }
             if ready > 0 {
                 self.tcp_ready();
@@ -545,7 +584,7 @@ impl<'t> Poller<'t> {
 
     /// Serve the tcp streams `ppoll` found ready.
     fn tcp_ready(&mut self) {
-        for k in 2..self.pollfds.len() {
+        for k in 2..self.xsk_pfd {
             let revents = std::mem::take(&mut self.pollfds[k].revents);
             if revents == 0 {
                 continue;
@@ -703,8 +742,57 @@ impl<'t> Poller<'t> {
         self.queue[family] = queue;
     }
 
-    /// Receive every reply waiting on `family`'s socket.
+    /// Take every reply waiting in the AF_XDP RX rings, if the poller has them.
+    fn drain_xsk(&mut self) {
+        let Some(x) = self.xsk.as_mut() else {
+            return;
+        };
+        let port = x.port();
+        // Read the clocks once per drain, and only when there is something to time.
+        let mut clock = None;
+        let (slots, group, stats) = (&mut self.slots, &mut self.group, &*self.stats);
+        let stale_after = self.stale_after;
+        let n = x.take(|frame| match crate::xsk::parse_udp4(frame, port) {
+            Some((from, payload)) => {
+                let (now, mono) = *clock.get_or_insert_with(|| (Instant::now(), mono_ns()));
+                let len = payload.len().min(REPLY_BUF_BYTES);
+                on_reply(
+                    slots,
+                    group.as_mut(),
+                    stats,
+                    stale_after,
+                    &payload[..len],
+                    payload.len() > REPLY_BUF_BYTES,
+                    Some(from),
+                    now,
+                    mono,
+                );
+            }
+            // Not a datagram to our port (the program checks the same): a stray.
+            None => {
+                stats.late.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        if n > 0 {
+            self.stats.recv_calls.fetch_add(1, Ordering::Relaxed);
+            self.stats.xsk_rx.fetch_add(n as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Receive every reply waiting on `family`'s socket (and, for IPv4, in the AF_XDP
+    /// RX rings).
     fn drain(&mut self, family: usize) {
+        if family == 0 && self.xsk.is_some() {
+            self.drain_xsk();
+            // The replies come through the rings: the socket gets only what the
+            // program passes (fragments, IP options), so it is read only when the last
+            // `ppoll` found it readable, not with a `recvmmsg` per drain. It stays in
+            // the `ppoll` set (outside group gathers), so a datagram there is never
+            // left waiting for more than one sleep.
+            if std::mem::take(&mut self.pollfds[0].revents) == 0 {
+                return;
+            }
+        }
         let Some(fd) = self.socks[family].as_ref().map(|s| s.as_raw_fd()) else {
             return;
         };
@@ -730,6 +818,7 @@ impl<'t> Poller<'t> {
                 return;
             }
             self.stats.recv_calls.fetch_add(1, Ordering::Relaxed);
+            self.stats.udp_rx.fetch_add(r as u64, Ordering::Relaxed);
             let now = Instant::now();
             let mono = mono_ns();
             used = r as usize;
@@ -884,6 +973,41 @@ fn group_slots(slots: &mut [Slot<'_>], group: SocketAddr, key: u64) -> io::Resul
         key,
         waiting: 0,
     }))
+}
+
+/// Set up AF_XDP receive of `sock`'s replies on `ifname`, or say in one log line why
+/// the UDP socket is used instead.
+fn open_xsk(
+    ifname: &str,
+    sock: &UdpSocket,
+    udp_slots: usize,
+    stats: &PollerStats,
+) -> Option<XskRx> {
+    let port = match sock.local_addr() {
+        Ok(a) => a.port(),
+        Err(e) => {
+            log::warn!("monitor: AF_XDP receive on {ifname} not used ({e}): replies are read from the UDP socket");
+            return None;
+        }
+    };
+    match XskRx::open(ifname, port, crate::xsk::frames_for(udp_slots)) {
+        Ok(x) => {
+            log::info!(
+                "monitor: replies to udp port {port} are taken through AF_XDP on {ifname} \
+                 ({} RX queue(s), {} frames each, generic XDP, copy mode)",
+                x.queues(),
+                x.frames()
+            );
+            stats.xsk.store(true, Ordering::Relaxed);
+            Some(x)
+        }
+        Err(e) => {
+            log::warn!(
+                "monitor: AF_XDP receive on {ifname} unavailable ({e}): replies are read from the UDP socket"
+            );
+            None
+        }
+    }
 }
 
 /// Account a tcp read's outcome and publish.
@@ -1065,6 +1189,7 @@ mod tests {
             nice: 0,
             threads: 1,
             group,
+            rx: MonitorRx::Udp,
         }
     }
 

@@ -16,6 +16,7 @@ fn opts(threads: usize) -> MonitorOptions {
         nice: 0,
         threads,
         group: None,
+        rx: crate::MonitorRx::Udp,
     }
 }
 

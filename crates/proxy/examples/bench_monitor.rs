@@ -14,7 +14,8 @@
 //!
 //! Run (release, on a quiet machine; the responder needs a core of its own at 1,024):
 //! `cargo run --release -p farside-proxy --example bench_monitor -- \
-//!    [--backends 16,256,1024] [--seconds 5] [--period-us 1000] [--threads 0] [--group]`
+//!    [--backends 16,256,1024] [--seconds 5] [--period-us 1000] [--threads 0] [--group]
+//!    [--xsk IFACE]`
 //!
 //! `--group`: each N is measured twice, `unicast` (a READ per back-end, as above) and
 //! `group` (`MonitorOptions::group`: ONE READ per period to the group address, answered
@@ -23,12 +24,20 @@
 //! network's fan-out of the group datagram is not part of the cost). Decision costs do
 //! not depend on the mode and are printed on the unicast row only.
 //!
+//! `--xsk IFACE` (root; the bench's responders are on lo, so `--xsk lo`): each mode is
+//! measured twice, `rx udp` (replies from the poller's UDP socket, `recvmmsg`) and
+//! `rx xsk` (`MonitorOptions::rx = xsk:IFACE`: replies taken from AF_XDP RX rings fed by
+//! `bpf/xskrx.bpf.c`, one poller thread). The `rx` column says the path the pollers
+//! actually used (`udp` on an `xsk` row: the set-up failed, see the log line) and
+//! `ring%` the share of the replies taken from the rings. `reps/recv` is then replies
+//! per ring drain.
+//!
 //! Targets (issue 9): 1,024 back-ends at 1 ms with the monitor ≤ 1 core; a per-request
 //! decision < 100 ns.
 
 use farside_monitor::responder::{GroupResponder, MultiResponder};
 use farside_monitor::table::{Entry, EntryStatus, EntryWriter};
-use farside_monitor::{create_table, Monitor, MonitorOptions, Watch};
+use farside_monitor::{create_table, Monitor, MonitorOptions, MonitorRx, Watch};
 use farside_proxy::config::{BackendConfig, BalancePolicy, ProxyConfig};
 use farside_proxy::control::Control;
 use farside_proxy::gate::Gate;
@@ -43,6 +52,8 @@ struct Args {
     threads: usize,
     /// Also measure group reads.
     group: bool,
+    /// Also measure every mode with AF_XDP receive on this interface.
+    xsk: Option<String>,
 }
 
 /// How the monitor reads in one measurement.
@@ -81,6 +92,7 @@ fn args() -> Result<Args, String> {
         period_us: 1000,
         threads: 0,
         group: false,
+        xsk: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -100,6 +112,7 @@ fn args() -> Result<Args, String> {
             "--seconds" => a.seconds = v.parse().map_err(|e| bad(&e))?,
             "--period-us" => a.period_us = v.parse().map_err(|e| bad(&e))?,
             "--threads" => a.threads = v.parse().map_err(|e| bad(&e))?,
+            "--xsk" => a.xsk = Some(v),
             _ => return Err(format!("unknown flag {k} (see the file's doc comment)")),
         }
     }
@@ -140,6 +153,10 @@ fn pollers_user_sys_ns() -> (u64, u64) {
 /// What the pollers did over the steady window.
 struct Cost {
     pollers: usize,
+    /// The receive path the pollers used (`xsk` if every poller took AF_XDP).
+    rx: &'static str,
+    /// Share of the replies taken from AF_XDP rings, %.
+    ring_pct: f64,
     cpu_pct: f64,
     us_per_period: f64,
     overruns: u64,
@@ -157,7 +174,7 @@ struct Cost {
 }
 
 /// Pollers' CPU over a steady window.
-fn monitor_cost(n: usize, a: &Args, mode: Mode) -> Cost {
+fn monitor_cost(n: usize, a: &Args, mode: Mode, rx: &MonitorRx) -> Cost {
     let r = match mode {
         Mode::Unicast => Responder::Multi(MultiResponder::spawn(n).expect("responder")),
         Mode::Group => Responder::Group(GroupResponder::spawn(n).expect("group responder")),
@@ -182,10 +199,11 @@ fn monitor_cost(n: usize, a: &Args, mode: Mode) -> Cost {
         nice: 0,
         threads: a.threads,
         group,
+        rx: rx.clone(),
     };
     let m = Monitor::start(watches, table, opts).expect("monitor");
     let snap = |m: &Monitor| {
-        m.pollers().iter().fold([0u64; 7], |s, p| {
+        m.pollers().iter().fold([0u64; 9], |s, p| {
             [
                 s[0] + p.cpu_ns.load(Ordering::Relaxed),
                 s[1] + p.periods.load(Ordering::Relaxed),
@@ -195,6 +213,8 @@ fn monitor_cost(n: usize, a: &Args, mode: Mode) -> Cost {
                 s[4] + p.recv_calls.load(Ordering::Relaxed),
                 s[5] + p.waits.load(Ordering::Relaxed),
                 s[6] + p.sent.load(Ordering::Relaxed),
+                s[7] + p.xsk_rx.load(Ordering::Relaxed),
+                s[8] + p.udp_rx.load(Ordering::Relaxed),
             ]
         })
     };
@@ -228,8 +248,11 @@ fn monitor_cost(n: usize, a: &Args, mode: Mode) -> Cost {
     let threads = m.pollers().len().max(1) as f64;
     let expected_reads = n as f64 * wall.as_secs_f64() * 1e6 / a.period_us as f64;
     let answered = (r1 - r0).max(1) as f64;
+    let xsk = m.pollers().iter().all(|p| p.xsk.load(Ordering::Relaxed));
     Cost {
         pollers: m.pollers().len(),
+        rx: if xsk { "xsk" } else { "udp" },
+        ring_pct: 100.0 * d(7) / (d(7) + d(8)).max(1.0),
         cpu_pct: 100.0 * cpu_ns / wall.as_nanos() as f64,
         us_per_period: cpu_ns / 1e3 / (periods / threads),
         overruns: c1[2] - c0[2],
@@ -326,9 +349,11 @@ fn main() {
         }
     };
     println!(
-        "{:>8} {:>7} {:>7} {:>9} {:>13} {:>8} {:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9}",
+        "{:>8} {:>7} {:>3} {:>5} {:>7} {:>9} {:>13} {:>8} {:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9}",
         "backends",
         "mode",
+        "rx",
+        "ring%",
         "pollers",
         "cpu_%core",
         "cpu_us/period",
@@ -352,30 +377,38 @@ fn main() {
     } else {
         &[Mode::Unicast]
     };
+    let mut rxs = vec![MonitorRx::Udp];
+    if let Some(i) = &a.xsk {
+        rxs.push(MonitorRx::Xsk(i.clone()));
+    }
     for &n in &a.backends {
         for &mode in modes {
-            row(n, &a, mode);
+            for rx in &rxs {
+                row(n, &a, mode, rx);
+            }
         }
     }
 }
 
 /// Measure and print one row.
-fn row(n: usize, a: &Args, mode: Mode) {
-    let c = monitor_cost(n, a, mode);
+fn row(n: usize, a: &Args, mode: Mode, rx: &MonitorRx) {
+    let c = monitor_cost(n, a, mode, rx);
     let decisions = match mode {
-        Mode::Unicast => {
+        Mode::Unicast if *rx == MonitorRx::Udp => {
             let (p2c_choose, p2c, accept) = decision_cost(n, BalancePolicy::P2c);
             let (ll_choose, ll, _) = decision_cost(n, BalancePolicy::LeastLoaded);
             format!("{p2c_choose:>11.1} {p2c:>11.1} {ll_choose:>11.1} {ll:>11.1} {accept:>9.1}")
         }
-        Mode::Group => format!("{:>11} {:>11} {:>11} {:>11} {:>9}", "-", "-", "-", "-", "-"),
+        _ => format!("{:>11} {:>11} {:>11} {:>11} {:>9}", "-", "-", "-", "-", "-"),
     };
     let mode = match mode {
         Mode::Unicast => "unicast",
         Mode::Group => "group",
     };
     println!(
-            "{n:>8} {mode:>7} {:>7} {:>9.1} {:>13.1} {:>8} {:>9.1} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>9.1} {:>9.1} {:>11.1} {decisions}",
+            "{n:>8} {mode:>7} {:>3} {:>5.1} {:>7} {:>9.1} {:>13.1} {:>8} {:>9.1} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>9.1} {:>9.1} {:>11.1} {decisions}",
+            c.rx,
+            c.ring_pct,
             c.pollers,
             c.cpu_pct,
             c.us_per_period,

@@ -415,6 +415,11 @@ pub struct MonitorConfig {
     /// read key) instead of one per back-end; missing replies are retried unicast.
     /// Default: none (a READ per back-end).
     pub group_read: Option<std::net::SocketAddr>,
+    /// Where the pollers take their udp replies from: `udp` (the UDP socket,
+    /// `recvmmsg`; the default) or `xsk:IFACE` (AF_XDP sockets on IFACE's RX queues
+    /// fed by an XDP program that takes the replies off the UDP stack; one poller
+    /// thread; needs root, else the UDP socket is used with a warning).
+    pub rx: String,
 }
 
 impl Default for MonitorConfig {
@@ -426,6 +431,7 @@ impl Default for MonitorConfig {
             table: None,
             threads: 0,
             group_read: None,
+            rx: "udp".into(),
         }
     }
 }
@@ -632,6 +638,9 @@ impl ProxyConfig {
                 "must be an IPv4 ADDR:PORT (back-ends answer IPv4 group reads only)",
             ));
         }
+        if let Err(m) = self.monitor.rx.parse::<farside_monitor::MonitorRx>() {
+            errs.push(err("monitor.rx", m));
+        }
         let max = farside_monitor::table::TABLE_BACKENDS_MAX;
         if self.backends.len() > max {
             errs.push(err(
@@ -807,6 +816,25 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.key, "monitor.group_read");
+    }
+
+    #[test]
+    fn monitor_rx_parses_and_a_bad_value_names_the_key() {
+        let toml = |rx: &str| {
+            format!("listen = \"127.0.0.1:1\"\n[monitor]\nrx = \"{rx}\"\n[[backend]]\naddr = \"127.0.0.1:2\"\n")
+        };
+        let c = ProxyConfig::from_toml_str(&toml("xsk:eth1")).unwrap();
+        let o = crate::control::monitor_options(&c);
+        assert_eq!(o.rx, farside_monitor::MonitorRx::Xsk("eth1".into()));
+        let d = ProxyConfig::from_toml_str(&toml("udp")).unwrap();
+        assert_eq!(
+            crate::control::monitor_options(&d).rx,
+            farside_monitor::MonitorRx::Udp
+        );
+        for bad in ["xsk:", "xdp:eth1"] {
+            let e = ProxyConfig::from_toml_str(&toml(bad)).unwrap_err();
+            assert_eq!(e.key, "monitor.rx", "{bad}");
+        }
     }
 
     #[test]

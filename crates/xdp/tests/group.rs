@@ -323,6 +323,7 @@ fn monitor_reads_by_group(lan: &Lan, responders: &[XdpResponder], group: Ipv4Add
             nice: 0,
             threads: 0,
             group: Some(SocketAddr::from((group, PORT))),
+            rx: Default::default(),
         },
     )
     .unwrap();

@@ -930,6 +930,8 @@ pub fn monitor_options(cfg: &ProxyConfig) -> MonitorOptions {
         key: farside_rmem::DEFAULT_READ_KEY,
         threads: cfg.monitor.threads,
         group: cfg.monitor.group_read,
+        // Checked by validate(); unparsable only in a configuration never validated.
+        rx: cfg.monitor.rx.parse().unwrap_or_default(),
     }
 }
 
