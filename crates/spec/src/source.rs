@@ -916,8 +916,13 @@ fn peers_have_room_for(s: &Shared, n: u32) -> bool {
 }
 
 /// The target for `sock`: with [`Affinity`] the request path's peer (unless full),
-/// else the least-loaded peer (see [`least_loaded`]).
+/// else the least-loaded peer (see [`least_loaded`]). With one peer there is nothing
+/// to rank: no region read (a one-sided read per migration is a UDP round trip, a
+/// sleep and a wake-up of the migrator, for a load nothing would use).
 fn choose_peer<'a>(s: &'a Shared, sock: &TcpStream) -> &'a PeerState {
+    if let [only] = s.peers.as_slice() {
+        return only;
+    }
     refresh_peer_loads(s);
     let cands: Vec<(PeerLoad, u32)> = s
         .peers
