@@ -6,14 +6,20 @@
 //! already in flight to it are dropped rather than answered with a RST, then closes
 //! it silently. That used to be a `thread::sleep` in the migrating thread: one more
 //! sleep and wake-up per migration, and the thread held for 50 ms. A [`Reaper`]
-//! takes the socket instead: one thread per [`crate::ControlPool`], a
-//! deadline-ordered queue bounded by [`Reaper::pending_max`], woken only when a
-//! socket becomes the earliest deadline, closing everything due in one pass.
+//! takes the socket instead: a deadline-ordered queue bounded by
+//! [`Reaper::pending_max`], and one thread per [`crate::ControlPool`].
+//!
+//! Who closes: every deferral first closes the sockets already due (the migrating
+//! thread is running anyway: no wake-up), so while migrations keep coming, each
+//! closes about one; the thread closes only what no later deferral did, waking at
+//! the earliest deadline plus [`REAPER_SLACK`] (and once when the queue turns
+//! non-empty, its sleep having no timeout while there is nothing to close).
 //!
 //! ```text
-//!  migrator: DONE ─▶ defer(sock, now + flow_drain) ─▶ returns Migrated at once
+//!  migrator: DONE ─▶ defer(sock, now + flow_drain): closes what is due,
+//!                    queues sock ─▶ returns Migrated at once
 //!                      full ─▶ Err(sock): the caller sleeps and closes inline
-//!  reaper:   sleeps until the earliest deadline + DRAIN_COALESCE,
+//!  reaper:   sleeps until the earliest deadline + REAPER_SLACK,
 //!            closes every socket whose deadline passed (silent: repair mode)
 //!  drop:     closes every pending socket at once (still silently)
 //! ```
@@ -40,12 +46,13 @@ use std::time::{Duration, Instant};
 pub const DRAIN_PENDING_DEFAULT: usize = 1024;
 /// Upper bound of a reaper's queue (a daemon with a raised `RLIMIT_NOFILE`).
 pub const DRAIN_PENDING_MAX: usize = 65_536;
-/// How long after the earliest deadline the reaper wakes: every socket due by then is
-/// closed in the same pass, so however many migrations a second it wakes at most 50
-/// times a second (a source at the lab pair's peak migrates 100–200 a second); a
-/// frozen socket lives at most this much longer than its drain (1.4× the default
-/// 50 ms: it sends nothing meanwhile, and holds a descriptor and its queues).
-pub const DRAIN_COALESCE: Duration = Duration::from_millis(20);
+/// How long after the earliest deadline the reaper wakes, if no deferral closed that
+/// socket first: at most 10 wake-ups a second however many migrations (a source at
+/// the lab pair's peak migrates 100–200 a second, and each deferral closes what is
+/// due, so at that rate the reaper finds little to do); after the last migration of a
+/// burst a frozen socket lives at most this much longer than its drain (it sends
+/// nothing meanwhile, and holds a descriptor and its queues).
+pub const REAPER_SLACK: Duration = Duration::from_millis(100);
 /// The reaper thread's stack (it only closes sockets).
 const REAPER_STACK_BYTES: usize = 64 * 1024;
 
@@ -90,6 +97,7 @@ struct Inner {
     max: usize,
     deferred: AtomicU64,
     closed: AtomicU64,
+    closed_by_deferrals: AtomicU64,
     wakeups: AtomicU64,
     pending_peak: AtomicUsize,
 }
@@ -109,8 +117,11 @@ pub struct DrainStats {
     /// Sockets drained inline (the migrating thread slept and closed): the queue was
     /// full, or no reaper thread could be started.
     pub inline: u64,
-    /// Sockets the reaper closed (at their deadline, or at its drop).
+    /// Sockets closed after their deadline (or at the reaper's drop), by the reaper
+    /// thread or by a later deferral.
     pub closed: u64,
+    /// Of `closed`, those a later deferral closed (no wake-up of the reaper).
+    pub closed_by_deferrals: u64,
     /// Sockets waiting now.
     pub pending: usize,
     /// Most sockets waiting at once.
@@ -144,6 +155,7 @@ impl Reaper {
             max: pending_max,
             deferred: AtomicU64::new(0),
             closed: AtomicU64::new(0),
+            closed_by_deferrals: AtomicU64::new(0),
             wakeups: AtomicU64::new(0),
             pending_peak: AtomicUsize::new(0),
         });
@@ -163,35 +175,58 @@ impl Reaper {
         self.inner.max
     }
 
-    /// Queues `sock` to be closed at `deadline` (not before). `Err(sock)`: the queue
-    /// is full (or the reaper is stopping); the caller drains it itself. Wakes the
-    /// reaper only when the queue was empty or `deadline` is more than
-    /// [`DRAIN_COALESCE`] before the earliest one (with one drain length deadlines
-    /// arrive in order: one wake-up per idle-to-busy transition).
+    /// Queues `sock` to be closed at `deadline` (not before), after closing, in the
+    /// calling thread, the sockets already due. `Err(sock)`: the queue is full even
+    /// so (or the reaper is stopping); the caller drains it itself. Wakes the reaper
+    /// only when the queue was empty (it sleeps without a timeout then) or `deadline`
+    /// is more than [`REAPER_SLACK`] before the earliest one (with one drain length
+    /// deadlines arrive in order).
     pub fn defer(&self, sock: TcpStream, deadline: Instant) -> Result<(), TcpStream> {
+        let now = Instant::now();
+        let mut due: Vec<TcpStream> = Vec::new();
         let mut q = self.inner.lock();
-        if q.stop || q.heap.len() >= self.inner.max {
+        if q.stop {
             return Err(sock);
         }
-        let earliest = q
-            .heap
-            .peek()
-            .is_none_or(|p| deadline + DRAIN_COALESCE < p.deadline);
-        q.seq += 1;
-        let seq = q.seq;
-        q.heap.push(Pending {
-            deadline,
-            seq,
-            sock,
-        });
-        let n = q.heap.len();
-        drop(q);
-        self.inner.deferred.fetch_add(1, Ordering::Relaxed);
-        self.inner.pending_peak.fetch_max(n, Ordering::Relaxed);
-        if earliest {
-            self.inner.wake.notify_one();
+        // Bounded by the queue's length.
+        while q.heap.peek().is_some_and(|p| p.deadline <= now) {
+            due.push(q.heap.pop().expect("peeked").sock);
         }
-        Ok(())
+        let queued = if q.heap.len() < self.inner.max {
+            let wake = q
+                .heap
+                .peek()
+                .is_none_or(|p| deadline + REAPER_SLACK < p.deadline);
+            q.seq += 1;
+            let seq = q.seq;
+            q.heap.push(Pending {
+                deadline,
+                seq,
+                sock,
+            });
+            let n = q.heap.len();
+            drop(q);
+            self.inner.deferred.fetch_add(1, Ordering::Relaxed);
+            self.inner.pending_peak.fetch_max(n, Ordering::Relaxed);
+            if wake {
+                self.inner.wake.notify_one();
+            }
+            Ok(())
+        } else {
+            drop(q);
+            Err(sock)
+        };
+        if !due.is_empty() {
+            // Outside the lock; silent (repair mode).
+            self.inner
+                .closed
+                .fetch_add(due.len() as u64, Ordering::Relaxed);
+            self.inner
+                .closed_by_deferrals
+                .fetch_add(due.len() as u64, Ordering::Relaxed);
+            drop(due);
+        }
+        queued
     }
 
     /// The counters (`inline` is the caller's: 0 here).
@@ -201,6 +236,7 @@ impl Reaper {
             deferred: self.inner.deferred.load(Ordering::Relaxed),
             inline: 0,
             closed: self.inner.closed.load(Ordering::Relaxed),
+            closed_by_deferrals: self.inner.closed_by_deferrals.load(Ordering::Relaxed),
             pending,
             pending_peak: self.inner.pending_peak.load(Ordering::Relaxed),
             wakeups: self.inner.wakeups.load(Ordering::Relaxed),
@@ -225,7 +261,7 @@ impl Drop for Reaper {
     }
 }
 
-/// The reaper thread: sleeps until the earliest deadline plus [`DRAIN_COALESCE`] (no
+/// The reaper thread: sleeps until the earliest deadline plus [`REAPER_SLACK`] (no
 /// timeout while the queue is empty), closes every socket due, outside the lock.
 fn reap(inner: &Inner) {
     let mut due: Vec<TcpStream> = Vec::new();
@@ -254,7 +290,7 @@ fn reap(inner: &Inner) {
         q = match q.heap.peek().map(|p| p.deadline) {
             None => inner.wake.wait(q).unwrap_or_else(|p| p.into_inner()),
             Some(d) => {
-                let t = (d + DRAIN_COALESCE).saturating_duration_since(now);
+                let t = (d + REAPER_SLACK).saturating_duration_since(now);
                 inner
                     .wake
                     .wait_timeout(q, t)
@@ -345,7 +381,7 @@ mod tests {
         assert_eq!((st.deferred, st.closed, st.pending), (1, 1, 0));
     }
 
-    /// Sockets whose deadlines fall within the coalescing slack close in one pass (a
+    /// Sockets whose deadlines fall within the reaper's slack close in one pass (a
     /// few wake-ups, not one each), whatever order they came in; a socket deferred
     /// earlier with a later deadline stays open.
     #[test]
@@ -392,6 +428,7 @@ mod tests {
         assert!(back.peer_addr().is_ok(), "the socket comes back, open");
         assert_eq!(r.stats().pending, 2);
         assert!(!sees_close(&mut ca));
+        assert_eq!(r.stats().inline, 0, "counted by the caller");
         let t0 = Instant::now();
         drop(r);
         assert!(
@@ -401,6 +438,31 @@ mod tests {
         ca.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         cb.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         assert!(sees_close(&mut ca) && sees_close(&mut cb));
+    }
+
+    /// A deferral closes the sockets already due itself, so the reaper, woken only
+    /// when its queue turned non-empty, has nothing left at its timer; and a full
+    /// queue with a socket due makes room instead of refusing.
+    #[test]
+    fn a_deferral_closes_what_is_due_without_waking_the_reaper() {
+        let r = Reaper::start(1).unwrap();
+        let (a, mut ca) = pair(Duration::from_millis(50));
+        let t0 = Instant::now();
+        r.defer(a, t0 + Duration::from_millis(30)).unwrap();
+        // Before the reaper's timer (deadline + REAPER_SLACK): a is due, not closed.
+        std::thread::sleep(Duration::from_millis(40));
+        let (b, _cb) = pair(Duration::from_millis(50));
+        r.defer(b, Instant::now() + Duration::from_secs(3600))
+            .expect("a, due, made room");
+        let took = t0.elapsed();
+        ca.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert!(sees_close(&mut ca), "a closed by the deferral of b");
+        let st = r.stats();
+        assert_eq!((st.closed, st.closed_by_deferrals, st.pending), (1, 1, 1));
+        if took < Duration::from_millis(30) + REAPER_SLACK {
+            // The reaper woke for a (the queue turned non-empty), not for its timer.
+            assert!(st.wakeups <= 2, "{st:?}");
+        }
     }
 
     #[test]

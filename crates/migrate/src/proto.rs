@@ -344,7 +344,7 @@ impl ControlPool {
     }
 
     /// The flow drain's counters: sockets deferred to the reaper, drained inline,
-    /// closed by the reaper, pending now.
+    /// closed after their drain, pending now.
     pub fn drain_stats(&self) -> DrainStats {
         let mut st = match self.reaper.get() {
             Some(Some(r)) => r.stats(),

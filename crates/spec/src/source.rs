@@ -713,12 +713,19 @@ impl Drop for SourceDaemon {
 
 /// The summary's `flow_drain`: migrated source sockets kept frozen for the flow
 /// drain by the control pool's reaper (`deferred`), or by the migrator itself because
-/// the reaper's queue was full (`inline`); `closed` by the reaper, `pending` now,
-/// `pending_peak`, the reaper's `wakeups`.
+/// the reaper's queue was full (`inline`); `closed` after their drain (by a later
+/// migration's deferral: `closed_by_deferrals`, else by the reaper thread), `pending`
+/// now, `pending_peak`, the reaper thread's `wakeups`.
 fn drain_json(d: &farside_migrate::DrainStats) -> String {
     format!(
-        "{{\"deferred\":{},\"inline\":{},\"closed\":{},\"pending\":{},\"pending_peak\":{},\"wakeups\":{}}}",
-        d.deferred, d.inline, d.closed, d.pending, d.pending_peak, d.wakeups
+        "{{\"deferred\":{},\"inline\":{},\"closed\":{},\"closed_by_deferrals\":{},\"pending\":{},\"pending_peak\":{},\"wakeups\":{}}}",
+        d.deferred,
+        d.inline,
+        d.closed,
+        d.closed_by_deferrals,
+        d.pending,
+        d.pending_peak,
+        d.wakeups
     )
 }
 
