@@ -153,6 +153,7 @@ fn migrators_accept_themselves_and_a_stop_wakes_every_one() {
     let v: serde_json::Value = serde_json::from_str(&source.summary_json()).unwrap();
     assert_eq!(v["flow_drain"]["deferred"], 0, "{}", v["flow_drain"]);
     assert_eq!(v["window"]["in_flight"], 0);
+    assert_eq!(v["control"]["opened"], 0, "no migration: {}", v["control"]);
     // The stop shuts the listener down, which wakes every migrator blocked in accept
     // (there is no timeout to fall back on: a thread not woken would hang the join).
     let (done_tx, done) = mpsc::channel();

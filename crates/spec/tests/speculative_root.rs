@@ -345,6 +345,12 @@ fn window_connections_migrate_to_the_peer_and_complete() {
     let d = &v["flow_drain"];
     assert_eq!(d["deferred"].as_u64(), Some(a.source_migrated), "{d}");
     assert_eq!(d["inline"], 0, "{d}");
+    let c = &v["control"];
+    assert!(c["opened"].as_u64() >= Some(1), "{c}");
+    assert!(
+        c["opened"].as_u64().unwrap() + c["reused"].as_u64().unwrap() >= a.source_migrated,
+        "a control connection per migration, opened or reused: {c}"
+    );
 }
 
 #[test]
