@@ -537,42 +537,45 @@ impl SourceDaemon {
             control: farside_migrate::ControlPool::default(),
             hold,
         });
-        let mut threads = Vec::new();
+        // Threads go into the daemon as they start: if one cannot be spawned, its drop
+        // stops and joins those already running (the migrators wait in accept, which
+        // only the stop's shutdown ends).
+        let mut daemon = Self {
+            shared,
+            threads: Vec::new(),
+            accept_addr,
+        };
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name)
                 .stack_size(MIGRATOR_STACK_BYTES)
                 .spawn(f)
         };
-        for i in 0..shared.cfg.migrators {
-            let s = Arc::clone(&shared);
-            threads.push(spawn(
+        for i in 0..daemon.shared.cfg.migrators {
+            let s = Arc::clone(&daemon.shared);
+            daemon.threads.push(spawn(
                 format!("specd-mig{i}"),
                 Box::new(move || migrator_loop(&s)),
             )?);
         }
-        let s = Arc::clone(&shared);
-        threads.push(spawn(
+        let s = Arc::clone(&daemon.shared);
+        daemon.threads.push(spawn(
             "specd-poll".into(),
             Box::new(move || poller_loop(&s, queue)),
         )?);
-        let s = Arc::clone(&shared);
-        threads.push(spawn(
+        let s = Arc::clone(&daemon.shared);
+        daemon.threads.push(spawn(
             "specd-notified".into(),
             Box::new(move || notified_loop(&s, &s.notify_sock)),
         )?);
         log::info!(
             "specd source: admission listener {accept_addr}, Q {} W {} N {}, {} peers",
-            shared.cfg.window.queue,
-            shared.cfg.window.window,
-            shared.cfg.window.reopen_after,
-            shared.peers.len()
+            daemon.shared.cfg.window.queue,
+            daemon.shared.cfg.window.window,
+            daemon.shared.cfg.window.reopen_after,
+            daemon.shared.peers.len()
         );
-        Ok(Self {
-            shared,
-            threads,
-            accept_addr,
-        })
+        Ok(daemon)
     }
 
     /// The admission listener's address.
