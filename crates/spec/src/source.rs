@@ -423,7 +423,8 @@ struct Shared {
     started: std::time::Instant,
     window_events: Mutex<WindowEvents>,
     /// Control connections to the peers' daemons, reused across migrations (issue 12:
-    /// a connect, accept, two closes and a TIME_WAIT less per migration).
+    /// a connect, accept, two closes and a TIME_WAIT less per migration); up to
+    /// `--migrators` idle per peer (at most `POOL_IDLE_PER_TARGET_MAX`).
     control: farside_migrate::ControlPool,
     /// With `CloseBeforeRestore` (`--same-netns`): the flow hold of this namespace,
     /// which drops a client's segments between the source's close and the target's
@@ -512,6 +513,15 @@ impl SourceDaemon {
         }
         let mut queue = ServerQueue::new(cfg.server_port)?;
         let q0 = queue.read()?;
+        // As many idle control connections per peer as migrations can be in flight
+        // (the migrators): a burst beyond the pool's default 8 opened connections that
+        // were closed after it, each a connect, an accept, two closes, a TIME_WAIT and,
+        // at the target, a wake-up of every thread whose idle connection watches the
+        // listener. Kept ones the target closes after 3 s without an offer.
+        let control = farside_migrate::ControlPool::new(
+            cfg.migrators
+                .clamp(1, farside_migrate::proto::POOL_IDLE_PER_TARGET_MAX),
+        )?;
         let shared = Arc::new(Shared {
             window: Mutex::new(Window::new(cfg.window)),
             server_queue: AtomicU32::new(q0),
@@ -534,7 +544,7 @@ impl SourceDaemon {
             steer_counts: Mutex::new([0; crate::steer::COUNTERS]),
             started: std::time::Instant::now(),
             window_events: Mutex::new(WindowEvents::default()),
-            control: farside_migrate::ControlPool::default(),
+            control,
             hold,
         });
         // Threads go into the daemon as they start: if one cannot be spawned, its drop
