@@ -470,8 +470,8 @@ impl SourceDaemon {
             io::Error::new(e.kind(), format!("notifications on {}: {e}", cfg.notify))
         })?;
         // No read timeout, and the migrators' accepts have none either: a stop wakes
-        // them by shutting their sockets down (at 200 ms timeouts they cost an idle node 10
-        // wake-ups a second).
+        // them by shutting their sockets down (at 200 ms timeouts they cost an idle
+        // node 10 wake-ups a second).
         let mut steering = match cfg.steer {
             Some((vip, port)) => Some(Steering::attach_with(
                 vip,
@@ -703,9 +703,10 @@ impl SourceDaemon {
         }
         // Wakes the migrators' accepts and the notification thread's read (no
         // timeouts; a shut-down listener wakes every thread blocked in its accept,
-        // exclusive waiters included, with EINVAL): the listener stops listening (the kernel drops it from the program's map, new
-        // SYNs take the normal lookup), the datagram socket's reads return 0. A UDP
-        // socket answers ENOTCONN and is shut down all the same.
+        // exclusive waiters included, with EINVAL): the listener stops listening (the
+        // kernel drops it from the program's map, new SYNs take the normal lookup),
+        // the datagram socket's reads return 0. A UDP socket answers ENOTCONN and is
+        // shut down all the same.
         for fd in [
             self.shared.admission.as_raw_fd(),
             self.shared.notify_sock.as_raw_fd(),
