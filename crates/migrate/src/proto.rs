@@ -42,7 +42,7 @@
 
 use std::io::{self, BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -842,14 +842,21 @@ impl ControlConn {
     /// `listener` to become readable (a source waiting to connect, or the listener
     /// shut down), whichever comes first. One `poll`.
     pub fn wait(&mut self, idle: Duration, listener: Option<&TcpListener>) -> io::Result<Ready> {
+        self.wait_fd(idle, listener.map(|l| l.as_fd()))
+    }
+
+    /// [`ControlConn::wait`] with any descriptor besides the connection (a listener,
+    /// or an eventfd another thread writes to): [`Ready::Listener`] when `other` is
+    /// readable.
+    pub fn wait_fd(&mut self, idle: Duration, other: Option<BorrowedFd<'_>>) -> io::Result<Ready> {
         if !self.reader.buffer().is_empty() {
             return Ok(Ready::Offer);
         }
         let mut fds = [
             pollin(self.stream().as_raw_fd()),
-            pollin(listener.map_or(-1, |l| l.as_raw_fd())),
+            pollin(other.map_or(-1, |l| l.as_raw_fd())),
         ];
-        let n = if listener.is_some() { 2 } else { 1 };
+        let n = if other.is_some() { 2 } else { 1 };
         if !poll_within(&mut fds[..n], idle)? {
             return Ok(Ready::Idle);
         }
@@ -982,7 +989,8 @@ impl ControlConn {
 pub enum Ready {
     /// Bytes (the next OFFER) or the source's close wait on the connection.
     Offer,
-    /// The listener is readable (a source waits to connect, or it was shut down).
+    /// The listener (or [`ControlConn::wait_fd`]'s other descriptor) is readable (a
+    /// source waits to connect, or it was shut down).
     Listener,
     /// Nothing within the idle bound.
     Idle,
