@@ -11,6 +11,8 @@
 //! - [`hold`]: the flow hold of a same-namespace hand-over ([`FlowHold`]): an
 //!   sk_lookup program that drops a migrating connection's segments silently while
 //!   no socket has its 4-tuple (instead of the listener's RST).
+//! - [`drain`]: the source's flow drain off the migrating thread ([`Reaper`]: frozen
+//!   sockets closed at their deadline by one thread per [`ControlPool`]).
 //! - [`proto`]: the source/target hand-over ([`migrate`], [`migrate_with`] which moves
 //!   the front-end's flow between restore and close, [`Target`]) with the paper's
 //!   fall-back: refused or failed migrations resume on the source.
@@ -22,6 +24,7 @@
 //! `docs/migrate.md`.
 
 mod bufs;
+pub mod drain;
 pub mod dump;
 pub mod error;
 pub mod hold;
@@ -33,6 +36,7 @@ mod sys;
 pub mod testkit;
 pub mod wire;
 
+pub use drain::{DrainStats, Reaper};
 pub use dump::{close_silently, freeze_and_dump, resume};
 pub use error::{DumpError, Queue, WireError};
 pub use hold::{FlowHold, Held};

@@ -42,12 +42,13 @@
 
 use std::io::{self, BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::bufs::Recycled;
+use crate::drain::{DrainStats, Reaper, DRAIN_PENDING_DEFAULT, DRAIN_PENDING_MAX};
 use crate::dump::{close_frozen, freeze_and_dump, resume};
 use crate::error::DumpError;
 use crate::hold::{FlowHold, Held};
@@ -130,7 +131,9 @@ pub struct MigrateConfig {
     pub reply_timeout: Duration,
     /// With [`Handover::CloseAfterRestore`]: how long the source stays frozen after
     /// the flow was moved, so in-flight segments are dropped rather than reset.
-    /// Default [`FLOW_DRAIN_DEFAULT`].
+    /// Default [`FLOW_DRAIN_DEFAULT`]. Through a [`ControlPool`] the pool's reaper
+    /// keeps the socket this long and the migration returns at once; [`migrate_with`]
+    /// without a pool sleeps it before returning.
     pub flow_drain: Duration,
     /// With [`Handover::CloseBeforeRestore`]: the flow hold attached to the
     /// namespace (keep one per daemon: [`FlowHold::attach`]). `None` (the default):
@@ -272,12 +275,28 @@ struct IdleConn {
 
 /// Control connections kept open between migrations, per target (wire version 2).
 /// Shared by the threads that migrate (all methods take `&self`).
+///
+/// The pool also drains the flows of its migrations ([`crate::drain`]): with
+/// [`Handover::CloseAfterRestore`] the migrated source socket is handed, frozen, to the
+/// pool's [`Reaper`] (one thread, started at the first migration that needs it) and
+/// closed silently once [`MigrateConfig::flow_drain`] has passed, so
+/// [`ControlPool::migrate_with`] returns without sleeping through the drain. When the
+/// reaper's queue is full the migrating thread sleeps and closes inline, as
+/// [`migrate_with`] without a pool always does. Dropping the pool closes every socket
+/// still draining (silently).
 pub struct ControlPool {
     idle: Mutex<Vec<IdleConn>>,
     per_target_max: usize,
     opened: AtomicU64,
     reused: AtomicU64,
     stale: AtomicU64,
+    /// The flow-drain queue's bound.
+    drain_max: usize,
+    /// Started at the first deferred socket; `None` inside: it could not be started
+    /// (the pool drains inline).
+    reaper: OnceLock<Option<Reaper>>,
+    /// Sockets drained inline (queue full, or no reaper).
+    drain_inline: AtomicU64,
 }
 
 impl Default for ControlPool {
@@ -290,6 +309,20 @@ impl ControlPool {
     /// A pool keeping at most `idle_per_target_max` idle connections per target
     /// (1..=[`POOL_IDLE_PER_TARGET_MAX`]).
     pub fn new(idle_per_target_max: usize) -> io::Result<Self> {
+        Self::with_drain(idle_per_target_max, DRAIN_PENDING_DEFAULT)
+    }
+
+    /// [`ControlPool::new`] with a flow-drain queue of at most `drain_pending_max`
+    /// sockets (1..=[`DRAIN_PENDING_MAX`]; default [`DRAIN_PENDING_DEFAULT`]).
+    pub fn with_drain(idle_per_target_max: usize, drain_pending_max: usize) -> io::Result<Self> {
+        if !(1..=DRAIN_PENDING_MAX).contains(&drain_pending_max) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "flow-drain queue bound must be in 1..={DRAIN_PENDING_MAX}, got {drain_pending_max}"
+                ),
+            ));
+        }
         if !(1..=POOL_IDLE_PER_TARGET_MAX).contains(&idle_per_target_max) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -304,7 +337,40 @@ impl ControlPool {
             opened: AtomicU64::new(0),
             reused: AtomicU64::new(0),
             stale: AtomicU64::new(0),
+            drain_max: drain_pending_max,
+            reaper: OnceLock::new(),
+            drain_inline: AtomicU64::new(0),
         })
+    }
+
+    /// The flow drain's counters: sockets deferred to the reaper, drained inline,
+    /// closed after their drain, pending now.
+    pub fn drain_stats(&self) -> DrainStats {
+        let mut st = match self.reaper.get() {
+            Some(Some(r)) => r.stats(),
+            _ => DrainStats::default(),
+        };
+        st.inline = self.drain_inline.load(Ordering::Relaxed);
+        st
+    }
+
+    /// Keeps the frozen, migrated `sock` for `drain` and then closes it silently:
+    /// through the reaper, else (queue full, no reaper) here, sleeping.
+    fn drain(&self, sock: TcpStream, drain: Duration) {
+        let reaper = self.reaper.get_or_init(|| {
+            Reaper::start(self.drain_max)
+                .inspect_err(|e| log::warn!("migrate: no flow-drain thread ({e}): draining inline"))
+                .ok()
+        });
+        let sock = match reaper {
+            Some(r) => match r.defer(sock, Instant::now() + drain) {
+                Ok(()) => return,
+                Err(sock) => sock,
+            },
+            None => sock,
+        };
+        self.drain_inline.fetch_add(1, Ordering::Relaxed);
+        drain_inline(sock, drain);
     }
 
     /// Connections opened (connects that succeeded).
@@ -439,6 +505,15 @@ impl Control<'_> {
     }
 }
 
+/// The flow drain in the migrating thread: sleeps `drain` (frozen: input dropped),
+/// then closes silently.
+fn drain_inline(sock: TcpStream, drain: Duration) {
+    if !drain.is_zero() {
+        std::thread::sleep(drain);
+    }
+    close_frozen(sock);
+}
+
 fn resumed(sock: TcpStream, st: &TcpState, reason: Fallback) -> Outcome {
     if let Err(e) = resume(&sock, st) {
         // Thawing failed: the socket stays frozen and the client would stall; report
@@ -549,8 +624,12 @@ fn migrate_inner(
                 if let Some(sock) = held {
                     // Still frozen: segments in flight to the source are dropped (the
                     // client resends them to the target) instead of answered by RST.
-                    std::thread::sleep(cfg.flow_drain);
-                    close_frozen(sock);
+                    // With a pool its reaper closes it later; the outcome does not
+                    // wait for that.
+                    match pool {
+                        Some(p) if !cfg.flow_drain.is_zero() => p.drain(sock, cfg.flow_drain),
+                        _ => drain_inline(sock, cfg.flow_drain),
+                    }
                 }
                 return match done {
                     Ok(()) => Outcome::Migrated(Timings {
@@ -763,14 +842,21 @@ impl ControlConn {
     /// `listener` to become readable (a source waiting to connect, or the listener
     /// shut down), whichever comes first. One `poll`.
     pub fn wait(&mut self, idle: Duration, listener: Option<&TcpListener>) -> io::Result<Ready> {
+        self.wait_fd(idle, listener.map(|l| l.as_fd()))
+    }
+
+    /// [`ControlConn::wait`] with any descriptor besides the connection (a listener,
+    /// or an eventfd another thread writes to): [`Ready::Listener`] when `other` is
+    /// readable.
+    pub fn wait_fd(&mut self, idle: Duration, other: Option<BorrowedFd<'_>>) -> io::Result<Ready> {
         if !self.reader.buffer().is_empty() {
             return Ok(Ready::Offer);
         }
         let mut fds = [
             pollin(self.stream().as_raw_fd()),
-            pollin(listener.map_or(-1, |l| l.as_raw_fd())),
+            pollin(other.map_or(-1, |l| l.as_raw_fd())),
         ];
-        let n = if listener.is_some() { 2 } else { 1 };
+        let n = if other.is_some() { 2 } else { 1 };
         if !poll_within(&mut fds[..n], idle)? {
             return Ok(Ready::Idle);
         }
@@ -903,7 +989,8 @@ impl ControlConn {
 pub enum Ready {
     /// Bytes (the next OFFER) or the source's close wait on the connection.
     Offer,
-    /// The listener is readable (a source waits to connect, or it was shut down).
+    /// The listener (or [`ControlConn::wait_fd`]'s other descriptor) is readable (a
+    /// source waits to connect, or it was shut down).
     Listener,
     /// Nothing within the idle bound.
     Idle,

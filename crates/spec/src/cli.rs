@@ -85,8 +85,8 @@ pub struct SpecdArgs {
     /// Do not attach the sk_lookup program (connections reach --accept otherwise).
     #[arg(long = "no-steer")]
     pub no_steer: bool,
-    /// Migration threads. Default: 32 (each migration holds one for ~50 ms of flow
-    /// drain).
+    /// Migration threads: each accepts on the admission listener and migrates what it
+    /// accepted, so this bounds the migrations in flight. Default: 32.
     #[arg(long, default_value_t = MIGRATORS_DEFAULT)]
     pub migrators: usize,
     /// Poll period of the server's accept queue, µs. In the kernel steering mode (the

@@ -7,13 +7,17 @@
 //!  SYN for VIP:port ──sk_lookup (steer.bpf.c)── divert? ──no──▶ web server's listener
 //!              kernel mode: server's sk_ack_backlog ≥ Q    │yes
 //!                           and room (window events)       ▼
-//!  admission listener ─▶ acceptor: window.on_arrival(server queue: the backlog the
-//!                                   program published, or the poller's)
-//!        Migrate ─▶ migrators (bounded channel, --migrators threads):
+//!  admission listener ─▶ migrators (--migrators threads, each blocked in accept(2)
+//!                        on it: one connection wakes one thread), that thread:
+//!        window.on_arrival(server queue: the backlog the program published, or the
+//!                          poller's)
+//!        Migrate ─▶ this thread migrates it now:
 //!                     least-loaded peer (regions read one-sidedly when choosing,
 //!                     a load younger than --peer-poll-us reused)
-//!                     migrate_with(sock, peer, move_flow)
-//!                       Migrated ───────────────▶ resolved(Migrated)
+//!                     pool.migrate_with(sock, peer, move_flow)
+//!                       Migrated ───────────────▶ resolved(Migrated); the frozen
+//!                                                  source socket drains in the pool's
+//!                                                  reaper (farside_migrate::drain)
 //!                       Refused / failed / lost ─▶ resolved(…): window closes,
 //!                                                  connection handed to the local server
 //!        Server / Refuse (stale divert flag) ─▶ handed to the local server
@@ -42,7 +46,6 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -56,12 +59,14 @@ use crate::handoff::HandOff;
 use crate::load::{server_listener, ServerQueue};
 use crate::stats::Samples;
 use crate::steer::{FlowSteer, Mode, Steering, CNT_DAEMON, CNT_NO_SERVER, CNT_SERVER};
-use crate::window::{Decision, Resolution, Window, WindowConfig, QUEUE_WINDOW_MAX};
+use crate::window::{Decision, Resolution, Window, WindowConfig};
 
-/// Default migration threads. Each migration holds its thread for the migration
-/// (about a millisecond) plus the source's flow drain (`FLOW_DRAIN_DEFAULT`, 50 ms,
-/// a sleep), so one thread moves at most ~20 connections per second; 32 threads
-/// cover the paper's rates (hundreds per second).
+/// Default migration threads, the most migrations in flight at once. Each thread
+/// accepts on the admission listener itself and migrates what it accepted; a
+/// migration holds its thread about a millisecond (more on a node short of CPU:
+/// tens of ms in the lab), no longer its flow drain (`FLOW_DRAIN_DEFAULT`, 50 ms,
+/// kept by the control pool's reaper), so 32 threads cover the paper's rates
+/// (hundreds per second) with room for slow targets.
 pub const MIGRATORS_DEFAULT: usize = 32;
 /// Upper bound of `--migrators` (each a thread with a small stack).
 pub const MIGRATORS_MAX: usize = 256;
@@ -400,7 +405,8 @@ struct Shared {
     steer_mode: AtomicU8,
     /// Wakes the poller when the window closes or on stop (kernel mode).
     poller_wake: Condvar,
-    /// The admission listener (the acceptor's; shut down to wake it on stop).
+    /// The admission listener, blocking: every migrator waits in its accept (shut
+    /// down to wake them all on stop).
     admission: TcpListener,
     /// Where peers' notifications arrive (shut down to wake its thread on stop).
     notify_sock: UdpSocket,
@@ -417,7 +423,8 @@ struct Shared {
     started: std::time::Instant,
     window_events: Mutex<WindowEvents>,
     /// Control connections to the peers' daemons, reused across migrations (issue 12:
-    /// a connect, accept, two closes and a TIME_WAIT less per migration).
+    /// a connect, accept, two closes and a TIME_WAIT less per migration); up to
+    /// `--migrators` idle per peer (at most `POOL_IDLE_PER_TARGET_MAX`).
     control: farside_migrate::ControlPool,
     /// With `CloseBeforeRestore` (`--same-netns`): the flow hold of this namespace,
     /// which drops a client's segments between the source's close and the target's
@@ -456,14 +463,15 @@ impl SourceDaemon {
         if unsafe { libc::listen(listener.as_raw_fd(), backlog) } != 0 {
             return Err(io::Error::last_os_error());
         }
-        listener.set_nonblocking(true)?;
+        // Blocking: the migrators wait in accept(2), an exclusive wait (one
+        // connection wakes one of them; a poll would wake them all).
         let accept_addr = listener.local_addr()?;
         let notify = UdpSocket::bind(cfg.notify).map_err(|e| {
             io::Error::new(e.kind(), format!("notifications on {}: {e}", cfg.notify))
         })?;
-        // No read timeout, and the acceptor's wait has none either: a stop wakes both
-        // by shutting their sockets down (at 200 ms timeouts they cost an idle node 10
-        // wake-ups a second).
+        // No read timeout, and the migrators' accepts have none either: a stop wakes
+        // them by shutting their sockets down (at 200 ms timeouts they cost an idle
+        // node 10 wake-ups a second).
         let mut steering = match cfg.steer {
             Some((vip, port)) => Some(Steering::attach_with(
                 vip,
@@ -505,6 +513,15 @@ impl SourceDaemon {
         }
         let mut queue = ServerQueue::new(cfg.server_port)?;
         let q0 = queue.read()?;
+        // As many idle control connections per peer as migrations can be in flight
+        // (the migrators): a burst beyond the pool's default 8 opened connections that
+        // were closed after it, each a connect, an accept, two closes, a TIME_WAIT and,
+        // at the target, a wake-up of every thread whose idle connection watches the
+        // listener. Kept ones the target closes after 3 s without an offer.
+        let control = farside_migrate::ControlPool::new(
+            cfg.migrators
+                .clamp(1, farside_migrate::proto::POOL_IDLE_PER_TARGET_MAX),
+        )?;
         let shared = Arc::new(Shared {
             window: Mutex::new(Window::new(cfg.window)),
             server_queue: AtomicU32::new(q0),
@@ -527,52 +544,48 @@ impl SourceDaemon {
             steer_counts: Mutex::new([0; crate::steer::COUNTERS]),
             started: std::time::Instant::now(),
             window_events: Mutex::new(WindowEvents::default()),
-            control: farside_migrate::ControlPool::default(),
+            control,
             hold,
         });
-        let (tx, rx) = sync_channel::<(TcpStream, Instant)>(QUEUE_WINDOW_MAX as usize);
-        let rx = Arc::new(Mutex::new(rx));
-        let mut threads = Vec::new();
+        // Threads go into the daemon as they start: if one cannot be spawned, its drop
+        // stops and joins those already running (the migrators wait in accept, which
+        // only the stop's shutdown ends).
+        let mut daemon = Self {
+            shared,
+            threads: Vec::new(),
+            accept_addr,
+        };
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name)
                 .stack_size(MIGRATOR_STACK_BYTES)
                 .spawn(f)
         };
-        for i in 0..shared.cfg.migrators {
-            let (s, rx) = (Arc::clone(&shared), Arc::clone(&rx));
-            threads.push(spawn(
+        for i in 0..daemon.shared.cfg.migrators {
+            let s = Arc::clone(&daemon.shared);
+            daemon.threads.push(spawn(
                 format!("specd-mig{i}"),
-                Box::new(move || migrator_loop(&s, &rx)),
+                Box::new(move || migrator_loop(&s)),
             )?);
         }
-        let s = Arc::clone(&shared);
-        threads.push(spawn(
-            "specd-accept".into(),
-            Box::new(move || acceptor_loop(&s, &s.admission, tx)),
-        )?);
-        let s = Arc::clone(&shared);
-        threads.push(spawn(
+        let s = Arc::clone(&daemon.shared);
+        daemon.threads.push(spawn(
             "specd-poll".into(),
             Box::new(move || poller_loop(&s, queue)),
         )?);
-        let s = Arc::clone(&shared);
-        threads.push(spawn(
+        let s = Arc::clone(&daemon.shared);
+        daemon.threads.push(spawn(
             "specd-notified".into(),
             Box::new(move || notified_loop(&s, &s.notify_sock)),
         )?);
         log::info!(
             "specd source: admission listener {accept_addr}, Q {} W {} N {}, {} peers",
-            shared.cfg.window.queue,
-            shared.cfg.window.window,
-            shared.cfg.window.reopen_after,
-            shared.peers.len()
+            daemon.shared.cfg.window.queue,
+            daemon.shared.cfg.window.window,
+            daemon.shared.cfg.window.reopen_after,
+            daemon.shared.peers.len()
         );
-        Ok(Self {
-            shared,
-            threads,
-            accept_addr,
-        })
+        Ok(daemon)
     }
 
     /// The admission listener's address.
@@ -629,7 +642,7 @@ impl SourceDaemon {
             )
         };
         format!(
-            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"local_handoff\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{},\"reopened_by_peer_load\":{}}},\"steer\":{{\"server\":{},\"daemon\":{},\"no_server\":{}}},\"steer_mode\":\"{}\",\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"no_peer_room\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
+            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"local_handoff\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{},\"reopened_by_peer_load\":{}}},\"steer\":{{\"server\":{},\"daemon\":{},\"no_server\":{}}},\"steer_mode\":\"{}\",\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"flow_drain\":{},\"control\":{{\"opened\":{},\"reused\":{},\"stale\":{}}},\"no_peer_room\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
             s.accepted.load(Ordering::Relaxed),
             s.stale_local.load(Ordering::Relaxed),
             s.migrated.load(Ordering::Relaxed),
@@ -660,6 +673,10 @@ impl SourceDaemon {
             lock(&s.restore_us).json(),
             lock(&s.flow_us).json(),
             lock(&s.admit_to_done_us).json(),
+            drain_json(&self.shared.control.drain_stats()),
+            self.shared.control.opened(),
+            self.shared.control.reused(),
+            self.shared.control.stale(),
             s.no_peer_room.load(Ordering::Relaxed),
             s.affinity_hashed.load(Ordering::Relaxed),
             FALLBACK_REASONS
@@ -684,10 +701,12 @@ impl SourceDaemon {
             let _w = lock(&self.shared.window);
             self.shared.poller_wake.notify_all();
         }
-        // Wakes the acceptor's and the notification thread's waits (no timeouts):
-        // the listener stops listening (the kernel drops it from the program's map, new
-        // SYNs take the normal lookup), the datagram socket's reads return 0. A UDP
-        // socket answers ENOTCONN and is shut down all the same.
+        // Wakes the migrators' accepts and the notification thread's read (no
+        // timeouts; a shut-down listener wakes every thread blocked in its accept,
+        // exclusive waiters included, with EINVAL): the listener stops listening (the
+        // kernel drops it from the program's map, new SYNs take the normal lookup),
+        // the datagram socket's reads return 0. A UDP socket answers ENOTCONN and is
+        // shut down all the same.
         for fd in [
             self.shared.admission.as_raw_fd(),
             self.shared.notify_sock.as_raw_fd(),
@@ -707,6 +726,24 @@ impl Drop for SourceDaemon {
             self.stop_and_join();
         }
     }
+}
+
+/// The summary's `flow_drain`: migrated source sockets kept frozen for the flow
+/// drain by the control pool's reaper (`deferred`), or by the migrator itself because
+/// the reaper's queue was full (`inline`); `closed` after their drain (by a later
+/// migration's deferral: `closed_by_deferrals`, else by the reaper thread), `pending`
+/// now, `pending_peak`, the reaper thread's `wakeups`.
+fn drain_json(d: &farside_migrate::DrainStats) -> String {
+    format!(
+        "{{\"deferred\":{},\"inline\":{},\"closed\":{},\"closed_by_deferrals\":{},\"pending\":{},\"pending_peak\":{},\"wakeups\":{}}}",
+        d.deferred,
+        d.inline,
+        d.closed,
+        d.closed_by_deferrals,
+        d.pending,
+        d.pending_peak,
+        d.wakeups
+    )
 }
 
 /// Most window transitions kept for the summary (each a few bytes; a window that
@@ -792,22 +829,33 @@ fn wait_readable(fd: i32, timeout: Option<Duration>) -> bool {
     n > 0
 }
 
-fn acceptor_loop(s: &Shared, listener: &TcpListener, tx: SyncSender<(TcpStream, Instant)>) {
+/// A migrator: accepts on the admission listener (blocking, no timeout: the stop
+/// shuts the listener down, which wakes every thread waiting in accept), decides with
+/// the window and migrates what it admitted itself, so a migratory connection costs
+/// one wake-up here, not an acceptor's and then a migrator's. The migrators bound the
+/// migrations in flight (`Decision::Migrate` means "this thread migrates it now";
+/// the window's in-flight count is resolved by the same thread); connections beyond
+/// them wait in the listener's backlog (W).
+fn migrator_loop(s: &Shared) {
+    let mcfg = MigrateConfig {
+        handover: s.cfg.handover,
+        hold: s.hold.clone(),
+        ..MigrateConfig::default()
+    };
     while !s.stop.load(Ordering::SeqCst) {
-        // No timeout: a stop shuts the listener down, which wakes this wait.
-        if !wait_readable(listener.as_raw_fd(), None) || s.stop.load(Ordering::SeqCst) {
-            continue;
-        }
-        let sock = match listener.accept() {
+        let sock = match s.admission.accept() {
+            // An accepted socket is blocking (the listener's flags are not inherited).
             Ok((sock, _)) => sock,
+            Err(_) if s.stop.load(Ordering::SeqCst) => break,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => {
+                // EMFILE and the like: the connection waits in the backlog.
                 log::warn!("specd accept: {e}");
-                std::thread::sleep(Duration::from_millis(10));
+                std::thread::sleep(ACCEPT_ERROR_PAUSE);
                 continue;
             }
         };
-        let _ = sock.set_nonblocking(false);
+        let admitted = Instant::now();
         s.stats.accepted.fetch_add(1, Ordering::Relaxed);
         let q = match &s.live {
             // The program diverted this connection because the server's queue was at Q
@@ -828,14 +876,7 @@ fn acceptor_loop(s: &Shared, listener: &TcpListener, tx: SyncSender<(TcpStream, 
                 s.stats.no_peer_room.fetch_add(1, Ordering::Relaxed);
                 hand_local(s, sock);
             }
-            Decision::Migrate => match tx.try_send((sock, Instant::now())) {
-                Ok(()) => {}
-                // Cannot happen: the channel holds QUEUE_WINDOW_MAX ≥ W in flight.
-                Err(TrySendError::Full((sock, _))) | Err(TrySendError::Disconnected((sock, _))) => {
-                    window_op(s, |w| w.on_resolved(Resolution::NotDumpable));
-                    hand_local(s, sock);
-                }
-            },
+            Decision::Migrate => migrate_one(s, &mcfg, sock, admitted),
             Decision::Server | Decision::Refuse => {
                 s.stats.stale_local.fetch_add(1, Ordering::Relaxed);
                 hand_local(s, sock);
@@ -843,6 +884,11 @@ fn acceptor_loop(s: &Shared, listener: &TcpListener, tx: SyncSender<(TcpStream, 
         }
     }
 }
+
+/// Pause after an accept error other than a stop (e.g. out of descriptors) before
+/// trying again: the connection stays in the backlog, and a thread retrying at once
+/// would spin.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
 
 /// Index of the least-loaded candidate, each given as (its last load, migrations to
 /// it in progress): known loads first, then by accept backlog plus migrations in
@@ -894,8 +940,13 @@ fn peers_have_room_for(s: &Shared, n: u32) -> bool {
 }
 
 /// The target for `sock`: with [`Affinity`] the request path's peer (unless full),
-/// else the least-loaded peer (see [`least_loaded`]).
+/// else the least-loaded peer (see [`least_loaded`]). With one peer there is nothing
+/// to rank: no region read (a one-sided read per migration is a UDP round trip, a
+/// sleep and a wake-up of the migrator, for a load nothing would use).
 fn choose_peer<'a>(s: &'a Shared, sock: &TcpStream) -> &'a PeerState {
+    if let [only] = s.peers.as_slice() {
+        return only;
+    }
     refresh_peer_loads(s);
     let cands: Vec<(PeerLoad, u32)> = s
         .peers
@@ -915,78 +966,68 @@ fn choose_peer<'a>(s: &'a Shared, sock: &TcpStream) -> &'a PeerState {
     &s.peers[i]
 }
 
-fn migrator_loop(s: &Shared, rx: &Mutex<Receiver<(TcpStream, Instant)>>) {
-    let mcfg = MigrateConfig {
-        handover: s.cfg.handover,
-        hold: s.hold.clone(),
-        ..MigrateConfig::default()
-    };
-    loop {
-        // Blocks without a timeout: the acceptor drops the sender when it stops, which
-        // ends every migrator (32 threads waking every 200 ms cost an idle node CPU).
-        let Ok((sock, admitted)) = lock(rx).recv() else {
+/// Migrates one admitted connection on the calling migrator (window resolved,
+/// counters, fall-back to the local server).
+fn migrate_one(s: &Shared, mcfg: &MigrateConfig, sock: TcpStream, admitted: Instant) {
+    let remote = match sock.peer_addr() {
+        Ok(a) => a,
+        Err(_) => {
+            // The client is already gone: nothing to migrate.
+            window_op(s, |w| w.on_resolved(Resolution::NotDumpable));
             return;
-        };
-        let remote = match sock.peer_addr() {
-            Ok(a) => a,
-            Err(_) => {
-                // The client is already gone: nothing to migrate.
-                window_op(s, |w| w.on_resolved(Resolution::NotDumpable));
-                continue;
-            }
-        };
-        let peer = choose_peer(s, &sock);
-        peer.inflight.fetch_add(1, Ordering::Relaxed);
-        lock(&s.stats.queue_wait_us).record(admitted.elapsed().as_micros() as u64);
-        let cpu0 = farside_backend::thread_cpu_us();
-        let outcome = s.control.migrate_with(sock, peer.peer.daemon, &mcfg, || {
-            s.flow.move_flow(remote, peer.peer.backend)
-        });
-        let cpu = farside_backend::thread_cpu_us().saturating_sub(cpu0);
-        peer.inflight.fetch_sub(1, Ordering::Relaxed);
-        match outcome {
-            Outcome::Migrated(t) => {
-                window_op(s, |w| w.on_resolved(Resolution::Migrated));
-                s.stats.migrated.fetch_add(1, Ordering::Relaxed);
-                peer.migrated.fetch_add(1, Ordering::Relaxed);
-                lock(&s.stats.migration_us).record(t.total.as_micros() as u64);
-                lock(&s.stats.admit_to_done_us).record(admitted.elapsed().as_micros() as u64);
-                lock(&s.stats.dump_us).record(t.dump.as_micros() as u64);
-                lock(&s.stats.offer_us).record(t.offer.as_micros() as u64);
-                lock(&s.stats.restore_us).record(t.restore.as_micros() as u64);
-                lock(&s.stats.flow_us).record(t.flow.as_micros() as u64);
-                lock(&s.stats.cpu_us).record(cpu);
-            }
-            Outcome::ResumedOnSource { sock, reason } => {
-                s.stats.fallbacks[fallback_index(&reason)].fetch_add(1, Ordering::Relaxed);
-                let r = match &reason {
-                    Fallback::NotDumpable(_) => Resolution::NotDumpable,
-                    Fallback::Refused(_) => {
-                        peer.refused.fetch_add(1, Ordering::Relaxed);
-                        Resolution::Refused
-                    }
-                    _ => {
-                        peer.failed.fetch_add(1, Ordering::Relaxed);
-                        Resolution::TargetFailed
-                    }
-                };
-                log::debug!("specd: {remote} stays here: {reason:?}");
-                window_op(s, |w| {
-                    w.on_resolved(r);
-                    w.on_served_locally(1);
-                });
-                s.stats.fell_back.fetch_add(1, Ordering::Relaxed);
-                hand_local(s, sock);
-            }
-            Outcome::Lost(e) => {
-                log::warn!(
-                    "specd: {remote} lost migrating to {}: {e}",
-                    peer.peer.daemon
-                );
-                window_op(s, |w| w.on_resolved(Resolution::TargetFailed));
-                peer.failed.fetch_add(1, Ordering::Relaxed);
-                s.stats.lost.fetch_add(1, Ordering::Relaxed);
-            }
+        }
+    };
+    let peer = choose_peer(s, &sock);
+    peer.inflight.fetch_add(1, Ordering::Relaxed);
+    lock(&s.stats.queue_wait_us).record(admitted.elapsed().as_micros() as u64);
+    let cpu0 = farside_backend::thread_cpu_us();
+    let outcome = s.control.migrate_with(sock, peer.peer.daemon, mcfg, || {
+        s.flow.move_flow(remote, peer.peer.backend)
+    });
+    let cpu = farside_backend::thread_cpu_us().saturating_sub(cpu0);
+    peer.inflight.fetch_sub(1, Ordering::Relaxed);
+    match outcome {
+        Outcome::Migrated(t) => {
+            window_op(s, |w| w.on_resolved(Resolution::Migrated));
+            s.stats.migrated.fetch_add(1, Ordering::Relaxed);
+            peer.migrated.fetch_add(1, Ordering::Relaxed);
+            lock(&s.stats.migration_us).record(t.total.as_micros() as u64);
+            lock(&s.stats.admit_to_done_us).record(admitted.elapsed().as_micros() as u64);
+            lock(&s.stats.dump_us).record(t.dump.as_micros() as u64);
+            lock(&s.stats.offer_us).record(t.offer.as_micros() as u64);
+            lock(&s.stats.restore_us).record(t.restore.as_micros() as u64);
+            lock(&s.stats.flow_us).record(t.flow.as_micros() as u64);
+            lock(&s.stats.cpu_us).record(cpu);
+        }
+        Outcome::ResumedOnSource { sock, reason } => {
+            s.stats.fallbacks[fallback_index(&reason)].fetch_add(1, Ordering::Relaxed);
+            let r = match &reason {
+                Fallback::NotDumpable(_) => Resolution::NotDumpable,
+                Fallback::Refused(_) => {
+                    peer.refused.fetch_add(1, Ordering::Relaxed);
+                    Resolution::Refused
+                }
+                _ => {
+                    peer.failed.fetch_add(1, Ordering::Relaxed);
+                    Resolution::TargetFailed
+                }
+            };
+            log::debug!("specd: {remote} stays here: {reason:?}");
+            window_op(s, |w| {
+                w.on_resolved(r);
+                w.on_served_locally(1);
+            });
+            s.stats.fell_back.fetch_add(1, Ordering::Relaxed);
+            hand_local(s, sock);
+        }
+        Outcome::Lost(e) => {
+            log::warn!(
+                "specd: {remote} lost migrating to {}: {e}",
+                peer.peer.daemon
+            );
+            window_op(s, |w| w.on_resolved(Resolution::TargetFailed));
+            peer.failed.fetch_add(1, Ordering::Relaxed);
+            s.stats.lost.fetch_add(1, Ordering::Relaxed);
         }
     }
 }

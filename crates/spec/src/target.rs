@@ -24,7 +24,7 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -49,7 +49,8 @@ use crate::stats::Samples;
 /// source's `ControlPool` reuses it), until the source closes it, it stays idle for
 /// `CONTROL_IDLE_TIMEOUT`, or a new source waits to connect while no thread is free:
 /// then one idle connection (one at a time) is closed and its thread takes the
-/// newcomer, so idle pooled connections never starve a source.
+/// newcomer, so idle pooled connections never starve a source. Idle threads watch
+/// the listener only while no thread is free (else a new source would wake them all).
 pub const TARGET_THREADS_DEFAULT: usize = 32;
 /// Upper bound of `--target-threads`.
 pub const TARGET_THREADS_MAX: usize = 64;
@@ -117,6 +118,11 @@ struct Shared {
     stats: TargetStats,
     /// Threads without a control connection (waiting in accept).
     free: AtomicU32,
+    /// Written when the last free thread takes a source (and on stop): threads with an
+    /// idle connection watch it instead of the listener while some thread is free, so
+    /// a new source wakes one thread (accept's exclusive wait), not every idle one;
+    /// when none is free they watch the listener to make room for the next source.
+    none_free: OwnedFd,
     /// Set while one thread gives up its idle connection for a waiting source, so
     /// the other idle threads keep theirs.
     yielding: AtomicBool,
@@ -160,6 +166,7 @@ impl TargetDaemon {
             stats: TargetStats::default(),
             free: AtomicU32::new(0),
             yielding: AtomicBool::new(false),
+            none_free: eventfd()?,
         });
         let mut threads = Vec::new();
         for i in 0..shared.cfg.threads {
@@ -226,9 +233,12 @@ impl TargetDaemon {
 
     fn stop_and_join(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        // Wakes every thread blocked in accept (it returns EINVAL).
+        // Wakes every thread blocked in accept (it returns EINVAL) or watching the
+        // listener.
         // SAFETY: the fd is owned by the listener, alive for this call.
         unsafe { libc::shutdown(self.shared.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        // And those watching their idle connection and the "none free" signal.
+        signal(&self.shared.none_free);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -258,11 +268,40 @@ impl Drop for Restoring<'_> {
 /// wake-ups without delaying anything.
 const LISTENER_RECHECK: Duration = Duration::from_millis(10);
 
-/// Accepts one source (blocking), counted as a free thread meanwhile.
+/// An eventfd for [`Shared::none_free`] (non-blocking: its reset never waits).
+fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: eventfd(2) with valid flags; the descriptor is owned below.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor we just opened and own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Makes `efd` readable (wakes every thread polling it).
+fn signal(efd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: an 8-byte write from a local to an eventfd we own; a full counter
+    // (EAGAIN) is readable already.
+    let _ = unsafe { libc::write(efd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+}
+
+/// Resets `efd` (non-blocking read of its counter).
+fn reset(efd: &OwnedFd) {
+    let mut v: u64 = 0;
+    // SAFETY: an 8-byte read into a local from an eventfd we own (non-blocking).
+    let _ = unsafe { libc::read(efd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+}
+
+/// Accepts one source (blocking), counted as a free thread meanwhile; taking the
+/// last free slot signals `none_free`.
 fn accept_control(s: &Shared) -> Option<(ControlConn, SocketAddr)> {
     s.free.fetch_add(1, Ordering::SeqCst);
     let r = s.listener.accept();
-    s.free.fetch_sub(1, Ordering::SeqCst);
+    if s.free.fetch_sub(1, Ordering::SeqCst) == 1 {
+        signal(&s.none_free);
+    }
     match r {
         Ok((ctrl, peer)) => match ControlConn::new(ctrl, REPLY_TIMEOUT_DEFAULT) {
             Ok(c) => Some((c, peer)),
@@ -300,13 +339,29 @@ fn offers_loop(s: &Shared) {
             },
         };
         let peer = *peer;
-        let (idle, listener) = if watch_listener {
-            (CONTROL_IDLE_TIMEOUT, Some(&s.listener))
+        // While a thread waits in accept it takes the next source: watch the idle
+        // connection and the "none free" signal only (a new source then wakes that
+        // one thread, not every idle one). With none free, watch the listener.
+        let some_free = s.free.load(Ordering::SeqCst) > 0;
+        let (idle, other) = if some_free {
+            (CONTROL_IDLE_TIMEOUT, Some(s.none_free.as_fd()))
+        } else if watch_listener {
+            (CONTROL_IDLE_TIMEOUT, Some(s.listener.as_fd()))
         } else {
             (LISTENER_RECHECK, None)
         };
-        match ctrl.wait(idle, listener) {
+        match ctrl.wait_fd(idle, other) {
             Ok(Ready::Offer) => {}
+            Ok(Ready::Listener) if some_free => {
+                // The last free thread took a source (or a stop): look again. The
+                // signal is reset only while a thread is free again (while none is, it
+                // stays set and the threads watch the listener instead), never on a
+                // stop (every thread must see it).
+                if !s.stop.load(Ordering::SeqCst) && s.free.load(Ordering::SeqCst) > 0 {
+                    reset(&s.none_free);
+                }
+                continue;
+            }
             Ok(Ready::Listener) => {
                 // A source waits to connect (or the listener was shut down: stop).
                 // With no free thread, one idle connection makes room for it.
@@ -321,7 +376,7 @@ fn offers_loop(s: &Shared) {
                 }
                 continue;
             }
-            Ok(Ready::Idle) if !watch_listener => {
+            Ok(Ready::Idle) if !some_free && !watch_listener => {
                 watch_listener = true;
                 continue;
             }

@@ -339,6 +339,18 @@ fn window_connections_migrate_to_the_peer_and_complete() {
     assert!(a.source_migrated > 0, "nothing migrated");
     assert_eq!(b.target_restored, a.source_migrated);
     assert_eq!(a.source_closures, 0, "b never refused");
+    // Every migrated source socket drained in the control pool's reaper, none in its
+    // migrator (which went back to accepting at once).
+    let v: serde_json::Value = serde_json::from_str(a.source.as_deref().unwrap()).unwrap();
+    let d = &v["flow_drain"];
+    assert_eq!(d["deferred"].as_u64(), Some(a.source_migrated), "{d}");
+    assert_eq!(d["inline"], 0, "{d}");
+    let c = &v["control"];
+    assert!(c["opened"].as_u64() >= Some(1), "{c}");
+    assert!(
+        c["opened"].as_u64().unwrap() + c["reused"].as_u64().unwrap() >= a.source_migrated,
+        "a control connection per migration, opened or reused: {c}"
+    );
 }
 
 #[test]
