@@ -39,16 +39,16 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Default bound on sockets waiting for their drain deadline: at the default 50 ms
-/// drain it covers 20,000 migrations a second (the lab's pair peaks near 300), and
-/// each pending socket holds a descriptor (and its queues' memory) in a daemon whose
-/// soft `RLIMIT_NOFILE` is 1,024 by default: a longer queue would run the process
-/// out of descriptors before it filled.
+/// drain it covers 20,000 migrations a second (the lab's source migrates ~40 a
+/// second at the pair's peak), and each pending socket holds a descriptor (and its
+/// queues' memory) in a daemon whose soft `RLIMIT_NOFILE` is 1,024 by default: a
+/// longer queue would run the process out of descriptors before it filled.
 pub const DRAIN_PENDING_DEFAULT: usize = 1024;
 /// Upper bound of a reaper's queue (a daemon with a raised `RLIMIT_NOFILE`).
 pub const DRAIN_PENDING_MAX: usize = 65_536;
 /// How long after the earliest deadline the reaper wakes, if no deferral closed that
 /// socket first: at most 10 wake-ups a second however many migrations (a source at
-/// the lab pair's peak migrates 100–200 a second, and each deferral closes what is
+/// the lab pair's peak migrates ~40 a second, and each deferral closes what is
 /// due, so at that rate the reaper finds little to do); after the last migration of a
 /// burst a frozen socket lives at most this much longer than its drain (it sends
 /// nothing meanwhile, and holds a descriptor and its queues).
