@@ -1,6 +1,8 @@
-//! Build-script helper of the crates that embed BPF programs from `bpf/` (farside-xdp,
-//! farside-frontend, farside-spec): one place that finds clang, sets the project's
-//! compiler flags and tells cargo which sources to watch.
+//! Helper of the crates that embed BPF programs from `bpf/` (farside-xdp,
+//! farside-frontend, farside-spec, farside-monitor, farside-migrate): one place that
+//! finds clang, sets the project's compiler flags and tells cargo which sources to
+//! watch ([`compile`], from their build scripts), and one `BPF_PROG_TEST_RUN` for
+//! their packet tests ([`prog_test_run`]).
 //!
 //! The compiler is `$CLANG` if set, else the first of `clang`, `clang-14` or
 //! `/usr/lib/llvm-14/bin/clang` that runs. Called from a build script only (it reads
@@ -84,4 +86,83 @@ fn display(p: &Path) -> String {
         .unwrap_or_else(|_| p.to_path_buf())
         .display()
         .to_string()
+}
+
+/// The outcome of one [`prog_test_run`].
+#[derive(Debug, Clone, Copy)]
+pub struct TestRun {
+    /// The program's return value (its verdict: XDP action, tc action, ...).
+    pub retval: u32,
+    /// Bytes of the frame as the program left it, written to the output buffer.
+    pub data_out_len: usize,
+    /// Run time of the program as the kernel measured it, ns.
+    pub duration_ns: u32,
+}
+
+/// `union bpf_attr`'s `test` member (linux/bpf.h), for `BPF_PROG_TEST_RUN`.
+#[repr(C)]
+#[derive(Default)]
+struct TestRunAttr {
+    prog_fd: u32,
+    retval: u32,
+    data_size_in: u32,
+    data_size_out: u32,
+    data_in: u64,
+    data_out: u64,
+    repeat: u32,
+    duration: u32,
+    ctx_size_in: u32,
+    ctx_size_out: u32,
+    ctx_in: u64,
+    ctx_out: u64,
+    flags: u32,
+    cpu: u32,
+    batch_size: u32,
+    _pad: u32,
+}
+
+/// The bpf(2) command number of `BPF_PROG_TEST_RUN`.
+const BPF_PROG_TEST_RUN: libc::c_long = 10;
+
+/// Runs the loaded program `prog` once on `frame` with `BPF_PROG_TEST_RUN` (packet
+/// tests of the crates that embed BPF programs; the maps are the live ones). The frame
+/// as the program left it goes to `out` (empty: not returned; the kernel fails with
+/// ENOSPC if the result does not fit).
+pub fn prog_test_run(
+    prog: std::os::fd::BorrowedFd<'_>,
+    frame: &[u8],
+    out: &mut [u8],
+) -> std::io::Result<TestRun> {
+    use std::os::fd::AsRawFd;
+    let mut attr = TestRunAttr {
+        prog_fd: prog.as_raw_fd() as u32,
+        data_size_in: frame.len() as u32,
+        data_size_out: out.len() as u32,
+        data_in: frame.as_ptr() as u64,
+        data_out: if out.is_empty() {
+            0
+        } else {
+            out.as_mut_ptr() as u64
+        },
+        repeat: 1,
+        ..Default::default()
+    };
+    // SAFETY: attr points to `frame` and `out` of the stated sizes (or no output
+    // buffer), both live for the call's duration.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_PROG_TEST_RUN,
+            &mut attr as *mut TestRunAttr,
+            std::mem::size_of::<TestRunAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(TestRun {
+        retval: attr.retval,
+        data_out_len: (attr.data_size_out as usize).min(out.len()),
+        duration_ns: attr.duration,
+    })
 }

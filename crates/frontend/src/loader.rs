@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::str::FromStr;
 
 use aya::maps::{Array, HashMap, MapData, PerCpuArray};
@@ -645,32 +645,12 @@ impl Frontend {
         let fd = prog
             .fd()
             .map_err(|e| FrontendError::Load(e.to_string()))?
-            .as_fd()
-            .as_raw_fd();
+            .as_fd();
         let mut out = vec![0u8; TEST_FRAME_BYTES_MAX.max(frame.len() + 256)];
-        let mut attr = TestRunAttr {
-            prog_fd: fd as u32,
-            data_size_in: frame.len() as u32,
-            data_size_out: out.len() as u32,
-            data_in: frame.as_ptr() as u64,
-            data_out: out.as_mut_ptr() as u64,
-            repeat: 1,
-            ..Default::default()
-        };
-        // SAFETY: attr points to valid buffers of the stated sizes for the call's duration.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_PROG_TEST_RUN,
-                &mut attr as *mut TestRunAttr,
-                std::mem::size_of::<TestRunAttr>(),
-            )
-        };
-        if rc < 0 {
-            return Err(FrontendError::TestRun(io::Error::last_os_error()));
-        }
-        out.truncate(attr.data_size_out as usize);
-        Ok((attr.retval, out, attr.duration))
+        let r =
+            farside_bpfbuild::prog_test_run(fd, frame, &mut out).map_err(FrontendError::TestRun)?;
+        out.truncate(r.data_out_len);
+        Ok((r.retval, out, r.duration_ns))
     }
 }
 
@@ -685,31 +665,6 @@ const BPF_EXIST: u64 = 2;
 
 /// Largest frame handed back by a test run (one page).
 const TEST_FRAME_BYTES_MAX: usize = 4096;
-
-/// The bpf(2) command number of BPF_PROG_TEST_RUN.
-const BPF_PROG_TEST_RUN: libc::c_long = 10;
-
-/// `union bpf_attr`'s `test` member.
-#[repr(C)]
-#[derive(Default)]
-struct TestRunAttr {
-    prog_fd: u32,
-    retval: u32,
-    data_size_in: u32,
-    data_size_out: u32,
-    data_in: u64,
-    data_out: u64,
-    repeat: u32,
-    duration: u32,
-    ctx_size_in: u32,
-    ctx_size_out: u32,
-    ctx_in: u64,
-    ctx_out: u64,
-    flags: u32,
-    cpu: u32,
-    batch_size: u32,
-    _pad: u32,
-}
 
 /// The MAC and index of `ifname` in the calling thread's network namespace (an
 /// ioctl on a socket of this namespace: /sys/class/net shows the mount's namespace).

@@ -666,56 +666,14 @@ impl XskRx {
     /// returns the XDP action, [`XDP_PASS`] or [`XDP_REDIRECT`] (to the socket of
     /// queue 0). The frame is not delivered anywhere.
     pub fn test_run(&self, frame: &[u8]) -> io::Result<u32> {
-        /// `union bpf_attr`'s `test` member (linux/bpf.h).
-        #[repr(C)]
-        #[derive(Default)]
-        struct TestRunAttr {
-            prog_fd: u32,
-            retval: u32,
-            data_size_in: u32,
-            data_size_out: u32,
-            data_in: u64,
-            data_out: u64,
-            repeat: u32,
-            duration: u32,
-            ctx_size_in: u32,
-            ctx_size_out: u32,
-            ctx_in: u64,
-            ctx_out: u64,
-            flags: u32,
-            cpu: u32,
-            batch_size: u32,
-            _pad: u32,
-        }
-        /// The bpf(2) command BPF_PROG_TEST_RUN.
-        const BPF_PROG_TEST_RUN: libc::c_long = 10;
         let prog: &Xdp = self
             .ebpf
             .program(PROG_NAME)
             .and_then(|p| p.try_into().ok())
             .ok_or_else(|| io::Error::other("no xskrx program"))?;
         let fd = prog.fd().map_err(io::Error::other)?;
-        let mut attr = TestRunAttr {
-            prog_fd: std::os::fd::AsFd::as_fd(fd).as_raw_fd() as u32,
-            data_size_in: frame.len() as u32,
-            data_in: frame.as_ptr() as u64,
-            repeat: 1,
-            ..Default::default()
-        };
-        // SAFETY: attr points to the frame of the stated size for the call's duration;
-        // no output buffer is given.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_PROG_TEST_RUN,
-                &mut attr as *mut TestRunAttr,
-                std::mem::size_of::<TestRunAttr>(),
-            )
-        };
-        if rc < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(attr.retval)
+        farside_bpfbuild::prog_test_run(std::os::fd::AsFd::as_fd(fd), frame, &mut [])
+            .map(|r| r.retval)
     }
 }
 

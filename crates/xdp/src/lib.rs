@@ -732,31 +732,6 @@ pub struct TestProgram {
     loaded: Loaded,
 }
 
-/// `union bpf_attr` as used by BPF_PROG_TEST_RUN (the `test` member).
-#[repr(C)]
-#[derive(Default)]
-struct TestRunAttr {
-    prog_fd: u32,
-    retval: u32,
-    data_size_in: u32,
-    data_size_out: u32,
-    data_in: u64,
-    data_out: u64,
-    repeat: u32,
-    duration: u32,
-    ctx_size_in: u32,
-    ctx_size_out: u32,
-    ctx_in: u64,
-    ctx_out: u64,
-    flags: u32,
-    cpu: u32,
-    batch_size: u32,
-    _pad: u32,
-}
-
-/// The bpf(2) command number of BPF_PROG_TEST_RUN.
-const BPF_PROG_TEST_RUN: libc::c_long = 10;
-
 impl TestProgram {
     /// Load and configure (port, keys) without attaching.
     pub fn load(udp_port: u16, keys: &[(u64, bool)]) -> Result<TestProgram, XdpError> {
@@ -795,32 +770,11 @@ impl TestProgram {
             .expect("checked at load")
             .fd()
             .map_err(|e| XdpError::Load(e.to_string()))?
-            .as_fd()
-            .as_raw_fd();
+            .as_fd();
         let mut out = vec![0u8; TEST_FRAME_BYTES_MAX];
-        let mut attr = TestRunAttr {
-            prog_fd: fd as u32,
-            data_size_in: packet.len() as u32,
-            data_size_out: out.len() as u32,
-            data_in: packet.as_ptr() as u64,
-            data_out: out.as_mut_ptr() as u64,
-            repeat: 1,
-            ..Default::default()
-        };
-        // SAFETY: attr points to valid buffers of the stated sizes for the call's duration.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_PROG_TEST_RUN,
-                &mut attr as *mut TestRunAttr,
-                std::mem::size_of::<TestRunAttr>(),
-            )
-        };
-        if rc < 0 {
-            return Err(XdpError::TestRun(io::Error::last_os_error()));
-        }
-        out.truncate(attr.data_size_out as usize);
-        Ok((attr.retval, out, attr.duration))
+        let r = farside_bpfbuild::prog_test_run(fd, packet, &mut out).map_err(XdpError::TestRun)?;
+        out.truncate(r.data_out_len);
+        Ok((r.retval, out, r.duration_ns))
     }
 
     /// The region as words (same mapping as the attached responder would give).
