@@ -13,6 +13,7 @@
 //! What a read's outcome does to an entry is one pure function
 //! ([`watch::apply_snapshot`]).
 
+pub mod endpoints;
 pub mod histogram;
 pub mod poller;
 pub mod responder;

@@ -41,6 +41,7 @@
 //! blocking client (`farside_rmem::UdpClient`: the read timeout split over
 //! `UDP_TRIES` attempts; [`crate::watch::WatchState`]), without a thread per back-end.
 
+use crate::endpoints::{prefetch, EndpointIndex, ENDPOINTS_MAX};
 use crate::watch::{WatchState, MONITOR_READ_BYTES};
 use crate::xsk::{MonitorRx, XskRx};
 use crate::{MonitorOptions, PollerStats, ReadStats, Watch, RECONNECT_BACKOFF_MAX};
@@ -207,7 +208,7 @@ struct Group {
     /// The group address as a C socket address and its length.
     sa: Box<(libc::sockaddr_storage, libc::socklen_t)>,
     /// Grouped slot by its region endpoint (a reply's source address).
-    by_addr: std::collections::HashMap<SocketAddr, usize>,
+    by_addr: EndpointIndex,
     /// Sequence number of the latest group READ sent (0: none yet).
     last_seq: u64,
     /// The shared read key the group READ carries.
@@ -752,25 +753,60 @@ impl<'t> Poller<'t> {
         let mut clock = None;
         let (slots, group, stats) = (&mut self.slots, &mut self.group, &*self.stats);
         let stale_after = self.stale_after;
-        let n = x.take(|frame| match crate::xsk::parse_udp4(frame, port) {
-            Some((from, payload)) => {
-                let (now, mono) = *clock.get_or_insert_with(|| (Instant::now(), mono_ns()));
-                let len = payload.len().min(REPLY_BUF_BYTES);
-                on_reply(
-                    slots,
-                    group.as_mut(),
-                    stats,
-                    stale_after,
-                    &payload[..len],
-                    payload.len() > REPLY_BUF_BYTES,
-                    Some(from),
-                    now,
-                    mono,
-                );
+        let n = x.take(|frames| {
+            // Three passes over the batch, so that its cache misses overlap: parse each
+            // frame (its lines were prefetched by `take`) and ask for its source's
+            // bucket; look the source up and ask for its slot; then match each reply.
+            let mut parsed = [None; crate::xsk::TAKE_BATCH];
+            let parsed = &mut parsed[..frames.len()];
+            for (p, frame) in parsed.iter_mut().zip(frames) {
+                *p = crate::xsk::parse_udp4(frame, port);
+                if let (Some((from, _)), Some(g)) = (p.as_ref(), group.as_ref()) {
+                    g.by_addr.prefetch(from);
+                }
             }
-            // Not a datagram to our port (the program checks the same): a stray.
-            None => {
-                stats.late.fetch_add(1, Ordering::Relaxed);
+            if let Some(g) = group.as_ref() {
+                for (from, _) in parsed.iter().flatten() {
+                    if let Some(slot) = g.by_addr.get(from).and_then(|i| slots.get(i)) {
+                        prefetch_slot(slot);
+                    }
+                }
+                // The slots' lines have had a pass to arrive: follow each one's pointers
+                // to its read statistics (two histograms, updated per reply) and to its
+                // entry in the shared table (published per reply).
+                for (from, _) in parsed.iter().flatten() {
+                    if let Some(slot) = g.by_addr.get(from).and_then(|i| slots.get(i)) {
+                        prefetch_lines(
+                            std::sync::Arc::as_ptr(&slot.stats),
+                            std::mem::size_of::<ReadStats>(),
+                        );
+                        let words = slot.st.entry_words();
+                        prefetch_lines(words.as_ptr(), std::mem::size_of_val(words));
+                    }
+                }
+            }
+            for p in parsed.iter() {
+                match p {
+                    Some((from, payload)) => {
+                        let (now, mono) = *clock.get_or_insert_with(|| (Instant::now(), mono_ns()));
+                        let len = payload.len().min(REPLY_BUF_BYTES);
+                        on_reply(
+                            slots,
+                            group.as_mut(),
+                            stats,
+                            stale_after,
+                            &payload[..len],
+                            payload.len() > REPLY_BUF_BYTES,
+                            Some(*from),
+                            now,
+                            mono,
+                        );
+                    }
+                    // Not a datagram to our port (the program checks the same): a stray.
+                    None => {
+                        stats.late.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
         });
         if n > 0 {
@@ -846,6 +882,23 @@ impl<'t> Poller<'t> {
     }
 }
 
+/// Bytes of a cache line, the stride of the prefetches.
+const CACHE_LINE: usize = 64;
+
+/// Ask for every cache line of the `size` bytes at `p` (a hint).
+fn prefetch_lines<T>(p: *const T, size: usize) {
+    let p = p.cast::<u8>();
+    for off in (0..size).step_by(CACHE_LINE) {
+        prefetch(p.wrapping_add(off));
+    }
+}
+
+/// Ask for the lines of `slot` (its state, entry and pending read) before its reply is
+/// matched (a hint).
+fn prefetch_slot(slot: &Slot<'_>) {
+    prefetch_lines(slot as *const Slot<'_>, std::mem::size_of::<Slot<'_>>());
+}
+
 /// Match one datagram to its slot's pending read, or drop it as late.
 #[allow(clippy::too_many_arguments)]
 fn on_reply(
@@ -868,7 +921,7 @@ fn on_reply(
         // A group reply names its back-end by where it comes from.
         match (group.as_deref(), from) {
             (Some(g), Some(f)) => match g.by_addr.get(&f) {
-                Some(&i) => i,
+                Some(i) => i,
                 None => {
                     stats.unknown_source.fetch_add(1, Ordering::Relaxed);
                     stats.late.fetch_add(1, Ordering::Relaxed);
@@ -961,7 +1014,23 @@ fn group_slots(slots: &mut [Slot<'_>], group: SocketAddr, key: u64) -> io::Resul
     if by_addr.is_empty() {
         return Ok(None);
     }
-    for &i in by_addr.values() {
+    let entries: Vec<(std::net::SocketAddrV4, usize)> = by_addr
+        .iter()
+        .filter_map(|(a, &i)| match a {
+            SocketAddr::V4(a) => Some((*a, i)),
+            SocketAddr::V6(_) => None,
+        })
+        .collect();
+    let by_addr = EndpointIndex::new(&entries).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{} grouped back-ends: at most {ENDPOINTS_MAX}",
+                entries.len()
+            ),
+        )
+    })?;
+    for i in by_addr.slots() {
         if let Kind::Udp { grouped, .. } = &mut slots[i].kind {
             *grouped = true;
         }

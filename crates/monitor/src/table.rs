@@ -214,6 +214,11 @@ impl<'a> EntryWriter<'a> {
         ))
     }
 
+    /// The entry's words in the table (to prefetch them before a publish).
+    pub fn words(&self) -> &'a [std::sync::atomic::AtomicU64] {
+        self.0.block()
+    }
+
     /// Publish `e` as the entry's new value (seqlock write).
     pub fn publish(&mut self, e: &Entry) {
         self.0.publish(&e.fields());

@@ -109,6 +109,11 @@ impl<'t> WatchState<'t> {
         }
     }
 
+    /// The table words this state publishes to (to prefetch them before a reply).
+    pub(crate) fn entry_words(&self) -> &'t [std::sync::atomic::AtomicU64] {
+        self.writer.words()
+    }
+
     /// A read answered with `bytes` after `latency_ns`, at `now`. A record that does not
     /// decode counts as a failed read.
     pub fn on_read(&mut self, bytes: &[u8], latency_ns: u64, now: u64, stats: &ReadStats) {

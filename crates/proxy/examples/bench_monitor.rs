@@ -15,7 +15,7 @@
 //! Run (release, on a quiet machine; the responder needs a core of its own at 1,024):
 //! `cargo run --release -p farside-proxy --example bench_monitor -- \
 //!    [--backends 16,256,1024] [--seconds 5] [--period-us 1000] [--threads 0] [--group]
-//!    [--xsk IFACE]`
+//!    [--xsk IFACE] [--only MODE:RX]`
 //!
 //! `--group`: each N is measured twice, `unicast` (a READ per back-end, as above) and
 //! `group` (`MonitorOptions::group`: ONE READ per period to the group address, answered
@@ -54,6 +54,8 @@ struct Args {
     group: bool,
     /// Also measure every mode with AF_XDP receive on this interface.
     xsk: Option<String>,
+    /// `--only MODE:RX`: measure just that row (e.g. `group:xsk`), for A/B runs.
+    only: Option<(String, String)>,
 }
 
 /// How the monitor reads in one measurement.
@@ -93,6 +95,7 @@ fn args() -> Result<Args, String> {
         threads: 0,
         group: false,
         xsk: None,
+        only: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -113,6 +116,15 @@ fn args() -> Result<Args, String> {
             "--period-us" => a.period_us = v.parse().map_err(|e| bad(&e))?,
             "--threads" => a.threads = v.parse().map_err(|e| bad(&e))?,
             "--xsk" => a.xsk = Some(v),
+            "--only" => {
+                let (m, rx) = v
+                    .split_once(':')
+                    .ok_or_else(|| bad(&"expected MODE:RX, e.g. group:xsk"))?;
+                if !["unicast", "group"].contains(&m) || !["udp", "xsk"].contains(&rx) {
+                    return Err(bad(&"MODE is unicast or group, RX udp or xsk"));
+                }
+                a.only = Some((m.to_string(), rx.to_string()));
+            }
             _ => return Err(format!("unknown flag {k} (see the file's doc comment)")),
         }
     }
@@ -384,6 +396,17 @@ fn main() {
     for &n in &a.backends {
         for &mode in modes {
             for rx in &rxs {
+                if let Some((m, r)) = &a.only {
+                    let name = if mode == Mode::Group {
+                        "group"
+                    } else {
+                        "unicast"
+                    };
+                    let rx_name = if *rx == MonitorRx::Udp { "udp" } else { "xsk" };
+                    if m != name || r != rx_name {
+                        continue;
+                    }
+                }
                 row(n, &a, mode, rx);
             }
         }

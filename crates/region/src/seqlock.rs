@@ -27,6 +27,11 @@ pub struct SeqlockWriter<'a> {
 }
 
 impl<'a> SeqlockWriter<'a> {
+    /// The block's words (head, fields, tail), e.g. to prefetch them before a write.
+    pub fn block(&self) -> &'a [AtomicU64] {
+        self.block
+    }
+
     /// `n` counts head and tail; it must be at least 3.
     pub fn new(words: &'a [AtomicU64], first: usize, n: usize) -> Self {
         assert!(n >= 3, "a seqlock block needs head, a field and tail");
