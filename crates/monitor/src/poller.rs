@@ -754,37 +754,14 @@ impl<'t> Poller<'t> {
         let (slots, group, stats) = (&mut self.slots, &mut self.group, &*self.stats);
         let stale_after = self.stale_after;
         let n = x.take(|frames| {
-            // Three passes over the batch, so that its cache misses overlap: parse each
-            // frame (its lines were prefetched by `take`) and ask for its source's
-            // bucket; look the source up and ask for its slot; then match each reply.
+            // Parse each frame (its lines were prefetched by `take`), then ask for what
+            // matching the batch will touch, then match each reply.
             let mut parsed = [None; crate::xsk::TAKE_BATCH];
             let parsed = &mut parsed[..frames.len()];
             for (p, frame) in parsed.iter_mut().zip(frames) {
                 *p = crate::xsk::parse_udp4(frame, port);
-                if let (Some((from, _)), Some(g)) = (p.as_ref(), group.as_ref()) {
-                    g.by_addr.prefetch(from);
-                }
             }
-            if let Some(g) = group.as_ref() {
-                for (from, _) in parsed.iter().flatten() {
-                    if let Some(slot) = g.by_addr.get(from).and_then(|i| slots.get(i)) {
-                        prefetch_slot(slot);
-                    }
-                }
-                // The slots' lines have had a pass to arrive: follow each one's pointers
-                // to its read statistics (two histograms, updated per reply) and to its
-                // entry in the shared table (published per reply).
-                for (from, _) in parsed.iter().flatten() {
-                    if let Some(slot) = g.by_addr.get(from).and_then(|i| slots.get(i)) {
-                        prefetch_lines(
-                            std::sync::Arc::as_ptr(&slot.stats),
-                            std::mem::size_of::<ReadStats>(),
-                        );
-                        let words = slot.st.entry_words();
-                        prefetch_lines(words.as_ptr(), std::mem::size_of_val(words));
-                    }
-                }
-            }
+            prefetch_replies(slots, group.as_ref(), parsed.iter().flatten().map(|p| &p.0));
             for p in parsed.iter() {
                 match p {
                     Some((from, payload)) => {
@@ -858,11 +835,19 @@ impl<'t> Poller<'t> {
             let now = Instant::now();
             let mono = mono_ns();
             used = r as usize;
+            let mut froms = [None; BATCH_MAX];
+            for (f, a) in froms.iter_mut().zip(&self.recv.addrs[..used]) {
+                *f = from_sockaddr(a);
+            }
             for j in 0..used {
+                if j % PREFETCH_BATCH == 0 {
+                    let chunk = &froms[j..(j + PREFETCH_BATCH).min(used)];
+                    prefetch_replies(&self.slots, self.group.as_ref(), chunk.iter().flatten());
+                }
                 let m = &self.recv.msgs[j];
                 let len = (m.msg_len as usize).min(REPLY_BUF_BYTES);
                 let truncated = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-                let from = from_sockaddr(&self.recv.addrs[j]);
+                let from = froms[j];
                 on_reply(
                     &mut self.slots,
                     self.group.as_mut(),
@@ -893,10 +878,38 @@ fn prefetch_lines<T>(p: *const T, size: usize) {
     }
 }
 
-/// Ask for the lines of `slot` (its state, entry and pending read) before its reply is
-/// matched (a hint).
-fn prefetch_slot(slot: &Slot<'_>) {
-    prefetch_lines(slot as *const Slot<'_>, std::mem::size_of::<Slot<'_>>());
+/// Replies whose matching is prefetched together on the UDP socket's path: as
+/// [`crate::xsk::TAKE_BATCH`], what one batch touches still fits the L1 data cache.
+const PREFETCH_BATCH: usize = crate::xsk::TAKE_BATCH;
+
+/// Ask for what matching a batch of group replies from `froms` will touch, in passes so
+/// that the cache misses overlap instead of coming one per reply: each source's bucket
+/// in the endpoint index; then (the buckets have had a pass to arrive) each slot; then
+/// (the slots likewise) the read statistics and the table entry the slot points to.
+/// Unicast replies and unknown sources are skipped; a hint, nothing is changed.
+fn prefetch_replies<'a>(
+    slots: &[Slot<'_>],
+    group: Option<&Group>,
+    froms: impl Iterator<Item = &'a SocketAddr> + Clone,
+) {
+    let Some(g) = group else {
+        return;
+    };
+    for f in froms.clone() {
+        g.by_addr.prefetch(f);
+    }
+    let slot_of = |f: &SocketAddr| g.by_addr.get(f).and_then(|i| slots.get(i));
+    for slot in froms.clone().filter_map(slot_of) {
+        prefetch_lines(slot as *const Slot<'_>, std::mem::size_of::<Slot<'_>>());
+    }
+    for slot in froms.filter_map(slot_of) {
+        prefetch_lines(
+            std::sync::Arc::as_ptr(&slot.stats),
+            std::mem::size_of::<ReadStats>(),
+        );
+        let words = slot.st.entry_words();
+        prefetch_lines(words.as_ptr(), std::mem::size_of_val(words));
+    }
 }
 
 /// Match one datagram to its slot's pending read, or drop it as late.

@@ -16,6 +16,14 @@
 //! [`frames_for`] frames of [`XSK_FRAME_BYTES`], a fill ring that holds every frame
 //! and an RX ring as large (the completion ring the kernel requires is never used).
 //!
+//! The frames reach the poller cold: the kernel copied them on the CPU that received
+//! them, into frames spread over the whole UMEM (the fill ring recycles them in order).
+//! So [`XskRx::take`] hands them over in batches of [`TAKE_BATCH`] with every line of
+//! every frame already asked for (prefetched), and the UMEM sits on transparent huge
+//! pages where the kernel gives them, so a frame's first touch does not also miss the
+//! TLB. The poller matches a batch in passes for the same reason (see
+//! [`crate::endpoints`]).
+//!
 //! Needs CAP_NET_ADMIN, CAP_BPF and CAP_IPC_LOCK (root in practice); the caller falls
 //! back to the UDP socket with one log line when anything here fails. The program is
 //! detached when the receiver is dropped (the poller stops).
