@@ -212,12 +212,10 @@ pub struct GroupResponder {
     /// The group address (where group READs go).
     pub group: SocketAddr,
     writers: Arc<Mutex<Vec<RegionWriter<Shared>>>>,
-    /// Replies sent.
-    pub answered: Arc<AtomicU64>,
+    shared: Arc<GroupShared>,
     /// Group READs taken.
     pub group_reads: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
 /// Bytes of the control message carrying one `in_pktinfo` (CMSG_SPACE of it).
@@ -279,9 +277,128 @@ fn pktinfo_dst(msg: &libc::msghdr) -> Option<std::net::Ipv4Addr> {
     None
 }
 
+/// Most threads a [`GroupResponder`] answers one group READ with (each sends a share of
+/// the regions' replies on the shared socket); more than the host's CPUs only adds
+/// wake-ups.
+pub const GROUP_THREADS_MAX: usize = 16;
+
+/// A group READ handed from the receiving thread to the others: the request and where
+/// it came from; `seq` counts the READs handed so far (0: none yet).
+struct GroupJob {
+    seq: u64,
+    req: Vec<u8>,
+    from: libc::sockaddr_storage,
+    from_len: libc::socklen_t,
+}
+
+/// What every thread of a [`GroupResponder`] shares.
+struct GroupShared {
+    sock: UdpSocket,
+    mems: Vec<Arc<HeapWords>>,
+    keys: AccessKeys,
+    stop: AtomicBool,
+    answered: AtomicU64,
+    unicast_reads: AtomicU64,
+    job: Mutex<GroupJob>,
+    job_ready: std::sync::Condvar,
+}
+
+/// One thread's reply buffers, allocated once.
+struct ReplyBufs {
+    counters: OpCounters,
+    dedup: Dedup,
+    reps: Vec<Vec<u8>>,
+    cmsgs: [Cmsg; BATCH],
+}
+
+impl ReplyBufs {
+    fn new() -> ReplyBufs {
+        ReplyBufs {
+            counters: OpCounters::default(),
+            dedup: Dedup::new(),
+            reps: (0..BATCH)
+                .map(|_| Vec::with_capacity(REP_BYTES_MAX))
+                .collect(),
+            cmsgs: [Cmsg([0; PKTINFO_CMSG_BYTES]); BATCH],
+        }
+    }
+
+    /// Answer `req` (from `from`) for `regions`, each reply from its region's endpoint,
+    /// in `sendmmsg` batches of [`BATCH`].
+    fn answer(
+        &mut self,
+        sh: &GroupShared,
+        req: &[u8],
+        from: &mut libc::sockaddr_storage,
+        from_len: libc::socklen_t,
+        regions: std::ops::Range<usize>,
+    ) {
+        let mut start = regions.start;
+        while start < regions.end {
+            let chunk = start..(start + BATCH).min(regions.end);
+            start = chunk.end;
+            // SAFETY: plain data, all-zero valid.
+            let mut out_iov: [libc::iovec; BATCH] = unsafe { std::mem::zeroed() };
+            let mut out_msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
+            let mut out = 0;
+            for i in chunk {
+                let rep = &mut self.reps[out];
+                let status = ops::execute(
+                    sh.mems[i].words(),
+                    &sh.keys,
+                    &self.counters,
+                    &self.dedup,
+                    true,
+                    req,
+                    rep,
+                );
+                if ops::silent(status) {
+                    continue;
+                }
+                pktinfo_cmsg(&mut self.cmsgs[out], group_region_ip(i));
+                out_iov[out] = libc::iovec {
+                    iov_base: rep.as_mut_ptr().cast(),
+                    iov_len: rep.len(),
+                };
+                let m = &mut out_msgs[out].msg_hdr;
+                m.msg_name = (from as *mut libc::sockaddr_storage).cast();
+                m.msg_namelen = from_len;
+                m.msg_iov = &mut out_iov[out];
+                m.msg_iovlen = 1;
+                m.msg_control = self.cmsgs[out].0.as_mut_ptr().cast();
+                m.msg_controllen = PKTINFO_CMSG_BYTES as _;
+                out += 1;
+            }
+            // SAFETY: out_msgs[..out] point to live replies, the requester's address
+            // and control messages.
+            unsafe { send_replies(sh.sock.as_raw_fd(), &mut out_msgs[..out], &sh.answered) };
+        }
+    }
+}
+
+/// Thread `k` of `threads`' share of `n` regions.
+fn share(n: usize, k: usize, threads: usize) -> std::ops::Range<usize> {
+    n * k / threads..n * (k + 1) / threads
+}
+
 impl GroupResponder {
-    /// Start answering group READs for `n` regions.
+    /// Start answering group READs for `n` regions with one thread.
     pub fn spawn(n: usize) -> std::io::Result<GroupResponder> {
+        Self::spawn_threads(n, 1)
+    }
+
+    /// Start answering group READs for `n` regions with `threads` threads (1 to
+    /// [`GROUP_THREADS_MAX`]): the first receives every READ and, for a group READ, hands
+    /// it to the others; each sends an equal share of the replies on the same socket,
+    /// so that on a host with spare CPUs the replies arrive as from back-ends answering
+    /// in parallel (one thread sends them one after another, ~3.6 µs apart here).
+    pub fn spawn_threads(n: usize, threads: usize) -> std::io::Result<GroupResponder> {
+        if !(1..=GROUP_THREADS_MAX).contains(&threads) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{threads} responder threads: 1 to {GROUP_THREADS_MAX}"),
+            ));
+        }
         let sock = UdpSocket::bind("0.0.0.0:0")?;
         sock.set_read_timeout(Some(IDLE_CHECK))?;
         crate::poller::set_rcvbuf(&sock, (n * 4096).max(1 << 20));
@@ -321,113 +438,65 @@ impl GroupResponder {
         }
         let by_ip: HashMap<std::net::Ipv4Addr, usize> =
             (0..n).map(|i| (group_region_ip(i), i)).collect();
-        let keys = AccessKeys::new().with(farside_rmem::DEFAULT_READ_KEY, Perm::ReadOnly);
-        let stop = Arc::new(AtomicBool::new(false));
-        let answered = Arc::new(AtomicU64::new(0));
+        let sh = Arc::new(GroupShared {
+            sock,
+            mems,
+            keys: AccessKeys::new().with(farside_rmem::DEFAULT_READ_KEY, Perm::ReadOnly),
+            stop: AtomicBool::new(false),
+            answered: AtomicU64::new(0),
+            unicast_reads: AtomicU64::new(0),
+            // SAFETY: plain data, all-zero valid.
+            job: Mutex::new(GroupJob {
+                seq: 0,
+                req: Vec::new(),
+                from: unsafe { std::mem::zeroed() },
+                from_len: 0,
+            }),
+            job_ready: std::sync::Condvar::new(),
+        });
         let group_reads = Arc::new(AtomicU64::new(0));
-        let (st, ans, greads) = (stop.clone(), answered.clone(), group_reads.clone());
-        let thread = std::thread::Builder::new()
-            .name("group-responder".into())
-            .spawn(move || {
-                let counters = OpCounters::default();
-                let dedup = Dedup::new();
-                let fd = sock.as_raw_fd();
-                let mut req = [0u8; REQ_BUF_BYTES];
-                let mut reps: Vec<Vec<u8>> = (0..BATCH)
-                    .map(|_| Vec::with_capacity(REP_BYTES_MAX))
-                    .collect();
-                let mut cmsgs = [Cmsg([0; PKTINFO_CMSG_BYTES]); BATCH];
-                while !st.load(Ordering::Relaxed) {
-                    // One request at a time: each fans out to up to n replies.
-                    // SAFETY: plain data, all-zero valid.
-                    let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-                    let mut ctl = Cmsg([0; PKTINFO_CMSG_BYTES]);
-                    let mut iov = libc::iovec {
-                        iov_base: req.as_mut_ptr().cast(),
-                        iov_len: REQ_BUF_BYTES,
-                    };
-                    // SAFETY: plain data, all-zero valid.
-                    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-                    msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
-                    msg.msg_namelen =
-                        std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-                    msg.msg_iov = &mut iov;
-                    msg.msg_iovlen = 1;
-                    msg.msg_control = ctl.0.as_mut_ptr().cast();
-                    msg.msg_controllen = PKTINFO_CMSG_BYTES as _;
-                    // SAFETY: msg points to live buffers; blocks up to IDLE_CHECK.
-                    let r = unsafe { libc::recvmsg(fd, &mut msg, 0) };
-                    if r <= 0 {
-                        continue;
+        let mut handles = Vec::with_capacity(threads);
+        let s = sh.clone();
+        let greads = group_reads.clone();
+        handles.push(
+            std::thread::Builder::new()
+                .name("group-responder".into())
+                .spawn(move || receive_loop(&s, n, threads, &by_ip, &greads))?,
+        );
+        for k in 1..threads {
+            let s = sh.clone();
+            let spawned = std::thread::Builder::new()
+                .name(format!("group-responder{k}"))
+                .spawn(move || helper_loop(&s, share(n, k, threads)));
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    sh.stop.store(true, Ordering::Relaxed);
+                    sh.job_ready.notify_all();
+                    for h in handles {
+                        let _ = h.join();
                     }
-                    let req = &req[..(r as usize).min(REQ_BUF_BYTES)];
-                    let Ok(h) = ReqHeader::decode(req) else {
-                        continue;
-                    };
-                    if h.key != farside_rmem::DEFAULT_READ_KEY {
-                        continue; // unknown key: no reply, as every server
-                    }
-                    let regions = match pktinfo_dst(&msg) {
-                        Some(d) if d == std::net::Ipv4Addr::LOCALHOST => {
-                            greads.fetch_add(1, Ordering::Relaxed);
-                            0..n
-                        }
-                        Some(d) => match by_ip.get(&d) {
-                            Some(&i) => i..i + 1,
-                            None => continue,
-                        },
-                        None => continue,
-                    };
-                    let mut start = regions.start;
-                    while start < regions.end {
-                        let chunk = start..(start + BATCH).min(regions.end);
-                        start = chunk.end;
-                        // SAFETY: plain data, all-zero valid.
-                        let mut out_iov: [libc::iovec; BATCH] = unsafe { std::mem::zeroed() };
-                        let mut out_msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
-                        let mut out = 0;
-                        for i in chunk {
-                            let rep = &mut reps[out];
-                            let status = ops::execute(
-                                mems[i].words(),
-                                &keys,
-                                &counters,
-                                &dedup,
-                                true,
-                                req,
-                                rep,
-                            );
-                            if ops::silent(status) {
-                                continue;
-                            }
-                            pktinfo_cmsg(&mut cmsgs[out], group_region_ip(i));
-                            out_iov[out] = libc::iovec {
-                                iov_base: rep.as_mut_ptr().cast(),
-                                iov_len: rep.len(),
-                            };
-                            let m = &mut out_msgs[out].msg_hdr;
-                            m.msg_name = msg.msg_name;
-                            m.msg_namelen = msg.msg_namelen;
-                            m.msg_iov = &mut out_iov[out];
-                            m.msg_iovlen = 1;
-                            m.msg_control = cmsgs[out].0.as_mut_ptr().cast();
-                            m.msg_controllen = PKTINFO_CMSG_BYTES as _;
-                            out += 1;
-                        }
-                        // SAFETY: out_msgs[..out] point to live replies, the
-                        // requester's address and control messages.
-                        unsafe { send_replies(fd, &mut out_msgs[..out], &ans) };
-                    }
+                    return Err(e);
                 }
-            })?;
+            }
+        }
         Ok(GroupResponder {
             group,
             writers: Arc::new(Mutex::new(writers)),
-            answered,
+            shared: sh,
             group_reads,
-            stop,
-            thread: Some(thread),
+            threads: handles,
         })
+    }
+
+    /// Replies sent.
+    pub fn answered(&self) -> u64 {
+        self.shared.answered.load(Ordering::Relaxed)
+    }
+
+    /// READs taken that were addressed to one region (unicast retries).
+    pub fn unicast_reads(&self) -> u64 {
+        self.shared.unicast_reads.load(Ordering::Relaxed)
     }
 
     /// Publish a new record in every region, region `i` with `conns_established = i +
@@ -445,10 +514,107 @@ impl GroupResponder {
 
 impl Drop for GroupResponder {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.job_ready.notify_all();
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+/// The receiving thread: every READ, one at a time. A group READ (to 127.0.0.1) is
+/// handed to the other threads and answered for this thread's share; a READ to one
+/// region's endpoint (a unicast retry) by that region alone.
+fn receive_loop(
+    sh: &GroupShared,
+    n: usize,
+    threads: usize,
+    by_ip: &HashMap<std::net::Ipv4Addr, usize>,
+    group_reads: &AtomicU64,
+) {
+    let fd = sh.sock.as_raw_fd();
+    let mut req = [0u8; REQ_BUF_BYTES];
+    let mut bufs = ReplyBufs::new();
+    while !sh.stop.load(Ordering::Relaxed) {
+        // SAFETY: plain data, all-zero valid.
+        let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut ctl = Cmsg([0; PKTINFO_CMSG_BYTES]);
+        let mut iov = libc::iovec {
+            iov_base: req.as_mut_ptr().cast(),
+            iov_len: REQ_BUF_BYTES,
+        };
+        // SAFETY: plain data, all-zero valid.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = ctl.0.as_mut_ptr().cast();
+        msg.msg_controllen = PKTINFO_CMSG_BYTES as _;
+        // SAFETY: msg points to live buffers; blocks up to IDLE_CHECK.
+        let r = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+        if r <= 0 {
+            continue;
+        }
+        let req = &req[..(r as usize).min(REQ_BUF_BYTES)];
+        let Ok(h) = ReqHeader::decode(req) else {
+            continue;
+        };
+        if h.key != farside_rmem::DEFAULT_READ_KEY {
+            continue; // unknown key: no reply, as every server
+        }
+        let from_len = msg.msg_namelen;
+        let regions = match pktinfo_dst(&msg) {
+            Some(d) if d == std::net::Ipv4Addr::LOCALHOST => {
+                group_reads.fetch_add(1, Ordering::Relaxed);
+                if threads > 1 {
+                    let mut j = sh.job.lock().unwrap_or_else(|p| p.into_inner());
+                    j.seq += 1;
+                    j.req.clear();
+                    j.req.extend_from_slice(req);
+                    j.from = from;
+                    j.from_len = from_len;
+                    drop(j);
+                    sh.job_ready.notify_all();
+                }
+                share(n, 0, threads)
+            }
+            Some(d) => match by_ip.get(&d) {
+                Some(&i) => {
+                    sh.unicast_reads.fetch_add(1, Ordering::Relaxed);
+                    i..i + 1
+                }
+                None => continue,
+            },
+            None => continue,
+        };
+        bufs.answer(sh, req, &mut from, from_len, regions);
+    }
+}
+
+/// Another thread: waits for the group READs the receiving thread hands over and
+/// answers `regions` for each.
+fn helper_loop(sh: &GroupShared, regions: std::ops::Range<usize>) {
+    let mut bufs = ReplyBufs::new();
+    let mut seen = 0;
+    let mut req = Vec::with_capacity(REQ_BUF_BYTES);
+    while !sh.stop.load(Ordering::Relaxed) {
+        let j = sh.job.lock().unwrap_or_else(|p| p.into_inner());
+        let (j, _) = sh
+            .job_ready
+            .wait_timeout_while(j, IDLE_CHECK, |j| {
+                j.seq == seen && !sh.stop.load(Ordering::Relaxed)
+            })
+            .unwrap_or_else(|p| p.into_inner());
+        if j.seq == seen {
+            continue;
+        }
+        seen = j.seq;
+        req.clear();
+        req.extend_from_slice(&j.req);
+        let (mut from, from_len) = (j.from, j.from_len);
+        drop(j);
+        bufs.answer(sh, &req, &mut from, from_len, regions.clone());
     }
 }
 

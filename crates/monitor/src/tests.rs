@@ -321,3 +321,44 @@ fn group_reads_fill_every_entry_with_one_read_per_period_and_a_silent_back_end_t
     assert!(p.group_sent.load(Ordering::Relaxed) > 0);
     assert!(r.group_reads.load(Ordering::Relaxed) > 0);
 }
+
+#[test]
+fn a_group_read_answered_by_several_responder_threads_reaches_every_back_end_once() {
+    use crate::responder::{GroupResponder, GROUP_THREADS_MAX};
+    assert!(GroupResponder::spawn_threads(4, 0).is_err());
+    assert!(GroupResponder::spawn_threads(4, GROUP_THREADS_MAX + 1).is_err());
+    // 67 regions over 3 threads: unequal shares (22, 22, 23), none left out.
+    let n = 67;
+    let r = GroupResponder::spawn_threads(n, 3).unwrap();
+    let t = create_table(None, n, 1000).unwrap();
+    let watches: Vec<Watch> = (0..n)
+        .map(|i| Watch {
+            index: i,
+            name: format!("b{i}"),
+            region: r.target(i),
+        })
+        .collect();
+    let o = MonitorOptions {
+        period: Duration::from_millis(5),
+        group: Some(r.group),
+        ..opts(1)
+    };
+    let m = Monitor::start(watches, t.clone(), o).unwrap();
+    let good = |bump: u64| {
+        (0..n).all(|i| {
+            table::read(&*t, i).is_some_and(|e| {
+                e.status == EntryStatus::Ok && e.conns_established == i as u64 + bump
+            })
+        })
+    };
+    until("every entry read by the group", || good(0));
+    r.publish_all(7);
+    until("every entry advanced", || good(7));
+    drop(m);
+    // Every group READ got one reply per region, from whichever thread owns it, and
+    // every unicast retry one: nothing twice, nothing left out.
+    assert!(r.group_reads.load(Ordering::Relaxed) > 0);
+    until("the last READ's replies all sent", || {
+        r.answered() == n as u64 * r.group_reads.load(Ordering::Relaxed) + r.unicast_reads()
+    });
+}

@@ -15,7 +15,7 @@
 //! Run (release, on a quiet machine; the responder needs a core of its own at 1,024):
 //! `cargo run --release -p farside-proxy --example bench_monitor -- \
 //!    [--backends 16,256,1024] [--seconds 5] [--period-us 1000] [--threads 0] [--group]
-//!    [--xsk IFACE] [--only MODE:RX]`
+//!    [--xsk IFACE] [--only MODE:RX] [--responders K]`
 //!
 //! `--group`: each N is measured twice, `unicast` (a READ per back-end, as above) and
 //! `group` (`MonitorOptions::group`: ONE READ per period to the group address, answered
@@ -23,6 +23,14 @@
 //! own endpoint 127.1.x.y:P, i.e. what N back-ends' XDP programs would send; the
 //! network's fan-out of the group datagram is not part of the cost). Decision costs do
 //! not depend on the mode and are printed on the unicast row only.
+//!
+//! `--responders K` (group mode): K threads answer each group READ, each sending an
+//! equal share of the replies (`GroupResponder::spawn_threads`). One thread sends the
+//! 1,024 replies one after another over ~3.7 ms, so the poller gathers them in ~37
+//! wake-ups per period where back-ends answering in parallel would take a few; more
+//! threads bring that closer on a host with CPUs to spare.
+//!
+//! `--only MODE:RX` (e.g. `group:xsk`): measure that row alone, for A/B runs.
 //!
 //! `--xsk IFACE` (root; the bench's responders are on lo, so `--xsk lo`): each mode is
 //! measured twice, `rx udp` (replies from the poller's UDP socket, `recvmmsg`) and
@@ -56,6 +64,8 @@ struct Args {
     xsk: Option<String>,
     /// `--only MODE:RX`: measure just that row (e.g. `group:xsk`), for A/B runs.
     only: Option<(String, String)>,
+    /// `--responders K`: threads answering each group READ (default 1).
+    responders: usize,
 }
 
 /// How the monitor reads in one measurement.
@@ -96,6 +106,7 @@ fn args() -> Result<Args, String> {
         group: false,
         xsk: None,
         only: None,
+        responders: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -116,6 +127,7 @@ fn args() -> Result<Args, String> {
             "--period-us" => a.period_us = v.parse().map_err(|e| bad(&e))?,
             "--threads" => a.threads = v.parse().map_err(|e| bad(&e))?,
             "--xsk" => a.xsk = Some(v),
+            "--responders" => a.responders = v.parse().map_err(|e| bad(&e))?,
             "--only" => {
                 let (m, rx) = v
                     .split_once(':')
@@ -189,7 +201,9 @@ struct Cost {
 fn monitor_cost(n: usize, a: &Args, mode: Mode, rx: &MonitorRx) -> Cost {
     let r = match mode {
         Mode::Unicast => Responder::Multi(MultiResponder::spawn(n).expect("responder")),
-        Mode::Group => Responder::Group(GroupResponder::spawn(n).expect("group responder")),
+        Mode::Group => Responder::Group(
+            GroupResponder::spawn_threads(n, a.responders).expect("group responder"),
+        ),
     };
     let group = match &r {
         Responder::Group(g) => Some(g.group),
