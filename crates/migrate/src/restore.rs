@@ -150,14 +150,8 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
 
     let rcv_first = st.rcv_seq.wrapping_sub(st.recv_queue.len() as u32);
     let snd_first = st.snd_seq.wrapping_sub(st.send_queue.len() as u32);
-    repair_queue(fd, sys::TCP_RECV_QUEUE)?;
-    sys::setsockopt(
-        fd,
-        libc::SOL_TCP,
-        sys::TCP_QUEUE_SEQ,
-        &rcv_first,
-        "TCP_QUEUE_SEQ recv",
-    )?;
+    // Send first: the receive queue stays selected for its refill (a migrated
+    // request's bytes), so a connection with an empty send queue selects twice.
     repair_queue(fd, sys::TCP_SEND_QUEUE)?;
     sys::setsockopt(
         fd,
@@ -165,6 +159,14 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
         sys::TCP_QUEUE_SEQ,
         &snd_first,
         "TCP_QUEUE_SEQ send",
+    )?;
+    repair_queue(fd, sys::TCP_RECV_QUEUE)?;
+    sys::setsockopt(
+        fd,
+        libc::SOL_TCP,
+        sys::TCP_QUEUE_SEQ,
+        &rcv_first,
+        "TCP_QUEUE_SEQ recv",
     )?;
     // The queue selection stays: `connect`, the options, the buffers and the window do
     // not depend on it (one system call less; each refill selects its queue).
@@ -187,10 +189,11 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
     raise_buffer(fd, libc::SO_SNDBUF, libc::SO_SNDBUFFORCE, sndbuf_wanted(st))?;
     raise_buffer(fd, libc::SO_RCVBUF, libc::SO_RCVBUFFORCE, st.rcvbuf)?;
 
-    // The send queue is still selected (its TCP_QUEUE_SEQ was set last): refill it
-    // first, then the receive queue; the two are independent in the kernel.
-    refill(fd, sys::TCP_SEND_QUEUE, st.sent_unacked(), true)?;
-    refill(fd, sys::TCP_RECV_QUEUE, &st.recv_queue, false)?;
+    // The receive queue is still selected (its TCP_QUEUE_SEQ was set last): refill
+    // it first, then the send queue (selected only if it has bytes); the two are
+    // independent in the kernel.
+    refill(fd, sys::TCP_RECV_QUEUE, &st.recv_queue, true)?;
+    refill(fd, sys::TCP_SEND_QUEUE, st.sent_unacked(), false)?;
 
     let w = sys::TcpRepairWindow {
         snd_wl1: st.window.snd_wl1,

@@ -42,8 +42,6 @@ pub const TCP_ESTABLISHED: u8 = 1;
 pub const SIOCINQ: libc::c_ulong = 0x541B;
 /// `SIOCOUTQ` (= TIOCOUTQ): bytes in the send queue, unacknowledged plus unsent.
 pub const SIOCOUTQ: libc::c_ulong = 0x5411;
-/// `SIOCOUTQNSD`: bytes in the send queue never sent.
-pub const SIOCOUTQNSD: libc::c_ulong = 0x894B;
 
 pub const IPV6_FREEBIND: libc::c_int = 78;
 
@@ -217,7 +215,7 @@ pub fn getsockopt_int(
     getsockopt::<libc::c_int>(fd, level, name, op).map(|(v, _)| v)
 }
 
-/// `ioctl` returning an int (SIOCINQ / SIOCOUTQ / SIOCOUTQNSD).
+/// `ioctl` returning an int (SIOCINQ / SIOCOUTQ).
 pub fn ioctl_int(fd: RawFd, req: libc::c_ulong, op: &'static str) -> io::Result<libc::c_int> {
     let mut v: libc::c_int = 0;
     // SAFETY: these requests write one int through the pointer.
@@ -361,7 +359,7 @@ pub fn connect(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
 }
 
 /// The first bytes of `struct tcp_info` this crate reads.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcpInfoHead {
     pub state: u8,
     pub options: u8,
@@ -383,6 +381,67 @@ pub fn tcp_info(fd: RawFd) -> io::Result<TcpInfoHead> {
         options: buf[5],
         snd_wscale: buf[6] & 0x0f,
         rcv_wscale: buf[6] >> 4,
+    })
+}
+
+/// What `TCP_INFO` says about a frozen socket's input and output since the last read:
+/// [`tcp_info_marks`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpInfoMarks {
+    /// State, options and window scales (as [`tcp_info`]).
+    pub head: TcpInfoHead,
+    /// `tcpi_bytes_acked`: moves with every ACK that frees send-queue bytes.
+    pub bytes_acked: u64,
+    /// `tcpi_bytes_received`: moves with every in-order byte received.
+    pub bytes_received: u64,
+    /// `tcpi_segs_in`: counted for every segment that passed the socket filter, under
+    /// the socket's lock, whether processed at once or put on the backlog.
+    pub segs_in: u32,
+    /// `tcpi_notsent_bytes` (`write_seq - snd_nxt`, as `SIOCOUTQNSD`).
+    pub notsent: u32,
+}
+
+/// Bytes of `struct tcp_info` read by [`tcp_info_marks`]: up to and including
+/// `tcpi_notsent_bytes` (offset 144, Linux ≥ 4.6).
+const TCP_INFO_MARKS_BYTES: usize = 148;
+
+/// `TCP_INFO` with the counters that change whenever a segment reaches the socket.
+/// The kernel fills it under the socket's lock (`lock_sock_fast`), so every field is
+/// from one instant, and any segment counted before it was fully processed (the
+/// backlog is drained when the socket's owner releases it).
+pub fn tcp_info_marks(fd: RawFd) -> io::Result<TcpInfoMarks> {
+    let mut buf = [0u8; TCP_INFO_MARKS_BYTES];
+    let mut len = TCP_INFO_MARKS_BYTES as libc::socklen_t;
+    // SAFETY: `buf` is a live buffer of `len` bytes; the kernel writes at most `len`.
+    let ret = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_TCP,
+            TCP_INFO,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    check(ret, "getsockopt TCP_INFO")?;
+    let len = len as usize;
+    if len < TCP_INFO_MARKS_BYTES {
+        return Err(io::Error::other(format!(
+            "TCP_INFO of {len} bytes: this kernel is older than Linux 4.6"
+        )));
+    }
+    let u32_at = |o: usize| u32::from_ne_bytes(buf[o..o + 4].try_into().expect("4 bytes"));
+    let u64_at = |o: usize| u64::from_ne_bytes(buf[o..o + 8].try_into().expect("8 bytes"));
+    Ok(TcpInfoMarks {
+        head: TcpInfoHead {
+            state: buf[0],
+            options: buf[5],
+            snd_wscale: buf[6] & 0x0f,
+            rcv_wscale: buf[6] >> 4,
+        },
+        bytes_acked: u64_at(120),
+        bytes_received: u64_at(128),
+        segs_in: u32_at(140),
+        notsent: u32_at(144),
     })
 }
 
