@@ -278,8 +278,7 @@ fn read_state(fd: RawFd, window: RepairWindow) -> Result<TcpState, DumpError> {
     let mss = sys::getsockopt_int(fd, libc::SOL_TCP, sys::TCP_MAXSEG, "TCP_MAXSEG")?;
     let timestamp =
         sys::getsockopt::<u32>(fd, libc::SOL_TCP, sys::TCP_TIMESTAMP, "TCP_TIMESTAMP")?.0;
-    let sndbuf = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, "SO_SNDBUF")?;
-    let rcvbuf = sys::getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, "SO_RCVBUF")?;
+    let (sndbuf, rcvbuf) = sys::buffer_sizes(fd)?;
     let mss = u16::try_from(mss)
         .ok()
         .filter(|m| *m > 0)

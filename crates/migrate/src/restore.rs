@@ -58,8 +58,8 @@ fn refill(fd: RawFd, queue: libc::c_int, buf: &[u8], selected: bool) -> io::Resu
     Ok(())
 }
 
-fn raise_buffer(fd: RawFd, get: libc::c_int, force: libc::c_int, want: u32) -> io::Result<()> {
-    let have = sys::getsockopt_int(fd, libc::SOL_SOCKET, get, "SO_*BUF")?;
+/// Raises the buffer to `want` (in `getsockopt` units) if `have` is smaller.
+fn raise_buffer(fd: RawFd, have: libc::c_int, force: libc::c_int, want: u32) -> io::Result<()> {
     if (want as i64) > have as i64 {
         // The kernel doubles the value set (for its bookkeeping) and reports the
         // doubled one, so half of the source's reported size gives the same buffer.
@@ -188,8 +188,10 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
         &st.timestamp,
         "TCP_TIMESTAMP",
     )?;
-    raise_buffer(fd, libc::SO_SNDBUF, libc::SO_SNDBUFFORCE, sndbuf_wanted(st))?;
-    raise_buffer(fd, libc::SO_RCVBUF, libc::SO_RCVBUFFORCE, st.rcvbuf)?;
+    // Both sizes in one call (SO_MEMINFO).
+    let (sndbuf, rcvbuf) = sys::buffer_sizes(fd)?;
+    raise_buffer(fd, sndbuf, libc::SO_SNDBUFFORCE, sndbuf_wanted(st))?;
+    raise_buffer(fd, rcvbuf, libc::SO_RCVBUFFORCE, st.rcvbuf)?;
 
     // The receive queue is still selected (its TCP_QUEUE_SEQ was set last): refill
     // it first, then the send queue (selected only if it has bytes); the two are

@@ -384,6 +384,25 @@ pub fn tcp_info(fd: RawFd) -> io::Result<TcpInfoHead> {
     })
 }
 
+/// `SO_MEMINFO` (asm-generic/socket.h, Linux ≥ 4.12): the socket's memory counters,
+/// `u32[SK_MEMINFO_VARS]`.
+const SO_MEMINFO: libc::c_int = 55;
+/// `SK_MEMINFO_RCVBUF` (linux/sock_diag.h): `sk_rcvbuf`, as `SO_RCVBUF` reports it.
+const SK_MEMINFO_RCVBUF: usize = 1;
+/// `SK_MEMINFO_SNDBUF`: `sk_sndbuf`, as `SO_SNDBUF` reports it.
+const SK_MEMINFO_SNDBUF: usize = 3;
+
+/// `(SO_SNDBUF, SO_RCVBUF)` in one system call (`SO_MEMINFO`, which reads the same
+/// two fields) instead of two.
+pub fn buffer_sizes(fd: RawFd) -> io::Result<(libc::c_int, libc::c_int)> {
+    let (mem, len) = getsockopt::<[u32; 9]>(fd, libc::SOL_SOCKET, SO_MEMINFO, "SO_MEMINFO")?;
+    if len <= SK_MEMINFO_SNDBUF * 4 {
+        return Err(io::Error::other(format!("SO_MEMINFO of {len} bytes")));
+    }
+    let int = |v: u32| libc::c_int::try_from(v).unwrap_or(libc::c_int::MAX);
+    Ok((int(mem[SK_MEMINFO_SNDBUF]), int(mem[SK_MEMINFO_RCVBUF])))
+}
+
 /// What `TCP_INFO` says about a frozen socket's input and output since the last read:
 /// [`tcp_info_marks`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
