@@ -1,8 +1,8 @@
 //! Rebuild a dumped connection on a new socket with TCP_REPAIR.
 //!
 //! Order (each step depends on the ones before it):
-//! 1. `socket()`, TCP_REPAIR on (its `SK_FORCE_REUSE` lets `bind` share the port
-//!    with the service's listener), `bind` to the original local address (again
+//! 1. `socket()`, `SO_REUSEADDR`, TCP_REPAIR on (after it: lets `bind` share the
+//!    port with the service's listener), `bind` to the original local address (again
 //!    with `IP_FREEBIND` if the address is not local yet);
 //! 2. `TCP_QUEUE_SEQ` of both queues to the sequence number of their first byte;
 //! 3. `connect()` to the peer: in repair mode no handshake, the socket is ESTABLISHED;
@@ -14,8 +14,7 @@
 //!    writes: queued as already transmitted / as received);
 //! 7. `TCP_REPAIR_WINDOW` (checked by the kernel against `rcv_nxt`, hence after 6);
 //! 8. (on [`Frozen::release`]) TCP_REPAIR off (sends a window probe), input filter
-//!    off, `SO_REUSEADDR` (repair off left the socket without it), then the
-//!    never-sent bytes are written normally.
+//!    off, then the never-sent bytes are written normally.
 //!
 //! Until released the restored socket is frozen like the source: repair mode on and
 //! the drop-everything input filter attached from before `connect`.
@@ -123,11 +122,10 @@ fn new_socket(local: &SocketAddr) -> io::Result<OwnedFd> {
 
 /// Steps 1–7: leaves the socket in repair mode.
 fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
+    sys::set_reuseaddr(fd)?;
     let one: libc::c_int = 1;
-    // Repair on sets sk_reuse to SK_FORCE_REUSE, so `bind` succeeds next to the
-    // service's listener. No SO_REUSEADDR before it: it sets the same field, which
-    // repair on overwrites, and repair off resets to SK_NO_REUSE; the release sets
-    // SO_REUSEADDR after repair off (`thaw`), which is what the socket keeps.
+    // After SO_REUSEADDR, which would overwrite it: repair on sets sk_reuse to
+    // SK_FORCE_REUSE, so `bind` succeeds next to the service's listener.
     repair(fd, true)?;
     match sys::bind(fd, &st.local) {
         Ok(()) => {}
