@@ -466,3 +466,79 @@ pub fn tcp_info_marks(fd: RawFd) -> io::Result<TcpInfoMarks> {
 
 #[cfg(not(target_endian = "little"))]
 compile_error!("tcp_info bitfield parsing assumes a little-endian target");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+    use std::time::{Duration, Instant};
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (c, s)
+    }
+
+    fn await_inq(fd: RawFd, n: i32) {
+        let t0 = Instant::now();
+        while ioctl_int(fd, SIOCINQ, "SIOCINQ").unwrap() < n {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "bytes never arrived"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The dump's stability check rests on these marks: they stay put while nothing
+    /// arrives and move when a segment does (no root needed: TCP_INFO is open to any
+    /// socket's owner).
+    #[test]
+    fn tcp_info_marks_move_with_every_segment_and_only_then() {
+        let (mut c, s) = pair();
+        let fd = s.as_raw_fd();
+        let m0 = tcp_info_marks(fd).unwrap();
+        assert_eq!(m0.head.state, TCP_ESTABLISHED);
+        assert_eq!(m0.notsent, 0);
+        assert_eq!(tcp_info_marks(fd).unwrap(), m0, "nothing arrived: equal");
+        c.write_all(&[7u8; 100]).unwrap();
+        await_inq(fd, 100);
+        let m1 = tcp_info_marks(fd).unwrap();
+        assert!(m1.segs_in > m0.segs_in, "{m0:?} -> {m1:?}");
+        assert_eq!(m1.bytes_received, m0.bytes_received + 100);
+        assert_ne!(m1, m0);
+        // The head agrees with the short read.
+        let h = tcp_info(fd).unwrap();
+        assert_eq!(
+            (h.state, h.options, h.snd_wscale, h.rcv_wscale),
+            (
+                m1.head.state,
+                m1.head.options,
+                m1.head.snd_wscale,
+                m1.head.rcv_wscale
+            )
+        );
+    }
+
+    /// One SO_MEMINFO reads what SO_SNDBUF and SO_RCVBUF report.
+    #[test]
+    fn buffer_sizes_are_what_so_sndbuf_and_so_rcvbuf_report() {
+        let (_c, s) = pair();
+        let fd = s.as_raw_fd();
+        setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            &(48_000 as libc::c_int),
+            "SO_SNDBUF",
+        )
+        .unwrap();
+        let snd = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, "SO_SNDBUF").unwrap();
+        let rcv = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, "SO_RCVBUF").unwrap();
+        assert_eq!(buffer_sizes(fd).unwrap(), (snd, rcv));
+        assert_eq!(snd, 96_000, "the kernel doubles the value set");
+    }
+}
