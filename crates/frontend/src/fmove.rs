@@ -150,6 +150,11 @@ pub struct MoveClient {
     local: Ipv4Addr,
     frontend: SocketAddrV4,
     seq: u64,
+    /// The socket's receive timeout now: [`ATTEMPT_TIMEOUT`], set once, so a move
+    /// whose reply is the first datagram back costs no `setsockopt` (only a receive
+    /// after a stale reply waits with what is left of its attempt, and the next
+    /// attempt sets it back).
+    read_timeout: Duration,
 }
 
 impl MoveClient {
@@ -169,6 +174,7 @@ impl MoveClient {
         }
         let sock = UdpSocket::bind(SocketAddrV4::new(local, 0))?;
         sock.connect(frontend)?;
+        sock.set_read_timeout(Some(ATTEMPT_TIMEOUT))?;
         let SocketAddr::V4(l) = sock.local_addr()? else {
             unreachable!("an IPv4 socket")
         };
@@ -177,6 +183,7 @@ impl MoveClient {
             local: *l.ip(),
             frontend,
             seq: seq_seed(),
+            read_timeout: ATTEMPT_TIMEOUT,
         })
     }
 
@@ -224,12 +231,21 @@ impl MoveClient {
         for _ in 0..ATTEMPTS {
             self.sock.send(&msg).map_err(|e| self.refused(e))?;
             let deadline = Instant::now() + ATTEMPT_TIMEOUT;
+            let mut first = true;
             loop {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     break;
                 }
-                self.sock.set_read_timeout(Some(left))?;
+                // The attempt's first receive waits the whole ATTEMPT_TIMEOUT (ending at
+                // most the few µs since `deadline` was taken after it), a later one only
+                // what is left; the timeout is set only when it changes.
+                let wait = if first { ATTEMPT_TIMEOUT } else { left };
+                first = false;
+                if wait != self.read_timeout {
+                    self.sock.set_read_timeout(Some(wait))?;
+                    self.read_timeout = wait;
+                }
                 match self.sock.recv(&mut buf) {
                     Ok(n) => {
                         // A stale reply (an earlier request's) or junk: keep waiting.
@@ -406,5 +422,62 @@ mod tests {
             .unwrap();
         assert_eq!(s, MoveStatus::Already);
         h.join().unwrap();
+        // The stale reply made the attempt wait with what was left of it; the next
+        // request's attempt waits the whole ATTEMPT_TIMEOUT again.
+        assert!(c.read_timeout < ATTEMPT_TIMEOUT);
+        let fe = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let SocketAddr::V4(a) = fe.local_addr().unwrap() else {
+            unreachable!()
+        };
+        let h = answer_once(fe, 2);
+        let mut c2 = MoveClient::connect(a).unwrap();
+        // The kernel keeps SO_RCVTIMEO in jiffies: compare with what it reads back.
+        let whole = c2.sock.read_timeout().unwrap();
+        // A shortened timeout, as a stale reply leaves it, then a move.
+        c2.sock.set_read_timeout(Some(ATTEMPT_TIMEOUT / 2)).unwrap();
+        c2.read_timeout = ATTEMPT_TIMEOUT / 2;
+        c2.move_flow("10.0.9.1:1".parse().unwrap(), Ipv4Addr::new(10, 0, 0, 12))
+            .unwrap();
+        h.join().unwrap();
+        assert_eq!(c2.read_timeout, ATTEMPT_TIMEOUT);
+        assert_eq!(c2.sock.read_timeout().unwrap(), whole);
+    }
+
+    /// A fake front-end answering one request with `code`.
+    fn answer_once(fe: UdpSocket, code: u8) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut b = [0u8; 64];
+            let (n, from) = fe.recv_from(&mut b).unwrap();
+            b[5] = OP_REPLY;
+            b[7] = code;
+            fe.send_to(&b[..n], from).unwrap();
+        })
+    }
+
+    /// A move answered by the first datagram back sets no receive timeout: the
+    /// socket keeps the one set at connect (one `setsockopt` per move saved; before,
+    /// every receive set the time left of its attempt).
+    #[test]
+    fn an_answered_move_leaves_the_receive_timeout_as_set_at_connect() {
+        let fe = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let SocketAddr::V4(a) = fe.local_addr().unwrap() else {
+            unreachable!()
+        };
+        let mut c = MoveClient::connect(a).unwrap();
+        assert!(c.sock.read_timeout().unwrap().is_some());
+        // A mark no move would set: if the move set the socket's timeout (as every
+        // receive did before), it would read back as about 50 ms.
+        c.sock
+            .set_read_timeout(Some(Duration::from_secs(7)))
+            .unwrap();
+        let h = answer_once(fe, 1);
+        c.move_flow("10.0.9.1:1".parse().unwrap(), Ipv4Addr::new(10, 0, 0, 12))
+            .unwrap();
+        h.join().unwrap();
+        assert_eq!(
+            c.sock.read_timeout().unwrap(),
+            Some(Duration::from_secs(7)),
+            "the move set a receive timeout"
+        );
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p farside-migrate --example migrate_many -- \
-//!     --connections 10000 [--concurrency 16] [--out FILE] \
+//!     --connections 10000 [--concurrency 16] [--small] [--out FILE] \
 //!     [--conn-timeout-s 30] [--deadline-s 3600]
 //! ```
 //!
@@ -21,7 +21,7 @@ use std::time::Duration;
 use farside_migrate::testkit::many::{self, ManyConfig, CONCURRENCY_MAX};
 
 const USAGE: &str = "\
-usage: migrate_many [--connections N] [--concurrency K] [--out FILE]
+usage: migrate_many [--connections N] [--concurrency K] [--small] [--out FILE]
                     [--conn-timeout-s S] [--deadline-s S]
 
 Migrates N real TCP connections (client namespace -> source back-end namespace,
@@ -31,6 +31,9 @@ flow) and checks every byte. Reports CPU per migration on each side. Root only.
 
   --connections N     connections to attempt (default 10000)
   --concurrency K     connections in flight, 1..=256 (default 16)
+  --small             lab-sized connections (request body 300-555 bytes,
+                      response 1,000-1,255 bytes; default: 1 KB to 1 MB each
+                      way): the CPU a migration costs whatever its bytes
   --out FILE          also write the JSON report to FILE
   --conn-timeout-s S  bound on each wait of one connection (default 30)
   --deadline-s S      start no connection after S seconds (default 3600)
@@ -63,6 +66,7 @@ fn real_main() -> Result<(), String> {
         match a.as_str() {
             "--connections" => cfg.connections = num(&a, val(&a)?)? as usize,
             "--concurrency" => cfg.concurrency = num(&a, val(&a)?)? as usize,
+            "--small" => cfg.small = true,
             "--out" => out = Some(val(&a)?),
             "--conn-timeout-s" => cfg.conn_timeout = Duration::from_secs(num(&a, val(&a)?)?),
             "--deadline-s" => cfg.deadline = Duration::from_secs(num(&a, val(&a)?)?),

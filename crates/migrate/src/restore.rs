@@ -57,8 +57,8 @@ fn refill(fd: RawFd, queue: libc::c_int, buf: &[u8], selected: bool) -> io::Resu
     Ok(())
 }
 
-fn raise_buffer(fd: RawFd, get: libc::c_int, force: libc::c_int, want: u32) -> io::Result<()> {
-    let have = sys::getsockopt_int(fd, libc::SOL_SOCKET, get, "SO_*BUF")?;
+/// Raises the buffer to `want` (in `getsockopt` units) if `have` is smaller.
+fn raise_buffer(fd: RawFd, have: libc::c_int, force: libc::c_int, want: u32) -> io::Result<()> {
     if (want as i64) > have as i64 {
         // The kernel doubles the value set (for its bookkeeping) and reports the
         // doubled one, so half of the source's reported size gives the same buffer.
@@ -150,14 +150,8 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
 
     let rcv_first = st.rcv_seq.wrapping_sub(st.recv_queue.len() as u32);
     let snd_first = st.snd_seq.wrapping_sub(st.send_queue.len() as u32);
-    repair_queue(fd, sys::TCP_RECV_QUEUE)?;
-    sys::setsockopt(
-        fd,
-        libc::SOL_TCP,
-        sys::TCP_QUEUE_SEQ,
-        &rcv_first,
-        "TCP_QUEUE_SEQ recv",
-    )?;
+    // Send first: the receive queue stays selected for its refill (a migrated
+    // request's bytes), so a connection with an empty send queue selects twice.
     repair_queue(fd, sys::TCP_SEND_QUEUE)?;
     sys::setsockopt(
         fd,
@@ -165,6 +159,14 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
         sys::TCP_QUEUE_SEQ,
         &snd_first,
         "TCP_QUEUE_SEQ send",
+    )?;
+    repair_queue(fd, sys::TCP_RECV_QUEUE)?;
+    sys::setsockopt(
+        fd,
+        libc::SOL_TCP,
+        sys::TCP_QUEUE_SEQ,
+        &rcv_first,
+        "TCP_QUEUE_SEQ recv",
     )?;
     // The queue selection stays: `connect`, the options, the buffers and the window do
     // not depend on it (one system call less; each refill selects its queue).
@@ -184,13 +186,16 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
         &st.timestamp,
         "TCP_TIMESTAMP",
     )?;
-    raise_buffer(fd, libc::SO_SNDBUF, libc::SO_SNDBUFFORCE, sndbuf_wanted(st))?;
-    raise_buffer(fd, libc::SO_RCVBUF, libc::SO_RCVBUFFORCE, st.rcvbuf)?;
+    // Both sizes in one call (SO_MEMINFO).
+    let (sndbuf, rcvbuf) = sys::buffer_sizes(fd)?;
+    raise_buffer(fd, sndbuf, libc::SO_SNDBUFFORCE, sndbuf_wanted(st))?;
+    raise_buffer(fd, rcvbuf, libc::SO_RCVBUFFORCE, st.rcvbuf)?;
 
-    // The send queue is still selected (its TCP_QUEUE_SEQ was set last): refill it
-    // first, then the receive queue; the two are independent in the kernel.
-    refill(fd, sys::TCP_SEND_QUEUE, st.sent_unacked(), true)?;
-    refill(fd, sys::TCP_RECV_QUEUE, &st.recv_queue, false)?;
+    // The receive queue is still selected (its TCP_QUEUE_SEQ was set last): refill
+    // it first, then the send queue (selected only if it has bytes); the two are
+    // independent in the kernel.
+    refill(fd, sys::TCP_RECV_QUEUE, &st.recv_queue, true)?;
+    refill(fd, sys::TCP_SEND_QUEUE, st.sent_unacked(), false)?;
 
     let w = sys::TcpRepairWindow {
         snd_wl1: st.window.snd_wl1,

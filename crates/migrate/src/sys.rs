@@ -42,8 +42,6 @@ pub const TCP_ESTABLISHED: u8 = 1;
 pub const SIOCINQ: libc::c_ulong = 0x541B;
 /// `SIOCOUTQ` (= TIOCOUTQ): bytes in the send queue, unacknowledged plus unsent.
 pub const SIOCOUTQ: libc::c_ulong = 0x5411;
-/// `SIOCOUTQNSD`: bytes in the send queue never sent.
-pub const SIOCOUTQNSD: libc::c_ulong = 0x894B;
 
 pub const IPV6_FREEBIND: libc::c_int = 78;
 
@@ -217,7 +215,7 @@ pub fn getsockopt_int(
     getsockopt::<libc::c_int>(fd, level, name, op).map(|(v, _)| v)
 }
 
-/// `ioctl` returning an int (SIOCINQ / SIOCOUTQ / SIOCOUTQNSD).
+/// `ioctl` returning an int (SIOCINQ / SIOCOUTQ).
 pub fn ioctl_int(fd: RawFd, req: libc::c_ulong, op: &'static str) -> io::Result<libc::c_int> {
     let mut v: libc::c_int = 0;
     // SAFETY: these requests write one int through the pointer.
@@ -361,7 +359,7 @@ pub fn connect(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
 }
 
 /// The first bytes of `struct tcp_info` this crate reads.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcpInfoHead {
     pub state: u8,
     pub options: u8,
@@ -386,5 +384,161 @@ pub fn tcp_info(fd: RawFd) -> io::Result<TcpInfoHead> {
     })
 }
 
+/// `SO_MEMINFO` (asm-generic/socket.h, Linux ≥ 4.12): the socket's memory counters,
+/// `u32[SK_MEMINFO_VARS]`.
+const SO_MEMINFO: libc::c_int = 55;
+/// `SK_MEMINFO_RCVBUF` (linux/sock_diag.h): `sk_rcvbuf`, as `SO_RCVBUF` reports it.
+const SK_MEMINFO_RCVBUF: usize = 1;
+/// `SK_MEMINFO_SNDBUF`: `sk_sndbuf`, as `SO_SNDBUF` reports it.
+const SK_MEMINFO_SNDBUF: usize = 3;
+
+/// `(SO_SNDBUF, SO_RCVBUF)` in one system call (`SO_MEMINFO`, which reads the same
+/// two fields) instead of two.
+pub fn buffer_sizes(fd: RawFd) -> io::Result<(libc::c_int, libc::c_int)> {
+    let (mem, len) = getsockopt::<[u32; 9]>(fd, libc::SOL_SOCKET, SO_MEMINFO, "SO_MEMINFO")?;
+    if len <= SK_MEMINFO_SNDBUF * 4 {
+        return Err(io::Error::other(format!("SO_MEMINFO of {len} bytes")));
+    }
+    let int = |v: u32| libc::c_int::try_from(v).unwrap_or(libc::c_int::MAX);
+    Ok((int(mem[SK_MEMINFO_SNDBUF]), int(mem[SK_MEMINFO_RCVBUF])))
+}
+
+/// What `TCP_INFO` says about a frozen socket's input and output since the last read:
+/// [`tcp_info_marks`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpInfoMarks {
+    /// State, options and window scales (as [`tcp_info`]).
+    pub head: TcpInfoHead,
+    /// `tcpi_bytes_acked`: moves with every ACK that frees send-queue bytes.
+    pub bytes_acked: u64,
+    /// `tcpi_bytes_received`: moves with every in-order byte received.
+    pub bytes_received: u64,
+    /// `tcpi_segs_in`: counted for every segment that passed the socket filter, under
+    /// the socket's lock, whether processed at once or put on the backlog.
+    pub segs_in: u32,
+    /// `tcpi_notsent_bytes` (`write_seq - snd_nxt`, as `SIOCOUTQNSD`).
+    pub notsent: u32,
+}
+
+/// Bytes of `struct tcp_info` read by [`tcp_info_marks`]: up to and including
+/// `tcpi_notsent_bytes` (offset 144, Linux ≥ 4.6).
+const TCP_INFO_MARKS_BYTES: usize = 148;
+
+/// `TCP_INFO` with the counters that change whenever a segment reaches the socket.
+/// The kernel fills it under the socket's lock (`lock_sock_fast`), so every field is
+/// from one instant, and any segment counted before it was fully processed (the
+/// backlog is drained when the socket's owner releases it).
+pub fn tcp_info_marks(fd: RawFd) -> io::Result<TcpInfoMarks> {
+    let mut buf = [0u8; TCP_INFO_MARKS_BYTES];
+    let mut len = TCP_INFO_MARKS_BYTES as libc::socklen_t;
+    // SAFETY: `buf` is a live buffer of `len` bytes; the kernel writes at most `len`.
+    let ret = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_TCP,
+            TCP_INFO,
+            buf.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    check(ret, "getsockopt TCP_INFO")?;
+    let len = len as usize;
+    if len < TCP_INFO_MARKS_BYTES {
+        return Err(io::Error::other(format!(
+            "TCP_INFO of {len} bytes: this kernel is older than Linux 4.6"
+        )));
+    }
+    let u32_at = |o: usize| u32::from_ne_bytes(buf[o..o + 4].try_into().expect("4 bytes"));
+    let u64_at = |o: usize| u64::from_ne_bytes(buf[o..o + 8].try_into().expect("8 bytes"));
+    Ok(TcpInfoMarks {
+        head: TcpInfoHead {
+            state: buf[0],
+            options: buf[5],
+            snd_wscale: buf[6] & 0x0f,
+            rcv_wscale: buf[6] >> 4,
+        },
+        bytes_acked: u64_at(120),
+        bytes_received: u64_at(128),
+        segs_in: u32_at(140),
+        notsent: u32_at(144),
+    })
+}
+
 #[cfg(not(target_endian = "little"))]
 compile_error!("tcp_info bitfield parsing assumes a little-endian target");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
+    use std::time::{Duration, Instant};
+
+    fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (c, s)
+    }
+
+    fn await_inq(fd: RawFd, n: i32) {
+        let t0 = Instant::now();
+        while ioctl_int(fd, SIOCINQ, "SIOCINQ").unwrap() < n {
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "bytes never arrived"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// The dump's stability check rests on these marks: they stay put while nothing
+    /// arrives and move when a segment does (no root needed: TCP_INFO is open to any
+    /// socket's owner).
+    #[test]
+    fn tcp_info_marks_move_with_every_segment_and_only_then() {
+        let (mut c, s) = pair();
+        let fd = s.as_raw_fd();
+        let m0 = tcp_info_marks(fd).unwrap();
+        assert_eq!(m0.head.state, TCP_ESTABLISHED);
+        assert_eq!(m0.notsent, 0);
+        assert_eq!(tcp_info_marks(fd).unwrap(), m0, "nothing arrived: equal");
+        c.write_all(&[7u8; 100]).unwrap();
+        await_inq(fd, 100);
+        let m1 = tcp_info_marks(fd).unwrap();
+        assert!(m1.segs_in > m0.segs_in, "{m0:?} -> {m1:?}");
+        assert_eq!(m1.bytes_received, m0.bytes_received + 100);
+        assert_ne!(m1, m0);
+        // The head agrees with the short read.
+        let h = tcp_info(fd).unwrap();
+        assert_eq!(
+            (h.state, h.options, h.snd_wscale, h.rcv_wscale),
+            (
+                m1.head.state,
+                m1.head.options,
+                m1.head.snd_wscale,
+                m1.head.rcv_wscale
+            )
+        );
+    }
+
+    /// One SO_MEMINFO reads what SO_SNDBUF and SO_RCVBUF report.
+    #[test]
+    fn buffer_sizes_are_what_so_sndbuf_and_so_rcvbuf_report() {
+        let (_c, s) = pair();
+        let fd = s.as_raw_fd();
+        setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            &(48_000 as libc::c_int),
+            "SO_SNDBUF",
+        )
+        .unwrap();
+        let snd = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, "SO_SNDBUF").unwrap();
+        let rcv = getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, "SO_RCVBUF").unwrap();
+        assert_eq!(buffer_sizes(fd).unwrap(), (snd, rcv));
+        assert_eq!(snd, 96_000, "the kernel doubles the value set");
+    }
+}

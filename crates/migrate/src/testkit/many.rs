@@ -88,6 +88,22 @@ pub fn sizes(id: usize) -> (usize, usize) {
     )
 }
 
+/// Jitter of [`small_sizes`]: both sizes stay well under one segment.
+const SMALL_JITTER: usize = 256;
+
+/// `(response bytes, request body bytes)` of connection `id` with
+/// [`ManyConfig::small`]: the smallest pair of [`sizes`] (1,000 and 300 bytes) with
+/// less jitter, so the state shipped is a few hundred bytes, as in `farside lab
+/// speculative` (a connection migrated with its request, before its response):
+/// the migration's fixed cost, not its bytes.
+pub fn small_sizes(id: usize) -> (usize, usize) {
+    let jitter = id.wrapping_mul(7919) % SMALL_JITTER;
+    (
+        RESP_SIZES[0] + jitter,
+        POST_SIZES[0] + (SMALL_JITTER - 1 - jitter),
+    )
+}
+
 fn seed_resp(id: usize) -> u64 {
     (id as u64) << 1
 }
@@ -112,6 +128,9 @@ pub struct ManyConfig {
     pub progress_every: usize,
     /// Namespace name prefix (≤ 11 characters; not the lab's `fs…`).
     pub tag: String,
+    /// Lab-sized connections ([`small_sizes`]) instead of [`sizes`]: measures a
+    /// migration's fixed CPU cost (`migrate_many --small`).
+    pub small: bool,
     /// Set from outside (a signal handler) to stop starting connections.
     pub stop: Arc<AtomicBool>,
 }
@@ -127,6 +146,7 @@ impl ManyConfig {
             deadline: Duration::from_secs(3600),
             progress_every: 1000,
             tag: format!("mm{}", std::process::id() % 100_000),
+            small: false,
             stop: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -258,7 +278,7 @@ impl ManyReport {
             )
         };
         format!(
-            "{{\n  \"connections_requested\": {},\n  \"concurrency\": {},\n  \
+            "{{\n  \"connections_requested\": {},\n  \"concurrency\": {},\n  \"small\": {},\n  \
              \"conn_timeout_s\": {},\n  \"deadline_s\": {},\n  \
              \"handover\": \"CloseAfterRestore\",\n  \
              \"flow_move\": \"one policy rule per connection in the client namespace over rtnetlink \
@@ -274,6 +294,7 @@ impl ManyReport {
              \"errors\": [{}]\n}}\n",
             cfg.connections,
             cfg.concurrency,
+            cfg.small,
             cfg.conn_timeout.as_secs(),
             cfg.deadline.as_secs(),
             self.attempted,
@@ -874,7 +895,11 @@ fn client_conn(
     signal: &Receiver<Signal>,
     rules: &Mutex<RuleSock>,
 ) -> ClientCount {
-    let (resp_len, post_len) = sizes(id);
+    let (resp_len, post_len) = if sh.cfg.small {
+        small_sizes(id)
+    } else {
+        sizes(id)
+    };
     let mut c = ClientCount::default();
     let bound = sh.cfg.conn_timeout;
     let s = match connect_with_rcvbuf(vip, CLIENT_RCVBUF).and_then(|s| {
