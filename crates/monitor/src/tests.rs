@@ -273,19 +273,38 @@ fn tcp_regions_are_read_by_the_poller_with_udp_ones_and_a_dead_server_fails_alon
     });
 }
 
-#[test]
-fn group_reads_fill_every_entry_with_one_read_per_period_and_a_silent_back_end_times_out() {
-    use crate::responder::{group_region_ip, GroupResponder};
-    let n = 64;
-    let r = GroupResponder::spawn(n).unwrap();
-    let t = create_table(None, n + 1, 1000).unwrap();
-    let mut watches: Vec<Watch> = (0..n)
+/// Watches of the `n` regions of `r`, and options reading them by group every 5 ms.
+fn group_watches(r: &crate::responder::GroupResponder, n: usize) -> (Vec<Watch>, MonitorOptions) {
+    let watches = (0..n)
         .map(|i| Watch {
             index: i,
             name: format!("b{i}"),
             region: r.target(i),
         })
         .collect();
+    let o = MonitorOptions {
+        period: Duration::from_millis(5),
+        group: Some(r.group),
+        ..opts(1)
+    };
+    (watches, o)
+}
+
+/// Whether entries `0..n` of `t` are fresh and hold region `i`'s record (`i + bump`).
+fn entries_hold(t: &dyn farside_region::Words, n: usize, bump: u64) -> bool {
+    (0..n).all(|i| {
+        table::read(t, i)
+            .is_some_and(|e| e.status == EntryStatus::Ok && e.conns_established == i as u64 + bump)
+    })
+}
+
+#[test]
+fn group_reads_fill_every_entry_with_one_read_per_period_and_a_silent_back_end_times_out() {
+    use crate::responder::{group_region_ip, GroupResponder};
+    let n = 64;
+    let r = GroupResponder::spawn(n).unwrap();
+    let t = create_table(None, n + 1, 1000).unwrap();
+    let (mut watches, o) = group_watches(&r, n);
     // A grouped back-end that never answers (the responder knows no region there).
     let silent = format!("udp:{}:{}", group_region_ip(n + 1000), r.group.port());
     watches.push(Watch {
@@ -293,19 +312,8 @@ fn group_reads_fill_every_entry_with_one_read_per_period_and_a_silent_back_end_t
         name: "silent".into(),
         region: Target::parse(&silent).unwrap(),
     });
-    let o = MonitorOptions {
-        period: Duration::from_millis(5),
-        group: Some(r.group),
-        ..opts(1)
-    };
     let m = Monitor::start(watches, t.clone(), o).unwrap();
-    let good = |bump: u64| {
-        (0..n).all(|i| {
-            table::read(&*t, i).is_some_and(|e| {
-                e.status == EntryStatus::Ok && e.conns_established == i as u64 + bump
-            })
-        })
-    };
+    let good = |bump: u64| entries_hold(&*t, n, bump);
     until("every entry read by the group", || good(0));
     r.publish_all(1000);
     until("every entry advanced", || good(1000));
@@ -331,26 +339,9 @@ fn a_group_read_answered_by_several_responder_threads_reaches_every_back_end_onc
     let n = 67;
     let r = GroupResponder::spawn_threads(n, 3).unwrap();
     let t = create_table(None, n, 1000).unwrap();
-    let watches: Vec<Watch> = (0..n)
-        .map(|i| Watch {
-            index: i,
-            name: format!("b{i}"),
-            region: r.target(i),
-        })
-        .collect();
-    let o = MonitorOptions {
-        period: Duration::from_millis(5),
-        group: Some(r.group),
-        ..opts(1)
-    };
+    let (watches, o) = group_watches(&r, n);
     let m = Monitor::start(watches, t.clone(), o).unwrap();
-    let good = |bump: u64| {
-        (0..n).all(|i| {
-            table::read(&*t, i).is_some_and(|e| {
-                e.status == EntryStatus::Ok && e.conns_established == i as u64 + bump
-            })
-        })
-    };
+    let good = |bump: u64| entries_hold(&*t, n, bump);
     until("every entry read by the group", || good(0));
     r.publish_all(7);
     until("every entry advanced", || good(7));
