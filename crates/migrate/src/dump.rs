@@ -441,20 +441,35 @@ pub fn resume(sock: &TcpStream, st: &TcpState) -> io::Result<()> {
 
 /// Closes `sock` without telling the peer: in repair mode `close()` sends neither FIN
 /// nor RST and leaves no TIME_WAIT, and the input filter makes sure nothing arriving
-/// meanwhile is acknowledged.
+/// meanwhile is acknowledged. Its 4-tuple is free when this returns
+/// ([`close_frozen`]).
 pub fn close_silently(sock: TcpStream) -> io::Result<()> {
     let fd = sock.as_raw_fd();
     // Idempotent: the socket is normally frozen already.
     let _ = attach_drop_filter(fd);
     repair(fd, true)?;
-    drop(sock);
+    close_frozen(sock);
     Ok(())
 }
 
 /// [`close_silently`] for a socket frozen by [`freeze_and_dump`] or
 /// [`crate::restore_frozen`] and not thawed since (filter attached, repair on):
-/// nothing to set again, the close alone is silent (saves two system calls).
+/// nothing to set again (saves two system calls), the close is silent.
+///
+/// The socket is disconnected (repair mode: silently) before its descriptor is
+/// closed, so it has left the established hash when this returns. `close()` alone
+/// only drops this descriptor: while another process holds a copy of the file (any
+/// child between its `fork` and its `exec`, which closes the copy, e.g. a command the
+/// daemon or another thread spawns), the socket and its 4-tuple would live on, and a
+/// restore of the 4-tuple in this namespace (the target's in
+/// [`crate::Handover::CloseBeforeRestore`], or the source's local one after a failed
+/// hand-over) would fail with EADDRNOTAVAIL. One system call more.
 pub(crate) fn close_frozen(sock: TcpStream) {
+    if let Err(e) = sys::disconnect(sock.as_raw_fd()) {
+        // The close below still frees the 4-tuple unless another process holds
+        // the file.
+        log::warn!("migrate: disconnecting a frozen socket before its close: {e}");
+    }
     drop(sock);
 }
 

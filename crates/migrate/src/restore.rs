@@ -232,8 +232,12 @@ pub fn restore_frozen(st: &TcpState) -> io::Result<Frozen> {
     // Input is dropped from the moment the 4-tuple exists (at `connect`), so nothing
     // is acknowledged before the caller decides.
     attach_drop_filter(fd)?;
-    // Dropping `owned` on an error below closes it while repair is still on: silent.
-    rebuild(fd, st)?;
+    if let Err(e) = rebuild(fd, st) {
+        // Repair is still on: the close is silent, and the disconnect frees the
+        // 4-tuple now even if another process holds the file (see `close_frozen`).
+        close_frozen(TcpStream::from(owned));
+        return Err(e);
+    }
     Ok(Frozen {
         stream: TcpStream::from(owned),
         unsent: {

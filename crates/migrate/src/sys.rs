@@ -338,7 +338,6 @@ pub fn bind(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
     check(ret, "bind").map(drop)
 }
 
-/// `connect` (in repair mode it returns at once, without a handshake).
 /// `SO_REUSEADDR` on.
 pub fn set_reuseaddr(fd: RawFd) -> io::Result<()> {
     let one: libc::c_int = 1;
@@ -351,11 +350,25 @@ pub fn set_reuseaddr(fd: RawFd) -> io::Result<()> {
     )
 }
 
+/// `connect` (in repair mode it returns at once, without a handshake).
 pub fn connect(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
     let (ss, len) = to_sockaddr(addr);
     // SAFETY: `ss` holds a valid address of length `len`.
     let ret = unsafe { libc::connect(fd, (&ss as *const libc::sockaddr_storage).cast(), len) };
     check(ret, "connect (repair)").map(drop)
+}
+
+/// `connect` to an `AF_UNSPEC` address: the protocol's disconnect (`tcp_disconnect`)
+/// on the socket itself, whoever else holds its file. The socket goes to CLOSE and
+/// leaves the established hash before the call returns (and the bind hash, unless
+/// `bind` put it there); in repair mode it sends nothing (no RST, no FIN).
+pub fn disconnect(fd: RawFd) -> io::Result<()> {
+    // SAFETY: all-zero is a valid sockaddr; its family is AF_UNSPEC (0).
+    let sa: libc::sockaddr = unsafe { std::mem::zeroed() };
+    let len = size_of::<libc::sockaddr>() as libc::socklen_t;
+    // SAFETY: `sa` is a live sockaddr of length `len`.
+    let ret = unsafe { libc::connect(fd, &sa, len) };
+    check(ret, "connect (AF_UNSPEC)").map(drop)
 }
 
 /// The first bytes of `struct tcp_info` this crate reads.
