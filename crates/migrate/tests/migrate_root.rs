@@ -51,7 +51,7 @@ enum TargetKind {
 /// Runs the session through one migration attempt; returns the source's outcome
 /// (with the socket moved out) and the client's report.
 fn scenario(kind: TargetKind, handover: Handover) -> (Result<(), Fallback>, ClientReport) {
-    scenario_with(kind, handover, false)
+    scenario_with(kind, handover, Holder::None)
 }
 
 /// How long the child of [`fork_fd_holder`] keeps its copies of the parent's
@@ -59,14 +59,42 @@ fn scenario(kind: TargetKind, handover: Handover) -> (Result<(), Fallback>, Clie
 /// source's close and the target's restore both fall inside it.
 const FD_HOLDER_LIFE: Duration = Duration::from_millis(1500);
 
-/// Forks a child that holds a copy of every descriptor of this process (as any
-/// `fork`/`posix_spawn` does until its `exec` closes them: the tests' `ip` commands
-/// did, from other test threads) for [`FD_HOLDER_LIFE`], then exits; returns its pid.
-fn fork_fd_holder() -> libc::pid_t {
-    // SAFETY: the child calls only async-signal-safe functions (poll, _exit).
+/// Descriptors the child of [`fork_fd_holder`] looks at (3..this): far above the
+/// few dozen this test process has open at once.
+const FD_SCAN_MAX: libc::c_int = 4096;
+
+/// Forks a child that holds a copy of the descriptor of each connection whose local
+/// address is `local` (IPv4), as any `fork`/`posix_spawn` holds every descriptor
+/// until its `exec` closes them (the tests' `ip` commands did, from other test
+/// threads), for [`FD_HOLDER_LIFE`], then exits; returns its pid. It closes its
+/// copies of every other descriptor at once, so the other tests running in this
+/// process meanwhile see their closes happen (a listener they rebind, a peer's EOF).
+fn fork_fd_holder(local: SocketAddr) -> libc::pid_t {
+    let SocketAddr::V4(want) = local else {
+        panic!("the holder matches IPv4 addresses only: {local}")
+    };
+    let (want_ip, want_port) = (u32::from(*want.ip()).to_be(), want.port().to_be());
+    // SAFETY: the child calls only async-signal-safe functions (getsockname,
+    // getpeername, close, poll, _exit) on its own stack variables.
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork: {}", io::Error::last_os_error());
     if pid == 0 {
+        for fd in 3..FD_SCAN_MAX {
+            // SAFETY: as above; `sa`/`len` are live locals of the sizes passed.
+            unsafe {
+                let mut sa: libc::sockaddr_in = std::mem::zeroed();
+                let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+                let p = (&mut sa as *mut libc::sockaddr_in).cast();
+                let is_local = libc::getsockname(fd, p, &mut len) == 0
+                    && libc::c_int::from(sa.sin_family) == libc::AF_INET
+                    && sa.sin_addr.s_addr == want_ip
+                    && sa.sin_port == want_port;
+                let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+                if !(is_local && libc::getpeername(fd, p, &mut len) == 0) {
+                    libc::close(fd);
+                }
+            }
+        }
         // SAFETY: poll with no descriptors is a sleep; then leave without unwinding.
         unsafe {
             libc::poll(
@@ -80,12 +108,23 @@ fn fork_fd_holder() -> libc::pid_t {
     pid
 }
 
-/// [`scenario`]; `fd_holder`: a forked child holds copies of the source's
-/// descriptors (its connection's included) across the migration.
+/// When [`scenario_with`] forks a [`fork_fd_holder`].
+#[derive(Clone, Copy, PartialEq)]
+enum Holder {
+    /// No child.
+    None,
+    /// Just before the migration: the child holds the source's connection.
+    BeforeMigration,
+    /// In `move_flow`: the child holds the target's restored copy (same process).
+    AtFlowMove,
+}
+
+/// [`scenario`] with a forked child holding a copy of the connection's descriptor
+/// (whoever has it) from the point `holder` names until it exits.
 fn scenario_with(
     kind: TargetKind,
     handover: Handover,
-    fd_holder: bool,
+    holder: Holder,
 ) -> (Result<(), Fallback>, ClientReport) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -134,8 +173,11 @@ fn scenario_with(
         handover,
         ..MigrateConfig::default()
     };
-    let holder = fd_holder.then(fork_fd_holder);
+    let mut child = (holder == Holder::BeforeMigration).then(|| fork_fd_holder(addr));
     let outcome = migrate_with(s, target_addr, &cfg, || {
+        if holder == Holder::AtFlowMove {
+            child = Some(fork_fd_holder(addr));
+        }
         if flow_lost {
             Err(io::Error::other("front-end map update lost"))
         } else {
@@ -161,7 +203,7 @@ fn scenario_with(
         }
         Outcome::Lost(e) => panic!("connection lost: {e}"),
     };
-    if let Some(pid) = holder {
+    if let Some(pid) = child {
         // SAFETY: reaps the child forked above.
         let r = unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
         assert_eq!(r, pid, "waitpid: {}", io::Error::last_os_error());
@@ -204,8 +246,26 @@ fn migration_succeeds_while_a_forked_child_holds_the_source_descriptor() {
     // the target's restore of the 4-tuple fails (EADDRNOTAVAIL) and the migration
     // falls back (the same-namespace tests' flake, whenever another test thread
     // spawned a command at that moment).
-    let (r, _) = scenario_with(TargetKind::Real, Handover::CloseBeforeRestore, true);
+    let (r, _) = scenario_with(
+        TargetKind::Real,
+        Handover::CloseBeforeRestore,
+        Holder::BeforeMigration,
+    );
     assert!(r.is_ok(), "expected a migration, got {r:?}");
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): run with `cargo test -p farside-migrate -- --include-ignored` as root"]
+fn lost_flow_update_completes_on_source_while_a_forked_child_holds_the_target_copy() {
+    assert!(is_root(), "needs root");
+    // The target's discarded copy must leave the established hash at once too, or the
+    // source's local restore of its dump fails and the connection is lost.
+    let (r, _) = scenario_with(
+        TargetKind::RealFlowUpdateLost,
+        Handover::CloseBeforeRestore,
+        Holder::AtFlowMove,
+    );
+    assert!(matches!(r, Err(Fallback::FlowNotMoved(_))), "{r:?}");
 }
 
 #[test]
