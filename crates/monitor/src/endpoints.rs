@@ -123,6 +123,17 @@ impl EndpointIndex {
     }
 }
 
+/// Bytes of a cache line, the stride of [`prefetch_lines`].
+const CACHE_LINE: usize = 64;
+
+/// Ask for every cache line of the `size` bytes at `p` (a hint, never a fault).
+pub(crate) fn prefetch_lines<T>(p: *const T, size: usize) {
+    let p = p.cast::<u8>();
+    for off in (0..size).step_by(CACHE_LINE) {
+        prefetch(p.wrapping_add(off));
+    }
+}
+
 /// Ask the CPU to bring the cache line holding `p` closer (a hint, never a fault).
 #[inline(always)]
 pub(crate) fn prefetch<T>(p: *const T) {

@@ -41,7 +41,7 @@
 //! blocking client (`farside_rmem::UdpClient`: the read timeout split over
 //! `UDP_TRIES` attempts; [`crate::watch::WatchState`]), without a thread per back-end.
 
-use crate::endpoints::{prefetch, EndpointIndex, ENDPOINTS_MAX};
+use crate::endpoints::{prefetch_lines, EndpointIndex, ENDPOINTS_MAX};
 use crate::watch::{WatchState, MONITOR_READ_BYTES};
 use crate::xsk::{MonitorRx, XskRx};
 use crate::{MonitorOptions, PollerStats, ReadStats, Watch, RECONNECT_BACKOFF_MAX};
@@ -864,17 +864,6 @@ impl<'t> Poller<'t> {
                 return;
             }
         }
-    }
-}
-
-/// Bytes of a cache line, the stride of the prefetches.
-const CACHE_LINE: usize = 64;
-
-/// Ask for every cache line of the `size` bytes at `p` (a hint).
-fn prefetch_lines<T>(p: *const T, size: usize) {
-    let p = p.cast::<u8>();
-    for off in (0..size).step_by(CACHE_LINE) {
-        prefetch(p.wrapping_add(off));
     }
 }
 

@@ -71,9 +71,6 @@ pub const XSK_FRAMES_MAX: u32 = 4096;
 /// cache (32 KiB) when the batch is matched; 64 overflowed it.
 pub const TAKE_BATCH: usize = 16;
 
-/// Bytes of a cache line, the stride of the frames' prefetches.
-const CACHE_LINE: usize = 64;
-
 /// Entries of the completion ring: receive only, nothing ever completes, but the
 /// kernel refuses to bind without one.
 const XSK_COMP_RING: u32 = 8;
@@ -532,9 +529,7 @@ impl Queue {
                     let frame = unsafe { std::slice::from_raw_parts(self.umem.ptr.add(addr), len) };
                     // The frame was written by the CPU that received it: ask for all of
                     // its lines now, so the misses overlap instead of one per reply.
-                    for off in (0..len).step_by(CACHE_LINE) {
-                        crate::endpoints::prefetch(frame[off..].as_ptr());
-                    }
+                    crate::endpoints::prefetch_lines(frame.as_ptr(), len);
                     frames[k] = frame;
                     k += 1;
                 }
