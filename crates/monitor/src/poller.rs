@@ -887,11 +887,17 @@ fn prefetch_replies<'a>(
     for f in froms.clone() {
         g.by_addr.prefetch(f);
     }
+    // Each source is looked up once; the slots found are kept for the last pass (a
+    // batch holds at most PREFETCH_BATCH replies; any beyond are left to the match).
+    let mut found: [Option<&Slot<'_>>; PREFETCH_BATCH] = [None; PREFETCH_BATCH];
     let slot_of = |f: &SocketAddr| g.by_addr.get(f).and_then(|i| slots.get(i));
-    for slot in froms.clone().filter_map(slot_of) {
+    for (k, slot) in froms.filter_map(slot_of).enumerate() {
         prefetch_lines(slot as *const Slot<'_>, std::mem::size_of::<Slot<'_>>());
+        if let Some(e) = found.get_mut(k) {
+            *e = Some(slot);
+        }
     }
-    for slot in froms.filter_map(slot_of) {
+    for slot in found.into_iter().map_while(|s| s) {
         prefetch_lines(
             std::sync::Arc::as_ptr(&slot.stats),
             std::mem::size_of::<ReadStats>(),
