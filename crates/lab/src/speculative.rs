@@ -90,6 +90,11 @@ const READY_MAX: Duration = Duration::from_secs(20);
 const POLL: Duration = Duration::from_millis(20);
 /// Warm-up of every point before it is measured (first flows, first throttling).
 const WARMUP_S: f64 = 1.0;
+/// The clients' connection establishment timeout, ms (`--connect-timeout-ms`): the
+/// paper's S-Clients abandon a connection not established within T = 500 ms (Banga
+/// and Druschel, "Measuring the Capacity of a Web Server", USITS '97, §5), so that TCP's
+/// SYN retransmission never feeds a server's drops back into the offered load.
+pub const S_CLIENT_CONNECT_TIMEOUT_MS: u64 = 500;
 /// Calibration of one node's capacity: closed loop straight at `b0` for this long
 /// (after [`WARMUP_S`]), with [`CALIBRATION_CLIENTS`] clients (enough to keep its
 /// workers busy and its accept queue non-empty).
@@ -144,10 +149,17 @@ pub struct SpeculativeArgs {
     #[arg(long)]
     pub duration_s: Option<f64>,
     /// Client timeout per connection (connect, request and response), ms: a connection
-    /// not answered by then counts as failed. 2,000 lets a SYN dropped once by a full
-    /// accept queue be retried (the kernel retries after 1 s) but not twice.
+    /// not answered by then counts as failed.
     #[arg(long, default_value_t = 2000)]
     pub timeout_ms: u64,
+    /// Clients abandon a connection attempt not established within this many ms
+    /// (`connect_timeouts`), as the paper's S-Clients do (Banga and Druschel, USITS '97:
+    /// T = 500 ms). Below the kernel's first SYN retransmission (1 s), a SYN that a full
+    /// accept queue dropped is never sent again, so the offered rate is the rate set,
+    /// whatever the servers drop. 0: off (a dropped SYN is retried after 1 s, within
+    /// --timeout-ms).
+    #[arg(long, default_value_t = S_CLIENT_CONNECT_TIMEOUT_MS)]
+    pub connect_timeout_ms: u64,
     /// CPU quota of each back-end node, percent of one CPU. Default: 20 (see
     /// NODE_CPU_PCT_DEFAULT: two nodes take 40 % of a CPU, the clients the rest).
     #[arg(long)]
@@ -200,6 +212,10 @@ pub struct SpecPoint {
     pub failures: u64,
     /// Of `failures`: client timeouts.
     pub timeouts: u64,
+    /// Of `failures`: connection attempts abandoned at `--connect-timeout-ms` (their
+    /// SYN was dropped, by a full accept queue or a closed window).
+    #[serde(default)]
+    pub connect_timeouts: u64,
     /// Response time of completed connections (connect to last byte), ms.
     pub avg_ms: f64,
     pub p99_ms: f64,
@@ -257,6 +273,10 @@ pub struct SpecPoint {
     pub conn_per_s_min: Option<f64>,
     #[serde(default)]
     pub conn_per_s_max: Option<f64>,
+    /// Connections completed in each second of the measured window (summed over
+    /// runs): whether the point was in its steady state from the window's start.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub served_per_s: Vec<u64>,
 }
 
 fn one() -> u64 {
@@ -397,6 +417,7 @@ impl SpecPoint {
             served,
             failures: runs.iter().map(|r| r.failures).sum(),
             timeouts: runs.iter().map(|r| r.timeouts).sum(),
+            connect_timeouts: runs.iter().map(|r| r.connect_timeouts).sum(),
             avg_ms: wavg(|r| r.avg_ms),
             p99_ms: runs.iter().map(|r| r.p99_ms).fold(0.0, f64::max),
             migrations: runs.iter().map(|r| r.migrations).sum(),
@@ -423,6 +444,12 @@ impl SpecPoint {
                     .map(|r| r.conn_per_s_max.unwrap_or(r.conn_per_s))
                     .fold(0.0, f64::max)
             }),
+            served_per_s: {
+                let n = runs.iter().map(|r| r.served_per_s.len()).max().unwrap_or(0);
+                (0..n)
+                    .map(|i| runs.iter().filter_map(|r| r.served_per_s.get(i)).sum())
+                    .collect()
+            },
             ..first.clone()
         }
     }
@@ -440,6 +467,7 @@ impl SpecPoint {
             served: 0,
             failures: 0,
             timeouts: 0,
+            connect_timeouts: 0,
             avg_ms: 0.0,
             p99_ms: 0.0,
             migrations: 0,
@@ -460,18 +488,20 @@ impl SpecPoint {
             runs: 0,
             conn_per_s_min: None,
             conn_per_s_max: None,
+            served_per_s: Vec::new(),
         }
     }
 
     /// The point's figures on one line, for progress output.
     pub fn progress_line(&self) -> String {
         format!(
-            "conn/s={:.1} offered={:.1}/s failures={} timeouts={} avg={:.1} ms p99={:.1} ms \
-             migrations={}",
+            "conn/s={:.1} offered={:.1}/s failures={} timeouts={} connect_timeouts={} avg={:.1} ms \
+             p99={:.1} ms migrations={}",
             self.conn_per_s,
             self.offered_per_s,
             self.failures,
             self.timeouts,
+            self.connect_timeouts,
             self.avg_ms,
             self.p99_ms,
             self.migrations
@@ -762,6 +792,12 @@ fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
     if a.timeout_ms == 0 {
         return Err(bad("--timeout-ms: at least 1".into()));
     }
+    if a.connect_timeout_ms >= a.timeout_ms {
+        return Err(bad(format!(
+            "--connect-timeout-ms {}: below --timeout-ms ({}), or 0 (off)",
+            a.connect_timeout_ms, a.timeout_ms
+        )));
+    }
     if a.backend_workers == 0 {
         return Err(bad("--backend-workers: at least 1".into()));
     }
@@ -1033,6 +1069,7 @@ impl Lab {
         lg.warmup_s = WARMUP_S;
         lg.file_path = FILE_PATH.to_string();
         lg.timeout_ms = a.timeout_ms;
+        lg.connect_timeout_ms = a.connect_timeout_ms;
         lg.seed = a.seed.wrapping_add(u64::from(run));
         lg.quiet = true;
         self.dc.run_in_ns(CLIENT, || {
@@ -1236,6 +1273,7 @@ fn measure(
         served: s.served,
         failures: s.failures + s.dropped_503,
         timeouts: s.failure_kinds.timeouts,
+        connect_timeouts: s.failure_kinds.connect_timeouts,
         avg_ms: s.avg_ms,
         p99_ms: s.p99_ms,
         migrations: figures.migrations,
@@ -1256,6 +1294,7 @@ fn measure(
         runs: 1,
         conn_per_s_min: None,
         conn_per_s_max: None,
+        served_per_s: s.series.iter().map(|x| x.served).collect(),
     })
 }
 
@@ -1556,6 +1595,8 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
         "duration_s": plan.duration_s,
         "warmup_s": WARMUP_S,
         "timeout_ms": a.timeout_ms,
+        "connect_timeout_ms": a.connect_timeout_ms,
+        "connect_timeout_rule": "S-Clients' connection establishment timeout T (Banga and Druschel, USITS '97: 500 ms), below the kernel's 1 s SYN retransmission",
         "node_cpu_pct": plan.quota,
         "node_cpu_pct_rule": if a.node_cpu_pct.is_some() {
             "--node-cpu-pct".to_string()
@@ -1730,6 +1771,7 @@ mod tests {
             rates: Vec::new(),
             duration_s: None,
             timeout_ms: 2000,
+            connect_timeout_ms: S_CLIENT_CONNECT_TIMEOUT_MS,
             node_cpu_pct: None,
             cpu_us_per_request: 2000,
             backend_workers: 8,

@@ -23,6 +23,8 @@ const READ_BUFFER_BYTES: usize = 32 * 1024;
 pub enum Failure {
     /// The TCP connection could not be established.
     Connect,
+    /// Not established within the connect timeout: abandoned.
+    ConnectTimeout,
     /// Reset, unexpected EOF or another socket error after connecting.
     Io,
     /// The response could not be parsed or framed.
@@ -51,10 +53,17 @@ pub struct Reply {
 }
 
 impl Conn {
-    pub async fn connect(addr: SocketAddr) -> Result<Conn, Failure> {
-        let stream = TcpStream::connect(addr)
-            .await
-            .map_err(|_| Failure::Connect)?;
+    /// Connects to `addr`; with `timeout`, an attempt still not established then is
+    /// abandoned (the socket is closed, so the kernel sends no more SYNs for it).
+    pub async fn connect(addr: SocketAddr, timeout: Option<Duration>) -> Result<Conn, Failure> {
+        let connecting = TcpStream::connect(addr);
+        let stream = match timeout {
+            Some(t) => tokio::time::timeout(t, connecting)
+                .await
+                .map_err(|_| Failure::ConnectTimeout)?,
+            None => connecting.await,
+        }
+        .map_err(|_| Failure::Connect)?;
         let _ = stream.set_nodelay(true);
         Ok(Conn {
             stream,

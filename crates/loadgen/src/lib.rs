@@ -59,7 +59,7 @@
 //! | `started` | requests | started in the window (incl. shed arrivals) |
 //! | `attempts` | requests | completed in the window: served + dropped_503 + failures |
 //! | `served`, `dropped_503`, `failures` | requests | completed in the window |
-//! | `failure_kinds.{timeouts,connect_errors,io_errors,malformed,status_5xx,overflow}` | requests | failures by kind |
+//! | `failure_kinds.{timeouts,connect_errors,connect_timeouts,io_errors,malformed,status_5xx,overflow}` | requests | failures by kind (`connect_timeouts`: attempts abandoned at `--connect-timeout-ms`) |
 //! | `shed_by_client` | requests | open-loop arrivals shed at `--open-users-max` |
 //! | `inflight_at_end` | requests | in flight when the run ended (in no other count) |
 //! | `users_left` | users | users that left after a 503 (leave mode, open loop) |
@@ -227,6 +227,14 @@ pub struct LoadgenArgs {
     /// Default: 5000.
     #[arg(long = "timeout-ms", default_value_t = 5000)]
     pub timeout_ms: u64,
+    /// Abandon a TCP connection attempt not established within this many ms
+    /// (a `connect_timeouts` failure); 0: connect under `--timeout-ms` only.
+    /// Below Linux's initial SYN retransmission timeout (1 s) a dropped SYN is
+    /// never sent again, so a server's drops do not come back as extra
+    /// arrivals: the S-Client of Banga and Druschel (USITS '97, T = 500 ms),
+    /// whose offered rate does not depend on the server. Default: 0.
+    #[arg(long = "connect-timeout-ms", default_value_t = 0)]
+    pub connect_timeout_ms: u64,
     /// QoS threshold: served requests slower than this count as slow, ms.
     /// Default: 1000 (the paper's Fig. 8/9).
     #[arg(long = "qos-ms", default_value_t = 1000)]
@@ -280,6 +288,7 @@ impl LoadgenArgs {
             keepalive: false,
             no_keepalive: false,
             timeout_ms: 5000,
+            connect_timeout_ms: 0,
             qos_ms: 1000,
             seed: 1,
             out: None,
@@ -350,6 +359,12 @@ impl LoadgenArgs {
         }
         if self.timeout_ms == 0 {
             return bad("--timeout-ms must be at least 1".into());
+        }
+        if self.connect_timeout_ms >= self.timeout_ms {
+            return bad(format!(
+                "--connect-timeout-ms ({}) must be below --timeout-ms ({}), or 0 (off)",
+                self.connect_timeout_ms, self.timeout_ms
+            ));
         }
         if self.trace == TraceKind::Zipf
             && (self.zipf_files == 0 || self.zipf_files > trace::ZIPF_FILES_MAX)
@@ -431,6 +446,8 @@ pub enum Outcome {
     Timeout,
     /// TCP connect failed (refused, unreachable).
     Connect,
+    /// TCP connect not established within `--connect-timeout-ms`: abandoned.
+    ConnectTimeout,
     /// Reset or EOF mid-exchange.
     Io,
     /// Unparsable or unframeable response.
@@ -449,6 +466,7 @@ impl Outcome {
             Outcome::Dropped => "dropped",
             Outcome::Timeout => "timeout",
             Outcome::Connect => "connect",
+            Outcome::ConnectTimeout => "connect_timeout",
             Outcome::Io => "io",
             Outcome::Malformed => "malformed",
             Outcome::Status5xx => "5xx",

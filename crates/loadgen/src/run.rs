@@ -51,7 +51,7 @@ struct Counters {
     slow: AtomicU64,
     reject_latency_sum_us: AtomicU64,
     bytes: AtomicU64,
-    failure_kinds: [AtomicU64; 6],
+    failure_kinds: [AtomicU64; 7],
 }
 
 /// State shared by every client task.
@@ -63,6 +63,8 @@ struct Ctx {
     request_cond: Vec<Vec<u8>>,
     keepalive: bool,
     timeout: Duration,
+    /// `--connect-timeout-ms` (None: 0, off).
+    connect_timeout: Option<Duration>,
     think: Duration,
     on_reject: OnReject,
     reject_think: Duration,
@@ -193,6 +195,7 @@ impl Ctx {
             Outcome::Malformed => Some(3),
             Outcome::Status5xx => Some(4),
             Outcome::Overflow => Some(5),
+            Outcome::ConnectTimeout => Some(6),
         };
         if let Some(k) = kind {
             c.failure_kinds[k].fetch_add(1, Ordering::Relaxed);
@@ -294,8 +297,9 @@ async fn one_request(
     for attempt in 0..2 {
         let mut c = match conn.take() {
             Some(c) => c,
-            None => match Conn::connect(ctx.addr).await {
+            None => match Conn::connect(ctx.addr, ctx.connect_timeout).await {
                 Ok(c) => c,
+                Err(Failure::ConnectTimeout) => return (0, 0, Outcome::ConnectTimeout, None),
                 Err(_) => return (0, 0, Outcome::Connect, None),
             },
         };
@@ -318,6 +322,7 @@ async fn one_request(
             Err((f, _)) => {
                 let outcome = match f {
                     Failure::Connect => Outcome::Connect,
+                    Failure::ConnectTimeout => Outcome::ConnectTimeout,
                     Failure::Io => Outcome::Io,
                     Failure::Malformed => Outcome::Malformed,
                 };
@@ -720,6 +725,8 @@ pub fn run(args: &LoadgenArgs) -> Result<Summary, LoadgenError> {
             request_cond,
             keepalive,
             timeout: Duration::from_millis(args.timeout_ms),
+            connect_timeout: (args.connect_timeout_ms > 0)
+                .then(|| Duration::from_millis(args.connect_timeout_ms)),
             think: Duration::from_millis(args.think_ms),
             on_reject: args.effective_on_reject(),
             reject_think: Duration::from_millis(args.reject_think_ms.unwrap_or(args.think_ms)),
@@ -867,6 +874,7 @@ fn summarize(ctx: &Ctx, args: &LoadgenArgs) -> Result<Summary, LoadgenError> {
             malformed: k(3),
             status_5xx: k(4),
             overflow: k(5),
+            connect_timeouts: k(6),
         },
         inflight_at_end: load(&c.inflight_at_end),
         users_left: load(&c.users_left),

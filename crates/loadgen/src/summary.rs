@@ -56,6 +56,9 @@ pub fn decode_hist(text: &str) -> Result<Histogram<u64>, LoadgenError> {
 pub struct FailureCounts {
     pub timeouts: u64,
     pub connect_errors: u64,
+    /// Connection attempts abandoned at `--connect-timeout-ms`.
+    #[serde(default)]
+    pub connect_timeouts: u64,
     pub io_errors: u64,
     pub malformed: u64,
     pub status_5xx: u64,
@@ -68,6 +71,7 @@ impl FailureCounts {
     fn add(&mut self, o: &FailureCounts) {
         self.timeouts += o.timeouts;
         self.connect_errors += o.connect_errors;
+        self.connect_timeouts += o.connect_timeouts;
         self.io_errors += o.io_errors;
         self.malformed += o.malformed;
         self.status_5xx += o.status_5xx;
@@ -389,7 +393,7 @@ impl fmt::Display for Summary {
         )?;
         writeln!(
             f,
-            "  started {}  completed {}  served {}  dropped(503) {}  failures {} (timeout {}, connect {}, io {}, malformed {}, 5xx {}, shed by client {})  in flight at end {}",
+            "  started {}  completed {}  served {}  dropped(503) {}  failures {} (timeout {}, connect {}, connect timeout {}, io {}, malformed {}, 5xx {}, shed by client {})  in flight at end {}",
             self.started,
             self.attempts,
             self.served,
@@ -397,6 +401,7 @@ impl fmt::Display for Summary {
             self.failures,
             self.failure_kinds.timeouts,
             self.failure_kinds.connect_errors,
+            self.failure_kinds.connect_timeouts,
             self.failure_kinds.io_errors,
             self.failure_kinds.malformed,
             self.failure_kinds.status_5xx,

@@ -285,6 +285,53 @@ fn refused_connections_are_connect_failures() {
     assert!(s.failures < 60, "{s}");
 }
 
+/// A listener with the smallest accept queue (listen backlog 0: one connection), never
+/// accepting: once one connection waits in it, Linux drops every further SYN.
+fn full_listener() -> (std::os::fd::OwnedFd, SocketAddr, TcpStream) {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor owned here; sockaddr_in is zeroed
+    // and then filled with loopback, port 0.
+    let (fd, addr) = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0);
+        let fd = std::os::fd::OwnedFd::from_raw_fd(fd);
+        let mut sa: libc::sockaddr_in = std::mem::zeroed();
+        sa.sin_family = libc::AF_INET as libc::sa_family_t;
+        sa.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
+        let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+        let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+        assert_eq!(libc::bind(raw, (&sa as *const libc::sockaddr_in).cast(), len), 0);
+        assert_eq!(libc::listen(raw, 0), 0);
+        let mut got = len;
+        assert_eq!(libc::getsockname(raw, (&mut sa as *mut libc::sockaddr_in).cast(), &mut got), 0);
+        (fd, SocketAddr::from(([127, 0, 0, 1], u16::from_be(sa.sin_port))))
+    };
+    let held = TcpStream::connect(addr).unwrap();
+    (fd, addr, held)
+}
+
+#[test]
+fn unanswered_connects_are_abandoned_at_the_connect_timeout() {
+    let (_listener, addr, _held) = full_listener();
+    let mut a = args_for(addr);
+    a.clients = 1;
+    a.timeout_ms = 5000;
+    a.connect_timeout_ms = 200;
+    a.duration_s = 1.0;
+    let t0 = Instant::now();
+    let s = run(&a).unwrap();
+    // Without the connect timeout each attempt would wait for SYN retransmissions
+    // (1 s, 3 s) up to the 5 s request timeout.
+    assert!(t0.elapsed() < Duration::from_secs(3), "{s}");
+    assert!(s.failure_kinds.connect_timeouts >= 3, "{s}");
+    assert_eq!(s.failures, s.failure_kinds.connect_timeouts, "{s}");
+    assert_eq!(s.failure_kinds.timeouts, 0, "{s}");
+
+    a.connect_timeout_ms = a.timeout_ms;
+    let e = run(&a).unwrap_err().to_string();
+    assert!(e.contains("--connect-timeout-ms"), "{e}");
+}
+
 #[test]
 fn open_loop_sends_at_the_requested_rate() {
     let h = backend(4, None);
