@@ -88,8 +88,19 @@ const SPECD_READY: &str = "specd: migrations on";
 const READY_MAX: Duration = Duration::from_secs(20);
 /// Poll period while waiting.
 const POLL: Duration = Duration::from_millis(20);
-/// Warm-up of every point before it is measured (first flows, first throttling).
+/// Warm-up of the calibration run before it is measured (first flows, first
+/// throttling).
 const WARMUP_S: f64 = 1.0;
+/// Default warm-up of every point before it is measured (`--warmup-s`), s. Rule: twice
+/// the time the busiest node's accept queue takes to fill at the split experiment's
+/// knee, rounded up: `b0` at 75/25 and ~172 conn/s offered takes 0.75 x 172 and serves
+/// ~88, so its queue of 64 fills in 64 / (129 - 88) = 1.6 s, and until then `b1` gets
+/// no migrated connections. Measured (stop 23): with 1 s of warm-up the first measured
+/// second of a 75/25 point served 131-150 connections against 164-179 in the next
+/// ones; the single server's first second was within a few connections of the rest.
+pub const POINT_WARMUP_S_DEFAULT: f64 = 3.0;
+/// Longest `--warmup-s`.
+const POINT_WARMUP_S_MAX: f64 = 60.0;
 /// The clients' connection establishment timeout, ms (`--connect-timeout-ms`): the
 /// paper's S-Clients abandon a connection not established within T = 500 ms (Banga
 /// and Druschel, "Measuring the Capacity of a Web Server", USITS '97, §5), so that TCP's
@@ -145,9 +156,14 @@ pub struct SpeculativeArgs {
     /// 2, 2.5, 3 × one node's capacity (--quick: 0.5, 1.5, 3).
     #[arg(long, value_delimiter = ',')]
     pub rates: Vec<f64>,
-    /// Measured time per point, s (after 1 s of warm-up). Default 20 (--quick: 3).
+    /// Measured time per point, s (after the warm-up). Default 20 (--quick: 3).
     #[arg(long)]
     pub duration_s: Option<f64>,
+    /// Warm-up of every point before it is measured, s: long enough for the split's
+    /// busiest node to fill its accept queue, so the window sees the steady state
+    /// (rule: `POINT_WARMUP_S_DEFAULT` in the source). Default 3.
+    #[arg(long, default_value_t = POINT_WARMUP_S_DEFAULT)]
+    pub warmup_s: f64,
     /// Client timeout per connection (connect, request and response), ms: a connection
     /// not answered by then counts as failed.
     #[arg(long, default_value_t = 2000)]
@@ -716,6 +732,7 @@ impl SpecdFigures {
 struct Plan {
     rates: Vec<f64>,
     duration_s: f64,
+    warmup_s: f64,
     quota: u32,
     capacity: f64,
     nodes: usize,
@@ -801,9 +818,16 @@ fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
     if a.backend_workers == 0 {
         return Err(bad("--backend-workers: at least 1".into()));
     }
+    if !(a.warmup_s.is_finite() && (0.0..=POINT_WARMUP_S_MAX).contains(&a.warmup_s)) {
+        return Err(bad(format!(
+            "--warmup-s {}: must be in 0..={POINT_WARMUP_S_MAX}",
+            a.warmup_s
+        )));
+    }
     Ok(Plan {
         rates,
         duration_s,
+        warmup_s: a.warmup_s,
         quota,
         capacity,
         nodes: if split { 2 } else { 1 },
@@ -1053,6 +1077,7 @@ impl Lab {
         target: SocketAddr,
         rate: Option<f64>,
         duration_s: f64,
+        warmup_s: f64,
         a: &SpeculativeArgs,
         run: u32,
     ) -> io::Result<farside_loadgen::Summary> {
@@ -1066,7 +1091,7 @@ impl Lab {
         }
         lg.no_keepalive = true;
         lg.duration_s = duration_s;
-        lg.warmup_s = WARMUP_S;
+        lg.warmup_s = warmup_s;
         lg.file_path = FILE_PATH.to_string();
         lg.timeout_ms = a.timeout_ms;
         lg.connect_timeout_ms = a.connect_timeout_ms;
@@ -1137,7 +1162,7 @@ fn start_lab(dir: &Path, plan: &Plan) -> io::Result<Lab> {
 fn calibrate(lab: &Lab, a: &SpeculativeArgs) -> io::Result<f64> {
     let _be = lab.start_backend(a, 0, 128, None, "calibrate")?;
     let direct = SocketAddr::new(lab.dc.node_ip(&lab.backends[0].0).into(), 80);
-    let s = lab.load(direct, None, CALIBRATION_S, a, 0)?;
+    let s = lab.load(direct, None, CALIBRATION_S, WARMUP_S, a, 0)?;
     Ok(s.tps)
 }
 
@@ -1225,7 +1250,14 @@ fn measure(
         let nodes: Vec<&str> = lab.backends[..n].iter().map(|b| b.0.as_str()).collect();
         let before: Vec<NodeSnap> = nodes.iter().map(|nd| node_snap(&lab.dc, nd)).collect();
         let t0 = Instant::now();
-        let s = lab.load(SocketAddr::V4(VIP), Some(key.rate), plan.duration_s, a, run)?;
+        let s = lab.load(
+            SocketAddr::V4(VIP),
+            Some(key.rate),
+            plan.duration_s,
+            plan.warmup_s,
+            a,
+            run,
+        )?;
         let wall = t0.elapsed();
         let cpu: Vec<NodeCpu> = nodes
             .iter()
@@ -1593,7 +1625,7 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
         "splits": a.splits,
         "rates": plan.rates,
         "duration_s": plan.duration_s,
-        "warmup_s": WARMUP_S,
+        "warmup_s": plan.warmup_s,
         "timeout_ms": a.timeout_ms,
         "connect_timeout_ms": a.connect_timeout_ms,
         "connect_timeout_rule": "S-Clients' connection establishment timeout T (Banga and Druschel, USITS '97: 500 ms), below the kernel's 1 s SYN retransmission",
@@ -1618,7 +1650,7 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
     let keys = point_keys(&a, &plan);
     let mut lab: Option<Lab> = None;
     let mut notes = Vec::new();
-    let est_run_s = plan.duration_s + WARMUP_S + 3.0;
+    let est_run_s = plan.duration_s + plan.warmup_s + 3.0;
     let result = sweep.run(
         &keys,
         a.repeat,
@@ -1770,6 +1802,7 @@ mod tests {
             splits: SPLITS.iter().map(|s| s.to_string()).collect(),
             rates: Vec::new(),
             duration_s: None,
+            warmup_s: POINT_WARMUP_S_DEFAULT,
             timeout_ms: 2000,
             connect_timeout_ms: S_CLIENT_CONNECT_TIMEOUT_MS,
             node_cpu_pct: None,
@@ -1798,6 +1831,39 @@ mod tests {
         .unwrap();
         assert_eq!(full.rates.len(), RATE_MULTIPLES_FULL.len());
         assert_eq!(full.nodes, 1);
+    }
+
+    #[test]
+    fn warmup_and_connect_timeout_are_checked() {
+        let p = check_args(&args()).unwrap();
+        assert_eq!(p.warmup_s, POINT_WARMUP_S_DEFAULT);
+        for w in [-1.0, f64::NAN, POINT_WARMUP_S_MAX + 1.0] {
+            let Err(e) = check_args(&SpeculativeArgs {
+                warmup_s: w,
+                ..args()
+            }) else {
+                panic!("--warmup-s {w} accepted");
+            };
+            assert!(e.to_string().contains("--warmup-s"), "{e}");
+        }
+        // S-Clients' T is below the kernel's first SYN retransmission (1 s).
+        assert!(S_CLIENT_CONNECT_TIMEOUT_MS < 1000);
+        for (ct, ok) in [
+            (0, true),
+            (500, true),
+            (1999, true),
+            (2000, false),
+            (5000, false),
+        ] {
+            let r = check_args(&SpeculativeArgs {
+                connect_timeout_ms: ct,
+                ..args()
+            });
+            assert_eq!(r.is_ok(), ok, "{ct}");
+            if let Err(e) = r {
+                assert!(e.to_string().contains("--connect-timeout-ms"), "{e}");
+            }
+        }
     }
 
     #[test]
@@ -2018,8 +2084,23 @@ mod tests {
         assert_eq!(c.conn_per_s_min, Some(140.0));
         assert_eq!(c.conn_per_s_max, Some(150.0));
         assert!(table(&[&c]).contains("(2 runs: 140.0-150.0 conn/s)"));
-        let one = SpecPoint::combine(&[a]);
+        let one = SpecPoint::combine(&[a.clone()]);
         assert_eq!((one.conn_per_s_min, one.conn_per_s_max), (None, None));
+        // Per-second completions add up second by second, a shorter run's as far as
+        // it goes; connect timeouts are summed.
+        let s1 = SpecPoint {
+            served_per_s: vec![10, 20, 30],
+            connect_timeouts: 2,
+            ..a.clone()
+        };
+        let s2 = SpecPoint {
+            served_per_s: vec![1, 2],
+            connect_timeouts: 3,
+            ..a
+        };
+        let both = SpecPoint::combine(&[s1, s2]);
+        assert_eq!(both.served_per_s, vec![11, 22, 30]);
+        assert_eq!(both.connect_timeouts, 5);
         assert!(!table(&[&one]).contains("runs:"));
     }
 

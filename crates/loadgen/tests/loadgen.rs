@@ -300,11 +300,20 @@ fn full_listener() -> (std::os::fd::OwnedFd, SocketAddr, TcpStream) {
         sa.sin_addr.s_addr = u32::from(std::net::Ipv4Addr::LOCALHOST).to_be();
         let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
         let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-        assert_eq!(libc::bind(raw, (&sa as *const libc::sockaddr_in).cast(), len), 0);
+        assert_eq!(
+            libc::bind(raw, (&sa as *const libc::sockaddr_in).cast(), len),
+            0
+        );
         assert_eq!(libc::listen(raw, 0), 0);
         let mut got = len;
-        assert_eq!(libc::getsockname(raw, (&mut sa as *mut libc::sockaddr_in).cast(), &mut got), 0);
-        (fd, SocketAddr::from(([127, 0, 0, 1], u16::from_be(sa.sin_port))))
+        assert_eq!(
+            libc::getsockname(raw, (&mut sa as *mut libc::sockaddr_in).cast(), &mut got),
+            0
+        );
+        (
+            fd,
+            SocketAddr::from(([127, 0, 0, 1], u16::from_be(sa.sin_port))),
+        )
     };
     let held = TcpStream::connect(addr).unwrap();
     (fd, addr, held)
