@@ -106,6 +106,9 @@ const POINT_WARMUP_S_MAX: f64 = 60.0;
 /// and Druschel, "Measuring the Capacity of a Web Server", USITS '97, §5), so that TCP's
 /// SYN retransmission never feeds a server's drops back into the offered load.
 pub const S_CLIENT_CONNECT_TIMEOUT_MS: u64 = 500;
+// Below the kernel's first SYN retransmission (TCP_TIMEOUT_INIT, 1 s), or a dropped SYN
+// would be sent again before the client gives up.
+const _: () = assert!(S_CLIENT_CONNECT_TIMEOUT_MS < 1000);
 /// Calibration of one node's capacity: closed loop straight at `b0` for this long
 /// (after [`WARMUP_S`]), with [`CALIBRATION_CLIENTS`] clients (enough to keep its
 /// workers busy and its accept queue non-empty).
@@ -1846,8 +1849,6 @@ mod tests {
             };
             assert!(e.to_string().contains("--warmup-s"), "{e}");
         }
-        // S-Clients' T is below the kernel's first SYN retransmission (1 s).
-        assert!(S_CLIENT_CONNECT_TIMEOUT_MS < 1000);
         for (ct, ok) in [
             (0, true),
             (500, true),
@@ -2084,7 +2085,7 @@ mod tests {
         assert_eq!(c.conn_per_s_min, Some(140.0));
         assert_eq!(c.conn_per_s_max, Some(150.0));
         assert!(table(&[&c]).contains("(2 runs: 140.0-150.0 conn/s)"));
-        let one = SpecPoint::combine(&[a.clone()]);
+        let one = SpecPoint::combine(std::slice::from_ref(&a));
         assert_eq!((one.conn_per_s_min, one.conn_per_s_max), (None, None));
         // Per-second completions add up second by second, a shorter run's as far as
         // it goes; connect timeouts are summed.
