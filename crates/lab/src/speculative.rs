@@ -96,8 +96,9 @@ const WARMUP_S: f64 = 1.0;
 /// knee, rounded up: `b0` at 75/25 and ~172 conn/s offered takes 0.75 x 172 and serves
 /// ~88, so its queue of 64 fills in 64 / (129 - 88) = 1.6 s, and until then `b1` gets
 /// no migrated connections. Measured (stop 23): with 1 s of warm-up the first measured
-/// second of a 75/25 point served 131-150 connections against 164-179 in the next
-/// ones; the single server's first second was within a few connections of the rest.
+/// second of a 75/25 point served 131-150 connections, the next 19 seconds 165-172 on
+/// average; the single server's first second was within the spread of its others
+/// (docs/results/speculative/s23/ct1s).
 pub const POINT_WARMUP_S_DEFAULT: f64 = 3.0;
 /// Longest `--warmup-s`.
 const POINT_WARMUP_S_MAX: f64 = 60.0;
