@@ -344,14 +344,22 @@ int fs_frontend(struct __sk_buff *skb)
 	__u32 b;
 	struct fe_flow *f = bpf_map_lookup_elem(&fe_flows, &key);
 
+	if (f && (f->flags & FE_FLOW_HOLD)) {
+		count(FE_CNT_HELD);
+		return TC_ACT_SHOT;
+	}
+	if (f && syn) {
+		/* A SYN starts a connection, so an entry for its 4-tuple is an earlier
+		 * connection's (the client reused its port; one whose SYN an overloaded
+		 * back-end dropped leaves one too). The SYN is placed by the weight table
+		 * like any new flow: following old entries would send reused ports back to
+		 * the back-end that dropped them. A retransmitted SYN hashes where the
+		 * first went unless the weights changed in between. */
+		count(FE_CNT_SYN_HIT);
+		f = 0;
+	}
 	if (f) {
-		if (f->flags & FE_FLOW_HOLD) {
-			count(FE_CNT_HELD);
-			return TC_ACT_SHOT;
-		}
 		b = f->backend;
-		if (syn)
-			count(FE_CNT_SYN_HIT);
 	} else {
 		__u32 slot = flow_hash(fe_ntohl(key.saddr), fe_ntohl(key.daddr),
 				       fe_ntohs(key.sport), fe_ntohs(key.dport)) %

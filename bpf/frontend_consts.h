@@ -31,7 +31,7 @@
 #define FE_CNT_HELD 5          /* dropped: the flow is held */
 #define FE_CNT_NO_BACKEND 6    /* slot or entry names no configured back-end: dropped */
 #define FE_CNT_INSERT_FAILED 7 /* flow entry could not be written (forwarded anyway) */
-#define FE_CNT_SYN_HIT 8       /* a SYN that found an entry (4-tuple reuse): followed it */
+#define FE_CNT_SYN_HIT 8       /* a SYN that found an entry (4-tuple reuse): placed by the hash anew */
 #define FE_CNT_MOVE_MALFORMED 9   /* UDP to the move port, not a well-formed MOVE: dropped */
 #define FE_CNT_MOVE_REFUSED 10    /* MOVE from another host than the expected back-end,
                                    * or naming an unconfigured back-end: dropped */

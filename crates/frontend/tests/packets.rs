@@ -185,10 +185,20 @@ fn new_flow_is_hashed_then_followed_moved_and_held() {
     fe.set_held(CLIENT, true).unwrap();
     fe.move_flow(CLIENT, [A_IP, B_IP][b as usize]).unwrap();
     assert_forwarded("MOVE of a held flow", &data, run(&fe, &data), mac_of(b));
-    // A retransmitted SYN follows the entry (counted), not the hash.
+    // A SYN that finds an entry (a reused 4-tuple) is placed by the hash, not by the
+    // entry an earlier connection left, and the entry is rewritten (counted).
     fe.move_flow(CLIENT, [A_IP, B_IP][other as usize]).unwrap();
-    assert_forwarded("SYN hit", &syn, run(&fe, &syn), mac_of(other));
+    assert_forwarded("SYN hit", &syn, run(&fe, &syn), mac_of(b));
     assert_eq!(counter(&fe, "syn_hit"), 1);
+    assert_eq!(
+        fe.flow(CLIENT).unwrap(),
+        Some(([A_IP, B_IP][b as usize], false))
+    );
+    assert_eq!(fe.stats().unwrap().backends[b as usize].new_flows, 2);
+    // A held entry still drops a SYN.
+    fe.set_held(CLIENT, true).unwrap();
+    assert_eq!(run(&fe, &syn).0, verdict::DROP);
+    fe.set_held(CLIENT, false).unwrap();
     // Unknown back-end, unknown flow.
     assert!(fe.move_flow(CLIENT, Ipv4Addr::new(10, 0, 0, 99)).is_err());
     let stranger = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 1);
