@@ -299,8 +299,7 @@ async fn one_request(
             Some(c) => c,
             None => match Conn::connect(ctx.addr, ctx.connect_timeout).await {
                 Ok(c) => c,
-                Err(Failure::ConnectTimeout) => return (0, 0, Outcome::ConnectTimeout, None),
-                Err(_) => return (0, 0, Outcome::Connect, None),
+                Err(f) => return (0, 0, outcome_of(f), None),
             },
         };
         let was_reused = c.reused > 0;
@@ -319,18 +318,20 @@ async fn one_request(
             // The server closed an idle kept-alive connection before we
             // sent: retry once on a fresh one, as HTTP clients do.
             Err((Failure::Io, false)) if was_reused && attempt == 0 => continue,
-            Err((f, _)) => {
-                let outcome = match f {
-                    Failure::Connect => Outcome::Connect,
-                    Failure::ConnectTimeout => Outcome::ConnectTimeout,
-                    Failure::Io => Outcome::Io,
-                    Failure::Malformed => Outcome::Malformed,
-                };
-                return (0, 0, outcome, None);
-            }
+            Err((f, _)) => return (0, 0, outcome_of(f), None),
         }
     }
     (0, 0, Outcome::Io, None)
+}
+
+/// The request outcome of a failed connect or exchange.
+fn outcome_of(f: Failure) -> Outcome {
+    match f {
+        Failure::Connect => Outcome::Connect,
+        Failure::ConnectTimeout => Outcome::ConnectTimeout,
+        Failure::Io => Outcome::Io,
+        Failure::Malformed => Outcome::Malformed,
+    }
 }
 
 /// Runs one request under the timeout and counts it at its completion;
