@@ -118,6 +118,25 @@ pub(crate) fn repair(fd: RawFd, on: bool) -> io::Result<()> {
     sys::setsockopt(fd, libc::SOL_TCP, sys::TCP_REPAIR, &v, "TCP_REPAIR")
 }
 
+/// Whether turning repair off sends a window probe ([`thaw`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// `TCP_REPAIR_OFF`: one segment (`seq = snd_una - 1`) that the peer answers with
+    /// an ACK, which tells the socket the peer's window and how much of our sent data
+    /// it has; both cost the sending node a packet each way.
+    Send,
+    /// `TCP_REPAIR_OFF_NO_WP`: nothing is sent.
+    Skip,
+}
+
+fn repair_off(fd: RawFd, probe: Probe) -> io::Result<()> {
+    let v = match probe {
+        Probe::Send => sys::TCP_REPAIR_OFF,
+        Probe::Skip => sys::TCP_REPAIR_OFF_NO_WP,
+    };
+    sys::setsockopt(fd, libc::SOL_TCP, sys::TCP_REPAIR, &v, "TCP_REPAIR")
+}
+
 pub(crate) fn repair_queue(fd: RawFd, q: libc::c_int) -> io::Result<()> {
     sys::setsockopt(
         fd,
@@ -374,7 +393,7 @@ pub fn freeze_and_dump(sock: &TcpStream) -> Result<TcpState, DumpError> {
         read_state(fd, w)
     });
     if result.is_err() {
-        if let Err(e) = thaw(fd, saved.as_ref()) {
+        if let Err(e) = thaw(fd, saved.as_ref(), Probe::Send) {
             log::warn!("migrate: thawing a refused socket failed: {e}");
         }
     }
@@ -417,12 +436,19 @@ pub(crate) fn set_window(fd: RawFd, w: &RepairWindow) -> io::Result<()> {
     )
 }
 
-pub(crate) fn thaw(fd: RawFd, window: Option<&RepairWindow>) -> io::Result<()> {
+/// Lets a frozen socket run again: `window` (the one the freeze zeroed) put back,
+/// repair off with or without a window probe, input filter off.
+///
+/// The probe does not make the peer resend what the filter dropped (to the peer it is
+/// one duplicate ACK; its own timers resend); what it buys is the peer's answer, with
+/// its window and how much of our sent data it has. A socket that kept its own state
+/// (a resumed source: its window was zeroed by the freeze, the peer may have moved on)
+/// probes; a restored copy with nothing sent in flight has its window from the dump
+/// and no sent data to learn about, and skips it (see `restore::release_probe`).
+pub(crate) fn thaw(fd: RawFd, window: Option<&RepairWindow>, probe: Probe) -> io::Result<()> {
     // The send window zeroed by the freeze (while repair is still on).
     let w = window.map_or(Ok(()), |w| set_window(fd, w));
-    // Repair off sends a window probe, so the peer retransmits what the filter dropped
-    // without waiting for its retransmission timer.
-    let r = w.and(repair(fd, false));
+    let r = w.and(repair_off(fd, probe));
     detach_filter(fd)?;
     r?;
     // Repair off leaves `sk_reuse` at SK_NO_REUSE (repair on had forced reuse), and a
@@ -436,7 +462,7 @@ pub(crate) fn thaw(fd: RawFd, window: Option<&RepairWindow>) -> io::Result<()> {
 /// Continues a frozen socket where it was (the paper's fall-back): repair off, input
 /// filter off. Nothing was lost: dropped segments are retransmitted by the peer.
 pub fn resume(sock: &TcpStream, st: &TcpState) -> io::Result<()> {
-    thaw(sock.as_raw_fd(), Some(&st.window))
+    thaw(sock.as_raw_fd(), Some(&st.window), Probe::Send)
 }
 
 /// Closes `sock` without telling the peer: in repair mode `close()` sends neither FIN

@@ -13,8 +13,9 @@
 //! 6. refill the *sent* part of the send queue and the receive queue (repair-mode
 //!    writes: queued as already transmitted / as received);
 //! 7. `TCP_REPAIR_WINDOW` (checked by the kernel against `rcv_nxt`, hence after 6);
-//! 8. (on [`Frozen::release`]) TCP_REPAIR off (sends a window probe), input filter
-//!    off, then the never-sent bytes are written normally.
+//! 8. (on [`Frozen::release`]) TCP_REPAIR off (a window probe only if sent bytes
+//!    are in flight: [`release_probe`]), input filter off, then the never-sent bytes
+//!    are written normally.
 //!
 //! Until released the restored socket is frozen like the source: repair mode on and
 //! the drop-everything input filter attached from before `connect`.
@@ -27,7 +28,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use crate::dump::{attach_drop_filter, close_frozen, close_silently, repair, repair_queue, thaw};
+use crate::dump::{
+    attach_drop_filter, close_frozen, close_silently, repair, repair_queue, thaw, Probe,
+};
 use crate::state::TcpState;
 use crate::sys;
 
@@ -218,6 +221,24 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
 pub struct Frozen {
     stream: TcpStream,
     unsent: Vec<u8>,
+    probe: Probe,
+}
+
+/// Whether releasing a copy restored from `st` sends a window probe: only when bytes
+/// we sent are unacknowledged. The probe's answer then tells the copy how much of
+/// them the client has (its ACKs to the source may have been dropped by the freeze),
+/// before the restored retransmission timer resends them. Without sent bytes in flight
+/// the answer has nothing to tell: the window is the dumped one, and the client's own
+/// timers resend whatever the freeze dropped (the probe does not make it resend).
+/// The lab's migrations carry a request and nothing sent, so a release costs the node
+/// no packet (two with the probe: the probe and the client's answer, both through
+/// the node's network path).
+fn release_probe(st: &TcpState) -> Probe {
+    if st.sent_unacked().is_empty() {
+        Probe::Skip
+    } else {
+        Probe::Send
+    }
 }
 
 /// Restores `st` on a new socket and keeps it frozen until the caller releases it
@@ -240,6 +261,7 @@ pub fn restore_frozen(st: &TcpState) -> io::Result<Frozen> {
     }
     Ok(Frozen {
         stream: TcpStream::from(owned),
+        probe: release_probe(st),
         unsent: {
             let mut u = crate::bufs::take(st.unsent().len());
             u.extend_from_slice(st.unsent());
@@ -249,11 +271,15 @@ pub fn restore_frozen(st: &TcpState) -> io::Result<Frozen> {
 }
 
 impl Frozen {
-    /// Lets the connection run: repair off (a window probe tells the client to
-    /// resend what was dropped), input on, then the never-sent bytes are written.
+    /// Lets the connection run: repair off (with a window probe if sent bytes are in
+    /// flight: [`release_probe`]), input on, then the never-sent bytes are written.
     pub fn release(self) -> io::Result<TcpStream> {
-        let Frozen { mut stream, unsent } = self;
-        let r = release_stream(&mut stream, &unsent);
+        let Frozen {
+            mut stream,
+            unsent,
+            probe,
+        } = self;
+        let r = release_stream(&mut stream, &unsent, probe);
         crate::bufs::give(unsent);
         match r {
             Ok(()) => Ok(stream),
@@ -273,8 +299,8 @@ impl Frozen {
     }
 }
 
-fn release_stream(stream: &mut TcpStream, unsent: &[u8]) -> io::Result<()> {
-    thaw(stream.as_raw_fd(), None)?;
+fn release_stream(stream: &mut TcpStream, unsent: &[u8], probe: Probe) -> io::Result<()> {
+    thaw(stream.as_raw_fd(), None, probe)?;
     if !unsent.is_empty() {
         write_unsent(stream, unsent)
             .map_err(|e| io::Error::new(e.kind(), format!("writing unsent bytes: {e}")))?;

@@ -19,6 +19,8 @@ pub const TCP_REPAIR_WINDOW: libc::c_int = 29;
 pub const TCP_REPAIR_ON: libc::c_int = 1;
 /// Repair off, and send a window probe so the peer learns our window at once.
 pub const TCP_REPAIR_OFF: libc::c_int = 0;
+/// Repair off without the window probe (Linux 4.8+, with `TCP_REPAIR_WINDOW`).
+pub const TCP_REPAIR_OFF_NO_WP: libc::c_int = -1;
 
 pub const TCP_NO_QUEUE: libc::c_int = 0;
 pub const TCP_RECV_QUEUE: libc::c_int = 1;
