@@ -3,11 +3,12 @@
 //! Parses the status line and headers with httparse, then reads the whole
 //! body framed by Content-Length, chunked encoding, or connection close.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 /// Largest response head accepted; larger is a malformed response.
 const RESPONSE_HEAD_BYTES_MAX: usize = 64 * 1024;
@@ -29,6 +30,109 @@ pub enum Failure {
     Io,
     /// The response could not be parsed or framed.
     Malformed,
+}
+
+/// Random ports tried per connection before the kernel chooses one
+/// (`--source-ports random`): a port is busy only if a connection of ours to the same
+/// server holds it, a few hundred of the range's ~28,000, so 8 busy draws in a row
+/// (odds below 1e-10 at 1 % in use) mean the range is nearly full.
+pub const SOURCE_PORT_ATTEMPTS: u32 = 8;
+
+/// `--source-ports random`: each connection's source port drawn uniformly from the
+/// ephemeral range, as if every connection came from a client of its own. Linux hands
+/// a host's connects ports in an order that reuses recently freed ones, so a single
+/// client host's ports correlate with the fate of its earlier connections (an
+/// abandoned connect frees its port at once); a front-end that hashes the 4-tuple then
+/// sends the reused ports where their last connection went.
+pub struct PortPicker {
+    lo: u16,
+    /// Ports in the range (`hi - lo + 1`).
+    span: u32,
+    /// SplitMix64 state, advanced atomically (one draw per attempt).
+    state: AtomicU64,
+    /// Connections whose [`SOURCE_PORT_ATTEMPTS`] random ports were all busy (the
+    /// kernel chose).
+    pub fallbacks: AtomicU64,
+}
+
+impl PortPicker {
+    /// Draws from `lo..=hi` (a host's `net.ipv4.ip_local_port_range`), seeded.
+    pub fn new(lo: u16, hi: u16, seed: u64) -> Result<PortPicker, String> {
+        if lo == 0 || hi < lo {
+            return Err(format!(
+                "source port range {lo}-{hi}: want 1 <= low <= high"
+            ));
+        }
+        Ok(PortPicker {
+            lo,
+            span: u32::from(hi - lo) + 1,
+            state: AtomicU64::new(seed ^ 0x5eed_5041_7e55_0f00),
+            fallbacks: AtomicU64::new(0),
+        })
+    }
+
+    /// The host's ephemeral range, from `/proc/sys/net/ipv4/ip_local_port_range`.
+    pub fn from_host(seed: u64) -> Result<PortPicker, String> {
+        const PATH: &str = "/proc/sys/net/ipv4/ip_local_port_range";
+        let text = std::fs::read_to_string(PATH).map_err(|e| format!("{PATH}: {e}"))?;
+        let mut it = text.split_whitespace().map(str::parse::<u16>);
+        match (it.next(), it.next()) {
+            (Some(Ok(lo)), Some(Ok(hi))) => PortPicker::new(lo, hi, seed),
+            _ => Err(format!("{PATH}: expected two ports, got {text:?}")),
+        }
+    }
+
+    /// The range drawn from, inclusive.
+    pub fn range(&self) -> (u16, u16) {
+        (self.lo, (u32::from(self.lo) + self.span - 1) as u16)
+    }
+
+    fn next(&self) -> u16 {
+        let mut z = self
+            .state
+            .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+            .wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        // Lemire's multiply-shift: uniform enough for a span of at most 65,535.
+        self.lo + ((u64::from(z as u32) * u64::from(self.span)) >> 32) as u16
+    }
+}
+
+/// Connects from a random source port of `ports` (bound with `SO_REUSEADDR`, so a
+/// port whose earlier connection is gone can be taken again; the kernel still refuses
+/// a 4-tuple in use, and then another port is drawn). After
+/// [`SOURCE_PORT_ATTEMPTS`] busy ports the kernel chooses.
+async fn connect_from_random_port(
+    addr: SocketAddr,
+    ports: &PortPicker,
+) -> std::io::Result<TcpStream> {
+    let any = match addr.ip() {
+        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    };
+    let socket = || match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4(),
+        SocketAddr::V6(_) => TcpSocket::new_v6(),
+    };
+    for _ in 0..SOURCE_PORT_ATTEMPTS {
+        let s = socket()?;
+        s.set_reuseaddr(true)?;
+        if let Err(e) = s.bind(SocketAddr::new(any, ports.next())) {
+            if e.kind() == std::io::ErrorKind::AddrInUse {
+                continue;
+            }
+            return Err(e);
+        }
+        match s.connect(addr).await {
+            // EADDRNOTAVAIL: this 4-tuple is in use (or in TIME_WAIT).
+            Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable => continue,
+            r => return r,
+        }
+    }
+    ports.fallbacks.fetch_add(1, Ordering::Relaxed);
+    TcpStream::connect(addr).await
 }
 
 /// A client connection with its read buffer.
@@ -55,8 +159,18 @@ pub struct Reply {
 impl Conn {
     /// Connects to `addr`; with `timeout`, an attempt still not established then is
     /// abandoned (the socket is closed, so the kernel sends no more SYNs for it).
-    pub async fn connect(addr: SocketAddr, timeout: Option<Duration>) -> Result<Conn, Failure> {
-        let connecting = TcpStream::connect(addr);
+    /// `ports`: draw the source port (`--source-ports random`); `None`: the kernel's.
+    pub async fn connect(
+        addr: SocketAddr,
+        timeout: Option<Duration>,
+        ports: Option<&PortPicker>,
+    ) -> Result<Conn, Failure> {
+        let connecting = async {
+            match ports {
+                Some(p) => connect_from_random_port(addr, p).await,
+                None => TcpStream::connect(addr).await,
+            }
+        };
         let stream = match timeout {
             Some(t) => tokio::time::timeout(t, connecting)
                 .await
@@ -262,4 +376,26 @@ fn head_info(resp: &httparse::Response<'_, '_>) -> (u16, Framing, bool, Option<D
         }
     }
     (status, framing, close, retry_after)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_picker_draws_within_its_range_and_refuses_a_bad_one() {
+        let p = PortPicker::new(40000, 40009, 7).unwrap();
+        assert_eq!(p.range(), (40000, 40009));
+        let mut hits = [0u32; 10];
+        for _ in 0..10_000 {
+            let port = p.next();
+            assert!((40000..=40009).contains(&port), "{port}");
+            hits[usize::from(port - 40000)] += 1;
+        }
+        assert!(hits.iter().all(|&h| (800..=1200).contains(&h)), "{hits:?}");
+        let full = PortPicker::new(1, u16::MAX, 1).unwrap();
+        assert_eq!(full.range(), (1, u16::MAX));
+        assert!(PortPicker::new(0, 10, 1).is_err());
+        assert!(PortPicker::new(20, 10, 1).is_err());
+    }
 }

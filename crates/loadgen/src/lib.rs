@@ -62,6 +62,8 @@
 //! | `failure_kinds.{timeouts,connect_errors,connect_timeouts,io_errors,malformed,status_5xx,overflow}` | requests | failures by kind (`connect_timeouts`: attempts abandoned at `--connect-timeout-ms`) |
 //! | `shed_by_client` | requests | open-loop arrivals shed at `--open-users-max` |
 //! | `inflight_at_end` | requests | in flight when the run ended (in no other count) |
+//! | `source_ports` | | `--source-ports`: `kernel` or `random` |
+//! | `source_port_fallbacks` | connections | `random`: all `SOURCE_PORT_ATTEMPTS` drawn ports busy, the kernel chose |
 //! | `users_left` | users | users that left after a 503 (leave mode, open loop) |
 //! | `skipped_after_leave` | requests | requests of left users never sent |
 //! | `conditional_requests` | requests | `If-Modified-Since` GETs started in the window |
@@ -86,6 +88,7 @@
 //! | `series[].{t_s,served,dropped_503,failures,avg_ms,drop_rate}` | s, requests, ms, ratio | per second of completion |
 
 mod client;
+pub use client::{PortPicker, SOURCE_PORT_ATTEMPTS};
 pub mod policy;
 mod run;
 pub mod summary;
@@ -235,6 +238,14 @@ pub struct LoadgenArgs {
     /// whose offered rate does not depend on the server. Default: 0.
     #[arg(long = "connect-timeout-ms", default_value_t = 0)]
     pub connect_timeout_ms: u64,
+    /// Source port of each connection: `kernel` (the host's choice) or `random`
+    /// (uniform over the host's ephemeral range, as if each connection came from a
+    /// client host of its own). Linux reuses a host's recently freed ports first, so
+    /// one client host's ports follow the fate of its earlier connections, and a
+    /// front-end that hashes the 4-tuple sends a reused port where its last
+    /// connection went. Default: kernel.
+    #[arg(long = "source-ports", value_enum, default_value_t = SourcePorts::Kernel)]
+    pub source_ports: SourcePorts,
     /// QoS threshold: served requests slower than this count as slow, ms.
     /// Default: 1000 (the paper's Fig. 8/9).
     #[arg(long = "qos-ms", default_value_t = 1000)]
@@ -289,6 +300,7 @@ impl LoadgenArgs {
             no_keepalive: false,
             timeout_ms: 5000,
             connect_timeout_ms: 0,
+            source_ports: SourcePorts::Kernel,
             qos_ms: 1000,
             seed: 1,
             out: None,
@@ -404,6 +416,24 @@ impl LoadgenArgs {
 }
 
 /// Everything that can stop a run from starting or finishing.
+/// `--source-ports`: who chooses each connection's source port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SourcePorts {
+    /// The host's kernel (`connect` without `bind`).
+    Kernel,
+    /// Uniform over the ephemeral range ([`PortPicker`]).
+    Random,
+}
+
+impl SourcePorts {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourcePorts::Kernel => "kernel",
+            SourcePorts::Random => "random",
+        }
+    }
+}
+
 #[derive(Debug)]
 pub enum LoadgenError {
     /// A flag is out of bounds.

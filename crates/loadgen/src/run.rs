@@ -12,15 +12,15 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use tokio::time::Instant;
 
-use crate::client::{Conn, Failure};
+use crate::client::{Conn, Failure, PortPicker};
 use crate::policy::{backoff_delay, ArrivalGen, Arrivals, OnReject};
 use crate::summary::{
     new_latency_hist, record_latency, ClientSuccess, FailureCounts, SecondStats, Summary,
 };
 use crate::trace::{Pick, Rng, Trace, TraceKind};
 use crate::{
-    LoadgenArgs, LoadgenError, Outcome, Record, CONDITIONAL_DATE, CONNECT_RETRY_BACKOFF,
-    RECORDS_MAX, REPLAY_IDLE_CONNS_MAX,
+    LoadgenArgs, LoadgenError, Outcome, Record, SourcePorts, CONDITIONAL_DATE,
+    CONNECT_RETRY_BACKOFF, RECORDS_MAX, REPLAY_IDLE_CONNS_MAX,
 };
 
 /// Live per-second counters (lock-free), indexed by completion second.
@@ -65,6 +65,8 @@ struct Ctx {
     timeout: Duration,
     /// `--connect-timeout-ms` (None: 0, off).
     connect_timeout: Option<Duration>,
+    /// `--source-ports random` (None: the kernel chooses).
+    ports: Option<PortPicker>,
     think: Duration,
     on_reject: OnReject,
     reject_think: Duration,
@@ -297,7 +299,7 @@ async fn one_request(
     for attempt in 0..2 {
         let mut c = match conn.take() {
             Some(c) => c,
-            None => match Conn::connect(ctx.addr, ctx.connect_timeout).await {
+            None => match Conn::connect(ctx.addr, ctx.connect_timeout, ctx.ports.as_ref()).await {
                 Ok(c) => c,
                 Err(f) => return (0, 0, outcome_of(f), None),
             },
@@ -668,6 +670,13 @@ pub fn run(args: &LoadgenArgs) -> Result<Summary, LoadgenError> {
     let trace = args.build_trace()?;
     let host = args.host.clone().unwrap_or_else(|| args.target.clone());
     let keepalive = !args.no_keepalive;
+    let ports = match args.source_ports {
+        SourcePorts::Kernel => None,
+        SourcePorts::Random => Some(
+            PortPicker::from_host(args.seed)
+                .map_err(|e| LoadgenError::Args(format!("--source-ports random: {e}")))?,
+        ),
+    };
     raise_nofile_limit();
     let runtime = if args.threads == 1 {
         tokio::runtime::Builder::new_current_thread()
@@ -728,6 +737,7 @@ pub fn run(args: &LoadgenArgs) -> Result<Summary, LoadgenError> {
             timeout: Duration::from_millis(args.timeout_ms),
             connect_timeout: (args.connect_timeout_ms > 0)
                 .then(|| Duration::from_millis(args.connect_timeout_ms)),
+            ports,
             think: Duration::from_millis(args.think_ms),
             on_reject: args.effective_on_reject(),
             reject_think: Duration::from_millis(args.reject_think_ms.unwrap_or(args.think_ms)),
@@ -878,6 +888,8 @@ fn summarize(ctx: &Ctx, args: &LoadgenArgs) -> Result<Summary, LoadgenError> {
             connect_timeouts: k(6),
         },
         inflight_at_end: load(&c.inflight_at_end),
+        source_ports: args.source_ports.as_str().into(),
+        source_port_fallbacks: ctx.ports.as_ref().map_or(0, |p| load(&p.fallbacks)),
         users_left: load(&c.users_left),
         skipped_after_leave: load(&c.skipped_after_leave),
         conditional_requests: load(&c.conditional),

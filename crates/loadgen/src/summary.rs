@@ -163,6 +163,11 @@ pub struct Summary {
     pub shed_by_client: u64,
     /// Requests still in flight when the run ended (not in any count above).
     pub inflight_at_end: u64,
+    /// `--source-ports`: `kernel` (the host's choice) or `random`.
+    pub source_ports: String,
+    /// With `--source-ports random`: connections whose random ports were all busy,
+    /// connected from a port the kernel chose.
+    pub source_port_fallbacks: u64,
     /// Users that left after a 503 (leave mode, open loop).
     pub users_left: u64,
     /// Requests of left users that were therefore never sent (sessions, replay).
@@ -337,6 +342,7 @@ impl Summary {
             out.failures += r.failures;
             out.failure_kinds.add(&r.failure_kinds);
             out.inflight_at_end += r.inflight_at_end;
+            out.source_port_fallbacks += r.source_port_fallbacks;
             out.users_left += r.users_left;
             out.skipped_after_leave += r.skipped_after_leave;
             out.conditional_requests += r.conditional_requests;

@@ -829,3 +829,40 @@ fn repeated_runs_merge_exactly() {
     assert_eq!((m2.served, m2.p99_ms), (m.served, m.p99_ms));
     assert!(Summary::merge(&[]).is_err());
 }
+
+#[test]
+fn random_source_ports_spread_over_the_ephemeral_range() {
+    let ports = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::clone(&ports);
+    let (addr, _) = counting_server(move |mut s| {
+        seen.lock().unwrap().push(s.peer_addr().unwrap().port());
+        if read_request(&mut s) {
+            let _ =
+                s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+    });
+    let mut a = args_for(addr);
+    a.clients = 4;
+    a.no_keepalive = true;
+    a.requests = Some(400);
+    a.source_ports = farside_loadgen::SourcePorts::Random;
+    let s = run(&a).unwrap();
+    assert_eq!(s.served, 400, "{s}");
+    assert_eq!(s.source_ports, "random");
+    let picker = farside_loadgen::PortPicker::from_host(1).unwrap();
+    let (lo, hi) = picker.range();
+    let ports = ports.lock().unwrap().clone();
+    assert_eq!(ports.len(), 400);
+    assert!(ports.iter().all(|p| (lo..=hi).contains(p)), "{ports:?}");
+    // Uniform over the range: each quarter holds about 100 of the 400 (the kernel's
+    // own choice walks the range in steps of two, all 400 in one short stretch).
+    let span = u32::from(hi - lo) + 1;
+    let mut quarters = [0u32; 4];
+    for p in &ports {
+        quarters[(u32::from(p - lo) * 4 / span) as usize] += 1;
+    }
+    assert!(
+        quarters.iter().all(|&q| (60..=140).contains(&q)),
+        "{quarters:?}"
+    );
+}
