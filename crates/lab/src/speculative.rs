@@ -182,9 +182,10 @@ pub struct SpeculativeArgs {
     pub connect_timeout_ms: u64,
     /// Source port of each client connection (`farside loadgen --source-ports`):
     /// `random` (the default) draws it uniformly, as connections from many client
-    /// hosts would come; `kernel` lets the client namespace's kernel choose, which
-    /// reuses the ports of abandoned connects first, and those hash to the back-end
-    /// that dropped them (measured: 80 / 20 instead of 75 / 25 at 3x overload).
+    /// hosts would come, so the front-end's split of new flows does not depend on one
+    /// host's port allocator; `kernel` lets the client namespace's kernel choose (it
+    /// reuses ports within a run: ~10 % of SYNs at 3x found their 4-tuple in the flow
+    /// table; stop 23's host then split 80 / 20 at 75 / 25, this stop's 75 / 25).
     #[arg(long, value_enum, default_value_t = farside_loadgen::SourcePorts::Random)]
     pub source_ports: farside_loadgen::SourcePorts,
     /// CPU quota of each back-end node, percent of one CPU. Default: 20 (see
@@ -1642,7 +1643,7 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
         "connect_timeout_ms": a.connect_timeout_ms,
         "connect_timeout_rule": "S-Clients' connection establishment timeout T (Banga and Druschel, USITS '97: 500 ms), below the kernel's 1 s SYN retransmission",
         "source_ports": a.source_ports.as_str(),
-        "source_ports_rule": "random: each connection as from a client host of its own, so the front-end's 4-tuple hash splits new flows by the weights; one host's kernel reuses the ports of abandoned connects first, and they hash where they were dropped",
+        "source_ports_rule": "random: each connection as from a client host of its own, so the front-end's 4-tuple hash splits new flows by the weights; with one host's kernel choosing, the split depends on its port allocator (stop 23's host: 80/20 of 75/25 at 3x overload)",
         "node_cpu_pct": plan.quota,
         "node_cpu_pct_rule": if a.node_cpu_pct.is_some() {
             "--node-cpu-pct".to_string()

@@ -40,7 +40,7 @@ pub const SOURCE_PORT_ATTEMPTS: u32 = 8;
 
 /// `--source-ports random`: each connection's source port drawn uniformly from the
 /// ephemeral range, as if every connection came from a client of its own. Linux hands
-/// a host's connects ports in an order that reuses recently freed ones, so a single
+/// a host's connects ports that it reuses within seconds under load, so a single
 /// client host's ports correlate with the fate of its earlier connections (an
 /// abandoned connect frees its port at once); a front-end that hashes the 4-tuple then
 /// sends the reused ports where their last connection went.

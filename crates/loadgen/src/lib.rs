@@ -240,7 +240,7 @@ pub struct LoadgenArgs {
     pub connect_timeout_ms: u64,
     /// Source port of each connection: `kernel` (the host's choice) or `random`
     /// (uniform over the host's ephemeral range, as if each connection came from a
-    /// client host of its own). Linux reuses a host's recently freed ports first, so
+    /// client host of its own). Linux reuses a host's freed ports within seconds, so
     /// one client host's ports follow the fate of its earlier connections, and a
     /// front-end that hashes the 4-tuple sends a reused port where its last
     /// connection went. Default: kernel.
