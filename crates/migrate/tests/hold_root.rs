@@ -33,7 +33,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use farside_migrate::hold::CNT_DROPPED;
-use farside_migrate::testkit::{await_cond, await_within, inq, is_root, pat};
+use farside_migrate::testkit::{await_cond, await_within, inq, is_root, pat, private_netns};
 use farside_migrate::{
     migrate, restore_frozen, wire, FlowHold, Handover, MigrateConfig, Outcome, Target,
     TargetOutcome,
@@ -66,19 +66,6 @@ const STREAM_BEFORE_MIGRATE: usize = 1 << 20;
 const SERVICE_RCVBUF: libc::c_int = 2 << 20;
 /// `TCP_CLOSE` (tcp_info state after a reset).
 const TCP_CLOSE: u8 = 7;
-
-/// Moves the calling thread into a fresh network namespace with loopback up.
-fn private_netns() {
-    // SAFETY: unshare(2) of the network namespace, for the calling thread only.
-    let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-    assert_eq!(r, 0, "unshare: {}", std::io::Error::last_os_error());
-    // The child inherits this thread's namespace.
-    let st = std::process::Command::new("ip")
-        .args(["link", "set", "lo", "up"])
-        .status()
-        .expect("ip");
-    assert!(st.success(), "ip link set lo up: {st}");
-}
 
 fn tcp_state(s: &TcpStream) -> u8 {
     // SAFETY: zeroed tcp_info filled by getsockopt(TCP_INFO) with its size.

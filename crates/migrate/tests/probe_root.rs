@@ -12,20 +12,8 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use farside_migrate::testkit::{await_within, inq, is_root};
+use farside_migrate::testkit::{await_within, inq, is_root, private_netns};
 use farside_migrate::{close_silently, freeze_and_dump, restore, resume};
-
-/// Moves the calling thread into a fresh network namespace with loopback up.
-fn private_netns() {
-    // SAFETY: unshare(2) of the network namespace, for the calling thread only.
-    let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-    assert_eq!(r, 0, "unshare: {}", std::io::Error::last_os_error());
-    let st = std::process::Command::new("ip")
-        .args(["link", "set", "lo", "up"])
-        .status()
-        .expect("ip");
-    assert!(st.success(), "ip link set lo up: {st}");
-}
 
 /// `TcpExtTCPWinProbe` of the calling thread's network namespace.
 fn win_probes() -> u64 {

@@ -36,6 +36,19 @@ pub fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
+/// Moves the calling thread into a fresh network namespace with loopback up (its
+/// counters and sockets are then the test's alone; children it spawns inherit it).
+pub fn private_netns() {
+    // SAFETY: unshare(2) of the network namespace, for the calling thread only.
+    let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "unshare: {}", io::Error::last_os_error());
+    let st = std::process::Command::new("ip")
+        .args(["link", "set", "lo", "up"])
+        .status()
+        .expect("ip");
+    assert!(st.success(), "ip link set lo up: {st}");
+}
+
 /// Byte `i` of the pattern stream `seed` (a splitmix of the 8-byte word index, so
 /// shifted, repeated or dropped bytes never match).
 pub fn pat(seed: u64, i: usize) -> u8 {
