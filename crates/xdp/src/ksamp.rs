@@ -99,6 +99,12 @@ fn ensure_tracefs() -> Result<(), XdpError> {
     };
     if r != 0 {
         let e = std::io::Error::last_os_error();
+        if e.kind() == std::io::ErrorKind::PermissionDenied {
+            return Err(XdpError::NoPrivilege(format!(
+                "mounting tracefs on {TRACEFS} (not mounted; mount it at boot: \
+                 tracefs {TRACEFS} tracefs defaults 0 0 in /etc/fstab)"
+            )));
+        }
         return Err(XdpError::Load(format!(
             "tracefs is not mounted and mounting it on {TRACEFS} failed: {e} \
              (mount it: mount -t tracefs nodev {TRACEFS})"
