@@ -109,13 +109,14 @@ fn detach_filter(fd: RawFd) -> io::Result<()> {
     )
 }
 
-pub(crate) fn repair(fd: RawFd, on: bool) -> io::Result<()> {
-    let v = if on {
-        sys::TCP_REPAIR_ON
-    } else {
-        sys::TCP_REPAIR_OFF
-    };
-    sys::setsockopt(fd, libc::SOL_TCP, sys::TCP_REPAIR, &v, "TCP_REPAIR")
+pub(crate) fn repair_on(fd: RawFd) -> io::Result<()> {
+    sys::setsockopt(
+        fd,
+        libc::SOL_TCP,
+        sys::TCP_REPAIR,
+        &sys::TCP_REPAIR_ON,
+        "TCP_REPAIR",
+    )
 }
 
 /// Whether turning repair off sends a window probe ([`thaw`]).
@@ -381,7 +382,7 @@ pub fn freeze_and_dump(sock: &TcpStream) -> Result<TcpState, DumpError> {
     attach_drop_filter(fd)?;
     let mut saved: Option<RepairWindow> = None;
     let result = check_no_urgent(fd).and_then(|()| {
-        repair(fd, true)?;
+        repair_on(fd)?;
         // Repair mode does not stop the transmit path: a pacing or persist timer can
         // still send never-sent bytes after the dump (seen with BBR on a veth), and
         // the target would not know them. A zero send window stops new data; only
@@ -473,7 +474,7 @@ pub fn close_silently(sock: TcpStream) -> io::Result<()> {
     let fd = sock.as_raw_fd();
     // Idempotent: the socket is normally frozen already.
     let _ = attach_drop_filter(fd);
-    repair(fd, true)?;
+    repair_on(fd)?;
     close_frozen(sock);
     Ok(())
 }

@@ -29,7 +29,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use crate::dump::{
-    attach_drop_filter, close_frozen, close_silently, repair, repair_queue, thaw, Probe,
+    attach_drop_filter, close_frozen, close_silently, repair_on, repair_queue, thaw, Probe,
 };
 use crate::state::TcpState;
 use crate::sys;
@@ -129,7 +129,7 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
     let one: libc::c_int = 1;
     // After SO_REUSEADDR, which would overwrite it: repair on sets sk_reuse to
     // SK_FORCE_REUSE, so `bind` succeeds next to the service's listener.
-    repair(fd, true)?;
+    repair_on(fd)?;
     match sys::bind(fd, &st.local) {
         Ok(()) => {}
         // The address is not local (yet) here: bind it anyway. Tried second, as the
