@@ -284,8 +284,10 @@ pub struct SpecPoint {
     /// accept queue; `poll`: a flag polled by specd).
     #[serde(default)]
     pub steer_mode: Option<String>,
-    /// Each back-end node's CPU over the load (warm-up included), by process: where
-    /// a node's quota went (empty in result files from before this field).
+    /// Each back-end node's CPU over the measured window (from the end of the warm-up
+    /// for `duration_s`), by process: where a node's quota went while conn/s was
+    /// counted. Result files before stop 25 measured it over the whole load (warm-up
+    /// and drain included); empty in files from before this field.
     #[serde(default)]
     pub nodes: Vec<NodeCpu>,
     /// One node's capacity by the formula, connections/s ([`capacity_rps`]).
@@ -1261,21 +1263,36 @@ fn measure(
         .collect();
     let s = started.and_then(|()| {
         let nodes: Vec<&str> = lab.backends[..n].iter().map(|b| b.0.as_str()).collect();
-        let before: Vec<NodeSnap> = nodes.iter().map(|nd| node_snap(&lab.dc, nd)).collect();
-        let t0 = Instant::now();
-        let s = lab.load(
-            SocketAddr::V4(VIP),
-            Some(key.rate),
-            plan.duration_s,
-            plan.warmup_s,
-            a,
-            run,
-        )?;
-        let wall = t0.elapsed();
+        let snap = || -> Vec<NodeSnap> { nodes.iter().map(|nd| node_snap(&lab.dc, nd)).collect() };
+        // The nodes' CPU over the measured window only, as conn/s is counted: the
+        // warm-up (b1 idles while b0's queue fills) and the drain after the window
+        // would dilute it. The sampler wakes at the window's two edges; a load that
+        // ends early (an error) leaves it to finish its sleeps, bounded by the plan.
+        let (s, window) = std::thread::scope(|sc| {
+            let sampler = sc.spawn(|| {
+                std::thread::sleep(Duration::from_secs_f64(plan.warmup_s));
+                let before = snap();
+                let t0 = Instant::now();
+                std::thread::sleep(Duration::from_secs_f64(plan.duration_s));
+                (before, snap(), t0.elapsed())
+            });
+            let s = lab.load(
+                SocketAddr::V4(VIP),
+                Some(key.rate),
+                plan.duration_s,
+                plan.warmup_s,
+                a,
+                run,
+            );
+            (s, sampler.join())
+        });
+        let s = s?;
+        let (before, after, wall) =
+            window.map_err(|_| io::Error::other("the CPU sampler thread panicked"))?;
         let cpu: Vec<NodeCpu> = nodes
             .iter()
-            .zip(before.iter().zip(&pids))
-            .map(|(nd, (b, p))| node_cpu(nd, p, b, &node_snap(&lab.dc, nd), wall))
+            .zip(before.iter().zip(after.iter().zip(&pids)))
+            .map(|(nd, (b, (e, p)))| node_cpu(nd, p, b, e, wall))
             .collect();
         Ok((s, cpu))
     });
