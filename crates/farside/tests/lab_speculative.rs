@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 mod common;
 use common::{exe, Dir};
 
-/// Longest the tiny netns run may take (namespaces, calibration, 3 points of 2 s).
+/// Longest the tiny netns run may take (namespaces, calibration, 6 points of 2 s after
+/// 3 s of warm-up each).
 const RUN_MAX: Duration = Duration::from_secs(180);
 /// curl's own bound per attempt, s.
 const CURL_MAX_S: &str = "2";
@@ -78,6 +79,8 @@ fn netns_spec32_point_migrates_and_loses_no_connection() {
             "75/25",
             "--rates",
             "250",
+            "--load",
+            "open",
             "--duration-s",
             "3",
             "--out",
@@ -167,8 +170,9 @@ fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
     assert!(farside_lab::netns::is_root(), "needs root");
     let dir = Dir::new("speculative-netns");
     let out = dir.0.join("out");
-    // One node: 20 % of a CPU at 2 ms per request, ~98 conn/s; one rate of 60 conn/s
-    // (below it) for 2 s per point: two accept queues of the single server, one split.
+    // One node: 20 % of a CPU at 2 ms per request, ~98 conn/s; per line one closed-loop
+    // point of 16 users and one open-loop rate of 60 conn/s (below the capacity), 2 s
+    // each: two accept queues of the single server, one split.
     let mut lab = Command::new(exe())
         .args([
             "lab",
@@ -180,6 +184,10 @@ fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
             "75/25",
             "--rates",
             "60",
+            "--load",
+            "both",
+            "--clients",
+            "16",
             "--duration-s",
             "2",
             "--out",
@@ -218,7 +226,7 @@ fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
     assert_eq!(s["experiment"], "speculative");
     assert_eq!(s["finished"], true);
     let points = s["points"].as_array().unwrap();
-    assert_eq!(points.len(), 3, "{points:?}");
+    assert_eq!(points.len(), 6, "{points:?}");
     for p in points {
         for k in [
             "system",
@@ -236,7 +244,14 @@ fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
         ] {
             assert!(p.get(k).is_some(), "key {k} missing: {p}");
         }
-        assert_eq!(p["rate"], 60.0);
+        if p["load"] == "closed" {
+            // The closed loop's x is its users; its rate is what they offered.
+            assert_eq!(p["clients"], 16, "{p}");
+            assert_eq!(p["rate"], p["offered_per_s"], "{p}");
+        } else {
+            assert_eq!((p["load"].as_str(), p.get("clients")), (Some("open"), None));
+            assert_eq!(p["rate"], 60.0);
+        }
         assert_eq!(p["migrations"], 0);
         assert!(p["migration_p50_us"].is_null() && p["migration_p99_us"].is_null());
         // Below one node's capacity: connections complete through the front-end.
@@ -244,14 +259,17 @@ fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
     }
     let names: Vec<String> = points
         .iter()
-        .map(|p| format!("{} {}", p["system"], p["split"]))
+        .map(|p| format!("{} {} {}", p["system"], p["split"], p["load"]))
         .collect();
     assert_eq!(
         names,
         [
-            "\"acc64\" \"100\"",
-            "\"acc128\" \"100\"",
-            "\"acc64\" \"75/25\""
+            "\"acc64\" \"100\" \"closed\"",
+            "\"acc64\" \"100\" \"open\"",
+            "\"acc128\" \"100\" \"closed\"",
+            "\"acc128\" \"100\" \"open\"",
+            "\"acc64\" \"75/25\" \"closed\"",
+            "\"acc64\" \"75/25\" \"open\""
         ]
     );
     let notes = s["notes"].to_string();
@@ -264,13 +282,17 @@ fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
         "speculative.csv",
         "fig-spec-conn-single.svg",
         "fig-spec-conn-split-75-25.svg",
+        "fig-spec-conn-single-closed.svg",
+        "fig-spec-conn-split-75-25-closed.svg",
         "report.html",
     ] {
         assert!(out.join(f).exists(), "{f}");
     }
     let table = std::fs::read_to_string(out.join("table.txt")).unwrap();
     assert!(
-        table.contains("Fig. 1") && table.contains("Fig. 3"),
+        table.contains("Fig. 1")
+            && table.contains("Fig. 3")
+            && table.contains("conn/s vs closed-loop users, split 75/25 closed"),
         "{table}"
     );
     // Cleanup: no namespace and no state file of the run left (`farside lab clean`

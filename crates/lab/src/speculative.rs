@@ -12,10 +12,12 @@
 //! can offer. Capacity per node: [`capacity_rps`] (a formula), and measured once per run
 //! (closed loop straight at `b0`, stated in `notes`).
 //!
-//! Load: S-Clients-like open loop, `farside loadgen` with Poisson arrivals at each
-//! `--rates` value, every arrival one connection carrying one `GET` of a 4 KB file
-//! (`Connection: close`), a client timeout (`--timeout-ms`, connect included): a
-//! connection refused, reset or timed out counts as failed.
+//! Load (`--load open|closed|both`, default both): S-Clients-like open loop,
+//! `farside loadgen` with Poisson arrivals at each `--rates` value, and a closed loop of
+//! `--clients` users, each starting its next connection when the last one ended. Every
+//! connection carries one `GET` of a 4 KB file (`Connection: close`), with the same
+//! client timeouts in both models (`--timeout-ms`, connect included, and S-Clients'
+//! `--connect-timeout-ms`): a connection refused, reset or timed out counts as failed.
 //!
 //! Experiments: `single` (one server, accept queues `--accept-queues` 64/96/128, systems
 //! `acc64`, `acc96`, `acc128`: Fig. 1) and `split` (two servers behind the front-end at
@@ -54,6 +56,16 @@ pub const SPLIT_SINGLE: &str = "100";
 pub const RATE_MULTIPLES_FULL: [f64; 6] = [0.5, 1.0, 1.5, 2.0, 2.5, 3.0];
 /// Offered rates of `--quick`, as multiples of one node's capacity.
 pub const RATE_MULTIPLES_QUICK: [f64; 3] = [0.5, 1.5, 3.0];
+/// Closed-loop users of a full run (`--clients`), as multiples of the base accept queue
+/// ([`BASE_ACCEPT_QUEUE`], 64): at 1x the single server's queue holds every user; at 4x
+/// (256) users outnumber what both nodes of a pair hold (two queues of 64 and two
+/// admission windows of at most 50, plus 16 workers), so some always wait on a SYN.
+pub const CLIENT_MULTIPLES_FULL: [u32; 3] = [1, 2, 4];
+/// Closed-loop users of `--quick`, as multiples of the base accept queue.
+pub const CLIENT_MULTIPLES_QUICK: [u32; 2] = [1, 4];
+/// Most closed-loop users of one point (`farside loadgen --clients` allows more; the
+/// client namespace shares the machine with the nodes it loads).
+pub const CLIENTS_MAX: u32 = 4096;
 /// Highest offered rate, connections/s: the client namespace shares the machine with
 /// everything else, and far past that it measures itself, not the servers.
 pub const RATE_MAX: f64 = 20_000.0;
@@ -160,6 +172,16 @@ pub struct SpeculativeArgs {
     /// 2, 2.5, 3 × one node's capacity (--quick: 0.5, 1.5, 3).
     #[arg(long, value_delimiter = ',')]
     pub rates: Vec<f64>,
+    /// Load models measured: open (S-Clients-like arrivals at --rates, the paper's
+    /// load), closed (--clients users, each waiting for its answer before its next
+    /// connection) or both (closed first). Default both: every comparison is shown in
+    /// both models (a closed loop slows its own arrivals when the servers slow down).
+    #[arg(long, value_enum, default_value_t = crate::admission::LoadModels::Both)]
+    pub load: crate::admission::LoadModels,
+    /// Closed-loop users per point (comma-separated). Default: 64, 128, 256 (1, 2 and 4
+    /// × the base accept queue; --quick: 64, 256).
+    #[arg(long, value_delimiter = ',')]
+    pub clients: Vec<u32>,
     /// Measured time per point, s (after the warm-up). Default 20 (--quick: 3).
     #[arg(long)]
     pub duration_s: Option<f64>,
@@ -227,7 +249,14 @@ pub struct SpecPoint {
     pub accept_queue: u32,
     /// Admission window of every back-end (`specN`); `None` for normal processing.
     pub admission_window: Option<u32>,
-    /// Offered connection rate, connections/s (the x axis).
+    /// `open` (arrivals at `rate`) or `closed` (`clients` users).
+    #[serde(default = "open_load")]
+    pub load: String,
+    /// Closed loop: the users (the x axis); `None` in the open loop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clients: Option<u32>,
+    /// Offered connection rate, connections/s: the open loop's x axis (the rate set);
+    /// in the closed loop the rate the users offered (measured, = `offered_per_s`).
     pub rate: f64,
     /// Connections the clients started per second of measured time.
     pub offered_per_s: f64,
@@ -311,6 +340,10 @@ pub struct SpecPoint {
 
 fn one() -> u64 {
     1
+}
+
+fn open_load() -> String {
+    "open".into()
 }
 
 /// One back-end node's CPU during a point's load, ms of CPU per second of wall time
@@ -491,6 +524,8 @@ impl SpecPoint {
             split: String::new(),
             accept_queue: 0,
             admission_window: None,
+            load: open_load(),
+            clients: None,
             rate: 0.0,
             offered_per_s: 0.0,
             conn_per_s: 0.0,
@@ -538,13 +573,23 @@ impl SpecPoint {
         )
     }
 
-    /// The line this point belongs to in tables and figures: `single` or `split 75/25`.
+    /// The line this point belongs to in tables and figures: `single` or `split 75/25`,
+    /// with ` closed` after it in the closed loop.
     pub fn panel(&self) -> String {
-        if self.experiment == "single" {
-            "single".into()
+        let mut p = if self.experiment == "single" {
+            "single".to_string()
         } else {
             format!("split {}", self.split)
+        };
+        if self.clients.is_some() {
+            p.push_str(CLOSED_SUFFIX);
         }
+        p
+    }
+
+    /// The point's x: users in the closed loop, the offered rate in the open loop.
+    pub fn x(&self) -> f64 {
+        self.clients.map_or(self.rate, f64::from)
     }
 }
 
@@ -744,7 +789,10 @@ impl SpecdFigures {
 
 /// The checked settings of a run.
 struct Plan {
+    /// Open-loop rates; empty without the open loop.
     rates: Vec<f64>,
+    /// Closed-loop users per point; empty without the closed loop.
+    clients: Vec<u32>,
     duration_s: f64,
     warmup_s: f64,
     quota: u32,
@@ -816,6 +864,30 @@ fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
              lower --cpu-us-per-request or --node-cpu-pct)"
         )));
     }
+    let models = a.load.models();
+    let rates = if models.contains(&"open") {
+        rates
+    } else {
+        Vec::new()
+    };
+    let clients: Vec<u32> = if !models.contains(&"closed") {
+        Vec::new()
+    } else if !a.clients.is_empty() {
+        a.clients.clone()
+    } else if a.quick {
+        CLIENT_MULTIPLES_QUICK
+            .iter()
+            .map(|m| m * BASE_ACCEPT_QUEUE)
+            .collect()
+    } else {
+        CLIENT_MULTIPLES_FULL
+            .iter()
+            .map(|m| m * BASE_ACCEPT_QUEUE)
+            .collect()
+    };
+    if clients.iter().any(|&c| c == 0 || c > CLIENTS_MAX) {
+        return Err(bad(format!("--clients: every count in 1..={CLIENTS_MAX}")));
+    }
     let duration_s = a.duration_s.unwrap_or(if a.quick { 3.0 } else { 20.0 });
     if !(duration_s.is_finite() && duration_s > 0.0) {
         return Err(bad(format!("--duration-s {duration_s}: must be positive")));
@@ -840,6 +912,7 @@ fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
     }
     Ok(Plan {
         rates,
+        clients,
         duration_s,
         warmup_s: a.warmup_s,
         quota,
@@ -854,7 +927,37 @@ struct Key {
     experiment: String,
     system: String,
     split: String,
+    /// Open loop: the offered rate; 0 in the closed loop.
     rate: f64,
+    /// Closed loop: the users (`None`: open loop; absent from the keys of runs before
+    /// the closed loop, which `--resume` still matches).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    clients: Option<u32>,
+}
+
+/// What a run's clients offer: Poisson arrivals at a rate (open loop), or users each
+/// waiting for its answer before its next connection (closed loop).
+#[derive(Clone, Copy, Debug)]
+enum Offer {
+    Rate(f64),
+    Clients(usize),
+}
+
+impl Key {
+    fn offer(&self) -> Offer {
+        match self.clients {
+            Some(c) => Offer::Clients(c as usize),
+            None => Offer::Rate(self.rate),
+        }
+    }
+
+    /// The progress label's load: `clients=64` or `rate=172.4`.
+    fn load_label(&self) -> String {
+        match self.clients {
+            Some(c) => format!("clients={c}"),
+            None => format!("rate={:.1}", self.rate),
+        }
+    }
 }
 
 fn point_keys(a: &SpeculativeArgs, plan: &Plan) -> Vec<Key> {
@@ -872,12 +975,23 @@ fn point_keys(a: &SpeculativeArgs, plan: &Plan) -> Vec<Key> {
                 .collect()
         };
         for (system, split) in lines {
+            // Closed loop first, as lab admission does.
+            for &c in &plan.clients {
+                keys.push(Key {
+                    experiment: e.clone(),
+                    system: system.clone(),
+                    split: split.clone(),
+                    rate: 0.0,
+                    clients: Some(c),
+                });
+            }
             for &rate in &plan.rates {
                 keys.push(Key {
                     experiment: e.clone(),
                     system: system.clone(),
                     split: split.clone(),
                     rate,
+                    clients: None,
                 });
             }
         }
@@ -1085,23 +1199,21 @@ impl Lab {
         Ok(fe)
     }
 
-    /// One open-loop run from the client node.
+    /// One run from the client node.
     fn load(
         &self,
         target: SocketAddr,
-        rate: Option<f64>,
+        offer: Offer,
         duration_s: f64,
         warmup_s: f64,
         a: &SpeculativeArgs,
         run: u32,
     ) -> io::Result<farside_loadgen::Summary> {
         let mut lg = LoadgenArgs::new(target.to_string());
-        match rate {
-            Some(r) => {
-                lg.rate = Some(r);
-                lg.session_requests = 1;
-            }
-            None => lg.clients = CALIBRATION_CLIENTS,
+        lg.session_requests = 1;
+        match offer {
+            Offer::Rate(r) => lg.rate = Some(r),
+            Offer::Clients(n) => lg.clients = n,
         }
         lg.no_keepalive = true;
         lg.duration_s = duration_s;
@@ -1177,7 +1289,14 @@ fn start_lab(dir: &Path, plan: &Plan) -> io::Result<Lab> {
 fn calibrate(lab: &Lab, a: &SpeculativeArgs) -> io::Result<f64> {
     let _be = lab.start_backend(a, 0, 128, None, "calibrate")?;
     let direct = SocketAddr::new(lab.dc.node_ip(&lab.backends[0].0).into(), 80);
-    let s = lab.load(direct, None, CALIBRATION_S, WARMUP_S, a, 0)?;
+    let s = lab.load(
+        direct,
+        Offer::Clients(CALIBRATION_CLIENTS),
+        CALIBRATION_S,
+        WARMUP_S,
+        a,
+        0,
+    )?;
     Ok(s.tps)
 }
 
@@ -1197,11 +1316,14 @@ fn measure(
         vec![x, y]
     };
     let mut tag = format!(
-        "{}-{}-{}-{:.0}",
+        "{}-{}-{}-{}",
         key.experiment,
         key.system,
         key.split.replace('/', "-"),
-        key.rate
+        match key.clients {
+            Some(c) => format!("c{c}"),
+            None => format!("{:.0}", key.rate),
+        }
     );
     if run > 0 {
         // Logs and specd summaries of every run are kept (run 0 keeps the old names).
@@ -1278,7 +1400,7 @@ fn measure(
             });
             let s = lab.load(
                 SocketAddr::V4(VIP),
-                Some(key.rate),
+                key.offer(),
                 plan.duration_s,
                 plan.warmup_s,
                 a,
@@ -1329,7 +1451,17 @@ fn measure(
         split: key.split.clone(),
         accept_queue: queue,
         admission_window: window,
-        rate: key.rate,
+        load: if key.clients.is_some() {
+            "closed".into()
+        } else {
+            open_load()
+        },
+        clients: key.clients,
+        rate: if key.clients.is_some() {
+            s.offered_rps
+        } else {
+            key.rate
+        },
         offered_per_s: s.offered_rps,
         conn_per_s: s.tps,
         served: s.served,
@@ -1379,7 +1511,21 @@ fn panels(points: &[&SpecPoint]) -> Vec<(String, Vec<String>)> {
     out
 }
 
+/// What a closed-loop panel's name ends with.
+const CLOSED_SUFFIX: &str = " closed";
+
+/// The x axis of a panel: its table column, its name in the table's title, and the
+/// figures' axis label.
+fn x_axis(panel: &str) -> (&'static str, &'static str, &'static str) {
+    if panel.ends_with(CLOSED_SUFFIX) {
+        ("clients", "closed-loop users", "closed-loop users")
+    } else {
+        ("rate", "offered rate", "offered connections/s")
+    }
+}
+
 fn fig_of(panel: &str) -> &'static str {
+    let panel = panel.strip_suffix(CLOSED_SUFFIX).unwrap_or(panel);
     if panel == "single" {
         "Fig. 1"
     } else if panel.ends_with("67/33") {
@@ -1391,15 +1537,17 @@ fn fig_of(panel: &str) -> &'static str {
     }
 }
 
-/// The speculative tables: one row per point, and conn/s vs offered rate per panel
-/// (single server: Fig. 1; each split: Fig. 2/3), one column per system.
+/// The speculative tables: one row per point (`clients`: the closed loop's users, `-`
+/// in the open loop), and conn/s vs offered rate or users per panel (single server:
+/// Fig. 1; each split: Fig. 2/3), one column per system.
 pub fn table(points: &[&SpecPoint]) -> String {
     let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
     let mut s = format!(
-        "{:<8} {:<8} {:<6} {:>8} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9} {:>10} {:>8} {:>8}\n",
+        "{:<8} {:<8} {:<6} {:>7} {:>8} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9} {:>10} {:>8} {:>8}\n",
         "exp",
         "system",
         "split",
+        "clients",
         "rate",
         "offered",
         "conn/s",
@@ -1414,10 +1562,11 @@ pub fn table(points: &[&SpecPoint]) -> String {
     for p in points {
         let _ = writeln!(
             s,
-            "{:<8} {:<8} {:<6} {:>8.1} {:>9.1} {:>9.1} {:>8} {:>8} {:>9.1} {:>9.1} {:>10} {:>8} {:>8}",
+            "{:<8} {:<8} {:<6} {:>7} {:>8.1} {:>9.1} {:>9.1} {:>8} {:>8} {:>9.1} {:>9.1} {:>10} {:>8} {:>8}",
             p.experiment,
             p.system,
             p.split,
+            p.clients.map_or("-".to_string(), |c| c.to_string()),
             p.rate,
             p.offered_per_s,
             p.conn_per_s,
@@ -1439,29 +1588,31 @@ pub fn table(points: &[&SpecPoint]) -> String {
         let _ = writeln!(s, "one node's capacity (formula): {c:.1} conn/s");
     }
     for (panel, systems) in panels(points) {
+        let (x, x_label, _) = x_axis(&panel);
         let _ = write!(
             s,
-            "\nconn/s vs offered rate, {panel} ({})\n{:<10}",
+            "\nconn/s vs {x_label}, {panel} ({})\n{:<10}",
             fig_of(&panel),
-            "rate"
+            x
         );
         for sys in &systems {
             let _ = write!(s, " {sys:>10}");
         }
         s.push('\n');
-        let mut rates: Vec<f64> = points
+        let mut xs: Vec<f64> = points
             .iter()
             .filter(|p| p.panel() == panel)
-            .map(|p| p.rate)
+            .map(|p| p.x())
             .collect();
-        rates.sort_by(f64::total_cmp);
-        rates.dedup();
-        for r in rates {
-            let _ = write!(s, "{r:<10.1}");
+        xs.sort_by(f64::total_cmp);
+        xs.dedup();
+        for r in xs {
+            let digits = usize::from(x == "rate");
+            let _ = write!(s, "{r:<10.digits$}");
             for sys in &systems {
                 match points
                     .iter()
-                    .find(|p| p.panel() == panel && p.system == *sys && p.rate == r)
+                    .find(|p| p.panel() == panel && p.system == *sys && p.x() == r)
                 {
                     Some(p) => {
                         let _ = write!(s, " {:>10.1}", p.conn_per_s);
@@ -1486,7 +1637,8 @@ pub fn table(points: &[&SpecPoint]) -> String {
 /// points weighted by their migrations); the target's CPU per migration is the extra
 /// work the move adds to the cluster.
 pub fn peaks_and_break_even(points: &[&SpecPoint]) -> String {
-    let mut s = String::from("\npeak conn/s (x the single server's acc64 peak)\n");
+    let mut s =
+        String::from("\npeak conn/s (x the single server's acc64 peak in the same load model)\n");
     let peak = |panel: &str, sys: &str| {
         points
             .iter()
@@ -1494,8 +1646,21 @@ pub fn peaks_and_break_even(points: &[&SpecPoint]) -> String {
             .max_by(|a, b| a.conn_per_s.total_cmp(&b.conn_per_s))
             .copied()
     };
-    let single = peak("single", "acc64").map(|p| p.conn_per_s);
-    for (panel, systems) in panels(points) {
+    let panels = panels(points);
+    let width = panels
+        .iter()
+        .map(|(p, _)| p.len())
+        .max()
+        .unwrap_or(0)
+        .max(12);
+    for (panel, systems) in panels {
+        // Against the single server in the same load model.
+        let single_panel = if panel.ends_with(CLOSED_SUFFIX) {
+            format!("single{CLOSED_SUFFIX}")
+        } else {
+            "single".to_string()
+        };
+        let single = peak(&single_panel, "acc64").map(|p| p.conn_per_s);
         for sys in systems {
             let Some(p) = peak(&panel, &sys) else {
                 continue;
@@ -1504,13 +1669,16 @@ pub fn peaks_and_break_even(points: &[&SpecPoint]) -> String {
             let ratio = single
                 .filter(|s| *s > 0.0)
                 .map_or("-".to_string(), |sg| format!("{:.2}x", pk / sg));
-            let _ = write!(s, "  {panel:<12} {sys:<8} {pk:>8.1}  {ratio}");
+            let _ = write!(s, "  {panel:<width$} {sys:<8} {pk:>8.1}  {ratio}");
+            let at = match p.clients {
+                Some(c) => format!("{c} clients"),
+                None => format!("rate {:.1}", p.rate),
+            };
             if let Some(tax) = p.specd_cpu_ms_per_s {
                 // specd's share of this point's node quota, at the peak.
                 let _ = write!(
                     s,
-                    "  (at rate {:.1}; specd {tax:.1} ms/s per node, {})",
-                    p.rate,
+                    "  (at {at}; specd {tax:.1} ms/s per node, {})",
                     p.steer_mode.as_deref().unwrap_or("-")
                 );
             }
@@ -1553,12 +1721,12 @@ pub fn peaks_and_break_even(points: &[&SpecPoint]) -> String {
 pub fn csv(points: &[&SpecPoint]) -> String {
     let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.1}"));
     let mut s = String::from(
-        "experiment,system,split,accept_queue,admission_window,rate,offered_per_s,conn_per_s,served,failures,timeouts,avg_ms,p99_ms,migrations,migration_p50_us,migration_p99_us,refusals,window_closures,migration_lost,migration_cpu_source_us,migration_cpu_target_us,capacity_rps,duration_s\n",
+        "experiment,system,split,accept_queue,admission_window,rate,offered_per_s,conn_per_s,served,failures,timeouts,avg_ms,p99_ms,migrations,migration_p50_us,migration_p99_us,refusals,window_closures,migration_lost,migration_cpu_source_us,migration_cpu_target_us,capacity_rps,duration_s,load,clients\n",
     );
     for p in points {
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{:.3},{:.3},{:.3},{},{},{},{:.3},{:.3},{},{},{},{},{},{},{},{},{:.3},{:.3}",
+            "{},{},{},{},{},{:.3},{:.3},{:.3},{},{},{},{:.3},{:.3},{},{},{},{},{},{},{},{},{:.3},{:.3},{},{}",
             p.experiment,
             p.system,
             p.split,
@@ -1581,7 +1749,9 @@ pub fn csv(points: &[&SpecPoint]) -> String {
             o(p.migration_cpu_source_us),
             o(p.migration_cpu_target_us),
             p.capacity_rps,
-            p.duration_s
+            p.duration_s,
+            p.load,
+            p.clients.map_or(String::new(), |c| c.to_string())
         );
     }
     s
@@ -1593,23 +1763,24 @@ pub fn figures(points: &[&SpecPoint]) -> Vec<(String, String, String)> {
     let mut out = Vec::new();
     for (panel, systems) in panels(points) {
         let file = panel.replace([' ', '/'], "-");
+        let (_, _, x_label) = x_axis(&panel);
         let line = |sys: &str, f: fn(&SpecPoint) -> f64| {
             let mut v: Vec<(f64, f64)> = points
                 .iter()
                 .filter(|p| p.panel() == panel && p.system == sys)
-                .map(|p| (p.rate, f(p)))
+                .map(|p| (p.x(), f(p)))
                 .collect();
             v.sort_by(|a, b| a.0.total_cmp(&b.0));
             v
         };
         let mut c = Chart::new(
             &format!("Connection throughput, {panel}"),
-            "offered connections/s",
+            x_label,
             "connections completed/s",
         );
         let mut rt = Chart::new(
             &format!("Response time, {panel}"),
-            "offered connections/s",
+            x_label,
             "avg response time (ms)",
         );
         for sys in &systems {
@@ -1619,14 +1790,15 @@ pub fn figures(points: &[&SpecPoint]) -> Vec<(String, String, String)> {
         out.push((
             format!("fig-spec-conn-{file}.svg"),
             format!(
-                "Connections completed/s vs offered rate, {panel} ({})",
+                "Connections completed/s vs {}, {panel} ({})",
+                x_axis(&panel).1,
                 fig_of(&panel)
             ),
             c.to_svg(),
         ));
         out.push((
             format!("fig-spec-rt-{file}.svg"),
-            format!("Average response time vs offered rate, {panel}"),
+            format!("Average response time vs {}, {panel}", x_axis(&panel).1),
             rt.to_svg(),
         ));
     }
@@ -1653,7 +1825,14 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
         "systems": a.systems,
         "accept_queues": a.accept_queues,
         "splits": a.splits,
+        "load_models": a.load.models(),
         "rates": plan.rates,
+        "clients": plan.clients,
+        "clients_rule": if a.clients.is_empty() {
+            "1, 2 and 4 x the base accept queue (64; --quick: 1 and 4): from every user held by one node's queue to more users than a pair's queues and windows hold"
+        } else {
+            "--clients"
+        },
         "duration_s": plan.duration_s,
         "warmup_s": plan.warmup_s,
         "timeout_ms": a.timeout_ms,
@@ -1675,7 +1854,7 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
         ),
         "file_bytes": FILE_BYTES,
         "vip": VIP.to_string(),
-        "load": "open loop, Poisson arrivals, one connection per request (Connection: close)",
+        "load": "open loop: Poisson arrivals at each rate; closed loop: each user starts its next connection when its last one ended; both: one connection per request (Connection: close), the same client timeouts",
         "conn_per_s": "connections completed (response received) / measured time",
     });
     let mut sweep = crate::sweep::Sweep::start(&dir, meta, a.resume.is_some())?;
@@ -1689,8 +1868,11 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
         est_run_s,
         |k: &Key| {
             format!(
-                "{} {} {} rate={:.1}",
-                k.experiment, k.system, k.split, k.rate
+                "{} {} {} {}",
+                k.experiment,
+                k.system,
+                k.split,
+                k.load_label()
             )
         },
         |k, run| {
@@ -1833,6 +2015,8 @@ mod tests {
             accept_queues: ACCEPT_QUEUES.to_vec(),
             splits: SPLITS.iter().map(|s| s.to_string()).collect(),
             rates: Vec::new(),
+            load: crate::admission::LoadModels::Open,
+            clients: Vec::new(),
             duration_s: None,
             warmup_s: POINT_WARMUP_S_DEFAULT,
             timeout_ms: 2000,
@@ -2055,6 +2239,127 @@ mod tests {
             let e = check_args(&a).err().expect(flag).to_string();
             assert!(e.contains(flag), "{flag}: {e}");
         }
+    }
+
+    #[test]
+    fn load_models_choose_rates_and_clients() {
+        let both = SpeculativeArgs {
+            load: crate::admission::LoadModels::Both,
+            ..args()
+        };
+        let p = check_args(&both).unwrap();
+        assert_eq!(p.rates.len(), RATE_MULTIPLES_QUICK.len());
+        assert_eq!(p.clients, [64, 256]);
+        let full = check_args(&SpeculativeArgs {
+            quick: false,
+            ..both.clone()
+        })
+        .unwrap();
+        assert_eq!(full.clients, [64, 128, 256]);
+        let closed = check_args(&SpeculativeArgs {
+            load: crate::admission::LoadModels::Closed,
+            clients: vec![10, 20],
+            ..args()
+        })
+        .unwrap();
+        assert!(closed.rates.is_empty());
+        assert_eq!(closed.clients, [10, 20]);
+        assert!(check_args(&args()).unwrap().clients.is_empty(), "open only");
+        for bad in [0, CLIENTS_MAX + 1] {
+            let e = check_args(&SpeculativeArgs {
+                clients: vec![8, bad],
+                ..both.clone()
+            })
+            .err()
+            .expect("bad --clients accepted")
+            .to_string();
+            assert!(e.contains("--clients"), "{e}");
+        }
+        // Each line: its closed-loop points first, then its open-loop ones.
+        let a = SpeculativeArgs {
+            experiment: vec!["split".into()],
+            splits: vec!["75/25".into()],
+            rates: vec![50.0],
+            clients: vec![64],
+            ..both
+        };
+        let p = check_args(&a).unwrap();
+        let labels: Vec<String> = point_keys(&a, &p)
+            .iter()
+            .map(|k| format!("{} {}", k.split, k.load_label()))
+            .collect();
+        assert_eq!(labels, ["75/25 clients=64", "75/25 rate=50.0"]);
+    }
+
+    #[test]
+    fn closed_loop_points_have_their_own_panels_and_single_server() {
+        let closed = |mut p: SpecPoint, clients: u32| {
+            p.load = "closed".into();
+            p.clients = Some(clients);
+            p
+        };
+        let pts = [
+            point("acc64", SPLIT_SINGLE, 100.0, 90.0),
+            closed(point("acc64", SPLIT_SINGLE, 95.0, 80.0), 64),
+            closed(point("acc64", "75/25", 120.0, 120.0), 64),
+            closed(point("spec32", "75/25", 170.0, 168.0), 256),
+            point("spec32", "75/25", 200.0, 171.0),
+        ];
+        let refs: Vec<&SpecPoint> = pts.iter().collect();
+        let t = peaks_and_break_even(&refs);
+        // A peaks row with its spacing collapsed, found by its panel and system.
+        let row = |panel: &str, sys: &str| {
+            t.lines()
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .find(|l| l.starts_with(&format!("{panel} {sys} ")))
+                .unwrap_or_else(|| panic!("no {panel} {sys} row: {t}"))
+        };
+        // Closed against the closed single server (80), open against the open one (90).
+        assert_eq!(
+            row("split 75/25 closed", "acc64"),
+            "split 75/25 closed acc64 120.0 1.50x"
+        );
+        assert_eq!(
+            row("split 75/25 closed", "spec32"),
+            "split 75/25 closed spec32 168.0 2.10x"
+        );
+        assert_eq!(
+            row("split 75/25", "spec32"),
+            "split 75/25 spec32 171.0 1.90x"
+        );
+        let table = table(&refs);
+        assert!(
+            table.contains("conn/s vs closed-loop users, split 75/25 closed (Fig. 3)"),
+            "{table}"
+        );
+        assert!(
+            table
+                .lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["256", "-", "168.0"]),
+            "{table}"
+        );
+        let names: Vec<String> = figures(&refs).into_iter().map(|f| f.0).collect();
+        assert!(
+            names.contains(&"fig-spec-conn-split-75-25-closed.svg".to_string()),
+            "{names:?}"
+        );
+        let any = crate::summary::AnyPoint::Speculative(pts[3].clone());
+        let text = serde_json::to_string(&any).unwrap();
+        assert!(
+            text.contains("\"load\":\"closed\",\"clients\":256"),
+            "{text}"
+        );
+        assert_eq!(
+            serde_json::from_str::<crate::summary::AnyPoint>(&text).unwrap(),
+            any
+        );
+        // Points written before the closed loop read as open-loop points.
+        let old = text.replace("\"load\":\"closed\",\"clients\":256,", "");
+        let crate::summary::AnyPoint::Speculative(back) = serde_json::from_str(&old).unwrap()
+        else {
+            panic!("not a speculative point");
+        };
+        assert_eq!((back.load.as_str(), back.clients), ("open", None));
     }
 
     #[test]
