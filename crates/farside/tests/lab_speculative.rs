@@ -272,6 +272,11 @@ fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
             "\"acc64\" \"75/25\" \"open\""
         ]
     );
+    // The tiers are pinned as in lab admission: the front on the first CPU.
+    let pin = s["params"]["pin"].as_str().unwrap();
+    if farside_lab::procs::allowed_cpus().len() >= 2 {
+        assert!(pin.starts_with("client and front-end on CPU"), "{pin}");
+    }
     let notes = s["notes"].to_string();
     assert!(
         notes.contains("capacity") && notes.contains("measured"),

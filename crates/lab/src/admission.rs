@@ -972,16 +972,15 @@ struct Placement {
 }
 
 fn placement(a: &AdmissionArgs) -> Placement {
-    let cpus = crate::procs::allowed_cpus();
-    if a.no_pin || cpus.len() < 2 {
-        return Placement {
+    match crate::procs::Tiers::of(&crate::procs::allowed_cpus()).filter(|_| !a.no_pin) {
+        Some(t) => Placement {
+            front: Some(t.front),
+            back: Some(t.back),
+        },
+        None => Placement {
             front: None,
             back: None,
-        };
-    }
-    Placement {
-        front: Some(cpus[..1].to_vec()),
-        back: Some(cpus[1..].to_vec()),
+        },
     }
 }
 
@@ -2024,24 +2023,9 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     }
     let fabric = if netns {
         use crate::netns::{NodeSpec, VirtualDc};
-        let list = |c: &Option<Vec<usize>>| {
-            c.as_ref().map(|v| {
-                v.iter()
-                    .map(|x| x.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            })
-        };
-        let mask = |c: &Option<Vec<usize>>| {
-            c.as_ref()
-                .map(|v| format!("{:x}", v.iter().fold(0u64, |m, &x| m | (1 << x))))
-        };
-        let node = |name: &str, c: &Option<Vec<usize>>| {
-            let mut n = NodeSpec::new(name);
-            if let (Some(l), Some(m)) = (list(c), mask(c)) {
-                n = n.cpus(&l).rps_cpus(&m);
-            }
-            n
+        let node = |name: &str, c: &Option<Vec<usize>>| match c {
+            Some(v) => NodeSpec::new(name).pinned(v),
+            None => NodeSpec::new(name),
         };
         let mut nodes: Vec<NodeSpec> = (0..a.backends)
             .map(|i| {

@@ -249,6 +249,12 @@ impl NodeSpec {
         self.rps_cpus = Some(mask.to_string());
         self
     }
+
+    /// The node's processes and its receive softirq (RPS) on `cpus`.
+    pub fn pinned(self, cpus: &[usize]) -> NodeSpec {
+        self.cpus(&crate::procs::cpu_list(cpus))
+            .rps_cpus(&crate::procs::cpu_mask(cpus))
+    }
 }
 
 /// The kind of one cgroup hierarchy the lab uses.

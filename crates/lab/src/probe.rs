@@ -379,17 +379,6 @@ pub fn run(mut a: ProbeArgs) -> io::Result<()> {
 const NETNS_TCP_PORT: u16 = 7001;
 const NETNS_UDP_PORT: u16 = 7002;
 
-fn hex_mask(cpus: &[usize]) -> String {
-    format!("{:x}", cpus.iter().fold(0u64, |m, &c| m | (1 << c)))
-}
-
-fn cpu_list(cpus: &[usize]) -> String {
-    cpus.iter()
-        .map(|c| c.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 /// The back-end node's addresses and the probe's client options in the netns lab.
 struct NetnsBack<'a> {
     dc: &'a crate::netns::VirtualDc,
@@ -534,21 +523,16 @@ fn run_netns(
 ) -> io::Result<()> {
     use crate::netns::{NodeSpec, VirtualDc};
     let cpus = crate::procs::allowed_cpus();
-    let (front, back) = if cpus.len() >= 2 {
-        (cpus[..1].to_vec(), cpus[1..].to_vec())
-    } else {
-        (cpus.clone(), cpus.clone())
+    let (front, back) = match crate::procs::Tiers::of(&cpus) {
+        Some(t) => (t.front, t.back),
+        None => (cpus.clone(), cpus.clone()),
     };
     let run_id = format!("p{}", std::process::id() % 100_000);
     let dc = VirtualDc::create(
         &run_id,
         &[
-            NodeSpec::new("back")
-                .cpus(&cpu_list(&back))
-                .rps_cpus(&hex_mask(&back)),
-            NodeSpec::new("front")
-                .cpus(&cpu_list(&front))
-                .rps_cpus(&hex_mask(&front)),
+            NodeSpec::new("back").pinned(&back),
+            NodeSpec::new("front").pinned(&front),
         ],
     )?;
     let id = dc.run_id().to_string();

@@ -217,6 +217,40 @@ pub fn pin_current_thread(cpus: &[usize]) -> io::Result<()> {
     Ok(())
 }
 
+/// The CPUs of a lab's two tiers when they are pinned (lab admission, lab speculative):
+/// the front tier (clients, proxy or front-end) on the first CPU this process may use,
+/// the back-end nodes on the others, so the back-end tier can be saturated while the
+/// front is not, as on separate machines. `None` with fewer than two CPUs (the tiers
+/// share them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tiers {
+    pub front: Vec<usize>,
+    pub back: Vec<usize>,
+}
+
+impl Tiers {
+    /// The split of `cpus` (sorted, as [`allowed_cpus`] gives them).
+    pub fn of(cpus: &[usize]) -> Option<Tiers> {
+        (cpus.len() >= 2).then(|| Tiers {
+            front: cpus[..1].to_vec(),
+            back: cpus[1..].to_vec(),
+        })
+    }
+}
+
+/// `cpus` as a cpuset list: `1,2,3`.
+pub fn cpu_list(cpus: &[usize]) -> String {
+    cpus.iter()
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `cpus` as a hex CPU mask (`rps_cpus`): `e` for CPUs 1-3.
+pub fn cpu_mask(cpus: &[usize]) -> String {
+    format!("{:x}", cpus.iter().fold(0u64, |m, &c| m | (1 << c)))
+}
+
 /// The CPUs this process may run on.
 pub fn allowed_cpus() -> Vec<usize> {
     // SAFETY: valid out-pointer of the right size.
@@ -305,6 +339,19 @@ pub fn install_interrupt_handler() -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tiers_put_the_front_on_the_first_cpu_and_the_back_ends_on_the_rest() {
+        assert_eq!(Tiers::of(&[0]), None);
+        let t = Tiers::of(&[2, 3, 5]).unwrap();
+        assert_eq!(
+            (t.front.as_slice(), t.back.as_slice()),
+            (&[2][..], &[3, 5][..])
+        );
+        assert_eq!(cpu_list(&t.back), "3,5");
+        assert_eq!(cpu_mask(&t.back), "28");
+        assert_eq!(cpu_mask(&[0]), "1");
+    }
 
     #[test]
     fn children_start_with_no_blocked_signals_even_when_the_lab_blocks_them() {

@@ -225,6 +225,13 @@ pub struct SpeculativeArgs {
     /// Seed of the Poisson arrivals; run r of a point (`--repeat`) uses seed + r.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Do not pin the tiers to CPUs. By default, with 2+ CPUs, the back-end nodes (and
+    /// their receive softirq, by RPS) run on all CPUs but the first and the client and
+    /// front-end on the first, as in lab admission: the back-end tier can be saturated
+    /// while the front is not, as on separate machines, and where the scheduler puts a
+    /// node's threads from run to run no longer decides what a migration costs.
+    #[arg(long)]
+    pub no_pin: bool,
     /// Run every point this many times (1..=REPEAT_MAX): a point's conn/s is then
     /// served over measured time of all its runs, counts are summed (`runs` in each
     /// point), and a single run's noise (1-4 % here) no longer decides a peak.
@@ -798,6 +805,8 @@ struct Plan {
     quota: u32,
     capacity: f64,
     nodes: usize,
+    /// The tiers' CPUs (`None`: `--no-pin`, or one CPU).
+    tiers: Option<crate::procs::Tiers>,
 }
 
 fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
@@ -918,6 +927,7 @@ fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
         quota,
         capacity,
         nodes: if split { 2 } else { 1 },
+        tiers: crate::procs::Tiers::of(&crate::procs::allowed_cpus()).filter(|_| !a.no_pin),
     })
 }
 
@@ -1010,6 +1020,8 @@ struct Lab {
     backends: Vec<(String, String)>,
     logs: PathBuf,
     docroot: PathBuf,
+    /// The front tier's CPUs (the clients run in this process), when pinned.
+    front: Option<Vec<usize>>,
 }
 
 const CLIENT: &str = "client";
@@ -1224,7 +1236,12 @@ impl Lab {
         lg.source_ports = a.source_ports;
         lg.seed = a.seed.wrapping_add(u64::from(run));
         lg.quiet = true;
-        self.dc.run_in_ns(CLIENT, || {
+        let front = self.front.clone();
+        self.dc.run_in_ns(CLIENT, move || {
+            if let Some(cpus) = &front {
+                // The clients run on this (fresh) thread and the threads it starts.
+                crate::procs::pin_current_thread(cpus)?;
+            }
             farside_loadgen::run(&lg).map_err(|e| io::Error::other(format!("loadgen: {e}")))
         })
     }
@@ -1233,11 +1250,24 @@ impl Lab {
 /// Build the namespaces: client, front-end, back-ends with the VIP on their `lo`.
 fn start_lab(dir: &Path, plan: &Plan) -> io::Result<Lab> {
     let backends: Vec<String> = (0..plan.nodes).map(|i| format!("b{i}")).collect();
-    let mut specs = vec![NodeSpec::new(CLIENT), NodeSpec::new(FE)];
+    let node = |name: &str, cpus: Option<&Vec<usize>>| match cpus {
+        Some(c) => NodeSpec::new(name).pinned(c),
+        None => NodeSpec::new(name),
+    };
+    let front = plan.tiers.as_ref().map(|t| &t.front);
+    let back = plan.tiers.as_ref().map(|t| &t.back);
+    if let Some(t) = &plan.tiers {
+        eprintln!(
+            "lab speculative: client and front-end on CPU {:?}, back-end nodes on CPUs {:?} \
+             (--no-pin to share)",
+            t.front, t.back
+        );
+    }
+    let mut specs = vec![node(CLIENT, front), node(FE, front)];
     specs.extend(
         backends
             .iter()
-            .map(|n| NodeSpec::new(n).cpu_quota_pct(plan.quota)),
+            .map(|n| node(n, back).cpu_quota_pct(plan.quota)),
     );
     let dc = VirtualDc::create(&format!("s{}", std::process::id() % 100_000), &specs)?;
     let id = dc.run_id().to_string();
@@ -1281,6 +1311,7 @@ fn start_lab(dir: &Path, plan: &Plan) -> io::Result<Lab> {
         backends: with_mac,
         logs,
         docroot,
+        front: plan.tiers.as_ref().map(|t| t.front.clone()),
     })
 }
 
@@ -1848,6 +1879,16 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
         },
         "cpu_us_per_request": a.cpu_us_per_request,
         "backend_workers": a.backend_workers,
+        "pin": match &plan.tiers {
+            Some(t) => format!(
+                "client and front-end on CPU {}, back-end nodes (and their receive softirq, RPS) on CPUs {}",
+                crate::procs::cpu_list(&t.front),
+                crate::procs::cpu_list(&t.back)
+            ),
+            None if a.no_pin => "--no-pin: every node on every CPU".to_string(),
+            None => "one CPU: every node on it".to_string(),
+        },
+        "pin_rule": "as lab admission: the back-end tier can be saturated while the front is not, as on separate machines; unpinned, where the scheduler put the nodes' threads moved a migration's CPU between 100 and 220 µs from run to run (stop 25)",
         "capacity_rps": plan.capacity,
         "capacity_rule": format!(
             "node_cpu_pct / 100 x 1e6 / (cpu_us_per_request + {BACKEND_OWN_US})"
@@ -2026,6 +2067,7 @@ mod tests {
             cpu_us_per_request: 2000,
             backend_workers: 8,
             seed: 1,
+            no_pin: false,
             repeat: 1,
         }
     }
