@@ -484,8 +484,15 @@ impl SpecPoint {
                 .filter_map(f)
                 .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
         };
+        let offered_per_s = wavg(|r| r.offered_per_s);
         SpecPoint {
-            offered_per_s: wavg(|r| r.offered_per_s),
+            // Closed loop: the rate is what the users offered, over all runs.
+            rate: if first.clients.is_some() {
+                offered_per_s
+            } else {
+                first.rate
+            },
+            offered_per_s,
             conn_per_s: if d > 0.0 { served as f64 / d } else { 0.0 },
             served,
             failures: runs.iter().map(|r| r.failures).sum(),
@@ -1422,15 +1429,21 @@ fn measure(
         let snap = || -> Vec<NodeSnap> { nodes.iter().map(|nd| node_snap(&lab.dc, nd)).collect() };
         // The nodes' CPU over the measured window only, as conn/s is counted: the
         // warm-up (b1 idles while b0's queue fills) and the drain after the window
-        // would dilute it. The sampler wakes at the window's two edges; a load that
-        // ends early (an error) leaves it to finish its sleeps, bounded by the plan.
+        // would dilute it. The sampler wakes at the window's two edges, or as soon as
+        // the load ends: before the warm-up's end there is no window (the load
+        // failed), after it the window is cut there.
+        let (done, ended) = std::sync::mpsc::channel::<()>();
         let (s, window) = std::thread::scope(|sc| {
-            let sampler = sc.spawn(|| {
-                std::thread::sleep(Duration::from_secs_f64(plan.warmup_s));
+            let sampler = sc.spawn(move || {
+                use std::sync::mpsc::RecvTimeoutError::Timeout;
+                let warmup = Duration::from_secs_f64(plan.warmup_s);
+                if ended.recv_timeout(warmup) != Err(Timeout) {
+                    return None;
+                }
                 let before = snap();
                 let t0 = Instant::now();
-                std::thread::sleep(Duration::from_secs_f64(plan.duration_s));
-                (before, snap(), t0.elapsed())
+                let _ = ended.recv_timeout(Duration::from_secs_f64(plan.duration_s));
+                Some((before, snap(), t0.elapsed()))
             });
             let s = lab.load(
                 SocketAddr::V4(VIP),
@@ -1440,16 +1453,19 @@ fn measure(
                 a,
                 run,
             );
+            drop(done);
             (s, sampler.join())
         });
         let s = s?;
-        let (before, after, wall) =
-            window.map_err(|_| io::Error::other("the CPU sampler thread panicked"))?;
-        let cpu: Vec<NodeCpu> = nodes
-            .iter()
-            .zip(before.iter().zip(after.iter().zip(&pids)))
-            .map(|(nd, (b, (e, p)))| node_cpu(nd, p, b, e, wall))
-            .collect();
+        let window = window.map_err(|_| io::Error::other("the CPU sampler thread panicked"))?;
+        let cpu: Vec<NodeCpu> = match window {
+            Some((before, after, wall)) => nodes
+                .iter()
+                .zip(before.iter().zip(after.iter().zip(&pids)))
+                .map(|(nd, (b, (e, p)))| node_cpu(nd, p, b, e, wall))
+                .collect(),
+            None => Vec::new(),
+        };
         Ok((s, cpu))
     });
     // specd first (SIGTERM: it writes its summary), b0 (the heavier source) before b1
@@ -2398,6 +2414,13 @@ mod tests {
             serde_json::from_str::<crate::summary::AnyPoint>(&text).unwrap(),
             any
         );
+        // Repeats of a closed-loop point: its rate is what the users offered in all.
+        let both = SpecPoint::combine(&[
+            closed(point("spec32", "75/25", 100.0, 90.0), 64),
+            closed(point("spec32", "75/25", 200.0, 95.0), 64),
+        ]);
+        assert_eq!((both.rate, both.offered_per_s), (150.0, 150.0));
+        assert_eq!(both.clients, Some(64));
         // Points written before the closed loop read as open-loop points.
         let old = text.replace("\"load\":\"closed\",\"clients\":256,", "");
         let crate::summary::AnyPoint::Speculative(back) = serde_json::from_str(&old).unwrap()
