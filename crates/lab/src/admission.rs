@@ -2023,10 +2023,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     }
     let fabric = if netns {
         use crate::netns::{NodeSpec, VirtualDc};
-        let node = |name: &str, c: &Option<Vec<usize>>| match c {
-            Some(v) => NodeSpec::new(name).pinned(v),
-            None => NodeSpec::new(name),
-        };
+        let node = |name: &str, c: &Option<Vec<usize>>| NodeSpec::new(name).pinned(c.as_deref());
         let mut nodes: Vec<NodeSpec> = (0..a.backends)
             .map(|i| {
                 let n = node(&format!("b{i}"), &pl.back);

@@ -250,10 +250,15 @@ impl NodeSpec {
         self
     }
 
-    /// The node's processes and its receive softirq (RPS) on `cpus`.
-    pub fn pinned(self, cpus: &[usize]) -> NodeSpec {
-        self.cpus(&crate::procs::cpu_list(cpus))
-            .rps_cpus(&crate::procs::cpu_mask(cpus))
+    /// The node's processes and its receive softirq (RPS) on `cpus`; `None` leaves
+    /// the node on every CPU.
+    pub fn pinned(self, cpus: Option<&[usize]>) -> NodeSpec {
+        match cpus {
+            Some(c) => self
+                .cpus(&crate::procs::cpu_list(c))
+                .rps_cpus(&crate::procs::cpu_mask(c)),
+            None => self,
+        }
     }
 }
 

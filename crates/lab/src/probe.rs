@@ -531,8 +531,8 @@ fn run_netns(
     let dc = VirtualDc::create(
         &run_id,
         &[
-            NodeSpec::new("back").pinned(&back),
-            NodeSpec::new("front").pinned(&front),
+            NodeSpec::new("back").pinned(Some(&back)),
+            NodeSpec::new("front").pinned(Some(&front)),
         ],
     )?;
     let id = dc.run_id().to_string();

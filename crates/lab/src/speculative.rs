@@ -1260,12 +1260,9 @@ impl Lab {
 /// Build the namespaces: client, front-end, back-ends with the VIP on their `lo`.
 fn start_lab(dir: &Path, plan: &Plan) -> io::Result<Lab> {
     let backends: Vec<String> = (0..plan.nodes).map(|i| format!("b{i}")).collect();
-    let node = |name: &str, cpus: Option<&Vec<usize>>| match cpus {
-        Some(c) => NodeSpec::new(name).pinned(c),
-        None => NodeSpec::new(name),
-    };
-    let front = plan.tiers.as_ref().map(|t| &t.front);
-    let back = plan.tiers.as_ref().map(|t| &t.back);
+    let node = |name: &str, cpus: Option<&[usize]>| NodeSpec::new(name).pinned(cpus);
+    let front = plan.tiers.as_ref().map(|t| t.front.as_slice());
+    let back = plan.tiers.as_ref().map(|t| t.back.as_slice());
     if let Some(t) = &plan.tiers {
         eprintln!(
             "lab speculative: client and front-end on CPU {:?}, back-end nodes on CPUs {:?} \
