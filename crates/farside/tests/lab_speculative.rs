@@ -272,6 +272,20 @@ fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
             "\"acc64\" \"75/25\" \"open\""
         ]
     );
+    // Each load model states its clients' timeouts: S-Clients in the open loop, users
+    // whose kernels retransmit a dropped SYN in the closed loop.
+    let params = &s["params"];
+    assert_eq!(
+        (&params["timeout_ms"], &params["connect_timeout_ms"]),
+        (&2000.into(), &500.into())
+    );
+    assert_eq!(
+        (
+            &params["closed_timeout_ms"],
+            &params["closed_connect_timeout_ms"]
+        ),
+        (&20_000.into(), &0.into())
+    );
     // The tiers are pinned as in lab admission: the front on the first CPU.
     let pin = s["params"]["pin"].as_str().unwrap();
     if farside_lab::procs::allowed_cpus().len() >= 2 {

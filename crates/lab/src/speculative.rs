@@ -15,9 +15,13 @@
 //! Load (`--load open|closed|both`, default both): S-Clients-like open loop,
 //! `farside loadgen` with Poisson arrivals at each `--rates` value, and a closed loop of
 //! `--clients` users, each starting its next connection when the last one ended. Every
-//! connection carries one `GET` of a 4 KB file (`Connection: close`), with the same
-//! client timeouts in both models (`--timeout-ms`, connect included, and S-Clients'
-//! `--connect-timeout-ms`): a connection refused, reset or timed out counts as failed.
+//! connection carries one `GET` of a 4 KB file (`Connection: close`). The open loop's
+//! clients are S-Clients (`--timeout-ms`, connect included, and the connect timeout
+//! `--connect-timeout-ms`, 500 ms: a SYN a full queue dropped is never retried); the
+//! closed loop's users are clients of real hosts (`--closed-timeout-ms`, 20 s, and no
+//! connect timeout by default: the user's kernel retransmits a dropped SYN on the same
+//! 4-tuple, as a browser's or curl's does). A connection refused, reset or timed out
+//! counts as failed.
 //!
 //! Experiments: `single` (one server, accept queues `--accept-queues` 64/96/128, systems
 //! `acc64`, `acc96`, `acc128`: Fig. 1) and `split` (two servers behind the front-end at
@@ -125,6 +129,19 @@ pub const S_CLIENT_CONNECT_TIMEOUT_MS: u64 = 500;
 // Below the kernel's first SYN retransmission (TCP_TIMEOUT_INIT, 1 s), or a dropped SYN
 // would be sent again before the client gives up.
 const _: () = assert!(S_CLIENT_CONNECT_TIMEOUT_MS < 1000);
+/// Default client timeout of the closed loop, ms (`--closed-timeout-ms`). Rule: a
+/// closed loop's users are the clients of real hosts, not S-Clients; their kernels
+/// retransmit a dropped SYN on the same 4-tuple at 1, 3, 7 and 15 s (TCP_TIMEOUT_INIT
+/// doubling, RFC 6298), so 20 s lets a user's fifth SYN and its answer in before it
+/// gives up (Linux itself gives up at 127 s). S-Clients' 500 ms abandon exists to keep an
+/// open loop's offered rate independent of the servers (Banga and Druschel); in a
+/// closed loop it makes each abandoned user start again from a new port, which the
+/// front-end hashes anew, so a blind split rebalances itself through its failures
+/// (stop 25: normal processing +15 % at 4 x the queue's users).
+pub const CLOSED_TIMEOUT_MS_DEFAULT: u64 = 20_000;
+/// Longest client timeout (`--timeout-ms`, `--closed-timeout-ms`), ms: past the point
+/// where Linux gives a connect up at its default SYN retries (tcp_syn_retries 6: 127 s).
+pub const TIMEOUT_MS_MAX: u64 = 130_000;
 /// Calibration of one node's capacity: closed loop straight at `b0` for this long
 /// (after [`WARMUP_S`]), with [`CALIBRATION_CLIENTS`] clients (enough to keep its
 /// workers busy and its accept queue non-empty).
@@ -193,18 +210,29 @@ pub struct SpeculativeArgs {
     /// (rule: `POINT_WARMUP_S_DEFAULT` in the source). Default 3.
     #[arg(long, default_value_t = POINT_WARMUP_S_DEFAULT)]
     pub warmup_s: f64,
-    /// Client timeout per connection (connect, request and response), ms: a connection
-    /// not answered by then counts as failed.
+    /// Open loop: client timeout per connection (connect, request and response), ms: a
+    /// connection not answered by then counts as failed (at most 130000).
     #[arg(long, default_value_t = 2000)]
     pub timeout_ms: u64,
-    /// Clients abandon a connection attempt not established within this many ms
-    /// (`connect_timeouts`), as the paper's S-Clients do (Banga and Druschel, USITS '97:
-    /// T = 500 ms). Below the kernel's first SYN retransmission (1 s), a SYN that a full
-    /// accept queue dropped is never sent again, so the offered rate is the rate set,
-    /// whatever the servers drop. 0: off (a dropped SYN is retried after 1 s, within
-    /// --timeout-ms).
+    /// Open loop: clients abandon a connection attempt not established within this many
+    /// ms (`connect_timeouts`), as the paper's S-Clients do (Banga and Druschel, USITS
+    /// '97: T = 500 ms). Below the kernel's first SYN retransmission (1 s), a SYN that a
+    /// full accept queue dropped is never sent again, so the offered rate is the rate
+    /// set, whatever the servers drop. 0: off (a dropped SYN is retried after 1 s,
+    /// within --timeout-ms).
     #[arg(long, default_value_t = S_CLIENT_CONNECT_TIMEOUT_MS)]
     pub connect_timeout_ms: u64,
+    /// Closed loop: client timeout per connection, ms (at most 130000). Default 20000:
+    /// a user's kernel sends its fifth SYN at 15 s (rule: CLOSED_TIMEOUT_MS_DEFAULT in
+    /// the source).
+    #[arg(long, default_value_t = CLOSED_TIMEOUT_MS_DEFAULT)]
+    pub closed_timeout_ms: u64,
+    /// Closed loop: users abandon a connection attempt not established within this many
+    /// ms and start again from a new port. Default 0 (off): the user's kernel
+    /// retransmits a dropped SYN on the same 4-tuple, as a browser's or curl's does;
+    /// 500 gives stop 25's S-Clients users.
+    #[arg(long, default_value_t = 0)]
+    pub closed_connect_timeout_ms: u64,
     /// Source port of each client connection (`farside loadgen --source-ports`):
     /// `random` (the default) draws it uniformly, as connections from many client
     /// hosts would come, so the front-end's split of new flows does not depend on one
@@ -283,6 +311,13 @@ pub struct SpecPoint {
     /// SYN was dropped, by a full accept queue or a closed window).
     #[serde(default)]
     pub connect_timeouts: u64,
+    /// Of `failures`: connects refused or failed (`ECONNREFUSED`, `ECONNRESET` during the
+    /// handshake, the kernel giving up its SYN retries).
+    #[serde(default)]
+    pub connect_errors: u64,
+    /// Of `failures`: connections reset or broken after they were established.
+    #[serde(default)]
+    pub io_errors: u64,
     /// Response time of completed connections (connect to last byte), ms.
     pub avg_ms: f64,
     pub p99_ms: f64,
@@ -498,6 +533,8 @@ impl SpecPoint {
             failures: runs.iter().map(|r| r.failures).sum(),
             timeouts: runs.iter().map(|r| r.timeouts).sum(),
             connect_timeouts: runs.iter().map(|r| r.connect_timeouts).sum(),
+            connect_errors: runs.iter().map(|r| r.connect_errors).sum(),
+            io_errors: runs.iter().map(|r| r.io_errors).sum(),
             avg_ms: wavg(|r| r.avg_ms),
             p99_ms: runs.iter().map(|r| r.p99_ms).fold(0.0, f64::max),
             migrations: runs.iter().map(|r| r.migrations).sum(),
@@ -550,6 +587,8 @@ impl SpecPoint {
             failures: 0,
             timeouts: 0,
             connect_timeouts: 0,
+            connect_errors: 0,
+            io_errors: 0,
             avg_ms: 0.0,
             p99_ms: 0.0,
             migrations: 0,
@@ -577,13 +616,15 @@ impl SpecPoint {
     /// The point's figures on one line, for progress output.
     pub fn progress_line(&self) -> String {
         format!(
-            "conn/s={:.1} offered={:.1}/s failures={} timeouts={} connect_timeouts={} avg={:.1} ms \
-             p99={:.1} ms migrations={}",
+            "conn/s={:.1} offered={:.1}/s failures={} timeouts={} connect_timeouts={} \
+             connect_errors={} io_errors={} avg={:.1} ms p99={:.1} ms migrations={}",
             self.conn_per_s,
             self.offered_per_s,
             self.failures,
             self.timeouts,
             self.connect_timeouts,
+            self.connect_errors,
+            self.io_errors,
             self.avg_ms,
             self.p99_ms,
             self.migrations
@@ -819,6 +860,24 @@ struct Plan {
     tiers: Option<crate::procs::Tiers>,
 }
 
+/// `--{prefix}timeout-ms` in 1..=[`TIMEOUT_MS_MAX`] and `--{prefix}connect-timeout-ms`
+/// off (0) or below it.
+fn check_timeouts(prefix: &str, timeout_ms: u64, connect_timeout_ms: u64) -> io::Result<()> {
+    let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+    if !(1..=TIMEOUT_MS_MAX).contains(&timeout_ms) {
+        return Err(bad(format!(
+            "--{prefix}timeout-ms {timeout_ms}: must be in 1..={TIMEOUT_MS_MAX}"
+        )));
+    }
+    if connect_timeout_ms >= timeout_ms {
+        return Err(bad(format!(
+            "--{prefix}connect-timeout-ms {connect_timeout_ms}: below --{prefix}timeout-ms \
+             ({timeout_ms}), or 0 (off)"
+        )));
+    }
+    Ok(())
+}
+
 fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
     let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
     if a.hosts != "netns" {
@@ -911,15 +970,8 @@ fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
     if !(duration_s.is_finite() && duration_s > 0.0) {
         return Err(bad(format!("--duration-s {duration_s}: must be positive")));
     }
-    if a.timeout_ms == 0 {
-        return Err(bad("--timeout-ms: at least 1".into()));
-    }
-    if a.connect_timeout_ms >= a.timeout_ms {
-        return Err(bad(format!(
-            "--connect-timeout-ms {}: below --timeout-ms ({}), or 0 (off)",
-            a.connect_timeout_ms, a.timeout_ms
-        )));
-    }
+    check_timeouts("", a.timeout_ms, a.connect_timeout_ms)?;
+    check_timeouts("closed-", a.closed_timeout_ms, a.closed_connect_timeout_ms)?;
     if a.backend_workers == 0 {
         return Err(bad("--backend-workers: at least 1".into()));
     }
@@ -1231,21 +1283,7 @@ impl Lab {
         a: &SpeculativeArgs,
         run: u32,
     ) -> io::Result<farside_loadgen::Summary> {
-        let mut lg = LoadgenArgs::new(target.to_string());
-        lg.session_requests = 1;
-        match offer {
-            Offer::Rate(r) => lg.rate = Some(r),
-            Offer::Clients(n) => lg.clients = n,
-        }
-        lg.no_keepalive = true;
-        lg.duration_s = duration_s;
-        lg.warmup_s = warmup_s;
-        lg.file_path = FILE_PATH.to_string();
-        lg.timeout_ms = a.timeout_ms;
-        lg.connect_timeout_ms = a.connect_timeout_ms;
-        lg.source_ports = a.source_ports;
-        lg.seed = a.seed.wrapping_add(u64::from(run));
-        lg.quiet = true;
+        let lg = loadgen_args(target, offer, duration_s, warmup_s, a, run);
         let front = self.front.clone();
         self.dc.run_in_ns(CLIENT, move || {
             if let Some(cpus) = &front {
@@ -1255,6 +1293,41 @@ impl Lab {
             farside_loadgen::run(&lg).map_err(|e| io::Error::other(format!("loadgen: {e}")))
         })
     }
+}
+
+/// The clients of one run of a point: the open loop's S-Clients at `rate`, or the
+/// closed loop's users with their own timeouts (`--closed-timeout-ms`,
+/// `--closed-connect-timeout-ms`).
+fn loadgen_args(
+    target: SocketAddr,
+    offer: Offer,
+    duration_s: f64,
+    warmup_s: f64,
+    a: &SpeculativeArgs,
+    run: u32,
+) -> LoadgenArgs {
+    let mut lg = LoadgenArgs::new(target.to_string());
+    lg.session_requests = 1;
+    match offer {
+        Offer::Rate(r) => {
+            lg.rate = Some(r);
+            lg.timeout_ms = a.timeout_ms;
+            lg.connect_timeout_ms = a.connect_timeout_ms;
+        }
+        Offer::Clients(n) => {
+            lg.clients = n;
+            lg.timeout_ms = a.closed_timeout_ms;
+            lg.connect_timeout_ms = a.closed_connect_timeout_ms;
+        }
+    }
+    lg.no_keepalive = true;
+    lg.duration_s = duration_s;
+    lg.warmup_s = warmup_s;
+    lg.file_path = FILE_PATH.to_string();
+    lg.source_ports = a.source_ports;
+    lg.seed = a.seed.wrapping_add(u64::from(run));
+    lg.quiet = true;
+    lg
 }
 
 /// Build the namespaces: client, front-end, back-ends with the VIP on their `lo`.
@@ -1515,6 +1588,8 @@ fn measure(
         failures: s.failures + s.dropped_503,
         timeouts: s.failure_kinds.timeouts,
         connect_timeouts: s.failure_kinds.connect_timeouts,
+        connect_errors: s.failure_kinds.connect_errors,
+        io_errors: s.failure_kinds.io_errors,
         avg_ms: s.avg_ms,
         p99_ms: s.p99_ms,
         migrations: figures.migrations,
@@ -1884,7 +1959,10 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
         "warmup_s": plan.warmup_s,
         "timeout_ms": a.timeout_ms,
         "connect_timeout_ms": a.connect_timeout_ms,
-        "connect_timeout_rule": "S-Clients' connection establishment timeout T (Banga and Druschel, USITS '97: 500 ms), below the kernel's 1 s SYN retransmission",
+        "connect_timeout_rule": "open loop: S-Clients' connection establishment timeout T (Banga and Druschel, USITS '97: 500 ms), below the kernel's 1 s SYN retransmission",
+        "closed_timeout_ms": a.closed_timeout_ms,
+        "closed_connect_timeout_ms": a.closed_connect_timeout_ms,
+        "closed_timeout_rule": "closed loop: users of real hosts, whose kernels retransmit a dropped SYN on the same 4-tuple at 1, 3, 7, 15 s; 20 s lets the fifth SYN and its answer in (0: no connect timeout)",
         "source_ports": a.source_ports.as_str(),
         "source_ports_rule": "random: each connection as from a client host of its own, so the front-end's 4-tuple hash splits new flows by the weights; with one host's kernel choosing, the split depends on its port allocator (stop 23's host: 80/20 of 75/25 at 3x overload)",
         "node_cpu_pct": plan.quota,
@@ -2078,6 +2156,8 @@ mod tests {
             warmup_s: POINT_WARMUP_S_DEFAULT,
             timeout_ms: 2000,
             connect_timeout_ms: S_CLIENT_CONNECT_TIMEOUT_MS,
+            closed_timeout_ms: CLOSED_TIMEOUT_MS_DEFAULT,
+            closed_connect_timeout_ms: 0,
             source_ports: farside_loadgen::SourcePorts::Random,
             node_cpu_pct: None,
             cpu_us_per_request: 2000,
@@ -2136,6 +2216,53 @@ mod tests {
             if let Err(e) = r {
                 assert!(e.to_string().contains("--connect-timeout-ms"), "{e}");
             }
+        }
+        // The closed loop's pair is checked on its own, under its own flag names.
+        for (t, ct, ok, flag) in [
+            (CLOSED_TIMEOUT_MS_DEFAULT, 0, true, ""),
+            (CLOSED_TIMEOUT_MS_DEFAULT, 500, true, ""),
+            (2000, 2000, false, "--closed-connect-timeout-ms"),
+            (0, 0, false, "--closed-timeout-ms"),
+            (TIMEOUT_MS_MAX, 0, true, ""),
+            (TIMEOUT_MS_MAX + 1, 0, false, "--closed-timeout-ms"),
+        ] {
+            let r = check_args(&SpeculativeArgs {
+                closed_timeout_ms: t,
+                closed_connect_timeout_ms: ct,
+                ..args()
+            });
+            assert_eq!(r.is_ok(), ok, "{t} {ct}");
+            if let Err(e) = r {
+                assert!(e.to_string().contains(flag), "{e}");
+            }
+        }
+        let Err(e) = check_args(&SpeculativeArgs {
+            timeout_ms: TIMEOUT_MS_MAX + 1,
+            ..args()
+        }) else {
+            panic!("--timeout-ms past its bound accepted");
+        };
+        assert!(e.to_string().starts_with("--timeout-ms"), "{e}");
+    }
+
+    #[test]
+    fn each_load_model_gets_its_own_client_timeouts() {
+        let a = args();
+        let vip = SocketAddr::V4(VIP);
+        let open = loadgen_args(vip, Offer::Rate(90.0), 20.0, 3.0, &a, 2);
+        assert_eq!(open.rate, Some(90.0));
+        assert_eq!((open.timeout_ms, open.connect_timeout_ms), (2000, 500));
+        assert_eq!(open.seed, a.seed + 2);
+        let closed = loadgen_args(vip, Offer::Clients(128), 20.0, 3.0, &a, 0);
+        assert_eq!((closed.rate, closed.clients), (None, 128));
+        // Users of real hosts: no connect timeout, their kernels retransmit the SYN.
+        assert_eq!(
+            (closed.timeout_ms, closed.connect_timeout_ms),
+            (CLOSED_TIMEOUT_MS_DEFAULT, 0)
+        );
+        for lg in [&open, &closed] {
+            assert!(lg.no_keepalive && lg.session_requests == 1);
+            assert!(lg.validate().is_ok(), "{lg:?}");
         }
     }
 
@@ -2492,6 +2619,8 @@ mod tests {
         let s1 = SpecPoint {
             served_per_s: vec![10, 20, 30],
             connect_timeouts: 2,
+            connect_errors: 1,
+            io_errors: 4,
             ..a.clone()
         };
         let s2 = SpecPoint {
@@ -2502,6 +2631,7 @@ mod tests {
         let both = SpecPoint::combine(&[s1, s2]);
         assert_eq!(both.served_per_s, vec![11, 22, 30]);
         assert_eq!(both.connect_timeouts, 5);
+        assert_eq!((both.connect_errors, both.io_errors), (1, 4));
         assert!(!table(&[&one]).contains("runs:"));
     }
 
