@@ -100,6 +100,23 @@ fn netns_spec32_point_migrates_and_loses_no_connection() {
     );
     assert_eq!(p["admission_window"], 32);
     assert!(p["migrations"].as_u64().unwrap() > 0, "{p}");
+    // Migrations over the measured window, per second of it as its completions.
+    let per_s = p["migrations_per_s"].as_f64().unwrap();
+    assert!(per_s > 0.0, "{p}");
+    let secs = p["served_per_s"].as_array().unwrap().len();
+    assert_eq!(p["migrated_per_s"].as_array().unwrap().len(), secs, "{p}");
+    let in_window: f64 = p["migrated_per_s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .sum();
+    assert!(
+        in_window <= p["migrations"].as_f64().unwrap() + 1.0,
+        "window {in_window} of all {}",
+        p["migrations"]
+    );
+    assert!(out.join("fig-spec-time-split-75-25-spec32.svg").exists());
     assert!(p["migration_p50_us"].as_f64().unwrap() > 0.0, "{p}");
     assert!(
         p["migration_p99_us"].as_f64().unwrap() >= p["migration_p50_us"].as_f64().unwrap(),
@@ -125,6 +142,29 @@ fn netns_spec32_point_migrates_and_loses_no_connection() {
         assert_eq!(d["source"]["lost"], 0, "{name}: {d}");
         assert_eq!(d["source"]["local_handoff_failed"], 0, "{name}: {d}");
         assert_eq!(d["target"]["handoff_failed"], 0, "{name}: {d}");
+        // The per-second series counts what the totals count.
+        let src = &d["source"];
+        let sum = |k: &str| -> u64 {
+            src["series"][k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .sum()
+        };
+        assert_eq!(src["series"]["evicted"], 0, "{name}");
+        assert_eq!(sum("migrated"), src["migrated"].as_u64().unwrap(), "{name}");
+        assert_eq!(
+            sum("refused"),
+            src["window"]["target_refusals"].as_u64().unwrap(),
+            "{name}"
+        );
+        assert_eq!(
+            sum("closed"),
+            src["window"]["closures"].as_u64().unwrap(),
+            "{name}"
+        );
+        assert!(src["started_unix_ms"].as_u64().unwrap() > 0, "{name}");
     }
     assert_eq!(
         daemons,

@@ -381,10 +381,36 @@ pub struct SpecPoint {
     /// runs): whether the point was in its steady state from the window's start.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub served_per_s: Vec<u64>,
+    /// Migrations per second over the measured window (the sources' per-second
+    /// series, apportioned to the window by overlap); `None` without speculation, and in
+    /// result files from before stop 26 (whose `migrations` also count the warm-up and
+    /// the drain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migrations_per_s: Option<f64>,
+    /// Per second of the measured window, as `served_per_s` (summed over runs, 0.1
+    /// resolution): migrations, target refusals and window closures, both sources.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub migrated_per_s: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused_per_s: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub closed_per_s: Vec<f64>,
 }
 
 fn one() -> u64 {
     1
+}
+
+/// Per-second series of `runs` added second by second, a shorter run's as far as it
+/// goes.
+fn add_by_second<T: Copy + std::iter::Sum<T>>(
+    runs: &[SpecPoint],
+    f: impl Fn(&SpecPoint) -> &Vec<T>,
+) -> Vec<T> {
+    let n = runs.iter().map(|r| f(r).len()).max().unwrap_or(0);
+    (0..n)
+        .map(|i| runs.iter().filter_map(|r| f(r).get(i).copied()).sum())
+        .collect()
 }
 
 fn open_load() -> String {
@@ -561,12 +587,18 @@ impl SpecPoint {
                     .map(|r| r.conn_per_s_max.unwrap_or(r.conn_per_s))
                     .fold(0.0, f64::max)
             }),
-            served_per_s: {
-                let n = runs.iter().map(|r| r.served_per_s.len()).max().unwrap_or(0);
-                (0..n)
-                    .map(|i| runs.iter().filter_map(|r| r.served_per_s.get(i)).sum())
-                    .collect()
+            served_per_s: add_by_second(runs, |r| &r.served_per_s),
+            migrations_per_s: {
+                let m: Vec<(f64, f64)> = runs
+                    .iter()
+                    .filter_map(|r| r.migrations_per_s.map(|m| (m, r.duration_s)))
+                    .collect();
+                let t: f64 = m.iter().map(|x| x.1).sum();
+                (!m.is_empty() && t > 0.0).then(|| m.iter().map(|(v, d)| v * d).sum::<f64>() / t)
             },
+            migrated_per_s: add_by_second(runs, |r| &r.migrated_per_s),
+            refused_per_s: add_by_second(runs, |r| &r.refused_per_s),
+            closed_per_s: add_by_second(runs, |r| &r.closed_per_s),
             ..first.clone()
         }
     }
@@ -610,6 +642,10 @@ impl SpecPoint {
             conn_per_s_min: None,
             conn_per_s_max: None,
             served_per_s: Vec::new(),
+            migrations_per_s: None,
+            migrated_per_s: Vec::new(),
+            refused_per_s: Vec::new(),
+            closed_per_s: Vec::new(),
         }
     }
 
@@ -750,6 +786,82 @@ pub fn specd_args(
     }
     v
 }
+
+/// The sources' migrations, target refusals and window closures per second of a
+/// point's measured window, from each specd summary's `source.series` (per second since
+/// that daemon's `source.started_unix_ms`). A daemon's second is taken as spread evenly
+/// and apportioned to the window's seconds by overlap, so the lab's and the daemons'
+/// clocks need not tick together (the last window second may be partial).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WindowSeries {
+    /// Migrations per second over the whole window; `None` for an empty window.
+    pub migrations_per_s: Option<f64>,
+    pub migrated: Vec<f64>,
+    pub refused: Vec<f64>,
+    pub closed: Vec<f64>,
+}
+
+impl WindowSeries {
+    /// The window from `w0_unix_ms` for `wall_ms`.
+    pub fn from_summaries(
+        summaries: &[serde_json::Value],
+        w0_unix_ms: f64,
+        wall_ms: f64,
+    ) -> WindowSeries {
+        // The sampler wakes a few ms after the window's end: an overrun of up to
+        // WINDOW_OVERRUN_MS is cut, so a 20 s window has 20 seconds, as `served_per_s`.
+        let n = ((wall_ms - WINDOW_OVERRUN_MS) / 1e3).ceil().max(0.0) as usize;
+        let wall_ms = wall_ms.min(n as f64 * 1e3);
+        let mut cols = [vec![0.0; n], vec![0.0; n], vec![0.0; n]];
+        let w_end = w0_unix_ms + wall_ms;
+        for s in summaries {
+            let src = &s["source"];
+            let Some(start) = src["started_unix_ms"].as_f64() else {
+                continue;
+            };
+            let first = src["series"]["first_s"].as_f64().unwrap_or(0.0);
+            for (k, name) in ["migrated", "refused", "closed"].iter().enumerate() {
+                let Some(bins) = src["series"][*name].as_array() else {
+                    continue;
+                };
+                for (i, c) in bins.iter().enumerate() {
+                    let c = c.as_f64().unwrap_or(0.0);
+                    let b0 = start + (first + i as f64) * 1e3;
+                    let b1 = b0 + 1e3;
+                    if c == 0.0 || b1 <= w0_unix_ms || b0 >= w_end {
+                        continue;
+                    }
+                    let j0 = ((b0.max(w0_unix_ms) - w0_unix_ms) / 1e3) as usize;
+                    for (j, slot) in cols[k].iter_mut().enumerate().skip(j0) {
+                        let s0 = w0_unix_ms + j as f64 * 1e3;
+                        let s1 = (s0 + 1e3).min(w_end);
+                        if s0 >= b1 {
+                            break;
+                        }
+                        let overlap = (s1.min(b1) - s0.max(b0)).max(0.0);
+                        *slot += c * overlap / 1e3;
+                    }
+                }
+            }
+        }
+        let migrated_total: f64 = cols[0].iter().sum();
+        let [migrated, refused, closed] = cols.map(|v| {
+            v.into_iter()
+                .map(|x| (x * 10.0).round() / 10.0)
+                .collect::<Vec<f64>>()
+        });
+        WindowSeries {
+            migrations_per_s: (wall_ms > 0.0).then(|| migrated_total * 1e3 / wall_ms),
+            migrated,
+            refused,
+            closed,
+        }
+    }
+}
+
+/// The most a measured window's wall time may pass a whole second and still count
+/// as that many seconds ([`WindowSeries`]), ms.
+const WINDOW_OVERRUN_MS: f64 = 100.0;
 
 /// What one point takes from the back-ends' `farside specd` exit summaries.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -1512,8 +1624,9 @@ fn measure(
                 }
                 let before = snap();
                 let t0 = Instant::now();
+                let w0_unix_ms = unix_ms_now();
                 let _ = ended.recv_timeout(Duration::from_secs_f64(plan.duration_s));
-                Some((before, snap(), t0.elapsed()))
+                Some((before, snap(), t0.elapsed(), w0_unix_ms))
             });
             let s = lab.load(
                 SocketAddr::V4(VIP),
@@ -1528,15 +1641,18 @@ fn measure(
         });
         let s = s?;
         let window = window.map_err(|_| io::Error::other("the CPU sampler thread panicked"))?;
+        let edges = window
+            .as_ref()
+            .map(|(_, _, wall, w0)| (*w0, wall.as_secs_f64() * 1e3));
         let cpu: Vec<NodeCpu> = match window {
-            Some((before, after, wall)) => nodes
+            Some((before, after, wall, _)) => nodes
                 .iter()
                 .zip(before.iter().zip(after.iter().zip(&pids)))
                 .map(|(nd, (b, (e, p)))| node_cpu(nd, p, b, e, wall))
                 .collect(),
             None => Vec::new(),
         };
-        Ok((s, cpu))
+        Ok((s, cpu, edges))
     });
     // specd first (SIGTERM: it writes its summary), b0 (the heavier source) before b1
     // so that b0's last migrations still find b1's target; then the front-end (it
@@ -1550,8 +1666,8 @@ fn measure(
     for p in &adopt {
         let _ = std::fs::remove_file(p);
     }
-    let (s, nodes) = s?;
-    let figures = match spec {
+    let (s, nodes, edges) = s?;
+    let (figures, over_time) = match spec {
         Some(_) => {
             let mut v = Vec::new();
             for p in &summaries {
@@ -1561,10 +1677,13 @@ fn measure(
                     io::Error::other(format!("specd summary {}: {e}", p.display()))
                 })?);
             }
-            SpecdFigures::from_summaries(&v)
+            let over_time =
+                edges.map(|(w0, wall_ms)| WindowSeries::from_summaries(&v, w0, wall_ms));
+            (SpecdFigures::from_summaries(&v), over_time)
         }
-        None => SpecdFigures::default(),
+        None => (SpecdFigures::default(), None),
     };
+    let over_time = over_time.unwrap_or_default();
     Ok(SpecPoint {
         experiment: key.experiment.clone(),
         system: key.system.clone(),
@@ -1611,7 +1730,18 @@ fn measure(
         conn_per_s_min: None,
         conn_per_s_max: None,
         served_per_s: s.series.iter().map(|x| x.served).collect(),
+        migrations_per_s: over_time.migrations_per_s,
+        migrated_per_s: over_time.migrated,
+        refused_per_s: over_time.refused,
+        closed_per_s: over_time.closed,
     })
+}
+
+/// Now in Unix time, ms (0 if the clock is before 1970).
+fn unix_ms_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
 /// The panels in first-seen order, each with its systems in first-seen order.
@@ -1665,7 +1795,7 @@ fn fig_of(panel: &str) -> &'static str {
 pub fn table(points: &[&SpecPoint]) -> String {
     let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
     let mut s = format!(
-        "{:<8} {:<8} {:<6} {:>7} {:>8} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9} {:>10} {:>8} {:>8}\n",
+        "{:<8} {:<8} {:<6} {:>7} {:>8} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9} {:>10} {:>7} {:>8} {:>8}\n",
         "exp",
         "system",
         "split",
@@ -1678,13 +1808,14 @@ pub fn table(points: &[&SpecPoint]) -> String {
         "avg_ms",
         "p99_ms",
         "migrations",
+        "mig/s",
         "mig_p50",
         "mig_p99"
     );
     for p in points {
         let _ = writeln!(
             s,
-            "{:<8} {:<8} {:<6} {:>7} {:>8.1} {:>9.1} {:>9.1} {:>8} {:>8} {:>9.1} {:>9.1} {:>10} {:>8} {:>8}",
+            "{:<8} {:<8} {:<6} {:>7} {:>8.1} {:>9.1} {:>9.1} {:>8} {:>8} {:>9.1} {:>9.1} {:>10} {:>7} {:>8} {:>8}",
             p.experiment,
             p.system,
             p.split,
@@ -1697,6 +1828,8 @@ pub fn table(points: &[&SpecPoint]) -> String {
             p.avg_ms,
             p.p99_ms,
             p.migrations,
+            p.migrations_per_s
+                .map_or("-".to_string(), |v| format!("{v:.1}")),
             us(p.migration_p50_us),
             us(p.migration_p99_us)
         );
@@ -1843,12 +1976,12 @@ pub fn peaks_and_break_even(points: &[&SpecPoint]) -> String {
 pub fn csv(points: &[&SpecPoint]) -> String {
     let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.1}"));
     let mut s = String::from(
-        "experiment,system,split,accept_queue,admission_window,rate,offered_per_s,conn_per_s,served,failures,timeouts,avg_ms,p99_ms,migrations,migration_p50_us,migration_p99_us,refusals,window_closures,migration_lost,migration_cpu_source_us,migration_cpu_target_us,capacity_rps,duration_s,load,clients\n",
+        "experiment,system,split,accept_queue,admission_window,rate,offered_per_s,conn_per_s,served,failures,timeouts,avg_ms,p99_ms,migrations,migration_p50_us,migration_p99_us,refusals,window_closures,migration_lost,migration_cpu_source_us,migration_cpu_target_us,capacity_rps,duration_s,load,clients,migrations_per_s\n",
     );
     for p in points {
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{:.3},{:.3},{:.3},{},{},{},{:.3},{:.3},{},{},{},{},{},{},{},{},{:.3},{:.3},{},{}",
+            "{},{},{},{},{},{:.3},{:.3},{:.3},{},{},{},{:.3},{:.3},{},{},{},{},{},{},{},{},{:.3},{:.3},{},{},{}",
             p.experiment,
             p.system,
             p.split,
@@ -1873,7 +2006,8 @@ pub fn csv(points: &[&SpecPoint]) -> String {
             p.capacity_rps,
             p.duration_s,
             p.load,
-            p.clients.map_or(String::new(), |c| c.to_string())
+            p.clients.map_or(String::new(), |c| c.to_string()),
+            o(p.migrations_per_s)
         );
     }
     s
@@ -1923,8 +2057,53 @@ pub fn figures(points: &[&SpecPoint]) -> Vec<(String, String, String)> {
             format!("Average response time vs {}, {panel}", x_axis(&panel).1),
             rt.to_svg(),
         ));
+        // Over time: each speculative system at its peak, per second of the window.
+        for sys in &systems {
+            let peak = points
+                .iter()
+                .filter(|p| p.panel() == panel && p.system == *sys && !p.migrated_per_s.is_empty())
+                .max_by(|a, b| a.conn_per_s.total_cmp(&b.conn_per_s));
+            if let Some(p) = peak {
+                out.push(over_time_figure(p, &panel, &file));
+            }
+        }
     }
     out
+}
+
+/// One speculative point per second of its measured window (runs summed, so divided by
+/// its runs): connections completed, migrations, target refusals and window closures.
+fn over_time_figure(p: &SpecPoint, panel: &str, file: &str) -> (String, String, String) {
+    let runs = p.runs.max(1) as f64;
+    let line = |v: Vec<f64>| -> Vec<(f64, f64)> {
+        v.into_iter()
+            .enumerate()
+            .map(|(i, y)| (i as f64 + 1.0, y / runs))
+            .collect()
+    };
+    let served: Vec<f64> = p.served_per_s.iter().map(|&n| n as f64).collect();
+    let at = match p.clients {
+        Some(c) => format!("{c} users"),
+        None => format!("{:.1} conn/s offered", p.rate),
+    };
+    let c = Chart::new(
+        &format!("Over time, {} {panel} at {at}", p.system),
+        "second of the measured window",
+        "per second",
+    )
+    .series("completed", line(served))
+    .series("migrated", line(p.migrated_per_s.clone()))
+    .series("refused by the target", line(p.refused_per_s.clone()))
+    .series("window closed", line(p.closed_per_s.clone()));
+    (
+        format!("fig-spec-time-{file}-{}.svg", p.system),
+        format!(
+            "Connections completed, migrations, refusals and window closures per second, \
+             {} {panel} at its peak ({at})",
+            p.system
+        ),
+        c.to_svg(),
+    )
 }
 
 /// Run `farside lab speculative`.
@@ -2243,6 +2422,35 @@ mod tests {
             panic!("--timeout-ms past its bound accepted");
         };
         assert!(e.to_string().starts_with("--timeout-ms"), "{e}");
+    }
+
+    #[test]
+    fn the_daemons_seconds_are_apportioned_to_the_window() {
+        let daemon = |start: u64, migrated: &[u32], refused: &[u32]| {
+            serde_json::json!({"source": {
+                "started_unix_ms": start,
+                "series": {"first_s": 0, "migrated": migrated, "refused": refused,
+                           "closed": [0, 1, 0], "evicted": 0},
+            }})
+        };
+        // The window starts half-way through the daemon's first second and lasts 2 s.
+        let a = daemon(10_000, &[10, 20, 30], &[0, 0, 4]);
+        let w = WindowSeries::from_summaries(std::slice::from_ref(&a), 10_500.0, 2_000.0);
+        assert_eq!(w.migrated, vec![15.0, 25.0]);
+        assert_eq!(w.refused, vec![0.0, 2.0]);
+        assert_eq!(w.closed, vec![0.5, 0.5]);
+        assert_eq!(w.migrations_per_s, Some(20.0));
+        // Both sources add; a summary without a series (an older specd) adds nothing;
+        // a partial last second gets only what falls in it.
+        let b = daemon(11_000, &[6], &[0]);
+        let old = serde_json::json!({"source": {"migrated": 99}});
+        let w = WindowSeries::from_summaries(&[a, b, old], 10_500.0, 1_500.0);
+        assert_eq!(w.migrated, vec![18.0, 13.0]);
+        let per_s = w.migrations_per_s.unwrap();
+        assert!((per_s - 31.0 / 1.5).abs() < 1e-9, "{per_s}");
+        // No window, no rate.
+        let w = WindowSeries::from_summaries(&[], 0.0, 0.0);
+        assert!(w.migrated.is_empty() && w.migrations_per_s.is_none());
     }
 
     #[test]

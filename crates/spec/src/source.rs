@@ -57,7 +57,7 @@ use farside_rmem::{connect_target, ClientOptions};
 
 use crate::handoff::HandOff;
 use crate::load::{server_listener, ServerQueue};
-use crate::stats::Samples;
+use crate::stats::{Event, PerSecond, Samples};
 use crate::steer::{FlowSteer, Mode, Steering, CNT_DAEMON, CNT_NO_SERVER, CNT_SERVER};
 use crate::window::{Decision, Resolution, Window, WindowConfig};
 
@@ -419,9 +419,13 @@ struct Shared {
     steering: Mutex<Option<Steering>>,
     /// The sk_lookup program's counters at the last summary (or at the poller's exit).
     steer_counts: Mutex<[u64; crate::steer::COUNTERS]>,
-    /// When the daemon started (event times are relative to it).
+    /// When the daemon started (event times are relative to it), and the same
+    /// moment in Unix time (ms), so a reader can place the series on its own clock.
     started: std::time::Instant,
+    started_unix_ms: u64,
     window_events: Mutex<WindowEvents>,
+    /// Migrations, refusals and window closures per second since the start.
+    series: Mutex<PerSecond>,
     /// Control connections to the peers' daemons, reused across migrations (issue 12:
     /// a connect, accept, two closes and a TIME_WAIT less per migration); up to
     /// `--migrators` idle per peer (at most `POOL_IDLE_PER_TARGET_MAX`).
@@ -543,7 +547,11 @@ impl SourceDaemon {
             flow,
             steer_counts: Mutex::new([0; crate::steer::COUNTERS]),
             started: std::time::Instant::now(),
+            started_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
             window_events: Mutex::new(WindowEvents::default()),
+            series: Mutex::new(PerSecond::default()),
             control,
             hold,
         });
@@ -636,7 +644,9 @@ impl SourceDaemon {
                 .map(|(t, what)| format!("[{t},\"{what}\"]"))
                 .collect();
             format!(
-                "\"window_events\":[{}],\"window_events_dropped\":{}",
+                "\"started_unix_ms\":{},\"series\":{},\"window_events\":[{}],\"window_events_dropped\":{}",
+                self.shared.started_unix_ms,
+                lock(&self.shared.series).json(),
                 list.join(","),
                 ev.dropped
             )
@@ -776,6 +786,14 @@ fn window_op<R>(s: &Shared, f: impl FnOnce(&mut Window) -> R) -> R {
         s.poller_wake.notify_all();
     }
     drop(w);
+    // The series counts what the window's own counters count (the summary's
+    // `window.closures` and `window.target_refusals`).
+    for _ in 0..after.target_refusals - before.target_refusals {
+        record(s, Event::Refused);
+    }
+    for _ in 0..after.closures - before.closures {
+        record(s, Event::Closed);
+    }
     let happened = [
         (after.closures - before.closures, "close"),
         (
@@ -805,6 +823,12 @@ fn window_op<R>(s: &Shared, f: impl FnOnce(&mut Window) -> R) -> R {
         }
     }
     r
+}
+
+/// Counts `e` in the per-second series, in the second since the start it happens in.
+fn record(s: &Shared, e: Event) {
+    let t_s = s.started.elapsed().as_secs();
+    lock(&s.series).record(t_s, e);
 }
 
 /// Hands a connection to the local server (fall-back or stale divert); never waits
@@ -990,6 +1014,7 @@ fn migrate_one(s: &Shared, mcfg: &MigrateConfig, sock: TcpStream, admitted: Inst
         Outcome::Migrated(t) => {
             window_op(s, |w| w.on_resolved(Resolution::Migrated));
             s.stats.migrated.fetch_add(1, Ordering::Relaxed);
+            record(s, Event::Migrated);
             peer.migrated.fetch_add(1, Ordering::Relaxed);
             lock(&s.stats.migration_us).record(t.total.as_micros() as u64);
             lock(&s.stats.admit_to_done_us).record(admitted.elapsed().as_micros() as u64);

@@ -60,9 +60,101 @@ impl Samples {
     }
 }
 
+/// Seconds kept by a [`PerSecond`] series: the last hour (12 bytes a second), so a
+/// daemon that runs for days keeps a bounded, recent series.
+pub const SERIES_S_MAX: usize = 3600;
+
+/// What a [`PerSecond`] series counts, one column each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// A connection migrated (DONE).
+    Migrated = 0,
+    /// A migration refused by its target.
+    Refused = 1,
+    /// The admission window closed.
+    Closed = 2,
+}
+
+/// Events per second since the daemon started: second `first_s + i` is `bins[i]`.
+/// Past [`SERIES_S_MAX`] seconds the oldest second is dropped (its events counted in
+/// `evicted`), so the series follows the daemon's last hour.
+#[derive(Clone, Debug, Default)]
+pub struct PerSecond {
+    first_s: u64,
+    bins: std::collections::VecDeque<[u32; 3]>,
+    /// Events of seconds dropped from the front (or recorded for one already dropped).
+    pub evicted: u64,
+}
+
+impl PerSecond {
+    /// Counts one `e` in second `t_s` (seconds since the daemon started).
+    pub fn record(&mut self, t_s: u64, e: Event) {
+        if t_s < self.first_s {
+            self.evicted += 1;
+            return;
+        }
+        while t_s >= self.first_s + self.bins.len() as u64 {
+            self.bins.push_back([0; 3]);
+            if self.bins.len() > SERIES_S_MAX {
+                let old = self.bins.pop_front().unwrap_or_default();
+                self.evicted += old.iter().map(|&n| u64::from(n)).sum::<u64>();
+                self.first_s += 1;
+            }
+        }
+        let bin = &mut self.bins[(t_s - self.first_s) as usize][e as usize];
+        *bin = bin.saturating_add(1);
+    }
+
+    /// `{"first_s":…,"migrated":[…],"refused":[…],"closed":[…],"evicted":…}`.
+    pub fn json(&self) -> String {
+        let col = |e: Event| {
+            let v: Vec<String> = self
+                .bins
+                .iter()
+                .map(|b| b[e as usize].to_string())
+                .collect();
+            v.join(",")
+        };
+        format!(
+            "{{\"first_s\":{},\"migrated\":[{}],\"refused\":[{}],\"closed\":[{}],\"evicted\":{}}}",
+            self.first_s,
+            col(Event::Migrated),
+            col(Event::Refused),
+            col(Event::Closed),
+            self.evicted
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_second_bins_by_second_and_keeps_the_last_hour() {
+        let mut s = PerSecond::default();
+        s.record(0, Event::Migrated);
+        s.record(0, Event::Migrated);
+        s.record(2, Event::Refused);
+        s.record(2, Event::Closed);
+        let j: serde_json::Value = serde_json::from_str(&s.json()).unwrap();
+        assert_eq!(j["first_s"], 0);
+        assert_eq!(j["migrated"], serde_json::json!([2, 0, 0]));
+        assert_eq!(j["refused"], serde_json::json!([0, 0, 1]));
+        assert_eq!(j["closed"], serde_json::json!([0, 0, 1]));
+        // An hour later the first seconds are gone, and counted.
+        let last = SERIES_S_MAX as u64 + 1;
+        s.record(last, Event::Migrated);
+        assert_eq!(s.bins.len(), SERIES_S_MAX);
+        assert_eq!(s.first_s, 2);
+        assert_eq!(s.evicted, 2);
+        s.record(1, Event::Migrated);
+        assert_eq!(s.evicted, 3);
+        let j: serde_json::Value = serde_json::from_str(&s.json()).unwrap();
+        assert_eq!(j["migrated"].as_array().unwrap().len(), SERIES_S_MAX);
+        assert_eq!(j["migrated"][SERIES_S_MAX - 1], 1);
+        assert_eq!(j["refused"][0], 1);
+    }
 
     #[test]
     fn quantiles_by_nearest_rank() {
