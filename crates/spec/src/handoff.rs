@@ -54,6 +54,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixDatagram;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -245,8 +246,20 @@ impl HandOff {
     /// not there). Later outcomes are counted in [`HandoffStats`]. With
     /// [`Handoff::Relay`], `Err` means the relay could not start (connection closed).
     pub fn hand(&self, conn: TcpStream) -> io::Result<()> {
+        self.hand_with(conn, None)
+    }
+
+    /// As [`HandOff::hand`], and what it returns tells when the connection's wait for
+    /// the server has ended (at once if it was passed, or closed, without waiting).
+    pub fn hand_watched(&self, conn: TcpStream) -> io::Result<Taken> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(0);
+        self.hand_with(conn, Some(tx))?;
+        Ok(Taken(rx))
+    }
+
+    fn hand_with(&self, conn: TcpStream, watch: Option<SyncSender<()>>) -> io::Result<()> {
         match (&self.how, &self.adopt) {
-            (Handoff::Adopt(_), Some(a)) => a.hand(conn, &self.stats),
+            (Handoff::Adopt(_), Some(a)) => a.hand(conn, &self.stats, watch),
             (Handoff::Relay(to), _) => {
                 let r = self.relay(conn, *to);
                 match &r {
@@ -327,6 +340,20 @@ struct Pending {
 struct Waiting {
     conn: TcpStream,
     since: Instant,
+    /// Dropped with the entry, whatever ends its wait (passed, expired, gone,
+    /// failed, closed at stop): that wakes a [`Taken`] watching it.
+    _watch: Option<SyncSender<()>>,
+}
+
+/// The end of one connection's wait for the local server ([`HandOff::hand_watched`]):
+/// it was passed to the server, or closed (expired, client gone, server gone, stop).
+pub struct Taken(Receiver<()>);
+
+impl Taken {
+    /// Waits up to `t` for the connection's wait to end; `true` if it has.
+    pub fn wait(&self, t: Duration) -> bool {
+        !matches!(self.0.recv_timeout(t), Err(RecvTimeoutError::Timeout))
+    }
 }
 
 enum Sent {
@@ -353,7 +380,12 @@ impl Adopter {
         }
     }
 
-    fn hand(&self, conn: TcpStream, stats: &HandoffStats) -> io::Result<()> {
+    fn hand(
+        &self,
+        conn: TcpStream,
+        stats: &HandoffStats,
+        watch: Option<SyncSender<()>>,
+    ) -> io::Result<()> {
         let mut p = lock(&self.state);
         if p.items.is_empty() {
             match self.try_send(&mut p, &conn) {
@@ -385,6 +417,7 @@ impl Adopter {
         p.items.push_back(Waiting {
             conn,
             since: Instant::now(),
+            _watch: watch,
         });
         stats.queued.fetch_add(1, Ordering::Relaxed);
         stats
@@ -686,6 +719,36 @@ mod tests {
         for k in ["failed", "over_bound", "waited_too_long", "client_gone"] {
             assert_eq!(v[k], 0, "{k}");
         }
+        drop(h);
+        backend.stop();
+    }
+
+    #[test]
+    fn a_watched_hand_off_ends_when_the_server_takes_the_connection() {
+        let (path, backend) = one_worker_backend("watched");
+        let h = HandOff::new(Handoff::Adopt(path)).unwrap();
+        let front = TcpListener::bind("127.0.0.1:0").unwrap();
+        // The channel has room: passed at once, the wait is already over.
+        let (mut first, s) = pair(&front);
+        assert!(h.hand_watched(s).unwrap().wait(Duration::ZERO));
+        // Fill the worker (it waits for `first`'s request) and the channel.
+        let mut clients = Vec::new();
+        for _ in 0..max_dgram_qlen() + 2 {
+            let (c, s) = pair(&front);
+            h.hand(s).unwrap();
+            clients.push(c);
+        }
+        let st = h.stats();
+        await_cond("a connection waiting", || count(&st.pending) > 0);
+        let (mut last, s) = pair(&front);
+        let taken = h.hand_watched(s).unwrap();
+        assert!(!taken.wait(Duration::from_millis(50)), "{}", st.json());
+        // The clients ask, the worker drains the channel, the watched one is passed.
+        for c in std::iter::once(&mut first).chain(clients.iter_mut()) {
+            c.write_all(REQUEST).unwrap();
+        }
+        assert!(taken.wait(AWAIT_MAX), "{}", st.json());
+        assert!(served(&ask(&mut last)));
         drop(h);
         backend.stop();
     }

@@ -652,7 +652,7 @@ impl SourceDaemon {
             )
         };
         format!(
-            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"local_handoff\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{},\"reopened_by_peer_load\":{}}},\"steer\":{{\"server\":{},\"daemon\":{},\"no_server\":{}}},\"steer_mode\":\"{}\",\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"flow_drain\":{},\"control\":{{\"opened\":{},\"reused\":{},\"stale\":{}}},\"no_peer_room\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
+            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"local_handoff\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"falling_back\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{},\"reopened_by_peer_load\":{}}},\"steer\":{{\"server\":{},\"daemon\":{},\"no_server\":{}}},\"steer_mode\":\"{}\",\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"flow_drain\":{},\"control\":{{\"opened\":{},\"reused\":{},\"stale\":{}}},\"no_peer_room\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
             s.accepted.load(Ordering::Relaxed),
             s.stale_local.load(Ordering::Relaxed),
             s.migrated.load(Ordering::Relaxed),
@@ -663,6 +663,7 @@ impl SourceDaemon {
             s.notifications.load(Ordering::Relaxed),
             w.size(),
             w.in_flight(),
+            w.falling_back(),
             ws.migratory,
             ws.target_refusals,
             ws.target_failures,
@@ -825,6 +826,27 @@ fn window_op<R>(s: &Shared, f: impl FnOnce(&mut Window) -> R) -> R {
     r
 }
 
+/// How often a migrator waiting for its fall-back to be taken by the local server
+/// checks for a stop (the wait itself ends when the hand-off does: at most its
+/// `HANDOFF_WAIT_MAX`).
+const FALLBACK_STOP_CHECK: Duration = Duration::from_millis(100);
+
+/// Hands a migratory connection that stayed here to the local server, waits until
+/// the server has taken it (or it was closed: expired, client gone, stop), and frees
+/// its place in the window ([`Window::on_handed_locally`]). The migrator waits on
+/// purpose: while fall-backs wait for a saturated local server, their places keep
+/// the window from admitting more, as the server's full accept queue keeps SYNs out,
+/// instead of piling connections up in front of it (stop 26: at 4x overload, 75/25,
+/// the source's hand-off queue filled to its bound and closed up to 108 connections
+/// per 20 s run). The wait is short when the server has room: one non-blocking send.
+fn fall_back_local(s: &Shared, sock: TcpStream) {
+    match s.local.hand_watched(sock) {
+        Ok(taken) => while !taken.wait(FALLBACK_STOP_CHECK) && !s.stop.load(Ordering::SeqCst) {},
+        Err(e) => log::warn!("specd: hand-off to the local server failed: {e}"),
+    }
+    window_op(s, |w| w.on_handed_locally());
+}
+
 /// Counts `e` in the per-second series, in the second since the start it happens in.
 fn record(s: &Shared, e: Event) {
     let t_s = s.started.elapsed().as_secs();
@@ -896,9 +918,9 @@ fn migrator_loop(s: &Shared) {
                 // Every peer read one-sidedly is full: an offer would be refused after a
                 // dump. The window closes as on that refusal (without the dump and the
                 // offer) and the connection is served here.
-                window_op(s, |w| w.on_resolved(Resolution::NoPeerRoom));
+                window_op(s, |w| w.on_fell_back(Resolution::NoPeerRoom));
                 s.stats.no_peer_room.fetch_add(1, Ordering::Relaxed);
-                hand_local(s, sock);
+                fall_back_local(s, sock);
             }
             Decision::Migrate => migrate_one(s, &mcfg, sock, admitted),
             Decision::Server | Decision::Refuse => {
@@ -1039,11 +1061,11 @@ fn migrate_one(s: &Shared, mcfg: &MigrateConfig, sock: TcpStream, admitted: Inst
             };
             log::debug!("specd: {remote} stays here: {reason:?}");
             window_op(s, |w| {
-                w.on_resolved(r);
+                w.on_fell_back(r);
                 w.on_served_locally(1);
             });
             s.stats.fell_back.fetch_add(1, Ordering::Relaxed);
-            hand_local(s, sock);
+            fall_back_local(s, sock);
         }
         Outcome::Lost(e) => {
             log::warn!(

@@ -161,6 +161,9 @@ pub struct Window {
     size: u32,
     /// Migratory connections admitted and not yet resolved.
     in_flight: u32,
+    /// Migratory connections that stayed here and wait for the local server to take
+    /// them ([`Window::on_fell_back`]).
+    falling_back: u32,
     /// Requests served locally since the window closed.
     served_since_close: u64,
     stats: WindowStats,
@@ -173,6 +176,7 @@ impl Window {
             cfg,
             size: cfg.window,
             in_flight: 0,
+            falling_back: 0,
             served_since_close: 0,
             stats: WindowStats::default(),
         }
@@ -198,9 +202,16 @@ impl Window {
         self.in_flight
     }
 
-    /// Whether one more connection could be admitted speculatively now.
+    /// Migratory connections resolved here and not yet taken by the local server.
+    pub fn falling_back(&self) -> u32 {
+        self.falling_back
+    }
+
+    /// Whether one more connection could be admitted speculatively now: the window
+    /// bounds every speculatively admitted connection no server has taken yet, those
+    /// migrating and those that fell back and wait for the local server.
     pub fn has_room(&self) -> bool {
-        self.in_flight < self.size
+        self.in_flight + self.falling_back < self.size
     }
 
     /// Whether an arrival now would go to the daemon rather than the server: the
@@ -241,6 +252,39 @@ impl Window {
             return;
         }
         self.in_flight -= 1;
+        self.count(r);
+    }
+
+    /// A migratory connection was not moved (`r`: refused, failed, not dumpable, no
+    /// peer with room) and is handed to the local server: resolved as by
+    /// [`Window::on_resolved`] (the window closes on a refusal or a failure), but it
+    /// keeps its place in the window until [`Window::on_handed_locally`]. So when the
+    /// local server cannot take its fall-backs (both nodes saturated), they stop
+    /// further admissions instead of piling up in front of it: the window bounds what
+    /// speculation holds on this node. A resolution without a connection in flight
+    /// is a caller bug: ignored (asserted in debug builds).
+    pub fn on_fell_back(&mut self, r: Resolution) {
+        debug_assert!(
+            self.in_flight > 0 && r != Resolution::Migrated,
+            "fall-back {r:?} with {} in flight",
+            self.in_flight
+        );
+        if self.in_flight == 0 || r == Resolution::Migrated {
+            return;
+        }
+        self.in_flight -= 1;
+        self.falling_back += 1;
+        self.count(r);
+    }
+
+    /// A connection that fell back was taken by the local server (or closed): its
+    /// place in the window is free.
+    pub fn on_handed_locally(&mut self) {
+        debug_assert!(self.falling_back > 0, "hand-off with nothing falling back");
+        self.falling_back = self.falling_back.saturating_sub(1);
+    }
+
+    fn count(&mut self, r: Resolution) {
         match r {
             Resolution::Migrated => self.stats.migrated += 1,
             Resolution::NotDumpable => self.stats.not_dumpable += 1,
@@ -305,6 +349,38 @@ mod tests {
 
     fn win(q: u32, w: u32) -> Window {
         Window::new(WindowConfig::new(q, w))
+    }
+
+    #[test]
+    fn fall_backs_hold_their_place_until_the_local_server_takes_them() {
+        let mut w = Window::new(WindowConfig {
+            queue: 64,
+            window: 2,
+            reopen_after: 2,
+        });
+        assert_eq!(w.on_arrival(64), Decision::Migrate);
+        assert_eq!(w.on_arrival(64), Decision::Migrate);
+        // Not dumpable: the window stays open, but the connection waits for the local
+        // server and keeps its place.
+        w.on_fell_back(Resolution::NotDumpable);
+        assert!(w.is_open());
+        assert_eq!((w.in_flight(), w.falling_back()), (1, 1));
+        assert!(!w.has_room());
+        assert_eq!(w.on_arrival(64), Decision::Refuse);
+        w.on_handed_locally();
+        assert!(w.has_room() && w.diverts(64));
+        // Refused: the window closes as on_resolved closes it; after it reopens, the
+        // waiting fall-back still counts against it.
+        w.on_fell_back(Resolution::Refused);
+        assert!(!w.is_open());
+        assert_eq!(w.stats().target_refusals, 1);
+        w.on_notification();
+        assert!(w.is_open());
+        assert_eq!(w.on_arrival(64), Decision::Migrate);
+        assert_eq!(w.on_arrival(64), Decision::Refuse);
+        w.on_handed_locally();
+        assert_eq!(w.on_arrival(64), Decision::Migrate);
+        assert_eq!((w.in_flight(), w.falling_back()), (2, 0));
     }
 
     #[test]
