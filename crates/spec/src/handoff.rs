@@ -33,7 +33,10 @@
 //! ```
 //!
 //! `hand` returns after a non-blocking send or an enqueue (microseconds), never
-//! waiting for the server. Trade-off against changing the channel (a connected
+//! waiting for the server. A caller that needs to know when the server has taken a
+//! connection uses `hand_watched` and waits on its [`Taken`] as long as it chooses
+//! (the source's migrator for a fall-back, whose place in the admission window ends
+//! then). Trade-off against changing the channel (a connected
 //! `SOCK_SEQPACKET` socket, bounded by its send buffer rather than
 //! `max_dgram_qlen`): that moves the same queue into the kernel, still bounded, so
 //! specd would need this queue all the same once it fills, and it changes the
