@@ -1385,17 +1385,8 @@ impl Lab {
         Ok(fe)
     }
 
-    /// One run from the client node.
-    fn load(
-        &self,
-        target: SocketAddr,
-        offer: Offer,
-        duration_s: f64,
-        warmup_s: f64,
-        a: &SpeculativeArgs,
-        run: u32,
-    ) -> io::Result<farside_loadgen::Summary> {
-        let lg = loadgen_args(target, offer, duration_s, warmup_s, a, run);
+    /// One run of `lg` ([`loadgen_args`]) from the client node.
+    fn load(&self, lg: LoadgenArgs) -> io::Result<farside_loadgen::Summary> {
         let front = self.front.clone();
         self.dc.run_in_ns(CLIENT, move || {
             if let Some(cpus) = &front {
@@ -1628,14 +1619,14 @@ fn measure(
                 let _ = ended.recv_timeout(Duration::from_secs_f64(plan.duration_s));
                 Some((before, snap(), t0.elapsed(), w0_unix_ms))
             });
-            let s = lab.load(
+            let s = lab.load(loadgen_args(
                 SocketAddr::V4(VIP),
                 key.offer(),
                 plan.duration_s,
                 plan.warmup_s,
                 a,
                 run,
-            );
+            ));
             drop(done);
             (s, sampler.join())
         });

@@ -853,8 +853,8 @@ fn record(s: &Shared, e: Event) {
     lock(&s.series).record(t_s, e);
 }
 
-/// Hands a connection to the local server (fall-back or stale divert); never waits
-/// for the server (see [`HandOff::hand`]). What it closes is counted in the
+/// Hands a connection to the local server (a stale divert: fall-backs go through
+/// [`fall_back_local`]); never waits for the server (see [`HandOff::hand`]). What it closes is counted in the
 /// hand-off's stats (`local_handoff_failed`, `local_handoff` in the summary).
 fn hand_local(s: &Shared, sock: TcpStream) {
     if let Err(e) = s.local.hand(sock) {
