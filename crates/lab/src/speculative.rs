@@ -1503,14 +1503,14 @@ fn start_lab(dir: &Path, plan: &Plan) -> io::Result<Lab> {
 fn calibrate(lab: &Lab, a: &SpeculativeArgs) -> io::Result<f64> {
     let _be = lab.start_backend(a, 0, 128, None, "calibrate")?;
     let direct = SocketAddr::new(lab.dc.node_ip(&lab.backends[0].0).into(), 80);
-    let s = lab.load(
+    let s = lab.load(loadgen_args(
         direct,
         Offer::Clients(CALIBRATION_CLIENTS),
         CALIBRATION_S,
         WARMUP_S,
         a,
         0,
-    )?;
+    ))?;
     Ok(s.tps)
 }
 
