@@ -792,11 +792,12 @@ fn window_op<R>(s: &Shared, f: impl FnOnce(&mut Window) -> R) -> R {
     for _ in 0..after.target_refusals - before.target_refusals {
         record(s, Event::Refused);
     }
-    for _ in 0..after.closures - before.closures {
+    let closed = after.closures - before.closures;
+    for _ in 0..closed {
         record(s, Event::Closed);
     }
     let happened = [
-        (after.closures - before.closures, "close"),
+        (closed, "close"),
         (
             after.reopened_by_notification - before.reopened_by_notification,
             "open_notify",
