@@ -19,7 +19,7 @@
  * 4-tuple costs nothing while the source's or the restored socket exists. An entry
  * past its deadline (bpf_ktime_get_ns, CLOCK_MONOTONIC) is ignored: a hold the
  * daemon failed to remove lasts a bounded time. The selection replaces one an
- * earlier program in the namespace made (the steering program of crates/spec picks
+ * earlier program in the namespace made (the steering program of crates/specd picks
  * the daemon's admission listener for the service port, which would answer with a
  * RST as well).
  */

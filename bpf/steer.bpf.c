@@ -51,7 +51,7 @@ static long (*bpf_probe_read_kernel)(void *dst, __u32 size, const void *src) =
 #define STEER_AF_INET 2
 #define STEER_IPPROTO_TCP 6
 
-/* Counter indices (user space: crates/spec/src/steer.rs, same numbers). */
+/* Counter indices (user space: crates/specd/src/steer.rs, same numbers). */
 #define STEER_CNT_SERVER 0
 #define STEER_CNT_DAEMON 1
 #define STEER_CNT_NO_DAEMON 2

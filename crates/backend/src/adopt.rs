@@ -8,7 +8,7 @@
 //! queue (`net.unix.max_dgram_qlen`, 10 by default). A blocking sender waits (up to its
 //! send timeout) when the server falls behind; specd sends non-blocking and keeps the
 //! connections the queue cannot take in its own bounded queue until the server makes
-//! room (`farside_spec::handoff`), so a slow server never costs a connection.
+//! room (`farside_specd::handoff`), so a slow server never costs a connection.
 //!
 //! Workers wait on both the listener and this socket with `poll` and take one item
 //! with a non-blocking `accept` or `recvmsg`; a worker that loses the race to another

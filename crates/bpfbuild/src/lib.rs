@@ -1,5 +1,5 @@
 //! Helper of the crates that embed BPF programs from `bpf/` (farside-xdp,
-//! farside-frontend, farside-spec, farside-monitor, farside-migrate): one place that
+//! farside-frontend, farside-specd, farside-monitor, farside-migrate): one place that
 //! finds clang, sets the project's compiler flags and tells cargo which sources to
 //! watch ([`compile`], from their build scripts), and one `BPF_PROG_TEST_RUN` for
 //! their packet tests ([`prog_test_run`]).

@@ -36,7 +36,7 @@ enum Cmd {
     Lab(farside_lab::LabArgs),
     /// Speculative-admission daemon of a back-end: migrates connections beyond its
     /// server's accept queue to the least-loaded peer, takes its peers' migrations.
-    Specd(farside_spec::SpecdArgs),
+    Specd(farside_specd::SpecdArgs),
 }
 
 /// `farside gatherd`: its flags, and `--check`.
@@ -92,7 +92,7 @@ fn main() -> ExitCode {
             farside_frontend::cli::run(a, |limit| logging::wait_for_signal(&signals, limit))
                 .map_err(|e| format!("frontend: {e}"))
         }
-        Cmd::Specd(a) => farside_spec::run(a).map_err(|e| format!("specd: {e}")),
+        Cmd::Specd(a) => farside_specd::run(a).map_err(|e| format!("specd: {e}")),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,5 @@
 //! The migration test kit (cargo feature `testkit`), shared by the root tests of
-//! farside-migrate, farside-frontend and farside-spec and by the `migrate_many`
+//! farside-migrate, farside-frontend and farside-specd and by the `migrate_many`
 //! bench: one copy of the HTTP/1.1 keep-alive session, its pattern bytes and digest,
 //! the small-receive-buffer client, the socket helpers and the three network
 //! namespaces.

@@ -963,7 +963,7 @@ mod tests {
     }
 
     /// The relay's cost against a direct connection on loopback (informative: run
-    /// on an idle machine with `cargo test -p farside-spec relay_cost -- --ignored
+    /// on an idle machine with `cargo test -p farside-specd relay_cost -- --ignored
     /// --nocapture`).
     #[test]
     #[ignore = "measurement, not a check: run on an idle machine"]

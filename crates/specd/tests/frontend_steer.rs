@@ -2,14 +2,14 @@
 //! are loaded (root: CAP_BPF; not attached to any interface, which moving a flow does
 //! not need) and its control server started on 127.0.0.1:0; the steer's `MOVE` must
 //! rewrite the flow's entry, reuse its connection, and report errors.
-//! Run: `cargo test -p farside-spec --test frontend_steer -- --include-ignored` as root.
+//! Run: `cargo test -p farside-specd --test frontend_steer -- --include-ignored` as root.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
 
 use farside_frontend::control::{Client, Server};
 use farside_frontend::{BackendSpec, Frontend};
-use farside_spec::steer::{FlowSteer, FrontendMove, FrontendSteer};
+use farside_specd::steer::{FlowSteer, FrontendMove, FrontendSteer};
 
 const A_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 11);
 const B_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 12);

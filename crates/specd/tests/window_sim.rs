@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 
-use farside_spec::window::{Decision, Resolution, Window, WindowConfig};
+use farside_specd::window::{Decision, Resolution, Window, WindowConfig};
 
 /// xorshift64*: deterministic, no dependency.
 struct Rng(u64);

@@ -10,8 +10,8 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use farside_spec::load::{server_listener, ServerQueue};
-use farside_spec::steer::{Mode, Steering, CNT_DAEMON, CNT_NO_SERVER, CNT_SERVER};
+use farside_specd::load::{server_listener, ServerQueue};
+use farside_specd::steer::{Mode, Steering, CNT_DAEMON, CNT_NO_SERVER, CNT_SERVER};
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -75,7 +75,7 @@ fn await_cond(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 #[test]
-#[ignore = "needs root (netns, BPF): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (netns, BPF): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn in_kernel_mode_the_program_diverts_from_the_servers_queue() {
     assert!(is_root(), "needs root");
     let (_ns, f) = netns("sk");
@@ -167,13 +167,13 @@ fn in_kernel_mode_the_program_diverts_from_the_servers_queue() {
 }
 
 #[test]
-#[ignore = "needs root (netns, BPF): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (netns, BPF): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn syns_go_to_the_daemon_only_while_divert_is_on() {
     divert_flag_steers(true);
 }
 
 #[test]
-#[ignore = "needs root (netns, BPF): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (netns, BPF): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn the_program_without_the_kernel_mode_steers_by_the_flag() {
     divert_flag_steers(false);
 }

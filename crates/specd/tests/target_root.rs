@@ -1,5 +1,5 @@
 //! The target side with the real hand-off (needs CAP_NET_ADMIN for TCP_REPAIR): run
-//! as root with `cargo test -p farside-spec -- --include-ignored`.
+//! as root with `cargo test -p farside-specd -- --include-ignored`.
 //!
 //! A client opens an HTTP/1.1 keep-alive session to a source socket and pipelines
 //! `GET /files/4194304` (4 MiB), a `POST /digest` with an 8 MiB body and
@@ -31,9 +31,9 @@ use farside_migrate::testkit::session::{
 };
 use farside_migrate::testkit::{await_cond, inq, is_root, pattern_digest};
 use farside_migrate::{migrate, Fallback, Handover, MigrateConfig, Outcome};
-use farside_spec::handoff::{HandOff, Handoff};
-use farside_spec::notify;
-use farside_spec::target::{TargetConfig, TargetDaemon};
+use farside_specd::handoff::{HandOff, Handoff};
+use farside_specd::notify;
+use farside_specd::target::{TargetConfig, TargetDaemon};
 
 struct ClientReport {
     longest_read_wait: Duration,
@@ -100,7 +100,7 @@ fn run_client(addr: SocketAddr) -> ClientReport {
 }
 
 fn temp_path(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("farside-spec-{}-{name}", std::process::id()))
+    std::env::temp_dir().join(format!("farside-specd-{}-{name}", std::process::id()))
 }
 
 fn backend(adopt: &Path) -> (SocketAddr, farside_backend::Handle) {
@@ -181,19 +181,19 @@ fn migrated_session(relay: bool) {
 }
 
 #[test]
-#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn migrated_session_is_served_by_farside_backend_through_adoption() {
     migrated_session(false);
 }
 
 #[test]
-#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn migrated_session_is_served_by_an_unmodified_server_through_the_relay() {
     migrated_session(true);
 }
 
 #[test]
-#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn refused_migration_is_served_on_the_source_and_the_target_notifies_when_it_can_take() {
     assert!(is_root(), "needs root");
     let adopt = temp_path("adopt-refuse");
@@ -300,7 +300,7 @@ fn migrate_one_request(
 }
 
 #[test]
-#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn an_idle_pooled_connection_gives_its_thread_to_another_source() {
     assert!(is_root(), "needs root");
     let adopt = temp_path("adopt-yield");
@@ -368,7 +368,7 @@ fn response(c: &mut TcpStream) -> String {
 }
 
 #[test]
-#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn a_restored_connection_waits_for_a_full_server_and_counts_in_the_admission() {
     assert!(is_root(), "needs root");
     let adopt = temp_path("adopt-full");

@@ -1,5 +1,5 @@
 //! Speculative admission end to end across network namespaces (needs root: netns,
-//! sk_lookup, TCP_REPAIR): `cargo test -p farside-spec -- --include-ignored` as root
+//! sk_lookup, TCP_REPAIR): `cargo test -p farside-specd -- --include-ignored` as root
 //! under `flock /tmp/farside-root.lock`.
 //!
 //! Three namespaces: client `c`, back-ends `a` (the saturated source) and `b`. The
@@ -34,11 +34,11 @@ use farside_migrate::testkit::netns::{Netns, NetnsSpec, NsRef};
 use farside_migrate::testkit::session::read_head_full;
 use farside_migrate::testkit::{is_root, Fnv};
 use farside_migrate::Handover;
-use farside_spec::handoff::{HandOff, Handoff};
-use farside_spec::source::{Peer, SourceConfig, SourceDaemon};
-use farside_spec::steer::PolicyRouteSteer;
-use farside_spec::target::{TargetConfig, TargetDaemon};
-use farside_spec::window::WindowConfig;
+use farside_specd::handoff::{HandOff, Handoff};
+use farside_specd::source::{Peer, SourceConfig, SourceDaemon};
+use farside_specd::steer::PolicyRouteSteer;
+use farside_specd::target::{TargetConfig, TargetDaemon};
+use farside_specd::window::WindowConfig;
 
 /// Bound on any await (a hang is a failure).
 const AWAIT_MAX: Duration = Duration::from_secs(60);
@@ -332,7 +332,7 @@ fn scenario(suffix: &str, b_admit_queue_max: u32, poll_steer: bool) -> (NodeRepo
 }
 
 #[test]
-#[ignore = "needs root (netns, sk_lookup, TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (netns, sk_lookup, TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn window_connections_migrate_to_the_peer_and_complete() {
     assert!(is_root(), "needs root");
     let (a, b) = scenario("m", 64, false);
@@ -354,7 +354,7 @@ fn window_connections_migrate_to_the_peer_and_complete() {
 }
 
 #[test]
-#[ignore = "needs root (netns, sk_lookup, TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (netns, sk_lookup, TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn in_the_poll_mode_window_connections_migrate_too() {
     assert!(is_root(), "needs root");
     let (a, b) = scenario("p", 64, true);
@@ -363,7 +363,7 @@ fn in_the_poll_mode_window_connections_migrate_too() {
 }
 
 #[test]
-#[ignore = "needs root (netns, sk_lookup, TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (netns, sk_lookup, TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn refusing_target_closes_the_window_and_connections_complete_on_the_source() {
     assert!(is_root(), "needs root");
     let (a, b) = scenario("r", 0, false);

@@ -1,5 +1,5 @@
 //! Content-aware migration end to end: URL affinity across two peers (needs root:
-//! netns, sk_lookup, TCP_REPAIR): `cargo test -p farside-spec --test affinity_root --
+//! netns, sk_lookup, TCP_REPAIR): `cargo test -p farside-specd --test affinity_root --
 //! --include-ignored` as root under `flock /tmp/farside-root.lock`.
 //!
 //! Four namespaces: client `c`, back-ends `a` (the saturated source), `b` and `d` (its
@@ -45,11 +45,11 @@ use farside_migrate::testkit::is_root;
 use farside_migrate::testkit::netns::{Netns, NetnsSpec, NsRef};
 use farside_migrate::testkit::session::read_head_full;
 use farside_migrate::Handover;
-use farside_spec::handoff::{HandOff, Handoff};
-use farside_spec::source::{path_hash, Affinity, Peer, SourceConfig, SourceDaemon};
-use farside_spec::steer::PolicyRouteSteer;
-use farside_spec::target::{TargetConfig, TargetDaemon};
-use farside_spec::window::WindowConfig;
+use farside_specd::handoff::{HandOff, Handoff};
+use farside_specd::source::{path_hash, Affinity, Peer, SourceConfig, SourceDaemon};
+use farside_specd::steer::PolicyRouteSteer;
+use farside_specd::target::{TargetConfig, TargetDaemon};
+use farside_specd::window::WindowConfig;
 
 /// Bound on any await (a hang is a failure).
 const AWAIT_MAX: Duration = Duration::from_secs(60);
@@ -467,7 +467,7 @@ fn check_urls() {
 }
 
 #[test]
-#[ignore = "needs root (netns, sk_lookup, TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (netns, sk_lookup, TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn with_affinity_each_url_migrates_to_its_peer() {
     assert!(is_root(), "needs root");
     check_urls();
@@ -501,7 +501,7 @@ fn with_affinity_each_url_migrates_to_its_peer() {
 }
 
 #[test]
-#[ignore = "needs root (netns, sk_lookup, TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (netns, sk_lookup, TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn without_affinity_urls_do_not_follow_their_peer() {
     assert!(is_root(), "needs root");
     check_urls();

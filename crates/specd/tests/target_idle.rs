@@ -11,8 +11,8 @@ use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use farside_spec::handoff::Handoff;
-use farside_spec::target::{TargetConfig, TargetDaemon};
+use farside_specd::handoff::Handoff;
+use farside_specd::target::{TargetConfig, TargetDaemon};
 
 const BOUND: Duration = Duration::from_secs(20);
 

@@ -1344,7 +1344,7 @@ mod tests {
     fn peer_loads_are_read_on_demand_and_reused_while_young() {
         use farside_region::{Header, LoadRecord, MappedWords, RegionWriter, REGION_WORDS};
         let path =
-            std::env::temp_dir().join(format!("farside-spec-peer-{}.region", std::process::id()));
+            std::env::temp_dir().join(format!("farside-specd-peer-{}.region", std::process::id()));
         let mut w = RegionWriter::init(
             MappedWords::create_file(&path, REGION_WORDS).unwrap(),
             Header {

@@ -11,10 +11,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use farside_migrate::Handover;
-use farside_spec::handoff::{HandOff, Handoff};
-use farside_spec::source::{Peer, SourceConfig, SourceDaemon};
-use farside_spec::steer::NoSteer;
-use farside_spec::window::WindowConfig;
+use farside_specd::handoff::{HandOff, Handoff};
+use farside_specd::source::{Peer, SourceConfig, SourceDaemon};
+use farside_specd::steer::NoSteer;
+use farside_specd::window::WindowConfig;
 
 const BOUND: Duration = Duration::from_secs(20);
 

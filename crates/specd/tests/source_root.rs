@@ -1,5 +1,5 @@
 //! The source side's window driven by real refusals and notifications (needs
-//! CAP_NET_ADMIN for TCP_REPAIR): `cargo test -p farside-spec -- --include-ignored` as
+//! CAP_NET_ADMIN for TCP_REPAIR): `cargo test -p farside-specd -- --include-ignored` as
 //! root under `flock /tmp/farside-root.lock`.
 //!
 //! One namespace, no steering: the "server" is a listener whose accept queue the test
@@ -21,12 +21,12 @@ use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use farside_migrate::Handover;
-use farside_spec::handoff::{HandOff, Handoff};
-use farside_spec::notify;
-use farside_spec::source::{Peer, SourceConfig, SourceDaemon};
-use farside_spec::steer::NoSteer;
-use farside_spec::target::{TargetConfig, TargetDaemon};
-use farside_spec::window::WindowConfig;
+use farside_specd::handoff::{HandOff, Handoff};
+use farside_specd::notify;
+use farside_specd::source::{Peer, SourceConfig, SourceDaemon};
+use farside_specd::steer::NoSteer;
+use farside_specd::target::{TargetConfig, TargetDaemon};
+use farside_specd::window::WindowConfig;
 
 const AWAIT_MAX: Duration = Duration::from_secs(30);
 
@@ -44,7 +44,7 @@ fn await_cond(what: &str, mut f: impl FnMut() -> bool) {
 }
 
 #[test]
-#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn refusal_closes_the_window_and_only_a_peers_notification_reopens_it() {
     assert!(is_root(), "needs root");
     // The local server: queue held at Q = 2.
@@ -233,7 +233,7 @@ impl Drop for Ns {
 }
 
 #[test]
-#[ignore = "needs root (netns, BPF, TCP_REPAIR): cargo test -p farside-spec -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+#[ignore = "needs root (netns, BPF, TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn in_kernel_mode_syns_are_diverted_with_no_poller_running() {
     use std::os::fd::AsRawFd;
     assert!(is_root(), "needs root");
@@ -258,7 +258,7 @@ fn in_kernel_mode_syns_are_diverted_with_no_poller_running() {
         let netns = std::path::PathBuf::from("/proc/thread-self/ns/net");
         const VIP: &str = "10.79.1.100:8080";
         let server = TcpListener::bind(VIP).unwrap();
-        let mut queue = farside_spec::load::ServerQueue::new(8080).unwrap();
+        let mut queue = farside_specd::load::ServerQueue::new(8080).unwrap();
         let sink = TcpListener::bind("127.0.0.1:0").unwrap();
         let sink_addr = sink.local_addr().unwrap();
         std::thread::spawn(move || {
