@@ -19,3 +19,5 @@ else
     echo "== SKIPPED: the tests marked 'ignored, needs root' above did not run (not root)."
     echo "   Run them as root: sudo -E scripts/test.sh  (CI runs as root and runs them)."
 fi
+echo "== kept lab results re-render identically"
+bash scripts/check-reports.sh
