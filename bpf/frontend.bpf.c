@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /*
- * The blind front-end (seed 002, issue 12 item 1): a tc (cls_bpf, direct-action)
+ * The blind front-end (seed 002): a tc (cls_bpf, direct-action)
  * ingress program on the front-end's LAN interface. L2 direct server return, as
  * LVS-DR and Katran's L2 mode: the VIP is on every back-end's loopback, clients
  * route the VIP to the front-end, and the program rewrites only the Ethernet

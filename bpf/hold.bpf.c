@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /*
- * Flow hold of a same-namespace migration (issue 12, crates/migrate/src/hold.rs): an
+ * Flow hold of a same-namespace migration (crates/migrate/src/hold.rs): an
  * sk_lookup program attached to the network namespace of a source daemon that
  * migrates with Handover::CloseBeforeRestore. Between the source's silent close and
  * the target's restore no established socket has the connection's 4-tuple, so a

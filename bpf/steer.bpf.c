@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /*
- * Speculative-admission steering (seed 002, issue 12 item 3): an sk_lookup program
+ * Speculative-admission steering (seed 002): an sk_lookup program
  * attached to a back-end's network namespace. For a new TCP/IPv4 connection to the
  * service (config.vip, 0 = any local address, and config.port) it decides which
  * listener takes the SYN: the normal lookup (the web server's own listener; counted

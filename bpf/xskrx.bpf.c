@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0-only OR Apache-2.0
 /*
- * AF_XDP receive of the monitor's replies (issue 9, crates/monitor/src/xsk.rs): an
+ * AF_XDP receive of the monitor's replies (crates/monitor/src/xsk.rs): an
  * XDP program on the monitor's interface takes the udp replies to the pollers' own
  * ports off the kernel's UDP stack and redirects them into the AF_XDP socket (XSK)
  * bound to the queue they arrived on, whose RX ring the poller reads without a system

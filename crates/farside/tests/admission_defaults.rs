@@ -1,5 +1,5 @@
 //! The proxy's out-of-the-box admission (`farside proxy --admission` and nothing else) on
-//! real processes (issue 8, open item 1): coherent whatever the back-end host.
+//! real processes: coherent whatever the back-end host.
 //!
 //! - a gatherd that counts connections rarely (`--conns-every 500`, as its automatic rate
 //!   does on a host where a full count costs ~5 ms) causes no stale refusals below

@@ -1,4 +1,4 @@
-//! Liveness of admission control with the proxy's default upstream pooling (issue 8):
+//! Liveness of admission control with the proxy's default upstream pooling:
 //! after an open-loop overload stops, requests are admitted again within 1 s.
 //!
 //! Real processes, as an operator runs them: a prefork `farside backend` with few

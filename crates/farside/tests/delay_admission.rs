@@ -1,4 +1,4 @@
-//! Objective-driven admission end to end (issue 10 item 3): `farside proxy --admission
+//! Objective-driven admission end to end: `farside proxy --admission
 //! --metric delay --target-delay-ms 5` in front of a prefork `farside backend` whose
 //! `gatherd` publishes its queueing delay over shm, under an open-loop overload.
 //!

@@ -1,4 +1,4 @@
-//! Sites and roles on real processes (issue 11 items 1, 2): `farside backend` serving
+//! Sites and roles on real processes: `farside backend` serving
 //! co-hosted sites, `farside gatherd`'s node agent applying the role a remote CAS on
 //! ROLE_WANTED asks for (over the tcp rmem transport), and a failing apply keeping the
 //! old role.
@@ -251,7 +251,7 @@ fn via_proxy(proxy: SocketAddr, host: &str) -> (u16, String, String) {
     (status, header("X-Farside-Backend: "), site)
 }
 
-/// Issue 11 item 1 end to end: two back-ends, three sites; a remote CAS moves one
+/// End to end: two back-ends, three sites; a remote CAS moves one
 /// back-end's role; the proxy routes by the served role only.
 #[test]
 fn proxy_routes_each_site_only_to_backends_serving_it() {

@@ -1,4 +1,4 @@
-//! Bench (issue 12 Target): migrate many real TCP connections between network
+//! Bench: migrate many real TCP connections between network
 //! namespaces and check every byte. Root only (netns, TCP_REPAIR).
 //!
 //! ```text

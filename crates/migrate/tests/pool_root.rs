@@ -1,4 +1,4 @@
-//! Reused control connections (wire version 2, issue 12: CPU per migration): a
+//! Reused control connections (wire version 2: CPU per migration): a
 //! [`ControlPool`] sends every migration to a target over one connection, replaces
 //! one the target closed, and resends an OFFER once on a fresh connection when the
 //! pooled one dies under it. Needs root (TCP_REPAIR):

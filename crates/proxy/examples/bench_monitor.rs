@@ -1,4 +1,4 @@
-//! Monitor and decision cost against the number of back-ends (issue 9 item 10).
+//! Monitor and decision cost against the number of back-ends.
 //!
 //! For each back-end count N: one gatherd-like responder answers N udp regions (one
 //! socket, a region per read key, `farside_monitor::responder`); the monitor polls them
@@ -40,7 +40,7 @@
 //! `ring%` the share of the replies taken from the rings. `reps/recv` is then replies
 //! per ring drain.
 //!
-//! Targets (issue 9): 1,024 back-ends at 1 ms with the monitor ≤ 1 core; a per-request
+//! Targets: 1,024 back-ends at 1 ms with the monitor ≤ 1 core; a per-request
 //! decision < 100 ns.
 
 use farside_monitor::responder::{GroupResponder, MultiResponder};

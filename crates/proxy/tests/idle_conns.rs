@@ -1,4 +1,4 @@
-//! Memory of idle keep-alive client connections (issue 9 item 11): each connection makes
+//! Memory of idle keep-alive client connections: each connection makes
 //! one request, so it sits where a real idle keep-alive client does (between requests),
 //! then the proxy's resident set is compared with its size before. Ignored by default (it
 //! opens tens of thousands of sockets):

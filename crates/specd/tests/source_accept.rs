@@ -1,4 +1,4 @@
-//! The source side's migrators accept on the admission listener themselves (issue 12:
+//! The source side's migrators accept on the admission listener themselves (
 //! no acceptor thread and channel hop, one wake-up less per migratory connection),
 //! and a stop wakes every migrator blocked in accept(2) (no root: no steering, no
 //! migration; every arrival finds the server's queue below Q and is handed to the
