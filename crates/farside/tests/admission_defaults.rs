@@ -270,8 +270,12 @@ fn max_while<T>(
 /// holds the concurrency it last saw the back-end take within its limit.
 #[test]
 fn a_dead_gatherd_under_overload_neither_overloads_nor_refuses_everything() {
-    if std::process::Command::new("ss").arg("-V").output().is_err() {
-        eprintln!("skipped: no ss");
+    if !farside_testkit::tool_or_skip(
+        "a_dead_gatherd_under_overload_neither_overloads_nor_refuses_everything",
+        "ss",
+        "-V",
+        "iproute2",
+    ) {
         return;
     }
     let dir = Dir::new("dead-gatherd");
@@ -311,7 +315,10 @@ const NGINX_GOODPUT_SHARE_MIN: f64 = 0.5;
 #[test]
 fn nginx_behind_the_default_admission_keeps_at_least_half_its_goodput() {
     if let Err(e) = farside_lab::nginx::find_binary() {
-        eprintln!("skipped: {e}");
+        farside_testkit::skip(
+            "nginx_behind_the_default_admission_keeps_at_least_half_its_goodput",
+            &e.to_string(),
+        );
         return;
     }
     let dir = Dir::new("nginx");

@@ -375,8 +375,9 @@ fn dashboard_shows_live_backends_in_a_browser() {
     let chrome = match chromium() {
         Ok(c) => c,
         Err(why) => {
-            eprintln!(
-                "SKIPPED the browser part of dashboard_shows_live_backends_in_a_browser: {why}"
+            farside_testkit::skip(
+                "dashboard_shows_live_backends_in_a_browser (its browser part)",
+                &why.to_string(),
             );
             return;
         }

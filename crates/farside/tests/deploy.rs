@@ -191,7 +191,10 @@ fn unit_files_verify_and_run_the_checks_first() {
         assert!(pre.contains("--check"), "{u}: {pre}");
     }
     let Ok(v) = Command::new("systemd-analyze").arg("--version").output() else {
-        eprintln!("skipped `systemd-analyze verify`: systemd-analyze is not installed");
+        farside_testkit::skip(
+            "the units' `systemd-analyze verify`",
+            "systemd-analyze is not installed (apt-get install systemd)",
+        );
         return;
     };
     assert!(v.status.success());
@@ -225,7 +228,10 @@ fn walkthrough_runs_the_units_commands_across_namespaces() {
         "needs root: run as root (`cargo test -p farside -- --include-ignored`)"
     );
     if let Err(e) = farside_lab::nginx::find_binary() {
-        eprintln!("skipped: {e}");
+        farside_testkit::skip(
+            "walkthrough_runs_the_units_commands_across_namespaces",
+            &e.to_string(),
+        );
         return;
     }
     let o = Command::new("bash")

@@ -33,14 +33,20 @@ fn lab(args: &[&str], out: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap()
 }
 
-fn has_haproxy() -> bool {
-    farside_lab::haproxy::find_binary().is_ok()
+/// True when HAProxy is installed; otherwise records a skip of `test`.
+fn has_haproxy(test: &str) -> bool {
+    match farside_lab::haproxy::find_binary() {
+        Ok(_) => true,
+        Err(e) => {
+            farside_testkit::skip(test, &e.to_string());
+            false
+        }
+    }
 }
 
 #[test]
 fn multi_proxy_runs_haproxy_and_onesided_ac_in_both_loop_models() {
-    if !has_haproxy() {
-        eprintln!("skipped: no HAProxy on this host");
+    if !has_haproxy("multi_proxy_runs_haproxy_and_onesided_ac_in_both_loop_models") {
         return;
     }
     let dir = Dir::new("multi");
@@ -151,8 +157,9 @@ fn disturbance_scenarios_run_and_record_how_they_were_applied() {
 
 #[test]
 fn mixed_cost_and_capacity_change_run_haproxy_and_onesided_ac_under_one_objective() {
-    if !has_haproxy() {
-        eprintln!("skipped: no HAProxy on this host");
+    if !has_haproxy(
+        "mixed_cost_and_capacity_change_run_haproxy_and_onesided_ac_under_one_objective",
+    ) {
         return;
     }
     let dir = Dir::new("anchor");
@@ -266,8 +273,7 @@ fn scenario_flags_are_checked_before_anything_starts() {
 #[ignore = "needs root: run with `cargo test -p farside -- --include-ignored` as root"]
 fn netns_runs_haproxy_and_onesided_ac_across_proxies_and_a_capacity_change() {
     assert!(farside_lab::netns::is_root(), "needs root");
-    if !has_haproxy() {
-        eprintln!("skipped: no HAProxy on this host");
+    if !has_haproxy("netns_runs_haproxy_and_onesided_ac_across_proxies_and_a_capacity_change") {
         return;
     }
     let dir = Dir::new("netns");

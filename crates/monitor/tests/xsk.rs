@@ -15,19 +15,10 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
 
 /// Skip (and say so) unless root.
 fn need_root(test: &str) -> bool {
-    if is_root() {
-        return true;
-    }
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{test}: skipped: needs root");
-    false
+    farside_testkit::root_or_skip(test)
 }
 
 /// Wait until `f` holds, at most 60 s (tests run at idle priority on a shared machine).

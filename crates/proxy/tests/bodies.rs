@@ -790,8 +790,8 @@ fn free_port() -> u16 {
 /// A skip notice that shows even though libtest captures test output (`eprintln!` is
 /// captured; a direct write to the stderr handle is not).
 fn skip_notice(msg: &str) {
-    use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "SKIPPED {msg}");
+    let (test, why) = msg.split_once(": ").unwrap_or((msg, "cannot run here"));
+    farside_testkit::skip(test, why);
 }
 
 /// Attempts at starting nginx, each on a port free a moment before (another process

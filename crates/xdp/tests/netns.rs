@@ -19,15 +19,7 @@ fn need_root_and_ethtool(test: &str) -> bool {
     if !need_root(test) {
         return false;
     }
-    if Command::new("ethtool").arg("--version").output().is_ok() {
-        return true;
-    }
-    use std::io::Write;
-    let _ = writeln!(
-        std::io::stderr(),
-        "{test}: skipped: needs ethtool (apt-get install ethtool)"
-    );
-    false
+    farside_testkit::tool_or_skip(test, "ethtool", "--version", "ethtool")
 }
 use farside_rmem::wire::{
     self, Op, RepHeader, ReqHeader, Status, REP_HEADER_BYTES, REQ_HEADER_BYTES,
@@ -36,7 +28,6 @@ use farside_rmem::{AccessKeys, ClientOptions, OpCounters, Perm, RemoteMemory, Rm
 use farside_rmem::{UdpClient, UdpServer};
 use farside_xdp::{XdpMode, XdpResponder, XDP_READ_BYTES_MAX};
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;

@@ -10,13 +10,7 @@ pub const PORT_CLIENT: u16 = 40_000;
 
 /// Skip (and say so) unless root: loading BPF needs CAP_BPF/CAP_NET_ADMIN.
 pub fn need_root(test: &str) -> bool {
-    if farside_xdp::is_root() {
-        return true;
-    }
-    // Straight to the stderr fd, past the test harness's capture: a skip must be seen.
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{test}: skipped: needs root");
-    false
+    farside_testkit::root_or_skip(test)
 }
 
 /// One's complement sum of big-endian 16-bit words (odd byte padded), unfolded.
