@@ -1,0 +1,2 @@
+//! Trust boundaries between farside components (DESIGN.md "Trust model").
+pub mod siphash;
