@@ -1,2 +1,3 @@
 //! Trust boundaries between farside components (DESIGN.md "Trust model").
+pub mod mac;
 pub mod siphash;

@@ -154,6 +154,36 @@ fn bpf_siphash_matches_rust_on_random_keys_messages_and_labels() {
     }
 }
 
+/// What an XDP program verifying an envelope computes: the domain label, then the frame
+/// from the envelope's byte 8 (`mac::COVERED_OFFSET`) to the end of the covered message.
+#[test]
+#[ignore = "needs root"]
+fn bpf_tags_of_sealed_envelopes_match_the_envelope() {
+    use farside_auth::mac::{self, Domain, Envelope, KeyId, COVERED_OFFSET};
+    let p = load();
+    let mut rng = Rng(0xe7e1);
+    for i in 0..600 {
+        let key = SipKey::from_halves(rng.next(), rng.next());
+        let domain = Domain::ALL[i % Domain::ALL.len()];
+        let env = Envelope {
+            key_id: KeyId(rng.next() as u32),
+            sender: rng.next(),
+            seq: rng.next(),
+        };
+        let len = (rng.next() % 100) as usize;
+        let msg: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let mut sealed = Vec::new();
+        mac::seal(&mut sealed, domain, &key, &env, &msg).unwrap();
+        let want = u64::from_le_bytes(sealed[..8].try_into().unwrap());
+        assert_eq!(
+            p.tag(&key, Some(domain.label()), &sealed[COVERED_OFFSET..]),
+            want,
+            "{} with {len} bytes",
+            domain.name()
+        );
+    }
+}
+
 #[test]
 #[ignore = "needs root"]
 fn bpf_siphash_refuses_lengths_over_its_bound_or_the_frame() {
