@@ -1,3 +1,4 @@
 //! Trust boundaries between farside components (DESIGN.md "Trust model").
 pub mod mac;
+pub mod replay;
 pub mod siphash;
