@@ -7,10 +7,11 @@
  * checks the constants below against it.
  *
  * Cost: a message of n bytes is floor(n / 8) + 1 blocks of two SipRounds plus four
- * final rounds. BPF has no rotate instruction: a rotation is 4 instructions, a
- * SipRound 32, one 8-byte block about 70 with its bounds check and load. The bound
- * AUTH_SIPHASH_BYTES_MAX (define it before including this file) caps the loop, so the
- * verifier explores at most AUTH_SIPHASH_BYTES_MAX / 8 iterations.
+ * final rounds. BPF has no rotate instruction: as clang compiles this file, one 8-byte
+ * block of auth_sip_packet is 90 instructions (load and bounds check included), the
+ * tail and finalisation about 200. The bound AUTH_SIPHASH_BYTES_MAX (define it before
+ * including this file) caps the loop: the verifier walks it once per possible length,
+ * about 230 instructions processed per 8 bytes of bound (41,000 for 1456 bytes).
  */
 #ifndef AUTH_SIPHASH_H
 #define AUTH_SIPHASH_H
