@@ -15,6 +15,11 @@
  * Returns XDP_TX with the tag written, XDP_DROP (frame unchanged) if len is over
  * AUTH_SIPHASH_BYTES_MAX or beyond the frame, XDP_ABORTED if the frame is shorter
  * than its header.
+ *
+ * With flags & AUTH_TEST_ENVELOPE the message is an envelope (crates/auth mac.rs) and
+ * the program verifies it as a receiver would, with auth_envelope_tag and `label`
+ * (len is ignored): XDP_TX if its tag is right, XDP_DROP if not or if it does not fit;
+ * the computed tag is written either way when it could be computed.
  */
 #include <linux/bpf.h>
 #include <linux/types.h>
@@ -26,6 +31,7 @@
 #include "auth_siphash.h"
 
 #define AUTH_TEST_LABEL 1
+#define AUTH_TEST_ENVELOPE 2
 
 struct auth_test_frame {
 	__u64 k0;
@@ -50,6 +56,14 @@ int auth_test(struct xdp_md *ctx)
 
 	if ((void *)(f + 1) > data_end)
 		return XDP_ABORTED;
+	if (f->flags & AUTH_TEST_ENVELOPE) {
+		const struct auth_envelope *env = (const void *)(f + 1);
+
+		if (auth_envelope_tag(env, f->k0, f->k1, f->label, data_end, &tag))
+			return XDP_DROP;
+		f->tag = tag;
+		return tag == env->tag ? XDP_TX : XDP_DROP;
+	}
 	auth_sip_init(&s, f->k0, f->k1);
 	if (f->flags & AUTH_TEST_LABEL) {
 		auth_sip_block(&s, f->label);

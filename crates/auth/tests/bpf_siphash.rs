@@ -16,6 +16,7 @@ const MESSAGE_BYTES_MAX: usize = 1456;
 /// Bytes of the test frame's header (`struct auth_test_frame`).
 const FRAME_HEADER_BYTES: usize = 40;
 const FLAG_LABEL: u32 = 1;
+const FLAG_ENVELOPE: u32 = 2;
 
 const XDP_ABORTED: u32 = 0;
 const XDP_DROP: u32 = 1;
@@ -182,6 +183,57 @@ fn bpf_tags_of_sealed_envelopes_match_the_envelope() {
             domain.name()
         );
     }
+}
+
+/// `auth_envelope_tag` verifies sealed envelopes as a BPF receiver would: authentic ones
+/// pass, any flipped bit of the covered bytes, a wrong label or key fails, and an
+/// envelope whose length runs past the frame is dropped without reading beyond it.
+#[test]
+#[ignore = "needs root"]
+fn bpf_verifies_envelopes_as_the_rust_receiver_does() {
+    use farside_auth::mac::{self, Domain, Envelope, KeyId, ENVELOPE_BYTES};
+    let p = load();
+    let mut rng = Rng(0x0e1f);
+    let verify = |key: &SipKey, label: u64, sealed: &[u8]| {
+        let mut f = frame(key, Some(label), 0, sealed);
+        f[28..32].copy_from_slice(&FLAG_ENVELOPE.to_le_bytes());
+        p.run(&f).0
+    };
+    for i in 0..300 {
+        let key = SipKey::from_halves(rng.next(), rng.next());
+        let domain = Domain::ALL[i % Domain::ALL.len()];
+        let env = Envelope {
+            key_id: KeyId(rng.next() as u32),
+            sender: rng.next(),
+            seq: rng.next(),
+        };
+        let len = (rng.next() % 100) as usize;
+        let msg: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
+        let mut sealed = Vec::new();
+        mac::seal(&mut sealed, domain, &key, &env, &msg).unwrap();
+        assert_eq!(verify(&key, domain.label(), &sealed), XDP_TX, "{len} bytes");
+        // Padding after the covered message changes nothing.
+        let mut padded = sealed.clone();
+        padded.extend_from_slice(&[0xee; 24]);
+        assert_eq!(verify(&key, domain.label(), &padded), XDP_TX);
+        // Any covered bit flipped (except len, which may then run past the frame).
+        let byte = (rng.next() as usize) % sealed.len();
+        let mut bad = sealed.clone();
+        bad[byte] ^= 1 << (rng.next() % 8);
+        assert_eq!(verify(&key, domain.label(), &bad), XDP_DROP, "byte {byte}");
+        let other = Domain::ALL[(i + 1) % Domain::ALL.len()];
+        assert_eq!(verify(&key, other.label(), &sealed), XDP_DROP);
+        let wrong = SipKey::from_halves(rng.next(), rng.next());
+        assert_eq!(verify(&wrong, domain.label(), &sealed), XDP_DROP);
+        // Truncated: the envelope, or its covered message, runs past the frame.
+        let cut = (rng.next() as usize) % sealed.len();
+        assert_eq!(verify(&key, domain.label(), &sealed[..cut]), XDP_DROP);
+    }
+    // A length over the bound is refused before anything is read.
+    let key = SipKey::from_bytes(VECTOR_KEY);
+    let mut huge = vec![0u8; ENVELOPE_BYTES + 64];
+    huge[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert_eq!(verify(&key, 1, &huge), XDP_DROP);
 }
 
 #[test]
