@@ -228,11 +228,11 @@ fn second_sigterm_exits_at_once_and_drain_deadline_bounds_the_wait() {
     signal(&p, libc::SIGTERM);
     std::thread::sleep(Duration::from_millis(100));
     assert!(p.exited().is_none(), "still draining");
-    let t0 = Instant::now();
+    // The drain would last 20 s (`drain_timeout_ms`): an exit well within that is the
+    // second signal's doing.
     signal(&p, libc::SIGTERM);
-    let st = wait_exit(&mut p, Duration::from_secs(2));
+    let st = wait_exit(&mut p, Duration::from_secs(10));
     assert!(!st.success(), "an interrupted drain is an error: {st}");
-    assert!(t0.elapsed() < Duration::from_secs(1));
     assert!(
         slow.join().unwrap().is_err(),
         "the cut request sees an error"
@@ -241,16 +241,20 @@ fn second_sigterm_exits_at_once_and_drain_deadline_bounds_the_wait() {
     // Deadline: the proxy exits when `drain_timeout_ms` passes.
     let dir = Dir::new("deadline");
     let (mut p, addr) = proxy(&dir, &args("300"));
-    let _slow = std::thread::spawn(move || exchange(&mut connect(addr), "/sleep/3000"));
+    let slow = std::thread::spawn(move || exchange(&mut connect(addr), "/sleep/3000"));
     eventually(
         "slow request at the back-end",
         Duration::from_secs(5),
         || be.requests.load(SeqCst) == 2,
     );
-    let t0 = Instant::now();
     signal(&p, libc::SIGTERM);
-    wait_exit(&mut p, Duration::from_secs(3));
-    assert!(t0.elapsed() < Duration::from_millis(2000));
+    wait_exit(&mut p, Duration::from_secs(10));
+    // A proxy that waited for the 3 s request instead of its 300 ms deadline would
+    // have answered it.
+    assert!(
+        slow.join().unwrap().is_err(),
+        "the request outliving the drain deadline is cut"
+    );
 }
 
 fn write_config(path: &Path, listen: SocketAddr, admin: SocketAddr, backends: &[SocketAddr]) {
@@ -420,15 +424,11 @@ fn a_silent_client_does_not_hold_the_drain_up() {
     // Connected, never sends a byte (its header timeout would be 10 s).
     let mut silent = connect(addr);
     std::thread::sleep(Duration::from_millis(50));
-    let t0 = Instant::now();
     signal(&p, libc::SIGTERM);
-    let st = wait_exit(&mut p, Duration::from_secs(3));
+    // A drain held up by the silent client would last its 10 s header timeout: an exit
+    // within half of that is the drain not waiting for it.
+    let st = wait_exit(&mut p, Duration::from_secs(5));
     assert!(st.success(), "{st}");
-    assert!(
-        t0.elapsed() < Duration::from_millis(1500),
-        "{:?}",
-        t0.elapsed()
-    );
     let mut buf = [0u8; 1];
     assert_eq!(silent.read(&mut buf).unwrap_or(0), 0);
 }

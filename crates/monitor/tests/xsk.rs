@@ -15,7 +15,6 @@ use std::process::Command;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-
 /// Skip (and say so) unless root.
 fn need_root(test: &str) -> bool {
     farside_testkit::root_or_skip(test)
