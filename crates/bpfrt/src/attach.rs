@@ -32,7 +32,13 @@ impl XdpMode {
 }
 
 /// An attach error: privilege, a missing interface, or what the kernel said.
-fn attach_error(label: &'static str, ifname: &str, target: String, hint: &'static str, e: ProgramError) -> Error {
+fn attach_error(
+    label: &'static str,
+    ifname: &str,
+    target: String,
+    hint: &'static str,
+    e: ProgramError,
+) -> Error {
     if let ProgramError::UnknownInterface { name } = &e {
         return Error::NoInterface(name.clone());
     }
@@ -66,7 +72,13 @@ impl Object {
             } else {
                 ""
             };
-            attach_error(label, ifname, format!("{ifname} in {} mode", mode.name()), hint, e)
+            attach_error(
+                label,
+                ifname,
+                format!("{ifname} in {} mode", mode.name()),
+                hint,
+                e,
+            )
         })
     }
 
@@ -100,7 +112,12 @@ impl Object {
     }
 
     /// Detach tc program `prog`'s `link`.
-    pub fn detach_tc(&mut self, prog: &str, link: SchedClassifierLinkId, ifname: &str) -> Result<()> {
+    pub fn detach_tc(
+        &mut self,
+        prog: &str,
+        link: SchedClassifierLinkId,
+        ifname: &str,
+    ) -> Result<()> {
         let label = self.label();
         let p: &mut SchedClassifier = self.program_mut(prog)?;
         p.detach(link).map_err(|e| Error::Attach {

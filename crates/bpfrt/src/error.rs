@@ -15,7 +15,10 @@ pub enum Error {
     NoPrivilege { program: &'static str, step: String },
     /// Creating the maps or loading (verifying) a program failed; `detail` carries the
     /// error's chain, the verifier's log included.
-    Load { program: &'static str, detail: String },
+    Load {
+        program: &'static str,
+        detail: String,
+    },
     /// The object has no program or map of that name and type.
     Missing {
         program: &'static str,
@@ -36,7 +39,10 @@ pub enum Error {
         hint: &'static str,
     },
     /// Reading or writing a map failed; `detail` names the map.
-    Map { program: &'static str, detail: String },
+    Map {
+        program: &'static str,
+        detail: String,
+    },
     /// A system call around the program failed (mmap, a socket for an ioctl).
     Os {
         program: &'static str,
@@ -206,7 +212,10 @@ mod tests {
         });
         assert!(c.is_no_privilege());
         let m = c.to_string();
-        assert!(m.contains("run as root") && m.contains("BPF_PROG_LOAD"), "{m}");
+        assert!(
+            m.contains("run as root") && m.contains("BPF_PROG_LOAD"),
+            "{m}"
+        );
         let other = io::Error::from_raw_os_error(libc::EINVAL);
         let c = Error::map("the test program", "writing k", &other);
         assert!(matches!(c, Error::Map { .. }), "{c}");

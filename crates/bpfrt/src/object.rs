@@ -5,9 +5,7 @@
 use std::os::fd::{AsFd, BorrowedFd};
 
 use aya::maps::{Array, Map, MapData, MapError, PerCpuArray, PerCpuValues};
-use aya::programs::{
-    PerfEvent, Program, ProgramError, SchedClassifier, SkLookup, TracePoint, Xdp,
-};
+use aya::programs::{PerfEvent, Program, ProgramError, SchedClassifier, SkLookup, TracePoint, Xdp};
 use aya::{Ebpf, Pod};
 
 use crate::error::{error_chain, is_permission_error, Error, Result};
@@ -96,15 +94,12 @@ impl Object {
     /// come from [`crate::btf`]), and parsing /sys/kernel/btf/vmlinux would cost tens
     /// of milliseconds of every start-up.
     pub fn load(label: &'static str, elf: &[u8]) -> Result<Object> {
-        let ebpf = aya::EbpfLoader::new()
-            .btf(None)
-            .load(elf)
-            .map_err(|e| {
-                Error::classify(label, "creating maps", &e, |detail| Error::Load {
-                    program: label,
-                    detail,
-                })
-            })?;
+        let ebpf = aya::EbpfLoader::new().btf(None).load(elf).map_err(|e| {
+            Error::classify(label, "creating maps", &e, |detail| Error::Load {
+                program: label,
+                detail,
+            })
+        })?;
         Ok(Object { ebpf, label })
     }
 
@@ -231,7 +226,13 @@ impl Object {
     }
 
     /// Write element `index` of array map `name`; `step` names the write in errors.
-    pub fn array_set<V: Pod>(&mut self, name: &str, index: u32, value: V, step: &str) -> Result<()> {
+    pub fn array_set<V: Pod>(
+        &mut self,
+        name: &str,
+        index: u32,
+        value: V,
+        step: &str,
+    ) -> Result<()> {
         let label = self.label;
         let mut a: Array<&mut MapData, V> = self.typed_mut(name)?;
         a.set(index, value, 0)
@@ -280,11 +281,10 @@ impl Object {
         let info = data
             .info()
             .map_err(|e| Error::map(self.label, &format!("{name} info"), &e))?;
-        let fd = data
-            .fd()
-            .as_fd()
-            .try_clone_to_owned()
-            .map_err(|e| Error::os(self.label, &format!("duplicating {name}'s descriptor"), e))?;
+        let fd =
+            data.fd().as_fd().try_clone_to_owned().map_err(|e| {
+                Error::os(self.label, &format!("duplicating {name}'s descriptor"), e)
+            })?;
         Ok(RawMap::new(
             fd,
             name,
@@ -306,8 +306,8 @@ impl Object {
             detail: format!("{name}: {e}"),
         })?;
         let mut out = vec![0u8; out_bytes_max];
-        let r = farside_bpfbuild::prog_test_run(fd.as_fd(), frame, &mut out)
-            .map_err(Error::TestRun)?;
+        let r =
+            farside_bpfbuild::prog_test_run(fd.as_fd(), frame, &mut out).map_err(Error::TestRun)?;
         out.truncate(r.data_out_len);
         Ok(TestOutcome {
             retval: r.retval,

@@ -87,7 +87,13 @@ impl RawMap {
     }
 
     /// One element command on raw pointers (sizes checked by the callers).
-    fn command(&self, cmd: libc::c_int, key: *const u8, value: *mut u8, flags: u64) -> io::Result<()> {
+    fn command(
+        &self,
+        cmd: libc::c_int,
+        key: *const u8,
+        value: *mut u8,
+        flags: u64,
+    ) -> io::Result<()> {
         let attr = ElemAttr {
             map_fd: self.fd.as_raw_fd() as u32,
             _pad: 0,

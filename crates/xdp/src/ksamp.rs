@@ -248,8 +248,8 @@ impl Loaded {
                 "kernel sampler: period {period:?}, at least {SAMPLER_PERIOD_MIN:?}"
             )));
         }
-        let cpus = aya::util::online_cpus()
-            .map_err(|(what, e)| load_error(format!("{what}: {e}")))?;
+        let cpus =
+            aya::util::online_cpus().map_err(|(what, e)| load_error(format!("{what}: {e}")))?;
         let max_cpu = cpus.iter().copied().max().unwrap_or(0);
         if max_cpu >= SAMPLER_CPUS_MAX {
             return Err(config_error(format!(
