@@ -193,3 +193,72 @@ impl RawMap {
         Ok(out)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::FromRawFd;
+
+    /// A BPF_MAP_TYPE_HASH of u32 keys and u64 values, `max` entries.
+    fn hash_map(max: u32) -> io::Result<RawMap> {
+        /// `union bpf_attr` for BPF_MAP_CREATE (the leading fields).
+        #[repr(C)]
+        struct CreateAttr {
+            map_type: u32,
+            key_size: u32,
+            value_size: u32,
+            max_entries: u32,
+            map_flags: u32,
+            _rest: [u32; 27],
+        }
+        let attr = CreateAttr {
+            map_type: 1, // BPF_MAP_TYPE_HASH
+            key_size: 4,
+            value_size: 8,
+            max_entries: max,
+            map_flags: 0,
+            _rest: [0; 27],
+        };
+        // SAFETY: BPF_MAP_CREATE (0) with a live, zero-padded attr of its size.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                0,
+                std::ptr::addr_of!(attr),
+                std::mem::size_of::<CreateAttr>(),
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        Ok(RawMap::new(fd, "test_hash", 4, 8))
+    }
+
+    #[test]
+    #[ignore = "needs root"]
+    fn elements_round_trip_and_sizes_are_checked() {
+        let m = hash_map(4).expect("BPF_MAP_CREATE (root?)");
+        assert_eq!(m.lookup::<u32, u64>(&7).unwrap(), None);
+        m.update(&7u32, &70u64, flags::NOEXIST).unwrap();
+        m.update(&8u32, &80u64, flags::ANY).unwrap();
+        assert_eq!(m.lookup::<u32, u64>(&7).unwrap(), Some(70));
+        let e = m.update(&7u32, &71u64, flags::NOEXIST).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EEXIST));
+        let mut keys = m.keys::<u32>(4).unwrap();
+        keys.sort_unstable();
+        assert_eq!(keys, [7, 8]);
+        m.delete(&7u32).unwrap();
+        assert_eq!(m.lookup::<u32, u64>(&7).unwrap(), None);
+        assert_eq!(
+            m.delete(&7u32).unwrap_err().raw_os_error(),
+            Some(libc::ENOENT)
+        );
+        // A key or value of another size is refused before the kernel sees it.
+        let e = m.lookup::<u64, u64>(&7).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+        let e = m.update(&7u32, &1u32, flags::ANY).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{e}");
+    }
+}
