@@ -82,13 +82,13 @@ impl Object {
         })
     }
 
-    /// Detach XDP program `prog`'s `link`.
-    pub fn detach_xdp(&mut self, prog: &str, link: XdpLinkId) -> Result<()> {
+    /// Detach XDP program `prog`'s `link` (to `ifname`, for errors).
+    pub fn detach_xdp(&mut self, prog: &str, link: XdpLinkId, ifname: &str) -> Result<()> {
         let label = self.label();
         let p: &mut Xdp = self.program_mut(prog)?;
         p.detach(link).map_err(|e| Error::Attach {
             program: label,
-            target: "its interface (detaching)".into(),
+            target: format!("{ifname} (detaching)"),
             detail: error_chain(&e),
             hint: "",
         })
@@ -111,7 +111,7 @@ impl Object {
             .map_err(|e| attach_error(label, ifname, format!("{ifname}'s tc ingress"), "", e))
     }
 
-    /// Detach tc program `prog`'s `link`.
+    /// Detach tc program `prog`'s `link` (to `ifname`'s ingress, for errors).
     pub fn detach_tc(
         &mut self,
         prog: &str,

@@ -119,12 +119,7 @@ impl Object {
     }
 
     fn missing(&self, kind: &'static str, name: &str, detail: String) -> Error {
-        Error::Missing {
-            program: self.label,
-            kind,
-            name: name.to_string(),
-            detail,
-        }
+        missing(self.label, kind, name, detail)
     }
 
     /// Program `name` as type `T` (`Xdp`, `SchedClassifier`, `SkLookup`, ...).
@@ -146,18 +141,12 @@ impl Object {
         &'a mut T: TryFrom<&'a mut Program, Error = ProgramError>,
     {
         let label = self.label;
-        let p = self.ebpf.program_mut(name).ok_or_else(|| Error::Missing {
-            program: label,
-            kind: "program",
-            name: name.to_string(),
-            detail: String::new(),
-        })?;
-        p.try_into().map_err(|e: ProgramError| Error::Missing {
-            program: label,
-            kind: "program",
-            name: name.to_string(),
-            detail: e.to_string(),
-        })
+        let p = self
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| missing(label, "program", name, String::new()))?;
+        p.try_into()
+            .map_err(|e: ProgramError| missing(label, "program", name, e.to_string()))
     }
 
     /// Load (verify) program `name` as type `T`. A verifier refusal is an
@@ -185,12 +174,9 @@ impl Object {
     /// Map `name`, mutable.
     pub fn map_mut(&mut self, name: &str) -> Result<&mut Map> {
         let label = self.label;
-        self.ebpf.map_mut(name).ok_or_else(|| Error::Missing {
-            program: label,
-            kind: "map",
-            name: name.to_string(),
-            detail: String::new(),
-        })
+        self.ebpf
+            .map_mut(name)
+            .ok_or_else(|| missing(label, "map", name, String::new()))
     }
 
     /// Map `name` as aya's typed view `M` (`Array<&MapData, V>`, `HashMap<&MapData,
@@ -210,12 +196,7 @@ impl Object {
     {
         let label = self.label;
         let m = self.map_mut(name)?;
-        M::try_from(m).map_err(|e| Error::Missing {
-            program: label,
-            kind: "map",
-            name: name.to_string(),
-            detail: e.to_string(),
-        })
+        M::try_from(m).map_err(|e| missing(label, "map", name, e.to_string()))
     }
 
     /// Element `index` of array map `name`.
@@ -317,7 +298,16 @@ impl Object {
     }
 }
 
-/// A program's load or attach error: a verifier refusal keeps its log.
+fn missing(program: &'static str, kind: &'static str, name: &str, detail: String) -> Error {
+    Error::Missing {
+        program,
+        kind,
+        name: name.to_string(),
+        detail,
+    }
+}
+
+/// A program's load error: a verifier refusal keeps its log.
 pub(crate) fn load_error(label: &'static str, step: &str, e: ProgramError) -> Error {
     let verifier = matches!(e, ProgramError::LoadError { .. });
     if is_permission_error(&e) && !verifier {

@@ -697,7 +697,7 @@ impl Drop for XskRx {
         // Detach before the sockets close, so no datagram is redirected to a socket
         // that is going away (dropping the program would detach too).
         if let Some(link) = self.link.take() {
-            let _ = self.obj.detach_xdp(PROG_NAME, link);
+            let _ = self.obj.detach_xdp(PROG_NAME, link, &self.ifname);
         }
     }
 }

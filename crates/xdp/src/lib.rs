@@ -537,7 +537,7 @@ impl Drop for XdpResponder {
     fn drop(&mut self) {
         if let Some(link) = self.link.take() {
             // Dropping the program would detach too; doing it here keeps the order explicit.
-            let _ = self.loaded.obj.detach_xdp(PROG_NAME, link);
+            let _ = self.loaded.obj.detach_xdp(PROG_NAME, link, &self.ifname);
         }
     }
 }
