@@ -5,13 +5,12 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
-use std::os::fd::AsFd;
 use std::str::FromStr;
 
-use aya::maps::{Array, HashMap, MapData, PerCpuArray};
+use aya::maps::{HashMap, MapData, MapError};
 use aya::programs::tc::{SchedClassifierLinkId, TcAttachType};
 use aya::programs::SchedClassifier;
-use aya::Ebpf;
+use farside_bpfrt::{error_chain, flags, is_permission_error, Error, Object};
 use serde::{Deserialize, Serialize};
 
 use crate::maps::{
@@ -34,84 +33,12 @@ pub mod verdict {
     pub const REDIRECT: u32 = 7;
 }
 
-/// What failed; every message names the step.
-#[derive(Debug)]
-pub enum FrontendError {
-    /// Bad arguments (VIP, back-ends, weights, unknown flow or back-end).
-    Config(String),
-    /// The kernel refused for lack of privilege (CAP_BPF / CAP_NET_ADMIN).
-    NoPrivilege(String),
-    /// Creating maps or loading (verifying) the program failed.
-    Load(String),
-    /// No such interface in this network namespace.
-    NoInterface(String),
-    /// Attaching or detaching failed.
-    Attach(String),
-    /// Reading or writing a map failed.
-    Map(String),
-    /// BPF_PROG_TEST_RUN failed.
-    TestRun(io::Error),
-}
+/// What failed (the BPF runtime's error); every message names the step. Bad
+/// arguments ([`Error::Config`]) read as they are: the control port replies with them.
+pub type FrontendError = farside_bpfrt::Error;
 
-impl fmt::Display for FrontendError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            FrontendError::Config(m) => write!(f, "{m}"),
-            FrontendError::NoPrivilege(what) => write!(
-                f,
-                "the front-end needs CAP_BPF/CAP_NET_ADMIN (run as root): {what} was refused"
-            ),
-            FrontendError::Load(m) => write!(f, "loading the front-end program failed: {m}"),
-            FrontendError::NoInterface(i) => {
-                write!(f, "no network interface {i:?} in this namespace")
-            }
-            FrontendError::Attach(m) => write!(f, "{m}"),
-            FrontendError::Map(m) => write!(f, "front-end map: {m}"),
-            FrontendError::TestRun(e) => write!(f, "BPF_PROG_TEST_RUN failed: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for FrontendError {}
-
-fn is_permission_error(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<io::Error>() {
-            if matches!(io.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES)) {
-                return true;
-            }
-        }
-        cur = err.source();
-    }
-    false
-}
-
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(err) = cur {
-        let m = err.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = err.source();
-    }
-    s
-}
-
-fn classify(
-    step: &str,
-    e: impl std::error::Error + 'static,
-    other: impl FnOnce(String) -> FrontendError,
-) -> FrontendError {
-    if is_permission_error(&e) {
-        FrontendError::NoPrivilege(step.to_string())
-    } else {
-        other(format!("{step}: {}", chain(&e)))
-    }
-}
+/// The program as errors name it.
+const LABEL: &str = "the front-end program";
 
 /// One back-end: where frames for it go (its MAC on the LAN), its address (to name
 /// it in `MOVE` and `WEIGHTS`) and its routing weight. Parsed from `MAC@IP=WEIGHT`,
@@ -258,23 +185,13 @@ impl fmt::Display for Stats {
 /// [`Frontend::attach`]. Detached when dropped (and by the kernel when the process
 /// dies: the TCX link is owned by this process and pinned nowhere).
 pub struct Frontend {
-    ebpf: Ebpf,
+    obj: Object,
     /// `fe_config[0]` as last written.
     config: Config,
     vip: SocketAddrV4,
     backends: Vec<BackendSpec>,
     link: Option<SchedClassifierLinkId>,
     ifname: String,
-}
-
-fn map_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::maps::Map, FrontendError> {
-    ebpf.map_mut(name)
-        .ok_or_else(|| FrontendError::Load(format!("no map {name} in the object")))
-}
-
-fn map_ref<'a>(ebpf: &'a Ebpf, name: &str) -> Result<&'a aya::maps::Map, FrontendError> {
-    ebpf.map(name)
-        .ok_or_else(|| FrontendError::Load(format!("no map {name} in the object")))
 }
 
 impl Frontend {
@@ -288,22 +205,13 @@ impl Frontend {
         ifindex: u32,
     ) -> Result<Frontend, FrontendError> {
         if vip.port() == 0 {
-            return Err(FrontendError::Config("VIP port 0".into()));
+            return Err(Error::Config("VIP port 0".into()));
         }
-        validate_backends(backends).map_err(FrontendError::Config)?;
-        let mut ebpf = aya::EbpfLoader::new()
-            .btf(None)
-            .load(OBJECT)
-            .map_err(|e| classify("creating maps", e, FrontendError::Load))?;
-        let prog: &mut SchedClassifier = ebpf
-            .program_mut(PROG_NAME)
-            .ok_or_else(|| FrontendError::Load(format!("no program {PROG_NAME}")))?
-            .try_into()
-            .map_err(|e| FrontendError::Load(format!("{PROG_NAME}: {e}")))?;
-        prog.load()
-            .map_err(|e| classify("BPF_PROG_LOAD", e, FrontendError::Load))?;
+        validate_backends(backends).map_err(Error::Config)?;
+        let mut obj = Object::load(LABEL, OBJECT)?;
+        obj.load_program::<SchedClassifier>(PROG_NAME)?;
         let mut fe = Frontend {
-            ebpf,
+            obj,
             config: Config {
                 vip: u32::from(*vip.ip()).to_be(),
                 port: vip.port().to_be(),
@@ -317,27 +225,20 @@ impl Frontend {
             link: None,
             ifname: String::new(),
         };
-        {
-            let mut m: Array<&mut MapData, BackendEntry> =
-                Array::try_from(map_mut(&mut fe.ebpf, MAP_BACKENDS)?)
-                    .map_err(|e| FrontendError::Map(format!("{MAP_BACKENDS}: {e}")))?;
-            for (i, b) in backends.iter().enumerate() {
-                let entry = BackendEntry {
-                    mac: b.mac,
-                    reserved: 0,
-                    ip: u32::from(b.ip).to_be(),
-                };
-                m.set(i as u32, entry, 0)
-                    .map_err(|e| classify("writing a back-end", e, FrontendError::Map))?;
-            }
+        for (i, b) in backends.iter().enumerate() {
+            let entry = BackendEntry {
+                mac: b.mac,
+                reserved: 0,
+                ip: u32::from(b.ip).to_be(),
+            };
+            fe.obj
+                .array_set(MAP_BACKENDS, i as u32, entry, "writing a back-end")?;
         }
         {
-            let mut m: HashMap<&mut MapData, u32, u32> =
-                HashMap::try_from(map_mut(&mut fe.ebpf, MAP_BIP)?)
-                    .map_err(|e| FrontendError::Map(format!("{MAP_BIP}: {e}")))?;
+            let mut m: HashMap<&mut MapData, u32, u32> = fe.obj.typed_mut(MAP_BIP)?;
             for (i, b) in backends.iter().enumerate() {
                 m.insert(u32::from(b.ip).to_be(), i as u32, 0)
-                    .map_err(|e| classify("writing a back-end's address", e, FrontendError::Map))?;
+                    .map_err(|e| Error::map(LABEL, "writing a back-end's address", &e))?;
             }
         }
         fe.write_table()?;
@@ -347,12 +248,8 @@ impl Frontend {
     }
 
     fn write_config(&mut self) -> Result<(), FrontendError> {
-        let mut config: Array<&mut MapData, Config> =
-            Array::try_from(map_mut(&mut self.ebpf, MAP_CONFIG)?)
-                .map_err(|e| FrontendError::Map(format!("{MAP_CONFIG}: {e}")))?;
-        config
-            .set(0, self.config, 0)
-            .map_err(|e| classify("writing the configuration", e, FrontendError::Map))
+        self.obj
+            .array_set(MAP_CONFIG, 0, self.config, "writing the configuration")
     }
 
     /// Answer the one-sided MOVE (UDP to `ip:port`, the front-end's own address; see
@@ -360,7 +257,7 @@ impl Frontend {
     /// datagrams pass to the stack as any other).
     pub fn set_move_udp(&mut self, ip: Ipv4Addr, port: u16) -> Result<(), FrontendError> {
         if port != 0 && (ip.is_unspecified() || ip.is_multicast() || ip.is_broadcast()) {
-            return Err(FrontendError::Config(format!(
+            return Err(Error::Config(format!(
                 "the one-sided MOVE needs the front-end's own unicast address, not {ip}"
             )));
         }
@@ -389,60 +286,26 @@ impl Frontend {
     ) -> Result<Frontend, FrontendError> {
         let (mac, ifindex) = iface_mac_index(ifname)?;
         let mut fe = Frontend::load(vip, backends, mac, ifindex)?;
-        let prog: &mut SchedClassifier = fe.prog_mut();
-        let link = prog
-            .attach(ifname, TcAttachType::Ingress)
-            .or_else(|e| {
-                // Kernels before 6.6 (no TCX) attach through a clsact qdisc.
-                if aya::programs::tc::qdisc_add_clsact(ifname).is_ok() {
-                    prog.attach(ifname, TcAttachType::Ingress)
-                } else {
-                    Err(e)
-                }
-            })
-            .map_err(|e| {
-                if is_permission_error(&e) {
-                    FrontendError::NoPrivilege(format!("attaching to {ifname}"))
-                } else {
-                    FrontendError::Attach(format!(
-                        "attaching to {ifname}'s tc ingress: {}",
-                        chain(&e)
-                    ))
-                }
-            })?;
+        let link = fe.obj.attach_tc_ingress(PROG_NAME, ifname)?;
         fe.link = Some(link);
         fe.ifname = ifname.to_string();
         Ok(fe)
     }
 
-    fn prog_mut(&mut self) -> &mut SchedClassifier {
-        self.ebpf
-            .program_mut(PROG_NAME)
-            .and_then(|p| <&mut SchedClassifier>::try_from(p).ok())
-            .expect("checked at load")
-    }
-
     fn write_table(&mut self) -> Result<(), FrontendError> {
         let weights: Vec<u32> = self.backends.iter().map(|b| b.weight).collect();
-        let t = table::fill_table(&weights, SLOTS).map_err(FrontendError::Config)?;
-        let mut m: Array<&mut MapData, u32> = Array::try_from(map_mut(&mut self.ebpf, MAP_TABLE)?)
-            .map_err(|e| FrontendError::Map(format!("{MAP_TABLE}: {e}")))?;
+        let t = table::fill_table(&weights, SLOTS).map_err(Error::Config)?;
         for (slot, b) in t.iter().enumerate() {
-            m.set(slot as u32, *b, 0)
-                .map_err(|e| classify("writing the weight table", e, FrontendError::Map))?;
+            self.obj
+                .array_set(MAP_TABLE, slot as u32, *b, "writing the weight table")?;
         }
         Ok(())
     }
 
     /// The weight table as the program sees it now.
     pub fn table(&self) -> Result<Vec<u32>, FrontendError> {
-        let m: Array<&MapData, u32> = Array::try_from(map_ref(&self.ebpf, MAP_TABLE)?)
-            .map_err(|e| FrontendError::Map(format!("{MAP_TABLE}: {e}")))?;
         (0..SLOTS as u32)
-            .map(|i| {
-                m.get(&i, 0)
-                    .map_err(|e| FrontendError::Map(format!("{MAP_TABLE}[{i}]: {e}")))
-            })
+            .map(|i| self.obj.array_get(MAP_TABLE, i))
             .collect()
     }
 
@@ -450,9 +313,7 @@ impl Frontend {
     /// stack. The maps stay readable.
     pub fn detach(&mut self) -> Result<(), FrontendError> {
         match self.link.take() {
-            Some(link) => self.prog_mut().detach(link).map_err(|e| {
-                FrontendError::Attach(format!("detaching from {}: {}", self.ifname, chain(&e)))
-            }),
+            Some(link) => self.obj.detach_tc(PROG_NAME, link, &self.ifname),
             None => Ok(()),
         }
     }
@@ -482,7 +343,7 @@ impl Frontend {
             .iter()
             .position(|b| b.ip == ip)
             .map(|i| i as u32)
-            .ok_or_else(|| FrontendError::Config(format!("no back-end {ip}")))
+            .ok_or_else(|| Error::Config(format!("no back-end {ip}")))
     }
 
     /// Change weights (each named by its back-end's IP; the others keep theirs) and
@@ -493,7 +354,7 @@ impl Frontend {
             let i = self.backend_index(ip)? as usize;
             next[i].weight = w;
         }
-        validate_backends(&next).map_err(FrontendError::Config)?;
+        validate_backends(&next).map_err(Error::Config)?;
         let before = std::mem::replace(&mut self.backends, next);
         if let Err(e) = self.write_table() {
             self.backends = before;
@@ -503,13 +364,11 @@ impl Frontend {
     }
 
     fn flows_mut(&mut self) -> Result<HashMap<&mut MapData, FlowKey, FlowValue>, FrontendError> {
-        HashMap::try_from(map_mut(&mut self.ebpf, MAP_FLOWS)?)
-            .map_err(|e| FrontendError::Map(format!("{MAP_FLOWS}: {e}")))
+        self.obj.typed_mut(MAP_FLOWS)
     }
 
     fn flows(&self) -> Result<HashMap<&MapData, FlowKey, FlowValue>, FrontendError> {
-        HashMap::try_from(map_ref(&self.ebpf, MAP_FLOWS)?)
-            .map_err(|e| FrontendError::Map(format!("{MAP_FLOWS}: {e}")))
+        self.obj.typed(MAP_FLOWS)
     }
 
     /// The flow of `client` to the VIP: its back-end's IP and whether it is held;
@@ -524,8 +383,8 @@ impl Frontend {
                     .unwrap_or(Ipv4Addr::UNSPECIFIED),
                 v.flags & FLOW_HOLD != 0,
             ))),
-            Err(aya::maps::MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(FrontendError::Map(format!("{MAP_FLOWS}: {e}"))),
+            Err(MapError::KeyNotFound) => Ok(None),
+            Err(e) => Err(Error::map(LABEL, MAP_FLOWS, &e)),
         }
     }
 
@@ -548,7 +407,7 @@ impl Frontend {
                 },
                 0,
             )
-            .map_err(|e| classify("writing a flow entry", e, FrontendError::Map))
+            .map_err(|e| Error::map(LABEL, "writing a flow entry", &e))
     }
 
     /// Hold (drop the packets of) `client`'s flow, or release it. Errors if the flow
@@ -557,32 +416,25 @@ impl Frontend {
         let key = FlowKey::new(client, self.vip);
         let mut flows = self.flows_mut()?;
         let mut v = flows.get(&key, 0).map_err(|e| match e {
-            aya::maps::MapError::KeyNotFound => {
-                FrontendError::Config(format!("no flow from {client}"))
-            }
-            e => FrontendError::Map(format!("{MAP_FLOWS}: {e}")),
+            MapError::KeyNotFound => Error::Config(format!("no flow from {client}")),
+            e => Error::map(LABEL, MAP_FLOWS, &e),
         })?;
         if held {
             v.flags |= FLOW_HOLD;
         } else {
             v.flags &= !FLOW_HOLD;
         }
-        // BPF_EXIST: never resurrect an entry evicted meanwhile.
+        // flags::EXIST: never resurrect an entry evicted meanwhile.
         flows
-            .insert(key, v, BPF_EXIST)
-            .map_err(|e| classify("writing a flow entry", e, FrontendError::Map))
+            .insert(key, v, flags::EXIST)
+            .map_err(|e| Error::map(LABEL, "writing a flow entry", &e))
     }
 
     /// Counters and flow count.
     pub fn stats(&self) -> Result<Stats, FrontendError> {
-        let bs: PerCpuArray<&MapData, BackendStats> =
-            PerCpuArray::try_from(map_ref(&self.ebpf, MAP_BSTATS)?)
-                .map_err(|e| FrontendError::Map(format!("{MAP_BSTATS}: {e}")))?;
         let mut backends = Vec::new();
         for (i, b) in self.backends.iter().enumerate() {
-            let per_cpu = bs
-                .get(&(i as u32), 0)
-                .map_err(|e| FrontendError::Map(format!("{MAP_BSTATS}[{i}]: {e}")))?;
+            let per_cpu = self.obj.per_cpu::<BackendStats>(MAP_BSTATS, i as u32)?;
             let (packets, new_flows) = per_cpu.iter().fold((0u64, 0u64), |(p, n), s| {
                 (p.wrapping_add(s.packets), n.wrapping_add(s.new_flows))
             });
@@ -594,19 +446,12 @@ impl Frontend {
                 new_flows,
             });
         }
-        let cs: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(map_ref(&self.ebpf, MAP_COUNTERS)?)
-                .map_err(|e| FrontendError::Map(format!("{MAP_COUNTERS}: {e}")))?;
-        let mut counters = BTreeMap::new();
-        for (i, name) in COUNTER_NAMES.iter().enumerate().take(COUNTERS) {
-            let per_cpu = cs
-                .get(&(i as u32), 0)
-                .map_err(|e| FrontendError::Map(format!("{MAP_COUNTERS}[{i}]: {e}")))?;
-            counters.insert(
-                name.to_string(),
-                per_cpu.iter().copied().fold(0u64, u64::wrapping_add),
-            );
-        }
+        let sums = self.obj.per_cpu_sums(MAP_COUNTERS, COUNTERS as u32)?;
+        let counters: BTreeMap<String, u64> = COUNTER_NAMES
+            .iter()
+            .zip(sums)
+            .map(|(name, n)| (name.to_string(), n))
+            .collect();
         let flows = self.flows()?.keys().filter(|k| k.is_ok()).count();
         Ok(Stats {
             backends,
@@ -637,20 +482,9 @@ impl Frontend {
     }
 
     fn test_run_once(&self, frame: &[u8]) -> Result<(u32, Vec<u8>, u32), FrontendError> {
-        let prog = self
-            .ebpf
-            .program(PROG_NAME)
-            .and_then(|p| <&SchedClassifier>::try_from(p).ok())
-            .expect("checked at load");
-        let fd = prog
-            .fd()
-            .map_err(|e| FrontendError::Load(e.to_string()))?
-            .as_fd();
-        let mut out = vec![0u8; TEST_FRAME_BYTES_MAX.max(frame.len() + 256)];
-        let r =
-            farside_bpfbuild::prog_test_run(fd, frame, &mut out).map_err(FrontendError::TestRun)?;
-        out.truncate(r.data_out_len);
-        Ok((r.retval, out, r.duration_ns))
+        let out_bytes = farside_bpfrt::TEST_FRAME_BYTES_MAX.max(frame.len() + 256);
+        let r = self.obj.test_run(PROG_NAME, frame, out_bytes)?;
+        Ok((r.retval, r.frame, r.duration_ns))
     }
 }
 
@@ -660,25 +494,10 @@ impl Drop for Frontend {
     }
 }
 
-/// Map update flag: only if the key exists (`BPF_EXIST`).
-const BPF_EXIST: u64 = 2;
-
-/// Largest frame handed back by a test run (one page).
-const TEST_FRAME_BYTES_MAX: usize = 4096;
-
 /// The MAC and index of `ifname` in the calling thread's network namespace (an
 /// ioctl on a socket of this namespace: /sys/class/net shows the mount's namespace).
 pub fn iface_mac_index(ifname: &str) -> Result<([u8; 6], u32), FrontendError> {
-    let c = std::ffi::CString::new(ifname)
-        .map_err(|_| FrontendError::NoInterface(ifname.to_string()))?;
-    if ifname.len() >= 16 {
-        return Err(FrontendError::NoInterface(ifname.to_string()));
-    }
-    // SAFETY: if_nametoindex reads a NUL-terminated string.
-    let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if ifindex == 0 {
-        return Err(FrontendError::NoInterface(ifname.to_string()));
-    }
+    let ifindex = farside_bpfrt::ifindex(ifname)?;
     #[repr(C)]
     struct IfReqHw {
         name: [u8; 16],
@@ -696,10 +515,11 @@ pub fn iface_mac_index(ifname: &str) -> Result<([u8; 6], u32), FrontendError> {
     // SAFETY: a plain datagram socket, closed below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
-        return Err(FrontendError::Attach(format!(
-            "socket for SIOCGIFHWADDR: {}",
-            io::Error::last_os_error()
-        )));
+        return Err(Error::os(
+            LABEL,
+            "socket for SIOCGIFHWADDR",
+            io::Error::last_os_error(),
+        ));
     }
     // SAFETY: SIOCGIFHWADDR fills a struct ifreq (40 bytes) we own.
     let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut req as *mut IfReqHw) };
@@ -707,9 +527,7 @@ pub fn iface_mac_index(ifname: &str) -> Result<([u8; 6], u32), FrontendError> {
     // SAFETY: closing the socket opened above.
     unsafe { libc::close(fd) };
     if rc < 0 {
-        return Err(FrontendError::Attach(format!(
-            "reading {ifname}'s MAC: {err}"
-        )));
+        return Err(Error::os(LABEL, &format!("reading {ifname}'s MAC"), err));
     }
     let mut mac = [0u8; 6];
     mac.copy_from_slice(&req.data[..6]);
@@ -720,7 +538,7 @@ pub fn iface_mac_index(ifname: &str) -> Result<([u8; 6], u32), FrontendError> {
 /// (SIOCGIFADDR), None if it has none.
 pub fn iface_ipv4(ifname: &str) -> Result<Option<Ipv4Addr>, FrontendError> {
     if ifname.len() >= 16 || ifname.contains('\0') {
-        return Err(FrontendError::NoInterface(ifname.to_string()));
+        return Err(Error::NoInterface(ifname.to_string()));
     }
     #[repr(C)]
     struct IfReqAddr {
@@ -738,10 +556,11 @@ pub fn iface_ipv4(ifname: &str) -> Result<Option<Ipv4Addr>, FrontendError> {
     // SAFETY: a plain datagram socket, closed below.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
-        return Err(FrontendError::Attach(format!(
-            "socket for SIOCGIFADDR: {}",
-            io::Error::last_os_error()
-        )));
+        return Err(Error::os(
+            LABEL,
+            "socket for SIOCGIFADDR",
+            io::Error::last_os_error(),
+        ));
     }
     // SAFETY: SIOCGIFADDR fills a struct ifreq (40 bytes) we own.
     let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFADDR, &mut req as *mut IfReqAddr) };
@@ -751,10 +570,12 @@ pub fn iface_ipv4(ifname: &str) -> Result<Option<Ipv4Addr>, FrontendError> {
     if rc < 0 {
         return match err.raw_os_error() {
             Some(libc::EADDRNOTAVAIL) => Ok(None),
-            Some(libc::ENODEV) => Err(FrontendError::NoInterface(ifname.to_string())),
-            _ => Err(FrontendError::Attach(format!(
-                "reading {ifname}'s IPv4 address: {err}"
-            ))),
+            Some(libc::ENODEV) => Err(Error::NoInterface(ifname.to_string())),
+            _ => Err(Error::os(
+                LABEL,
+                &format!("reading {ifname}'s IPv4 address"),
+                err,
+            )),
         };
     }
     Ok(Some(Ipv4Addr::from(u32::from_be(req.addr.sin_addr.s_addr))))
@@ -774,16 +595,22 @@ pub fn detach_iface(ifname: &str) -> Result<String, FrontendError> {
             ))
         }
         Err(e) => {
-            let msg = chain(&e);
+            let msg = error_chain(&e);
             // No clsact qdisc at all: nothing was ever attached through netlink.
             if msg.contains("No such file") || msg.contains("Invalid argument") {
                 Ok(format!("nothing to detach on {ifname} ({msg})"))
             } else if is_permission_error(&e) {
-                Err(FrontendError::NoPrivilege(format!("detaching from {ifname}")))
+                Err(Error::NoPrivilege {
+                    program: LABEL,
+                    step: format!("detaching from {ifname}"),
+                })
             } else {
-                Err(FrontendError::Attach(format!(
-                    "detaching from {ifname}: {msg}"
-                )))
+                Err(Error::Attach {
+                    program: LABEL,
+                    target: format!("{ifname}'s tc ingress (detaching)"),
+                    detail: msg,
+                    hint: "",
+                })
             }
         }
     }

@@ -39,12 +39,11 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use aya::maps::{Map, MapData, PerCpuArray};
 use aya::programs::SkLookup;
-use aya::Ebpf;
+use farside_bpfrt::{flags, ktime_ns, Object, RawMap};
 
 use crate::sys;
 
@@ -75,13 +74,9 @@ const SOCK_V6: u32 = 1;
 /// segment, SYNs included), the value only has to make it a listener.
 const BLACK_HOLE_BACKLOG: libc::c_int = 1;
 
-/// bpf(2) commands (linux/bpf.h `enum bpf_cmd`).
-const BPF_MAP_UPDATE_ELEM: libc::c_int = 2;
-const BPF_MAP_DELETE_ELEM: libc::c_int = 3;
-const BPF_MAP_LOOKUP_ELEM: libc::c_int = 1;
-const BPF_MAP_GET_NEXT_KEY: libc::c_int = 4;
-/// `BPF_ANY`: create or replace.
-const BPF_ANY: u64 = 0;
+/// The program as errors name it.
+const LABEL: &str = "the flow hold (bpf/hold.bpf.c)";
+
 /// `IPV6_FREEBIND` (linux/in6.h).
 const IPV6_FREEBIND: libc::c_int = 78;
 
@@ -95,6 +90,9 @@ struct HoldKey {
     local_port: u32,
     remote_port: u32,
 }
+
+// SAFETY: repr(C), plain integers, no padding (9 u32s), every bit pattern valid.
+unsafe impl aya::Pod for HoldKey {}
 
 impl HoldKey {
     /// The key the program builds for segments from `remote` to `local`.
@@ -150,66 +148,6 @@ fn words(o: [u8; 16]) -> [u32; 4] {
 
 fn err(what: &str, e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("hold: {what}: {e}"))
-}
-
-/// `union bpf_attr` for the map element commands.
-#[repr(C)]
-struct ElemAttr {
-    map_fd: u32,
-    _pad: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
-/// One map element command; `key` and `value` must point at buffers of the map's
-/// key and value sizes (checked by the callers' types).
-fn map_elem(
-    cmd: libc::c_int,
-    map: BorrowedFd<'_>,
-    key: *const u8,
-    value: *mut u8,
-    flags: u64,
-) -> io::Result<()> {
-    let attr = ElemAttr {
-        map_fd: map.as_raw_fd() as u32,
-        _pad: 0,
-        key: key as u64,
-        value: value as u64,
-        flags,
-    };
-    // SAFETY: bpf(2) with a map element command; the attr is a live local and the
-    // callers pass key/value buffers of the map's sizes.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            std::ptr::addr_of!(attr),
-            std::mem::size_of::<ElemAttr>(),
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-fn key_ptr(k: &HoldKey) -> *const u8 {
-    (k as *const HoldKey).cast()
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into a live timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
 }
 
 /// A black-hole listener: bound with FREEBIND (the namespace's loopback may be down)
@@ -296,8 +234,8 @@ fn bind_raw<T>(fd: RawFd, addr: &T) -> io::Result<()> {
 /// Shared by the threads that migrate (`&self` methods); dropping it detaches the
 /// program and frees its maps.
 pub struct FlowHold {
-    ebpf: Ebpf,
-    flows: OwnedFd,
+    obj: Object,
+    flows: RawMap,
     _v4: OwnedFd,
     v6: Option<OwnedFd>,
 }
@@ -311,25 +249,14 @@ impl std::fmt::Debug for FlowHold {
     }
 }
 
-fn map_fd(ebpf: &Ebpf, name: &str) -> io::Result<OwnedFd> {
-    let data = match ebpf.map(name) {
-        Some(Map::HashMap(d) | Map::SockMap(d)) => d,
-        _ => return Err(err("map", format!("no {name}"))),
-    };
-    data.fd().as_fd().try_clone_to_owned()
-}
-
 impl FlowHold {
     /// Loads `bpf/hold.bpf.c` and attaches it to the calling thread's network
     /// namespace, with a black-hole listener for IPv4 and, if the namespace has
     /// IPv6, one for IPv6. Needs CAP_BPF and CAP_NET_ADMIN.
     pub fn attach() -> io::Result<FlowHold> {
-        let mut ebpf = aya::EbpfLoader::new()
-            .btf(None)
-            .load(OBJECT)
-            .map_err(|e| err("loading bpf/hold.bpf.o", e))?;
-        let flows = map_fd(&ebpf, "hold_flows")?;
-        let socks = map_fd(&ebpf, "hold_sock")?;
+        let mut obj = Object::load(LABEL, OBJECT)?;
+        let flows = obj.raw_map("hold_flows")?;
+        let socks = obj.raw_map("hold_sock")?;
         let v4 = black_hole(false).map_err(|e| err("IPv4 black-hole listener", e))?;
         put_sock(&socks, SOCK_V4, &v4)?;
         let v6 = match black_hole(true) {
@@ -342,18 +269,10 @@ impl FlowHold {
                 None
             }
         };
-        let netns = std::fs::File::open("/proc/thread-self/ns/net")?;
-        let prog: &mut SkLookup = ebpf
-            .program_mut("hold")
-            .ok_or_else(|| err("program", "no hold"))?
-            .try_into()
-            .map_err(|e| err("program", e))?;
-        prog.load()
-            .map_err(|e| err("loading the sk_lookup program", e))?;
-        prog.attach(&netns)
-            .map_err(|e| err("attaching to the network namespace", e))?;
+        obj.load_program::<SkLookup>("hold")?;
+        obj.attach_sk_lookup("hold")?;
         Ok(FlowHold {
-            ebpf,
+            obj,
             flows,
             _v4: v4,
             v6,
@@ -374,22 +293,14 @@ impl FlowHold {
         if key.family == libc::AF_INET6 as u32 && self.v6.is_none() {
             return Err(err("IPv6 flow", "no IPv6 black-hole listener"));
         }
-        let mut deadline = monotonic_ns().saturating_add(ttl.as_nanos() as u64);
-        let put = |d: &mut u64| {
-            map_elem(
-                BPF_MAP_UPDATE_ELEM,
-                self.flows.as_fd(),
-                key_ptr(&key),
-                (d as *mut u64).cast(),
-                BPF_ANY,
-            )
-        };
-        match put(&mut deadline) {
+        let deadline = ktime_ns().saturating_add(ttl.as_nanos() as u64);
+        let put = || self.flows.update(&key, &deadline, flags::ANY);
+        match put() {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::E2BIG) => {
                 // Full: entries past their deadline (holds not removed) make room.
                 self.sweep_expired()?;
-                put(&mut deadline).map_err(|e| err("hold_flows (full)", e))?;
+                put().map_err(|e| err("hold_flows (full)", e))?;
             }
             Err(e) => return Err(err("hold_flows", e)),
         }
@@ -403,78 +314,36 @@ impl FlowHold {
 
     /// One of the program's counters (`CNT_*`) summed over CPUs.
     pub fn counter(&self, i: usize) -> io::Result<u64> {
-        let map = self
-            .ebpf
-            .map("hold_counters")
-            .ok_or_else(|| err("map", "no hold_counters"))?;
-        let a: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(map).map_err(|e| err("hold_counters", e))?;
-        let v = a.get(&(i as u32), 0).map_err(|e| err("hold_counters", e))?;
-        Ok(v.iter().sum())
+        Ok(self.obj.per_cpu_sum("hold_counters", i as u32)?)
     }
 
     /// Every key in the map; bounded by [`FLOWS_MAX`] (plus one pass, in case
     /// entries come and go meanwhile).
     fn keys(&self) -> io::Result<Vec<HoldKey>> {
-        let mut out = Vec::new();
-        let mut cur: Option<HoldKey> = None;
-        for _ in 0..=FLOWS_MAX {
-            let mut next = HoldKey::default();
-            let r = map_elem(
-                BPF_MAP_GET_NEXT_KEY,
-                self.flows.as_fd(),
-                cur.as_ref().map_or(std::ptr::null(), key_ptr),
-                (&mut next as *mut HoldKey).cast(),
-                0,
-            );
-            match r {
-                Ok(()) => {
-                    out.push(next);
-                    cur = Some(next);
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => break,
-                Err(e) => return Err(err("hold_flows keys", e)),
-            }
-        }
-        Ok(out)
+        self.flows
+            .keys(FLOWS_MAX)
+            .map_err(|e| err("hold_flows keys", e))
     }
 
     /// Removes the entries past their deadline.
     fn sweep_expired(&self) -> io::Result<()> {
-        let now = monotonic_ns();
+        let now = ktime_ns();
         for k in self.keys()? {
-            let mut deadline = 0u64;
-            let found = map_elem(
-                BPF_MAP_LOOKUP_ELEM,
-                self.flows.as_fd(),
-                key_ptr(&k),
-                (&mut deadline as *mut u64).cast(),
-                0,
-            );
-            if found.is_ok() && deadline < now {
-                let _ = map_elem(
-                    BPF_MAP_DELETE_ELEM,
-                    self.flows.as_fd(),
-                    key_ptr(&k),
-                    std::ptr::null_mut(),
-                    0,
-                );
+            if let Ok(Some(deadline)) = self.flows.lookup::<HoldKey, u64>(&k) {
+                if deadline < now {
+                    let _ = self.flows.delete(&k);
+                }
             }
         }
         Ok(())
     }
 }
 
-fn put_sock(socks: &OwnedFd, at: u32, sock: &OwnedFd) -> io::Result<()> {
-    let mut fd = sock.as_raw_fd() as u64;
-    map_elem(
-        BPF_MAP_UPDATE_ELEM,
-        socks.as_fd(),
-        (&at as *const u32).cast(),
-        (&mut fd as *mut u64).cast(),
-        BPF_ANY,
-    )
-    .map_err(|e| err("putting a black-hole listener in hold_sock", e))
+fn put_sock(socks: &RawMap, at: u32, sock: &OwnedFd) -> io::Result<()> {
+    let fd = sock.as_raw_fd() as u64;
+    socks
+        .update(&at, &fd, flags::ANY)
+        .map_err(|e| err("putting a black-hole listener in hold_sock", e))
 }
 
 /// One held 4-tuple; dropping it ends the hold.
@@ -486,14 +355,7 @@ pub struct Held<'a> {
 
 impl Drop for Held<'_> {
     fn drop(&mut self) {
-        let r = map_elem(
-            BPF_MAP_DELETE_ELEM,
-            self.hold.flows.as_fd(),
-            key_ptr(&self.key),
-            std::ptr::null_mut(),
-            0,
-        );
-        if let Err(e) = r {
+        if let Err(e) = self.hold.flows.delete(&self.key) {
             // The entry expires at its deadline anyway.
             log::warn!("migrate: removing a flow hold failed: {e}");
         }

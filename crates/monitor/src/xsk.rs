@@ -33,9 +33,8 @@
 //! taken too (the program matches the port, not the destination address).
 
 use aya::maps::{HashMap as BpfHashMap, MapData, XskMap};
-use aya::programs::{Xdp, XdpMode};
-use aya::Ebpf;
-use std::ffi::CString;
+use aya::programs::Xdp;
+use farside_bpfrt::{Error, Object, XdpMode};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -85,6 +84,8 @@ const BIND_BUSY_PAUSE: Duration = Duration::from_millis(1);
 
 /// The compiled program (clang -target bpf), 8-byte aligned as ELF parsing needs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xskrx.bpf.o"));
+/// The receiver as errors name it.
+const LABEL: &str = "AF_XDP receive (bpf/xskrx.bpf.c)";
 const PROG_NAME: &str = "xskrx";
 const MAP_SOCKS: &str = "xskrx_socks";
 const MAP_PORTS: &str = "xskrx_ports";
@@ -183,46 +184,12 @@ pub fn parse_udp4(frame: &[u8], port: u16) -> Option<(SocketAddr, &[u8])> {
     Some((SocketAddr::from((src, sport)), &udp[UDP..]))
 }
 
-/// What failed while setting the receiver up (the message names the step).
-#[derive(Debug)]
-pub struct XskError(pub String);
+/// What failed while setting the receiver up (the BPF runtime's error: the message
+/// names the step).
+pub type XskError = farside_bpfrt::Error;
 
-impl std::fmt::Display for XskError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for XskError {}
-
-/// True if any error in the chain is EPERM or EACCES from the kernel.
-fn is_permission_error(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<io::Error>() {
-            if matches!(io.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES)) {
-                return true;
-            }
-        }
-        cur = err.source();
-    }
-    false
-}
-
-fn fail(step: &str, e: impl std::error::Error + 'static) -> XskError {
-    if is_permission_error(&e) {
-        XskError(format!(
-            "{step}: refused ({e}): AF_XDP needs CAP_NET_ADMIN, CAP_BPF and CAP_IPC_LOCK (run as root)"
-        ))
-    } else {
-        let mut s = format!("{step}: {e}");
-        let mut cur = e.source();
-        while let Some(err) = cur {
-            s.push_str(&format!(": {err}"));
-            cur = err.source();
-        }
-        XskError(s)
-    }
+fn fail(step: &str, e: io::Error) -> XskError {
+    Error::os(LABEL, step, e)
 }
 
 fn os_fail(step: &str) -> XskError {
@@ -444,8 +411,12 @@ impl Queue {
             return Err(os_fail("reading the ring offsets"));
         }
         if len as usize != std::mem::size_of::<libc::xdp_mmap_offsets>() {
-            return Err(XskError(
-                "reading the ring offsets: the kernel predates ring flags (5.4)".into(),
+            return Err(fail(
+                "reading the ring offsets",
+                io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "the kernel predates ring flags (5.4)",
+                ),
             ));
         }
         let fill: Ring<u64> = Ring::map(
@@ -618,7 +589,7 @@ fn rx_queues(ifname: &str) -> usize {
 /// Detached when dropped.
 pub struct XskRx {
     queues: Vec<Queue>,
-    ebpf: Ebpf,
+    obj: Object,
     link: Option<aya::programs::xdp::XdpLinkId>,
     ifname: String,
     port: u16,
@@ -631,74 +602,43 @@ impl XskRx {
     /// queue ([`frames_for`]). Nothing stays attached on error.
     pub fn open(ifname: &str, port: u16, frames: u32) -> Result<XskRx, XskError> {
         if port == 0 {
-            return Err(XskError("udp port 0: nothing to receive".into()));
+            return Err(Error::Config("udp port 0: nothing to receive".into()));
         }
         if !frames.is_power_of_two() || !(XSK_FRAMES_MIN..=XSK_FRAMES_MAX).contains(&frames) {
-            return Err(XskError(format!(
+            return Err(Error::Config(format!(
                 "{frames} frames: a power of two in {XSK_FRAMES_MIN}..={XSK_FRAMES_MAX}"
             )));
         }
-        let cname =
-            CString::new(ifname).map_err(|_| XskError(format!("interface name {ifname:?}")))?;
-        // SAFETY: a valid C string.
-        let ifindex = unsafe { libc::if_nametoindex(cname.as_ptr()) };
-        if ifindex == 0 {
-            return Err(XskError(format!(
-                "no network interface {ifname:?} in this namespace"
-            )));
-        }
+        let ifindex = farside_bpfrt::ifindex(ifname)?;
         let nq = rx_queues(ifname);
         if nq > XSK_QUEUES_MAX {
-            return Err(XskError(format!(
+            return Err(Error::Config(format!(
                 "{ifname} has {nq} RX queues, AF_XDP receive binds at most {XSK_QUEUES_MAX} \
                  (ethtool -L {ifname} combined {XSK_QUEUES_MAX})"
             )));
         }
-        let mut ebpf = aya::EbpfLoader::new()
-            .btf(None)
-            .load(OBJECT)
-            .map_err(|e| fail("creating the xskrx maps", e))?;
-        let prog: &mut Xdp = ebpf
-            .program_mut(PROG_NAME)
-            .ok_or_else(|| XskError(format!("no program {PROG_NAME} in the object")))?
-            .try_into()
-            .map_err(|e| fail(PROG_NAME, e))?;
-        prog.load()
-            .map_err(|e| fail("loading xskrx (BPF_PROG_LOAD)", e))?;
+        let mut obj = Object::load(LABEL, OBJECT)?;
+        obj.load_program::<Xdp>(PROG_NAME)?;
         let mut queues = Vec::with_capacity(nq);
         for q in 0..nq as u32 {
             queues.push(Queue::open(ifindex, q, frames)?);
         }
         {
-            let mut socks: XskMap<&mut MapData> = XskMap::try_from(
-                ebpf.map_mut(MAP_SOCKS)
-                    .ok_or_else(|| XskError(format!("no map {MAP_SOCKS}")))?,
-            )
-            .map_err(|e| fail(MAP_SOCKS, e))?;
+            let mut socks: XskMap<&mut MapData> = obj.typed_mut(MAP_SOCKS)?;
             for (q, queue) in queues.iter().enumerate() {
                 socks
                     .set(q as u32, queue.fd.as_raw_fd(), 0)
-                    .map_err(|e| fail("adding a socket to the map", e))?;
+                    .map_err(|e| Error::map(LABEL, "adding a socket to the map", &e))?;
             }
-            let mut ports: BpfHashMap<&mut MapData, u16, u8> = BpfHashMap::try_from(
-                ebpf.map_mut(MAP_PORTS)
-                    .ok_or_else(|| XskError(format!("no map {MAP_PORTS}")))?,
-            )
-            .map_err(|e| fail(MAP_PORTS, e))?;
+            let mut ports: BpfHashMap<&mut MapData, u16, u8> = obj.typed_mut(MAP_PORTS)?;
             ports
                 .insert(port.to_be(), 1, 0)
-                .map_err(|e| fail("adding the port", e))?;
+                .map_err(|e| Error::map(LABEL, "adding the port", &e))?;
         }
-        let prog: &mut Xdp = ebpf
-            .program_mut(PROG_NAME)
-            .and_then(|p| p.try_into().ok())
-            .expect("checked above");
-        let link = prog
-            .attach_to_if_index(ifindex, XdpMode::Skb)
-            .map_err(|e| fail(&format!("attaching xskrx to {ifname} (generic XDP)"), e))?;
+        let link = obj.attach_xdp(PROG_NAME, ifname, XdpMode::Generic)?;
         Ok(XskRx {
             queues,
-            ebpf,
+            obj,
             link: Some(link),
             ifname: ifname.to_string(),
             port,
@@ -743,14 +683,7 @@ impl XskRx {
     /// returns the XDP action, [`XDP_PASS`] or [`XDP_REDIRECT`] (to the socket of
     /// queue 0). The frame is not delivered anywhere.
     pub fn test_run(&self, frame: &[u8]) -> io::Result<u32> {
-        let prog: &Xdp = self
-            .ebpf
-            .program(PROG_NAME)
-            .and_then(|p| p.try_into().ok())
-            .ok_or_else(|| io::Error::other("no xskrx program"))?;
-        let fd = prog.fd().map_err(io::Error::other)?;
-        farside_bpfbuild::prog_test_run(std::os::fd::AsFd::as_fd(fd), frame, &mut [])
-            .map(|r| r.retval)
+        Ok(self.obj.test_run(PROG_NAME, frame, 0)?.retval)
     }
 }
 
@@ -764,13 +697,7 @@ impl Drop for XskRx {
         // Detach before the sockets close, so no datagram is redirected to a socket
         // that is going away (dropping the program would detach too).
         if let Some(link) = self.link.take() {
-            if let Some(p) = self
-                .ebpf
-                .program_mut(PROG_NAME)
-                .and_then(|p| <&mut Xdp>::try_from(p).ok())
-            {
-                let _ = p.detach(link);
-            }
+            let _ = self.obj.detach_xdp(PROG_NAME, link, &self.ifname);
         }
     }
 }

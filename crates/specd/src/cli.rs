@@ -12,6 +12,7 @@ use crate::source::{
     Affinity, Peer, SourceConfig, SourceDaemon, AFFINITY_WAIT_DEFAULT, MIGRATORS_DEFAULT,
 };
 use crate::steer::{FlowSteer, FrontendMove, FrontendSteer, NoSteer, PolicyRouteSteer};
+use crate::summary::{rounded, to_line, ExitSummary};
 use crate::target::{TargetConfig, TargetDaemon, TARGET_THREADS_DEFAULT};
 use crate::window::{WindowConfig, QUEUE_DEFAULT, WINDOW_DEFAULT};
 
@@ -343,16 +344,12 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
             .unwrap_or_default()
     );
     wait_for_signal(&set, args.duration_s.map(Duration::from_secs_f64));
-    let source_json = source
-        .as_ref()
-        .map(|s| s.summary_json())
-        .unwrap_or_else(|| "null".into());
-    let summary = format!(
-        "{{\"wall_s\":{:.3},\"process_cpu_ms\":{:.1},\"source\":{source_json},\"target\":{}}}",
-        t0.elapsed().as_secs_f64(),
-        process_cpu_ms(),
-        target.summary_json()
-    );
+    let summary = to_line(&ExitSummary {
+        wall_s: rounded(t0.elapsed().as_secs_f64(), 3),
+        process_cpu_ms: rounded(process_cpu_ms(), 1),
+        source: source.as_ref().map(|s| s.summary()),
+        target: target.summary(),
+    });
     if let Some(s) = source {
         s.stop();
     }

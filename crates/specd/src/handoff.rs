@@ -147,22 +147,26 @@ impl HandoffStats {
             + self.waited_too_long.load(Ordering::Relaxed)
     }
 
+    /// The counters and the wait times.
+    pub fn summary(&self) -> crate::summary::HandoffSummary {
+        let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        crate::summary::HandoffSummary {
+            handed: c(&self.handed),
+            failed: c(&self.failed),
+            queued: c(&self.queued),
+            pending: c(&self.pending),
+            queued_max: c(&self.queued_max),
+            over_bound: c(&self.over_bound),
+            waited_too_long: c(&self.waited_too_long),
+            client_gone: c(&self.client_gone),
+            wait_us: lock(&self.wait_us).summary(),
+        }
+    }
+
     /// `{"handed":…,"failed":…,"queued":…,"pending":…,"queued_max":…,
     /// "over_bound":…,"waited_too_long":…,"client_gone":…,"wait_us":{…}}`.
     pub fn json(&self) -> String {
-        let c = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        format!(
-            "{{\"handed\":{},\"failed\":{},\"queued\":{},\"pending\":{},\"queued_max\":{},\"over_bound\":{},\"waited_too_long\":{},\"client_gone\":{},\"wait_us\":{}}}",
-            c(&self.handed),
-            c(&self.failed),
-            c(&self.queued),
-            c(&self.pending),
-            c(&self.queued_max),
-            c(&self.over_bound),
-            c(&self.waited_too_long),
-            c(&self.client_gone),
-            lock(&self.wait_us).json(),
-        )
+        crate::summary::to_line(&self.summary())
     }
 }
 

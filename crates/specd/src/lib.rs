@@ -16,6 +16,8 @@
 //!   (kernel mode: it reads the server's queue per SYN; poll mode: a flag the daemon
 //!   polls) and the front-end flow hook ([`steer::FlowSteer`]).
 //! - [`stats`]: bounded per-migration samples.
+//! - [`summary`]: the JSON the daemon writes (the exit summary and its parts), as
+//!   serde structs.
 //! - [`cli`]: `farside specd`.
 //!
 //! Deployment and flags: `docs/speculative.md`.
@@ -27,6 +29,7 @@ pub mod notify;
 pub mod source;
 pub mod stats;
 pub mod steer;
+pub mod summary;
 pub mod target;
 pub mod window;
 

@@ -59,6 +59,10 @@ use crate::handoff::HandOff;
 use crate::load::{server_listener, ServerQueue};
 use crate::stats::{Event, PerSecond, Samples};
 use crate::steer::{FlowSteer, Mode, Steering, CNT_DAEMON, CNT_NO_SERVER, CNT_SERVER};
+use crate::summary::{
+    to_line, ControlSummary, DrainSummary, NamedCounts, PeerSummary, SourceSummary, SteerSummary,
+    WindowSummary,
+};
 use crate::window::{Decision, Resolution, Window, WindowConfig};
 
 /// Default migration threads, the most migrations in flight at once. Each thread
@@ -611,23 +615,18 @@ impl SourceDaemon {
         lock(&self.shared.window).clone()
     }
 
-    /// One-line JSON of the source side (the exit summary's `source` object).
-    pub fn summary_json(&self) -> String {
+    /// The source side's counters, samples and window (the exit summary's `source`).
+    pub fn summary(&self) -> SourceSummary {
         let s = &self.shared.stats;
-        let w = self.window();
-        let ws = w.stats();
-        let peers: Vec<String> = self
+        let peers = self
             .shared
             .peers
             .iter()
-            .map(|p| {
-                format!(
-                    "{{\"daemon\":\"{}\",\"migrated\":{},\"refused\":{},\"failed\":{}}}",
-                    p.peer.daemon,
-                    p.migrated.load(Ordering::Relaxed),
-                    p.refused.load(Ordering::Relaxed),
-                    p.failed.load(Ordering::Relaxed)
-                )
+            .map(|p| PeerSummary {
+                daemon: p.peer.daemon.to_string(),
+                migrated: p.migrated.load(Ordering::Relaxed),
+                refused: p.refused.load(Ordering::Relaxed),
+                failed: p.failed.load(Ordering::Relaxed),
             })
             .collect();
         if let Some(st) = lock(&self.shared.steering).as_ref() {
@@ -635,69 +634,60 @@ impl SourceDaemon {
                 *lock(&self.shared.steer_counts) = c;
             }
         }
-        let steer = lock(&self.shared.steer_counts);
-        let events = {
+        let steer = *lock(&self.shared.steer_counts);
+        let (window_events, window_events_dropped) = {
             let ev = lock(&self.shared.window_events);
-            let list: Vec<String> = ev
-                .events
-                .iter()
-                .map(|(t, what)| format!("[{t},\"{what}\"]"))
-                .collect();
-            format!(
-                "\"started_unix_ms\":{},\"series\":{},\"window_events\":[{}],\"window_events_dropped\":{}",
-                self.shared.started_unix_ms,
-                lock(&self.shared.series).json(),
-                list.join(","),
-                ev.dropped
-            )
+            (ev.events.clone(), ev.dropped)
         };
-        format!(
-            "{{{events},\"accepted\":{},\"stale_local\":{},\"migrated\":{},\"fell_back\":{},\"lost\":{},\"local_handoff_failed\":{},\"local_handoff\":{},\"notifications\":{},\"window\":{{\"size\":{},\"in_flight\":{},\"falling_back\":{},\"migratory\":{},\"target_refusals\":{},\"target_failures\":{},\"not_dumpable\":{},\"closures\":{},\"reopened_by_notification\":{},\"reopened_by_service\":{},\"reopened_by_peer_load\":{}}},\"steer\":{{\"server\":{},\"daemon\":{},\"no_server\":{}}},\"steer_mode\":\"{}\",\"migration_us\":{},\"dump_us\":{},\"cpu_us\":{},\"queue_wait_us\":{},\"offer_us\":{},\"restore_us\":{},\"flow_us\":{},\"admit_to_done_us\":{},\"flow_drain\":{},\"control\":{{\"opened\":{},\"reused\":{},\"stale\":{}}},\"no_peer_room\":{},\"affinity_hashed\":{},\"fallbacks\":{{{}}},\"peers\":[{}]}}",
-            s.accepted.load(Ordering::Relaxed),
-            s.stale_local.load(Ordering::Relaxed),
-            s.migrated.load(Ordering::Relaxed),
-            s.fell_back.load(Ordering::Relaxed),
-            s.lost.load(Ordering::Relaxed),
-            self.shared.local.stats().closed(),
-            self.shared.local.stats().json(),
-            s.notifications.load(Ordering::Relaxed),
-            w.size(),
-            w.in_flight(),
-            w.falling_back(),
-            ws.migratory,
-            ws.target_refusals,
-            ws.target_failures,
-            ws.not_dumpable,
-            ws.closures,
-            ws.reopened_by_notification,
-            ws.reopened_by_service,
-            ws.reopened_by_peer_load,
-            steer[CNT_SERVER],
-            steer[CNT_DAEMON],
-            steer[CNT_NO_SERVER],
-            steer_mode_name(self.shared.steer_mode.load(Ordering::Relaxed)),
-            lock(&s.migration_us).json(),
-            lock(&s.dump_us).json(),
-            lock(&s.cpu_us).json(),
-            lock(&s.queue_wait_us).json(),
-            lock(&s.offer_us).json(),
-            lock(&s.restore_us).json(),
-            lock(&s.flow_us).json(),
-            lock(&s.admit_to_done_us).json(),
-            drain_json(&self.shared.control.drain_stats()),
-            self.shared.control.opened(),
-            self.shared.control.reused(),
-            self.shared.control.stale(),
-            s.no_peer_room.load(Ordering::Relaxed),
-            s.affinity_hashed.load(Ordering::Relaxed),
-            FALLBACK_REASONS
-                .iter()
-                .zip(&s.fallbacks)
-                .map(|(k, v)| format!("\"{k}\":{}", v.load(Ordering::Relaxed)))
-                .collect::<Vec<_>>()
-                .join(","),
-            peers.join(","),
-        )
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let local = self.shared.local.stats();
+        let control = &self.shared.control;
+        SourceSummary {
+            started_unix_ms: self.shared.started_unix_ms,
+            series: lock(&self.shared.series).summary(),
+            window_events,
+            window_events_dropped,
+            accepted: n(&s.accepted),
+            stale_local: n(&s.stale_local),
+            migrated: n(&s.migrated),
+            fell_back: n(&s.fell_back),
+            lost: n(&s.lost),
+            local_handoff_failed: local.closed(),
+            local_handoff: local.summary(),
+            notifications: n(&s.notifications),
+            window: WindowSummary::from(&self.window()),
+            steer: SteerSummary {
+                server: steer[CNT_SERVER],
+                daemon: steer[CNT_DAEMON],
+                no_server: steer[CNT_NO_SERVER],
+            },
+            steer_mode: steer_mode_name(self.shared.steer_mode.load(Ordering::Relaxed)),
+            migration_us: lock(&s.migration_us).summary(),
+            dump_us: lock(&s.dump_us).summary(),
+            cpu_us: lock(&s.cpu_us).summary(),
+            queue_wait_us: lock(&s.queue_wait_us).summary(),
+            offer_us: lock(&s.offer_us).summary(),
+            restore_us: lock(&s.restore_us).summary(),
+            flow_us: lock(&s.flow_us).summary(),
+            admit_to_done_us: lock(&s.admit_to_done_us).summary(),
+            flow_drain: DrainSummary::from(&control.drain_stats()),
+            control: ControlSummary::from(control),
+            no_peer_room: n(&s.no_peer_room),
+            affinity_hashed: n(&s.affinity_hashed),
+            fallbacks: NamedCounts(
+                FALLBACK_REASONS
+                    .iter()
+                    .zip(&s.fallbacks)
+                    .map(|(k, v)| (*k, n(v)))
+                    .collect(),
+            ),
+            peers,
+        }
+    }
+
+    /// One-line JSON of [`SourceDaemon::summary`].
+    pub fn summary_json(&self) -> String {
+        to_line(&self.summary())
     }
 
     /// Stops the threads (migrations in progress finish).
@@ -737,24 +727,6 @@ impl Drop for SourceDaemon {
             self.stop_and_join();
         }
     }
-}
-
-/// The summary's `flow_drain`: migrated source sockets kept frozen for the flow
-/// drain by the control pool's reaper (`deferred`), or by the migrator itself because
-/// the reaper's queue was full (`inline`); `closed` after their drain (by a later
-/// migration's deferral: `closed_by_deferrals`, else by the reaper thread), `pending`
-/// now, `pending_peak`, the reaper thread's `wakeups`.
-fn drain_json(d: &farside_migrate::DrainStats) -> String {
-    format!(
-        "{{\"deferred\":{},\"inline\":{},\"closed\":{},\"closed_by_deferrals\":{},\"pending\":{},\"pending_peak\":{},\"wakeups\":{}}}",
-        d.deferred,
-        d.inline,
-        d.closed,
-        d.closed_by_deferrals,
-        d.pending,
-        d.pending_peak,
-        d.wakeups
-    )
 }
 
 /// Most window transitions kept for the summary (each a few bytes; a window that

@@ -1,6 +1,8 @@
 //! Bounded per-migration samples (time, CPU) and their percentiles for the metrics
 //! and the exit summary.
 
+use crate::summary::{rounded, to_line, SamplesSummary, SeriesSummary};
+
 /// Most samples kept per series: enough for p99 of a long lab run (each sample is 8
 /// bytes), bounded so a daemon that runs for days does not grow.
 pub const SAMPLES_MAX: usize = 200_000;
@@ -47,16 +49,20 @@ impl Samples {
         }
     }
 
+    /// Count, p50, p99, max and mean (to 0.1) of the kept samples.
+    pub fn summary(&self) -> SamplesSummary {
+        SamplesSummary {
+            count: self.count,
+            p50: self.quantile(0.5),
+            p99: self.quantile(0.99),
+            max: self.quantile(1.0),
+            mean: rounded(self.mean(), 1),
+        }
+    }
+
     /// `{"count":…,"p50":…,"p99":…,"max":…,"mean":…}`.
     pub fn json(&self) -> String {
-        format!(
-            "{{\"count\":{},\"p50\":{},\"p99\":{},\"max\":{},\"mean\":{:.1}}}",
-            self.count,
-            self.quantile(0.5),
-            self.quantile(0.99),
-            self.quantile(1.0),
-            self.mean()
-        )
+        to_line(&self.summary())
     }
 }
 
@@ -105,24 +111,21 @@ impl PerSecond {
         *bin = bin.saturating_add(1);
     }
 
+    /// The series, one column per [`Event`].
+    pub fn summary(&self) -> SeriesSummary {
+        let col = |e: Event| self.bins.iter().map(|b| b[e as usize]).collect();
+        SeriesSummary {
+            first_s: self.first_s,
+            migrated: col(Event::Migrated),
+            refused: col(Event::Refused),
+            closed: col(Event::Closed),
+            evicted: self.evicted,
+        }
+    }
+
     /// `{"first_s":…,"migrated":[…],"refused":[…],"closed":[…],"evicted":…}`.
     pub fn json(&self) -> String {
-        let col = |e: Event| {
-            let v: Vec<String> = self
-                .bins
-                .iter()
-                .map(|b| b[e as usize].to_string())
-                .collect();
-            v.join(",")
-        };
-        format!(
-            "{{\"first_s\":{},\"migrated\":[{}],\"refused\":[{}],\"closed\":[{}],\"evicted\":{}}}",
-            self.first_s,
-            col(Event::Migrated),
-            col(Event::Refused),
-            col(Event::Closed),
-            self.evicted
-        )
+        to_line(&self.summary())
     }
 }
 

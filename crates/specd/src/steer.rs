@@ -30,13 +30,13 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use aya::maps::{Array, Map, MapData, PerCpuArray};
 use aya::programs::SkLookup;
-use aya::Ebpf;
+use farside_bpfrt::btf::Btf;
+use farside_bpfrt::{flags, MmapArray, Object, RawMap};
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/steer.bpf.o"));
 
@@ -58,8 +58,8 @@ pub const COUNTERS: usize = 5;
 const SOCK_DAEMON: u32 = 0;
 /// `steer_sock` entry of the server's listener (`STEER_SOCK_SERVER`).
 const SOCK_SERVER: u32 = 1;
-/// Where the kernel's BTF is (for the offset of `struct sock.sk_ack_backlog`).
-const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+/// The program as errors name it.
+const LABEL: &str = "the steering program (bpf/steer.bpf.c)";
 
 /// Who decides whether a SYN is diverted (`STEER_MODE_*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,43 +97,20 @@ struct LiveWords {
 /// and the backlog the program saw, both without a syscall. Valid after the program
 /// is gone (the mapping holds the map).
 pub struct Live {
-    ptr: *mut LiveWords,
-    len: usize,
+    map: MmapArray,
 }
-
-// SAFETY: the mapping is shared memory accessed only through atomics; it lives until
-// Drop unmaps it.
-unsafe impl Send for Live {}
-// SAFETY: as above, all access is atomic.
-unsafe impl Sync for Live {}
 
 impl Live {
     fn map(fd: BorrowedFd<'_>) -> io::Result<Live> {
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-        // SAFETY: maps one page of an mmapable BPF array (its entry 0 is at offset 0).
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                page,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(err("mmap of steer_live", io::Error::last_os_error()));
-        }
-        Ok(Live {
-            ptr: p.cast(),
-            len: page,
-        })
+        let map = MmapArray::map(fd, std::mem::size_of::<LiveWords>())
+            .map_err(|e| err("mmap of steer_live", e))?;
+        Ok(Live { map })
     }
 
     fn words(&self) -> &LiveWords {
-        // SAFETY: `ptr` is a live, page-aligned mapping of at least one entry.
-        unsafe { &*self.ptr }
+        // SAFETY: entry 0 of steer_live is a `struct steer_live`, which LiveWords
+        // mirrors; every access is atomic.
+        unsafe { self.map.value::<LiveWords>() }
     }
 
     /// Tells the program whether the window has room (kernel mode).
@@ -158,99 +135,30 @@ impl Live {
     }
 }
 
-impl Drop for Live {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping made in `map`.
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
 /// The attached sk_lookup program. Dropping it detaches the program.
 pub struct Steering {
-    ebpf: Ebpf,
+    obj: Object,
     cfg: SteerConfig,
-    /// A descriptor of `steer_sock` (raw map syscalls: its values are u64).
-    socks: OwnedFd,
+    /// `steer_sock` through its own descriptor (its values are u64).
+    socks: RawMap,
     live: Arc<Live>,
     /// Why the kernel mode is unavailable (`steer_poll` attached), if it is.
     no_kernel_mode: Option<String>,
-}
-
-/// `e` and its sources, `: `-separated (the verifier's log is a source of aya's error).
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("steer: {what}: {e}"))
 }
 
-/// `union bpf_attr` for the map element commands.
-#[repr(C)]
-struct ElemAttr {
-    map_fd: u32,
-    _pad: u32,
-    key: u64,
-    value: u64,
-    flags: u64,
-}
-
-fn map_elem(
-    cmd: libc::c_int,
-    map: BorrowedFd<'_>,
-    key: u32,
-    value: Option<&mut u64>,
-) -> io::Result<()> {
-    let attr = ElemAttr {
-        map_fd: map.as_raw_fd() as u32,
-        _pad: 0,
-        key: std::ptr::addr_of!(key) as u64,
-        value: value.map(|v| v as *mut u64 as u64).unwrap_or(0),
-        flags: 0,
-    };
-    // SAFETY: bpf(2) with a map element command; key and value point at live locals
-    // of the sizes the map has (u32, u64).
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            std::ptr::addr_of!(attr),
-            std::mem::size_of::<ElemAttr>(),
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-/// bpf(2) commands (linux/bpf.h `enum bpf_cmd`).
-const BPF_MAP_LOOKUP_ELEM: libc::c_int = 1;
-const BPF_MAP_UPDATE_ELEM: libc::c_int = 2;
-const BPF_MAP_DELETE_ELEM: libc::c_int = 3;
-
-fn map_fd(ebpf: &Ebpf, name: &str) -> io::Result<OwnedFd> {
-    let data = match ebpf.map(name) {
-        Some(Map::Array(d) | Map::SockMap(d)) => d,
-        _ => return Err(err("map", format!("no {name}"))),
-    };
-    data.fd().as_fd().try_clone_to_owned()
-}
-
 /// Offset of `struct sock.sk_ack_backlog` in the running kernel (its BTF).
 fn ack_backlog_offset() -> io::Result<u32> {
-    let raw = std::fs::read(VMLINUX_BTF).map_err(|e| err(VMLINUX_BTF, e))?;
-    let btf = farside_xdp::btf::Btf::parse(&raw).map_err(|e| err(VMLINUX_BTF, e))?;
-    btf.offset_of("sock", &["sk_ack_backlog"])
-        .ok_or_else(|| err(VMLINUX_BTF, "no struct sock field sk_ack_backlog"))
+    let btf = Btf::kernel().map_err(|e| err("kernel BTF", e))?;
+    btf.offset_of("sock", &["sk_ack_backlog"]).ok_or_else(|| {
+        err(
+            farside_bpfrt::btf::VMLINUX_BTF,
+            "no struct sock field sk_ack_backlog",
+        )
+    })
 }
 
 impl Steering {
@@ -272,34 +180,25 @@ impl Steering {
         daemon: &TcpListener,
         kernel_mode: bool,
     ) -> io::Result<Self> {
-        let ebpf = aya::EbpfLoader::new()
-            .btf(None)
-            .load(OBJECT)
-            .map_err(|e| err("loading bpf/steer.bpf.o", e))?;
+        let obj = Object::load(LABEL, OBJECT)?;
         let cfg = SteerConfig {
             vip: vip.map(|a| u32::from_ne_bytes(a.octets())).unwrap_or(0),
             port: u32::from(port),
             ..SteerConfig::default()
         };
-        let socks = map_fd(&ebpf, "steer_sock")?;
-        let live = Arc::new(Live::map(map_fd(&ebpf, "steer_live")?.as_fd())?);
-        let mut fd = daemon.as_raw_fd() as u64;
-        map_elem(
-            BPF_MAP_UPDATE_ELEM,
-            socks.as_fd(),
-            SOCK_DAEMON,
-            Some(&mut fd),
-        )
-        .map_err(|e| err("putting the admission listener in steer_sock", e))?;
+        let socks = obj.raw_map("steer_sock")?;
+        let live = Arc::new(Live::map(obj.map_fd("steer_live")?)?);
+        socks
+            .update(&SOCK_DAEMON, &(daemon.as_raw_fd() as u64), flags::ANY)
+            .map_err(|e| err("putting the admission listener in steer_sock", e))?;
         let mut st = Self {
-            ebpf,
+            obj,
             cfg,
             socks,
             live,
             no_kernel_mode: None,
         };
         st.write_config()?;
-        let netns = std::fs::File::open("/proc/thread-self/ns/net")?;
         let first = if kernel_mode {
             st.load_program("steer")
         } else {
@@ -316,42 +215,25 @@ impl Steering {
             Err(e) => {
                 // The kernel mode's helpers need CAP_PERFMON and no lockdown.
                 st.no_kernel_mode = Some(format!(
-                    "the verifier refused the program that reads the backlog: {}",
-                    error_chain(&e)
+                    "the verifier refused the program that reads the backlog: {e}"
                 ));
                 st.load_program("steer_poll")
                     .map_err(|e| err("loading the sk_lookup program steer_poll", e))?;
                 "steer_poll"
             }
         };
-        let prog: &mut SkLookup = st
-            .ebpf
-            .program_mut(name)
-            .ok_or_else(|| err("program", name))?
-            .try_into()
-            .map_err(|e| err("program", e))?;
-        prog.attach(&netns)
-            .map_err(|e| err("attaching to the network namespace", e))?;
+        st.obj.attach_sk_lookup(name)?;
         Ok(st)
     }
 
-    fn load_program(&mut self, name: &str) -> Result<(), aya::programs::ProgramError> {
-        let prog: &mut SkLookup = self
-            .ebpf
-            .program_mut(name)
-            .ok_or(aya::programs::ProgramError::NotLoaded)?
-            .try_into()?;
-        prog.load()
+    fn load_program(&mut self, name: &str) -> farside_bpfrt::Result<()> {
+        self.obj.load_program::<SkLookup>(name).map(|_| ())
     }
 
     fn write_config(&mut self) -> io::Result<()> {
-        let map = self
-            .ebpf
-            .map_mut("steer_config")
-            .ok_or_else(|| err("map", "no steer_config"))?;
-        let mut a: Array<&mut MapData, SteerConfig> =
-            Array::try_from(map).map_err(|e| err("steer_config", e))?;
-        a.set(0, self.cfg, 0).map_err(|e| err("steer_config", e))
+        Ok(self
+            .obj
+            .array_set("steer_config", 0, self.cfg, "writing steer_config")?)
     }
 
     /// Switches to [`Mode::Kernel`]: puts `server` (the web server's listener; the
@@ -364,14 +246,9 @@ impl Steering {
             return Err(err("kernel mode", why));
         }
         let off = ack_backlog_offset()?;
-        let mut fd = server.as_raw_fd() as u64;
-        map_elem(
-            BPF_MAP_UPDATE_ELEM,
-            self.socks.as_fd(),
-            SOCK_SERVER,
-            Some(&mut fd),
-        )
-        .map_err(|e| err("putting the server's listener in steer_sock", e))?;
+        self.socks
+            .update(&SOCK_SERVER, &(server.as_raw_fd() as u64), flags::ANY)
+            .map_err(|e| err("putting the server's listener in steer_sock", e))?;
         self.cfg.off_ack_backlog = off;
         self.cfg.queue = queue;
         self.cfg.mode = Mode::Kernel as u32;
@@ -385,7 +262,7 @@ impl Steering {
         self.cfg.mode = Mode::Poll as u32;
         self.cfg.divert = 0;
         self.write_config()?;
-        match map_elem(BPF_MAP_DELETE_ELEM, self.socks.as_fd(), SOCK_SERVER, None) {
+        match self.socks.delete(&SOCK_SERVER) {
             // A sockmap answers EINVAL for an empty entry (the server closed it).
             Err(e) if !matches!(e.raw_os_error(), Some(libc::ENOENT | libc::EINVAL)) => {
                 Err(err("dropping the server's listener from steer_sock", e))
@@ -406,15 +283,9 @@ impl Steering {
     /// Whether the server's listener is still in the map: the kernel drops it when
     /// the last descriptor of it closes (the server closed or restarted).
     pub fn server_listener_present(&self) -> io::Result<bool> {
-        let mut cookie = 0u64;
-        match map_elem(
-            BPF_MAP_LOOKUP_ELEM,
-            self.socks.as_fd(),
-            SOCK_SERVER,
-            Some(&mut cookie),
-        ) {
-            Ok(()) => Ok(true),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+        // A socket map's value, read from user space, is the socket's cookie.
+        match self.socks.lookup::<u32, u64>(&SOCK_SERVER) {
+            Ok(found) => Ok(found.is_some()),
             Err(e) => Err(err("steer_sock lookup", e)),
         }
     }
@@ -443,33 +314,14 @@ impl Steering {
     /// One of the program's counters (`CNT_*`) summed over CPUs: one syscall, where
     /// [`Steering::counters`] makes one per counter.
     pub fn counter(&self, i: usize) -> io::Result<u64> {
-        let map = self
-            .ebpf
-            .map("steer_counters")
-            .ok_or_else(|| err("map", "no steer_counters"))?;
-        let a: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(map).map_err(|e| err("steer_counters", e))?;
-        let v = a
-            .get(&(i as u32), 0)
-            .map_err(|e| err("steer_counters", e))?;
-        Ok(v.iter().sum())
+        Ok(self.obj.per_cpu_sum("steer_counters", i as u32)?)
     }
 
     /// The program's counters summed over CPUs (index by `CNT_*`).
     pub fn counters(&self) -> io::Result<[u64; COUNTERS]> {
-        let map = self
-            .ebpf
-            .map("steer_counters")
-            .ok_or_else(|| err("map", "no steer_counters"))?;
-        let a: PerCpuArray<&MapData, u64> =
-            PerCpuArray::try_from(map).map_err(|e| err("steer_counters", e))?;
+        let sums = self.obj.per_cpu_sums("steer_counters", COUNTERS as u32)?;
         let mut out = [0u64; COUNTERS];
-        for (i, o) in out.iter_mut().enumerate() {
-            let v = a
-                .get(&(i as u32), 0)
-                .map_err(|e| err("steer_counters", e))?;
-            *o = v.iter().sum();
-        }
+        out.copy_from_slice(&sums);
         Ok(out)
     }
 }

@@ -36,6 +36,7 @@ use farside_migrate::{ControlConn, Ready, TargetOutcome};
 use crate::handoff::{HandOff, Handoff, HANDOFF_WAIT_MAX, PENDING_MAX};
 use crate::load::ServerQueue;
 use crate::stats::Samples;
+use crate::summary::TargetSummary;
 
 /// Threads serving offers at once: 32, one per migration a peer runs at once
 /// (`source::MIGRATORS_DEFAULT`). A thread holds an offer for its whole exchange
@@ -207,23 +208,27 @@ impl TargetDaemon {
         self.shared.handoff.stats()
     }
 
-    /// One-line JSON of the counters (the exit summary's `target` object).
-    pub fn summary_json(&self) -> String {
+    /// The counters (the exit summary's `target` object).
+    pub fn summary(&self) -> TargetSummary {
         let s = &self.shared.stats;
         let h = self.shared.handoff.stats();
-        format!(
-            "{{\"offers\":{},\"refused\":{},\"restored\":{},\"restore_failed\":{},\"aborted\":{},\"notifications\":{},\"handoff_failed\":{},\"handoff\":{},\"relayed_bytes\":{},\"cpu_us\":{}}}",
-            s.offers.load(Ordering::Relaxed),
-            s.refused.load(Ordering::Relaxed),
-            s.restored.load(Ordering::Relaxed),
-            s.restore_failed.load(Ordering::Relaxed),
-            s.aborted.load(Ordering::Relaxed),
-            s.notifications.load(Ordering::Relaxed),
-            h.closed(),
-            h.json(),
-            h.relayed_bytes.load(Ordering::Relaxed),
-            s.cpu_us.lock().unwrap_or_else(|p| p.into_inner()).json(),
-        )
+        TargetSummary {
+            offers: s.offers.load(Ordering::Relaxed),
+            refused: s.refused.load(Ordering::Relaxed),
+            restored: s.restored.load(Ordering::Relaxed),
+            restore_failed: s.restore_failed.load(Ordering::Relaxed),
+            aborted: s.aborted.load(Ordering::Relaxed),
+            notifications: s.notifications.load(Ordering::Relaxed),
+            handoff_failed: h.closed(),
+            handoff: h.summary(),
+            relayed_bytes: h.relayed_bytes.load(Ordering::Relaxed),
+            cpu_us: s.cpu_us.lock().unwrap_or_else(|p| p.into_inner()).summary(),
+        }
+    }
+
+    /// One-line JSON of [`TargetDaemon::summary`].
+    pub fn summary_json(&self) -> String {
+        crate::summary::to_line(&self.summary())
     }
 
     /// Stops accepting offers and joins the threads (offers being served finish).

@@ -34,10 +34,11 @@
 //! Cost: run [`enable_bpf_stats`] (or `sysctl kernel.bpf_stats_enabled=1`) and read
 //! [`KernelSamplerCosts`] (kernel run time and run count per program).
 
-use crate::{classify, error_chain, map_mut, Loaded, XdpError};
-use aya::maps::{Array, MapData};
+use crate::{config_error, Loaded, XdpError};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
 use aya::programs::{PerfEvent, TracePoint};
+use farside_bpfrt::btf::{Btf, VMLINUX_BTF};
+use farside_bpfrt::{error_chain, Error};
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
@@ -65,8 +66,8 @@ const PROG_STATE: &str = "ksamp_state";
 const PROG_READY: &str = "ksamp_ready";
 const MAP_CONFIG: &str = "ksamp_config";
 const MAP_COUNTS: &str = "ksamp_counts";
-/// Where the kernel's BTF is (for `struct sock` offsets).
-const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+/// The sampler as errors name it.
+const LABEL: &str = "the kernel sampler";
 /// tracefs' mount point (Linux 4.1+). Attaching a tracepoint reads its id under
 /// `events/`, from here or from debugfs' `tracing` (aya looks in both).
 const TRACEFS: &str = "/sys/kernel/tracing";
@@ -100,12 +101,15 @@ fn ensure_tracefs() -> Result<(), XdpError> {
     if r != 0 {
         let e = std::io::Error::last_os_error();
         if e.kind() == std::io::ErrorKind::PermissionDenied {
-            return Err(XdpError::NoPrivilege(format!(
-                "mounting tracefs on {TRACEFS} (not mounted; mount it at boot: \
-                 tracefs {TRACEFS} tracefs defaults 0 0 in /etc/fstab)"
-            )));
+            return Err(Error::NoPrivilege {
+                program: LABEL,
+                step: format!(
+                    "mounting tracefs on {TRACEFS} (not mounted; mount it at boot: \
+                     tracefs {TRACEFS} tracefs defaults 0 0 in /etc/fstab)"
+                ),
+            });
         }
-        return Err(XdpError::Load(format!(
+        return Err(load_error(format!(
             "tracefs is not mounted and mounting it on {TRACEFS} failed: {e} \
              (mount it: mount -t tracefs nodev {TRACEFS})"
         )));
@@ -189,8 +193,20 @@ impl KernelSamplerCosts {
 /// Turn on the kernel's BPF run-time statistics while the returned fd is open
 /// (`BPF_ENABLE_STATS`; costs two clock reads per program run).
 pub fn enable_bpf_stats() -> Result<OwnedFd, XdpError> {
-    aya::sys::enable_stats(aya::sys::Stats::RunTime)
-        .map_err(|e| classify("BPF_ENABLE_STATS", e, XdpError::Load))
+    aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| {
+        Error::classify(LABEL, "BPF_ENABLE_STATS", &e, |detail| Error::Load {
+            program: LABEL,
+            detail,
+        })
+    })
+}
+
+/// A failure of the sampler's set-up (its programs, the kernel's BTF, the namespace).
+fn load_error(detail: String) -> XdpError {
+    Error::Load {
+        program: LABEL,
+        detail,
+    }
 }
 
 /// A running kernel sampler: which CPUs tick, and the ticks' links (owned here so
@@ -222,33 +238,30 @@ impl Loaded {
         seed: &mut dyn FnMut() -> std::io::Result<Vec<PortCounts>>,
     ) -> Result<SamplerState, XdpError> {
         if ports.len() > SAMPLER_PORTS_MAX {
-            return Err(XdpError::Config(format!(
+            return Err(config_error(format!(
                 "kernel sampler: {} watched ports, at most {SAMPLER_PORTS_MAX}",
                 ports.len()
             )));
         }
         if period < SAMPLER_PERIOD_MIN {
-            return Err(XdpError::Config(format!(
+            return Err(config_error(format!(
                 "kernel sampler: period {period:?}, at least {SAMPLER_PERIOD_MIN:?}"
             )));
         }
-        let cpus = aya::util::online_cpus()
-            .map_err(|(what, e)| XdpError::Load(format!("kernel sampler: {what}: {e}")))?;
+        let cpus =
+            aya::util::online_cpus().map_err(|(what, e)| load_error(format!("{what}: {e}")))?;
         let max_cpu = cpus.iter().copied().max().unwrap_or(0);
         if max_cpu >= SAMPLER_CPUS_MAX {
-            return Err(XdpError::Config(format!(
+            return Err(config_error(format!(
                 "kernel sampler: CPU id {max_cpu}, the sampler holds ids below {SAMPLER_CPUS_MAX}"
             )));
         }
         let mut lap = crate::Lap::new();
-        let raw = std::fs::read(VMLINUX_BTF)
-            .map_err(|e| XdpError::Load(format!("kernel sampler: {VMLINUX_BTF}: {e}")))?;
-        let btf = crate::btf::Btf::parse(&raw)
-            .map_err(|e| XdpError::Load(format!("kernel sampler: {VMLINUX_BTF}: {e}")))?;
+        let btf = Btf::kernel().map_err(load_error)?;
         let off = |path: &[&str]| {
             btf.offset_of("sock", path).ok_or_else(|| {
-                XdpError::Load(format!(
-                    "kernel sampler: no struct sock field {} in {VMLINUX_BTF}",
+                load_error(format!(
+                    "no struct sock field {} in {VMLINUX_BTF}",
                     path.join(".")
                 ))
             })
@@ -261,22 +274,15 @@ impl Loaded {
             off_ack_backlog: off(&["sk_ack_backlog"])?,
             off_net: off(&["__sk_common", "skc_net"])?,
             off_net_inum: btf.offset_of("net", &["ns", "inum"]).ok_or_else(|| {
-                XdpError::Load(format!(
-                    "kernel sampler: no struct net field ns.inum in {VMLINUX_BTF}"
-                ))
+                load_error(format!("no struct net field ns.inum in {VMLINUX_BTF}"))
             })?,
             netns_inum: own_netns_inum()?,
             ..Default::default()
         };
         cfg.ports[..ports.len()].copy_from_slice(ports);
         lap.stage("ksamp_btf");
-        {
-            let mut m: Array<&mut MapData, Config> =
-                Array::try_from(map_mut(&mut self.ebpf, MAP_CONFIG)?)
-                    .map_err(|e| XdpError::Map(format!("{MAP_CONFIG}: {e}")))?;
-            m.set(0, cfg, 0)
-                .map_err(|e| classify("configuring the kernel sampler", e, XdpError::Map))?;
-        }
+        self.obj
+            .array_set(MAP_CONFIG, 0, cfg, "configuring the kernel sampler")?;
         self.write_counts(Counts::default())?;
 
         // Event programs first (they only change counters), the ticks last: the record
@@ -303,35 +309,28 @@ impl Loaded {
         ticks: &mut Vec<aya::programs::perf_event::PerfEventLink>,
         lap: &mut crate::Lap,
     ) -> Result<(), XdpError> {
-        let load_err = |p: &str, e: aya::programs::ProgramError| {
-            // A verifier refusal is EACCES too: keep its log.
-            let verifier = matches!(e, aya::programs::ProgramError::LoadError { .. });
-            if crate::is_permission_error(&e) && !verifier {
-                XdpError::NoPrivilege(format!("loading {p}"))
-            } else {
-                XdpError::Load(format!("{p}: {}", error_chain(&e)))
-            }
+        let attach_err = |p: &str, e: aya::programs::ProgramError| {
+            Error::classify(LABEL, &format!("attaching {p}"), &e, |_| {
+                load_error(format!("{p}: {}", error_chain(&e)))
+            })
         };
         ensure_tracefs()?;
-        let tp: &mut TracePoint = prog(&mut self.ebpf, PROG_STATE)?;
-        tp.load().map_err(|e| load_err(PROG_STATE, e))?;
+        let tp: &mut TracePoint = self.obj.load_program(PROG_STATE)?;
         tp.attach("sock", "inet_sock_set_state")
-            .map_err(|e| load_err(PROG_STATE, e))?;
-        let tp: &mut TracePoint = prog(&mut self.ebpf, PROG_READY)?;
-        tp.load().map_err(|e| load_err(PROG_READY, e))?;
+            .map_err(|e| attach_err(PROG_STATE, e))?;
+        let tp: &mut TracePoint = self.obj.load_program(PROG_READY)?;
         tp.attach("sock", "sk_data_ready")
-            .map_err(|e| load_err(PROG_READY, e))?;
+            .map_err(|e| attach_err(PROG_READY, e))?;
 
         // The tick verified before the seed: the seed callback may hand the record over
         // from a user-space writer, and the record is not written between that and the
         // first tick, so that gap must not hold a verification.
-        let pe: &mut PerfEvent = prog(&mut self.ebpf, PROG_TICK)?;
-        pe.load().map_err(|e| load_err(PROG_TICK, e))?;
+        self.obj.load_program::<PerfEvent>(PROG_TICK)?;
         lap.stage("ksamp_events");
         // Seed: the caller's count, applied as a difference so that events counted by
         // the programs since `before` are kept.
         let before = self.read_counts()?;
-        let counted = seed().map_err(|e| XdpError::Config(format!("kernel sampler seed: {e}")))?;
+        let counted = seed().map_err(|e| config_error(format!("kernel sampler seed: {e}")))?;
         let now = self.read_counts()?;
         let mut c = now;
         for (i, pc) in counted.iter().take(ports.len()).enumerate() {
@@ -341,7 +340,7 @@ impl Loaded {
         self.write_counts(c)?;
         lap.stage("ksamp_seed");
 
-        let pe: &mut PerfEvent = prog(&mut self.ebpf, PROG_TICK)?;
+        let pe: &mut PerfEvent = self.obj.program_mut(PROG_TICK)?;
         for &cpu in cpus {
             let id = pe
                 .attach(
@@ -350,8 +349,8 @@ impl Loaded {
                     SamplePolicy::Period(period.as_nanos() as u64),
                     false,
                 )
-                .map_err(|e| load_err(PROG_TICK, e))?;
-            ticks.push(pe.take_link(id).map_err(|e| load_err(PROG_TICK, e))?);
+                .map_err(|e| attach_err(PROG_TICK, e))?;
+            ticks.push(pe.take_link(id).map_err(|e| attach_err(PROG_TICK, e))?);
         }
         lap.stage("ksamp_ticks");
         Ok(())
@@ -360,7 +359,7 @@ impl Loaded {
     /// Detach and unload every sampler program (the record stops advancing).
     pub(crate) fn stop_kernel_sampler(&mut self) {
         for name in [PROG_TICK, PROG_READY, PROG_STATE] {
-            if let Some(p) = self.ebpf.program_mut(name) {
+            if let Some(p) = self.obj.ebpf_mut().program_mut(name) {
                 // Unloading detaches every link of the program; not loaded is fine.
                 let _ = match p {
                     aya::programs::Program::PerfEvent(p) => p.unload(),
@@ -372,24 +371,18 @@ impl Loaded {
     }
 
     fn read_counts(&mut self) -> Result<Counts, XdpError> {
-        let m: Array<&mut MapData, Counts> = Array::try_from(map_mut(&mut self.ebpf, MAP_COUNTS)?)
-            .map_err(|e| XdpError::Map(format!("{MAP_COUNTS}: {e}")))?;
-        m.get(&0, 0)
-            .map_err(|e| XdpError::Map(format!("{MAP_COUNTS}: {e}")))
+        self.obj.array_get(MAP_COUNTS, 0)
     }
 
     fn write_counts(&mut self, c: Counts) -> Result<(), XdpError> {
-        let mut m: Array<&mut MapData, Counts> =
-            Array::try_from(map_mut(&mut self.ebpf, MAP_COUNTS)?)
-                .map_err(|e| XdpError::Map(format!("{MAP_COUNTS}: {e}")))?;
-        m.set(0, c, 0)
-            .map_err(|e| classify("seeding the kernel sampler", e, XdpError::Map))
+        self.obj
+            .array_set(MAP_COUNTS, 0, c, "seeding the kernel sampler")
     }
 
     /// Kernel run time and count of the sampler's programs.
     pub(crate) fn sampler_costs(&self, state: &SamplerState) -> KernelSamplerCosts {
         let cost = |name: &str| -> ProgCost {
-            let info = match self.ebpf.program(name) {
+            let info = match self.obj.ebpf().program(name) {
                 Some(aya::programs::Program::PerfEvent(p)) => p.info(),
                 Some(aya::programs::Program::TracePoint(p)) => p.info(),
                 _ => return ProgCost::default(),
@@ -414,19 +407,8 @@ impl Loaded {
 fn own_netns_inum() -> Result<u32, XdpError> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata("/proc/thread-self/ns/net")
-        .map_err(|e| XdpError::Load(format!("kernel sampler: /proc/thread-self/ns/net: {e}")))?;
-    u32::try_from(m.ino())
-        .map_err(|_| XdpError::Load(format!("kernel sampler: netns inode {} > u32", m.ino())))
-}
-
-fn prog<'a, T>(ebpf: &'a mut aya::Ebpf, name: &str) -> Result<&'a mut T, XdpError>
-where
-    &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
-{
-    ebpf.program_mut(name)
-        .ok_or_else(|| XdpError::Load(format!("no program {name} in the object")))?
-        .try_into()
-        .map_err(|e: aya::programs::ProgramError| XdpError::Load(format!("{name}: {e}")))
+        .map_err(|e| load_error(format!("/proc/thread-self/ns/net: {e}")))?;
+    u32::try_from(m.ino()).map_err(|_| load_error(format!("netns inode {} > u32", m.ino())))
 }
 
 #[cfg(test)]

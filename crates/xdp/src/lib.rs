@@ -41,18 +41,17 @@
 //!
 //! Everything here needs CAP_BPF and CAP_NET_ADMIN (root in practice).
 
-pub mod btf;
 pub mod ksamp;
 
+/// The kernel-BTF reader now lives in the BPF runtime; kept here for its users.
+pub use farside_bpfrt::btf;
+pub use farside_bpfrt::{is_root, XdpMode};
 pub use ksamp::{enable_bpf_stats, KernelSamplerCosts, PortCounts, ProgCost};
 
-use aya::maps::{Array, HashMap, MapData, PerCpuArray};
-use aya::programs::{Xdp, XdpMode as AyaXdpMode};
-use aya::Ebpf;
+use farside_bpfrt::{Error, Object};
 use farside_region::{MappedWords, Words, REGION_WORDS};
-use std::fmt;
 use std::io;
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -79,6 +78,8 @@ const COUNTER_NO_ROOM: u32 = COUNTERS - 1;
 /// Clients whose last mutation the program remembers (max_entries of its LRU dedup map).
 pub const DEDUP_CLIENTS_MAX: usize = farside_rmem::ops::DEDUP_CLIENTS_MAX;
 
+/// The program as errors name it.
+const LABEL: &str = "the rmem XDP program";
 /// Name of the XDP program function in the object.
 const PROG_NAME: &str = "rmem_xdp";
 const MAP_REGION: &str = "rmem_region";
@@ -89,9 +90,6 @@ const MAP_DEDUP: &str = "rmem_dedup";
 /// Values of the keys map (RMEM_PERM_* in rmem_consts.h).
 const PERM_READ: u32 = 1;
 const PERM_RW: u32 = 2;
-
-/// Largest frame BPF_PROG_TEST_RUN can hand back (one page).
-const TEST_FRAME_BYTES_MAX: usize = 4096;
 
 /// The compiled program (clang -target bpf), 8-byte aligned as ELF parsing needs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rmem.bpf.o"));
@@ -104,107 +102,14 @@ pub mod action {
     pub const TX: u32 = 3;
 }
 
-/// How the program is attached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum XdpMode {
-    /// In the driver (veth needs an XDP program on its peer too, even a bare XDP_PASS).
-    Native,
-    /// In the generic network stack path: works on any interface, a bit slower.
-    Generic,
-}
+/// What failed: the BPF runtime's error. Every message names the step, so gatherd can
+/// log it and fall back (to generic mode after an attach error in native mode, or to
+/// the user-space server).
+pub type XdpError = farside_bpfrt::Error;
 
-impl XdpMode {
-    pub fn name(self) -> &'static str {
-        match self {
-            XdpMode::Native => "native",
-            XdpMode::Generic => "generic",
-        }
-    }
-}
-
-/// What failed. Every message names the step, so gatherd can log it and fall back
-/// (to generic mode after `Attach` in native mode, or to the user-space server).
-#[derive(Debug)]
-pub enum XdpError {
-    /// The kernel refused for lack of privilege.
-    NoPrivilege(String),
-    /// Creating maps or loading (verifying) the program failed.
-    Load(String),
-    /// No such interface (in this network namespace).
-    NoInterface(String),
-    /// Attaching to the interface failed.
-    Attach {
-        ifname: String,
-        mode: XdpMode,
-        detail: String,
-    },
-    /// Configuring or reading a map failed.
-    Map(String),
-    /// Mapping the region map into this process failed.
-    Mmap(io::Error),
-    /// Bad arguments (too many keys, port 0).
-    Config(String),
-    /// BPF_PROG_TEST_RUN failed.
-    TestRun(io::Error),
-}
-
-impl fmt::Display for XdpError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            XdpError::NoPrivilege(what) => write!(
-                f,
-                "XDP needs CAP_BPF/CAP_NET_ADMIN (run as root): {what} was refused"
-            ),
-            XdpError::Load(m) => write!(f, "loading the rmem XDP program failed: {m}"),
-            XdpError::NoInterface(i) => write!(f, "no network interface {i:?} in this namespace"),
-            XdpError::Attach {
-                ifname,
-                mode,
-                detail,
-            } => write!(
-                f,
-                "attaching XDP to {ifname} in {} mode failed: {detail}{}",
-                mode.name(),
-                if *mode == XdpMode::Native {
-                    " (try generic mode, or the user-space server)"
-                } else {
-                    ""
-                }
-            ),
-            XdpError::Map(m) => write!(f, "rmem XDP map: {m}"),
-            XdpError::Mmap(e) => write!(f, "mmap of the XDP region map failed: {e}"),
-            XdpError::Config(m) => write!(f, "rmem XDP configuration: {m}"),
-            XdpError::TestRun(e) => write!(f, "BPF_PROG_TEST_RUN failed: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for XdpError {}
-
-/// True if any error in the chain is EPERM or EACCES from the kernel.
-fn is_permission_error(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cur = Some(e);
-    while let Some(err) = cur {
-        if let Some(io) = err.downcast_ref::<io::Error>() {
-            if matches!(io.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES)) {
-                return true;
-            }
-        }
-        cur = err.source();
-    }
-    false
-}
-
-fn classify(
-    step: &str,
-    e: impl std::error::Error + 'static,
-    other: impl FnOnce(String) -> XdpError,
-) -> XdpError {
-    if is_permission_error(&e) {
-        XdpError::NoPrivilege(step.to_string())
-    } else {
-        other(format!("{step}: {e}"))
-    }
+/// A bad argument, said as such.
+fn config_error(m: impl std::fmt::Display) -> XdpError {
+    Error::Config(format!("rmem XDP configuration: {m}"))
 }
 
 /// Value of the config map (struct rmem_config).
@@ -245,7 +150,7 @@ pub type Counters = ([u64; OP_COUNTERS], [u64; STATUS_COUNTERS]);
 
 /// The loaded (not necessarily attached) program, configured, with its region mapped.
 struct Loaded {
-    ebpf: Ebpf,
+    obj: Object,
     region: Arc<MappedWords>,
     /// Set while the kernel sampler runs.
     sampler: Option<ksamp::SamplerState>,
@@ -258,66 +163,51 @@ struct Loaded {
 impl Loaded {
     fn load(udp_port: u16, keys: &[(u64, bool)]) -> Result<Loaded, XdpError> {
         if keys.len() > KEYS_MAX {
-            return Err(XdpError::Config(format!(
+            return Err(config_error(format!(
                 "{} access keys, at most {KEYS_MAX}",
                 keys.len()
             )));
         }
         let mut lap = Lap::new();
-        // No kernel BTF for relocations: the programs use none (no CO-RE; the sampler
-        // finds its offsets with `btf.rs`), and `Ebpf::load` would parse
-        // /sys/kernel/btf/vmlinux twice more (tens of ms of a restart's start-up).
-        let mut ebpf = aya::EbpfLoader::new()
-            .btf(None)
-            .load(OBJECT)
-            .map_err(|e| classify("creating maps", e, XdpError::Load))?;
+        let mut obj = Object::load(LABEL, OBJECT)?;
         lap.stage("maps");
-        let _: &mut Xdp = ebpf
-            .program_mut(PROG_NAME)
-            .ok_or_else(|| XdpError::Load(format!("no program {PROG_NAME} in the object")))?
-            .try_into()
-            .map_err(|e| XdpError::Load(format!("{PROG_NAME}: {e}")))?;
-
-        let mut config: Array<&mut MapData, Config> =
-            Array::try_from(map_mut(&mut ebpf, MAP_CONFIG)?)
-                .map_err(|e| XdpError::Map(format!("{MAP_CONFIG}: {e}")))?;
-        config
-            .set(
-                0,
-                Config {
-                    udp_port,
-                    reserved0: 0,
-                    ipv4_addr: 0,
-                    group_ipv4: 0,
-                    node_mac: [0; 6],
-                    reserved1: 0,
-                },
-                0,
-            )
-            .map_err(|e| classify("setting the port", e, XdpError::Map))?;
-
-        let mut key_map: HashMap<&mut MapData, u64, u32> =
-            HashMap::try_from(map_mut(&mut ebpf, MAP_KEYS)?)
-                .map_err(|e| XdpError::Map(format!("{MAP_KEYS}: {e}")))?;
-        for &(key, rw) in keys {
-            key_map
-                .insert(key, if rw { PERM_RW } else { PERM_READ }, 0)
-                .map_err(|e| classify("adding an access key", e, XdpError::Map))?;
+        obj.program::<aya::programs::Xdp>(PROG_NAME)?;
+        let config = Config {
+            udp_port,
+            reserved0: 0,
+            ipv4_addr: 0,
+            group_ipv4: 0,
+            node_mac: [0; 6],
+            reserved1: 0,
+        };
+        obj.array_set(MAP_CONFIG, 0, config, "setting the port")?;
+        {
+            let mut key_map: aya::maps::HashMap<&mut aya::maps::MapData, u64, u32> =
+                obj.typed_mut(MAP_KEYS)?;
+            for &(key, rw) in keys {
+                key_map
+                    .insert(key, if rw { PERM_RW } else { PERM_READ }, 0)
+                    .map_err(|e| Error::map(LABEL, "adding an access key", &e))?;
+            }
         }
-
         let region = {
-            let map = ebpf
-                .map(MAP_REGION)
-                .ok_or_else(|| XdpError::Load(format!("no map {MAP_REGION} in the object")))?;
-            let aya::maps::Map::Array(data) = map else {
-                return Err(XdpError::Load(format!("{MAP_REGION} is not an array map")));
-            };
-            let fd = data.fd().as_fd().as_raw_fd();
-            Arc::new(MappedWords::map_fd(fd, REGION_WORDS).map_err(XdpError::Mmap)?)
+            if !matches!(obj.map(MAP_REGION)?, aya::maps::Map::Array(_)) {
+                return Err(Error::Missing {
+                    program: LABEL,
+                    kind: "map",
+                    name: MAP_REGION.into(),
+                    detail: "not an array map".into(),
+                });
+            }
+            let fd = obj.map_fd(MAP_REGION)?.as_raw_fd();
+            Arc::new(
+                MappedWords::map_fd(fd, REGION_WORDS)
+                    .map_err(|e| Error::os(LABEL, "mmap of the region map", e))?,
+            )
         };
         lap.stage("config_mmap");
         Ok(Loaded {
-            ebpf,
+            obj,
             region,
             sampler: None,
             stages: lap.stages,
@@ -331,9 +221,7 @@ impl Loaded {
             return Ok(());
         }
         let mut lap = Lap::new();
-        self.prog_mut()
-            .load()
-            .map_err(|e| classify("BPF_PROG_LOAD", e, XdpError::Load))?;
+        self.obj.load_program::<aya::programs::Xdp>(PROG_NAME)?;
         lap.stage("xdp_verify");
         self.stages.append(&mut lap.stages);
         self.verified = true;
@@ -343,14 +231,13 @@ impl Loaded {
     /// See [`XdpResponder::seed_dedup`].
     fn seed_dedup(&mut self, entries: &[(u64, u64, u64)]) -> Result<(), XdpError> {
         if entries.len() > DEDUP_CLIENTS_MAX {
-            return Err(XdpError::Config(format!(
+            return Err(config_error(format!(
                 "{} dedup entries, the map holds {DEDUP_CLIENTS_MAX}",
                 entries.len()
             )));
         }
-        let mut m: HashMap<&mut MapData, u64, DedupValue> =
-            HashMap::try_from(map_mut(&mut self.ebpf, MAP_DEDUP)?)
-                .map_err(|e| XdpError::Map(format!("{MAP_DEDUP}: {e}")))?;
+        let mut m: aya::maps::HashMap<&mut aya::maps::MapData, u64, DedupValue> =
+            self.obj.typed_mut(MAP_DEDUP)?;
         for &(client, seq, old) in entries {
             let v = DedupValue {
                 seq,
@@ -358,7 +245,7 @@ impl Loaded {
                 old,
             };
             m.insert(client, v, 0)
-                .map_err(|e| classify("seeding the dedup map", e, XdpError::Map))?;
+                .map_err(|e| Error::map(LABEL, "seeding the dedup map", &e))?;
         }
         Ok(())
     }
@@ -378,7 +265,7 @@ impl Loaded {
     ) -> Result<(), XdpError> {
         if let Some(g) = group {
             if !g.is_multicast() {
-                return Err(XdpError::Config(format!(
+                return Err(config_error(format!(
                     "group read address {g}: not an IPv4 multicast group (224.0.0.0/4)"
                 )));
             }
@@ -391,16 +278,9 @@ impl Loaded {
 
     /// Read, change and write back the config map's one value.
     fn update_config(&mut self, step: &str, f: impl FnOnce(&mut Config)) -> Result<(), XdpError> {
-        let mut config: Array<&mut MapData, Config> =
-            Array::try_from(map_mut(&mut self.ebpf, MAP_CONFIG)?)
-                .map_err(|e| XdpError::Map(format!("{MAP_CONFIG}: {e}")))?;
-        let mut c = config
-            .get(&0, 0)
-            .map_err(|e| XdpError::Map(format!("{MAP_CONFIG}: {e}")))?;
+        let mut c: Config = self.obj.array_get(MAP_CONFIG, 0)?;
         f(&mut c);
-        config
-            .set(0, c, 0)
-            .map_err(|e| classify(step, e, XdpError::Map))
+        self.obj.array_set(MAP_CONFIG, 0, c, step)
     }
 
     /// See [`XdpResponder::start_kernel_sampler`].
@@ -411,7 +291,7 @@ impl Loaded {
         seed: &mut dyn FnMut() -> io::Result<Vec<PortCounts>>,
     ) -> Result<(), XdpError> {
         if self.sampler.is_some() {
-            return Err(XdpError::Config("the kernel sampler already runs".into()));
+            return Err(config_error("the kernel sampler already runs"));
         }
         self.sampler = Some(self.start_kernel_sampler(ports, period, seed)?);
         Ok(())
@@ -421,33 +301,12 @@ impl Loaded {
         self.sampler.as_ref().map(|s| self.sampler_costs(s))
     }
 
-    fn prog_mut(&mut self) -> &mut Xdp {
-        self.ebpf
-            .program_mut(PROG_NAME)
-            .and_then(|p| <&mut Xdp>::try_from(p).ok())
-            .expect("checked at load")
-    }
-
-    fn counters_raw(&self) -> Result<[u64; COUNTERS as usize], XdpError> {
-        let map = self
-            .ebpf
-            .map(MAP_COUNTERS)
-            .ok_or_else(|| XdpError::Load(format!("no map {MAP_COUNTERS}")))?;
-        let counters: PerCpuArray<&MapData, u64> = PerCpuArray::try_from(map)
-            .map_err(|e| XdpError::Map(format!("{MAP_COUNTERS}: {e}")))?;
-        let mut out = [0u64; COUNTERS as usize];
-        for (i, slot) in out.iter_mut().enumerate() {
-            let per_cpu = counters
-                .get(&(i as u32), 0)
-                .map_err(|e| XdpError::Map(format!("{MAP_COUNTERS}[{i}]: {e}")))?;
-            *slot = per_cpu.iter().copied().fold(0u64, u64::wrapping_add);
-        }
-        Ok(out)
-    }
-
     /// (ops, status) like `farside_rmem::OpCounters`; zeros if the map cannot be read.
     fn counters(&self) -> Counters {
-        let raw = self.counters_raw().unwrap_or([0; COUNTERS as usize]);
+        let raw = self
+            .obj
+            .per_cpu_sums(MAP_COUNTERS, COUNTERS)
+            .unwrap_or_else(|_| vec![0; COUNTERS as usize]);
         let mut ops = [0u64; OP_COUNTERS];
         let mut status = [0u64; STATUS_COUNTERS];
         ops.copy_from_slice(&raw[..OP_COUNTERS]);
@@ -456,7 +315,7 @@ impl Loaded {
     }
 
     fn counter(&self, i: u32) -> u64 {
-        self.counters_raw().map(|c| c[i as usize]).unwrap_or(0)
+        self.obj.per_cpu_sum(MAP_COUNTERS, i).unwrap_or(0)
     }
 }
 
@@ -480,11 +339,6 @@ impl Lap {
         self.stages.push((name, now - self.last));
         self.last = now;
     }
-}
-
-fn map_mut<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<&'a mut aya::maps::Map, XdpError> {
-    ebpf.map_mut(name)
-        .ok_or_else(|| XdpError::Load(format!("no map {name} in the object")))
 }
 
 /// The program attached to an interface. Detached when dropped; the region mapping
@@ -532,9 +386,7 @@ impl XdpResponder {
     /// gatherd answers from its region within milliseconds while XDP comes up.
     pub fn load(udp_port: u16, keys: &[(u64, bool)]) -> Result<XdpResponder, XdpError> {
         if udp_port == 0 {
-            return Err(XdpError::Config(
-                "udp port 0 (the program would serve nothing)".into(),
-            ));
+            return Err(config_error("udp port 0 (the program would serve nothing)"));
         }
         Ok(XdpResponder {
             loaded: Loaded::load(udp_port, keys)?,
@@ -549,34 +401,11 @@ impl XdpResponder {
     /// usable: try another mode, or keep serving the region from user space.
     pub fn attach_to(&mut self, ifname: &str, mode: XdpMode) -> Result<(), XdpError> {
         if self.link.is_some() {
-            return Err(XdpError::Config(format!(
-                "already attached to {}",
-                self.ifname
-            )));
+            return Err(config_error(format!("already attached to {}", self.ifname)));
         }
         self.loaded.verify()?;
         let mut lap = Lap::new();
-        let aya_mode = match mode {
-            XdpMode::Native => AyaXdpMode::Driver,
-            XdpMode::Generic => AyaXdpMode::Skb,
-        };
-        let link = self
-            .loaded
-            .prog_mut()
-            .attach(ifname, aya_mode)
-            .map_err(|e| {
-                if let aya::programs::ProgramError::UnknownInterface { name } = &e {
-                    return XdpError::NoInterface(name.clone());
-                }
-                if is_permission_error(&e) {
-                    return XdpError::NoPrivilege(format!("attaching to {ifname}"));
-                }
-                XdpError::Attach {
-                    ifname: ifname.to_string(),
-                    mode,
-                    detail: error_chain(&e),
-                }
-            })?;
+        let link = self.loaded.obj.attach_xdp(PROG_NAME, ifname, mode)?;
         lap.stage("xdp_attach");
         self.loaded.stages.append(&mut lap.stages);
         self.link = Some(link);
@@ -645,10 +474,11 @@ impl XdpResponder {
     /// same-host shm readers (`farside_rmem::fdshare`): they map the very words the
     /// kernel answers from.
     pub fn region_fd(&self) -> std::os::fd::RawFd {
-        match self.loaded.ebpf.map(MAP_REGION) {
-            Some(aya::maps::Map::Array(data)) => data.fd().as_fd().as_raw_fd(),
-            _ => unreachable!("checked at load"),
-        }
+        self.loaded
+            .obj
+            .map_fd(MAP_REGION)
+            .expect("checked at load")
+            .as_raw_fd()
     }
 
     /// Requests whose reply could not be built (the frame could not grow): XDP_ABORTED.
@@ -707,23 +537,9 @@ impl Drop for XdpResponder {
     fn drop(&mut self) {
         if let Some(link) = self.link.take() {
             // Dropping the program would detach too; doing it here keeps the order explicit.
-            let _ = self.loaded.prog_mut().detach(link);
+            let _ = self.loaded.obj.detach_xdp(PROG_NAME, link, &self.ifname);
         }
     }
-}
-
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(err) = cur {
-        let m = err.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = err.source();
-    }
-    s
 }
 
 /// The program loaded and configured but not attached, for `BPF_PROG_TEST_RUN`: packet
@@ -762,19 +578,11 @@ impl TestProgram {
     }
 
     fn try_run(&self, packet: &[u8]) -> Result<(u32, Vec<u8>, u32), XdpError> {
-        let fd = self
+        let r = self
             .loaded
-            .ebpf
-            .program(PROG_NAME)
-            .and_then(|p| <&Xdp>::try_from(p).ok())
-            .expect("checked at load")
-            .fd()
-            .map_err(|e| XdpError::Load(e.to_string()))?
-            .as_fd();
-        let mut out = vec![0u8; TEST_FRAME_BYTES_MAX];
-        let r = farside_bpfbuild::prog_test_run(fd, packet, &mut out).map_err(XdpError::TestRun)?;
-        out.truncate(r.data_out_len);
-        Ok((r.retval, out, r.duration_ns))
+            .obj
+            .test_run(PROG_NAME, packet, farside_bpfrt::TEST_FRAME_BYTES_MAX)?;
+        Ok((r.retval, r.frame, r.duration_ns))
     }
 
     /// The region as words (same mapping as the attached responder would give).
@@ -840,12 +648,6 @@ impl TestProgram {
     pub fn no_room(&self) -> u64 {
         self.loaded.counter(COUNTER_NO_ROOM)
     }
-}
-
-/// True if this process runs as root (the tests skip otherwise).
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// Compile-time check: gatherd may share the responder between threads.

@@ -1,7 +1,8 @@
 //! Just enough of a BTF reader to find field offsets of kernel structures in
-//! `/sys/kernel/btf/vmlinux`, so the kernel sampler reads `struct sock` fields at the
-//! running kernel's offsets (its programs cannot use CO-RE: they are loaded by aya
-//! without libbpf relocations). Format: Documentation/bpf/btf.rst.
+//! [`VMLINUX_BTF`], so programs that read kernel memory (the kernel sampler's and the
+//! steering program's `struct sock` fields) read it at the running kernel's offsets
+//! (they cannot use CO-RE: they are loaded by aya without libbpf relocations).
+//! Format: Documentation/bpf/btf.rst.
 
 use std::collections::HashMap;
 
@@ -25,6 +26,9 @@ const KIND_FLOAT: u32 = 16;
 const KIND_DECL_TAG: u32 = 17;
 const KIND_TYPE_TAG: u32 = 18;
 const KIND_ENUM64: u32 = 19;
+
+/// Where the running kernel's BTF is.
+pub const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
 
 /// Nested anonymous members followed at most this deep (sock_common nests two).
 const ANON_DEPTH_MAX: u32 = 8;
@@ -130,6 +134,12 @@ impl Btf {
         Ok(btf)
     }
 
+    /// The running kernel's BTF ([`VMLINUX_BTF`]); the error names the file.
+    pub fn kernel() -> Result<Btf, String> {
+        let raw = std::fs::read(VMLINUX_BTF).map_err(|e| format!("{VMLINUX_BTF}: {e}"))?;
+        Btf::parse(&raw).map_err(|e| format!("{VMLINUX_BTF}: {e}"))
+    }
+
     fn name(&self, off: u32) -> &str {
         let s = self.strings.get(off as usize..).unwrap_or(&[]);
         let end = s.iter().position(|&c| c == 0).unwrap_or(s.len());
@@ -191,7 +201,7 @@ mod tests {
     /// The running kernel's `struct sock` (skipped where the kernel has no BTF).
     #[test]
     fn finds_sock_fields_in_the_kernel_btf() {
-        let Ok(raw) = std::fs::read("/sys/kernel/btf/vmlinux") else {
+        let Ok(raw) = std::fs::read(VMLINUX_BTF) else {
             return;
         };
         let btf = Btf::parse(&raw).unwrap();
