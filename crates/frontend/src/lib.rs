@@ -31,7 +31,4 @@ pub use loader::{
 pub use maps::{BACKENDS_MAX, COUNTERS, COUNTER_NAMES, FLOWS_MAX, HASH_SEED, SLOTS};
 
 /// True if this process runs as root (the live tests need it).
-pub fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
+pub use farside_bpfrt::is_root;
