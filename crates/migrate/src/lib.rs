@@ -38,7 +38,7 @@ pub mod wire;
 
 pub use drain::{DrainStats, Reaper};
 pub use dump::{close_silently, freeze_and_dump, resume};
-pub use error::{DumpError, Queue, WireError};
+pub use error::{DumpError, Queue};
 pub use hold::{FlowHold, Held};
 pub use proto::{
     migrate, migrate_with, serve_conn, ControlConn, ControlPool, Fallback, Handover, MigrateConfig,
@@ -46,3 +46,4 @@ pub use proto::{
 };
 pub use restore::{restore, restore_frozen, Frozen};
 pub use state::{RepairWindow, TcpOptions, TcpState, QUEUE_BYTES_MAX};
+pub use wire::WireError;

@@ -95,7 +95,8 @@ fn cookie(id: &[u8; SOCKID]) -> &[u8] {
     &id[40..48]
 }
 
-/// The sock_diag client of gatherd's sampler: one netlink socket, kept open.
+/// A sock_diag client for a fixed set of ports (gatherd's sampler, specd's load): one
+/// netlink socket, kept open.
 pub struct SockDiag {
     fd: OwnedFd,
     ports: Vec<u16>,
