@@ -205,7 +205,7 @@ impl Sampler {
             full_cost_avg_ns: 0,
             window_full_ns: 0,
             base_cost_avg_ns: 0,
-            rng: farside_rmem::mono_ns() | 1,
+            rng: farside_rt::mono_ns() | 1,
         })
     }
 
