@@ -207,7 +207,6 @@ pub enum XdpChoice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Gatherd;
 
     /// The nice value is one thread's (`farside_rt::set_thread_nice`, tested there);
     /// here only its bounds.
@@ -236,25 +235,5 @@ mod tests {
             let e = a("239.1.1.1", udp).validate().unwrap_err();
             assert!(e.contains("0.0.0.0:PORT"), "{udp:?}: {e}");
         }
-    }
-
-    #[test]
-    fn invalid_arguments_are_refused_with_the_flag_named() {
-        let e = Gatherd::start(&GatherdArgs {
-            period_us: 10,
-            no_shm: true,
-            ..Default::default()
-        })
-        .err()
-        .unwrap();
-        assert!(e.to_string().contains("--period-us"), "{e}");
-        let e = Gatherd::start(&GatherdArgs {
-            watch_ports: vec![1, 2, 3, 4, 5],
-            no_shm: true,
-            ..Default::default()
-        })
-        .err()
-        .unwrap();
-        assert!(e.to_string().contains("--watch-port"), "{e}");
     }
 }

@@ -27,7 +27,7 @@ const MEM_EVERY_PERIODS: u64 = 100;
 /// otherwise add to the cost it measures.
 pub const FIELD_COST_EVERY: u64 = 64;
 
-/// CPU cost of one sample's parts, ns (see [`GatherStats`](crate::GatherStats)).
+/// CPU cost of one sample's parts, ns (summed in `metrics::GatherStats`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FieldCost {
     /// Busy time and runnable tasks (and the rate computation; read every
@@ -36,7 +36,7 @@ pub struct FieldCost {
     /// CPU pressure (PSI; read with the busy time).
     pub psi_ns: u64,
     /// Accept backlog (full connection counts are accounted apart:
-    /// [`GatherStats::full_count_ns_sum`](crate::GatherStats::full_count_ns_sum)).
+    /// `metrics::GatherStats::full_count_ns_sum`).
     pub conns_ns: u64,
     /// Memory (read every `MEM_EVERY_PERIODS` samples).
     pub mem_ns: u64,

@@ -7,7 +7,8 @@
 //!   silently.
 //! - [`mod@restore`]: rebuild a socket from a [`TcpState`], kept frozen ([`Frozen`]) until
 //!   the source has moved the flow.
-//! - [`wire`]: the versioned, bounded encoding of the hand-over messages.
+//! - [`wire`]: the versioned, bounded encoding of the hand-over messages, and why the
+//!   decoder refuses its input ([`WireError`]).
 //! - [`hold`]: the flow hold of a same-namespace hand-over ([`FlowHold`]): an
 //!   sk_lookup program that drops a migrating connection's segments silently while
 //!   no socket has its 4-tuple (instead of the listener's RST).
