@@ -57,6 +57,8 @@
 
 use std::time::Duration;
 
+use farside_rt::thread_cpu;
+
 use crate::CPU_US_MAX;
 
 /// Default emulated CPU per file request, µs: `max(0, a_nginx − a_self)`
@@ -97,23 +99,6 @@ impl CostModel {
             .saturating_add(per_byte_ns);
         Duration::from_nanos(total_ns.min(CPU_US_MAX * 1000))
     }
-}
-
-/// CPU time consumed by the calling thread so far, in µs
-/// (`clock_gettime(CLOCK_THREAD_CPUTIME_ID)`).
-pub fn thread_cpu_us() -> u64 {
-    thread_cpu().as_micros() as u64
-}
-
-/// CPU time consumed by the calling thread so far.
-pub(crate) fn thread_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
 }
 
 /// Busy-loops until this thread has consumed `us` µs of CPU time (so the cost
@@ -162,8 +147,8 @@ mod tests {
 
     #[test]
     fn burn_consumes_thread_cpu_time() {
-        let t0 = thread_cpu_us();
+        let t0 = farside_rt::thread_cpu_us();
         burn_cpu_us(5000);
-        assert!(thread_cpu_us() - t0 >= 5000);
+        assert!(farside_rt::thread_cpu_us() - t0 >= 5000);
     }
 }

@@ -68,8 +68,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use cost::{
-    thread_cpu_us, CostModel, CPU_NS_PER_BYTE_DEFAULT, CPU_NS_PER_BYTE_MAX,
-    CPU_US_PER_REQUEST_DEFAULT,
+    CostModel, CPU_NS_PER_BYTE_DEFAULT, CPU_NS_PER_BYTE_MAX, CPU_US_PER_REQUEST_DEFAULT,
 };
 pub use serve::generated_byte;
 
@@ -218,10 +217,10 @@ impl BackendArgs {
             return Err("--control needs --sites-root".into());
         }
         if let Some(site) = &self.site {
-            if !sites::valid_site_name(site) {
+            if !farside_reconf::sites::valid_site_name(site) {
                 return Err(format!(
                     "--site {site:?}: 1..={} bytes of [A-Za-z0-9._-], not . or ..",
-                    sites::SITE_NAME_MAX
+                    farside_reconf::sites::SITE_NAME_MAX
                 ));
             }
         }
@@ -536,40 +535,9 @@ fn bind_listener(addr: SocketAddr, backlog: i32) -> io::Result<TcpListener> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
-    let rc = match addr {
-        SocketAddr::V4(v4) => {
-            // SAFETY: all-zero is a valid sockaddr_in.
-            let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-            sa.sin_family = libc::AF_INET as libc::sa_family_t;
-            sa.sin_port = v4.port().to_be();
-            sa.sin_addr.s_addr = u32::from_ne_bytes(v4.ip().octets());
-            // SAFETY: pointer and length describe `sa`.
-            unsafe {
-                libc::bind(
-                    fd,
-                    (&sa as *const libc::sockaddr_in).cast(),
-                    std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-                )
-            }
-        }
-        SocketAddr::V6(v6) => {
-            // SAFETY: all-zero is a valid sockaddr_in6.
-            let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
-            sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            sa.sin6_port = v6.port().to_be();
-            sa.sin6_flowinfo = v6.flowinfo();
-            sa.sin6_scope_id = v6.scope_id();
-            sa.sin6_addr.s6_addr = v6.ip().octets();
-            // SAFETY: pointer and length describe `sa`.
-            unsafe {
-                libc::bind(
-                    fd,
-                    (&sa as *const libc::sockaddr_in6).cast(),
-                    std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-                )
-            }
-        }
-    };
+    let (sa, len) = farside_rt::sockaddr::to_storage(&addr);
+    // SAFETY: `sa` holds a socket address of `len` bytes of the socket's family.
+    let rc = unsafe { libc::bind(fd, (&sa as *const libc::sockaddr_storage).cast(), len) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }

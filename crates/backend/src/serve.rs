@@ -277,7 +277,7 @@ pub(crate) fn serve_connection(
         if discard_body(&mut stream, &mut buf, &mut filled, request.body_bytes).is_err() {
             return;
         }
-        let cpu_start = cost::thread_cpu();
+        let cpu_start = farside_rt::thread_cpu();
         let mut response = route(&request, config);
         if !request.head_only {
             load_body(&mut response, body_buf);
@@ -290,7 +290,7 @@ pub(crate) fn serve_connection(
             };
             cost::burn_cpu(config.cost.emulated(body_bytes));
         }
-        let cpu_us = (cost::thread_cpu().saturating_sub(cpu_start)).as_micros() as u64;
+        let cpu_us = (farside_rt::thread_cpu().saturating_sub(cpu_start)).as_micros() as u64;
         served += 1;
         let keep_alive = request.keep_alive && served < config.keepalive_max && !response.close;
         let site = response.site.clone().filter(|_| response.status < 400);
@@ -530,11 +530,11 @@ fn cgi_work(query: Option<&str>, config: &Config) -> Response {
             }
         }
     }
-    let start = cost::thread_cpu_us();
+    let start = farside_rt::thread_cpu_us();
     cost::burn_cpu_us(us);
     Response::text(format!(
         "burned {} us of cpu\n",
-        cost::thread_cpu_us().saturating_sub(start)
+        farside_rt::thread_cpu_us().saturating_sub(start)
     ))
 }
 

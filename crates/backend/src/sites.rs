@@ -1,20 +1,12 @@
-//! Co-hosted sites (seed 001, issue 11): every back-end holds every site's content
-//! (`--sites-root DIR`, one sub-directory per site) and serves exactly one of them at a
-//! time, switched at run time through a control socket without a restart.
-//!
-//! Control protocol (`--control PATH`, a Unix stream socket, so only local processes
-//! with file access reach it: gatherd's role agent): one request line per connection,
-//! at most [`CONTROL_LINE_MAX`] bytes, answered by one line.
-//!
-//! ```text
-//! site NAME\n   ──► ok NAME\n        NAME is served from now on (every request routed
-//!                                    after this reply uses DIR/NAME)
-//!               ──► err REASON\n     unknown or invalid name: the old site stays
-//! get\n         ──► site NAME\n
-//! ```
-//!
-//! A site name is 1..=[`SITE_NAME_MAX`] bytes of `[A-Za-z0-9._-]`, not `.` or `..`,
-//! and must name a sub-directory of the sites root.
+//! Co-hosted sites (seed 001, issue 11), the server side: every back-end holds every
+//! site's content (`--sites-root DIR`, one sub-directory per site) and serves exactly
+//! one of them at a time, switched at run time through a control socket
+//! (`--control PATH`) without a restart. The protocol on that socket (request and
+//! reply lines, site names, the client gatherd's role agent uses) is
+//! [`farside_reconf::sites`]; here a switch takes effect: `site NAME` is answered
+//! `ok NAME` once every request routed after the reply uses `DIR/NAME`, and a name
+//! that is invalid or names no sub-directory of the sites root is refused (the old
+//! site stays).
 //!
 //! Switching time (issue 11): every switch to another site is numbered, and the first
 //! successful response (status < 400) served from the new site after it is logged once:
@@ -29,24 +21,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-/// Longest control request line: `site ` and a name of [`SITE_NAME_MAX`] bytes fit.
-pub const CONTROL_LINE_MAX: usize = 128;
-/// Longest site name (a directory name; the proxy's `[[sites]]` names are the same).
-pub const SITE_NAME_MAX: usize = 64;
+use farside_reconf::sites::{
+    reply_err, reply_ok, reply_site, valid_site_name, Request, CONTROL_LINE_MAX, SITE_NAME_MAX,
+};
+
 /// Time a control client has to send its line: the agent writes it at once, and the
 /// single control thread must not be held by a silent client.
 const CONTROL_READ_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Is `name` a valid site name (see the module doc)?
-pub fn valid_site_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= SITE_NAME_MAX
-        && name != "."
-        && name != ".."
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-}
 
 /// The site served now: its name and canonical docroot.
 #[derive(Debug, Clone)]
@@ -171,14 +152,13 @@ impl Sites {
 
     /// Answers one control request line.
     fn handle(&self, line: &str) -> String {
-        let line = line.trim_end_matches(['\r', '\n']);
-        match line.split_once(' ') {
-            Some(("site", name)) => match self.switch(name) {
-                Ok(()) => format!("ok {name}\n"),
-                Err(e) => format!("err {e}\n"),
+        match Request::parse(line) {
+            Ok(Request::Site(name)) => match self.switch(name) {
+                Ok(()) => reply_ok(name),
+                Err(e) => reply_err(&e),
             },
-            None if line == "get" => format!("site {}\n", self.current().name),
-            _ => "err unknown request (expected `site NAME` or `get`)\n".into(),
+            Ok(Request::Get) => reply_site(&self.current().name),
+            Err(e) => reply_err(e),
         }
     }
 }
@@ -210,43 +190,11 @@ fn control_client(stream: UnixStream, sites: &Sites) -> io::Result<()> {
     let mut reader = BufReader::new((&stream).take(CONTROL_LINE_MAX as u64 + 1));
     reader.read_line(&mut line)?;
     let reply = if line.len() > CONTROL_LINE_MAX {
-        format!("err request longer than {CONTROL_LINE_MAX} bytes\n")
+        reply_err(&format!("request longer than {CONTROL_LINE_MAX} bytes"))
     } else {
         sites.handle(&line)
     };
     (&stream).write_all(reply.as_bytes())
-}
-
-/// Client side: asks the back-end at `socket` to serve `site` and checks its answer.
-/// Used by gatherd's role agent and by tests.
-pub fn request_site(socket: &Path, site: &str, timeout: Duration) -> Result<(), String> {
-    let reply = control_request(socket, &format!("site {site}\n"), timeout)?;
-    match reply.strip_prefix("ok ") {
-        Some(n) if n == site => Ok(()),
-        _ => Err(format!("backend control {}: {reply}", socket.display())),
-    }
-}
-
-/// Client side: the site the back-end at `socket` serves now.
-pub fn query_site(socket: &Path, timeout: Duration) -> Result<String, String> {
-    let reply = control_request(socket, "get\n", timeout)?;
-    reply
-        .strip_prefix("site ")
-        .map(str::to_owned)
-        .ok_or_else(|| format!("backend control {}: {reply}", socket.display()))
-}
-
-fn control_request(socket: &Path, line: &str, timeout: Duration) -> Result<String, String> {
-    let ctx = |e: io::Error| format!("backend control {}: {e}", socket.display());
-    let mut s = UnixStream::connect(socket).map_err(ctx)?;
-    s.set_read_timeout(Some(timeout)).map_err(ctx)?;
-    s.set_write_timeout(Some(timeout)).map_err(ctx)?;
-    s.write_all(line.as_bytes()).map_err(ctx)?;
-    let mut reply = String::new();
-    BufReader::new(s.take(CONTROL_LINE_MAX as u64 * 4))
-        .read_line(&mut reply)
-        .map_err(ctx)?;
-    Ok(reply.trim_end().to_owned())
 }
 
 #[cfg(test)]

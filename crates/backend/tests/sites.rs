@@ -5,8 +5,8 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use farside_backend::sites::{query_site, request_site};
 use farside_backend::{spawn, BackendArgs};
+use farside_reconf::sites::{query_site, request_site};
 
 const T: Duration = Duration::from_secs(5);
 

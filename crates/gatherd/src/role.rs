@@ -129,10 +129,10 @@ impl RoleArgs {
             return Err(format!("--role-sites: at most {SITES_MAX} sites"));
         }
         for s in &self.role_sites {
-            if !farside_backend::sites::valid_site_name(s) {
+            if !farside_reconf::sites::valid_site_name(s) {
                 return Err(format!(
                     "--role-sites: {s:?} is not a site name (1..={} of [A-Za-z0-9._-])",
-                    farside_backend::sites::SITE_NAME_MAX
+                    farside_reconf::sites::SITE_NAME_MAX
                 ));
             }
         }
@@ -348,7 +348,7 @@ impl Applier {
             .ok_or_else(|| format!("site {site} is not in --role-sites"))?;
         let timeout = Duration::from_millis(self.args.role_apply_timeout_ms);
         if let Some(sock) = &self.args.role_backend_control {
-            return farside_backend::sites::request_site(sock, &name, timeout);
+            return farside_reconf::sites::request_site(sock, &name, timeout);
         }
         let Some(cmd) = &self.args.role_apply_cmd else {
             return Err("no apply mechanism".into());

@@ -215,7 +215,7 @@ fn loadavg_running(t: &str) -> io::Result<u64> {
 
 /// The queueing delay published in the region, µs, from one full connection count:
 /// the age of the oldest unread request (module doc). 0 when nothing waits.
-pub fn queue_delay_us(c: &crate::sockdiag::ConnCounts) -> u64 {
+pub fn queue_delay_us(c: &farside_rt::sockdiag::ConnCounts) -> u64 {
     if c.pending == 0 {
         return 0;
     }

@@ -7,7 +7,8 @@
 //!   silently.
 //! - [`mod@restore`]: rebuild a socket from a [`TcpState`], kept frozen ([`Frozen`]) until
 //!   the source has moved the flow.
-//! - [`wire`]: the versioned, bounded encoding of the hand-over messages.
+//! - [`wire`]: the versioned, bounded encoding of the hand-over messages, and why the
+//!   decoder refuses its input ([`WireError`]).
 //! - [`hold`]: the flow hold of a same-namespace hand-over ([`FlowHold`]): an
 //!   sk_lookup program that drops a migrating connection's segments silently while
 //!   no socket has its 4-tuple (instead of the listener's RST).
@@ -38,7 +39,7 @@ pub mod wire;
 
 pub use drain::{DrainStats, Reaper};
 pub use dump::{close_silently, freeze_and_dump, resume};
-pub use error::{DumpError, Queue, WireError};
+pub use error::{DumpError, Queue};
 pub use hold::{FlowHold, Held};
 pub use proto::{
     migrate, migrate_with, serve_conn, ControlConn, ControlPool, Fallback, Handover, MigrateConfig,
@@ -46,3 +47,4 @@ pub use proto::{
 };
 pub use restore::{restore, restore_frozen, Frozen};
 pub use state::{RepairWindow, TcpOptions, TcpState, QUEUE_BYTES_MAX};
+pub use wire::WireError;

@@ -4,8 +4,10 @@
 
 use std::io;
 use std::mem::size_of;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::net::SocketAddr;
 use std::os::fd::RawFd;
+
+use farside_rt::sockaddr::{from_storage, to_storage};
 
 pub const TCP_MAXSEG: libc::c_int = 2;
 pub const TCP_INFO: libc::c_int = 11;
@@ -254,66 +256,6 @@ pub fn send(fd: RawFd, buf: &[u8], op: &'static str) -> io::Result<usize> {
     Ok(ret as usize)
 }
 
-/// A `sockaddr_storage` filled from a Rust address, and its length.
-pub fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: all-zero is a valid sockaddr_storage.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in.
-            let sin = unsafe {
-                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>()
-            };
-            sin.sin_family = libc::AF_INET as libc::sa_family_t;
-            sin.sin_port = a.port().to_be();
-            sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
-            size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            // SAFETY: sockaddr_storage is large and aligned enough for sockaddr_in6.
-            let sin6 = unsafe {
-                &mut *(&mut ss as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in6>()
-            };
-            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-            sin6.sin6_port = a.port().to_be();
-            sin6.sin6_flowinfo = a.flowinfo();
-            sin6.sin6_addr.s6_addr = a.ip().octets();
-            sin6.sin6_scope_id = a.scope_id();
-            size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (ss, len as libc::socklen_t)
-}
-
-fn from_sockaddr(ss: &libc::sockaddr_storage) -> io::Result<SocketAddr> {
-    match ss.ss_family as libc::c_int {
-        libc::AF_INET => {
-            // SAFETY: the family says the storage holds a sockaddr_in.
-            let sin =
-                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
-            Ok(SocketAddr::V4(SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
-                u16::from_be(sin.sin_port),
-            )))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: the family says the storage holds a sockaddr_in6.
-            let sin6 =
-                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
-            Ok(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
-                u16::from_be(sin6.sin6_port),
-                sin6.sin6_flowinfo,
-                sin6.sin6_scope_id,
-            )))
-        }
-        f => Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("address family {f} is not IPv4 or IPv6"),
-        )),
-    }
-}
-
 /// `getsockname` / `getpeername`.
 pub fn sock_addr(fd: RawFd, peer: bool) -> io::Result<SocketAddr> {
     // SAFETY: all-zero is a valid sockaddr_storage.
@@ -329,12 +271,17 @@ pub fn sock_addr(fd: RawFd, peer: bool) -> io::Result<SocketAddr> {
         }
     };
     check(ret, if peer { "getpeername" } else { "getsockname" })?;
-    from_sockaddr(&ss)
+    from_storage(&ss).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("address family {} is not IPv4 or IPv6", ss.ss_family),
+        )
+    })
 }
 
 /// `bind`.
 pub fn bind(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
-    let (ss, len) = to_sockaddr(addr);
+    let (ss, len) = to_storage(addr);
     // SAFETY: `ss` holds a valid address of length `len`.
     let ret = unsafe { libc::bind(fd, (&ss as *const libc::sockaddr_storage).cast(), len) };
     check(ret, "bind").map(drop)
@@ -354,7 +301,7 @@ pub fn set_reuseaddr(fd: RawFd) -> io::Result<()> {
 
 /// `connect` (in repair mode it returns at once, without a handshake).
 pub fn connect(fd: RawFd, addr: &SocketAddr) -> io::Result<()> {
-    let (ss, len) = to_sockaddr(addr);
+    let (ss, len) = to_storage(addr);
     // SAFETY: `ss` holds a valid address of length `len`.
     let ret = unsafe { libc::connect(fd, (&ss as *const libc::sockaddr_storage).cast(), len) };
     check(ret, "connect (repair)").map(drop)

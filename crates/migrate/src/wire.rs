@@ -31,10 +31,10 @@
 //! flag bits, lengths above their bounds, truncation, trailing bytes, or a state that
 //! fails [`TcpState::validate`].
 
+use std::fmt;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
-use crate::error::WireError;
 use crate::state::{RepairWindow, TcpOptions, TcpState, QUEUE_BYTES_MAX, WSCALE_MAX};
 
 /// Frame magic.
@@ -66,6 +66,45 @@ const FLAG_WSCALE: u8 = 1;
 const FLAG_SACK: u8 = 2;
 const FLAG_TIMESTAMPS: u8 = 4;
 const FLAGS_KNOWN: u8 = FLAG_WSCALE | FLAG_SACK | FLAG_TIMESTAMPS;
+
+/// Why the wire decoder refused its input.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WireError {
+    /// Input ended early.
+    Truncated,
+    /// Bad magic.
+    Magic,
+    /// Version this decoder does not speak.
+    Version(u8),
+    /// Unknown message kind.
+    Kind(u8),
+    /// A length above its bound.
+    TooLarge(&'static str, usize),
+    /// A field with an invalid value.
+    Invalid(String),
+    /// Bytes after the end of the message.
+    Trailing(usize),
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Truncated => write!(f, "truncated"),
+            Self::Magic => write!(f, "bad magic"),
+            Self::Version(v) => write!(
+                f,
+                "peer speaks migration wire version {v}, this build speaks {} (upgrade both daemons together)",
+                VERSION
+            ),
+            Self::Kind(k) => write!(f, "unknown message kind {k}"),
+            Self::TooLarge(what, n) => write!(f, "{what} of {n} bytes above its bound"),
+            Self::Invalid(s) => write!(f, "invalid: {s}"),
+            Self::Trailing(n) => write!(f, "{n} trailing bytes"),
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
 
 /// One protocol message.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -50,6 +50,7 @@ use farside_rmem::udp::UDP_TRIES;
 use farside_rmem::wire::{encode_request, Op, RepHeader, ReqHeader, Status, FLAG_RETRY};
 use farside_rmem::wire::{REP_HEADER_BYTES, REQ_HEADER_BYTES};
 use farside_rmem::{Endpoint, RemoteMemory, RmemError, ShmClient};
+use farside_rt::sockaddr::{from_storage, to_storage};
 use farside_rt::{mono_ns, Pacer};
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
@@ -281,7 +282,7 @@ impl<'t> Poller<'t> {
                     udp_slots[family] += 1;
                     Kind::Udp {
                         addr: *a,
-                        sa: Box::new(sockaddr(a)),
+                        sa: Box::new(to_storage(a)),
                         family,
                         key: w.region.key.unwrap_or(opts.key),
                         grouped: false,
@@ -837,7 +838,10 @@ impl<'t> Poller<'t> {
             used = r as usize;
             let mut froms = [None; BATCH_MAX];
             for (f, a) in froms.iter_mut().zip(&self.recv.addrs[..used]) {
-                *f = from_sockaddr(a);
+                // Address and port only: replies are matched against the targets'
+                // addresses (`same_peer`) without the source's IPv6 flow label and
+                // scope id.
+                *f = from_storage(a).map(|a| SocketAddr::new(a.ip(), a.port()));
             }
             for j in 0..used {
                 if j % PREFETCH_BATCH == 0 {
@@ -1044,7 +1048,7 @@ fn group_slots(slots: &mut [Slot<'_>], group: SocketAddr, key: u64) -> io::Resul
         }
     }
     Ok(Some(Group {
-        sa: Box::new(sockaddr(&group)),
+        sa: Box::new(to_storage(&group)),
         by_addr,
         last_seq: 0,
         key,
@@ -1161,62 +1165,6 @@ pub(crate) fn set_rcvbuf(s: &UdpSocket, bytes: usize) {
         if rc == 0 {
             return;
         }
-    }
-}
-
-/// `a` as a C socket address and its length.
-pub(crate) fn sockaddr(a: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: plain data, all-zero valid.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match a {
-        SocketAddr::V4(v4) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(v4.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(v6) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: v6.port().to_be(),
-                sin6_flowinfo: v6.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: v6.ip().octets(),
-                },
-                sin6_scope_id: v6.scope_id(),
-            };
-            // SAFETY: as above, for sockaddr_in6.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (ss, len as libc::socklen_t)
-}
-
-fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
-    match ss.ss_family as libc::c_int {
-        libc::AF_INET => {
-            // SAFETY: the kernel wrote a sockaddr_in for AF_INET.
-            let sin: libc::sockaddr_in =
-                unsafe { std::ptr::read((ss as *const libc::sockaddr_storage).cast()) };
-            let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
-            Some(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: the kernel wrote a sockaddr_in6 for AF_INET6.
-            let sin6: libc::sockaddr_in6 =
-                unsafe { std::ptr::read((ss as *const libc::sockaddr_storage).cast()) };
-            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            Some(SocketAddr::from((ip, u16::from_be(sin6.sin6_port))))
-        }
-        _ => None,
     }
 }
 

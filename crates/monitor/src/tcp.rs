@@ -269,7 +269,7 @@ fn connect_nonblocking(addr: SocketAddr) -> io::Result<(TcpStream, bool)> {
     // SAFETY: fd is a fresh socket this function owns; TcpStream closes it on drop.
     let s = unsafe { TcpStream::from_raw_fd(fd) };
     s.set_nodelay(true)?;
-    let (ss, len) = crate::poller::sockaddr(&addr);
+    let (ss, len) = farside_rt::sockaddr::to_storage(&addr);
     // SAFETY: ss holds a valid sockaddr of `len` bytes for fd's family.
     let rc = unsafe { libc::connect(fd, (&ss as *const libc::sockaddr_storage).cast(), len) };
     if rc == 0 {

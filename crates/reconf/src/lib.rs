@@ -11,6 +11,8 @@
 //! - [`agent`]: the node side: apply the wanted role to the web server, publish the
 //!   served role, keep the old one if the apply fails.
 //! - [`drive`]: one balancer round over real remote memory (`farside_rmem`).
+//! - [`sites`]: the site protocol: how the agent's node tells its local web server
+//!   which co-hosted site to serve (names, request and reply lines, the client).
 //! - [`sim`]: drives the same code over a lossy, reordering, duplicating network with
 //!   crashes and partitions, checking the invariants after every event.
 //!
@@ -22,6 +24,7 @@ pub mod balancer;
 pub mod drive;
 pub mod op;
 pub mod sim;
+pub mod sites;
 pub mod words;
 
 pub use agent::{AgentAction, Applied, NodeAgent};

@@ -376,8 +376,13 @@ impl Adopter {
         if !p.connected {
             p.connected = self.via.connect(&self.path).is_ok();
         }
-        match farside_backend::adopt::send(&self.via, &self.path, conn.as_raw_fd(), HANDOFF_TIMEOUT)
-        {
+        match farside_rt::fdpass::send_to(
+            &self.via,
+            &self.path,
+            farside_rt::fdpass::TAG_ADOPT,
+            conn.as_raw_fd(),
+            HANDOFF_TIMEOUT,
+        ) {
             Ok(()) => Sent::Yes,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Sent::Full,
             Err(e) => {

@@ -4,7 +4,7 @@
 
 use std::io;
 
-use farside_gatherd::sockdiag::SockDiag;
+use farside_rt::sockdiag::SockDiag;
 
 /// Reads the accept-queue length of the listener(s) on one local port.
 pub struct ServerQueue {
@@ -87,7 +87,7 @@ pub fn server_listener(port: u16) -> io::Result<(std::os::fd::OwnedFd, ListenerO
                 continue;
             };
             let owner = ListenerOwner { pid, fd: n, inode };
-            match take_fd(pid, n) {
+            match farside_rt::pidfd::take_fd(pid, n) {
                 Ok(f) => return Ok((f, owner)),
                 // The process exited or closed it meanwhile: look further.
                 Err(e) => log::debug!("specd: pidfd_getfd {owner:?}: {e}"),
@@ -136,26 +136,6 @@ fn socket_inode(link: &str) -> Option<u64> {
         .strip_suffix(']')?
         .parse()
         .ok()
-}
-
-/// A copy of descriptor `fd` of process `pid`.
-fn take_fd(pid: u32, fd: i32) -> io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: pidfd_open takes a pid and flags.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if pidfd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a descriptor pidfd_open just returned, owned here.
-    let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(pidfd as i32) };
-    use std::os::fd::AsRawFd;
-    // SAFETY: pidfd_getfd on our pidfd; returns a new descriptor or -1.
-    let f = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
-    if f < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor, owned by the caller.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(f as i32) })
 }
 
 #[cfg(test)]

@@ -999,11 +999,11 @@ fn migrate_one(s: &Shared, mcfg: &MigrateConfig, sock: TcpStream, admitted: Inst
     let peer = choose_peer(s, &sock);
     peer.inflight.fetch_add(1, Ordering::Relaxed);
     lock(&s.stats.queue_wait_us).record(admitted.elapsed().as_micros() as u64);
-    let cpu0 = farside_backend::thread_cpu_us();
+    let cpu0 = farside_rt::thread_cpu_us();
     let outcome = s.control.migrate_with(sock, peer.peer.daemon, mcfg, || {
         s.flow.move_flow(remote, peer.peer.backend)
     });
-    let cpu = farside_backend::thread_cpu_us().saturating_sub(cpu0);
+    let cpu = farside_rt::thread_cpu_us().saturating_sub(cpu0);
     peer.inflight.fetch_sub(1, Ordering::Relaxed);
     match outcome {
         Outcome::Migrated(t) => {

@@ -391,7 +391,7 @@ fn offers_loop(s: &Shared) {
             }
         }
         watch_listener = true;
-        let cpu0 = farside_backend::thread_cpu_us();
+        let cpu0 = farside_rt::thread_cpu_us();
         let mut admitted: Option<Restoring<'_>> = None;
         let admit = |_: &farside_migrate::TcpState| -> Result<(), String> {
             let q = queue.read().map_err(|e| format!("cannot read load: {e}"))?;
@@ -430,7 +430,7 @@ fn offers_loop(s: &Shared) {
         match outcome {
             Ok(TargetOutcome::Restored { .. }) => {
                 s.stats.restored.fetch_add(1, Ordering::Relaxed);
-                let cpu = farside_backend::thread_cpu_us().saturating_sub(cpu0);
+                let cpu = farside_rt::thread_cpu_us().saturating_sub(cpu0);
                 s.stats
                     .cpu_us
                     .lock()
