@@ -37,6 +37,8 @@ enum Cmd {
     /// Speculative-admission daemon of a back-end: migrates connections beyond its
     /// server's accept queue to the least-loaded peer, takes its peers' migrations.
     Specd(farside_specd::SpecdArgs),
+    /// Software iWARP (seed 004): `decode FILE.pcap` prints its MPA/DDP/RDMAP messages.
+    Iwarp(farside_iwarp::IwarpArgs),
 }
 
 /// `farside gatherd`: its flags, and `--check`.
@@ -93,6 +95,7 @@ fn main() -> ExitCode {
                 .map_err(|e| format!("frontend: {e}"))
         }
         Cmd::Specd(a) => farside_specd::run(a).map_err(|e| format!("specd: {e}")),
+        Cmd::Iwarp(a) => farside_iwarp::run(a).map_err(|e| format!("iwarp: {e}")),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
