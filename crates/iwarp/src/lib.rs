@@ -29,7 +29,9 @@ pub mod ddp;
 pub mod decode;
 pub mod mpa;
 pub mod pcap;
+pub mod qp;
 pub mod rdmap;
 pub mod term;
+pub mod verbs;
 
 pub use cli::{run, IwarpArgs};
