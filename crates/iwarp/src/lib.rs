@@ -31,6 +31,7 @@ pub mod mpa;
 pub mod pcap;
 pub mod qp;
 pub mod rdmap;
+pub mod tcp;
 pub mod term;
 pub mod verbs;
 

@@ -157,6 +157,15 @@ impl Device {
         }
     }
 
+    /// A device whose STag keys are unpredictable to the peer (seeded from the
+    /// process's random hasher keys).
+    pub fn with_random_keys() -> Device {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(std::process::id().into());
+        Device::new(h.finish())
+    }
+
     fn next_key(&mut self) -> u8 {
         // xorshift64*
         self.rng ^= self.rng >> 12;
