@@ -263,3 +263,125 @@ pub fn reassemble(segs: &[TcpSegment]) -> Result<HashMap<Direction, Stream>, Pca
     }
     Ok(out)
 }
+
+/// Writes one TCP connection between two IPv4 endpoints as a classic pcap, for
+/// captures made from our own byte streams (tests, and the tshark cross-check).
+#[derive(Debug)]
+pub struct ConversationWriter {
+    a: SocketAddrV4,
+    b: SocketAddrV4,
+    seq_a: u32,
+    seq_b: u32,
+    out: Vec<u8>,
+    usec: u32,
+}
+
+/// Largest TCP payload one written packet carries.
+pub const WRITER_PAYLOAD_MAX: usize = 65535 - 40;
+
+fn csum_add(mut sum: u32, b: &[u8]) -> u32 {
+    for c in b.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    sum
+}
+
+fn csum_fold(mut sum: u32) -> u16 {
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+impl ConversationWriter {
+    /// A capture that starts with the handshake of `a` (the initiator) to `b`.
+    pub fn new(a: SocketAddrV4, b: SocketAddrV4) -> Self {
+        let mut w = ConversationWriter {
+            a,
+            b,
+            seq_a: 1000,
+            seq_b: 5000,
+            out: Vec::new(),
+            usec: 0,
+        };
+        w.out.extend_from_slice(&MAGIC_US.to_le_bytes());
+        w.out.extend_from_slice(&2u16.to_le_bytes());
+        w.out.extend_from_slice(&4u16.to_le_bytes());
+        w.out.extend_from_slice(&[0; 8]);
+        w.out.extend_from_slice(&65535u32.to_le_bytes());
+        w.out.extend_from_slice(&LINKTYPE_ETHERNET.to_le_bytes());
+        w.packet(true, 0x02, &[]);
+        w.seq_a = w.seq_a.wrapping_add(1);
+        w.packet(false, 0x12, &[]);
+        w.seq_b = w.seq_b.wrapping_add(1);
+        w.packet(true, 0x10, &[]);
+        w
+    }
+
+    /// One PSH/ACK packet with `payload` (at most [`WRITER_PAYLOAD_MAX`] bytes) from
+    /// `a` if `from_a`, else from `b`.
+    pub fn data(&mut self, from_a: bool, payload: &[u8]) {
+        assert!(
+            payload.len() <= WRITER_PAYLOAD_MAX,
+            "payload too large for one packet"
+        );
+        self.packet(from_a, 0x18, payload);
+        let n = payload.len() as u32;
+        if from_a {
+            self.seq_a = self.seq_a.wrapping_add(n);
+        } else {
+            self.seq_b = self.seq_b.wrapping_add(n);
+        }
+    }
+
+    fn packet(&mut self, from_a: bool, flags: u8, payload: &[u8]) {
+        let (src, dst, seq, ack) = if from_a {
+            (self.a, self.b, self.seq_a, self.seq_b)
+        } else {
+            (self.b, self.a, self.seq_b, self.seq_a)
+        };
+        let ack_flag_ok = flags & 0x10 != 0;
+        let mut tcp = Vec::with_capacity(20 + payload.len());
+        tcp.extend_from_slice(&src.port().to_be_bytes());
+        tcp.extend_from_slice(&dst.port().to_be_bytes());
+        tcp.extend_from_slice(&seq.to_be_bytes());
+        tcp.extend_from_slice(&(if ack_flag_ok { ack } else { 0 }).to_be_bytes());
+        tcp.push(5 << 4);
+        tcp.push(flags);
+        tcp.extend_from_slice(&65535u16.to_be_bytes());
+        tcp.extend_from_slice(&[0, 0, 0, 0]);
+        tcp.extend_from_slice(payload);
+        let mut pseudo = Vec::with_capacity(12);
+        pseudo.extend_from_slice(&src.ip().octets());
+        pseudo.extend_from_slice(&dst.ip().octets());
+        pseudo.extend_from_slice(&[0, IPPROTO_TCP]);
+        pseudo.extend_from_slice(&(tcp.len() as u16).to_be_bytes());
+        let c = csum_fold(csum_add(csum_add(0, &pseudo), &tcp));
+        tcp[16..18].copy_from_slice(&c.to_be_bytes());
+        let mut ip = vec![0x45, 0];
+        ip.extend_from_slice(&((20 + tcp.len()) as u16).to_be_bytes());
+        ip.extend_from_slice(&[0, 0, 0x40, 0, 64, IPPROTO_TCP, 0, 0]);
+        ip.extend_from_slice(&src.ip().octets());
+        ip.extend_from_slice(&dst.ip().octets());
+        let c = csum_fold(csum_add(0, &ip));
+        ip[10..12].copy_from_slice(&c.to_be_bytes());
+        // Fixed locally administered MACs, as gen_golden.py writes them.
+        let mut frame = vec![2, 0, 0, 0, 0, 2];
+        frame.extend_from_slice(&[2, 0, 0, 0, 0, 1]);
+        frame.extend_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+        frame.extend_from_slice(&ip);
+        frame.extend_from_slice(&tcp);
+        self.out.extend_from_slice(&1_700_000_000u32.to_le_bytes());
+        self.out.extend_from_slice(&self.usec.to_le_bytes());
+        self.usec += 1000;
+        self.out
+            .extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        self.out
+            .extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        self.out.extend_from_slice(&frame);
+    }
+
+    pub fn finish(self) -> Vec<u8> {
+        self.out
+    }
+}

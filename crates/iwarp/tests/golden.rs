@@ -225,3 +225,23 @@ fn crc32c_vectors_of_the_shared_file() {
     }
     assert_eq!(n, 10);
 }
+
+#[test]
+fn golden_capture_is_rebuilt_byte_for_byte() {
+    let Some(want) = common::testdata("golden-frames.pcap") else {
+        return;
+    };
+    let a = "10.0.0.1:40000".parse().unwrap();
+    let b = "10.0.0.2:7471".parse().unwrap();
+    let mut w = farside_iwarp::pcap::ConversationWriter::new(a, b);
+    let mut req = RrFrame::new(RrKind::Request);
+    req.crc = true;
+    let mut rep = RrFrame::new(RrKind::Reply);
+    rep.crc = true;
+    w.data(true, &req.encode());
+    w.data(false, &rep.encode());
+    w.data(true, &g_write());
+    w.data(false, &g_rreq());
+    w.data(true, &g_send(true));
+    assert_eq!(to_hex(&w.finish()), to_hex(&want));
+}
