@@ -2,6 +2,8 @@
 //! CI (env `CI` set) and otherwise prints "SKIPPED: <why>" and passes.
 #![allow(dead_code)]
 
+pub mod rng;
+
 use std::path::PathBuf;
 
 /// `$FARSIDE_TESTDATA`, else `shared/testdata/iwarp` beside the clone.
