@@ -67,14 +67,9 @@ fn deframer_and_parsers_never_panic() {
         let mut d = Deframer::new(crc_on);
         for c in input.chunks(r.below(64) as usize + 1) {
             d.push(c);
-            loop {
-                match d.next_fpdu() {
-                    Ok(Some(f)) => {
-                        let _ = rdmap::parse(&f.ulpdu);
-                        let _ = farside_iwarp::ddp::parse_lenient(&f.ulpdu);
-                    }
-                    Ok(None) | Err(_) => break,
-                }
+            while let Ok(Some(f)) = d.next_fpdu() {
+                let _ = rdmap::parse(&f.ulpdu);
+                let _ = farside_iwarp::ddp::parse_lenient(&f.ulpdu);
             }
         }
         assert!(d.pending() <= input.len());
