@@ -254,6 +254,7 @@ mod tests {
             "farside loadgen --target 127.0.0.1:8000 --clients 4 --trace zipf",
             "farside frontend --iface eth0 --vip 10.0.0.100:80 --backend 02:00:00:00:00:0a@10.0.0.11=75 --backend 02:00:00:00:00:0b@10.0.0.12=25 --control 10.0.0.1:7400",
             "farside frontend --detach eth0",
+            "farside iwarp decode capture.pcap",
         ] {
             let args: Vec<&str> = line.split_whitespace().collect();
             if let Err(e) = Cli::try_parse_from(&args) {

@@ -17,7 +17,8 @@
 //! buffer of at most [`TX_BYTES_MAX`] (the SQ and IRQ hold the rest).
 //!
 //! **Receiving**, every segment checked before anything is placed (siw `siw_qp_rx.c`):
-//! - Write: sink STag/TO against the region (STag, PD, REMOTE_WRITE, wrap, bounds). A
+//! - Write: sink STag/TO against the region (STag, PD, REMOTE_WRITE, wrap, bounds); a
+//!   later segment of the same Write must keep its STag and continue its TO. A
 //!   zero-length Write is not checked (siw; it is the RFC 6581 RTR message).
 //! - Read Response: the ORQ head must exist (else DDP catastrophic), STag and TO must be
 //!   the Request's sink and continue where the last segment ended (invalid STag / base
@@ -175,6 +176,9 @@ pub struct Qp {
     /// Next MSN expected, per untagged queue.
     rx_msn: [u32; QN_COUNT],
     rx_send: Option<RxSend>,
+    /// A Write whose last segment has not arrived: its STag and the TO the next
+    /// segment must start at (siw `siw_write_check_ntoh`).
+    rx_write: Option<(u32, u64)>,
     /// Responder in RFC 6581 peer-to-peer mode, before the initiator's RTR.
     await_rtr: bool,
 }
@@ -203,6 +207,7 @@ impl Qp {
             tx_msn: [1; QN_COUNT],
             rx_msn: [1; QN_COUNT],
             rx_send: None,
+            rx_write: None,
             await_rtr: false,
         }
     }
@@ -522,6 +527,19 @@ impl Qp {
         let last = msg.ddp.last;
         match (msg.opcode, msg.placement, &msg.body) {
             (Opcode::Write, Placement::Tagged { stag, to }, Body::Data(d)) => {
+                if let Some((want_stag, want_to)) = self.rx_write {
+                    if stag != want_stag {
+                        return Err(TermCode::DDP_T_INVALID_STAG);
+                    }
+                    if to != want_to {
+                        return Err(TermCode::DDP_T_BASE_BOUNDS);
+                    }
+                }
+                self.rx_write = if last {
+                    None
+                } else {
+                    Some((stag, to.wrapping_add(d.len() as u64)))
+                };
                 if d.is_empty() {
                     return Ok(());
                 }

@@ -229,3 +229,107 @@ fn golden_capture_decodes_with_good_crcs() {
     assert_eq!(l[2]["to"], 0x1000);
     assert_eq!(l[2]["payload_length"], 13);
 }
+
+fn write_capture(ulpdu_fpdus: &[Vec<u8>], crc: bool) -> std::path::PathBuf {
+    let mut w = pcap::ConversationWriter::new(
+        "10.0.0.1:40000".parse().unwrap(),
+        "10.0.0.2:7471".parse().unwrap(),
+    );
+    let mut req = RrFrame::new(RrKind::Request);
+    req.crc = crc;
+    let mut rep = RrFrame::new(RrKind::Reply);
+    rep.crc = crc;
+    w.data(true, &req.encode());
+    w.data(false, &rep.encode());
+    for f in ulpdu_fpdus {
+        w.data(true, f);
+    }
+    let p = std::env::temp_dir().join(format!(
+        "farside-iwarp-{}-{}.pcap",
+        std::process::id(),
+        ulpdu_fpdus.iter().map(|f| f.len()).sum::<usize>()
+    ));
+    std::fs::write(&p, w.finish()).unwrap();
+    p
+}
+
+fn send_fpdu(msn: u32, crc: bool) -> Vec<u8> {
+    let u = rdmap::encode_ulpdu(
+        Opcode::Send,
+        true,
+        farside_iwarp::ddp::Placement::Untagged { qn: 0, msn, mo: 0 },
+        0,
+        b"hello",
+    );
+    let mut out = Vec::new();
+    farside_iwarp::mpa::encode_fpdu(&u, crc, &mut out);
+    out
+}
+
+fn decode_cli(path: &std::path::Path) -> Result<(), String> {
+    use farside_iwarp::cli::{IwarpArgs, IwarpCmd};
+    let mut out = Vec::new();
+    let r = farside_iwarp::cli::run_to(
+        IwarpArgs {
+            cmd: IwarpCmd::Decode {
+                file: path.to_path_buf(),
+            },
+        },
+        &mut out,
+    );
+    // One JSON object per line, whatever the outcome.
+    for line in String::from_utf8(out).unwrap().lines() {
+        assert!(serde_json::from_str::<serde_json::Value>(line)
+            .unwrap()
+            .is_object());
+    }
+    r
+}
+
+#[test]
+fn a_bad_crc_is_reported_not_fatal() {
+    let mut bad = send_fpdu(2, true);
+    bad[20] ^= 0x20; // a payload byte
+    let p = write_capture(&[send_fpdu(1, true), bad, send_fpdu(3, true)], true);
+    let d = decode_pcap(&std::fs::read(&p).unwrap()).unwrap();
+    let crcs: Vec<&str> = d.lines[2..]
+        .iter()
+        .map(|l| l["crc"].as_str().unwrap())
+        .collect();
+    assert_eq!(crcs, ["good", "bad", "good"]);
+    assert_eq!(d.lines[3]["refused"]["layer"], 2);
+    assert_eq!(d.lines[3]["refused"]["ecode"], 2);
+    assert_eq!(decode_cli(&p), Ok(()));
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn an_undeframable_stream_fails_the_decode() {
+    // ULPDU_Length 3: shorter than any DDP header, the framing is lost.
+    let p = write_capture(
+        &[send_fpdu(1, false), vec![0, 3, 0x41, 0x43, 0, 0, 0, 0]],
+        false,
+    );
+    let d = decode_pcap(&std::fs::read(&p).unwrap()).unwrap();
+    assert_eq!(d.lines.last().unwrap()["kind"], "deframe_error");
+    assert_eq!(d.failures.len(), 1);
+    assert!(decode_cli(&p)
+        .unwrap_err()
+        .contains("could not be deframed"));
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn decode_refuses_what_it_cannot_read() {
+    let p = std::env::temp_dir().join(format!("farside-iwarp-{}-ng.pcap", std::process::id()));
+    std::fs::write(
+        &p,
+        [
+            0x0a, 0x0d, 0x0d, 0x0a, 0, 0, 0, 0, 0x4d, 0x3c, 0x2b, 0x1a, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            0, 0, 0,
+        ],
+    )
+    .unwrap();
+    assert!(decode_cli(&p).unwrap_err().contains("pcapng"));
+    let _ = std::fs::remove_file(p);
+}
