@@ -21,15 +21,18 @@ pub enum IwarpCmd {
     },
 }
 
-/// Run `farside iwarp ...`.
+/// Run `farside iwarp ...`, printing to stdout.
 pub fn run(a: IwarpArgs) -> Result<(), String> {
+    run_to(a, &mut std::io::stdout().lock())
+}
+
+/// Run `farside iwarp ...`, printing to `w`.
+pub fn run_to(a: IwarpArgs, w: &mut impl Write) -> Result<(), String> {
     match a.cmd {
         IwarpCmd::Decode { file } => {
             let bytes = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
             let d = crate::decode::decode_pcap(&bytes)
                 .map_err(|e| format!("{}: {e}", file.display()))?;
-            let stdout = std::io::stdout();
-            let mut w = stdout.lock();
             for l in &d.lines {
                 writeln!(w, "{l}").map_err(|e| format!("stdout: {e}"))?;
             }
