@@ -53,6 +53,8 @@ pub const READ_QUEUE_DEPTH_MAX: u16 = 128;
 pub const TX_BYTES_MAX: usize = 1 << 20;
 /// TCP payload per segment when the driver does not say (Ethernet MSS 1460).
 pub const EMSS_DEFAULT: usize = 1460;
+/// Smallest EMSS taken: a Read Request (18 + 28 B ULPDU) must fit one FPDU.
+pub const EMSS_MIN: usize = 64;
 
 /// A scatter/gather element: `len` bytes at `to` of region `stag`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +162,8 @@ struct RxSend {
 pub struct Qp {
     pd: PdId,
     cfg: QpConfig,
+    /// The MPA initiator (only it answers a bad set-up frame with a Terminate).
+    initiator: bool,
     state: QpState,
     setup: Option<Setup>,
     negotiated: Option<Negotiated>,
@@ -184,15 +188,17 @@ pub struct Qp {
 }
 
 impl Qp {
-    fn new(pd: PdId, mut cfg: QpConfig, setup: Setup, tx: Vec<u8>) -> Qp {
+    fn new(pd: PdId, mut cfg: QpConfig, initiator: bool, setup: Setup, tx: Vec<u8>) -> Qp {
         cfg.mpa.ird = cfg.mpa.ird.clamp(1, READ_QUEUE_DEPTH_MAX);
         cfg.mpa.ord = cfg.mpa.ord.clamp(1, READ_QUEUE_DEPTH_MAX);
         cfg.sq_depth = cfg.sq_depth.clamp(1, SQ_DEPTH_MAX);
         cfg.rq_depth = cfg.rq_depth.clamp(1, RQ_DEPTH_MAX);
+        cfg.emss = cfg.emss.max(EMSS_MIN);
         let mulpdu = mpa::mulpdu(cfg.emss);
         Qp {
             pd,
             cfg,
+            initiator,
             state: QpState::Connecting,
             setup: Some(setup),
             negotiated: None,
@@ -215,13 +221,13 @@ impl Qp {
     /// The active side: its MPA Request is the first thing [`Qp::take_tx`] returns.
     pub fn connect(pd: PdId, cfg: QpConfig) -> Qp {
         let (setup, req) = Setup::initiator(cfg.mpa.clone());
-        Self::new(pd, cfg, setup, req)
+        Self::new(pd, cfg, true, setup, req)
     }
 
     /// The passive side, waiting for the MPA Request.
     pub fn accept(pd: PdId, cfg: QpConfig) -> Qp {
         let setup = Setup::responder(cfg.mpa.clone());
-        Self::new(pd, cfg, setup, Vec::new())
+        Self::new(pd, cfg, false, setup, Vec::new())
     }
 
     pub fn state(&self) -> &QpState {
@@ -279,7 +285,9 @@ impl Qp {
                     SetupStep::Failed { error, send } => {
                         self.setup = None;
                         self.tx.extend_from_slice(&send);
-                        if let Some(code) = error.term_code() {
+                        // siw's initiator answers a bad Reply or an insufficient IRD
+                        // with a Terminate; its responder only rejects or closes.
+                        if let Some(code) = error.term_code().filter(|_| self.initiator) {
                             // Before RTS the CRC is not in force (siw sends it zero).
                             let u = rdmap::encode_terminate(code, self.tx_msn[2], &[]);
                             mpa::encode_fpdu(&u, false, &mut self.tx);

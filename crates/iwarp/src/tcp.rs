@@ -33,6 +33,7 @@ struct State {
     dev: Device,
     cq: Cq,
     qp: Qp,
+    /// Bounded by the queue pair: one set-up outcome and at most one Terminate.
     events: Vec<Event>,
     /// The socket reached EOF or failed.
     closed: bool,

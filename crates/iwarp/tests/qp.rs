@@ -490,3 +490,70 @@ fn insufficient_ird_is_terminated_by_the_initiator() {
     };
     assert_eq!(t.code, TermCode::MPA_INSUFFICIENT_IRD);
 }
+
+#[test]
+fn a_peer_to_peer_responder_waits_for_the_rtr() {
+    // The initiator asks for P2P with a zero-length Write RTR (RFC 6581 §6); ours never
+    // does on its own, so the Request is rewritten and the RTR posted by hand.
+    let mut p = Pair {
+        a: side(1, true, cfg(true, 4, 4)),
+        b: side(2, false, cfg(true, 4, 4)),
+    };
+    let mut req = p.a.qp.take_tx(&p.a.dev, &mut p.a.cq);
+    req[20] |= 0x80; // IRD: P2P
+    req[22] |= 0x80; // ORD: Write RTR
+    p.b.qp.on_bytes(&mut p.b.dev, &mut p.b.cq, &req);
+    assert!(p.b.qp.negotiated().unwrap().await_rtr);
+    let rep = p.b.qp.take_tx(&p.b.dev, &mut p.b.cq);
+    let (r, _) = farside_iwarp::mpa::RrFrame::parse(farside_iwarp::mpa::RrKind::Reply, &rep)
+        .unwrap()
+        .unwrap();
+    let io = r.ird_ord().unwrap();
+    assert!(io.p2p && io.write_rtr && !io.read_rtr);
+    p.a.qp.on_bytes(&mut p.a.dev, &mut p.a.cq, &rep);
+    // B's Send waits for the RTR.
+    let src = p.b.dev.reg_mr(p.b.pd, 0, 8, Access::NONE).unwrap();
+    let rbuf = p.a.dev.reg_mr(p.a.pd, 0, 8, Access::LOCAL_WRITE).unwrap();
+    p.a.qp
+        .post_recv(RecvWr {
+            wr_id: 1,
+            sge: Sge {
+                stag: rbuf,
+                to: 0,
+                len: 8,
+            },
+        })
+        .unwrap();
+    let send = SendWr::Send {
+        wr_id: 2,
+        local: Sge {
+            stag: src,
+            to: 0,
+            len: 8,
+        },
+        solicited: false,
+        invalidate: None,
+    };
+    p.b.qp.post_send(send).unwrap();
+    assert!(
+        p.b.qp.take_tx(&p.b.dev, &mut p.b.cq).is_empty(),
+        "nothing before the RTR"
+    );
+    let a_src = p.a.dev.reg_mr(p.a.pd, 0, 1, Access::NONE).unwrap();
+    let rtr = SendWr::Write {
+        wr_id: 3,
+        local: Sge {
+            stag: a_src,
+            to: 0,
+            len: 0,
+        },
+        remote_stag: 1,
+        remote_to: 0,
+    };
+    p.a.qp.post_send(rtr).unwrap();
+    p.run();
+    let wc = p.a.cq.poll().unwrap(); // the RTR Write
+    assert_eq!(wc.wr_id, 3);
+    let wc = p.a.cq.poll().unwrap();
+    assert_eq!((wc.wr_id, wc.opcode, wc.byte_len), (1, WcOpcode::Recv, 8));
+}
