@@ -308,7 +308,12 @@ pub fn encode_ulpdu(
 /// made the layout unknown; RDMAP remote-protection errors carry the RDMAP header too
 /// (`R`); catastrophic, version and opcode errors carry nothing.
 pub fn encode_terminate(code: TermCode, msn: u32, terminated: &[u8]) -> Vec<u8> {
-    let (m, d, r) = terminate_flags(code);
+    let (m, d, r) = if terminated.is_empty() {
+        // Nothing readable to attach (the segment was shorter than its header).
+        (false, false, false)
+    } else {
+        terminate_flags(code)
+    };
     let attached: &[u8] = if m { terminated } else { &[] };
     let t = Terminate {
         code,
@@ -341,7 +346,7 @@ pub fn terminate_flags(code: TermCode) -> (bool, bool, bool) {
         || code == TermCode::RDMAP_OPCODE;
     match code.layer {
         _ if no_layout => (false, false, false),
-        1 if code.etype != 0 => (true, true, false),
+        1 => (true, true, false),
         0 if code.etype == 1 => (true, true, true),
         0 if code.etype == 2 => (true, true, false),
         _ => (false, false, false),
