@@ -10,7 +10,8 @@
 //!        │
 //!  RDMAP (rdmap.rs)    RFC 5040: opcodes, Read Request body, Terminate header
 //!  DDP   (ddp.rs)      RFC 5041: tagged/untagged headers, segmentation
-//!  MPA   (mpa.rs)      RFC 5044 + RFC 6581: Request/Reply, FPDU framing, CRC32c (crc.rs)
+//!  MPA   (mpa/)        RFC 5044 + RFC 6581: Request/Reply and set-up (setup.rs),
+//!                      FPDU framing (fpdu.rs), CRC32c (crc.rs)
 //!        │
 //!  TCP driver (tcp.rs) std::net::TcpStream, one reader thread per connection
 //! ```

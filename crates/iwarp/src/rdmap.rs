@@ -306,7 +306,7 @@ pub fn encode_ulpdu(
 /// Length plus the headers of the refused segment, or empty). Flags follow siw's
 /// `siw_send_terminate`: DDP errors carry the DDP header (`M`, `D`) unless the version
 /// made the layout unknown; RDMAP remote-protection errors carry the RDMAP header too
-/// (`R`); catastrophic, version and opcode errors carry nothing.
+/// (`R`); RDMAP catastrophic, MPA, version and opcode errors carry nothing.
 pub fn encode_terminate(code: TermCode, msn: u32, terminated: &[u8]) -> Vec<u8> {
     let (m, d, r) = if terminated.is_empty() {
         // Nothing readable to attach (the segment was shorter than its header).
