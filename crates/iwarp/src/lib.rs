@@ -13,7 +13,7 @@
 //!  MPA   (mpa/)        RFC 5044 + RFC 6581: Request/Reply and set-up (setup.rs),
 //!                      FPDU framing (fpdu.rs), CRC32c (crc.rs)
 //!        │
-//!  TCP driver (tcp.rs) std::net::TcpStream, one reader thread per connection
+//!  TCP driver (tcp.rs) std::net::TcpStream, a reader and a writer thread per connection
 //! ```
 //!
 //! Everything above the driver is sans-I/O: state machines fed with bytes that return

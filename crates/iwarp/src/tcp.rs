@@ -3,28 +3,28 @@
 //! only moves bytes and wakes waiters.
 //!
 //! ```text
-//!  reader thread: read ─► lock { qp.on_bytes, qp.take_tx } ─► writer queue ─► writer thread: write_all
-//!  application:  lock { post_send / post_recv / Device, qp.take_tx } ─► writer queue
+//!  reader thread:  read ─► lock { qp.on_bytes } ─► notify
+//!  application:    lock { Device, post_send / post_recv } ─► notify
+//!  writer thread:  wait ─► lock { qp.take_tx } ─► write_all      (the only caller of take_tx)
 //! ```
-//! The writer queue holds at most [`WRITER_QUEUE_CHUNKS`] chunks of at most
-//! [`crate::qp::TX_BYTES_MAX`] bytes; a full queue blocks the thread that fills it (the
-//! reader then stops reading, and TCP flow control pushes back on the peer). Once the
-//! queue pair is done (a Terminate sent or received, a failed set-up) the writer sends
-//! what is queued and shuts the socket down.
+//! Only the writer takes bytes from the queue pair, so they reach the socket in the
+//! order the queue pair produced them, whichever thread caused them. Backpressure is the
+//! queue pair's: while the writer is blocked on a slow peer, at most
+//! [`crate::qp::TX_BYTES_MAX`] bytes wait in the queue pair, then work waits in its
+//! send queue, then `post_send` reports the queue full. Once the queue pair is done (a
+//! Terminate sent or received, a failed set-up) the writer sends what is left and shuts
+//! the socket down.
 
 use crate::qp::{Event, Qp, QpConfig, QpState};
 use crate::verbs::{Cq, Device, PdId, VerbsError, Wc};
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// Bytes one `read` takes from the socket.
 pub const READ_CHUNK_BYTES: usize = 64 << 10;
-/// Chunks waiting for the writer thread.
-pub const WRITER_QUEUE_CHUNKS: usize = 64;
 /// How long the MPA set-up may take (siw waits 10 s for a Reply; a loopback or LAN peer
 /// answers in well under a second).
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -37,11 +37,8 @@ struct State {
     events: Vec<Event>,
     /// The socket reached EOF or failed.
     closed: bool,
-}
-
-enum Out {
-    Bytes(Vec<u8>),
-    Close,
+    /// The endpoint is being dropped.
+    stopping: bool,
 }
 
 type Shared = Arc<(Mutex<State>, Condvar)>;
@@ -49,7 +46,6 @@ type Shared = Arc<(Mutex<State>, Condvar)>;
 /// One connected queue pair with its device and completion queue.
 pub struct Endpoint {
     shared: Shared,
-    out: SyncSender<Out>,
     stream: TcpStream,
     threads: Vec<JoinHandle<()>>,
 }
@@ -94,26 +90,23 @@ impl Endpoint {
                 qp,
                 events: Vec::new(),
                 closed: false,
+                stopping: false,
             }),
             Condvar::new(),
         ));
-        let (out, rx) = sync_channel(WRITER_QUEUE_CHUNKS);
-        let w = stream.try_clone()?;
+        let (w, sh) = (stream.try_clone()?, shared.clone());
         let writer = std::thread::Builder::new()
             .name("iwarp-tx".into())
-            .spawn(move || write_loop(w, rx))?;
-        let r = stream.try_clone()?;
-        let (sh, o) = (shared.clone(), out.clone());
+            .spawn(move || write_loop(w, sh))?;
+        let (r, sh) = (stream.try_clone()?, shared.clone());
         let reader = std::thread::Builder::new()
             .name("iwarp-rx".into())
-            .spawn(move || read_loop(r, sh, o))?;
+            .spawn(move || read_loop(r, sh))?;
         let ep = Endpoint {
             shared,
-            out,
             stream,
             threads: vec![writer, reader],
         };
-        ep.flush(lock(&ep.shared));
         let ok = ep.wait_until(SETUP_TIMEOUT, |st, _| *st != QpState::Connecting);
         let st = ep.state();
         if !ok || st != QpState::Rts {
@@ -122,28 +115,14 @@ impl Endpoint {
         Ok(ep)
     }
 
-    /// Take the queue pair's bytes under the lock, queue them after releasing it.
-    fn flush(&self, mut g: MutexGuard<'_, State>) {
-        let st = &mut *g;
-        let tx = st.qp.take_tx(&st.dev, &mut st.cq);
-        let done = st.qp.is_done();
-        drop(g);
-        self.shared.1.notify_all();
-        if !tx.is_empty() {
-            let _ = self.out.send(Out::Bytes(tx));
-        }
-        if done {
-            let _ = self.out.send(Out::Close);
-        }
-    }
-
     /// Run `f` on the device and queue pair (register memory, post work), then send
     /// what it produced.
     pub fn with<R>(&self, f: impl FnOnce(&mut Device, &mut Qp) -> R) -> R {
         let mut g = lock(&self.shared);
         let st = &mut *g;
         let r = f(&mut st.dev, &mut st.qp);
-        self.flush(g);
+        drop(g);
+        self.shared.1.notify_all();
         r
     }
 
@@ -217,31 +196,46 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        // Shut the socket first: a writer blocked on a peer that does not read then
-        // fails and exits, so nothing here can block.
+        lock(&self.shared).stopping = true;
+        self.shared.1.notify_all();
+        // Unblocks a reader in read and a writer in write_all.
         let _ = self.stream.shutdown(Shutdown::Both);
-        let _ = self.out.try_send(Out::Close);
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
 }
 
-fn write_loop(mut s: TcpStream, rx: Receiver<Out>) {
-    while let Ok(o) = rx.recv() {
-        match o {
-            Out::Bytes(b) => {
-                if s.write_all(&b).is_err() {
-                    break;
-                }
+fn write_loop(mut s: TcpStream, shared: Shared) {
+    loop {
+        let mut g = lock(&shared);
+        let (tx, done) = loop {
+            if g.stopping {
+                drop(g);
+                let _ = s.shutdown(Shutdown::Both);
+                return;
             }
-            Out::Close => break,
+            let st = &mut *g;
+            let tx = st.qp.take_tx(&st.dev, &mut st.cq);
+            let done = st.qp.is_done();
+            if !tx.is_empty() || done || st.closed {
+                break (tx, done || st.closed);
+            }
+            g = shared.1.wait(g).unwrap_or_else(|p| p.into_inner());
+        };
+        drop(g);
+        // take_tx may have completed Sends and Writes.
+        shared.1.notify_all();
+        if s.write_all(&tx).is_err() || done {
+            let _ = s.shutdown(Shutdown::Both);
+            lock(&shared).closed = true;
+            shared.1.notify_all();
+            return;
         }
     }
-    let _ = s.shutdown(Shutdown::Both);
 }
 
-fn read_loop(mut s: TcpStream, shared: Shared, out: SyncSender<Out>) {
+fn read_loop(mut s: TcpStream, shared: Shared) {
     let mut buf = vec![0u8; READ_CHUNK_BYTES];
     loop {
         let n = match s.read(&mut buf) {
@@ -258,15 +252,7 @@ fn read_loop(mut s: TcpStream, shared: Shared, out: SyncSender<Out>) {
         let st = &mut *g;
         let ev = st.qp.on_bytes(&mut st.dev, &mut st.cq, &buf[..n]);
         st.events.extend(ev);
-        let tx = st.qp.take_tx(&st.dev, &mut st.cq);
-        let done = st.qp.is_done();
         drop(g);
         shared.1.notify_all();
-        if !tx.is_empty() && out.send(Out::Bytes(tx)).is_err() {
-            return;
-        }
-        if done {
-            let _ = out.send(Out::Close);
-        }
     }
 }

@@ -218,3 +218,81 @@ fn loopback_write_to_a_bad_stag_is_terminated_and_closed() {
         })
         .is_err());
 }
+
+#[test]
+fn loopback_sends_both_ways_at_once_arrive_in_order() {
+    const N: u64 = 100;
+    const LEN: usize = 3000; // three FPDUs each
+    let (c, s) = pair(cfg(true, 4, 4), cfg(true, 4, 4));
+    let setup = |ep: &Endpoint, tag: u8| {
+        ep.with(|d, qp| {
+            let src = d.reg_mr(pd(ep), 0, LEN * N as usize, Access::NONE).unwrap();
+            for i in 0..N as usize {
+                d.write(src, (i * LEN) as u64, &vec![tag ^ i as u8; LEN])
+                    .unwrap();
+            }
+            let dst = d
+                .reg_mr(pd(ep), 0, LEN * N as usize, Access::LOCAL_WRITE)
+                .unwrap();
+            for i in 0..N {
+                let sge = Sge {
+                    stag: dst,
+                    to: i * LEN as u64,
+                    len: LEN as u32,
+                };
+                qp.post_recv(RecvWr {
+                    wr_id: 1000 + i,
+                    sge,
+                })
+                .unwrap();
+            }
+            (src, dst)
+        })
+    };
+    let (csrc, cdst) = setup(&c, 0xa0);
+    let (ssrc, sdst) = setup(&s, 0x50);
+    std::thread::scope(|sc| {
+        for (ep, src) in [(&c, csrc), (&s, ssrc)] {
+            sc.spawn(move || {
+                for i in 0..N {
+                    let local = Sge {
+                        stag: src,
+                        to: i * LEN as u64,
+                        len: LEN as u32,
+                    };
+                    ep.post_send(SendWr::Send {
+                        wr_id: i,
+                        local,
+                        solicited: false,
+                        invalidate: None,
+                    })
+                    .unwrap();
+                }
+            });
+        }
+    });
+    for (ep, dst, peer_tag) in [(&c, cdst, 0x50u8), (&s, sdst, 0xa0u8)] {
+        let mut recvs = 0;
+        let mut sends = 0;
+        while recvs < N || sends < N {
+            let wc = ep.wait_wc(WAIT).expect("completion");
+            assert_eq!(wc.status, WcStatus::Success);
+            if wc.opcode == WcOpcode::Recv {
+                assert_eq!(wc.wr_id, 1000 + recvs, "receives complete in order");
+                recvs += 1;
+            } else {
+                assert_eq!(wc.wr_id, sends);
+                sends += 1;
+            }
+        }
+        ep.with(|d, _| {
+            for i in 0..N as usize {
+                assert_eq!(
+                    d.read(dst, (i * LEN) as u64, LEN).unwrap(),
+                    &vec![peer_tag ^ i as u8; LEN][..]
+                );
+            }
+        });
+        assert_eq!(ep.state(), QpState::Rts);
+    }
+}
