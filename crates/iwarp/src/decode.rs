@@ -9,7 +9,9 @@
 //! its direction's byte stream) and `kind`; then every header field under its RFC name.
 //!
 //! A message the receiver must refuse is still printed, with a `refused` object naming
-//! the Terminate that answers it (`layer`, `etype`, `ecode`, `error`). Only a stream that
+//! the Terminate that answers it (`layer`, `etype`, `ecode`, `error`, `reason`): a bad
+//! CRC, a header the stateless checks of [`rdmap::parse`] refuse, or an untagged
+//! segment out of MSN/MO sequence on its queue. Only a stream that
 //! cannot be deframed (a bad MPA key, an FPDU shorter than a DDP header, a hole in the
 //! capture) makes the run fail; its line has kind `deframe_error`.
 
@@ -212,11 +214,18 @@ fn deframe(
     let mut d = Deframer::new(crc_on);
     d.push(&ctx.stream.bytes[start..end_of_data]);
     let mut off = start;
+    let mut seq = Sequence::default();
     loop {
         match d.next_fpdu() {
             Ok(Some(f)) => {
                 let end = off + f.wire_len();
-                push(lines, fpdu_line(ctx, off, end, &f));
+                let mut m = fpdu_line(ctx, off, end, &f);
+                if !m.contains_key("refused") {
+                    if let Err(term) = seq.check(&f.ulpdu) {
+                        m.insert("refused".into(), refused(term, "out of sequence"));
+                    }
+                }
+                push(lines, m);
                 off = end;
             }
             Ok(None) => break,
@@ -242,6 +251,47 @@ fn deframe(
             "{} -> {}: hole in the capture at byte {at}",
             ctx.src, ctx.dst
         ));
+    }
+}
+
+/// The receiver's view of one direction's untagged queues: the MSN each queue expects
+/// next and the MO its current message has reached (RFC 5041 §5.2; siw
+/// `siw_send_check_ntoh`). Out-of-sequence segments are refused as the receiver would;
+/// the expectation then follows the segment seen, so one loss is reported once.
+#[derive(Default)]
+struct Sequence {
+    /// (expected MSN, MO reached) per queue; MSNs start at 1.
+    queues: [Option<(u32, u32)>; rdmap::QN_COUNT],
+}
+
+impl Sequence {
+    fn check(&mut self, ulpdu: &[u8]) -> Result<(), TermCode> {
+        let Ok(msg) = rdmap::parse(ulpdu) else {
+            return Ok(()); // refused already
+        };
+        let Placement::Untagged { qn, msn, mo } = msg.placement else {
+            return Ok(());
+        };
+        // Terminates: siw always sends MSN 1, and there is at most one.
+        if qn == rdmap::QN_TERMINATE {
+            return Ok(());
+        }
+        let slot = &mut self.queues[qn as usize];
+        let (want_msn, want_mo) = slot.unwrap_or((1, 0));
+        let len = msg.payload_len() as u32;
+        let verdict = if msn != want_msn {
+            Err(TermCode::DDP_UT_MSN_RANGE)
+        } else if mo != want_mo {
+            Err(TermCode::DDP_UT_INVALID_MO)
+        } else {
+            Ok(())
+        };
+        *slot = Some(if msg.ddp.last {
+            (msn.wrapping_add(1), 0)
+        } else {
+            (msn, mo.wrapping_add(len))
+        });
+        verdict
     }
 }
 

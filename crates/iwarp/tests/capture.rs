@@ -244,11 +244,9 @@ fn write_capture(ulpdu_fpdus: &[Vec<u8>], crc: bool) -> std::path::PathBuf {
     for f in ulpdu_fpdus {
         w.data(true, f);
     }
-    let p = std::env::temp_dir().join(format!(
-        "farside-iwarp-{}-{}.pcap",
-        std::process::id(),
-        ulpdu_fpdus.iter().map(|f| f.len()).sum::<usize>()
-    ));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let p = std::env::temp_dir().join(format!("farside-iwarp-{}-{n}.pcap", std::process::id()));
     std::fs::write(&p, w.finish()).unwrap();
     p
 }
@@ -331,5 +329,23 @@ fn decode_refuses_what_it_cannot_read() {
     )
     .unwrap();
     assert!(decode_cli(&p).unwrap_err().contains("pcapng"));
+    let _ = std::fs::remove_file(p);
+}
+
+#[test]
+fn an_msn_out_of_sequence_is_refused() {
+    let p = write_capture(
+        &[
+            send_fpdu(1, false),
+            send_fpdu(3, false),
+            send_fpdu(4, false),
+        ],
+        false,
+    );
+    let d = decode_pcap(&std::fs::read(&p).unwrap()).unwrap();
+    let sends: Vec<&Value> = d.lines.iter().filter(|l| l["kind"] == "send").collect();
+    assert!(sends[0].get("refused").is_none());
+    assert_eq!(sends[1]["refused"]["ecode"], 3, "MSN 3 where 2 was due");
+    assert!(sends[2].get("refused").is_none(), "the expectation follows");
     let _ = std::fs::remove_file(p);
 }
