@@ -73,7 +73,7 @@ pub fn encode_fpdu(ulpdu: &[u8], crc_on: bool, out: &mut Vec<u8>) {
 
 /// The receive side of MPA framing: bytes in, FPDUs out, in stream order.
 ///
-/// Holds at most one incomplete FPDU ([`FPDU_MAX`]) plus what was pushed but not yet
+/// Holds at most one incomplete FPDU ([`super::FPDU_MAX`]) plus what was pushed but not yet
 /// taken; a length from the wire is checked ([`ULPDU_MIN`]) before anything is
 /// copied for it, and an FPDU is only copied out once all its bytes are here.
 #[derive(Debug)]
