@@ -7,7 +7,7 @@ need_apt=()
 for pkg_bin in nginx-light:/usr/sbin/nginx clang:/usr/bin/clang llvm:/usr/bin/llvm-strip \
                iproute2:/usr/sbin/ip ethtool:/usr/sbin/ethtool wrk:/usr/bin/wrk \
                haproxy:/usr/sbin/haproxy libelf-dev:/usr/include/libelf.h pkg-config:/usr/bin/pkg-config \
-               nftables:/usr/sbin/nft chromium:/usr/bin/chromium \
+               nftables:/usr/sbin/nft chromium:/usr/bin/chromium tshark:/usr/bin/tshark \
                systemd:/usr/bin/systemd-analyze; do
   pkg=${pkg_bin%%:*} bin=${pkg_bin#*:}
   [ -e "$bin" ] || need_apt+=("$pkg")

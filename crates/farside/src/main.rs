@@ -37,6 +37,8 @@ enum Cmd {
     /// Speculative-admission daemon of a back-end: migrates connections beyond its
     /// server's accept queue to the least-loaded peer, takes its peers' migrations.
     Specd(farside_specd::SpecdArgs),
+    /// Software iWARP (seed 004): `decode FILE.pcap` prints its MPA/DDP/RDMAP messages.
+    Iwarp(farside_iwarp::IwarpArgs),
 }
 
 /// `farside gatherd`: its flags, and `--check`.
@@ -93,6 +95,7 @@ fn main() -> ExitCode {
                 .map_err(|e| format!("frontend: {e}"))
         }
         Cmd::Specd(a) => farside_specd::run(a).map_err(|e| format!("specd: {e}")),
+        Cmd::Iwarp(a) => farside_iwarp::run(a).map_err(|e| format!("iwarp: {e}")),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -251,6 +254,7 @@ mod tests {
             "farside loadgen --target 127.0.0.1:8000 --clients 4 --trace zipf",
             "farside frontend --iface eth0 --vip 10.0.0.100:80 --backend 02:00:00:00:00:0a@10.0.0.11=75 --backend 02:00:00:00:00:0b@10.0.0.12=25 --control 10.0.0.1:7400",
             "farside frontend --detach eth0",
+            "farside iwarp decode capture.pcap",
         ] {
             let args: Vec<&str> = line.split_whitespace().collect();
             if let Err(e) = Cli::try_parse_from(&args) {
