@@ -7,7 +7,7 @@
 //! gatherer's side involved. Access control is the socket file's permissions.
 
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -76,75 +76,17 @@ impl Drop for FdServer {
     }
 }
 
-/// A zeroed control-message buffer with room for one fd.
-fn fd_cmsg_buf() -> Vec<u8> {
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    vec![0u8; space]
-}
-
-/// A header for a message of the one buffer `iov` with the control buffer `cbuf`. It
-/// points into both, so they must outlive every sendmsg/recvmsg call that uses it.
-fn single_iov_msghdr(iov: &mut libc::iovec, cbuf: &mut [u8]) -> libc::msghdr {
-    // SAFETY: msghdr is plain data; all zeros is a valid (empty) header.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = cbuf.len() as _;
-    msg
-}
-
 fn send_fd(sock: &UnixStream, fd: RawFd) -> io::Result<()> {
-    let mut data = [TOKEN];
-    let mut iov = libc::iovec {
-        iov_base: data.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut cbuf = fd_cmsg_buf();
-    let msg = single_iov_msghdr(&mut iov, &mut cbuf);
-    // SAFETY: msg_control points to `cbuf`, room for one cmsg with one fd.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
-    }
-    // SAFETY: a valid socket and message.
-    if unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) } != 1 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    farside_rt::fdpass::send_fd(sock.as_raw_fd(), None, TOKEN, fd)
 }
 
 /// Connect to an [`FdServer`] at `path` and receive its fd (the caller owns and closes it).
 pub fn receive_fd(path: &Path) -> io::Result<RawFd> {
     let sock = UnixStream::connect(path)?;
     sock.set_read_timeout(Some(SEND_TIMEOUT))?;
-    let mut data = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: data.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut cbuf = fd_cmsg_buf();
-    let mut msg = single_iov_msghdr(&mut iov, &mut cbuf);
-    // SAFETY: a valid socket and message buffers.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel filled msg; CMSG_FIRSTHDR checks msg_controllen.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        if n == 1
-            && data[0] == TOKEN
-            && !c.is_null()
-            && (*c).cmsg_level == libc::SOL_SOCKET
-            && (*c).cmsg_type == libc::SCM_RIGHTS
-        {
-            return Ok(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>()));
-        }
+    let mut got = farside_rt::fdpass::recv_fds(sock.as_raw_fd(), 1, 0)?;
+    if got.bytes == 1 && got.tag == TOKEN && got.fds.len() == 1 && !got.truncated {
+        return Ok(got.fds.pop().expect("one fd").into_raw_fd());
     }
     Err(io::Error::new(
         io::ErrorKind::InvalidData,

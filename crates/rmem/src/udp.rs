@@ -322,15 +322,15 @@ fn recv_with_dst(
     struct Ctl([u8; PKTINFO_CMSG_BYTES]);
     let mut ctl = Ctl([0; PKTINFO_CMSG_BYTES]);
     // SAFETY: plain data, all-zero valid.
-    let mut from: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let mut iov = libc::iovec {
         iov_base: buf.as_mut_ptr().cast(),
         iov_len: buf.len(),
     };
     // SAFETY: plain data, all-zero valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_name = (&mut from as *mut libc::sockaddr_in).cast();
-    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    msg.msg_name = (&mut from as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
     msg.msg_control = ctl.0.as_mut_ptr().cast();
@@ -340,10 +340,9 @@ fn recv_with_dst(
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    let peer = SocketAddr::from((
-        std::net::Ipv4Addr::from(u32::from_be(from.sin_addr.s_addr)),
-        u16::from_be(from.sin_port),
-    ));
+    let peer = farside_rt::sockaddr::from_storage(&from).ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidData, "datagram from a non-IP address")
+    })?;
     let mut dst = None;
     // SAFETY: the kernel filled msg's control buffer; the CMSG walk stays within
     // msg_controllen.
