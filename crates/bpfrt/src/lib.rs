@@ -59,15 +59,7 @@ pub fn ifindex(ifname: &str) -> Result<u32> {
 }
 
 /// CLOCK_MONOTONIC in nanoseconds: the clock of `bpf_ktime_get_ns`, for deadlines
-/// user space writes into maps.
+/// user space writes into maps (the system helpers' clock, named for its BPF use).
 pub fn ktime_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into a live timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64)
-        .saturating_mul(1_000_000_000)
-        .saturating_add(ts.tv_nsec as u64)
+    farside_rt::mono_ns()
 }
