@@ -3,7 +3,8 @@
 
 1. No module import circle inside a crate: with one node per source file, an edge
    A -> B when A names an item of B (`crate::b::..`, `super::..`, `self::..`, or a child
-   module `b::..` of A), no two files reach each other. The crate root (lib.rs, main.rs)
+   module `b::..` of A; a re-export, `pub use`, is not a use), no two files reach each
+   other. The crate root (lib.rs, main.rs)
    is where modules are assembled and re-exported, so it is left out of the graph.
 2. No product crate depends on the test web server, the load generator or the lab
    (only the `farside` binary, which runs them as subcommands, and the lab itself may).
@@ -120,8 +121,11 @@ def crate_modules(src):
 def use_paths(text):
     """Every path written in `use` trees and every `a::b` path expression, as lists."""
     paths = []
-    for m in re.finditer(r"\buse\s+([^;]+);", text):
-        paths.extend(expand_use(m.group(1).replace("\n", " ")))
+    for m in re.finditer(r"(\bpub(?:\([a-z]+\))?\s+)?\buse\s+([^;]+);", text):
+        # A re-export (`pub use child::Item`) names the item for the module's users; it
+        # is not a use of it, so a facade over its children makes no circle.
+        if m.group(1) is None:
+            paths.extend(expand_use(m.group(2).replace("\n", " ")))
     body = re.sub(r"\buse\s+[^;]+;", " ", text)
     for m in re.finditer(r"(?<![A-Za-z0-9_:])((?:" + IDENT + r"::)+" + IDENT + r")", body):
         paths.append(m.group(1).split("::"))
