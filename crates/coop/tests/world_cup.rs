@@ -1,0 +1,54 @@
+//! The simulator on the whole World Cup sample: 2, 4 and 8 nodes with 6.9 MB of cache
+//! each (the bytes that 90 % of the requests touch), every policy. Checks the invariants
+//! and that cooperation does what it is for; prints the table (simulator output with the
+//! default `Costs`, not a measurement).
+
+use farside_coop::policy::{BoundedHash, Lard, Policy, Press, RemoteMode, RoundRobin};
+use farside_coop::sim::{run, SimConfig};
+use farside_coop::trace::{world_cup_sample_path, Trace};
+use std::time::Instant;
+
+/// Cache per node: the World Cup sample's 90 % working set.
+const CACHE_BYTES_PER_NODE: u64 = 6_900_000;
+
+#[test]
+fn world_cup_sample_on_2_4_8_nodes() {
+    let started = Instant::now();
+    let trace = Trace::read_world_cup(&world_cup_sample_path()).expect("the sample is in data/");
+    println!(
+        "policy         nodes  local  remote  miss   wasted  X(req/s)  R(ms)  cpu   disk  nic"
+    );
+    for nodes in [2, 4, 8] {
+        let policies = [
+            Policy::Press(Press::new(RemoteMode::OneSided)),
+            Policy::Press(Press::new(RemoteMode::Forward)),
+            Policy::Lard(Lard::default()),
+            Policy::BoundedHash(BoundedHash::new(nodes, 125)),
+            Policy::RoundRobin(RoundRobin::default()),
+        ];
+        let mut rows = Vec::new();
+        for p in policies {
+            let r = run(&SimConfig::new(nodes, CACHE_BYTES_PER_NODE), &trace, p);
+            r.check()
+                .unwrap_or_else(|e| panic!("{} on {nodes} nodes: {e}", r.policy));
+            let [l, rem, m] = r.fractions();
+            let mean = |k: usize| r.utilisation.iter().map(|u| u[k]).sum::<f64>() / nodes as f64;
+            println!(
+                "{:<14} {nodes:>5}  {l:.3}  {rem:.3}   {m:.3}  {:>6}  {:>8.0}  {:>5.2}  {:.2}  {:.2}  {:.2}",
+                r.policy,
+                r.wasted_fetches,
+                r.throughput_rps(),
+                r.mean_response_ns / 1e6,
+                mean(0),
+                mean(1),
+                mean(2)
+            );
+            rows.push(r);
+        }
+        let miss = |name: &str| rows.iter().find(|r| r.policy == name).unwrap().fractions()[2];
+        // Cooperation: PRESS misses less than round-robin, whose nodes each cache the
+        // same popular objects.
+        assert!(miss("press") < miss("round-robin"), "{nodes} nodes");
+    }
+    println!("elapsed {:.1} s", started.elapsed().as_secs_f64());
+}
