@@ -234,7 +234,7 @@ mod tests {
                 n as f64,
                 1e-9
             ));
-            for i in 0..st.len() {
+            for (i, station) in st.iter().enumerate() {
                 assert!(close(
                     r.queue_len[i],
                     r.throughput_per_s * r.residence_s[i],
@@ -243,7 +243,7 @@ mod tests {
                 // Utilisation law.
                 assert!(close(
                     r.utilisation[i],
-                    r.throughput_per_s * st[i].demand_s,
+                    r.throughput_per_s * station.demand_s,
                     1e-12
                 ));
             }

@@ -1,8 +1,10 @@
 //! The simulator on the whole World Cup sample: 2, 4 and 8 nodes with 6.9 MB of cache
 //! each (the bytes that 90 % of the requests touch), every policy. Checks the invariants
-//! and that cooperation does what it is for; prints the table (simulator output with the
-//! default `Costs`, not a measurement).
+//! and that cooperation does what it is for, checks the analytical model against the
+//! simulator within its tolerance, and prints the table (simulator and model output with
+//! the default `Costs`, not measurements).
 
+use farside_coop::model::{cluster_demands_ns, predict, relative_error, MODEL_TOLERANCE};
 use farside_coop::policy::{BoundedHash, Lard, Policy, Press, RemoteMode, RoundRobin};
 use farside_coop::sim::{run, SimConfig};
 use farside_coop::trace::{world_cup_sample_path, Trace};
@@ -28,21 +30,41 @@ fn world_cup_sample_on_2_4_8_nodes() {
         ];
         let mut rows = Vec::new();
         for p in policies {
-            let r = run(&SimConfig::new(nodes, CACHE_BYTES_PER_NODE), &trace, p);
+            let mode = match &p {
+                Policy::Press(press) => press.remote,
+                _ => RemoteMode::OneSided,
+            };
+            let cfg = SimConfig::new(nodes, CACHE_BYTES_PER_NODE);
+            let r = run(&cfg, &trace, p);
             r.check()
                 .unwrap_or_else(|e| panic!("{} on {nodes} nodes: {e}", r.policy));
             let [l, rem, m] = r.fractions();
             let mean = |k: usize| r.utilisation.iter().map(|u| u[k]).sum::<f64>() / nodes as f64;
+            let demands = cluster_demands_ns(&cfg.costs, &r, mode);
+            let model_x = predict(nodes, demands, r.clients as u32, 0.0).throughput_per_s;
             println!(
-                "{:<14} {nodes:>5}  {l:.3}  {rem:.3}   {m:.3}  {:>6}  {:>8.0}  {:>5.2}  {:.2}  {:.2}  {:.2}",
+                "{:<14} {nodes:>5}  {l:.3}  {rem:.3}   {m:.3}  {:>6}  {:>8.0}  {:>5.2}  {:.2}  {:.2}  {:.2}  {:>8.0}  {:+.3}",
                 r.policy,
                 r.wasted_fetches,
                 r.throughput_rps(),
                 r.mean_response_ns / 1e6,
                 mean(0),
                 mean(1),
-                mean(2)
+                mean(2),
+                model_x,
+                (model_x - r.throughput_rps()) / r.throughput_rps()
             );
+            // The model, fixed in advance, must hold on every point before it may be
+            // used to extrapolate.
+            let err = relative_error(model_x, r.throughput_rps());
+            assert!(
+                err <= MODEL_TOLERANCE,
+                "{} on {nodes}: model off by {err:.3}",
+                r.policy
+            );
+            // Little's law on the simulator's output (no think time: N = X R).
+            let little = r.throughput_rps() * r.mean_response_ns / 1e9;
+            assert!((little - r.mean_in_system).abs() <= 0.03 * r.mean_in_system);
             rows.push(r);
         }
         let miss = |name: &str| rows.iter().find(|r| r.policy == name).unwrap().fractions()[2];
