@@ -5,7 +5,7 @@
 //! Use it in this order: compute demands ([`cluster_demands_ns`]) from the costs and a
 //! simulation's fractions; predict the throughput at the simulated population
 //! ([`predict`]); check it against the simulated (later: measured) throughput within
-//! [`MODEL_TOLERANCE`], fixed before looking; only then extrapolate (more nodes, larger
+//! [`MODEL_TOLERANCE`], fixed before looking; only then extrapolate ([`extrapolate`]: more nodes, larger
 //! working sets, faster CPUs). Anything it returns beyond the checked points is model
 //! output, and is to be labelled so.
 //!
@@ -154,6 +154,45 @@ pub fn predict(nodes: usize, demands_ns: [f64; 3], clients: u32, think_s: f64) -
     mva(&cluster_stations(nodes, demands_ns), think_s, clients)
 }
 
+/// Label every extrapolated number carries in tables and files.
+pub const EXTRAPOLATION_LABEL: &str = "model output (extrapolated, not measured)";
+
+/// One extrapolated point: the inputs that differ from the checked points and the
+/// model's answer, labelled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Extrapolation {
+    pub label: &'static str,
+    pub nodes: usize,
+    pub clients: u32,
+    /// Per-request cluster demands used (cpu, disk, nic), ns.
+    pub demands_ns: [f64; 3],
+    pub throughput_per_s: f64,
+    pub response_s: f64,
+}
+
+/// Extrapolates with checked demands scaled per resource (`speedup` = how many times
+/// faster each of cpu, disk and nic is, e.g. `[2.0, 1.0, 1.0]` for CPUs twice as fast)
+/// to `nodes` nodes and `clients` clients. For other node counts or working sets the
+/// fractions change: take them from a new trace-driven simulation, not from here.
+pub fn extrapolate(
+    demands_ns: [f64; 3],
+    speedup: [f64; 3],
+    nodes: usize,
+    clients: u32,
+    think_s: f64,
+) -> Extrapolation {
+    let d = [0, 1, 2].map(|k| demands_ns[k] / speedup[k]);
+    let r = predict(nodes, d, clients, think_s);
+    Extrapolation {
+        label: EXTRAPOLATION_LABEL,
+        nodes,
+        clients,
+        demands_ns: d,
+        throughput_per_s: r.throughput_per_s,
+        response_s: r.response_s,
+    }
+}
+
 /// Relative error of a prediction against a simulated or measured value.
 pub fn relative_error(predicted: f64, observed: f64) -> f64 {
     (predicted - observed).abs() / observed.abs().max(f64::MIN_POSITIVE)
@@ -210,6 +249,22 @@ mod tests {
                 r.throughput_per_s
             );
         }
+    }
+
+    #[test]
+    fn extrapolation_is_labelled_and_moves_the_bottleneck() {
+        // CPU-bound: twice-as-fast CPUs nearly double throughput at saturation, until the
+        // disk becomes the bottleneck.
+        let d = [40_000.0, 10_000.0, 5_000.0];
+        let base = extrapolate(d, [1.0; 3], 4, 400, 0.0);
+        let fast = extrapolate(d, [2.0, 1.0, 1.0], 4, 400, 0.0);
+        assert_eq!(fast.label, EXTRAPOLATION_LABEL);
+        assert!(fast.throughput_per_s > 1.8 * base.throughput_per_s);
+        let faster = extrapolate(d, [10.0, 1.0, 1.0], 4, 400, 0.0);
+        assert!(
+            faster.throughput_per_s <= 4.0 / 10_000.0 * 1e9 + 1e-6,
+            "disk bound"
+        );
     }
 
     #[test]

@@ -40,7 +40,7 @@ use crate::policy::{ClusterView, Decision, NodeId, Policy, Request, Source, NODE
 use crate::trace::Trace;
 use farside_arena::layout::{CHUNK_BYTES, SLOT_HEAD_BYTES, SLOT_TAIL_BYTES};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BinaryHeap, HashSet, VecDeque};
 
 /// Resources of a node, in report order.
 pub const RESOURCES: [&str; 3] = ["cpu", "disk", "nic"];
@@ -321,6 +321,8 @@ struct Sim<'t> {
     report: SimReport,
     response_sum_ns: f64,
     evicted: Vec<u64>,
+    /// What each node holds, from the log of inserts and evictions.
+    held: Vec<HashSet<u64>>,
 }
 
 /// Runs `policy` over `trace` with `cfg` and reports.
@@ -382,6 +384,7 @@ pub fn run(cfg: &SimConfig, trace: &Trace, policy: Policy) -> SimReport {
         },
         response_sum_ns: 0.0,
         evicted: Vec::new(),
+        held: vec![HashSet::new(); cfg.nodes],
         policy,
         cfg: cfg.clone(),
     };
@@ -562,8 +565,9 @@ impl Sim<'_> {
         let v = job.plan[job.step];
         if let Check::Body(holder) = v.check {
             if self.caches[holder].touch(job.object) {
-                // Invariant 2, checked against the caches' own state.
-                if !self.caches[holder].contains(job.object) {
+                // Invariant 2, checked against the holdings rebuilt from the log of
+                // inserts and evictions (independent of the cache's own structure).
+                if !self.held[holder].contains(&job.object) {
                     self.violation(format!(
                         "request {} body from node {holder} without object",
                         job.req
@@ -679,8 +683,12 @@ impl Sim<'_> {
         let mut job = self.jobs[c].take().expect("live job");
         let v = job.plan[job.step];
         if let Some(at) = v.insert_at {
-            self.caches[at].insert(job.object, job.bytes, &mut self.evicted);
-            self.evicted.clear();
+            if self.caches[at].insert(job.object, job.bytes, &mut self.evicted) {
+                self.held[at].insert(job.object);
+            }
+            for id in self.evicted.drain(..) {
+                self.held[at].remove(&id);
+            }
         }
         job.step += 1;
         let finished = job.step == job.plan.len();
@@ -742,6 +750,14 @@ impl Sim<'_> {
             }
         }
         let mut bad = Vec::new();
+        for (n, cache) in self.caches.iter().enumerate() {
+            let ids: HashSet<u64> = cache.ids().collect();
+            if ids != self.held[n] || cache.used_bytes() > cache.capacity_bytes() {
+                bad.push(format!(
+                    "node {n}: cache disagrees with its log or overflows"
+                ));
+            }
+        }
         for (i, &a) in self.answered.iter().enumerate() {
             if a != 1 {
                 bad.push(format!("request {i} answered {a} times"));
