@@ -5,9 +5,9 @@
 //! Use it in this order: compute demands ([`cluster_demands_ns`]) from the costs and a
 //! simulation's fractions; predict the throughput at the simulated population
 //! ([`predict`]); check it against the simulated (later: measured) throughput within
-//! [`MODEL_TOLERANCE`], fixed before looking; only then extrapolate ([`extrapolate`]: more nodes, larger
-//! working sets, faster CPUs). Anything it returns beyond the checked points is model
-//! output, and is to be labelled so.
+//! [`MODEL_TOLERANCE`], fixed before looking; only then extrapolate ([`extrapolate`]:
+//! more nodes, larger working sets, faster CPUs). Anything it returns beyond the checked
+//! points is model output, and is to be labelled so.
 //!
 //! MVA (Reiser and Lavenberg) for `N` customers, queueing stations with demands `D_k`
 //! and think time `Z`, from `Q_k(0) = 0`:
