@@ -34,7 +34,7 @@
 //! time are taken over it (requests in flight at its end are reported). Fractions count
 //! every measured request (the run drains).
 
-use crate::cache::LruCache;
+use crate::cache::{NodeCache, Replacement};
 use crate::directory::{BloomFilter, BLOOM_FP_DEFAULT};
 use crate::policy::{ClusterView, Decision, NodeId, Policy, Request, Source, NODES_MAX};
 use crate::trace::Trace;
@@ -119,6 +119,8 @@ pub struct SimConfig {
     pub cache_remote_fetches: bool,
     /// Directory false-positive rate at the expected object count. Default 1 %.
     pub bloom_fp: f64,
+    /// Each node's cache replacement. Default LRU.
+    pub replacement: Replacement,
 }
 
 impl SimConfig {
@@ -135,6 +137,7 @@ impl SimConfig {
             load_period_ns: 1_000_000,
             cache_remote_fetches: false,
             bloom_fp: BLOOM_FP_DEFAULT,
+            replacement: Replacement::Lru,
         }
     }
 }
@@ -275,7 +278,7 @@ enum Event {
 }
 
 struct View<'a> {
-    caches: &'a [LruCache],
+    caches: &'a [NodeCache],
     filters: &'a [BloomFilter],
     load_sampled: &'a [u64],
     load_sent: &'a [u64],
@@ -301,7 +304,7 @@ struct Sim<'t> {
     trace: &'t Trace,
     policy: Policy,
     rng: Rng,
-    caches: Vec<LruCache>,
+    caches: Vec<NodeCache>,
     filters: Vec<BloomFilter>,
     load_sampled: Vec<u64>,
     load_sent: Vec<u64>,
@@ -344,7 +347,7 @@ pub fn run(cfg: &SimConfig, trace: &Trace, policy: Policy) -> SimReport {
         trace,
         rng: Rng(cfg.seed),
         caches: (0..cfg.nodes)
-            .map(|_| LruCache::new(cfg.cache_bytes_per_node))
+            .map(|_| NodeCache::new(cfg.replacement, cfg.cache_bytes_per_node))
             .collect(),
         filters: vec![filter; cfg.nodes],
         load_sampled: vec![0; cfg.nodes],
@@ -751,7 +754,7 @@ impl Sim<'_> {
         }
         let mut bad = Vec::new();
         for (n, cache) in self.caches.iter().enumerate() {
-            let ids: HashSet<u64> = cache.ids().collect();
+            let ids: HashSet<u64> = cache.ids().into_iter().collect();
             if ids != self.held[n] || cache.used_bytes() > cache.capacity_bytes() {
                 bad.push(format!(
                     "node {n}: cache disagrees with its log or overflows"
@@ -813,6 +816,22 @@ mod tests {
                 assert_eq!(r.measured, 16_000);
             }
         }
+    }
+
+    #[test]
+    fn greedy_dual_size_caches_keep_the_invariants_and_hit_more_small_objects() {
+        let trace = synthetic(1000, 20_000, 8);
+        let mut cfg = SimConfig::new(2, 300_000);
+        let lru = run(&cfg, &trace, Policy::RoundRobin(RoundRobin::default()));
+        cfg.replacement = Replacement::GreedyDualSize;
+        let gds = run(&cfg, &trace, Policy::RoundRobin(RoundRobin::default()));
+        gds.check().unwrap();
+        assert!(
+            gds.miss.requests < lru.miss.requests,
+            "{} vs {}",
+            gds.miss.requests,
+            lru.miss.requests
+        );
     }
 
     #[test]
