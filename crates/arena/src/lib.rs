@@ -22,12 +22,15 @@
 //! ([`slot::ObjectRead`]) reads the slot's chunks in ascending order, possibly far apart
 //! in time, and accepts the assembled object only if `seq_head == seq_tail`, the value is
 //! even and non-zero, the url hash is the one it asked for, and the CRC32c over
-//! `url_hash | len | data` matches. Why that is enough: see [`slot`].
+//! `url_hash | len | data` matches. Why that is enough: see [`slot`]. [`store`] keeps
+//! free slots, index and sequence words in step when objects are put and evicted.
 
 pub mod index;
 pub mod layout;
 pub mod slot;
+pub mod store;
 
 pub use index::{url_hash, Bucket, Index, IndexFull};
 pub use layout::ArenaLayout;
 pub use slot::{write_object, write_steps, ObjectRead, ReadError, SlotRef, WriteStep};
+pub use store::{PutError, Store};
