@@ -148,6 +148,22 @@ pub fn cluster_stations(nodes: usize, demands_ns: [f64; 3]) -> Vec<Station> {
         .collect()
 }
 
+/// The cluster as a network with each node's own demands (ns per request, cpu, disk,
+/// nic): the shares a policy really gives each node, as the trace-driven simulation
+/// found them, instead of the balance assumption.
+pub fn node_stations(per_node_demands_ns: &[[f64; 3]]) -> Vec<Station> {
+    per_node_demands_ns
+        .iter()
+        .enumerate()
+        .flat_map(|(n, d)| {
+            ["cpu", "disk", "nic"]
+                .into_iter()
+                .zip(*d)
+                .map(move |(r, d)| Station::queueing(format!("{r}{n}"), d / 1e9))
+        })
+        .collect()
+}
+
 /// Throughput (requests/s) the model predicts for `nodes` nodes, `clients` clients with
 /// think time `think_s`, and per-request cluster demands `demands_ns`.
 pub fn predict(nodes: usize, demands_ns: [f64; 3], clients: u32, think_s: f64) -> MvaResult {

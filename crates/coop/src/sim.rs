@@ -15,7 +15,9 @@
 //!     NIC(p) body, NIC(n) body;
 //!   - Forward: CPU(n) request + forwarding, CPU(p) request + copy, NIC(p), NIC(n).
 //! - **Knowledge.** A node knows its own cache exactly; peers' caches only from their
-//!   directories (Bloom filters rebuilt and read every `directory_period_ns`); loads
+//!   directories (Bloom filters rebuilt every `directory_period_ns`, then pulled by every
+//!   peer with one-sided READs or pushed by the owner with WRITEs into per-peer slots when
+//!   changed, [`DirectoryUpdate`]; that traffic costs CPU as background work); loads
 //!   (requests in flight per node) from the monitor, sampled every `load_period_ns`, plus
 //!   what the deciding front-end sent since the last sample.
 //! - **Hints are checked.** When a visit takes a body from a cache (at the start of its
@@ -96,6 +98,17 @@ pub fn reads_for(bytes: u64) -> u64 {
     1 + (SLOT_HEAD_BYTES as u64 + bytes + SLOT_TAIL_BYTES as u64).div_ceil(CHUNK_BYTES as u64)
 }
 
+/// How directories travel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectoryUpdate {
+    /// Every node READs every peer's published filter each period (the reader pays a
+    /// READ per chunk, the owner's XDP answers it).
+    Pull,
+    /// An owner whose filter changed WRITEs it into a slot in every peer's region (the
+    /// owner pays per chunk sent, each peer's XDP applies it).
+    Push,
+}
+
 /// A simulation's settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SimConfig {
@@ -121,6 +134,8 @@ pub struct SimConfig {
     pub bloom_fp: f64,
     /// Each node's cache replacement. Default LRU.
     pub replacement: Replacement,
+    /// How directories travel. Default pull.
+    pub directory_update: DirectoryUpdate,
 }
 
 impl SimConfig {
@@ -138,6 +153,7 @@ impl SimConfig {
             cache_remote_fetches: false,
             bloom_fp: BLOOM_FP_DEFAULT,
             replacement: Replacement::Lru,
+            directory_update: DirectoryUpdate::Pull,
         }
     }
 }
@@ -181,6 +197,9 @@ pub struct SimReport {
     /// Service per request completed in the window, per node and resource, in ns
     /// (the service demand D of the utilisation law).
     pub demand_ns: Vec<[f64; 3]>,
+    /// CPU fraction each node spent on directory traffic over the window (background
+    /// work, not part of any request's demand).
+    pub directory_cpu: Vec<f64>,
     pub violations: Vec<String>,
 }
 
@@ -311,6 +330,7 @@ struct Sim<'t> {
     in_flight: Vec<u64>,
     stations: Vec<Station>,
     jobs: Vec<Option<Job>>,
+    clients: usize,
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     event_seq: u64,
     next_req: usize,
@@ -354,7 +374,9 @@ pub fn run(cfg: &SimConfig, trace: &Trace, policy: Policy) -> SimReport {
         load_sent: vec![0; cfg.nodes],
         in_flight: vec![0; cfg.nodes],
         stations: (0..3 * cfg.nodes).map(|_| Station::default()).collect(),
-        jobs: vec![None; clients],
+        // One job per client, then one background job per node (directory traffic).
+        jobs: vec![None; clients + cfg.nodes],
+        clients,
         events: BinaryHeap::new(),
         event_seq: 0,
         next_req: 0,
@@ -383,6 +405,7 @@ pub fn run(cfg: &SimConfig, trace: &Trace, policy: Policy) -> SimReport {
             mean_in_system: 0.0,
             utilisation: vec![[0.0; 3]; cfg.nodes],
             demand_ns: vec![[0.0; 3]; cfg.nodes],
+            directory_cpu: vec![0.0; cfg.nodes],
             violations: Vec::new(),
         },
         response_sum_ns: 0.0,
@@ -409,12 +432,12 @@ impl Sim<'_> {
     }
 
     fn run(&mut self) {
-        for c in 0..self.jobs.len() {
+        for c in 0..self.clients {
             self.schedule(0, Event::Issue(c));
         }
         self.schedule(0, Event::SampleLoad);
         self.schedule(0, Event::Publish);
-        let mut active = self.jobs.len();
+        let mut active = self.clients;
         while let Some(Reverse((now, _, ev))) = self.events.pop() {
             match ev {
                 Event::Issue(c) => {
@@ -431,12 +454,7 @@ impl Sim<'_> {
                     }
                 }
                 Event::Publish => {
-                    for (n, f) in self.filters.iter_mut().enumerate() {
-                        f.clear();
-                        for id in self.caches[n].ids() {
-                            f.insert(id);
-                        }
-                    }
+                    self.publish(now);
                     if active > 0 {
                         self.schedule(now + self.cfg.directory_period_ns, Event::Publish);
                     }
@@ -444,6 +462,66 @@ impl Sim<'_> {
             }
         }
         self.finish();
+    }
+
+    /// Rebuilds every directory and charges its transfer to the nodes' CPUs.
+    fn publish(&mut self, now: u64) {
+        let nodes = self.cfg.nodes as u64;
+        let c = &self.cfg.costs;
+        let mut cost_ns = vec![0u64; self.cfg.nodes];
+        for n in 0..self.cfg.nodes {
+            let old = self.filters[n].clone();
+            let f = &mut self.filters[n];
+            f.clear();
+            for id in self.caches[n].ids() {
+                f.insert(id);
+            }
+            let chunks = f.published_bytes().div_ceil(CHUNK_BYTES) as u64;
+            match self.cfg.directory_update {
+                DirectoryUpdate::Pull => {
+                    // n reads every peer's filter, and answers every peer's read of its own.
+                    cost_ns[n] += (nodes - 1) * chunks * (c.cpu_read_chunk_ns + c.cpu_xdp_chunk_ns);
+                }
+                DirectoryUpdate::Push if *f != old => {
+                    cost_ns[n] += (nodes - 1) * chunks * c.cpu_read_chunk_ns;
+                    for (p, cost) in cost_ns.iter_mut().enumerate() {
+                        if p != n {
+                            *cost += chunks * c.cpu_xdp_chunk_ns;
+                        }
+                    }
+                }
+                DirectoryUpdate::Push => {}
+            }
+        }
+        for (n, &cost) in cost_ns.iter().enumerate() {
+            let b = self.clients + n;
+            // A node still busy with the previous period's traffic skips this one's.
+            if cost == 0 || self.jobs[b].is_some() {
+                continue;
+            }
+            let visit = Visit {
+                node: n,
+                res: CPU,
+                service_ns: cost,
+                check: Check::None,
+                insert_at: None,
+            };
+            self.jobs[b] = Some(Job {
+                req: usize::MAX,
+                object: 0,
+                bytes: 0,
+                decision: Decision {
+                    node: n,
+                    source: Source::Local,
+                },
+                source: Source::Local,
+                plan: vec![visit],
+                step: 0,
+                issued_ns: now,
+                service_ns: [0; 3 * NODES_MAX],
+            });
+            self.enqueue(b, now);
+        }
     }
 
     fn account_in_system(&mut self, now: u64) {
@@ -695,7 +773,16 @@ impl Sim<'_> {
         }
         job.step += 1;
         let finished = job.step == job.plan.len();
-        if finished {
+        if c >= self.clients {
+            // Background work: count its CPU in the window, answer nobody.
+            if let Some(start) = self.window_start_ns {
+                let end = self.window_end_ns.unwrap_or(u64::MAX).min(now);
+                let from = (now - v.service_ns).max(start);
+                if end > from {
+                    self.report.directory_cpu[v.node] += (end - from) as f64;
+                }
+            }
+        } else if finished {
             self.complete(job, c, now);
         } else {
             self.jobs[c] = Some(job);
@@ -747,6 +834,9 @@ impl Sim<'_> {
         r.mean_in_system = self.in_system_area / r.window_ns as f64;
         for n in 0..self.cfg.nodes {
             for k in 0..3 {
+                if k == CPU {
+                    r.directory_cpu[n] /= r.window_ns as f64;
+                }
                 r.utilisation[n][k] =
                     self.stations[n * 3 + k].busy_in_window_ns as f64 / r.window_ns as f64;
                 r.demand_ns[n][k] /= r.completed_in_window.max(1) as f64;
@@ -835,6 +925,30 @@ mod tests {
     }
 
     #[test]
+    fn pushed_directories_keep_the_invariants_and_cost_no_more_than_pulled_ones() {
+        let trace = synthetic(1000, 20_000, 9);
+        let mut cfg = SimConfig::new(4, 500_000);
+        let pull = run(
+            &cfg,
+            &trace,
+            Policy::Press(Press::new(RemoteMode::OneSided)),
+        );
+        cfg.directory_update = DirectoryUpdate::Push;
+        let push = run(
+            &cfg,
+            &trace,
+            Policy::Press(Press::new(RemoteMode::OneSided)),
+        );
+        push.check().unwrap();
+        let total = |r: &SimReport| r.directory_cpu.iter().sum::<f64>();
+        assert!(total(&pull) > 0.0);
+        assert!(
+            total(&push) <= total(&pull),
+            "push sends only changed filters"
+        );
+    }
+
+    #[test]
     fn the_same_seed_gives_the_same_run() {
         let trace = synthetic(300, 5_000, 4);
         let cfg = SimConfig::new(3, 300_000);
@@ -900,7 +1014,8 @@ mod tests {
             // Utilisation law: U = X D, for every node and resource.
             for n in 0..cfg.nodes {
                 for k in 0..3 {
-                    let predicted = x * r.demand_ns[n][k] / 1e9;
+                    let background = if k == CPU { r.directory_cpu[n] } else { 0.0 };
+                    let predicted = x * r.demand_ns[n][k] / 1e9 + background;
                     let u = r.utilisation[n][k];
                     assert!(
                         (u - predicted).abs() <= 0.02 + 0.02 * u,
