@@ -2,7 +2,7 @@
 //! the body comes from (its own cache, a peer's cache read one-sidedly, or disk), and a
 //! model that predicts the cluster's throughput from costs and hit fractions.
 //!
-//! - [`cache`]: a node's byte-bounded LRU cache of object ids;
+//! - [`cache`]: a node's byte-bounded cache of object ids (LRU or GreedyDual-Size);
 //! - [`directory`]: the Bloom filter a node publishes of what it caches, with its epoch;
 //! - [`policy`]: PRESS, LARD, bounded-load consistent hashing and round-robin as pure
 //!   decisions;

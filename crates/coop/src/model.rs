@@ -9,6 +9,12 @@
 //! more nodes, larger working sets, faster CPUs). Anything it returns beyond the checked
 //! points is model output, and is to be labelled so.
 //!
+//! Two forms of the network: [`cluster_stations`] spreads the demand evenly over the
+//! nodes (needed to extrapolate to other node counts); [`node_stations`] takes each
+//! node's demands as the simulation found them. A policy that loads nodes unevenly (LARD
+//! on few nodes) fits the second and not the first; extrapolating it with the balanced
+//! form would overstate its throughput.
+//!
 //! MVA (Reiser and Lavenberg) for `N` customers, queueing stations with demands `D_k`
 //! and think time `Z`, from `Q_k(0) = 0`:
 //! `R_k(n) = D_k (1 + Q_k(n-1))`, `X(n) = n / (Z + sum R_k(n))`, `Q_k(n) = X(n) R_k(n)`.
