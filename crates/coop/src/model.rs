@@ -20,7 +20,6 @@
 //! `R_k(n) = D_k (1 + Q_k(n-1))`, `X(n) = n / (Z + sum R_k(n))`, `Q_k(n) = X(n) R_k(n)`.
 //! Delay stations (no queueing) have `R_k = D_k`.
 
-use crate::policy::RemoteMode;
 use crate::sim::{Costs, SimReport};
 
 /// Population MVA solves at most: the recursion costs population x stations steps, and
@@ -107,12 +106,12 @@ pub fn mva(stations: &[Station], think_s: f64, population: u32) -> MvaResult {
 
 /// Service demand per request, summed over the cluster, per resource (cpu, disk, nic), in
 /// nanoseconds: the costs weighted by the simulation's classes of answers.
-pub fn cluster_demands_ns(costs: &Costs, report: &SimReport, remote: RemoteMode) -> [f64; 3] {
+pub fn cluster_demands_ns(costs: &Costs, report: &SimReport) -> [f64; 3] {
     let m = report.measured.max(1) as f64;
     let c = costs;
     let per = |ns: u64| ns as f64;
     let mut d = [0.0; 3];
-    let all = [report.local, report.remote, report.miss];
+    let all = [report.local, report.remote, report.forwarded, report.miss];
     // Every answer: the request at the answering node, its body copied and sent.
     for class in &all {
         d[0] +=
@@ -122,22 +121,18 @@ pub fn cluster_demands_ns(costs: &Costs, report: &SimReport, remote: RemoteMode)
     // Misses: the disk.
     d[1] += report.miss.requests as f64 * per(c.disk_access_ns)
         + report.miss.kb as f64 * per(c.disk_per_kb_ns);
-    // Remote answers: the body crosses the peer's NIC too, plus the fetch's CPU.
-    d[2] += report.remote.kb as f64 * per(c.nic_per_kb_ns);
+    // Bodies from a peer cross the peer's NIC too.
+    d[2] += (report.remote.kb + report.forwarded.kb) as f64 * per(c.nic_per_kb_ns);
+    // One-sided: the reader's READs and the peer's XDP answers; a wasted fetch costs the
+    // reader's READs and the peer's one index READ.
     let reads_mean = report.remote.reads as f64 / report.remote.requests.max(1) as f64;
-    match remote {
-        RemoteMode::OneSided => {
-            d[0] += report.remote.reads as f64 * per(c.cpu_read_chunk_ns + c.cpu_xdp_chunk_ns);
-            // A wasted fetch: the reader's READs and the peer's one index READ.
-            d[0] += report.wasted_fetches as f64
-                * (reads_mean * per(c.cpu_read_chunk_ns) + per(c.cpu_xdp_chunk_ns));
-        }
-        RemoteMode::Forward => {
-            let forwarded = (report.remote.requests + report.wasted_fetches) as f64;
-            d[0] += forwarded * per(2 * c.cpu_forward_ns + c.cpu_request_ns);
-            d[0] += report.remote.kb as f64 * per(c.cpu_per_kb_ns);
-        }
-    }
+    d[0] += report.remote.reads as f64 * per(c.cpu_read_chunk_ns + c.cpu_xdp_chunk_ns);
+    d[0] += report.wasted_fetches as f64
+        * (reads_mean * per(c.cpu_read_chunk_ns) + per(c.cpu_xdp_chunk_ns));
+    // Forwarded: a second request handled at each end, and the peer's copy.
+    let forwarded = (report.forwarded.requests + report.wasted_forwards) as f64;
+    d[0] += forwarded * per(2 * c.cpu_forward_ns + c.cpu_request_ns);
+    d[0] += report.forwarded.kb as f64 * per(c.cpu_per_kb_ns);
     d.map(|x| x / m)
 }
 

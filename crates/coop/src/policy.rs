@@ -9,7 +9,8 @@
 //!     cached at n? ──┴─ yes ─► Local
 //!     peers whose directory hint says yes? none ─► Disk (then n caches it)
 //!     least-loaded such peer p; p overloaded and n not? ─► Disk (replicate at n)
-//!     otherwise ─► Peer(p) (one-sided READ of p's arena) or Forward(p) (as published)
+//!     otherwise ─► Peer(p) (one-sided READ of p's arena; objects too large for the
+//!                  arena are forwarded) or Forward(p) (PRESS as published)
 //!
 //!   LARD, bounded-load hashing, round-robin: the front-end picks node n, then
 //!     cached at n? ─► Local, else ─► Disk (n caches it; no cooperation)
@@ -18,6 +19,7 @@
 //! A hint is only a hint: the simulator (and the arena reader) check at the time the body
 //! is taken that the node really holds the object, and fall back to disk otherwise.
 
+use farside_arena::layout::OBJECT_BYTES_MAX;
 use std::collections::HashMap;
 
 /// Node index.
@@ -102,6 +104,10 @@ pub struct Press {
     /// object from disk itself (replicating it) if it is not overloaded too. Default 65,
     /// LARD's T_high, so both policies call the same load too high.
     pub overload_load: u64,
+    /// Largest body read one-sidedly; larger objects are forwarded to the holder's
+    /// server. Default the arena's `OBJECT_BYTES_MAX`: larger objects are not in the
+    /// arena.
+    pub one_sided_bytes_max: u64,
 }
 
 impl Press {
@@ -109,6 +115,7 @@ impl Press {
         Press {
             remote,
             overload_load: 65,
+            one_sided_bytes_max: OBJECT_BYTES_MAX as u64,
         }
     }
 
@@ -127,8 +134,8 @@ impl Press {
                 Source::Disk
             }
             Some(p) => match self.remote {
-                RemoteMode::OneSided => Source::Peer(p),
-                RemoteMode::Forward => Source::Forward(p),
+                RemoteMode::OneSided if req.bytes <= self.one_sided_bytes_max => Source::Peer(p),
+                RemoteMode::OneSided | RemoteMode::Forward => Source::Forward(p),
             },
         };
         Decision { node: n, source }
@@ -361,6 +368,15 @@ mod tests {
                 node: 0,
                 source: Source::Peer(2)
             }
+        );
+        let big = Request {
+            bytes: OBJECT_BYTES_MAX as u64 + 1,
+            ..req(8, 0)
+        };
+        assert_eq!(
+            p.decide(&big, &v).source,
+            Source::Forward(2),
+            "not in the arena"
         );
         p.remote = RemoteMode::Forward;
         assert_eq!(p.decide(&req(8, 0), &v).source, Source::Forward(2));

@@ -179,10 +179,15 @@ pub struct SimReport {
     /// Requests measured (after warm-up), all answered.
     pub measured: u64,
     pub local: ClassStats,
+    /// Bodies read one-sidedly from a peer's cache.
     pub remote: ClassStats,
+    /// Bodies a peer's server returned for a forwarded request.
+    pub forwarded: ClassStats,
     pub miss: ClassStats,
-    /// Fetches that followed a stale or false hint and found nothing.
+    /// One-sided fetches that followed a stale or false hint and found nothing.
     pub wasted_fetches: u64,
+    /// Forwarded requests whose peer no longer held the object (it read its disk).
+    pub wasted_forwards: u64,
     /// Local decisions whose object was evicted before it was served.
     pub lost_local_hits: u64,
     pub window_ns: u64,
@@ -209,19 +214,22 @@ impl SimReport {
     }
 
     /// Fractions of measured requests answered from the answering node's cache, from a
-    /// peer's cache, and from disk.
+    /// peer's cache (read one-sidedly or forwarded), and from disk.
     pub fn fractions(&self) -> [f64; 3] {
         let m = self.measured.max(1) as f64;
         [
             self.local.requests as f64 / m,
-            self.remote.requests as f64 / m,
+            (self.remote.requests + self.forwarded.requests) as f64 / m,
             self.miss.requests as f64 / m,
         ]
     }
 
     /// The invariants; `Err` names the first violations.
     pub fn check(&self) -> Result<(), String> {
-        let classified = self.local.requests + self.remote.requests + self.miss.requests;
+        let classified = self.local.requests
+            + self.remote.requests
+            + self.forwarded.requests
+            + self.miss.requests;
         if classified != self.measured {
             return Err(format!(
                 "classified {classified} of {} measured",
@@ -395,8 +403,10 @@ pub fn run(cfg: &SimConfig, trace: &Trace, policy: Policy) -> SimReport {
             measured: 0,
             local: ClassStats::default(),
             remote: ClassStats::default(),
+            forwarded: ClassStats::default(),
             miss: ClassStats::default(),
             wasted_fetches: 0,
+            wasted_forwards: 0,
             lost_local_hits: 0,
             window_ns: 0,
             completed_in_window: 0,
@@ -716,7 +726,7 @@ impl Sim<'_> {
                 ]
             }
             Source::Forward(_) => {
-                self.report.wasted_fetches += 1;
+                self.report.wasted_forwards += 1;
                 vec![
                     Visit {
                         node: holder,
@@ -802,7 +812,8 @@ impl Sim<'_> {
             self.report.measured += 1;
             let class = match job.source {
                 Source::Local => &mut self.report.local,
-                Source::Peer(_) | Source::Forward(_) => &mut self.report.remote,
+                Source::Peer(_) => &mut self.report.remote,
+                Source::Forward(_) => &mut self.report.forwarded,
                 Source::Disk => &mut self.report.miss,
             };
             class.requests += 1;

@@ -37,10 +37,6 @@ fn world_cup_sample_on_2_4_8_nodes() {
         ];
         let mut rows = Vec::new();
         for p in policies {
-            let mode = match &p {
-                Policy::Press(press) => press.remote,
-                _ => RemoteMode::OneSided,
-            };
             let cfg = SimConfig::new(nodes, CACHE_BYTES_PER_NODE);
             let r = run(&cfg, &trace, p);
             r.check()
@@ -48,14 +44,14 @@ fn world_cup_sample_on_2_4_8_nodes() {
             let [l, rem, m] = r.fractions();
             let mean = |k: usize| r.utilisation.iter().map(|u| u[k]).sum::<f64>() / nodes as f64;
             let x = r.throughput_rps();
-            let demands = cluster_demands_ns(&cfg.costs, &r, mode);
+            let demands = cluster_demands_ns(&cfg.costs, &r);
             let bal_x = predict(nodes, demands, r.clients as u32, 0.0).throughput_per_s;
             let node_x = mva(&node_stations(&r.demand_ns), 0.0, r.clients as u32).throughput_per_s;
             let dir = r.directory_cpu.iter().sum::<f64>() / nodes as f64;
             println!(
                 "{:<14} {nodes:>5}  {l:.3}  {rem:.3}   {m:.3}  {:>6}  {x:>8.0}  {:>5.2}  {:.2}  {:.2}  {:.2}  {dir:.3}  {:+.3}   {:+.3}",
                 r.policy,
-                r.wasted_fetches,
+                r.wasted_fetches + r.wasted_forwards,
                 r.mean_response_ns / 1e6,
                 mean(0),
                 mean(1),
