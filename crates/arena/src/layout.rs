@@ -1,0 +1,196 @@
+//! Every size and offset of the arena, each with its bound and the reason for it. The BPF
+//! side (the XDP responder that answers READs of the arena map) must use these values;
+//! they are the one source of truth.
+
+/// Bytes of one chunk: the largest READ one reply datagram carries (rmem's
+/// `UDP_READ_BYTES_MAX`: the XDP responder answers in place in one 1500-byte frame and
+/// cannot fragment). The arena map has one chunk per element, so a READ of one chunk never
+/// spans two elements. A multiple of 8, so every slot starts 8-byte aligned.
+pub const CHUNK_BYTES: usize = 1400;
+
+/// Offset of `seq_head` in a slot: the sequence word a reader sees first.
+pub const OFF_SEQ_HEAD: usize = 0;
+/// Offset of the object's url hash (the key it was stored under).
+pub const OFF_URL_HASH: usize = 8;
+/// Offset of the object's length in bytes (u32).
+pub const OFF_LEN: usize = 16;
+/// Offset of the CRC32c over `url_hash (8 LE) | len (4 LE) | data` (u32).
+pub const OFF_CRC: usize = 20;
+/// Offset of the object's first byte.
+pub const OFF_DATA: usize = 24;
+/// Bytes before the data.
+pub const SLOT_HEAD_BYTES: usize = OFF_DATA;
+/// Bytes of `seq_tail`, the slot's last word.
+pub const SLOT_TAIL_BYTES: usize = 8;
+
+/// Size classes: class `c` has slots of `1 << c` chunks. Powers of two bound the waste of
+/// a slot to under half of it and a READ plan to one chunk more than the data needs.
+pub const CLASS_COUNT: usize = 7;
+/// Chunks of the largest slot (class `CLASS_COUNT - 1`).
+pub const SLOT_CHUNKS_MAX: usize = 1 << (CLASS_COUNT - 1);
+/// Largest object the arena holds: 89,568 B. Rule: the World Cup sample's 90th percentile
+/// object is about 10 KB and its largest 2.9 MB; a 2.9 MB body would take over 2,000
+/// READs, which costs the reader more than asking the owner over TCP. Larger objects are
+/// served by the owner's user-space path.
+pub const OBJECT_BYTES_MAX: usize =
+    SLOT_CHUNKS_MAX * CHUNK_BYTES - SLOT_HEAD_BYTES - SLOT_TAIL_BYTES;
+
+/// Chunks of the whole arena: 65,536 chunks = 91.75 MB. Rule: the World Cup sample's
+/// distinct bytes (54.6 MB) fit with the waste of power-of-two slots, and the map stays
+/// well below the memory of a small node.
+pub const ARENA_CHUNKS_MAX: usize = 65_536;
+
+/// Bytes of one index bucket: `url_hash u64 | offset u32 | len u32 | version u64 | 0 u64`.
+pub const BUCKET_BYTES: usize = 32;
+/// Buckets of the index (a power of two, so the home bucket is `hash & (n - 1)`). Rule: a
+/// full arena of one-chunk slots holds at most `ARENA_CHUNKS_MAX` objects, but the World
+/// Cup sample has 2,730 distinct URLs; 8,192 buckets keep a working set of a few thousand
+/// objects under half load, where linear probing stays short.
+pub const INDEX_BUCKETS: usize = 8192;
+/// Buckets a lookup or insert examines from the home bucket before giving up. Rule: the
+/// whole window (16 x 32 B = 512 B) fits one READ, so a remote lookup is one round trip;
+/// at half load an insert fails to find room in 16 probes with probability below 1e-4,
+/// and the caller then simply does not cache the object in the arena.
+pub const PROBE_MAX: usize = 16;
+/// Bytes of the index region.
+pub const INDEX_BYTES: usize = INDEX_BUCKETS * BUCKET_BYTES;
+
+/// Times a reader restarts an object read that came back torn before it gives up and
+/// treats the object as a miss. Rule: a torn read means a write of that very slot ran
+/// during the read; two in a row mean the slot is being rewritten constantly (an object
+/// churning in and out of the cache), where one more fetch from disk is cheaper.
+pub const READ_RETRY_MAX: u32 = 2;
+
+const _: () = assert!(CHUNK_BYTES % 8 == 0);
+const _: () = assert!(INDEX_BUCKETS.is_power_of_two());
+const _: () = assert!(PROBE_MAX * BUCKET_BYTES <= CHUNK_BYTES);
+const _: () = assert!(SLOT_HEAD_BYTES + SLOT_TAIL_BYTES < CHUNK_BYTES);
+
+/// Bytes of a slot of class `class`.
+pub const fn slot_bytes(class: usize) -> usize {
+    (1 << class) * CHUNK_BYTES
+}
+
+/// Largest object a slot of class `class` holds.
+pub const fn class_object_bytes_max(class: usize) -> usize {
+    slot_bytes(class) - SLOT_HEAD_BYTES - SLOT_TAIL_BYTES
+}
+
+/// The smallest class whose slots hold `len` bytes, or `None` above [`OBJECT_BYTES_MAX`].
+pub fn class_for_len(len: usize) -> Option<usize> {
+    (0..CLASS_COUNT).find(|&c| len <= class_object_bytes_max(c))
+}
+
+/// How many slots each class has: the arena's partition, known to writer and readers
+/// alike (a reader derives a slot's size, and so its tail's place, from its offset).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArenaLayout {
+    /// Slots of each class, classes laid out one after another from chunk 0.
+    pub slots_per_class: [u32; CLASS_COUNT],
+}
+
+/// A layout whose classes do not fit [`ARENA_CHUNKS_MAX`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayoutTooLarge {
+    /// Chunks the layout asks for.
+    pub chunks: usize,
+}
+
+impl std::fmt::Display for LayoutTooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "arena layout needs {} chunks, at most {ARENA_CHUNKS_MAX}",
+            self.chunks
+        )
+    }
+}
+
+impl std::error::Error for LayoutTooLarge {}
+
+impl ArenaLayout {
+    /// A layout, checked against [`ARENA_CHUNKS_MAX`].
+    pub fn new(slots_per_class: [u32; CLASS_COUNT]) -> Result<ArenaLayout, LayoutTooLarge> {
+        let layout = ArenaLayout { slots_per_class };
+        let chunks = layout.chunks();
+        if chunks > ARENA_CHUNKS_MAX {
+            return Err(LayoutTooLarge { chunks });
+        }
+        Ok(layout)
+    }
+
+    /// Chunks the layout occupies.
+    pub fn chunks(&self) -> usize {
+        (0..CLASS_COUNT)
+            .map(|c| self.slots_per_class[c] as usize * (1 << c))
+            .sum()
+    }
+
+    /// Bytes of the arena memory this layout needs.
+    pub fn bytes(&self) -> usize {
+        self.chunks() * CHUNK_BYTES
+    }
+
+    /// Byte offset of class `class`'s first slot.
+    pub fn class_base(&self, class: usize) -> usize {
+        (0..class)
+            .map(|c| self.slots_per_class[c] as usize * slot_bytes(c))
+            .sum()
+    }
+
+    /// Byte offset of slot `index` of class `class`, if it exists.
+    pub fn slot_offset(&self, class: usize, index: u32) -> Option<usize> {
+        if class >= CLASS_COUNT || index >= self.slots_per_class[class] {
+            return None;
+        }
+        Some(self.class_base(class) + index as usize * slot_bytes(class))
+    }
+
+    /// The class of the slot starting at `offset`, or `None` if no slot starts there.
+    pub fn class_at(&self, offset: usize) -> Option<usize> {
+        let mut base = 0;
+        for c in 0..CLASS_COUNT {
+            let end = base + self.slots_per_class[c] as usize * slot_bytes(c);
+            if offset < end {
+                return ((offset - base) % slot_bytes(c) == 0).then_some(c);
+            }
+            base = end;
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_bound_is_the_largest_slot_less_its_words() {
+        assert_eq!(OBJECT_BYTES_MAX, 89_568);
+        assert_eq!(class_for_len(0), Some(0));
+        assert_eq!(class_for_len(CHUNK_BYTES - 32), Some(0));
+        assert_eq!(class_for_len(CHUNK_BYTES - 31), Some(1));
+        assert_eq!(class_for_len(OBJECT_BYTES_MAX), Some(CLASS_COUNT - 1));
+        assert_eq!(class_for_len(OBJECT_BYTES_MAX + 1), None);
+    }
+
+    #[test]
+    fn slots_are_found_from_their_offsets_only() {
+        let layout = ArenaLayout::new([4, 3, 2, 1, 1, 0, 1]).unwrap();
+        for c in 0..CLASS_COUNT {
+            for i in 0..layout.slots_per_class[c] {
+                let off = layout.slot_offset(c, i).unwrap();
+                assert_eq!(layout.class_at(off), Some(c));
+                assert_eq!(layout.class_at(off + 8), None);
+            }
+        }
+        assert_eq!(layout.class_at(layout.bytes()), None);
+        assert_eq!(layout.slot_offset(5, 0), None);
+    }
+
+    #[test]
+    fn oversized_layouts_are_refused() {
+        assert!(ArenaLayout::new([0, 0, 0, 0, 0, 0, 1025]).is_err());
+        assert!(ArenaLayout::new([0, 0, 0, 0, 0, 0, 1024]).is_ok());
+    }
+}
