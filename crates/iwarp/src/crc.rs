@@ -2,76 +2,39 @@
 //! iSCSI, RFC 3720 §12.1 and Appendix B.4).
 //!
 //! CRC-32/ISCSI: reflected polynomial 0x82F63B78 (normal form 0x1EDC6F41), initial value
-//! 0xFFFFFFFF, input and output reflected, final XOR 0xFFFFFFFF. Table-driven, one byte
-//! at a time: MPA covers at most one FPDU (< 64 KiB) per CRC, and this is not the fast
-//! path of anything we measure.
+//! 0xFFFFFFFF, input and output reflected, final XOR 0xFFFFFFFF. Computed by the
+//! `crc32c` crate (hardware CRC where the CPU has it), the tree's one CRC32c, which the
+//! object arena uses too.
 //!
 //! **Wire order.** MPA transmits the CRC as iSCSI does: the four bytes are the
 //! little-endian encoding of the final CRC value ([`to_wire`]). Linux siw writes
 //! `put_unaligned_le32(~crc)`; Wireshark shows the wire bytes read big-endian.
 
-/// The byte-at-a-time table of the reflected polynomial, built at compile time.
-const TABLE: [u32; 256] = build_table();
-
-/// Reflected Castagnoli polynomial.
-const POLY_REFLECTED: u32 = 0x82F6_3B78;
-
-const fn build_table() -> [u32; 256] {
-    let mut t = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                (c >> 1) ^ POLY_REFLECTED
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-}
-
 /// An incremental CRC32c: [`Crc32c::update`] over the pieces, then [`Crc32c::finish`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Crc32c {
-    state: u32,
-}
-
-impl Default for Crc32c {
-    fn default() -> Self {
-        Self::new()
-    }
+    /// The CRC value of the bytes so far (the crate continues from a final value).
+    value: u32,
 }
 
 impl Crc32c {
     pub const fn new() -> Self {
-        Self { state: 0xFFFF_FFFF }
+        Self { value: 0 }
     }
 
     pub fn update(&mut self, data: &[u8]) {
-        let mut c = self.state;
-        for &b in data {
-            c = TABLE[((c ^ u32::from(b)) & 0xFF) as usize] ^ (c >> 8);
-        }
-        self.state = c;
+        self.value = crc32c::crc32c_append(self.value, data);
     }
 
     /// The final CRC value (after the final XOR).
     pub fn finish(&self) -> u32 {
-        self.state ^ 0xFFFF_FFFF
+        self.value
     }
 }
 
 /// CRC32c of `data`.
 pub fn crc32c(data: &[u8]) -> u32 {
-    let mut c = Crc32c::new();
-    c.update(data);
-    c.finish()
+    crc32c::crc32c(data)
 }
 
 /// The four bytes MPA puts on the wire for CRC value `crc`.
