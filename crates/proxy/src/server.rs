@@ -234,8 +234,6 @@ pub struct Running {
     live: Arc<Live>,
     /// The admin listener's server (its own thread); stops when dropped.
     _admin: Option<farside_admin::AdminServer>,
-    /// The reconfiguration driver (`[reconf]`), if enabled.
-    pub reconf: Option<crate::reconf::ReconfDriver>,
 }
 
 impl Running {
@@ -345,6 +343,16 @@ impl Running {
 /// until [`Running::stop`]: worker 0 on the current runtime, workers 1.. on threads of
 /// their own. Port 0 works; the bound addresses are returned.
 pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running> {
+    start_with(cfg, gate, None).await
+}
+
+/// [`start`], with the metrics of what runs beside the data path in this process (the
+/// reconfiguration driver's, [`crate::daemon`]) appended to every admin scrape.
+pub async fn start_with(
+    cfg: ProxyConfig,
+    gate: Arc<dyn Gate>,
+    beside: Option<farside_admin::Render>,
+) -> io::Result<Running> {
     cfg.validate()
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
     // Workers 1.. each get a thread with a single-threaded runtime, built first so that
@@ -370,9 +378,6 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
         .as_ref()
         .map(std::net::TcpListener::local_addr)
         .transpose()?;
-    // Once per process (a reload keeps it): it serves this proxy's own region.
-    let reconf = crate::reconf::ReconfDriver::start(&cfg)?;
-    let reconf_stats = reconf.as_ref().map(|r| r.stats());
     let cfg = Arc::new(cfg);
     let metrics = Arc::new(Metrics::with_workers(cfg.workers));
     let life = Arc::new(Lifecycle::default());
@@ -401,8 +406,8 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
                 let live = live.clone();
                 Arc::new(move |enc| {
                     render_metrics(&live.current(), enc);
-                    if let Some(s) = &reconf_stats {
-                        crate::reconf::render(s, enc);
+                    if let Some(beside) = &beside {
+                        beside(enc);
                     }
                 })
             };
@@ -441,7 +446,6 @@ pub async fn start(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Running>
         workers,
         live,
         _admin: admin,
-        reconf,
     })
 }
 
@@ -524,16 +528,17 @@ pub fn spawn(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<Spawned> {
 /// `cfg.admin_listen` if set. SIGHUP is ignored (logged); see
 /// [`run_with_reload`].
 pub fn run(cfg: ProxyConfig, gate: Arc<dyn Gate>) -> io::Result<()> {
-    run_with_reload(cfg, gate, None)
+    run_with_reload(cfg, gate, None, None)
 }
 
 /// [`run`], with the signals of [`crate::lifecycle`]: SIGHUP builds the next generation
 /// with `reloader` and swaps it in; SIGTERM or SIGINT drains gracefully (a second one
-/// exits at once, as an error).
+/// exits at once, as an error). `beside`: as for [`start_with`].
 pub fn run_with_reload(
     cfg: ProxyConfig,
     gate: Arc<dyn Gate>,
     reloader: Option<Reloader>,
+    beside: Option<farside_admin::Render>,
 ) -> io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let rt = build_runtime(1, cfg.busy_poll_us)?;
@@ -541,7 +546,7 @@ pub fn run_with_reload(
         let mut term = signal(SignalKind::terminate())?;
         let mut int = signal(SignalKind::interrupt())?;
         let mut hup = signal(SignalKind::hangup())?;
-        let running = start(cfg, gate).await?;
+        let running = start_with(cfg, gate, beside).await?;
         log::info!(
             "proxy listening on {}{}",
             running.addr,

@@ -71,7 +71,7 @@ use farside_region::Words;
 /// A back-end's region and optional per-back-end key (`udp:HOST:PORT?key=HEX`).
 pub use farside_rmem::Target as RegionSource;
 use farside_rt::{coarse_mono_ns, mono_ns};
-use monitor::{Monitor, MonitorOptions, Watch};
+use monitor::{Monitor, Watch};
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -255,7 +255,12 @@ impl Control {
             None if !watches.is_empty() => {
                 let words = monitor::create_table(None, n, cfg.monitor.period_us)?;
                 let indices: Vec<usize> = watches.iter().map(|w| w.index).collect();
-                let m = Monitor::start(watches, words.clone(), monitor_options(cfg))?;
+                let m = Monitor::start(
+                    watches,
+                    words.clone(),
+                    cfg.monitor
+                        .options(Duration::from_millis(cfg.admission.stale_after_ms)),
+                )?;
                 wait_first_reads(&*words, &indices, cfg);
                 (Some(words), Some(m))
             }
@@ -918,20 +923,6 @@ fn merge_reason(a: Reject, b: Reject) -> Reject {
         b
     } else {
         a
-    }
-}
-
-pub fn monitor_options(cfg: &ProxyConfig) -> MonitorOptions {
-    MonitorOptions {
-        period: Duration::from_micros(cfg.monitor.period_us),
-        read_timeout: Duration::from_millis(cfg.monitor.read_timeout_ms),
-        stale_after: Duration::from_millis(cfg.admission.stale_after_ms),
-        nice: cfg.monitor.nice,
-        key: farside_rmem::DEFAULT_READ_KEY,
-        threads: cfg.monitor.threads,
-        group: cfg.monitor.group_read,
-        // Checked by validate(); unparsable only in a configuration never validated.
-        rx: cfg.monitor.rx.parse().unwrap_or_default(),
     }
 }
 
