@@ -4,7 +4,7 @@
 //!
 //! - this module: [`ProxyConfig`] and its sections, their bounds and the rules that
 //!   derive limits (`limit_for`, `maxconn_for`), and validation
-//! - [`file`]: the TOML file
+//! - [`file`](mod@file): the TOML file
 //! - [`cli`]: the flags of `farside proxy` and `farside monitor`, merged over the file,
 //!   and `--check-config`
 //! - [`sites`] (`[[sites]]`) and [`reconf`] (`[reconf]`): the sections of the features
