@@ -12,10 +12,16 @@
 //! - [`lifecycle`]: graceful drain (SIGTERM) and live reload (SIGHUP)
 //! - [`daemon`]: `farside proxy` and `farside monitor` as processes
 //!
-//! Modules depend on those before them only, in this order (bottom to top):
+//! Modules depend only on those before them, in this order (bottom to top; a module's
+//! own children in brackets, in their order):
+//!
 //! `reject`, `http`, `metrics`, `pool`, `gate`, `config` (`file`, `sites`, `reconf`,
-//! `cli`), `sites`, `control` (`estimate`, `delay`), `reconf`, `lifecycle`,
-//! `dashboard`, `server` (`generation`, `transfer`, `conn`, `runtime`), `daemon`.
+//! `cli`), `sites`, `control` (`rules`, `estimate`, `delay`, `render`), `reconf`,
+//! `lifecycle`, `dashboard`, `server` (`generation`, `transfer`, `conn`, `runtime`),
+//! `daemon`.
+//!
+//! Within a tree, the children also use their root's shared types (`config`'s
+//! `ConfigError` and `ProxyConfig`, `control`'s `Control`): a tree is one unit.
 
 pub mod config;
 pub mod control;
