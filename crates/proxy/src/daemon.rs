@@ -37,7 +37,8 @@ pub fn run(a: ProxyArgs) -> Result<(), String> {
         cfg.monitor.period_us,
     );
     // Once per process (a reload keeps it and ignores `[reconf]` changes): it serves
-    // this proxy's own region, and its counters join the admin listener's scrape.
+    // this proxy's own region, and its counters join the admin listener's scrape. It
+    // stops when the proxy has stopped (dropped at the end of this function).
     let reconf = ReconfDriver::start(&cfg).map_err(|e| format!("proxy: {e}"))?;
     let beside = reconf.as_ref().map(|r| {
         let stats = r.stats();
@@ -51,10 +52,8 @@ pub fn run(a: ProxyArgs) -> Result<(), String> {
         let gate: Arc<dyn Gate> = Arc::new(ctl);
         Ok((cfg, gate))
     });
-    let r = crate::server::run_with_reload(cfg, Arc::new(ctl), Some(reloader), beside)
-        .map_err(|e| format!("proxy: {e}"));
-    drop(reconf);
-    r
+    crate::server::run_with_reload(cfg, Arc::new(ctl), Some(reloader), beside)
+        .map_err(|e| format!("proxy: {e}"))
 }
 
 /// `farside monitor`: poll every back-end's region into the shared table until `wait`

@@ -21,7 +21,9 @@
 //! The proxy serves its own small region (shared update counter, heartbeat) with an
 //! embedded rmem tcp server on `region_listen`; peers FETCH-ADD its counter (the entry
 //! for `balancer_id` in `balancers` is replaced by that server). Started once per
-//! process: a reload (SIGHUP) does not restart it and ignores `[reconf]` changes.
+//! process, beside the data path ([`crate::daemon`]), its counters added to the admin
+//! scrape: a reload (SIGHUP) does not restart it and ignores `[reconf]` changes. Its
+//! settings and their checks: [`crate::config::reconf`].
 //! Connections are (re)opened every round where missing, and dropped after a lost op
 //! (a tcp stream may be out of step). Metrics:
 //! `farside_reconf_*_total` from `BalancerStats`; every move is logged with its reason
