@@ -12,16 +12,14 @@
 //! - [`lifecycle`]: graceful drain (SIGTERM) and live reload (SIGHUP)
 //! - [`daemon`]: `farside proxy` and `farside monitor` as processes
 //!
-//! Modules depend only on those before them, in this order (bottom to top; a module's
-//! own children in brackets, in their order):
+//! Modules (files) use only those before them, in this order from the bottom up, so
+//! no two use each other, directly or through others (test modules aside):
 //!
-//! `reject`, `http`, `metrics`, `pool`, `gate`, `config` (`file`, `sites`, `reconf`,
-//! `cli`), `sites`, `control` (`rules`, `estimate`, `delay`, `render`), `reconf`,
-//! `lifecycle`, `dashboard`, `server` (`generation`, `transfer`, `conn`, `runtime`),
-//! `daemon`.
-//!
-//! Within a tree, the children also use their root's shared types (`config`'s
-//! `ConfigError` and `ProxyConfig`, `control`'s `Control`): a tree is one unit.
+//! `reject`, `http`, `metrics`, `pool`, `gate`, `config::error`, `config::sites`,
+//! `config::reconf`, `config`, `config::file`, `config::cli`, `sites`, `control::rules`,
+//! `control::estimate`, `control::delay`, `control`, `control::render`, `reconf`,
+//! `lifecycle`, `dashboard`, `server::generation`, `server::transfer`, `server::conn`,
+//! `server::runtime`, `server`, `daemon`.
 
 pub mod config;
 pub mod control;

@@ -63,7 +63,7 @@ impl ReconfDriver {
             return Ok(None);
         }
         let inval = |e: ConfigError| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
-        r.validate(cfg).map_err(inval)?;
+        cfg.validate_reconf().map_err(inval)?;
         let key = r.rw_key().map_err(inval)?;
         let mem: Arc<HeapWords> = Arc::new(HeapWords::new(farside_region::REGION_WORDS));
         let server = TcpServer::spawn(
@@ -96,8 +96,12 @@ impl ReconfDriver {
         // Our own region is the one we serve, whatever address the list gives for it.
         bal_targets[me as usize] = farside_rmem::Target::parse(&format!("tcp:{region_addr}"))
             .map_err(|m| inval(err("region_listen", m)))?;
-        let mut balancer = Balancer::new(me, r.balancer_config(), r.topology(cfg))
-            .map_err(|e| inval(err("enabled", e.0)))?;
+        let mut balancer = Balancer::new(
+            me,
+            r.balancer_config(),
+            r.topology(&cfg.sites, cfg.backends.len()),
+        )
+        .map_err(|e| inval(err("enabled", e.0)))?;
         let stats = Arc::new(Mutex::new(BalancerStats::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let (st, stp) = (stats.clone(), stop.clone());

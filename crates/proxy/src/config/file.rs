@@ -1,7 +1,8 @@
 //! The configuration file: TOML read into a [`ProxyConfig`], validated at once or (with
 //! flags still to go over it) later.
 
-use super::{err, ConfigError, ProxyConfig};
+use super::error::{err, ConfigError};
+use super::ProxyConfig;
 use std::path::Path;
 
 impl ProxyConfig {

@@ -2,48 +2,29 @@
 //! named in each field's doc and an explicit [`ProxyConfig::validate`] whose errors
 //! name the offending key.
 //!
+//! - [`error`]: [`ConfigError`], naming the key at fault
+//! - [`sites`] (`[[sites]]`) and [`reconf`] (`[reconf]`): the sections of the features
+//!   of the same names, with their checks
 //! - this module: [`ProxyConfig`] and its sections, their bounds and the rules that
 //!   derive limits (`limit_for`, `maxconn_for`), and validation
 //! - [`file`](mod@file): the TOML file
 //! - [`cli`]: the flags of `farside proxy` and `farside monitor`, merged over the file,
 //!   and `--check-config`
-//! - [`sites`] (`[[sites]]`) and [`reconf`] (`[reconf]`): the sections of the features
-//!   of the same names, with their checks
 //! - `[monitor]` is the monitor crate's own [`MonitorConfig`]
 
 pub mod cli;
+pub mod error;
 pub mod file;
 pub mod reconf;
 pub mod sites;
 
+pub use error::ConfigError;
 pub use reconf::ReconfConfig;
 pub use sites::SiteConfig;
 
+use error::err;
 use serde::Deserialize;
-use std::fmt;
 use std::net::SocketAddr;
-
-/// A configuration error that names the key at fault.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub key: String,
-    pub msg: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid configuration: `{}`: {}", self.key, self.msg)
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-fn err(key: impl Into<String>, msg: impl Into<String>) -> ConfigError {
-    ConfigError {
-        key: key.into(),
-        msg: msg.into(),
-    }
-}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -544,6 +525,13 @@ impl ProxyConfig {
         }
     }
 
+    /// `[reconf]` checked against the back-ends and sites it moves nodes between.
+    pub fn validate_reconf(&self) -> Result<(), ConfigError> {
+        let every_node_has_region = self.backends.iter().all(|b| b.region.is_some());
+        self.reconf
+            .validate(&self.sites, self.backends.len(), every_node_has_region)
+    }
+
     /// Every validation error, each naming its key (for `farside proxy
     /// --check-config`). Each key's own bounds are checked independently; the checks
     /// across keys (sites, reconfiguration, regions needed by the admission metric) run
@@ -694,7 +682,7 @@ impl ProxyConfig {
         ) {
             errs.push(e);
         }
-        if let Err(e) = self.reconf.validate(self) {
+        if let Err(e) = self.validate_reconf() {
             errs.push(e);
         }
         if self.admission.enabled && self.admission.metric != Metric::Inflight {

@@ -1,7 +1,8 @@
 //! `[reconf]`: the settings of the reconfiguration driver ([`crate::reconf`], where the
-//! section is shown in full), and their checks against the whole configuration.
+//! section is shown in full), and their checks against the back-ends and sites.
 
-use super::{ConfigError, ProxyConfig};
+use super::error::ConfigError;
+use super::sites::SiteConfig;
 use farside_reconf::{BalancerConfig, Topology};
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -82,30 +83,34 @@ impl ReconfConfig {
         }
     }
 
-    pub(crate) fn topology(&self, cfg: &ProxyConfig) -> Topology {
+    /// `nodes`: the back-ends, in order.
+    pub(crate) fn topology(&self, sites: &[SiteConfig], nodes: usize) -> Topology {
         Topology {
-            nodes: cfg.backends.len() as u32,
-            anchors: cfg
-                .sites
-                .iter()
-                .map(|s| s.anchor.unwrap_or(0) as u32)
-                .collect(),
+            nodes: nodes as u32,
+            anchors: sites.iter().map(|s| s.anchor.unwrap_or(0) as u32).collect(),
             balancers: self.balancers.len() as u32,
         }
     }
 
-    /// Checks `[reconf]` against the whole configuration.
-    pub fn validate(&self, cfg: &ProxyConfig) -> Result<(), ConfigError> {
+    /// Checks `[reconf]` against what it reads of the rest of the configuration:
+    /// `sites` (`[[sites]]`), `nodes` (how many `[[backend]]`s) and whether every one
+    /// names its `region` ([`crate::config::ProxyConfig::validate_reconf`] passes them).
+    pub fn validate(
+        &self,
+        sites: &[SiteConfig],
+        nodes: usize,
+        every_node_has_region: bool,
+    ) -> Result<(), ConfigError> {
         if !self.enabled {
             return Ok(());
         }
         self.rw_key()?;
-        if cfg.sites.is_empty() {
+        if sites.is_empty() {
             return Err(err("enabled", "needs [[sites]]"));
         }
-        for (i, s) in cfg.sites.iter().enumerate() {
+        for (i, s) in sites.iter().enumerate() {
             match s.anchor {
-                Some(a) if a < cfg.backends.len() => {}
+                Some(a) if a < nodes => {}
                 _ => {
                     return Err(ConfigError {
                         key: format!("sites[{i}].anchor"),
@@ -122,7 +127,7 @@ impl ReconfConfig {
                 });
             }
         }
-        if cfg.backends.iter().any(|b| b.region.is_none()) {
+        if !every_node_has_region {
             return Err(err("enabled", "every [[backend]] needs a `region`"));
         }
         if self.balancers.is_empty() || self.balancers.len() > BALANCERS_MAX {
@@ -141,7 +146,7 @@ impl ReconfConfig {
             return Err(err("sensitivity_ms", "at least 1"));
         }
         self.balancer_config()
-            .validate(&self.topology(cfg))
+            .validate(&self.topology(sites, nodes))
             .map_err(|e| err("lease_ms", e.0))
     }
 }

@@ -1,7 +1,7 @@
 //! `[[sites]]`: co-hosted sites, each named by its hosts, and the checks on them (the
 //! routing by site that reads them is [`crate::sites`]).
 
-use super::ConfigError;
+use super::error::ConfigError;
 use serde::Deserialize;
 use std::collections::HashMap;
 
