@@ -2,7 +2,6 @@
 //! read back-end state one-sidedly. One binary, one subcommand per role.
 
 mod logging;
-mod proxy_cli;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -21,10 +20,10 @@ enum Cmd {
     /// Back-end node: sample load every period and publish the node's region.
     Gatherd(GatherdCli),
     /// Front-end: HTTP reverse proxy with one-sided admission control and balancing.
-    Proxy(proxy_cli::ProxyArgs),
+    Proxy(farside_proxy::ProxyArgs),
     /// Stand-alone load monitor: poll every back-end's region and publish a shared table
     /// that proxies on this host read (`proxy --monitor-table`).
-    Monitor(proxy_cli::MonitorArgs),
+    Monitor(farside_proxy::MonitorArgs),
     /// Test web server: static files, CPU-costly dynamic endpoint, bounded workers.
     Backend(farside_backend::BackendArgs),
     /// Closed- and open-loop HTTP load generator with the papers' traces.
@@ -82,10 +81,13 @@ fn main() -> ExitCode {
         Cmd::Gatherd(a) if a.check => return report_check("gatherd", check_gatherd(&a.args)),
         Cmd::Gatherd(a) => run_gatherd(a.args),
         Cmd::Proxy(a) if a.check_config.is_some() => {
-            return report_check("proxy", proxy_cli::check_config(&a))
+            return report_check("proxy", farside_proxy::check_config(&a))
         }
-        Cmd::Proxy(a) => proxy_cli::run_proxy(a),
-        Cmd::Monitor(a) => proxy_cli::run_monitor(a),
+        Cmd::Proxy(a) => farside_proxy::run(a),
+        Cmd::Monitor(a) => {
+            let signals = logging::block_termination_signals();
+            farside_proxy::run_monitor(a, |limit| logging::wait_for_signal(&signals, limit))
+        }
         Cmd::Backend(a) => farside_backend::run(a, None).map_err(|e| format!("backend: {e}")),
         Cmd::Loadgen(a) => run_loadgen(a),
         Cmd::Lab(a) => farside_lab::run(a).map_err(|e| format!("lab: {e}")),

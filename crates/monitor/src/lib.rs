@@ -15,6 +15,7 @@
 
 pub mod endpoints;
 pub mod histogram;
+pub mod options;
 pub mod poller;
 pub mod responder;
 pub mod table;
@@ -29,6 +30,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use farside_rmem::Target;
+pub use options::{
+    poller_threads, MonitorConfig, MonitorOptions, BACKENDS_PER_THREAD, MONITOR_THREADS_MAX,
+};
 pub use watch::MONITOR_READ_BYTES;
 pub use xsk::MonitorRx;
 
@@ -40,58 +44,6 @@ pub struct Watch {
     /// Where the region is, and its own key if the configuration names one (else
     /// `MonitorOptions::key`).
     pub region: Target,
-}
-
-/// How the monitor reads.
-#[derive(Debug, Clone)]
-pub struct MonitorOptions {
-    /// Poll period G.
-    pub period: Duration,
-    /// Timeout of one read (all its attempts).
-    pub read_timeout: Duration,
-    /// Only used to log fresh → stale transitions.
-    pub stale_after: Duration,
-    /// Read key of regions that name none.
-    pub key: u64,
-    /// Nice value of every polling thread (0: unchanged).
-    pub nice: i32,
-    /// Poller threads; 0: the default rule ([`poller_threads`]). Ignored (one poller)
-    /// with group reads or AF_XDP receive.
-    pub threads: usize,
-    /// Group reads: every period, ONE READ to this address (an IPv4 multicast group
-    /// that every back-end's responder answers from its own region endpoint) instead of
-    /// one per back-end; replies are matched by source address, missing ones retried
-    /// unicast ([`poller`]). Back-ends with their own read key, on IPv6, or sharing an
-    /// endpoint are read unicast. One poller thread reads them all (`threads` is
-    /// ignored: every back-end answers every group READ, so a second poller would
-    /// double the replies). `None` (the default): unicast reads only.
-    pub group: Option<std::net::SocketAddr>,
-    /// Where the udp replies are taken from: the UDP socket (the default) or AF_XDP
-    /// sockets on an interface's RX queues ([`xsk`]; one poller thread then reads
-    /// every back-end, `threads` is ignored: the queues' sockets are that poller's).
-    /// Where AF_XDP cannot be set up the poller logs why and uses the UDP socket.
-    pub rx: MonitorRx,
-}
-
-/// Back-ends one poller thread reads by default. The rule's reasoning, an estimate
-/// until `bench_monitor` is run on a quiet machine: a read costs the poller a datagram
-/// out and one in, batched (about 1 µs of CPU), so 512 reads per 1 ms period keep one
-/// thread near half a core, with room for a slow period.
-pub const BACKENDS_PER_THREAD: usize = 512;
-
-/// Most poller threads: more than the front-end's cores only adds wake-ups.
-pub const MONITOR_THREADS_MAX: usize = 16;
-
-/// Poller threads for `polled` back-ends: `requested` if not 0, else one per
-/// [`BACKENDS_PER_THREAD`] (at least one); never more than there are back-ends or
-/// [`MONITOR_THREADS_MAX`].
-pub fn poller_threads(polled: usize, requested: usize) -> usize {
-    let n = if requested > 0 {
-        requested
-    } else {
-        polled.div_ceil(BACKENDS_PER_THREAD)
-    };
-    n.clamp(1, MONITOR_THREADS_MAX).min(polled.max(1))
 }
 
 /// What one monitor thread measured of its reads, for the proxy's metrics: the part of

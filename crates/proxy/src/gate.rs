@@ -1,6 +1,7 @@
 //! The contract between the HTTP data path and the control layer (admission control,
 //! balancing, monitor). The data path asks two questions and maps the answers to HTTP
-//! in exactly one place (`Reject::status`).
+//! in exactly one place (`Reject::status`, in [`crate::reject`], below the upstream pool
+//! that refuses too).
 //!
 //! 1. `on_accept`: right after `accept()`, before a byte of the request is read (the
 //!    paper's earliest stage). A rejected connection gets a 503 and is closed.
@@ -14,76 +15,14 @@
 //!    connections that pin a queueing back-end's workers), so recovery from overload
 //!    never waits for a request to be admitted first.
 
+use crate::pool::Pool;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// Why the control layer refused a connection or request. Each maps to one HTTP status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reject {
-    /// Every eligible back-end is at or above its load limit.
-    Overloaded,
-    /// Load data is stale (gatherer or monitor dead) and the fail-safe policy is `reject`.
-    StaleLoad,
-    /// No back-end serves the requested site.
-    UnknownSite,
-    /// The site has back-ends but none is usable (all down).
-    NoBackend,
-    /// The chosen back-end's connection cap (`maxconn`) stayed reached for the whole
-    /// `http.queue_timeout_ms`: the request waited in the proxy's queue and gave up.
-    QueueTimeout,
-    /// The Host names a `[[sites]]` site, but no back-end's served role is that site
-    /// (`crate::sites`).
-    SiteUnserved,
-}
-
-impl Reject {
-    /// Every rejection reason, in the order of [`Reject::index`] (metric label order).
-    pub const ALL: [Reject; 6] = [
-        Reject::Overloaded,
-        Reject::StaleLoad,
-        Reject::UnknownSite,
-        Reject::NoBackend,
-        Reject::QueueTimeout,
-        Reject::SiteUnserved,
-    ];
-
-    /// Position in [`Reject::ALL`], for per-reason counter arrays.
-    pub fn index(self) -> usize {
-        match self {
-            Reject::Overloaded => 0,
-            Reject::StaleLoad => 1,
-            Reject::UnknownSite => 2,
-            Reject::NoBackend => 3,
-            Reject::QueueTimeout => 4,
-            Reject::SiteUnserved => 5,
-        }
-    }
-
-    /// HTTP status for this rejection. The only place rejections become statuses.
-    pub fn status(self) -> u16 {
-        match self {
-            Reject::Overloaded
-            | Reject::StaleLoad
-            | Reject::NoBackend
-            | Reject::QueueTimeout
-            | Reject::SiteUnserved => 503,
-            Reject::UnknownSite => 404,
-        }
-    }
-
-    /// Short machine-readable reason, used in the response body and metric labels.
-    pub fn reason(self) -> &'static str {
-        match self {
-            Reject::Overloaded => "overloaded",
-            Reject::StaleLoad => "stale_load",
-            Reject::UnknownSite => "unknown_site",
-            Reject::NoBackend => "no_backend",
-            Reject::QueueTimeout => "queue_timeout",
-            Reject::SiteUnserved => "site_unserved",
-        }
-    }
-}
+/// Why the control layer (or the upstream pool) refused a connection or request; each
+/// reason maps to one HTTP status ([`Reject::status`]).
+pub use crate::reject::Reject;
 
 /// The back-end chosen for one request.
 pub struct Route {
@@ -159,7 +98,7 @@ pub trait Gate: Send + Sync + 'static {
     /// The data path's upstream pool, handed over once at start. A control layer that
     /// reads back-end load uses it to leave this proxy's own idle connections out of
     /// that load and to close them when they pin a queueing back-end's workers.
-    fn bind_pool(&self, _pool: Arc<crate::pool::Pool>) {}
+    fn bind_pool(&self, _pool: Arc<Pool>) {}
     /// Periodic upkeep, called by the data path every few ms whether or not requests
     /// arrive (the control layer closes idle connections that pin a queueing
     /// back-end's workers here, so that recovery does not wait for a request).

@@ -8,8 +8,9 @@
 //!    │                         exchange ends; its monitor stops with its last user
 //!    └──SIGTERM/SIGINT──→ draining: every worker's listener closed (the kernel refuses
 //!                          new SYNs, or a successor bound with SO_REUSEPORT takes them,
-//!                          see `crate::server`'s docs on queued connections); idle keep-alive
-//!                          clients closed; in-flight responses carry `Connection: close`
+//!                          see `crate::server::runtime`'s docs on queued
+//!                          connections); idle keep-alive clients closed; in-flight
+//!                          responses carry `Connection: close`
 //!          ├─ no client connection left ─────────────→ exit 0
 //!          ├─ `http.drain_timeout_ms` reached ──────→ exit 0 (logged, the rest cut)
 //!          └─ second SIGTERM/SIGINT ────────────────→ exit at once (error)

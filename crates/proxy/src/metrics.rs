@@ -1,7 +1,7 @@
 //! Data-path counters, lock-free (relaxed atomics), reported to the one Prometheus
 //! encoder ([`farside_admin::Encoder`]) with every name prefixed `farside_proxy_`.
 
-use crate::gate::Reject;
+use crate::reject::Reject;
 use farside_admin::{Encoder, Kind};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;

@@ -47,7 +47,7 @@
 //! socket is already readable: EOF); the rest are caught by the caller's single retry
 //! on a fresh connection for idempotent requests.
 
-use crate::gate::Reject;
+use crate::reject::Reject;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

@@ -21,7 +21,9 @@
 //! The proxy serves its own small region (shared update counter, heartbeat) with an
 //! embedded rmem tcp server on `region_listen`; peers FETCH-ADD its counter (the entry
 //! for `balancer_id` in `balancers` is replaced by that server). Started once per
-//! process: a reload (SIGHUP) does not restart it and ignores `[reconf]` changes.
+//! process, beside the data path ([`crate::daemon`]), its counters added to the admin
+//! scrape: a reload (SIGHUP) does not restart it and ignores `[reconf]` changes. Its
+//! settings and their checks: [`crate::config::reconf`].
 //! Connections are (re)opened every round where missing, and dropped after a lost op
 //! (a tcp stream may be out of step). Metrics:
 //! `farside_reconf_*_total` from `BalancerStats`; every move is logged with its reason
@@ -30,157 +32,18 @@
 //! round's decision to that reply, `round_to_cas_us=`: from the round's start), which
 //! `farside lab reconfig` joins with the nodes' first request in the new role.
 
+use crate::config::reconf::{err, OP_TIMEOUT};
 use crate::config::{ConfigError, ProxyConfig};
 use farside_reconf::drive::{run_round, RmemRegions};
-use farside_reconf::{Balancer, BalancerConfig, BalancerStats, Topology};
+use farside_reconf::{Balancer, BalancerStats};
 use farside_region::{HeapWords, Words};
 use farside_rmem::{
     connect_target, AccessKeys, ClientOptions, OpCounters, Perm, TcpServer, DEFAULT_READ_KEY,
 };
-use serde::Deserialize;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// Most balancers (the lock word's owner field and a sane peer list).
-pub const BALANCERS_MAX: usize = 64;
-/// Timeout of one remote op: a reply slower than this is lost (and the lease must
-/// cover a hold of several of them: `BalancerConfig::hold_max_ns`).
-const OP_TIMEOUT: Duration = Duration::from_millis(50);
-
-/// `[reconf]`.
-#[derive(Debug, Clone, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct ReconfConfig {
-    /// Run the driver. Default false.
-    pub enabled: bool,
-    /// This proxy's balancer id (index into `balancers`).
-    pub balancer_id: u32,
-    /// Every balancer's region (rmem target strings), this one's included.
-    pub balancers: Vec<String>,
-    /// Serve this proxy's own region over rmem tcp here.
-    pub region_listen: Option<SocketAddr>,
-    /// Read-write key (hex) of the back-ends' and balancers' regions.
-    pub key: String,
-    /// S, ms. Default 1000.
-    pub sensitivity_ms: u64,
-    /// T, ms. Default 5000.
-    pub history_ms: u64,
-    /// Lease, ms. Default 3000.
-    pub lease_ms: u64,
-    /// Overloaded at this mean load (ppm). Default 800000.
-    pub high_ppm: u64,
-    /// A donor's load over one node fewer must stay under this (ppm). Default 600000.
-    pub spare_ppm: u64,
-}
-
-impl Default for ReconfConfig {
-    fn default() -> Self {
-        let b = BalancerConfig::default();
-        ReconfConfig {
-            enabled: false,
-            balancer_id: 0,
-            balancers: Vec::new(),
-            region_listen: None,
-            key: String::new(),
-            sensitivity_ms: b.sensitivity_ns / 1_000_000,
-            history_ms: b.history_ns / 1_000_000,
-            lease_ms: b.lease_ns / 1_000_000,
-            high_ppm: b.high_ppm,
-            spare_ppm: b.spare_ppm,
-        }
-    }
-}
-
-fn err(key: &str, msg: impl Into<String>) -> ConfigError {
-    ConfigError {
-        key: format!("reconf.{key}"),
-        msg: msg.into(),
-    }
-}
-
-impl ReconfConfig {
-    fn rw_key(&self) -> Result<u64, ConfigError> {
-        u64::from_str_radix(self.key.trim_start_matches("0x"), 16)
-            .map_err(|e| err("key", format!("{:?}: a 64-bit hex key: {e}", self.key)))
-    }
-
-    fn balancer_config(&self) -> BalancerConfig {
-        BalancerConfig {
-            sensitivity_ns: self.sensitivity_ms * 1_000_000,
-            history_ns: self.history_ms * 1_000_000,
-            lease_ns: self.lease_ms * 1_000_000,
-            op_timeout_ns: OP_TIMEOUT.as_nanos() as u64,
-            high_ppm: self.high_ppm,
-            spare_ppm: self.spare_ppm,
-            ..BalancerConfig::default()
-        }
-    }
-
-    fn topology(&self, cfg: &ProxyConfig) -> Topology {
-        Topology {
-            nodes: cfg.backends.len() as u32,
-            anchors: cfg
-                .sites
-                .iter()
-                .map(|s| s.anchor.unwrap_or(0) as u32)
-                .collect(),
-            balancers: self.balancers.len() as u32,
-        }
-    }
-
-    /// Checks `[reconf]` against the whole configuration.
-    pub fn validate(&self, cfg: &ProxyConfig) -> Result<(), ConfigError> {
-        if !self.enabled {
-            return Ok(());
-        }
-        self.rw_key()?;
-        if cfg.sites.is_empty() {
-            return Err(err("enabled", "needs [[sites]]"));
-        }
-        for (i, s) in cfg.sites.iter().enumerate() {
-            match s.anchor {
-                Some(a) if a < cfg.backends.len() => {}
-                _ => {
-                    return Err(ConfigError {
-                        key: format!("sites[{i}].anchor"),
-                        msg: "with [reconf]: the index of a [[backend]] (it holds the site's \
-                              lock and is never moved)"
-                            .into(),
-                    })
-                }
-            }
-            if s.id.is_some_and(|id| usize::from(id) != i) {
-                return Err(ConfigError {
-                    key: format!("sites[{i}].id"),
-                    msg: "with [reconf]: site ids must be the entries' indices".into(),
-                });
-            }
-        }
-        if cfg.backends.iter().any(|b| b.region.is_none()) {
-            return Err(err("enabled", "every [[backend]] needs a `region`"));
-        }
-        if self.balancers.is_empty() || self.balancers.len() > BALANCERS_MAX {
-            return Err(err("balancers", format!("1..={BALANCERS_MAX} regions")));
-        }
-        if self.balancer_id as usize >= self.balancers.len() {
-            return Err(err("balancer_id", "must index `balancers`"));
-        }
-        for b in &self.balancers {
-            crate::control::RegionSource::parse(b).map_err(|m| err("balancers", m))?;
-        }
-        if self.region_listen.is_none() {
-            return Err(err("region_listen", "required: peers update this region"));
-        }
-        if self.sensitivity_ms == 0 {
-            return Err(err("sensitivity_ms", "at least 1"));
-        }
-        self.balancer_config()
-            .validate(&self.topology(cfg))
-            .map_err(|e| err("lease_ms", e.0))
-    }
-}
 
 /// The running driver; stops on drop.
 pub struct ReconfDriver {
@@ -200,7 +63,7 @@ impl ReconfDriver {
             return Ok(None);
         }
         let inval = |e: ConfigError| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
-        r.validate(cfg).map_err(inval)?;
+        cfg.validate_reconf().map_err(inval)?;
         let key = r.rw_key().map_err(inval)?;
         let mem: Arc<HeapWords> = Arc::new(HeapWords::new(farside_region::REGION_WORDS));
         let server = TcpServer::spawn(
@@ -220,22 +83,25 @@ impl ReconfDriver {
         let node_targets: Vec<_> = cfg
             .backends
             .iter()
-            .map(|b| crate::control::RegionSource::parse(b.region.as_deref().expect("validated")))
+            .map(|b| farside_rmem::Target::parse(b.region.as_deref().expect("validated")))
             .collect::<Result<_, _>>()
             .map_err(|m| inval(err("enabled", m)))?;
         let me = r.balancer_id;
         let mut bal_targets: Vec<_> = r
             .balancers
             .iter()
-            .map(|b| crate::control::RegionSource::parse(b))
+            .map(|b| farside_rmem::Target::parse(b))
             .collect::<Result<_, _>>()
             .map_err(|m| inval(err("balancers", m)))?;
         // Our own region is the one we serve, whatever address the list gives for it.
-        bal_targets[me as usize] =
-            crate::control::RegionSource::parse(&format!("tcp:{region_addr}"))
-                .map_err(|m| inval(err("region_listen", m)))?;
-        let mut balancer = Balancer::new(me, r.balancer_config(), r.topology(cfg))
-            .map_err(|e| inval(err("enabled", e.0)))?;
+        bal_targets[me as usize] = farside_rmem::Target::parse(&format!("tcp:{region_addr}"))
+            .map_err(|m| inval(err("region_listen", m)))?;
+        let mut balancer = Balancer::new(
+            me,
+            r.balancer_config(),
+            r.topology(&cfg.sites, cfg.backends.len()),
+        )
+        .map_err(|e| inval(err("enabled", e.0)))?;
         let stats = Arc::new(Mutex::new(BalancerStats::default()));
         let stop = Arc::new(AtomicBool::new(false));
         let (st, stp) = (stats.clone(), stop.clone());

@@ -1,9 +1,8 @@
 //! The proxy's reconfiguration driver over real rmem tcp regions: an overloaded site
 //! gets a node from a site that can spare one, and the peer balancer's counter is bumped.
 
-use farside_proxy::config::{BackendConfig, ProxyConfig};
-use farside_proxy::reconf::{ReconfConfig, ReconfDriver};
-use farside_proxy::sites::SiteConfig;
+use farside_proxy::config::{BackendConfig, ProxyConfig, ReconfConfig, SiteConfig};
+use farside_proxy::reconf::ReconfDriver;
 use farside_reconf::words::{W_ROLE_SERVED, W_ROLE_WANTED, W_SHARED_COUNTER};
 use farside_reconf::Role;
 use farside_region::{HeapWords, Words};

@@ -56,6 +56,10 @@
 
 pub mod delay;
 pub mod estimate;
+pub mod render;
+pub mod rules;
+
+pub use rules::{admit, admit_local, relief, Admit, Decided, Load, Relief};
 
 /// The monitor (its own crate, `farside-monitor`) and its table, under the names the
 /// control layer has always used.
@@ -71,24 +75,13 @@ use farside_region::Words;
 /// A back-end's region and optional per-back-end key (`udp:HOST:PORT?key=HEX`).
 pub use farside_rmem::Target as RegionSource;
 use farside_rt::{coarse_mono_ns, mono_ns};
-use monitor::{Monitor, MonitorOptions, Watch};
+use monitor::{Monitor, Watch};
 use std::cell::Cell;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use table::EntryStatus;
-
-/// A back-end's load as the policy sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Load {
-    /// Fresh value in the metric's unit.
-    Known(u64),
-    /// Record stale, missing, or never read.
-    Stale,
-    /// No load data is configured for it (no region, no monitor): only local in-flight.
-    Unknown,
-}
 
 struct Backend {
     addr: SocketAddr,
@@ -255,7 +248,12 @@ impl Control {
             None if !watches.is_empty() => {
                 let words = monitor::create_table(None, n, cfg.monitor.period_us)?;
                 let indices: Vec<usize> = watches.iter().map(|w| w.index).collect();
-                let m = Monitor::start(watches, words.clone(), monitor_options(cfg))?;
+                let m = Monitor::start(
+                    watches,
+                    words.clone(),
+                    cfg.monitor
+                        .options(Duration::from_millis(cfg.admission.stale_after_ms)),
+                )?;
                 wait_first_reads(&*words, &indices, cfg);
                 (Some(words), Some(m))
             }
@@ -711,79 +709,6 @@ impl Control {
     }
 }
 
-/// How a back-end may take a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admit {
-    /// On any connection, new or pooled.
-    Any,
-    /// Only on an idle pooled connection: it adds nothing to the accept queue.
-    ReuseOnly,
-}
-
-/// The admission rule for one back-end, pure: `load` (the estimate) against `limit`;
-/// for the queue metrics (`backlog`, `pending`) an idle pooled connection (`idle` > 0)
-/// may still carry the request, since it adds nothing to the reading.
-pub fn admit(
-    load: Load,
-    limit: u64,
-    metric: Metric,
-    on_stale: StalePolicy,
-    idle: u64,
-) -> Result<Admit, Reject> {
-    match load {
-        Load::Known(v) if v < limit => Ok(Admit::Any),
-        Load::Known(_) if idle > 0 && matches!(metric, Metric::Backlog | Metric::Pending) => {
-            Ok(Admit::ReuseOnly)
-        }
-        Load::Known(_) => Err(Reject::Overloaded),
-        Load::Stale if on_stale == StalePolicy::Admit => Ok(Admit::Any),
-        // `local` needs the proxy's own state: `Control` applies [`admit_local`] first.
-        Load::Stale => Err(Reject::StaleLoad),
-        Load::Unknown => Ok(Admit::Any),
-    }
-}
-
-/// The `on_stale = local` rule, pure: with no fresh reading, admit while this proxy's
-/// requests in flight to the back-end (`inflight`) are below `safe`, the most it had in
-/// flight (counting the admitted request) when a fresh reading admitted a request
-/// (0 = never read fresh: refuse). Under overload that is the back-end's full
-/// concurrency within its limit: a request is admitted exactly when the reading has
-/// just dropped below it. The back-end is
-/// then held at a concurrency it was last seen to take within its limit: a dead
-/// gatherd neither overloads it nor turns every request into a 503. Other proxies' load
-/// is as unknown as it was at that reading; each holds its own level, so the sum stays
-/// what it was.
-pub fn admit_local(inflight: u64, safe: u64) -> Result<Admit, Reject> {
-    if inflight < safe {
-        Ok(Admit::Any)
-    } else {
-        Err(Reject::StaleLoad)
-    }
-}
-
-/// What to close for a back-end whose accept queue holds `backlog` connections while
-/// this proxy holds `idle` idle connections to it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Relief {
-    /// Idle pooled connections to close now.
-    pub close_idle: u64,
-    /// Connections to close instead of pooling as they come back.
-    pub close_on_return: u64,
-}
-
-/// The queue-relief rule, pure. On a prefork server each connection this proxy keeps
-/// open pins a worker, so each queued connection waits for one of them to close: close
-/// idle ones now, at most as many as are queued, and for the rest of the queue, close
-/// connections as they come back instead of pooling them (their workers then take the
-/// queued connections at once, rather than waiting for the next sample).
-pub fn relief(backlog: u64, idle: u64) -> Relief {
-    let close_idle = backlog.min(idle);
-    Relief {
-        close_idle,
-        close_on_return: backlog - close_idle,
-    }
-}
-
 /// Most time a starting proxy waits for the monitor's first read of every back-end, so
 /// that it does not answer its first requests with fail-safe 503s.
 const FIRST_READ_WAIT: Duration = Duration::from_secs(2);
@@ -921,74 +846,6 @@ fn merge_reason(a: Reject, b: Reject) -> Reject {
     }
 }
 
-pub fn monitor_options(cfg: &ProxyConfig) -> MonitorOptions {
-    MonitorOptions {
-        period: Duration::from_micros(cfg.monitor.period_us),
-        read_timeout: Duration::from_millis(cfg.monitor.read_timeout_ms),
-        stale_after: Duration::from_millis(cfg.admission.stale_after_ms),
-        nice: cfg.monitor.nice,
-        key: farside_rmem::DEFAULT_READ_KEY,
-        threads: cfg.monitor.threads,
-        group: cfg.monitor.group_read,
-        // Checked by validate(); unparsable only in a configuration never validated.
-        rx: cfg.monitor.rx.parse().unwrap_or_default(),
-    }
-}
-
-/// What decided one per-back-end admission check (the "which signal decided"
-/// accounting): the metric's reading against its limit or budget, an idle pooled
-/// connection, or the stale policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decided {
-    /// The metric's reading was below the limit (or, for `delay`, the budget).
-    Below,
-    /// At the limit, but an idle pooled connection could carry it (queue metrics).
-    ReuseOnly,
-    /// At or above the limit / budget: refused.
-    Over,
-    /// No fresh reading; the stale policy admitted.
-    StaleAdmit,
-    /// No fresh reading; the stale policy refused.
-    StaleReject,
-    /// No load data configured for the back-end: admitted on local state only.
-    NoData,
-}
-
-impl Decided {
-    pub const ALL: [Decided; 6] = [
-        Decided::Below,
-        Decided::ReuseOnly,
-        Decided::Over,
-        Decided::StaleAdmit,
-        Decided::StaleReject,
-        Decided::NoData,
-    ];
-
-    /// Label value in `farside_admission_checks_total{decided=...}`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Decided::Below => "below_limit",
-            Decided::ReuseOnly => "reuse_only",
-            Decided::Over => "over_limit",
-            Decided::StaleAdmit => "stale_admit",
-            Decided::StaleReject => "stale_reject",
-            Decided::NoData => "no_data",
-        }
-    }
-
-    /// What decided a check of `load` that ended in `r`.
-    pub fn of(load: Load, r: &Result<Admit, Reject>) -> Decided {
-        match (load, r) {
-            (Load::Unknown, _) => Decided::NoData,
-            (Load::Stale, Ok(_)) => Decided::StaleAdmit,
-            (Load::Stale, Err(_)) => Decided::StaleReject,
-            (Load::Known(_), Ok(Admit::Any)) => Decided::Below,
-            (Load::Known(_), Ok(Admit::ReuseOnly)) => Decided::ReuseOnly,
-            (Load::Known(_), Err(_)) => Decided::Over,
-        }
-    }
-}
-
 /// Per-back-end admission checks by what decided them ([`Decided`]).
 #[derive(Default)]
 struct SignalCounters([AtomicU64; Decided::ALL.len()]);
@@ -996,105 +853,6 @@ struct SignalCounters([AtomicU64; Decided::ALL.len()]);
 impl SignalCounters {
     fn count(&self, load: Load, r: &Result<Admit, Reject>) {
         self.0[Decided::of(load, r) as usize].fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-impl Control {
-    /// The "which signal decided" lines of the metrics output (one small function, so
-    /// the encoder can change around it): per-back-end admission checks by metric and
-    /// by what decided them, and with metric `delay` each back-end's last queueing
-    /// delay reading and target.
-    pub fn render_signal_metrics(&self, enc: &mut Encoder) {
-        for d in Decided::ALL {
-            enc.counter(
-                "farside_admission_checks_total",
-                "Per-back-end admission checks by the metric in force and what decided them.",
-                &[("metric", self.metric.name()), ("decided", d.name())],
-                self.signals.0[d as usize].load(Ordering::Relaxed),
-            );
-        }
-        if self.metric != Metric::Delay {
-            return;
-        }
-        enc.gauge(
-            "farside_admission_target_delay_us",
-            "Queueing delay the delay metric steers each back-end to, µs.",
-            &[],
-            self.target_delay_us,
-        );
-        for (i, b) in self.backends.iter().enumerate() {
-            let d = self
-                .table
-                .as_ref()
-                .and_then(|t| table::read(&**t, i))
-                .filter(|e| e.queue_delay_id != 0)
-                .map_or(-1, |e| e.queue_delay_us as i64);
-            let addr = b.addr.to_string();
-            enc.gauge(
-                "farside_backend_queue_delay_us",
-                "Back-end's last published queueing delay, µs (-1: none).",
-                &[("backend", &addr), ("site", &b.site)],
-                d,
-            );
-        }
-    }
-}
-
-impl Control {
-    /// Back-end `i` as the monitor table and the balancer see it (the dashboard's
-    /// per-back-end row): requests routed, down flag, and the table entry's status, load
-    /// fields and served role.
-    fn render_backend_view(&self, enc: &mut Encoder, i: usize, lbl: Labels<'_>, now: u64) {
-        enc.counter(
-            "farside_backend_routed_total",
-            "Requests routed to the back-end (its balancing share).",
-            lbl,
-            self.backends[i].routed.load(Ordering::Relaxed),
-        );
-        enc.gauge(
-            "farside_backend_down",
-            "1 while the back-end is skipped after a failure (balance.down_for_ms).",
-            lbl,
-            self.is_down(i, now),
-        );
-        let Some(e) = self.table.as_ref().and_then(|t| table::read(&**t, i)) else {
-            return;
-        };
-        enc.gauge(
-            "farside_monitor_status",
-            "Monitor's last read of the back-end: 0 never read, 1 ok, 2 failed (values are the last good ones).",
-            lbl,
-            e.status as u64,
-        );
-        let with = |f: &'static str| [lbl[0], lbl[1], ("field", f)];
-        for (field, v) in [
-            ("cpu_util_ppm", e.cpu_util_ppm),
-            ("cpu_pressure_ppm", e.cpu_pressure_ppm),
-            ("runnable", e.runnable),
-            ("conns_established", e.conns_established),
-            ("accept_backlog", e.accept_backlog),
-            ("conns_pending", e.conns_pending),
-        ] {
-            enc.gauge(
-                "farside_monitor_load",
-                "Back-end load fields in the monitor table, as last read.",
-                &with(field),
-                v,
-            );
-        }
-        let role = "Back-end's served role as last read (ROLE_SERVED): site number and version (version 0: no role published).";
-        enc.gauge(
-            "farside_monitor_role_served",
-            role,
-            &[lbl[0], lbl[1], ("part", "site")],
-            e.role_served >> 48,
-        );
-        enc.gauge(
-            "farside_monitor_role_served",
-            role,
-            &[lbl[0], lbl[1], ("part", "version")],
-            e.role_served & ((1 << 48) - 1),
-        );
     }
 }
 
@@ -1184,144 +942,7 @@ impl Gate for Control {
     }
 
     fn render_metrics(&self, enc: &mut Encoder) {
-        let c = &self.counters;
-        let decisions = "Admission decisions by stage and outcome.";
-        for (stage, admitted, rejected) in [
-            ("accept", &c.accept_admitted, &c.accept_rejected),
-            ("request", &c.request_admitted, &c.request_rejected),
-        ] {
-            enc.counter(
-                "farside_admission_decisions_total",
-                decisions,
-                &[("stage", stage), ("outcome", "admit"), ("reason", "")],
-                admitted.load(Ordering::Relaxed),
-            );
-            for r in Reject::ALL {
-                enc.counter(
-                    "farside_admission_decisions_total",
-                    decisions,
-                    &[
-                        ("stage", stage),
-                        ("outcome", "reject"),
-                        ("reason", r.reason()),
-                    ],
-                    rejected[r.index()].load(Ordering::Relaxed),
-                );
-            }
-        }
-        enc.counter(
-            "farside_admission_reuse_only_total",
-            "Requests admitted only onto an idle pooled connection (the queue metric was at its limit).",
-            &[],
-            c.request_admitted_reuse_only.load(Ordering::Relaxed),
-        );
-        self.render_signal_metrics(enc);
-        if let Some(m) = &self.monitor {
-            m.render(enc);
-        }
-        if let Some(s) = &self.sites {
-            let roles: Vec<Option<u64>> = (0..self.backends.len())
-                .map(|i| self.role_served(i))
-                .collect();
-            s.render(enc, &roles);
-        }
-        let now = mono_ns();
-        for (i, b) in self.backends.iter().enumerate() {
-            let addr = b.addr.to_string();
-            let lbl: &[(&str, &str)] = &[("backend", &addr), ("site", &b.site)];
-            let with = |k: &'static str, v: &'static str| [lbl[0], lbl[1], (k, v)];
-            let load = match self.load(i, now) {
-                Load::Known(v) => v as i64,
-                _ => -1,
-            };
-            enc.gauge(
-                "farside_backend_load",
-                "Back-end load in the admission metric's unit (-1: stale or unknown).",
-                &with("metric", self.metric.name()),
-                load,
-            );
-            enc.gauge(
-                "farside_backend_inflight",
-                "Requests this proxy has in flight to the back-end.",
-                lbl,
-                b.inflight.load(Ordering::Relaxed),
-            );
-            enc.gauge(
-                "farside_backend_limit",
-                "Admission limit on the back-end's in-flight requests now.",
-                lbl,
-                self.limit_now(i, Load::Unknown),
-            );
-            if let Some(p) = self.pool.get() {
-                let (open, idle) = (p.open_count(i), p.idle_count(i));
-                let conns = "Upstream connections this proxy holds open to the back-end, by state.";
-                enc.gauge(
-                    "farside_upstream_conns",
-                    conns,
-                    &with("state", "idle"),
-                    idle,
-                );
-                enc.gauge(
-                    "farside_upstream_conns",
-                    conns,
-                    &with("state", "busy"),
-                    open.saturating_sub(idle),
-                );
-                enc.gauge(
-                    "farside_upstream_maxconn",
-                    "Cap on this proxy's open connections to the back-end.",
-                    lbl,
-                    p.maxconn(i),
-                );
-            }
-            enc.counter(
-                "farside_upstream_shed_total",
-                "Upstream connections closed (idle ones, or returning ones instead of pooling) because the back-end queued connections.",
-                lbl,
-                self.shed_total(i),
-            );
-            if let Some(e) = self.table.as_ref().and_then(|t| table::read(&**t, i)) {
-                enc.counter(
-                    "farside_monitor_read_errors_total",
-                    "Failed region reads of the back-end's load record.",
-                    lbl,
-                    e.errors,
-                );
-                enc.gauge(
-                    "farside_monitor_read_latency_ns",
-                    "Round trip of the last region read, ns.",
-                    lbl,
-                    e.read_latency_ns,
-                );
-                enc.gauge(
-                    "farside_monitor_record_age_ns",
-                    "Time since the back-end's load record last advanced, ns.",
-                    lbl,
-                    now.saturating_sub(e.advanced_mono_ns),
-                );
-                enc.gauge(
-                    "farside_monitor_conns_interval_ns",
-                    "Back-end gatherer's connection-counting interval as seen between its last two counts, ns (0: not yet seen); a count this old is due, not stale.",
-                    lbl,
-                    e.conns_interval_ns,
-                );
-            }
-            self.render_backend_view(enc, i, lbl, now);
-            if let Some(st) = self.monitor.as_ref().and_then(|m| m.stats(i)) {
-                st.read.render(
-                    enc,
-                    "farside_monitor_read_seconds",
-                    "Round trip of the embedded monitor's successful region reads.",
-                    lbl,
-                );
-                st.update_gap.render(
-                    enc,
-                    "farside_monitor_update_gap_seconds",
-                    "Time between two monitor reads that each found a new load record.",
-                    lbl,
-                );
-            }
-        }
+        self.render(enc);
     }
 }
 

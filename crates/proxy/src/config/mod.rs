@@ -1,33 +1,30 @@
 //! Proxy configuration: one typed struct, loaded from TOML and/or flags, with defaults
 //! named in each field's doc and an explicit [`ProxyConfig::validate`] whose errors
 //! name the offending key.
+//!
+//! - [`error`]: [`ConfigError`], naming the key at fault
+//! - [`sites`] (`[[sites]]`) and [`reconf`] (`[reconf]`): the sections of the features
+//!   of the same names, with their checks
+//! - this module: [`ProxyConfig`] and its sections, their bounds and the rules that
+//!   derive limits (`limit_for`, `maxconn_for`), and validation
+//! - [`file`](mod@file): the TOML file
+//! - [`cli`]: the flags of `farside proxy` and `farside monitor`, merged over the file,
+//!   and `--check-config`
+//! - `[monitor]` is the monitor crate's own [`MonitorConfig`]
 
+pub mod cli;
+pub mod error;
+pub mod file;
+pub mod reconf;
+pub mod sites;
+
+pub use error::ConfigError;
+pub use reconf::ReconfConfig;
+pub use sites::SiteConfig;
+
+use error::err;
 use serde::Deserialize;
-use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
-
-/// A configuration error that names the key at fault.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    pub key: String,
-    pub msg: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid configuration: `{}`: {}", self.key, self.msg)
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-fn err(key: impl Into<String>, msg: impl Into<String>) -> ConfigError {
-    ConfigError {
-        key: key.into(),
-        msg: msg.into(),
-    }
-}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -74,10 +71,10 @@ pub struct ProxyConfig {
     /// `[[sites]]`: co-hosted sites routed by each back-end's served role (seed 001,
     /// `crate::sites`). Empty: routing as without it.
     #[serde(default)]
-    pub sites: Vec<crate::sites::SiteConfig>,
+    pub sites: Vec<SiteConfig>,
     /// `[reconf]`: the reconfiguration driver (`crate::reconf`). Default off.
     #[serde(default)]
-    pub reconf: crate::reconf::ReconfConfig,
+    pub reconf: ReconfConfig,
 }
 
 /// Limits and timeouts of the HTTP data path.
@@ -392,49 +389,9 @@ impl AdmissionConfig {
 /// target, it is a timeout.
 pub const TARGET_DELAY_MS_MAX: u64 = 10_000;
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MonitorConfig {
-    /// Poll period G of every back-end's region. Default 1000 µs.
-    pub period_us: u64,
-    /// Timeout of one remote read. Default 50 ms.
-    pub read_timeout_ms: u64,
-    /// Nice value (-20..=19) of the monitor's polling threads only. The proxy's worker
-    /// and the clients it serves can keep the front-end's CPU busy; a negative value keeps
-    /// the reads on time there (needs CAP_SYS_NICE, else a warning). Default 0.
-    pub nice: i32,
-    /// Read an external `farside monitor`'s table from this file instead of embedding
-    /// the monitor. Default: none (embedded).
-    pub table: Option<String>,
-    /// Poller threads, each reading its share of the regions every period. Default 0:
-    /// one per 512 back-ends (`farside_monitor::BACKENDS_PER_THREAD`), at
-    /// most 16.
-    pub threads: usize,
-    /// Group reads: every period ONE READ to this IPv4 `ADDR:PORT` (a multicast group
-    /// every back-end's gatherd answers from its own region endpoint, with the shared
-    /// read key) instead of one per back-end; missing replies are retried unicast.
-    /// Default: none (a READ per back-end).
-    pub group_read: Option<std::net::SocketAddr>,
-    /// Where the pollers take their udp replies from: `udp` (the UDP socket,
-    /// `recvmmsg`; the default) or `xsk:IFACE` (AF_XDP sockets on IFACE's RX queues
-    /// fed by an XDP program that takes the replies off the UDP stack; one poller
-    /// thread; needs root, else the UDP socket is used with a warning).
-    pub rx: String,
-}
-
-impl Default for MonitorConfig {
-    fn default() -> Self {
-        MonitorConfig {
-            period_us: 1000,
-            read_timeout_ms: 50,
-            nice: 0,
-            table: None,
-            threads: 0,
-            group_read: None,
-            rx: "udp".into(),
-        }
-    }
-}
+/// `[monitor]`: the monitor crate's own settings (period, read timeout, threads, group
+/// reads, receive path, an external table), and how they become its options.
+pub use farside_monitor::MonitorConfig;
 
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
@@ -497,7 +454,7 @@ impl ProxyConfig {
             monitor: MonitorConfig::default(),
             balance: BalanceConfig::default(),
             sites: Vec::new(),
-            reconf: crate::reconf::ReconfConfig::default(),
+            reconf: ReconfConfig::default(),
         }
     }
 
@@ -559,42 +516,6 @@ impl ProxyConfig {
             .clamp(1, MAXCONN_MAX)
     }
 
-    /// Parse and validate a TOML configuration.
-    pub fn from_toml_str(s: &str) -> Result<Self, ConfigError> {
-        let cfg = Self::parse_toml_str(s)?;
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    /// Parse a TOML configuration without validating it (flags go over it first, then
-    /// [`ProxyConfig::validate`] checks the result).
-    pub fn parse_toml_str(s: &str) -> Result<Self, ConfigError> {
-        toml::from_str(s).map_err(|e| {
-            let key = e
-                .span()
-                .map(|sp| format!("at bytes {}..{}", sp.start, sp.end));
-            err(
-                key.unwrap_or_else(|| "file".into()),
-                e.message().to_string(),
-            )
-        })
-    }
-
-    /// Read, parse and validate a TOML configuration file.
-    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let cfg = Self::parse_file(path)?;
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    /// Read and parse a TOML configuration file without validating it (see
-    /// [`ProxyConfig::parse_toml_str`]).
-    pub fn parse_file(path: &Path) -> Result<Self, ConfigError> {
-        let s = std::fs::read_to_string(path)
-            .map_err(|e| err(path.display().to_string(), format!("cannot read: {e}")))?;
-        Self::parse_toml_str(&s)
-    }
-
     /// Check the configuration; the error is the first of
     /// [`ProxyConfig::validation_errors`].
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -602,6 +523,13 @@ impl ProxyConfig {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// `[reconf]` checked against the back-ends and sites it moves nodes between.
+    pub fn validate_reconf(&self) -> Result<(), ConfigError> {
+        let every_node_has_region = self.backends.iter().all(|b| b.region.is_some());
+        self.reconf
+            .validate(&self.sites, self.backends.len(), every_node_has_region)
     }
 
     /// Every validation error, each naming its key (for `farside proxy
@@ -748,13 +676,13 @@ impl ProxyConfig {
         if !errs.is_empty() {
             return errs;
         }
-        if let Err(e) = crate::sites::validate(
+        if let Err(e) = sites::validate(
             &self.sites,
             self.monitor.table.is_some() || self.backends.iter().all(|b| b.region.is_some()),
         ) {
             errs.push(e);
         }
-        if let Err(e) = self.reconf.validate(self) {
+        if let Err(e) = self.validate_reconf() {
             errs.push(e);
         }
         if self.admission.enabled && self.admission.metric != Metric::Inflight {
@@ -778,6 +706,7 @@ impl ProxyConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn full_config_parses_with_defaults() {
@@ -809,7 +738,7 @@ mod tests {
             c.monitor.group_read,
             Some("239.1.1.1:7000".parse().unwrap())
         );
-        let o = crate::control::monitor_options(&c);
+        let o = c.monitor.options(Duration::ZERO);
         assert_eq!(o.group, c.monitor.group_read);
         let e = ProxyConfig::from_toml_str(
             "listen = \"127.0.0.1:1\"\n[monitor]\ngroup_read = \"[ff02::1]:7000\"\n[[backend]]\naddr = \"127.0.0.1:2\"\n",
@@ -824,11 +753,11 @@ mod tests {
             format!("listen = \"127.0.0.1:1\"\n[monitor]\nrx = \"{rx}\"\n[[backend]]\naddr = \"127.0.0.1:2\"\n")
         };
         let c = ProxyConfig::from_toml_str(&toml("xsk:eth1")).unwrap();
-        let o = crate::control::monitor_options(&c);
+        let o = c.monitor.options(Duration::ZERO);
         assert_eq!(o.rx, farside_monitor::MonitorRx::Xsk("eth1".into()));
         let d = ProxyConfig::from_toml_str(&toml("udp")).unwrap();
         assert_eq!(
-            crate::control::monitor_options(&d).rx,
+            d.monitor.options(Duration::ZERO).rx,
             farside_monitor::MonitorRx::Udp
         );
         for bad in ["xsk:", "xdp:eth1"] {

@@ -1,11 +1,11 @@
-//! Flags of `farside proxy` and `farside monitor`, merged over an optional TOML file.
+//! Flags of `farside proxy` and `farside monitor`, merged over an optional TOML file
+//! ([`proxy_config`], [`monitor_config`]), and `farside proxy --check-config`
+//! ([`check_config`]).
 
-use farside_monitor::{self as monitor, Monitor, Watch};
-use farside_proxy::config::{BackendConfig, BalancePolicy, Metric, ProxyConfig, StalePolicy};
-use farside_proxy::control::{self, Control, RegionSource};
+use super::{BackendConfig, BalancePolicy, Metric, ProxyConfig, StalePolicy};
+use farside_rmem::Target as RegionSource;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 
 /// Parse `ADDR[,site=NAME][,region=shm:PATH|tcp:HOST:PORT|udp:HOST:PORT][,limit=N][,maxconn=N]`.
 pub fn parse_backend(s: &str) -> Result<BackendConfig, String> {
@@ -424,39 +424,6 @@ fn summary(cfg: &ProxyConfig) -> String {
     )
 }
 
-pub fn run_proxy(a: ProxyArgs) -> Result<(), String> {
-    let cfg = proxy_config(&a)?;
-    let ctl = Control::new(&cfg).map_err(|e| format!("proxy: {e}"))?;
-    log::info!(
-        "proxy: {} → {} back-end(s); admission {} (metric {}, limit {}{}); monitor every {} µs",
-        cfg.listen,
-        cfg.backends.len(),
-        if cfg.admission.enabled { "on" } else { "off" },
-        cfg.admission.metric.name(),
-        match (cfg.common_limit(), cfg.admission.limit) {
-            (Some(l), Some(_)) => l.to_string(),
-            (Some(l), None) => format!("{l} by the metric's default rule"),
-            (None, _) if cfg.admission.enabled => "per back-end".to_string(),
-            (None, _) => "none".to_string(),
-        },
-        if cfg.admission.metric == Metric::Delay {
-            format!(", target delay {} ms", cfg.admission.target_delay_ms)
-        } else {
-            String::new()
-        },
-        cfg.monitor.period_us,
-    );
-    // SIGHUP: the file read again, the same flags over it (flags win and are kept).
-    let reloader: farside_proxy::lifecycle::Reloader = Arc::new(move || {
-        let cfg = proxy_config(&a)?;
-        let ctl = Control::new(&cfg).map_err(|e| format!("control layer: {e}"))?;
-        let gate: Arc<dyn farside_proxy::gate::Gate> = Arc::new(ctl);
-        Ok((cfg, gate))
-    });
-    farside_proxy::server::run_with_reload(cfg, Arc::new(ctl), Some(reloader))
-        .map_err(|e| format!("proxy: {e}"))
-}
-
 #[derive(Debug, Clone, clap::Args)]
 pub struct MonitorArgs {
     #[command(flatten)]
@@ -469,40 +436,15 @@ pub struct MonitorArgs {
     pub duration_s: Option<f64>,
 }
 
-pub fn run_monitor(a: MonitorArgs) -> Result<(), String> {
-    let signals = crate::logging::block_termination_signals();
+/// The configuration `farside monitor` runs with: the file, the flags over it, with at
+/// least one back-end, validated.
+pub fn monitor_config(a: &MonitorArgs) -> Result<ProxyConfig, String> {
     let cfg = load_base(&a.b, None)?;
     if cfg.backends.is_empty() {
         return Err("monitor: no back-ends (--backend ADDR,region=... or --config FILE)".into());
     }
     cfg.validate().map_err(|e| format!("monitor: {e}"))?;
-    let mut watches = Vec::new();
-    for (i, b) in cfg.backends.iter().enumerate() {
-        let r = b
-            .region
-            .as_deref()
-            .ok_or_else(|| format!("monitor: backend[{i}] ({}) has no region=", b.addr))?;
-        watches.push(Watch {
-            index: i,
-            name: b.addr.to_string(),
-            region: RegionSource::parse(r)?,
-        });
-    }
-    let table = monitor::create_table(Some(&a.table), cfg.backends.len(), cfg.monitor.period_us)
-        .map_err(|e| format!("monitor: {}: {e}", a.table.display()))?;
-    let _m = Monitor::start(watches, table, control::monitor_options(&cfg))
-        .map_err(|e| format!("monitor: {e}"))?;
-    log::info!(
-        "monitor: {} back-end(s) every {} µs → {}",
-        cfg.backends.len(),
-        cfg.monitor.period_us,
-        a.table.display()
-    );
-    crate::logging::wait_for_signal(
-        &signals,
-        a.duration_s.map(std::time::Duration::from_secs_f64),
-    );
-    Ok(())
+    Ok(cfg)
 }
 
 #[cfg(test)]
