@@ -22,10 +22,12 @@
 //! ```
 //!
 //! `v` holds each back-end's samples (labels `backend` and `site` dropped from the key),
-//! `g` every sample without a `backend` label; keys are `name{k=v,...}` in report order.
+//! `g` every sample without a `backend` label; keys are `name{k=v,...}`, in key order.
 
 use crate::config::ProxyConfig;
 use farside_admin::{Dashboard, Encoder, Render, Sample, Value};
+use serde::Serialize;
+use serde_json::Map;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -85,6 +87,37 @@ fn transport(cfg: &ProxyConfig, i: usize) -> &str {
     }
 }
 
+/// One snapshot: the shape the page reads (serialised in this field order).
+#[derive(Serialize)]
+struct Snapshot<'a> {
+    t_ms: u64,
+    metric: &'a str,
+    admission: bool,
+    stale_after_ms: u64,
+    backends: Vec<BackendView<'a>>,
+    sites: Vec<SiteView<'a>>,
+    g: Map<String, serde_json::Value>,
+}
+
+/// One back-end in a snapshot: its configuration and its samples.
+#[derive(Serialize)]
+struct BackendView<'a> {
+    addr: &'a str,
+    site: &'a str,
+    transport: &'a str,
+    /// None (JSON null) when the back-end has no admission limit.
+    limit: Option<u64>,
+    v: Map<String, serde_json::Value>,
+}
+
+/// One site in a snapshot.
+#[derive(Serialize)]
+struct SiteView<'a> {
+    name: &'a str,
+    id: usize,
+    hosts: &'a [String],
+}
+
 /// One snapshot of `samples` (a capturing scrape) with `cfg`'s back-ends and sites.
 pub fn snapshot(samples: &[Sample], cfg: &ProxyConfig, t_ms: u64) -> String {
     let addrs: Vec<String> = cfg.backends.iter().map(|b| b.addr.to_string()).collect();
@@ -93,9 +126,8 @@ pub fn snapshot(samples: &[Sample], cfg: &ProxyConfig, t_ms: u64) -> String {
         .enumerate()
         .map(|(i, a)| (a.as_str(), i))
         .collect();
-    let mut per: Vec<String> = vec![String::new(); addrs.len()];
-    let mut global = String::new();
-    let mut key = String::new();
+    let mut per: Vec<Map<String, serde_json::Value>> = vec![Map::new(); addrs.len()];
+    let mut global = Map::new();
     for s in samples {
         let backend = s.labels.iter().find(|(k, _)| k == "backend");
         let out = match backend {
@@ -105,8 +137,7 @@ pub fn snapshot(samples: &[Sample], cfg: &ProxyConfig, t_ms: u64) -> String {
             },
             None => &mut global,
         };
-        key.clear();
-        key.push_str(&s.name);
+        let mut key = s.name.clone();
         let mut first = true;
         for (k, v) in &s.labels {
             if backend.is_some() && (k == "backend" || k == "site") {
@@ -119,87 +150,51 @@ pub fn snapshot(samples: &[Sample], cfg: &ProxyConfig, t_ms: u64) -> String {
         if !first {
             key.push('}');
         }
-        if !out.is_empty() {
-            out.push(',');
-        }
-        json_str(out, &key);
-        out.push(':');
-        json_value(out, s.value);
+        out.insert(key, json_value(s.value));
     }
-    let mut o =
-        String::with_capacity(1024 + global.len() + per.iter().map(String::len).sum::<usize>());
     let a = &cfg.admission;
-    let _ = write!(
-        o,
-        "{{\"t_ms\":{t_ms},\"metric\":\"{}\",\"admission\":{},\"stale_after_ms\":{},\"backends\":[",
-        a.metric.name(),
-        a.enabled,
-        a.stale_after_ms
-    );
-    for (i, b) in cfg.backends.iter().enumerate() {
-        if i > 0 {
-            o.push(',');
-        }
-        o.push_str("{\"addr\":");
-        json_str(&mut o, &addrs[i]);
-        o.push_str(",\"site\":");
-        json_str(&mut o, &b.site);
-        o.push_str(",\"transport\":");
-        json_str(&mut o, transport(cfg, i));
-        match cfg.limit_for(i) {
-            u64::MAX => o.push_str(",\"limit\":null,\"v\":{"),
-            l => {
-                let _ = write!(o, ",\"limit\":{l},\"v\":{{");
-            }
-        }
-        o.push_str(&per[i]);
-        o.push_str("}}");
-    }
-    o.push_str("],\"sites\":[");
-    for (i, s) in cfg.sites.iter().enumerate() {
-        if i > 0 {
-            o.push(',');
-        }
-        o.push_str("{\"name\":");
-        json_str(&mut o, &s.name);
-        let _ = write!(o, ",\"id\":{},\"hosts\":[", s.id.map_or(i, usize::from));
-        for (j, h) in s.hosts.iter().enumerate() {
-            if j > 0 {
-                o.push(',');
-            }
-            json_str(&mut o, h);
-        }
-        o.push_str("]}");
-    }
-    o.push_str("],\"g\":{");
-    o.push_str(&global);
-    o.push_str("}}");
-    o
-}
-
-fn json_value(out: &mut String, v: Value) {
-    let _ = match v {
-        Value::U(v) => write!(out, "{v}"),
-        Value::I(v) => write!(out, "{v}"),
-        Value::F(v) if v.is_finite() => write!(out, "{v}"),
-        Value::F(_) => write!(out, "null"),
+    let backends = cfg
+        .backends
+        .iter()
+        .zip(per)
+        .enumerate()
+        .map(|(i, (b, v))| BackendView {
+            addr: &addrs[i],
+            site: &b.site,
+            transport: transport(cfg, i),
+            limit: Some(cfg.limit_for(i)).filter(|&l| l != u64::MAX),
+            v,
+        })
+        .collect();
+    let sites = cfg
+        .sites
+        .iter()
+        .enumerate()
+        .map(|(i, s)| SiteView {
+            name: &s.name,
+            id: s.id.map_or(i, usize::from),
+            hosts: &s.hosts,
+        })
+        .collect();
+    let snap = Snapshot {
+        t_ms,
+        metric: a.metric.name(),
+        admission: a.enabled,
+        stale_after_ms: a.stale_after_ms,
+        backends,
+        sites,
+        g: global,
     };
+    serde_json::to_string(&snap).expect("a snapshot of strings and numbers serialises")
 }
 
-/// `s` as a JSON string (quotes, backslashes and control characters escaped).
-fn json_str(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
+/// A sample's value as JSON: NaN and infinities (not JSON numbers) as null.
+fn json_value(v: Value) -> serde_json::Value {
+    match v {
+        Value::U(v) => v.into(),
+        Value::I(v) => v.into(),
+        Value::F(v) => serde_json::Number::from_f64(v).map_or(serde_json::Value::Null, Into::into),
     }
-    out.push('"');
 }
 
 #[cfg(test)]
