@@ -261,77 +261,91 @@ impl ManyReport {
 
     /// The report as one JSON object (`cfg` adds the run's parameters).
     pub fn to_json(&self, cfg: &ManyConfig) -> String {
-        let reasons: Vec<String> = self
-            .resumed_on_source
-            .iter()
-            .map(|(k, v)| format!("\"{k}\": {v}"))
-            .collect();
-        let errors: Vec<String> = self.errors.iter().map(|e| json_str(e)).collect();
-        let pcts = |s: &Samples| {
-            format!(
-                "{{\"n\": {}, \"p50\": {}, \"p99\": {}, \"max\": {}, \"mean\": {}}}",
-                s.len(),
-                s.pct(50),
-                s.pct(99),
-                s.pct(100),
-                s.mean()
-            )
+        let pcts = |s: &Samples| Pcts {
+            n: s.len(),
+            p50: s.pct(50),
+            p99: s.pct(99),
+            max: s.pct(100),
+            mean: s.mean(),
         };
-        format!(
-            "{{\n  \"connections_requested\": {},\n  \"concurrency\": {},\n  \"small\": {},\n  \
-             \"conn_timeout_s\": {},\n  \"deadline_s\": {},\n  \
-             \"handover\": \"CloseAfterRestore\",\n  \
-             \"flow_move\": \"one policy rule per connection in the client namespace over rtnetlink \
-             (from client, tcp sport+dport, lookup table {TABLE_B}), deleted when the connection closes\",\n  \
-             \"attempted\": {},\n  \"migrated\": {},\n  \"resumed_on_source\": {{{}}},\n  \
-             \"lost\": {},\n  \"failed\": {},\n  \"bytes_checked\": {},\n  \
-             \"bytes_lost\": {},\n  \"bytes_bad\": {},\n  \
-             \"bytes_lost_or_duplicated\": {},\n  \
-             \"migration_latency_us\": {},\n  \"dump_us\": {},\n  \"flow_move_us\": {},\n  \
-             \"cpu_per_migration_source_us\": {},\n  \"cpu_per_migration_target_us\": {},\n  \
-             \"cpu_method\": \"getrusage(RUSAGE_THREAD) around ControlPool::migrate_with (source, the flow move included) and around Target::serve_next (target)\",\n  \
-             \"state_bytes\": {},\n  \"flow_rules_left\": {},\n  \"control_connections\": {},\n  \"wall_s\": {:.3},\n  \
-             \"errors\": [{}]\n}}\n",
-            cfg.connections,
-            cfg.concurrency,
-            cfg.small,
-            cfg.conn_timeout.as_secs(),
-            cfg.deadline.as_secs(),
-            self.attempted,
-            self.migrated,
-            reasons.join(", "),
-            self.lost,
-            self.failed,
-            self.bytes_checked,
-            self.bytes_lost,
-            self.bytes_bad,
-            self.bytes_lost + self.bytes_bad,
-            pcts(&self.latency_us),
-            pcts(&self.dump_us),
-            pcts(&self.flow_move_us),
-            pcts(&self.source_cpu_us),
-            pcts(&self.target_cpu_us),
-            pcts(&self.state_bytes),
-            self.flow_rules_left,
-            self.control_connections,
-            self.wall.as_secs_f64(),
-            errors.join(", ")
-        )
+        let json = ManyJson {
+            connections_requested: cfg.connections,
+            concurrency: cfg.concurrency,
+            small: cfg.small,
+            conn_timeout_s: cfg.conn_timeout.as_secs(),
+            deadline_s: cfg.deadline.as_secs(),
+            handover: "CloseAfterRestore",
+            flow_move: format!(
+                "one policy rule per connection in the client namespace over rtnetlink \
+                 (from client, tcp sport+dport, lookup table {TABLE_B}), deleted when the \
+                 connection closes"
+            ),
+            attempted: self.attempted,
+            migrated: self.migrated,
+            resumed_on_source: &self.resumed_on_source,
+            lost: self.lost,
+            failed: self.failed,
+            bytes_checked: self.bytes_checked,
+            bytes_lost: self.bytes_lost,
+            bytes_bad: self.bytes_bad,
+            bytes_lost_or_duplicated: self.bytes_lost + self.bytes_bad,
+            migration_latency_us: pcts(&self.latency_us),
+            dump_us: pcts(&self.dump_us),
+            flow_move_us: pcts(&self.flow_move_us),
+            cpu_per_migration_source_us: pcts(&self.source_cpu_us),
+            cpu_per_migration_target_us: pcts(&self.target_cpu_us),
+            cpu_method: "getrusage(RUSAGE_THREAD) around ControlPool::migrate_with (source, \
+                         the flow move included) and around Target::serve_next (target)",
+            state_bytes: pcts(&self.state_bytes),
+            flow_rules_left: self.flow_rules_left,
+            control_connections: self.control_connections,
+            wall_s: (self.wall.as_secs_f64() * 1000.0).round() / 1000.0,
+            errors: &self.errors,
+        };
+        serde_json::to_string_pretty(&json).expect("a report of strings and numbers") + "\n"
     }
 }
 
-fn json_str(s: &str) -> String {
-    let mut o = String::from("\"");
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
+/// Percentiles of one sample set, as the report writes them.
+#[derive(serde::Serialize)]
+struct Pcts {
+    n: usize,
+    p50: u64,
+    p99: u64,
+    max: u64,
+    mean: u64,
+}
+
+/// The report's JSON, in its field order.
+#[derive(serde::Serialize)]
+struct ManyJson<'a> {
+    connections_requested: usize,
+    concurrency: usize,
+    small: bool,
+    conn_timeout_s: u64,
+    deadline_s: u64,
+    handover: &'static str,
+    flow_move: String,
+    attempted: u64,
+    migrated: u64,
+    resumed_on_source: &'a BTreeMap<String, u64>,
+    lost: u64,
+    failed: u64,
+    bytes_checked: u64,
+    bytes_lost: u64,
+    bytes_bad: u64,
+    bytes_lost_or_duplicated: u64,
+    migration_latency_us: Pcts,
+    dump_us: Pcts,
+    flow_move_us: Pcts,
+    cpu_per_migration_source_us: Pcts,
+    cpu_per_migration_target_us: Pcts,
+    cpu_method: &'static str,
+    state_bytes: Pcts,
+    flow_rules_left: u64,
+    control_connections: u64,
+    wall_s: f64,
+    errors: &'a [String],
 }
 
 fn fallback_name(f: &Fallback) -> &'static str {
