@@ -43,7 +43,7 @@
 use std::io::{self, BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -91,6 +91,17 @@ pub const POOL_IDLE_PER_TARGET_DEFAULT: usize = 8;
 /// Upper bound of a pool's per-target bound (a target serves at most 64 connections
 /// at once: `farside specd --target-threads`).
 pub const POOL_IDLE_PER_TARGET_MAX: usize = 64;
+/// Longest a target waits for one whole message, first byte to last (OFFER,
+/// OFFER_COMMIT, COMMIT, DONE, ABORT): the per-`recv` bound alone lets a peer that
+/// trickles a byte now and then hold a serving thread indefinitely. The largest
+/// state (two 32 MiB queues) crosses a 1 Gbit/s link in about 0.6 s.
+pub const MESSAGE_DEADLINE_DEFAULT: Duration = Duration::from_secs(4);
+/// Default budget of OFFER payload bytes a process's targets hold at once (read or
+/// being restored): each offer reserves its announced length before its bytes are
+/// read and gives it back when it ends; an offer that does not fit is refused and
+/// its connection closed. 256 MiB holds a thousand lab-sized states (≤ 200 KiB) or
+/// four of the largest.
+pub const OFFER_BUDGET_BYTES_DEFAULT: usize = 256 << 20;
 /// The target's read buffer per control connection: one `recv` takes a reply or an
 /// OFFER's header and fixed fields (≤ 120 bytes) and the start of its queues; larger
 /// reads bypass it.
@@ -792,26 +803,156 @@ impl Target {
 /// One control connection on the target: the offers a source sends over it, served
 /// one after the other (wire version 2).
 pub struct ControlConn {
-    reader: BufReader<TcpStream>,
+    reader: BufReader<Timed>,
     reusable: bool,
+    /// Bound on each whole message ([`MESSAGE_DEADLINE_DEFAULT`]).
+    message_deadline: Duration,
+    /// Bound on the wait for a reply of the source (COMMIT, DONE/ABORT).
+    reply_timeout: Duration,
+    budget: Arc<OfferBudget>,
+}
+
+/// The OFFER bytes targets may hold at once ([`OFFER_BUDGET_BYTES_DEFAULT`]): shared
+/// by the control connections of a process unless given their own
+/// ([`ControlConn::set_budget`]).
+#[derive(Debug)]
+pub struct OfferBudget {
+    used: AtomicUsize,
+    max: usize,
+    refused: AtomicU64,
+}
+
+impl OfferBudget {
+    /// A budget of `max` bytes.
+    pub fn new(max: usize) -> Self {
+        Self {
+            used: AtomicUsize::new(0),
+            max,
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// The process's budget (every [`ControlConn`]'s by default).
+    pub fn global() -> Arc<Self> {
+        static GLOBAL: OnceLock<Arc<OfferBudget>> = OnceLock::new();
+        Arc::clone(GLOBAL.get_or_init(|| Arc::new(Self::new(OFFER_BUDGET_BYTES_DEFAULT))))
+    }
+
+    /// Bytes reserved now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::SeqCst)
+    }
+
+    /// Offers refused because they did not fit.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Reserves `n` bytes, or `None` if they do not fit.
+    fn reserve(self: &Arc<Self>, n: usize) -> Option<Reserved> {
+        let ok = self
+            .used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                u.checked_add(n).filter(|&t| t <= self.max)
+            })
+            .is_ok();
+        if !ok {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Reserved(Arc::clone(self), n))
+    }
+}
+
+/// Bytes of an [`OfferBudget`], given back when dropped.
+struct Reserved(Arc<OfferBudget>, usize);
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.0.used.fetch_sub(self.1, Ordering::SeqCst);
+    }
+}
+
+/// A control connection's reading side with a deadline per message: each `recv` is
+/// bounded by the socket's timeout, lowered to what is left of the deadline as it
+/// approaches (one `setsockopt` only then), so a whole message is bounded too.
+struct Timed {
+    stream: TcpStream,
+    /// The per-`recv` bound set on the socket when no deadline is near.
+    per_read: Duration,
+    /// The socket's read timeout now.
+    current: Duration,
+    deadline: Option<Instant>,
+}
+
+impl Timed {
+    /// Starts the deadline of the next message.
+    fn start(&mut self, within: Duration) {
+        self.deadline = Some(Instant::now() + within);
+    }
+}
+
+impl io::Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let want = match self.deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "message not complete within its deadline",
+                    ));
+                }
+                left.min(self.per_read)
+            }
+            None => self.per_read,
+        };
+        // Lowered near the deadline, raised again for the next message.
+        if want < self.current || (want > self.current && self.current < self.per_read) {
+            self.stream
+                .set_read_timeout(Some(want.max(Duration::from_millis(1))))?;
+            self.current = want;
+        }
+        io::Read::read(&mut self.stream, buf)
+    }
 }
 
 impl ControlConn {
     /// Prepares an accepted connection: every read and write bounded by
-    /// `reply_timeout`, Nagle off.
+    /// `reply_timeout`, each whole message by [`MESSAGE_DEADLINE_DEFAULT`], Nagle
+    /// off; OFFERs count in [`OfferBudget::global`].
     pub fn new(stream: TcpStream, reply_timeout: Duration) -> io::Result<Self> {
         stream.set_read_timeout(Some(reply_timeout))?;
         stream.set_write_timeout(Some(reply_timeout))?;
         stream.set_nodelay(true)?;
+        let timed = Timed {
+            stream,
+            per_read: reply_timeout,
+            current: reply_timeout,
+            deadline: None,
+        };
         Ok(Self {
-            reader: BufReader::with_capacity(CONTROL_READ_BUF_BYTES, stream),
+            reader: BufReader::with_capacity(CONTROL_READ_BUF_BYTES, timed),
             reusable: true,
+            message_deadline: MESSAGE_DEADLINE_DEFAULT,
+            reply_timeout,
+            budget: OfferBudget::global(),
         })
+    }
+
+    /// Bounds each whole message by `d` instead of [`MESSAGE_DEADLINE_DEFAULT`].
+    pub fn set_message_deadline(&mut self, d: Duration) {
+        self.message_deadline = d;
+    }
+
+    /// Counts this connection's OFFERs in `budget` instead of the global one.
+    pub fn set_budget(&mut self, budget: Arc<OfferBudget>) {
+        self.budget = budget;
     }
 
     /// The connection (e.g. to shut it down from another thread via a clone).
     pub fn stream(&self) -> &TcpStream {
-        self.reader.get_ref()
+        &self.reader.get_ref().stream
     }
 
     /// Whether the last hand-over ended cleanly, so the next OFFER may follow on this
@@ -877,6 +1018,7 @@ impl ControlConn {
             return Ok(None);
         }
         self.reusable = false;
+        self.reader.get_mut().start(self.message_deadline);
         match self.reader.fill_buf() {
             Ok([]) => return Ok(None),
             Ok(_) => {}
@@ -886,16 +1028,31 @@ impl ControlConn {
         if let Err(e) = io::Read::read_exact(&mut self.reader, &mut h) {
             return Ok(Some(TargetOutcome::SourceGone(e)));
         }
-        if let Err(e) = decode_header(&h) {
-            // Another wire version (or garbage): say so to the source, in our
-            // framing (an old source's decoder names the version it got).
-            let text = reason(&format!("target refuses the frame: {e}"));
-            let _ = self.write(&Message::Refuse(text));
-            return Ok(Some(TargetOutcome::SourceGone(io::Error::new(
-                io::ErrorKind::InvalidData,
-                e,
-            ))));
-        }
+        let len = match decode_header(&h) {
+            Ok((_, len)) => len,
+            Err(e) => {
+                // Another wire version (or garbage): say so to the source, in our
+                // framing (an old source's decoder names the version it got).
+                let text = reason(&format!("target refuses the frame: {e}"));
+                let _ = self.write(&Message::Refuse(text));
+                return Ok(Some(TargetOutcome::SourceGone(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    e,
+                ))));
+            }
+        };
+        // The announced length is reserved before a byte of the payload is read; an
+        // offer that does not fit is refused and its connection closed (its payload
+        // is never read).
+        let Some(_reserved) = self.budget.reserve(len) else {
+            let r = reason(&format!(
+                "target memory budget full: {} of {} bytes held, offer of {len}",
+                self.budget.used(),
+                self.budget.max
+            ));
+            let _ = self.write(&Message::Refuse(r.clone()));
+            return Ok(Some(TargetOutcome::Refused(r)));
+        };
         let (st, commit_now) = match read_message_after(&mut self.reader, &h) {
             Ok(Message::Offer(st)) => (st, false),
             Ok(Message::OfferCommit(st)) => (st, true),
@@ -915,7 +1072,15 @@ impl ControlConn {
 
     fn write(&mut self, msg: &Message) -> io::Result<()> {
         // Replies are empty or a short reason: one small frame, one write.
-        io::Write::write_all(self.reader.get_mut(), &encode(msg))
+        io::Write::write_all(&mut self.reader.get_mut().stream, &encode(msg))
+    }
+
+    /// The source's next message (COMMIT, DONE or ABORT), within the reply timeout
+    /// and, once it starts, the message deadline.
+    fn read_reply(&mut self) -> io::Result<Message> {
+        let within = self.reply_timeout.min(self.message_deadline);
+        self.reader.get_mut().start(within);
+        read_message(&mut self.reader)
     }
 
     /// One offer; `commit_now`: it was an OFFER_COMMIT (no ACCEPT, no COMMIT).
@@ -935,7 +1100,7 @@ impl ControlConn {
             if let Err(e) = self.write(&Message::Accept) {
                 return Ok(TargetOutcome::SourceGone(e));
             }
-            match read_message(&mut self.reader) {
+            match self.read_reply() {
                 Ok(Message::Commit) => {}
                 Ok(m) => return Ok(TargetOutcome::SourceGone(unexpected(&m))),
                 Err(e) => return Ok(TargetOutcome::SourceGone(e)),
@@ -953,7 +1118,7 @@ impl ControlConn {
         // still resume, so this copy must neither send nor acknowledge anything yet.
         let verdict = self
             .write(&Message::Restored)
-            .and_then(|()| read_message(&mut self.reader));
+            .and_then(|()| self.read_reply());
         match verdict {
             Ok(Message::Done) => {
                 let sock = match frozen.release() {

@@ -494,22 +494,39 @@ fn bad_data(e: WireError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
+/// First allocation of a queue being read when this thread has no spare buffer:
+/// a lab state's queue fits; a larger one grows as its bytes arrive.
+const READ_CHUNK_FIRST: usize = 64 << 10;
+
 /// Reads exactly `n` bytes into a buffer (a spare one of this thread if it has one:
-/// resident pages, see `bufs`). Zeroed first: `read_to_end` would skip that but reads
-/// a socket in growing chunks (8 KiB, 16 KiB, …), twice the `recv` calls.
+/// resident pages, see `bufs`). `n` comes from the wire, so the buffer is not sized
+/// by it: it starts at most [`READ_CHUNK_FIRST`] (or a spare's capacity) and doubles
+/// as the bytes arrive, so a peer that claims a long queue and sends less costs at
+/// most twice what it sent. Each chunk is zeroed first: `read_to_end` would skip that
+/// but reads a socket in growing chunks (8 KiB, 16 KiB, …), more `recv` calls.
 fn read_vec(r: &mut impl Read, n: usize) -> io::Result<Vec<u8>> {
-    let mut v = crate::bufs::take(n);
-    v.resize(n, 0);
-    if let Err(e) = r.read_exact(&mut v) {
-        crate::bufs::give(v);
-        return Err(e);
+    let mut v = crate::bufs::take(n.min(READ_CHUNK_FIRST));
+    // Bounded: each pass fills the buffer to its capacity (at least one more byte)
+    // or fails.
+    while v.len() < n {
+        if v.len() == v.capacity() {
+            let more = v.capacity().max(READ_CHUNK_FIRST).min(n - v.len());
+            v.reserve_exact(more);
+        }
+        let start = v.len();
+        let end = n.min(v.capacity());
+        v.resize(end, 0);
+        if let Err(e) = r.read_exact(&mut v[start..end]) {
+            crate::bufs::give(v);
+            return Err(e);
+        }
     }
     Ok(v)
 }
 
 /// Reads an OFFER payload of `len` bytes (checked against the structure before each
-/// queue is allocated, so a lying length allocates at most what it claims, which
-/// [`decode_header`] bounded).
+/// queue is read; a queue's buffer grows as its bytes arrive, so a lying length
+/// allocates at most twice what was sent, never what it claims).
 fn read_offer(r: &mut impl Read, len: usize) -> io::Result<TcpState> {
     if len == 0 {
         return Err(bad_data(WireError::Truncated));

@@ -66,6 +66,20 @@ const NOTIFY_IDLE_WAIT_MAX: Duration = Duration::from_millis(200);
 /// the N-local-requests rule).
 pub const REFUSED_SOURCES_MAX: usize = 64;
 
+/// Threads every other peer keeps free of one peer's connections: with several
+/// peers, one peer holds at most `threads - PEER_RESERVE_THREADS × (peers - 1)`
+/// control connections at once (all of them with one peer), so a peer that opens
+/// connections and sends nothing cannot take every thread.
+pub const PEER_RESERVE_THREADS: usize = 2;
+
+/// Most control connections one peer may hold at once with `threads` serving threads
+/// and `peers` peers (at least 1).
+pub fn per_peer_max(threads: usize, peers: usize) -> usize {
+    threads
+        .saturating_sub(PEER_RESERVE_THREADS * peers.saturating_sub(1))
+        .max(1)
+}
+
 /// Configuration of the target side.
 #[derive(Clone, Debug)]
 pub struct TargetConfig {
@@ -99,6 +113,9 @@ pub struct TargetStats {
     pub restore_failed: AtomicU64,
     /// Offers the source aborted or abandoned.
     pub aborted: AtomicU64,
+    /// Control connections closed at once because their peer already held its
+    /// share of the threads ([`per_peer_max`]).
+    pub over_peer_cap: AtomicU64,
     /// Notifications sent.
     pub notifications: AtomicU64,
     /// Target CPU per restored migration, µs (thread CPU of the offer's handling).
@@ -127,6 +144,41 @@ struct Shared {
     /// Set while one thread gives up its idle connection for a waiting source, so
     /// the other idle threads keep theirs.
     yielding: AtomicBool,
+    /// Control connections held now, per peer address.
+    per_peer: Mutex<Vec<(IpAddr, usize)>>,
+    /// [`per_peer_max`] of this configuration.
+    per_peer_max: usize,
+}
+
+/// One control connection counted against its peer's cap; uncounted when dropped.
+struct PeerSlot<'a> {
+    s: &'a Shared,
+    ip: IpAddr,
+}
+
+impl<'a> PeerSlot<'a> {
+    /// Counts a connection from `ip`, or `None` if `ip` holds its share already.
+    fn take(s: &'a Shared, ip: IpAddr) -> Option<Self> {
+        let mut v = s.per_peer.lock().unwrap_or_else(|p| p.into_inner());
+        match v.iter_mut().find(|(a, _)| *a == ip) {
+            Some((_, n)) if *n >= s.per_peer_max => return None,
+            Some((_, n)) => *n += 1,
+            None => v.push((ip, 1)),
+        }
+        Some(Self { s, ip })
+    }
+}
+
+impl Drop for PeerSlot<'_> {
+    fn drop(&mut self) {
+        let mut v = self.s.per_peer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = v.iter().position(|(a, _)| *a == self.ip) {
+            v[i].1 -= 1;
+            if v[i].1 == 0 {
+                v.swap_remove(i);
+            }
+        }
+    }
 }
 
 /// A running target side. Dropping it stops it.
@@ -150,6 +202,7 @@ impl TargetDaemon {
         let addr = listener.local_addr()?;
         // Probe the server's queue once so a bad port or missing permission fails now.
         ServerQueue::new(cfg.server_port)?.read()?;
+        let (cfg_threads, cfg_peers) = (cfg.threads, cfg.peers.len());
         let shared = Arc::new(Shared {
             // Restored connections waiting for the server count in the admission
             // (below), so no more than --admit-queue-max of them ever wait.
@@ -168,6 +221,8 @@ impl TargetDaemon {
             free: AtomicU32::new(0),
             yielding: AtomicBool::new(false),
             none_free: eventfd()?,
+            per_peer: Mutex::new(Vec::new()),
+            per_peer_max: per_peer_max(cfg_threads, cfg_peers),
         });
         let mut threads = Vec::new();
         for i in 0..shared.cfg.threads {
@@ -301,20 +356,31 @@ fn reset(efd: &OwnedFd) {
 
 /// Accepts one source (blocking), counted as a free thread meanwhile; taking the
 /// last free slot signals `none_free`.
-fn accept_control(s: &Shared) -> Option<(ControlConn, SocketAddr)> {
+/// A connection over its peer's cap is closed at once (before anything is read).
+fn accept_control(s: &Shared) -> Option<(ControlConn, SocketAddr, PeerSlot<'_>)> {
     s.free.fetch_add(1, Ordering::SeqCst);
     let r = s.listener.accept();
     if s.free.fetch_sub(1, Ordering::SeqCst) == 1 {
         signal(&s.none_free);
     }
     match r {
-        Ok((ctrl, peer)) => match ControlConn::new(ctrl, REPLY_TIMEOUT_DEFAULT) {
-            Ok(c) => Some((c, peer)),
-            Err(e) => {
-                log::debug!("specd target: control connection from {peer}: {e}");
-                None
+        Ok((ctrl, peer)) => {
+            let Some(slot) = PeerSlot::take(s, peer.ip()) else {
+                s.stats.over_peer_cap.fetch_add(1, Ordering::Relaxed);
+                log::debug!(
+                    "specd target: {peer} holds {} control connections already: closed",
+                    s.per_peer_max
+                );
+                return None;
+            };
+            match ControlConn::new(ctrl, REPLY_TIMEOUT_DEFAULT) {
+                Ok(c) => Some((c, peer, slot)),
+                Err(e) => {
+                    log::debug!("specd target: control connection from {peer}: {e}");
+                    None
+                }
             }
-        },
+        }
         Err(e) => {
             if !s.stop.load(Ordering::SeqCst) {
                 log::warn!("specd target accept: {e}");
@@ -333,10 +399,10 @@ fn offers_loop(s: &Shared) {
             return;
         }
     };
-    let mut conn: Option<(ControlConn, SocketAddr)> = None;
+    let mut conn: Option<(ControlConn, SocketAddr, PeerSlot<'_>)> = None;
     let mut watch_listener = true;
     while !s.stop.load(Ordering::SeqCst) {
-        let (ctrl, peer) = match conn.as_mut() {
+        let (ctrl, peer, _) = match conn.as_mut() {
             Some(c) => c,
             None => match accept_control(s) {
                 Some(c) => conn.insert(c),
