@@ -13,8 +13,43 @@ use crate::source::{
 };
 use crate::steer::{FlowSteer, FrontendMove, FrontendSteer, NoSteer, PolicyRouteSteer};
 use crate::summary::{rounded, to_line, ExitSummary};
-use crate::target::{TargetConfig, TargetDaemon, TARGET_THREADS_DEFAULT};
+use crate::target::{OfferRules, TargetConfig, TargetDaemon, TARGET_THREADS_DEFAULT};
 use crate::window::{WindowConfig, QUEUE_DEFAULT, WINDOW_DEFAULT};
+
+/// The target side's configuration: peers are allowed to connect from their daemon
+/// and front-end (`backend=`) addresses; an offered connection's local address must
+/// be the service (`--vip` if given, `--service-port`), its client neither loopback
+/// nor a peer's or this daemon's address.
+pub fn target_config(args: &SpecdArgs, handoff: Handoff) -> TargetConfig {
+    let mut allow: Vec<IpAddr> = Vec::new();
+    for ip in args.peers.iter().flat_map(|p| [p.daemon.ip(), p.backend]) {
+        if !allow.contains(&ip) {
+            allow.push(ip);
+        }
+    }
+    if allow.is_empty() {
+        log::warn!("specd target: no --peer: migration offers from every host are refused");
+    }
+    let mut cluster = allow.clone();
+    if !args.listen.ip().is_unspecified() && !cluster.contains(&args.listen.ip()) {
+        cluster.push(args.listen.ip());
+    }
+    TargetConfig {
+        listen: args.listen,
+        server_port: args.server_port,
+        admit_queue_max: args.admit_queue_max,
+        handoff,
+        threads: args.target_threads,
+        peers: args.peers.iter().map(|p| p.daemon).collect(),
+        allow,
+        offers: OfferRules {
+            service_ip: args.vip.map(IpAddr::V4),
+            service_port: args.service_port.unwrap_or(args.server_port),
+            cluster,
+            loopback: false,
+        },
+    }
+}
 
 /// Upper bound of the poll periods, µs: a window that learns its server's queue less
 /// often than every second is not speculative admission any more.
@@ -265,15 +300,8 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
         }
     }
     let t0 = Instant::now();
-    let target = TargetDaemon::start(TargetConfig {
-        listen: args.listen,
-        server_port: args.server_port,
-        admit_queue_max: args.admit_queue_max,
-        handoff: handoff.clone(),
-        threads: args.target_threads,
-        peers: args.peers.iter().map(|p| p.daemon).collect(),
-    })
-    .map_err(|e| format!("specd target: {e}"))?;
+    let target = TargetDaemon::start(target_config(&args, handoff.clone()))
+        .map_err(|e| format!("specd target: {e}"))?;
     let source = match args.accept {
         Some(accept) => {
             let flow: Box<dyn FlowSteer> = match (&args.flow_netns, args.frontend) {

@@ -80,6 +80,69 @@ pub fn per_peer_max(threads: usize, peers: usize) -> usize {
         .max(1)
 }
 
+/// What an offered connection may be: its local address is the service, its
+/// client is neither this host (loopback) nor a cluster address. An offer outside
+/// these is refused before anything is restored: the restore binds any address
+/// (`IP_FREEBIND`) and connects to any remote, so a peer could otherwise hand the web
+/// server a request "from" any address (127.0.0.1 past `allow` rules) or make this
+/// host send segments with a forged source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OfferRules {
+    /// The service's address (the VIP) an offered connection's local address must
+    /// have; `None`: any address that is not loopback, unspecified or multicast.
+    pub service_ip: Option<IpAddr>,
+    /// The service's port an offered connection's local port must be.
+    pub service_port: u16,
+    /// Addresses no client may have: the cluster's own (peers, this daemon).
+    pub cluster: Vec<IpAddr>,
+    /// Accept loopback addresses (single-host tests only: `farside specd` never sets
+    /// it).
+    pub loopback: bool,
+}
+
+impl OfferRules {
+    /// Why `st` may not be restored here, if it may not.
+    pub fn check(&self, st: &farside_migrate::TcpState) -> Result<(), String> {
+        let (local, remote) = (st.local, st.remote);
+        if local.port() != self.service_port {
+            return Err(format!(
+                "offered local address {local} is not the service's port {}",
+                self.service_port
+            ));
+        }
+        match self.service_ip {
+            Some(ip) if local.ip() != ip => {
+                return Err(format!(
+                    "offered local address {local} is not the service's {ip}"
+                ))
+            }
+            Some(_) => {}
+            None if !self.usable(local.ip()) => {
+                return Err(format!(
+                    "offered local address {local} is not a service address"
+                ))
+            }
+            None => {}
+        }
+        if !self.usable(remote.ip()) || remote.port() == 0 {
+            return Err(format!("offered client {remote} is not a client address"));
+        }
+        if self.cluster.contains(&remote.ip()) {
+            return Err(format!("offered client {remote} is a cluster address"));
+        }
+        Ok(())
+    }
+
+    fn usable(&self, ip: IpAddr) -> bool {
+        let bad = ip.is_unspecified()
+            || ip.is_multicast()
+            || (ip.is_loopback() && !self.loopback)
+            || matches!(ip, IpAddr::V4(v4) if v4.is_broadcast())
+            || matches!(ip, IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some());
+        !bad
+    }
+}
+
 /// Configuration of the target side.
 #[derive(Clone, Debug)]
 pub struct TargetConfig {
@@ -98,6 +161,11 @@ pub struct TargetConfig {
     /// The peers' daemon addresses: a refused source whose IP is among them is
     /// notified at that address, any other at (its IP, our listen port).
     pub peers: Vec<SocketAddr>,
+    /// The addresses peers connect from: a control connection from any other is
+    /// closed at once, before a byte of it is read (empty: none is served).
+    pub allow: Vec<IpAddr>,
+    /// What an offered connection may be ([`OfferRules::check`]).
+    pub offers: OfferRules,
 }
 
 /// Counters of the target side.
@@ -116,6 +184,11 @@ pub struct TargetStats {
     /// Control connections closed at once because their peer already held its
     /// share of the threads ([`per_peer_max`]).
     pub over_peer_cap: AtomicU64,
+    /// Control connections closed at once because they came from an address not
+    /// in [`TargetConfig::allow`].
+    pub not_allowed: AtomicU64,
+    /// Offers refused by [`OfferRules::check`] (also counted in `refused`).
+    pub bad_offers: AtomicU64,
     /// Notifications sent.
     pub notifications: AtomicU64,
     /// Target CPU per restored migration, µs (thread CPU of the offer's handling).
@@ -365,6 +438,11 @@ fn accept_control(s: &Shared) -> Option<(ControlConn, SocketAddr, PeerSlot<'_>)>
     }
     match r {
         Ok((ctrl, peer)) => {
+            if !s.cfg.allow.contains(&peer.ip()) {
+                s.stats.not_allowed.fetch_add(1, Ordering::Relaxed);
+                log::debug!("specd target: control connection from {peer}, not a peer: closed");
+                return None;
+            }
             let Some(slot) = PeerSlot::take(s, peer.ip()) else {
                 s.stats.over_peer_cap.fetch_add(1, Ordering::Relaxed);
                 log::debug!(
@@ -459,7 +537,12 @@ fn offers_loop(s: &Shared) {
         watch_listener = true;
         let cpu0 = farside_rt::thread_cpu_us();
         let mut admitted: Option<Restoring<'_>> = None;
-        let admit = |_: &farside_migrate::TcpState| -> Result<(), String> {
+        let mut bad_offer = false;
+        let admit = |st: &farside_migrate::TcpState| -> Result<(), String> {
+            if let Err(e) = s.cfg.offers.check(st) {
+                bad_offer = true;
+                return Err(e);
+            }
             let q = queue.read().map_err(|e| format!("cannot read load: {e}"))?;
             let restoring = s.restoring.fetch_add(1, Ordering::SeqCst);
             let guard = Restoring(&s.restoring);
@@ -502,6 +585,11 @@ fn offers_loop(s: &Shared) {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .record(cpu);
+            }
+            Ok(TargetOutcome::Refused(r)) if bad_offer => {
+                s.stats.refused.fetch_add(1, Ordering::Relaxed);
+                s.stats.bad_offers.fetch_add(1, Ordering::Relaxed);
+                log::warn!("specd target: refused an offer from {peer}: {r}");
             }
             Ok(TargetOutcome::Refused(r)) => {
                 s.stats.refused.fetch_add(1, Ordering::Relaxed);

@@ -19,7 +19,7 @@
 //! `speculative_root.rs`.
 
 use std::io::{BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::thread;
 use std::time::Duration;
@@ -33,7 +33,7 @@ use farside_migrate::testkit::{await_cond, inq, is_root, pattern_digest};
 use farside_migrate::{migrate, Fallback, Handover, MigrateConfig, Outcome};
 use farside_specd::handoff::{HandOff, Handoff};
 use farside_specd::notify;
-use farside_specd::target::{TargetConfig, TargetDaemon};
+use farside_specd::target::{OfferRules, TargetConfig, TargetDaemon};
 
 struct ClientReport {
     longest_read_wait: Duration,
@@ -99,6 +99,17 @@ fn run_client(addr: SocketAddr) -> ClientReport {
     }
 }
 
+/// The offers of a single-host test: its connections are to `listener`, from a
+/// loopback client.
+fn loopback_service(listener: &TcpListener) -> OfferRules {
+    OfferRules {
+        service_ip: None,
+        service_port: listener.local_addr().unwrap().port(),
+        cluster: Vec::new(),
+        loopback: true,
+    }
+}
+
 fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("farside-specd-{}-{name}", std::process::id()))
 }
@@ -128,6 +139,7 @@ fn migrated_session(relay: bool) {
     assert!(is_root(), "needs root");
     let adopt = temp_path(if relay { "relay" } else { "adopt" });
     let (backend_addr, backend) = backend(&adopt);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let target = TargetDaemon::start(TargetConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         server_port: backend_addr.port(),
@@ -139,9 +151,10 @@ fn migrated_session(relay: bool) {
         },
         threads: 2,
         peers: Vec::new(),
+        allow: vec![Ipv4Addr::LOCALHOST.into()],
+        offers: loopback_service(&listener),
     })
     .expect("target daemon");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let client = thread::spawn(move || run_client(addr));
     let s = source_accept(&listener);
@@ -206,6 +219,7 @@ fn refused_migration_is_served_on_the_source_and_the_target_notifies_when_it_can
     // The source daemon's notification socket.
     let source_notify = UdpSocket::bind("127.0.0.1:0").unwrap();
     source_notify.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let target = TargetDaemon::start(TargetConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         server_port: loaded.local_addr().unwrap().port(),
@@ -213,9 +227,10 @@ fn refused_migration_is_served_on_the_source_and_the_target_notifies_when_it_can
         handoff: Handoff::Adopt(adopt.clone()),
         threads: 1,
         peers: vec![source_notify.local_addr().unwrap()],
+        allow: vec![Ipv4Addr::LOCALHOST.into()],
+        offers: loopback_service(&listener),
     })
     .expect("target daemon");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let client = thread::spawn(move || run_client(addr));
     let s = source_accept(&listener);
@@ -306,6 +321,7 @@ fn an_idle_pooled_connection_gives_its_thread_to_another_source() {
     let adopt = temp_path("adopt-yield");
     let (backend_addr, backend) = backend(&adopt);
     // One thread: source A's idle pooled connection holds it after A's migration.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let target = TargetDaemon::start(TargetConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         server_port: backend_addr.port(),
@@ -313,9 +329,10 @@ fn an_idle_pooled_connection_gives_its_thread_to_another_source() {
         handoff: Handoff::Adopt(adopt.clone()),
         threads: 1,
         peers: Vec::new(),
+        allow: vec![Ipv4Addr::LOCALHOST.into()],
+        offers: loopback_service(&listener),
     })
     .expect("target daemon");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let (a, b) = (
         farside_migrate::ControlPool::default(),
         farside_migrate::ControlPool::default(),
@@ -389,6 +406,7 @@ fn a_restored_connection_waits_for_a_full_server_and_counts_in_the_admission() {
     // The target's load: an empty accept queue, so only what waits for the hand-off
     // can refuse.
     let load = TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let target = TargetDaemon::start(TargetConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         server_port: load.local_addr().unwrap().port(),
@@ -396,9 +414,10 @@ fn a_restored_connection_waits_for_a_full_server_and_counts_in_the_admission() {
         handoff: Handoff::Adopt(adopt.clone()),
         threads: 1,
         peers: Vec::new(),
+        allow: vec![Ipv4Addr::LOCALHOST.into()],
+        offers: loopback_service(&listener),
     })
     .expect("target daemon");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let cfg = MigrateConfig {
         handover: Handover::CloseBeforeRestore,
         ..MigrateConfig::default()
