@@ -56,8 +56,9 @@ use crate::restore::{restore, restore_frozen};
 use crate::state::TcpState;
 use crate::sys;
 use crate::wire::{
-    decode_header, encode, read_message, read_message_after, reason, write_message, write_offer,
-    write_offer_commit, Message, HEADER_BYTES,
+    decode_header, encode, encode_auth, read_authentic_after, read_authentic_header,
+    read_message_after, read_message_auth, reason, write_message_auth, write_offer,
+    write_offer_auth, write_offer_commit, Auth, Message, HEADER_BYTES,
 };
 
 /// Default bound on connecting to the target: it is on the cluster network, a few
@@ -153,6 +154,9 @@ pub struct MigrateConfig {
     /// a warning.
     /// Unused with [`Handover::CloseAfterRestore`].
     pub hold: Option<Arc<FlowHold>>,
+    /// The authenticated framing (wire version 3) with this key; `None` (the
+    /// default): unauthenticated (version 2). The target must agree.
+    pub auth: Option<Arc<Auth>>,
 }
 
 impl Default for MigrateConfig {
@@ -163,6 +167,7 @@ impl Default for MigrateConfig {
             reply_timeout: REPLY_TIMEOUT_DEFAULT,
             flow_drain: FLOW_DRAIN_DEFAULT,
             hold: None,
+            auth: None,
         }
     }
 }
@@ -230,19 +235,24 @@ fn state_bytes(st: &TcpState) -> usize {
     st.send_queue.len() + st.recv_queue.len()
 }
 
-fn exchange(ctrl: &mut TcpStream, msg: &Message) -> io::Result<Message> {
-    write_message(ctrl, msg)?;
-    read_message(ctrl)
+fn exchange(ctrl: &mut TcpStream, msg: &Message, auth: Option<&Auth>) -> io::Result<Message> {
+    write_message_auth(ctrl, msg, auth)?;
+    read_message_auth(ctrl, auth)
 }
 
 /// OFFER (or OFFER_COMMIT, `commit`) and its answer.
-fn exchange_offer(ctrl: &mut TcpStream, st: &TcpState, commit: bool) -> io::Result<Message> {
-    if commit {
-        write_offer_commit(ctrl, st)?;
-    } else {
-        write_offer(ctrl, st)?;
+fn exchange_offer(
+    ctrl: &mut TcpStream,
+    st: &TcpState,
+    commit: bool,
+    auth: Option<&Auth>,
+) -> io::Result<Message> {
+    match (auth, commit) {
+        (Some(a), _) => write_offer_auth(ctrl, st, commit, a)?,
+        (None, true) => write_offer_commit(ctrl, st)?,
+        (None, false) => write_offer(ctrl, st)?,
     }
-    read_message(ctrl)
+    read_message_auth(ctrl, auth)
 }
 
 fn open_control(target: SocketAddr, cfg: &MigrateConfig) -> io::Result<TcpStream> {
@@ -494,14 +504,14 @@ impl Control<'_> {
         commit: bool,
     ) -> Result<(TcpStream, io::Result<Message>), Fallback> {
         let (mut ctrl, reused) = self.get().map_err(Fallback::TargetUnreachable)?;
-        let reply = exchange_offer(&mut ctrl, st, commit);
+        let reply = exchange_offer(&mut ctrl, st, commit, self.cfg.auth.as_deref());
         match (&reply, self.pool) {
             (Err(e), Some(p)) if reused && is_stale(e) => {
                 p.stale.fetch_add(1, Ordering::Relaxed);
                 let mut ctrl = p
                     .open(self.target, self.cfg)
                     .map_err(Fallback::TargetUnreachable)?;
-                let reply = exchange_offer(&mut ctrl, st, commit);
+                let reply = exchange_offer(&mut ctrl, st, commit, self.cfg.auth.as_deref());
                 Ok((ctrl, reply))
             }
             _ => Ok((ctrl, reply)),
@@ -613,7 +623,7 @@ fn migrate_inner(
             // the close is silent.
             close_frozen(sock);
             let t_commit = Instant::now();
-            let reply = exchange(&mut ctrl, &Message::Commit);
+            let reply = exchange(&mut ctrl, &Message::Commit, cfg.auth.as_deref());
             (reply, offer, t_commit.elapsed(), None)
         }
         // OFFER_COMMIT's answer: `offer` covers the restore too.
@@ -626,7 +636,7 @@ fn migrate_inner(
     let reason = match reply {
         Ok(Message::Restored) => match (Instant::now(), move_flow()) {
             (t_flow, Ok(())) => {
-                let done = write_message(&mut ctrl, &Message::Done);
+                let done = write_message_auth(&mut ctrl, &Message::Done, cfg.auth.as_deref());
                 let total = t0.elapsed();
                 let flow = t_flow.elapsed();
                 if done.is_ok() {
@@ -660,7 +670,9 @@ fn migrate_inner(
             (_, Err(e)) => {
                 // Wait (bounded) until the target has dropped its copy: in one
                 // namespace the local re-restore needs the 4-tuple free.
-                if let Ok(Message::Failed(_)) = exchange(&mut ctrl, &Message::Abort) {
+                if let Ok(Message::Failed(_)) =
+                    exchange(&mut ctrl, &Message::Abort, cfg.auth.as_deref())
+                {
                     control.done(ctrl);
                 }
                 Fallback::FlowNotMoved(e)
@@ -810,6 +822,8 @@ pub struct ControlConn {
     /// Bound on the wait for a reply of the source (COMMIT, DONE/ABORT).
     reply_timeout: Duration,
     budget: Arc<OfferBudget>,
+    /// The authenticated framing, if keyed.
+    auth: Option<Arc<Auth>>,
 }
 
 /// The OFFER bytes targets may hold at once ([`OFFER_BUDGET_BYTES_DEFAULT`]): shared
@@ -937,7 +951,15 @@ impl ControlConn {
             message_deadline: MESSAGE_DEADLINE_DEFAULT,
             reply_timeout,
             budget: OfferBudget::global(),
+            auth: None,
         })
+    }
+
+    /// Speaks the authenticated framing (wire version 3) with `auth`: a frame that
+    /// fails its check ends the connection (counted in [`Auth::refused`]) before its
+    /// payload is read.
+    pub fn set_auth(&mut self, auth: Arc<Auth>) {
+        self.auth = Some(auth);
     }
 
     /// Bounds each whole message by `d` instead of [`MESSAGE_DEADLINE_DEFAULT`].
@@ -1024,11 +1046,26 @@ impl ControlConn {
             Ok(_) => {}
             Err(e) => return Ok(Some(TargetOutcome::SourceGone(e))),
         }
-        let mut h = [0u8; HEADER_BYTES];
-        if let Err(e) = io::Read::read_exact(&mut self.reader, &mut h) {
-            return Ok(Some(TargetOutcome::SourceGone(e)));
-        }
-        let len = match decode_header(&h) {
+        let auth = self.auth.clone();
+        let (h, header_tag) = match auth.as_deref() {
+            // Nothing of the payload is read before the envelope verified.
+            Some(a) => match read_authentic_header(&mut self.reader, a) {
+                Ok(x) => x,
+                Err(e) => return Ok(Some(TargetOutcome::SourceGone(e))),
+            },
+            None => {
+                let mut h = [0u8; HEADER_BYTES];
+                if let Err(e) = io::Read::read_exact(&mut self.reader, &mut h) {
+                    return Ok(Some(TargetOutcome::SourceGone(e)));
+                }
+                (h, 0)
+            }
+        };
+        let header = match auth.as_deref() {
+            Some(_) => crate::wire::decode_header_version(&h, crate::wire::VERSION_AUTH),
+            None => decode_header(&h),
+        };
+        let len = match header {
             Ok((_, len)) => len,
             Err(e) => {
                 // Another wire version (or garbage): say so to the source, in our
@@ -1053,7 +1090,11 @@ impl ControlConn {
             let _ = self.write(&Message::Refuse(r.clone()));
             return Ok(Some(TargetOutcome::Refused(r)));
         };
-        let (st, commit_now) = match read_message_after(&mut self.reader, &h) {
+        let read = match auth.as_deref() {
+            Some(a) => read_authentic_after(&mut self.reader, &h, a, header_tag),
+            None => read_message_after(&mut self.reader, &h),
+        };
+        let (st, commit_now) = match read {
             Ok(Message::Offer(st)) => (st, false),
             Ok(Message::OfferCommit(st)) => (st, true),
             Ok(m) => return Ok(Some(TargetOutcome::SourceGone(unexpected(&m)))),
@@ -1072,7 +1113,11 @@ impl ControlConn {
 
     fn write(&mut self, msg: &Message) -> io::Result<()> {
         // Replies are empty or a short reason: one small frame, one write.
-        io::Write::write_all(&mut self.reader.get_mut().stream, &encode(msg))
+        let frame = match self.auth.as_deref() {
+            Some(a) => encode_auth(msg, a)?,
+            None => encode(msg),
+        };
+        io::Write::write_all(&mut self.reader.get_mut().stream, &frame)
     }
 
     /// The source's next message (COMMIT, DONE or ABORT), within the reply timeout
@@ -1080,7 +1125,8 @@ impl ControlConn {
     fn read_reply(&mut self) -> io::Result<Message> {
         let within = self.reply_timeout.min(self.message_deadline);
         self.reader.get_mut().start(within);
-        read_message(&mut self.reader)
+        let auth = self.auth.clone();
+        read_message_auth(&mut self.reader, auth.as_deref())
     }
 
     /// One offer; `commit_now`: it was an OFFER_COMMIT (no ACCEPT, no COMMIT).
