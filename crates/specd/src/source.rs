@@ -179,6 +179,9 @@ pub struct SourceConfig {
     /// in `lab speculative` (one peer, its load read every 5 ms) it made throughput
     /// swing between points (75/25 spec32 100–138 conn/s against 119–144 without).
     pub gate_on_peer_load: bool,
+    /// The migrations' authenticated framing (`--key-file`); `None`: unauthenticated.
+    /// The peers' targets must hold the same key.
+    pub auth: Option<Arc<farside_migrate::wire::Auth>>,
 }
 
 /// Content-aware migration: the migrator reads the request's first line (a peek: the
@@ -859,6 +862,7 @@ fn migrator_loop(s: &Shared) {
     let mcfg = MigrateConfig {
         handover: s.cfg.handover,
         hold: s.hold.clone(),
+        auth: s.cfg.auth.clone(),
         ..MigrateConfig::default()
     };
     while !s.stop.load(Ordering::SeqCst) {

@@ -166,6 +166,10 @@ pub struct TargetConfig {
     pub allow: Vec<IpAddr>,
     /// What an offered connection may be ([`OfferRules::check`]).
     pub offers: OfferRules,
+    /// The authenticated framing (`--key-file`): every control connection speaks it,
+    /// a frame failing its check ends the connection (counted in
+    /// [`farside_migrate::wire::Auth::refused`]); `None`: unauthenticated.
+    pub auth: Option<Arc<farside_migrate::wire::Auth>>,
 }
 
 /// Counters of the target side.
@@ -452,7 +456,12 @@ fn accept_control(s: &Shared) -> Option<(ControlConn, SocketAddr, PeerSlot<'_>)>
                 return None;
             };
             match ControlConn::new(ctrl, REPLY_TIMEOUT_DEFAULT) {
-                Ok(c) => Some((c, peer, slot)),
+                Ok(mut c) => {
+                    if let Some(a) = &s.cfg.auth {
+                        c.set_auth(Arc::clone(a));
+                    }
+                    Some((c, peer, slot))
+                }
                 Err(e) => {
                     log::debug!("specd target: control connection from {peer}: {e}");
                     None

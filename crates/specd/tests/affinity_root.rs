@@ -274,6 +274,7 @@ fn node(
                 .collect(),
             loopback: false,
         },
+        auth: None,
     })
     .expect("target");
     let source = source.map(|(rx, affinity)| {
@@ -305,6 +306,7 @@ fn node(
                 handover: Handover::CloseAfterRestore,
                 affinity,
                 gate_on_peer_load: false,
+                auth: None,
             },
             HandOff::new(Handoff::Adopt(adopt.clone())).unwrap(),
             Box::new(PolicyRouteSteer {

@@ -71,6 +71,7 @@ fn refusal_closes_the_window_and_only_a_peers_notification_reopens_it() {
         threads: 1,
         peers: Vec::new(),
         allow: vec![Ipv4Addr::LOCALHOST.into()],
+        auth: None,
         offers: OfferRules {
             service_ip: None,
             service_port: server.local_addr().unwrap().port(),
@@ -98,6 +99,7 @@ fn refusal_closes_the_window_and_only_a_peers_notification_reopens_it() {
             handover: Handover::CloseBeforeRestore,
             affinity: None,
             gate_on_peer_load: false,
+            auth: None,
         },
         HandOff::new(Handoff::Relay(sink_addr)).unwrap(),
         Box::new(NoSteer),
@@ -285,6 +287,7 @@ fn in_kernel_mode_syns_are_diverted_with_no_poller_running() {
             threads: 1,
             peers: Vec::new(),
             allow: vec![Ipv4Addr::LOCALHOST.into()],
+            auth: None,
             offers: OfferRules {
                 service_ip: None,
                 service_port: 8080,
@@ -313,6 +316,7 @@ fn in_kernel_mode_syns_are_diverted_with_no_poller_running() {
                 handover: Handover::CloseBeforeRestore,
                 affinity: None,
                 gate_on_peer_load: false,
+                auth: None,
             },
             HandOff::new(Handoff::Relay(sink_addr)).unwrap(),
             Box::new(NoSteer),

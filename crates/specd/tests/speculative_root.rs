@@ -184,6 +184,7 @@ fn node(
             cluster: [A_IP, B_IP].iter().map(|a| a.parse().unwrap()).collect(),
             loopback: false,
         },
+        auth: None,
     })
     .expect("target");
     let source = source_peer.map(|(rx, poll_steer)| {
@@ -207,6 +208,7 @@ fn node(
                 handover: Handover::CloseAfterRestore,
                 affinity: None,
                 gate_on_peer_load: false,
+                auth: None,
             },
             HandOff::new(Handoff::Adopt(adopt.clone())).unwrap(),
             Box::new(PolicyRouteSteer {

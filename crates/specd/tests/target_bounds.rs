@@ -54,6 +54,7 @@ fn a_peer_over_its_share_is_closed_at_once() {
         threads,
         peers,
         allow: vec![Ipv4Addr::LOCALHOST.into()],
+        auth: None,
         offers: OfferRules {
             service_ip: None,
             service_port: 80,
@@ -116,6 +117,7 @@ fn a_host_that_is_not_a_peer_is_closed_before_anything_is_read() {
         peers: vec!["192.0.2.1:7000".parse().unwrap()],
         // Only the peer's address: this test's loopback connections are strangers.
         allow: vec!["192.0.2.1".parse().unwrap()],
+        auth: None,
         offers: OfferRules {
             service_ip: None,
             service_port: 80,

@@ -79,6 +79,7 @@ fn start(threads: usize) -> (TargetDaemon, TcpListener) {
         threads,
         peers: Vec::new(),
         allow: vec![Ipv4Addr::LOCALHOST.into()],
+        auth: None,
         offers: OfferRules {
             service_ip: None,
             service_port: 80,
