@@ -14,8 +14,12 @@
 //!                 <───────────── REFUSE(reason) | RESTORED | FAILED(reason)
 //!   then:         <───────────── RESTORED | FAILED(reason)
 //!   RESTORED: move_flow() (front-end entry → target)
-//!     ok:  DONE ──────────────────────>   hand the fd to the local server
+//!     ok:  DONE ──────────────────────>   release the copy (repair off)
+//!                 <───────────── RELEASED   then hand the fd to the local server
+//!                                          (RELEASED not written: copy closed silently)
 //!          [CloseAfterRestore: close source silently] ──> Migrated
+//!          FAILED / timeout / EOF instead of RELEASED: move_back() (the flow
+//!          returns to the source), then as below
 //!     err: ABORT ─────────────────────>   close the restored copy silently
 //!                 <───────────── FAILED("aborted")
 //!   FAILED / timeout / EOF / ABORT sent:
@@ -31,7 +35,7 @@
 //!
 //! **Control connections are reused** (wire version 2): a source that migrates through
 //! a [`ControlPool`] keeps the connection to each target after a hand-over that ended
-//! cleanly (REFUSE, DONE, FAILED) and sends its next OFFER on it, instead of paying a
+//! cleanly (REFUSE, RELEASED, FAILED) and sends its next OFFER on it, instead of paying a
 //! connect, an accept, two closes and a TIME_WAIT per migration. The target serves
 //! offers on a connection one after the other ([`ControlConn`]) and closes it after
 //! [`CONTROL_IDLE_TIMEOUT`] without one. A pooled connection found dead before or
@@ -97,6 +101,11 @@ pub const POOL_IDLE_PER_TARGET_MAX: usize = 64;
 /// trickles a byte now and then hold a serving thread indefinitely. The largest
 /// state (two 32 MiB queues) crosses a 1 Gbit/s link in about 0.6 s.
 pub const MESSAGE_DEADLINE_DEFAULT: Duration = Duration::from_secs(4);
+/// How long a target keeps a restored, frozen copy for the source's DONE or ABORT:
+/// between RESTORED and DONE the source moves the front-end's flow, whose MOVE is
+/// bounded by 1 s and retried (about 4 s seen), so the reply timeout alone (2 s) made
+/// the target drop copies the source then counted migrated.
+pub const VERDICT_WAIT_DEFAULT: Duration = Duration::from_secs(8);
 /// Default budget of OFFER payload bytes a process's targets hold at once (read or
 /// being restored): each offer reserves its announced length before its bytes are
 /// read and gives it back when it ends; an offer that does not fit is refused and
@@ -227,7 +236,8 @@ pub enum Outcome {
     },
     /// The connection is gone (the client will time out): with
     /// [`Handover::CloseBeforeRestore`] neither the target nor the local re-restore
-    /// succeeded; or the flow was moved but DONE could not be sent to the target.
+    /// succeeded. (A DONE the target does not acknowledge, RELEASED, is not a loss:
+    /// the flow is taken back and the connection resumes on the source.)
     Lost(io::Error),
 }
 
@@ -427,7 +437,19 @@ impl ControlPool {
         cfg: &MigrateConfig,
         move_flow: impl FnOnce() -> io::Result<()>,
     ) -> Outcome {
-        migrate_inner(sock, target, cfg, Some(self), move_flow)
+        migrate_inner(sock, target, cfg, Some(self), move_flow, || Ok(()))
+    }
+
+    /// [`migrate_with_back`] over a pooled control connection to `target`.
+    pub fn migrate_with_back(
+        &self,
+        sock: TcpStream,
+        target: SocketAddr,
+        cfg: &MigrateConfig,
+        move_flow: impl FnOnce() -> io::Result<()>,
+        move_back: impl FnOnce() -> io::Result<()>,
+    ) -> Outcome {
+        migrate_inner(sock, target, cfg, Some(self), move_flow, move_back)
     }
 
     /// An idle connection to `target` that still looks alive, newest first.
@@ -563,7 +585,20 @@ pub fn migrate_with(
     cfg: &MigrateConfig,
     move_flow: impl FnOnce() -> io::Result<()>,
 ) -> Outcome {
-    migrate_inner(sock, target, cfg, None, move_flow)
+    migrate_inner(sock, target, cfg, None, move_flow, || Ok(()))
+}
+
+/// [`migrate_with`], and `move_back` points the flow at the source again when the
+/// target did not acknowledge DONE (it answered FAILED, or nothing): the connection
+/// then resumes on the source.
+pub fn migrate_with_back(
+    sock: TcpStream,
+    target: SocketAddr,
+    cfg: &MigrateConfig,
+    move_flow: impl FnOnce() -> io::Result<()>,
+    move_back: impl FnOnce() -> io::Result<()>,
+) -> Outcome {
+    migrate_inner(sock, target, cfg, None, move_flow, move_back)
 }
 
 fn migrate_inner(
@@ -572,6 +607,7 @@ fn migrate_inner(
     cfg: &MigrateConfig,
     pool: Option<&ControlPool>,
     move_flow: impl FnOnce() -> io::Result<()>,
+    move_back: impl FnOnce() -> io::Result<()>,
 ) -> Outcome {
     // CloseBeforeRestore's hold: one attached for this migration alone if the config
     // has none (before the freeze: the load takes milliseconds the client must not
@@ -636,36 +672,59 @@ fn migrate_inner(
     let reason = match reply {
         Ok(Message::Restored) => match (Instant::now(), move_flow()) {
             (t_flow, Ok(())) => {
-                let done = write_message_auth(&mut ctrl, &Message::Done, cfg.auth.as_deref());
+                let auth = cfg.auth.as_deref();
+                let done = write_message_auth(&mut ctrl, &Message::Done, auth);
                 let total = t0.elapsed();
                 let flow = t_flow.elapsed();
-                if done.is_ok() {
-                    control.done(ctrl);
-                }
-                if let Some(sock) = held {
-                    // Still frozen: segments in flight to the source are dropped (the
-                    // client resends them to the target) instead of answered by RST.
-                    // With a pool its reaper closes it later; the outcome does not
-                    // wait for that.
-                    match pool {
-                        Some(p) if !cfg.flow_drain.is_zero() => p.drain(sock, cfg.flow_drain),
-                        _ => drain_inline(sock, cfg.flow_drain),
+                // Migrated only once the target says it holds the connection.
+                match done.and_then(|()| read_message_auth(&mut ctrl, auth)) {
+                    Ok(Message::Released) => {
+                        control.done(ctrl);
+                        if let Some(sock) = held {
+                            // Still frozen: segments in flight to the source are
+                            // dropped (the client resends them to the target) instead
+                            // of answered by RST. With a pool its reaper closes it
+                            // later; the outcome does not wait for that.
+                            match pool {
+                                Some(p) if !cfg.flow_drain.is_zero() => {
+                                    p.drain(sock, cfg.flow_drain)
+                                }
+                                _ => drain_inline(sock, cfg.flow_drain),
+                            }
+                        }
+                        return Outcome::Migrated(Timings {
+                            dump,
+                            total,
+                            state_bytes: state_bytes(&st),
+                            offer,
+                            restore: restore_time,
+                            flow,
+                        });
+                    }
+                    not_released => {
+                        // The target does not hold the connection (FAILED) or may not
+                        // (no answer): the flow comes back and the connection
+                        // continues here.
+                        let reason = match not_released {
+                            Ok(Message::Failed(r)) => {
+                                control.done(ctrl);
+                                Fallback::RestoreFailed(r)
+                            }
+                            Ok(m) => Fallback::TargetGone(unexpected(&m)),
+                            Err(e) => Fallback::TargetGone(io::Error::new(
+                                e.kind(),
+                                format!("flow moved, no RELEASED after DONE: {e}"),
+                            )),
+                        };
+                        if let Err(e) = move_back() {
+                            log::error!(
+                                "migrate: taking the flow of {} back failed: {e}",
+                                st.remote
+                            );
+                        }
+                        reason
                     }
                 }
-                return match done {
-                    Ok(()) => Outcome::Migrated(Timings {
-                        dump,
-                        total,
-                        state_bytes: state_bytes(&st),
-                        offer,
-                        restore: restore_time,
-                        flow,
-                    }),
-                    Err(e) => Outcome::Lost(io::Error::new(
-                        e.kind(),
-                        format!("flow moved but DONE not delivered: {e}"),
-                    )),
-                };
             }
             (_, Err(e)) => {
                 // Wait (bounded) until the target has dropped its copy: in one
@@ -722,6 +781,7 @@ fn unexpected(m: &Message) -> io::Error {
         Message::Done => "DONE",
         Message::Abort => "ABORT",
         Message::OfferCommit(_) => "OFFER_COMMIT",
+        Message::Released => "RELEASED",
     };
     io::Error::new(
         io::ErrorKind::InvalidData,
@@ -824,6 +884,8 @@ pub struct ControlConn {
     budget: Arc<OfferBudget>,
     /// The authenticated framing, if keyed.
     auth: Option<Arc<Auth>>,
+    /// How long a restored copy waits for DONE or ABORT ([`VERDICT_WAIT_DEFAULT`]).
+    verdict_wait: Duration,
 }
 
 /// The OFFER bytes targets may hold at once ([`OFFER_BUDGET_BYTES_DEFAULT`]): shared
@@ -894,6 +956,8 @@ struct Timed {
     stream: TcpStream,
     /// The per-`recv` bound set on the socket when no deadline is near.
     per_read: Duration,
+    /// [`Timed::per_read`], or longer for the current message ([`Timed::start_wait`]).
+    per_read_now: Duration,
     /// The socket's read timeout now.
     current: Duration,
     deadline: Option<Instant>,
@@ -903,6 +967,14 @@ impl Timed {
     /// Starts the deadline of the next message.
     fn start(&mut self, within: Duration) {
         self.deadline = Some(Instant::now() + within);
+        self.per_read_now = self.per_read;
+    }
+
+    /// Starts the deadline of a message that may be long in coming (each `recv` may
+    /// wait up to the whole deadline).
+    fn start_wait(&mut self, within: Duration) {
+        self.deadline = Some(Instant::now() + within);
+        self.per_read_now = within.max(self.per_read);
     }
 }
 
@@ -917,12 +989,12 @@ impl io::Read for Timed {
                         "message not complete within its deadline",
                     ));
                 }
-                left.min(self.per_read)
+                left.min(self.per_read_now)
             }
-            None => self.per_read,
+            None => self.per_read_now,
         };
         // Lowered near the deadline, raised again for the next message.
-        if want < self.current || (want > self.current && self.current < self.per_read) {
+        if want != self.current {
             self.stream
                 .set_read_timeout(Some(want.max(Duration::from_millis(1))))?;
             self.current = want;
@@ -942,6 +1014,7 @@ impl ControlConn {
         let timed = Timed {
             stream,
             per_read: reply_timeout,
+            per_read_now: reply_timeout,
             current: reply_timeout,
             deadline: None,
         };
@@ -952,6 +1025,7 @@ impl ControlConn {
             reply_timeout,
             budget: OfferBudget::global(),
             auth: None,
+            verdict_wait: VERDICT_WAIT_DEFAULT.max(reply_timeout),
         })
     }
 
@@ -965,6 +1039,12 @@ impl ControlConn {
     /// Bounds each whole message by `d` instead of [`MESSAGE_DEADLINE_DEFAULT`].
     pub fn set_message_deadline(&mut self, d: Duration) {
         self.message_deadline = d;
+    }
+
+    /// Keeps a restored copy up to `d` for the source's DONE or ABORT instead of
+    /// [`VERDICT_WAIT_DEFAULT`].
+    pub fn set_verdict_wait(&mut self, d: Duration) {
+        self.verdict_wait = d;
     }
 
     /// Counts this connection's OFFERs in `budget` instead of the global one.
@@ -1162,16 +1242,34 @@ impl ControlConn {
         };
         // Until DONE the copy stays frozen (repair on, input dropped): the source may
         // still resume, so this copy must neither send nor acknowledge anything yet.
-        let verdict = self
-            .write(&Message::Restored)
-            .and_then(|()| self.read_reply());
+        // DONE follows the source's flow move, which may take seconds (the
+        // front-end's MOVE and its retry): the copy is kept that long.
+        let verdict = self.write(&Message::Restored).and_then(|()| {
+            self.reader.get_mut().start_wait(self.verdict_wait);
+            let auth = self.auth.clone();
+            read_message_auth(&mut self.reader, auth.as_deref())
+        });
         match verdict {
             Ok(Message::Done) => {
                 let sock = match frozen.release() {
                     Ok(s) => s,
-                    // The source has closed: nothing left to fall back to.
-                    Err(e) => return Ok(TargetOutcome::RestoreFailed(reason(&e.to_string()))),
+                    // Nothing of the copy is left: the source, told so, takes the
+                    // connection back (it still holds its frozen socket, or the dump).
+                    Err(e) => {
+                        let r = reason(&format!("release failed: {e}"));
+                        let _ = self.write(&Message::Failed(r.clone()));
+                        return Ok(TargetOutcome::RestoreFailed(r));
+                    }
                 };
+                // Acknowledged before the server sees it: a source that is not told
+                // takes the connection back, so a copy it was not told of must go,
+                // silently (no FIN, no RST to the client).
+                if let Err(e) = self.write(&Message::Released) {
+                    if let Err(c) = crate::dump::close_silently(sock) {
+                        log::warn!("migrate: closing an unacknowledged copy: {c}");
+                    }
+                    return Ok(TargetOutcome::SourceGone(e));
+                }
                 handoff(sock);
                 Ok(TargetOutcome::Restored {
                     local: st.local,

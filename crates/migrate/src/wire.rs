@@ -3,16 +3,19 @@
 //! Frame (all integers big-endian):
 //!
 //! ```text
-//! magic "FSMG" | version u8 (= 2) | kind u8 | payload length u32 | payload
+//! magic "FSMG" | version u8 (= 3) | kind u8 | payload length u32 | payload
 //! ```
 //!
-//! Version 2 (this one): a control connection carries any number of hand-overs one
-//! after the other (the source keeps it in a [`crate::ControlPool`]; version 1 closed
-//! it after one), and OFFER_COMMIT exists. A peer speaking another version is refused
+//! Version 2: a control connection carries any number of hand-overs one after the
+//! other (the source keeps it in a [`crate::ControlPool`]; version 1 closed it after
+//! one), and OFFER_COMMIT exists. Version 3 (this one): the end of a migration is
+//! acknowledged, DONE answered RELEASED (or FAILED), so a source counts a connection
+//! migrated only once the target holds it. A peer speaking another version is refused
 //! with [`WireError::Version`], whose text names both versions.
 //!
 //! Kinds: `1 OFFER(state)`, `2 ACCEPT`, `3 REFUSE(reason)`, `4 COMMIT`,
-//! `5 RESTORED`, `6 FAILED(reason)`, `7 DONE`, `8 ABORT`, `9 OFFER_COMMIT(state)`
+//! `5 RESTORED`, `6 FAILED(reason)`, `7 DONE`, `8 ABORT`, `9 OFFER_COMMIT(state)`,
+//! `10 RELEASED`
 //! (version 2: OFFER and COMMIT at once, answered REFUSE or RESTORED/FAILED). A
 //! reason is UTF-8 text of at most [`REASON_BYTES_MAX`] bytes. The OFFER (and
 //! OFFER_COMMIT) payload (a [`TcpState`]):
@@ -31,8 +34,8 @@
 //! flag bits, lengths above their bounds, truncation, trailing bytes, or a state that
 //! fails [`TcpState::validate`].
 //!
-//! **Version 3, authenticated** ([`Auth`], daemons given a key): every frame, in both
-//! directions, is written with version 3 in its header and wrapped:
+//! **Version 4, authenticated** ([`Auth`], daemons given a key): every frame, in both
+//! directions, is written with version 4 in its header and wrapped:
 //!
 //! ```text
 //! envelope (32 bytes, farside_auth::mac, domain SpecdMigration, covering the header)
@@ -62,11 +65,11 @@ use crate::state::{RepairWindow, TcpOptions, TcpState, QUEUE_BYTES_MAX, WSCALE_M
 
 /// Frame magic.
 pub const MAGIC: [u8; 4] = *b"FSMG";
-/// The wire version this crate writes and reads (2: control connections are reused
-/// across hand-overs).
-pub const VERSION: u8 = 2;
+/// The wire version this crate writes and reads without a key (2: control
+/// connections are reused across hand-overs; 3: DONE is acknowledged, RELEASED).
+pub const VERSION: u8 = 3;
 /// The wire version of the authenticated framing ([`Auth`]).
-pub const VERSION_AUTH: u8 = 3;
+pub const VERSION_AUTH: u8 = 4;
 /// Bytes an authenticated frame starts with before its header.
 pub const AUTH_ENVELOPE_BYTES: usize = ENVELOPE_BYTES;
 /// Bytes of the payload tag after an authenticated frame's (non-empty) payload.
@@ -125,7 +128,7 @@ impl fmt::Display for WireError {
                 "peer speaks migration wire version {v}, this build speaks {} (upgrade both daemons together{})",
                 VERSION,
                 if *v == VERSION_AUTH {
-                    "; version 3 is the keyed framing: give both daemons the same key"
+                    "; version 4 is the keyed framing: give both daemons the same key"
                 } else {
                     ""
                 }
@@ -166,14 +169,20 @@ pub enum Message {
     /// between them): the target answers REFUSE, or restores at once and answers
     /// RESTORED or FAILED. Saves one round trip (two sends, two receives) a migration.
     OfferCommit(TcpState),
+    /// Target → source, after DONE: the restored connection is live here and handed
+    /// to the local server (version 3). Until it arrives the source keeps its frozen
+    /// socket; without it (FAILED, silence) the source takes the connection back.
+    Released,
 }
 
 /// The OFFER kind.
 const KIND_OFFER: u8 = 1;
 /// The OFFER_COMMIT kind.
 const KIND_OFFER_COMMIT: u8 = 9;
+/// The RELEASED kind.
+const KIND_RELEASED: u8 = 10;
 /// The highest kind.
-const KIND_MAX: u8 = KIND_OFFER_COMMIT;
+const KIND_MAX: u8 = KIND_RELEASED;
 
 impl Message {
     fn kind(&self) -> u8 {
@@ -187,6 +196,7 @@ impl Message {
             Self::Done => 7,
             Self::Abort => 8,
             Self::OfferCommit(_) => KIND_OFFER_COMMIT,
+            Self::Released => KIND_RELEASED,
         }
     }
 }
@@ -277,7 +287,12 @@ pub fn encode(msg: &Message) -> Vec<u8> {
             out.extend_from_slice(r.as_bytes());
             out
         }
-        Message::Accept | Message::Commit | Message::Restored | Message::Done | Message::Abort => {
+        Message::Accept
+        | Message::Commit
+        | Message::Restored
+        | Message::Done
+        | Message::Abort
+        | Message::Released => {
             let mut out = Vec::with_capacity(HEADER_BYTES);
             put_header(&mut out, msg.kind(), 0);
             out
@@ -480,6 +495,7 @@ pub fn decode_payload(kind: u8, payload: &[u8]) -> Result<Message, WireError> {
         5 => Message::Restored,
         7 => Message::Done,
         8 => Message::Abort,
+        KIND_RELEASED => Message::Released,
         k => return Err(WireError::Kind(k)),
     };
     if !c.buf.is_empty() {

@@ -57,6 +57,7 @@ fn messages() -> Vec<Message> {
         Message::Failed("no".into()),
         Message::Done,
         Message::Abort,
+        Message::Released,
     ]
 }
 

@@ -391,6 +391,8 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
                         },
                         gate_on_peer_load: args.gate_peer_load,
                         auth,
+                        // As a peer's `backend=` defaults to its daemon's address.
+                        own_backend: Some(args.listen.ip()).filter(|ip| !ip.is_unspecified()),
                         affinity: args.affinity.then(|| Affinity {
                             wait: Duration::from_micros(args.affinity_wait_us),
                             full_at: u64::from(args.admit_queue_max),

@@ -307,6 +307,7 @@ fn node(
                 affinity,
                 gate_on_peer_load: false,
                 auth: None,
+                own_backend: None,
             },
             HandOff::new(Handoff::Adopt(adopt.clone())).unwrap(),
             Box::new(PolicyRouteSteer {

@@ -67,6 +67,7 @@ fn a_single_peer_is_chosen_without_reading_its_region() {
             affinity: None,
             gate_on_peer_load: false,
             auth: None,
+            own_backend: None,
         },
         HandOff::new(Handoff::Relay(sink_addr)).unwrap(),
         Box::new(NoSteer),

@@ -209,6 +209,7 @@ fn node(
                 affinity: None,
                 gate_on_peer_load: false,
                 auth: None,
+                own_backend: None,
             },
             HandOff::new(Handoff::Adopt(adopt.clone())).unwrap(),
             Box::new(PolicyRouteSteer {

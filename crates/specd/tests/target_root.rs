@@ -34,7 +34,7 @@ use farside_migrate::testkit::session::{
 };
 use farside_migrate::testkit::{await_cond, inq, is_root, pattern_digest};
 use farside_migrate::wire::Auth;
-use farside_migrate::{migrate, Fallback, Handover, MigrateConfig, Outcome};
+use farside_migrate::{migrate, migrate_with, Fallback, Handover, MigrateConfig, Outcome};
 use farside_specd::handoff::{HandOff, Handoff};
 use farside_specd::notify;
 use farside_specd::target::{OfferRules, TargetConfig, TargetDaemon};
@@ -144,14 +144,20 @@ fn source_accept(listener: &TcpListener) -> TcpStream {
 /// Migrates the session to a [`TargetDaemon`] handing over with `relay` (else by
 /// adoption) to a real `farside backend`, and checks it end to end.
 fn migrated_session(relay: bool) {
-    migrated_session_with(relay, None);
+    migrated_session_with(
+        if relay { "relay" } else { "adopt" },
+        relay,
+        None,
+        Duration::ZERO,
+    );
 }
 
 /// [`migrated_session`], with the authenticated framing if `auth` (one key for
-/// both roles, as in one daemon).
-fn migrated_session_with(relay: bool, auth: Option<Arc<Auth>>) {
+/// both roles, as in one daemon), and a flow move that takes `flow_delay`.
+/// `name`: the adoption socket's, one per test (tests run at once).
+fn migrated_session_with(name: &str, relay: bool, auth: Option<Arc<Auth>>, flow_delay: Duration) {
     assert!(is_root(), "needs root");
-    let adopt = temp_path(if relay { "relay" } else { "adopt" });
+    let adopt = temp_path(name);
     let (backend_addr, backend) = backend(&adopt);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let target = TargetDaemon::start(TargetConfig {
@@ -178,7 +184,11 @@ fn migrated_session_with(relay: bool, auth: Option<Arc<Auth>>) {
         auth: auth.clone(),
         ..MigrateConfig::default()
     };
-    match migrate(s, target.addr(), &cfg) {
+    let moved = || {
+        thread::sleep(flow_delay);
+        Ok(())
+    };
+    match migrate_with(s, target.addr(), &cfg, moved) {
         Outcome::Migrated(t) => eprintln!(
             "migrated: dump {:?}, total {:?}, {} queued bytes",
             t.dump, t.total, t.state_bytes
@@ -192,7 +202,7 @@ fn migrated_session_with(relay: bool, auth: Option<Arc<Auth>>) {
         report.longest_read_wait
     );
     assert_eq!(report.served_by, backend_addr.to_string());
-    assert!(report.longest_read_wait < STALL_MAX);
+    assert!(report.longest_read_wait < STALL_MAX + flow_delay);
     let st = target.stats();
     assert_eq!(st.restored.load(std::sync::atomic::Ordering::Relaxed), 1);
     assert_eq!(st.cpu_us.lock().unwrap().count, 1);
@@ -221,7 +231,25 @@ fn migrated_session_is_served_by_farside_backend_through_adoption() {
 #[test]
 #[ignore = "needs root (TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn an_authenticated_migration_is_served_by_farside_backend() {
-    migrated_session_with(false, Some(Arc::new(Auth::new(KEY))));
+    migrated_session_with(
+        "adopt-keyed",
+        false,
+        Some(Arc::new(Auth::new(KEY))),
+        Duration::ZERO,
+    );
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn a_flow_move_slower_than_the_reply_timeout_still_migrates() {
+    // The front-end's MOVE and its retry take seconds: the target keeps its copy for
+    // DONE longer than a reply's bound, and acknowledges it.
+    migrated_session_with(
+        "adopt-slow-flow",
+        false,
+        None,
+        farside_migrate::proto::REPLY_TIMEOUT_DEFAULT + Duration::from_secs(1),
+    );
 }
 
 #[test]
