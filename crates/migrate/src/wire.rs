@@ -963,3 +963,27 @@ fn write_state_auth(w: &mut impl Write, kind: u8, st: &TcpState, auth: &Auth) ->
         ],
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lying_queue_length_allocates_about_what_arrives_not_what_it_claims() {
+        // 100 kB arrive of a claimed 32 MiB queue.
+        let mut r = io::Cursor::new(vec![7u8; 100_000]);
+        let e = read_vec(&mut r, QUEUE_BYTES_MAX).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        // The buffer went back to this thread's spares: at most twice what arrived.
+        let v = crate::bufs::take(0);
+        assert!(
+            v.capacity() <= 2 * 100_000 + READ_CHUNK_FIRST,
+            "{}",
+            v.capacity()
+        );
+        // A queue that does arrive is read whole, across several growths.
+        let data: Vec<u8> = (0..300_000u32).map(|i| i as u8).collect();
+        let got = read_vec(&mut io::Cursor::new(data.clone()), data.len()).unwrap();
+        assert_eq!(got, data);
+    }
+}
