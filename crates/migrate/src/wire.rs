@@ -43,8 +43,9 @@
 //! payload tag = SipHash-2-4(key, label | key id u32 | 0xffffffff | header tag u64 | payload)
 //! ```
 //!
-//! The receiver verifies the envelope and moves its replay window (per key id and
-//! sender) before it reads a byte of the payload, so a host without the key never
+//! The receiver verifies the envelope, checks that its sequence number's clock is
+//! within [`SEQ_CLOCK_SKEW_MAX_S`] of its own and moves its replay window (per key id
+//! and sender) before it reads a byte of the payload, so a host without the key never
 //! gets its payload read; the payload tag is bound to the header's (unique per
 //! sequence number), and its `0xffffffff` length can never be an envelope's. A frame
 //! failing either check ends the connection. Keyed and unkeyed daemons do not talk:
@@ -701,6 +702,11 @@ impl fmt::Debug for Auth {
     }
 }
 
+/// Most a frame's sequence clock (its sender's seconds) may differ from the
+/// receiver's: cluster nodes keep time with NTP (milliseconds apart); two minutes
+/// spare a node whose clock was just stepped. Bounds how old a recorded frame can be
+/// replayed to a receiver that restarted (and lost its replay windows).
+pub const SEQ_CLOCK_SKEW_MAX_S: u64 = 120;
 /// The label's first block of a payload tag after the key id: a length no envelope
 /// can have.
 const PAYLOAD_TAG_MARK: u32 = u32::MAX;
@@ -789,6 +795,17 @@ impl Auth {
             return Err(self.refuse("the envelope does not cover exactly a header"));
         }
         let env = opened.envelope;
+        // The sequence carries its sender's clock (seconds, high 32 bits): a frame
+        // from far outside this clock is a recording (a receiver that restarted has
+        // no window to refuse it by), or a sender whose clock is off.
+        let sent_s = env.seq >> 32;
+        let now_s = Sequencer::unix_s();
+        if sent_s.abs_diff(now_s) > SEQ_CLOCK_SKEW_MAX_S {
+            return Err(self.refuse(format_args!(
+                "sequence from {sent_s} s, {} s off this clock (bound {SEQ_CLOCK_SKEW_MAX_S} s)",
+                sent_s.abs_diff(now_s)
+            )));
+        }
         self.replay
             .lock()
             .unwrap_or_else(|p| p.into_inner())
