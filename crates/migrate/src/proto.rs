@@ -245,9 +245,10 @@ fn state_bytes(st: &TcpState) -> usize {
     st.send_queue.len() + st.recv_queue.len()
 }
 
-fn exchange(ctrl: &mut TcpStream, msg: &Message, auth: Option<&Auth>) -> io::Result<Message> {
+fn exchange(ctrl: &mut TcpStream, msg: &Message, cfg: &MigrateConfig) -> io::Result<Message> {
+    let auth = cfg.auth.as_deref();
     write_message_auth(ctrl, msg, auth)?;
-    read_message_auth(ctrl, auth)
+    read_reply(ctrl, auth, cfg.reply_timeout)
 }
 
 /// OFFER (or OFFER_COMMIT, `commit`) and its answer.
@@ -255,14 +256,15 @@ fn exchange_offer(
     ctrl: &mut TcpStream,
     st: &TcpState,
     commit: bool,
-    auth: Option<&Auth>,
+    cfg: &MigrateConfig,
 ) -> io::Result<Message> {
+    let auth = cfg.auth.as_deref();
     match (auth, commit) {
         (Some(a), _) => write_offer_auth(ctrl, st, commit, a)?,
         (None, true) => write_offer_commit(ctrl, st)?,
         (None, false) => write_offer(ctrl, st)?,
     }
-    read_message_auth(ctrl, auth)
+    read_reply(ctrl, auth, cfg.reply_timeout)
 }
 
 fn open_control(target: SocketAddr, cfg: &MigrateConfig) -> io::Result<TcpStream> {
@@ -526,14 +528,14 @@ impl Control<'_> {
         commit: bool,
     ) -> Result<(TcpStream, io::Result<Message>), Fallback> {
         let (mut ctrl, reused) = self.get().map_err(Fallback::TargetUnreachable)?;
-        let reply = exchange_offer(&mut ctrl, st, commit, self.cfg.auth.as_deref());
+        let reply = exchange_offer(&mut ctrl, st, commit, self.cfg);
         match (&reply, self.pool) {
             (Err(e), Some(p)) if reused && is_stale(e) => {
                 p.stale.fetch_add(1, Ordering::Relaxed);
                 let mut ctrl = p
                     .open(self.target, self.cfg)
                     .map_err(Fallback::TargetUnreachable)?;
-                let reply = exchange_offer(&mut ctrl, st, commit, self.cfg.auth.as_deref());
+                let reply = exchange_offer(&mut ctrl, st, commit, self.cfg);
                 Ok((ctrl, reply))
             }
             _ => Ok((ctrl, reply)),
@@ -659,7 +661,7 @@ fn migrate_inner(
             // the close is silent.
             close_frozen(sock);
             let t_commit = Instant::now();
-            let reply = exchange(&mut ctrl, &Message::Commit, cfg.auth.as_deref());
+            let reply = exchange(&mut ctrl, &Message::Commit, cfg);
             (reply, offer, t_commit.elapsed(), None)
         }
         // OFFER_COMMIT's answer: `offer` covers the restore too.
@@ -677,7 +679,7 @@ fn migrate_inner(
                 let total = t0.elapsed();
                 let flow = t_flow.elapsed();
                 // Migrated only once the target says it holds the connection.
-                match done.and_then(|()| read_message_auth(&mut ctrl, auth)) {
+                match done.and_then(|()| read_reply(&ctrl, auth, cfg.reply_timeout)) {
                     Ok(Message::Released) => {
                         control.done(ctrl);
                         if let Some(sock) = held {
@@ -729,9 +731,7 @@ fn migrate_inner(
             (_, Err(e)) => {
                 // Wait (bounded) until the target has dropped its copy: in one
                 // namespace the local re-restore needs the 4-tuple free.
-                if let Ok(Message::Failed(_)) =
-                    exchange(&mut ctrl, &Message::Abort, cfg.auth.as_deref())
-                {
+                if let Ok(Message::Failed(_)) = exchange(&mut ctrl, &Message::Abort, cfg) {
                     control.done(ctrl);
                 }
                 Fallback::FlowNotMoved(e)
@@ -980,27 +980,84 @@ impl Timed {
 
 impl io::Read for Timed {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let want = match self.deadline {
-            Some(d) => {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "message not complete within its deadline",
-                    ));
-                }
-                left.min(self.per_read_now)
-            }
-            None => self.per_read_now,
-        };
-        // Lowered near the deadline, raised again for the next message.
-        if want != self.current {
-            self.stream
-                .set_read_timeout(Some(want.max(Duration::from_millis(1))))?;
-            self.current = want;
-        }
-        io::Read::read(&mut self.stream, buf)
+        let mut s = &self.stream;
+        timed_read(
+            &mut s,
+            buf,
+            self.deadline,
+            self.per_read_now,
+            &mut self.current,
+        )
     }
+}
+
+/// One `recv` on `stream` within `deadline`: the socket's read timeout is lowered to
+/// what is left of it when that is less than `per_read` (one `setsockopt` only then),
+/// and set back to `per_read` otherwise; `current` is the timeout set now.
+fn timed_read(
+    stream: &mut &TcpStream,
+    buf: &mut [u8],
+    deadline: Option<Instant>,
+    per_read: Duration,
+    current: &mut Duration,
+) -> io::Result<usize> {
+    let want = match deadline {
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "message not complete within its deadline",
+                ));
+            }
+            left.min(per_read)
+        }
+        None => per_read,
+    };
+    if want != *current {
+        stream.set_read_timeout(Some(want.max(Duration::from_millis(1))))?;
+        *current = want;
+    }
+    io::Read::read(stream, buf)
+}
+
+/// The source's reading of one reply: whole within twice the reply timeout, each
+/// `recv` within one (a target that trickles its reply cannot hold the migrating
+/// thread longer). Costs no system call unless the reply is that slow.
+struct ReplyReader<'a> {
+    stream: &'a TcpStream,
+    per_read: Duration,
+    current: Duration,
+    deadline: Instant,
+}
+
+impl io::Read for ReplyReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut s = self.stream;
+        timed_read(
+            &mut s,
+            buf,
+            Some(self.deadline),
+            self.per_read,
+            &mut self.current,
+        )
+    }
+}
+
+/// The target's next reply on `ctrl`, whose read timeout is `timeout` (see
+/// [`ReplyReader`]).
+fn read_reply(ctrl: &TcpStream, auth: Option<&Auth>, timeout: Duration) -> io::Result<Message> {
+    let mut r = ReplyReader {
+        stream: ctrl,
+        per_read: timeout,
+        current: timeout,
+        deadline: Instant::now() + timeout * 2,
+    };
+    let m = read_message_auth(&mut r, auth);
+    if r.current != timeout {
+        ctrl.set_read_timeout(Some(timeout))?;
+    }
+    m
 }
 
 impl ControlConn {

@@ -13,8 +13,11 @@ use std::time::Duration;
 
 use farside_migrate::proto::migrate_with_back;
 use farside_migrate::testkit::{await_cond, inq, is_root};
-use farside_migrate::wire::{read_message, write_message, Message};
+use farside_migrate::wire::{self, read_message, write_message, Message};
 use farside_migrate::{Fallback, MigrateConfig, Outcome};
+
+/// The sources' reply timeout here.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What the hand-made target does after DONE.
 #[derive(Clone, Copy)]
@@ -22,6 +25,8 @@ enum AfterDone {
     Released,
     Failed,
     Silent,
+    /// No DONE awaited: RESTORED is trickled a byte every 300 ms.
+    TrickleRestored,
 }
 
 /// Serves one OFFER_COMMIT: RESTORED (without restoring), then `after` to DONE.
@@ -37,6 +42,15 @@ fn fake_target(after: AfterDone) -> (std::net::SocketAddr, thread::JoinHandle<()
             read_message(&mut r).unwrap(),
             Message::OfferCommit(_)
         ));
+        if let AfterDone::TrickleRestored = after {
+            for b in wire::encode(&Message::Restored) {
+                if w.write_all(&[b]).is_err() {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(300));
+            }
+            return;
+        }
         write_message(&mut w, &Message::Restored).unwrap();
         assert_eq!(read_message(&mut r).unwrap(), Message::Done);
         match after {
@@ -45,7 +59,7 @@ fn fake_target(after: AfterDone) -> (std::net::SocketAddr, thread::JoinHandle<()
                 write_message(&mut w, &Message::Failed("release failed".into())).unwrap()
             }
             // Closes without a word.
-            AfterDone::Silent => {}
+            AfterDone::Silent | AfterDone::TrickleRestored => {}
         }
     });
     (addr, t)
@@ -64,10 +78,14 @@ fn run(after: AfterDone) -> (Outcome, TcpStream, u32, u32) {
     await_cond("the request queued", || inq(&s).unwrap() > 0);
     let (target, t) = fake_target(after);
     let (there, back) = (AtomicU32::new(0), AtomicU32::new(0));
+    let cfg = MigrateConfig {
+        reply_timeout: REPLY_TIMEOUT,
+        ..MigrateConfig::default()
+    };
     let outcome = migrate_with_back(
         s,
         target,
-        &MigrateConfig::default(),
+        &cfg,
         || {
             there.fetch_add(1, Ordering::SeqCst);
             Ok(())
@@ -131,6 +149,34 @@ fn no_answer_after_done_takes_the_flow_back_and_resumes() {
             reason: Fallback::TargetGone(e),
         } => {
             assert!(e.to_string().contains("RELEASED"), "{e}");
+            works(sock, client);
+        }
+        other => panic!("expected a fall-back, got {other:?}"),
+    }
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): run with `cargo test -p farside-migrate -- --include-ignored` as root"]
+fn a_trickled_reply_is_cut_at_twice_the_reply_timeout() {
+    assert!(is_root(), "needs root");
+    let t0 = std::time::Instant::now();
+    let (outcome, client, there, back) = run(AfterDone::TrickleRestored);
+    // Each byte within the per-read bound, the whole RESTORED (3 s) not.
+    assert!(t0.elapsed() < REPLY_TIMEOUT * 2 + Duration::from_secs(2));
+    assert_eq!((there, back), (0, 0));
+    match outcome {
+        Outcome::ResumedOnSource {
+            sock,
+            reason: Fallback::TargetGone(e),
+        } => {
+            // The deadline's own check, or the last recv's (lowered) timeout.
+            assert!(
+                matches!(
+                    e.kind(),
+                    std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock
+                ),
+                "{e}"
+            );
             works(sock, client);
         }
         other => panic!("expected a fall-back, got {other:?}"),
