@@ -14,8 +14,12 @@
 //!                 <───────────── REFUSE(reason) | RESTORED | FAILED(reason)
 //!   then:         <───────────── RESTORED | FAILED(reason)
 //!   RESTORED: move_flow() (front-end entry → target)
-//!     ok:  DONE ──────────────────────>   hand the fd to the local server
+//!     ok:  DONE ──────────────────────>   release the copy (repair off)
+//!                 <───────────── RELEASED   then hand the fd to the local server
+//!                                          (RELEASED not written: copy closed silently)
 //!          [CloseAfterRestore: close source silently] ──> Migrated
+//!          FAILED / timeout / EOF instead of RELEASED: move_back() (the flow
+//!          returns to the source), then as below
 //!     err: ABORT ─────────────────────>   close the restored copy silently
 //!                 <───────────── FAILED("aborted")
 //!   FAILED / timeout / EOF / ABORT sent:
@@ -31,7 +35,7 @@
 //!
 //! **Control connections are reused** (wire version 2): a source that migrates through
 //! a [`ControlPool`] keeps the connection to each target after a hand-over that ended
-//! cleanly (REFUSE, DONE, FAILED) and sends its next OFFER on it, instead of paying a
+//! cleanly (REFUSE, RELEASED, FAILED) and sends its next OFFER on it, instead of paying a
 //! connect, an accept, two closes and a TIME_WAIT per migration. The target serves
 //! offers on a connection one after the other ([`ControlConn`]) and closes it after
 //! [`CONTROL_IDLE_TIMEOUT`] without one. A pooled connection found dead before or
@@ -43,7 +47,7 @@
 use std::io::{self, BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -56,8 +60,9 @@ use crate::restore::{restore, restore_frozen};
 use crate::state::TcpState;
 use crate::sys;
 use crate::wire::{
-    decode_header, encode, read_message, read_message_after, reason, write_message, write_offer,
-    write_offer_commit, Message, HEADER_BYTES,
+    decode_header, encode, encode_auth, read_authentic_after, read_authentic_header,
+    read_message_after, read_message_auth, reason, write_message_auth, write_offer,
+    write_offer_auth, write_offer_commit, Auth, Message, HEADER_BYTES,
 };
 
 /// Default bound on connecting to the target: it is on the cluster network, a few
@@ -91,6 +96,22 @@ pub const POOL_IDLE_PER_TARGET_DEFAULT: usize = 8;
 /// Upper bound of a pool's per-target bound (a target serves at most 64 connections
 /// at once: `farside specd --target-threads`).
 pub const POOL_IDLE_PER_TARGET_MAX: usize = 64;
+/// Longest a target waits for one whole message, first byte to last (OFFER,
+/// OFFER_COMMIT, COMMIT, DONE, ABORT): the per-`recv` bound alone lets a peer that
+/// trickles a byte now and then hold a serving thread indefinitely. The largest
+/// state (two 32 MiB queues) crosses a 1 Gbit/s link in about 0.6 s.
+pub const MESSAGE_DEADLINE_DEFAULT: Duration = Duration::from_secs(4);
+/// How long a target keeps a restored, frozen copy for the source's DONE or ABORT:
+/// between RESTORED and DONE the source moves the front-end's flow, whose MOVE is
+/// bounded by 1 s and retried (about 4 s seen), so the reply timeout alone (2 s) made
+/// the target drop copies the source then counted migrated.
+pub const VERDICT_WAIT_DEFAULT: Duration = Duration::from_secs(8);
+/// Default budget of OFFER payload bytes a process's targets hold at once (read or
+/// being restored): each offer reserves its announced length before its bytes are
+/// read and gives it back when it ends; an offer that does not fit is refused and
+/// its connection closed. 256 MiB holds a thousand lab-sized states (≤ 200 KiB) or
+/// four of the largest.
+pub const OFFER_BUDGET_BYTES_DEFAULT: usize = 256 << 20;
 /// The target's read buffer per control connection: one `recv` takes a reply or an
 /// OFFER's header and fixed fields (≤ 120 bytes) and the start of its queues; larger
 /// reads bypass it.
@@ -142,6 +163,9 @@ pub struct MigrateConfig {
     /// a warning.
     /// Unused with [`Handover::CloseAfterRestore`].
     pub hold: Option<Arc<FlowHold>>,
+    /// The authenticated framing (wire version 3) with this key; `None` (the
+    /// default): unauthenticated (version 2). The target must agree.
+    pub auth: Option<Arc<Auth>>,
 }
 
 impl Default for MigrateConfig {
@@ -152,6 +176,7 @@ impl Default for MigrateConfig {
             reply_timeout: REPLY_TIMEOUT_DEFAULT,
             flow_drain: FLOW_DRAIN_DEFAULT,
             hold: None,
+            auth: None,
         }
     }
 }
@@ -211,7 +236,8 @@ pub enum Outcome {
     },
     /// The connection is gone (the client will time out): with
     /// [`Handover::CloseBeforeRestore`] neither the target nor the local re-restore
-    /// succeeded; or the flow was moved but DONE could not be sent to the target.
+    /// succeeded. (A DONE the target does not acknowledge, RELEASED, is not a loss:
+    /// the flow is taken back and the connection resumes on the source.)
     Lost(io::Error),
 }
 
@@ -219,19 +245,26 @@ fn state_bytes(st: &TcpState) -> usize {
     st.send_queue.len() + st.recv_queue.len()
 }
 
-fn exchange(ctrl: &mut TcpStream, msg: &Message) -> io::Result<Message> {
-    write_message(ctrl, msg)?;
-    read_message(ctrl)
+fn exchange(ctrl: &mut TcpStream, msg: &Message, cfg: &MigrateConfig) -> io::Result<Message> {
+    let auth = cfg.auth.as_deref();
+    write_message_auth(ctrl, msg, auth)?;
+    read_reply(ctrl, auth, cfg.reply_timeout)
 }
 
 /// OFFER (or OFFER_COMMIT, `commit`) and its answer.
-fn exchange_offer(ctrl: &mut TcpStream, st: &TcpState, commit: bool) -> io::Result<Message> {
-    if commit {
-        write_offer_commit(ctrl, st)?;
-    } else {
-        write_offer(ctrl, st)?;
+fn exchange_offer(
+    ctrl: &mut TcpStream,
+    st: &TcpState,
+    commit: bool,
+    cfg: &MigrateConfig,
+) -> io::Result<Message> {
+    let auth = cfg.auth.as_deref();
+    match (auth, commit) {
+        (Some(a), _) => write_offer_auth(ctrl, st, commit, a)?,
+        (None, true) => write_offer_commit(ctrl, st)?,
+        (None, false) => write_offer(ctrl, st)?,
     }
-    read_message(ctrl)
+    read_reply(ctrl, auth, cfg.reply_timeout)
 }
 
 fn open_control(target: SocketAddr, cfg: &MigrateConfig) -> io::Result<TcpStream> {
@@ -406,7 +439,19 @@ impl ControlPool {
         cfg: &MigrateConfig,
         move_flow: impl FnOnce() -> io::Result<()>,
     ) -> Outcome {
-        migrate_inner(sock, target, cfg, Some(self), move_flow)
+        migrate_inner(sock, target, cfg, Some(self), move_flow, || Ok(()))
+    }
+
+    /// [`migrate_with_back`] over a pooled control connection to `target`.
+    pub fn migrate_with_back(
+        &self,
+        sock: TcpStream,
+        target: SocketAddr,
+        cfg: &MigrateConfig,
+        move_flow: impl FnOnce() -> io::Result<()>,
+        move_back: impl FnOnce() -> io::Result<()>,
+    ) -> Outcome {
+        migrate_inner(sock, target, cfg, Some(self), move_flow, move_back)
     }
 
     /// An idle connection to `target` that still looks alive, newest first.
@@ -483,14 +528,14 @@ impl Control<'_> {
         commit: bool,
     ) -> Result<(TcpStream, io::Result<Message>), Fallback> {
         let (mut ctrl, reused) = self.get().map_err(Fallback::TargetUnreachable)?;
-        let reply = exchange_offer(&mut ctrl, st, commit);
+        let reply = exchange_offer(&mut ctrl, st, commit, self.cfg);
         match (&reply, self.pool) {
             (Err(e), Some(p)) if reused && is_stale(e) => {
                 p.stale.fetch_add(1, Ordering::Relaxed);
                 let mut ctrl = p
                     .open(self.target, self.cfg)
                     .map_err(Fallback::TargetUnreachable)?;
-                let reply = exchange_offer(&mut ctrl, st, commit);
+                let reply = exchange_offer(&mut ctrl, st, commit, self.cfg);
                 Ok((ctrl, reply))
             }
             _ => Ok((ctrl, reply)),
@@ -542,7 +587,20 @@ pub fn migrate_with(
     cfg: &MigrateConfig,
     move_flow: impl FnOnce() -> io::Result<()>,
 ) -> Outcome {
-    migrate_inner(sock, target, cfg, None, move_flow)
+    migrate_inner(sock, target, cfg, None, move_flow, || Ok(()))
+}
+
+/// [`migrate_with`], and `move_back` points the flow at the source again when the
+/// target did not acknowledge DONE (it answered FAILED, or nothing): the connection
+/// then resumes on the source.
+pub fn migrate_with_back(
+    sock: TcpStream,
+    target: SocketAddr,
+    cfg: &MigrateConfig,
+    move_flow: impl FnOnce() -> io::Result<()>,
+    move_back: impl FnOnce() -> io::Result<()>,
+) -> Outcome {
+    migrate_inner(sock, target, cfg, None, move_flow, move_back)
 }
 
 fn migrate_inner(
@@ -551,6 +609,7 @@ fn migrate_inner(
     cfg: &MigrateConfig,
     pool: Option<&ControlPool>,
     move_flow: impl FnOnce() -> io::Result<()>,
+    move_back: impl FnOnce() -> io::Result<()>,
 ) -> Outcome {
     // CloseBeforeRestore's hold: one attached for this migration alone if the config
     // has none (before the freeze: the load takes milliseconds the client must not
@@ -602,7 +661,7 @@ fn migrate_inner(
             // the close is silent.
             close_frozen(sock);
             let t_commit = Instant::now();
-            let reply = exchange(&mut ctrl, &Message::Commit);
+            let reply = exchange(&mut ctrl, &Message::Commit, cfg);
             (reply, offer, t_commit.elapsed(), None)
         }
         // OFFER_COMMIT's answer: `offer` covers the restore too.
@@ -615,41 +674,64 @@ fn migrate_inner(
     let reason = match reply {
         Ok(Message::Restored) => match (Instant::now(), move_flow()) {
             (t_flow, Ok(())) => {
-                let done = write_message(&mut ctrl, &Message::Done);
+                let auth = cfg.auth.as_deref();
+                let done = write_message_auth(&mut ctrl, &Message::Done, auth);
                 let total = t0.elapsed();
                 let flow = t_flow.elapsed();
-                if done.is_ok() {
-                    control.done(ctrl);
-                }
-                if let Some(sock) = held {
-                    // Still frozen: segments in flight to the source are dropped (the
-                    // client resends them to the target) instead of answered by RST.
-                    // With a pool its reaper closes it later; the outcome does not
-                    // wait for that.
-                    match pool {
-                        Some(p) if !cfg.flow_drain.is_zero() => p.drain(sock, cfg.flow_drain),
-                        _ => drain_inline(sock, cfg.flow_drain),
+                // Migrated only once the target says it holds the connection.
+                match done.and_then(|()| read_reply(&ctrl, auth, cfg.reply_timeout)) {
+                    Ok(Message::Released) => {
+                        control.done(ctrl);
+                        if let Some(sock) = held {
+                            // Still frozen: segments in flight to the source are
+                            // dropped (the client resends them to the target) instead
+                            // of answered by RST. With a pool its reaper closes it
+                            // later; the outcome does not wait for that.
+                            match pool {
+                                Some(p) if !cfg.flow_drain.is_zero() => {
+                                    p.drain(sock, cfg.flow_drain)
+                                }
+                                _ => drain_inline(sock, cfg.flow_drain),
+                            }
+                        }
+                        return Outcome::Migrated(Timings {
+                            dump,
+                            total,
+                            state_bytes: state_bytes(&st),
+                            offer,
+                            restore: restore_time,
+                            flow,
+                        });
+                    }
+                    not_released => {
+                        // The target does not hold the connection (FAILED) or may not
+                        // (no answer): the flow comes back and the connection
+                        // continues here.
+                        let reason = match not_released {
+                            Ok(Message::Failed(r)) => {
+                                control.done(ctrl);
+                                Fallback::RestoreFailed(r)
+                            }
+                            Ok(m) => Fallback::TargetGone(unexpected(&m)),
+                            Err(e) => Fallback::TargetGone(io::Error::new(
+                                e.kind(),
+                                format!("flow moved, no RELEASED after DONE: {e}"),
+                            )),
+                        };
+                        if let Err(e) = move_back() {
+                            log::error!(
+                                "migrate: taking the flow of {} back failed: {e}",
+                                st.remote
+                            );
+                        }
+                        reason
                     }
                 }
-                return match done {
-                    Ok(()) => Outcome::Migrated(Timings {
-                        dump,
-                        total,
-                        state_bytes: state_bytes(&st),
-                        offer,
-                        restore: restore_time,
-                        flow,
-                    }),
-                    Err(e) => Outcome::Lost(io::Error::new(
-                        e.kind(),
-                        format!("flow moved but DONE not delivered: {e}"),
-                    )),
-                };
             }
             (_, Err(e)) => {
                 // Wait (bounded) until the target has dropped its copy: in one
                 // namespace the local re-restore needs the 4-tuple free.
-                if let Ok(Message::Failed(_)) = exchange(&mut ctrl, &Message::Abort) {
+                if let Ok(Message::Failed(_)) = exchange(&mut ctrl, &Message::Abort, cfg) {
                     control.done(ctrl);
                 }
                 Fallback::FlowNotMoved(e)
@@ -699,6 +781,7 @@ fn unexpected(m: &Message) -> io::Error {
         Message::Done => "DONE",
         Message::Abort => "ABORT",
         Message::OfferCommit(_) => "OFFER_COMMIT",
+        Message::Released => "RELEASED",
     };
     io::Error::new(
         io::ErrorKind::InvalidData,
@@ -792,26 +875,243 @@ impl Target {
 /// One control connection on the target: the offers a source sends over it, served
 /// one after the other (wire version 2).
 pub struct ControlConn {
-    reader: BufReader<TcpStream>,
+    reader: BufReader<Timed>,
     reusable: bool,
+    /// Bound on each whole message ([`MESSAGE_DEADLINE_DEFAULT`]).
+    message_deadline: Duration,
+    /// Bound on the wait for a reply of the source (COMMIT, DONE/ABORT).
+    reply_timeout: Duration,
+    budget: Arc<OfferBudget>,
+    /// The authenticated framing, if keyed.
+    auth: Option<Arc<Auth>>,
+    /// How long a restored copy waits for DONE or ABORT ([`VERDICT_WAIT_DEFAULT`]).
+    verdict_wait: Duration,
+}
+
+/// The OFFER bytes targets may hold at once ([`OFFER_BUDGET_BYTES_DEFAULT`]): shared
+/// by the control connections of a process unless given their own
+/// ([`ControlConn::set_budget`]).
+#[derive(Debug)]
+pub struct OfferBudget {
+    used: AtomicUsize,
+    max: usize,
+    refused: AtomicU64,
+}
+
+impl OfferBudget {
+    /// A budget of `max` bytes.
+    pub fn new(max: usize) -> Self {
+        Self {
+            used: AtomicUsize::new(0),
+            max,
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// The process's budget (every [`ControlConn`]'s by default).
+    pub fn global() -> Arc<Self> {
+        static GLOBAL: OnceLock<Arc<OfferBudget>> = OnceLock::new();
+        Arc::clone(GLOBAL.get_or_init(|| Arc::new(Self::new(OFFER_BUDGET_BYTES_DEFAULT))))
+    }
+
+    /// Bytes reserved now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::SeqCst)
+    }
+
+    /// Offers refused because they did not fit.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Reserves `n` bytes, or `None` if they do not fit.
+    fn reserve(self: &Arc<Self>, n: usize) -> Option<Reserved> {
+        let ok = self
+            .used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                u.checked_add(n).filter(|&t| t <= self.max)
+            })
+            .is_ok();
+        if !ok {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(Reserved(Arc::clone(self), n))
+    }
+}
+
+/// Bytes of an [`OfferBudget`], given back when dropped.
+struct Reserved(Arc<OfferBudget>, usize);
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.0.used.fetch_sub(self.1, Ordering::SeqCst);
+    }
+}
+
+/// A control connection's reading side with a deadline per message: each `recv` is
+/// bounded by the socket's timeout, lowered to what is left of the deadline as it
+/// approaches (one `setsockopt` only then), so a whole message is bounded too.
+struct Timed {
+    stream: TcpStream,
+    /// The per-`recv` bound set on the socket when no deadline is near.
+    per_read: Duration,
+    /// [`Timed::per_read`], or longer for the current message ([`Timed::start_wait`]).
+    per_read_now: Duration,
+    /// The socket's read timeout now.
+    current: Duration,
+    deadline: Option<Instant>,
+}
+
+impl Timed {
+    /// Starts the deadline of the next message.
+    fn start(&mut self, within: Duration) {
+        self.deadline = Some(Instant::now() + within);
+        self.per_read_now = self.per_read;
+    }
+
+    /// Starts the deadline of a message that may be long in coming (each `recv` may
+    /// wait up to the whole deadline).
+    fn start_wait(&mut self, within: Duration) {
+        self.deadline = Some(Instant::now() + within);
+        self.per_read_now = within.max(self.per_read);
+    }
+}
+
+impl io::Read for Timed {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut s = &self.stream;
+        timed_read(
+            &mut s,
+            buf,
+            self.deadline,
+            self.per_read_now,
+            &mut self.current,
+        )
+    }
+}
+
+/// One `recv` on `stream` within `deadline`: the socket's read timeout is lowered to
+/// what is left of it when that is less than `per_read` (one `setsockopt` only then),
+/// and set back to `per_read` otherwise; `current` is the timeout set now.
+fn timed_read(
+    stream: &mut &TcpStream,
+    buf: &mut [u8],
+    deadline: Option<Instant>,
+    per_read: Duration,
+    current: &mut Duration,
+) -> io::Result<usize> {
+    let want = match deadline {
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "message not complete within its deadline",
+                ));
+            }
+            left.min(per_read)
+        }
+        None => per_read,
+    };
+    if want != *current {
+        stream.set_read_timeout(Some(want.max(Duration::from_millis(1))))?;
+        *current = want;
+    }
+    io::Read::read(stream, buf)
+}
+
+/// The source's reading of one reply: whole within twice the reply timeout, each
+/// `recv` within one (a target that trickles its reply cannot hold the migrating
+/// thread longer). Costs no system call unless the reply is that slow.
+struct ReplyReader<'a> {
+    stream: &'a TcpStream,
+    per_read: Duration,
+    current: Duration,
+    deadline: Instant,
+}
+
+impl io::Read for ReplyReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut s = self.stream;
+        timed_read(
+            &mut s,
+            buf,
+            Some(self.deadline),
+            self.per_read,
+            &mut self.current,
+        )
+    }
+}
+
+/// The target's next reply on `ctrl`, whose read timeout is `timeout` (see
+/// [`ReplyReader`]).
+fn read_reply(ctrl: &TcpStream, auth: Option<&Auth>, timeout: Duration) -> io::Result<Message> {
+    let mut r = ReplyReader {
+        stream: ctrl,
+        per_read: timeout,
+        current: timeout,
+        deadline: Instant::now() + timeout * 2,
+    };
+    let m = read_message_auth(&mut r, auth);
+    if r.current != timeout {
+        ctrl.set_read_timeout(Some(timeout))?;
+    }
+    m
 }
 
 impl ControlConn {
     /// Prepares an accepted connection: every read and write bounded by
-    /// `reply_timeout`, Nagle off.
+    /// `reply_timeout`, each whole message by [`MESSAGE_DEADLINE_DEFAULT`], Nagle
+    /// off; OFFERs count in [`OfferBudget::global`].
     pub fn new(stream: TcpStream, reply_timeout: Duration) -> io::Result<Self> {
         stream.set_read_timeout(Some(reply_timeout))?;
         stream.set_write_timeout(Some(reply_timeout))?;
         stream.set_nodelay(true)?;
+        let timed = Timed {
+            stream,
+            per_read: reply_timeout,
+            per_read_now: reply_timeout,
+            current: reply_timeout,
+            deadline: None,
+        };
         Ok(Self {
-            reader: BufReader::with_capacity(CONTROL_READ_BUF_BYTES, stream),
+            reader: BufReader::with_capacity(CONTROL_READ_BUF_BYTES, timed),
             reusable: true,
+            message_deadline: MESSAGE_DEADLINE_DEFAULT,
+            reply_timeout,
+            budget: OfferBudget::global(),
+            auth: None,
+            verdict_wait: VERDICT_WAIT_DEFAULT.max(reply_timeout),
         })
+    }
+
+    /// Speaks the authenticated framing (wire version 3) with `auth`: a frame that
+    /// fails its check ends the connection (counted in [`Auth::refused`]) before its
+    /// payload is read.
+    pub fn set_auth(&mut self, auth: Arc<Auth>) {
+        self.auth = Some(auth);
+    }
+
+    /// Bounds each whole message by `d` instead of [`MESSAGE_DEADLINE_DEFAULT`].
+    pub fn set_message_deadline(&mut self, d: Duration) {
+        self.message_deadline = d;
+    }
+
+    /// Keeps a restored copy up to `d` for the source's DONE or ABORT instead of
+    /// [`VERDICT_WAIT_DEFAULT`].
+    pub fn set_verdict_wait(&mut self, d: Duration) {
+        self.verdict_wait = d;
+    }
+
+    /// Counts this connection's OFFERs in `budget` instead of the global one.
+    pub fn set_budget(&mut self, budget: Arc<OfferBudget>) {
+        self.budget = budget;
     }
 
     /// The connection (e.g. to shut it down from another thread via a clone).
     pub fn stream(&self) -> &TcpStream {
-        self.reader.get_ref()
+        &self.reader.get_ref().stream
     }
 
     /// Whether the last hand-over ended cleanly, so the next OFFER may follow on this
@@ -877,26 +1177,61 @@ impl ControlConn {
             return Ok(None);
         }
         self.reusable = false;
+        self.reader.get_mut().start(self.message_deadline);
         match self.reader.fill_buf() {
             Ok([]) => return Ok(None),
             Ok(_) => {}
             Err(e) => return Ok(Some(TargetOutcome::SourceGone(e))),
         }
-        let mut h = [0u8; HEADER_BYTES];
-        if let Err(e) = io::Read::read_exact(&mut self.reader, &mut h) {
-            return Ok(Some(TargetOutcome::SourceGone(e)));
-        }
-        if let Err(e) = decode_header(&h) {
-            // Another wire version (or garbage): say so to the source, in our
-            // framing (an old source's decoder names the version it got).
-            let text = reason(&format!("target refuses the frame: {e}"));
-            let _ = self.write(&Message::Refuse(text));
-            return Ok(Some(TargetOutcome::SourceGone(io::Error::new(
-                io::ErrorKind::InvalidData,
-                e,
-            ))));
-        }
-        let (st, commit_now) = match read_message_after(&mut self.reader, &h) {
+        let auth = self.auth.clone();
+        let (h, header_tag) = match auth.as_deref() {
+            // Nothing of the payload is read before the envelope verified.
+            Some(a) => match read_authentic_header(&mut self.reader, a) {
+                Ok(x) => x,
+                Err(e) => return Ok(Some(TargetOutcome::SourceGone(e))),
+            },
+            None => {
+                let mut h = [0u8; HEADER_BYTES];
+                if let Err(e) = io::Read::read_exact(&mut self.reader, &mut h) {
+                    return Ok(Some(TargetOutcome::SourceGone(e)));
+                }
+                (h, 0)
+            }
+        };
+        let header = match auth.as_deref() {
+            Some(_) => crate::wire::decode_header_version(&h, crate::wire::VERSION_AUTH),
+            None => decode_header(&h),
+        };
+        let len = match header {
+            Ok((_, len)) => len,
+            Err(e) => {
+                // Another wire version (or garbage): say so to the source, in our
+                // framing (an old source's decoder names the version it got).
+                let text = reason(&format!("target refuses the frame: {e}"));
+                let _ = self.write(&Message::Refuse(text));
+                return Ok(Some(TargetOutcome::SourceGone(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    e,
+                ))));
+            }
+        };
+        // The announced length is reserved before a byte of the payload is read; an
+        // offer that does not fit is refused and its connection closed (its payload
+        // is never read).
+        let Some(_reserved) = self.budget.reserve(len) else {
+            let r = reason(&format!(
+                "target memory budget full: {} of {} bytes held, offer of {len}",
+                self.budget.used(),
+                self.budget.max
+            ));
+            let _ = self.write(&Message::Refuse(r.clone()));
+            return Ok(Some(TargetOutcome::Refused(r)));
+        };
+        let read = match auth.as_deref() {
+            Some(a) => read_authentic_after(&mut self.reader, &h, a, header_tag),
+            None => read_message_after(&mut self.reader, &h),
+        };
+        let (st, commit_now) = match read {
             Ok(Message::Offer(st)) => (st, false),
             Ok(Message::OfferCommit(st)) => (st, true),
             Ok(m) => return Ok(Some(TargetOutcome::SourceGone(unexpected(&m)))),
@@ -915,7 +1250,20 @@ impl ControlConn {
 
     fn write(&mut self, msg: &Message) -> io::Result<()> {
         // Replies are empty or a short reason: one small frame, one write.
-        io::Write::write_all(self.reader.get_mut(), &encode(msg))
+        let frame = match self.auth.as_deref() {
+            Some(a) => encode_auth(msg, a)?,
+            None => encode(msg),
+        };
+        io::Write::write_all(&mut self.reader.get_mut().stream, &frame)
+    }
+
+    /// The source's next message (COMMIT, DONE or ABORT), within the reply timeout
+    /// and, once it starts, the message deadline.
+    fn read_reply(&mut self) -> io::Result<Message> {
+        let within = self.reply_timeout.min(self.message_deadline);
+        self.reader.get_mut().start(within);
+        let auth = self.auth.clone();
+        read_message_auth(&mut self.reader, auth.as_deref())
     }
 
     /// One offer; `commit_now`: it was an OFFER_COMMIT (no ACCEPT, no COMMIT).
@@ -935,7 +1283,7 @@ impl ControlConn {
             if let Err(e) = self.write(&Message::Accept) {
                 return Ok(TargetOutcome::SourceGone(e));
             }
-            match read_message(&mut self.reader) {
+            match self.read_reply() {
                 Ok(Message::Commit) => {}
                 Ok(m) => return Ok(TargetOutcome::SourceGone(unexpected(&m))),
                 Err(e) => return Ok(TargetOutcome::SourceGone(e)),
@@ -951,16 +1299,34 @@ impl ControlConn {
         };
         // Until DONE the copy stays frozen (repair on, input dropped): the source may
         // still resume, so this copy must neither send nor acknowledge anything yet.
-        let verdict = self
-            .write(&Message::Restored)
-            .and_then(|()| read_message(&mut self.reader));
+        // DONE follows the source's flow move, which may take seconds (the
+        // front-end's MOVE and its retry): the copy is kept that long.
+        let verdict = self.write(&Message::Restored).and_then(|()| {
+            self.reader.get_mut().start_wait(self.verdict_wait);
+            let auth = self.auth.clone();
+            read_message_auth(&mut self.reader, auth.as_deref())
+        });
         match verdict {
             Ok(Message::Done) => {
                 let sock = match frozen.release() {
                     Ok(s) => s,
-                    // The source has closed: nothing left to fall back to.
-                    Err(e) => return Ok(TargetOutcome::RestoreFailed(reason(&e.to_string()))),
+                    // Nothing of the copy is left: the source, told so, takes the
+                    // connection back (it still holds its frozen socket, or the dump).
+                    Err(e) => {
+                        let r = reason(&format!("release failed: {e}"));
+                        let _ = self.write(&Message::Failed(r.clone()));
+                        return Ok(TargetOutcome::RestoreFailed(r));
+                    }
                 };
+                // Acknowledged before the server sees it: a source that is not told
+                // takes the connection back, so a copy it was not told of must go,
+                // silently (no FIN, no RST to the client).
+                if let Err(e) = self.write(&Message::Released) {
+                    if let Err(c) = crate::dump::close_silently(sock) {
+                        log::warn!("migrate: closing an unacknowledged copy: {c}");
+                    }
+                    return Ok(TargetOutcome::SourceGone(e));
+                }
                 handoff(sock);
                 Ok(TargetOutcome::Restored {
                     local: st.local,

@@ -60,14 +60,18 @@ fn refill(fd: RawFd, queue: libc::c_int, buf: &[u8], selected: bool) -> io::Resu
     Ok(())
 }
 
-/// Raises the buffer to `want` (in `getsockopt` units) if `have` is smaller.
-fn raise_buffer(fd: RawFd, have: libc::c_int, force: libc::c_int, want: u32) -> io::Result<()> {
+/// Raises the buffer to `want` (in `getsockopt` units) if `have` is smaller, within
+/// the system's bound: `opt` is `SO_SNDBUF` or `SO_RCVBUF`, which the kernel clamps
+/// to `net.core.wmem_max` / `rmem_max` (never the `*FORCE` variants: the sizes come
+/// from the peer, and a restored socket must not pin more memory than any local
+/// socket may). A queue that does not fit the clamped buffer fails its refill (the
+/// refill does not wait), so the restore fails and the source resumes.
+fn raise_buffer(fd: RawFd, have: libc::c_int, opt: libc::c_int, want: u32) -> io::Result<()> {
     if (want as i64) > have as i64 {
         // The kernel doubles the value set (for its bookkeeping) and reports the
         // doubled one, so half of the source's reported size gives the same buffer.
-        // The *FORCE variants need CAP_NET_ADMIN, which TCP_REPAIR needs anyway.
-        let half = (want / 2) as libc::c_int;
-        sys::setsockopt(fd, libc::SOL_SOCKET, force, &half, "SO_*BUFFORCE")?;
+        let half = (want / 2).min(libc::c_int::MAX as u32) as libc::c_int;
+        sys::setsockopt(fd, libc::SOL_SOCKET, opt, &half, "SO_SNDBUF/SO_RCVBUF")?;
     }
     Ok(())
 }
@@ -191,8 +195,8 @@ fn rebuild(fd: RawFd, st: &TcpState) -> io::Result<()> {
     )?;
     // Both sizes in one call (SO_MEMINFO).
     let (sndbuf, rcvbuf) = sys::buffer_sizes(fd)?;
-    raise_buffer(fd, sndbuf, libc::SO_SNDBUFFORCE, sndbuf_wanted(st))?;
-    raise_buffer(fd, rcvbuf, libc::SO_RCVBUFFORCE, st.rcvbuf)?;
+    raise_buffer(fd, sndbuf, libc::SO_SNDBUF, sndbuf_wanted(st))?;
+    raise_buffer(fd, rcvbuf, libc::SO_RCVBUF, st.rcvbuf)?;
 
     // The receive queue is still selected (its TCP_QUEUE_SEQ was set last): refill
     // it first, then the send queue (selected only if it has bytes); the two are

@@ -3,16 +3,19 @@
 //! Frame (all integers big-endian):
 //!
 //! ```text
-//! magic "FSMG" | version u8 (= 2) | kind u8 | payload length u32 | payload
+//! magic "FSMG" | version u8 (= 3) | kind u8 | payload length u32 | payload
 //! ```
 //!
-//! Version 2 (this one): a control connection carries any number of hand-overs one
-//! after the other (the source keeps it in a [`crate::ControlPool`]; version 1 closed
-//! it after one), and OFFER_COMMIT exists. A peer speaking another version is refused
+//! Version 2: a control connection carries any number of hand-overs one after the
+//! other (the source keeps it in a [`crate::ControlPool`]; version 1 closed it after
+//! one), and OFFER_COMMIT exists. Version 3 (this one): the end of a migration is
+//! acknowledged, DONE answered RELEASED (or FAILED), so a source counts a connection
+//! migrated only once the target holds it. A peer speaking another version is refused
 //! with [`WireError::Version`], whose text names both versions.
 //!
 //! Kinds: `1 OFFER(state)`, `2 ACCEPT`, `3 REFUSE(reason)`, `4 COMMIT`,
-//! `5 RESTORED`, `6 FAILED(reason)`, `7 DONE`, `8 ABORT`, `9 OFFER_COMMIT(state)`
+//! `5 RESTORED`, `6 FAILED(reason)`, `7 DONE`, `8 ABORT`, `9 OFFER_COMMIT(state)`,
+//! `10 RELEASED`
 //! (version 2: OFFER and COMMIT at once, answered REFUSE or RESTORED/FAILED). A
 //! reason is UTF-8 text of at most [`REASON_BYTES_MAX`] bytes. The OFFER (and
 //! OFFER_COMMIT) payload (a [`TcpState`]):
@@ -30,18 +33,48 @@
 //! The decoder refuses anything malformed: wrong magic or version, unknown kind or
 //! flag bits, lengths above their bounds, truncation, trailing bytes, or a state that
 //! fails [`TcpState::validate`].
+//!
+//! **Version 4, authenticated** ([`Auth`], daemons given a key): every frame, in both
+//! directions, is written with version 4 in its header and wrapped:
+//!
+//! ```text
+//! envelope (32 bytes, farside_auth::mac, domain SpecdMigration, covering the header)
+//!     | header (10 bytes) | payload | payload tag u64 LE (only if the payload is not empty)
+//! payload tag = SipHash-2-4(key, label | key id u32 | 0xffffffff | header tag u64 | payload)
+//! ```
+//!
+//! The receiver verifies the envelope, checks that its sequence number's clock is
+//! within [`SEQ_CLOCK_SKEW_MAX_S`] of its own and moves its replay window (per key id
+//! and sender) before it reads a byte of the payload, so a host without the key never
+//! gets its payload read; the payload tag is bound to the header's (unique per
+//! sequence number), and its `0xffffffff` length can never be an envelope's. A frame
+//! failing either check ends the connection. Keyed and unkeyed daemons do not talk:
+//! both ends must be given the same key.
 
 use std::fmt;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use farside_auth::mac::{self, Domain, Envelope, KeyId, ENVELOPE_BYTES};
+use farside_auth::replay::{ReplayTable, Sequencer};
+use farside_auth::siphash::{siphash24, Sip24, SipKey};
+
 use crate::state::{RepairWindow, TcpOptions, TcpState, QUEUE_BYTES_MAX, WSCALE_MAX};
 
 /// Frame magic.
 pub const MAGIC: [u8; 4] = *b"FSMG";
-/// The wire version this crate writes and reads (2: control connections are reused
-/// across hand-overs).
-pub const VERSION: u8 = 2;
+/// The wire version this crate writes and reads without a key (2: control
+/// connections are reused across hand-overs; 3: DONE is acknowledged, RELEASED).
+pub const VERSION: u8 = 3;
+/// The wire version of the authenticated framing ([`Auth`]).
+pub const VERSION_AUTH: u8 = 4;
+/// Bytes an authenticated frame starts with before its header.
+pub const AUTH_ENVELOPE_BYTES: usize = ENVELOPE_BYTES;
+/// Bytes of the payload tag after an authenticated frame's (non-empty) payload.
+pub const PAYLOAD_TAG_BYTES: usize = 8;
 /// Frame header: magic, version, kind, payload length.
 pub const HEADER_BYTES: usize = 4 + 1 + 1 + 4;
 /// Longest REFUSE/FAILED reason: a one-line diagnostic, not a log.
@@ -93,8 +126,13 @@ impl fmt::Display for WireError {
             Self::Magic => write!(f, "bad magic"),
             Self::Version(v) => write!(
                 f,
-                "peer speaks migration wire version {v}, this build speaks {} (upgrade both daemons together)",
-                VERSION
+                "peer speaks migration wire version {v}, this build speaks {} (upgrade both daemons together{})",
+                VERSION,
+                if *v == VERSION_AUTH {
+                    "; version 4 is the keyed framing: give both daemons the same key"
+                } else {
+                    ""
+                }
             ),
             Self::Kind(k) => write!(f, "unknown message kind {k}"),
             Self::TooLarge(what, n) => write!(f, "{what} of {n} bytes above its bound"),
@@ -132,14 +170,20 @@ pub enum Message {
     /// between them): the target answers REFUSE, or restores at once and answers
     /// RESTORED or FAILED. Saves one round trip (two sends, two receives) a migration.
     OfferCommit(TcpState),
+    /// Target → source, after DONE: the restored connection is live here and handed
+    /// to the local server (version 3). Until it arrives the source keeps its frozen
+    /// socket; without it (FAILED, silence) the source takes the connection back.
+    Released,
 }
 
 /// The OFFER kind.
 const KIND_OFFER: u8 = 1;
 /// The OFFER_COMMIT kind.
 const KIND_OFFER_COMMIT: u8 = 9;
+/// The RELEASED kind.
+const KIND_RELEASED: u8 = 10;
 /// The highest kind.
-const KIND_MAX: u8 = KIND_OFFER_COMMIT;
+const KIND_MAX: u8 = KIND_RELEASED;
 
 impl Message {
     fn kind(&self) -> u8 {
@@ -153,6 +197,7 @@ impl Message {
             Self::Done => 7,
             Self::Abort => 8,
             Self::OfferCommit(_) => KIND_OFFER_COMMIT,
+            Self::Released => KIND_RELEASED,
         }
     }
 }
@@ -243,7 +288,12 @@ pub fn encode(msg: &Message) -> Vec<u8> {
             out.extend_from_slice(r.as_bytes());
             out
         }
-        Message::Accept | Message::Commit | Message::Restored | Message::Done | Message::Abort => {
+        Message::Accept
+        | Message::Commit
+        | Message::Restored
+        | Message::Done
+        | Message::Abort
+        | Message::Released => {
             let mut out = Vec::with_capacity(HEADER_BYTES);
             put_header(&mut out, msg.kind(), 0);
             out
@@ -394,10 +444,19 @@ fn decode_state(c: &mut Cursor<'_>) -> Result<TcpState, WireError> {
 
 /// Checks a frame header; returns the kind and the payload length.
 pub fn decode_header(h: &[u8; HEADER_BYTES]) -> Result<(u8, usize), WireError> {
+    decode_header_version(h, VERSION)
+}
+
+/// [`decode_header`] of a frame of wire version `version` ([`VERSION`] or
+/// [`VERSION_AUTH`]).
+pub fn decode_header_version(
+    h: &[u8; HEADER_BYTES],
+    version: u8,
+) -> Result<(u8, usize), WireError> {
     if h[..4] != MAGIC {
         return Err(WireError::Magic);
     }
-    if h[4] != VERSION {
+    if h[4] != version {
         return Err(WireError::Version(h[4]));
     }
     let kind = h[5];
@@ -437,6 +496,7 @@ pub fn decode_payload(kind: u8, payload: &[u8]) -> Result<Message, WireError> {
         5 => Message::Restored,
         7 => Message::Done,
         8 => Message::Abort,
+        KIND_RELEASED => Message::Released,
         k => return Err(WireError::Kind(k)),
     };
     if !c.buf.is_empty() {
@@ -494,22 +554,39 @@ fn bad_data(e: WireError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, e)
 }
 
+/// First allocation of a queue being read when this thread has no spare buffer:
+/// a lab state's queue fits; a larger one grows as its bytes arrive.
+const READ_CHUNK_FIRST: usize = 64 << 10;
+
 /// Reads exactly `n` bytes into a buffer (a spare one of this thread if it has one:
-/// resident pages, see `bufs`). Zeroed first: `read_to_end` would skip that but reads
-/// a socket in growing chunks (8 KiB, 16 KiB, …), twice the `recv` calls.
+/// resident pages, see `bufs`). `n` comes from the wire, so the buffer is not sized
+/// by it: it starts at most [`READ_CHUNK_FIRST`] (or a spare's capacity) and doubles
+/// as the bytes arrive, so a peer that claims a long queue and sends less costs at
+/// most twice what it sent. Each chunk is zeroed first: `read_to_end` would skip that
+/// but reads a socket in growing chunks (8 KiB, 16 KiB, …), more `recv` calls.
 fn read_vec(r: &mut impl Read, n: usize) -> io::Result<Vec<u8>> {
-    let mut v = crate::bufs::take(n);
-    v.resize(n, 0);
-    if let Err(e) = r.read_exact(&mut v) {
-        crate::bufs::give(v);
-        return Err(e);
+    let mut v = crate::bufs::take(n.min(READ_CHUNK_FIRST));
+    // Bounded: each pass fills the buffer to its capacity (at least one more byte)
+    // or fails.
+    while v.len() < n {
+        if v.len() == v.capacity() {
+            let more = v.capacity().max(READ_CHUNK_FIRST).min(n - v.len());
+            v.reserve_exact(more);
+        }
+        let start = v.len();
+        let end = n.min(v.capacity());
+        v.resize(end, 0);
+        if let Err(e) = r.read_exact(&mut v[start..end]) {
+            crate::bufs::give(v);
+            return Err(e);
+        }
     }
     Ok(v)
 }
 
 /// Reads an OFFER payload of `len` bytes (checked against the structure before each
-/// queue is allocated, so a lying length allocates at most what it claims, which
-/// [`decode_header`] bounded).
+/// queue is read; a queue's buffer grows as its bytes arrive, so a lying length
+/// allocates at most twice what was sent, never what it claims).
 fn read_offer(r: &mut impl Read, len: usize) -> io::Result<TcpState> {
     if len == 0 {
         return Err(bad_data(WireError::Truncated));
@@ -576,13 +653,20 @@ fn write_state(w: &mut impl Write, kind: u8, st: &TcpState) -> io::Result<()> {
     put_header(&mut head, kind, offer_payload_len(st));
     encode_state_prefix(&mut head, st);
     let recv_len = (st.recv_queue.len() as u32).to_be_bytes();
-    let mut bufs = [
-        IoSlice::new(&head),
-        IoSlice::new(&st.send_queue),
-        IoSlice::new(&recv_len),
-        IoSlice::new(&st.recv_queue),
-    ];
-    let mut bufs = &mut bufs[..];
+    write_all_vectored(
+        w,
+        &mut [
+            IoSlice::new(&head),
+            IoSlice::new(&st.send_queue),
+            IoSlice::new(&recv_len),
+            IoSlice::new(&st.recv_queue),
+        ],
+    )
+}
+
+/// Writes every slice of `bufs` (vectored), then flushes.
+fn write_all_vectored(w: &mut impl Write, bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    let mut bufs = bufs;
     // Bounded: each pass writes at least one byte or fails.
     while !bufs.is_empty() {
         match w.write_vectored(bufs) {
@@ -593,4 +677,330 @@ fn write_state(w: &mut impl Write, kind: u8, st: &TcpState) -> io::Result<()> {
         }
     }
     w.flush()
+}
+
+/// The authenticated framing's keys and counters (wire version 3, see the module
+/// doc): one per daemon, shared by its control connections in both roles.
+pub struct Auth {
+    key: SipKey,
+    key_id: KeyId,
+    /// This daemon's id in the envelopes it seals (random per start).
+    sender: u64,
+    seq: Mutex<Sequencer>,
+    /// The peers' windows (per key id and sender).
+    replay: Mutex<ReplayTable>,
+    refused: AtomicU64,
+}
+
+impl fmt::Debug for Auth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the key.
+        f.debug_struct("Auth")
+            .field("key_id", &self.key_id)
+            .field("sender", &self.sender)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Most a frame's sequence clock (its sender's seconds) may differ from the
+/// receiver's: cluster nodes keep time with NTP (milliseconds apart); two minutes
+/// spare a node whose clock was just stepped. Bounds how old a recorded frame can be
+/// replayed to a receiver that restarted (and lost its replay windows).
+pub const SEQ_CLOCK_SKEW_MAX_S: u64 = 120;
+/// The label's first block of a payload tag after the key id: a length no envelope
+/// can have.
+const PAYLOAD_TAG_MARK: u32 = u32::MAX;
+
+impl Auth {
+    /// Seals and opens with `key` (loaded with `farside_auth::keys`); its id is
+    /// derived from it, so daemons with different keys see "unknown key".
+    pub fn new(key: SipKey) -> Self {
+        Self {
+            key_id: Self::key_id_of(&key),
+            key,
+            sender: random_u64(),
+            seq: Mutex::new(Sequencer::new()),
+            replay: Mutex::new(ReplayTable::default()),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// The id envelopes sealed with `key` carry.
+    pub fn key_id_of(key: &SipKey) -> KeyId {
+        KeyId(siphash24(key, b"farside specd migration key id") as u32)
+    }
+
+    /// This daemon's key id.
+    pub fn key_id(&self) -> KeyId {
+        self.key_id
+    }
+
+    /// Frames refused: forged, under another key, replayed, or with a bad payload
+    /// tag.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    fn next_seq(&self) -> io::Result<u64> {
+        self.seq
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .next(Sequencer::unix_s())
+            .ok_or_else(|| io::Error::other("sequence numbers exhausted for this key"))
+    }
+
+    /// The envelope of `header` and its tag.
+    fn seal_header(&self, header: &[u8]) -> io::Result<(Vec<u8>, u64)> {
+        let env = Envelope {
+            key_id: self.key_id,
+            sender: self.sender,
+            seq: self.next_seq()?,
+        };
+        let mut out = Vec::with_capacity(ENVELOPE_BYTES + HEADER_BYTES + OFFER_PREFIX_V6);
+        mac::seal(&mut out, Domain::SpecdMigration, &self.key, &env, header)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        let tag = u64::from_le_bytes(out[..8].try_into().expect("8 bytes"));
+        Ok((out, tag))
+    }
+
+    /// The hasher of a payload whose header's tag is `header_tag`.
+    fn payload_mac(&self, header_tag: u64) -> Sip24 {
+        let mut h = Sip24::new(&self.key);
+        h.write_u64(Domain::SpecdMigration.label());
+        h.write(&self.key_id.0.to_le_bytes());
+        h.write(&PAYLOAD_TAG_MARK.to_le_bytes());
+        h.write_u64(header_tag);
+        h
+    }
+
+    fn refuse(&self, why: impl fmt::Display) -> io::Error {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("migration frame not authentic: {why}"),
+        )
+    }
+
+    /// Verifies an envelope and the header it covers, and moves the replay window:
+    /// the header's tag, for the payload's.
+    fn open_header(&self, b: &[u8; ENVELOPE_BYTES + HEADER_BYTES]) -> io::Result<u64> {
+        let parsed = mac::parse(b).map_err(|e| self.refuse(e))?;
+        if parsed.envelope.key_id != self.key_id {
+            return Err(self.refuse(mac::Refusal::UnknownKey(parsed.envelope.key_id)));
+        }
+        let opened = parsed
+            .verify(Domain::SpecdMigration, &self.key)
+            .map_err(|e| self.refuse(e))?;
+        if opened.message.len() != HEADER_BYTES || !opened.trailing.is_empty() {
+            return Err(self.refuse("the envelope does not cover exactly a header"));
+        }
+        let env = opened.envelope;
+        // The sequence carries its sender's clock (seconds, high 32 bits): a frame
+        // from far outside this clock is a recording (a receiver that restarted has
+        // no window to refuse it by), or a sender whose clock is off.
+        let sent_s = env.seq >> 32;
+        let now_s = Sequencer::unix_s();
+        if sent_s.abs_diff(now_s) > SEQ_CLOCK_SKEW_MAX_S {
+            return Err(self.refuse(format_args!(
+                "sequence from {sent_s} s, {} s off this clock (bound {SEQ_CLOCK_SKEW_MAX_S} s)",
+                sent_s.abs_diff(now_s)
+            )));
+        }
+        self.replay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .accept(env.key_id, env.sender, env.seq)
+            .map_err(|e| self.refuse(e))?;
+        Ok(u64::from_le_bytes(b[..8].try_into().expect("8 bytes")))
+    }
+}
+
+/// 8 random bytes from the kernel (a daemon's sender id); the clock and the process
+/// id if that fails (the replay windows then still hold within one run).
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom into a local buffer of the length passed.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == b.len() as isize {
+        return u64::from_le_bytes(b);
+    }
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    t ^ (u64::from(std::process::id()) << 32)
+}
+
+/// A reader that hashes what it reads (an authenticated payload).
+struct Hashing<'a, R> {
+    inner: &'a mut R,
+    mac: Sip24,
+}
+
+impl<R: Read> Read for Hashing<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.mac.write(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// Reads one frame of either framing: [`read_message`] without `auth`, the
+/// authenticated one (version 3) with it.
+pub fn read_message_auth(r: &mut impl Read, auth: Option<&Auth>) -> io::Result<Message> {
+    let Some(auth) = auth else {
+        return read_message(r);
+    };
+    let mut b = [0u8; ENVELOPE_BYTES + HEADER_BYTES];
+    r.read_exact(&mut b)?;
+    let tag = auth.open_header(&b)?;
+    let h: [u8; HEADER_BYTES] = b[ENVELOPE_BYTES..].try_into().expect("header length");
+    read_authentic_after(r, &h, auth, tag)
+}
+
+/// Reads an authenticated frame's envelope and header: the header once both
+/// verified and the replay window moved, and the header's tag (for
+/// [`read_authentic_after`]). Nothing of the payload is read.
+pub fn read_authentic_header(
+    r: &mut impl Read,
+    auth: &Auth,
+) -> io::Result<([u8; HEADER_BYTES], u64)> {
+    let mut b = [0u8; ENVELOPE_BYTES + HEADER_BYTES];
+    r.read_exact(&mut b)?;
+    let tag = auth.open_header(&b)?;
+    Ok((b[ENVELOPE_BYTES..].try_into().expect("header length"), tag))
+}
+
+/// The payload of an authenticated frame whose header `h` (tag `header_tag`)
+/// verified, checked against its payload tag.
+pub fn read_authentic_after(
+    r: &mut impl Read,
+    h: &[u8; HEADER_BYTES],
+    auth: &Auth,
+    header_tag: u64,
+) -> io::Result<Message> {
+    let (kind, len) = decode_header_version(h, VERSION_AUTH).map_err(bad_data)?;
+    if len == 0 {
+        return decode_payload(kind, &[]).map_err(bad_data);
+    }
+    let mut hashing = Hashing {
+        inner: r,
+        mac: auth.payload_mac(header_tag),
+    };
+    // The payload as an unauthenticated frame's, hashed as it is read.
+    let mut plain = *h;
+    plain[4] = VERSION;
+    let msg = read_message_after(&mut hashing, &plain);
+    let want = hashing.mac.finish();
+    let msg = msg?;
+    let mut t = [0u8; PAYLOAD_TAG_BYTES];
+    r.read_exact(&mut t)?;
+    if !mac::tags_equal(want, u64::from_le_bytes(t)) {
+        return Err(auth.refuse("payload tag does not verify"));
+    }
+    Ok(msg)
+}
+
+/// Writes one frame in either framing ([`write_message`] without `auth`).
+pub fn write_message_auth(
+    w: &mut impl Write,
+    msg: &Message,
+    auth: Option<&Auth>,
+) -> io::Result<()> {
+    let Some(auth) = auth else {
+        return write_message(w, msg);
+    };
+    match msg {
+        Message::Offer(st) => write_state_auth(w, KIND_OFFER, st, auth),
+        Message::OfferCommit(st) => write_state_auth(w, KIND_OFFER_COMMIT, st, auth),
+        _ => {
+            w.write_all(&encode_auth(msg, auth)?)?;
+            w.flush()
+        }
+    }
+}
+
+/// [`encode`] in the authenticated framing.
+pub fn encode_auth(msg: &Message, auth: &Auth) -> io::Result<Vec<u8>> {
+    let mut frame = encode(msg);
+    frame[4] = VERSION_AUTH;
+    let (mut out, tag) = auth.seal_header(&frame[..HEADER_BYTES])?;
+    let payload = &frame[HEADER_BYTES..];
+    out.extend_from_slice(payload);
+    if !payload.is_empty() {
+        let mut h = auth.payload_mac(tag);
+        h.write(payload);
+        out.extend_from_slice(&h.finish().to_le_bytes());
+    }
+    Ok(out)
+}
+
+/// [`write_offer`] (or, `commit`, [`write_offer_commit`]) in the authenticated
+/// framing, without copying the queues.
+pub fn write_offer_auth(
+    w: &mut impl Write,
+    st: &TcpState,
+    commit: bool,
+    auth: &Auth,
+) -> io::Result<()> {
+    let kind = if commit {
+        KIND_OFFER_COMMIT
+    } else {
+        KIND_OFFER
+    };
+    write_state_auth(w, kind, st, auth)
+}
+
+fn write_state_auth(w: &mut impl Write, kind: u8, st: &TcpState, auth: &Auth) -> io::Result<()> {
+    assert!(st.validate().is_ok(), "encoding an invalid TcpState");
+    let mut header = Vec::with_capacity(HEADER_BYTES);
+    put_header(&mut header, kind, offer_payload_len(st));
+    header[4] = VERSION_AUTH;
+    let (mut head, tag) = auth.seal_header(&header)?;
+    let prefix_at = head.len();
+    encode_state_prefix(&mut head, st);
+    let recv_len = (st.recv_queue.len() as u32).to_be_bytes();
+    let mut h = auth.payload_mac(tag);
+    for part in [
+        &head[prefix_at..],
+        &st.send_queue[..],
+        &recv_len[..],
+        &st.recv_queue[..],
+    ] {
+        h.write(part);
+    }
+    let ptag = h.finish().to_le_bytes();
+    write_all_vectored(
+        w,
+        &mut [
+            IoSlice::new(&head),
+            IoSlice::new(&st.send_queue),
+            IoSlice::new(&recv_len),
+            IoSlice::new(&st.recv_queue),
+            IoSlice::new(&ptag),
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lying_queue_length_allocates_about_what_arrives_not_what_it_claims() {
+        // 100 kB arrive of a claimed 32 MiB queue.
+        let mut r = io::Cursor::new(vec![7u8; 100_000]);
+        let e = read_vec(&mut r, QUEUE_BYTES_MAX).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+        // The buffer went back to this thread's spares: at most twice what arrived.
+        let v = crate::bufs::take(0);
+        assert!(
+            v.capacity() <= 2 * 100_000 + READ_CHUNK_FIRST,
+            "{}",
+            v.capacity()
+        );
+        // A queue that does arrive is read whole, across several growths.
+        let data: Vec<u8> = (0..300_000u32).map(|i| i as u8).collect();
+        let got = read_vec(&mut io::Cursor::new(data.clone()), data.len()).unwrap();
+        assert_eq!(got, data);
+    }
 }

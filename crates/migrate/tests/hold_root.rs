@@ -96,7 +96,7 @@ fn cfg(hold: &Arc<FlowHold>) -> MigrateConfig {
 /// How the slow target ends the hand-over after the gap segment.
 #[derive(Clone, Copy, PartialEq)]
 enum After {
-    /// Restore, RESTORED, wait for DONE, release: serve the connection.
+    /// Restore, RESTORED, wait for DONE, release, RELEASED: serve the connection.
     Restore,
     /// Close the control connection without a reply (the source falls back).
     Die,
@@ -135,6 +135,7 @@ fn slow_target(
     wire::write_message(&mut c, &wire::Message::Restored).unwrap();
     assert_eq!(wire::read_message(&mut c).unwrap(), wire::Message::Done);
     let s = frozen.release().expect("release");
+    wire::write_message(&mut c, &wire::Message::Released).unwrap();
     if !reset {
         echo(s);
     }

@@ -97,8 +97,9 @@ fn message(r: &mut Rng) -> Message {
             .map(|_| (b'a' + r.below(26) as u8) as char)
             .collect::<String>()
     };
-    match r.below(9) {
+    match r.below(10) {
         0 => Message::Offer(state(r)),
+        9 => Message::Released,
         7 => Message::OfferCommit(state(r)),
         1 => Message::Accept,
         2 => Message::Refuse(text(r)),
@@ -279,7 +280,7 @@ fn random_garbage_never_panics() {
             // A valid header prefix, to get past the magic into the payload checks.
             g[..4].copy_from_slice(&wire::MAGIC);
             g[4] = wire::VERSION;
-            g[5] = 1 + r.below(9) as u8;
+            g[5] = 1 + r.below(10) as u8;
         }
         let _ = decode(&g);
     }
@@ -306,9 +307,11 @@ fn header_checks_refuse_bad_magic_version_kind_and_oversize() {
         Err(WireError::Version(wire::VERSION + 1))
     );
     assert_eq!(wire::decode_header(&header(0, 0)), Err(WireError::Kind(0)));
+    // 10 is RELEASED (version 3), 11 nothing.
+    assert!(wire::decode_header(&header(10, 0)).is_ok());
     assert_eq!(
-        wire::decode_header(&header(10, 0)),
-        Err(WireError::Kind(10))
+        wire::decode_header(&header(11, 0)),
+        Err(WireError::Kind(11))
     );
     assert!(matches!(
         wire::decode_header(&header(9, PAYLOAD_BYTES_MAX as u32 + 1)),

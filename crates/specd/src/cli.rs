@@ -3,8 +3,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use farside_auth::keys::{load_key, KeyError, Policy};
+use farside_migrate::wire::Auth;
 use farside_migrate::Handover;
 
 use crate::handoff::{HandOff, Handoff, HANDOFF_WAIT_MAX, PENDING_MAX};
@@ -13,8 +16,72 @@ use crate::source::{
 };
 use crate::steer::{FlowSteer, FrontendMove, FrontendSteer, NoSteer, PolicyRouteSteer};
 use crate::summary::{rounded, to_line, ExitSummary};
-use crate::target::{TargetConfig, TargetDaemon, TARGET_THREADS_DEFAULT};
+use crate::target::{OfferRules, TargetConfig, TargetDaemon, TARGET_THREADS_DEFAULT};
 use crate::window::{WindowConfig, QUEUE_DEFAULT, WINDOW_DEFAULT};
+
+/// The target side's configuration: peers are allowed to connect from their daemon
+/// and front-end (`backend=`) addresses; an offered connection's local address must
+/// be the service (`--vip` if given, `--service-port`), its client neither loopback
+/// nor a peer's or this daemon's address.
+/// The systemd credential name of the migration key (`LoadCredential=NAME:PATH`).
+pub const KEY_CREDENTIAL: &str = "specd-migration";
+
+/// The migration protocol's authentication from `--key-file` or the credential
+/// [`KEY_CREDENTIAL`]: `None` (with a warning) when neither is given; an error for a
+/// key file that is missing, readable by others or not a random key.
+pub fn load_auth(args: &SpecdArgs) -> Result<Option<Arc<Auth>>, String> {
+    match load_key(KEY_CREDENTIAL, args.key_file.as_deref(), Policy::Production) {
+        Ok(k) => {
+            let auth = Auth::new(k.key);
+            log::info!(
+                "specd: migrations authenticated ({}, key id {:08x})",
+                k.path.display(),
+                auth.key_id().0
+            );
+            Ok(Some(Arc::new(auth)))
+        }
+        Err(KeyError::NotFound { .. }) if args.key_file.is_none() => {
+            log::warn!(
+                "specd: migration port unauthenticated: any host that reaches it can inject \
+                 connections; pass --key-file"
+            );
+            Ok(None)
+        }
+        Err(e) => Err(format!("specd --key-file: {e}")),
+    }
+}
+
+pub fn target_config(args: &SpecdArgs, handoff: Handoff, auth: Option<Arc<Auth>>) -> TargetConfig {
+    let mut allow: Vec<IpAddr> = Vec::new();
+    for ip in args.peers.iter().flat_map(|p| [p.daemon.ip(), p.backend]) {
+        if !allow.contains(&ip) {
+            allow.push(ip);
+        }
+    }
+    if allow.is_empty() {
+        log::warn!("specd target: no --peer: migration offers from every host are refused");
+    }
+    let mut cluster = allow.clone();
+    if !args.listen.ip().is_unspecified() && !cluster.contains(&args.listen.ip()) {
+        cluster.push(args.listen.ip());
+    }
+    TargetConfig {
+        listen: args.listen,
+        server_port: args.server_port,
+        admit_queue_max: args.admit_queue_max,
+        handoff,
+        threads: args.target_threads,
+        peers: args.peers.iter().map(|p| p.daemon).collect(),
+        allow,
+        offers: OfferRules {
+            service_ip: args.vip.map(IpAddr::V4),
+            service_port: args.service_port.unwrap_or(args.server_port),
+            cluster,
+            loopback: false,
+        },
+        auth,
+    }
+}
 
 /// Upper bound of the poll periods, µs: a window that learns its server's queue less
 /// often than every second is not speculative admission any more.
@@ -60,6 +127,13 @@ pub struct SpecdArgs {
     /// are notified at their daemon address.
     #[arg(long = "peer", value_parser = Peer::parse)]
     pub peers: Vec<Peer>,
+    /// The migration protocol's key: a file of 32 hex digits (`openssl rand -hex 16`),
+    /// owned by specd's user, mode 0600 or 0400; the systemd credential
+    /// `specd-migration` (`LoadCredential=`) is used first if present. Every
+    /// migration message is then authenticated (wire version 3: every peer needs the
+    /// same key). Without a key the migration port is unauthenticated (warned).
+    #[arg(long = "key-file")]
+    pub key_file: Option<PathBuf>,
     /// Source role: the admission listener for speculatively admitted connections
     /// (e.g. 127.0.0.1:0; the sk_lookup program assigns the service's SYNs to it).
     /// Without it the daemon is a target only.
@@ -265,15 +339,9 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
         }
     }
     let t0 = Instant::now();
-    let target = TargetDaemon::start(TargetConfig {
-        listen: args.listen,
-        server_port: args.server_port,
-        admit_queue_max: args.admit_queue_max,
-        handoff: handoff.clone(),
-        threads: args.target_threads,
-        peers: args.peers.iter().map(|p| p.daemon).collect(),
-    })
-    .map_err(|e| format!("specd target: {e}"))?;
+    let auth = load_auth(&args)?;
+    let target = TargetDaemon::start(target_config(&args, handoff.clone(), auth.clone()))
+        .map_err(|e| format!("specd target: {e}"))?;
     let source = match args.accept {
         Some(accept) => {
             let flow: Box<dyn FlowSteer> = match (&args.flow_netns, args.frontend) {
@@ -322,6 +390,9 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
                             Handover::CloseAfterRestore
                         },
                         gate_on_peer_load: args.gate_peer_load,
+                        auth,
+                        // As a peer's `backend=` defaults to its daemon's address.
+                        own_backend: Some(args.listen.ip()).filter(|ip| !ip.is_unspecified()),
                         affinity: args.affinity.then(|| Affinity {
                             wait: Duration::from_micros(args.affinity_wait_us),
                             full_at: u64::from(args.admit_queue_max),
@@ -408,6 +479,62 @@ mod tests {
         Cli::try_parse_from(std::iter::once("specd").chain(args.split_whitespace()))
             .map(|c| c.a)
             .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn the_target_allows_its_peers_and_takes_offers_for_the_service_only() {
+        let a = parse(
+            "--listen 10.0.0.1:7000 --server-port 8080 --adopt-socket /run/a.sock \
+             --vip 10.0.0.100 --service-port 80 \
+             --peer daemon=10.0.0.2:7000,backend=10.0.1.2 --peer daemon=10.0.0.3:7000",
+        )
+        .unwrap();
+        let c = target_config(&a, Handoff::Adopt("/run/a.sock".into()), None);
+        let ips = |v: &[&str]| {
+            v.iter()
+                .map(|a| a.parse().unwrap())
+                .collect::<Vec<IpAddr>>()
+        };
+        assert_eq!(c.allow, ips(&["10.0.0.2", "10.0.1.2", "10.0.0.3"]));
+        assert_eq!(
+            c.offers,
+            OfferRules {
+                service_ip: Some("10.0.0.100".parse().unwrap()),
+                service_port: 80,
+                cluster: ips(&["10.0.0.2", "10.0.1.2", "10.0.0.3", "10.0.0.1"]),
+                loopback: false,
+            }
+        );
+    }
+
+    #[test]
+    fn a_key_file_others_may_read_is_refused_and_none_warns_only() {
+        let dir = std::env::temp_dir().join(format!("specd-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("key");
+        std::fs::write(&key, "3f9a1c0e5b7d2468acf0e1d2c3b4a596\n").unwrap();
+        let base = "--listen 10.0.0.1:7000 --server-port 80 --adopt-socket /a";
+        let with_key = |mode: u32| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&key, std::fs::Permissions::from_mode(mode)).unwrap();
+            let a = parse(&format!("{base} --key-file {}", key.display())).unwrap();
+            load_auth(&a)
+        };
+        assert!(with_key(0o644).unwrap_err().contains("--key-file"));
+        let auth = with_key(0o600).unwrap().expect("a key");
+        assert_eq!(
+            auth.key_id(),
+            Auth::key_id_of(&farside_auth::siphash::SipKey::from_bytes([
+                0x3f, 0x9a, 0x1c, 0x0e, 0x5b, 0x7d, 0x24, 0x68, 0xac, 0xf0, 0xe1, 0xd2, 0xc3, 0xb4,
+                0xa5, 0x96
+            ]))
+        );
+        let missing = parse(&format!("{base} --key-file {}", dir.join("none").display())).unwrap();
+        assert!(load_auth(&missing).is_err(), "a named key file must exist");
+        if std::env::var_os(farside_auth::keys::CREDENTIALS_DIRECTORY).is_none() {
+            assert!(load_auth(&parse(base).unwrap()).unwrap().is_none());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -99,6 +99,11 @@ const SWEEP_PERIOD: Duration = Duration::from_millis(100);
 const RELAY_STACK_BYTES: usize = 64 * 1024;
 /// Most relayed connections at once (two threads each): bounds the daemon's threads.
 pub const RELAYS_MAX: usize = 1024;
+/// A relayed connection on which neither direction carried a byte this long is
+/// closed (both ways), freeing its slot of [`RELAYS_MAX`]: nginx's own
+/// `keepalive_timeout` is 75 s and its body/send timeouts 60 s, so a connection idle
+/// for two minutes is one the server has given up on or a client holding a slot.
+pub const RELAY_IDLE_DEFAULT: Duration = Duration::from_secs(120);
 /// Relay buffer per direction.
 const RELAY_BUF_BYTES: usize = 64 * 1024;
 
@@ -181,6 +186,8 @@ pub struct HandOff {
     /// The hand-off thread ([`Handoff::Adopt`]); joined on drop.
     thread: Option<JoinHandle<()>>,
     relays: Arc<AtomicUsize>,
+    /// See [`RELAY_IDLE_DEFAULT`].
+    relay_idle: Duration,
     stats: Arc<HandoffStats>,
 }
 
@@ -233,6 +240,7 @@ impl HandOff {
             adopt,
             thread,
             relays: Arc::new(AtomicUsize::new(0)),
+            relay_idle: RELAY_IDLE_DEFAULT,
             stats,
         })
     }
@@ -279,6 +287,14 @@ impl HandOff {
         }
     }
 
+    /// Closes relayed connections idle (no byte either way) for `idle` instead of
+    /// [`RELAY_IDLE_DEFAULT`] (non-zero).
+    pub fn set_relay_idle(&mut self, idle: Duration) {
+        if !idle.is_zero() {
+            self.relay_idle = idle;
+        }
+    }
+
     fn relay(&self, conn: TcpStream, to: SocketAddr) -> io::Result<()> {
         if self.relays.fetch_add(1, Ordering::SeqCst) >= RELAYS_MAX {
             self.relays.fetch_sub(1, Ordering::SeqCst);
@@ -289,18 +305,27 @@ impl HandOff {
         server.set_nodelay(true)?;
         conn.set_nodelay(true)?;
         conn.set_nonblocking(false)?;
+        // Each read and write wakes at least every quarter of the idle bound to
+        // look at the connection's last activity (either direction).
+        let slice = (self.relay_idle / 4).max(Duration::from_millis(1));
+        for c in [&conn, &server] {
+            c.set_read_timeout(Some(slice))?;
+            c.set_write_timeout(Some(self.relay_idle))?;
+        }
         let (c2, s2) = (conn.try_clone()?, server.try_clone()?);
         let stats = Arc::clone(&self.stats);
         let stats2 = Arc::clone(&self.stats);
+        let activity = Arc::new(Activity::new(self.relay_idle));
+        let activity2 = Arc::clone(&activity);
         let up = std::thread::Builder::new()
             .name("specd-relay-up".into())
             .stack_size(RELAY_STACK_BYTES)
-            .spawn(move || pump(conn, server, &stats))?;
+            .spawn(move || pump(conn, server, &stats, &activity))?;
         std::thread::Builder::new()
             .name("specd-relay-down".into())
             .stack_size(RELAY_STACK_BYTES)
             .spawn(move || {
-                pump(s2, c2, &stats2);
+                pump(s2, c2, &stats2, &activity2);
                 let _ = up.join();
                 drop(guard);
             })?;
@@ -585,26 +610,70 @@ impl Drop for RelaySlot {
     }
 }
 
+/// The last time either direction of a relayed connection carried bytes.
+struct Activity {
+    t0: Instant,
+    /// Milliseconds since `t0`.
+    last_ms: AtomicU64,
+    idle: Duration,
+}
+
+impl Activity {
+    fn new(idle: Duration) -> Self {
+        Self {
+            t0: Instant::now(),
+            last_ms: AtomicU64::new(0),
+            idle,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.t0.elapsed().as_millis() as u64
+    }
+
+    fn touch(&self) {
+        self.last_ms.store(self.now_ms(), Ordering::Relaxed);
+    }
+
+    fn expired(&self) -> bool {
+        let idle_ms = self.idle.as_millis() as u64;
+        self.now_ms()
+            .saturating_sub(self.last_ms.load(Ordering::Relaxed))
+            >= idle_ms
+    }
+}
+
 /// Copies `from` → `to` until EOF or an error, then half-closes `to` (forwarding the
-/// FIN); on an error both are shut down so the other direction ends too.
-fn pump(mut from: TcpStream, mut to: TcpStream, stats: &HandoffStats) {
+/// FIN); on an error, or when neither direction moved a byte for the idle bound,
+/// both are shut down so the other direction ends too.
+fn pump(mut from: TcpStream, mut to: TcpStream, stats: &HandoffStats, activity: &Activity) {
     let mut buf = vec![0u8; RELAY_BUF_BYTES];
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) && !activity.expired() =>
+            {
+                continue
+            }
             Err(_) => {
                 let _ = to.shutdown(Shutdown::Both);
                 let _ = from.shutdown(Shutdown::Both);
                 return;
             }
         };
+        activity.touch();
         if to.write_all(&buf[..n]).is_err() {
             let _ = to.shutdown(Shutdown::Both);
             let _ = from.shutdown(Shutdown::Both);
             return;
         }
+        activity.touch();
         stats.relayed_bytes.fetch_add(n as u64, Ordering::Relaxed);
     }
     let _ = to.shutdown(Shutdown::Write);
@@ -878,6 +947,40 @@ mod tests {
         assert!(h.hand(s).is_err());
         assert_eq!(count(&h.stats().failed), 1);
         assert_eq!(h.pending(), 0);
+    }
+
+    #[test]
+    fn an_idle_relay_is_closed_both_ways_and_frees_its_slot() {
+        // A server that takes the connection and never says a thing.
+        let server = TcpListener::bind("127.0.0.1:0").unwrap();
+        let server_addr = server.local_addr().unwrap();
+        let silent = std::thread::spawn(move || {
+            let (mut s, _) = server.accept().unwrap();
+            s.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+            let mut all = Vec::new();
+            // Ends when the relay closes its side.
+            let _ = s.read_to_end(&mut all);
+            all
+        });
+        let front = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(front.local_addr().unwrap()).unwrap();
+        client.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+        let (conn, _) = front.accept().unwrap();
+        let mut h = HandOff::new(Handoff::Relay(server_addr)).unwrap();
+        h.set_relay_idle(Duration::from_millis(300));
+        let t0 = Instant::now();
+        h.hand(conn).unwrap();
+        client.write_all(b"hello").unwrap();
+        // The client sees the close (EOF or reset) once both directions sat idle.
+        let mut rest = Vec::new();
+        let _ = client.read_to_end(&mut rest);
+        assert!(rest.is_empty());
+        assert!(t0.elapsed() >= Duration::from_millis(300));
+        assert!(t0.elapsed() < AWAIT_MAX);
+        assert_eq!(silent.join().unwrap(), b"hello");
+        await_cond("the relay slot freed", || {
+            h.relays.load(Ordering::SeqCst) == 0
+        });
     }
 
     #[test]

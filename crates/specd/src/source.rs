@@ -179,6 +179,13 @@ pub struct SourceConfig {
     /// in `lab speculative` (one peer, its load read every 5 ms) it made throughput
     /// swing between points (75/25 spec32 100–138 conn/s against 119–144 without).
     pub gate_on_peer_load: bool,
+    /// The migrations' authenticated framing (`--key-file`); `None`: unauthenticated.
+    /// The peers' targets must hold the same key.
+    pub auth: Option<Arc<farside_migrate::wire::Auth>>,
+    /// This back-end's address at the front-end: a migration whose DONE the target
+    /// does not acknowledge moves the flow back here and resumes the connection;
+    /// `None`: the flow is left where it is (a flow that follows the socket).
+    pub own_backend: Option<IpAddr>,
 }
 
 /// Content-aware migration: the migrator reads the request's first line (a peek: the
@@ -859,6 +866,7 @@ fn migrator_loop(s: &Shared) {
     let mcfg = MigrateConfig {
         handover: s.cfg.handover,
         hold: s.hold.clone(),
+        auth: s.cfg.auth.clone(),
         ..MigrateConfig::default()
     };
     while !s.stop.load(Ordering::SeqCst) {
@@ -1000,9 +1008,16 @@ fn migrate_one(s: &Shared, mcfg: &MigrateConfig, sock: TcpStream, admitted: Inst
     peer.inflight.fetch_add(1, Ordering::Relaxed);
     lock(&s.stats.queue_wait_us).record(admitted.elapsed().as_micros() as u64);
     let cpu0 = farside_rt::thread_cpu_us();
-    let outcome = s.control.migrate_with(sock, peer.peer.daemon, mcfg, || {
-        s.flow.move_flow(remote, peer.peer.backend)
-    });
+    let outcome = s.control.migrate_with_back(
+        sock,
+        peer.peer.daemon,
+        mcfg,
+        || s.flow.move_flow(remote, peer.peer.backend),
+        || match s.cfg.own_backend {
+            Some(me) => s.flow.move_flow(remote, me),
+            None => Ok(()),
+        },
+    );
     let cpu = farside_rt::thread_cpu_us().saturating_sub(cpu0);
     peer.inflight.fetch_sub(1, Ordering::Relaxed);
     match outcome {

@@ -66,6 +66,83 @@ const NOTIFY_IDLE_WAIT_MAX: Duration = Duration::from_millis(200);
 /// the N-local-requests rule).
 pub const REFUSED_SOURCES_MAX: usize = 64;
 
+/// Threads every other peer keeps free of one peer's connections: with several
+/// peers, one peer holds at most `threads - PEER_RESERVE_THREADS × (peers - 1)`
+/// control connections at once (all of them with one peer), so a peer that opens
+/// connections and sends nothing cannot take every thread.
+pub const PEER_RESERVE_THREADS: usize = 2;
+
+/// Most control connections one peer may hold at once with `threads` serving threads
+/// and `peers` peers (at least 1).
+pub fn per_peer_max(threads: usize, peers: usize) -> usize {
+    threads
+        .saturating_sub(PEER_RESERVE_THREADS * peers.saturating_sub(1))
+        .max(1)
+}
+
+/// What an offered connection may be: its local address is the service, its
+/// client is neither this host (loopback) nor a cluster address. An offer outside
+/// these is refused before anything is restored: the restore binds any address
+/// (`IP_FREEBIND`) and connects to any remote, so a peer could otherwise hand the web
+/// server a request "from" any address (127.0.0.1 past `allow` rules) or make this
+/// host send segments with a forged source.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OfferRules {
+    /// The service's address (the VIP) an offered connection's local address must
+    /// have; `None`: any address that is not loopback, unspecified or multicast.
+    pub service_ip: Option<IpAddr>,
+    /// The service's port an offered connection's local port must be.
+    pub service_port: u16,
+    /// Addresses no client may have: the cluster's own (peers, this daemon).
+    pub cluster: Vec<IpAddr>,
+    /// Accept loopback addresses (single-host tests only: `farside specd` never sets
+    /// it).
+    pub loopback: bool,
+}
+
+impl OfferRules {
+    /// Why `st` may not be restored here, if it may not.
+    pub fn check(&self, st: &farside_migrate::TcpState) -> Result<(), String> {
+        let (local, remote) = (st.local, st.remote);
+        if local.port() != self.service_port {
+            return Err(format!(
+                "offered local address {local} is not the service's port {}",
+                self.service_port
+            ));
+        }
+        match self.service_ip {
+            Some(ip) if local.ip() != ip => {
+                return Err(format!(
+                    "offered local address {local} is not the service's {ip}"
+                ))
+            }
+            Some(_) => {}
+            None if !self.usable(local.ip()) => {
+                return Err(format!(
+                    "offered local address {local} is not a service address"
+                ))
+            }
+            None => {}
+        }
+        if !self.usable(remote.ip()) || remote.port() == 0 {
+            return Err(format!("offered client {remote} is not a client address"));
+        }
+        if self.cluster.contains(&remote.ip()) {
+            return Err(format!("offered client {remote} is a cluster address"));
+        }
+        Ok(())
+    }
+
+    fn usable(&self, ip: IpAddr) -> bool {
+        let bad = ip.is_unspecified()
+            || ip.is_multicast()
+            || (ip.is_loopback() && !self.loopback)
+            || matches!(ip, IpAddr::V4(v4) if v4.is_broadcast())
+            || matches!(ip, IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some());
+        !bad
+    }
+}
+
 /// Configuration of the target side.
 #[derive(Clone, Debug)]
 pub struct TargetConfig {
@@ -84,6 +161,15 @@ pub struct TargetConfig {
     /// The peers' daemon addresses: a refused source whose IP is among them is
     /// notified at that address, any other at (its IP, our listen port).
     pub peers: Vec<SocketAddr>,
+    /// The addresses peers connect from: a control connection from any other is
+    /// closed at once, before a byte of it is read (empty: none is served).
+    pub allow: Vec<IpAddr>,
+    /// What an offered connection may be ([`OfferRules::check`]).
+    pub offers: OfferRules,
+    /// The authenticated framing (`--key-file`): every control connection speaks it,
+    /// a frame failing its check ends the connection (counted in
+    /// [`farside_migrate::wire::Auth::refused`]); `None`: unauthenticated.
+    pub auth: Option<Arc<farside_migrate::wire::Auth>>,
 }
 
 /// Counters of the target side.
@@ -99,6 +185,14 @@ pub struct TargetStats {
     pub restore_failed: AtomicU64,
     /// Offers the source aborted or abandoned.
     pub aborted: AtomicU64,
+    /// Control connections closed at once because their peer already held its
+    /// share of the threads ([`per_peer_max`]).
+    pub over_peer_cap: AtomicU64,
+    /// Control connections closed at once because they came from an address not
+    /// in [`TargetConfig::allow`].
+    pub not_allowed: AtomicU64,
+    /// Offers refused by [`OfferRules::check`] (also counted in `refused`).
+    pub bad_offers: AtomicU64,
     /// Notifications sent.
     pub notifications: AtomicU64,
     /// Target CPU per restored migration, µs (thread CPU of the offer's handling).
@@ -127,6 +221,41 @@ struct Shared {
     /// Set while one thread gives up its idle connection for a waiting source, so
     /// the other idle threads keep theirs.
     yielding: AtomicBool,
+    /// Control connections held now, per peer address.
+    per_peer: Mutex<Vec<(IpAddr, usize)>>,
+    /// [`per_peer_max`] of this configuration.
+    per_peer_max: usize,
+}
+
+/// One control connection counted against its peer's cap; uncounted when dropped.
+struct PeerSlot<'a> {
+    s: &'a Shared,
+    ip: IpAddr,
+}
+
+impl<'a> PeerSlot<'a> {
+    /// Counts a connection from `ip`, or `None` if `ip` holds its share already.
+    fn take(s: &'a Shared, ip: IpAddr) -> Option<Self> {
+        let mut v = s.per_peer.lock().unwrap_or_else(|p| p.into_inner());
+        match v.iter_mut().find(|(a, _)| *a == ip) {
+            Some((_, n)) if *n >= s.per_peer_max => return None,
+            Some((_, n)) => *n += 1,
+            None => v.push((ip, 1)),
+        }
+        Some(Self { s, ip })
+    }
+}
+
+impl Drop for PeerSlot<'_> {
+    fn drop(&mut self) {
+        let mut v = self.s.per_peer.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = v.iter().position(|(a, _)| *a == self.ip) {
+            v[i].1 -= 1;
+            if v[i].1 == 0 {
+                v.swap_remove(i);
+            }
+        }
+    }
 }
 
 /// A running target side. Dropping it stops it.
@@ -150,6 +279,7 @@ impl TargetDaemon {
         let addr = listener.local_addr()?;
         // Probe the server's queue once so a bad port or missing permission fails now.
         ServerQueue::new(cfg.server_port)?.read()?;
+        let (cfg_threads, cfg_peers) = (cfg.threads, cfg.peers.len());
         let shared = Arc::new(Shared {
             // Restored connections waiting for the server count in the admission
             // (below), so no more than --admit-queue-max of them ever wait.
@@ -168,6 +298,8 @@ impl TargetDaemon {
             free: AtomicU32::new(0),
             yielding: AtomicBool::new(false),
             none_free: eventfd()?,
+            per_peer: Mutex::new(Vec::new()),
+            per_peer_max: per_peer_max(cfg_threads, cfg_peers),
         });
         let mut threads = Vec::new();
         for i in 0..shared.cfg.threads {
@@ -301,20 +433,41 @@ fn reset(efd: &OwnedFd) {
 
 /// Accepts one source (blocking), counted as a free thread meanwhile; taking the
 /// last free slot signals `none_free`.
-fn accept_control(s: &Shared) -> Option<(ControlConn, SocketAddr)> {
+/// A connection over its peer's cap is closed at once (before anything is read).
+fn accept_control(s: &Shared) -> Option<(ControlConn, SocketAddr, PeerSlot<'_>)> {
     s.free.fetch_add(1, Ordering::SeqCst);
     let r = s.listener.accept();
     if s.free.fetch_sub(1, Ordering::SeqCst) == 1 {
         signal(&s.none_free);
     }
     match r {
-        Ok((ctrl, peer)) => match ControlConn::new(ctrl, REPLY_TIMEOUT_DEFAULT) {
-            Ok(c) => Some((c, peer)),
-            Err(e) => {
-                log::debug!("specd target: control connection from {peer}: {e}");
-                None
+        Ok((ctrl, peer)) => {
+            if !s.cfg.allow.contains(&peer.ip()) {
+                s.stats.not_allowed.fetch_add(1, Ordering::Relaxed);
+                log::debug!("specd target: control connection from {peer}, not a peer: closed");
+                return None;
             }
-        },
+            let Some(slot) = PeerSlot::take(s, peer.ip()) else {
+                s.stats.over_peer_cap.fetch_add(1, Ordering::Relaxed);
+                log::debug!(
+                    "specd target: {peer} holds {} control connections already: closed",
+                    s.per_peer_max
+                );
+                return None;
+            };
+            match ControlConn::new(ctrl, REPLY_TIMEOUT_DEFAULT) {
+                Ok(mut c) => {
+                    if let Some(a) = &s.cfg.auth {
+                        c.set_auth(Arc::clone(a));
+                    }
+                    Some((c, peer, slot))
+                }
+                Err(e) => {
+                    log::debug!("specd target: control connection from {peer}: {e}");
+                    None
+                }
+            }
+        }
         Err(e) => {
             if !s.stop.load(Ordering::SeqCst) {
                 log::warn!("specd target accept: {e}");
@@ -333,10 +486,10 @@ fn offers_loop(s: &Shared) {
             return;
         }
     };
-    let mut conn: Option<(ControlConn, SocketAddr)> = None;
+    let mut conn: Option<(ControlConn, SocketAddr, PeerSlot<'_>)> = None;
     let mut watch_listener = true;
     while !s.stop.load(Ordering::SeqCst) {
-        let (ctrl, peer) = match conn.as_mut() {
+        let (ctrl, peer, _) = match conn.as_mut() {
             Some(c) => c,
             None => match accept_control(s) {
                 Some(c) => conn.insert(c),
@@ -393,7 +546,12 @@ fn offers_loop(s: &Shared) {
         watch_listener = true;
         let cpu0 = farside_rt::thread_cpu_us();
         let mut admitted: Option<Restoring<'_>> = None;
-        let admit = |_: &farside_migrate::TcpState| -> Result<(), String> {
+        let mut bad_offer = false;
+        let admit = |st: &farside_migrate::TcpState| -> Result<(), String> {
+            if let Err(e) = s.cfg.offers.check(st) {
+                bad_offer = true;
+                return Err(e);
+            }
             let q = queue.read().map_err(|e| format!("cannot read load: {e}"))?;
             let restoring = s.restoring.fetch_add(1, Ordering::SeqCst);
             let guard = Restoring(&s.restoring);
@@ -436,6 +594,11 @@ fn offers_loop(s: &Shared) {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .record(cpu);
+            }
+            Ok(TargetOutcome::Refused(r)) if bad_offer => {
+                s.stats.refused.fetch_add(1, Ordering::Relaxed);
+                s.stats.bad_offers.fetch_add(1, Ordering::Relaxed);
+                log::warn!("specd target: refused an offer from {peer}: {r}");
             }
             Ok(TargetOutcome::Refused(r)) => {
                 s.stats.refused.fetch_add(1, Ordering::Relaxed);

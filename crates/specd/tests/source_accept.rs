@@ -104,6 +104,8 @@ fn migrators_accept_themselves_and_a_stop_wakes_every_one() {
             handover: Handover::CloseAfterRestore,
             affinity: None,
             gate_on_peer_load: false,
+            auth: None,
+            own_backend: None,
         },
         HandOff::new(Handoff::Relay(sink_addr)).unwrap(),
         Box::new(NoSteer),

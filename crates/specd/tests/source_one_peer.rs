@@ -66,6 +66,8 @@ fn a_single_peer_is_chosen_without_reading_its_region() {
             handover: Handover::CloseAfterRestore,
             affinity: None,
             gate_on_peer_load: false,
+            auth: None,
+            own_backend: None,
         },
         HandOff::new(Handoff::Relay(sink_addr)).unwrap(),
         Box::new(NoSteer),

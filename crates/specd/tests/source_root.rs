@@ -17,7 +17,7 @@
 //! to the poll mode until a server listens again.
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use farside_migrate::Handover;
@@ -25,7 +25,7 @@ use farside_specd::handoff::{HandOff, Handoff};
 use farside_specd::notify;
 use farside_specd::source::{Peer, SourceConfig, SourceDaemon};
 use farside_specd::steer::NoSteer;
-use farside_specd::target::{TargetConfig, TargetDaemon};
+use farside_specd::target::{OfferRules, TargetConfig, TargetDaemon};
 use farside_specd::window::WindowConfig;
 
 const AWAIT_MAX: Duration = Duration::from_secs(30);
@@ -70,6 +70,14 @@ fn refusal_closes_the_window_and_only_a_peers_notification_reopens_it() {
         handoff: Handoff::Relay(sink_addr),
         threads: 1,
         peers: Vec::new(),
+        allow: vec![Ipv4Addr::LOCALHOST.into()],
+        auth: None,
+        offers: OfferRules {
+            service_ip: None,
+            service_port: server.local_addr().unwrap().port(),
+            cluster: Vec::new(),
+            loopback: true,
+        },
     })
     .unwrap();
     let notify_addr = UdpSocket::bind("127.0.0.1:0")
@@ -91,6 +99,8 @@ fn refusal_closes_the_window_and_only_a_peers_notification_reopens_it() {
             handover: Handover::CloseBeforeRestore,
             affinity: None,
             gate_on_peer_load: false,
+            auth: None,
+            own_backend: None,
         },
         HandOff::new(Handoff::Relay(sink_addr)).unwrap(),
         Box::new(NoSteer),
@@ -277,6 +287,14 @@ fn in_kernel_mode_syns_are_diverted_with_no_poller_running() {
             handoff: Handoff::Relay(sink_addr),
             threads: 1,
             peers: Vec::new(),
+            allow: vec![Ipv4Addr::LOCALHOST.into()],
+            auth: None,
+            offers: OfferRules {
+                service_ip: None,
+                service_port: 8080,
+                cluster: Vec::new(),
+                loopback: true,
+            },
         })
         .unwrap();
         let notify_addr = UdpSocket::bind("127.0.0.1:0")
@@ -299,6 +317,8 @@ fn in_kernel_mode_syns_are_diverted_with_no_poller_running() {
                 handover: Handover::CloseBeforeRestore,
                 affinity: None,
                 gate_on_peer_load: false,
+                auth: None,
+                own_backend: None,
             },
             HandOff::new(Handoff::Relay(sink_addr)).unwrap(),
             Box::new(NoSteer),

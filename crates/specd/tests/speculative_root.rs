@@ -37,7 +37,7 @@ use farside_migrate::Handover;
 use farside_specd::handoff::{HandOff, Handoff};
 use farside_specd::source::{Peer, SourceConfig, SourceDaemon};
 use farside_specd::steer::PolicyRouteSteer;
-use farside_specd::target::{TargetConfig, TargetDaemon};
+use farside_specd::target::{OfferRules, TargetConfig, TargetDaemon};
 use farside_specd::window::WindowConfig;
 
 /// Bound on any await (a hang is a failure).
@@ -177,6 +177,14 @@ fn node(
         handoff: Handoff::Adopt(adopt.clone()),
         threads: 2,
         peers: Vec::new(),
+        allow: [A_IP, B_IP].iter().map(|a| a.parse().unwrap()).collect(),
+        offers: OfferRules {
+            service_ip: Some(VIP.parse().unwrap()),
+            service_port: PORT,
+            cluster: [A_IP, B_IP].iter().map(|a| a.parse().unwrap()).collect(),
+            loopback: false,
+        },
+        auth: None,
     })
     .expect("target");
     let source = source_peer.map(|(rx, poll_steer)| {
@@ -200,6 +208,8 @@ fn node(
                 handover: Handover::CloseAfterRestore,
                 affinity: None,
                 gate_on_peer_load: false,
+                auth: None,
+                own_backend: None,
             },
             HandOff::new(Handoff::Adopt(adopt.clone())).unwrap(),
             Box::new(PolicyRouteSteer {

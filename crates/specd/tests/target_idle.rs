@@ -8,11 +8,11 @@
 //! One test in this file: it reads the process's `specd-target*` threads.
 
 use std::io::Read;
-use std::net::{TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use farside_specd::handoff::Handoff;
-use farside_specd::target::{TargetConfig, TargetDaemon};
+use farside_specd::target::{OfferRules, TargetConfig, TargetDaemon};
 
 const BOUND: Duration = Duration::from_secs(20);
 
@@ -78,6 +78,14 @@ fn start(threads: usize) -> (TargetDaemon, TcpListener) {
         handoff: Handoff::Relay("127.0.0.1:9".parse().unwrap()),
         threads,
         peers: Vec::new(),
+        allow: vec![Ipv4Addr::LOCALHOST.into()],
+        auth: None,
+        offers: OfferRules {
+            service_ip: None,
+            service_port: 80,
+            cluster: Vec::new(),
+            loopback: true,
+        },
     })
     .unwrap();
     (target, server)

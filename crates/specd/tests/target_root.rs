@@ -19,21 +19,25 @@
 //! `speculative_root.rs`.
 
 use std::io::{BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
+use farside_auth::siphash::SipKey;
 use farside_backend::{generated_byte, BackendArgs};
 use farside_migrate::testkit::session::{
     connect_small_rcvbuf, read_body_checked, read_head_full as read_head, write_pattern, ReadWaits,
     AWAIT_MAX, BIG_BYTES, INQ_BEFORE_MIGRATE, POST_BYTES, SEED_POST, STALL_MAX,
 };
 use farside_migrate::testkit::{await_cond, inq, is_root, pattern_digest};
-use farside_migrate::{migrate, Fallback, Handover, MigrateConfig, Outcome};
+use farside_migrate::wire::Auth;
+use farside_migrate::{migrate, migrate_with, Fallback, Handover, MigrateConfig, Outcome};
 use farside_specd::handoff::{HandOff, Handoff};
 use farside_specd::notify;
-use farside_specd::target::{TargetConfig, TargetDaemon};
+use farside_specd::target::{OfferRules, TargetConfig, TargetDaemon};
 
 struct ClientReport {
     longest_read_wait: Duration,
@@ -99,6 +103,21 @@ fn run_client(addr: SocketAddr) -> ClientReport {
     }
 }
 
+/// The migration key of the authenticated tests, and another.
+const KEY: SipKey = SipKey::from_halves(0x9e37_79b9_7f4a_7c15, 0xbf58_476d_1ce4_e5b9);
+const OTHER_KEY: SipKey = SipKey::from_halves(0x94d0_49bb_1331_11eb, 0x2545_f491_4f6c_dd1d);
+
+/// The offers of a single-host test: its connections are to `listener`, from a
+/// loopback client.
+fn loopback_service(listener: &TcpListener) -> OfferRules {
+    OfferRules {
+        service_ip: None,
+        service_port: listener.local_addr().unwrap().port(),
+        cluster: Vec::new(),
+        loopback: true,
+    }
+}
+
 fn temp_path(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("farside-specd-{}-{name}", std::process::id()))
 }
@@ -125,9 +144,22 @@ fn source_accept(listener: &TcpListener) -> TcpStream {
 /// Migrates the session to a [`TargetDaemon`] handing over with `relay` (else by
 /// adoption) to a real `farside backend`, and checks it end to end.
 fn migrated_session(relay: bool) {
+    migrated_session_with(
+        if relay { "relay" } else { "adopt" },
+        relay,
+        None,
+        Duration::ZERO,
+    );
+}
+
+/// [`migrated_session`], with the authenticated framing if `auth` (one key for
+/// both roles, as in one daemon), and a flow move that takes `flow_delay`.
+/// `name`: the adoption socket's, one per test (tests run at once).
+fn migrated_session_with(name: &str, relay: bool, auth: Option<Arc<Auth>>, flow_delay: Duration) {
     assert!(is_root(), "needs root");
-    let adopt = temp_path(if relay { "relay" } else { "adopt" });
+    let adopt = temp_path(name);
     let (backend_addr, backend) = backend(&adopt);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let target = TargetDaemon::start(TargetConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         server_port: backend_addr.port(),
@@ -139,17 +171,24 @@ fn migrated_session(relay: bool) {
         },
         threads: 2,
         peers: Vec::new(),
+        allow: vec![Ipv4Addr::LOCALHOST.into()],
+        auth: auth.clone(),
+        offers: loopback_service(&listener),
     })
     .expect("target daemon");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let client = thread::spawn(move || run_client(addr));
     let s = source_accept(&listener);
     let cfg = MigrateConfig {
         handover: Handover::CloseBeforeRestore,
+        auth: auth.clone(),
         ..MigrateConfig::default()
     };
-    match migrate(s, target.addr(), &cfg) {
+    let moved = || {
+        thread::sleep(flow_delay);
+        Ok(())
+    };
+    match migrate_with(s, target.addr(), &cfg, moved) {
         Outcome::Migrated(t) => eprintln!(
             "migrated: dump {:?}, total {:?}, {} queued bytes",
             t.dump, t.total, t.state_bytes
@@ -163,7 +202,7 @@ fn migrated_session(relay: bool) {
         report.longest_read_wait
     );
     assert_eq!(report.served_by, backend_addr.to_string());
-    assert!(report.longest_read_wait < STALL_MAX);
+    assert!(report.longest_read_wait < STALL_MAX + flow_delay);
     let st = target.stats();
     assert_eq!(st.restored.load(std::sync::atomic::Ordering::Relaxed), 1);
     assert_eq!(st.cpu_us.lock().unwrap().count, 1);
@@ -176,6 +215,9 @@ fn migrated_session(relay: bool) {
                 > (POST_BYTES + BIG_BYTES) as u64
         );
     }
+    if let Some(a) = &auth {
+        assert_eq!(a.refused(), 0, "every frame verified");
+    }
     target.stop();
     backend.stop();
 }
@@ -184,6 +226,80 @@ fn migrated_session(relay: bool) {
 #[ignore = "needs root (TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn migrated_session_is_served_by_farside_backend_through_adoption() {
     migrated_session(false);
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn an_authenticated_migration_is_served_by_farside_backend() {
+    migrated_session_with(
+        "adopt-keyed",
+        false,
+        Some(Arc::new(Auth::new(KEY))),
+        Duration::ZERO,
+    );
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn a_flow_move_slower_than_the_reply_timeout_still_migrates() {
+    // The front-end's MOVE and its retry take seconds: the target keeps its copy for
+    // DONE longer than a reply's bound, and acknowledges it.
+    migrated_session_with(
+        "adopt-slow-flow",
+        false,
+        None,
+        farside_migrate::proto::REPLY_TIMEOUT_DEFAULT + Duration::from_secs(1),
+    );
+}
+
+#[test]
+#[ignore = "needs root (TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn a_source_with_another_key_is_not_restored_and_keeps_its_connection() {
+    assert!(is_root(), "needs root");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let target_auth = Arc::new(Auth::new(KEY));
+    let target = TargetDaemon::start(TargetConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        server_port: listener.local_addr().unwrap().port(),
+        admit_queue_max: 64,
+        handoff: Handoff::Relay("127.0.0.1:9".parse().unwrap()),
+        threads: 1,
+        peers: Vec::new(),
+        allow: vec![Ipv4Addr::LOCALHOST.into()],
+        auth: Some(Arc::clone(&target_auth)),
+        offers: loopback_service(&listener),
+    })
+    .expect("target daemon");
+    let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (s, _) = listener.accept().unwrap();
+    client.write_all(b"GET / HTTP/1.1\r\n").unwrap();
+    await_cond("the request queued", || inq(&s).unwrap() > 0);
+    let cfg = MigrateConfig {
+        auth: Some(Arc::new(Auth::new(OTHER_KEY))),
+        ..MigrateConfig::default()
+    };
+    let mut s = match migrate(s, target.addr(), &cfg) {
+        Outcome::ResumedOnSource {
+            sock,
+            reason: Fallback::TargetGone(e),
+        } => {
+            eprintln!("resumed on the source: {e}");
+            sock
+        }
+        other => panic!("expected a fall-back, got {other:?}"),
+    };
+    // The connection is intact on the source.
+    let mut b = [0u8; 16];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(&b, b"GET / HTTP/1.1\r\n");
+    s.write_all(b"ok").unwrap();
+    let mut r = [0u8; 2];
+    client.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+    client.read_exact(&mut r).unwrap();
+    assert_eq!(&r, b"ok");
+    await_cond("the forged frame counted", || target_auth.refused() == 1);
+    assert_eq!(target.stats().restored.load(Ordering::Relaxed), 0);
+    target.stop();
 }
 
 #[test]
@@ -206,6 +322,7 @@ fn refused_migration_is_served_on_the_source_and_the_target_notifies_when_it_can
     // The source daemon's notification socket.
     let source_notify = UdpSocket::bind("127.0.0.1:0").unwrap();
     source_notify.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let target = TargetDaemon::start(TargetConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         server_port: loaded.local_addr().unwrap().port(),
@@ -213,9 +330,11 @@ fn refused_migration_is_served_on_the_source_and_the_target_notifies_when_it_can
         handoff: Handoff::Adopt(adopt.clone()),
         threads: 1,
         peers: vec![source_notify.local_addr().unwrap()],
+        allow: vec![Ipv4Addr::LOCALHOST.into()],
+        auth: None,
+        offers: loopback_service(&listener),
     })
     .expect("target daemon");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let client = thread::spawn(move || run_client(addr));
     let s = source_accept(&listener);
@@ -306,6 +425,7 @@ fn an_idle_pooled_connection_gives_its_thread_to_another_source() {
     let adopt = temp_path("adopt-yield");
     let (backend_addr, backend) = backend(&adopt);
     // One thread: source A's idle pooled connection holds it after A's migration.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let target = TargetDaemon::start(TargetConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         server_port: backend_addr.port(),
@@ -313,9 +433,11 @@ fn an_idle_pooled_connection_gives_its_thread_to_another_source() {
         handoff: Handoff::Adopt(adopt.clone()),
         threads: 1,
         peers: Vec::new(),
+        allow: vec![Ipv4Addr::LOCALHOST.into()],
+        auth: None,
+        offers: loopback_service(&listener),
     })
     .expect("target daemon");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let (a, b) = (
         farside_migrate::ControlPool::default(),
         farside_migrate::ControlPool::default(),
@@ -389,6 +511,7 @@ fn a_restored_connection_waits_for_a_full_server_and_counts_in_the_admission() {
     // The target's load: an empty accept queue, so only what waits for the hand-off
     // can refuse.
     let load = TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let target = TargetDaemon::start(TargetConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         server_port: load.local_addr().unwrap().port(),
@@ -396,9 +519,11 @@ fn a_restored_connection_waits_for_a_full_server_and_counts_in_the_admission() {
         handoff: Handoff::Adopt(adopt.clone()),
         threads: 1,
         peers: Vec::new(),
+        allow: vec![Ipv4Addr::LOCALHOST.into()],
+        auth: None,
+        offers: loopback_service(&listener),
     })
     .expect("target daemon");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let cfg = MigrateConfig {
         handover: Handover::CloseBeforeRestore,
         ..MigrateConfig::default()
