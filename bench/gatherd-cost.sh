@@ -1,5 +1,5 @@
 #!/bin/bash
-# gatherd's own CPU cost at a 1 ms period (issue 9 item 14; target: <= 2% of one core
+# gatherd's own CPU cost at a 1 ms period (target: <= 2% of one core
 # with a watched port, user-space sampler; zero user-space CPU with the kernel sampler).
 #
 # Five cases, T seconds each (default 20):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proxy throughput by data-path workers (issue 9 item 11): req/s through `farside proxy
+# Proxy throughput by data-path workers: req/s through `farside proxy
 # --workers N` (N = 1, 2 by default; each worker its own thread, runtime and
 # SO_REUSEPORT listener) to one `farside backend` on loopback. Closed loop, keep-alive,
 # one small generated file. Each point is measured twice: by `farside loadgen` and, as a

@@ -1,4 +1,4 @@
-//! Co-hosted sites (seed 001, issue 11), the server side: every back-end holds every
+//! Co-hosted sites (seed 001), the server side: every back-end holds every
 //! site's content (`--sites-root DIR`, one sub-directory per site) and serves exactly
 //! one of them at a time, switched at run time through a control socket
 //! (`--control PATH`) without a restart. The protocol on that socket (request and
@@ -8,7 +8,7 @@
 //! that is invalid or names no sub-directory of the sites root is refused (the old
 //! site stays).
 //!
-//! Switching time (issue 11): every switch to another site is numbered, and the first
+//! Switching time: every switch to another site is numbered, and the first
 //! successful response (status < 400) served from the new site after it is logged once:
 //! `backend: first request for site NAME after switch N served_unix_us=T
 //! switched_unix_us=S` (the host's wall clock, shared by every process of the lab, which

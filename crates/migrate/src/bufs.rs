@@ -1,4 +1,4 @@
-//! Spare queue buffers, kept per thread and reused by the next migration (issue 12:
+//! Spare queue buffers, kept per thread and reused by the next migration (less
 //! CPU per migration). A dumped or received queue of ~100 KiB freshly allocated is
 //! fresh pages: the allocator maps them (and gives them back with `madvise` when the
 //! state is dropped), and each first touch is a page fault, on both sides of every

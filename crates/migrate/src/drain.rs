@@ -1,4 +1,4 @@
-//! The source's flow drain without a sleeping migrator (issue 12, wake-ups per
+//! The source's flow drain without a sleeping migrator (fewer wake-ups per
 //! migration).
 //!
 //! After the front-end's flow moved, the source keeps its frozen socket (repair on,

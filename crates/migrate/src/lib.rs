@@ -1,4 +1,4 @@
-//! TCP connection endpoint migration (seed 002, issue 12 item 2): move the server
+//! TCP connection endpoint migration (seed 002): move the server
 //! side of an established connection to another socket — another process, namespace
 //! or host — invisibly to the client, with Linux TCP_REPAIR.
 //!

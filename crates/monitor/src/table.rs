@@ -19,7 +19,7 @@ pub const TABLE_MAGIC: u64 = u64::from_le_bytes(*b"FSMONTBL");
 /// Version 4: 20 words (`role_served`, seed 001 sites).
 pub const TABLE_VERSION: u64 = 4;
 /// Most back-ends one table holds (and so one proxy balances over): the poller and the
-/// decisions were built and measured for this many (issue 9: at least 1,024); a table
+/// decisions were built and measured for this many (at least 1,024); a table
 /// is sized for the configured back-ends ([`table_words`]), 160 KiB at this bound.
 pub const TABLE_BACKENDS_MAX: usize = 1024;
 /// Words of the table header.

@@ -1,4 +1,4 @@
-//! The proxy's reconfiguration driver (seed 001, issue 11 item 3): runs
+//! The proxy's reconfiguration driver (seed 001): runs
 //! `farside_reconf`'s [`Balancer`] every S over the back-ends' regions and the peers'
 //! balancer regions, through `farside_rmem` (`farside_reconf::drive`).
 //!

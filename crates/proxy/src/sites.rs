@@ -1,4 +1,4 @@
-//! Routing by site over dynamic roles (seed 001, issue 11).
+//! Routing by site over dynamic roles (seed 001).
 //!
 //! ```toml
 //! [[sites]]

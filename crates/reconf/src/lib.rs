@@ -1,4 +1,4 @@
-//! Reconfiguration of nodes between co-hosted sites (seed 001, issue 11): the protocol
+//! Reconfiguration of nodes between co-hosted sites (seed 001): the protocol
 //! as pure state machines with I/O at the edges, and a seeded simulator.
 //!
 //! - [`words`]: the control words (role wanted / served / error, site lock, balancer

@@ -1,5 +1,5 @@
 //! The site protocol: how a node agent tells the local web server which co-hosted site
-//! to serve (seed 001, issue 11). Every back-end holds every site's content and serves
+//! to serve (seed 001). Every back-end holds every site's content and serves
 //! exactly one at a time; the agent ([`crate::agent`], run by gatherd) switches it
 //! when the node's role changes, without a restart. The server side is the test web
 //! server's `--control PATH` (`farside_backend::sites`); the client side is here.

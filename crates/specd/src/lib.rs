@@ -1,4 +1,4 @@
-//! Speculative connection admission (seed 002, issue 12 items 2–3).
+//! Speculative connection admission (seed 002).
 //!
 //! - [`window`]: the paper's admission window (§3.2) as a pure state machine: which
 //!   arriving connection goes to the local server, which is admitted speculatively

@@ -437,7 +437,7 @@ struct Shared {
     window_events: Mutex<WindowEvents>,
     /// Migrations, refusals and window closures per second since the start.
     series: Mutex<PerSecond>,
-    /// Control connections to the peers' daemons, reused across migrations (issue 12:
+    /// Control connections to the peers' daemons, reused across migrations (
     /// a connect, accept, two closes and a TIME_WAIT less per migration); up to
     /// `--migrators` idle per peer (at most `POOL_IDLE_PER_TARGET_MAX`).
     control: farside_migrate::ControlPool,
@@ -816,7 +816,7 @@ const FALLBACK_STOP_CHECK: Duration = Duration::from_millis(100);
 /// its place in the window ([`Window::on_handed_locally`]). The migrator waits on
 /// purpose: while fall-backs wait for a saturated local server, their places keep
 /// the window from admitting more, as the server's full accept queue keeps SYNs out,
-/// instead of piling connections up in front of it (stop 26: at 4x overload, 75/25,
+/// instead of piling connections up in front of it (measured: at 4x overload, 75/25,
 /// the source's hand-off queue filled to its bound and closed up to 108 connections
 /// per 20 s run). The wait is short when the server has room: one non-blocking send.
 fn fall_back_local(s: &Shared, sock: TcpStream) {

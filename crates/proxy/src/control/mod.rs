@@ -10,7 +10,7 @@
 //! treated as empty). The check runs right after accept (before the
 //! request is read, across all sites) and again per request (for the request's site).
 //!
-//! What counts as load (issue 8):
+//! What counts as load:
 //! - the figure compared with the limit is an estimate, not the bare sample: the last
 //!   sample plus the requests this proxy routed to the back-end since, minus those of
 //!   its requests that completed since ([`estimate`]), for the metrics counted in
