@@ -14,8 +14,8 @@ use std::os::fd::OwnedFd;
 use crate::error::{Error, Result};
 use crate::object::Object;
 
-/// Where the kernel says whether statistics are on (`0` or `1`; also 1 while any
-/// [`enable_stats`] descriptor is open).
+/// Where the kernel says whether statistics were turned on by sysctl (`0` or `1`; an
+/// [`enable_stats`] descriptor turns them on without showing here).
 pub const STATS_SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
 
 /// Run time and count of one loaded program.
@@ -38,8 +38,9 @@ impl ProgStats {
     }
 }
 
-/// Whether the kernel keeps run-time statistics now (None: unknown, e.g. no /proc or
-/// a kernel without them).
+/// Whether `kernel.bpf_stats_enabled` is set (None: unknown, e.g. no /proc or a kernel
+/// without statistics). Statistics are also on while some process holds an
+/// [`enable_stats`] descriptor, which this does not see.
 pub fn stats_enabled() -> Option<bool> {
     let s = std::fs::read_to_string(STATS_SYSCTL).ok()?;
     Some(s.trim() != "0")
