@@ -13,6 +13,8 @@
 //! - [`RawMap`]: element commands through a map's own descriptor, from `&self` and
 //!   any thread (flow holds, socket maps);
 //! - [`MmapArray`]: a `BPF_F_MMAPABLE` array map shared with user space;
+//! - [`ProgStats`]: a loaded program's run time and count ([`Object::program_stats`];
+//!   kept while [`stats_enabled`], or turned on with [`enable_stats`]);
 //! - [`btf`]: field offsets of kernel structures from the running kernel's BTF, for
 //!   programs that read kernel memory without CO-RE;
 //! - [`Error`]: one error vocabulary (no privilege, load/verify with the verifier's
@@ -31,12 +33,14 @@ mod error;
 mod mmap;
 mod object;
 mod rawmap;
+mod stats;
 
 pub use attach::XdpMode;
 pub use error::{error_chain, is_permission_error, Error, Result};
 pub use mmap::MmapArray;
 pub use object::{Loadable, Object, TestOutcome, TEST_FRAME_BYTES_MAX};
 pub use rawmap::{flags, RawMap};
+pub use stats::{enable_stats, stats_enabled, ProgStats, STATS_SYSCTL};
 
 /// True if this process runs as root (the root tests skip otherwise).
 pub fn is_root() -> bool {

@@ -83,6 +83,10 @@ fn overload(tag: &str, admission: bool, proxies: usize) -> Outcome {
             // hundred µs of kernel CPU on this host's TCP hash).
             "--conns-every",
             "5",
+            // The user-space sampler's delay (the dump's), read from the region file
+            // below; as root the default would be the kernel sampler's.
+            "--sampler",
+            "user",
         ],
         &dir,
     );

@@ -87,12 +87,20 @@ pub struct GatherdArgs {
     /// process's priority). Default 0: unchanged.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub sampler_nice: i32,
-    /// Who writes the load record: kernel (the kernel-resident sampler in the XDP
-    /// object: tracepoints and a per-CPU tick write the region map, no user-space thread
-    /// samples; needs --xdp-iface attached and no --cgroup), user (gatherd's sampling
-    /// thread), or auto (kernel if it loads, else user; logged).
+    /// Who writes the load record: kernel (the kernel-resident sampler: tracepoints and
+    /// a per-CPU tick write the region map, no user-space thread samples; needs BPF
+    /// (root, or CAP_BPF and CAP_PERFMON, and the kernel's BTF) and no --cgroup, with or
+    /// without --xdp-iface: shm readers then map the BPF map), user (gatherd's sampling
+    /// thread), or auto (kernel if it loads, else user; logged with the reason).
     #[arg(long, value_enum, default_value_t = SamplerChoice::Auto)]
     pub sampler: SamplerChoice,
+    /// Turn the kernel's BPF run-time statistics on while gatherd runs
+    /// (BPF_ENABLE_STATS), so the metrics count the kernel's share of the cost
+    /// (`farside_gatherd_bpf_run_time_seconds_total`). It costs two clock reads on every
+    /// run of every BPF program on the host. Without it the figures are read all the
+    /// same, and grow only while `sysctl kernel.bpf_stats_enabled=1`. Default: off.
+    #[arg(long)]
+    pub bpf_stats: bool,
     /// Stop after this many seconds (default: run until SIGINT/SIGTERM).
     #[arg(long)]
     pub duration_s: Option<f64>,
@@ -121,6 +129,7 @@ impl Default for GatherdArgs {
             conns_every: 0,
             sampler_nice: 0,
             sampler: SamplerChoice::Auto,
+            bpf_stats: false,
             duration_s: None,
             role: role::RoleArgs::default(),
         }

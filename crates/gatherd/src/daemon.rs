@@ -19,7 +19,7 @@ use farside_rmem::fdshare::FdServer;
 use farside_rmem::{Dedup, OpCounters, TcpServer, UdpServer};
 
 use crate::metrics::{self, render_metrics, GatherStats, LONG_GAP};
-use crate::xdp::{attach_xdp, iface_ipv4, load_xdp, start_kernel_sampler};
+use crate::xdp::{attach_xdp, iface_ipv4, load_bpf, start_kernel_sampler};
 use crate::{role, GatherdArgs, Sampler, FIELD_COST_EVERY, WATCHED_PORTS_MAX};
 
 /// A running gatherer: sampling thread plus optional servers. Stops when dropped.
@@ -45,6 +45,11 @@ pub struct Gatherd {
     pub udp_server: &'static str,
     /// Who writes the load record: "kernel" (the kernel-resident sampler) or "user".
     pub sampler: &'static str,
+    /// Why the user-space sampler writes it (None while the kernel sampler does), as
+    /// logged at start-up: `--sampler user`, `--cgroup`, or what BPF refused.
+    pub sampler_reason: Option<String>,
+    /// Keeps the kernel's BPF run-time statistics on (`--bpf-stats`).
+    _bpf_stats: Option<std::os::fd::OwnedFd>,
     started: std::time::Instant,
     cpu_us_at_start: u64,
     pub(crate) xdp: Option<Arc<farside_xdp::XdpResponder>>,
@@ -105,7 +110,7 @@ impl Gatherd {
         // waits for that).
         let first = sampler.sample()?;
         lap.stage("first_sample");
-        let mut xdp = load_xdp(args, &keys)?;
+        let (mut xdp, bpf_unavailable) = load_bpf(args, &keys)?;
         lap.stage("xdp_maps");
         let mut fd_server = None;
         let (mem, writer, shm_path): (Arc<dyn Words>, _, _) = match &xdp {
@@ -118,7 +123,7 @@ impl Gatherd {
                 if let Some(p) = &shm_path {
                     fd_server = Some(FdServer::spawn(p, x.region_fd())?);
                     log::info!(
-                        "gatherd: shm readers of {} map the XDP region map (fd handed over the socket)",
+                        "gatherd: shm readers of {} map the BPF region map (fd handed over the socket)",
                         p.display()
                     );
                 }
@@ -194,16 +199,18 @@ impl Gatherd {
             "off"
         });
         lap.stage("xdp_attached");
-        let attached = xdp.as_mut().filter(|x| x.is_attached());
+        let bpf_stats = args.bpf_stats.then(enable_bpf_stats).flatten();
         let mut parked = None;
-        let kernel_sampler = start_kernel_sampler(args, attached, &mut || {
-            // The handover: the user-space writer stops here and the kernel's first tick
-            // follows (its sequence continues from the user writer's last record).
-            stop.store(true, Ordering::Relaxed);
-            if let Some(t) = thread.take() {
-                parked = t.join().ok();
-            }
-        })?;
+        let sampler_reason =
+            start_kernel_sampler(args, xdp.as_mut(), bpf_unavailable, &mut || {
+                // The handover: the user-space writer stops here and the kernel's first tick
+                // follows (its sequence continues from the user writer's last record).
+                stop.store(true, Ordering::Relaxed);
+                if let Some(t) = thread.take() {
+                    parked = t.join().ok();
+                }
+            })?;
+        let kernel_sampler = sampler_reason.is_none();
         if let (false, Some((sampler, writers))) = (kernel_sampler, parked) {
             // The kernel sampler failed after the handover: the user writer resumes.
             stop.store(false, Ordering::Relaxed);
@@ -237,6 +244,9 @@ impl Gatherd {
         stats
             .kernel_sampler
             .store(kernel_sampler, Ordering::Relaxed);
+        stats
+            .bpf_stats
+            .store(bpf_stats.is_some(), Ordering::Relaxed);
         lap.stage("tcp");
         let mut startup = lap.stages;
         if let Some(x) = &xdp {
@@ -252,6 +262,8 @@ impl Gatherd {
             udp_addr,
             udp_server,
             sampler: if kernel_sampler { "kernel" } else { "user" },
+            sampler_reason,
+            _bpf_stats: bpf_stats,
             started: std::time::Instant::now(),
             cpu_us_at_start: process_cpu_us(),
             xdp,
@@ -314,6 +326,9 @@ impl Gatherd {
     /// period's wake-up and sleep, publication, bookkeeping. `cost_max_us` is the
     /// costliest measured sample's fields. `ktick_ns` the kernel sampler's mean kernel
     /// time per record (all CPUs' ticks; 0 unless `kernel.bpf_stats_enabled=1`).
+    /// `bpf_cpu_pct` (with a BPF object) is the kernel run time of its programs (the
+    /// kernel sampler's, the XDP responder's) over gatherd's run, % of one core: the
+    /// kernel's share, not in `cpu_pct` (counted only while BPF statistics are on).
     pub fn summary(&self) -> String {
         let s = &self.stats;
         let n = s.samples.load(Ordering::Relaxed).max(1) as f64;
@@ -359,6 +374,16 @@ impl Gatherd {
                 c.tick.run_count / u64::from(c.cpus.max(1))
             );
         }
+        if let Some(x) = &self.xdp {
+            // The kernel's share: every program of the object, over gatherd's run.
+            use std::fmt::Write;
+            let ns: u64 = x.program_stats().iter().map(|(_, p)| p.run_time_ns).sum();
+            let _ = write!(
+                out,
+                " bpf_cpu_pct={:.3}",
+                ns as f64 / 1000.0 * 100.0 / wall_us
+            );
+        }
         out
     }
 }
@@ -369,6 +394,21 @@ impl Drop for Gatherd {
         // Before the responder (and its map fd) goes; removes the socket, so readers
         // fail to open instead of mapping a region nobody updates.
         self.fd_server.take();
+    }
+}
+
+/// `--bpf-stats`: the kernel's BPF run-time statistics on while the descriptor lives
+/// (None and a warning if the kernel refuses).
+fn enable_bpf_stats() -> Option<std::os::fd::OwnedFd> {
+    match farside_xdp::enable_bpf_stats() {
+        Ok(fd) => {
+            log::info!("gatherd: BPF run-time statistics on (--bpf-stats): farside_gatherd_bpf_run_time_seconds_total counts the kernel's share");
+            Some(fd)
+        }
+        Err(e) => {
+            log::warn!("gatherd: --bpf-stats: {e}; BPF run times are counted only while kernel.bpf_stats_enabled=1");
+            None
+        }
     }
 }
 

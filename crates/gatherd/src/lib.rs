@@ -3,12 +3,14 @@
 //! (shm on the same host, the XDP responder across hosts) or ask for it two-sidedly
 //! (the tcp baseline).
 //!
-//! One memory: a node has exactly one region, whatever the transports. Without XDP it
-//! is the shm file (`--shm`) or, with `--no-shm`, heap memory. With XDP it is the BPF
-//! map the kernel answers from: the record is published into the map's mapping, the tcp
-//! server and the user-space udp fallback serve that mapping, and the shm path becomes a
-//! Unix socket handing readers the map's fd (`farside_rmem::fdshare`), so a CAS over udp
-//! is seen over tcp and shm at once and the other way round. The tcp and udp servers
+//! One memory: a node has exactly one region, whatever the transports. Where BPF is
+//! available (XDP attached or not: the kernel sampler needs the map, not XDP) it is the
+//! BPF region map, which the kernel sampler writes and XDP answers from: the record is
+//! published into the map's mapping, the tcp server and the user-space udp fallback
+//! serve that mapping, and the shm path becomes a Unix socket handing readers the map's
+//! fd (`farside_rmem::fdshare`), so a CAS over udp is seen over tcp and shm at once and
+//! the other way round. Without BPF (no privilege, `--sampler user` or `--cgroup`
+//! without XDP) it is the shm file (`--shm`) or, with `--no-shm`, heap memory. The tcp and udp servers
 //! share one duplicate-detection table (`farside_rmem::Dedup`). Datagram mutations
 //! have one table at a time: user space's until the XDP program attaches, then the
 //! program's map, seeded with user space's entries at the hand-over (see
@@ -20,7 +22,8 @@
 //! - [`sample`]: reading the node's counters (/proc, cgroup, PSI).
 //! - [`sampler`]: turning them into load records, within a CPU budget ([`Sampler`]).
 //! - [`daemon`]: start-up, the publishing loop and the servers ([`Gatherd`]).
-//! - [`xdp`]: the XDP responder's maps and attach, the kernel sampler, interfaces.
+//! - [`xdp`]: the BPF object (the XDP responder's maps and attach, the kernel
+//!   sampler), interfaces.
 //! - [`metrics`]: gatherd's counters ([`GatherStats`]) and Prometheus endpoint.
 //! - [`role`]: the node agent of co-hosted sites (`--role-*`).
 

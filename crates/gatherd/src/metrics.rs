@@ -39,6 +39,8 @@ pub struct GatherStats {
     pub field_cost_mem_ns: AtomicU64,
     /// The kernel-resident sampler writes the record (no user-space samples).
     pub kernel_sampler: AtomicBool,
+    /// gatherd keeps the kernel's BPF run-time statistics on (`--bpf-stats`).
+    pub bpf_stats: AtomicBool,
     /// Full connection counts (every `--conns-every` samples) and their CPU cost, ns.
     pub full_counts: AtomicU64,
     pub full_count_ns_sum: AtomicU64,
@@ -177,8 +179,33 @@ pub fn render_metrics(
             );
         }
     }
-    user.render("farside_gatherd_user", enc);
     if let Some(x) = xdp {
+        for (prog, p) in x.program_stats() {
+            enc.counter(
+                "farside_gatherd_bpf_run_time_seconds_total",
+                "Kernel run time of gatherd's BPF programs, seconds (grows only while farside_gatherd_bpf_stats_enabled is 1).",
+                &[("prog", prog)],
+                p.run_time_ns as f64 / 1e9,
+            );
+            enc.counter(
+                "farside_gatherd_bpf_run_count_total",
+                "Runs of gatherd's BPF programs counted with their run time.",
+                &[("prog", prog)],
+                p.run_count,
+            );
+        }
+    }
+    // The sysctl, or gatherd's own BPF_ENABLE_STATS descriptor (not seen in the sysctl);
+    // another process's descriptor is not seen at all.
+    let on = farside_bpfrt::stats_enabled() == Some(true) || s.bpf_stats.load(Ordering::Relaxed);
+    enc.gauge(
+        "farside_gatherd_bpf_stats_enabled",
+        "Whether the kernel keeps BPF run-time statistics (kernel.bpf_stats_enabled=1 or --bpf-stats).",
+        &[],
+        u64::from(on),
+    );
+    user.render("farside_gatherd_user", enc);
+    if let Some(x) = xdp.filter(|x| x.serves_udp()) {
         let (ops, status) = x.counters();
         let c = OpCounters::default();
         for (a, v) in c.ops.iter().zip(ops) {

@@ -1,6 +1,7 @@
-//! The XDP side of gatherd: creating the responder's maps (the region among them),
-//! verifying and attaching the program in the modes `--xdp-mode` allows, starting the
-//! kernel-resident sampler, and the interface addresses they need.
+//! The BPF side of gatherd: creating the responder's maps (the region among them; for
+//! the kernel sampler alone when no XDP is asked for), verifying and attaching the
+//! program in the modes `--xdp-mode` allows, starting the kernel-resident sampler, and
+//! the interface addresses they need.
 //!
 //! One dedup table across the hand-over from user space to the program: see
 //! `attach_xdp`.
@@ -90,6 +91,10 @@ pub(crate) fn attach_xdp(
     let (Some(addr), Some(ifname)) = (args.udp_listen, &args.xdp_iface) else {
         return Ok(None);
     };
+    if !x.serves_udp() {
+        // The kernel sampler's maps alone (`--xdp-mode off`, or XDP could not load).
+        return Ok(None);
+    }
     let r = attach_xdp_modes(args, x, dedup, addr, ifname);
     if !matches!(r, Ok(Some(_))) {
         dedup.take_back_datagrams();
@@ -139,24 +144,52 @@ fn attach_xdp_modes(
     Ok(None)
 }
 
-/// Start the kernel-resident sampler if `--sampler` allows and it can run (it writes the
-/// XDP region map, so it needs the responder; it measures the whole host, so not with
-/// `--cgroup`). Returns whether it runs; `--sampler kernel` that cannot is an error,
-/// `auto` falls back to the user-space sampler and logs why.
+/// The BPF object whose region map is the node's region, if any: the XDP responder's
+/// maps ([`load_xdp`]), else, where the kernel sampler may run (`--sampler auto` or
+/// `kernel`, no `--cgroup`), the same maps for the sampler alone
+/// (`farside_xdp::XdpResponder::load_for_sampler`): the sampler needs BPF, not XDP.
+/// With None the region is the shm file (or heap) and the second value says why the
+/// kernel sampler cannot run (BPF refused: no privilege, no BPF in the kernel).
+pub(crate) fn load_bpf(
+    args: &GatherdArgs,
+    keys: &AccessKeys,
+) -> io::Result<(Option<farside_xdp::XdpResponder>, Option<String>)> {
+    if let Some(x) = load_xdp(args, keys)? {
+        return Ok((Some(x), None));
+    }
+    if args.sampler == SamplerChoice::User || args.cgroup.is_some() {
+        return Ok((None, None));
+    }
+    match farside_xdp::XdpResponder::load_for_sampler() {
+        Ok(x) => Ok((Some(x), None)),
+        Err(e) => Ok((
+            None,
+            Some(format!(
+                "it needs BPF (root, or CAP_BPF and CAP_PERFMON, and the kernel's BTF): {e}"
+            )),
+        )),
+    }
+}
+
+/// Start the kernel-resident sampler if `--sampler` allows and it can run: it writes
+/// the region map of `bpf` (the XDP responder's, attached or not, or the maps loaded
+/// for it alone), so it needs them (`unavailable` says why they are missing); it
+/// measures the whole host, so not with `--cgroup`. Returns None if it runs, else why
+/// the user-space sampler does; `--sampler kernel` that cannot run is an error, `auto`
+/// falls back to the user-space sampler and logs why.
 pub(crate) fn start_kernel_sampler(
     args: &GatherdArgs,
-    xdp: Option<&mut farside_xdp::XdpResponder>,
+    bpf: Option<&mut farside_xdp::XdpResponder>,
+    unavailable: Option<String>,
     handover: &mut dyn FnMut(),
-) -> io::Result<bool> {
+) -> io::Result<Option<String>> {
     if args.sampler == SamplerChoice::User {
         log::info!("gatherd: sampler: user space (--sampler user)");
-        return Ok(false);
+        return Ok(Some("--sampler user".into()));
     }
-    let result = match xdp {
-        None => Err("it writes the XDP region map: needs --xdp-iface attached".to_string()),
-        Some(_) if args.cgroup.is_some() => {
-            Err("it measures the whole host, not a --cgroup".to_string())
-        }
+    let result = match bpf {
+        _ if args.cgroup.is_some() => Err("it measures the whole host, not a --cgroup".to_string()),
+        None => Err(unavailable.unwrap_or_else(|| "no BPF region map".to_string())),
         Some(x) => x
             .start_kernel_sampler(
                 &args.watch_ports,
@@ -171,17 +204,17 @@ pub(crate) fn start_kernel_sampler(
     match result {
         Ok(()) => {
             log::info!(
-                "gatherd: sampler: kernel (bpf/ksamp.bpf.c publishes the record every {} µs; no user-space sampling)",
+                "gatherd: sampler: kernel (bpf/ksamp.bpf.c publishes the record every {} µs into the BPF region map; no user-space sampling)",
                 args.period_us
             );
-            Ok(true)
+            Ok(None)
         }
         Err(e) if args.sampler == SamplerChoice::Kernel => {
             Err(io::Error::other(format!("--sampler kernel: {e}")))
         }
         Err(e) => {
-            log::warn!("gatherd: kernel sampler unavailable ({e}); sampling from user space");
-            Ok(false)
+            log::warn!("gatherd: sampler: user space: the kernel sampler cannot run ({e})");
+            Ok(Some(e))
         }
     }
 }

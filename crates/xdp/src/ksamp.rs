@@ -4,8 +4,13 @@
 //!
 //! It lives in the responder's object (one region map) and is started on an
 //! [`XdpResponder`](crate::XdpResponder) or a [`TestProgram`](crate::TestProgram) with
-//! `start_kernel_sampler`: a tracepoint (`sock:inet_sock_set_state`) keeps per-port
-//! counts of established connections with atomic adds; another (`sock:sk_data_ready`)
+//! `start_kernel_sampler`. It needs BPF (CAP_BPF and CAP_PERFMON, the kernel's BTF),
+//! not XDP: [`XdpResponder::load_for_sampler`](crate::XdpResponder::load_for_sampler)
+//! creates the object's maps for a host that answers no udp in the kernel, and the
+//! region map (`BPF_F_MMAPABLE`) is then the node's region all the same, mapped by
+//! gatherd and by same-host shm readers. The programs: a tracepoint
+//! (`sock:inet_sock_set_state`) keeps per-port counts of established connections with
+//! atomic adds; another (`sock:sk_data_ready`)
 //! learns the watched ports' listening sockets when they signal a queued connection,
 //! and the record then carries their accept queue's length (`sk_ack_backlog`, read at
 //! the offset the kernel's BTF gives); a `cpu-clock` perf event on every online CPU,
@@ -32,7 +37,8 @@
 //! arrives). At most 16 listeners are read directly (`KSAMP_LISTENERS_MAX`).
 //!
 //! Cost: run [`enable_bpf_stats`] (or `sysctl kernel.bpf_stats_enabled=1`) and read
-//! [`KernelSamplerCosts`] (kernel run time and run count per program).
+//! [`KernelSamplerCosts`] (kernel run time and run count per program, from
+//! `farside_bpfrt`'s program statistics).
 
 use crate::{config_error, Loaded, XdpError};
 use aya::programs::perf_event::{PerfEventConfig, PerfEventScope, SamplePolicy, SoftwareEvent};
@@ -152,23 +158,9 @@ pub struct PortCounts {
     pub backlog: u64,
 }
 
-/// Kernel CPU spent by one sampler program (zero unless BPF stats are enabled).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProgCost {
-    pub run_count: u64,
-    pub run_time_ns: u64,
-}
-
-impl ProgCost {
-    /// Mean kernel time of one run, ns (0 if it never ran with stats on).
-    pub fn ns_per_run(&self) -> f64 {
-        if self.run_count == 0 {
-            0.0
-        } else {
-            self.run_time_ns as f64 / self.run_count as f64
-        }
-    }
-}
+/// Kernel CPU spent by one sampler program (zero unless BPF stats are enabled): the
+/// BPF runtime's per-program statistics.
+pub type ProgCost = farside_bpfrt::ProgStats;
 
 /// Kernel cost of the sampler's programs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -193,12 +185,7 @@ impl KernelSamplerCosts {
 /// Turn on the kernel's BPF run-time statistics while the returned fd is open
 /// (`BPF_ENABLE_STATS`; costs two clock reads per program run).
 pub fn enable_bpf_stats() -> Result<OwnedFd, XdpError> {
-    aya::sys::enable_stats(aya::sys::Stats::RunTime).map_err(|e| {
-        Error::classify(LABEL, "BPF_ENABLE_STATS", &e, |detail| Error::Load {
-            program: LABEL,
-            detail,
-        })
-    })
+    farside_bpfrt::enable_stats(LABEL)
 }
 
 /// A failure of the sampler's set-up (its programs, the kernel's BTF, the namespace).
@@ -381,18 +368,7 @@ impl Loaded {
 
     /// Kernel run time and count of the sampler's programs.
     pub(crate) fn sampler_costs(&self, state: &SamplerState) -> KernelSamplerCosts {
-        let cost = |name: &str| -> ProgCost {
-            let info = match self.obj.ebpf().program(name) {
-                Some(aya::programs::Program::PerfEvent(p)) => p.info(),
-                Some(aya::programs::Program::TracePoint(p)) => p.info(),
-                _ => return ProgCost::default(),
-            };
-            info.map(|i| ProgCost {
-                run_count: i.run_count(),
-                run_time_ns: i.run_time().as_nanos() as u64,
-            })
-            .unwrap_or_default()
-        };
+        let cost = |name: &str| self.obj.program_stats(name).unwrap_or_default();
         KernelSamplerCosts {
             tick: cost(PROG_TICK),
             state: cost(PROG_STATE),
@@ -401,6 +377,9 @@ impl Loaded {
         }
     }
 }
+
+/// The sampler's programs by name, as [`crate::XdpResponder::program_stats`] lists them.
+pub(crate) const PROGRAMS: [&str; 3] = [PROG_TICK, PROG_STATE, PROG_READY];
 
 /// Inode number of the calling thread's network namespace: the sampler counts only
 /// sockets of this namespace.

@@ -37,7 +37,9 @@
 //!
 //! The same object holds the kernel-resident load sampler ([`ksamp`]): started with
 //! [`XdpResponder::start_kernel_sampler`], it writes the load record into the region map
-//! from the kernel, so no user process publishes the load either.
+//! from the kernel, so no user process publishes the load either. It needs no XDP: on a
+//! host that answers udp from user space, [`XdpResponder::load_for_sampler`] creates
+//! the maps alone and the region map is the node's region all the same.
 //!
 //! Everything here needs CAP_BPF and CAP_NET_ADMIN (root in practice).
 
@@ -348,6 +350,8 @@ pub struct XdpResponder {
     link: Option<aya::programs::xdp::XdpLinkId>,
     ifname: String,
     mode: XdpMode,
+    /// Made by [`XdpResponder::load_for_sampler`]: no udp port, never attached.
+    sampler_only: bool,
 }
 
 impl XdpResponder {
@@ -393,7 +397,31 @@ impl XdpResponder {
             link: None,
             ifname: String::new(),
             mode: XdpMode::Generic,
+            sampler_only: false,
         })
+    }
+
+    /// Create the maps (the region among them) for the kernel sampler alone, on a host
+    /// whose udp requests are not answered in the kernel: no port, no keys, and the
+    /// XDP program is never verified nor attached ([`Self::attach_to`] refuses). The
+    /// region map is the node's region as with XDP (mapped by [`Self::region`], handed
+    /// to shm readers by [`Self::region_fd`]); [`Self::start_kernel_sampler`] then
+    /// publishes into it. Needs CAP_BPF (root in practice), not CAP_NET_ADMIN.
+    pub fn load_for_sampler() -> Result<XdpResponder, XdpError> {
+        Ok(XdpResponder {
+            loaded: Loaded::load(0, &[])?,
+            link: None,
+            ifname: String::new(),
+            mode: XdpMode::Generic,
+            sampler_only: true,
+        })
+    }
+
+    /// Whether this responder may answer udp (made by [`Self::load`], attached or not),
+    /// as opposed to holding the kernel sampler's maps alone
+    /// ([`Self::load_for_sampler`]).
+    pub fn serves_udp(&self) -> bool {
+        !self.sampler_only
     }
 
     /// Load (verify) the program if not yet done and attach it to `ifname` in `mode`.
@@ -402,6 +430,11 @@ impl XdpResponder {
     pub fn attach_to(&mut self, ifname: &str, mode: XdpMode) -> Result<(), XdpError> {
         if self.link.is_some() {
             return Err(config_error(format!("already attached to {}", self.ifname)));
+        }
+        if self.sampler_only {
+            return Err(config_error(
+                "loaded for the kernel sampler alone (no udp port): not attachable",
+            ));
         }
         self.loaded.verify()?;
         let mut lap = Lap::new();
@@ -522,6 +555,21 @@ impl XdpResponder {
     /// enabled: [`enable_bpf_stats`] or `sysctl kernel.bpf_stats_enabled=1`).
     pub fn kernel_sampler_costs(&self) -> Option<KernelSamplerCosts> {
         self.loaded.costs()
+    }
+
+    /// Run time and count of each loaded program of the object, by name: the XDP
+    /// responder (`rmem_xdp`, once verified) and the kernel sampler's (`ksamp_tick`,
+    /// `ksamp_state`, `ksamp_ready`, while it runs). Zeros unless BPF statistics are
+    /// on (`farside_bpfrt::stats_enabled`).
+    pub fn program_stats(&self) -> Vec<(&'static str, farside_bpfrt::ProgStats)> {
+        let mut names = vec![PROG_NAME];
+        if self.loaded.sampler.is_some() {
+            names.extend(ksamp::PROGRAMS);
+        }
+        names
+            .into_iter()
+            .filter_map(|n| Some((n, self.loaded.obj.program_stats(n)?)))
+            .collect()
     }
 
     pub fn ifname(&self) -> &str {

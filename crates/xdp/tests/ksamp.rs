@@ -253,3 +253,37 @@ fn kernel_sampler_starts_from_the_seeded_counts() {
         .unwrap_err();
     assert!(e.to_string().contains("period"), "{e}");
 }
+
+/// The sampler needs BPF, not XDP: on the maps loaded for it alone
+/// (`XdpResponder::load_for_sampler`, never attachable) it publishes the record into
+/// the region map, and the object's program statistics list its programs only.
+#[test]
+fn kernel_sampler_runs_on_maps_loaded_without_xdp() {
+    if !need_root("kernel_sampler_runs_on_maps_loaded_without_xdp") {
+        return;
+    }
+    let mut x = farside_xdp::XdpResponder::load_for_sampler().expect("load");
+    assert!(!x.serves_udp());
+    let e = x
+        .attach_to("lo", farside_xdp::XdpMode::Generic)
+        .unwrap_err();
+    assert!(e.to_string().contains("not attachable"), "{e}");
+    let region = x.region();
+    RegionWriter::init(
+        Shared(region.clone()),
+        Header {
+            node_id: 8,
+            generation: 1,
+            period_us: 1000,
+            watched_ports: [0; 4],
+        },
+    )
+    .publish(&LoadRecord::default());
+    let a = snapshot(&region);
+    x.start_kernel_sampler(&[], Duration::from_millis(1), &mut || Ok(vec![]))
+        .unwrap();
+    await_record(&region, "advances", |s| s.seq > a.seq + 10);
+    let names: Vec<&str> = x.program_stats().iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, ["ksamp_tick", "ksamp_state", "ksamp_ready"]);
+    assert!(x.kernel_sampler_costs().is_some());
+}

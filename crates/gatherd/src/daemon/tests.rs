@@ -57,6 +57,9 @@ fn publishes_advancing_records_over_shm_and_tcp() {
             std::thread::yield_now();
         }
     }
+    // Before the path goes: with the kernel sampler it is the map's fd socket, whose
+    // server is woken at exit by a connection to it.
+    drop(g);
     let _ = std::fs::remove_file(args.shm_path().unwrap());
 }
 
@@ -68,11 +71,13 @@ fn stopped_gatherer_leaves_a_record_that_stops_advancing() {
     };
     let mut g = Gatherd::start(&args).unwrap();
     g.stop();
-    let mem = MappedWords::open_file(&args.shm_path().unwrap(), REGION_WORDS).unwrap();
+    // The region file, or the BPF region map where the kernel sampler runs.
+    let mem = farside_rmem::map_region(&args.shm_path().unwrap(), REGION_WORDS).unwrap();
     let a = Snapshot::read_local(&mem, 3).unwrap();
     std::thread::sleep(Duration::from_millis(5));
     let b = Snapshot::read_local(&mem, 3).unwrap();
     assert_eq!(a.seq, b.seq);
+    drop(g);
     let _ = std::fs::remove_file(args.shm_path().unwrap());
 }
 
@@ -164,6 +169,8 @@ fn invalid_arguments_are_refused_with_the_flag_named() {
 fn metrics_endpoint_reports_samples_and_op_counters() {
     let args = GatherdArgs {
         no_shm: true,
+        // The user sampler's own metrics (the kernel sampler's: see below).
+        sampler: SamplerChoice::User,
         tcp_listen: Some("127.0.0.1:0".parse().unwrap()),
         metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
         ..Default::default()
@@ -212,17 +219,18 @@ fn without_xdp_the_udp_server_falls_back_to_user_space_and_says_so() {
     // No interface named: user space, port 0 allowed.
     let g = Gatherd::start(&args).unwrap();
     assert_eq!(g.udp_server, "user-space");
-    assert_eq!(
-        g.sampler, "user",
-        "no XDP map: the kernel sampler cannot run"
-    );
-    let e = Gatherd::start(&GatherdArgs {
-        sampler: SamplerChoice::Kernel,
-        ..args.clone()
-    })
-    .err()
-    .unwrap();
-    assert!(e.to_string().contains("--sampler kernel"), "{e}");
+    // The kernel sampler needs BPF, not XDP (root here: see the tests below).
+    let bpf = farside_bpfrt::is_root();
+    assert_eq!(g.sampler, if bpf { "kernel" } else { "user" });
+    if !bpf {
+        let e = Gatherd::start(&GatherdArgs {
+            sampler: SamplerChoice::Kernel,
+            ..args.clone()
+        })
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("--sampler kernel"), "{e}");
+    }
     // An interface XDP cannot use (does not exist), auto mode: falls back.
     let port = std::net::UdpSocket::bind("127.0.0.1:0")
         .unwrap()
@@ -253,6 +261,237 @@ fn without_xdp_the_udp_server_falls_back_to_user_space_and_says_so() {
     .err()
     .unwrap();
     assert!(e.to_string().contains("xdp-mode"), "{e}");
+}
+
+/// The body of one scrape of gatherd's metrics endpoint.
+fn scrape(addr: SocketAddr) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
+/// The value of the sample `series` (name and labels, exactly as rendered) in a scrape.
+fn sample_value(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The kernel sampler without XDP (root): no `--xdp-iface`, `--sampler auto`; the
+/// kernel sampler publishes (the start-up says so, the metrics too), gatherd runs no
+/// sampling thread, the shm path hands out the BPF region map, and the record read
+/// there advances and carries the watched port's accept queue.
+#[test]
+#[ignore = "needs root: BPF (the kernel sampler), a network namespace"]
+fn without_xdp_the_kernel_sampler_publishes_where_bpf_is_available() {
+    use std::os::unix::fs::FileTypeExt;
+    assert!(farside_bpfrt::is_root(), "needs root");
+    let shm = tmp_region("ksamp-noxdp");
+    let shm2 = shm.clone();
+    in_private_netns(move || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let _c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let args = GatherdArgs {
+            node_id: 6,
+            shm: Some(shm2.clone()),
+            watch_ports: vec![port],
+            tcp_listen: Some("127.0.0.1:0".parse().unwrap()),
+            metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+            ..Default::default()
+        };
+        assert_eq!(args.sampler, SamplerChoice::Auto);
+        assert!(args.xdp_iface.is_none());
+        let g = Gatherd::start(&args).unwrap();
+        assert_eq!(g.sampler, "kernel", "{:?}", g.sampler_reason);
+        assert_eq!(g.sampler_reason, None);
+        assert!(g.thread.is_none(), "no sampling thread");
+        assert_eq!(g.udp_server, "off");
+        assert!(
+            std::fs::metadata(&shm2).unwrap().file_type().is_socket(),
+            "shm readers are handed the BPF map"
+        );
+        let user_samples = g.stats.samples.load(Ordering::Relaxed);
+        let mem = farside_rmem::map_region(&shm2, REGION_WORDS).unwrap();
+        let read = || loop {
+            match Snapshot::read_local(&mem, 10) {
+                Ok(s) => break s,
+                Err(farside_region::RegionError::Torn) => continue,
+                Err(e) => panic!("{e:?}"),
+            }
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let a = loop {
+            let a = read();
+            if a.load.accept_backlog == 1 && a.load.conns_established == 1 {
+                break a;
+            }
+            assert!(Instant::now() < deadline, "seeded: {a:?}");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(a.header.node_id, 6);
+        loop {
+            let b = read();
+            if b.seq > a.seq + 10 && b.load.sample_mono_ns > a.load.sample_mono_ns {
+                break;
+            }
+            assert!(Instant::now() < deadline, "sequence never advanced: {b:?}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            g.stats.samples.load(Ordering::Relaxed),
+            user_samples,
+            "no user-space sample after the handover"
+        );
+        // tcp serves the same words.
+        let mut c = connect(
+            &Endpoint::Tcp(g.tcp_addr.unwrap()),
+            &ClientOptions::default(),
+        )
+        .unwrap();
+        let mut bytes = [0u8; farside_region::SNAPSHOT_BYTES];
+        c.read(0, &mut bytes).unwrap();
+        assert_eq!(Snapshot::decode(&bytes).unwrap().header.node_id, 6);
+        let body = scrape(g.metrics_addr().unwrap());
+        assert!(
+            body.contains("farside_gatherd_sampler{mode=\"kernel\"} 1"),
+            "{body}"
+        );
+        assert!(
+            body.contains("farside_gatherd_bpf_run_count_total{prog=\"ksamp_tick\"}"),
+            "{body}"
+        );
+        assert!(
+            !body.contains("farside_gatherd_xdp_ops_total"),
+            "no XDP responder: {body}"
+        );
+        assert!(
+            g.summary().starts_with("sampler=kernel "),
+            "{}",
+            g.summary()
+        );
+    });
+    let _ = std::fs::remove_file(shm);
+}
+
+/// Without privilege for BPF (root drops it: this thread, and the threads gatherd
+/// spawns from it, run as nobody with no capabilities) `--sampler auto` falls back to
+/// the user-space sampler and says why (`sampler_reason` is the logged reason), the
+/// region is the shm file as ever, and `--sampler kernel` is an error naming BPF.
+#[test]
+#[ignore = "needs root: drops to an unprivileged user"]
+fn without_bpf_the_user_sampler_publishes_and_the_reason_is_given() {
+    assert!(farside_bpfrt::is_root(), "needs root");
+    let shm = tmp_region("ksamp-nobpf");
+    let shm2 = shm.clone();
+    std::thread::spawn(move || {
+        const NOBODY: libc::c_long = 65534;
+        // SAFETY: the raw system calls change this thread's credentials only (glibc's
+        // wrappers would change every thread's); all ids non-zero clears the
+        // capabilities.
+        unsafe {
+            assert_eq!(
+                libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()),
+                0
+            );
+            assert_eq!(
+                libc::syscall(libc::SYS_setresgid, NOBODY, NOBODY, NOBODY),
+                0
+            );
+            assert_eq!(
+                libc::syscall(libc::SYS_setresuid, NOBODY, NOBODY, NOBODY),
+                0
+            );
+        }
+        let args = GatherdArgs {
+            shm: Some(shm2.clone()),
+            period_us: 500,
+            ..Default::default()
+        };
+        let g = Gatherd::start(&args).unwrap();
+        assert_eq!(g.sampler, "user");
+        let why = g.sampler_reason.clone().unwrap_or_default();
+        assert!(why.contains("needs BPF"), "{why}");
+        assert!(g.thread.is_some(), "the sampling thread runs");
+        assert!(
+            std::fs::metadata(&shm2).unwrap().is_file(),
+            "the region file"
+        );
+        let mem = MappedWords::open_file(&shm2, REGION_WORDS).unwrap();
+        let a = Snapshot::read_local(&mem, 10).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Snapshot::read_local(&mem, 10).map_or(true, |b| b.seq <= a.seq) {
+            assert!(Instant::now() < deadline, "sequence never advanced");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(g.summary().starts_with("sampler=user "), "{}", g.summary());
+        drop(g);
+        let e = Gatherd::start(&GatherdArgs {
+            sampler: SamplerChoice::Kernel,
+            ..args
+        })
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            e.contains("--sampler kernel") && e.contains("needs BPF"),
+            "{e}"
+        );
+    })
+    .join()
+    .unwrap();
+    let _ = std::fs::remove_file(shm);
+}
+
+/// `--bpf-stats` (root): the kernel's run-time statistics are on while gatherd runs,
+/// and the kernel sampler's run time and count are in the metrics and grow.
+#[test]
+#[ignore = "needs root: BPF (the kernel sampler, BPF_ENABLE_STATS)"]
+fn with_bpf_stats_the_kernel_share_is_in_the_metrics_and_grows() {
+    assert!(farside_bpfrt::is_root(), "needs root");
+    let g = Gatherd::start(&GatherdArgs {
+        no_shm: true,
+        sampler: SamplerChoice::Kernel,
+        bpf_stats: true,
+        metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(g.sampler, "kernel");
+    let addr = g.metrics_addr().unwrap();
+    let time = "farside_gatherd_bpf_run_time_seconds_total{prog=\"ksamp_tick\"}";
+    let count = "farside_gatherd_bpf_run_count_total{prog=\"ksamp_tick\"}";
+    let read = || {
+        let body = scrape(addr);
+        assert_eq!(
+            sample_value(&body, "farside_gatherd_bpf_stats_enabled"),
+            Some(1.0),
+            "{body}"
+        );
+        let v = (sample_value(&body, time), sample_value(&body, count));
+        (
+            v.0.unwrap_or_else(|| panic!("{body}")),
+            v.1.unwrap_or_else(|| panic!("{body}")),
+        )
+    };
+    std::thread::sleep(Duration::from_millis(50));
+    let (t0, n0) = read();
+    std::thread::sleep(Duration::from_millis(200));
+    let (t1, n1) = read();
+    assert!(n1 > n0, "runs grow: {n0} -> {n1}");
+    assert!(t1 > t0, "run time grows: {t0} -> {t1}");
+    // One tick per CPU per period: 200 ms at 1 ms is hundreds of runs.
+    assert!(n1 - n0 >= 50.0, "{n0} -> {n1}");
+    let per_run_ns = (t1 - t0) * 1e9 / (n1 - n0);
+    assert!(
+        per_run_ns > 0.0 && per_run_ns < 1e6,
+        "{per_run_ns} ns per run"
+    );
+    assert!(g.summary().contains(" bpf_cpu_pct="), "{}", g.summary());
 }
 
 /// The stale bound of the restart test: a proxy's default `admission.stale_after_ms`.
