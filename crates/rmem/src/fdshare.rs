@@ -24,6 +24,9 @@ const SEND_TIMEOUT: Duration = Duration::from_millis(200);
 /// file is removed on drop.
 pub struct FdServer {
     path: PathBuf,
+    /// A second descriptor of the listening socket: shutting it down wakes the accept
+    /// loop (whether or not the socket's path still exists).
+    wake: UnixListener,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -39,6 +42,7 @@ impl FdServer {
         let _ = std::fs::remove_file(path);
         let listener = UnixListener::bind(path)
             .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        let wake = listener.try_clone()?;
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
         let thread = std::thread::Builder::new()
@@ -58,6 +62,7 @@ impl FdServer {
             })?;
         Ok(FdServer {
             path: path.to_path_buf(),
+            wake,
             stop,
             thread: Some(thread),
         })
@@ -67,8 +72,11 @@ impl FdServer {
 impl Drop for FdServer {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        // Wake the accept loop so it sees the flag.
-        let _ = UnixStream::connect(&self.path);
+        // Wake the accept loop so it sees the flag: accept on a listening socket that
+        // is shut down fails at once (connecting to the path would hang if the path
+        // was removed meanwhile).
+        // SAFETY: `wake` is a live descriptor of the listening socket, owned by self.
+        unsafe { libc::shutdown(self.wake.as_raw_fd(), libc::SHUT_RDWR) };
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -120,6 +128,19 @@ mod tests {
         assert_eq!(reader.words()[3].load(Ordering::Acquire), 77);
         drop(srv);
         assert!(!sock.exists(), "socket removed on drop");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn the_server_stops_even_when_its_socket_path_was_removed() {
+        let dir = std::env::temp_dir().join(format!("farside-fdgone-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = std::fs::File::open("/dev/null").unwrap();
+        let sock = dir.join("region.sock");
+        let srv = FdServer::spawn(&sock, f.as_raw_fd()).unwrap();
+        std::fs::remove_file(&sock).unwrap();
+        // Dropping joins the accept thread: it returns only if the thread woke.
+        drop(srv);
         let _ = std::fs::remove_dir_all(dir);
     }
 }
