@@ -1,4 +1,4 @@
-//! The node agent (seed 001, issue 11): watches this node's own `ROLE_WANTED` word
+//! The node agent (seed 001): watches this node's own `ROLE_WANTED` word
 //! (local memory: gatherd owns the region), runs `farside_reconf::NodeAgent`, applies a
 //! new site to the local web server, and publishes `ROLE_SERVED` / `ROLE_EPOCH` /
 //! `ROLE_ERROR`. Balancers write `ROLE_WANTED` remotely (CAS); proxies route by

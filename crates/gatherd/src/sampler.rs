@@ -110,7 +110,7 @@ pub struct Sampler {
     rng: u64,
 }
 
-/// The user sampler's CPU target, share of one core (issue 9: at most 2% of a core at
+/// The user sampler's CPU target, share of one core (at most 2% of a core at
 /// 1 ms with a watched port). With `--conns-every 0` full connection counts get what
 /// the rest of the sampling thread (the period's wake-up: ~15 µs of CPU per wake-up on
 /// this VM, i.e. 1.5% of a core at 1 ms; the per-sample fields) leaves of it, measured
