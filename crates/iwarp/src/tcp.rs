@@ -81,7 +81,10 @@ impl Endpoint {
         Self::start(stream, dev, cq, Qp::accept(pd, cfg))
     }
 
-    fn start(stream: TcpStream, dev: Device, cq: Cq, qp: Qp) -> io::Result<Endpoint> {
+    /// Run `qp` (from [`Qp::connect`] or [`Qp::accept`], with receives possibly posted
+    /// already) on a stream the caller connected or accepted, e.g. with its own timeout;
+    /// returns once the MPA set-up is done.
+    pub fn start(stream: TcpStream, dev: Device, cq: Cq, qp: Qp) -> io::Result<Endpoint> {
         stream.set_nodelay(true)?;
         let shared: Shared = Arc::new((
             Mutex::new(State {

@@ -1,0 +1,9 @@
+//! RDMA over HTTP, after Dalessandro and Wyckoff, "Accelerating Web Protocols Using
+//! RDMA" (NCA 2007): a GET names an RDMA endpoint in an `RDMA:` header and the body
+//! moves over the software iWARP stack ([`farside_iwarp`]) instead of the HTTP
+//! connection. A client that does not ask, or a request the server will not take that
+//! way, gets an ordinary body: the header never makes a request fail.
+//!
+//! - [`header`]: the `RDMA:` request and response fields, a pure grammar.
+
+pub mod header;
