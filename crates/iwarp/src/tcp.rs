@@ -39,6 +39,10 @@ struct State {
     closed: bool,
     /// The endpoint is being dropped.
     stopping: bool,
+    /// [`Endpoint::drain`] asked the writer to send everything and then FIN.
+    draining: bool,
+    /// The writer sent everything after `draining` and shut its side down.
+    drained: bool,
 }
 
 type Shared = Arc<(Mutex<State>, Condvar)>;
@@ -94,6 +98,8 @@ impl Endpoint {
                 events: Vec::new(),
                 closed: false,
                 stopping: false,
+                draining: false,
+                drained: false,
             }),
             Condvar::new(),
         ));
@@ -195,6 +201,32 @@ impl Endpoint {
     pub fn is_closed(&self) -> bool {
         lock(&self.shared).closed
     }
+
+    /// Send everything posted so far, then close this side (FIN), waiting up to
+    /// `timeout`; whether it all went. A completion only means the writer took the
+    /// bytes, so an endpoint dropped right after its last completion could cut them
+    /// off: drain first when the peer must get them. Work posted later is not sent.
+    pub fn drain(&self, timeout: Duration) -> bool {
+        lock(&self.shared).draining = true;
+        self.shared.1.notify_all();
+        let deadline = Instant::now() + timeout;
+        let mut g = lock(&self.shared);
+        loop {
+            if g.drained {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline || g.closed {
+                return g.drained;
+            }
+            g = self
+                .shared
+                .1
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
 }
 
 impl Drop for Endpoint {
@@ -212,7 +244,7 @@ impl Drop for Endpoint {
 fn write_loop(mut s: TcpStream, shared: Shared) {
     loop {
         let mut g = lock(&shared);
-        let (tx, done) = loop {
+        let (tx, done, drained) = loop {
             if g.stopping {
                 drop(g);
                 let _ = s.shutdown(Shutdown::Both);
@@ -221,14 +253,22 @@ fn write_loop(mut s: TcpStream, shared: Shared) {
             let st = &mut *g;
             let tx = st.qp.take_tx(&st.dev, &mut st.cq);
             let done = st.qp.is_done();
-            if !tx.is_empty() || done || st.closed {
-                break (tx, done || st.closed);
+            // Draining and nothing left: everything taken before has been written.
+            let drained = st.draining && tx.is_empty();
+            if !tx.is_empty() || done || st.closed || drained {
+                break (tx, done || st.closed, drained);
             }
             g = shared.1.wait(g).unwrap_or_else(|p| p.into_inner());
         };
         drop(g);
         // take_tx may have completed Sends and Writes.
         shared.1.notify_all();
+        if drained {
+            let _ = s.shutdown(Shutdown::Write);
+            lock(&shared).drained = true;
+            shared.1.notify_all();
+            return;
+        }
         if s.write_all(&tx).is_err() || done {
             let _ = s.shutdown(Shutdown::Both);
             lock(&shared).closed = true;

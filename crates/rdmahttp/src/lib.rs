@@ -5,5 +5,15 @@
 //! way, gets an ordinary body: the header never makes a request fail.
 //!
 //! - [`header`]: the `RDMA:` request and response fields, a pure grammar.
+//! - [`caps`]: the server's limits (sizes, transfers at once, registered bytes).
+//! - [`server`]: the server side, server-writes and client-reads (the back-end's).
+//! - [`client`]: one GET that asks for RDMA and takes whatever comes (`farside get`,
+//!   [`cli`]).
 
+pub mod caps;
+pub mod cli;
+pub mod client;
 pub mod header;
+pub mod server;
+
+pub use cli::{run_get, GetArgs};

@@ -1,0 +1,229 @@
+//! The `RDMA:` header end to end over loopback (port 0): server-writes and
+//! client-reads deliver the file byte for byte, and every request the server will not
+//! take that way (no header, too large, no RDMA listener, another address, `--rdma`
+//! off) gets its ordinary body.
+
+use farside_backend::{spawn, BackendArgs, Handle};
+use farside_rdmahttp::client::{get, GetOptions, Via};
+use farside_rdmahttp::header::{Decline, Mode};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A fresh docroot with a small file (sent from the connection's buffer) and a large
+/// one (beyond it, streamed over TCP), removed on drop.
+struct Docroot(PathBuf);
+
+impl Docroot {
+    fn new(tag: &str) -> Docroot {
+        let dir = std::env::temp_dir().join(format!(
+            "farside-rdma-{tag}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("small.bin"), content(10_000, 1)).unwrap();
+        std::fs::write(dir.join("large.bin"), content(3_000_000, 2)).unwrap();
+        Docroot(dir)
+    }
+
+    fn file(&self, name: &str) -> Vec<u8> {
+        std::fs::read(self.0.join(name)).unwrap()
+    }
+}
+
+impl Drop for Docroot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn content(n: usize, seed: u32) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(2_654_435_761) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x as u8
+        })
+        .collect()
+}
+
+fn backend(root: &Path, rdma: bool) -> (SocketAddr, Handle) {
+    let mut args = BackendArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        root: Some(root.to_path_buf()),
+        workers: 4,
+        header_timeout_ms: 5000,
+        ..BackendArgs::default()
+    };
+    args.rdma.rdma = rdma;
+    args.rdma.connect_timeout_ms = 500;
+    spawn(args).expect("spawn backend")
+}
+
+fn opts(mode: Option<Mode>, maxlen: u64) -> GetOptions {
+    GetOptions {
+        mode,
+        maxlen,
+        timeout: Duration::from_secs(5),
+    }
+}
+
+#[test]
+fn server_writes_and_client_reads_deliver_the_file_byte_for_byte() {
+    let root = Docroot::new("modes");
+    let (addr, _backend) = backend(&root.0, true);
+    for name in ["small.bin", "large.bin"] {
+        for (mode, via) in [
+            (Mode::ServerWrites, Via::ServerWrites),
+            (Mode::ClientReads, Via::ClientReads),
+        ] {
+            let got = get(&format!("http://{addr}/{name}"), &opts(Some(mode), 4 << 20)).unwrap();
+            assert_eq!((got.status, got.via), (200, via), "{name} {mode:?}");
+            assert!(got.body == root.file(name), "{name} {mode:?}: body differs");
+        }
+    }
+}
+
+/// The server closes its RDMA connection right after answering (the client asked
+/// `Connection: close`): the tail of the Write and the Send behind it still arrive.
+#[test]
+fn repeated_transfers_never_lose_the_tail() {
+    let root = Docroot::new("repeat");
+    let (addr, _backend) = backend(&root.0, true);
+    let want = root.file("large.bin");
+    for i in 0..10 {
+        for mode in [Mode::ServerWrites, Mode::ClientReads] {
+            let got = get(
+                &format!("http://{addr}/large.bin"),
+                &opts(Some(mode), 4 << 20),
+            )
+            .unwrap_or_else(|e| panic!("round {i} {mode:?}: {e}"));
+            assert!(
+                matches!(got.via, Via::ServerWrites | Via::ClientReads) && got.body == want,
+                "round {i} {mode:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn fallbacks_send_the_ordinary_body() {
+    let root = Docroot::new("fallback");
+    let (addr, _backend) = backend(&root.0, true);
+    let url = format!("http://{addr}/large.bin");
+    let want = root.file("large.bin");
+    // No header.
+    let got = get(&url, &opts(None, 0)).unwrap();
+    assert_eq!((got.status, got.via), (200, Via::Tcp(None)));
+    assert!(got.body == want);
+    // Larger than the client's maxlen, in either mode.
+    for mode in [Mode::ServerWrites, Mode::ClientReads] {
+        let got = get(&url, &opts(Some(mode), 1 << 20)).unwrap();
+        assert_eq!(got.via, Via::Tcp(Some(Decline::TooLarge)), "{mode:?}");
+        assert!(got.body == want);
+    }
+    // Not a 200: the error as usual.
+    let got = get(
+        &format!("http://{addr}/missing"),
+        &opts(Some(Mode::ServerWrites), 1 << 20),
+    )
+    .unwrap();
+    assert_eq!(
+        (got.status, got.via),
+        (404, Via::Tcp(Some(Decline::NotOffered)))
+    );
+}
+
+/// Sends `field` as the `RDMA:` header of a GET, returns (status, RDMA field, body).
+fn raw_get(addr: SocketAddr, path: &str, field: &str) -> (u16, Option<String>, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nRDMA: {field}\r\n\r\n"
+    )
+    .unwrap();
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).unwrap();
+    let end = all.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let head = String::from_utf8_lossy(&all[..end]).to_string();
+    let status = head[9..12].parse().unwrap();
+    let rdma = head
+        .lines()
+        .find_map(|l| l.strip_prefix("RDMA: "))
+        .map(str::to_string);
+    (status, rdma, all[end..].to_vec())
+}
+
+#[test]
+fn a_refused_or_foreign_rdma_endpoint_gets_the_ordinary_body() {
+    let root = Docroot::new("refused");
+    let (addr, _backend) = backend(&root.0, true);
+    let want = root.file("small.bin");
+    // A port with nothing listening: connection refused.
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let (status, rdma, body) = raw_get(
+        addr,
+        "/small.bin",
+        &format!("server-writes, ip=127.0.0.1, port={port}, stag=256, to=0, maxlen=1048576"),
+    );
+    assert_eq!(
+        (status, rdma.as_deref()),
+        (200, Some("declined, reason=connect"))
+    );
+    assert!(body == want);
+    // A listener that never finishes the MPA set-up: the server gives up in time.
+    let mute = TcpListener::bind("127.0.0.1:0").unwrap();
+    let (status, rdma, body) = raw_get(
+        addr,
+        "/small.bin",
+        &format!(
+            "client-reads, ip=127.0.0.1, port={}, maxlen=1048576",
+            mute.local_addr().unwrap().port()
+        ),
+    );
+    assert_eq!(
+        (status, rdma.as_deref()),
+        (200, Some("declined, reason=connect"))
+    );
+    assert!(body == want);
+    // Another host's address: never connected to.
+    let (status, rdma, body) = raw_get(
+        addr,
+        "/small.bin",
+        "server-writes, ip=10.9.8.7, port=9, stag=256, maxlen=1048576",
+    );
+    assert_eq!(
+        (status, rdma.as_deref()),
+        (200, Some("declined, reason=peer-mismatch"))
+    );
+    assert!(body == want);
+    // A field that does not parse.
+    let (status, rdma, body) = raw_get(addr, "/small.bin", "server-writes, ip=");
+    assert_eq!(
+        (status, rdma.as_deref()),
+        (200, Some("declined, reason=bad-field"))
+    );
+    assert!(body == want);
+}
+
+#[test]
+fn without_rdma_the_header_is_declined_and_the_body_sent() {
+    let root = Docroot::new("off");
+    let (addr, _backend) = backend(&root.0, false);
+    let got = get(
+        &format!("http://{addr}/small.bin"),
+        &opts(Some(Mode::ServerWrites), 1 << 20),
+    )
+    .unwrap();
+    assert_eq!(got.via, Via::Tcp(Some(Decline::NotOffered)));
+    assert!(got.body == root.file("small.bin"));
+}
