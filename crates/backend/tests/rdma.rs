@@ -227,3 +227,36 @@ fn without_rdma_the_header_is_declined_and_the_body_sent() {
     assert_eq!(got.via, Via::Tcp(Some(Decline::NotOffered)));
     assert!(got.body == root.file("small.bin"));
 }
+
+/// curl, which knows nothing of RDMA, gets the file with and without the header (it
+/// names an endpoint where nothing listens, as a client that cannot take RDMA might).
+#[test]
+fn curl_gets_the_file_with_and_without_the_header() {
+    let test = "curl_gets_the_file_with_and_without_the_header";
+    if !farside_testkit::tool_or_skip(test, "curl", "--version", "curl") {
+        return;
+    }
+    let root = Docroot::new("curl");
+    let (addr, _backend) = backend(&root.0, true);
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let field =
+        format!("RDMA: server-writes, ip=127.0.0.1, port={port}, stag=256, maxlen=99999999");
+    for name in ["small.bin", "large.bin"] {
+        for header in [None, Some(field.as_str())] {
+            let mut cmd = std::process::Command::new("curl");
+            cmd.args(["-s", "--max-time", "10", &format!("http://{addr}/{name}")]);
+            if let Some(h) = header {
+                cmd.args(["-H", h]);
+            }
+            let out = cmd.output().unwrap();
+            assert!(out.status.success(), "{name} {header:?}: {out:?}");
+            assert!(
+                out.stdout == root.file(name),
+                "{name} {header:?}: body differs"
+            );
+        }
+    }
+}
