@@ -260,3 +260,121 @@ fn curl_gets_the_file_with_and_without_the_header() {
         }
     }
 }
+
+/// A client-reads transfer the client never finishes: the test accepts the server's
+/// RDMA connection and reads the answer, but never Reads nor says done.
+struct Stalled {
+    _ep: farside_iwarp::tcp::Endpoint,
+    stag: u32,
+}
+
+fn stall_client_reads(addr: SocketAddr) -> Stalled {
+    use farside_iwarp::qp::{Qp, QpConfig};
+    use farside_iwarp::verbs::{Cq, Device};
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    let accept = std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mut dev = Device::with_random_keys();
+        let pd = dev.alloc_pd().unwrap();
+        farside_iwarp::tcp::Endpoint::start(
+            s,
+            dev,
+            Cq::new(8).unwrap(),
+            Qp::accept(pd, QpConfig::default()),
+        )
+        .unwrap()
+    });
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET /small.bin HTTP/1.1\r\nHost: x\r\n\
+         RDMA: client-reads, ip=127.0.0.1, port={port}, maxlen=1048576\r\n\r\n"
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut b).unwrap();
+        head.push(b[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    let field = head
+        .lines()
+        .find_map(|l| l.strip_prefix("RDMA: "))
+        .unwrap_or_else(|| panic!("{head}"));
+    let stag = match farside_rdmahttp::header::parse_response(field.as_bytes()).unwrap() {
+        farside_rdmahttp::header::Response::ClientReads { stag, .. } => stag,
+        other => panic!("{other:?}"),
+    };
+    // The HTTP connection is leaked open on purpose: the worker waits for done.
+    std::mem::forget(s);
+    Stalled {
+        _ep: accept.join().unwrap(),
+        stag,
+    }
+}
+
+#[test]
+fn caps_bound_transfers_and_a_stalled_read_is_released_at_its_deadline() {
+    let root = Docroot::new("caps");
+    let mut args = BackendArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        root: Some(root.0.clone()),
+        workers: 4,
+        ..BackendArgs::default()
+    };
+    args.rdma.rdma = true;
+    args.rdma.transfers_max = 1;
+    args.rdma.transfer_bytes_max = 1 << 20;
+    args.rdma.registered_bytes_max = 1 << 20;
+    args.rdma.transfer_timeout_ms = 1500;
+    let (addr, _backend) = spawn(args).unwrap();
+    // Beyond the transfer cap, whatever the client's maxlen.
+    let got = get(
+        &format!("http://{addr}/large.bin"),
+        &opts(Some(Mode::ServerWrites), 4 << 20),
+    )
+    .unwrap();
+    assert_eq!(got.via, Via::Tcp(Some(Decline::TooLarge)));
+    assert!(got.body == root.file("large.bin"));
+    // One transfer at once: while a read stalls, the next request goes over TCP.
+    let t0 = std::time::Instant::now();
+    let stalled = stall_client_reads(addr);
+    let url = format!("http://{addr}/small.bin");
+    let got = get(&url, &opts(Some(Mode::ServerWrites), 1 << 20)).unwrap();
+    assert_eq!(got.via, Via::Tcp(Some(Decline::Busy)));
+    assert!(got.body == root.file("small.bin"));
+    // At its deadline the stalled region is released and RDMA is served again.
+    let served = loop {
+        let got = get(&url, &opts(Some(Mode::ServerWrites), 1 << 20)).unwrap();
+        if got.via == Via::ServerWrites {
+            break got;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(8), "never released");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(t0.elapsed() >= Duration::from_millis(1400));
+    assert!(served.body == root.file("small.bin"));
+    drop(stalled);
+}
+
+#[test]
+fn server_stags_carry_random_keys() {
+    let root = Docroot::new("stags");
+    let mut args = BackendArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        root: Some(root.0.clone()),
+        workers: 8,
+        ..BackendArgs::default()
+    };
+    args.rdma.rdma = true;
+    args.rdma.transfer_timeout_ms = 1000;
+    let (addr, _backend) = spawn(args).unwrap();
+    let keys: std::collections::HashSet<u32> = (0..6)
+        .map(|_| stall_client_reads(addr).stag & 0xff)
+        .collect();
+    // Six draws of an 8-bit key all equal: probability 256^-5.
+    assert!(keys.len() > 1, "{keys:?}");
+}
