@@ -83,10 +83,9 @@ impl Config {
             keepalive_max: args.keepalive_max,
             header_timeout: Duration::from_millis(args.header_timeout_ms),
             backend_name: addr.to_string(),
-            rdma: args
-                .rdma
-                .rdma
-                .then(|| farside_rdmahttp::server::Server::new(args.rdma.caps())),
+            rdma: args.rdma.rdma.then(|| {
+                farside_rdmahttp::server::Server::new(args.rdma.caps(), args.rdma.registration)
+            }),
         })
     }
 }
@@ -133,6 +132,8 @@ struct Response {
     site: Option<(Arc<str>, u64)>,
     /// The `RDMA:` response field, when the request had one.
     rdma: Option<RdmaResponse>,
+    /// The file a 200 comes from: the RDMA registration cache's key.
+    file_key: Option<farside_rdmahttp::registration::FileKey>,
 }
 
 impl Response {
@@ -147,6 +148,7 @@ impl Response {
             modelled: false,
             site: None,
             rdma: None,
+            file_key: None,
         }
     }
 
@@ -160,6 +162,7 @@ impl Response {
             modelled: false,
             site: None,
             rdma: None,
+            file_key: None,
         }
     }
 
@@ -363,9 +366,10 @@ fn rdma_body(
         response.rdma = Some(RdmaResponse::Declined(Decline::TooLarge));
         return;
     }
+    let key = response.file_key;
     let outcome = match &mut response.body {
-        Body::Loaded(n) => server.serve(session, peer, field, &body_buf[..*n as usize]),
-        Body::Bytes(b) => server.serve(session, peer, field, b),
+        Body::Loaded(n) => server.serve(session, peer, field, &body_buf[..*n as usize], key),
+        Body::Bytes(b) => server.serve(session, peer, field, b, key),
         Body::File(file, n) => {
             let mut bytes = Vec::with_capacity(*n as usize);
             let read = file.take(*n).read_to_end(&mut bytes);
@@ -374,13 +378,13 @@ fn rdma_body(
                 *response = Response::error(500);
                 return;
             }
-            let r = server.serve(session, peer, field, &bytes);
+            let r = server.serve(session, peer, field, &bytes, key);
             response.body = Body::Bytes(bytes);
             r
         }
         Body::Generated(n) => {
             let bytes: Vec<u8> = (0..*n).map(generated_byte).collect();
-            let r = server.serve(session, peer, field, &bytes);
+            let r = server.serve(session, peer, field, &bytes, None);
             response.body = Body::Bytes(bytes);
             r
         }
@@ -646,6 +650,7 @@ fn generated(path: &str) -> Response {
             modelled: true,
             site: None,
             rdma: None,
+            file_key: None,
         },
         None => Response::file_error(404),
     }
@@ -718,6 +723,7 @@ fn static_file(root: &Path, path: &str, if_modified_since: Option<SystemTime>) -
                 modelled: true,
                 site: None,
                 rdma: None,
+                file_key: None,
             };
         }
     }
@@ -730,6 +736,7 @@ fn static_file(root: &Path, path: &str, if_modified_since: Option<SystemTime>) -
         modelled: true,
         site: None,
         rdma: None,
+        file_key: Some(farside_rdmahttp::registration::FileKey::of(&meta)),
     }
 }
 

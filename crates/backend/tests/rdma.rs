@@ -378,3 +378,52 @@ fn server_stags_carry_random_keys() {
     // Six draws of an 8-bit key all equal: probability 256^-5.
     assert!(keys.len() > 1, "{keys:?}");
 }
+
+#[test]
+fn every_registration_strategy_serves_the_current_file() {
+    use farside_rdmahttp::registration::Registration;
+    for registration in [
+        Registration::Dynamic,
+        Registration::Static,
+        Registration::Cache,
+    ] {
+        let root = Docroot::new("registration");
+        let mut args = BackendArgs {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            root: Some(root.0.clone()),
+            workers: 4,
+            ..BackendArgs::default()
+        };
+        args.rdma.rdma = true;
+        args.rdma.registration = registration;
+        args.rdma.transfer_bytes_max = 4 << 20;
+        args.rdma.registered_bytes_max = 16 << 20;
+        let (addr, _backend) = spawn(args).unwrap();
+        for round in 0..3 {
+            for name in ["small.bin", "large.bin"] {
+                for (mode, via) in [
+                    (Mode::ServerWrites, Via::ServerWrites),
+                    (Mode::ClientReads, Via::ClientReads),
+                ] {
+                    let got =
+                        get(&format!("http://{addr}/{name}"), &opts(Some(mode), 4 << 20)).unwrap();
+                    assert_eq!(got.via, via, "{registration:?} {name} {mode:?}");
+                    assert!(
+                        got.body == root.file(name),
+                        "{registration:?} round {round} {name} {mode:?}: body differs"
+                    );
+                }
+            }
+            // The file changes (same size, new content and mtime): the next transfer
+            // must carry the new content, cached or not.
+            let path = root.0.join("small.bin");
+            std::fs::write(&path, content(10_000, 10 + round)).unwrap();
+            let f = std::fs::File::options().write(true).open(&path).unwrap();
+            f.set_modified(
+                std::time::SystemTime::UNIX_EPOCH
+                    + Duration::from_secs(1_000_000 + u64::from(round)),
+            )
+            .unwrap();
+        }
+    }
+}

@@ -76,6 +76,22 @@ impl Caps {
     }
 }
 
+/// Bytes registered beyond one transfer (a connection's static buffer, a cached
+/// file), held against the registered-bytes budget until dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    budget: Arc<Budget>,
+    bytes: u64,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget
+            .registered_bytes
+            .fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
+
 /// Transfers running and bytes registered, against [`Caps`]. Shared by the workers.
 #[derive(Debug)]
 pub struct Budget {
@@ -129,6 +145,21 @@ impl Budget {
             return Err(Decline::Busy);
         }
         Ok(Admission {
+            budget: Arc::clone(self),
+            bytes,
+        })
+    }
+
+    /// `bytes` of the registered-bytes budget, for longer than one transfer; `None`
+    /// when they do not fit.
+    pub fn reserve(self: &Arc<Budget>, bytes: u64) -> Option<Reservation> {
+        self.registered_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                n.checked_add(bytes)
+                    .filter(|&m| m <= self.caps.registered_bytes_max)
+            })
+            .ok()?;
+        Some(Reservation {
             budget: Arc::clone(self),
             bytes,
         })

@@ -3,6 +3,7 @@
 
 use crate::client::{self, GetOptions, Via};
 use crate::header::Mode;
+use crate::registration::Registration;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -84,6 +85,13 @@ pub struct RdmaServeArgs {
     /// client's done, after which the region is released anyway). Default: 10000.
     #[arg(long = "rdma-transfer-timeout-ms", default_value_t = 10_000)]
     pub transfer_timeout_ms: u64,
+    /// How bodies get into registered memory: dynamic (a region per request, the body
+    /// copied in), static (one region per RDMA connection of --rdma-transfer-bytes-max,
+    /// held and counted for its life, the body copied in), cache (a file's contents
+    /// registered once, shared by every connection until the file's size or mtime
+    /// changes; under --rdma-registered-bytes-max). Default: dynamic.
+    #[arg(long = "rdma-registration", value_enum, default_value_t = Registration::Dynamic)]
+    pub registration: Registration,
 }
 
 impl Default for RdmaServeArgs {
@@ -96,6 +104,7 @@ impl Default for RdmaServeArgs {
             registered_bytes_max: c.registered_bytes_max,
             connect_timeout_ms: c.connect_timeout.as_millis() as u64,
             transfer_timeout_ms: c.transfer_timeout.as_millis() as u64,
+            registration: Registration::Dynamic,
         }
     }
 }

@@ -6,6 +6,7 @@
 //!
 //! - [`header`]: the `RDMA:` request and response fields, a pure grammar.
 //! - [`caps`]: the server's limits (sizes, transfers at once, registered bytes).
+//! - [`registration`]: dynamic, static, or a cache of registered files.
 //! - [`server`]: the server side, server-writes and client-reads (the back-end's).
 //! - [`client`]: one GET that asks for RDMA and takes whatever comes (`farside get`,
 //!   [`cli`]).
@@ -14,6 +15,7 @@ pub mod caps;
 pub mod cli;
 pub mod client;
 pub mod header;
+pub mod registration;
 pub mod server;
 
 pub use cli::{run_get, GetArgs};
