@@ -87,8 +87,19 @@ impl Endpoint {
 
     /// Run `qp` (from [`Qp::connect`] or [`Qp::accept`], with receives possibly posted
     /// already) on a stream the caller connected or accepted, e.g. with its own timeout;
-    /// returns once the MPA set-up is done.
+    /// returns once the MPA set-up is done (within [`SETUP_TIMEOUT`]).
     pub fn start(stream: TcpStream, dev: Device, cq: Cq, qp: Qp) -> io::Result<Endpoint> {
+        Self::start_within(stream, dev, cq, qp, SETUP_TIMEOUT)
+    }
+
+    /// [`Endpoint::start`] with the MPA set-up bounded by `setup_timeout`.
+    pub fn start_within(
+        stream: TcpStream,
+        dev: Device,
+        cq: Cq,
+        qp: Qp,
+        setup_timeout: Duration,
+    ) -> io::Result<Endpoint> {
         stream.set_nodelay(true)?;
         let shared: Shared = Arc::new((
             Mutex::new(State {
@@ -116,7 +127,7 @@ impl Endpoint {
             stream,
             threads: vec![writer, reader],
         };
-        let ok = ep.wait_until(SETUP_TIMEOUT, |st, _| *st != QpState::Connecting);
+        let ok = ep.wait_until(setup_timeout, |st, _| *st != QpState::Connecting);
         let st = ep.state();
         if !ok || st != QpState::Rts {
             return Err(io::Error::other(format!("MPA set-up failed: {st:?}")));

@@ -20,10 +20,10 @@ pub const TRANSFERS_MAX_DEFAULT: usize = 8;
 /// Default registered bytes: 64 MiB, Linux's default `RLIMIT_MEMLOCK` order (8 MiB
 /// unprivileged, more with CAP_IPC_LOCK) scaled to a few large transfers at once.
 pub const REGISTERED_BYTES_MAX_DEFAULT: u64 = 64 << 20;
-/// Default time to open the TCP connection to the client's RDMA listener (the MPA
-/// set-up after it is bounded by [`farside_iwarp::tcp::SETUP_TIMEOUT`]): a LAN peer
-/// answers in well under a millisecond, a loaded one in seconds (the seed paper saw up
-/// to 3 s); longer, and the body goes over TCP instead.
+/// Default time to open the TCP connection to the client's RDMA listener, and again
+/// for the MPA set-up on it: a LAN peer answers in well under a millisecond, a loaded
+/// one in seconds (the seed paper saw up to 3 s); longer, and the body goes over TCP
+/// instead.
 pub const CONNECT_TIMEOUT_DEFAULT: Duration = Duration::from_millis(1000);
 /// Default time a transfer may take once connected: the Write and Send handed to TCP
 /// (server-writes), or the client's done (client-reads; the region is released then).

@@ -77,8 +77,8 @@ pub struct RdmaServeArgs {
     /// bodies go over TCP. Default: 64 MiB.
     #[arg(long = "rdma-registered-bytes-max", default_value_t = crate::caps::REGISTERED_BYTES_MAX_DEFAULT)]
     pub registered_bytes_max: u64,
-    /// Time to connect to the client's RDMA endpoint, in ms; then the body goes over
-    /// TCP. Default: 1000.
+    /// Time to connect to the client's RDMA endpoint, in ms, and again for the MPA
+    /// set-up on that connection; then the body goes over TCP. Default: 1000.
     #[arg(long = "rdma-connect-timeout-ms", default_value_t = 1000)]
     pub connect_timeout_ms: u64,
     /// Time one transfer may take once connected, in ms (client-reads: until the

@@ -365,7 +365,8 @@ fn open(to: SocketAddr, caps: &Caps) -> std::io::Result<Conn> {
         .reg_mr(pd, 0, NOTE_BYTES, Access::LOCAL_WRITE)
         .map_err(std::io::Error::other)?;
     let cq = Cq::new(CQ_DEPTH).map_err(std::io::Error::other)?;
-    let ep = Endpoint::start(stream, dev, cq, Qp::connect(pd, QpConfig::default()))?;
+    let qp = Qp::connect(pd, QpConfig::default());
+    let ep = Endpoint::start_within(stream, dev, cq, qp, caps.connect_timeout)?;
     Ok(Conn {
         to,
         ep,
