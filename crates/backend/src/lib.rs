@@ -41,7 +41,7 @@
 //! (`CLOCK_THREAD_CPUTIME_ID`) from the parsed request head to the response
 //! head's write — routing, `open`/`stat`, reading the body from disk (bodies up
 //! to 1 MiB), the emulated cost or `/cgi/work`'s burn; the final socket write is
-//! not included. Experiments use it to check the model.
+//! not included (an RDMA transfer, which happens before the head, is). Experiments use it to check the model.
 //!
 //! With `--adopt-socket PATH` the same workers also serve connected sockets handed
 //! over by a local agent (the speculative-admission daemon's migrated connections),
