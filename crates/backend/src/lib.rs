@@ -41,11 +41,19 @@
 //! (`CLOCK_THREAD_CPUTIME_ID`) from the parsed request head to the response
 //! head's write — routing, `open`/`stat`, reading the body from disk (bodies up
 //! to 1 MiB), the emulated cost or `/cgi/work`'s burn; the final socket write is
-//! not included. Experiments use it to check the model.
+//! not included (an RDMA transfer, which happens before the head, is). Experiments use it to check the model.
 //!
 //! With `--adopt-socket PATH` the same workers also serve connected sockets handed
 //! over by a local agent (the speculative-admission daemon's migrated connections),
 //! see [`adopt`].
+//!
+//! With `--rdma`, a GET carrying the `RDMA:` header of the seed paper (Dalessandro and
+//! Wyckoff, NCA 2007) gets its 200 body by RDMA over the software iWARP stack,
+//! server-writes or client-reads (see [`farside_rdmahttp::server`]): the answer has
+//! `Content-Length: 0` and an `RDMA:` field with the length (and, for client-reads,
+//! where to read). A request the server will not take that way (too large, not the
+//! client's own address, caps reached, RDMA connection failed) gets its body as usual
+//! with `RDMA: declined, reason=...`; a request without the header is unchanged.
 //!
 //! Errors: bad request line → 400, head larger than [`HEAD_BYTES_MAX`] → 431,
 //! unknown method → 501, missing file → 404, a file that shrank while read →
@@ -159,6 +167,9 @@ pub struct BackendArgs {
     /// connections by the same workers. Default: none.
     #[arg(long = "adopt-socket")]
     pub adopt_socket: Option<PathBuf>,
+    // RDMA over HTTP: --rdma and its caps.
+    #[command(flatten)]
+    pub rdma: farside_rdmahttp::cli::RdmaServeArgs,
 }
 
 impl Default for BackendArgs {
@@ -177,6 +188,7 @@ impl Default for BackendArgs {
             keepalive_max: 100,
             header_timeout_ms: 10_000,
             adopt_socket: None,
+            rdma: Default::default(),
         }
     }
 }
@@ -223,6 +235,9 @@ impl BackendArgs {
                     farside_reconf::sites::SITE_NAME_MAX
                 ));
             }
+        }
+        if self.rdma.rdma {
+            self.rdma.caps().validate()?;
         }
         if let Some(root) = &self.root {
             if !root.is_dir() {

@@ -27,6 +27,7 @@ use crate::{
     httpdate, BackendArgs, CPU_US_MAX, GENERATED_BYTES_MAX, HEADERS_MAX, HEAD_BYTES_MAX,
     POST_DIGEST_BYTES_MAX, REQUEST_BODY_BYTES_MAX,
 };
+use farside_rdmahttp::header::{Decline, Response as RdmaResponse};
 use std::sync::Arc;
 
 /// Bodies up to this size are loaded before the head is written and sent
@@ -51,6 +52,8 @@ pub(crate) struct Config {
     header_timeout: Duration,
     /// Value of the `X-Farside-Backend` header.
     backend_name: String,
+    /// With `--rdma`: moves bodies a request's `RDMA:` header asks for.
+    rdma: Option<farside_rdmahttp::server::Server>,
 }
 
 impl Config {
@@ -80,6 +83,9 @@ impl Config {
             keepalive_max: args.keepalive_max,
             header_timeout: Duration::from_millis(args.header_timeout_ms),
             backend_name: addr.to_string(),
+            rdma: args.rdma.rdma.then(|| {
+                farside_rdmahttp::server::Server::new(args.rdma.caps(), args.rdma.registration)
+            }),
         })
     }
 }
@@ -124,6 +130,10 @@ struct Response {
     /// The site whose content answered (`X-Farside-Site`) and its switch number
     /// ([`crate::sites::Sites::served`]), with `--sites-root`.
     site: Option<(Arc<str>, u64)>,
+    /// The `RDMA:` response field, when the request had one.
+    rdma: Option<RdmaResponse>,
+    /// The file a 200 comes from: the RDMA registration cache's key.
+    file_key: Option<farside_rdmahttp::registration::FileKey>,
 }
 
 impl Response {
@@ -137,6 +147,8 @@ impl Response {
             last_modified: None,
             modelled: false,
             site: None,
+            rdma: None,
+            file_key: None,
         }
     }
 
@@ -149,6 +161,8 @@ impl Response {
             last_modified: None,
             modelled: false,
             site: None,
+            rdma: None,
+            file_key: None,
         }
     }
 
@@ -187,6 +201,8 @@ struct Request {
     if_modified_since: Option<SystemTime>,
     /// `POST /digest`: the body is streamed through FNV-1a and the digest answered.
     digest: bool,
+    /// The `RDMA:` field's value, if the request had one.
+    rdma: Option<Vec<u8>>,
 }
 
 enum HeadResult {
@@ -210,6 +226,8 @@ pub(crate) fn serve_connection(
     let mut buf = vec![0u8; HEAD_BYTES_MAX];
     let mut filled = 0usize;
     let mut served: u32 = 0;
+    let peer = stream.peer_addr().ok().map(|a| a.ip());
+    let mut rdma_session = farside_rdmahttp::server::Session::default();
     while !stop.load(Ordering::Relaxed) {
         let (request, head_len) = match read_head(&mut stream, &mut buf, &mut filled, config) {
             HeadResult::Request(r, n) => (r, n),
@@ -290,6 +308,16 @@ pub(crate) fn serve_connection(
             };
             cost::burn_cpu(config.cost.emulated(body_bytes));
         }
+        if let (Some(field), false) = (&request.rdma, request.head_only) {
+            rdma_body(
+                &mut response,
+                field,
+                peer,
+                config,
+                &mut rdma_session,
+                body_buf,
+            );
+        }
         let cpu_us = (farside_rt::thread_cpu().saturating_sub(cpu_start)).as_micros() as u64;
         served += 1;
         let keep_alive = request.keep_alive && served < config.keepalive_max && !response.close;
@@ -307,9 +335,66 @@ pub(crate) fn serve_connection(
         if let (true, Some((name, switch)), Some(sites)) = (sent, site, &config.sites) {
             sites.served(&name, switch);
         }
+        if let Some(server) = &config.rdma {
+            // A client-reads transfer: wait for done (or its deadline), release.
+            server.after_answer(&mut rdma_session);
+        }
         if !sent || !keep_alive {
             return;
         }
+    }
+}
+
+/// A request with an `RDMA:` field: move a 200's body as it asks, leaving an empty
+/// body and the field to answer, or leave the body to go over TCP with the reason.
+/// Bodies larger than the connection buffer are read here in full (within the RDMA
+/// transfer cap) and, if the transfer is declined, sent from memory.
+fn rdma_body(
+    response: &mut Response,
+    field: &[u8],
+    peer: Option<std::net::IpAddr>,
+    config: &Config,
+    session: &mut farside_rdmahttp::server::Session,
+    body_buf: &mut [u8],
+) {
+    let (Some(server), Some(peer), 200) = (&config.rdma, peer, response.status) else {
+        response.rdma = Some(RdmaResponse::Declined(Decline::NotOffered));
+        return;
+    };
+    let n = response.body.len();
+    if n > server.budget().caps().transfer_bytes_max {
+        response.rdma = Some(RdmaResponse::Declined(Decline::TooLarge));
+        return;
+    }
+    let key = response.file_key;
+    let outcome = match &mut response.body {
+        Body::Loaded(n) => server.serve(session, peer, field, &body_buf[..*n as usize], key),
+        Body::Bytes(b) => server.serve(session, peer, field, b, key),
+        Body::File(file, n) => {
+            let mut bytes = Vec::with_capacity(*n as usize);
+            let read = file.take(*n).read_to_end(&mut bytes);
+            if !matches!(read, Ok(got) if got as u64 == *n) {
+                log::warn!("backend: file read failed or shrank: {read:?}, wanted {n}");
+                *response = Response::error(500);
+                return;
+            }
+            let r = server.serve(session, peer, field, &bytes, key);
+            response.body = Body::Bytes(bytes);
+            r
+        }
+        Body::Generated(n) => {
+            let bytes: Vec<u8> = (0..*n).map(generated_byte).collect();
+            let r = server.serve(session, peer, field, &bytes, None);
+            response.body = Body::Bytes(bytes);
+            r
+        }
+    };
+    match outcome {
+        Ok(moved) => {
+            response.body = Body::Bytes(Vec::new());
+            response.rdma = Some(moved.response());
+        }
+        Err(d) => response.rdma = Some(RdmaResponse::Declined(d)),
     }
 }
 
@@ -389,7 +474,12 @@ fn to_request(req: &httparse::Request<'_, '_>) -> Request {
     let mut body_bytes = 0u64;
     let mut chunked_body = false;
     let mut if_modified_since = None;
+    let mut rdma = None;
     for h in req.headers.iter() {
+        if h.name.eq_ignore_ascii_case(farside_rdmahttp::header::NAME) {
+            rdma = Some(h.value.to_vec());
+            continue;
+        }
         let value = String::from_utf8_lossy(h.value);
         if h.name.eq_ignore_ascii_case("connection") {
             for token in value.split(',') {
@@ -428,6 +518,7 @@ fn to_request(req: &httparse::Request<'_, '_>) -> Request {
         chunked_body,
         if_modified_since,
         digest,
+        rdma,
     }
 }
 
@@ -558,6 +649,8 @@ fn generated(path: &str) -> Response {
             last_modified: None,
             modelled: true,
             site: None,
+            rdma: None,
+            file_key: None,
         },
         None => Response::file_error(404),
     }
@@ -629,6 +722,8 @@ fn static_file(root: &Path, path: &str, if_modified_since: Option<SystemTime>) -
                 last_modified,
                 modelled: true,
                 site: None,
+                rdma: None,
+                file_key: None,
             };
         }
     }
@@ -640,6 +735,8 @@ fn static_file(root: &Path, path: &str, if_modified_since: Option<SystemTime>) -
         last_modified,
         modelled: true,
         site: None,
+        rdma: None,
+        file_key: Some(farside_rdmahttp::registration::FileKey::of(&meta)),
     }
 }
 
@@ -708,6 +805,9 @@ fn write_response(
     }
     if let Some(t) = response.last_modified {
         let _ = write!(head, "Last-Modified: {}\r\n", httpdate::format(t));
+    }
+    if let Some(field) = &response.rdma {
+        let _ = write!(head, "{}: {field}\r\n", farside_rdmahttp::header::NAME);
     }
     // A 304 has no content and sends no Content-Length (RFC 9110 §15.4.5).
     if response.status != 304 {

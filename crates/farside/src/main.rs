@@ -38,6 +38,8 @@ enum Cmd {
     Specd(farside_specd::SpecdArgs),
     /// Software iWARP (seed 004): `decode FILE.pcap` prints its MPA/DDP/RDMAP messages.
     Iwarp(farside_iwarp::IwarpArgs),
+    /// One HTTP GET, optionally with its body by RDMA (`--rdma server-writes|client-reads`).
+    Get(farside_rdmahttp::GetArgs),
 }
 
 /// `farside gatherd`: its flags, and `--check`.
@@ -98,6 +100,7 @@ fn main() -> ExitCode {
         }
         Cmd::Specd(a) => farside_specd::run(a).map_err(|e| format!("specd: {e}")),
         Cmd::Iwarp(a) => farside_iwarp::run(a).map_err(|e| format!("iwarp: {e}")),
+        Cmd::Get(a) => farside_rdmahttp::run_get(a).map_err(|e| format!("get: {e}")),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -39,6 +39,10 @@ struct State {
     closed: bool,
     /// The endpoint is being dropped.
     stopping: bool,
+    /// [`Endpoint::drain`] asked the writer to send everything and then FIN.
+    draining: bool,
+    /// The writer sent everything after `draining` and shut its side down.
+    drained: bool,
 }
 
 type Shared = Arc<(Mutex<State>, Condvar)>;
@@ -81,7 +85,21 @@ impl Endpoint {
         Self::start(stream, dev, cq, Qp::accept(pd, cfg))
     }
 
-    fn start(stream: TcpStream, dev: Device, cq: Cq, qp: Qp) -> io::Result<Endpoint> {
+    /// Run `qp` (from [`Qp::connect`] or [`Qp::accept`], with receives possibly posted
+    /// already) on a stream the caller connected or accepted, e.g. with its own timeout;
+    /// returns once the MPA set-up is done (within [`SETUP_TIMEOUT`]).
+    pub fn start(stream: TcpStream, dev: Device, cq: Cq, qp: Qp) -> io::Result<Endpoint> {
+        Self::start_within(stream, dev, cq, qp, SETUP_TIMEOUT)
+    }
+
+    /// [`Endpoint::start`] with the MPA set-up bounded by `setup_timeout`.
+    pub fn start_within(
+        stream: TcpStream,
+        dev: Device,
+        cq: Cq,
+        qp: Qp,
+        setup_timeout: Duration,
+    ) -> io::Result<Endpoint> {
         stream.set_nodelay(true)?;
         let shared: Shared = Arc::new((
             Mutex::new(State {
@@ -91,6 +109,8 @@ impl Endpoint {
                 events: Vec::new(),
                 closed: false,
                 stopping: false,
+                draining: false,
+                drained: false,
             }),
             Condvar::new(),
         ));
@@ -107,7 +127,7 @@ impl Endpoint {
             stream,
             threads: vec![writer, reader],
         };
-        let ok = ep.wait_until(SETUP_TIMEOUT, |st, _| *st != QpState::Connecting);
+        let ok = ep.wait_until(setup_timeout, |st, _| *st != QpState::Connecting);
         let st = ep.state();
         if !ok || st != QpState::Rts {
             return Err(io::Error::other(format!("MPA set-up failed: {st:?}")));
@@ -192,6 +212,32 @@ impl Endpoint {
     pub fn is_closed(&self) -> bool {
         lock(&self.shared).closed
     }
+
+    /// Send everything posted so far, then close this side (FIN), waiting up to
+    /// `timeout`; whether it all went. A completion only means the writer took the
+    /// bytes, so an endpoint dropped right after its last completion could cut them
+    /// off: drain first when the peer must get them. Work posted later is not sent.
+    pub fn drain(&self, timeout: Duration) -> bool {
+        lock(&self.shared).draining = true;
+        self.shared.1.notify_all();
+        let deadline = Instant::now() + timeout;
+        let mut g = lock(&self.shared);
+        loop {
+            if g.drained {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline || g.closed {
+                return g.drained;
+            }
+            g = self
+                .shared
+                .1
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
 }
 
 impl Drop for Endpoint {
@@ -209,7 +255,7 @@ impl Drop for Endpoint {
 fn write_loop(mut s: TcpStream, shared: Shared) {
     loop {
         let mut g = lock(&shared);
-        let (tx, done) = loop {
+        let (tx, done, drained) = loop {
             if g.stopping {
                 drop(g);
                 let _ = s.shutdown(Shutdown::Both);
@@ -218,14 +264,22 @@ fn write_loop(mut s: TcpStream, shared: Shared) {
             let st = &mut *g;
             let tx = st.qp.take_tx(&st.dev, &mut st.cq);
             let done = st.qp.is_done();
-            if !tx.is_empty() || done || st.closed {
-                break (tx, done || st.closed);
+            // Draining and nothing left: everything taken before has been written.
+            let drained = st.draining && tx.is_empty();
+            if !tx.is_empty() || done || st.closed || drained {
+                break (tx, done || st.closed, drained);
             }
             g = shared.1.wait(g).unwrap_or_else(|p| p.into_inner());
         };
         drop(g);
         // take_tx may have completed Sends and Writes.
         shared.1.notify_all();
+        if drained {
+            let _ = s.shutdown(Shutdown::Write);
+            lock(&shared).drained = true;
+            shared.1.notify_all();
+            return;
+        }
         if s.write_all(&tx).is_err() || done {
             let _ = s.shutdown(Shutdown::Both);
             lock(&shared).closed = true;

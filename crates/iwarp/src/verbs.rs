@@ -16,6 +16,7 @@
 use crate::term::TermCode;
 use std::collections::VecDeque;
 use std::fmt;
+use std::sync::Arc;
 
 /// Protection domains per device.
 pub const PD_MAX: usize = 64;
@@ -63,16 +64,33 @@ pub struct Mr {
     pub access: Access,
     /// Cleared by a Send with Invalidate: the STag no longer admits remote access.
     pub valid: bool,
-    buf: Vec<u8>,
+    buf: Buf,
+}
+
+/// A region's memory: its own, or a read-only buffer shared with other registrations
+/// ([`Device::reg_shared`]), as one pinned buffer can back regions of many PDs.
+#[derive(Debug, Clone)]
+enum Buf {
+    Owned(Vec<u8>),
+    Shared(Arc<[u8]>),
+}
+
+impl Buf {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Buf::Owned(v) => v,
+            Buf::Shared(a) => a,
+        }
+    }
 }
 
 impl Mr {
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.buf.bytes().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.buf.bytes().is_empty()
     }
 }
 
@@ -190,9 +208,41 @@ impl Device {
         len: usize,
         access: Access,
     ) -> Result<u32, VerbsError> {
+        // Checked before the buffer is allocated (insert checks again).
+        if len == 0 || len > MR_BYTES_MAX {
+            return Err(VerbsError::BadLength(len));
+        }
+        self.insert(pd, base_to, Buf::Owned(vec![0; len]), access)
+    }
+
+    /// Register `buf` read-only (no local or remote write access is granted) at tagged
+    /// offsets `base_to..`, without copying it: the same buffer can back regions of
+    /// many devices, e.g. a file's contents registered once and served on every
+    /// connection.
+    pub fn reg_shared(
+        &mut self,
+        pd: PdId,
+        base_to: u64,
+        buf: Arc<[u8]>,
+        access: Access,
+    ) -> Result<u32, VerbsError> {
+        if access.contains(Access::LOCAL_WRITE) || access.contains(Access::REMOTE_WRITE) {
+            return Err(VerbsError::Access(AccessError::AccessPerm));
+        }
+        self.insert(pd, base_to, Buf::Shared(buf), access)
+    }
+
+    fn insert(
+        &mut self,
+        pd: PdId,
+        base_to: u64,
+        buf: Buf,
+        access: Access,
+    ) -> Result<u32, VerbsError> {
         if pd.0 == 0 || pd.0 as usize > self.pds {
             return Err(VerbsError::NoSuchPd);
         }
+        let len = buf.bytes().len();
         if len == 0 || len > MR_BYTES_MAX || base_to.checked_add(len as u64).is_none() {
             return Err(VerbsError::BadLength(len));
         }
@@ -211,7 +261,7 @@ impl Device {
             base_to,
             access,
             valid: true,
-            buf: vec![0; len],
+            buf,
         });
         Ok(stag)
     }
@@ -260,7 +310,7 @@ impl Device {
             return Err(AccessError::AccessPerm);
         }
         let end = to.checked_add(len as u64).ok_or(AccessError::ToWrap)?;
-        if to < m.base_to || end > m.base_to + m.buf.len() as u64 {
+        if to < m.base_to || end > m.base_to + m.len() as u64 {
             return Err(AccessError::BaseBounds);
         }
         Ok(())
@@ -271,12 +321,16 @@ impl Device {
         let m = self.mr(stag).ok_or(AccessError::InvalidStag)?;
         self.check(m.pd, stag, to, len, Access::NONE)?;
         let at = (to - m.base_to) as usize;
-        Ok(&m.buf[at..at + len])
+        Ok(&m.buf.bytes()[at..at + len])
     }
 
-    /// The application's view: write `data` at `to` of region `stag`.
+    /// The application's view: write `data` at `to` of region `stag` (not a shared one).
     pub fn write(&mut self, stag: u32, to: u64, data: &[u8]) -> Result<(), AccessError> {
-        let pd = self.mr(stag).ok_or(AccessError::InvalidStag)?.pd;
+        let m = self.mr(stag).ok_or(AccessError::InvalidStag)?;
+        if matches!(m.buf, Buf::Shared(_)) {
+            return Err(AccessError::AccessPerm);
+        }
+        let pd = m.pd;
         self.check(pd, stag, to, data.len(), Access::NONE)?;
         self.place(stag, to, data);
         Ok(())
@@ -287,7 +341,11 @@ impl Device {
         let i = self.slot(stag).expect("placement checked");
         let m = self.mrs[i].as_mut().expect("placement checked");
         let at = (to - m.base_to) as usize;
-        m.buf[at..at + data.len()].copy_from_slice(data);
+        match &mut m.buf {
+            Buf::Owned(v) => v[at..at + data.len()].copy_from_slice(data),
+            // Shared regions have no write access, so no placement passes its check.
+            Buf::Shared(_) => unreachable!("placement into a read-only shared region"),
+        }
     }
 
     /// Invalidate `stag` for remote access (Send with Invalidate).
@@ -424,6 +482,33 @@ mod tests {
         let s2 = d.reg_mr(pd, 0, 8, Access::NONE).unwrap();
         assert_eq!(s2 >> 8, 1, "index reused");
         assert_eq!(d.check(pd, s, 0x1000, 1, Access::NONE).is_err(), s != s2);
+    }
+
+    #[test]
+    fn shared_regions_are_read_only_and_not_copied() {
+        let mut d = Device::new(3);
+        let pd = d.alloc_pd().unwrap();
+        let buf: Arc<[u8]> = Arc::from(&b"shared bytes"[..]);
+        assert_eq!(
+            d.reg_shared(pd, 0, buf.clone(), Access::REMOTE_WRITE),
+            Err(VerbsError::Access(AccessError::AccessPerm))
+        );
+        let s = d
+            .reg_shared(pd, 100, buf.clone(), Access::REMOTE_READ)
+            .unwrap();
+        assert_eq!(d.read(s, 100, 12).unwrap(), &buf[..]);
+        assert_eq!(d.check(pd, s, 100, 12, Access::REMOTE_READ), Ok(()));
+        assert_eq!(
+            d.check(pd, s, 100, 1, Access::LOCAL_WRITE),
+            Err(AccessError::AccessPerm)
+        );
+        assert_eq!(d.write(s, 100, b"x"), Err(AccessError::AccessPerm));
+        assert_eq!(Arc::strong_count(&buf), 2, "registered without a copy");
+        d.dereg_mr(s).unwrap();
+        assert_eq!(Arc::strong_count(&buf), 1);
+        assert!(d
+            .reg_shared(pd, 0, Arc::from(&[][..]), Access::NONE)
+            .is_err());
     }
 
     #[test]

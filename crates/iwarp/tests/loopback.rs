@@ -296,3 +296,78 @@ fn loopback_sends_both_ways_at_once_arrive_in_order() {
         assert_eq!(ep.state(), QpState::Rts);
     }
 }
+
+/// A Write completes when the driver's writer takes it, not when it is on the wire:
+/// `drain` sends it before the endpoint is dropped, so the peer gets all of it.
+#[test]
+fn drain_then_drop_delivers_everything_posted() {
+    for _ in 0..20 {
+        let (c, s) = pair(cfg(true, 4, 4), cfg(true, 4, 4));
+        let data: Vec<u8> = (0..2_000_000u32).map(|i| (i % 253) as u8).collect();
+        let sink = s.with(|d, _| {
+            d.reg_mr(pd(&s), 0, data.len(), Access::REMOTE_WRITE)
+                .unwrap()
+        });
+        let note = s.with(|d, qp| {
+            let r = d.reg_mr(pd(&s), 0, 8, Access::LOCAL_WRITE).unwrap();
+            qp.post_recv(RecvWr {
+                wr_id: 9,
+                sge: Sge {
+                    stag: r,
+                    to: 0,
+                    len: 8,
+                },
+            })
+            .unwrap();
+            r
+        });
+        let src = c.with(|d, qp| {
+            let st = d.reg_mr(pd(&c), 0, data.len(), Access::NONE).unwrap();
+            d.write(st, 0, &data).unwrap();
+            for (wr_id, wr) in [
+                (
+                    1,
+                    SendWr::Write {
+                        wr_id: 1,
+                        local: Sge {
+                            stag: st,
+                            to: 0,
+                            len: data.len() as u32,
+                        },
+                        remote_stag: sink,
+                        remote_to: 0,
+                    },
+                ),
+                (
+                    2,
+                    SendWr::Send {
+                        wr_id: 2,
+                        local: Sge {
+                            stag: st,
+                            to: 0,
+                            len: 8,
+                        },
+                        solicited: true,
+                        invalidate: None,
+                    },
+                ),
+            ] {
+                qp.post_send(wr)
+                    .unwrap_or_else(|e| panic!("post {wr_id}: {e}"));
+            }
+            st
+        });
+        let _ = src;
+        for _ in 0..2 {
+            assert_eq!(c.wait_wc(WAIT).unwrap().status, WcStatus::Success);
+        }
+        assert!(c.drain(WAIT));
+        drop(c);
+        let wc = s.wait_wc(WAIT).expect("the Send behind the Write arrives");
+        assert_eq!((wc.wr_id, wc.status), (9, WcStatus::Success));
+        s.with(|d, _| {
+            assert_eq!(d.read(sink, 0, data.len()).unwrap(), &data[..]);
+            assert_eq!(d.read(note, 0, 8).unwrap(), &data[..8]);
+        });
+    }
+}

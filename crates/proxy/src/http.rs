@@ -218,12 +218,27 @@ fn with_headers<'b, R>(max_headers: usize, f: impl FnOnce(&mut [httparse::Header
 /// Parse a request head at the start of `buf`. `Ok(None)`: incomplete, read more.
 /// On success the head to send upstream has been appended to `out` (cleared first):
 /// hop-by-hop headers removed, `X-Forwarded-For`/`X-Forwarded-Proto` added, framing
-/// re-stated, always as HTTP/1.1 so the upstream connection can be kept alive.
+/// re-stated, always as HTTP/1.1 so the upstream connection can be kept alive. The
+/// `RDMA:` header is removed too ([`parse_request_with`] can pass it).
 pub fn parse_request(
     buf: &[u8],
     max_headers: usize,
     max_header_bytes: usize,
     peer_ip: &str,
+    out: &mut Vec<u8>,
+) -> Result<Option<RequestHead>, RequestError> {
+    parse_request_with(buf, max_headers, max_header_bytes, peer_ip, false, out)
+}
+
+/// [`parse_request`], forwarding a client's `RDMA:` header if `pass_rdma`. By default
+/// it is removed: it asks the back-end to open a connection to, and write into, an
+/// address the client chose (`http.pass_rdma_header`).
+pub fn parse_request_with(
+    buf: &[u8],
+    max_headers: usize,
+    max_header_bytes: usize,
+    peer_ip: &str,
+    pass_rdma: bool,
     out: &mut Vec<u8>,
 ) -> Result<Option<RequestHead>, RequestError> {
     with_headers(max_headers, |headers| {
@@ -339,6 +354,7 @@ pub fn parse_request(
                 || eq_ic(n, "expect")
                 || eq_ic(n, "x-forwarded-for")
                 || eq_ic(n, "x-forwarded-proto")
+                || (!pass_rdma && eq_ic(n, "rdma"))
             {
                 xff_prior |= eq_ic(n, "x-forwarded-for");
                 continue;
@@ -863,6 +879,27 @@ mod tests {
     fn req(s: &str) -> Result<Option<RequestHead>, RequestError> {
         let mut out = Vec::new();
         parse_request(s.as_bytes(), 100, 16384, "10.0.0.1", &mut out)
+    }
+
+    #[test]
+    fn rdma_header_is_stripped_unless_passed() {
+        let head = "GET /f HTTP/1.1\r\nHost: a\r\nrdma: server-writes, ip=10.0.0.1, port=9, \
+                    stag=256, maxlen=99\r\nX-End: 1\r\n\r\n";
+        for (pass, kept) in [(false, false), (true, true)] {
+            let mut out = Vec::new();
+            parse_request_with(head.as_bytes(), 100, 16384, "10.0.0.1", pass, &mut out)
+                .unwrap()
+                .unwrap();
+            let out = String::from_utf8(out).unwrap();
+            assert_eq!(out.contains("\r\nrdma: server-writes"), kept, "{out}");
+            assert!(out.contains("\r\nX-End: 1\r\n"), "{out}");
+        }
+        let mut out = Vec::new();
+        parse_request(head.as_bytes(), 100, 16384, "10.0.0.1", &mut out).unwrap();
+        assert!(!String::from_utf8(out)
+            .unwrap()
+            .to_ascii_lowercase()
+            .contains("rdma"));
     }
 
     #[test]

@@ -396,6 +396,60 @@ async fn streams_chunked_response() {
     .await
 }
 
+/// curl through the proxy: with or without an `RDMA:` header the client gets its body,
+/// and the header reaches the back-end only when `http.pass_rdma_header` is set.
+#[tokio::test]
+async fn rdma_header_is_stripped_unless_configured_and_curl_gets_its_body() {
+    if !farside_testkit::tool_or_skip(
+        "rdma_header_is_stripped_unless_configured_and_curl_gets_its_body",
+        "curl",
+        "--version",
+        "curl",
+    ) {
+        return;
+    }
+    within(async {
+        for pass in [false, true] {
+            let up = upstream(Behaviour::Respond(ok_response("body"))).await;
+            let mut cfg = config(&[up.addr]);
+            cfg.http.pass_rdma_header = pass;
+            let p = start(cfg, TestGate::new(vec![up.addr])).await;
+            for field in [
+                None,
+                Some("server-writes, ip=127.0.0.1, port=9, stag=256, maxlen=99"),
+            ] {
+                let url = format!("http://{}/f", p.addr);
+                let out = tokio::task::spawn_blocking(move || {
+                    let mut cmd = std::process::Command::new("curl");
+                    cmd.args(["-s", "--max-time", "5", &url]);
+                    if let Some(f) = field {
+                        cmd.args(["-H", &format!("RDMA: {f}")]);
+                    }
+                    cmd.output().unwrap()
+                })
+                .await
+                .unwrap();
+                assert!(out.status.success(), "curl {field:?}: {out:?}");
+                assert_eq!(out.stdout, b"body", "curl {field:?}");
+                let head = up
+                    .heads
+                    .lock()
+                    .unwrap()
+                    .last()
+                    .unwrap()
+                    .to_ascii_lowercase();
+                assert_eq!(
+                    head.contains("\r\nrdma: server-writes"),
+                    pass && field.is_some(),
+                    "pass {pass}: {head}"
+                );
+            }
+            p.stop().await;
+        }
+    })
+    .await
+}
+
 #[tokio::test]
 async fn strips_hop_by_hop_and_adds_xff() {
     within(async {

@@ -138,6 +138,11 @@ pub struct HttpConfig {
     pub body_min_rate_bytes_per_s: u64,
     /// Time a body transfer has before `body_min_rate_bytes_per_s` applies. Default 10000 ms.
     pub body_rate_grace_ms: u64,
+    /// Forward a client's `RDMA:` request header (RDMA over HTTP, docs/rdma-http.md) to
+    /// the back-end. Default false: it is removed, since it asks the back-end to connect
+    /// to and write into an address the client chose, and the back-end sees the proxy,
+    /// not the client, as the HTTP peer it checks that address against.
+    pub pass_rdma_header: bool,
 }
 
 impl Default for HttpConfig {
@@ -161,6 +166,7 @@ impl Default for HttpConfig {
             response_body_timeout_ms: 300_000,
             body_min_rate_bytes_per_s: 500,
             body_rate_grace_ms: 10_000,
+            pass_rdma_header: false,
         }
     }
 }

@@ -314,11 +314,12 @@ impl Conn {
         };
         loop {
             if !self.rbuf.is_empty() {
-                match http::parse_request(
+                match http::parse_request_with(
                     self.rbuf.filled(),
                     h.max_headers,
                     h.max_header_bytes,
                     &self.peer_ip,
+                    h.pass_rdma,
                     &mut self.out,
                 ) {
                     Ok(Some(req)) => return Ok(Some(req)),

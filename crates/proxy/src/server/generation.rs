@@ -37,6 +37,8 @@ pub(super) struct HeadLimits {
     pub(super) max_header_bytes: usize,
     pub(super) header_timeout: Duration,
     pub(super) idle_timeout: Duration,
+    /// Forward a client's `RDMA:` header (`http.pass_rdma_header`).
+    pub(super) pass_rdma: bool,
 }
 
 /// The generation in use, swapped by a reload, and the state every generation shares.
@@ -105,6 +107,7 @@ impl Shared {
             max_header_bytes: self.cfg.http.max_header_bytes,
             header_timeout: self.header_timeout,
             idle_timeout: self.idle_timeout,
+            pass_rdma: self.cfg.http.pass_rdma_header,
         }
     }
 }

@@ -1,0 +1,123 @@
+//! `farside get`: one GET, optionally asking for the body by RDMA; prints how it came,
+//! its length and its digest, and writes the body to `--output`.
+
+use crate::client::{self, GetOptions, Via};
+use crate::header::Mode;
+use crate::registration::Registration;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default `--maxlen`: the server's default transfer cap.
+pub const MAXLEN_DEFAULT: u64 = crate::caps::TRANSFER_BYTES_MAX_DEFAULT;
+
+/// Command-line flags of `farside get`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GetArgs {
+    /// The URL, http://HOST[:PORT]/PATH.
+    pub url: String,
+    /// Ask for the body by RDMA: server-writes (the server writes it into a region
+    /// this client registered) or client-reads (this client reads it from the
+    /// server). The body comes over TCP whenever the server does not take the request
+    /// that way. Default: none, a plain GET.
+    #[arg(long)]
+    pub rdma: Option<Mode>,
+    /// Largest body taken by RDMA, in bytes (server-writes registers a region this
+    /// large). Default: 16 MiB.
+    #[arg(long, default_value_t = MAXLEN_DEFAULT)]
+    pub maxlen: u64,
+    /// Bound on each wait (connect, answer, RDMA completion), in ms. Default: 10000.
+    #[arg(long = "timeout-ms", default_value_t = 10_000)]
+    pub timeout_ms: u64,
+    /// Write the body to this file. Default: not written.
+    #[arg(long, short = 'o')]
+    pub output: Option<PathBuf>,
+}
+
+/// Run `farside get`: prints `status=S bytes=N fnv1a64=H via=V[ declined=R]`.
+pub fn run_get(a: GetArgs) -> Result<(), String> {
+    let opts = GetOptions {
+        mode: a.rdma,
+        maxlen: a.maxlen,
+        timeout: Duration::from_millis(a.timeout_ms.max(1)),
+    };
+    let got = client::get(&a.url, &opts).map_err(|e| format!("{}: {e}", a.url))?;
+    if let Some(path) = &a.output {
+        std::fs::write(path, &got.body).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    let declined = match got.via {
+        Via::Tcp(Some(d)) => format!(" declined={}", d.token()),
+        _ => String::new(),
+    };
+    println!(
+        "status={} bytes={} fnv1a64={:016x} via={}{declined}",
+        got.status,
+        got.body.len(),
+        client::fnv1a64(&got.body),
+        got.via.token()
+    );
+    Ok(())
+}
+
+/// The server's RDMA flags (`farside backend --rdma ...`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RdmaServeArgs {
+    /// Honour the `RDMA:` request header (server-writes, client-reads): move a GET's
+    /// body over RDMA to the endpoint the client names, if it is the client's own
+    /// address and within the caps below; otherwise, and without this flag, the body
+    /// goes over TCP as usual. Default: off.
+    #[arg(long)]
+    pub rdma: bool,
+    /// Largest body moved by RDMA, in bytes; larger ones go over TCP. Default: 16 MiB.
+    #[arg(long = "rdma-transfer-bytes-max", default_value_t = crate::caps::TRANSFER_BYTES_MAX_DEFAULT)]
+    pub transfer_bytes_max: u64,
+    /// RDMA transfers at once; more go over TCP. Default: 8.
+    #[arg(long = "rdma-transfers-max", default_value_t = crate::caps::TRANSFERS_MAX_DEFAULT)]
+    pub transfers_max: usize,
+    /// Bytes registered for RDMA transfers at once (the memlock budget); beyond it
+    /// bodies go over TCP. Default: 64 MiB.
+    #[arg(long = "rdma-registered-bytes-max", default_value_t = crate::caps::REGISTERED_BYTES_MAX_DEFAULT)]
+    pub registered_bytes_max: u64,
+    /// Time to connect to the client's RDMA endpoint, in ms, and again for the MPA
+    /// set-up on that connection; then the body goes over TCP. Default: 1000.
+    #[arg(long = "rdma-connect-timeout-ms", default_value_t = 1000)]
+    pub connect_timeout_ms: u64,
+    /// Time one transfer may take once connected, in ms (client-reads: until the
+    /// client's done, after which the region is released anyway). Default: 10000.
+    #[arg(long = "rdma-transfer-timeout-ms", default_value_t = 10_000)]
+    pub transfer_timeout_ms: u64,
+    /// How bodies get into registered memory: dynamic (a region per request, the body
+    /// copied in), static (one region per RDMA connection of --rdma-transfer-bytes-max,
+    /// held and counted for its life, the body copied in), cache (a file's contents
+    /// registered once, shared by every connection until the file's size or mtime
+    /// changes; under --rdma-registered-bytes-max). Default: dynamic.
+    #[arg(long = "rdma-registration", value_enum, default_value_t = Registration::Dynamic)]
+    pub registration: Registration,
+}
+
+impl Default for RdmaServeArgs {
+    fn default() -> Self {
+        let c = crate::caps::Caps::default();
+        RdmaServeArgs {
+            rdma: false,
+            transfer_bytes_max: c.transfer_bytes_max,
+            transfers_max: c.transfers_max,
+            registered_bytes_max: c.registered_bytes_max,
+            connect_timeout_ms: c.connect_timeout.as_millis() as u64,
+            transfer_timeout_ms: c.transfer_timeout.as_millis() as u64,
+            registration: Registration::Dynamic,
+        }
+    }
+}
+
+impl RdmaServeArgs {
+    /// The caps these flags set.
+    pub fn caps(&self) -> crate::caps::Caps {
+        crate::caps::Caps {
+            transfer_bytes_max: self.transfer_bytes_max,
+            transfers_max: self.transfers_max,
+            registered_bytes_max: self.registered_bytes_max,
+            connect_timeout: Duration::from_millis(self.connect_timeout_ms),
+            transfer_timeout: Duration::from_millis(self.transfer_timeout_ms),
+        }
+    }
+}

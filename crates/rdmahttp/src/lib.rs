@@ -1,0 +1,21 @@
+//! RDMA over HTTP, after Dalessandro and Wyckoff, "Accelerating Web Protocols Using
+//! RDMA" (NCA 2007): a GET names an RDMA endpoint in an `RDMA:` header and the body
+//! moves over the software iWARP stack ([`farside_iwarp`]) instead of the HTTP
+//! connection. A client that does not ask, or a request the server will not take that
+//! way, gets an ordinary body: the header never makes a request fail.
+//!
+//! - [`header`]: the `RDMA:` request and response fields, a pure grammar.
+//! - [`caps`]: the server's limits (sizes, transfers at once, registered bytes).
+//! - [`registration`]: dynamic, static, or a cache of registered files.
+//! - [`server`]: the server side, server-writes and client-reads (the back-end's).
+//! - [`client`]: one GET that asks for RDMA and takes whatever comes (`farside get`,
+//!   [`cli`]).
+
+pub mod caps;
+pub mod cli;
+pub mod client;
+pub mod header;
+pub mod registration;
+pub mod server;
+
+pub use cli::{run_get, GetArgs};
