@@ -18,14 +18,15 @@
  *   - fragments (MF or an offset), checked before the port (later fragments have
  *     none): FE_CNT_FRAGMENT.
  *
- * Decision: the flow table (LRU hash keyed by the 4-tuple) first; on a hit the
- * entry's back-end (a held entry drops the packet); on a miss the weight table
- * slot of the 4-tuple's hash (the paper's blind, weighted routing), recorded in
- * the flow table. A miss on a non-SYN (entry evicted, front-end restarted) is
- * hashed the same way and recorded: with unchanged weights and an unmoved flow
- * it reaches the same back-end as before; if the weights changed or the flow
- * had been moved (migrated) it may reach another back-end, which has no socket
- * and answers RST: that connection is lost (counted FE_CNT_NONSYN_MISS).
+ * Decision: the moved-flow table (fe_moved, a plain hash MOVE writes) first, then
+ * the flow table (LRU hash keyed by the 4-tuple); on a hit the entry's back-end (a
+ * held entry drops the packet until its hold runs out); on a miss the weight table
+ * slot of the 4-tuple's hash (the paper's blind, weighted routing). Only a SYN
+ * records its choice in the flow table: a miss on a non-SYN (entry evicted, a flow
+ * from before the program, or a spoofed packet) is routed by the hash without
+ * inserting (counted FE_CNT_NONSYN_MISS), so a flood of packets of unknown flows
+ * cannot evict live entries. With unchanged weights an unmoved flow reaches the same
+ * back-end as before; moved flows are in fe_moved, which traffic cannot evict.
  *
  * The one-sided MOVE (handle_move): a UDP datagram to the front-end's own address
  * and move port (fe_config) is answered here, in the kernel, with no front-end
@@ -52,6 +53,8 @@
 
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;
 static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, __u64 flags) = (void *)BPF_FUNC_map_update_elem;
+static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_delete_elem;
+static __u64 (*bpf_ktime_get_ns)(void) = (void *)BPF_FUNC_ktime_get_ns;
 static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)BPF_FUNC_redirect;
 static long (*bpf_skb_pull_data)(struct __sk_buff *skb, __u32 len) = (void *)BPF_FUNC_skb_pull_data;
 static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to,
@@ -85,6 +88,9 @@ static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 fr
 /* bpf_l4_csum_replace flags: a 4-byte field; a zero UDP checksum (none) stays 0. */
 #define FE_F_MARK_MANGLED_0 (1ULL << 5)
 #define FE_CSUM_FIELD_4 4
+/* Errors of bpf_map_update_elem: the key exists (BPF_NOEXIST), the map is full. */
+#define FE_EEXIST 17
+#define FE_E2BIG 7
 
 _Static_assert(sizeof(struct fe_move_msg) == 32, "fe_move_msg is 32 bytes");
 
@@ -133,6 +139,55 @@ static __always_inline int backend_of(__u32 ip, __u32 backends)
 	if (!i || *i >= backends)
 		return -1;
 	return (int)*i;
+}
+
+/* Compare-and-swap of an entry's back-end from `from` to `to`, its hold cleared
+ * if it names `to` afterwards: MOVED, ALREADY or NOT_OWNER. */
+static __always_inline __u16 cas_backend(struct fe_flow *f, __u32 from, __u32 to)
+{
+	__u32 was = __sync_val_compare_and_swap(&f->backend, from, to);
+
+	if (was != from && was != to)
+		return FE_MOVE_NOT_OWNER;
+	/* Moved (or moved by an earlier copy of this request): released. */
+	__sync_fetch_and_and(&f->flags, ~FE_FLOW_HOLD);
+	return was == from ? FE_MOVE_MOVED : FE_MOVE_ALREADY;
+}
+
+/*
+ * The flow `key` from back-end `from` to `to` (FE_MOVE_* status). An entry already
+ * in fe_moved is compare-and-swapped in place. An entry of the flow table naming
+ * `from` is copied into fe_moved naming `to` (hold cleared), then removed from the
+ * flow table, so a moved flow never depends on the LRU again; if fe_moved is full
+ * nothing is written (FE_MOVE_FULL). No entry: FE_MOVE_NOT_FOUND.
+ */
+static __always_inline __u16 move_flow(struct fe_flow_key *key, __u32 from, __u32 to)
+{
+	struct fe_flow *f = bpf_map_lookup_elem(&fe_moved, key);
+
+	if (f)
+		return cas_backend(f, from, to);
+	f = bpf_map_lookup_elem(&fe_flows, key);
+	if (!f)
+		return FE_MOVE_NOT_FOUND;
+	__u32 was = f->backend;
+
+	if (was == to)
+		return cas_backend(f, from, to);
+	if (was != from)
+		return FE_MOVE_NOT_OWNER;
+	struct fe_flow nf = { .backend = to, .flags = 0, .seen_ns = bpf_ktime_get_ns() };
+	long err = bpf_map_update_elem(&fe_moved, key, &nf, BPF_NOEXIST);
+
+	if (err == -FE_EEXIST) {
+		/* Another copy of the request won the race: judge its result. */
+		f = bpf_map_lookup_elem(&fe_moved, key);
+		return f ? cas_backend(f, from, to) : FE_MOVE_NOT_FOUND;
+	}
+	if (err)
+		return err == -FE_E2BIG ? FE_MOVE_FULL : FE_MOVE_NOT_FOUND;
+	bpf_map_delete_elem(&fe_flows, key);
+	return FE_MOVE_MOVED;
 }
 
 /*
@@ -210,25 +265,13 @@ static __always_inline int handle_move(struct __sk_buff *skb, struct fe_config *
 		.sport = m->client_port,
 		.dport = cfg->port,
 	};
-	struct fe_flow *f = bpf_map_lookup_elem(&fe_flows, &key);
-	__u16 status;
+	__u16 status = move_flow(&key, (__u32)from, (__u32)to);
 
-	if (!f) {
-		status = FE_MOVE_NOT_FOUND;
-		count(FE_CNT_MOVE_NOT_FOUND);
-	} else {
-		__u32 was = __sync_val_compare_and_swap(&f->backend, (__u32)from, (__u32)to);
-
-		if (was == (__u32)from || was == (__u32)to) {
-			/* Moved (or moved by an earlier copy of this request): released. */
-			__sync_fetch_and_and(&f->flags, ~FE_FLOW_HOLD);
-			status = was == (__u32)from ? FE_MOVE_MOVED : FE_MOVE_ALREADY;
-			count(was == (__u32)from ? FE_CNT_MOVED : FE_CNT_MOVE_ALREADY);
-		} else {
-			status = FE_MOVE_NOT_OWNER;
-			count(FE_CNT_MOVE_NOT_OWNER);
-		}
-	}
+	count(status == FE_MOVE_MOVED	    ? FE_CNT_MOVED
+	      : status == FE_MOVE_ALREADY   ? FE_CNT_MOVE_ALREADY
+	      : status == FE_MOVE_NOT_OWNER ? FE_CNT_MOVE_NOT_OWNER
+	      : status == FE_MOVE_FULL	    ? FE_CNT_MOVE_FULL
+					    : FE_CNT_MOVE_NOT_FOUND);
 
 	/* The reply, in place. */
 	__u32 old_word = *(__u32 *)&m->version;
@@ -342,11 +385,20 @@ int fs_frontend(struct __sk_buff *skb)
 	};
 	int syn = tcp->syn && !tcp->ack;
 	__u32 b;
-	struct fe_flow *f = bpf_map_lookup_elem(&fe_flows, &key);
+	struct fe_flow *f = bpf_map_lookup_elem(&fe_moved, &key);
+	int moved = f != 0;
 
+	if (!f)
+		f = bpf_map_lookup_elem(&fe_flows, &key);
 	if (f && (f->flags & FE_FLOW_HOLD)) {
-		count(FE_CNT_HELD);
-		return TC_ACT_SHOT;
+		if (bpf_ktime_get_ns() < f->hold_until_ns) {
+			count(FE_CNT_HELD);
+			return TC_ACT_SHOT;
+		}
+		/* The hold ran out (its migration never moved or released it): the
+		 * flow goes on where its entry says. */
+		__sync_fetch_and_and(&f->flags, ~FE_FLOW_HOLD);
+		count(FE_CNT_HOLD_EXPIRED);
 	}
 	if (f && syn) {
 		/* A SYN starts a connection, so an entry for its 4-tuple is an earlier
@@ -354,12 +406,21 @@ int fs_frontend(struct __sk_buff *skb)
 		 * back-end dropped leaves one too). The SYN is placed by the weight table
 		 * like any new flow: following old entries would send reused ports back to
 		 * the back-end that dropped them. A retransmitted SYN hashes where the
-		 * first went unless the weights changed in between. */
+		 * first went unless the weights changed in between. An earlier
+		 * connection's moved entry is removed: the new one starts unmoved. */
 		count(FE_CNT_SYN_HIT);
+		if (moved)
+			bpf_map_delete_elem(&fe_moved, &key);
 		f = 0;
 	}
 	if (f) {
 		b = f->backend;
+		if (moved) {
+			__u64 now = bpf_ktime_get_ns();
+
+			if (now - f->seen_ns > FE_SEEN_REFRESH_NS)
+				f->seen_ns = now;
+		}
 	} else {
 		__u32 slot = flow_hash(fe_ntohl(key.saddr), fe_ntohl(key.daddr),
 				       fe_ntohs(key.sport), fe_ntohs(key.dport)) %
@@ -375,12 +436,17 @@ int fs_frontend(struct __sk_buff *skb)
 			count(FE_CNT_NO_BACKEND);
 			return TC_ACT_SHOT;
 		}
-		struct fe_flow nf = { .backend = b, .flags = 0 };
+		if (syn) {
+			struct fe_flow nf = { .backend = b, .flags = 0 };
 
-		if (bpf_map_update_elem(&fe_flows, &key, &nf, BPF_ANY))
-			count(FE_CNT_INSERT_FAILED);
-		if (!syn)
+			if (bpf_map_update_elem(&fe_flows, &key, &nf, BPF_ANY))
+				count(FE_CNT_INSERT_FAILED);
+		} else {
+			/* Routed by the hash, not recorded: only a SYN may take a place in
+			 * the flow table (a spoofed flood of unknown flows would evict live
+			 * ones). */
 			count(FE_CNT_NONSYN_MISS);
+		}
 	}
 	if (b >= cfg->backends) {
 		count(FE_CNT_NO_BACKEND);

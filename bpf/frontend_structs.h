@@ -34,10 +34,13 @@ struct fe_flow_key {
 	__u16 dport;
 };
 
-/* fe_flows value. */
+/* fe_flows and fe_moved value. */
 struct fe_flow {
-	__u32 backend; /* index into fe_backends */
-	__u32 flags;   /* FE_FLOW_* */
+	__u32 backend;       /* index into fe_backends */
+	__u32 flags;         /* FE_FLOW_* */
+	__u64 hold_until_ns; /* FE_FLOW_HOLD: dropped until then (bpf_ktime_get_ns) */
+	__u64 seen_ns;       /* fe_moved: last packet (to FE_SEEN_REFRESH_NS); user space
+	                      * removes entries idle too long */
 };
 
 /* fe_bstats[i], per CPU. */

@@ -6,7 +6,50 @@ use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
 
 use crate::control::Server;
-use crate::loader::{detach_iface, validate_backends, BackendSpec, Frontend};
+use crate::loader::{detach_iface, validate_backends, BackendSpec, Frontend, MOVED_IDLE_MAX};
+
+/// How often the moved-flow table is swept of flows idle [`MOVED_IDLE_MAX`]: a
+/// thirtieth of it, so an entry outlives its bound by at most ~3 %.
+pub const MOVED_SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The sweep of idle moved flows, in its own thread until dropped.
+struct Sweeper {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sweeper {
+    fn start(fe: Arc<Mutex<Frontend>>) -> std::io::Result<Sweeper> {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("fe-sweep".into())
+            .spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(MOVED_SWEEP_PERIOD)
+                {
+                    let mut fe = fe.lock().unwrap_or_else(|p| p.into_inner());
+                    match fe.expire_moved(MOVED_IDLE_MAX) {
+                        Ok(0) => {}
+                        Ok(n) => log::debug!("frontend: {n} idle moved flows removed"),
+                        Err(e) => log::warn!("frontend: sweeping moved flows: {e}"),
+                    }
+                }
+            })?;
+        Ok(Sweeper {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
 
 /// `farside frontend` flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -112,6 +155,7 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
             .map_err(|e| format!("--move-udp-port {move_port}: {e}"))?;
     }
     let fe = Arc::new(Mutex::new(fe));
+    let sweeper = Sweeper::start(fe.clone()).map_err(|e| format!("sweep thread: {e}"))?;
     let server = match a.control {
         Some(addr) => {
             Some(Server::start(addr, fe.clone()).map_err(|e| format!("--control {addr}: {e}"))?)
@@ -137,6 +181,7 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
     );
     wait(a.duration_s.map(std::time::Duration::from_secs_f64));
     drop(server);
+    drop(sweeper);
     let (stats, detached) = {
         // A control connection still open holds a reference: detach explicitly.
         let mut fe = fe.lock().unwrap_or_else(|p| p.into_inner());

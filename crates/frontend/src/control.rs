@@ -6,8 +6,8 @@
 //!
 //! | request | effect | reply |
 //! |---|---|---|
-//! | `MOVE <client_ip>:<port> <backend_ip>` | the flow's entry names `backend_ip` (created if evicted), hold cleared | `OK` |
-//! | `HOLD <client_ip>:<port>` | the flow's packets are dropped at the front-end | `OK` |
+//! | `MOVE <client_ip>:<port> <backend_ip>` | the flow's entry (in the moved-flow table, created if evicted) names `backend_ip`, hold cleared | `OK`, `ERR` if that table is full |
+//! | `HOLD <client_ip>:<port> [<ttl_ms>]` | the flow's packets are dropped at the front-end for `ttl_ms` (default [`HOLD_TTL_DEFAULT`], at most [`HOLD_TTL_MAX`]) | `OK` |
 //! | `RELEASE <client_ip>:<port>` | hold cleared | `OK` |
 //! | `FLOW <client_ip>:<port>` | — | `OK <backend_ip> held=<0/1>` or `OK none` |
 //! | `WEIGHTS <ip>=<w>,<ip>=<w>...` | weights of the named back-ends (others unchanged), table refilled | `OK` |
@@ -25,6 +25,8 @@ use std::thread;
 use std::time::Duration;
 
 use crate::loader::{parse_weights, Frontend, Stats};
+#[cfg(doc)]
+use crate::loader::{HOLD_TTL_DEFAULT, HOLD_TTL_MAX};
 
 /// Longest request line: the longest request is `WEIGHTS` with 64 back-ends
 /// (`255.255.255.255=4294967295,` is 27 bytes each: 1,736 bytes); 4 KiB leaves room.
@@ -164,6 +166,7 @@ fn handle(line: &str, fe: &Mutex<Frontend>) -> Result<String, String> {
     let args = &words[1..];
     let want = match cmd.as_str() {
         "MOVE" => 2,
+        "HOLD" if args.len() == 2 => 2,
         "HOLD" | "RELEASE" | "FLOW" | "WEIGHTS" => 1,
         "STATS" => 0,
         other => {
@@ -187,8 +190,19 @@ fn handle(line: &str, fe: &Mutex<Frontend>) -> Result<String, String> {
                 .map_err(|_| format!("{:?} is not a back-end IPv4 address", args[1]))?;
             fe.move_flow(client, b).map(|()| String::new())
         }
-        "HOLD" | "RELEASE" => fe
-            .set_held(parse_client(args[0])?, cmd == "HOLD")
+        "HOLD" => {
+            let ttl = match args.get(1) {
+                Some(ms) => Duration::from_millis(
+                    ms.parse()
+                        .map_err(|_| format!("{ms:?} is not a hold time in ms"))?,
+                ),
+                None => crate::loader::HOLD_TTL_DEFAULT,
+            };
+            fe.set_hold(parse_client(args[0])?, Some(ttl))
+                .map(|()| String::new())
+        }
+        "RELEASE" => fe
+            .set_hold(parse_client(args[0])?, None)
             .map(|()| String::new()),
         "FLOW" => fe.flow(parse_client(args[0])?).map(|f| match f {
             Some((ip, held)) => format!("{ip} held={}", u8::from(held)),
@@ -273,9 +287,17 @@ impl Client {
         self.request(&format!("MOVE {client} {backend}")).map(drop)
     }
 
-    /// Drop `client`'s packets at the front-end until released or moved.
+    /// Drop `client`'s packets at the front-end until released, moved, or the
+    /// front-end's default hold time ran out.
     pub fn hold(&mut self, client: SocketAddrV4) -> io::Result<()> {
         self.request(&format!("HOLD {client}")).map(drop)
+    }
+
+    /// Drop `client`'s packets at the front-end until released, moved, or `ttl`
+    /// (whole milliseconds) ran out.
+    pub fn hold_for(&mut self, client: SocketAddrV4, ttl: Duration) -> io::Result<()> {
+        self.request(&format!("HOLD {client} {}", ttl.as_millis()))
+            .map(drop)
     }
 
     /// Undo [`Client::hold`].

@@ -14,7 +14,7 @@
 //! | 0 | 4 | magic [`MAGIC`] (`"FSMV"`) |
 //! | 4 | 1 | version [`VERSION`] |
 //! | 5 | 1 | op: [`OP_REQUEST`]; the reply [`OP_REPLY`] |
-//! | 6 | 2 | status: 0 in a request; the reply's [`MoveStatus`] |
+//! | 6 | 2 | status: 0 in a request; the reply's [`MoveStatus`] (1 to 5) |
 //! | 8 | 8 | seq, chosen by the requester, echoed |
 //! | 16 | 4 | client IPv4 address (the flow: client to the VIP:port) |
 //! | 20 | 2 | client port |
@@ -67,6 +67,9 @@ pub enum MoveStatus {
     /// No entry for the flow (evicted): nothing written; the migration falls back
     /// to the source.
     NotFound = 4,
+    /// The front-end's moved-flow table is full ([`crate::MOVED_MAX`]): nothing
+    /// written; the migration falls back to the source.
+    Full = 5,
 }
 
 impl MoveStatus {
@@ -76,6 +79,7 @@ impl MoveStatus {
             2 => MoveStatus::Already,
             3 => MoveStatus::NotOwner,
             4 => MoveStatus::NotFound,
+            5 => MoveStatus::Full,
             _ => return None,
         })
     }
@@ -194,7 +198,7 @@ impl MoveClient {
 
     /// Move `client`'s flow from this back-end ([`MoveClient::local_ip`]) to `next`.
     /// `Ok` if the flow now goes to `next` (moved, or already); an error for
-    /// `NotOwner`, `NotFound`, no answer within [`ATTEMPTS`] x [`ATTEMPT_TIMEOUT`], or
+    /// `NotOwner`, `NotFound`, `Full`, no answer within [`ATTEMPTS`] x [`ATTEMPT_TIMEOUT`], or
     /// an ICMP refusal (nothing answers on the front-end's move port).
     pub fn move_flow(&mut self, client: SocketAddrV4, next: Ipv4Addr) -> io::Result<()> {
         let expected = self.local;
@@ -202,6 +206,10 @@ impl MoveClient {
             s if s.is_moved() => Ok(()),
             MoveStatus::NotOwner => Err(io::Error::other(format!(
                 "front-end {}: MOVE {client} {expected} -> {next}: NOT_OWNER (the flow names a third back-end)",
+                self.frontend
+            ))),
+            MoveStatus::Full => Err(io::Error::other(format!(
+                "front-end {}: MOVE {client} {expected} -> {next}: FULL (its moved-flow table is full)",
                 self.frontend
             ))),
             _ => Err(io::Error::other(format!(

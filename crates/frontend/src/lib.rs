@@ -27,8 +27,11 @@ pub mod table;
 pub use loader::{
     detach_iface, format_mac, iface_ipv4, iface_mac_index, parse_mac, parse_weights,
     validate_backends, verdict, BackendReport, BackendSpec, Frontend, FrontendError, Stats,
+    HOLD_TTL_DEFAULT, HOLD_TTL_MAX, MOVED_IDLE_MAX,
 };
-pub use maps::{BACKENDS_MAX, COUNTERS, COUNTER_NAMES, FLOWS_MAX, HASH_SEED, SLOTS};
+pub use maps::{
+    BACKENDS_MAX, COUNTERS, COUNTER_NAMES, FLOWS_MAX, HASH_SEED, MOVED_MAX, SEEN_REFRESH_NS, SLOTS,
+};
 
 /// True if this process runs as root (the live tests need it).
 pub use farside_bpfrt::is_root;

@@ -6,6 +6,7 @@ use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::str::FromStr;
+use std::time::Duration;
 
 use aya::maps::{HashMap, MapData, MapError};
 use aya::programs::tc::{SchedClassifierLinkId, TcAttachType};
@@ -15,8 +16,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::maps::{
     BackendEntry, BackendStats, Config, FlowKey, FlowValue, COUNTERS, COUNTER_NAMES, FLOW_HOLD,
-    MAP_BACKENDS, MAP_BIP, MAP_BSTATS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_TABLE, PROG_NAME,
-    SLOTS,
+    MAP_BACKENDS, MAP_BIP, MAP_BSTATS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_MOVED, MAP_TABLE,
+    MOVED_MAX, PROG_NAME, SLOTS,
 };
 use crate::table;
 
@@ -39,6 +40,32 @@ pub type FrontendError = farside_bpfrt::Error;
 
 /// The program as errors name it.
 const LABEL: &str = "the front-end program";
+
+/// How long a `HOLD` drops a flow's packets unless it says: a migration holds a flow
+/// for its freeze (milliseconds) and then moves or releases it; a hold its migration
+/// forgot ends by itself after this, so a lost `RELEASE` (or a forged `HOLD`) cannot
+/// black-hole a flow for good.
+pub const HOLD_TTL_DEFAULT: Duration = Duration::from_secs(5);
+/// Longest hold a `HOLD` may ask for: a TCP peer retransmits for minutes, but a
+/// migration that needs more than this has failed.
+pub const HOLD_TTL_MAX: Duration = Duration::from_secs(60);
+/// A moved flow with no packet for this long is removed from the moved-flow table by
+/// [`Frontend::expire_moved`] (the program sees no FIN: this is how dead moved flows
+/// leave): 300 s, about the idle timeout of cloud load balancers (AWS NLB: 350 s). A
+/// moved connection idle longer loses its entry; its next packet is routed by hash.
+pub const MOVED_IDLE_MAX: Duration = Duration::from_secs(300);
+
+/// Whether a map update failed because the map is full (E2BIG).
+fn is_full(e: &MapError) -> bool {
+    matches!(e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG))
+}
+
+/// Whether a map operation found no such key (aya reports a delete's ENOENT as a
+/// syscall error).
+fn is_gone(e: &MapError) -> bool {
+    matches!(e, MapError::KeyNotFound)
+        || matches!(e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::ENOENT))
+}
 
 /// One back-end: where frames for it go (its MAC on the LAN), its address (to name
 /// it in `MOVE` and `WEIGHTS`) and its routing weight. Parsed from `MAC@IP=WEIGHT`,
@@ -159,8 +186,12 @@ pub struct Stats {
     pub backends: Vec<BackendReport>,
     /// Global counters by name ([`COUNTER_NAMES`]).
     pub counters: BTreeMap<String, u64>,
-    /// Entries in the flow table now (at most [`crate::FLOWS_MAX`]).
+    /// Entries now: the flow table's (at most [`crate::FLOWS_MAX`]) and the moved-flow
+    /// table's.
     pub flows: usize,
+    /// Of which in the moved-flow table (at most [`crate::MOVED_MAX`]).
+    #[serde(default)]
+    pub moved_flows: usize,
 }
 
 impl fmt::Display for Stats {
@@ -177,7 +208,13 @@ impl fmt::Display for Stats {
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        write!(f, "flows {}; {}", self.flows, c.join(" "))
+        write!(
+            f,
+            "flows {} ({} moved); {}",
+            self.flows,
+            self.moved_flows,
+            c.join(" ")
+        )
     }
 }
 
@@ -192,6 +229,9 @@ pub struct Frontend {
     backends: Vec<BackendSpec>,
     link: Option<SchedClassifierLinkId>,
     ifname: String,
+    /// Control-port `MOVE`s refused because the moved-flow table was full (added to
+    /// the program's `move_full` in [`Frontend::stats`]).
+    move_full_refused: u64,
 }
 
 impl Frontend {
@@ -224,6 +264,7 @@ impl Frontend {
             backends: backends.to_vec(),
             link: None,
             ifname: String::new(),
+            move_full_refused: 0,
         };
         for (i, b) in backends.iter().enumerate() {
             let entry = BackendEntry {
@@ -371,26 +412,55 @@ impl Frontend {
         self.obj.typed(MAP_FLOWS)
     }
 
-    /// The flow of `client` to the VIP: its back-end's IP and whether it is held;
-    /// None if the table has no entry.
+    fn moved_mut(&mut self) -> Result<HashMap<&mut MapData, FlowKey, FlowValue>, FrontendError> {
+        self.obj.typed_mut(MAP_MOVED)
+    }
+
+    fn moved(&self) -> Result<HashMap<&MapData, FlowKey, FlowValue>, FrontendError> {
+        self.obj.typed(MAP_MOVED)
+    }
+
+    /// The entry the program follows for `key` (the moved-flow table's first) and the
+    /// map it is in.
+    fn entry(&self, key: &FlowKey) -> Result<Option<(FlowValue, &'static str)>, FrontendError> {
+        for name in [MAP_MOVED, MAP_FLOWS] {
+            let m: HashMap<&MapData, FlowKey, FlowValue> = self.obj.typed(name)?;
+            match m.get(key, 0) {
+                Ok(v) => return Ok(Some((v, name))),
+                Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(Error::map(LABEL, name, &e)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The flow of `client` to the VIP: its back-end's IP and whether it is held now
+    /// (a hold past its deadline is not); None if neither table has an entry.
     pub fn flow(&self, client: SocketAddrV4) -> Result<Option<(Ipv4Addr, bool)>, FrontendError> {
         let key = FlowKey::new(client, self.vip);
-        match self.flows()?.get(&key, 0) {
-            Ok(v) => Ok(Some((
+        Ok(self.entry(&key)?.map(|(v, _)| {
+            (
                 self.backends
                     .get(v.backend as usize)
                     .map(|b| b.ip)
                     .unwrap_or(Ipv4Addr::UNSPECIFIED),
-                v.flags & FLOW_HOLD != 0,
-            ))),
-            Err(MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(Error::map(LABEL, MAP_FLOWS, &e)),
-        }
+                v.flags & FLOW_HOLD != 0 && farside_bpfrt::ktime_ns() < v.hold_until_ns,
+            )
+        }))
+    }
+
+    /// Whether `client`'s flow is in the moved-flow table (where traffic cannot evict it).
+    pub fn is_moved(&self, client: SocketAddrV4) -> Result<bool, FrontendError> {
+        let key = FlowKey::new(client, self.vip);
+        Ok(matches!(self.entry(&key)?, Some((_, MAP_MOVED))))
     }
 
     /// Send `client`'s flow to the back-end `backend` from its next packet on, and
     /// release it if held: the flip `farside_migrate::migrate_with`'s `move_flow`
-    /// makes after the restore. A flow with no entry (evicted) gets one.
+    /// makes after the restore. The entry is written to the moved-flow table (created
+    /// if the flow had none, e.g. evicted) and the flow table's removed; if the
+    /// moved-flow table is full ([`MOVED_MAX`]) nothing is written, the refusal is
+    /// counted (`move_full`) and the error says so.
     pub fn move_flow(
         &mut self,
         client: SocketAddrV4,
@@ -398,36 +468,96 @@ impl Frontend {
     ) -> Result<(), FrontendError> {
         let b = self.backend_index(backend)?;
         let key = FlowKey::new(client, self.vip);
-        self.flows_mut()?
-            .insert(
-                key,
-                FlowValue {
-                    backend: b,
-                    flags: 0,
-                },
-                0,
-            )
+        let v = FlowValue {
+            backend: b,
+            flags: 0,
+            hold_until_ns: 0,
+            seen_ns: farside_bpfrt::ktime_ns(),
+        };
+        match self.moved_mut()?.insert(key, v, 0) {
+            Ok(()) => {}
+            Err(e) if is_full(&e) => {
+                self.move_full_refused += 1;
+                return Err(Error::Config(format!(
+                    "the moved-flow table is full ({MOVED_MAX} flows): {client} not moved"
+                )));
+            }
+            Err(e) => return Err(Error::map(LABEL, "writing a moved flow", &e)),
+        }
+        match self.flows_mut()?.remove(&key) {
+            Ok(()) => Ok(()),
+            Err(e) if is_gone(&e) => Ok(()),
+            Err(e) => Err(Error::map(LABEL, "removing a moved flow's old entry", &e)),
+        }
+    }
+
+    /// Hold (drop the packets of) `client`'s flow for [`HOLD_TTL_DEFAULT`], or release
+    /// it. Errors if the flow has no entry.
+    pub fn set_held(&mut self, client: SocketAddrV4, held: bool) -> Result<(), FrontendError> {
+        self.set_hold(client, held.then_some(HOLD_TTL_DEFAULT))
+    }
+
+    /// Hold `client`'s flow for `ttl` (at most [`HOLD_TTL_MAX`]; after it the program
+    /// forwards the flow again, counted `hold_expired`), or release it (None). Errors if
+    /// the flow has no entry or `ttl` is too long.
+    pub fn set_hold(
+        &mut self,
+        client: SocketAddrV4,
+        ttl: Option<Duration>,
+    ) -> Result<(), FrontendError> {
+        if let Some(t) = ttl {
+            if t > HOLD_TTL_MAX || t.is_zero() {
+                return Err(Error::Config(format!(
+                    "hold of {t:?}: between 1 ms and {HOLD_TTL_MAX:?}"
+                )));
+            }
+        }
+        let key = FlowKey::new(client, self.vip);
+        let (mut v, name) = self
+            .entry(&key)?
+            .ok_or_else(|| Error::Config(format!("no flow from {client}")))?;
+        match ttl {
+            Some(t) => {
+                v.flags |= FLOW_HOLD;
+                v.hold_until_ns = farside_bpfrt::ktime_ns().saturating_add(t.as_nanos() as u64);
+            }
+            None => {
+                v.flags &= !FLOW_HOLD;
+                v.hold_until_ns = 0;
+            }
+        }
+        let mut m: HashMap<&mut MapData, FlowKey, FlowValue> = self.obj.typed_mut(name)?;
+        // flags::EXIST: never resurrect an entry evicted meanwhile.
+        m.insert(key, v, flags::EXIST)
             .map_err(|e| Error::map(LABEL, "writing a flow entry", &e))
     }
 
-    /// Hold (drop the packets of) `client`'s flow, or release it. Errors if the flow
-    /// has no entry.
-    pub fn set_held(&mut self, client: SocketAddrV4, held: bool) -> Result<(), FrontendError> {
-        let key = FlowKey::new(client, self.vip);
-        let mut flows = self.flows_mut()?;
-        let mut v = flows.get(&key, 0).map_err(|e| match e {
-            MapError::KeyNotFound => Error::Config(format!("no flow from {client}")),
-            e => Error::map(LABEL, MAP_FLOWS, &e),
-        })?;
-        if held {
-            v.flags |= FLOW_HOLD;
-        } else {
-            v.flags &= !FLOW_HOLD;
+    /// Remove moved flows with no packet for `idle` and no hold in force: the moved
+    /// flows whose connections ended (the program cannot see them end). Returns how
+    /// many were removed. `farside frontend` calls it with [`MOVED_IDLE_MAX`].
+    pub fn expire_moved(&mut self, idle: Duration) -> Result<usize, FrontendError> {
+        let now = farside_bpfrt::ktime_ns();
+        let idle_ns = idle.as_nanos() as u64;
+        let stale: Vec<FlowKey> = self
+            .moved()?
+            .iter()
+            .filter_map(|kv| kv.ok())
+            .filter(|(_, v)| {
+                now.saturating_sub(v.seen_ns) > idle_ns
+                    && !(v.flags & FLOW_HOLD != 0 && now < v.hold_until_ns)
+            })
+            .map(|(k, _)| k)
+            .collect();
+        let mut m = self.moved_mut()?;
+        let mut removed = 0;
+        for k in stale {
+            match m.remove(&k) {
+                Ok(()) => removed += 1,
+                Err(e) if is_gone(&e) => {}
+                Err(e) => return Err(Error::map(LABEL, "removing an idle moved flow", &e)),
+            }
         }
-        // flags::EXIST: never resurrect an entry evicted meanwhile.
-        flows
-            .insert(key, v, flags::EXIST)
-            .map_err(|e| Error::map(LABEL, "writing a flow entry", &e))
+        Ok(removed)
     }
 
     /// Counters and flow count.
@@ -447,16 +577,19 @@ impl Frontend {
             });
         }
         let sums = self.obj.per_cpu_sums(MAP_COUNTERS, COUNTERS as u32)?;
-        let counters: BTreeMap<String, u64> = COUNTER_NAMES
+        let mut counters: BTreeMap<String, u64> = COUNTER_NAMES
             .iter()
             .zip(sums)
             .map(|(name, n)| (name.to_string(), n))
             .collect();
-        let flows = self.flows()?.keys().filter(|k| k.is_ok()).count();
+        *counters.entry("move_full".into()).or_default() += self.move_full_refused;
+        let moved_flows = self.moved()?.keys().filter(|k| k.is_ok()).count();
+        let flows = self.flows()?.keys().filter(|k| k.is_ok()).count() + moved_flows;
         Ok(Stats {
             backends,
             counters,
             flows,
+            moved_flows,
         })
     }
 

@@ -6,8 +6,15 @@
 pub const BACKENDS_MAX: usize = 64;
 /// Weight-table slots (`FE_SLOTS`): weights resolve to 1/1024.
 pub const SLOTS: usize = 1024;
-/// Flows the LRU flow table holds (`FE_FLOWS_MAX`); older ones are evicted.
+/// Flows the LRU flow table holds (`FE_FLOWS_MAX`); older ones are evicted. Only a
+/// SYN creates an entry.
 pub const FLOWS_MAX: usize = 65_536;
+/// Moved flows the moved-flow table holds (`FE_MOVED_MAX`): a plain hash traffic
+/// cannot evict; a MOVE into a full one is refused (counted `move_full`). Entries idle
+/// [`MOVED_IDLE_MAX`](crate::MOVED_IDLE_MAX) are removed by the front-end's sweep.
+pub const MOVED_MAX: usize = 65_536;
+/// A moved entry's last-seen time is refreshed at most this often (`FE_SEEN_REFRESH_NS`).
+pub const SEEN_REFRESH_NS: u64 = 1_000_000_000;
 /// Seed of the 4-tuple hash (`FE_HASH_SEED`): fixed, so a restarted front-end hashes
 /// every flow as before.
 pub const HASH_SEED: u32 = 0x5f37_59df;
@@ -31,15 +38,18 @@ pub const COUNTER_NAMES: [&str; COUNTERS] = [
     "move_already",
     "move_not_owner",
     "move_not_found",
+    "move_full",
+    "hold_expired",
 ];
 /// Number of global counters (`FE_COUNTERS`).
-pub const COUNTERS: usize = 15;
+pub const COUNTERS: usize = 17;
 
 pub(crate) const PROG_NAME: &str = "fs_frontend";
 pub(crate) const MAP_CONFIG: &str = "fe_config";
 pub(crate) const MAP_BACKENDS: &str = "fe_backends";
 pub(crate) const MAP_TABLE: &str = "fe_table";
 pub(crate) const MAP_FLOWS: &str = "fe_flows";
+pub(crate) const MAP_MOVED: &str = "fe_moved";
 pub(crate) const MAP_BSTATS: &str = "fe_bstats";
 pub(crate) const MAP_COUNTERS: &str = "fe_counters";
 pub(crate) const MAP_BIP: &str = "fe_bip";
@@ -83,6 +93,10 @@ pub(crate) struct FlowKey {
 pub(crate) struct FlowValue {
     pub backend: u32,
     pub flags: u32,
+    /// With [`FLOW_HOLD`]: packets are dropped until then (CLOCK_MONOTONIC ns).
+    pub hold_until_ns: u64,
+    /// In the moved-flow table: the flow's last packet (to [`SEEN_REFRESH_NS`]).
+    pub seen_ns: u64,
 }
 
 /// `struct fe_bstats`.
@@ -129,7 +143,7 @@ mod tests {
                     .flatten()
             })
             .map(|v| {
-                let v = v.trim_end_matches('U');
+                let v = v.trim_end_matches("ULL").trim_end_matches('U');
                 match v.strip_prefix("0x") {
                     Some(h) => u64::from_str_radix(h, 16).unwrap(),
                     None => v.parse().unwrap(),
@@ -144,6 +158,8 @@ mod tests {
         assert_eq!(define(h, "FE_BACKENDS_MAX"), BACKENDS_MAX as u64);
         assert_eq!(define(h, "FE_SLOTS"), SLOTS as u64);
         assert_eq!(define(h, "FE_FLOWS_MAX"), FLOWS_MAX as u64);
+        assert_eq!(define(h, "FE_MOVED_MAX"), MOVED_MAX as u64);
+        assert_eq!(define(h, "FE_SEEN_REFRESH_NS"), SEEN_REFRESH_NS);
         assert_eq!(define(h, "FE_HASH_SEED"), u64::from(HASH_SEED));
         assert_eq!(define(h, "FE_FLOW_HOLD"), u64::from(FLOW_HOLD));
         assert_eq!(define(h, "FE_COUNTERS"), COUNTERS as u64);
@@ -163,6 +179,8 @@ mod tests {
             "FE_CNT_MOVE_ALREADY",
             "FE_CNT_MOVE_NOT_OWNER",
             "FE_CNT_MOVE_NOT_FOUND",
+            "FE_CNT_MOVE_FULL",
+            "FE_CNT_HOLD_EXPIRED",
         ]
         .iter()
         .enumerate()
@@ -186,19 +204,21 @@ mod tests {
             fmove::MoveStatus::Already,
             fmove::MoveStatus::NotOwner,
             fmove::MoveStatus::NotFound,
+            fmove::MoveStatus::Full,
         ] {
             let name = match s {
                 fmove::MoveStatus::Moved => "FE_MOVE_MOVED",
                 fmove::MoveStatus::Already => "FE_MOVE_ALREADY",
                 fmove::MoveStatus::NotOwner => "FE_MOVE_NOT_OWNER",
                 fmove::MoveStatus::NotFound => "FE_MOVE_NOT_FOUND",
+                fmove::MoveStatus::Full => "FE_MOVE_FULL",
             };
             assert_eq!(define(h, name), u64::from(s as u16), "{name}");
         }
         assert_eq!(std::mem::size_of::<Config>(), 28);
         assert_eq!(std::mem::size_of::<BackendEntry>(), 12);
         assert_eq!(std::mem::size_of::<FlowKey>(), 12);
-        assert_eq!(std::mem::size_of::<FlowValue>(), 8);
+        assert_eq!(std::mem::size_of::<FlowValue>(), 24);
         assert_eq!(std::mem::size_of::<BackendStats>(), 16);
     }
 }

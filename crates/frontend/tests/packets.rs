@@ -1,6 +1,7 @@
 //! Packet cases through BPF_PROG_TEST_RUN (root: loading BPF needs CAP_BPF): a table
 //! of frames (description, frame, expected verdict, expected output), the flow
-//! table's behaviour (follow, move, hold, non-SYN miss), the weighted split, the
+//! table's behaviour (follow, move, hold and its expiry, non-SYN miss routed without
+//! an entry, moved flows out of the LRU's reach, a full moved-flow table), the weighted split, the
 //! hash agreeing with `farside_frontend::table`, and refusals of what cannot be
 //! verified (truncated headers, bad lengths, IP options, fragments).
 //! Run: `cargo test -p farside-frontend -- --include-ignored` as root.
@@ -208,7 +209,7 @@ fn new_flow_is_hashed_then_followed_moved_and_held() {
 
 #[test]
 #[ignore = "needs root (BPF): cargo test -p farside-frontend -- --include-ignored"]
-fn non_syn_miss_uses_the_same_hash_and_is_recorded() {
+fn non_syn_miss_uses_the_same_hash_and_is_not_recorded() {
     need_root();
     let fe = load(67, 33);
     let t = fe.table().unwrap();
@@ -218,7 +219,8 @@ fn non_syn_miss_uses_the_same_hash_and_is_recorded() {
     assert_eq!(counter(&fe, "nonsyn_miss"), 1);
     let s = fe.stats().unwrap();
     assert_eq!(s.backends[b as usize].new_flows, 0, "not a new flow");
-    assert_eq!(s.flows, 1, "recorded");
+    assert_eq!(s.flows, 0, "only a SYN makes an entry");
+    assert_eq!(fe.flow(CLIENT).unwrap(), None);
     // A SYN-ACK is not a new flow either.
     let c2 = SocketAddrV4::new(*CLIENT.ip(), 40_001);
     let synack = frame(Shape {
@@ -232,6 +234,138 @@ fn non_syn_miss_uses_the_same_hash_and_is_recorded() {
         mac_of(table::backend_for(&t, c2, VIP)),
     );
     assert_eq!(counter(&fe, "nonsyn_miss"), 2);
+    assert_eq!(fe.stats().unwrap().flows, 0);
+}
+
+/// Packets of unknown flows (a spoofed flood) take no place in the flow table; a
+/// moved flow lives in the moved-flow table, which SYNs of more flows than the LRU
+/// holds cannot evict.
+#[test]
+#[ignore = "needs root (BPF): cargo test -p farside-frontend -- --include-ignored"]
+fn unknown_flows_insert_nothing_and_moved_flows_survive_lru_pressure() {
+    need_root();
+    let mut fe = load(1, 1);
+    let t = fe.table().unwrap();
+    let syn = frame(Shape::tcp(SYN));
+    let b = table::backend_for(&t, CLIENT, VIP);
+    assert_forwarded("SYN", &syn, run(&fe, &syn), mac_of(b));
+    let other = 1 - b;
+    fe.move_flow(CLIENT, [A_IP, B_IP][other as usize]).unwrap();
+    assert!(fe.is_moved(CLIENT).unwrap());
+    let client_n = |i: u32| {
+        SocketAddrV4::new(
+            Ipv4Addr::from(0x0a80_0000 | (i >> 14)),
+            (i & 0x3fff) as u16 + 1024,
+        )
+    };
+    // 2,000 ACKs of unknown flows: routed by hash, nothing recorded.
+    for i in 0..2000 {
+        let f = frame(Shape {
+            src: client_n(i),
+            ..Shape::tcp(ACK)
+        });
+        assert_eq!(run(&fe, &f).0, verdict::REDIRECT);
+    }
+    let s = fe.stats().unwrap();
+    assert_eq!(s.counters["nonsyn_miss"], 2000);
+    assert_eq!((s.flows, s.moved_flows), (1, 1), "only the moved flow");
+    // SYNs of more flows than the flow table holds: the LRU evicts, the moved flow stays.
+    let n = farside_frontend::FLOWS_MAX as u32 + 4096;
+    for i in 0..n {
+        let f = frame(Shape {
+            src: client_n(i),
+            ..Shape::tcp(SYN)
+        });
+        assert_eq!(run(&fe, &f).0, verdict::REDIRECT);
+    }
+    let s = fe.stats().unwrap();
+    assert!(s.flows <= farside_frontend::FLOWS_MAX + 1, "{}", s.flows);
+    assert_eq!(s.moved_flows, 1);
+    data_to(
+        &fe,
+        CLIENT,
+        mac_of(other),
+        "moved flow after the LRU turned over",
+    );
+}
+
+/// The moved-flow table is bounded: past `MOVED_MAX` a MOVE (control or one-sided)
+/// is refused and counted, nothing is written, the flow stays where it was; sweeping
+/// idle moved flows makes room again.
+#[test]
+#[ignore = "needs root (BPF): cargo test -p farside-frontend -- --include-ignored"]
+fn a_full_moved_table_refuses_moves_and_the_sweep_frees_it() {
+    need_root();
+    let mut fe = load_move();
+    let c = client(1);
+    open_flow(&fe, c);
+    for i in 0..farside_frontend::MOVED_MAX as u32 {
+        let other = SocketAddrV4::new(
+            Ipv4Addr::from(0x0a90_0000 | (i >> 14)),
+            (i & 0x3fff) as u16 + 1,
+        );
+        fe.move_flow(other, B_IP).unwrap();
+    }
+    assert_eq!(fe.stats().unwrap().moved_flows, farside_frontend::MOVED_MAX);
+    let r = MoveRequest {
+        seq: 1,
+        client: c,
+        expected: A_IP,
+        next: B_IP,
+    };
+    assert_eq!(move_reply(&fe, A_MAC, A_IP, &r, true), MoveStatus::Full);
+    assert_eq!(fe.flow(c).unwrap(), Some((A_IP, false)), "not moved");
+    let e = fe.move_flow(c, B_IP).unwrap_err();
+    assert!(e.to_string().contains("moved-flow table is full"), "{e}");
+    assert_eq!(counter(&fe, "move_full"), 2);
+    data_to(&fe, c, A_MAC, "a refused move leaves the flow where it was");
+    // Nothing is idle for an hour yet; everything is idle for 0 s.
+    assert_eq!(
+        fe.expire_moved(std::time::Duration::from_secs(3600))
+            .unwrap(),
+        0
+    );
+    let removed = fe.expire_moved(std::time::Duration::ZERO).unwrap();
+    assert_eq!(removed, farside_frontend::MOVED_MAX);
+    let r = MoveRequest { seq: 2, ..r };
+    assert_eq!(move_reply(&fe, A_MAC, A_IP, &r, true), MoveStatus::Moved);
+    assert!(fe.is_moved(c).unwrap());
+    data_to(&fe, c, B_MAC, "moved once there was room");
+}
+
+/// A hold ends by itself: after its time the flow is forwarded again (counted
+/// `hold_expired`); holds longer than `HOLD_TTL_MAX` are refused.
+#[test]
+#[ignore = "needs root (BPF): cargo test -p farside-frontend -- --include-ignored"]
+fn a_hold_expires_by_itself() {
+    need_root();
+    let mut fe = load(1, 0);
+    let syn = frame(Shape::tcp(SYN));
+    assert_forwarded("SYN", &syn, run(&fe, &syn), A_MAC);
+    let data = frame(Shape {
+        payload: 10,
+        ..Shape::tcp(ACK)
+    });
+    let ttl = std::time::Duration::from_millis(50);
+    fe.set_hold(CLIENT, Some(ttl)).unwrap();
+    assert_eq!(fe.flow(CLIENT).unwrap(), Some((A_IP, true)));
+    assert_eq!(run(&fe, &data).0, verdict::DROP);
+    std::thread::sleep(ttl + std::time::Duration::from_millis(10));
+    assert_eq!(fe.flow(CLIENT).unwrap(), Some((A_IP, false)), "hold over");
+    assert_forwarded("after the hold's time", &data, run(&fe, &data), A_MAC);
+    assert_eq!(counter(&fe, "hold_expired"), 1);
+    assert_eq!(counter(&fe, "held"), 1);
+    // The default hold is bounded too, and too long a hold is refused.
+    fe.set_held(CLIENT, true).unwrap();
+    assert_eq!(run(&fe, &data).0, verdict::DROP);
+    fe.set_held(CLIENT, false).unwrap();
+    assert!(fe
+        .set_hold(
+            CLIENT,
+            Some(farside_frontend::HOLD_TTL_MAX + std::time::Duration::from_secs(1))
+        )
+        .is_err());
+    assert_eq!(farside_frontend::HOLD_TTL_DEFAULT.as_secs(), 5);
 }
 
 #[test]
