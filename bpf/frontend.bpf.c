@@ -51,6 +51,8 @@
 #undef __always_inline
 #define __always_inline inline __attribute__((always_inline))
 
+#include "auth_siphash.h"
+
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;
 static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, __u64 flags) = (void *)BPF_FUNC_map_update_elem;
 static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_delete_elem;
@@ -102,27 +104,19 @@ static __always_inline void count(__u32 i)
 		*v += 1;
 }
 
-/* murmur3's finaliser: every input bit affects every output bit. */
-static __always_inline __u32 fmix32(__u32 h)
+/* Hash of the 4-tuple in host byte order: SipHash-2-4 under the secret key in
+ * fe_config of the 12 bytes saddr, daddr, (sport << 16 | dport), little-endian (one
+ * block and a 4-byte tail); crates/frontend/src/table.rs has the same function
+ * (checked by the packet tests). A keyed PRF, not a public mixing function: without
+ * the key nobody can pick 4-tuples that land on one slot or back-end. */
+static __always_inline __u32 flow_hash(const struct fe_config *cfg, __u32 saddr, __u32 daddr,
+				       __u16 sport, __u16 dport)
 {
-	h ^= h >> 16;
-	h *= 0x85ebca6bU;
-	h ^= h >> 13;
-	h *= 0xc2b2ae35U;
-	h ^= h >> 16;
-	return h;
-}
+	struct auth_sip s;
 
-/* Hash of the 4-tuple in host byte order; crates/frontend/src/table.rs has the
- * same function (checked by the packet tests). */
-static __always_inline __u32 flow_hash(__u32 saddr, __u32 daddr, __u16 sport, __u16 dport)
-{
-	__u32 h = FE_HASH_SEED;
-
-	h = fmix32(h ^ saddr);
-	h = fmix32(h ^ daddr);
-	h = fmix32(h ^ (((__u32)sport << 16) | dport));
-	return h;
+	auth_sip_init(&s, cfg->hash_k0, cfg->hash_k1);
+	auth_sip_block(&s, (__u64)saddr | ((__u64)daddr << 32));
+	return (__u32)auth_sip_final(&s, 12, ((__u32)sport << 16) | dport);
 }
 
 static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
@@ -422,7 +416,7 @@ int fs_frontend(struct __sk_buff *skb)
 				f->seen_ns = now;
 		}
 	} else {
-		__u32 slot = flow_hash(fe_ntohl(key.saddr), fe_ntohl(key.daddr),
+		__u32 slot = flow_hash(cfg, fe_ntohl(key.saddr), fe_ntohl(key.daddr),
 				       fe_ntohs(key.sport), fe_ntohs(key.dport)) %
 			     FE_SLOTS;
 		__u32 *bp = bpf_map_lookup_elem(&fe_table, &slot);

@@ -25,9 +25,6 @@
 /* A moved entry's last-seen time is rewritten at most this often (ns): one write
  * per second per moved flow, not one per packet. */
 #define FE_SEEN_REFRESH_NS 1000000000ULL
-/* Fixed seed of the 4-tuple hash: the same after a front-end restart, so a flow
- * whose entry was lost is hashed to the same back-end as before. */
-#define FE_HASH_SEED 0x5f3759dfU
 
 /* Flow entry flags. */
 #define FE_FLOW_HOLD 1 /* drop the flow's packets until hold_until_ns (held for a migration) */

@@ -17,6 +17,9 @@ struct fe_config {
 	__u32 ip;        /* the front-end's own address: MOVE requests go to it */
 	__u16 move_port; /* UDP port of the one-sided MOVE; 0 = off (passed) */
 	__u16 reserved;
+	__u32 reserved2;
+	__u64 hash_k0;   /* the 4-tuple hash's SipHash key: secret, drawn by the loader */
+	__u64 hash_k1;   /* from getrandom, so nobody outside can aim flows at a slot */
 };
 
 /* fe_backends[i]. */

@@ -2,10 +2,10 @@
 //! port, print the counters on exit. `farside frontend --detach IF` removes a
 //! front-end a dead process left attached (only possible on kernels before 6.6).
 
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::SocketAddrV4;
 use std::sync::{Arc, Mutex};
 
-use crate::control::Server;
+use crate::control::{ControlAddr, Server};
 use crate::loader::{detach_iface, validate_backends, BackendSpec, Frontend, MOVED_IDLE_MAX};
 
 /// How often the moved-flow table is swept of flows idle [`MOVED_IDLE_MAX`]: a
@@ -58,10 +58,11 @@ impl Drop for Sweeper {
 (sysctl net.ipv4.conf.all.arp_ignore=1, arp_announce=2), route the VIP to this node, and \
 give every back-end here as MAC@IP=WEIGHT (its MAC on IF's LAN, its own address, its \
 share of new flows). Control port (one line per request, one reply line): MOVE \
-client_ip:port backend_ip | HOLD client_ip:port | RELEASE client_ip:port | FLOW \
-client_ip:port | WEIGHTS ip=w,ip=w | STATS. One-sided MOVE (answered by the tc program, no \
-process involved): UDP to this node's address on --move-udp-port (default: the control port's \
-number). See docs/frontend.md."
+client_ip:port backend_ip | HOLD client_ip:port [ttl_ms] | RELEASE client_ip:port | FLOW \
+client_ip:port | WEIGHTS ip=w,ip=w | STATS; recommended on a Unix socket \
+(--control unix:/run/farside/frontend.sock, 0600): over TCP it is unauthenticated. One-sided \
+MOVE (answered by the tc program, no process involved): UDP to this node's address on \
+--move-udp-port (default: a TCP control port's number). See docs/frontend.md."
 )]
 pub struct FrontendArgs {
     /// The LAN interface clients' VIP traffic arrives on and back-ends are reached
@@ -75,12 +76,15 @@ pub struct FrontendArgs {
     /// each (at most 64). Weights are relative shares of new flows.
     #[arg(long = "backend", value_name = "MAC@IP=WEIGHT")]
     pub backends: Vec<BackendSpec>,
-    /// Serve the control port here (TCP), e.g. 10.0.0.1:7400; none if absent.
+    /// Serve the control port here: unix:/PATH (recommended, e.g.
+    /// unix:/run/farside/frontend.sock: a 0600 socket only local root can open) or
+    /// IP:PORT (TCP, unauthenticated: a warning is logged); none if absent.
     #[arg(long, value_name = "ADDR")]
-    pub control: Option<SocketAddr>,
+    pub control: Option<ControlAddr>,
     /// UDP port of the one-sided MOVE, answered by the tc program itself (no process
-    /// involved) at this node's address: --control's IP if it names one, else IF's
-    /// IPv4 address. Default: --control's port number (off without --control); 0 = off.
+    /// involved) at this node's address: a TCP --control's IP if it names one, else
+    /// IF's IPv4 address. Default: a TCP --control's port number (off without one);
+    /// 0 = off.
     #[arg(long, value_name = "PORT")]
     pub move_udp_port: Option<u16>,
     /// Stop after this many seconds (default: at SIGINT/SIGTERM).
@@ -118,7 +122,11 @@ impl FrontendArgs {
     /// else none (0 = off).
     pub fn move_port(&self) -> u16 {
         self.move_udp_port
-            .or(self.control.map(|c| c.port()))
+            .or(self
+                .control
+                .as_ref()
+                .and_then(|c| c.tcp())
+                .map(|c| c.port()))
             .unwrap_or(0)
     }
 }
@@ -140,7 +148,7 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
     if move_port != 0 {
         // The front-end's own address: --control's if it names one (the address the
         // back-ends' `specd --frontend` gives), else the interface's.
-        let ip = match a.control.map(|c| c.ip()) {
+        let ip = match a.control.as_ref().and_then(|c| c.tcp()).map(|c| c.ip()) {
             Some(std::net::IpAddr::V4(ip)) if !ip.is_unspecified() => ip,
             _ => crate::loader::iface_ipv4(ifname)
                 .map_err(|e| e.to_string())?
@@ -156,9 +164,16 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
     }
     let fe = Arc::new(Mutex::new(fe));
     let sweeper = Sweeper::start(fe.clone()).map_err(|e| format!("sweep thread: {e}"))?;
-    let server = match a.control {
+    let server = match &a.control {
         Some(addr) => {
-            Some(Server::start(addr, fe.clone()).map_err(|e| format!("--control {addr}: {e}"))?)
+            if let ControlAddr::Tcp(t) = addr {
+                log::warn!(
+                    "frontend: the control port on TCP {t} is UNAUTHENTICATED: anyone who \
+                     reaches it can move, hold and drain flows; prefer --control unix:{}",
+                    crate::control::UNIX_SOCKET_DEFAULT
+                );
+            }
+            Some(Server::start_at(addr, fe.clone()).map_err(|e| format!("--control {addr}: {e}"))?)
         }
         None => None,
     };
@@ -173,7 +188,7 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
         shares.join(","),
         server
             .as_ref()
-            .map(|s| format!("; control on {}", s.local_addr()))
+            .map(|s| format!("; control on {}", s.addr()))
             .unwrap_or_default(),
         move_udp
             .map(|m| format!("; one-sided MOVE on udp {m}"))

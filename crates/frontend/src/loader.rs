@@ -248,6 +248,9 @@ impl Frontend {
             return Err(Error::Config("VIP port 0".into()));
         }
         validate_backends(backends).map_err(Error::Config)?;
+        let hash_key = table::random_hash_key()
+            .map_err(|e| Error::os(LABEL, "drawing the flow hash's key (getrandom)", e))?;
+        let (hash_k0, hash_k1) = hash_key.halves();
         let mut obj = Object::load(LABEL, OBJECT)?;
         obj.load_program::<SchedClassifier>(PROG_NAME)?;
         let mut fe = Frontend {
@@ -258,6 +261,8 @@ impl Frontend {
                 mac,
                 ifindex,
                 backends: backends.len() as u32,
+                hash_k0,
+                hash_k1,
                 ..Config::default()
             },
             vip,
@@ -306,6 +311,12 @@ impl Frontend {
         self.config.ip = u32::from(ip).to_be();
         self.config.move_port = port.to_be();
         self.write_config().inspect_err(|_| self.config = before)
+    }
+
+    /// The flow hash's secret key (drawn at load): with it [`table::backend_for`]
+    /// predicts where a new flow goes.
+    pub fn hash_key(&self) -> table::HashKey {
+        table::HashKey::from_halves(self.config.hash_k0, self.config.hash_k1)
     }
 
     /// Where the one-sided MOVE is answered, if it is on.

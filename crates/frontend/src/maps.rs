@@ -15,9 +15,6 @@ pub const FLOWS_MAX: usize = 65_536;
 pub const MOVED_MAX: usize = 65_536;
 /// A moved entry's last-seen time is refreshed at most this often (`FE_SEEN_REFRESH_NS`).
 pub const SEEN_REFRESH_NS: u64 = 1_000_000_000;
-/// Seed of the 4-tuple hash (`FE_HASH_SEED`): fixed, so a restarted front-end hashes
-/// every flow as before.
-pub const HASH_SEED: u32 = 0x5f37_59df;
 /// Flow flag: packets of the flow are dropped (`FE_FLOW_HOLD`).
 pub const FLOW_HOLD: u32 = 1;
 
@@ -66,6 +63,10 @@ pub(crate) struct Config {
     pub ip: u32,
     pub move_port: u16,
     pub reserved: u16,
+    pub reserved2: u32,
+    /// The flow hash's key (`SipKey::halves`).
+    pub hash_k0: u64,
+    pub hash_k1: u64,
 }
 
 /// `struct fe_backend`.
@@ -160,7 +161,6 @@ mod tests {
         assert_eq!(define(h, "FE_FLOWS_MAX"), FLOWS_MAX as u64);
         assert_eq!(define(h, "FE_MOVED_MAX"), MOVED_MAX as u64);
         assert_eq!(define(h, "FE_SEEN_REFRESH_NS"), SEEN_REFRESH_NS);
-        assert_eq!(define(h, "FE_HASH_SEED"), u64::from(HASH_SEED));
         assert_eq!(define(h, "FE_FLOW_HOLD"), u64::from(FLOW_HOLD));
         assert_eq!(define(h, "FE_COUNTERS"), COUNTERS as u64);
         for (i, name) in [
@@ -215,7 +215,7 @@ mod tests {
             };
             assert_eq!(define(h, name), u64::from(s as u16), "{name}");
         }
-        assert_eq!(std::mem::size_of::<Config>(), 28);
+        assert_eq!(std::mem::size_of::<Config>(), 48);
         assert_eq!(std::mem::size_of::<BackendEntry>(), 12);
         assert_eq!(std::mem::size_of::<FlowKey>(), 12);
         assert_eq!(std::mem::size_of::<FlowValue>(), 24);

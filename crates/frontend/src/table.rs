@@ -2,37 +2,59 @@
 //! back-ends' weights, and the 4-tuple hash the program indexes it with (the same
 //! function as `flow_hash` in `bpf/frontend.bpf.c`; the packet tests check that a
 //! flow lands where [`backend_for`] says).
+//!
+//! The hash is SipHash-2-4 under a secret key ([`HashKey`], drawn from getrandom when
+//! the front-end starts): with a public seed anyone could choose 4-tuples that all
+//! land on one back-end, or predict where a victim's flow goes.
 
 use std::net::SocketAddrV4;
 
-use crate::maps::{BACKENDS_MAX, HASH_SEED, SLOTS};
+use farside_auth::siphash::{siphash24, SipKey};
 
-/// murmur3's 32-bit finaliser.
-fn fmix32(mut h: u32) -> u32 {
-    h ^= h >> 16;
-    h = h.wrapping_mul(0x85eb_ca6b);
-    h ^= h >> 13;
-    h = h.wrapping_mul(0xc2b2_ae35);
-    h ^= h >> 16;
-    h
+use crate::maps::{BACKENDS_MAX, SLOTS};
+
+/// The flow hash's secret key.
+pub type HashKey = SipKey;
+
+/// A fresh flow-hash key from the kernel's random source (getrandom).
+pub fn random_hash_key() -> std::io::Result<HashKey> {
+    let mut b = [0u8; 16];
+    let mut filled = 0;
+    while filled < b.len() {
+        // SAFETY: the pointer and length describe the unfilled tail of `b`.
+        let n = unsafe { libc::getrandom(b[filled..].as_mut_ptr().cast(), b.len() - filled, 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        filled += n as usize;
+    }
+    Ok(SipKey::from_bytes(b))
 }
 
-/// Hash of a flow's 4-tuple (client, VIP), as the program computes it.
-pub fn flow_hash(client: SocketAddrV4, vip: SocketAddrV4) -> u32 {
-    let mut h = HASH_SEED;
-    h = fmix32(h ^ u32::from(*client.ip()));
-    h = fmix32(h ^ u32::from(*vip.ip()));
-    fmix32(h ^ ((u32::from(client.port()) << 16) | u32::from(vip.port())))
+/// Hash of a flow's 4-tuple (client, VIP) under `key`, as the program computes it:
+/// SipHash-2-4 of client address, VIP address, (client port << 16 | VIP port), each
+/// a host-order u32 written little-endian, truncated to 32 bits.
+pub fn flow_hash(key: &HashKey, client: SocketAddrV4, vip: SocketAddrV4) -> u32 {
+    let mut m = [0u8; 12];
+    m[0..4].copy_from_slice(&u32::from(*client.ip()).to_le_bytes());
+    m[4..8].copy_from_slice(&u32::from(*vip.ip()).to_le_bytes());
+    m[8..12]
+        .copy_from_slice(&((u32::from(client.port()) << 16) | u32::from(vip.port())).to_le_bytes());
+    siphash24(key, &m) as u32
 }
 
 /// The weight-table slot of a flow.
-pub fn slot_of(client: SocketAddrV4, vip: SocketAddrV4) -> usize {
-    flow_hash(client, vip) as usize % SLOTS
+pub fn slot_of(key: &HashKey, client: SocketAddrV4, vip: SocketAddrV4) -> usize {
+    flow_hash(key, client, vip) as usize % SLOTS
 }
 
 /// The back-end index a new flow gets from `table` (as the program decides on a miss).
-pub fn backend_for(table: &[u32], client: SocketAddrV4, vip: SocketAddrV4) -> u32 {
-    table[slot_of(client, vip)]
+pub fn backend_for(table: &[u32], key: &HashKey, client: SocketAddrV4, vip: SocketAddrV4) -> u32 {
+    table[slot_of(key, client, vip)]
 }
 
 /// Slots per back-end for `weights` out of `slots`: largest-remainder apportionment
@@ -98,6 +120,8 @@ pub fn fill_table(weights: &[u32], slots: usize) -> Result<Vec<u32>, String> {
 mod tests {
     use super::*;
     use std::net::Ipv4Addr;
+
+    const KEY: HashKey = SipKey::from_halves(0x0706_0504_0302_0100, 0x0f0e_0d0c_0b0a_0908);
 
     fn counts_in(table: &[u32], n: usize) -> Vec<usize> {
         let mut c = vec![0; n];
@@ -180,26 +204,49 @@ mod tests {
         for i in 0..100_000u32 {
             let ip = Ipv4Addr::from(0x0a01_0000 | (i % 65_536));
             let port = 32_768 + (i.wrapping_mul(7919) % 28_000) as u16;
-            c[backend_for(&t, SocketAddrV4::new(ip, port), vip) as usize] += 1;
+            c[backend_for(&t, &KEY, SocketAddrV4::new(ip, port), vip) as usize] += 1;
         }
         let share = f64::from(c[0]) / 100_000.0;
         assert!((share - 0.75).abs() < 0.01, "share {share}");
     }
 
     #[test]
-    fn hash_depends_on_every_field() {
+    fn hash_depends_on_every_field_and_on_the_key() {
         let c = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 1), 40_000);
         let v = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 100), 80);
-        let h = flow_hash(c, v);
-        assert_ne!(h, flow_hash(SocketAddrV4::new(*c.ip(), 40_001), v));
+        let h = flow_hash(&KEY, c, v);
+        assert_ne!(h, flow_hash(&KEY, SocketAddrV4::new(*c.ip(), 40_001), v));
         assert_ne!(
             h,
-            flow_hash(SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 40_000), v)
+            flow_hash(
+                &KEY,
+                SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 2), 40_000),
+                v
+            )
         );
-        assert_ne!(h, flow_hash(c, SocketAddrV4::new(*v.ip(), 81)));
+        assert_ne!(h, flow_hash(&KEY, c, SocketAddrV4::new(*v.ip(), 81)));
         assert_ne!(
             h,
-            flow_hash(c, SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 101), 80))
+            flow_hash(&KEY, c, SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 101), 80))
         );
+        let other = SipKey::from_halves(1, 2);
+        assert_ne!(h, flow_hash(&other, c, v));
+    }
+
+    #[test]
+    fn the_hash_is_siphash_of_the_documented_bytes() {
+        // Addresses and ports chosen so the 12 bytes are 00..0b: the low 32 bits of
+        // SipHash-2-4 of them (the paper's 12-byte vector under this key).
+        let c = SocketAddrV4::new(Ipv4Addr::from(0x0302_0100), 0x0b0a);
+        let v = SocketAddrV4::new(Ipv4Addr::from(0x0706_0504), 0x0908);
+        let want = siphash24(&KEY, &[0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]) as u32;
+        assert_eq!(flow_hash(&KEY, c, v), want);
+    }
+
+    #[test]
+    fn random_keys_differ() {
+        let a = random_hash_key().unwrap();
+        let b = random_hash_key().unwrap();
+        assert_ne!(a, b);
     }
 }

@@ -96,6 +96,7 @@ fn thousand_connections_split_75_25_and_each_stays_on_one_backend() {
     let r = lan.r.clone();
     let fe = attach(&r, 75, 25);
     let t = fe.table().unwrap();
+    let key = fe.hash_key();
     let stop = Arc::new(AtomicBool::new(false));
     let servers = [
         serve_rounds(r.clone(), "a", stop.clone()),
@@ -112,7 +113,7 @@ fn thousand_connections_split_75_25_and_each_stays_on_one_backend() {
             let SocketAddr::V4(local) = s.local_addr().unwrap() else {
                 unreachable!()
             };
-            let want = ["a", "b"][table::backend_for(&t, local, VIP) as usize];
+            let want = ["a", "b"][table::backend_for(&t, &key, local, VIP) as usize];
             let mut w = s.try_clone().unwrap();
             let mut rd = BufReader::new(s);
             for round in 0..2 {
@@ -474,7 +475,7 @@ fn farside_frontend_flags_place_the_one_sided_move() {
             iface: Some(FE_IF.into()),
             vip: Some(VIP),
             backends: Lan::backends(1, 1).to_vec(),
-            control,
+            control: control.map(Into::into),
             move_udp_port,
             duration_s: None,
             detach: None,
