@@ -61,6 +61,8 @@ static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)BPF_FUNC_redir
 static long (*bpf_skb_pull_data)(struct __sk_buff *skb, __u32 len) = (void *)BPF_FUNC_skb_pull_data;
 static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to,
 				   __u64 flags) = (void *)BPF_FUNC_l4_csum_replace;
+static __s64 (*bpf_csum_diff)(__be32 *from, __u32 from_size, __be32 *to, __u32 to_size,
+			      __wsum seed) = (void *)BPF_FUNC_csum_diff;
 
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define fe_ntohl(x) __builtin_bswap32(x)
@@ -80,8 +82,13 @@ static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 fr
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1fff
 /* Bytes a MOVE request may need in the linear part: Ethernet, IPv4 with the
- * longest options (60), UDP, the message. */
-#define MOVE_PULL_BYTES (sizeof(struct ethhdr) + 60 + sizeof(struct udphdr) + sizeof(struct fe_move_msg))
+ * longest options (60), UDP, the envelope, the message. */
+#define MOVE_PULL_BYTES                                                                    \
+	(sizeof(struct ethhdr) + 60 + sizeof(struct udphdr) + AUTH_ENVELOPE_BYTES +        \
+	 sizeof(struct fe_move_msg))
+/* Bytes of an authenticated reply whose checksum contribution changes: the envelope
+ * (tag, sender) and the message's first 8 bytes (op, status). */
+#define MOVE_AUTH_CHANGED_BYTES (AUTH_ENVELOPE_BYTES + 8)
 /* A MOVE request's exact IPv4 total length and UDP length. */
 #define MOVE_UDP_LEN (sizeof(struct udphdr) + sizeof(struct fe_move_msg))
 #define MOVE_IP_LEN (sizeof(struct iphdr) + MOVE_UDP_LEN)
@@ -195,7 +202,35 @@ static __always_inline __u16 move_flow(struct fe_flow_key *key, __u32 from, __u3
  * ports swapped; op, status; UDP checksum fixed incrementally; the IP checksum
  * does not change with the swap) and goes back out of the interface.
  */
-static __always_inline int handle_move(struct __sk_buff *skb, struct fe_config *cfg)
+/*
+ * The replay check of an authentic MOVE: its sequence must be above the highest
+ * accepted from its (key id, sender), which it then becomes. A sender new to a full
+ * table is refused. Returns 0 if accepted, else the counter to count.
+ */
+static __always_inline int replay_check(__u32 key_id, __u64 sender, __u64 seq)
+{
+	struct fe_replay_key rk = { .key_id = key_id, .reserved = 0, .sender = sender };
+	__u64 *hi = bpf_map_lookup_elem(&fe_replay, &rk);
+
+	if (seq == 0)
+		return FE_CNT_MOVE_REPLAY;
+	if (hi) {
+		__u64 old = *hi;
+
+		/* A concurrent copy that raced us past `old` wins; this one is refused. */
+		if (seq <= old || __sync_val_compare_and_swap(hi, old, seq) != old)
+			return FE_CNT_MOVE_REPLAY;
+		return 0;
+	}
+	long err = bpf_map_update_elem(&fe_replay, &rk, &seq, BPF_NOEXIST);
+
+	if (err == -FE_E2BIG)
+		return FE_CNT_MOVE_REPLAY_FULL;
+	return err ? FE_CNT_MOVE_REPLAY : 0;
+}
+
+static __always_inline int handle_move(struct __sk_buff *skb, struct fe_config *cfg,
+				       int on_move_if)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -226,19 +261,69 @@ static __always_inline int handle_move(struct __sk_buff *skb, struct fe_config *
 	if (udp->dest != cfg->move_port)
 		goto pass;
 
-	/* Ours: a well-formed MOVE request or dropped. */
+	/* Ours, on the interface MOVE belongs to, well formed and (with keys) authentic,
+	 * or dropped. */
+	if (!on_move_if) {
+		count(FE_CNT_MOVE_WRONG_IFACE);
+		return TC_ACT_SHOT;
+	}
 	if (ihl != 5 || (ip->frag_off & fe_htons(IP_MF)))
 		goto malformed;
 	udp = (void *)(ip + 1);
-	struct fe_move_msg *m = (void *)(udp + 1);
-
-	if ((void *)(m + 1) > data_end)
+	if ((void *)(udp + 1) > data_end)
 		goto malformed;
-	if (fe_ntohs(ip->tot_len) != MOVE_IP_LEN || fe_ntohs(udp->len) != MOVE_UDP_LEN)
+	struct auth_envelope *env = 0;
+	struct fe_move_msg *m;
+	__u32 env_bytes = 0;
+
+	if (cfg->move_auth) {
+		env = (void *)(udp + 1);
+		m = (void *)(env + 1);
+		env_bytes = AUTH_ENVELOPE_BYTES;
+	} else {
+		m = (void *)(udp + 1);
+	}
+	if ((void *)(m + 1) > data_end) {
+		/* With keys on, an unauthenticated (32-byte) MOVE is refused as such. */
+		if (env && fe_ntohs(udp->len) == MOVE_UDP_LEN) {
+			count(FE_CNT_MOVE_UNAUTH);
+			return TC_ACT_SHOT;
+		}
+		goto malformed;
+	}
+	if (fe_ntohs(ip->tot_len) != MOVE_IP_LEN + env_bytes ||
+	    fe_ntohs(udp->len) != MOVE_UDP_LEN + env_bytes)
 		goto malformed;
 	if (m->magic != fe_htonl(FE_MOVE_MAGIC) || m->version != FE_MOVE_VERSION ||
 	    m->op != FE_MOVE_OP_REQUEST || m->status != 0 || m->reserved != 0)
 		goto malformed;
+
+	struct fe_key *k = 0;
+
+	if (env) {
+		__u32 key_id = env->key_id;
+		__u64 tag;
+
+		k = bpf_map_lookup_elem(&fe_keys, &key_id);
+		if (!k || env->len != sizeof(struct fe_move_msg) ||
+		    auth_envelope_tag(env, k->k0, k->k1, AUTH_LABEL_FRONTEND_MOVE, data_end,
+				      &tag) ||
+		    tag != env->tag) {
+			count(FE_CNT_MOVE_UNAUTH);
+			return TC_ACT_SHOT;
+		}
+		/* The authenticated sender is the back-end giving the flow away. */
+		if (env->sender != (__u64)fe_ntohl(m->expected)) {
+			count(FE_CNT_MOVE_REFUSED);
+			return TC_ACT_SHOT;
+		}
+		int bad = replay_check(key_id, env->sender, env->seq);
+
+		if (bad) {
+			count(bad);
+			return TC_ACT_SHOT;
+		}
+	}
 
 	/* Only the back-end that owns the flow may give it away. */
 	if (ip->saddr != m->expected) {
@@ -269,13 +354,29 @@ static __always_inline int handle_move(struct __sk_buff *skb, struct fe_config *
 
 	/* The reply, in place. */
 	__u32 old_word = *(__u32 *)&m->version;
+	__u32 old_bytes[MOVE_AUTH_CHANGED_BYTES / 4];
+	__u32 new_bytes[MOVE_AUTH_CHANGED_BYTES / 4];
 
+	if (env)
+		__builtin_memcpy(old_bytes, env, MOVE_AUTH_CHANGED_BYTES);
 	m->op = FE_MOVE_OP_REPLY;
 	m->status = fe_htons(status);
 	__u32 new_word = *(__u32 *)&m->version;
 
+	if (env && k) {
+		/* Sealed by the front-end under the request's key, echoing its sequence: the
+		 * requester takes only a reply that verifies and carries its sequence. */
+		__u64 tag;
+
+		env->sender = (__u64)fe_ntohl(cfg->ip);
+		if (auth_envelope_tag(env, k->k0, k->k1, AUTH_LABEL_FRONTEND_MOVE, data_end, &tag))
+			goto malformed;
+		env->tag = tag;
+		__builtin_memcpy(new_bytes, env, MOVE_AUTH_CHANGED_BYTES);
+	}
+
 	__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, cfg->move_mac, ETH_ALEN);
 	__u32 a = ip->saddr;
 
 	ip->saddr = ip->daddr;
@@ -285,11 +386,19 @@ static __always_inline int handle_move(struct __sk_buff *skb, struct fe_config *
 	udp->source = udp->dest;
 	udp->dest = p;
 	/* Swapped addresses and ports leave both checksums' sums unchanged; only the
-	 * op/status word changed. Invalidates the packet pointers: last. */
-	if (bpf_l4_csum_replace(skb, MOVE_CSUM_OFF, old_word, new_word,
-				FE_F_MARK_MANGLED_0 | FE_CSUM_FIELD_4))
+	 * op/status word (and an envelope's tag and sender) changed. Invalidates the
+	 * packet pointers: last. */
+	if (env) {
+		__s64 diff = bpf_csum_diff(old_bytes, MOVE_AUTH_CHANGED_BYTES, new_bytes,
+					   MOVE_AUTH_CHANGED_BYTES, 0);
+
+		if (bpf_l4_csum_replace(skb, MOVE_CSUM_OFF, 0, (__u64)diff, FE_F_MARK_MANGLED_0))
+			goto malformed;
+	} else if (bpf_l4_csum_replace(skb, MOVE_CSUM_OFF, old_word, new_word,
+				       FE_F_MARK_MANGLED_0 | FE_CSUM_FIELD_4)) {
 		goto malformed;
-	return bpf_redirect(cfg->ifindex, 0);
+	}
+	return bpf_redirect(skb->ifindex, 0);
 
 malformed:
 	count(FE_CNT_MOVE_MALFORMED);
@@ -322,10 +431,17 @@ int fs_frontend(struct __sk_buff *skb)
 	}
 
 	struct ethhdr *eth = data;
+	/* The client-facing interface routes the VIP; the move interface (the same one
+	 * unless --move-iface names another) answers MOVE. Each to its own MAC. */
+	int on_fe_if = skb->ifindex == cfg->ifindex;
+	int on_move_if = skb->ifindex == cfg->move_ifindex;
 
 	if ((void *)(eth + 1) > data_end)
 		goto pass;
-	if (eth->h_proto != fe_htons(ETH_P_IP) || !mac_eq(eth->h_dest, cfg->mac))
+	if (eth->h_proto != fe_htons(ETH_P_IP))
+		goto pass;
+	if (!(on_fe_if && mac_eq(eth->h_dest, cfg->mac)) &&
+	    !(on_move_if && mac_eq(eth->h_dest, cfg->move_mac)))
 		goto pass;
 
 	struct iphdr *ip = (void *)(eth + 1);
@@ -335,8 +451,8 @@ int fs_frontend(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	if (cfg->move_port && ip->daddr == cfg->ip && ip->protocol == IPPROTO_UDP)
-		return handle_move(skb, cfg);
-	if (ip->daddr != cfg->vip || ip->protocol != IPPROTO_TCP)
+		return handle_move(skb, cfg, on_move_if);
+	if (!on_fe_if || ip->daddr != cfg->vip || ip->protocol != IPPROTO_TCP)
 		goto pass;
 	if (ip->version != 4 || ip->ihl < 5) {
 		count(FE_CNT_MALFORMED);

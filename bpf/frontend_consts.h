@@ -48,7 +48,24 @@
 #define FE_CNT_MOVE_NOT_FOUND 14  /* MOVE answered NOT_FOUND (no entry) */
 #define FE_CNT_MOVE_FULL 15       /* MOVE answered FULL (fe_moved full): nothing written */
 #define FE_CNT_HOLD_EXPIRED 16    /* a held flow's hold ran out: forwarded, hold cleared */
-#define FE_COUNTERS 17
+#define FE_CNT_MOVE_UNAUTH 17     /* MOVE with keys on: no envelope, unknown key or bad tag:
+                                   * dropped */
+#define FE_CNT_MOVE_REPLAY 18     /* authentic MOVE whose sequence is not above the sender's
+                                   * highest: dropped */
+#define FE_CNT_MOVE_REPLAY_FULL 19 /* authentic MOVE of a sender new to a full fe_replay:
+                                    * dropped */
+#define FE_CNT_MOVE_WRONG_IFACE 20 /* MOVE arriving on another interface than the move
+                                    * interface: dropped */
+#define FE_COUNTERS 21
+
+/* Keys the one-sided MOVE verifies with (fe_keys, by key id): a current and a
+ * previous key during a rotation, with room to spare. */
+#define FE_KEYS_MAX 4
+/* (key id, sender) pairs whose highest MOVE sequence is remembered (fe_replay). Only
+ * authentic messages whose sender is a configured back-end add one, so at most
+ * FE_BACKENDS_MAX x FE_KEYS_MAX = 256 ever exist; if it is full anyway, a new
+ * sender's MOVE is dropped (FE_CNT_MOVE_REPLAY_FULL): refused, never replayed. */
+#define FE_REPLAY_MAX 256
 
 /* The one-sided MOVE over UDP (docs/frontend.md "One-sided MOVE"), struct
  * fe_move_msg. Every field in network byte order. */

@@ -59,6 +59,22 @@ struct {
 	__type(value, struct fe_flow);
 } fe_moved SEC(".maps");
 
+/* The one-sided MOVE's keys: key id -> SipHash key (empty: no key configured). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FE_KEYS_MAX);
+	__type(key, __u32);
+	__type(value, struct fe_key);
+} fe_keys SEC(".maps");
+
+/* The one-sided MOVE's replay check: (key id, sender) -> highest sequence accepted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FE_REPLAY_MAX);
+	__type(key, struct fe_replay_key);
+	__type(value, __u64);
+} fe_replay SEC(".maps");
+
 /* Per-back-end counters, per CPU; user space sums the CPUs. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -8,6 +8,10 @@ use std::sync::{Arc, Mutex};
 use crate::control::{ControlAddr, Server};
 use crate::loader::{detach_iface, validate_backends, BackendSpec, Frontend, MOVED_IDLE_MAX};
 
+/// The systemd credential name of the MOVE key (`LoadCredential=frontend-move:PATH`):
+/// found in `$CREDENTIALS_DIRECTORY` before `--key-file`.
+pub const MOVE_KEY_CREDENTIAL: &str = "frontend-move";
+
 /// How often the moved-flow table is swept of flows idle [`MOVED_IDLE_MAX`]: a
 /// thirtieth of it, so an entry outlives its bound by at most ~3 %.
 pub const MOVED_SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
@@ -87,12 +91,25 @@ pub struct FrontendArgs {
     /// 0 = off.
     #[arg(long, value_name = "PORT")]
     pub move_udp_port: Option<u16>,
+    /// Require the one-sided MOVE to be authenticated with the key in this file (32
+    /// hex digits, mode 0600 or 0400, owned by this user; `$CREDENTIALS_DIRECTORY/
+    /// frontend-move` takes precedence when systemd provides it). Without it the
+    /// one-sided MOVE is unauthenticated (a warning is logged).
+    #[arg(long, value_name = "PATH")]
+    pub key_file: Option<std::path::PathBuf>,
+    /// The id of --key-file's key, as the back-ends' envelopes name it.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub key_id: u32,
+    /// Answer the one-sided MOVE only when it arrives on this interface (the
+    /// cluster-facing one; the program is attached there too). Default: --iface.
+    #[arg(long, value_name = "IF")]
+    pub move_iface: Option<String>,
     /// Stop after this many seconds (default: at SIGINT/SIGTERM).
     #[arg(long, value_name = "S")]
     pub duration_s: Option<f64>,
     /// Remove a front-end left attached to IF by a process that died, and exit
     /// (needed only on kernels before 6.6: a TCX attachment ends with its process).
-    #[arg(long, value_name = "IF", conflicts_with_all = ["iface", "vip", "backends", "control", "move_udp_port"])]
+    #[arg(long, value_name = "IF", conflicts_with_all = ["iface", "vip", "backends", "control", "move_udp_port", "key_file", "move_iface"])]
     pub detach: Option<String>,
 }
 
@@ -143,18 +160,43 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
     }
     let ifname = a.iface.as_deref().ok_or("--iface is required")?;
     let vip = a.vip.ok_or("--vip is required")?;
+    // The key first: a bad key file must fail before anything is attached.
+    let key = match &a.key_file {
+        Some(path) => Some(
+            farside_auth::keys::load_key(
+                MOVE_KEY_CREDENTIAL,
+                Some(path),
+                farside_auth::keys::Policy::Production,
+            )
+            .map_err(|e| format!("--key-file {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
     let mut fe = Frontend::attach(ifname, vip, &a.backends).map_err(|e| e.to_string())?;
     let move_port = a.move_port();
+    let move_ifname = a.move_iface.as_deref().unwrap_or(ifname);
     if move_port != 0 {
-        // The front-end's own address: --control's if it names one (the address the
-        // back-ends' `specd --frontend` gives), else the interface's.
+        fe.attach_move_iface(move_ifname)
+            .map_err(|e| format!("--move-iface {move_ifname}: {e}"))?;
+        match &key {
+            Some(k) => fe
+                .add_move_key(farside_auth::mac::KeyId(a.key_id), k.key)
+                .map_err(|e| format!("--key-file: {e}"))?,
+            None => log::warn!(
+                "frontend: the one-sided MOVE on udp port {move_port} is UNAUTHENTICATED \
+                 (only its source address is checked, which can be spoofed): give \
+                 --key-file and seal the back-ends' MOVEs with the same key"
+            ),
+        }
+        // The front-end's own address: a TCP --control's if it names one (the address
+        // the back-ends' `specd --frontend` gives), else the move interface's.
         let ip = match a.control.as_ref().and_then(|c| c.tcp()).map(|c| c.ip()) {
             Some(std::net::IpAddr::V4(ip)) if !ip.is_unspecified() => ip,
-            _ => crate::loader::iface_ipv4(ifname)
+            _ => crate::loader::iface_ipv4(move_ifname)
                 .map_err(|e| e.to_string())?
                 .ok_or_else(|| {
                     format!(
-                        "--move-udp-port {move_port}: {ifname} has no IPv4 address to answer on \
+                        "--move-udp-port {move_port}: {move_ifname} has no IPv4 address to answer on \
                          (give --control IP:PORT, or --move-udp-port 0)"
                     )
                 })?,
@@ -191,7 +233,14 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
             .map(|s| format!("; control on {}", s.addr()))
             .unwrap_or_default(),
         move_udp
-            .map(|m| format!("; one-sided MOVE on udp {m}"))
+            .map(|m| format!(
+                "; one-sided MOVE on udp {m} via {move_ifname}{}",
+                if key.is_some() {
+                    " (authenticated)"
+                } else {
+                    ""
+                }
+            ))
             .unwrap_or_default()
     );
     wait(a.duration_s.map(std::time::Duration::from_secs_f64));
@@ -211,4 +260,52 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
         Err(e) => log::warn!("frontend: reading the counters: {e}"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn args(key_file: Option<std::path::PathBuf>) -> FrontendArgs {
+        FrontendArgs {
+            iface: Some("no-such-if0".into()),
+            vip: Some("10.0.0.100:80".parse().unwrap()),
+            backends: vec!["02:00:00:00:00:0b@10.0.0.11=1".parse().unwrap()],
+            control: None,
+            move_udp_port: Some(7400),
+            key_file,
+            key_id: 1,
+            move_iface: None,
+            duration_s: None,
+            detach: None,
+        }
+    }
+
+    /// A key file others may read, or a missing one, stops the front-end before it
+    /// touches an interface; the message names the flag.
+    #[test]
+    fn an_exposed_or_missing_key_file_is_refused_before_attaching() {
+        let dir = std::env::temp_dir().join(format!("fe-cli-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("key");
+        std::fs::write(&path, "8f3a1c9e27b4d6051e9c3b7a2f6d4e18\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = run(args(Some(path.clone())), |_| {}).unwrap_err();
+        assert!(e.starts_with("--key-file"), "{e}");
+        let e = run(args(Some(dir.join("absent"))), |_| {}).unwrap_err();
+        assert!(e.starts_with("--key-file"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_move_port_follows_a_tcp_control_port_only() {
+        let mut a = args(None);
+        a.move_udp_port = None;
+        assert_eq!(a.move_port(), 0);
+        a.control = Some("10.0.0.2:7400".parse().unwrap());
+        assert_eq!(a.move_port(), 7400);
+        a.control = Some("unix:/run/farside/frontend.sock".parse().unwrap());
+        assert_eq!(a.move_port(), 0, "a Unix socket has no port");
+    }
 }

@@ -30,7 +30,8 @@ pub use loader::{
     HOLD_TTL_DEFAULT, HOLD_TTL_MAX, MOVED_IDLE_MAX,
 };
 pub use maps::{
-    BACKENDS_MAX, COUNTERS, COUNTER_NAMES, FLOWS_MAX, MOVED_MAX, SEEN_REFRESH_NS, SLOTS,
+    BACKENDS_MAX, COUNTERS, COUNTER_NAMES, FLOWS_MAX, KEYS_MAX, MOVED_MAX, REPLAY_MAX,
+    SEEN_REFRESH_NS, SLOTS,
 };
 
 /// True if this process runs as root (the live tests need it).

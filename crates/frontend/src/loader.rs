@@ -15,9 +15,9 @@ use farside_bpfrt::{error_chain, flags, is_permission_error, Error, Object};
 use serde::{Deserialize, Serialize};
 
 use crate::maps::{
-    BackendEntry, BackendStats, Config, FlowKey, FlowValue, COUNTERS, COUNTER_NAMES, FLOW_HOLD,
-    MAP_BACKENDS, MAP_BIP, MAP_BSTATS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_MOVED, MAP_TABLE,
-    MOVED_MAX, PROG_NAME, SLOTS,
+    BackendEntry, BackendStats, Config, FlowKey, FlowValue, KeyValue, COUNTERS, COUNTER_NAMES,
+    FLOW_HOLD, KEYS_MAX, MAP_BACKENDS, MAP_BIP, MAP_BSTATS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS,
+    MAP_KEYS, MAP_MOVED, MAP_TABLE, MOVED_MAX, PROG_NAME, SLOTS,
 };
 use crate::table;
 
@@ -229,6 +229,8 @@ pub struct Frontend {
     backends: Vec<BackendSpec>,
     link: Option<SchedClassifierLinkId>,
     ifname: String,
+    /// The attachment to the move interface, if it is another one.
+    move_link: Option<(SchedClassifierLinkId, String)>,
     /// Control-port `MOVE`s refused because the moved-flow table was full (added to
     /// the program's `move_full` in [`Frontend::stats`]).
     move_full_refused: u64,
@@ -263,12 +265,15 @@ impl Frontend {
                 backends: backends.len() as u32,
                 hash_k0,
                 hash_k1,
+                move_ifindex: ifindex,
+                move_mac: mac,
                 ..Config::default()
             },
             vip,
             backends: backends.to_vec(),
             link: None,
             ifname: String::new(),
+            move_link: None,
             move_full_refused: 0,
         };
         for (i, b) in backends.iter().enumerate() {
@@ -319,6 +324,72 @@ impl Frontend {
         table::HashKey::from_halves(self.config.hash_k0, self.config.hash_k1)
     }
 
+    /// Require every one-sided MOVE to carry an auth envelope (`farside_auth::mac`,
+    /// domain `FrontendMove`) under `key`, named `id`; several calls install several
+    /// keys (a rotation: current and previous), at most [`KEYS_MAX`](crate::KEYS_MAX).
+    /// From the first call on, an unauthenticated MOVE is dropped (`move_unauth`).
+    pub fn add_move_key(
+        &mut self,
+        id: farside_auth::mac::KeyId,
+        key: farside_auth::siphash::SipKey,
+    ) -> Result<(), FrontendError> {
+        let (k0, k1) = key.halves();
+        {
+            let mut m: HashMap<&mut MapData, u32, KeyValue> = self.obj.typed_mut(MAP_KEYS)?;
+            m.insert(id.0, KeyValue { k0, k1 }, 0).map_err(|e| {
+                if is_full(&e) {
+                    Error::Config(format!("at most {KEYS_MAX} MOVE keys"))
+                } else {
+                    Error::map(LABEL, "writing a MOVE key", &e)
+                }
+            })?;
+        }
+        let before = self.config;
+        self.config.move_auth = 1;
+        self.write_config().inspect_err(|_| self.config = before)
+    }
+
+    /// Remove MOVE key `id` (the end of a rotation). Returns whether it was installed;
+    /// authentication stays required.
+    pub fn revoke_move_key(&mut self, id: farside_auth::mac::KeyId) -> Result<bool, FrontendError> {
+        let mut m: HashMap<&mut MapData, u32, KeyValue> = self.obj.typed_mut(MAP_KEYS)?;
+        match m.remove(&id.0) {
+            Ok(()) => Ok(true),
+            Err(e) if is_gone(&e) => Ok(false),
+            Err(e) => Err(Error::map(LABEL, "removing a MOVE key", &e)),
+        }
+    }
+
+    /// Whether a one-sided MOVE must be authenticated.
+    pub fn move_authenticated(&self) -> bool {
+        self.config.move_auth != 0
+    }
+
+    /// Accept the one-sided MOVE only when it arrives on interface `ifindex` (whose
+    /// MAC is `mac`): the cluster-facing interface. Default: the interface the
+    /// front-end was loaded for. [`Frontend::attach_move_iface`] attaches there too.
+    pub fn set_move_ifindex(&mut self, ifindex: u32, mac: [u8; 6]) -> Result<(), FrontendError> {
+        let before = self.config;
+        self.config.move_ifindex = ifindex;
+        self.config.move_mac = mac;
+        self.write_config().inspect_err(|_| self.config = before)
+    }
+
+    /// Answer the one-sided MOVE on `ifname` only (the cluster-facing interface),
+    /// attaching the program to its tc ingress too if it is not the routed one; a
+    /// MOVE arriving elsewhere is dropped (`move_wrong_iface`).
+    pub fn attach_move_iface(&mut self, ifname: &str) -> Result<(), FrontendError> {
+        let (mac, ifindex) = iface_mac_index(ifname)?;
+        if ifindex != self.config.ifindex {
+            if let Some((link, name)) = self.move_link.take() {
+                self.obj.detach_tc(PROG_NAME, link, &name)?;
+            }
+            let link = self.obj.attach_tc_ingress(PROG_NAME, ifname)?;
+            self.move_link = Some((link, ifname.to_string()));
+        }
+        self.set_move_ifindex(ifindex, mac)
+    }
+
     /// Where the one-sided MOVE is answered, if it is on.
     pub fn move_udp(&self) -> Option<SocketAddrV4> {
         (self.config.move_port != 0).then(|| {
@@ -364,6 +435,9 @@ impl Frontend {
     /// Detach from the interface (if attached): from now on its traffic goes to the
     /// stack. The maps stay readable.
     pub fn detach(&mut self) -> Result<(), FrontendError> {
+        if let Some((link, name)) = self.move_link.take() {
+            self.obj.detach_tc(PROG_NAME, link, &name)?;
+        }
         match self.link.take() {
             Some(link) => self.obj.detach_tc(PROG_NAME, link, &self.ifname),
             None => Ok(()),

@@ -37,9 +37,20 @@ pub const COUNTER_NAMES: [&str; COUNTERS] = [
     "move_not_found",
     "move_full",
     "hold_expired",
+    "move_unauth",
+    "move_replay",
+    "move_replay_full",
+    "move_wrong_iface",
 ];
 /// Number of global counters (`FE_COUNTERS`).
-pub const COUNTERS: usize = 17;
+pub const COUNTERS: usize = 21;
+/// Keys the one-sided MOVE verifies with (`FE_KEYS_MAX`): current and previous during
+/// a rotation, with room to spare.
+pub const KEYS_MAX: usize = 4;
+/// (key id, sender) pairs the MOVE's replay check remembers (`FE_REPLAY_MAX`): only
+/// authentic messages from configured back-ends add one, so at most
+/// [`BACKENDS_MAX`] x [`KEYS_MAX`]; a new sender at a full table is refused.
+pub const REPLAY_MAX: usize = 256;
 
 pub(crate) const PROG_NAME: &str = "fs_frontend";
 pub(crate) const MAP_CONFIG: &str = "fe_config";
@@ -47,6 +58,7 @@ pub(crate) const MAP_BACKENDS: &str = "fe_backends";
 pub(crate) const MAP_TABLE: &str = "fe_table";
 pub(crate) const MAP_FLOWS: &str = "fe_flows";
 pub(crate) const MAP_MOVED: &str = "fe_moved";
+pub(crate) const MAP_KEYS: &str = "fe_keys";
 pub(crate) const MAP_BSTATS: &str = "fe_bstats";
 pub(crate) const MAP_COUNTERS: &str = "fe_counters";
 pub(crate) const MAP_BIP: &str = "fe_bip";
@@ -62,11 +74,24 @@ pub(crate) struct Config {
     pub backends: u32,
     pub ip: u32,
     pub move_port: u16,
-    pub reserved: u16,
-    pub reserved2: u32,
+    /// 1: a MOVE must carry an auth envelope under a key of `fe_keys`.
+    pub move_auth: u16,
+    /// MOVE is accepted only arriving on this interface.
+    pub move_ifindex: u32,
     /// The flow hash's key (`SipKey::halves`).
     pub hash_k0: u64,
     pub hash_k1: u64,
+    /// The move interface's MAC.
+    pub move_mac: [u8; 6],
+    pub reserved: u16,
+}
+
+/// `struct fe_key`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct KeyValue {
+    pub k0: u64,
+    pub k1: u64,
 }
 
 /// `struct fe_backend`.
@@ -112,6 +137,8 @@ pub(crate) struct BackendStats {
 unsafe impl aya::Pod for Config {}
 // SAFETY: as above.
 unsafe impl aya::Pod for BackendEntry {}
+// SAFETY: as above.
+unsafe impl aya::Pod for KeyValue {}
 // SAFETY: as above.
 unsafe impl aya::Pod for FlowKey {}
 // SAFETY: as above.
@@ -160,6 +187,8 @@ mod tests {
         assert_eq!(define(h, "FE_SLOTS"), SLOTS as u64);
         assert_eq!(define(h, "FE_FLOWS_MAX"), FLOWS_MAX as u64);
         assert_eq!(define(h, "FE_MOVED_MAX"), MOVED_MAX as u64);
+        assert_eq!(define(h, "FE_KEYS_MAX"), KEYS_MAX as u64);
+        assert_eq!(define(h, "FE_REPLAY_MAX"), REPLAY_MAX as u64);
         assert_eq!(define(h, "FE_SEEN_REFRESH_NS"), SEEN_REFRESH_NS);
         assert_eq!(define(h, "FE_FLOW_HOLD"), u64::from(FLOW_HOLD));
         assert_eq!(define(h, "FE_COUNTERS"), COUNTERS as u64);
@@ -181,6 +210,10 @@ mod tests {
             "FE_CNT_MOVE_NOT_FOUND",
             "FE_CNT_MOVE_FULL",
             "FE_CNT_HOLD_EXPIRED",
+            "FE_CNT_MOVE_UNAUTH",
+            "FE_CNT_MOVE_REPLAY",
+            "FE_CNT_MOVE_REPLAY_FULL",
+            "FE_CNT_MOVE_WRONG_IFACE",
         ]
         .iter()
         .enumerate()
@@ -215,7 +248,8 @@ mod tests {
             };
             assert_eq!(define(h, name), u64::from(s as u16), "{name}");
         }
-        assert_eq!(std::mem::size_of::<Config>(), 48);
+        assert_eq!(std::mem::size_of::<Config>(), 56);
+        assert_eq!(std::mem::size_of::<KeyValue>(), 16);
         assert_eq!(std::mem::size_of::<BackendEntry>(), 12);
         assert_eq!(std::mem::size_of::<FlowKey>(), 12);
         assert_eq!(std::mem::size_of::<FlowValue>(), 24);

@@ -1052,3 +1052,215 @@ fn the_flow_hash_key_is_secret_and_drawn_per_start() {
     // Half of 64 flows land differently on average; none would with a public seed.
     assert!(differ > 8, "{differ} of 64 placed differently");
 }
+
+// ---- The authenticated one-sided MOVE (a key installed: `--key-file`).
+
+use farside_auth::mac::KeyId;
+use farside_auth::siphash::SipKey;
+use farside_frontend::fmove::{MoveKey, SEALED_BYTES};
+
+const MOVE_KEY: MoveKey = MoveKey {
+    id: KeyId(7),
+    key: SipKey::from_halves(0x0f1e_2d3c_4b5a_6978, 0x8796_a5b4_c3d2_e1f0),
+};
+
+/// A front-end answering only MOVEs sealed under [`MOVE_KEY`].
+fn load_sealed_move() -> Frontend {
+    let mut fe = load_move();
+    fe.add_move_key(MOVE_KEY.id, MOVE_KEY.key).unwrap();
+    assert!(fe.move_authenticated());
+    fe
+}
+
+/// Runs a MOVE with `payload` from A and, if answered, checks the reply frame as
+/// [`move_reply`] does and returns it: verdict and the reply's payload.
+fn run_sealed(fe: &Frontend, payload: Vec<u8>) -> (u32, Vec<u8>) {
+    let shape = MoveShape {
+        payload,
+        ..MoveShape::from(
+            A_MAC,
+            A_IP,
+            &MoveRequest {
+                seq: 0,
+                client: client(1),
+                expected: A_IP,
+                next: B_IP,
+            },
+        )
+    };
+    let f = move_frame(&shape);
+    let (v, out) = run(fe, &f);
+    if v != verdict::REDIRECT {
+        assert_eq!(out, f, "a dropped MOVE is untouched");
+        return (v, Vec::new());
+    }
+    assert_eq!(&out[0..6], &A_MAC);
+    assert_eq!(&out[6..12], &FE_MAC);
+    assert_eq!(&out[26..30], &FE_IP.octets());
+    assert_eq!(&out[30..34], &A_IP.octets());
+    assert_eq!(csum_fold(sum16(&out[14..34])), 0, "IP checksum still right");
+    assert_eq!(
+        udp_csum_check(&out[26..30], &out[30..34], &out[34..]),
+        0,
+        "UDP checksum fixed for the new tag, sender and status"
+    );
+    (v, out[42..].to_vec())
+}
+
+#[test]
+#[ignore = "needs root (BPF): cargo test -p farside-frontend -- --include-ignored"]
+fn sealed_moves_are_verified_replayed_ones_and_forgeries_dropped() {
+    need_root();
+    let fe = load_sealed_move();
+    let c = client(1);
+    open_flow(&fe, c);
+    let req = MoveRequest {
+        seq: 5,
+        client: c,
+        expected: A_IP,
+        next: B_IP,
+    };
+    // Authentic: moved; the reply is sealed by the front-end and echoes the sequence.
+    let good = req.seal(&MOVE_KEY, A_IP, 1000);
+    let (v, reply) = run_sealed(&fe, good.clone());
+    assert_eq!(v, verdict::REDIRECT);
+    assert_eq!(reply.len(), SEALED_BYTES);
+    assert_eq!(
+        req.match_sealed_reply(&MOVE_KEY, FE_IP, 1000, &reply),
+        Some(MoveStatus::Moved)
+    );
+    assert_eq!(fe.flow(c).unwrap(), Some((B_IP, false)));
+    data_to(&fe, c, B_MAC, "after the sealed MOVE");
+
+    let back = MoveRequest {
+        seq: 6,
+        client: c,
+        expected: B_IP,
+        next: A_IP,
+    };
+    let mut forged_tag = back.seal(&MOVE_KEY, B_IP, 1001);
+    forged_tag[0] ^= 1;
+    let mut forged_msg = req.seal(&MOVE_KEY, A_IP, 1002);
+    forged_msg[SEALED_BYTES - 1] ^= 1;
+    let mut unknown_key = req.seal(&MOVE_KEY, A_IP, 1003);
+    unknown_key[8] = 8;
+    let other_key = MoveKey {
+        id: MOVE_KEY.id,
+        key: SipKey::from_halves(1, 2),
+    };
+    // (description, payload, verdict, counter that must grow)
+    let cases: Vec<(&str, Vec<u8>, u32, &str)> = vec![
+        (
+            "the same datagram again (replay)",
+            good.clone(),
+            verdict::DROP,
+            "move_replay",
+        ),
+        (
+            "an older sequence",
+            req.seal(&MOVE_KEY, A_IP, 999),
+            verdict::DROP,
+            "move_replay",
+        ),
+        (
+            "unsealed (32 bytes)",
+            req.encode().to_vec(),
+            verdict::DROP,
+            "move_unauth",
+        ),
+        (
+            "a flipped tag bit",
+            forged_tag,
+            verdict::DROP,
+            "move_unauth",
+        ),
+        (
+            "a flipped message bit",
+            forged_msg,
+            verdict::DROP,
+            "move_unauth",
+        ),
+        (
+            "an unknown key id",
+            unknown_key,
+            verdict::DROP,
+            "move_unauth",
+        ),
+        (
+            "sealed under another key",
+            req.seal(&other_key, A_IP, 1004),
+            verdict::DROP,
+            "move_unauth",
+        ),
+        (
+            "sender is not the expected back-end",
+            req.seal(&MOVE_KEY, C_IP, 1005),
+            verdict::DROP,
+            "move_refused",
+        ),
+        (
+            "sequence 0",
+            req.seal(&MOVE_KEY, A_IP, 0),
+            verdict::DROP,
+            "move_replay",
+        ),
+    ];
+    for (what, payload, want, counter_name) in cases {
+        let before = counter(&fe, counter_name);
+        assert_eq!(run_sealed(&fe, payload).0, want, "{what}: verdict");
+        assert_eq!(
+            counter(&fe, counter_name),
+            before + 1,
+            "{what}: {counter_name}"
+        );
+        assert_eq!(
+            fe.flow(c).unwrap(),
+            Some((B_IP, false)),
+            "{what}: flow unchanged"
+        );
+    }
+    // A newer sequence of A is fine (ALREADY); B's own sequences are its own.
+    let (_, reply) = run_sealed(&fe, req.seal(&MOVE_KEY, A_IP, 2000));
+    assert_eq!(
+        req.match_sealed_reply(&MOVE_KEY, FE_IP, 2000, &reply),
+        Some(MoveStatus::Already)
+    );
+    let shape = MoveShape {
+        payload: back.seal(&MOVE_KEY, B_IP, 5),
+        ..MoveShape::from(B_MAC, B_IP, &back)
+    };
+    let (v, out) = run(&fe, &move_frame(&shape));
+    assert_eq!(v, verdict::REDIRECT);
+    assert_eq!(
+        back.match_sealed_reply(&MOVE_KEY, FE_IP, 5, &out[42..]),
+        Some(MoveStatus::Moved)
+    );
+    assert_eq!(fe.flow(c).unwrap(), Some((A_IP, false)));
+}
+
+#[test]
+#[ignore = "needs root (BPF): cargo test -p farside-frontend -- --include-ignored"]
+fn a_move_is_answered_only_on_the_move_interface() {
+    need_root();
+    let mut fe = load_move();
+    let c = client(1);
+    open_flow(&fe, c);
+    // The cluster-facing interface is another one (index 999): MOVE on this one is
+    // dropped and counted; routing the VIP here goes on.
+    fe.set_move_ifindex(999, [0x02, 0, 0, 0, 0xfe, 0x99])
+        .unwrap();
+    let r = MoveRequest {
+        seq: 1,
+        client: c,
+        expected: A_IP,
+        next: B_IP,
+    };
+    let f = move_frame(&MoveShape::from(A_MAC, A_IP, &r));
+    assert_eq!(run(&fe, &f), (verdict::DROP, f.clone()));
+    assert_eq!(counter(&fe, "move_wrong_iface"), 1);
+    assert_eq!(fe.flow(c).unwrap(), Some((A_IP, false)));
+    data_to(&fe, c, A_MAC, "routing on the client-facing interface");
+    // Back on this interface (the default): answered.
+    fe.set_move_ifindex(IFINDEX, FE_MAC).unwrap();
+    assert_eq!(move_reply(&fe, A_MAC, A_IP, &r, true), MoveStatus::Moved);
+}
