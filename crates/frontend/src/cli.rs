@@ -104,12 +104,21 @@ pub struct FrontendArgs {
     /// cluster-facing one; the program is attached there too). Default: --iface.
     #[arg(long, value_name = "IF")]
     pub move_iface: Option<String>,
+    /// Pin the maps a restart must keep (flows, moved flows, hash key, MOVE replay
+    /// state) under --pin-root/IF, and restore them at start if an earlier front-end
+    /// of the same VIP and back-ends left them. Default: on when --pin-root is on a
+    /// bpffs and this is the host's network namespace.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub pin_maps: Option<bool>,
+    /// Where maps are pinned (one directory per interface below it).
+    #[arg(long, value_name = "DIR", default_value = crate::pin::PIN_ROOT)]
+    pub pin_root: std::path::PathBuf,
     /// Stop after this many seconds (default: at SIGINT/SIGTERM).
     #[arg(long, value_name = "S")]
     pub duration_s: Option<f64>,
     /// Remove a front-end left attached to IF by a process that died, and exit
     /// (needed only on kernels before 6.6: a TCX attachment ends with its process).
-    #[arg(long, value_name = "IF", conflicts_with_all = ["iface", "vip", "backends", "control", "move_udp_port", "key_file", "move_iface"])]
+    #[arg(long, value_name = "IF", conflicts_with_all = ["iface", "vip", "backends", "control", "move_udp_port", "key_file", "move_iface", "pin_maps"])]
     pub detach: Option<String>,
 }
 
@@ -172,7 +181,37 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
         ),
         None => None,
     };
-    let mut fe = Frontend::attach(ifname, vip, &a.backends).map_err(|e| e.to_string())?;
+    let pin = a
+        .pin_maps
+        .unwrap_or_else(|| crate::pin::default_on(&a.pin_root));
+    let (mut fe, restored) = Frontend::attach_pinned(
+        ifname,
+        vip,
+        &a.backends,
+        pin.then_some(a.pin_root.as_path()),
+    )
+    .map_err(|e| e.to_string())?;
+    if pin {
+        let dir = crate::pin::pin_dir(&a.pin_root, ifname);
+        if restored.discarded {
+            log::warn!(
+                "frontend: maps pinned in {} were for another VIP or other back-ends: not restored",
+                dir.display()
+            );
+        }
+        log::info!(
+            "frontend: maps pinned in {} (restored {} flows, {} moved, {} replay entries{})",
+            dir.display(),
+            restored.flows,
+            restored.moved,
+            restored.replay,
+            if restored.hash_key.is_some() {
+                ", the hash key"
+            } else {
+                ""
+            }
+        );
+    }
     let move_port = a.move_port();
     let move_ifname = a.move_iface.as_deref().unwrap_or(ifname);
     if move_port != 0 {
@@ -277,6 +316,8 @@ mod tests {
             key_file,
             key_id: 1,
             move_iface: None,
+            pin_maps: Some(false),
+            pin_root: crate::pin::PIN_ROOT.into(),
             duration_s: None,
             detach: None,
         }

@@ -13,6 +13,7 @@
 //!   `STATS`) and its [`control::Client`];
 //! - [`fmove`]: the one-sided MOVE, a UDP request the program answers in the kernel,
 //!   and its [`fmove::MoveClient`];
+//! - [`pin`]: maps pinned on bpffs, so a restarted front-end keeps its flows;
 //! - [`cli`]: `farside frontend`.
 //!
 //! Everything but [`table`] needs CAP_BPF and CAP_NET_ADMIN (root in practice).
@@ -22,6 +23,7 @@ pub mod control;
 pub mod fmove;
 mod loader;
 mod maps;
+pub mod pin;
 pub mod table;
 
 pub use loader::{

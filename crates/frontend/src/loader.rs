@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -17,8 +18,9 @@ use serde::{Deserialize, Serialize};
 use crate::maps::{
     BackendEntry, BackendStats, Config, FlowKey, FlowValue, KeyValue, COUNTERS, COUNTER_NAMES,
     FLOW_HOLD, KEYS_MAX, MAP_BACKENDS, MAP_BIP, MAP_BSTATS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS,
-    MAP_KEYS, MAP_MOVED, MAP_TABLE, MOVED_MAX, PROG_NAME, SLOTS,
+    MAP_KEYS, MAP_MOVED, MAP_REPLAY, MAP_TABLE, MOVED_MAX, PROG_NAME, SLOTS,
 };
+use crate::pin::{self, Restored, PINNED_MAPS};
 use crate::table;
 
 /// The compiled program (clang -target bpf), 8-byte aligned as ELF parsing needs.
@@ -246,12 +248,34 @@ impl Frontend {
         mac: [u8; 6],
         ifindex: u32,
     ) -> Result<Frontend, FrontendError> {
+        Frontend::load_pinned(vip, backends, mac, ifindex, None).map(|(fe, _)| fe)
+    }
+
+    /// [`Frontend::load`], keeping state across restarts in `pin_dir` (a directory on
+    /// a bpffs, see [`crate::pin`]): what an earlier front-end of the same VIP and
+    /// back-ends pinned there (hash key, flows, moved flows, replay state) is copied in,
+    /// then this front-end's maps are pinned there in its place.
+    pub fn load_pinned(
+        vip: SocketAddrV4,
+        backends: &[BackendSpec],
+        mac: [u8; 6],
+        ifindex: u32,
+        pin_dir: Option<&Path>,
+    ) -> Result<(Frontend, Restored), FrontendError> {
         if vip.port() == 0 {
             return Err(Error::Config("VIP port 0".into()));
         }
         validate_backends(backends).map_err(Error::Config)?;
-        let hash_key = table::random_hash_key()
-            .map_err(|e| Error::os(LABEL, "drawing the flow hash's key (getrandom)", e))?;
+        let mut restored = Restored::default();
+        let pinned = match pin_dir {
+            Some(d) => pin::read(d, vip, backends, &mut restored.discarded)?,
+            None => None,
+        };
+        let hash_key = match &pinned {
+            Some(p) => p.hash_key,
+            None => table::random_hash_key()
+                .map_err(|e| Error::os(LABEL, "drawing the flow hash's key (getrandom)", e))?,
+        };
         let (hash_k0, hash_k1) = hash_key.halves();
         let mut obj = Object::load(LABEL, OBJECT)?;
         obj.load_program::<SchedClassifier>(PROG_NAME)?;
@@ -293,9 +317,41 @@ impl Frontend {
             }
         }
         fe.write_table()?;
+        if let Some(p) = pinned {
+            restored.hash_key = Some(p.hash_key);
+            restored.flows = fe.copy_in(MAP_FLOWS, &p.flows)?;
+            restored.moved = fe.copy_in(MAP_MOVED, &p.moved)?;
+            restored.replay = fe.copy_in(MAP_REPLAY, &p.replay)?;
+        }
         // Written last: `backends` > 0 is what turns routing on.
         fe.write_config()?;
-        Ok(fe)
+        if let Some(d) = pin_dir {
+            let maps = PINNED_MAPS
+                .iter()
+                .map(|n| fe.obj.map(n).map(|m| (*n, m)))
+                .collect::<Result<Vec<_>, _>>()?;
+            pin::pin_all(d, maps.into_iter())?;
+        }
+        Ok((fe, restored))
+    }
+
+    /// Insert `entries` into hash map `name`; returns how many went in (a full map
+    /// keeps what fitted).
+    fn copy_in<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        name: &str,
+        entries: &[(K, V)],
+    ) -> Result<usize, FrontendError> {
+        let mut m: HashMap<&mut MapData, K, V> = self.obj.typed_mut(name)?;
+        let mut n = 0;
+        for (k, v) in entries {
+            match m.insert(k, v, 0) {
+                Ok(()) => n += 1,
+                Err(e) if is_full(&e) => break,
+                Err(e) => return Err(Error::map(LABEL, &format!("restoring {name}"), &e)),
+            }
+        }
+        Ok(n)
     }
 
     fn write_config(&mut self) -> Result<(), FrontendError> {
@@ -407,12 +463,25 @@ impl Frontend {
         vip: SocketAddrV4,
         backends: &[BackendSpec],
     ) -> Result<Frontend, FrontendError> {
+        Frontend::attach_pinned(ifname, vip, backends, None).map(|(fe, _)| fe)
+    }
+
+    /// [`Frontend::attach`] with [`Frontend::load_pinned`]'s state kept in
+    /// `pin_root/<ifname>/` if `pin_root` is given.
+    pub fn attach_pinned(
+        ifname: &str,
+        vip: SocketAddrV4,
+        backends: &[BackendSpec],
+        pin_root: Option<&Path>,
+    ) -> Result<(Frontend, Restored), FrontendError> {
         let (mac, ifindex) = iface_mac_index(ifname)?;
-        let mut fe = Frontend::load(vip, backends, mac, ifindex)?;
+        let dir = pin_root.map(|r| pin::pin_dir(r, ifname));
+        let (mut fe, restored) =
+            Frontend::load_pinned(vip, backends, mac, ifindex, dir.as_deref())?;
         let link = fe.obj.attach_tc_ingress(PROG_NAME, ifname)?;
         fe.link = Some(link);
         fe.ifname = ifname.to_string();
-        Ok(fe)
+        Ok((fe, restored))
     }
 
     fn write_table(&mut self) -> Result<(), FrontendError> {

@@ -59,6 +59,7 @@ pub(crate) const MAP_TABLE: &str = "fe_table";
 pub(crate) const MAP_FLOWS: &str = "fe_flows";
 pub(crate) const MAP_MOVED: &str = "fe_moved";
 pub(crate) const MAP_KEYS: &str = "fe_keys";
+pub(crate) const MAP_REPLAY: &str = "fe_replay";
 pub(crate) const MAP_BSTATS: &str = "fe_bstats";
 pub(crate) const MAP_COUNTERS: &str = "fe_counters";
 pub(crate) const MAP_BIP: &str = "fe_bip";
@@ -139,6 +140,17 @@ unsafe impl aya::Pod for Config {}
 unsafe impl aya::Pod for BackendEntry {}
 // SAFETY: as above.
 unsafe impl aya::Pod for KeyValue {}
+// SAFETY: as above.
+unsafe impl aya::Pod for ReplayKey {}
+
+/// `struct fe_replay_key`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ReplayKey {
+    pub key_id: u32,
+    pub reserved: u32,
+    pub sender: u64,
+}
 // SAFETY: as above.
 unsafe impl aya::Pod for FlowKey {}
 // SAFETY: as above.
@@ -250,6 +262,7 @@ mod tests {
         }
         assert_eq!(std::mem::size_of::<Config>(), 56);
         assert_eq!(std::mem::size_of::<KeyValue>(), 16);
+        assert_eq!(std::mem::size_of::<ReplayKey>(), 16);
         assert_eq!(std::mem::size_of::<BackendEntry>(), 12);
         assert_eq!(std::mem::size_of::<FlowKey>(), 12);
         assert_eq!(std::mem::size_of::<FlowValue>(), 24);

@@ -480,6 +480,8 @@ fn farside_frontend_flags_place_the_one_sided_move() {
             key_file: None,
             key_id: 1,
             move_iface: None,
+            pin_maps: Some(false),
+            pin_root: farside_frontend::pin::PIN_ROOT.into(),
             duration_s: None,
             detach: None,
         };
@@ -548,6 +550,8 @@ fn farside_frontend_with_a_key_file_answers_only_sealed_moves() {
         key_file: Some(path.clone()),
         key_id: 9,
         move_iface: Some(FE_IF.into()),
+        pin_maps: Some(false),
+        pin_root: farside_frontend::pin::PIN_ROOT.into(),
         duration_s: None,
         detach: None,
     };
@@ -585,5 +589,112 @@ fn farside_frontend_with_a_key_file_answers_only_sealed_moves() {
     .join()
     .expect("farside frontend");
     let _ = std::fs::remove_dir_all(&dir);
+    drop(lan);
+}
+
+/// `farside frontend --pin-maps`: a connection opened through one front-end process
+/// keeps its back-end through a second one started on the pinned maps, even with
+/// weights that now send every new flow elsewhere (without the pinned entry its next
+/// packet would be hashed to B, which answers RST).
+#[test]
+#[ignore = "needs root (netns, BPF, mount): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn a_restarted_frontend_on_pinned_maps_keeps_a_live_connection_on_its_backend() {
+    use farside_frontend::cli::{run, FrontendArgs};
+    need_root();
+    let lan = Lan::setup('p');
+    let r = lan.r.clone();
+    /// The bpffs of this test, unmounted even if it panics.
+    struct Mounted(std::path::PathBuf);
+    impl Drop for Mounted {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let root = std::env::temp_dir().join(format!("fe-pin-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    let st = std::process::Command::new("mount")
+        .args(["-t", "bpf", "bpf"])
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount -t bpf");
+    let mounted = Mounted(root.clone());
+    let stop = Arc::new(AtomicBool::new(false));
+    let servers = [
+        serve_rounds(r.clone(), "a", stop.clone()),
+        serve_rounds(r.clone(), "b", stop.clone()),
+    ];
+    let args = |wa, wb| FrontendArgs {
+        iface: Some(FE_IF.into()),
+        vip: Some(VIP),
+        backends: Lan::backends(wa, wb).to_vec(),
+        control: None,
+        move_udp_port: None,
+        key_file: None,
+        key_id: 1,
+        move_iface: None,
+        pin_maps: Some(true),
+        pin_root: root.clone(),
+        duration_s: None,
+        detach: None,
+    };
+    // One front-end process's life: start, signal, wait for the word to stop.
+    let life = |a: FrontendArgs| {
+        let (up_tx, up_rx) = mpsc::channel();
+        let (down_tx, down_rx) = mpsc::channel::<()>();
+        let rf = r.clone();
+        let h = thread::spawn(move || {
+            rf.enter("f");
+            run(a, move |_| {
+                up_tx.send(()).unwrap();
+                let _ = down_rx.recv();
+            })
+            .unwrap();
+        });
+        up_rx.recv_timeout(AWAIT_MAX).expect("front-end up");
+        (h, down_tx)
+    };
+    let (step_tx, step_rx) = mpsc::channel::<()>();
+    let (said_tx, said_rx) = mpsc::channel::<String>();
+    let rc = r.clone();
+    let client = thread::spawn(move || {
+        rc.enter("c");
+        let s = TcpStream::connect_timeout(&SocketAddr::V4(VIP), AWAIT_MAX).unwrap();
+        s.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let mut rd = BufReader::new(s);
+        for _ in 0..2 {
+            step_rx.recv().unwrap();
+            let body: Vec<u8> = (0..ROUND_BYTES).map(|i| session::pat(7, i)).collect();
+            w.write_all(b"7\n").unwrap();
+            w.write_all(&body).unwrap();
+            let mut line = String::new();
+            rd.read_line(&mut line).unwrap();
+            said_tx.send(line.trim().to_string()).unwrap();
+        }
+    });
+    // First life: every new flow to A.
+    let (h, down) = life(args(1, 0));
+    step_tx.send(()).unwrap();
+    assert_eq!(said_rx.recv_timeout(AWAIT_MAX).unwrap(), "a 7 0");
+    down.send(()).unwrap();
+    h.join().expect("first front-end");
+    // Second life: every new flow to B; the pinned entry keeps the connection on A.
+    let (h, down) = life(args(0, 1));
+    step_tx.send(()).unwrap();
+    assert_eq!(
+        said_rx.recv_timeout(AWAIT_MAX).unwrap(),
+        "a 7 0",
+        "the connection stayed on A"
+    );
+    client.join().expect("client");
+    down.send(()).unwrap();
+    h.join().expect("second front-end");
+    stop.store(true, Ordering::SeqCst);
+    for s in servers {
+        let _ = s.join();
+    }
+    drop(mounted);
     drop(lan);
 }

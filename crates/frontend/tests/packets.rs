@@ -1264,3 +1264,108 @@ fn a_move_is_answered_only_on_the_move_interface() {
     fe.set_move_ifindex(IFINDEX, FE_MAC).unwrap();
     assert_eq!(move_reply(&fe, A_MAC, A_IP, &r, true), MoveStatus::Moved);
 }
+
+// ---- Pinned maps: a restart keeps flows.
+
+/// A bpffs mounted on a fresh directory for one test, unmounted on drop (the
+/// machine's /sys/fs/bpf may not be one).
+struct Bpffs(std::path::PathBuf);
+
+impl Bpffs {
+    fn mount(tag: &str) -> Bpffs {
+        let p = std::env::temp_dir().join(format!("fe-bpffs-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        let st = std::process::Command::new("mount")
+            .args(["-t", "bpf", "bpf"])
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount -t bpf");
+        assert!(farside_frontend::pin::is_bpffs(&p));
+        Bpffs(p)
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+fn load_pinned(
+    backends: &[(Ipv4Addr, [u8; 6])],
+    dir: &std::path::Path,
+) -> (Frontend, farside_frontend::pin::Restored) {
+    let specs: Vec<BackendSpec> = backends
+        .iter()
+        .map(|&(ip, mac)| BackendSpec { mac, ip, weight: 1 })
+        .collect();
+    Frontend::load_pinned(VIP, &specs, FE_MAC, IFINDEX, Some(dir)).expect("load (root?)")
+}
+
+/// A front-end restarted on pinned maps keeps every flow where it was (SYN-made and
+/// moved), its hash key (flows without an entry hash as before) and its replay state;
+/// pins of other back-ends are discarded, not misread.
+#[test]
+#[ignore = "needs root (BPF, mount): cargo test -p farside-frontend -- --include-ignored"]
+fn a_restart_on_pinned_maps_keeps_every_flow_on_its_backend() {
+    need_root();
+    let fs = Bpffs::mount("restart");
+    let dir = farside_frontend::pin::pin_dir(&fs.0, "lan0");
+    let ab = [(A_IP, A_MAC), (B_IP, B_MAC)];
+    let (mut fe, r) = load_pinned(&ab, &dir);
+    assert_eq!(
+        r,
+        farside_frontend::pin::Restored::default(),
+        "nothing pinned yet"
+    );
+    for name in farside_frontend::pin::PINNED_MAPS {
+        assert!(dir.join(name).exists(), "{name} pinned");
+    }
+    let t = fe.table().unwrap();
+    let key = fe.hash_key();
+    // 40 flows opened by SYNs, one of them moved to the other back-end.
+    let flows: Vec<SocketAddrV4> = (0..40).map(|i| client(i + 1)).collect();
+    for &c in &flows {
+        let syn = frame(Shape {
+            src: c,
+            ..Shape::tcp(SYN)
+        });
+        run(&fe, &syn);
+    }
+    let where_ = |c: SocketAddrV4| table::backend_for(&t, &key, c, VIP);
+    let moved = flows[0];
+    let moved_to = 1 - where_(moved);
+    fe.move_flow(moved, [A_IP, B_IP][moved_to as usize])
+        .unwrap();
+    drop(fe); // the process ends; the pins stay
+
+    let (fe, r) = load_pinned(&ab, &dir);
+    assert_eq!(r.hash_key, Some(key), "the hash key is kept");
+    assert_eq!((r.flows, r.moved, r.discarded), (39, 1, false));
+    assert_eq!(fe.hash_key(), key);
+    data_to(
+        &fe,
+        moved,
+        mac_of(moved_to),
+        "the moved flow after the restart",
+    );
+    assert!(fe.is_moved(moved).unwrap());
+    for &c in &flows[1..] {
+        data_to(&fe, c, mac_of(where_(c)), "a flow after the restart");
+    }
+    assert_eq!(counter(&fe, "nonsyn_miss"), 0, "every flow found its entry");
+    drop(fe);
+
+    // Other back-ends: the pinned indices would name other hosts: discarded.
+    let ac = [(A_IP, A_MAC), (C_IP, C_MAC)];
+    let (fe, r) = load_pinned(&ac, &dir);
+    assert!(r.discarded);
+    assert_eq!((r.flows, r.moved, r.hash_key), (0, 0, None));
+    assert_ne!(fe.hash_key(), key);
+    assert_eq!(fe.flow(moved).unwrap(), None);
+    drop(fe);
+    farside_frontend::pin::unpin(&dir).unwrap();
+    assert!(!dir.exists());
+}
