@@ -9,9 +9,11 @@
 /* Back-ends the front-end can route to (max_entries of fe_backends and fe_bstats):
  * a cluster of the paper's size is a handful; 64 keeps the maps one page. */
 #define FE_BACKENDS_MAX 64
-/* Slots of the weight table: a weight is resolved to 1/1024 (75/25 and 67/33 are
- * off by < 0.1 %); 1024 slots cost 4 KiB. */
-#define FE_SLOTS 1024
+/* Slots of the weight table, Maglev's lookup table (crates/frontend table.rs): a
+ * prime, so every back-end's permutation visits every slot, and over 100 x
+ * FE_BACKENDS_MAX, Maglev's bound for even shares; a weight is resolved to 1/16,381;
+ * 64 KiB. */
+#define FE_SLOTS 16381
 /* Flows remembered (LRU, fe_flows): 65,536 x ~56 bytes of kernel memory (a few MiB);
  * the least recently used entry is evicted past it (see docs/frontend.md). Only a
  * SYN creates an entry, so packets of unknown flows cannot evict live ones. */

@@ -236,6 +236,8 @@ pub struct Frontend {
     /// Control-port `MOVE`s refused because the moved-flow table was full (added to
     /// the program's `move_full` in [`Frontend::stats`]).
     move_full_refused: u64,
+    /// The weight table as last written (empty before the first write).
+    table: Vec<u32>,
 }
 
 impl Frontend {
@@ -299,6 +301,7 @@ impl Frontend {
             ifname: String::new(),
             move_link: None,
             move_full_refused: 0,
+            table: Vec::new(),
         };
         for (i, b) in backends.iter().enumerate() {
             let entry = BackendEntry {
@@ -484,13 +487,24 @@ impl Frontend {
         Ok((fe, restored))
     }
 
+    /// Fill the weight table (Maglev, [`table::fill_table`]) for the current back-ends
+    /// and weights, writing only the slots that change.
     fn write_table(&mut self) -> Result<(), FrontendError> {
         let weights: Vec<u32> = self.backends.iter().map(|b| b.weight).collect();
-        let t = table::fill_table(&weights, SLOTS).map_err(Error::Config)?;
+        let ids: Vec<u64> = self
+            .backends
+            .iter()
+            .map(|b| u64::from(u32::from(b.ip)))
+            .collect();
+        let t = table::fill_table(&ids, &weights, SLOTS).map_err(Error::Config)?;
         for (slot, b) in t.iter().enumerate() {
+            if self.table.get(slot) == Some(b) {
+                continue;
+            }
             self.obj
                 .array_set(MAP_TABLE, slot as u32, *b, "writing the weight table")?;
         }
+        self.table = t;
         Ok(())
     }
 

@@ -4,8 +4,9 @@
 /// Back-ends the program can route to (`FE_BACKENDS_MAX`): a handful in the paper's
 /// cluster; 64 keeps the per-back-end maps small.
 pub const BACKENDS_MAX: usize = 64;
-/// Weight-table slots (`FE_SLOTS`): weights resolve to 1/1024.
-pub const SLOTS: usize = 1024;
+/// Weight-table slots (`FE_SLOTS`): Maglev's lookup table, a prime over 100 x
+/// [`BACKENDS_MAX`]; weights resolve to 1/16,381.
+pub const SLOTS: usize = 16_381;
 /// Flows the LRU flow table holds (`FE_FLOWS_MAX`); older ones are evicted. Only a
 /// SYN creates an entry.
 pub const FLOWS_MAX: usize = 65_536;
