@@ -33,8 +33,16 @@
  * process involved: the flow entry is compare-and-swapped from the requester (the
  * back-end the entry names) to the new back-end, and the request is turned into
  * its reply in place and sent back out. Protocol and statuses: struct
- * fe_move_msg, docs/frontend.md "One-sided MOVE". Other traffic to the front-end's
- * address (other protocols, other ports, later fragments) passes as before.
+ * fe_move_msg, docs/frontend.md "One-sided MOVE". It is answered only on the move
+ * interface (fe_config.move_ifindex; the VIP is routed only on fe_config.ifindex)
+ * and, with fe_config.move_auth, only behind an auth envelope (auth_siphash.h) whose
+ * tag verifies under a key of fe_keys, whose sender is the expected back-end and
+ * whose sequence is above that sender's highest in fe_replay; the reply is sealed
+ * under the same key. Other traffic to the front-end's address (other protocols,
+ * other ports, later fragments) passes as before.
+ *
+ * The 4-tuple hash is SipHash-2-4 under the secret key in fe_config; the weight
+ * table it indexes is Maglev's (filled by crates/frontend table.rs).
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>

@@ -6,15 +6,20 @@
 //! rewrites only the destination (and source) MAC and sends the frame back out,
 //! replies go from the back-end straight to the client. See `docs/frontend.md`.
 //!
-//! - [`table`]: the weight table and the 4-tuple hash (the paper's sub-optimal
-//!   routing), pure and unit-tested;
+//! - [`table`]: the weight table (Maglev) and the 4-tuple hash (SipHash under a
+//!   secret key) of the paper's sub-optimal routing, pure and unit-tested;
 //! - [`Frontend`]: load, configure, attach (tc ingress), and the map operations;
 //! - [`control`]: the control port (`MOVE`, `HOLD`, `RELEASE`, `FLOW`, `WEIGHTS`,
-//!   `STATS`) and its [`control::Client`];
-//! - [`fmove`]: the one-sided MOVE, a UDP request the program answers in the kernel,
-//!   and its [`fmove::MoveClient`];
+//!   `STATS`) on a Unix socket or TCP, and its [`control::Client`];
+//! - [`fmove`]: the one-sided MOVE, a UDP request the program answers (and, with a
+//!   key, authenticates) in the kernel, and its [`fmove::MoveClient`];
 //! - [`pin`]: maps pinned on bpffs, so a restarted front-end keeps its flows;
 //! - [`cli`]: `farside frontend`.
+//!
+//! Trust boundaries: only SYNs create flow entries; migrated flows live in a bounded
+//! table traffic cannot evict; holds expire; the hash key is secret; the MOVE is
+//! authenticated with `--key-file` and accepted only on the move interface; control
+//! is best on a 0600 Unix socket (TCP control is unauthenticated).
 //!
 //! Everything but [`table`] needs CAP_BPF and CAP_NET_ADMIN (root in practice).
 
