@@ -18,22 +18,31 @@
  *   - fragments (MF or an offset), checked before the port (later fragments have
  *     none): FE_CNT_FRAGMENT.
  *
- * Decision: the flow table (LRU hash keyed by the 4-tuple) first; on a hit the
- * entry's back-end (a held entry drops the packet); on a miss the weight table
- * slot of the 4-tuple's hash (the paper's blind, weighted routing), recorded in
- * the flow table. A miss on a non-SYN (entry evicted, front-end restarted) is
- * hashed the same way and recorded: with unchanged weights and an unmoved flow
- * it reaches the same back-end as before; if the weights changed or the flow
- * had been moved (migrated) it may reach another back-end, which has no socket
- * and answers RST: that connection is lost (counted FE_CNT_NONSYN_MISS).
+ * Decision: the moved-flow table (fe_moved, a plain hash MOVE writes) first, then
+ * the flow table (LRU hash keyed by the 4-tuple); on a hit the entry's back-end (a
+ * held entry drops the packet until its hold runs out); on a miss the weight table
+ * slot of the 4-tuple's hash (the paper's blind, weighted routing). Only a SYN
+ * records its choice in the flow table: a miss on a non-SYN (entry evicted, a flow
+ * from before the program, or a spoofed packet) is routed by the hash without
+ * inserting (counted FE_CNT_NONSYN_MISS), so a flood of packets of unknown flows
+ * cannot evict live entries. With unchanged weights an unmoved flow reaches the same
+ * back-end as before; moved flows are in fe_moved, which traffic cannot evict.
  *
  * The one-sided MOVE (handle_move): a UDP datagram to the front-end's own address
  * and move port (fe_config) is answered here, in the kernel, with no front-end
  * process involved: the flow entry is compare-and-swapped from the requester (the
  * back-end the entry names) to the new back-end, and the request is turned into
  * its reply in place and sent back out. Protocol and statuses: struct
- * fe_move_msg, docs/frontend.md "One-sided MOVE". Other traffic to the front-end's
- * address (other protocols, other ports, later fragments) passes as before.
+ * fe_move_msg, docs/frontend.md "One-sided MOVE". It is answered only on the move
+ * interface (fe_config.move_ifindex; the VIP is routed only on fe_config.ifindex)
+ * and, with fe_config.move_auth, only behind an auth envelope (auth_siphash.h) whose
+ * tag verifies under a key of fe_keys, whose sender is the expected back-end and
+ * whose sequence is above that sender's highest in fe_replay; the reply is sealed
+ * under the same key. Other traffic to the front-end's address (other protocols,
+ * other ports, later fragments) passes as before.
+ *
+ * The 4-tuple hash is SipHash-2-4 under the secret key in fe_config; the weight
+ * table it indexes is Maglev's (filled by crates/frontend table.rs).
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -50,12 +59,18 @@
 #undef __always_inline
 #define __always_inline inline __attribute__((always_inline))
 
+#include "auth_siphash.h"
+
 static void *(*bpf_map_lookup_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_lookup_elem;
 static long (*bpf_map_update_elem)(void *map, const void *key, const void *value, __u64 flags) = (void *)BPF_FUNC_map_update_elem;
+static long (*bpf_map_delete_elem)(void *map, const void *key) = (void *)BPF_FUNC_map_delete_elem;
+static __u64 (*bpf_ktime_get_ns)(void) = (void *)BPF_FUNC_ktime_get_ns;
 static long (*bpf_redirect)(__u32 ifindex, __u64 flags) = (void *)BPF_FUNC_redirect;
 static long (*bpf_skb_pull_data)(struct __sk_buff *skb, __u32 len) = (void *)BPF_FUNC_skb_pull_data;
 static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 from, __u64 to,
 				   __u64 flags) = (void *)BPF_FUNC_l4_csum_replace;
+static __s64 (*bpf_csum_diff)(__be32 *from, __u32 from_size, __be32 *to, __u32 to_size,
+			      __wsum seed) = (void *)BPF_FUNC_csum_diff;
 
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define fe_ntohl(x) __builtin_bswap32(x)
@@ -75,8 +90,13 @@ static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 fr
 #define IP_MF 0x2000
 #define IP_OFFSET 0x1fff
 /* Bytes a MOVE request may need in the linear part: Ethernet, IPv4 with the
- * longest options (60), UDP, the message. */
-#define MOVE_PULL_BYTES (sizeof(struct ethhdr) + 60 + sizeof(struct udphdr) + sizeof(struct fe_move_msg))
+ * longest options (60), UDP, the envelope, the message. */
+#define MOVE_PULL_BYTES                                                                    \
+	(sizeof(struct ethhdr) + 60 + sizeof(struct udphdr) + AUTH_ENVELOPE_BYTES +        \
+	 sizeof(struct fe_move_msg))
+/* Bytes of an authenticated reply whose checksum contribution changes: the envelope
+ * (tag, sender) and the message's first 8 bytes (op, status). */
+#define MOVE_AUTH_CHANGED_BYTES (AUTH_ENVELOPE_BYTES + 8)
 /* A MOVE request's exact IPv4 total length and UDP length. */
 #define MOVE_UDP_LEN (sizeof(struct udphdr) + sizeof(struct fe_move_msg))
 #define MOVE_IP_LEN (sizeof(struct iphdr) + MOVE_UDP_LEN)
@@ -85,6 +105,9 @@ static long (*bpf_l4_csum_replace)(struct __sk_buff *skb, __u32 offset, __u64 fr
 /* bpf_l4_csum_replace flags: a 4-byte field; a zero UDP checksum (none) stays 0. */
 #define FE_F_MARK_MANGLED_0 (1ULL << 5)
 #define FE_CSUM_FIELD_4 4
+/* Errors of bpf_map_update_elem: the key exists (BPF_NOEXIST), the map is full. */
+#define FE_EEXIST 17
+#define FE_E2BIG 7
 
 _Static_assert(sizeof(struct fe_move_msg) == 32, "fe_move_msg is 32 bytes");
 
@@ -96,27 +119,19 @@ static __always_inline void count(__u32 i)
 		*v += 1;
 }
 
-/* murmur3's finaliser: every input bit affects every output bit. */
-static __always_inline __u32 fmix32(__u32 h)
+/* Hash of the 4-tuple in host byte order: SipHash-2-4 under the secret key in
+ * fe_config of the 12 bytes saddr, daddr, (sport << 16 | dport), little-endian (one
+ * block and a 4-byte tail); crates/frontend/src/table.rs has the same function
+ * (checked by the packet tests). A keyed PRF, not a public mixing function: without
+ * the key nobody can pick 4-tuples that land on one slot or back-end. */
+static __always_inline __u32 flow_hash(const struct fe_config *cfg, __u32 saddr, __u32 daddr,
+				       __u16 sport, __u16 dport)
 {
-	h ^= h >> 16;
-	h *= 0x85ebca6bU;
-	h ^= h >> 13;
-	h *= 0xc2b2ae35U;
-	h ^= h >> 16;
-	return h;
-}
+	struct auth_sip s;
 
-/* Hash of the 4-tuple in host byte order; crates/frontend/src/table.rs has the
- * same function (checked by the packet tests). */
-static __always_inline __u32 flow_hash(__u32 saddr, __u32 daddr, __u16 sport, __u16 dport)
-{
-	__u32 h = FE_HASH_SEED;
-
-	h = fmix32(h ^ saddr);
-	h = fmix32(h ^ daddr);
-	h = fmix32(h ^ (((__u32)sport << 16) | dport));
-	return h;
+	auth_sip_init(&s, cfg->hash_k0, cfg->hash_k1);
+	auth_sip_block(&s, (__u64)saddr | ((__u64)daddr << 32));
+	return (__u32)auth_sip_final(&s, 12, ((__u32)sport << 16) | dport);
 }
 
 static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
@@ -135,6 +150,55 @@ static __always_inline int backend_of(__u32 ip, __u32 backends)
 	return (int)*i;
 }
 
+/* Compare-and-swap of an entry's back-end from `from` to `to`, its hold cleared
+ * if it names `to` afterwards: MOVED, ALREADY or NOT_OWNER. */
+static __always_inline __u16 cas_backend(struct fe_flow *f, __u32 from, __u32 to)
+{
+	__u32 was = __sync_val_compare_and_swap(&f->backend, from, to);
+
+	if (was != from && was != to)
+		return FE_MOVE_NOT_OWNER;
+	/* Moved (or moved by an earlier copy of this request): released. */
+	__sync_fetch_and_and(&f->flags, ~FE_FLOW_HOLD);
+	return was == from ? FE_MOVE_MOVED : FE_MOVE_ALREADY;
+}
+
+/*
+ * The flow `key` from back-end `from` to `to` (FE_MOVE_* status). An entry already
+ * in fe_moved is compare-and-swapped in place. An entry of the flow table naming
+ * `from` is copied into fe_moved naming `to` (hold cleared), then removed from the
+ * flow table, so a moved flow never depends on the LRU again; if fe_moved is full
+ * nothing is written (FE_MOVE_FULL). No entry: FE_MOVE_NOT_FOUND.
+ */
+static __always_inline __u16 move_flow(struct fe_flow_key *key, __u32 from, __u32 to)
+{
+	struct fe_flow *f = bpf_map_lookup_elem(&fe_moved, key);
+
+	if (f)
+		return cas_backend(f, from, to);
+	f = bpf_map_lookup_elem(&fe_flows, key);
+	if (!f)
+		return FE_MOVE_NOT_FOUND;
+	__u32 was = f->backend;
+
+	if (was == to)
+		return cas_backend(f, from, to);
+	if (was != from)
+		return FE_MOVE_NOT_OWNER;
+	struct fe_flow nf = { .backend = to, .flags = 0, .seen_ns = bpf_ktime_get_ns() };
+	long err = bpf_map_update_elem(&fe_moved, key, &nf, BPF_NOEXIST);
+
+	if (err == -FE_EEXIST) {
+		/* Another copy of the request won the race: judge its result. */
+		f = bpf_map_lookup_elem(&fe_moved, key);
+		return f ? cas_backend(f, from, to) : FE_MOVE_NOT_FOUND;
+	}
+	if (err)
+		return err == -FE_E2BIG ? FE_MOVE_FULL : FE_MOVE_NOT_FOUND;
+	bpf_map_delete_elem(&fe_flows, key);
+	return FE_MOVE_MOVED;
+}
+
 /*
  * The one-sided MOVE: IPv4 UDP to the front-end's own address (checked by the
  * caller), frame to its MAC. Anything not to the move port passes. A request is
@@ -146,7 +210,35 @@ static __always_inline int backend_of(__u32 ip, __u32 backends)
  * ports swapped; op, status; UDP checksum fixed incrementally; the IP checksum
  * does not change with the swap) and goes back out of the interface.
  */
-static __always_inline int handle_move(struct __sk_buff *skb, struct fe_config *cfg)
+/*
+ * The replay check of an authentic MOVE: its sequence must be above the highest
+ * accepted from its (key id, sender), which it then becomes. A sender new to a full
+ * table is refused. Returns 0 if accepted, else the counter to count.
+ */
+static __always_inline int replay_check(__u32 key_id, __u64 sender, __u64 seq)
+{
+	struct fe_replay_key rk = { .key_id = key_id, .reserved = 0, .sender = sender };
+	__u64 *hi = bpf_map_lookup_elem(&fe_replay, &rk);
+
+	if (seq == 0)
+		return FE_CNT_MOVE_REPLAY;
+	if (hi) {
+		__u64 old = *hi;
+
+		/* A concurrent copy that raced us past `old` wins; this one is refused. */
+		if (seq <= old || __sync_val_compare_and_swap(hi, old, seq) != old)
+			return FE_CNT_MOVE_REPLAY;
+		return 0;
+	}
+	long err = bpf_map_update_elem(&fe_replay, &rk, &seq, BPF_NOEXIST);
+
+	if (err == -FE_E2BIG)
+		return FE_CNT_MOVE_REPLAY_FULL;
+	return err ? FE_CNT_MOVE_REPLAY : 0;
+}
+
+static __always_inline int handle_move(struct __sk_buff *skb, struct fe_config *cfg,
+				       int on_move_if)
 {
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
@@ -177,19 +269,69 @@ static __always_inline int handle_move(struct __sk_buff *skb, struct fe_config *
 	if (udp->dest != cfg->move_port)
 		goto pass;
 
-	/* Ours: a well-formed MOVE request or dropped. */
+	/* Ours, on the interface MOVE belongs to, well formed and (with keys) authentic,
+	 * or dropped. */
+	if (!on_move_if) {
+		count(FE_CNT_MOVE_WRONG_IFACE);
+		return TC_ACT_SHOT;
+	}
 	if (ihl != 5 || (ip->frag_off & fe_htons(IP_MF)))
 		goto malformed;
 	udp = (void *)(ip + 1);
-	struct fe_move_msg *m = (void *)(udp + 1);
-
-	if ((void *)(m + 1) > data_end)
+	if ((void *)(udp + 1) > data_end)
 		goto malformed;
-	if (fe_ntohs(ip->tot_len) != MOVE_IP_LEN || fe_ntohs(udp->len) != MOVE_UDP_LEN)
+	struct auth_envelope *env = 0;
+	struct fe_move_msg *m;
+	__u32 env_bytes = 0;
+
+	if (cfg->move_auth) {
+		env = (void *)(udp + 1);
+		m = (void *)(env + 1);
+		env_bytes = AUTH_ENVELOPE_BYTES;
+	} else {
+		m = (void *)(udp + 1);
+	}
+	if ((void *)(m + 1) > data_end) {
+		/* With keys on, an unauthenticated (32-byte) MOVE is refused as such. */
+		if (env && fe_ntohs(udp->len) == MOVE_UDP_LEN) {
+			count(FE_CNT_MOVE_UNAUTH);
+			return TC_ACT_SHOT;
+		}
+		goto malformed;
+	}
+	if (fe_ntohs(ip->tot_len) != MOVE_IP_LEN + env_bytes ||
+	    fe_ntohs(udp->len) != MOVE_UDP_LEN + env_bytes)
 		goto malformed;
 	if (m->magic != fe_htonl(FE_MOVE_MAGIC) || m->version != FE_MOVE_VERSION ||
 	    m->op != FE_MOVE_OP_REQUEST || m->status != 0 || m->reserved != 0)
 		goto malformed;
+
+	struct fe_key *k = 0;
+
+	if (env) {
+		__u32 key_id = env->key_id;
+		__u64 tag;
+
+		k = bpf_map_lookup_elem(&fe_keys, &key_id);
+		if (!k || env->len != sizeof(struct fe_move_msg) ||
+		    auth_envelope_tag(env, k->k0, k->k1, AUTH_LABEL_FRONTEND_MOVE, data_end,
+				      &tag) ||
+		    tag != env->tag) {
+			count(FE_CNT_MOVE_UNAUTH);
+			return TC_ACT_SHOT;
+		}
+		/* The authenticated sender is the back-end giving the flow away. */
+		if (env->sender != (__u64)fe_ntohl(m->expected)) {
+			count(FE_CNT_MOVE_REFUSED);
+			return TC_ACT_SHOT;
+		}
+		int bad = replay_check(key_id, env->sender, env->seq);
+
+		if (bad) {
+			count(bad);
+			return TC_ACT_SHOT;
+		}
+	}
 
 	/* Only the back-end that owns the flow may give it away. */
 	if (ip->saddr != m->expected) {
@@ -210,35 +352,39 @@ static __always_inline int handle_move(struct __sk_buff *skb, struct fe_config *
 		.sport = m->client_port,
 		.dport = cfg->port,
 	};
-	struct fe_flow *f = bpf_map_lookup_elem(&fe_flows, &key);
-	__u16 status;
+	__u16 status = move_flow(&key, (__u32)from, (__u32)to);
 
-	if (!f) {
-		status = FE_MOVE_NOT_FOUND;
-		count(FE_CNT_MOVE_NOT_FOUND);
-	} else {
-		__u32 was = __sync_val_compare_and_swap(&f->backend, (__u32)from, (__u32)to);
-
-		if (was == (__u32)from || was == (__u32)to) {
-			/* Moved (or moved by an earlier copy of this request): released. */
-			__sync_fetch_and_and(&f->flags, ~FE_FLOW_HOLD);
-			status = was == (__u32)from ? FE_MOVE_MOVED : FE_MOVE_ALREADY;
-			count(was == (__u32)from ? FE_CNT_MOVED : FE_CNT_MOVE_ALREADY);
-		} else {
-			status = FE_MOVE_NOT_OWNER;
-			count(FE_CNT_MOVE_NOT_OWNER);
-		}
-	}
+	count(status == FE_MOVE_MOVED	    ? FE_CNT_MOVED
+	      : status == FE_MOVE_ALREADY   ? FE_CNT_MOVE_ALREADY
+	      : status == FE_MOVE_NOT_OWNER ? FE_CNT_MOVE_NOT_OWNER
+	      : status == FE_MOVE_FULL	    ? FE_CNT_MOVE_FULL
+					    : FE_CNT_MOVE_NOT_FOUND);
 
 	/* The reply, in place. */
 	__u32 old_word = *(__u32 *)&m->version;
+	__u32 old_bytes[MOVE_AUTH_CHANGED_BYTES / 4];
+	__u32 new_bytes[MOVE_AUTH_CHANGED_BYTES / 4];
 
+	if (env)
+		__builtin_memcpy(old_bytes, env, MOVE_AUTH_CHANGED_BYTES);
 	m->op = FE_MOVE_OP_REPLY;
 	m->status = fe_htons(status);
 	__u32 new_word = *(__u32 *)&m->version;
 
+	if (env && k) {
+		/* Sealed by the front-end under the request's key, echoing its sequence: the
+		 * requester takes only a reply that verifies and carries its sequence. */
+		__u64 tag;
+
+		env->sender = (__u64)fe_ntohl(cfg->ip);
+		if (auth_envelope_tag(env, k->k0, k->k1, AUTH_LABEL_FRONTEND_MOVE, data_end, &tag))
+			goto malformed;
+		env->tag = tag;
+		__builtin_memcpy(new_bytes, env, MOVE_AUTH_CHANGED_BYTES);
+	}
+
 	__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, cfg->move_mac, ETH_ALEN);
 	__u32 a = ip->saddr;
 
 	ip->saddr = ip->daddr;
@@ -248,11 +394,19 @@ static __always_inline int handle_move(struct __sk_buff *skb, struct fe_config *
 	udp->source = udp->dest;
 	udp->dest = p;
 	/* Swapped addresses and ports leave both checksums' sums unchanged; only the
-	 * op/status word changed. Invalidates the packet pointers: last. */
-	if (bpf_l4_csum_replace(skb, MOVE_CSUM_OFF, old_word, new_word,
-				FE_F_MARK_MANGLED_0 | FE_CSUM_FIELD_4))
+	 * op/status word (and an envelope's tag and sender) changed. Invalidates the
+	 * packet pointers: last. */
+	if (env) {
+		__s64 diff = bpf_csum_diff(old_bytes, MOVE_AUTH_CHANGED_BYTES, new_bytes,
+					   MOVE_AUTH_CHANGED_BYTES, 0);
+
+		if (bpf_l4_csum_replace(skb, MOVE_CSUM_OFF, 0, (__u64)diff, FE_F_MARK_MANGLED_0))
+			goto malformed;
+	} else if (bpf_l4_csum_replace(skb, MOVE_CSUM_OFF, old_word, new_word,
+				       FE_F_MARK_MANGLED_0 | FE_CSUM_FIELD_4)) {
 		goto malformed;
-	return bpf_redirect(cfg->ifindex, 0);
+	}
+	return bpf_redirect(skb->ifindex, 0);
 
 malformed:
 	count(FE_CNT_MOVE_MALFORMED);
@@ -285,10 +439,17 @@ int fs_frontend(struct __sk_buff *skb)
 	}
 
 	struct ethhdr *eth = data;
+	/* The client-facing interface routes the VIP; the move interface (the same one
+	 * unless --move-iface names another) answers MOVE. Each to its own MAC. */
+	int on_fe_if = skb->ifindex == cfg->ifindex;
+	int on_move_if = skb->ifindex == cfg->move_ifindex;
 
 	if ((void *)(eth + 1) > data_end)
 		goto pass;
-	if (eth->h_proto != fe_htons(ETH_P_IP) || !mac_eq(eth->h_dest, cfg->mac))
+	if (eth->h_proto != fe_htons(ETH_P_IP))
+		goto pass;
+	if (!(on_fe_if && mac_eq(eth->h_dest, cfg->mac)) &&
+	    !(on_move_if && mac_eq(eth->h_dest, cfg->move_mac)))
 		goto pass;
 
 	struct iphdr *ip = (void *)(eth + 1);
@@ -298,8 +459,8 @@ int fs_frontend(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	}
 	if (cfg->move_port && ip->daddr == cfg->ip && ip->protocol == IPPROTO_UDP)
-		return handle_move(skb, cfg);
-	if (ip->daddr != cfg->vip || ip->protocol != IPPROTO_TCP)
+		return handle_move(skb, cfg, on_move_if);
+	if (!on_fe_if || ip->daddr != cfg->vip || ip->protocol != IPPROTO_TCP)
 		goto pass;
 	if (ip->version != 4 || ip->ihl < 5) {
 		count(FE_CNT_MALFORMED);
@@ -342,11 +503,20 @@ int fs_frontend(struct __sk_buff *skb)
 	};
 	int syn = tcp->syn && !tcp->ack;
 	__u32 b;
-	struct fe_flow *f = bpf_map_lookup_elem(&fe_flows, &key);
+	struct fe_flow *f = bpf_map_lookup_elem(&fe_moved, &key);
+	int moved = f != 0;
 
+	if (!f)
+		f = bpf_map_lookup_elem(&fe_flows, &key);
 	if (f && (f->flags & FE_FLOW_HOLD)) {
-		count(FE_CNT_HELD);
-		return TC_ACT_SHOT;
+		if (bpf_ktime_get_ns() < f->hold_until_ns) {
+			count(FE_CNT_HELD);
+			return TC_ACT_SHOT;
+		}
+		/* The hold ran out (its migration never moved or released it): the
+		 * flow goes on where its entry says. */
+		__sync_fetch_and_and(&f->flags, ~FE_FLOW_HOLD);
+		count(FE_CNT_HOLD_EXPIRED);
 	}
 	if (f && syn) {
 		/* A SYN starts a connection, so an entry for its 4-tuple is an earlier
@@ -354,14 +524,23 @@ int fs_frontend(struct __sk_buff *skb)
 		 * back-end dropped leaves one too). The SYN is placed by the weight table
 		 * like any new flow: following old entries would send reused ports back to
 		 * the back-end that dropped them. A retransmitted SYN hashes where the
-		 * first went unless the weights changed in between. */
+		 * first went unless the weights changed in between. An earlier
+		 * connection's moved entry is removed: the new one starts unmoved. */
 		count(FE_CNT_SYN_HIT);
+		if (moved)
+			bpf_map_delete_elem(&fe_moved, &key);
 		f = 0;
 	}
 	if (f) {
 		b = f->backend;
+		if (moved) {
+			__u64 now = bpf_ktime_get_ns();
+
+			if (now - f->seen_ns > FE_SEEN_REFRESH_NS)
+				f->seen_ns = now;
+		}
 	} else {
-		__u32 slot = flow_hash(fe_ntohl(key.saddr), fe_ntohl(key.daddr),
+		__u32 slot = flow_hash(cfg, fe_ntohl(key.saddr), fe_ntohl(key.daddr),
 				       fe_ntohs(key.sport), fe_ntohs(key.dport)) %
 			     FE_SLOTS;
 		__u32 *bp = bpf_map_lookup_elem(&fe_table, &slot);
@@ -375,12 +554,17 @@ int fs_frontend(struct __sk_buff *skb)
 			count(FE_CNT_NO_BACKEND);
 			return TC_ACT_SHOT;
 		}
-		struct fe_flow nf = { .backend = b, .flags = 0 };
+		if (syn) {
+			struct fe_flow nf = { .backend = b, .flags = 0 };
 
-		if (bpf_map_update_elem(&fe_flows, &key, &nf, BPF_ANY))
-			count(FE_CNT_INSERT_FAILED);
-		if (!syn)
+			if (bpf_map_update_elem(&fe_flows, &key, &nf, BPF_ANY))
+				count(FE_CNT_INSERT_FAILED);
+		} else {
+			/* Routed by the hash, not recorded: only a SYN may take a place in
+			 * the flow table (a spoofed flood of unknown flows would evict live
+			 * ones). */
 			count(FE_CNT_NONSYN_MISS);
+		}
 	}
 	if (b >= cfg->backends) {
 		count(FE_CNT_NO_BACKEND);

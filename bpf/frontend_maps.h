@@ -42,13 +42,38 @@ struct {
 	__type(value, __u32);
 } fe_table SEC(".maps");
 
-/* Flow table: 4-tuple -> back-end; least recently used evicted. */
+/* Flow table: 4-tuple -> back-end, created by SYNs; least recently used evicted. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, FE_FLOWS_MAX);
 	__type(key, struct fe_flow_key);
 	__type(value, struct fe_flow);
 } fe_flows SEC(".maps");
+
+/* Moved flows: 4-tuple -> back-end, written by MOVE; looked up before fe_flows;
+ * never evicted by traffic (a plain hash, bounded: a MOVE into a full one fails). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FE_MOVED_MAX);
+	__type(key, struct fe_flow_key);
+	__type(value, struct fe_flow);
+} fe_moved SEC(".maps");
+
+/* The one-sided MOVE's keys: key id -> SipHash key (empty: no key configured). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FE_KEYS_MAX);
+	__type(key, __u32);
+	__type(value, struct fe_key);
+} fe_keys SEC(".maps");
+
+/* The one-sided MOVE's replay check: (key id, sender) -> highest sequence accepted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, FE_REPLAY_MAX);
+	__type(key, struct fe_replay_key);
+	__type(value, __u64);
+} fe_replay SEC(".maps");
 
 /* Per-back-end counters, per CPU; user space sums the CPUs. */
 struct {

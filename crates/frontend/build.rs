@@ -4,7 +4,12 @@
 fn main() {
     farside_bpfbuild::compile(&farside_bpfbuild::Program {
         source: "frontend.bpf.c",
-        depends_on: &["frontend_consts.h", "frontend_maps.h", "frontend_structs.h"],
+        depends_on: &[
+            "frontend_consts.h",
+            "frontend_maps.h",
+            "frontend_structs.h",
+            "auth_siphash.h",
+        ],
         object: "frontend.bpf.o",
         // -mcpu=v3: the one-sided MOVE's compare-and-swap (BPF_CMPXCHG, Linux >= 5.12).
         extra_flags: &["-fno-strict-aliasing", "-mcpu=v3"],

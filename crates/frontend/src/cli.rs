@@ -2,11 +2,58 @@
 //! port, print the counters on exit. `farside frontend --detach IF` removes a
 //! front-end a dead process left attached (only possible on kernels before 6.6).
 
-use std::net::{SocketAddr, SocketAddrV4};
+use std::net::SocketAddrV4;
 use std::sync::{Arc, Mutex};
 
-use crate::control::Server;
-use crate::loader::{detach_iface, validate_backends, BackendSpec, Frontend};
+use crate::control::{ControlAddr, Server};
+use crate::loader::{detach_iface, validate_backends, BackendSpec, Frontend, MOVED_IDLE_MAX};
+
+/// The systemd credential name of the MOVE key (`LoadCredential=frontend-move:PATH`):
+/// found in `$CREDENTIALS_DIRECTORY` before `--key-file`.
+pub const MOVE_KEY_CREDENTIAL: &str = "frontend-move";
+
+/// How often the moved-flow table is swept of flows idle [`MOVED_IDLE_MAX`]: a
+/// thirtieth of it, so an entry outlives its bound by at most ~3 %.
+pub const MOVED_SWEEP_PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The sweep of idle moved flows, in its own thread until dropped.
+struct Sweeper {
+    stop: Option<std::sync::mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sweeper {
+    fn start(fe: Arc<Mutex<Frontend>>) -> std::io::Result<Sweeper> {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("fe-sweep".into())
+            .spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(MOVED_SWEEP_PERIOD)
+                {
+                    let mut fe = fe.lock().unwrap_or_else(|p| p.into_inner());
+                    match fe.expire_moved(MOVED_IDLE_MAX) {
+                        Ok(0) => {}
+                        Ok(n) => log::debug!("frontend: {n} idle moved flows removed"),
+                        Err(e) => log::warn!("frontend: sweeping moved flows: {e}"),
+                    }
+                }
+            })?;
+        Ok(Sweeper {
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Sweeper {
+    fn drop(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
 
 /// `farside frontend` flags.
 #[derive(clap::Args, Debug, Clone)]
@@ -15,10 +62,11 @@ use crate::loader::{detach_iface, validate_backends, BackendSpec, Frontend};
 (sysctl net.ipv4.conf.all.arp_ignore=1, arp_announce=2), route the VIP to this node, and \
 give every back-end here as MAC@IP=WEIGHT (its MAC on IF's LAN, its own address, its \
 share of new flows). Control port (one line per request, one reply line): MOVE \
-client_ip:port backend_ip | HOLD client_ip:port | RELEASE client_ip:port | FLOW \
-client_ip:port | WEIGHTS ip=w,ip=w | STATS. One-sided MOVE (answered by the tc program, no \
-process involved): UDP to this node's address on --move-udp-port (default: the control port's \
-number). See docs/frontend.md."
+client_ip:port backend_ip | HOLD client_ip:port [ttl_ms] | RELEASE client_ip:port | FLOW \
+client_ip:port | WEIGHTS ip=w,ip=w | STATS; recommended on a Unix socket \
+(--control unix:/run/farside/frontend.sock, 0600): over TCP it is unauthenticated. One-sided \
+MOVE (answered by the tc program, no process involved): UDP to this node's address on \
+--move-udp-port (default: a TCP control port's number). See docs/frontend.md."
 )]
 pub struct FrontendArgs {
     /// The LAN interface clients' VIP traffic arrives on and back-ends are reached
@@ -32,20 +80,45 @@ pub struct FrontendArgs {
     /// each (at most 64). Weights are relative shares of new flows.
     #[arg(long = "backend", value_name = "MAC@IP=WEIGHT")]
     pub backends: Vec<BackendSpec>,
-    /// Serve the control port here (TCP), e.g. 10.0.0.1:7400; none if absent.
+    /// Serve the control port here: unix:/PATH (recommended, e.g.
+    /// unix:/run/farside/frontend.sock: a 0600 socket only local root can open) or
+    /// IP:PORT (TCP, unauthenticated: a warning is logged); none if absent.
     #[arg(long, value_name = "ADDR")]
-    pub control: Option<SocketAddr>,
+    pub control: Option<ControlAddr>,
     /// UDP port of the one-sided MOVE, answered by the tc program itself (no process
-    /// involved) at this node's address: --control's IP if it names one, else IF's
-    /// IPv4 address. Default: --control's port number (off without --control); 0 = off.
+    /// involved) at this node's address: a TCP --control's IP if it names one, else
+    /// IF's IPv4 address. Default: a TCP --control's port number (off without one);
+    /// 0 = off.
     #[arg(long, value_name = "PORT")]
     pub move_udp_port: Option<u16>,
+    /// Require the one-sided MOVE to be authenticated with the key in this file (32
+    /// hex digits, mode 0600 or 0400, owned by this user; `$CREDENTIALS_DIRECTORY/
+    /// frontend-move` takes precedence when systemd provides it). Without it the
+    /// one-sided MOVE is unauthenticated (a warning is logged).
+    #[arg(long, value_name = "PATH")]
+    pub key_file: Option<std::path::PathBuf>,
+    /// The id of --key-file's key, as the back-ends' envelopes name it.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub key_id: u32,
+    /// Answer the one-sided MOVE only when it arrives on this interface (the
+    /// cluster-facing one; the program is attached there too). Default: --iface.
+    #[arg(long, value_name = "IF")]
+    pub move_iface: Option<String>,
+    /// Pin the maps a restart must keep (flows, moved flows, hash key, MOVE replay
+    /// state) under --pin-root/IF, and restore them at start if an earlier front-end
+    /// of the same VIP and back-ends left them. Default: on when --pin-root is on a
+    /// bpffs and this is the host's network namespace.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    pub pin_maps: Option<bool>,
+    /// Where maps are pinned (one directory per interface below it).
+    #[arg(long, value_name = "DIR", default_value = crate::pin::PIN_ROOT)]
+    pub pin_root: std::path::PathBuf,
     /// Stop after this many seconds (default: at SIGINT/SIGTERM).
     #[arg(long, value_name = "S")]
     pub duration_s: Option<f64>,
     /// Remove a front-end left attached to IF by a process that died, and exit
     /// (needed only on kernels before 6.6: a TCX attachment ends with its process).
-    #[arg(long, value_name = "IF", conflicts_with_all = ["iface", "vip", "backends", "control", "move_udp_port"])]
+    #[arg(long, value_name = "IF", conflicts_with_all = ["iface", "vip", "backends", "control", "move_udp_port", "key_file", "move_iface", "pin_maps"])]
     pub detach: Option<String>,
 }
 
@@ -75,7 +148,11 @@ impl FrontendArgs {
     /// else none (0 = off).
     pub fn move_port(&self) -> u16 {
         self.move_udp_port
-            .or(self.control.map(|c| c.port()))
+            .or(self
+                .control
+                .as_ref()
+                .and_then(|c| c.tcp())
+                .map(|c| c.port()))
             .unwrap_or(0)
     }
 }
@@ -92,18 +169,73 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
     }
     let ifname = a.iface.as_deref().ok_or("--iface is required")?;
     let vip = a.vip.ok_or("--vip is required")?;
-    let mut fe = Frontend::attach(ifname, vip, &a.backends).map_err(|e| e.to_string())?;
+    // The key first: a bad key file must fail before anything is attached.
+    let key = match &a.key_file {
+        Some(path) => Some(
+            farside_auth::keys::load_key(
+                MOVE_KEY_CREDENTIAL,
+                Some(path),
+                farside_auth::keys::Policy::Production,
+            )
+            .map_err(|e| format!("--key-file {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
+    let pin = a
+        .pin_maps
+        .unwrap_or_else(|| crate::pin::default_on(&a.pin_root));
+    let (mut fe, restored) = Frontend::attach_pinned(
+        ifname,
+        vip,
+        &a.backends,
+        pin.then_some(a.pin_root.as_path()),
+    )
+    .map_err(|e| e.to_string())?;
+    if pin {
+        let dir = crate::pin::pin_dir(&a.pin_root, ifname);
+        if restored.discarded {
+            log::warn!(
+                "frontend: maps pinned in {} were for another VIP or other back-ends: not restored",
+                dir.display()
+            );
+        }
+        log::info!(
+            "frontend: maps pinned in {} (restored {} flows, {} moved, {} replay entries{})",
+            dir.display(),
+            restored.flows,
+            restored.moved,
+            restored.replay,
+            if restored.hash_key.is_some() {
+                ", the hash key"
+            } else {
+                ""
+            }
+        );
+    }
     let move_port = a.move_port();
+    let move_ifname = a.move_iface.as_deref().unwrap_or(ifname);
     if move_port != 0 {
-        // The front-end's own address: --control's if it names one (the address the
-        // back-ends' `specd --frontend` gives), else the interface's.
-        let ip = match a.control.map(|c| c.ip()) {
+        fe.attach_move_iface(move_ifname)
+            .map_err(|e| format!("--move-iface {move_ifname}: {e}"))?;
+        match &key {
+            Some(k) => fe
+                .add_move_key(farside_auth::mac::KeyId(a.key_id), k.key)
+                .map_err(|e| format!("--key-file: {e}"))?,
+            None => log::warn!(
+                "frontend: the one-sided MOVE on udp port {move_port} is UNAUTHENTICATED \
+                 (only its source address is checked, which can be spoofed): give \
+                 --key-file and seal the back-ends' MOVEs with the same key"
+            ),
+        }
+        // The front-end's own address: a TCP --control's if it names one (the address
+        // the back-ends' `specd --frontend` gives), else the move interface's.
+        let ip = match a.control.as_ref().and_then(|c| c.tcp()).map(|c| c.ip()) {
             Some(std::net::IpAddr::V4(ip)) if !ip.is_unspecified() => ip,
-            _ => crate::loader::iface_ipv4(ifname)
+            _ => crate::loader::iface_ipv4(move_ifname)
                 .map_err(|e| e.to_string())?
                 .ok_or_else(|| {
                     format!(
-                        "--move-udp-port {move_port}: {ifname} has no IPv4 address to answer on \
+                        "--move-udp-port {move_port}: {move_ifname} has no IPv4 address to answer on \
                          (give --control IP:PORT, or --move-udp-port 0)"
                     )
                 })?,
@@ -112,9 +244,17 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
             .map_err(|e| format!("--move-udp-port {move_port}: {e}"))?;
     }
     let fe = Arc::new(Mutex::new(fe));
-    let server = match a.control {
+    let sweeper = Sweeper::start(fe.clone()).map_err(|e| format!("sweep thread: {e}"))?;
+    let server = match &a.control {
         Some(addr) => {
-            Some(Server::start(addr, fe.clone()).map_err(|e| format!("--control {addr}: {e}"))?)
+            if let ControlAddr::Tcp(t) = addr {
+                log::warn!(
+                    "frontend: the control port on TCP {t} is UNAUTHENTICATED: anyone who \
+                     reaches it can move, hold and drain flows; prefer --control unix:{}",
+                    crate::control::UNIX_SOCKET_DEFAULT
+                );
+            }
+            Some(Server::start_at(addr, fe.clone()).map_err(|e| format!("--control {addr}: {e}"))?)
         }
         None => None,
     };
@@ -129,14 +269,22 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
         shares.join(","),
         server
             .as_ref()
-            .map(|s| format!("; control on {}", s.local_addr()))
+            .map(|s| format!("; control on {}", s.addr()))
             .unwrap_or_default(),
         move_udp
-            .map(|m| format!("; one-sided MOVE on udp {m}"))
+            .map(|m| format!(
+                "; one-sided MOVE on udp {m} via {move_ifname}{}",
+                if key.is_some() {
+                    " (authenticated)"
+                } else {
+                    ""
+                }
+            ))
             .unwrap_or_default()
     );
     wait(a.duration_s.map(std::time::Duration::from_secs_f64));
     drop(server);
+    drop(sweeper);
     let (stats, detached) = {
         // A control connection still open holds a reference: detach explicitly.
         let mut fe = fe.lock().unwrap_or_else(|p| p.into_inner());
@@ -151,4 +299,54 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
         Err(e) => log::warn!("frontend: reading the counters: {e}"),
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn args(key_file: Option<std::path::PathBuf>) -> FrontendArgs {
+        FrontendArgs {
+            iface: Some("no-such-if0".into()),
+            vip: Some("10.0.0.100:80".parse().unwrap()),
+            backends: vec!["02:00:00:00:00:0b@10.0.0.11=1".parse().unwrap()],
+            control: None,
+            move_udp_port: Some(7400),
+            key_file,
+            key_id: 1,
+            move_iface: None,
+            pin_maps: Some(false),
+            pin_root: crate::pin::PIN_ROOT.into(),
+            duration_s: None,
+            detach: None,
+        }
+    }
+
+    /// A key file others may read, or a missing one, stops the front-end before it
+    /// touches an interface; the message names the flag.
+    #[test]
+    fn an_exposed_or_missing_key_file_is_refused_before_attaching() {
+        let dir = std::env::temp_dir().join(format!("fe-cli-key-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("key");
+        std::fs::write(&path, "8f3a1c9e27b4d6051e9c3b7a2f6d4e18\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = run(args(Some(path.clone())), |_| {}).unwrap_err();
+        assert!(e.starts_with("--key-file"), "{e}");
+        let e = run(args(Some(dir.join("absent"))), |_| {}).unwrap_err();
+        assert!(e.starts_with("--key-file"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_move_port_follows_a_tcp_control_port_only() {
+        let mut a = args(None);
+        a.move_udp_port = None;
+        assert_eq!(a.move_port(), 0);
+        a.control = Some("10.0.0.2:7400".parse().unwrap());
+        assert_eq!(a.move_port(), 7400);
+        a.control = Some("unix:/run/farside/frontend.sock".parse().unwrap());
+        assert_eq!(a.move_port(), 0, "a Unix socket has no port");
+    }
 }

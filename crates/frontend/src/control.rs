@@ -1,4 +1,4 @@
-//! The front-end's control port: a line protocol over TCP, and the [`Client`] other
+//! The front-end's control port: a line protocol over a Unix socket or TCP, and the [`Client`] other
 //! crates use (the migration's `move_flow` is [`Client::move_flow`]).
 //!
 //! One request per line (at most [`LINE_BYTES_MAX`] bytes, ASCII), one reply line:
@@ -6,25 +6,38 @@
 //!
 //! | request | effect | reply |
 //! |---|---|---|
-//! | `MOVE <client_ip>:<port> <backend_ip>` | the flow's entry names `backend_ip` (created if evicted), hold cleared | `OK` |
-//! | `HOLD <client_ip>:<port>` | the flow's packets are dropped at the front-end | `OK` |
+//! | `MOVE <client_ip>:<port> <backend_ip>` | the flow's entry (in the moved-flow table, created if evicted) names `backend_ip`, hold cleared | `OK`, `ERR` if that table is full |
+//! | `HOLD <client_ip>:<port> [<ttl_ms>]` | the flow's packets are dropped at the front-end for `ttl_ms` (default [`HOLD_TTL_DEFAULT`], at most [`HOLD_TTL_MAX`]) | `OK` |
 //! | `RELEASE <client_ip>:<port>` | hold cleared | `OK` |
 //! | `FLOW <client_ip>:<port>` | — | `OK <backend_ip> held=<0/1>` or `OK none` |
 //! | `WEIGHTS <ip>=<w>,<ip>=<w>...` | weights of the named back-ends (others unchanged), table refilled | `OK` |
 //! | `STATS` | — | `OK <json>` ([`Stats`]) |
 //!
-//! Bounds: [`CONNS_MAX`] connections at once (more are answered `ERR busy` and
-//! closed), [`IDLE_TIMEOUT`] without a request closes a connection.
+//! Where: a Unix socket (`unix:/run/farside/frontend.sock`, 0600: only local root
+//! can open it; recommended) or TCP (no authentication: anyone who reaches the port
+//! can move, hold and drain flows; bind it to a management network only).
+//!
+//! Bounds: [`CONNS_MAX`] connections at once; a new one past it closes the
+//! connection whose last complete request is oldest if that is [`EVICT_IDLE_MIN`]
+//! old, else it is answered `ERR busy` and closed; [`IDLE_TIMEOUT`] without a byte
+//! closes a connection. So idle connections cannot keep callers out.
 
+use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::loader::{parse_weights, Frontend, Stats};
+#[cfg(doc)]
+use crate::loader::{HOLD_TTL_DEFAULT, HOLD_TTL_MAX};
 
 /// Longest request line: the longest request is `WEIGHTS` with 64 back-ends
 /// (`255.255.255.255=4294967295,` is 27 bytes each: 1,736 bytes); 4 KiB leaves room.
@@ -32,9 +45,18 @@ pub const LINE_BYTES_MAX: usize = 4096;
 /// Connections served at once: the front-end has one caller per back-end daemon
 /// plus an operator; 16 is plenty and bounds the threads.
 pub const CONNS_MAX: usize = 16;
-/// A connection idle this long is closed (daemons reconnect; a stuck peer must not
-/// hold one of the [`CONNS_MAX`] places forever).
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// A connection with no complete request for this long is closed (daemons reconnect:
+/// [`Client`] retries once on a fresh connection).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// With every one of the [`CONNS_MAX`] places taken, a new connection closes the one
+/// whose last complete request is the oldest, if that is at least this long ago: so
+/// idle (or byte-dribbling) connections can never keep a caller out, while a daemon
+/// in the middle of a migration (requests milliseconds apart) is never cut off.
+pub const EVICT_IDLE_MIN: Duration = Duration::from_secs(1);
+/// The recommended control address: a Unix socket only root can open
+/// (`--control unix:/run/farside/frontend.sock`; the socket is made 0600 and its
+/// directory, if created, 0700).
+pub const UNIX_SOCKET_DEFAULT: &str = "/run/farside/frontend.sock";
 /// Longest reply line the client reads: `STATS` for 64 back-ends is ~10 KiB.
 const REPLY_BYTES_MAX: u64 = 1 << 20;
 /// Pause after a failed accept (out of fds, ...), so the loop does not spin.
@@ -44,9 +66,186 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
 /// falls back to the source.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Where the control port listens: a Unix socket (`unix:/path`, recommended: only
+/// local root can reach it) or TCP (`IP:PORT`, unauthenticated: anyone who can reach
+/// it can move, hold and drain flows).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ControlAddr {
+    /// TCP at this address.
+    Tcp(SocketAddr),
+    /// A Unix stream socket at this path.
+    Unix(PathBuf),
+}
+
+impl ControlAddr {
+    /// The TCP address, if it is one.
+    pub fn tcp(&self) -> Option<SocketAddr> {
+        match self {
+            ControlAddr::Tcp(a) => Some(*a),
+            ControlAddr::Unix(_) => None,
+        }
+    }
+}
+
+impl FromStr for ControlAddr {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            if !p.starts_with('/') {
+                return Err(format!(
+                    "{s:?}: a Unix socket needs an absolute path (unix:/run/farside/frontend.sock)"
+                ));
+            }
+            return Ok(ControlAddr::Unix(PathBuf::from(p)));
+        }
+        s.parse().map(ControlAddr::Tcp).map_err(|_| {
+            format!(
+                "{s:?}: give unix:/PATH (recommended, e.g. unix:{UNIX_SOCKET_DEFAULT}) or IP:PORT"
+            )
+        })
+    }
+}
+
+impl fmt::Display for ControlAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ControlAddr::Tcp(a) => a.fmt(f),
+            ControlAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+impl From<SocketAddr> for ControlAddr {
+    fn from(a: SocketAddr) -> ControlAddr {
+        ControlAddr::Tcp(a)
+    }
+}
+
+/// A control connection, TCP or Unix.
+enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Stream {
+    fn connect(addr: &ControlAddr) -> io::Result<Stream> {
+        Ok(match addr {
+            ControlAddr::Tcp(a) => Stream::Tcp(TcpStream::connect_timeout(a, CLIENT_TIMEOUT)?),
+            ControlAddr::Unix(p) => Stream::Unix(UnixStream::connect(p)?),
+        })
+    }
+
+    fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+        })
+    }
+
+    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => {
+                let _ = s.set_nodelay(true);
+                s.set_read_timeout(Some(t))?;
+                s.set_write_timeout(Some(t))
+            }
+            Stream::Unix(s) => {
+                s.set_read_timeout(Some(t))?;
+                s.set_write_timeout(Some(t))
+            }
+        }
+    }
+
+    fn shutdown(&self) {
+        let _ = match self {
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+        };
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.read(buf),
+            Stream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write(buf),
+            Stream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.flush(),
+            Stream::Unix(s) => s.flush(),
+        }
+    }
+}
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Listener {
+    fn accept(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Listener::Tcp(l) => Stream::Tcp(l.accept()?.0),
+            Listener::Unix(l) => Stream::Unix(l.accept()?.0),
+        })
+    }
+
+    fn raw_fd(&self) -> std::os::fd::RawFd {
+        match self {
+            Listener::Tcp(l) => l.as_raw_fd(),
+            Listener::Unix(l) => l.as_raw_fd(),
+        }
+    }
+}
+
+/// Bind a Unix socket at `path`, 0600; its directory is created 0700 if missing. A
+/// socket file left by a dead front-end (nothing accepts on it) is replaced; one a
+/// live front-end serves is not.
+fn bind_unix(path: &Path) -> io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        if !dir.as_os_str().is_empty() && !dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)?;
+        }
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket", path.display()),
+            ));
+        }
+        if UnixStream::connect(path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("a front-end already serves {}", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let l = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
 /// The control server; stops (and joins its accept thread) when dropped.
 pub struct Server {
-    addr: SocketAddr,
+    addr: ControlAddr,
     /// The listener's fd (owned by the accept thread until it is joined).
     listener_fd: std::os::fd::RawFd,
     stop: Arc<AtomicBool>,
@@ -54,11 +253,23 @@ pub struct Server {
 }
 
 impl Server {
-    /// Listen on `addr` and serve requests on `fe` until dropped.
+    /// Listen on TCP `addr` and serve requests on `fe` until dropped.
     pub fn start(addr: SocketAddr, fe: Arc<Mutex<Frontend>>) -> io::Result<Server> {
-        let listener = TcpListener::bind(addr)?;
-        let addr = listener.local_addr()?;
-        let listener_fd = listener.as_raw_fd();
+        Server::start_at(&ControlAddr::Tcp(addr), fe)
+    }
+
+    /// Listen on `addr` (TCP or a Unix socket) and serve requests on `fe` until
+    /// dropped (a Unix socket's file is removed then).
+    pub fn start_at(addr: &ControlAddr, fe: Arc<Mutex<Frontend>>) -> io::Result<Server> {
+        let (listener, addr) = match addr {
+            ControlAddr::Tcp(a) => {
+                let l = TcpListener::bind(a)?;
+                let a = l.local_addr()?;
+                (Listener::Tcp(l), ControlAddr::Tcp(a))
+            }
+            ControlAddr::Unix(p) => (Listener::Unix(bind_unix(p)?), addr.clone()),
+        };
+        let listener_fd = listener.raw_fd();
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = thread::Builder::new()
@@ -72,28 +283,97 @@ impl Server {
         })
     }
 
-    /// The address it listens on (port 0 resolved).
+    /// The TCP address it listens on (port 0 resolved); unspecified for a Unix socket
+    /// (see [`Server::addr`]).
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
+            .tcp()
+            .unwrap_or(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> &ControlAddr {
+        &self.addr
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Wake the accept loop: shutdown makes a blocked accept(2) fail at once (a
-        // connect to wake it would fail from another network namespace).
+        // Wake the accept loop: shutdown makes a blocked accept(2) on TCP fail at once
+        // (a connect to wake it would fail from another network namespace); a Unix
+        // socket is woken by a connection to its path.
         // SAFETY: the fd is the listener's, still open: its thread is joined below.
         unsafe { libc::shutdown(self.listener_fd, libc::SHUT_RDWR) };
+        if let ControlAddr::Unix(p) = &self.addr {
+            let _ = UnixStream::connect(p);
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        if let ControlAddr::Unix(p) = &self.addr {
+            let _ = std::fs::remove_file(p);
         }
     }
 }
 
-fn accept_loop(listener: TcpListener, fe: Arc<Mutex<Frontend>>, stop: Arc<AtomicBool>) {
-    let active = Arc::new(AtomicUsize::new(0));
-    for conn in listener.incoming() {
+/// One served connection: when it last completed a request, and a handle to close it.
+struct Slot {
+    id: u64,
+    last_request: Instant,
+    conn: Stream,
+}
+
+/// The connections being served, at most [`CONNS_MAX`].
+#[derive(Default)]
+struct Slots {
+    slots: Mutex<Vec<Slot>>,
+    next_id: AtomicU64,
+}
+
+impl Slots {
+    /// A place for `conn`: free, or taken from the connection idle longest if that is
+    /// idle [`EVICT_IDLE_MIN`] or more (it is shut down). None: every place is busy.
+    fn admit(&self, conn: &Stream) -> Option<u64> {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if slots.len() >= CONNS_MAX {
+            let (i, oldest) = slots
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, s)| s.last_request)?;
+            if oldest.last_request.elapsed() < EVICT_IDLE_MIN {
+                return None;
+            }
+            log::debug!("frontend control: closing the connection idle longest for a new one");
+            slots.swap_remove(i).conn.shutdown();
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let handle = conn.try_clone().ok()?;
+        slots.push(Slot {
+            id,
+            last_request: Instant::now(),
+            conn: handle,
+        });
+        Some(id)
+    }
+
+    fn touch(&self, id: u64) {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = slots.iter_mut().find(|s| s.id == id) {
+            s.last_request = Instant::now();
+        }
+    }
+
+    fn leave(&self, id: u64) {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.retain(|s| s.id != id);
+    }
+}
+
+fn accept_loop(listener: Listener, fe: Arc<Mutex<Frontend>>, stop: Arc<AtomicBool>) {
+    let slots = Arc::new(Slots::default());
+    loop {
+        let conn = listener.accept();
         if stop.load(Ordering::SeqCst) {
             return;
         }
@@ -102,28 +382,25 @@ fn accept_loop(listener: TcpListener, fe: Arc<Mutex<Frontend>>, stop: Arc<Atomic
             thread::sleep(ACCEPT_ERROR_PAUSE);
             continue;
         };
-        if active.load(Ordering::SeqCst) >= CONNS_MAX {
+        let Some(id) = slots.admit(&conn) else {
             let _ = conn.write_all(b"ERR busy\n");
             continue;
-        }
-        active.fetch_add(1, Ordering::SeqCst);
-        let (fe, active2) = (fe.clone(), active.clone());
+        };
+        let (fe, slots2) = (fe.clone(), slots.clone());
         let spawned = thread::Builder::new()
             .name("fe-control-conn".into())
             .spawn(move || {
-                let _ = serve_conn(conn, &fe);
-                active2.fetch_sub(1, Ordering::SeqCst);
+                let _ = serve_conn(conn, &fe, &slots2, id);
+                slots2.leave(id);
             });
         if spawned.is_err() {
-            active.fetch_sub(1, Ordering::SeqCst);
+            slots.leave(id);
         }
     }
 }
 
-fn serve_conn(conn: TcpStream, fe: &Mutex<Frontend>) -> io::Result<()> {
-    conn.set_read_timeout(Some(IDLE_TIMEOUT))?;
-    conn.set_write_timeout(Some(IDLE_TIMEOUT))?;
-    let _ = conn.set_nodelay(true);
+fn serve_conn(conn: Stream, fe: &Mutex<Frontend>, slots: &Slots, id: u64) -> io::Result<()> {
+    conn.set_timeouts(IDLE_TIMEOUT)?;
     let mut w = conn.try_clone()?;
     let mut r = BufReader::new(conn).take(0);
     loop {
@@ -147,6 +424,7 @@ fn serve_conn(conn: TcpStream, fe: &Mutex<Frontend>) -> io::Result<()> {
             Err(e) => format!("ERR {}\n", e.replace('\n', " ")),
         };
         w.write_all(out.as_bytes())?;
+        slots.touch(id);
     }
 }
 
@@ -164,6 +442,7 @@ fn handle(line: &str, fe: &Mutex<Frontend>) -> Result<String, String> {
     let args = &words[1..];
     let want = match cmd.as_str() {
         "MOVE" => 2,
+        "HOLD" if args.len() == 2 => 2,
         "HOLD" | "RELEASE" | "FLOW" | "WEIGHTS" => 1,
         "STATS" => 0,
         other => {
@@ -187,8 +466,19 @@ fn handle(line: &str, fe: &Mutex<Frontend>) -> Result<String, String> {
                 .map_err(|_| format!("{:?} is not a back-end IPv4 address", args[1]))?;
             fe.move_flow(client, b).map(|()| String::new())
         }
-        "HOLD" | "RELEASE" => fe
-            .set_held(parse_client(args[0])?, cmd == "HOLD")
+        "HOLD" => {
+            let ttl = match args.get(1) {
+                Some(ms) => Duration::from_millis(
+                    ms.parse()
+                        .map_err(|_| format!("{ms:?} is not a hold time in ms"))?,
+                ),
+                None => crate::loader::HOLD_TTL_DEFAULT,
+            };
+            fe.set_hold(parse_client(args[0])?, Some(ttl))
+                .map(|()| String::new())
+        }
+        "RELEASE" => fe
+            .set_hold(parse_client(args[0])?, None)
             .map(|()| String::new()),
         "FLOW" => fe.flow(parse_client(args[0])?).map(|f| match f {
             Some((ip, held)) => format!("{ip} held={}", u8::from(held)),
@@ -207,24 +497,30 @@ fn handle(line: &str, fe: &Mutex<Frontend>) -> Result<String, String> {
 /// A connection to a front-end's control port. Requests are retried once on a fresh
 /// connection if the old one broke (every request is idempotent).
 pub struct Client {
-    addr: SocketAddr,
-    conn: Option<(BufReader<TcpStream>, TcpStream)>,
+    addr: ControlAddr,
+    conn: Option<(BufReader<Stream>, Stream)>,
 }
 
 impl Client {
-    /// Connect to the control port at `addr` (bounded by [`CLIENT_TIMEOUT`]).
+    /// Connect to the control port at TCP `addr` (bounded by [`CLIENT_TIMEOUT`]).
     pub fn connect(addr: SocketAddr) -> io::Result<Client> {
-        let mut c = Client { addr, conn: None };
+        Client::connect_to(&ControlAddr::Tcp(addr))
+    }
+
+    /// Connect to the control port at `addr`, TCP or a Unix socket.
+    pub fn connect_to(addr: &ControlAddr) -> io::Result<Client> {
+        let mut c = Client {
+            addr: addr.clone(),
+            conn: None,
+        };
         c.ensure()?;
         Ok(c)
     }
 
-    fn ensure(&mut self) -> io::Result<&mut (BufReader<TcpStream>, TcpStream)> {
+    fn ensure(&mut self) -> io::Result<&mut (BufReader<Stream>, Stream)> {
         if self.conn.is_none() {
-            let s = TcpStream::connect_timeout(&self.addr, CLIENT_TIMEOUT)?;
-            s.set_read_timeout(Some(CLIENT_TIMEOUT))?;
-            s.set_write_timeout(Some(CLIENT_TIMEOUT))?;
-            let _ = s.set_nodelay(true);
+            let s = Stream::connect(&self.addr)?;
+            s.set_timeouts(CLIENT_TIMEOUT)?;
             self.conn = Some((BufReader::new(s.try_clone()?), s));
         }
         Ok(self.conn.as_mut().expect("set above"))
@@ -273,9 +569,17 @@ impl Client {
         self.request(&format!("MOVE {client} {backend}")).map(drop)
     }
 
-    /// Drop `client`'s packets at the front-end until released or moved.
+    /// Drop `client`'s packets at the front-end until released, moved, or the
+    /// front-end's default hold time ran out.
     pub fn hold(&mut self, client: SocketAddrV4) -> io::Result<()> {
         self.request(&format!("HOLD {client}")).map(drop)
+    }
+
+    /// Drop `client`'s packets at the front-end until released, moved, or `ttl`
+    /// (whole milliseconds) ran out.
+    pub fn hold_for(&mut self, client: SocketAddrV4, ttl: Duration) -> io::Result<()> {
+        self.request(&format!("HOLD {client} {}", ttl.as_millis()))
+            .map(drop)
     }
 
     /// Undo [`Client::hold`].

@@ -14,7 +14,7 @@
 //! | 0 | 4 | magic [`MAGIC`] (`"FSMV"`) |
 //! | 4 | 1 | version [`VERSION`] |
 //! | 5 | 1 | op: [`OP_REQUEST`]; the reply [`OP_REPLY`] |
-//! | 6 | 2 | status: 0 in a request; the reply's [`MoveStatus`] |
+//! | 6 | 2 | status: 0 in a request; the reply's [`MoveStatus`] (1 to 5) |
 //! | 8 | 8 | seq, chosen by the requester, echoed |
 //! | 16 | 4 | client IPv4 address (the flow: client to the VIP:port) |
 //! | 20 | 2 | client port |
@@ -25,10 +25,26 @@
 //! The [`MoveClient`] sends a request and waits for the reply with its seq, at most
 //! [`ATTEMPTS`] times [`ATTEMPT_TIMEOUT`] (a retry after a lost reply is answered
 //! [`MoveStatus::Already`]).
+//!
+//! **Authenticated** (the front-end started with `--key-file`): the payload is
+//! [`SEALED_BYTES`] = 64 bytes, a `farside_auth::mac` envelope (domain
+//! `FrontendMove`, the key's id, `len` 32, sender = the requester's IPv4 address as a
+//! u64, a sequence number above every earlier one of this sender under this key) and
+//! then the 32 bytes above. The front-end's program verifies the tag, that the sender
+//! is the expected back-end, and that the sequence is above the highest it accepted
+//! from that (key id, sender); the reply is sealed the same way under the same key,
+//! with the front-end's address as sender and the request's sequence echoed. Every
+//! attempt is sealed afresh (a new sequence), so a retry is not a replay.
+//! [`MoveClient::with_key`] turns it on; sequences come from one process-wide counter
+//! ([`next_envelope_seq`]) so that pooled clients of one back-end never reuse one.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use farside_auth::mac::{self, Domain, Envelope, KeyId, ENVELOPE_BYTES};
+use farside_auth::siphash::SipKey;
 
 /// `"FSMV"` (`FE_MOVE_MAGIC`).
 pub const MAGIC: u32 = 0x4653_4d56;
@@ -40,6 +56,8 @@ pub const OP_REQUEST: u8 = 1;
 pub const OP_REPLY: u8 = 2;
 /// Size of a request and of a reply (`struct fe_move_msg`): anything else is dropped.
 pub const MSG_BYTES: usize = 32;
+/// Size of an authenticated request and reply: the envelope, then the message.
+pub const SEALED_BYTES: usize = ENVELOPE_BYTES + MSG_BYTES;
 /// Attempts per move: a lost request or reply costs one [`ATTEMPT_TIMEOUT`]; three
 /// losses in a row on a LAN mean the front-end is gone or refuses us.
 pub const ATTEMPTS: u32 = 3;
@@ -67,6 +85,9 @@ pub enum MoveStatus {
     /// No entry for the flow (evicted): nothing written; the migration falls back
     /// to the source.
     NotFound = 4,
+    /// The front-end's moved-flow table is full ([`crate::MOVED_MAX`]): nothing
+    /// written; the migration falls back to the source.
+    Full = 5,
 }
 
 impl MoveStatus {
@@ -76,6 +97,7 @@ impl MoveStatus {
             2 => MoveStatus::Already,
             3 => MoveStatus::NotOwner,
             4 => MoveStatus::NotFound,
+            5 => MoveStatus::Full,
             _ => return None,
         })
     }
@@ -130,6 +152,82 @@ impl MoveRequest {
     }
 }
 
+/// A key the one-sided MOVE is sealed with: its id (as the front-end's `--key-id`) and
+/// the key (from a key file: `farside_auth::keys::load_key`).
+#[derive(Clone, Copy, Debug)]
+pub struct MoveKey {
+    /// Names the key at the front-end.
+    pub id: KeyId,
+    /// The 128-bit SipHash key.
+    pub key: SipKey,
+}
+
+/// The envelope sender of a back-end (or front-end) address: the address as a u64.
+pub fn sender_id(ip: Ipv4Addr) -> u64 {
+    u64::from(u32::from(ip))
+}
+
+/// The last envelope sequence this process sent.
+static ENVELOPE_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The next envelope sequence of this process: strictly increasing, and above what an
+/// earlier run sent (the wall clock's seconds in the high 32 bits, as
+/// `farside_auth::replay::Sequencer`), shared by every [`MoveClient`] of the process.
+pub fn next_envelope_seq() -> u64 {
+    let clock = farside_auth::replay::Sequencer::unix_s().min(u64::from(u32::MAX))
+        << farside_auth::replay::SEQ_COUNT_BITS;
+    let prev = ENVELOPE_SEQ
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| {
+            Some(last.saturating_add(1).max(clock))
+        })
+        .unwrap_or_else(|v| v);
+    prev.saturating_add(1).max(clock)
+}
+
+impl MoveRequest {
+    /// The request sealed under `key` by `sender` with envelope sequence `env_seq`.
+    pub fn seal(&self, key: &MoveKey, sender: Ipv4Addr, env_seq: u64) -> Vec<u8> {
+        let env = Envelope {
+            key_id: key.id,
+            sender: sender_id(sender),
+            seq: env_seq,
+        };
+        let mut out = Vec::with_capacity(SEALED_BYTES);
+        mac::seal(
+            &mut out,
+            Domain::FrontendMove,
+            &key.key,
+            &env,
+            &self.encode(),
+        )
+        .expect("32 bytes are under the envelope's bound");
+        out
+    }
+
+    /// The authenticated reply to this request sealed with `env_seq`, from the
+    /// front-end at `frontend`: its status, if `reply` verifies under `key`, names the
+    /// front-end as sender, echoes `env_seq` and is the reply to this request.
+    pub fn match_sealed_reply(
+        &self,
+        key: &MoveKey,
+        frontend: Ipv4Addr,
+        env_seq: u64,
+        reply: &[u8],
+    ) -> Option<MoveStatus> {
+        if reply.len() != SEALED_BYTES {
+            return None;
+        }
+        let o = mac::open(Domain::FrontendMove, reply, |id| {
+            (id == key.id).then_some(key.key)
+        })
+        .ok()?;
+        if o.envelope.sender != sender_id(frontend) || o.envelope.seq != env_seq {
+            return None;
+        }
+        self.match_reply(o.message)
+    }
+}
+
 /// First seq of a client: time-derived so that two clients (or a restarted process)
 /// on one port do not take each other's late replies for their own.
 fn seq_seed() -> u64 {
@@ -155,6 +253,8 @@ pub struct MoveClient {
     /// after a stale reply waits with what is left of its attempt, and the next
     /// attempt sets it back).
     read_timeout: Duration,
+    /// Seal every request under this key (the front-end requires it with `--key-file`).
+    key: Option<MoveKey>,
 }
 
 impl MoveClient {
@@ -184,7 +284,15 @@ impl MoveClient {
             frontend,
             seq: seq_seed(),
             read_timeout: ATTEMPT_TIMEOUT,
+            key: None,
         })
+    }
+
+    /// Seal every request under `key` (and accept only replies sealed under it): what
+    /// a front-end started with `--key-file` requires.
+    pub fn with_key(mut self, key: MoveKey) -> MoveClient {
+        self.key = Some(key);
+        self
     }
 
     /// The requester's address (the back-end that must own the flows it moves).
@@ -194,7 +302,7 @@ impl MoveClient {
 
     /// Move `client`'s flow from this back-end ([`MoveClient::local_ip`]) to `next`.
     /// `Ok` if the flow now goes to `next` (moved, or already); an error for
-    /// `NotOwner`, `NotFound`, no answer within [`ATTEMPTS`] x [`ATTEMPT_TIMEOUT`], or
+    /// `NotOwner`, `NotFound`, `Full`, no answer within [`ATTEMPTS`] x [`ATTEMPT_TIMEOUT`], or
     /// an ICMP refusal (nothing answers on the front-end's move port).
     pub fn move_flow(&mut self, client: SocketAddrV4, next: Ipv4Addr) -> io::Result<()> {
         let expected = self.local;
@@ -202,6 +310,10 @@ impl MoveClient {
             s if s.is_moved() => Ok(()),
             MoveStatus::NotOwner => Err(io::Error::other(format!(
                 "front-end {}: MOVE {client} {expected} -> {next}: NOT_OWNER (the flow names a third back-end)",
+                self.frontend
+            ))),
+            MoveStatus::Full => Err(io::Error::other(format!(
+                "front-end {}: MOVE {client} {expected} -> {next}: FULL (its moved-flow table is full)",
                 self.frontend
             ))),
             _ => Err(io::Error::other(format!(
@@ -226,9 +338,19 @@ impl MoveClient {
             expected,
             next,
         };
-        let msg = req.encode();
-        let mut buf = [0u8; MSG_BYTES + 1];
-        for _ in 0..ATTEMPTS {
+        let plain = req.encode();
+        let mut buf = [0u8; SEALED_BYTES + 1];
+        // Envelope sequences of this request's attempts: a late reply to any of them
+        // is this request's reply.
+        let mut sent = [0u64; ATTEMPTS as usize];
+        for attempt in 0..ATTEMPTS as usize {
+            let msg = match &self.key {
+                Some(k) => {
+                    sent[attempt] = next_envelope_seq();
+                    req.seal(k, self.local, sent[attempt])
+                }
+                None => plain.to_vec(),
+            };
             self.sock.send(&msg).map_err(|e| self.refused(e))?;
             let deadline = Instant::now() + ATTEMPT_TIMEOUT;
             let mut first = true;
@@ -249,7 +371,13 @@ impl MoveClient {
                 match self.sock.recv(&mut buf) {
                     Ok(n) => {
                         // A stale reply (an earlier request's) or junk: keep waiting.
-                        if let Some(s) = req.match_reply(&buf[..n]) {
+                        let got = match &self.key {
+                            Some(k) => sent[..=attempt].iter().find_map(|&q| {
+                                req.match_sealed_reply(k, *self.frontend.ip(), q, &buf[..n])
+                            }),
+                            None => req.match_reply(&buf[..n]),
+                        };
+                        if let Some(s) = got {
                             return Ok(s);
                         }
                     }
@@ -314,6 +442,71 @@ mod tests {
                 0x40, 0, 0, 10, 0, 0, 11, 10, 0, 0, 12
             ]
         );
+    }
+
+    const KEY: MoveKey = MoveKey {
+        id: KeyId(3),
+        key: SipKey::from_halves(0x1122_3344_5566_7788, 0x99aa_bbcc_ddee_ff00),
+    };
+
+    #[test]
+    fn a_sealed_request_is_the_envelope_then_the_message() {
+        let r = req();
+        let b = r.seal(&KEY, r.expected, 77);
+        assert_eq!(b.len(), SEALED_BYTES);
+        assert_eq!(&b[ENVELOPE_BYTES..], &r.encode());
+        let o = mac::open(Domain::FrontendMove, &b, |_| Some(KEY.key)).unwrap();
+        assert_eq!(o.envelope.key_id, KeyId(3));
+        assert_eq!(o.envelope.sender, 0x0a00_000b);
+        assert_eq!(o.envelope.seq, 77);
+        assert_eq!(u32::from_le_bytes(b[12..16].try_into().unwrap()), 32);
+    }
+
+    #[test]
+    fn only_a_sealed_reply_under_the_key_with_the_sequence_is_taken() {
+        let r = req();
+        let fe = Ipv4Addr::new(10, 0, 0, 2);
+        let mut msg = r.encode();
+        msg[5] = OP_REPLY;
+        msg[7] = 1;
+        let seal = |key: &MoveKey, sender: Ipv4Addr, seq: u64, msg: &[u8]| {
+            let mut out = Vec::new();
+            let env = Envelope {
+                key_id: key.id,
+                sender: sender_id(sender),
+                seq,
+            };
+            mac::seal(&mut out, Domain::FrontendMove, &key.key, &env, msg).unwrap();
+            out
+        };
+        let good = seal(&KEY, fe, 77, &msg);
+        assert_eq!(
+            r.match_sealed_reply(&KEY, fe, 77, &good),
+            Some(MoveStatus::Moved)
+        );
+        // Another sequence, sender, key; a forged tag; the plain reply; the request.
+        assert_eq!(r.match_sealed_reply(&KEY, fe, 78, &good), None);
+        let other_sender = seal(&KEY, r.expected, 77, &msg);
+        assert_eq!(r.match_sealed_reply(&KEY, fe, 77, &other_sender), None);
+        let other_key = MoveKey {
+            id: KEY.id,
+            key: SipKey::from_halves(1, 2),
+        };
+        assert_eq!(r.match_sealed_reply(&other_key, fe, 77, &good), None);
+        let mut forged = good.clone();
+        forged[ENVELOPE_BYTES + 7] = 2;
+        assert_eq!(r.match_sealed_reply(&KEY, fe, 77, &forged), None);
+        assert_eq!(r.match_sealed_reply(&KEY, fe, 77, &msg), None);
+        let request = r.seal(&KEY, fe, 77);
+        assert_eq!(r.match_sealed_reply(&KEY, fe, 77, &request), None);
+    }
+
+    #[test]
+    fn envelope_sequences_increase_and_start_at_the_clock() {
+        let a = next_envelope_seq();
+        let b = next_envelope_seq();
+        assert!(b > a);
+        assert!(a >> 32 >= farside_auth::replay::Sequencer::unix_s() - 1);
     }
 
     #[test]

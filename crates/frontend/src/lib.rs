@@ -6,14 +6,20 @@
 //! rewrites only the destination (and source) MAC and sends the frame back out,
 //! replies go from the back-end straight to the client. See `docs/frontend.md`.
 //!
-//! - [`table`]: the weight table and the 4-tuple hash (the paper's sub-optimal
-//!   routing), pure and unit-tested;
+//! - [`table`]: the weight table (Maglev) and the 4-tuple hash (SipHash under a
+//!   secret key) of the paper's sub-optimal routing, pure and unit-tested;
 //! - [`Frontend`]: load, configure, attach (tc ingress), and the map operations;
 //! - [`control`]: the control port (`MOVE`, `HOLD`, `RELEASE`, `FLOW`, `WEIGHTS`,
-//!   `STATS`) and its [`control::Client`];
-//! - [`fmove`]: the one-sided MOVE, a UDP request the program answers in the kernel,
-//!   and its [`fmove::MoveClient`];
+//!   `STATS`) on a Unix socket or TCP, and its [`control::Client`];
+//! - [`fmove`]: the one-sided MOVE, a UDP request the program answers (and, with a
+//!   key, authenticates) in the kernel, and its [`fmove::MoveClient`];
+//! - [`pin`]: maps pinned on bpffs, so a restarted front-end keeps its flows;
 //! - [`cli`]: `farside frontend`.
+//!
+//! Trust boundaries: only SYNs create flow entries; migrated flows live in a bounded
+//! table traffic cannot evict; holds expire; the hash key is secret; the MOVE is
+//! authenticated with `--key-file` and accepted only on the move interface; control
+//! is best on a 0600 Unix socket (TCP control is unauthenticated).
 //!
 //! Everything but [`table`] needs CAP_BPF and CAP_NET_ADMIN (root in practice).
 
@@ -22,13 +28,18 @@ pub mod control;
 pub mod fmove;
 mod loader;
 mod maps;
+pub mod pin;
 pub mod table;
 
 pub use loader::{
     detach_iface, format_mac, iface_ipv4, iface_mac_index, parse_mac, parse_weights,
     validate_backends, verdict, BackendReport, BackendSpec, Frontend, FrontendError, Stats,
+    HOLD_TTL_DEFAULT, HOLD_TTL_MAX, MOVED_IDLE_MAX,
 };
-pub use maps::{BACKENDS_MAX, COUNTERS, COUNTER_NAMES, FLOWS_MAX, HASH_SEED, SLOTS};
+pub use maps::{
+    BACKENDS_MAX, COUNTERS, COUNTER_NAMES, FLOWS_MAX, KEYS_MAX, MOVED_MAX, REPLAY_MAX,
+    SEEN_REFRESH_NS, SLOTS,
+};
 
 /// True if this process runs as root (the live tests need it).
 pub use farside_bpfrt::is_root;

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::Path;
 use std::str::FromStr;
+use std::time::Duration;
 
 use aya::maps::{HashMap, MapData, MapError};
 use aya::programs::tc::{SchedClassifierLinkId, TcAttachType};
@@ -14,10 +16,11 @@ use farside_bpfrt::{error_chain, flags, is_permission_error, Error, Object};
 use serde::{Deserialize, Serialize};
 
 use crate::maps::{
-    BackendEntry, BackendStats, Config, FlowKey, FlowValue, COUNTERS, COUNTER_NAMES, FLOW_HOLD,
-    MAP_BACKENDS, MAP_BIP, MAP_BSTATS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_TABLE, PROG_NAME,
-    SLOTS,
+    BackendEntry, BackendStats, Config, FlowKey, FlowValue, KeyValue, COUNTERS, COUNTER_NAMES,
+    FLOW_HOLD, KEYS_MAX, MAP_BACKENDS, MAP_BIP, MAP_BSTATS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS,
+    MAP_KEYS, MAP_MOVED, MAP_REPLAY, MAP_TABLE, MOVED_MAX, PROG_NAME, SLOTS,
 };
+use crate::pin::{self, Restored, PINNED_MAPS};
 use crate::table;
 
 /// The compiled program (clang -target bpf), 8-byte aligned as ELF parsing needs.
@@ -39,6 +42,32 @@ pub type FrontendError = farside_bpfrt::Error;
 
 /// The program as errors name it.
 const LABEL: &str = "the front-end program";
+
+/// How long a `HOLD` drops a flow's packets unless it says: a migration holds a flow
+/// for its freeze (milliseconds) and then moves or releases it; a hold its migration
+/// forgot ends by itself after this, so a lost `RELEASE` (or a forged `HOLD`) cannot
+/// black-hole a flow for good.
+pub const HOLD_TTL_DEFAULT: Duration = Duration::from_secs(5);
+/// Longest hold a `HOLD` may ask for: a TCP peer retransmits for minutes, but a
+/// migration that needs more than this has failed.
+pub const HOLD_TTL_MAX: Duration = Duration::from_secs(60);
+/// A moved flow with no packet for this long is removed from the moved-flow table by
+/// [`Frontend::expire_moved`] (the program sees no FIN: this is how dead moved flows
+/// leave): 300 s, about the idle timeout of cloud load balancers (AWS NLB: 350 s). A
+/// moved connection idle longer loses its entry; its next packet is routed by hash.
+pub const MOVED_IDLE_MAX: Duration = Duration::from_secs(300);
+
+/// Whether a map update failed because the map is full (E2BIG).
+fn is_full(e: &MapError) -> bool {
+    matches!(e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG))
+}
+
+/// Whether a map operation found no such key (aya reports a delete's ENOENT as a
+/// syscall error).
+fn is_gone(e: &MapError) -> bool {
+    matches!(e, MapError::KeyNotFound)
+        || matches!(e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::ENOENT))
+}
 
 /// One back-end: where frames for it go (its MAC on the LAN), its address (to name
 /// it in `MOVE` and `WEIGHTS`) and its routing weight. Parsed from `MAC@IP=WEIGHT`,
@@ -159,8 +188,12 @@ pub struct Stats {
     pub backends: Vec<BackendReport>,
     /// Global counters by name ([`COUNTER_NAMES`]).
     pub counters: BTreeMap<String, u64>,
-    /// Entries in the flow table now (at most [`crate::FLOWS_MAX`]).
+    /// Entries now: the flow table's (at most [`crate::FLOWS_MAX`]) and the moved-flow
+    /// table's.
     pub flows: usize,
+    /// Of which in the moved-flow table (at most [`crate::MOVED_MAX`]).
+    #[serde(default)]
+    pub moved_flows: usize,
 }
 
 impl fmt::Display for Stats {
@@ -177,7 +210,13 @@ impl fmt::Display for Stats {
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        write!(f, "flows {}; {}", self.flows, c.join(" "))
+        write!(
+            f,
+            "flows {} ({} moved); {}",
+            self.flows,
+            self.moved_flows,
+            c.join(" ")
+        )
     }
 }
 
@@ -192,6 +231,13 @@ pub struct Frontend {
     backends: Vec<BackendSpec>,
     link: Option<SchedClassifierLinkId>,
     ifname: String,
+    /// The attachment to the move interface, if it is another one.
+    move_link: Option<(SchedClassifierLinkId, String)>,
+    /// Control-port `MOVE`s refused because the moved-flow table was full (added to
+    /// the program's `move_full` in [`Frontend::stats`]).
+    move_full_refused: u64,
+    /// The weight table as last written (empty before the first write).
+    table: Vec<u32>,
 }
 
 impl Frontend {
@@ -204,10 +250,35 @@ impl Frontend {
         mac: [u8; 6],
         ifindex: u32,
     ) -> Result<Frontend, FrontendError> {
+        Frontend::load_pinned(vip, backends, mac, ifindex, None).map(|(fe, _)| fe)
+    }
+
+    /// [`Frontend::load`], keeping state across restarts in `pin_dir` (a directory on
+    /// a bpffs, see [`crate::pin`]): what an earlier front-end of the same VIP and
+    /// back-ends pinned there (hash key, flows, moved flows, replay state) is copied in,
+    /// then this front-end's maps are pinned there in its place.
+    pub fn load_pinned(
+        vip: SocketAddrV4,
+        backends: &[BackendSpec],
+        mac: [u8; 6],
+        ifindex: u32,
+        pin_dir: Option<&Path>,
+    ) -> Result<(Frontend, Restored), FrontendError> {
         if vip.port() == 0 {
             return Err(Error::Config("VIP port 0".into()));
         }
         validate_backends(backends).map_err(Error::Config)?;
+        let mut restored = Restored::default();
+        let pinned = match pin_dir {
+            Some(d) => pin::read(d, vip, backends, &mut restored.discarded)?,
+            None => None,
+        };
+        let hash_key = match &pinned {
+            Some(p) => p.hash_key,
+            None => table::random_hash_key()
+                .map_err(|e| Error::os(LABEL, "drawing the flow hash's key (getrandom)", e))?,
+        };
+        let (hash_k0, hash_k1) = hash_key.halves();
         let mut obj = Object::load(LABEL, OBJECT)?;
         obj.load_program::<SchedClassifier>(PROG_NAME)?;
         let mut fe = Frontend {
@@ -218,12 +289,19 @@ impl Frontend {
                 mac,
                 ifindex,
                 backends: backends.len() as u32,
+                hash_k0,
+                hash_k1,
+                move_ifindex: ifindex,
+                move_mac: mac,
                 ..Config::default()
             },
             vip,
             backends: backends.to_vec(),
             link: None,
             ifname: String::new(),
+            move_link: None,
+            move_full_refused: 0,
+            table: Vec::new(),
         };
         for (i, b) in backends.iter().enumerate() {
             let entry = BackendEntry {
@@ -242,9 +320,41 @@ impl Frontend {
             }
         }
         fe.write_table()?;
+        if let Some(p) = pinned {
+            restored.hash_key = Some(p.hash_key);
+            restored.flows = fe.copy_in(MAP_FLOWS, &p.flows)?;
+            restored.moved = fe.copy_in(MAP_MOVED, &p.moved)?;
+            restored.replay = fe.copy_in(MAP_REPLAY, &p.replay)?;
+        }
         // Written last: `backends` > 0 is what turns routing on.
         fe.write_config()?;
-        Ok(fe)
+        if let Some(d) = pin_dir {
+            let maps = PINNED_MAPS
+                .iter()
+                .map(|n| fe.obj.map(n).map(|m| (*n, m)))
+                .collect::<Result<Vec<_>, _>>()?;
+            pin::pin_all(d, maps.into_iter())?;
+        }
+        Ok((fe, restored))
+    }
+
+    /// Insert `entries` into hash map `name`; returns how many went in (a full map
+    /// keeps what fitted).
+    fn copy_in<K: aya::Pod, V: aya::Pod>(
+        &mut self,
+        name: &str,
+        entries: &[(K, V)],
+    ) -> Result<usize, FrontendError> {
+        let mut m: HashMap<&mut MapData, K, V> = self.obj.typed_mut(name)?;
+        let mut n = 0;
+        for (k, v) in entries {
+            match m.insert(k, v, 0) {
+                Ok(()) => n += 1,
+                Err(e) if is_full(&e) => break,
+                Err(e) => return Err(Error::map(LABEL, &format!("restoring {name}"), &e)),
+            }
+        }
+        Ok(n)
     }
 
     fn write_config(&mut self) -> Result<(), FrontendError> {
@@ -267,6 +377,78 @@ impl Frontend {
         self.write_config().inspect_err(|_| self.config = before)
     }
 
+    /// The flow hash's secret key (drawn at load): with it [`table::backend_for`]
+    /// predicts where a new flow goes.
+    pub fn hash_key(&self) -> table::HashKey {
+        table::HashKey::from_halves(self.config.hash_k0, self.config.hash_k1)
+    }
+
+    /// Require every one-sided MOVE to carry an auth envelope (`farside_auth::mac`,
+    /// domain `FrontendMove`) under `key`, named `id`; several calls install several
+    /// keys (a rotation: current and previous), at most [`KEYS_MAX`](crate::KEYS_MAX).
+    /// From the first call on, an unauthenticated MOVE is dropped (`move_unauth`).
+    pub fn add_move_key(
+        &mut self,
+        id: farside_auth::mac::KeyId,
+        key: farside_auth::siphash::SipKey,
+    ) -> Result<(), FrontendError> {
+        let (k0, k1) = key.halves();
+        {
+            let mut m: HashMap<&mut MapData, u32, KeyValue> = self.obj.typed_mut(MAP_KEYS)?;
+            m.insert(id.0, KeyValue { k0, k1 }, 0).map_err(|e| {
+                if is_full(&e) {
+                    Error::Config(format!("at most {KEYS_MAX} MOVE keys"))
+                } else {
+                    Error::map(LABEL, "writing a MOVE key", &e)
+                }
+            })?;
+        }
+        let before = self.config;
+        self.config.move_auth = 1;
+        self.write_config().inspect_err(|_| self.config = before)
+    }
+
+    /// Remove MOVE key `id` (the end of a rotation). Returns whether it was installed;
+    /// authentication stays required.
+    pub fn revoke_move_key(&mut self, id: farside_auth::mac::KeyId) -> Result<bool, FrontendError> {
+        let mut m: HashMap<&mut MapData, u32, KeyValue> = self.obj.typed_mut(MAP_KEYS)?;
+        match m.remove(&id.0) {
+            Ok(()) => Ok(true),
+            Err(e) if is_gone(&e) => Ok(false),
+            Err(e) => Err(Error::map(LABEL, "removing a MOVE key", &e)),
+        }
+    }
+
+    /// Whether a one-sided MOVE must be authenticated.
+    pub fn move_authenticated(&self) -> bool {
+        self.config.move_auth != 0
+    }
+
+    /// Accept the one-sided MOVE only when it arrives on interface `ifindex` (whose
+    /// MAC is `mac`): the cluster-facing interface. Default: the interface the
+    /// front-end was loaded for. [`Frontend::attach_move_iface`] attaches there too.
+    pub fn set_move_ifindex(&mut self, ifindex: u32, mac: [u8; 6]) -> Result<(), FrontendError> {
+        let before = self.config;
+        self.config.move_ifindex = ifindex;
+        self.config.move_mac = mac;
+        self.write_config().inspect_err(|_| self.config = before)
+    }
+
+    /// Answer the one-sided MOVE on `ifname` only (the cluster-facing interface),
+    /// attaching the program to its tc ingress too if it is not the routed one; a
+    /// MOVE arriving elsewhere is dropped (`move_wrong_iface`).
+    pub fn attach_move_iface(&mut self, ifname: &str) -> Result<(), FrontendError> {
+        let (mac, ifindex) = iface_mac_index(ifname)?;
+        if ifindex != self.config.ifindex {
+            if let Some((link, name)) = self.move_link.take() {
+                self.obj.detach_tc(PROG_NAME, link, &name)?;
+            }
+            let link = self.obj.attach_tc_ingress(PROG_NAME, ifname)?;
+            self.move_link = Some((link, ifname.to_string()));
+        }
+        self.set_move_ifindex(ifindex, mac)
+    }
+
     /// Where the one-sided MOVE is answered, if it is on.
     pub fn move_udp(&self) -> Option<SocketAddrV4> {
         (self.config.move_port != 0).then(|| {
@@ -284,21 +466,45 @@ impl Frontend {
         vip: SocketAddrV4,
         backends: &[BackendSpec],
     ) -> Result<Frontend, FrontendError> {
+        Frontend::attach_pinned(ifname, vip, backends, None).map(|(fe, _)| fe)
+    }
+
+    /// [`Frontend::attach`] with [`Frontend::load_pinned`]'s state kept in
+    /// `pin_root/<ifname>/` if `pin_root` is given.
+    pub fn attach_pinned(
+        ifname: &str,
+        vip: SocketAddrV4,
+        backends: &[BackendSpec],
+        pin_root: Option<&Path>,
+    ) -> Result<(Frontend, Restored), FrontendError> {
         let (mac, ifindex) = iface_mac_index(ifname)?;
-        let mut fe = Frontend::load(vip, backends, mac, ifindex)?;
+        let dir = pin_root.map(|r| pin::pin_dir(r, ifname));
+        let (mut fe, restored) =
+            Frontend::load_pinned(vip, backends, mac, ifindex, dir.as_deref())?;
         let link = fe.obj.attach_tc_ingress(PROG_NAME, ifname)?;
         fe.link = Some(link);
         fe.ifname = ifname.to_string();
-        Ok(fe)
+        Ok((fe, restored))
     }
 
+    /// Fill the weight table (Maglev, [`table::fill_table`]) for the current back-ends
+    /// and weights, writing only the slots that change.
     fn write_table(&mut self) -> Result<(), FrontendError> {
         let weights: Vec<u32> = self.backends.iter().map(|b| b.weight).collect();
-        let t = table::fill_table(&weights, SLOTS).map_err(Error::Config)?;
+        let ids: Vec<u64> = self
+            .backends
+            .iter()
+            .map(|b| u64::from(u32::from(b.ip)))
+            .collect();
+        let t = table::fill_table(&ids, &weights, SLOTS).map_err(Error::Config)?;
         for (slot, b) in t.iter().enumerate() {
+            if self.table.get(slot) == Some(b) {
+                continue;
+            }
             self.obj
                 .array_set(MAP_TABLE, slot as u32, *b, "writing the weight table")?;
         }
+        self.table = t;
         Ok(())
     }
 
@@ -312,6 +518,9 @@ impl Frontend {
     /// Detach from the interface (if attached): from now on its traffic goes to the
     /// stack. The maps stay readable.
     pub fn detach(&mut self) -> Result<(), FrontendError> {
+        if let Some((link, name)) = self.move_link.take() {
+            self.obj.detach_tc(PROG_NAME, link, &name)?;
+        }
         match self.link.take() {
             Some(link) => self.obj.detach_tc(PROG_NAME, link, &self.ifname),
             None => Ok(()),
@@ -371,26 +580,55 @@ impl Frontend {
         self.obj.typed(MAP_FLOWS)
     }
 
-    /// The flow of `client` to the VIP: its back-end's IP and whether it is held;
-    /// None if the table has no entry.
+    fn moved_mut(&mut self) -> Result<HashMap<&mut MapData, FlowKey, FlowValue>, FrontendError> {
+        self.obj.typed_mut(MAP_MOVED)
+    }
+
+    fn moved(&self) -> Result<HashMap<&MapData, FlowKey, FlowValue>, FrontendError> {
+        self.obj.typed(MAP_MOVED)
+    }
+
+    /// The entry the program follows for `key` (the moved-flow table's first) and the
+    /// map it is in.
+    fn entry(&self, key: &FlowKey) -> Result<Option<(FlowValue, &'static str)>, FrontendError> {
+        for name in [MAP_MOVED, MAP_FLOWS] {
+            let m: HashMap<&MapData, FlowKey, FlowValue> = self.obj.typed(name)?;
+            match m.get(key, 0) {
+                Ok(v) => return Ok(Some((v, name))),
+                Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(Error::map(LABEL, name, &e)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The flow of `client` to the VIP: its back-end's IP and whether it is held now
+    /// (a hold past its deadline is not); None if neither table has an entry.
     pub fn flow(&self, client: SocketAddrV4) -> Result<Option<(Ipv4Addr, bool)>, FrontendError> {
         let key = FlowKey::new(client, self.vip);
-        match self.flows()?.get(&key, 0) {
-            Ok(v) => Ok(Some((
+        Ok(self.entry(&key)?.map(|(v, _)| {
+            (
                 self.backends
                     .get(v.backend as usize)
                     .map(|b| b.ip)
                     .unwrap_or(Ipv4Addr::UNSPECIFIED),
-                v.flags & FLOW_HOLD != 0,
-            ))),
-            Err(MapError::KeyNotFound) => Ok(None),
-            Err(e) => Err(Error::map(LABEL, MAP_FLOWS, &e)),
-        }
+                v.flags & FLOW_HOLD != 0 && farside_bpfrt::ktime_ns() < v.hold_until_ns,
+            )
+        }))
+    }
+
+    /// Whether `client`'s flow is in the moved-flow table (where traffic cannot evict it).
+    pub fn is_moved(&self, client: SocketAddrV4) -> Result<bool, FrontendError> {
+        let key = FlowKey::new(client, self.vip);
+        Ok(matches!(self.entry(&key)?, Some((_, MAP_MOVED))))
     }
 
     /// Send `client`'s flow to the back-end `backend` from its next packet on, and
     /// release it if held: the flip `farside_migrate::migrate_with`'s `move_flow`
-    /// makes after the restore. A flow with no entry (evicted) gets one.
+    /// makes after the restore. The entry is written to the moved-flow table (created
+    /// if the flow had none, e.g. evicted) and the flow table's removed; if the
+    /// moved-flow table is full ([`MOVED_MAX`]) nothing is written, the refusal is
+    /// counted (`move_full`) and the error says so.
     pub fn move_flow(
         &mut self,
         client: SocketAddrV4,
@@ -398,36 +636,96 @@ impl Frontend {
     ) -> Result<(), FrontendError> {
         let b = self.backend_index(backend)?;
         let key = FlowKey::new(client, self.vip);
-        self.flows_mut()?
-            .insert(
-                key,
-                FlowValue {
-                    backend: b,
-                    flags: 0,
-                },
-                0,
-            )
+        let v = FlowValue {
+            backend: b,
+            flags: 0,
+            hold_until_ns: 0,
+            seen_ns: farside_bpfrt::ktime_ns(),
+        };
+        match self.moved_mut()?.insert(key, v, 0) {
+            Ok(()) => {}
+            Err(e) if is_full(&e) => {
+                self.move_full_refused += 1;
+                return Err(Error::Config(format!(
+                    "the moved-flow table is full ({MOVED_MAX} flows): {client} not moved"
+                )));
+            }
+            Err(e) => return Err(Error::map(LABEL, "writing a moved flow", &e)),
+        }
+        match self.flows_mut()?.remove(&key) {
+            Ok(()) => Ok(()),
+            Err(e) if is_gone(&e) => Ok(()),
+            Err(e) => Err(Error::map(LABEL, "removing a moved flow's old entry", &e)),
+        }
+    }
+
+    /// Hold (drop the packets of) `client`'s flow for [`HOLD_TTL_DEFAULT`], or release
+    /// it. Errors if the flow has no entry.
+    pub fn set_held(&mut self, client: SocketAddrV4, held: bool) -> Result<(), FrontendError> {
+        self.set_hold(client, held.then_some(HOLD_TTL_DEFAULT))
+    }
+
+    /// Hold `client`'s flow for `ttl` (at most [`HOLD_TTL_MAX`]; after it the program
+    /// forwards the flow again, counted `hold_expired`), or release it (None). Errors if
+    /// the flow has no entry or `ttl` is too long.
+    pub fn set_hold(
+        &mut self,
+        client: SocketAddrV4,
+        ttl: Option<Duration>,
+    ) -> Result<(), FrontendError> {
+        if let Some(t) = ttl {
+            if t > HOLD_TTL_MAX || t.is_zero() {
+                return Err(Error::Config(format!(
+                    "hold of {t:?}: between 1 ms and {HOLD_TTL_MAX:?}"
+                )));
+            }
+        }
+        let key = FlowKey::new(client, self.vip);
+        let (mut v, name) = self
+            .entry(&key)?
+            .ok_or_else(|| Error::Config(format!("no flow from {client}")))?;
+        match ttl {
+            Some(t) => {
+                v.flags |= FLOW_HOLD;
+                v.hold_until_ns = farside_bpfrt::ktime_ns().saturating_add(t.as_nanos() as u64);
+            }
+            None => {
+                v.flags &= !FLOW_HOLD;
+                v.hold_until_ns = 0;
+            }
+        }
+        let mut m: HashMap<&mut MapData, FlowKey, FlowValue> = self.obj.typed_mut(name)?;
+        // flags::EXIST: never resurrect an entry evicted meanwhile.
+        m.insert(key, v, flags::EXIST)
             .map_err(|e| Error::map(LABEL, "writing a flow entry", &e))
     }
 
-    /// Hold (drop the packets of) `client`'s flow, or release it. Errors if the flow
-    /// has no entry.
-    pub fn set_held(&mut self, client: SocketAddrV4, held: bool) -> Result<(), FrontendError> {
-        let key = FlowKey::new(client, self.vip);
-        let mut flows = self.flows_mut()?;
-        let mut v = flows.get(&key, 0).map_err(|e| match e {
-            MapError::KeyNotFound => Error::Config(format!("no flow from {client}")),
-            e => Error::map(LABEL, MAP_FLOWS, &e),
-        })?;
-        if held {
-            v.flags |= FLOW_HOLD;
-        } else {
-            v.flags &= !FLOW_HOLD;
+    /// Remove moved flows with no packet for `idle` and no hold in force: the moved
+    /// flows whose connections ended (the program cannot see them end). Returns how
+    /// many were removed. `farside frontend` calls it with [`MOVED_IDLE_MAX`].
+    pub fn expire_moved(&mut self, idle: Duration) -> Result<usize, FrontendError> {
+        let now = farside_bpfrt::ktime_ns();
+        let idle_ns = idle.as_nanos() as u64;
+        let stale: Vec<FlowKey> = self
+            .moved()?
+            .iter()
+            .filter_map(|kv| kv.ok())
+            .filter(|(_, v)| {
+                now.saturating_sub(v.seen_ns) > idle_ns
+                    && !(v.flags & FLOW_HOLD != 0 && now < v.hold_until_ns)
+            })
+            .map(|(k, _)| k)
+            .collect();
+        let mut m = self.moved_mut()?;
+        let mut removed = 0;
+        for k in stale {
+            match m.remove(&k) {
+                Ok(()) => removed += 1,
+                Err(e) if is_gone(&e) => {}
+                Err(e) => return Err(Error::map(LABEL, "removing an idle moved flow", &e)),
+            }
         }
-        // flags::EXIST: never resurrect an entry evicted meanwhile.
-        flows
-            .insert(key, v, flags::EXIST)
-            .map_err(|e| Error::map(LABEL, "writing a flow entry", &e))
+        Ok(removed)
     }
 
     /// Counters and flow count.
@@ -447,16 +745,19 @@ impl Frontend {
             });
         }
         let sums = self.obj.per_cpu_sums(MAP_COUNTERS, COUNTERS as u32)?;
-        let counters: BTreeMap<String, u64> = COUNTER_NAMES
+        let mut counters: BTreeMap<String, u64> = COUNTER_NAMES
             .iter()
             .zip(sums)
             .map(|(name, n)| (name.to_string(), n))
             .collect();
-        let flows = self.flows()?.keys().filter(|k| k.is_ok()).count();
+        *counters.entry("move_full".into()).or_default() += self.move_full_refused;
+        let moved_flows = self.moved()?.keys().filter(|k| k.is_ok()).count();
+        let flows = self.flows()?.keys().filter(|k| k.is_ok()).count() + moved_flows;
         Ok(Stats {
             backends,
             counters,
             flows,
+            moved_flows,
         })
     }
 

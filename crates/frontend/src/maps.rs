@@ -4,13 +4,18 @@
 /// Back-ends the program can route to (`FE_BACKENDS_MAX`): a handful in the paper's
 /// cluster; 64 keeps the per-back-end maps small.
 pub const BACKENDS_MAX: usize = 64;
-/// Weight-table slots (`FE_SLOTS`): weights resolve to 1/1024.
-pub const SLOTS: usize = 1024;
-/// Flows the LRU flow table holds (`FE_FLOWS_MAX`); older ones are evicted.
+/// Weight-table slots (`FE_SLOTS`): Maglev's lookup table, a prime over 100 x
+/// [`BACKENDS_MAX`]; weights resolve to 1/16,381.
+pub const SLOTS: usize = 16_381;
+/// Flows the LRU flow table holds (`FE_FLOWS_MAX`); older ones are evicted. Only a
+/// SYN creates an entry.
 pub const FLOWS_MAX: usize = 65_536;
-/// Seed of the 4-tuple hash (`FE_HASH_SEED`): fixed, so a restarted front-end hashes
-/// every flow as before.
-pub const HASH_SEED: u32 = 0x5f37_59df;
+/// Moved flows the moved-flow table holds (`FE_MOVED_MAX`): a plain hash traffic
+/// cannot evict; a MOVE into a full one is refused (counted `move_full`). Entries idle
+/// [`MOVED_IDLE_MAX`](crate::MOVED_IDLE_MAX) are removed by the front-end's sweep.
+pub const MOVED_MAX: usize = 65_536;
+/// A moved entry's last-seen time is refreshed at most this often (`FE_SEEN_REFRESH_NS`).
+pub const SEEN_REFRESH_NS: u64 = 1_000_000_000;
 /// Flow flag: packets of the flow are dropped (`FE_FLOW_HOLD`).
 pub const FLOW_HOLD: u32 = 1;
 
@@ -31,15 +36,31 @@ pub const COUNTER_NAMES: [&str; COUNTERS] = [
     "move_already",
     "move_not_owner",
     "move_not_found",
+    "move_full",
+    "hold_expired",
+    "move_unauth",
+    "move_replay",
+    "move_replay_full",
+    "move_wrong_iface",
 ];
 /// Number of global counters (`FE_COUNTERS`).
-pub const COUNTERS: usize = 15;
+pub const COUNTERS: usize = 21;
+/// Keys the one-sided MOVE verifies with (`FE_KEYS_MAX`): current and previous during
+/// a rotation, with room to spare.
+pub const KEYS_MAX: usize = 4;
+/// (key id, sender) pairs the MOVE's replay check remembers (`FE_REPLAY_MAX`): only
+/// authentic messages from configured back-ends add one, so at most
+/// [`BACKENDS_MAX`] x [`KEYS_MAX`]; a new sender at a full table is refused.
+pub const REPLAY_MAX: usize = 256;
 
 pub(crate) const PROG_NAME: &str = "fs_frontend";
 pub(crate) const MAP_CONFIG: &str = "fe_config";
 pub(crate) const MAP_BACKENDS: &str = "fe_backends";
 pub(crate) const MAP_TABLE: &str = "fe_table";
 pub(crate) const MAP_FLOWS: &str = "fe_flows";
+pub(crate) const MAP_MOVED: &str = "fe_moved";
+pub(crate) const MAP_KEYS: &str = "fe_keys";
+pub(crate) const MAP_REPLAY: &str = "fe_replay";
 pub(crate) const MAP_BSTATS: &str = "fe_bstats";
 pub(crate) const MAP_COUNTERS: &str = "fe_counters";
 pub(crate) const MAP_BIP: &str = "fe_bip";
@@ -55,7 +76,24 @@ pub(crate) struct Config {
     pub backends: u32,
     pub ip: u32,
     pub move_port: u16,
+    /// 1: a MOVE must carry an auth envelope under a key of `fe_keys`.
+    pub move_auth: u16,
+    /// MOVE is accepted only arriving on this interface.
+    pub move_ifindex: u32,
+    /// The flow hash's key (`SipKey::halves`).
+    pub hash_k0: u64,
+    pub hash_k1: u64,
+    /// The move interface's MAC.
+    pub move_mac: [u8; 6],
     pub reserved: u16,
+}
+
+/// `struct fe_key`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct KeyValue {
+    pub k0: u64,
+    pub k1: u64,
 }
 
 /// `struct fe_backend`.
@@ -83,6 +121,10 @@ pub(crate) struct FlowKey {
 pub(crate) struct FlowValue {
     pub backend: u32,
     pub flags: u32,
+    /// With [`FLOW_HOLD`]: packets are dropped until then (CLOCK_MONOTONIC ns).
+    pub hold_until_ns: u64,
+    /// In the moved-flow table: the flow's last packet (to [`SEEN_REFRESH_NS`]).
+    pub seen_ns: u64,
 }
 
 /// `struct fe_bstats`.
@@ -97,6 +139,19 @@ pub(crate) struct BackendStats {
 unsafe impl aya::Pod for Config {}
 // SAFETY: as above.
 unsafe impl aya::Pod for BackendEntry {}
+// SAFETY: as above.
+unsafe impl aya::Pod for KeyValue {}
+// SAFETY: as above.
+unsafe impl aya::Pod for ReplayKey {}
+
+/// `struct fe_replay_key`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ReplayKey {
+    pub key_id: u32,
+    pub reserved: u32,
+    pub sender: u64,
+}
 // SAFETY: as above.
 unsafe impl aya::Pod for FlowKey {}
 // SAFETY: as above.
@@ -129,7 +184,7 @@ mod tests {
                     .flatten()
             })
             .map(|v| {
-                let v = v.trim_end_matches('U');
+                let v = v.trim_end_matches("ULL").trim_end_matches('U');
                 match v.strip_prefix("0x") {
                     Some(h) => u64::from_str_radix(h, 16).unwrap(),
                     None => v.parse().unwrap(),
@@ -144,7 +199,10 @@ mod tests {
         assert_eq!(define(h, "FE_BACKENDS_MAX"), BACKENDS_MAX as u64);
         assert_eq!(define(h, "FE_SLOTS"), SLOTS as u64);
         assert_eq!(define(h, "FE_FLOWS_MAX"), FLOWS_MAX as u64);
-        assert_eq!(define(h, "FE_HASH_SEED"), u64::from(HASH_SEED));
+        assert_eq!(define(h, "FE_MOVED_MAX"), MOVED_MAX as u64);
+        assert_eq!(define(h, "FE_KEYS_MAX"), KEYS_MAX as u64);
+        assert_eq!(define(h, "FE_REPLAY_MAX"), REPLAY_MAX as u64);
+        assert_eq!(define(h, "FE_SEEN_REFRESH_NS"), SEEN_REFRESH_NS);
         assert_eq!(define(h, "FE_FLOW_HOLD"), u64::from(FLOW_HOLD));
         assert_eq!(define(h, "FE_COUNTERS"), COUNTERS as u64);
         for (i, name) in [
@@ -163,6 +221,12 @@ mod tests {
             "FE_CNT_MOVE_ALREADY",
             "FE_CNT_MOVE_NOT_OWNER",
             "FE_CNT_MOVE_NOT_FOUND",
+            "FE_CNT_MOVE_FULL",
+            "FE_CNT_HOLD_EXPIRED",
+            "FE_CNT_MOVE_UNAUTH",
+            "FE_CNT_MOVE_REPLAY",
+            "FE_CNT_MOVE_REPLAY_FULL",
+            "FE_CNT_MOVE_WRONG_IFACE",
         ]
         .iter()
         .enumerate()
@@ -186,19 +250,23 @@ mod tests {
             fmove::MoveStatus::Already,
             fmove::MoveStatus::NotOwner,
             fmove::MoveStatus::NotFound,
+            fmove::MoveStatus::Full,
         ] {
             let name = match s {
                 fmove::MoveStatus::Moved => "FE_MOVE_MOVED",
                 fmove::MoveStatus::Already => "FE_MOVE_ALREADY",
                 fmove::MoveStatus::NotOwner => "FE_MOVE_NOT_OWNER",
                 fmove::MoveStatus::NotFound => "FE_MOVE_NOT_FOUND",
+                fmove::MoveStatus::Full => "FE_MOVE_FULL",
             };
             assert_eq!(define(h, name), u64::from(s as u16), "{name}");
         }
-        assert_eq!(std::mem::size_of::<Config>(), 28);
+        assert_eq!(std::mem::size_of::<Config>(), 56);
+        assert_eq!(std::mem::size_of::<KeyValue>(), 16);
+        assert_eq!(std::mem::size_of::<ReplayKey>(), 16);
         assert_eq!(std::mem::size_of::<BackendEntry>(), 12);
         assert_eq!(std::mem::size_of::<FlowKey>(), 12);
-        assert_eq!(std::mem::size_of::<FlowValue>(), 8);
+        assert_eq!(std::mem::size_of::<FlowValue>(), 24);
         assert_eq!(std::mem::size_of::<BackendStats>(), 16);
     }
 }

@@ -96,6 +96,7 @@ fn thousand_connections_split_75_25_and_each_stays_on_one_backend() {
     let r = lan.r.clone();
     let fe = attach(&r, 75, 25);
     let t = fe.table().unwrap();
+    let key = fe.hash_key();
     let stop = Arc::new(AtomicBool::new(false));
     let servers = [
         serve_rounds(r.clone(), "a", stop.clone()),
@@ -112,7 +113,7 @@ fn thousand_connections_split_75_25_and_each_stays_on_one_backend() {
             let SocketAddr::V4(local) = s.local_addr().unwrap() else {
                 unreachable!()
             };
-            let want = ["a", "b"][table::backend_for(&t, local, VIP) as usize];
+            let want = ["a", "b"][table::backend_for(&t, &key, local, VIP) as usize];
             let mut w = s.try_clone().unwrap();
             let mut rd = BufReader::new(s);
             for round in 0..2 {
@@ -474,8 +475,13 @@ fn farside_frontend_flags_place_the_one_sided_move() {
             iface: Some(FE_IF.into()),
             vip: Some(VIP),
             backends: Lan::backends(1, 1).to_vec(),
-            control,
+            control: control.map(Into::into),
             move_udp_port,
+            key_file: None,
+            key_id: 1,
+            move_iface: None,
+            pin_maps: Some(false),
+            pin_root: farside_frontend::pin::PIN_ROOT.into(),
             duration_s: None,
             detach: None,
         };
@@ -505,5 +511,190 @@ fn farside_frontend_flags_place_the_one_sided_move() {
         .join()
         .expect("farside frontend");
     }
+    drop(lan);
+}
+
+/// `farside frontend --key-file`: the one-sided MOVE must be sealed. Live from A: a
+/// request sealed under the key is answered (sealed, verified by the client); an
+/// unsealed one, or one sealed under another key, gets no reply and is counted.
+#[test]
+#[ignore = "needs root (netns, BPF): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn farside_frontend_with_a_key_file_answers_only_sealed_moves() {
+    use farside_auth::mac::KeyId;
+    use farside_auth::siphash::SipKey;
+    use farside_frontend::cli::{run, FrontendArgs};
+    use farside_frontend::fmove::{MoveKey, MoveStatus};
+    use std::os::unix::fs::OpenOptionsExt;
+    need_root();
+    let lan = Lan::setup('k');
+    let r = lan.r.clone();
+    let dir = std::env::temp_dir().join(format!("fe-key-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("move.key");
+    let key = farside_frontend::table::random_hash_key().unwrap();
+    let hex: String = key.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| writeln!(f, "{hex}"))
+        .unwrap();
+    let at = SocketAddrV4::new(FE_IP, 7420);
+    let args = FrontendArgs {
+        iface: Some(FE_IF.into()),
+        vip: Some(VIP),
+        backends: Lan::backends(1, 1).to_vec(),
+        control: None,
+        move_udp_port: Some(at.port()),
+        key_file: Some(path.clone()),
+        key_id: 9,
+        move_iface: Some(FE_IF.into()),
+        pin_maps: Some(false),
+        pin_root: farside_frontend::pin::PIN_ROOT.into(),
+        duration_s: None,
+        detach: None,
+    };
+    let (rf, ra) = (r.clone(), r.clone());
+    thread::spawn(move || {
+        rf.enter("f");
+        run(args, move |_| {
+            thread::spawn(move || {
+                ra.enter("a");
+                let probe = SocketAddrV4::new(CLIENT_IP_PROBE, 1);
+                let good = MoveKey { id: KeyId(9), key };
+                let mut sealed = MoveClient::connect(at).unwrap().with_key(good);
+                for _ in 0..3 {
+                    assert_eq!(
+                        sealed.request(probe, A_IP, B_IP).unwrap(),
+                        MoveStatus::NotFound
+                    );
+                }
+                let mut plain = MoveClient::connect(at).unwrap();
+                let e = plain.request(probe, A_IP, B_IP).unwrap_err();
+                assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+                let wrong = MoveKey {
+                    id: KeyId(9),
+                    key: SipKey::from_halves(1, 2),
+                };
+                let mut forger = MoveClient::connect(at).unwrap().with_key(wrong);
+                let e = forger.request(probe, A_IP, B_IP).unwrap_err();
+                assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+            })
+            .join()
+            .unwrap();
+        })
+        .unwrap();
+    })
+    .join()
+    .expect("farside frontend");
+    let _ = std::fs::remove_dir_all(&dir);
+    drop(lan);
+}
+
+/// `farside frontend --pin-maps`: a connection opened through one front-end process
+/// keeps its back-end through a second one started on the pinned maps, even with
+/// weights that now send every new flow elsewhere (without the pinned entry its next
+/// packet would be hashed to B, which answers RST).
+#[test]
+#[ignore = "needs root (netns, BPF, mount): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn a_restarted_frontend_on_pinned_maps_keeps_a_live_connection_on_its_backend() {
+    use farside_frontend::cli::{run, FrontendArgs};
+    need_root();
+    let lan = Lan::setup('p');
+    let r = lan.r.clone();
+    /// The bpffs of this test, unmounted even if it panics.
+    struct Mounted(std::path::PathBuf);
+    impl Drop for Mounted {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+    let root = std::env::temp_dir().join(format!("fe-pin-{}", std::process::id()));
+    std::fs::create_dir_all(&root).unwrap();
+    let st = std::process::Command::new("mount")
+        .args(["-t", "bpf", "bpf"])
+        .arg(&root)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mount -t bpf");
+    let mounted = Mounted(root.clone());
+    let stop = Arc::new(AtomicBool::new(false));
+    let servers = [
+        serve_rounds(r.clone(), "a", stop.clone()),
+        serve_rounds(r.clone(), "b", stop.clone()),
+    ];
+    let args = |wa, wb| FrontendArgs {
+        iface: Some(FE_IF.into()),
+        vip: Some(VIP),
+        backends: Lan::backends(wa, wb).to_vec(),
+        control: None,
+        move_udp_port: None,
+        key_file: None,
+        key_id: 1,
+        move_iface: None,
+        pin_maps: Some(true),
+        pin_root: root.clone(),
+        duration_s: None,
+        detach: None,
+    };
+    // One front-end process's life: start, signal, wait for the word to stop.
+    let life = |a: FrontendArgs| {
+        let (up_tx, up_rx) = mpsc::channel();
+        let (down_tx, down_rx) = mpsc::channel::<()>();
+        let rf = r.clone();
+        let h = thread::spawn(move || {
+            rf.enter("f");
+            run(a, move |_| {
+                up_tx.send(()).unwrap();
+                let _ = down_rx.recv();
+            })
+            .unwrap();
+        });
+        up_rx.recv_timeout(AWAIT_MAX).expect("front-end up");
+        (h, down_tx)
+    };
+    let (step_tx, step_rx) = mpsc::channel::<()>();
+    let (said_tx, said_rx) = mpsc::channel::<String>();
+    let rc = r.clone();
+    let client = thread::spawn(move || {
+        rc.enter("c");
+        let s = TcpStream::connect_timeout(&SocketAddr::V4(VIP), AWAIT_MAX).unwrap();
+        s.set_read_timeout(Some(AWAIT_MAX)).unwrap();
+        let mut w = s.try_clone().unwrap();
+        let mut rd = BufReader::new(s);
+        for _ in 0..2 {
+            step_rx.recv().unwrap();
+            let body: Vec<u8> = (0..ROUND_BYTES).map(|i| session::pat(7, i)).collect();
+            w.write_all(b"7\n").unwrap();
+            w.write_all(&body).unwrap();
+            let mut line = String::new();
+            rd.read_line(&mut line).unwrap();
+            said_tx.send(line.trim().to_string()).unwrap();
+        }
+    });
+    // First life: every new flow to A.
+    let (h, down) = life(args(1, 0));
+    step_tx.send(()).unwrap();
+    assert_eq!(said_rx.recv_timeout(AWAIT_MAX).unwrap(), "a 7 0");
+    down.send(()).unwrap();
+    h.join().expect("first front-end");
+    // Second life: every new flow to B; the pinned entry keeps the connection on A.
+    let (h, down) = life(args(0, 1));
+    step_tx.send(()).unwrap();
+    assert_eq!(
+        said_rx.recv_timeout(AWAIT_MAX).unwrap(),
+        "a 7 0",
+        "the connection stayed on A"
+    );
+    client.join().expect("client");
+    down.send(()).unwrap();
+    h.join().expect("second front-end");
+    stop.store(true, Ordering::SeqCst);
+    for s in servers {
+        let _ = s.join();
+    }
+    drop(mounted);
     drop(lan);
 }
