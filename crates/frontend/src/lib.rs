@@ -1,4 +1,4 @@
-//! The blind front-end of seed 002 (issue 12 item 1): an eBPF program on the
+//! The blind front-end of seed 002: an eBPF program on the
 //! front-end node's LAN interface that routes each new TCP flow to the VIP to a
 //! back-end by weighted hash of its 4-tuple and keeps a flow table, so that a
 //! migrated connection's later packets reach its new node. L2 direct server return
