@@ -51,6 +51,26 @@ pub fn load_auth(args: &SpecdArgs) -> Result<Option<Arc<Auth>>, String> {
     }
 }
 
+/// The systemd credential name of the front-end's MOVE key (as `farside frontend`).
+pub const MOVE_KEY_CREDENTIAL: &str = "frontend-move";
+
+/// The key that seals one-sided MOVEs, from `--frontend-key-file` or the credential
+/// [`MOVE_KEY_CREDENTIAL`]; `None` when neither is given.
+fn load_move_key(args: &SpecdArgs) -> Result<Option<farside_frontend::fmove::MoveKey>, String> {
+    match load_key(
+        MOVE_KEY_CREDENTIAL,
+        args.frontend_key_file.as_deref(),
+        Policy::Production,
+    ) {
+        Ok(k) => Ok(Some(farside_frontend::fmove::MoveKey {
+            id: farside_auth::mac::KeyId(args.frontend_key_id),
+            key: k.key,
+        })),
+        Err(KeyError::NotFound { .. }) if args.frontend_key_file.is_none() => Ok(None),
+        Err(e) => Err(format!("specd --frontend-key-file: {e}")),
+    }
+}
+
 pub fn target_config(args: &SpecdArgs, handoff: Handoff, auth: Option<Arc<Auth>>) -> TargetConfig {
     let mut allow: Vec<IpAddr> = Vec::new();
     for ip in args.peers.iter().flat_map(|p| [p.daemon.ip(), p.backend]) {
@@ -134,6 +154,16 @@ pub struct SpecdArgs {
     /// same key). Without a key the migration port is unauthenticated (warned).
     #[arg(long = "key-file")]
     pub key_file: Option<PathBuf>,
+    /// The front-end's MOVE key (`farside frontend --key-file`'s key: 32 hex digits,
+    /// mode 0600 or 0400; the systemd credential `frontend-move` first if present):
+    /// every one-sided MOVE is then sealed with it. Without it the MOVE goes unsealed,
+    /// which a front-end given a key refuses.
+    #[arg(long = "frontend-key-file")]
+    pub frontend_key_file: Option<PathBuf>,
+    /// The id of --frontend-key-file's key, as the front-end knows it
+    /// (`farside frontend --key-id`).
+    #[arg(long = "frontend-key-id", default_value_t = 1)]
+    pub frontend_key_id: u32,
     /// Source role: the admission listener for speculatively admitted connections
     /// (e.g. 127.0.0.1:0; the sk_lookup program assigns the service's SYNs to it).
     /// Without it the daemon is a target only.
@@ -358,7 +388,11 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
                             FrontendMove::Tcp => "MOVE on its control port, TCP",
                         }
                     );
-                    Box::new(FrontendSteer::new(fe, args.frontend_move))
+                    let mut steer = FrontendSteer::new(fe, args.frontend_move);
+                    if let Some(key) = load_move_key(&args)? {
+                        steer = steer.with_key(key);
+                    }
+                    Box::new(steer)
                 }
                 (None, None) => Box::new(NoSteer),
             };

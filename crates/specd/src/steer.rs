@@ -416,6 +416,8 @@ pub struct FrontendSteer {
     via: FrontendMove,
     idle_tcp: std::sync::Mutex<Vec<farside_frontend::control::Client>>,
     idle_udp: std::sync::Mutex<Vec<farside_frontend::fmove::MoveClient>>,
+    /// The key that seals each one-sided MOVE, if the front-end has one.
+    key: Option<farside_frontend::fmove::MoveKey>,
 }
 
 impl FrontendSteer {
@@ -428,7 +430,14 @@ impl FrontendSteer {
             via,
             idle_tcp: std::sync::Mutex::new(Vec::new()),
             idle_udp: std::sync::Mutex::new(Vec::new()),
+            key: None,
         }
+    }
+
+    /// Seal every one-sided MOVE with `key` (the front-end's `--key-file` key).
+    pub fn with_key(mut self, key: farside_frontend::fmove::MoveKey) -> FrontendSteer {
+        self.key = Some(key);
+        self
     }
 
     /// How it moves flows.
@@ -466,7 +475,13 @@ impl FlowSteer for FrontendSteer {
                 };
                 let mut c = match Self::pooled(&self.idle_udp) {
                     Some(c) => c,
-                    None => farside_frontend::fmove::MoveClient::connect(fe)?,
+                    None => {
+                        let c = farside_frontend::fmove::MoveClient::connect(fe)?;
+                        match self.key {
+                            Some(k) => c.with_key(k),
+                            None => c,
+                        }
+                    }
                 };
                 c.move_flow(client, backend)?;
                 Self::put_back(&self.idle_udp, c);

@@ -141,3 +141,47 @@ fn moves_flows_one_sidedly_through_the_front_ends_tc_program() {
     .join()
     .unwrap();
 }
+
+/// With `--frontend-key-file`, specd seals its one-sided MOVEs under the front-end's
+/// key: a keyed front-end answers them, and refuses (no reply) a steer without the key.
+#[test]
+#[ignore = "needs root"]
+fn a_keyed_front_end_takes_sealed_moves_only() {
+    std::thread::spawn(|| {
+        // SAFETY: a new network namespace for this thread only.
+        assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+        let st = std::process::Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        let lo = Ipv4Addr::LOCALHOST;
+        let backends = [(lo, 1), (B_IP, 2)].map(|(ip, n)| BackendSpec {
+            mac: [2, 0, 0, 0, 0xaa, n],
+            ip,
+            weight: 1,
+        });
+        let mut fe = Frontend::attach("lo", VIP, &backends).expect("attach to lo");
+        fe.set_move_udp(lo, 7400).unwrap();
+        let key = farside_auth::siphash::SipKey::from_bytes(*b"specd-move-test!");
+        let id = farside_auth::mac::KeyId(7);
+        fe.add_move_key(id, key).unwrap();
+        let to = SocketAddr::new(lo.into(), 7400);
+        let client = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 1), 40_000);
+        let c = SocketAddr::V4(client);
+        fe.move_flow(client, lo).unwrap(); // the flow's entry names A (127.0.0.1)
+        let unsealed = FrontendSteer::new(to, FrontendMove::Udp);
+        assert!(unsealed.move_flow(c, IpAddr::V4(B_IP)).is_err());
+        assert_eq!(
+            fe.flow(client).unwrap(),
+            Some((lo, false)),
+            "unsealed: no move"
+        );
+        let sealed = FrontendSteer::new(to, FrontendMove::Udp)
+            .with_key(farside_frontend::fmove::MoveKey { id, key });
+        sealed.move_flow(c, IpAddr::V4(B_IP)).expect("MOVED");
+        assert_eq!(fe.flow(client).unwrap(), Some((B_IP, false)));
+    })
+    .join()
+    .unwrap();
+}
