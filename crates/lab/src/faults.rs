@@ -669,6 +669,52 @@ fn inject(a: &FaultsArgs, fab: &Fabric, t: &mut Tier, fault: &str) -> io::Result
 }
 
 /// The faults table (`table.txt`, `farside lab report`).
+/// `faults.csv`: one row per fault.
+pub fn csv(rows: &[&FaultRow]) -> io::Result<String> {
+    let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+    crate::report::csv_text(
+        &[
+            "fault",
+            "runs",
+            "started",
+            "answered",
+            "refused_503",
+            "failed",
+            "failed_connect",
+            "failed_io",
+            "failed_malformed",
+            "failed_5xx",
+            "hung",
+            "inflight_at_end",
+            "time_to_fresh_ms",
+            "stale_at_repair",
+            "repair_ms",
+            "time_to_fresh_from_repair_cmd_ms",
+        ],
+        rows.iter().map(|r| {
+            vec![
+                r.fault.clone(),
+                r.runs.to_string(),
+                r.started.to_string(),
+                r.answered.to_string(),
+                r.refused_503.to_string(),
+                r.failed.to_string(),
+                r.failed_connect.to_string(),
+                r.failed_io.to_string(),
+                r.failed_malformed.to_string(),
+                r.failed_5xx.to_string(),
+                r.hung.to_string(),
+                r.inflight_at_end.to_string(),
+                opt(r.time_to_fresh_ms),
+                r.stale_at_repair.to_string(),
+                opt(r.repair_ms),
+                opt(r.time_to_fresh_from_repair_cmd_ms),
+            ]
+        }),
+    )
+}
+
+/// The fault table.
 pub fn table(rows: &[&FaultRow]) -> String {
     let mut s = format!(
         "{:<16} {:>8} {:>9} {:>8} {:>7} {:>5} {:>9} {:>16} {:>9} {:>16}\n",
@@ -897,7 +943,7 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
         "fresh_bound_ms": fresh_bound_ms,
         "fresh_poll_ms": FRESH_POLL.as_millis() as u64,
     });
-    let mut sweep = crate::sweep::Sweep::start(&dir, meta, a.resume.is_some())?;
+    let mut sweep = crate::sweep::Sweep::<Faults>::start(&dir, meta, a.resume.is_some())?;
     let logs = dir.join("logs");
     let fault_at = Duration::from_secs_f64(phase_s / 8.0);
     let mut running: Option<Running> = None;
@@ -928,9 +974,7 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
                     .map_err(|_| io::Error::other("loadgen thread panicked"));
                 (summary, fresh)
             });
-            Ok(crate::summary::AnyPoint::Fault(FaultRow::new(
-                f, &summary??, fresh?,
-            )))
+            Ok(FaultRow::new(f, &summary??, fresh?))
         },
     );
     drop(running);
@@ -939,13 +983,102 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
     }
     result?;
     let s = sweep.finish()?;
-    let rows: Vec<&FaultRow> = s.fault_rows().collect();
+    let rows: Vec<&FaultRow> = s.points.iter().collect();
     if !targets_met(&rows, fresh_bound_ms as f64) {
         eprintln!(
             "lab faults: targets NOT met (hung > 0, or a slow fresh view after the gatherd restart)"
         );
     }
     Ok(())
+}
+
+/// `lab faults` as the sweep runner and the report shell see it.
+pub struct Faults;
+
+impl crate::experiment::Experiment for Faults {
+    const NAME: &'static str = "faults";
+    type Args = FaultsArgs;
+    type Point = FaultRow;
+
+    fn run(args: FaultsArgs) -> io::Result<()> {
+        run(args)
+    }
+
+    fn table(s: &crate::summary::Summary<FaultRow>) -> String {
+        let rows: Vec<&FaultRow> = s.points.iter().collect();
+        if rows.is_empty() {
+            return String::new();
+        }
+        use std::fmt::Write as _;
+        let mut out = table(&rows);
+        if let Some(bound) = s.params.get("fresh_bound_ms").and_then(|v| v.as_f64()) {
+            let met = targets_met(&rows, bound);
+            let _ = writeln!(
+                out,
+                "targets (no hung request; fresh view <= {bound:.0} ms after the gatherd \
+                 restart command): {}",
+                if met { "met" } else { "NOT met" }
+            );
+        }
+        out.push('\n');
+        out
+    }
+
+    fn files(s: &crate::summary::Summary<FaultRow>) -> io::Result<Vec<(String, String)>> {
+        let rows: Vec<&FaultRow> = s.points.iter().collect();
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(vec![
+            ("faults.csv".to_string(), csv(&rows)?),
+            (
+                "table.txt".to_string(),
+                crate::report::table_text::<Faults>(s),
+            ),
+        ])
+    }
+
+    fn figures(s: &crate::summary::Summary<FaultRow>) -> Vec<crate::experiment::Figure> {
+        let _ = s;
+        Vec::new()
+    }
+
+    fn html(s: &crate::summary::Summary<FaultRow>) -> String {
+        let rows: Vec<&FaultRow> = s.points.iter().collect();
+        if rows.is_empty() {
+            return String::new();
+        }
+        format!(
+            "<h2>Faults</h2>\n<pre>{}</pre>\n",
+            crate::svg::escape(&table(&rows))
+        )
+    }
+}
+
+impl crate::experiment::LabPoint for FaultRow {
+    type Extra = crate::experiment::NoExtra;
+
+    fn take_extra(&mut self) -> crate::experiment::NoExtra {
+        crate::experiment::NoExtra {}
+    }
+
+    fn put_extra(&mut self, _: crate::experiment::NoExtra) {}
+
+    fn combine(runs: &[FaultRow]) -> FaultRow {
+        FaultRow::combine(runs)
+    }
+
+    fn progress_line(&self) -> String {
+        format!(
+            "answered={} refused={} failed={} hung={} fresh after {}",
+            self.answered,
+            self.refused_503,
+            self.failed,
+            self.hung,
+            self.time_to_fresh_ms
+                .map_or("never".to_string(), |v| format!("{v:.0} ms"))
+        )
+    }
 }
 
 #[cfg(test)]
@@ -994,5 +1127,57 @@ mod tests {
         a.load_share = 0.7;
         a.faults = vec!["meteor".into()];
         assert!(check_args(&a).unwrap_err().to_string().contains("meteor"));
+    }
+
+    #[test]
+    fn fault_rows_render_a_table_csv_and_the_targets_line() {
+        let row = |fault: &str, hung: u64, cmd: Option<f64>| FaultRow {
+            fault: fault.into(),
+            started: 100,
+            answered: 90,
+            refused_503: 10,
+            failed: 0,
+            failed_connect: 0,
+            failed_io: 0,
+            failed_malformed: 0,
+            failed_5xx: 0,
+            hung,
+            inflight_at_end: 0,
+            time_to_fresh_ms: Some(3.0),
+            stale_at_repair: fault == "gatherd-restart",
+            repair_ms: cmd.map(|v| v - 3.0),
+            time_to_fresh_from_repair_cmd_ms: cmd,
+            runs: 1,
+        };
+        let mut s = crate::summary::Summary::new("faults", "loopback", true);
+        s.params = serde_json::json!({ "fresh_bound_ms": 200 });
+        s.push(row("gatherd-restart", 0, Some(150.0)));
+        s.push(row("backend-kill", 0, None));
+        let text = crate::report::table_text::<Faults>(&s);
+        assert!(
+            text.contains("gatherd-restart") && text.contains("backend-kill"),
+            "{text}"
+        );
+        assert!(text.contains("): met"), "{text}");
+        // The rows survive the trip through JSON.
+        let back: crate::summary::Summary<FaultRow> =
+            crate::summary::Summary::from_json(&s.to_json_pretty()).unwrap();
+        assert_eq!(back.points, s.points);
+        s.push(row("gatherd-restart", 0, Some(250.0)));
+        assert!(crate::report::table_text::<Faults>(&s).contains("NOT met"));
+        let combined =
+            FaultRow::combine(&[row("backend-stop", 1, None), row("backend-stop", 0, None)]);
+        assert_eq!(
+            (combined.started, combined.hung, combined.runs),
+            (200, 1, 2)
+        );
+        let dir =
+            std::env::temp_dir().join(format!("farside-report-faults-{}", std::process::id()));
+        let files = crate::report::write_all::<Faults>(&s, &dir).unwrap();
+        assert!(files.iter().any(|f| f.ends_with("faults.csv")));
+        assert!(std::fs::read_to_string(dir.join("report.html"))
+            .unwrap()
+            .contains("<h2>Faults</h2>"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -2162,7 +2162,7 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
         "load": "open loop: Poisson arrivals at each rate; closed loop: each user starts its next connection when its last one ended; both: one connection per request (Connection: close), the same client timeouts",
         "conn_per_s": "connections completed (response received) / measured time",
     });
-    let mut sweep = crate::sweep::Sweep::start(&dir, meta, a.resume.is_some())?;
+    let mut sweep = crate::sweep::Sweep::<Speculative>::start(&dir, meta, a.resume.is_some())?;
     let keys = point_keys(&a, &plan);
     let mut lab: Option<Lab> = None;
     let mut notes = Vec::new();
@@ -2193,9 +2193,7 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
                 lab = Some(l);
             }
             let l = lab.as_ref().expect("started above");
-            Ok(crate::summary::AnyPoint::Speculative(measure(
-                l, &a, &plan, k, run,
-            )?))
+            measure(l, &a, &plan, k, run)
         },
     );
     drop(lab);
@@ -2219,6 +2217,75 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
     result?;
     sweep.finish()?;
     Ok(())
+}
+
+/// `lab speculative` as the sweep runner and the report shell see it.
+pub struct Speculative;
+
+impl crate::experiment::Experiment for Speculative {
+    const NAME: &'static str = "speculative";
+    type Args = SpeculativeArgs;
+    type Point = SpecPoint;
+
+    fn run(args: SpeculativeArgs) -> io::Result<()> {
+        run(args)
+    }
+
+    fn table(s: &crate::summary::Summary<SpecPoint>) -> String {
+        let points: Vec<&SpecPoint> = s.points.iter().collect();
+        if points.is_empty() {
+            return String::new();
+        }
+        table(&points) + "\n"
+    }
+
+    fn files(s: &crate::summary::Summary<SpecPoint>) -> io::Result<Vec<(String, String)>> {
+        let points: Vec<&SpecPoint> = s.points.iter().collect();
+        if points.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(vec![
+            ("speculative.csv".to_string(), csv(&points)),
+            (
+                "table.txt".to_string(),
+                crate::report::table_text::<Speculative>(s),
+            ),
+        ])
+    }
+
+    fn figures(s: &crate::summary::Summary<SpecPoint>) -> Vec<crate::experiment::Figure> {
+        let points: Vec<&SpecPoint> = s.points.iter().collect();
+        figures(&points)
+    }
+
+    fn html(s: &crate::summary::Summary<SpecPoint>) -> String {
+        let points: Vec<&SpecPoint> = s.points.iter().collect();
+        if points.is_empty() {
+            return String::new();
+        }
+        format!(
+            "<h2>Speculative admission</h2>\n<pre>{}</pre>\n",
+            crate::svg::escape(&table(&points))
+        )
+    }
+}
+
+impl crate::experiment::LabPoint for SpecPoint {
+    type Extra = crate::experiment::NoExtra;
+
+    fn take_extra(&mut self) -> crate::experiment::NoExtra {
+        crate::experiment::NoExtra {}
+    }
+
+    fn put_extra(&mut self, _: crate::experiment::NoExtra) {}
+
+    fn combine(runs: &[SpecPoint]) -> SpecPoint {
+        SpecPoint::combine(runs)
+    }
+
+    fn progress_line(&self) -> String {
+        SpecPoint::progress_line(self)
+    }
 }
 
 #[cfg(test)]
@@ -2727,16 +2794,13 @@ mod tests {
             names.contains(&"fig-spec-conn-split-75-25-closed.svg".to_string()),
             "{names:?}"
         );
-        let any = crate::summary::AnyPoint::Speculative(pts[3].clone());
+        let any = pts[3].clone();
         let text = serde_json::to_string(&any).unwrap();
         assert!(
             text.contains("\"load\":\"closed\",\"clients\":256"),
             "{text}"
         );
-        assert_eq!(
-            serde_json::from_str::<crate::summary::AnyPoint>(&text).unwrap(),
-            any
-        );
+        assert_eq!(serde_json::from_str::<SpecPoint>(&text).unwrap(), any);
         // Repeats of a closed-loop point: its rate is what the users offered in all.
         let both = SpecPoint::combine(&[
             closed(point("spec32", "75/25", 100.0, 90.0), 64),
@@ -2746,10 +2810,7 @@ mod tests {
         assert_eq!(both.clients, Some(64));
         // Points written before the closed loop read as open-loop points.
         let old = text.replace("\"load\":\"closed\",\"clients\":256,", "");
-        let crate::summary::AnyPoint::Speculative(back) = serde_json::from_str(&old).unwrap()
-        else {
-            panic!("not a speculative point");
-        };
+        let back: SpecPoint = serde_json::from_str(&old).unwrap();
         assert_eq!((back.load.as_str(), back.clients), ("open", None));
     }
 
@@ -2837,7 +2898,7 @@ mod tests {
     #[test]
     fn points_round_trip_and_render() {
         let p = point("acc64", "75/25", 100.0, 90.0);
-        let any = crate::summary::AnyPoint::Speculative(p.clone());
+        let any = p.clone();
         let text = serde_json::to_string(&any).unwrap();
         for k in [
             "\"system\"",
@@ -2850,7 +2911,7 @@ mod tests {
         ] {
             assert!(text.contains(k), "{k}: {text}");
         }
-        let back: crate::summary::AnyPoint = serde_json::from_str(&text).unwrap();
+        let back: SpecPoint = serde_json::from_str(&text).unwrap();
         assert_eq!(back, any);
         let pts = [
             p.clone(),

@@ -77,8 +77,42 @@
 use crate::nginx::{self, Nginx, NginxConfig};
 use crate::procs::Child;
 use crate::scenario::Scenario;
-use crate::summary::{AnyPoint, Point, SecondPoint, Setting, Summary};
+use crate::summary::{Setting, Summary};
 use crate::sweep::Sweep;
+
+pub mod point;
+pub mod report;
+
+pub use point::{Point, SecondPoint};
+
+/// `lab admission` as the sweep runner and the report shell see it.
+pub struct Admission;
+
+impl crate::experiment::Experiment for Admission {
+    const NAME: &'static str = "admission";
+    type Args = AdmissionArgs;
+    type Point = Point;
+
+    fn run(args: AdmissionArgs) -> io::Result<()> {
+        run(args)
+    }
+
+    fn table(s: &Summary<Point>) -> String {
+        report::table(s)
+    }
+
+    fn files(s: &Summary<Point>) -> io::Result<Vec<(String, String)>> {
+        report::files(s)
+    }
+
+    fn figures(s: &Summary<Point>) -> Vec<crate::experiment::Figure> {
+        report::figures(s)
+    }
+
+    fn html(s: &Summary<Point>) -> String {
+        report::html(s)
+    }
+}
 use farside_loadgen::{LoadgenArgs, OnReject, PathMode, TraceKind};
 use std::collections::BTreeMap;
 use std::io;
@@ -2068,7 +2102,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     let mut calibration_notes = Vec::new();
     if a.backend_server == BackendServer::Nginx && a.capacity_rps.is_none() {
         if a.resume.is_some() {
-            let kept = crate::sweep::read_summary(&dir)?;
+            let kept: Summary<Point> = crate::sweep::read_summary(&dir)?;
             calibration = kept.params.get("calibration").cloned();
         } else {
             eprintln!(
@@ -2225,7 +2259,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             "quick run: {duration_s} s points after {warmup_s} s of warm-up, for demos; not for comparison"
         ));
     }
-    let mut sweep = Sweep::start(&dir, meta, a.resume.is_some())?;
+    let mut sweep = Sweep::<Admission>::start(&dir, meta, a.resume.is_some())?;
 
     let keys = keys(&a, &limits, objective.delay_budget_max, &clients, &rates);
     let heaviest = clients.iter().copied().max().unwrap_or(0);
@@ -2373,7 +2407,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             }
             samples.sort_by(|a, b| a.0.total_cmp(&b.0));
             p.requests = samples;
-            Ok(AnyPoint::Admission(p))
+            Ok(p)
         },
     )?;
     drop(current);

@@ -9,8 +9,45 @@
 
 use crate::admission::Hosts;
 use crate::procs::Child;
-use crate::summary::{AnyPoint, ProbePoint, Summary};
+use crate::summary::Summary;
 use crate::sweep::Sweep;
+
+pub mod point;
+
+pub use point::ProbePoint;
+
+/// `lab probe` as the sweep runner and the report shell see it.
+pub struct Probe;
+
+impl crate::experiment::Experiment for Probe {
+    const NAME: &'static str = "probe";
+    type Args = ProbeArgs;
+    type Point = ProbePoint;
+
+    fn run(args: ProbeArgs) -> io::Result<()> {
+        run(args)
+    }
+
+    fn table(s: &Summary<ProbePoint>) -> String {
+        point::table(s)
+    }
+
+    fn files(s: &Summary<ProbePoint>) -> io::Result<Vec<(String, String)>> {
+        if s.points.is_empty() {
+            return Ok(Vec::new());
+        }
+        let points: Vec<&ProbePoint> = s.points.iter().collect();
+        Ok(vec![("probe.csv".to_string(), point::csv(&points)?)])
+    }
+
+    fn figures(s: &Summary<ProbePoint>) -> Vec<crate::experiment::Figure> {
+        point::figures(s)
+    }
+
+    fn html(s: &Summary<ProbePoint>) -> String {
+        point::html(s)
+    }
+}
 use farside_rmem::{connect, ClientOptions, Endpoint, RemoteMemory, RmemError};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -203,8 +240,8 @@ fn label(k: &Key) -> String {
     )
 }
 
-fn probe_point(k: &Key, l: &Latency) -> AnyPoint {
-    AnyPoint::Probe(ProbePoint {
+fn probe_point(k: &Key, l: &Latency) -> ProbePoint {
+    ProbePoint {
         transport: k.transport.clone(),
         background_load: k.background_load,
         size_bytes: k.size_bytes,
@@ -217,7 +254,7 @@ fn probe_point(k: &Key, l: &Latency) -> AnyPoint {
         runs: 1,
         p50_us_sd: 0.0,
         p99_us_sd: 0.0,
-    })
+    }
 }
 
 pub fn run(mut a: ProbeArgs) -> io::Result<()> {
@@ -300,7 +337,7 @@ pub fn run(mut a: ProbeArgs) -> io::Result<()> {
             );
         }
     }
-    let sweep = Sweep::start(&dir, meta, a.resume.is_some())?;
+    let sweep = Sweep::<Probe>::start(&dir, meta, a.resume.is_some())?;
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs)?;
     if a.hosts == Hosts::Netns {
@@ -515,7 +552,7 @@ fn floor_ratios(p50s: &[(Key, f64)]) -> Vec<String> {
 /// each is measured alone.
 fn run_netns(
     a: &ProbeArgs,
-    mut sweep: Sweep,
+    mut sweep: Sweep<Probe>,
     loads: &[u64],
     sizes: &[u64],
     samples: u64,
