@@ -37,13 +37,13 @@
 //! closed-loop run through the proxy first, unless `--rate` sets it.
 //!
 //! `--hosts netns` (root) runs every node in its own network namespace
-//! ([`crate::netns`]), regions over udp answered by XDP (generic mode) in the back-end
+//! ([`crate::fabric::netns`]), regions over udp answered by XDP (generic mode) in the back-end
 //! node's kernel, and adds `region-drop`: an nftables output rule in the proxy node's
 //! namespace, `udp dport PORT numgen random mod 100 < 30 drop` (needs `nft`; this
 //! kernel has no netem, prio or tc actions, and XDP's replies on the back-end side
 //! bypass both qdiscs and netfilter).
 
-use crate::procs::Child;
+use crate::fabric::procs::Child;
 use farside_loadgen::{LoadgenArgs, Summary};
 use serde::{Deserialize, Serialize};
 use std::io::{self, Write};
@@ -270,7 +270,7 @@ enum Fabric {
     /// Processes on 127.0.0.1 with free ports.
     Loopback,
     /// One namespace per node: `b0..` (back-ends and the spare), `proxy`, `client`.
-    Netns(Box<crate::netns::VirtualDc>),
+    Netns(Box<crate::fabric::netns::VirtualDc>),
 }
 
 impl Fabric {
@@ -301,25 +301,15 @@ impl Fabric {
 
     /// Wait until `addr` accepts connections, seen from where the clients run.
     fn wait_port(&self, c: &mut Child, addr: SocketAddr) -> io::Result<()> {
-        let Fabric::Netns(dc) = self else {
-            return c.wait_port(addr);
-        };
-        let t0 = Instant::now();
-        loop {
-            c.check_alive()?;
-            let up = dc.run_in_ns("client", || {
-                Ok(std::net::TcpStream::connect_timeout(&addr, FRESH_POLL * 10).is_ok())
-            })?;
-            if up {
-                return Ok(());
-            }
-            if t0.elapsed() > READY_MAX {
-                return Err(io::Error::other(format!(
-                    "{} did not listen on {addr}",
-                    c.name
-                )));
-            }
-            std::thread::sleep(FRESH_POLL);
+        match self {
+            Fabric::Loopback => c.wait_port(addr),
+            Fabric::Netns(dc) => crate::fabric::wait_port(
+                c,
+                addr,
+                crate::fabric::Vantage::Node(dc, "client"),
+                READY_MAX,
+                FRESH_POLL,
+            ),
         }
     }
 
@@ -453,7 +443,7 @@ fn spawn_gatherd(f: &Fabric, logs: &Path, at: GatherdAt, name: &str) -> io::Resu
         // One-sided across hosts: the XDP responder in the back-end node's kernel.
         args.extend(strings(&[
             "--xdp-iface",
-            crate::netns::VETH_IN_NS,
+            crate::fabric::netns::VETH_IN_NS,
             "--xdp-mode",
             "generic",
         ]));
@@ -844,7 +834,7 @@ fn start_tier(a: &FaultsArgs, logs: &Path, notes: &mut Vec<String>) -> io::Resul
     std::fs::create_dir_all(logs)?;
     let names: Vec<String> = (0..=a.backends).map(|i| format!("b{i}")).collect();
     let fab = if a.hosts == "netns" {
-        use crate::netns::{NodeSpec, VirtualDc};
+        use crate::fabric::netns::{NodeSpec, VirtualDc};
         let mut specs: Vec<NodeSpec> = names.iter().map(|n| NodeSpec::new(n)).collect();
         specs.push(NodeSpec::new("proxy"));
         specs.push(NodeSpec::new("client"));
@@ -863,8 +853,8 @@ fn start_tier(a: &FaultsArgs, logs: &Path, notes: &mut Vec<String>) -> io::Resul
             }
         }
         let id = dc.run_id().to_string();
-        crate::procs::on_interrupt(move || {
-            if let Ok(r) = crate::netns::clean_run_id(&id) {
+        crate::fabric::procs::on_interrupt(move || {
+            if let Ok(r) = crate::fabric::netns::clean_run_id(&id) {
                 eprint!("{r}");
             }
         });

@@ -10,7 +10,9 @@
 //! - [`reconfig`]: seed 001's reconfiguration experiment (`lab reconfig`)
 //! - [`speculative`]: seed 002's speculative connection admission (`lab speculative`;
 //!   first version: the baselines)
-//! - [`procs`]: child-process supervision for the lab's nodes
+//! - [`fabric`]: what every experiment runs on: the nodes' processes
+//!   ([`fabric::procs`]), the namespaces of `--hosts netns` ([`fabric::netns`]) and the
+//!   one wait for a node to listen ([`fabric::wait_port`])
 //! - [`nginx`]: real nginx as a back-end
 //! - [`experiment`]: what an experiment is to the sweep runner and the report shell
 //!   (its point type, how repeats combine, its tables, CSV files and figures)
@@ -28,13 +30,12 @@
 pub mod admission;
 pub mod echo;
 pub mod experiment;
+pub mod fabric;
 pub mod faults;
 pub mod flood;
 pub mod haproxy;
-pub mod netns;
 pub mod nginx;
 pub mod probe;
-pub mod procs;
 pub mod promtext;
 pub mod reconfig;
 pub mod report;
@@ -96,9 +97,9 @@ use experiment::Experiment as _;
 
 /// Run a `farside lab` command.
 pub fn run(a: LabArgs) -> std::io::Result<()> {
-    procs::install_interrupt_handler()?;
+    fabric::procs::install_interrupt_handler()?;
     let r = run_cmd(a);
-    if r.is_err() && procs::interrupted() {
+    if r.is_err() && fabric::procs::interrupted() {
         // The interrupt handler is cleaning up and will exit with 130; the error is a
         // consequence of that clean-up (children killed), not news.
         loop {
@@ -157,7 +158,7 @@ fn run_cmd(a: LabArgs) -> std::io::Result<()> {
             Ok(())
         }
         LabCmd::Clean => {
-            print!("{}", netns::clean_all()?);
+            print!("{}", fabric::netns::clean_all()?);
             Ok(())
         }
     }

@@ -45,8 +45,8 @@
 //! Every point starts from fresh processes (allocation, balancer history and metrics
 //! reset); the namespaces are built once per run.
 
-use crate::netns::{NodeSpec, VirtualDc};
-use crate::procs::Child;
+use crate::fabric::netns::{NodeSpec, VirtualDc};
+use crate::fabric::procs::Child;
 use farside_loadgen::LoadgenArgs;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -69,7 +69,7 @@ pub const BURSTS_FULL: [u64; 4] = [512, 2048, 8192, 16384];
 /// Burst lengths of `--quick`.
 pub const BURSTS_QUICK: [u64; 2] = [512, 4096];
 /// Most back-end nodes in a scenario: the virtual data-center holds at most
-/// [`crate::netns::MAX_NODES`] nodes, and the proxies' table is scanned per request.
+/// [`crate::fabric::netns::MAX_NODES`] nodes, and the proxies' table is scanned per request.
 pub const SCENARIO_NODES_MAX: usize = 64;
 /// Most sites: a site id is 16 bits in the role word, but the lab's sites are the
 /// proxies' `[[sites]]` and its bursts cycle over all of them.
@@ -108,7 +108,7 @@ const BALANCER_PORT: u16 = 7100;
 /// gatherd's sampling period, µs: one CFS period of the nodes' quota, so each
 /// utilisation sample averages a whole period (a 1 ms sample of a throttled node reads
 /// either full or idle, and a site would never look overloaded for T in a row).
-const GATHERD_PERIOD_US: u64 = crate::netns::CPU_PERIOD_US;
+const GATHERD_PERIOD_US: u64 = crate::fabric::netns::CPU_PERIOD_US;
 /// The proxies' `admission.stale_after_ms` (admission stays off; routing still
 /// distrusts a region that stops advancing): several gatherd periods.
 const STALE_AFTER_MS: u64 = 5 * GATHERD_PERIOD_US / 1000;
@@ -573,6 +573,14 @@ impl Fabric {
         }
     }
 
+    /// Where readiness checks connect from: the clients' node.
+    fn client(&self) -> crate::fabric::Vantage<'_> {
+        match self {
+            Fabric::Netns(dc) => crate::fabric::Vantage::Node(dc, "client"),
+            Fabric::Loopback(_) => crate::fabric::Vantage::Here,
+        }
+    }
+
     fn addr(&self, node: &str, port: u16) -> io::Result<SocketAddr> {
         match self {
             Fabric::Netns(dc) => Ok(SocketAddr::new(dc.node_ip(node).into(), port)),
@@ -764,24 +772,7 @@ impl Lab {
 
     /// Wait until `addr` accepts connections, seen from the client node.
     fn wait_port(&self, c: &mut Child, addr: SocketAddr) -> io::Result<()> {
-        let t0 = Instant::now();
-        loop {
-            c.check_alive()?;
-            let up = self
-                .fabric
-                .in_client(|| Ok(std::net::TcpStream::connect_timeout(&addr, POLL * 5).is_ok()))?;
-            if up {
-                return Ok(());
-            }
-            if t0.elapsed() > READY_MAX {
-                return Err(io::Error::other(format!(
-                    "{} did not listen on {addr}; see {}",
-                    c.name,
-                    c.log.display()
-                )));
-            }
-            std::thread::sleep(POLL);
-        }
+        crate::fabric::wait_port(c, addr, self.fabric.client(), READY_MAX, POLL)
     }
 
     fn scrape(&self, addr: SocketAddr) -> io::Result<String> {
@@ -871,7 +862,7 @@ impl Lab {
                         "--udp-listen",
                         &udp.to_string(),
                         "--xdp-iface",
-                        crate::netns::VETH_IN_NS,
+                        crate::fabric::netns::VETH_IN_NS,
                         "--xdp-mode",
                         "generic",
                     ]));
@@ -1282,8 +1273,8 @@ fn start_lab(
     notes: &mut Vec<String>,
     sites_n: usize,
 ) -> io::Result<Lab> {
-    let cpus = crate::procs::allowed_cpus().len().max(1);
-    let root = crate::netns::is_root();
+    let cpus = crate::fabric::procs::allowed_cpus().len().max(1);
+    let root = crate::fabric::netns::is_root();
     // A per-node quota needs a cgroup per node: root (netns always is).
     let quota = if plan.loopback && !root {
         None
@@ -1308,8 +1299,8 @@ fn start_lab(
         specs.push(NodeSpec::new("client"));
         let dc = VirtualDc::create(&format!("r{}", std::process::id() % 100_000), &specs)?;
         let id = dc.run_id().to_string();
-        crate::procs::on_interrupt(move || {
-            if let Ok(r) = crate::netns::clean_run_id(&id) {
+        crate::fabric::procs::on_interrupt(move || {
+            if let Ok(r) = crate::fabric::netns::clean_run_id(&id) {
                 eprint!("{r}");
             }
         });
@@ -1607,14 +1598,14 @@ pub fn run(a: ReconfigArgs) -> io::Result<()> {
     let plan = check_args(&a)?;
     if !plan.loopback {
         // SAFETY: geteuid has no preconditions.
-        crate::netns::check_root(unsafe { libc::geteuid() }).map_err(|_| {
+        crate::fabric::netns::check_root(unsafe { libc::geteuid() }).map_err(|_| {
             io::Error::new(
                 io::ErrorKind::PermissionDenied,
                 "lab reconfig --hosts netns needs root: it builds a network namespace and a \
                  cgroup with a CPU quota per node, and attaches XDP (or use --hosts loopback)",
             )
         })?;
-    } else if a.node_cpu_pct.is_some() && !crate::netns::is_root() {
+    } else if a.node_cpu_pct.is_some() && !crate::fabric::netns::is_root() {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             "--node-cpu-pct with --hosts loopback needs root (a cgroup per node)",

@@ -32,8 +32,8 @@
 //! flows moved at the front-end's control port); [`specd_args`] builds its command
 //! line, and its exit summary fills the point's migration figures ([`SpecdFigures`]).
 
-use crate::netns::{NodeSpec, VirtualDc};
-use crate::procs::Child;
+use crate::fabric::netns::{NodeSpec, VirtualDc};
+use crate::fabric::procs::Child;
 use crate::svg::Chart;
 use farside_loadgen::LoadgenArgs;
 use serde::{Deserialize, Serialize};
@@ -490,7 +490,7 @@ struct NodePids {
 /// A node's counters at one instant.
 struct NodeSnap {
     throttled_us: u64,
-    procs: Vec<crate::netns::ProcCpu>,
+    procs: Vec<crate::fabric::netns::ProcCpu>,
 }
 
 fn node_snap(dc: &VirtualDc, node: &str) -> NodeSnap {
@@ -969,7 +969,7 @@ struct Plan {
     capacity: f64,
     nodes: usize,
     /// The tiers' CPUs (`None`: `--no-pin`, or one CPU).
-    tiers: Option<crate::procs::Tiers>,
+    tiers: Option<crate::fabric::procs::Tiers>,
 }
 
 /// `--{prefix}timeout-ms` in 1..=[`TIMEOUT_MS_MAX`] and `--{prefix}connect-timeout-ms`
@@ -1101,7 +1101,8 @@ fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
         quota,
         capacity,
         nodes: if split { 2 } else { 1 },
-        tiers: crate::procs::Tiers::of(&crate::procs::allowed_cpus()).filter(|_| !a.no_pin),
+        tiers: crate::fabric::procs::Tiers::of(&crate::fabric::procs::allowed_cpus())
+            .filter(|_| !a.no_pin),
     })
 }
 
@@ -1235,24 +1236,13 @@ impl Lab {
 
     /// Wait until `addr` accepts connections, seen from the client node.
     fn wait_port(&self, c: &mut Child, addr: SocketAddr) -> io::Result<()> {
-        let t0 = Instant::now();
-        loop {
-            c.check_alive()?;
-            let up = self.dc.run_in_ns(CLIENT, || {
-                Ok(std::net::TcpStream::connect_timeout(&addr, POLL * 5).is_ok())
-            })?;
-            if up {
-                return Ok(());
-            }
-            if t0.elapsed() > READY_MAX {
-                return Err(io::Error::other(format!(
-                    "{} did not answer on {addr} within {READY_MAX:?}; see {}",
-                    c.name,
-                    c.log.display()
-                )));
-            }
-            std::thread::sleep(POLL);
-        }
+        crate::fabric::wait_port(
+            c,
+            addr,
+            crate::fabric::Vantage::Node(&self.dc, CLIENT),
+            READY_MAX,
+            POLL,
+        )
     }
 
     /// Start `farside backend` on back-end `i` with accept queue `backlog` (and
@@ -1309,7 +1299,7 @@ impl Lab {
             "--udp-listen",
             &SocketAddr::new(ip.into(), REGION_UDP_PORT).to_string(),
             "--xdp-iface",
-            crate::netns::VETH_IN_NS,
+            crate::fabric::netns::VETH_IN_NS,
             "--xdp-mode",
             "generic",
         ]);
@@ -1368,7 +1358,7 @@ impl Lab {
         let mut args = strings(&[
             "frontend",
             "--iface",
-            crate::netns::VETH_IN_NS,
+            crate::fabric::netns::VETH_IN_NS,
             "--vip",
             &VIP.to_string(),
             "--control",
@@ -1391,7 +1381,7 @@ impl Lab {
         self.dc.run_in_ns(CLIENT, move || {
             if let Some(cpus) = &front {
                 // The clients run on this (fresh) thread and the threads it starts.
-                crate::procs::pin_current_thread(cpus)?;
+                crate::fabric::procs::pin_current_thread(cpus)?;
             }
             farside_loadgen::run(&lg).map_err(|e| io::Error::other(format!("loadgen: {e}")))
         })
@@ -1454,8 +1444,8 @@ fn start_lab(dir: &Path, plan: &Plan) -> io::Result<Lab> {
     );
     let dc = VirtualDc::create(&format!("s{}", std::process::id() % 100_000), &specs)?;
     let id = dc.run_id().to_string();
-    crate::procs::on_interrupt(move || {
-        if let Ok(r) = crate::netns::clean_run_id(&id) {
+    crate::fabric::procs::on_interrupt(move || {
+        if let Ok(r) = crate::fabric::netns::clean_run_id(&id) {
             eprint!("{r}");
         }
     });
@@ -1466,7 +1456,14 @@ fn start_lab(dir: &Path, plan: &Plan) -> io::Result<Lab> {
         ip_cmd(&["-n", &ns, "addr", "add", &vip, "dev", "lo"])?;
         dc.set_sysctl(n, "net/ipv4/conf/all/arp_ignore", "1")?;
         dc.set_sysctl(n, "net/ipv4/conf/all/arp_announce", "2")?;
-        let link = ip_cmd(&["-n", &ns, "-o", "link", "show", crate::netns::VETH_IN_NS])?;
+        let link = ip_cmd(&[
+            "-n",
+            &ns,
+            "-o",
+            "link",
+            "show",
+            crate::fabric::netns::VETH_IN_NS,
+        ])?;
         let mac = mac_of(&link)
             .ok_or_else(|| io::Error::other(format!("no MAC for {n}'s eth0 in: {link}")))?;
         with_mac.push((n.clone(), mac));
@@ -2101,7 +2098,7 @@ fn over_time_figure(p: &SpecPoint, panel: &str, file: &str) -> (String, String, 
 pub fn run(a: SpeculativeArgs) -> io::Result<()> {
     let plan = check_args(&a)?;
     // SAFETY: geteuid has no preconditions.
-    crate::netns::check_root(unsafe { libc::geteuid() }).map_err(|_| {
+    crate::fabric::netns::check_root(unsafe { libc::geteuid() }).map_err(|_| {
         io::Error::new(
             io::ErrorKind::PermissionDenied,
             "lab speculative needs root: it builds a network namespace per node, a cgroup \
@@ -2146,8 +2143,8 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
         "pin": match &plan.tiers {
             Some(t) => format!(
                 "client and front-end on CPU {}, back-end nodes (and their receive softirq, RPS) on CPUs {}",
-                crate::procs::cpu_list(&t.front),
-                crate::procs::cpu_list(&t.back)
+                crate::fabric::procs::cpu_list(&t.front),
+                crate::fabric::procs::cpu_list(&t.back)
             ),
             None if a.no_pin => "--no-pin: every node on every CPU".to_string(),
             None => "one CPU: every node on it".to_string(),
@@ -2292,7 +2289,7 @@ impl crate::experiment::LabPoint for SpecPoint {
 mod tests {
     #[test]
     fn a_nodes_cpu_is_split_by_process_and_repeats_average_by_time() {
-        use crate::netns::ProcCpu;
+        use crate::fabric::netns::ProcCpu;
         let proc_ = |pid, cpu_us| ProcCpu {
             pid,
             comm: "farside".into(),

@@ -74,8 +74,8 @@
 //!   pinning, netns isolation) are recorded in `settings` as applied or not, with a
 //!   warning when not ([`privileged_settings`]).
 
+use crate::fabric::procs::Child;
 use crate::nginx::{self, Nginx, NginxConfig};
-use crate::procs::Child;
 use crate::scenario::Scenario;
 use crate::summary::{Setting, Summary};
 use crate::sweep::Sweep;
@@ -613,7 +613,7 @@ pub struct BackendQuota {
     pub pct: u32,
     /// CFS quota per period, µs.
     pub quota_us: u64,
-    /// CFS period, µs ([`crate::netns::CPU_PERIOD_US`] unless the quota needs longer).
+    /// CFS period, µs ([`crate::fabric::netns::CPU_PERIOD_US`] unless the quota needs longer).
     pub period_us: u64,
     /// What the node's cgroup holds.
     pub covers: String,
@@ -657,7 +657,7 @@ pub fn backend_quota(a: &AdmissionArgs) -> io::Result<Option<BackendQuota>> {
         }
         None => return Ok(None),
     };
-    let (quota_us, period_us) = crate::netns::cpu_quota_period(pct);
+    let (quota_us, period_us) = crate::fabric::netns::cpu_quota_period(pct);
     Ok(Some(BackendQuota {
         pct,
         quota_us,
@@ -683,7 +683,7 @@ pub struct NodeCalibration {
     pub node: String,
     /// The node cgroup's quota as the kernel had it and its throttling during the run
     /// (warm-up included, as the CPU times below).
-    pub cpu: crate::netns::CpuStat,
+    pub cpu: crate::fabric::netns::CpuStat,
     /// CPU seconds the web server's processes used during the run.
     pub web_cpu_s: f64,
     /// CPU seconds the gatherer used during the run (inside the same quota).
@@ -980,7 +980,7 @@ struct ProxyProc {
 struct Tier {
     // Tenants first: they are dropped (killed) before the back-ends they load.
     _tenants: Vec<Child>,
-    _tenant_handles: Vec<crate::netns::LoadHandle>,
+    _tenant_handles: Vec<crate::fabric::netns::LoadHandle>,
     /// Pids of the tenant processes (`tenant-load`), paused and continued per point.
     tenant_pids: Vec<u32>,
     backends: Vec<Child>,
@@ -1006,7 +1006,9 @@ struct Placement {
 }
 
 fn placement(a: &AdmissionArgs) -> Placement {
-    match crate::procs::Tiers::of(&crate::procs::allowed_cpus()).filter(|_| !a.no_pin) {
+    match crate::fabric::procs::Tiers::of(&crate::fabric::procs::allowed_cpus())
+        .filter(|_| !a.no_pin)
+    {
         Some(t) => Placement {
             front: Some(t.front),
             back: Some(t.back),
@@ -1030,7 +1032,7 @@ enum Fabric {
     /// Processes on 127.0.0.1 with free ports, optionally pinned to CPUs.
     Loopback(Placement),
     /// One namespace + cgroup per node (`b0..`, `proxy`, `client`).
-    Netns(crate::netns::VirtualDc),
+    Netns(crate::fabric::netns::VirtualDc),
 }
 
 #[derive(Clone, Copy)]
@@ -1098,29 +1100,13 @@ impl Fabric {
     fn wait_port(&self, child: &mut Child, addr: SocketAddr) -> io::Result<()> {
         match self {
             Fabric::Loopback(_) => child.wait_port(addr),
-            Fabric::Netns(dc) => {
-                let deadline = Instant::now() + crate::procs::READY_TIMEOUT;
-                loop {
-                    child.check_alive()?;
-                    let up = dc.run_in_ns("client", || {
-                        Ok(std::net::TcpStream::connect_timeout(
-                            &addr,
-                            std::time::Duration::from_millis(100),
-                        )
-                        .is_ok())
-                    })?;
-                    if up {
-                        return Ok(());
-                    }
-                    if Instant::now() > deadline {
-                        return Err(io::Error::new(
-                            io::ErrorKind::TimedOut,
-                            format!("{} did not listen on {addr}", child.name),
-                        ));
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-            }
+            Fabric::Netns(dc) => crate::fabric::wait_port(
+                child,
+                addr,
+                crate::fabric::Vantage::Node(dc, "client"),
+                crate::fabric::procs::READY_TIMEOUT,
+                std::time::Duration::from_millis(20),
+            ),
         }
     }
 
@@ -1151,7 +1137,7 @@ impl Fabric {
             Fabric::Loopback(_) => run(),
             Fabric::Netns(dc) => dc.run_in_ns("client", || {
                 if let Some(c) = cpus {
-                    crate::procs::pin_current_thread(c)?;
+                    crate::fabric::procs::pin_current_thread(c)?;
                 }
                 run()
             }),
@@ -1252,7 +1238,7 @@ fn start_tier(
                 "--udp-listen".into(),
                 udp.to_string(),
                 "--xdp-iface".into(),
-                crate::netns::VETH_IN_NS.into(),
+                crate::fabric::netns::VETH_IN_NS.into(),
             ]);
             args.extend(["--xdp-mode".into(), "generic".into()]);
             // With XDP gatherd's default is the kernel sampler, whose record has backlog,
@@ -1356,7 +1342,10 @@ fn calibrate(
     let tier = start_tier(a, run, Scenario::Single, "no-ac", None, &objective, fabric)?;
     let nodes: Vec<String> = (0..a.backends).map(|i| format!("b{i}")).collect();
     let gatherd_pids: Vec<u32> = tier._gatherers.iter().map(|g| g.pid()).collect();
-    type Snap = Vec<(crate::netns::CpuStat, Vec<crate::netns::ProcCpu>)>;
+    type Snap = Vec<(
+        crate::fabric::netns::CpuStat,
+        Vec<crate::fabric::netns::ProcCpu>,
+    )>;
     let snap = || -> io::Result<Snap> {
         match fabric {
             Fabric::Netns(dc) => nodes
@@ -1848,7 +1837,7 @@ fn transport_of(system: &str, netns: bool) -> &'static str {
 type Running = (
     (Scenario, String, Option<u64>),
     Tier,
-    Vec<crate::netns::LoadHandle>,
+    Vec<crate::fabric::netns::LoadHandle>,
 );
 
 /// Distance between the seeds of a point's client groups (proxies, cost classes), so
@@ -1956,7 +1945,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
                  `ip netns exec NS curl -N http://ADMIN/events`)",
             ));
         }
-        crate::netns::check_root(euid)?;
+        crate::fabric::netns::check_root(euid)?;
     }
     if let Some(d) = a.dashboard {
         eprintln!("lab admission: live dashboard at http://{d}/ (while a farside system runs)");
@@ -1995,7 +1984,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     let back_cpus = pl
         .back
         .as_ref()
-        .map_or_else(|| crate::procs::allowed_cpus().len(), |b| b.len());
+        .map_or_else(|| crate::fabric::procs::allowed_cpus().len(), |b| b.len());
     let quota = backend_quota(&a)?;
     if a.limit == Some(0) || a.limits.contains(&0) {
         return Err(io::Error::new(
@@ -2038,7 +2027,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     let _cleanup = Cleanup(vec![run.shm.clone(), run.docroot.clone()]);
     {
         let dirs = vec![run.shm.clone(), run.docroot.clone()];
-        crate::procs::on_interrupt(move || {
+        crate::fabric::procs::on_interrupt(move || {
             for d in &dirs {
                 let _ = std::fs::remove_dir_all(d);
             }
@@ -2056,7 +2045,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
         eprintln!("lab admission: proxy and clients on CPU {f:?}, back-end nodes on CPUs {b:?} (--no-pin to share)");
     }
     let fabric = if netns {
-        use crate::netns::{NodeSpec, VirtualDc};
+        use crate::fabric::netns::{NodeSpec, VirtualDc};
         let node = |name: &str, c: &Option<Vec<usize>>| NodeSpec::new(name).pinned(c.as_deref());
         let mut nodes: Vec<NodeSpec> = (0..a.backends)
             .map(|i| {
@@ -2071,8 +2060,8 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
         nodes.push(node("client", &pl.front));
         let dc = VirtualDc::create(&format!("a{}", std::process::id() % 100_000), &nodes)?;
         let id = dc.run_id().to_string();
-        crate::procs::on_interrupt(move || {
-            if let Ok(r) = crate::netns::clean_run_id(&id) {
+        crate::fabric::procs::on_interrupt(move || {
+            if let Ok(r) = crate::fabric::netns::clean_run_id(&id) {
                 eprint!("{r}");
             }
         });
@@ -2084,7 +2073,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     } else {
         if let Some(f) = &pl.front {
             // Clients run in this process: pin it (threads created from now on inherit it).
-            crate::procs::pin_current_thread(f)?;
+            crate::fabric::procs::pin_current_thread(f)?;
         }
         Fabric::Loopback(pl.clone())
     };
@@ -2247,7 +2236,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
         &a,
         euid == 0,
         nice_floor(),
-        crate::procs::allowed_cpus().len(),
+        crate::fabric::procs::allowed_cpus().len(),
     );
     if let Some(why) = open_skipped {
         meta.settings
@@ -2670,7 +2659,7 @@ mod tests {
     fn calibration_warns_when_the_quota_never_bound() {
         let node = |name: &str, cpu_max: &str, throttled| NodeCalibration {
             node: name.into(),
-            cpu: crate::netns::CpuStat {
+            cpu: crate::fabric::netns::CpuStat {
                 cpu_max: cpu_max.into(),
                 nr_periods: 200,
                 nr_throttled: throttled,

@@ -8,7 +8,7 @@
 //! and records each read's latency.
 
 use crate::admission::Hosts;
-use crate::procs::Child;
+use crate::fabric::procs::Child;
 use crate::summary::Summary;
 use crate::sweep::Sweep;
 
@@ -263,7 +263,7 @@ pub fn run(mut a: ProbeArgs) -> io::Result<()> {
         unsafe { libc::geteuid() }
     };
     if a.hosts == Hosts::Netns {
-        crate::netns::check_root(euid)?;
+        crate::fabric::netns::check_root(euid)?;
     }
     if a.transports.is_empty() {
         a.transports = default_transports(a.hosts);
@@ -418,7 +418,7 @@ const NETNS_UDP_PORT: u16 = 7002;
 
 /// The back-end node's addresses and the probe's client options in the netns lab.
 struct NetnsBack<'a> {
-    dc: &'a crate::netns::VirtualDc,
+    dc: &'a crate::fabric::netns::VirtualDc,
     exe: PathBuf,
     shm: PathBuf,
     tcp: SocketAddr,
@@ -476,7 +476,7 @@ impl NetnsBack<'_> {
         let mut g = Child::adopt(&format!("gatherd-{t}"), child, log);
         let opts = self.opts.clone();
         let ready = self.dc.run_in_ns("front", || {
-            let deadline = Instant::now() + crate::procs::READY_TIMEOUT;
+            let deadline = Instant::now() + crate::fabric::procs::READY_TIMEOUT;
             loop {
                 if let Ok(mut c) = connect(&ep, &opts) {
                     if c.read(0, &mut [0u8; 8]).is_ok() {
@@ -500,14 +500,14 @@ impl NetnsBack<'_> {
             // gatherd answers over user-space udp before XDP is attached (verifying and
             // attaching take ~150 ms here), so a successful read does not mean XDP answers:
             // wait for the attach line, or the xdp row would measure user space.
-            let deadline = Instant::now() + crate::procs::READY_TIMEOUT;
+            let deadline = Instant::now() + crate::fabric::procs::READY_TIMEOUT;
             while !xdp_attached(&std::fs::read_to_string(&g.log).unwrap_or_default()) {
                 g.check_alive()?;
                 if Instant::now() > deadline {
                     return Err(io::Error::other(format!(
                         "xdp: the gatherer did not attach XDP within {:?}:\n{}",
-                        crate::procs::READY_TIMEOUT,
-                        crate::procs::tail(&g.log, 10)
+                        crate::fabric::procs::READY_TIMEOUT,
+                        crate::fabric::procs::tail(&g.log, 10)
                     )));
                 }
                 std::thread::sleep(Duration::from_millis(10));
@@ -558,9 +558,9 @@ fn run_netns(
     samples: u64,
     logs: &std::path::Path,
 ) -> io::Result<()> {
-    use crate::netns::{NodeSpec, VirtualDc};
-    let cpus = crate::procs::allowed_cpus();
-    let (front, back) = match crate::procs::Tiers::of(&cpus) {
+    use crate::fabric::netns::{NodeSpec, VirtualDc};
+    let cpus = crate::fabric::procs::allowed_cpus();
+    let (front, back) = match crate::fabric::procs::Tiers::of(&cpus) {
         Some(t) => (t.front, t.back),
         None => (cpus.clone(), cpus.clone()),
     };
@@ -573,8 +573,8 @@ fn run_netns(
         ],
     )?;
     let id = dc.run_id().to_string();
-    crate::procs::on_interrupt(move || {
-        if let Ok(r) = crate::netns::clean_run_id(&id) {
+    crate::fabric::procs::on_interrupt(move || {
+        if let Ok(r) = crate::fabric::netns::clean_run_id(&id) {
             eprint!("{r}");
         }
     });
@@ -610,7 +610,7 @@ fn run_netns(
     }
     let est = samples as f64 * a.interval_us as f64 / 1e6 + 0.2;
     let mut gatherd: Option<(String, Child, Endpoint)> = None;
-    let mut busy: Option<(u64, crate::netns::LoadHandle)> = None;
+    let mut busy: Option<(u64, crate::fabric::netns::LoadHandle)> = None;
     // p50 of every (transport, load, size) measured in this run, for the floor ratios.
     let mut p50s: Vec<(Key, f64)> = Vec::new();
     sweep.run(&keys, a.repeat, est, label, |k, _| {
@@ -627,7 +627,7 @@ fn run_netns(
             // The floor: the back-end node's kernel answers; no gatherd is involved.
             gatherd = None;
             let l = dc.run_in_ns("front", || {
-                crate::procs::pin_current_thread(&f)?;
+                crate::fabric::procs::pin_current_thread(&f)?;
                 let mut e = crate::echo::IcmpEcho::new(back_ip, opts.spin, opts.timeout)?;
                 measure_with(
                     "icmp",
@@ -648,7 +648,7 @@ fn run_netns(
         }
         let (_, g, ep) = gatherd.as_mut().expect("started above");
         let l = dc.run_in_ns("front", || {
-            crate::procs::pin_current_thread(&f)?;
+            crate::fabric::procs::pin_current_thread(&f)?;
             let mut c = connect(ep, &opts).map_err(|e| io::Error::other(format!("{ep}: {e}")))?;
             measure(
                 &mut *c,
@@ -678,7 +678,7 @@ fn run_netns(
                 let back_udp = || dc.run_in_ns("back", crate::flood::udp_counters);
                 let b0 = back_udp()?;
                 let r = dc.run_in_ns("front", || {
-                    crate::procs::pin_current_thread(&f)?;
+                    crate::fabric::procs::pin_current_thread(&f)?;
                     crate::flood::flood(nb.udp, farside_rmem::DEFAULT_READ_KEY, 64, a.flood_s)
                 })?;
                 let b1 = back_udp()?;
