@@ -1,5 +1,5 @@
 //! `farside lab faults`: inject the faults a deployment meets into a loaded tier and
-//! count what the clients saw (issue 8 item 9).
+//! count what the clients saw.
 //!
 //! The tier: `backends` web servers (`farside backend`), one gatherd each serving its
 //! region over udp (user space on loopback), one proxy (`farside proxy --config`,

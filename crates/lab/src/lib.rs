@@ -65,7 +65,7 @@ pub enum LabCmd {
     Probe(probe::ProbeArgs),
     /// Fault injection into a loaded tier: gatherd restart, back-end stop and kill,
     /// proxy restart (drain) and reload; answered / refused / failed / hung requests
-    /// and time to a fresh view per fault (issue 8 item 9).
+    /// and time to a fresh view per fault.
     Faults(faults::FaultsArgs),
     /// Seed 001's shared data-center: rigid vs overprovisioned vs reconf (balancers in
     /// the proxies move back-end nodes between sites by remote CAS) under bursts of

@@ -524,7 +524,7 @@ fn xdp_attached(log: &str) -> bool {
 }
 
 /// One line per (load, size) measured with both: each transport's p50 as a multiple of
-/// the kernel echo's (`icmp`) in the same run (issue target: xdp ≤ 1.3×).
+/// the kernel echo's (`icmp`) in the same run (the target: xdp ≤ 1.3×).
 fn floor_ratios(p50s: &[(Key, f64)]) -> Vec<String> {
     let mut out = Vec::new();
     for (fk, floor) in p50s.iter().filter(|(k, _)| k.transport == "icmp") {
