@@ -17,7 +17,10 @@ fn summary(out: &Path) -> serde_json::Value {
 fn bad_hosts_and_transports_are_refused_with_the_reason() {
     let dir = Dir::new("reconfig-refused");
     for (args, want) in [
-        (&["--hosts", "cloud"][..], "--hosts cloud"),
+        (
+            &["--hosts", "cloud"][..],
+            "invalid value 'cloud' for '--hosts",
+        ),
         (
             &["--hosts", "loopback", "--transport", "xdp"][..],
             "no XDP on lo",

@@ -74,6 +74,7 @@
 //!   pinning, netns isolation) are recorded in `settings` as applied or not, with a
 //!   warning when not ([`privileged_settings`]).
 
+use crate::fabric::flags::{Hosts, LoadModels};
 use crate::fabric::procs::Child;
 use crate::nginx::{self, Nginx, NginxConfig};
 use crate::scenario::Scenario;
@@ -155,29 +156,6 @@ pub enum BackendServer {
     Nginx,
 }
 
-/// Load models of a sweep (`--load`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LoadModels {
-    /// Closed loop only: `--clients` users.
-    Closed,
-    /// Open loop only: Poisson arrivals at `--rates` x capacity.
-    Open,
-    /// Both, closed loop first.
-    Both,
-}
-
-impl LoadModels {
-    /// The models measured, in sweep order.
-    pub fn models(self) -> &'static [&'static str] {
-        match self {
-            LoadModels::Closed => &["closed"],
-            LoadModels::Open => &["open"],
-            LoadModels::Both => &["closed", "open"],
-        }
-    }
-}
-
 /// Open-loop rates of a full sweep, as multiples of the capacity: below it, near it,
 /// and well past it (where admission control has to shed).
 const RATES_FULL: &str = "0.5,0.9,1.5,3";
@@ -190,15 +168,6 @@ const RATE_X_MAX: f64 = 10.0;
 /// on the proxy; arrivals beyond are shed by the client and counted (`shed_by_client`),
 /// never silently lost.
 const OPEN_USERS_MAX: usize = 4096;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Hosts {
-    /// Processes on 127.0.0.1 ports; no privileges needed.
-    Loopback,
-    /// One network namespace per node (root).
-    Netns,
-}
 
 /// Seconds measured per point of a full (not `--quick`) sweep: the paper's scale of time.
 pub const DURATION_S_FULL: f64 = 60.0;

@@ -1,12 +1,14 @@
 //! The fabric every experiment of the lab runs on: its nodes' processes, the virtual
 //! data-center of network namespaces, and waiting for a node to be ready.
 //!
+//! - [`flags`]: flag values every experiment shares (`--hosts`, `--load`);
 //! - [`procs`]: a node's process (spawned, pinned, logged, stopped on drop) and the
 //!   interrupt handler that cleans up a run broken by Ctrl-C;
 //! - [`netns`]: `--hosts netns`, one network namespace and cgroup per node;
 //! - [`wait_port`]: the one wait for a node to listen, from this process or from a
 //!   node of the virtual data-center ([`Vantage`]).
 
+pub mod flags;
 pub mod netns;
 pub mod procs;
 

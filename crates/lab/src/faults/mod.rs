@@ -43,6 +43,7 @@
 //! kernel has no netem, prio or tc actions, and XDP's replies on the back-end side
 //! bypass both qdiscs and netfilter).
 
+use crate::fabric::flags::Hosts;
 use crate::fabric::procs::Child;
 use farside_loadgen::{LoadgenArgs, Summary};
 use serde::{Deserialize, Serialize};
@@ -120,8 +121,8 @@ pub struct FaultsArgs {
     /// Where the nodes run: loopback (unprivileged) or netns (root: one network
     /// namespace per node, regions over udp answered by XDP, and the `region-drop`
     /// fault).
-    #[arg(long, default_value = "loopback")]
-    pub hosts: String,
+    #[arg(long, value_enum, default_value_t = Hosts::Loopback)]
+    pub hosts: Hosts,
     /// Open-loop arrival rate, requests/s (one request per connection), for the whole
     /// run. Default: `--load-share` × the tier's capacity, measured first by a short
     /// closed-loop run through the proxy (`capacity_rps` in summary.json).
@@ -178,11 +179,7 @@ fn capacity(fab: &Fabric, target: SocketAddr, quick: bool) -> io::Result<f64> {
 
 fn check_args(a: &FaultsArgs) -> io::Result<Vec<String>> {
     let bad = |m: String| Err(io::Error::new(io::ErrorKind::InvalidInput, m));
-    let netns = match a.hosts.as_str() {
-        "loopback" => false,
-        "netns" => true,
-        h => return bad(format!("--hosts {h}: expected loopback or netns")),
-    };
+    let netns = a.hosts == Hosts::Netns;
     if a.backends < 2 {
         return bad(format!("--backends {}: at least 2", a.backends));
     }
@@ -223,7 +220,7 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
     let phase_s = if a.quick { PHASE_S_QUICK } else { PHASE_S_FULL };
     let fresh_bound_ms = 2 * a.stale_after_ms;
     let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
-    let mut meta = crate::summary::Summary::new("faults", &a.hosts, a.quick);
+    let mut meta = crate::summary::Summary::new("faults", a.hosts.as_str(), a.quick);
     crate::sweep::fill_host_metadata(&mut meta);
     meta.params = serde_json::json!({
         "faults": faults,

@@ -448,7 +448,7 @@ pub(super) fn start_tier(
 ) -> io::Result<Running> {
     std::fs::create_dir_all(logs)?;
     let names: Vec<String> = (0..=a.backends).map(|i| format!("b{i}")).collect();
-    let fab = if a.hosts == "netns" {
+    let fab = if a.hosts == Hosts::Netns {
         use crate::fabric::netns::{NodeSpec, VirtualDc};
         let mut specs: Vec<NodeSpec> = names.iter().map(|n| NodeSpec::new(n)).collect();
         specs.push(NodeSpec::new("proxy"));

@@ -7,7 +7,7 @@
 //! with `--hosts netns`). The prober reads `size` bytes at offset 0 every `interval`
 //! and records each read's latency.
 
-use crate::admission::Hosts;
+use crate::fabric::flags::Hosts;
 use crate::fabric::procs::Child;
 use crate::summary::Summary;
 use crate::sweep::Sweep;

@@ -45,6 +45,7 @@
 //! Every point starts from fresh processes (allocation, balancer history and metrics
 //! reset); the namespaces are built once per run.
 
+use crate::fabric::flags::Hosts;
 use crate::fabric::netns::{NodeSpec, VirtualDc};
 use crate::fabric::procs::Child;
 use farside_loadgen::LoadgenArgs;
@@ -144,8 +145,8 @@ pub struct ReconfigArgs {
     /// node a cgroup with a CPU quota, otherwise no quota: capacity from
     /// --backend-workers x --cpu-us-per-request only, and every node publishes the
     /// host's load; stated in the output).
-    #[arg(long, default_value = "netns")]
-    pub hosts: String,
+    #[arg(long, value_enum, default_value_t = Hosts::Netns)]
+    pub hosts: Hosts,
     /// Systems to compare (comma-separated): rigid, overprovisioned, reconf.
     #[arg(
         long,
@@ -353,11 +354,7 @@ struct Plan {
 
 fn check_args(a: &ReconfigArgs) -> io::Result<Plan> {
     let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
-    let loopback = match a.hosts.as_str() {
-        "netns" => false,
-        "loopback" => true,
-        h => return Err(bad(format!("--hosts {h}: expected netns or loopback"))),
-    };
+    let loopback = a.hosts == Hosts::Loopback;
     let transport = match (a.transport.as_deref(), loopback) {
         (None | Some("xdp"), false) => Transport::Xdp,
         (None | Some("shm"), true) => Transport::Shm,
@@ -514,7 +511,7 @@ pub fn run(a: ReconfigArgs) -> io::Result<()> {
         ));
     }
     let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
-    let mut meta = crate::summary::Summary::new("reconfig", &a.hosts, a.quick);
+    let mut meta = crate::summary::Summary::new("reconfig", a.hosts.as_str(), a.quick);
     crate::sweep::fill_host_metadata(&mut meta);
     let nodes_n = plan
         .scenarios

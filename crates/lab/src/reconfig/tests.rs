@@ -75,7 +75,7 @@ fn args() -> ReconfigArgs {
         out: "x".into(),
         resume: None,
         quick: true,
-        hosts: "netns".into(),
+        hosts: Hosts::Netns,
         systems: SYSTEMS.iter().map(|s| s.to_string()).collect(),
         scenario: Vec::new(),
         bursts: Vec::new(),
@@ -110,7 +110,7 @@ fn arguments_are_checked_with_the_flag_named() {
     // Transports per host mode: xdp by default on netns, shm on loopback.
     assert_eq!(p.transport, Transport::Xdp);
     let lo = |t: Option<&str>| ReconfigArgs {
-        hosts: "loopback".into(),
+        hosts: Hosts::Loopback,
         transport: t.map(str::to_string),
         ..args()
     };
@@ -125,14 +125,7 @@ fn arguments_are_checked_with_the_flag_named() {
         check_args(&lo(Some("tcp"))).unwrap().transport,
         Transport::Tcp
     );
-    let cases: [(&str, ReconfigArgs); 8] = [
-        (
-            "--hosts",
-            ReconfigArgs {
-                hosts: "cloud".into(),
-                ..args()
-            },
-        ),
+    let cases: [(&str, ReconfigArgs); 7] = [
         (
             "--transport",
             ReconfigArgs {

@@ -32,6 +32,7 @@
 //! flows moved at the front-end's control port); [`specd_args`] builds its command
 //! line, and its exit summary fills the point's migration figures ([`SpecdFigures`]).
 
+use crate::fabric::flags::Hosts;
 use crate::fabric::netns::{NodeSpec, VirtualDc};
 use crate::fabric::procs::Child;
 use crate::svg::Chart;
@@ -180,8 +181,8 @@ pub struct SpeculativeArgs {
     pub quick: bool,
     /// Where the nodes run: netns only (root: one namespace per node, a cgroup with a
     /// CPU quota per back-end, the eBPF front-end on its own node).
-    #[arg(long, default_value = "netns")]
-    pub hosts: String,
+    #[arg(long, value_enum, default_value_t = Hosts::Netns)]
+    pub hosts: Hosts,
     /// Experiments (comma-separated): single (one server, accept queues
     /// --accept-queues: Fig. 1), split (two servers at --splits: Fig. 2/3).
     #[arg(long, value_delimiter = ',', default_value = "single,split")]
@@ -206,8 +207,8 @@ pub struct SpeculativeArgs {
     /// load), closed (--clients users, each waiting for its answer before its next
     /// connection) or both (closed first). Default both: every comparison is shown in
     /// both models (a closed loop slows its own arrivals when the servers slow down).
-    #[arg(long, value_enum, default_value_t = crate::admission::LoadModels::Both)]
-    pub load: crate::admission::LoadModels,
+    #[arg(long, value_enum, default_value_t = crate::fabric::flags::LoadModels::Both)]
+    pub load: crate::fabric::flags::LoadModels,
     /// Closed-loop users per point (comma-separated). Default: 64, 128, 256 (1, 2 and 4
     /// × the base accept queue; --quick: 128).
     #[arg(long, value_delimiter = ',')]
@@ -372,11 +373,11 @@ fn check_timeouts(prefix: &str, timeout_ms: u64, connect_timeout_ms: u64) -> io:
 
 fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
     let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
-    if a.hosts != "netns" {
+    if a.hosts != Hosts::Netns {
         return Err(bad(format!(
             "--hosts {}: lab speculative runs on netns only (the eBPF front-end routes by \
              MAC on a LAN of namespaces, and each back-end needs its own CPU quota)",
-            a.hosts
+            a.hosts.as_str()
         )));
     }
     if a.repeat == 0 || a.repeat > REPEAT_MAX {
@@ -580,7 +581,7 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
         )
     })?;
     let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
-    let mut meta = crate::summary::Summary::new("speculative", &a.hosts, a.quick);
+    let mut meta = crate::summary::Summary::new("speculative", a.hosts.as_str(), a.quick);
     crate::sweep::fill_host_metadata(&mut meta);
     meta.seed = Some(a.seed);
     meta.params = serde_json::json!({

@@ -90,13 +90,13 @@ fn args() -> SpeculativeArgs {
         out: "x".into(),
         resume: None,
         quick: true,
-        hosts: "netns".into(),
+        hosts: Hosts::Netns,
         experiment: vec!["single".into(), "split".into()],
         systems: vec!["acc64".into()],
         accept_queues: ACCEPT_QUEUES.to_vec(),
         splits: SPLITS.iter().map(|s| s.to_string()).collect(),
         rates: Vec::new(),
-        load: crate::admission::LoadModels::Open,
+        load: crate::fabric::flags::LoadModels::Open,
         clients: Vec::new(),
         duration_s: None,
         warmup_s: POINT_WARMUP_S_DEFAULT,
@@ -348,7 +348,7 @@ fn arguments_are_checked_with_the_flag_named() {
         (
             "--hosts",
             SpeculativeArgs {
-                hosts: "loopback".into(),
+                hosts: Hosts::Loopback,
                 ..args()
             },
         ),
@@ -404,7 +404,7 @@ fn arguments_are_checked_with_the_flag_named() {
 #[test]
 fn load_models_choose_rates_and_clients() {
     let both = SpeculativeArgs {
-        load: crate::admission::LoadModels::Both,
+        load: crate::fabric::flags::LoadModels::Both,
         ..args()
     };
     let p = check_args(&both).unwrap();
@@ -417,7 +417,7 @@ fn load_models_choose_rates_and_clients() {
     .unwrap();
     assert_eq!(full.clients, [64, 128, 256]);
     let closed = check_args(&SpeculativeArgs {
-        load: crate::admission::LoadModels::Closed,
+        load: crate::fabric::flags::LoadModels::Closed,
         clients: vec![10, 20],
         ..args()
     })
