@@ -10,6 +10,7 @@
 //! - [`reconfig`]: seed 001's reconfiguration experiment (`lab reconfig`)
 //! - [`speculative`]: seed 002's speculative connection admission (`lab speculative`;
 //!   first version: the baselines)
+//! - [`error`]: the lab's own failures ([`error::LabError`])
 //! - [`fabric`]: what every experiment runs on: the nodes' processes
 //!   ([`fabric::procs`]), the namespaces of `--hosts netns` ([`fabric::netns`]) and the
 //!   one wait for a node to listen ([`fabric::wait_port`])
@@ -29,6 +30,7 @@
 
 pub mod admission;
 pub mod echo;
+pub mod error;
 pub mod experiment;
 pub mod fabric;
 pub mod faults;

@@ -280,10 +280,11 @@ impl Nginx {
                 .and_then(|c| c.try_wait().ok().flatten())
             {
                 guard.child = None;
-                return Err(io::Error::other(format!(
-                    "nginx exited during start ({status}); {}",
-                    guard.log_tail()
-                )));
+                return Err(crate::error::LabError::NginxExited {
+                    status,
+                    log_tail: guard.log_tail(),
+                }
+                .into());
             }
             if probe(addr) {
                 return Ok(guard);

@@ -493,12 +493,13 @@ pub(super) fn calibrate(
     let s = crate::scenario::merge_concurrent(&parts)?;
     let capacity: f64 = parts.iter().map(|p| p.goodput_rps).sum();
     if capacity.is_nan() || capacity <= 0.0 {
-        return Err(io::Error::other(format!(
+        return Err(crate::error::LabError::NotReady(format!(
             "calibration: the back-end tier served nothing in {CALIBRATION_S} s ({} failures); see \
             the logs in {}",
             s.failures,
             run.logs.display()
-        )));
+        ))
+        .into());
     }
     let node_cal = nodes
         .iter()

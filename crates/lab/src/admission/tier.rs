@@ -180,7 +180,9 @@ impl Fabric {
         l: &LoadgenArgs,
         cpus: Option<&[usize]>,
     ) -> io::Result<farside_loadgen::Summary> {
-        let run = || farside_loadgen::run(l).map_err(|e| io::Error::other(format!("loadgen: {e}")));
+        let run = || {
+            farside_loadgen::run(l).map_err(|e| io::Error::from(crate::error::LabError::Loadgen(e)))
+        };
         match self {
             Fabric::Loopback(_) => run(),
             Fabric::Netns(dc) => dc.run_in_ns("client", || {

@@ -111,11 +111,12 @@ impl Child {
     /// Error if the child has exited, with the tail of its log.
     pub fn check_alive(&mut self) -> io::Result<()> {
         if let Some(st) = self.child.try_wait()? {
-            return Err(io::Error::other(format!(
-                "{} exited ({st}); log tail:\n{}",
-                self.name,
-                tail(&self.log, 15)
-            )));
+            return Err(crate::error::LabError::Exited {
+                name: self.name.clone(),
+                status: st,
+                log_tail: tail(&self.log, 15),
+            }
+            .into());
         }
         Ok(())
     }

@@ -2,6 +2,7 @@
 //! namespaces) and the faults injected into it ([`inject`]).
 
 use super::*;
+use crate::error::LabError;
 
 pub(super) fn free_tcp() -> io::Result<SocketAddr> {
     TcpListener::bind("127.0.0.1:0")?.local_addr()
@@ -87,7 +88,9 @@ impl Fabric {
     }
 
     pub(super) fn loadgen(&self, l: &LoadgenArgs) -> io::Result<Summary> {
-        let run = || farside_loadgen::run(l).map_err(|e| io::Error::other(format!("loadgen: {e}")));
+        let run = || {
+            farside_loadgen::run(l).map_err(|e| io::Error::from(crate::error::LabError::Loadgen(e)))
+        };
         match self {
             Fabric::Loopback => run(),
             Fabric::Netns(dc) => dc.run_in_ns("client", run),
@@ -107,16 +110,18 @@ impl Fabric {
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         dc.prepare_command(node, &mut cmd)?;
-        let mut c = cmd
-            .spawn()
-            .map_err(|e| io::Error::other(format!("{what}: {e}")))?;
+        let mut c = cmd.spawn().map_err(|e| LabError::Command {
+            what: what.to_string(),
+            stderr: e.to_string(),
+        })?;
         c.stdin.take().expect("piped").write_all(stdin.as_bytes())?;
         let out = c.wait_with_output()?;
         if !out.status.success() {
-            return Err(io::Error::other(format!(
-                "{what}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
+            return Err(LabError::Command {
+                what: what.to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            }
+            .into());
         }
         Ok(())
     }
@@ -309,7 +314,7 @@ pub(super) fn wait_exit(c: &mut Child) -> io::Result<()> {
     let t0 = Instant::now();
     while c.exited().is_none() {
         if t0.elapsed() > READY_MAX {
-            return Err(io::Error::other(format!("{} did not exit", c.name)));
+            return Err(LabError::NotReady(format!("{} did not exit", c.name)).into());
         }
         std::thread::sleep(FRESH_POLL);
     }
@@ -362,7 +367,7 @@ pub(super) fn inject(
                     break;
                 }
                 if t_start.elapsed() > READY_MAX {
-                    return Err(io::Error::other(format!("{name} did not serve")));
+                    return Err(LabError::NotReady(format!("{name} did not serve")).into());
                 }
                 std::thread::sleep(FRESH_POLL);
             }

@@ -7,6 +7,7 @@
 //! with `--hosts netns`). The prober reads `size` bytes at offset 0 every `interval`
 //! and records each read's latency.
 
+use crate::error::LabError;
 use crate::fabric::flags::Hosts;
 use crate::fabric::procs::Child;
 use crate::summary::Summary;
@@ -197,7 +198,13 @@ pub fn measure_with(
                 timeouts += 1;
                 lat.push(timeout.as_nanos() as f64 / 1000.0);
             }
-            Err(e) => return Err(io::Error::other(format!("{what} read of {size} B: {e}"))),
+            Err(e) => {
+                return Err(LabError::Rmem {
+                    at: format!("{what} read of {size} B"),
+                    error: e,
+                }
+                .into())
+            }
         }
     }
     Ok(latency_of(lat, timeouts))
@@ -394,7 +401,10 @@ pub fn run(mut a: ProbeArgs) -> io::Result<()> {
             "tcp" => Endpoint::Tcp(tcp),
             _ => Endpoint::Udp(udp),
         };
-        let mut c = connect(&ep, &opts).map_err(|e| io::Error::other(format!("{ep}: {e}")))?;
+        let mut c = connect(&ep, &opts).map_err(|error| LabError::Rmem {
+            at: ep.to_string(),
+            error,
+        })?;
         let l = measure(
             &mut *c,
             k.size_bytes as usize,
@@ -504,11 +514,12 @@ impl NetnsBack<'_> {
             while !xdp_attached(&std::fs::read_to_string(&g.log).unwrap_or_default()) {
                 g.check_alive()?;
                 if Instant::now() > deadline {
-                    return Err(io::Error::other(format!(
+                    return Err(LabError::NotReady(format!(
                         "xdp: the gatherer did not attach XDP within {:?}:\n{}",
                         crate::fabric::procs::READY_TIMEOUT,
                         crate::fabric::procs::tail(&g.log, 10)
-                    )));
+                    ))
+                    .into());
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -649,7 +660,10 @@ fn run_netns(
         let (_, g, ep) = gatherd.as_mut().expect("started above");
         let l = dc.run_in_ns("front", || {
             crate::fabric::procs::pin_current_thread(&f)?;
-            let mut c = connect(ep, &opts).map_err(|e| io::Error::other(format!("{ep}: {e}")))?;
+            let mut c = connect(ep, &opts).map_err(|error| LabError::Rmem {
+                at: ep.to_string(),
+                error,
+            })?;
             measure(
                 &mut *c,
                 k.size_bytes as usize,

@@ -3,6 +3,7 @@
 //! on loopback ports or in namespaces ([`Fabric`]).
 
 use super::*;
+use crate::error::LabError;
 
 pub(super) fn site_name(i: usize) -> String {
     format!("s{i}")
@@ -343,10 +344,11 @@ impl Lab {
                 return Ok(());
             }
             if t0.elapsed() > READY_MAX {
-                return Err(io::Error::other(format!(
+                return Err(LabError::NotReady(format!(
                     "the proxies did not route by the allocation {alloc:?} within \
                      {READY_MAX:?}; see logs/"
-                )));
+                ))
+                .into());
             }
             std::thread::sleep(POLL);
         }
@@ -374,13 +376,17 @@ impl Lab {
             let mut moved = 0u64;
             for (region, &site) in regions.iter().zip(&alloc_v) {
                 let ep = farside_rmem::Endpoint::parse(region).map_err(io::Error::other)?;
-                let mut m = farside_rmem::connect(&ep, &opts)
-                    .map_err(|e| io::Error::other(format!("{region}: {e}")))?;
+                let mut m = farside_rmem::connect(&ep, &opts).map_err(|error| LabError::Rmem {
+                    at: region.to_string(),
+                    error,
+                })?;
                 let mut done = false;
                 for _ in 0..CAS_ATTEMPTS {
                     let mut b = [0u8; 8];
-                    m.read(off, &mut b)
-                        .map_err(|e| io::Error::other(format!("{region}: read: {e}")))?;
+                    m.read(off, &mut b).map_err(|error| LabError::Rmem {
+                        at: format!("{region}: read"),
+                        error,
+                    })?;
                     let w = u64::from_le_bytes(b);
                     if (w >> ROLE_VERSION_BITS) as usize == site {
                         done = true;
@@ -395,13 +401,20 @@ impl Lab {
                             break;
                         }
                         Ok(_) => continue,
-                        Err(e) => return Err(io::Error::other(format!("{region}: CAS: {e}"))),
+                        Err(error) => {
+                            return Err(LabError::Rmem {
+                                at: format!("{region}: CAS"),
+                                error,
+                            }
+                            .into())
+                        }
                     }
                 }
                 if !done {
-                    return Err(io::Error::other(format!(
+                    return Err(LabError::NotReady(format!(
                         "{region}: role CAS lost {CAS_ATTEMPTS} times"
-                    )));
+                    ))
+                    .into());
                 }
             }
             Ok(moved)
@@ -521,8 +534,9 @@ pub(super) fn measure(
                             lg.quiet = true;
                             sc2.spawn(move || {
                                 lab.fabric.in_client(|| {
-                                    farside_loadgen::run(&lg)
-                                        .map_err(|e| io::Error::other(format!("loadgen: {e}")))
+                                    farside_loadgen::run(&lg).map_err(|e| {
+                                        io::Error::from(crate::error::LabError::Loadgen(e))
+                                    })
                                 })
                             })
                         })

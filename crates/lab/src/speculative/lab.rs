@@ -3,6 +3,7 @@
 //! namespaces, the calibration run, and [`measure`].
 
 use super::*;
+use crate::error::LabError;
 
 /// What a node's processes are, for [`NodeCpu`].
 #[derive(Default)]
@@ -121,11 +122,11 @@ pub(super) const FE: &str = "fe";
 pub(super) fn ip_cmd(args: &[&str]) -> io::Result<String> {
     let out = std::process::Command::new("ip").args(args).output()?;
     if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        return Err(LabError::Command {
+            what: format!("ip {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        }
+        .into());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -256,11 +257,13 @@ impl Lab {
                 return Ok(c);
             }
             if t0.elapsed() > READY_MAX {
-                return Err(io::Error::other(format!(
-                    "{} did not log `{SPECD_READY}` within {READY_MAX:?}; see {}",
-                    c.name,
-                    c.log.display()
-                )));
+                return Err(LabError::NoReadyLine {
+                    name: c.name.clone(),
+                    line: SPECD_READY,
+                    within: READY_MAX,
+                    log: c.log.clone(),
+                }
+                .into());
             }
             std::thread::sleep(POLL);
         }
@@ -299,7 +302,8 @@ impl Lab {
                 // The clients run on this (fresh) thread and the threads it starts.
                 crate::fabric::procs::pin_current_thread(cpus)?;
             }
-            farside_loadgen::run(&lg).map_err(|e| io::Error::other(format!("loadgen: {e}")))
+            farside_loadgen::run(&lg)
+                .map_err(|e| io::Error::from(crate::error::LabError::Loadgen(e)))
         })
     }
 }
@@ -380,8 +384,10 @@ pub(super) fn start_lab(dir: &Path, plan: &Plan) -> io::Result<Lab> {
             "show",
             crate::fabric::netns::VETH_IN_NS,
         ])?;
-        let mac = mac_of(&link)
-            .ok_or_else(|| io::Error::other(format!("no MAC for {n}'s eth0 in: {link}")))?;
+        let mac = mac_of(&link).ok_or_else(|| LabError::NoMac {
+            node: n.clone(),
+            link: link.clone(),
+        })?;
         with_mac.push((n.clone(), mac));
     }
     let fe_ip = dc.node_ip(FE).to_string();
@@ -575,11 +581,16 @@ pub(super) fn measure(
         Some(_) => {
             let mut v = Vec::new();
             for p in &summaries {
-                let text = std::fs::read_to_string(p)
-                    .map_err(|e| io::Error::other(format!("specd summary {}: {e}", p.display())))?;
-                v.push(serde_json::from_str(&text).map_err(|e| {
-                    io::Error::other(format!("specd summary {}: {e}", p.display()))
-                })?);
+                let text = std::fs::read_to_string(p).map_err(|e| LabError::SpecdSummary {
+                    path: p.clone(),
+                    error: e.to_string(),
+                })?;
+                v.push(
+                    serde_json::from_str(&text).map_err(|e| LabError::SpecdSummary {
+                        path: p.clone(),
+                        error: e.to_string(),
+                    })?,
+                );
             }
             let over_time =
                 edges.map(|(w0, wall_ms)| WindowSeries::from_summaries(&v, w0, wall_ms));

@@ -826,11 +826,11 @@ impl VirtualDc {
         if report.errors.is_empty() {
             Ok(())
         } else {
-            Err(io::Error::other(format!(
-                "--hosts netns: cleanup of run {}: {}",
-                self.run_id,
-                report.errors.join("; ")
-            )))
+            Err(crate::error::LabError::Cleanup {
+                run_id: self.run_id.clone(),
+                errors: report.errors.join("; "),
+            }
+            .into())
         }
     }
 }

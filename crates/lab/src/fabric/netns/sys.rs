@@ -25,11 +25,12 @@ pub(super) fn ip(args: &[&str]) -> io::Result<String> {
             )
         })?;
     if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "--hosts netns: `{line}` failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        return Err(crate::error::LabError::NetnsCommand {
+            line,
+            status: out.status,
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        }
+        .into());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -168,9 +169,7 @@ pub(super) fn tx_csum_off(dev: &str) -> io::Result<()> {
     ethtool_value(&sock, dev, ETHTOOL_STXCSUM, 0).map_err(|e| ctx(e, &what))?;
     let now = ethtool_value(&sock, dev, ETHTOOL_GTXCSUM, 0).map_err(|e| ctx(e, &what))?;
     if now != 0 {
-        return Err(io::Error::other(format!(
-            "{what}: still on after the change"
-        )));
+        return Err(crate::error::LabError::StillOn { what }.into());
     }
     Ok(())
 }
