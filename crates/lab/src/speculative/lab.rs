@@ -448,20 +448,7 @@ pub(super) fn measure(
         let (x, y) = parse_split(&key.split).map_err(io::Error::other)?;
         vec![x, y]
     };
-    let mut tag = format!(
-        "{}-{}-{}-{}",
-        key.experiment,
-        key.system,
-        key.split.replace('/', "-"),
-        match key.clients {
-            Some(c) => format!("c{c}"),
-            None => format!("{:.0}", key.rate),
-        }
-    );
-    if run > 0 {
-        // Logs and specd summaries of every run are kept (run 0 keeps the old names).
-        tag.push_str(&format!("-r{run}"));
-    }
+    let tag = point_tag(key, run);
     // specN needs both back-ends (each is the other's peer): the split experiment.
     let spec = window.filter(|_| weights.len() == 2);
     // Unix socket paths are short (108 bytes): in the temp dir, not under --out.
@@ -579,27 +566,75 @@ pub(super) fn measure(
     let (s, nodes, edges) = s?;
     let (figures, over_time) = match spec {
         Some(_) => {
-            let mut v = Vec::new();
-            for p in &summaries {
-                let text = std::fs::read_to_string(p).map_err(|e| LabError::SpecdSummary {
-                    path: p.clone(),
-                    error: e.to_string(),
-                })?;
-                v.push(
-                    serde_json::from_str(&text).map_err(|e| LabError::SpecdSummary {
-                        path: p.clone(),
-                        error: e.to_string(),
-                    })?,
-                );
-            }
+            let v = read_specd_summaries(&summaries)?;
             let over_time =
                 edges.map(|(w0, wall_ms)| WindowSeries::from_summaries(&v, w0, wall_ms));
             (SpecdFigures::from_summaries(&v), over_time)
         }
         None => (SpecdFigures::default(), None),
     };
-    let over_time = over_time.unwrap_or_default();
-    Ok(SpecPoint {
+    Ok(point_of(
+        key,
+        (queue, window),
+        plan.capacity,
+        &s,
+        nodes,
+        figures,
+        over_time.unwrap_or_default(),
+    ))
+}
+
+/// The name of a point's logs and specd summaries: experiment, system, split and load,
+/// and the run after the first.
+pub(super) fn point_tag(key: &Key, run: u32) -> String {
+    let mut tag = format!(
+        "{}-{}-{}-{}",
+        key.experiment,
+        key.system,
+        key.split.replace('/', "-"),
+        match key.clients {
+            Some(c) => format!("c{c}"),
+            None => format!("{:.0}", key.rate),
+        }
+    );
+    if run > 0 {
+        // Logs and specd summaries of every run are kept (run 0 keeps the old names).
+        tag.push_str(&format!("-r{run}"));
+    }
+    tag
+}
+
+/// The specd daemons' summaries of a point, one JSON value per back-end.
+fn read_specd_summaries(paths: &[PathBuf]) -> io::Result<Vec<serde_json::Value>> {
+    let mut v = Vec::new();
+    for p in paths {
+        let text = std::fs::read_to_string(p).map_err(|e| LabError::SpecdSummary {
+            path: p.clone(),
+            error: e.to_string(),
+        })?;
+        v.push(
+            serde_json::from_str(&text).map_err(|e| LabError::SpecdSummary {
+                path: p.clone(),
+                error: e.to_string(),
+            })?,
+        );
+    }
+    Ok(v)
+}
+
+/// The point from what was measured, without I/O: the clients' summary `s`, the nodes'
+/// CPU, the specd figures and their series over the measured window. `(queue, window)`
+/// is the system's accept queue and admission window; `capacity_rps` one node's.
+pub(super) fn point_of(
+    key: &Key,
+    (queue, window): (u32, Option<u32>),
+    capacity_rps: f64,
+    s: &farside_loadgen::Summary,
+    nodes: Vec<NodeCpu>,
+    figures: SpecdFigures,
+    over_time: WindowSeries,
+) -> SpecPoint {
+    SpecPoint {
         experiment: key.experiment.clone(),
         system: key.system.clone(),
         split: key.split.clone(),
@@ -639,7 +674,7 @@ pub(super) fn measure(
         specd_cpu_ms_per_s: figures.cpu_ms_per_s,
         steer_mode: figures.steer_mode,
         nodes,
-        capacity_rps: plan.capacity,
+        capacity_rps,
         duration_s: s.duration_s,
         runs: 1,
         conn_per_s_min: None,
@@ -649,7 +684,7 @@ pub(super) fn measure(
         migrated_per_s: over_time.migrated,
         refused_per_s: over_time.refused,
         closed_per_s: over_time.closed,
-    })
+    }
 }
 
 /// Now in Unix time, ms (0 if the clock is before 1970).

@@ -654,3 +654,59 @@ fn points_round_trip_and_render() {
     assert_eq!((c.runs, c.served), (2, 1800));
     assert!((c.conn_per_s - 90.0).abs() < 1e-9);
 }
+
+#[test]
+fn a_point_is_built_from_the_measured_figures_alone() {
+    let key = |clients: Option<u32>| Key {
+        experiment: "split".into(),
+        system: "spec32".into(),
+        split: "75/25".into(),
+        rate: if clients.is_some() { 0.0 } else { 120.0 },
+        clients,
+    };
+    let s = farside_loadgen::Summary {
+        offered_rps: 150.0,
+        tps: 90.0,
+        served: 900,
+        failures: 3,
+        dropped_503: 2,
+        avg_ms: 4.0,
+        p99_ms: 40.0,
+        duration_s: 10.0,
+        ..Default::default()
+    };
+    let figures = SpecdFigures {
+        migrations: 7,
+        ..Default::default()
+    };
+    let open = point_of(
+        &key(None),
+        (64, Some(32)),
+        100.0,
+        &s,
+        Vec::new(),
+        figures.clone(),
+        WindowSeries::default(),
+    );
+    assert_eq!((open.load.as_str(), open.rate), ("open", 120.0));
+    assert_eq!(
+        (open.conn_per_s, open.failures, open.migrations),
+        (90.0, 5, 7)
+    );
+    assert_eq!((open.accept_queue, open.admission_window), (64, Some(32)));
+    assert_eq!(open.capacity_rps, 100.0);
+    // The closed loop's rate is what its users offered.
+    let closed = point_of(
+        &key(Some(128)),
+        (64, None),
+        100.0,
+        &s,
+        Vec::new(),
+        figures,
+        WindowSeries::default(),
+    );
+    assert_eq!((closed.load.as_str(), closed.rate), ("closed", 150.0));
+    assert_eq!(closed.clients, Some(128));
+    assert_eq!(point_tag(&key(Some(128)), 0), "split-spec32-75-25-c128");
+    assert_eq!(point_tag(&key(None), 2), "split-spec32-75-25-120-r2");
+}
