@@ -182,6 +182,87 @@ fn mean_some(runs: &[Point], f: fn(&Point) -> Option<f64>) -> Option<f64> {
 }
 
 impl Point {
+    /// The columns of `points.csv`, in order; [`Point::csv_row`] gives a point's values.
+    pub const CSV_COLUMNS: [&'static str; 34] = [
+        "system",
+        "trace",
+        "clients",
+        "transport",
+        "avg_ms",
+        "p50_ms",
+        "p90_ms",
+        "p99_ms",
+        "max_ms",
+        "tps",
+        "drop_rate",
+        "slow_rate",
+        "attempts",
+        "served",
+        "dropped",
+        "failures",
+        "monitor_read_p50_us",
+        "monitor_read_p99_us",
+        "update_gap_p99_ms",
+        "limit",
+        "runs",
+        "avg_ms_sd",
+        "tps_sd",
+        "p99_ms_sd",
+        "drop_rate_sd",
+        "slow_rate_sd",
+        "scenario",
+        "load_model",
+        "rate_x",
+        "rate_rps",
+        "offered_rps",
+        "goodput",
+        "reject_p99_ms",
+        "inflight_at_end",
+    ];
+
+    /// The point's row of `points.csv` (absent monitor figures, limits and rates are
+    /// empty fields).
+    pub fn csv_row(&self) -> [String; 34] {
+        let p = self;
+        let opt = |v: Option<f64>| v.map(|x| x.to_string()).unwrap_or_default();
+        [
+            p.system.clone(),
+            p.trace.clone(),
+            p.clients.to_string(),
+            p.transport.clone(),
+            p.avg_ms.to_string(),
+            p.p50_ms.to_string(),
+            p.p90_ms.to_string(),
+            p.p99_ms.to_string(),
+            p.max_ms.to_string(),
+            p.tps.to_string(),
+            p.drop_rate.to_string(),
+            p.slow_rate.to_string(),
+            p.attempts.to_string(),
+            p.served.to_string(),
+            p.dropped.to_string(),
+            p.failures.to_string(),
+            opt(p.monitor_read_p50_us),
+            opt(p.monitor_read_p99_us),
+            opt(p.update_gap_p99_ms),
+            p.limit.map(|l| l.to_string()).unwrap_or_default(),
+            p.runs.to_string(),
+            p.avg_ms_sd.to_string(),
+            p.tps_sd.to_string(),
+            p.p99_ms_sd.to_string(),
+            p.drop_rate_sd.to_string(),
+            p.slow_rate_sd.to_string(),
+            p.scenario.clone(),
+            p.load_model.clone(),
+            opt(p.rate_x),
+            opt(p.rate_rps),
+            p.offered_rps.to_string(),
+            p.goodput.to_string(),
+            p.reject_p99_ms.to_string(),
+            p.inflight_at_end.to_string(),
+        ]
+    }
+
     /// The x value of the point's load: `clients` in the closed loop, the asked arrival
     /// rate (requests/s, rounded) in the open loop.
     pub fn load_x(&self) -> u64 {
@@ -445,24 +526,8 @@ mod tests {
         let mut s = Summary::new("admission", "netns", false);
         s.push(admission());
         let v: serde_json::Value = serde_json::from_str(&s.to_json_pretty()).unwrap();
-        for k in [
-            "system",
-            "trace",
-            "clients",
-            "transport",
-            "avg_ms",
-            "p50_ms",
-            "p90_ms",
-            "p99_ms",
-            "max_ms",
-            "tps",
-            "drop_rate",
-            "slow_rate",
-            "attempts",
-            "served",
-            "dropped",
-            "failures",
-        ] {
+        // The first columns of points.csv are the point's required keys.
+        for k in &Point::CSV_COLUMNS[..16] {
             assert!(v["points"][0].get(k).is_some(), "missing point key {k}");
         }
     }

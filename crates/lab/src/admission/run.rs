@@ -104,7 +104,24 @@ pub(super) fn effective(
     Ok(v)
 }
 
-pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
+/// What [`run`] takes from its checked arguments.
+struct Checked {
+    euid: u32,
+    /// Closed-loop client counts to sweep.
+    clients: Vec<u64>,
+    /// Open-loop rates to sweep, as multiples of the capacity.
+    rates: Vec<f64>,
+    pl: Placement,
+    /// CPUs of the back-end tier.
+    back_cpus: usize,
+    quota: Option<BackendQuota>,
+    /// A system with admission control runs.
+    any_ac: bool,
+}
+
+/// Check the arguments before anything starts (root for netns, systems, traces,
+/// scenarios, proxy arguments, loads, limits and rates), and derive the loads to sweep.
+fn check_args(a: &AdmissionArgs) -> io::Result<Checked> {
     let euid = unsafe_euid();
     if a.hosts == Hosts::Netns {
         if a.dashboard.is_some() {
@@ -131,7 +148,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     if a.systems.iter().any(|s| s == "haproxy") {
         crate::haproxy::find_binary()?;
     }
-    check_scenarios(&a)?;
+    check_scenarios(a)?;
     for t in &a.traces {
         trace_kind(t)?;
     }
@@ -150,12 +167,12 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             "--clients: each count must be 1..=10000",
         ));
     }
-    let pl = placement(&a);
+    let pl = placement(a);
     let back_cpus = pl
         .back
         .as_ref()
         .map_or_else(|| crate::fabric::procs::allowed_cpus().len(), |b| b.len());
-    let quota = backend_quota(&a)?;
+    let quota = backend_quota(a)?;
     if a.limit == Some(0) || a.limits.contains(&0) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -184,6 +201,27 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             format!("--rates: each multiple of the capacity must be in (0, {RATE_X_MAX}]"),
         ));
     }
+    Ok(Checked {
+        euid,
+        clients,
+        rates,
+        pl,
+        back_cpus,
+        quota,
+        any_ac,
+    })
+}
+
+pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
+    let Checked {
+        euid,
+        clients,
+        rates,
+        pl,
+        back_cpus,
+        quota,
+        any_ac,
+    } = check_args(&a)?;
     let (duration_s, warmup_s) = point_time(&a);
     let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
     let netns = a.hosts == Hosts::Netns;
