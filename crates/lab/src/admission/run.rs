@@ -212,6 +212,117 @@ fn check_args(a: &AdmissionArgs) -> io::Result<Checked> {
     })
 }
 
+/// What `run` settled before its sweep, as `summary.json` records it.
+struct Settled<'a> {
+    euid: u32,
+    clients: &'a [u64],
+    rates: &'a [f64],
+    limits: &'a [u64],
+    /// How the limits were chosen.
+    rule: &'a str,
+    duration_s: f64,
+    warmup_s: f64,
+    /// The open loop's capacity per scenario, and how it was found.
+    capacities: &'a BTreeMap<&'static str, (f64, String)>,
+    /// nginx's calibrated capacity, and how it was found.
+    calibrated: Option<&'a (f64, String)>,
+    /// The calibration run's record.
+    calibration: Option<&'a serde_json::Value>,
+    quota: &'a Option<BackendQuota>,
+    objective: &'a Objective,
+    objective_rule: &'a str,
+    /// Why the open loop did not run, when `--load both` had no capacity rule.
+    open_skipped: Option<String>,
+    calibration_notes: Vec<String>,
+}
+
+/// The run's metadata (`summary.json` before any point): effective settings, rates,
+/// capacities, objective, each system's proxy arguments, privileged settings, notes.
+fn metadata(a: &AdmissionArgs, s: Settled) -> io::Result<Summary<Point>> {
+    let open = a.load != LoadModels::Closed;
+    let mut meta = Summary::new("admission", a.hosts.as_str(), a.quick);
+    crate::sweep::fill_host_metadata(&mut meta);
+    meta.seed = Some(a.seed);
+    meta.params = effective(a, s.clients, s.limits, s.rule, s.duration_s, s.warmup_s)?;
+    if let Some(m) = meta.params.as_object_mut() {
+        m.insert(
+            "rates".into(),
+            serde_json::json!(if open { s.rates.to_vec() } else { Vec::new() }),
+        );
+        m.insert("load_models".into(), serde_json::json!(a.load.models()));
+        // nginx's calibrated capacity is recorded in closed-loop runs too: the limit rule's
+        // R_b comes from it.
+        if let Some((r, rule)) = s.capacities.values().next().or(s.calibrated) {
+            m.insert("capacity_rps".into(), serde_json::json!(r));
+            m.insert("capacity_rule".into(), rule.clone().into());
+        }
+        if s.capacities.len() > 1 {
+            let by: serde_json::Map<String, serde_json::Value> = s
+                .capacities
+                .iter()
+                .map(|(k, (r, _))| (k.to_string(), serde_json::json!(r)))
+                .collect();
+            m.insert("capacity_rps_by_scenario".into(), by.into());
+        }
+        m.insert(
+            "backend_quota".into(),
+            serde_json::to_value(s.quota).map_err(io::Error::other)?,
+        );
+        if let Some(c) = s.calibration {
+            m.insert("calibration".into(), c.clone());
+        }
+        m.insert(
+            "objective".into(),
+            serde_json::to_value(s.objective).map_err(io::Error::other)?,
+        );
+        m.insert("objective_rule".into(), s.objective_rule.to_string().into());
+        // What the lab passes each farside proxy beyond addresses, workers and monitor
+        // flags (the rest is the product's defaults, or --proxy-arg, appended after).
+        let by: serde_json::Map<String, serde_json::Value> = a
+            .systems
+            .iter()
+            .filter(|sys| *sys != "haproxy")
+            .map(|sys| {
+                let limit = match sys.as_str() {
+                    "no-ac" => None,
+                    "onesided-delay" => Some(s.objective.delay_budget_max),
+                    _ => s.limits.first().copied(),
+                };
+                let mut v = objective_proxy_args(a, sys, limit, s.objective);
+                v.extend(a.proxy_args.iter().cloned());
+                (sys.clone(), serde_json::json!(v))
+            })
+            .collect();
+        m.insert("proxy_args_by_system".into(), by.into());
+        if a.systems.iter().any(|sys| sys == "haproxy") {
+            let cfg = haproxy_config(
+                a,
+                SocketAddr::new(LOCALHOST, 0),
+                &vec![SocketAddr::new(LOCALHOST, 0); a.backends],
+            );
+            m.insert("haproxy_config".into(), cfg.symbolic().render().into());
+        }
+    }
+    meta.settings = privileged_settings(
+        a,
+        s.euid == 0,
+        nice_floor(),
+        crate::fabric::procs::allowed_cpus().len(),
+    );
+    if let Some(why) = s.open_skipped {
+        meta.settings
+            .insert("open_loop".into(), Setting::not_applied("both", &why));
+    }
+    meta.notes.extend(s.calibration_notes);
+    if a.quick {
+        meta.notes.push(format!(
+            "quick run: {} s points after {} s of warm-up, for demos; not for comparison",
+            s.duration_s, s.warmup_s
+        ));
+    }
+    Ok(meta)
+}
+
 pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     let Checked {
         euid,
@@ -373,89 +484,26 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             }
         }
     }
-    let open = a.load != LoadModels::Closed;
-    let mut meta = Summary::new(
-        "admission",
-        if netns { "netns" } else { "loopback" },
-        a.quick,
-    );
-    crate::sweep::fill_host_metadata(&mut meta);
-    meta.seed = Some(a.seed);
-    meta.params = effective(&a, &clients, &limits, &rule, duration_s, warmup_s)?;
-    if let Some(m) = meta.params.as_object_mut() {
-        m.insert(
-            "rates".into(),
-            serde_json::json!(if open { rates.clone() } else { Vec::new() }),
-        );
-        m.insert("load_models".into(), serde_json::json!(a.load.models()));
-        // nginx's calibrated capacity is recorded in closed-loop runs too: the limit rule's
-        // R_b comes from it.
-        if let Some((r, rule)) = capacities.values().next().or(calibrated.as_ref()) {
-            m.insert("capacity_rps".into(), serde_json::json!(r));
-            m.insert("capacity_rule".into(), rule.clone().into());
-        }
-        if capacities.len() > 1 {
-            let by: serde_json::Map<String, serde_json::Value> = capacities
-                .iter()
-                .map(|(k, (r, _))| (k.to_string(), serde_json::json!(r)))
-                .collect();
-            m.insert("capacity_rps_by_scenario".into(), by.into());
-        }
-        m.insert(
-            "backend_quota".into(),
-            serde_json::to_value(&quota).map_err(io::Error::other)?,
-        );
-        if let Some(c) = &calibration {
-            m.insert("calibration".into(), c.clone());
-        }
-        m.insert(
-            "objective".into(),
-            serde_json::to_value(&objective).map_err(io::Error::other)?,
-        );
-        m.insert("objective_rule".into(), objective_rule.clone().into());
-        // What the lab passes each farside proxy beyond addresses, workers and monitor
-        // flags (the rest is the product's defaults, or --proxy-arg, appended after).
-        let by: serde_json::Map<String, serde_json::Value> = a
-            .systems
-            .iter()
-            .filter(|s| *s != "haproxy")
-            .map(|s| {
-                let limit = match s.as_str() {
-                    "no-ac" => None,
-                    "onesided-delay" => Some(objective.delay_budget_max),
-                    _ => limits.first().copied(),
-                };
-                let mut v = objective_proxy_args(&a, s, limit, &objective);
-                v.extend(a.proxy_args.iter().cloned());
-                (s.clone(), serde_json::json!(v))
-            })
-            .collect();
-        m.insert("proxy_args_by_system".into(), by.into());
-        if a.systems.iter().any(|s| s == "haproxy") {
-            let cfg = haproxy_config(
-                &a,
-                SocketAddr::new(LOCALHOST, 0),
-                &vec![SocketAddr::new(LOCALHOST, 0); a.backends],
-            );
-            m.insert("haproxy_config".into(), cfg.symbolic().render().into());
-        }
-    }
-    meta.settings = privileged_settings(
+    let meta = metadata(
         &a,
-        euid == 0,
-        nice_floor(),
-        crate::fabric::procs::allowed_cpus().len(),
-    );
-    if let Some(why) = open_skipped {
-        meta.settings
-            .insert("open_loop".into(), Setting::not_applied("both", &why));
-    }
-    meta.notes.extend(calibration_notes);
-    if a.quick {
-        meta.notes.push(format!(
-            "quick run: {duration_s} s points after {warmup_s} s of warm-up, for demos; not for comparison"
-        ));
-    }
+        Settled {
+            euid,
+            clients: &clients,
+            rates: &rates,
+            limits: &limits,
+            rule: &rule,
+            duration_s,
+            warmup_s,
+            capacities: &capacities,
+            calibrated: calibrated.as_ref(),
+            calibration: calibration.as_ref(),
+            quota: &quota,
+            objective: &objective,
+            objective_rule: &objective_rule,
+            open_skipped,
+            calibration_notes,
+        },
+    )?;
     let mut sweep = Sweep::<Admission>::start(&dir, meta, a.resume.is_some())?;
 
     let keys = keys(&a, &limits, objective.delay_budget_max, &clients, &rates);
