@@ -11,19 +11,11 @@
 //! | file | content |
 //! |---|---|
 //! | `summary.json` | [`Summary`], pretty JSON, without per-run extras (series, samples) |
-//! | [`Experiment::files`] | the experiment's CSV files (and `table.txt`, series), see below |
+//! | [`Experiment::files`] | the experiment's CSV files (and `table.txt`, series) |
 //! | [`Experiment::figures`] | its SVG figures |
 //! | `report.html` | title, run metadata and warnings, parameters, the experiment's tables, figures inlined, notes |
 //!
-//! The experiments' files:
-//!
-//! | experiment | files |
-//! |---|---|
-//! | admission | `points.csv` (one row per point), `series-<system>[-limit<N>]-<trace>-<clients>.csv` (per-second series; `-limit<N>` when several limits were swept), `fig-avg-<trace>.svg`, `fig-tps-<trace>.svg`, `fig-slow-<trace>.svg` (Fig. 5, 9, 10; error bars ± 1 sd over repeats), `fig-rt-goodput-<trace>.svg` (across `--limits`), `fig-requests-<trace>.svg` (Fig. 6), `fig-series-rt-<trace>.svg`, `fig-series-drop-<trace>.svg` (Fig. 7) |
-//! | probe | `probe.csv`, `fig-probe-p99-<size>B.svg`, `fig-probe-p50-<size>B.svg`, `fig-probe-size-load<N>.svg` (Fig. 4a) |
-//! | faults | `faults.csv`, `table.txt` |
-//! | reconfig | `reconfig.csv`, `table.txt`, per-point series, `fig7-tps-<scenario>.svg`, `fig8-nodes-<scenario>-L<burst>.svg`, `fig9-…` (seed 001's Fig. 7-9) |
-//! | speculative | `speculative.csv`, `table.txt`, `fig-spec-conn-<panel>.svg`, `fig-spec-rt-<panel>.svg` (seed 002's Fig. 1-3) |
+//! Each experiment's module doc lists its own files.
 //!
 //! Everything is a pure function of the [`Summary`]: the same input gives
 //! byte-identical files.

@@ -3,6 +3,13 @@
 //! where-time-went tables; `points.csv` and the per-second series; the figures of the
 //! paper's Fig. 5-10. Where several points share a label, trace and client count, the
 //! first one is used in tables and figures.
+//!
+//! Files: `points.csv` (one row per point, always), `series-<system>[-limit<N>]-<trace>-
+//! <clients>.csv` (per-second series; `-limit<N>` when several limits were swept),
+//! `fig-avg-<trace>.svg`, `fig-tps-<trace>.svg`, `fig-slow-<trace>.svg` (Fig. 5, 9, 10;
+//! error bars ± 1 sd over repeats), `fig-rt-goodput-<trace>.svg` (across `--limits`),
+//! `fig-requests-<trace>.svg` (Fig. 6), `fig-series-rt-<trace>.svg`,
+//! `fig-series-drop-<trace>.svg` (Fig. 7).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;

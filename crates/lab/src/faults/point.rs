@@ -1,5 +1,7 @@
 //! The point of `lab faults` ([`FaultRow`]: what the clients saw during one injected
 //! fault), how repeats combine, and its report: the table, the targets and `faults.csv`.
+//!
+//! Files: `faults.csv`, `table.txt`.
 
 use super::*;
 

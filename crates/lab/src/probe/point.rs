@@ -1,6 +1,9 @@
 //! The point of `lab probe` ([`ProbePoint`]: one transport, background load and read
 //! size) and its part of the report: the latency table, `probe.csv` and the latency
 //! figures.
+//!
+//! Files: `probe.csv`, `fig-probe-p99-<size>B.svg`, `fig-probe-p50-<size>B.svg`,
+//! `fig-probe-size-load<N>.svg` (Fig. 4a).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;

@@ -1,6 +1,9 @@
 //! `lab reconfig`'s tables (per scenario and system, and the sweep of the history
 //! window T), `reconfig.csv` and the per-point series files; the figures are in
 //! [`super::figures`].
+//!
+//! Files: `reconfig.csv`, `table.txt`, one series file per point, `fig7-tps-<scenario>.svg`,
+//! `fig8-nodes-<scenario>-L<burst>.svg`, `fig9-…` (seed 001's Fig. 7-9).
 
 use super::*;
 

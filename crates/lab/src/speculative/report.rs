@@ -1,6 +1,9 @@
 //! `lab speculative`'s part of the report: the table per panel, peaks and break-even
 //! rates, `speculative.csv` and the conn/s and response-time figures (seed 002's
 //! Fig. 1-3).
+//!
+//! Files: `speculative.csv`, `table.txt`, `fig-spec-conn-<panel>.svg`,
+//! `fig-spec-rt-<panel>.svg`.
 
 use super::*;
 
