@@ -21,7 +21,7 @@ use std::time::Duration;
 
 mod common;
 use common::{eventually, exe, free_addr, metrics_raw, spawn, Dir};
-use farside_lab::procs::Child;
+use farside_lab::fabric::procs::Child;
 
 /// Bound on start-up waits (ports, first records).
 const WAIT: Duration = Duration::from_secs(10);

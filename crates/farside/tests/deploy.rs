@@ -224,7 +224,7 @@ fn unit_files_verify_and_run_the_checks_first() {
 #[ignore = "needs root: run with `cargo test -p farside -- --include-ignored` as root"]
 fn walkthrough_runs_the_units_commands_across_namespaces() {
     assert!(
-        farside_lab::netns::is_root(),
+        farside_lab::fabric::netns::is_root(),
         "needs root: run as root (`cargo test -p farside -- --include-ignored`)"
     );
     if let Err(e) = farside_lab::nginx::find_binary() {

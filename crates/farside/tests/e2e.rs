@@ -1,7 +1,7 @@
 //! End-to-end behaviour of the real `farside` processes: backend + gatherd + proxy (and
 //! monitor), talking over loopback and shared memory, as an operator would run them.
 
-use farside_lab::procs::Child;
+use farside_lab::fabric::procs::Child;
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -470,7 +470,7 @@ fn lab_admission_writes_summary_with_stable_keys_and_report() {
 /// Fails loudly when a root test was asked to run without root (`--include-ignored`).
 fn require_root() {
     assert!(
-        farside_lab::netns::is_root(),
+        farside_lab::fabric::netns::is_root(),
         "needs root: run as root (`cargo test -p farside -- --include-ignored`)"
     );
 }

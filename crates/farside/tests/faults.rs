@@ -2,7 +2,7 @@
 //! `farside proxy` process in front of small in-test back-ends whose every request and
 //! connection is counted.
 
-use farside_lab::procs::Child;
+use farside_lab::fabric::procs::Child;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;

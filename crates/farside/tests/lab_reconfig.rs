@@ -17,7 +17,10 @@ fn summary(out: &Path) -> serde_json::Value {
 fn bad_hosts_and_transports_are_refused_with_the_reason() {
     let dir = Dir::new("reconfig-refused");
     for (args, want) in [
-        (&["--hosts", "cloud"][..], "--hosts cloud"),
+        (
+            &["--hosts", "cloud"][..],
+            "invalid value 'cloud' for '--hosts",
+        ),
         (
             &["--hosts", "loopback", "--transport", "xdp"][..],
             "no XDP on lo",
@@ -87,7 +90,7 @@ fn check_move_timings(reconf: &serde_json::Value) {
 #[test]
 #[ignore = "needs root: run with `cargo test -p farside -- --include-ignored` as root"]
 fn netns_reconf_moves_a_node_to_the_loaded_site() {
-    assert!(farside_lab::netns::is_root(), "needs root");
+    assert!(farside_lab::fabric::netns::is_root(), "needs root");
     let dir = Dir::new("reconfig-netns");
     let out = dir.0.join("out");
     // 2 sites on 4 nodes of 10% of a CPU each; 1 ms of CPU per request makes a node
@@ -192,7 +195,7 @@ fn netns_reconf_moves_a_node_to_the_loaded_site() {
 #[ignore = "needs root: run with `cargo test -p farside -- --include-ignored` as root"]
 fn loopback_reconf_moves_a_node_over_shm_with_per_node_quotas() {
     assert!(
-        farside_lab::netns::is_root(),
+        farside_lab::fabric::netns::is_root(),
         "needs root (a cgroup per node)"
     );
     let dir = Dir::new("reconfig-loopback");

@@ -272,7 +272,7 @@ fn scenario_flags_are_checked_before_anything_starts() {
 #[test]
 #[ignore = "needs root: run with `cargo test -p farside -- --include-ignored` as root"]
 fn netns_runs_haproxy_and_onesided_ac_across_proxies_and_a_capacity_change() {
-    assert!(farside_lab::netns::is_root(), "needs root");
+    assert!(farside_lab::fabric::netns::is_root(), "needs root");
     if !has_haproxy("netns_runs_haproxy_and_onesided_ac_across_proxies_and_a_capacity_change") {
         return;
     }
@@ -312,7 +312,7 @@ fn netns_runs_haproxy_and_onesided_ac_across_proxies_and_a_capacity_change() {
 #[test]
 #[ignore = "needs root and nginx: run with `cargo test -p farside -- --include-ignored` as root"]
 fn nginx_in_netns_runs_inside_a_short_period_cpu_quota_with_a_calibrated_capacity() {
-    assert!(farside_lab::netns::is_root(), "needs root");
+    assert!(farside_lab::fabric::netns::is_root(), "needs root");
     if let Err(e) = farside_lab::nginx::find_binary() {
         panic!("needs nginx (scripts/setup.sh installs nginx-light): {e}");
     }
@@ -331,11 +331,11 @@ fn nginx_in_netns_runs_inside_a_short_period_cpu_quota_with_a_calibrated_capacit
     );
     let p = &s["params"];
     // The default quota for 2 nginx back-ends: 10 % of a CPU each, in a 10 ms period.
-    let (quota_us, period_us) = farside_lab::netns::cpu_quota_period(10);
+    let (quota_us, period_us) = farside_lab::fabric::netns::cpu_quota_period(10);
     assert_eq!(p["backend_quota"]["pct"], 10, "{}", p["backend_quota"]);
     assert_eq!(p["backend_quota"]["quota_us"], quota_us);
     assert_eq!(p["backend_quota"]["period_us"], period_us);
-    assert_eq!(period_us, farside_lab::netns::CPU_PERIOD_US);
+    assert_eq!(period_us, farside_lab::fabric::netns::CPU_PERIOD_US);
     assert!(
         s["settings"]["cgroups"]["requested"]
             .as_str()

@@ -60,7 +60,7 @@ fn processes_with(needle: &str) -> Vec<String> {
 #[test]
 #[ignore = "needs root: run with `cargo test -p farside -- --include-ignored` as root"]
 fn netns_spec32_point_migrates_and_loses_no_connection() {
-    assert!(farside_lab::netns::is_root(), "needs root");
+    assert!(farside_lab::fabric::netns::is_root(), "needs root");
     let dir = Dir::new("speculative-spec32");
     let out = dir.0.join("out");
     // One node: 20 % of a CPU at 2 ms per request, ~98 conn/s. 250 conn/s at 75/25 offers
@@ -207,7 +207,7 @@ fn curl_vip(ns: &str) -> Option<Vec<u8>> {
 #[test]
 #[ignore = "needs root and curl: run with `cargo test -p farside -- --include-ignored` as root"]
 fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
-    assert!(farside_lab::netns::is_root(), "needs root");
+    assert!(farside_lab::fabric::netns::is_root(), "needs root");
     let dir = Dir::new("speculative-netns");
     let out = dir.0.join("out");
     // One node: 20 % of a CPU at 2 ms per request, ~98 conn/s; per line one closed-loop
@@ -238,7 +238,7 @@ fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
         .spawn()
         .unwrap();
     // The lab names its run after its pid (`VirtualDc` run id `s<pid % 100000>`).
-    let prefix = farside_lab::netns::netns_name(&format!("s{}", lab.id() % 100_000), "");
+    let prefix = farside_lab::fabric::netns::netns_name(&format!("s{}", lab.id() % 100_000), "");
     let client_ns = format!("{prefix}client");
     let t0 = Instant::now();
     let mut page = None;
@@ -328,7 +328,7 @@ fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
     );
     // The tiers are pinned as in lab admission: the front on the first CPU.
     let pin = s["params"]["pin"].as_str().unwrap();
-    if farside_lab::procs::allowed_cpus().len() >= 2 {
+    if farside_lab::fabric::procs::allowed_cpus().len() >= 2 {
         assert!(pin.starts_with("client and front-end on CPU"), "{pin}");
     }
     let notes = s["notes"].to_string();
@@ -357,9 +357,9 @@ fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
     // Cleanup: no namespace and no state file of the run left (`farside lab clean`
     // reads those state files after a crash), no process in the run's namespaces.
     assert!(namespaces(&prefix).is_empty(), "{:?}", namespaces(&prefix));
-    let run_id = prefix.trim_start_matches(farside_lab::netns::NETNS_PREFIX);
+    let run_id = prefix.trim_start_matches(farside_lab::fabric::netns::NETNS_PREFIX);
     let run_id = run_id.trim_end_matches('-');
-    let states: Vec<String> = std::fs::read_dir(farside_lab::netns::STATE_DIR)
+    let states: Vec<String> = std::fs::read_dir(farside_lab::fabric::netns::STATE_DIR)
         .map(|d| {
             d.filter_map(|e| e.ok())
                 .map(|e| e.file_name().to_string_lossy().into_owned())

@@ -3,8 +3,8 @@
 //! one-sided reads with its XDP responder, and a proxy's monitor in another node follows
 //! the load record over udp, then sees it go stale when the gatherd dies.
 
-use farside_lab::netns::{is_root, NodeSpec, VirtualDc};
-use farside_lab::procs::Child;
+use farside_lab::fabric::netns::{is_root, NodeSpec, VirtualDc};
+use farside_lab::fabric::procs::Child;
 use farside_proxy::config::{BackendConfig, ProxyConfig};
 use farside_proxy::control::{Control, Load};
 use farside_proxy::gate::Reject;

@@ -6,7 +6,7 @@
 mod common;
 
 use common::{eventually, free_addr, get_raw, metrics_raw, spawn, strings, Dir};
-use farside_lab::procs::Child;
+use farside_lab::fabric::procs::Child;
 use farside_reconf::words::{W_ROLE_EPOCH, W_ROLE_ERROR, W_ROLE_SERVED, W_ROLE_WANTED};
 use farside_reconf::Role;
 use farside_rmem::{connect, ClientOptions, Endpoint, RemoteMemory};

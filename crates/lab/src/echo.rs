@@ -3,7 +3,7 @@
 //! veth path, bridge and RPS steering the region reads take, answered by the back-end
 //! node's kernel in softirq, with no program of ours on either side of the answer. A
 //! one-sided read (XDP) can be no faster than this; what it costs above it is the read's
-//! own path (issue "Scale and speed", item 13).
+//! own path.
 //!
 //! The prober waits for the reply exactly as it waits for a region read
 //! (`farside_rmem::ClientOptions::spin`: poll without sleeping for up to `spin`, then

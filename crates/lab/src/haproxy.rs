@@ -14,7 +14,7 @@
 //! The lab writes the configuration ([`HaproxyConfig::render`]); the same text with
 //! symbolic addresses is in `summary.json` (`params.haproxy_config`) and the report.
 
-use crate::procs::Child;
+use crate::fabric::procs::Child;
 use std::fmt::Write as _;
 use std::io;
 use std::net::SocketAddr;

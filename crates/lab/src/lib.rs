@@ -10,26 +10,34 @@
 //! - [`reconfig`]: seed 001's reconfiguration experiment (`lab reconfig`)
 //! - [`speculative`]: seed 002's speculative connection admission (`lab speculative`;
 //!   first version: the baselines)
-//! - [`procs`]: child-process supervision for the lab's nodes
+//! - [`error`]: the lab's own failures ([`error::LabError`])
+//! - [`fabric`]: what every experiment runs on: the nodes' processes
+//!   ([`fabric::procs`]), the namespaces of `--hosts netns` ([`fabric::netns`]) and the
+//!   one wait for a node to listen ([`fabric::wait_port`])
 //! - [`nginx`]: real nginx as a back-end
+//! - [`experiment`]: what an experiment is to the sweep runner and the report shell
+//!   (its point type, how repeats combine, its tables, CSV files and figures)
 //! - [`sweep`]: the one sweep runner every experiment uses (repeats, progress with ETA,
 //!   `points.jsonl` appended per run, `--resume`, run metadata)
-//! - [`summary`], [`report`], [`svg`]: the stable result format and its renderings
-//!   (`farside lab report DIR` re-renders them from a kept run)
+//! - [`summary`], [`report`], [`svg`]: the stable result format and the report shell
+//!   (`farside lab report DIR` re-renders a kept run, [`regenerate_any`])
 //!
-//! A new experiment is its own set-up and point function: it lists its point keys and
-//! hands [`sweep::Sweep::run`] a closure that measures one; see `admission` and `probe`.
+//! A new experiment is a module of its own: its set-up and point function (it lists its
+//! point keys and hands [`sweep::Sweep::run`] a closure that measures one) and an
+//! implementation of [`experiment::Experiment`]; see `admission` and `probe`. It is
+//! named here only, in [`LabCmd`] and [`regenerate_any`].
 //! User documentation: `farside lab <command> --help` and `docs/lab.md`.
 
 pub mod admission;
 pub mod echo;
+pub mod error;
+pub mod experiment;
+pub mod fabric;
 pub mod faults;
 pub mod flood;
 pub mod haproxy;
-pub mod netns;
 pub mod nginx;
 pub mod probe;
-pub mod procs;
 pub mod promtext;
 pub mod reconfig;
 pub mod report;
@@ -59,7 +67,7 @@ pub enum LabCmd {
     Probe(probe::ProbeArgs),
     /// Fault injection into a loaded tier: gatherd restart, back-end stop and kill,
     /// proxy restart (drain) and reload; answered / refused / failed / hung requests
-    /// and time to a fresh view per fault (issue 8 item 9).
+    /// and time to a fresh view per fault.
     Faults(faults::FaultsArgs),
     /// Seed 001's shared data-center: rigid vs overprovisioned vs reconf (balancers in
     /// the proxies move back-end nodes between sites by remote CAS) under bursts of
@@ -87,11 +95,13 @@ pub struct ReportArgs {
     pub dir: std::path::PathBuf,
 }
 
+use experiment::Experiment as _;
+
 /// Run a `farside lab` command.
 pub fn run(a: LabArgs) -> std::io::Result<()> {
-    procs::install_interrupt_handler()?;
+    fabric::procs::install_interrupt_handler()?;
     let r = run_cmd(a);
-    if r.is_err() && procs::interrupted() {
+    if r.is_err() && fabric::procs::interrupted() {
         // The interrupt handler is cleaning up and will exit with 130; the error is a
         // consequence of that clean-up (children killed), not news.
         loop {
@@ -101,16 +111,47 @@ pub fn run(a: LabArgs) -> std::io::Result<()> {
     r
 }
 
+/// Re-render every output of the kept run in `dir` (`farside lab report DIR`) and print
+/// its table to `w`; the experiment is the one its `summary.json` names. Returns the
+/// files written.
+pub fn regenerate_any(
+    dir: &std::path::Path,
+    w: &mut impl std::io::Write,
+) -> std::io::Result<Vec<std::path::PathBuf>> {
+    fn render<E: experiment::Experiment>(
+        dir: &std::path::Path,
+        w: &mut impl std::io::Write,
+    ) -> std::io::Result<Vec<std::path::PathBuf>> {
+        let (s, files) = sweep::regenerate::<E>(dir)?;
+        report::print_table::<E>(&s, w)?;
+        Ok(files)
+    }
+    let kept: summary::Summary<serde::de::IgnoredAny> = sweep::read_summary(dir)?;
+    match kept.experiment.as_str() {
+        admission::Admission::NAME => render::<admission::Admission>(dir, w),
+        probe::Probe::NAME => render::<probe::Probe>(dir, w),
+        faults::Faults::NAME => render::<faults::Faults>(dir, w),
+        reconfig::Reconfig::NAME => render::<reconfig::Reconfig>(dir, w),
+        speculative::Speculative::NAME => render::<speculative::Speculative>(dir, w),
+        other => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{}: unknown experiment {other:?} (not a lab output directory?)",
+                dir.join(sweep::SUMMARY_FILE).display()
+            ),
+        )),
+    }
+}
+
 fn run_cmd(a: LabArgs) -> std::io::Result<()> {
     match a.cmd {
-        LabCmd::Admission(x) => admission::run(x),
-        LabCmd::Probe(x) => probe::run(x),
-        LabCmd::Faults(x) => faults::run(x),
-        LabCmd::Reconfig(x) => reconfig::run(x),
-        LabCmd::Speculative(x) => speculative::run(x),
+        LabCmd::Admission(x) => admission::Admission::run(x),
+        LabCmd::Probe(x) => probe::Probe::run(x),
+        LabCmd::Faults(x) => faults::Faults::run(x),
+        LabCmd::Reconfig(x) => reconfig::Reconfig::run(x),
+        LabCmd::Speculative(x) => speculative::Speculative::run(x),
         LabCmd::Report(x) => {
-            let (s, files) = sweep::regenerate(&x.dir)?;
-            report::print_table(&s, &mut std::io::stdout())?;
+            let files = regenerate_any(&x.dir, &mut std::io::stdout())?;
             eprintln!(
                 "lab report: wrote {} files to {}",
                 files.len(),
@@ -119,7 +160,7 @@ fn run_cmd(a: LabArgs) -> std::io::Result<()> {
             Ok(())
         }
         LabCmd::Clean => {
-            print!("{}", netns::clean_all()?);
+            print!("{}", fabric::netns::clean_all()?);
             Ok(())
         }
     }

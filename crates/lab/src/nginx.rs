@@ -237,11 +237,11 @@ impl Nginx {
         )?;
         let stderr = std::fs::File::create(prefix.join("stderr.log"))?;
         let mut cmd = Command::new(&binary);
-        let set = cfg.cpus.as_deref().map(crate::procs::cpu_set);
+        let set = cfg.cpus.as_deref().map(crate::fabric::procs::cpu_set);
         // SAFETY: only async-signal-safe calls between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                crate::procs::reset_signal_mask();
+                crate::fabric::procs::reset_signal_mask();
                 if let Some(set) = &set {
                     if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0
                     {
@@ -280,10 +280,11 @@ impl Nginx {
                 .and_then(|c| c.try_wait().ok().flatten())
             {
                 guard.child = None;
-                return Err(io::Error::other(format!(
-                    "nginx exited during start ({status}); {}",
-                    guard.log_tail()
-                )));
+                return Err(crate::error::LabError::NginxExited {
+                    status,
+                    log_tail: guard.log_tail(),
+                }
+                .into());
             }
             if probe(addr) {
                 return Ok(guard);

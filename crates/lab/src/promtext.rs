@@ -23,10 +23,11 @@ pub fn scrape(addr: SocketAddr) -> io::Result<String> {
     s.take(SCRAPE_BYTES_MAX).read_to_string(&mut raw)?;
     match raw.split_once("\r\n\r\n") {
         Some((head, body)) if head.starts_with("HTTP/1.1 200") => Ok(body.to_string()),
-        _ => Err(io::Error::other(format!(
-            "{addr}/metrics: unexpected reply: {}",
-            raw.lines().next().unwrap_or("(empty)")
-        ))),
+        _ => Err(crate::error::LabError::Metrics {
+            addr,
+            first_line: raw.lines().next().unwrap_or("(empty)").to_string(),
+        }
+        .into()),
     }
 }
 

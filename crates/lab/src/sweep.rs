@@ -4,13 +4,14 @@
 //!
 //! - **points and repeats**: the experiment lists its point keys (any `Serialize` value,
 //!   e.g. `{system, trace, limit, clients}`); every key is run `repeat` times and the
-//!   runs are combined ([`AnyPoint::combine`]: means, sums, standard deviations; an
+//!   runs are combined ([`LabPoint::combine`]: means, sums, standard deviations; an
 //!   admission point's times and percentiles from the exact merge of the runs' loadgen
 //!   summaries, which each record keeps);
 //! - **progress**: one line per run with the runs done, elapsed time and an ETA from the
 //!   runs measured so far;
 //! - **append to disk**: each run is appended to `points.jsonl` ([`Record`], one JSON
-//!   object a line, series and per-request samples included) as soon as it finishes, so
+//!   object a line, the point's extras such as series and per-request samples included) as
+//!   soon as it finishes, so
 //!   a broken sweep loses at most the run in progress;
 //! - **resume**: [`Sweep::start`] with `resume` reads `summary.json` and `points.jsonl`
 //!   back, refuses if the effective settings differ, and [`Sweep::run`] skips the runs
@@ -20,15 +21,18 @@
 //!   settings (`settings`), then rewritten when the sweep ends;
 //! - **outputs**: [`Sweep::finish`] and `farside lab report DIR` both call
 //!   [`regenerate`], which rebuilds the summary from the two files and renders the
-//!   table, CSV, plots and `report.html` (`report::write_all`): what a run printed can
-//!   always be re-derived from what it kept.
+//!   table, CSV, plots and `report.html` (the report shell, [`crate::report`], with the
+//!   experiment's parts): what a run printed can always be re-derived from what it kept.
+//!
+//! The runner is generic over the [`Experiment`]: it names none.
 //!
 //! A point function gets the key and the repeat index and returns the measured point;
 //! state it needs across points (a running tier, background load) lives in its closure
 //! and is set up lazily, so a resumed sweep starts exactly what its remaining points need.
 
+use crate::experiment::{Experiment, LabPoint};
 use crate::report;
-use crate::summary::{AnyPoint, SecondPoint, Summary};
+use crate::summary::Summary;
 use serde::{Deserialize, Serialize};
 use std::io::{self, BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -41,22 +45,18 @@ pub const SUMMARY_FILE: &str = "summary.json";
 
 /// One finished run of one point: a line of `points.jsonl`.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
-pub struct Record {
+#[serde(bound = "P: LabPoint")]
+pub struct Record<P: LabPoint> {
     /// The point's key as the experiment gave it.
     pub key: serde_json::Value,
     /// Repeat index, 0-based.
     pub run: u32,
-    /// The measured point (without its series and request samples: they follow).
-    pub point: AnyPoint,
-    /// Per-second series of an admission point.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub series: Vec<SecondPoint>,
-    /// Thinned per-request samples of an admission point (Fig. 6).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub requests: Vec<(f64, f64)>,
-    /// The loadgen's summary of an admission run (histograms for exact merging).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loadgen: Option<farside_loadgen::Summary>,
+    /// The measured point (without its extras: they follow).
+    pub point: P,
+    /// What the point keeps beside it ([`LabPoint::Extra`]: an admission point's series,
+    /// request samples and loadgen summary), as keys of the record.
+    #[serde(flatten)]
+    pub extra: P::Extra,
     /// CPU time the hypervisor took from this machine's CPUs while the run was measured
     /// (`/proc/stat` steal), so a run hit by the host shows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -145,68 +145,52 @@ fn read_steal_ticks() -> Vec<u64> {
         .unwrap_or_default()
 }
 
-impl Record {
-    /// A record of `point`, its series and samples moved out (they are not part of the
-    /// point's JSON form).
-    pub fn new(key: serde_json::Value, run: u32, mut point: AnyPoint) -> Record {
-        let (series, requests, loadgen) = match &mut point {
-            AnyPoint::Admission(p) => (
-                std::mem::take(&mut p.series),
-                std::mem::take(&mut p.requests),
-                p.loadgen.take(),
-            ),
-            AnyPoint::Probe(_)
-            | AnyPoint::Fault(_)
-            | AnyPoint::Reconfig(_)
-            | AnyPoint::Speculative(_) => (Vec::new(), Vec::new(), None),
-        };
+impl<P: LabPoint> Record<P> {
+    /// A record of `point`, its extras moved out (they are not part of the point's JSON
+    /// form).
+    pub fn new(key: serde_json::Value, run: u32, mut point: P) -> Record<P> {
+        let extra = point.take_extra();
         Record {
             key,
             run,
             point,
-            series,
-            requests,
-            loadgen,
+            extra,
             steal: None,
         }
     }
 
-    /// The point with its series and samples back in place.
-    pub fn into_point(self) -> AnyPoint {
+    /// The point with its extras back in place.
+    pub fn into_point(self) -> P {
         let mut point = self.point;
-        if let AnyPoint::Admission(p) = &mut point {
-            p.series = self.series;
-            p.requests = self.requests;
-            p.loadgen = self.loadgen;
-        }
+        point.put_extra(self.extra);
         point
     }
 }
 
 /// A sweep in progress: its output directory, metadata and the runs on disk.
-pub struct Sweep {
+pub struct Sweep<E: Experiment> {
     dir: PathBuf,
-    meta: Summary,
-    done: Vec<Record>,
+    meta: Summary<E::Point>,
+    done: Vec<Record<E::Point>>,
     file: std::fs::File,
     t0: Instant,
     /// Wall-clock seconds spent by earlier attempts of a resumed sweep.
     earlier_s: f64,
 }
 
-impl Sweep {
+impl<E: Experiment> Sweep<E> {
     /// Start a sweep in `dir` with the metadata `meta` (no points; `params` must hold the
     /// effective settings). Fresh: writes `summary.json` and an empty `points.jsonl`
     /// (replacing a previous sweep's). `resume`: reads both back and refuses when
     /// `experiment`, `hosts`, `quick`, `seed` or `params` differ from the kept run.
-    pub fn start(dir: &Path, mut meta: Summary, resume: bool) -> io::Result<Sweep> {
+    pub fn start(dir: &Path, mut meta: Summary<E::Point>, resume: bool) -> io::Result<Sweep<E>> {
         std::fs::create_dir_all(dir)?;
         meta.points.clear();
         meta.finished = false;
         let mut done = Vec::new();
         let mut earlier_s = 0.0;
         if resume {
-            let kept = read_summary(dir)?;
+            let kept: Summary<E::Point> = read_summary(dir)?;
             let diffs = settings_diff(&kept, &meta);
             if !diffs.is_empty() {
                 return Err(io::Error::new(
@@ -322,7 +306,7 @@ impl Sweep {
         repeat: u32,
         est_run_s: f64,
         label: impl Fn(&K) -> String,
-        mut point: impl FnMut(&K, u32) -> io::Result<AnyPoint>,
+        mut point: impl FnMut(&K, u32) -> io::Result<E::Point>,
     ) -> io::Result<()> {
         let repeat = repeat.max(1);
         let keyed: Vec<serde_json::Value> = keys
@@ -391,11 +375,11 @@ impl Sweep {
 
     /// Mark the sweep finished, then regenerate every output from the files on disk (as
     /// `farside lab report DIR` does) and print the table. Returns the combined summary.
-    pub fn finish(mut self) -> io::Result<Summary> {
+    pub fn finish(mut self) -> io::Result<Summary<E::Point>> {
         self.meta.finished = true;
         self.write_meta()?;
-        let (summary, files) = regenerate(&self.dir)?;
-        report::print_table(&summary, &mut io::stdout())?;
+        let (summary, files) = regenerate::<E>(&self.dir)?;
+        report::print_table::<E>(&summary, &mut io::stdout())?;
         eprintln!(
             "lab {}: wrote {} files to {} (open report.html; `farside lab report {}` renders them again)",
             summary.experiment,
@@ -431,7 +415,7 @@ fn remove_outputs(dir: &Path) -> io::Result<usize> {
 }
 
 /// Differences between the kept run's settings and `now`'s, as `key: kept → now`.
-pub fn settings_diff(kept: &Summary, now: &Summary) -> Vec<String> {
+pub fn settings_diff<P, Q>(kept: &Summary<P>, now: &Summary<Q>) -> Vec<String> {
     let mut out = Vec::new();
     let mut cmp = |name: &str, a: serde_json::Value, b: serde_json::Value| {
         if a != b {
@@ -462,7 +446,7 @@ pub fn settings_diff(kept: &Summary, now: &Summary) -> Vec<String> {
 }
 
 /// `summary.json` of `dir`, with a clear error when it is missing or unreadable.
-pub fn read_summary(dir: &Path) -> io::Result<Summary> {
+pub fn read_summary<P: serde::de::DeserializeOwned>(dir: &Path) -> io::Result<Summary<P>> {
     let path = dir.join(SUMMARY_FILE);
     let text = std::fs::read_to_string(&path).map_err(|e| {
         io::Error::new(
@@ -480,7 +464,7 @@ pub fn read_summary(dir: &Path) -> io::Result<Summary> {
 
 /// The records of `dir/points.jsonl`. A last line cut off by a crash is skipped with a
 /// warning; a bad line elsewhere is an error naming it.
-pub fn read_records(dir: &Path) -> io::Result<Vec<Record>> {
+pub fn read_records<P: LabPoint>(dir: &Path) -> io::Result<Vec<Record<P>>> {
     let path = dir.join(POINTS_FILE);
     let f = match std::fs::File::open(&path) {
         Ok(f) => f,
@@ -493,7 +477,7 @@ pub fn read_records(dir: &Path) -> io::Result<Vec<Record>> {
         if line.trim().is_empty() {
             continue;
         }
-        match serde_json::from_str::<Record>(line) {
+        match serde_json::from_str::<Record<P>>(line) {
             Ok(r) => out.push(r),
             // A line that does not end its object is a run cut off mid-write by a crash
             // (a resume then appended after it): that run is simply not done.
@@ -516,7 +500,7 @@ pub fn read_records(dir: &Path) -> io::Result<Vec<Record>> {
 /// The summary of `dir` with its points rebuilt from `points.jsonl`: runs of one key
 /// combined, keys in order of first appearance. Without `points.jsonl` (a run kept by an
 /// older lab) the points of `summary.json` are used as they are.
-pub fn load(dir: &Path) -> io::Result<Summary> {
+pub fn load<P: LabPoint>(dir: &Path) -> io::Result<Summary<P>> {
     let mut s = read_summary(dir)?;
     if !dir.join(POINTS_FILE).exists() {
         // A run kept before points.jsonl existed: its summary.json holds the combined
@@ -533,10 +517,10 @@ pub fn load(dir: &Path) -> io::Result<Summary> {
     s.points = keys
         .iter()
         .map(|k| {
-            let mut runs: Vec<&Record> = records.iter().filter(|r| &r.key == *k).collect();
+            let mut runs: Vec<&Record<P>> = records.iter().filter(|r| &r.key == *k).collect();
             runs.sort_by_key(|r| r.run);
-            let points: Vec<AnyPoint> = runs.into_iter().map(|r| r.clone().into_point()).collect();
-            AnyPoint::combine(&points)
+            let points: Vec<P> = runs.into_iter().map(|r| r.clone().into_point()).collect();
+            P::combine(&points)
         })
         .collect();
     for r in &records {
@@ -564,15 +548,15 @@ pub fn load(dir: &Path) -> io::Result<Summary> {
 
 /// Re-render every output of `dir` from its `summary.json` and `points.jsonl` without
 /// running anything (`farside lab report DIR`). Returns the summary and the files written.
-pub fn regenerate(dir: &Path) -> io::Result<(Summary, Vec<PathBuf>)> {
-    let s = load(dir)?;
-    let files = report::write_all(&s, dir)?;
+pub fn regenerate<E: Experiment>(dir: &Path) -> io::Result<(Summary<E::Point>, Vec<PathBuf>)> {
+    let s = load::<E::Point>(dir)?;
+    let files = report::write_all::<E>(&s, dir)?;
     Ok((s, files))
 }
 
 /// Fill the host and source metadata of `s`: commit and dirty flag, kernel, CPU model,
 /// CPUs.
-pub fn fill_host_metadata(s: &mut Summary) {
+pub fn fill_host_metadata<P>(s: &mut Summary<P>) {
     let (commit, dirty) = source_commit();
     s.commit = commit;
     s.commit_dirty = dirty;
@@ -652,7 +636,9 @@ fn tree_commit() -> (Option<String>, Option<bool>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::summary::{Point, ProbePoint, Setting};
+    use crate::admission::{Admission, Point, SecondPoint};
+    use crate::probe::ProbePoint;
+    use crate::summary::Setting;
 
     fn temp_dir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("farside-sweep-{tag}-{}", std::process::id()));
@@ -680,15 +666,15 @@ mod tests {
         assert!(one_tick.max_share() > STEAL_FLAG_SHARE && !one_tick.flagged());
     }
 
-    fn meta(limit: u64) -> Summary {
+    fn meta(limit: u64) -> Summary<Point> {
         let mut s = Summary::new("admission", "loopback", true);
         s.params = serde_json::json!({ "limit": limit, "duration_s": 1.0 });
         s.seed = Some(1);
         s
     }
 
-    fn point(system: &str, clients: u64, avg_ms: f64) -> AnyPoint {
-        AnyPoint::Admission(Point {
+    fn point(system: &str, clients: u64, avg_ms: f64) -> Point {
+        Point {
             system: system.into(),
             trace: "single".into(),
             clients,
@@ -702,7 +688,7 @@ mod tests {
             }],
             requests: vec![(0.5, avg_ms)],
             ..Point::default()
-        })
+        }
     }
 
     #[derive(Serialize)]
@@ -731,7 +717,7 @@ mod tests {
         let dir = temp_dir("resume");
         let mut calls = Vec::new();
         {
-            let mut sw = Sweep::start(&dir, meta(2), false).unwrap();
+            let mut sw = Sweep::<Admission>::start(&dir, meta(2), false).unwrap();
             // The sweep breaks off after two runs (the third point fails).
             let r = sw.run(
                 &KEYS,
@@ -748,10 +734,10 @@ mod tests {
             );
             assert!(r.is_err());
         }
-        assert_eq!(read_records(&dir).unwrap().len(), 2);
-        assert!(!read_summary(&dir).unwrap().finished);
+        assert_eq!(read_records::<Point>(&dir).unwrap().len(), 2);
+        assert!(!read_summary::<Point>(&dir).unwrap().finished);
         calls.clear();
-        let mut sw = Sweep::start(&dir, meta(2), true).unwrap();
+        let mut sw = Sweep::<Admission>::start(&dir, meta(2), true).unwrap();
         sw.run(
             &KEYS,
             1,
@@ -767,7 +753,8 @@ mod tests {
         let s = sw.finish().unwrap();
         assert!(s.finished);
         let pts: Vec<(String, u64, f64)> = s
-            .admission_points()
+            .points
+            .iter()
             .map(|p| (p.system.clone(), p.clients, p.avg_ms))
             .collect();
         assert_eq!(
@@ -779,7 +766,7 @@ mod tests {
             ]
         );
         // Series and request samples survive the trip through points.jsonl.
-        let p = s.admission_points().next().unwrap();
+        let p = &s.points[0];
         assert_eq!((p.series.len(), p.requests.len()), (1, 1));
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -787,7 +774,7 @@ mod tests {
     #[test]
     fn resume_refuses_changed_settings_with_the_differences() {
         let dir = temp_dir("refuse");
-        let mut sw = Sweep::start(&dir, meta(2), false).unwrap();
+        let mut sw = Sweep::<Admission>::start(&dir, meta(2), false).unwrap();
         sw.run(
             &KEYS[..1],
             1,
@@ -797,19 +784,23 @@ mod tests {
         )
         .unwrap();
         drop(sw);
-        let e = Sweep::start(&dir, meta(4), true).err().unwrap();
+        let e = Sweep::<Admission>::start(&dir, meta(4), true)
+            .err()
+            .unwrap();
         assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
         let msg = e.to_string();
         assert!(msg.contains("limit: 2 → 4"), "{msg}");
         assert!(msg.contains("settings differ"), "{msg}");
         // The kept run is untouched by the refusal.
-        assert_eq!(read_records(&dir).unwrap().len(), 1);
+        assert_eq!(read_records::<Point>(&dir).unwrap().len(), 1);
         let mut quick_changed = meta(2);
         quick_changed.quick = false;
-        let e = Sweep::start(&dir, quick_changed, true).err().unwrap();
+        let e = Sweep::<Admission>::start(&dir, quick_changed, true)
+            .err()
+            .unwrap();
         assert!(e.to_string().contains("quick: true → false"), "{e}");
         // No kept run at all: a clear error too.
-        let e = Sweep::start(&temp_dir("none"), meta(2), true)
+        let e = Sweep::<Admission>::start(&temp_dir("none"), meta(2), true)
             .err()
             .unwrap();
         assert!(e.to_string().contains("summary.json"), "{e}");
@@ -819,7 +810,7 @@ mod tests {
     #[test]
     fn repeats_combine_and_a_cut_off_line_is_skipped() {
         let dir = temp_dir("repeat");
-        let mut sw = Sweep::start(&dir, meta(2), false).unwrap();
+        let mut sw = Sweep::<Admission>::start(&dir, meta(2), false).unwrap();
         sw.run(
             &KEYS[..1],
             2,
@@ -836,12 +827,12 @@ mod tests {
             .unwrap();
         f.write_all(b"{\"key\":{\"system\":\"tcp").unwrap();
         drop(f);
-        let s = load(&dir).unwrap();
-        let p = s.admission_points().next().unwrap();
+        let s = load::<Point>(&dir).unwrap();
+        let p = &s.points[0];
         assert_eq!((p.runs, p.avg_ms), (2, 15.0));
         assert!((p.avg_ms_sd - 50f64.sqrt()).abs() < 1e-9);
         // Resuming ends the fragment and appends after it.
-        let mut sw = Sweep::start(&dir, meta(2), true).unwrap();
+        let mut sw = Sweep::<Admission>::start(&dir, meta(2), true).unwrap();
         sw.run(
             &KEYS,
             2,
@@ -850,7 +841,7 @@ mod tests {
             |k, _| Ok(point(k.system, k.clients, 1.0)),
         )
         .unwrap();
-        assert_eq!(read_records(&dir).unwrap().len(), 6);
+        assert_eq!(read_records::<Point>(&dir).unwrap().len(), 6);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -861,9 +852,9 @@ mod tests {
         let mut s = meta(2);
         s.push(point("no-ac", 4, 3.0));
         std::fs::write(dir.join(SUMMARY_FILE), s.to_json_pretty()).unwrap();
-        let (back, _) = regenerate(&dir).unwrap();
-        assert_eq!(back.admission_points().count(), 1);
-        assert_eq!(load(&dir).unwrap().admission_points().count(), 1);
+        let (back, _) = regenerate::<Admission>(&dir).unwrap();
+        assert_eq!(back.points.len(), 1);
+        assert_eq!(load::<Point>(&dir).unwrap().points.len(), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -874,7 +865,7 @@ mod tests {
         for f in ["fig-old.svg", "series-x-y-1.csv", "points.csv", "notes.txt"] {
             std::fs::write(dir.join(f), "old").unwrap();
         }
-        let _sw = Sweep::start(&dir, meta(2), false).unwrap();
+        let _sw = Sweep::<Admission>::start(&dir, meta(2), false).unwrap();
         for f in ["fig-old.svg", "series-x-y-1.csv", "points.csv"] {
             assert!(!dir.join(f).exists(), "{f} left behind");
         }
@@ -892,7 +883,7 @@ mod tests {
             "control_nice".into(),
             Setting::not_applied(-20, "needs root"),
         );
-        let _sw = Sweep::start(&dir, m, false).unwrap();
+        let _sw = Sweep::<Admission>::start(&dir, m, false).unwrap();
         let v: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join(SUMMARY_FILE)).unwrap())
                 .unwrap();
@@ -945,10 +936,7 @@ mod tests {
             runs: 1,
             ..ProbePoint::default()
         };
-        let c = AnyPoint::combine(&[p(10.0).into(), p(20.0).into()]);
-        let AnyPoint::Probe(c) = c else {
-            panic!("kind kept")
-        };
+        let c = <ProbePoint as LabPoint>::combine(&[p(10.0), p(20.0)]);
         assert_eq!((c.samples, c.timeouts, c.runs, c.p50_us), (20, 2, 2, 15.0));
         assert!((c.p50_us_sd - 50f64.sqrt()).abs() < 1e-9);
     }

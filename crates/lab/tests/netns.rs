@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use farside_lab::netns::{self, NodeSpec, VirtualDc};
+use farside_lab::fabric::netns::{self, NodeSpec, VirtualDc};
 
 static SERIAL: Mutex<()> = Mutex::new(());
 

@@ -7,6 +7,8 @@
 //! and `points.csv` of the current format (a format change updates them on purpose: the
 //! run itself wrote them before `points.csv` gained its `*_sd` columns).
 
+use farside_lab::admission::{Admission, Point};
+use farside_lab::summary::Summary;
 use std::path::{Path, PathBuf};
 
 const FIXTURE: &str = concat!(
@@ -31,8 +33,8 @@ fn expected(name: &str) -> String {
 #[test]
 fn report_regenerates_the_kept_tables_from_the_kept_files() {
     let dir = copy_fixture("tables");
-    let (s, files) = farside_lab::sweep::regenerate(&dir).unwrap();
-    let mut table = farside_lab::report::table_text(&s);
+    let (s, files) = farside_lab::sweep::regenerate::<Admission>(&dir).unwrap();
+    let mut table = farside_lab::report::table_text::<Admission>(&s);
     table.truncate(table.trim_end().len());
     let want = expected("table.txt.expected");
     assert_eq!(table, want.trim_end(), "table differs from the kept one");
@@ -41,17 +43,19 @@ fn report_regenerates_the_kept_tables_from_the_kept_files() {
         expected("points.csv.expected")
     );
     // Repeats were combined from points.jsonl: 1 no-ac + 2 systems x 2 limits, x 2 loads.
-    assert_eq!(s.admission_points().count(), 10);
-    assert!(s.admission_points().all(|p| p.runs == 2));
+    assert_eq!(s.points.len(), 10);
+    assert!(s.points.iter().all(|p| p.runs == 2));
     // The points in the regenerated summary.json are the ones the run kept.
-    let kept = farside_lab::summary::Summary::from_json(&expected("summary.json")).unwrap();
-    let again = farside_lab::summary::Summary::from_json(
+    let kept: Summary<Point> =
+        farside_lab::summary::Summary::from_json(&expected("summary.json")).unwrap();
+    let again: Summary<Point> = farside_lab::summary::Summary::from_json(
         &std::fs::read_to_string(dir.join("summary.json")).unwrap(),
     )
     .unwrap();
     // The figures the run kept (its *_sd columns came later) are the ones re-derived.
-    let figures = |s: &farside_lab::summary::Summary| -> Vec<String> {
-        s.admission_points()
+    let figures = |s: &farside_lab::summary::Summary<Point>| -> Vec<String> {
+        s.points
+            .iter()
             .map(|p| {
                 format!(
                     "{} {} {:?} {} {} {} {}",
@@ -81,9 +85,9 @@ fn report_regenerates_the_kept_tables_from_the_kept_files() {
 #[test]
 fn report_is_deterministic_and_runs_nothing() {
     let dir = copy_fixture("det");
-    let (_, first) = farside_lab::sweep::regenerate(&dir).unwrap();
+    let (_, first) = farside_lab::sweep::regenerate::<Admission>(&dir).unwrap();
     let bytes: Vec<Vec<u8>> = first.iter().map(|f| std::fs::read(f).unwrap()).collect();
-    let (_, second) = farside_lab::sweep::regenerate(&dir).unwrap();
+    let (_, second) = farside_lab::sweep::regenerate::<Admission>(&dir).unwrap();
     assert_eq!(first, second);
     for (f, b) in second.iter().zip(&bytes) {
         assert_eq!(&std::fs::read(f).unwrap(), b, "{f:?} changed");
@@ -97,7 +101,7 @@ fn report_is_deterministic_and_runs_nothing() {
 fn report_of_a_directory_without_a_run_says_so() {
     let dir = std::env::temp_dir().join(format!("farside-report-none-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let e = farside_lab::sweep::regenerate(&dir).unwrap_err();
+    let e = farside_lab::regenerate_any(&dir, &mut std::io::sink()).unwrap_err();
     assert!(
         e.to_string().contains("summary.json") && e.to_string().contains("not a lab output"),
         "{e}"

@@ -5,7 +5,7 @@
 // Every test binary compiles its own copy of this module and uses only some of it.
 #![allow(dead_code)]
 
-use farside_lab::procs::Child;
+use farside_lab::fabric::procs::Child;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

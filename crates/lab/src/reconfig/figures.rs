@@ -8,7 +8,7 @@
 //! - `fig9-nodes-<scenario>-L<burst>.svg`: the same at the burst closest to 8,096 (the
 //!   paper's figure), when that is another burst than Fig. 8's (Fig. 9).
 //!
-//! Each figure is `(file name, caption, svg)`, as `report::figures` returns them.
+//! Each figure is `(file name, caption, svg)`, as `Experiment::figures` returns them.
 
 use super::{label, ReconfigPoint};
 use crate::svg::Chart;

@@ -18,7 +18,7 @@
 //! FETCH-ADD on the mapped words in place, no gatherd involved), `tcp` or `udp`
 //! (gatherd's user-space servers: two-sided). XDP is not attached to `lo`.
 
-use crate::netns::{cpu_quota_period, CgroupKind, CGROUP_SUBTREE};
+use crate::fabric::netns::{cpu_quota_period, CgroupKind, CGROUP_SUBTREE};
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -87,7 +87,7 @@ impl LoopbackHosts {
             return Ok(hosts);
         };
         let (quota, period) = cpu_quota_period(pct);
-        for h in crate::netns::cgroup_hierarchies()? {
+        for h in crate::fabric::netns::cgroup_hierarchies()? {
             // The v1 cpuset hierarchy needs cpus/mems copied down before a process may
             // join; nothing here pins CPUs, so it is left alone.
             if h.kind == CgroupKind::V1Cpuset {
@@ -185,7 +185,7 @@ impl LoopbackHosts {
         // fds are owned by the closure and close-on-exec.
         unsafe {
             cmd.pre_exec(move || {
-                crate::procs::reset_signal_mask();
+                crate::fabric::procs::reset_signal_mask();
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(io::Error::last_os_error());
                 }

@@ -1,4 +1,4 @@
-//! Switching time and decision-to-move latency of `lab reconfig` (issue 11), from the
+//! Switching time and decision-to-move latency of `lab reconfig`, from the
 //! processes' logs.
 //!
 //! Every process of the lab runs on one host, so they share one wall clock (network

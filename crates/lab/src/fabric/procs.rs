@@ -111,51 +111,62 @@ impl Child {
     /// Error if the child has exited, with the tail of its log.
     pub fn check_alive(&mut self) -> io::Result<()> {
         if let Some(st) = self.child.try_wait()? {
-            return Err(io::Error::other(format!(
-                "{} exited ({st}); log tail:\n{}",
-                self.name,
-                tail(&self.log, 15)
-            )));
+            return Err(crate::error::LabError::Exited {
+                name: self.name.clone(),
+                status: st,
+                log_tail: tail(&self.log, 15),
+            }
+            .into());
         }
         Ok(())
     }
 
-    /// Wait until `addr` accepts connections, failing early if the child exits.
-    pub fn wait_port(&mut self, addr: SocketAddr) -> io::Result<()> {
-        let deadline = Instant::now() + READY_TIMEOUT;
+    /// Wait until `ready()` says yes, failing early if the child exits: at most
+    /// `within`, asking every `poll`. The error names what did not happen (`what`, e.g.
+    /// "listen on 10.77.0.10:80") and ends with the tail of the child's log.
+    pub fn wait_ready(
+        &mut self,
+        what: &str,
+        within: Duration,
+        poll: Duration,
+        mut ready: impl FnMut() -> io::Result<bool>,
+    ) -> io::Result<()> {
+        let deadline = Instant::now() + within;
         loop {
             self.check_alive()?;
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok() {
+            if ready()? {
                 return Ok(());
             }
             if Instant::now() > deadline {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
-                        "{} did not listen on {addr} within {READY_TIMEOUT:?}; log tail:\n{}",
+                        "{} did not {what} within {within:?}; log tail:\n{}",
                         self.name,
                         tail(&self.log, 15)
                     ),
                 ));
             }
-            std::thread::sleep(POLL);
+            std::thread::sleep(poll);
         }
+    }
+
+    /// Wait until `addr` accepts connections from this process, failing early if the
+    /// child exits (at most [`READY_TIMEOUT`]).
+    pub fn wait_port(&mut self, addr: SocketAddr) -> io::Result<()> {
+        self.wait_ready(&format!("listen on {addr}"), READY_TIMEOUT, POLL, || {
+            Ok(TcpStream::connect_timeout(&addr, Duration::from_millis(100)).is_ok())
+        })
     }
 
     /// Wait until `path` exists, failing early if the child exits.
     pub fn wait_file(&mut self, path: &Path) -> io::Result<()> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        while !path.exists() {
-            self.check_alive()?;
-            if Instant::now() > deadline {
-                return Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!("{} did not create {}", self.name, path.display()),
-                ));
-            }
-            std::thread::sleep(POLL);
-        }
-        Ok(())
+        self.wait_ready(
+            &format!("create {}", path.display()),
+            READY_TIMEOUT,
+            POLL,
+            || Ok(path.exists()),
+        )
     }
 
     pub fn stop(&mut self) {

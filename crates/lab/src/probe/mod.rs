@@ -7,10 +7,48 @@
 //! with `--hosts netns`). The prober reads `size` bytes at offset 0 every `interval`
 //! and records each read's latency.
 
-use crate::admission::Hosts;
-use crate::procs::Child;
-use crate::summary::{AnyPoint, ProbePoint, Summary};
+use crate::error::LabError;
+use crate::fabric::flags::Hosts;
+use crate::fabric::procs::Child;
+use crate::summary::Summary;
 use crate::sweep::Sweep;
+
+pub mod point;
+
+pub use point::ProbePoint;
+
+/// `lab probe` as the sweep runner and the report shell see it.
+pub struct Probe;
+
+impl crate::experiment::Experiment for Probe {
+    const NAME: &'static str = "probe";
+    type Args = ProbeArgs;
+    type Point = ProbePoint;
+
+    fn run(args: ProbeArgs) -> io::Result<()> {
+        run(args)
+    }
+
+    fn table(s: &Summary<ProbePoint>) -> String {
+        point::table(s)
+    }
+
+    fn files(s: &Summary<ProbePoint>) -> io::Result<Vec<(String, String)>> {
+        if s.points.is_empty() {
+            return Ok(Vec::new());
+        }
+        let points: Vec<&ProbePoint> = s.points.iter().collect();
+        Ok(vec![("probe.csv".to_string(), point::csv(&points)?)])
+    }
+
+    fn figures(s: &Summary<ProbePoint>) -> Vec<crate::experiment::Figure> {
+        point::figures(s)
+    }
+
+    fn html(s: &Summary<ProbePoint>) -> String {
+        point::html(s)
+    }
+}
 use farside_rmem::{connect, ClientOptions, Endpoint, RemoteMemory, RmemError};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -160,7 +198,13 @@ pub fn measure_with(
                 timeouts += 1;
                 lat.push(timeout.as_nanos() as f64 / 1000.0);
             }
-            Err(e) => return Err(io::Error::other(format!("{what} read of {size} B: {e}"))),
+            Err(e) => {
+                return Err(LabError::Rmem {
+                    at: format!("{what} read of {size} B"),
+                    error: e,
+                }
+                .into())
+            }
         }
     }
     Ok(latency_of(lat, timeouts))
@@ -203,8 +247,8 @@ fn label(k: &Key) -> String {
     )
 }
 
-fn probe_point(k: &Key, l: &Latency) -> AnyPoint {
-    AnyPoint::Probe(ProbePoint {
+fn probe_point(k: &Key, l: &Latency) -> ProbePoint {
+    ProbePoint {
         transport: k.transport.clone(),
         background_load: k.background_load,
         size_bytes: k.size_bytes,
@@ -217,7 +261,7 @@ fn probe_point(k: &Key, l: &Latency) -> AnyPoint {
         runs: 1,
         p50_us_sd: 0.0,
         p99_us_sd: 0.0,
-    })
+    }
 }
 
 pub fn run(mut a: ProbeArgs) -> io::Result<()> {
@@ -226,7 +270,7 @@ pub fn run(mut a: ProbeArgs) -> io::Result<()> {
         unsafe { libc::geteuid() }
     };
     if a.hosts == Hosts::Netns {
-        crate::netns::check_root(euid)?;
+        crate::fabric::netns::check_root(euid)?;
     }
     if a.transports.is_empty() {
         a.transports = default_transports(a.hosts);
@@ -300,7 +344,7 @@ pub fn run(mut a: ProbeArgs) -> io::Result<()> {
             );
         }
     }
-    let sweep = Sweep::start(&dir, meta, a.resume.is_some())?;
+    let sweep = Sweep::<Probe>::start(&dir, meta, a.resume.is_some())?;
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs)?;
     if a.hosts == Hosts::Netns {
@@ -357,7 +401,10 @@ pub fn run(mut a: ProbeArgs) -> io::Result<()> {
             "tcp" => Endpoint::Tcp(tcp),
             _ => Endpoint::Udp(udp),
         };
-        let mut c = connect(&ep, &opts).map_err(|e| io::Error::other(format!("{ep}: {e}")))?;
+        let mut c = connect(&ep, &opts).map_err(|error| LabError::Rmem {
+            at: ep.to_string(),
+            error,
+        })?;
         let l = measure(
             &mut *c,
             k.size_bytes as usize,
@@ -381,7 +428,7 @@ const NETNS_UDP_PORT: u16 = 7002;
 
 /// The back-end node's addresses and the probe's client options in the netns lab.
 struct NetnsBack<'a> {
-    dc: &'a crate::netns::VirtualDc,
+    dc: &'a crate::fabric::netns::VirtualDc,
     exe: PathBuf,
     shm: PathBuf,
     tcp: SocketAddr,
@@ -439,7 +486,7 @@ impl NetnsBack<'_> {
         let mut g = Child::adopt(&format!("gatherd-{t}"), child, log);
         let opts = self.opts.clone();
         let ready = self.dc.run_in_ns("front", || {
-            let deadline = Instant::now() + crate::procs::READY_TIMEOUT;
+            let deadline = Instant::now() + crate::fabric::procs::READY_TIMEOUT;
             loop {
                 if let Ok(mut c) = connect(&ep, &opts) {
                     if c.read(0, &mut [0u8; 8]).is_ok() {
@@ -463,15 +510,16 @@ impl NetnsBack<'_> {
             // gatherd answers over user-space udp before XDP is attached (verifying and
             // attaching take ~150 ms here), so a successful read does not mean XDP answers:
             // wait for the attach line, or the xdp row would measure user space.
-            let deadline = Instant::now() + crate::procs::READY_TIMEOUT;
+            let deadline = Instant::now() + crate::fabric::procs::READY_TIMEOUT;
             while !xdp_attached(&std::fs::read_to_string(&g.log).unwrap_or_default()) {
                 g.check_alive()?;
                 if Instant::now() > deadline {
-                    return Err(io::Error::other(format!(
+                    return Err(LabError::NotReady(format!(
                         "xdp: the gatherer did not attach XDP within {:?}:\n{}",
-                        crate::procs::READY_TIMEOUT,
-                        crate::procs::tail(&g.log, 10)
-                    )));
+                        crate::fabric::procs::READY_TIMEOUT,
+                        crate::fabric::procs::tail(&g.log, 10)
+                    ))
+                    .into());
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -487,7 +535,7 @@ fn xdp_attached(log: &str) -> bool {
 }
 
 /// One line per (load, size) measured with both: each transport's p50 as a multiple of
-/// the kernel echo's (`icmp`) in the same run (issue target: xdp ≤ 1.3×).
+/// the kernel echo's (`icmp`) in the same run (the target: xdp ≤ 1.3×).
 fn floor_ratios(p50s: &[(Key, f64)]) -> Vec<String> {
     let mut out = Vec::new();
     for (fk, floor) in p50s.iter().filter(|(k, _)| k.transport == "icmp") {
@@ -515,15 +563,15 @@ fn floor_ratios(p50s: &[(Key, f64)]) -> Vec<String> {
 /// each is measured alone.
 fn run_netns(
     a: &ProbeArgs,
-    mut sweep: Sweep,
+    mut sweep: Sweep<Probe>,
     loads: &[u64],
     sizes: &[u64],
     samples: u64,
     logs: &std::path::Path,
 ) -> io::Result<()> {
-    use crate::netns::{NodeSpec, VirtualDc};
-    let cpus = crate::procs::allowed_cpus();
-    let (front, back) = match crate::procs::Tiers::of(&cpus) {
+    use crate::fabric::netns::{NodeSpec, VirtualDc};
+    let cpus = crate::fabric::procs::allowed_cpus();
+    let (front, back) = match crate::fabric::procs::Tiers::of(&cpus) {
         Some(t) => (t.front, t.back),
         None => (cpus.clone(), cpus.clone()),
     };
@@ -536,8 +584,8 @@ fn run_netns(
         ],
     )?;
     let id = dc.run_id().to_string();
-    crate::procs::on_interrupt(move || {
-        if let Ok(r) = crate::netns::clean_run_id(&id) {
+    crate::fabric::procs::on_interrupt(move || {
+        if let Ok(r) = crate::fabric::netns::clean_run_id(&id) {
             eprint!("{r}");
         }
     });
@@ -573,7 +621,7 @@ fn run_netns(
     }
     let est = samples as f64 * a.interval_us as f64 / 1e6 + 0.2;
     let mut gatherd: Option<(String, Child, Endpoint)> = None;
-    let mut busy: Option<(u64, crate::netns::LoadHandle)> = None;
+    let mut busy: Option<(u64, crate::fabric::netns::LoadHandle)> = None;
     // p50 of every (transport, load, size) measured in this run, for the floor ratios.
     let mut p50s: Vec<(Key, f64)> = Vec::new();
     sweep.run(&keys, a.repeat, est, label, |k, _| {
@@ -590,7 +638,7 @@ fn run_netns(
             // The floor: the back-end node's kernel answers; no gatherd is involved.
             gatherd = None;
             let l = dc.run_in_ns("front", || {
-                crate::procs::pin_current_thread(&f)?;
+                crate::fabric::procs::pin_current_thread(&f)?;
                 let mut e = crate::echo::IcmpEcho::new(back_ip, opts.spin, opts.timeout)?;
                 measure_with(
                     "icmp",
@@ -611,8 +659,11 @@ fn run_netns(
         }
         let (_, g, ep) = gatherd.as_mut().expect("started above");
         let l = dc.run_in_ns("front", || {
-            crate::procs::pin_current_thread(&f)?;
-            let mut c = connect(ep, &opts).map_err(|e| io::Error::other(format!("{ep}: {e}")))?;
+            crate::fabric::procs::pin_current_thread(&f)?;
+            let mut c = connect(ep, &opts).map_err(|error| LabError::Rmem {
+                at: ep.to_string(),
+                error,
+            })?;
             measure(
                 &mut *c,
                 k.size_bytes as usize,
@@ -641,7 +692,7 @@ fn run_netns(
                 let back_udp = || dc.run_in_ns("back", crate::flood::udp_counters);
                 let b0 = back_udp()?;
                 let r = dc.run_in_ns("front", || {
-                    crate::procs::pin_current_thread(&f)?;
+                    crate::fabric::procs::pin_current_thread(&f)?;
                     crate::flood::flood(nb.udp, farside_rmem::DEFAULT_READ_KEY, 64, a.flood_s)
                 })?;
                 let b1 = back_udp()?;

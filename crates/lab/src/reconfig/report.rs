@@ -1,0 +1,206 @@
+//! `lab reconfig`'s tables (per scenario and system, and the sweep of the history
+//! window T), `reconfig.csv` and the per-point series files; the figures are in
+//! [`super::figures`].
+//!
+//! Files: `reconfig.csv`, `table.txt`, one series file per point, `fig7-tps-<scenario>.svg`,
+//! `fig8-nodes-<scenario>-L<burst>.svg`, `fig9-…` (seed 001's Fig. 7-9).
+
+use super::*;
+
+/// The reconfig tables: one row per point, and TPS vs burst length per system (Fig. 7).
+pub fn table(points: &[&ReconfigPoint]) -> String {
+    let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let ms2 = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+    let mut s = format!(
+        "{:<16} {:<9} {:>7} {:>9} {:>9} {:>8} {:>6} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
+        "system",
+        "scenario",
+        "burst",
+        "transport",
+        "tps",
+        "failures",
+        "moves",
+        "lab_moves",
+        "switch_p50",
+        "switch_p99",
+        "dec_p50",
+        "dec_p99",
+        "apply_p50",
+        "apply_p99",
+        "wall_s"
+    );
+    for p in points {
+        let _ = writeln!(
+            s,
+            "{:<16} {:<9} {:>7} {:>9} {:>9.1} {:>8} {:>6} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9.1}",
+            label(&p.system, p.history_ms),
+            p.scenario,
+            p.burst,
+            p.transport,
+            p.tps,
+            p.failures,
+            p.moves,
+            p.lab_moves,
+            ms(p.switch_p50_ms),
+            ms(p.switch_p99_ms),
+            ms2(p.decision_p50_ms),
+            ms2(p.decision_p99_ms),
+            ms(p.apply_p50_ms),
+            ms(p.apply_p99_ms),
+            p.wall_s
+        );
+    }
+    s.push_str(
+        "switch: balancer's move CAS -> the node's first request in the new role (ms; \
+         balancer moves only); dec: the round's decision -> that CAS (ms); apply: the node \
+         agent's wanted seen -> served (ms)\n",
+    );
+    let mut scenarios: Vec<&str> = Vec::new();
+    for p in points {
+        if !scenarios.contains(&p.scenario.as_str()) {
+            scenarios.push(&p.scenario);
+        }
+    }
+    for sc in scenarios {
+        let mut systems: Vec<String> = Vec::new();
+        let mut bursts: Vec<u64> = Vec::new();
+        for p in points.iter().filter(|p| p.scenario == sc) {
+            let l = label(&p.system, p.history_ms);
+            if !systems.contains(&l) {
+                systems.push(l);
+            }
+            if !bursts.contains(&p.burst) {
+                bursts.push(p.burst);
+            }
+        }
+        bursts.sort_unstable();
+        let _ = write!(
+            s,
+            "\nTPS vs burst length, scenario {sc} (Fig. 7)\n{:<8}",
+            "burst"
+        );
+        for sys in &systems {
+            let _ = write!(s, " {sys:>16}");
+        }
+        s.push('\n');
+        for b in bursts {
+            let _ = write!(s, "{b:<8}");
+            for sys in &systems {
+                match points.iter().find(|p| {
+                    p.scenario == sc && p.burst == b && label(&p.system, p.history_ms) == *sys
+                }) {
+                    Some(p) => {
+                        let _ = write!(s, " {:>16.1}", p.tps);
+                    }
+                    None => {
+                        let _ = write!(s, " {:>16}", "-");
+                    }
+                }
+            }
+            s.push('\n');
+        }
+    }
+    s.push_str(&t_sweep_table(points));
+    s
+}
+
+/// The T sweep (`--sweep-t`): per scenario with more than one T, one row per (T,
+/// burst): moves (thrashing) against TPS (responsiveness), switch and decision p50.
+/// Empty without a sweep.
+pub fn t_sweep_table(points: &[&ReconfigPoint]) -> String {
+    let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+    let mut s = String::new();
+    let mut scenarios: Vec<&str> = Vec::new();
+    for p in points {
+        if !scenarios.contains(&p.scenario.as_str()) {
+            scenarios.push(&p.scenario);
+        }
+    }
+    for sc in scenarios {
+        let mut rows: Vec<&ReconfigPoint> = points
+            .iter()
+            .copied()
+            .filter(|p| p.scenario == sc && p.history_ms.is_some())
+            .collect();
+        let mut ts: Vec<u64> = rows.iter().filter_map(|p| p.history_ms).collect();
+        ts.sort_unstable();
+        ts.dedup();
+        if ts.len() < 2 {
+            continue;
+        }
+        rows.sort_by_key(|p| (p.history_ms, p.burst));
+        let _ = writeln!(
+            s,
+            "\nT sweep, scenario {sc}: moves (thrashing) vs TPS (responsiveness)\n\
+             {:<8} {:>7} {:>9} {:>6} {:>9} {:>10} {:>9}",
+            "T_ms", "burst", "transport", "moves", "tps", "switch_p50", "dec_p50"
+        );
+        for p in rows {
+            let _ = writeln!(
+                s,
+                "{:<8} {:>7} {:>9} {:>6} {:>9.1} {:>10} {:>9}",
+                p.history_ms.unwrap_or(0),
+                p.burst,
+                p.transport,
+                p.moves,
+                p.tps,
+                ms(p.switch_p50_ms),
+                ms(p.decision_p50_ms)
+            );
+        }
+    }
+    s
+}
+
+/// `reconfig.csv`: one row per point.
+pub fn csv(points: &[&ReconfigPoint]) -> String {
+    let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+    let mut s = String::from(
+        "system,history_ms,scenario,burst,transport,tps,served,failures,wall_s,bursts,moves,lab_moves,switches,switch_p50_ms,switch_p99_ms,switch_unmatched,decision_p50_ms,decision_p99_ms,apply_p50_ms,apply_p99_ms\n",
+    );
+    for p in points {
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{:.3},{},{},{:.3},{},{},{},{},{},{},{},{},{},{},{}",
+            p.system,
+            p.history_ms.map_or(String::new(), |t| t.to_string()),
+            p.scenario,
+            p.burst,
+            p.transport,
+            p.tps,
+            p.served,
+            p.failures,
+            p.wall_s,
+            p.bursts,
+            p.moves,
+            p.lab_moves,
+            p.switches,
+            o(p.switch_p50_ms),
+            o(p.switch_p99_ms),
+            p.switch_unmatched,
+            o(p.decision_p50_ms),
+            o(p.decision_p99_ms),
+            o(p.apply_p50_ms),
+            o(p.apply_p99_ms)
+        );
+    }
+    s
+}
+
+/// The nodes-serving series of a point as CSV (`t_s,site,nodes`) and its file name
+/// (`nodes-<system>-<scenario>-<burst>.csv`, `:` written `-`).
+pub fn series_csv(p: &ReconfigPoint) -> (String, String) {
+    let mut s = String::from("t_s,site,nodes\n");
+    for x in &p.series {
+        let _ = writeln!(s, "{:.3},{},{}", x.t_s, x.site, x.nodes);
+    }
+    (
+        format!(
+            "nodes-{}-{}-{}.csv",
+            label(&p.system, p.history_ms),
+            p.scenario.replace(':', "-"),
+            p.burst
+        ),
+        s,
+    )
+}
