@@ -291,12 +291,12 @@ pub(super) fn start_tier(
                 crate::fabric::netns::VETH_IN_NS.into(),
             ]);
             args.extend(["--xdp-mode".into(), "generic".into()]);
-            // With XDP gatherd's default is the kernel sampler, whose record has backlog,
-            // conns, the accept queue's delay and a tick-sampled cpu but no pressure or
-            // pending: other metrics keep the user-space sampler.
-            if !matches!(system_metric(a, system), "backlog" | "conns" | "delay") {
-                args.extend(["--sampler".into(), "user".into()]);
-            }
+        }
+        // Wherever BPF is available gatherd's default is the kernel sampler, whose record
+        // has backlog, conns, the accept queue's delay and a tick-sampled cpu but no
+        // pressure or pending: other metrics keep the user-space sampler.
+        if !matches!(system_metric(a, system), "backlog" | "conns" | "delay") {
+            args.extend(["--sampler".into(), "user".into()]);
         }
         let mut g = fabric.spawn(role, &format!("{system}-gatherd{i}"), &args, &run.logs)?;
         fabric.wait_port(&mut g, tcp)?;
