@@ -2,6 +2,7 @@
 //! data-center of network namespaces, and waiting for a node to be ready.
 //!
 //! - [`flags`]: flag values every experiment shares (`--hosts`, `--load`);
+//! - [`keys`]: a run's cluster keys (random, 0600, outside the results);
 //! - [`procs`]: a node's process (spawned, pinned, logged, stopped on drop) and the
 //!   interrupt handler that cleans up a run broken by Ctrl-C;
 //! - [`netns`]: `--hosts netns`, one network namespace and cgroup per node;
@@ -9,6 +10,7 @@
 //!   node of the virtual data-center ([`Vantage`]).
 
 pub mod flags;
+pub mod keys;
 pub mod netns;
 pub mod procs;
 

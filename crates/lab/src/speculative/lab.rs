@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::error::LabError;
+use crate::fabric::keys::LabKeys;
 
 /// What a node's processes are, for [`NodeCpu`].
 #[derive(Default)]
@@ -63,16 +64,22 @@ pub(super) fn node_cpu(
 /// opt-in `--gate-peer-load` is not used); the target's own accept queue decides
 /// admission; the VIP steered by
 /// sk_lookup, migrated flows moved at the front-end's control port `frontend`,
-/// connections handed to `farside backend --adopt-socket adopt`, summary to `summary`.
+/// connections handed to `farside backend --adopt-socket adopt`, summary to `summary`;
+/// migrations authenticated with the run's key [`MIGRATION_KEY`] and one-sided MOVEs
+/// sealed with the front-end's [`MOVE_KEY`] (`keys`).
 pub fn specd_args(
     ip: Ipv4Addr,
     peer_ip: Ipv4Addr,
     window: u32,
     frontend: SocketAddr,
-    adopt: &Path,
-    summary: &Path,
+    files: SpecdFiles,
     gate: bool,
 ) -> Vec<String> {
+    let SpecdFiles {
+        adopt,
+        summary,
+        keys,
+    } = files;
     let mut v = strings(&[
         "specd",
         "--listen",
@@ -97,6 +104,10 @@ pub fn specd_args(
         &frontend.to_string(),
         "--summary",
         &summary.display().to_string(),
+        "--key-file",
+        &keys.path(MIGRATION_KEY).display().to_string(),
+        "--frontend-key-file",
+        &keys.path(MOVE_KEY).display().to_string(),
     ]);
     if gate {
         v.push("--gate-peer-load".into());
@@ -113,7 +124,22 @@ pub(super) struct Lab {
     pub(super) docroot: PathBuf,
     /// The front tier's CPUs (the clients run in this process), when pinned.
     pub(super) front: Option<Vec<usize>>,
+    /// The run's cluster keys ([`MIGRATION_KEY`], [`MOVE_KEY`]).
+    pub(super) keys: LabKeys,
 }
+
+/// The files a specd of the run is given: the web server's adoption socket, its
+/// summary, and the run's keys.
+pub struct SpecdFiles<'a> {
+    pub adopt: &'a Path,
+    pub summary: &'a Path,
+    pub keys: &'a LabKeys,
+}
+
+/// The key file of specd's migration protocol (every specd of the run holds it).
+pub const MIGRATION_KEY: &str = "specd-migration";
+/// The key file the front-end verifies one-sided MOVEs with (and specd seals them).
+pub const MOVE_KEY: &str = "frontend-move";
 
 pub(super) const CLIENT: &str = "client";
 
@@ -244,8 +270,11 @@ impl Lab {
             self.dc.node_ip(peer),
             window,
             control,
-            adopt,
-            summary,
+            SpecdFiles {
+                adopt,
+                summary,
+                keys: &self.keys,
+            },
             gate,
         );
         let mut c = self.spawn(node, &format!("{tag}-specd-{node}"), &args)?;
@@ -282,6 +311,8 @@ impl Lab {
             &VIP.to_string(),
             "--control",
             &control.to_string(),
+            "--key-file",
+            &self.keys.path(MOVE_KEY).display().to_string(),
         ]);
         for (i, w) in weights.iter().enumerate() {
             let (node, mac) = &self.backends[i];
@@ -414,6 +445,7 @@ pub(super) fn start_lab(dir: &Path, plan: &Plan) -> io::Result<Lab> {
         logs,
         docroot,
         front: plan.tiers.as_ref().map(|t| t.front.clone()),
+        keys: LabKeys::generate(&[MIGRATION_KEY, MOVE_KEY])?,
     })
 }
 

@@ -267,14 +267,18 @@ fn speculative_systems_are_accepted_and_specd_gets_its_flags() {
         .expect(s);
     }
     assert!(parse_system("spec0").unwrap_err().contains("window"));
+    let keys = crate::fabric::keys::LabKeys::generate(&[MIGRATION_KEY, MOVE_KEY]).unwrap();
     let with_gate = |gate| {
         specd_args(
             Ipv4Addr::new(10, 0, 0, 2),
             Ipv4Addr::new(10, 0, 0, 3),
             50,
             "10.0.0.9:7400".parse().unwrap(),
-            Path::new("/tmp/a.sock"),
-            Path::new("/tmp/s.json"),
+            SpecdFiles {
+                adopt: Path::new("/tmp/a.sock"),
+                summary: Path::new("/tmp/s.json"),
+                keys: &keys,
+            },
             gate,
         )
     };
