@@ -5,8 +5,9 @@
 use std::net::SocketAddrV4;
 use std::sync::{Arc, Mutex};
 
+use crate::backend::{validate_backends, BackendSpec};
 use crate::control::{ControlAddr, Server};
-use crate::loader::{detach_iface, validate_backends, BackendSpec, Frontend, MOVED_IDLE_MAX};
+use crate::loader::{detach_iface, Frontend, MOVED_IDLE_MAX};
 
 /// The systemd credential name of the MOVE key (`LoadCredential=frontend-move:PATH`):
 /// found in `$CREDENTIALS_DIRECTORY` before `--key-file`.

@@ -35,7 +35,8 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::loader::{parse_weights, Frontend, Stats};
+use crate::backend::parse_weights;
+use crate::loader::{Frontend, Stats};
 #[cfg(doc)]
 use crate::loader::{HOLD_TTL_DEFAULT, HOLD_TTL_MAX};
 

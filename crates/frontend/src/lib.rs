@@ -23,6 +23,7 @@
 //!
 //! Everything but [`table`] needs CAP_BPF and CAP_NET_ADMIN (root in practice).
 
+mod backend;
 pub mod cli;
 pub mod control;
 pub mod fmove;
@@ -31,10 +32,10 @@ mod maps;
 pub mod pin;
 pub mod table;
 
+pub use backend::{format_mac, parse_mac, parse_weights, validate_backends, BackendSpec};
 pub use loader::{
-    detach_iface, format_mac, iface_ipv4, iface_mac_index, parse_mac, parse_weights,
-    validate_backends, verdict, BackendReport, BackendSpec, Frontend, FrontendError, Stats,
-    HOLD_TTL_DEFAULT, HOLD_TTL_MAX, MOVED_IDLE_MAX,
+    detach_iface, iface_ipv4, iface_mac_index, verdict, BackendReport, Frontend, FrontendError,
+    Stats, HOLD_TTL_DEFAULT, HOLD_TTL_MAX, MOVED_IDLE_MAX,
 };
 pub use maps::{
     BACKENDS_MAX, COUNTERS, COUNTER_NAMES, FLOWS_MAX, KEYS_MAX, MOVED_MAX, REPLAY_MAX,

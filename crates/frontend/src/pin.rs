@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use aya::maps::{Array, HashMap, Map, MapData};
 use farside_bpfrt::Error;
 
-use crate::loader::{BackendSpec, FrontendError};
+use crate::backend::BackendSpec;
 use crate::maps::{
     BackendEntry, Config, FlowKey, FlowValue, ReplayKey, MAP_BACKENDS, MAP_CONFIG, MAP_FLOWS,
     MAP_MOVED, MAP_REPLAY,
@@ -96,7 +96,7 @@ pub struct Restored {
     pub discarded: bool,
 }
 
-fn open(dir: &Path, name: &str) -> Result<Option<Map>, FrontendError> {
+fn open(dir: &Path, name: &str) -> Result<Option<Map>, Error> {
     let path = dir.join(name);
     if !path.exists() {
         return Ok(None);
@@ -125,7 +125,7 @@ pub(crate) fn read(
     vip: SocketAddrV4,
     backends: &[BackendSpec],
     discarded: &mut bool,
-) -> Result<Option<Pinned>, FrontendError> {
+) -> Result<Option<Pinned>, Error> {
     let (Some(config), Some(bmap)) = (open(dir, MAP_CONFIG)?, open(dir, MAP_BACKENDS)?) else {
         return Ok(None);
     };
@@ -147,10 +147,7 @@ pub(crate) fn read(
         *discarded = true;
         return Ok(None);
     }
-    fn entries<K: aya::Pod, V: aya::Pod>(
-        dir: &Path,
-        name: &str,
-    ) -> Result<Vec<(K, V)>, FrontendError> {
+    fn entries<K: aya::Pod, V: aya::Pod>(dir: &Path, name: &str) -> Result<Vec<(K, V)>, Error> {
         let Some(m) = open(dir, name)? else {
             return Ok(Vec::new());
         };
@@ -170,7 +167,7 @@ pub(crate) fn read(
 pub(crate) fn pin_all<'a>(
     dir: &Path,
     maps: impl Iterator<Item = (&'a str, &'a Map)>,
-) -> Result<(), FrontendError> {
+) -> Result<(), Error> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)

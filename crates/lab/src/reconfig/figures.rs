@@ -10,7 +10,7 @@
 //!
 //! Each figure is `(file name, caption, svg)`, as `Experiment::figures` returns them.
 
-use super::{label, ReconfigPoint};
+use super::point::{label, ReconfigPoint};
 use crate::svg::Chart;
 
 /// Fig. 8's burst length (the paper's smallest).

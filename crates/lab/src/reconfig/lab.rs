@@ -2,8 +2,28 @@
 //! back-end nodes with their gatherds and balancers, the proxies, the clients' bursts,
 //! on loopback ports or in namespaces ([`Fabric`]).
 
-use super::*;
+use std::fmt::Write as _;
+use std::io;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use farside_loadgen::LoadgenArgs;
+
+use super::plan::{
+    anchors, burst_schedule, default_node_cpu_pct, initial_allocation, overprovisioned_allocation,
+    plain_value, quota_share_ppm, site_backends, split, strings, Key, Plan, ReconfigArgs,
+    Transport, ADMIN_PORT, BALANCER_PORT, BURST_TIME_MAX_S, CAS_ATTEMPTS, DEFAULT_HISTORY_MS,
+    FILE_BYTES, FILE_PATH, GATHERD_METRICS_PORT, GATHERD_PERIOD_US, POLL, PROXY_PORT, READY_MAX,
+    REGION_TCP_PORT, REGION_UDP_PORT, RMEM_TIMEOUT, ROLE_VERSION_BITS, RW_KEY, SERIES_EVERY,
+    STALE_AFTER_MS, WEB_PORT,
+};
+use super::point::{label, timing_quantiles, NodesSample, ReconfigPoint};
+use super::{loopback, timing};
 use crate::error::LabError;
+use crate::fabric::netns::{NodeSpec, VirtualDc};
+use crate::fabric::procs::Child;
 
 pub(super) fn site_name(i: usize) -> String {
     format!("s{i}")
@@ -11,30 +31,6 @@ pub(super) fn site_name(i: usize) -> String {
 
 pub(super) fn site_host(i: usize) -> String {
     format!("s{i}.example")
-}
-
-/// The back-ends' region transport.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Transport {
-    /// udp answered by XDP in the node's kernel (netns).
-    Xdp,
-    /// gatherd's user-space tcp server.
-    Tcp,
-    /// The region file mapped by the proxies (loopback).
-    Shm,
-    /// gatherd's user-space udp server (loopback).
-    Udp,
-}
-
-impl Transport {
-    pub(super) fn name(self) -> &'static str {
-        match self {
-            Transport::Xdp => "xdp",
-            Transport::Tcp => "tcp",
-            Transport::Shm => "shm",
-            Transport::Udp => "udp",
-        }
-    }
 }
 
 /// Where the nodes run.

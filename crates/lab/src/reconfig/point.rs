@@ -1,7 +1,10 @@
 //! The point of `lab reconfig` ([`ReconfigPoint`]: one system, scenario and burst
-//! length), the nodes-per-site samples it keeps, and how repeats combine.
+//! length), the nodes-per-site samples it keeps, how repeats combine, and the label
+//! that names a system in tables and files.
 
-use super::*;
+use serde::{Deserialize, Serialize};
+
+use super::timing;
 
 /// The nodes serving the loaded site at one instant (proxy `p0`'s view).
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
@@ -74,7 +77,7 @@ pub struct ReconfigPoint {
     pub moves_timed: Vec<timing::MoveTiming>,
     /// TPS of each burst in order (served / its wall time).
     pub burst_tps: Vec<f64>,
-    /// Nodes serving the loaded site, every [`SERIES_EVERY`] (Fig. 8/9).
+    /// Nodes serving the loaded site, every [`SERIES_EVERY`](super::plan::SERIES_EVERY) (Fig. 8/9).
     pub series: Vec<NodesSample>,
     /// Runs combined in this point.
     #[serde(default = "one")]
@@ -214,5 +217,14 @@ impl crate::experiment::LabPoint for ReconfigPoint {
 
     fn progress_line(&self) -> String {
         ReconfigPoint::progress_line(self)
+    }
+}
+
+/// A system's name in tables and file names: `reconf` points carry their T
+/// (`reconf-T5000`).
+pub fn label(system: &str, history_ms: Option<u64>) -> String {
+    match history_ms {
+        Some(t) => format!("{system}-T{t}"),
+        None => system.to_string(),
     }
 }

@@ -1,6 +1,7 @@
 //! Tests of `lab reconfig`: scenarios, allocations, schedules, points and tables.
 
 use super::*;
+use crate::fabric::flags::Hosts;
 
 #[test]
 fn scenarios_parse_and_bad_ones_name_the_flag() {

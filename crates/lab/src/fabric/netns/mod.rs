@@ -56,7 +56,6 @@
 //!   whatever any run left: all `fs-*` namespaces, root-namespace links named `fs-*`
 //!   (none are ever created; defensive), `farside/` cgroups and state files.
 
-use std::ffi::CString;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -890,18 +889,6 @@ fn node_addr(i: usize) -> Ipv4Addr {
 fn truncate_ifname(s: &str) -> String {
     // IFNAMSIZ - 1; names are ASCII (validated).
     s.chars().take(15).collect()
-}
-
-fn ctx(e: io::Error, what: &str) -> io::Error {
-    io::Error::new(e.kind(), format!("{what}: {e}"))
-}
-
-fn open_ctx(p: &Path, write: bool) -> io::Result<File> {
-    OpenOptions::new()
-        .read(!write)
-        .write(write)
-        .open(p)
-        .map_err(|e| ctx(e, &format!("open {}", p.display())))
 }
 
 fn write_file(p: &Path, v: &str, what: &str) -> io::Result<()> {

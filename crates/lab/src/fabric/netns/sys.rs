@@ -1,7 +1,27 @@
 //! Kernel interfaces behind the namespaces: `ip` commands, running a closure in a
 //! namespace on a throw-away thread (with a fresh sysfs when it needs one), and the
 //! ethtool ioctl that turns tx checksum offload off.
-use super::*;
+
+use std::ffi::CString;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// `e` with `what` (the operation and its object) in front of its message.
+pub(super) fn ctx(e: io::Error, what: &str) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+/// Open `p` for reading, or for writing if `write`; errors name the path.
+pub(super) fn open_ctx(p: &Path, write: bool) -> io::Result<File> {
+    OpenOptions::new()
+        .read(!write)
+        .write(write)
+        .open(p)
+        .map_err(|e| ctx(e, &format!("open {}", p.display())))
+}
 
 /// Start time of a process (field 22 of /proc/PID/stat), if it exists.
 pub(super) fn process_start(pid: u32) -> Option<u64> {
