@@ -78,7 +78,7 @@ pub fn is_reply_to(packet: &[u8], id: u16, seq: u16) -> bool {
 /// A raw ICMP socket sending echoes to one address.
 pub struct IcmpEcho {
     fd: OwnedFd,
-    dst: libc::sockaddr_in,
+    dst: (libc::sockaddr_storage, libc::socklen_t),
     id: u16,
     seq: u16,
     spin: Duration,
@@ -106,13 +106,9 @@ impl IcmpEcho {
         }
         // SAFETY: fd was just returned by socket(2) and is owned by nobody else.
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: sockaddr_in is plain data; all-zero is a valid value.
-        let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-        sa.sin_family = libc::AF_INET as libc::sa_family_t;
-        sa.sin_addr.s_addr = u32::from(dst).to_be();
         Ok(IcmpEcho {
             fd,
-            dst: sa,
+            dst: farside_rt::sockaddr::to_storage(&std::net::SocketAddr::from((dst, 0))),
             // Distinguishes this prober's replies from any other echo in the namespace.
             id: (std::process::id() & 0xffff) as u16,
             seq: 0,
@@ -139,8 +135,8 @@ impl IcmpEcho {
                 req.as_ptr().cast(),
                 req.len(),
                 0,
-                (&self.dst as *const libc::sockaddr_in).cast(),
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+                (&self.dst.0 as *const libc::sockaddr_storage).cast(),
+                self.dst.1,
             )
         };
         if n < 0 {

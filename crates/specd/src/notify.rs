@@ -5,7 +5,7 @@
 //! requests anyway. A source accepts notifications only from its configured peers.
 
 use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 
 /// Magic of a notification datagram.
@@ -61,27 +61,12 @@ pub fn recv(sock: &UdpSocket, buf: &mut [u8]) -> io::Result<Option<(usize, Socke
     if n < 0 {
         return Err(io::Error::last_os_error());
     }
-    let from = match i32::from(ss.ss_family) {
-        libc::AF_INET if len as usize >= size_of::<libc::sockaddr_in>() => {
-            // SAFETY: the kernel wrote a sockaddr_in (family and length checked).
-            let a = unsafe { &*(&ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
-            SocketAddr::V4(SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)),
-                u16::from_be(a.sin_port),
-            ))
-        }
-        libc::AF_INET6 if len as usize >= size_of::<libc::sockaddr_in6>() => {
-            // SAFETY: the kernel wrote a sockaddr_in6 (family and length checked).
-            let a =
-                unsafe { &*(&ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
-            SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(a.sin6_addr.s6_addr),
-                u16::from_be(a.sin6_port),
-                a.sin6_flowinfo,
-                a.sin6_scope_id,
-            ))
-        }
-        _ => return Ok(None),
+    // Neither IPv4 nor IPv6 (or cut short): not a peer's notification.
+    if (len as usize) < size_of::<libc::sockaddr_in>() {
+        return Ok(None);
+    }
+    let Some(from) = farside_rt::sockaddr::from_storage(&ss) else {
+        return Ok(None);
     };
     Ok(Some((n as usize, from)))
 }
