@@ -46,6 +46,7 @@ pub mod speculative;
 pub mod summary;
 pub mod svg;
 pub mod sweep;
+pub mod table;
 
 /// `farside lab`: the experiments.
 #[derive(Debug, Clone, clap::Args)]

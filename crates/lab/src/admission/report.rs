@@ -20,6 +20,7 @@ use crate::experiment::Figure;
 use crate::report::{csv_text, fmt_num, sanitize};
 use crate::summary::Summary;
 use crate::svg::{escape, Chart};
+use crate::table::{Align, Table};
 
 /// The anchor system of `lab admission` (HAProxy), compared against in the improvement
 /// lines when it ran.
@@ -334,45 +335,35 @@ fn scenario_table_text(g: &Grid) -> String {
     if rows.is_empty() {
         return out;
     }
-    const CELL: usize = 36; // width of one system's four columns
     let _ = writeln!(
         out,
         "scenarios — avg and p99 response time of served requests (ms), goodput (served/s), drop %"
     );
-    let mut head1 = format!("{:<16}{:<7}{:<9}{:>8} ", "", "", "", "");
-    let mut head2 = format!("{:<16}{:<7}{:<9}{:>8} ", "scenario", "load", "trace", "x");
-    for sys in &g.systems {
-        let _ = write!(head1, "| {sys:^w$} ", w = CELL - 3);
-        let _ = write!(
-            head2,
-            "| {:>9}{:>9}{:>9}{:>6} ",
-            "avg ms", "p99 ms", "goodput", "drop%"
-        );
-    }
-    let _ = writeln!(out, "{}", head1.trim_end());
-    let _ = writeln!(out, "{}", head2.trim_end());
-    let _ = writeln!(out, "{}", "-".repeat(head2.trim_end().chars().count()));
+    let mut t = scenario_grid(
+        &g.systems,
+        [("avg ms", 9), ("p99 ms", 9), ("goodput", 9), ("drop%", 6)],
+    );
     for r in &rows {
-        let mut row = format!(
-            "{:<16}{:<7}{:<9}{:>8} ",
-            r.scenario, r.load_model, r.trace, r.x
-        );
+        let mut row = vec![
+            r.scenario.clone(),
+            r.load_model.clone(),
+            r.trace.clone(),
+            r.x.to_string(),
+        ];
         for c in &r.cells {
             match c {
-                Some((avg, p99, good, drop)) => {
-                    let _ = write!(
-                        row,
-                        "| {avg:>9.2}{p99:>9.2}{good:>9.1}{:>6.1} ",
-                        drop * 100.0
-                    );
-                }
-                None => {
-                    let _ = write!(row, "| {:>9}{:>9}{:>9}{:>6} ", "-", "-", "-", "-");
-                }
+                Some((avg, p99, good, drop)) => row.extend([
+                    format!("{avg:.2}"),
+                    format!("{p99:.2}"),
+                    format!("{good:.1}"),
+                    format!("{:.1}", drop * 100.0),
+                ]),
+                None => row.extend(std::iter::repeat_n("-".to_string(), 4)),
             }
         }
-        let _ = writeln!(out, "{}", row.trim_end());
+        t.row(row);
     }
+    out.push_str(&t.render());
     let _ = writeln!(
         out,
         "(x: clients in the closed loop, arrivals/s in the open loop)\n"
@@ -381,33 +372,55 @@ fn scenario_table_text(g: &Grid) -> String {
         return out;
     }
     let _ = writeln!(out, "{SPLIT_TITLE}");
-    let mut head1 = format!("{:<16}{:<7}{:<9}{:>8} ", "", "", "", "");
-    let mut head2 = format!("{:<16}{:<7}{:<9}{:>8} ", "scenario", "load", "trace", "x");
-    for sys in &g.systems {
-        let _ = write!(head1, "| {sys:^w$} ", w = CELL - 3);
-        let _ = write!(
-            head2,
-            "| {:>8}{:>8}{:>8}{:>9} ",
-            "p.queue", "p.time", "b.queue", "b.q p99"
-        );
-    }
-    let _ = writeln!(out, "{}", head1.trim_end());
-    let _ = writeln!(out, "{}", head2.trim_end());
-    let _ = writeln!(out, "{}", "-".repeat(head2.trim_end().chars().count()));
+    let mut t = scenario_grid(
+        &g.systems,
+        [
+            ("p.queue", 8),
+            ("p.time", 8),
+            ("b.queue", 8),
+            ("b.q p99", 9),
+        ],
+    );
     for r in &rows {
-        let mut row = format!(
-            "{:<16}{:<7}{:<9}{:>8} ",
-            r.scenario, r.load_model, r.trace, r.x
-        );
+        let mut row = vec![
+            r.scenario.clone(),
+            r.load_model.clone(),
+            r.trace.clone(),
+            r.x.to_string(),
+        ];
         for c in &r.splits {
-            let [a, b, c2, d] =
-                c.map_or_else(|| std::array::from_fn(|_| "-".to_string()), |s| s.cells());
-            let _ = write!(row, "| {a:>8}{b:>8}{c2:>8}{d:>9} ");
+            row.extend(c.map_or_else(|| std::array::from_fn(|_| "-".to_string()), |s| s.cells()));
         }
-        let _ = writeln!(out, "{}", row.trim_end());
+        t.row(row);
     }
+    out.push_str(&t.render());
     let _ = writeln!(out, "{SPLIT_LEGEND}\n");
     out
+}
+
+/// The layout of the scenario tables: scenario, load model, trace and x, then per
+/// system a group of four columns (`heads`) under the system's name.
+fn scenario_grid(systems: &[String], heads: [(&str, usize); 4]) -> Table {
+    let mut t = Table::new()
+        .cols(
+            "",
+            Align::Left,
+            [("scenario", 16), ("load", 7), ("trace", 9)],
+        )
+        .col("", "x", Align::Right, 8)
+        .group("", 4);
+    for sys in systems {
+        t = system_group(t, sys, heads);
+    }
+    t.rule('-').trim_end()
+}
+
+/// One system's group of four columns (`heads`) under its name, after a `|`.
+fn system_group(t: Table, sys: &str, heads: [(&str, usize); 4]) -> Table {
+    let [(h0, w0), rest @ ..] = heads;
+    t.col(" | ", h0, Align::Right, w0)
+        .cols("", Align::Right, rest)
+        .group(sys, 4)
 }
 
 /// Title of the where-time-went table.
@@ -477,7 +490,6 @@ fn monitor_line(g: &Grid, trace: &str) -> Option<String> {
 pub fn table(s: &Summary<Point>) -> String {
     let g = Grid::new(s);
     let mut out = String::new();
-    const CELL: usize = 32; // width of one system's four columns
     for trace in &g.traces {
         let _ = writeln!(
             out,
@@ -485,40 +497,33 @@ pub fn table(s: &Summary<Point>) -> String {
             s.experiment,
             fmt_num(slow_ms(s))
         );
-        let mut head1 = format!("{:>8} ", "");
-        let mut head2 = format!("{:>8} ", load_header(trace));
+        let mut t = Table::new()
+            .col("", load_header(trace), Align::Right, 8)
+            .group("", 1);
         for sys in &g.systems {
-            let _ = write!(head1, "| {sys:^w$} ", w = CELL - 3);
-            let _ = write!(
-                head2,
-                "| {:>9}{:>8}{:>6}{:>6} ",
-                "avg ms", "TPS", "drop%", "slow%"
+            t = system_group(
+                t,
+                sys,
+                [("avg ms", 9), ("TPS", 8), ("drop%", 6), ("slow%", 6)],
             );
         }
-        let _ = writeln!(out, "{}", head1.trim_end());
-        let _ = writeln!(out, "{}", head2.trim_end());
-        let _ = writeln!(out, "{}", "-".repeat(head2.trim_end().chars().count()));
+        let mut t = t.rule('-').trim_end();
         for c in g.clients(trace) {
-            let mut row = format!("{c:>8} ");
+            let mut row = vec![c.to_string()];
             for sys in &g.systems {
                 match g.get(sys, trace, c) {
-                    Some(p) => {
-                        let _ = write!(
-                            row,
-                            "| {:>9.2}{:>8.1}{:>6.1}{:>6.1} ",
-                            p.avg_ms,
-                            p.tps,
-                            p.drop_rate * 100.0,
-                            p.slow_rate * 100.0
-                        );
-                    }
-                    None => {
-                        let _ = write!(row, "| {:>9}{:>8}{:>6}{:>6} ", "-", "-", "-", "-");
-                    }
+                    Some(p) => row.extend([
+                        format!("{:.2}", p.avg_ms),
+                        format!("{:.1}", p.tps),
+                        format!("{:.1}", p.drop_rate * 100.0),
+                        format!("{:.1}", p.slow_rate * 100.0),
+                    ]),
+                    None => row.extend(std::iter::repeat_n("-".to_string(), 4)),
                 }
             }
-            let _ = writeln!(out, "{}", row.trim_end());
+            t.row(row);
         }
+        out.push_str(&t.render());
         if let Some(imp) = g.improvements(trace) {
             let _ = writeln!(out, "{}", imp.line());
         }

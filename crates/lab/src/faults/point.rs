@@ -162,18 +162,21 @@ pub fn csv(rows: &[&FaultRow]) -> io::Result<String> {
 
 /// The fault table.
 pub fn table(rows: &[&FaultRow]) -> String {
-    let mut s = format!(
-        "{:<16} {:>8} {:>9} {:>8} {:>7} {:>5} {:>9} {:>16} {:>9} {:>16}\n",
-        "fault",
-        "started",
-        "answered",
-        "refused",
-        "failed",
-        "hung",
-        "inflight",
-        "time_to_fresh_ms",
-        "repair_ms",
-        "fresh_from_cmd_ms"
+    use crate::table::{Align, Table};
+    let mut t = Table::new().col("", "fault", Align::Left, 16).cols(
+        " ",
+        Align::Right,
+        [
+            ("started", 8),
+            ("answered", 9),
+            ("refused", 8),
+            ("failed", 7),
+            ("hung", 5),
+            ("inflight", 9),
+            ("time_to_fresh_ms", 16),
+            ("repair_ms", 9),
+            ("fresh_from_cmd_ms", 16),
+        ],
     );
     for r in rows {
         let fresh = r
@@ -183,21 +186,20 @@ pub fn table(rows: &[&FaultRow]) -> String {
         let cmd = r
             .time_to_fresh_from_repair_cmd_ms
             .map_or("-".to_string(), |v| format!("{v:.0}"));
-        s.push_str(&format!(
-            "{:<16} {:>8} {:>9} {:>8} {:>7} {:>5} {:>9} {:>16} {:>9} {:>16}\n",
-            r.fault,
-            r.started,
-            r.answered,
-            r.refused_503,
-            r.failed,
-            r.hung,
-            r.inflight_at_end,
+        t.row(vec![
+            r.fault.to_string(),
+            r.started.to_string(),
+            r.answered.to_string(),
+            r.refused_503.to_string(),
+            r.failed.to_string(),
+            r.hung.to_string(),
+            r.inflight_at_end.to_string(),
             fresh,
             repair,
-            cmd
-        ));
+            cmd,
+        ]);
     }
-    s
+    t.render()
 }
 
 /// Whether `rows` meet the targets: no hung request in any fault, and after the

@@ -15,6 +15,7 @@ use crate::experiment::{Figure, LabPoint, NoExtra};
 use crate::report::csv_text;
 use crate::summary::Summary;
 use crate::svg::{escape, Chart};
+use crate::table::{Align, Table};
 
 /// One remote-read latency measurement: one transport, background load and size.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -121,42 +122,43 @@ pub fn table(s: &Summary<ProbePoint>) -> String {
         );
         // With repeats, the spread of p50 and p99 across runs says what is noise.
         let spread = probes.iter().any(|p| p.runs > 1);
-        let mut head = format!(
-            "{:<12}{:>6}{:>9}{:>10}{:>10}{:>10}{:>10}{:>10}{:>9}",
-            "transport",
-            "load",
-            "size B",
-            "samples",
-            "p50 us",
-            "p99 us",
-            "p99.9 us",
-            "max us",
-            "timeouts"
+        let mut t = Table::new().col("", "transport", Align::Left, 12).cols(
+            "",
+            Align::Right,
+            [
+                ("load", 6),
+                ("size B", 9),
+                ("samples", 10),
+                ("p50 us", 10),
+                ("p99 us", 10),
+                ("p99.9 us", 10),
+                ("max us", 10),
+                ("timeouts", 9),
+            ],
         );
         if spread {
-            let _ = write!(head, "{:>10}{:>10}", "p50 sd", "p99 sd");
+            t = t.cols("", Align::Right, [("p50 sd", 10), ("p99 sd", 10)]);
         }
-        let _ = writeln!(out, "{head}");
-        let _ = writeln!(out, "{}", "-".repeat(head.chars().count()));
+        t = t.rule('-');
         for p in probes {
-            let _ = write!(
-                out,
-                "{:<12}{:>6}{:>9}{:>10}{:>10.1}{:>10.1}{:>10.1}{:>10.1}{:>9}",
-                p.transport,
-                p.background_load,
-                p.size_bytes,
-                p.samples,
-                p.p50_us,
-                p.p99_us,
-                p.p999_us,
-                p.max_us,
-                p.timeouts
-            );
+            let mut row = vec![
+                p.transport.to_string(),
+                p.background_load.to_string(),
+                p.size_bytes.to_string(),
+                p.samples.to_string(),
+                format!("{:.1}", p.p50_us),
+                format!("{:.1}", p.p99_us),
+                format!("{:.1}", p.p999_us),
+                format!("{:.1}", p.max_us),
+                p.timeouts.to_string(),
+            ];
             if spread {
-                let _ = write!(out, "{:>10.1}{:>10.1}", p.p50_us_sd, p.p99_us_sd);
+                row.push(format!("{:.1}", p.p50_us_sd));
+                row.push(format!("{:.1}", p.p99_us_sd));
             }
-            out.push('\n');
+            t.row(row);
         }
+        out.push_str(&t.render());
         out.push('\n');
     }
     out

@@ -11,45 +11,49 @@ use super::*;
 pub fn table(points: &[&ReconfigPoint]) -> String {
     let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
     let ms2 = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
-    let mut s = format!(
-        "{:<16} {:<9} {:>7} {:>9} {:>9} {:>8} {:>6} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9}\n",
-        "system",
-        "scenario",
-        "burst",
-        "transport",
-        "tps",
-        "failures",
-        "moves",
-        "lab_moves",
-        "switch_p50",
-        "switch_p99",
-        "dec_p50",
-        "dec_p99",
-        "apply_p50",
-        "apply_p99",
-        "wall_s"
-    );
+    use crate::table::{Align, Table};
+    let mut t = Table::new()
+        .col("", "system", Align::Left, 16)
+        .col(" ", "scenario", Align::Left, 9)
+        .cols(
+            " ",
+            Align::Right,
+            [
+                ("burst", 7),
+                ("transport", 9),
+                ("tps", 9),
+                ("failures", 8),
+                ("moves", 6),
+                ("lab_moves", 9),
+                ("switch_p50", 10),
+                ("switch_p99", 10),
+                ("dec_p50", 9),
+                ("dec_p99", 9),
+                ("apply_p50", 9),
+                ("apply_p99", 9),
+                ("wall_s", 9),
+            ],
+        );
     for p in points {
-        let _ = writeln!(
-            s,
-            "{:<16} {:<9} {:>7} {:>9} {:>9.1} {:>8} {:>6} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>9} {:>9.1}",
+        t.row(vec![
             label(&p.system, p.history_ms),
-            p.scenario,
-            p.burst,
-            p.transport,
-            p.tps,
-            p.failures,
-            p.moves,
-            p.lab_moves,
+            p.scenario.clone(),
+            p.burst.to_string(),
+            p.transport.to_string(),
+            format!("{:.1}", p.tps),
+            p.failures.to_string(),
+            p.moves.to_string(),
+            p.lab_moves.to_string(),
             ms(p.switch_p50_ms),
             ms(p.switch_p99_ms),
             ms2(p.decision_p50_ms),
             ms2(p.decision_p99_ms),
             ms(p.apply_p50_ms),
             ms(p.apply_p99_ms),
-            p.wall_s
-        );
+            format!("{:.1}", p.wall_s),
+        ]);
     }
+    let mut s = t.render();
     s.push_str(
         "switch: balancer's move CAS -> the node's first request in the new role (ms; \
          balancer moves only); dec: the round's decision -> that CAS (ms); apply: the node \
@@ -74,31 +78,29 @@ pub fn table(points: &[&ReconfigPoint]) -> String {
             }
         }
         bursts.sort_unstable();
-        let _ = write!(
-            s,
-            "\nTPS vs burst length, scenario {sc} (Fig. 7)\n{:<8}",
-            "burst"
+        let _ = writeln!(s, "\nTPS vs burst length, scenario {sc} (Fig. 7)");
+        let mut t = Table::new().col("", "burst", Align::Left, 8).cols(
+            " ",
+            Align::Right,
+            systems.iter().map(|sys| (sys.clone(), 16)),
         );
-        for sys in &systems {
-            let _ = write!(s, " {sys:>16}");
-        }
-        s.push('\n');
         for b in bursts {
-            let _ = write!(s, "{b:<8}");
+            let mut row = vec![b.to_string()];
             for sys in &systems {
-                match points.iter().find(|p| {
-                    p.scenario == sc && p.burst == b && label(&p.system, p.history_ms) == *sys
-                }) {
-                    Some(p) => {
-                        let _ = write!(s, " {:>16.1}", p.tps);
-                    }
-                    None => {
-                        let _ = write!(s, " {:>16}", "-");
-                    }
-                }
+                row.push(
+                    points
+                        .iter()
+                        .find(|p| {
+                            p.scenario == sc
+                                && p.burst == b
+                                && label(&p.system, p.history_ms) == *sys
+                        })
+                        .map_or("-".to_string(), |p| format!("{:.1}", p.tps)),
+                );
             }
-            s.push('\n');
+            t.row(row);
         }
+        s.push_str(&t.render());
     }
     s.push_str(&t_sweep_table(points));
     s
@@ -131,23 +133,34 @@ pub fn t_sweep_table(points: &[&ReconfigPoint]) -> String {
         rows.sort_by_key(|p| (p.history_ms, p.burst));
         let _ = writeln!(
             s,
-            "\nT sweep, scenario {sc}: moves (thrashing) vs TPS (responsiveness)\n\
-             {:<8} {:>7} {:>9} {:>6} {:>9} {:>10} {:>9}",
-            "T_ms", "burst", "transport", "moves", "tps", "switch_p50", "dec_p50"
+            "\nT sweep, scenario {sc}: moves (thrashing) vs TPS (responsiveness)"
         );
-        for p in rows {
-            let _ = writeln!(
-                s,
-                "{:<8} {:>7} {:>9} {:>6} {:>9.1} {:>10} {:>9}",
-                p.history_ms.unwrap_or(0),
-                p.burst,
-                p.transport,
-                p.moves,
-                p.tps,
-                ms(p.switch_p50_ms),
-                ms(p.decision_p50_ms)
+        let mut t = crate::table::Table::new()
+            .col("", "T_ms", crate::table::Align::Left, 8)
+            .cols(
+                " ",
+                crate::table::Align::Right,
+                [
+                    ("burst", 7),
+                    ("transport", 9),
+                    ("moves", 6),
+                    ("tps", 9),
+                    ("switch_p50", 10),
+                    ("dec_p50", 9),
+                ],
             );
+        for p in rows {
+            t.row(vec![
+                p.history_ms.unwrap_or(0).to_string(),
+                p.burst.to_string(),
+                p.transport.to_string(),
+                p.moves.to_string(),
+                format!("{:.1}", p.tps),
+                ms(p.switch_p50_ms),
+                ms(p.decision_p50_ms),
+            ]);
         }
+        s.push_str(&t.render());
     }
     s
 }

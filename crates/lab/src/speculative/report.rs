@@ -6,6 +6,7 @@
 //! `fig-spec-rt-<panel>.svg`.
 
 use super::*;
+use crate::table::{Align, Table};
 
 /// The panels in first-seen order, each with its systems in first-seen order.
 pub(super) fn panels(points: &[&SpecPoint]) -> Vec<(String, Vec<String>)> {
@@ -57,66 +58,63 @@ pub(super) fn fig_of(panel: &str) -> &'static str {
 /// Fig. 1; each split: Fig. 2/3), one column per system.
 pub fn table(points: &[&SpecPoint]) -> String {
     let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0}"));
-    let mut s = format!(
-        "{:<8} {:<8} {:<6} {:>7} {:>8} {:>9} {:>9} {:>8} {:>8} {:>9} {:>9} {:>10} {:>7} {:>8} {:>8}\n",
-        "exp",
-        "system",
-        "split",
-        "clients",
-        "rate",
-        "offered",
-        "conn/s",
-        "failures",
-        "timeouts",
-        "avg_ms",
-        "p99_ms",
-        "migrations",
-        "mig/s",
-        "mig_p50",
-        "mig_p99"
-    );
+    let mut t = Table::new()
+        .col("", "exp", Align::Left, 8)
+        .cols(" ", Align::Left, [("system", 8), ("split", 6)])
+        .cols(
+            " ",
+            Align::Right,
+            [
+                ("clients", 7),
+                ("rate", 8),
+                ("offered", 9),
+                ("conn/s", 9),
+                ("failures", 8),
+                ("timeouts", 8),
+                ("avg_ms", 9),
+                ("p99_ms", 9),
+                ("migrations", 10),
+                ("mig/s", 7),
+                ("mig_p50", 8),
+                ("mig_p99", 8),
+            ],
+        );
     for p in points {
-        let _ = writeln!(
-            s,
-            "{:<8} {:<8} {:<6} {:>7} {:>8.1} {:>9.1} {:>9.1} {:>8} {:>8} {:>9.1} {:>9.1} {:>10} {:>7} {:>8} {:>8}",
-            p.experiment,
-            p.system,
-            p.split,
+        t.row(vec![
+            p.experiment.clone(),
+            p.system.clone(),
+            p.split.clone(),
             p.clients.map_or("-".to_string(), |c| c.to_string()),
-            p.rate,
-            p.offered_per_s,
-            p.conn_per_s,
-            p.failures,
-            p.timeouts,
-            p.avg_ms,
-            p.p99_ms,
-            p.migrations,
+            format!("{:.1}", p.rate),
+            format!("{:.1}", p.offered_per_s),
+            format!("{:.1}", p.conn_per_s),
+            p.failures.to_string(),
+            p.timeouts.to_string(),
+            format!("{:.1}", p.avg_ms),
+            format!("{:.1}", p.p99_ms),
+            p.migrations.to_string(),
             p.migrations_per_s
                 .map_or("-".to_string(), |v| format!("{v:.1}")),
             us(p.migration_p50_us),
-            us(p.migration_p99_us)
-        );
+            us(p.migration_p99_us),
+        ]);
         if let (Some(lo), Some(hi)) = (p.conn_per_s_min, p.conn_per_s_max) {
-            // Replace the line's end: the runs' conn/s range after the row.
-            s.pop();
-            let _ = writeln!(s, "  ({} runs: {lo:.1}-{hi:.1} conn/s)", p.runs);
+            // The runs' conn/s range after the row.
+            t.note(&format!("  ({} runs: {lo:.1}-{hi:.1} conn/s)", p.runs));
         }
     }
+    let mut s = t.render();
     if let Some(c) = points.first().map(|p| p.capacity_rps) {
         let _ = writeln!(s, "one node's capacity (formula): {c:.1} conn/s");
     }
     for (panel, systems) in panels(points) {
         let (x, x_label, _) = x_axis(&panel);
-        let _ = write!(
-            s,
-            "\nconn/s vs {x_label}, {panel} ({})\n{:<10}",
-            fig_of(&panel),
-            x
+        let _ = writeln!(s, "\nconn/s vs {x_label}, {panel} ({})", fig_of(&panel));
+        let mut t = Table::new().col("", x, Align::Left, 10).cols(
+            " ",
+            Align::Right,
+            systems.iter().map(|sys| (sys.clone(), 10)),
         );
-        for sys in &systems {
-            let _ = write!(s, " {sys:>10}");
-        }
-        s.push('\n');
         let mut xs: Vec<f64> = points
             .iter()
             .filter(|p| p.panel() == panel)
@@ -126,22 +124,18 @@ pub fn table(points: &[&SpecPoint]) -> String {
         xs.dedup();
         for r in xs {
             let digits = usize::from(x == "rate");
-            let _ = write!(s, "{r:<10.digits$}");
+            let mut row = vec![format!("{r:.digits$}")];
             for sys in &systems {
-                match points
-                    .iter()
-                    .find(|p| p.panel() == panel && p.system == *sys && p.x() == r)
-                {
-                    Some(p) => {
-                        let _ = write!(s, " {:>10.1}", p.conn_per_s);
-                    }
-                    None => {
-                        let _ = write!(s, " {:>10}", "-");
-                    }
-                }
+                row.push(
+                    points
+                        .iter()
+                        .find(|p| p.panel() == panel && p.system == *sys && p.x() == r)
+                        .map_or("-".to_string(), |p| format!("{:.1}", p.conn_per_s)),
+                );
             }
-            s.push('\n');
+            t.row(row);
         }
+        s.push_str(&t.render());
     }
     s.push_str(&peaks_and_break_even(points));
     s
