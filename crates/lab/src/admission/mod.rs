@@ -74,6 +74,7 @@
 //!   pinning, netns isolation) are recorded in `settings` as applied or not, with a
 //!   warning when not ([`privileged_settings`]).
 
+use crate::fabric::flags::SweepFlags;
 use crate::fabric::flags::{Hosts, LoadModels};
 use crate::fabric::procs::Child;
 use crate::nginx::{self, Nginx, NginxConfig};
@@ -187,19 +188,13 @@ pub struct AdmissionArgs {
     /// Where the nodes run.
     #[arg(long, value_enum, default_value_t = Hosts::Loopback)]
     pub hosts: Hosts,
-    /// Reduced sweep for demos and CI (3 client counts, 6 s points after 1 s of warm-up;
-    /// a few minutes). Its numbers are not for comparison; summary.json says `quick`.
-    #[arg(long)]
-    pub quick: bool,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub sweep: SweepFlags,
     /// Output directory for summary.json, points.jsonl, CSV, plots and report.html.
     #[arg(long, default_value = "out/admission")]
     #[serde(skip)]
     pub out: PathBuf,
-    /// Continue the broken sweep kept in DIR (its output directory): finished runs are
-    /// skipped. Refused when the settings differ from the kept run's.
-    #[arg(long, value_name = "DIR", conflicts_with = "out")]
-    #[serde(skip)]
-    pub resume: Option<PathBuf>,
     /// Systems to compare, comma-separated: no-ac, tcp-ac, onesided-ac (the farside
     /// proxy with a static limit), onesided-delay (the farside proxy's objective mode,
     /// `--metric delay` with a target derived from --queue-ms) and haproxy (HAProxy with
@@ -458,7 +453,7 @@ pub fn check_proxy_args(args: &[String]) -> io::Result<()> {
 /// Measured and warm-up seconds of each point: the flags, else the full (60 s after 10 s)
 /// or quick defaults.
 pub fn point_time(a: &AdmissionArgs) -> (f64, f64) {
-    let (d, w) = if a.quick {
+    let (d, w) = if a.sweep.quick {
         (DURATION_S_QUICK, WARMUP_S_QUICK)
     } else {
         (DURATION_S_FULL, WARMUP_S_FULL)

@@ -154,7 +154,11 @@ fn check_args(a: &AdmissionArgs) -> io::Result<Checked> {
     }
     check_proxy_args(&a.proxy_args)?;
     let clients: Vec<u64> = if a.clients.is_empty() {
-        let list = if a.quick { CLIENTS_QUICK } else { CLIENTS_FULL };
+        let list = if a.sweep.quick {
+            CLIENTS_QUICK
+        } else {
+            CLIENTS_FULL
+        };
         list.split(',')
             .map(|c| c.parse().expect("literal list"))
             .collect()
@@ -188,7 +192,11 @@ fn check_args(a: &AdmissionArgs) -> io::Result<Checked> {
         default_limit(&a.metric, 1, 1)?;
     }
     let rates: Vec<f64> = if a.rates.is_empty() {
-        let list = if a.quick { RATES_QUICK } else { RATES_FULL };
+        let list = if a.sweep.quick {
+            RATES_QUICK
+        } else {
+            RATES_FULL
+        };
         list.split(',')
             .map(|r| r.parse().expect("literal list"))
             .collect()
@@ -240,7 +248,7 @@ struct Settled<'a> {
 /// capacities, objective, each system's proxy arguments, privileged settings, notes.
 fn metadata(a: &AdmissionArgs, s: Settled) -> io::Result<Summary<Point>> {
     let open = a.load != LoadModels::Closed;
-    let mut meta = Summary::new("admission", a.hosts.as_str(), a.quick);
+    let mut meta = Summary::new("admission", a.hosts.as_str(), a.sweep.quick);
     crate::sweep::fill_host_metadata(&mut meta);
     meta.seed = Some(a.seed);
     meta.params = effective(a, s.clients, s.limits, s.rule, s.duration_s, s.warmup_s)?;
@@ -314,7 +322,7 @@ fn metadata(a: &AdmissionArgs, s: Settled) -> io::Result<Summary<Point>> {
             .insert("open_loop".into(), Setting::not_applied("both", &why));
     }
     meta.notes.extend(s.calibration_notes);
-    if a.quick {
+    if a.sweep.quick {
         meta.notes.push(format!(
             "quick run: {} s points after {} s of warm-up, for demos; not for comparison",
             s.duration_s, s.warmup_s
@@ -334,7 +342,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
         any_ac,
     } = check_args(&a)?;
     let (duration_s, warmup_s) = point_time(&a);
-    let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
+    let dir = a.sweep.dir(&a.out);
     let netns = a.hosts == Hosts::Netns;
     let run = Run {
         logs: dir.join("logs"),
@@ -409,7 +417,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     let mut calibration: Option<serde_json::Value> = None;
     let mut calibration_notes = Vec::new();
     if a.backend_server == BackendServer::Nginx && a.capacity_rps.is_none() {
-        if a.resume.is_some() {
+        if a.sweep.resume.is_some() {
             let kept: Summary<Point> = crate::sweep::read_summary(&dir)?;
             calibration = kept.params.get("calibration").cloned();
         } else {
@@ -504,7 +512,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             calibration_notes,
         },
     )?;
-    let mut sweep = Sweep::<Admission>::start(&dir, meta, a.resume.is_some())?;
+    let mut sweep = Sweep::<Admission>::start(&dir, meta, a.sweep.resume.is_some())?;
 
     let keys = keys(&a, &limits, objective.delay_budget_max, &clients, &rates);
     let heaviest = clients.iter().copied().max().unwrap_or(0);

@@ -44,6 +44,7 @@
 //! bypass both qdiscs and netfilter).
 
 use crate::fabric::flags::Hosts;
+use crate::fabric::flags::SweepFlags;
 use crate::fabric::procs::Child;
 use farside_loadgen::{LoadgenArgs, Summary};
 use serde::{Deserialize, Serialize};
@@ -111,13 +112,8 @@ pub struct FaultsArgs {
     /// Output directory (summary.json, points.jsonl, table.txt, faults.csv, logs/).
     #[arg(long, default_value = "out/faults")]
     pub out: PathBuf,
-    /// Continue the broken run kept in DIR (its output directory): faults already
-    /// measured are skipped. Refused when the settings differ from the kept run's.
-    #[arg(long, value_name = "DIR")]
-    pub resume: Option<PathBuf>,
-    /// Short phases (4 s per fault instead of 10), for CI.
-    #[arg(long)]
-    pub quick: bool,
+    #[command(flatten)]
+    pub sweep: SweepFlags,
     /// Where the nodes run: loopback (unprivileged) or netns (root: one network
     /// namespace per node, regions over udp answered by XDP, and the `region-drop`
     /// fault).
@@ -217,10 +213,14 @@ fn check_args(a: &FaultsArgs) -> io::Result<Vec<String>> {
 /// Run `farside lab faults`.
 pub fn run(a: FaultsArgs) -> io::Result<()> {
     let faults = check_args(&a)?;
-    let phase_s = if a.quick { PHASE_S_QUICK } else { PHASE_S_FULL };
+    let phase_s = if a.sweep.quick {
+        PHASE_S_QUICK
+    } else {
+        PHASE_S_FULL
+    };
     let fresh_bound_ms = 2 * a.stale_after_ms;
-    let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
-    let mut meta = crate::summary::Summary::new("faults", a.hosts.as_str(), a.quick);
+    let dir = a.sweep.dir(&a.out);
+    let mut meta = crate::summary::Summary::new("faults", a.hosts.as_str(), a.sweep.quick);
     crate::sweep::fill_host_metadata(&mut meta);
     meta.params = serde_json::json!({
         "faults": faults,
@@ -236,7 +236,7 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
         "fresh_bound_ms": fresh_bound_ms,
         "fresh_poll_ms": FRESH_POLL.as_millis() as u64,
     });
-    let mut sweep = crate::sweep::Sweep::<Faults>::start(&dir, meta, a.resume.is_some())?;
+    let mut sweep = crate::sweep::Sweep::<Faults>::start(&dir, meta, a.sweep.resume.is_some())?;
     let logs = dir.join("logs");
     let fault_at = Duration::from_secs_f64(phase_s / 8.0);
     let mut running: Option<Running> = None;

@@ -17,7 +17,10 @@ fn fresh_view_needs_every_backend_fresh() {
 fn bad_arguments_are_refused_with_the_flag_named() {
     let mut a = FaultsArgs {
         out: "x".into(),
-        quick: true,
+        sweep: crate::fabric::flags::SweepFlags {
+            quick: true,
+            resume: None,
+        },
         hosts: Hosts::Netns,
         rate: Some(10.0),
         load_share: 0.7,
@@ -27,7 +30,6 @@ fn bad_arguments_are_refused_with_the_flag_named() {
         limit: 4,
         timeout_ms: 1000,
         faults: Vec::new(),
-        resume: None,
     };
     assert_eq!(check_args(&a).unwrap().len(), FAULTS.len());
     a.hosts = Hosts::Loopback;

@@ -516,7 +516,7 @@ pub(super) fn start_tier(
     let rate = match a.rate {
         Some(r) => r,
         None => {
-            let c = capacity(&fab, listen, a.quick)?;
+            let c = capacity(&fab, listen, a.sweep.quick)?;
             let line = format!(
                 "capacity {c:.0} requests/s (closed loop, {CALIBRATION_CLIENTS} clients); \
                  offered {:.0}/s (--load-share {})",

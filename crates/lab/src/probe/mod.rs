@@ -9,6 +9,7 @@
 
 use crate::error::LabError;
 use crate::fabric::flags::Hosts;
+use crate::fabric::flags::SweepFlags;
 use crate::fabric::procs::Child;
 use crate::summary::Summary;
 use crate::sweep::Sweep;
@@ -60,18 +61,13 @@ pub struct ProbeArgs {
     /// Where the nodes run (netns: back-end in its own namespace and cgroup, XDP).
     #[arg(long, value_enum, default_value_t = Hosts::Loopback)]
     pub hosts: Hosts,
-    /// Reduced sweep (a minute or two).
-    #[arg(long)]
-    pub quick: bool,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub sweep: SweepFlags,
     /// Output directory.
     #[arg(long, default_value = "out/probe")]
     #[serde(skip)]
     pub out: PathBuf,
-    /// Continue the broken sweep kept in DIR (finished points are skipped); refused when
-    /// the settings differ from the kept run's.
-    #[arg(long, value_name = "DIR", conflicts_with = "out")]
-    #[serde(skip)]
-    pub resume: Option<PathBuf>,
     /// Transports to measure: shm, tcp, udp (user space), xdp (netns only), icmp (netns
     /// only: the kernel's ICMP echo over the same path and steering, answered by the
     /// back-end node's kernel: the floor any one-sided read stands on). Default
@@ -276,7 +272,7 @@ pub fn run(mut a: ProbeArgs) -> io::Result<()> {
         a.transports = default_transports(a.hosts);
     }
     let loads = if a.loads.is_empty() {
-        if a.quick {
+        if a.sweep.quick {
             vec![0, 2, 4]
         } else {
             vec![0, 1, 2, 4]
@@ -285,7 +281,7 @@ pub fn run(mut a: ProbeArgs) -> io::Result<()> {
         a.loads.clone()
     };
     let sizes = if a.sizes.is_empty() {
-        if a.quick {
+        if a.sweep.quick {
             vec![8, 512, 4096]
         } else {
             vec![8, 64, 512, 4096]
@@ -320,15 +316,15 @@ pub fn run(mut a: ProbeArgs) -> io::Result<()> {
             }
         }
     }
-    let samples = a.samples.unwrap_or(if a.quick { 1000 } else { 5000 });
-    let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
+    let samples = a.samples.unwrap_or(if a.sweep.quick { 1000 } else { 5000 });
+    let dir = a.sweep.dir(&a.out);
     let mut meta = Summary::new(
         "probe",
         match a.hosts {
             Hosts::Loopback => "loopback",
             Hosts::Netns => "netns",
         },
-        a.quick,
+        a.sweep.quick,
     );
     crate::sweep::fill_host_metadata(&mut meta);
     let mut eff = a.clone();
@@ -344,7 +340,7 @@ pub fn run(mut a: ProbeArgs) -> io::Result<()> {
             );
         }
     }
-    let sweep = Sweep::<Probe>::start(&dir, meta, a.resume.is_some())?;
+    let sweep = Sweep::<Probe>::start(&dir, meta, a.sweep.resume.is_some())?;
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs)?;
     if a.hosts == Hosts::Netns {

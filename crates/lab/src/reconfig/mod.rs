@@ -81,8 +81,8 @@ pub fn run(a: ReconfigArgs) -> io::Result<()> {
             "--node-cpu-pct with --hosts loopback needs root (a cgroup per node)",
         ));
     }
-    let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
-    let mut meta = crate::summary::Summary::new("reconfig", a.hosts.as_str(), a.quick);
+    let dir = a.sweep.dir(&a.out);
+    let mut meta = crate::summary::Summary::new("reconfig", a.hosts.as_str(), a.sweep.quick);
     crate::sweep::fill_host_metadata(&mut meta);
     let nodes_n = plan
         .scenarios
@@ -118,7 +118,7 @@ pub fn run(a: ReconfigArgs) -> io::Result<()> {
         "series_every_ms": SERIES_EVERY.as_millis() as u64,
         "tps": "requests served / summed wall time of the point's bursts",
     });
-    let mut sweep = crate::sweep::Sweep::<Reconfig>::start(&dir, meta, a.resume.is_some())?;
+    let mut sweep = crate::sweep::Sweep::<Reconfig>::start(&dir, meta, a.sweep.resume.is_some())?;
     let keys = point_keys(&plan, &plan.history_ms);
     let mut lab: Option<Lab> = None;
     let mut notes = Vec::new();

@@ -2,6 +2,7 @@
 //! tier it builds, the scenarios' allocations and burst schedules, the checked plan of
 //! a run and the keys of its points.
 
+use crate::fabric::flags::SweepFlags;
 use std::io;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -74,12 +75,8 @@ pub struct ReconfigArgs {
     /// CSVs, configs/, logs/).
     #[arg(long, default_value = "out/reconfig")]
     pub out: PathBuf,
-    /// Continue the broken run kept in DIR: points already measured are skipped.
-    #[arg(long, value_name = "DIR")]
-    pub resume: Option<PathBuf>,
-    /// Bursts 512,4096 and the scenario 2:2:2:2 only (unless given), for CI (< 5 min).
-    #[arg(long)]
-    pub quick: bool,
+    #[command(flatten)]
+    pub sweep: SweepFlags,
     /// Where the nodes run: netns (root: one namespace and cgroup per node, so each
     /// node's CPU and load are its own) or loopback (processes on 127.0.0.1; as root each
     /// node a cgroup with a CPU quota, otherwise no quota: capacity from
@@ -316,7 +313,7 @@ pub(super) fn check_args(a: &ReconfigArgs) -> io::Result<Plan> {
     }
     let names: Vec<String> = if !a.scenario.is_empty() {
         a.scenario.clone()
-    } else if a.quick {
+    } else if a.sweep.quick {
         vec![SCENARIOS[1].to_string()]
     } else {
         SCENARIOS.iter().map(|s| s.to_string()).collect()
@@ -328,7 +325,7 @@ pub(super) fn check_args(a: &ReconfigArgs) -> io::Result<Plan> {
     }
     let bursts = if !a.bursts.is_empty() {
         a.bursts.clone()
-    } else if a.quick {
+    } else if a.sweep.quick {
         BURSTS_QUICK.to_vec()
     } else {
         BURSTS_FULL.to_vec()

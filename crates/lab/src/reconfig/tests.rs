@@ -74,8 +74,10 @@ fn metrics_are_read_by_name_and_label() {
 fn args() -> ReconfigArgs {
     ReconfigArgs {
         out: "x".into(),
-        resume: None,
-        quick: true,
+        sweep: crate::fabric::flags::SweepFlags {
+            quick: true,
+            resume: None,
+        },
         hosts: Hosts::Netns,
         systems: SYSTEMS.iter().map(|s| s.to_string()).collect(),
         scenario: Vec::new(),
@@ -102,7 +104,10 @@ fn arguments_are_checked_with_the_flag_named() {
     assert_eq!(p.bursts, BURSTS_QUICK.to_vec());
     assert_eq!(p.scenarios.len(), 1);
     let full = check_args(&ReconfigArgs {
-        quick: false,
+        sweep: crate::fabric::flags::SweepFlags {
+            quick: false,
+            resume: None,
+        },
         ..args()
     })
     .unwrap();

@@ -33,6 +33,7 @@
 //! line, and its exit summary fills the point's migration figures ([`SpecdFigures`]).
 
 use crate::fabric::flags::Hosts;
+use crate::fabric::flags::SweepFlags;
 use crate::fabric::netns::{NodeSpec, VirtualDc};
 use crate::fabric::procs::Child;
 use crate::svg::Chart;
@@ -173,12 +174,8 @@ pub struct SpeculativeArgs {
     /// figures, logs/).
     #[arg(long, default_value = "out/speculative")]
     pub out: PathBuf,
-    /// Continue the broken run kept in DIR: points already measured are skipped.
-    #[arg(long, value_name = "DIR")]
-    pub resume: Option<PathBuf>,
-    /// 3 rates (0.5, 1.5, 3 × one node's capacity) of 3 s each, for CI (< 5 min).
-    #[arg(long)]
-    pub quick: bool,
+    #[command(flatten)]
+    pub sweep: SweepFlags,
     /// Where the nodes run: netns only (root: one namespace per node, a cgroup with a
     /// CPU quota per back-end, the eBPF front-end on its own node).
     #[arg(long, value_enum, default_value_t = Hosts::Netns)]
@@ -421,7 +418,7 @@ fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
     let capacity = capacity_rps(quota, a.cpu_us_per_request);
     let rates: Vec<f64> = if !a.rates.is_empty() {
         a.rates.clone()
-    } else if a.quick {
+    } else if a.sweep.quick {
         RATE_MULTIPLES_QUICK.iter().map(|m| m * capacity).collect()
     } else {
         RATE_MULTIPLES_FULL.iter().map(|m| m * capacity).collect()
@@ -445,7 +442,7 @@ fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
         Vec::new()
     } else if !a.clients.is_empty() {
         a.clients.clone()
-    } else if a.quick {
+    } else if a.sweep.quick {
         CLIENT_MULTIPLES_QUICK
             .iter()
             .map(|m| m * BASE_ACCEPT_QUEUE)
@@ -459,7 +456,9 @@ fn check_args(a: &SpeculativeArgs) -> io::Result<Plan> {
     if clients.iter().any(|&c| c == 0 || c > CLIENTS_MAX) {
         return Err(bad(format!("--clients: every count in 1..={CLIENTS_MAX}")));
     }
-    let duration_s = a.duration_s.unwrap_or(if a.quick { 3.0 } else { 20.0 });
+    let duration_s = a
+        .duration_s
+        .unwrap_or(if a.sweep.quick { 3.0 } else { 20.0 });
     if !(duration_s.is_finite() && duration_s > 0.0) {
         return Err(bad(format!("--duration-s {duration_s}: must be positive")));
     }
@@ -580,8 +579,8 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
              with a CPU quota per back-end, and attaches the eBPF front-end (--hosts netns)",
         )
     })?;
-    let dir = a.resume.clone().unwrap_or_else(|| a.out.clone());
-    let mut meta = crate::summary::Summary::new("speculative", a.hosts.as_str(), a.quick);
+    let dir = a.sweep.dir(&a.out);
+    let mut meta = crate::summary::Summary::new("speculative", a.hosts.as_str(), a.sweep.quick);
     crate::sweep::fill_host_metadata(&mut meta);
     meta.seed = Some(a.seed);
     meta.params = serde_json::json!({
@@ -634,7 +633,8 @@ pub fn run(a: SpeculativeArgs) -> io::Result<()> {
         "load": "open loop: Poisson arrivals at each rate; closed loop: each user starts its next connection when its last one ended; both: one connection per request (Connection: close), the same client timeouts",
         "conn_per_s": "connections completed (response received) / measured time",
     });
-    let mut sweep = crate::sweep::Sweep::<Speculative>::start(&dir, meta, a.resume.is_some())?;
+    let mut sweep =
+        crate::sweep::Sweep::<Speculative>::start(&dir, meta, a.sweep.resume.is_some())?;
     let keys = point_keys(&a, &plan);
     let mut lab: Option<Lab> = None;
     let mut notes = Vec::new();

@@ -88,8 +88,10 @@ use super::*;
 fn args() -> SpeculativeArgs {
     SpeculativeArgs {
         out: "x".into(),
-        resume: None,
-        quick: true,
+        sweep: crate::fabric::flags::SweepFlags {
+            quick: true,
+            resume: None,
+        },
         hosts: Hosts::Netns,
         experiment: vec!["single".into(), "split".into()],
         systems: vec!["acc64".into()],
@@ -125,7 +127,10 @@ fn capacity_rule_and_default_rates() {
     assert_eq!(p.duration_s, 3.0);
     assert_eq!(p.nodes, 2);
     let full = check_args(&SpeculativeArgs {
-        quick: false,
+        sweep: crate::fabric::flags::SweepFlags {
+            quick: false,
+            resume: None,
+        },
         experiment: vec!["single".into()],
         ..args()
     })
@@ -415,7 +420,10 @@ fn load_models_choose_rates_and_clients() {
     assert_eq!(p.rates.len(), RATE_MULTIPLES_QUICK.len());
     assert_eq!(p.clients, [128]);
     let full = check_args(&SpeculativeArgs {
-        quick: false,
+        sweep: crate::fabric::flags::SweepFlags {
+            quick: false,
+            resume: None,
+        },
         ..both.clone()
     })
     .unwrap();
