@@ -513,10 +513,16 @@ fn completion_window_accounting_obeys_littles_law() {
     a.duration_s = 2.0;
     let s = run(&a).unwrap();
     assert_eq!((s.dropped_503, s.failures), (0, 0), "{s}");
-    let little = a.clients as f64 / ((s.avg_ms + a.think_ms as f64) / 1000.0);
+    let cycle_s = (s.avg_ms + a.think_ms as f64) / 1000.0;
+    let little = a.clients as f64 / cycle_s;
+    // The window's two ends cut each client's cycle of R + Z at an arbitrary phase, so
+    // a client completes one request more or less in it than Little's law's mean: the
+    // bound is one cycle in the window (12.5 % here), well inside the old accounting's
+    // -25 %, and it holds however slow a busy host makes the responses.
+    let bound = cycle_s / a.duration_s;
     assert!(
-        (s.tps - little).abs() / little < 0.05,
-        "tps {} vs N/(R+Z) {little}: {s}",
+        (s.tps - little).abs() / little < bound,
+        "tps {} vs N/(R+Z) {little} (bound {bound}): {s}",
         s.tps
     );
     assert_eq!(s.series.iter().map(|x| x.served).sum::<u64>(), s.served);
