@@ -29,10 +29,10 @@ set +e
 if $root; then
     echo "== cargo test (root: including the root-only tests)"
     [ -n "${CI:-}" ] && export FARSIDE_NO_SKIP=1
-    cargo test --workspace -- --test-threads=2 --include-ignored 2>&1 | tee "$scratch/test.log"
+    cargo test --workspace --no-fail-fast -- --test-threads=2 --include-ignored 2>&1 | tee "$scratch/test.log"
 else
     echo "== cargo test (not root: root-only tests are skipped, listed as ignored)"
-    cargo test --workspace -- --test-threads=2 2>&1 | tee "$scratch/test.log"
+    cargo test --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee "$scratch/test.log"
 fi
 test_status=${PIPESTATUS[0]}
 set -e
