@@ -357,9 +357,12 @@ mod tests {
 
     #[test]
     fn the_installed_haproxy_accepts_the_config() {
-        let Ok(bin) = find_binary() else {
-            eprintln!("skipped: no HAProxy on this host");
-            return;
+        let bin = match find_binary() {
+            Ok(b) => b,
+            Err(e) => {
+                farside_testkit::skip("the_installed_haproxy_accepts_the_config", &e.to_string());
+                return;
+            }
         };
         let dir = std::env::temp_dir().join(format!("farside-haproxy-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();

@@ -495,8 +495,8 @@ mod tests {
 
     #[test]
     fn serves_a_static_file_and_cleans_up_on_drop() {
-        if find_binary().is_err() {
-            println!("skipped: nginx not installed (apt-get install nginx-light)");
+        if let Err(e) = find_binary() {
+            farside_testkit::skip("serves_a_static_file_and_cleans_up_on_drop", &e.to_string());
             return;
         }
         let doc = docroot("serve");
@@ -533,8 +533,8 @@ mod tests {
 
     #[test]
     fn a_start_failure_quotes_the_error_log() {
-        if find_binary().is_err() {
-            println!("skipped: nginx not installed (apt-get install nginx-light)");
+        if let Err(e) = find_binary() {
+            farside_testkit::skip("a_start_failure_quotes_the_error_log", &e.to_string());
             return;
         }
         let doc = docroot("busy");
