@@ -330,6 +330,11 @@ impl TargetDaemon {
         self.addr
     }
 
+    /// Threads waiting in accept for a source (none holds a control connection).
+    pub fn free_threads(&self) -> u32 {
+        self.shared.free.load(Ordering::SeqCst)
+    }
+
     /// The counters.
     pub fn stats(&self) -> &TargetStats {
         &self.shared.stats

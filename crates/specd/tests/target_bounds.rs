@@ -65,12 +65,28 @@ fn a_peer_over_its_share_is_closed_at_once() {
     .unwrap();
     let share = per_peer_max(threads, 2);
     assert_eq!(share, 2);
-    // Every thread in accept first: a thread that finds none free gives its idle
-    // connection up for the next source (a different closing, not this test's).
-    std::thread::sleep(Duration::from_millis(300));
+    // Every thread in accept first, and the connections within the share taken before
+    // the one over it arrives: a source that finds no thread free makes an idle one
+    // give its connection up (a different closing, not this test's).
+    let free_is = |n: u32, what: &str| {
+        let t0 = Instant::now();
+        while target.free_threads() != n {
+            assert!(
+                t0.elapsed() < BOUND,
+                "{what}: {} free",
+                target.free_threads()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    free_is(threads as u32, "every thread in accept");
     let mut held: Vec<TcpStream> = (0..share)
         .map(|_| TcpStream::connect(target.addr()).unwrap())
         .collect();
+    free_is(
+        threads as u32 - share as u32,
+        "the connections within the share taken",
+    );
     let mut over = TcpStream::connect(target.addr()).unwrap();
     let t0 = Instant::now();
     while !closed(&mut over, Duration::from_millis(50)) {
