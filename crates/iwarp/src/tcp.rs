@@ -43,6 +43,10 @@ struct State {
     draining: bool,
     /// The writer sent everything after `draining` and shut its side down.
     drained: bool,
+    /// The writer thread has ended (drained, failed or stopped): a drain waits for
+    /// this, not for the reader's end of stream, which the peer's answer to the
+    /// drain's own FIN can bring before `drained` is set.
+    writer_exited: bool,
 }
 
 type Shared = Arc<(Mutex<State>, Condvar)>;
@@ -111,6 +115,7 @@ impl Endpoint {
                 stopping: false,
                 draining: false,
                 drained: false,
+                writer_exited: false,
             }),
             Condvar::new(),
         ));
@@ -227,7 +232,7 @@ impl Endpoint {
                 return true;
             }
             let now = Instant::now();
-            if now >= deadline || g.closed {
+            if now >= deadline || g.writer_exited {
                 return g.drained;
             }
             g = self
@@ -257,6 +262,7 @@ fn write_loop(mut s: TcpStream, shared: Shared) {
         let mut g = lock(&shared);
         let (tx, done, drained) = loop {
             if g.stopping {
+                g.writer_exited = true;
                 drop(g);
                 let _ = s.shutdown(Shutdown::Both);
                 return;
@@ -276,13 +282,19 @@ fn write_loop(mut s: TcpStream, shared: Shared) {
         shared.1.notify_all();
         if drained {
             let _ = s.shutdown(Shutdown::Write);
-            lock(&shared).drained = true;
+            let mut g = lock(&shared);
+            g.drained = true;
+            g.writer_exited = true;
+            drop(g);
             shared.1.notify_all();
             return;
         }
         if s.write_all(&tx).is_err() || done {
             let _ = s.shutdown(Shutdown::Both);
-            lock(&shared).closed = true;
+            let mut g = lock(&shared);
+            g.closed = true;
+            g.writer_exited = true;
+            drop(g);
             shared.1.notify_all();
             return;
         }
