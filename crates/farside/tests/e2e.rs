@@ -103,6 +103,18 @@ fn overloaded_backend_gets_503_with_retry_after_and_recovers() {
     );
     let admin: SocketAddr = admin.parse().unwrap();
     assert_eq!(get(t.proxy_addr, "/file16k").0, 200, "idle back-end serves");
+    // The proxy counts that request's end (its estimate subtracts ends after the latest
+    // sample) a moment after the client has the response; a busy host can delay it past
+    // the sample that shows the queue below, which would then read one less. Wait for it
+    // (in flight 0 follows the end's count), and for the millisecond it fell in to pass
+    // (the estimate counts ends in the sample's own millisecond as after it).
+    eventually("the proxy counts the first request's end", WAIT, || {
+        get(admin, "/metrics")
+            .1
+            .lines()
+            .any(|l| l.starts_with("farside_backend_inflight{") && l.ends_with(" 0"))
+    });
+    std::thread::sleep(Duration::from_millis(2));
 
     // Occupy the only worker with a connection that never finishes its request, and
     // queue one more connection in the accept backlog.

@@ -73,10 +73,13 @@ impl InflightGuard {
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
-        self.counter.fetch_sub(1, Ordering::Relaxed);
+        // The end is told before the count drops, so that a reader who sees the count
+        // at zero also sees the end in the estimate (`farside_backend_inflight` 0 means
+        // no completion is still to be subtracted from `farside_backend_load`).
         if let Some(o) = &self.observer {
             o.done();
         }
+        self.counter.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
