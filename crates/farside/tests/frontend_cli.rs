@@ -78,6 +78,19 @@ fn bad_flags_are_refused_with_a_clear_message() {
         (
             vec![
                 "--iface",
+                "lo",
+                "--vip",
+                "10.0.0.100:80",
+                "--backend",
+                b,
+                "--control",
+                "127.0.0.1:7400",
+            ],
+            "needs --key-file",
+        ),
+        (
+            vec![
+                "--iface",
                 "no-such-if0",
                 "--vip",
                 "10.0.0.100:80",
@@ -118,9 +131,41 @@ fn runs_serves_control_and_reports_at_sigterm() {
     ]);
     sh(&["ip", "-n", &ns.0, "link", "set", "d0", "up"]);
     sh(&["ip", "-n", &ns.0, "link", "set", "lo", "up"]);
+    // The TCP control port's key, in a 0600 file.
+    let key_dir = std::env::temp_dir().join(format!("fecli-key-{}", std::process::id()));
+    std::fs::create_dir_all(&key_dir).unwrap();
+    let key_path = key_dir.join("frontend.key");
+    let key = farside_frontend::table::random_hash_key().unwrap();
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let text: String = key.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&key_path)
+            .unwrap();
+        writeln!(f, "{text}").unwrap();
+    }
+    // The key as the front-end reads it (`--key-id` 1 is the default).
+    let loaded = farside_auth::keys::load_key(
+        "frontend-move",
+        Some(&key_path),
+        farside_auth::keys::Policy::Production,
+    )
+    .unwrap();
+    assert_eq!(loaded.key.halves(), key.halves());
+    let key = farside_frontend::fmove::MoveKey {
+        id: farside_auth::mac::KeyId(1),
+        key: loaded.key,
+    };
     let mut child = Command::new("ip")
         .args(["netns", "exec", &ns.0, exe(), "frontend", "--iface", "d0"])
         .args(["--vip", "10.9.0.100:80", "--control", "127.0.0.1:0"])
+        .arg("--key-file")
+        .arg(&key_path)
         .args(["--backend", "02:00:00:00:00:0b@10.9.0.11=67"])
         .args(["--backend", "02:00:00:00:00:0c@10.9.0.12=33"])
         .stdout(Stdio::piped())
@@ -144,7 +189,10 @@ fn runs_serves_control_and_reports_at_sigterm() {
         let f = std::fs::File::open(format!("/run/netns/{nsname}")).unwrap();
         // SAFETY: setns on an open netns fd; this thread only.
         assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
-        let mut c = Client::connect(control).unwrap();
+        // Without the key the port refuses; with it, it serves.
+        let e = Client::connect(control).unwrap().stats().unwrap_err();
+        assert!(e.to_string().contains("not an AUTH line"), "{e}");
+        let mut c = Client::connect(control).unwrap().with_key(key);
         let client = SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 1), 40_000);
         assert_eq!(c.flow(client).unwrap(), None);
         c.move_flow(client, Ipv4Addr::new(10, 9, 0, 12)).unwrap();
@@ -180,6 +228,7 @@ fn runs_serves_control_and_reports_at_sigterm() {
     // SAFETY: signalling our own child (`ip netns exec` execs farside in place).
     unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
+    let _ = std::fs::remove_dir_all(&key_dir);
     assert!(out.status.success(), "exit {:?}", out.status);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -65,7 +65,8 @@ give every back-end here as MAC@IP=WEIGHT (its MAC on IF's LAN, its own address,
 share of new flows). Control port (one line per request, one reply line): MOVE \
 client_ip:port backend_ip | HOLD client_ip:port [ttl_ms] | RELEASE client_ip:port | FLOW \
 client_ip:port | WEIGHTS ip=w,ip=w | STATS; recommended on a Unix socket \
-(--control unix:/run/farside/frontend.sock, 0600): over TCP it is unauthenticated. One-sided \
+(--control unix:/run/farside/frontend.sock, 0600); over TCP every request is sealed with \
+--key-file's key (docs/frontend.md). One-sided \
 MOVE (answered by the tc program, no process involved): UDP to this node's address on \
 --move-udp-port (default: a TCP control port's number). See docs/frontend.md."
 )]
@@ -83,7 +84,8 @@ pub struct FrontendArgs {
     pub backends: Vec<BackendSpec>,
     /// Serve the control port here: unix:/PATH (recommended, e.g.
     /// unix:/run/farside/frontend.sock: a 0600 socket only local root can open) or
-    /// IP:PORT (TCP, unauthenticated: a warning is logged); none if absent.
+    /// IP:PORT (TCP: needs --key-file; every request must be sealed with that key,
+    /// as `specd --frontend-key-file` seals them); none if absent.
     #[arg(long, value_name = "ADDR")]
     pub control: Option<ControlAddr>,
     /// UDP port of the one-sided MOVE, answered by the tc program itself (no process
@@ -137,6 +139,13 @@ impl FrontendArgs {
             return Err("give at least one --backend MAC@IP=WEIGHT".into());
         }
         validate_backends(&self.backends).map_err(|e| format!("--backend: {e}"))?;
+        if let (Some(ControlAddr::Tcp(t)), None) = (&self.control, &self.key_file) {
+            return Err(format!(
+                "--control {t}: a TCP control port needs --key-file (every request on it \
+                 is sealed with that key); or use --control unix:{}",
+                crate::control::UNIX_SOCKET_DEFAULT
+            ));
+        }
         if let Some(d) = self.duration_s {
             if !(d.is_finite() && d > 0.0) {
                 return Err(format!("--duration-s {d}: must be positive"));
@@ -248,14 +257,14 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
     let sweeper = Sweeper::start(fe.clone()).map_err(|e| format!("sweep thread: {e}"))?;
     let server = match &a.control {
         Some(addr) => {
-            if let ControlAddr::Tcp(t) = addr {
-                log::warn!(
-                    "frontend: the control port on TCP {t} is UNAUTHENTICATED: anyone who \
-                     reaches it can move, hold and drain flows; prefer --control unix:{}",
-                    crate::control::UNIX_SOCKET_DEFAULT
-                );
-            }
-            Some(Server::start_at(addr, fe.clone()).map_err(|e| format!("--control {addr}: {e}"))?)
+            let key = key.as_ref().map(|k| crate::fmove::MoveKey {
+                id: farside_auth::mac::KeyId(a.key_id),
+                key: k.key,
+            });
+            Some(
+                Server::start_at(addr, fe.clone(), key)
+                    .map_err(|e| format!("--control {addr}: {e}"))?,
+            )
         }
         None => None,
     };

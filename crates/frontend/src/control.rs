@@ -14,8 +14,11 @@
 //! | `STATS` | — | `OK <json>` ([`Stats`]) |
 //!
 //! Where: a Unix socket (`unix:/run/farside/frontend.sock`, 0600: only local root
-//! can open it; recommended) or TCP (no authentication: anyone who reaches the port
-//! can move, hold and drain flows; bind it to a management network only).
+//! can open it; recommended; plain lines) or TCP, where every request must be sealed
+//! with the front-end's key and every reply is sealed and bound to its request
+//! ([`crate::control_auth`]: `AUTH <hex>` lines; forged, tampered or replayed lines are
+//! answered `ERR` and the connection closed). A TCP control port without a key is
+//! refused.
 //!
 //! Bounds: [`CONNS_MAX`] connections at once; a new one past it closes the
 //! connection whose last complete request is oldest if that is [`EVICT_IDLE_MIN`]
@@ -36,6 +39,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::backend::parse_weights;
+use crate::control_auth::{self, ControlAuth};
+use crate::fmove::MoveKey;
 use crate::loader::{Frontend, Stats};
 #[cfg(doc)]
 use crate::loader::{HOLD_TTL_DEFAULT, HOLD_TTL_MAX};
@@ -68,8 +73,8 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Where the control port listens: a Unix socket (`unix:/path`, recommended: only
-/// local root can reach it) or TCP (`IP:PORT`, unauthenticated: anyone who can reach
-/// it can move, hold and drain flows).
+/// local root can reach it) or TCP (`IP:PORT`: every request sealed with the
+/// front-end's key, [`crate::control_auth`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ControlAddr {
     /// TCP at this address.
@@ -212,6 +217,12 @@ impl Listener {
     }
 }
 
+impl Stream {
+    fn is_tcp(&self) -> bool {
+        matches!(self, Stream::Tcp(_))
+    }
+}
+
 /// Bind a Unix socket at `path`, 0600; its directory is created 0700 if missing. A
 /// socket file left by a dead front-end (nothing accepts on it) is replaced; one a
 /// live front-end serves is not.
@@ -254,14 +265,28 @@ pub struct Server {
 }
 
 impl Server {
-    /// Listen on TCP `addr` and serve requests on `fe` until dropped.
-    pub fn start(addr: SocketAddr, fe: Arc<Mutex<Frontend>>) -> io::Result<Server> {
-        Server::start_at(&ControlAddr::Tcp(addr), fe)
+    /// Listen on TCP `addr` and serve requests sealed with `key` on `fe` until dropped.
+    pub fn start(addr: SocketAddr, fe: Arc<Mutex<Frontend>>, key: MoveKey) -> io::Result<Server> {
+        Server::start_at(&ControlAddr::Tcp(addr), fe, Some(key))
     }
 
     /// Listen on `addr` (TCP or a Unix socket) and serve requests on `fe` until
-    /// dropped (a Unix socket's file is removed then).
-    pub fn start_at(addr: &ControlAddr, fe: Arc<Mutex<Frontend>>) -> io::Result<Server> {
+    /// dropped (a Unix socket's file is removed then). On TCP every request must be
+    /// sealed with `key`, which is then required; on a Unix socket plain lines are
+    /// served, and sealed ones too if a key is given.
+    pub fn start_at(
+        addr: &ControlAddr,
+        fe: Arc<Mutex<Frontend>>,
+        key: Option<MoveKey>,
+    ) -> io::Result<Server> {
+        if addr.tcp().is_some() && key.is_none() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a TCP control port needs the front-end's key (--key-file) to authenticate \
+                 its requests; or serve it on a Unix socket (unix:/PATH)",
+            ));
+        }
+        let auth = key.map(|k| Arc::new(ControlAuth::new(k)));
         let (listener, addr) = match addr {
             ControlAddr::Tcp(a) => {
                 let l = TcpListener::bind(a)?;
@@ -275,7 +300,7 @@ impl Server {
         let stop2 = stop.clone();
         let thread = thread::Builder::new()
             .name("fe-control".into())
-            .spawn(move || accept_loop(listener, fe, stop2))?;
+            .spawn(move || accept_loop(listener, fe, auth, stop2))?;
         Ok(Server {
             addr,
             listener_fd,
@@ -371,7 +396,12 @@ impl Slots {
     }
 }
 
-fn accept_loop(listener: Listener, fe: Arc<Mutex<Frontend>>, stop: Arc<AtomicBool>) {
+fn accept_loop(
+    listener: Listener,
+    fe: Arc<Mutex<Frontend>>,
+    auth: Option<Arc<ControlAuth>>,
+    stop: Arc<AtomicBool>,
+) {
     let slots = Arc::new(Slots::default());
     loop {
         let conn = listener.accept();
@@ -387,11 +417,11 @@ fn accept_loop(listener: Listener, fe: Arc<Mutex<Frontend>>, stop: Arc<AtomicBoo
             let _ = conn.write_all(b"ERR busy\n");
             continue;
         };
-        let (fe, slots2) = (fe.clone(), slots.clone());
+        let (fe, slots2, auth) = (fe.clone(), slots.clone(), auth.clone());
         let spawned = thread::Builder::new()
             .name("fe-control-conn".into())
             .spawn(move || {
-                let _ = serve_conn(conn, &fe, &slots2, id);
+                let _ = serve_conn(conn, &fe, auth.as_deref(), &slots2, id);
                 slots2.leave(id);
             });
         if spawned.is_err() {
@@ -400,7 +430,15 @@ fn accept_loop(listener: Listener, fe: Arc<Mutex<Frontend>>, stop: Arc<AtomicBoo
     }
 }
 
-fn serve_conn(conn: Stream, fe: &Mutex<Frontend>, slots: &Slots, id: u64) -> io::Result<()> {
+fn serve_conn(
+    conn: Stream,
+    fe: &Mutex<Frontend>,
+    auth: Option<&ControlAuth>,
+    slots: &Slots,
+    id: u64,
+) -> io::Result<()> {
+    // TCP: only sealed lines (the server refuses to start without a key).
+    let sealed_only = conn.is_tcp();
     conn.set_timeouts(IDLE_TIMEOUT)?;
     let mut w = conn.try_clone()?;
     let mut r = BufReader::new(conn).take(0);
@@ -415,16 +453,35 @@ fn serve_conn(conn: Stream, fe: &Mutex<Frontend>, slots: &Slots, id: u64) -> io:
             w.write_all(format!("ERR request longer than {LINE_BYTES_MAX} bytes\n").as_bytes())?;
             return Ok(());
         }
-        let reply = match std::str::from_utf8(&line) {
-            Ok(s) => handle(s.trim(), fe),
-            Err(_) => Err("request is not UTF-8".into()),
+        let Ok(text) = std::str::from_utf8(&line) else {
+            w.write_all(b"ERR request is not UTF-8\n")?;
+            continue;
         };
-        let out = match reply {
-            Ok(p) if p.is_empty() => "OK\n".to_string(),
-            Ok(p) => format!("OK {p}\n"),
-            Err(e) => format!("ERR {}\n", e.replace('\n', " ")),
+        let text = text.trim();
+        let reply_text = |r: Result<String, String>| match r {
+            Ok(p) if p.is_empty() => "OK".to_string(),
+            Ok(p) => format!("OK {p}"),
+            Err(e) => format!("ERR {}", e.replace('\n', " ")),
         };
-        w.write_all(out.as_bytes())?;
+        let out = match auth {
+            Some(a) if sealed_only || text.starts_with(control_auth::AUTH_PREFIX) => {
+                match a.open_request(text) {
+                    Ok(opened) => {
+                        let r = reply_text(handle(opened.request.trim(), fe));
+                        a.seal_reply(&opened, &r)
+                    }
+                    Err(why) => {
+                        // Unauthenticated: a plain refusal, and the place is freed for
+                        // callers that hold the key.
+                        log::debug!("frontend control: refused a request: {why}");
+                        w.write_all(format!("ERR {why}\n").as_bytes())?;
+                        return Ok(());
+                    }
+                }
+            }
+            _ => reply_text(handle(text, fe)),
+        };
+        w.write_all(format!("{out}\n").as_bytes())?;
         slots.touch(id);
     }
 }
@@ -500,6 +557,8 @@ fn handle(line: &str, fe: &Mutex<Frontend>) -> Result<String, String> {
 pub struct Client {
     addr: ControlAddr,
     conn: Option<(BufReader<Stream>, Stream)>,
+    /// Seal requests with this key (and this client's random sender id).
+    key: Option<(MoveKey, u64)>,
 }
 
 impl Client {
@@ -513,9 +572,17 @@ impl Client {
         let mut c = Client {
             addr: addr.clone(),
             conn: None,
+            key: None,
         };
         c.ensure()?;
         Ok(c)
+    }
+
+    /// Seal every request with `key` (the front-end's `--key-file` key; required on a
+    /// TCP control port) and accept only replies bound to them.
+    pub fn with_key(mut self, key: MoveKey) -> Client {
+        self.key = Some((key, control_auth::random_sender()));
+        self
     }
 
     fn ensure(&mut self) -> io::Result<&mut (BufReader<Stream>, Stream)> {
@@ -528,8 +595,14 @@ impl Client {
     }
 
     fn once(&mut self, req: &str) -> io::Result<String> {
+        let key = self.key;
+        let seq = crate::fmove::next_envelope_seq();
         let (r, w) = self.ensure()?;
-        w.write_all(format!("{req}\n").as_bytes())?;
+        let out = match &key {
+            Some((k, sender)) => control_auth::seal_request(k, *sender, seq, req),
+            None => req.to_string(),
+        };
+        w.write_all(format!("{out}\n").as_bytes())?;
         let mut line = String::new();
         let n = r.by_ref().take(REPLY_BYTES_MAX).read_line(&mut line)?;
         if n == 0 || !line.ends_with('\n') {
@@ -538,7 +611,21 @@ impl Client {
                 "control connection closed",
             ));
         }
-        Ok(line.trim_end().to_string())
+        let line = line.trim_end();
+        match &key {
+            Some((k, sender)) if line.starts_with(control_auth::AUTH_PREFIX) => {
+                control_auth::open_reply(k, *sender, seq, line).map_err(|e| {
+                    io::Error::new(io::ErrorKind::InvalidData, format!("front-end reply {e}"))
+                })
+            }
+            // The front-end refused the sealed request (it says why, unsealed).
+            Some(_) if line.starts_with("ERR ") => Ok(line.to_string()),
+            Some(_) => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("front-end: an unsealed reply {line:?} to a sealed request"),
+            )),
+            None => Ok(line.to_string()),
+        }
     }
 
     /// Send one request line and return the `OK` payload (errors: I/O, or the

@@ -11,6 +11,7 @@
 //! - [`Frontend`]: load, configure, attach (tc ingress), and the map operations;
 //! - [`control`]: the control port (`MOVE`, `HOLD`, `RELEASE`, `FLOW`, `WEIGHTS`,
 //!   `STATS`) on a Unix socket or TCP, and its [`control::Client`];
+//! - [`control_auth`]: the sealed `AUTH` lines a TCP control port takes;
 //! - [`fmove`]: the one-sided MOVE, a UDP request the program answers (and, with a
 //!   key, authenticates) in the kernel, and its [`fmove::MoveClient`];
 //! - [`pin`]: maps pinned on bpffs, so a restarted front-end keeps its flows;
@@ -19,13 +20,15 @@
 //! Trust boundaries: only SYNs create flow entries; migrated flows live in a bounded
 //! table traffic cannot evict; holds expire; the hash key is secret; the MOVE is
 //! authenticated with `--key-file` and accepted only on the move interface; control
-//! is best on a 0600 Unix socket (TCP control is unauthenticated).
+//! is best on a 0600 Unix socket; on TCP every request is sealed with the same key
+//! (a TCP control port without one is refused).
 //!
 //! Everything but [`table`] needs CAP_BPF and CAP_NET_ADMIN (root in practice).
 
 mod backend;
 pub mod cli;
 pub mod control;
+pub mod control_auth;
 pub mod fmove;
 mod loader;
 mod maps;

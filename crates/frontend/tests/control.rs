@@ -1,5 +1,6 @@
 //! The control port's trust bounds (root: it serves a loaded program): a Unix socket
-//! only its owner can open, and idle connections that cannot keep a caller out.
+//! only its owner can open, a TCP port that acts only on sealed, fresh requests, and
+//! idle connections that cannot keep a caller out.
 //! Run: `cargo test -p farside-frontend -- --include-ignored` as root.
 
 use std::io::{BufRead, BufReader, Write};
@@ -8,11 +9,19 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use farside_auth::mac::KeyId;
+use farside_auth::siphash::SipKey;
 use farside_frontend::control::{self, Client, ControlAddr, Server};
+use farside_frontend::control_auth;
+use farside_frontend::fmove::MoveKey;
 use farside_frontend::{BackendSpec, Frontend};
 
 const VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 100), 80);
 const A_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 11);
+const KEY: MoveKey = MoveKey {
+    id: KeyId(4),
+    key: SipKey::from_halves(0x5a17_c0de_0000_0001, 0x0bad_f00d_1234_5678),
+};
 
 fn frontend() -> Arc<Mutex<Frontend>> {
     assert!(farside_frontend::is_root(), "needs root");
@@ -72,7 +81,7 @@ fn the_unix_control_socket_is_private_serves_requests_and_is_removed() {
     let dir = TempDir::new("unix");
     let path = dir.0.join("run/frontend.sock");
     let addr = ControlAddr::Unix(path.clone());
-    let server = Server::start_at(&addr, fe.clone()).unwrap();
+    let server = Server::start_at(&addr, fe.clone(), None).unwrap();
     assert_eq!(server.addr(), &addr);
     let meta = std::fs::metadata(&path).unwrap();
     assert!(meta.file_type().is_socket());
@@ -92,14 +101,14 @@ fn the_unix_control_socket_is_private_serves_requests_and_is_removed() {
     assert!(e.to_string().contains("hold of"), "{e}");
     c.release(client).unwrap();
     // A second server on a live socket is refused; a stale one is replaced.
-    assert!(Server::start_at(&addr, fe.clone()).is_err());
+    assert!(Server::start_at(&addr, fe.clone(), None).is_err());
     drop(c);
     drop(server);
     assert!(!path.exists(), "socket removed at stop");
     let stale = std::os::unix::net::UnixListener::bind(&path).unwrap();
     drop(stale); // the file stays, nothing accepts on it
     assert!(path.exists());
-    let server = Server::start_at(&addr, fe).unwrap();
+    let server = Server::start_at(&addr, fe, None).unwrap();
     Client::connect_to(&addr).unwrap().stats().unwrap();
     drop(server);
 }
@@ -115,7 +124,7 @@ fn reply(s: &TcpStream) -> String {
 #[ignore = "needs root (BPF): cargo test -p farside-frontend -- --include-ignored"]
 fn idle_connections_cannot_keep_a_caller_out() {
     let fe = frontend();
-    let server = Server::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), fe).unwrap();
+    let server = Server::start(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)), fe, KEY).unwrap();
     let addr = server.local_addr();
     // Every place taken by connections that said nothing (or one byte, no line).
     let idle: Vec<TcpStream> = (0..control::CONNS_MAX)
@@ -136,7 +145,7 @@ fn idle_connections_cannot_keep_a_caller_out() {
     std::thread::sleep(control::EVICT_IDLE_MIN);
     let callers: Vec<Client> = (0..3)
         .map(|_| {
-            let mut c = Client::connect(addr).unwrap();
+            let mut c = Client::connect(addr).unwrap().with_key(KEY);
             assert_eq!(c.stats().unwrap().flows, 0);
             c
         })
@@ -154,5 +163,66 @@ fn idle_connections_cannot_keep_a_caller_out() {
     drop(callers);
     // The idle bound closes what is left.
     assert!(control::IDLE_TIMEOUT <= Duration::from_secs(10));
+    drop(server);
+}
+
+#[test]
+#[ignore = "needs root (BPF): cargo test -p farside-frontend -- --include-ignored"]
+fn a_tcp_control_port_acts_only_on_sealed_fresh_requests() {
+    let fe = frontend();
+    let any = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    let e = Server::start_at(&ControlAddr::Tcp(any), fe.clone(), None)
+        .err()
+        .expect("a TCP control port without a key is refused");
+    assert!(e.to_string().contains("--key-file"), "{e}");
+    let server = Server::start(any, fe, KEY).unwrap();
+    let addr = server.local_addr();
+    let client = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 2), 40_001);
+    let send = |line: &str| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(format!("{line}\n").as_bytes()).unwrap();
+        let r = reply(&s);
+        // Refused: the connection is closed after the one ERR line.
+        let mut b = [0u8; 1];
+        let closed = matches!(std::io::Read::read(&mut &s, &mut b), Ok(0));
+        (r, closed)
+    };
+    // A plain request (what anyone who reaches the port could send).
+    let (r, closed) = send(&format!("MOVE {client} {A_IP}"));
+    assert!(r.starts_with("ERR not an AUTH line"), "{r}");
+    assert!(closed);
+    // Sealed under another key.
+    let other = MoveKey {
+        id: KEY.id,
+        key: SipKey::from_halves(1, 2),
+    };
+    let (r, _) = send(&control_auth::seal_request(
+        &other,
+        9,
+        1 << 40,
+        &format!("HOLD {client}"),
+    ));
+    assert!(r.starts_with("ERR not authentic"), "{r}");
+    // A genuine request works once; the same line again (a capture replayed) does not.
+    let seq = farside_frontend::fmove::next_envelope_seq();
+    let line = control_auth::seal_request(&KEY, 9, seq, &format!("MOVE {client} {A_IP}"));
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(format!("{line}\n").as_bytes()).unwrap();
+    let r = reply(&s);
+    assert_eq!(
+        control_auth::open_reply(&KEY, 9, seq, r.trim_end()).unwrap(),
+        "OK"
+    );
+    let (r, closed) = send(&line);
+    assert!(r.starts_with("ERR replayed"), "{r}");
+    assert!(closed);
+    // The client seals by itself, and the flow moved exactly once.
+    let mut c = Client::connect(addr).unwrap().with_key(KEY);
+    assert_eq!(c.flow(client).unwrap(), Some((A_IP, false)));
+    // A client without the key is refused with the reason.
+    let e = Client::connect(addr).unwrap().stats().unwrap_err();
+    assert!(e.to_string().contains("not an AUTH line"), "{e}");
     drop(server);
 }

@@ -19,6 +19,12 @@ use farside_frontend::fmove::MoveClient;
 use farside_frontend::{control, table, Frontend};
 use farside_migrate::{migrate_with, Fallback, MigrateConfig, Outcome, Target, TargetOutcome};
 
+/// The key the control port's requests are sealed with.
+const CONTROL_KEY: farside_frontend::fmove::MoveKey = farside_frontend::fmove::MoveKey {
+    id: farside_auth::mac::KeyId(1),
+    key: farside_auth::siphash::SipKey::from_halves(0x7e57_0000_0000_0001, 0x7e57_0000_0000_0002),
+};
+
 /// Connections in the split test.
 const CONNS: usize = 1000;
 /// Bytes the client sends per round; two rounds per connection.
@@ -194,7 +200,7 @@ fn migrate_through_frontend(which: char, flip: Flip) {
     let fe2 = fe.clone();
     let server = thread::spawn(move || {
         rf.enter("f");
-        control::Server::start(SocketAddr::new(FE_IP.into(), 0), fe2).expect("control")
+        control::Server::start(SocketAddr::new(FE_IP.into(), 0), fe2, CONTROL_KEY).expect("control")
     })
     .join()
     .unwrap();
@@ -240,7 +246,9 @@ fn migrate_through_frontend(which: char, flip: Flip) {
         };
         let mut fe_client = match flip {
             Flip::Moved => {
-                let mut c = control::Client::connect(control_addr).expect("control port");
+                let mut c = control::Client::connect(control_addr)
+                    .expect("control port")
+                    .with_key(CONTROL_KEY);
                 assert_eq!(c.flow(peer).unwrap(), Some((A_IP, false)));
                 Some(c)
             }
@@ -254,7 +262,9 @@ fn migrate_through_frontend(which: char, flip: Flip) {
             Flip::MovedUdp | Flip::UdpMoveOff => mover.move_flow(peer, B_IP),
             Flip::Moved | Flip::ControlPortDown => match fe_client.as_mut() {
                 Some(c) => c.move_flow(peer, B_IP),
-                None => control::Client::connect(control_addr)?.move_flow(peer, B_IP),
+                None => control::Client::connect(control_addr)?
+                    .with_key(CONTROL_KEY)
+                    .move_flow(peer, B_IP),
             },
         });
         match (flip, outcome) {
@@ -444,10 +454,28 @@ fn one_sided_move_is_answered_on_the_lan_without_a_process() {
 #[ignore = "needs root (netns, BPF): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
 fn farside_frontend_flags_place_the_one_sided_move() {
     use farside_frontend::cli::{run, FrontendArgs};
-    use farside_frontend::fmove::MoveStatus;
+    use farside_frontend::fmove::{MoveKey, MoveStatus};
+    use std::os::unix::fs::OpenOptionsExt;
     need_root();
     let lan = Lan::setup('t');
     let r = lan.r.clone();
+    // A TCP --control needs --key-file (which then seals the MOVE too).
+    let dir = std::env::temp_dir().join(format!("fe-place-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("move.key");
+    let key = farside_frontend::table::random_hash_key().unwrap();
+    let hex: String = key.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| writeln!(f, "{hex}"))
+        .unwrap();
+    let sealed = MoveKey {
+        id: farside_auth::mac::KeyId(1),
+        key,
+    };
     // (--control, --move-udp-port, where a MOVE must be answered, or refused at).
     let cases: [(Option<SocketAddr>, Option<u16>, SocketAddrV4, bool); 4] = [
         (
@@ -477,7 +505,7 @@ fn farside_frontend_flags_place_the_one_sided_move() {
             backends: Lan::backends(1, 1).to_vec(),
             control: control.map(Into::into),
             move_udp_port,
-            key_file: None,
+            key_file: Some(path.clone()),
             key_id: 1,
             move_iface: None,
             pin_maps: Some(false),
@@ -491,7 +519,7 @@ fn farside_frontend_flags_place_the_one_sided_move() {
             run(args, move |_| {
                 let got = thread::spawn(move || {
                     ra.enter("a");
-                    let mut c = MoveClient::connect(at).unwrap();
+                    let mut c = MoveClient::connect(at).unwrap().with_key(sealed);
                     c.request(SocketAddrV4::new(CLIENT_IP_PROBE, 1), A_IP, B_IP)
                 })
                 .join()
@@ -511,6 +539,7 @@ fn farside_frontend_flags_place_the_one_sided_move() {
         .join()
         .expect("farside frontend");
     }
+    let _ = std::fs::remove_dir_all(&dir);
     drop(lan);
 }
 

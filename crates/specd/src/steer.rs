@@ -395,8 +395,8 @@ pub enum FrontendMove {
     /// back-end to the target); no front-end process, no connection. Bounded by
     /// `farside_frontend::fmove::ATTEMPTS` x `ATTEMPT_TIMEOUT` (3 x 50 ms).
     Udp,
-    /// `MOVE client backend` on the front-end's control port (TCP), answered by
-    /// `farside frontend`'s control thread. Bounded by its `CLIENT_TIMEOUT` (1 s, one
+    /// `MOVE client backend` on the front-end's control port (TCP; sealed with the
+    /// front-end's key), answered by `farside frontend`'s control thread. Bounded by its `CLIENT_TIMEOUT` (1 s, one
     /// retry on a fresh connection).
     Tcp,
 }
@@ -434,7 +434,9 @@ impl FrontendSteer {
         }
     }
 
-    /// Seal every one-sided MOVE with `key` (the front-end's `--key-file` key).
+    /// Seal every one-sided MOVE, and every request on a TCP control port, with `key`
+    /// (the front-end's `--key-file` key; its TCP control port refuses requests
+    /// without it).
     pub fn with_key(mut self, key: farside_frontend::fmove::MoveKey) -> FrontendSteer {
         self.key = Some(key);
         self
@@ -489,7 +491,13 @@ impl FlowSteer for FrontendSteer {
             FrontendMove::Tcp => {
                 let mut c = match Self::pooled(&self.idle_tcp) {
                     Some(c) => c,
-                    None => farside_frontend::control::Client::connect(self.addr)?,
+                    None => {
+                        let c = farside_frontend::control::Client::connect(self.addr)?;
+                        match self.key {
+                            Some(k) => c.with_key(k),
+                            None => c,
+                        }
+                    }
                 };
                 c.move_flow(client, backend)?;
                 Self::put_back(&self.idle_tcp, c);

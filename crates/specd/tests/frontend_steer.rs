@@ -7,13 +7,20 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::{Arc, Mutex};
 
+use farside_auth::mac::KeyId;
+use farside_auth::siphash::SipKey;
 use farside_frontend::control::{Client, Server};
+use farside_frontend::fmove::MoveKey;
 use farside_frontend::{BackendSpec, Frontend};
 use farside_specd::steer::{FlowSteer, FrontendMove, FrontendSteer};
 
 const A_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 11);
 const B_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 12);
 const VIP: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(10, 0, 0, 100), 80);
+const KEY: MoveKey = MoveKey {
+    id: KeyId(2),
+    key: SipKey::from_halves(0x0123_4567_0000_0001, 0x89ab_cdef_0000_0002),
+};
 
 fn frontend() -> Frontend {
     let backends = [
@@ -37,10 +44,17 @@ fn moves_flows_through_the_front_ends_control_port() {
     let server = Server::start(
         "127.0.0.1:0".parse().unwrap(),
         Arc::new(Mutex::new(frontend())),
+        KEY,
     )
     .expect("control server");
-    let steer = FrontendSteer::new(server.local_addr(), FrontendMove::Tcp);
-    let mut check = Client::connect(server.local_addr()).unwrap();
+    // Without the key the front-end refuses the MOVE.
+    let client = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 1), 40_000);
+    let keyless = FrontendSteer::new(server.local_addr(), FrontendMove::Tcp);
+    assert!(keyless
+        .move_flow(SocketAddr::V4(client), IpAddr::V4(B_IP))
+        .is_err());
+    let steer = FrontendSteer::new(server.local_addr(), FrontendMove::Tcp).with_key(KEY);
+    let mut check = Client::connect(server.local_addr()).unwrap().with_key(KEY);
     for port in [40_000u16, 40_001, 40_002] {
         let client = SocketAddrV4::new(Ipv4Addr::new(10, 0, 9, 1), port);
         assert_eq!(
