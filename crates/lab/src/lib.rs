@@ -15,6 +15,7 @@
 //!   ([`fabric::procs`]), the namespaces of `--hosts netns` ([`fabric::netns`]) and the
 //!   one wait for a node to listen ([`fabric::wait_port`])
 //! - [`nginx`]: real nginx as a back-end
+//! - [`peak`]: raw peaks and peaks under a failure bound, for every experiment's report
 //! - [`experiment`]: what an experiment is to the sweep runner and the report shell
 //!   (its point type, how repeats combine, its tables, CSV files and figures)
 //! - [`sweep`]: the one sweep runner every experiment uses (repeats, progress with ETA,
@@ -37,6 +38,7 @@ pub mod faults;
 pub mod flood;
 pub mod haproxy;
 pub mod nginx;
+pub mod peak;
 pub mod probe;
 pub mod promtext;
 pub mod reconfig;

@@ -17,14 +17,16 @@ use std::io;
 
 use super::point::{Point, SecondPoint, SYSTEMS, SYSTEM_NO_AC};
 use crate::experiment::Figure;
+use crate::peak::{bound_label, failed_fraction, peaks, FAILURE_BOUND};
 use crate::report::{csv_text, fmt_num, sanitize};
 use crate::summary::Summary;
 use crate::svg::{escape, Chart};
 use crate::table::{Align, Table};
 
-/// The anchor system of `lab admission` (HAProxy), compared against in the improvement
-/// lines when it ran.
-const SYSTEM_HAPROXY: &str = "haproxy";
+/// The anchor systems of `lab admission` (HAProxy with the full per-server `maxconn` on
+/// every proxy, and with it divided among the proxies), compared against in the
+/// improvement lines when they ran.
+const SYSTEMS_HAPROXY: [&str; 2] = [super::SYSTEM_HAPROXY, super::SYSTEM_HAPROXY_DIVIDED];
 /// `params` keys that may hold the QoS threshold for `slow_rate`, in ms,
 /// first match wins (`farside lab admission` writes `qos_ms`).
 pub const PARAM_SLOW_MS_KEYS: [&str; 2] = ["slow_ms", "qos_ms"];
@@ -53,8 +55,8 @@ pub struct TraceImprovements {
     pub trace: String,
     /// The heaviest load measured for the trace (largest `clients`).
     pub clients: u64,
-    /// Each system vs `no-ac` (when it ran), each farside system vs `haproxy` (when it
-    /// ran), then `onesided-ac` vs `tcp-ac`.
+    /// Each system vs `no-ac` (when it ran), each farside system vs `haproxy` and
+    /// `haproxy-divided` (those that ran), then `onesided-ac` vs `tcp-ac`.
     pub items: Vec<Improvement>,
 }
 
@@ -187,8 +189,9 @@ impl<'a> Grid<'a> {
             },
         };
         let has = |sys: &str| self.systems.iter().any(|s| s == sys);
+        let anchors: Vec<&str> = SYSTEMS_HAPROXY.into_iter().filter(|a| has(a)).collect();
         // Against no-ac when it ran (or when nothing else is there to compare with).
-        let mut items: Vec<Improvement> = if has(SYSTEM_NO_AC) || !has(SYSTEM_HAPROXY) {
+        let mut items: Vec<Improvement> = if has(SYSTEM_NO_AC) || anchors.is_empty() {
             self.systems
                 .iter()
                 .filter(|s| *s != SYSTEM_NO_AC)
@@ -197,14 +200,14 @@ impl<'a> Grid<'a> {
         } else {
             Vec::new()
         };
-        // The farside systems against the anchor, HAProxy.
-        if has(SYSTEM_HAPROXY) {
+        // The farside systems against the anchor, HAProxy, in each configuration that ran.
+        for anchor in anchors {
             for sys in self
                 .systems
                 .iter()
-                .filter(|s| *s != SYSTEM_NO_AC && *s != SYSTEM_HAPROXY)
+                .filter(|s| *s != SYSTEM_NO_AC && !SYSTEMS_HAPROXY.contains(&s.as_str()))
             {
-                items.push(pct(sys, SYSTEM_HAPROXY));
+                items.push(pct(sys, anchor));
             }
         }
         // One-sided against two-sided at the same limit.
@@ -562,6 +565,53 @@ pub fn table(s: &Summary<Point>) -> String {
         out.push('\n');
     }
     out.push_str(&scenario_table_text(&g));
+    out.push_str(&peaks_text(&g));
+    out
+}
+
+/// Per panel (trace, scenario, load model) and system, the goodput peak two ways
+/// ([`crate::peak`]): the raw peak over the loads measured, and the peak over the loads
+/// where at most [`FAILURE_BOUND`] of the attempts failed or timed out. A 503 is an
+/// answer (admission control refusing at once), counted in drop %, not a failure here.
+fn peaks_text(g: &Grid) -> String {
+    let mut out = format!(
+        "peak goodput (served/s), per panel and system: raw, and over the loads with {} \
+         (failures / attempts: requests that failed or timed out; a 503 is an answer, \
+         counted in drop%)\n",
+        bound_label(FAILURE_BOUND)
+    );
+    let wt = g.traces.iter().map(String::len).max().unwrap_or(0);
+    let ws = g.systems.iter().map(String::len).max().unwrap_or(0);
+    for trace in &g.traces {
+        for sys in &g.systems {
+            let pts: Vec<&Point> = g
+                .points
+                .iter()
+                .zip(&g.labels)
+                .filter(|(p, l)| *l == sys && p.panel() == *trace)
+                .map(|(p, _)| *p)
+                .collect();
+            if pts.is_empty() {
+                continue;
+            }
+            let pk = peaks(
+                &pts,
+                |p| p.tps,
+                |p| failed_fraction(p.failures, p.attempts),
+                FAILURE_BOUND,
+            );
+            let open = load_header(trace) == "rate/s";
+            let at = |i: usize| {
+                let x = pts[i].load_x();
+                if open {
+                    format!("{x}/s")
+                } else {
+                    format!("{x} clients")
+                }
+            };
+            let _ = writeln!(out, "  {trace:<wt$}  {sys:<ws$}  {}", pk.text(1, at));
+        }
+    }
     out
 }
 
@@ -821,6 +871,31 @@ pub fn html(s: &Summary<Point>) -> String {
             "<h2>HAProxy configuration</h2>\n<p class=\"meta\">As the lab wrote it for the \
              <code>haproxy</code> system (addresses symbolic).</p>\n<pre>{}</pre>",
             escape(cfg)
+        );
+        if let Some(rule) = s
+            .params
+            .get("haproxy_maxconn_rule")
+            .and_then(|v| v.as_str())
+        {
+            let by = s
+                .params
+                .get("haproxy_maxconn")
+                .map_or(String::new(), |v| v.to_string());
+            let _ = writeln!(
+                out,
+                "<p class=\"meta\">Per-server maxconn by system and scenario (one value per \
+                 proxy): <code>{}</code>. {}</p>",
+                escape(&by),
+                escape(rule)
+            );
+        }
+    }
+    if let Some(r) = s.params.get("rejection_signalling") {
+        let _ = writeln!(
+            out,
+            "<p class=\"meta\">Rejection signalling, the same for every system: \
+             <code>{}</code></p>",
+            escape(&r.to_string())
         );
     }
 
