@@ -5,6 +5,7 @@
 //! - [`scenario`]: the situations `lab admission --scenario` builds (several proxies,
 //!   tenant load, mixed request costs, a capacity change)
 //! - [`haproxy`]: HAProxy as the `haproxy` system of `lab admission`
+//! - [`envoy`]: Envoy's adaptive concurrency as the `envoy-ac` system of `lab admission`
 //! - [`probe`]: the remote-read latency micro-benchmark (`lab probe`)
 //! - [`faults`]: fault injection into a loaded tier (`lab faults`)
 //! - [`reconfig`]: seed 001's reconfiguration experiment (`lab reconfig`)
@@ -31,6 +32,7 @@
 
 pub mod admission;
 pub mod echo;
+pub mod envoy;
 pub mod error;
 pub mod experiment;
 pub mod fabric;

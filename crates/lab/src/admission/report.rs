@@ -24,9 +24,13 @@ use crate::svg::{escape, Chart};
 use crate::table::{Align, Table};
 
 /// The anchor systems of `lab admission` (HAProxy with the full per-server `maxconn` on
-/// every proxy, and with it divided among the proxies), compared against in the
-/// improvement lines when they ran.
-const SYSTEMS_HAPROXY: [&str; 2] = [super::SYSTEM_HAPROXY, super::SYSTEM_HAPROXY_DIVIDED];
+/// every proxy, and with it divided among the proxies; Envoy's adaptive concurrency),
+/// compared against in the improvement lines when they ran.
+const ANCHORS: [&str; 3] = [
+    super::SYSTEM_HAPROXY,
+    super::SYSTEM_HAPROXY_DIVIDED,
+    super::SYSTEM_ENVOY_AC,
+];
 /// `params` keys that may hold the QoS threshold for `slow_rate`, in ms,
 /// first match wins (`farside lab admission` writes `qos_ms`).
 pub const PARAM_SLOW_MS_KEYS: [&str; 2] = ["slow_ms", "qos_ms"];
@@ -55,8 +59,8 @@ pub struct TraceImprovements {
     pub trace: String,
     /// The heaviest load measured for the trace (largest `clients`).
     pub clients: u64,
-    /// Each system vs `no-ac` (when it ran), each farside system vs `haproxy` and
-    /// `haproxy-divided` (those that ran), then `onesided-ac` vs `tcp-ac`.
+    /// Each system vs `no-ac` (when it ran), each farside system vs `haproxy`,
+    /// `haproxy-divided` and `envoy-ac` (those that ran), then `onesided-ac` vs `tcp-ac`.
     pub items: Vec<Improvement>,
 }
 
@@ -189,7 +193,7 @@ impl<'a> Grid<'a> {
             },
         };
         let has = |sys: &str| self.systems.iter().any(|s| s == sys);
-        let anchors: Vec<&str> = SYSTEMS_HAPROXY.into_iter().filter(|a| has(a)).collect();
+        let anchors: Vec<&str> = ANCHORS.into_iter().filter(|a| has(a)).collect();
         // Against no-ac when it ran (or when nothing else is there to compare with).
         let mut items: Vec<Improvement> = if has(SYSTEM_NO_AC) || anchors.is_empty() {
             self.systems
@@ -205,7 +209,7 @@ impl<'a> Grid<'a> {
             for sys in self
                 .systems
                 .iter()
-                .filter(|s| *s != SYSTEM_NO_AC && !SYSTEMS_HAPROXY.contains(&s.as_str()))
+                .filter(|s| *s != SYSTEM_NO_AC && !ANCHORS.contains(&s.as_str()))
             {
                 items.push(pct(sys, anchor));
             }
@@ -889,6 +893,14 @@ pub fn html(s: &Summary<Point>) -> String {
                 escape(rule)
             );
         }
+    }
+    if let Some(cfg) = s.params.get("envoy_config").and_then(|v| v.as_str()) {
+        let _ = writeln!(
+            out,
+            "<h2>Envoy configuration</h2>\n<p class=\"meta\">As the lab wrote it for the \
+             <code>envoy-ac</code> system (addresses symbolic).</p>\n<pre>{}</pre>",
+            escape(cfg)
+        );
     }
     if let Some(r) = s.params.get("rejection_signalling") {
         let _ = writeln!(

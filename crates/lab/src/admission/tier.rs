@@ -327,7 +327,9 @@ pub(super) fn start_tier(
             format!("{system}-proxy")
         };
         let port_step = p as u16;
-        let proxy = if is_haproxy(system) {
+        let proxy = if system == SYSTEM_ENVOY_AC {
+            start_envoy(a, run, fabric, &addrs, &name, port_step)?
+        } else if is_haproxy(system) {
             let maxconn = haproxy_maxconn(a, system, n_proxies)[p];
             start_haproxy(a, run, fabric, &addrs, &name, port_step, maxconn)?
         } else {
@@ -411,6 +413,50 @@ pub const SYSTEM_HAPROXY: &str = "haproxy";
 /// ([`crate::haproxy::divided_maxconn`]).
 pub const SYSTEM_HAPROXY_DIVIDED: &str = "haproxy-divided";
 
+/// Envoy with its adaptive concurrency filter ([`crate::envoy`]).
+pub const SYSTEM_ENVOY_AC: &str = "envoy-ac";
+
+/// `system` is an anchor, not a farside proxy: HAProxy or Envoy (no admission limit,
+/// no farside proxy arguments).
+pub fn is_anchor(system: &str) -> bool {
+    is_haproxy(system) || system == SYSTEM_ENVOY_AC
+}
+
+/// The Envoy configuration of the `envoy-ac` system: Envoy's adaptive concurrency with
+/// the two values it requires, the clients' timeout, Retry-After on its 503.
+pub fn envoy_config(
+    a: &AdmissionArgs,
+    listen: SocketAddr,
+    backends: &[SocketAddr],
+) -> crate::envoy::EnvoyConfig {
+    let mut cfg = crate::envoy::EnvoyConfig::new(listen, backends);
+    cfg.timeout_ms = a.timeout_ms;
+    cfg
+}
+
+/// Start one Envoy in front of `backends`, with `--proxy-workers` worker threads.
+pub(super) fn start_envoy(
+    a: &AdmissionArgs,
+    run: &Run,
+    fabric: &Fabric,
+    backends: &[SocketAddr],
+    name: &str,
+    port_step: u16,
+) -> io::Result<ProxyProc> {
+    let addr = fabric.addr(Role::Proxy, NETNS_PROXY_PORT + port_step)?;
+    let cfg = envoy_config(a, addr, backends);
+    let bin = crate::envoy::find_binary()?;
+    let args = crate::envoy::prepare(&bin, &cfg, &run.logs, name, a.proxy_workers)?;
+    let mut child = fabric.spawn_program(Role::Proxy, name, &bin, &args, &run.logs)?;
+    fabric.wait_port(&mut child, addr)?;
+    Ok(ProxyProc {
+        child,
+        addr,
+        admin_addr: None,
+        stats_addr: None,
+    })
+}
+
 /// `system` is one of the HAProxy systems.
 pub fn is_haproxy(system: &str) -> bool {
     system == SYSTEM_HAPROXY || system == SYSTEM_HAPROXY_DIVIDED
@@ -470,6 +516,11 @@ pub fn rejection_signalling(a: &AdmissionArgs) -> serde_json::Value {
         "haproxy": format!(
             "http-error status 503 ... hdr Retry-After {}: HAProxy's own 503 (queue \
              timeout, no server) carries the same header",
+            crate::haproxy::RETRY_AFTER_S
+        ),
+        "envoy": format!(
+            "local_reply_config mapper: every 503 Envoy answers itself (adaptive \
+             concurrency refusals, upstream failures) gets Retry-After {}",
             crate::haproxy::RETRY_AFTER_S
         ),
         "closed_loop": format!(
