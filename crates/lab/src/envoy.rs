@@ -180,7 +180,7 @@ fn split_addr(a: &str) -> (&str, u16) {
 
 /// Milliseconds as Envoy's seconds (`0.1`, `10`).
 fn ms_to_s(ms: u64) -> String {
-    if ms % 1000 == 0 {
+    if ms.is_multiple_of(1000) {
         (ms / 1000).to_string()
     } else {
         format!("{}", ms as f64 / 1000.0)

@@ -190,6 +190,51 @@ impl HaproxyConfig {
     }
 }
 
+/// The report's section on the anchors of a run with `params`: HAProxy's configuration
+/// (`params.haproxy_config`) with its per-proxy `maxconn` and the rule
+/// (`haproxy_maxconn`, `haproxy_maxconn_rule`), Envoy's (`envoy_config`), and the
+/// rejection signalling every system shares (`rejection_signalling`). Empty for runs
+/// that recorded none of them.
+pub fn anchors_html(params: &serde_json::Value) -> String {
+    use crate::svg::escape;
+    let text = |k: &str| params.get(k).and_then(|v| v.as_str());
+    let mut out = String::new();
+    let pre = |out: &mut String, title: &str, system: &str, cfg: &str| {
+        let _ = writeln!(
+            out,
+            "<h2>{title} configuration</h2>\n<p class=\"meta\">As the lab wrote it for the \
+             <code>{system}</code> system (addresses symbolic).</p>\n<pre>{}</pre>",
+            escape(cfg)
+        );
+    };
+    if let Some(cfg) = text("haproxy_config") {
+        pre(&mut out, "HAProxy", "haproxy", cfg);
+        if let (Some(rule), Some(by)) =
+            (text("haproxy_maxconn_rule"), params.get("haproxy_maxconn"))
+        {
+            let _ = writeln!(
+                out,
+                "<p class=\"meta\">Per-server maxconn by system and scenario (one value per \
+                 proxy): <code>{}</code>. {}</p>",
+                escape(&by.to_string()),
+                escape(rule)
+            );
+        }
+    }
+    if let Some(cfg) = text("envoy_config") {
+        pre(&mut out, "Envoy", "envoy-ac", cfg);
+    }
+    if let Some(r) = params.get("rejection_signalling") {
+        let _ = writeln!(
+            out,
+            "<p class=\"meta\">Rejection signalling, the same for every system: \
+             <code>{}</code></p>",
+            escape(&r.to_string())
+        );
+    }
+    out
+}
+
 /// Longest the lab waits for HAProxy's stats page.
 const STATS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// Most bytes of the stats page read: a few lines per server.

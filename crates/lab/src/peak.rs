@@ -120,6 +120,49 @@ impl Peaks {
     }
 }
 
+/// One measured point for [`grouped_lines`]: its group (panel) and system, where it
+/// was measured (as the report names a load: `400 clients`, `759/s`), its value and its
+/// failed fraction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measured {
+    /// The panel (trace, scenario, load model) the point belongs to.
+    pub panel: String,
+    /// The system measured.
+    pub system: String,
+    /// The load, as the line names it.
+    pub at: String,
+    /// The throughput.
+    pub value: f64,
+    /// Failed fraction (0..=1).
+    pub failed: f64,
+}
+
+/// One line per (panel, system), in first-seen order: `  panel  system  <Peaks::text>`,
+/// panels and systems padded to their longest name.
+pub fn grouped_lines(points: &[Measured], bound: f64, digits: usize) -> String {
+    let mut groups: Vec<(&str, &str)> = Vec::new();
+    for p in points {
+        if !groups.contains(&(p.panel.as_str(), p.system.as_str())) {
+            groups.push((&p.panel, &p.system));
+        }
+    }
+    let wp = groups.iter().map(|g| g.0.len()).max().unwrap_or(0);
+    let ws = groups.iter().map(|g| g.1.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (panel, system) in groups {
+        let pts: Vec<&Measured> = points
+            .iter()
+            .filter(|p| p.panel == panel && p.system == system)
+            .collect();
+        let pk = peaks(&pts, |p| p.value, |p| p.failed, bound);
+        out.push_str(&format!(
+            "  {panel:<wp$}  {system:<ws$}  {}\n",
+            pk.text(digits, |i| pts[i].at.clone())
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,6 +205,29 @@ mod tests {
         let p = peaks(&none, |p| p.0, |_| 0.0, FAILURE_BOUND);
         assert_eq!((p.raw, p.bounded), (None, None));
         assert_eq!(p.text(1, |_| String::new()), "-");
+    }
+
+    #[test]
+    fn grouped_lines_give_one_peak_line_per_panel_and_system() {
+        let m = |panel: &str, system: &str, at: &str, value: f64, failed: f64| Measured {
+            panel: panel.into(),
+            system: system.into(),
+            at: at.into(),
+            value,
+            failed,
+        };
+        let pts = [
+            m("open", "a", "1/s", 10.0, 0.0),
+            m("open", "bb", "1/s", 12.0, 0.0),
+            m("open", "a", "2/s", 20.0, 0.5),
+            m("closed", "a", "4 clients", 5.0, 0.0),
+        ];
+        assert_eq!(
+            grouped_lines(&pts, FAILURE_BOUND, 1),
+            "  open    a   20.0 (at 2/s, 50% failed); ≤ 1% failed: 10.0 (at 1/s)\n\
+             \x20 open    bb  12.0 (at 1/s, 0% failed); ≤ 1% failed: 12.0 (at 1/s)\n\
+             \x20 closed  a   5.0 (at 4 clients, 0% failed); ≤ 1% failed: 5.0 (at 4 clients)\n"
+        );
     }
 
     #[test]

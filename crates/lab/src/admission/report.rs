@@ -15,9 +15,12 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::io;
 
-use super::point::{Point, SecondPoint, SYSTEMS, SYSTEM_NO_AC};
+use super::point::{
+    Point, SecondPoint, SYSTEMS, SYSTEM_ENVOY_AC, SYSTEM_HAPROXY, SYSTEM_HAPROXY_DIVIDED,
+    SYSTEM_NO_AC,
+};
 use crate::experiment::Figure;
-use crate::peak::{bound_label, failed_fraction, peaks, FAILURE_BOUND};
+use crate::peak::{bound_label, failed_fraction, grouped_lines, Measured, FAILURE_BOUND};
 use crate::report::{csv_text, fmt_num, sanitize};
 use crate::summary::Summary;
 use crate::svg::{escape, Chart};
@@ -26,11 +29,7 @@ use crate::table::{Align, Table};
 /// The anchor systems of `lab admission` (HAProxy with the full per-server `maxconn` on
 /// every proxy, and with it divided among the proxies; Envoy's adaptive concurrency),
 /// compared against in the improvement lines when they ran.
-const ANCHORS: [&str; 3] = [
-    super::SYSTEM_HAPROXY,
-    super::SYSTEM_HAPROXY_DIVIDED,
-    super::SYSTEM_ENVOY_AC,
-];
+const ANCHORS: [&str; 3] = [SYSTEM_HAPROXY, SYSTEM_HAPROXY_DIVIDED, SYSTEM_ENVOY_AC];
 /// `params` keys that may hold the QoS threshold for `slow_rate`, in ms,
 /// first match wins (`farside lab admission` writes `qos_ms`).
 pub const PARAM_SLOW_MS_KEYS: [&str; 2] = ["slow_ms", "qos_ms"];
@@ -574,49 +573,28 @@ pub fn table(s: &Summary<Point>) -> String {
 }
 
 /// Per panel (trace, scenario, load model) and system, the goodput peak two ways
-/// ([`crate::peak`]): the raw peak over the loads measured, and the peak over the loads
-/// where at most [`FAILURE_BOUND`] of the attempts failed or timed out. A 503 is an
-/// answer (admission control refusing at once), counted in drop %, not a failure here.
+/// ([`crate::peak`]): raw, and over the loads where at most [`FAILURE_BOUND`] of the
+/// attempts failed or timed out. A 503 is an answer, counted in drop %, not a failure.
 fn peaks_text(g: &Grid) -> String {
-    let mut out = format!(
+    let pts: Vec<Measured> = (g.points.iter().zip(&g.labels))
+        .map(|(p, l)| Measured {
+            panel: p.panel(),
+            system: l.clone(),
+            at: match load_header(&p.panel()) {
+                "rate/s" => format!("{}/s", p.load_x()),
+                _ => format!("{} clients", p.load_x()),
+            },
+            value: p.tps,
+            failed: failed_fraction(p.failures, p.attempts),
+        })
+        .collect();
+    format!(
         "peak goodput (served/s), per panel and system: raw, and over the loads with {} \
          (failures / attempts: requests that failed or timed out; a 503 is an answer, \
-         counted in drop%)\n",
-        bound_label(FAILURE_BOUND)
-    );
-    let wt = g.traces.iter().map(String::len).max().unwrap_or(0);
-    let ws = g.systems.iter().map(String::len).max().unwrap_or(0);
-    for trace in &g.traces {
-        for sys in &g.systems {
-            let pts: Vec<&Point> = g
-                .points
-                .iter()
-                .zip(&g.labels)
-                .filter(|(p, l)| *l == sys && p.panel() == *trace)
-                .map(|(p, _)| *p)
-                .collect();
-            if pts.is_empty() {
-                continue;
-            }
-            let pk = peaks(
-                &pts,
-                |p| p.tps,
-                |p| failed_fraction(p.failures, p.attempts),
-                FAILURE_BOUND,
-            );
-            let open = load_header(trace) == "rate/s";
-            let at = |i: usize| {
-                let x = pts[i].load_x();
-                if open {
-                    format!("{x}/s")
-                } else {
-                    format!("{x} clients")
-                }
-            };
-            let _ = writeln!(out, "  {trace:<wt$}  {sys:<ws$}  {}", pk.text(1, at));
-        }
-    }
-    out
+         counted in drop%)\n{}",
+        bound_label(FAILURE_BOUND),
+        grouped_lines(&pts, FAILURE_BOUND, 1)
+    )
 }
 
 /// `points.csv` (always, header only without points) and the per-second series files.
@@ -869,47 +847,7 @@ pub fn html(s: &Summary<Point>) -> String {
     let g = Grid::new(s);
     let g = &g;
     let mut out = String::new();
-    if let Some(cfg) = s.params.get("haproxy_config").and_then(|v| v.as_str()) {
-        let _ = writeln!(
-            out,
-            "<h2>HAProxy configuration</h2>\n<p class=\"meta\">As the lab wrote it for the \
-             <code>haproxy</code> system (addresses symbolic).</p>\n<pre>{}</pre>",
-            escape(cfg)
-        );
-        if let Some(rule) = s
-            .params
-            .get("haproxy_maxconn_rule")
-            .and_then(|v| v.as_str())
-        {
-            let by = s
-                .params
-                .get("haproxy_maxconn")
-                .map_or(String::new(), |v| v.to_string());
-            let _ = writeln!(
-                out,
-                "<p class=\"meta\">Per-server maxconn by system and scenario (one value per \
-                 proxy): <code>{}</code>. {}</p>",
-                escape(&by),
-                escape(rule)
-            );
-        }
-    }
-    if let Some(cfg) = s.params.get("envoy_config").and_then(|v| v.as_str()) {
-        let _ = writeln!(
-            out,
-            "<h2>Envoy configuration</h2>\n<p class=\"meta\">As the lab wrote it for the \
-             <code>envoy-ac</code> system (addresses symbolic).</p>\n<pre>{}</pre>",
-            escape(cfg)
-        );
-    }
-    if let Some(r) = s.params.get("rejection_signalling") {
-        let _ = writeln!(
-            out,
-            "<p class=\"meta\">Rejection signalling, the same for every system: \
-             <code>{}</code></p>",
-            escape(&r.to_string())
-        );
-    }
+    out.push_str(&crate::haproxy::anchors_html(&s.params));
 
     if !g.traces.is_empty() {
         let _ = writeln!(out, "<h2>Results</h2>");

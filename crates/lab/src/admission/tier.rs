@@ -2,6 +2,7 @@
 //! their gatherds, and the proxy under test (farside's, with or without admission
 //! control, or HAProxy), placed on loopback ports or in namespaces ([`Fabric`]).
 
+pub use super::point::{SYSTEM_ENVOY_AC, SYSTEM_HAPROXY, SYSTEM_HAPROXY_DIVIDED};
 use super::*;
 
 pub(super) struct Run {
@@ -407,15 +408,6 @@ pub(super) fn start_haproxy(
     })
 }
 
-/// HAProxy with the full per-server `maxconn` (C) on every proxy.
-pub const SYSTEM_HAPROXY: &str = "haproxy";
-/// HAProxy with C divided among the proxies that share the back-ends
-/// ([`crate::haproxy::divided_maxconn`]).
-pub const SYSTEM_HAPROXY_DIVIDED: &str = "haproxy-divided";
-
-/// Envoy with its adaptive concurrency filter ([`crate::envoy`]).
-pub const SYSTEM_ENVOY_AC: &str = "envoy-ac";
-
 /// `system` is an anchor, not a farside proxy: HAProxy or Envoy (no admission limit,
 /// no farside proxy arguments).
 pub fn is_anchor(system: &str) -> bool {
@@ -644,4 +636,75 @@ pub(super) fn start_farside_proxy(
         admin_addr,
         stats_addr: None,
     })
+}
+
+#[cfg(test)]
+mod anchor_tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: AdmissionArgs,
+    }
+
+    fn args(line: &str) -> AdmissionArgs {
+        Cli::try_parse_from(std::iter::once("lab").chain(line.split_whitespace()))
+            .unwrap()
+            .a
+    }
+
+    #[test]
+    fn haproxy_divided_shares_the_backends_capacity_and_haproxy_does_not() {
+        let a = args(
+            "--scenario single,multi-proxy --proxies 3 --systems onesided-delay,haproxy,haproxy-divided,envoy-ac",
+        );
+        assert_eq!(haproxy_maxconn(&a, SYSTEM_HAPROXY, 3), vec![16, 16, 16]);
+        assert_eq!(
+            haproxy_maxconn(&a, SYSTEM_HAPROXY_DIVIDED, 3),
+            vec![6, 5, 5]
+        );
+        // One proxy: the two configurations are the same.
+        assert_eq!(
+            haproxy_maxconn(&a, SYSTEM_HAPROXY_DIVIDED, 1),
+            haproxy_maxconn(&a, SYSTEM_HAPROXY, 1)
+        );
+        let rec = haproxy_maxconn_record(&a);
+        assert_eq!(
+            rec["haproxy-divided"]["multi-proxy"],
+            serde_json::json!([6, 5, 5])
+        );
+        assert_eq!(
+            rec["haproxy"]["multi-proxy"],
+            serde_json::json!([16, 16, 16])
+        );
+        assert_eq!(rec["haproxy-divided"]["single"], serde_json::json!([16]));
+        assert!(rec.get("envoy-ac").is_none() && rec.get("onesided-delay").is_none());
+        assert!(is_anchor("envoy-ac") && is_anchor("haproxy-divided") && !is_anchor("no-ac"));
+    }
+
+    #[test]
+    fn every_system_signals_rejection_with_the_same_retry_after() {
+        let a = args("--on-reject backoff");
+        let r = rejection_signalling(&a);
+        assert_eq!(r["status"], 503);
+        assert_eq!(r["retry_after_s"], crate::haproxy::RETRY_AFTER_S);
+        assert!(r["closed_loop"]
+            .as_str()
+            .unwrap()
+            .starts_with("--on-reject backoff"));
+        // HAProxy's and Envoy's configurations carry the header the record names.
+        let lo: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let h = haproxy_config(&a, lo, &[lo]).render();
+        assert!(h.contains(&format!(
+            "hdr Retry-After {}",
+            crate::haproxy::RETRY_AFTER_S
+        )));
+        let e = envoy_config(&a, lo, &[lo]).render();
+        assert!(e.contains(&format!(
+            "key: Retry-After, value: \"{}\"",
+            crate::haproxy::RETRY_AFTER_S
+        )));
+    }
 }
