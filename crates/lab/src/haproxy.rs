@@ -11,6 +11,20 @@
 //! default, so the line is not written), `balance leastconn` (the connection-aware
 //! balancer, as the farside proxy balances by its own in-flight counts).
 //!
+//! Two configurations, because operators differ where several HAProxies share the
+//! back-ends (`multi-proxy`): `haproxy` gives every proxy the full per-server `maxconn`
+//! (each proxy protects the back-end as if it were alone: N proxies may put N × C
+//! connections on a back-end of capacity C, an over-commit some operators accept
+//! knowingly), `haproxy-divided` divides C among the proxies ([`divided_maxconn`]), so
+//! the tier as a whole never holds more than C in service per back-end. With one proxy
+//! the two are the same configuration.
+//!
+//! Rejections are signalled as the farside proxy signals them: HAProxy's own 503 (a
+//! request still queued after `timeout queue`, or no server) carries `Retry-After`
+//! ([`RETRY_AFTER_S`] s, written as `http-error status 503 ... hdr Retry-After`), the
+//! farside proxy's default `retry_after_s`. Closed-loop clients honour it the same way for every system
+//! (the loadgen's `--on-reject backoff`: a uniform wait in [0, min(cap, Retry-After)]).
+//!
 //! The lab writes the configuration ([`HaproxyConfig::render`]); the same text with
 //! symbolic addresses is in `summary.json` (`params.haproxy_config`) and the report.
 
@@ -55,6 +69,28 @@ pub const TIMEOUT_QUEUE_MS_DEFAULT: u64 = 50;
 /// `timeout connect`, ms: back-ends are on this machine; a connect that takes longer is
 /// a failure, as it is for the farside proxy.
 pub const TIMEOUT_CONNECT_MS: u64 = 5_000;
+/// `Retry-After` of HAProxy's 503, s: the farside proxy's default (`[admission]
+/// retry_after_s = 1`), so that a rejected closed-loop client waits the same way behind
+/// either proxy. Without it the loadgen's back-off starts at a ceiling of 50 ms and
+/// doubles per consecutive rejection, against 1 s after farside's 503, so clients
+/// rejected by HAProxy came back far sooner (a multi-proxy run had ~32k attempts against
+/// HAProxy, ~22k against farside): the comparison would rest on how clients back off.
+pub const RETRY_AFTER_S: u32 = 1;
+/// Body of HAProxy's 503 (plain text, as the farside proxy's).
+const REJECT_BODY: &str = "no server slot within timeout queue";
+
+/// Per-proxy `maxconn` of one server when `proxies` HAProxies share a back-end of
+/// `capacity` connections (`haproxy-divided`): equal shares, the remainder to the first
+/// proxies (16 over 3: 6, 5, 5), so the shares add up to the capacity. A share is at
+/// least 1: `maxconn 0` would mean no limit to HAProxy, and a proxy with no slot could
+/// serve nothing; with more proxies than connections the tier over-commits by the
+/// difference, the least it can.
+pub fn divided_maxconn(capacity: u64, proxies: usize) -> Vec<u64> {
+    let n = proxies.max(1) as u64;
+    (0..n)
+        .map(|i| (capacity / n + u64::from(i < capacity % n)).max(1))
+        .collect()
+}
 
 /// One HAProxy instance's configuration.
 #[derive(Debug, Clone)]
@@ -73,6 +109,9 @@ pub struct HaproxyConfig {
     pub threads: usize,
     /// Global and front-end `maxconn` ([`maxconn_global`]).
     pub maxconn_global: u64,
+    /// `Retry-After` of HAProxy's own 503, s ([`RETRY_AFTER_S`]); `None`: HAProxy's
+    /// stock 503, without the header.
+    pub retry_after_s: Option<u32>,
     /// Address of a separate stats listener (`/stats;csv`, where the lab reads HAProxy's
     /// queue and response times: [`fetch_times`]); `None`: none. Not subject to the
     /// front-end's connections, as farside's admin listener.
@@ -90,6 +129,7 @@ impl HaproxyConfig {
             timeout_ms: 10_000,
             threads: 1,
             maxconn_global: maxconn_global(),
+            retry_after_s: Some(RETRY_AFTER_S),
             stats_listen: None,
         }
     }
@@ -121,6 +161,13 @@ impl HaproxyConfig {
         let _ = writeln!(s, "    timeout client {}ms", self.timeout_ms);
         let _ = writeln!(s, "    timeout server {}ms", self.timeout_ms);
         let _ = writeln!(s, "    timeout queue {}ms", self.timeout_queue_ms);
+        if let Some(r) = self.retry_after_s {
+            let _ = writeln!(
+                s,
+                "    http-error status 503 content-type text/plain string \"{REJECT_BODY}\" \
+                 hdr Retry-After {r}"
+            );
+        }
         let _ = writeln!(s, "frontend fe");
         let _ = writeln!(s, "    bind {}", self.listen);
         let _ = writeln!(s, "    default_backend be");
@@ -141,6 +188,51 @@ impl HaproxyConfig {
         }
         s
     }
+}
+
+/// The report's section on the anchors of a run with `params`: HAProxy's configuration
+/// (`params.haproxy_config`) with its per-proxy `maxconn` and the rule
+/// (`haproxy_maxconn`, `haproxy_maxconn_rule`), Envoy's (`envoy_config`), and the
+/// rejection signalling every system shares (`rejection_signalling`). Empty for runs
+/// that recorded none of them.
+pub fn anchors_html(params: &serde_json::Value) -> String {
+    use crate::svg::escape;
+    let text = |k: &str| params.get(k).and_then(|v| v.as_str());
+    let mut out = String::new();
+    let pre = |out: &mut String, title: &str, system: &str, cfg: &str| {
+        let _ = writeln!(
+            out,
+            "<h2>{title} configuration</h2>\n<p class=\"meta\">As the lab wrote it for the \
+             <code>{system}</code> system (addresses symbolic).</p>\n<pre>{}</pre>",
+            escape(cfg)
+        );
+    };
+    if let Some(cfg) = text("haproxy_config") {
+        pre(&mut out, "HAProxy", "haproxy", cfg);
+        if let (Some(rule), Some(by)) =
+            (text("haproxy_maxconn_rule"), params.get("haproxy_maxconn"))
+        {
+            let _ = writeln!(
+                out,
+                "<p class=\"meta\">Per-server maxconn by system and scenario (one value per \
+                 proxy): <code>{}</code>. {}</p>",
+                escape(&by.to_string()),
+                escape(rule)
+            );
+        }
+    }
+    if let Some(cfg) = text("envoy_config") {
+        pre(&mut out, "Envoy", "envoy-ac", cfg);
+    }
+    if let Some(r) = params.get("rejection_signalling") {
+        let _ = writeln!(
+            out,
+            "<p class=\"meta\">Rejection signalling, the same for every system: \
+             <code>{}</code></p>",
+            escape(&r.to_string())
+        );
+    }
+    out
 }
 
 /// Longest the lab waits for HAProxy's stats page.
@@ -328,6 +420,17 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("timeout queue 50ms"), "{text}");
+        // HAProxy's 503 carries the farside proxy's Retry-After.
+        assert!(
+            text.contains(&format!(
+                "http-error status 503 content-type text/plain string \"{REJECT_BODY}\" \
+                 hdr Retry-After {RETRY_AFTER_S}\n"
+            )),
+            "{text}"
+        );
+        let mut stock = c.clone();
+        stock.retry_after_s = None;
+        assert!(!stock.render().contains("http-error"));
         // http-reuse is left at HAProxy's default.
         assert!(!text.contains("\n    http-reuse"), "{text}");
         let sym = c.symbolic().render();
@@ -353,6 +456,92 @@ mod tests {
         // A row split across two chunks is joined again.
         let body = "12\r\n# pxname,svname,qt\r\nd\r\nime,ctime,rti\r\n0\r\n\r\n";
         assert_eq!(dechunk(body), "# pxname,svname,qtime,ctime,rti");
+    }
+
+    #[test]
+    fn divided_maxconn_shares_the_capacity_among_the_proxies() {
+        assert_eq!(divided_maxconn(16, 3), vec![6, 5, 5]);
+        assert_eq!(divided_maxconn(16, 2), vec![8, 8]);
+        assert_eq!(divided_maxconn(16, 1), vec![16]);
+        assert_eq!(divided_maxconn(16, 4).iter().sum::<u64>(), 16);
+        // Fewer connections than proxies: every proxy keeps one slot (maxconn 0 would
+        // be no limit at all).
+        assert_eq!(divided_maxconn(2, 3), vec![1, 1, 1]);
+    }
+
+    /// Real HAProxy in front of a server that accepts and never answers, one slot:
+    /// the second request waits in HAProxy's queue past `timeout queue` and gets the
+    /// 503 the lab configured, with its Retry-After.
+    #[test]
+    fn haproxy_answers_a_queue_timeout_with_503_and_retry_after() {
+        use std::io::{Read, Write};
+        use std::net::{TcpListener, TcpStream};
+        let bin = match find_binary() {
+            Ok(b) => b,
+            Err(e) => {
+                farside_testkit::skip(
+                    "haproxy_answers_a_queue_timeout_with_503_and_retry_after",
+                    &e.to_string(),
+                );
+                return;
+            }
+        };
+        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let silent_addr = silent.local_addr().unwrap();
+        // Holds every accepted connection open, unanswered, until the test ends.
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for c in silent.incoming() {
+                match c {
+                    Ok(c) => held.push(c),
+                    Err(_) => return,
+                }
+            }
+        });
+        let listen: SocketAddr = format!(
+            "127.0.0.1:{}",
+            crate::nginx::free_port(std::net::Ipv4Addr::LOCALHOST.into()).unwrap()
+        )
+        .parse()
+        .unwrap();
+        let mut c = HaproxyConfig::new(listen, &[silent_addr]);
+        c.maxconn_per_server = 1;
+        c.timeout_queue_ms = 50;
+        let dir = std::env::temp_dir().join(format!("farside-haproxy-ra-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut child = start_local(&bin, &c, &dir, "ra", None).unwrap();
+        child.wait_port(listen).unwrap();
+        let get = || {
+            let mut s = TcpStream::connect(listen).unwrap();
+            s.write_all(b"GET / HTTP/1.1\r\nHost: lab\r\n\r\n").unwrap();
+            s
+        };
+        // The first request takes the only slot and is never answered.
+        let _first = get();
+        // A later request queues behind it and must get the queue timeout's 503. Should
+        // HAProxy not have placed the first one yet, the second takes the slot and is
+        // never answered (the read times out, empty): then the next one queues.
+        let mut reply = String::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            let mut s = get();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+                .unwrap();
+            let mut buf = [0u8; 1024];
+            let n = s.read(&mut buf).unwrap_or(0);
+            reply = String::from_utf8_lossy(&buf[..n]).into_owned();
+            if !reply.is_empty() {
+                break;
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        drop(child);
+        let head = reply.to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 503"), "{reply}");
+        assert!(
+            head.contains(&format!("\r\nretry-after: {RETRY_AFTER_S}\r\n")),
+            "{reply}"
+        );
     }
 
     #[test]

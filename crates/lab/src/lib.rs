@@ -5,6 +5,7 @@
 //! - [`scenario`]: the situations `lab admission --scenario` builds (several proxies,
 //!   tenant load, mixed request costs, a capacity change)
 //! - [`haproxy`]: HAProxy as the `haproxy` system of `lab admission`
+//! - [`envoy`]: Envoy's adaptive concurrency as the `envoy-ac` system of `lab admission`
 //! - [`probe`]: the remote-read latency micro-benchmark (`lab probe`)
 //! - [`faults`]: fault injection into a loaded tier (`lab faults`)
 //! - [`reconfig`]: seed 001's reconfiguration experiment (`lab reconfig`)
@@ -15,6 +16,7 @@
 //!   ([`fabric::procs`]), the namespaces of `--hosts netns` ([`fabric::netns`]) and the
 //!   one wait for a node to listen ([`fabric::wait_port`])
 //! - [`nginx`]: real nginx as a back-end
+//! - [`peak`]: raw peaks and peaks under a failure bound, for every experiment's report
 //! - [`experiment`]: what an experiment is to the sweep runner and the report shell
 //!   (its point type, how repeats combine, its tables, CSV files and figures)
 //! - [`sweep`]: the one sweep runner every experiment uses (repeats, progress with ETA,
@@ -30,6 +32,7 @@
 
 pub mod admission;
 pub mod echo;
+pub mod envoy;
 pub mod error;
 pub mod experiment;
 pub mod fabric;
@@ -37,6 +40,7 @@ pub mod faults;
 pub mod flood;
 pub mod haproxy;
 pub mod nginx;
+pub mod peak;
 pub mod probe;
 pub mod promtext;
 pub mod reconfig;

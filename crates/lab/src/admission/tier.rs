@@ -2,6 +2,7 @@
 //! their gatherds, and the proxy under test (farside's, with or without admission
 //! control, or HAProxy), placed on loopback ports or in namespaces ([`Fabric`]).
 
+pub use super::point::{SYSTEM_ENVOY_AC, SYSTEM_HAPROXY, SYSTEM_HAPROXY_DIVIDED};
 use super::*;
 
 pub(super) struct Run {
@@ -327,8 +328,11 @@ pub(super) fn start_tier(
             format!("{system}-proxy")
         };
         let port_step = p as u16;
-        let proxy = if system == "haproxy" {
-            start_haproxy(a, run, fabric, &addrs, &name, port_step)?
+        let proxy = if system == SYSTEM_ENVOY_AC {
+            start_envoy(a, run, fabric, &addrs, &name, port_step)?
+        } else if is_haproxy(system) {
+            let maxconn = haproxy_maxconn(a, system, n_proxies)[p];
+            start_haproxy(a, run, fabric, &addrs, &name, port_step, maxconn)?
         } else {
             start_farside_proxy(
                 a, run, fabric, system, limit, objective, &specs, &name, port_step,
@@ -376,7 +380,8 @@ pub(super) fn start_tier(
     })
 }
 
-/// Start one HAProxy instance in front of `backends` (see [`crate::haproxy`]).
+/// Start one HAProxy instance in front of `backends` (see [`crate::haproxy`]), with
+/// `maxconn` per server.
 pub(super) fn start_haproxy(
     a: &AdmissionArgs,
     run: &Run,
@@ -384,10 +389,12 @@ pub(super) fn start_haproxy(
     backends: &[SocketAddr],
     name: &str,
     port_step: u16,
+    maxconn: u64,
 ) -> io::Result<ProxyProc> {
     let addr = fabric.addr(Role::Proxy, NETNS_PROXY_PORT + port_step)?;
     let stats = fabric.addr(Role::Proxy, NETNS_ADMIN_PORT + port_step)?;
     let mut cfg = haproxy_config(a, addr, backends);
+    cfg.maxconn_per_server = maxconn;
     cfg.stats_listen = Some(stats.to_string());
     let bin = crate::haproxy::find_binary()?;
     let (_, args) = crate::haproxy::prepare(&bin, &cfg, &run.logs, name)?;
@@ -401,8 +408,127 @@ pub(super) fn start_haproxy(
     })
 }
 
+/// `system` is an anchor, not a farside proxy: HAProxy or Envoy (no admission limit,
+/// no farside proxy arguments).
+pub fn is_anchor(system: &str) -> bool {
+    is_haproxy(system) || system == SYSTEM_ENVOY_AC
+}
+
+/// The Envoy configuration of the `envoy-ac` system: Envoy's adaptive concurrency with
+/// the two values it requires, the clients' timeout, Retry-After on its 503.
+pub fn envoy_config(
+    a: &AdmissionArgs,
+    listen: SocketAddr,
+    backends: &[SocketAddr],
+) -> crate::envoy::EnvoyConfig {
+    let mut cfg = crate::envoy::EnvoyConfig::new(listen, backends);
+    cfg.timeout_ms = a.timeout_ms;
+    cfg
+}
+
+/// Start one Envoy in front of `backends`, with `--proxy-workers` worker threads.
+pub(super) fn start_envoy(
+    a: &AdmissionArgs,
+    run: &Run,
+    fabric: &Fabric,
+    backends: &[SocketAddr],
+    name: &str,
+    port_step: u16,
+) -> io::Result<ProxyProc> {
+    let addr = fabric.addr(Role::Proxy, NETNS_PROXY_PORT + port_step)?;
+    let cfg = envoy_config(a, addr, backends);
+    let bin = crate::envoy::find_binary()?;
+    let args = crate::envoy::prepare(&bin, &cfg, &run.logs, name, a.proxy_workers)?;
+    let mut child = fabric.spawn_program(Role::Proxy, name, &bin, &args, &run.logs)?;
+    fabric.wait_port(&mut child, addr)?;
+    Ok(ProxyProc {
+        child,
+        addr,
+        admin_addr: None,
+        stats_addr: None,
+    })
+}
+
+/// `system` is one of the HAProxy systems.
+pub fn is_haproxy(system: &str) -> bool {
+    system == SYSTEM_HAPROXY || system == SYSTEM_HAPROXY_DIVIDED
+}
+
+/// The per-server `maxconn` of each of the `proxies` HAProxies of `system`: C on every
+/// proxy (`haproxy`), or C divided among them (`haproxy-divided`).
+pub fn haproxy_maxconn(a: &AdmissionArgs, system: &str, proxies: usize) -> Vec<u64> {
+    let c = capacity_conns(a);
+    if system == SYSTEM_HAPROXY_DIVIDED {
+        crate::haproxy::divided_maxconn(c, proxies)
+    } else {
+        vec![c; proxies.max(1)]
+    }
+}
+
+/// How the two HAProxy configurations set `maxconn`, as `params.haproxy_maxconn_rule`
+/// records it.
+pub const HAPROXY_MAXCONN_RULE: &str = "haproxy: every proxy's server lines get maxconn C (the back-end's connection capacity), so N proxies may hold N x C connections on one back-end (each proxy protects it as if alone; an over-commit some operators accept); haproxy-divided: C divided among the proxies sharing the back-ends, equal shares with the remainder to the first proxies (C=16 over 3: 6,5,5), at least 1 each, so the tier holds at most C per back-end. One proxy (every scenario but multi-proxy): the two are the same.";
+
+/// `params.haproxy_maxconn`: per HAProxy system that runs, per scenario, the per-server
+/// `maxconn` of each proxy.
+pub fn haproxy_maxconn_record(a: &AdmissionArgs) -> serde_json::Value {
+    let mut by_system = serde_json::Map::new();
+    for sys in a.systems.iter().filter(|s| is_haproxy(s)) {
+        let by_scenario: serde_json::Map<String, serde_json::Value> = a
+            .scenario
+            .iter()
+            .map(|sc| {
+                let n = if *sc == Scenario::MultiProxy {
+                    a.proxies
+                } else {
+                    1
+                };
+                (
+                    sc.name().to_string(),
+                    serde_json::json!(haproxy_maxconn(a, sys, n)),
+                )
+            })
+            .collect();
+        by_system.insert(sys.clone(), by_scenario.into());
+    }
+    by_system.into()
+}
+
+/// `params.rejection_signalling`: how every system signals a rejection and how the
+/// clients treat it, the same for all (HAProxy configured to match the farside proxy).
+pub fn rejection_signalling(a: &AdmissionArgs) -> serde_json::Value {
+    serde_json::json!({
+        "status": 503,
+        "retry_after_s": crate::haproxy::RETRY_AFTER_S,
+        "farside": format!(
+            "the proxy's default [admission] retry_after_s = {}: every 503 it answers \
+             carries Retry-After",
+            crate::haproxy::RETRY_AFTER_S
+        ),
+        "haproxy": format!(
+            "http-error status 503 ... hdr Retry-After {}: HAProxy's own 503 (queue \
+             timeout, no server) carries the same header",
+            crate::haproxy::RETRY_AFTER_S
+        ),
+        "envoy": format!(
+            "local_reply_config mapper: every 503 Envoy answers itself (adaptive \
+             concurrency refusals, upstream failures) gets Retry-After {}",
+            crate::haproxy::RETRY_AFTER_S
+        ),
+        "closed_loop": format!(
+            "--on-reject {}: backoff waits uniform in [0, min(--backoff-cap-ms, \
+             Retry-After)] (every system sends the header, so the same wait); retry and \
+             leave ignore it",
+            a.on_reject.as_str()
+        ),
+        "open_loop": "a rejected user leaves (Retry-After unused)",
+    })
+}
+
 /// The HAProxy configuration of the `haproxy` system: per-server `maxconn` = the
-/// back-end's connection capacity C, `--haproxy-timeout-queue-ms`, the proxy's workers.
+/// back-end's connection capacity C (`haproxy-divided` lowers it per proxy:
+/// [`haproxy_maxconn`]), `--queue-ms` as `timeout queue`, the proxy's workers, and
+/// Retry-After on its 503 ([`crate::haproxy::RETRY_AFTER_S`]).
 pub fn haproxy_config(
     a: &AdmissionArgs,
     listen: SocketAddr,
@@ -510,4 +636,75 @@ pub(super) fn start_farside_proxy(
         admin_addr,
         stats_addr: None,
     })
+}
+
+#[cfg(test)]
+mod anchor_tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: AdmissionArgs,
+    }
+
+    fn args(line: &str) -> AdmissionArgs {
+        Cli::try_parse_from(std::iter::once("lab").chain(line.split_whitespace()))
+            .unwrap()
+            .a
+    }
+
+    #[test]
+    fn haproxy_divided_shares_the_backends_capacity_and_haproxy_does_not() {
+        let a = args(
+            "--scenario single,multi-proxy --proxies 3 --systems onesided-delay,haproxy,haproxy-divided,envoy-ac",
+        );
+        assert_eq!(haproxy_maxconn(&a, SYSTEM_HAPROXY, 3), vec![16, 16, 16]);
+        assert_eq!(
+            haproxy_maxconn(&a, SYSTEM_HAPROXY_DIVIDED, 3),
+            vec![6, 5, 5]
+        );
+        // One proxy: the two configurations are the same.
+        assert_eq!(
+            haproxy_maxconn(&a, SYSTEM_HAPROXY_DIVIDED, 1),
+            haproxy_maxconn(&a, SYSTEM_HAPROXY, 1)
+        );
+        let rec = haproxy_maxconn_record(&a);
+        assert_eq!(
+            rec["haproxy-divided"]["multi-proxy"],
+            serde_json::json!([6, 5, 5])
+        );
+        assert_eq!(
+            rec["haproxy"]["multi-proxy"],
+            serde_json::json!([16, 16, 16])
+        );
+        assert_eq!(rec["haproxy-divided"]["single"], serde_json::json!([16]));
+        assert!(rec.get("envoy-ac").is_none() && rec.get("onesided-delay").is_none());
+        assert!(is_anchor("envoy-ac") && is_anchor("haproxy-divided") && !is_anchor("no-ac"));
+    }
+
+    #[test]
+    fn every_system_signals_rejection_with_the_same_retry_after() {
+        let a = args("--on-reject backoff");
+        let r = rejection_signalling(&a);
+        assert_eq!(r["status"], 503);
+        assert_eq!(r["retry_after_s"], crate::haproxy::RETRY_AFTER_S);
+        assert!(r["closed_loop"]
+            .as_str()
+            .unwrap()
+            .starts_with("--on-reject backoff"));
+        // HAProxy's and Envoy's configurations carry the header the record names.
+        let lo: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let h = haproxy_config(&a, lo, &[lo]).render();
+        assert!(h.contains(&format!(
+            "hdr Retry-After {}",
+            crate::haproxy::RETRY_AFTER_S
+        )));
+        let e = envoy_config(&a, lo, &[lo]).render();
+        assert!(e.contains(&format!(
+            "key: Retry-After, value: \"{}\"",
+            crate::haproxy::RETRY_AFTER_S
+        )));
+    }
 }

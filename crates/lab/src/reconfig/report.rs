@@ -101,8 +101,42 @@ pub fn table(points: &[&ReconfigPoint]) -> String {
             t.row(row);
         }
         s.push_str(&t.render());
+        s.push_str(&peaks_text(points, sc, &systems));
     }
     s.push_str(&t_sweep_table(points));
+    s
+}
+
+/// Per system of scenario `sc`, its TPS peak over the burst lengths two ways
+/// ([`crate::peak`]): raw, and over the bursts where at most
+/// [`crate::peak::FAILURE_BOUND`] of the requests failed or were refused (`failures` over
+/// `served + failures`). `lab reconfig`'s clients are a closed loop only (each proxy's
+/// users send their burst and wait), so there is no open-loop line.
+fn peaks_text(points: &[&ReconfigPoint], sc: &str, systems: &[String]) -> String {
+    let mut s = format!(
+        "peak TPS, scenario {sc} (closed loop; no open loop in lab reconfig): raw, and over \
+         the bursts with {}\n",
+        crate::peak::bound_label(crate::peak::FAILURE_BOUND)
+    );
+    let w = systems.iter().map(String::len).max().unwrap_or(0);
+    for sys in systems {
+        let pts: Vec<&ReconfigPoint> = points
+            .iter()
+            .copied()
+            .filter(|p| p.scenario == sc && label(&p.system, p.history_ms) == *sys)
+            .collect();
+        let pk = crate::peak::peaks(
+            &pts,
+            |p| p.tps,
+            |p| crate::peak::failed_fraction(p.failures, p.served + p.failures),
+            crate::peak::FAILURE_BOUND,
+        );
+        let _ = writeln!(
+            s,
+            "  {sys:<w$}  {}",
+            pk.text(1, |i| format!("burst {}", pts[i].burst))
+        );
+    }
     s
 }
 

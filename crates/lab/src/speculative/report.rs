@@ -148,9 +148,19 @@ pub fn table(points: &[&SpecPoint]) -> String {
 /// cost is the source's CPU per migration (mean over every migrated connection, the
 /// points weighted by their migrations); the target's CPU per migration is the extra
 /// work the move adds to the cluster.
+///
+/// Both client models get the same lines: the paper's S-Clients (open loop, panels
+/// without `closed`) and closed-loop users (panels `... closed`). Under each peak, the
+/// raw peak and the peak over the loads where at most [`crate::peak::FAILURE_BOUND`] of
+/// the connections failed or timed out (refused, reset, abandoned at connect, timed out,
+/// answered 5xx: `failures` over `served + failures`).
 pub fn peaks_and_break_even(points: &[&SpecPoint]) -> String {
-    let mut s =
-        String::from("\npeak conn/s (x the single server's acc64 peak in the same load model)\n");
+    let mut s = format!(
+        "\npeak conn/s (x the single server's acc64 peak in the same load model), both \
+         client models alike: the paper's S-Clients (open loop) and closed-loop users \
+         (panels `closed`); under each, the raw peak and the peak over the loads with {}\n",
+        crate::peak::bound_label(crate::peak::FAILURE_BOUND)
+    );
     let peak = |panel: &str, sys: &str| {
         points
             .iter()
@@ -200,6 +210,22 @@ pub fn peaks_and_break_even(points: &[&SpecPoint]) -> String {
                 let nodes: Vec<String> = p.nodes.iter().map(NodeCpu::brief).collect();
                 let _ = writeln!(s, "      cpu ms/s: {}", nodes.join(", "));
             }
+            let pts: Vec<&SpecPoint> = points
+                .iter()
+                .copied()
+                .filter(|q| q.panel() == panel && q.system == sys)
+                .collect();
+            let pk = crate::peak::peaks(
+                &pts,
+                |q| q.conn_per_s,
+                |q| crate::peak::failed_fraction(q.failures, q.served + q.failures),
+                crate::peak::FAILURE_BOUND,
+            );
+            let at = |i: usize| match pts[i].clients {
+                Some(c) => format!("{c} clients"),
+                None => format!("rate {:.1}", pts[i].rate),
+            };
+            let _ = writeln!(s, "      peak {}", pk.text(1, at));
         }
     }
     let migrated: Vec<&&SpecPoint> = points.iter().filter(|p| p.migrations > 0).collect();
