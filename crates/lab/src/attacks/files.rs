@@ -37,7 +37,14 @@ fn listing(dir: &Path) -> Vec<String> {
     v
 }
 
-fn run_gatherd(dc: &Dc, shm: &Path, tag: &str) -> io::Result<String> {
+/// Run gatherd on `shm` for a moment; the files seen in `outside` while it ran (it
+/// removes its region file at exit).
+fn run_gatherd(
+    dc: &Dc,
+    shm: &Path,
+    outside: &Path,
+    tag: &str,
+) -> io::Result<(Vec<String>, String)> {
     let args = strings(&[
         "gatherd",
         "--node-id",
@@ -51,11 +58,25 @@ fn run_gatherd(dc: &Dc, shm: &Path, tag: &str) -> io::Result<String> {
     ]);
     let mut c = Child::spawn(&format!("gatherd-{tag}"), &dc.exe, &args, &dc.logs)?;
     let t0 = std::time::Instant::now();
+    let mut seen = Vec::new();
     while c.exited().is_none() && t0.elapsed() < GATHERD_EXIT_MAX {
+        for f in listing(outside) {
+            if !seen.contains(&f) {
+                seen.push(f);
+            }
+        }
         std::thread::sleep(Duration::from_millis(20));
     }
     c.stop();
-    Ok(crate::fabric::procs::tail(&c.log, 2).replace('\n', " | "))
+    for f in listing(outside) {
+        if !seen.contains(&f) {
+            seen.push(f);
+        }
+    }
+    Ok((
+        seen,
+        crate::fabric::procs::tail(&c.log, 2).replace('\n', " | "),
+    ))
 }
 
 /// Plant the two links, start gatherd on each: files that appeared outside.
@@ -69,12 +90,17 @@ pub fn symlink_region(dc: &Dc) -> io::Result<Outcome> {
     // 1. The region directory is a link to `outside`.
     let linked_dir = base.join("shm-farside");
     std::os::unix::fs::symlink(&outside, &linked_dir)?;
-    let log1 = run_gatherd(dc, &linked_dir.join("node9.region"), "symlink-dir")?;
+    let (mut found, log1) = run_gatherd(
+        dc,
+        &linked_dir.join("node9.region"),
+        &outside,
+        "symlink-dir",
+    )?;
     // 2. The region file is a link to a file in `outside`.
     let planted = real.join("node9.region");
     std::os::unix::fs::symlink(outside.join("victim-file"), &planted)?;
-    let log2 = run_gatherd(dc, &planted, "symlink-file")?;
-    let found = listing(&outside);
+    let (more, log2) = run_gatherd(dc, &planted, &outside, "symlink-file")?;
+    found.extend(more);
     let _ = std::fs::remove_dir_all(&base);
     Ok(Outcome {
         succeeded: !found.is_empty(),

@@ -47,6 +47,8 @@ pub mod specd;
 /// Every attack, in run order: `(name, target, defence under test, defence pending)`.
 /// A pending defence is being built in parallel: the attack succeeds today.
 pub const ATTACKS: [(&str, &str, &str, bool); 19] = [
+    // A window of legitimate load alone, for reference (and the CPU baseline).
+    ("baseline", "-", "no attack", false),
     ("specd-offer-non-peer", "specd", "allowlist", false),
     ("specd-offer-peer-address", "specd", "wire v4 (key)", false),
     (
@@ -99,8 +101,6 @@ pub const ATTACKS: [(&str, &str, &str, bool); 19] = [
     ("rmem-group-read", "rmem", "READ padding", true),
     ("files-symlink-region", "gatherd", "none yet", true),
     ("files-proxy-metrics", "proxy", "none yet", true),
-    // Filled by a window of legitimate load alone, for reference.
-    ("baseline", "-", "no attack", false),
     // Whether every daemon survived the run.
     ("daemons-alive", "all", "-", false),
 ];
@@ -423,7 +423,14 @@ pub fn run(a: AttacksArgs) -> io::Result<Summary<AttackPoint>> {
                 ));
             }
         }
-        let mut v: Vec<&str> = a.attacks.iter().map(String::as_str).collect();
+        // The baseline and the survival check are part of every run.
+        let mut v = vec!["baseline"];
+        v.extend(
+            a.attacks
+                .iter()
+                .map(String::as_str)
+                .filter(|n| !matches!(*n, "baseline" | "daemons-alive")),
+        );
         v.push("daemons-alive");
         v
     };

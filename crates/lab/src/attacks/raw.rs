@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 
 use crate::fabric::netns::VirtualDc;
 
-/// Most packets a [`Sniffer`] keeps: enough for seconds of a monitor's reads and a
-/// burst's migrations, bounded so a flood on the segment cannot grow the lab's memory.
+/// Most packets a [`Sniffer`] keeps (the newest: older ones are dropped): about 20 s of
+/// the mirrored segment (the monitor's reads of two regions every millisecond, both
+/// directions, ~4,000 packets/s), bounded so a flood cannot grow the lab's memory.
 pub const CAPTURE_PACKETS_MAX: usize = 100_000;
 /// Largest packet captured (bytes): an Ethernet MTU's IPv4 packet and more.
 const CAPTURE_BYTES_MAX: usize = 65_536;
@@ -252,7 +253,7 @@ impl RawSender {
 
 /// Captured IPv4 packets of one interface, read by a thread until dropped.
 pub struct Sniffer {
-    got: Arc<Mutex<Vec<Packet>>>,
+    got: Arc<Mutex<std::collections::VecDeque<Packet>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -310,7 +311,7 @@ impl Sniffer {
             set_rcv_timeout(&fd, CAPTURE_POLL)?;
             Ok(fd)
         })?;
-        let got = Arc::new(Mutex::new(Vec::new()));
+        let got = Arc::new(Mutex::new(std::collections::VecDeque::new()));
         let stop = Arc::new(AtomicBool::new(false));
         let (g, st) = (Arc::clone(&got), Arc::clone(&stop));
         let thread = std::thread::Builder::new()
@@ -332,14 +333,15 @@ impl Sniffer {
                             &mut len,
                         )
                     };
-                    if n <= 0 || from.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+                    if n <= 0 || from.sll_pkttype == libc::PACKET_OUTGOING {
                         continue;
                     }
                     if let Some(p) = Packet::parse(&buf[..n as usize]) {
                         let mut v = g.lock().unwrap_or_else(|p| p.into_inner());
-                        if v.len() < CAPTURE_PACKETS_MAX {
-                            v.push(p);
+                        if v.len() >= CAPTURE_PACKETS_MAX {
+                            v.pop_front();
                         }
+                        v.push_back(p);
                     }
                 }
             })?;

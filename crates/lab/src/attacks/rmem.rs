@@ -35,7 +35,7 @@ pub const CAS_LOOP: usize = 200;
 /// What the attacker adds to the shared counter.
 pub const FADD_DELTA: u64 = 1_000_000;
 /// The value the attacker writes into the role words: no site the data-center serves.
-const ATTACKER_ROLE: u64 = 0x00ba_d0_0000_0666;
+const ATTACKER_ROLE: u64 = 0x0000_bad0_0000_0666;
 /// Group READs sent with the victim's address.
 pub const GROUP_READS: u64 = 100;
 /// Bytes each group READ asks for (a region's load record and more).
@@ -375,6 +375,7 @@ pub fn group_read(dc: &Dc, cap: &RmemCapture, sniff: &Sniffer) -> io::Result<Out
     let victim = SocketAddrV4::new(dc.dc.node_ip(CLIENT), VICTIM_PORT);
     let backends = [dc.dc.node_ip(B0), dc.dc.node_ip(B1)];
     let mut raw = RawSender::open(&dc.dc, ATK)?;
+    sniff.clear();
     let seq0 = 0x6a77_0000_0000u64;
     let mut sent_payload = 0u64;
     for i in 0..GROUP_READS {
