@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use super::dc::{read_response, strings, Dc, ATKC, B0, B1};
-use super::Outcome;
+use super::outcome::Outcome;
 use crate::fabric::procs::Child;
 
 /// How long gatherd runs on the planted path.

@@ -14,8 +14,8 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::time::Duration;
 
 use super::dc::{Dc, ATK, ATKC, B0, B1, FE, MOVE_PORT, VIP};
+use super::outcome::Outcome;
 use super::raw::{ipv4_tcp, ipv4_udp, Packet, RawSender, Sniffer, PROTO_UDP, TCP_ACK};
-use super::Outcome;
 
 /// Spoofed non-SYN packets of a full run: more than the flow table holds
 /// (`FE_FLOWS_MAX` = 65,536), so a table that recorded them would evict every entry.

@@ -40,9 +40,12 @@ use std::time::Duration;
 pub mod dc;
 pub mod files;
 pub mod frontend;
+pub mod outcome;
 pub mod raw;
 pub mod rmem;
 pub mod specd;
+
+pub use outcome::Outcome;
 
 /// Every attack, in run order: `(name, target, defence under test, defence pending)`.
 /// A pending defence is being built in parallel: the attack succeeds today.
@@ -131,28 +134,6 @@ pub struct AttacksArgs {
     /// lab's own tests point it at the built binary).
     #[arg(long, hide = true)]
     pub farside_bin: Option<PathBuf>,
-}
-
-/// What one attack did and saw.
-#[derive(Clone, Debug, Default)]
-pub struct Outcome {
-    pub succeeded: bool,
-    pub effect: String,
-    pub packets: u64,
-    pub bytes: u64,
-    pub answered_bytes: u64,
-    /// False when a precondition was missing (nothing captured to replay).
-    pub tested: bool,
-}
-
-impl Outcome {
-    /// An attack that could not be tried, and why.
-    pub fn untested(why: &str) -> Outcome {
-        Outcome {
-            effect: why.to_string(),
-            ..Default::default()
-        }
-    }
 }
 
 /// One attack's result (a point of the run).

@@ -27,8 +27,8 @@ use farside_rmem::wire::{Op, RepHeader, ReqHeader, REP_HEADER_BYTES, REQ_HEADER_
 use farside_rmem::UdpClient;
 
 use super::dc::{Dc, ATK, B0, B1, CLIENT, GROUP, PX, REGION_PORT};
+use super::outcome::Outcome;
 use super::raw::{ipv4_udp, Packet, RawSender, Sniffer, PROTO_UDP};
-use super::Outcome;
 
 /// CAS attempts of the ROLE_WANTED loop.
 pub const CAS_LOOP: usize = 200;

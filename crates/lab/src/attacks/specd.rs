@@ -19,8 +19,8 @@ use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::dc::{Dc, B0, B1, SPECD_PORT, VIP};
+use super::outcome::Outcome;
 use super::raw::{Packet, Sniffer, PROTO_TCP};
-use super::Outcome;
 
 /// The client address of a forged offer (TEST-NET-2: no host of the lab has it).
 pub const FORGED_CLIENT: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::new(198, 51, 100, 7), 40_000);
