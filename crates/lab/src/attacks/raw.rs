@@ -21,6 +21,9 @@ use crate::fabric::netns::VirtualDc;
 /// the mirrored segment (the monitor's reads of two regions every millisecond, both
 /// directions, ~4,000 packets/s), bounded so a flood cannot grow the lab's memory.
 pub const CAPTURE_PACKETS_MAX: usize = 100_000;
+/// The capture socket's receive buffer (bytes): seconds of the mirrored segment, so a
+/// burst of replies is not lost while the capture thread sorts packets.
+const CAPTURE_RCVBUF_BYTES: libc::c_int = 32 << 20;
 /// Largest packet captured (bytes): an Ethernet MTU's IPv4 packet and more.
 const CAPTURE_BYTES_MAX: usize = 65_536;
 /// How often the capture thread looks at its stop flag.
@@ -309,6 +312,17 @@ impl Sniffer {
                 );
             }
             set_rcv_timeout(&fd, CAPTURE_POLL)?;
+            let buf = CAPTURE_RCVBUF_BYTES;
+            // SAFETY: valid option value; FORCE (root) goes past rmem_max.
+            unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVBUFFORCE,
+                    (&buf as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
             Ok(fd)
         })?;
         let got = Arc::new(Mutex::new(std::collections::VecDeque::new()));

