@@ -11,6 +11,8 @@
 //! - [`reconfig`]: seed 001's reconfiguration experiment (`lab reconfig`)
 //! - [`speculative`]: seed 002's speculative connection admission (`lab speculative`;
 //!   first version: the baselines)
+//! - [`attacks`]: the attack lab (`lab attacks`): two attackers against a loaded
+//!   data-center, success judged by effect, collateral and the defender's CPU
 //! - [`error`]: the lab's own failures ([`error::LabError`])
 //! - [`fabric`]: what every experiment runs on: the nodes' processes
 //!   ([`fabric::procs`]), the namespaces of `--hosts netns` ([`fabric::netns`]) and the
@@ -31,6 +33,7 @@
 //! User documentation: `farside lab <command> --help` and `docs/lab.md`.
 
 pub mod admission;
+pub mod attacks;
 pub mod echo;
 pub mod envoy;
 pub mod error;
@@ -84,6 +87,12 @@ pub enum LabCmd {
     /// speculative admission (spec32, spec50: `farside specd` on both back-ends); needs
     /// root (netns).
     Speculative(speculative::SpeculativeArgs),
+    /// Attack lab: an attacker on the cluster side and one on the client side try every
+    /// known attack (specd offers, front-end MOVE and flow table, one-sided memory,
+    /// local files) against a loaded data-center; per attack: succeeded (by its
+    /// effect), legitimate connections lost and requests failed, the defenders' CPU;
+    /// needs root (netns).
+    Attacks(attacks::AttacksArgs),
     /// Re-render the table, CSV files, plots and report.html of a kept run from its
     /// summary.json and points.jsonl, without running anything.
     Report(ReportArgs),
@@ -138,6 +147,7 @@ pub fn regenerate_any(
         faults::Faults::NAME => render::<faults::Faults>(dir, w),
         reconfig::Reconfig::NAME => render::<reconfig::Reconfig>(dir, w),
         speculative::Speculative::NAME => render::<speculative::Speculative>(dir, w),
+        attacks::Attacks::NAME => render::<attacks::Attacks>(dir, w),
         other => Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!(
@@ -155,6 +165,7 @@ fn run_cmd(a: LabArgs) -> std::io::Result<()> {
         LabCmd::Faults(x) => faults::Faults::run(x),
         LabCmd::Reconfig(x) => reconfig::Reconfig::run(x),
         LabCmd::Speculative(x) => speculative::Speculative::run(x),
+        LabCmd::Attacks(x) => attacks::Attacks::run(x),
         LabCmd::Report(x) => {
             let files = regenerate_any(&x.dir, &mut std::io::stdout())?;
             eprintln!(
