@@ -983,3 +983,42 @@ fn with_xdp_every_transport_operates_on_the_same_words() {
     });
     let _ = std::fs::remove_file(shm);
 }
+
+/// A local user who plants a symlink where the region's directory goes (or, root only
+/// here, a file of theirs at the region's name) does not steer where gatherd creates or
+/// removes its region file: start-up refuses with the reason, and nothing lands in the
+/// directory the symlink names.
+#[test]
+fn a_planted_symlink_or_foreign_file_is_refused_not_followed() {
+    let base = std::env::temp_dir().join(format!("farside-gatherd-plant-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let elsewhere = base.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let planted = base.join("farside");
+    std::os::unix::fs::symlink(&elsewhere, &planted).unwrap();
+    let args = GatherdArgs {
+        shm: Some(planted.join("node1.region")),
+        period_us: 500,
+        ..Default::default()
+    };
+    let e = Gatherd::start(&args).err().expect("refused").to_string();
+    assert!(e.contains("a symlink"), "{e}");
+    assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0, "{e}");
+    if farside_testkit::root_or_skip(
+        "a_planted_symlink_or_foreign_file_is_refused_not_followed (foreign file)",
+    ) {
+        let theirs = base.join("node1.region");
+        std::fs::write(&theirs, b"theirs").unwrap();
+        std::os::unix::fs::lchown(&theirs, Some(65534), Some(65534)).unwrap();
+        let e = Gatherd::start(&GatherdArgs {
+            shm: Some(theirs.clone()),
+            ..args
+        })
+        .err()
+        .expect("refused")
+        .to_string();
+        assert!(e.contains("uid 65534"), "{e}");
+        assert_eq!(std::fs::read(&theirs).unwrap(), b"theirs");
+    }
+    std::fs::remove_dir_all(&base).unwrap();
+}

@@ -428,8 +428,9 @@ fn summary(cfg: &ProxyConfig) -> String {
 pub struct MonitorArgs {
     #[command(flatten)]
     pub b: BackendFlags,
-    /// Shared-memory file to publish the table in.
-    #[arg(long, default_value = "/dev/shm/farside/monitor.table")]
+    /// Shared-memory file to publish the table in (its directory made 0700 and checked,
+    /// the file 0600: see `farside_rt::rundir`).
+    #[arg(long, default_value = "/run/farside/monitor.table")]
     pub table: PathBuf,
     /// Stop after this many seconds (default: until SIGINT/SIGTERM).
     #[arg(long)]

@@ -213,7 +213,7 @@ pub struct BackendConfig {
     /// Default "" = serves every site.
     #[serde(default)]
     pub site: String,
-    /// Where its gatherer publishes the load region: `shm:/dev/shm/farside/NAME.region`,
+    /// Where its gatherer publishes the load region: `shm:/run/farside/NAME.region`,
     /// `tcp:HOST:PORT`, `udp:HOST:PORT`, optionally with `?key=HEX` (this back-end's
     /// read key, as given to its gatherd `--read-key`). Default: none (no load data; admission treats it per
     /// `admission.on_missing`).
@@ -725,7 +725,7 @@ mod tests {
             limit = 900000
             [[backend]]
             addr = "127.0.0.1:8081"
-            region = "shm:/dev/shm/farside/a.region"
+            region = "shm:/run/farside/a.region"
             "#,
         )
         .unwrap();
@@ -906,14 +906,14 @@ mod tests {
             limit = 40
             [[backend]]
             addr = "127.0.0.1:8081"
-            region = "shm:/dev/shm/farside/a.region"
+            region = "shm:/run/farside/a.region"
             [[backend]]
             addr = "127.0.0.1:8082"
-            region = "shm:/dev/shm/farside/b.region"
+            region = "shm:/run/farside/b.region"
             limit = 7
             [[backend]]
             addr = "127.0.0.1:8083"
-            region = "shm:/dev/shm/farside/c.region"
+            region = "shm:/run/farside/c.region"
             maxconn = 3
             "#,
         )
