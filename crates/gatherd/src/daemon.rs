@@ -148,7 +148,7 @@ impl Gatherd {
             }
         };
         // Before any server answers, so no reader sees the role words unset.
-        let role = role::RoleAgent::start(&args.role, mem.clone())?;
+        let role = role::RoleAgent::start(&args.role, args.node_id, mem.clone())?;
         // Same port, same memory as XDP: answers everything until the program attaches,
         // then what it passes on to the stack (fragments, IP options).
         let group = args.group_read.map(|group| farside_rmem::GroupJoin {
