@@ -32,7 +32,7 @@ pub struct GatherdArgs {
     /// Region file in shared memory for same-host readers (`shm:` transport).
     /// Default: `/run/farside/node<ID>.region` (as root; otherwise under
     /// `$XDG_RUNTIME_DIR/farside`). Its directory is made 0700 and checked (ours or
-    /// root's, not a symlink), the file is 0600. With XDP attached this path is a Unix
+    /// root's, no other user's symlink), the file is 0600. With XDP attached this path is a Unix
     /// socket that hands readers the XDP region map itself, so shm, tcp, udp and XDP
     /// all operate on the same words.
     #[arg(long)]

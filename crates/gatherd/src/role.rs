@@ -91,8 +91,9 @@ pub struct RoleArgs {
     /// The agent's state file: the served site and version, the switch count and the
     /// boot epoch, kept across restarts (written atomically, 0600; its directory made
     /// 0700 and checked). A restart serves the same site at versions above every
-    /// earlier one. Default `/var/lib/farside/node<ID>.state` (as root; otherwise under
-    /// `$XDG_STATE_HOME/farside`).
+    /// earlier one. Default `node<ID>.state` in systemd's `$STATE_DIRECTORY` (a unit's
+    /// `StateDirectory=`), else in `/var/lib/farside` as root, else in
+    /// `$XDG_STATE_HOME/farside`.
     #[arg(long = "role-state")]
     pub role_state: Option<PathBuf>,
     /// How often the agent reads ROLE_WANTED, ms (1..=1000). Default 5.

@@ -66,7 +66,7 @@ impl MappedWords {
 
     /// Create and map a file of `n` words (e.g. `/run/farside/node1.region`), mode
     /// 0600, by the rules of `farside_rt::rundir`: the directory is made with `mkdir`
-    /// and checked (ours or root's, not a symlink, not writable by others unless a
+    /// and checked (ours or root's, no other user's symlink, not writable by others unless a
     /// sticky root directory such as `/dev/shm`); a plain file of ours at the name is
     /// reused in place (readers that mapped it keep reading a restarted writer);
     /// anything else of ours there (a socket of an XDP run) is unlinked and the file

@@ -40,7 +40,7 @@ impl FdServer {
     /// every connecting client. `fd` must stay open as long as the server runs (the
     /// caller owns it; gatherd keeps the XDP map's fd open for its lifetime).
     pub fn spawn(path: &Path, fd: RawFd) -> io::Result<FdServer> {
-        // A checked directory (made 0700, not a symlink, ours or root's) and a 0600
+        // A checked directory (made 0700, ours or root's, no other user's symlink) and a 0600
         // socket; only a stale entry of ours is replaced (`farside_rt::rundir`).
         let (dir, name) = SafeDir::create_parent(path)?;
         let listener = dir.bind_unix(name)?;

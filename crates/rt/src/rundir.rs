@@ -13,14 +13,15 @@
 //!
 //! - **The directory** ([`SafeDir`]): each missing component is made with `mkdir` mode
 //!   0700 (never through a symlink); then every component from `/` down is checked with
-//!   `lstat`: a directory or symlink owned by root or by us, and a directory others can
-//!   write only if it is root's and sticky (`/tmp`, `/dev/shm`: there nobody can remove
-//!   or rename what is not theirs). The directory itself must be a real directory (not
-//!   a symlink), ours or root's, not writable by group or others (a sticky root
-//!   directory is allowed: see below). It is then opened `O_DIRECTORY | O_NOFOLLOW`
-//!   and the descriptor's `fstat` must be the `lstat` just checked; every file
-//!   operation after that is relative to this descriptor (`openat`, `unlinkat`), so a
-//!   rename of a path component later changes nothing.
+//!   `lstat`: a directory owned by root or by us, writable by others only if it is
+//!   root's and sticky (`/tmp`, `/dev/shm`: there nobody can remove or rename what is
+//!   not theirs); a symlink only if root or we made it (a safe transition: `/var/run`,
+//!   systemd's `StateDirectory=` of a `DynamicUser=` service), its target checked by the
+//!   same rules; another user's symlink, at the directory's own name or on the way, is
+//!   refused. The directory is then opened `O_DIRECTORY | O_NOFOLLOW` and the
+//!   descriptor's `fstat` must be the `lstat` just checked; every file operation after
+//!   that is relative to this descriptor (`openat`, `unlinkat`), so a rename of a path
+//!   component later changes nothing.
 //! - **Creating** ([`SafeDir::create_new`], [`SafeDir::create_or_reuse`]): an entry at
 //!   the name that is not ours is refused with an error naming its owner (we never
 //!   remove or open another user's file); one of ours that is not a plain file (a
@@ -77,27 +78,38 @@ pub fn euid() -> u32 {
     unsafe { libc::geteuid() }
 }
 
-/// The runtime directory for this process: [`RUN_DIR`] as root; otherwise
+/// The runtime directory for this process: systemd's `$RUNTIME_DIRECTORY` (a unit's
+/// `RuntimeDirectory=`) if set; else [`RUN_DIR`] as root; otherwise
 /// `$XDG_RUNTIME_DIR/farside` if set, else `/tmp/farside-<uid>` (the checks of
 /// [`SafeDir::create`] refuse it if another user made it first).
 pub fn default_run_dir() -> PathBuf {
-    default_dir(RUN_DIR, "XDG_RUNTIME_DIR", "farside")
+    default_dir("RUNTIME_DIRECTORY", RUN_DIR, "XDG_RUNTIME_DIR")
 }
 
-/// The state directory for this process: [`STATE_DIR`] as root; otherwise
+/// The state directory for this process: systemd's `$STATE_DIRECTORY` (a unit's
+/// `StateDirectory=`) if set; else [`STATE_DIR`] as root; otherwise
 /// `$XDG_STATE_HOME/farside` if set, else `/tmp/farside-<uid>`.
 pub fn default_state_dir() -> PathBuf {
-    default_dir(STATE_DIR, "XDG_STATE_HOME", "farside")
+    default_dir("STATE_DIRECTORY", STATE_DIR, "XDG_STATE_HOME")
 }
 
-fn default_dir(root_dir: &str, env: &str, leaf: &str) -> PathBuf {
+fn default_dir(systemd_env: &str, root_dir: &str, xdg_env: &str) -> PathBuf {
+    // systemd lists a unit's directories separated by colons: the first is ours.
+    if let Some(v) = std::env::var_os(systemd_env) {
+        if let Some(first) = v.as_bytes().split(|b| *b == b':').next() {
+            let p = Path::new(OsStr::from_bytes(first));
+            if p.is_absolute() {
+                return p.to_path_buf();
+            }
+        }
+    }
     let uid = euid();
     if uid == 0 {
         return PathBuf::from(root_dir);
     }
-    match std::env::var_os(env) {
-        Some(d) if Path::new(&d).is_absolute() => Path::new(&d).join(leaf),
-        _ => PathBuf::from(format!("/tmp/{leaf}-{uid}")),
+    match std::env::var_os(xdg_env) {
+        Some(d) if Path::new(&d).is_absolute() => Path::new(&d).join("farside"),
+        _ => PathBuf::from(format!("/tmp/farside-{uid}")),
     }
 }
 
@@ -244,7 +256,7 @@ impl SafeDir {
         let mut last = lstat(&prefix)?;
         check_dir_stat(&prefix, &last, me)?;
         let comps: Vec<Component> = abs.components().collect();
-        for (i, c) in comps.iter().enumerate() {
+        for c in &comps {
             let name = match c {
                 Component::RootDir | Component::CurDir => continue,
                 Component::ParentDir => {
@@ -257,7 +269,6 @@ impl SafeDir {
                 Component::Prefix(_) => unreachable!("no prefixes on Unix"),
             };
             prefix.push(name);
-            let leaf = i + 1 == comps.len();
             let st = match lstat(&prefix) {
                 Ok(st) => st,
                 Err(e) if make && e.raw_os_error() == Some(libc::ENOENT) => {
@@ -284,17 +295,10 @@ impl SafeDir {
                 }
             };
             if kind(st.st_mode) == libc::S_IFLNK {
-                if leaf {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidInput,
-                        format!(
-                            "{}: a symlink (a runtime directory must be a real directory); refusing to use it",
-                            prefix.display()
-                        ),
-                    ));
-                }
-                // A symlink on the way (`/var/run -> /run`) is followed only if root or
-                // we made it; its target is checked as the walk goes on.
+                // A symlink (`/var/run -> /run`, systemd's `/var/lib/NAME ->
+                // private/NAME` of a DynamicUser service) is followed only if root or
+                // we made it; its target is checked by the same rules. Another user's
+                // symlink is what the attack plants: refused.
                 if st.st_uid != me && st.st_uid != 0 {
                     return Err(denied(
                         &prefix,

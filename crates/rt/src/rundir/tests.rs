@@ -44,18 +44,47 @@ fn makes_a_private_directory_and_private_files() {
     std::fs::remove_dir_all(&base).unwrap();
 }
 
+/// The attack: another user plants a symlink at the directory's name.
 #[test]
 fn a_symlinked_directory_is_refused_and_nothing_lands_in_its_target() {
+    if !farside_testkit::root_or_skip(
+        "a_symlinked_directory_is_refused_and_nothing_lands_in_its_target",
+    ) {
+        return;
+    }
     let base = scratch("symdir");
     let elsewhere = base.join("elsewhere");
     std::fs::create_dir(&elsewhere).unwrap();
     let planted = base.join("farside");
     std::os::unix::fs::symlink(&elsewhere, &planted).unwrap();
+    give_to_nobody(&planted);
     let e = create_new(&planted.join("node1.region"), FILE_MODE).unwrap_err();
-    assert!(e.to_string().contains("a symlink"), "{e}");
-    assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
+    assert!(
+        e.to_string().contains("a symlink owned by uid 65534"),
+        "{e}"
+    );
+    assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
     assert!(SafeDir::open(&planted).is_err(), "readers refuse it too");
     assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0);
+    std::fs::remove_dir_all(&base).unwrap();
+}
+
+/// A symlink root or we made (systemd's `/var/lib/NAME -> private/NAME`) is a safe
+/// transition: followed, and its target checked by the same rules.
+#[test]
+fn our_own_symlinked_directory_is_followed_and_its_target_checked() {
+    let base = scratch("ownsym");
+    let private = base.join("private");
+    std::fs::create_dir(&private).unwrap();
+    let link = base.join("state");
+    std::os::unix::fs::symlink("private", &link).unwrap();
+    create_new(&link.join("node1.state"), FILE_MODE).unwrap();
+    assert!(private.join("node1.state").is_file());
+    assert_eq!(SafeDir::open(&link).unwrap().path(), private.as_path());
+    // A target others may write is refused even through our own symlink.
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = create_new(&link.join("x"), FILE_MODE).unwrap_err();
+    assert!(e.to_string().contains("others may write"), "{e}");
     std::fs::remove_dir_all(&base).unwrap();
 }
 
