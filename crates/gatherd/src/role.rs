@@ -361,22 +361,6 @@ impl RoleAgent {
                         }
                         out
                     });
-                    // Persist what a restart must stay above: the served role, the
-                    // highest version seen, the switch count.
-                    let now_served = agent.served();
-                    let now_epoch = words[W_ROLE_EPOCH].load(Ordering::Acquire);
-                    if now_served.site() != kept.site
-                        || top.max(now_served.version()) > kept.version
-                        || now_epoch != kept.role_epoch
-                    {
-                        kept.site = now_served.site();
-                        kept.version = kept.version.max(top).max(now_served.version());
-                        kept.role_epoch = now_epoch;
-                        if let Err(e) = state::save(&path, &kept) {
-                            st.state_write_failures.fetch_add(1, Ordering::Relaxed);
-                            log::error!("gatherd: role: {e}");
-                        }
-                    }
                     if let Some(e) = err {
                         st.failures.fetch_add(1, Ordering::Relaxed);
                         log::error!("gatherd: role: {e}");
@@ -395,6 +379,23 @@ impl RoleAgent {
                                 wanted.0,
                                 d.as_secs_f64() * 1000.0
                             );
+                        }
+                    }
+                    // Persist what a restart must stay above (after the counters, which
+                    // readers of the words may scrape at once): the served role, the
+                    // highest version seen, the switch count.
+                    let now_served = agent.served();
+                    let now_epoch = words[W_ROLE_EPOCH].load(Ordering::Acquire);
+                    if now_served.site() != kept.site
+                        || top.max(now_served.version()) > kept.version
+                        || now_epoch != kept.role_epoch
+                    {
+                        kept.site = now_served.site();
+                        kept.version = kept.version.max(top).max(now_served.version());
+                        kept.role_epoch = now_epoch;
+                        if let Err(e) = state::save(&path, &kept) {
+                            st.state_write_failures.fetch_add(1, Ordering::Relaxed);
+                            log::error!("gatherd: role: {e}");
                         }
                     }
                 }
