@@ -227,6 +227,16 @@ fn sockets_bind_in_the_checked_directory_and_are_private() {
     let _l = dir.bind_unix(OsStr::new("c.sock")).unwrap();
     std::fs::write(base.join("run/plain"), b"").unwrap();
     assert!(dir.check_socket(OsStr::new("plain")).is_err());
+    // Another user's socket is not one to connect to (nor to replace).
+    if farside_testkit::root_or_skip(
+        "sockets_bind_in_the_checked_directory_and_are_private (another user's)",
+    ) {
+        give_to_nobody(&p);
+        let e = dir.check_socket(OsStr::new("c.sock")).unwrap_err();
+        assert!(e.to_string().contains("owned by uid 65534"), "{e}");
+        let e = dir.bind_unix(OsStr::new("c.sock")).unwrap_err();
+        assert!(e.to_string().contains("uid 65534"), "{e}");
+    }
     std::fs::remove_dir_all(&base).unwrap();
 }
 
