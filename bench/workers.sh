@@ -80,7 +80,7 @@ measure() {
     local w=$1 r=$2 pport proxy lg wrk_rps spread
     pport=$(free_port)
     FARSIDE_LOG=warn "$FARSIDE" proxy --listen "127.0.0.1:$pport" --workers "$w" \
-        --backend "127.0.0.1:$bport" >"$tmp/proxy-$w-$r.log" 2>&1 &
+        --backend "127.0.0.1:$bport" --data-port-metrics >"$tmp/proxy-$w-$r.log" 2>&1 &
     proxy=$!
     pids+=("$proxy")
     wait_http "$pport"

@@ -147,7 +147,8 @@ fn run_gatherd(a: farside_gatherd::GatherdArgs) -> Result<(), String> {
     let shm_path = g.shm_path.clone();
     drop(g);
     if let Some(p) = shm_path {
-        let _ = std::fs::remove_file(p);
+        // Relative to the checked directory, and only if the entry is still ours.
+        let _ = farside_rt::rundir::SafeDir::open_parent(&p).and_then(|(d, n)| d.remove_own(n));
     }
     Ok(())
 }

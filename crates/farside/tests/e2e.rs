@@ -256,12 +256,15 @@ fn proxy_reads_an_external_monitors_shared_table() {
     );
     m.wait_file(&table).unwrap();
     let proxy_addr = free_addr();
+    let admin = free_addr();
     let mut p = spawn(
         "proxy",
         &strings(&[
             "proxy",
             "--listen",
             &proxy_addr.to_string(),
+            "--admin-listen",
+            &admin.to_string(),
             "--backend",
             &spec,
             "--admission",
@@ -280,7 +283,9 @@ fn proxy_reads_an_external_monitors_shared_table() {
     eventually("request admitted on the monitor's data", WAIT, || {
         get(proxy_addr, "/file16k").0 == 200
     });
-    let metrics = get(proxy_addr, "/farside/metrics").1;
+    // The admin listener: the data port does not answer metrics by default.
+    p.wait_port(admin).unwrap();
+    let metrics = get(admin, "/metrics").1;
     assert!(
         metrics.contains("farside_monitor_read_latency_ns"),
         "{metrics}"

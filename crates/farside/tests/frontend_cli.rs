@@ -86,7 +86,7 @@ fn bad_flags_are_refused_with_a_clear_message() {
                 "--control",
                 "127.0.0.1:7400",
             ],
-            "needs --key-file",
+            "needs the front-end's key",
         ),
         (
             vec![

@@ -83,6 +83,9 @@ fn start_node(dir: &Dir, role_flags: &[&str]) -> Node {
         "alpha,beta,gamma",
         "--role-poll-ms",
         "2",
+        // Each node's own state (a first start: site --role-initial, version 1).
+        "--role-state",
+        dir.0.join("node.state").to_str().unwrap(),
     ]);
     args.extend(
         role_flags

@@ -139,13 +139,6 @@ impl FrontendArgs {
             return Err("give at least one --backend MAC@IP=WEIGHT".into());
         }
         validate_backends(&self.backends).map_err(|e| format!("--backend: {e}"))?;
-        if let (Some(ControlAddr::Tcp(t)), None) = (&self.control, &self.key_file) {
-            return Err(format!(
-                "--control {t}: a TCP control port needs --key-file (every request on it \
-                 is sealed with that key); or use --control unix:{}",
-                crate::control::UNIX_SOCKET_DEFAULT
-            ));
-        }
         if let Some(d) = self.duration_s {
             if !(d.is_finite() && d > 0.0) {
                 return Err(format!("--duration-s {d}: must be positive"));
@@ -180,17 +173,17 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
     let ifname = a.iface.as_deref().ok_or("--iface is required")?;
     let vip = a.vip.ok_or("--vip is required")?;
     // The key first: a bad key file must fail before anything is attached.
-    let key = match &a.key_file {
-        Some(path) => Some(
-            farside_auth::keys::load_key(
-                MOVE_KEY_CREDENTIAL,
-                Some(path),
-                farside_auth::keys::Policy::Production,
-            )
-            .map_err(|e| format!("--key-file {}: {e}", path.display()))?,
-        ),
-        None => None,
-    };
+    let creds =
+        std::env::var_os(farside_auth::keys::CREDENTIALS_DIRECTORY).map(std::path::PathBuf::from);
+    let key = load_move_key(a.key_file.as_deref(), creds.as_deref())?;
+    if let (Some(ControlAddr::Tcp(t)), None) = (&a.control, &key) {
+        return Err(format!(
+            "--control {t}: a TCP control port needs the front-end's key (--key-file, or \
+             systemd's credential {MOVE_KEY_CREDENTIAL}): every request on it is sealed \
+             with that key; or use --control unix:{}",
+            crate::control::UNIX_SOCKET_DEFAULT
+        ));
+    }
     let pin = a
         .pin_maps
         .unwrap_or_else(|| crate::pin::default_on(&a.pin_root));
@@ -311,10 +304,54 @@ pub fn run(a: FrontendArgs, wait: impl FnOnce(Option<std::time::Duration>)) -> R
     Ok(())
 }
 
+/// The MOVE key: systemd's credential `frontend-move` (`LoadCredential=`) if the
+/// service has it, else `--key-file`; `None` when neither is given. A key file others
+/// may read, or an example or weak key, is an error naming the flag.
+fn load_move_key(
+    key_file: Option<&std::path::Path>,
+    credentials_dir: Option<&std::path::Path>,
+) -> Result<Option<farside_auth::keys::LoadedKey>, String> {
+    use farside_auth::keys::{load_key_from, KeyError, Policy};
+    match load_key_from(
+        credentials_dir,
+        MOVE_KEY_CREDENTIAL,
+        key_file,
+        Policy::Production,
+        farside_auth::keys::euid(),
+    ) {
+        Ok(k) => Ok(Some(k)),
+        Err(KeyError::NotFound { .. }) if key_file.is_none() => Ok(None),
+        Err(e) => Err(match key_file {
+            Some(p) => format!("--key-file {}: {e}", p.display()),
+            None => format!("credential {MOVE_KEY_CREDENTIAL}: {e}"),
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    /// systemd's credential is used without --key-file (and before it); an exposed one
+    /// is refused like a file.
+    #[test]
+    fn the_move_key_comes_from_the_systemd_credential() {
+        let dir = std::env::temp_dir().join(format!("fe-cli-cred-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let cred = dir.join(MOVE_KEY_CREDENTIAL);
+        std::fs::write(&cred, "8f3a1c9e27b4d6051e9c3b7a2f6d4e18\n").unwrap();
+        std::fs::set_permissions(&cred, std::fs::Permissions::from_mode(0o400)).unwrap();
+        let k = load_move_key(None, Some(&dir))
+            .unwrap()
+            .expect("the credential");
+        assert_eq!(k.origin, farside_auth::keys::Origin::Credential);
+        assert!(load_move_key(None, None).unwrap().is_none());
+        std::fs::set_permissions(&cred, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = load_move_key(None, Some(&dir)).unwrap_err();
+        assert!(e.starts_with("credential frontend-move"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn args(key_file: Option<std::path::PathBuf>) -> FrontendArgs {
         FrontendArgs {

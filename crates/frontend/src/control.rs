@@ -29,7 +29,7 @@ use std::fmt;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::fs::FileTypeExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -223,36 +223,27 @@ impl Stream {
     }
 }
 
-/// Bind a Unix socket at `path`, 0600; its directory is created 0700 if missing. A
-/// socket file left by a dead front-end (nothing accepts on it) is replaced; one a
-/// live front-end serves is not.
+/// Bind a Unix socket at `path`, 0600, in a directory made 0700 if missing and checked
+/// (`farside_rt::rundir`: root's or ours, no other user's symlink, not writable by
+/// others). A socket file of ours left by a dead front-end (nothing accepts on it) is
+/// replaced; one a live front-end serves is not; another user's entry is refused.
 fn bind_unix(path: &Path) -> io::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        if !dir.as_os_str().is_empty() && !dir.exists() {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)?;
-        }
-    }
-    if let Ok(meta) = std::fs::symlink_metadata(path) {
+    let (dir, name) = farside_rt::rundir::SafeDir::create_parent(path)?;
+    if let Ok(meta) = std::fs::symlink_metadata(dir.path().join(name)) {
         if !meta.file_type().is_socket() {
             return Err(io::Error::new(
                 io::ErrorKind::AlreadyExists,
                 format!("{} exists and is not a socket", path.display()),
             ));
         }
-        if UnixStream::connect(path).is_ok() {
+        if UnixStream::connect(dir.path().join(name)).is_ok() {
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
                 format!("a front-end already serves {}", path.display()),
             ));
         }
-        std::fs::remove_file(path)?;
     }
-    let l = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(l)
+    dir.bind_unix(name)
 }
 
 /// The control server; stops (and joins its accept thread) when dropped.

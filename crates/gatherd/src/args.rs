@@ -30,7 +30,9 @@ pub struct GatherdArgs {
     #[arg(long = "watch-port")]
     pub watch_ports: Vec<u16>,
     /// Region file in shared memory for same-host readers (`shm:` transport).
-    /// Default: `/dev/shm/farside/node<ID>.region`. With XDP attached this path is a Unix
+    /// Default: `/run/farside/node<ID>.region` (as root; otherwise under
+    /// `$XDG_RUNTIME_DIR/farside`). Its directory is made 0700 and checked (ours or
+    /// root's, no other user's symlink), the file is 0600. With XDP attached this path is a Unix
     /// socket that hands readers the XDP region map itself, so shm, tcp, udp and XDP
     /// all operate on the same words.
     #[arg(long)]
@@ -142,7 +144,7 @@ impl GatherdArgs {
             return None;
         }
         Some(self.shm.clone().unwrap_or_else(|| {
-            PathBuf::from(format!("/dev/shm/farside/node{}.region", self.node_id))
+            farside_rt::rundir::default_run_dir().join(format!("node{}.region", self.node_id))
         }))
     }
 

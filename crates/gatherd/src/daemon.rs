@@ -133,10 +133,9 @@ impl Gatherd {
                 let shm_path = args.shm_path();
                 let mem: Arc<dyn Words> = match &shm_path {
                     Some(p) => {
-                        // A socket left by an XDP run is not a region file.
-                        if std::fs::symlink_metadata(p).is_ok_and(|m| !m.file_type().is_file()) {
-                            let _ = std::fs::remove_file(p);
-                        }
+                        // A socket of ours left by an XDP run is replaced; another
+                        // user's entry, a symlinked or shared directory are refused
+                        // (`farside_rt::rundir`).
                         Arc::new(MappedWords::create_file(p, REGION_WORDS).map_err(|e| {
                             io::Error::new(e.kind(), format!("{}: {e}", p.display()))
                         })?)
@@ -149,7 +148,7 @@ impl Gatherd {
             }
         };
         // Before any server answers, so no reader sees the role words unset.
-        let role = role::RoleAgent::start(&args.role, mem.clone())?;
+        let role = role::RoleAgent::start(&args.role, args.node_id, mem.clone())?;
         // Same port, same memory as XDP: answers everything until the program attaches,
         // then what it passes on to the stack (fragments, IP options).
         let group = args.group_read.map(|group| farside_rmem::GroupJoin {

@@ -25,9 +25,12 @@
 //! role: proxies route nothing to it) and waits `--role-drain-ms`, so no request for the
 //! old site arrives after the server switched; a failed apply restores the served word.
 //!
-//! At start the agent applies `--role-initial` (default site 0) and publishes it as both
-//! wanted and served at version 1: a served word of version 0 means "no agent" to
-//! proxies.
+//! At a node's first start the agent applies `--role-initial` (default site 0) and
+//! publishes it as both wanted and served at version 1: a served word of version 0
+//! means "no agent" to proxies. The role, the switch count and a boot epoch are kept in
+//! a state file ([`state`], `--role-state`): a restart serves the site served before,
+//! at a version above every version of the node's earlier lives, so a balancer's CAS
+//! from before the restart cannot succeed on it.
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -40,6 +43,8 @@ use farside_admin::Encoder;
 use farside_reconf::words::{W_ROLE_EPOCH, W_ROLE_ERROR, W_ROLE_SERVED, W_ROLE_WANTED};
 use farside_reconf::{NodeAgent, Role};
 use farside_region::Words;
+
+pub mod state;
 
 /// Longest allowed `--role-poll-ms`: the poll period adds to every switch.
 pub const POLL_MS_MAX: u64 = 1000;
@@ -79,9 +84,18 @@ pub struct RoleArgs {
     /// its decimal id.
     #[arg(long = "role-sites", value_delimiter = ',')]
     pub role_sites: Vec<String>,
-    /// The site id served at start. Default 0.
+    /// The site id served at the node's first start (no --role-state file yet); a
+    /// restart serves the site it served before. Default 0.
     #[arg(long = "role-initial", default_value_t = 0)]
     pub role_initial: u16,
+    /// The agent's state file: the served site and version, the switch count and the
+    /// boot epoch, kept across restarts (written atomically, 0600; its directory made
+    /// 0700 and checked). A restart serves the same site at versions above every
+    /// earlier one. Default `node<ID>.state` in systemd's `$STATE_DIRECTORY` (a unit's
+    /// `StateDirectory=`), else in `/var/lib/farside` as root, else in
+    /// `$XDG_STATE_HOME/farside`.
+    #[arg(long = "role-state")]
+    pub role_state: Option<PathBuf>,
     /// How often the agent reads ROLE_WANTED, ms (1..=1000). Default 5.
     #[arg(long = "role-poll-ms", default_value_t = 5)]
     pub role_poll_ms: u64,
@@ -179,6 +193,10 @@ pub struct RoleStats {
     switch_us_sum: AtomicU64,
     /// The last switch time, µs.
     pub last_switch_us: AtomicU64,
+    /// This start's boot epoch (`role::state`).
+    pub boot_epoch: AtomicU64,
+    /// State-file writes that failed (the role is served regardless; logged).
+    pub state_write_failures: AtomicU64,
 }
 
 impl RoleStats {
@@ -216,6 +234,18 @@ impl RoleStats {
             l(&self.fences),
         );
         enc.gauge(
+            "farside_gatherd_boot_epoch",
+            "Starts of this node's gatherd with the role agent (the persisted boot epoch).",
+            &[],
+            l(&self.boot_epoch),
+        );
+        enc.counter(
+            "farside_gatherd_role_state_write_failures_total",
+            "Writes of the --role-state file that failed (logged).",
+            &[],
+            l(&self.state_write_failures),
+        );
+        enc.gauge(
             "farside_gatherd_role_served_site",
             "The site id this node serves now.",
             &[],
@@ -239,6 +269,10 @@ impl RoleStats {
 pub struct RoleAgent {
     /// Its counters.
     pub stats: Arc<RoleStats>,
+    /// The state this start began from (boot epoch, role published).
+    pub started: state::RoleState,
+    /// Where the state is kept.
+    pub state_path: PathBuf,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -247,14 +281,26 @@ impl RoleAgent {
     /// Apply the initial site, publish it, and start watching `ROLE_WANTED` in `mem`.
     /// `None` if the agent is not asked for. Call before any server answers, so no
     /// reader sees the words unset.
-    pub fn start(args: &RoleArgs, mem: Arc<dyn Words>) -> io::Result<Option<RoleAgent>> {
+    pub fn start(
+        args: &RoleArgs,
+        node_id: u64,
+        mem: Arc<dyn Words>,
+    ) -> io::Result<Option<RoleAgent>> {
         args.validate()
             .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
         if !args.enabled() {
             return Ok(None);
         }
         let applier = Applier { args: args.clone() };
-        let initial = Role::new(args.role_initial, 1);
+        // The boot epoch is durable before any role of this life is published.
+        let state_path = args
+            .role_state
+            .clone()
+            .unwrap_or_else(|| state::default_path(node_id));
+        let prev = state::load(&state_path, node_id)?;
+        let mut st = state::next_boot(prev, node_id, args.role_initial)?;
+        state::save(&state_path, &st)?;
+        let initial = st.role();
         applier
             .apply(initial.site())
             .map_err(|e| io::Error::other(format!("gatherd: initial role: {e}")))?;
@@ -262,12 +308,29 @@ impl RoleAgent {
         words[W_ROLE_ERROR].store(0, Ordering::Release);
         words[W_ROLE_WANTED].store(initial.0, Ordering::Release);
         words[W_ROLE_SERVED].store(initial.0, Ordering::Release);
-        words[W_ROLE_EPOCH].fetch_add(1, Ordering::AcqRel);
+        // Never backwards: neither below the persisted count nor below a reused region's.
+        let epoch = (words[W_ROLE_EPOCH].load(Ordering::Acquire) + 1).max(st.role_epoch);
+        words[W_ROLE_EPOCH].store(epoch, Ordering::Release);
+        st.role_epoch = epoch;
         let stats = Arc::new(RoleStats::default());
         stats
             .served_site
             .store(initial.site().into(), Ordering::Relaxed);
-        log::info!("gatherd: role agent serving site {}", initial.site());
+        stats.boot_epoch.store(st.boot_epoch, Ordering::Relaxed);
+        log::info!(
+            "gatherd: role agent serving site {} at version {:#x} (boot epoch {}, {}, state {})",
+            initial.site(),
+            initial.version(),
+            st.boot_epoch,
+            if prev.is_some() {
+                "restarted"
+            } else {
+                "first start"
+            },
+            state_path.display()
+        );
+        let started = st;
+        let path = state_path.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let (st, stp) = (stats.clone(), stop.clone());
         let poll = Duration::from_millis(args.role_poll_ms);
@@ -278,6 +341,7 @@ impl RoleAgent {
             .spawn(move || {
                 let t0 = Instant::now();
                 let mut agent = NodeAgent::new(initial, retry_ns);
+                let mut kept = started;
                 while !stp.load(Ordering::Relaxed) {
                     std::thread::sleep(poll);
                     let words = mem.words();
@@ -285,6 +349,7 @@ impl RoleAgent {
                     let served = agent.served();
                     let wanted = Role(words[W_ROLE_WANTED].load(Ordering::Acquire));
                     let now_ns = t0.elapsed().as_nanos() as u64;
+                    let top = served.version().max(wanted.version());
                     let err = agent.step(now_ns, words, |site| {
                         // Drain: proxies route by the served word, so none sends the old
                         // site's requests once they read version 0; restored on failure.
@@ -316,10 +381,29 @@ impl RoleAgent {
                             );
                         }
                     }
+                    // Persist what a restart must stay above (after the counters, which
+                    // readers of the words may scrape at once): the served role, the
+                    // highest version seen, the switch count.
+                    let now_served = agent.served();
+                    let now_epoch = words[W_ROLE_EPOCH].load(Ordering::Acquire);
+                    if now_served.site() != kept.site
+                        || top.max(now_served.version()) > kept.version
+                        || now_epoch != kept.role_epoch
+                    {
+                        kept.site = now_served.site();
+                        kept.version = kept.version.max(top).max(now_served.version());
+                        kept.role_epoch = now_epoch;
+                        if let Err(e) = state::save(&path, &kept) {
+                            st.state_write_failures.fetch_add(1, Ordering::Relaxed);
+                            log::error!("gatherd: role: {e}");
+                        }
+                    }
                 }
             })?;
         Ok(Some(RoleAgent {
             stats,
+            started,
+            state_path,
             stop,
             thread: Some(thread),
         }))

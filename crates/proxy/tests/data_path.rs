@@ -715,6 +715,7 @@ async fn metrics_endpoint_renders_prometheus_text() {
         let up = upstream(Behaviour::Respond(ok_response("ok"))).await;
         let mut cfg = config(&[up.addr]);
         cfg.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+        cfg.data_port_metrics = true;
         let p = start(cfg, TestGate::new(vec![up.addr])).await;
         let mut c = Client::connect(p.addr).await;
         c.send(GET).await;
@@ -759,6 +760,34 @@ async fn metrics_endpoint_renders_prometheus_text() {
             404,
             "admin only serves metrics"
         );
+    })
+    .await
+}
+
+/// By default the public data port does not answer `/farside/metrics` (they name the
+/// back-ends, their loads and roles): the path goes to the back-end like any other,
+/// and the admin listener still serves the metrics.
+#[tokio::test]
+async fn data_port_metrics_are_off_by_default() {
+    within(async {
+        let up = upstream(Behaviour::Respond(ok_response("ok"))).await;
+        let mut cfg = config(&[up.addr]);
+        cfg.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+        let p = start(cfg, TestGate::new(vec![up.addr])).await;
+        let mut c = Client::connect(p.addr).await;
+        c.send("GET /farside/metrics HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await;
+        let r = c.response().await.unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.body, b"ok", "forwarded to the back-end, not answered");
+        assert!(up.heads.lock().unwrap()[0].starts_with("GET /farside/metrics "));
+        let mut admin = Client::connect(p.admin_addr.unwrap()).await;
+        admin.send("GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        let r = admin.response().await.unwrap();
+        assert_eq!(r.status, 200);
+        assert!(String::from_utf8(r.body)
+            .unwrap()
+            .contains("farside_proxy_responses_total{class=\"2xx\"} 1\n"));
     })
     .await
 }

@@ -1,7 +1,8 @@
 //! Word-addressed memory that regions and tables live in: the heap for tests and
-//! in-process use, or a shared mapping of a file (`/dev/shm`) or of a BPF map fd.
+//! in-process use, or a shared mapping of a file (`/run/farside`, created and opened
+//! by the rules of `farside_rt::rundir`) or of a BPF map fd.
 
-use std::fs::OpenOptions;
+use farside_rt::rundir;
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::Path;
@@ -63,25 +64,25 @@ impl MappedWords {
         Ok(MappedWords { ptr: ptr.cast(), n })
     }
 
-    /// Create (or truncate to size) and map a file of `n` words, e.g. under `/dev/shm`.
-    /// The parent directory is created if missing.
+    /// Create and map a file of `n` words (e.g. `/run/farside/node1.region`), mode
+    /// 0600, by the rules of `farside_rt::rundir`: the directory is made with `mkdir`
+    /// and checked (ours or root's, no other user's symlink, not writable by others unless a
+    /// sticky root directory such as `/dev/shm`); a plain file of ours at the name is
+    /// reused in place (readers that mapped it keep reading a restarted writer);
+    /// anything else of ours there (a socket of an XDP run) is unlinked and the file
+    /// created `O_EXCL | O_NOFOLLOW`; another user's entry is refused.
     pub fn create_file(path: &Path, n: usize) -> io::Result<Self> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)?;
+        let f = rundir::create_or_reuse(path, rundir::FILE_MODE)?;
         f.set_len((n * 8) as u64)?;
         Self::map_fd(f.as_raw_fd(), n)
     }
 
-    /// Map an existing file, which must hold at least `n` words.
+    /// Map an existing file, which must hold at least `n` words. Opened `O_NOFOLLOW`
+    /// in a checked directory and checked itself (a plain file of root's or ours, one
+    /// link, not writable by others: see `farside_rt::rundir::open_file`), so a local
+    /// user cannot substitute a file of theirs or a link to one.
     pub fn open_file(path: &Path, n: usize) -> io::Result<Self> {
-        let f = OpenOptions::new().read(true).write(true).open(path)?;
+        let f = rundir::open_file(path, true)?;
         let have = f.metadata()?.len();
         if have < (n * 8) as u64 {
             return Err(io::Error::new(

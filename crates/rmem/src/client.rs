@@ -83,7 +83,8 @@ macro_rules! remote_memory_via_exchange {
 /// udp requests from.
 pub fn map_region(path: &std::path::Path, n: usize) -> io::Result<MappedWords> {
     use std::os::unix::fs::FileTypeExt;
-    if !std::fs::metadata(path)?.file_type().is_socket() {
+    // lstat: a symlink goes to open_file, which refuses it.
+    if !std::fs::symlink_metadata(path)?.file_type().is_socket() {
         return MappedWords::open_file(path, n);
     }
     let fd = crate::fdshare::receive_fd(path)?;

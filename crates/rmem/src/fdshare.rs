@@ -9,7 +9,9 @@
 use std::io;
 use std::os::fd::{AsRawFd, IntoRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use farside_rt::rundir::SafeDir;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +25,9 @@ const SEND_TIMEOUT: Duration = Duration::from_millis(200);
 /// Serves one fd to every process that connects to a Unix socket at `path`. The socket
 /// file is removed on drop.
 pub struct FdServer {
-    path: PathBuf,
+    /// The socket's checked directory and its name there (removed on drop if ours).
+    dir: SafeDir,
+    name: std::ffi::OsString,
     /// A second descriptor of the listening socket: shutting it down wakes the accept
     /// loop (whether or not the socket's path still exists).
     wake: UnixListener,
@@ -36,12 +40,11 @@ impl FdServer {
     /// every connecting client. `fd` must stay open as long as the server runs (the
     /// caller owns it; gatherd keeps the XDP map's fd open for its lifetime).
     pub fn spawn(path: &Path, fd: RawFd) -> io::Result<FdServer> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let _ = std::fs::remove_file(path);
-        let listener = UnixListener::bind(path)
-            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+        // A checked directory (made 0700, ours or root's, no other user's symlink) and a 0600
+        // socket; only a stale entry of ours is replaced (`farside_rt::rundir`).
+        let (dir, name) = SafeDir::create_parent(path)?;
+        let listener = dir.bind_unix(name)?;
+        let name = name.to_os_string();
         let wake = listener.try_clone()?;
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
@@ -61,7 +64,8 @@ impl FdServer {
                 }
             })?;
         Ok(FdServer {
-            path: path.to_path_buf(),
+            dir,
+            name,
             wake,
             stop,
             thread: Some(thread),
@@ -80,7 +84,7 @@ impl Drop for FdServer {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        let _ = self.dir.remove_own(&self.name);
     }
 }
 
@@ -89,8 +93,21 @@ fn send_fd(sock: &UnixStream, fd: RawFd) -> io::Result<()> {
 }
 
 /// Connect to an [`FdServer`] at `path` and receive its fd (the caller owns and closes it).
+/// The socket must be root's or ours in a checked directory, and so must the process
+/// that answers (its `SO_PEERCRED`): a local user cannot hand a reader memory of theirs.
 pub fn receive_fd(path: &Path) -> io::Result<RawFd> {
-    let sock = UnixStream::connect(path)?;
+    let (dir, name) = SafeDir::open_parent(path)?;
+    let sock = UnixStream::connect(dir.check_socket(name)?)?;
+    let peer = peer_uid(&sock)?;
+    if peer != 0 && peer != farside_rt::rundir::euid() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{}: served by uid {peer} (not root, not us); refusing its region",
+                path.display()
+            ),
+        ));
+    }
     sock.set_read_timeout(Some(SEND_TIMEOUT))?;
     let mut got = farside_rt::fdpass::recv_fds(sock.as_raw_fd(), 1, 0)?;
     if got.bytes == 1 && got.tag == TOKEN && got.fds.len() == 1 && !got.truncated {
@@ -100,6 +117,27 @@ pub fn receive_fd(path: &Path) -> io::Result<RawFd> {
         io::ErrorKind::InvalidData,
         format!("{}: the socket did not hand over a region", path.display()),
     ))
+}
+
+/// The user id of the process at the other end of a connected Unix socket.
+fn peer_uid(sock: &UnixStream) -> io::Result<u32> {
+    // SAFETY: zeroed ucred is a valid out-buffer of the size passed.
+    let mut cred: libc::ucred = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: a connected socket we hold; cred and len as above.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
 }
 
 #[cfg(test)]

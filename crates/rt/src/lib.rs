@@ -14,10 +14,14 @@
 //! - [`pidfd`]: taking a descriptor from another process (specd takes the local web
 //!   server's listener).
 //! - [`fdpass`]: passing descriptors over Unix sockets (`SCM_RIGHTS`).
+//! - [`rundir`]: runtime and state files in shared places that no local user can
+//!   steer: checked directories, `O_NOFOLLOW | O_EXCL` creates, checked opens,
+//!   atomic writes.
 
 pub mod clock;
 pub mod fdpass;
 pub mod pidfd;
+pub mod rundir;
 pub mod sockaddr;
 pub mod sockdiag;
 pub mod thread;

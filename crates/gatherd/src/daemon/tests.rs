@@ -983,3 +983,136 @@ fn with_xdp_every_transport_operates_on_the_same_words() {
     });
     let _ = std::fs::remove_file(shm);
 }
+
+/// A local user who plants a symlink where the region's directory goes (or, root only
+/// here, a file of theirs at the region's name) does not steer where gatherd creates or
+/// removes its region file: start-up refuses with the reason, and nothing lands in the
+/// directory the symlink names.
+#[test]
+fn a_planted_symlink_or_foreign_file_is_refused_not_followed() {
+    let base = std::env::temp_dir().join(format!("farside-gatherd-plant-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let elsewhere = base.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let planted = base.join("farside");
+    std::os::unix::fs::symlink(&elsewhere, &planted).unwrap();
+    let args = GatherdArgs {
+        shm: Some(planted.join("node1.region")),
+        period_us: 500,
+        ..Default::default()
+    };
+    // Another user's symlink (root here hands it to nobody; a symlink of our own is a
+    // safe transition and followed).
+    if farside_testkit::root_or_skip(
+        "a_planted_symlink_or_foreign_file_is_refused_not_followed (symlink)",
+    ) {
+        std::os::unix::fs::lchown(&planted, Some(65534), Some(65534)).unwrap();
+        let e = Gatherd::start(&args).err().expect("refused").to_string();
+        assert!(e.contains("a symlink owned by uid 65534"), "{e}");
+        assert_eq!(std::fs::read_dir(&elsewhere).unwrap().count(), 0, "{e}");
+    }
+    if farside_testkit::root_or_skip(
+        "a_planted_symlink_or_foreign_file_is_refused_not_followed (foreign file)",
+    ) {
+        let theirs = base.join("node1.region");
+        std::fs::write(&theirs, b"theirs").unwrap();
+        std::os::unix::fs::lchown(&theirs, Some(65534), Some(65534)).unwrap();
+        let e = Gatherd::start(&GatherdArgs {
+            shm: Some(theirs.clone()),
+            ..args
+        })
+        .err()
+        .expect("refused")
+        .to_string();
+        assert!(e.contains("uid 65534"), "{e}");
+        assert_eq!(std::fs::read(&theirs).unwrap(), b"theirs");
+    }
+    std::fs::remove_dir_all(&base).unwrap();
+}
+
+/// A gatherd restart keeps the node's role (the site it was moved to, not
+/// `--role-initial`) and its boot epoch (persisted in `--role-state`), and the role
+/// versions of the new life are above every version of the earlier ones: a balancer's
+/// CAS that expects a value read before the restart fails.
+#[test]
+fn a_restarted_gatherd_keeps_its_role_and_versions_never_go_back() {
+    use farside_reconf::words::{W_ROLE_EPOCH, W_ROLE_SERVED, W_ROLE_WANTED};
+    use farside_reconf::Role;
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = std::env::temp_dir().join(format!("farside-gatherd-restart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let args = GatherdArgs {
+        node_id: 4,
+        period_us: 500,
+        shm: Some(dir.join("run/node4.region")),
+        role: role::RoleArgs {
+            role_apply_cmd: Some("true".into()),
+            role_state: Some(dir.join("state/node4.state")),
+            role_poll_ms: 1,
+            role_apply_timeout_ms: 10_000,
+            role_drain_ms: 0,
+            role_retry_ms: 1000,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let word = |m: &farside_region::MappedWords, w: usize| m.words()[w].load(SeqCst);
+    let wait_served = |m: &farside_region::MappedWords, r: Role| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while word(m, W_ROLE_SERVED) != r.0 {
+            assert!(Instant::now() < deadline, "served never became {r:?}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let g = Gatherd::start(&args).unwrap();
+    let m = farside_rmem::map_region(&args.shm_path().unwrap(), REGION_WORDS).unwrap();
+    let first = Role(word(&m, W_ROLE_SERVED));
+    assert_eq!(first, Role::new(0, 1), "a first start is as ever");
+    assert_eq!(g.role.as_ref().unwrap().started.boot_epoch, 1);
+    // A balancer moves the node to site 2.
+    let moved = first.moved_to(2);
+    m.words()[W_ROLE_WANTED]
+        .compare_exchange(first.0, moved.0, SeqCst, SeqCst)
+        .unwrap();
+    wait_served(&m, moved);
+    let epoch = word(&m, W_ROLE_EPOCH);
+    let mut seen = vec![first, moved];
+    drop(m);
+    drop(g);
+    for boot in 2..=3u64 {
+        let g = Gatherd::start(&args).unwrap();
+        let m = farside_rmem::map_region(&args.shm_path().unwrap(), REGION_WORDS).unwrap();
+        let now = Role(word(&m, W_ROLE_SERVED));
+        assert_eq!(now.site(), 2, "boot {boot}: still the site it was moved to");
+        assert_eq!(word(&m, W_ROLE_WANTED), now.0);
+        assert!(
+            word(&m, W_ROLE_EPOCH) > epoch,
+            "boot {boot}: ROLE_EPOCH went back"
+        );
+        assert_eq!(g.role.as_ref().unwrap().started.boot_epoch, boot);
+        assert!(
+            now.version() >= role::state::version_base(boot),
+            "boot {boot}: {now:?}"
+        );
+        for old in &seen {
+            assert!(
+                now.version() > old.version(),
+                "boot {boot}: {now:?} after {old:?}"
+            );
+            // A CAS from before the restart (expecting what it read then) fails.
+            let stale = old.moved_to(5);
+            assert!(m.words()[W_ROLE_WANTED]
+                .compare_exchange(old.0, stale.0, SeqCst, SeqCst)
+                .is_err());
+        }
+        // A fence in this life: the next life starts above it too.
+        let fenced = Role(m.words()[W_ROLE_WANTED].fetch_add(1, SeqCst) + 1);
+        wait_served(&m, fenced);
+        seen.extend([now, fenced]);
+        drop(m);
+        drop(g);
+    }
+    let text = std::fs::read_to_string(dir.join("state/node4.state")).unwrap();
+    assert!(text.contains("boot_epoch 3\nsite 2\n"), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

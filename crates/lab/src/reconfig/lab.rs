@@ -183,6 +183,8 @@ impl Lab {
             self.wait_port(&mut be, web)?;
             children.push(be);
             let metrics = self.addr(node, GATHERD_METRICS_PORT)?;
+            let state = self.sockets.join(format!("{node}.state"));
+            let _ = std::fs::remove_file(&state);
             let mut args = strings(&[
                 "gatherd",
                 "--node-id",
@@ -203,6 +205,9 @@ impl Lab {
                 &sites.join(","),
                 "--role-initial",
                 &site.to_string(),
+                // A first start at every point: a fresh state file (--role-initial).
+                "--role-state",
+                &state.display().to_string(),
             ]);
             if let Some(cg) = self.fabric.cgroup_dir(node) {
                 args.extend(strings(&["--cgroup", &cg.display().to_string()]));

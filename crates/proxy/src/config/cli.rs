@@ -142,10 +142,15 @@ pub struct ProxyArgs {
     /// that CPU time. Like HAProxy's `busy-polling`, but bounded.
     #[arg(long)]
     pub busy_poll_us: Option<u64>,
-    /// Admin listener serving /metrics and the live dashboard at / (default: none;
-    /// /farside/metrics on --listen works).
+    /// Admin listener serving /metrics and the live dashboard at / (default: none).
+    /// Bind it to a loopback or management address.
     #[arg(long)]
     pub admin_listen: Option<SocketAddr>,
+    /// Also answer /farside/metrics on the public --listen port (default off: the
+    /// metrics show back-end addresses, loads and roles to any client; read them on
+    /// --admin-listen instead).
+    #[arg(long)]
+    pub data_port_metrics: bool,
     /// Turn admission control on (default off).
     #[arg(long)]
     pub admission: bool,
@@ -325,6 +330,7 @@ fn merged_config(a: &ProxyArgs) -> Result<ProxyConfig, String> {
         cfg.http.drain_timeout_ms = v;
     }
     cfg.reuse_port |= a.reuse_port;
+    cfg.data_port_metrics |= a.data_port_metrics;
     Ok(cfg)
 }
 
@@ -428,8 +434,9 @@ fn summary(cfg: &ProxyConfig) -> String {
 pub struct MonitorArgs {
     #[command(flatten)]
     pub b: BackendFlags,
-    /// Shared-memory file to publish the table in.
-    #[arg(long, default_value = "/dev/shm/farside/monitor.table")]
+    /// Shared-memory file to publish the table in (its directory made 0700 and checked,
+    /// the file 0600: see `farside_rt::rundir`).
+    #[arg(long, default_value = "/run/farside/monitor.table")]
     pub table: PathBuf,
     /// Stop after this many seconds (default: until SIGINT/SIGTERM).
     #[arg(long)]

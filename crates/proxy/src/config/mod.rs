@@ -46,10 +46,17 @@ pub struct ProxyConfig {
     #[serde(default)]
     pub busy_poll_us: u64,
     /// Separate admin listener serving `/metrics` (Prometheus text) and the live
-    /// dashboard (`/`, `/events`; `crate::dashboard`). Default: none;
-    /// `/farside/metrics` on the main listener always works.
+    /// dashboard (`/`, `/events`; `crate::dashboard`). Default: none. Bind it to a
+    /// loopback or management address: what it shows (back-end addresses, loads,
+    /// roles) is for operators.
     #[serde(default)]
     pub admin_listen: Option<SocketAddr>,
+    /// Also answer `/farside/metrics` on the public data port (`listen`). Default
+    /// false: the metrics name every back-end's address, load and role, which no
+    /// client of the site should learn; the path is then forwarded like any other.
+    /// Operators read metrics on `admin_listen`.
+    #[serde(default)]
+    pub data_port_metrics: bool,
     /// Bind `listen` with `SO_REUSEPORT`, so a successor proxy can bind the same port
     /// while this one drains (zero-downtime restart). Default false: a second proxy on
     /// the same port is then an error instead of silently sharing the traffic (with
@@ -213,7 +220,7 @@ pub struct BackendConfig {
     /// Default "" = serves every site.
     #[serde(default)]
     pub site: String,
-    /// Where its gatherer publishes the load region: `shm:/dev/shm/farside/NAME.region`,
+    /// Where its gatherer publishes the load region: `shm:/run/farside/NAME.region`,
     /// `tcp:HOST:PORT`, `udp:HOST:PORT`, optionally with `?key=HEX` (this back-end's
     /// read key, as given to its gatherd `--read-key`). Default: none (no load data; admission treats it per
     /// `admission.on_missing`).
@@ -453,6 +460,7 @@ impl ProxyConfig {
             workers: defaults::workers(),
             busy_poll_us: 0,
             admin_listen: None,
+            data_port_metrics: false,
             reuse_port: false,
             http: HttpConfig::default(),
             backends,
@@ -725,7 +733,7 @@ mod tests {
             limit = 900000
             [[backend]]
             addr = "127.0.0.1:8081"
-            region = "shm:/dev/shm/farside/a.region"
+            region = "shm:/run/farside/a.region"
             "#,
         )
         .unwrap();
@@ -906,14 +914,14 @@ mod tests {
             limit = 40
             [[backend]]
             addr = "127.0.0.1:8081"
-            region = "shm:/dev/shm/farside/a.region"
+            region = "shm:/run/farside/a.region"
             [[backend]]
             addr = "127.0.0.1:8082"
-            region = "shm:/dev/shm/farside/b.region"
+            region = "shm:/run/farside/b.region"
             limit = 7
             [[backend]]
             addr = "127.0.0.1:8083"
-            region = "shm:/dev/shm/farside/c.region"
+            region = "shm:/run/farside/c.region"
             maxconn = 3
             "#,
         )

@@ -6,7 +6,7 @@
 //! ```text
 //! accept ─ gate.on_accept ─Err→ 503 + close (request never read)
 //!   └→ read head (header/idle timeout, size limits) ─bad→ 400/408/431/501 + close
-//!       └→ local endpoint (/farside/metrics)                  ─→ respond ─┐
+//!       └→ local endpoint (/farside/metrics, if data_port_metrics) ─→ respond ─┐
 //!       └→ gate.route(host) ─Err→ reject status (+Retry-After) ─→ respond ─┤
 //!       └→ pool.checkout: idle conn, or a permit under the back-end's maxconn
 //!          (waits ≤ http.queue_timeout_ms) ─Err→ 503 (+Retry-After) ─→ respond ─┤
@@ -414,7 +414,8 @@ impl Conn {
     /// One request/response exchange for a parsed head (whose rewritten form is in `out`).
     async fn exchange(&mut self, sh: &Shared, req: RequestHead) -> Next {
         let target = &self.rbuf.filled()[req.target.clone()];
-        if target == b"/farside/metrics" {
+        // Off unless `data_port_metrics`: the data port is public, the metrics are not.
+        if sh.cfg.data_port_metrics && target == b"/farside/metrics" {
             return if req.is_get || req.is_head {
                 let mut enc = farside_admin::Encoder::new();
                 render_metrics(sh, &mut enc);

@@ -113,7 +113,7 @@ impl Shared {
 }
 
 /// One scrape of a generation's metrics (data path, lifecycle, control layer), for the
-/// admin server and the data port's `/farside/metrics`.
+/// admin server and (with `data_port_metrics`) the data port's `/farside/metrics`.
 pub(super) fn render_metrics(sh: &Shared, enc: &mut farside_admin::Encoder) {
     sh.metrics.render(enc);
     sh.life.render(enc);
