@@ -31,6 +31,7 @@
 //! and is set up lazily, so a resumed sweep starts exactly what its remaining points need.
 
 use crate::experiment::{Experiment, LabPoint};
+use crate::fabric::quiet::Start;
 use crate::report;
 use crate::summary::Summary;
 use serde::{Deserialize, Serialize};
@@ -61,6 +62,11 @@ pub struct Record<P: LabPoint> {
     /// (`/proc/stat` steal), so a run hit by the host shows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steal: Option<Steal>,
+    /// How the run started ([`Sweep::run_isolated`]): whether the system was empty, what
+    /// the previous run left and how long it took to drain. Absent for experiments whose
+    /// every point starts a fresh tier, and in runs kept before points were checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<Start>,
 }
 
 /// CPU steal during one run: time the hypervisor ran something else on our virtual CPUs.
@@ -156,6 +162,7 @@ impl<P: LabPoint> Record<P> {
             point,
             extra,
             steal: None,
+            start: None,
         }
     }
 
@@ -299,7 +306,9 @@ impl<E: Experiment> Sweep<E> {
 
     /// Run every key `repeat` times (skipping runs on disk), appending each run to
     /// `points.jsonl` and printing a progress line. `est_run_s` estimates one run before
-    /// any has been measured; `label` names a key in progress lines.
+    /// any has been measured; `label` names a key in progress lines. For experiments
+    /// whose every point starts its own tier; one that reuses a tier between points uses
+    /// [`Sweep::run_isolated`].
     pub fn run<K: Serialize>(
         &mut self,
         keys: &[K],
@@ -307,6 +316,39 @@ impl<E: Experiment> Sweep<E> {
         est_run_s: f64,
         label: impl Fn(&K) -> String,
         mut point: impl FnMut(&K, u32) -> io::Result<E::Point>,
+    ) -> io::Result<()> {
+        self.run_inner(keys, repeat, est_run_s, label, |k, r| {
+            Ok((point(k, r)?, None))
+        })
+    }
+
+    /// [`Sweep::run`] for experiments that reuse a tier between points: the point
+    /// function first settles the tier (waits until it is empty, restarts it when it
+    /// does not drain: [`crate::fabric::quiet`]) and returns how the point started with
+    /// the point. The start is kept in the run's record (`start` in `points.jsonl`) and
+    /// printed on the progress line; a run that did not start empty is warned about and
+    /// noted in the summary (the note is re-derived from the records by [`load`]).
+    pub fn run_isolated<K: Serialize>(
+        &mut self,
+        keys: &[K],
+        repeat: u32,
+        est_run_s: f64,
+        label: impl Fn(&K) -> String,
+        mut point: impl FnMut(&K, u32) -> io::Result<(E::Point, Start)>,
+    ) -> io::Result<()> {
+        self.run_inner(keys, repeat, est_run_s, label, |k, r| {
+            let (p, s) = point(k, r)?;
+            Ok((p, Some(s)))
+        })
+    }
+
+    fn run_inner<K: Serialize>(
+        &mut self,
+        keys: &[K],
+        repeat: u32,
+        est_run_s: f64,
+        label: impl Fn(&K) -> String,
+        mut point: impl FnMut(&K, u32) -> io::Result<(E::Point, Option<Start>)>,
     ) -> io::Result<()> {
         let repeat = repeat.max(1);
         let keyed: Vec<serde_json::Value> = keys
@@ -335,7 +377,7 @@ impl<E: Experiment> Sweep<E> {
                     continue;
                 }
                 let meter = StealMeter::start();
-                let p = point(k, r)?;
+                let (p, start) = point(k, r)?;
                 let steal = meter.finish();
                 measured += 1;
                 finished += 1;
@@ -353,8 +395,12 @@ impl<E: Experiment> Sweep<E> {
                     ),
                     _ => String::new(),
                 };
+                let started = start
+                    .as_ref()
+                    .map(|s| format!(" [{}]", s.line()))
+                    .unwrap_or_default();
                 eprintln!(
-                    "[{finished}/{total} {:>5.0}s eta {:>5.0}s] {}{rep} {}{stolen}",
+                    "[{finished}/{total} {:>5.0}s eta {:>5.0}s] {}{rep} {}{stolen}{started}",
                     t0.elapsed().as_secs_f64(),
                     eta,
                     label(k),
@@ -362,6 +408,13 @@ impl<E: Experiment> Sweep<E> {
                 );
                 let mut rec = Record::new(kv.clone(), r, p);
                 rec.steal = steal;
+                rec.start = start;
+                if let Some(n) = rec.start.as_ref().and_then(|s| not_empty_note(kv, r, s)) {
+                    eprintln!("lab {}: warning: {n}", self.meta.experiment);
+                    if !self.meta.notes.contains(&n) {
+                        self.meta.notes.push(n);
+                    }
+                }
                 let mut line = serde_json::to_string(&rec).map_err(io::Error::other)?;
                 line.push('\n');
                 self.file.write_all(line.as_bytes())?;
@@ -524,6 +577,11 @@ pub fn load<P: LabPoint>(dir: &Path) -> io::Result<Summary<P>> {
         })
         .collect();
     for r in &records {
+        if let Some(n) = r.start.as_ref().and_then(|st| not_empty_note(&r.key, r.run, st)) {
+            if !s.notes.contains(&n) {
+                s.notes.push(n);
+            }
+        }
         if let Some(st) = r.steal.as_ref().filter(|st| st.flagged()) {
             let note = format!(
                 "run {} of {}: the host stole {:.1}% of a CPU during it (/proc/stat steal \
@@ -544,6 +602,18 @@ pub fn load<P: LabPoint>(dir: &Path) -> io::Result<Summary<P>> {
         }
     }
     Ok(s)
+}
+
+/// The summary's note for run `run` of `key` when it did not start empty (`None` when
+/// it did).
+fn not_empty_note(key: &serde_json::Value, run: u32, s: &Start) -> Option<String> {
+    (!s.started_empty).then(|| {
+        format!(
+            "run {} of {key} did not start empty ({}): it may carry the previous point's load",
+            run + 1,
+            s.line()
+        )
+    })
 }
 
 /// Re-render every output of `dir` from its `summary.json` and `points.jsonl` without
