@@ -70,8 +70,7 @@ fn a_light_point_after_an_overload_starts_empty_and_serves_its_offer() {
     let inherited =
         left["left_backlog"].as_u64().unwrap() + left["left_inflight"].as_u64().unwrap();
     let summary: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap())
-            .unwrap();
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     let capacity = summary["params"]["capacity_rps"].as_f64().unwrap();
     assert!(
         inherited as f64 > 1.8 * capacity,
@@ -93,8 +92,15 @@ fn a_light_point_after_an_overload_starts_empty_and_serves_its_offer() {
         lp["offered_rps"].as_f64().unwrap(),
     );
     assert!(offered > 0.0, "{lp}");
-    assert!(served >= 0.75 * offered, "served {served}/s of {offered}/s: {lp}");
-    assert_eq!((&lp["dropped"], &lp["failures"]), (&0.into(), &0.into()), "{lp}");
+    assert!(
+        served >= 0.75 * offered,
+        "served {served}/s of {offered}/s: {lp}"
+    );
+    assert_eq!(
+        (&lp["dropped"], &lp["failures"]),
+        (&0.into(), &0.into()),
+        "{lp}"
+    );
     // The progress lines say how each point started.
     assert!(stderr.contains("start empty after"), "{stderr}");
 }

@@ -577,7 +577,11 @@ pub fn load<P: LabPoint>(dir: &Path) -> io::Result<Summary<P>> {
         })
         .collect();
     for r in &records {
-        if let Some(n) = r.start.as_ref().and_then(|st| not_empty_note(&r.key, r.run, st)) {
+        if let Some(n) = r
+            .start
+            .as_ref()
+            .and_then(|st| not_empty_note(&r.key, r.run, st))
+        {
             if !s.notes.contains(&n) {
                 s.notes.push(n);
             }

@@ -916,7 +916,11 @@ fn an_open_loop_run_closes_every_connection_it_leaves_unanswered_when_it_ends() 
         drop(v);
         std::thread::sleep(Duration::from_millis(5));
     };
-    assert!(theirs.len() as u64 >= s.inflight_at_end, "{} {s}", theirs.len());
+    assert!(
+        theirs.len() as u64 >= s.inflight_at_end,
+        "{} {s}",
+        theirs.len()
+    );
     for mut c in theirs {
         // Its request (if the run got to send it), then end of stream: the client closed
         // it. A connection left open would block here until the (generous) bound.

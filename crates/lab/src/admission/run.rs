@@ -731,9 +731,11 @@ pub(super) fn watched_ports(fabric: &Fabric, tier: &Tier) -> Vec<quiet::Watched>
         .proxies
         .iter()
         .map(|p| quiet::Watched::new(node(Role::Proxy), p.addr.port(), quiet::Side::Front));
-    let back = tier.backend_addrs.iter().enumerate().map(|(i, b)| {
-        quiet::Watched::new(node(Role::Backend(i)), b.port(), quiet::Side::Back)
-    });
+    let back = tier
+        .backend_addrs
+        .iter()
+        .enumerate()
+        .map(|(i, b)| quiet::Watched::new(node(Role::Backend(i)), b.port(), quiet::Side::Back));
     front.chain(back).collect()
 }
 

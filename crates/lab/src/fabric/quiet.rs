@@ -193,7 +193,10 @@ pub fn port_load(dc: Option<&VirtualDc>, w: &Watched) -> io::Result<PortLoad> {
         (Some(node), Some(dc)) => dc.run_in_ns(node, || port_load_here(w.port)),
         (Some(node), None) => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("port {} of node {node}: no virtual data-center to read it in", w.port),
+            format!(
+                "port {} of node {node}: no virtual data-center to read it in",
+                w.port
+            ),
         )),
     }
 }
@@ -253,7 +256,11 @@ pub struct Start {
 impl Start {
     /// The point's start on one line, for progress output.
     pub fn line(&self) -> String {
-        let restarted = if self.restarted { ", tier restarted" } else { "" };
+        let restarted = if self.restarted {
+            ", tier restarted"
+        } else {
+            ""
+        };
         if self.started_empty {
             let left = if self.left_backlog + self.left_inflight > 0 {
                 format!(
@@ -377,8 +384,8 @@ mod tests {
             }
         );
         assert!(!p.quiet(Side::Back) && !p.quiet(Side::Front));
-        let idle = port_load_of(&TABLE.lines().take(3).collect::<Vec<_>>().join("\n"), 8080)
-            .unwrap();
+        let idle =
+            port_load_of(&TABLE.lines().take(3).collect::<Vec<_>>().join("\n"), 8080).unwrap();
         // The listener (3 queued) and the idle connection only.
         assert_eq!((idle.backlog, idle.conns, idle.busy), (3, 1, 0));
         assert_eq!(port_load_of(TABLE, 81).unwrap(), PortLoad::default());
