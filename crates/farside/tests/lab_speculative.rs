@@ -222,6 +222,8 @@ fn netns_single_and_split_points_carry_the_keys_and_leave_nothing() {
             "64,128",
             "--splits",
             "75/25",
+            "--systems",
+            "acc64",
             "--rates",
             "60",
             "--load",

@@ -31,6 +31,7 @@
 //! and is set up lazily, so a resumed sweep starts exactly what its remaining points need.
 
 use crate::experiment::{Experiment, LabPoint};
+use crate::fabric::quiet::Start;
 use crate::report;
 use crate::summary::Summary;
 use serde::{Deserialize, Serialize};
@@ -61,6 +62,11 @@ pub struct Record<P: LabPoint> {
     /// (`/proc/stat` steal), so a run hit by the host shows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steal: Option<Steal>,
+    /// How the run started ([`Sweep::run_isolated`]): whether the system was empty, what
+    /// the previous run left and how long it took to drain. Absent for experiments whose
+    /// every point starts a fresh tier, and in runs kept before points were checked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<Start>,
 }
 
 /// CPU steal during one run: time the hypervisor ran something else on our virtual CPUs.
@@ -156,6 +162,7 @@ impl<P: LabPoint> Record<P> {
             point,
             extra,
             steal: None,
+            start: None,
         }
     }
 
@@ -299,7 +306,9 @@ impl<E: Experiment> Sweep<E> {
 
     /// Run every key `repeat` times (skipping runs on disk), appending each run to
     /// `points.jsonl` and printing a progress line. `est_run_s` estimates one run before
-    /// any has been measured; `label` names a key in progress lines.
+    /// any has been measured; `label` names a key in progress lines. For experiments
+    /// whose every point starts its own tier; one that reuses a tier between points uses
+    /// [`Sweep::run_isolated`].
     pub fn run<K: Serialize>(
         &mut self,
         keys: &[K],
@@ -307,6 +316,39 @@ impl<E: Experiment> Sweep<E> {
         est_run_s: f64,
         label: impl Fn(&K) -> String,
         mut point: impl FnMut(&K, u32) -> io::Result<E::Point>,
+    ) -> io::Result<()> {
+        self.run_inner(keys, repeat, est_run_s, label, |k, r| {
+            Ok((point(k, r)?, None))
+        })
+    }
+
+    /// [`Sweep::run`] for experiments that reuse a tier between points: the point
+    /// function first settles the tier (waits until it is empty, restarts it when it
+    /// does not drain: [`crate::fabric::quiet`]) and returns how the point started with
+    /// the point. The start is kept in the run's record (`start` in `points.jsonl`) and
+    /// printed on the progress line; a run that did not start empty is warned about and
+    /// noted in the summary (the note is re-derived from the records by [`load`]).
+    pub fn run_isolated<K: Serialize>(
+        &mut self,
+        keys: &[K],
+        repeat: u32,
+        est_run_s: f64,
+        label: impl Fn(&K) -> String,
+        mut point: impl FnMut(&K, u32) -> io::Result<(E::Point, Start)>,
+    ) -> io::Result<()> {
+        self.run_inner(keys, repeat, est_run_s, label, |k, r| {
+            let (p, s) = point(k, r)?;
+            Ok((p, Some(s)))
+        })
+    }
+
+    fn run_inner<K: Serialize>(
+        &mut self,
+        keys: &[K],
+        repeat: u32,
+        est_run_s: f64,
+        label: impl Fn(&K) -> String,
+        mut point: impl FnMut(&K, u32) -> io::Result<(E::Point, Option<Start>)>,
     ) -> io::Result<()> {
         let repeat = repeat.max(1);
         let keyed: Vec<serde_json::Value> = keys
@@ -335,7 +377,7 @@ impl<E: Experiment> Sweep<E> {
                     continue;
                 }
                 let meter = StealMeter::start();
-                let p = point(k, r)?;
+                let (p, start) = point(k, r)?;
                 let steal = meter.finish();
                 measured += 1;
                 finished += 1;
@@ -353,8 +395,12 @@ impl<E: Experiment> Sweep<E> {
                     ),
                     _ => String::new(),
                 };
+                let started = start
+                    .as_ref()
+                    .map(|s| format!(" [{}]", s.line()))
+                    .unwrap_or_default();
                 eprintln!(
-                    "[{finished}/{total} {:>5.0}s eta {:>5.0}s] {}{rep} {}{stolen}",
+                    "[{finished}/{total} {:>5.0}s eta {:>5.0}s] {}{rep} {}{stolen}{started}",
                     t0.elapsed().as_secs_f64(),
                     eta,
                     label(k),
@@ -362,6 +408,13 @@ impl<E: Experiment> Sweep<E> {
                 );
                 let mut rec = Record::new(kv.clone(), r, p);
                 rec.steal = steal;
+                rec.start = start;
+                if let Some(n) = rec.start.as_ref().and_then(|s| not_empty_note(kv, r, s)) {
+                    eprintln!("lab {}: warning: {n}", self.meta.experiment);
+                    if !self.meta.notes.contains(&n) {
+                        self.meta.notes.push(n);
+                    }
+                }
                 let mut line = serde_json::to_string(&rec).map_err(io::Error::other)?;
                 line.push('\n');
                 self.file.write_all(line.as_bytes())?;
@@ -524,6 +577,15 @@ pub fn load<P: LabPoint>(dir: &Path) -> io::Result<Summary<P>> {
         })
         .collect();
     for r in &records {
+        if let Some(n) = r
+            .start
+            .as_ref()
+            .and_then(|st| not_empty_note(&r.key, r.run, st))
+        {
+            if !s.notes.contains(&n) {
+                s.notes.push(n);
+            }
+        }
         if let Some(st) = r.steal.as_ref().filter(|st| st.flagged()) {
             let note = format!(
                 "run {} of {}: the host stole {:.1}% of a CPU during it (/proc/stat steal \
@@ -544,6 +606,18 @@ pub fn load<P: LabPoint>(dir: &Path) -> io::Result<Summary<P>> {
         }
     }
     Ok(s)
+}
+
+/// The summary's note for run `run` of `key` when it did not start empty (`None` when
+/// it did).
+fn not_empty_note(key: &serde_json::Value, run: u32, s: &Start) -> Option<String> {
+    (!s.started_empty).then(|| {
+        format!(
+            "run {} of {key} did not start empty ({}): it may carry the previous point's load",
+            run + 1,
+            s.line()
+        )
+    })
 }
 
 /// Re-render every output of `dir` from its `summary.json` and `points.jsonl` without
@@ -634,310 +708,4 @@ fn tree_commit() -> (Option<String>, Option<bool>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::admission::{Admission, Point, SecondPoint};
-    use crate::probe::ProbePoint;
-    use crate::summary::Setting;
-
-    fn temp_dir(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("farside-sweep-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        d
-    }
-
-    #[test]
-    fn steal_is_the_eighth_value_of_each_cpu_line() {
-        let stat = "cpu  921315 0 377485 420157 14066 0 47610 18192 0 0\n\
-                    cpu0 461365 0 131817 262672 6052 0 26557 9919 0 0\n\
-                    cpu1 459950 0 245667 157485 8013 0 21053 8273 0 0\n\
-                    intr 1 2 3\ncpufreq 5\n";
-        assert_eq!(steal_ticks_of(stat), vec![9919, 8273]);
-        let s = Steal {
-            wall_s: 10.0,
-            per_cpu_ms: vec![20.0, 300.0],
-        };
-        assert!((s.max_share() - 0.03).abs() < 1e-12);
-        assert!(s.flagged());
-        let one_tick = Steal {
-            wall_s: 1.0,
-            per_cpu_ms: vec![20.0, 0.0],
-        };
-        assert!(one_tick.max_share() > STEAL_FLAG_SHARE && !one_tick.flagged());
-    }
-
-    fn meta(limit: u64) -> Summary<Point> {
-        let mut s = Summary::new("admission", "loopback", true);
-        s.params = serde_json::json!({ "limit": limit, "duration_s": 1.0 });
-        s.seed = Some(1);
-        s
-    }
-
-    fn point(system: &str, clients: u64, avg_ms: f64) -> Point {
-        Point {
-            system: system.into(),
-            trace: "single".into(),
-            clients,
-            avg_ms,
-            tps: 100.0,
-            series: vec![SecondPoint {
-                t_s: 0,
-                served: 3,
-                dropped: 1,
-                avg_ms,
-            }],
-            requests: vec![(0.5, avg_ms)],
-            ..Point::default()
-        }
-    }
-
-    #[derive(Serialize)]
-    struct Key {
-        system: &'static str,
-        clients: u64,
-    }
-
-    const KEYS: [Key; 3] = [
-        Key {
-            system: "no-ac",
-            clients: 4,
-        },
-        Key {
-            system: "no-ac",
-            clients: 8,
-        },
-        Key {
-            system: "tcp-ac",
-            clients: 4,
-        },
-    ];
-
-    #[test]
-    fn resume_skips_finished_runs_and_keeps_their_results() {
-        let dir = temp_dir("resume");
-        let mut calls = Vec::new();
-        {
-            let mut sw = Sweep::<Admission>::start(&dir, meta(2), false).unwrap();
-            // The sweep breaks off after two runs (the third point fails).
-            let r = sw.run(
-                &KEYS,
-                1,
-                1.0,
-                |k| k.system.into(),
-                |k, _| {
-                    if k.system == "tcp-ac" {
-                        return Err(io::Error::other("tier died"));
-                    }
-                    calls.push((k.system, k.clients));
-                    Ok(point(k.system, k.clients, k.clients as f64))
-                },
-            );
-            assert!(r.is_err());
-        }
-        assert_eq!(read_records::<Point>(&dir).unwrap().len(), 2);
-        assert!(!read_summary::<Point>(&dir).unwrap().finished);
-        calls.clear();
-        let mut sw = Sweep::<Admission>::start(&dir, meta(2), true).unwrap();
-        sw.run(
-            &KEYS,
-            1,
-            1.0,
-            |k| k.system.into(),
-            |k, _| {
-                calls.push((k.system, k.clients));
-                Ok(point(k.system, k.clients, 7.0))
-            },
-        )
-        .unwrap();
-        assert_eq!(calls, vec![("tcp-ac", 4)], "only the missing point ran");
-        let s = sw.finish().unwrap();
-        assert!(s.finished);
-        let pts: Vec<(String, u64, f64)> = s
-            .points
-            .iter()
-            .map(|p| (p.system.clone(), p.clients, p.avg_ms))
-            .collect();
-        assert_eq!(
-            pts,
-            vec![
-                ("no-ac".into(), 4, 4.0),
-                ("no-ac".into(), 8, 8.0),
-                ("tcp-ac".into(), 4, 7.0)
-            ]
-        );
-        // Series and request samples survive the trip through points.jsonl.
-        let p = &s.points[0];
-        assert_eq!((p.series.len(), p.requests.len()), (1, 1));
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn resume_refuses_changed_settings_with_the_differences() {
-        let dir = temp_dir("refuse");
-        let mut sw = Sweep::<Admission>::start(&dir, meta(2), false).unwrap();
-        sw.run(
-            &KEYS[..1],
-            1,
-            1.0,
-            |_| String::new(),
-            |k, _| Ok(point(k.system, k.clients, 1.0)),
-        )
-        .unwrap();
-        drop(sw);
-        let e = Sweep::<Admission>::start(&dir, meta(4), true)
-            .err()
-            .unwrap();
-        assert_eq!(e.kind(), io::ErrorKind::InvalidInput);
-        let msg = e.to_string();
-        assert!(msg.contains("limit: 2 → 4"), "{msg}");
-        assert!(msg.contains("settings differ"), "{msg}");
-        // The kept run is untouched by the refusal.
-        assert_eq!(read_records::<Point>(&dir).unwrap().len(), 1);
-        let mut quick_changed = meta(2);
-        quick_changed.quick = false;
-        let e = Sweep::<Admission>::start(&dir, quick_changed, true)
-            .err()
-            .unwrap();
-        assert!(e.to_string().contains("quick: true → false"), "{e}");
-        // No kept run at all: a clear error too.
-        let e = Sweep::<Admission>::start(&temp_dir("none"), meta(2), true)
-            .err()
-            .unwrap();
-        assert!(e.to_string().contains("summary.json"), "{e}");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn repeats_combine_and_a_cut_off_line_is_skipped() {
-        let dir = temp_dir("repeat");
-        let mut sw = Sweep::<Admission>::start(&dir, meta(2), false).unwrap();
-        sw.run(
-            &KEYS[..1],
-            2,
-            1.0,
-            |_| String::new(),
-            |k, r| Ok(point(k.system, k.clients, 10.0 + 10.0 * r as f64)),
-        )
-        .unwrap();
-        drop(sw);
-        // A crash in the middle of writing a third line.
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(dir.join(POINTS_FILE))
-            .unwrap();
-        f.write_all(b"{\"key\":{\"system\":\"tcp").unwrap();
-        drop(f);
-        let s = load::<Point>(&dir).unwrap();
-        let p = &s.points[0];
-        assert_eq!((p.runs, p.avg_ms), (2, 15.0));
-        assert!((p.avg_ms_sd - 50f64.sqrt()).abs() < 1e-9);
-        // Resuming ends the fragment and appends after it.
-        let mut sw = Sweep::<Admission>::start(&dir, meta(2), true).unwrap();
-        sw.run(
-            &KEYS,
-            2,
-            1.0,
-            |_| String::new(),
-            |k, _| Ok(point(k.system, k.clients, 1.0)),
-        )
-        .unwrap();
-        assert_eq!(read_records::<Point>(&dir).unwrap().len(), 6);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn an_older_run_without_points_jsonl_keeps_its_points() {
-        let dir = temp_dir("old");
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut s = meta(2);
-        s.push(point("no-ac", 4, 3.0));
-        std::fs::write(dir.join(SUMMARY_FILE), s.to_json_pretty()).unwrap();
-        let (back, _) = regenerate::<Admission>(&dir).unwrap();
-        assert_eq!(back.points.len(), 1);
-        assert_eq!(load::<Point>(&dir).unwrap().points.len(), 1);
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn a_fresh_sweep_removes_the_previous_outputs_only() {
-        let dir = temp_dir("fresh");
-        std::fs::create_dir_all(&dir).unwrap();
-        for f in ["fig-old.svg", "series-x-y-1.csv", "points.csv", "notes.txt"] {
-            std::fs::write(dir.join(f), "old").unwrap();
-        }
-        let _sw = Sweep::<Admission>::start(&dir, meta(2), false).unwrap();
-        for f in ["fig-old.svg", "series-x-y-1.csv", "points.csv"] {
-            assert!(!dir.join(f).exists(), "{f} left behind");
-        }
-        assert!(dir.join("notes.txt").exists(), "not ours: kept");
-        assert!(dir.join(SUMMARY_FILE).exists() && dir.join(POINTS_FILE).exists());
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn metadata_keys_are_in_summary_json_from_the_start() {
-        let dir = temp_dir("meta");
-        let mut m = meta(2);
-        fill_host_metadata(&mut m);
-        m.settings.insert(
-            "control_nice".into(),
-            Setting::not_applied(-20, "needs root"),
-        );
-        let _sw = Sweep::<Admission>::start(&dir, m, false).unwrap();
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join(SUMMARY_FILE)).unwrap())
-                .unwrap();
-        for k in [
-            "commit",
-            "commit_dirty",
-            "kernel",
-            "cpu_model",
-            "cpus",
-            "seed",
-            "params",
-            "settings",
-            "quick",
-            "finished",
-        ] {
-            assert!(v.get(k).is_some(), "missing {k}: {v}");
-        }
-        assert_eq!(v["finished"], false);
-        assert_eq!(v["seed"], 1);
-        assert_eq!(
-            v["settings"]["control_nice"],
-            serde_json::json!({"requested": -20, "applied": false, "reason": "needs root"})
-        );
-        assert!(!v["kernel"].as_str().unwrap().is_empty());
-        // This test runs from a git checkout: the commit is a 40-digit hash.
-        if let Some(c) = v["commit"].as_str() {
-            assert_eq!(c.len(), 40, "{c}");
-        }
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
-    fn cpu_model_is_read_from_cpuinfo() {
-        let x86 = "processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\n";
-        assert_eq!(
-            cpu_model_of(x86).as_deref(),
-            Some("Intel(R) Xeon(R) CPU @ 2.20GHz")
-        );
-        assert_eq!(cpu_model_of("processor : 0\n"), None);
-    }
-
-    #[test]
-    fn probe_runs_combine_with_spread() {
-        let p = |p50: f64| ProbePoint {
-            transport: "tcp".into(),
-            samples: 10,
-            p50_us: p50,
-            p99_us: p50 * 2.0,
-            timeouts: 1,
-            runs: 1,
-            ..ProbePoint::default()
-        };
-        let c = <ProbePoint as LabPoint>::combine(&[p(10.0), p(20.0)]);
-        assert_eq!((c.samples, c.timeouts, c.runs, c.p50_us), (20, 2, 2, 15.0));
-        assert!((c.p50_us_sd - 50f64.sqrt()).abs() < 1e-9);
-    }
-}
+mod tests;

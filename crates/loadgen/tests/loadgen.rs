@@ -880,3 +880,59 @@ fn random_source_ports_spread_over_the_ephemeral_range() {
         "{quarters:?}"
     );
 }
+
+#[test]
+fn an_open_loop_run_closes_every_connection_it_leaves_unanswered_when_it_ends() {
+    // A server that takes every connection and never answers: whatever the run sent is
+    // still outstanding when it ends. The run must abandon all of it (close each
+    // connection) before it returns, so nothing it started can load the server after it
+    // (the lab's next point would queue behind it).
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted: Arc<std::sync::Mutex<Vec<TcpStream>>> = Arc::default();
+    let acc = Arc::clone(&accepted);
+    std::thread::spawn(move || {
+        for s in listener.incoming().flatten() {
+            acc.lock().unwrap().push(s);
+        }
+    });
+    let mut a = args_for(addr);
+    a.rate = Some(200.0);
+    a.duration_s = 0.5;
+    a.timeout_ms = 60_000;
+    let s = run(&a).unwrap();
+    assert_eq!(s.served, 0, "{s}");
+    assert!(s.inflight_at_end > 0, "{s}");
+    // A last connection of our own: once the acceptor has it, it has taken every
+    // connection the run made before it (one accept queue, in order).
+    let sentinel = TcpStream::connect(addr).unwrap();
+    let me = sentinel.local_addr().unwrap();
+    let theirs = loop {
+        let mut v = accepted.lock().unwrap();
+        if let Some(i) = v.iter().position(|c| c.peer_addr().ok() == Some(me)) {
+            v.remove(i);
+            break std::mem::take(&mut *v);
+        }
+        drop(v);
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    assert!(
+        theirs.len() as u64 >= s.inflight_at_end,
+        "{} {s}",
+        theirs.len()
+    );
+    for mut c in theirs {
+        // Its request (if the run got to send it), then end of stream: the client closed
+        // it. A connection left open would block here until the (generous) bound.
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut buf = [0u8; 4096];
+        let mut got = 0;
+        loop {
+            match c.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) => panic!("connection still open after the run ({got} bytes read): {e}"),
+            }
+        }
+    }
+}

@@ -2,6 +2,7 @@
 //! which starts the tier each (system, limit) needs and measures every point.
 
 use super::*;
+use crate::fabric::quiet;
 
 /// The tier serving (scenario, system, limit) and the back-ends' background load.
 pub(super) type Running = (
@@ -117,6 +118,8 @@ struct Checked {
     quota: Option<BackendQuota>,
     /// A system with admission control runs.
     any_ac: bool,
+    /// CPUs this process may run on, read before the clients' pinning narrows it.
+    cpus: usize,
 }
 
 /// Check the arguments before anything starts (root for netns, systems, traces,
@@ -220,12 +223,15 @@ fn check_args(a: &AdmissionArgs) -> io::Result<Checked> {
         back_cpus,
         quota,
         any_ac,
+        cpus: crate::fabric::procs::allowed_cpus().len(),
     })
 }
 
 /// What `run` settled before its sweep, as `summary.json` records it.
 struct Settled<'a> {
     euid: u32,
+    /// CPUs this process may run on (before pinning).
+    cpus: usize,
     clients: &'a [u64],
     rates: &'a [f64],
     limits: &'a [u64],
@@ -253,6 +259,8 @@ fn metadata(a: &AdmissionArgs, s: Settled) -> io::Result<Summary<Point>> {
     let open = a.load != LoadModels::Closed;
     let mut meta = Summary::new("admission", a.hosts.as_str(), a.sweep.quick);
     crate::sweep::fill_host_metadata(&mut meta);
+    // The clients' pinning (before this) narrowed this thread to the front CPU.
+    meta.cpus = s.cpus;
     meta.seed = Some(a.seed);
     meta.params = effective(a, s.clients, s.limits, s.rule, s.duration_s, s.warmup_s)?;
     if let Some(m) = meta.params.as_object_mut() {
@@ -325,12 +333,7 @@ fn metadata(a: &AdmissionArgs, s: Settled) -> io::Result<Summary<Point>> {
         }
         m.insert("rejection_signalling".into(), rejection_signalling(a));
     }
-    meta.settings = privileged_settings(
-        a,
-        s.euid == 0,
-        nice_floor(),
-        crate::fabric::procs::allowed_cpus().len(),
-    );
+    meta.settings = privileged_settings(a, s.euid == 0, nice_floor(), s.cpus);
     if let Some(why) = s.open_skipped {
         meta.settings
             .insert("open_loop".into(), Setting::not_applied("both", &why));
@@ -354,6 +357,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
         back_cpus,
         quota,
         any_ac,
+        cpus,
     } = check_args(&a)?;
     let (duration_s, warmup_s) = point_time(&a);
     let dir = a.sweep.dir(&a.out);
@@ -510,6 +514,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
         &a,
         Settled {
             euid,
+            cpus,
             clients: &clients,
             rates: &rates,
             limits: &limits,
@@ -530,9 +535,26 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
 
     let keys = keys(&a, &limits, objective.delay_budget_max, &clients, &rates);
     let heaviest = clients.iter().copied().max().unwrap_or(0);
+    let dc = match &fabric {
+        Fabric::Netns(dc) => Some(dc),
+        Fabric::Loopback(_) => None,
+    };
+    // The tier serving a (scenario, system, limit), with its background load.
+    let start_running = |k: &Key| -> io::Result<Running> {
+        let tier = start_tier(
+            &a, &run, k.scenario, &k.system, k.limit, &objective, &fabric,
+        )?;
+        let busy = match &fabric {
+            Fabric::Netns(dc) if a.background_load > 0 => (0..a.backends)
+                .map(|i| dc.start_cpu_load(&format!("b{i}"), a.background_load))
+                .collect::<io::Result<Vec<_>>>()?,
+            _ => Vec::new(),
+        };
+        Ok(((k.scenario, k.system.clone(), k.limit), tier, busy))
+    };
     // The running tier and its background load, for the (system, limit) it serves.
     let mut current: Option<Running> = None;
-    sweep.run(
+    sweep.run_isolated(
         &keys,
         a.repeat,
         duration_s + warmup_s + 0.5,
@@ -550,17 +572,33 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             if current.as_ref().map(|c| &c.0) != Some(&want) {
                 // One tier at a time: the old one stops before the new one starts.
                 current = None;
-                let tier = start_tier(
-                    &a, &run, k.scenario, &k.system, k.limit, &objective, &fabric,
-                )?;
-                let busy = match &fabric {
-                    Fabric::Netns(dc) if a.background_load > 0 => (0..a.backends)
-                        .map(|i| dc.start_cpu_load(&format!("b{i}"), a.background_load))
-                        .collect::<io::Result<Vec<_>>>()?,
-                    _ => Vec::new(),
-                };
-                current = Some((want, tier, busy));
+                current = Some(start_running(k)?);
             }
+            // Every point starts from an empty tier: what the previous point left (an
+            // open loop past capacity leaves the back-ends' accept queues full) drains
+            // within DRAIN_WAIT_MAX, or the tier is restarted.
+            let t0 = Instant::now();
+            let found = {
+                let (_, tier, _) = current.as_ref().expect("tier started above");
+                quiet::wait_quiet(dc, &watched_ports(&fabric, tier), DRAIN_WAIT_MAX)?
+            };
+            let start = if found.quiet {
+                found.start(&found.first, t0.elapsed(), false)
+            } else {
+                eprintln!(
+                    "lab admission: the tier did not drain within {} s ({} queued, {} \
+                     connections carrying a request at the back-ends): restarting it",
+                    DRAIN_WAIT_MAX.as_secs_f64(),
+                    found.last.back.backlog + found.last.front.backlog,
+                    found.last.back.busy
+                );
+                current = None;
+                current = Some(start_running(k)?);
+                let (_, tier, _) = current.as_ref().expect("tier started above");
+                let again =
+                    quiet::wait_quiet(dc, &watched_ports(&fabric, tier), RESTART_QUIET_MAX)?;
+                again.start(&found.first, t0.elapsed(), true)
+            };
             let (_, tier, _) = current.as_mut().expect("tier started above");
             let seed = a.seed.wrapping_add(u64::from(r));
             let rate = match (k.rate_x, capacities.get(k.scenario.name())) {
@@ -674,12 +712,45 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             }
             samples.sort_by(|a, b| a.0.total_cmp(&b.0));
             p.requests = samples;
-            Ok(p)
+            Ok((p, start))
         },
     )?;
     drop(current);
     sweep.finish()?;
     Ok(())
+}
+
+/// Longest wait for the previous point's load to drain before a point, after which
+/// the tier is restarted instead: 3 s is several times what a closed-loop point leaves
+/// (at most one request per client, up to 520 clients at ~2 ms of back-end CPU each,
+/// shared by 16 workers per back-end: under 1 s), while an open loop past capacity
+/// leaves up to the back-ends' accept queues (2 x 2048 connections, ~8 s of work at the
+/// default cost) that restarting the tier (~1 s) ends sooner.
+pub const DRAIN_WAIT_MAX: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Longest wait for a restarted tier to be quiet (its processes just started and hold
+/// no connection; the bound only catches a tier that is not what it seems): past it the
+/// point runs and records `started_empty = false`, with a warning and a note.
+pub const RESTART_QUIET_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The tier's listening ports that must be quiet before a point: every proxy's (front:
+/// no client connection open) and every back-end's (back: nothing queued or carrying a
+/// request), each in its node's namespace.
+pub(super) fn watched_ports(fabric: &Fabric, tier: &Tier) -> Vec<quiet::Watched> {
+    let node = |role| match fabric {
+        Fabric::Netns(_) => Some(Fabric::node(role)),
+        Fabric::Loopback(_) => None,
+    };
+    let front = tier
+        .proxies
+        .iter()
+        .map(|p| quiet::Watched::new(node(Role::Proxy), p.addr.port(), quiet::Side::Front));
+    let back = tier
+        .backend_addrs
+        .iter()
+        .enumerate()
+        .map(|(i, b)| quiet::Watched::new(node(Role::Backend(i)), b.port(), quiet::Side::Back));
+    front.chain(back).collect()
 }
 
 /// Removes the run's temporary directories when the run ends, however it ends.

@@ -6,6 +6,8 @@
 //! - [`procs`]: a node's process (spawned, pinned, logged, stopped on drop) and the
 //!   interrupt handler that cleans up a run broken by Ctrl-C;
 //! - [`netns`]: `--hosts netns`, one network namespace and cgroup per node;
+//! - [`quiet`]: point isolation: waiting until a tier holds no load before a point,
+//!   and the [`quiet::Start`] every isolated point records;
 //! - [`wait_port`]: the one wait for a node to listen, from this process or from a
 //!   node of the virtual data-center ([`Vantage`]).
 
@@ -13,6 +15,7 @@ pub mod flags;
 pub mod keys;
 pub mod netns;
 pub mod procs;
+pub mod quiet;
 
 use std::io;
 use std::net::{SocketAddr, TcpStream};

@@ -35,6 +35,11 @@
 //! table again from the kept files.
 //! The offered rate is `--load-share` (0.7) × the capacity measured by a short
 //! closed-loop run through the proxy first, unless `--rate` sets it.
+//! The phases share one tier; each starts only once the tier is quiet (no client
+//! connection at the proxy, nothing queued or carrying a request at the back-ends:
+//! [`crate::fabric::quiet`], at most [`PHASE_QUIET_MAX`]), and its record in
+//! `points.jsonl` keeps how it started (`start`: `started_empty`, `settle_ms`, what the
+//! previous phase left).
 //!
 //! `--hosts netns` (root) runs every node in its own network namespace
 //! ([`crate::fabric::netns`]), regions over udp answered by XDP (generic mode) in the back-end
@@ -241,7 +246,7 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
     let fault_at = Duration::from_secs_f64(phase_s / 8.0);
     let mut running: Option<Running> = None;
     let mut notes = Vec::new();
-    let result = sweep.run(
+    let result = sweep.run_isolated(
         &faults,
         1,
         phase_s + 1.0,
@@ -251,6 +256,15 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
                 running = Some(start_tier(&a, &logs, &mut notes)?);
             }
             let r = running.as_mut().expect("started above");
+            // Every phase starts from a tier without load: the previous phase's
+            // requests (a stopped back-end's queue, a restarted proxy's) are done.
+            let t0 = Instant::now();
+            let s = crate::fabric::quiet::wait_quiet(
+                r.fab.dc(),
+                &watched_ports(&r.fab, &r.t),
+                PHASE_QUIET_MAX,
+            )?;
+            let start = s.start(&s.first, t0.elapsed(), false);
             let mut l = LoadgenArgs::new(r.t.listen.to_string());
             l.rate = Some(r.rate);
             l.duration_s = phase_s;
@@ -267,7 +281,7 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
                     .map_err(|_| io::Error::other("loadgen thread panicked"));
                 (summary, fresh)
             });
-            Ok(FaultRow::new(f, &summary??, fresh?))
+            Ok((FaultRow::new(f, &summary??, fresh?), start))
         },
     );
     drop(running);
@@ -283,6 +297,26 @@ pub fn run(a: FaultsArgs) -> io::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Longest wait for the tier to be quiet before a fault's phase: 10 s covers a stopped
+/// back-end's queue (2 s of arrivals at 0.7 x capacity, then served at the capacity:
+/// ~1.5 s) several times over. The tier is not restarted past it (a restart rebuilds the
+/// namespaces and measures the capacity again): the phase runs and records
+/// `started_empty = false`, with a warning and a note.
+pub const PHASE_QUIET_MAX: Duration = Duration::from_secs(10);
+
+/// The tier's listening ports that must be quiet before a phase: the proxy's (front) and
+/// every back-end's web server's, the spare's included (back), in their nodes'
+/// namespaces.
+fn watched_ports(fab: &Fabric, t: &Tier) -> Vec<crate::fabric::quiet::Watched> {
+    use crate::fabric::quiet::{Side, Watched};
+    let node = |n: &str| matches!(fab, Fabric::Netns(_)).then(|| n.to_string());
+    let mut w = vec![Watched::new(node("proxy"), t.listen.port(), Side::Front)];
+    for n in t.nodes.iter().chain(std::iter::once(&t.spare)) {
+        w.push(Watched::new(node(&n.name), n.web.port(), Side::Back));
+    }
+    w
 }
 
 /// `lab faults` as the sweep runner and the report shell see it.

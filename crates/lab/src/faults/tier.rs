@@ -26,6 +26,14 @@ pub(super) enum Fabric {
 }
 
 impl Fabric {
+    /// The virtual data-center (`None` on loopback).
+    pub(super) fn dc(&self) -> Option<&crate::fabric::netns::VirtualDc> {
+        match self {
+            Fabric::Loopback => None,
+            Fabric::Netns(dc) => Some(dc),
+        }
+    }
+
     pub(super) fn tcp_addr(&self, node: &str, port: u16) -> io::Result<SocketAddr> {
         match self {
             Fabric::Loopback => free_tcp(),

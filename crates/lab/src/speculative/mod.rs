@@ -26,7 +26,8 @@
 //! Experiments: `single` (one server, accept queues `--accept-queues` 64/96/128, systems
 //! `acc64`, `acc96`, `acc128`: Fig. 1) and `split` (two servers behind the front-end at
 //! `--splits` 67/33 and 75/25, `--systems` `acc64`: normal processing, `spec32` /
-//! `spec50`: speculative admission, Fig. 2/3). For a `specN` point every back-end runs
+//! `spec50`: speculative admission, Fig. 2/3; default `acc64,spec32`, the comparison).
+//! For a `specN` point every back-end runs
 //! `farside backend --adopt-socket` and `farside specd` (source and target: admission
 //! window N on the base accept queue 64, the other back-end as its one peer, migrated
 //! flows moved at the front-end's control port); [`specd_args`] builds its command
@@ -62,6 +63,10 @@ pub const EXPERIMENTS: [&str; 2] = ["single", "split"];
 pub const SPEC_SYSTEMS: [&str; 2] = ["spec32", "spec50"];
 /// The paper's accept queues of Fig. 1.
 pub const ACCEPT_QUEUES: [u32; 3] = [64, 96, 128];
+/// The default `--systems` of the split experiment: the baseline (normal processing on
+/// the base accept queue) and the proposed system (speculative admission, the paper's
+/// window 32 on the same queue), so that a default run is the comparison.
+pub const DEFAULT_SYSTEMS: &str = "acc64,spec32";
 /// The paper's base accept queue (normal processing `acc64`).
 pub const BASE_ACCEPT_QUEUE: u32 = 64;
 /// The paper's routing splits (Fig. 2: 67/33, Fig. 3: 75/25).
@@ -80,7 +85,8 @@ pub const CLIENT_MULTIPLES_FULL: [u32; 3] = [1, 2, 4];
 /// Closed-loop users of `--quick`, as multiples of the base accept queue: the middle
 /// of the full run's, where b0's queue and window are full and b1 is not (the count at
 /// which normal processing and speculative admission were measured to differ most). `--quick`
-/// with the defaults: 20 points, 2 min 7 s here.
+/// with the defaults: 28 points (12 single, 16 split); its 20 without spec32 took 2 min
+/// 7 s here.
 pub const CLIENT_MULTIPLES_QUICK: [u32; 1] = [2];
 /// Most closed-loop users of one point (`farside loadgen --clients` allows more; the
 /// client namespace shares the machine with the nodes it loads).
@@ -188,7 +194,9 @@ pub struct SpeculativeArgs {
     /// queue N), specW (speculative admission, window W on accept queue 64: spec32 and
     /// spec50 are the paper's; `farside specd` on every back-end), specWg (the same
     /// with `specd --gate-peer-load`: the peer's load read one-sidedly before offering).
-    #[arg(long, value_delimiter = ',', default_value = "acc64")]
+    /// Default acc64,spec32: the paper's comparison, normal processing against
+    /// speculative admission on the same base accept queue of 64.
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_SYSTEMS)]
     pub systems: Vec<String>,
     /// Accept queues of the single experiment (systems accN).
     #[arg(long, value_delimiter = ',', default_value = "64,96,128")]
