@@ -2,7 +2,7 @@
 //! cache, a stale directory hint that costs one wasted fetch and then gives the right
 //! body from disk, and forged or replayed directory updates refused.
 
-use farside_backend::coop::node::{Sealer, COOP_KEY_ID};
+use farside_backend::coop::seal::{Sealer, COOP_KEY_ID};
 use farside_backend::coop::wire::{object_id, DirectoryUpdate};
 use farside_backend::coop::{CoopArgs, CoopPolicy};
 use farside_backend::{spawn, BackendArgs, Handle};

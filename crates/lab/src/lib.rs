@@ -29,6 +29,7 @@
 //! User documentation: `farside lab <command> --help` and `docs/lab.md`.
 
 pub mod admission;
+pub mod coop;
 pub mod echo;
 pub mod error;
 pub mod experiment;
@@ -80,6 +81,10 @@ pub enum LabCmd {
     /// speculative admission (spec32, spec50: `farside specd` on both back-ends); needs
     /// root (netns).
     Speculative(speculative::SpeculativeArgs),
+    /// Seed 003's cooperative caching (PRESS): rr (each node caches alone) vs press-tcp
+    /// (nodes fetch from peers' caches over TCP) on World Cup files, closed-loop clients
+    /// round-robin over 2-8 netns nodes, every body checked; needs root.
+    Coop(coop::CoopLabArgs),
     /// Re-render the table, CSV files, plots and report.html of a kept run from its
     /// summary.json and points.jsonl, without running anything.
     Report(ReportArgs),
@@ -151,6 +156,7 @@ fn run_cmd(a: LabArgs) -> std::io::Result<()> {
         LabCmd::Faults(x) => faults::Faults::run(x),
         LabCmd::Reconfig(x) => reconfig::Reconfig::run(x),
         LabCmd::Speculative(x) => speculative::Speculative::run(x),
+        LabCmd::Coop(x) => coop::run(x),
         LabCmd::Report(x) => {
             let files = regenerate_any(&x.dir, &mut std::io::stdout())?;
             eprintln!(

@@ -19,6 +19,7 @@
 //! - [`disk`]: the emulated disk (latency + size / bandwidth per read, one at a time);
 //! - [`peer`]: the peer fetch transport ([`peer::PeerTransport`], TCP now) and the peer
 //!   port's server;
+//! - [`seal`]: the cluster key, sealing, receiving with replay windows;
 //! - [`node`]: the node: cache, views of the peers, the decision, the counters.
 //!
 //! Every message between nodes is sealed (`auth::mac::seal`, `Domain::Notify`) with
@@ -28,6 +29,7 @@
 pub mod disk;
 pub mod node;
 pub mod peer;
+pub mod seal;
 pub mod wire;
 
 use std::net::SocketAddr;

@@ -2,21 +2,24 @@
 //! load, from their sealed updates), the decision per request, and its counters.
 
 use super::disk::Disk;
-use super::peer::{self, PeerTransport, TcpTransport};
+use super::peer::{
+    read_frame, PeerTransport, TcpTransport, PEER_CONNS_MAX, PEER_IDLE_TIMEOUT, PEER_IO_TIMEOUT,
+};
+use super::seal::Sealer;
 use super::wire::{self, DirectoryUpdate};
 use super::{CoopArgs, CoopPolicy, CoopReplacement};
-use farside_auth::keys::{Keyring, Policy as KeyPolicy};
-use farside_auth::mac::{self, Domain, Envelope, KeyId};
+use farside_auth::keys::Policy as KeyPolicy;
+use farside_auth::mac;
 use farside_auth::replay::ReplayTable;
-use farside_auth::siphash::SipKey;
 use farside_coop::cache::{NodeCache, Replacement};
 use farside_coop::directory::{BloomFilter, DirectoryView, BLOOM_FP_DEFAULT};
 use farside_coop::policy::{ClusterView, NodeId, Press, RemoteMode, Request, Source};
 use std::collections::HashMap;
-use std::io;
+use std::io::{self, Write};
+use std::net::TcpStream;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -32,8 +35,6 @@ pub const PUBLISH_HEARTBEAT: Duration = Duration::from_millis(500);
 const STOP_POLL: Duration = Duration::from_millis(200);
 /// The credential name of the coop key (`$CREDENTIALS_DIRECTORY/farside-coop`).
 pub const COOP_KEY_CREDENTIAL: &str = "farside-coop";
-/// The id of the cluster's coop key in envelopes (one key per cluster).
-pub const COOP_KEY_ID: KeyId = KeyId(1);
 /// Longest request path a coop node serves, bytes.
 pub const COOP_PATH_BYTES_MAX: usize = 1024;
 /// Senders remembered per replay table: the nodes of a cluster, with room to spare
@@ -154,80 +155,6 @@ impl ClusterView for View<'_> {
         } else {
             self.fresh(node).map_or(0, |v| v.load)
         }
-    }
-}
-
-/// The process-wide envelope sequence: strictly increasing and above what an earlier
-/// run of the node sent (the clock's seconds in the high bits).
-fn next_seq() -> u64 {
-    static SEQ: AtomicU64 = AtomicU64::new(0);
-    let clock = farside_auth::replay::Sequencer::unix_s().min(u64::from(u32::MAX))
-        << farside_auth::replay::SEQ_COUNT_BITS;
-    let prev = SEQ
-        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| {
-            Some(last.saturating_add(1).max(clock))
-        })
-        .unwrap_or_else(|v| v);
-    prev.saturating_add(1).max(clock)
-}
-
-/// The cluster key and what checks messages sealed with it.
-pub struct Sealer {
-    pub key: SipKey,
-    keyring: Keyring,
-    /// The envelope sender of this node (its index).
-    pub me: u64,
-}
-
-impl Sealer {
-    pub fn new(key: SipKey, me: usize) -> Result<Sealer, String> {
-        let mut keyring = Keyring::new(KeyPolicy::Production);
-        let rights = farside_auth::rights::Rights::new(0, &[]).map_err(|e| format!("{e:?}"))?;
-        keyring
-            .install("coop", COOP_KEY_ID, key, rights)
-            .map_err(|e| e.to_string())?;
-        Ok(Sealer {
-            key,
-            keyring,
-            me: me as u64,
-        })
-    }
-
-    /// `message` sealed by this node with a fresh sequence; returns it and the sequence.
-    pub fn seal(&self, message: &[u8]) -> (Vec<u8>, u64) {
-        let seq = next_seq();
-        let env = Envelope {
-            key_id: COOP_KEY_ID,
-            sender: self.me,
-            seq,
-        };
-        (self.seal_as(&env, message), seq)
-    }
-
-    /// `message` sealed with a given envelope (a reply carries its request's).
-    pub fn seal_as(&self, env: &Envelope, message: &[u8]) -> Vec<u8> {
-        let mut out = Vec::new();
-        mac::seal(&mut out, Domain::Notify, &self.key, env, message)
-            .expect("coop messages are far below MESSAGE_BYTES_MAX");
-        out
-    }
-
-    /// An authentic message never accepted before by `replay`: its envelope and bytes.
-    pub fn receive<'a>(
-        &self,
-        bytes: &'a [u8],
-        replay: &Mutex<ReplayTable>,
-    ) -> Result<(Envelope, &'a [u8]), farside_auth::receive::Refused> {
-        let mut table = replay.lock().unwrap_or_else(|p| p.into_inner());
-        let r = farside_auth::receive::receive(Domain::Notify, bytes, &self.keyring, &mut table)?;
-        Ok((r.envelope, r.message))
-    }
-
-    /// The message of a reply sealed with exactly `env` (a request's own envelope).
-    pub fn open_reply<'a>(&self, env: &Envelope, bytes: &'a [u8]) -> Option<&'a [u8]> {
-        let parsed = mac::parse(bytes).ok()?;
-        let opened = parsed.verify(Domain::Notify, &self.key).ok()?;
-        (opened.envelope == *env).then_some(opened.message)
     }
 }
 
@@ -391,7 +318,7 @@ impl Node {
                 threads.push(
                     std::thread::Builder::new()
                         .name("coop-peers".into())
-                        .spawn(move || peer::serve_peers(listener, n))?,
+                        .spawn(move || serve_peers(listener, n))?,
                 );
                 let n = Arc::clone(&node);
                 threads.push(
@@ -630,6 +557,84 @@ impl Node {
     }
 }
 
+/// The peer port's accept loop: one thread per connection, at most [`PEER_CONNS_MAX`].
+pub(crate) fn serve_peers(listener: TcpListener, node: Arc<Node>) {
+    let active = Arc::new(AtomicUsize::new(0));
+    while !node.stopping() {
+        let Ok((s, _)) = listener.accept() else {
+            if node.stopping() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        if active.fetch_add(1, Ordering::SeqCst) >= PEER_CONNS_MAX {
+            active.fetch_sub(1, Ordering::SeqCst);
+            continue; // closed by drop
+        }
+        let (node, active) = (Arc::clone(&node), Arc::clone(&active));
+        let spawned = std::thread::Builder::new()
+            .name("coop-peer".into())
+            .stack_size(256 * 1024)
+            .spawn({
+                let active = Arc::clone(&active);
+                move || {
+                    serve_peer(s, &node);
+                    active.fetch_sub(1, Ordering::SeqCst);
+                }
+            });
+        if spawned.is_err() {
+            active.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Answers fetches on one connection until it closes, idles out or sends a refused
+/// message (then it is closed: a peer speaking wrongly gets no more of our time).
+fn serve_peer(mut s: TcpStream, node: &Node) {
+    let Some(sealer) = &node.sealer else { return };
+    let _ = s.set_nodelay(true);
+    let _ = s.set_read_timeout(Some(PEER_IDLE_TIMEOUT));
+    let _ = s.set_write_timeout(Some(PEER_IO_TIMEOUT));
+    while !node.stopping() {
+        let Ok(frame) = read_frame(&mut s, wire::FETCH_BYTES) else {
+            return;
+        };
+        let opened = sealer
+            .receive(&frame, &node.fetch_replay)
+            .map_err(|e| e.to_string())
+            .and_then(|(env, msg)| {
+                let object = wire::decode_fetch(msg).ok_or("malformed fetch")?;
+                if env.sender as usize >= node.nodes() || env.sender as usize == node.index() {
+                    return Err(format!("fetch from sender {}", env.sender));
+                }
+                Ok((env, object))
+            });
+        let (env, object) = match opened {
+            Ok(x) => x,
+            Err(why) => {
+                log::debug!("coop: fetch refused: {why}");
+                node.counters.fetch_refused.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        let cached = node.cached_for_peer(object);
+        if cached.is_some() {
+            node.counters.peer_served.fetch_add(1, Ordering::Relaxed);
+        }
+        let msg = wire::encode_body(
+            object,
+            cached
+                .as_ref()
+                .filter(|c| c.body.len() <= wire::BODY_BYTES_MAX)
+                .map(|c| (c.body.as_slice(), c.crc)),
+        );
+        if s.write_all(&sealer.seal_as(&env, &msg)).is_err() {
+            return;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -642,32 +647,5 @@ mod tests {
         assert_eq!(check_path("/a/%2e%2e/b"), Err(400));
         assert_eq!(check_path("/a b"), Err(400));
         assert_eq!(check_path(&format!("/{}", "x".repeat(2000))), Err(400));
-    }
-
-    #[test]
-    fn sealed_messages_open_only_with_the_key_and_once() {
-        let key = SipKey::from_bytes(*b"0123456789abcdef");
-        let other = SipKey::from_bytes(*b"fedcba9876543210");
-        let a = Sealer::new(key, 1).unwrap();
-        let b = Sealer::new(key, 2).unwrap();
-        let forger = Sealer::new(other, 1).unwrap();
-        let replay = Mutex::new(ReplayTable::new(8));
-        let (msg, _) = a.seal(b"hello");
-        let (env, text) = b.receive(&msg, &replay).unwrap();
-        assert_eq!((env.sender, text), (1, b"hello".as_slice()));
-        assert!(b.receive(&msg, &replay).is_err(), "replayed");
-        let (forged, _) = forger.seal(b"hello");
-        assert!(b.receive(&forged, &replay).is_err(), "wrong key");
-        let reply = b.seal_as(&env, b"answer");
-        assert_eq!(a.open_reply(&env, &reply), Some(b"answer".as_slice()));
-        let other_env = Envelope {
-            seq: env.seq + 1,
-            ..env
-        };
-        assert_eq!(
-            a.open_reply(&other_env, &reply),
-            None,
-            "bound to its request"
-        );
     }
 }

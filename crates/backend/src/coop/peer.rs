@@ -9,14 +9,13 @@
 //! Frames on the TCP peer port are `auth` envelopes (32 bytes, with the covered length)
 //! followed by the message: the reader bounds the length before reading it.
 
-use super::node::{Node, Sealer};
+use super::seal::{Sealer, COOP_KEY_ID};
 use super::wire;
 use farside_auth::mac::{self, Envelope};
 use farside_auth::siphash::SipKey;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Mutex;
 use std::time::Duration;
 
 /// Time to connect to a peer: on one LAN a SYN answers in well under a millisecond; 200
@@ -100,7 +99,7 @@ impl PeerTransport for TcpTransport {
         let mut s = self.connection(peer)?;
         let (request, seq) = self.sealer.seal(&wire::encode_fetch(object));
         let env = Envelope {
-            key_id: super::node::COOP_KEY_ID,
+            key_id: COOP_KEY_ID,
             sender: self.sealer.me,
             seq,
         };
@@ -117,83 +116,5 @@ impl PeerTransport for TcpTransport {
             pool.push(s);
         }
         Ok(body)
-    }
-}
-
-/// The peer port's accept loop: one thread per connection, at most [`PEER_CONNS_MAX`].
-pub(crate) fn serve_peers(listener: TcpListener, node: Arc<Node>) {
-    let active = Arc::new(AtomicUsize::new(0));
-    while !node.stopping() {
-        let Ok((s, _)) = listener.accept() else {
-            if node.stopping() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-            continue;
-        };
-        if active.fetch_add(1, Ordering::SeqCst) >= PEER_CONNS_MAX {
-            active.fetch_sub(1, Ordering::SeqCst);
-            continue; // closed by drop
-        }
-        let (node, active) = (Arc::clone(&node), Arc::clone(&active));
-        let spawned = std::thread::Builder::new()
-            .name("coop-peer".into())
-            .stack_size(256 * 1024)
-            .spawn({
-                let active = Arc::clone(&active);
-                move || {
-                    serve_peer(s, &node);
-                    active.fetch_sub(1, Ordering::SeqCst);
-                }
-            });
-        if spawned.is_err() {
-            active.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
-}
-
-/// Answers fetches on one connection until it closes, idles out or sends a refused
-/// message (then it is closed: a peer speaking wrongly gets no more of our time).
-fn serve_peer(mut s: TcpStream, node: &Node) {
-    let Some(sealer) = &node.sealer else { return };
-    let _ = s.set_nodelay(true);
-    let _ = s.set_read_timeout(Some(PEER_IDLE_TIMEOUT));
-    let _ = s.set_write_timeout(Some(PEER_IO_TIMEOUT));
-    while !node.stopping() {
-        let Ok(frame) = read_frame(&mut s, wire::FETCH_BYTES) else {
-            return;
-        };
-        let opened = sealer
-            .receive(&frame, &node.fetch_replay)
-            .map_err(|e| e.to_string())
-            .and_then(|(env, msg)| {
-                let object = wire::decode_fetch(msg).ok_or("malformed fetch")?;
-                if env.sender as usize >= node.nodes() || env.sender as usize == node.index() {
-                    return Err(format!("fetch from sender {}", env.sender));
-                }
-                Ok((env, object))
-            });
-        let (env, object) = match opened {
-            Ok(x) => x,
-            Err(why) => {
-                log::debug!("coop: fetch refused: {why}");
-                node.counters.fetch_refused.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-        };
-        let cached = node.cached_for_peer(object);
-        if cached.is_some() {
-            node.counters.peer_served.fetch_add(1, Ordering::Relaxed);
-        }
-        let msg = wire::encode_body(
-            object,
-            cached
-                .as_ref()
-                .filter(|c| c.body.len() <= wire::BODY_BYTES_MAX)
-                .map(|c| (c.body.as_slice(), c.crc)),
-        );
-        if s.write_all(&sealer.seal_as(&env, &msg)).is_err() {
-            return;
-        }
     }
 }
