@@ -20,7 +20,10 @@ fn quick_lab_press_beats_rr_locality_and_never_a_wrong_body() {
         return;
     }
     let Some(bin) = farside_bin() else {
-        farside_testkit::skip(TEST, "the farside binary is not built (cargo build -p farside)");
+        farside_testkit::skip(
+            TEST,
+            "the farside binary is not built (cargo build -p farside)",
+        );
         return;
     };
     let out = std::env::temp_dir().join(format!("farside-lab-coop-test-{}", std::process::id()));
