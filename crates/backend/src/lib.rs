@@ -61,6 +61,7 @@
 //! address, so tests (and the lab) can see which back-end served a request.
 
 pub mod adopt;
+pub mod coop;
 mod cost;
 mod httpdate;
 mod serve;
@@ -170,6 +171,9 @@ pub struct BackendArgs {
     // RDMA over HTTP: --rdma and its caps.
     #[command(flatten)]
     pub rdma: farside_rdmahttp::cli::RdmaServeArgs,
+    // Cooperative caching: --coop and its flags (see [`coop`]).
+    #[command(flatten)]
+    pub coop: coop::CoopArgs,
 }
 
 impl Default for BackendArgs {
@@ -189,6 +193,7 @@ impl Default for BackendArgs {
             header_timeout_ms: 10_000,
             adopt_socket: None,
             rdma: Default::default(),
+            coop: Default::default(),
         }
     }
 }
@@ -239,6 +244,7 @@ impl BackendArgs {
         if self.rdma.rdma {
             self.rdma.caps().validate()?;
         }
+        self.coop.validate(self.root.is_some())?;
         if let Some(root) = &self.root {
             if !root.is_dir() {
                 return Err(format!("--root {} is not a directory", root.display()));
@@ -269,6 +275,8 @@ pub struct Handle {
     control_stop: Arc<AtomicBool>,
     /// The `--adopt-socket` path, removed on stop.
     adopt_path: Option<PathBuf>,
+    /// With `--coop`: the node's threads.
+    coop: Option<coop::node::Running>,
 }
 
 impl Handle {
@@ -280,6 +288,11 @@ impl Handle {
     /// Stops accepting, shuts down connections in service and joins every worker.
     pub fn stop(mut self) {
         self.stop_and_join();
+    }
+
+    /// With `--coop`: the node (its counters) and its bound peer address.
+    pub fn coop(&self) -> Option<(&Arc<coop::Node>, Option<SocketAddr>)> {
+        self.coop.as_ref().map(|r| (&r.node, r.peer_addr))
     }
 
     /// The site served now, with `--sites-root`.
@@ -315,12 +328,15 @@ impl Handle {
         if let Some(path) = self.adopt_path.take() {
             let _ = std::fs::remove_file(path);
         }
+        if let Some(mut c) = self.coop.take() {
+            c.stop();
+        }
     }
 }
 
 impl Drop for Handle {
     fn drop(&mut self) {
-        if !self.workers.is_empty() || self.control.is_some() {
+        if !self.workers.is_empty() || self.control.is_some() || self.coop.is_some() {
             self.stop_and_join();
         }
     }
@@ -332,7 +348,12 @@ pub fn spawn(args: BackendArgs) -> io::Result<(SocketAddr, Handle)> {
         .map_err(|m| io::Error::new(io::ErrorKind::InvalidInput, m))?;
     let listener = bind_listener(args.listen, args.backlog as i32)?;
     let addr = listener.local_addr()?;
-    let config = serve::Config::new(&args, addr)?;
+    let mut config = serve::Config::new(&args, addr)?;
+    let coop = match (&args.coop.coop, &config.root) {
+        (true, Some(root)) => Some(coop::Node::start(&args.coop, root)?),
+        _ => None,
+    };
+    config.coop = coop.as_ref().map(|r| Arc::clone(&r.node));
     let adopt = match &args.adopt_socket {
         Some(path) => {
             // Workers poll both sockets and take items without blocking.
@@ -393,6 +414,7 @@ pub fn spawn(args: BackendArgs) -> io::Result<(SocketAddr, Handle)> {
             control,
             control_stop,
             adopt_path: args.adopt_socket.clone(),
+            coop,
         },
     ))
 }

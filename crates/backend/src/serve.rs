@@ -42,7 +42,9 @@ const FILE16K_BYTES: u64 = 16 * 1024;
 /// Immutable per-server configuration shared by the workers.
 pub(crate) struct Config {
     /// Canonical docroot: every served file must resolve inside it.
-    root: Option<PathBuf>,
+    pub(crate) root: Option<PathBuf>,
+    /// With `--coop`: files under the root are served by the cooperating node.
+    pub(crate) coop: Option<Arc<crate::coop::Node>>,
     /// With `--sites-root`: the sites and the one served now (replaces `root`).
     pub(crate) sites: Option<Arc<Sites>>,
     cpu_us_default: u64,
@@ -74,6 +76,7 @@ impl Config {
         };
         Ok(Config {
             root,
+            coop: None,
             sites,
             cpu_us_default: args.cpu_us,
             cost: CostModel {
@@ -599,6 +602,9 @@ fn route(request: &Request, config: &Config) -> Response {
         "/cgi/work" => return cgi_work(query, config),
         _ => {}
     }
+    if let Some(node) = &config.coop {
+        return coop_file(node, path);
+    }
     if let Some(sites) = &config.sites {
         let cur = sites.current();
         let mut response = static_file(&cur.root, path, request.if_modified_since);
@@ -653,6 +659,28 @@ fn generated(path: &str) -> Response {
             file_key: None,
         },
         None => Response::file_error(404),
+    }
+}
+
+/// A file of the cooperating node (`--coop`): from its cache, a peer's or its disk;
+/// `/coop/stats` answers its counters.
+fn coop_file(node: &crate::coop::Node, path: &str) -> Response {
+    if path == "/coop/stats" {
+        return Response::text(node.counters.text());
+    }
+    match node.get(path) {
+        Ok((body, _served)) => Response {
+            status: 200,
+            content_type: content_type(Path::new(path)),
+            body: Body::Bytes(body.as_ref().clone()),
+            close: false,
+            last_modified: None,
+            modelled: true,
+            site: None,
+            rdma: None,
+            file_key: None,
+        },
+        Err(status) => Response::file_error(status),
     }
 }
 

@@ -283,6 +283,14 @@ impl NodeCache {
         }
     }
 
+    /// Removes `id`; returns whether it was cached.
+    pub fn remove(&mut self, id: u64) -> bool {
+        match self {
+            NodeCache::Lru(c) => c.remove(id),
+            NodeCache::Gds(c) => c.remove(id),
+        }
+    }
+
     pub fn insert(&mut self, id: u64, bytes: u64, evicted: &mut Vec<u64>) -> bool {
         match self {
             NodeCache::Lru(c) => c.insert(id, bytes, evicted),

@@ -126,6 +126,16 @@ impl BloomFilter {
         ]
     }
 
+    /// The published form with `epoch` in one buffer (the steps of
+    /// [`BloomFilter::publish_steps`] applied in order), e.g. to send in a message.
+    pub fn to_published(&self, epoch: u64) -> Vec<u8> {
+        let mut out = vec![0u8; self.published_bytes()];
+        for (off, b) in self.publish_steps(epoch) {
+            out[off..off + b.len()].copy_from_slice(&b);
+        }
+        out
+    }
+
     /// A filter read back from its published form (read head first, tail last), with its
     /// epoch; `None` if torn (retry) or malformed.
     pub fn from_published(bytes: &[u8]) -> Option<(u64, BloomFilter)> {
@@ -218,6 +228,7 @@ mod tests {
                 assert_eq!(read, Some((4, f.clone())));
             }
         }
+        assert_eq!(mem, f.to_published(4), "one buffer, the same bytes");
     }
 
     #[test]

@@ -72,6 +72,13 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
 /// falls back to the source.
 pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
 
+// The one-sided MOVE, all its attempts, stays within the control client's bound (the
+// migration's budget for the front-end flip, whichever way it goes).
+const _: () = assert!(
+    crate::fmove::ATTEMPTS as u128 * crate::fmove::ATTEMPT_TIMEOUT.as_millis()
+        < CLIENT_TIMEOUT.as_millis()
+);
+
 /// Where the control port listens: a Unix socket (`unix:/path`, recommended: only
 /// local root can reach it) or TCP (`IP:PORT`: every request sealed with the
 /// front-end's key, [`crate::control_auth`]).

@@ -25,7 +25,7 @@
 //!   which is no request, and echo the request's sender and sequence, which the
 //!   front-end's window has already taken; a client accepts only the reply that
 //!   verifies and echoes its own outstanding request.
-//! - **Bounds**: a line is at most `control::LINE_BYTES_MAX` bytes, so the sealed
+//! - **Bounds**: a line is at most the control port's `LINE_BYTES_MAX` bytes, so the sealed
 //!   request is at most half of it; nothing is decoded past it.
 //!
 //! A Unix-socket control port needs none of this (its 0600 socket is reachable by
@@ -191,7 +191,7 @@ impl ControlAuth {
     }
 }
 
-/// A random sender id for a client (each [`crate::control::Client`] has its own, so
+/// A random sender id for a client (each control client has its own, so
 /// two clients of one process never share a replay window).
 pub fn random_sender() -> u64 {
     let mut b = [0u8; 8];

@@ -11,6 +11,8 @@
 //! - [`reconfig`]: seed 001's reconfiguration experiment (`lab reconfig`)
 //! - [`speculative`]: seed 002's speculative connection admission (`lab speculative`;
 //!   first version: the baselines)
+//! - [`coop`]: seed 003's cooperative caching on real nodes (`lab coop`: rr vs PRESS
+//!   over tcp)
 //! - [`attacks`]: the attack lab (`lab attacks`): two attackers against a loaded
 //!   data-center, success judged by effect, collateral and the defender's CPU
 //! - [`error`]: the lab's own failures ([`error::LabError`])
@@ -34,6 +36,7 @@
 
 pub mod admission;
 pub mod attacks;
+pub mod coop;
 pub mod echo;
 pub mod envoy;
 pub mod error;
@@ -93,6 +96,10 @@ pub enum LabCmd {
     /// effect), legitimate connections lost and requests failed, the defenders' CPU;
     /// needs root (netns).
     Attacks(attacks::AttacksArgs),
+    /// Seed 003's cooperative caching (PRESS): rr (each node caches alone) vs press-tcp
+    /// (nodes fetch from peers' caches over TCP) on World Cup files, closed-loop clients
+    /// round-robin over 2-8 netns nodes, every body checked; needs root.
+    Coop(coop::CoopLabArgs),
     /// Re-render the table, CSV files, plots and report.html of a kept run from its
     /// summary.json and points.jsonl, without running anything.
     Report(ReportArgs),
@@ -166,6 +173,7 @@ fn run_cmd(a: LabArgs) -> std::io::Result<()> {
         LabCmd::Reconfig(x) => reconfig::Reconfig::run(x),
         LabCmd::Speculative(x) => speculative::Speculative::run(x),
         LabCmd::Attacks(x) => attacks::Attacks::run(x),
+        LabCmd::Coop(x) => coop::run(x),
         LabCmd::Report(x) => {
             let files = regenerate_any(&x.dir, &mut std::io::stdout())?;
             eprintln!(

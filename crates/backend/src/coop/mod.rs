@@ -1,0 +1,175 @@
+//! Cooperative caching between back-ends (`--coop`): PRESS (Carrera, Rao, Iftode,
+//! Bianchini, HPCA 2002) on real nodes.
+//!
+//! ```text
+//!  client ──GET──► initial node n (any node: clients are spread round-robin)
+//!                  policy (farside_coop::policy, pure) on n's cache, peers' hints, loads
+//!                  ├─ Local      body from n's cache
+//!                  ├─ Forward(p) fetch over TCP from p's peer port (sealed 'F');
+//!                  │             p answers from its cache ('B', CRC32c) or "absent":
+//!                  │             a stale hint costs one wasted fetch, then disk
+//!                  └─ Disk       read through the emulated disk, cache at n
+//!  every node ──UDP──► every peer: its Bloom directory + epoch + load, sealed ('D'),
+//!                      on change, at most once per --coop-publish-ms
+//! ```
+//!
+//! With `--coop-policy rr` no peer is asked: each node caches on its own (the baseline).
+//!
+//! - [`wire`]: the messages, pure;
+//! - [`disk`]: the emulated disk (latency + size / bandwidth per read, one at a time);
+//! - [`peer`]: the peer fetch transport ([`peer::PeerTransport`], TCP now) and the peer
+//!   port's server;
+//! - [`seal`]: the cluster key, sealing, receiving with replay windows;
+//! - [`node`]: the node: cache, views of the peers, the decision, the counters.
+//!
+//! Every message between nodes is sealed (`auth::mac::seal`, `Domain::Notify`) with
+//! the key of `--coop-key-file` (0600) and checked by `auth::receive::receive` against
+//! a replay window per sender: a forged or replayed one is dropped and counted.
+
+pub mod disk;
+pub mod node;
+pub mod peer;
+pub mod seal;
+pub mod wire;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+pub use node::{Counters, Node};
+
+/// Nodes a cluster may have at most: the node index travels in one byte and PRESS scans
+/// every peer's hint per miss (`farside_coop::policy::NODES_MAX` bounds the policy).
+pub const COOP_NODES_MAX: usize = 64;
+/// Default cache bytes per node: 16 MiB, about a quarter of the World Cup sample's 54.6
+/// MB of distinct objects (the lab sets it from the working set).
+pub const COOP_CACHE_BYTES_DEFAULT: u64 = 16 << 20;
+/// Largest cache per node: 16 GiB bounds the memory a typo could ask for.
+pub const COOP_CACHE_BYTES_MAX: u64 = 16 << 30;
+/// Default shortest time between two directory publications, ms: 20 ms bounds the
+/// updates to 50/s per node (8 KB each at most, 400 KB/s to each peer), while a hint is
+/// at most that much older than the cache.
+pub const COOP_PUBLISH_MS_DEFAULT: u64 = 20;
+/// Largest publication period accepted: a peer's view older than
+/// [`node::VIEW_TTL`] is dropped, so publications must come more often.
+pub const COOP_PUBLISH_MS_MAX: u64 = 1000;
+
+/// How a node serves a miss in its own cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CoopPolicy {
+    /// No cooperation: own cache, else disk.
+    Rr,
+    /// PRESS: own cache, else a peer that caches it (least loaded), else disk.
+    Press,
+}
+
+/// Which replacement policy the cache uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CoopReplacement {
+    Lru,
+    Gds,
+}
+
+/// `farside backend --coop ...`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CoopArgs {
+    /// Cooperative caching: files under --root are served from a bounded cache, peers'
+    /// caches (--coop-policy press) or an emulated disk. Needs --root.
+    #[arg(long)]
+    pub coop: bool,
+    /// With --coop: `press` (fetch from a peer that caches the file) or `rr` (each node
+    /// caches on its own). Default: press.
+    #[arg(long = "coop-policy", value_enum, default_value = "press")]
+    pub policy: CoopPolicy,
+    /// With --coop: this node's index in --coop-peers. Default: 0.
+    #[arg(long = "coop-index", default_value_t = 0)]
+    pub index: usize,
+    /// With --coop: every node's peer address (TCP for fetches, UDP for directory
+    /// updates, same port), in one order on every node, this node's included at
+    /// --coop-index. Port 0 (one node only) picks a free port.
+    #[arg(long = "coop-peers", value_delimiter = ',')]
+    pub peers: Vec<SocketAddr>,
+    /// With --coop: the cache's capacity in bytes. Default 16 MiB.
+    #[arg(long = "coop-cache-bytes", default_value_t = COOP_CACHE_BYTES_DEFAULT)]
+    pub cache_bytes: u64,
+    /// With --coop: cache replacement, `lru` or `gds` (GreedyDual-Size). Default: lru.
+    #[arg(long = "coop-replacement", value_enum, default_value = "lru")]
+    pub replacement: CoopReplacement,
+    /// With --coop --coop-policy press: the cluster's coop key (32 hex digits, mode
+    /// 0600, or the systemd credential `farside-coop`). Every directory update and peer
+    /// fetch is sealed with it.
+    #[arg(long = "coop-key-file")]
+    pub key_file: Option<PathBuf>,
+    /// With --coop: emulated disk latency per read, µs. Default: see
+    /// `coop::disk::DISK_LATENCY_US_DEFAULT`.
+    #[arg(long = "coop-disk-latency-us", default_value_t = disk::DISK_LATENCY_US_DEFAULT)]
+    pub disk_latency_us: u64,
+    /// With --coop: emulated disk bandwidth, bytes/s. Default: see
+    /// `coop::disk::DISK_BYTES_PER_S_DEFAULT`.
+    #[arg(long = "coop-disk-bytes-per-s", default_value_t = disk::DISK_BYTES_PER_S_DEFAULT)]
+    pub disk_bytes_per_s: u64,
+    /// With --coop: shortest time between two directory publications, ms. Default 20.
+    #[arg(long = "coop-publish-ms", default_value_t = COOP_PUBLISH_MS_DEFAULT)]
+    pub publish_ms: u64,
+}
+
+impl Default for CoopArgs {
+    fn default() -> Self {
+        CoopArgs {
+            coop: false,
+            policy: CoopPolicy::Press,
+            index: 0,
+            peers: Vec::new(),
+            cache_bytes: COOP_CACHE_BYTES_DEFAULT,
+            replacement: CoopReplacement::Lru,
+            key_file: None,
+            disk_latency_us: disk::DISK_LATENCY_US_DEFAULT,
+            disk_bytes_per_s: disk::DISK_BYTES_PER_S_DEFAULT,
+            publish_ms: COOP_PUBLISH_MS_DEFAULT,
+        }
+    }
+}
+
+impl CoopArgs {
+    /// Checks every bound; a message naming the flag.
+    pub fn validate(&self, has_root: bool) -> Result<(), String> {
+        if !self.coop {
+            return Ok(());
+        }
+        if !has_root {
+            return Err("--coop needs --root".into());
+        }
+        if self.cache_bytes == 0 || self.cache_bytes > COOP_CACHE_BYTES_MAX {
+            return Err(format!(
+                "--coop-cache-bytes must be in 1..={COOP_CACHE_BYTES_MAX}"
+            ));
+        }
+        if self.disk_latency_us > disk::DISK_LATENCY_US_MAX {
+            return Err(format!(
+                "--coop-disk-latency-us must be at most {}",
+                disk::DISK_LATENCY_US_MAX
+            ));
+        }
+        if self.disk_bytes_per_s == 0 {
+            return Err("--coop-disk-bytes-per-s must be at least 1".into());
+        }
+        if self.publish_ms == 0 || self.publish_ms > COOP_PUBLISH_MS_MAX {
+            return Err(format!(
+                "--coop-publish-ms must be in 1..={COOP_PUBLISH_MS_MAX}"
+            ));
+        }
+        if self.policy == CoopPolicy::Press {
+            if self.peers.is_empty() || self.peers.len() > COOP_NODES_MAX {
+                return Err(format!(
+                    "--coop-peers: 1..={COOP_NODES_MAX} addresses with --coop-policy press"
+                ));
+            }
+            if self.index >= self.peers.len() {
+                return Err("--coop-index must index --coop-peers".into());
+            }
+            if self.key_file.is_none() {
+                return Err("--coop-policy press needs --coop-key-file".into());
+            }
+        }
+        Ok(())
+    }
+}

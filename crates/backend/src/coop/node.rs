@@ -1,0 +1,651 @@
+//! One cooperating node: its cache of bodies, what it knows of its peers (directory and
+//! load, from their sealed updates), the decision per request, and its counters.
+
+use super::disk::Disk;
+use super::peer::{
+    read_frame, PeerTransport, TcpTransport, PEER_CONNS_MAX, PEER_IDLE_TIMEOUT, PEER_IO_TIMEOUT,
+};
+use super::seal::Sealer;
+use super::wire::{self, DirectoryUpdate};
+use super::{CoopArgs, CoopPolicy, CoopReplacement};
+use farside_auth::keys::Policy as KeyPolicy;
+use farside_auth::mac;
+use farside_auth::replay::ReplayTable;
+use farside_coop::cache::{NodeCache, Replacement};
+use farside_coop::directory::{BloomFilter, DirectoryView, BLOOM_FP_DEFAULT};
+use farside_coop::policy::{ClusterView, NodeId, Press, RemoteMode, Request, Source};
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::net::TcpStream;
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A peer's view older than this is ignored (no hints from it): the peer stopped
+/// publishing, so it may be gone. Rule: many publication periods (at most 1 s each),
+/// short enough that a dead peer costs a few seconds of wasted fetches at most.
+pub const VIEW_TTL: Duration = Duration::from_secs(3);
+/// A node republishes at least this often even when nothing changed, so its peers'
+/// views of it stay fresh (well within [`VIEW_TTL`]).
+pub const PUBLISH_HEARTBEAT: Duration = Duration::from_millis(500);
+/// Longest a blocking receive waits before the thread checks the stop flag.
+const STOP_POLL: Duration = Duration::from_millis(200);
+/// The credential name of the coop key (`$CREDENTIALS_DIRECTORY/farside-coop`).
+pub const COOP_KEY_CREDENTIAL: &str = "farside-coop";
+/// Longest request path a coop node serves, bytes.
+pub const COOP_PATH_BYTES_MAX: usize = 1024;
+/// Senders remembered per replay table: the nodes of a cluster, with room to spare
+/// (`farside_auth::replay` evicts safely beyond it).
+const REPLAY_SENDERS_MAX: usize = 4 * super::COOP_NODES_MAX;
+
+/// What a node counts (read by `/coop/stats`).
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// Requests answered from the node's own cache.
+    pub local_hits: AtomicU64,
+    /// Requests answered with a body fetched from a peer's cache.
+    pub remote_hits: AtomicU64,
+    /// Requests answered from the (emulated) disk.
+    pub misses: AtomicU64,
+    /// Fetches a peer answered "absent" (a stale or false-positive hint) or that failed.
+    pub wasted_fetches: AtomicU64,
+    /// Of the wasted fetches, those that failed (connect, timeout, refused reply).
+    pub peer_errors: AtomicU64,
+    /// Body bytes received from peers.
+    pub peer_bytes: AtomicU64,
+    /// Fetches this node answered for peers with a body.
+    pub peer_served: AtomicU64,
+    /// Directory updates accepted from peers.
+    pub directory_received: AtomicU64,
+    /// Directory updates sent (one per peer per publication).
+    pub directory_sent: AtomicU64,
+    /// Directory updates dropped: forged, replayed, malformed or from a wrong sender.
+    pub directory_refused: AtomicU64,
+    /// Fetch requests dropped: forged, replayed or malformed.
+    pub fetch_refused: AtomicU64,
+}
+
+impl Counters {
+    fn get(c: &AtomicU64) -> u64 {
+        c.load(Ordering::Relaxed)
+    }
+
+    /// `name value` lines, the `/coop/stats` body.
+    pub fn text(&self) -> String {
+        let rows = [
+            ("local_hits", &self.local_hits),
+            ("remote_hits", &self.remote_hits),
+            ("misses", &self.misses),
+            ("wasted_fetches", &self.wasted_fetches),
+            ("peer_errors", &self.peer_errors),
+            ("peer_bytes", &self.peer_bytes),
+            ("peer_served", &self.peer_served),
+            ("directory_received", &self.directory_received),
+            ("directory_sent", &self.directory_sent),
+            ("directory_refused", &self.directory_refused),
+            ("fetch_refused", &self.fetch_refused),
+        ];
+        rows.iter()
+            .map(|(n, c)| format!("{n} {}\n", Counters::get(c)))
+            .collect()
+    }
+}
+
+/// A cached body and its CRC32c (computed when read from disk).
+#[derive(Debug, Clone)]
+pub struct Cached {
+    pub body: Arc<Vec<u8>>,
+    pub crc: u32,
+}
+
+/// A peer as this node knows it.
+#[derive(Debug, Clone)]
+struct PeerView {
+    directory: DirectoryView,
+    load: u64,
+    at: Instant,
+    /// The envelope sequence of the update this view comes from.
+    seq: u64,
+}
+
+struct State {
+    cache: NodeCache,
+    bodies: HashMap<u64, Cached>,
+    views: Vec<Option<PeerView>>,
+    /// The cache changed since the last publication.
+    dirty: bool,
+}
+
+/// The decision's view of the cluster from node `me`: its own cache exactly, its
+/// peers' last fresh directories and loads.
+struct View<'a> {
+    me: NodeId,
+    st: &'a State,
+    my_load: u64,
+    now: Instant,
+}
+
+impl View<'_> {
+    fn fresh(&self, p: NodeId) -> Option<&PeerView> {
+        self.st.views[p]
+            .as_ref()
+            .filter(|v| self.now.duration_since(v.at) < VIEW_TTL)
+    }
+}
+
+impl ClusterView for View<'_> {
+    fn nodes(&self) -> usize {
+        self.st.views.len()
+    }
+    fn cached(&self, node: NodeId, object: u64) -> bool {
+        node == self.me && self.st.bodies.contains_key(&object)
+    }
+    fn hint(&self, node: NodeId, peer: NodeId, object: u64) -> bool {
+        node == self.me
+            && self
+                .fresh(peer)
+                .is_some_and(|v| v.directory.filter.may_contain(object))
+    }
+    fn load(&self, node: NodeId) -> u64 {
+        if node == self.me {
+            self.my_load
+        } else {
+            self.fresh(node).map_or(0, |v| v.load)
+        }
+    }
+}
+
+/// A cooperating node.
+pub struct Node {
+    me: NodeId,
+    policy: CoopPolicy,
+    root: PathBuf,
+    disk: Disk,
+    state: Mutex<State>,
+    inflight: AtomicU64,
+    pub counters: Counters,
+    pub(crate) sealer: Option<Sealer>,
+    pub(crate) fetch_replay: Mutex<ReplayTable>,
+    directory_replay: Mutex<ReplayTable>,
+    transport: Option<Box<dyn PeerTransport>>,
+    peers: Vec<SocketAddr>,
+    publish_period: Duration,
+    stop: AtomicBool,
+}
+
+/// A running node's threads (publisher, directory receiver, peer server).
+pub struct Running {
+    pub node: Arc<Node>,
+    /// The bound peer address (TCP and UDP).
+    pub peer_addr: Option<SocketAddr>,
+    listener: Option<TcpListener>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    pub fn stop(&mut self) {
+        self.node.stop.store(true, Ordering::SeqCst);
+        if let Some(l) = &self.listener {
+            use std::os::fd::AsRawFd;
+            // SAFETY: the fd is owned by `l`, alive for this call; shutdown of a
+            // listening socket wakes its blocked accept.
+            unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct InFlight<'a>(&'a AtomicU64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Where a request's body came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    Local,
+    Remote(NodeId),
+    /// From disk; `wasted` if a peer was asked first and did not have it.
+    Disk {
+        wasted: bool,
+    },
+}
+
+impl Served {
+    pub fn name(self) -> &'static str {
+        match self {
+            Served::Local => "local",
+            Served::Remote(_) => "remote",
+            Served::Disk { wasted: false } => "disk",
+            Served::Disk { wasted: true } => "disk-after-wasted-fetch",
+        }
+    }
+}
+
+/// Why a path is not served: the HTTP status.
+pub fn check_path(path: &str) -> Result<&str, u16> {
+    if path.len() > COOP_PATH_BYTES_MAX || !path.starts_with('/') {
+        return Err(400);
+    }
+    if !path.bytes().all(|b| b.is_ascii_graphic()) || path.contains('%') {
+        return Err(400);
+    }
+    if path.split('/').any(|s| s == "..") {
+        return Err(400);
+    }
+    Ok(path)
+}
+
+impl Node {
+    /// A node from `args` serving files under `root`; starts its threads.
+    pub fn start(args: &CoopArgs, root: &Path) -> io::Result<Running> {
+        let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+        let press = args.policy == CoopPolicy::Press;
+        let nodes = if press { args.peers.len() } else { 1 };
+        let me = if press { args.index } else { 0 };
+        let (listener, udp, peers) = if press {
+            let listener = TcpListener::bind(args.peers[me])?;
+            let addr = listener.local_addr()?;
+            let udp = UdpSocket::bind(addr)?;
+            udp.set_read_timeout(Some(STOP_POLL))?;
+            let mut peers = args.peers.clone();
+            peers[me] = addr;
+            (Some(listener), Some(udp), peers)
+        } else {
+            (None, None, Vec::new())
+        };
+        let sealer = match (&args.key_file, press) {
+            (Some(path), true) => {
+                let loaded = farside_auth::keys::load_key(
+                    COOP_KEY_CREDENTIAL,
+                    Some(path),
+                    KeyPolicy::Production,
+                )
+                .map_err(|e| bad(format!("--coop-key-file {}: {e}", path.display())))?;
+                Some(Sealer::new(loaded.key, me).map_err(bad)?)
+            }
+            _ => None,
+        };
+        let transport: Option<Box<dyn PeerTransport>> = sealer.as_ref().map(|s| {
+            Box::new(TcpTransport::new(me, peers.clone(), s.key)) as Box<dyn PeerTransport>
+        });
+        let replacement = match args.replacement {
+            CoopReplacement::Lru => Replacement::Lru,
+            CoopReplacement::Gds => Replacement::GreedyDualSize,
+        };
+        let node = Arc::new(Node {
+            me,
+            policy: args.policy,
+            root: root.to_path_buf(),
+            disk: Disk::new(args.disk_latency_us, args.disk_bytes_per_s),
+            state: Mutex::new(State {
+                cache: NodeCache::new(replacement, args.cache_bytes),
+                bodies: HashMap::new(),
+                views: vec![None; nodes],
+                dirty: true,
+            }),
+            inflight: AtomicU64::new(0),
+            counters: Counters::default(),
+            sealer,
+            fetch_replay: Mutex::new(ReplayTable::new(REPLAY_SENDERS_MAX)),
+            directory_replay: Mutex::new(ReplayTable::new(REPLAY_SENDERS_MAX)),
+            transport,
+            peers: peers.clone(),
+            publish_period: Duration::from_millis(args.publish_ms),
+            stop: AtomicBool::new(false),
+        });
+        let mut threads = Vec::new();
+        let peer_addr = peers.get(me).copied();
+        let listener_keep = match (listener, udp) {
+            (Some(listener), Some(udp)) => {
+                let keep = listener.try_clone()?;
+                let udp2 = udp.try_clone()?;
+                let n = Arc::clone(&node);
+                threads.push(
+                    std::thread::Builder::new()
+                        .name("coop-peers".into())
+                        .spawn(move || serve_peers(listener, n))?,
+                );
+                let n = Arc::clone(&node);
+                threads.push(
+                    std::thread::Builder::new()
+                        .name("coop-dir-rx".into())
+                        .spawn(move || n.receive_directories(&udp))?,
+                );
+                let n = Arc::clone(&node);
+                threads.push(
+                    std::thread::Builder::new()
+                        .name("coop-dir-tx".into())
+                        .spawn(move || n.publish_loop(&udp2))?,
+                );
+                Some(keep)
+            }
+            _ => None,
+        };
+        Ok(Running {
+            node,
+            peer_addr,
+            listener: listener_keep,
+            threads,
+        })
+    }
+
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    pub fn index(&self) -> NodeId {
+        self.me
+    }
+
+    pub fn nodes(&self) -> usize {
+        self.peers.len().max(1)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The body of `path` (checked by [`check_path`]) and where it came from; an HTTP
+    /// status if it cannot be served.
+    pub fn get(&self, path: &str) -> Result<(Arc<Vec<u8>>, Served), u16> {
+        let path = check_path(path)?;
+        let object = wire::object_id(path);
+        let load = self.inflight.fetch_add(1, Ordering::Relaxed) + 1;
+        let _inflight = InFlight(&self.inflight);
+        let source = {
+            let mut st = self.lock();
+            if st.bodies.contains_key(&object) {
+                st.cache.touch(object);
+                let body = Arc::clone(&st.bodies[&object].body);
+                drop(st);
+                self.counters.local_hits.fetch_add(1, Ordering::Relaxed);
+                return Ok((body, Served::Local));
+            }
+            match self.policy {
+                CoopPolicy::Rr => Source::Disk,
+                CoopPolicy::Press => {
+                    let view = View {
+                        me: self.me,
+                        st: &st,
+                        my_load: load,
+                        now: Instant::now(),
+                    };
+                    let req = Request {
+                        object,
+                        bytes: 0,
+                        initial: self.me,
+                    };
+                    Press::new(RemoteMode::Forward).decide(&req, &view).source
+                }
+            }
+        };
+        let mut wasted = false;
+        if let (Source::Forward(p) | Source::Peer(p), Some(t)) = (source, &self.transport) {
+            match t.fetch(p, object) {
+                Ok(Some(body)) => {
+                    self.counters.remote_hits.fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .peer_bytes
+                        .fetch_add(body.len() as u64, Ordering::Relaxed);
+                    return Ok((Arc::new(body), Served::Remote(p)));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    log::debug!("coop: fetch from node {p}: {e}");
+                    self.counters.peer_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            self.counters.wasted_fetches.fetch_add(1, Ordering::Relaxed);
+            wasted = true;
+        }
+        let file = self.root.join(path.trim_start_matches('/'));
+        let body = match self.disk.read(&file) {
+            Ok(b) => Arc::new(b),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(404),
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Err(403),
+            Err(_) => return Err(500),
+        };
+        self.counters.misses.fetch_add(1, Ordering::Relaxed);
+        self.insert(object, Arc::clone(&body));
+        Ok((body, Served::Disk { wasted }))
+    }
+
+    fn insert(&self, object: u64, body: Arc<Vec<u8>>) {
+        let crc = crc32c::crc32c(&body);
+        let mut evicted = Vec::new();
+        let mut st = self.lock();
+        if st.cache.insert(object, body.len() as u64, &mut evicted) {
+            st.bodies.insert(object, Cached { body, crc });
+        }
+        for id in evicted {
+            st.bodies.remove(&id);
+        }
+        st.dirty = true;
+    }
+
+    /// Drops `object` from this node's cache (its peers' hints become stale until the
+    /// next publication). For tests and operators.
+    pub fn evict(&self, object: u64) -> bool {
+        let mut st = self.lock();
+        let had = st.bodies.remove(&object).is_some();
+        st.cache.remove(object);
+        // Deliberately not dirty: peers keep the stale hint until the next change.
+        had
+    }
+
+    /// A cached body for a peer's fetch (a hit refreshes its recency here).
+    pub(crate) fn cached_for_peer(&self, object: u64) -> Option<Cached> {
+        let mut st = self.lock();
+        let c = st.bodies.get(&object).cloned()?;
+        st.cache.touch(object);
+        Some(c)
+    }
+
+    /// The node's current directory update with `epoch`.
+    fn directory(&self, epoch: u64) -> DirectoryUpdate {
+        let mut st = self.lock();
+        st.dirty = false;
+        let ids: Vec<u64> = st.bodies.keys().copied().collect();
+        drop(st);
+        let mut filter = BloomFilter::for_objects(ids.len(), BLOOM_FP_DEFAULT);
+        for id in ids {
+            filter.insert(id);
+        }
+        DirectoryUpdate {
+            node: self.me as u8,
+            load: self.inflight.load(Ordering::Relaxed),
+            epoch,
+            filter,
+        }
+    }
+
+    fn publish_loop(&self, udp: &UdpSocket) {
+        let Some(sealer) = &self.sealer else { return };
+        let mut epoch = 0u64;
+        let mut last = Instant::now() - PUBLISH_HEARTBEAT;
+        let mut last_load = u64::MAX;
+        while !self.stopping() {
+            std::thread::sleep(self.publish_period);
+            let load = self.inflight.load(Ordering::Relaxed);
+            let dirty = self.lock().dirty;
+            if !dirty && load == last_load && last.elapsed() < PUBLISH_HEARTBEAT {
+                continue;
+            }
+            epoch += 2;
+            let update = self.directory(epoch);
+            last_load = update.load;
+            last = Instant::now();
+            let (sealed, _) = sealer.seal(&update.encode());
+            for (p, addr) in self.peers.iter().enumerate() {
+                if p != self.me && udp.send_to(&sealed, addr).is_ok() {
+                    self.counters.directory_sent.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn receive_directories(&self, udp: &UdpSocket) {
+        let Some(sealer) = &self.sealer else { return };
+        let mut buf = vec![0u8; mac::ENVELOPE_BYTES + wire::DIRECTORY_BYTES_MAX + 1];
+        while !self.stopping() {
+            let n = match udp.recv_from(&mut buf) {
+                Ok((n, _from)) => n,
+                Err(_) => continue,
+            };
+            match self.accept_directory(sealer, &buf[..n]) {
+                Ok(()) => self
+                    .counters
+                    .directory_received
+                    .fetch_add(1, Ordering::Relaxed),
+                Err(why) => {
+                    log::debug!("coop: directory update refused: {why}");
+                    self.counters
+                        .directory_refused
+                        .fetch_add(1, Ordering::Relaxed)
+                }
+            };
+        }
+    }
+
+    /// Acts on one received datagram if it is an authentic, fresh, well-formed update
+    /// from a peer about itself.
+    pub(crate) fn accept_directory(&self, sealer: &Sealer, bytes: &[u8]) -> Result<(), String> {
+        if bytes.len() > mac::ENVELOPE_BYTES + wire::DIRECTORY_BYTES_MAX {
+            return Err("too long".into());
+        }
+        let (env, msg) = sealer
+            .receive(bytes, &self.directory_replay)
+            .map_err(|e| e.to_string())?;
+        let update = DirectoryUpdate::decode(msg).ok_or("malformed")?;
+        let p = update.node as usize;
+        if env.sender != p as u64 || p == self.me || p >= self.nodes() {
+            return Err(format!("node {p} from sender {}", env.sender));
+        }
+        let mut st = self.lock();
+        let now = Instant::now();
+        // Sequences grow across a peer's restarts (they start from the clock), epochs do
+        // not: the newest update by sequence wins, so a late datagram never rolls a view
+        // back and a restarted peer's first update is taken.
+        if st.views[p].as_ref().is_some_and(|v| v.seq >= env.seq) {
+            return Ok(());
+        }
+        st.views[p] = Some(PeerView {
+            directory: DirectoryView {
+                epoch: update.epoch,
+                filter: update.filter,
+            },
+            load: update.load,
+            at: now,
+            seq: env.seq,
+        });
+        Ok(())
+    }
+}
+
+/// The peer port's accept loop: one thread per connection, at most [`PEER_CONNS_MAX`].
+pub(crate) fn serve_peers(listener: TcpListener, node: Arc<Node>) {
+    let active = Arc::new(AtomicUsize::new(0));
+    while !node.stopping() {
+        let Ok((s, _)) = listener.accept() else {
+            if node.stopping() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        if active.fetch_add(1, Ordering::SeqCst) >= PEER_CONNS_MAX {
+            active.fetch_sub(1, Ordering::SeqCst);
+            continue; // closed by drop
+        }
+        let (node, active) = (Arc::clone(&node), Arc::clone(&active));
+        let spawned = std::thread::Builder::new()
+            .name("coop-peer".into())
+            .stack_size(256 * 1024)
+            .spawn({
+                let active = Arc::clone(&active);
+                move || {
+                    serve_peer(s, &node);
+                    active.fetch_sub(1, Ordering::SeqCst);
+                }
+            });
+        if spawned.is_err() {
+            active.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Answers fetches on one connection until it closes, idles out or sends a refused
+/// message (then it is closed: a peer speaking wrongly gets no more of our time).
+fn serve_peer(mut s: TcpStream, node: &Node) {
+    let Some(sealer) = &node.sealer else { return };
+    let _ = s.set_nodelay(true);
+    let _ = s.set_read_timeout(Some(PEER_IDLE_TIMEOUT));
+    let _ = s.set_write_timeout(Some(PEER_IO_TIMEOUT));
+    while !node.stopping() {
+        let Ok(frame) = read_frame(&mut s, wire::FETCH_BYTES) else {
+            return;
+        };
+        let opened = sealer
+            .receive(&frame, &node.fetch_replay)
+            .map_err(|e| e.to_string())
+            .and_then(|(env, msg)| {
+                let object = wire::decode_fetch(msg).ok_or("malformed fetch")?;
+                if env.sender as usize >= node.nodes() || env.sender as usize == node.index() {
+                    return Err(format!("fetch from sender {}", env.sender));
+                }
+                Ok((env, object))
+            });
+        let (env, object) = match opened {
+            Ok(x) => x,
+            Err(why) => {
+                log::debug!("coop: fetch refused: {why}");
+                node.counters.fetch_refused.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        let cached = node.cached_for_peer(object);
+        if cached.is_some() {
+            node.counters.peer_served.fetch_add(1, Ordering::Relaxed);
+        }
+        let msg = wire::encode_body(
+            object,
+            cached
+                .as_ref()
+                .filter(|c| c.body.len() <= wire::BODY_BYTES_MAX)
+                .map(|c| (c.body.as_slice(), c.crc)),
+        );
+        if s.write_all(&sealer.seal_as(&env, &msg)).is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_outside_the_root_or_odd_are_refused() {
+        assert_eq!(check_path("/o/1"), Ok("/o/1"));
+        assert_eq!(check_path("o/1"), Err(400));
+        assert_eq!(check_path("/a/../b"), Err(400));
+        assert_eq!(check_path("/a/%2e%2e/b"), Err(400));
+        assert_eq!(check_path("/a b"), Err(400));
+        assert_eq!(check_path(&format!("/{}", "x".repeat(2000))), Err(400));
+    }
+}

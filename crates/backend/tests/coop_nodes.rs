@@ -1,0 +1,240 @@
+//! Cooperating back-ends (`--coop`) on loopback: a remote hit served from the peer's
+//! cache, a stale directory hint that costs one wasted fetch and then gives the right
+//! body from disk, and forged or replayed directory updates refused.
+
+use farside_backend::coop::seal::{Sealer, COOP_KEY_ID};
+use farside_backend::coop::wire::{object_id, DirectoryUpdate};
+use farside_backend::coop::{CoopArgs, CoopPolicy};
+use farside_backend::{spawn, BackendArgs, Handle};
+use farside_coop::directory::BloomFilter;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+fn body_of(n: u64, len: usize) -> Vec<u8> {
+    (0..len as u64)
+        .map(|i| (i.wrapping_mul(31) ^ n.wrapping_mul(131)) as u8)
+        .collect()
+}
+
+fn free_port() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+fn random_key() -> [u8; 16] {
+    let mut k = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .unwrap()
+        .read_exact(&mut k)
+        .unwrap();
+    k
+}
+
+fn write_key(dir: &Path, key: &[u8; 16]) -> std::path::PathBuf {
+    let path = dir.join("coop.key");
+    let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap()
+        .write_all(format!("{hex}\n").as_bytes())
+        .unwrap();
+    path
+}
+
+fn get(addr: SocketAddr, path: &str) -> (u16, Vec<u8>) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut all = Vec::new();
+    s.read_to_end(&mut all).unwrap();
+    let end = all.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    let status = std::str::from_utf8(&all[9..12]).unwrap().parse().unwrap();
+    (status, all[end..].to_vec())
+}
+
+fn counter(h: &Handle, f: impl Fn(&farside_backend::coop::Counters) -> u64) -> u64 {
+    f(&h.coop().unwrap().0.counters)
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "waited for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+struct Cluster {
+    _dir: tempdir::Dir,
+    nodes: Vec<Handle>,
+    key: [u8; 16],
+}
+
+mod tempdir {
+    pub struct Dir(pub std::path::PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn cluster(n: usize, files: usize) -> Cluster {
+    let dir = std::env::temp_dir().join(format!(
+        "farside-coop-test-{}-{}",
+        std::process::id(),
+        free_port().port()
+    ));
+    let root = dir.join("root");
+    std::fs::create_dir_all(root.join("o")).unwrap();
+    for i in 0..files as u64 {
+        std::fs::write(
+            root.join(format!("o/{i}")),
+            body_of(i, 3000 + i as usize * 7),
+        )
+        .unwrap();
+    }
+    let key = random_key();
+    let key_file = write_key(&dir, &key);
+    let peers: Vec<SocketAddr> = (0..n).map(|_| free_port()).collect();
+    let nodes = (0..n)
+        .map(|i| {
+            let args = BackendArgs {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                root: Some(root.clone()),
+                workers: 4,
+                coop: CoopArgs {
+                    coop: true,
+                    policy: CoopPolicy::Press,
+                    index: i,
+                    peers: peers.clone(),
+                    key_file: Some(key_file.clone()),
+                    disk_latency_us: 500,
+                    // Publications once a second: a test's steps fit between two.
+                    publish_ms: 1000,
+                    ..CoopArgs::default()
+                },
+                ..BackendArgs::default()
+            };
+            spawn(args).unwrap().1
+        })
+        .collect();
+    Cluster {
+        _dir: tempdir::Dir(dir),
+        nodes,
+        key,
+    }
+}
+
+#[test]
+fn a_peer_serves_what_it_caches_and_a_stale_hint_falls_back_to_disk() {
+    let c = cluster(3, 8);
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    // Object 1 is read from disk at b.
+    assert_eq!(get(b.addr(), "/o/1"), (200, body_of(1, 3007)));
+    assert_eq!(counter(b, |k| k.misses.load(Ordering::Relaxed)), 1);
+    // Once a's view of b says so, a asks b for it: a remote hit with b's bytes.
+    let seen = counter(a, |k| k.directory_received.load(Ordering::Relaxed));
+    wait_for("b's directory at a", || {
+        counter(a, |k| k.directory_received.load(Ordering::Relaxed)) >= seen + 4
+    });
+    assert_eq!(get(a.addr(), "/o/1"), (200, body_of(1, 3007)));
+    assert_eq!(counter(a, |k| k.remote_hits.load(Ordering::Relaxed)), 1);
+    assert_eq!(counter(a, |k| k.misses.load(Ordering::Relaxed)), 0);
+    assert_eq!(counter(b, |k| k.peer_served.load(Ordering::Relaxed)), 1);
+    assert_eq!(
+        counter(a, |k| k.peer_bytes.load(Ordering::Relaxed)),
+        3007,
+        "the body came from the peer"
+    );
+
+    // A stale hint: b drops object 2 right after publishing it; a's next request for it
+    // costs one wasted fetch, then the right body from a's disk. A publication between
+    // the eviction and the request would make the hint fresh again: retried then.
+    let mut stale_seen = false;
+    for attempt in 0..3u64 {
+        let path = format!("/o/{}", 2 + attempt);
+        let len = 3000 + (2 + attempt as usize) * 7;
+        assert_eq!(get(b.addr(), &path), (200, body_of(2 + attempt, len)));
+        let seen = counter(a, |k| k.directory_received.load(Ordering::Relaxed));
+        wait_for("a publication at a", || {
+            counter(a, |k| k.directory_received.load(Ordering::Relaxed)) >= seen + 4
+        });
+        assert!(b.coop().unwrap().0.evict(object_id(&path)));
+        let wasted = counter(a, |k| k.wasted_fetches.load(Ordering::Relaxed));
+        let misses = counter(a, |k| k.misses.load(Ordering::Relaxed));
+        assert_eq!(
+            get(a.addr(), &path),
+            (200, body_of(2 + attempt, len)),
+            "never a wrong body"
+        );
+        assert_eq!(counter(a, |k| k.misses.load(Ordering::Relaxed)), misses + 1);
+        if counter(a, |k| k.wasted_fetches.load(Ordering::Relaxed)) == wasted + 1 {
+            stale_seen = true;
+            break;
+        }
+    }
+    assert!(stale_seen, "a stale hint was never exercised in 3 attempts");
+    assert_eq!(counter(a, |k| k.peer_errors.load(Ordering::Relaxed)), 0);
+}
+
+#[test]
+fn forged_replayed_and_misattributed_directory_updates_are_refused() {
+    let c = cluster(2, 1);
+    let a = &c.nodes[0];
+    let a_peer = a.coop().unwrap().1.unwrap();
+    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut filter = BloomFilter::for_objects(10, 0.01);
+    filter.insert(object_id("/o/0"));
+    let update = DirectoryUpdate {
+        node: 1,
+        load: 0,
+        epoch: 1_000_000,
+        filter,
+    };
+    let refused = || counter(a, |k| k.directory_refused.load(Ordering::Relaxed));
+    let received = || counter(a, |k| k.directory_received.load(Ordering::Relaxed));
+
+    // Sealed with another key: refused.
+    let forger = Sealer::new(farside_auth::siphash::SipKey::from_bytes(random_key()), 1).unwrap();
+    let before = refused();
+    udp.send_to(&forger.seal(&update.encode()).0, a_peer)
+        .unwrap();
+    wait_for("the forged update refused", || refused() == before + 1);
+
+    // Sealed with the cluster key: accepted once, its replay refused.
+    let sealer = Sealer::new(farside_auth::siphash::SipKey::from_bytes(c.key), 1).unwrap();
+    let (genuine, _) = sealer.seal(&update.encode());
+    let got = received();
+    udp.send_to(&genuine, a_peer).unwrap();
+    wait_for("the genuine update accepted", || received() > got);
+    let before = refused();
+    udp.send_to(&genuine, a_peer).unwrap();
+    wait_for("the replayed update refused", || refused() == before + 1);
+
+    // An authentic update about another node than its sender: refused.
+    let liar = Sealer::new(farside_auth::siphash::SipKey::from_bytes(c.key), 1).unwrap();
+    let about_a = DirectoryUpdate { node: 0, ..update };
+    let before = refused();
+    udp.send_to(&liar.seal(&about_a.encode()).0, a_peer)
+        .unwrap();
+    wait_for("the misattributed update refused", || {
+        refused() == before + 1
+    });
+    assert_eq!(COOP_KEY_ID.0, 1);
+}

@@ -1,0 +1,52 @@
+//! `farside lab coop --quick` end to end (root: network namespaces): no client ever gets
+//! a wrong body, and PRESS serves more requests from memory (own cache or a peer's)
+//! than round-robin nodes caching on their own.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The `farside` binary of this target directory (the lab starts its nodes from it).
+fn farside_bin() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    // target/<profile>/deps/lab_coop-<hash> -> target/<profile>/farside
+    let bin = exe.parent()?.parent()?.join("farside");
+    bin.exists().then_some(bin)
+}
+
+#[test]
+fn quick_lab_press_beats_rr_locality_and_never_a_wrong_body() {
+    const TEST: &str = "lab_coop::quick_lab_press_beats_rr_locality_and_never_a_wrong_body";
+    if !farside_testkit::root_or_skip(TEST) {
+        return;
+    }
+    let Some(bin) = farside_bin() else {
+        farside_testkit::skip(
+            TEST,
+            "the farside binary is not built (cargo build -p farside)",
+        );
+        return;
+    };
+    let out = std::env::temp_dir().join(format!("farside-lab-coop-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let status = Command::new(&bin)
+        .args(["lab", "coop", "--quick", "--nodes", "3", "--out"])
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success(), "farside lab coop --quick failed");
+    let run: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("points.json")).unwrap()).unwrap();
+    let points = run["points"].as_array().unwrap();
+    let point = |s: &str| points.iter().find(|p| p["system"] == s).unwrap().clone();
+    let (rr, press) = (point("rr"), point("press-tcp"));
+    for p in [&rr, &press] {
+        assert_eq!(p["wrong_bodies"], 0, "{p}");
+        assert!(p["tps"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    let f = |p: &serde_json::Value, k: &str| p[k].as_f64().unwrap();
+    assert!(
+        f(&press, "local_frac") + f(&press, "remote_frac") > f(&rr, "local_frac"),
+        "press {press} vs rr {rr}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}
