@@ -5,8 +5,8 @@
 use super::error::ConfigError;
 use super::Metric;
 use crate::control::classes::{
-    ClassSpec, PathMatch, CLASSES_MAX, CLASS_NAME_BYTES_MAX, CLASS_PATH_BYTES_MAX,
-    DEFAULT_CLASS, PRIORITY_ABS_MAX,
+    ClassSpec, PathMatch, CLASSES_MAX, CLASS_NAME_BYTES_MAX, CLASS_PATH_BYTES_MAX, DEFAULT_CLASS,
+    PRIORITY_ABS_MAX,
 };
 use serde::Deserialize;
 
@@ -70,7 +70,11 @@ pub fn parse_class(s: &str) -> Result<ClassConfig, String> {
             "prefix" => c.prefix = Some(v.to_string()),
             "path" => c.path = Some(v.to_string()),
             "priority" => c.priority = v.parse().map_err(|e| format!("priority `{v}`: {e}"))?,
-            _ => return Err(format!("`{k}`: unknown class option (prefix, path, priority)")),
+            _ => {
+                return Err(format!(
+                    "`{k}`: unknown class option (prefix, path, priority)"
+                ))
+            }
         }
     }
     validate_one(0, &c).map_err(|e| e.msg)?;
@@ -172,10 +176,7 @@ mod tests {
         let c = parse_class("costly,prefix=/cgi/work,priority=1").unwrap();
         assert_eq!(c.prefix.as_deref(), Some("/cgi/work"));
         assert_eq!(c.priority, 1);
-        assert_eq!(
-            c.spec().matcher,
-            PathMatch::Prefix(b"/cgi/work".to_vec())
-        );
+        assert_eq!(c.spec().matcher, PathMatch::Prefix(b"/cgi/work".to_vec()));
         for (bad, why) in [
             ("costly", "exactly one"),
             ("costly,prefix=/a,path=/b", "exactly one"),

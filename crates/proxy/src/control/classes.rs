@@ -607,7 +607,10 @@ mod tests {
             // still settling (10.5-21, the cheap class's cost inflated by the queue the
             // untrusted costly requests built); class-blind, many.
             assert!(classes.inflight_max[1] <= 2, "{classes:?}");
-            assert!(blind.inflight_max[1] > 8, "class-blind lets many in: {blind:?}");
+            assert!(
+                blind.inflight_max[1] > 8,
+                "class-blind lets many in: {blind:?}"
+            );
             // The cheap class's p99: class-blind it queues behind the costly requests'
             // slots; with classes it is bounded by the budget's worth of cheap requests
             // sharing the CPU (28 x 1 ms, and the tail of the exponential costs).
@@ -657,9 +660,6 @@ mod tests {
         // so almost nothing is refused.
         let offered = c.done[0] + c.done[1] + c.refused[0] + c.refused[1];
         assert_eq!(c.refused[0], 0, "{c:?}");
-        assert!(
-            (c.refused[1] as f64) < 0.01 * offered as f64,
-            "{c:?}"
-        );
+        assert!((c.refused[1] as f64) < 0.01 * offered as f64, "{c:?}");
     }
 }

@@ -755,7 +755,8 @@ fn classes_bound_a_costly_class_and_shed_it_first() {
     cfg.admission.enabled = true;
     cfg.admission.metric = Metric::Inflight;
     cfg.admission.limit = Some(8);
-    cfg.classes = vec![crate::config::classes::parse_class("costly,prefix=/cgi/,priority=1").unwrap()];
+    cfg.classes =
+        vec![crate::config::classes::parse_class("costly,prefix=/cgi/,priority=1").unwrap()];
     cfg.validate().unwrap();
     let c = Control::new(&cfg).unwrap();
     let costly = b"/cgi/work?us=150000";
@@ -767,14 +768,22 @@ fn classes_bound_a_costly_class_and_shed_it_first() {
         cells.sent(1);
         cells.done(1, 100_000_000);
     }
-    let one = c.route_request(None, costly).expect("a costly request may run");
+    let one = c
+        .route_request(None, costly)
+        .expect("a costly request may run");
     assert_eq!(
         c.route_request(None, costly).err(),
         Some(Reject::Overloaded),
         "bound 1 for a 100x class"
     );
-    let cheap: Vec<_> = (0..7).map(|_| c.route_request(None, b"/a.html").unwrap()).collect();
-    assert_eq!(c.route_request(None, b"/a.html").err(), Some(Reject::Overloaded), "limit 8");
+    let cheap: Vec<_> = (0..7)
+        .map(|_| c.route_request(None, b"/a.html").unwrap())
+        .collect();
+    assert_eq!(
+        c.route_request(None, b"/a.html").err(),
+        Some(Reject::Overloaded),
+        "limit 8"
+    );
     drop(one);
     assert_eq!(
         c.route_request(None, costly).err(),
@@ -782,7 +791,10 @@ fn classes_bound_a_costly_class_and_shed_it_first() {
         "7 of 8 in flight: within the reserve, the costly class is shed first"
     );
     drop(cheap);
-    assert!(c.route_request(None, costly).is_ok(), "admitted again once room is left");
+    assert!(
+        c.route_request(None, costly).is_ok(),
+        "admitted again once room is left"
+    );
     let mut e = farside_admin::Encoder::new();
     c.render_metrics(&mut e);
     let m = e.finish();
