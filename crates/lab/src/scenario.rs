@@ -190,6 +190,62 @@ pub fn combine_breakdowns<'a>(
         .collect()
 }
 
+/// The per-class breakdown as a text table, one row per point and class: `points` gives
+/// per point its scenario, load model and system label, its x (clients or arrivals/s)
+/// and its breakdown. Empty when no point has a breakdown.
+pub fn class_table_text<'a>(
+    points: impl Iterator<Item = ([String; 3], u64, &'a [ClassBreakdown])>,
+) -> String {
+    use crate::table::{Align, Table};
+    let points: Vec<_> = points.filter(|p| !p.2.is_empty()).collect();
+    if points.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new()
+        .cols(
+            "",
+            Align::Left,
+            [("scenario", 16), ("load", 7), ("system", 15), ("class", 8)],
+        )
+        .col("", "x", Align::Right, 8)
+        .cols(
+            "",
+            Align::Right,
+            [
+                ("offered", 9),
+                ("goodput", 9),
+                ("503s", 8),
+                ("failed", 7),
+                ("p50 ms", 9),
+                ("p99 ms", 10),
+            ],
+        )
+        .rule('-')
+        .trim_end();
+    for ([scenario, load, system], x, classes) in points {
+        for c in classes {
+            t.row(vec![
+                scenario.clone(),
+                load.clone(),
+                system.clone(),
+                c.class.clone(),
+                x.to_string(),
+                format!("{:.1}", c.offered_rps),
+                format!("{:.1}", c.goodput),
+                c.rejected.to_string(),
+                c.failures.to_string(),
+                format!("{:.1}", c.p50_ms),
+                format!("{:.1}", c.p99_ms),
+            ]);
+        }
+    }
+    format!(
+        "request classes — per class: offered/s, goodput (served/s), 503s and failures, \
+         p50 and p99 of served requests (ms)\n{}\n",
+        t.render()
+    )
+}
+
 /// `capacity-change`: period of the stop/continue cycle. Short against a point (seconds)
 /// so the back-end looks like one at half speed, long against a signal's cost (µs).
 pub const DUTY_PERIOD: Duration = Duration::from_millis(20);

@@ -566,59 +566,13 @@ pub fn table(s: &Summary<Point>) -> String {
     out
 }
 
-/// The per-class breakdown (`mixed-cost`: each request class as its clients measured
-/// it), one row per point and class; empty when no point has one (runs that predate it
-/// render as before).
+/// The per-class breakdown table (`crate::scenario::class_table_text`); empty when no
+/// point has one (runs that predate it render as before).
 fn class_table_text(g: &Grid) -> String {
-    let mut out = String::new();
-    if g.points.iter().all(|p| p.classes.is_empty()) {
-        return out;
-    }
-    let _ = writeln!(
-        out,
-        "request classes — per class: offered/s, goodput (served/s), 503s and failures,          p50 and p99 of served requests (ms)"
-    );
-    let mut t = Table::new()
-        .cols(
-            "",
-            Align::Left,
-            [("scenario", 16), ("load", 7), ("system", 15), ("class", 8)],
-        )
-        .col("", "x", Align::Right, 8)
-        .cols(
-            "",
-            Align::Right,
-            [
-                ("offered", 9),
-                ("goodput", 9),
-                ("503s", 8),
-                ("failed", 7),
-                ("p50 ms", 9),
-                ("p99 ms", 10),
-            ],
-        )
-        .rule('-')
-        .trim_end();
-    for p in g.points.iter().filter(|p| !p.classes.is_empty()) {
-        for c in &p.classes {
-            t.row(vec![
-                p.scenario.clone(),
-                p.load_model.clone(),
-                g.label_of(p),
-                c.class.clone(),
-                p.load_x().to_string(),
-                format!("{:.1}", c.offered_rps),
-                format!("{:.1}", c.goodput),
-                c.rejected.to_string(),
-                c.failures.to_string(),
-                format!("{:.1}", c.p50_ms),
-                format!("{:.1}", c.p99_ms),
-            ]);
-        }
-    }
-    out.push_str(&t.render());
-    out.push('\n');
-    out
+    crate::scenario::class_table_text(g.points.iter().map(|p| {
+        let head = [p.scenario.clone(), p.load_model.clone(), g.label_of(p)];
+        (head, p.load_x(), &p.classes[..])
+    }))
 }
 
 /// `points.csv` (always, header only without points) and the per-second series files.

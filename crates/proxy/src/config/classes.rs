@@ -3,7 +3,6 @@
 //! checks on them. Requests that match no class are the `default` class (priority 0).
 
 use super::error::ConfigError;
-use super::Metric;
 use crate::control::classes::{
     ClassSpec, PathMatch, CLASSES_MAX, CLASS_NAME_BYTES_MAX, CLASS_PATH_BYTES_MAX, DEFAULT_CLASS,
     PRIORITY_ABS_MAX,
@@ -128,12 +127,14 @@ fn validate_one(i: usize, c: &ClassConfig) -> Result<(), ConfigError> {
 }
 
 /// Checks `[[classes]]`: each entry valid and bounded, names unique, at most
-/// [`CLASSES_MAX`]; and, if any class is declared, that admission runs on a metric with a
-/// budget of requests in flight (`delay` or `inflight`), which the classes divide.
+/// [`CLASSES_MAX`]; and, if any class is declared, that admission is on (`admission_on`)
+/// with a metric (named `metric`) that has a budget of requests in flight
+/// (`metric_has_budget`: `delay` or `inflight`), which the classes divide.
 pub fn validate(
     classes: &[ClassConfig],
     admission_on: bool,
-    metric: Metric,
+    metric: &str,
+    metric_has_budget: bool,
 ) -> Result<(), ConfigError> {
     if classes.is_empty() {
         return Ok(());
@@ -153,14 +154,14 @@ pub fn validate(
             ));
         }
     }
-    if !admission_on || !matches!(metric, Metric::Delay | Metric::Inflight) {
+    if !admission_on || !metric_has_budget {
         return Err(err(
             "classes".into(),
             format!(
                 "class-aware admission divides a budget of requests in flight: it needs \
                  admission on with metric `delay` or `inflight` (got {}, metric `{}`)",
                 if admission_on { "on" } else { "off" },
-                metric.name()
+                metric
             ),
         ));
     }
@@ -194,20 +195,20 @@ mod tests {
     #[test]
     fn classes_need_a_metric_with_an_inflight_budget() {
         let c = vec![parse_class("costly,prefix=/cgi/").unwrap()];
-        assert!(validate(&c, true, Metric::Delay).is_ok());
-        assert!(validate(&c, true, Metric::Inflight).is_ok());
-        let e = validate(&c, true, Metric::Backlog).unwrap_err();
+        assert!(validate(&c, true, "delay", true).is_ok());
+        let e = validate(&c, true, "backlog", false).unwrap_err();
         assert_eq!(e.key, "classes");
-        assert!(validate(&c, false, Metric::Delay).is_err());
-        assert!(validate(&[], false, Metric::Backlog).is_ok());
+        assert!(e.msg.contains("metric `backlog`"), "{e:?}");
+        assert!(validate(&c, false, "delay", true).is_err());
+        assert!(validate(&[], false, "backlog", false).is_ok());
         let twice = vec![c[0].clone(), c[0].clone()];
         assert_eq!(
-            validate(&twice, true, Metric::Delay).unwrap_err().key,
+            validate(&twice, true, "delay", true).unwrap_err().key,
             "classes[1].name"
         );
         let many: Vec<_> = (0..=CLASSES_MAX)
             .map(|i| parse_class(&format!("c{i},prefix=/{i}")).unwrap())
             .collect();
-        assert!(validate(&many, true, Metric::Delay).is_err());
+        assert!(validate(&many, true, "delay", true).is_err());
     }
 }

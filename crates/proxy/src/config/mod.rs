@@ -698,9 +698,12 @@ impl ProxyConfig {
         if let Err(e) = self.validate_reconf() {
             errs.push(e);
         }
-        if let Err(e) =
-            classes::validate(&self.classes, self.admission.enabled, self.admission.metric)
-        {
+        if let Err(e) = classes::validate(
+            &self.classes,
+            self.admission.enabled,
+            self.admission.metric.name(),
+            matches!(self.admission.metric, Metric::Delay | Metric::Inflight),
+        ) {
             errs.push(e);
         }
         if self.admission.enabled && self.admission.metric != Metric::Inflight {
