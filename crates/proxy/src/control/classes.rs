@@ -575,8 +575,8 @@ mod tests {
                 }
             }
         }
-        for c in 0..2 {
-            out.p99_us[c] = p99(&mut lat[c]);
+        for (p, l) in out.p99_us.iter_mut().zip(&mut lat) {
+            *p = p99(l);
         }
         out.goodput = (out.done[0] + out.done[1]) as f64 / secs as f64;
         out.learned = costs;
