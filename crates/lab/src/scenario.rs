@@ -585,6 +585,56 @@ mod tests {
     }
 
     #[test]
+    fn mixed_cost_declares_the_costly_class_for_the_objective_mode_only() {
+        let v = class_proxy_args(Scenario::MixedCost, "onesided-delay");
+        assert_eq!(v, ["--class", "costly,prefix=/cgi/work,priority=1"]);
+        assert!(class_proxy_args(Scenario::MixedCost, "onesided-ac").is_empty());
+        assert!(class_proxy_args(Scenario::Single, "onesided-delay").is_empty());
+    }
+
+    #[test]
+    fn the_class_breakdown_is_per_class_and_absent_without_a_costly_class() {
+        let part = |served: u64, p99_ms: f64| Summary {
+            served,
+            dropped_503: served / 2,
+            goodput_rps: served as f64 / 20.0,
+            offered_rps: served as f64 / 10.0,
+            p50_ms: p99_ms / 4.0,
+            p99_ms,
+            ..Default::default()
+        };
+        let groups = client_groups(Scenario::MixedCost, 1, 0, Some(400.0));
+        let parts = [part(8000, 120.0), part(40, 4000.0)];
+        let b = class_breakdown(&groups, &parts).unwrap();
+        assert_eq!(b.len(), 2);
+        assert_eq!(
+            (b[0].class.as_str(), b[0].served, b[0].rejected, b[0].p99_ms),
+            (MIXED_STATIC_CLASS, 8000, 4000, 120.0)
+        );
+        assert_eq!(
+            (b[1].class.as_str(), b[1].goodput, b[1].p50_ms),
+            (MIXED_COSTLY_CLASS, 2.0, 1000.0)
+        );
+        let single = client_groups(Scenario::Single, 1, 10, None);
+        assert!(class_breakdown(&single, &parts[..1]).unwrap().is_empty());
+        // Repeats: counts add up, rates and percentiles are means.
+        let two = combine_breakdowns([&b[..], &b[..]]);
+        assert_eq!(two[0].served, 16_000);
+        assert_eq!(two[1].p99_ms, 4000.0);
+        let text = class_table_text(
+            [(
+                ["mixed-cost".into(), "open".into(), "haproxy".into()],
+                434,
+                &b[..],
+            )]
+            .into_iter(),
+        );
+        assert!(text.starts_with("request classes"), "{text}");
+        assert!(text.contains("costly") && text.contains("4000.0"), "{text}");
+        assert!(class_table_text(std::iter::empty()).is_empty());
+    }
+
+    #[test]
     fn mixed_cost_has_a_costly_class_in_both_loops() {
         let g = client_groups(Scenario::MixedCost, 1, 20, None);
         assert_eq!(
