@@ -22,9 +22,10 @@
 //!   Both classes' times stretch alike when the workers share a CPU, so their ratio
 //!   stays the ratio of their costs;
 //! - **priority**: a class whose priority is below the best configured one (a larger
-//!   number, as HAProxy's `set-priority-class`) is refused once the back-end's requests
-//!   in flight reach `B − reserve`, `reserve = ⌈B × PRIORITY_RESERVE_FRACTION⌉`: the
-//!   most important class keeps the last quarter of the budget to itself, and the
+//!   number, as HAProxy's `set-priority-class`) and that has a request in flight already
+//!   is refused once the back-end's requests in flight reach `B − reserve`,
+//!   `reserve = ⌈B × PRIORITY_RESERVE_FRACTION⌉`: the most important class keeps the last
+//!   quarter of the budget to itself (but for one request of each lower class), and the
 //!   lower classes are shed first as the back-end approaches its bound (DAGOR's rule);
 //! - **concurrency**: each class may keep at most `bound = max(1, ⌊share × B / weight⌋)`
 //!   requests in flight to the back-end, `share` being 1 for the most important class
@@ -34,12 +35,12 @@
 //!   budget's worth of cheap requests runs one at a time, and the cheap class keeps
 //!   its slots.
 //!
-//! Liveness: every class may keep at least one request in flight (`bound ≥ 1`); the
-//! most important class is bounded only by `B ≥ 1`, as without classes (see the delay
-//! module); a lower class is refused only while the back-end holds `B − reserve` or
-//! more requests, so it is admitted again as soon as the more important traffic alone
-//! leaves room, within those requests' service times. Sustained overload by the most
-//! important class does shut the lower ones out: that is the priority asked for.
+//! Liveness: every class may keep one request in flight to a back-end whenever the
+//! back-end's budget is not full (`bound ≥ 1`, and the reserve holds back only a class
+//! with a request in flight already); the most important class is bounded only by
+//! `B ≥ 1`, as without classes (see the delay module). So under sustained overload by
+//! the most important class a lower class is cut to one request at a time per
+//! back-end, never to none.
 //!
 //! Everything here is pure (no clock, no I/O): [`decide`] takes a [`View`] of the
 //! back-end and answers; the control layer reads its counters and calls it, and the
@@ -298,7 +299,9 @@ pub fn decide(v: View) -> Verdict {
     if v.inflight >= budget {
         return Verdict::OverBudget;
     }
-    if !v.top && v.inflight >= budget - reserve(budget) {
+    // A class with nothing in flight is never held back by the reserve: each class
+    // keeps one request in flight (liveness, module doc).
+    if !v.top && v.class_inflight > 0 && v.inflight >= budget - reserve(budget) {
         return Verdict::Reserved;
     }
     if v.class_inflight >= bound(budget, v.weight, v.top) {
@@ -389,7 +392,20 @@ mod tests {
             }),
             Verdict::OverClassBound
         );
-        assert_eq!(decide(View { inflight: 21, ..v }), Verdict::Reserved);
+        assert_eq!(
+            decide(View { inflight: 21, ..v }),
+            Verdict::Admit,
+            "one of each class passes the reserve"
+        );
+        assert_eq!(
+            decide(View {
+                inflight: 21,
+                class_inflight: 1,
+                weight: 1.0,
+                ..v
+            }),
+            Verdict::Reserved
+        );
         assert_eq!(
             decide(View {
                 inflight: 21,
