@@ -8,6 +8,11 @@
 //! | `mixed-cost` | requests whose cost differs by 100x (static files and a costly dynamic endpoint), so connection counts misstate load | a second group of clients asks `/cgi/work?us=` 100 x `--backend-cpu-us`: 1 client in 10 (closed loop), 1 arrival in 100 (open loop, about half the CPU) |
 //! | `capacity-change` | a back-end whose capacity halves mid-run and recovers (a noisy neighbour, a CPU quota cut, thermal throttling) | back-end `b0` is stopped and continued (SIGSTOP/SIGCONT) every [`DUTY_PERIOD`], half of the time, during the middle third of the measured window |
 //!
+//! In `mixed-cost` the objective mode's proxy declares the costly endpoint as a request
+//! class of lower priority ([`class_proxy_args`]: class-aware admission), and every
+//! point carries a per-class breakdown measured by the clients ([`class_breakdown`]:
+//! offered, served, rejected, p50/p99 per class, for every system).
+//!
 //! Both disturbances are applied with signals, on loopback and netns alike (no cgroup
 //! quota: this host may not have cgroup v2, and signals work unprivileged); summary.json
 //! records them under `settings` (`tenant_load`, `capacity_change`) with how they were
@@ -66,6 +71,181 @@ pub const MIXED_DYNAMIC_CLIENT_SHARE: f64 = 0.1;
 /// `mixed-cost`, open loop: share of the arrivals that ask the dynamic endpoint (with
 /// the 100x cost, about half the back-ends' CPU).
 pub const MIXED_DYNAMIC_ARRIVAL_SHARE: f64 = 0.01;
+/// `mixed-cost`: the request class the farside proxy declares for the costly endpoint
+/// (`--class`), and the name of that class in a point's per-class breakdown.
+pub const MIXED_COSTLY_CLASS: &str = "costly";
+/// `mixed-cost`: the name of the static requests' class in a point's breakdown (the
+/// proxy's `default` class).
+pub const MIXED_STATIC_CLASS: &str = "static";
+/// `mixed-cost`: priority of the costly class in the proxy (larger is less important;
+/// the static requests are the default class, priority 0): the costly class is shed
+/// first, as an operator would rank a costly dynamic endpoint against cheap pages.
+pub const MIXED_COSTLY_PRIORITY: i32 = 1;
+
+/// The class flags a farside proxy of `system` gets in `scenario`: in `mixed-cost`, the
+/// objective mode (`onesided-delay`, whose budget of requests in flight the classes
+/// divide) declares the costly endpoint's path as a lower-priority class; nothing
+/// elsewhere (the other metrics have no in-flight budget to divide).
+pub fn class_proxy_args(scenario: Scenario, system: &str) -> Vec<String> {
+    if scenario != Scenario::MixedCost || system != "onesided-delay" {
+        return Vec::new();
+    }
+    vec![
+        "--class".into(),
+        format!("{MIXED_COSTLY_CLASS},prefix=/cgi/work,priority={MIXED_COSTLY_PRIORITY}"),
+    ]
+}
+
+/// One request class of a point, as its clients measured it (`mixed-cost`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ClassBreakdown {
+    /// [`MIXED_STATIC_CLASS`] or [`MIXED_COSTLY_CLASS`].
+    pub class: String,
+    /// Requests started per second of measured time.
+    pub offered_rps: f64,
+    /// Served requests per second of measured time.
+    pub goodput: f64,
+    /// Served requests (summed over runs).
+    pub served: u64,
+    /// 503 answers (summed over runs).
+    pub rejected: u64,
+    /// Failed requests: timeouts, resets (summed over runs).
+    pub failures: u64,
+    /// Median and 99th percentile of the served requests' response times, ms (mean over
+    /// runs when combined).
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// The per-class breakdown of a point whose client `groups` produced `parts` (same order):
+/// the groups of each class merged as concurrent ([`merge_concurrent`]). Empty unless
+/// some group asks the costly endpoint.
+pub fn class_breakdown(
+    groups: &[ClientGroup],
+    parts: &[Summary],
+) -> io::Result<Vec<ClassBreakdown>> {
+    if !groups.iter().any(|g| g.dynamic) {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for (dynamic, name) in [(false, MIXED_STATIC_CLASS), (true, MIXED_COSTLY_CLASS)] {
+        let of: Vec<Summary> = groups
+            .iter()
+            .zip(parts)
+            .filter(|(g, _)| g.dynamic == dynamic)
+            .map(|(_, s)| s.clone())
+            .collect();
+        if of.is_empty() {
+            continue;
+        }
+        let m = merge_concurrent(&of)?;
+        out.push(ClassBreakdown {
+            class: name.into(),
+            offered_rps: m.offered_rps,
+            goodput: m.goodput_rps,
+            served: m.served,
+            rejected: m.dropped_503,
+            failures: m.failures,
+            p50_ms: m.p50_ms,
+            p99_ms: m.p99_ms,
+        });
+    }
+    Ok(out)
+}
+
+/// The breakdowns of repeated runs of one point, class by class: means of rates and
+/// percentiles, sums of counts (classes missing from a run are left out of its mean).
+pub fn combine_breakdowns<'a>(
+    runs: impl IntoIterator<Item = &'a [ClassBreakdown]>,
+) -> Vec<ClassBreakdown> {
+    let runs: Vec<&[ClassBreakdown]> = runs.into_iter().collect();
+    let mut names: Vec<&str> = Vec::new();
+    for r in &runs {
+        for c in r.iter() {
+            if !names.contains(&c.class.as_str()) {
+                names.push(&c.class);
+            }
+        }
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            let of: Vec<&ClassBreakdown> = runs
+                .iter()
+                .filter_map(|r| r.iter().find(|c| c.class == name))
+                .collect();
+            let n = of.len() as f64;
+            let mean = |f: fn(&ClassBreakdown) -> f64| of.iter().map(|c| f(c)).sum::<f64>() / n;
+            ClassBreakdown {
+                class: name.into(),
+                offered_rps: mean(|c| c.offered_rps),
+                goodput: mean(|c| c.goodput),
+                served: of.iter().map(|c| c.served).sum(),
+                rejected: of.iter().map(|c| c.rejected).sum(),
+                failures: of.iter().map(|c| c.failures).sum(),
+                p50_ms: mean(|c| c.p50_ms),
+                p99_ms: mean(|c| c.p99_ms),
+            }
+        })
+        .collect()
+}
+
+/// The per-class breakdown as a text table, one row per point and class: `points` gives
+/// per point its scenario, load model and system label, its x (clients or arrivals/s)
+/// and its breakdown. Empty when no point has a breakdown.
+pub fn class_table_text<'a>(
+    points: impl Iterator<Item = ([String; 3], u64, &'a [ClassBreakdown])>,
+) -> String {
+    use crate::table::{Align, Table};
+    let points: Vec<_> = points.filter(|p| !p.2.is_empty()).collect();
+    if points.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new()
+        .cols(
+            "",
+            Align::Left,
+            [("scenario", 16), ("load", 7), ("system", 15), ("class", 8)],
+        )
+        .col("", "x", Align::Right, 8)
+        .cols(
+            "",
+            Align::Right,
+            [
+                ("offered", 9),
+                ("goodput", 9),
+                ("503s", 8),
+                ("failed", 7),
+                ("p50 ms", 9),
+                ("p99 ms", 10),
+            ],
+        )
+        .rule('-')
+        .trim_end();
+    for ([scenario, load, system], x, classes) in points {
+        for c in classes {
+            t.row(vec![
+                scenario.clone(),
+                load.clone(),
+                system.clone(),
+                c.class.clone(),
+                x.to_string(),
+                format!("{:.1}", c.offered_rps),
+                format!("{:.1}", c.goodput),
+                c.rejected.to_string(),
+                c.failures.to_string(),
+                format!("{:.1}", c.p50_ms),
+                format!("{:.1}", c.p99_ms),
+            ]);
+        }
+    }
+    format!(
+        "request classes — per class: offered/s, goodput (served/s), 503s and failures, \
+         p50 and p99 of served requests (ms)\n{}\n",
+        t.render()
+    )
+}
+
 /// `capacity-change`: period of the stop/continue cycle. Short against a point (seconds)
 /// so the back-end looks like one at half speed, long against a signal's cost (µs).
 pub const DUTY_PERIOD: Duration = Duration::from_millis(20);
@@ -402,6 +582,56 @@ mod tests {
         assert!((g[0].rate - 200.0).abs() < 1e-9 && (g[1].rate - 100.0).abs() < 1e-9);
         // Too few clients for every proxy: the empty groups are left out.
         assert_eq!(client_groups(Scenario::MultiProxy, 4, 1, None).len(), 1);
+    }
+
+    #[test]
+    fn mixed_cost_declares_the_costly_class_for_the_objective_mode_only() {
+        let v = class_proxy_args(Scenario::MixedCost, "onesided-delay");
+        assert_eq!(v, ["--class", "costly,prefix=/cgi/work,priority=1"]);
+        assert!(class_proxy_args(Scenario::MixedCost, "onesided-ac").is_empty());
+        assert!(class_proxy_args(Scenario::Single, "onesided-delay").is_empty());
+    }
+
+    #[test]
+    fn the_class_breakdown_is_per_class_and_absent_without_a_costly_class() {
+        let part = |served: u64, p99_ms: f64| Summary {
+            served,
+            dropped_503: served / 2,
+            goodput_rps: served as f64 / 20.0,
+            offered_rps: served as f64 / 10.0,
+            p50_ms: p99_ms / 4.0,
+            p99_ms,
+            ..Default::default()
+        };
+        let groups = client_groups(Scenario::MixedCost, 1, 0, Some(400.0));
+        let parts = [part(8000, 120.0), part(40, 4000.0)];
+        let b = class_breakdown(&groups, &parts).unwrap();
+        assert_eq!(b.len(), 2);
+        assert_eq!(
+            (b[0].class.as_str(), b[0].served, b[0].rejected, b[0].p99_ms),
+            (MIXED_STATIC_CLASS, 8000, 4000, 120.0)
+        );
+        assert_eq!(
+            (b[1].class.as_str(), b[1].goodput, b[1].p50_ms),
+            (MIXED_COSTLY_CLASS, 2.0, 1000.0)
+        );
+        let single = client_groups(Scenario::Single, 1, 10, None);
+        assert!(class_breakdown(&single, &parts[..1]).unwrap().is_empty());
+        // Repeats: counts add up, rates and percentiles are means.
+        let two = combine_breakdowns([&b[..], &b[..]]);
+        assert_eq!(two[0].served, 16_000);
+        assert_eq!(two[1].p99_ms, 4000.0);
+        let text = class_table_text(
+            [(
+                ["mixed-cost".into(), "open".into(), "haproxy".into()],
+                434,
+                &b[..],
+            )]
+            .into_iter(),
+        );
+        assert!(text.starts_with("request classes"), "{text}");
+        assert!(text.contains("costly") && text.contains("4000.0"), "{text}");
+        assert!(class_table_text(std::iter::empty()).is_empty());
     }
 
     #[test]

@@ -5,9 +5,10 @@
 //!
 //! 1. `on_accept`: right after `accept()`, before a byte of the request is read (the
 //!    paper's earliest stage). A rejected connection gets a 503 and is closed.
-//! 2. `route`: once the request head is parsed: which back-end serves this request
-//!    (site from `Host`), or a rejection. The returned [`Route`] holds an in-flight guard
-//!    that the data path keeps until the response has been fully relayed.
+//! 2. `route_request`: once the request head is parsed: which back-end serves this
+//!    request (site from `Host`, class from the target's path), or a rejection. The
+//!    returned [`Route`] holds an in-flight guard that the data path keeps until the
+//!    response has been fully relayed.
 //! 3. `bind_pool`: once, at start: the data path hands the control layer its upstream
 //!    connection pool, so admission can tell this proxy's own idle keep-alive
 //!    connections from load, and shed them when they pin a back-end's workers.
@@ -46,10 +47,22 @@ pub trait InflightObserver: Send + Sync {
     fn done(&self);
 }
 
+/// Told when a request of a class to a back-end ends, and how long it took (class-aware
+/// admission's per-class count and learned cost, `crate::control::classes`).
+pub trait ClassObserver: Send + Sync {
+    /// A request of class `class` was routed to the back-end.
+    fn sent(&self, class: usize);
+    /// That request's exchange ended after `took_ns` (routed to relayed).
+    fn done(&self, class: usize, took_ns: u64);
+}
+
 /// Counts requests in flight to one back-end; the count drops with the guard.
 pub struct InflightGuard {
     counter: Arc<AtomicU64>,
     observer: Option<Arc<dyn InflightObserver>>,
+    /// Class-aware admission: the request's class, its observer and when it was sent
+    /// (CLOCK_MONOTONIC ns).
+    class: Option<(Arc<dyn ClassObserver>, usize, u64)>,
 }
 
 impl InflightGuard {
@@ -59,6 +72,7 @@ impl InflightGuard {
         InflightGuard {
             counter,
             observer: None,
+            class: None,
         }
     }
 
@@ -68,6 +82,14 @@ impl InflightGuard {
         let mut g = Self::new(counter);
         g.observer = Some(observer);
         g
+    }
+
+    /// Also count the request as one of class `class` in `observer`, and tell it how
+    /// long the exchange took when the guard drops.
+    pub fn with_class(mut self, observer: Arc<dyn ClassObserver>, class: usize) -> Self {
+        observer.sent(class);
+        self.class = Some((observer, class, farside_rt::mono_ns()));
+        self
     }
 }
 
@@ -79,6 +101,9 @@ impl Drop for InflightGuard {
         if let Some(o) = &self.observer {
             o.done();
         }
+        if let Some((o, class, sent_ns)) = &self.class {
+            o.done(*class, farside_rt::mono_ns().saturating_sub(*sent_ns));
+        }
         self.counter.fetch_sub(1, Ordering::Relaxed);
     }
 }
@@ -89,6 +114,11 @@ pub trait Gate: Send + Sync + 'static {
     fn on_accept(&self, peer: SocketAddr) -> Result<(), Reject>;
     /// Choose a back-end for a request to `host` (the Host header, port stripped).
     fn route(&self, host: Option<&str>) -> Result<Route, Reject>;
+    /// [`Gate::route`] for a request whose request-line target is `target` (a control
+    /// layer with request classes classifies it by its path). Default: `route(host)`.
+    fn route_request(&self, host: Option<&str>, _target: &[u8]) -> Result<Route, Reject> {
+        self.route(host)
+    }
     /// Seconds to put in `Retry-After` on a 503.
     fn retry_after_s(&self) -> u32 {
         1

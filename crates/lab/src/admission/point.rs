@@ -167,6 +167,10 @@ pub struct Point {
     /// not in `summary.json`.
     #[serde(skip_serializing, default)]
     pub requests: Vec<(f64, f64)>,
+    /// `classes`: per request class, as the clients measured it (`mixed-cost`;
+    /// `crate::scenario::class_breakdown`). Absent in runs that predate it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<crate::scenario::ClassBreakdown>,
 }
 
 fn one() -> u64 {
@@ -380,6 +384,7 @@ impl Point {
             goodput: mean(|p| p.goodput),
             reject_p99_ms: mean(|p| p.reject_p99_ms),
             inflight_at_end: runs.iter().map(|p| p.inflight_at_end).sum(),
+            classes: crate::scenario::combine_breakdowns(runs.iter().map(|p| &p.classes[..])),
             ..first.clone()
         }
     }

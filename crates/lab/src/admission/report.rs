@@ -568,6 +568,7 @@ pub fn table(s: &Summary<Point>) -> String {
         out.push('\n');
     }
     out.push_str(&scenario_table_text(&g));
+    out.push_str(&class_table_text(&g));
     out.push_str(&peaks_text(&g));
     out
 }
@@ -595,6 +596,15 @@ fn peaks_text(g: &Grid) -> String {
         bound_label(FAILURE_BOUND),
         grouped_lines(&pts, FAILURE_BOUND, 1)
     )
+}
+
+/// The per-class breakdown table (`crate::scenario::class_table_text`); empty when no
+/// point has one (runs that predate it render as before).
+fn class_table_text(g: &Grid) -> String {
+    crate::scenario::class_table_text(g.points.iter().map(|p| {
+        let head = [p.scenario.clone(), p.load_model.clone(), g.label_of(p)];
+        (head, p.load_x(), &p.classes[..])
+    }))
 }
 
 /// `points.csv` (always, header only without points) and the per-second series files.

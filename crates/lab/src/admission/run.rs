@@ -313,6 +313,19 @@ fn metadata(a: &AdmissionArgs, s: Settled) -> io::Result<Summary<Point>> {
             })
             .collect();
         m.insert("proxy_args_by_system".into(), by.into());
+        // The request classes a scenario's farside proxies declare, after those flags.
+        let classes: serde_json::Map<String, serde_json::Value> = a
+            .scenario
+            .iter()
+            .flat_map(|sc| a.systems.iter().map(move |sys| (*sc, sys)))
+            .filter_map(|(sc, sys)| {
+                let v = crate::scenario::class_proxy_args(sc, sys);
+                (!v.is_empty()).then(|| (format!("{}/{sys}", sc.name()), serde_json::json!(v)))
+            })
+            .collect();
+        if !classes.is_empty() {
+            m.insert("class_args_by_scenario".into(), classes.into());
+        }
         if a.systems.iter().any(|sys| is_haproxy(sys)) {
             let cfg = haproxy_config(
                 a,
@@ -688,6 +701,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
                 p.child.check_alive()?;
             }
             let mut p = point(k, transport_of(&k.system, netns), &s);
+            p.classes = crate::scenario::class_breakdown(&groups, &parts)?;
             if let (Some(b), Some(after)) = (before, MonitorScrape::take(&fabric, tier)) {
                 after.fill(&b, &mut p);
             }

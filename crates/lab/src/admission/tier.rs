@@ -335,7 +335,16 @@ pub(super) fn start_tier(
             start_haproxy(a, run, fabric, &addrs, &name, port_step, maxconn)?
         } else {
             start_farside_proxy(
-                a, run, fabric, system, limit, objective, &specs, &name, port_step,
+                a,
+                run,
+                fabric,
+                system,
+                limit,
+                objective,
+                &specs,
+                &name,
+                port_step,
+                &crate::scenario::class_proxy_args(scenario, system),
             )?
         };
         proxies.push(proxy);
@@ -596,6 +605,7 @@ pub(super) fn start_farside_proxy(
     specs: &[String],
     name: &str,
     port_step: u16,
+    class_args: &[String],
 ) -> io::Result<ProxyProc> {
     let proxy_addr = fabric.addr(Role::Proxy, NETNS_PROXY_PORT + port_step)?;
     let mut args: Vec<String> = vec![
@@ -623,6 +633,8 @@ pub(super) fn start_farside_proxy(
     args.extend(["--admin-listen".into(), admin.to_string()]);
     let admin_addr = Some(admin);
     args.extend(objective_proxy_args(a, system, limit, objective));
+    // The scenario's request classes (`mixed-cost`: the costly endpoint).
+    args.extend(class_args.iter().cloned());
     // The user's own proxy arguments come last, so they override the lab's.
     args.extend(a.proxy_args.iter().cloned());
     let mut proxy = fabric.spawn(Role::Proxy, name, &args, &run.logs)?;

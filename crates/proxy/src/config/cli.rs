@@ -191,6 +191,14 @@ pub struct ProxyArgs {
     /// Check only per request, not right after accept.
     #[arg(long)]
     pub no_accept_check: bool,
+    /// A request class for class-aware admission, repeatable (replaces the file's
+    /// [[classes]]): NAME,prefix=/PATH or NAME,path=/EXACT, optionally ,priority=N (lower
+    /// is more important; requests matching no class are class `default`, priority 0).
+    /// Each class's cost is learned per back-end from measured service times, and it
+    /// gets its own bound of requests in flight out of the back-end's budget; lower
+    /// priorities are shed first. Needs --admission with --metric delay or inflight.
+    #[arg(long = "class", value_name = "NAME,prefix=/P[,priority=N]", value_parser = super::classes::parse_class)]
+    pub classes: Vec<super::ClassConfig>,
     /// Balancing: round-robin, least-loaded (default) or p2c.
     #[arg(long, value_parser = parse_balance)]
     pub balance: Option<BalancePolicy>,
@@ -310,6 +318,9 @@ fn merged_config(a: &ProxyArgs) -> Result<ProxyConfig, String> {
     }
     if a.no_accept_check {
         ad.at_accept = false;
+    }
+    if !a.classes.is_empty() {
+        cfg.classes = a.classes.clone();
     }
     if let Some(v) = a.balance {
         cfg.balance.policy = v;

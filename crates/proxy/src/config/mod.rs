@@ -3,8 +3,8 @@
 //! name the offending key.
 //!
 //! - [`error`]: [`ConfigError`], naming the key at fault
-//! - [`sites`] (`[[sites]]`) and [`reconf`] (`[reconf]`): the sections of the features
-//!   of the same names, with their checks
+//! - [`sites`] (`[[sites]]`), [`reconf`] (`[reconf]`) and [`classes`](mod@classes)
+//!   (`[[classes]]`): the sections of the features of the same names, with their checks
 //! - this module: [`ProxyConfig`] and its sections, their bounds and the rules that
 //!   derive limits (`limit_for`, `maxconn_for`), and validation
 //! - [`file`](mod@file): the TOML file
@@ -12,12 +12,14 @@
 //!   and `--check-config`
 //! - `[monitor]` is the monitor crate's own [`MonitorConfig`]
 
+pub mod classes;
 pub mod cli;
 pub mod error;
 pub mod file;
 pub mod reconf;
 pub mod sites;
 
+pub use classes::ClassConfig;
 pub use error::ConfigError;
 pub use reconf::ReconfConfig;
 pub use sites::SiteConfig;
@@ -82,6 +84,10 @@ pub struct ProxyConfig {
     /// `[reconf]`: the reconfiguration driver (`crate::reconf`). Default off.
     #[serde(default)]
     pub reconf: ReconfConfig,
+    /// `[[classes]]`: request classes for class-aware admission
+    /// (`crate::control::classes`). Empty: every request is of one class.
+    #[serde(default)]
+    pub classes: Vec<ClassConfig>,
 }
 
 /// Limits and timeouts of the HTTP data path.
@@ -469,6 +475,7 @@ impl ProxyConfig {
             balance: BalanceConfig::default(),
             sites: Vec::new(),
             reconf: ReconfConfig::default(),
+            classes: Vec::new(),
         }
     }
 
@@ -697,6 +704,14 @@ impl ProxyConfig {
             errs.push(e);
         }
         if let Err(e) = self.validate_reconf() {
+            errs.push(e);
+        }
+        if let Err(e) = classes::validate(
+            &self.classes,
+            self.admission.enabled,
+            self.admission.metric.name(),
+            matches!(self.admission.metric, Metric::Delay | Metric::Inflight),
+        ) {
             errs.push(e);
         }
         if self.admission.enabled && self.admission.metric != Metric::Inflight {

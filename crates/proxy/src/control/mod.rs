@@ -49,11 +49,17 @@
 //! admitted. `crates/farside/tests/admission_liveness.rs` reproduces it with real
 //! processes and checks the bound.
 //!
+//! With `[[classes]]` ([`classes`]) each request is classified by its path, and once the
+//! metric's check admits it, its class's own bound out of the back-end's budget of
+//! requests in flight (metric `delay`'s budget or metric `inflight`'s limit) decides:
+//! costly classes run fewer at once, lower priorities are shed first.
+//!
 //! With metric `delay` ([`delay`]) the figure compared is this proxy's own requests in
 //! flight to the back-end, against a budget that adapts to the back-end's published
 //! queueing delay and never falls below one: (1)–(3) above do not enter it, and a
 //! request is admitted as soon as this proxy's requests to the back-end complete.
 
+pub mod classes;
 pub mod delay;
 pub mod estimate;
 pub mod render;
@@ -67,7 +73,7 @@ pub use farside_monitor as monitor;
 pub use farside_monitor::{histogram, table};
 
 use crate::config::{BalancePolicy, Metric, ProxyConfig, StalePolicy};
-use crate::gate::{Gate, InflightGuard, InflightObserver, Reject, Route};
+use crate::gate::{ClassObserver, Gate, InflightGuard, InflightObserver, Reject, Route};
 use crate::pool::Pool;
 use estimate::{Event, Tally};
 use farside_admin::{Encoder, Labels};
@@ -107,6 +113,56 @@ struct Backend {
     /// `on_stale = local`: the back-end's last known safe level of this proxy's requests
     /// in flight to it (0: no fresh reading yet). See [`admit_local`].
     safe_inflight: AtomicU64,
+    /// `[[classes]]`: this proxy's requests in flight to it and their learned cost, per
+    /// class (empty without classes).
+    classes: Arc<ClassCells>,
+}
+
+/// One back-end's per-class state for class-aware admission, fed by the in-flight
+/// guards of its requests.
+#[derive(Default)]
+struct ClassCells {
+    /// Per class: requests in flight.
+    inflight: Vec<AtomicU64>,
+    /// Per class: learned cost ([`classes::Cost`]).
+    cost: Vec<Mutex<classes::Cost>>,
+}
+
+impl ClassCells {
+    fn new(n: usize) -> ClassCells {
+        ClassCells {
+            inflight: (0..n).map(|_| AtomicU64::new(0)).collect(),
+            cost: (0..n).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    fn cost(&self, k: usize) -> classes::Cost {
+        *self.cost[k].lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl ClassObserver for ClassCells {
+    fn sent(&self, class: usize) {
+        self.inflight[class].fetch_add(1, Ordering::Relaxed);
+    }
+    fn done(&self, class: usize, took_ns: u64) {
+        self.cost[class]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(took_ns as f64 / 1000.0);
+        self.inflight[class].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// `[[classes]]`: the table requests are classified by, and per class the decisions.
+struct ClassState {
+    table: classes::ClassTable,
+    /// Per class: requests admitted.
+    admitted: Vec<AtomicU64>,
+    /// Per class: requests refused (for any reason).
+    rejected: Vec<AtomicU64>,
+    /// Per-back-end checks the class rule refused, by [`classes::Verdict`].
+    refused_by: [AtomicU64; classes::Verdict::ALL.len()],
 }
 
 /// A back-end's [`Tally`], fed by the in-flight guards of its requests.
@@ -194,6 +250,8 @@ pub struct Control {
     /// The data path's upstream pool ([`Gate::bind_pool`]); until bound, no idle
     /// connections are known.
     pool: OnceLock<Arc<Pool>>,
+    /// `[[classes]]`: class-aware admission (none declared: every request is one class).
+    classes: Option<ClassState>,
 }
 
 thread_local! {
@@ -260,6 +318,18 @@ impl Control {
             None => (None, None),
         };
         let a = &cfg.admission;
+        let class_state = (!cfg.classes.is_empty()).then(|| {
+            let specs: Vec<_> = cfg.classes.iter().map(|c| c.spec()).collect();
+            let table = classes::ClassTable::new(&specs);
+            let n = table.len();
+            ClassState {
+                table,
+                admitted: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                rejected: (0..n).map(|_| AtomicU64::new(0)).collect(),
+                refused_by: Default::default(),
+            }
+        });
+        let class_count = class_state.as_ref().map_or(0, |c| c.table.len());
         let backends = cfg
             .backends
             .iter()
@@ -281,6 +351,7 @@ impl Control {
                 delay_used: AtomicBool::new(false),
                 delay_unpublished_logged: AtomicBool::new(false),
                 safe_inflight: AtomicU64::new(0),
+                classes: Arc::new(ClassCells::new(class_count)),
             })
             .collect();
         Ok(Control {
@@ -303,6 +374,7 @@ impl Control {
             counters: Counters::default(),
             rr: AtomicUsize::new(0),
             pool: OnceLock::new(),
+            classes: class_state,
         })
     }
 
@@ -418,6 +490,16 @@ impl Control {
         st.floor().max(delay::BUDGET_MIN) as u64
     }
 
+    /// Back-end `i`'s budget of requests in flight as the class rule divides it: metric
+    /// `delay`'s current budget, else the limit (no side effect, for metrics).
+    fn budget_now(&self, i: usize) -> u64 {
+        if self.metric == Metric::Delay {
+            self.budget(i)
+        } else {
+            self.backends[i].limit
+        }
+    }
+
     /// The limit admission compares back-end `i`'s load with: its `limit`, or with
     /// metric `delay` its current budget (and notes whether the budget is in use).
     fn limit_now(&self, i: usize, load: Load) -> u64 {
@@ -435,10 +517,11 @@ impl Control {
         budget
     }
 
-    /// Whether back-end `i` may take one more request; `Err` says why not.
-    fn admissible(&self, i: usize, load: Load) -> Result<Admit, Reject> {
+    /// Whether back-end `i` may take one more request (of class `class`, if classified);
+    /// `Err` says why not.
+    fn admissible(&self, i: usize, load: Load, class: Option<usize>) -> Result<Admit, Reject> {
         let b = &self.backends[i];
-        let r = if load == Load::Stale && self.on_stale == StalePolicy::Local {
+        let mut r = if load == Load::Stale && self.on_stale == StalePolicy::Local {
             admit_local(
                 b.inflight.load(Ordering::Relaxed),
                 b.safe_inflight.load(Ordering::Relaxed),
@@ -452,6 +535,11 @@ impl Control {
                 self.idle(i),
             )
         };
+        if let (Some(k), Load::Known(_), Ok(_)) = (class, load, r) {
+            if self.class_verdict(i, k, load) != classes::Verdict::Admit {
+                r = Err(Reject::Overloaded);
+            }
+        }
         if let (Load::Known(_), Ok(_)) = (load, r) {
             // The safe level: the most in flight with this request, admitted on a fresh
             // reading within the limit.
@@ -464,6 +552,29 @@ impl Control {
         }
         self.signals.count(load, &r);
         r
+    }
+
+    /// The class rule ([`classes::decide`]) for a request of class `k` to back-end `i`
+    /// whose metric admitted it with `load`: the budget is the metric's (`delay`'s
+    /// budget, `inflight`'s limit), the counts are this proxy's requests in flight.
+    fn class_verdict(&self, i: usize, k: usize, load: Load) -> classes::Verdict {
+        let Some(cs) = &self.classes else {
+            return classes::Verdict::Admit;
+        };
+        let b = &self.backends[i];
+        let cells = &b.classes;
+        let costs = (0..cs.table.len()).map(|j| cells.cost(j));
+        let cheapest = classes::cheapest_us(costs);
+        let v = classes::View {
+            budget: self.limit_now(i, load),
+            inflight: b.inflight.load(Ordering::Relaxed),
+            class_inflight: cells.inflight[k].load(Ordering::Relaxed),
+            weight: classes::weight(cells.cost(k), cheapest),
+            top: cs.table.is_top(k),
+        };
+        let verdict = classes::decide(v);
+        cs.refused_by[verdict as usize].fetch_add(1, Ordering::Relaxed);
+        verdict
     }
 
     /// `on_stale = local`: back-end `i`'s last known safe level of requests in flight.
@@ -560,7 +671,7 @@ impl Control {
                 }
                 self.relieve(i, now);
                 let load = self.load(i, now);
-                match self.admissible(i, load) {
+                match self.admissible(i, load, None) {
                     Ok(_) => return Ok(()),
                     Err(r) => why = merge_reason(why, r),
                 }
@@ -575,7 +686,7 @@ impl Control {
     /// Pick a back-end for a request to `host`: site filter, down filter, admission
     /// filter (if on), then the balancing policy among what is left.
     pub fn choose(&self, host: Option<&str>) -> Result<usize, Reject> {
-        self.choose_route(host).map(|(i, _)| i)
+        self.choose_route(host, None).map(|(i, _)| i)
     }
 
     /// [`Control::choose`], also saying whether the back-end was admitted only onto an
@@ -586,7 +697,11 @@ impl Control {
     /// a walk from a random back-end stops at the second usable one (O(n / usable)) and
     /// only a refusal reads all n. Round-robin walks from its rotation to the first
     /// usable one. Least-loaded reads all n (it must see every load).
-    fn choose_route(&self, host: Option<&str>) -> Result<(usize, bool), Reject> {
+    fn choose_route(
+        &self,
+        host: Option<&str>,
+        class: Option<usize>,
+    ) -> Result<(usize, bool), Reject> {
         let now = coarse_mono_ns();
         let n = self.backends.len();
         if self.policy == BalancePolicy::P2c {
@@ -596,7 +711,9 @@ impl Control {
                 if pick.has(i) {
                     continue;
                 }
-                if let Considered::Usable { key, reuse_only } = self.consider(i, host, now, false) {
+                if let Considered::Usable { key, reuse_only } =
+                    self.consider(i, host, class, now, false)
+                {
                     pick.offer(i, key, reuse_only);
                     if pick.is_full() {
                         return Ok(pick.finish().expect("two offered"));
@@ -613,7 +730,7 @@ impl Control {
             BalancePolicy::P2c => (rand_below(n.max(1)), 2),
         };
         let mut pick = Pick::new(self.policy, want);
-        let scan = self.scan(host, now, false, start, &mut pick);
+        let scan = self.scan(host, class, now, false, start, &mut pick);
         if scan.serving == 0 {
             if let Some((index, _)) = self.sites.as_ref().and_then(|s| s.site_for_host(host)) {
                 self.sites.as_ref().expect("matched").count_unserved(index);
@@ -625,14 +742,21 @@ impl Control {
             // Panic mode: every back-end of the site is marked down. Ignore the marks and
             // try them anyway: a failure seen under overload must not turn into "503 for
             // everyone for a second"; only admission control decides to shed load.
-            let scan = self.scan(host, now, true, start, &mut pick);
+            let scan = self.scan(host, class, now, true, start, &mut pick);
             return pick.finish().ok_or(scan.why);
         }
         pick.finish().ok_or(scan.why)
     }
 
     /// Whether back-end `i` can take a request to `host` now, and at what score.
-    fn consider(&self, i: usize, host: Option<&str>, now: u64, ignore_down: bool) -> Considered {
+    fn consider(
+        &self,
+        i: usize,
+        host: Option<&str>,
+        class: Option<usize>,
+        now: u64,
+        ignore_down: bool,
+    ) -> Considered {
         if !self.serves(i, host) {
             return Considered::NotServing;
         }
@@ -643,7 +767,7 @@ impl Control {
         let load = self.load(i, now);
         let mut reuse_only = false;
         if self.admission_on && self.per_request {
-            match self.admissible(i, load) {
+            match self.admissible(i, load, class) {
                 Ok(Admit::Any) => {}
                 Ok(Admit::ReuseOnly) => reuse_only = true,
                 Err(r) => return Considered::Refused(r),
@@ -673,6 +797,7 @@ impl Control {
     fn scan(
         &self,
         host: Option<&str>,
+        class: Option<usize>,
         now: u64,
         ignore_down: bool,
         start: usize,
@@ -690,7 +815,7 @@ impl Control {
                 scan.serving += 1;
                 continue;
             }
-            match self.consider(i, host, now, ignore_down) {
+            match self.consider(i, host, class, now, ignore_down) {
                 Considered::NotServing => continue,
                 Considered::Down => scan.down += 1,
                 Considered::Refused(r) => scan.why = merge_reason(scan.why, r),
@@ -856,24 +981,10 @@ impl SignalCounters {
     }
 }
 
-impl Gate for Control {
-    fn on_accept(&self, _peer: SocketAddr) -> Result<(), Reject> {
-        if !(self.admission_on && self.at_accept) {
-            return Ok(());
-        }
-        let r = self.decide_accept();
-        match r {
-            Ok(()) => self
-                .counters
-                .accept_admitted
-                .fetch_add(1, Ordering::Relaxed),
-            Err(why) => self.counters.accept_rejected[why.index()].fetch_add(1, Ordering::Relaxed),
-        };
-        r
-    }
-
-    fn route(&self, host: Option<&str>) -> Result<Route, Reject> {
-        match self.choose_route(host) {
+impl Control {
+    /// Route a request of class `class` (`None`: no classes declared) to `host`.
+    fn route_class(&self, host: Option<&str>, class: Option<usize>) -> Result<Route, Reject> {
+        match self.choose_route(host, class) {
             Ok((i, reuse_only)) => {
                 self.counters
                     .request_admitted
@@ -892,11 +1003,15 @@ impl Gate for Control {
                 // request first), so it counts: leaving those out too let the accept
                 // queue grow unseen under overload (p99 of seconds in a short
                 // bench/lockout.sh run).
-                let guard = if self.metric == Metric::Backlog && reuse_only {
+                let mut guard = if self.metric == Metric::Backlog && reuse_only {
                     InflightGuard::new(b.inflight.clone())
                 } else {
                     InflightGuard::observed(b.inflight.clone(), b.tally.clone())
                 };
+                if let (Some(k), Some(cs)) = (class, &self.classes) {
+                    cs.admitted[k].fetch_add(1, Ordering::Relaxed);
+                    guard = guard.with_class(b.classes.clone(), k);
+                }
                 Ok(Route {
                     backend: i,
                     addr: b.addr,
@@ -905,10 +1020,39 @@ impl Gate for Control {
                 })
             }
             Err(why) => {
+                if let (Some(k), Some(cs)) = (class, &self.classes) {
+                    cs.rejected[k].fetch_add(1, Ordering::Relaxed);
+                }
                 self.counters.request_rejected[why.index()].fetch_add(1, Ordering::Relaxed);
                 Err(why)
             }
         }
+    }
+}
+
+impl Gate for Control {
+    fn on_accept(&self, _peer: SocketAddr) -> Result<(), Reject> {
+        if !(self.admission_on && self.at_accept) {
+            return Ok(());
+        }
+        let r = self.decide_accept();
+        match r {
+            Ok(()) => self
+                .counters
+                .accept_admitted
+                .fetch_add(1, Ordering::Relaxed),
+            Err(why) => self.counters.accept_rejected[why.index()].fetch_add(1, Ordering::Relaxed),
+        };
+        r
+    }
+
+    fn route(&self, host: Option<&str>) -> Result<Route, Reject> {
+        self.route_class(host, self.classes.as_ref().map(|_| 0))
+    }
+
+    fn route_request(&self, host: Option<&str>, target: &[u8]) -> Result<Route, Reject> {
+        let class = self.classes.as_ref().map(|c| c.table.classify(target));
+        self.route_class(host, class)
     }
 
     fn retry_after_s(&self) -> u32 {

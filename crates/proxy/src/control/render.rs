@@ -46,6 +46,74 @@ impl Control {
 }
 
 impl Control {
+    /// `[[classes]]`: per class the requests admitted and refused, and per back-end and
+    /// class the requests in flight, the learned cost, its weight and the class's bound;
+    /// the class rule's checks by verdict. Nothing without classes.
+    pub fn render_class_metrics(&self, enc: &mut Encoder) {
+        let Some(cs) = &self.classes else {
+            return;
+        };
+        let n = cs.table.len();
+        for k in 0..n {
+            enc.counter(
+                "farside_class_admitted_total",
+                "Requests admitted, by request class.",
+                &[("class", cs.table.name(k))],
+                cs.admitted[k].load(Ordering::Relaxed),
+            );
+        }
+        for k in 0..n {
+            enc.counter(
+                "farside_class_rejected_total",
+                "Requests refused (any reason), by request class.",
+                &[("class", cs.table.name(k))],
+                cs.rejected[k].load(Ordering::Relaxed),
+            );
+        }
+        for v in classes::Verdict::ALL {
+            enc.counter(
+                "farside_class_checks_total",
+                "Per-back-end checks of the class rule, by verdict.",
+                &[("verdict", v.name())],
+                cs.refused_by[v as usize].load(Ordering::Relaxed),
+            );
+        }
+        let addrs: Vec<String> = self.backends.iter().map(|b| b.addr.to_string()).collect();
+        for (b, addr) in self.backends.iter().zip(&addrs) {
+            for k in 0..n {
+                enc.gauge(
+                    "farside_class_inflight",
+                    "This proxy's requests in flight to the back-end, by request class.",
+                    &[("backend", addr), ("class", cs.table.name(k))],
+                    b.classes.inflight[k].load(Ordering::Relaxed),
+                );
+            }
+        }
+        for (b, addr) in self.backends.iter().zip(&addrs) {
+            for k in 0..n {
+                enc.gauge(
+                    "farside_class_cost_us",
+                    "Learned cost of the class on the back-end: moving mean of its requests' times, µs (0: none yet).",
+                    &[("backend", addr), ("class", cs.table.name(k))],
+                    b.classes.cost(k).us.round() as u64,
+                );
+            }
+        }
+        for (i, (b, addr)) in self.backends.iter().zip(&addrs).enumerate() {
+            let cheapest = classes::cheapest_us((0..n).map(|k| b.classes.cost(k)));
+            let budget = self.budget_now(i);
+            for k in 0..n {
+                let w = classes::weight(b.classes.cost(k), cheapest);
+                enc.gauge(
+                    "farside_class_bound",
+                    "Most requests of the class in flight to the back-end under its current budget and learned weight.",
+                    &[("backend", addr), ("class", cs.table.name(k))],
+                    classes::bound(budget, w, cs.table.is_top(k)),
+                );
+            }
+        }
+    }
+
     /// Back-end `i` as the monitor table and the balancer see it (the dashboard's
     /// per-back-end row): requests routed, down flag, and the table entry's status, load
     /// fields and served role.
@@ -105,6 +173,7 @@ impl Control {
     /// Every metric of the control layer (what [`Gate::render_metrics`] appends to a
     /// scrape): decisions, per-back-end load, limits, in-flight and monitor figures.
     pub(super) fn render(&self, enc: &mut Encoder) {
+        self.render_class_metrics(enc);
         let c = &self.counters;
         let decisions = "Admission decisions by stage and outcome.";
         for (stage, admitted, rejected) in [

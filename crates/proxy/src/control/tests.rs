@@ -745,3 +745,79 @@ fn more_backends_than_the_table_holds_is_a_config_error() {
     let err = cfg.validate().unwrap_err().to_string();
     assert!(err.contains("at most 1024 back-ends"), "{err}");
 }
+
+/// `[[classes]]` on metric `inflight` (limit 8): a lower-priority class is shed first
+/// near the limit (but keeps one request in flight); once its cost is learned 100x the
+/// default's, it runs one request at a time, while the default class keeps the whole
+/// limit; every decision shows in the class metrics.
+#[test]
+fn classes_bound_a_costly_class_and_shed_it_first() {
+    let mut cfg = ProxyConfig::simple("127.0.0.1:1".parse().unwrap(), vec![backend(1, "")]);
+    cfg.admission.enabled = true;
+    cfg.admission.metric = Metric::Inflight;
+    cfg.admission.limit = Some(8);
+    cfg.classes =
+        vec![crate::config::classes::parse_class("costly,prefix=/cgi/,priority=1").unwrap()];
+    cfg.validate().unwrap();
+    let c = Control::new(&cfg).unwrap();
+    let costly = b"/cgi/work?us=150000";
+    // Unlearned, the costly class weighs 1: near the limit (6 of 8 in flight, reserve 2)
+    // a second one is shed first, the default class is not.
+    {
+        let first = c.route_request(None, costly).unwrap();
+        let cheap: Vec<_> = (0..5)
+            .map(|_| c.route_request(None, b"/").unwrap())
+            .collect();
+        let second = c.route_request(None, costly).err();
+        assert_eq!(second, Some(Reject::Overloaded), "reserve");
+        assert!(c.route_request(None, b"/a.html").is_ok());
+        drop((first, cheap));
+    }
+    // Learn: default 1 ms, costly 100 ms (what the in-flight guards report).
+    let cells = &c.backends[0].classes;
+    for _ in 0..classes::COST_WARM_SAMPLES {
+        cells.sent(0);
+        cells.done(0, 1_000_000);
+        cells.sent(1);
+        cells.done(1, 100_000_000);
+    }
+    let one = c
+        .route_request(None, costly)
+        .expect("a costly request may run");
+    assert_eq!(
+        c.route_request(None, costly).err(),
+        Some(Reject::Overloaded),
+        "bound 1 for a 100x class"
+    );
+    let cheap: Vec<_> = (0..7)
+        .map(|_| c.route_request(None, b"/a.html").unwrap())
+        .collect();
+    assert_eq!(
+        c.route_request(None, b"/a.html").err(),
+        Some(Reject::Overloaded),
+        "limit 8"
+    );
+    drop(one);
+    assert!(
+        c.route_request(None, costly).is_ok(),
+        "7 of 8 in flight: the costly class still gets its one request"
+    );
+    drop(cheap);
+    let mut e = farside_admin::Encoder::new();
+    c.render_metrics(&mut e);
+    let m = e.finish();
+    for want in [
+        "farside_class_admitted_total{class=\"costly\"} 3",
+        "farside_class_rejected_total{class=\"costly\"} 2",
+        "farside_class_admitted_total{class=\"default\"} 13",
+        "farside_class_rejected_total{class=\"default\"} 1",
+        "farside_class_bound{backend=\"127.0.0.1:1\",class=\"costly\"} 1",
+        "farside_class_bound{backend=\"127.0.0.1:1\",class=\"default\"} 8",
+        "farside_class_cost_us{backend=\"127.0.0.1:1\",class=\"costly\"} ",
+        "farside_class_checks_total{verdict=\"over_class_bound\"} 1",
+        "farside_class_checks_total{verdict=\"reserved\"} 1",
+        "farside_class_inflight{backend=\"127.0.0.1:1\",class=\"costly\"} 0",
+    ] {
+        assert!(m.contains(want), "{want} in {m}");
+    }
+}

@@ -7,7 +7,7 @@
 //! accept ─ gate.on_accept ─Err→ 503 + close (request never read)
 //!   └→ read head (header/idle timeout, size limits) ─bad→ 400/408/431/501 + close
 //!       └→ local endpoint (/farside/metrics, if data_port_metrics) ─→ respond ─┐
-//!       └→ gate.route(host) ─Err→ reject status (+Retry-After) ─→ respond ─┤
+//!       └→ gate.route_request(host, target) ─Err→ reject status (+Retry-After) ─→ respond ─┤
 //!       └→ pool.checkout: idle conn, or a permit under the back-end's maxconn
 //!          (waits ≤ http.queue_timeout_ms) ─Err→ 503 (+Retry-After) ─→ respond ─┤
 //!       └→ pooled or new upstream conn ─fail→ 502/504 ─────────→ respond ─┤
@@ -433,7 +433,9 @@ impl Conn {
                 .host
                 .clone()
                 .and_then(|r| std::str::from_utf8(&buf[r]).ok());
-            sh.gate.route(host)
+            // The target classifies the request (class-aware admission): a borrowed
+            // slice of the read buffer, no copy.
+            sh.gate.route_request(host, &buf[req.target.clone()])
         };
         let route = match routed {
             Ok(route) => route,
