@@ -28,6 +28,9 @@ const HEAD_BYTES_MAX: usize = 16 * 1024;
 const HEADERS_MAX: usize = 64;
 /// Largest body taken over TCP (the whole body is held in memory).
 pub const TCP_BODY_BYTES_MAX: u64 = 1 << 30;
+/// Largest region the software iWARP stack registers, bytes: the largest body taken
+/// by RDMA.
+pub const REGION_BYTES_MAX: usize = MR_BYTES_MAX;
 /// How often the accepting thread looks for the server's connection or a cancel.
 const ACCEPT_POLL: Duration = Duration::from_millis(1);
 pub(crate) const CQ_DEPTH: usize = 16;
