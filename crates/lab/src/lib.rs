@@ -10,6 +10,8 @@
 //! - [`reconfig`]: seed 001's reconfiguration experiment (`lab reconfig`)
 //! - [`speculative`]: seed 002's speculative connection admission (`lab speculative`;
 //!   first version: the baselines)
+//! - [`rdmahttp`]: seed 004's RDMA over HTTP (`lab rdma-http`: registration cost,
+//!   retrieval time vs size and vs clients, idle and loaded)
 //! - [`error`]: the lab's own failures ([`error::LabError`])
 //! - [`fabric`]: what every experiment runs on: the nodes' processes
 //!   ([`fabric::procs`]), the namespaces of `--hosts netns` ([`fabric::netns`]) and the
@@ -39,6 +41,7 @@ pub mod haproxy;
 pub mod nginx;
 pub mod probe;
 pub mod promtext;
+pub mod rdmahttp;
 pub mod reconfig;
 pub mod report;
 pub mod scenario;
@@ -80,6 +83,11 @@ pub enum LabCmd {
     /// speculative admission (spec32, spec50: `farside specd` on both back-ends); needs
     /// root (netns).
     Speculative(speculative::SpeculativeArgs),
+    /// Seed 004's RDMA over HTTP: Table 1 (registration cost vs size, per strategy),
+    /// Fig. 3 (one client, retrieval time vs size) and Fig. 4 (1 to 15 clients, five
+    /// 1 MB files each), idle and loaded (two CPU hogs on the server's CPU), for tcp and
+    /// software iWARP with static, dynamic and cached registration; needs root (netns).
+    RdmaHttp(rdmahttp::RdmaHttpArgs),
     /// Re-render the table, CSV files, plots and report.html of a kept run from its
     /// summary.json and points.jsonl, without running anything.
     Report(ReportArgs),
@@ -134,6 +142,7 @@ pub fn regenerate_any(
         faults::Faults::NAME => render::<faults::Faults>(dir, w),
         reconfig::Reconfig::NAME => render::<reconfig::Reconfig>(dir, w),
         speculative::Speculative::NAME => render::<speculative::Speculative>(dir, w),
+        rdmahttp::RdmaHttp::NAME => render::<rdmahttp::RdmaHttp>(dir, w),
         other => Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!(
@@ -151,6 +160,7 @@ fn run_cmd(a: LabArgs) -> std::io::Result<()> {
         LabCmd::Faults(x) => faults::Faults::run(x),
         LabCmd::Reconfig(x) => reconfig::Reconfig::run(x),
         LabCmd::Speculative(x) => speculative::Speculative::run(x),
+        LabCmd::RdmaHttp(x) => rdmahttp::RdmaHttp::run(x),
         LabCmd::Report(x) => {
             let files = regenerate_any(&x.dir, &mut std::io::stdout())?;
             eprintln!(

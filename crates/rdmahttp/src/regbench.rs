@@ -15,6 +15,11 @@
 //!
 //! Reading the file is not timed: the back-end reads it for every request whatever
 //! the strategy (and over TCP).
+//!
+//! Each step may start after a sleep (`gap`), as a server's worker starts a request
+//! right after blocking on its socket: on a busy CPU a thread that just woke may wait
+//! for the CPU before and while it registers, which a loop that never sleeps (and so
+//! runs whole time slices) would not show.
 
 use crate::caps::{Budget, Caps};
 use crate::registration::{Cache, FileKey, Registration};
@@ -34,8 +39,13 @@ pub struct Sample {
 }
 
 /// `samples` timed registration steps of `strategy` for a body of `size` bytes (see
-/// the module doc), on the calling thread.
-pub fn measure(strategy: Registration, size: usize, samples: usize) -> Result<Vec<Sample>, String> {
+/// the module doc), on the calling thread, each after sleeping `gap` (not timed).
+pub fn measure(
+    strategy: Registration,
+    size: usize,
+    samples: usize,
+    gap: std::time::Duration,
+) -> Result<Vec<Sample>, String> {
     if size == 0 || size > MR_BYTES_MAX {
         return Err(format!("size {size}: 1..={MR_BYTES_MAX}"));
     }
@@ -71,6 +81,9 @@ pub fn measure(strategy: Registration, size: usize, samples: usize) -> Result<Ve
     }
     let mut out = Vec::with_capacity(samples);
     for _ in 0..samples {
+        if !gap.is_zero() {
+            std::thread::sleep(gap);
+        }
         let cpu0 = farside_rt::thread_cpu_ns();
         let t0 = Instant::now();
         match strategy {
@@ -114,11 +127,12 @@ mod tests {
             Registration::Static,
             Registration::Cache,
         ] {
-            let v = measure(s, 4096, 3).unwrap();
+            let v = measure(s, 4096, 3, std::time::Duration::from_micros(10)).unwrap();
             assert_eq!(v.len(), 3);
         }
-        assert!(measure(Registration::Dynamic, 0, 1).is_err());
-        assert!(measure(Registration::Dynamic, MR_BYTES_MAX + 1, 1).is_err());
-        assert!(measure(Registration::Static, 16, 0).is_err());
+        let z = std::time::Duration::ZERO;
+        assert!(measure(Registration::Dynamic, 0, 1, z).is_err());
+        assert!(measure(Registration::Dynamic, MR_BYTES_MAX + 1, 1, z).is_err());
+        assert!(measure(Registration::Static, 16, 0, z).is_err());
     }
 }
