@@ -9,7 +9,7 @@
 //! software-iWARP systems, without `--rdma` for `tcp`), a fresh one per point. The
 //! clients (`farside loadgen --rdma`, in this process, [`farside_loadgen::rdma`]) run
 //! in `client`, pinned to another CPU. "Loaded" is the paper's: two busy processes on
-//! the server's CPU, in its cgroup, at `--hog-nice` (default -10: each weighs 9.3
+//! the server's CPU (pinned there, outside the node's cgroup), at `--hog-nice` (default -10: each weighs 9.3
 //! times a nice-0 process, so the server gets about 5 % of the CPU when it wants it).
 //!
 //! - **Table 1** (`table1`): what one registration step costs the server, per strategy
@@ -22,8 +22,8 @@
 //!   (`--fig4-rounds` times), on one kept HTTP and RDMA connection.
 //!
 //! Every point records the server's CPU per byte delivered, split into user and system
-//! time of the back-end process (`/proc/PID/stat`, all its threads, clock ticks) and
-//! softirq time of its CPU (`/proc/stat`), the RDMA connection set-up time
+//! time of the server node's cgroup (the back-end alone: cgroup v2 `cpu.stat`, µs) and
+//! softirq time of its CPU (`/proc/stat`, clock ticks), the RDMA connection set-up time
 //! (`connect_us`, from the clients), and `wrong_bodies` (every body is checked against
 //! its file).
 //!
@@ -87,6 +87,8 @@ pub const FILE_BYTES_MAX: u64 = 8 << 20;
 /// Most clients of a point ([`farside_loadgen::rdma::RDMA_CLIENTS_MAX`] allows more;
 /// each back-end worker serves one kept-alive client).
 pub const CLIENTS_MAX: u32 = 32;
+/// Most `--probe-gap-ms`.
+pub const PROBE_GAP_MS_MAX: u64 = 1000;
 /// Most `--repeat`.
 pub const REPEAT_MAX: u32 = 10;
 
@@ -123,6 +125,11 @@ pub struct RdmaHttpArgs {
     /// registration probe run at 0). Default: -10 (see HOG_NICE_DEFAULT).
     #[arg(long, default_value_t = HOG_NICE_DEFAULT, allow_hyphen_values = true)]
     pub hog_nice: i32,
+    /// Table 1: sleep before each registration step, ms: 0 (back to back, a server
+    /// busy serving) or more (each step just after a wake-up, as a worker that was
+    /// idle until its request). Default: 0.
+    #[arg(long, default_value_t = 0)]
+    pub probe_gap_ms: u64,
     /// Table 1 sizes, bytes (comma-separated). Default: 2048, 4096, 512000, 1 MiB,
     /// 8 MiB (--quick: 4096, 1 MiB).
     #[arg(long, value_delimiter = ',')]
@@ -176,6 +183,7 @@ pub struct Plan {
     pub loads: Vec<String>,
     pub table1_sizes: Vec<u64>,
     pub table1_samples: usize,
+    pub probe_gap_ms: u64,
     pub fig3_sizes: Vec<u64>,
     pub fig4_clients: Vec<u32>,
     pub fig4_rounds: u32,
@@ -295,6 +303,7 @@ pub fn check_args(a: &RdmaHttpArgs) -> io::Result<Plan> {
         loads: a.loads.clone(),
         table1_sizes,
         table1_samples,
+        probe_gap_ms: a.probe_gap_ms.min(PROBE_GAP_MS_MAX),
         fig3_sizes,
         fig4_clients,
         fig4_rounds,
