@@ -9,7 +9,7 @@
 //! software-iWARP systems, without `--rdma` for `tcp`), a fresh one per point. The
 //! clients (`farside loadgen --rdma`, in this process, [`farside_loadgen::rdma`]) run
 //! in `client`, pinned to another CPU. "Loaded" is the paper's: two busy processes on
-//! the server's CPU (pinned there, outside the node's cgroup), at `--hog-nice` (default -10: each weighs 9.3
+//! the server's CPU, in its cgroup beside the server's threads, at `--hog-nice` (default -10: each weighs 9.3
 //! times a nice-0 process, so the server gets about 5 % of the CPU when it wants it).
 //!
 //! - **Table 1** (`table1`): what one registration step costs the server, per strategy
@@ -22,8 +22,8 @@
 //!   (`--fig4-rounds` times), on one kept HTTP and RDMA connection.
 //!
 //! Every point records the server's CPU per byte delivered, split into user and system
-//! time of the server node's cgroup (the back-end alone: cgroup v2 `cpu.stat`, µs) and
-//! softirq time of its CPU (`/proc/stat`, clock ticks), the RDMA connection set-up time
+//! time of the back-end process (`/proc/PID/stat`, all its threads, 10 ms clock ticks)
+//! and softirq time of its CPU (`/proc/stat`, clock ticks), the RDMA connection set-up time
 //! (`connect_us`, from the clients), and `wrong_bodies` (every body is checked against
 //! its file).
 //!
