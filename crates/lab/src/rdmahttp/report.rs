@@ -36,11 +36,11 @@ fn f(v: Option<f64>, digits: usize) -> String {
 
 /// `1024` → `1 KiB`, `512000` → `500 kB`, `8388608` → `8 MiB`.
 pub fn size_label(b: u64) -> String {
-    if b >= 1 << 20 && b % (1 << 20) == 0 {
+    if b >= 1 << 20 && b.is_multiple_of(1 << 20) {
         format!("{} MiB", b >> 20)
-    } else if b >= 1024 && b % 1024 == 0 {
+    } else if b >= 1024 && b.is_multiple_of(1024) {
         format!("{} KiB", b >> 10)
-    } else if b >= 1000 && b % 1000 == 0 {
+    } else if b >= 1000 && b.is_multiple_of(1000) {
         format!("{} kB", b / 1000)
     } else {
         format!("{b} B")
