@@ -58,7 +58,7 @@ pub const SYSTEMS: [&str; 4] = ["tcp", "iwarp-static", "iwarp-dynamic", "iwarp-c
 pub const SYSTEM_NOT_BUILT: &str = "xdp-reads";
 /// The experiments.
 pub const EXPERIMENTS: [&str; 3] = ["table1", "fig3", "fig4"];
-/// The paper's Table 1 sizes: 2 kB, 4 kB, 500 kB, 1 MB, 8 MB.
+/// The paper's Table 1 sizes (2 kB, 4 kB, 500 kB, 1 MB, 8 MB), in KiB and MiB.
 pub const TABLE1_SIZES: [u64; 5] = [2_048, 4_096, 512_000, 1 << 20, 8 << 20];
 /// Table 1 sizes of `--quick`.
 pub const TABLE1_SIZES_QUICK: [u64; 2] = [4_096, 1 << 20];

@@ -434,7 +434,8 @@ mod tests {
         let c = csv(&pts).unwrap();
         assert_eq!(c.lines().count(), 5);
         assert!(c.starts_with("experiment,system,load,size_bytes,clients"));
-        assert_eq!(size_label(512_000), "500 kB");
+        assert_eq!(size_label(512_000), "500 KiB");
+        assert_eq!(size_label(500_000), "500 kB");
         assert_eq!(size_label(2048), "2 KiB");
     }
 
