@@ -94,24 +94,38 @@ pub struct RdmaLoadArgs {
     pub rdma: Option<RdmaLoad>,
     /// --rdma: the paths requested (comma-separated), in turn, client i starting at
     /// the i-th. Default: --file-path.
-    #[arg(long = "rdma-paths", value_delimiter = ',', requires = "rdma")]
+    #[arg(
+        id = "rdma_paths",
+        long = "rdma-paths",
+        value_delimiter = ',',
+        requires = "rdma"
+    )]
     pub paths: Vec<String>,
     /// --rdma: the directory the server serves (or a copy): each body is checked
     /// against the file of its path here (length and FNV-1a 64); a 200 with another
     /// body counts in wrong_bodies.
-    #[arg(long = "rdma-root", requires = "rdma")]
+    #[arg(id = "rdma_root", long = "rdma-root", requires = "rdma")]
     pub root: Option<PathBuf>,
     /// --rdma: the most taken by RDMA, bytes (server-writes: each client's sink region).
     /// Default: the largest file of --rdma-paths.
-    #[arg(long = "rdma-maxlen", requires = "rdma")]
+    #[arg(id = "rdma_maxlen", long = "rdma-maxlen", requires = "rdma")]
     pub maxlen: Option<u64>,
     /// --rdma: requests per client before measuring (the first sets the RDMA
     /// connection up; its set-up time is in connect_*_us). Default: 1.
-    #[arg(long = "rdma-warmup-requests", default_value_t = 1, requires = "rdma")]
+    #[arg(
+        id = "rdma_warmup_requests",
+        long = "rdma-warmup-requests",
+        default_value_t = 1,
+        requires = "rdma"
+    )]
     pub warmup_requests: u32,
     /// --rdma: measured requests per client; a client stops after them. Default: no
     /// limit (--duration-s, --requests).
-    #[arg(long = "rdma-requests-per-client", requires = "rdma")]
+    #[arg(
+        id = "rdma_requests_per_client",
+        long = "rdma-requests-per-client",
+        requires = "rdma"
+    )]
     pub requests_per_client: Option<u32>,
 }
 
