@@ -219,6 +219,11 @@ fn check_gatherd(a: &farside_gatherd::GatherdArgs) -> Result<String, Vec<String>
 }
 
 fn run_loadgen(a: farside_loadgen::LoadgenArgs) -> Result<(), String> {
+    if a.rdma.rdma.is_some() {
+        return farside_loadgen::rdma::run_cli(&a)
+            .map(|_| ())
+            .map_err(|e| format!("loadgen --rdma: {e}"));
+    }
     let s = farside_loadgen::run(&a).map_err(|e| format!("loadgen: {e}"))?;
     if a.json {
         println!(

@@ -15,6 +15,8 @@
 //!   over tcp)
 //! - [`attacks`]: the attack lab (`lab attacks`): two attackers against a loaded
 //!   data-center, success judged by effect, collateral and the defender's CPU
+//! - [`rdmahttp`]: seed 004's RDMA over HTTP (`lab rdma-http`: registration cost,
+//!   retrieval time vs size and vs clients, idle and loaded)
 //! - [`error`]: the lab's own failures ([`error::LabError`])
 //! - [`fabric`]: what every experiment runs on: the nodes' processes
 //!   ([`fabric::procs`]), the namespaces of `--hosts netns` ([`fabric::netns`]) and the
@@ -49,6 +51,7 @@ pub mod nginx;
 pub mod peak;
 pub mod probe;
 pub mod promtext;
+pub mod rdmahttp;
 pub mod reconfig;
 pub mod report;
 pub mod scenario;
@@ -100,6 +103,11 @@ pub enum LabCmd {
     /// (nodes fetch from peers' caches over TCP) on World Cup files, closed-loop clients
     /// round-robin over 2-8 netns nodes, every body checked; needs root.
     Coop(coop::CoopLabArgs),
+    /// Seed 004's RDMA over HTTP: Table 1 (registration cost vs size, per strategy),
+    /// Fig. 3 (one client, retrieval time vs size) and Fig. 4 (1 to 15 clients, five
+    /// 1 MB files each), idle and loaded (two CPU hogs on the server's CPU), for tcp and
+    /// software iWARP with static, dynamic and cached registration; needs root (netns).
+    RdmaHttp(rdmahttp::RdmaHttpArgs),
     /// Re-render the table, CSV files, plots and report.html of a kept run from its
     /// summary.json and points.jsonl, without running anything.
     Report(ReportArgs),
@@ -155,6 +163,7 @@ pub fn regenerate_any(
         reconfig::Reconfig::NAME => render::<reconfig::Reconfig>(dir, w),
         speculative::Speculative::NAME => render::<speculative::Speculative>(dir, w),
         attacks::Attacks::NAME => render::<attacks::Attacks>(dir, w),
+        rdmahttp::RdmaHttp::NAME => render::<rdmahttp::RdmaHttp>(dir, w),
         other => Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!(
@@ -174,6 +183,7 @@ fn run_cmd(a: LabArgs) -> std::io::Result<()> {
         LabCmd::Speculative(x) => speculative::Speculative::run(x),
         LabCmd::Attacks(x) => attacks::Attacks::run(x),
         LabCmd::Coop(x) => coop::run(x),
+        LabCmd::RdmaHttp(x) => rdmahttp::RdmaHttp::run(x),
         LabCmd::Report(x) => {
             let files = regenerate_any(&x.dir, &mut std::io::stdout())?;
             eprintln!(

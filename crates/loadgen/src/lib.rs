@@ -24,6 +24,9 @@
 //!   requests/s.
 //! - Traces: single 16 KiB file, Zipf (alpha 0.9), World Cup 1998 (see
 //!   [`trace`]).
+//! - **RDMA** (`--rdma MODE`, seed 004): closed-loop clients that ask for their
+//!   bodies with the `RDMA:` header, each keeping one HTTP and one RDMA connection,
+//!   every body checked against its file; its own summary ([`rdma`]).
 //! - Keep-alive is on by default: Apache 2.2 ships with `KeepAlive On` and
 //!   HTTP/1.1 clients reuse connections, so a client occupies one prefork
 //!   worker for as long as it keeps sending, which is what makes the paper's
@@ -90,6 +93,7 @@
 mod client;
 pub use client::{PortPicker, SOURCE_PORT_ATTEMPTS};
 pub mod policy;
+pub mod rdma;
 mod run;
 pub mod summary;
 pub mod trace;
@@ -268,6 +272,9 @@ pub struct LoadgenArgs {
     /// Runtime threads; 1 is a current-thread runtime. Default: 1.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// `--rdma` and its flags: load with the `RDMA:` header ([`rdma`]).
+    #[command(flatten)]
+    pub rdma: rdma::RdmaLoadArgs,
 }
 
 impl LoadgenArgs {
@@ -307,6 +314,7 @@ impl LoadgenArgs {
             json: false,
             quiet: false,
             threads: 1,
+            rdma: rdma::RdmaLoadArgs::default(),
         }
     }
 
@@ -394,6 +402,9 @@ impl LoadgenArgs {
         }
         if self.threads == 0 || self.threads > THREADS_MAX {
             return bad(format!("--threads must be in 1..={THREADS_MAX}"));
+        }
+        if self.rdma.rdma.is_some() {
+            return bad("--rdma runs its own clients: rdma::run (farside loadgen calls it)".into());
         }
         Ok(())
     }

@@ -28,10 +28,13 @@ const HEAD_BYTES_MAX: usize = 16 * 1024;
 const HEADERS_MAX: usize = 64;
 /// Largest body taken over TCP (the whole body is held in memory).
 pub const TCP_BODY_BYTES_MAX: u64 = 1 << 30;
+/// Largest region the software iWARP stack registers, bytes: the largest body taken
+/// by RDMA.
+pub const REGION_BYTES_MAX: usize = MR_BYTES_MAX;
 /// How often the accepting thread looks for the server's connection or a cancel.
 const ACCEPT_POLL: Duration = Duration::from_millis(1);
-const CQ_DEPTH: usize = 16;
-const WR_RECV: u64 = 1;
+pub(crate) const CQ_DEPTH: usize = 16;
+pub(crate) const WR_RECV: u64 = 1;
 const WR_READ: u64 = 2;
 const WR_DONE: u64 = 3;
 
@@ -202,7 +205,12 @@ pub fn get(url: &str, opts: &GetOptions) -> io::Result<Fetched> {
     }
     req.push_str("\r\n");
     http.write_all(req.as_bytes())?;
-    let (status, field, tcp_body) = read_response(&mut http)?;
+    let Answer {
+        status,
+        field,
+        body: tcp_body,
+        ..
+    } = read_response(&mut http)?;
     let answered = field.map(|f| header::parse_response(&f));
     let Some(l) = rdma else {
         return Ok(Fetched {
@@ -254,12 +262,12 @@ fn join(accept: JoinHandle<io::Result<Endpoint>>) -> io::Result<Endpoint> {
         .map_err(|e| io::Error::new(e.kind(), format!("rdma connection: {e}")))
 }
 
-fn timed_out(what: &str) -> io::Error {
+pub(crate) fn timed_out(what: &str) -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, format!("rdma: no {what} in time"))
 }
 
 /// Server-writes: wait for the Send behind the Write, check the length, take the body.
-fn take_written(
+pub(crate) fn take_written(
     ep: &Endpoint,
     sink: Option<u32>,
     note: u32,
@@ -299,25 +307,61 @@ fn read_and_say_done(
     len: u64,
     opts: &GetOptions,
 ) -> io::Result<Vec<u8>> {
+    check_offer(len, opts)?;
+    let sink = ep
+        .with(|dev, _| dev.reg_mr(pd, 0, len as usize, Access::LOCAL_WRITE))
+        .map_err(io::Error::other)?;
+    let body = read_remote(
+        ep,
+        Remote {
+            sink,
+            note,
+            stag,
+            to,
+            len,
+        },
+        opts,
+    )?;
+    // Done completed when the writer took it: let it go before the socket closes.
+    ep.drain(opts.timeout);
+    Ok(body)
+}
+
+/// Whether a client-reads answer's length can be taken.
+pub(crate) fn check_offer(len: u64, opts: &GetOptions) -> io::Result<()> {
     if len == 0 || len > opts.maxlen || len > MR_BYTES_MAX as u64 {
         return Err(io::Error::other(format!("rdma: answer offers {len} bytes")));
     }
-    let sink = ep
-        .with(|dev, qp| {
-            let sink = dev.reg_mr(pd, 0, len as usize, Access::LOCAL_WRITE)?;
-            qp.post_send(SendWr::Read {
-                wr_id: WR_READ,
-                local: Sge {
-                    stag: sink,
-                    to: 0,
-                    len: len as u32,
-                },
-                remote_stag: stag,
-                remote_to: to,
-            })?;
-            Ok::<_, farside_iwarp::verbs::VerbsError>(sink)
+    Ok(())
+}
+
+/// One client-reads transfer on a connected endpoint: the local region `sink` (at
+/// least `len` bytes, local write) and `note` (8 bytes) for the done message, the
+/// server's `stag`/`to` and `len`.
+pub(crate) struct Remote {
+    pub(crate) sink: u32,
+    pub(crate) note: u32,
+    pub(crate) stag: u32,
+    pub(crate) to: u64,
+    pub(crate) len: u64,
+}
+
+/// Read `r.len` bytes at `r.stag`/`r.to` into `r.sink`, then Send done; the body once
+/// done is handed to TCP (the server releases its region on it).
+pub(crate) fn read_remote(ep: &Endpoint, r: Remote, opts: &GetOptions) -> io::Result<Vec<u8>> {
+    ep.with(|_, qp| {
+        qp.post_send(SendWr::Read {
+            wr_id: WR_READ,
+            local: Sge {
+                stag: r.sink,
+                to: 0,
+                len: r.len as u32,
+            },
+            remote_stag: r.stag,
+            remote_to: r.to,
         })
-        .map_err(io::Error::other)?;
+    })
+    .map_err(io::Error::other)?;
     let wc = ep
         .wait_wc(opts.timeout)
         .ok_or_else(|| timed_out("Read Response"))?;
@@ -325,12 +369,12 @@ fn read_and_say_done(
         return Err(io::Error::other(format!("rdma: {wc:?}")));
     }
     let (body, done) = ep.with(|dev, qp| {
-        let body = dev.read(sink, 0, len as usize).map(<[u8]>::to_vec);
-        let _ = dev.write(note, 0, &len.to_be_bytes());
+        let body = dev.read(r.sink, 0, r.len as usize).map(<[u8]>::to_vec);
+        let _ = dev.write(r.note, 0, &r.len.to_be_bytes());
         let done = qp.post_send(SendWr::Send {
             wr_id: WR_DONE,
             local: Sge {
-                stag: note,
+                stag: r.note,
                 to: 0,
                 len: 8,
             },
@@ -341,20 +385,30 @@ fn read_and_say_done(
     });
     let body = body.map_err(|e| io::Error::other(format!("{e:?}")))?;
     done.map_err(io::Error::other)?;
-    // Done is on its way once handed to TCP; the server releases the region on it.
+    // Done is on its way once handed to TCP.
     let wc = ep
         .wait_wc(opts.timeout)
         .ok_or_else(|| timed_out("done Send"))?;
     if wc.wr_id != WR_DONE || wc.status != WcStatus::Success {
         return Err(io::Error::other(format!("rdma: {wc:?}")));
     }
-    // Done completed when the writer took it: let it go before the socket closes.
-    ep.drain(opts.timeout);
     Ok(body)
 }
 
-/// Status, the `RDMA:` field if any, and the body (by `Content-Length`, else to EOF).
-fn read_response(s: &mut TcpStream) -> io::Result<(u16, Option<Vec<u8>>, Vec<u8>)> {
+/// An HTTP answer as read by [`read_response`].
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    /// The `RDMA:` field, if any.
+    pub(crate) field: Option<Vec<u8>>,
+    pub(crate) body: Vec<u8>,
+    /// The server closes the connection after it (`Connection: close`, or a body
+    /// delimited by the end of the stream).
+    pub(crate) close: bool,
+}
+
+/// Status, the `RDMA:` field if any, the body (by `Content-Length`, else to EOF) and
+/// whether the connection ends with it.
+pub(crate) fn read_response(s: &mut TcpStream) -> io::Result<Answer> {
     let mut buf = Vec::with_capacity(4096);
     let mut chunk = [0u8; 4096];
     loop {
@@ -365,8 +419,11 @@ fn read_response(s: &mut TcpStream) -> io::Result<(u16, Option<Vec<u8>>, Vec<u8>
                 let status = resp.code.unwrap_or(0);
                 let mut field = None;
                 let mut length = None;
+                let mut close = false;
                 for h in resp.headers.iter() {
-                    if h.name.eq_ignore_ascii_case(header::NAME) {
+                    if h.name.eq_ignore_ascii_case("connection") {
+                        close |= h.value.eq_ignore_ascii_case(b"close");
+                    } else if h.name.eq_ignore_ascii_case(header::NAME) {
                         field = Some(h.value.to_vec());
                     } else if h.name.eq_ignore_ascii_case("content-length") {
                         let v = std::str::from_utf8(h.value).unwrap_or("").trim();
@@ -389,9 +446,15 @@ fn read_response(s: &mut TcpStream) -> io::Result<(u16, Option<Vec<u8>>, Vec<u8>
                     }
                     None => {
                         s.take(TCP_BODY_BYTES_MAX).read_to_end(&mut body)?;
+                        close = true;
                     }
                 }
-                return Ok((status, field, body));
+                return Ok(Answer {
+                    status,
+                    field,
+                    body,
+                    close,
+                });
             }
             Ok(httparse::Status::Partial) if buf.len() < HEAD_BYTES_MAX => {}
             Ok(httparse::Status::Partial) => {

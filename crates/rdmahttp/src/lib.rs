@@ -10,12 +10,18 @@
 //! - [`server`]: the server side, server-writes and client-reads (the back-end's).
 //! - [`client`]: one GET that asks for RDMA and takes whatever comes (`farside get`,
 //!   [`cli`]).
+//! - [`session`]: a client that keeps its HTTP and RDMA connections across requests
+//!   (`farside loadgen --rdma`).
+//! - [`regbench`]: what one registration costs, per strategy (`farside lab rdma-http`'s
+//!   Table 1).
 
 pub mod caps;
 pub mod cli;
 pub mod client;
 pub mod header;
+pub mod regbench;
 pub mod registration;
 pub mod server;
+pub mod session;
 
 pub use cli::{run_get, GetArgs};

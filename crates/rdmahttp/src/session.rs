@@ -1,0 +1,352 @@
+//! A client that keeps its connections: one HTTP/1.1 keep-alive connection and, on
+//! it, one RDMA connection reused by every request, as the seed paper's clients kept
+//! theirs (§5.1: "this connection cost must only be endured one time"). The load
+//! generator's `--rdma` clients are sessions ([`Session::get`] per request).
+//!
+//! ```text
+//!  no HTTP connection ─ connect; bind the RDMA listener on its local address (kept
+//!                       for the HTTP connection's life: every request names it)
+//!  no RDMA connection ─ a fresh device: note, sink region of maxlen (server-writes:
+//!                       remote write; client-reads: local write), a queue pair that
+//!                       accepts; a thread accepts the server's connection
+//!  RDMA connection up ─ server-writes: post a receive for the length (once per
+//!                       transfer); the request names the same sink
+//!  GET (keep-alive, `RDMA:`) ─ answer:
+//!    server-writes, len  wait for the Send behind the Write; body = sink[..len]
+//!    client-reads, ...   Read into the sink, Send done (the connection stays)
+//!    anything else       the body is the HTTP body
+//! ```
+//!
+//! The server keeps an RDMA connection for the rest of its HTTP connection while
+//! requests name the same endpoint (`crate::server`), so a session pays the RDMA
+//! connection set-up once per HTTP connection: [`Fetch::rdma_connect`] is that set-up
+//! (request written to MPA set-up done, the server's work to get there included)
+//! when this request made one, else `None`.
+//!
+//! Any error ends both connections (the next request starts afresh); an answer that
+//! says `Connection: close` ends them after it.
+
+use crate::client::{self, Fetched, GetOptions, Remote, Via, CQ_DEPTH, WR_RECV};
+use crate::header::{self, Mode, Response};
+use farside_iwarp::qp::{Qp, QpConfig, QpState, RecvWr, Sge};
+use farside_iwarp::tcp::Endpoint;
+use farside_iwarp::verbs::{Access, Cq, Device, MR_BYTES_MAX};
+use std::io::{self, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Bound on the local connection that wakes a cancelled accept (same host: a
+/// loopback-fast connect; a listener that is gone refuses at once).
+const WAKE_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// One request's outcome on a session.
+#[derive(Debug)]
+pub struct Fetch {
+    pub fetched: Fetched,
+    /// The RDMA connection this request set up (request written to MPA set-up done);
+    /// `None` when it reused one or made none.
+    pub rdma_connect: Option<Duration>,
+    /// This request opened a new HTTP connection.
+    pub http_connect: bool,
+}
+
+/// A connected RDMA side: the endpoint and the regions registered once for it.
+struct Live {
+    ep: Endpoint,
+    note: u32,
+    sink: u32,
+    /// Server-writes: a receive for the length is posted and not yet consumed (a
+    /// declined request leaves it for the next).
+    recv_posted: bool,
+}
+
+/// An RDMA connection being accepted for the request in flight.
+struct Pending {
+    note: u32,
+    sink: u32,
+    /// The listener's address (to wake the accept when cancelled).
+    endpoint: SocketAddr,
+    cancel: Arc<AtomicBool>,
+    accept: JoinHandle<io::Result<(Endpoint, Instant)>>,
+}
+
+/// The HTTP connection with its RDMA listener and connection.
+struct Http {
+    stream: TcpStream,
+    listener: TcpListener,
+    endpoint: SocketAddr,
+    live: Option<Live>,
+}
+
+/// A client of one server that keeps its HTTP and RDMA connections. See the module doc.
+pub struct Session {
+    addr: SocketAddr,
+    host: String,
+    opts: GetOptions,
+    keepalive: bool,
+    http: Option<Http>,
+    rdma_connections: u64,
+}
+
+impl Session {
+    /// A session to `addr` (Host `host`); `keepalive: false` opens new connections
+    /// (HTTP and RDMA) for every request.
+    pub fn new(addr: SocketAddr, host: &str, opts: GetOptions, keepalive: bool) -> Session {
+        Session {
+            addr,
+            host: host.to_string(),
+            opts,
+            keepalive,
+            http: None,
+            rdma_connections: 0,
+        }
+    }
+
+    /// RDMA connections set up so far.
+    pub fn rdma_connections(&self) -> u64 {
+        self.rdma_connections
+    }
+
+    /// GET `path`. On error both connections are closed; the next call starts afresh.
+    pub fn get(&mut self, path: &str) -> io::Result<Fetch> {
+        let r = self.try_get(path);
+        if r.is_err() || !self.keepalive {
+            self.http = None;
+        }
+        r
+    }
+
+    fn try_get(&mut self, path: &str) -> io::Result<Fetch> {
+        let http_connect = self.http.is_none();
+        if http_connect {
+            let stream = TcpStream::connect_timeout(&self.addr, self.opts.timeout)?;
+            stream.set_read_timeout(Some(self.opts.timeout))?;
+            let _ = stream.set_nodelay(true);
+            let listener = TcpListener::bind((stream.local_addr()?.ip(), 0))?;
+            let endpoint = listener.local_addr()?;
+            self.http = Some(Http {
+                stream,
+                listener,
+                endpoint,
+                live: None,
+            });
+        }
+        let opts = self.opts;
+        let h = self.http.as_mut().expect("connected above");
+        if h.live
+            .as_ref()
+            .is_some_and(|l| l.ep.is_closed() || l.ep.state() != QpState::Rts)
+        {
+            h.live = None;
+        }
+        let mut pending = None;
+        let field = match opts.mode {
+            None => None,
+            Some(mode) => {
+                let sink = match &mut h.live {
+                    Some(l) => {
+                        if mode == Mode::ServerWrites && !l.recv_posted {
+                            let (note, ep) = (l.note, &l.ep);
+                            ep.with(|_, qp| qp.post_recv(length_recv(note)))
+                                .map_err(io::Error::other)?;
+                            l.recv_posted = true;
+                        }
+                        l.sink
+                    }
+                    None => {
+                        let p = prepare(&h.listener, &opts, mode)?;
+                        let sink = p.sink;
+                        pending = Some(p);
+                        sink
+                    }
+                };
+                Some(
+                    header::Request {
+                        mode,
+                        endpoint: h.endpoint,
+                        sink: (mode == Mode::ServerWrites).then_some((sink, 0)),
+                        maxlen: opts.maxlen,
+                    }
+                    .to_string(),
+                )
+            }
+        };
+        let mut req = format!("GET {path} HTTP/1.1\r\nHost: {}\r\n", self.host);
+        if !self.keepalive {
+            req.push_str("Connection: close\r\n");
+        }
+        if let Some(f) = &field {
+            req.push_str(&format!("{}: {f}\r\n", header::NAME));
+        }
+        req.push_str("\r\n");
+        let sent = Instant::now();
+        let answer = h
+            .stream
+            .write_all(req.as_bytes())
+            .and_then(|()| client::read_response(&mut h.stream));
+        let answer = match answer {
+            Ok(a) => a,
+            Err(e) => {
+                if let Some(p) = pending {
+                    p.cancel();
+                }
+                return Err(e);
+            }
+        };
+        let close = answer.close;
+        let taken = answer.field.as_ref().map(|f| header::parse_response(f));
+        let mut rdma_connect = None;
+        let rdma = matches!(
+            taken,
+            Some(Ok(
+                Response::ServerWrites { .. } | Response::ClientReads { .. }
+            ))
+        );
+        if let Some(p) = pending {
+            if rdma {
+                let (ep, up) = p
+                    .accept
+                    .join()
+                    .map_err(|_| io::Error::other("rdma accept thread panicked"))?
+                    .map_err(|e| io::Error::new(e.kind(), format!("rdma connection: {e}")))?;
+                rdma_connect = Some(up.saturating_duration_since(sent));
+                self.rdma_connections += 1;
+                h.live = Some(Live {
+                    ep,
+                    note: p.note,
+                    sink: p.sink,
+                    recv_posted: opts.mode == Some(Mode::ServerWrites),
+                });
+            } else {
+                // Declined: a connection the server made is dropped with the device.
+                p.cancel();
+            }
+        }
+        let fetched = match taken {
+            Some(Ok(Response::ServerWrites { len })) => {
+                let l = h.live.as_mut().expect("set above or reused");
+                l.recv_posted = false;
+                let body = client::take_written(&l.ep, Some(l.sink), l.note, len, &opts)?;
+                Fetched {
+                    status: answer.status,
+                    body,
+                    via: Via::ServerWrites,
+                }
+            }
+            Some(Ok(Response::ClientReads { stag, to, len })) => {
+                client::check_offer(len, &opts)?;
+                let l = h.live.as_ref().expect("set above or reused");
+                let r = Remote {
+                    sink: l.sink,
+                    note: l.note,
+                    stag,
+                    to,
+                    len,
+                };
+                let body = client::read_remote(&l.ep, r, &opts)?;
+                Fetched {
+                    status: answer.status,
+                    body,
+                    via: Via::ClientReads,
+                }
+            }
+            other => Fetched {
+                status: answer.status,
+                body: answer.body,
+                via: Via::Tcp(match other {
+                    Some(Ok(Response::Declined(d))) => Some(d),
+                    _ => None,
+                }),
+            },
+        };
+        if close {
+            self.http = None;
+        }
+        Ok(Fetch {
+            fetched,
+            rdma_connect,
+            http_connect,
+        })
+    }
+}
+
+fn length_recv(note: u32) -> RecvWr {
+    RecvWr {
+        wr_id: WR_RECV,
+        sge: Sge {
+            stag: note,
+            to: 0,
+            len: 8,
+        },
+    }
+}
+
+/// A fresh device with the note and the sink region (`maxlen` bytes: remote write for
+/// server-writes, local write for client-reads' Read), a queue pair that accepts
+/// (server-writes: with the length's receive posted before the connection exists, as
+/// the server may Send right after its MPA set-up), and a thread accepting the
+/// server's connection on `listener`.
+fn prepare(listener: &TcpListener, opts: &GetOptions, mode: Mode) -> io::Result<Pending> {
+    let len = usize::try_from(opts.maxlen)
+        .ok()
+        .filter(|&n| (1..=MR_BYTES_MAX).contains(&n))
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("maxlen must be in 1..={MR_BYTES_MAX}"),
+            )
+        })?;
+    let mut dev = Device::with_random_keys();
+    let pd = dev.alloc_pd().map_err(io::Error::other)?;
+    let note = dev
+        .reg_mr(pd, 0, 8, Access::LOCAL_WRITE)
+        .map_err(io::Error::other)?;
+    let access = match mode {
+        Mode::ServerWrites => Access::REMOTE_WRITE,
+        Mode::ClientReads => Access::LOCAL_WRITE,
+    };
+    let sink = dev.reg_mr(pd, 0, len, access).map_err(io::Error::other)?;
+    let mut qp = Qp::accept(pd, QpConfig::default());
+    if mode == Mode::ServerWrites {
+        qp.post_recv(length_recv(note)).map_err(io::Error::other)?;
+    }
+    let endpoint = listener.local_addr()?;
+    let listener = listener.try_clone()?;
+    listener.set_nonblocking(false)?;
+    let cancel = Arc::new(AtomicBool::new(false));
+    let stop = Arc::clone(&cancel);
+    // A blocking accept (no polling delay in the measured set-up): the request's
+    // owner either joins it after an RDMA answer (the server connected) or cancels
+    // it and wakes it with a connection of its own ([`Pending::cancel`]).
+    let accept = std::thread::Builder::new()
+        .name("rdma-accept".into())
+        .spawn(move || {
+            let (stream, _) = listener.accept()?;
+            if stop.load(Ordering::Acquire) {
+                return Err(io::ErrorKind::Interrupted.into());
+            }
+            let cq = Cq::new(CQ_DEPTH).map_err(io::Error::other)?;
+            let ep = Endpoint::start(stream, dev, cq, qp)?;
+            Ok((ep, Instant::now()))
+        })?;
+    Ok(Pending {
+        note,
+        sink,
+        endpoint,
+        cancel,
+        accept,
+    })
+}
+
+impl Pending {
+    /// Stop accepting: a connection the server made is dropped with the device.
+    fn cancel(self) {
+        self.cancel.store(true, Ordering::Release);
+        // Wake the blocking accept (refused or unanswered once it returned: ignored).
+        let _ = TcpStream::connect_timeout(&self.endpoint, WAKE_TIMEOUT);
+        let _ = self.accept.join();
+    }
+}
