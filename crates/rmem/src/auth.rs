@@ -297,6 +297,32 @@ pub fn seal_request(out: &mut Vec<u8>, key: &ClientKey, sender: u64, seq: u64, c
     mac::seal(out, Domain::RmemRequest, &key.key, &env, covered).expect("rmem requests are small");
 }
 
+/// Seal `covered` as a request into the front of `out` without allocating (a poller's
+/// send buffers); returns the bytes written. `out` must hold
+/// `ENVELOPE_BYTES + covered.len()`.
+pub fn seal_request_to(
+    out: &mut [u8],
+    key: &ClientKey,
+    sender: u64,
+    seq: u64,
+    covered: &[u8],
+) -> usize {
+    let n = ENVELOPE_BYTES + covered.len();
+    out[ENVELOPE_BYTES..n].copy_from_slice(covered);
+    let env = Envelope {
+        key_id: key.id,
+        sender,
+        seq,
+    };
+    let tag = mac::tag(Domain::RmemRequest, &key.key, &env, covered);
+    out[0..8].copy_from_slice(&tag.to_le_bytes());
+    out[8..12].copy_from_slice(&key.id.0.to_le_bytes());
+    out[12..16].copy_from_slice(&(covered.len() as u32).to_le_bytes());
+    out[16..24].copy_from_slice(&sender.to_le_bytes());
+    out[24..32].copy_from_slice(&seq.to_le_bytes());
+    n
+}
+
 /// Seal the reply whose covered bytes are `reply[ENVELOPE_BYTES..]` in place: write its
 /// envelope (the request's key id, sender and seq) into `reply[..ENVELOPE_BYTES]`.
 pub fn seal_reply_in_place(reply: &mut [u8], key: &SipKey, request: &Envelope) {
