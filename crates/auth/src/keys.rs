@@ -579,6 +579,12 @@ impl Keyring {
         self.get(id).map(|e| e.key)
     }
 
+    /// Every installed key, current and previous (a loader copying the ring into a
+    /// BPF map).
+    pub fn iter(&self) -> impl Iterator<Item = &KeyEntry> {
+        self.entries.iter()
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
