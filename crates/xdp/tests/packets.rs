@@ -895,3 +895,44 @@ fn group_reads_are_passed_when_off_unconfigured_or_not_to_the_group_mac() {
         .set_group_read(Some([10, 0, 0, 1].into()), MAC_SERVER)
         .is_err());
 }
+
+/// Rotation in the kernel: a balancer's new key (another id) verifies beside the
+/// current one; once the old id is revoked, requests under it get no reply, and the
+/// new key keeps working. Rights follow each key.
+#[test]
+fn a_rotated_key_verifies_beside_the_old_one_until_revoked() {
+    if !need_root("a_rotated_key_verifies_beside_the_old_one_until_revoked") {
+        return;
+    }
+    let mut ring = keyring();
+    let new = ClientKey::new(farside_auth::mac::KeyId(12), *k().stranger.key());
+    ring.install(
+        "balancer",
+        new.id,
+        *new.key(),
+        farside_rmem::Role::Balancer.rights(),
+    )
+    .unwrap();
+    let mut prog = TestProgram::load(PORT, &ring).expect("load");
+    let fadd = |key: &ClientKey| to_us(&req(4, key, 0, 8 * 48, 8, &1u64.to_le_bytes()));
+    assert_eq!(prog.run(&fadd(&k().bal)).0, action::TX, "the old key");
+    assert_eq!(prog.run(&fadd(&new)).0, action::TX, "the new key");
+    assert!(prog.revoke_key(k().bal.id.0).unwrap());
+    assert_eq!(prog.run(&fadd(&k().bal)).0, action::DROP, "revoked");
+    assert_eq!(prog.run(&fadd(&new)).0, action::TX, "the new key still");
+    assert_eq!(prog.region().words()[48].load(Ordering::Acquire), 3);
+    // The new key's rights are a balancer's: no write of the served role.
+    let (v, out) = prog.run(&to_us(&req(3, &new, 0, 8 * 32, 8, &cas_args(0, 1))));
+    assert_eq!(v, action::TX);
+    let rep = check_reply(
+        "cas",
+        &to_us(&req(3, &new, 0, 8 * 32, 8, &cas_args(0, 1))),
+        &out,
+        PORT,
+    );
+    let body = farside_rmem::auth::open_reply(&rep, &new, 0x5e, 1..=u64::MAX).unwrap();
+    assert_eq!(
+        wire::RepHeader::decode(body).unwrap().status,
+        Status::Protected
+    );
+}
