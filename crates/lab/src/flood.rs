@@ -164,7 +164,7 @@ pub fn flood(
                 &[],
             );
             // Sealed (a new envelope each: the server's replay window refuses copies).
-            farside_rmem::auth::seal_request(req, &key, env.sender, env.next(), &covered);
+            farside_rmem::auth::seal_request(req, &key, env.sender, env.next_seq(), &covered);
             // Padded to the reply's size, as UdpClient does, so XDP can answer in place.
             req.resize(req.len().max(ENVELOPE_BYTES + REP_HEADER_BYTES + size), 0);
         }

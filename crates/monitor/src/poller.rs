@@ -523,7 +523,7 @@ impl<'t> Poller<'t> {
             &[],
         );
         let mut buf = [0u8; REQ_PADDED_BYTES];
-        let env_seq = self.env.next();
+        let env_seq = self.env.next_seq();
         seal_request_to(&mut buf, &g.key, self.env.sender, env_seq, &self.scratch);
         // SAFETY: buf and the group's sockaddr outlive the call.
         let r = unsafe {
@@ -699,7 +699,7 @@ impl<'t> Poller<'t> {
                     &[],
                 );
                 debug_assert_eq!(self.scratch.len(), REQ_HEADER_BYTES);
-                let env_seq = self.env.next();
+                let env_seq = self.env.next_seq();
                 seal_request_to(
                     &mut self.send.bufs[j],
                     key,
@@ -1441,15 +1441,10 @@ mod tests {
 
     /// `ID:PATH` of a key file with key id 77 (a region's own key).
     fn own_key_spec() -> String {
-        static F: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-        F.get_or_init(|| {
-            let dir = std::env::temp_dir().join(format!("farside-poller-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
-            let f = farside_rmem::auth::write_key_file(&dir, "own.key", keys().1.balancer.key())
-                .unwrap();
-            format!("77:{}", f.display())
-        })
-        .clone()
+        let dir = std::env::temp_dir().join(format!("farside-poller-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = farside_rmem::auth::write_key_file(&dir, "own.key", keys().1.balancer.key());
+        format!("77:{}", f.unwrap().display())
     }
 
     #[test]

@@ -129,7 +129,7 @@ impl TcpSlot {
             &[],
         );
         covered.copy_from_slice(&v);
-        let env_seq = self.env.next();
+        let env_seq = self.env.next_seq();
         c.out.resize(ENVELOPE_BYTES + REQ_HEADER_BYTES, 0);
         seal_request_to(&mut c.out, &self.key, self.env.sender, env_seq, &covered);
         c.out_off = 0;

@@ -389,7 +389,7 @@ impl SenderState {
     }
 
     /// The next envelope seq (restart-safe: `Sequencer`). At `u64::MAX` a new sender id.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_seq(&mut self) -> u64 {
         match self.seq.next(Sequencer::unix_s()) {
             Some(s) => s,
             None => {

@@ -181,7 +181,7 @@ impl Codec {
     fn seal(&mut self) {
         match &self.key {
             Some(k) => {
-                let s = self.env.next();
+                let s = self.env.next_seq();
                 self.attempts.1 = s;
                 seal_request(&mut self.req, k, self.env.sender, s, &self.covered);
             }
