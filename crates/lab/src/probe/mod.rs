@@ -774,6 +774,7 @@ mod tests {
         let timeout = Duration::from_millis(20);
         let opts = ClientOptions {
             timeout,
+            key: Some(farside_rmem::LabKeyset::generate().reader),
             ..Default::default()
         };
         let mut c = connect(&Endpoint::Udp(silent.local_addr().unwrap()), &opts).unwrap();
