@@ -23,24 +23,36 @@
  * (XDP_PASS), including fragments and packets with IP options: the kernel
  * reassembles/handles them and gatherd's user-space server answers, if it runs.
  *
- * Our datagrams are checked exactly like ops::check does, in the same order:
- *   1. header well formed (length, magic, version)  -> Malformed: dropped
- *   2. access key known                              -> BadKey: dropped
- *   3. op known                                      -> BadOp
+ * Every request is an authenticated message (bpf/auth_siphash.h, crates/auth mac.rs):
+ * a 32-byte envelope (tag, key id, len, sender, seq), then the rmem header and
+ * payload the tag covers. Our datagrams are checked exactly like ops::execute does,
+ * in the same order:
+ *   1. envelope present, its len within the datagram, its key id in rmem_keys, its
+ *      SipHash-2-4 tag right under that key (bounded: RMEM_SIPHASH_BYTES_MAX)
+ *                                                    -> BadKey: dropped (no reply)
+ *      group datagrams: READs only                   -> Malformed: dropped
+ *   2. (key id, sender, seq) new to its replay window (rmem_replay, under a spin
+ *      lock; farside_auth::replay's RFC 6479 window)  -> Replayed: dropped
+ *   3. header well formed (magic, version)           -> Malformed: dropped
+ *   4. op known                                      -> BadOp
  *      (whole payload present, else Malformed: dropped)
- *   4. region 0                                      -> NoRegion
- *   5. len: READ 1..=XDP_READ_BYTES_MAX (!), WRITE 1..=RMEM_OP_BYTES_MAX,
- *      atomics exactly 8                             -> BadLength
- *   6. offset and len multiples of 8                 -> Unaligned
- *   7. offset + len within the region                -> OutOfBounds
- *   8. WRITE/CAS/FADD need a read-write key          -> ReadOnly
- *   9. WRITE/CAS/FADD within the control words       -> Protected
- *  10. a READ request at least as long as its reply  -> Unpadded
+ *   5. the key's rights, as farside_auth::rights::check: region -> NoRegion;
+ *      len (> 0, atomics 8) -> BadLength; alignment -> Unaligned; within the
+ *      region -> OutOfBounds; a mutation of an agent-owned word -> Protected; one
+ *      grant with the op covering the words, FETCH-ADD delta within its limit
+ *      -> ReadOnly
+ *   6. READ len <= XDP_READ_BYTES_MAX (!)              -> BadLength
+ *   7. a READ request at least as long as its reply  -> Unpadded
  * The one difference from user space is the READ limit (one frame); see
- * rmem_consts.h. Refusals are answered with a header-only reply (never longer than
- * the request), memory untouched.
+ * rmem_consts.h. Refusals after step 3 are answered with a header-only reply (never
+ * longer than the request), memory untouched.
  *
- * Then duplicate detection for WRITE/CAS/FADD of a client (id != 0), as ops::Dedup:
+ * Every reply is sealed under the request's key for the reply domain: the request's
+ * envelope stays in place (key id, sender, seq: the reply is bound to its request),
+ * its len becomes the reply's, its tag is computed over the reply.
+ *
+ * Then duplicate detection for WRITE/CAS/FADD per client (the envelope's sender), as
+ * ops::Dedup:
  * the rmem_dedup map holds each client's last seq and the old value it returned.
  * Same seq: the recorded reply is replayed (the op is not applied again); older seq:
  * dropped (a delayed duplicate, counted Stale); a retry (RMEM_FLAG_RETRY) of a
@@ -70,7 +82,10 @@
 #include "rmem_maps.h"
 #include "rmem_structs.h"
 
-/* Bytes in front of the rmem payload: Ethernet, IPv4 without options, UDP. */
+#define AUTH_SIPHASH_BYTES_MAX RMEM_SIPHASH_BYTES_MAX
+#include "auth_siphash.h"
+
+/* Bytes in front of the envelope: Ethernet, IPv4 without options, UDP. */
 #define HDRS_BYTES (sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr))
 
 static __always_inline void count(__u32 op, __u32 status)
@@ -117,6 +132,124 @@ static __always_inline __u64 word_sum(__u64 v)
 	return (v & 0xffffffff) + (v >> 32);
 }
 
+/*
+ * The tag the envelope at the start of the UDP payload should carry under (k0, k1)
+ * for `label`, into *tag: 0, or -1 if the envelope or its covered bytes do not fit
+ * the frame or RMEM_SIPHASH_BYTES_MAX. A global (BPF-to-BPF) function: the verifier
+ * checks its bounded loop once, not once per path of the caller.
+ */
+__attribute__((noinline)) int rmem_envelope_tag(struct xdp_md *ctx, __u64 k0, __u64 k1,
+						 __u64 label, __u64 *tag)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u64 t = 0;
+	int r;
+
+	if (!tag)
+		return -1;
+	r = auth_envelope_tag(data + HDRS_BYTES, k0, k1, label, data_end, &t);
+	*tag = t;
+	return r;
+}
+
+/*
+ * Accept seq into the replay window of (key id, sender), as farside_auth::replay's
+ * Window::accept: 0 if new (recorded), -1 if a copy, too old, or there is no room for
+ * a new sender's window. Called only once the tag verified. Global, as above.
+ */
+__attribute__((noinline)) int rmem_replay_accept(__u32 key_id, __u64 sender, __u64 seq)
+{
+	struct rmem_replay_key k = { .key_id = key_id, .reserved = 0, .sender = sender };
+	struct rmem_window *w;
+	__u64 top, cur, next, entered, i, bit;
+	int ok = -1;
+
+	if (seq == 0)
+		return -1;
+	w = bpf_map_lookup_elem(&rmem_replay, &k);
+	if (!w) {
+		struct rmem_window fresh = {};
+
+		/* Fails when full (refused) or when another CPU just created it (fine). */
+		bpf_map_update_elem(&rmem_replay, &k, &fresh, BPF_NOEXIST);
+		w = bpf_map_lookup_elem(&rmem_replay, &k);
+		if (!w)
+			return -1;
+	}
+	bit = 1ULL << (seq % 64);
+	bpf_spin_lock(&w->lock);
+	top = w->top;
+	if (seq > top) {
+		/* Zero the words top enters (all of them after a jump of a whole window). */
+		cur = top / 64;
+		next = seq / 64;
+		entered = next - cur;
+		if (entered > RMEM_WINDOW_BLOCKS)
+			entered = RMEM_WINDOW_BLOCKS;
+		for (i = 1; i <= RMEM_WINDOW_BLOCKS; i++) {
+			if (i > entered)
+				break;
+			w->bits[(cur + i) % RMEM_WINDOW_BLOCKS] = 0;
+		}
+		w->top = seq;
+		w->bits[(seq / 64) % RMEM_WINDOW_BLOCKS] |= bit;
+		ok = 0;
+	} else if (top - seq < RMEM_WINDOW_MSGS &&
+		   !(w->bits[(seq / 64) % RMEM_WINDOW_BLOCKS] & bit)) {
+		w->bits[(seq / 64) % RMEM_WINDOW_BLOCKS] |= bit;
+		ok = 0;
+	}
+	bpf_spin_unlock(&w->lock);
+	return ok;
+}
+
+/*
+ * farside_auth::rights::check for one operation on words [first, end), after the
+ * region, length, alignment and bounds checks: RMEM_ST_OK, PROTECTED (an agent-owned
+ * word) or READ_ONLY (no grant, or a FETCH-ADD delta over the grant's).
+ */
+static __always_inline __u32 rights_check(const struct rmem_key *k, __u32 op, __u32 first,
+					  __u32 end, __u64 delta)
+{
+	__u32 i, opbit;
+
+	if (op != RMEM_OP_READ &&
+	    (first < RMEM_AGENT_OWNED_END_WORD ||
+	     (first <= RMEM_AGENT_OWNED_ERROR_WORD && end > RMEM_AGENT_OWNED_ERROR_WORD)))
+		return RMEM_ST_PROTECTED;
+	opbit = op == RMEM_OP_READ    ? RMEM_GRANT_READ
+		: op == RMEM_OP_WRITE ? RMEM_GRANT_WRITE
+		: op == RMEM_OP_CAS   ? RMEM_GRANT_CAS
+				      : RMEM_GRANT_FADD;
+	for (i = 0; i < RMEM_GRANTS_MAX; i++) {
+		const struct rmem_grant *g = &k->grant[i];
+
+		if (i >= k->grants)
+			break;
+		if (!(g->ops & opbit) || g->first > first || end > g->end)
+			continue;
+		/* The first grant that covers the access decides, as in Rust. */
+		if (op == RMEM_OP_FADD && delta > g->fadd_delta_max)
+			return RMEM_ST_READ_ONLY;
+		return RMEM_ST_OK;
+	}
+	return RMEM_ST_READ_ONLY;
+}
+
+/* Sum of the 32-bit halves of the words of a 32-byte envelope in the packet. */
+static __always_inline __u64 envelope_sum(const struct auth_envelope *e)
+{
+	const __u32 *w = (const void *)e;
+	__u64 sum = 0;
+	__u32 i;
+
+#pragma unroll
+	for (i = 0; i < sizeof(*e) / 4; i++)
+		sum += w[i];
+	return sum;
+}
+
 SEC("xdp")
 int rmem_xdp(struct xdp_md *ctx)
 {
@@ -125,14 +258,18 @@ int rmem_xdp(struct xdp_md *ctx)
 	struct ethhdr *eth = data;
 	struct iphdr *ip;
 	struct udphdr *udp;
+	struct auth_envelope *env;
 	struct rmem_req *req;
 	struct rmem_config *cfg;
 	struct rmem_region *region = 0;
 	struct rmem_dedup *slot = 0;
-	__u32 zero = 0, ip_len, udp_len, plen, need, *perm;
-	__u32 op, status, offset, len, rep_len = 0, first, i, flags, group;
-	__u64 seq, key, client, arg0 = 0, arg1 = 0, old = 0, sum;
-	long delta;
+	struct rmem_key *key;
+	/* Every scalar starts defined: the verifier follows paths the compiler merged. */
+	__u32 zero = 0, ip_len = 0, udp_len = 0, plen = 0, need = 0, key_id = 0, covered = 0;
+	__u32 op = 0, status = 0, offset = 0, len = 0, rep_len = 0, first = 0, i = 0, flags = 0;
+	__u32 group = 0;
+	__u64 seq = 0, client = 0, arg0 = 0, arg1 = 0, old = 0, sum = 0, tag = 0;
+	long delta = 0;
 
 	/* Ours or the stack's? Anything not a plain IPv4 UDP datagram to our port is the stack's. */
 	if ((void *)(eth + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP))
@@ -176,33 +313,62 @@ int rmem_xdp(struct xdp_md *ctx)
 		return XDP_PASS;
 	plen = udp_len - sizeof(*udp);
 
-	/* 1. Well formed header. */
-	req = (void *)(udp + 1);
-	if (plen < sizeof(*req) || (void *)(req + 1) > data_end ||
-	    req->magic != RMEM_REQ_MAGIC || req->version != RMEM_VERSION) {
+	/* 1. An envelope whose covered bytes lie within the datagram, a known key, its tag. */
+	env = (void *)(udp + 1);
+	if (plen < sizeof(*env) + sizeof(*req) || (void *)(env + 1) > data_end) {
+		count(0, RMEM_ST_BAD_KEY);
+		return XDP_DROP;
+	}
+	covered = env->len;
+	if (covered > plen - sizeof(*env)) {
+		count(0, RMEM_ST_BAD_KEY);
+		return XDP_DROP;
+	}
+	key_id = env->key_id;
+	key = bpf_map_lookup_elem(&rmem_keys, &key_id);
+	if (!key || rmem_envelope_tag(ctx, key->k0, key->k1, AUTH_LABEL_RMEM_REQUEST, &tag)) {
+		count(0, RMEM_ST_BAD_KEY);
+		return XDP_DROP;
+	}
+	/* Packet pointers do not survive a call: derive them again. */
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	env = data + HDRS_BYTES;
+	if ((void *)(env + 1) > data_end || tag != env->tag) {
+		count(0, RMEM_ST_BAD_KEY);
+		return XDP_DROP;
+	}
+	client = env->sender;
+	req = (void *)(env + 1);
+	if (covered < sizeof(*req) || (void *)(req + 1) > data_end) {
 		count(0, RMEM_ST_MALFORMED);
 		return XDP_DROP;
 	}
 	op = req->op;
-	flags = req->flags;
-	seq = req->seq;
-	key = req->key;
-	offset = req->offset;
-	len = req->len;
-	client = req->client;
-
-	/* 2. Known key: unknown keys get no reply at all. */
-	perm = bpf_map_lookup_elem(&rmem_keys, &key);
-	if (!perm) {
-		count(op, RMEM_ST_BAD_KEY);
-		return XDP_DROP;
-	}
-	/* Group datagrams: READs only, never answered otherwise (top comment). */
+	/*
+	 * Group datagrams: READs only, never answered otherwise (top comment); dropped
+	 * before the replay window, so a mutation sent to the group takes no slot there.
+	 */
 	if (group && op != RMEM_OP_READ) {
 		count(op, RMEM_ST_MALFORMED);
 		return XDP_DROP;
 	}
-	/* 3. Known op, and its whole payload present. */
+	/* 2. Not a copy: the replay window of (key id, sender). */
+	if (rmem_replay_accept(key_id, client, env->seq)) {
+		count(0, RMEM_ST_REPLAYED);
+		return XDP_DROP;
+	}
+
+	/* 3. Well formed header (covered by the tag). */
+	if (req->magic != RMEM_REQ_MAGIC || req->version != RMEM_VERSION) {
+		count(0, RMEM_ST_MALFORMED);
+		return XDP_DROP;
+	}
+	flags = req->flags;
+	seq = req->seq;
+	offset = req->offset;
+	len = req->len;
+	/* 4. Known op, and its whole payload present (and covered by the tag). */
 	if (op < RMEM_OP_READ || op > RMEM_OP_FADD) {
 		status = RMEM_ST_BAD_OP;
 		goto reply;
@@ -215,45 +381,52 @@ int rmem_xdp(struct xdp_md *ctx)
 		need = 8;
 	else
 		need = 0;
-	if (plen < sizeof(*req) + need) {
+	if (covered < sizeof(*req) + need) {
 		count(op, RMEM_ST_MALFORMED);
 		return XDP_DROP;
 	}
-	/* 4. Region. */
-	if (req->region != 0) {
+	if (op == RMEM_OP_CAS || op == RMEM_OP_FADD) {
+		__u64 *args = (void *)(req + 1);
+
+		if ((void *)(args + 2) > data_end && op == RMEM_OP_CAS)
+			return XDP_DROP; /* unreachable: covered was checked */
+		if ((void *)(args + 1) > data_end)
+			return XDP_DROP; /* unreachable: covered was checked */
+		arg0 = args[0];
+		if (op == RMEM_OP_CAS) {
+			if ((void *)(args + 2) > data_end)
+				return XDP_DROP;
+			arg1 = args[1];
+		}
+	}
+	/* 5. The key's rights (farside_auth::rights::check, in its order). */
+	if (req->region != key->region) {
 		status = RMEM_ST_NO_REGION;
 		goto reply;
 	}
-	/* 5. Length. */
-	if ((op == RMEM_OP_READ && (len == 0 || len > XDP_READ_BYTES_MAX)) ||
-	    (op == RMEM_OP_WRITE && (len == 0 || len > RMEM_OP_BYTES_MAX)) ||
-	    ((op == RMEM_OP_CAS || op == RMEM_OP_FADD) && len != 8)) {
+	if (len == 0 || ((op == RMEM_OP_CAS || op == RMEM_OP_FADD) && len != 8)) {
 		status = RMEM_ST_BAD_LENGTH;
 		goto reply;
 	}
-	/* 6. Alignment. */
 	if ((offset | len) & 7) {
 		status = RMEM_ST_UNALIGNED;
 		goto reply;
 	}
-	/* 7. Bounds (64-bit sum: no wrap-around). */
+	/* 64-bit sum: no wrap-around. */
 	if ((__u64)offset + len > RMEM_REGION_BYTES) {
 		status = RMEM_ST_OUT_OF_BOUNDS;
 		goto reply;
 	}
-	/* 8. Permission. */
-	if (op != RMEM_OP_READ && *perm != RMEM_PERM_RW) {
-		status = RMEM_ST_READ_ONLY;
+	status = rights_check(key, op, offset / 8, (offset + len) / 8, arg0);
+	if (status != RMEM_ST_OK)
+		goto reply;
+	/* 6. A READ's reply must fit one frame. */
+	if (op == RMEM_OP_READ && len > XDP_READ_BYTES_MAX) {
+		status = RMEM_ST_BAD_LENGTH;
 		goto reply;
 	}
-	/* 9. Mutations only within the control words. */
-	if (op != RMEM_OP_READ &&
-	    (offset < RMEM_WRITABLE_FIRST_BYTE || (__u64)offset + len > RMEM_WRITABLE_END_BYTE)) {
-		status = RMEM_ST_PROTECTED;
-		goto reply;
-	}
-	/* 10. No reflection: a READ's reply is never longer than its request. */
-	if (op == RMEM_OP_READ && plen < sizeof(struct rmem_rep) + len) {
+	/* 7. No reflection: a READ's reply is never longer than its request. */
+	if (op == RMEM_OP_READ && plen < sizeof(*env) + sizeof(struct rmem_rep) + len) {
 		status = RMEM_ST_UNPADDED;
 		goto reply;
 	}
@@ -264,7 +437,7 @@ int rmem_xdp(struct xdp_md *ctx)
 		goto reply;
 	}
 	/* Duplicate detection (top comment). */
-	if (op != RMEM_OP_READ && client != 0) {
+	if (op != RMEM_OP_READ) {
 		slot = bpf_map_lookup_elem(&rmem_dedup, &client);
 		if (!slot) {
 			struct rmem_dedup fresh = { .seq = seq, .done_seq = seq - 1, .old = 0 };
@@ -319,17 +492,9 @@ int rmem_xdp(struct xdp_md *ctx)
 			*(volatile __u64 *)&region->words[(first + i) & (RMEM_REGION_WORDS - 1)] = *src;
 		}
 	} else {
-		__u64 *args = (void *)(req + 1);
-
-		if ((void *)(args + 1) > data_end)
-			return XDP_DROP; /* unreachable: plen was checked */
-		arg0 = args[0];
 		/* u64 index masked to the region: the verifier sees an aligned, bounded offset. */
 		first &= RMEM_REGION_WORDS - 1;
 		if (op == RMEM_OP_CAS) {
-			if ((void *)(args + 2) > data_end)
-				return XDP_DROP; /* unreachable: plen was checked */
-			arg1 = args[1];
 			old = __sync_val_compare_and_swap(&region->words[first], arg0, arg1);
 		} else {
 			old = __sync_fetch_and_add(&region->words[first], arg0);
@@ -344,7 +509,8 @@ int rmem_xdp(struct xdp_md *ctx)
 
 reply:
 	/* Resize the frame to exactly the reply (this also drops any Ethernet padding). */
-	delta = (long)(HDRS_BYTES + sizeof(struct rmem_rep) + rep_len) - (long)bpf_xdp_get_buff_len(ctx);
+	delta = (long)(HDRS_BYTES + sizeof(*env) + sizeof(struct rmem_rep) + rep_len) -
+		(long)bpf_xdp_get_buff_len(ctx);
 	if (delta != 0 && bpf_xdp_adjust_tail(ctx, delta)) {
 		/*
 		 * Only a READ reply can be longer than its request, and only growing
@@ -360,13 +526,14 @@ reply:
 	/* All packet pointers are stale after bpf_xdp_adjust_tail: derive them again. */
 	data = (void *)(long)ctx->data;
 	data_end = (void *)(long)ctx->data_end;
-	if (data + HDRS_BYTES + sizeof(struct rmem_rep) > data_end) {
+	if (data + HDRS_BYTES + sizeof(*env) + sizeof(struct rmem_rep) > data_end) {
 		count_other(RMEM_CNT_ABORTED);
 		return XDP_ABORTED;
 	}
 	eth = data;
 	ip = (void *)(eth + 1);
 	udp = (void *)(ip + 1);
+	env = (void *)(udp + 1);
 
 	{
 		unsigned char mac[ETH_ALEN];
@@ -386,7 +553,8 @@ reply:
 		/* A group reply comes from the node's own address, not the group's. */
 		ip->saddr = group ? cfg->ipv4_addr : ip->daddr;
 		ip->daddr = a;
-		ip->tot_len = bpf_htons(sizeof(*ip) + sizeof(*udp) + sizeof(struct rmem_rep) + rep_len);
+		ip->tot_len = bpf_htons(sizeof(*ip) + sizeof(*udp) + sizeof(*env) +
+					sizeof(struct rmem_rep) + rep_len);
 		ip->ttl = RMEM_REPLY_TTL;
 		ip->check = 0;
 		sum = 0;
@@ -400,11 +568,11 @@ reply:
 
 		udp->source = udp->dest;
 		udp->dest = p;
-		udp->len = bpf_htons(sizeof(*udp) + sizeof(struct rmem_rep) + rep_len);
+		udp->len = bpf_htons(sizeof(*udp) + sizeof(*env) + sizeof(struct rmem_rep) + rep_len);
 		udp->check = 0;
 	}
 	{
-		struct rmem_rep *rep = (void *)(udp + 1);
+		struct rmem_rep *rep = (void *)(env + 1);
 		__u32 *w = (void *)rep;
 
 		rep->magic = RMEM_REP_MAGIC;
@@ -425,7 +593,7 @@ reply:
 	if (status == RMEM_ST_OK && op == RMEM_OP_READ && region) {
 		/* Ascending word loads, each one 8-byte load: a seqlock reader relies on both. */
 		for (i = 0; i < XDP_READ_WORDS_MAX; i++) {
-			__u64 *dst = data + HDRS_BYTES + sizeof(struct rmem_rep) + i * 8;
+			__u64 *dst = data + HDRS_BYTES + sizeof(*env) + sizeof(struct rmem_rep) + i * 8;
 			__u64 v;
 
 			if (i >= rep_len / 8)
@@ -439,7 +607,7 @@ reply:
 			sum += word_sum(v);
 		}
 	} else if (rep_len == 8) {
-		__u64 *dst = data + HDRS_BYTES + sizeof(struct rmem_rep);
+		__u64 *dst = data + HDRS_BYTES + sizeof(*env) + sizeof(struct rmem_rep);
 
 		if ((void *)(dst + 1) > data_end) {
 			count_other(RMEM_CNT_ABORTED);
@@ -447,6 +615,31 @@ reply:
 		}
 		*dst = old;
 		sum += word_sum(old);
+	}
+	/*
+	 * Seal the reply: the request's key id, sender and seq stay (the binding), len is
+	 * the reply's, the tag is over the reply domain; then the envelope's share of the
+	 * UDP checksum.
+	 */
+	env->len = sizeof(struct rmem_rep) + rep_len;
+	if (rmem_envelope_tag(ctx, key->k0, key->k1, AUTH_LABEL_RMEM_REPLY, &tag)) {
+		count_other(RMEM_CNT_ABORTED);
+		return XDP_ABORTED; /* unreachable: the frame was sized for it */
+	}
+	/* Packet pointers do not survive a call: derive them again. */
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	env = data + HDRS_BYTES;
+	if ((void *)(env + 1) > data_end) {
+		count_other(RMEM_CNT_ABORTED);
+		return XDP_ABORTED;
+	}
+	env->tag = tag;
+	sum += envelope_sum(env);
+	udp = data + sizeof(struct ethhdr) + sizeof(struct iphdr);
+	if ((void *)(udp + 1) > data_end) {
+		count_other(RMEM_CNT_ABORTED);
+		return XDP_ABORTED;
 	}
 	{
 		__u16 c = csum_fold(sum);

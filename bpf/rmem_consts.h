@@ -13,9 +13,9 @@
 /* Reply magic "FSRP" read as a little-endian u32 (wire::REP_MAGIC). */
 #define RMEM_REP_MAGIC 0x50525346
 /* Protocol version (wire::VERSION). */
-#define RMEM_VERSION 2
-/* Fixed request header (wire::REQ_HEADER_BYTES). */
-#define RMEM_REQ_HEADER_BYTES 48
+#define RMEM_VERSION 3
+/* Fixed request header after the envelope (wire::REQ_HEADER_BYTES). */
+#define RMEM_REQ_HEADER_BYTES 32
 /* Request flag: a retry of the same (client, seq) (wire::FLAG_RETRY). */
 #define RMEM_FLAG_RETRY 1
 /* Fixed reply header (wire::REP_HEADER_BYTES). */
@@ -26,8 +26,38 @@
 #define RMEM_REGION_BYTES 4096
 /* ... as 64-bit words (farside_region::REGION_WORDS); a power of two, used as a mask. */
 #define RMEM_REGION_WORDS 512
-/* Most access keys (ops::KEYS_MAX): max_entries of the keys map. */
-#define RMEM_KEYS_MAX 8
+/* Most keys (farside_auth::keys::KEYS_MAX): max_entries of the keys map. */
+#define RMEM_KEYS_MAX 64
+/* Most grants per key (farside_auth::rights::GRANTS_MAX): the bound of the grant loop. */
+#define RMEM_GRANTS_MAX 16
+/* Grant op bits (struct rmem_grant.ops). */
+#define RMEM_GRANT_READ 1
+#define RMEM_GRANT_WRITE 2
+#define RMEM_GRANT_CAS 4
+#define RMEM_GRANT_FADD 8
+/*
+ * Words only the node's agent writes (farside_auth::rights::AGENT_OWNED): the header,
+ * the load record and the served role and its epoch are words [0, 34); the role
+ * error is word 35. No mutation may touch them, whatever the key's grants.
+ */
+#define RMEM_AGENT_OWNED_END_WORD 34
+#define RMEM_AGENT_OWNED_ERROR_WORD 35
+/*
+ * Senders whose replay window the program keeps (farside_auth::replay::SENDERS_MAX):
+ * max_entries of the replay map. It never evicts (an evicted window could let a
+ * recorded request in again): an authentic request of a new sender that finds it
+ * full is refused as REPLAYED (a denial, never an accepted replay).
+ */
+#define RMEM_REPLAY_SENDERS_MAX 4096
+/* Words of a replay window's bitmap (farside_auth::replay::WINDOW_BLOCKS). */
+#define RMEM_WINDOW_BLOCKS 16
+/* How far below the top a seq is still judged by its bit (replay::WINDOW_MSGS). */
+#define RMEM_WINDOW_MSGS 960
+/*
+ * Longest message the program hashes (request or reply, envelope bytes 8..32 and the
+ * covered bytes): 24 + 24 + XDP_READ_BYTES_MAX = 1448, rounded up to whole blocks.
+ */
+#define RMEM_SIPHASH_BYTES_MAX 1456
 /*
  * Clients whose last mutation is remembered (ops::DEDUP_CLIENTS_MAX): max_entries
  * of the LRU dedup map. A forgotten client's retry is refused as UNKNOWN.
@@ -36,15 +66,9 @@
 /* Mutations remembered per client (ops::DEDUP_WINDOW): one outstanding op per client. */
 #define RMEM_DEDUP_WINDOW 1
 /*
- * Bytes a WRITE/CAS/FADD may change: the control words
- * [layout::WRITABLE_FIRST_WORD, layout::WRITABLE_END_WORD) * 8.
- */
-#define RMEM_WRITABLE_FIRST_BYTE 256
-#define RMEM_WRITABLE_END_BYTE 512
-/*
  * Largest READ answered in the kernel (farside_xdp::XDP_READ_BYTES_MAX). The
- * reply must fit one frame: 14 + 20 + 8 + 24 + 1400 = 1466 bytes, under a
- * 1500-byte MTU. Larger READs get BadLength here although the user-space
+ * reply must fit one frame: 14 + 20 + 8 + 32 + 24 + 1400 = 1498 bytes, within a
+ * 1500-byte MTU's frame (1514). Larger READs get BadLength here although the user-space
  * server allows up to RMEM_OP_BYTES_MAX; clients split large reads.
  */
 #define XDP_READ_BYTES_MAX 1400
@@ -71,24 +95,22 @@
 #define RMEM_ST_UNKNOWN 10
 #define RMEM_ST_STALE 11
 #define RMEM_ST_UNPADDED 12
+#define RMEM_ST_REPLAYED 13
 
-/* Key permissions (values of the keys map). */
-#define RMEM_PERM_READ 1
-#define RMEM_PERM_RW 2
 
 /*
  * Counter indices (the counters map, per CPU): [0, 5) ops by op code with 0 =
- * unknown, [5, 18) replies by status, like ops::OpCounters; then
+ * unknown, [5, 19) replies by status, like ops::OpCounters; then
  * RMEM_CNT_ABORTED: replies that could not be built (cannot happen: XDP_ABORTED);
  * RMEM_CNT_NO_ROOM: READs passed to the stack because the frame could not grow
  * to the reply's size (pad READ requests to avoid it; see rmem.bpf.c).
  */
 #define RMEM_CNT_OPS 5
-#define RMEM_CNT_STATUS 13
+#define RMEM_CNT_STATUS 14
 #define RMEM_CNT_STATUS_BASE RMEM_CNT_OPS
-#define RMEM_CNT_ABORTED 18
-#define RMEM_CNT_NO_ROOM 19
-#define RMEM_COUNTERS 20
+#define RMEM_CNT_ABORTED 19
+#define RMEM_CNT_NO_ROOM 20
+#define RMEM_COUNTERS 21
 
 /* IPv4 fragment bits (frag_off, host order): more fragments, fragment offset. */
 #define RMEM_IP_MF 0x2000

@@ -15,15 +15,24 @@ struct {
 	__type(value, struct rmem_region);
 } rmem_region SEC(".maps");
 
-/* Access keys: key -> RMEM_PERM_*; unknown keys are dropped. */
+/* Keys: key id -> SipHash key and rights; requests naming no key are dropped. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, RMEM_KEYS_MAX);
-	__type(key, __u64);
-	__type(value, __u32);
+	__type(key, __u32);
+	__type(value, struct rmem_key);
 } rmem_keys SEC(".maps");
 
-/* Duplicate detection: client id -> its last mutation; least recently used evicted. */
+/* Replay windows per (key id, sender); never evicted (see RMEM_REPLAY_SENDERS_MAX). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, RMEM_REPLAY_SENDERS_MAX);
+	__type(key, struct rmem_replay_key);
+	__type(value, struct rmem_window);
+} rmem_replay SEC(".maps");
+
+/* Duplicate detection: client (the envelope's sender) -> its last mutation; least
+ * recently used evicted. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, RMEM_DEDUP_CLIENTS_MAX);

@@ -3,33 +3,35 @@
 #ifndef RMEM_STRUCTS_H
 #define RMEM_STRUCTS_H
 
+#include <linux/bpf.h>
 #include <linux/types.h>
 #include "rmem_consts.h"
 
-/* Request header, little-endian, at the start of the UDP payload. */
+/*
+ * Request header, little-endian, after the envelope (struct auth_envelope,
+ * bpf/auth_siphash.h) at the start of the UDP payload; the envelope's tag covers it.
+ */
 struct rmem_req {
 	__u32 magic;     /* RMEM_REQ_MAGIC */
 	__u8 version;    /* RMEM_VERSION */
 	__u8 op;         /* RMEM_OP_* */
 	__u16 flags;     /* RMEM_FLAG_* */
-	__u64 seq;       /* echoed in the reply; +1 per op of a client */
-	__u64 key;       /* access key: must be in the keys map */
+	__u64 seq;       /* the operation's: echoed in the reply; a retry repeats it */
 	__u32 region;    /* only region 0 exists */
 	__u32 offset;    /* bytes, multiple of 8 */
 	__u32 len;       /* bytes, multiple of 8 */
 	__u32 reserved1;
-	__u64 client;    /* random per client; 0 = anonymous (no dedup) */
 	/* payload: WRITE len bytes; CAS expected u64, new u64; FADD delta u64 */
 };
 
-/* Reply header, written over the request header. */
+/* Reply header, after the reply's envelope (written over the request's). */
 struct rmem_rep {
 	__u32 magic;     /* RMEM_REP_MAGIC */
 	__u8 version;    /* RMEM_VERSION */
 	__u8 op;         /* the request's op byte */
 	__u8 status;     /* RMEM_ST_* */
 	__u8 reserved0;
-	__u64 seq;       /* the request's seq */
+	__u64 seq;       /* the request's op seq */
 	__u32 len;       /* payload bytes: READ len, CAS/FADD 8, else 0 */
 	__u32 reserved1;
 	/* payload: READ len bytes; CAS/FADD old value u64 */
@@ -67,6 +69,46 @@ struct rmem_dedup {
 	__u64 seq;       /* last seq claimed */
 	__u64 done_seq;  /* last seq whose reply (old) is recorded */
 	__u64 old;       /* CAS/FADD: the old value returned; WRITE: 0 */
+};
+
+/* One grant of a key (farside_auth::rights::Grant): ops on words [first, end). */
+struct rmem_grant {
+	__u16 first;
+	__u16 end;
+	__u8 ops;        /* RMEM_GRANT_* bits */
+	__u8 reserved[3];
+	__u64 fadd_delta_max; /* largest FETCH-ADD delta (unsigned); ~0: any */
+};
+
+_Static_assert(sizeof(struct rmem_grant) == 16, "grant size (crates/xdp Grant)");
+
+/*
+ * Value of the keys map (key: the key id): the SipHash key and its rights, filled
+ * by the loader from farside_auth's keyring.
+ */
+struct rmem_key {
+	__u64 k0;        /* the key's halves (SipKey::halves) */
+	__u64 k1;
+	__u32 region;    /* the region its rights name */
+	__u32 grants;    /* grants used, at most RMEM_GRANTS_MAX */
+	struct rmem_grant grant[RMEM_GRANTS_MAX];
+};
+
+_Static_assert(sizeof(struct rmem_key) == 24 + 16 * RMEM_GRANTS_MAX, "key size (crates/xdp)");
+
+/* Key of the replay map: one window per (key id, sender). */
+struct rmem_replay_key {
+	__u32 key_id;
+	__u32 reserved;
+	__u64 sender;
+};
+
+/* A replay window (farside_auth::replay::Window), under its lock. */
+struct rmem_window {
+	struct bpf_spin_lock lock;
+	__u32 reserved;
+	__u64 top;       /* highest seq accepted; 0: none yet */
+	__u64 bits[RMEM_WINDOW_BLOCKS]; /* seq s is bit s % 64 of bits[(s / 64) % BLOCKS] */
 };
 
 #endif /* RMEM_STRUCTS_H */

@@ -37,6 +37,15 @@ T=fw$(($$ % 100000))             # names of this run (interfaces: at most 15 cha
 SW=${T}sw P=${T}p B1=${T}b1 B2=${T}b2
 WORK=$(mktemp -d /tmp/farside-walkthrough.XXXXXX)
 chmod 755 "$WORK"
+# The rmem keys, made as an operator makes them (/etc/farside/rmem-N.key, 0600, owned by
+# the units' user), here in this run's directory; proxy.toml names them, so it is read
+# from here too, with the key paths rewritten.
+for n in 11 12; do
+    (umask 077; od -An -tx1 -N16 /dev/urandom | tr -d ' \n' > "$WORK/rmem-$n.key")
+    chown 65534:65534 "$WORK/rmem-$n.key"
+done
+sed "s#/etc/farside/rmem-#$WORK/rmem-#g" "$DEPLOY/proxy.toml" > "$WORK/proxy.toml"
+chmod 644 "$WORK/proxy.toml"
 PIDS=()
 GATHERD_PIDS=()
 
@@ -93,7 +102,8 @@ caps_of() { # UNIT -> setpriv list, e.g. +bpf,+net_admin
 }
 rewrite() { # LINE RUNDIR
     local l=${1//\/usr\/local\/bin\/farside/$FARSIDE}
-    l=${l//\/etc\/farside\/proxy.toml/$DEPLOY/proxy.toml}
+    l=${l//\/etc\/farside\/proxy.toml/$WORK/proxy.toml}
+    l=${l//\/etc\/farside\/rmem-/$WORK/rmem-}
     echo "${l//\/run\/farside-gatherd/$2}"
 }
 # Run one Exec line as the unit's user would (uid 65534, only the unit's capabilities),

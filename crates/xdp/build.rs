@@ -6,6 +6,7 @@ fn main() {
     farside_bpfbuild::compile(&farside_bpfbuild::Program {
         source: "rmem.bpf.c",
         depends_on: &[
+            "auth_siphash.h",
             "ksamp.bpf.c",
             "ksamp_consts.h",
             "ksamp_maps.h",

@@ -228,6 +228,10 @@ fn proxy_reads_an_external_monitors_shared_table() {
     );
     be.wait_port(backend).unwrap();
     let tcp = free_addr();
+    // The run's rmem reader key, in a key file (0600) of the test's directory.
+    let (reader, _) = farside_rmem::LabKeyset::generate()
+        .write_files(&dir.0)
+        .unwrap();
     let mut g = spawn(
         "gatherd",
         &strings(&[
@@ -237,12 +241,14 @@ fn proxy_reads_an_external_monitors_shared_table() {
             &backend.port().to_string(),
             "--tcp-listen",
             &tcp.to_string(),
+            "--rmem-key",
+            &format!("reader:1:{}", reader.display()),
         ]),
         &dir,
     );
     g.wait_port(tcp).unwrap();
     let table = dir.0.join("monitor.table");
-    let spec = format!("{backend},region=tcp:{tcp}");
+    let spec = format!("{backend},region=tcp:{tcp}?key=1:{}", reader.display());
     let mut m = spawn(
         "monitor",
         &strings(&[

@@ -451,6 +451,10 @@ fn sighup_starts_and_stops_watching_regions() {
         .local_addr()
         .unwrap();
     let gm = free_addr();
+    let (reader, _) = farside_rmem::LabKeyset::generate()
+        .write_files(&dir.0)
+        .unwrap();
+    let key_flag = format!("reader:1:{}", reader.display());
     let args: Vec<String> = [
         "gatherd",
         "--watch-port",
@@ -460,6 +464,8 @@ fn sighup_starts_and_stops_watching_regions() {
         &udp.to_string(),
         "--metrics-listen",
         &gm.to_string(),
+        "--rmem-key",
+        &key_flag,
     ]
     .iter()
     .map(|s| s.to_string())
@@ -474,7 +480,10 @@ fn sighup_starts_and_stops_watching_regions() {
             be.addr
         );
         if region {
-            s.push_str(&format!("region = \"udp:{udp}\"\n"));
+            s.push_str(&format!(
+                "region = \"udp:{udp}?key=1:{}\"\n",
+                reader.display()
+            ));
         }
         std::fs::write(&cfg, s).unwrap();
     };

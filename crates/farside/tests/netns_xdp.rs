@@ -25,6 +25,9 @@ fn monitor_follows_a_gatherer_over_xdp_across_namespaces() {
     let ip = dc.node_ip("back");
     let logs = std::env::temp_dir().join(format!("farside-netns-xdp-{run_id}"));
     std::fs::create_dir_all(&logs).unwrap();
+    let (reader, _) = farside_rmem::LabKeyset::generate()
+        .write_files(&logs)
+        .unwrap();
     let args: Vec<String> = ["gatherd", "--no-shm", "--udp-listen", &format!("{ip}:7002")]
         .iter()
         .map(|s| s.to_string())
@@ -33,6 +36,8 @@ fn monitor_follows_a_gatherer_over_xdp_across_namespaces() {
             dc.veth_in_ns("back"),
             "--xdp-mode".into(),
             "generic".into(),
+            "--rmem-key".into(),
+            format!("reader:1:{}", reader.display()),
         ])
         .collect();
     let log = logs.join("gatherd.log");
@@ -44,7 +49,7 @@ fn monitor_follows_a_gatherer_over_xdp_across_namespaces() {
         vec![BackendConfig {
             addr: format!("{ip}:80").parse().unwrap(),
             site: String::new(),
-            region: Some(format!("udp:{ip}:7002")),
+            region: Some(format!("udp:{ip}:7002?key=1:{}", reader.display())),
             limit: None,
             maxconn: None,
         }],

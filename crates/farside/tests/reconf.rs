@@ -13,7 +13,23 @@ use farside_rmem::{connect, ClientOptions, Endpoint, RemoteMemory};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-const RW_KEY: u64 = 0x5eed_0011;
+/// The balancer's rmem key (random) and its key file.
+fn keys() -> &'static (farside_rmem::LabKeyset, std::path::PathBuf) {
+    static K: std::sync::OnceLock<(farside_rmem::LabKeyset, std::path::PathBuf)> =
+        std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("farside-reconf-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let set = farside_rmem::LabKeyset::generate();
+        let (_, b) = set.write_files(&dir).unwrap();
+        (set, b)
+    })
+}
+
+/// `ID:PATH` of the balancer key (the proxy reads the regions with it).
+fn spec() -> String {
+    format!("2:{}", keys().1.display())
+}
 const WAIT: Duration = Duration::from_secs(10);
 
 fn word(c: &mut Box<dyn RemoteMemory>, w: usize) -> u64 {
@@ -75,8 +91,8 @@ fn start_node(dir: &Dir, role_flags: &[&str]) -> Node {
         "--no-shm",
         "--tcp-listen",
         &tcp.to_string(),
-        "--rw-key",
-        &format!("{RW_KEY:x}"),
+        "--rmem-key",
+        &format!("balancer:2:{}", keys().1.display()),
         "--metrics-listen",
         &metrics.to_string(),
         "--role-sites",
@@ -95,7 +111,7 @@ fn start_node(dir: &Dir, role_flags: &[&str]) -> Node {
     let mut g = spawn("gatherd", &args, dir);
     g.wait_port(tcp).unwrap();
     let opts = ClientOptions {
-        key: RW_KEY,
+        key: Some(keys().0.balancer),
         timeout: Duration::from_millis(500),
         ..Default::default()
     };
@@ -284,10 +300,10 @@ admin_listen = "{admin}"
 policy = "round-robin"
 [[backend]]
 addr = "{}"
-region = "tcp:{}"
+region = "tcp:{}?key={}"
 [[backend]]
 addr = "{}"
-region = "tcp:{}"
+region = "tcp:{}?key={}"
 [[sites]]
 name = "alpha"
 hosts = ["alpha.test"]
@@ -298,7 +314,12 @@ hosts = ["beta.test", "www.beta.test"]
 name = "gamma"
 hosts = ["gamma.test"]
 "#,
-            a.http, a.tcp, b.http, b.tcp
+            a.http,
+            a.tcp,
+            spec(),
+            b.http,
+            b.tcp,
+            spec()
         ),
     )
     .unwrap();

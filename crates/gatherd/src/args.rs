@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use farside_rmem::{AccessKeys, Perm, DEFAULT_READ_KEY};
+use farside_rmem::{KeySpec, ServerKeys};
 
 use crate::role;
 
@@ -12,11 +12,6 @@ use crate::role;
 pub const WATCHED_PORTS_MAX: usize = 4;
 /// Shortest allowed period.
 pub const PERIOD_US_MIN: u64 = 100;
-
-fn parse_key(s: &str) -> Result<u64, String> {
-    let t = s.trim_start_matches("0x");
-    u64::from_str_radix(t, 16).map_err(|e| format!("`{s}`: expected a 64-bit hex key: {e}"))
-}
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatherdArgs {
@@ -66,13 +61,20 @@ pub struct GatherdArgs {
     /// every server, XDP included) on this address. Default: off.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
-    /// Read-only access key, hex. Default: the well-known key "farside0". Readers name
-    /// it in their region string: `udp:HOST:PORT?key=HEX` (proxy `region=`).
-    #[arg(long, value_parser = parse_key)]
-    pub read_key: Option<u64>,
-    /// Read-write access key (allows WRITE, CAS, FETCH-ADD), hex. Default: none.
-    #[arg(long, value_parser = parse_key)]
-    pub rw_key: Option<u64>,
+    /// A key the tcp and udp servers (and the XDP program) accept, `ROLE:ID:PATH`
+    /// (repeatable): ROLE `reader` (READ the region) or `balancer` (READ; CAS the wanted
+    /// role and the lock words; FETCH-ADD the wanted role and the counters by at most
+    /// 1; never the words this agent writes), ID the key id (a number) its users'
+    /// requests name, PATH its key file: 32 hex digits, mode 0600, owned by gatherd's
+    /// user (`openssl rand -hex 16 > rmem-1.key; chmod 0600 rmem-1.key`). Without
+    /// PATH (`ROLE:ID`), the systemd credential `rmem-ID` in $CREDENTIALS_DIRECTORY,
+    /// which is also looked at first when a path is given. Example and weak keys are
+    /// refused. Rotation: give the new key of a role after the old one (both verify),
+    /// move the clients to it, then drop the old flag and restart. Needed with
+    /// --tcp-listen or --udp-listen. Readers name their key as `ID:PATH`
+    /// (`[monitor] key`, a region's `?key=ID:PATH`).
+    #[arg(long = "rmem-key", value_name = "ROLE:ID:PATH")]
+    pub rmem_keys: Vec<KeySpec>,
     /// Take CPU figures from this cgroup v2 directory instead of the whole host.
     #[arg(long)]
     pub cgroup: Option<PathBuf>,
@@ -125,8 +127,7 @@ impl Default for GatherdArgs {
             xdp_mode: XdpChoice::Auto,
             group_read: None,
             metrics_listen: None,
-            read_key: None,
-            rw_key: None,
+            rmem_keys: Vec::new(),
             cgroup: None,
             conns_every: 0,
             sampler_nice: 0,
@@ -177,6 +178,13 @@ impl GatherdArgs {
                 ));
             }
         }
+        if self.rmem_keys.is_empty() && (self.tcp_listen.is_some() || self.udp_listen.is_some()) {
+            return Err(
+                "--tcp-listen / --udp-listen: every request is authenticated; give the keys \
+                 readers and balancers use with --rmem-key ROLE:ID:PATH"
+                    .into(),
+            );
+        }
         if !(-20..=19).contains(&self.sampler_nice) {
             return Err(format!(
                 "--sampler-nice: -20..=19, got {}",
@@ -186,13 +194,14 @@ impl GatherdArgs {
         Ok(())
     }
 
-    pub fn keys(&self) -> AccessKeys {
-        let mut k =
-            AccessKeys::new().with(self.read_key.unwrap_or(DEFAULT_READ_KEY), Perm::ReadOnly);
-        if let Some(rw) = self.rw_key {
-            k = k.with(rw, Perm::ReadWrite);
-        }
-        k
+    /// The keys of `--rmem-key`, read from their files (refused if exposed, weak or an
+    /// example).
+    pub fn keys(&self) -> std::io::Result<std::sync::Arc<ServerKeys>> {
+        ServerKeys::load(&self.rmem_keys)
+            .map(std::sync::Arc::new)
+            .map_err(|e| {
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("--rmem-key: {e}"))
+            })
     }
 }
 
@@ -233,10 +242,39 @@ mod tests {
     }
 
     #[test]
+    fn servers_need_keys_and_keys_come_from_files() {
+        let a = GatherdArgs {
+            udp_listen: Some("127.0.0.1:7000".parse().unwrap()),
+            ..Default::default()
+        };
+        assert!(a.validate().unwrap_err().contains("--rmem-key"));
+        let dir = std::env::temp_dir().join(format!("gatherd-args-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let set = farside_rmem::LabKeyset::generate();
+        let (reader, balancer) = set.write_files(&dir).unwrap();
+        let spec = |s: String| s.parse::<KeySpec>().unwrap();
+        let a = GatherdArgs {
+            rmem_keys: vec![
+                spec(format!("reader:1:{}", reader.display())),
+                spec(format!("balancer:2:{}", balancer.display())),
+            ],
+            ..a
+        };
+        assert!(a.validate().is_ok());
+        let ring = a.keys().unwrap().keyring();
+        assert_eq!(ring.len(), 2);
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&reader, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(a.keys().unwrap_err().to_string().contains("0600"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
     fn group_read_needs_a_multicast_group_and_the_wildcard_udp_address() {
         let a = |group: &str, udp: Option<&str>| GatherdArgs {
             group_read: Some(group.parse().unwrap()),
             udp_listen: udp.map(|u| u.parse().unwrap()),
+            rmem_keys: vec!["reader:1".parse().unwrap()],
             ..Default::default()
         };
         assert!(a("239.1.1.1", Some("0.0.0.0:7000")).validate().is_ok());

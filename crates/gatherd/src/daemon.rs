@@ -100,7 +100,7 @@ impl Gatherd {
         };
         let counters = Arc::new(OpCounters::default());
         let dedup = Arc::new(Dedup::new());
-        let keys = args.keys();
+        let keys = args.keys()?;
         // One memory: every transport of this node operates on the same words. With XDP
         // that is the BPF map the kernel answers from (the tcp server and the udp
         // fallback serve the map's mapping, and shm readers map the map itself); without,

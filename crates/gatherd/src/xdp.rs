@@ -10,7 +10,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use farside_rmem::{AccessKeys, Dedup, Perm};
+use farside_rmem::{Dedup, ServerKeys};
 use farside_rt::sockdiag;
 
 use crate::{GatherdArgs, SamplerChoice, XdpChoice};
@@ -21,7 +21,7 @@ use crate::{GatherdArgs, SamplerChoice, XdpChoice};
 /// (logged; the region is then the shm file or heap).
 pub(crate) fn load_xdp(
     args: &GatherdArgs,
-    keys: &AccessKeys,
+    keys: &ServerKeys,
 ) -> io::Result<Option<farside_xdp::XdpResponder>> {
     let (Some(addr), Some(ifname)) = (args.udp_listen, &args.xdp_iface) else {
         return Ok(None);
@@ -35,11 +35,7 @@ pub(crate) fn load_xdp(
             "--xdp-iface needs a fixed --udp-listen port",
         ));
     }
-    let xkeys: Vec<(u64, bool)> = keys
-        .iter()
-        .map(|(k, p)| (*k, *p == Perm::ReadWrite))
-        .collect();
-    let mut x = match farside_xdp::XdpResponder::load(addr.port(), &xkeys) {
+    let mut x = match farside_xdp::XdpResponder::load(addr.port(), &keys.keyring()) {
         Ok(x) => x,
         Err(e) if args.xdp_mode == XdpChoice::Auto => {
             log::warn!("gatherd: XDP unavailable ({e}); answering udp on {addr} from user space (two-sided)");
@@ -152,7 +148,7 @@ fn attach_xdp_modes(
 /// kernel sampler cannot run (BPF refused: no privilege, no BPF in the kernel).
 pub(crate) fn load_bpf(
     args: &GatherdArgs,
-    keys: &AccessKeys,
+    keys: &ServerKeys,
 ) -> io::Result<(Option<farside_xdp::XdpResponder>, Option<String>)> {
     if let Some(x) = load_xdp(args, keys)? {
         return Ok((Some(x), None));
@@ -320,16 +316,17 @@ mod tests {
     #[test]
     #[ignore = "needs root: a network namespace, XDP on lo"]
     fn a_retry_across_the_xdp_attach_is_applied_once() {
-        use farside_rmem::wire::{self, RepHeader, ReqHeader};
+        use farside_rmem::wire::{self, RepHeader};
         const PORT: u16 = 17082;
-        const RW: u64 = 0x5157;
         const WORD: usize = farside_region::layout::W_COUNTER_BASE + 2;
+        let set = farside_rmem::LabKeyset::generate();
         assert_eq!(unsafe { libc::geteuid() }, 0, "needs root");
-        in_private_netns(|| {
-            let mut x = farside_xdp::XdpResponder::load(PORT, &[(RW, true)]).unwrap();
+        in_private_netns(move || {
+            let mut x = farside_xdp::XdpResponder::load(PORT, &set.keyring()).unwrap();
             let region = x.region();
             let dedup = Arc::new(Dedup::new());
-            let keys = AccessKeys::new().with(RW, Perm::ReadWrite);
+            let keys = set.server();
+            let env_seq = std::cell::Cell::new(0u64);
             let _udp = UdpServer::spawn_with_dedup(
                 SocketAddr::from(([127, 0, 0, 1], PORT)),
                 region.clone(),
@@ -344,24 +341,29 @@ mod tests {
                 .unwrap();
             // Returns the reply's status and old value, or None (no reply).
             let fadd = |seq: u64, retry: bool| -> Option<(Status, u64)> {
-                let mut b = Vec::new();
-                let h = ReqHeader {
+                let mut c = Vec::new();
+                let h = wire::ReqHeader {
                     op: 4,
                     flags: if retry { wire::FLAG_RETRY } else { 0 },
                     seq,
-                    key: RW,
                     offset: (WORD * 8) as u32,
                     len: 8,
-                    client: 0xc1,
                     ..Default::default()
                 };
-                wire::encode_request(&mut b, &h, &1u64.to_le_bytes());
+                wire::encode_request(&mut c, &h, &1u64.to_le_bytes());
+                // A new envelope per datagram (a retry is not a copy).
+                env_seq.set(env_seq.get() + 1);
+                let mut b = Vec::new();
+                farside_rmem::auth::seal_request(&mut b, &set.balancer, 0xc1, env_seq.get(), &c);
                 sock.send(&b).unwrap();
-                let mut r = [0u8; 64];
+                let mut r = [0u8; 128];
                 let n = sock.recv(&mut r).ok()?;
-                let rep = RepHeader::decode(&r[..n]).unwrap();
+                let body =
+                    farside_rmem::auth::open_reply(&r[..n], &set.balancer, 0xc1, 1..=u64::MAX)
+                        .expect("a sealed reply");
+                let rep = RepHeader::decode(body).unwrap();
                 assert_eq!(rep.seq, seq);
-                let old = (rep.len == 8).then(|| wire::u64_at(&r, wire::REP_HEADER_BYTES));
+                let old = (rep.len == 8).then(|| wire::u64_at(body, wire::REP_HEADER_BYTES));
                 Some((rep.status, old.unwrap_or(u64::MAX)))
             };
             let word = || region.words()[WORD].load(Ordering::Acquire);

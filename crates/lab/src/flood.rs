@@ -9,7 +9,8 @@
 //! socket, the CPUs' input backlogs, the prober's socket.
 
 use farside_rmem::wire::{
-    encode_request, Op, RepHeader, ReqHeader, Status, REP_BYTES_MAX, REP_HEADER_BYTES,
+    encode_request, Op, RepHeader, ReqHeader, Status, ENVELOPE_BYTES, REP_BYTES_MAX,
+    REP_HEADER_BYTES,
 };
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
@@ -98,7 +99,12 @@ impl FloodResult {
 }
 
 /// Flood `target` with READs of `size` bytes for `seconds` (at most `FLOOD_S_MAX`).
-pub fn flood(target: SocketAddr, key: u64, size: usize, seconds: f64) -> io::Result<FloodResult> {
+pub fn flood(
+    target: SocketAddr,
+    key: farside_rmem::ClientKey,
+    size: usize,
+    seconds: f64,
+) -> io::Result<FloodResult> {
     let seconds = seconds.clamp(0.1, FLOOD_S_MAX);
     let sock = UdpSocket::bind(if target.is_ipv4() {
         "0.0.0.0:0"
@@ -123,7 +129,11 @@ pub fn flood(target: SocketAddr, key: u64, size: usize, seconds: f64) -> io::Res
                     .iter()
                     .zip(&bufs)
                     .filter(|(n, b)| {
-                        RepHeader::decode(&b[..**n]).is_ok_and(|h| h.status == Status::Ok)
+                        // The covered bytes (the tag is not checked: counting only).
+                        b[..**n]
+                            .get(ENVELOPE_BYTES..)
+                            .and_then(|c| RepHeader::decode(c).ok())
+                            .is_some_and(|h| h.status == Status::Ok)
                     })
                     .count();
                 replies.fetch_add(ok as u64, Ordering::Relaxed);
@@ -133,6 +143,8 @@ pub fn flood(target: SocketAddr, key: u64, size: usize, seconds: f64) -> io::Res
     let udp0 = udp_counters().unwrap_or_default();
     let backlog0 = backlog_dropped();
     let mut reqs: Vec<Vec<u8>> = vec![Vec::new(); BATCH];
+    let mut covered = Vec::new();
+    let mut env = farside_rmem::auth::SenderState::new();
     let mut sent = 0u64;
     let mut send_errors = 0u64;
     let t0 = Instant::now();
@@ -140,11 +152,10 @@ pub fn flood(target: SocketAddr, key: u64, size: usize, seconds: f64) -> io::Res
     while Instant::now() < end {
         for (i, req) in reqs.iter_mut().enumerate() {
             encode_request(
-                req,
+                &mut covered,
                 &ReqHeader {
                     op: Op::Read as u8,
                     seq: sent + i as u64,
-                    key,
                     region: 0,
                     offset: 0,
                     len: size as u32,
@@ -152,8 +163,10 @@ pub fn flood(target: SocketAddr, key: u64, size: usize, seconds: f64) -> io::Res
                 },
                 &[],
             );
+            // Sealed (a new envelope each: the server's replay window refuses copies).
+            farside_rmem::auth::seal_request(req, &key, env.sender, env.next_seq(), &covered);
             // Padded to the reply's size, as UdpClient does, so XDP can answer in place.
-            req.resize(req.len().max(REP_HEADER_BYTES + size), 0);
+            req.resize(req.len().max(ENVELOPE_BYTES + REP_HEADER_BYTES + size), 0);
         }
         match send_batch(&sock, &reqs) {
             Ok(n) => {

@@ -88,6 +88,9 @@ pub struct PollerStats {
     /// Replies to a group READ from an address that is no grouped back-end's endpoint:
     /// dropped (also counted in `late`).
     pub unknown_source: AtomicU64,
+    /// Replies whose tag does not verify under the key of the read they name, or that
+    /// name another sender: forged or someone else's, dropped (also counted in `late`).
+    pub unauthentic: AtomicU64,
     /// The poller takes its udp replies from AF_XDP sockets (`MonitorRx::Xsk` set up);
     /// false: from its UDP sockets.
     pub xsk: AtomicBool,
@@ -229,6 +232,12 @@ impl Monitor {
                 "Replies to a group READ from no watched back-end's endpoint: dropped.",
                 l,
                 p.unknown_source.load(Ordering::Relaxed),
+            );
+            enc.counter(
+                "farside_monitor_unauthentic_replies_total",
+                "Replies that do not verify under the key of the read they name, or name another sender: dropped.",
+                l,
+                p.unauthentic.load(Ordering::Relaxed),
             );
             enc.gauge(
                 "farside_monitor_rx_xsk",

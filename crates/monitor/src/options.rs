@@ -18,8 +18,9 @@ pub struct MonitorOptions {
     pub read_timeout: Duration,
     /// Only used to log fresh → stale transitions.
     pub stale_after: Duration,
-    /// Read key of regions that name none.
-    pub key: u64,
+    /// The key READs are sealed with for regions that name none (`?key=ID:PATH`);
+    /// required for udp and tcp regions (`farside_rmem::auth`).
+    pub key: Option<farside_rmem::ClientKey>,
     /// Nice value of every polling thread (0: unchanged).
     pub nice: i32,
     /// Poller threads; 0: the default rule ([`poller_threads`]). Ignored (one poller)
@@ -90,6 +91,11 @@ pub struct MonitorConfig {
     /// fed by an XDP program that takes the replies off the UDP stack; one poller
     /// thread; needs root, else the UDP socket is used with a warning).
     pub rx: String,
+    /// The rmem key READs are sealed with, `ID:PATH`: its key id and its key file
+    /// (0600; without a path the systemd credential `rmem-ID`), installed as a `reader`
+    /// key on every back-end's gatherd (`--rmem-key reader:ID:PATH`). A region can name
+    /// its own with `?key=ID:PATH`. Default: none (udp and tcp regions then fail).
+    pub key: Option<String>,
 }
 
 impl Default for MonitorConfig {
@@ -102,6 +108,7 @@ impl Default for MonitorConfig {
             threads: 0,
             group_read: None,
             rx: "udp".into(),
+            key: None,
         }
     }
 }
@@ -109,19 +116,24 @@ impl Default for MonitorConfig {
 impl MonitorConfig {
     /// The options the monitor runs with. `stale_after`: when the proxy's admission
     /// counts a record stale (the monitor only logs fresh → stale transitions by it).
-    pub fn options(&self, stale_after: Duration) -> MonitorOptions {
-        MonitorOptions {
+    /// Reads the key file, if one is named.
+    pub fn options(&self, stale_after: Duration) -> Result<MonitorOptions, String> {
+        let key = match &self.key {
+            Some(spec) => Some(farside_rmem::ClientKey::load(spec)?),
+            None => None,
+        };
+        Ok(MonitorOptions {
             period: Duration::from_micros(self.period_us),
             read_timeout: Duration::from_millis(self.read_timeout_ms),
             stale_after,
             nice: self.nice,
-            key: farside_rmem::DEFAULT_READ_KEY,
+            key,
             threads: self.threads,
             group: self.group_read,
             // Checked by the configuration's validation; unparsable only in a
             // configuration never validated.
             rx: self.rx.parse::<MonitorRx>().unwrap_or_default(),
-        }
+        })
     }
 }
 
@@ -140,17 +152,25 @@ mod tests {
             rx: "xsk:eth1".into(),
             ..MonitorConfig::default()
         };
-        let o = c.options(Duration::from_millis(100));
+        let o = c.options(Duration::from_millis(100)).unwrap();
         assert_eq!(o.period, Duration::from_micros(500));
         assert_eq!(o.read_timeout, Duration::from_millis(20));
         assert_eq!(o.stale_after, Duration::from_millis(100));
         assert_eq!((o.nice, o.threads), (-5, 2));
         assert_eq!(o.group, c.group_read);
         assert_eq!(o.rx, MonitorRx::Xsk("eth1".into()));
-        assert_eq!(o.key, farside_rmem::DEFAULT_READ_KEY);
+        assert_eq!(o.key, None);
         assert_eq!(
-            MonitorConfig::default().options(o.stale_after).rx,
+            MonitorConfig::default().options(o.stale_after).unwrap().rx,
             MonitorRx::Udp
         );
+        let missing = MonitorConfig {
+            key: Some("4:/nonexistent/rmem-4.key".into()),
+            ..MonitorConfig::default()
+        };
+        assert!(missing
+            .options(o.stale_after)
+            .unwrap_err()
+            .contains("rmem key 4"));
     }
 }

@@ -46,9 +46,10 @@ use crate::watch::{WatchState, MONITOR_READ_BYTES};
 use crate::xsk::{MonitorRx, XskRx};
 use crate::{MonitorOptions, PollerStats, ReadStats, Watch, RECONNECT_BACKOFF_MAX};
 use farside_region::Words;
+use farside_rmem::auth::{open_reply, seal_request_to, ClientKey, SenderState};
 use farside_rmem::udp::UDP_TRIES;
 use farside_rmem::wire::{encode_request, Op, RepHeader, ReqHeader, Status, FLAG_RETRY};
-use farside_rmem::wire::{REP_HEADER_BYTES, REQ_HEADER_BYTES};
+use farside_rmem::wire::{ENVELOPE_BYTES, REP_HEADER_BYTES, REQ_HEADER_BYTES};
 use farside_rmem::{Endpoint, RemoteMemory, RmemError, ShmClient};
 use farside_rt::sockaddr::{from_storage, to_storage};
 use farside_rt::{mono_ns, Pacer};
@@ -73,11 +74,13 @@ pub const GROUP_SLOT: u64 = SLOT_MASK;
 pub const BATCH_MAX: usize = 64;
 
 /// A READ request padded to its reply's size (servers refuse shorter ones).
-const REQ_PADDED_BYTES: usize = REP_HEADER_BYTES + MONITOR_READ_BYTES;
-const _: () = assert!(REQ_PADDED_BYTES >= REQ_HEADER_BYTES);
+const REQ_PADDED_BYTES: usize = ENVELOPE_BYTES + REP_HEADER_BYTES + MONITOR_READ_BYTES;
+/// The sealed part of a READ request: envelope and header.
+const REQ_SEALED_BYTES: usize = ENVELOPE_BYTES + REQ_HEADER_BYTES;
+const _: () = assert!(REQ_PADDED_BYTES >= REQ_SEALED_BYTES);
 
-/// Receive buffer of one datagram: a reply is `REP_HEADER_BYTES + MONITOR_READ_BYTES`
-/// (312 B); anything longer is truncated and refused.
+/// Receive buffer of one datagram: a reply is `ENVELOPE_BYTES + REP_HEADER_BYTES +
+/// MONITOR_READ_BYTES` (344 B); anything longer is truncated and refused.
 const REPLY_BUF_BYTES: usize = 512;
 
 /// Socket receive buffer per udp slot: a small datagram costs about 1–2 KiB of kernel
@@ -161,7 +164,8 @@ enum Kind {
         sa: Box<(libc::sockaddr_storage, libc::socklen_t)>,
         /// Index into `Poller::socks`: 0 IPv4, 1 IPv6.
         family: usize,
-        key: u64,
+        /// The key its READs are sealed with and its replies verified under.
+        key: ClientKey,
         /// Read by the period's group READ (else by its own unicast READ).
         grouped: bool,
         pending: Option<Pending>,
@@ -212,8 +216,8 @@ struct Group {
     by_addr: EndpointIndex,
     /// Sequence number of the latest group READ sent (0: none yet).
     last_seq: u64,
-    /// The shared read key the group READ carries.
-    key: u64,
+    /// The shared read key the group READ is sealed with.
+    key: ClientKey,
     /// Reads started by a group READ with no reply and no unicast retry yet: while any
     /// is, the poller gathers replies ([`GROUP_GATHER`]) instead of waking for each.
     waiting: usize,
@@ -229,8 +233,8 @@ struct Slot<'t> {
 pub(crate) struct Poller<'t> {
     slots: Vec<Slot<'t>>,
     socks: [Option<UdpSocket>; 2],
-    /// Datagram client id (servers key duplicate detection on it; READs skip it).
-    client: u64,
+    /// The envelopes' sender id (replies must name it) and their sequence numbers.
+    env: SenderState,
     round: u64,
     attempt_timeout: Duration,
     stale_after: Duration,
@@ -266,9 +270,27 @@ impl<'t> Poller<'t> {
         let mut socks: [Option<UdpSocket>; 2] = [None, None];
         let mut udp_slots = [0usize; 2];
         let mut slots = Vec::with_capacity(watches.len());
-        let client = farside_rmem::random_u64().max(1);
         let mut pfd_slot = Vec::new();
+        let no_key = |what: &str| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "monitor: no rmem key for {what}: udp and tcp reads are authenticated \
+                     (monitor key = \"ID:PATH\", or ?key=ID:PATH on the region)"
+                ),
+            )
+        };
         for (w, rs) in watches {
+            let key_of = || -> io::Result<ClientKey> {
+                let o = w
+                    .region
+                    .options(&farside_rmem::ClientOptions {
+                        key: opts.key,
+                        ..Default::default()
+                    })
+                    .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+                o.key.ok_or_else(|| no_key(&w.region.to_string()))
+            };
             let st = WatchState::new(table, w.index, w.name.clone(), w.region.to_string());
             let kind = match &w.region.endpoint {
                 Endpoint::Shm(p) => Kind::Shm {
@@ -284,7 +306,7 @@ impl<'t> Poller<'t> {
                         addr: *a,
                         sa: Box::new(to_storage(a)),
                         family,
-                        key: w.region.key.unwrap_or(opts.key),
+                        key: key_of()?,
                         grouped: false,
                         pending: None,
                     }
@@ -292,11 +314,7 @@ impl<'t> Poller<'t> {
                 Endpoint::Tcp(a) => {
                     pfd_slot.push(slots.len());
                     Kind::Tcp {
-                        t: Box::new(crate::tcp::TcpSlot::new(
-                            *a,
-                            w.region.key.unwrap_or(opts.key),
-                            client,
-                        )),
+                        t: Box::new(crate::tcp::TcpSlot::new(*a, key_of()?)),
                         pfd: 1 + pfd_slot.len(),
                     }
                 }
@@ -312,7 +330,10 @@ impl<'t> Poller<'t> {
             "slots beyond the seq's slot bits"
         );
         let group = match opts.group {
-            Some(g) => group_slots(&mut slots, g, opts.key)?,
+            Some(g) => match opts.key {
+                Some(k) => group_slots(&mut slots, g, k)?,
+                None => return Err(no_key("the group READ")),
+            },
             None => None,
         };
         for (family, n) in udp_slots.into_iter().enumerate() {
@@ -352,7 +373,7 @@ impl<'t> Poller<'t> {
         Ok(Poller {
             slots,
             socks,
-            client,
+            env: SenderState::new(),
             round: 0,
             attempt_timeout: (opts.read_timeout / UDP_TRIES).max(ATTEMPT_TIMEOUT_MIN),
             stale_after: opts.stale_after,
@@ -495,16 +516,15 @@ impl<'t> Poller<'t> {
                 op: Op::Read as u8,
                 flags: 0,
                 seq,
-                key: g.key,
                 region: 0,
                 offset: 0,
                 len: MONITOR_READ_BYTES as u32,
-                client: self.client,
             },
             &[],
         );
         let mut buf = [0u8; REQ_PADDED_BYTES];
-        buf[..self.scratch.len()].copy_from_slice(&self.scratch);
+        let env_seq = self.env.next_seq();
+        seal_request_to(&mut buf, &g.key, self.env.sender, env_seq, &self.scratch);
         // SAFETY: buf and the group's sockaddr outlive the call.
         let r = unsafe {
             libc::sendto(
@@ -672,16 +692,21 @@ impl<'t> Poller<'t> {
                         op: Op::Read as u8,
                         flags: if attempt > 0 { FLAG_RETRY } else { 0 },
                         seq,
-                        key: *key,
                         region: 0,
                         offset: 0,
                         len: MONITOR_READ_BYTES as u32,
-                        client: self.client,
                     },
                     &[],
                 );
                 debug_assert_eq!(self.scratch.len(), REQ_HEADER_BYTES);
-                self.send.bufs[j][..REQ_HEADER_BYTES].copy_from_slice(&self.scratch);
+                let env_seq = self.env.next_seq();
+                seal_request_to(
+                    &mut self.send.bufs[j],
+                    key,
+                    self.env.sender,
+                    env_seq,
+                    &self.scratch,
+                );
                 let h = &mut self.send.msgs[j].msg_hdr;
                 h.msg_name = (&mut sa.0 as *mut libc::sockaddr_storage).cast();
                 h.msg_namelen = sa.1;
@@ -753,6 +778,7 @@ impl<'t> Poller<'t> {
         // Read the clocks once per drain, and only when there is something to time.
         let mut clock = None;
         let (slots, group, stats) = (&mut self.slots, &mut self.group, &*self.stats);
+        let sender = self.env.sender;
         let stale_after = self.stale_after;
         let n = x.take(|frames| {
             // Parse each frame (its lines were prefetched by `take`), then ask for what
@@ -771,6 +797,7 @@ impl<'t> Poller<'t> {
                         on_reply(
                             slots,
                             group.as_mut(),
+                            sender,
                             stats,
                             stale_after,
                             &payload[..len],
@@ -855,6 +882,7 @@ impl<'t> Poller<'t> {
                 on_reply(
                     &mut self.slots,
                     self.group.as_mut(),
+                    self.env.sender,
                     &self.stats,
                     self.stale_after,
                     &self.recv.bufs[j][..len],
@@ -916,6 +944,7 @@ fn prefetch_replies<'a>(
 fn on_reply(
     slots: &mut [Slot<'_>],
     group: Option<&mut Group>,
+    sender: u64,
     stats: &PollerStats,
     stale_after: Duration,
     b: &[u8],
@@ -924,7 +953,12 @@ fn on_reply(
     now: Instant,
     mono: u64,
 ) {
-    let Ok(h) = RepHeader::decode(b) else {
+    // The op seq names the slot (or the group); nothing is trusted before the tag
+    // verified under that slot's key, below.
+    let Some(h) = b
+        .get(ENVELOPE_BYTES..)
+        .and_then(|c| RepHeader::decode(c).ok())
+    else {
         stats.late.fetch_add(1, Ordering::Relaxed);
         return;
     };
@@ -953,7 +987,17 @@ fn on_reply(
         stats.late.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    let Kind::Udp { addr, pending, .. } = &mut slot.kind else {
+    let Kind::Udp {
+        addr, pending, key, ..
+    } = &mut slot.kind
+    else {
+        stats.late.fetch_add(1, Ordering::Relaxed);
+        return;
+    };
+    // Authentic under the slot's key (the group's, for a group reply: the same key),
+    // sent to this poller: else a forgery or another reader's reply.
+    let Ok(covered) = open_reply(b, key, sender, 1..=u64::MAX) else {
+        stats.unauthentic.fetch_add(1, Ordering::Relaxed);
         stats.late.fetch_add(1, Ordering::Relaxed);
         return;
     };
@@ -973,7 +1017,7 @@ fn on_reply(
         }
     }
     let latency_ns = now.duration_since(p.started).as_nanos() as u64;
-    let body = &b[REP_HEADER_BYTES.min(b.len())..];
+    let body = &covered[REP_HEADER_BYTES..];
     if h.status != Status::Ok {
         slot.st.on_error(&RmemError::Refused(h.status));
     } else if truncated
@@ -997,7 +1041,11 @@ fn on_reply(
 /// `key`, and an endpoint no other slot has (a reply is matched by its source alone).
 /// `None` if no slot qualifies. An IPv6 group is refused: the back-ends' XDP program
 /// answers IPv4 group reads only.
-fn group_slots(slots: &mut [Slot<'_>], group: SocketAddr, key: u64) -> io::Result<Option<Group>> {
+fn group_slots(
+    slots: &mut [Slot<'_>],
+    group: SocketAddr,
+    key: ClientKey,
+) -> io::Result<Option<Group>> {
     if !group.is_ipv4() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -1174,10 +1222,27 @@ mod tests {
     use crate::table::{self, EntryStatus};
     use crate::{create_table, Target};
     use farside_rmem::wire::ReqHeader;
+    use farside_rmem::LabKeyset;
 
-    /// A good reply to `seq`: a region whose record says `conns_established = conns`.
-    fn reply(seq: u64, conns: u64) -> Vec<u8> {
-        let mut rep = Vec::new();
+    /// The tests' keys: the shared reader key, and another one (a forger's).
+    fn keys() -> &'static (LabKeyset, LabKeyset) {
+        static K: std::sync::OnceLock<(LabKeyset, LabKeyset)> = std::sync::OnceLock::new();
+        K.get_or_init(|| (LabKeyset::generate(), LabKeyset::generate()))
+    }
+
+    fn key() -> ClientKey {
+        keys().0.reader
+    }
+
+    /// A good reply to `seq` sealed for the poller whose sender id is `sender`.
+    fn reply(sender: u64, seq: u64, conns: u64) -> Vec<u8> {
+        reply_as(&key(), sender, seq, conns)
+    }
+
+    /// A reply to `seq` sealed under `key` for `sender`: a region whose record says
+    /// `conns_established = conns`.
+    fn reply_as(key: &ClientKey, sender: u64, seq: u64, conns: u64) -> Vec<u8> {
+        let mut rep = vec![0u8; ENVELOPE_BYTES];
         farside_rmem::wire::RepHeader {
             op: Op::Read as u8,
             status: Status::Ok,
@@ -1201,6 +1266,12 @@ mod tests {
         for w in &mem.mem().words()[..MONITOR_READ_BYTES / 8] {
             rep.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
         }
+        let request = farside_auth::mac::Envelope {
+            key_id: key.id,
+            sender,
+            seq: 1,
+        };
+        farside_rmem::auth::seal_reply_in_place(&mut rep, key.key(), &request);
         rep
     }
 
@@ -1210,7 +1281,7 @@ mod tests {
             // Attempts of 1 s: nothing expires unless the test says so.
             read_timeout: Duration::from_secs(3),
             stale_after: Duration::from_secs(10),
-            key: farside_rmem::DEFAULT_READ_KEY,
+            key: Some(key()),
             nice: 0,
             threads: 1,
             group,
@@ -1241,6 +1312,7 @@ mod tests {
         on_reply(
             &mut p.slots,
             p.group.as_mut(),
+            p.env.sender,
             &p.stats,
             p.stale_after,
             b,
@@ -1251,12 +1323,16 @@ mod tests {
         );
     }
 
-    fn request(s: &UdpSocket) -> Option<ReqHeader> {
+    /// The next request `s` received: its header and its envelope's key id.
+    fn request(s: &UdpSocket) -> Option<(ReqHeader, u32)> {
         let mut buf = [0u8; 1024];
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match s.recv_from(&mut buf) {
-                Ok((n, _)) => return Some(ReqHeader::decode(&buf[..n]).unwrap()),
+                Ok((n, _)) => {
+                    let id = u32::from_le_bytes(buf[8..12].try_into().unwrap());
+                    return Some((ReqHeader::decode(&buf[ENVELOPE_BYTES..n]).unwrap(), id));
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if Instant::now() > deadline {
                         return None;
@@ -1287,12 +1363,13 @@ mod tests {
         let stats = std::sync::Arc::new(PollerStats::default());
         let o = opts(Some(group.local_addr().unwrap()));
         let mut p = Poller::new(&*t, watches, &o, stats.clone()).unwrap();
+        let me = p.env.sender;
         p.round();
 
         // ONE READ, to the group, with the shared key and the group's slot bits.
-        let req = request(&group).expect("the group READ");
+        let (req, id) = request(&group).expect("the group READ");
         assert_eq!(req.seq & SLOT_MASK, GROUP_SLOT);
-        assert_eq!(req.key, farside_rmem::DEFAULT_READ_KEY);
+        assert_eq!(id, key().id.0);
         assert!(nothing_sent_to(&group), "one group READ per period");
         assert!(bs.iter().all(nothing_sent_to), "no unicast READ");
         assert_eq!(stats.sent.load(Ordering::Relaxed), 1);
@@ -1301,29 +1378,38 @@ mod tests {
         assert_eq!(waiting(&p), Some(3), "three replies to gather");
 
         // Back-end 0 answers: its own entry, found by the reply's source.
-        deliver(&mut p, &reply(req.seq, 10), addr(0));
+        // Forged (another key) or for another reader (another sender): refused.
+        let forged = reply_as(&keys().1.reader, me, req.seq, 666);
+        deliver(&mut p, &forged, addr(0));
+        let elsewhere = reply_as(&key(), me ^ 1, req.seq, 666);
+        deliver(&mut p, &elsewhere, addr(0));
+        assert_eq!(stats.unauthentic.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.late.load(Ordering::Relaxed), 2);
+        assert!(table::read(&*t, 0).is_none_or(|e| e.status == EntryStatus::Never));
+        stats.late.store(0, Ordering::Relaxed);
+        deliver(&mut p, &reply(me, req.seq, 10), addr(0));
         let e0 = table::read(&*t, 0).unwrap();
         assert_eq!((e0.status, e0.conns_established), (EntryStatus::Ok, 10));
         assert_eq!(stats.group_replies.load(Ordering::Relaxed), 1);
 
         let late = |n: u64| assert_eq!(stats.late.load(Ordering::Relaxed), n);
         // The same reply again: its read is done.
-        deliver(&mut p, &reply(req.seq, 11), addr(0));
+        deliver(&mut p, &reply(me, req.seq, 11), addr(0));
         late(1);
         // From an address that is no back-end's endpoint.
         let stranger = SocketAddr::from(([127, 1, 0, 9], addr(1).port()));
-        deliver(&mut p, &reply(req.seq, 12), stranger);
+        deliver(&mut p, &reply(me, req.seq, 12), stranger);
         late(2);
         assert_eq!(stats.unknown_source.load(Ordering::Relaxed), 1);
         // A back-end's right address but another port.
         let other_port = SocketAddr::from(([127, 1, 0, 2], addr(1).port().wrapping_add(1)));
-        deliver(&mut p, &reply(req.seq, 12), other_port);
+        deliver(&mut p, &reply(me, req.seq, 12), other_port);
         assert_eq!(stats.unknown_source.load(Ordering::Relaxed), 2);
         // An older group READ's answer, and a unicast seq no attempt was sent with.
-        deliver(&mut p, &reply(req.seq - (1 << SLOT_BITS), 13), addr(1));
-        deliver(&mut p, &reply((req.seq & !SLOT_MASK) | 1, 13), addr(1));
+        deliver(&mut p, &reply(me, req.seq - (1 << SLOT_BITS), 13), addr(1));
+        deliver(&mut p, &reply(me, (req.seq & !SLOT_MASK) | 1, 13), addr(1));
         // A group READ not sent yet.
-        deliver(&mut p, &reply(req.seq + (1 << SLOT_BITS), 13), addr(1));
+        deliver(&mut p, &reply(me, req.seq + (1 << SLOT_BITS), 13), addr(1));
         late(6);
         assert!(table::read(&*t, 1).is_none_or(|e| e.status == EntryStatus::Never));
         assert_eq!(waiting(&p), Some(2));
@@ -1338,19 +1424,27 @@ mod tests {
             Some(0),
             "retried: no more group replies to gather"
         );
-        let r1 = request(&bs[1]).expect("unicast retry to back-end 1");
-        let r2 = request(&bs[2]).expect("unicast retry to back-end 2");
+        let r1 = request(&bs[1]).expect("unicast retry to back-end 1").0;
+        let r2 = request(&bs[2]).expect("unicast retry to back-end 2").0;
         assert_eq!(r1.seq & SLOT_MASK, 1);
         assert_eq!(r2.seq & SLOT_MASK, 2);
         assert_ne!(r1.flags & FLAG_RETRY, 0);
         // Either attempt may answer: the retry for 1, the group READ for 2.
-        deliver(&mut p, &reply(r1.seq, 21), addr(1));
-        deliver(&mut p, &reply(req.seq, 22), addr(2));
+        deliver(&mut p, &reply(me, r1.seq, 21), addr(1));
+        deliver(&mut p, &reply(me, req.seq, 22), addr(2));
         late(6);
         for (i, c) in [(1, 21), (2, 22)] {
             let e = table::read(&*t, i).unwrap();
             assert_eq!((e.status, e.conns_established), (EntryStatus::Ok, c));
         }
+    }
+
+    /// `ID:PATH` of a key file with key id 77 (a region's own key).
+    fn own_key_spec() -> String {
+        let dir = std::env::temp_dir().join(format!("farside-poller-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = farside_rmem::auth::write_key_file(&dir, "own.key", keys().1.balancer.key());
+        format!("77:{}", f.unwrap().display())
     }
 
     #[test]
@@ -1383,7 +1477,7 @@ mod tests {
         let (aa, ba) = (a.local_addr().unwrap(), b.local_addr().unwrap());
         let watches = vec![
             // Its own key: the group READ carries the shared one.
-            watch(0, &format!("udp:{aa}?key=abc")),
+            watch(0, &format!("udp:{aa}?key={}", own_key_spec())),
             // Two regions at one endpoint: a reply's source cannot tell them apart.
             watch(1, &format!("udp:{ba}")),
             watch(2, &format!("udp:{ba}")),
@@ -1393,7 +1487,7 @@ mod tests {
         let mut p = Poller::new(&*t, watches, &o, stats.clone()).unwrap();
         p.round();
         assert!(nothing_sent_to(&group));
-        assert_eq!(request(&a).map(|r| r.key), Some(0xabc));
+        assert_eq!(request(&a).map(|r| r.1), Some(77));
         assert!(request(&b).is_some() && request(&b).is_some());
         assert_eq!(stats.group_sent.load(Ordering::Relaxed), 0);
 

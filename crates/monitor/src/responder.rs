@@ -1,12 +1,16 @@
 //! A gatherd-like udp responder for many regions in one process, for tests and the
-//! monitor benchmark: one socket, one thread, the region chosen by the request's key
-//! (each region has its own read key), answered through the same operation code as
-//! every real server (`farside_rmem::ops::execute`). Not a deployment component: a
-//! node publishes one region.
+//! monitor benchmark: one socket, one thread, the region chosen by the request's key id
+//! (each region has its own key id, all with the same random key, kept in a key file of
+//! the responder's own temp directory), answered through the same operation code as
+//! every real server (`farside_rmem::ops::execute`: tag, replay window, rights). Not a
+//! deployment component: a node publishes one region.
 
+use farside_auth::keys::{Keyring, Policy};
+use farside_auth::mac::KeyId;
 use farside_region::{Header, HeapWords, LoadRecord, RegionWriter, Words, REGION_WORDS};
-use farside_rmem::ops::{self, AccessKeys, Dedup, OpCounters, Perm};
-use farside_rmem::wire::{ReqHeader, REP_BYTES_MAX};
+use farside_rmem::ops::{self, Dedup, OpCounters};
+use farside_rmem::wire::{ReqHeader, ENVELOPE_BYTES, REP_BYTES_MAX};
+use farside_rmem::{ClientKey, Role, ServerKeys};
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -25,9 +29,51 @@ const BATCH: usize = 64;
 /// (and refused by the operation's checks).
 const REQ_BUF_BYTES: usize = 2048;
 
-/// Region `i`'s read key: distinct per region, never the default key.
-pub fn region_key(i: usize) -> u64 {
-    0x5eed_0000_0000_0000 | i as u64
+/// Region `i`'s key id: distinct per region.
+pub fn region_key_id(i: usize) -> u32 {
+    i as u32 + 1
+}
+
+/// A responder's key: random, in a key file (0600) of its own temp directory, removed
+/// when dropped.
+struct KeyDir {
+    dir: std::path::PathBuf,
+    file: std::path::PathBuf,
+    key: ClientKey,
+}
+
+impl KeyDir {
+    fn new() -> std::io::Result<KeyDir> {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "farside-responder-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let key = farside_rmem::LabKeyset::generate().reader;
+        let file = farside_rmem::auth::write_key_file(&dir, "rmem.key", key.key())?;
+        Ok(KeyDir { dir, file, key })
+    }
+
+    /// `?key=ID:PATH` naming this file under key id `id`.
+    fn spec(&self, id: u32) -> String {
+        format!("{id}:{}", self.file.display())
+    }
+
+    /// A server keyring holding the key as a reader's under `id`.
+    fn server(&self, id: u32) -> ServerKeys {
+        let mut k = Keyring::new(Policy::Production);
+        k.install("reader", KeyId(id), *self.key.key(), Role::Reader.rights())
+            .expect("a random key");
+        ServerKeys::new(k)
+    }
+}
+
+impl Drop for KeyDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 /// `n` regions behind one udp socket on 127.0.0.1.
@@ -39,6 +85,7 @@ pub struct MultiResponder {
     pub answered: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    keys: KeyDir,
 }
 
 /// Region words that a [`RegionWriter`] owns while the responder reads them.
@@ -75,11 +122,9 @@ impl MultiResponder {
             mems.push(mem);
             writers.push(w);
         }
-        let by_key: HashMap<u64, (usize, AccessKeys)> = (0..n)
-            .map(|i| {
-                let k = region_key(i);
-                (k, (i, AccessKeys::new().with(k, Perm::ReadOnly)))
-            })
+        let keys = KeyDir::new()?;
+        let by_key: HashMap<u32, (usize, ServerKeys)> = (0..n)
+            .map(|i| (region_key_id(i), (i, keys.server(region_key_id(i)))))
             .collect();
         let stop = Arc::new(AtomicBool::new(false));
         let answered = Arc::new(AtomicU64::new(0));
@@ -131,10 +176,12 @@ impl MultiResponder {
                     let mut out_msgs: [libc::mmsghdr; BATCH] = unsafe { std::mem::zeroed() };
                     for j in 0..r as usize {
                         let req = &reqs[j][..(msgs[j].msg_len as usize).min(REQ_BUF_BYTES)];
-                        let Ok(h) = ReqHeader::decode(req) else {
+                        // The key id names the region (verified by `execute`).
+                        let Some(id) = req.get(8..12) else {
                             continue;
                         };
-                        let Some((i, keys)) = by_key.get(&h.key) else {
+                        let id = u32::from_le_bytes(id.try_into().expect("4 bytes"));
+                        let Some((i, keys)) = by_key.get(&id) else {
                             continue; // unknown key: no reply, as every server
                         };
                         let rep = &mut reps[out];
@@ -163,6 +210,7 @@ impl MultiResponder {
             answered,
             stop,
             thread: Some(thread),
+            keys,
         })
     }
 
@@ -172,10 +220,14 @@ impl MultiResponder {
         publish_regions(&self.writers, bump);
     }
 
-    /// `udp:ADDR?key=HEX` of region `i`.
+    /// `udp:ADDR?key=ID:PATH` of region `i`.
     pub fn target(&self, i: usize) -> farside_rmem::Target {
-        farside_rmem::Target::parse(&format!("udp:{}?key={:x}", self.addr, region_key(i)))
-            .expect("valid target")
+        farside_rmem::Target::parse(&format!(
+            "udp:{}?key={}",
+            self.addr,
+            self.keys.spec(region_key_id(i))
+        ))
+        .expect("valid target")
     }
 }
 
@@ -207,7 +259,8 @@ pub fn group_region_ip(i: usize) -> std::net::Ipv4Addr {
 /// replies go out in `sendmmsg` batches as a responder per back-end would cost the
 /// network, not the poller). A READ addressed to a region's endpoint (a unicast retry)
 /// is answered by that region alone. Every region answers the shared read key
-/// (`farside_rmem::DEFAULT_READ_KEY`); region `i` publishes `conns_established = i`.
+/// ([`GroupResponder::key`], key id 1), each with its own replay window as separate
+/// back-ends have; region `i` publishes `conns_established = i`.
 pub struct GroupResponder {
     /// The group address (where group READs go).
     pub group: SocketAddr,
@@ -216,6 +269,7 @@ pub struct GroupResponder {
     /// Group READs taken.
     pub group_reads: Arc<AtomicU64>,
     threads: Vec<std::thread::JoinHandle<()>>,
+    keys: KeyDir,
 }
 
 /// Bytes of the control message carrying one `in_pktinfo` (CMSG_SPACE of it).
@@ -295,7 +349,8 @@ struct GroupJob {
 struct GroupShared {
     sock: UdpSocket,
     mems: Vec<Arc<HeapWords>>,
-    keys: AccessKeys,
+    /// Per region: as many replay windows as back-ends.
+    keys: Vec<ServerKeys>,
     stop: AtomicBool,
     answered: AtomicU64,
     unicast_reads: AtomicU64,
@@ -345,7 +400,7 @@ impl ReplyBufs {
                 let rep = &mut self.reps[out];
                 let status = ops::execute(
                     sh.mems[i].words(),
-                    &sh.keys,
+                    &sh.keys[i],
                     &self.counters,
                     &self.dedup,
                     true,
@@ -438,10 +493,11 @@ impl GroupResponder {
         }
         let by_ip: HashMap<std::net::Ipv4Addr, usize> =
             (0..n).map(|i| (group_region_ip(i), i)).collect();
+        let keys = KeyDir::new()?;
         let sh = Arc::new(GroupShared {
             sock,
             mems,
-            keys: AccessKeys::new().with(farside_rmem::DEFAULT_READ_KEY, Perm::ReadOnly),
+            keys: (0..n).map(|_| keys.server(1)).collect(),
             stop: AtomicBool::new(false),
             answered: AtomicU64::new(0),
             unicast_reads: AtomicU64::new(0),
@@ -486,7 +542,13 @@ impl GroupResponder {
             shared: sh,
             group_reads,
             threads: handles,
+            keys,
         })
+    }
+
+    /// The shared read key (key id 1), for `MonitorOptions::key`.
+    pub fn key(&self) -> ClientKey {
+        self.keys.key
     }
 
     /// Replies sent.
@@ -557,11 +619,8 @@ fn receive_loop(
             continue;
         }
         let req = &req[..(r as usize).min(REQ_BUF_BYTES)];
-        let Ok(h) = ReqHeader::decode(req) else {
+        if req.len() < ENVELOPE_BYTES || ReqHeader::decode(&req[ENVELOPE_BYTES..]).is_err() {
             continue;
-        };
-        if h.key != farside_rmem::DEFAULT_READ_KEY {
-            continue; // unknown key: no reply, as every server
         }
         let from_len = msg.msg_namelen;
         let regions = match pktinfo_dst(&msg) {

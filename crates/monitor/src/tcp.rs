@@ -7,8 +7,10 @@
 
 use crate::watch::MONITOR_READ_BYTES;
 use crate::RECONNECT_BACKOFF_MAX;
+use farside_rmem::auth::{open_reply, seal_request_to, ClientKey, SenderState};
 use farside_rmem::wire::{
-    encode_request, Op, RepHeader, ReqHeader, Status, OP_BYTES_MAX, REP_HEADER_BYTES,
+    encode_request, Op, RepHeader, ReqHeader, Status, ENVELOPE_BYTES, OP_BYTES_MAX,
+    REP_HEADER_BYTES, REQ_HEADER_BYTES,
 };
 use farside_rmem::RmemError;
 use std::io::{self, Read, Write};
@@ -31,10 +33,11 @@ struct Conn {
     inbuf: Vec<u8>,
 }
 
-/// A READ in flight: its sequence number, start and deadline.
+/// A READ in flight: its sequence number, its envelope's, start and deadline.
 #[derive(Clone, Copy)]
 struct Pending {
     seq: u64,
+    env_seq: u64,
     started: Instant,
     deadline: Instant,
 }
@@ -42,8 +45,8 @@ struct Pending {
 /// One back-end read over tcp.
 pub(crate) struct TcpSlot {
     addr: SocketAddr,
-    key: u64,
-    client: u64,
+    key: ClientKey,
+    env: SenderState,
     conn: Option<Conn>,
     pending: Option<Pending>,
     backoff: Duration,
@@ -51,11 +54,11 @@ pub(crate) struct TcpSlot {
 }
 
 impl TcpSlot {
-    pub(crate) fn new(addr: SocketAddr, key: u64, client: u64) -> TcpSlot {
+    pub(crate) fn new(addr: SocketAddr, key: ClientKey) -> TcpSlot {
         TcpSlot {
             addr,
             key,
-            client,
+            env: SenderState::new(),
             conn: None,
             pending: None,
             backoff: Duration::ZERO,
@@ -111,23 +114,28 @@ impl TcpSlot {
             }
         }
         let c = self.conn.as_mut().expect("connected above");
+        let mut covered = [0u8; REQ_HEADER_BYTES];
+        let mut v = Vec::with_capacity(REQ_HEADER_BYTES);
         encode_request(
-            &mut c.out,
+            &mut v,
             &ReqHeader {
                 op: Op::Read as u8,
                 flags: 0,
                 seq,
-                key: self.key,
                 region: 0,
                 offset: 0,
                 len: MONITOR_READ_BYTES as u32,
-                client: self.client,
             },
             &[],
         );
+        covered.copy_from_slice(&v);
+        let env_seq = self.env.next_seq();
+        c.out.resize(ENVELOPE_BYTES + REQ_HEADER_BYTES, 0);
+        seal_request_to(&mut c.out, &self.key, self.env.sender, env_seq, &covered);
         c.out_off = 0;
         self.pending = Some(Pending {
             seq,
+            env_seq,
             started: now,
             deadline: now + read_timeout,
         });
@@ -175,7 +183,7 @@ impl TcpSlot {
                 }
                 Ok(n) => {
                     c.inbuf.extend_from_slice(&buf[..n]);
-                    if c.inbuf.len() > REP_HEADER_BYTES + OP_BYTES_MAX {
+                    if c.inbuf.len() > ENVELOPE_BYTES + REP_HEADER_BYTES + OP_BYTES_MAX {
                         break;
                     }
                 }
@@ -184,25 +192,36 @@ impl TcpSlot {
                 Err(e) => return Some(self.fail(e.into())),
             }
         }
-        if c.inbuf.len() < REP_HEADER_BYTES {
+        // The envelope frames the reply; its tag is checked once it is whole.
+        if c.inbuf.len() < ENVELOPE_BYTES {
             return None;
         }
-        let h = match RepHeader::decode(&c.inbuf) {
-            Ok(h) => h,
-            Err(_) => return Some(self.fail(RmemError::Protocol("malformed reply".into()))),
-        };
-        let need = REP_HEADER_BYTES + h.len as usize;
-        if h.len as usize > OP_BYTES_MAX {
+        let covered = u32::from_le_bytes(c.inbuf[12..16].try_into().expect("4 bytes")) as usize;
+        if !(REP_HEADER_BYTES..=REP_HEADER_BYTES + OP_BYTES_MAX).contains(&covered) {
             return Some(self.fail(RmemError::Protocol(format!(
-                "reply length {} over {OP_BYTES_MAX}",
-                h.len
+                "reply length {covered} outside {REP_HEADER_BYTES}..={}",
+                REP_HEADER_BYTES + OP_BYTES_MAX
             ))));
         }
+        let need = ENVELOPE_BYTES + covered;
         if c.inbuf.len() < need {
             return None;
         }
         let Some(p) = self.pending else {
             return Some(self.fail(RmemError::Protocol("reply with no read pending".into())));
+        };
+        let body = match open_reply(
+            &c.inbuf[..need],
+            &self.key,
+            self.env.sender,
+            p.env_seq..=p.env_seq,
+        ) {
+            Ok(b) => b,
+            Err(r) => return Some(self.fail(RmemError::Protocol(format!("reply refused: {r:?}")))),
+        };
+        let h = match RepHeader::decode(body) {
+            Ok(h) => h,
+            Err(_) => return Some(self.fail(RmemError::Protocol("malformed reply".into()))),
         };
         if h.seq != p.seq || h.op != Op::Read as u8 {
             return Some(self.fail(RmemError::Protocol(format!(
@@ -219,14 +238,16 @@ impl TcpSlot {
             self.pending = None;
             return Some(Done::Failed(RmemError::Refused(st)));
         }
-        if h.len as usize != MONITOR_READ_BYTES {
+        if h.len as usize != MONITOR_READ_BYTES
+            || body.len() != REP_HEADER_BYTES + MONITOR_READ_BYTES
+        {
             return Some(self.fail(RmemError::Protocol(format!(
                 "reply carries {} bytes, expected {MONITOR_READ_BYTES}",
                 h.len
             ))));
         }
         let mut out = Box::new([0u8; MONITOR_READ_BYTES]);
-        out.copy_from_slice(&c.inbuf[REP_HEADER_BYTES..need]);
+        out.copy_from_slice(&body[REP_HEADER_BYTES..]);
         c.inbuf.drain(..need);
         self.pending = None;
         Some(Done::Read(out, p.started.elapsed().as_nanos() as u64))

@@ -7,12 +7,18 @@ use crate::table::{self, EntryStatus};
 use std::net::UdpSocket;
 use std::time::Instant;
 
+/// The keys of the tests' own tcp servers (the responders hold their own).
+fn lab_keys() -> &'static farside_rmem::LabKeyset {
+    static K: std::sync::OnceLock<farside_rmem::LabKeyset> = std::sync::OnceLock::new();
+    K.get_or_init(farside_rmem::LabKeyset::generate)
+}
+
 fn opts(threads: usize) -> MonitorOptions {
     MonitorOptions {
         period: Duration::from_millis(1),
         read_timeout: Duration::from_millis(30),
         stale_after: Duration::from_millis(100),
-        key: farside_rmem::DEFAULT_READ_KEY,
+        key: Some(lab_keys().reader),
         nice: 0,
         threads,
         group: None,
@@ -93,7 +99,7 @@ fn a_silent_server_counts_failed_reads_and_goes_stale_while_others_stay_fresh() 
 
 #[test]
 fn a_reply_after_its_read_was_given_up_is_dropped_and_the_next_read_counts() {
-    use farside_rmem::wire::{RepHeader, ReqHeader, Status};
+    use farside_rmem::wire::{RepHeader, ReqHeader, Status, ENVELOPE_BYTES};
     // A hand-driven server: it answers its first request only after the read's whole
     // timeout (three attempts), then answers promptly.
     let server = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -106,12 +112,18 @@ fn a_reply_after_its_read_was_given_up_is_dropped_and_the_next_read_counts() {
     let m = Monitor::start(watches, t.clone(), opts(1)).unwrap();
     let mut buf = [0u8; 2048];
     let (_, peer) = server.recv_from(&mut buf).unwrap();
-    let first = ReqHeader::decode(&buf).unwrap();
+    let envelope = |b: &[u8]| farside_auth::mac::Envelope {
+        key_id: farside_auth::mac::KeyId(u32::from_le_bytes(b[8..12].try_into().unwrap())),
+        sender: u64::from_le_bytes(b[16..24].try_into().unwrap()),
+        seq: u64::from_le_bytes(b[24..32].try_into().unwrap()),
+    };
+    let first_env = envelope(&buf);
+    let first = ReqHeader::decode(&buf[ENVELOPE_BYTES..]).unwrap();
     until("the first read given up", || {
         table::read(&*t, 0).is_some_and(|e| e.errors >= 1)
     });
-    let reply = |seq: u64| {
-        let mut rep = Vec::new();
+    let reply = |seq: u64, request: farside_auth::mac::Envelope| {
+        let mut rep = vec![0u8; ENVELOPE_BYTES];
         RepHeader {
             op: first.op,
             status: Status::Ok,
@@ -135,9 +147,10 @@ fn a_reply_after_its_read_was_given_up_is_dropped_and_the_next_read_counts() {
         for w in &mem.mem().words()[..MONITOR_READ_BYTES / 8] {
             rep.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
         }
+        farside_rmem::auth::seal_reply_in_place(&mut rep, lab_keys().reader.key(), &request);
         rep
     };
-    server.send_to(&reply(first.seq), peer).unwrap();
+    server.send_to(&reply(first.seq, first_env), peer).unwrap();
     until("the late reply dropped", || {
         m.pollers()[0].late.load(Ordering::Relaxed) >= 1
     });
@@ -152,8 +165,8 @@ fn a_reply_after_its_read_was_given_up_is_dropped_and_the_next_read_counts() {
         .unwrap();
     until("a prompt reply counted", || {
         if let Ok((_, p)) = server.recv_from(&mut buf) {
-            let h = ReqHeader::decode(&buf).unwrap();
-            server.send_to(&reply(h.seq), p).unwrap();
+            let h = ReqHeader::decode(&buf[ENVELOPE_BYTES..]).unwrap();
+            server.send_to(&reply(h.seq, envelope(&buf)), p).unwrap();
         }
         table::read(&*t, 0)
             .is_some_and(|e| e.status == EntryStatus::Ok && e.conns_established == 77)
@@ -185,7 +198,7 @@ fn tables_are_sized_from_the_back_ends_and_refuse_beyond_the_bound() {
 /// A region in shared words behind gatherd's own tcp server, with `conns` published.
 fn tcp_region(conns: u64) -> (farside_rmem::TcpServer, Arc<dyn Words>) {
     use farside_region::{Header, HeapWords, LoadRecord, RegionWriter, REGION_WORDS};
-    use farside_rmem::ops::{AccessKeys, OpCounters, Perm};
+    use farside_rmem::ops::OpCounters;
     struct Shared(Arc<HeapWords>);
     impl Words for Shared {
         fn words(&self) -> &[std::sync::atomic::AtomicU64] {
@@ -207,7 +220,7 @@ fn tcp_region(conns: u64) -> (farside_rmem::TcpServer, Arc<dyn Words>) {
         ..Default::default()
     });
     let words: Arc<dyn Words> = mem;
-    let keys = AccessKeys::new().with(farside_rmem::DEFAULT_READ_KEY, Perm::ReadOnly);
+    let keys = lab_keys().server();
     let s = farside_rmem::TcpServer::spawn(
         "127.0.0.1:0".parse().unwrap(),
         words.clone(),
@@ -285,6 +298,7 @@ fn group_watches(r: &crate::responder::GroupResponder, n: usize) -> (Vec<Watch>,
     let o = MonitorOptions {
         period: Duration::from_millis(5),
         group: Some(r.group),
+        key: Some(r.key()),
         ..opts(1)
     };
     (watches, o)

@@ -102,12 +102,18 @@ impl Drop for Netns {
     }
 }
 
+/// The keys of the servers this file starts itself (the responders hold their own).
+fn lab_keys() -> &'static farside_rmem::LabKeyset {
+    static K: std::sync::OnceLock<farside_rmem::LabKeyset> = std::sync::OnceLock::new();
+    K.get_or_init(farside_rmem::LabKeyset::generate)
+}
+
 fn opts(rx: MonitorRx, group: Option<SocketAddr>) -> MonitorOptions {
     MonitorOptions {
         period: Duration::from_millis(5),
         read_timeout: Duration::from_millis(300),
         stale_after: Duration::from_secs(1),
-        key: farside_rmem::DEFAULT_READ_KEY,
+        key: Some(lab_keys().reader),
         nice: 0,
         threads: 0,
         group,
@@ -225,7 +231,10 @@ fn group_replies_come_through_the_ring() {
         let m = Monitor::start(
             watches(n, |i| r.target(i)),
             t.clone(),
-            opts(MonitorRx::Xsk("lo".into()), Some(r.group)),
+            MonitorOptions {
+                key: Some(r.key()),
+                ..opts(MonitorRx::Xsk("lo".into()), Some(r.group))
+            },
         )
         .unwrap();
         let p = m.pollers()[0].clone();
@@ -520,10 +529,7 @@ fn every_rx_queue_of_a_multi_queue_veth_gets_a_socket_and_the_replies_come_throu
                 farside_rmem::udp::UdpServer::spawn(
                     "10.77.0.2:0".parse().unwrap(),
                     mem,
-                    farside_rmem::ops::AccessKeys::new().with(
-                        farside_rmem::DEFAULT_READ_KEY,
-                        farside_rmem::ops::Perm::ReadOnly,
-                    ),
+                    lab_keys().server(),
                     Default::default(),
                 )
                 .unwrap()

@@ -221,7 +221,12 @@ fn monitor_cost(n: usize, a: &Args, mode: Mode, rx: &MonitorRx) -> Cost {
         period: Duration::from_micros(a.period_us),
         read_timeout: Duration::from_millis(50),
         stale_after: Duration::from_millis(100),
-        key: farside_rmem::DEFAULT_READ_KEY,
+        // Group READs carry the group responder's shared key; unicast targets name
+        // their own.
+        key: match &r {
+            Responder::Group(g) => Some(g.key()),
+            Responder::Multi(_) => None,
+        },
         nice: 0,
         threads: a.threads,
         group,

@@ -76,8 +76,11 @@ pub fn run_monitor(a: MonitorArgs, wait: impl FnOnce(Option<Duration>)) -> Resul
         farside_monitor::create_table(Some(&a.table), cfg.backends.len(), cfg.monitor.period_us)
             .map_err(|e| format!("monitor: {}: {e}", a.table.display()))?;
     let stale_after = Duration::from_millis(cfg.admission.stale_after_ms);
-    let _m = Monitor::start(watches, table, cfg.monitor.options(stale_after))
+    let opts = cfg
+        .monitor
+        .options(stale_after)
         .map_err(|e| format!("monitor: {e}"))?;
+    let _m = Monitor::start(watches, table, opts).map_err(|e| format!("monitor: {e}"))?;
     log::info!(
         "monitor: {} back-end(s) every {} µs → {}",
         cfg.backends.len(),

@@ -8,7 +8,7 @@
 //! balancer_id = 0                       # this proxy's index in `balancers`
 //! balancers = ["tcp:10.0.0.1:7100", "tcp:10.0.0.2:7100"]   # every balancer's region
 //! region_listen = "0.0.0.0:7100"        # this proxy's own region (rmem tcp server)
-//! key = "5eed0001"                      # read-write key of back-ends and balancers
+//! key = "2:/etc/farside/rmem-2.key"     # the balancers' rmem key (gatherd --rmem-key balancer:2:PATH)
 //! sensitivity_ms = 250                  # S
 //! history_ms = 500                      # T = 2 S
 //! lease_ms = 3000
@@ -37,9 +37,7 @@ use crate::config::{ConfigError, ProxyConfig};
 use farside_reconf::drive::{run_round, RmemRegions};
 use farside_reconf::{Balancer, BalancerStats};
 use farside_region::{HeapWords, Words};
-use farside_rmem::{
-    connect_target, AccessKeys, ClientOptions, OpCounters, Perm, TcpServer, DEFAULT_READ_KEY,
-};
+use farside_rmem::{connect_target, ClientOptions, OpCounters, Role, ServerKeys, TcpServer};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,19 +62,21 @@ impl ReconfDriver {
         }
         let inval = |e: ConfigError| std::io::Error::new(std::io::ErrorKind::InvalidInput, e);
         cfg.validate_reconf().map_err(inval)?;
-        let key = r.rw_key().map_err(inval)?;
+        let key = r.balancer_key().map_err(inval)?;
         let mem: Arc<HeapWords> = Arc::new(HeapWords::new(farside_region::REGION_WORDS));
+        // Peers hold the same balancer key: READ, FETCH-ADD of the counters by 1.
+        let mut ring = farside_auth::keys::Keyring::new(farside_auth::keys::Policy::Production);
+        ring.install("balancer", key.id, *key.key(), Role::Balancer.rights())
+            .map_err(|e| inval(err("key", e.to_string())))?;
         let server = TcpServer::spawn(
             r.region_listen.expect("validated"),
             mem.clone(),
-            AccessKeys::new()
-                .with(DEFAULT_READ_KEY, Perm::ReadOnly)
-                .with(key, Perm::ReadWrite),
+            Arc::new(ServerKeys::new(ring)),
             Arc::new(OpCounters::default()),
         )?;
         let region_addr = server.local_addr;
         let opts = ClientOptions {
-            key,
+            key: Some(key),
             timeout: OP_TIMEOUT,
             ..Default::default()
         };

@@ -6,21 +6,31 @@ use farside_proxy::reconf::ReconfDriver;
 use farside_reconf::words::{W_ROLE_SERVED, W_ROLE_WANTED, W_SHARED_COUNTER};
 use farside_reconf::Role;
 use farside_region::{HeapWords, Words};
-use farside_rmem::{AccessKeys, OpCounters, Perm, TcpServer, DEFAULT_READ_KEY};
+use farside_rmem::{LabKeyset, OpCounters, TcpServer};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const RW: u64 = 0x5eed_0077;
+/// The balancers' keys (random) and the balancer key's file, `ID:PATH`.
+fn keys() -> &'static (LabKeyset, String) {
+    static K: std::sync::OnceLock<(LabKeyset, String)> = std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        let set = LabKeyset::generate();
+        let dir =
+            std::env::temp_dir().join(format!("farside-reconf-driver-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (_, b) = set.write_files(&dir).unwrap();
+        let spec = format!("{}:{}", LabKeyset::BALANCER_ID, b.display());
+        (set, spec)
+    })
+}
 
 fn region() -> (Arc<HeapWords>, TcpServer) {
     let mem = Arc::new(HeapWords::new(farside_region::REGION_WORDS));
     let srv = TcpServer::spawn(
         "127.0.0.1:0".parse().unwrap(),
         mem.clone(),
-        AccessKeys::new()
-            .with(DEFAULT_READ_KEY, Perm::ReadOnly)
-            .with(RW, Perm::ReadWrite),
+        keys().0.server(),
         Arc::new(OpCounters::default()),
     )
     .unwrap();
@@ -78,7 +88,7 @@ fn driver_moves_a_node_to_the_overloaded_site() {
             format!("tcp:{}", peer.1.local_addr),
         ],
         region_listen: Some("127.0.0.1:0".parse().unwrap()),
-        key: format!("{RW:x}"),
+        key: keys().1.clone(),
         sensitivity_ms: 20,
         history_ms: 0,
         ..ReconfConfig::default()
@@ -134,7 +144,7 @@ name = "a"
 hosts = ["a.test"]
 [reconf]
 enabled = true
-key = "5eed"
+key = "2:/etc/farside/rmem-2.key"
 balancers = ["tcp:127.0.0.1:7100"]
 region_listen = "127.0.0.1:0"
 "#,

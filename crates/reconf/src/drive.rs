@@ -125,19 +125,23 @@ mod tests {
     use crate::balancer::{BalancerConfig, Topology};
     use crate::words::{Lock, Role, W_ROLE_SERVED, W_ROLE_WANTED, W_SITE_LOCK};
     use farside_region::{HeapWords, Words};
-    use farside_rmem::{connect, AccessKeys, ClientOptions, Endpoint, OpCounters, Perm, TcpServer};
+    use farside_rmem::{connect, ClientOptions, Endpoint, LabKeyset, OpCounters, TcpServer};
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
     use std::time::Duration;
 
-    const RW: u64 = 0x5eed_0042;
+    /// The balancers' keys (random, per test binary).
+    fn keys() -> &'static LabKeyset {
+        static K: std::sync::OnceLock<LabKeyset> = std::sync::OnceLock::new();
+        K.get_or_init(LabKeyset::generate)
+    }
 
     fn region() -> (Arc<HeapWords>, TcpServer) {
         let mem = Arc::new(HeapWords::new(farside_region::REGION_WORDS));
         let srv = TcpServer::spawn(
             "127.0.0.1:0".parse().unwrap(),
             mem.clone(),
-            AccessKeys::new().with(RW, Perm::ReadWrite),
+            keys().server(),
             Arc::new(OpCounters::default()),
         )
         .unwrap();
@@ -146,7 +150,7 @@ mod tests {
 
     fn client(s: &TcpServer) -> Box<dyn RemoteMemory> {
         let opts = ClientOptions {
-            key: RW,
+            key: Some(keys().balancer),
             timeout: Duration::from_millis(500),
             ..Default::default()
         };

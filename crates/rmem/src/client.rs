@@ -2,8 +2,8 @@
 //! The interface they implement is in `iface`; `udp` is its own module.
 
 use crate::iface::{spin_until_readable, Codec, Exchange};
-pub use crate::iface::{ClientOptions, RemoteMemory, RmemError, DEFAULT_READ_KEY};
-use crate::ops::{self, AccessKeys, Dedup, OpCounters, Perm};
+pub use crate::iface::{ClientOptions, RemoteMemory, RmemError};
+use crate::ops::{self, Dedup, OpCounters};
 use crate::wire::*;
 use crate::Endpoint;
 use farside_region::{MappedWords, Words, REGION_WORDS};
@@ -11,28 +11,20 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-/// Open a client for a [`crate::Target`]: its own key if it names one, else `opts.key`.
+/// Open a client for a [`crate::Target`]: its own key if it names one (loaded from its
+/// file now), else `opts.key`.
 pub fn connect_target(
     t: &crate::Target,
     opts: &ClientOptions,
 ) -> Result<Box<dyn RemoteMemory>, RmemError> {
-    match t.key {
-        Some(key) => connect(
-            &t.endpoint,
-            &ClientOptions {
-                key,
-                ..opts.clone()
-            },
-        ),
-        None => connect(&t.endpoint, opts),
-    }
+    connect(&t.endpoint, &t.options(opts).map_err(RmemError::Protocol)?)
 }
 
 /// Open a client for `ep`.
 pub fn connect(ep: &Endpoint, opts: &ClientOptions) -> Result<Box<dyn RemoteMemory>, RmemError> {
     Ok(match ep {
         Endpoint::Shm(path) => Box::new(ShmClient::open(path)?),
-        Endpoint::Tcp(addr) => Box::new(TcpClient::new(*addr, opts.clone())),
+        Endpoint::Tcp(addr) => Box::new(TcpClient::new(*addr, opts.clone())?),
         Endpoint::Udp(addr) => Box::new(crate::udp::UdpClient::new(*addr, opts.clone())?),
     })
 }
@@ -96,7 +88,7 @@ pub fn map_region(path: &std::path::Path, n: usize) -> io::Result<MappedWords> {
 
 /// Same-host transport: the region file (or the XDP region map, see [`map_region`]) mapped into this
 /// process. Operations run in place with the same checks as every server
-/// (`ops::execute`), so semantics match.
+/// (`ops::execute_local`, with `crate::auth::local_rights`), so semantics match.
 pub struct ShmClient {
     mem: MappedWords,
     /// The region's path and the identity (device, inode) of what was mapped: a
@@ -105,7 +97,7 @@ pub struct ShmClient {
     path: std::path::PathBuf,
     mapped_id: (u64, u64),
     checked: std::time::Instant,
-    keys: AccessKeys,
+    rights: farside_auth::rights::Rights,
     counters: OpCounters,
     /// Never consulted in earnest (a local operation cannot be lost), kept so that
     /// `ops::execute` runs exactly as in every server.
@@ -130,17 +122,16 @@ impl ShmClient {
         };
         let mapped_id = path_id(path).map_err(with_path)?;
         let mem = map_region(path, REGION_WORDS).map_err(with_path)?;
-        // Local mapping: whoever can open the file may do everything.
-        let keys = AccessKeys::new().with(DEFAULT_READ_KEY, Perm::ReadWrite);
+        // Local mapping: whoever can open the file may do what a remote key at most may.
         Ok(ShmClient {
             mem,
             path: path.to_path_buf(),
             mapped_id,
             checked: std::time::Instant::now(),
-            keys,
+            rights: crate::auth::local_rights(),
             counters: OpCounters::default(),
             dedup: Dedup::new(),
-            codec: Codec::new(DEFAULT_READ_KEY),
+            codec: Codec::new(None),
         })
     }
 
@@ -169,19 +160,20 @@ impl Exchange for ShmClient {
         }
         let ShmClient {
             mem,
-            keys,
+            rights,
             counters,
             dedup,
             codec,
             ..
         } = self;
         let req = std::mem::take(&mut codec.req);
-        ops::execute(
+        let client = codec.client();
+        ops::execute_local(
             mem.words(),
-            keys,
+            rights,
+            client,
             counters,
             dedup,
-            false,
             &req,
             &mut codec.rep,
         );
@@ -207,14 +199,15 @@ pub struct TcpClient {
 }
 
 impl TcpClient {
-    pub fn new(addr: SocketAddr, opts: ClientOptions) -> Self {
-        let codec = Codec::new(opts.key);
-        TcpClient {
+    /// A client whose requests are sealed with `opts.key` (required).
+    pub fn new(addr: SocketAddr, opts: ClientOptions) -> Result<Self, RmemError> {
+        let codec = Codec::new(Some(opts.require_key()?));
+        Ok(TcpClient {
             addr,
             opts,
             conn: None,
             codec,
-        }
+        })
     }
 
     fn stream(&mut self) -> Result<&mut TcpStream, RmemError> {
@@ -235,19 +228,19 @@ impl TcpClient {
             let s = self.conn.as_mut().expect("stream() connected");
             s.write_all(&req)?;
             spin_until_readable(s, self.opts.spin.min(self.opts.timeout));
+            // The envelope says how many covered bytes follow; the tag is checked after.
             let rep = &mut self.codec.rep;
-            rep.resize(REP_HEADER_BYTES, 0);
-            s.read_exact(&mut rep[..REP_HEADER_BYTES])?;
-            let h = RepHeader::decode(rep)
-                .map_err(|_| RmemError::Protocol("malformed reply header".into()))?;
-            let n = h.len as usize;
-            if n > OP_BYTES_MAX {
+            rep.resize(ENVELOPE_BYTES, 0);
+            s.read_exact(&mut rep[..ENVELOPE_BYTES])?;
+            let n = u32::from_le_bytes(rep[12..16].try_into().expect("4 bytes")) as usize;
+            if !(REP_HEADER_BYTES..=REP_HEADER_BYTES + OP_BYTES_MAX).contains(&n) {
                 return Err(RmemError::Protocol(format!(
-                    "reply length {n} over {OP_BYTES_MAX}"
+                    "reply length {n} outside {REP_HEADER_BYTES}..={}",
+                    REP_HEADER_BYTES + OP_BYTES_MAX
                 )));
             }
-            rep.resize(REP_HEADER_BYTES + n, 0);
-            s.read_exact(&mut rep[REP_HEADER_BYTES..])?;
+            rep.resize(ENVELOPE_BYTES + n, 0);
+            s.read_exact(&mut rep[ENVELOPE_BYTES..])?;
             Ok(())
         })();
         self.codec.req = req;

@@ -59,30 +59,27 @@ impl std::str::FromStr for Endpoint {
     }
 }
 
-/// Where a region is and which access key to read it with: an [`Endpoint`] optionally
-/// followed by `?key=HEX` (a 64-bit key in hex, `0x` optional), e.g.
-/// `udp:10.0.0.2:7000?key=5eed5eed5eed5eed`. Without a key the client's default
-/// (`ClientOptions::key`, normally `DEFAULT_READ_KEY`) is used, so every back-end of a
-/// proxy can have its own key in the proxy configuration and on its command line.
+/// Where a region is and which key to seal requests to it with: an [`Endpoint`]
+/// optionally followed by `?key=ID:PATH` (a key id and its key file, 0600; `?key=ID`:
+/// the systemd credential `rmem-ID`), e.g.
+/// `udp:10.0.0.2:7000?key=3:/etc/farside/rmem-3.key`. Without one the client's default
+/// (`ClientOptions::key`) is used, so every back-end of a proxy can have its own key.
+/// The key itself is never in the string: it is read from the file when connecting.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Target {
     pub endpoint: Endpoint,
-    pub key: Option<u64>,
+    /// `ID[:PATH]`, checked for form when parsed.
+    pub key: Option<String>,
 }
 
 impl Target {
     pub fn parse(s: &str) -> Result<Target, String> {
         let (ep, key) = match s.rsplit_once("?key=") {
-            Some((ep, hex)) => {
-                let t = hex.strip_prefix("0x").unwrap_or(hex);
-                if t.is_empty() || t.len() > 16 {
-                    return Err(format!(
-                        "`{s}`: ?key= needs 1 to 16 hex digits (a 64-bit key)"
-                    ));
-                }
-                let k = u64::from_str_radix(t, 16)
-                    .map_err(|e| format!("`{s}`: ?key=: expected a 64-bit hex key: {e}"))?;
-                (ep, Some(k))
+            Some((ep, spec)) => {
+                crate::auth::ClientKey::parse_spec(spec).map_err(|e| {
+                    format!("`{s}`: ?key= needs ID:PATH (a key id and its key file): {e}")
+                })?;
+                (ep, Some(spec.to_string()))
             }
             None => (s, None),
         };
@@ -92,12 +89,23 @@ impl Target {
         })
     }
 
+    /// `opts` with this target's key, loaded from its file, if it names one.
+    pub fn options(&self, opts: &crate::ClientOptions) -> Result<crate::ClientOptions, String> {
+        match &self.key {
+            Some(spec) => Ok(crate::ClientOptions {
+                key: Some(crate::auth::ClientKey::load(spec)?),
+                ..opts.clone()
+            }),
+            None => Ok(opts.clone()),
+        }
+    }
+
     pub fn transport_name(&self) -> &'static str {
         self.endpoint.transport_name()
     }
 }
 
-/// Shows the endpoint and whether a key is set, never the key itself (logs).
+/// Shows the endpoint and whether a key is named (logs).
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.key {
@@ -134,17 +142,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_target_carries_its_own_key_and_hides_it_when_shown() {
-        let t = Target::parse("udp:127.0.0.1:7000?key=0x5eed").unwrap();
+    fn a_target_names_its_key_file_and_hides_it_when_shown() {
+        let t = Target::parse("udp:127.0.0.1:7000?key=3:/etc/farside/rmem-3.key").unwrap();
         assert_eq!(t.endpoint, Endpoint::Udp("127.0.0.1:7000".parse().unwrap()));
-        assert_eq!(t.key, Some(0x5eed));
-        assert!(!t.to_string().contains("5eed"), "{t}");
+        assert_eq!(t.key.as_deref(), Some("3:/etc/farside/rmem-3.key"));
+        assert!(!t.to_string().contains("rmem-3"), "{t}");
         let t = Target::parse("shm:/dev/shm/farside/node1.region").unwrap();
         assert_eq!(t.key, None);
         for bad in [
             "tcp:127.0.0.1:1?key=",
-            "tcp:127.0.0.1:1?key=xyz",
-            "tcp:127.0.0.1:1?key=11112222333344445",
+            "tcp:127.0.0.1:1?key=xyz:/k",
+            "tcp:127.0.0.1:1?key=5eed5eed",
         ] {
             assert!(Target::parse(bad).unwrap_err().contains("key"), "{bad}");
         }

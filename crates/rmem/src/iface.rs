@@ -3,6 +3,7 @@
 //! [`Exchange`]). Transports (`client`'s shm and tcp, `udp`) depend on this module and
 //! never on each other.
 
+use crate::auth::{open_reply, seal_request, ClientKey, SenderState};
 use crate::wire::*;
 use std::fmt;
 use std::io;
@@ -56,8 +57,9 @@ impl From<io::Error> for RmemError {
 /// same table in the XDP program), so a lost reply, a duplicated request or a request
 /// delayed past a newer one never applies an operation twice or out of order.
 ///
-/// WRITE, CAS and FETCH-ADD may only change the control words of the region
-/// (`farside_region::layout::WRITABLE_*`); elsewhere they are refused with `Protected`.
+/// What an operation may do is its key's rights (`farside_auth::rights`): words the
+/// node's agent owns are refused with `Protected`, anything else not granted with
+/// `ReadOnly`.
 pub trait RemoteMemory: Send {
     fn read(&mut self, offset: usize, buf: &mut [u8]) -> Result<(), RmemError>;
     fn write(&mut self, offset: usize, data: &[u8]) -> Result<(), RmemError>;
@@ -70,14 +72,12 @@ pub trait RemoteMemory: Send {
     fn transport(&self) -> &'static str;
 }
 
-/// Well-known read-only key used when none is configured (loopback labs). Deployments
-/// across hosts should set their own with `--read-key`.
-pub const DEFAULT_READ_KEY: u64 = u64::from_le_bytes(*b"farside0");
-
 /// How to connect.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
-    pub key: u64,
+    /// The key requests are sealed with (tcp, udp; `crate::auth`): required for them,
+    /// unused by shm. Default: none.
+    pub key: Option<ClientKey>,
     /// Timeout of one operation (connect included for tcp). Default 50 ms.
     pub timeout: Duration,
     /// Poll the socket for the reply for up to this long before sleeping in the kernel,
@@ -90,10 +90,23 @@ pub struct ClientOptions {
 impl Default for ClientOptions {
     fn default() -> Self {
         ClientOptions {
-            key: DEFAULT_READ_KEY,
+            key: None,
             timeout: Duration::from_millis(50),
             spin: Duration::ZERO,
         }
+    }
+}
+
+impl ClientOptions {
+    /// The options' key, or the error a tcp or udp client without one gets.
+    pub fn require_key(&self) -> Result<ClientKey, RmemError> {
+        self.key.ok_or_else(|| {
+            RmemError::Protocol(
+                "no rmem key: tcp and udp requests are authenticated (--rmem-key ID:PATH, or \
+                 ?key=ID:PATH on the region)"
+                    .into(),
+            )
+        })
     }
 }
 
@@ -125,31 +138,69 @@ pub(crate) fn spin_until_readable(sock: &impl std::os::fd::AsRawFd, spin: Durati
 }
 
 /// Build a request, run it through `exchange`, and decode the reply. Shared by every
-/// message-based transport (tcp, udp, and shm which executes in place).
+/// message-based transport (tcp, udp, and shm which executes in place without an
+/// envelope: `key` is `None` there).
 pub(crate) struct Codec {
+    /// The request as sent: envelope, covered bytes, padding.
     pub(crate) req: Vec<u8>,
+    /// The reply as received.
     pub(crate) rep: Vec<u8>,
+    /// The request's covered bytes (header and payload).
+    pub(crate) covered: Vec<u8>,
+    /// The operation's sequence number (retries repeat it).
     seq: u64,
-    key: u64,
-    /// Random, never 0: servers detect duplicates per (client, seq).
-    client: u64,
+    key: Option<ClientKey>,
+    env: SenderState,
+    /// Envelope seqs of the current operation's first and latest attempt: a reply is
+    /// bound to one of them.
+    attempts: (u64, u64),
+    /// Total length READ requests are padded to (0: none).
+    pad_to: usize,
 }
 
 impl Codec {
-    pub(crate) fn new(key: u64) -> Self {
+    pub(crate) fn new(key: Option<ClientKey>) -> Self {
         Codec {
             req: Vec::with_capacity(REQ_BYTES_MAX),
             rep: Vec::with_capacity(REP_BYTES_MAX),
+            covered: Vec::with_capacity(REQ_BYTES_MAX),
             seq: crate::random_u64(),
             key,
-            client: crate::random_u64().max(1),
+            env: SenderState::new(),
+            attempts: (0, 0),
+            pad_to: 0,
         }
     }
 
-    /// Mark the encoded request as a retry of the same (client, seq).
+    /// This client's id (the envelope's sender; servers detect duplicates per sender).
+    pub(crate) fn client(&self) -> u64 {
+        self.env.sender
+    }
+
+    /// Seal `covered` into `req` with a new envelope seq (or copy it: no key).
+    fn seal(&mut self) {
+        match &self.key {
+            Some(k) => {
+                let s = self.env.next_seq();
+                self.attempts.1 = s;
+                seal_request(&mut self.req, k, self.env.sender, s, &self.covered);
+            }
+            None => {
+                self.req.clear();
+                self.req.extend_from_slice(&self.covered);
+            }
+        }
+        if self.req.len() < self.pad_to {
+            self.req.resize(self.pad_to, 0);
+        }
+    }
+
+    /// Mark the request as a retry of the same (client, op seq): sealed again, with a
+    /// new envelope seq (servers refuse a copy of the first datagram as replayed).
     pub(crate) fn mark_retry(&mut self) {
-        let flags = u16::from_le_bytes([self.req[6], self.req[7]]) | FLAG_RETRY;
-        self.req[6..8].copy_from_slice(&flags.to_le_bytes());
+        let flags = u16::from_le_bytes([self.covered[6], self.covered[7]]) | FLAG_RETRY;
+        self.covered[6..8].copy_from_slice(&flags.to_le_bytes());
+        self.seal();
     }
 
     pub(crate) fn next_seq(&mut self) -> u64 {
@@ -157,15 +208,21 @@ impl Codec {
         self.seq
     }
 
-    /// Pad the last encoded request with zeros up to `total` bytes (servers ignore bytes
-    /// after the payload).
+    /// Pad the request with zeros up to `total` bytes (servers ignore bytes after the
+    /// covered ones), this attempt and its retries.
     pub(crate) fn pad_request(&mut self, total: usize) {
+        self.pad_to = total;
         if self.req.len() < total {
             self.req.resize(total, 0);
         }
     }
 
-    /// Encode request `op` into `self.req` with a new sequence number; returns it.
+    /// The length field of the encoded request.
+    pub(crate) fn request_len(&self) -> usize {
+        u32::from_le_bytes(self.covered[24..28].try_into().expect("header")) as usize
+    }
+
+    /// Encode request `op` with a new sequence number and seal it; returns the op seq.
     pub(crate) fn encode(
         &mut self,
         op: Op,
@@ -177,20 +234,45 @@ impl Codec {
         let len = u32::try_from(len).map_err(|_| RmemError::Refused(Status::BadLength))?;
         let seq = self.next_seq();
         encode_request(
-            &mut self.req,
+            &mut self.covered,
             &ReqHeader {
                 op: op as u8,
                 flags: 0,
                 seq,
-                key: self.key,
                 region: 0,
                 offset,
                 len,
-                client: self.client,
             },
             payload,
         );
+        self.pad_to = 0;
+        self.seal();
+        self.attempts.0 = self.attempts.1;
         Ok(seq)
+    }
+
+    /// The reply's covered bytes if it is authentic and answers one of this operation's
+    /// attempts (any reply without a key: shm).
+    fn opened_reply(&self) -> Result<&[u8], RmemError> {
+        match &self.key {
+            Some(k) => open_reply(
+                &self.rep,
+                k,
+                self.env.sender,
+                self.attempts.0..=self.attempts.1,
+            )
+            .map_err(|r| RmemError::Protocol(format!("reply refused: {r:?}"))),
+            None => Ok(&self.rep),
+        }
+    }
+
+    /// Whether the reply in `self.rep` is authentic and answers op seq `seq` (udp
+    /// clients skip any other datagram: late replies, forgeries).
+    pub(crate) fn reply_answers(&self, seq: u64) -> bool {
+        self.opened_reply()
+            .ok()
+            .and_then(|b| RepHeader::decode(b).ok())
+            .is_some_and(|h| h.seq == seq)
     }
 
     /// Validate the reply in `self.rep` against request (op, seq) and return its payload.
@@ -200,8 +282,8 @@ impl Codec {
         seq: u64,
         want_len: usize,
     ) -> Result<&[u8], RmemError> {
-        let h = RepHeader::decode(&self.rep)
-            .map_err(|_| RmemError::Protocol("malformed reply".into()))?;
+        let b = self.opened_reply()?;
+        let h = RepHeader::decode(b).map_err(|_| RmemError::Protocol("malformed reply".into()))?;
         if h.seq != seq || h.op != op as u8 {
             return Err(RmemError::Protocol(format!(
                 "reply for seq {} op {}, expected seq {seq} op {}",
@@ -211,7 +293,7 @@ impl Codec {
         if h.status != Status::Ok {
             return Err(RmemError::Refused(h.status));
         }
-        let body = &self.rep[REP_HEADER_BYTES..];
+        let body = &b[REP_HEADER_BYTES..];
         if h.len as usize != want_len || body.len() < want_len {
             return Err(RmemError::Protocol(format!(
                 "reply carries {} bytes, expected {want_len}",

@@ -23,11 +23,17 @@
 //!   server: gatherd's tcp and udp servers share one, the XDP program has its own, and a
 //!   client's datagrams all reach the same one). `Ok` is the one true answer; an error
 //!   means applied at most once ([`RemoteMemory`]).
-//! - **Keys and permissions.** READs anywhere in the region; mutations only on the
-//!   control words; unknown keys get no reply; datagram READs must be padded to their
-//!   reply (no reflection); XDP answers only the node's address. A reader's key can be
-//!   given per region as `ENDPOINT?key=HEX` ([`Target`]).
+//! - **Authenticated, with per-key rights ([`auth`]).** Every request and reply carries
+//!   a `farside_auth` envelope (SipHash-2-4 tag, key id, sender, seq); a server acts
+//!   only on requests that verify under one of its keys and are not copies (replay
+//!   window), within that key's rights (`farside_auth::rights`: agent-owned words are
+//!   never remotely writable); anything else gets no reply. Replies are sealed under the
+//!   request's key and bound to its envelope, so a client accepts only the answer to
+//!   its own request. Datagram READs must be padded to their reply (no reflection); XDP
+//!   answers only the node's address. Keys come from files ([`auth`]); a region's key
+//!   can be named per region as `ENDPOINT?key=ID:PATH` ([`Target`]).
 
+pub mod auth;
 pub mod client;
 mod endpoint;
 pub mod fdshare;
@@ -38,12 +44,13 @@ pub mod tcp_server;
 pub mod udp;
 pub mod wire;
 
+pub use auth::{ClientKey, KeySpec, LabKeyset, Role, ServerKeys};
 pub use client::{
     connect, connect_target, map_region, ClientOptions, RemoteMemory, RmemError, ShmClient,
-    TcpClient, DEFAULT_READ_KEY,
+    TcpClient,
 };
 pub use endpoint::{Endpoint, Target};
-pub use ops::{AccessKeys, Dedup, OpCounters, Perm};
+pub use ops::{Dedup, OpCounters};
 pub use tcp_server::TcpServer;
 pub use udp::{GroupJoin, UdpClient, UdpServer};
 

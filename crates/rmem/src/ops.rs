@@ -1,32 +1,36 @@
 //! The semantics of the four operations on a region, in one place. The shm transport,
-//! the tcp server and the udp fallback server all call [`execute`]; the XDP responder in
-//! `bpf/` implements the same checks in the same order, and the packet tests compare the
-//! two.
+//! the tcp server and the udp fallback server all call [`execute`] (shm:
+//! [`execute_local`]); the XDP responder in `bpf/` implements the same checks in the
+//! same order, and the packet tests compare the two.
 //!
 //! Checks, in order (the first that fails decides the status; memory is untouched):
-//! 1. header well formed (magic, version, whole payload present) → `Malformed`
-//! 2. access key known → `BadKey`
-//! 3. op known → `BadOp`
-//! 4. region id known (only region 0 today) → `NoRegion`
-//! 5. len: READ/WRITE 1..=OP_BYTES_MAX, atomics exactly 8 → `BadLength`
-//! 6. offset and len multiples of 8 → `Unaligned`
-//! 7. offset + len within the region → `OutOfBounds`
-//! 8. WRITE/CAS/FADD need a read-write key → `ReadOnly`
-//! 9. WRITE/CAS/FADD only within the control words (`layout::WRITABLE_*`) → `Protected`
-//! 10. datagram servers only: a READ request shorter than its reply → `Unpadded`
+//! 1. envelope well formed, its key known, its tag right → `BadKey`   (never answered)
+//! 2. envelope (key id, sender, seq) not seen before     → `Replayed` (never answered)
+//! 3. header well formed (magic, version)                → `Malformed` (never answered)
+//! 4. op known → `BadOp`
+//! 5. whole payload present → `Malformed` (never answered)
+//! 6. the key's rights (`farside_auth::rights::check`, in its order): region →
+//!    `NoRegion`; len (> 0, atomics 8) → `BadLength`; offset and len multiples of 8 →
+//!    `Unaligned`; within the region → `OutOfBounds`; a mutation of an agent-owned word
+//!    → `Protected`; not granted, or a FETCH-ADD delta over the grant's → `ReadOnly`
+//! 7. datagram servers only: a READ request shorter than its reply → `Unpadded`
 //!
-//! Then, for WRITE/CAS/FADD of a client with an id (not 0), duplicate detection
-//! ([`Dedup`]): every mutation is applied at most once, and a retry of the last one is
-//! answered with the recorded reply, so the client learns the one true outcome.
-//! - seq equal to the client's last applied seq → replay its reply (`Ok`, same old value)
-//! - seq older → `Stale`: a delayed duplicate, not applied (datagram servers stay silent)
+//! Then, for WRITE/CAS/FADD, duplicate detection per client (the envelope's sender,
+//! which its tag vouches for) ([`Dedup`]): every mutation is applied at most once, and
+//! a retry of the last one is answered with the recorded reply, so the client learns
+//! the one true outcome.
+//! - op seq equal to the client's last applied one → replay its reply (`Ok`, same old value)
+//! - op seq older → `Stale`: a delayed duplicate, not applied (datagram servers stay silent)
 //! - a retry (FLAG_RETRY) of a client with no record → `Unknown`, not applied
 //! - otherwise apply and record
 //!
 //! READs are never recorded (they are idempotent and a reply carries the current words).
+//! Every answered reply is sealed under the request's key, bound to its envelope
+//! (`crate::auth::seal_reply_in_place`).
 
+use crate::auth::{seal_reply_in_place, ServerKeys};
 use crate::wire::*;
-use farside_region::layout::{WRITABLE_END_WORD, WRITABLE_FIRST_WORD};
+use farside_auth::rights::{self, Access, Rights};
 use farside_region::mem::{copy_words_in, copy_words_out};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -141,41 +145,6 @@ impl Dedup {
     }
 }
 
-/// What a key may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Perm {
-    ReadOnly,
-    ReadWrite,
-}
-
-/// Most access keys one server holds.
-pub const KEYS_MAX: usize = 8;
-
-/// The keys a server accepts (at most `KEYS_MAX`).
-#[derive(Debug, Clone, Default)]
-pub struct AccessKeys(Vec<(u64, Perm)>);
-
-impl AccessKeys {
-    pub fn new() -> Self {
-        AccessKeys(Vec::new())
-    }
-
-    pub fn with(mut self, key: u64, perm: Perm) -> Self {
-        assert!(self.0.len() < KEYS_MAX, "at most {KEYS_MAX} access keys");
-        self.0.retain(|(k, _)| *k != key);
-        self.0.push((key, perm));
-        self
-    }
-
-    pub fn perm(&self, key: u64) -> Option<Perm> {
-        self.0.iter().find(|(k, _)| *k == key).map(|(_, p)| *p)
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = &(u64, Perm)> {
-        self.0.iter()
-    }
-}
-
 /// Per-op and per-status counters, shown by gatherd's metrics.
 #[derive(Default)]
 pub struct OpCounters {
@@ -186,7 +155,7 @@ pub struct OpCounters {
 }
 
 impl OpCounters {
-    fn count(&self, op: u8, st: Status) {
+    pub fn count(&self, op: u8, st: Status) {
         let i = if (1..=4).contains(&op) {
             op as usize
         } else {
@@ -223,65 +192,80 @@ impl OpCounters {
     }
 }
 
-/// Check a request against the rules above (`datagram`: rule 10 applies). On success
-/// returns the decoded header, whose offset and len are then within `region_bytes`.
+/// Map a refusal of `farside_auth::rights::check` to its wire status.
+pub fn rights_status(r: rights::Refusal) -> Status {
+    match r {
+        rights::Refusal::WrongRegion { .. } => Status::NoRegion,
+        rights::Refusal::BadLength { .. } => Status::BadLength,
+        rights::Refusal::Unaligned { .. } => Status::Unaligned,
+        rights::Refusal::OutOfBounds { .. } => Status::OutOfBounds,
+        rights::Refusal::AgentOwned { .. } => Status::Protected,
+        rights::Refusal::NotGranted { .. } | rights::Refusal::DeltaTooLarge { .. } => {
+            Status::ReadOnly
+        }
+    }
+}
+
+/// Check a request's covered bytes (`req`, after the envelope) against rules 3 to 7
+/// under `rights`; `datagram_bytes`: the whole datagram's length (rule 7), `None` for
+/// streams. On success returns the decoded header, whose offset and len are then within
+/// `region_bytes`.
 pub fn check(
     req: &[u8],
-    keys: &AccessKeys,
+    rights: &Rights,
     region_bytes: usize,
-    datagram: bool,
+    datagram_bytes: Option<usize>,
 ) -> Result<ReqHeader, (u8, u64, Status)> {
     let h = ReqHeader::decode(req).map_err(|s| (0, 0, s))?;
     let fail = |s| (h.op, h.seq, s);
-    let perm = keys.perm(h.key).ok_or(fail(Status::BadKey))?;
     let op = Op::from_u8(h.op).ok_or(fail(Status::BadOp))?;
     if req.len() < REQ_HEADER_BYTES + op.req_payload_len(h.len).min(OP_BYTES_MAX) {
         return Err(fail(Status::Malformed));
     }
-    if h.region != 0 {
-        return Err(fail(Status::NoRegion));
-    }
-    let len = h.len as usize;
-    let len_ok = match op {
-        Op::Read | Op::Write => (1..=OP_BYTES_MAX).contains(&len),
-        Op::CompareSwap | Op::FetchAdd => len == 8,
+    let access = match op {
+        Op::Read => Access::Read,
+        Op::Write => Access::Write,
+        Op::CompareSwap => Access::CompareSwap,
+        Op::FetchAdd => Access::FetchAdd {
+            delta: u64_at(req, REQ_HEADER_BYTES),
+        },
     };
-    if !len_ok {
+    rights::check(rights, h.region, access, h.offset as u64, h.len as u64)
+        .map_err(|r| fail(rights_status(r)))?;
+    let len = h.len as usize;
+    if op == Op::Write && len > OP_BYTES_MAX {
         return Err(fail(Status::BadLength));
-    }
-    if !h.offset.is_multiple_of(8) || !len.is_multiple_of(8) {
-        return Err(fail(Status::Unaligned));
     }
     if h.offset as usize + len > region_bytes {
         return Err(fail(Status::OutOfBounds));
     }
-    if op != Op::Read && perm != Perm::ReadWrite {
-        return Err(fail(Status::ReadOnly));
-    }
-    let first = h.offset as usize / 8;
-    if op != Op::Read && (first < WRITABLE_FIRST_WORD || first + len / 8 > WRITABLE_END_WORD) {
-        return Err(fail(Status::Protected));
-    }
-    if datagram && op == Op::Read && req.len() < REP_HEADER_BYTES + len {
-        return Err(fail(Status::Unpadded));
+    if let Some(n) = datagram_bytes {
+        if op == Op::Read && n < ENVELOPE_BYTES + REP_HEADER_BYTES + len {
+            return Err(fail(Status::Unpadded));
+        }
     }
     Ok(h)
 }
 
-/// True if a datagram server must not answer a request that got `status`: bad keys and
-/// malformed requests (the sender may not be a client at all) and stale duplicates (the
-/// client has moved on).
+/// True if a server must not answer a request that got `status`: requests that are not
+/// authentic or are copies (`BadKey`, `Replayed`: the sender may not be a client at all,
+/// and an answer would amplify), malformed ones, and stale duplicates (the client has
+/// moved on).
 pub fn silent(status: Status) -> bool {
-    matches!(status, Status::BadKey | Status::Malformed | Status::Stale)
+    matches!(
+        status,
+        Status::BadKey | Status::Malformed | Status::Stale | Status::Replayed
+    )
 }
 
-/// Execute one request on `words` and write the whole reply into `reply` (cleared
-/// first). Returns the status. For the [`silent`] statuses the reply is still built;
-/// datagram servers drop it instead of sending it. `datagram`: the request came in a
-/// datagram (rule 10).
+/// Execute one request (envelope, header, payload, padding) on `words` and write the
+/// whole sealed reply into `reply` (cleared first). Returns the status. `BadKey` and
+/// `Replayed` leave `reply` empty; datagram servers send nothing for any [`silent`]
+/// status.
+/// `datagram`: the request came in a datagram (rule 7).
 pub fn execute(
     words: &[AtomicU64],
-    keys: &AccessKeys,
+    keys: &ServerKeys,
     counters: &OpCounters,
     dedup: &Dedup,
     datagram: bool,
@@ -289,6 +273,58 @@ pub fn execute(
     reply: &mut Vec<u8>,
 ) -> Status {
     reply.clear();
+    let acc = match keys.receive(req) {
+        Ok(a) => a,
+        Err(st) => {
+            // The op byte is not authentic: counted as unknown.
+            counters.count(0, st);
+            return st;
+        }
+    };
+    let covered = &req[ENVELOPE_BYTES..ENVELOPE_BYTES + acc.len];
+    reply.resize(ENVELOPE_BYTES, 0);
+    let st = execute_covered(
+        words,
+        &acc.rights,
+        acc.envelope.sender,
+        counters,
+        dedup,
+        datagram.then_some(req.len()),
+        covered,
+        reply,
+    );
+    seal_reply_in_place(reply, &acc.key, &acc.envelope);
+    st
+}
+
+/// A same-host operation (shm): no envelope, [`crate::auth::local_rights`], `client`
+/// for duplicate detection. `reply` gets the reply header and payload only.
+pub fn execute_local(
+    words: &[AtomicU64],
+    rights: &Rights,
+    client: u64,
+    counters: &OpCounters,
+    dedup: &Dedup,
+    req: &[u8],
+    reply: &mut Vec<u8>,
+) -> Status {
+    reply.clear();
+    execute_covered(words, rights, client, counters, dedup, None, req, reply)
+}
+
+/// Rules 3 to 7, duplicate detection and the operation; appends the reply header and
+/// payload to `reply`.
+#[allow(clippy::too_many_arguments)]
+fn execute_covered(
+    words: &[AtomicU64],
+    rights: &Rights,
+    client: u64,
+    counters: &OpCounters,
+    dedup: &Dedup,
+    datagram_bytes: Option<usize>,
+    req: &[u8],
+    reply: &mut Vec<u8>,
+) -> Status {
     let refuse = |reply: &mut Vec<u8>, op: u8, seq: u64, st: Status| {
         RepHeader {
             op,
@@ -300,19 +336,19 @@ pub fn execute(
         counters.count(op, st);
         st
     };
-    let h = match check(req, keys, words.len() * 8, datagram) {
+    let h = match check(req, rights, words.len() * 8, datagram_bytes) {
         Ok(h) => h,
         Err((op, seq, st)) => return refuse(reply, op, seq, st),
     };
     let op = Op::from_u8(h.op).expect("checked");
-    if op != Op::Read && h.client != 0 {
+    if op != Op::Read {
         // Held across the operation: decide, apply and record as one step.
         let mut d = dedup.inner.lock().unwrap_or_else(|p| p.into_inner());
-        if datagram && d.datagrams_handed_over {
+        if datagram_bytes.is_some() && d.datagrams_handed_over {
             // Another table owns datagram mutations (`Dedup::hand_over_datagrams`).
             return refuse(reply, h.op, h.seq, Status::Stale);
         }
-        match d.classify(h.client, h.seq, h.flags & FLAG_RETRY != 0) {
+        match d.classify(client, h.seq, h.flags & FLAG_RETRY != 0) {
             Seen::Refuse(st) => return refuse(reply, h.op, h.seq, st),
             Seen::Replay(old) => {
                 let len = if op == Op::Write { 0 } else { 8 };
@@ -330,13 +366,14 @@ pub fn execute(
                 return Status::Ok;
             }
             Seen::New => {
+                let start = reply.len();
                 let st = apply(words, &h, op, req, reply);
                 let old = if op == Op::Write {
                     0
                 } else {
-                    u64_at(reply, REP_HEADER_BYTES)
+                    u64_at(reply, start + REP_HEADER_BYTES)
                 };
-                d.record(h.client, h.seq, old);
+                d.record(client, h.seq, old);
                 counters.count(h.op, st);
                 return st;
             }
@@ -393,306 +430,460 @@ fn apply(words: &[AtomicU64], h: &ReqHeader, op: Op, req: &[u8], reply: &mut Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::{seal_request, ClientKey, LabKeyset};
+    use farside_auth::mac::{self, Domain};
+    use farside_region::layout::*;
     use farside_region::{HeapWords, Words};
 
-    const RO: u64 = 0x1111;
-    const RW: u64 = 0x2222;
-
-    fn req(op: u8, key: u64, offset: u32, len: u32, payload: &[u8]) -> Vec<u8> {
-        let mut b = Vec::new();
-        encode_request(
-            &mut b,
-            &ReqHeader {
-                op,
-                seq: 77,
-                key,
-                offset,
-                len,
-                ..Default::default()
-            },
-            payload,
-        );
-        b
+    /// A client: its key, sender id and envelope seqs.
+    struct C {
+        key: ClientKey,
+        sender: u64,
+        seq: u64,
     }
 
-    /// Every refusal, table-driven: (what, request, expected status). Memory must be untouched.
+    impl C {
+        fn new(key: ClientKey, sender: u64) -> C {
+            C {
+                key,
+                sender,
+                seq: 0,
+            }
+        }
+
+        /// A sealed request: op, op seq, retry flag, offset, len, payload, padded for READs.
+        fn req(
+            &mut self,
+            op: u8,
+            op_seq: u64,
+            retry: bool,
+            offset: u32,
+            len: u32,
+            payload: &[u8],
+        ) -> Vec<u8> {
+            let mut covered = Vec::new();
+            encode_request(
+                &mut covered,
+                &ReqHeader {
+                    op,
+                    flags: if retry { FLAG_RETRY } else { 0 },
+                    seq: op_seq,
+                    region: 0,
+                    offset,
+                    len,
+                },
+                payload,
+            );
+            self.seq += 1;
+            let mut b = Vec::new();
+            seal_request(&mut b, &self.key, self.sender, self.seq, &covered);
+            if op == 1 {
+                b.resize(
+                    b.len()
+                        .max(ENVELOPE_BYTES + REP_HEADER_BYTES + len as usize),
+                    0,
+                );
+            }
+            b
+        }
+    }
+
+    struct Server {
+        mem: HeapWords,
+        keys: std::sync::Arc<ServerKeys>,
+        c: OpCounters,
+        d: Dedup,
+    }
+
+    impl Server {
+        fn new(set: &LabKeyset) -> Server {
+            let mem = HeapWords::new(512);
+            mem.words()[W_ROLE_WANTED].store(5, Ordering::Relaxed);
+            Server {
+                mem,
+                keys: set.server(),
+                c: OpCounters::default(),
+                d: Dedup::new(),
+            }
+        }
+
+        /// (status, reply's covered bytes if it was sealed)
+        fn run(&self, datagram: bool, req: &[u8]) -> (Status, Vec<u8>) {
+            let mut reply = Vec::new();
+            let st = execute(
+                self.mem.words(),
+                &self.keys,
+                &self.c,
+                &self.d,
+                datagram,
+                req,
+                &mut reply,
+            );
+            (st, reply)
+        }
+
+        fn word(&self, w: usize) -> u64 {
+            self.mem.words()[w].load(Ordering::Relaxed)
+        }
+    }
+
+    fn cas(expected: u64, new: u64) -> Vec<u8> {
+        let mut p = expected.to_le_bytes().to_vec();
+        p.extend_from_slice(&new.to_le_bytes());
+        p
+    }
+
+    fn w(word: usize) -> u32 {
+        (word * 8) as u32
+    }
+
+    /// Every refusal, table-driven: (what, request, expected status). Memory untouched.
     #[test]
     fn every_refusal_leaves_memory_untouched() {
-        let mem = HeapWords::new(512);
-        mem.words()[1].store(5, Ordering::Relaxed);
-        let keys = AccessKeys::new()
-            .with(RO, Perm::ReadOnly)
-            .with(RW, Perm::ReadWrite);
-        let c = OpCounters::default();
-        let mut cas = 5u64.to_le_bytes().to_vec();
-        cas.extend_from_slice(&9u64.to_le_bytes());
+        let set = LabKeyset::generate();
+        let s = Server::new(&set);
+        let (mut rd, mut bal) = (C::new(set.reader, 1), C::new(set.balancer, 2));
+        let forged = {
+            let mut r = bal.req(3, 1, false, w(W_ROLE_WANTED), 8, &cas(5, 9));
+            r[0] ^= 1;
+            r
+        };
+        let other_key = {
+            let mut c = C::new(LabKeyset::generate().balancer, 2);
+            c.req(3, 1, false, w(W_ROLE_WANTED), 8, &cas(5, 9))
+        };
         let cases: Vec<(&str, Vec<u8>, Status)> = vec![
             (
-                "truncated header",
-                req(1, RO, 0, 8, &[])[..20].to_vec(),
-                Status::Malformed,
+                "truncated envelope",
+                rd.req(1, 1, false, 0, 8, &[])[..20].to_vec(),
+                Status::BadKey,
             ),
-            ("wrong key", req(1, 0x9999, 0, 8, &[]), Status::BadKey),
-            ("unknown op", req(9, RO, 0, 8, &[]), Status::BadOp),
-            ("zero-length read", req(1, RO, 0, 0, &[]), Status::BadLength),
+            ("forged tag", forged, Status::BadKey),
+            ("a key of another keyring", other_key, Status::BadKey),
+            ("unknown op", rd.req(9, 1, false, 0, 8, &[]), Status::BadOp),
+            (
+                "zero-length read",
+                rd.req(1, 1, false, 0, 0, &[]),
+                Status::BadLength,
+            ),
             (
                 "oversized read",
-                req(1, RO, 0, 8192, &[]),
-                Status::BadLength,
-            ),
-            (
-                "atomic len 16",
-                req(4, RW, 8, 16, &[0; 8]),
-                Status::BadLength,
-            ),
-            ("unaligned offset", req(1, RO, 4, 8, &[]), Status::Unaligned),
-            ("unaligned len", req(1, RO, 0, 12, &[]), Status::Unaligned),
-            (
-                "out of bounds",
-                req(1, RO, 4090 / 8 * 8, 16, &[]),
+                rd.req(1, 1, false, 0, 8192, &[]),
                 Status::OutOfBounds,
             ),
             (
-                "cas with read-only key",
-                req(3, RO, 8, 8, &cas),
+                "atomic len 16",
+                bal.req(4, 1, false, w(W_SHARED_COUNTER), 16, &[0; 8]),
+                Status::BadLength,
+            ),
+            (
+                "unaligned offset",
+                rd.req(1, 1, false, 4, 8, &[]),
+                Status::Unaligned,
+            ),
+            (
+                "unaligned len",
+                rd.req(1, 1, false, 0, 12, &[]),
+                Status::Unaligned,
+            ),
+            (
+                "out of bounds",
+                rd.req(1, 1, false, 4088, 16, &[]),
+                Status::OutOfBounds,
+            ),
+            (
+                "cas with a reader's key",
+                rd.req(3, 1, false, w(W_ROLE_WANTED), 8, &cas(5, 9)),
                 Status::ReadOnly,
             ),
             (
-                "write with read-only key",
-                req(2, RO, 8, 8, &[1; 8]),
+                "write with a reader's key",
+                rd.req(2, 1, false, w(W_ROLE_WANTED), 8, &[1; 8]),
+                Status::ReadOnly,
+            ),
+            (
+                "a balancer's write",
+                bal.req(2, 1, false, w(W_ROLE_WANTED), 8, &[1; 8]),
+                Status::ReadOnly,
+            ),
+            (
+                "a balancer's cas of the served role",
+                bal.req(3, 1, false, w(W_ROLE_SERVED), 8, &cas(0, 9)),
+                Status::Protected,
+            ),
+            (
+                "a balancer's fetch-add by 2",
+                bal.req(4, 1, false, w(W_SHARED_COUNTER), 8, &2u64.to_le_bytes()),
+                Status::ReadOnly,
+            ),
+            (
+                "a balancer's fetch-add by -1",
+                bal.req(4, 1, false, w(W_SHARED_COUNTER), 8, &u64::MAX.to_le_bytes()),
                 Status::ReadOnly,
             ),
             (
                 "cas payload truncated",
-                req(3, RW, 8, 8, &cas[..8]),
+                bal.req(3, 1, false, w(W_ROLE_WANTED), 8, &[0; 8]),
                 Status::Malformed,
-            ),
-            (
-                "write payload truncated",
-                req(2, RW, 8, 16, &[1; 8]),
-                Status::Malformed,
-            ),
-            (
-                "write over the header",
-                req(2, RW, 8, 8, &[1; 8]),
-                Status::Protected,
             ),
             (
                 "cas on the load record",
-                req(3, RW, 8 * 13, 8, &cas),
+                bal.req(3, 1, false, w(13), 8, &cas(0, 1)),
                 Status::Protected,
             ),
             (
                 "fetch-add in scratch",
-                req(4, RW, 8 * 64, 8, &[1; 8]),
-                Status::Protected,
-            ),
-            (
-                "write running past the control words",
-                req(2, RW, 8 * 63, 16, &[1; 16]),
-                Status::Protected,
+                bal.req(4, 1, false, w(64), 8, &1u64.to_le_bytes()),
+                Status::ReadOnly,
             ),
             (
                 "unpadded datagram read",
-                req(1, RO, 0, 64, &[]),
+                {
+                    let mut r = rd.req(1, 1, false, 0, 64, &[]);
+                    r.truncate(ENVELOPE_BYTES + REQ_HEADER_BYTES);
+                    r
+                },
                 Status::Unpadded,
             ),
         ];
-        let mut reply = Vec::new();
+        let before: Vec<u64> = (0..512).map(|i| s.word(i)).collect();
         for (what, r, want) in cases {
-            let got = execute(mem.words(), &keys, &c, &Dedup::new(), true, &r, &mut reply);
+            let (got, reply) = s.run(true, &r);
             assert_eq!(got, want, "{what}");
-            let rep = RepHeader::decode(&reply).unwrap();
-            assert_eq!((rep.status, rep.len), (want, 0), "{what}");
-            assert_eq!(
-                mem.words()[1].load(Ordering::Relaxed),
-                5,
-                "{what} touched memory"
-            );
+            if silent(want) {
+                continue;
+            }
+            let o = mac::open(Domain::RmemReply, &reply, |_| {
+                None::<farside_auth::siphash::SipKey>
+            });
+            assert!(o.is_err(), "replies open only under the key");
+            let h = RepHeader::decode(&reply[ENVELOPE_BYTES..]).unwrap();
+            assert_eq!((h.status, h.len), (want, 0), "{what}");
         }
+        let after: Vec<u64> = (0..512).map(|i| s.word(i)).collect();
+        assert_eq!(before, after, "a refusal touched memory");
+        // Nothing was answered to the forgeries: counted as unknown ops with BadKey.
+        assert_eq!(
+            s.c.status[Status::BadKey as usize].load(Ordering::Relaxed),
+            3
+        );
+    }
+
+    #[test]
+    fn a_replayed_request_is_refused_and_not_applied_again() {
+        let set = LabKeyset::generate();
+        let s = Server::new(&set);
+        let mut bal = C::new(set.balancer, 2);
+        let r = bal.req(4, 1, false, w(W_SHARED_COUNTER), 8, &1u64.to_le_bytes());
+        assert_eq!(s.run(true, &r).0, Status::Ok);
+        assert_eq!(s.run(true, &r).0, Status::Replayed);
+        assert_eq!(s.run(false, &r).0, Status::Replayed);
+        let c = bal.req(3, 2, false, w(W_ROLE_WANTED), 8, &cas(5, 6));
+        assert_eq!(s.run(true, &c).0, Status::Ok);
+        s.mem.words()[W_ROLE_WANTED].store(5, Ordering::Relaxed);
+        assert_eq!(s.run(true, &c).0, Status::Replayed, "a replayed CAS");
+        assert_eq!((s.word(W_SHARED_COUNTER), s.word(W_ROLE_WANTED)), (1, 5));
+    }
+
+    #[test]
+    fn replies_are_sealed_under_the_requests_key_and_bound_to_its_envelope() {
+        let set = LabKeyset::generate();
+        let s = Server::new(&set);
+        let mut rd = C::new(set.reader, 77);
+        let r = rd.req(1, 9, false, w(W_ROLE_WANTED), 8, &[]);
+        let (st, reply) = s.run(true, &r);
+        assert_eq!(st, Status::Ok);
+        assert!(reply.len() <= r.len(), "no reflection");
+        let body = crate::auth::open_reply(&reply, &set.reader, 77, rd.seq..=rd.seq).unwrap();
+        let h = RepHeader::decode(body).unwrap();
+        assert_eq!((h.seq, h.len, u64_at(body, REP_HEADER_BYTES)), (9, 8, 5));
+        // Another sender, another attempt, another key: not this client's reply.
+        use crate::auth::ReplyRefusal;
+        assert_eq!(
+            crate::auth::open_reply(&reply, &set.reader, 78, rd.seq..=rd.seq),
+            Err(ReplyRefusal::NotOurs)
+        );
+        assert_eq!(
+            crate::auth::open_reply(&reply, &set.reader, 77, 0..=rd.seq - 1),
+            Err(ReplyRefusal::NotOurs)
+        );
+        assert_eq!(
+            crate::auth::open_reply(&reply, &set.balancer, 77, rd.seq..=rd.seq),
+            Err(ReplyRefusal::NotAuthentic)
+        );
+        // The request itself never opens as a reply (domains differ).
+        assert_eq!(
+            crate::auth::open_reply(&r, &set.reader, 77, rd.seq..=rd.seq),
+            Err(ReplyRefusal::NotAuthentic)
+        );
+    }
+
+    #[test]
+    fn a_rotated_key_verifies_beside_the_current_one_until_revoked() {
+        let set = LabKeyset::generate();
+        let s = Server::new(&set);
+        let new = LabKeyset::generate().balancer;
+        let new = ClientKey::new(farside_auth::mac::KeyId(12), *new.key());
+        s.keys
+            .install(
+                "balancer",
+                new.id,
+                *new.key(),
+                crate::auth::Role::Balancer.rights(),
+            )
+            .unwrap();
+        let (mut old_c, mut new_c) = (C::new(set.balancer, 5), C::new(new, 6));
+        let one = 1u64.to_le_bytes();
+        assert_eq!(
+            s.run(true, &old_c.req(4, 1, false, w(W_SHARED_COUNTER), 8, &one))
+                .0,
+            Status::Ok
+        );
+        assert_eq!(
+            s.run(true, &new_c.req(4, 1, false, w(W_SHARED_COUNTER), 8, &one))
+                .0,
+            Status::Ok
+        );
+        assert!(s.keys.revoke(set.balancer.id));
+        assert_eq!(
+            s.run(true, &old_c.req(4, 2, false, w(W_SHARED_COUNTER), 8, &one))
+                .0,
+            Status::BadKey
+        );
+        assert_eq!(
+            s.run(true, &new_c.req(4, 2, false, w(W_SHARED_COUNTER), 8, &one))
+                .0,
+            Status::Ok
+        );
+        assert_eq!(s.word(W_SHARED_COUNTER), 3);
     }
 
     #[test]
     fn atomics_return_the_old_value() {
-        let mem = HeapWords::new(512);
-        let keys = AccessKeys::new().with(RW, Perm::ReadWrite);
-        let c = OpCounters::default();
-        let mut reply = Vec::new();
-        let mut cas = 0u64.to_le_bytes().to_vec();
-        cas.extend_from_slice(&42u64.to_le_bytes());
-        assert_eq!(
-            execute(
-                mem.words(),
-                &keys,
-                &c,
-                &Dedup::new(),
-                false,
-                &req(3, RW, 256, 8, &cas),
-                &mut reply
-            ),
-            Status::Ok
-        );
-        assert_eq!(u64_at(&reply, REP_HEADER_BYTES), 0);
-        // Second CAS with the same expected value fails and reports the current value.
-        execute(
-            mem.words(),
-            &keys,
-            &c,
-            &Dedup::new(),
+        let set = LabKeyset::generate();
+        let s = Server::new(&set);
+        let mut bal = C::new(set.balancer, 3);
+        let old = |r: &(Status, Vec<u8>)| u64_at(&r.1, ENVELOPE_BYTES + REP_HEADER_BYTES);
+        let r = s.run(false, &bal.req(3, 1, false, w(W_SITE_LOCK), 8, &cas(0, 42)));
+        assert_eq!((r.0, old(&r)), (Status::Ok, 0));
+        // The same expected value again fails and reports the current value.
+        let r = s.run(false, &bal.req(3, 2, false, w(W_SITE_LOCK), 8, &cas(0, 43)));
+        assert_eq!((r.0, old(&r)), (Status::Ok, 42));
+        let r = s.run(
             false,
-            &req(3, RW, 256, 8, &cas),
-            &mut reply,
+            &bal.req(4, 3, false, w(W_SHARED_COUNTER), 8, &1u64.to_le_bytes()),
         );
-        assert_eq!(u64_at(&reply, REP_HEADER_BYTES), 42);
-        execute(
-            mem.words(),
-            &keys,
-            &c,
-            &Dedup::new(),
-            false,
-            &req(4, RW, 256, 8, &3u64.to_le_bytes()),
-            &mut reply,
-        );
-        assert_eq!(u64_at(&reply, REP_HEADER_BYTES), 42);
-        assert_eq!(mem.words()[32].load(Ordering::Relaxed), 45);
-        execute(
-            mem.words(),
-            &keys,
-            &c,
-            &Dedup::new(),
-            false,
-            &req(1, RW, 256, 16, &[]),
-            &mut reply,
-        );
-        assert_eq!(RepHeader::decode(&reply).unwrap().len, 16);
-        assert_eq!(u64_at(&reply, REP_HEADER_BYTES), 45);
-        assert_eq!(c.ops[3].load(Ordering::Relaxed), 2);
-    }
-
-    fn client_req(op: u8, client: u64, seq: u64, retry: bool, payload: &[u8]) -> Vec<u8> {
-        let mut b = Vec::new();
-        encode_request(
-            &mut b,
-            &ReqHeader {
-                op,
-                flags: if retry { FLAG_RETRY } else { 0 },
-                seq,
-                key: RW,
-                offset: 256,
-                len: 8,
-                client,
-                ..Default::default()
-            },
-            payload,
-        );
-        b
+        assert_eq!((r.0, old(&r)), (Status::Ok, 0));
+        let r = s.run(false, &bal.req(1, 4, false, w(W_SITE_LOCK), 16, &[]));
+        assert_eq!(RepHeader::decode(&r.1[ENVELOPE_BYTES..]).unwrap().len, 16);
+        assert_eq!(old(&r), 42);
+        assert_eq!(s.c.ops[3].load(Ordering::Relaxed), 2);
     }
 
     #[test]
     fn mutations_apply_once_and_retries_replay_the_first_answer() {
-        let mem = HeapWords::new(512);
-        let keys = AccessKeys::new().with(RW, Perm::ReadWrite);
-        let (c, d) = (OpCounters::default(), Dedup::new());
-        let mut reply = Vec::new();
-        let mut run = |r: &[u8]| {
-            let st = execute(mem.words(), &keys, &c, &d, true, r, &mut reply);
-            let old = (reply.len() == REP_HEADER_BYTES + 8).then(|| u64_at(&reply, 24));
-            (st, old)
-        };
+        let set = LabKeyset::generate();
+        let s = Server::new(&set);
         let one = 1u64.to_le_bytes();
-        assert_eq!(
-            run(&client_req(4, 9, 100, false, &one)),
-            (Status::Ok, Some(0))
-        );
-        // The reply was lost: the retry gets the same answer, not a second add.
-        assert_eq!(
-            run(&client_req(4, 9, 100, true, &one)),
-            (Status::Ok, Some(0))
-        );
-        assert_eq!(
-            run(&client_req(4, 9, 101, false, &one)),
-            (Status::Ok, Some(1))
-        );
-        // A delayed duplicate of seq 100 arrives after 101: dropped, not applied.
-        assert_eq!(run(&client_req(4, 9, 100, false, &one)).0, Status::Stale);
+        let at = w(W_SHARED_COUNTER);
+        let run = |c: &mut C, op_seq: u64, retry: bool| {
+            let r = s.run(true, &c.req(4, op_seq, retry, at, 8, &one));
+            let old = (r.1.len() == ENVELOPE_BYTES + REP_HEADER_BYTES + 8)
+                .then(|| u64_at(&r.1, ENVELOPE_BYTES + REP_HEADER_BYTES));
+            (r.0, old)
+        };
+        let mut a = C::new(set.balancer, 9);
+        assert_eq!(run(&mut a, 100, false), (Status::Ok, Some(0)));
+        // The reply was lost: the retry (a new envelope) gets the same answer.
+        assert_eq!(run(&mut a, 100, true), (Status::Ok, Some(0)));
+        assert_eq!(run(&mut a, 101, false), (Status::Ok, Some(1)));
+        // A delayed duplicate of op 100 (resealed by its sender) after 101: not applied.
+        assert_eq!(run(&mut a, 100, false).0, Status::Stale);
         // Another client is independent; a retry from a client never seen is refused.
-        assert_eq!(
-            run(&client_req(4, 7, 5, false, &one)),
-            (Status::Ok, Some(2))
-        );
-        assert_eq!(run(&client_req(4, 8, 5, true, &one)).0, Status::Unknown);
-        // Anonymous clients (id 0) are not tracked.
-        assert_eq!(
-            run(&client_req(4, 0, 5, false, &one)),
-            (Status::Ok, Some(3))
-        );
-        assert_eq!(
-            run(&client_req(4, 0, 5, false, &one)),
-            (Status::Ok, Some(4))
-        );
-        assert_eq!(mem.words()[32].load(Ordering::Relaxed), 5);
-        // Sequence numbers wrap: u64::MAX then 0 is "newer".
-        assert_eq!(run(&client_req(4, 11, u64::MAX, false, &one)).0, Status::Ok);
-        assert_eq!(run(&client_req(4, 11, 0, false, &one)).0, Status::Ok);
-        assert_eq!(d.clients(), 3, "clients 9, 7 and 11");
+        let mut b = C::new(set.balancer, 7);
+        assert_eq!(run(&mut b, 5, false), (Status::Ok, Some(2)));
+        let mut c = C::new(set.balancer, 8);
+        assert_eq!(run(&mut c, 5, true).0, Status::Unknown);
+        assert_eq!(s.word(W_SHARED_COUNTER), 3);
+        assert_eq!(s.d.clients(), 2, "clients 9 and 7");
     }
 
     #[test]
     fn handed_over_datagram_mutations_are_dropped_unapplied_until_taken_back() {
-        let mem = HeapWords::new(512);
-        let keys = AccessKeys::new().with(RW, Perm::ReadWrite);
-        let (c, d) = (OpCounters::default(), Dedup::new());
-        let mut reply = Vec::new();
+        let set = LabKeyset::generate();
+        let s = Server::new(&set);
         let one = 1u64.to_le_bytes();
-        let mut run =
-            |datagram: bool, r: &[u8]| execute(mem.words(), &keys, &c, &d, datagram, r, &mut reply);
-        assert_eq!(run(true, &client_req(4, 9, 100, false, &one)), Status::Ok);
-        let entries = d.hand_over_datagrams();
+        let at = w(W_SHARED_COUNTER);
+        let mut a = C::new(set.balancer, 9);
         assert_eq!(
-            entries,
-            vec![(9, 100, 0)],
-            "the applied mutation and its old value"
+            s.run(true, &a.req(4, 100, false, at, 8, &one)).0,
+            Status::Ok
         );
-        // Datagram mutations: dropped (a silent status), memory untouched.
-        let st = run(true, &client_req(4, 9, 101, false, &one));
+        assert_eq!(s.d.hand_over_datagrams(), vec![(9, 100, 0)]);
+        let st = s.run(true, &a.req(4, 101, false, at, 8, &one)).0;
         assert!(silent(st), "{st:?}");
-        // Streams and reads are unaffected.
-        assert_eq!(run(false, &client_req(4, 7, 1, false, &one)), Status::Ok);
-        assert_eq!(run(true, &req(1, RW, 256, 8, &[])), Status::Ok);
-        assert_eq!(mem.words()[32].load(Ordering::Relaxed), 2);
-        d.take_back_datagrams();
-        assert_eq!(run(true, &client_req(4, 9, 101, true, &one)), Status::Ok);
-        assert_eq!(mem.words()[32].load(Ordering::Relaxed), 3);
+        let mut b = C::new(set.balancer, 7);
+        assert_eq!(s.run(false, &b.req(4, 1, false, at, 8, &one)).0, Status::Ok);
+        assert_eq!(s.run(true, &b.req(1, 2, false, at, 8, &[])).0, Status::Ok);
+        assert_eq!(s.word(W_SHARED_COUNTER), 2);
+        s.d.take_back_datagrams();
+        assert_eq!(s.run(true, &a.req(4, 101, true, at, 8, &one)).0, Status::Ok);
+        assert_eq!(s.word(W_SHARED_COUNTER), 3);
     }
 
     #[test]
     fn the_client_table_is_bounded_and_forgets_the_least_recently_used() {
-        let mem = HeapWords::new(512);
-        let keys = AccessKeys::new().with(RW, Perm::ReadWrite);
-        let (c, d) = (OpCounters::default(), Dedup::new());
-        let mut reply = Vec::new();
+        let set = LabKeyset::generate();
+        let s = Server::new(&set);
         let one = 1u64.to_le_bytes();
+        let at = w(W_SHARED_COUNTER);
         for client in 1..=DEDUP_CLIENTS_MAX as u64 + 1 {
-            let r = client_req(4, client, 1, false, &one);
-            execute(mem.words(), &keys, &c, &d, true, &r, &mut reply);
+            let mut c = C::new(set.balancer, client);
+            s.run(true, &c.req(4, 1, false, at, 8, &one));
         }
-        assert_eq!(d.clients(), DEDUP_CLIENTS_MAX);
-        // Client 1 was evicted: its retry is refused as unknown rather than applied twice.
-        let r = client_req(4, 1, 1, true, &one);
+        assert_eq!(s.d.clients(), DEDUP_CLIENTS_MAX);
+        let mut c = C::new(set.balancer, 1);
+        c.seq = 10;
         assert_eq!(
-            execute(mem.words(), &keys, &c, &d, true, &r, &mut reply),
+            s.run(true, &c.req(4, 1, true, at, 8, &one)).0,
             Status::Unknown
         );
     }
 
+    #[test]
+    fn local_operations_follow_the_local_rights() {
+        let mem = HeapWords::new(512);
+        let (c, d) = (OpCounters::default(), Dedup::new());
+        let rights = crate::auth::local_rights();
+        let mut reply = Vec::new();
+        let mut req = |op: u8, word: usize, payload: &[u8]| {
+            let mut b = Vec::new();
+            encode_request(
+                &mut b,
+                &ReqHeader {
+                    op,
+                    seq: 1,
+                    region: 0,
+                    offset: w(word),
+                    len: 8,
+                    ..Default::default()
+                },
+                payload,
+            );
+            execute_local(mem.words(), &rights, 1, &c, &d, &b, &mut reply)
+        };
+        assert_eq!(req(2, W_ROLE_SERVED, &[1; 8]), Status::Protected);
+        assert_eq!(req(2, W_SEQ_HEAD, &[1; 8]), Status::Protected);
+        assert_eq!(req(1, W_SEQ_HEAD, &[]), Status::Ok);
+    }
+
     /// Bounded fuzz (runs in CI): random and mutated requests never panic `execute`,
-    /// never change a word outside the control words, a request it accepts has its
-    /// offset and length within the region, and no datagram is answered with a reply
-    /// longer than itself (no reflection).
+    /// never change an agent-owned word, and no datagram is answered with a reply longer
+    /// than itself (no reflection).
     #[test]
     fn random_and_mutated_requests_never_escape_their_bounds() {
-        // Requests per kind; a fraction of a second.
-        const CASES: u32 = 50_000;
+        // Requests; a fraction of a second.
+        const CASES: u32 = 20_000;
         let mut x = 0x2545_f491_4f6c_dd1du64;
         let mut rnd = move || {
             x ^= x << 13;
@@ -700,66 +891,41 @@ mod tests {
             x ^= x << 17;
             x
         };
-        let mem = HeapWords::new(512);
-        for (i, w) in mem.words().iter().enumerate() {
-            w.store(i as u64 * 3 + 1, Ordering::Relaxed);
+        let set = LabKeyset::generate();
+        let s = Server::new(&set);
+        for (i, wd) in s.mem.words().iter().enumerate() {
+            wd.store(i as u64 * 3 + 1, Ordering::Relaxed);
         }
-        let outside = |m: &HeapWords| -> Vec<u64> {
-            m.words()
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !(WRITABLE_FIRST_WORD..WRITABLE_END_WORD).contains(i))
-                .map(|(_, w)| w.load(Ordering::Relaxed))
+        let owned = |m: &HeapWords| -> Vec<u64> {
+            (0..512)
+                .filter(|&i| rights::AGENT_OWNED.iter().any(|o| o.covers(i, i + 1)))
+                .map(|i| m.words()[i].load(Ordering::Relaxed))
                 .collect()
         };
-        let before = outside(&mem);
-        let keys = AccessKeys::new()
-            .with(RO, Perm::ReadOnly)
-            .with(RW, Perm::ReadWrite);
-        let (c, d) = (OpCounters::default(), Dedup::new());
-        let mut reply = Vec::new();
-        let seeds: Vec<Vec<u8>> = vec![
-            req(1, RO, 0, 192, &[0; 216]),
-            req(2, RW, 256, 16, &[7; 16]),
-            req(3, RW, 264, 8, &[1; 16]),
-            req(4, RW, 272, 8, &[2; 8]),
-        ];
+        let before = owned(&s.mem);
+        let mut bal = C::new(set.balancer, 3);
         for n in 0..CASES {
-            let r: Vec<u8> = if n % 2 == 0 {
-                let len = (rnd() % 300) as usize;
-                (0..len).map(|_| rnd() as u8).collect()
-            } else {
-                let mut m = seeds[(rnd() % 4) as usize].clone();
-                for _ in 0..1 + rnd() % 3 {
-                    let i = (rnd() % 48) as usize;
-                    m[i] = rnd() as u8;
-                }
-                let keep = m.len() - (rnd() % 8) as usize;
-                m.truncate(keep);
-                m
-            };
-            if let Ok(h) = check(&r, &keys, 4096, true) {
-                assert!(h.offset as u64 + h.len as u64 <= 4096, "{h:?}");
-                assert!(h.offset % 8 == 0 && h.len % 8 == 0 && h.len > 0, "{h:?}");
+            let op = (rnd() % 5) as u8;
+            let len = [0, 8, 16, 12, (rnd() % 5000) as u32][(rnd() % 5) as usize];
+            let offset = (rnd() % 4200) as u32 & !(if rnd() % 2 == 0 { 7 } else { 0 });
+            let payload: Vec<u8> = (0..rnd() % 40).map(|_| rnd() as u8).collect();
+            let mut r = bal.req(op, n as u64, rnd() % 2 == 0, offset, len, &payload);
+            if rnd() % 4 == 0 {
+                let i = (rnd() % r.len() as u64) as usize;
+                r[i] = rnd() as u8;
             }
-            let datagram = n % 3 != 0;
-            let st = execute(mem.words(), &keys, &c, &d, datagram, &r, &mut reply);
-            let rep = RepHeader::decode(&reply).expect("every request gets a reply built");
-            assert_eq!(rep.status, st);
-            assert_eq!(reply.len(), REP_HEADER_BYTES + rep.len as usize);
-            if datagram && !silent(st) {
+            let (st, reply) = s.run(true, &r);
+            if !silent(st) {
                 assert!(
-                    reply.len() <= r.len(),
+                    reply.len() <= r.len().max(ENVELOPE_BYTES + REP_HEADER_BYTES + 8),
                     "{}-byte reply to {} bytes",
                     reply.len(),
                     r.len()
                 );
+                let h = RepHeader::decode(&reply[ENVELOPE_BYTES..]).unwrap();
+                assert_eq!(h.status, st);
             }
         }
-        assert_eq!(
-            outside(&mem),
-            before,
-            "a word outside the control area changed"
-        );
+        assert_eq!(owned(&s.mem), before, "an agent-owned word changed");
     }
 }

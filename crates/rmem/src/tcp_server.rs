@@ -2,7 +2,8 @@
 //! connection and answers it. It runs at normal priority like any daemon, so under CPU
 //! saturation its answers wait for the scheduler — the effect the papers measure.
 
-use crate::ops::{self, AccessKeys, Dedup, OpCounters};
+use crate::auth::ServerKeys;
+use crate::ops::{self, Dedup, OpCounters};
 use crate::wire::*;
 use farside_region::Words;
 use std::io::{self, Read, Write};
@@ -25,7 +26,7 @@ impl TcpServer {
     pub fn spawn(
         addr: SocketAddr,
         mem: Arc<dyn Words>,
-        keys: AccessKeys,
+        keys: Arc<ServerKeys>,
         counters: Arc<OpCounters>,
     ) -> io::Result<TcpServer> {
         Self::spawn_with_dedup(addr, mem, keys, counters, Arc::new(Dedup::new()))
@@ -37,7 +38,7 @@ impl TcpServer {
     pub fn spawn_with_dedup(
         addr: SocketAddr,
         mem: Arc<dyn Words>,
-        keys: AccessKeys,
+        keys: Arc<ServerKeys>,
         counters: Arc<OpCounters>,
         dedup: Arc<Dedup>,
     ) -> io::Result<TcpServer> {
@@ -95,7 +96,7 @@ impl Drop for TcpServer {
 fn serve_conn(
     mut s: TcpStream,
     mem: &dyn Words,
-    keys: &AccessKeys,
+    keys: &ServerKeys,
     counters: &OpCounters,
     dedup: &Dedup,
     stop: &AtomicBool,
@@ -105,48 +106,29 @@ fn serve_conn(
     let mut req = vec![0u8; REQ_BYTES_MAX];
     let mut reply = Vec::with_capacity(REP_BYTES_MAX);
     while !stop.load(Ordering::Relaxed) {
-        s.read_exact(&mut req[..REQ_HEADER_BYTES])?;
-        let h = match ReqHeader::decode(&req[..REQ_HEADER_BYTES]) {
-            Ok(h) => h,
-            Err(_) => {
-                // Framing is lost: answer once and close.
-                RepHeader {
-                    op: 0,
-                    status: Status::Malformed,
-                    seq: 0,
-                    len: 0,
-                }
-                .encode(&mut reply);
-                reply.truncate(REP_HEADER_BYTES);
-                s.write_all(&reply)?;
-                return Ok(());
-            }
-        };
-        let payload = Op::from_u8(h.op)
-            .map(|op| op.req_payload_len(h.len))
-            .unwrap_or(0);
-        if payload > OP_BYTES_MAX {
-            reply.clear();
-            RepHeader {
-                op: h.op,
-                status: Status::BadLength,
-                seq: h.seq,
-                len: 0,
-            }
-            .encode(&mut reply);
-            s.write_all(&reply)?;
+        // The envelope's len frames the request; nothing in it is trusted before the
+        // tag verified (ops::execute), and a request that does not verify ends the
+        // connection unanswered (its framing cannot be trusted either).
+        s.read_exact(&mut req[..ENVELOPE_BYTES])?;
+        let len = u32::from_le_bytes(req[12..16].try_into().expect("4 bytes")) as usize;
+        if !(REQ_HEADER_BYTES..=REQ_HEADER_BYTES + OP_BYTES_MAX).contains(&len) {
             return Ok(());
         }
-        s.read_exact(&mut req[REQ_HEADER_BYTES..REQ_HEADER_BYTES + payload])?;
-        ops::execute(
+        s.read_exact(&mut req[ENVELOPE_BYTES..ENVELOPE_BYTES + len])?;
+        let status = ops::execute(
             mem.words(),
             keys,
             counters,
             dedup,
             false,
-            &req[..REQ_HEADER_BYTES + payload],
+            &req[..ENVELOPE_BYTES + len],
             &mut reply,
         );
+        if reply.is_empty() {
+            // Not authentic, or a copy: no answer, and the stream is not trusted.
+            debug_assert!(ops::silent(status));
+            return Ok(());
+        }
         s.write_all(&reply)?;
     }
     Ok(())

@@ -18,8 +18,9 @@
 //! - A READ request is padded to the size of its reply: servers refuse shorter ones
 //!   (`Unpadded`), so the protocol cannot reflect a small datagram as a large one.
 
+use crate::auth::ServerKeys;
 use crate::iface::{ClientOptions, Codec, Exchange, RmemError};
-use crate::ops::{self, AccessKeys, Dedup, OpCounters};
+use crate::ops::{self, Dedup, OpCounters};
 use crate::wire::*;
 use farside_region::Words;
 use std::io;
@@ -57,7 +58,7 @@ impl UdpClient {
         .expect("literal");
         let sock = UdpSocket::bind(bind)?;
         sock.connect(server)?;
-        let codec = Codec::new(opts.key);
+        let codec = Codec::new(Some(opts.require_key()?));
         Ok(UdpClient {
             sock,
             opts,
@@ -83,13 +84,13 @@ impl UdpClient {
         }
         let deadline = Instant::now() + timeout;
         crate::iface::spin_until_readable(&self.sock, self.opts.spin.min(timeout));
-        let rep = self.codec.rep_mut();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(RmemError::Timeout);
             }
             self.sock.set_read_timeout(Some(left))?;
+            let rep = self.codec.rep_mut();
             rep.resize(REP_BYTES_MAX, 0);
             let n = match self.sock.recv(rep) {
                 Ok(n) => n,
@@ -100,10 +101,10 @@ impl UdpClient {
                 Err(e) => return Err(e.into()),
             };
             rep.truncate(n);
-            match RepHeader::decode(rep) {
-                Ok(h) if h.seq == seq => return Ok(()),
-                _ => continue, // a late reply to an earlier attempt, or junk
+            if self.codec.reply_answers(seq) {
+                return Ok(());
             }
+            // A late reply to an earlier operation, a forgery or junk: not ours.
         }
     }
 }
@@ -117,9 +118,9 @@ impl Exchange for UdpClient {
         if op == Op::Read {
             // Pad a READ to the size of its reply: the XDP responder answers in place and
             // on veth/generic XDP the frame has almost no tailroom to grow into.
-            let len =
-                u32::from_le_bytes(self.codec.req()[32..36].try_into().expect("header")) as usize;
-            self.codec.pad_request(REP_HEADER_BYTES + len);
+            let len = self.codec.request_len();
+            self.codec
+                .pad_request(ENVELOPE_BYTES + REP_HEADER_BYTES + len);
         }
         let tries = self.tries.max(1);
         let per = self.attempt_timeout(tries);
@@ -164,8 +165,9 @@ impl crate::iface::RemoteMemory for UdpClient {
 const SERVER_BATCH_MAX: usize = 64;
 
 /// User-space responder for the udp protocol (the fallback when XDP is unavailable).
-/// Bad keys, malformed requests and stale duplicates are dropped without a reply, like
-/// the XDP program does; READs must be padded to their reply's size (no reflection).
+/// Requests that are not authentic (unknown key, wrong tag), copies (replay window),
+/// malformed requests and stale duplicates are dropped without a reply, like the XDP
+/// program does; READs must be padded to their reply's size (no reflection).
 pub struct UdpServer {
     pub local_addr: SocketAddr,
     stop: Arc<AtomicBool>,
@@ -176,7 +178,7 @@ impl UdpServer {
     pub fn spawn(
         addr: SocketAddr,
         mem: Arc<dyn Words>,
-        keys: AccessKeys,
+        keys: Arc<ServerKeys>,
         counters: Arc<OpCounters>,
     ) -> io::Result<UdpServer> {
         Self::spawn_with_dedup(addr, mem, keys, counters, Arc::new(Dedup::new()))
@@ -187,7 +189,7 @@ impl UdpServer {
     pub fn spawn_with_dedup(
         addr: SocketAddr,
         mem: Arc<dyn Words>,
-        keys: AccessKeys,
+        keys: Arc<ServerKeys>,
         counters: Arc<OpCounters>,
         dedup: Arc<Dedup>,
     ) -> io::Result<UdpServer> {
@@ -205,7 +207,7 @@ impl UdpServer {
     pub fn spawn_with_group(
         addr: SocketAddr,
         mem: Arc<dyn Words>,
-        keys: AccessKeys,
+        keys: Arc<ServerKeys>,
         counters: Arc<OpCounters>,
         dedup: Arc<Dedup>,
         group: Option<GroupJoin>,
@@ -363,7 +365,7 @@ fn recv_with_dst(
 fn serve_with_group(
     sock: &UdpSocket,
     mem: &dyn Words,
-    keys: &AccessKeys,
+    keys: &ServerKeys,
     counters: &OpCounters,
     dedup: &Dedup,
     g: GroupJoin,
@@ -380,7 +382,9 @@ fn serve_with_group(
             if let Some(d) = dst.filter(|d| d.is_multicast()) {
                 // To the group: READs only (a mutation is never applied by every node
                 // at once); other groups: not ours.
-                let read = ReqHeader::decode(req).is_ok_and(|h| h.op == Op::Read as u8);
+                let read = req.len() > ENVELOPE_BYTES
+                    && ReqHeader::decode(&req[ENVELOPE_BYTES..])
+                        .is_ok_and(|h| h.op == Op::Read as u8);
                 if d != g.group || !read {
                     continue;
                 }
@@ -405,29 +409,26 @@ impl Drop for UdpServer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::Perm;
+    use crate::auth::{seal_request, ClientKey, LabKeyset};
     use farside_region::HeapWords;
     use std::net::Ipv4Addr;
 
     const GROUP: Ipv4Addr = Ipv4Addr::new(239, 77, 1, 2);
-    const RW: u64 = 0x77;
 
     /// A server on 0.0.0.0 answering group READs of GROUP on loopback, word 40 = 5.
-    fn server(group: Option<GroupJoin>) -> io::Result<(UdpServer, Arc<HeapWords>)> {
+    fn server(group: Option<GroupJoin>) -> io::Result<(UdpServer, Arc<HeapWords>, LabKeyset)> {
         let mem = Arc::new(HeapWords::new(farside_region::REGION_WORDS));
         mem.words()[40].store(5, Ordering::Relaxed);
-        let keys = AccessKeys::new()
-            .with(crate::DEFAULT_READ_KEY, Perm::ReadOnly)
-            .with(RW, Perm::ReadWrite);
+        let set = LabKeyset::generate();
         let s = UdpServer::spawn_with_group(
             "0.0.0.0:0".parse().unwrap(),
             mem.clone(),
-            keys,
+            set.server(),
             Arc::new(OpCounters::default()),
             Arc::new(Dedup::new()),
             group,
         )?;
-        Ok((s, mem))
+        Ok((s, mem, set))
     }
 
     /// A client socket whose multicast goes out on loopback.
@@ -453,23 +454,23 @@ mod tests {
         c
     }
 
-    fn request(op: Op, seq: u64, key: u64, offset: u32, payload: &[u8]) -> Vec<u8> {
-        let mut b = Vec::new();
+    fn request(op: Op, seq: u64, key: &ClientKey, offset: u32, payload: &[u8]) -> Vec<u8> {
+        let mut covered = Vec::new();
         encode_request(
-            &mut b,
+            &mut covered,
             &ReqHeader {
                 op: op as u8,
                 seq,
-                key,
                 offset,
                 len: 8,
-                client: 9,
                 ..Default::default()
             },
             payload,
         );
+        let mut b = Vec::new();
+        seal_request(&mut b, key, 9, seq, &covered);
         if op == Op::Read {
-            b.resize(b.len().max(REP_HEADER_BYTES + 8), 0);
+            b.resize(b.len().max(ENVELOPE_BYTES + REP_HEADER_BYTES + 8), 0);
         }
         b
     }
@@ -479,9 +480,9 @@ mod tests {
         c.send_to(req, to).unwrap();
         let mut buf = [0u8; 512];
         let (n, from) = c.recv_from(&mut buf).ok()?;
-        let h = RepHeader::decode(&buf[..n]).unwrap();
-        let word = if n >= REP_HEADER_BYTES + 8 {
-            u64_at(&buf[..n], REP_HEADER_BYTES)
+        let h = RepHeader::decode(&buf[ENVELOPE_BYTES..n]).unwrap();
+        let word = if n >= ENVELOPE_BYTES + REP_HEADER_BYTES + 8 {
+            u64_at(&buf[..n], ENVELOPE_BYTES + REP_HEADER_BYTES)
         } else {
             0
         };
@@ -491,7 +492,7 @@ mod tests {
     #[test]
     fn group_reads_are_answered_from_the_servers_own_address_and_group_writes_dropped() {
         let lo = Ipv4Addr::LOCALHOST;
-        let (s, mem) = server(Some(GroupJoin {
+        let (s, mem, set) = server(Some(GroupJoin {
             group: GROUP,
             iface: lo,
         }))
@@ -502,26 +503,23 @@ mod tests {
             SocketAddr::from((lo, port)),
         );
         let c = client();
-        let rep = ask(
-            &c,
-            group,
-            &request(Op::Read, 1, crate::DEFAULT_READ_KEY, 320, &[]),
-        );
+        let rep = ask(&c, group, &request(Op::Read, 1, &set.reader, 320, &[]));
         assert_eq!(
             rep,
             Some((own, 1, 5)),
             "from the node's address, not the group's"
         );
         // Mutations to the group: dropped, memory untouched; the same unicast applies.
-        let write = request(Op::Write, 2, RW, 320, &9u64.to_le_bytes());
+        let cas = [5u64.to_le_bytes(), 9u64.to_le_bytes()].concat();
+        let write = request(Op::CompareSwap, 2, &set.balancer, 320, &cas);
         assert_eq!(ask(&c, group, &write), None);
-        let fadd = request(Op::FetchAdd, 3, RW, 320, &1u64.to_le_bytes());
+        let fadd = request(Op::FetchAdd, 3, &set.balancer, 320, &1u64.to_le_bytes());
         assert_eq!(ask(&c, group, &fadd), None);
         assert_eq!(mem.words()[40].load(Ordering::Relaxed), 5);
         assert!(ask(
             &c,
             own,
-            &request(Op::Write, 4, RW, 320, &9u64.to_le_bytes())
+            &request(Op::CompareSwap, 4, &set.balancer, 320, &cas)
         )
         .is_some());
         assert_eq!(mem.words()[40].load(Ordering::Relaxed), 9);
@@ -541,7 +539,7 @@ mod tests {
         let e = UdpServer::spawn_with_group(
             "127.0.0.1:0".parse().unwrap(),
             mem,
-            AccessKeys::new(),
+            LabKeyset::generate().server(),
             Arc::new(OpCounters::default()),
             Arc::new(Dedup::new()),
             g(GROUP),

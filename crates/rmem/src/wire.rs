@@ -1,43 +1,51 @@
 //! The request/reply format shared by the `tcp` and `udp` transports (and the XDP
-//! responder in `bpf/`). Little-endian, fixed headers.
+//! responder in `bpf/`). Little-endian, fixed headers. Every request and every reply is
+//! an authenticated message of crate `farside_auth` (`mac`): a 32-byte envelope, then
+//! the header and payload the envelope's tag covers.
 //!
 //! ```text
-//! request (REQ_HEADER_BYTES = 48):
+//! request = envelope (domain rmem_request) + REQ_HEADER_BYTES (32) + payload [+ padding]
+//!   envelope: 0 u64 tag  8 u32 key id  12 u32 len (header + payload)  16 u64 sender  24 u64 seq
 //!   0  u32 magic "FSRM"     4 u8 version   5 u8 op   6 u16 flags (FLAG_RETRY)
-//!   8  u64 seq (echoed)    16 u64 access key
-//!  24  u32 region id       28 u32 offset (bytes, 8-aligned)
-//!  32  u32 len (bytes)     36 u32 reserved (0)
-//!  40  u64 client id (random per client; 0 = anonymous, no duplicate detection)
-//!  48  payload: WRITE: len bytes; CAS: expected u64, new u64; FADD: delta u64
-//! reply (REP_HEADER_BYTES = 24):
+//!   8  u64 op seq (the operation's; a retry repeats it, the envelope's seq is new)
+//!  16  u32 region id       20 u32 offset (bytes, 8-aligned)
+//!  24  u32 len (bytes)     28 u32 reserved (0)
+//!  32  payload: WRITE: len bytes; CAS: expected u64, new u64; FADD: delta u64
+//! reply = envelope (domain rmem_reply) + REP_HEADER_BYTES (24) + payload
+//!   envelope: the request's key id, sender and seq (the reply is bound to the request
+//!   it answers), len of header + payload, tag under the same key
 //!   0  u32 magic "FSRP"     4 u8 version   5 u8 op   6 u8 status  7 u8 reserved
-//!   8  u64 seq             16 u32 payload len        20 u32 reserved
+//!   8  u64 op seq          16 u32 payload len        20 u32 reserved
 //!  24  payload: READ: len bytes; CAS/FADD: old value u64; WRITE: none
 //! ```
 //!
-//! `seq` increases by one per operation of a client; a retry resends the same bytes
-//! with `FLAG_RETRY` set. Servers use (client id, seq) to apply every WRITE, CAS and
-//! FETCH-ADD at most once and to replay the recorded reply to a retry (see `ops::Dedup`).
-//! Over udp a READ request must be at least as long as its reply (pad it with zeros;
-//! servers ignore bytes after the payload), so no server answers a small datagram
-//! with a large one.
+//! The client is the envelope's `sender` (random per client): servers apply every
+//! WRITE, CAS and FETCH-ADD at most once per (sender, op seq) and replay the recorded
+//! reply to a retry (see `ops::Dedup`); the envelope's `seq` is new for every datagram,
+//! so a copy of a datagram is refused by the replay window (`farside_auth::replay`)
+//! before anything is looked at. Over udp a READ request must be at least as long as its
+//! reply (pad it with zeros after the covered bytes; servers ignore them), so no server
+//! answers a small datagram with a large one.
 
 /// `b"FSRM"` little-endian.
 pub const REQ_MAGIC: u32 = u32::from_le_bytes(*b"FSRM");
 /// `b"FSRP"` little-endian.
 pub const REP_MAGIC: u32 = u32::from_le_bytes(*b"FSRP");
-/// Version 2 added the client id and the retry flag.
-pub const VERSION: u8 = 2;
-pub const REQ_HEADER_BYTES: usize = 48;
-/// Request flag: this datagram repeats an earlier attempt of the same (client, seq).
+/// Version 2 added the client id and the retry flag; version 3 the authenticated
+/// envelope (which names the key and the client, so the header no longer does).
+pub const VERSION: u8 = 3;
+/// The envelope in front of every request and reply (`farside_auth::mac`).
+pub const ENVELOPE_BYTES: usize = farside_auth::mac::ENVELOPE_BYTES;
+pub const REQ_HEADER_BYTES: usize = 32;
+/// Request flag: this datagram repeats an earlier attempt of the same (client, op seq).
 pub const FLAG_RETRY: u16 = 1;
 pub const REP_HEADER_BYTES: usize = 24;
 /// Largest READ or WRITE in one operation: one region.
 pub const OP_BYTES_MAX: usize = farside_region::REGION_BYTES;
-/// Largest request on the wire.
-pub const REQ_BYTES_MAX: usize = REQ_HEADER_BYTES + OP_BYTES_MAX;
-/// Largest reply on the wire.
-pub const REP_BYTES_MAX: usize = REP_HEADER_BYTES + OP_BYTES_MAX;
+/// Largest request on the wire (envelope included).
+pub const REQ_BYTES_MAX: usize = ENVELOPE_BYTES + REQ_HEADER_BYTES + OP_BYTES_MAX;
+/// Largest reply on the wire (envelope included).
+pub const REP_BYTES_MAX: usize = ENVELOPE_BYTES + REP_HEADER_BYTES + OP_BYTES_MAX;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
@@ -84,7 +92,8 @@ impl Op {
 #[repr(u8)]
 pub enum Status {
     Ok = 0,
-    /// Unknown access key (the udp servers drop these instead of answering).
+    /// Unknown key id, or a tag that does not verify: never answered (no server knows
+    /// whom it would answer), counted.
     BadKey = 1,
     /// Offset + len beyond the region.
     OutOfBounds = 2,
@@ -92,7 +101,8 @@ pub enum Status {
     Unaligned = 3,
     /// Unknown op code.
     BadOp = 4,
-    /// The key allows reads only.
+    /// The key's rights do not grant this operation on these words
+    /// (`farside_auth::rights`: not granted, or a FETCH-ADD delta over the grant's).
     ReadOnly = 5,
     /// len over `OP_BYTES_MAX`, zero, or not 8 for an atomic.
     BadLength = 6,
@@ -100,7 +110,8 @@ pub enum Status {
     Malformed = 7,
     /// Unknown region id.
     NoRegion = 8,
-    /// WRITE/CAS/FADD outside the control words (`layout::WRITABLE_*`).
+    /// WRITE/CAS/FADD of a word only the node's agent writes (header, load record,
+    /// served role, epoch, error: `farside_auth::rights::AGENT_OWNED`).
     Protected = 9,
     /// A retry whose first attempt the server has no record of (never received, or its
     /// record was evicted): not applied now, and the first attempt's fate is unknown.
@@ -111,6 +122,9 @@ pub enum Status {
     /// A datagram READ shorter than its reply (pad it): refused so that no server
     /// answers a small request with a reply many times its size.
     Unpadded = 12,
+    /// An authentic request whose envelope (key id, sender, seq) was accepted before, or
+    /// is too old for the replay window: a copy, never acted on nor answered.
+    Replayed = 13,
 }
 
 impl Status {
@@ -128,6 +142,7 @@ impl Status {
             10 => Status::Unknown,
             11 => Status::Stale,
             12 => Status::Unpadded,
+            13 => Status::Replayed,
             _ => Status::Malformed,
         }
     }
@@ -147,6 +162,7 @@ impl Status {
             Status::Unknown => "unknown_outcome",
             Status::Stale => "stale_duplicate",
             Status::Unpadded => "unpadded",
+            Status::Replayed => "replayed",
         }
     }
 
@@ -164,25 +180,25 @@ impl Status {
         Status::Unknown,
         Status::Stale,
         Status::Unpadded,
+        Status::Replayed,
     ];
 }
 
 /// Number of status codes (counter slots per status).
-pub const STATUS_COUNT: usize = 13;
+pub const STATUS_COUNT: usize = 14;
 
-/// A decoded request header. The payload follows in the same buffer.
+/// A decoded request header (the bytes after the envelope). The payload follows in
+/// the same buffer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReqHeader {
     pub op: u8,
     /// `FLAG_*` bits.
     pub flags: u16,
+    /// The operation's sequence number (a retry repeats it).
     pub seq: u64,
-    pub key: u64,
     pub region: u32,
     pub offset: u32,
     pub len: u32,
-    /// Random per client; 0: anonymous (no duplicate detection).
-    pub client: u64,
 }
 
 fn u32_at(b: &[u8], i: usize) -> u32 {
@@ -200,12 +216,10 @@ impl ReqHeader {
         out.push(self.op);
         out.extend_from_slice(&self.flags.to_le_bytes());
         out.extend_from_slice(&self.seq.to_le_bytes());
-        out.extend_from_slice(&self.key.to_le_bytes());
         out.extend_from_slice(&self.region.to_le_bytes());
         out.extend_from_slice(&self.offset.to_le_bytes());
         out.extend_from_slice(&self.len.to_le_bytes());
         out.extend_from_slice(&[0; 4]);
-        out.extend_from_slice(&self.client.to_le_bytes());
     }
 
     /// Decode the fixed header. `Err(Malformed)` on short input, bad magic or version.
@@ -217,11 +231,9 @@ impl ReqHeader {
             op: b[5],
             flags: u16::from_le_bytes([b[6], b[7]]),
             seq: u64_at(b, 8),
-            key: u64_at(b, 16),
-            region: u32_at(b, 24),
-            offset: u32_at(b, 28),
-            len: u32_at(b, 32),
-            client: u64_at(b, 40),
+            region: u32_at(b, 16),
+            offset: u32_at(b, 20),
+            len: u32_at(b, 24),
         })
     }
 }
@@ -260,7 +272,8 @@ impl RepHeader {
     }
 }
 
-/// Encode a whole request (header + payload) into `out` (cleared first).
+/// Encode a request's covered bytes (header + payload) into `out` (cleared first); the
+/// envelope goes in front of them (`crate::auth::seal_request`).
 pub fn encode_request(out: &mut Vec<u8>, h: &ReqHeader, payload: &[u8]) {
     out.clear();
     h.encode(out);
@@ -277,11 +290,9 @@ mod tests {
             op: 3,
             flags: FLAG_RETRY,
             seq: 9,
-            key: 0xdead,
             region: 0,
             offset: 256,
             len: 8,
-            client: 0xc1,
         };
         let mut b = Vec::new();
         h.encode(&mut b);
@@ -302,7 +313,7 @@ mod tests {
     #[test]
     fn truncated_or_foreign_headers_are_malformed() {
         assert_eq!(ReqHeader::decode(&[0u8; 10]), Err(Status::Malformed));
-        assert_eq!(ReqHeader::decode(&[0u8; 48]), Err(Status::Malformed));
+        assert_eq!(ReqHeader::decode(&[0u8; 32]), Err(Status::Malformed));
     }
 
     /// Bounded fuzz (runs in CI): random and mutated headers never panic either decoder;
@@ -322,9 +333,7 @@ mod tests {
         ReqHeader {
             op: 3,
             seq: 1,
-            key: 2,
             len: 8,
-            client: 3,
             ..Default::default()
         }
         .encode(&mut valid);
@@ -340,9 +349,8 @@ mod tests {
             if let Ok(h) = ReqHeader::decode(&b) {
                 let mut again = Vec::new();
                 h.encode(&mut again);
-                // Bytes 36..40 are reserved (ignored on decode, zero on encode).
-                assert_eq!(again[..36], b[..36]);
-                assert_eq!(again[40..48], b[40..48]);
+                // Bytes 28..32 are reserved (ignored on decode, zero on encode).
+                assert_eq!(again[..28], b[..28]);
             }
             if let Ok(h) = RepHeader::decode(&b) {
                 assert!(Status::ALL.contains(&h.status));

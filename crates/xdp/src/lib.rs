@@ -1,13 +1,17 @@
 //! The rmem XDP responder: loads `bpf/rmem.bpf.c` (built by `build.rs` and embedded),
-//! configures its port and access keys, and attaches it to an interface so that remote
-//! READ/WRITE/CAS/FADD requests of the `udp` transport (`farside_rmem::wire`) are
-//! answered in the kernel, with no user-space process scheduled on this host.
+//! configures its port and keys (a `farside_auth` keyring: per key id the SipHash key
+//! and its rights, copied into the `rmem_keys` map), and attaches it to an interface so
+//! that remote READ/WRITE/CAS/FADD requests of the `udp` transport
+//! (`farside_rmem::wire`) are answered in the kernel, with no user-space process
+//! scheduled on this host. The program verifies each request's tag, refuses copies
+//! (a replay window per key id and sender, `rmem_replay`), checks the key's rights as
+//! `farside_auth::rights::check` does, and seals its reply under the request's key.
 //!
 //! The region lives in a `BPF_F_MMAPABLE` array map; [`XdpResponder::region`] maps it
 //! (`MAP_SHARED`) as 512 little-endian words, which gatherd writes with plain stores
 //! and remote atomics change under it. The program answers like
-//! `farside_rmem::ops::execute` (same checks, same order, same reply bytes; bad keys
-//! and malformed requests dropped) with one difference: READs longer than
+//! `farside_rmem::ops::execute` (same checks, same order, same reply bytes; requests
+//! that do not verify, copies and malformed requests dropped) with one difference: READs longer than
 //! [`XDP_READ_BYTES_MAX`] are refused with `BadLength`, because the reply must fit one
 //! frame. Clients split larger reads.
 //!
@@ -20,8 +24,9 @@
 //! large one. Only datagrams to the node's address are answered once
 //! [`XdpResponder::set_node_addr`] names it.
 //!
-//! WRITE, CAS and FETCH-ADD are confined to the control words and applied at most
-//! once per (client id, seq): the `rmem_dedup` LRU map (at most [`DEDUP_CLIENTS_MAX`]
+//! WRITE, CAS and FETCH-ADD are confined to what the key's rights grant (never an
+//! agent-owned word) and applied at most once per (client, op seq), the client being
+//! the envelope's sender: the `rmem_dedup` LRU map (at most [`DEDUP_CLIENTS_MAX`]
 //! clients) remembers each client's last mutation and replays its reply to a retry,
 //! exactly as `farside_rmem::ops::Dedup` does in user space. gatherd makes the two
 //! one table across the attach: [`XdpResponder::load`] creates the maps, user space
@@ -50,6 +55,7 @@ pub use farside_bpfrt::btf;
 pub use farside_bpfrt::{is_root, XdpMode};
 pub use ksamp::{enable_bpf_stats, KernelSamplerCosts, PortCounts, ProgCost};
 
+use farside_auth::keys::Keyring;
 use farside_bpfrt::{Error, Object};
 use farside_region::{MappedWords, Words, REGION_WORDS};
 use std::io;
@@ -62,8 +68,13 @@ use std::time::Duration;
 /// `bpf/rmem_consts.h`, which `tests/consts.rs` checks against this.
 pub const XDP_READ_BYTES_MAX: usize = 1400;
 
-/// Most access keys the program holds (`max_entries` of its keys map).
-pub const KEYS_MAX: usize = farside_rmem::ops::KEYS_MAX;
+/// Most keys the program holds (`max_entries` of its keys map): a keyring's bound.
+pub const KEYS_MAX: usize = farside_auth::keys::KEYS_MAX;
+/// Most grants per key (the bound of the program's grant loop).
+pub const GRANTS_MAX: usize = farside_auth::rights::GRANTS_MAX;
+/// Senders whose replay window the program keeps (`max_entries` of its replay map,
+/// which never evicts: see `bpf/rmem_consts.h`).
+pub const REPLAY_SENDERS_MAX: usize = farside_auth::replay::SENDERS_MAX;
 
 /// Op counter slots (op codes 1..=4, 0 = unknown).
 const OP_COUNTERS: usize = 5;
@@ -89,9 +100,12 @@ const MAP_KEYS: &str = "rmem_keys";
 const MAP_CONFIG: &str = "rmem_config";
 const MAP_COUNTERS: &str = "rmem_counters";
 const MAP_DEDUP: &str = "rmem_dedup";
-/// Values of the keys map (RMEM_PERM_* in rmem_consts.h).
-const PERM_READ: u32 = 1;
-const PERM_RW: u32 = 2;
+const MAP_REPLAY: &str = "rmem_replay";
+/// Grant op bits (RMEM_GRANT_* in rmem_consts.h).
+const GRANT_READ: u8 = 1;
+const GRANT_WRITE: u8 = 2;
+const GRANT_CAS: u8 = 4;
+const GRANT_FADD: u8 = 8;
 
 /// The compiled program (clang -target bpf), 8-byte aligned as ELF parsing needs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rmem.bpf.o"));
@@ -132,6 +146,60 @@ struct Config {
 // SAFETY: repr(C), plain integers, no padding.
 unsafe impl aya::Pod for Config {}
 
+/// One grant of a key (struct rmem_grant).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct GrantValue {
+    first: u16,
+    end: u16,
+    ops: u8,
+    reserved: [u8; 3],
+    fadd_delta_max: u64,
+}
+
+/// Value of the keys map (struct rmem_key): a key and its rights.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct KeyValue {
+    k0: u64,
+    k1: u64,
+    region: u32,
+    grants: u32,
+    grant: [GrantValue; GRANTS_MAX],
+}
+
+// SAFETY: repr(C), plain integers, no padding (sizes asserted in the tests).
+unsafe impl aya::Pod for KeyValue {}
+
+impl KeyValue {
+    fn of(e: &farside_auth::keys::KeyEntry) -> KeyValue {
+        use farside_auth::rights::Op;
+        let (k0, k1) = e.key.halves();
+        let mut grant = [GrantValue::default(); GRANTS_MAX];
+        let grants = e.rights.grants();
+        for (g, v) in grants.iter().zip(grant.iter_mut()) {
+            let bit = |op: Op, b: u8| if g.ops.contains(op) { b } else { 0 };
+            *v = GrantValue {
+                first: g.words.first as u16,
+                end: g.words.end as u16,
+                ops: bit(Op::Read, GRANT_READ)
+                    | bit(Op::Write, GRANT_WRITE)
+                    | bit(Op::CompareSwap, GRANT_CAS)
+                    | bit(Op::FetchAdd, GRANT_FADD),
+                reserved: [0; 3],
+                fadd_delta_max: g.fadd_delta_max,
+            };
+        }
+        KeyValue {
+            k0,
+            k1,
+            region: e.rights.region(),
+            grants: grants.len().min(GRANTS_MAX) as u32,
+            grant,
+        }
+    }
+}
+
 /// Value of the dedup map (struct rmem_dedup): the last mutation of one client.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -163,10 +231,10 @@ struct Loaded {
 }
 
 impl Loaded {
-    fn load(udp_port: u16, keys: &[(u64, bool)]) -> Result<Loaded, XdpError> {
+    fn load(udp_port: u16, keys: &Keyring) -> Result<Loaded, XdpError> {
         if keys.len() > KEYS_MAX {
             return Err(config_error(format!(
-                "{} access keys, at most {KEYS_MAX}",
+                "{} keys, at most {KEYS_MAX}",
                 keys.len()
             )));
         }
@@ -184,12 +252,12 @@ impl Loaded {
         };
         obj.array_set(MAP_CONFIG, 0, config, "setting the port")?;
         {
-            let mut key_map: aya::maps::HashMap<&mut aya::maps::MapData, u64, u32> =
+            let mut key_map: aya::maps::HashMap<&mut aya::maps::MapData, u32, KeyValue> =
                 obj.typed_mut(MAP_KEYS)?;
-            for &(key, rw) in keys {
+            for e in keys.iter() {
                 key_map
-                    .insert(key, if rw { PERM_RW } else { PERM_READ }, 0)
-                    .map_err(|e| Error::map(LABEL, "adding an access key", &e))?;
+                    .insert(e.id.0, KeyValue::of(e), 0)
+                    .map_err(|err| Error::map(LABEL, "adding a key", &err))?;
             }
         }
         let region = {
@@ -250,6 +318,26 @@ impl Loaded {
                 .map_err(|e| Error::map(LABEL, "seeding the dedup map", &e))?;
         }
         Ok(())
+    }
+
+    /// Remove key `id` and its replay windows: nothing under it verifies from now on.
+    fn revoke_key(&mut self, id: u32) -> Result<bool, XdpError> {
+        let had = {
+            let mut m: aya::maps::HashMap<&mut aya::maps::MapData, u32, KeyValue> =
+                self.obj.typed_mut(MAP_KEYS)?;
+            m.remove(&id).is_ok()
+        };
+        let mut w: aya::maps::HashMap<&mut aya::maps::MapData, [u64; 2], [u64; 18]> =
+            self.obj.typed_mut(MAP_REPLAY)?;
+        let stale: Vec<[u64; 2]> = w
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| k[0] as u32 == id)
+            .collect();
+        for k in stale {
+            let _ = w.remove(&k);
+        }
+        Ok(had)
     }
 
     /// Answer only datagrams to `addr` (None: any address). Takes effect at once.
@@ -362,7 +450,7 @@ impl XdpResponder {
         ifname: &str,
         mode: XdpMode,
         udp_port: u16,
-        keys: &[(u64, bool)],
+        keys: &Keyring,
     ) -> Result<XdpResponder, XdpError> {
         Self::attach_with(ifname, mode, udp_port, keys, |_| {})
     }
@@ -374,7 +462,7 @@ impl XdpResponder {
         ifname: &str,
         mode: XdpMode,
         udp_port: u16,
-        keys: &[(u64, bool)],
+        keys: &Keyring,
         init: impl FnOnce(Arc<dyn Words>),
     ) -> Result<XdpResponder, XdpError> {
         let mut x = XdpResponder::load(udp_port, keys)?;
@@ -388,7 +476,7 @@ impl XdpResponder {
     /// shared with shm readers, written by the sampler) before the slow steps, the
     /// program's verification and attach ([`XdpResponder::attach_to`]), so a restarted
     /// gatherd answers from its region within milliseconds while XDP comes up.
-    pub fn load(udp_port: u16, keys: &[(u64, bool)]) -> Result<XdpResponder, XdpError> {
+    pub fn load(udp_port: u16, keys: &Keyring) -> Result<XdpResponder, XdpError> {
         if udp_port == 0 {
             return Err(config_error("udp port 0 (the program would serve nothing)"));
         }
@@ -409,7 +497,7 @@ impl XdpResponder {
     /// publishes into it. Needs CAP_BPF (root in practice), not CAP_NET_ADMIN.
     pub fn load_for_sampler() -> Result<XdpResponder, XdpError> {
         Ok(XdpResponder {
-            loaded: Loaded::load(0, &[])?,
+            loaded: Loaded::load(0, &Keyring::new(farside_auth::keys::Policy::Production))?,
             link: None,
             ifname: String::new(),
             mode: XdpMode::Generic,
@@ -455,6 +543,11 @@ impl XdpResponder {
     /// [`DEDUP_CLIENTS_MAX`] entries.
     pub fn seed_dedup(&mut self, entries: &[(u64, u64, u64)]) -> Result<(), XdpError> {
         self.loaded.seed_dedup(entries)
+    }
+
+    /// Revoke key `id` in the kernel at once (its entry and its replay windows go).
+    pub fn revoke_key(&mut self, id: u32) -> Result<bool, XdpError> {
+        self.loaded.revoke_key(id)
     }
 
     /// Whether the program is attached (requests to the port are answered in the kernel).
@@ -598,7 +691,7 @@ pub struct TestProgram {
 
 impl TestProgram {
     /// Load and configure (port, keys) without attaching.
-    pub fn load(udp_port: u16, keys: &[(u64, bool)]) -> Result<TestProgram, XdpError> {
+    pub fn load(udp_port: u16, keys: &Keyring) -> Result<TestProgram, XdpError> {
         let mut loaded = Loaded::load(udp_port, keys)?;
         loaded.verify()?;
         Ok(TestProgram { loaded })
@@ -676,6 +769,11 @@ impl TestProgram {
         self.loaded.set_node_addr(addr)
     }
 
+    /// As [`XdpResponder::revoke_key`].
+    pub fn revoke_key(&mut self, id: u32) -> Result<bool, XdpError> {
+        self.loaded.revoke_key(id)
+    }
+
     /// As [`XdpResponder::set_group_read`].
     pub fn set_group_read(
         &mut self,
@@ -729,8 +827,12 @@ mod tests {
         assert_eq!(define("RMEM_COUNTERS"), COUNTERS);
         assert_eq!(define("RMEM_CNT_ABORTED"), COUNTER_ABORTED);
         assert_eq!(define("RMEM_CNT_NO_ROOM"), COUNTER_NO_ROOM);
-        assert_eq!(define("RMEM_PERM_READ"), PERM_READ);
-        assert_eq!(define("RMEM_PERM_RW"), PERM_RW);
+        assert_eq!(define("RMEM_GRANT_READ"), GRANT_READ.into());
+        assert_eq!(define("RMEM_GRANT_WRITE"), GRANT_WRITE.into());
+        assert_eq!(define("RMEM_GRANT_CAS"), GRANT_CAS.into());
+        assert_eq!(define("RMEM_GRANT_FADD"), GRANT_FADD.into());
+        assert_eq!(std::mem::size_of::<GrantValue>(), 16);
+        assert_eq!(std::mem::size_of::<KeyValue>(), 24 + 16 * GRANTS_MAX);
         assert_eq!(std::mem::size_of::<Config>(), 20);
         assert_eq!(std::mem::size_of::<DedupValue>(), 24);
     }

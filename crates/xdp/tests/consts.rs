@@ -45,7 +45,26 @@ fn bpf_constants_match_the_rust_side() {
         ("RMEM_OP_BYTES_MAX", wire::OP_BYTES_MAX as u64),
         ("RMEM_REGION_BYTES", farside_region::REGION_BYTES as u64),
         ("RMEM_REGION_WORDS", farside_region::REGION_WORDS as u64),
-        ("RMEM_KEYS_MAX", farside_rmem::ops::KEYS_MAX as u64),
+        ("RMEM_KEYS_MAX", farside_auth::keys::KEYS_MAX as u64),
+        ("RMEM_GRANTS_MAX", farside_auth::rights::GRANTS_MAX as u64),
+        (
+            "RMEM_REPLAY_SENDERS_MAX",
+            farside_auth::replay::SENDERS_MAX as u64,
+        ),
+        (
+            "RMEM_WINDOW_BLOCKS",
+            farside_auth::replay::WINDOW_BLOCKS as u64,
+        ),
+        ("RMEM_WINDOW_MSGS", farside_auth::replay::WINDOW_MSGS),
+        (
+            "RMEM_AGENT_OWNED_END_WORD",
+            farside_region::layout::W_ROLE_EPOCH as u64 + 1,
+        ),
+        (
+            "RMEM_AGENT_OWNED_ERROR_WORD",
+            farside_region::layout::W_ROLE_ERROR as u64,
+        ),
+        ("RMEM_ST_REPLAYED", Status::Replayed as u64),
         ("XDP_READ_BYTES_MAX", farside_xdp::XDP_READ_BYTES_MAX as u64),
         ("RMEM_OP_READ", Op::Read as u64),
         ("RMEM_OP_WRITE", Op::Write as u64),
@@ -70,14 +89,6 @@ fn bpf_constants_match_the_rust_side() {
             farside_rmem::ops::DEDUP_CLIENTS_MAX as u64,
         ),
         ("RMEM_DEDUP_WINDOW", farside_rmem::ops::DEDUP_WINDOW as u64),
-        (
-            "RMEM_WRITABLE_FIRST_BYTE",
-            farside_region::layout::WRITABLE_FIRST_WORD as u64 * 8,
-        ),
-        (
-            "RMEM_WRITABLE_END_BYTE",
-            farside_region::layout::WRITABLE_END_WORD as u64 * 8,
-        ),
         ("RMEM_CNT_OPS", 5),
         ("RMEM_CNT_STATUS", Status::ALL.len() as u64),
         ("RMEM_CNT_STATUS", wire::STATUS_COUNT as u64),
@@ -88,8 +99,25 @@ fn bpf_constants_match_the_rust_side() {
     // The region mask needs a power of two; the READ limit must leave room for headers.
     const {
         assert!(farside_region::REGION_WORDS.is_power_of_two());
-        assert!(14 + 20 + 8 + wire::REP_HEADER_BYTES + farside_xdp::XDP_READ_BYTES_MAX <= 1514);
+        assert!(
+            14 + 20
+                + 8
+                + wire::ENVELOPE_BYTES
+                + wire::REP_HEADER_BYTES
+                + farside_xdp::XDP_READ_BYTES_MAX
+                <= 1514
+        );
         assert!(farside_xdp::XDP_READ_BYTES_MAX.is_multiple_of(8));
+    }
+    // The agent-owned words the program checks with two constants are exactly
+    // farside_auth's AGENT_OWNED: words [0, 34) and 35.
+    let owned = |w: usize| {
+        farside_auth::rights::AGENT_OWNED
+            .iter()
+            .any(|o| o.covers(w, w + 1))
+    };
+    for w in 0..farside_region::REGION_WORDS {
+        assert_eq!(owned(w), w < 34 || w == 35, "word {w}");
     }
     // The udp client splits reads at the size the XDP program answers.
     assert_eq!(

@@ -19,14 +19,11 @@
 mod common;
 
 use common::*;
-use farside_region::layout::{WRITABLE_END_WORD, WRITABLE_FIRST_WORD};
-use farside_rmem::wire::{self, ReqHeader, FLAG_RETRY};
+use farside_rmem::wire::{self, FLAG_RETRY};
 use farside_xdp::{action, TestProgram};
 use std::sync::atomic::Ordering;
 
 const PORT: u16 = 7078;
-const RO: u64 = 0x1111;
-const RW: u64 = 0x2222;
 /// Packets per CI run: about a second of BPF_PROG_TEST_RUN in a debug build.
 const FUZZ_PACKETS_CI: u64 = 50_000;
 /// Shortest frame BPF_PROG_TEST_RUN accepts.
@@ -50,39 +47,37 @@ impl Rng {
 
 /// Valid requests to start from: every op, both keys, with and without client ids.
 fn seeds() -> Vec<Vec<u8>> {
-    let mk = |op: u8, key: u64, offset: u32, len: u32, client: u64, flags: u16, p: &[u8]| {
-        let mut b = Vec::new();
-        wire::encode_request(
-            &mut b,
-            &ReqHeader {
-                op,
-                flags,
-                seq: 1000,
-                key,
-                offset,
-                len,
-                client,
-                ..Default::default()
-            },
-            p,
-        );
+    let (ro, rw, stranger) = (keys().ro, keys().rw, keys().stranger);
+    let (ro, rw) = (&ro, &rw);
+    let mk = |op: u8,
+              key: &farside_rmem::ClientKey,
+              offset: u32,
+              len: u32,
+              client: u64,
+              flags: u16,
+              p: &[u8]| {
+        let mut b = seal(key, client, &covered(op, flags, 1000, 0, offset, len, p));
         if op == 1 {
-            b.resize(b.len().max(wire::REP_HEADER_BYTES + len as usize), 0);
+            b.resize(
+                b.len()
+                    .max(wire::ENVELOPE_BYTES + wire::REP_HEADER_BYTES + len as usize),
+                0,
+            );
         }
         frame(Shape::to_port(PORT), &b)
     };
     let mut cas = 5u64.to_le_bytes().to_vec();
     cas.extend_from_slice(&6u64.to_le_bytes());
     vec![
-        mk(1, RO, 0, 192, 0, 0, &[]),
-        mk(1, RW, 256, 256, 7, 0, &[]),
-        mk(2, RW, 256, 64, 7, 0, &[9; 64]),
-        mk(2, RW, 264, 8, 0, 0, &[9; 8]),
-        mk(3, RW, 320, 8, 7, 0, &cas),
-        mk(3, RW, 320, 8, 8, FLAG_RETRY, &cas),
-        mk(4, RW, 384, 8, 7, 0, &1u64.to_le_bytes()),
-        mk(4, RO, 384, 8, 0, 0, &1u64.to_le_bytes()),
-        mk(2, 0x9999, 256, 8, 7, 0, &[1; 8]),
+        mk(1, ro, 0, 192, 0, 0, &[]),
+        mk(1, rw, 256, 256, 7, 0, &[]),
+        mk(2, rw, 256, 64, 7, 0, &[9; 64]),
+        mk(2, rw, 264, 8, 0, 0, &[9; 8]),
+        mk(3, rw, 320, 8, 7, 0, &cas),
+        mk(3, rw, 320, 8, 8, FLAG_RETRY, &cas),
+        mk(4, rw, 384, 8, 7, 0, &1u64.to_le_bytes()),
+        mk(4, ro, 384, 8, 0, 0, &1u64.to_le_bytes()),
+        mk(2, &stranger, 320, 8, 7, 0, &[1; 8]),
     ]
 }
 
@@ -124,9 +119,10 @@ fn mutate(r: &mut Rng, seed: &[u8]) -> Vec<u8> {
                 }
             }
             4 => {
-                let key = [RO, RW, r.next()][r.below(3) as usize];
-                if f.len() >= 66 {
-                    f[58..66].copy_from_slice(&key.to_le_bytes());
+                // Another key id (a known one, or any): the tag no longer verifies.
+                let id = [keys().ro.id.0, keys().rw.id.0, r.next() as u32][r.below(3) as usize];
+                if f.len() >= 54 {
+                    f[50..54].copy_from_slice(&id.to_le_bytes());
                 }
             }
             5 => {
@@ -141,7 +137,7 @@ fn mutate(r: &mut Rng, seed: &[u8]) -> Vec<u8> {
 }
 
 fn fuzz(packets: u64, seed: u64) {
-    let mut prog = TestProgram::load(PORT, &[(RO, false), (RW, true)]).expect("load");
+    let mut prog = TestProgram::load(PORT, &keyring()).expect("load");
     prog.set_node_addr(Some(IP_SERVER.into())).unwrap();
     let region = prog.region();
     for (i, w) in region.words().iter().enumerate() {
@@ -160,7 +156,11 @@ fn fuzz(packets: u64, seed: u64) {
     let protected = |s: &[u64]| -> Vec<u64> {
         s.iter()
             .enumerate()
-            .filter(|(i, _)| !(WRITABLE_FIRST_WORD..WRITABLE_END_WORD).contains(i))
+            .filter(|(i, _)| {
+                farside_auth::rights::AGENT_OWNED
+                    .iter()
+                    .any(|o| o.covers(*i, *i + 1))
+            })
             .map(|(_, v)| *v)
             .collect()
     };
@@ -175,13 +175,13 @@ fn fuzz(packets: u64, seed: u64) {
         let (verdict, out) = prog.run(&f);
         let after = snapshot();
         assert_ne!(verdict, action::ABORTED, "packet {n} aborted: {f:02x?}");
-        // The key as the program would read it (if the frame is long enough to carry one).
-        let key = (f.len() >= 66).then(|| u64::from_le_bytes(f[58..66].try_into().unwrap()));
+        // The key id as the program would read it (if the frame carries an envelope).
+        let key = (f.len() >= 54).then(|| u32::from_le_bytes(f[50..54].try_into().unwrap()));
+        let (ro_id, rw_id, bal_id) = (keys().ro.id.0, keys().rw.id.0, keys().bal.id.0);
         if after != before {
-            assert_eq!(
-                key,
-                Some(RW),
-                "packet {n} changed memory without the rw key"
+            assert!(
+                key == Some(rw_id) || key == Some(bal_id),
+                "packet {n} changed memory without a key that may"
             );
             assert_eq!(
                 protected(&after),
@@ -193,8 +193,24 @@ fn fuzz(packets: u64, seed: u64) {
             action::TX => {
                 answered += 1;
                 assert!(
-                    key == Some(RO) || key == Some(RW),
+                    key == Some(ro_id) || key == Some(rw_id),
                     "packet {n}: answered a bad key: {f:02x?}"
+                );
+                // The reply verifies under the request's key (sealed, bound to it).
+                let k = if key == Some(ro_id) {
+                    keys().ro
+                } else {
+                    keys().rw
+                };
+                assert!(
+                    farside_rmem::auth::open_reply(
+                        &out[42..],
+                        &k,
+                        u64::from_le_bytes(f[58..66].try_into().unwrap()),
+                        1..=u64::MAX
+                    )
+                    .is_ok(),
+                    "packet {n}: reply does not verify"
                 );
                 assert_eq!(
                     &f[30..34],
@@ -235,8 +251,8 @@ fn fuzz(packets: u64, seed: u64) {
 }
 
 #[test]
-fn fuzzed_packets_change_no_protected_word_and_get_no_reply_for_a_bad_key() {
-    if !need_root("fuzzed_packets_change_no_protected_word_and_get_no_reply_for_a_bad_key") {
+fn fuzzed_packets_change_no_agent_owned_word_and_get_no_reply_unless_authentic() {
+    if !need_root("fuzzed_packets_change_no_agent_owned_word_and_get_no_reply_unless_authentic") {
         return;
     }
     fuzz(FUZZ_PACKETS_CI, 0x0ddba11);

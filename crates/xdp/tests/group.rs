@@ -10,16 +10,14 @@ mod common;
 
 use common::sh;
 
-use common::{group_mac, need_root};
-use farside_rmem::wire::{self, Op, RepHeader, ReqHeader, Status};
+use common::{covered, group_mac, keyring, keys, need_root, seal};
+use farside_rmem::wire::{self, Op, RepHeader, Status};
 use farside_xdp::{XdpMode, XdpResponder};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-const KEY: u64 = 0x6161;
-const RW: u64 = 0x6262;
 const PORT: u16 = 7311;
 
 /// A bridge in the root namespace and `n` back-end namespaces on it, removed on drop.
@@ -130,21 +128,20 @@ impl Drop for Lan {
     }
 }
 
-fn request(op: Op, seq: u64, key: u64, offset: u32, payload: &[u8]) -> Vec<u8> {
-    let mut b = Vec::new();
-    wire::encode_request(
-        &mut b,
-        &ReqHeader {
-            op: op as u8,
-            seq,
-            key,
-            offset,
-            len: 8,
-            ..Default::default()
-        },
-        payload,
+/// A sealed request (sender 0x5e, a new envelope seq each), READs padded.
+fn request(
+    op: Op,
+    seq: u64,
+    key: &farside_rmem::ClientKey,
+    offset: u32,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut b = seal(key, 0x5e, &covered(op as u8, 0, seq, 0, offset, 8, payload));
+    b.resize(
+        b.len()
+            .max(wire::ENVELOPE_BYTES + wire::REP_HEADER_BYTES + 8),
+        0,
     );
-    b.resize(b.len().max(wire::REP_HEADER_BYTES + 8), 0);
     b
 }
 
@@ -159,9 +156,16 @@ fn replies(s: &UdpSocket, wait: Duration) -> Vec<(SocketAddr, RepHeader, u64)> {
         let Ok((n, from)) = s.recv_from(&mut buf) else {
             break;
         };
-        let h = RepHeader::decode(&buf[..n]).expect("a reply");
-        let w = if n >= wire::REP_HEADER_BYTES + 8 {
-            wire::u64_at(&buf[..n], wire::REP_HEADER_BYTES)
+        // Sealed under one of the tests' keys for sender 0x5e.
+        let k = keys();
+        let body = [k.ro, k.rw]
+            .iter()
+            .find_map(|key| farside_rmem::auth::open_reply(&buf[..n], key, 0x5e, 1..=u64::MAX).ok())
+            .expect("a sealed reply")
+            .to_vec();
+        let h = RepHeader::decode(&body).expect("a reply");
+        let w = if body.len() >= wire::REP_HEADER_BYTES + 8 {
+            wire::u64_at(&body, wire::REP_HEADER_BYTES)
         } else {
             0
         };
@@ -181,8 +185,7 @@ fn one_group_read_is_answered_by_every_back_ends_xdp_from_its_own_address() {
     let mut responders = Vec::new();
     for (k, (ns, vn, _, ip, mac)) in lan.backends.iter().cloned().enumerate() {
         let x = Lan::inside(&ns, move || {
-            let mut x = XdpResponder::load(PORT, &[(KEY, false), (RW, true)])
-                .unwrap_or_else(|e| panic!("{e}"));
+            let mut x = XdpResponder::load(PORT, &keyring()).unwrap_or_else(|e| panic!("{e}"));
             x.set_node_addr(Some(ip)).unwrap();
             x.set_group_read(Some(group), mac).unwrap();
             x.attach_to(&vn, XdpMode::Generic)
@@ -221,7 +224,7 @@ fn one_group_read_is_answered_by_every_back_ends_xdp_from_its_own_address() {
     // The generic-mode attach may take a moment to see traffic: ask until answered.
     let mut got = Vec::new();
     for seq in 1..=20u64 {
-        s.send_to(&request(Op::Read, seq, KEY, 40, &[]), to)
+        s.send_to(&request(Op::Read, seq, &keys().ro, 40, &[]), to)
             .unwrap();
         got = replies(&s, Duration::from_millis(300));
         got.retain(|(_, h, _)| h.seq == seq);
@@ -246,8 +249,11 @@ fn one_group_read_is_answered_by_every_back_ends_xdp_from_its_own_address() {
     assert_eq!(from, want, "one reply per back-end, from its own address");
 
     // A WRITE to the group: no reply, nothing written.
-    s.send_to(&request(Op::Write, 99, RW, 320, &7u64.to_le_bytes()), to)
-        .unwrap();
+    s.send_to(
+        &request(Op::Write, 99, &keys().rw, 320, &7u64.to_le_bytes()),
+        to,
+    )
+    .unwrap();
     assert!(replies(&s, Duration::from_millis(300)).is_empty());
     for x in &responders {
         assert_eq!(x.region().words()[40].load(Ordering::Acquire), 0);
@@ -319,7 +325,7 @@ fn monitor_reads_by_group(lan: &Lan, responders: &[XdpResponder], group: Ipv4Add
             period: Duration::from_millis(5),
             read_timeout: Duration::from_millis(300),
             stale_after: Duration::from_secs(1),
-            key: KEY,
+            key: Some(keys().ro),
             nice: 0,
             threads: 0,
             group: Some(SocketAddr::from((group, PORT))),

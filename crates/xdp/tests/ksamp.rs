@@ -23,7 +23,11 @@ impl Words for Shared {
 
 /// A loaded program whose region has a header and a first record, as gatherd leaves it.
 fn program_with_header(port: u16) -> (TestProgram, Arc<dyn Words>) {
-    let p = TestProgram::load(9, &[]).expect("load");
+    let p = TestProgram::load(
+        9,
+        &farside_auth::keys::Keyring::new(farside_auth::keys::Policy::Production),
+    )
+    .expect("load");
     let region = p.region();
     let mut w = RegionWriter::init(
         Shared(region.clone()),

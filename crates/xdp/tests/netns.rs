@@ -12,7 +12,7 @@ mod common;
 
 use common::sh;
 
-use common::need_root;
+use common::{covered, keyring, keys, need_root, opened, seal};
 
 /// Also skip (and say so) without ethtool: offloads must be off for checksums to count.
 fn need_root_and_ethtool(test: &str) -> bool {
@@ -22,18 +22,15 @@ fn need_root_and_ethtool(test: &str) -> bool {
     farside_testkit::tool_or_skip(test, "ethtool", "--version", "ethtool")
 }
 use farside_rmem::wire::{
-    self, Op, RepHeader, ReqHeader, Status, REP_HEADER_BYTES, REQ_HEADER_BYTES,
+    self, Op, RepHeader, Status, ENVELOPE_BYTES, REP_HEADER_BYTES, REQ_HEADER_BYTES,
 };
-use farside_rmem::{AccessKeys, ClientOptions, OpCounters, Perm, RemoteMemory, RmemError};
+use farside_rmem::{ClientKey, ClientOptions, OpCounters, RemoteMemory, RmemError, ServerKeys};
 use farside_rmem::{UdpClient, UdpServer};
 use farside_xdp::{XdpMode, XdpResponder, XDP_READ_BYTES_MAX};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
-
-const RO: u64 = 0x5151;
-const RW: u64 = 0x5252;
 
 /// A namespace and a veth pair, removed on drop (also when the test fails).
 struct Net {
@@ -126,12 +123,12 @@ impl Drop for Net {
     }
 }
 
-fn client(net: &Net, port: u16, key: u64) -> UdpClient {
+fn client(net: &Net, port: u16, key: ClientKey) -> UdpClient {
     let addr: SocketAddr = format!("{}:{port}", net.ip_ns).parse().unwrap();
     UdpClient::new(
         addr,
         ClientOptions {
-            key,
+            key: Some(key),
             timeout: Duration::from_millis(300),
             ..Default::default()
         },
@@ -152,39 +149,34 @@ fn raw_exchange(net: &Net, port: u16, req: &[u8]) -> Vec<u8> {
     rep
 }
 
-fn read_request(key: u64, offset: u32, len: usize, padding: usize) -> Vec<u8> {
-    let mut req = Vec::new();
-    wire::encode_request(
-        &mut req,
-        &ReqHeader {
-            op: Op::Read as u8,
-            seq: 42,
-            key,
-            offset,
-            len: len as u32,
-            ..Default::default()
-        },
-        &vec![0u8; padding],
+/// A sealed READ (sender 0x5e, op seq 42) followed by `padding` zero bytes.
+fn read_request(key: &ClientKey, offset: u32, len: usize, padding: usize) -> Vec<u8> {
+    let mut req = seal(
+        key,
+        0x5e,
+        &covered(Op::Read as u8, 0, 42, 0, offset, len as u32, &[]),
     );
+    req.resize(req.len() + padding, 0);
     req
 }
 
 /// READ `len` bytes at `offset` with a request padded to the reply's size, so the
 /// program never needs to grow the frame.
-fn padded_read(net: &Net, port: u16, key: u64, offset: u32, len: usize) -> Vec<u8> {
+fn padded_read(net: &Net, port: u16, key: &ClientKey, offset: u32, len: usize) -> Vec<u8> {
     let padding = (REP_HEADER_BYTES + len).saturating_sub(REQ_HEADER_BYTES);
     let rep = raw_exchange(net, port, &read_request(key, offset, len, padding));
-    let h = RepHeader::decode(&rep).expect("reply header");
+    let body = opened(key, &rep);
+    let h = RepHeader::decode(&body).expect("reply header");
     assert_eq!((h.status, h.seq, h.len as usize), (Status::Ok, 42, len));
-    assert_eq!(rep.len(), REP_HEADER_BYTES + len);
-    rep[REP_HEADER_BYTES..].to_vec()
+    assert_eq!(rep.len(), ENVELOPE_BYTES + REP_HEADER_BYTES + len);
+    body[REP_HEADER_BYTES..].to_vec()
 }
 
 fn exercise(net: &Net, responder: &XdpResponder, port: u16) {
     let region = responder.region();
     let words = region.words();
-    let mut rw = client(net, port, RW);
-    let mut ro = client(net, port, RO);
+    let mut rw = client(net, port, keys().rw);
+    let mut ro = client(net, port, keys().ro);
 
     // A plain store from user space is visible to a remote READ.
     words[3].store(0xfeed_beef, Ordering::Release);
@@ -192,18 +184,18 @@ fn exercise(net: &Net, responder: &XdpResponder, port: u16) {
     ro.read(24, &mut buf).expect("read");
     assert_eq!(u64::from_le_bytes(buf), 0xfeed_beef);
 
-    // A remote WRITE (to the control words) is visible in the mapping.
+    // A remote WRITE (to the locks: words 36..44) is visible in the mapping.
     let data: Vec<u8> = (0..64u8).collect();
-    rw.write(256, &data).expect("write");
+    rw.write(288, &data).expect("write");
     for i in 0..8 {
         let want = u64::from_le_bytes(data[i * 8..i * 8 + 8].try_into().unwrap());
-        assert_eq!(words[32 + i].load(Ordering::Acquire), want);
+        assert_eq!(words[36 + i].load(Ordering::Acquire), want);
     }
 
     // CAS wins once, then loses and reports the current value.
-    assert_eq!(rw.compare_swap(320, 0, 7).expect("cas"), 0);
-    assert_eq!(rw.compare_swap(320, 0, 9).expect("cas"), 7);
-    assert_eq!(words[40].load(Ordering::Acquire), 7);
+    assert_eq!(rw.compare_swap(352, 0, 7).expect("cas"), 0);
+    assert_eq!(rw.compare_swap(352, 0, 9).expect("cas"), 7);
+    assert_eq!(words[44].load(Ordering::Acquire), 7);
 
     // Remote FADD and local atomic adds are coherent.
     words[50].fetch_add(100, Ordering::AcqRel);
@@ -216,7 +208,7 @@ fn exercise(net: &Net, responder: &XdpResponder, port: u16) {
     for (i, w) in words.iter().enumerate().take(XDP_READ_BYTES_MAX / 8) {
         w.store(i as u64 * 3 + 1, Ordering::Release);
     }
-    let big = padded_read(net, port, RO, 0, XDP_READ_BYTES_MAX);
+    let big = padded_read(net, port, &keys().ro, 0, XDP_READ_BYTES_MAX);
     for (i, c) in big.chunks_exact(8).enumerate() {
         assert_eq!(u64::from_le_bytes(c.try_into().unwrap()), i as u64 * 3 + 1);
     }
@@ -236,29 +228,33 @@ fn exercise(net: &Net, responder: &XdpResponder, port: u16) {
 
     // A foreign client's unpadded READ would be answered by a reply 30 times its size:
     // refused in the kernel with a header-only reply (no reflection).
-    let req = read_request(RO, 0, XDP_READ_BYTES_MAX, 0);
+    let req = read_request(&keys().ro, 0, XDP_READ_BYTES_MAX, 0);
     let rep = raw_exchange(net, port, &req);
-    let h = RepHeader::decode(&rep).expect("reply header");
+    let h = RepHeader::decode(&opened(&keys().ro, &rep)).expect("reply header");
     assert_eq!((h.status, h.len), (Status::Unpadded, 0));
     assert!(rep.len() <= req.len());
     assert_eq!(responder.no_room(), 0, "nothing passed to the stack");
 
     // Refusals: over the XDP read limit, read-only key writing, unknown key (dropped).
-    let rep = raw_exchange(net, port, &read_request(RO, 0, XDP_READ_BYTES_MAX + 8, 0));
-    let h = RepHeader::decode(&rep).expect("reply header");
+    let rep = raw_exchange(
+        net,
+        port,
+        &read_request(&keys().ro, 0, XDP_READ_BYTES_MAX + 8, 0),
+    );
+    let h = RepHeader::decode(&opened(&keys().ro, &rep)).expect("reply header");
     assert_eq!(
         (h.status, h.len, rep.len()),
-        (Status::BadLength, 0, REP_HEADER_BYTES)
+        (Status::BadLength, 0, ENVELOPE_BYTES + REP_HEADER_BYTES)
     );
     assert!(matches!(
-        ro.write(256, &[1; 8]),
+        ro.write(288, &[1; 8]),
         Err(RmemError::Refused(Status::ReadOnly))
     ));
     assert!(matches!(
         rw.write(0, &[1; 8]),
         Err(RmemError::Refused(Status::Protected))
     ));
-    let mut stranger = client(net, port, 0xdead);
+    let mut stranger = client(net, port, keys().stranger);
     stranger.tries = 1;
     assert!(matches!(
         stranger.read(0, &mut buf),
@@ -267,8 +263,12 @@ fn exercise(net: &Net, responder: &XdpResponder, port: u16) {
 
     let (ops, status) = responder.counters();
     assert_eq!(
-        ops[1], 6,
-        "reads (client max read, unpadded and stranger's included): {ops:?}"
+        ops[1], 5,
+        "reads (client max read and unpadded included): {ops:?}"
+    );
+    assert_eq!(
+        ops[0], 1,
+        "the stranger's READ: not authentic, op unknown: {ops:?}"
     );
     assert_eq!(ops[2], 3, "writes: {ops:?}");
     assert_eq!(ops[3], 2, "cas: {ops:?}");
@@ -286,15 +286,12 @@ fn exercise(net: &Net, responder: &XdpResponder, port: u16) {
 /// server on the same port and region, as gatherd should: XDP answers what it can, the
 /// server what the program passes to the stack.
 fn attach_with_fallback(ifname: &str, mode: XdpMode, port: u16) -> (XdpResponder, UdpServer) {
-    let responder = XdpResponder::attach(ifname, mode, port, &[(RO, false), (RW, true)])
-        .unwrap_or_else(|e| panic!("{e}"));
-    let keys = AccessKeys::new()
-        .with(RO, Perm::ReadOnly)
-        .with(RW, Perm::ReadWrite);
+    let responder =
+        XdpResponder::attach(ifname, mode, port, &keyring()).unwrap_or_else(|e| panic!("{e}"));
     let server = UdpServer::spawn(
         format!("0.0.0.0:{port}").parse().unwrap(),
         responder.region(),
-        keys,
+        Arc::new(ServerKeys::new(keyring())),
         Arc::new(OpCounters::default()),
     )
     .expect("user-space fallback server");
@@ -317,7 +314,7 @@ fn udp_client_talks_to_the_generic_mode_responder() {
     // Detached on drop: with the fallback stopped too, nothing answers any more.
     drop(responder);
     drop(_fallback);
-    let mut c = client(&net, port, RO);
+    let mut c = client(&net, port, keys().ro);
     c.tries = 1;
     let mut buf = [0u8; 8];
     assert!(c.read(0, &mut buf).is_err(), "answered after detach");
@@ -332,7 +329,7 @@ fn udp_client_talks_to_the_native_mode_responder() {
     let port = 7302;
     // Native XDP on veth needs a program on the peer too: the responder serving an
     // unused port passes everything, so it serves as the bare XDP_PASS program.
-    let _peer = XdpResponder::attach(&net.veth_root, XdpMode::Native, 9, &[])
+    let _peer = XdpResponder::attach(&net.veth_root, XdpMode::Native, 9, &empty())
         .expect("attach the pass-through program on the root end");
     let ifname = net.veth_ns.clone();
     let (responder, _fallback) =
@@ -345,20 +342,19 @@ fn attach_errors_say_what_failed() {
     if !need_root("attach_errors_say_what_failed") {
         return;
     }
-    let e = XdpResponder::attach("fsx-no-such-if", XdpMode::Generic, 7000, &[])
+    let e = XdpResponder::attach("fsx-no-such-if", XdpMode::Generic, 7000, &empty())
         .err()
         .expect("no such interface");
     assert!(e.to_string().contains("fsx-no-such-if"), "{e}");
     println!("no such interface: {e}");
     // Loopback has no native XDP support: the error names the mode and the fallback.
-    if let Err(e) = XdpResponder::attach("lo", XdpMode::Native, 7000, &[]) {
+    if let Err(e) = XdpResponder::attach("lo", XdpMode::Native, 7000, &empty()) {
         let m = e.to_string();
         assert!(m.contains("native mode") && m.contains("generic"), "{m}");
         println!("native on lo: {m}");
     }
-    let keys: Vec<(u64, bool)> = (0..9).map(|k| (k, false)).collect();
-    let e = XdpResponder::attach("lo", XdpMode::Generic, 7000, &keys)
-        .err()
-        .expect("too many keys");
-    assert!(e.to_string().contains("at most 8"), "{e}");
+}
+
+fn empty() -> farside_auth::keys::Keyring {
+    farside_auth::keys::Keyring::new(farside_auth::keys::Policy::Production)
 }

@@ -9,21 +9,20 @@ mod common;
 
 use common::*;
 use farside_region::{HeapWords, Words};
-use farside_rmem::ops::{self, AccessKeys, OpCounters, Perm};
-use farside_rmem::wire::{self, ReqHeader, Status, REQ_MAGIC};
+use farside_rmem::ops::{self, OpCounters};
+use farside_rmem::wire::{self, ReqHeader, Status, ENVELOPE_BYTES, REQ_MAGIC};
+use farside_rmem::{ClientKey, ServerKeys};
 use farside_xdp::{action, TestProgram, XDP_READ_BYTES_MAX};
 use std::sync::atomic::Ordering;
 
 const PORT: u16 = 7077;
-const RO: u64 = 0x1111;
-const RW: u64 = 0x2222;
 const SEQ: u64 = 0x0102_0304_0506_0708;
 
 /// What the program must do with a case.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Expect {
     /// Whatever `ops::execute` does: reply (XDP_TX) with its bytes, or XDP_DROP for
-    /// BadKey/Malformed (the udp servers' rule).
+    /// the silent statuses (the udp servers' rule).
     Reference,
     /// XDP-specific refusal (READ over XDP_READ_BYTES_MAX): reply with this status.
     Refused(Status),
@@ -39,52 +38,51 @@ struct Case {
     expect: Expect,
 }
 
-/// A request of an anonymous client. READs up to the XDP limit are padded to their
+fn k() -> &'static TestKeys {
+    keys()
+}
+
+/// A sealed request (sender 0x5e). READs up to the XDP limit are padded to their
 /// reply's size, as clients must (see `unpadded`).
-fn req(op: u8, key: u64, region: u32, offset: u32, len: u32, payload: &[u8]) -> Vec<u8> {
+fn req(op: u8, key: &ClientKey, region: u32, offset: u32, len: u32, payload: &[u8]) -> Vec<u8> {
     let mut b = unpadded(op, key, region, offset, len, payload);
     if op == 1 && len as usize <= XDP_READ_BYTES_MAX {
-        b.resize(b.len().max(wire::REP_HEADER_BYTES + len as usize), 0);
+        b.resize(
+            b.len()
+                .max(ENVELOPE_BYTES + wire::REP_HEADER_BYTES + len as usize),
+            0,
+        );
     }
     b
 }
 
-fn unpadded(op: u8, key: u64, region: u32, offset: u32, len: u32, payload: &[u8]) -> Vec<u8> {
-    let mut b = Vec::new();
-    wire::encode_request(
-        &mut b,
-        &ReqHeader {
-            op,
-            seq: SEQ,
-            key,
-            region,
-            offset,
-            len,
-            ..Default::default()
-        },
-        payload,
-    );
-    b
+/// Every request of sender 0x5e gets the next op seq (a repeated one would be a retry
+/// of a mutation, answered from the dedup record).
+fn unpadded(
+    op: u8,
+    key: &ClientKey,
+    region: u32,
+    offset: u32,
+    len: u32,
+    payload: &[u8],
+) -> Vec<u8> {
+    static OP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(SEQ);
+    let seq = OP_SEQ.fetch_add(1, Ordering::Relaxed);
+    seal(
+        key,
+        0x5e,
+        &covered(op, 0, seq, region, offset, len, payload),
+    )
 }
 
-/// A mutation of client `client` with sequence number `seq` on word 40 (a lock word).
+/// A mutation of client (sender) `client` with op seq `seq` on word 40 (a lock word).
 fn mutation(op: u8, client: u64, seq: u64, retry: bool, payload: &[u8]) -> Vec<u8> {
-    let mut b = Vec::new();
-    wire::encode_request(
-        &mut b,
-        &ReqHeader {
-            op,
-            flags: if retry { wire::FLAG_RETRY } else { 0 },
-            seq,
-            key: RW,
-            offset: 320,
-            len: 8,
-            client,
-            ..Default::default()
-        },
-        payload,
-    );
-    b
+    let flags = if retry { wire::FLAG_RETRY } else { 0 };
+    seal(
+        &k().rw,
+        client,
+        &covered(op, flags, seq, 0, 320, 8, payload),
+    )
 }
 
 fn to_us(payload: &[u8]) -> Vec<u8> {
@@ -109,59 +107,118 @@ fn cases() -> Vec<Case> {
         expect,
     };
     let max = XDP_READ_BYTES_MAX as u32;
-    let mut bad_magic = req(1, RO, 0, 0, 8, &[]);
-    bad_magic[0] ^= 0xff;
-    let mut bad_version = req(1, RO, 0, 0, 8, &[]);
-    bad_version[4] = 2;
+    let mut c_magic = covered(1, 0, SEQ, 0, 0, 8, &[]);
+    c_magic[0] ^= 0xff;
+    let bad_magic = seal(&k().ro, 0x5e, &c_magic);
+    let mut c_version = covered(1, 0, SEQ, 0, 0, 8, &[]);
+    c_version[4] = 2;
+    let bad_version = seal(&k().ro, 0x5e, &c_version);
+    let copied = req(4, &k().bal, 0, 8 * 48, 8, &1u64.to_le_bytes());
+    let mut forged = req(4, &k().bal, 0, 8 * 48, 8, &1u64.to_le_bytes());
+    forged[3] ^= 0x10;
     let with = |f: fn(&mut Shape), payload: &[u8]| {
         let mut s = Shape::to_port(PORT);
         f(&mut s);
         frame(s, payload)
     };
-    let read8 = req(1, RO, 0, 8, 8, &[]);
+    let read8 = req(1, &k().ro, 0, 8, 8, &[]);
     vec![
+        // Authentication, replay and rights (farside_auth).
+        c(
+            "a balancer's fetch-add by 1",
+            to_us(&copied),
+            Expect::Reference,
+        ),
+        c(
+            "the same datagram again: a copy",
+            to_us(&copied),
+            Expect::Reference,
+        ),
+        c("a forged tag", to_us(&forged), Expect::Reference),
+        c(
+            "a balancer's fetch-add by 2",
+            to_us(&req(4, &k().bal, 0, 8 * 48, 8, &2u64.to_le_bytes())),
+            Expect::Reference,
+        ),
+        c(
+            "a balancer's cas of the served role",
+            to_us(&req(3, &k().bal, 0, 8 * 32, 8, &cas_args(0, 7))),
+            Expect::Reference,
+        ),
+        c(
+            "a balancer's cas of the wanted role",
+            to_us(&req(3, &k().bal, 0, 8 * 34, 8, &cas_args(pattern(34), 7))),
+            Expect::Reference,
+        ),
+        c(
+            "a balancer's write of a lock",
+            to_us(&req(2, &k().bal, 0, 8 * 40, 8, &[1; 8])),
+            Expect::Reference,
+        ),
+        c(
+            "a reader's cas of a lock",
+            to_us(&req(3, &k().ro, 0, 8 * 40, 8, &cas_args(pattern(40), 7))),
+            Expect::Reference,
+        ),
+        c(
+            "a reader's write of a lock",
+            to_us(&req(2, &k().ro, 0, 8 * 40, 8, &[1; 8])),
+            Expect::Reference,
+        ),
+        c(
+            "a write of the role error",
+            to_us(&req(2, &k().rw, 0, 8 * 35, 8, &[1; 8])),
+            Expect::Reference,
+        ),
         // Operations.
         c("read 8 bytes", to_us(&read8), Expect::Reference),
         c(
             "read 192 bytes",
-            to_us(&req(1, RO, 0, 64, 192, &[])),
+            to_us(&req(1, &k().ro, 0, 64, 192, &[])),
             Expect::Reference,
         ),
         c(
             "read the XDP maximum",
-            to_us(&req(1, RO, 0, 8, max, &[])),
+            to_us(&req(1, &k().ro, 0, 8, max, &[])),
             Expect::Reference,
         ),
         c(
             "read the last word",
-            to_us(&req(1, RO, 0, 4088, 8, &[])),
+            to_us(&req(1, &k().ro, 0, 4088, 8, &[])),
             Expect::Reference,
         ),
         c(
             "write 8 bytes",
-            to_us(&req(2, RW, 0, 272, 8, &7u64.to_le_bytes())),
+            to_us(&req(2, &k().rw, 0, 272, 8, &7u64.to_le_bytes())),
             Expect::Reference,
         ),
         c(
-            "write the whole control area",
-            to_us(&req(2, RW, 0, 256, 256, &[0x5a; 256])),
+            "write the locks and counters",
+            to_us(&req(2, &k().rw, 0, 288, 224, &[0x5a; 224])),
             Expect::Reference,
         ),
         c(
             "read back the write",
-            to_us(&req(1, RW, 0, 248, 272, &[])),
+            to_us(&req(1, &k().rw, 0, 248, 272, &[])),
             Expect::Reference,
         ),
         c(
             "cas that wins",
-            to_us(&req(3, RW, 0, 264, 8, &cas_args(0x5a5a_5a5a_5a5a_5a5a, 99))),
+            to_us(&req(
+                3,
+                &k().rw,
+                0,
+                328,
+                8,
+                &cas_args(0x5a5a_5a5a_5a5a_5a5a, 99),
+            )),
             Expect::Reference,
         ),
         c(
             "cas that loses",
             to_us(&req(
                 3,
-                RW,
+                &k().rw,
                 0,
                 264,
                 8,
@@ -171,17 +228,17 @@ fn cases() -> Vec<Case> {
         ),
         c(
             "fetch-add",
-            to_us(&req(4, RW, 0, 288, 8, &5u64.to_le_bytes())),
+            to_us(&req(4, &k().rw, 0, 288, 8, &5u64.to_le_bytes())),
             Expect::Reference,
         ),
         c(
             "fetch-add wraps",
-            to_us(&req(4, RW, 0, 288, 8, &u64::MAX.to_le_bytes())),
+            to_us(&req(4, &k().rw, 0, 288, 8, &u64::MAX.to_le_bytes())),
             Expect::Reference,
         ),
         c(
             "read with a read-write key",
-            to_us(&req(1, RW, 0, 16, 24, &[])),
+            to_us(&req(1, &k().rw, 0, 16, 24, &[])),
             Expect::Reference,
         ),
         c(
@@ -261,134 +318,143 @@ fn cases() -> Vec<Case> {
         // Refusals answered with a status.
         c(
             "write over the header",
-            to_us(&req(2, RW, 0, 0, 8, &[1; 8])),
+            to_us(&req(2, &k().rw, 0, 0, 8, &[1; 8])),
             Expect::Reference,
         ),
         c(
             "cas on the load record",
-            to_us(&req(3, RW, 0, 8 * 13, 8, &cas_args(0, 1))),
+            to_us(&req(3, &k().rw, 0, 8 * 13, 8, &cas_args(0, 1))),
             Expect::Reference,
         ),
         c(
             "fetch-add in scratch",
-            to_us(&req(4, RW, 0, 512, 8, &[1; 8])),
+            to_us(&req(4, &k().rw, 0, 512, 8, &[1; 8])),
             Expect::Reference,
         ),
         c(
             "write running past the control words",
-            to_us(&req(2, RW, 0, 504, 16, &[1; 16])),
+            to_us(&req(2, &k().rw, 0, 504, 16, &[1; 16])),
+            Expect::Reference,
+        ),
+        c(
+            "write of the whole control area",
+            to_us(&req(2, &k().rw, 0, 256, 256, &[1; 256])),
             Expect::Reference,
         ),
         c(
             "unpadded read",
-            to_us(&unpadded(1, RO, 0, 0, 192, &[])),
+            to_us(&unpadded(1, &k().ro, 0, 0, 192, &[])),
             Expect::Reference,
         ),
         c(
             "unknown op 9",
-            to_us(&req(9, RO, 0, 0, 8, &[])),
+            to_us(&req(9, &k().ro, 0, 0, 8, &[])),
             Expect::Reference,
         ),
-        c("op 0", to_us(&req(0, RO, 0, 0, 8, &[])), Expect::Reference),
+        c(
+            "op 0",
+            to_us(&req(0, &k().ro, 0, 0, 8, &[])),
+            Expect::Reference,
+        ),
         c(
             "region 1",
-            to_us(&req(1, RO, 1, 0, 8, &[])),
+            to_us(&req(1, &k().ro, 1, 0, 8, &[])),
             Expect::Reference,
         ),
         c(
             "zero-length read",
-            to_us(&req(1, RO, 0, 0, 0, &[])),
+            to_us(&req(1, &k().ro, 0, 0, 0, &[])),
             Expect::Reference,
         ),
         c(
             "zero-length write",
-            to_us(&req(2, RW, 0, 0, 0, &[])),
+            to_us(&req(2, &k().rw, 0, 0, 0, &[])),
             Expect::Reference,
         ),
         c(
             "atomic of 16 bytes",
-            to_us(&req(4, RW, 0, 8, 16, &[1; 8])),
+            to_us(&req(4, &k().rw, 0, 8, 16, &[1; 8])),
             Expect::Reference,
         ),
         c(
             "cas of 0 bytes",
-            to_us(&req(3, RW, 0, 8, 0, &cas_args(0, 1))),
+            to_us(&req(3, &k().rw, 0, 8, 0, &cas_args(0, 1))),
             Expect::Reference,
         ),
         c(
             "unaligned offset",
-            to_us(&req(1, RO, 0, 4, 8, &[])),
+            to_us(&req(1, &k().ro, 0, 4, 8, &[])),
             Expect::Reference,
         ),
         c(
             "unaligned len",
-            to_us(&req(1, RO, 0, 0, 12, &[])),
+            to_us(&req(1, &k().ro, 0, 0, 12, &[])),
             Expect::Reference,
         ),
         c(
             "unaligned write",
-            to_us(&req(2, RW, 0, 0, 12, &[1; 12])),
+            to_us(&req(2, &k().rw, 0, 0, 12, &[1; 12])),
             Expect::Reference,
         ),
         c(
             "unaligned fetch-add",
-            to_us(&req(4, RW, 0, 12, 8, &[1; 8])),
+            to_us(&req(4, &k().rw, 0, 12, 8, &[1; 8])),
             Expect::Reference,
         ),
         c(
             "read past the end",
-            to_us(&req(1, RO, 0, 4088, 16, &[])),
+            to_us(&req(1, &k().ro, 0, 4088, 16, &[])),
             Expect::Reference,
         ),
         c(
             "offset near u32::MAX",
-            to_us(&req(1, RO, 0, 0xffff_fff8, 8, &[])),
+            to_us(&req(1, &k().ro, 0, 0xffff_fff8, 8, &[])),
             Expect::Reference,
         ),
         c(
             "write past the end",
-            to_us(&req(2, RW, 0, 4064, 64, &[3; 64])),
+            to_us(&req(2, &k().rw, 0, 4064, 64, &[3; 64])),
             Expect::Reference,
         ),
         c(
             "cas past the end",
-            to_us(&req(3, RW, 0, 4096, 8, &cas_args(0, 1))),
+            to_us(&req(3, &k().rw, 0, 4096, 8, &cas_args(0, 1))),
             Expect::Reference,
         ),
         c(
             "write with a read-only key",
-            to_us(&req(2, RO, 0, 8, 8, &[1; 8])),
+            to_us(&req(2, &k().ro, 0, 8, 8, &[1; 8])),
             Expect::Reference,
         ),
         c(
             "cas with a read-only key",
-            to_us(&req(3, RO, 0, 24, 8, &cas_args(99, 1))),
+            to_us(&req(3, &k().ro, 0, 24, 8, &cas_args(99, 1))),
             Expect::Reference,
         ),
         c(
             "fetch-add with a read-only key",
-            to_us(&req(4, RO, 0, 32, 8, &[1; 8])),
+            to_us(&req(4, &k().ro, 0, 32, 8, &[1; 8])),
             Expect::Reference,
         ),
         c(
             "read over the XDP maximum",
-            to_us(&req(1, RO, 0, 0, max + 8, &[])),
+            to_us(&req(1, &k().ro, 0, 0, max + 8, &[])),
             Expect::Refused(Status::BadLength),
         ),
         c(
             "read of the whole region",
-            to_us(&req(1, RO, 0, 0, 4096, &[])),
+            to_us(&req(1, &k().ro, 0, 0, 4096, &[])),
             Expect::Refused(Status::BadLength),
         ),
         // Dropped without a reply.
         c(
             "unknown key",
-            to_us(&req(1, 0x9999, 0, 0, 8, &[])),
+            to_us(&req(1, &k().stranger, 0, 0, 8, &[])),
             Expect::Reference,
         ),
         c(
             "unknown key with a bad op",
-            to_us(&req(9, 0x9999, 0, 0, 8, &[])),
+            to_us(&req(9, &k().stranger, 0, 0, 8, &[])),
             Expect::Reference,
         ),
         c("truncated header", to_us(&read8[..20]), Expect::Reference),
@@ -397,22 +463,22 @@ fn cases() -> Vec<Case> {
         c("wrong version", to_us(&bad_version), Expect::Reference),
         c(
             "cas payload truncated",
-            to_us(&req(3, RW, 0, 8, 8, &[0; 8])),
+            to_us(&req(3, &k().rw, 0, 8, 8, &[0; 8])),
             Expect::Reference,
         ),
         c(
             "write payload truncated",
-            to_us(&req(2, RW, 0, 8, 16, &[1; 8])),
+            to_us(&req(2, &k().rw, 0, 8, 16, &[1; 8])),
             Expect::Reference,
         ),
         c(
             "fetch-add without payload",
-            to_us(&req(4, RW, 0, 8, 8, &[])),
+            to_us(&req(4, &k().rw, 0, 8, 8, &[])),
             Expect::Reference,
         ),
         c(
             "huge write, short payload",
-            to_us(&req(2, RW, 0, 0, 8192, &[1; 64])),
+            to_us(&req(2, &k().rw, 0, 0, 8192, &[1; 64])),
             Expect::Reference,
         ),
         c("garbage to our port", to_us(&[0x42; 100]), Expect::Drop),
@@ -455,7 +521,7 @@ fn cases() -> Vec<Case> {
         ),
         c(
             "UDP length under 8",
-            with(|s| s.udp_len_extra = -52 /* 56 -> 4 */, &read8),
+            with(|s| s.udp_len_extra = -68 /* 72 -> 4 */, &read8),
             Expect::Pass,
         ),
         c(
@@ -488,7 +554,7 @@ fn every_case_matches_the_reference_semantics() {
     if !need_root("every_case_matches_the_reference_semantics") {
         return;
     }
-    let prog = TestProgram::load(PORT, &[(RO, false), (RW, true)]).expect("load");
+    let prog = TestProgram::load(PORT, &keyring()).expect("load");
     let region = prog.region();
     for (i, w) in region.words().iter().enumerate() {
         w.store(pattern(i), Ordering::SeqCst);
@@ -497,9 +563,7 @@ fn every_case_matches_the_reference_semantics() {
     for (i, w) in reference.words().iter().enumerate() {
         w.store(pattern(i), Ordering::SeqCst);
     }
-    let keys = AccessKeys::new()
-        .with(RO, Perm::ReadOnly)
-        .with(RW, Perm::ReadWrite);
+    let keys = ServerKeys::new(keyring());
     let ref_counters = OpCounters::default();
     let ref_dedup = ops::Dedup::new();
     let mut extra_ops = [0u64; 5];
@@ -518,13 +582,14 @@ fn every_case_matches_the_reference_semantics() {
             Expect::Drop => {
                 assert_eq!(verdict, action::DROP, "{what}: verdict");
                 extra_ops[0] += 1;
-                extra_status[Status::Malformed as usize] += 1;
+                extra_status[Status::BadKey as usize] += 1;
             }
             Expect::Refused(st) => {
                 assert_eq!(verdict, action::TX, "{what}: verdict");
                 let got = check_reply(what, &case.frame, &out, PORT);
-                let h = ReqHeader::decode(payload_of(&case.frame)).unwrap();
-                let mut want = Vec::new();
+                let p = payload_of(&case.frame);
+                let h = ReqHeader::decode(&p[ENVELOPE_BYTES..]).unwrap();
+                let mut want = vec![0u8; ENVELOPE_BYTES];
                 wire::RepHeader {
                     op: h.op,
                     status: st,
@@ -532,6 +597,9 @@ fn every_case_matches_the_reference_semantics() {
                     len: 0,
                 }
                 .encode(&mut want);
+                let env = farside_auth::mac::parse(p).unwrap().envelope;
+                let key = keyring().get(env.key_id).unwrap().key;
+                farside_rmem::auth::seal_reply_in_place(&mut want, &key, &env);
                 assert_eq!(got, want, "{what}: reply bytes");
                 extra_ops[h.op as usize] += 1;
                 extra_status[st as usize] += 1;
@@ -553,9 +621,17 @@ fn every_case_matches_the_reference_semantics() {
                     let got = check_reply(what, &case.frame, &out, PORT);
                     assert_eq!(got, ref_reply, "{what}: reply bytes (reference {st:?})");
                     assert_eq!(
-                        u64::from_le_bytes(got[8..16].try_into().unwrap()),
-                        ReqHeader::decode(payload_of(&case.frame)).unwrap().seq,
-                        "{what}: seq echoed"
+                        got[16..32],
+                        payload_of(&case.frame)[16..32],
+                        "{what}: the request's sender and seq echoed"
+                    );
+                    let rep = &got[ENVELOPE_BYTES..];
+                    assert_eq!(
+                        u64::from_le_bytes(rep[8..16].try_into().unwrap()),
+                        ReqHeader::decode(&payload_of(&case.frame)[ENVELOPE_BYTES..])
+                            .unwrap()
+                            .seq,
+                        "{what}: op seq echoed"
                     );
                 }
                 if st != Status::Ok {
@@ -601,10 +677,14 @@ fn a_program_without_keys_drops_everything_of_ours() {
     if !need_root("a_program_without_keys_drops_everything_of_ours") {
         return;
     }
-    let prog = TestProgram::load(PORT, &[]).expect("load");
-    let (v, _) = prog.run(&to_us(&req(1, RO, 0, 0, 8, &[])));
+    let empty = farside_auth::keys::Keyring::new(farside_auth::keys::Policy::Production);
+    let prog = TestProgram::load(PORT, &empty).expect("load");
+    let (v, _) = prog.run(&to_us(&req(1, &k().ro, 0, 0, 8, &[])));
     assert_eq!(v, action::DROP);
-    let (v, _) = prog.run(&frame(Shape::to_port(PORT + 1), &req(1, RO, 0, 0, 8, &[])));
+    let (v, _) = prog.run(&frame(
+        Shape::to_port(PORT + 1),
+        &req(1, &k().ro, 0, 0, 8, &[]),
+    ));
     assert_eq!(v, action::PASS);
     let (_, status) = prog.counters();
     assert_eq!(status[Status::BadKey as usize], 1);
@@ -615,24 +695,28 @@ fn read_sees_plain_stores_and_atomics_are_visible_to_user_space() {
     if !need_root("read_sees_plain_stores_and_atomics_are_visible_to_user_space") {
         return;
     }
-    let prog = TestProgram::load(PORT, &[(RW, true)]).expect("load");
+    let prog = TestProgram::load(PORT, &keyring()).expect("load");
     let region = prog.region();
     region.words()[100].store(41, Ordering::Release);
     region.words()[50].store(41, Ordering::Release);
-    let (v, out) = prog.run(&to_us(&req(4, RW, 0, 400, 8, &1u64.to_le_bytes())));
+    let (v, out) = prog.run(&to_us(&req(4, &k().rw, 0, 400, 8, &1u64.to_le_bytes())));
     assert_eq!(v, action::TX);
     let rep = check_reply(
         "fadd",
-        &to_us(&req(4, RW, 0, 400, 8, &1u64.to_le_bytes())),
+        &to_us(&req(4, &k().rw, 0, 400, 8, &1u64.to_le_bytes())),
         &out,
         PORT,
     );
-    assert_eq!(wire::u64_at(&rep, 24), 41);
+    assert_eq!(wire::u64_at(&rep, ENVELOPE_BYTES + 24), 41);
     assert_eq!(region.words()[50].load(Ordering::Acquire), 42);
-    let (v, out) = prog.run(&to_us(&req(1, RW, 0, 800, 8, &[])));
+    let (v, out) = prog.run(&to_us(&req(1, &k().rw, 0, 800, 8, &[])));
     assert_eq!(v, action::TX);
-    let rep = check_reply("read", &to_us(&req(1, RW, 0, 800, 8, &[])), &out, PORT);
-    assert_eq!(wire::u64_at(&rep, 24), 41, "a plain store seen by a READ");
+    let rep = check_reply("read", &to_us(&req(1, &k().rw, 0, 800, 8, &[])), &out, PORT);
+    assert_eq!(
+        wire::u64_at(&rep, ENVELOPE_BYTES + 24),
+        41,
+        "a plain store seen by a READ"
+    );
     assert_eq!(REQ_MAGIC, u32::from_le_bytes(*b"FSRM"));
 }
 
@@ -641,15 +725,17 @@ fn datagrams_to_another_address_are_passed_not_answered() {
     if !need_root("datagrams_to_another_address_are_passed_not_answered") {
         return;
     }
-    let mut prog = TestProgram::load(PORT, &[(RO, false)]).expect("load");
-    let read = to_us(&req(1, RO, 0, 0, 8, &[]));
+    let mut prog = TestProgram::load(PORT, &keyring()).expect("load");
+    // A new request each time (the same datagram again would be a copy).
+    let read = || to_us(&req(1, &k().ro, 0, 0, 8, &[]));
     assert_eq!(
-        prog.run(&read).0,
+        prog.run(&read()).0,
         action::TX,
         "any address until one is set"
     );
     prog.set_node_addr(Some(IP_SERVER.into())).unwrap();
-    assert_eq!(prog.run(&read).0, action::TX, "to the node's address");
+    assert_eq!(prog.run(&read()).0, action::TX, "to the node's address");
+    let read = read();
     prog.set_node_addr(Some([10, 0, 0, 9].into())).unwrap();
     let (v, out) = prog.run(&read);
     assert_eq!(v, action::PASS, "to another host's address");
@@ -665,7 +751,7 @@ fn to_group(payload: &[u8]) -> Vec<u8> {
 
 /// A program serving `RO` and `RW`, the node at IP_SERVER / MAC_SERVER, group on.
 fn group_program() -> TestProgram {
-    let mut prog = TestProgram::load(PORT, &[(RO, false), (RW, true)]).expect("load");
+    let mut prog = TestProgram::load(PORT, &keyring()).expect("load");
     prog.set_node_addr(Some(IP_SERVER.into())).unwrap();
     prog.set_group_read(Some(GROUP.into()), MAC_SERVER).unwrap();
     prog
@@ -676,12 +762,18 @@ fn a_group_read_is_answered_from_the_nodes_own_address_and_mac() {
     if !need_root("a_group_read_is_answered_from_the_nodes_own_address_and_mac") {
         return;
     }
-    let prog = group_program();
+    // The unicast twin of each group READ goes to a second program (the same
+    // datagram twice to one program would be a copy).
+    let (prog, twin) = (group_program(), group_program());
     prog.region().words()[3].store(0x77, Ordering::Release);
+    twin.region().words()[3].store(0x77, Ordering::Release);
     for (what, payload) in [
-        ("read of the monitor's size", req(1, RO, 0, 0, 288, &[])),
-        ("read with a read-write key", req(1, RW, 0, 16, 8, &[])),
-        ("refused read (unaligned)", req(1, RO, 0, 0, 12, &[])),
+        (
+            "read of the monitor's size",
+            req(1, &k().ro, 0, 0, 288, &[]),
+        ),
+        ("read with a read-write key", req(1, &k().rw, 0, 16, 8, &[])),
+        ("refused read (unaligned)", req(1, &k().ro, 0, 0, 12, &[])),
     ] {
         let group = to_group(&payload);
         let unicast = to_us(&payload);
@@ -689,16 +781,16 @@ fn a_group_read_is_answered_from_the_nodes_own_address_and_mac() {
         assert_eq!(v, action::TX, "{what}");
         // Byte for byte the unicast reply: from IP_SERVER / MAC_SERVER / PORT to the
         // client, checksums over the node's address.
-        let (_, want) = prog.run(&unicast);
+        let (_, want) = twin.run(&unicast);
         assert_eq!(out, want, "{what}: the unicast reply");
         check_reply(what, &unicast, &out, PORT);
     }
-    let (_, out) = prog.run(&to_group(&req(1, RO, 0, 24, 8, &[])));
-    let rep = check_reply("read", &to_us(&req(1, RO, 0, 24, 8, &[])), &out, PORT);
-    assert_eq!(wire::u64_at(&rep, 24), 0x77);
+    let (_, out) = prog.run(&to_group(&req(1, &k().ro, 0, 24, 8, &[])));
+    let rep = check_reply("read", &to_us(&req(1, &k().ro, 0, 24, 8, &[])), &out, PORT);
+    assert_eq!(wire::u64_at(&rep, ENVELOPE_BYTES + 24), 0x77);
     // The key check is unchanged: an unknown key gets nothing.
     assert_eq!(
-        prog.run(&to_group(&req(1, 0x9999, 0, 0, 8, &[]))).0,
+        prog.run(&to_group(&req(1, &k().stranger, 0, 0, 8, &[]))).0,
         action::DROP
     );
 }
@@ -717,20 +809,20 @@ fn group_writes_and_atomics_are_dropped_and_touch_nothing() {
         .map(|w| w.load(Ordering::Acquire))
         .collect();
     for (what, payload) in [
-        ("write", req(2, RW, 0, 320, 8, &9u64.to_le_bytes())),
+        ("write", req(2, &k().rw, 0, 320, 8, &9u64.to_le_bytes())),
         (
             "cas",
             req(
                 3,
-                RW,
+                &k().rw,
                 0,
                 320,
                 8,
                 &[5u64.to_le_bytes(), 6u64.to_le_bytes()].concat(),
             ),
         ),
-        ("fadd", req(4, RW, 0, 320, 8, &1u64.to_le_bytes())),
-        ("unknown op", req(9, RW, 0, 320, 8, &[])),
+        ("fadd", req(4, &k().rw, 0, 320, 8, &1u64.to_le_bytes())),
+        ("unknown op", req(9, &k().rw, 0, 320, 8, &[])),
     ] {
         let (v, _) = prog.run(&to_group(&payload));
         assert_eq!(v, action::DROP, "group {what}");
@@ -756,7 +848,7 @@ fn group_reads_are_passed_when_off_unconfigured_or_not_to_the_group_mac() {
     if !need_root("group_reads_are_passed_when_off_unconfigured_or_not_to_the_group_mac") {
         return;
     }
-    let read = to_group(&req(1, RO, 0, 0, 8, &[]));
+    let read = to_group(&req(1, &k().ro, 0, 0, 8, &[]));
     let pass = |prog: &TestProgram, f: &[u8], what: &str| {
         let (v, out) = prog.run(f);
         assert_eq!(v, action::PASS, "{what}");
@@ -769,7 +861,7 @@ fn group_reads_are_passed_when_off_unconfigured_or_not_to_the_group_mac() {
         &prog,
         &frame_to(
             Shape::to_port(PORT),
-            &req(1, RO, 0, 0, 8, &[]),
+            &req(1, &k().ro, 0, 0, 8, &[]),
             MAC_SERVER,
             GROUP,
         ),
@@ -779,7 +871,7 @@ fn group_reads_are_passed_when_off_unconfigured_or_not_to_the_group_mac() {
         &prog,
         &frame_to(
             Shape::to_port(PORT),
-            &req(1, RO, 0, 0, 8, &[]),
+            &req(1, &k().ro, 0, 0, 8, &[]),
             group_mac([239, 1, 2, 4]),
             GROUP,
         ),
@@ -796,10 +888,51 @@ fn group_reads_are_passed_when_off_unconfigured_or_not_to_the_group_mac() {
     prog.set_group_read(None, MAC_SERVER).unwrap();
     pass(&prog, &read, "group reads off");
     // Off by default.
-    let fresh = TestProgram::load(PORT, &[(RO, false)]).expect("load");
+    let fresh = TestProgram::load(PORT, &keyring()).expect("load");
     pass(&fresh, &read, "a fresh program");
     // Only a multicast group can be configured.
     assert!(prog
         .set_group_read(Some([10, 0, 0, 1].into()), MAC_SERVER)
         .is_err());
+}
+
+/// Rotation in the kernel: a balancer's new key (another id) verifies beside the
+/// current one; once the old id is revoked, requests under it get no reply, and the
+/// new key keeps working. Rights follow each key.
+#[test]
+fn a_rotated_key_verifies_beside_the_old_one_until_revoked() {
+    if !need_root("a_rotated_key_verifies_beside_the_old_one_until_revoked") {
+        return;
+    }
+    let mut ring = keyring();
+    let new = ClientKey::new(farside_auth::mac::KeyId(12), *k().stranger.key());
+    ring.install(
+        "balancer",
+        new.id,
+        *new.key(),
+        farside_rmem::Role::Balancer.rights(),
+    )
+    .unwrap();
+    let mut prog = TestProgram::load(PORT, &ring).expect("load");
+    let fadd = |key: &ClientKey| to_us(&req(4, key, 0, 8 * 48, 8, &1u64.to_le_bytes()));
+    assert_eq!(prog.run(&fadd(&k().bal)).0, action::TX, "the old key");
+    assert_eq!(prog.run(&fadd(&new)).0, action::TX, "the new key");
+    assert!(prog.revoke_key(k().bal.id.0).unwrap());
+    assert_eq!(prog.run(&fadd(&k().bal)).0, action::DROP, "revoked");
+    assert_eq!(prog.run(&fadd(&new)).0, action::TX, "the new key still");
+    assert_eq!(prog.region().words()[48].load(Ordering::Acquire), 3);
+    // The new key's rights are a balancer's: no write of the served role.
+    let (v, out) = prog.run(&to_us(&req(3, &new, 0, 8 * 32, 8, &cas_args(0, 1))));
+    assert_eq!(v, action::TX);
+    let rep = check_reply(
+        "cas",
+        &to_us(&req(3, &new, 0, 8 * 32, 8, &cas_args(0, 1))),
+        &out,
+        PORT,
+    );
+    let body = farside_rmem::auth::open_reply(&rep, &new, 0x5e, 1..=u64::MAX).unwrap();
+    assert_eq!(
+        wire::RepHeader::decode(body).unwrap().status,
+        Status::Protected
+    );
 }

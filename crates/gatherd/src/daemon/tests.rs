@@ -3,7 +3,7 @@
 //! kernel sampler in a private network namespace.
 
 use super::*;
-use crate::testutil::{in_private_netns, tmp_region};
+use crate::testutil::{in_private_netns, reader_opts, test_keys, tmp_region};
 use crate::{SamplerChoice, XdpChoice};
 use farside_region::Snapshot;
 use farside_rmem::wire::Status;
@@ -21,11 +21,12 @@ fn publishes_advancing_records_over_shm_and_tcp() {
         watch_ports: vec![port],
         shm: Some(tmp_region("adv")),
         tcp_listen: Some("127.0.0.1:0".parse().unwrap()),
+        rmem_keys: test_keys().specs.clone(),
         ..Default::default()
     };
     let g = Gatherd::start(&args).unwrap();
     let mut bytes = [0u8; farside_region::SNAPSHOT_BYTES];
-    let opts = ClientOptions::default();
+    let opts = reader_opts();
     for ep in [
         Endpoint::Shm(args.shm_path().unwrap()),
         Endpoint::Tcp(g.tcp_addr.unwrap()),
@@ -88,6 +89,7 @@ fn the_user_space_server_answers_group_reads_from_the_nodes_address() {
     let args = GatherdArgs {
         no_shm: true,
         udp_listen: Some("0.0.0.0:0".parse().unwrap()),
+        rmem_keys: test_keys().specs.clone(),
         // The interface the group is joined on; no XDP (user space answers).
         xdp_iface: Some("lo".into()),
         xdp_mode: XdpChoice::Off,
@@ -117,26 +119,40 @@ fn the_user_space_server_answers_group_reads_from_the_nodes_address() {
     assert_eq!(rc, 0);
     c.set_read_timeout(Some(Duration::from_millis(500)))
         .unwrap();
-    let mut req = Vec::new();
+    let mut covered = Vec::new();
     wire::encode_request(
-        &mut req,
+        &mut covered,
         &ReqHeader {
             op: Op::Read as u8,
             seq: 7,
-            key: farside_rmem::DEFAULT_READ_KEY,
             len: 64,
             ..Default::default()
         },
         &[],
     );
-    req.resize(req.len().max(wire::REP_HEADER_BYTES + 64), 0);
+    let reader = test_keys().set.reader;
+    let env_seq = std::cell::Cell::new(0u64);
+    let req = || {
+        // A new envelope per attempt: the same datagram twice would be a copy.
+        env_seq.set(env_seq.get() + 1);
+        let mut b = Vec::new();
+        farside_rmem::auth::seal_request(&mut b, &reader, 0xbeef, env_seq.get(), &covered);
+        b.resize(
+            b.len()
+                .max(wire::ENVELOPE_BYTES + wire::REP_HEADER_BYTES + 64),
+            0,
+        );
+        b
+    };
     let mut buf = [0u8; 512];
     // The first sample may not be published yet: ask until a good reply (bounded).
     let mut answered = None;
     for _ in 0..20 {
-        c.send_to(&req, (group, port)).unwrap();
+        c.send_to(&req(), (group, port)).unwrap();
         if let Ok((n, from)) = c.recv_from(&mut buf) {
-            answered = Some((from, RepHeader::decode(&buf[..n]).unwrap()));
+            let body = farside_rmem::auth::open_reply(&buf[..n], &reader, 0xbeef, 1..=u64::MAX)
+                .expect("a reply sealed under the reader's key");
+            answered = Some((from, RepHeader::decode(body).unwrap()));
             break;
         }
     }
@@ -172,15 +188,12 @@ fn metrics_endpoint_reports_samples_and_op_counters() {
         // The user sampler's own metrics (the kernel sampler's: see below).
         sampler: SamplerChoice::User,
         tcp_listen: Some("127.0.0.1:0".parse().unwrap()),
+        rmem_keys: test_keys().specs.clone(),
         metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
         ..Default::default()
     };
     let g = Gatherd::start(&args).unwrap();
-    let mut c = connect(
-        &Endpoint::Tcp(g.tcp_addr.unwrap()),
-        &ClientOptions::default(),
-    )
-    .unwrap();
+    let mut c = connect(&Endpoint::Tcp(g.tcp_addr.unwrap()), &reader_opts()).unwrap();
     c.read(0, &mut [0u8; 64]).unwrap();
     let _ = c.read(4, &mut [0u8; 8]);
     let addr = g.metrics_addr().unwrap();
@@ -214,6 +227,7 @@ fn without_xdp_the_udp_server_falls_back_to_user_space_and_says_so() {
     let args = GatherdArgs {
         no_shm: true,
         udp_listen: Some("127.0.0.1:0".parse().unwrap()),
+        rmem_keys: test_keys().specs.clone(),
         ..Default::default()
     };
     // No interface named: user space, port 0 allowed.
@@ -239,16 +253,13 @@ fn without_xdp_the_udp_server_falls_back_to_user_space_and_says_so() {
         .port();
     let args = GatherdArgs {
         udp_listen: Some(format!("127.0.0.1:{port}").parse().unwrap()),
+        rmem_keys: test_keys().specs.clone(),
         xdp_iface: Some("nosuchif0".into()),
         ..args
     };
     let g2 = Gatherd::start(&args).unwrap();
     assert_eq!(g2.udp_server, "user-space");
-    let mut c = connect(
-        &Endpoint::Udp(g2.udp_addr.unwrap()),
-        &ClientOptions::default(),
-    )
-    .unwrap();
+    let mut c = connect(&Endpoint::Udp(g2.udp_addr.unwrap()), &reader_opts()).unwrap();
     let mut bytes = [0u8; farside_region::SNAPSHOT_BYTES];
     c.read(0, &mut bytes).unwrap();
     Snapshot::decode(&bytes).expect("a valid record over the fallback");
@@ -301,6 +312,7 @@ fn without_xdp_the_kernel_sampler_publishes_where_bpf_is_available() {
             shm: Some(shm2.clone()),
             watch_ports: vec![port],
             tcp_listen: Some("127.0.0.1:0".parse().unwrap()),
+            rmem_keys: test_keys().specs.clone(),
             metrics_listen: Some("127.0.0.1:0".parse().unwrap()),
             ..Default::default()
         };
@@ -348,11 +360,7 @@ fn without_xdp_the_kernel_sampler_publishes_where_bpf_is_available() {
             "no user-space sample after the handover"
         );
         // tcp serves the same words.
-        let mut c = connect(
-            &Endpoint::Tcp(g.tcp_addr.unwrap()),
-            &ClientOptions::default(),
-        )
-        .unwrap();
+        let mut c = connect(&Endpoint::Tcp(g.tcp_addr.unwrap()), &reader_opts()).unwrap();
         let mut bytes = [0u8; farside_region::SNAPSHOT_BYTES];
         c.read(0, &mut bytes).unwrap();
         assert_eq!(Snapshot::decode(&bytes).unwrap().header.node_id, 6);
@@ -510,9 +518,12 @@ fn a_restarted_gatherd_is_fresh_within_two_stale_bounds_of_its_exec() {
     const PORT: u16 = 17081;
     const READY: &str = "FARSIDE-GATHERD-STARTED";
     if std::env::var_os("FARSIDE_RESTART_CHILD").is_some() {
+        // The parent's reader key (this process's own test keys are other keys).
+        let spec = std::env::var("FARSIDE_RESTART_KEY").expect("the parent's key");
         let g = Gatherd::start(&GatherdArgs {
             no_shm: true,
             udp_listen: Some(SocketAddr::from(([127, 0, 0, 1], PORT))),
+            rmem_keys: vec![spec.parse().unwrap()],
             xdp_iface: Some("lo".into()),
             xdp_mode: XdpChoice::Generic,
             ..Default::default()
@@ -537,6 +548,10 @@ fn a_restarted_gatherd_is_fresh_within_two_stale_bounds_of_its_exec() {
                     "--test-threads=1",
                 ])
                 .env("FARSIDE_RESTART_CHILD", "1")
+                .env(
+                    "FARSIDE_RESTART_KEY",
+                    format!("reader:1:{}", test_keys().reader_file.display()),
+                )
                 .stdout(std::process::Stdio::piped())
                 .spawn()
                 .unwrap();
@@ -553,7 +568,7 @@ fn a_restarted_gatherd_is_fresh_within_two_stale_bounds_of_its_exec() {
             &Endpoint::Udp(SocketAddr::from(([127, 0, 0, 1], PORT))),
             &ClientOptions {
                 timeout: Duration::from_millis(10),
-                ..Default::default()
+                ..reader_opts()
             },
         )
         .unwrap();
@@ -651,6 +666,7 @@ fn kernel_sampler_publishes_without_a_sampling_thread() {
             shm: Some(shm2.clone()),
             watch_ports: vec![port],
             udp_listen: Some("127.0.0.1:17078".parse().unwrap()),
+            rmem_keys: test_keys().specs.clone(),
             xdp_iface: Some("lo".into()),
             xdp_mode: XdpChoice::Generic,
             sampler: SamplerChoice::Kernel,
@@ -665,7 +681,7 @@ fn kernel_sampler_publishes_without_a_sampling_thread() {
             &Endpoint::Udp(g.udp_addr.unwrap()),
             &ClientOptions {
                 timeout: Duration::from_millis(500),
-                ..Default::default()
+                ..reader_opts()
             },
         )
         .unwrap();
@@ -742,6 +758,7 @@ fn kernel_sampler_record_advances_while_gatherd_is_sigstopped() {
             let _g = Gatherd::start(&GatherdArgs {
                 shm: Some(PathBuf::from(path)),
                 udp_listen: Some("127.0.0.1:17079".parse().unwrap()),
+                rmem_keys: test_keys().specs.clone(),
                 xdp_iface: Some("lo".into()),
                 xdp_mode: XdpChoice::Generic,
                 sampler: SamplerChoice::Kernel,
@@ -831,12 +848,11 @@ fn kernel_sampler_record_advances_while_gatherd_is_sigstopped() {
 /// requests and replies lost, duplicated and reordered by a relay. Every CAS of a
 /// chain is reported won, every Ok FETCH-ADD returned a distinct old value and the
 /// sum accounts for them, and no delayed duplicate of an older WRITE lands last.
-fn xdp_answers_exactly_once_through_a_lossy_relay(g: &Gatherd, key: u64) {
+fn xdp_answers_exactly_once_through_a_lossy_relay(g: &Gatherd, key: farside_rmem::ClientKey) {
     use farside_rmem::relay::{Faults, LossyRelay};
     use farside_rmem::{RmemError, UdpClient};
     const CAS_WORD: usize = farside_region::layout::W_LOCK_BASE + 1;
     const ADD_WORD: usize = farside_region::layout::W_COUNTER_BASE + 1;
-    const WRITE_WORD: usize = farside_region::layout::W_ROLE_WANTED;
     let faults = Faults {
         drop_req: 15,
         drop_rep: 25,
@@ -849,7 +865,7 @@ fn xdp_answers_exactly_once_through_a_lossy_relay(g: &Gatherd, key: u64) {
     let mut c = UdpClient::new(
         relay.addr,
         ClientOptions {
-            key,
+            key: Some(key),
             timeout: Duration::from_millis(600),
             ..Default::default()
         },
@@ -891,24 +907,12 @@ fn xdp_answers_exactly_once_through_a_lossy_relay(g: &Gatherd, key: u64) {
         added >= ok && added <= ok + unknown,
         "{added} added, {ok} ok"
     );
-    let mut last = None;
-    for v in 1..=30u64 {
-        if c.write(WRITE_WORD * 8, &v.to_le_bytes()).is_ok() {
-            last = Some(v);
-        }
-    }
-    std::thread::sleep(Duration::from_millis(faults.delay_ms_max * 4 + 50));
-    if let Some(v) = last {
-        assert_eq!(
-            word(WRITE_WORD),
-            v,
-            "a delayed duplicate overwrote the newest write"
-        );
-    }
+    // (A balancer key writes nothing; the WRITE half of exactly-once is checked by
+    // farside-rmem's lossy relay test and the XDP packet tests.)
     assert!(unknown <= 3, "{unknown} operations with unknown outcome");
     let after = g.xdp.as_ref().unwrap().counters().1;
     assert!(
-        after[Status::Ok as usize] > before[Status::Ok as usize] + 60,
+        after[Status::Ok as usize] > before[Status::Ok as usize] + 40,
         "answered in the kernel"
     );
 }
@@ -925,7 +929,6 @@ fn with_xdp_every_transport_operates_on_the_same_words() {
         let _ = writeln!(std::io::stderr(), "skipped: needs root");
         return;
     }
-    const RW: u64 = 0x5eed_0001;
     const LOCK: usize = farside_region::layout::W_LOCK_BASE * 8;
     const COUNTER: usize = farside_region::layout::W_COUNTER_BASE * 8;
     let shm = tmp_region("onemem");
@@ -936,15 +939,16 @@ fn with_xdp_every_transport_operates_on_the_same_words() {
             shm: Some(shm2.clone()),
             tcp_listen: Some("127.0.0.1:0".parse().unwrap()),
             udp_listen: Some("127.0.0.1:17077".parse().unwrap()),
+            rmem_keys: test_keys().specs.clone(),
             xdp_iface: Some("lo".into()),
             xdp_mode: XdpChoice::Generic,
-            rw_key: Some(RW),
             ..Default::default()
         };
         let g = Gatherd::start(&args).unwrap();
         assert_eq!(g.udp_server, "xdp-generic");
+        let bal = test_keys().set.balancer;
         let opts = ClientOptions {
-            key: RW,
+            key: Some(bal),
             timeout: Duration::from_millis(500),
             ..Default::default()
         };
@@ -960,9 +964,9 @@ fn with_xdp_every_transport_operates_on_the_same_words() {
         assert_eq!(udp.compare_swap(LOCK, 0, 0xA1).unwrap(), 0);
         assert_eq!(read(&mut tcp, LOCK), 0xA1, "udp CAS seen over tcp");
         assert_eq!(read(&mut shm, LOCK), 0xA1, "udp CAS seen over shm");
-        assert_eq!(tcp.fetch_add(COUNTER, 5).unwrap(), 0);
+        assert_eq!(tcp.fetch_add(COUNTER, 1).unwrap(), 0);
         assert_eq!(shm.compare_swap(LOCK, 0xA1, 0xB2).unwrap(), 0xA1);
-        assert_eq!(read(&mut udp, COUNTER), 5, "tcp FADD seen over udp");
+        assert_eq!(read(&mut udp, COUNTER), 1, "tcp FADD seen over udp");
         assert_eq!(read(&mut udp, LOCK), 0xB2, "shm CAS seen over udp");
         let after = g.xdp.as_ref().unwrap().counters().0;
         assert!(
@@ -977,7 +981,7 @@ fn with_xdp_every_transport_operates_on_the_same_words() {
             assert!(Instant::now() < deadline, "record never advanced over shm");
             std::thread::sleep(Duration::from_millis(1));
         }
-        xdp_answers_exactly_once_through_a_lossy_relay(&g, RW);
+        xdp_answers_exactly_once_through_a_lossy_relay(&g, bal);
         drop(g);
         assert!(!shm2.exists(), "the shm socket goes with the gatherer");
     });

@@ -281,6 +281,8 @@ pub(super) fn start_tier(
             "--tcp-listen".into(),
             tcp.to_string(),
         ];
+        let rkeys = crate::fabric::keys::RmemLabKeys::shared()?;
+        args.extend(rkeys.gatherd_args());
         let udp = fabric.addr(role, NETNS_UDP_PORT)?;
         if netns {
             // One-sided across hosts: the XDP responder in the back-end node's kernel, in
@@ -305,11 +307,19 @@ pub(super) fn start_tier(
         gatherers.push(g);
         regions.push(shm.clone());
         let spec = match (system, netns) {
-            ("tcp-ac", _) => format!("{addr},region=tcp:{tcp}"),
+            ("tcp-ac", _) => format!(
+                "{addr},region={}",
+                rkeys.reader_region(&format!("tcp:{tcp}"))
+            ),
             ("onesided-ac" | "onesided-delay", false) => {
                 format!("{addr},region=shm:{}", shm.display())
             }
-            ("onesided-ac" | "onesided-delay", true) => format!("{addr},region=udp:{udp}"),
+            ("onesided-ac" | "onesided-delay", true) => {
+                format!(
+                    "{addr},region={}",
+                    rkeys.reader_region(&format!("udp:{udp}"))
+                )
+            }
             _ => addr.to_string(),
         };
         specs.push(spec);

@@ -219,6 +219,7 @@ pub(super) fn spawn_gatherd(
         "--metrics-listen",
         &metrics.to_string(),
     ]);
+    args.extend(crate::fabric::keys::RmemLabKeys::shared()?.gatherd_args());
     if matches!(f, Fabric::Netns(_)) {
         // One-sided across hosts: the XDP responder in the back-end node's kernel.
         args.extend(strings(&[
@@ -258,10 +259,12 @@ pub(super) fn write_config(
         "listen = \"{listen}\"\nreuse_port = true\n\n[admission]\nenabled = true\nmetric = \"backlog\"\nlimit = {}\nstale_after_ms = {}\n",
         a.limit, a.stale_after_ms
     );
+    let rkeys = crate::fabric::keys::RmemLabKeys::shared()?;
     for n in nodes {
         s.push_str(&format!(
-            "\n[[backend]]\naddr = \"{}\"\nregion = \"udp:{}\"\n",
-            n.web, n.udp
+            "\n[[backend]]\naddr = \"{}\"\nregion = \"{}\"\n",
+            n.web,
+            rkeys.reader_region(&format!("udp:{}", n.udp))
         ));
     }
     std::fs::write(path, s)

@@ -355,7 +355,8 @@ pub fn run(mut a: ProbeArgs) -> io::Result<()> {
         let s = std::net::UdpSocket::bind((LOCALHOST, 0))?;
         s.local_addr()?
     };
-    let args: Vec<String> = vec![
+    let rkeys = crate::fabric::keys::RmemLabKeys::generate()?;
+    let mut args: Vec<String> = vec![
         "gatherd".into(),
         "--shm".into(),
         shm.display().to_string(),
@@ -364,13 +365,14 @@ pub fn run(mut a: ProbeArgs) -> io::Result<()> {
         "--udp-listen".into(),
         udp.to_string(),
     ];
+    args.extend(rkeys.gatherd_args());
     let mut g = Child::farside("probe-gatherd", &args, &logs, None)?;
     g.wait_port(tcp)?;
     g.wait_file(&shm)?;
     let opts = ClientOptions {
         timeout: Duration::from_millis(a.timeout_ms),
         spin: Duration::from_micros(a.spin_us),
-        ..Default::default()
+        key: Some(rkeys.reader()?),
     };
     let mut keys = Vec::new();
     for &load in &loads {
@@ -431,6 +433,8 @@ struct NetnsBack<'a> {
     udp: SocketAddr,
     iface: String,
     opts: ClientOptions,
+    /// The run's rmem keys (every gatherd holds them; `opts` has the reader's).
+    rkeys: crate::fabric::keys::RmemLabKeys,
     logs: &'a std::path::Path,
 }
 
@@ -439,6 +443,7 @@ impl NetnsBack<'_> {
     /// succeeds from the front node.
     fn start_gatherd(&self, t: &str) -> io::Result<(Child, Endpoint)> {
         let mut args: Vec<String> = vec!["gatherd".into()];
+        args.extend(self.rkeys.gatherd_args());
         let ep = match t {
             "shm" => {
                 args.extend(["--shm".into(), self.shm.display().to_string()]);
@@ -586,6 +591,8 @@ fn run_netns(
         }
     });
     let back_ip = dc.node_ip("back");
+    let rkeys = crate::fabric::keys::RmemLabKeys::generate()?;
+    let reader = rkeys.reader()?;
     let nb = NetnsBack {
         dc: &dc,
         exe: std::env::current_exe()?,
@@ -596,8 +603,9 @@ fn run_netns(
         opts: ClientOptions {
             timeout: Duration::from_millis(a.timeout_ms),
             spin: Duration::from_micros(a.spin_us),
-            ..Default::default()
+            key: Some(reader),
         },
+        rkeys,
         logs,
     };
     eprintln!(
@@ -689,7 +697,7 @@ fn run_netns(
                 let b0 = back_udp()?;
                 let r = dc.run_in_ns("front", || {
                     crate::fabric::procs::pin_current_thread(&f)?;
-                    crate::flood::flood(nb.udp, farside_rmem::DEFAULT_READ_KEY, 64, a.flood_s)
+                    crate::flood::flood(nb.udp, reader, 64, a.flood_s)
                 })?;
                 let b1 = back_udp()?;
                 let lost = r.sent.saturating_sub(r.replies);
@@ -766,6 +774,7 @@ mod tests {
         let timeout = Duration::from_millis(20);
         let opts = ClientOptions {
             timeout,
+            key: Some(farside_rmem::LabKeyset::generate().reader),
             ..Default::default()
         };
         let mut c = connect(&Endpoint::Udp(silent.local_addr().unwrap()), &opts).unwrap();

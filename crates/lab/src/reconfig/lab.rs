@@ -16,7 +16,7 @@ use super::plan::{
     plain_value, quota_share_ppm, site_backends, split, strings, Key, Plan, ReconfigArgs,
     Transport, ADMIN_PORT, BALANCER_PORT, BURST_TIME_MAX_S, CAS_ATTEMPTS, DEFAULT_HISTORY_MS,
     FILE_BYTES, FILE_PATH, GATHERD_METRICS_PORT, GATHERD_PERIOD_US, POLL, PROXY_PORT, READY_MAX,
-    REGION_TCP_PORT, REGION_UDP_PORT, RMEM_TIMEOUT, ROLE_VERSION_BITS, RW_KEY, SERIES_EVERY,
+    REGION_TCP_PORT, REGION_UDP_PORT, RMEM_TIMEOUT, ROLE_VERSION_BITS, SERIES_EVERY,
     STALE_AFTER_MS, WEB_PORT,
 };
 use super::point::{label, timing_quantiles, NodesSample, ReconfigPoint};
@@ -103,6 +103,9 @@ pub(super) struct Lab {
     pub(super) sockets: PathBuf,
     pub(super) high_ppm: u64,
     pub(super) spare_ppm: u64,
+    /// The run's rmem keys: every gatherd holds them; the proxies' monitors, the
+    /// balancers and the lab's own moves use the balancer key (it may READ too).
+    pub(super) rkeys: crate::fabric::keys::RmemLabKeys,
 }
 
 impl Drop for Lab {
@@ -195,8 +198,6 @@ impl Lab {
                 &web.port().to_string(),
                 "--metrics-listen",
                 &metrics.to_string(),
-                "--rw-key",
-                RW_KEY,
                 "--sampler",
                 "user",
                 "--role-backend-control",
@@ -209,6 +210,7 @@ impl Lab {
                 "--role-state",
                 &state.display().to_string(),
             ]);
+            args.extend(self.rkeys.gatherd_args());
             if let Some(cg) = self.fabric.cgroup_dir(node) {
                 args.extend(strings(&["--cgroup", &cg.display().to_string()]));
             }
@@ -266,6 +268,12 @@ impl Lab {
                 "listen = \"{listen}\"\n\n[admission]\nenabled = false\nstale_after_ms = {STALE_AFTER_MS}\n"
             );
             for (_, web, region, _) in &nodes {
+                // Read (monitor) and moved (balancer) with the balancer key.
+                let region = if region.starts_with("shm:") {
+                    region.clone()
+                } else {
+                    format!("{region}?key={}", self.rkeys.balancer_spec())
+                };
                 let _ = write!(
                     s,
                     "\n[[backend]]\naddr = \"{web}\"\nregion = \"{region}\"\n"
@@ -283,10 +291,11 @@ impl Lab {
                 let _ = write!(
                     s,
                     "\n[reconf]\nenabled = true\nbalancer_id = {id}\nbalancers = [{}]\n\
-                     region_listen = \"{}\"\nkey = \"{RW_KEY}\"\nsensitivity_ms = {}\n\
+                     region_listen = \"{}\"\nkey = \"{}\"\nsensitivity_ms = {}\n\
                      history_ms = {}\nlease_ms = {}\nhigh_ppm = {}\nspare_ppm = {}\n",
                     balancers.join(", "),
                     self.addr(p, BALANCER_PORT)?,
+                    self.rkeys.balancer_spec(),
                     a.sensitivity_ms,
                     history_ms.unwrap_or(DEFAULT_HISTORY_MS),
                     a.lease_ms,
@@ -366,10 +375,10 @@ impl Lab {
     ) -> io::Result<u64> {
         let regions: Vec<String> = t.nodes.iter().map(|n| n.2.clone()).collect();
         let alloc_v = alloc.to_vec();
+        let key = self.rkeys.balancer()?;
         let moved = self.fabric.in_client(move || {
-            let key = u64::from_str_radix(RW_KEY, 16).expect("hex key");
             let opts = farside_rmem::ClientOptions {
-                key,
+                key: Some(key),
                 timeout: RMEM_TIMEOUT,
                 ..Default::default()
             };
@@ -737,5 +746,6 @@ pub(super) fn start_lab(
         sockets,
         high_ppm,
         spare_ppm,
+        rkeys: crate::fabric::keys::RmemLabKeys::generate()?,
     })
 }

@@ -34,8 +34,6 @@ pub const FILE_BYTES: usize = 1024;
 pub const FILE_PATH: &str = "/f1k";
 /// Period of the nodes-serving-the-loaded-site series (the 100 ms).
 pub const SERIES_EVERY: Duration = Duration::from_millis(100);
-/// Read-write key of the nodes' regions (balancers and the lab CAS with it).
-pub const RW_KEY: &str = "5eed0001";
 /// Longest wait for a process to listen, or for the proxies to see an allocation.
 pub(super) const READY_MAX: Duration = Duration::from_secs(20);
 /// Poll period while waiting for an allocation to be served.

@@ -79,6 +79,7 @@ pub fn specd_args(
         adopt,
         summary,
         keys,
+        rmem,
     } = files;
     let mut v = strings(&[
         "specd",
@@ -99,7 +100,10 @@ pub fn specd_args(
         "--service-port",
         &VIP.port().to_string(),
         "--peer",
-        &format!("daemon={peer_ip}:{SPECD_PORT},backend={peer_ip},region=udp:{peer_ip}:{REGION_UDP_PORT}"),
+        &format!(
+            "daemon={peer_ip}:{SPECD_PORT},backend={peer_ip},region=udp:{peer_ip}:{REGION_UDP_PORT}?key={}",
+            rmem.reader_spec()
+        ),
         "--frontend",
         &frontend.to_string(),
         "--summary",
@@ -134,6 +138,8 @@ pub struct SpecdFiles<'a> {
     pub adopt: &'a Path,
     pub summary: &'a Path,
     pub keys: &'a LabKeys,
+    /// The run's rmem keys (the peer's region is read with the reader key).
+    pub rmem: &'a crate::fabric::keys::RmemLabKeys,
 }
 
 /// The key file of specd's migration protocol (every specd of the run holds it).
@@ -230,7 +236,7 @@ impl Lab {
         let node = &self.backends[i].0;
         let ip = self.dc.node_ip(node);
         let tcp = SocketAddr::new(ip.into(), GATHERD_TCP_PORT);
-        let args = strings(&[
+        let mut args = strings(&[
             "gatherd",
             "--node-id",
             &i.to_string(),
@@ -246,6 +252,7 @@ impl Lab {
             "--xdp-mode",
             "generic",
         ]);
+        args.extend(crate::fabric::keys::RmemLabKeys::shared()?.gatherd_args());
         let mut g = self.spawn(node, &format!("{tag}-gatherd-{node}"), &args)?;
         self.wait_port(&mut g, tcp)?;
         Ok(g)
@@ -274,6 +281,7 @@ impl Lab {
                 adopt,
                 summary,
                 keys: &self.keys,
+                rmem: crate::fabric::keys::RmemLabKeys::shared()?,
             },
             gate,
         );

@@ -283,6 +283,7 @@ fn speculative_systems_are_accepted_and_specd_gets_its_flags() {
                 adopt: Path::new("/tmp/a.sock"),
                 summary: Path::new("/tmp/s.json"),
                 keys: &keys,
+                rmem: crate::fabric::keys::RmemLabKeys::shared().unwrap(),
             },
             gate,
         )
@@ -294,7 +295,8 @@ fn speculative_systems_are_accepted_and_specd_gets_its_flags() {
     for want in [
         "specd --listen 10.0.0.2:7000 --server-port 80 --adopt-socket /tmp/a.sock",
         "--accept 127.0.0.1:0 --queue 64 --window 50 --vip 10.77.1.100",
-        "--peer daemon=10.0.0.3:7000,backend=10.0.0.3,region=udp:10.0.0.3:7471 --frontend 10.0.0.9:7400",
+        "--peer daemon=10.0.0.3:7000,backend=10.0.0.3,region=udp:10.0.0.3:7471?key=1:",
+        " --frontend 10.0.0.9:7400",
         "--summary /tmp/s.json",
     ] {
         assert!(v.contains(want), "{want}: {v}");

@@ -85,9 +85,10 @@ pub struct BackendFlags {
     /// TOML configuration file (see README); flags given as well override its values.
     #[arg(long, short = 'c')]
     pub config: Option<PathBuf>,
-    /// Back-end: ADDR[,site=NAME][,region=shm:PATH|tcp:HOST:PORT|udp:HOST:PORT[?key=HEX]]
-    /// [,limit=N][,maxconn=N]. Repeatable; replaces the file's back-ends. `?key=`: this
-    /// back-end's read key, as given to its gatherd --read-key. `maxconn`: most upstream
+    /// Back-end: ADDR[,site=NAME][,region=shm:PATH|tcp:HOST:PORT|udp:HOST:PORT[?key=ID:PATH]]
+    /// [,limit=N][,maxconn=N]. Repeatable; replaces the file's back-ends. `?key=`: the
+    /// rmem key its reads are sealed with (key id and key file), as given to its gatherd
+    /// --rmem-key reader:ID:PATH. `maxconn`: most upstream
     /// connections (busy + idle) kept open to it; set it to its workers or fewer.
     #[arg(long = "backend", value_parser = parse_backend)]
     pub backends: Vec<BackendConfig>,
@@ -486,8 +487,8 @@ mod tests {
             .contains("colour"));
         assert!(parse_backend("nohost").is_err());
         assert!(parse_backend("127.0.0.1:80,region=ftp:x").is_err());
-        let keyed = parse_backend("127.0.0.1:80,region=udp:127.0.0.1:7000?key=5eed").unwrap();
-        assert_eq!(keyed.region.as_deref(), Some("udp:127.0.0.1:7000?key=5eed"));
+        let keyed = parse_backend("127.0.0.1:80,region=udp:127.0.0.1:7000?key=5:/k").unwrap();
+        assert_eq!(keyed.region.as_deref(), Some("udp:127.0.0.1:7000?key=5:/k"));
         assert!(parse_backend("127.0.0.1:80,region=udp:127.0.0.1:7000?key=zz").is_err());
     }
 

@@ -767,7 +767,7 @@ mod tests {
             c.monitor.group_read,
             Some("239.1.1.1:7000".parse().unwrap())
         );
-        let o = c.monitor.options(Duration::ZERO);
+        let o = c.monitor.options(Duration::ZERO).unwrap();
         assert_eq!(o.group, c.monitor.group_read);
         let e = ProxyConfig::from_toml_str(
             "listen = \"127.0.0.1:1\"\n[monitor]\ngroup_read = \"[ff02::1]:7000\"\n[[backend]]\naddr = \"127.0.0.1:2\"\n",
@@ -782,11 +782,11 @@ mod tests {
             format!("listen = \"127.0.0.1:1\"\n[monitor]\nrx = \"{rx}\"\n[[backend]]\naddr = \"127.0.0.1:2\"\n")
         };
         let c = ProxyConfig::from_toml_str(&toml("xsk:eth1")).unwrap();
-        let o = c.monitor.options(Duration::ZERO);
+        let o = c.monitor.options(Duration::ZERO).unwrap();
         assert_eq!(o.rx, farside_monitor::MonitorRx::Xsk("eth1".into()));
         let d = ProxyConfig::from_toml_str(&toml("udp")).unwrap();
         assert_eq!(
-            d.monitor.options(Duration::ZERO).rx,
+            d.monitor.options(Duration::ZERO).unwrap().rx,
             farside_monitor::MonitorRx::Udp
         );
         for bad in ["xsk:", "xdp:eth1"] {

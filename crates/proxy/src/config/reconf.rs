@@ -26,7 +26,9 @@ pub struct ReconfConfig {
     pub balancers: Vec<String>,
     /// Serve this proxy's own region over rmem tcp here.
     pub region_listen: Option<SocketAddr>,
-    /// Read-write key (hex) of the back-ends' and balancers' regions.
+    /// The balancer's rmem key, `ID:PATH` (key id and key file, 0600; `ID` alone: the
+    /// systemd credential `rmem-ID`): installed on every back-end's gatherd as
+    /// `--rmem-key balancer:ID:PATH`, and on this proxy's own region server.
     pub key: String,
     /// S, ms. Default 1000.
     pub sensitivity_ms: u64,
@@ -66,9 +68,16 @@ pub(crate) fn err(key: &str, msg: impl Into<String>) -> ConfigError {
 }
 
 impl ReconfConfig {
-    pub(crate) fn rw_key(&self) -> Result<u64, ConfigError> {
-        u64::from_str_radix(self.key.trim_start_matches("0x"), 16)
-            .map_err(|e| err("key", format!("{:?}: a 64-bit hex key: {e}", self.key)))
+    /// The form of `key` (`ID:PATH`); the file is read by [`Self::balancer_key`].
+    pub(crate) fn check_key_spec(&self) -> Result<(), ConfigError> {
+        farside_rmem::ClientKey::parse_spec(&self.key)
+            .map(|_| ())
+            .map_err(|e| err("key", format!("{:?}: expected ID:PATH: {e}", self.key)))
+    }
+
+    /// The balancer's key, read from its file.
+    pub(crate) fn balancer_key(&self) -> Result<farside_rmem::ClientKey, ConfigError> {
+        farside_rmem::ClientKey::load(&self.key).map_err(|e| err("key", e))
     }
 
     pub(crate) fn balancer_config(&self) -> BalancerConfig {
@@ -104,7 +113,7 @@ impl ReconfConfig {
         if !self.enabled {
             return Ok(());
         }
-        self.rw_key()?;
+        self.check_key_spec()?;
         if sites.is_empty() {
             return Err(err("enabled", "needs [[sites]]"));
         }

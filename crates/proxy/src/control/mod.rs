@@ -310,7 +310,8 @@ impl Control {
                     watches,
                     words.clone(),
                     cfg.monitor
-                        .options(Duration::from_millis(cfg.admission.stale_after_ms)),
+                        .options(Duration::from_millis(cfg.admission.stale_after_ms))
+                        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?,
                 )?;
                 wait_first_reads(&*words, &indices, cfg);
                 (Some(words), Some(m))

@@ -188,3 +188,112 @@ pub fn sh(args: &[&str]) -> Result<(), String> {
         ))
     }
 }
+
+/// The tests' keys: a reader (id 1), a balancer (id 2), a read-write key (id 3, the
+/// widest rights: `farside_rmem::auth::local_rights`), and a key no program holds.
+pub struct TestKeys {
+    pub ro: farside_rmem::ClientKey,
+    pub bal: farside_rmem::ClientKey,
+    pub rw: farside_rmem::ClientKey,
+    pub stranger: farside_rmem::ClientKey,
+}
+
+pub fn keys() -> &'static TestKeys {
+    static K: std::sync::OnceLock<TestKeys> = std::sync::OnceLock::new();
+    K.get_or_init(|| {
+        let (a, b) = (
+            farside_rmem::LabKeyset::generate(),
+            farside_rmem::LabKeyset::generate(),
+        );
+        TestKeys {
+            ro: a.reader,
+            bal: a.balancer,
+            rw: farside_rmem::ClientKey::new(farside_auth::mac::KeyId(3), *b.reader.key()),
+            stranger: farside_rmem::ClientKey::new(farside_auth::mac::KeyId(9), *b.balancer.key()),
+        }
+    })
+}
+
+/// The keyring of a program (and of the reference server): ro, bal and rw.
+pub fn keyring() -> farside_auth::keys::Keyring {
+    use farside_rmem::Role;
+    let k = keys();
+    let mut r = farside_auth::keys::Keyring::new(farside_auth::keys::Policy::Production);
+    r.install("reader", k.ro.id, *k.ro.key(), Role::Reader.rights())
+        .unwrap();
+    r.install("balancer", k.bal.id, *k.bal.key(), Role::Balancer.rights())
+        .unwrap();
+    r.install(
+        "rw",
+        k.rw.id,
+        *k.rw.key(),
+        farside_rmem::auth::local_rights(),
+    )
+    .unwrap();
+    r
+}
+
+/// The envelope seqs of every sealed request: increasing over the whole test binary,
+/// so each request is new to its (key, sender) window.
+static ENV_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// The covered bytes of a request.
+pub fn covered(
+    op: u8,
+    flags: u16,
+    seq: u64,
+    region: u32,
+    offset: u32,
+    len: u32,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut b = Vec::new();
+    farside_rmem::wire::encode_request(
+        &mut b,
+        &farside_rmem::wire::ReqHeader {
+            op,
+            flags,
+            seq,
+            region,
+            offset,
+            len,
+        },
+        payload,
+    );
+    b
+}
+
+/// `covered` sealed under `key` by `sender`, with the next envelope seq.
+pub fn seal(key: &farside_rmem::ClientKey, sender: u64, covered: &[u8]) -> Vec<u8> {
+    let seq = ENV_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut b = Vec::new();
+    farside_rmem::auth::seal_request(&mut b, key, sender, seq, covered);
+    b
+}
+
+/// A sealed request of sender 0x5e, op seq `seq`; READs up to the XDP limit padded to
+/// their reply's size.
+pub fn sealed_req(
+    op: u8,
+    key: &farside_rmem::ClientKey,
+    seq: u64,
+    offset: u32,
+    len: u32,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut b = seal(key, 0x5e, &covered(op, 0, seq, 0, offset, len, payload));
+    if op == 1 && len as usize <= farside_xdp::XDP_READ_BYTES_MAX {
+        let n = farside_rmem::wire::ENVELOPE_BYTES
+            + farside_rmem::wire::REP_HEADER_BYTES
+            + len as usize;
+        b.resize(b.len().max(n), 0);
+    }
+    b
+}
+
+/// The covered bytes of a sealed reply (envelope checked: the key, sender 0x5e).
+pub fn opened(key: &farside_rmem::ClientKey, reply: &[u8]) -> Vec<u8> {
+    farside_rmem::auth::open_reply(reply, key, 0x5e, 1..=u64::MAX)
+        .expect("a reply sealed under the request's key")
+        .to_vec()
+}
