@@ -100,6 +100,8 @@ async fn a_lower_priority_class_is_shed_first_through_the_data_path() {
     cfg.admission.metric = Metric::Inflight;
     cfg.admission.limit = Some(3);
     cfg.classes = vec![parse_class("costly,prefix=/cgi/,priority=1").unwrap()];
+    // The counters are read from the data port below (off by default there).
+    cfg.data_port_metrics = true;
     cfg.validate().unwrap();
     let ctl = Control::new(&cfg).unwrap();
     let p = server::start(cfg, Arc::new(ctl)).await.unwrap();
