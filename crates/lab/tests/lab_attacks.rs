@@ -1,11 +1,10 @@
 //! `farside lab attacks --quick` as tests: one quick run of the attack lab (root:
 //! network namespaces, raw sockets, XDP), shared by one test per target, each
-//! asserting on its attacks' results. Where the defence exists on this code the
-//! attack must fail and cost the legitimate clients no connection; where the defence
-//! is being built in parallel (one-sided memory's authenticated envelope, the region
-//! path's symlink check, the proxy's metrics on its public port) the attack's effect
-//! must be DETECTED (succeeded = true): those assertions are marked `FLIP` and turn
-//! into `!succeeded` once the fixes are merged.
+//! asserting on its attacks' results: every attack must fail (its effect not seen)
+//! and cost the legitimate clients no connection and no request — one-sided memory's
+//! replays, forgeries, made-up keys, a reader key's writes and spoofed group READs
+//! (the authenticated envelope, the replay window, per-key rights), the region path's
+//! symlinks and the proxy's metrics on its public port included.
 //!
 //! The daemons run from the `farside` binary built beside this test
 //! (`cargo build -p farside` first); without it the tests are counted as skipped.
@@ -80,13 +79,6 @@ fn defended(points: &[AttackPoint], name: &str) {
     );
 }
 
-/// The attack was tried and its effect observed (a defence built in parallel).
-fn detected(points: &[AttackPoint], name: &str) {
-    let p = get(points, name);
-    assert!(p.tested, "{name} was not tried: {}", p.effect);
-    assert!(p.succeeded, "{name}: its effect was not seen: {}", p.effect);
-}
-
 #[test]
 fn specd_refuses_forged_and_replayed_offers_slow_senders_and_huge_lengths() {
     let Some(p) = results("specd_refuses_forged_and_replayed_offers_slow_senders_and_huge_lengths")
@@ -121,38 +113,38 @@ fn frontend_keeps_flows_against_spoofed_and_replayed_moves_and_floods() {
 }
 
 #[test]
-fn rmem_attacks_are_detected_by_their_effect() {
-    let Some(p) = results("rmem_attacks_are_detected_by_their_effect") else {
+fn rmem_refuses_replayed_forged_and_unkeyed_requests_and_reader_writes() {
+    let Some(p) = results("rmem_refuses_replayed_forged_and_unkeyed_requests_and_reader_writes")
+    else {
         return;
     };
-    // FLIP to `defended(p, ..)` once rmem's authenticated envelope (crate `auth`) lands:
-    // a sniffed request then carries no reusable key, and words the agent owns are not
-    // remotely writable.
     for a in [
-        "rmem-write-role",
-        "rmem-cas-wanted-loop",
+        "rmem-replay-cas",
+        "rmem-replay-fadd",
+        "rmem-forge-served",
         "rmem-fadd-counter",
         "rmem-huge-seq",
+        "rmem-write-role",
+        "rmem-cas-wanted-loop",
+        "rmem-reader-writes",
+        "rmem-group-read",
     ] {
-        detected(p, a);
+        defended(p, a);
     }
-    // FLIP to `defended` once group READs are authenticated or answered only to the
-    // monitor (today every back-end answers the spoofed source: amplification ~ 2).
-    detected(p, "rmem-group-read");
-    // Defended today: duplicate detection answers a replayed (client, seq) without
-    // applying it again.
-    defended(p, "rmem-replay-cas");
+    // Spoofed group READs: nothing is answered to the victim (no amplification).
+    let g = get(p, "rmem-group-read");
+    assert_eq!(g.bytes_answered, 0, "{}", g.effect);
 }
 
 #[test]
-fn local_file_and_metrics_attacks_are_detected_and_no_daemon_died() {
-    let Some(p) = results("local_file_and_metrics_attacks_are_detected_and_no_daemon_died") else {
+fn local_file_and_metrics_attacks_are_refused_and_no_daemon_died() {
+    let Some(p) = results("local_file_and_metrics_attacks_are_refused_and_no_daemon_died") else {
         return;
     };
-    // FLIP to `defended` once gatherd refuses a symlinked region path.
-    detected(p, "files-symlink-region");
-    // FLIP to `defended` once /farside/metrics leaves the proxy's public port.
-    detected(p, "files-proxy-metrics");
+    // gatherd refuses another user's symlink at its region path.
+    defended(p, "files-symlink-region");
+    // /farside/metrics is off the proxy's public port.
+    defended(p, "files-proxy-metrics");
     let alive = get(p, "daemons-alive");
     assert!(!alive.succeeded, "{}", alive.effect);
     let base = get(p, "baseline");

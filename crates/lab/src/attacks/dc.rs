@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::error::LabError;
-use crate::fabric::keys::LabKeys;
+use crate::fabric::keys::{LabKeys, RmemLabKeys};
 use crate::fabric::netns::{NodeSpec, VirtualDc};
 use crate::fabric::procs::Child;
 use crate::speculative::{specd_args, SpecdFiles, MIGRATION_KEY, MOVE_KEY};
@@ -133,10 +133,10 @@ pub struct Dc {
     pub logs: PathBuf,
     pub exe: PathBuf,
     pub keys: LabKeys,
-    /// gatherd's read-only and read-write keys (on every back-end's command line, as
-    /// deployed: `--read-key`, `--rw-key`).
-    pub read_key: u64,
-    pub rw_key: u64,
+    /// The run's rmem keys (random, files 0600 in a temp dir): gatherd holds both
+    /// (`--rmem-key reader:..`, `balancer:..`), the proxy's monitor the reader key, the
+    /// lab's balancer the balancer key.
+    pub rkeys: RmemLabKeys,
     /// The front-end's control socket (Unix, 0600).
     pub fe_control: PathBuf,
     /// b0's and b1's MAC on the segment.
@@ -164,12 +164,6 @@ fn ip_cmd(args: &[&str]) -> io::Result<String> {
         .into());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn random_u64() -> io::Result<u64> {
-    let mut b = [0u8; 8];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
-    Ok(u64::from_le_bytes(b))
 }
 
 impl Dc {
@@ -241,8 +235,7 @@ impl Dc {
             logs,
             exe: exe.to_path_buf(),
             keys: LabKeys::generate(&[MIGRATION_KEY, MOVE_KEY])?,
-            read_key: random_u64()?,
-            rw_key: random_u64()?,
+            rkeys: RmemLabKeys::generate()?,
             fe_control: tmp.join(format!("farside-{run}-fe/control.sock")),
             macs,
             adopt: BACKENDS
@@ -326,11 +319,9 @@ impl Dc {
             "generic",
             "--group-read",
             &GROUP.to_string(),
-            "--read-key",
-            &format!("{:016x}", self.read_key),
-            "--rw-key",
-            &format!("{:016x}", self.rw_key),
         ]);
+        let mut args = args;
+        args.extend(self.rkeys.gatherd_args());
         let mut c = self.spawn(node, &format!("gatherd-{node}"), &args)?;
         self.wait_port(&mut c, tcp)?;
         self.children.push(c);
@@ -382,6 +373,7 @@ impl Dc {
                 adopt: &self.adopt[i],
                 summary: &summary,
                 keys: &self.keys,
+                rmem: &self.rkeys,
             },
             false,
         );
@@ -402,8 +394,8 @@ impl Dc {
             let ip = self.dc.node_ip(b);
             args.push("--backend".into());
             args.push(format!(
-                "{ip}:80,region=udp:{ip}:{REGION_PORT}?key={:016x}",
-                self.read_key
+                "{ip}:80,region={}",
+                self.rkeys.reader_region(&format!("udp:{ip}:{REGION_PORT}"))
             ));
         }
         let mut c = self.spawn(PX, "proxy", &args)?;

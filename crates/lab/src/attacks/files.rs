@@ -1,12 +1,14 @@
 //! Attacks through local files and the proxy's data port.
 //!
-//! - A symlink planted where gatherd will create its region file (`--shm PATH`):
-//!   once at the region directory (the directory is a link to another one), once at
-//!   the file itself (a link to a file elsewhere). Success = a file created outside
-//!   the intended directory. The intended directory is a fresh one under the run's
-//!   temporary directory standing in for `/dev/shm/farside` (world-writable
-//!   `/dev/shm` is where a local user can plant the link); gatherd runs as it does on
-//!   a back-end, for a moment, with its user-space sampler.
+//! - A symlink planted where gatherd will create its region file (`--shm PATH` in
+//!   `/dev/shm`, world-writable and sticky: where a local user can plant a name), owned
+//!   by an unprivileged user (`nobody`, as a local user's link would be): once at the
+//!   region directory (the directory is a link to another one), once at the file
+//!   itself (a link to a file elsewhere), the file's directory being sticky and
+//!   world-writable too. Success = a file created outside the intended directory.
+//!   gatherd runs as it does on a back-end (as root), for a moment, with its
+//!   user-space sampler; its region files go through `farside_rt::rundir`, which
+//!   refuses another user's symlink.
 //! - `GET /farside/metrics` on the proxy's public port from the client-side attacker:
 //!   success = the back-ends' addresses are in the answer.
 
@@ -79,17 +81,32 @@ fn run_gatherd(
     ))
 }
 
+/// The uid and gid of `nobody`: the local user who plants the links.
+const NOBODY: u32 = 65_534;
+
+/// A symlink at `at` to `to`, owned by [`NOBODY`] (`lchown`: the link itself).
+fn plant(to: &Path, at: &Path) -> io::Result<()> {
+    std::os::unix::fs::symlink(to, at)?;
+    std::os::unix::fs::lchown(at, Some(NOBODY), Some(NOBODY))
+}
+
 /// Plant the two links, start gatherd on each: files that appeared outside.
 pub fn symlink_region(dc: &Dc) -> io::Result<Outcome> {
-    let base = std::env::temp_dir().join(format!("farside-{}-symlink", dc.dc.run_id()));
+    use std::os::unix::fs::PermissionsExt;
+    let shm = Path::new("/dev/shm");
+    let tag = format!("farside-{}-symlink", dc.dc.run_id());
+    let base = std::env::temp_dir().join(&tag);
     let _ = std::fs::remove_dir_all(&base);
     let outside = base.join("outside");
     let real = base.join("regions");
     std::fs::create_dir_all(&outside)?;
     std::fs::create_dir_all(&real)?;
-    // 1. The region directory is a link to `outside`.
-    let linked_dir = base.join("shm-farside");
-    std::os::unix::fs::symlink(&outside, &linked_dir)?;
+    // Like /dev/shm: root's, world-writable, sticky (a local user may plant a name).
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o1777))?;
+    // 1. The region directory, in /dev/shm, is nobody's link to `outside`.
+    let linked_dir = shm.join(&tag);
+    let _ = std::fs::remove_file(&linked_dir);
+    plant(&outside, &linked_dir)?;
     let (mut found, log1) = run_gatherd(
         dc,
         &linked_dir.join("node9.region"),
@@ -98,15 +115,16 @@ pub fn symlink_region(dc: &Dc) -> io::Result<Outcome> {
     )?;
     // 2. The region file is a link to a file in `outside`.
     let planted = real.join("node9.region");
-    std::os::unix::fs::symlink(outside.join("victim-file"), &planted)?;
+    plant(&outside.join("victim-file"), &planted)?;
     let (more, log2) = run_gatherd(dc, &planted, &outside, "symlink-file")?;
     found.extend(more);
+    let _ = std::fs::remove_file(&linked_dir);
     let _ = std::fs::remove_dir_all(&base);
     Ok(Outcome {
         succeeded: !found.is_empty(),
         effect: format!(
-            "files created outside the region directory: {found:?}; gatherd (dir link): {log1}; \
-             gatherd (file link): {log2}"
+            "files created outside the region directory through nobody's links: {found:?}; \
+             gatherd (dir link): {log1}; gatherd (file link): {log2}"
         ),
         packets: 0,
         bytes: 0,

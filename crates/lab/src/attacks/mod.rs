@@ -9,9 +9,12 @@
 //!   a captured authenticated one replayed), slow senders, a huge length prefix;
 //! - [`frontend`]: a spoofed one-sided MOVE, a captured MOVE replayed, the TCP control
 //!   port (if one listens), a spoofed non-SYN flood against the flow table;
-//! - [`rmem`]: one-sided memory with sniffed keys: WRITE of ROLE_SERVED, a CAS loop on
-//!   ROLE_WANTED, FETCH-ADD of the shared counter, a captured CAS replayed, a huge
-//!   sequence number, a group READ with a victim's source (amplification);
+//! - [`rmem`]: one-sided memory against its authenticated envelope: a captured CAS and
+//!   FETCH-ADD replayed, captured requests modified under their old tag (a CAS
+//!   retargeted at ROLE_SERVED, a larger FETCH-ADD delta, a huge sequence number),
+//!   requests sealed under a made-up key (a WRITE of ROLE_SERVED, a CAS loop on
+//!   ROLE_WANTED), a compromised monitor's reader key used to write, group READs with a
+//!   victim's source (amplification);
 //! - [`files`]: a symlink planted at gatherd's region path, the proxy's
 //!   `/farside/metrics` read from its public port.
 //!
@@ -25,9 +28,9 @@
 //! attacker's sending included: not attributable on one machine).
 //!
 //! Each attack is a test (`crates/lab/tests/lab_attacks.rs`): it would succeed against
-//! the old code and must fail against the current one. Attacks whose defence is being
-//! built in parallel carry `defence_pending` (the table marks them): they succeed
-//! today, and the test asserts that their effect is detected.
+//! the old code and must fail against the current one. An attack whose defence is
+//! still being built would carry `defence_pending` (the table marks it with `*`); none
+//! does on this code.
 
 use crate::experiment::{Experiment, LabPoint, NoExtra};
 use crate::fabric::flags::SweepFlags;
@@ -49,7 +52,7 @@ pub use outcome::Outcome;
 
 /// Every attack, in run order: `(name, target, defence under test, defence pending)`.
 /// A pending defence is being built in parallel: the attack succeeds today.
-pub const ATTACKS: [(&str, &str, &str, bool); 19] = [
+pub const ATTACKS: [(&str, &str, &str, bool); 22] = [
     // A window of legitimate load alone, for reference (and the CPU baseline).
     ("baseline", "-", "no attack", false),
     ("specd-offer-non-peer", "specd", "allowlist", false),
@@ -86,24 +89,32 @@ pub const ATTACKS: [(&str, &str, &str, bool); 19] = [
         "SYN-only flow entries",
         false,
     ),
-    ("rmem-write-role", "rmem", "none yet (cleartext key)", true),
+    ("rmem-replay-cas", "rmem", "replay window", false),
+    ("rmem-replay-fadd", "rmem", "replay window", false),
+    ("rmem-forge-served", "rmem", "auth envelope (tag)", false),
+    ("rmem-fadd-counter", "rmem", "auth envelope (tag)", false),
+    ("rmem-huge-seq", "rmem", "auth envelope (tag)", false),
+    ("rmem-write-role", "rmem", "auth envelope (tag)", false),
     (
         "rmem-cas-wanted-loop",
         "rmem",
-        "none yet (cleartext key)",
-        true,
+        "auth envelope (key id)",
+        false,
+    ),
+    ("rmem-reader-writes", "rmem", "per-key rights", false),
+    ("rmem-group-read", "rmem", "no reply unauthenticated", false),
+    (
+        "files-symlink-region",
+        "gatherd",
+        "rundir refuses foreign link",
+        false,
     ),
     (
-        "rmem-fadd-counter",
-        "rmem",
-        "none yet (cleartext key)",
-        true,
+        "files-proxy-metrics",
+        "proxy",
+        "metrics off the data port",
+        false,
     ),
-    ("rmem-replay-cas", "rmem", "duplicate detection", false),
-    ("rmem-huge-seq", "rmem", "none yet (cleartext key)", true),
-    ("rmem-group-read", "rmem", "READ padding", true),
-    ("files-symlink-region", "gatherd", "none yet", true),
-    ("files-proxy-metrics", "proxy", "none yet", true),
     // Whether every daemon survived the run.
     ("daemons-alive", "all", "-", false),
 ];
@@ -479,7 +490,7 @@ pub fn run(a: AttacksArgs) -> io::Result<Summary<AttackPoint>> {
     sweep.note(format!(
         "capture: burst of {:.0} conn/s served {} (failed {}); captured {} specd control \
          connection(s) ({} B in the longest), {} MOVE(s), {} region requests from px \
-         (read key {}, read-write key {}, {} CAS)",
+         ({} READ(s) under key id {}, {} CAS and {} FETCH-ADD(s) under key id {})",
         BURST_RATE,
         burst.served,
         burst.failures,
@@ -487,17 +498,15 @@ pub fn run(a: AttacksArgs) -> io::Result<Summary<AttackPoint>> {
         caps.specd.stream.len(),
         caps.moves.len(),
         caps.rmem.requests,
-        if caps.rmem.read_key.is_some() {
-            "seen"
-        } else {
-            "not seen"
-        },
-        if caps.rmem.rw_key.is_some() {
-            "seen"
-        } else {
-            "not seen"
-        },
-        caps.rmem.cas.len()
+        caps.rmem.reads.len(),
+        caps.rmem
+            .read_key_id()
+            .map_or("-".to_string(), |k| k.to_string()),
+        caps.rmem.cas.len(),
+        caps.rmem.fadd.len(),
+        caps.rmem
+            .rw_key_id()
+            .map_or("-".to_string(), |k| k.to_string()),
     ))?;
     let mut dead: Option<String> = None;
     sweep.run(
@@ -546,6 +555,9 @@ pub fn run(a: AttacksArgs) -> io::Result<Summary<AttackPoint>> {
                 "rmem-cas-wanted-loop" => rmem::cas_wanted_loop(d, &caps.rmem, lab),
                 "rmem-fadd-counter" => rmem::fadd_counter(d, &caps.rmem, lab),
                 "rmem-replay-cas" => rmem::replay_cas(d, &caps.rmem, lab),
+                "rmem-replay-fadd" => rmem::replay_fadd(d, &caps.rmem, lab),
+                "rmem-forge-served" => rmem::forge_served(d, &caps.rmem, lab),
+                "rmem-reader-writes" => rmem::reader_writes(d, lab),
                 "rmem-huge-seq" => rmem::huge_seq(d, &caps.rmem, lab),
                 "rmem-group-read" => rmem::group_read(d, &caps.rmem, sniff),
                 "files-symlink-region" => files::symlink_region(d),
@@ -585,8 +597,9 @@ mod tests {
             },
             &dc::Collateral::default(),
         );
-        assert!(p.defence_pending);
+        assert!(!p.defence_pending);
+        assert_eq!(p.system, "auth envelope (tag)");
         let t = table(&[p]);
-        assert!(t.contains("rmem-write-role") && t.contains("YES*"), "{t}");
+        assert!(t.contains("rmem-write-role") && t.contains("YES"), "{t}");
     }
 }
