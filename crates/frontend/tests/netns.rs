@@ -447,20 +447,17 @@ fn one_sided_move_is_answered_on_the_lan_without_a_process() {
     drop(lan);
 }
 
-/// `farside frontend`'s flags (`cli::run` in the front-end's namespace): the one-sided
-/// MOVE answers on --control's IP and port number by default, on the interface's
-/// address with --move-udp-port and no --control, and not at all with port 0.
-#[test]
-#[ignore = "needs root (netns, BPF): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
-fn farside_frontend_flags_place_the_one_sided_move() {
-    use farside_frontend::cli::{run, FrontendArgs};
-    use farside_frontend::fmove::{MoveKey, MoveStatus};
+/// A fresh directory `<tag>-<pid>` under the temp dir holding `move.key`: a random key
+/// as 32 hex digits, mode 0600 (what `--key-file` accepts). (dir, key file, key).
+fn key_file(
+    tag: &str,
+) -> (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    farside_auth::siphash::SipKey,
+) {
     use std::os::unix::fs::OpenOptionsExt;
-    need_root();
-    let lan = Lan::setup('t');
-    let r = lan.r.clone();
-    // A TCP --control needs --key-file (which then seals the MOVE too).
-    let dir = std::env::temp_dir().join(format!("fe-place-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("move.key");
     let key = farside_frontend::table::random_hash_key().unwrap();
@@ -472,6 +469,22 @@ fn farside_frontend_flags_place_the_one_sided_move() {
         .open(&path)
         .and_then(|mut f| writeln!(f, "{hex}"))
         .unwrap();
+    (dir, path, key)
+}
+
+/// `farside frontend`'s flags (`cli::run` in the front-end's namespace): the one-sided
+/// MOVE answers on --control's IP and port number by default, on the interface's
+/// address with --move-udp-port and no --control, and not at all with port 0.
+#[test]
+#[ignore = "needs root (netns, BPF): flock /tmp/farside-root.lock cargo test -p farside-frontend -- --include-ignored"]
+fn farside_frontend_flags_place_the_one_sided_move() {
+    use farside_frontend::cli::{run, FrontendArgs};
+    use farside_frontend::fmove::{MoveKey, MoveStatus};
+    need_root();
+    let lan = Lan::setup('t');
+    let r = lan.r.clone();
+    // A TCP --control needs --key-file (which then seals the MOVE too).
+    let (dir, path, key) = key_file("fe-place");
     let sealed = MoveKey {
         id: farside_auth::mac::KeyId(1),
         key,
@@ -553,22 +566,10 @@ fn farside_frontend_with_a_key_file_answers_only_sealed_moves() {
     use farside_auth::siphash::SipKey;
     use farside_frontend::cli::{run, FrontendArgs};
     use farside_frontend::fmove::{MoveKey, MoveStatus};
-    use std::os::unix::fs::OpenOptionsExt;
     need_root();
     let lan = Lan::setup('k');
     let r = lan.r.clone();
-    let dir = std::env::temp_dir().join(format!("fe-key-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("move.key");
-    let key = farside_frontend::table::random_hash_key().unwrap();
-    let hex: String = key.to_bytes().iter().map(|b| format!("{b:02x}")).collect();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&path)
-        .and_then(|mut f| writeln!(f, "{hex}"))
-        .unwrap();
+    let (dir, path, key) = key_file("fe-key");
     let at = SocketAddrV4::new(FE_IP, 7420);
     let args = FrontendArgs {
         iface: Some(FE_IF.into()),
