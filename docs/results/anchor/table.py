@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""The anchor table from several kept runs of `farside lab admission` (one run per seed).
+
+Usage: table.py DIR [DIR ...]   (e.g. docs/results/anchor/table-seed{1,2,3})
+
+For every scenario x load model x system it prints goodput/s and p99 ms as the mean over
+the runs with their range (min-max), then, for each farside mode, the cells where it
+meets the anchor's bar against each HAProxy configuration: goodput >= HAProxy's and
+p99 <= HAProxy's, judged on the means and counted per run (k/n runs).
+"""
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+FARSIDE = ["onesided-ac", "onesided-delay"]
+ANCHORS = ["haproxy", "haproxy-divided"]
+
+
+def load(dirs):
+    cells = defaultdict(dict)  # (scenario, load) -> system -> [point per run]
+    runs = []
+    for d in dirs:
+        meta = json.load(open(f"{d}/summary.json"))
+        runs.append((d, meta.get("commit"), meta.get("commit_dirty"), meta.get("seed")))
+        for line in open(f"{d}/points.jsonl"):
+            p = json.loads(line)["point"]
+            cells[(p["scenario"], p["load_model"])].setdefault(p["system"], []).append(p)
+    return cells, runs
+
+
+def stat(xs):
+    return statistics.mean(xs), min(xs), max(xs)
+
+
+def fmt(xs, digits=0):
+    m, lo, hi = stat(xs)
+    return f"{m:.{digits}f} ({lo:.{digits}f}-{hi:.{digits}f})"
+
+
+def main(dirs):
+    cells, runs = load(dirs)
+    for d, commit, dirty, seed in runs:
+        print(f"run {d}: commit {commit} dirty={dirty} seed={seed}")
+    systems = [s for s in FARSIDE + ANCHORS if any(s in c for c in cells.values())]
+    print()
+    print(f"{'scenario':16} {'load':6} {'system':16} {'n':>2} {'goodput/s mean (min-max)':>26} {'p99 ms mean (min-max)':>26}")
+    for (scen, lm), by_sys in sorted(cells.items()):
+        for s in systems:
+            pts = by_sys.get(s)
+            if not pts:
+                continue
+            g = [p["goodput"] for p in pts]
+            q = [p["p99_ms"] for p in pts]
+            print(f"{scen:16} {lm:6} {s:16} {len(pts):>2} {fmt(g, 1):>26} {fmt(q):>26}")
+    print()
+    for mode in FARSIDE:
+        for anchor in ANCHORS:
+            met = total = 0
+            rows = []
+            for (scen, lm), by_sys in sorted(cells.items()):
+                f, a = by_sys.get(mode), by_sys.get(anchor)
+                if not f or not a:
+                    continue
+                total += 1
+                fg, ag = stat([p["goodput"] for p in f])[0], stat([p["goodput"] for p in a])[0]
+                fq, aq = stat([p["p99_ms"] for p in f])[0], stat([p["p99_ms"] for p in a])[0]
+                ok = fg >= ag and fq <= aq
+                per_run = sum(
+                    1 for x, y in zip(f, a) if x["goodput"] >= y["goodput"] and x["p99_ms"] <= y["p99_ms"]
+                )
+                met += ok
+                rows.append(
+                    f"  {scen:16} {lm:6} goodput {fg:7.1f} vs {ag:7.1f} ({fg / ag if ag else float('inf'):.2f}x)"
+                    f"  p99 {fq:6.0f} vs {aq:6.0f} ms  {'MEETS' if ok else 'misses'}  (runs {per_run}/{min(len(f), len(a))})"
+                )
+            print(f"{mode} vs {anchor}: {met}/{total} cells meet goodput >= and p99 <= (means)")
+            print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    sys.exit(main(sys.argv[1:]))
