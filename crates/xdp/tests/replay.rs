@@ -132,13 +132,13 @@ fn a_request_recorded_before_a_restart_is_refused_after_it() {
     let state = dir.join("replay.state");
     let key = &keys().bal;
     let mut seq = Sequencer::new();
-    let mut start = |now: u64| {
+    let start = |now: u64| {
         let (f, limits) = FloorFile::open(&state, now).unwrap();
-        let mut p = TestProgram::load(PORT, &keyring()).expect("load");
+        let p = TestProgram::load(PORT, &keyring()).expect("load");
         p.set_replay_limits(limits).unwrap();
         (f, p)
     };
-    let (mut file, mut before) = start(T);
+    let (mut file, before) = start(T);
     let mut captured = Vec::new();
     for now in T..T + 3 {
         if let Some(c) = file.extend(now).unwrap() {
@@ -171,7 +171,7 @@ fn the_ceiling_refuses_requests_too_far_ahead() {
     if !need_root("the_ceiling_refuses_requests_too_far_ahead") {
         return;
     }
-    let mut p = TestProgram::load(PORT, &keyring()).expect("load");
+    let p = TestProgram::load(PORT, &keyring()).expect("load");
     p.set_replay_limits(Limits::after(None, T)).unwrap();
     let ahead = read(&keys().ro, 0x99, floor::ceiling_at(T) + 1);
     assert_eq!(p.run(&ahead).0, action::DROP);
@@ -201,7 +201,7 @@ fn keys_replaced_in_place_revoke_and_add_at_once() {
     if !need_root("keys_replaced_in_place_revoke_and_add_at_once") {
         return;
     }
-    let mut p = TestProgram::load(PORT, &keyring()).expect("load");
+    let p = TestProgram::load(PORT, &keyring()).expect("load");
     let k = keys();
     let mut seq = floor::clock_seq(T);
     let mut run = |p: &TestProgram, key: &ClientKey| {
