@@ -312,7 +312,7 @@ mod tests {
         assert_eq!(file.ceiling(), ceiling_at(T + 2));
         drop((file, table));
         // Restarted in the same second as the last request: every capture refused.
-        let (_file, mut table) = start(&p, T + 2);
+        let (mut file, mut table) = start(&p, T + 2);
         for m in &captured {
             let r = receive(Domain::RmemRequest, m, &keys, &mut table).unwrap_err();
             assert!(matches!(r, Refused::Replay(Replay::TooOld { .. })), "{r}");
@@ -322,7 +322,10 @@ mod tests {
         assert!(receive(Domain::RmemRequest, &late, &keys, &mut table).is_err());
         // The sender is refused until its clock passes the floor (the lease), then
         // accepted again.
-        let fresh = seal(seq.next(T + 2 + CEILING_LEASE_S + 1).unwrap());
+        let later = T + 2 + CEILING_LEASE_S + 1;
+        assert!(receive(Domain::RmemRequest, &seal(clock_seq(later)), &keys, &mut table).is_err());
+        table.raise_ceiling(file.extend(later).unwrap().unwrap());
+        let fresh = seal(seq.next(later).unwrap());
         assert!(receive(Domain::RmemRequest, &fresh, &keys, &mut table).is_ok());
         std::fs::remove_dir_all(p.parent().unwrap().parent().unwrap()).unwrap();
     }

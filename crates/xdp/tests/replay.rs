@@ -152,11 +152,15 @@ fn a_request_recorded_before_a_restart_is_refused_after_it() {
         captured.push(f);
     }
     drop((file, before));
-    let (_file, after) = start(T + 2);
+    let (mut file, after) = start(T + 2);
     for (i, f) in captured.iter().enumerate() {
         assert_eq!(after.run(f).0, action::DROP, "capture {i} replayed after the restart");
     }
-    let fresh = read(key, 0x77, seq.next(T + 3 + floor::CEILING_LEASE_S).unwrap());
+    // The clock moves on; the keeper's tick persists and raises the ceiling.
+    let later = T + 3 + floor::CEILING_LEASE_S;
+    let c = file.extend(later).unwrap().expect("a higher ceiling");
+    after.set_replay_limits(Limits { floor: 0, ceiling: c }).unwrap();
+    let fresh = read(key, 0x77, seq.next(later).unwrap());
     assert_eq!(after.run(&fresh).0, action::TX, "the sender's new request");
     // Without the floor (the old behaviour), the same capture would have been answered.
     let unprotected = TestProgram::load(PORT, &keyring()).expect("load");
