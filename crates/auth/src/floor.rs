@@ -231,7 +231,8 @@ mod tests {
     const T: u64 = 1_800_000_000;
 
     fn tmp(tag: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("farside-auth-floor-{tag}-{}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("farside-auth-floor-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d.join("state/replay.state")
     }
@@ -323,7 +324,13 @@ mod tests {
         // The sender is refused until its clock passes the floor (the lease), then
         // accepted again.
         let later = T + 2 + CEILING_LEASE_S + 1;
-        assert!(receive(Domain::RmemRequest, &seal(clock_seq(later)), &keys, &mut table).is_err());
+        assert!(receive(
+            Domain::RmemRequest,
+            &seal(clock_seq(later)),
+            &keys,
+            &mut table
+        )
+        .is_err());
         table.raise_ceiling(file.extend(later).unwrap().unwrap());
         let fresh = seal(seq.next(later).unwrap());
         assert!(receive(Domain::RmemRequest, &fresh, &keys, &mut table).is_ok());

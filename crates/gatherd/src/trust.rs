@@ -54,7 +54,8 @@ fn install_sighup() {
 
 /// The key specs of `--rmem-key-dir`: its files `ROLE-ID.key`, in id order.
 pub fn dir_specs(dir: &Path) -> Result<Vec<KeySpec>, String> {
-    let rd = std::fs::read_dir(dir).map_err(|e| format!("--rmem-key-dir {}: {e}", dir.display()))?;
+    let rd =
+        std::fs::read_dir(dir).map_err(|e| format!("--rmem-key-dir {}: {e}", dir.display()))?;
     let mut specs = Vec::new();
     for (n, e) in rd.enumerate() {
         if n >= KEY_DIR_ENTRIES_MAX {
@@ -164,7 +165,12 @@ impl Targets {
         if let Some(x) = self.xdp.as_ref().filter(|x| x.serves_udp()) {
             x.set_keys(&ring).map_err(|e| e.to_string())?;
         }
-        Ok(self.keys.replace_keyring(ring).iter().map(|k| k.0).collect())
+        Ok(self
+            .keys
+            .replace_keyring(ring)
+            .iter()
+            .map(|k| k.0)
+            .collect())
     }
 }
 
@@ -236,7 +242,10 @@ fn keep(
     while !stop.load(Ordering::Relaxed) {
         if let Some(f) = file.as_mut() {
             match f.extend(Sequencer::unix_s()) {
-                Ok(Some(c)) => match targets.limits(Limits { floor: 0, ceiling: c }) {
+                Ok(Some(c)) => match targets.limits(Limits {
+                    floor: 0,
+                    ceiling: c,
+                }) {
                     Ok(()) => stats.ceiling.store(c, Ordering::Relaxed),
                     Err(e) => log::error!("gatherd: raising the replay ceiling: {e}"),
                 },
@@ -284,3 +293,6 @@ fn sleep_unless(stop: &AtomicBool, d: Duration) {
         left -= s;
     }
 }
+
+#[cfg(test)]
+mod tests;

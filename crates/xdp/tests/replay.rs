@@ -62,14 +62,21 @@ fn past_capacity_new_senders_are_accepted_and_no_replay_is() {
         .values()
         .map(|&n| n.saturating_sub(REPLAY_WAYS))
         .sum();
-    assert!(evicted > 500, "only {evicted} evictions: the test proves little");
+    assert!(
+        evicted > 500,
+        "only {evicted} evictions: the test proves little"
+    );
     for (i, (_, _, f)) in sent.iter().enumerate() {
         assert_eq!(prog.run(f).0, action::DROP, "replay of sender {i} accepted");
     }
     // The first senders (evicted where their bucket overflowed) send on: accepted.
     for (i, (sender, seq, _)) in sent.iter().take(64).enumerate() {
         let f = read(key, *sender, seq + senders as u64 + 1);
-        assert_eq!(prog.run(&f).0, action::TX, "sender {i}'s new request refused");
+        assert_eq!(
+            prog.run(&f).0,
+            action::TX,
+            "sender {i}'s new request refused"
+        );
     }
 }
 
@@ -113,7 +120,10 @@ fn within_one_bucket_churn_never_accepts_a_request_twice() {
             assert_eq!(v, action::TX, "step {step}: a fresh request refused");
         }
         if v == action::TX {
-            assert!(answered.insert((sender, s)), "step {step}: {sender} {s} twice");
+            assert!(
+                answered.insert((sender, s)),
+                "step {step}: {sender} {s} twice"
+            );
         }
     }
 }
@@ -143,7 +153,10 @@ fn a_request_recorded_before_a_restart_is_refused_after_it() {
     for now in T..T + 3 {
         if let Some(c) = file.extend(now).unwrap() {
             before
-                .set_replay_limits(Limits { floor: 0, ceiling: c })
+                .set_replay_limits(Limits {
+                    floor: 0,
+                    ceiling: c,
+                })
                 .unwrap();
         }
         let f = read(key, 0x77, seq.next(now).unwrap());
@@ -154,12 +167,21 @@ fn a_request_recorded_before_a_restart_is_refused_after_it() {
     drop((file, before));
     let (mut file, after) = start(T + 2);
     for (i, f) in captured.iter().enumerate() {
-        assert_eq!(after.run(f).0, action::DROP, "capture {i} replayed after the restart");
+        assert_eq!(
+            after.run(f).0,
+            action::DROP,
+            "capture {i} replayed after the restart"
+        );
     }
     // The clock moves on; the keeper's tick persists and raises the ceiling.
     let later = T + 3 + floor::CEILING_LEASE_S;
     let c = file.extend(later).unwrap().expect("a higher ceiling");
-    after.set_replay_limits(Limits { floor: 0, ceiling: c }).unwrap();
+    after
+        .set_replay_limits(Limits {
+            floor: 0,
+            ceiling: c,
+        })
+        .unwrap();
     let fresh = read(key, 0x77, seq.next(later).unwrap());
     assert_eq!(after.run(&fresh).0, action::TX, "the sender's new request");
     // Without the floor (the old behaviour), the same capture would have been answered.
