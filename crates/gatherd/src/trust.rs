@@ -33,11 +33,12 @@ use crate::GatherdArgs;
 /// with too many keys is refused by the keyring's own bound, not cut silently.
 const KEY_DIR_ENTRIES_MAX: usize = 4 * farside_auth::keys::KEYS_MAX;
 
-/// Set by the SIGHUP handler; taken by the keeper thread.
-static RELOAD: AtomicBool = AtomicBool::new(false);
+/// SIGHUPs received: every keeper of the process (one per gatherd) reloads when it
+/// changes.
+static SIGHUPS: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn on_sighup(_: libc::c_int) {
-    RELOAD.store(true, Ordering::Relaxed);
+    SIGHUPS.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Install the SIGHUP handler (a flag the keeper polls: async-signal-safe).
@@ -209,9 +210,11 @@ impl Keeper {
         let stop = Arc::new(AtomicBool::new(false));
         let stats = Arc::new(TrustStats::default());
         let (s, st, a) = (stop.clone(), stats.clone(), args.clone());
+        // SIGHUPs from now on reload (counted before the thread runs: none is missed).
+        let hups = SIGHUPS.load(Ordering::Relaxed);
         let thread = std::thread::Builder::new()
             .name("gatherd-trust".into())
-            .spawn(move || keep(&a, file, &targets, &st, &s))?;
+            .spawn(move || keep(&a, file, &targets, &st, &s, hups))?;
         Ok(Keeper {
             stop,
             thread: Some(thread),
@@ -235,6 +238,7 @@ fn keep(
     targets: &Targets,
     stats: &TrustStats,
     stop: &AtomicBool,
+    mut hups: u64,
 ) {
     if let Some(f) = &file {
         stats.ceiling.store(f.ceiling(), Ordering::Relaxed);
@@ -259,7 +263,9 @@ fn keep(
                 }
             }
         }
-        if RELOAD.swap(false, Ordering::Relaxed) {
+        let now = SIGHUPS.load(Ordering::Relaxed);
+        if now != hups {
+            hups = now;
             reload(args, targets, stats);
         }
         sleep_unless(stop, CEILING_TICK);
