@@ -31,8 +31,10 @@
  *      SipHash-2-4 tag right under that key (bounded: RMEM_SIPHASH_BYTES_MAX)
  *                                                    -> BadKey: dropped (no reply)
  *      group datagrams: READs only                   -> Malformed: dropped
- *   2. (key id, sender, seq) new to its replay window (rmem_replay, under a spin
- *      lock; farside_auth::replay's RFC 6479 window)  -> Replayed: dropped
+ *   2. (key id, sender, seq) new to its replay window (rmem_replay, under its
+ *      bucket's spin lock; farside_auth::replay's RFC 6479 window), above the
+ *      restart floor and not above the ceiling (rmem_seqlim, farside_auth::floor)
+ *                                                    -> Replayed: dropped
  *   3. header well formed (magic, version)           -> Malformed: dropped
  *   4. op known                                      -> BadOp
  *      (whole payload present, else Malformed: dropped)
@@ -153,32 +155,81 @@ __attribute__((noinline)) int rmem_envelope_tag(struct xdp_md *ctx, __u64 k0, __
 	return r;
 }
 
+/* The replay bucket of (key id, sender): a multiplicative hash, masked. */
+static __always_inline __u32 replay_bucket(__u32 key_id, __u64 sender)
+{
+	__u64 h = (sender ^ (((__u64)key_id << 32) | key_id)) * 0x9e3779b97f4a7c15ULL;
+
+	return (__u32)(h >> 32) & (RMEM_REPLAY_BUCKETS - 1);
+}
+
+/* One of the sequence limits (RMEM_SEQLIM_*); 0 if unset. */
+static __always_inline __u64 seqlim(__u32 i)
+{
+	__u64 *v = bpf_map_lookup_elem(&rmem_seqlim, &i);
+
+	return v ? *v : 0;
+}
+
 /*
  * Accept seq into the replay window of (key id, sender), as farside_auth::replay's
- * Window::accept: 0 if new (recorded), -1 if a copy, too old, or there is no room for
- * a new sender's window. Called only once the tag verified. Global, as above.
+ * Window::accept: 0 if new (recorded), -1 if a copy, too old, at or below the floor a
+ * new window starts above, or above the ceiling. Called only once the tag verified.
+ * Global, as above.
+ *
+ * A sender without a window gets one in its bucket: a free way, else the way with the
+ * lowest top, whose top then raises the bucket's floor. The new window starts above
+ * max(bucket floor, restart floor) (Window::starting_above), so neither an eviction
+ * nor a restart lets a recorded request in again; a new sender is never refused for
+ * want of room.
  */
 __attribute__((noinline)) int rmem_replay_accept(__u32 key_id, __u64 sender, __u64 seq)
 {
-	struct rmem_replay_key k = { .key_id = key_id, .reserved = 0, .sender = sender };
-	struct rmem_window *w;
-	__u64 top, cur, next, entered, i, bit;
+	__u32 idx = replay_bucket(key_id, sender), found = RMEM_REPLAY_WAYS, victim = 0, j;
+	__u64 floor = seqlim(RMEM_SEQLIM_FLOOR), ceiling = seqlim(RMEM_SEQLIM_CEILING);
+	__u64 top, cur, next, entered, i, bit, start, vtop = ~0ULL;
+	struct rmem_bucket *b;
+	struct rmem_way *w;
 	int ok = -1;
 
-	if (seq == 0)
+	if (seq == 0 || (ceiling && seq > ceiling))
 		return -1;
-	w = bpf_map_lookup_elem(&rmem_replay, &k);
-	if (!w) {
-		struct rmem_window fresh = {};
+	b = bpf_map_lookup_elem(&rmem_replay, &idx);
+	if (!b)
+		return -1;
+	bpf_spin_lock(&b->lock);
+	for (j = 0; j < RMEM_REPLAY_WAYS; j++) {
+		struct rmem_way *x = &b->way[j];
+		__u64 t = x->live ? x->top : 0;
 
-		/* Fails when full (refused) or when another CPU just created it (fine). */
-		bpf_map_update_elem(&rmem_replay, &k, &fresh, BPF_NOEXIST);
-		w = bpf_map_lookup_elem(&rmem_replay, &k);
-		if (!w)
-			return -1;
+		if (x->live && x->key_id == key_id && x->sender == sender)
+			found = j;
+		if (t < vtop) {
+			vtop = t;
+			victim = j;
+		}
+	}
+	if (found >= RMEM_REPLAY_WAYS) {
+		start = b->floor > floor ? b->floor : floor;
+		if (seq <= start)
+			goto out;
+		w = &b->way[victim & (RMEM_REPLAY_WAYS - 1)];
+		if (w->live && w->top > b->floor)
+			b->floor = w->top;
+		w->live = 1;
+		w->key_id = key_id;
+		w->sender = sender;
+		/* Window::starting_above(start): every seq up to start counts as seen. */
+		w->top = start;
+		for (i = 0; i < RMEM_WINDOW_BLOCKS; i++)
+			w->bits[i] = ~0ULL;
+		bit = start % 64;
+		w->bits[(start / 64) % RMEM_WINDOW_BLOCKS] =
+			bit == 63 ? ~0ULL : (1ULL << (bit + 1)) - 1;
+	} else {
+		w = &b->way[found & (RMEM_REPLAY_WAYS - 1)];
 	}
 	bit = 1ULL << (seq % 64);
-	bpf_spin_lock(&w->lock);
 	top = w->top;
 	if (seq > top) {
 		/* Zero the words top enters (all of them after a jump of a whole window). */
@@ -200,7 +251,8 @@ __attribute__((noinline)) int rmem_replay_accept(__u32 key_id, __u64 sender, __u
 		w->bits[(seq / 64) % RMEM_WINDOW_BLOCKS] |= bit;
 		ok = 0;
 	}
-	bpf_spin_unlock(&w->lock);
+out:
+	bpf_spin_unlock(&b->lock);
 	return ok;
 }
 

@@ -43,12 +43,18 @@
 #define RMEM_AGENT_OWNED_END_WORD 34
 #define RMEM_AGENT_OWNED_ERROR_WORD 35
 /*
- * Senders whose replay window the program keeps (farside_auth::replay::SENDERS_MAX):
- * max_entries of the replay map. It never evicts (an evicted window could let a
- * recorded request in again): an authentic request of a new sender that finds it
- * full is refused as REPLAYED (a denial, never an accepted replay).
+ * The replay map (farside_xdp::REPLAY_BUCKETS, REPLAY_WAYS): buckets (a power of two,
+ * the hash is masked) of windows each, 4096 senders in all, as
+ * farside_auth::replay::SENDERS_MAX. Four ways keep the chance that a bucket overflows
+ * small while the senders are a few hundred; an overflow evicts safely (the bucket's
+ * floor), it never refuses a new sender for want of room.
  */
-#define RMEM_REPLAY_SENDERS_MAX 4096
+#define RMEM_REPLAY_BUCKETS 1024
+#define RMEM_REPLAY_WAYS 4
+/* Entries of the sequence limits map: the restart floor and the ceiling. */
+#define RMEM_SEQLIM_FLOOR 0
+#define RMEM_SEQLIM_CEILING 1
+#define RMEM_SEQLIM_ENTRIES 2
 /* Words of a replay window's bitmap (farside_auth::replay::WINDOW_BLOCKS). */
 #define RMEM_WINDOW_BLOCKS 16
 /* How far below the top a seq is still judged by its bit (replay::WINDOW_MSGS). */

@@ -23,13 +23,29 @@ struct {
 	__type(value, struct rmem_key);
 } rmem_keys SEC(".maps");
 
-/* Replay windows per (key id, sender); never evicted (see RMEM_REPLAY_SENDERS_MAX). */
+/*
+ * Replay windows per (key id, sender): RMEM_REPLAY_BUCKETS buckets of RMEM_REPLAY_WAYS
+ * windows each; a new sender in a full bucket evicts the way with the lowest top and
+ * raises the bucket's floor to it (see struct rmem_bucket).
+ */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, RMEM_REPLAY_SENDERS_MAX);
-	__type(key, struct rmem_replay_key);
-	__type(value, struct rmem_window);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RMEM_REPLAY_BUCKETS);
+	__type(key, __u32);
+	__type(value, struct rmem_bucket);
 } rmem_replay SEC(".maps");
+
+/*
+ * Sequence limits of every window, set by gatherd (farside_auth::floor):
+ * RMEM_SEQLIM_FLOOR: the restart floor (a new window starts above it);
+ * RMEM_SEQLIM_CEILING: the highest seq accepted at all (0: no ceiling).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RMEM_SEQLIM_ENTRIES);
+	__type(key, __u32);
+	__type(value, __u64);
+} rmem_seqlim SEC(".maps");
 
 /* Duplicate detection: client (the envelope's sender) -> its last mutation; least
  * recently used evicted. */

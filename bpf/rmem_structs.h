@@ -96,19 +96,29 @@ struct rmem_key {
 
 _Static_assert(sizeof(struct rmem_key) == 24 + 16 * RMEM_GRANTS_MAX, "key size (crates/xdp)");
 
-/* Key of the replay map: one window per (key id, sender). */
-struct rmem_replay_key {
+/*
+ * One way of a replay bucket: the window (farside_auth::replay::Window) of one
+ * (key id, sender). live = 0: the way is free.
+ */
+struct rmem_way {
 	__u32 key_id;
-	__u32 reserved;
+	__u32 live;
 	__u64 sender;
+	__u64 top;       /* highest seq accepted (or the floor the window started above) */
+	__u64 bits[RMEM_WINDOW_BLOCKS]; /* seq s is bit s % 64 of bits[(s / 64) % BLOCKS] */
 };
 
-/* A replay window (farside_auth::replay::Window), under its lock. */
-struct rmem_window {
+/*
+ * A bucket of the replay map (set-associative: (key id, sender) hashes to one bucket
+ * of RMEM_REPLAY_WAYS windows), under its lock. floor: the highest top evicted from
+ * this bucket; a window created here starts above it (and above the restart floor),
+ * so an evicted sender's recorded requests stay refused. It only rises.
+ */
+struct rmem_bucket {
 	struct bpf_spin_lock lock;
 	__u32 reserved;
-	__u64 top;       /* highest seq accepted; 0: none yet */
-	__u64 bits[RMEM_WINDOW_BLOCKS]; /* seq s is bit s % 64 of bits[(s / 64) % BLOCKS] */
+	__u64 floor;
+	struct rmem_way way[RMEM_REPLAY_WAYS];
 };
 
 #endif /* RMEM_STRUCTS_H */

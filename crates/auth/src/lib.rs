@@ -22,15 +22,19 @@
 //! - [`mac`]: the 32-byte envelope, domain labels, sealing and constant-time opening.
 //! - [`replay`]: per-(key id, sender) windows (RFC 6479), bounded with a safe eviction
 //!   rule; the sender's restart-safe sequence numbers.
+//! - [`floor`]: the receiver's restart-safe side: a persisted ceiling, and the floor a
+//!   restarted receiver starts with, so nothing accepted before a restart is accepted
+//!   after it.
 //! - [`keys`]: key files and systemd credentials, refusal of exposed, weak and example
 //!   keys, the keyring (current and previous key per name, revocation).
 //! - [`rights`]: per-region, per-operation grants on named word ranges; agent-owned
 //!   words are never remotely writable.
 //! - [`receive`]: the receiving steps in their one safe order.
 //!
-//! Everything here is pure or reads only the key files it is given; no component uses
-//! it yet.
+//! Everything here is pure, or reads only the key files it is given and writes only
+//! the replay state file it is given ([`floor`]).
 
+pub mod floor;
 pub mod keys;
 pub mod mac;
 pub mod receive;

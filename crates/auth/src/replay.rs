@@ -39,6 +39,10 @@
 //!   replay). Counting by one keeps the window's reordering tolerance (960 messages)
 //!   for messages sent within one second; a message overtaken by one sent after a
 //!   second boundary is refused as too old, once per boundary at most.
+//! - **Restarts of the receiver.** Windows live in memory; a restarted receiver starts
+//!   with a floor above everything it accepted before ([`ReplayTable::raise_floor`])
+//!   and accepts nothing above a ceiling it persisted first
+//!   ([`ReplayTable::raise_ceiling`]); [`crate::floor`] keeps both.
 //! - **No wrap.** A sequence never wraps: [`Sequencer::next`] returns `None` at
 //!   `u64::MAX` (rotate the key), and a receiver refuses anything `WINDOW_MSGS` below
 //!   its `top`, so a wrapped counter is refused, never taken for a fresh one.
@@ -76,8 +80,12 @@ pub enum Replay {
     Zero,
     /// Accepted before.
     Duplicate,
-    /// Below the window: too old to tell, or below an eviction floor.
+    /// Below the window: too old to tell, or below an eviction or restart floor.
     TooOld { seq: u64, top: u64 },
+    /// Above the receiver's ceiling: further ahead of its clock than the bound it
+    /// persisted before accepting (see [`crate::floor`]); refused so that a restart's
+    /// floor stays above everything accepted.
+    AboveCeiling { seq: u64, ceiling: u64 },
 }
 
 impl fmt::Display for Replay {
@@ -90,6 +98,9 @@ impl fmt::Display for Replay {
                 "sequence {seq} is {} below the newest {top}, over the window of {WINDOW_MSGS}",
                 top - seq
             ),
+            Replay::AboveCeiling { seq, ceiling } => {
+                write!(f, "sequence {seq} is above the ceiling {ceiling}")
+            }
         }
     }
 }
@@ -193,8 +204,10 @@ pub struct ReplayTable {
     entries: HashMap<(KeyId, u64), Entry>,
     /// Highest `top` evicted per key id (at most [`FLOOR_KEYS_MAX`]).
     floors: HashMap<KeyId, u64>,
-    /// Floor of every key whose own floor did not fit.
+    /// Floor of every key whose own floor did not fit, and the restart floor.
     floor_all: u64,
+    /// Highest sequence accepted at all (`u64::MAX`: no ceiling).
+    ceiling: u64,
     clock: u64,
     evictions: u64,
 }
@@ -213,9 +226,35 @@ impl ReplayTable {
             entries: HashMap::new(),
             floors: HashMap::new(),
             floor_all: 0,
+            ceiling: u64::MAX,
             clock: 0,
             evictions: 0,
         }
+    }
+
+    /// Refuse, for every key and sender, every sequence at or below `floor` (a
+    /// restart's floor, [`crate::floor`]): a sender without a window starts above it,
+    /// and a window at or below it is dropped (its sender starts above the floor
+    /// too). Floors only rise.
+    pub fn raise_floor(&mut self, floor: u64) {
+        if floor <= self.floor_all {
+            return;
+        }
+        self.floor_all = floor;
+        self.entries.retain(|_, e| e.window.top > floor);
+    }
+
+    /// Refuse every sequence above `ceiling` (the bound persisted before anything up
+    /// to it may be accepted, [`crate::floor`]). Ceilings only rise.
+    pub fn raise_ceiling(&mut self, ceiling: u64) {
+        if self.ceiling == u64::MAX || ceiling > self.ceiling {
+            self.ceiling = ceiling;
+        }
+    }
+
+    /// The ceiling (`u64::MAX`: none).
+    pub fn ceiling(&self) -> u64 {
+        self.ceiling
     }
 
     pub fn senders_max(&self) -> usize {
@@ -246,6 +285,7 @@ impl ReplayTable {
 
     /// Would `seq` from `sender` under `key_id` be accepted? Changes nothing.
     pub fn check(&self, key_id: KeyId, sender: u64, seq: u64) -> Result<(), Replay> {
+        self.under_ceiling(seq)?;
         match self.entries.get(&(key_id, sender)) {
             Some(e) => e.window.check(seq),
             None => Window::starting_above(self.floor(key_id)).check(seq),
@@ -254,6 +294,7 @@ impl ReplayTable {
 
     /// Accept `seq` from `sender` under `key_id`, once its envelope's tag verified.
     pub fn accept(&mut self, key_id: KeyId, sender: u64, seq: u64) -> Result<(), Replay> {
+        self.under_ceiling(seq)?;
         self.clock += 1;
         let now = self.clock;
         if let Some(e) = self.entries.get_mut(&(key_id, sender)) {
@@ -269,6 +310,16 @@ impl ReplayTable {
         }
         self.entries
             .insert((key_id, sender), Entry { window, used: now });
+        Ok(())
+    }
+
+    fn under_ceiling(&self, seq: u64) -> Result<(), Replay> {
+        if seq > self.ceiling {
+            return Err(Replay::AboveCeiling {
+                seq,
+                ceiling: self.ceiling,
+            });
+        }
         Ok(())
     }
 

@@ -70,11 +70,26 @@ pub struct GatherdArgs {
     /// PATH (`ROLE:ID`), the systemd credential `rmem-ID` in $CREDENTIALS_DIRECTORY,
     /// which is also looked at first when a path is given. Example and weak keys are
     /// refused. Rotation: give the new key of a role after the old one (both verify),
-    /// move the clients to it, then drop the old flag and restart. Needed with
-    /// --tcp-listen or --udp-listen. Readers name their key as `ID:PATH`
+    /// move the clients to it, then remove the old key's file and send SIGHUP (every
+    /// key file is read again; a missing one revokes its key, in the XDP program too).
+    /// Needed with --tcp-listen or --udp-listen (or --rmem-key-dir). Readers name their key as `ID:PATH`
     /// (`[monitor] key`, a region's `?key=ID:PATH`).
     #[arg(long = "rmem-key", value_name = "ROLE:ID:PATH")]
     pub rmem_keys: Vec<KeySpec>,
+    /// A directory of key files named `ROLE-ID.key` (`reader-1.key`, `balancer-7.key`;
+    /// each as a --rmem-key file), read at start and again on SIGHUP: adding a file and
+    /// sending SIGHUP adds a key, removing one revokes it, without a restart. Other
+    /// names are ignored.
+    #[arg(long = "rmem-key-dir", value_name = "DIR")]
+    pub rmem_key_dir: Option<PathBuf>,
+    /// The replay state file: a ceiling persisted (atomically, 0600) ahead of every
+    /// request sequence accepted, so a restarted gatherd refuses every request sealed
+    /// before it (a recorded request cannot be replayed across a restart). Requests
+    /// from senders whose clock runs over a second ahead are refused, and senders wait
+    /// up to 2 s after a quick restart. Without it, a restart refuses only requests
+    /// sealed in earlier seconds. Default: none.
+    #[arg(long = "replay-state", value_name = "PATH")]
+    pub replay_state: Option<PathBuf>,
     /// Take CPU figures from this cgroup v2 directory instead of the whole host.
     #[arg(long)]
     pub cgroup: Option<PathBuf>,
@@ -128,6 +143,8 @@ impl Default for GatherdArgs {
             group_read: None,
             metrics_listen: None,
             rmem_keys: Vec::new(),
+            rmem_key_dir: None,
+            replay_state: None,
             cgroup: None,
             conns_every: 0,
             sampler_nice: 0,
@@ -178,7 +195,10 @@ impl GatherdArgs {
                 ));
             }
         }
-        if self.rmem_keys.is_empty() && (self.tcp_listen.is_some() || self.udp_listen.is_some()) {
+        if self.rmem_keys.is_empty()
+            && self.rmem_key_dir.is_none()
+            && (self.tcp_listen.is_some() || self.udp_listen.is_some())
+        {
             return Err(
                 "--tcp-listen / --udp-listen: every request is authenticated; give the keys \
                  readers and balancers use with --rmem-key ROLE:ID:PATH"
@@ -194,10 +214,11 @@ impl GatherdArgs {
         Ok(())
     }
 
-    /// The keys of `--rmem-key`, read from their files (refused if exposed, weak or an
-    /// example).
+    /// The keys of `--rmem-key` and `--rmem-key-dir`, read from their files (refused
+    /// if exposed, weak or an example).
     pub fn keys(&self) -> std::io::Result<std::sync::Arc<ServerKeys>> {
-        ServerKeys::load(&self.rmem_keys)
+        crate::trust::specs(self, false)
+            .and_then(|s| ServerKeys::load(&s))
             .map(std::sync::Arc::new)
             .map_err(|e| {
                 std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("--rmem-key: {e}"))

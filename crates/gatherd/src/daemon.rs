@@ -58,6 +58,10 @@ pub struct Gatherd {
     _metrics: Option<metrics::MetricsServer>,
     /// The node agent (`--role-*`), if running.
     pub role: Option<role::RoleAgent>,
+    /// The replay ceiling's keeper and SIGHUP's key reloads.
+    pub trust: crate::trust::Keeper,
+    args: GatherdArgs,
+    keys: Arc<farside_rmem::ServerKeys>,
 }
 
 /// Region storage shared between the writer loop and the servers.
@@ -101,6 +105,9 @@ impl Gatherd {
         let counters = Arc::new(OpCounters::default());
         let dedup = Arc::new(Dedup::new());
         let keys = args.keys()?;
+        // Before anything answers: nothing sealed before this start is accepted.
+        let (floor_file, limits) = crate::trust::start_limits(args)?;
+        keys.with_replay(|t| limits.apply(t));
         // One memory: every transport of this node operates on the same words. With XDP
         // that is the BPF map the kernel answers from (the tcp server and the udp
         // fallback serve the map's mapping, and shm readers map the map itself); without,
@@ -111,6 +118,10 @@ impl Gatherd {
         let first = sampler.sample()?;
         lap.stage("first_sample");
         let (mut xdp, bpf_unavailable) = load_bpf(args, &keys)?;
+        if let Some(x) = xdp.as_ref().filter(|x| x.serves_udp()) {
+            x.set_replay_limits(limits)
+                .map_err(|e| io::Error::other(e.to_string()))?;
+        }
         lap.stage("xdp_maps");
         let mut fd_server = None;
         let (mem, writer, shm_path): (Arc<dyn Words>, _, _) = match &xdp {
@@ -224,6 +235,14 @@ impl Gatherd {
         }
         lap.stage("sampler_handover");
         let xdp = xdp.map(Arc::new);
+        let trust = crate::trust::Keeper::spawn(
+            args,
+            floor_file,
+            crate::trust::Targets {
+                keys: keys.clone(),
+                xdp: xdp.clone(),
+            },
+        )?;
         let tcp = args
             .tcp_listen
             .map(|a| {
@@ -275,6 +294,9 @@ impl Gatherd {
             _udp: udp,
             _metrics: None,
             role,
+            trust,
+            args: args.clone(),
+            keys,
         }
         .with_metrics(args.metrics_listen)
     }
@@ -284,8 +306,10 @@ impl Gatherd {
             let (stats, counters, xdp) =
                 (self.stats.clone(), self.counters.clone(), self.xdp.clone());
             let role = self.role.as_ref().map(|r| r.stats.clone());
+            let trust = self.trust.stats.clone();
             let render: metrics::Render = Arc::new(move |enc| {
                 render_metrics(enc, &stats, &counters, xdp.as_deref());
+                trust.render(enc);
                 if let Some(r) = &role {
                     r.render(enc);
                 }
@@ -307,6 +331,20 @@ impl Gatherd {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+    }
+
+    /// Read the key files again and replace the keys in user space and in the XDP
+    /// program, as SIGHUP does (`crate::trust`): all or nothing; a missing file revokes
+    /// its key.
+    pub fn reload_keys(&self) {
+        crate::trust::reload(
+            &self.args,
+            &crate::trust::Targets {
+                keys: self.keys.clone(),
+                xdp: self.xdp.clone(),
+            },
+            &self.trust.stats,
+        );
     }
 
     /// Address of the metrics endpoint, if serving.

@@ -26,6 +26,8 @@
 //!   sampler), interfaces.
 //! - [`metrics`]: gatherd's counters ([`GatherStats`]) and Prometheus endpoint.
 //! - [`role`]: the node agent of co-hosted sites (`--role-*`).
+//! - [`trust`]: keys and replay windows over time: the replay state across restarts
+//!   (`--replay-state`), key reloads on SIGHUP (`--rmem-key-dir`).
 
 pub mod args;
 pub mod daemon;
@@ -35,6 +37,7 @@ pub mod sample;
 pub mod sampler;
 #[cfg(test)]
 mod testutil;
+pub mod trust;
 pub mod xdp;
 
 pub use args::{GatherdArgs, SamplerChoice, XdpChoice, PERIOD_US_MIN, WATCHED_PORTS_MAX};

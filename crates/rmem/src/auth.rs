@@ -261,6 +261,27 @@ impl ServerKeys {
         r.forget_key(id);
     }
 
+    /// Replace the whole keyring (a reload of the key files): keys no longer in `ring`
+    /// are revoked at once. Returns the ids revoked. Their replay windows stay (a key
+    /// id that comes back with the same key must not accept old messages again).
+    pub fn replace_keyring(&self, ring: Keyring) -> Vec<KeyId> {
+        let mut k = self.keys.write().unwrap_or_else(|p| p.into_inner());
+        let gone = k
+            .iter()
+            .map(|e| e.id)
+            .filter(|id| ring.get(*id).is_none())
+            .collect();
+        *k = ring;
+        gone
+    }
+
+    /// Run `f` on the replay table (a restart's floor, the ceiling:
+    /// `farside_auth::floor`).
+    pub fn with_replay<R>(&self, f: impl FnOnce(&mut ReplayTable) -> R) -> R {
+        let mut r = self.replay.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut r)
+    }
+
     /// A copy of the keyring (the XDP loader fills its map from it).
     pub fn keyring(&self) -> Keyring {
         self.keys.read().unwrap_or_else(|p| p.into_inner()).clone()
@@ -406,6 +427,7 @@ pub fn replay_name(r: Replay) -> &'static str {
         Replay::Zero => "zero",
         Replay::Duplicate => "duplicate",
         Replay::TooOld { .. } => "too_old",
+        Replay::AboveCeiling { .. } => "above_ceiling",
     }
 }
 

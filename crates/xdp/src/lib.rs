@@ -4,7 +4,9 @@
 //! that remote READ/WRITE/CAS/FADD requests of the `udp` transport
 //! (`farside_rmem::wire`) are answered in the kernel, with no user-space process
 //! scheduled on this host. The program verifies each request's tag, refuses copies
-//! (a replay window per key id and sender, `rmem_replay`), checks the key's rights as
+//! (a replay window per key id and sender in a set-associative `rmem_replay` map that
+//! evicts safely, above a restart floor and under a ceiling: `rmem_seqlim`,
+//! `farside_auth::floor`), checks the key's rights as
 //! `farside_auth::rights::check` does, and seals its reply under the request's key.
 //!
 //! The region lives in a `BPF_F_MMAPABLE` array map; [`XdpResponder::region`] maps it
@@ -72,9 +74,15 @@ pub const XDP_READ_BYTES_MAX: usize = 1400;
 pub const KEYS_MAX: usize = farside_auth::keys::KEYS_MAX;
 /// Most grants per key (the bound of the program's grant loop).
 pub const GRANTS_MAX: usize = farside_auth::rights::GRANTS_MAX;
-/// Senders whose replay window the program keeps (`max_entries` of its replay map,
-/// which never evicts: see `bpf/rmem_consts.h`).
-pub const REPLAY_SENDERS_MAX: usize = farside_auth::replay::SENDERS_MAX;
+/// Buckets of the program's replay map (a power of two): see `bpf/rmem_consts.h`.
+pub const REPLAY_BUCKETS: usize = 1024;
+/// Windows per bucket: a new sender in a full bucket evicts the one with the lowest
+/// top, and the bucket's floor rises to it (`bpf/rmem_structs.h`, `struct rmem_bucket`).
+pub const REPLAY_WAYS: usize = 4;
+/// Senders whose replay window the program keeps at once, as user space
+/// (`farside_auth::replay::SENDERS_MAX`).
+pub const REPLAY_SENDERS_MAX: usize = REPLAY_BUCKETS * REPLAY_WAYS;
+const _: () = assert!(REPLAY_SENDERS_MAX == farside_auth::replay::SENDERS_MAX);
 
 /// Op counter slots (op codes 1..=4, 0 = unknown).
 const OP_COUNTERS: usize = 5;
@@ -100,7 +108,10 @@ const MAP_KEYS: &str = "rmem_keys";
 const MAP_CONFIG: &str = "rmem_config";
 const MAP_COUNTERS: &str = "rmem_counters";
 const MAP_DEDUP: &str = "rmem_dedup";
-const MAP_REPLAY: &str = "rmem_replay";
+const MAP_SEQLIM: &str = "rmem_seqlim";
+/// Entries of the sequence limits map (RMEM_SEQLIM_* in rmem_consts.h).
+const SEQLIM_FLOOR: u32 = 0;
+const SEQLIM_CEILING: u32 = 1;
 /// Grant op bits (RMEM_GRANT_* in rmem_consts.h).
 const GRANT_READ: u8 = 1;
 const GRANT_WRITE: u8 = 2;
@@ -320,24 +331,65 @@ impl Loaded {
         Ok(())
     }
 
-    /// Remove key `id` and its replay windows: nothing under it verifies from now on.
+    /// Remove key `id`: nothing under it verifies from now on. Its replay windows stay
+    /// (a key id that comes back with the same key must not accept old requests).
     fn revoke_key(&mut self, id: u32) -> Result<bool, XdpError> {
-        let had = {
-            let mut m: aya::maps::HashMap<&mut aya::maps::MapData, u32, KeyValue> =
-                self.obj.typed_mut(MAP_KEYS)?;
-            m.remove(&id).is_ok()
-        };
-        let mut w: aya::maps::HashMap<&mut aya::maps::MapData, [u64; 2], [u64; 18]> =
-            self.obj.typed_mut(MAP_REPLAY)?;
-        let stale: Vec<[u64; 2]> = w
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| k[0] as u32 == id)
-            .collect();
-        for k in stale {
-            let _ = w.remove(&k);
+        let mut m: aya::maps::HashMap<&mut aya::maps::MapData, u32, KeyValue> =
+            self.obj.typed_mut(MAP_KEYS)?;
+        Ok(m.remove(&id).is_ok())
+    }
+
+    /// Make the keys map hold exactly `keys`: new and changed keys written in place,
+    /// ids no longer in it removed (revoked at once). Returns the ids removed.
+    fn set_keys(&self, keys: &Keyring) -> Result<Vec<u32>, XdpError> {
+        if keys.len() > KEYS_MAX {
+            return Err(config_error(format!(
+                "{} keys, at most {KEYS_MAX}",
+                keys.len()
+            )));
         }
-        Ok(had)
+        let m = self.obj.raw_map(MAP_KEYS)?;
+        let os = |step: &str, e: io::Error| Error::os(LABEL, step, e);
+        // Removed first: the map's bound holds for old and new keys together only then.
+        let gone: Vec<u32> = m
+            .keys::<u32>(KEYS_MAX)
+            .map_err(|e| os("listing the keys", e))?
+            .into_iter()
+            .filter(|id| keys.get(farside_auth::mac::KeyId(*id)).is_none())
+            .collect();
+        for id in &gone {
+            match m.delete(id) {
+                Err(e) if e.raw_os_error() != Some(libc::ENOENT) => {
+                    return Err(os("revoking a key", e))
+                }
+                _ => {}
+            }
+        }
+        for e in keys.iter() {
+            m.update(&e.id.0, &KeyValue::of(e), farside_bpfrt::flags::ANY)
+                .map_err(|err| os("adding a key", err))?;
+        }
+        Ok(gone)
+    }
+
+    /// Set the replay windows' restart floor and ceiling (`farside_auth::floor`;
+    /// ceiling `u64::MAX`: none). Both only rise: lower values are ignored.
+    fn set_replay_limits(&self, limits: farside_auth::floor::Limits) -> Result<(), XdpError> {
+        let m = self.obj.raw_map(MAP_SEQLIM)?;
+        let os = |e: io::Error| Error::os(LABEL, "setting the replay limits", e);
+        let get = |i: u32| -> Result<u64, XdpError> {
+            Ok(m.lookup::<u32, u64>(&i).map_err(os)?.unwrap_or(0))
+        };
+        if limits.floor > get(SEQLIM_FLOOR)? {
+            m.update(&SEQLIM_FLOOR, &limits.floor, farside_bpfrt::flags::ANY)
+                .map_err(os)?;
+        }
+        // 0 in the map: no ceiling; u64::MAX asked: none either.
+        if limits.ceiling != u64::MAX && limits.ceiling > get(SEQLIM_CEILING)? {
+            m.update(&SEQLIM_CEILING, &limits.ceiling, farside_bpfrt::flags::ANY)
+                .map_err(os)?;
+        }
+        Ok(())
     }
 
     /// Answer only datagrams to `addr` (None: any address). Takes effect at once.
@@ -545,9 +597,21 @@ impl XdpResponder {
         self.loaded.seed_dedup(entries)
     }
 
-    /// Revoke key `id` in the kernel at once (its entry and its replay windows go).
+    /// Revoke key `id` in the kernel at once.
     pub fn revoke_key(&mut self, id: u32) -> Result<bool, XdpError> {
         self.loaded.revoke_key(id)
+    }
+
+    /// Replace the program's keys with `keys` in place, while it runs (a reload of the
+    /// key files): ids not in `keys` are revoked at once. Returns the ids revoked.
+    pub fn set_keys(&self, keys: &Keyring) -> Result<Vec<u32>, XdpError> {
+        self.loaded.set_keys(keys)
+    }
+
+    /// Set the replay windows' restart floor and ceiling (`farside_auth::floor`), while
+    /// it runs; both only rise.
+    pub fn set_replay_limits(&self, limits: farside_auth::floor::Limits) -> Result<(), XdpError> {
+        self.loaded.set_replay_limits(limits)
     }
 
     /// Whether the program is attached (requests to the port are answered in the kernel).
@@ -772,6 +836,16 @@ impl TestProgram {
     /// As [`XdpResponder::revoke_key`].
     pub fn revoke_key(&mut self, id: u32) -> Result<bool, XdpError> {
         self.loaded.revoke_key(id)
+    }
+
+    /// As [`XdpResponder::set_keys`].
+    pub fn set_keys(&self, keys: &Keyring) -> Result<Vec<u32>, XdpError> {
+        self.loaded.set_keys(keys)
+    }
+
+    /// As [`XdpResponder::set_replay_limits`].
+    pub fn set_replay_limits(&self, limits: farside_auth::floor::Limits) -> Result<(), XdpError> {
+        self.loaded.set_replay_limits(limits)
     }
 
     /// As [`XdpResponder::set_group_read`].

@@ -47,10 +47,8 @@ fn bpf_constants_match_the_rust_side() {
         ("RMEM_REGION_WORDS", farside_region::REGION_WORDS as u64),
         ("RMEM_KEYS_MAX", farside_auth::keys::KEYS_MAX as u64),
         ("RMEM_GRANTS_MAX", farside_auth::rights::GRANTS_MAX as u64),
-        (
-            "RMEM_REPLAY_SENDERS_MAX",
-            farside_auth::replay::SENDERS_MAX as u64,
-        ),
+        ("RMEM_REPLAY_BUCKETS", farside_xdp::REPLAY_BUCKETS as u64),
+        ("RMEM_REPLAY_WAYS", farside_xdp::REPLAY_WAYS as u64),
         (
             "RMEM_WINDOW_BLOCKS",
             farside_auth::replay::WINDOW_BLOCKS as u64,

@@ -131,7 +131,10 @@ fn the_user_space_server_answers_group_reads_from_the_nodes_address() {
         &[],
     );
     let reader = test_keys().set.reader;
-    let env_seq = std::cell::Cell::new(0u64);
+    // Envelope seqs as a client's Sequencer sends them (above the start's clock floor).
+    let env_seq = std::cell::Cell::new(farside_auth::floor::clock_seq(
+        farside_auth::replay::Sequencer::unix_s(),
+    ));
     let req = || {
         // A new envelope per attempt: the same datagram twice would be a copy.
         env_seq.set(env_seq.get() + 1);
