@@ -158,11 +158,16 @@ pub struct ControlAuth {
 }
 
 impl ControlAuth {
-    /// Requests sealed with `key` are accepted.
+    /// Requests sealed with `key` are accepted. Requests sealed in seconds before this
+    /// start are refused (`farside_auth::floor::Limits::without_state`): a request
+    /// recorded before a restart of the front-end is not accepted again after it.
     pub fn new(key: MoveKey) -> ControlAuth {
+        let mut replay = ReplayTable::new(SENDERS_MAX);
+        farside_auth::floor::Limits::without_state(farside_auth::replay::Sequencer::unix_s())
+            .apply(&mut replay);
         ControlAuth {
             keys: vec![key],
-            replay: Mutex::new(ReplayTable::new(SENDERS_MAX)),
+            replay: Mutex::new(replay),
         }
     }
 
@@ -223,10 +228,16 @@ mod tests {
         key: SipKey::from_halves(1, 2),
     };
 
+    /// A sequence as a client sends it now (above the start's clock floor), plus `k`.
+    fn now_seq(k: u64) -> u64 {
+        farside_auth::floor::clock_seq(farside_auth::replay::Sequencer::unix_s()) + k
+    }
+
     #[test]
     fn a_sealed_request_opens_once_and_its_reply_opens_only_for_it() {
         let fe = ControlAuth::new(KEY);
-        let line = seal_request(&KEY, 77, 1000, "MOVE 10.0.0.5:4000 10.0.0.12");
+        let seq = now_seq(1000);
+        let line = seal_request(&KEY, 77, seq, "MOVE 10.0.0.5:4000 10.0.0.12");
         let o = fe.open_request(&line).unwrap();
         assert_eq!(o.request, "MOVE 10.0.0.5:4000 10.0.0.12");
         // The same line again, as a replay on any connection.
@@ -235,11 +246,11 @@ mod tests {
             Err(LineRefusal::Replay(Replay::Duplicate))
         );
         let reply = fe.seal_reply(&o, "OK");
-        assert_eq!(open_reply(&KEY, 77, 1000, &reply).unwrap(), "OK");
+        assert_eq!(open_reply(&KEY, 77, seq, &reply).unwrap(), "OK");
         // A reply to another request, another sender, or under another key.
-        assert!(open_reply(&KEY, 77, 1001, &reply).is_err());
-        assert!(open_reply(&KEY, 78, 1000, &reply).is_err());
-        assert!(open_reply(&OTHER, 77, 1000, &reply).is_err());
+        assert!(open_reply(&KEY, 77, seq + 1, &reply).is_err());
+        assert!(open_reply(&KEY, 78, seq, &reply).is_err());
+        assert!(open_reply(&OTHER, 77, seq, &reply).is_err());
         // A reply sent back as a request: already in the window, and not a request.
         assert!(fe.open_request(&reply).is_err());
     }
@@ -253,10 +264,10 @@ mod tests {
             Err(LineRefusal::Envelope(mac::Refusal::BadTag))
         );
         // The forged high sequence did not close the window for the genuine sender.
-        let genuine = seal_request(&KEY, 5, 10, "STATS");
+        let genuine = seal_request(&KEY, 5, now_seq(10), "STATS");
         assert!(fe.open_request(&genuine).is_ok());
         // One hex digit of the request changed.
-        let mut t = seal_request(&KEY, 5, 11, "HOLD 10.0.0.5:4000").into_bytes();
+        let mut t = seal_request(&KEY, 5, now_seq(11), "HOLD 10.0.0.5:4000").into_bytes();
         let last = t.len() - 1;
         t[last] = if t[last] == b'0' { b'1' } else { b'0' };
         let t = String::from_utf8(t).unwrap();
@@ -278,7 +289,7 @@ mod tests {
             ..KEY
         };
         assert_eq!(
-            fe.open_request(&seal_request(&other_id, 5, 12, "STATS")),
+            fe.open_request(&seal_request(&other_id, 5, now_seq(12), "STATS")),
             Err(LineRefusal::Envelope(mac::Refusal::UnknownKey(KeyId(9))))
         );
     }

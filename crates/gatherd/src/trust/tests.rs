@@ -107,6 +107,24 @@ fn ask(
     }
 }
 
+/// Fresh requests from `make` (a new sequence each, as a client's retries), one every
+/// 200 ms until one is answered: its FETCH-ADD's old value. A datagram may be lost on
+/// a busy host; a retry with the same envelope would be a copy.
+fn answered(
+    sock: &UdpSocket,
+    to: SocketAddr,
+    key: &ClientKey,
+    mut make: impl FnMut() -> Vec<u8>,
+) -> u64 {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(old) = ask(sock, to, key, &make(), Duration::from_millis(200)) {
+            return old;
+        }
+        assert!(Instant::now() < deadline, "never answered");
+    }
+}
+
 /// Requests refused with `st` so far, by user space and the XDP program.
 fn refused(g: &Gatherd, st: Status) -> u64 {
     let user = g.counters.status[st as usize].load(Ordering::Relaxed);
@@ -133,29 +151,27 @@ fn a_recorded_request_is_refused_after_a_restart(xdp: bool, udp: SocketAddr) {
     let g = Gatherd::start(&s.args(udp, xdp)).unwrap();
     assert_eq!(g.udp_server, if xdp { "xdp-generic" } else { "user-space" });
     let to = g.udp_addr.unwrap();
-    let recorded = fadd(&bal, 0x51, seq.next(Sequencer::unix_s()).unwrap());
-    assert_eq!(ask(&sock, to, &bal, &recorded, WAIT), Some(0));
+    // The last request answered is the one recorded.
+    let mut recorded = Vec::new();
+    answered(&sock, to, &bal, || {
+        recorded = fadd(&bal, 0x51, seq.next(Sequencer::unix_s()).unwrap());
+        recorded.clone()
+    });
     drop(g);
     let g = Gatherd::start(&s.args(udp, xdp)).unwrap();
     let to = g.udp_addr.unwrap();
     let before = refused(&g, Status::Replayed);
-    sock.send_to(&recorded, to).unwrap();
+    // Sent again until counted (a datagram may be lost; each copy is refused).
     wait_for("the replay refused", || {
+        sock.send_to(&recorded, to).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
         refused(&g, Status::Replayed) > before
     });
     // New requests: refused until the ceiling passes the floor (the lease), then
     // answered; the counter shows the replay never applied.
-    let deadline = Instant::now() + WAIT;
-    let old = loop {
-        let r = fadd(&bal, 0x51, seq.next(Sequencer::unix_s()).unwrap());
-        if let Some(old) = ask(&sock, to, &bal, &r, Duration::from_millis(200)) {
-            break old;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the sender's new requests never answered"
-        );
-    };
+    let old = answered(&sock, to, &bal, || {
+        fadd(&bal, 0x51, seq.next(Sequencer::unix_s()).unwrap())
+    });
     assert_eq!(
         old, 0,
         "the recorded FETCH-ADD was applied again after the restart"
@@ -176,41 +192,28 @@ fn keys_are_revoked_and_added_on_sighup(xdp: bool, udp: SocketAddr) {
     let mut next = || seq.next(Sequencer::unix_s()).unwrap();
     let g = Gatherd::start(&s.args(udp, xdp)).unwrap();
     let to = g.udp_addr.unwrap();
-    assert!(ask(&sock, to, &old, &fadd(&old, 0x61, next()), WAIT).is_some());
+    answered(&sock, to, &old, || fadd(&old, 0x61, next()));
     let bad_key = refused(&g, Status::BadKey);
-    assert!(ask(
-        &sock,
-        to,
-        &new,
-        &fadd(&new, 0x62, next()),
-        Duration::from_millis(200)
-    )
-    .is_none());
+    // Fresh requests under the key not installed yet until one is counted (a datagram
+    // may be lost): none answered.
     wait_for("the unknown key counted", || {
+        let r = fadd(&new, 0x62, next());
+        assert!(ask(&sock, to, &new, &r, Duration::from_millis(50)).is_none());
         refused(&g, Status::BadKey) > bad_key
     });
     farside_rmem::auth::write_key_file(&s.dir.join("keys"), "balancer-5.key", new.key()).unwrap();
     std::fs::remove_file(s.dir.join("keys/balancer-2.key")).unwrap();
     let reloads = g.trust.stats.reloads.load(Ordering::Relaxed);
-    // SAFETY: raising a signal whose handler gatherd installed (it sets a flag).
+    // SAFETY: raising a signal whose handler gatherd installed (it counts).
     assert_eq!(unsafe { libc::raise(libc::SIGHUP) }, 0);
     wait_for("the reload", || {
         g.trust.stats.reloads.load(Ordering::Relaxed) > reloads
     });
-    assert!(
-        ask(&sock, to, &new, &fadd(&new, 0x62, next()), WAIT).is_some(),
-        "the new key refused"
-    );
+    answered(&sock, to, &new, || fadd(&new, 0x62, next()));
     let bad_key = refused(&g, Status::BadKey);
-    assert!(ask(
-        &sock,
-        to,
-        &old,
-        &fadd(&old, 0x61, next()),
-        Duration::from_millis(200)
-    )
-    .is_none());
     wait_for("the revoked key refused", || {
+        let r = fadd(&old, 0x61, next());
+        assert!(ask(&sock, to, &old, &r, Duration::from_millis(50)).is_none());
         refused(&g, Status::BadKey) > bad_key
     });
     // A reload that cannot read a key file keeps the keys it has.
@@ -223,7 +226,7 @@ fn keys_are_revoked_and_added_on_sighup(xdp: bool, udp: SocketAddr) {
         g.trust.stats.reload_failures.load(Ordering::Relaxed),
         failures + 1
     );
-    assert!(ask(&sock, to, &new, &fadd(&new, 0x62, next()), WAIT).is_some());
+    answered(&sock, to, &new, || fadd(&new, 0x62, next()));
 }
 
 #[test]
