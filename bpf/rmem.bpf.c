@@ -46,7 +46,16 @@
  *   6. READ len <= XDP_READ_BYTES_MAX (!)              -> BadLength
  *   7. a READ request at least as long as its reply  -> Unpadded
  * The one difference from user space is the READ limit (one frame); see
- * rmem_consts.h. Refusals after step 3 are answered with a header-only reply (never
+ * rmem_consts.h.
+ *
+ * Arena READs (request region RMEM_ARENA_REGION, see rmem_consts.h): steps 1 to 4 as
+ * above, then step 5 in the same order with the arena's bounds: region (the key's
+ * rights must name the arena) -> NoRegion; op READ -> ReadOnly (the arena is never
+ * written remotely); len > 0 -> BadLength; alignment -> Unaligned; chunk below
+ * RMEM_ARENA_CHUNKS_MAX and the READ within that one chunk -> OutOfBounds; a READ
+ * grant -> ReadOnly; step 7 (Unpadded); then the chunk must exist in the map (the
+ * node's count) -> OutOfBounds. User space has no arena: gatherd's fallback answers
+ * such a request NoRegion. Refusals after step 3 are answered with a header-only reply (never
  * longer than the request), memory untouched.
  *
  * Every reply is sealed under the request's key for the reply domain: the request's
@@ -289,6 +298,31 @@ static __always_inline __u32 rights_check(const struct rmem_key *k, __u32 op, __
 	return RMEM_ST_READ_ONLY;
 }
 
+/*
+ * Step 5 (and 7) for a READ of the object arena at byte `offset`, `len` bytes, in a
+ * datagram of `plen` payload bytes: RMEM_ST_OK or the refusal (top comment). The region
+ * was checked against the key's already.
+ */
+static __always_inline __u32 arena_check(const struct rmem_key *k, __u32 op, __u32 offset,
+					 __u32 len, __u32 plen)
+{
+	if (op != RMEM_OP_READ)
+		return RMEM_ST_READ_ONLY;
+	if (len == 0)
+		return RMEM_ST_BAD_LENGTH;
+	if ((offset | len) & 7)
+		return RMEM_ST_UNALIGNED;
+	if (offset / RMEM_ARENA_CHUNK_BYTES >= RMEM_ARENA_CHUNKS_MAX ||
+	    offset % RMEM_ARENA_CHUNK_BYTES + len > RMEM_ARENA_CHUNK_BYTES)
+		return RMEM_ST_OUT_OF_BOUNDS;
+	/* A READ grant (the grant's words name the control region, not chunks). */
+	if (rights_check(k, RMEM_OP_READ, 0, 1, 0) != RMEM_ST_OK)
+		return RMEM_ST_READ_ONLY;
+	if (plen < sizeof(struct auth_envelope) + sizeof(struct rmem_rep) + len)
+		return RMEM_ST_UNPADDED;
+	return RMEM_ST_OK;
+}
+
 /* Sum of the 32-bit halves of the words of a 32-byte envelope in the packet. */
 static __always_inline __u64 envelope_sum(const struct auth_envelope *e)
 {
@@ -314,6 +348,7 @@ int rmem_xdp(struct xdp_md *ctx)
 	struct rmem_req *req;
 	struct rmem_config *cfg;
 	struct rmem_region *region = 0;
+	struct rmem_arena_chunk *chunk = 0;
 	struct rmem_dedup *slot = 0;
 	struct rmem_key *key;
 	/* Every scalar starts defined: the verifier follows paths the compiler merged. */
@@ -454,6 +489,22 @@ int rmem_xdp(struct xdp_md *ctx)
 	/* 5. The key's rights (farside_auth::rights::check, in its order). */
 	if (req->region != key->region) {
 		status = RMEM_ST_NO_REGION;
+		goto reply;
+	}
+	if (req->region == RMEM_ARENA_REGION) {
+		/* The object arena: READ only, within one chunk (top comment). */
+		status = arena_check(key, op, offset, len, plen);
+		if (status == RMEM_ST_OK) {
+			__u32 c = offset / RMEM_ARENA_CHUNK_BYTES;
+
+			chunk = bpf_map_lookup_elem(&rmem_arena, &c);
+			if (!chunk) {
+				status = RMEM_ST_OUT_OF_BOUNDS;
+			} else {
+				first = (offset % RMEM_ARENA_CHUNK_BYTES) / 8;
+				rep_len = len;
+			}
+		}
 		goto reply;
 	}
 	if (len == 0 || ((op == RMEM_OP_CAS || op == RMEM_OP_FADD) && len != 8)) {
@@ -655,6 +706,29 @@ reply:
 				return XDP_ABORTED; /* unreachable: the frame was sized for it */
 			}
 			v = *(volatile __u64 *)&region->words[(first + i) & (RMEM_REGION_WORDS - 1)];
+			*dst = v;
+			sum += word_sum(v);
+		}
+	} else if (status == RMEM_ST_OK && chunk) {
+		/* An arena READ: ascending 8-byte loads within the chunk, as above. */
+		for (i = 0; i < RMEM_ARENA_CHUNK_WORDS; i++) {
+			__u64 *dst = data + HDRS_BYTES + sizeof(*env) + sizeof(struct rmem_rep) + i * 8;
+			__u32 w = first + i;
+			__u64 v;
+
+			if (i >= rep_len / 8 || w >= RMEM_ARENA_CHUNK_WORDS)
+				break;
+			/*
+			 * Keep the checked index in its register: without the barrier clang
+			 * hoists chunk + first * 8 out of the loop and the verifier sees an
+			 * unbounded offset (libbpf's barrier_var).
+			 */
+			asm volatile("" : "+r"(w));
+			if ((void *)(dst + 1) > data_end) {
+				count_other(RMEM_CNT_ABORTED);
+				return XDP_ABORTED; /* unreachable: the frame was sized for it */
+			}
+			v = *(volatile __u64 *)&chunk->words[w];
 			*dst = v;
 			sum += word_sum(v);
 		}

@@ -81,6 +81,25 @@
 /* XDP_READ_BYTES_MAX in words: the bound of the READ copy loop. */
 #define XDP_READ_WORDS_MAX (XDP_READ_BYTES_MAX / 8)
 
+/*
+ * The object arena (crates/arena layout.rs): a READ whose region is RMEM_ARENA_REGION
+ * (farside_arena::layout::ARENA_REGION) reads the rmem_arena map, not the control
+ * region. Byte offset o names chunk o / RMEM_ARENA_CHUNK_BYTES at o % that; one READ
+ * never crosses a chunk (one map element). Only READ, only under a key whose rights
+ * name that region (an "arena reader").
+ */
+#define RMEM_ARENA_REGION 1
+/* Bytes of one chunk (farside_arena::layout::CHUNK_BYTES): one map element. */
+#define RMEM_ARENA_CHUNK_BYTES 1400
+/* ... as 64-bit words: the bound of the arena READ copy loop. */
+#define RMEM_ARENA_CHUNK_WORDS (RMEM_ARENA_CHUNK_BYTES / 8)
+/*
+ * Most chunks (farside_arena::layout::ARENA_CHUNKS_MAX): the map's declared
+ * max_entries. The loader creates it with the node's configured count (>= 1), never
+ * more; a chunk beyond it is refused OUT_OF_BOUNDS.
+ */
+#define RMEM_ARENA_CHUNKS_MAX 65536
+
 /* Op codes (wire::Op). */
 #define RMEM_OP_READ 1
 #define RMEM_OP_WRITE 2

@@ -15,6 +15,19 @@ struct {
 	__type(value, struct rmem_region);
 } rmem_region SEC(".maps");
 
+/*
+ * The object arena: one chunk per element, mmap'd by the process that owns the objects
+ * (farside_arena's seqlock writer); only READ, by arena-reader keys. max_entries is
+ * set by the loader to the node's chunk count (at most RMEM_ARENA_CHUNKS_MAX).
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RMEM_ARENA_CHUNKS_MAX);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct rmem_arena_chunk);
+} rmem_arena SEC(".maps");
+
 /* Keys: key id -> SipHash key and rights; requests naming no key are dropped. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

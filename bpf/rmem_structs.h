@@ -47,6 +47,14 @@ struct rmem_region {
 
 _Static_assert(sizeof(struct rmem_region) == RMEM_REGION_BYTES, "region size");
 
+/* One chunk of the object arena: a value of the rmem_arena map (crates/arena). */
+struct rmem_arena_chunk {
+	__u64 words[RMEM_ARENA_CHUNK_WORDS];
+};
+
+_Static_assert(sizeof(struct rmem_arena_chunk) == RMEM_ARENA_CHUNK_BYTES, "arena chunk size");
+_Static_assert(RMEM_ARENA_CHUNK_BYTES <= XDP_READ_BYTES_MAX, "a chunk fits one reply");
+
 /* Configuration, written by the loader before attaching. */
 struct rmem_config {
 	__u16 udp_port;  /* destination port served, host order; 0 = serve nothing */

@@ -25,15 +25,27 @@ pub const SLOT_TAIL_BYTES: usize = 8;
 
 /// Size classes: class `c` has slots of `1 << c` chunks. Powers of two bound the waste of
 /// a slot to under half of it and a READ plan to one chunk more than the data needs.
-pub const CLASS_COUNT: usize = 7;
+/// Rule for 14: the largest class (8,192 chunks, 11.5 MB) holds the 8 MB bodies of the
+/// RDMA-over-HTTP figures, whose point is that a loaded server delivers large bodies
+/// without being scheduled; a layout gives the classes it does not use no slot.
+pub const CLASS_COUNT: usize = 14;
 /// Chunks of the largest slot (class `CLASS_COUNT - 1`).
 pub const SLOT_CHUNKS_MAX: usize = 1 << (CLASS_COUNT - 1);
-/// Largest object the arena holds: 89,568 B. Rule: the World Cup sample's 90th percentile
-/// object is about 10 KB and its largest 2.9 MB; a 2.9 MB body would take over 2,000
-/// READs, which costs the reader more than asking the owner over TCP. Larger objects are
-/// served by the owner's user-space path.
-pub const OBJECT_BYTES_MAX: usize =
+/// Largest object a slot holds: 11,468,768 B (the largest class less its words).
+pub const SLOT_OBJECT_BYTES_MAX: usize =
     SLOT_CHUNKS_MAX * CHUNK_BYTES - SLOT_HEAD_BYTES - SLOT_TAIL_BYTES;
+/// Largest object the cooperative cache reads one-sidedly by default: 89,568 B (class 6
+/// of 64 chunks). Rule: the World Cup sample's 90th percentile object is about 10 KB and
+/// its largest 2.9 MB; a 2.9 MB body would take over 2,000 READs, which costs an idle
+/// reader more than asking the owner over TCP. Larger cached objects are served by the
+/// owner's user-space path; the arena itself holds up to [`SLOT_OBJECT_BYTES_MAX`].
+pub const OBJECT_BYTES_MAX: usize = (1 << 6) * CHUNK_BYTES - SLOT_HEAD_BYTES - SLOT_TAIL_BYTES;
+
+/// Region id of the arena in a remote READ (rmem's request `region` field): the node's
+/// XDP responder reads its arena map, not the control region (id 0), for it. Mirrored in
+/// `bpf/rmem_consts.h` (`RMEM_ARENA_REGION`). Keys whose rights name this region are
+/// "arena readers": READ only, the arena and nothing else.
+pub const ARENA_REGION: u32 = 1;
 
 /// Chunks of the whole arena: 65,536 chunks = 91.75 MB. Rule: the World Cup sample's
 /// distinct bytes (54.6 MB) fit with the waste of power-of-two slots, and the map stays
@@ -76,7 +88,7 @@ pub const fn class_object_bytes_max(class: usize) -> usize {
     slot_bytes(class) - SLOT_HEAD_BYTES - SLOT_TAIL_BYTES
 }
 
-/// The smallest class whose slots hold `len` bytes, or `None` above [`OBJECT_BYTES_MAX`].
+/// The smallest class whose slots hold `len` bytes, or `None` above [`SLOT_OBJECT_BYTES_MAX`].
 pub fn class_for_len(len: usize) -> Option<usize> {
     (0..CLASS_COUNT).find(|&c| len <= class_object_bytes_max(c))
 }
@@ -167,16 +179,19 @@ mod tests {
     #[test]
     fn object_bound_is_the_largest_slot_less_its_words() {
         assert_eq!(OBJECT_BYTES_MAX, 89_568);
+        assert_eq!(SLOT_OBJECT_BYTES_MAX, 11_468_768);
         assert_eq!(class_for_len(0), Some(0));
         assert_eq!(class_for_len(CHUNK_BYTES - 32), Some(0));
         assert_eq!(class_for_len(CHUNK_BYTES - 31), Some(1));
-        assert_eq!(class_for_len(OBJECT_BYTES_MAX), Some(CLASS_COUNT - 1));
-        assert_eq!(class_for_len(OBJECT_BYTES_MAX + 1), None);
+        assert_eq!(class_for_len(OBJECT_BYTES_MAX), Some(6));
+        assert_eq!(class_for_len(8 << 20), Some(CLASS_COUNT - 1));
+        assert_eq!(class_for_len(SLOT_OBJECT_BYTES_MAX), Some(CLASS_COUNT - 1));
+        assert_eq!(class_for_len(SLOT_OBJECT_BYTES_MAX + 1), None);
     }
 
     #[test]
     fn slots_are_found_from_their_offsets_only() {
-        let layout = ArenaLayout::new([4, 3, 2, 1, 1, 0, 1]).unwrap();
+        let layout = ArenaLayout::new([4, 3, 2, 1, 1, 0, 1, 0, 0, 0, 1, 0, 0, 1]).unwrap();
         for c in 0..CLASS_COUNT {
             for i in 0..layout.slots_per_class[c] {
                 let off = layout.slot_offset(c, i).unwrap();
@@ -190,7 +205,13 @@ mod tests {
 
     #[test]
     fn oversized_layouts_are_refused() {
-        assert!(ArenaLayout::new([0, 0, 0, 0, 0, 0, 1025]).is_err());
-        assert!(ArenaLayout::new([0, 0, 0, 0, 0, 0, 1024]).is_ok());
+        let mut c = [0; CLASS_COUNT];
+        c[6] = 1025;
+        assert!(ArenaLayout::new(c).is_err());
+        c[6] = 1024;
+        assert!(ArenaLayout::new(c).is_ok());
+        c[6] = 0;
+        c[CLASS_COUNT - 1] = 9;
+        assert!(ArenaLayout::new(c).is_err());
     }
 }

@@ -27,10 +27,12 @@
 
 pub mod index;
 pub mod layout;
+pub mod map;
 pub mod slot;
 pub mod store;
 
 pub use index::{url_hash, Bucket, Index, IndexFull};
 pub use layout::ArenaLayout;
+pub use map::{chunk_reads, map_chunks, ArenaMap, INDEX_CHUNKS, SLOTS_BASE};
 pub use slot::{write_object, write_steps, ObjectRead, ReadError, SlotRef, WriteStep};
 pub use store::{PutError, Store};

@@ -158,21 +158,37 @@ pub fn write_steps(
     Ok((steps, even))
 }
 
-/// Applies one store.
+/// Applies one store. An aligned 8-byte store (a sequence word) is one 8-byte store, so
+/// a concurrent reader's 8-byte load (the XDP responder's) never sees half of it.
 pub fn apply(mem: &mut [u8], step: &WriteStep) {
-    mem[step.offset..step.offset + step.bytes.len()].copy_from_slice(&step.bytes);
+    let dst = &mut mem[step.offset..step.offset + step.bytes.len()];
+    if dst.len() == 8 && (dst.as_ptr() as usize) % 8 == 0 {
+        let v = u64::from_ne_bytes(step.bytes[..8].try_into().expect("8 bytes"));
+        // SAFETY: `dst` is 8 bytes, 8-byte aligned, and exclusively borrowed.
+        unsafe { std::ptr::write_volatile(dst.as_mut_ptr().cast::<u64>(), v) };
+    } else {
+        dst.copy_from_slice(&step.bytes);
+    }
 }
 
 /// Writes `data` under `url_hash` into `slot` (the whole protocol), returning the new
-/// version.
+/// version. The three phases (sequence words odd; header and data; sequence words even)
+/// are separated by release fences, so on memory a reader maps too (the arena map) no
+/// store of a phase becomes visible before the previous phase's.
 pub fn write_object(
     mem: &mut [u8],
     slot: SlotRef,
     url_hash: u64,
     data: &[u8],
 ) -> Result<u64, WriteError> {
+    use std::sync::atomic::{fence, Ordering};
     let (steps, version) = write_steps(mem, slot, url_hash, data, usize::MAX)?;
-    for step in &steps {
+    let n = steps.len();
+    for (i, step) in steps.iter().enumerate() {
+        // Steps 0-1 make the words odd, the last two make them even (write_steps).
+        if i == 2 || i == n - 2 {
+            fence(Ordering::Release);
+        }
         apply(mem, step);
     }
     Ok(version)
@@ -216,6 +232,8 @@ pub struct ObjectRead {
     /// `(offset within the slot, length)` of each READ, ascending.
     plan: Vec<(usize, usize)>,
     next: usize,
+    /// Which READs of the plan were fed ([`ObjectRead::feed_at`]: out of order).
+    fed: Vec<bool>,
     buf: Vec<u8>,
 }
 
@@ -229,8 +247,19 @@ impl ObjectRead {
         len: usize,
     ) -> Result<ObjectRead, ReadError> {
         let slot = SlotRef::at(layout, offset).ok_or(ReadError::Bounds)?;
-        if class_for_len(len).is_none_or(|c| c > slot.class) {
-            return Err(ReadError::Bounds);
+        ObjectRead::for_slot(slot, url_hash, len).ok_or(ReadError::Bounds)
+    }
+
+    /// A read of the object `url_hash` of `len` bytes in `slot`, named by its owner
+    /// (offset and class) for a reader that does not know the owner's layout. `None` if
+    /// the class is not one or the slot cannot hold `len`; a wrong slot costs a fetch
+    /// that does not validate, never a wrong body.
+    pub fn for_slot(slot: SlotRef, url_hash: u64, len: usize) -> Option<ObjectRead> {
+        if slot.class >= crate::layout::CLASS_COUNT
+            || slot.offset % CHUNK_BYTES != 0
+            || class_for_len(len).is_none_or(|c| c > slot.class)
+        {
+            return None;
         }
         let size = slot.bytes();
         let data_end = OFF_DATA + len;
@@ -249,10 +278,11 @@ impl ObjectRead {
         if plan.len() <= tail_chunk {
             plan.push((size - SLOT_TAIL_BYTES, SLOT_TAIL_BYTES));
         }
-        Ok(ObjectRead {
+        Some(ObjectRead {
             slot,
             url_hash,
             len,
+            fed: vec![false; plan.len()],
             plan,
             next: 0,
             buf: vec![0; size],
@@ -276,22 +306,31 @@ impl ObjectRead {
 
     /// Feeds the reply to [`ObjectRead::next_read`].
     pub fn feed(&mut self, bytes: &[u8]) {
-        let (off, len) = self.plan[self.next];
+        self.feed_at(self.next, bytes);
+        self.next += 1;
+    }
+
+    /// Feeds the reply to READ `i` of [`ObjectRead::plan`], in any order. The seqlock
+    /// argument needs only that the first READ (`seq_head`) was answered before any other
+    /// was issued and the last (`seq_tail`) issued after every other was answered: a
+    /// pipelined reader keeps the middle READs in flight together.
+    pub fn feed_at(&mut self, i: usize, bytes: &[u8]) {
+        let (off, len) = self.plan[i];
         assert_eq!(bytes.len(), len, "reply must be the planned READ");
         self.buf[off..off + len].copy_from_slice(bytes);
-        self.next += 1;
+        self.fed[i] = true;
     }
 
     /// Starts over (after [`ReadError::Torn`]).
     pub fn restart(&mut self) {
         self.next = 0;
+        self.fed.iter_mut().for_each(|f| *f = false);
     }
 
     /// Validates what was fed: the object and its version, or why it is refused.
     pub fn finish(&self) -> Result<(u64, Vec<u8>), ReadError> {
-        assert_eq!(
-            self.next,
-            self.plan.len(),
+        assert!(
+            self.fed.iter().all(|&f| f),
             "finish before every READ was fed"
         );
         let head = word(&self.buf, OFF_SEQ_HEAD);
@@ -354,7 +393,7 @@ mod tests {
     }
 
     fn layout() -> ArenaLayout {
-        ArenaLayout::new([2, 2, 2, 2, 1, 1, 1]).unwrap()
+        ArenaLayout::new([2, 2, 2, 2, 1, 1, 1, 0, 0, 0, 1, 0, 0, 0]).unwrap()
     }
 
     fn object(rng: &mut Rng, len: usize) -> Vec<u8> {
@@ -390,7 +429,7 @@ mod tests {
         let layout = layout();
         let mut mem = vec![0; layout.bytes()];
         let mut rng = Rng(1);
-        for class in 0..CLASS_COUNT {
+        for class in (0..CLASS_COUNT).filter(|&c| layout.slots_per_class[c] > 0) {
             let off = layout.slot_offset(class, 0).unwrap();
             let slot = SlotRef::at(&layout, off).unwrap();
             for len in [

@@ -9,14 +9,14 @@
 //! evicted body.
 
 use crate::index::{Bucket, Index, IndexFull, HASH_EMPTY};
-use crate::layout::{class_for_len, ArenaLayout, CLASS_COUNT, OBJECT_BYTES_MAX};
+use crate::layout::{class_for_len, ArenaLayout, CLASS_COUNT, SLOT_OBJECT_BYTES_MAX};
 use crate::slot::{write_object, SlotRef};
 use std::fmt;
 
 /// Why an object was not put in the arena; the caller serves it another way.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PutError {
-    /// Above [`OBJECT_BYTES_MAX`].
+    /// Above [`SLOT_OBJECT_BYTES_MAX`].
     TooLarge,
     /// No free slot of the object's class: evict something of that class first.
     NoSlot { class: usize },
@@ -27,7 +27,7 @@ pub enum PutError {
 impl fmt::Display for PutError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PutError::TooLarge => write!(f, "object above {OBJECT_BYTES_MAX} B"),
+            PutError::TooLarge => write!(f, "object above {SLOT_OBJECT_BYTES_MAX} B"),
             PutError::NoSlot { class } => write!(f, "no free slot of class {class}"),
             PutError::IndexFull => f.write_str(&IndexFull.to_string()),
         }
@@ -131,7 +131,7 @@ mod tests {
 
     #[test]
     fn put_read_replace_evict_and_reuse() {
-        let layout = ArenaLayout::new([2, 1, 0, 0, 0, 0, 0]).unwrap();
+        let layout = ArenaLayout::new([2, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]).unwrap();
         let mut arena = vec![0u8; layout.bytes()];
         let mut index_mem = vec![0u8; INDEX_BYTES];
         let mut index = Index::new(&mut index_mem);
@@ -174,7 +174,12 @@ mod tests {
         assert_eq!(read(&arena, &c).unwrap().1, big);
         assert_eq!(index.lookup(12), None);
         assert_eq!(
-            store.put(&mut arena, &mut index, 14, &vec![0; OBJECT_BYTES_MAX + 1]),
+            store.put(
+                &mut arena,
+                &mut index,
+                14,
+                &vec![0; SLOT_OBJECT_BYTES_MAX + 1]
+            ),
             Err(PutError::TooLarge)
         );
     }

@@ -86,9 +86,19 @@ impl Config {
             keepalive_max: args.keepalive_max,
             header_timeout: Duration::from_millis(args.header_timeout_ms),
             backend_name: addr.to_string(),
-            rdma: args.rdma.rdma.then(|| {
-                farside_rdmahttp::server::Server::new(args.rdma.caps(), args.rdma.registration)
-            }),
+            rdma: match args.rdma.rdma {
+                false => None,
+                true => {
+                    let server = farside_rdmahttp::server::Server::new(
+                        args.rdma.caps(),
+                        args.rdma.registration,
+                    );
+                    match args.rdma.start_arena().map_err(io::Error::other)? {
+                        Some(arena) => Some(server.with_arena(arena)),
+                        None => Some(server),
+                    }
+                }
+            },
         })
     }
 }
@@ -300,7 +310,17 @@ pub(crate) fn serve_connection(
         }
         let cpu_start = farside_rt::thread_cpu();
         let mut response = route(&request, config);
-        if !request.head_only {
+        // Arena-reads of a file already in the arena: answered without reading it.
+        let in_arena = match (&request.rdma, &config.rdma, response.status) {
+            (Some(field), Some(server), 200) if !request.head_only => {
+                server.arena_answer(field, response.file_key)
+            }
+            _ => None,
+        };
+        if let Some(answer) = in_arena {
+            response.body = Body::Bytes(Vec::new());
+            response.rdma = Some(answer);
+        } else if !request.head_only {
             load_body(&mut response, body_buf);
         }
         if response.modelled {
@@ -311,7 +331,7 @@ pub(crate) fn serve_connection(
             };
             cost::burn_cpu(config.cost.emulated(body_bytes));
         }
-        if let (Some(field), false) = (&request.rdma, request.head_only) {
+        if let (Some(field), false, None) = (&request.rdma, request.head_only, &response.rdma) {
             rdma_body(
                 &mut response,
                 field,

@@ -94,7 +94,23 @@ impl Object {
     /// come from [`crate::btf`]), and parsing /sys/kernel/btf/vmlinux would cost tens
     /// of milliseconds of every start-up.
     pub fn load(label: &'static str, elf: &[u8]) -> Result<Object> {
-        let ebpf = aya::EbpfLoader::new().btf(None).load(elf).map_err(|e| {
+        Object::load_sized(label, elf, &[])
+    }
+
+    /// As [`Object::load`], with the maps named in `max_entries` created with that many
+    /// entries instead of the object's declared count (a large map sized to what the
+    /// node configured; the program must still bound every index by the declared one).
+    pub fn load_sized(
+        label: &'static str,
+        elf: &[u8],
+        max_entries: &[(&str, u32)],
+    ) -> Result<Object> {
+        let mut loader = aya::EbpfLoader::new();
+        loader.btf(None);
+        for &(name, n) in max_entries {
+            loader.map_max_entries(name, n);
+        }
+        let ebpf = loader.load(elf).map_err(|e| {
             Error::classify(label, "creating maps", &e, |detail| Error::Load {
                 program: label,
                 detail,

@@ -60,6 +60,10 @@ pub enum RdmaLoad {
     ServerWrites,
     /// The client RDMA-Reads each body from the server's registered region.
     ClientReads,
+    /// `RDMA: arena-reads`: the server answers where the body is in its object arena
+    /// and the client reads it one-sidedly with READs its XDP responder answers in the
+    /// kernel (needs --rdma-arena-key).
+    XdpReads,
 }
 
 impl RdmaLoad {
@@ -68,12 +72,13 @@ impl RdmaLoad {
             RdmaLoad::Off => "off",
             RdmaLoad::ServerWrites => "server-writes",
             RdmaLoad::ClientReads => "client-reads",
+            RdmaLoad::XdpReads => "xdp-reads",
         }
     }
 
     fn mode(self) -> Option<Mode> {
         match self {
-            RdmaLoad::Off => None,
+            RdmaLoad::Off | RdmaLoad::XdpReads => None,
             RdmaLoad::ServerWrites => Some(Mode::ServerWrites),
             RdmaLoad::ClientReads => Some(Mode::ClientReads),
         }
@@ -127,6 +132,15 @@ pub struct RdmaLoadArgs {
         requires = "rdma"
     )]
     pub requests_per_client: Option<u32>,
+    /// --rdma xdp-reads: the arena reader key, ID:PATH (a key file, 0600) or ID (the
+    /// credential rmem-ID), the one the back-end's --rdma-arena-key names.
+    #[arg(
+        id = "rdma_arena_key",
+        long = "rdma-arena-key",
+        value_name = "ID[:PATH]",
+        requires = "rdma"
+    )]
+    pub arena_key: Option<String>,
 }
 
 impl Default for RdmaLoadArgs {
@@ -138,6 +152,7 @@ impl Default for RdmaLoadArgs {
             maxlen: None,
             warmup_requests: 1,
             requests_per_client: None,
+            arena_key: None,
         }
     }
 }
@@ -168,6 +183,9 @@ pub struct RdmaSummary {
     /// How the measured bodies came.
     pub via_server_writes: u64,
     pub via_client_reads: u64,
+    /// Bodies read one-sidedly from the server's arena (xdp-reads).
+    #[serde(default)]
+    pub via_xdp_reads: u64,
     pub via_tcp: u64,
     /// Requests with the header the server answered over TCP, by its reason.
     pub declined: BTreeMap<String, u64>,
@@ -215,7 +233,7 @@ struct ClientResult {
     wrong: u64,
     failures: u64,
     warmup_failures: u64,
-    via: [u64; 3],
+    via: [u64; 4],
     declined: BTreeMap<String, u64>,
     bytes: u64,
     rdma_connections: u64,
@@ -322,6 +340,18 @@ pub fn run(args: &LoadgenArgs) -> Result<RdmaSummary, LoadgenError> {
         timeout: Duration::from_millis(args.timeout_ms),
     };
     let keepalive = !args.no_keepalive;
+    let arena_key = match (load, &r.arena_key) {
+        (RdmaLoad::XdpReads, Some(spec)) => Some(
+            farside_rmem::ClientKey::load(spec)
+                .map_err(|e| bad(format!("--rdma-arena-key: {e}")))?,
+        ),
+        (RdmaLoad::XdpReads, None) => {
+            return Err(bad(
+                "--rdma xdp-reads needs --rdma-arena-key ID[:PATH]".into()
+            ))
+        }
+        _ => None,
+    };
     if !args.quiet {
         eprintln!(
             "loadgen --rdma {}: {} client(s) on {addr}, {} path(s), keep-alive {keepalive}",
@@ -345,7 +375,10 @@ pub fn run(args: &LoadgenArgs) -> Result<RdmaSummary, LoadgenError> {
             std::thread::Builder::new()
                 .name(format!("rdma-client-{i}"))
                 .spawn(move || {
-                    let session = Session::new(addr, &host, opts, keepalive);
+                    let session = match arena_key {
+                        Some(k) => Session::new(addr, &host, opts, keepalive).with_arena_key(k),
+                        None => Session::new(addr, &host, opts, keepalive),
+                    };
                     client(i, session, &files, &work, &started)
                 })
         })
@@ -384,7 +417,7 @@ fn client(
         wrong: 0,
         failures: 0,
         warmup_failures: 0,
-        via: [0; 3],
+        via: [0; 4],
         declined: BTreeMap::new(),
         bytes: 0,
         rdma_connections: 0,
@@ -463,6 +496,7 @@ fn client(
                     match via {
                         Via::ServerWrites => r.via[0] += 1,
                         Via::ClientReads => r.via[1] += 1,
+                        Via::ArenaReads => r.via[3] += 1,
                         Via::Tcp(d) => {
                             r.via[2] += 1;
                             if let Some(d) = d {
@@ -528,6 +562,7 @@ fn summarize(
         s.via_server_writes += r.via[0];
         s.via_client_reads += r.via[1];
         s.via_tcp += r.via[2];
+        s.via_xdp_reads += r.via[3];
         for (k, v) in &r.declined {
             *s.declined.entry(k.clone()).or_default() += v;
         }
@@ -582,9 +617,10 @@ pub fn print_summary<W: Write>(s: &RdmaSummary, out: &mut W) -> io::Result<()> {
     let declined: Vec<String> = s.declined.iter().map(|(k, v)| format!("{k}={v}")).collect();
     writeln!(
         out,
-        "via server-writes={} client-reads={} tcp={} declined[{}]",
+        "via server-writes={} client-reads={} xdp-reads={} tcp={} declined[{}]",
         s.via_server_writes,
         s.via_client_reads,
+        s.via_xdp_reads,
         s.via_tcp,
         declined.join(",")
     )?;

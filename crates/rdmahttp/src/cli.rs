@@ -31,6 +31,12 @@ pub struct GetArgs {
     /// Write the body to this file. Default: not written.
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
+    /// Ask for arena-reads instead of --rdma (`RDMA: arena-reads`): a body the server
+    /// keeps in its kernel-answered object arena is read one-sidedly under this arena
+    /// reader key, ID:PATH (a key file) or ID (the credential rmem-ID), and validated
+    /// (seqlock and CRC32c). Default: off.
+    #[arg(long = "arena-key", value_name = "ID[:PATH]", conflicts_with = "rdma")]
+    pub arena_key: Option<String>,
 }
 
 /// Run `farside get`: prints `status=S bytes=N fnv1a64=H via=V[ declined=R]`.
@@ -40,7 +46,19 @@ pub fn run_get(a: GetArgs) -> Result<(), String> {
         maxlen: a.maxlen,
         timeout: Duration::from_millis(a.timeout_ms.max(1)),
     };
-    let got = client::get(&a.url, &opts).map_err(|e| format!("{}: {e}", a.url))?;
+    let got = match &a.arena_key {
+        None => client::get(&a.url, &opts).map_err(|e| format!("{}: {e}", a.url))?,
+        Some(spec) => {
+            let key = farside_rmem::ClientKey::load(spec)?;
+            let (addr, host, path) =
+                client::parse_url(&a.url).map_err(|e| format!("{}: {e}", a.url))?;
+            crate::session::Session::new(addr, &host, opts, false)
+                .with_arena_key(key)
+                .get(&path)
+                .map_err(|e| format!("{}: {e}", a.url))?
+                .fetched
+        }
+    };
     if let Some(path) = &a.output {
         std::fs::write(path, &got.body).map_err(|e| format!("{}: {e}", path.display()))?;
     }
@@ -92,7 +110,25 @@ pub struct RdmaServeArgs {
     /// changes; under --rdma-registered-bytes-max). Default: dynamic.
     #[arg(long = "rdma-registration", value_enum, default_value_t = Registration::Dynamic)]
     pub registration: Registration,
+    /// Answer `RDMA: arena-reads` (with --rdma): put file bodies into this process's
+    /// object arena, a BPF map the rmem XDP responder (attached to IFACE, generic
+    /// mode) answers one-sided READs from, and answer where the body is; the client
+    /// reads it with no server process scheduled. No other XDP program may be attached
+    /// to IFACE. Needs root. Default: off (arena-reads declined, not-offered).
+    #[arg(long = "rdma-arena-iface", value_name = "IFACE")]
+    pub arena_iface: Option<String>,
+    /// Udp port of the arena responder. Default: 7300.
+    #[arg(long = "rdma-arena-port", default_value_t = ARENA_PORT_DEFAULT)]
+    pub arena_port: u16,
+    /// The arena reader key, ID:PATH (a key file, 0600) or ID (the credential
+    /// rmem-ID): clients must hold the same key; its rights are READ of the arena
+    /// region only. Required with --rdma-arena-iface.
+    #[arg(long = "rdma-arena-key", value_name = "ID[:PATH]")]
+    pub arena_key: Option<String>,
 }
+
+/// Default `--rdma-arena-port`.
+pub const ARENA_PORT_DEFAULT: u16 = 7300;
 
 impl Default for RdmaServeArgs {
     fn default() -> Self {
@@ -105,11 +141,39 @@ impl Default for RdmaServeArgs {
             connect_timeout_ms: c.connect_timeout.as_millis() as u64,
             transfer_timeout_ms: c.transfer_timeout.as_millis() as u64,
             registration: Registration::Dynamic,
+            arena_iface: None,
+            arena_port: ARENA_PORT_DEFAULT,
+            arena_key: None,
         }
     }
 }
 
 impl RdmaServeArgs {
+    /// The arena server these flags ask for, started (its responder attached), or
+    /// `None` without --rdma-arena-iface.
+    pub fn start_arena(&self) -> Result<Option<crate::arena::ArenaServer>, String> {
+        let Some(iface) = &self.arena_iface else {
+            return Ok(None);
+        };
+        if !self.rdma {
+            return Err("--rdma-arena-iface needs --rdma".into());
+        }
+        let spec = self
+            .arena_key
+            .as_deref()
+            .ok_or("--rdma-arena-iface needs --rdma-arena-key ID[:PATH]")?;
+        let (id, path) = farside_rmem::ClientKey::parse_spec(spec)?;
+        let keys = crate::arena::arena_keyring(id, path.as_deref())?;
+        crate::arena::ArenaServer::start(
+            iface,
+            farside_xdp::XdpMode::Generic,
+            self.arena_port,
+            id,
+            &keys,
+        )
+        .map(Some)
+    }
+
     /// The caps these flags set.
     pub fn caps(&self) -> crate::caps::Caps {
         crate::caps::Caps {

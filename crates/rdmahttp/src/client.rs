@@ -57,6 +57,8 @@ pub enum Via {
     Tcp(Option<Decline>),
     ServerWrites,
     ClientReads,
+    /// Read one-sidedly from the server's kernel-answered object arena.
+    ArenaReads,
 }
 
 impl Via {
@@ -65,6 +67,7 @@ impl Via {
             Via::Tcp(_) => "tcp",
             Via::ServerWrites => "server-writes",
             Via::ClientReads => "client-reads",
+            Via::ArenaReads => "arena-reads",
         }
     }
 }

@@ -6,6 +6,11 @@
 //! response  RDMA: server-writes, len=N                  (the body went by RDMA Write)
 //!           RDMA: client-reads, stag=S, to=T, len=N     (read it there, then say done)
 //!           RDMA: declined, reason=too-large            (the body is in this response)
+//!
+//! request   RDMA: arena-reads, maxlen=1048576
+//! response  RDMA: arena-reads, port=7200, key=5, slot=0x1a2b0, class=10, hash=0x9f.., len=N
+//!                 (read it one-sidedly from the server's kernel-answered object arena:
+//!                  crate::arena; nothing to say done)
 //! ```
 //!
 //! The request is the seed paper's (Figure 1): the mode first, then `name=value`
@@ -153,9 +158,40 @@ impl Decline {
     }
 }
 
+/// The first token of an arena-reads field (request and response).
+pub const ARENA_READS: &str = "arena-reads";
+
+/// Where an object is in the server's object arena: what a client needs to read it
+/// one-sidedly from the server's own address (the HTTP peer), at the arena responder's
+/// udp `port`, under key id `key` (an arena reader key the client holds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArenaHint {
+    pub port: u16,
+    pub key: u32,
+    /// Byte offset of the object's slot in the arena's slot area.
+    pub slot: u64,
+    /// The slot's size class (`farside_arena::layout`): where its tail word is.
+    pub class: u8,
+    /// The url hash the object is stored under (checked in the slot).
+    pub hash: u64,
+    pub len: u64,
+}
+
+/// An arena-reads request field's `maxlen`: `Some` if `value` is one (its first token
+/// `arena-reads`), else `None` (another field, or a malformed one).
+pub fn parse_arena_request(value: &[u8]) -> Option<u64> {
+    let (first, p) = Params::split(text(value).ok()?).ok()?;
+    if !first.eq_ignore_ascii_case(ARENA_READS) {
+        return None;
+    }
+    p.need("maxlen").ok()
+}
+
 /// The server's `RDMA:` response field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Response {
+    /// The body is in the server's object arena; `Content-Length: 0`.
+    ArenaReads(ArenaHint),
     /// The body (`len` bytes) is in the client's region; `Content-Length: 0`.
     ServerWrites { len: u64 },
     /// The body is at `stag`/`to` on the RDMA connection; `Content-Length: 0`.
@@ -282,6 +318,21 @@ pub fn parse_response(value: &[u8]) -> Result<Response, HeaderError> {
         return Ok(Response::Declined(reason));
     }
     let len = p.need("len")?;
+    if first.eq_ignore_ascii_case(ARENA_READS) {
+        let small = |name: &'static str, max: u64| -> Result<u64, HeaderError> {
+            Some(p.need(name)?)
+                .filter(|&v| v <= max)
+                .ok_or(HeaderError::BadParam(name))
+        };
+        return Ok(Response::ArenaReads(ArenaHint {
+            port: small("port", u16::MAX.into())? as u16,
+            key: small("key", u32::MAX.into())? as u32,
+            slot: p.need("slot")?,
+            class: small("class", u8::MAX.into())? as u8,
+            hash: p.need("hash")?,
+            len,
+        }));
+    }
     match Mode::from_token(first).ok_or(HeaderError::UnknownMode)? {
         Mode::ServerWrites => Ok(Response::ServerWrites { len }),
         Mode::ClientReads => Ok(Response::ClientReads {
@@ -318,6 +369,11 @@ impl fmt::Display for Response {
                 write!(f, "client-reads, stag={stag}, to={to}, len={len}")
             }
             Response::Declined(d) => write!(f, "declined, reason={}", d.token()),
+            Response::ArenaReads(h) => write!(
+                f,
+                "{ARENA_READS}, port={}, key={}, slot={:#x}, class={}, hash={:#x}, len={}",
+                h.port, h.key, h.slot, h.class, h.hash, h.len
+            ),
         }
     }
 }
@@ -358,6 +414,32 @@ mod tests {
             sink: (mode == Mode::ServerWrites).then(|| (r.next() as u32, r.next() >> r.below(64))),
             maxlen: r.next() >> r.below(64),
         }
+    }
+
+    #[test]
+    fn arena_fields_round_trip() {
+        assert_eq!(parse_arena_request(b"arena-reads, maxlen=0x100"), Some(256));
+        assert_eq!(parse_arena_request(b"Arena-Reads,maxlen=7,x=1"), Some(7));
+        assert_eq!(parse_arena_request(b"arena-reads"), None);
+        assert_eq!(parse_arena_request(b"client-reads, maxlen=7"), None);
+        let h = ArenaHint {
+            port: 7200,
+            key: 5,
+            slot: 0x1a2b0,
+            class: 10,
+            hash: u64::MAX - 1,
+            len: 1 << 20,
+        };
+        let text = Response::ArenaReads(h).to_string();
+        assert_eq!(parse_response(text.as_bytes()), Ok(Response::ArenaReads(h)));
+        assert_eq!(
+            parse_response(b"arena-reads, port=70000, key=1, slot=0, class=0, hash=1, len=1"),
+            Err(HeaderError::BadParam("port"))
+        );
+        assert_eq!(
+            parse_response(b"arena-reads, port=7, key=1, slot=0, class=0, len=1"),
+            Err(HeaderError::Missing("hash"))
+        );
     }
 
     #[test]

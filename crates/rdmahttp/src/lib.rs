@@ -12,9 +12,14 @@
 //!   [`cli`]).
 //! - [`session`]: a client that keeps its HTTP and RDMA connections across requests
 //!   (`farside loadgen --rdma`).
+//! - [`arena`], [`arena_read`]: arena-reads, bodies in the node's object arena read
+//!   one-sidedly by the client with READs the kernel answers (XDP): the server side
+//!   (puts, hints) and the pipelined, validating reader.
 //! - [`regbench`]: what one registration costs, per strategy (`farside lab rdma-http`'s
 //!   Table 1).
 
+pub mod arena;
+pub mod arena_read;
 pub mod caps;
 pub mod cli;
 pub mod client;

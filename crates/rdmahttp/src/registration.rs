@@ -31,7 +31,7 @@ pub enum Registration {
 }
 
 /// A file's identity and version, from `fstat`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FileKey {
     pub dev: u64,
     pub ino: u64,

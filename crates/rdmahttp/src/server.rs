@@ -61,6 +61,8 @@ pub struct Server {
     budget: Arc<Budget>,
     registration: Registration,
     cache: Cache,
+    /// Arena-reads: the node's kernel-answered object arena ([`crate::arena`]).
+    arena: Option<crate::arena::ArenaServer>,
 }
 
 /// One HTTP connection's RDMA state: its RDMA connection, and a client-reads transfer
@@ -115,6 +117,9 @@ pub enum Moved {
     /// The body is registered for the client to read: answer `Content-Length: 0` with
     /// [`Response::ClientReads`], then call [`Server::after_answer`].
     Readable { stag: u32, to: u64, len: u64 },
+    /// The body is in the object arena: answer `Content-Length: 0` with
+    /// [`Response::ArenaReads`]; nothing to wait for.
+    InArena(header::ArenaHint),
 }
 
 impl Moved {
@@ -123,6 +128,7 @@ impl Moved {
         match self {
             Moved::Written { len } => Response::ServerWrites { len },
             Moved::Readable { stag, to, len } => Response::ClientReads { stag, to, len },
+            Moved::InArena(h) => Response::ArenaReads(h),
         }
     }
 }
@@ -137,7 +143,24 @@ impl Server {
             budget: Budget::new(caps),
             registration,
             cache: Cache::default(),
+            arena: None,
         }
+    }
+
+    /// This server with arena-reads answered from `arena`.
+    pub fn with_arena(mut self, arena: crate::arena::ArenaServer) -> Server {
+        self.arena = Some(arena);
+        self
+    }
+
+    /// Arena-reads for a file already in the arena: its answer, before the body is even
+    /// read (the cheap path: the server touches no body byte). `None`: not an
+    /// arena-reads field, no arena, or the file is not there yet ([`Server::serve`]
+    /// then puts it).
+    pub fn arena_answer(&self, field: &[u8], file: Option<FileKey>) -> Option<Response> {
+        let maxlen = header::parse_arena_request(field)?;
+        let hint = self.arena.as_ref()?.hint(&file?, maxlen)?;
+        Some(Response::ArenaReads(hint))
     }
 
     pub fn budget(&self) -> &Arc<Budget> {
@@ -163,6 +186,15 @@ impl Server {
     ) -> Result<Moved, Decline> {
         // A client-reads transfer the client never finished ends before the next one.
         self.after_answer(session);
+        if let Some(maxlen) = header::parse_arena_request(field) {
+            let (Some(arena), Some(file)) = (&self.arena, file) else {
+                return Err(Decline::NotOffered);
+            };
+            if body.is_empty() {
+                return Err(Decline::NotOffered);
+            }
+            return arena.put(&file, body, maxlen).map(Moved::InArena);
+        }
         let req = header::parse_request(field).map_err(|e| {
             log::debug!("rdma: field not taken: {e}");
             Decline::BadField

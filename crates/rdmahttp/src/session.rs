@@ -26,6 +26,7 @@
 //! Any error ends both connections (the next request starts afresh); an answer that
 //! says `Connection: close` ends them after it.
 
+use crate::arena_read::ArenaReader;
 use crate::client::{self, Fetched, GetOptions, Remote, Via, CQ_DEPTH, WR_RECV};
 use crate::header::{self, Mode, Response};
 use farside_iwarp::qp::{Qp, QpConfig, QpState, RecvWr, Sge};
@@ -89,6 +90,9 @@ pub struct Session {
     keepalive: bool,
     http: Option<Http>,
     rdma_connections: u64,
+    /// Arena-reads: the arena reader key, and the reader once a hint named its port.
+    arena_key: Option<farside_rmem::ClientKey>,
+    arena: Option<ArenaReader>,
 }
 
 impl Session {
@@ -102,7 +106,19 @@ impl Session {
             keepalive,
             http: None,
             rdma_connections: 0,
+            arena_key: None,
+            arena: None,
         }
+    }
+
+    /// This session asking for arena-reads (`RDMA: arena-reads`, instead of
+    /// `opts.mode`): bodies the server answers with a hint are read one-sidedly from
+    /// its kernel-answered arena under `key` ([`crate::arena_read`]), from the HTTP
+    /// peer's own address. The reader's socket is opened at the first hint and kept
+    /// (its opening is the fetch's `rdma_connect`).
+    pub fn with_arena_key(mut self, key: farside_rmem::ClientKey) -> Session {
+        self.arena_key = Some(key);
+        self
     }
 
     /// RDMA connections set up so far.
@@ -144,6 +160,9 @@ impl Session {
         }
         let mut pending = None;
         let field = match opts.mode {
+            None if self.arena_key.is_some() => {
+                Some(format!("{}, maxlen={}", header::ARENA_READS, opts.maxlen))
+            }
             None => None,
             Some(mode) => {
                 let sink = match &mut h.live {
@@ -234,6 +253,25 @@ impl Session {
                     status: answer.status,
                     body,
                     via: Via::ServerWrites,
+                }
+            }
+            Some(Ok(Response::ArenaReads(hint))) if self.arena_key.is_some() => {
+                let server = SocketAddr::new(self.addr.ip(), hint.port);
+                if self.arena.as_ref().and_then(|r| r.server().ok()) != Some(server) {
+                    let t = Instant::now();
+                    let key = self.arena_key.expect("checked");
+                    self.arena = Some(ArenaReader::connect(server, key)?);
+                    rdma_connect = Some(t.elapsed());
+                    self.rdma_connections += 1;
+                }
+                let reader = self.arena.as_mut().expect("opened above");
+                let (body, _) = reader
+                    .fetch(&hint, opts.maxlen)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                Fetched {
+                    status: answer.status,
+                    body,
+                    via: Via::ArenaReads,
                 }
             }
             Some(Ok(Response::ClientReads { stag, to, len })) => {

@@ -48,6 +48,15 @@
 //! host that answers udp from user space, [`XdpResponder::load_for_sampler`] creates
 //! the maps alone and the region map is the node's region all the same.
 //!
+//! The object arena (`farside_arena`): a second `BPF_F_MMAPABLE` array map,
+//! `rmem_arena`, one [`ARENA_CHUNK_BYTES`] chunk per element, created with the chunk
+//! count the node asks for ([`XdpResponder::load_with_arena`], at most
+//! [`ARENA_CHUNKS_MAX`]; one chunk otherwise). READs whose region is
+//! [`farside_arena::layout::ARENA_REGION`] are answered from it, under keys whose rights
+//! name that region (arena readers: READ only), each READ within one chunk. The process
+//! that owns the objects writes them through [`XdpResponder::arena`] (a `MAP_SHARED`
+//! mapping) with `farside_arena`'s seqlock writer.
+//!
 //! Everything here needs CAP_BPF and CAP_NET_ADMIN (root in practice).
 
 pub mod ksamp;
@@ -69,6 +78,15 @@ use std::time::Duration;
 /// 24 (reply header) + 1400 = 1466 bytes, fits a 1500-byte MTU. Mirrored in
 /// `bpf/rmem_consts.h`, which `tests/consts.rs` checks against this.
 pub const XDP_READ_BYTES_MAX: usize = 1400;
+
+/// Bytes of one arena chunk (one element of the arena map, the most one arena READ
+/// returns): `farside_arena::layout::CHUNK_BYTES`, mirrored in `bpf/rmem_consts.h`.
+pub const ARENA_CHUNK_BYTES: usize = farside_arena::layout::CHUNK_BYTES;
+/// Most chunks of the arena map (its declared `max_entries`).
+pub const ARENA_CHUNKS_MAX: usize = farside_arena::layout::ARENA_CHUNKS_MAX;
+/// Chunks of the arena map when the node asks for none: one, the smallest map the
+/// kernel creates (every READ of it then finds an empty chunk 0 or OutOfBounds).
+pub const ARENA_CHUNKS_NONE: u32 = 1;
 
 /// Most keys the program holds (`max_entries` of its keys map): a keyring's bound.
 pub const KEYS_MAX: usize = farside_auth::keys::KEYS_MAX;
@@ -112,6 +130,7 @@ const MAP_SEQLIM: &str = "rmem_seqlim";
 /// Entries of the sequence limits map (RMEM_SEQLIM_* in rmem_consts.h).
 const SEQLIM_FLOOR: u32 = 0;
 const SEQLIM_CEILING: u32 = 1;
+const MAP_ARENA: &str = "rmem_arena";
 /// Grant op bits (RMEM_GRANT_* in rmem_consts.h).
 const GRANT_READ: u8 = 1;
 const GRANT_WRITE: u8 = 2;
@@ -229,10 +248,35 @@ unsafe impl aya::Pod for DedupValue {}
 /// `(ops, status)` counters: ops by op code (0 = unknown), replies by `Status as u8`.
 pub type Counters = ([u64; OP_COUNTERS], [u64; STATUS_COUNTERS]);
 
+/// The arena map, mapped shared and writable: the owner process writes objects here
+/// (`farside_arena::ArenaMap` over [`ArenaMemory::bytes_mut`]) while the program reads
+/// them. One writer: hand it out behind a lock.
+pub struct ArenaMemory {
+    map: farside_bpfrt::MmapArray,
+    bytes: usize,
+}
+
+impl ArenaMemory {
+    /// Chunks of the map.
+    pub fn chunks(&self) -> usize {
+        self.bytes / ARENA_CHUNK_BYTES
+    }
+
+    /// The whole arena, `chunks() * ARENA_CHUNK_BYTES` bytes, chunk `i` at
+    /// `i * ARENA_CHUNK_BYTES`. The kernel reads it concurrently: write it only with the
+    /// seqlock protocol (`farside_arena::slot`).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is at least `bytes` long (rounded up to pages), lives as
+        // long as self, and &mut self makes this the only user-space view of it.
+        unsafe { std::slice::from_raw_parts_mut(self.map.as_ptr(), self.bytes) }
+    }
+}
+
 /// The loaded (not necessarily attached) program, configured, with its region mapped.
 struct Loaded {
     obj: Object,
     region: Arc<MappedWords>,
+    arena: Arc<std::sync::Mutex<ArenaMemory>>,
     /// Set while the kernel sampler runs.
     sampler: Option<ksamp::SamplerState>,
     /// Wall time of each start-up step, in order (see [`XdpResponder::startup_stages`]).
@@ -242,15 +286,20 @@ struct Loaded {
 }
 
 impl Loaded {
-    fn load(udp_port: u16, keys: &Keyring) -> Result<Loaded, XdpError> {
+    fn load(udp_port: u16, keys: &Keyring, arena_chunks: u32) -> Result<Loaded, XdpError> {
         if keys.len() > KEYS_MAX {
             return Err(config_error(format!(
                 "{} keys, at most {KEYS_MAX}",
                 keys.len()
             )));
         }
+        if arena_chunks == 0 || arena_chunks as usize > ARENA_CHUNKS_MAX {
+            return Err(config_error(format!(
+                "{arena_chunks} arena chunks: 1 to {ARENA_CHUNKS_MAX}"
+            )));
+        }
         let mut lap = Lap::new();
-        let mut obj = Object::load(LABEL, OBJECT)?;
+        let mut obj = Object::load_sized(LABEL, OBJECT, &[(MAP_ARENA, arena_chunks)])?;
         lap.stage("maps");
         obj.program::<aya::programs::Xdp>(PROG_NAME)?;
         let config = Config {
@@ -286,10 +335,17 @@ impl Loaded {
                     .map_err(|e| Error::os(LABEL, "mmap of the region map", e))?,
             )
         };
+        let arena = {
+            let bytes = arena_chunks as usize * ARENA_CHUNK_BYTES;
+            let map = farside_bpfrt::MmapArray::map(obj.map_fd(MAP_ARENA)?, bytes)
+                .map_err(|e| Error::os(LABEL, "mmap of the arena map", e))?;
+            Arc::new(std::sync::Mutex::new(ArenaMemory { map, bytes }))
+        };
         lap.stage("config_mmap");
         Ok(Loaded {
             obj,
             region,
+            arena,
             sampler: None,
             stages: lap.stages,
             verified: false,
@@ -507,6 +563,30 @@ impl XdpResponder {
         Self::attach_with(ifname, mode, udp_port, keys, |_| {})
     }
 
+    /// As [`XdpResponder::load`], with an arena map of `arena_chunks` chunks (1 to
+    /// [`ARENA_CHUNKS_MAX`]; `farside_arena::map_chunks` says how many a layout needs).
+    pub fn load_with_arena(
+        udp_port: u16,
+        keys: &Keyring,
+        arena_chunks: u32,
+    ) -> Result<XdpResponder, XdpError> {
+        if udp_port == 0 {
+            return Err(config_error("udp port 0 (the program would serve nothing)"));
+        }
+        Ok(XdpResponder {
+            loaded: Loaded::load(udp_port, keys, arena_chunks)?,
+            link: None,
+            ifname: String::new(),
+            mode: XdpMode::Generic,
+            sampler_only: false,
+        })
+    }
+
+    /// The arena map's memory (see [`ArenaMemory`]), valid after the responder is gone.
+    pub fn arena(&self) -> Arc<std::sync::Mutex<ArenaMemory>> {
+        self.loaded.arena.clone()
+    }
+
     /// Like [`XdpResponder::attach`], with `init` given the region after the maps are
     /// created and before the program is attached: what it writes there is the first thing any
     /// request can read (no window in which the kernel answers from a zeroed region).
@@ -529,16 +609,7 @@ impl XdpResponder {
     /// program's verification and attach ([`XdpResponder::attach_to`]), so a restarted
     /// gatherd answers from its region within milliseconds while XDP comes up.
     pub fn load(udp_port: u16, keys: &Keyring) -> Result<XdpResponder, XdpError> {
-        if udp_port == 0 {
-            return Err(config_error("udp port 0 (the program would serve nothing)"));
-        }
-        Ok(XdpResponder {
-            loaded: Loaded::load(udp_port, keys)?,
-            link: None,
-            ifname: String::new(),
-            mode: XdpMode::Generic,
-            sampler_only: false,
-        })
+        Self::load_with_arena(udp_port, keys, ARENA_CHUNKS_NONE)
     }
 
     /// Create the maps (the region among them) for the kernel sampler alone, on a host
@@ -549,7 +620,11 @@ impl XdpResponder {
     /// publishes into it. Needs CAP_BPF (root in practice), not CAP_NET_ADMIN.
     pub fn load_for_sampler() -> Result<XdpResponder, XdpError> {
         Ok(XdpResponder {
-            loaded: Loaded::load(0, &Keyring::new(farside_auth::keys::Policy::Production))?,
+            loaded: Loaded::load(
+                0,
+                &Keyring::new(farside_auth::keys::Policy::Production),
+                ARENA_CHUNKS_NONE,
+            )?,
             link: None,
             ifname: String::new(),
             mode: XdpMode::Generic,
@@ -756,9 +831,23 @@ pub struct TestProgram {
 impl TestProgram {
     /// Load and configure (port, keys) without attaching.
     pub fn load(udp_port: u16, keys: &Keyring) -> Result<TestProgram, XdpError> {
-        let mut loaded = Loaded::load(udp_port, keys)?;
+        Self::load_with_arena(udp_port, keys, ARENA_CHUNKS_NONE)
+    }
+
+    /// As [`TestProgram::load`], with an arena map of `arena_chunks` chunks.
+    pub fn load_with_arena(
+        udp_port: u16,
+        keys: &Keyring,
+        arena_chunks: u32,
+    ) -> Result<TestProgram, XdpError> {
+        let mut loaded = Loaded::load(udp_port, keys, arena_chunks)?;
         loaded.verify()?;
         Ok(TestProgram { loaded })
+    }
+
+    /// As [`XdpResponder::arena`].
+    pub fn arena(&self) -> Arc<std::sync::Mutex<ArenaMemory>> {
+        self.loaded.arena.clone()
     }
 
     /// Run the program once on `packet` (an Ethernet frame). Returns the XDP action

@@ -64,6 +64,18 @@ fn bpf_constants_match_the_rust_side() {
         ),
         ("RMEM_ST_REPLAYED", Status::Replayed as u64),
         ("XDP_READ_BYTES_MAX", farside_xdp::XDP_READ_BYTES_MAX as u64),
+        (
+            "RMEM_ARENA_REGION",
+            farside_arena::layout::ARENA_REGION.into(),
+        ),
+        (
+            "RMEM_ARENA_CHUNK_BYTES",
+            farside_xdp::ARENA_CHUNK_BYTES as u64,
+        ),
+        (
+            "RMEM_ARENA_CHUNKS_MAX",
+            farside_xdp::ARENA_CHUNKS_MAX as u64,
+        ),
         ("RMEM_OP_READ", Op::Read as u64),
         ("RMEM_OP_WRITE", Op::Write as u64),
         ("RMEM_OP_CAS", Op::CompareSwap as u64),

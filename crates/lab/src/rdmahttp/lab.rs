@@ -37,6 +37,11 @@ const CLIENT_TIMEOUT_MS: u64 = 60_000;
 /// Longest a fig4 point may take, s: its work is fixed (five files per client and
 /// round); a loaded server moved ~10 MB/s here, so 15 clients' 75 MiB take ~8 s.
 const FIG4_MAX_S: f64 = 120.0;
+/// xdp-reads: the arena reader key's id and file (in a temp dir of the run).
+const ARENA_KEY_ID: u32 = 5;
+const ARENA_KEY_FILE: &str = "rmem-5.key";
+/// xdp-reads: the back-end's arena responder port.
+const ARENA_PORT: u16 = farside_rdmahttp::cli::ARENA_PORT_DEFAULT;
 /// Longest a registration probe may take (40 steps of 8 MiB on a loaded CPU took
 /// seconds; the paper's loaded registrations took 1.5 s each).
 const PROBE_MAX: Duration = Duration::from_secs(600);
@@ -52,6 +57,8 @@ pub struct Lab {
     pub docroot: TempDir,
     pub plan: Plan,
     pub hog_nice: i32,
+    /// The arena reader key of xdp-reads (back-end and clients).
+    pub arena_keys: crate::fabric::keys::LabKeys,
 }
 
 /// A directory removed on drop.
@@ -134,6 +141,7 @@ pub fn start_lab(dir: &Path, plan: &Plan, hog_nice: i32) -> io::Result<Lab> {
         docroot,
         plan: plan.clone(),
         hog_nice,
+        arena_keys: crate::fabric::keys::LabKeys::generate(&[ARENA_KEY_FILE])?,
     })
 }
 
@@ -224,6 +232,14 @@ impl Lab {
         Ok(h)
     }
 
+    /// `ID:PATH` of the arena reader key.
+    fn arena_spec(&self) -> String {
+        format!(
+            "{ARENA_KEY_ID}:{}",
+            self.arena_keys.path(ARENA_KEY_FILE).display()
+        )
+    }
+
     /// A fresh `farside backend` for `system`.
     fn start_backend(&self, system: &str, tag: &str) -> io::Result<Child> {
         let mut args: Vec<String> = [
@@ -240,6 +256,21 @@ impl Lab {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        if system == SYSTEM_XDP_READS {
+            for a in [
+                "--rdma",
+                "--rdma-transfer-bytes-max",
+                &FILE_BYTES_MAX.to_string(),
+                "--rdma-arena-iface",
+                crate::fabric::netns::VETH_IN_NS,
+                "--rdma-arena-port",
+                &ARENA_PORT.to_string(),
+                "--rdma-arena-key",
+                &self.arena_spec(),
+            ] {
+                args.push(a.to_string());
+            }
+        }
         if let Some(r) = registration_of(system) {
             for a in [
                 "--rdma",
@@ -322,6 +353,9 @@ impl Lab {
         lg.timeout_ms = CLIENT_TIMEOUT_MS;
         lg.rdma.rdma = Some(if registration_of(&key.system).is_some() {
             RdmaLoad::ServerWrites
+        } else if key.system == SYSTEM_XDP_READS {
+            lg.rdma.arena_key = Some(self.arena_spec());
+            RdmaLoad::XdpReads
         } else {
             RdmaLoad::Off
         });
@@ -556,10 +590,6 @@ pub fn run(a: RdmaHttpArgs) -> io::Result<()> {
     );
     drop(lab);
     sweep.note(CONTROL_NOTE.to_string())?;
-    sweep.note(format!(
-        "not built yet: {SYSTEM_NOT_BUILT} (bodies read one-sidedly from the kernel-answered \
-         object arena through XDP: the arena is separate work)"
-    ))?;
     result?;
     sweep.finish()?;
     Ok(())
@@ -598,7 +628,7 @@ fn params(a: &RdmaHttpArgs, plan: &Plan) -> serde_json::Value {
         "warmup_requests_per_client": 1,
         "pin": format!("server node (backend, probe, hogs) and its receive softirq (RPS) on CPU {}, clients on CPU {}", plan.server_cpu, plan.client_cpu),
         "client": "farside loadgen --rdma server-writes (iwarp-*) or off (tcp): the same clients, one kept HTTP connection and one kept RDMA connection per client, every body checked against its file",
-        "backend": format!("a fresh farside backend per point, {WORKERS} workers, keep-alive unbounded; iwarp-*: --rdma --rdma-registration static|dynamic|cache, transfer cap {FILE_BYTES_MAX} B, {TRANSFERS_MAX} transfers, {REGISTERED_BYTES_MAX} B registered"),
+        "backend": format!("a fresh farside backend per point, {WORKERS} workers, keep-alive unbounded; iwarp-*: --rdma --rdma-registration static|dynamic|cache, transfer cap {FILE_BYTES_MAX} B, {TRANSFERS_MAX} transfers, {REGISTERED_BYTES_MAX} B registered; xdp-reads: --rdma --rdma-arena-iface eth0 (generic XDP, arena port {ARENA_PORT}, key id {ARENA_KEY_ID})"),
         "server_cpu": "user and system time of the back-end process (all threads, exited ones included: /proc/PID/stat, 10 ms clock ticks) and softirq time of the server's CPU (/proc/stat; bridge forwarding of its packets included) over the whole client run (warm-up included), divided by the body bytes delivered (warm-up included)",
         "connect_us": "RDMA connection set-up seen by the client: request written to MPA set-up done (the server's work to get there included); one per client, in its warm-up request",
         "table1": "one registration step per sample, in a process of the server's node at nice 0: dynamic = register + copy + deregister, static = copy into the pre-registered region, cached = cache hit + register the cached buffer without a copy + deregister; each step after a sleep of probe_gap_ms (0: back to back, a server busy serving; >0: each step just after a wake-up, as a worker idle until its request); avg_ms/p99_ms = wall time, reg_cpu_us = thread CPU time (reading the thread clock included, ~1-3 us here), wall - CPU = waiting for the CPU",

@@ -84,7 +84,7 @@ pub fn point_of_load(
 ) -> RdmaPoint {
     let bytes_all = s.bytes + warmup_bytes;
     let declined: Vec<String> = s.declined.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let rdma = s.via_server_writes + s.via_client_reads;
+    let rdma = s.via_server_writes + s.via_client_reads + s.via_xdp_reads;
     RdmaPoint {
         experiment: key.experiment.clone(),
         system: key.system.clone(),

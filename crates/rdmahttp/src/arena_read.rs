@@ -1,0 +1,343 @@
+//! The one-sided reader of a server's object arena: fetches an object with rmem READs of
+//! the arena region (`farside_arena::layout::ARENA_REGION`), answered by the server's
+//! XDP responder in the kernel, so no server process is scheduled for the body.
+//!
+//! ```text
+//!  hint (from the HTTP answer, or an index lookup) ─► plan: the slot's chunk READs
+//!  READ 0 (seq_head) alone ─► READs 1..n-2 pipelined, at most READ_WINDOW in flight
+//!  ─► READ n-1 (seq_tail) alone ─► seqlock + url hash + CRC32c check
+//!        torn ─► again, at most READ_RETRY_MAX times; stale / corrupt ─► error
+//! ```
+//!
+//! The order is what the seqlock argument needs (`farside_arena::slot`): the head word
+//! is read before any other READ is issued, the tail word after every other was answered.
+//! Every request is sealed under the client's arena reader key, padded to its reply's size
+//! (the responder never answers with more bytes than it got), and every reply must open
+//! under that key, for this sender and one of this fetch's envelope seqs, with status Ok
+//! and exactly the bytes asked. A READ unanswered for [`READ_RTO`] is sent again as a
+//! new request (a new envelope seq: the replay window refuses a copy), at most
+//! [`READ_RESENDS_MAX`] times per READ.
+
+use crate::header::ArenaHint;
+use farside_arena::index::{lookup_in_window, probe_window};
+use farside_arena::layout::{ARENA_REGION, CHUNK_BYTES, CLASS_COUNT, READ_RETRY_MAX};
+use farside_arena::slot::SlotRef;
+use farside_arena::{chunk_reads, Bucket, ObjectRead, ReadError, SLOTS_BASE};
+use farside_rmem::auth::{open_reply, seal_request_to, SenderState};
+use farside_rmem::wire::{self, RepHeader, ReqHeader, Status, ENVELOPE_BYTES};
+use farside_rmem::ClientKey;
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+/// READs in flight at once. Rule: 64 replies of 1.5 kB (96 kB) fit the socket's
+/// receive buffer (we ask for [`RECV_BUFFER_BYTES`]) and a veth or NIC ring of 256, so a
+/// window never overruns a buffer it depends on; 64 x 1,400 B per round trip is ~90 MB/s
+/// even at a 1 ms round trip.
+pub const READ_WINDOW: usize = 64;
+/// Time a READ may go unanswered before it is sent again. Rule: an XDP answer takes
+/// microseconds even on a loaded host (softirq, not the scheduler); 20 ms is far above
+/// any queueing on one link and short enough that a lost datagram costs little.
+pub const READ_RTO: Duration = Duration::from_millis(20);
+/// Times one READ is sent again before the fetch fails. Rule: 8 losses of the same
+/// datagram in a row mean the path or the responder is gone, not congested.
+pub const READ_RESENDS_MAX: u32 = 8;
+/// Receive buffer the reader asks for (the kernel may cap it at `rmem_max`).
+pub const RECV_BUFFER_BYTES: usize = 1 << 20;
+/// Largest object a fetch accepts (the arena's largest slot).
+pub const FETCH_BYTES_MAX: u64 = farside_arena::layout::SLOT_OBJECT_BYTES_MAX as u64;
+
+/// Why a fetch failed (the caller then asks for the body over TCP).
+#[derive(Debug)]
+pub enum FetchError {
+    Io(io::Error),
+    /// A READ went unanswered after [`READ_RESENDS_MAX`] resends.
+    Lost {
+        offset: usize,
+    },
+    /// The responder refused a READ (wrong key, bounds...).
+    Refused {
+        offset: usize,
+        status: Status,
+    },
+    /// The hint names no possible slot or a length over the bound.
+    BadHint,
+    /// The object did not validate (stale, corrupt, or torn every time).
+    Invalid(ReadError),
+    /// The url is not in the index.
+    NotIndexed,
+}
+
+impl fmt::Display for FetchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            FetchError::Io(e) => write!(f, "arena read: {e}"),
+            FetchError::Lost { offset } => write!(
+                f,
+                "arena READ at {offset} unanswered after {READ_RESENDS_MAX} resends"
+            ),
+            FetchError::Refused { offset, status } => {
+                write!(f, "arena READ at {offset} refused: {}", status.name())
+            }
+            FetchError::BadHint => f.write_str("arena hint names no slot"),
+            FetchError::Invalid(e) => write!(f, "arena object invalid: {e}"),
+            FetchError::NotIndexed => f.write_str("object not in the arena index"),
+        }
+    }
+}
+
+impl std::error::Error for FetchError {}
+
+impl From<io::Error> for FetchError {
+    fn from(e: io::Error) -> FetchError {
+        FetchError::Io(e)
+    }
+}
+
+/// What one fetch cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FetchStats {
+    /// READ requests sent (resends included).
+    pub reads: u64,
+    pub resends: u64,
+    /// Whole-object re-reads after a torn read.
+    pub torn: u32,
+}
+
+/// A reader of one server's arena: a udp socket to its responder, a key, a sender.
+pub struct ArenaReader {
+    sock: UdpSocket,
+    key: ClientKey,
+    sender: SenderState,
+    op_seq: u64,
+    buf: Vec<u8>,
+}
+
+impl ArenaReader {
+    /// A reader of the responder at `server` (its address and arena port).
+    pub fn connect(server: SocketAddr, key: ClientKey) -> io::Result<ArenaReader> {
+        let bind: SocketAddr = if server.is_ipv4() {
+            "0.0.0.0:0".parse().expect("literal")
+        } else {
+            "[::]:0".parse().expect("literal")
+        };
+        let sock = UdpSocket::bind(bind)?;
+        sock.connect(server)?;
+        set_recv_buffer(&sock, RECV_BUFFER_BYTES);
+        Ok(ArenaReader {
+            sock,
+            key,
+            sender: SenderState::new(),
+            op_seq: 0,
+            buf: vec![0; wire::REP_BYTES_MAX],
+        })
+    }
+
+    /// The responder this reader talks to.
+    pub fn server(&self) -> io::Result<SocketAddr> {
+        self.sock.peer_addr()
+    }
+
+    /// Fetches the object a hint names, validated; at most `maxlen` bytes.
+    pub fn fetch(
+        &mut self,
+        hint: &ArenaHint,
+        maxlen: u64,
+    ) -> Result<(Vec<u8>, FetchStats), FetchError> {
+        let class = hint.class as usize;
+        if class >= CLASS_COUNT || hint.len > maxlen.min(FETCH_BYTES_MAX) {
+            return Err(FetchError::BadHint);
+        }
+        let slot = SlotRef {
+            offset: usize::try_from(hint.slot).map_err(|_| FetchError::BadHint)?,
+            class,
+        };
+        let mut read =
+            ObjectRead::for_slot(slot, hint.hash, hint.len as usize).ok_or(FetchError::BadHint)?;
+        let mut stats = FetchStats::default();
+        loop {
+            let plan: Vec<(usize, usize)> = read
+                .plan()
+                .into_iter()
+                .map(|(o, l)| (SLOTS_BASE + o, l))
+                .collect();
+            let n = plan.len();
+            let mut phases = vec![(0, 1)];
+            if n > 2 {
+                phases.push((1, n - 1));
+            }
+            if n > 1 {
+                phases.push((n - 1, n));
+            }
+            for (a, b) in phases {
+                let replies = self.read_many(&plan[a..b], &mut stats)?;
+                for (i, bytes) in replies.into_iter().enumerate() {
+                    read.feed_at(a + i, &bytes);
+                }
+            }
+            match read.finish() {
+                Ok((_, body)) => return Ok((body, stats)),
+                Err(ReadError::Torn) if stats.torn < READ_RETRY_MAX => {
+                    stats.torn += 1;
+                    read.restart();
+                }
+                Err(e) => return Err(FetchError::Invalid(e)),
+            }
+        }
+    }
+
+    /// Looks `url_hash` up in the arena's index (its probe window, READ by chunk).
+    pub fn lookup(&mut self, url_hash: u64) -> Result<Bucket, FetchError> {
+        let mut stats = FetchStats::default();
+        let reads: Vec<(usize, usize)> = probe_window(url_hash)
+            .into_iter()
+            .flat_map(|(o, l)| chunk_reads(o, l))
+            .collect();
+        let window: Vec<u8> = self.read_many(&reads, &mut stats)?.concat();
+        lookup_in_window(&window, url_hash).ok_or(FetchError::NotIndexed)
+    }
+
+    /// READs `reads` (map offset, length; each within one chunk), at most
+    /// [`READ_WINDOW`] in flight, resent on loss; their bytes in order.
+    fn read_many(
+        &mut self,
+        reads: &[(usize, usize)],
+        stats: &mut FetchStats,
+    ) -> Result<Vec<Vec<u8>>, FetchError> {
+        let mut got: Vec<Option<Vec<u8>>> = vec![None; reads.len()];
+        // Envelope seq -> READ index; per READ: (last sent at, resends); sends in order.
+        let mut inflight: HashMap<u64, usize> = HashMap::new();
+        let mut sent: Vec<(Instant, u32)> = vec![(Instant::now(), 0); reads.len()];
+        let mut order: VecDeque<(Instant, usize)> = VecDeque::new();
+        let (mut next, mut done, mut outstanding) = (0usize, 0usize, 0usize);
+        let mut first_seq = u64::MAX;
+        let mut last_seq = 0u64;
+        let mut out = vec![0u8; ENVELOPE_BYTES + wire::REP_HEADER_BYTES + CHUNK_BYTES];
+        while done < reads.len() {
+            while outstanding < READ_WINDOW && next < reads.len() {
+                let s = self.send(reads[next], &mut out)?;
+                stats.reads += 1;
+                first_seq = first_seq.min(s);
+                last_seq = s;
+                inflight.insert(s, next);
+                let at = Instant::now();
+                sent[next] = (at, 0);
+                order.push_back((at, next));
+                next += 1;
+                outstanding += 1;
+            }
+            // The oldest READ still waiting (entries answered or resent since are dropped).
+            while let Some(&(at, i)) = order.front() {
+                if got[i].is_some() || sent[i].0 != at {
+                    order.pop_front();
+                } else {
+                    break;
+                }
+            }
+            let Some(&(at, i)) = order.front() else {
+                continue;
+            };
+            let now = Instant::now();
+            let wait = (at + READ_RTO).saturating_duration_since(now);
+            if wait.is_zero() {
+                order.pop_front();
+                let resends = sent[i].1;
+                if resends >= READ_RESENDS_MAX {
+                    return Err(FetchError::Lost { offset: reads[i].0 });
+                }
+                let s = self.send(reads[i], &mut out)?;
+                stats.reads += 1;
+                stats.resends += 1;
+                last_seq = s;
+                inflight.insert(s, i);
+                sent[i] = (now, resends + 1);
+                order.push_back((now, i));
+                continue;
+            }
+            self.sock.set_read_timeout(Some(wait))?;
+            let n = match self.sock.recv(&mut self.buf) {
+                Ok(n) => n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    continue
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let Ok(covered) = open_reply(
+                &self.buf[..n],
+                &self.key,
+                self.sender.sender,
+                first_seq..=last_seq,
+            ) else {
+                continue; // not ours, or not authentic: ignored
+            };
+            let env_seq = u64::from_le_bytes(self.buf[24..32].try_into().expect("8"));
+            let Some(&i) = inflight.get(&env_seq) else {
+                continue;
+            };
+            if got[i].is_some() {
+                continue; // a late answer to a resent READ
+            }
+            let Ok(h) = RepHeader::decode(covered) else {
+                continue;
+            };
+            if h.status != Status::Ok {
+                return Err(FetchError::Refused {
+                    offset: reads[i].0,
+                    status: h.status,
+                });
+            }
+            let data = &covered[wire::REP_HEADER_BYTES..];
+            if h.len as usize != reads[i].1 || data.len() != reads[i].1 {
+                continue;
+            }
+            got[i] = Some(data.to_vec());
+            done += 1;
+            outstanding -= 1;
+        }
+        Ok(got.into_iter().map(|g| g.expect("all done")).collect())
+    }
+
+    /// Sends one padded, sealed arena READ; its envelope seq.
+    fn send(&mut self, (offset, len): (usize, usize), out: &mut [u8]) -> io::Result<u64> {
+        self.op_seq += 1;
+        let mut covered = Vec::with_capacity(wire::REQ_HEADER_BYTES);
+        ReqHeader {
+            op: wire::Op::Read as u8,
+            flags: 0,
+            seq: self.op_seq,
+            region: ARENA_REGION,
+            offset: offset as u32,
+            len: len as u32,
+        }
+        .encode(&mut covered);
+        let env_seq = self.sender.next_seq();
+        let n = seal_request_to(out, &self.key, self.sender.sender, env_seq, &covered);
+        // Padded to the reply's size (the responder never answers with more).
+        let padded = (ENVELOPE_BYTES + wire::REP_HEADER_BYTES + len).max(n);
+        out[n..padded].fill(0);
+        self.sock.send(&out[..padded])?;
+        Ok(env_seq)
+    }
+}
+
+fn set_recv_buffer(sock: &UdpSocket, bytes: usize) {
+    use std::os::fd::AsRawFd;
+    let v = bytes as libc::c_int;
+    // SAFETY: a valid socket and an int option; a refusal only leaves the default.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
