@@ -167,8 +167,9 @@ pub struct ProxyArgs {
     /// every one; minimum ratios within their spread over the repeats are a tie, won by
     /// the lower largest p99 ratio: backlog (a tie on goodput, lower p99). Checked on
     /// held-out scenarios (multi-proxy, capacity-change, mixed-cost), backlog falls short
-    /// of HAProxy on mixed-cost, where delay does not: docs/proxy.md ("How the default
-    /// mode is chosen") has the runs.
+    /// of HAProxy on mixed-cost, where delay does not, and the rule over all five picks
+    /// delay: docs/proxy.md ("How the default mode is chosen") has the runs and why the
+    /// default is not changed yet.
     #[arg(long, value_parser = parse_metric)]
     pub metric: Option<Metric>,
     /// Load limit in the metric's unit; a back-end's `limit=` overrides it. Default, by
