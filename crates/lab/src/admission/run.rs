@@ -705,6 +705,24 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             if let (Some(b), Some(after)) = (before, MonitorScrape::take(&fabric, tier)) {
                 after.fill(&b, &mut p);
             }
+            // The first farside proxy's metrics at the point's end, kept beside the
+            // processes' logs: what admission decided and why (per class with
+            // `[[classes]]`), for a reader who asks why a figure is what it is.
+            if let Some(admin) = tier.proxies.first().and_then(|p| p.admin_addr) {
+                if let Ok(text) = fabric.scrape(admin) {
+                    let name = format!(
+                        "metrics-{}-{}-{}-{}-r{r}.prom",
+                        k.system,
+                        k.scenario.name(),
+                        k.trace,
+                        k.rate_x.map_or_else(
+                            || format!("c{}", k.clients.unwrap_or(0)),
+                            |x| format!("x{x}")
+                        )
+                    );
+                    let _ = std::fs::write(run.logs.join(name), text);
+                }
+            }
             queues.finish(&mut p);
             if let Some(st) = tier.proxies.first().and_then(|p| p.stats_addr) {
                 match fabric.haproxy_times(st) {

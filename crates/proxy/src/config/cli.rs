@@ -160,7 +160,16 @@ pub struct ProxyArgs {
     /// waiting in the back-end's accept queue, the one queue figure gatherd reads fresh at
     /// every sample whatever the host's socket count (conns, pending and delay come from
     /// a full connection dump that gatherd may run only every N samples on a big host),
-    /// and one whose limit needs no knowledge of the back-end's capacity.
+    /// and one whose limit needs no knowledge of the back-end's capacity. The default is
+    /// chosen by a rule: the mode with the highest minimum goodput ratio against HAProxy
+    /// over the choosing scenarios (`farside lab admission`: single and tenant-load,
+    /// closed and open loop, 3 repeats), subject to a mean p99 at or below HAProxy's in
+    /// every one; minimum ratios within their spread over the repeats are a tie, won by
+    /// the lower largest p99 ratio: backlog (a tie on goodput, lower p99). Checked on
+    /// held-out scenarios (multi-proxy, capacity-change, mixed-cost), backlog falls short
+    /// of HAProxy on mixed-cost, where delay does not, and the rule over all five picks
+    /// delay: docs/proxy.md ("How the default mode is chosen") has the runs and why the
+    /// default is not changed yet.
     #[arg(long, value_parser = parse_metric)]
     pub metric: Option<Metric>,
     /// Load limit in the metric's unit; a back-end's `limit=` overrides it. Default, by

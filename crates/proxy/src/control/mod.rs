@@ -163,6 +163,17 @@ struct ClassState {
     rejected: Vec<AtomicU64>,
     /// Per-back-end checks the class rule refused, by [`classes::Verdict`].
     refused_by: [AtomicU64; classes::Verdict::ALL.len()],
+    /// Per class: CLOCK_MONOTONIC (coarse) ns of its last request, for the lower
+    /// classes (whether a class wants its guarantee, [`classes::DEMAND_WINDOW_NS`]).
+    asked_ns: Vec<AtomicU64>,
+}
+
+impl ClassState {
+    /// Whether class `k` asked within [`classes::DEMAND_WINDOW_NS`] of `now_ns`.
+    fn wanting(&self, k: usize, now_ns: u64) -> bool {
+        let at = self.asked_ns[k].load(Ordering::Relaxed);
+        at != 0 && now_ns.saturating_sub(at) < classes::DEMAND_WINDOW_NS
+    }
 }
 
 /// A back-end's [`Tally`], fed by the in-flight guards of its requests.
@@ -328,6 +339,7 @@ impl Control {
                 admitted: (0..n).map(|_| AtomicU64::new(0)).collect(),
                 rejected: (0..n).map(|_| AtomicU64::new(0)).collect(),
                 refused_by: Default::default(),
+                asked_ns: (0..n).map(|_| AtomicU64::new(0)).collect(),
             }
         });
         let class_count = class_state.as_ref().map_or(0, |c| c.table.len());
@@ -563,19 +575,50 @@ impl Control {
             return classes::Verdict::Admit;
         };
         let b = &self.backends[i];
-        let cells = &b.classes;
-        let costs = (0..cs.table.len()).map(|j| cells.cost(j));
-        let cheapest = classes::cheapest_us(costs);
-        let v = classes::View {
-            budget: self.limit_now(i, load),
-            inflight: b.inflight.load(Ordering::Relaxed),
-            class_inflight: cells.inflight[k].load(Ordering::Relaxed),
-            weight: classes::weight(cells.cost(k), cheapest),
-            top: cs.table.is_top(k),
-        };
+        let (now, n) = self.class_now(i, coarse_mono_ns());
+        let v = classes::view(
+            self.limit_now(i, load),
+            b.inflight.load(Ordering::Relaxed),
+            k,
+            &now[..n],
+        );
         let verdict = classes::decide(v);
         cs.refused_by[verdict as usize].fetch_add(1, Ordering::Relaxed);
         verdict
+    }
+
+    /// Every class's state on back-end `i` at `now_ns` (in flight, weight, priority,
+    /// wanting), in a fixed array (no allocation on the decision path), and how many.
+    fn class_now(
+        &self,
+        i: usize,
+        now_ns: u64,
+    ) -> ([classes::ClassNow; classes::CLASSES_MAX + 1], usize) {
+        let mut out = [classes::ClassNow {
+            inflight: 0,
+            weight: 1.0,
+            top: true,
+            wanting: false,
+        }; classes::CLASSES_MAX + 1];
+        let Some(cs) = &self.classes else {
+            return (out, 0);
+        };
+        let cells = &self.backends[i].classes;
+        let n = cs.table.len().min(out.len());
+        let mut costs = [classes::Cost::default(); classes::CLASSES_MAX + 1];
+        for (k, c) in costs.iter_mut().enumerate().take(n) {
+            *c = cells.cost(k);
+        }
+        let cheapest = classes::cheapest_us(costs[..n].iter().copied());
+        for (k, o) in out.iter_mut().enumerate().take(n) {
+            *o = classes::ClassNow {
+                inflight: cells.inflight[k].load(Ordering::Relaxed),
+                weight: classes::weight(costs[k], cheapest),
+                top: cs.table.is_top(k),
+                wanting: cs.wanting(k, now_ns),
+            };
+        }
+        (out, n)
     }
 
     /// `on_stale = local`: back-end `i`'s last known safe level of requests in flight.
@@ -985,6 +1028,13 @@ impl SignalCounters {
 impl Control {
     /// Route a request of class `class` (`None`: no classes declared) to `host`.
     fn route_class(&self, host: Option<&str>, class: Option<usize>) -> Result<Route, Reject> {
+        if let (Some(k), Some(cs)) = (class, &self.classes) {
+            // A lower class asking now wants its guarantee (the most important class
+            // needs none: it is not tracked, so its requests write no shared line).
+            if !cs.table.is_top(k) {
+                cs.asked_ns[k].store(coarse_mono_ns().max(1), Ordering::Relaxed);
+            }
+        }
         match self.choose_route(host, class) {
             Ok((i, reuse_only)) => {
                 self.counters

@@ -99,16 +99,33 @@ impl Control {
                 );
             }
         }
-        for (i, (b, addr)) in self.backends.iter().zip(&addrs).enumerate() {
-            let cheapest = classes::cheapest_us((0..n).map(|k| b.classes.cost(k)));
-            let budget = self.budget_now(i);
-            for k in 0..n {
-                let w = classes::weight(b.classes.cost(k), cheapest);
+        // One family after the other (the text format keeps a family's samples together).
+        let views: Vec<Vec<classes::View>> = (0..addrs.len())
+            .map(|i| {
+                let (now, m) = self.class_now(i, farside_rt::coarse_mono_ns());
+                let budget = self.budget_now(i).max(1);
+                (0..m)
+                    .map(|k| classes::view(budget, 0, k, &now[..m]))
+                    .collect()
+            })
+            .collect();
+        for (vs, addr) in views.iter().zip(&addrs) {
+            for (k, v) in vs.iter().enumerate() {
                 enc.gauge(
                     "farside_class_bound",
-                    "Most requests of the class in flight to the back-end under its current budget and learned weight.",
+                    "Most requests of the class in flight to the back-end under its current budget, learned weight and guarantee.",
                     &[("backend", addr), ("class", cs.table.name(k))],
-                    classes::bound(budget, w, cs.table.is_top(k)),
+                    classes::bound(v.budget, v.weight, v.top, v.guaranteed),
+                );
+            }
+        }
+        for (vs, addr) in views.iter().zip(&addrs) {
+            for (k, v) in vs.iter().enumerate() {
+                enc.gauge(
+                    "farside_class_guaranteed",
+                    "Slots of the back-end's budget guaranteed to the class while it asks (lower priorities; 0 for the most important).",
+                    &[("backend", addr), ("class", cs.table.name(k))],
+                    v.guaranteed,
                 );
             }
         }

@@ -746,10 +746,11 @@ fn more_backends_than_the_table_holds_is_a_config_error() {
     assert!(err.contains("at most 1024 back-ends"), "{err}");
 }
 
-/// `[[classes]]` on metric `inflight` (limit 8): a lower-priority class is shed first
-/// near the limit (but keeps one request in flight); once its cost is learned 100x the
-/// default's, it runs one request at a time, while the default class keeps the whole
-/// limit; every decision shows in the class metrics.
+/// `[[classes]]` on metric `inflight` (limit 8): a lower-priority class that asks is
+/// guaranteed a quarter of the limit (2) and shed first past it near the limit; once its
+/// cost is learned 100x the default's, it runs its guarantee at once, no more, while the
+/// default class keeps the rest and leaves a freed slot to the costly class while it
+/// is owed one; every decision shows in the class metrics.
 #[test]
 fn classes_bound_a_costly_class_and_shed_it_first() {
     let mut cfg = ProxyConfig::simple("127.0.0.1:1".parse().unwrap(), vec![backend(1, "")]);
@@ -761,17 +762,19 @@ fn classes_bound_a_costly_class_and_shed_it_first() {
     cfg.validate().unwrap();
     let c = Control::new(&cfg).unwrap();
     let costly = b"/cgi/work?us=150000";
-    // Unlearned, the costly class weighs 1: near the limit (6 of 8 in flight, reserve 2)
-    // a second one is shed first, the default class is not.
+    // Unlearned, the costly class weighs 1: it has its guarantee of 2, and past it near
+    // the limit (7 of 8 in flight, reserve 2) a third one is shed first, the default
+    // class is not.
     {
         let first = c.route_request(None, costly).unwrap();
         let cheap: Vec<_> = (0..5)
             .map(|_| c.route_request(None, b"/").unwrap())
             .collect();
-        let second = c.route_request(None, costly).err();
-        assert_eq!(second, Some(Reject::Overloaded), "reserve");
+        let second = c.route_request(None, costly).expect("its guarantee");
+        let third = c.route_request(None, costly).err();
+        assert_eq!(third, Some(Reject::Overloaded), "reserve");
         assert!(c.route_request(None, b"/a.html").is_ok());
-        drop((first, cheap));
+        drop((first, second, cheap));
     }
     // Learn: default 1 ms, costly 100 ms (what the in-flight guards report).
     let cells = &c.backends[0].classes;
@@ -784,12 +787,15 @@ fn classes_bound_a_costly_class_and_shed_it_first() {
     let one = c
         .route_request(None, costly)
         .expect("a costly request may run");
+    let two = c
+        .route_request(None, costly)
+        .expect("its guarantee: 2 of 8");
     assert_eq!(
         c.route_request(None, costly).err(),
         Some(Reject::Overloaded),
-        "bound 1 for a 100x class"
+        "bound = guarantee for a 100x class"
     );
-    let cheap: Vec<_> = (0..7)
+    let cheap: Vec<_> = (0..6)
         .map(|_| c.route_request(None, b"/a.html").unwrap())
         .collect();
     assert_eq!(
@@ -798,24 +804,29 @@ fn classes_bound_a_costly_class_and_shed_it_first() {
         "limit 8"
     );
     drop(one);
-    assert!(
-        c.route_request(None, costly).is_ok(),
-        "7 of 8 in flight: the costly class still gets its one request"
+    assert_eq!(
+        c.route_request(None, b"/a.html").err(),
+        Some(Reject::Overloaded),
+        "7 of 8 in flight: the freed slot is owed to the costly class"
     );
-    drop(cheap);
+    let three = c
+        .route_request(None, costly)
+        .expect("the costly class takes its slot back");
+    drop((two, three, cheap));
     let mut e = farside_admin::Encoder::new();
     c.render_metrics(&mut e);
     let m = e.finish();
     for want in [
-        "farside_class_admitted_total{class=\"costly\"} 3",
+        "farside_class_admitted_total{class=\"costly\"} 5",
         "farside_class_rejected_total{class=\"costly\"} 2",
-        "farside_class_admitted_total{class=\"default\"} 13",
-        "farside_class_rejected_total{class=\"default\"} 1",
-        "farside_class_bound{backend=\"127.0.0.1:1\",class=\"costly\"} 1",
+        "farside_class_admitted_total{class=\"default\"} 12",
+        "farside_class_rejected_total{class=\"default\"} 2",
+        "farside_class_bound{backend=\"127.0.0.1:1\",class=\"costly\"} 2",
         "farside_class_bound{backend=\"127.0.0.1:1\",class=\"default\"} 8",
+        "farside_class_guaranteed{backend=\"127.0.0.1:1\",class=\"costly\"} 2",
         "farside_class_cost_us{backend=\"127.0.0.1:1\",class=\"costly\"} ",
         "farside_class_checks_total{verdict=\"over_class_bound\"} 1",
-        "farside_class_checks_total{verdict=\"reserved\"} 1",
+        "farside_class_checks_total{verdict=\"reserved\"} 2",
         "farside_class_inflight{backend=\"127.0.0.1:1\",class=\"costly\"} 0",
     ] {
         assert!(m.contains(want), "{want} in {m}");
