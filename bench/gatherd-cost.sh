@@ -80,9 +80,9 @@ run_case() {
   local proc_pct
   proc_pct=$(echo "scale=2; ($b - $a) * 100 / $HZ / ($t1 - $t0)" | bc)
   local own
-  own=$(echo "$summary" | grep -o "cpu_pct=[0-9.]*" | cut -d= -f2)
+  own=$(echo "$summary" | grep -o " cpu_pct=[0-9.]*" | head -1 | cut -d= -f2)
   local bpf
-  bpf=$(echo "$summary" | grep -o "bpf_cpu_pct=[0-9.]*" | cut -d= -f2 || true)
+  bpf=$(echo "$summary" | grep -o "bpf_cpu_pct=[0-9.]*" | head -1 | cut -d= -f2 || true)
   if [ -n "$bpf" ]; then
     printf "%-14s cpu_pct=%-6s /proc/PID/stat=%-6s bpf_cpu_pct=%-6s total=%s %% of one core over %ss\n" "$name" "$own" "$proc_pct" "$bpf" "$(echo "scale=3; $own + $bpf" | bc)" "$((T - 1))" | tee -a "$OUT/summary.txt"
   else

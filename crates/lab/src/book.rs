@@ -132,9 +132,7 @@ pub const SECTIONS: &[Part] = &[
             Section {
                 id: "anchor-multi-proxy",
                 title: "Several HAProxies: full and divided maxconn, and Envoy",
-                current: &[Run(
-                    "docs/results/admission/multi-proxy-anchor-loopback-r2",
-                )],
+                current: &[Run("docs/results/admission/multi-proxy-anchor-loopback-r2")],
             },
             Section {
                 id: "class-aware",
@@ -239,6 +237,7 @@ pub const SECTIONS: &[Part] = &[
                 id: "gatherd-cost",
                 title: "Publishing the load: gatherd's CPU",
                 current: &[
+                    Text("docs/results/gatherd-cost/20261128T155309Z-kbpf/summary.txt"),
                     Text("docs/results/gatherd-cost/20261124T012941Z/summary.txt"),
                     Text("docs/results/gatherd-cost/20261124T020543Z/summary.txt"),
                 ],
@@ -315,7 +314,8 @@ fn err(msg: String) -> io::Error {
 
 fn read(root: &Path, rel: &str) -> io::Result<String> {
     let p = root.join(rel);
-    std::fs::read_to_string(&p).map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))
+    std::fs::read_to_string(&p)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", p.display())))
 }
 
 /// GitHub's anchor of a heading: lower case, spaces to `-`, punctuation dropped.
@@ -337,11 +337,18 @@ fn provenance(s: &Summary<serde::de::IgnoredAny>) -> String {
         Some(true) => "**uncommitted changes** (dirty tree)",
         None => "tree state not recorded",
     };
-    let commit = s.commit.as_deref().map_or("no commit recorded", |c| &c[..c.len().min(7)]);
+    let commit = s
+        .commit
+        .as_deref()
+        .map_or("no commit recorded", |c| &c[..c.len().min(7)]);
     format!(
         "{} run, commit {commit} ({tree}), kernel {}, seed {}{}",
         s.experiment,
-        if s.kernel.is_empty() { "not recorded" } else { &s.kernel },
+        if s.kernel.is_empty() {
+            "not recorded"
+        } else {
+            &s.kernel
+        },
         s.seed.map_or_else(|| "none".to_string(), |x| x.to_string()),
         if s.quick { ", quick" } else { "" }
     )
@@ -365,7 +372,8 @@ fn current_block(root: &Path, sec: &Section, render: RenderRun) -> io::Result<St
             Run(_) => {
                 let s: Summary<serde::de::IgnoredAny> = crate::sweep::read_summary(&path)
                     .map_err(|e| err(format!("section {}: {e}", sec.id)))?;
-                let table = render(&path).map_err(|e| err(format!("section {}: {rel}: {e}", sec.id)))?;
+                let table =
+                    render(&path).map_err(|e| err(format!("section {}: {rel}: {e}", sec.id)))?;
                 let _ = writeln!(
                     out,
                     "`{rel}`: {}. Again: `farside lab report {rel}` (on a copy: it rewrites \
@@ -376,7 +384,11 @@ fn current_block(root: &Path, sec: &Section, render: RenderRun) -> io::Result<St
             }
             Text(_) => {
                 let text = read(root, rel).map_err(|e| err(format!("section {}: {e}", sec.id)))?;
-                let lang = if rel.ends_with(".json") { "json" } else { "text" };
+                let lang = if rel.ends_with(".json") {
+                    "json"
+                } else {
+                    "text"
+                };
                 let _ = writeln!(out, "`{rel}`, as kept. Again: `cat {rel}`.\n");
                 let _ = writeln!(out, "```{lang}\n{}```", ensure_nl(&text));
             }
@@ -397,7 +409,9 @@ fn section_text(root: &Path, sec: &Section, render: RenderRun) -> io::Result<Str
     let marks = frag.lines().filter(|l| l.trim() == CURRENT_MARK).count();
     if sec.current.is_empty() {
         if marks != 0 {
-            return Err(err(format!("{rel}: {CURRENT_MARK} in a section with no kept results")));
+            return Err(err(format!(
+                "{rel}: {CURRENT_MARK} in a section with no kept results"
+            )));
         }
     } else {
         if marks != 1 {
@@ -406,7 +420,9 @@ fn section_text(root: &Path, sec: &Section, render: RenderRun) -> io::Result<Str
             )));
         }
         if !frag.contains("Falls short") {
-            return Err(err(format!("{rel}: no \"Falls short\" paragraph or heading")));
+            return Err(err(format!(
+                "{rel}: no \"Falls short\" paragraph or heading"
+            )));
         }
     }
     let block = if sec.current.is_empty() {
@@ -437,7 +453,10 @@ pub fn find(id: &str) -> io::Result<&'static Section> {
                 .iter()
                 .flat_map(|p| p.sections.iter().map(|s| s.id))
                 .collect();
-            err(format!("no book section {id:?}; sections: {}", names.join(", ")))
+            err(format!(
+                "no book section {id:?}; sections: {}",
+                names.join(", ")
+            ))
         })
 }
 
@@ -449,7 +468,10 @@ pub fn section(root: &Path, id: &str, render: RenderRun) -> io::Result<String> {
 /// The whole book.
 pub fn render(root: &Path, render: RenderRun) -> io::Result<String> {
     let mut out = String::new();
-    out.push_str(&ensure_nl(&read(root, &format!("{FRAGMENT_DIR}/intro.md"))?));
+    out.push_str(&ensure_nl(&read(
+        root,
+        &format!("{FRAGMENT_DIR}/intro.md"),
+    )?));
     out.push_str(
         "\n<!-- Generated by `farside lab report --book` from docs/book/*.md and the kept runs \
          listed in crates/lab/src/book.rs: edit those, not this file. -->\n",
@@ -466,7 +488,10 @@ pub fn render(root: &Path, render: RenderRun) -> io::Result<String> {
         let intro = root.join(FRAGMENT_DIR).join(format!("part-{}.md", p.id));
         if intro.exists() {
             out.push('\n');
-            out.push_str(&ensure_nl(&read(root, &format!("{FRAGMENT_DIR}/part-{}.md", p.id))?));
+            out.push_str(&ensure_nl(&read(
+                root,
+                &format!("{FRAGMENT_DIR}/part-{}.md", p.id),
+            )?));
         }
         for s in p.sections {
             out.push('\n');
@@ -528,7 +553,12 @@ mod tests {
         for p in SECTIONS {
             for s in p.sections {
                 for k in s.current {
-                    assert!(k.path().starts_with("docs/results/"), "{}: {}", s.id, k.path());
+                    assert!(
+                        k.path().starts_with("docs/results/"),
+                        "{}: {}",
+                        s.id,
+                        k.path()
+                    );
                 }
             }
         }

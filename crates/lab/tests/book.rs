@@ -31,7 +31,12 @@ fn every_section_names_existing_kept_results_and_renders_alone() {
     for part in farside_lab::book::SECTIONS {
         for s in part.sections {
             for k in s.current {
-                assert!(root().join(k.path()).exists(), "{}: {} missing", s.id, k.path());
+                assert!(
+                    root().join(k.path()).exists(),
+                    "{}: {} missing",
+                    s.id,
+                    k.path()
+                );
             }
             let text = farside_lab::book::section(root(), s.id, render).unwrap();
             assert!(text.starts_with(&format!("### {}\n", s.title)), "{}", s.id);
