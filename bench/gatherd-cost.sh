@@ -9,6 +9,10 @@
 #   user-noport   --sampler user, no watched port (host netns)
 #   kernel-port   --sampler kernel (XDP on lo of a private netns; root)
 #   kernel-noport --sampler kernel, no watched port (same)
+#   kbpf-port     --sampler kernel without XDP (the sampler's maps only, host netns),
+#                 --bpf-stats, --watch-port of a `farside backend`: gatherd's CPU beside
+#                 the BPF programs' own run time (summary `bpf_cpu_pct`) and their sum
+#   kbpf-noport   the same without a watched port
 # For each it prints gatherd's own `cpu_pct` (exit summary: whole process, from the end
 # of its start-up) and, as a cross-check, the process's CPU from /proc/PID/stat
 # (utime+stime) over a window of the same run (from its start-up line to 1 s before its
@@ -19,7 +23,7 @@
 # Output: printed, and kept under docs/results/gatherd-cost/<UTC time>/ (each case's
 # gatherd log, and summary.txt). The figures mean something only on a quiet machine.
 #
-# Usage: [B=path/to/farside] [T=20] [CASES="bare-loop user-port user-noport kernel-port kernel-noport"]
+# Usage: [B=path/to/farside] [T=20] [CASES="bare-loop user-port user-noport kernel-port kernel-noport kbpf-port kbpf-noport"]
 #        [PERIOD_US=1000] [NICE="/work/notes/idle"] bench/gatherd-cost.sh
 set -euo pipefail
 B=${B:-farside}
@@ -76,13 +80,20 @@ run_case() {
   local proc_pct
   proc_pct=$(echo "scale=2; ($b - $a) * 100 / $HZ / ($t1 - $t0)" | bc)
   local own
-  own=$(echo "$summary" | grep -o "cpu_pct=[0-9.]*" | cut -d= -f2)
-  printf "%-14s cpu_pct=%-6s /proc/PID/stat=%-6s %% of one core over %ss\n" "$name" "$own" "$proc_pct" "$((T - 1))" | tee -a "$OUT/summary.txt"
+  own=$(echo "$summary" | grep -o " cpu_pct=[0-9.]*" | head -1 | cut -d= -f2)
+  local bpf
+  bpf=$(echo "$summary" | grep -o "bpf_cpu_pct=[0-9.]*" | head -1 | cut -d= -f2 || true)
+  if [ -n "$bpf" ]; then
+    printf "%-14s cpu_pct=%-6s /proc/PID/stat=%-6s bpf_cpu_pct=%-6s total=%s %% of one core over %ss\n" "$name" "$own" "$proc_pct" "$bpf" "$(echo "scale=3; $own + $bpf" | bc)" "$((T - 1))" | tee -a "$OUT/summary.txt"
+  else
+    printf "%-14s cpu_pct=%-6s /proc/PID/stat=%-6s %% of one core over %ss\n" "$name" "$own" "$proc_pct" "$((T - 1))" | tee -a "$OUT/summary.txt"
+  fi
   echo "  $summary" | tee -a "$OUT/summary.txt"
 }
 
 {
   echo "# gatherd-cost $(date -u +%FT%TZ) $(uname -r), $(nproc) CPUs, loadavg $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "# commit: $(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown) (tree clean: $(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | grep -q . && echo no || echo yes)); seed: none (no randomness)"
   echo "# binary: $($B --version 2>/dev/null || echo "$B"); period ${PERIOD_US} us; T=${T}s; prefix '${NICE}'"
   echo "# tcp_ehash_entries=$(sysctl -n net.ipv4.tcp_ehash_entries 2>/dev/null) tcp_child_ehash_entries=$(sysctl -n net.ipv4.tcp_child_ehash_entries 2>/dev/null)"
 } | tee "$OUT/summary.txt"
@@ -127,6 +138,17 @@ for c in $CASES; do
         kill "$BE"; wait "$BE" 2>/dev/null || true
       else
         run_case "$c" --sampler user
+      fi
+      ;;
+    kbpf-*)
+      NSEXEC=""
+      if [ "$c" = kbpf-port ]; then
+        "$B" backend --listen 127.0.0.1:$PORT --workers 4 >"$D/be.log" 2>&1 &
+        BE=$!; PIDS+=("$BE"); sleep 0.5
+        run_case "$c" --sampler kernel --bpf-stats --watch-port $PORT
+        kill "$BE"; wait "$BE" 2>/dev/null || true
+      else
+        run_case "$c" --sampler kernel --bpf-stats
       fi
       ;;
     kernel-*)

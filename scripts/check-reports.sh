@@ -10,6 +10,9 @@
 #   scripts/check-reports.sh            compare (exit 1 on any difference)
 #   scripts/check-reports.sh --record   write docs/results/report-digests.txt anew
 #
+# Then checks that docs/RESULTS.md is what `farside lab report --book` makes of the kept
+# files (with --record: writes it anew).
+#
 # FARSIDE_BIN names the binary (default: $CARGO_TARGET_DIR/debug/farside, built first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,12 +60,17 @@ done < <(find docs/results -name summary.json -not -path '*/logs/*' | LC_ALL=C s
 if [ "$mode" = record ]; then
   cp "$now" "$golden"
   echo "check-reports: recorded $(wc -l <"$golden") digests of $runs kept runs in $golden"
+  "$FARSIDE_BIN" lab report --book
   exit 0
 fi
+
+book_ok=0
+"$FARSIDE_BIN" lab report --book --check || book_ok=1
 
 [ -f "$golden" ] || { echo "check-reports: no $golden (run with --record on a good build)" >&2; exit 2; }
 if diff -u "$golden" "$now" >"$scratch/diff"; then
   echo "check-reports: $runs kept runs re-render identically ($(wc -l <"$golden") digests)"
+  exit "$book_ok"
 else
   echo "check-reports: kept runs re-render differently (- recorded, + now):" >&2
   grep -E '^[-+][^-+]' "$scratch/diff" >&2 || true

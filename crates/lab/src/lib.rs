@@ -29,15 +29,18 @@
 //!   `points.jsonl` appended per run, `--resume`, run metadata)
 //! - [`summary`], [`report`], [`svg`]: the stable result format and the report shell
 //!   (`farside lab report DIR` re-renders a kept run, [`regenerate_any`])
+//! - [`book`]: the results book `docs/RESULTS.md` (`farside lab report --book`), one
+//!   section per question with its current kept runs' tables ([`table_any`])
 //!
 //! A new experiment is a module of its own: its set-up and point function (it lists its
 //! point keys and hands [`sweep::Sweep::run`] a closure that measures one) and an
 //! implementation of [`experiment::Experiment`]; see `admission` and `probe`. It is
-//! named here only, in [`LabCmd`] and [`regenerate_any`].
+//! named here only, in [`LabCmd`], [`regenerate_any`] and [`table_any`].
 //! User documentation: `farside lab <command> --help` and `docs/lab.md`.
 
 pub mod admission;
 pub mod attacks;
+pub mod book;
 pub mod coop;
 pub mod echo;
 pub mod envoy;
@@ -117,11 +120,31 @@ pub enum LabCmd {
     Clean,
 }
 
-/// `farside lab report DIR`.
+/// `farside lab report DIR`, or `farside lab report --book`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ReportArgs {
     /// A lab output directory (with summary.json and points.jsonl).
-    pub dir: std::path::PathBuf,
+    #[arg(required_unless_present = "book")]
+    pub dir: Option<std::path::PathBuf>,
+    /// Generate the results book, docs/RESULTS.md: one section per paper figure or claim
+    /// and per anchor comparison, each with its current kept runs' tables (rendered from
+    /// their summary.json and points.jsonl, nothing written into them), the command that
+    /// prints each again and the hand-written text of docs/book/<section>.md (question,
+    /// reading, what falls short). Which kept runs are current is the list in
+    /// crates/lab/src/book.rs.
+    #[arg(long, conflicts_with = "dir")]
+    pub book: bool,
+    /// With --book: write nothing, exit with an error if docs/RESULTS.md differs from
+    /// what the kept files give.
+    #[arg(long, requires = "book")]
+    pub check: bool,
+    /// With --book: print one section (by its name, e.g. `read-floor`) to stdout.
+    #[arg(long, requires = "book", value_name = "NAME")]
+    pub section: Option<String>,
+    /// With --book: the repository (default: the nearest directory at or above the
+    /// current one holding docs/book/intro.md).
+    #[arg(long, requires = "book", value_name = "DIR")]
+    pub root: Option<std::path::PathBuf>,
 }
 
 use experiment::Experiment as _;
@@ -174,6 +197,65 @@ pub fn regenerate_any(
     }
 }
 
+/// The table `farside lab report DIR` prints for the kept run in `dir` (run lines and
+/// the experiment's tables), rendered from its files without writing any.
+pub fn table_any(dir: &std::path::Path) -> std::io::Result<String> {
+    fn table<E: experiment::Experiment>(dir: &std::path::Path) -> std::io::Result<String> {
+        Ok(report::table_text::<E>(&sweep::load::<E::Point>(dir)?))
+    }
+    let kept: summary::Summary<serde::de::IgnoredAny> = sweep::read_summary(dir)?;
+    match kept.experiment.as_str() {
+        admission::Admission::NAME => table::<admission::Admission>(dir),
+        probe::Probe::NAME => table::<probe::Probe>(dir),
+        faults::Faults::NAME => table::<faults::Faults>(dir),
+        reconfig::Reconfig::NAME => table::<reconfig::Reconfig>(dir),
+        speculative::Speculative::NAME => table::<speculative::Speculative>(dir),
+        attacks::Attacks::NAME => table::<attacks::Attacks>(dir),
+        rdmahttp::RdmaHttp::NAME => table::<rdmahttp::RdmaHttp>(dir),
+        other => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "{}: unknown experiment {other:?} (not a lab output directory?)",
+                dir.join(sweep::SUMMARY_FILE).display()
+            ),
+        )),
+    }
+}
+
+/// `farside lab report --book [--check] [--section NAME] [--root DIR]`.
+fn run_book(x: &ReportArgs) -> std::io::Result<()> {
+    let root = match &x.root {
+        Some(r) => r.clone(),
+        None => book::find_root(&std::env::current_dir()?)?,
+    };
+    let render: book::RenderRun = &|d| table_any(d);
+    if let Some(name) = &x.section {
+        print!("{}", book::section(&root, name, render)?);
+        return Ok(());
+    }
+    let text = book::render(&root, render)?;
+    let path = root.join(book::BOOK_FILE);
+    if x.check {
+        let kept = std::fs::read_to_string(&path).unwrap_or_default();
+        if kept != text {
+            return Err(std::io::Error::other(format!(
+                "{} differs from what the kept files and docs/book give: run `farside lab \
+                 report --book` and commit the result",
+                path.display()
+            )));
+        }
+        eprintln!("lab report --book: {} is current", path.display());
+        return Ok(());
+    }
+    std::fs::write(&path, &text)?;
+    eprintln!(
+        "lab report --book: wrote {} ({} lines)",
+        path.display(),
+        text.lines().count()
+    );
+    Ok(())
+}
+
 fn run_cmd(a: LabArgs) -> std::io::Result<()> {
     match a.cmd {
         LabCmd::Admission(x) => admission::Admission::run(x),
@@ -184,12 +266,14 @@ fn run_cmd(a: LabArgs) -> std::io::Result<()> {
         LabCmd::Attacks(x) => attacks::Attacks::run(x),
         LabCmd::Coop(x) => coop::run(x),
         LabCmd::RdmaHttp(x) => rdmahttp::RdmaHttp::run(x),
+        LabCmd::Report(x) if x.book => run_book(&x),
         LabCmd::Report(x) => {
-            let files = regenerate_any(&x.dir, &mut std::io::stdout())?;
+            let dir = x.dir.as_deref().expect("clap: DIR unless --book");
+            let files = regenerate_any(dir, &mut std::io::stdout())?;
             eprintln!(
                 "lab report: wrote {} files to {}",
                 files.len(),
-                x.dir.display()
+                dir.display()
             );
             Ok(())
         }

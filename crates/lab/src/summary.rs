@@ -49,7 +49,10 @@ pub struct Summary<P> {
     pub commit: Option<String>,
     /// `commit_dirty`: the tree had uncommitted changes to tracked files
     /// (`git status --porcelain --untracked-files=no`), read at run time: `null` when the
-    /// tree has moved past the build's commit since (then unknown).
+    /// tree has moved past the build's commit since (then unknown). The rule: a run of a
+    /// dirty tree is never recorded as its commit alone: it keeps `commit` with
+    /// `commit_dirty: true`, its run line says "(dirty tree)", and the results book
+    /// (`farside lab report --book`) shows every current run's tree state.
     #[serde(default)]
     pub commit_dirty: Option<bool>,
     /// `kernel`: `uname -r` of the machine that ran the sweep.

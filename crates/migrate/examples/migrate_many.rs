@@ -46,6 +46,43 @@ extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
 }
 
+/// The report with a `provenance` object: the commit of the source tree this example
+/// was built from and whether it had uncommitted changes to tracked files (read at run
+/// time: a dirty tree is recorded as `commit_dirty: true`, never as the commit alone;
+/// `null` without git), the kernel, the start time, and the seed: none, since every
+/// connection's sizes and bytes are a function of its id.
+fn with_provenance(report: &str, started_unix_s: u64) -> String {
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .arg("-C")
+            .arg(env!("CARGO_MANIFEST_DIR"))
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let commit = git(&["rev-parse", "HEAD"]);
+    let dirty = commit
+        .as_ref()
+        .and_then(|_| git(&["status", "--porcelain", "--untracked-files=no"]))
+        .map(|s| !s.is_empty());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or_else(|_| "unknown".to_string(), |k| k.trim().to_string());
+    let mut v: serde_json::Value = serde_json::from_str(report).expect("the report is JSON");
+    v["provenance"] = serde_json::json!({
+        "commit": commit,
+        "commit_dirty": dirty,
+        "kernel": kernel,
+        "seed": null,
+        "seed_note": "no randomness: each connection's sizes and bytes are a function of its id",
+        "started_unix_s": started_unix_s,
+        "command": std::env::args().collect::<Vec<_>>().join(" "),
+    });
+    serde_json::to_string_pretty(&v).expect("JSON") + "\n"
+}
+
 fn main() {
     if let Err(e) = real_main() {
         eprintln!("migrate_many: {e}");
@@ -102,8 +139,11 @@ fn real_main() -> Result<(), String> {
         "migrate_many: {} connections, {} in flight",
         cfg.connections, cfg.concurrency
     );
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let report = many::run(cfg.clone()).map_err(|e| e.to_string())?;
-    let json = report.to_json(&cfg);
+    let json = with_provenance(&report.to_json(&cfg), started);
     print!("{json}");
     if let Some(path) = out {
         std::fs::write(&path, &json).map_err(|e| format!("{path}: {e}"))?;
