@@ -186,6 +186,7 @@ pub fn regenerate_any(
         reconfig::Reconfig::NAME => render::<reconfig::Reconfig>(dir, w),
         speculative::Speculative::NAME => render::<speculative::Speculative>(dir, w),
         attacks::Attacks::NAME => render::<attacks::Attacks>(dir, w),
+        attacks::flood::AttacksFlood::NAME => render::<attacks::flood::AttacksFlood>(dir, w),
         rdmahttp::RdmaHttp::NAME => render::<rdmahttp::RdmaHttp>(dir, w),
         other => Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,

@@ -42,6 +42,8 @@ fn results(test: &str) -> Option<&'static [AttackPoint]> {
             },
             attacks: Vec::new(),
             farside_bin: Some(bin),
+            flood_seconds: None,
+            flood_pps: farside_lab::attacks::flood::FLOOD_PPS_DEFAULT,
         };
         let s = farside_lab::attacks::run(args).map_err(|e| format!("lab attacks: {e}"));
         let _ = std::fs::remove_dir_all(&out);

@@ -247,6 +247,11 @@ pub struct SpecdArgs {
     /// percentiles, target counters) to this file too.
     #[arg(long)]
     pub summary: Option<PathBuf>,
+    /// With --summary: rewrite that file every this many seconds while the daemon
+    /// runs (atomically: a temporary file renamed over it), so a monitor can follow
+    /// its counters live. Default: only at exit.
+    #[arg(long = "summary-every-s")]
+    pub summary_every_s: Option<f64>,
     /// Read the peers' load one-sidedly (their `region=`) before offering: while every
     /// peer is full (backlog plus migrations in flight ≥ --queue) a migratory arrival
     /// stays local and the window closes as on a refusal, with no dump or offer spent;
@@ -322,6 +327,16 @@ impl SpecdArgs {
         if let Some(d) = self.duration_s {
             if !(d > 0.0 && d.is_finite()) {
                 return Err("--duration-s must be positive".into());
+            }
+        }
+        if let Some(e) = self.summary_every_s {
+            if self.summary.is_none() {
+                return Err("--summary-every-s needs --summary".into());
+            }
+            if !(SUMMARY_EVERY_MIN_S..=SUMMARY_EVERY_MAX_S).contains(&e) {
+                return Err(format!(
+                    "--summary-every-s must be in {SUMMARY_EVERY_MIN_S}..={SUMMARY_EVERY_MAX_S}"
+                ));
             }
         }
         if let (Some(fe), FrontendMove::Udp) = (self.frontend, self.frontend_move) {
@@ -448,13 +463,34 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
             .map(|s| format!(", admission listener {}", s.accept_addr()))
             .unwrap_or_default()
     );
-    wait_for_signal(&set, args.duration_s.map(Duration::from_secs_f64));
-    let summary = to_line(&ExitSummary {
-        wall_s: rounded(t0.elapsed().as_secs_f64(), 3),
-        process_cpu_ms: rounded(process_cpu_ms(), 1),
-        source: source.as_ref().map(|s| s.summary()),
-        target: target.summary(),
-    });
+    let current = || {
+        to_line(&ExitSummary {
+            wall_s: rounded(t0.elapsed().as_secs_f64(), 3),
+            process_cpu_ms: rounded(process_cpu_ms(), 1),
+            source: source.as_ref().map(|s| s.summary()),
+            target: target.summary(),
+        })
+    };
+    let limit = args.duration_s.map(Duration::from_secs_f64);
+    match (&args.summary, args.summary_every_s) {
+        (Some(path), Some(every)) => {
+            let every = Duration::from_secs_f64(every);
+            loop {
+                let left = limit.map(|l| l.saturating_sub(t0.elapsed()));
+                let step = left.map_or(every, |l| l.min(every));
+                if wait_for_signal(&set, Some(step)) || left.is_some_and(|l| l <= every) {
+                    break;
+                }
+                if let Err(e) = write_atomically(path, &current()) {
+                    log::warn!("specd: --summary-every-s: {}: {e}", path.display());
+                }
+            }
+        }
+        _ => {
+            wait_for_signal(&set, limit);
+        }
+    }
+    let summary = current();
     if let Some(s) = source {
         s.stop();
     }
@@ -480,12 +516,28 @@ fn process_cpu_ms() -> f64 {
     ms(ru.ru_utime) + ms(ru.ru_stime)
 }
 
-fn wait_for_signal(set: &libc::sigset_t, limit: Option<Duration>) {
+/// Shortest and longest period of `--summary-every-s`: a tenth of a second (the
+/// summary sorts its samples, a few ms of CPU) to an hour.
+const SUMMARY_EVERY_MIN_S: f64 = 0.1;
+const SUMMARY_EVERY_MAX_S: f64 = 3600.0;
+
+/// Write `line` to `path` through a temporary file beside it, renamed over it, so a
+/// reader sees the old summary or the new one, never a part.
+fn write_atomically(path: &std::path::Path, line: &str) -> std::io::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    std::fs::write(&tmp, format!("{line}\n"))?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Waits for SIGTERM/SIGINT, at most `limit`: whether a signal came.
+fn wait_for_signal(set: &libc::sigset_t, limit: Option<Duration>) -> bool {
     match limit {
         None => {
             let mut sig = 0;
             // SAFETY: `set` is initialised; sigwait writes one int.
             unsafe { libc::sigwait(set, &mut sig) };
+            true
         }
         Some(d) => {
             let ts = libc::timespec {
@@ -493,7 +545,7 @@ fn wait_for_signal(set: &libc::sigset_t, limit: Option<Duration>) {
                 tv_nsec: d.subsec_nanos() as libc::c_long,
             };
             // SAFETY: valid set and timespec; no siginfo wanted.
-            unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) };
+            unsafe { libc::sigtimedwait(set, std::ptr::null_mut(), &ts) > 0 }
         }
     }
 }

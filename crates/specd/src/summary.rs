@@ -61,6 +61,11 @@ pub struct TargetSummary {
     pub restored: u64,
     pub restore_failed: u64,
     pub aborted: u64,
+    /// Control connections closed at once: from an address not allowed, over their
+    /// peer's share of the threads; offers refused by the offer rules.
+    pub not_allowed: u64,
+    pub over_peer_cap: u64,
+    pub bad_offers: u64,
     pub notifications: u64,
     /// Connections the hand-off closed (`HandoffStats::closed`).
     pub handoff_failed: u64,

@@ -7,8 +7,9 @@
 //! ```text
 //! client ── legitimate load: farside loadgen (keep-alive) to the VIP and to the proxy,
 //!           plus victim connections held open and used all along the window
-//! fe     ── farside frontend: the VIP, control on a Unix socket (0600), one-sided MOVE
-//!           on udp 7400 sealed with the run's key (docs/frontend.md, "recommended")
+//! fe     ── farside frontend: the VIP, control on tcp 7401 with every line sealed by
+//!           the run's key (the lab's operator requests come from px), one-sided MOVE on
+//!           udp 7400 sealed with the same key
 //! b0, b1 ── farside backend (adopts migrated connections), farside gatherd (region over
 //!           udp answered by XDP, read key + read-write key, group READs), farside specd
 //!           (source and target, each other's peer, authenticated wire, MOVEs to fe)
@@ -26,9 +27,8 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::error::LabError;
@@ -58,6 +58,18 @@ pub const VIP: SocketAddrV4 = crate::speculative::VIP;
 pub const PROXY_PORT: u16 = 8080;
 /// The front-end's one-sided MOVE port (udp, on fe's address).
 pub const MOVE_PORT: u16 = 7400;
+/// The front-end's control port (tcp, on fe's address; every line sealed).
+pub const CONTROL_PORT: u16 = 7401;
+/// The key id of the front-end's key (its `--key-id` default).
+pub const FE_KEY_ID: u32 = 1;
+/// The lab operator's wait for a control reply.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest wait, before a window, for the tier to be quiet (no request queued or in
+/// service at the back-ends, no connection at the proxy, no migration in flight): what
+/// the previous window or the capture burst left must not be counted against the next
+/// window (a burst past capacity leaves connections queued and migrations in flight
+/// for a few seconds).
+pub const SETTLE_MAX: Duration = Duration::from_secs(10);
 /// specd's migration port on every back-end.
 pub const SPECD_PORT: u16 = crate::speculative::SPECD_PORT;
 /// gatherd's region port (udp, answered by XDP).
@@ -125,6 +137,10 @@ pub struct Collateral {
     pub softirq_ms: f64,
     /// The window's length, s.
     pub window_s: f64,
+    /// Whether the tier was quiet when the window opened ([`Dc::settle`]), and how
+    /// long that took from what.
+    pub started_quiet: bool,
+    pub settle: String,
 }
 
 /// The running data-center.
@@ -137,8 +153,12 @@ pub struct Dc {
     /// (`--rmem-key reader:..`, `balancer:..`), the proxy's monitor the reader key, the
     /// lab's balancer the balancer key.
     pub rkeys: RmemLabKeys,
-    /// The front-end's control socket (Unix, 0600).
-    pub fe_control: PathBuf,
+    /// The front-end's control port (tcp, sealed lines).
+    pub fe_control: SocketAddr,
+    /// The lab operator's control key, envelope sender id and last sequence.
+    fe_key: farside_auth::siphash::SipKey,
+    fe_sender: u64,
+    fe_seq: AtomicU64,
     /// b0's and b1's MAC on the segment.
     pub macs: Vec<String>,
     adopt: Vec<PathBuf>,
@@ -148,6 +168,8 @@ pub struct Dc {
     /// Defenders' CPU per second of legitimate load alone (ms/s, softirq ms/s).
     baseline: Option<(f64, f64)>,
     front: Option<Vec<usize>>,
+    /// specd's `--queue`.
+    queue: u32,
 }
 
 pub(crate) fn strings(v: &[&str]) -> Vec<String> {
@@ -169,6 +191,12 @@ fn ip_cmd(args: &[&str]) -> io::Result<String> {
 impl Dc {
     /// Build the namespaces and start every daemon; `exe` is the `farside` binary.
     pub fn start(dir: &Path, exe: &Path) -> io::Result<Dc> {
+        Dc::start_with_queue(dir, exe, crate::speculative::BASE_ACCEPT_QUEUE)
+    }
+
+    /// [`Dc::start`] with specd's `--queue` (the server backlog at which it migrates)
+    /// set to `queue`.
+    pub fn start_with_queue(dir: &Path, exe: &Path, queue: u32) -> io::Result<Dc> {
         let tiers = crate::fabric::procs::Tiers::of(&crate::fabric::procs::allowed_cpus());
         let front = tiers.as_ref().map(|t| t.front.as_slice());
         let back = tiers.as_ref().map(|t| t.back.as_slice());
@@ -230,13 +258,29 @@ impl Dc {
         let run = dc.run_id().to_string();
         // Unix socket paths are short (108 bytes): in the temp dir, not under --out.
         let tmp = std::env::temp_dir();
+        let keys = LabKeys::generate(&[MIGRATION_KEY, MOVE_KEY])?;
+        let fe_key = farside_auth::keys::load_key_from(
+            None,
+            MOVE_KEY,
+            Some(&keys.path(MOVE_KEY)),
+            farside_auth::keys::Policy::Production,
+            // SAFETY: geteuid has no preconditions.
+            unsafe { libc::geteuid() },
+        )
+        .map_err(|e| io::Error::other(format!("the front-end's key: {e}")))?
+        .key;
         let mut me = Dc {
+            fe_control: SocketAddr::new(dc.node_ip(FE).into(), CONTROL_PORT),
             dc,
             logs,
             exe: exe.to_path_buf(),
-            keys: LabKeys::generate(&[MIGRATION_KEY, MOVE_KEY])?,
+            keys,
             rkeys: RmemLabKeys::generate()?,
-            fe_control: tmp.join(format!("farside-{run}-fe/control.sock")),
+            fe_key,
+            fe_sender: u64::from(std::process::id()) << 32 | 0xfe,
+            fe_seq: AtomicU64::new(
+                farside_auth::replay::Sequencer::unix_s() << farside_auth::replay::SEQ_COUNT_BITS,
+            ),
             macs,
             adopt: BACKENDS
                 .iter()
@@ -246,6 +290,7 @@ impl Dc {
             children: Vec::new(),
             baseline: None,
             front: tiers.map(|t| t.front),
+            queue,
         };
         for i in 0..BACKENDS.len() {
             me.start_backend(i, &docroot)?;
@@ -336,7 +381,7 @@ impl Dc {
             "--vip",
             &VIP.to_string(),
             "--control",
-            &format!("unix:{}", self.fe_control.display()),
+            &self.fe_control.to_string(),
             "--move-udp-port",
             &MOVE_PORT.to_string(),
             "--key-file",
@@ -351,10 +396,7 @@ impl Dc {
             ));
         }
         let mut c = self.spawn(FE, "frontend", &args)?;
-        let sock = self.fe_control.clone();
-        c.wait_ready("create its control socket", READY_MAX, POLL, || {
-            Ok(sock.exists())
-        })?;
+        self.wait_port(&mut c, self.fe_control)?;
         self.wait_port(&mut c, SocketAddr::V4(VIP))?;
         self.children.push(c);
         Ok(())
@@ -377,6 +419,12 @@ impl Dc {
             },
             false,
         );
+        let mut args = args;
+        if let Some(i) = args.iter().position(|a| a == "--queue") {
+            args[i + 1] = self.queue.to_string();
+        }
+        // Counters followed live (`flood`): the summary rewritten every second.
+        args.extend(strings(&["--summary-every-s", "1"]));
         let mut c = self.spawn(node, &format!("specd-{node}"), &args)?;
         let log = c.log.clone();
         c.wait_ready(&format!("log `{SPECD_READY}`"), READY_MAX, POLL, || {
@@ -402,6 +450,16 @@ impl Dc {
         self.wait_port(&mut c, self.proxy_addr())?;
         self.children.push(c);
         Ok(())
+    }
+
+    /// The front tier's CPUs (clients and attackers run there), when pinned.
+    pub fn front_cpus(&self) -> Option<&[usize]> {
+        self.front.as_deref()
+    }
+
+    /// specd's summary on `node` (rewritten every second while it runs).
+    pub fn specd_summary_path(&self, node: &str) -> PathBuf {
+        self.logs.join(format!("specd-{node}.json"))
     }
 
     /// The proxy's public data port.
@@ -436,15 +494,87 @@ impl Dc {
         Ok(())
     }
 
-    /// One request line to the front-end's control socket, as its operator would
-    /// (the lab observes the front-end's tables through it); the reply line.
+    /// `line` sealed as the lab's operator seals it (`AUTH <hex>`, a fresh sequence;
+    /// the wire format of docs/frontend.md, written from it), with its sequence.
+    pub fn fe_seal(&self, line: &str) -> (String, u64) {
+        let seq = self.fe_seq.fetch_add(1, Ordering::Relaxed) + 1;
+        let env = farside_auth::mac::Envelope {
+            key_id: farside_auth::mac::KeyId(FE_KEY_ID),
+            sender: self.fe_sender,
+            seq,
+        };
+        (seal_line(&self.fe_key, &env, line), seq)
+    }
+
+    /// One request to the front-end's control port, sealed, from px (the operator's
+    /// host; the lab observes the front-end's tables through it): the reply's text
+    /// (`OK ...`, or the front-end's unsealed `ERR ...`).
     pub fn fe_request(&self, line: &str) -> io::Result<String> {
-        let mut s = UnixStream::connect(&self.fe_control)?;
-        s.set_read_timeout(Some(Duration::from_secs(2)))?;
-        s.write_all(format!("{line}\n").as_bytes())?;
-        let mut r = String::new();
-        BufReader::new(s).read_line(&mut r)?;
-        Ok(r.trim().to_string())
+        let (sealed, seq) = self.fe_seal(line);
+        let to = self.fe_control;
+        let reply = self.dc.run_in_ns(PX, move || {
+            let mut s = TcpStream::connect_timeout(&to, CONTROL_TIMEOUT)?;
+            s.set_read_timeout(Some(CONTROL_TIMEOUT))?;
+            s.write_all(format!("{sealed}\n").as_bytes())?;
+            let mut r = String::new();
+            BufReader::new(s).read_line(&mut r)?;
+            Ok(r.trim().to_string())
+        })?;
+        if reply.starts_with("ERR ") {
+            return Ok(reply);
+        }
+        open_reply(&self.fe_key, self.fe_sender, seq, &reply).ok_or_else(|| {
+            io::Error::other(format!(
+                "front-end: a reply that does not verify: {reply:?}"
+            ))
+        })
+    }
+
+    /// Wait, at most [`SETTLE_MAX`], until the back-ends hold no request, the proxy no
+    /// connection and neither specd a migration in flight; `(quiet, waited, what the
+    /// first look saw)`.
+    pub fn settle(&self) -> io::Result<(bool, Duration, String)> {
+        use crate::fabric::quiet::{wait_quiet, Side, Watched};
+        let ports = [
+            Watched::new(Some(B0.to_string()), VIP.port(), Side::Back),
+            Watched::new(Some(B1.to_string()), VIP.port(), Side::Back),
+            Watched::new(Some(PX.to_string()), PROXY_PORT, Side::Front),
+        ];
+        let t0 = Instant::now();
+        let in_flight = || -> u64 {
+            BACKENDS
+                .iter()
+                .filter_map(|n| {
+                    let t = std::fs::read_to_string(self.specd_summary_path(n)).ok()?;
+                    let v: serde_json::Value = serde_json::from_str(&t).ok()?;
+                    v["source"]["window"]["in_flight"].as_u64()
+                })
+                .sum()
+        };
+        let first_flight = in_flight();
+        let s = wait_quiet(Some(&self.dc), &ports, SETTLE_MAX)?;
+        let first = format!(
+            "back-ends {} queued / {} busy, proxy {} connections, {} migrations in flight",
+            s.first.back.backlog, s.first.back.busy, s.first.front.conns, first_flight
+        );
+        let mut quiet = s.quiet;
+        // specd's summary is rewritten every second: two looks in a row at 0.
+        let mut zero = 0;
+        while quiet && zero < 2 {
+            if in_flight() == 0 {
+                zero += 1;
+            } else {
+                zero = 0;
+            }
+            if zero < 2 {
+                if t0.elapsed() >= SETTLE_MAX {
+                    quiet = false;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        Ok((quiet, t0.elapsed(), first))
     }
 
     /// The front-end's `STATS` counters (`counters` object of its JSON).
@@ -463,7 +593,7 @@ impl Dc {
     }
 
     /// CPU of every process on the defending nodes, µs.
-    fn defender_cpu_us(&self) -> u64 {
+    pub(crate) fn defender_cpu_us(&self) -> u64 {
         DEFENDERS
             .iter()
             .flat_map(|n| self.dc.node_procs_cpu(n).unwrap_or_default())
@@ -479,6 +609,7 @@ impl Dc {
         window: Duration,
         attack: impl FnOnce(&Dc, &[SocketAddrV4]) -> io::Result<T>,
     ) -> io::Result<(T, Collateral)> {
+        let (quiet, waited, first) = self.settle()?;
         let vip_victims = self.open_victims(SocketAddr::V4(VIP), VICTIMS_VIP)?;
         let px_victims = self.open_victims(self.proxy_addr(), VICTIMS_PROXY)?;
         let addrs: Vec<SocketAddrV4> = vip_victims
@@ -545,6 +676,8 @@ impl Dc {
         let victims = victims.map_err(|_| io::Error::other("the victims' thread panicked"))?;
         let mut c = Collateral {
             window_s: wall,
+            started_quiet: quiet,
+            settle: format!("{:.0} ms to quiet ({first})", waited.as_secs_f64() * 1e3),
             ..Default::default()
         };
         for l in loads {
@@ -616,9 +749,6 @@ impl Drop for Dc {
         for p in &self.adopt {
             let _ = std::fs::remove_file(p);
         }
-        if let Some(d) = self.fe_control.parent() {
-            let _ = std::fs::remove_dir_all(d);
-        }
     }
 }
 
@@ -636,8 +766,54 @@ fn legit_load(target: SocketAddr, users: usize, window: Duration) -> farside_loa
     lg
 }
 
+/// `AUTH <hex>` of `text` sealed under `key` with `env` (the front-end's control
+/// line: `farside_auth::mac`, domain `FrontendControl`).
+pub fn seal_line(
+    key: &farside_auth::siphash::SipKey,
+    env: &farside_auth::mac::Envelope,
+    text: &str,
+) -> String {
+    let mut b = Vec::new();
+    let _ = farside_auth::mac::seal(
+        &mut b,
+        farside_auth::mac::Domain::FrontendControl,
+        key,
+        env,
+        text.as_bytes(),
+    );
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("AUTH {hex}")
+}
+
+/// The text of a sealed reply line (`AUTH <hex>` of `reply <text>`) to the request
+/// `(sender, seq)`, if it verifies under `key`.
+fn open_reply(
+    key: &farside_auth::siphash::SipKey,
+    sender: u64,
+    seq: u64,
+    line: &str,
+) -> Option<String> {
+    let hex = line.strip_prefix("AUTH ")?.trim();
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<_>>()?;
+    let o = farside_auth::mac::open(farside_auth::mac::Domain::FrontendControl, &bytes, |id| {
+        (id.0 == FE_KEY_ID).then_some(*key)
+    })
+    .ok()?;
+    if o.envelope.sender != sender || o.envelope.seq != seq {
+        return None;
+    }
+    let text = std::str::from_utf8(o.message).ok()?;
+    text.strip_prefix("reply ").map(str::to_string)
+}
+
 /// Softirq time of the whole machine so far, ms (`/proc/stat`, USER_HZ ticks).
-fn softirq_ms() -> f64 {
+pub(crate) fn softirq_ms() -> f64 {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;

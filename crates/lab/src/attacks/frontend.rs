@@ -1,7 +1,8 @@
 //! Attacks on the blind front-end (`fe`): a spoofed one-sided MOVE of a victim's flow
-//! from the client side, a captured MOVE replayed, the control port (if one still
-//! listens on TCP: HOLD without expiry, WEIGHTS, MOVE, idle connections filling its
-//! slots) and a spoofed non-SYN flood meant to evict live flow entries.
+//! from the client side, a captured MOVE replayed, the TCP control port (sealed lines:
+//! HOLD without expiry, WEIGHTS, MOVE sent plain, sealed under a made-up key, captured
+//! from the operator and tampered with or replayed; idle connections past its slots)
+//! and a spoofed non-SYN flood meant to evict live flow entries.
 //!
 //! Success is judged by effect, through the front-end's own tables (the lab reads
 //! them over the control socket as its operator would): a victim's flow now names
@@ -10,20 +11,25 @@
 //! collateral.
 
 use std::io::{self, BufRead, BufReader, Write};
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
 use std::time::Duration;
 
-use super::dc::{Dc, ATK, ATKC, B0, B1, FE, MOVE_PORT, VIP};
+use super::dc::{Dc, ATK, ATKC, B0, B1, CONTROL_PORT, FE, FE_KEY_ID, MOVE_PORT, VIP};
 use super::outcome::Outcome;
-use super::raw::{ipv4_tcp, ipv4_udp, Packet, RawSender, Sniffer, PROTO_UDP, TCP_ACK};
+use super::raw::{ipv4_tcp, ipv4_udp, Packet, RawSender, Sniffer, PROTO_TCP, PROTO_UDP, TCP_ACK};
 
 /// Spoofed non-SYN packets of a full run: more than the flow table holds
 /// (`FE_FLOWS_MAX` = 65,536), so a table that recorded them would evict every entry.
 pub const FLOOD_PACKETS: u64 = 70_000;
 /// `--quick`: a third of the table (the test).
 pub const FLOOD_PACKETS_QUICK: u64 = 20_000;
-/// Connections held open on a TCP control port (its `CONNS_MAX`, 16).
-const CONTROL_IDLE_CONNS: usize = 16;
+/// Idle connections held open on the control port: more than its `CONNS_MAX` (16).
+const CONTROL_IDLE_CONNS: usize = 20;
+/// How long they are held before the operator's request: past the control port's
+/// `EVICT_IDLE_MIN` (1 s), after which a new connection may evict an idle one.
+const CONTROL_IDLE_HOLD: Duration = Duration::from_millis(1500);
+/// The attacker's wait for a control reply.
+const CONTROL_WAIT: Duration = Duration::from_secs(1);
 /// Wait for the front-end to act on what was sent.
 const SETTLE: Duration = Duration::from_millis(300);
 /// The MOVE's magic and layout (docs/frontend.md, "Protocol, version 1").
@@ -157,37 +163,145 @@ fn control_requests(dc: &Dc, victim: SocketAddrV4) -> Vec<String> {
     ]
 }
 
-/// The front-end's control over TCP (the documented port, [`MOVE_PORT`]) from the
-/// client side: requests, then [`CONTROL_IDLE_CONNS`] idle connections.
-pub fn control_port(dc: &Dc, victims: &[SocketAddrV4]) -> io::Result<Outcome> {
-    let to = SocketAddr::new(dc.dc.node_ip(FE).into(), MOVE_PORT);
+/// The operator's sealed control lines px sent to the front-end during the capture.
+pub fn captured_control(s: &Sniffer, px: Ipv4Addr, fe: Ipv4Addr) -> Vec<String> {
+    s.matching(|p| {
+        p.proto == PROTO_TCP
+            && p.src == px
+            && p.dst == fe
+            && p.dport == CONTROL_PORT
+            && !p.payload.is_empty()
+    })
+    .iter()
+    .flat_map(|p| {
+        String::from_utf8_lossy(&p.payload)
+            .lines()
+            .filter(|l| l.starts_with("AUTH "))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    })
+    .collect()
+}
+
+/// One line to the control port from `node` on a connection of its own: the reply
+/// line (or what happened instead).
+fn control_line(dc: &Dc, node: &str, line: &str) -> io::Result<String> {
+    let to = dc.fe_control;
+    let line = line.to_string();
+    dc.dc.run_in_ns(node, move || {
+        let mut s = match TcpStream::connect_timeout(&to, CONTROL_WAIT) {
+            Ok(s) => s,
+            Err(e) => return Ok(format!("connect: {e}")),
+        };
+        s.set_read_timeout(Some(CONTROL_WAIT))?;
+        if let Err(e) = s.write_all(format!("{line}\n").as_bytes()) {
+            return Ok(format!("write: {e}"));
+        }
+        let mut r = String::new();
+        Ok(match BufReader::new(s).read_line(&mut r) {
+            Ok(0) => "closed".to_string(),
+            Ok(_) => r.trim().to_string(),
+            Err(e) => format!("read: {e}"),
+        })
+    })
+}
+
+/// A sealed control line under a key the attacker made up (the right key id).
+fn forged_line(text: &str) -> String {
+    let mut k = [0u8; 16];
+    for (i, b) in k.iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(37) ^ 0x5a;
+    }
+    let env = farside_auth::mac::Envelope {
+        key_id: farside_auth::mac::KeyId(FE_KEY_ID),
+        sender: 0xa77a_c4e5,
+        seq: u64::MAX / 2,
+    };
+    super::dc::seal_line(&farside_auth::siphash::SipKey::from_bytes(k), &env, text)
+}
+
+/// A captured line with the last hex digit of its covered text changed.
+fn tampered(line: &str) -> String {
+    let mut t = line.to_string();
+    if let Some(c) = t.pop() {
+        t.push(if c == '0' { '1' } else { '0' });
+    }
+    t
+}
+
+/// The back-ends' weights in the front-end's `STATS`.
+fn weights(c: &serde_json::Value) -> String {
+    c.get("backends")
+        .and_then(serde_json::Value::as_array)
+        .map(|b| {
+            b.iter()
+                .map(|x| x.get("weight").map_or("?".to_string(), |w| w.to_string()))
+                .collect::<Vec<_>>()
+                .join("/")
+        })
+        .unwrap_or_default()
+}
+
+/// The front-end's TCP control port, whose every line must be sealed: the attacker's
+/// requests (hold a victim for an hour, take b0 out of the weights, move a victim)
+/// plain and sealed under a made-up key from the client side; the operator's captured
+/// sealed lines tampered with (client side) and replayed byte for byte (cluster
+/// side); then [`CONTROL_IDLE_CONNS`] idle connections held while the operator asks
+/// for `STATS`. It succeeded if any line was acted on (answered `OK` or with a sealed
+/// reply, a victim's flow or the weights changed) or the idle connections kept the
+/// operator out.
+pub fn control_port(dc: &Dc, victims: &[SocketAddrV4], captured: &[String]) -> io::Result<Outcome> {
     let victim = victims
         .first()
         .copied()
         .unwrap_or(SocketAddrV4::new(Ipv4Addr::new(10, 77, 0, 10), 1));
+    let before = flows(dc, victims)?;
+    let w0 = weights(&dc.fe_counters()?);
     let reqs = control_requests(dc, victim);
-    let (answers, idle_held) = dc.dc.run_in_ns(ATKC, move || {
-        let mut s = match TcpStream::connect_timeout(&to, Duration::from_secs(1)) {
-            Ok(s) => s,
-            Err(e) => return Ok((vec![format!("connect: {e}")], 0)),
-        };
-        s.set_read_timeout(Some(Duration::from_secs(1)))?;
-        let mut r = BufReader::new(s.try_clone()?);
-        let mut answers = Vec::new();
-        for q in &reqs {
-            s.write_all(format!("{q}\n").as_bytes())?;
-            let mut line = String::new();
-            r.read_line(&mut line)?;
-            answers.push(format!("{q} → {}", line.trim()));
+    let mut tried: Vec<(String, &str, String)> = Vec::new();
+    for q in &reqs {
+        tried.push((
+            format!("plain {}", q.split(' ').next().unwrap_or("")),
+            ATKC,
+            q.clone(),
+        ));
+        tried.push((
+            format!("made-up key {}", q.split(' ').next().unwrap_or("")),
+            ATKC,
+            forged_line(q),
+        ));
+    }
+    for (i, c) in captured.iter().enumerate() {
+        tried.push((format!("captured #{i} tampered"), ATKC, tampered(c)));
+        tried.push((format!("captured #{i} replayed"), ATK, c.clone()));
+    }
+    let mut answers = Vec::new();
+    let mut acted = 0;
+    let mut bytes = 0u64;
+    for (what, node, line) in &tried {
+        let r = control_line(dc, node, line)?;
+        bytes += line.len() as u64 + 1;
+        if r.starts_with("OK") || r.starts_with("AUTH ") {
+            acted += 1;
         }
-        let idle: Vec<TcpStream> = (0..CONTROL_IDLE_CONNS)
-            .filter_map(|_| TcpStream::connect_timeout(&to, Duration::from_secs(1)).ok())
-            .collect();
-        Ok((answers, idle.len()))
+        answers.push(format!("{what} → {}", r.split(':').next().unwrap_or(&r)));
+    }
+    // Idle connections past the port's slots, then the operator's request.
+    let to = dc.fe_control;
+    let idle: Vec<TcpStream> = dc.dc.run_in_ns(ATKC, move || {
+        Ok((0..CONTROL_IDLE_CONNS)
+            .filter_map(|_| TcpStream::connect_timeout(&to, CONTROL_WAIT).ok())
+            .collect())
     })?;
-    let ok = answers.iter().any(|a| a.ends_with("→ OK"));
+    std::thread::sleep(CONTROL_IDLE_HOLD);
+    let operator = dc.fe_counters();
+    let idle_held = idle.iter().filter(|s| !super::specd::closed(s)).count();
+    drop(idle);
+    let after = flows(dc, victims)?;
+    let w1 = weights(&dc.fe_counters()?);
+    let changed = before.iter().zip(&after).filter(|(a, b)| a != b).count();
     // Whatever an open control port did, put the tables back for the next attacks.
-    if ok {
+    if acted > 0 || w0 != w1 {
         let _ = dc.fe_request(&format!(
             "WEIGHTS {}={},{}={}",
             dc.dc.node_ip(B0),
@@ -197,12 +311,23 @@ pub fn control_port(dc: &Dc, victims: &[SocketAddrV4]) -> io::Result<Outcome> {
         ));
     }
     Ok(Outcome {
-        succeeded: ok,
-        effect: format!("{}; {idle_held} idle connections held", answers.join("; ")),
-        packets: answers.len() as u64,
-        bytes: 0,
+        succeeded: acted > 0 || changed > 0 || w0 != w1 || operator.is_err(),
+        effect: format!(
+            "{} lines ({} captured): {acted} acted on [{}]; victim flows changed {changed},              weights {w0} → {w1}; {} idle connections opened, {idle_held} still open after              {} ms, the operator's STATS then: {}",
+            tried.len(),
+            captured.len(),
+            answers.join("; "),
+            CONTROL_IDLE_CONNS,
+            CONTROL_IDLE_HOLD.as_millis(),
+            match &operator {
+                Ok(_) => "answered".to_string(),
+                Err(e) => format!("failed ({e})"),
+            }
+        ),
+        packets: tried.len() as u64 + CONTROL_IDLE_CONNS as u64,
+        bytes,
         answered_bytes: 0,
-        tested: true,
+        tested: !captured.is_empty(),
     })
 }
 

@@ -7,8 +7,9 @@
 //!
 //! - [`specd`]: forged migration offers (non-peer; the peer's address without the key;
 //!   a captured authenticated one replayed), slow senders, a huge length prefix;
-//! - [`frontend`]: a spoofed one-sided MOVE, a captured MOVE replayed, the TCP control
-//!   port (if one listens), a spoofed non-SYN flood against the flow table;
+//! - [`frontend`]: a spoofed one-sided MOVE, a captured MOVE replayed, the sealed TCP
+//!   control port (plain, forged, tampered and replayed lines, idle connections past
+//!   its slots), a spoofed non-SYN flood against the flow table;
 //! - [`rmem`]: one-sided memory against its authenticated envelope: a captured CAS and
 //!   FETCH-ADD replayed, captured requests modified under their old tag (a CAS
 //!   retargeted at ROLE_SERVED, a larger FETCH-ADD delta, a huge sequence number),
@@ -21,8 +22,11 @@
 //! How a run goes: build the data-center, mirror b0's, b1's and px's ports to the
 //! cluster attacker and start its capture; measure the defenders' CPU under legitimate
 //! load alone (the baseline); a burst of connections makes b0 migrate some to b1 while
-//! the lab's balancer does its role-word operations from px (both captured); then each
-//! attack runs in a window of legitimate load of its own ([`dc::Dc::window`]).
+//! the lab's balancer does its role-word operations from px and the operator sets the
+//! front-end's weights (all captured); then each attack runs in a window of legitimate
+//! load of its own ([`dc::Dc::window`]), which opens once the tier is quiet again
+//! (nothing queued or in service at the back-ends, no migration in flight: what the
+//! burst or the previous window left is not counted against the next window).
 //! `defender_cpu_ms` = CPU of every process on fe, b0, b1 and px over the window minus
 //! the baseline's over as long; `softirq_ms` = the machine's softirq time likewise (the
 //! attacker's sending included: not attributable on one machine).
@@ -42,6 +46,7 @@ use std::time::Duration;
 
 pub mod dc;
 pub mod files;
+pub mod flood;
 pub mod frontend;
 pub mod outcome;
 pub mod raw;
@@ -80,7 +85,7 @@ pub const ATTACKS: [(&str, &str, &str, bool); 22] = [
     (
         "fe-control-tcp",
         "frontend",
-        "control on a Unix socket",
+        "sealed lines, replay window",
         false,
     ),
     (
@@ -145,6 +150,16 @@ pub struct AttacksArgs {
     /// lab's own tests point it at the built binary).
     #[arg(long, hide = true)]
     pub farside_bin: Option<PathBuf>,
+    /// Instead of the attacks one by one: a flood of this many seconds during a
+    /// speculative run (spoofed non-SYN packets at the front-end's flow table and
+    /// forged, garbage, replayed and slow connections at specd's migration port),
+    /// after a reference phase of the legitimate load alone; recorded per second
+    /// (kept as experiment `attacks-flood`, see docs/lab.md).
+    #[arg(long = "flood-seconds")]
+    pub flood_seconds: Option<f64>,
+    /// With --flood-seconds: spoofed non-SYN packets a second.
+    #[arg(long = "flood-pps", default_value_t = flood::FLOOD_PPS_DEFAULT)]
+    pub flood_pps: u64,
 }
 
 /// One attack's result (a point of the run).
@@ -324,6 +339,9 @@ impl Experiment for Attacks {
     type Point = AttackPoint;
 
     fn run(a: AttacksArgs) -> io::Result<()> {
+        if a.flood_seconds.is_some() {
+            return flood::run(a).map(|_| ());
+        }
         run(a).map(|_| ())
     }
 
@@ -367,6 +385,8 @@ struct Captures {
     specd: specd::SpecdCapture,
     moves: Vec<raw::Packet>,
     rmem: rmem::RmemCapture,
+    /// The operator's sealed control lines.
+    control: Vec<String>,
 }
 
 fn point(name: &str, o: &Outcome, c: &dc::Collateral) -> AttackPoint {
@@ -479,24 +499,43 @@ pub fn run(a: AttacksArgs) -> io::Result<Summary<AttackPoint>> {
     lab.legit_ops()?;
     let burst = d.burst(BURST_RATE, BURST_S)?;
     let ips = |n| d.dc.node_ip(n);
+    // The operator sets the weights the front-end has (a no-op, sealed, from px).
+    let set = d.fe_request(&format!(
+        "WEIGHTS {}={},{}={}",
+        ips(dc::B0),
+        dc::WEIGHTS[0],
+        ips(dc::B1),
+        dc::WEIGHTS[1]
+    ))?;
+    if !set.starts_with("OK") {
+        return Err(io::Error::other(format!(
+            "the operator's sealed WEIGHTS was refused: {set}"
+        )));
+    }
     let _ = sniff.wait_for(CAPTURE_WAIT, |p| {
         p.src == ips(dc::PX) && p.dport == dc::REGION_PORT
+    });
+    let _ = sniff.wait_for(CAPTURE_WAIT, |p| {
+        p.src == ips(dc::PX) && p.dport == dc::CONTROL_PORT && !p.payload.is_empty()
     });
     let caps = Captures {
         specd: specd::capture(&sniff, ips(dc::B0), ips(dc::B1)),
         moves: frontend::captured_moves(&sniff, ips(dc::B0), ips(dc::FE)),
         rmem: rmem::capture(&sniff, ips(dc::PX), ips(dc::B0)),
+        control: frontend::captured_control(&sniff, ips(dc::PX), ips(dc::FE)),
     };
     sweep.note(format!(
         "capture: burst of {:.0} conn/s served {} (failed {}); captured {} specd control \
-         connection(s) ({} B in the longest), {} MOVE(s), {} region requests from px \
-         ({} READ(s) under key id {}, {} CAS and {} FETCH-ADD(s) under key id {})",
+         connection(s) ({} B in the longest), {} MOVE(s), {} sealed control line(s), {} region \
+         requests from px ({} READ(s) under key id {}, {} CAS and {} FETCH-ADD(s) under key \
+         id {})",
         BURST_RATE,
         burst.served,
         burst.failures,
         caps.specd.connections,
         caps.specd.stream.len(),
         caps.moves.len(),
+        caps.control.len(),
         caps.rmem.requests,
         caps.rmem.reads.len(),
         caps.rmem
@@ -509,6 +548,8 @@ pub fn run(a: AttacksArgs) -> io::Result<Summary<AttackPoint>> {
             .map_or("-".to_string(), |k| k.to_string()),
     ))?;
     let mut dead: Option<String> = None;
+    // How each window started (the first after the capture burst always noted).
+    let mut settles: Vec<String> = Vec::new();
     sweep.run(
         &names,
         1,
@@ -549,7 +590,7 @@ pub fn run(a: AttacksArgs) -> io::Result<Summary<AttackPoint>> {
                 "specd-huge-length" => specd::huge_length(d),
                 "fe-move-spoofed" => frontend::spoofed_move(d, victims),
                 "fe-move-replay" => frontend::replayed_move(d, &caps.moves),
-                "fe-control-tcp" => frontend::control_port(d, victims),
+                "fe-control-tcp" => frontend::control_port(d, victims, &caps.control),
                 "fe-nonsyn-flood" => frontend::nonsyn_flood(d, victims, quick),
                 "rmem-write-role" => rmem::write_role(d, &caps.rmem, lab),
                 "rmem-cas-wanted-loop" => rmem::cas_wanted_loop(d, &caps.rmem, lab),
@@ -564,6 +605,17 @@ pub fn run(a: AttacksArgs) -> io::Result<Summary<AttackPoint>> {
                 "files-proxy-metrics" => files::proxy_metrics(d),
                 other => Err(io::Error::other(format!("no attack {other}"))),
             })?;
+            if settles.is_empty() || !c.started_quiet {
+                settles.push(format!(
+                    "window {name} opened {}: {}",
+                    if c.started_quiet {
+                        "on a quiet tier"
+                    } else {
+                        "before the tier was quiet"
+                    },
+                    c.settle
+                ));
+            }
             if let Err(e) = d.check_alive() {
                 dead = Some(format!(
                     "not run: a daemon died during an earlier attack: {e}"
@@ -572,6 +624,9 @@ pub fn run(a: AttacksArgs) -> io::Result<Summary<AttackPoint>> {
             Ok(point(name, &o, &c))
         },
     )?;
+    for n in settles {
+        sweep.note(n)?;
+    }
     drop(sniff);
     drop(d);
     sweep.finish()

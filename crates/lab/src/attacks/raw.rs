@@ -456,6 +456,28 @@ pub fn mirror(dc: &VirtualDc, from: &str, to: &str) -> io::Result<()> {
     ])
 }
 
+/// Undo [`mirror`] from `from` (every filter of its port's clsact goes with it).
+pub fn unmirror(dc: &VirtualDc, from: &str) -> io::Result<()> {
+    let ns = dc
+        .bridge_netns_path()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let src = dc.veth_peer(from);
+    let out = std::process::Command::new("ip")
+        .args([
+            "netns", "exec", &ns, "tc", "qdisc", "del", "dev", &src, "clsact",
+        ])
+        .output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "tc qdisc del dev {src} clsact: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

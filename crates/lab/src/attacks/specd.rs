@@ -125,7 +125,7 @@ pub fn frame_v3(kind: u8, payload: &[u8]) -> Vec<u8> {
 /// OFFER_COMMIT: restore at once (kind 9).
 const KIND_OFFER_COMMIT: u8 = 9;
 
-fn forged_offer() -> Vec<u8> {
+pub(crate) fn forged_offer() -> Vec<u8> {
     frame_v3(
         KIND_OFFER_COMMIT,
         &forged_state(
@@ -238,7 +238,7 @@ pub fn replay(dc: &Dc, cap: &SpecdCapture) -> io::Result<Outcome> {
 }
 
 /// Whether the target has closed `s` (EOF or reset seen on a non-blocking peek).
-fn closed(s: &TcpStream) -> bool {
+pub(crate) fn closed(s: &TcpStream) -> bool {
     let _ = s.set_nonblocking(true);
     let mut b = [0u8; 1];
     let r = match s.peek(&mut b) {
