@@ -133,6 +133,12 @@ struct Shared {
 
 /// Run `farside lab coop`.
 pub fn run(a: CoopLabArgs) -> io::Result<()> {
+    if let Some(policy) = &a.dispatch {
+        let listen = a
+            .dispatch_listen
+            .ok_or_else(|| bad("--dispatch needs --dispatch-listen".into()))?;
+        return super::dispatch::serve(listen, a.dispatch_backends.clone(), policy);
+    }
     check_args(&a)?;
     // SAFETY: geteuid has no preconditions.
     crate::fabric::netns::check_root(unsafe { libc::geteuid() }).map_err(|_| {
@@ -265,6 +271,8 @@ fn params(
         "cache_rule": format!("ceil(W{:.0} / nodes): the bytes of the most popular objects receiving {:.0} % of the requests ({} B), split over the nodes; the anchor's nginx caches get the same bytes each", CACHE_RULE_FRACTION * 100.0, CACHE_RULE_FRACTION * 100.0, t.working_set_bytes(CACHE_RULE_FRACTION)),
         "trace": "World Cup 1998 sample (data/wc98-day6-sample.csv.gz), files at their logged paths and sizes with content of their own",
         "client": "farside loadgen, one instance per back-end node with its share of the clients (closed: kept-alive, World Cup sessions) or of the rate (open: the log's timing compressed to the rate, one connection per request), all in the client node; every 200's body checked against its file (--check-root)",
+        "lard": "the lab's dispatcher (coop::dispatch) on node lb with farside_coop::policy::Lard (T_low 25, T_high 65, the paper's; load = requests in service per node as the dispatcher counts them) over farside backend --coop --coop-policy rr nodes",
+        "bounded_hash": "the same dispatcher with farside_coop::policy::BoundedHash (100 ring points per node, balance factor 125 %)",
         "haproxy": "HAProxy on node lb: balance uri, hash-type consistent, hash-balance-factor 125, over nginx proxy_cache (max_size = cache bytes) on every node, each nginx's upstream a farside backend --coop --coop-cache-bytes 1 in the same node (the same emulated disk, nothing cached); lb has no CPU quota (a front-end box PRESS does not need)",
         "links": "tc tbf on both ends of every back-end node's veth (client and peer traffic share it); 0 = not shaped",
         "repeat": a.repeat,
@@ -400,8 +408,12 @@ fn start_system(
         let name = node_name(i);
         let http = SocketAddr::from((*ip, HTTP_PORT));
         match k.system.as_str() {
-            "rr" | "press-tcp" => {
-                let policy = if k.system == "rr" { "rr" } else { "press" };
+            "rr" | "press-tcp" | "lard" | "bounded-hash" => {
+                let policy = if k.system == "press-tcp" {
+                    "press"
+                } else {
+                    "rr"
+                };
                 let args = backend_args(a, sh, http, policy, cache_bytes, i, &peers);
                 let log = sh.logs.join(format!("{tag}-{name}.log"));
                 let c = dc.spawn_in(&name, &exe, &args, &log)?;
@@ -458,6 +470,28 @@ fn start_system(
             }
             other => return Err(bad(format!("unknown system {other}"))),
         }
+    }
+    if k.system == "lard" || k.system == "bounded-hash" {
+        let lb = SocketAddr::from((dc.node_ip(LB), HTTP_PORT));
+        let backends: Vec<String> = ips
+            .iter()
+            .map(|ip| SocketAddr::from((*ip, HTTP_PORT)).to_string())
+            .collect();
+        let args: Vec<String> = vec![
+            "lab".into(),
+            "coop".into(),
+            "--dispatch".into(),
+            k.system.clone(),
+            "--dispatch-listen".into(),
+            lb.to_string(),
+            "--dispatch-backends".into(),
+            backends.join(","),
+        ];
+        let log = sh.logs.join(format!("{tag}-dispatch.log"));
+        let c = dc.spawn_in(LB, &exe, &args, &log)?;
+        r.children.push(Child::adopt("dispatch", c, log));
+        waits.push((r.children.len() - 1, lb));
+        r.targets = vec![lb; k.nodes];
     }
     if k.system == "haproxy" {
         let lb = SocketAddr::from((dc.node_ip(LB), HTTP_PORT));
@@ -650,7 +684,7 @@ fn measure(
         peer_bytes: d("peer_bytes"),
         peer_bytes_per_req: per_req(d("peer_bytes")),
         cpu_us_per_req: per_req(after.cpu_us.saturating_sub(before.cpu_us)),
-        lb_cpu_us_per_req: if k.system == "haproxy" {
+        lb_cpu_us_per_req: if matches!(k.system.as_str(), "haproxy" | "lard" | "bounded-hash") {
             per_req(after.lb_cpu_us.saturating_sub(before.lb_cpu_us))
         } else {
             0.0
@@ -684,6 +718,9 @@ mod tests {
             disk_latency_us: 5000,
             cache_bytes: None,
             repeat: 1,
+            dispatch: None,
+            dispatch_listen: None,
+            dispatch_backends: Vec::new(),
         };
         check_args(&a).unwrap();
         let k = point_keys(&a);

@@ -15,6 +15,9 @@
 //! - `press-tcp`: PRESS, a node that misses fetches from a peer whose directory says it
 //!   caches the file, over TCP ([`farside_backend::coop::peer::PeerTransport`]; the
 //!   one-sided transports are not built here);
+//! - `lard`, `bounded-hash`: a content-aware front-end on `lb` ([`dispatch`], the lab's
+//!   own minimal dispatcher on `farside_coop::policy`'s LARD and bounded-load consistent
+//!   hashing, load = its requests in service per node) over `rr` nodes;
 //! - `haproxy`, the anchor: real HAProxy on `lb` hashing the URL with bounded load
 //!   (`balance uri`, `hash-type consistent`, `hash-balance-factor 125`) over real nginx
 //!   with `proxy_cache` on every node, each nginx's upstream a `farside backend --coop`
@@ -30,6 +33,7 @@
 //! every back-end node's link, so its traffic to clients and peers shares the rate.
 
 mod client;
+pub mod dispatch;
 mod lab;
 
 pub use lab::run;
@@ -54,12 +58,12 @@ pub const CACHE_RULE_FRACTION: f64 = 0.9;
 /// Most `--repeat`.
 pub const REPEAT_MAX: u32 = 10;
 /// The systems built.
-pub const SYSTEMS: [&str; 3] = ["rr", "press-tcp", "haproxy"];
+pub const SYSTEMS: [&str; 5] = ["rr", "press-tcp", "lard", "bounded-hash", "haproxy"];
 /// Systems of the issue not built here, with why (in every run's notes).
 pub const NOT_BUILT: &str = "not built: press-udp, press-xdp, press-shm (other peer-fetch \
-transports behind coop::peer::PeerTransport: the XDP-served object arena is separate work), \
-lard and bounded-hash (a front-end routing by URL: the farside proxy has no content-routing \
-mode yet; the policies exist in farside_coop::policy)";
+transports behind coop::peer::PeerTransport: the XDP-served object arena is separate work); \
+lard and bounded-hash run in the lab's own dispatcher (coop::dispatch, farside_coop::policy), \
+not in the farside proxy, which has no content-routing mode";
 
 /// `farside lab coop`.
 #[derive(Debug, Clone, clap::Args)]
@@ -76,8 +80,13 @@ pub struct CoopLabArgs {
     /// Back-end node counts (comma-separated, each 2..=8). Default: 4.
     #[arg(long, value_delimiter = ',', default_value = "4")]
     pub nodes: Vec<usize>,
-    /// Systems compared (comma-separated): rr, press-tcp, haproxy. Default: all three.
-    #[arg(long, value_delimiter = ',', default_value = "rr,press-tcp,haproxy")]
+    /// Systems compared (comma-separated): rr, press-tcp, lard, bounded-hash, haproxy.
+    /// Default: all five.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "rr,press-tcp,lard,bounded-hash,haproxy"
+    )]
     pub systems: Vec<String>,
     /// Load models: closed (clients per node), open (World Cup replay at --rates), both.
     /// Default: both.
@@ -115,6 +124,16 @@ pub struct CoopLabArgs {
     /// summed).
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
+    /// Internal: run the content-aware dispatcher (lard or bounded-hash) instead of the
+    /// lab; what the lard and bounded-hash systems run on node lb.
+    #[arg(long, hide = true)]
+    pub dispatch: Option<String>,
+    /// Internal: where --dispatch listens.
+    #[arg(long, hide = true)]
+    pub dispatch_listen: Option<std::net::SocketAddr>,
+    /// Internal: the back-ends --dispatch routes to, in node order.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    pub dispatch_backends: Vec<std::net::SocketAddr>,
 }
 
 /// One point's key.
