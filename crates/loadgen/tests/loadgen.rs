@@ -499,7 +499,8 @@ fn check_root_counts_every_body_that_is_not_its_file() {
     let copy = temp_dir("check-root-copy");
     write_docroot(&trace, &copy).unwrap();
     let mut body = std::fs::read(copy.join("zipf/3.html")).unwrap();
-    body[body.len() / 2] ^= 1;
+    let mid = body.len() / 2;
+    body[mid] ^= 1;
     std::fs::write(copy.join("zipf/3.html"), body).unwrap();
     let h = backend(2, Some(dir.clone()));
     let mut a = args_for(h.addr());
