@@ -116,6 +116,25 @@ pub struct HaproxyConfig {
     /// queue and response times: [`fetch_times`]); `None`: none. Not subject to the
     /// front-end's connections, as farside's admin listener.
     pub stats_listen: Option<String>,
+    /// The back-end's balancing lines: `balance leastconn` for the admission anchor;
+    /// `lab coop`'s anchor hashes the URL with bounded load ([`url_hash_balance`]).
+    pub balance: Vec<String>,
+}
+
+/// `hash-balance-factor` of `lab coop`'s anchor, percent: a server takes a request
+/// while its load stays under 125 % of the average, the value the HAProxy
+/// documentation's bounded-load example shows (and the paper of Mirrokni et al.
+/// recommends: 1 + ε with ε = 0.25).
+pub const HASH_BALANCE_FACTOR: u32 = 125;
+
+/// The balancing lines of `lab coop`'s anchor: consistent hashing of the URL
+/// (`balance uri`, `hash-type consistent`) with bounded load (`hash-balance-factor`).
+pub fn url_hash_balance(factor: u32) -> Vec<String> {
+    vec![
+        "balance uri".into(),
+        "hash-type consistent".into(),
+        format!("hash-balance-factor {factor}"),
+    ]
 }
 
 impl HaproxyConfig {
@@ -131,6 +150,7 @@ impl HaproxyConfig {
             maxconn_global: maxconn_global(),
             retry_after_s: Some(RETRY_AFTER_S),
             stats_listen: None,
+            balance: vec!["balance leastconn".into()],
         }
     }
 
@@ -172,7 +192,9 @@ impl HaproxyConfig {
         let _ = writeln!(s, "    bind {}", self.listen);
         let _ = writeln!(s, "    default_backend be");
         let _ = writeln!(s, "backend be");
-        let _ = writeln!(s, "    balance leastconn");
+        for line in &self.balance {
+            let _ = writeln!(s, "    {line}");
+        }
         for (i, srv) in self.servers.iter().enumerate() {
             let _ = writeln!(
                 s,

@@ -11,8 +11,8 @@
 //! - [`reconfig`]: seed 001's reconfiguration experiment (`lab reconfig`)
 //! - [`speculative`]: seed 002's speculative connection admission (`lab speculative`;
 //!   first version: the baselines)
-//! - [`coop`]: seed 003's cooperative caching on real nodes (`lab coop`: rr vs PRESS
-//!   over tcp)
+//! - [`coop`]: seed 003's cooperative caching on real nodes (`lab coop`: rr, PRESS
+//!   over tcp, and the HAProxy + nginx anchor)
 //! - [`attacks`]: the attack lab (`lab attacks`): two attackers against a loaded
 //!   data-center, success judged by effect, collateral and the defender's CPU
 //! - [`rdmahttp`]: seed 004's RDMA over HTTP (`lab rdma-http`: registration cost,
@@ -102,9 +102,10 @@ pub enum LabCmd {
     /// effect), legitimate connections lost and requests failed, the defenders' CPU;
     /// needs root (netns).
     Attacks(attacks::AttacksArgs),
-    /// Seed 003's cooperative caching (PRESS): rr (each node caches alone) vs press-tcp
-    /// (nodes fetch from peers' caches over TCP) on World Cup files, closed-loop clients
-    /// round-robin over 2-8 netns nodes, every body checked; needs root.
+    /// Seed 003's cooperative caching (PRESS): rr (each node caches alone), press-tcp
+    /// (nodes fetch from peers' caches over TCP) and haproxy (URL hashing with bounded
+    /// load over nginx proxy_cache) on World Cup files, closed and open loop, 2-8 netns
+    /// nodes, links shaped by tc tbf, every body checked; needs root.
     Coop(coop::CoopLabArgs),
     /// Seed 004's RDMA over HTTP: Table 1 (registration cost vs size, per strategy),
     /// Fig. 3 (one client, retrieval time vs size) and Fig. 4 (1 to 15 clients, five
@@ -188,6 +189,7 @@ pub fn regenerate_any(
         attacks::Attacks::NAME => render::<attacks::Attacks>(dir, w),
         attacks::flood::AttacksFlood::NAME => render::<attacks::flood::AttacksFlood>(dir, w),
         rdmahttp::RdmaHttp::NAME => render::<rdmahttp::RdmaHttp>(dir, w),
+        coop::Coop::NAME => render::<coop::Coop>(dir, w),
         other => Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!(
@@ -265,7 +267,7 @@ fn run_cmd(a: LabArgs) -> std::io::Result<()> {
         LabCmd::Reconfig(x) => reconfig::Reconfig::run(x),
         LabCmd::Speculative(x) => speculative::Speculative::run(x),
         LabCmd::Attacks(x) => attacks::Attacks::run(x),
-        LabCmd::Coop(x) => coop::run(x),
+        LabCmd::Coop(x) => coop::Coop::run(x),
         LabCmd::RdmaHttp(x) => rdmahttp::RdmaHttp::run(x),
         LabCmd::Report(x) if x.book => run_book(&x),
         LabCmd::Report(x) => {

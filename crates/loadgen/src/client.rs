@@ -143,6 +143,8 @@ pub struct Conn {
     end: usize,
     /// Requests already completed on this connection.
     pub reused: u32,
+    /// CRC32c of the body being read, when bodies are checked ([`Conn::check_bodies`]).
+    crc: Option<u32>,
 }
 
 /// Result of one successful exchange.
@@ -154,9 +156,23 @@ pub struct Reply {
     /// `Retry-After` in delta-seconds, if the response had one (an HTTP-date
     /// form is ignored: back-off then follows its own schedule).
     pub retry_after: Option<Duration>,
+    /// CRC32c of the body, when the connection checks bodies.
+    pub body_crc: Option<u32>,
 }
 
 impl Conn {
+    /// Compute the CRC32c of every body read on this connection ([`Reply::body_crc`]).
+    pub fn check_bodies(&mut self) {
+        self.crc = Some(0);
+    }
+
+    /// Adds the buffered bytes `from..to` to the body's CRC32c, when checked.
+    fn digest(&mut self, from: usize, to: usize) {
+        if let Some(c) = self.crc.as_mut() {
+            *c = crc32c::crc32c_append(*c, &self.buf[from..to]);
+        }
+    }
+
     /// Connects to `addr`; with `timeout`, an attempt still not established then is
     /// abandoned (the socket is closed, so the kernel sends no more SYNs for it).
     /// `ports`: draw the source port (`--source-ports random`); `None`: the kernel's.
@@ -185,6 +201,7 @@ impl Conn {
             start: 0,
             end: 0,
             reused: 0,
+            crc: None,
         })
     }
 
@@ -218,6 +235,7 @@ impl Conn {
     async fn skip(&mut self, mut n: u64) -> Result<(), Failure> {
         loop {
             let take = (self.end - self.start).min(n.min(usize::MAX as u64) as usize);
+            self.digest(self.start, self.start + take);
             self.start += take;
             n -= take as u64;
             if n == 0 {
@@ -286,6 +304,9 @@ impl Conn {
         };
         let no_body = status == 204 || status == 304;
         let fail = |f| (f, true);
+        if self.crc.is_some() {
+            self.crc = Some(0);
+        }
         let (body_bytes, reusable) = match framing {
             _ if no_body => (0, !close),
             Framing::Chunked => (self.chunked_body().await.map_err(fail)?, !close),
@@ -295,6 +316,7 @@ impl Conn {
             }
             Framing::Eof => {
                 let mut total = (self.end - self.start) as u64;
+                self.digest(self.start, self.end);
                 self.start = self.end;
                 loop {
                     let n = self.fill().await.map_err(fail)?;
@@ -302,6 +324,7 @@ impl Conn {
                         break;
                     }
                     total += n as u64;
+                    self.digest(self.start, self.end);
                     self.start = self.end;
                 }
                 (total, false)
@@ -313,6 +336,7 @@ impl Conn {
             body_bytes,
             reusable,
             retry_after,
+            body_crc: self.crc,
         })
     }
 

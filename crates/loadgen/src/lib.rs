@@ -63,6 +63,7 @@
 //! | `attempts` | requests | completed in the window: served + dropped_503 + failures |
 //! | `served`, `dropped_503`, `failures` | requests | completed in the window |
 //! | `failure_kinds.{timeouts,connect_errors,connect_timeouts,io_errors,malformed,status_5xx,overflow}` | requests | failures by kind (`connect_timeouts`: attempts abandoned at `--connect-timeout-ms`) |
+//! | `failure_kinds.wrong_bodies` | requests | `--check-root`: 200s whose body's CRC32c differs from the file's (written only when not 0) |
 //! | `shed_by_client` | requests | open-loop arrivals shed at `--open-users-max` |
 //! | `inflight_at_end` | requests | in flight when the run ended (in no other count) |
 //! | `source_ports` | | `--source-ports`: `kernel` or `random` |
@@ -272,6 +273,12 @@ pub struct LoadgenArgs {
     /// Runtime threads; 1 is a current-thread runtime. Default: 1.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Check every 200 response's body: its CRC32c must equal that of the file the
+    /// request names under DIR (the directory the server serves, or a copy: the World
+    /// Cup and Zipf docroot paths, `--paths docroot`); a body that differs is a failure
+    /// of kind wrong_bodies. Default: bodies are counted, not checked.
+    #[arg(long = "check-root", value_name = "DIR")]
+    pub check_root: Option<PathBuf>,
     /// `--rdma` and its flags: load with the `RDMA:` header ([`rdma`]).
     #[command(flatten)]
     pub rdma: rdma::RdmaLoadArgs,
@@ -314,6 +321,7 @@ impl LoadgenArgs {
             json: false,
             quiet: false,
             threads: 1,
+            check_root: None,
             rdma: rdma::RdmaLoadArgs::default(),
         }
     }
@@ -497,6 +505,8 @@ pub enum Outcome {
     Status5xx,
     /// Open loop only: `--open-users-max` users already active; not sent.
     Overflow,
+    /// `--check-root`: a 200 whose body is not the file's.
+    WrongBody,
 }
 
 impl Outcome {
@@ -512,6 +522,7 @@ impl Outcome {
             Outcome::Malformed => "malformed",
             Outcome::Status5xx => "5xx",
             Outcome::Overflow => "overflow",
+            Outcome::WrongBody => "wrong_body",
         }
     }
 }

@@ -51,7 +51,7 @@ struct Counters {
     slow: AtomicU64,
     reject_latency_sum_us: AtomicU64,
     bytes: AtomicU64,
-    failure_kinds: [AtomicU64; 7],
+    failure_kinds: [AtomicU64; 8],
 }
 
 /// State shared by every client task.
@@ -61,6 +61,9 @@ struct Ctx {
     request_get: Vec<Vec<u8>>,
     /// Conditional GET per object (World Cup only, else empty).
     request_cond: Vec<Vec<u8>>,
+    /// `--check-root`: each object's file CRC32c (None: its file is missing, so any
+    /// 200 for it is wrong); empty when bodies are not checked.
+    expected_crc: Vec<Option<u32>>,
     keepalive: bool,
     timeout: Duration,
     /// `--connect-timeout-ms` (None: 0, off).
@@ -198,6 +201,7 @@ impl Ctx {
             Outcome::Status5xx => Some(4),
             Outcome::Overflow => Some(5),
             Outcome::ConnectTimeout => Some(6),
+            Outcome::WrongBody => Some(7),
         };
         if let Some(k) = kind {
             c.failure_kinds[k].fetch_add(1, Ordering::Relaxed);
@@ -300,7 +304,12 @@ async fn one_request(
         let mut c = match conn.take() {
             Some(c) => c,
             None => match Conn::connect(ctx.addr, ctx.connect_timeout, ctx.ports.as_ref()).await {
-                Ok(c) => c,
+                Ok(mut c) => {
+                    if !ctx.expected_crc.is_empty() {
+                        c.check_bodies();
+                    }
+                    c
+                }
                 Err(f) => return (0, 0, outcome_of(f), None),
             },
         };
@@ -310,7 +319,11 @@ async fn one_request(
                 if ctx.keepalive && reply.reusable {
                     *conn = Some(c);
                 }
+                let wrong = reply.status == 200
+                    && !ctx.expected_crc.is_empty()
+                    && reply.body_crc != ctx.expected_crc[pick.object];
                 let outcome = match reply.status {
+                    _ if wrong => Outcome::WrongBody,
                     503 => Outcome::Dropped,
                     s if s >= 500 => Outcome::Status5xx,
                     _ => Outcome::Served,
@@ -656,6 +669,28 @@ fn open_model(args: &LoadgenArgs, trace: &Trace) -> Option<(f64, &'static str, O
     }
 }
 
+/// `--check-root DIR`: the CRC32c of each object's file under `dir` (None when it
+/// cannot be read: every 200 for it is then wrong). Fails if no file can be read (a
+/// wrong directory would make every response wrong).
+fn expected_crcs(trace: &Trace, dir: &std::path::Path) -> Result<Vec<Option<u32>>, LoadgenError> {
+    let crcs: Vec<Option<u32>> = trace
+        .objects
+        .iter()
+        .map(|o| {
+            std::fs::read(dir.join(&o.file))
+                .ok()
+                .map(|b| crc32c::crc32c(&b))
+        })
+        .collect();
+    if crcs.iter().all(Option::is_none) {
+        return Err(LoadgenError::Args(format!(
+            "--check-root {}: none of the trace's files is there",
+            dir.display()
+        )));
+    }
+    Ok(crcs)
+}
+
 /// Runs the load described by `args` (building its own runtime) and returns
 /// the summary; writes `--out` if given. Does not print the summary.
 pub fn run(args: &LoadgenArgs) -> Result<Summary, LoadgenError> {
@@ -718,6 +753,10 @@ pub fn run(args: &LoadgenArgs) -> Result<Summary, LoadgenError> {
     } else {
         Vec::new()
     };
+    let expected_crc = match &args.check_root {
+        Some(dir) => expected_crcs(&trace, dir)?,
+        None => Vec::new(),
+    };
     let open = open_model(args, &trace);
     let rows_skipped = trace.rows_skipped;
     let start_row = trace.start_row() as u64;
@@ -733,6 +772,7 @@ pub fn run(args: &LoadgenArgs) -> Result<Summary, LoadgenError> {
             trace,
             request_get,
             request_cond,
+            expected_crc,
             keepalive,
             timeout: Duration::from_millis(args.timeout_ms),
             connect_timeout: (args.connect_timeout_ms > 0)
@@ -886,6 +926,7 @@ fn summarize(ctx: &Ctx, args: &LoadgenArgs) -> Result<Summary, LoadgenError> {
             status_5xx: k(4),
             overflow: k(5),
             connect_timeouts: k(6),
+            wrong_bodies: k(7),
         },
         inflight_at_end: load(&c.inflight_at_end),
         source_ports: args.source_ports.as_str().into(),

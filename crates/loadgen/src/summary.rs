@@ -65,6 +65,14 @@ pub struct FailureCounts {
     /// Open-loop arrivals shed by the client because `--open-users-max`
     /// users were already active (also `Summary::shed_by_client`).
     pub overflow: u64,
+    /// `--check-root`: 200s whose body differs from the file (absent when 0, so
+    /// summaries of runs without the check read as before).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub wrong_bodies: u64,
+}
+
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl FailureCounts {
@@ -76,6 +84,7 @@ impl FailureCounts {
         self.malformed += o.malformed;
         self.status_5xx += o.status_5xx;
         self.overflow += o.overflow;
+        self.wrong_bodies += o.wrong_bodies;
     }
 }
 

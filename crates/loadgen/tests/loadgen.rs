@@ -490,6 +490,40 @@ fn docroot_written_for_a_trace_serves_every_request() {
 }
 
 #[test]
+fn check_root_counts_every_body_that_is_not_its_file() {
+    let dir = temp_dir("check-root");
+    let trace = Trace::zipf(20, 0.0, PathMode::Docroot);
+    write_docroot(&trace, &dir).unwrap();
+    // The copy the clients check against differs from the served file in one byte of
+    // one object: only requests for that object are wrong.
+    let copy = temp_dir("check-root-copy");
+    write_docroot(&trace, &copy).unwrap();
+    let mut body = std::fs::read(copy.join("zipf/3.html")).unwrap();
+    let mid = body.len() / 2;
+    body[mid] ^= 1;
+    std::fs::write(copy.join("zipf/3.html"), body).unwrap();
+    let h = backend(2, Some(dir.clone()));
+    let mut a = args_for(h.addr());
+    a.trace = TraceKind::Zipf;
+    a.zipf_files = 20;
+    a.zipf_alpha = 0.0;
+    a.paths = PathMode::Docroot;
+    a.requests = Some(400);
+    a.check_root = Some(dir.clone());
+    let s = run(&a).unwrap();
+    assert_eq!((s.served, s.failure_kinds.wrong_bodies), (400, 0), "{s}");
+    a.check_root = Some(copy.clone());
+    let s = run(&a).unwrap();
+    let wrong = s.failure_kinds.wrong_bodies;
+    // Uniform over 20 objects: object 3 is asked for 20 of 400 times on average.
+    assert!(wrong > 0 && wrong < 100, "{wrong} wrong of 400: {s}");
+    assert_eq!(s.served + wrong, 400, "{s}");
+    assert_eq!(s.failures, wrong, "{s}");
+    std::fs::remove_dir_all(dir).unwrap();
+    std::fs::remove_dir_all(copy).unwrap();
+}
+
+#[test]
 fn worldcup_against_generated_backend_is_all_served() {
     let h = backend(4, None);
     let mut a = args_for(h.addr());

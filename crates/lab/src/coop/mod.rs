@@ -1,65 +1,116 @@
-//! `farside lab coop`: cooperative caching (seed 003, PRESS) on real nodes.
+//! `farside lab coop`: cooperative caching (seed 003, PRESS) on real nodes, on the
+//! shared sweep runner.
 //!
-//! A virtual data-center (`--hosts netns`, root): `--nodes` back-end nodes running
-//! `farside backend --coop` (each in its own namespace and cgroup, `--cpu-quota-pct` of
-//! a CPU) and one client node. The files are the World Cup sample's objects (object
-//! `i` at `/o/<i>`, its size from the trace, deterministic content per object so a
-//! wrong body cannot pass for a right one). Closed-loop clients replay the trace,
-//! spread round-robin over the nodes (as round-robin DNS), and check every body's
-//! length and CRC32c against the object's.
+//! A virtual data-center (`--hosts netns`, root): `--nodes` back-end nodes (each in its
+//! own namespace and cgroup, `--cpu-quota-pct` of a CPU), a front-end node `lb` (used by
+//! the anchor only) and a client node. The files are the World Cup sample's objects at
+//! their logged paths and sizes, each with content of its own (so a wrong body cannot
+//! pass for a right one). The clients are the project's load generator
+//! (`farside_loadgen`, closed and open loop, World Cup replay), one instance per node
+//! (its `1/nodes` share of the clients or of the rate) as round-robin DNS spreads
+//! clients, every 200's body checked against its file (`--check-root`).
 //!
-//! Systems: `rr` (each node caches on its own) and `press-tcp` (a node that misses asks
-//! a peer whose directory says it caches the file, over TCP). Cache rule: every node
-//! caches `ceil(W90 / nodes)` bytes, W90 the bytes of the most popular objects that
-//! receive 90 % of the requests (6.9 MB): together the nodes can hold the hot set once,
-//! which only cooperation can exploit.
+//! Systems:
+//! - `rr`: `farside backend --coop --coop-policy rr` on every node: each caches alone;
+//! - `press-tcp`: PRESS, a node that misses fetches from a peer whose directory says it
+//!   caches the file, over TCP ([`farside_backend::coop::peer::PeerTransport`]; the
+//!   one-sided transports are not built here);
+//! - `lard`, `bounded-hash`: a content-aware front-end on `lb` ([`dispatch`], the lab's
+//!   own minimal dispatcher on `farside_coop::policy`'s LARD and bounded-load consistent
+//!   hashing, load = its requests in service per node) over `rr` nodes;
+//! - `haproxy`, the anchor: real HAProxy on `lb` hashing the URL with bounded load
+//!   (`balance uri`, `hash-type consistent`, `hash-balance-factor 125`) over real nginx
+//!   with `proxy_cache` on every node, each nginx's upstream a `farside backend --coop`
+//!   origin in the same node serving the files through the same emulated disk and
+//!   caching nothing (`--coop-cache-bytes 1`).
 //!
-//! The run writes `table.txt` and `points.json` under `--out`.
+//! Cache rule: every node caches `ceil(W90 / nodes)` bytes, W90 the bytes of the most
+//! popular objects that receive 90 % of the requests (6.9 MB): together the nodes can
+//! hold the hot set once, which only cooperation (or partitioning by URL) can exploit.
+//! The anchor's nginx caches get the same bytes each.
+//!
+//! Links (`--links`, Gbit/s; 0 = as the veth pair carries): `tc tbf` on both ends of
+//! every back-end node's link, so its traffic to clients and peers shares the rate.
 
 mod client;
+pub mod dispatch;
+mod lab;
 
-use crate::fabric::netns::{NodeSpec, VirtualDc};
-use crate::fabric::procs::Child;
-use farside_coop::trace::{world_cup_sample_path, Trace};
+pub use lab::run;
+
+use crate::experiment::{LabPoint, NoExtra};
+use crate::fabric::flags::{Hosts, LoadModels, SweepFlags};
+use crate::summary::Summary;
 use serde::{Deserialize, Serialize};
-use std::io::{self, Write};
-use std::net::{Ipv4Addr, SocketAddr};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
 
 /// Nodes a run may have: 2 (the least that can cooperate) to 8 (the 2-CPU lab machine
 /// cannot give more nodes a meaningful share).
 pub const NODES_RANGE: std::ops::RangeInclusive<usize> = 2..=8;
-/// Closed-loop clients per node at most: each is a thread of the lab process.
+/// Closed-loop clients per node at most.
 pub const CLIENTS_PER_NODE_MAX: usize = 64;
-/// The HTTP port of every node.
-const HTTP_PORT: u16 = 80;
-/// The coop peer port (TCP fetches, UDP directory updates) of every node.
-const PEER_PORT: u16 = 7000;
+/// Highest open-loop rate accepted, requests/s (all nodes): far above what eight
+/// nodes of this machine serve.
+pub const RATE_MAX: f64 = 100_000.0;
 /// Fraction of requests whose objects' bytes set the cache size (see the module doc).
 pub const CACHE_RULE_FRACTION: f64 = 0.9;
-/// How long a node may take to listen.
-const READY_WITHIN: Duration = Duration::from_secs(20);
+/// Most `--repeat`.
+pub const REPEAT_MAX: u32 = 10;
+/// The systems built.
+pub const SYSTEMS: [&str; 5] = ["rr", "press-tcp", "lard", "bounded-hash", "haproxy"];
+/// Systems of the issue not built here, with why (in every run's notes).
+pub const NOT_BUILT: &str = "not built: press-udp, press-xdp, press-shm (other peer-fetch \
+transports behind coop::peer::PeerTransport: the XDP-served object arena is separate work); \
+lard and bounded-hash run in the lab's own dispatcher (coop::dispatch, farside_coop::policy), \
+not in the farside proxy, which has no content-routing mode";
 
 /// `farside lab coop`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CoopLabArgs {
-    /// Back-end nodes (2..=8). Default: 4.
-    #[arg(long, default_value_t = 4)]
-    pub nodes: usize,
-    /// Systems compared, comma separated: rr, press-tcp. Default: both.
-    #[arg(long, value_delimiter = ',', default_value = "rr,press-tcp")]
+    /// Output directory (summary.json, points.jsonl, table.txt, coop.csv, report.html,
+    /// logs/).
+    #[arg(long, default_value = "out/coop")]
+    pub out: PathBuf,
+    #[command(flatten)]
+    pub sweep: SweepFlags,
+    /// Where the nodes run: netns only (root: a namespace and cgroup per node).
+    #[arg(long, value_enum, default_value_t = Hosts::Netns)]
+    pub hosts: Hosts,
+    /// Back-end node counts (comma-separated, each 2..=8). Default: 4.
+    #[arg(long, value_delimiter = ',', default_value = "4")]
+    pub nodes: Vec<usize>,
+    /// Systems compared (comma-separated): rr, press-tcp, lard, bounded-hash, haproxy.
+    /// Default: all five.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "rr,press-tcp,lard,bounded-hash,haproxy"
+    )]
     pub systems: Vec<String>,
-    /// Closed-loop clients per node. Default: 4.
+    /// Load models: closed (clients per node), open (World Cup replay at --rates), both.
+    /// Default: both.
+    #[arg(long, value_enum, default_value_t = LoadModels::Both)]
+    pub load: LoadModels,
+    /// Closed loop: clients per node (each keeps its connection). Default: 4.
     #[arg(long = "clients-per-node", default_value_t = 4)]
     pub clients_per_node: usize,
-    /// Measured seconds per point. Default: 20.
-    #[arg(long = "duration-s", default_value_t = 20)]
-    pub duration_s: u64,
-    /// Warm-up seconds per point (caches fill, directories spread). Default: 10.
-    #[arg(long = "warmup-s", default_value_t = 10)]
-    pub warmup_s: u64,
+    /// Open loop: offered rates, requests/s over all nodes (comma-separated); the World
+    /// Cup log's own timing, compressed to that rate, one connection per request.
+    /// Default: 1500,3000.
+    #[arg(long, value_delimiter = ',', default_value = "1500,3000")]
+    pub rates: Vec<f64>,
+    /// Link rates of the back-end nodes, Gbit/s (comma-separated; tc tbf on both ends of
+    /// each node's link; 0: not shaped). Default: 0.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    pub links: Vec<f64>,
+    /// Measured seconds per point. Default: 15 (--quick: 3).
+    #[arg(long = "duration-s")]
+    pub duration_s: Option<u64>,
+    /// Warm-up seconds per point (caches fill, directories spread). Default: 8
+    /// (--quick: 2).
+    #[arg(long = "warmup-s")]
+    pub warmup_s: Option<u64>,
     /// CPU quota of each back-end node, percent of one CPU. Default: 40.
     #[arg(long = "cpu-quota-pct", default_value_t = 40)]
     pub cpu_quota_pct: u32,
@@ -69,44 +120,412 @@ pub struct CoopLabArgs {
     /// Cache bytes per node; default by the rule of the module doc.
     #[arg(long = "cache-bytes")]
     pub cache_bytes: Option<u64>,
-    /// Short run for tests: 2 s warm-up, 3 s measured, 2 clients per node.
-    #[arg(long)]
-    pub quick: bool,
-    /// Output directory. Default: lab-out/coop-<unix seconds>.
-    #[arg(long)]
-    pub out: Option<PathBuf>,
+    /// Run every point this many times (1..=10); runs are combined (means, counts
+    /// summed).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
+    /// Internal: run the content-aware dispatcher (lard or bounded-hash) instead of the
+    /// lab; what the lard and bounded-hash systems run on node lb.
+    #[arg(long, hide = true)]
+    pub dispatch: Option<String>,
+    /// Internal: where --dispatch listens.
+    #[arg(long, hide = true)]
+    pub dispatch_listen: Option<std::net::SocketAddr>,
+    /// Internal: the back-ends --dispatch routes to, in node order.
+    #[arg(long, hide = true, value_delimiter = ',')]
+    pub dispatch_backends: Vec<std::net::SocketAddr>,
+}
+
+/// One point's key.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Key {
+    pub system: String,
+    pub nodes: usize,
+    pub link_gbit: f64,
+    pub load_model: String,
+    /// Closed loop: clients over all nodes (0 in the open loop).
+    pub clients: usize,
+    /// Open loop: offered requests/s (0 in the closed loop).
+    pub rate: f64,
 }
 
 /// One measured configuration.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
 pub struct CoopPoint {
     pub system: String,
     pub nodes: usize,
+    /// Cache bytes per node.
     pub cache_bytes: u64,
+    /// Link rate of each back-end node, Gbit/s (0: not shaped).
+    pub link_gbit: f64,
     pub load_model: String,
     pub clients: usize,
+    /// Open loop: offered requests/s.
+    pub rate: f64,
+    pub runs: u32,
     pub duration_s: f64,
+    /// Served (checked) responses per second.
     pub tps: f64,
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// Of the requests the nodes served: from the node's own cache, from a peer's, from
+    /// the (emulated) disk. The anchor: nginx hits, none, origin reads.
     pub local_frac: f64,
     pub remote_frac: f64,
     pub miss_frac: f64,
+    /// Peer fetches that found nothing (stale hint) or failed.
     pub wasted_fetches: u64,
+    /// Body bytes moved between nodes (peer fetches).
     pub peer_bytes: u64,
-    pub directory_refused: u64,
+    /// Intra-cluster body bytes per served request.
+    pub peer_bytes_per_req: f64,
+    /// Back-end nodes' CPU (their cgroups) per served request, µs.
+    pub cpu_us_per_req: f64,
+    /// The front-end's (`lb`) CPU per served request, µs (the anchor only).
+    pub lb_cpu_us_per_req: f64,
+    /// 200s whose body was not the file's.
     pub wrong_bodies: u64,
-    pub errors: u64,
+    /// Timeouts, connection errors, 5xx, shed arrivals (loadgen's failures, wrong bodies
+    /// excluded).
+    pub failures: u64,
+    /// Open loop: requests started per second.
+    pub offered_rps: f64,
+    pub directory_refused: u64,
 }
 
-/// What a run produced.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CoopRun {
-    pub experiment: String,
-    pub quick: bool,
-    pub cpu_quota_pct: u32,
-    pub disk_latency_us: u64,
-    pub points: Vec<CoopPoint>,
+impl LabPoint for CoopPoint {
+    type Extra = NoExtra;
+
+    fn take_extra(&mut self) -> NoExtra {
+        NoExtra {}
+    }
+
+    fn put_extra(&mut self, _: NoExtra) {}
+
+    /// Counts summed, rates, fractions and times averaged over the runs (p99: the mean
+    /// of the runs' p99s).
+    fn combine(runs: &[CoopPoint]) -> CoopPoint {
+        let Some(first) = runs.first() else {
+            return CoopPoint::default();
+        };
+        if runs.len() == 1 {
+            return first.clone();
+        }
+        let n = runs.len() as f64;
+        let f = |g: fn(&CoopPoint) -> f64| runs.iter().map(g).sum::<f64>() / n;
+        let sum = |g: fn(&CoopPoint) -> u64| runs.iter().map(g).sum::<u64>();
+        CoopPoint {
+            runs: runs.iter().map(|p| p.runs).sum(),
+            duration_s: f(|p| p.duration_s),
+            tps: f(|p| p.tps),
+            p50_ms: f(|p| p.p50_ms),
+            p99_ms: f(|p| p.p99_ms),
+            local_frac: f(|p| p.local_frac),
+            remote_frac: f(|p| p.remote_frac),
+            miss_frac: f(|p| p.miss_frac),
+            wasted_fetches: sum(|p| p.wasted_fetches),
+            peer_bytes: sum(|p| p.peer_bytes),
+            peer_bytes_per_req: f(|p| p.peer_bytes_per_req),
+            cpu_us_per_req: f(|p| p.cpu_us_per_req),
+            lb_cpu_us_per_req: f(|p| p.lb_cpu_us_per_req),
+            wrong_bodies: sum(|p| p.wrong_bodies),
+            failures: sum(|p| p.failures),
+            offered_rps: f(|p| p.offered_rps),
+            directory_refused: sum(|p| p.directory_refused),
+            ..first.clone()
+        }
+    }
+
+    fn progress_line(&self) -> String {
+        format!(
+            "tps={:.0} p99={:.1}ms local={:.3} remote={:.3} miss={:.3} wrong={} failures={}",
+            self.tps,
+            self.p99_ms,
+            self.local_frac,
+            self.remote_frac,
+            self.miss_frac,
+            self.wrong_bodies,
+            self.failures
+        )
+    }
+}
+
+/// `lab coop` for the sweep runner and the report shell.
+pub struct Coop;
+
+impl crate::experiment::Experiment for Coop {
+    const NAME: &'static str = "coop";
+    type Args = CoopLabArgs;
+    type Point = CoopPoint;
+
+    fn run(args: CoopLabArgs) -> io::Result<()> {
+        run(args)
+    }
+
+    fn table(s: &Summary<CoopPoint>) -> String {
+        if s.points.is_empty() {
+            return String::new();
+        }
+        table(&s.points) + "\n"
+    }
+
+    fn files(s: &Summary<CoopPoint>) -> io::Result<Vec<(String, String)>> {
+        if s.points.is_empty() {
+            return Ok(Vec::new());
+        }
+        Ok(vec![
+            ("coop.csv".to_string(), csv(&s.points)?),
+            (
+                "table.txt".to_string(),
+                crate::report::table_text::<Coop>(s),
+            ),
+        ])
+    }
+
+    fn figures(s: &Summary<CoopPoint>) -> Vec<crate::experiment::Figure> {
+        figures(&s.points)
+    }
+
+    fn html(s: &Summary<CoopPoint>) -> String {
+        if s.points.is_empty() {
+            return String::new();
+        }
+        format!(
+            "<h2>Cooperative caching</h2>\n<pre>{}</pre>\n",
+            crate::svg::escape(&table(&s.points))
+        )
+    }
+}
+
+/// The text table of the points.
+pub fn table(points: &[CoopPoint]) -> String {
+    let mut s = format!(
+        "{:<10} {:>5} {:>9} {:>5} {:<6} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>7} {:>8} {:>7} {:>6} {:>6}\n",
+        "system",
+        "nodes",
+        "cache_B",
+        "link",
+        "load",
+        "clients",
+        "rate",
+        "tps",
+        "p99_ms",
+        "local",
+        "remote",
+        "miss",
+        "us/req",
+        "peerB/rq",
+        "wasted",
+        "wrong",
+        "fail"
+    );
+    for p in points {
+        s += &format!(
+            "{:<10} {:>5} {:>9} {:>5} {:<6} {:>7} {:>7.0} {:>8.1} {:>8.2} {:>6.3} {:>6.3} {:>6.3} {:>7.0} {:>8.0} {:>7} {:>6} {:>6}\n",
+            p.system,
+            p.nodes,
+            p.cache_bytes,
+            link_label(p.link_gbit),
+            p.load_model,
+            p.clients,
+            p.rate,
+            p.tps,
+            p.p99_ms,
+            p.local_frac,
+            p.remote_frac,
+            p.miss_frac,
+            p.cpu_us_per_req,
+            p.peer_bytes_per_req,
+            p.wasted_fetches,
+            p.wrong_bodies,
+            p.failures
+        );
+    }
+    s += &bandwidth_lines(points);
+    s
+}
+
+/// `10G`, `1G`, or `-` for an unshaped link.
+pub fn link_label(gbit: f64) -> String {
+    if gbit <= 0.0 {
+        "-".into()
+    } else {
+        format!("{gbit}G")
+    }
+}
+
+/// The bandwidth ablation: each system's throughput at the lowest shaped rate against
+/// the highest, per load (the paper: ~6 % for PRESS from 1 to 10 Gbit/s... of its day).
+fn bandwidth_lines(points: &[CoopPoint]) -> String {
+    let mut out = String::new();
+    for p in points.iter().filter(|p| p.link_gbit > 0.0) {
+        let lower = points.iter().find(|q| {
+            q.system == p.system
+                && q.nodes == p.nodes
+                && q.load_model == p.load_model
+                && q.clients == p.clients
+                && q.rate == p.rate
+                && q.link_gbit > 0.0
+                && q.link_gbit < p.link_gbit
+        });
+        if let Some(q) = lower {
+            if p.tps > 0.0 {
+                out += &format!(
+                    "bandwidth: {} {} nodes {} {}: {} -> {}: tps {:.1} -> {:.1} ({:+.1} %)\n",
+                    p.system,
+                    p.nodes,
+                    p.load_model,
+                    if p.load_model == "open" {
+                        format!("{:.0}/s", p.rate)
+                    } else {
+                        format!("{} clients", p.clients)
+                    },
+                    link_label(p.link_gbit),
+                    link_label(q.link_gbit),
+                    p.tps,
+                    q.tps,
+                    (q.tps / p.tps - 1.0) * 100.0
+                );
+            }
+        }
+    }
+    out
+}
+
+/// `coop.csv`: every point.
+pub fn csv(points: &[CoopPoint]) -> io::Result<String> {
+    let f = crate::report::fmt_num;
+    crate::report::csv_text(
+        &[
+            "system",
+            "nodes",
+            "cache_bytes",
+            "link_gbit",
+            "load_model",
+            "clients",
+            "rate",
+            "runs",
+            "tps",
+            "p50_ms",
+            "p99_ms",
+            "local_frac",
+            "remote_frac",
+            "miss_frac",
+            "wasted_fetches",
+            "peer_bytes",
+            "peer_bytes_per_req",
+            "cpu_us_per_req",
+            "lb_cpu_us_per_req",
+            "wrong_bodies",
+            "failures",
+            "offered_rps",
+        ],
+        points.iter().map(|p| {
+            vec![
+                p.system.clone(),
+                p.nodes.to_string(),
+                p.cache_bytes.to_string(),
+                f(p.link_gbit),
+                p.load_model.clone(),
+                p.clients.to_string(),
+                f(p.rate),
+                p.runs.to_string(),
+                f(p.tps),
+                f(p.p50_ms),
+                f(p.p99_ms),
+                f(p.local_frac),
+                f(p.remote_frac),
+                f(p.miss_frac),
+                p.wasted_fetches.to_string(),
+                p.peer_bytes.to_string(),
+                f(p.peer_bytes_per_req),
+                f(p.cpu_us_per_req),
+                f(p.lb_cpu_us_per_req),
+                p.wrong_bodies.to_string(),
+                p.failures.to_string(),
+                f(p.offered_rps),
+            ]
+        }),
+    )
+}
+
+/// Figures: open-loop served vs offered rate per system, and the local / remote / miss
+/// split of each closed-loop point.
+fn figures(points: &[CoopPoint]) -> Vec<crate::experiment::Figure> {
+    let mut out = Vec::new();
+    let open: Vec<&CoopPoint> = points.iter().filter(|p| p.load_model == "open").collect();
+    if !open.is_empty() {
+        let mut chart = crate::svg::Chart::new(
+            "Open loop: served vs offered",
+            "offered requests/s",
+            "served requests/s",
+        );
+        let mut names: Vec<String> = Vec::new();
+        for p in &open {
+            let name = series_name(p);
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        for name in &names {
+            let pts = open
+                .iter()
+                .filter(|p| &series_name(p) == name)
+                .map(|p| (p.rate, p.tps))
+                .collect();
+            chart = chart.series(name, pts);
+        }
+        out.push((
+            "open.svg".to_string(),
+            "Open loop: served (checked) responses/s against the offered rate, per system, \
+             node count and link rate"
+                .to_string(),
+            chart.to_svg(),
+        ));
+    }
+    let closed: Vec<&CoopPoint> = points.iter().filter(|p| p.load_model == "closed").collect();
+    if !closed.is_empty() {
+        let mut chart = crate::svg::Chart::new(
+            "Closed loop: where requests were served",
+            "point",
+            "fraction of requests",
+        );
+        for (name, g) in [
+            (
+                "local",
+                (|p: &CoopPoint| p.local_frac) as fn(&CoopPoint) -> f64,
+            ),
+            ("remote", |p: &CoopPoint| p.remote_frac),
+            ("miss", |p: &CoopPoint| p.miss_frac),
+        ] {
+            chart = chart.scatter(
+                name,
+                closed
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| (i as f64, g(p)))
+                    .collect(),
+            );
+        }
+        let legend: Vec<String> = closed
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("{i}: {}", series_name(p)))
+            .collect();
+        out.push((
+            "split.svg".to_string(),
+            format!(
+                "Closed loop: local / remote / miss fractions per point ({})",
+                legend.join("; ")
+            ),
+            chart.to_svg(),
+        ));
+    }
+    out
+}
+
+fn series_name(p: &CoopPoint) -> String {
+    format!("{} n{} {}", p.system, p.nodes, link_label(p.link_gbit))
 }
 
 /// The content of object `id`, `len` bytes: distinct per object and position.
@@ -122,283 +541,49 @@ pub fn object_body(id: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
-/// Writes every object of `trace` under `dir/o/<id>`; returns each one's CRC32c.
-pub fn write_objects(trace: &Trace, dir: &Path) -> io::Result<Vec<u32>> {
-    std::fs::create_dir_all(dir.join("o"))?;
-    trace
-        .object_bytes
-        .iter()
-        .enumerate()
-        .map(|(id, &len)| {
-            let body = object_body(id as u64, len as usize);
-            std::fs::write(dir.join(format!("o/{id}")), &body)?;
-            Ok(crc32c::crc32c(&body))
-        })
-        .collect()
+/// Writes every object of the load generator's World Cup trace under `dir` at its
+/// docroot path, with content of its own ([`object_body`]). Returns (files written,
+/// bytes, objects skipped: paths that cannot be files, e.g. both `/a` and `/a/b`).
+pub fn write_objects(trace: &farside_loadgen::Trace, dir: &Path) -> io::Result<(u64, u64, u64)> {
+    let (mut files, mut bytes, mut skipped) = (0, 0, 0);
+    let mut seen = std::collections::HashSet::new();
+    for (id, obj) in trace.objects.iter().enumerate() {
+        if !seen.insert(obj.file.clone()) {
+            continue;
+        }
+        if obj.file.split('/').any(|s| s == ".." || s == ".") {
+            skipped += 1;
+            continue;
+        }
+        let path = dir.join(&obj.file);
+        let wrote = (|| -> io::Result<()> {
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(&path, object_body(id as u64, obj.bytes as usize))
+        })();
+        match wrote {
+            Ok(()) => {
+                files += 1;
+                bytes += obj.bytes;
+            }
+            Err(_) => skipped += 1,
+        }
+    }
+    Ok((files, bytes, skipped))
 }
 
 /// Cache bytes per node by the rule of the module doc.
-pub fn cache_rule(trace: &Trace, nodes: usize) -> u64 {
+pub fn cache_rule(trace: &farside_coop::trace::Trace, nodes: usize) -> u64 {
     trace
         .working_set_bytes(CACHE_RULE_FRACTION)
         .div_ceil(nodes as u64)
 }
 
-fn fail(m: String) -> io::Error {
-    io::Error::new(io::ErrorKind::InvalidInput, m)
-}
-
-impl CoopLabArgs {
-    fn validate(&mut self) -> io::Result<()> {
-        if !NODES_RANGE.contains(&self.nodes) {
-            return Err(fail(format!("--nodes must be in {NODES_RANGE:?}")));
-        }
-        if self.quick {
-            self.warmup_s = 2;
-            self.duration_s = 3;
-            self.clients_per_node = 2;
-        }
-        if self.clients_per_node == 0 || self.clients_per_node > CLIENTS_PER_NODE_MAX {
-            return Err(fail(format!(
-                "--clients-per-node must be in 1..={CLIENTS_PER_NODE_MAX}"
-            )));
-        }
-        if self.duration_s == 0 {
-            return Err(fail("--duration-s must be at least 1".into()));
-        }
-        for s in &self.systems {
-            if s != "rr" && s != "press-tcp" {
-                return Err(fail(format!("--systems: unknown system {s:?}")));
-            }
-        }
-        Ok(())
-    }
-}
-
-fn node_name(i: usize) -> String {
-    format!("n{i}")
-}
-
-/// Runs `farside lab coop`.
-pub fn run(mut a: CoopLabArgs) -> io::Result<()> {
-    a.validate()?;
-    if !crate::fabric::netns::is_root() {
-        return Err(fail(
-            "lab coop needs root (one network namespace and cgroup per node)".into(),
-        ));
-    }
-    let out = a.out.clone().unwrap_or_else(|| {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        PathBuf::from(format!("lab-out/coop-{t}"))
-    });
-    std::fs::create_dir_all(&out)?;
-    let trace = Trace::read_world_cup(&world_cup_sample_path())?;
-    let cache_bytes = a.cache_bytes.unwrap_or_else(|| cache_rule(&trace, a.nodes));
-    let work = std::env::temp_dir().join(format!("farside-lab-coop-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    let root = work.join("root");
-    let crcs = Arc::new(write_objects(&trace, &root)?);
-    let keys = crate::fabric::keys::LabKeys::generate(&["coop"])?;
-    let mut specs: Vec<NodeSpec> = (0..a.nodes)
-        .map(|i| NodeSpec::new(&node_name(i)).cpu_quota_pct(a.cpu_quota_pct))
-        .collect();
-    specs.push(NodeSpec::new("client"));
-    let dc = VirtualDc::create(&format!("c{}", std::process::id() % 100_000), &specs)?;
-    let mut points = Vec::new();
-    let result = (|| -> io::Result<()> {
-        for system in &a.systems {
-            let p = run_point(
-                &a,
-                &dc,
-                system,
-                cache_bytes,
-                &root,
-                &keys,
-                &trace,
-                &crcs,
-                &out,
-            )?;
-            eprintln!(
-                "lab coop: {} nodes={} tps={:.0} p99={:.1}ms local={:.3} remote={:.3} miss={:.3} wrong={}",
-                p.system, p.nodes, p.tps, p.p99_ms, p.local_frac, p.remote_frac, p.miss_frac,
-                p.wrong_bodies
-            );
-            points.push(p);
-        }
-        Ok(())
-    })();
-    let _ = dc.destroy();
-    let _ = std::fs::remove_dir_all(&work);
-    result?;
-    let run = CoopRun {
-        experiment: "coop".into(),
-        quick: a.quick,
-        cpu_quota_pct: a.cpu_quota_pct,
-        disk_latency_us: a.disk_latency_us,
-        points,
-    };
-    let table = table(&run);
-    print!("{table}");
-    std::fs::write(out.join("table.txt"), &table)?;
-    let mut f = std::fs::File::create(out.join("points.json"))?;
-    serde_json::to_writer_pretty(&mut f, &run)?;
-    writeln!(f)?;
-    eprintln!("lab coop: wrote {}", out.display());
-    Ok(())
-}
-
-/// The text table of a run.
-pub fn table(run: &CoopRun) -> String {
-    let mut s = format!(
-        "lab coop: World Cup sample, closed loop, cpu quota {}% per node, disk latency {} us\n",
-        run.cpu_quota_pct, run.disk_latency_us
-    );
-    s += &format!(
-        "{:<10} {:>5} {:>11} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>7} {:>6} {:>6}\n",
-        "system",
-        "nodes",
-        "cache_B",
-        "clients",
-        "tps",
-        "p99_ms",
-        "local",
-        "remote",
-        "miss",
-        "wasted",
-        "wrong",
-        "errors"
-    );
-    for p in &run.points {
-        s += &format!(
-            "{:<10} {:>5} {:>11} {:>7} {:>8.1} {:>8.2} {:>6.3} {:>6.3} {:>6.3} {:>7} {:>6} {:>6}\n",
-            p.system,
-            p.nodes,
-            p.cache_bytes,
-            p.clients,
-            p.tps,
-            p.p99_ms,
-            p.local_frac,
-            p.remote_frac,
-            p.miss_frac,
-            p.wasted_fetches,
-            p.wrong_bodies,
-            p.errors
-        );
-    }
-    s
-}
-
-#[allow(clippy::too_many_arguments)]
-fn run_point(
-    a: &CoopLabArgs,
-    dc: &VirtualDc,
-    system: &str,
-    cache_bytes: u64,
-    root: &Path,
-    keys: &crate::fabric::keys::LabKeys,
-    trace: &Trace,
-    crcs: &Arc<Vec<u32>>,
-    out: &Path,
-) -> io::Result<CoopPoint> {
-    let ips: Vec<Ipv4Addr> = (0..a.nodes).map(|i| dc.node_ip(&node_name(i))).collect();
-    let peers: Vec<String> = ips.iter().map(|ip| format!("{ip}:{PEER_PORT}")).collect();
-    let exe = std::env::current_exe()?;
-    let mut children = Vec::new();
-    for (i, ip) in ips.iter().enumerate() {
-        let name = node_name(i);
-        let mut args: Vec<String> = vec![
-            "backend".into(),
-            "--listen".into(),
-            format!("{ip}:{HTTP_PORT}"),
-            "--root".into(),
-            root.display().to_string(),
-            "--workers".into(),
-            (a.clients_per_node * 2).max(8).to_string(),
-            "--coop".into(),
-            "--coop-cache-bytes".into(),
-            cache_bytes.to_string(),
-            "--coop-disk-latency-us".into(),
-            a.disk_latency_us.to_string(),
-        ];
-        if system == "press-tcp" {
-            args.extend([
-                "--coop-policy".into(),
-                "press".into(),
-                "--coop-index".into(),
-                i.to_string(),
-                "--coop-peers".into(),
-                peers.join(","),
-                "--coop-key-file".into(),
-                keys.path("coop").display().to_string(),
-            ]);
-        } else {
-            args.extend(["--coop-policy".into(), "rr".into()]);
-        }
-        let log = out.join(format!("{system}-{name}.log"));
-        let child = dc.spawn_in(&name, &exe, &args, &log)?;
-        children.push(Child::adopt(&name, child, log));
-    }
-    let addrs: Vec<SocketAddr> = ips
-        .iter()
-        .map(|ip| SocketAddr::from((*ip, HTTP_PORT)))
-        .collect();
-    for (c, addr) in children.iter_mut().zip(&addrs) {
-        crate::fabric::wait_port(
-            c,
-            *addr,
-            crate::fabric::Vantage::Node(dc, "client"),
-            READY_WITHIN,
-            Duration::from_millis(50),
-        )?;
-    }
-    let spec = client::Spec {
-        targets: addrs.clone(),
-        clients: a.nodes * a.clients_per_node,
-        warmup: Duration::from_secs(a.warmup_s),
-        duration: Duration::from_secs(a.duration_s),
-        requests: Arc::new(trace.requests.clone()),
-        crcs: Arc::clone(crcs),
-    };
-    let m = dc.run_in_ns("client", move || client::run(&spec))?;
-    for c in &mut children {
-        c.check_alive()?;
-        c.stop();
-    }
-    let d = |k: &str| -> u64 {
-        m.stats_after
-            .iter()
-            .zip(&m.stats_before)
-            .map(|(after, before)| client::stat(after, k).saturating_sub(client::stat(before, k)))
-            .sum()
-    };
-    let (local, remote, miss) = (d("local_hits"), d("remote_hits"), d("misses"));
-    let all = (local + remote + miss).max(1) as f64;
-    Ok(CoopPoint {
-        system: system.to_string(),
-        nodes: a.nodes,
-        cache_bytes,
-        load_model: "closed".into(),
-        clients: a.nodes * a.clients_per_node,
-        duration_s: m.window_s,
-        tps: m.served as f64 / m.window_s,
-        p50_ms: m.percentile_ms(0.50),
-        p99_ms: m.percentile_ms(0.99),
-        local_frac: local as f64 / all,
-        remote_frac: remote as f64 / all,
-        miss_frac: miss as f64 / all,
-        wasted_fetches: d("wasted_fetches"),
-        peer_bytes: d("peer_bytes"),
-        directory_refused: d("directory_refused"),
-        wrong_bodies: m.wrong_bodies,
-        errors: m.errors,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use farside_coop::trace::{world_cup_sample_path, Trace};
 
     #[test]
     fn objects_differ_and_the_cache_rule_splits_the_hot_set() {
@@ -408,5 +593,35 @@ mod tests {
         let w = t.working_set_bytes(CACHE_RULE_FRACTION);
         assert_eq!(cache_rule(&t, 4), w.div_ceil(4));
         assert!(cache_rule(&t, 4) * 4 >= w);
+    }
+
+    fn point(system: &str, link: f64, tps: f64) -> CoopPoint {
+        CoopPoint {
+            system: system.into(),
+            nodes: 4,
+            link_gbit: link,
+            load_model: "closed".into(),
+            clients: 16,
+            runs: 1,
+            tps,
+            ..CoopPoint::default()
+        }
+    }
+
+    #[test]
+    fn the_bandwidth_line_compares_the_lower_link_with_the_higher() {
+        let pts = [
+            point("press-tcp", 10.0, 1000.0),
+            point("press-tcp", 1.0, 940.0),
+        ];
+        let t = table(&pts);
+        assert!(
+            t.contains(
+                "press-tcp 4 nodes closed 16 clients: 10G -> 1G: tps 1000.0 -> 940.0 (-6.0 %)"
+            ),
+            "{t}"
+        );
+        let c = CoopPoint::combine(&[point("rr", 0.0, 10.0), point("rr", 0.0, 20.0)]);
+        assert_eq!((c.runs, c.tps), (2, 15.0));
     }
 }

@@ -1,0 +1,738 @@
+//! The run of `lab coop`: the namespaces, the files, a fresh set of processes per point
+//! (the system's nodes, the anchor's front-end), the links' shaping, the load
+//! generator's instances in the client node, and the nodes' counters and CPU.
+
+use super::client::{stat, stats};
+use super::*;
+use crate::fabric::netns::{NodeSpec, VirtualDc};
+use crate::fabric::procs::Child;
+use farside_loadgen::{LoadgenArgs, PathMode, TraceKind};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::Command;
+use std::time::Duration;
+
+/// The HTTP port of every node (and of the anchor's front-end).
+const HTTP_PORT: u16 = 80;
+/// The coop peer port (TCP fetches, UDP directory updates) of every node.
+const PEER_PORT: u16 = 7000;
+/// The anchor's origin (`farside backend --coop`, caching nothing) in each node.
+const ORIGIN_PORT: u16 = 8080;
+/// The anchor's front-end node.
+const LB: &str = "lb";
+/// The clients' node.
+const CLIENT: &str = "client";
+/// How long a process may take to listen.
+const READY_WITHIN: Duration = Duration::from_secs(20);
+const READY_POLL: Duration = Duration::from_millis(50);
+/// Back-end workers (threads, one per kept-alive connection) of a cooperating node or
+/// origin: the open loop opens one connection per request, and the anchor's nginx keeps
+/// up to 16 to its origin; 64 leaves room for both.
+const WORKERS: usize = 64;
+/// Request timeout of the clients, ms: far above a loaded node's latency.
+const CLIENT_TIMEOUT_MS: u64 = 10_000;
+/// tc tbf `latency`: the longest a packet may wait for tokens, ms (beyond it the
+/// qdisc drops, as a switch port's buffer would).
+const TBF_LATENCY_MS: u64 = 20;
+/// tc tbf `burst`: this many ms of the link's rate (and at least 64 KiB, one GSO
+/// packet), so the token bucket does not cap the rate below the one set.
+const TBF_BURST_MS: f64 = 4.0;
+
+fn bad(m: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, m)
+}
+
+fn node_name(i: usize) -> String {
+    format!("n{i}")
+}
+
+/// The effective durations: (warm-up, measured) seconds.
+fn durations(a: &CoopLabArgs) -> (u64, u64) {
+    let q = a.sweep.quick;
+    (
+        a.warmup_s.unwrap_or(if q { 2 } else { 8 }),
+        a.duration_s.unwrap_or(if q { 3 } else { 15 }),
+    )
+}
+
+fn check_args(a: &CoopLabArgs) -> io::Result<()> {
+    if a.nodes.is_empty() || a.nodes.iter().any(|n| !NODES_RANGE.contains(n)) {
+        return Err(bad(format!("--nodes: each in {NODES_RANGE:?}")));
+    }
+    if a.clients_per_node == 0 || a.clients_per_node > CLIENTS_PER_NODE_MAX {
+        return Err(bad(format!(
+            "--clients-per-node must be in 1..={CLIENTS_PER_NODE_MAX}"
+        )));
+    }
+    if a.rates.iter().any(|r| !(*r > 0.0 && *r <= RATE_MAX)) {
+        return Err(bad(format!("--rates: each in (0, {RATE_MAX}]")));
+    }
+    if a.links.iter().any(|g| !(*g >= 0.0 && *g <= 100.0)) {
+        return Err(bad("--links: each in [0, 100] Gbit/s".into()));
+    }
+    for s in &a.systems {
+        if !SYSTEMS.contains(&s.as_str()) {
+            return Err(bad(format!(
+                "--systems: unknown system {s:?} (built: {})",
+                SYSTEMS.join(", ")
+            )));
+        }
+    }
+    if a.repeat == 0 || a.repeat > REPEAT_MAX {
+        return Err(bad(format!("--repeat must be in 1..={REPEAT_MAX}")));
+    }
+    if durations(a).1 == 0 {
+        return Err(bad("--duration-s must be at least 1".into()));
+    }
+    Ok(())
+}
+
+/// The points in sweep order: node count, link, load model, system innermost (so the
+/// systems of one configuration are measured close together in time).
+pub fn point_keys(a: &CoopLabArgs) -> Vec<Key> {
+    let mut keys = Vec::new();
+    for &nodes in &a.nodes {
+        for &link_gbit in &a.links {
+            for model in a.load.models() {
+                let loads: Vec<(usize, f64)> = if *model == "closed" {
+                    vec![(nodes * a.clients_per_node, 0.0)]
+                } else {
+                    a.rates.iter().map(|&r| (0, r)).collect()
+                };
+                for (clients, rate) in loads {
+                    for system in &a.systems {
+                        keys.push(Key {
+                            system: system.clone(),
+                            nodes,
+                            link_gbit,
+                            load_model: model.to_string(),
+                            clients,
+                            rate,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    keys
+}
+
+/// The namespaces of one node count, and the run's files.
+struct Lab {
+    dc: VirtualDc,
+    nodes: usize,
+}
+
+/// What every point shares.
+struct Shared {
+    root: PathBuf,
+    logs: PathBuf,
+    trace_file: PathBuf,
+    keys: crate::fabric::keys::LabKeys,
+    coop_trace: farside_coop::trace::Trace,
+}
+
+/// Run `farside lab coop`.
+pub fn run(a: CoopLabArgs) -> io::Result<()> {
+    if let Some(policy) = &a.dispatch {
+        let listen = a
+            .dispatch_listen
+            .ok_or_else(|| bad("--dispatch needs --dispatch-listen".into()))?;
+        return super::dispatch::serve(listen, a.dispatch_backends.clone(), policy);
+    }
+    check_args(&a)?;
+    // SAFETY: geteuid has no preconditions.
+    crate::fabric::netns::check_root(unsafe { libc::geteuid() }).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "lab coop needs root: a network namespace and cgroup per node, tc on their links",
+        )
+    })?;
+    let dir = a.sweep.dir(&a.out);
+    let (warmup_s, duration_s) = durations(&a);
+    let trace_file = farside_coop::trace::world_cup_sample_path();
+    let coop_trace = farside_coop::trace::Trace::read_world_cup(&trace_file)?;
+    let mut meta = crate::summary::Summary::new("coop", a.hosts.as_str(), a.sweep.quick);
+    crate::sweep::fill_host_metadata(&mut meta);
+    meta.params = params(&a, &coop_trace, warmup_s, duration_s);
+    let mut sweep = crate::sweep::Sweep::<Coop>::start(&dir, meta, a.sweep.resume.is_some())?;
+    let logs = dir.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let work = std::env::temp_dir().join(format!("farside-lab-coop-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    let root = work.join("root");
+    let lg_trace = loadgen_args("127.0.0.1:1", &root, &trace_file)
+        .build_trace()
+        .map_err(|e| io::Error::other(e.to_string()))?;
+    let (files, bytes, skipped) = write_objects(&lg_trace, &root)?;
+    eprintln!("lab coop: wrote {files} files ({bytes} bytes), {skipped} paths skipped");
+    let shared = Shared {
+        root,
+        logs,
+        trace_file,
+        keys: crate::fabric::keys::LabKeys::generate(&["coop"])?,
+        coop_trace,
+    };
+    let keys = point_keys(&a);
+    let mut lab: Option<Lab> = None;
+    let est = (warmup_s + duration_s) as f64 + 4.0;
+    let result = sweep.run(
+        &keys,
+        a.repeat,
+        est,
+        |k: &Key| {
+            format!(
+                "{} n{} link {} {} {}",
+                k.system,
+                k.nodes,
+                link_label(k.link_gbit),
+                k.load_model,
+                if k.load_model == "open" {
+                    format!("{:.0}/s", k.rate)
+                } else {
+                    format!("{} clients", k.clients)
+                }
+            )
+        },
+        |k, run| {
+            if lab.as_ref().is_some_and(|l| l.nodes != k.nodes) {
+                if let Some(l) = lab.take() {
+                    let _ = l.dc.destroy();
+                }
+            }
+            if lab.is_none() {
+                lab = Some(start_lab(&a, k.nodes)?);
+            }
+            let l = lab.as_ref().expect("started above");
+            measure(&a, l, &shared, k, run, warmup_s, duration_s)
+        },
+    );
+    if let Some(l) = lab.take() {
+        let _ = l.dc.destroy();
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    sweep.note(NOT_BUILT.to_string())?;
+    sweep.note(format!(
+        "files: {files} written ({bytes} bytes), {skipped} trace paths skipped (paths that \
+         cannot be files); requests for them are answered 4xx, which the load generator \
+         counts as served (its rule: any answer below 500)"
+    ))?;
+    result?;
+    sweep.finish()?;
+    Ok(())
+}
+
+fn start_lab(a: &CoopLabArgs, nodes: usize) -> io::Result<Lab> {
+    let mut specs: Vec<NodeSpec> = (0..nodes)
+        .map(|i| NodeSpec::new(&node_name(i)).cpu_quota_pct(a.cpu_quota_pct))
+        .collect();
+    specs.push(NodeSpec::new(LB));
+    specs.push(NodeSpec::new(CLIENT));
+    let dc = VirtualDc::create(&format!("c{}", std::process::id() % 100_000), &specs)?;
+    let id = dc.run_id().to_string();
+    crate::fabric::procs::on_interrupt(move || {
+        if let Ok(r) = crate::fabric::netns::clean_run_id(&id) {
+            eprint!("{r}");
+        }
+    });
+    Ok(Lab { dc, nodes })
+}
+
+/// The load generator's settings every instance shares.
+fn loadgen_args(target: &str, root: &Path, trace_file: &Path) -> LoadgenArgs {
+    let mut lg = LoadgenArgs::new(target);
+    lg.trace = TraceKind::Worldcup;
+    lg.paths = PathMode::Docroot;
+    lg.trace_file = Some(trace_file.to_path_buf());
+    lg.check_root = Some(root.to_path_buf());
+    lg.timeout_ms = CLIENT_TIMEOUT_MS;
+    lg.quiet = true;
+    lg
+}
+
+fn params(
+    a: &CoopLabArgs,
+    t: &farside_coop::trace::Trace,
+    warmup_s: u64,
+    duration_s: u64,
+) -> serde_json::Value {
+    serde_json::json!({
+        "nodes": a.nodes,
+        "systems": a.systems,
+        "load": a.load.models(),
+        "clients_per_node": a.clients_per_node,
+        "rates": a.rates,
+        "links_gbit": a.links,
+        "warmup_s": warmup_s,
+        "duration_s": duration_s,
+        "cpu_quota_pct": a.cpu_quota_pct,
+        "disk_latency_us": a.disk_latency_us,
+        "disk_bytes_per_s": farside_backend::coop::disk::DISK_BYTES_PER_S_DEFAULT,
+        "cache_bytes": a.cache_bytes,
+        "cache_rule": format!("ceil(W{:.0} / nodes): the bytes of the most popular objects receiving {:.0} % of the requests ({} B), split over the nodes; the anchor's nginx caches get the same bytes each", CACHE_RULE_FRACTION * 100.0, CACHE_RULE_FRACTION * 100.0, t.working_set_bytes(CACHE_RULE_FRACTION)),
+        "trace": "World Cup 1998 sample (data/wc98-day6-sample.csv.gz), files at their logged paths and sizes with content of their own",
+        "client": "farside loadgen, one instance per back-end node with its share of the clients (closed: kept-alive, World Cup sessions) or of the rate (open: the log's timing compressed to the rate, one connection per request), all in the client node; every 200's body checked against its file (--check-root)",
+        "lard": "the lab's dispatcher (coop::dispatch) on node lb with farside_coop::policy::Lard (T_low 25, T_high 65, the paper's; load = requests in service per node as the dispatcher counts them) over farside backend --coop --coop-policy rr nodes",
+        "bounded_hash": "the same dispatcher with farside_coop::policy::BoundedHash (100 ring points per node, balance factor 125 %)",
+        "haproxy": "HAProxy on node lb: balance uri, hash-type consistent, hash-balance-factor 125, over nginx proxy_cache (max_size = cache bytes) on every node, each nginx's upstream a farside backend --coop --coop-cache-bytes 1 in the same node (the same emulated disk, nothing cached); lb has no CPU quota (a front-end box PRESS does not need)",
+        "links": "tc tbf on both ends of every back-end node's veth (client and peer traffic share it); 0 = not shaped",
+        "repeat": a.repeat,
+    })
+}
+
+/// Shape (or unshape, `gbit` 0) both ends of every back-end node's link.
+fn shape_links(dc: &VirtualDc, nodes: usize, gbit: f64) -> io::Result<()> {
+    let bridge = crate::fabric::netns::bridge_netns_name(dc.run_id());
+    for i in 0..nodes {
+        let name = node_name(i);
+        for (ns, dev) in [
+            (dc.netns_name(&name), dc.veth_in_ns(&name)),
+            (bridge.clone(), dc.veth_peer(&name)),
+        ] {
+            let mut cmd = Command::new("ip");
+            cmd.args(["netns", "exec", &ns, "tc", "qdisc"]);
+            if gbit <= 0.0 {
+                cmd.args(["del", "dev", &dev, "root"]);
+                // Nothing to delete is fine: the link is unshaped already.
+                let _ = cmd.output();
+                continue;
+            }
+            let bytes_per_s = gbit * 1e9 / 8.0;
+            let burst = ((bytes_per_s * TBF_BURST_MS / 1000.0) as u64).max(64 * 1024);
+            cmd.args([
+                "replace",
+                "dev",
+                &dev,
+                "root",
+                "tbf",
+                "rate",
+                &format!("{}mbit", (gbit * 1000.0).round() as u64),
+                "burst",
+                &burst.to_string(),
+                "latency",
+                &format!("{TBF_LATENCY_MS}ms"),
+            ]);
+            let out = cmd.output()?;
+            if !out.status.success() {
+                return Err(io::Error::other(format!(
+                    "tc tbf on {dev} in {ns}: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A cooperating node (or, `origin`, the anchor's origin that caches nothing).
+#[allow(clippy::too_many_arguments)]
+fn backend_args(
+    a: &CoopLabArgs,
+    sh: &Shared,
+    listen: SocketAddr,
+    policy: &str,
+    cache_bytes: u64,
+    index: usize,
+    peers: &[String],
+) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "backend".into(),
+        "--listen".into(),
+        listen.to_string(),
+        "--root".into(),
+        sh.root.display().to_string(),
+        "--workers".into(),
+        WORKERS.to_string(),
+        "--coop".into(),
+        "--coop-cache-bytes".into(),
+        cache_bytes.to_string(),
+        "--coop-disk-latency-us".into(),
+        a.disk_latency_us.to_string(),
+        "--coop-policy".into(),
+        policy.into(),
+    ];
+    if policy == "press" {
+        args.extend([
+            "--coop-index".into(),
+            index.to_string(),
+            "--coop-peers".into(),
+            peers.join(","),
+            "--coop-key-file".into(),
+            sh.keys.path("coop").display().to_string(),
+        ]);
+    }
+    args
+}
+
+/// The processes of one point; stopped on drop.
+struct Running {
+    children: Vec<Child>,
+    /// Where the lab reads `/coop/stats`: the nodes (rr, press) or the origins (haproxy).
+    stats_at: Vec<SocketAddr>,
+    /// Where the clients of node `i`'s share connect.
+    targets: Vec<SocketAddr>,
+    /// nginx prefix directories to remove.
+    prefixes: Vec<PathBuf>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            c.stop();
+        }
+        for p in &self.prefixes {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+fn start_system(
+    a: &CoopLabArgs,
+    l: &Lab,
+    sh: &Shared,
+    k: &Key,
+    cache_bytes: u64,
+    tag: &str,
+) -> io::Result<Running> {
+    let dc = &l.dc;
+    let exe = std::env::current_exe()?;
+    let ips: Vec<Ipv4Addr> = (0..k.nodes).map(|i| dc.node_ip(&node_name(i))).collect();
+    let peers: Vec<String> = ips.iter().map(|ip| format!("{ip}:{PEER_PORT}")).collect();
+    let mut r = Running {
+        children: Vec::new(),
+        stats_at: Vec::new(),
+        targets: Vec::new(),
+        prefixes: Vec::new(),
+    };
+    let mut waits: Vec<(usize, SocketAddr)> = Vec::new();
+    for (i, ip) in ips.iter().enumerate() {
+        let name = node_name(i);
+        let http = SocketAddr::from((*ip, HTTP_PORT));
+        match k.system.as_str() {
+            "rr" | "press-tcp" | "lard" | "bounded-hash" => {
+                let policy = if k.system == "press-tcp" {
+                    "press"
+                } else {
+                    "rr"
+                };
+                let args = backend_args(a, sh, http, policy, cache_bytes, i, &peers);
+                let log = sh.logs.join(format!("{tag}-{name}.log"));
+                let c = dc.spawn_in(&name, &exe, &args, &log)?;
+                r.children.push(Child::adopt(&name, c, log));
+                waits.push((r.children.len() - 1, http));
+                r.stats_at.push(http);
+                r.targets.push(http);
+            }
+            "haproxy" => {
+                let origin = SocketAddr::from((*ip, ORIGIN_PORT));
+                let args = backend_args(a, sh, origin, "rr", 1, i, &peers);
+                let log = sh.logs.join(format!("{tag}-{name}-origin.log"));
+                let c = dc.spawn_in(&name, &exe, &args, &log)?;
+                r.children
+                    .push(Child::adopt(&format!("{name}-origin"), c, log));
+                waits.push((r.children.len() - 1, origin));
+                r.stats_at.push(origin);
+                let prefix = std::env::temp_dir().join(format!(
+                    "farside-coop-nginx-{}-{tag}-{name}",
+                    std::process::id()
+                ));
+                let _ = std::fs::remove_dir_all(&prefix);
+                for d in ["tmp", "cache"] {
+                    std::fs::create_dir_all(prefix.join(d))?;
+                }
+                r.prefixes.push(prefix.clone());
+                let bin = crate::nginx::find_binary()?;
+                let conf = crate::nginx::proxy_cache_conf(
+                    &prefix,
+                    http,
+                    origin,
+                    cache_bytes,
+                    true,
+                    &crate::nginx::Modules::detect(&bin),
+                );
+                let conf_path = prefix.join("nginx.conf");
+                std::fs::write(&conf_path, &conf)?;
+                std::fs::write(sh.logs.join("nginx-proxy-cache.conf"), &conf)?;
+                let args: Vec<String> = vec![
+                    "-p".into(),
+                    prefix.display().to_string(),
+                    "-c".into(),
+                    conf_path.display().to_string(),
+                    "-e".into(),
+                    prefix.join("error.log").display().to_string(),
+                    "-g".into(),
+                    "daemon off;".into(),
+                ];
+                let log = sh.logs.join(format!("{tag}-{name}-nginx.log"));
+                let c = dc.spawn_in(&name, &bin, &args, &log)?;
+                r.children
+                    .push(Child::adopt(&format!("{name}-nginx"), c, log));
+                waits.push((r.children.len() - 1, http));
+            }
+            other => return Err(bad(format!("unknown system {other}"))),
+        }
+    }
+    if k.system == "lard" || k.system == "bounded-hash" {
+        let lb = SocketAddr::from((dc.node_ip(LB), HTTP_PORT));
+        let backends: Vec<String> = ips
+            .iter()
+            .map(|ip| SocketAddr::from((*ip, HTTP_PORT)).to_string())
+            .collect();
+        let args: Vec<String> = vec![
+            "lab".into(),
+            "coop".into(),
+            "--dispatch".into(),
+            k.system.clone(),
+            "--dispatch-listen".into(),
+            lb.to_string(),
+            "--dispatch-backends".into(),
+            backends.join(","),
+        ];
+        let log = sh.logs.join(format!("{tag}-dispatch.log"));
+        let c = dc.spawn_in(LB, &exe, &args, &log)?;
+        r.children.push(Child::adopt("dispatch", c, log));
+        waits.push((r.children.len() - 1, lb));
+        r.targets = vec![lb; k.nodes];
+    }
+    if k.system == "haproxy" {
+        let lb = SocketAddr::from((dc.node_ip(LB), HTTP_PORT));
+        let servers: Vec<SocketAddr> = ips
+            .iter()
+            .map(|ip| SocketAddr::from((*ip, HTTP_PORT)))
+            .collect();
+        let mut cfg = crate::haproxy::HaproxyConfig::new(lb, &servers);
+        cfg.balance = crate::haproxy::url_hash_balance(crate::haproxy::HASH_BALANCE_FACTOR);
+        // No admission here: each server may hold as many requests as nginx takes.
+        cfg.maxconn_per_server = 1000;
+        cfg.timeout_ms = CLIENT_TIMEOUT_MS;
+        cfg.retry_after_s = None;
+        cfg.threads = 2;
+        let bin = crate::haproxy::find_binary()?;
+        let (_, args) = crate::haproxy::prepare(&bin, &cfg, &sh.logs, &format!("{tag}-haproxy"))?;
+        let log = sh.logs.join(format!("{tag}-haproxy.log"));
+        let c = dc.spawn_in(LB, &bin, &args, &log)?;
+        r.children.push(Child::adopt("haproxy", c, log));
+        waits.push((r.children.len() - 1, lb));
+        r.targets = vec![lb; k.nodes];
+    }
+    for (i, addr) in waits {
+        crate::fabric::wait_port(
+            &mut r.children[i],
+            addr,
+            crate::fabric::Vantage::Node(dc, CLIENT),
+            READY_WITHIN,
+            READY_POLL,
+        )?;
+    }
+    Ok(r)
+}
+
+/// CPU time used by a node's cgroup so far, µs (`usage_usec` of cgroup v2's
+/// `cpu.stat`, or v1's `cpuacct.usage`); 0 if neither is readable.
+fn cgroup_cpu_us(dc: &VirtualDc, node: &str) -> u64 {
+    for d in dc.cgroup_dirs(node) {
+        if let Ok(t) = std::fs::read_to_string(d.join("cpu.stat")) {
+            let v = stat(&t, "usage_usec");
+            if v > 0 {
+                return v;
+            }
+        }
+        if let Ok(t) = std::fs::read_to_string(d.join("cpuacct.usage")) {
+            if let Ok(ns) = t.trim().parse::<u64>() {
+                return ns / 1000;
+            }
+        }
+    }
+    0
+}
+
+/// The counters at one moment: each stats address's text, the back-end nodes' and the
+/// front-end's CPU.
+struct Snapshot {
+    stats: Vec<String>,
+    cpu_us: u64,
+    lb_cpu_us: u64,
+}
+
+fn snapshot(dc: &VirtualDc, nodes: usize, at: &[SocketAddr]) -> Snapshot {
+    Snapshot {
+        stats: at.iter().map(|&s| stats(s)).collect(),
+        cpu_us: (0..nodes).map(|i| cgroup_cpu_us(dc, &node_name(i))).sum(),
+        lb_cpu_us: cgroup_cpu_us(dc, LB),
+    }
+}
+
+fn measure(
+    a: &CoopLabArgs,
+    l: &Lab,
+    sh: &Shared,
+    k: &Key,
+    run: u32,
+    warmup_s: u64,
+    duration_s: u64,
+) -> io::Result<CoopPoint> {
+    let cache_bytes = a
+        .cache_bytes
+        .unwrap_or_else(|| cache_rule(&sh.coop_trace, k.nodes));
+    let tag = format!(
+        "{}-n{}-{}-{}-{}-r{run}",
+        k.system,
+        k.nodes,
+        link_label(k.link_gbit),
+        k.load_model,
+        if k.load_model == "open" {
+            format!("{:.0}", k.rate)
+        } else {
+            k.clients.to_string()
+        }
+    );
+    shape_links(&l.dc, k.nodes, k.link_gbit)?;
+    let mut sys = start_system(a, l, sh, k, cache_bytes, &tag)?;
+    let per_node: Vec<LoadgenArgs> = sys
+        .targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let mut lg = loadgen_args(&t.to_string(), &sh.root, &sh.trace_file);
+            lg.warmup_s = warmup_s as f64;
+            lg.duration_s = duration_s as f64;
+            lg.seed = u64::from(run) * 1000 + i as u64 + 1;
+            if k.load_model == "open" {
+                lg.rate = Some(k.rate / k.nodes as f64);
+                lg.no_keepalive = true;
+            } else {
+                lg.clients = a.clients_per_node;
+            }
+            lg
+        })
+        .collect();
+    let dc = &l.dc;
+    let stats_at = sys.stats_at.clone();
+    let nodes = k.nodes;
+    let (summaries, before, after) = dc.run_in_ns(CLIENT, || {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = per_node
+                .iter()
+                .map(|lg| s.spawn(move || farside_loadgen::run(lg)))
+                .collect();
+            // The loadgen instances start their clocks after loading the trace
+            // (~0.3 s); the counters are read at the end of their warm-up.
+            std::thread::sleep(Duration::from_secs(warmup_s) + Duration::from_millis(300));
+            let before = snapshot(dc, nodes, &stats_at);
+            let mut out = Vec::new();
+            for h in handles {
+                match h.join() {
+                    Ok(Ok(sm)) => out.push(sm),
+                    Ok(Err(e)) => return Err(io::Error::other(format!("loadgen: {e}"))),
+                    Err(_) => return Err(io::Error::other("a loadgen thread panicked")),
+                }
+            }
+            let after = snapshot(dc, nodes, &stats_at);
+            Ok((out, before, after))
+        })
+    })?;
+    for c in &mut sys.children {
+        c.check_alive()?;
+    }
+    drop(sys);
+    let m =
+        farside_loadgen::Summary::merge(&summaries).map_err(|e| io::Error::other(e.to_string()))?;
+    let d = |key: &str| -> u64 {
+        after
+            .stats
+            .iter()
+            .zip(&before.stats)
+            .map(|(x, y)| stat(x, key).saturating_sub(stat(y, key)))
+            .sum()
+    };
+    let window = duration_s as f64;
+    let served = m.served;
+    let per_req = |v: u64| {
+        if served == 0 {
+            0.0
+        } else {
+            v as f64 / served as f64
+        }
+    };
+    let (local, remote, miss) = (d("local_hits"), d("remote_hits"), d("misses"));
+    let (local_frac, remote_frac, miss_frac) = if k.system == "haproxy" {
+        // nginx answers what it caches; every origin read is a miss.
+        let all = served.max(1) as f64;
+        let miss_frac = (miss as f64 / all).min(1.0);
+        (1.0 - miss_frac, 0.0, miss_frac)
+    } else {
+        let all = (local + remote + miss).max(1) as f64;
+        (local as f64 / all, remote as f64 / all, miss as f64 / all)
+    };
+    let wrong = m.failure_kinds.wrong_bodies;
+    Ok(CoopPoint {
+        system: k.system.clone(),
+        nodes: k.nodes,
+        cache_bytes,
+        link_gbit: k.link_gbit,
+        load_model: k.load_model.clone(),
+        clients: k.clients,
+        rate: k.rate,
+        runs: 1,
+        duration_s: window,
+        tps: served as f64 / window,
+        p50_ms: m.p50_ms,
+        p99_ms: m.p99_ms,
+        local_frac,
+        remote_frac,
+        miss_frac,
+        wasted_fetches: d("wasted_fetches"),
+        peer_bytes: d("peer_bytes"),
+        peer_bytes_per_req: per_req(d("peer_bytes")),
+        cpu_us_per_req: per_req(after.cpu_us.saturating_sub(before.cpu_us)),
+        lb_cpu_us_per_req: if matches!(k.system.as_str(), "haproxy" | "lard" | "bounded-hash") {
+            per_req(after.lb_cpu_us.saturating_sub(before.lb_cpu_us))
+        } else {
+            0.0
+        },
+        wrong_bodies: wrong,
+        failures: m.failures.saturating_sub(wrong),
+        offered_rps: m.started as f64 / window,
+        directory_refused: d("directory_refused"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_put_the_systems_of_one_configuration_together() {
+        let a = CoopLabArgs {
+            out: "x".into(),
+            sweep: SweepFlags::default(),
+            hosts: Hosts::Netns,
+            nodes: vec![4],
+            systems: vec!["rr".into(), "haproxy".into()],
+            load: LoadModels::Both,
+            clients_per_node: 4,
+            rates: vec![1000.0],
+            links: vec![10.0, 1.0],
+            duration_s: None,
+            warmup_s: None,
+            cpu_quota_pct: 40,
+            disk_latency_us: 5000,
+            cache_bytes: None,
+            repeat: 1,
+            dispatch: None,
+            dispatch_listen: None,
+            dispatch_backends: Vec::new(),
+        };
+        check_args(&a).unwrap();
+        let k = point_keys(&a);
+        assert_eq!(k.len(), 2 * 2 * 2);
+        assert_eq!(
+            (k[0].system.as_str(), k[1].system.as_str()),
+            ("rr", "haproxy")
+        );
+        assert_eq!((k[0].clients, k[2].rate, k[2].clients), (16, 1000.0, 0));
+        assert_eq!(k[4].link_gbit, 1.0);
+        let mut b = a.clone();
+        b.systems = vec!["lard".into()];
+        assert!(check_args(&b).is_err());
+    }
+}
