@@ -363,12 +363,6 @@ impl ServerKeys {
 /// Seal `covered` (header + payload) as a request into `out` (cleared first).
 pub fn seal_request(out: &mut Vec<u8>, key: &ClientKey, sender: u64, seq: u64, covered: &[u8]) {
     out.clear();
-    let env = Envelope {
-        key_id: key.id,
-        sender,
-        seq,
-    };
-    out.reserve(ENVELOPE_BYTES + covered.len());
     out.resize(ENVELOPE_BYTES + covered.len(), 0);
     seal_request_to(out, key, sender, seq, covered);
 }
