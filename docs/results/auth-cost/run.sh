@@ -26,7 +26,7 @@ for r in $(seq 1 "$rounds"); do
 				--out "$out/probe-$name-$r" >> "$f" 2>&1 ;;
 		migrate)
 			flag=; [ "$name" = after ] && flag=--auth
-			"$bin/migrate_many" --connections 1000 --concurrency 4 --small $flag \
+			"$bin/migrate_many" --connections 2000 --concurrency 4 --small $flag \
 				--out "$out/migrate-$name-$r.json" >> "$f" 2>&1 ;;
 		esac
 		echo "# exit $?" >> "$f"
