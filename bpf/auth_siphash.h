@@ -137,8 +137,25 @@ static __always_inline int auth_sip_packet(struct auth_sip *s, __u64 absorbed, c
 
 	if (len > AUTH_SIPHASH_BYTES_MAX)
 		return -1;
-	for (i = 0; i < AUTH_SIPHASH_BYTES_MAX / 8; i++) {
-		if (i >= blocks)
+	/*
+	 * Four blocks per bounds check and loop step, then the last 0-3 blocks one by one:
+	 * the loop's own instructions (counter, compare, bound, pointer) are paid once per
+	 * 32 bytes instead of once per 8.
+	 */
+	for (i = 0; i < AUTH_SIPHASH_BYTES_MAX / 32; i++) {
+		if (i >= blocks / 4)
+			break;
+		AUTH_BARRIER_VAR(b);
+		if ((const void *)(b + 32) > data_end)
+			return -1;
+		auth_sip_block(s, ((const __u64 *)b)[0]);
+		auth_sip_block(s, ((const __u64 *)b)[1]);
+		auth_sip_block(s, ((const __u64 *)b)[2]);
+		auth_sip_block(s, ((const __u64 *)b)[3]);
+		b += 32;
+	}
+	for (i = 0; i < 3; i++) {
+		if (i >= blocks % 4)
 			break;
 		AUTH_BARRIER_VAR(b);
 		if ((const void *)(b + 8) > data_end)

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p farside-migrate --example migrate_many -- \
-//!     --connections 10000 [--concurrency 16] [--small] [--out FILE] \
+//!     --connections 10000 [--concurrency 16] [--small] [--auth] [--out FILE] \
 //!     [--conn-timeout-s 30] [--deadline-s 3600]
 //! ```
 //!
@@ -21,8 +21,8 @@ use std::time::Duration;
 use farside_migrate::testkit::many::{self, ManyConfig, CONCURRENCY_MAX};
 
 const USAGE: &str = "\
-usage: migrate_many [--connections N] [--concurrency K] [--small] [--out FILE]
-                    [--conn-timeout-s S] [--deadline-s S]
+usage: migrate_many [--connections N] [--concurrency K] [--small] [--auth]
+                    [--out FILE] [--conn-timeout-s S] [--deadline-s S]
 
 Migrates N real TCP connections (client namespace -> source back-end namespace,
 moved mid-stream to the target back-end namespace with ControlPool::migrate_with,
@@ -34,6 +34,9 @@ flow) and checks every byte. Reports CPU per migration on each side. Root only.
   --small             lab-sized connections (request body 300-555 bytes,
                       response 1,000-1,255 bytes; default: 1 KB to 1 MB each
                       way): the CPU a migration costs whatever its bytes
+  --auth              both sides speak the authenticated framing (wire version 3,
+                      as specd with --key-file) under a fresh random key: the
+                      CPU authentication adds to a migration (default: off)
   --out FILE          also write the JSON report to FILE
   --conn-timeout-s S  bound on each wait of one connection (default 30)
   --deadline-s S      start no connection after S seconds (default 3600)
@@ -104,6 +107,13 @@ fn real_main() -> Result<(), String> {
             "--connections" => cfg.connections = num(&a, val(&a)?)? as usize,
             "--concurrency" => cfg.concurrency = num(&a, val(&a)?)? as usize,
             "--small" => cfg.small = true,
+            "--auth" => {
+                let mut b = [0u8; 16];
+                std::fs::File::open("/dev/urandom")
+                    .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+                    .map_err(|e| format!("--auth: /dev/urandom: {e}"))?;
+                cfg.auth = Some(farside_auth::siphash::SipKey::from_bytes(b));
+            }
             "--out" => out = Some(val(&a)?),
             "--conn-timeout-s" => cfg.conn_timeout = Duration::from_secs(num(&a, val(&a)?)?),
             "--deadline-s" => cfg.deadline = Duration::from_secs(num(&a, val(&a)?)?),

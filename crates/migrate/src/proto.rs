@@ -816,6 +816,8 @@ pub struct Target {
     reply_timeout: Duration,
     /// The connection [`Target::serve_next`] serves offers on.
     conn: Option<ControlConn>,
+    /// The authenticated framing for connections [`Target::serve_next`] accepts.
+    auth: Option<Arc<Auth>>,
 }
 
 impl Target {
@@ -825,7 +827,14 @@ impl Target {
             listener: TcpListener::bind(addr)?,
             reply_timeout: REPLY_TIMEOUT_DEFAULT,
             conn: None,
+            auth: None,
         })
+    }
+
+    /// [`Target::serve_next`] speaks the authenticated framing (wire version 3) with
+    /// `auth` on every connection it accepts ([`ControlConn::set_auth`]).
+    pub fn set_auth(&mut self, auth: Arc<Auth>) {
+        self.auth = Some(auth);
     }
 
     /// The address sources connect to.
@@ -857,7 +866,13 @@ impl Target {
     ) -> io::Result<TargetOutcome> {
         let mut conn = match self.conn.take() {
             Some(c) => c,
-            None => ControlConn::new(self.listener.accept()?.0, self.reply_timeout)?,
+            None => {
+                let mut c = ControlConn::new(self.listener.accept()?.0, self.reply_timeout)?;
+                if let Some(a) = &self.auth {
+                    c.set_auth(Arc::clone(a));
+                }
+                c
+            }
         };
         let outcome = conn.serve_next(CONTROL_IDLE_TIMEOUT, admit, handoff)?;
         if conn.reusable() {

@@ -32,14 +32,14 @@
 
 use crate::wire::{ENVELOPE_BYTES, REP_HEADER_BYTES};
 use farside_auth::keys::{self, KeyError, Keyring, Policy};
-use farside_auth::mac::{self, Domain, Envelope, KeyId};
+use farside_auth::mac::{self, Domain, Envelope, KeyId, TagKey};
 use farside_auth::replay::{Replay, ReplayTable, Sequencer};
 use farside_auth::rights::{Grant, OpSet, Rights, Words};
 use farside_auth::siphash::SipKey;
 use farside_region::layout;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 pub use farside_auth::keys::Keyring as AuthKeyring;
 pub use farside_auth::mac::KeyId as RmemKeyId;
@@ -117,12 +117,24 @@ fn load(id: u32, path: Option<&Path>) -> Result<SipKey, String> {
         .map_err(|e: KeyError| format!("rmem key {id}: {e}"))
 }
 
-/// The key a client seals its requests with. `Debug` never shows the key.
-#[derive(Clone, Copy, PartialEq, Eq)]
+/// The key a client seals its requests with. `Debug` never shows the key. Holds the
+/// key prepared for both directions (`TagKey`: SipHash's state after the key and the
+/// domain label), so sealing a READ and opening its reply start from there.
+#[derive(Clone, Copy)]
 pub struct ClientKey {
     pub id: KeyId,
     key: SipKey,
+    request: TagKey,
+    reply: TagKey,
 }
+
+impl PartialEq for ClientKey {
+    fn eq(&self, other: &ClientKey) -> bool {
+        (self.id, self.key) == (other.id, other.key)
+    }
+}
+
+impl Eq for ClientKey {}
 
 impl fmt::Debug for ClientKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -132,7 +144,12 @@ impl fmt::Debug for ClientKey {
 
 impl ClientKey {
     pub fn new(id: KeyId, key: SipKey) -> ClientKey {
-        ClientKey { id, key }
+        ClientKey {
+            id,
+            key,
+            request: TagKey::new(Domain::RmemRequest, &key),
+            reply: TagKey::new(Domain::RmemReply, &key),
+        }
     }
 
     /// `ID[:PATH]`: the key id and the key file (without a path: the credential).
@@ -148,10 +165,7 @@ impl ClientKey {
     /// Load `ID[:PATH]` (see the module doc).
     pub fn load(spec: &str) -> Result<ClientKey, String> {
         let (id, path) = Self::parse_spec(spec)?;
-        Ok(ClientKey {
-            id: KeyId(id),
-            key: load(id, path.as_deref())?,
-        })
+        Ok(ClientKey::new(KeyId(id), load(id, path.as_deref())?))
     }
 
     pub fn key(&self) -> &SipKey {
@@ -199,16 +213,64 @@ pub struct AuthCounters {
 /// whichever server a datagram reaches.
 #[derive(Debug)]
 pub struct ServerKeys {
-    keys: RwLock<Keyring>,
+    keys: RwLock<Ring>,
     replay: Mutex<ReplayTable>,
+}
+
+/// The keyring and, per key, what a request's hot path needs made once: the key
+/// prepared for both directions and its rights behind an `Arc` (a request takes a
+/// reference count, never a copy of the grants). Rebuilt whenever the ring changes.
+#[derive(Debug)]
+struct Ring {
+    ring: Keyring,
+    prepared: Vec<Prepared>,
+}
+
+#[derive(Debug)]
+struct Prepared {
+    id: KeyId,
+    request: TagKey,
+    reply: TagKey,
+    rights: Arc<Rights>,
+}
+
+impl Ring {
+    fn new(ring: Keyring) -> Ring {
+        let mut r = Ring {
+            ring,
+            prepared: Vec::new(),
+        };
+        r.prepare();
+        r
+    }
+
+    /// At most `farside_auth::keys::KEYS_MAX` entries: a linear search by id is
+    /// cheaper than hashing.
+    fn prepare(&mut self) {
+        self.prepared = self
+            .ring
+            .iter()
+            .map(|e| Prepared {
+                id: e.id,
+                request: TagKey::new(Domain::RmemRequest, &e.key),
+                reply: TagKey::new(Domain::RmemReply, &e.key),
+                rights: Arc::new(e.rights.clone()),
+            })
+            .collect();
+    }
+
+    fn get(&self, id: KeyId) -> Option<&Prepared> {
+        self.prepared.iter().find(|p| p.id == id)
+    }
 }
 
 /// An authentic, fresh request: its envelope, its rights, and where its covered bytes
 /// are in the buffer.
 pub struct Accepted {
     pub envelope: Envelope,
-    pub key: SipKey,
-    pub rights: Rights,
+    /// The request's key prepared for its reply (`seal_reply_prepared`).
+    pub reply_key: TagKey,
+    pub rights: Arc<Rights>,
     /// The covered bytes: `req[ENVELOPE_BYTES..ENVELOPE_BYTES + len]`.
     pub len: usize,
 }
@@ -216,7 +278,7 @@ pub struct Accepted {
 impl ServerKeys {
     pub fn new(keys: Keyring) -> ServerKeys {
         ServerKeys {
-            keys: RwLock::new(keys),
+            keys: RwLock::new(Ring::new(keys)),
             replay: Mutex::new(ReplayTable::default()),
         }
     }
@@ -242,7 +304,9 @@ impl ServerKeys {
         rights: Rights,
     ) -> Result<(), KeyError> {
         let mut k = self.keys.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(dropped) = k.install(name, id, key, rights)? {
+        let dropped = k.ring.install(name, id, key, rights);
+        k.prepare();
+        if let Some(dropped) = dropped? {
             self.forget(dropped);
         }
         Ok(())
@@ -251,7 +315,8 @@ impl ServerKeys {
     /// Revoke key `id`: nothing under it verifies from now on.
     pub fn revoke(&self, id: KeyId) -> bool {
         let mut k = self.keys.write().unwrap_or_else(|p| p.into_inner());
-        let had = k.revoke(id);
+        let had = k.ring.revoke(id);
+        k.prepare();
         self.forget(id);
         had
     }
@@ -284,7 +349,11 @@ impl ServerKeys {
 
     /// A copy of the keyring (the XDP loader fills its map from it).
     pub fn keyring(&self) -> Keyring {
-        self.keys.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.keys
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .ring
+            .clone()
     }
 
     /// Authenticate `req` (`farside_auth::receive`): the envelope, its key's tag, the
@@ -292,30 +361,31 @@ impl ServerKeys {
     /// `Replayed`: never answered.
     pub fn receive(&self, req: &[u8]) -> Result<Accepted, crate::wire::Status> {
         use crate::wire::Status;
+        // farside_auth::receive's order (parse, key by id, tag, then the window), with
+        // the key prepared once.
+        let parsed = mac::parse(req).map_err(|_| Status::BadKey)?;
         let keys = self.keys.read().unwrap_or_else(|p| p.into_inner());
+        let key = keys.get(parsed.envelope.key_id).ok_or(Status::BadKey)?;
+        let opened = key.request.verify(&parsed).map_err(|_| Status::BadKey)?;
+        let env = opened.envelope;
         let mut replay = self.replay.lock().unwrap_or_else(|p| p.into_inner());
-        match farside_auth::receive::receive(Domain::RmemRequest, req, &keys, &mut replay) {
-            Ok(r) => Ok(Accepted {
-                envelope: r.envelope,
-                key: r.key.key,
-                rights: r.key.rights.clone(),
-                len: r.message.len(),
-            }),
-            Err(farside_auth::receive::Refused::Replay(_)) => Err(Status::Replayed),
-            Err(_) => Err(Status::BadKey),
-        }
+        replay
+            .accept(env.key_id, env.sender, env.seq)
+            .map_err(|_| Status::Replayed)?;
+        Ok(Accepted {
+            envelope: env,
+            reply_key: key.reply,
+            rights: Arc::clone(&key.rights),
+            len: opened.message.len(),
+        })
     }
 }
 
 /// Seal `covered` (header + payload) as a request into `out` (cleared first).
 pub fn seal_request(out: &mut Vec<u8>, key: &ClientKey, sender: u64, seq: u64, covered: &[u8]) {
     out.clear();
-    let env = Envelope {
-        key_id: key.id,
-        sender,
-        seq,
-    };
-    mac::seal(out, Domain::RmemRequest, &key.key, &env, covered).expect("rmem requests are small");
+    out.resize(ENVELOPE_BYTES + covered.len(), 0);
+    seal_request_to(out, key, sender, seq, covered);
 }
 
 /// Seal `covered` as a request into the front of `out` without allocating (a poller's
@@ -335,7 +405,7 @@ pub fn seal_request_to(
         sender,
         seq,
     };
-    let tag = mac::tag(Domain::RmemRequest, &key.key, &env, covered);
+    let tag = key.request.tag(&env, covered);
     out[0..8].copy_from_slice(&tag.to_le_bytes());
     out[8..12].copy_from_slice(&key.id.0.to_le_bytes());
     out[12..16].copy_from_slice(&(covered.len() as u32).to_le_bytes());
@@ -347,8 +417,14 @@ pub fn seal_request_to(
 /// Seal the reply whose covered bytes are `reply[ENVELOPE_BYTES..]` in place: write its
 /// envelope (the request's key id, sender and seq) into `reply[..ENVELOPE_BYTES]`.
 pub fn seal_reply_in_place(reply: &mut [u8], key: &SipKey, request: &Envelope) {
+    seal_reply_prepared(reply, &TagKey::new(Domain::RmemReply, key), request);
+}
+
+/// [`seal_reply_in_place`] with the key prepared for the reply domain (a server's hot
+/// path: [`Accepted::reply_key`]).
+pub fn seal_reply_prepared(reply: &mut [u8], key: &TagKey, request: &Envelope) {
     let covered_len = reply.len() - ENVELOPE_BYTES;
-    let tag = mac::tag(Domain::RmemReply, key, request, &reply[ENVELOPE_BYTES..]);
+    let tag = key.tag(request, &reply[ENVELOPE_BYTES..]);
     reply[0..8].copy_from_slice(&tag.to_le_bytes());
     reply[8..12].copy_from_slice(&request.key_id.0.to_le_bytes());
     reply[12..16].copy_from_slice(&(covered_len as u32).to_le_bytes());
@@ -374,10 +450,14 @@ pub fn open_reply<'a>(
     sender: u64,
     seqs: std::ops::RangeInclusive<u64>,
 ) -> Result<&'a [u8], ReplyRefusal> {
-    let o = mac::open(Domain::RmemReply, reply, |id| {
-        (id == key.id).then_some(key.key)
-    })
-    .map_err(|_| ReplyRefusal::NotAuthentic)?;
+    let parsed = mac::parse(reply).map_err(|_| ReplyRefusal::NotAuthentic)?;
+    if parsed.envelope.key_id != key.id {
+        return Err(ReplyRefusal::NotAuthentic);
+    }
+    let o = key
+        .reply
+        .verify(&parsed)
+        .map_err(|_| ReplyRefusal::NotAuthentic)?;
     if o.envelope.sender != sender || !seqs.contains(&o.envelope.seq) {
         return Err(ReplyRefusal::NotOurs);
     }
@@ -411,14 +491,31 @@ impl SenderState {
 
     /// The next envelope seq (restart-safe: `Sequencer`). At `u64::MAX` a new sender id.
     pub fn next_seq(&mut self) -> u64 {
-        match self.seq.next(Sequencer::unix_s()) {
+        match self.seq.next(coarse_unix_s()) {
             Some(s) => s,
             None => {
                 *self = SenderState::new();
-                self.seq.next(Sequencer::unix_s()).expect("fresh")
+                self.seq.next(coarse_unix_s()).expect("fresh")
             }
         }
     }
+}
+
+/// Seconds since the Unix epoch from `CLOCK_REALTIME_COARSE` (the last tick's time: a
+/// few ns where `SystemTime::now` reads the clock source, on every READ a monitor
+/// sends). The sequencer needs seconds: a tick (≤ 10 ms) late changes nothing but
+/// the moment its seconds turn over.
+pub fn coarse_unix_s() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec for the call to fill.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    if r != 0 || ts.tv_sec < 0 {
+        return Sequencer::unix_s();
+    }
+    ts.tv_sec as u64
 }
 
 /// Why a replay window refused: for logs.
@@ -503,6 +600,40 @@ pub fn write_key_file(dir: &Path, name: &str, key: &SipKey) -> std::io::Result<P
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_coarse_clock_tells_the_same_second_as_the_system_clock() {
+        let (a, c, b) = (Sequencer::unix_s(), coarse_unix_s(), Sequencer::unix_s());
+        // The coarse clock lags by at most a tick: the same second, or the one before.
+        assert!(c + 1 >= a && c <= b, "{a} {c} {b}");
+    }
+
+    #[test]
+    fn prepared_keys_seal_and_open_as_the_generic_envelope_does() {
+        let k = SipKey::from_halves(0x1234, 0x5678);
+        let ck = ClientKey::new(KeyId(9), k);
+        let covered: Vec<u8> = (0..56u8).collect();
+        let mut a = Vec::new();
+        seal_request(&mut a, &ck, 77, 1 << 40, &covered);
+        let env = Envelope {
+            key_id: KeyId(9),
+            sender: 77,
+            seq: 1 << 40,
+        };
+        let mut b = Vec::new();
+        mac::seal(&mut b, Domain::RmemRequest, &k, &env, &covered).unwrap();
+        assert_eq!(a, b);
+        let mut rep = vec![0u8; ENVELOPE_BYTES + REP_HEADER_BYTES + 192];
+        seal_reply_in_place(&mut rep, &k, &env);
+        let o = mac::open(Domain::RmemReply, &rep, |_| Some(k)).unwrap();
+        assert_eq!(o.envelope, env);
+        assert!(open_reply(&rep, &ck, 77, 1..=u64::MAX).is_ok());
+        rep[40] ^= 1;
+        assert_eq!(
+            open_reply(&rep, &ck, 77, 1..=u64::MAX),
+            Err(ReplyRefusal::NotAuthentic)
+        );
+    }
 
     #[test]
     fn specs_parse_and_name_their_role_and_id() {

@@ -26,9 +26,9 @@
 //!
 //! READs are never recorded (they are idempotent and a reply carries the current words).
 //! Every answered reply is sealed under the request's key, bound to its envelope
-//! (`crate::auth::seal_reply_in_place`).
+//! (`crate::auth::seal_reply_prepared`).
 
-use crate::auth::{seal_reply_in_place, ServerKeys};
+use crate::auth::{seal_reply_prepared, ServerKeys};
 use crate::wire::*;
 use farside_auth::rights::{self, Access, Rights};
 use farside_region::mem::{copy_words_in, copy_words_out};
@@ -293,7 +293,7 @@ pub fn execute(
         covered,
         reply,
     );
-    seal_reply_in_place(reply, &acc.key, &acc.envelope);
+    seal_reply_prepared(reply, &acc.reply_key, &acc.envelope);
     st
 }
 

@@ -131,6 +131,11 @@ pub struct ManyConfig {
     /// Lab-sized connections ([`small_sizes`]) instead of [`sizes`]: measures a
     /// migration's fixed CPU cost (`migrate_many --small`).
     pub small: bool,
+    /// Both sides speak the authenticated framing (wire version 3) under this key
+    /// (`migrate_many --auth`: a fresh random key), each with its own
+    /// [`crate::wire::Auth`]; `None`: unauthenticated. Measures what the
+    /// authentication costs a migration.
+    pub auth: Option<farside_auth::siphash::SipKey>,
     /// Set from outside (a signal handler) to stop starting connections.
     pub stop: Arc<AtomicBool>,
 }
@@ -147,6 +152,7 @@ impl ManyConfig {
             progress_every: 1000,
             tag: format!("mm{}", std::process::id() % 100_000),
             small: false,
+            auth: None,
             stop: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -272,6 +278,7 @@ impl ManyReport {
             connections_requested: cfg.connections,
             concurrency: cfg.concurrency,
             small: cfg.small,
+            auth: cfg.auth.is_some(),
             conn_timeout_s: cfg.conn_timeout.as_secs(),
             deadline_s: cfg.deadline.as_secs(),
             handover: "CloseAfterRestore",
@@ -322,6 +329,7 @@ struct ManyJson<'a> {
     connections_requested: usize,
     concurrency: usize,
     small: bool,
+    auth: bool,
     conn_timeout_s: u64,
     deadline_s: u64,
     handover: &'static str,
@@ -362,6 +370,8 @@ fn fallback_name(f: &Fallback) -> &'static str {
 /// Shared by all lanes.
 struct Shared {
     cfg: ManyConfig,
+    /// The sources' authenticated framing (`ManyConfig::auth`).
+    source_auth: Option<Arc<crate::wire::Auth>>,
     ns: NsRef,
     client_ip: Ipv4Addr,
     vip: Ipv4Addr,
@@ -411,6 +421,8 @@ pub fn run(cfg: ManyConfig) -> io::Result<ManyReport> {
     };
     let guard = Netns::setup(spec.clone())?;
     let shared = Arc::new(Shared {
+        // One sealing identity for every source lane, as one specd has.
+        source_auth: cfg.auth.map(|k| Arc::new(crate::wire::Auth::new(k))),
         cfg: cfg.clone(),
         ns: guard.r.clone(),
         client_ip: spec.client_ip,
@@ -550,7 +562,10 @@ fn target_lane(
         .enter("b")
         .and_then(|()| Target::bind(SocketAddr::from((b_ip, 0))));
     let mut target = match target.and_then(|t| t.local_addr().map(|a| (t, a))) {
-        Ok((t, a)) => {
+        Ok((mut t, a)) => {
+            if let Some(key) = sh.cfg.auth {
+                t.set_auth(Arc::new(crate::wire::Auth::new(key)));
+            }
             let _ = addr_tx.send(Ok(a));
             t
         }
@@ -718,7 +733,10 @@ fn source_conn(
     }
     let mut flow_move = Duration::ZERO;
     let mut moved = false;
-    let cfg = MigrateConfig::default(); // CloseAfterRestore
+    let cfg = MigrateConfig {
+        auth: sh.source_auth.clone(),
+        ..MigrateConfig::default() // CloseAfterRestore
+    };
     let c0 = thread_cpu();
     let outcome = pool.migrate_with(s, target, &cfg, || {
         let t = Instant::now();
