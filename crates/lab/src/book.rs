@@ -124,6 +124,10 @@ pub const SECTIONS: &[Part] = &[
                 id: "anchor-haproxy",
                 title: "Against HAProxy: five scenarios, one operator objective",
                 current: &[
+                    Text("docs/results/anchor/table.txt"),
+                    Run("docs/results/anchor/table-seed1"),
+                    Run("docs/results/anchor/table-seed2"),
+                    Run("docs/results/anchor/table-seed3"),
                     Run("docs/results/anchor/five-scenarios-loopback"),
                     Run("docs/results/anchor/single-loopback-after-pool-fix"),
                     Run("docs/results/anchor/five-scenarios-netns-r2"),
