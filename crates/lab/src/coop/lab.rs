@@ -732,7 +732,7 @@ mod tests {
         assert_eq!((k[0].clients, k[2].rate, k[2].clients), (16, 1000.0, 0));
         assert_eq!(k[4].link_gbit, 1.0);
         let mut b = a.clone();
-        b.systems = vec!["lard".into()];
+        b.systems = vec!["press-xdp".into()];
         assert!(check_args(&b).is_err());
     }
 }
