@@ -283,6 +283,10 @@ pub fn effective_costs(f: &CostsFile, s: &Setup) -> Costs {
 /// Passes of [`predict`]'s fixed point at most: the replayed length follows the
 /// predicted throughput, which follows the fractions; it settles in two or three.
 pub const REPLAY_PASSES_MAX: usize = 4;
+/// Requests one simulated replay holds at most (all clients): 2 million is 10 times the
+/// World Cup sample and a few minutes of a debug build's simulator; a faster cluster
+/// than that replays the trace several times over, which adds little.
+pub const REPLAY_REQUESTS_MAX: usize = 2_000_000;
 /// Relative change of the replayed length under which the fixed point is reached.
 const REPLAY_SETTLED: f64 = 0.05;
 
@@ -302,7 +306,7 @@ pub fn predict(f: &CostsFile, trace: &Trace, s: &Setup, seed: u64) -> Result<Pre
         let p = predict_replay(f, trace, s, seed, per_client)?;
         let next = ((p.throughput() * (s.warmup_s + s.duration_s) / clients as f64).ceil()
             as usize)
-            .clamp(1, sim::CLIENTS_MAX * 1000 / clients.max(1));
+            .clamp(1, REPLAY_REQUESTS_MAX / clients.max(1));
         let settled = (next as f64 - per_client as f64).abs() <= REPLAY_SETTLED * per_client as f64;
         per_client = next;
         last = Some(p);
