@@ -162,7 +162,9 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
         "{f}"
     );
     assert!(f["provenance"]["kernel"].as_str().unwrap() != "unknown");
-    assert_eq!(f["samples"].as_array().unwrap().len(), 4 * 5 + 3);
+    // Six phases at four sizes (local, client, miss, forward at each end, disk), three
+    // directory costs.
+    assert_eq!(f["samples"].as_array().unwrap().len(), 4 * 6 + 3);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("UNCHECKED"), "{text}");
 }
