@@ -363,6 +363,9 @@ pub fn fit(points: &[(f64, f64)]) -> (f64, f64) {
     ((my - b * mx).max(0.0), b)
 }
 
+/// A measured point of a fit: body KB and ns.
+type Point = (f64, f64);
+
 fn kb(bytes: u64) -> f64 {
     bytes as f64 / 1024.0
 }
@@ -508,7 +511,7 @@ pub fn calibrate(requests: u64) -> Result<CostsFile, String> {
             .map_err(err)?;
         writeln!(f, "{hex}").map_err(err)?;
     }
-    let result = (|| -> Result<(Vec<(f64, f64)>, Vec<(f64, f64)>), String> {
+    let result = (|| -> Result<(Vec<Point>, Vec<Point>), String> {
         let peers = [free_port()?, free_port()?]
             .map(|p| SocketAddr::from(([127, 0, 0, 1], p)).to_string())
             .join(",");
