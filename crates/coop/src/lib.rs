@@ -10,7 +10,9 @@
 //!   driven by a trace ([`trace`]), that checks the invariants and reports fractions,
 //!   throughput and utilisations;
 //! - [`model`]: exact mean-value analysis of a closed queueing network, fed by service
-//!   demands and the simulator's fractions.
+//!   demands and the simulator's fractions;
+//! - [`validate`]: the model against kept lab runs (measured costs, PASS/FAIL within the
+//!   tolerance fixed in advance), then the labelled extrapolation.
 //!
 //! The bodies themselves live in the object arena (`farside-arena`).
 
@@ -20,3 +22,4 @@ pub mod model;
 pub mod policy;
 pub mod sim;
 pub mod trace;
+pub mod validate;

@@ -56,7 +56,7 @@ pub const CLIENTS_MAX: usize = 1 << 16;
 /// Service-time parameters, nanoseconds. Defaults are assumptions of the order of a
 /// current server node (stated here, not measured): to be replaced by the project's
 /// micro-benchmarks before any number is called a prediction.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Costs {
     /// CPU per request at the answering node (parse, headers, syscalls): 40 us, the order
     /// of a web server doing 25,000 small static replies per second per core.
@@ -73,8 +73,61 @@ pub struct Costs {
     pub cpu_read_chunk_ns: u64,
     /// CPU (softirq) of the peer per READ it answers in XDP: 2 us.
     pub cpu_xdp_chunk_ns: u64,
-    /// CPU at each end for a two-sided forward (a second request handled): 20 us.
+    /// CPU of the initial node per two-sided forward (the fetch sent, the reply taken)
+    /// on top of serving the body: 20 us.
     pub cpu_forward_ns: u64,
+    /// CPU of the initial node per KB of a forwarded body (reply read, authenticated,
+    /// checked): 0 by default (the per-KB copy is in `cpu_per_kb_ns`).
+    pub cpu_forward_per_kb_ns: u64,
+    /// CPU of the service node per forwarded request it answers from its cache: 60 us
+    /// (a request handled plus the forward's own cost).
+    pub cpu_peer_serve_ns: u64,
+    /// CPU of the service node per KB of a forwarded body: 1 us.
+    pub cpu_peer_serve_per_kb_ns: u64,
+    /// CPU of a node per miss on top of serving the body (file opened and read, body
+    /// checksummed and cached): 0 by default.
+    pub cpu_miss_ns: u64,
+    /// CPU of a node per KB read from disk: 0 by default.
+    pub cpu_miss_per_kb_ns: u64,
+    /// CPU of the owner per directory publication (filter built and encoded), with
+    /// [`DirectoryUpdate::Datagram`]: 20 us.
+    pub cpu_directory_build_ns: u64,
+    /// CPU of the owner per peer it sends a publication to (sealed, sent): 10 us.
+    pub cpu_directory_send_ns: u64,
+    /// CPU of a peer per publication it receives (authenticated, decoded, applied): 10 us.
+    pub cpu_directory_apply_ns: u64,
+}
+
+impl Costs {
+    /// The costs on a CPU with `share` of one core (a cgroup quota): every CPU cost
+    /// divided by `share` (disk and NIC unchanged).
+    pub fn at_cpu_share(&self, share: f64) -> Costs {
+        assert!(share > 0.0, "a CPU share above 0");
+        let s = |ns: u64| (ns as f64 / share).round() as u64;
+        Costs {
+            cpu_request_ns: s(self.cpu_request_ns),
+            cpu_per_kb_ns: s(self.cpu_per_kb_ns),
+            disk_access_ns: self.disk_access_ns,
+            disk_per_kb_ns: self.disk_per_kb_ns,
+            nic_per_kb_ns: self.nic_per_kb_ns,
+            cpu_read_chunk_ns: s(self.cpu_read_chunk_ns),
+            cpu_xdp_chunk_ns: s(self.cpu_xdp_chunk_ns),
+            cpu_forward_ns: s(self.cpu_forward_ns),
+            cpu_forward_per_kb_ns: s(self.cpu_forward_per_kb_ns),
+            cpu_peer_serve_ns: s(self.cpu_peer_serve_ns),
+            cpu_peer_serve_per_kb_ns: s(self.cpu_peer_serve_per_kb_ns),
+            cpu_miss_ns: s(self.cpu_miss_ns),
+            cpu_miss_per_kb_ns: s(self.cpu_miss_per_kb_ns),
+            cpu_directory_build_ns: s(self.cpu_directory_build_ns),
+            cpu_directory_send_ns: s(self.cpu_directory_send_ns),
+            cpu_directory_apply_ns: s(self.cpu_directory_apply_ns),
+        }
+    }
+
+    /// CPU speed `factor` times faster (disk and NIC unchanged).
+    pub fn faster_cpu(&self, factor: f64) -> Costs {
+        self.at_cpu_share(factor)
+    }
 }
 
 impl Default for Costs {
@@ -88,6 +141,14 @@ impl Default for Costs {
             cpu_read_chunk_ns: 5_000,
             cpu_xdp_chunk_ns: 2_000,
             cpu_forward_ns: 20_000,
+            cpu_forward_per_kb_ns: 0,
+            cpu_peer_serve_ns: 60_000,
+            cpu_peer_serve_per_kb_ns: 1_000,
+            cpu_miss_ns: 0,
+            cpu_miss_per_kb_ns: 0,
+            cpu_directory_build_ns: 20_000,
+            cpu_directory_send_ns: 10_000,
+            cpu_directory_apply_ns: 10_000,
         }
     }
 }
@@ -107,6 +168,10 @@ pub enum DirectoryUpdate {
     /// An owner whose filter changed WRITEs it into a slot in every peer's region (the
     /// owner pays per chunk sent, each peer's XDP applies it).
     Push,
+    /// An owner whose filter changed sends it in one sealed datagram to every peer
+    /// (`farside backend --coop`): the owner pays the build once and the send per peer,
+    /// each peer pays the apply.
+    Datagram,
 }
 
 /// A simulation's settings.
@@ -500,7 +565,15 @@ impl Sim<'_> {
                         }
                     }
                 }
-                DirectoryUpdate::Push => {}
+                DirectoryUpdate::Datagram if *f != old => {
+                    cost_ns[n] += c.cpu_directory_build_ns + (nodes - 1) * c.cpu_directory_send_ns;
+                    for (p, cost) in cost_ns.iter_mut().enumerate() {
+                        if p != n {
+                            *cost += c.cpu_directory_apply_ns;
+                        }
+                    }
+                }
+                DirectoryUpdate::Push | DirectoryUpdate::Datagram => {}
             }
         }
         for (n, &cost) in cost_ns.iter().enumerate() {
@@ -615,7 +688,13 @@ impl Sim<'_> {
                 visit(n, NIC, nic, Check::None, None),
             ],
             Source::Disk => vec![
-                visit(n, CPU, cpu, Check::None, None),
+                visit(
+                    n,
+                    CPU,
+                    cpu + c.cpu_miss_ns + kb * c.cpu_miss_per_kb_ns,
+                    Check::None,
+                    None,
+                ),
                 visit(n, DISK, disk, Check::None, Some(n)),
                 visit(n, NIC, nic, Check::None, None),
             ],
@@ -630,8 +709,20 @@ impl Sim<'_> {
                 ]
             }
             Source::Forward(p) => vec![
-                visit(n, CPU, cpu + c.cpu_forward_ns, Check::None, None),
-                visit(p, CPU, cpu + c.cpu_forward_ns, Check::Body(p), None),
+                visit(
+                    n,
+                    CPU,
+                    cpu + c.cpu_forward_ns + kb * c.cpu_forward_per_kb_ns,
+                    Check::None,
+                    None,
+                ),
+                visit(
+                    p,
+                    CPU,
+                    c.cpu_peer_serve_ns + kb * c.cpu_peer_serve_per_kb_ns,
+                    Check::Body(p),
+                    None,
+                ),
                 visit(p, NIC, nic, Check::None, None),
                 visit(n, NIC, nic, Check::None, None),
             ],

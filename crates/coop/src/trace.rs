@@ -102,6 +102,28 @@ impl Trace {
         bytes
     }
 
+    /// The request stream `clients` closed-loop clients make when client `k` replays
+    /// this trace from offset `k * len / clients` (wrapping) and they take turns, as the
+    /// lab's clients do: `per_client` rounds of one request from each client.
+    pub fn interleaved(&self, clients: usize, per_client: usize) -> Trace {
+        let len = self.requests.len();
+        if len == 0 || clients == 0 {
+            return Trace {
+                object_bytes: self.object_bytes.clone(),
+                requests: Vec::new(),
+            };
+        }
+        let requests = (0..per_client)
+            .flat_map(|round| {
+                (0..clients).map(move |k| self.requests[(k * len / clients + round) % len])
+            })
+            .collect();
+        Trace {
+            object_bytes: self.object_bytes.clone(),
+            requests,
+        }
+    }
+
     /// Mean bytes per request.
     pub fn mean_request_bytes(&self) -> f64 {
         let total: u64 = self
@@ -116,6 +138,17 @@ impl Trace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn interleaving_takes_turns_from_each_clients_offset() {
+        let t = Trace {
+            object_bytes: vec![1; 8],
+            requests: (0..8).collect(),
+        };
+        assert_eq!(t.interleaved(2, 3).requests, vec![0, 4, 1, 5, 2, 6]);
+        assert_eq!(t.interleaved(3, 2).requests, vec![0, 2, 5, 1, 3, 6]);
+        assert_eq!(t.interleaved(1, 10).requests[8..], [0, 1]);
+    }
 
     #[test]
     fn the_sample_has_the_documented_shape() {

@@ -2,6 +2,8 @@
 //! read back-end state one-sidedly. One binary, one subcommand per role.
 
 mod logging;
+mod model;
+mod model_calibrate;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -40,6 +42,8 @@ enum Cmd {
     Iwarp(farside_iwarp::IwarpArgs),
     /// One HTTP GET, optionally with its body by RDMA (`--rdma server-writes|client-reads`).
     Get(farside_rdmahttp::GetArgs),
+    /// Analytical models checked against the lab: `model coop` (cooperative caching).
+    Model(model::ModelArgs),
 }
 
 /// `farside gatherd`: its flags, and `--check`.
@@ -101,6 +105,11 @@ fn main() -> ExitCode {
         Cmd::Specd(a) => farside_specd::run(a).map_err(|e| format!("specd: {e}")),
         Cmd::Iwarp(a) => farside_iwarp::run(a).map_err(|e| format!("iwarp: {e}")),
         Cmd::Get(a) => farside_rdmahttp::run_get(a).map_err(|e| format!("get: {e}")),
+        Cmd::Model(a) => match model::run(a) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err("model: a configuration is outside the tolerance (FAIL above)".into()),
+            Err(e) => Err(format!("model: {e}")),
+        },
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -266,6 +275,8 @@ mod tests {
             "farside frontend --iface eth0 --vip 10.0.0.100:80 --backend 02:00:00:00:00:0a@10.0.0.11=75 --backend 02:00:00:00:00:0b@10.0.0.12=25 --control 10.0.0.1:7400",
             "farside frontend --detach eth0",
             "farside iwarp decode capture.pcap",
+            "farside model coop --costs c.json --runs docs/results/coop/a,docs/results/coop/b --out /tmp/m",
+            "farside model coop --calibrate --out /tmp/m --no-extrapolate",
         ] {
             let args: Vec<&str> = line.split_whitespace().collect();
             if let Err(e) = Cli::try_parse_from(&args) {

@@ -1,0 +1,208 @@
+//! `farside model coop`: the analytical model of cooperative caching, fed by costs
+//! measured on this host (`--calibrate`, [`crate::model_calibrate`]) and checked against
+//! kept `farside lab coop` runs before it extrapolates (`farside_coop::validate`).
+
+use farside_coop::trace::{world_cup_sample_path, Trace};
+use farside_coop::validate::{self, CostsFile, LabRun, Setup};
+use std::path::{Path, PathBuf};
+
+/// `farside model ...`.
+#[derive(Debug, clap::Args)]
+pub struct ModelArgs {
+    #[command(subcommand)]
+    pub what: ModelWhat,
+}
+
+/// The models.
+#[derive(Debug, clap::Subcommand)]
+pub enum ModelWhat {
+    /// Cooperative caching (PRESS vs round-robin): simulate the World Cup trace per
+    /// system and node count, predict throughput and response time by mean-value
+    /// analysis from measured costs, compare with kept `lab coop` runs (PASS within
+    /// 15 %, fixed in advance), check the utilisation and Little's laws on the measured
+    /// points, then extrapolate (8/16/32 nodes, larger working sets, faster CPUs),
+    /// labelled "model output" only if every compared configuration passed, else
+    /// "UNCHECKED" (and the command exits 1).
+    Coop(CoopModelArgs),
+}
+
+/// `farside model coop`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CoopModelArgs {
+    /// Costs file (JSON, `farside-coop-costs/1`) from `--calibrate`. Required unless
+    /// --calibrate is given.
+    #[arg(long)]
+    pub costs: Option<PathBuf>,
+    /// Measure the costs on this host first (runs `farside backend --coop` nodes on
+    /// loopback, about 2 minutes) and write them to --costs (default
+    /// <--out>/costs.json). Run it through the measurement lock and with the same build
+    /// as the lab runs compared.
+    #[arg(long)]
+    pub calibrate: bool,
+    /// Requests per calibration phase. Default 3000.
+    #[arg(long = "calibrate-requests", default_value_t = 3000)]
+    pub calibrate_requests: u64,
+    /// Kept `lab coop` run directories (each with `points.json`) to compare with.
+    #[arg(long, value_delimiter = ',')]
+    pub runs: Vec<PathBuf>,
+    /// Trace (World Cup format). Default: the sample in `data/`.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+    /// Seed of the simulations. Default 1.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Without --runs: node counts to model (4 clients per node, cache W90/nodes, the
+    /// lab's defaults). Default 2,4,8.
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+    pub nodes: Vec<usize>,
+    /// Skip the extrapolation.
+    #[arg(long = "no-extrapolate")]
+    pub no_extrapolate: bool,
+    /// Write `model.txt` (and the costs file, with --calibrate) here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Runs `farside model ...`; `Ok(false)` when a configuration was outside tolerance.
+pub fn run(a: ModelArgs) -> Result<bool, String> {
+    match a.what {
+        ModelWhat::Coop(c) => run_coop(&c),
+    }
+}
+
+fn read_costs(path: &Path) -> Result<CostsFile, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    CostsFile::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The lab's defaults for a configuration with no kept run.
+fn default_setup(trace: &Trace, system: &str, nodes: usize) -> Setup {
+    Setup {
+        system: system.into(),
+        nodes,
+        cache_bytes: trace.working_set_bytes(0.9).div_ceil(nodes as u64),
+        clients_per_node: 4,
+        cpu_share: 0.4,
+        disk_latency_us: 5_000,
+        disk_bytes_per_s: validate::LAB_DISK_BYTES_PER_S_DEFAULT,
+        link_gbit: None,
+        warmup_s: validate::LAB_WARMUP_S_DEFAULT,
+        duration_s: 20.0,
+        publish_ms: validate::LAB_PUBLISH_MS_DEFAULT,
+        cpu_speedup: 1.0,
+    }
+}
+
+fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
+    if let Some(out) = &a.out {
+        std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    }
+    let costs_path = match (&a.costs, &a.out) {
+        (Some(p), _) => p.clone(),
+        (None, Some(out)) if a.calibrate => out.join("costs.json"),
+        _ => {
+            return Err(
+                "model coop: needs --costs FILE (or --calibrate with --costs or --out): \
+                 the model runs on measured costs only"
+                    .into(),
+            )
+        }
+    };
+    if a.calibrate {
+        let f = crate::model_calibrate::calibrate(a.calibrate_requests)?;
+        let text = serde_json::to_string_pretty(&f).map_err(|e| e.to_string())? + "\n";
+        std::fs::write(&costs_path, text).map_err(|e| format!("{}: {e}", costs_path.display()))?;
+        eprintln!("model coop: wrote {}", costs_path.display());
+    }
+    let costs = read_costs(&costs_path)?;
+    let trace_path = a.trace.clone().unwrap_or_else(world_cup_sample_path);
+    let trace =
+        Trace::read_world_cup(&trace_path).map_err(|e| format!("{}: {e}", trace_path.display()))?;
+    let mut runs = Vec::new();
+    for dir in &a.runs {
+        let p = dir.join("points.json");
+        let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        let run = LabRun::parse(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+        let name = dir
+            .file_name()
+            .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into());
+        runs.push((name, run));
+    }
+    let pv = &costs.provenance;
+    let mut text = format!(
+        "farside model coop\ncosts: {} (commit {}{}, kernel {}, host {}, {} CPUs, {} build, {}, load {:.1}/{:.1})\n\
+         trace: {} ({} requests, {} objects, {:.1} MB distinct)\n\
+         CPU per request on one core: {:.1} us + {:.2} us/KB; miss +{:.1} us + {:.2} us/KB; \
+         forward initial +{:.1} us + {:.2} us/KB, service {:.1} us + {:.2} us/KB; client {:.1} us + {:.2} us/KB\n\
+         disk emulation: {} us + size / {} B/s configured, measured {:.1} us + {:.2} us/KB\n\n",
+        costs_path.display(),
+        pv.commit,
+        if pv.tree_dirty { ", dirty tree" } else { "" },
+        pv.kernel,
+        pv.host,
+        pv.cpus,
+        pv.build,
+        pv.measured_at,
+        pv.load_avg[0],
+        pv.load_avg[1],
+        trace_path.display(),
+        trace.requests.len(),
+        trace.object_bytes.len(),
+        trace.distinct_bytes() as f64 / 1e6,
+        costs.costs.cpu_request_ns as f64 / 1e3,
+        costs.costs.cpu_per_kb_ns as f64 / 1e3,
+        costs.costs.cpu_miss_ns as f64 / 1e3,
+        costs.costs.cpu_miss_per_kb_ns as f64 / 1e3,
+        costs.costs.cpu_forward_ns as f64 / 1e3,
+        costs.costs.cpu_forward_per_kb_ns as f64 / 1e3,
+        costs.costs.cpu_peer_serve_ns as f64 / 1e3,
+        costs.costs.cpu_peer_serve_per_kb_ns as f64 / 1e3,
+        costs.client_request_ns / 1e3,
+        costs.client_per_kb_ns / 1e3,
+        costs.disk.configured_latency_us,
+        costs.disk.configured_bytes_per_s,
+        costs.disk.measured_access_ns / 1e3,
+        costs.disk.measured_per_kb_ns / 1e3,
+    );
+    let (modelled, failed, base) = if runs.is_empty() {
+        text += "no lab runs given (--runs): nothing is checked, every figure is model output, UNCHECKED\n";
+        for &n in &a.nodes {
+            for system in ["rr", "press-tcp"] {
+                let s = default_setup(&trace, system, n);
+                let p = validate::predict(&costs, &trace, &s, a.seed)?;
+                text += &format!(
+                    "\n{system} ({n} nodes, {} clients, cache {} B per node):\n",
+                    n * 4,
+                    s.cache_bytes
+                );
+                text += &validate::render_prediction(&p);
+            }
+        }
+        let n = a.nodes.iter().copied().max().unwrap_or(4);
+        (0, 0, default_setup(&trace, "rr", n))
+    } else {
+        let checks = validate::check_runs(&costs, &trace, &runs, a.seed);
+        text += &validate::render_checks(&checks);
+        let (m, _, bad) = validate::verdict(&checks);
+        // Extrapolate from the largest checked configuration.
+        let base = checks
+            .iter()
+            .filter_map(|c| c.prediction.as_ref().ok())
+            .max_by_key(|p| p.setup.nodes)
+            .map(|p| p.setup.clone())
+            .ok_or("model coop: no configuration of the runs is modelled")?;
+        (m, bad, base)
+    };
+    if !a.no_extrapolate {
+        let rows = validate::extrapolate_grid(&costs, &trace, &base, a.seed)?;
+        text += "\n";
+        text += &validate::render_extrapolation(&rows, failed, modelled);
+    }
+    print!("{text}");
+    if let Some(out) = &a.out {
+        let p = out.join("model.txt");
+        std::fs::write(&p, &text).map_err(|e| format!("{}: {e}", p.display()))?;
+        eprintln!("model coop: wrote {}", p.display());
+    }
+    Ok(failed == 0)
+}

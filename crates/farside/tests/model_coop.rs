@@ -1,0 +1,170 @@
+//! `farside model coop` end to end: a small trace, hand-set costs and a kept-run
+//! fixture in a temporary directory; the comparison passes or fails by the tolerance
+//! and labels the extrapolation accordingly; and `--calibrate` measures real nodes.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Output;
+
+mod common;
+use common::Dir;
+
+/// A World Cup-format trace (gzip'd CSV) of `requests` requests over 300 objects with a
+/// skewed popularity.
+fn write_trace(path: &Path, requests: usize) {
+    let f = std::fs::File::create(path).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(f, flate2::Compression::fast());
+    writeln!(gz, "timestamp,client_id,url,status,size").unwrap();
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    for i in 0..requests {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+        let id = (u * u * u * 300.0) as u64;
+        let size = 500 + (id * 7919) % 20_000;
+        writeln!(gz, "{i},1,/o/{id},200,{size}").unwrap();
+    }
+    gz.finish().unwrap();
+}
+
+const COSTS: &str = r#"{
+  "format": "farside-coop-costs/1",
+  "provenance": {"commit": "fixture", "tree_dirty": false, "kernel": "k", "host": "h",
+    "cpus": 2, "build": "debug", "measured_at": "2026-01-01T00:00:00Z",
+    "load_avg": [0.0, 0.0], "method": "set by hand for the test"},
+  "costs": {"cpu_request_ns": 60000, "cpu_per_kb_ns": 2000, "disk_access_ns": 0,
+    "disk_per_kb_ns": 0, "nic_per_kb_ns": 0, "cpu_read_chunk_ns": 5000,
+    "cpu_xdp_chunk_ns": 2000, "cpu_forward_ns": 40000, "cpu_forward_per_kb_ns": 500,
+    "cpu_peer_serve_ns": 50000, "cpu_peer_serve_per_kb_ns": 1500, "cpu_miss_ns": 30000,
+    "cpu_miss_per_kb_ns": 1000, "cpu_directory_build_ns": 20000,
+    "cpu_directory_send_ns": 10000, "cpu_directory_apply_ns": 10000},
+  "disk": {"configured_latency_us": 5000, "configured_bytes_per_s": 40000000,
+    "measured_access_ns": 5060000.0, "measured_per_kb_ns": 25600.0},
+  "client_request_ns": 30000.0, "client_per_kb_ns": 500.0, "samples": []
+}"#;
+
+fn write_run(dir: &Path, tps: [f64; 2]) {
+    std::fs::create_dir_all(dir).unwrap();
+    let point = |system: &str, tps: f64| {
+        serde_json::json!({"system": system, "nodes": 2, "cache_bytes": 150000,
+            "load_model": "closed", "clients": 8, "duration_s": 1.0, "tps": tps,
+            "p50_ms": 1.0, "p99_ms": 20.0, "local_frac": 0.5, "remote_frac": 0.2,
+            "miss_frac": 0.3, "wrong_bodies": 0})
+    };
+    // One second measured after half a second of warm-up: the simulated replays stay short.
+    let run = serde_json::json!({"experiment": "coop", "quick": false, "cpu_quota_pct": 40,
+        "disk_latency_us": 5000, "warmup_s": 0.5, "points": [point("rr", tps[0]), point("press-tcp", tps[1])]});
+    std::fs::write(dir.join("points.json"), run.to_string()).unwrap();
+}
+
+fn model(dir: &Path, run: &Path, out: &str, extra: &[&str]) -> (Output, String) {
+    let o = std::process::Command::new(common::exe())
+        .args(["model", "coop", "--costs"])
+        .arg(dir.join("costs.json"))
+        .arg("--trace")
+        .arg(dir.join("trace.csv.gz"))
+        .arg("--runs")
+        .arg(run)
+        .arg("--out")
+        .arg(dir.join(out))
+        .args(extra)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    (o, text)
+}
+
+/// The predicted throughput of `system` in the table.
+fn predicted(text: &str, system: &str) -> f64 {
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|w| w.len() > 5 && w[1] == system)
+        .and_then(|w| w[4].parse().ok())
+        .unwrap_or_else(|| panic!("no {system} row in:\n{text}"))
+}
+
+#[test]
+fn predictions_outside_the_tolerance_fail_and_within_it_pass() {
+    let dir = Dir::new("model");
+    write_trace(&dir.0.join("trace.csv.gz"), 4000);
+    std::fs::write(dir.0.join("costs.json"), COSTS).unwrap();
+    // Measured figures the model cannot match: FAIL, exit 1, the extrapolation unchecked.
+    let run = dir.0.join("run-far");
+    write_run(&run, [1.0, 1.0]);
+    let (o, text) = model(&dir.0, &run, "far", &[]);
+    assert!(!o.status.success(), "{text}");
+    assert!(text.contains("FAIL") && !text.contains(" PASS "), "{text}");
+    assert!(text.contains("model output, UNCHECKED: 2 of 2"), "{text}");
+    assert!(text.contains("Little: not checkable"), "{text}");
+    assert!(dir.0.join("far/model.txt").exists());
+    // The same configurations measured at what the model predicts (within 10 %): PASS.
+    let (rr, press) = (predicted(&text, "rr"), predicted(&text, "press-tcp"));
+    assert!(rr > 0.0 && press > 0.0);
+    let run = dir.0.join("run-near");
+    write_run(&run, [rr * 1.1, press * 0.92]);
+    let (o, text) = model(&dir.0, &run, "near", &[]);
+    assert!(
+        o.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(text.matches(" PASS ").count(), 2, "{text}");
+    assert!(
+        text.contains("extrapolation, model output (extrapolated from checked"),
+        "{text}"
+    );
+    assert!(text.contains("32 nodes") && text.contains("paper's largest modelled gain: 55%"));
+    // The same seed gives the same prediction.
+    let (_, again) = model(&dir.0, &run, "again", &["--no-extrapolate"]);
+    assert_eq!(predicted(&again, "rr"), rr);
+}
+
+#[test]
+fn the_model_refuses_to_run_without_measured_costs() {
+    let o = std::process::Command::new(common::exe())
+        .args(["model", "coop"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("measured costs only"));
+}
+
+#[test]
+fn calibration_measures_real_nodes_and_records_its_provenance() {
+    let dir = Dir::new("calibrate");
+    let out = dir.0.join("out");
+    let o = std::process::Command::new(common::exe())
+        .args([
+            "model",
+            "coop",
+            "--calibrate",
+            "--calibrate-requests",
+            "200",
+            "--no-extrapolate",
+            "--nodes",
+            "2",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    let f: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("costs.json")).unwrap()).unwrap();
+    assert_eq!(f["format"], "farside-coop-costs/1");
+    assert!(f["costs"]["cpu_request_ns"].as_u64().unwrap() > 0, "{f}");
+    assert!(f["costs"]["cpu_peer_serve_ns"].as_u64().unwrap() > 0, "{f}");
+    // The emulated disk takes at least its configured 5 ms per read.
+    assert!(
+        f["disk"]["measured_access_ns"].as_f64().unwrap() >= 5.0e6,
+        "{f}"
+    );
+    assert!(f["provenance"]["kernel"].as_str().unwrap() != "unknown");
+    // Six phases at four sizes (local, client, miss, forward at each end, disk), three
+    // directory costs.
+    assert_eq!(f["samples"].as_array().unwrap().len(), 4 * 6 + 3);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("UNCHECKED"), "{text}");
+}
