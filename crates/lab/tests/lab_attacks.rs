@@ -66,26 +66,26 @@ fn get<'a>(points: &'a [AttackPoint], name: &str) -> &'a AttackPoint {
         .unwrap_or_else(|| panic!("no result for {name}"))
 }
 
-/// Legitimate connections (or requests) a quick window may lose without an attack
-/// being blamed: one. On a busy 2-CPU CI host a single client timeout happened with
-/// nothing attacking it (1 of 1,645 requests, once, in the first window after the
-/// baseline); an attack that costs the clients anything costs more than one (the
-/// made-up-key CAS loop that stalled the victims lost 8). The kept full run holds the
-/// bar at 0 (docs/results/attacks/full-v3).
-const QUICK_COLLATERAL_MAX: u64 = 1;
+// Legitimate connections (or requests) a quick window may lose without an attack
+// being blamed: none. A CI run once lost one client request (1 of 1,645) in the first
+// window after the baseline, with the attack refused at once: that window opened right
+// after the capture burst (500 conn/s past the tier's capacity), whose leftovers were
+// still being served (a quick run measured 110 connections queued and 156 busy at the
+// back-ends and 14 migrations in flight at that moment). Windows now open only on a
+// quiet tier (`Dc::settle`; the summary notes how the first one started), so what the
+// burst or a previous window left is no longer counted against an attack.
 
-/// The attack was tried, failed, and cost the legitimate clients nothing beyond
-/// [`QUICK_COLLATERAL_MAX`].
+/// The attack was tried, failed, and cost the legitimate clients nothing.
 fn defended(points: &[AttackPoint], name: &str) {
     let p = get(points, name);
     assert!(p.tested, "{name} was not tried: {}", p.effect);
     assert!(!p.succeeded, "{name} succeeded: {}", p.effect);
-    assert!(
-        p.lost_connections <= QUICK_COLLATERAL_MAX,
+    assert_eq!(
+        p.lost_connections, 0,
         "{name}: legitimate connections lost: {p:?}"
     );
-    assert!(
-        p.failed_requests <= QUICK_COLLATERAL_MAX,
+    assert_eq!(
+        p.failed_requests, 0,
         "{name}: legitimate requests failed: {p:?}"
     );
 }
@@ -160,9 +160,8 @@ fn local_file_and_metrics_attacks_are_refused_and_no_daemon_died() {
     assert!(!alive.succeeded, "{}", alive.effect);
     let base = get(p, "baseline");
     assert!(
-        base.lost_connections <= QUICK_COLLATERAL_MAX
-            && base.failed_requests <= QUICK_COLLATERAL_MAX,
-        "the legitimate load alone must lose nothing beyond one timeout: {base:?}"
+        base.lost_connections == 0 && base.failed_requests == 0,
+        "the legitimate load alone must lose nothing: {base:?}"
     );
     assert!(base.served_requests > 0, "{base:?}");
 }

@@ -570,7 +570,7 @@ fn specd_attacker(d: &Dc, replay: &[u8], att: &Attackers, stop: &AtomicBool) -> 
         att.specd_conns
             .fetch_add(fresh.len() as u64, Ordering::Relaxed);
         slow.extend(fresh);
-        if round % 2 == 0 {
+        if round.is_multiple_of(2) {
             for b in garbage.iter_mut() {
                 x ^= x << 13;
                 x ^= x >> 7;

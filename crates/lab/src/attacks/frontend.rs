@@ -313,7 +313,9 @@ pub fn control_port(dc: &Dc, victims: &[SocketAddrV4], captured: &[String]) -> i
     Ok(Outcome {
         succeeded: acted > 0 || changed > 0 || w0 != w1 || operator.is_err(),
         effect: format!(
-            "{} lines ({} captured): {acted} acted on [{}]; victim flows changed {changed},              weights {w0} → {w1}; {} idle connections opened, {idle_held} still open after              {} ms, the operator's STATS then: {}",
+            "{} lines ({} captured): {acted} acted on [{}]; victim flows changed {changed}, \
+             weights {w0} → {w1}; {} idle connections opened, {idle_held} still open after \
+             {} ms, the operator's STATS then: {}",
             tried.len(),
             captured.len(),
             answers.join("; "),
