@@ -332,11 +332,12 @@ impl ServerKeys {
     pub fn replace_keyring(&self, ring: Keyring) -> Vec<KeyId> {
         let mut k = self.keys.write().unwrap_or_else(|p| p.into_inner());
         let gone = k
+            .ring
             .iter()
             .map(|e| e.id)
             .filter(|id| ring.get(*id).is_none())
             .collect();
-        *k = ring;
+        *k = Ring::new(ring);
         gone
     }
 
