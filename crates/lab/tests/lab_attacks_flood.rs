@@ -10,8 +10,7 @@
 
 use std::path::PathBuf;
 
-use farside_lab::attacks::flood::FloodPoint;
-use farside_lab::attacks::AttacksArgs;
+use farside_lab::attacks::flood::{FloodArgs, FloodPoint};
 
 /// The flood's length (s): the table's 65,536 entries are named within its first
 /// 4 s at the default rate.
@@ -46,16 +45,15 @@ fn a_flood_at_the_flow_table_and_specd_evicts_no_live_flow_and_loses_no_migratio
         return;
     };
     let out = std::env::temp_dir().join(format!("farside-lab-flood-{}", std::process::id()));
-    let args = AttacksArgs {
+    let args = FloodArgs {
         out: out.clone(),
         sweep: farside_lab::fabric::flags::SweepFlags {
             quick: true,
             resume: None,
         },
-        attacks: Vec::new(),
         farside_bin: Some(bin),
-        flood_seconds: Some(FLOOD_S),
-        flood_pps: farside_lab::attacks::flood::FLOOD_PPS_DEFAULT,
+        seconds: FLOOD_S,
+        pps: farside_lab::attacks::flood::FLOOD_PPS_DEFAULT,
     };
     let s = farside_lab::attacks::flood::run(args);
     let _ = std::fs::remove_dir_all(&out);

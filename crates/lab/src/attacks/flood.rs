@@ -218,23 +218,20 @@ impl LabPoint for FloodPoint {
 /// The experiment (its runs are kept as `attacks-flood`).
 pub struct AttacksFlood;
 
+/// What `lab attacks --flood-seconds` passes on (see `AttacksArgs`).
+#[derive(Debug, Clone)]
+pub struct FloodArgs {
+    pub out: std::path::PathBuf,
+    pub sweep: crate::fabric::flags::SweepFlags,
+    pub farside_bin: Option<std::path::PathBuf>,
+    pub seconds: f64,
+    pub pps: u64,
+}
+
 /// The text table: one line per phase, then the flood's series by minute.
 pub fn table(points: &[FloodPoint]) -> String {
-    let mut out = format!(
-        "{:<9} {:>6} {:>9} {:>7} {:>8} {:>8} {:>9} {:>6} {:>7} {:>6} {:>6} {:>7} {:>8}\n",
-        "phase",
-        "s",
-        "succeeded",
-        "evicted",
-        "tracked",
-        "migrated",
-        "mig_lost",
-        "lost",
-        "failed",
-        "served",
-        "nonsyn",
-        "slow",
-        "cpu_%"
+    let mut out = String::from(
+        "phase          s succeeded evicted  tracked migrated  mig_lost   lost  failed served nonsyn    slow    cpu_%\n",
     );
     for p in points {
         out.push_str(&format!(
@@ -305,30 +302,13 @@ pub fn table(points: &[FloodPoint]) -> String {
 }
 
 fn series_csv(points: &[FloodPoint]) -> io::Result<String> {
+    let head: Vec<&str> = "phase,t_s,nonsyn_sent,specd_attack_conns,served,failed,lost_\
+        connections,flows_tracked,flows_evicted,flows_moved,fe_flows,fe_moved_\
+        flows,fe_nonsyn_miss,migrated,fell_back,migrations_lost,not_allowed,over_peer_cap,bad_offers,defender_cpu_ms,softirq_ms"
+        .split(',')
+        .collect();
     crate::report::csv_text(
-        &[
-            "phase",
-            "t_s",
-            "nonsyn_sent",
-            "specd_attack_conns",
-            "served",
-            "failed",
-            "lost_connections",
-            "flows_tracked",
-            "flows_evicted",
-            "flows_moved",
-            "fe_flows",
-            "fe_moved_flows",
-            "fe_nonsyn_miss",
-            "migrated",
-            "fell_back",
-            "migrations_lost",
-            "not_allowed",
-            "over_peer_cap",
-            "bad_offers",
-            "defender_cpu_ms",
-            "softirq_ms",
-        ],
+        &head,
         points.iter().flat_map(|p| {
             p.series.iter().map(|s| {
                 vec![
@@ -361,10 +341,10 @@ fn series_csv(points: &[FloodPoint]) -> io::Result<String> {
 
 impl Experiment for AttacksFlood {
     const NAME: &'static str = "attacks-flood";
-    type Args = super::AttacksArgs;
+    type Args = FloodArgs;
     type Point = FloodPoint;
 
-    fn run(a: super::AttacksArgs) -> io::Result<()> {
+    fn run(a: FloodArgs) -> io::Result<()> {
         run(a).map(|_| ())
     }
 
@@ -742,7 +722,7 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
                 }
             });
         }
-        let mut prev = (0u64, 0u64, 0u64, 0u64, 0u64, miss0, spec0, cpu0, soft0);
+        let mut prev = (0, 0, 0, 0, 0, miss0, spec0, cpu0, soft0);
         let mut tick = t0;
         while t0.elapsed().as_secs_f64() < secs {
             tick += SAMPLE;
@@ -875,19 +855,19 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
 }
 
 /// Run the flood; returns the summary (phases `reference`, `flood`).
-pub fn run(a: super::AttacksArgs) -> io::Result<Summary<FloodPoint>> {
+pub fn run(a: FloodArgs) -> io::Result<Summary<FloodPoint>> {
     crate::fabric::netns::check_root(
         // SAFETY: geteuid has no preconditions.
         unsafe { libc::geteuid() },
     )?;
-    let secs = a.flood_seconds.unwrap_or(0.0);
+    let secs = a.seconds;
     if !(secs > 0.0 && secs <= FLOOD_SECONDS_MAX) {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("--flood-seconds must be in (0, {FLOOD_SECONDS_MAX}]"),
         ));
     }
-    if a.flood_pps == 0 || a.flood_pps > FLOOD_PPS_MAX {
+    if a.pps == 0 || a.pps > FLOOD_PPS_MAX {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("--flood-pps must be in 1..={FLOOD_PPS_MAX}"),
@@ -904,7 +884,7 @@ pub fn run(a: super::AttacksArgs) -> io::Result<Summary<FloodPoint>> {
     meta.params = serde_json::json!({
         "flood_seconds": secs,
         "reference_seconds": reference,
-        "flood_pps": a.flood_pps,
+        "flood_pps": a.pps,
         "sessions": SESSIONS,
         "spec_queue": SPEC_QUEUE,
         "session_requests": SESSION_REQUESTS,
@@ -939,7 +919,7 @@ pub fn run(a: super::AttacksArgs) -> io::Result<Summary<FloodPoint>> {
         replay.len()
     ))?;
     let phases = ["reference", "flood"];
-    let pps = a.flood_pps;
+    let pps = a.pps;
     sweep.run(
         &phases,
         1,
@@ -966,8 +946,8 @@ mod tests {
     #[test]
     fn flow_replies_name_the_backend_or_none() {
         assert_eq!(
-            flow_backend("OK 10.77.0.12 held=0").as_deref(),
-            Some("10.77.0.12")
+            flow_backend("OK 10.7.0.1 held=0").as_deref(),
+            Some("10.7.0.1")
         );
         assert_eq!(flow_backend("OK none").as_deref(), Some("none"));
         assert_eq!(flow_backend("ERR bad"), None);

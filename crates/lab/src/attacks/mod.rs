@@ -339,8 +339,15 @@ impl Experiment for Attacks {
     type Point = AttackPoint;
 
     fn run(a: AttacksArgs) -> io::Result<()> {
-        if a.flood_seconds.is_some() {
-            return flood::run(a).map(|_| ());
+        if let Some(seconds) = a.flood_seconds {
+            return flood::run(flood::FloodArgs {
+                out: a.out,
+                sweep: a.sweep,
+                farside_bin: a.farside_bin,
+                seconds,
+                pps: a.flood_pps,
+            })
+            .map(|_| ());
         }
         run(a).map(|_| ())
     }
