@@ -142,6 +142,7 @@ pub const SECTIONS: &[Part] = &[
                 id: "class-aware",
                 title: "Mixed request costs: class-aware admission",
                 current: &[
+                    Run("docs/results/classes/mixed-cost-guarantee-r3"),
                     Run("docs/results/classes/mixed-cost-netns"),
                     Run("docs/results/classes/mixed-cost-netns-r2"),
                 ],
@@ -216,6 +217,11 @@ pub const SECTIONS: &[Part] = &[
             id: "coop",
             title: "Round robin against PRESS over TCP",
             current: &[
+                Run("docs/results/coop/20261128-n4-closed-r3"),
+                Run("docs/results/coop/20261128-n4-all"),
+                Run("docs/results/coop/20261128-n8-closed"),
+                Run("docs/results/coop/20261128-n4-links"),
+                Text("docs/results/coop/model-20261128/model.txt"),
                 Text("docs/results/coop/20261128-1317-n4/table.txt"),
                 Text("docs/results/coop/20261128-1333-n2/table.txt"),
             ],
@@ -228,6 +234,7 @@ pub const SECTIONS: &[Part] = &[
             id: "rdma-http",
             title: "Registration cost, retrieval time and clients (Table 1, Fig. 3, 4)",
             current: &[
+                Run("docs/results/rdma-http/xdp-1"),
                 Run("docs/results/rdma-http/full-2"),
                 Run("docs/results/rdma-http/full-1"),
             ],
@@ -237,6 +244,14 @@ pub const SECTIONS: &[Part] = &[
         id: "costs",
         title: "Costs and scale",
         sections: &[
+            Section {
+                id: "auth-cost",
+                title: "The cost of authentication",
+                current: &[
+                    Text("docs/results/auth-cost/r1/xdp-after-1.txt"),
+                    Text("docs/results/auth-cost/r1/monitor-after-1.txt"),
+                ],
+            },
             Section {
                 id: "gatherd-cost",
                 title: "Publishing the load: gatherd's CPU",
@@ -288,7 +303,10 @@ pub const SECTIONS: &[Part] = &[
             Section {
                 id: "attacks",
                 title: "Attacks on a loaded data-center",
-                current: &[Run("docs/results/attacks/full-v3")],
+                current: &[
+                    Run("docs/results/attacks/full-v3"),
+                    Run("docs/results/attacks/flood-600"),
+                ],
             },
             Section {
                 id: "fuzzing",

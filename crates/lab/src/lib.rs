@@ -214,7 +214,9 @@ pub fn table_any(dir: &std::path::Path) -> std::io::Result<String> {
         reconfig::Reconfig::NAME => table::<reconfig::Reconfig>(dir),
         speculative::Speculative::NAME => table::<speculative::Speculative>(dir),
         attacks::Attacks::NAME => table::<attacks::Attacks>(dir),
+        attacks::flood::AttacksFlood::NAME => table::<attacks::flood::AttacksFlood>(dir),
         rdmahttp::RdmaHttp::NAME => table::<rdmahttp::RdmaHttp>(dir),
+        coop::Coop::NAME => table::<coop::Coop>(dir),
         other => Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!(
