@@ -27,20 +27,6 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
-/// Inverse of [`days_from_civil`]: (year, month 1..=12, day 1..=31).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
-}
-
 /// Formats `t` as IMF-fixdate; times before 1970 are formatted as the epoch.
 pub(crate) fn format(t: SystemTime) -> String {
     let secs = t
@@ -49,7 +35,7 @@ pub(crate) fn format(t: SystemTime) -> String {
         .as_secs() as i64;
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
+    let (y, m, d) = farside_rt::clock::civil_from_days(days);
     format!(
         "{}, {:02} {} {:04} {:02}:{:02}:{:02} GMT",
         DAYS[days.rem_euclid(7) as usize],

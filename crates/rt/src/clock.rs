@@ -1,5 +1,6 @@
-//! The clocks every periodic thread reads ([`mono_ns`], [`coarse_mono_ns`]) and a
-//! drift-free [`Pacer`] for polling loops.
+//! The clocks every periodic thread reads ([`mono_ns`], [`coarse_mono_ns`]), a
+//! drift-free [`Pacer`] for polling loops, and the civil (UTC) date of a Unix time
+//! ([`civil_from_days`], [`utc`]) for logs, HTTP dates and result files.
 
 use std::time::{Duration, Instant};
 
@@ -107,5 +108,41 @@ mod tests {
         assert!(t0.elapsed() >= period / 2, "no burst after an overrun");
         p.advance();
         assert!(p.deadline() > Instant::now());
+    }
+}
+
+/// (year, month 1..=12, day 1..=31) of `z` days since 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`, exact over the proleptic Gregorian calendar).
+pub fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+/// The UTC date and time of `unix_s`: (year, month, day, hour, minute, second).
+pub fn utc(unix_s: u64) -> (i64, u32, u32, u32, u32, u32) {
+    let (y, m, d) = civil_from_days((unix_s / 86_400) as i64);
+    let rem = (unix_s % 86_400) as u32;
+    (y, m, d, rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+#[cfg(test)]
+mod civil_tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates_of_known_days() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(-1), (1969, 12, 31));
+        // 2000-02-29 (a leap day in a century year divisible by 400) is day 11,016.
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert_eq!(utc(1_795_879_662), (2026, 11, 28, 15, 27, 42));
     }
 }
