@@ -87,8 +87,9 @@ pub struct Sip24 {
     len: u64,
 }
 
+/// One SipRound (a `const fn`, so the domains' label blocks are hashed at compile time too).
 #[inline(always)]
-fn sip_round(v: &mut [u64; 4]) {
+const fn sip_round(v: &mut [u64; 4]) {
     v[0] = v[0].wrapping_add(v[1]);
     v[1] = v[1].rotate_left(13);
     v[1] ^= v[0];
@@ -222,20 +223,7 @@ impl Prefix {
         v[3] ^= m;
         let mut r = 0;
         while r < 2 {
-            v[0] = v[0].wrapping_add(v[1]);
-            v[1] = v[1].rotate_left(13);
-            v[1] ^= v[0];
-            v[0] = v[0].rotate_left(32);
-            v[2] = v[2].wrapping_add(v[3]);
-            v[3] = v[3].rotate_left(16);
-            v[3] ^= v[2];
-            v[0] = v[0].wrapping_add(v[3]);
-            v[3] = v[3].rotate_left(21);
-            v[3] ^= v[0];
-            v[2] = v[2].wrapping_add(v[1]);
-            v[1] = v[1].rotate_left(17);
-            v[1] ^= v[2];
-            v[2] = v[2].rotate_left(32);
+            sip_round(&mut v);
             r += 1;
         }
         v[0] ^= m;
