@@ -104,12 +104,12 @@ fn quick_lab() {
     let s: farside_lab::summary::Summary<RdmaPoint> =
         farside_lab::summary::Summary::from_json(&text).unwrap();
     assert!(s.finished);
-    // table1: 2 sizes x 3 strategies x 2 loads; fig3: 2 sizes x 4 systems x 2 loads;
-    // fig4: 1 client count x 4 systems x 2 loads.
+    // table1: 2 sizes x 3 strategies x 2 loads; fig3: 2 sizes x 5 systems (tcp, three
+    // iWARP registrations, xdp-reads) x 2 loads; fig4: 1 client count x 5 systems x 2 loads.
     let count = |e: &str| s.points.iter().filter(|p| p.experiment == e).count();
     assert_eq!(
         (count("table1"), count("fig3"), count("fig4")),
-        (12, 16, 8),
+        (12, 20, 10),
         "{:#?}",
         s.points
     );

@@ -278,9 +278,7 @@ impl Dc {
             rkeys: RmemLabKeys::generate()?,
             fe_key,
             fe_sender: u64::from(std::process::id()) << 32 | 0xfe,
-            fe_seq: AtomicU64::new(
-                farside_auth::replay::Sequencer::unix_s() << farside_auth::replay::SEQ_COUNT_BITS,
-            ),
+            fe_seq: AtomicU64::new(0),
             macs,
             adopt: BACKENDS
                 .iter()
@@ -497,7 +495,16 @@ impl Dc {
     /// `line` sealed as the lab's operator seals it (`AUTH <hex>`, a fresh sequence;
     /// the wire format of docs/frontend.md, written from it), with its sequence.
     pub fn fe_seal(&self, line: &str) -> (String, u64) {
-        let seq = self.fe_seq.fetch_add(1, Ordering::Relaxed) + 1;
+        // As `farside_auth::replay::Sequencer`: above the last one and at least the
+        // clock's second, so a front-end started after this `Dc` (its floor refuses
+        // earlier seconds) accepts it.
+        let clock = farside_auth::floor::clock_seq(farside_auth::replay::Sequencer::unix_s());
+        let next = |s: u64| (s + 1).max(clock);
+        let prev = self
+            .fe_seq
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |s| Some(next(s)))
+            .unwrap_or_else(|s| s);
+        let seq = next(prev);
         let env = farside_auth::mac::Envelope {
             key_id: farside_auth::mac::KeyId(FE_KEY_ID),
             sender: self.fe_sender,
