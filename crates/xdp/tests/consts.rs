@@ -165,6 +165,7 @@ fn kernel_sampler_constants_match_the_rust_side() {
         ("KSAMP_PORTS_MAX", ksamp::SAMPLER_PORTS_MAX as u64),
         ("KSAMP_CPUS_MAX", ksamp::SAMPLER_CPUS_MAX.into()),
         ("KSAMP_EMA_SHIFT", ksamp::SAMPLER_EMA_SHIFT.into()),
+        ("KSAMP_OTHER_SPREAD", ksamp::SAMPLER_OTHER_SPREAD.into()),
         ("KSAMP_LISTENERS_MAX", ksamp::SAMPLER_LISTENERS_MAX as u64),
     ];
     for (name, value) in want {
