@@ -160,6 +160,7 @@ pub const SECTIONS: &[Part] = &[
                     Run("docs/results/reconfig/full"),
                     Run("docs/results/reconfig/tsweep"),
                     Run("docs/results/reconfig/t500"),
+                    Run("docs/results/reconfig/heldout-4x4-c1000"),
                 ],
             },
             Section {
@@ -256,6 +257,10 @@ pub const SECTIONS: &[Part] = &[
                 id: "gatherd-cost",
                 title: "Publishing the load: gatherd's CPU",
                 current: &[
+                    Text("docs/results/gatherd-cost/20261128T184405Z-kbpf-stride/summary.txt"),
+                    Text(
+                        "docs/results/gatherd-cost/20261128T184405Z-kbpf-stride/main-binary-summary.txt",
+                    ),
                     Text("docs/results/gatherd-cost/20261128T155309Z-kbpf/summary.txt"),
                     Text("docs/results/gatherd-cost/20261124T012941Z/summary.txt"),
                     Text("docs/results/gatherd-cost/20261124T020543Z/summary.txt"),
