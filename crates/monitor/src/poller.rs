@@ -585,7 +585,13 @@ impl<'t> Poller<'t> {
             let gather = self.gathers();
             if gather {
                 until = until.min(now + GROUP_GATHER);
-                self.pollfds[0].fd = -1;
+                // With AF_XDP receive the IPv4 socket gets only what the program passes
+                // (fragments, IP options) and is read only when `ppoll` finds it
+                // readable: it stays in the set, or such replies would wait out the
+                // gathers.
+                if self.xsk.is_none() {
+                    self.pollfds[0].fd = -1;
+                }
                 self.pollfds[1].fd = -1;
                 for p in &mut self.pollfds[self.xsk_pfd..] {
                     p.fd = -1;
