@@ -84,3 +84,19 @@ for v, fs in runs("softirq").items():
     print(f" {v}")
     for (k, c), vals in per.items():
         show(f"{k} {c}", vals, "{:.2f}" if c in ("net_rx/rd",) else "{:.1f}" if "%" in c else "{:.0f}")
+
+print("netrx: NET_RX softirq ns per answered read from tracepoints (netrx.sh), CPU 1 = replies' receive, CPU 0 = READs'")
+per = {}
+for f in sorted(glob.glob(f"{d}/netrx-*-*-*.txt")):
+    m = re.match(r".*/netrx-(\d+)-(\w+)-(\d+)\.txt$", f)
+    if not m:
+        continue
+    key = f"{m.group(1)} {m.group(2)}"
+    for line in open(f):
+        w = line.split()
+        if w and w[0] in ("0", "1") and len(w) >= 7:
+            per.setdefault((key, f"cpu{w[0]} ns/read"), []).append(float(w[-2]))
+        if line.startswith("poller CPU per answered read"):
+            per.setdefault((key, "poller ns/read"), []).append(float(line.split(":")[1].split()[0]))
+for (k, c), vals in sorted(per.items()):
+    show(f"{k} {c}", vals)
