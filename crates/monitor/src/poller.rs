@@ -102,8 +102,8 @@ pub const GROUP_GATHER: Duration = Duration::from_micros(100);
 /// ([`GROUP_GATHER`]) instead of waking for each reply: with one left, waking for it
 /// costs no more than a gather's wake-up and adds no latency; with more, the replies
 /// come in however many bursts the back-ends (and the host's scheduling) send them in,
-/// and a wake-up per burst cost the poller more CPU per read than the READ's own work
-/// (`bench_monitor`: 5–7 wake-ups per period of 64 reads).
+/// and each burst cost a wake-up and a `recvmmsg` (`bench_monitor --backends 64`: 6–11
+/// wake-ups per period against 2–3 gathering, 10% less CPU per read).
 pub const UNICAST_GATHER_MIN: usize = 2;
 
 /// Shortest attempt timeout, as the blocking udp client's.
