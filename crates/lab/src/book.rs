@@ -249,8 +249,8 @@ pub const SECTIONS: &[Part] = &[
                 id: "auth-cost",
                 title: "The cost of authentication",
                 current: &[
+                    Text("docs/results/auth-cost/r2/summary.txt"),
                     Text("docs/results/auth-cost/r1/xdp-after-1.txt"),
-                    Text("docs/results/auth-cost/r1/monitor-after-1.txt"),
                 ],
             },
             Section {
@@ -274,6 +274,8 @@ pub const SECTIONS: &[Part] = &[
                     Text("docs/results/monitor/s22/ab.txt"),
                     Text("docs/results/monitor/s22/one-ms.txt"),
                     Text("docs/results/monitor/s22/rx-responders.txt"),
+                    Text("docs/results/auth-cost/r2/netrx-256-group-1.txt"),
+                    Text("docs/results/auth-cost/r2/netrx-64-unicast-1.txt"),
                 ],
             },
             Section {
