@@ -5,9 +5,20 @@
 //! ```text
 //!  hint (from the HTTP answer, or an index lookup) ─► plan: the slot's chunk READs
 //!  READ 0 (seq_head) alone ─► READs 1..n-2 pipelined, at most READ_WINDOW in flight
-//!  ─► READ n-1 (seq_tail) alone ─► seqlock + url hash + CRC32c check
+//!  (bulk: several chunks per READ) ─► READ n-1 (seq_tail) alone
+//!  ─► seqlock + url hash + CRC32c check
 //!        torn ─► again, at most READ_RETRY_MAX times; stale / corrupt ─► error
 //! ```
+//!
+//! The middle READs are **bulk** READs (`farside_arena::layout::FLAG_BULK`) unless the
+//! reader is told otherwise ([`ArenaReader::set_bulk_chunks`]): each spans as many
+//! chunks as one reply datagram carries on the path (the socket's IP MTU:
+//! `bulk_chunks_for_mtu`, one chunk on a 1,500-byte link, six on a 9,000-byte one), and
+//! its reply's tag covers the reply's envelope and header, not the body. The head READ
+//! (`seq_head`, url hash, length, CRC32c) and the tail READ (`seq_tail`) are always
+//! whole-tagged, and the object is accepted only once the CRC32c over the url hash,
+//! length and every body byte verifies: `docs/rdma-http.md` (Arena-reads, "Bulk READs")
+//! says what that keeps and what it trades.
 //!
 //! The order is what the seqlock argument needs (`farside_arena::slot`): the head word
 //! is read before any other READ is issued, the tail word after every other was answered.
@@ -20,10 +31,14 @@
 
 use crate::header::ArenaHint;
 use farside_arena::index::{lookup_in_window, probe_window};
-use farside_arena::layout::{ARENA_REGION, CHUNK_BYTES, CLASS_COUNT, READ_RETRY_MAX};
+use farside_arena::layout::{
+    bulk_chunks_for_mtu, ARENA_REGION, BULK_CHUNKS_MAX, CHUNK_BYTES, CLASS_COUNT, FLAG_BULK,
+    READ_RETRY_MAX,
+};
 use farside_arena::slot::SlotRef;
 use farside_arena::{chunk_reads, Bucket, ObjectRead, ReadError, SLOTS_BASE};
-use farside_rmem::auth::{open_reply, seal_request_to, SenderState};
+use farside_auth::mac::{self, Domain, TagKey};
+use farside_rmem::auth::{seal_request_to, SenderState};
 use farside_rmem::wire::{self, RepHeader, ReqHeader, Status, ENVELOPE_BYTES};
 use farside_rmem::ClientKey;
 use std::collections::{HashMap, VecDeque};
@@ -37,6 +52,12 @@ use std::time::{Duration, Instant};
 /// window never overruns a buffer it depends on; 64 x 1,400 B per round trip is ~90 MB/s
 /// even at a 1 ms round trip.
 pub const READ_WINDOW: usize = 64;
+/// Bytes of READs in flight at once (with [`READ_WINDOW`], whichever binds first). Rule:
+/// about the bytes 64 one-chunk READs keep in flight (90 kB), so a window of bulk READs
+/// (15 of 8,400 B) needs no more socket buffer or ring than the one-chunk window did,
+/// and 15 clients' windows together (225 frames) stay far below a CPU's receive
+/// backlog (`netdev_max_backlog`, 1,000 by default).
+pub const READ_WINDOW_BYTES: usize = 128 << 10;
 /// Time a READ may go unanswered before it is sent again. Rule: an XDP answer takes
 /// microseconds even on a loaded host (softirq, not the scheduler); 20 ms is far above
 /// any queueing on one link and short enough that a lost datagram costs little.
@@ -46,6 +67,9 @@ pub const READ_RTO: Duration = Duration::from_millis(20);
 pub const READ_RESENDS_MAX: u32 = 8;
 /// Receive buffer the reader asks for (the kernel may cap it at `rmem_max`).
 pub const RECV_BUFFER_BYTES: usize = 1 << 20;
+/// Largest reply datagram a reader takes: a bulk READ's (envelope, header, body).
+const REPLY_BYTES_MAX: usize =
+    ENVELOPE_BYTES + wire::REP_HEADER_BYTES + farside_arena::layout::BULK_READ_BYTES_MAX;
 /// Largest object a fetch accepts (the arena's largest slot).
 pub const FETCH_BYTES_MAX: u64 = farside_arena::layout::SLOT_OBJECT_BYTES_MAX as u64;
 
@@ -106,12 +130,23 @@ pub struct FetchStats {
     pub torn: u32,
 }
 
+/// One READ of a fetch: arena offset, length, and whether it is a bulk READ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Read {
+    offset: usize,
+    len: usize,
+    bulk: bool,
+}
+
 /// A reader of one server's arena: a udp socket to its responder, a key, a sender.
 pub struct ArenaReader {
     sock: UdpSocket,
     key: ClientKey,
+    reply_tag: TagKey,
     sender: SenderState,
     op_seq: u64,
+    /// Chunks per bulk READ; 0: no bulk READs (every READ one chunk, whole-tagged).
+    bulk_chunks: usize,
     buf: Vec<u8>,
 }
 
@@ -126,13 +161,28 @@ impl ArenaReader {
         let sock = UdpSocket::bind(bind)?;
         sock.connect(server)?;
         set_recv_buffer(&sock, RECV_BUFFER_BYTES);
+        let bulk_chunks = bulk_chunks_for_mtu(path_mtu(&sock));
         Ok(ArenaReader {
             sock,
+            reply_tag: TagKey::new(Domain::RmemReply, key.key()),
             key,
             sender: SenderState::new(),
             op_seq: 0,
-            buf: vec![0; wire::REP_BYTES_MAX],
+            bulk_chunks,
+            buf: vec![0; wire::REP_BYTES_MAX.max(REPLY_BYTES_MAX)],
         })
+    }
+
+    /// Chunks per bulk READ (0: bulk READs off). Set at connect from the path's MTU.
+    pub fn bulk_chunks(&self) -> usize {
+        self.bulk_chunks
+    }
+
+    /// Chunks per bulk READ, at most `BULK_CHUNKS_MAX`; 0 turns bulk READs off (every
+    /// READ one chunk with its body under the tag, for a responder without them or a
+    /// reader that wants every reply's body authenticated on its own).
+    pub fn set_bulk_chunks(&mut self, chunks: usize) {
+        self.bulk_chunks = chunks.min(BULK_CHUNKS_MAX);
     }
 
     /// The responder this reader talks to.
@@ -164,17 +214,24 @@ impl ArenaReader {
                 .map(|(o, l)| (SLOTS_BASE + o, l))
                 .collect();
             let n = plan.len();
-            let mut phases = vec![(0, 1)];
+            let mut phases = vec![(0, 1, false)];
             if n > 2 {
-                phases.push((1, n - 1));
+                phases.push((1, n - 1, self.bulk_chunks > 0));
             }
             if n > 1 {
-                phases.push((n - 1, n));
+                phases.push((n - 1, n, false));
             }
-            for (a, b) in phases {
-                let replies = self.read_many(&plan[a..b], &mut stats)?;
-                for (i, bytes) in replies.into_iter().enumerate() {
-                    read.feed_at(a + i, &bytes);
+            for (a, b, bulk) in phases {
+                let groups = group_reads(&plan[a..b], if bulk { self.bulk_chunks } else { 0 });
+                let reads: Vec<Read> = groups.iter().map(|g| g.0).collect();
+                let replies = self.read_many(&reads, &mut stats)?;
+                for ((_, members), bytes) in groups.iter().zip(replies) {
+                    let mut at = 0;
+                    for &i in members {
+                        let len = plan[a + i].1;
+                        read.feed_at(a + i, &bytes[at..at + len]);
+                        at += len;
+                    }
                 }
             }
             match read.finish() {
@@ -191,19 +248,24 @@ impl ArenaReader {
     /// Looks `url_hash` up in the arena's index (its probe window, READ by chunk).
     pub fn lookup(&mut self, url_hash: u64) -> Result<Bucket, FetchError> {
         let mut stats = FetchStats::default();
-        let reads: Vec<(usize, usize)> = probe_window(url_hash)
+        let reads: Vec<Read> = probe_window(url_hash)
             .into_iter()
             .flat_map(|(o, l)| chunk_reads(o, l))
+            .map(|(offset, len)| Read {
+                offset,
+                len,
+                bulk: false,
+            })
             .collect();
         let window: Vec<u8> = self.read_many(&reads, &mut stats)?.concat();
         lookup_in_window(&window, url_hash).ok_or(FetchError::NotIndexed)
     }
 
-    /// READs `reads` (map offset, length; each within one chunk), at most
-    /// [`READ_WINDOW`] in flight, resent on loss; their bytes in order.
+    /// READs `reads` (each within one chunk, or a bulk READ), at most [`READ_WINDOW`]
+    /// and [`READ_WINDOW_BYTES`] in flight, resent on loss; their bytes in order.
     fn read_many(
         &mut self,
-        reads: &[(usize, usize)],
+        reads: &[Read],
         stats: &mut FetchStats,
     ) -> Result<Vec<Vec<u8>>, FetchError> {
         let mut got: Vec<Option<Vec<u8>>> = vec![None; reads.len()];
@@ -212,11 +274,17 @@ impl ArenaReader {
         let mut sent: Vec<(Instant, u32)> = vec![(Instant::now(), 0); reads.len()];
         let mut order: VecDeque<(Instant, usize)> = VecDeque::new();
         let (mut next, mut done, mut outstanding) = (0usize, 0usize, 0usize);
+        let mut in_flight_bytes = 0usize;
         let mut first_seq = u64::MAX;
         let mut last_seq = 0u64;
-        let mut out = vec![0u8; ENVELOPE_BYTES + wire::REP_HEADER_BYTES + CHUNK_BYTES];
+        let largest = reads.iter().map(|r| r.len).max().unwrap_or(CHUNK_BYTES);
+        let mut out = vec![0u8; ENVELOPE_BYTES + wire::REP_HEADER_BYTES + largest.max(CHUNK_BYTES)];
         while done < reads.len() {
-            while outstanding < READ_WINDOW && next < reads.len() {
+            while outstanding < READ_WINDOW
+                && next < reads.len()
+                && (outstanding == 0 || in_flight_bytes + reads[next].len <= READ_WINDOW_BYTES)
+            {
+                in_flight_bytes += reads[next].len;
                 let s = self.send(reads[next], &mut out)?;
                 stats.reads += 1;
                 first_seq = first_seq.min(s);
@@ -245,7 +313,9 @@ impl ArenaReader {
                 order.pop_front();
                 let resends = sent[i].1;
                 if resends >= READ_RESENDS_MAX {
-                    return Err(FetchError::Lost { offset: reads[i].0 });
+                    return Err(FetchError::Lost {
+                        offset: reads[i].offset,
+                    });
                 }
                 let s = self.send(reads[i], &mut out)?;
                 stats.reads += 1;
@@ -269,48 +339,63 @@ impl ArenaReader {
                 }
                 Err(e) => return Err(e.into()),
             };
-            let Ok(covered) = open_reply(
-                &self.buf[..n],
-                &self.key,
-                self.sender.sender,
-                first_seq..=last_seq,
-            ) else {
-                continue; // not ours, or not authentic: ignored
+            // Not ours, or not authentic: ignored.
+            let Ok(parsed) = mac::parse(&self.buf[..n]) else {
+                continue;
             };
-            let env_seq = u64::from_le_bytes(self.buf[24..32].try_into().expect("8"));
-            let Some(&i) = inflight.get(&env_seq) else {
+            if parsed.envelope.key_id != self.key.id
+                || parsed.envelope.sender != self.sender.sender
+                || !(first_seq..=last_seq).contains(&parsed.envelope.seq)
+            {
+                continue;
+            }
+            let Ok(opened) = self.reply_tag.verify(&parsed) else {
+                continue;
+            };
+            let Some(&i) = inflight.get(&opened.envelope.seq) else {
                 continue;
             };
             if got[i].is_some() {
                 continue; // a late answer to a resent READ
             }
-            let Ok(h) = RepHeader::decode(covered) else {
+            let Ok(h) = RepHeader::decode(opened.message) else {
                 continue;
             };
             if h.status != Status::Ok {
                 return Err(FetchError::Refused {
-                    offset: reads[i].0,
+                    offset: reads[i].offset,
                     status: h.status,
                 });
             }
-            let data = &covered[wire::REP_HEADER_BYTES..];
-            if h.len as usize != reads[i].1 || data.len() != reads[i].1 {
+            let want = reads[i].len;
+            let covered = &opened.message[wire::REP_HEADER_BYTES..];
+            // A whole-tagged body always; an untagged one only for a bulk READ.
+            let data = if covered.len() == want {
+                covered
+            } else if reads[i].bulk && covered.is_empty() && opened.trailing.len() == want {
+                opened.trailing
+            } else {
+                continue;
+            };
+            if h.len as usize != want {
                 continue;
             }
             got[i] = Some(data.to_vec());
             done += 1;
             outstanding -= 1;
+            in_flight_bytes -= want;
         }
         Ok(got.into_iter().map(|g| g.expect("all done")).collect())
     }
 
     /// Sends one padded, sealed arena READ; its envelope seq.
-    fn send(&mut self, (offset, len): (usize, usize), out: &mut [u8]) -> io::Result<u64> {
+    fn send(&mut self, read: Read, out: &mut [u8]) -> io::Result<u64> {
+        let Read { offset, len, bulk } = read;
         self.op_seq += 1;
         let mut covered = Vec::with_capacity(wire::REQ_HEADER_BYTES);
         ReqHeader {
             op: wire::Op::Read as u8,
-            flags: 0,
+            flags: if bulk { FLAG_BULK } else { 0 },
             seq: self.op_seq,
             region: ARENA_REGION,
             offset: offset as u32,
@@ -327,6 +412,59 @@ impl ArenaReader {
     }
 }
 
+/// Groups the READs of `plan` (one chunk each, ascending) into bulk READs of at most
+/// `chunks` contiguous, word-sized READs; with `chunks` 0 every READ stays alone and
+/// whole-tagged. Each group: its READ and the plan indices it covers, in order.
+fn group_reads(plan: &[(usize, usize)], chunks: usize) -> Vec<(Read, Vec<usize>)> {
+    let mut out: Vec<(Read, Vec<usize>)> = Vec::new();
+    for (i, &(offset, len)) in plan.iter().enumerate() {
+        if let Some((r, members)) = out.last_mut() {
+            if chunks > 0
+                && members.len() < chunks
+                && r.offset + r.len == offset
+                && r.len % 8 == 0
+                && len % 8 == 0
+            {
+                r.len += len;
+                members.push(i);
+                continue;
+            }
+        }
+        let bulk = chunks > 0 && offset % CHUNK_BYTES == 0 && len % 8 == 0;
+        out.push((Read { offset, len, bulk }, vec![i]));
+    }
+    out
+}
+
+/// The IP MTU of a connected socket's path (`IP_MTU` / `IPV6_MTU`), or 1,500 if the
+/// kernel does not say.
+fn path_mtu(sock: &UdpSocket) -> usize {
+    use std::os::fd::AsRawFd;
+    let v6 = sock.peer_addr().is_ok_and(|a| a.is_ipv6());
+    let (level, name) = if v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_MTU)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_MTU)
+    };
+    let mut v: libc::c_int = 0;
+    let mut n = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a valid socket, an int and its length.
+    let r = unsafe {
+        libc::getsockopt(
+            sock.as_raw_fd(),
+            level,
+            name,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut n,
+        )
+    };
+    if r == 0 && v > 0 {
+        v as usize
+    } else {
+        1500
+    }
+}
+
 fn set_recv_buffer(sock: &UdpSocket, bytes: usize) {
     use std::os::fd::AsRawFd;
     let v = bytes as libc::c_int;
@@ -339,5 +477,43 @@ fn set_recv_buffer(sock: &UdpSocket, bytes: usize) {
             (&v as *const libc::c_int).cast(),
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn middle_reads_are_grouped_into_bulk_reads_of_contiguous_chunks() {
+        let c = CHUNK_BYTES;
+        // Seven whole chunks and a partial one, then a tail word elsewhere.
+        let mut plan: Vec<(usize, usize)> = (0..7).map(|i| (10 * c + i * c, c)).collect();
+        plan.push((17 * c, 200));
+        plan.push((40 * c - 8, 8));
+        let g = group_reads(&plan, 3);
+        let shape: Vec<(usize, usize, bool, Vec<usize>)> = g
+            .iter()
+            .map(|(r, m)| (r.offset, r.len, r.bulk, m.clone()))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (10 * c, 3 * c, true, vec![0, 1, 2]),
+                (13 * c, 3 * c, true, vec![3, 4, 5]),
+                (16 * c, c + 200, true, vec![6, 7]),
+                // Not at a chunk boundary: a one-chunk READ, whole-tagged.
+                (40 * c - 8, 8, false, vec![8]),
+            ]
+        );
+        // Off: every READ alone and whole-tagged.
+        let g = group_reads(&plan, 0);
+        assert_eq!(g.len(), plan.len());
+        assert!(g.iter().all(|(r, m)| !r.bulk && m.len() == 1));
+        // A READ that is not whole words is never merged.
+        let odd = [(0, c), (c, 12), (2 * c, c)];
+        let g = group_reads(&odd, 6);
+        assert_eq!(g.len(), 3);
+        assert!(!g[1].0.bulk);
     }
 }
