@@ -67,6 +67,9 @@ pub const READ_RTO: Duration = Duration::from_millis(20);
 pub const READ_RESENDS_MAX: u32 = 8;
 /// Receive buffer the reader asks for (the kernel may cap it at `rmem_max`).
 pub const RECV_BUFFER_BYTES: usize = 1 << 20;
+/// Replies one `recvmmsg` takes. Rule: a bulk window (15 READs) in one wake-up, and 16
+/// one-chunk replies; more only grows the buffers (16 x 8.5 kB per reader).
+pub const RECV_BATCH: usize = 16;
 /// Largest reply datagram a reader takes: a bulk READ's (envelope, header, body).
 const REPLY_BYTES_MAX: usize =
     ENVELOPE_BYTES + wire::REP_HEADER_BYTES + farside_arena::layout::BULK_READ_BYTES_MAX;
@@ -147,7 +150,8 @@ pub struct ArenaReader {
     op_seq: u64,
     /// Chunks per bulk READ; 0: no bulk READs (every READ one chunk, whole-tagged).
     bulk_chunks: usize,
-    buf: Vec<u8>,
+    /// Receive buffers of one `recvmmsg`, each a whole reply.
+    bufs: Vec<Vec<u8>>,
 }
 
 impl ArenaReader {
@@ -169,7 +173,7 @@ impl ArenaReader {
             sender: SenderState::new(),
             op_seq: 0,
             bulk_chunks,
-            buf: vec![0; wire::REP_BYTES_MAX.max(REPLY_BYTES_MAX)],
+            bufs: vec![vec![0; wire::REP_BYTES_MAX.max(REPLY_BYTES_MAX)]; RECV_BATCH],
         })
     }
 
@@ -262,7 +266,9 @@ impl ArenaReader {
     }
 
     /// READs `reads` (each within one chunk, or a bulk READ), at most [`READ_WINDOW`]
-    /// and [`READ_WINDOW_BYTES`] in flight, resent on loss; their bytes in order.
+    /// and [`READ_WINDOW_BYTES`] in flight, resent on loss; their bytes in order. The
+    /// READs that fit the window go out in one `sendmmsg`, and every wake-up takes all
+    /// the replies waiting, up to [`RECV_BATCH`], in one `recvmmsg`.
     fn read_many(
         &mut self,
         reads: &[Read],
@@ -277,24 +283,28 @@ impl ArenaReader {
         let mut in_flight_bytes = 0usize;
         let mut first_seq = u64::MAX;
         let mut last_seq = 0u64;
-        let largest = reads.iter().map(|r| r.len).max().unwrap_or(CHUNK_BYTES);
-        let mut out = vec![0u8; ENVELOPE_BYTES + wire::REP_HEADER_BYTES + largest.max(CHUNK_BYTES)];
         while done < reads.len() {
+            let mut batch = Vec::new();
             while outstanding < READ_WINDOW
                 && next < reads.len()
                 && (outstanding == 0 || in_flight_bytes + reads[next].len <= READ_WINDOW_BYTES)
             {
                 in_flight_bytes += reads[next].len;
-                let s = self.send(reads[next], &mut out)?;
-                stats.reads += 1;
-                first_seq = first_seq.min(s);
-                last_seq = s;
-                inflight.insert(s, next);
-                let at = Instant::now();
-                sent[next] = (at, 0);
-                order.push_back((at, next));
+                batch.push(next);
                 next += 1;
                 outstanding += 1;
+            }
+            if !batch.is_empty() {
+                let seqs = self.send_batch(reads, &batch)?;
+                let at = Instant::now();
+                for (&i, s) in batch.iter().zip(seqs) {
+                    stats.reads += 1;
+                    first_seq = first_seq.min(s);
+                    last_seq = s;
+                    inflight.insert(s, i);
+                    sent[i] = (at, 0);
+                    order.push_back((at, i));
+                }
             }
             // The oldest READ still waiting (entries answered or resent since are dropped).
             while let Some(&(at, i)) = order.front() {
@@ -317,7 +327,7 @@ impl ArenaReader {
                         offset: reads[i].offset,
                     });
                 }
-                let s = self.send(reads[i], &mut out)?;
+                let s = self.send_batch(reads, &[i])?[0];
                 stats.reads += 1;
                 stats.resends += 1;
                 last_seq = s;
@@ -327,8 +337,8 @@ impl ArenaReader {
                 continue;
             }
             self.sock.set_read_timeout(Some(wait))?;
-            let n = match self.sock.recv(&mut self.buf) {
-                Ok(n) => n,
+            let lens = match self.recv_batch() {
+                Ok(lens) => lens,
                 Err(e)
                     if matches!(
                         e.kind(),
@@ -339,57 +349,171 @@ impl ArenaReader {
                 }
                 Err(e) => return Err(e.into()),
             };
-            // Not ours, or not authentic: ignored.
-            let Ok(parsed) = mac::parse(&self.buf[..n]) else {
-                continue;
-            };
-            if parsed.envelope.key_id != self.key.id
-                || parsed.envelope.sender != self.sender.sender
-                || !(first_seq..=last_seq).contains(&parsed.envelope.seq)
-            {
-                continue;
+            for (b, &n) in lens.iter().enumerate() {
+                let reply = &self.bufs[b][..n];
+                let Some((i, data)) = self.open(reply, reads, &inflight, first_seq..=last_seq)?
+                else {
+                    continue;
+                };
+                if got[i].is_some() {
+                    continue; // a late answer to a resent READ
+                }
+                got[i] = Some(data);
+                done += 1;
+                outstanding -= 1;
+                in_flight_bytes -= reads[i].len;
             }
-            let Ok(opened) = self.reply_tag.verify(&parsed) else {
-                continue;
-            };
-            let Some(&i) = inflight.get(&opened.envelope.seq) else {
-                continue;
-            };
-            if got[i].is_some() {
-                continue; // a late answer to a resent READ
-            }
-            let Ok(h) = RepHeader::decode(opened.message) else {
-                continue;
-            };
-            if h.status != Status::Ok {
-                return Err(FetchError::Refused {
-                    offset: reads[i].offset,
-                    status: h.status,
-                });
-            }
-            let want = reads[i].len;
-            let covered = &opened.message[wire::REP_HEADER_BYTES..];
-            // A whole-tagged body always; an untagged one only for a bulk READ.
-            let data = if covered.len() == want {
-                covered
-            } else if reads[i].bulk && covered.is_empty() && opened.trailing.len() == want {
-                opened.trailing
-            } else {
-                continue;
-            };
-            if h.len as usize != want {
-                continue;
-            }
-            got[i] = Some(data.to_vec());
-            done += 1;
-            outstanding -= 1;
-            in_flight_bytes -= want;
         }
         Ok(got.into_iter().map(|g| g.expect("all done")).collect())
     }
 
-    /// Sends one padded, sealed arena READ; its envelope seq.
-    fn send(&mut self, read: Read, out: &mut [u8]) -> io::Result<u64> {
+    /// One reply datagram: the READ it answers and its bytes, `None` if it is not an
+    /// authentic answer to one of `inflight`'s READs (ignored), or the refusal.
+    fn open(
+        &self,
+        reply: &[u8],
+        reads: &[Read],
+        inflight: &HashMap<u64, usize>,
+        seqs: std::ops::RangeInclusive<u64>,
+    ) -> Result<Option<(usize, Vec<u8>)>, FetchError> {
+        let Ok(parsed) = mac::parse(reply) else {
+            return Ok(None);
+        };
+        if parsed.envelope.key_id != self.key.id
+            || parsed.envelope.sender != self.sender.sender
+            || !seqs.contains(&parsed.envelope.seq)
+        {
+            return Ok(None);
+        }
+        let Ok(opened) = self.reply_tag.verify(&parsed) else {
+            return Ok(None);
+        };
+        let Some(&i) = inflight.get(&opened.envelope.seq) else {
+            return Ok(None);
+        };
+        let Ok(h) = RepHeader::decode(opened.message) else {
+            return Ok(None);
+        };
+        if h.status != Status::Ok {
+            return Err(FetchError::Refused {
+                offset: reads[i].offset,
+                status: h.status,
+            });
+        }
+        let want = reads[i].len;
+        let covered = &opened.message[wire::REP_HEADER_BYTES..];
+        // A whole-tagged body always; an untagged one only for a bulk READ.
+        let data = if covered.len() == want {
+            covered
+        } else if reads[i].bulk && covered.is_empty() && opened.trailing.len() == want {
+            opened.trailing
+        } else {
+            return Ok(None);
+        };
+        if h.len as usize != want {
+            return Ok(None);
+        }
+        Ok(Some((i, data.to_vec())))
+    }
+
+    /// Sends the READs `which` of `reads` (sealed, padded) in as few `sendmmsg` calls
+    /// as the kernel takes; their envelope seqs, in order.
+    fn send_batch(&mut self, reads: &[Read], which: &[usize]) -> io::Result<Vec<u64>> {
+        use std::os::fd::AsRawFd;
+        let mut datagrams: Vec<Vec<u8>> = Vec::with_capacity(which.len());
+        let mut seqs = Vec::with_capacity(which.len());
+        for &i in which {
+            let mut out =
+                vec![0u8; ENVELOPE_BYTES + wire::REP_HEADER_BYTES + reads[i].len.max(CHUNK_BYTES)];
+            let (seq, n) = self.seal(reads[i], &mut out);
+            out.truncate(n);
+            datagrams.push(out);
+            seqs.push(seq);
+        }
+        let mut iovs: Vec<libc::iovec> = datagrams
+            .iter_mut()
+            .map(|d| libc::iovec {
+                iov_base: d.as_mut_ptr().cast(),
+                iov_len: d.len(),
+            })
+            .collect();
+        // SAFETY: zeroed mmsghdr is valid (null name, no control); each points at one iovec.
+        let mut msgs: Vec<libc::mmsghdr> = iovs
+            .iter_mut()
+            .map(|iov| {
+                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                m.msg_hdr.msg_iov = iov;
+                m.msg_hdr.msg_iovlen = 1;
+                m
+            })
+            .collect();
+        let mut from = 0;
+        while from < msgs.len() {
+            // SAFETY: a connected socket; msgs[from..] valid headers over live buffers.
+            let r = unsafe {
+                libc::sendmmsg(
+                    self.sock.as_raw_fd(),
+                    msgs[from..].as_mut_ptr(),
+                    (msgs.len() - from) as libc::c_uint,
+                    0,
+                )
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            from += r as usize;
+        }
+        Ok(seqs)
+    }
+
+    /// Waits (the socket's read timeout) for one reply and takes every other already
+    /// queued, up to [`RECV_BATCH`], into `self.bufs`; their lengths.
+    fn recv_batch(&mut self) -> io::Result<Vec<usize>> {
+        use std::os::fd::AsRawFd;
+        let mut iovs: Vec<libc::iovec> = self
+            .bufs
+            .iter_mut()
+            .map(|b| libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect();
+        // SAFETY: as in send_batch.
+        let mut msgs: Vec<libc::mmsghdr> = iovs
+            .iter_mut()
+            .map(|iov| {
+                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+                m.msg_hdr.msg_iov = iov;
+                m.msg_hdr.msg_iovlen = 1;
+                m
+            })
+            .collect();
+        // SAFETY: a bound socket; msgs valid headers over self.bufs, which outlive the call.
+        let r = unsafe {
+            libc::recvmmsg(
+                self.sock.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                msgs.len() as libc::c_uint,
+                libc::MSG_WAITFORONE,
+                std::ptr::null_mut(),
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(msgs[..r as usize]
+            .iter()
+            .map(|m| m.msg_len as usize)
+            .collect())
+    }
+
+    /// Seals one arena READ into `out`, padded to its reply's size (the responder never
+    /// answers with more): its envelope seq and the datagram's length.
+    fn seal(&mut self, read: Read, out: &mut [u8]) -> (u64, usize) {
         let Read { offset, len, bulk } = read;
         self.op_seq += 1;
         let mut covered = Vec::with_capacity(wire::REQ_HEADER_BYTES);
@@ -404,11 +528,9 @@ impl ArenaReader {
         .encode(&mut covered);
         let env_seq = self.sender.next_seq();
         let n = seal_request_to(out, &self.key, self.sender.sender, env_seq, &covered);
-        // Padded to the reply's size (the responder never answers with more).
         let padded = (ENVELOPE_BYTES + wire::REP_HEADER_BYTES + len).max(n);
         out[n..padded].fill(0);
-        self.sock.send(&out[..padded])?;
-        Ok(env_seq)
+        (env_seq, padded)
     }
 }
 
