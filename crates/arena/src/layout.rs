@@ -58,10 +58,11 @@ pub const ARENA_REGION: u32 = 1;
 /// before: one chunk, body tagged. Mirrored in `bpf/rmem_consts.h`.
 pub const FLAG_BULK: u16 = 2;
 
-/// Most chunks one bulk READ spans: 6 chunks = 8,400 B, whose reply frame (14 + 20 + 8
-/// + 32 + 24 + 8,400 = 8,498 B) fits a 9,000-byte (jumbo) MTU. Rule: the largest whole
-/// number of chunks under the common jumbo MTU; a reader uses as many as its path's MTU
-/// allows ([`bulk_chunks_for_mtu`]), one on a 1,500-byte link.
+/// Most chunks one bulk READ spans: 6 chunks = 8,400 B, whose reply frame of 8,498 B
+/// (Ethernet, IPv4, UDP, envelope and reply header around the data) fits a 9,000-byte
+/// (jumbo) MTU. Rule: the largest whole number of chunks under the common jumbo MTU; a
+/// reader uses as many as its path's MTU allows ([`bulk_chunks_for_mtu`]), one on a
+/// 1,500-byte link.
 pub const BULK_CHUNKS_MAX: usize = 6;
 /// Bytes of the largest bulk READ.
 pub const BULK_READ_BYTES_MAX: usize = BULK_CHUNKS_MAX * CHUNK_BYTES;
