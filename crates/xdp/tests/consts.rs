@@ -94,6 +94,15 @@ fn bpf_constants_match_the_rust_side() {
         ("RMEM_ST_STALE", Status::Stale as u64),
         ("RMEM_ST_UNPADDED", Status::Unpadded as u64),
         ("RMEM_FLAG_RETRY", wire::FLAG_RETRY.into()),
+        ("RMEM_FLAG_BULK", farside_arena::layout::FLAG_BULK.into()),
+        (
+            "RMEM_ARENA_BULK_CHUNKS_MAX",
+            farside_arena::layout::BULK_CHUNKS_MAX as u64,
+        ),
+        (
+            "RMEM_ARENA_BULK_BYTES_MAX",
+            farside_arena::layout::BULK_READ_BYTES_MAX as u64,
+        ),
         (
             "RMEM_DEDUP_CLIENTS_MAX",
             farside_rmem::ops::DEDUP_CLIENTS_MAX as u64,
