@@ -5,7 +5,7 @@
 //! offer of the same source is still served.
 
 use std::io::{Cursor, Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
