@@ -311,7 +311,7 @@ pub const SECTIONS: &[Part] = &[
                 id: "attacks",
                 title: "Attacks on a loaded data-center",
                 current: &[
-                    Run("docs/results/attacks/full-v3"),
+                    Run("docs/results/attacks/full-v4"),
                     Run("docs/results/attacks/flood-600"),
                 ],
             },
