@@ -504,7 +504,7 @@ pub fn proxy_cache_conf(
          \x20   keepalive_requests 100000;\n\
          \x20   default_type application/octet-stream;\n\
          {temp_paths}\
-         \x20   proxy_cache_path {p}/cache levels=1:2 keys_zone=objects:{zone}m max_size={cache_bytes} inactive=1d use_temp_path=off;\n\
+         \x20   proxy_cache_path {p}/cache levels=1:2 keys_zone=objects:{zone}m max_size={cache_bytes} manager_files={files} manager_sleep={sleep}ms manager_threshold={threshold}ms inactive=1d use_temp_path=off;\n\
          \x20   upstream origin {{\n\
          \x20       server {upstream};\n\
          \x20       keepalive 16;\n\
@@ -524,8 +524,29 @@ pub fn proxy_cache_conf(
          }}\n",
         user = if as_root { "user root;\n" } else { "" },
         zone = PROXY_CACHE_ZONE_MB,
+        files = PROXY_CACHE_MANAGER_FILES,
+        sleep = PROXY_CACHE_MANAGER_SLEEP_MS,
+        threshold = PROXY_CACHE_MANAGER_THRESHOLD_MS,
     )
 }
+
+/// nginx's cache manager, which alone holds the cache to `max_size`: every
+/// `manager_sleep` it deletes least recently used files while the size (counted in the
+/// file system's blocks) is over `max_size`, at most `manager_files` per iteration and
+/// for at most `manager_threshold`. Its defaults (100 files, 50 ms sleep, 200 ms) let
+/// the cache run over between sweeps; here it sweeps every
+/// [`PROXY_CACHE_MANAGER_SLEEP_MS`], so the cache is over `max_size` by at most the
+/// misses of 10 ms (a few objects at the lab's rates), and may delete a whole cache's
+/// worth of files in one sweep ([`PROXY_CACHE_MANAGER_FILES`]).
+pub const PROXY_CACHE_BOUND_RULE: &str = "max_size = the cache bytes, counted by nginx in allocated blocks; cache manager every 10 ms, up to 10000 files and 100 ms per sweep";
+/// Files nginx's cache manager may delete in one sweep: more than the World Cup
+/// sample's 2,730 URLs, so one sweep can always bring the cache under `max_size`.
+pub const PROXY_CACHE_MANAGER_FILES: u32 = 10_000;
+/// Pause between the cache manager's sweeps, ms (nginx's default 50).
+pub const PROXY_CACHE_MANAGER_SLEEP_MS: u32 = 10;
+/// Longest sweep, ms (nginx's default 200): deleting a few thousand small files takes
+/// far less.
+pub const PROXY_CACHE_MANAGER_THRESHOLD_MS: u32 = 100;
 
 /// Size of the proxy cache's key zone, MB: nginx keeps ~8,000 keys per MB, so 4 MB
 /// holds 32,000 objects, ten times the World Cup sample's 2,730 URLs.
