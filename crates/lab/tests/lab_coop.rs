@@ -1,6 +1,7 @@
 //! `farside lab coop --quick` end to end (root: network namespaces): no client ever gets
-//! a wrong body, and PRESS serves more requests from memory (own cache or a peer's)
-//! than round-robin nodes caching on their own.
+//! a wrong body, PRESS serves more requests from memory (own cache or a peer's) than
+//! round-robin nodes caching on their own, and so does the farside proxy routing by path
+//! (`lard`) from the nodes' own caches; every system records the cache bytes it held.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -59,5 +60,16 @@ fn quick_lab_press_beats_rr_locality_and_never_a_wrong_body() {
         f(&press, "local_frac") + f(&press, "remote_frac") > f(&rr, "local_frac"),
         "press {press} vs rr {rr}"
     );
+    // `lard` runs in `farside proxy --balance lard`: routing by path keeps more of the
+    // requests in the nodes' own caches than round-robin does.
+    let lard = point("lard");
+    assert!(
+        f(&lard, "local_frac") > f(&rr, "local_frac"),
+        "lard {lard} vs rr {rr}"
+    );
+    // Every system's caches held something at the end, and said how much.
+    for s in ["rr", "press-tcp", "lard", "bounded-hash", "haproxy"] {
+        assert!(f(&point(s), "cache_held_bytes") > 0.0, "{}", point(s));
+    }
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -438,6 +438,11 @@ impl Node {
         st.dirty = true;
     }
 
+    /// Body bytes this node's cache holds now (`cache_used_bytes` in `/coop/stats`).
+    pub fn cache_used_bytes(&self) -> u64 {
+        self.lock().cache.used_bytes()
+    }
+
     /// Drops `object` from this node's cache (its peers' hints become stale until the
     /// next publication). For tests and operators.
     pub fn evict(&self, object: u64) -> bool {
