@@ -13,8 +13,11 @@
 //! Systems:
 //! - `rr`: `farside backend --coop --coop-policy rr` on every node: each caches alone;
 //! - `press-tcp`: PRESS, a node that misses fetches from a peer whose directory says it
-//!   caches the file, over TCP ([`farside_backend::coop::peer::PeerTransport`]; the
-//!   one-sided transports are not built here);
+//!   caches the file, over TCP ([`farside_backend::coop::peer::PeerTransport`]);
+//! - `press-udp`, `press-xdp`, `press-shm`: the same with `--coop-peer udp` (the peer's
+//!   process answers UDP), `xdp` (one-sided READs of the peer's object arena answered by
+//!   its XDP program on its `eth0`, a lab arena-reader key) or `shm` (the peer's arena
+//!   file mapped read-only: a bound, the nodes being namespaces of one host);
 //! - `lard`, `bounded-hash`: a content-aware front-end on `lb` ([`dispatch`], the lab's
 //!   own minimal dispatcher on `farside_coop::policy`'s LARD and bounded-load consistent
 //!   hashing, load = its requests in service per node) over `rr` nodes;
@@ -58,10 +61,19 @@ pub const CACHE_RULE_FRACTION: f64 = 0.9;
 /// Most `--repeat`.
 pub const REPEAT_MAX: u32 = 10;
 /// The systems built.
-pub const SYSTEMS: [&str; 5] = ["rr", "press-tcp", "lard", "bounded-hash", "haproxy"];
+pub const SYSTEMS: [&str; 8] = [
+    "rr",
+    "press-tcp",
+    "press-udp",
+    "press-xdp",
+    "press-shm",
+    "lard",
+    "bounded-hash",
+    "haproxy",
+];
 /// Systems of the issue not built here, with why (in every run's notes).
-pub const NOT_BUILT: &str = "not built: press-udp, press-xdp, press-shm (other peer-fetch \
-transports behind coop::peer::PeerTransport: the XDP-served object arena is separate work); \
+pub const NOT_BUILT: &str = "press-udp, press-xdp and press-shm fetch bodies above 89,568 B \
+(the arena's one-sided bound) over tcp; press-shm is a bound only possible on one host; \
 lard and bounded-hash run in the lab's own dispatcher (coop::dispatch, farside_coop::policy), \
 not in the farside proxy, which has no content-routing mode";
 
@@ -80,8 +92,9 @@ pub struct CoopLabArgs {
     /// Back-end node counts (comma-separated, each 2..=8). Default: 4.
     #[arg(long, value_delimiter = ',', default_value = "4")]
     pub nodes: Vec<usize>,
-    /// Systems compared (comma-separated): rr, press-tcp, lard, bounded-hash, haproxy.
-    /// Default: all five.
+    /// Systems compared (comma-separated): rr, press-tcp, press-udp, press-xdp,
+    /// press-shm, lard, bounded-hash, haproxy. Default: rr, press-tcp, lard,
+    /// bounded-hash, haproxy.
     #[arg(
         long,
         value_delimiter = ',',
@@ -191,6 +204,10 @@ pub struct CoopPoint {
     /// Open loop: requests started per second.
     pub offered_rps: f64,
     pub directory_refused: u64,
+    /// Mean time of a peer fetch that brought a body, µs, as the initial nodes measure
+    /// it (0: no remote hit).
+    #[serde(default)]
+    pub peer_fetch_us: f64,
 }
 
 impl LabPoint for CoopPoint {
@@ -232,6 +249,7 @@ impl LabPoint for CoopPoint {
             failures: sum(|p| p.failures),
             offered_rps: f(|p| p.offered_rps),
             directory_refused: sum(|p| p.directory_refused),
+            peer_fetch_us: f(|p| p.peer_fetch_us),
             ..first.clone()
         }
     }
