@@ -162,16 +162,16 @@ pub struct CoopArgs {
     /// With --coop-peer xdp: the interface the node's arena responder is attached to
     /// (generic XDP; no other XDP program may be attached there). Needs root.
     #[arg(long = "coop-arena-iface", value_name = "IFACE")]
-    pub arena_iface: Option<String>,
+    pub coop_arena_iface: Option<String>,
     /// With --coop-peer xdp: udp port of the arena responders (the same on every node).
     /// Default: 7301.
     #[arg(long = "coop-arena-port", default_value_t = COOP_ARENA_PORT_DEFAULT)]
-    pub arena_port: u16,
+    pub coop_arena_port: u16,
     /// With --coop-peer xdp: the cluster's arena reader key, ID:PATH (a key file, mode
     /// 0600) or ID (the credential rmem-ID); its rights are READ of the arena region
     /// only. Every node's responder accepts it and every node reads with it.
     #[arg(long = "coop-arena-key", value_name = "ID[:PATH]")]
-    pub arena_key: Option<String>,
+    pub coop_arena_key: Option<String>,
     /// With --coop-peer shm: the directory (mode 0700, on a tmpfs such as /dev/shm)
     /// where node i keeps its arena as `node-i.arena` and maps its peers' read-only.
     #[arg(long = "coop-shm-dir", value_name = "DIR")]
@@ -192,9 +192,9 @@ impl Default for CoopArgs {
             disk_bytes_per_s: disk::DISK_BYTES_PER_S_DEFAULT,
             publish_ms: COOP_PUBLISH_MS_DEFAULT,
             peer: CoopPeer::Tcp,
-            arena_iface: None,
-            arena_port: COOP_ARENA_PORT_DEFAULT,
-            arena_key: None,
+            coop_arena_iface: None,
+            coop_arena_port: COOP_ARENA_PORT_DEFAULT,
+            coop_arena_key: None,
             shm_dir: None,
         }
     }
@@ -241,12 +241,12 @@ impl CoopArgs {
                 return Err("--coop-policy press needs --coop-key-file".into());
             }
             match self.peer {
-                CoopPeer::Xdp if self.arena_iface.is_none() || self.arena_key.is_none() => {
+                CoopPeer::Xdp if self.coop_arena_iface.is_none() || self.coop_arena_key.is_none() => {
                     return Err(
                         "--coop-peer xdp needs --coop-arena-iface and --coop-arena-key".into(),
                     )
                 }
-                CoopPeer::Xdp if self.arena_port == 0 => {
+                CoopPeer::Xdp if self.coop_arena_port == 0 => {
                     return Err("--coop-arena-port must not be 0".into())
                 }
                 CoopPeer::Shm if self.shm_dir.is_none() => {

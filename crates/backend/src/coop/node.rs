@@ -308,8 +308,8 @@ impl Node {
                     CoopPeer::Xdp => Box::new(XdpTransport::new(
                         tcp,
                         &peers,
-                        args.arena_port,
-                        args.arena_key.as_deref().unwrap_or_default(),
+                        args.coop_arena_port,
+                        args.coop_arena_key.as_deref().unwrap_or_default(),
                     )?),
                     CoopPeer::Shm => Box::new(ShmTransport::new(
                         tcp,
@@ -322,9 +322,9 @@ impl Node {
         let arena = match (press, args.peer) {
             (true, CoopPeer::Xdp) => Some(NodeArena::xdp(
                 args.cache_bytes,
-                args.arena_iface.as_deref().unwrap_or_default(),
-                args.arena_port,
-                args.arena_key.as_deref().unwrap_or_default(),
+                args.coop_arena_iface.as_deref().unwrap_or_default(),
+                args.coop_arena_port,
+                args.coop_arena_key.as_deref().unwrap_or_default(),
             )?),
             (true, CoopPeer::Shm) => Some(NodeArena::shm(
                 args.cache_bytes,

@@ -241,4 +241,44 @@ mod tests {
         drop(owner);
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// The owner rewrites one object (two bodies, alternately, and evictions) while a
+    /// peer reads it from the mapping: every read is one of the two bodies, absent, or
+    /// refused (torn every time), never a mixture.
+    #[test]
+    fn reads_racing_the_owner_never_accept_a_mixture() {
+        let dir = std::env::temp_dir().join(format!("farside-coop-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut owner = NodeArena::shm(1 << 20, &dir, 2).unwrap();
+        let a = vec![0xAAu8; 30_000];
+        let b = vec![0x55u8; 30_000];
+        owner.put(3, &a);
+        let peer = ShmMap::open_read_only(&shm_path(&dir, 2)).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (mut good, mut other) = (0u64, 0u64);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..3_000u32 {
+                    match i % 3 {
+                        0 => owner.put(3, &b),
+                        1 => owner.put(3, &a),
+                        _ => owner.evict(3),
+                    }
+                }
+                stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                match read_mapped(&peer, arena_key(3)) {
+                    Ok(Some(body)) => {
+                        assert!(body == a || body == b, "a mixture was accepted");
+                        good += 1;
+                    }
+                    Ok(None) | Err(ReadError::Torn | ReadError::Corrupt) => other += 1,
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+        });
+        assert!(good + other > 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
