@@ -522,7 +522,10 @@ mod tests {
             assert_eq!(last_off + last_len, off + slot_bytes(3));
             assert!(plan.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0));
             assert!(plan.iter().all(|&(_, l)| l <= CHUNK_BYTES));
-            assert!(plan.iter().all(|&(o, l)| (o | l) % 8 == 0), "{len}: {plan:?}");
+            assert!(
+                plan.iter().all(|&(o, l)| (o | l) % 8 == 0),
+                "{len}: {plan:?}"
+            );
             assert!(plan.len() <= (OFF_DATA + len).div_ceil(CHUNK_BYTES) + 1);
         }
     }

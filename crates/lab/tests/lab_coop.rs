@@ -97,16 +97,21 @@ fn quick_lab_press_xdp_serves_remote_hits_and_never_a_wrong_body() {
         .arg(&out)
         .status()
         .unwrap();
-    assert!(status.success(), "farside lab coop --quick (press-xdp) failed");
+    assert!(
+        status.success(),
+        "farside lab coop --quick (press-xdp) failed"
+    );
     let text = std::fs::read_to_string(out.join("points.jsonl")).unwrap();
     let p: serde_json::Value =
-        serde_json::from_str::<serde_json::Value>(text.lines().next().unwrap()).unwrap()
-            ["point"]
+        serde_json::from_str::<serde_json::Value>(text.lines().next().unwrap()).unwrap()["point"]
             .clone();
     assert_eq!(p["system"], "press-xdp", "{p}");
     assert_eq!(p["wrong_bodies"], 0, "{p}");
     assert!(p["tps"].as_f64().unwrap() > 0.0, "{p}");
-    assert!(p["remote_frac"].as_f64().unwrap() > 0.0, "no remote hit: {p}");
+    assert!(
+        p["remote_frac"].as_f64().unwrap() > 0.0,
+        "no remote hit: {p}"
+    );
     assert!(p["peer_fetch_us"].as_f64().unwrap() > 0.0, "{p}");
     let _ = std::fs::remove_dir_all(&out);
 }

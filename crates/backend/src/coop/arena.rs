@@ -16,8 +16,7 @@
 //! chunks. A reader needs no layout: an object sits in the smallest class that holds it.
 
 use farside_arena::layout::{
-    class_object_bytes_max, ArenaLayout, ARENA_CHUNKS_MAX, CHUNK_BYTES, CLASS_COUNT,
-    INDEX_BUCKETS,
+    class_object_bytes_max, ArenaLayout, ARENA_CHUNKS_MAX, CHUNK_BYTES, CLASS_COUNT, INDEX_BUCKETS,
 };
 use farside_arena::store::PutError;
 use farside_arena::{map_chunks, ArenaMap, INDEX_CHUNKS};
@@ -81,7 +80,7 @@ pub fn layout_for(cache_bytes: u64) -> ArenaLayout {
 pub enum Backing {
     /// The BPF map of the node's XDP responder (kept loaded and attached here).
     Xdp {
-        _responder: farside_xdp::XdpResponder,
+        _responder: Box<farside_xdp::XdpResponder>,
         mem: Arc<Mutex<farside_xdp::ArenaMemory>>,
     },
     /// A shared file mapping (peers on the same host map the file read-only).
@@ -124,7 +123,7 @@ impl ShmMap {
     pub fn open_read_only(path: &Path) -> io::Result<ShmMap> {
         let f = std::fs::File::open(path)?;
         let len = f.metadata()?.len() as usize;
-        if len < INDEX_CHUNKS * CHUNK_BYTES || len > ARENA_CHUNKS_MAX * CHUNK_BYTES {
+        if !(INDEX_CHUNKS * CHUNK_BYTES..=ARENA_CHUNKS_MAX * CHUNK_BYTES).contains(&len) {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("{}: {len} bytes is no arena", path.display()),
@@ -218,8 +217,7 @@ impl NodeArena {
     pub fn xdp(cache_bytes: u64, iface: &str, port: u16, key: &str) -> io::Result<NodeArena> {
         let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
         let (id, path) = farside_rmem::ClientKey::parse_spec(key).map_err(bad)?;
-        let keys =
-            farside_rdmahttp::arena::arena_keyring(id, path.as_deref()).map_err(|e| bad(e))?;
+        let keys = farside_rdmahttp::arena::arena_keyring(id, path.as_deref()).map_err(bad)?;
         let layout = layout_for(cache_bytes);
         let chunks = map_chunks(&layout).map_err(|e| bad(e.to_string()))? as u32;
         let mut xdp = farside_xdp::XdpResponder::load_with_arena(port, &keys, chunks)
@@ -230,7 +228,7 @@ impl NodeArena {
         NodeArena::new(
             layout,
             Backing::Xdp {
-                _responder: xdp,
+                _responder: Box::new(xdp),
                 mem,
             },
         )
@@ -383,7 +381,10 @@ mod tests {
             a.put(o, &vec![o as u8; 2_000]);
         }
         assert_eq!((a.counts.put, a.counts.dropped), (4, 1));
-        assert!(lookup(1).is_none(), "the oldest of the full class was dropped");
+        assert!(
+            lookup(1).is_none(),
+            "the oldest of the full class was dropped"
+        );
         assert!(lookup(4).is_some());
         a.evict(4);
         assert!(lookup(4).is_none());

@@ -241,7 +241,9 @@ impl CoopArgs {
                 return Err("--coop-policy press needs --coop-key-file".into());
             }
             match self.peer {
-                CoopPeer::Xdp if self.coop_arena_iface.is_none() || self.coop_arena_key.is_none() => {
+                CoopPeer::Xdp
+                    if self.coop_arena_iface.is_none() || self.coop_arena_key.is_none() =>
+                {
                     return Err(
                         "--coop-peer xdp needs --coop-arena-iface and --coop-arena-key".into(),
                     )

@@ -7,8 +7,8 @@ use super::onesided::{ShmTransport, XdpTransport};
 use super::peer::{
     read_frame, PeerTransport, TcpTransport, PEER_CONNS_MAX, PEER_IDLE_TIMEOUT, PEER_IO_TIMEOUT,
 };
-use super::udp::UdpTransport;
 use super::seal::Sealer;
+use super::udp::UdpTransport;
 use super::wire::{self, DirectoryUpdate};
 use super::{CoopArgs, CoopPeer, CoopPolicy, CoopReplacement};
 use farside_auth::keys::Policy as KeyPolicy;
@@ -458,10 +458,9 @@ impl Node {
             let started = Instant::now();
             match t.fetch(p, object, len) {
                 Ok(Some(body)) => {
-                    self.counters.remote_fetch_us.fetch_add(
-                        started.elapsed().as_micros() as u64,
-                        Ordering::Relaxed,
-                    );
+                    self.counters
+                        .remote_fetch_us
+                        .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
                     self.counters.remote_hits.fetch_add(1, Ordering::Relaxed);
                     self.counters
                         .peer_bytes
@@ -505,7 +504,9 @@ impl Node {
             }
             let c = a.counts;
             self.counters.arena_put.store(c.put, Ordering::Relaxed);
-            self.counters.arena_dropped.store(c.dropped, Ordering::Relaxed);
+            self.counters
+                .arena_dropped
+                .store(c.dropped, Ordering::Relaxed);
             self.counters
                 .arena_too_large
                 .store(c.too_large, Ordering::Relaxed);

@@ -111,7 +111,8 @@ pub fn decode_piece(object: u64, b: &[u8]) -> Option<Piece<'_>> {
             p.len <= UDP_BODY_BYTES_MAX
                 && p.count == p.len.div_ceil(UDP_PIECE_BYTES).max(1)
                 && p.index < p.count
-                && p.bytes.len() == (p.len - (p.index * UDP_PIECE_BYTES).min(p.len)).min(UDP_PIECE_BYTES)
+                && p.bytes.len()
+                    == (p.len - (p.index * UDP_PIECE_BYTES).min(p.len)).min(UDP_PIECE_BYTES)
         }
         _ => false,
     };
@@ -191,7 +192,10 @@ impl UdpTransport {
                 continue;
             };
             let Some(p) = decode_piece(object, msg) else {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "malformed piece"));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "malformed piece",
+                ));
             };
             if !p.present {
                 return Ok(None);
@@ -202,7 +206,10 @@ impl UdpTransport {
                 (want_len, want_crc) = (p.len, p.crc);
             }
             if p.len != want_len || p.crc != want_crc || p.count != got.len() {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "pieces disagree"));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "pieces disagree",
+                ));
             }
             if !got[p.index] {
                 let at = p.index * UDP_PIECE_BYTES;
@@ -281,7 +288,11 @@ mod tests {
         }
         assert_eq!(out, body);
         assert_eq!(decode_piece(6, &pieces[0]), None, "another object");
-        assert_eq!(decode_piece(5, &pieces[0][..pieces[0].len() - 1]), None, "short");
+        assert_eq!(
+            decode_piece(5, &pieces[0][..pieces[0].len() - 1]),
+            None,
+            "short"
+        );
         let absent = encode_pieces(5, None);
         assert!(!decode_piece(5, &absent[0]).unwrap().present);
         let tiny = encode_pieces(5, Some((b"", crc32c::crc32c(b""))));

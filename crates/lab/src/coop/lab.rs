@@ -382,10 +382,7 @@ fn backend_args(
                 "--coop-arena-port".into(),
                 ARENA_PORT.to_string(),
                 "--coop-arena-key".into(),
-                format!(
-                    "{ARENA_KEY_ID}:{}",
-                    sh.keys.path("coop-arena").display()
-                ),
+                format!("{ARENA_KEY_ID}:{}", sh.keys.path("coop-arena").display()),
             ]),
             "shm" => args.extend(["--coop-shm-dir".into(), sh.shm_dir.display().to_string()]),
             _ => {}
