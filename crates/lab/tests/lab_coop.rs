@@ -73,3 +73,57 @@ fn quick_lab_press_beats_rr_locality_and_never_a_wrong_body() {
     }
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// PRESS with one-sided peer fetch: the service node's XDP program answers READs of its
+/// object arena, and the initial nodes get bodies that way (remote hits), never a wrong
+/// one (every 200's body is checked against its file).
+#[test]
+fn quick_lab_press_xdp_serves_remote_hits_and_never_a_wrong_body() {
+    const TEST: &str = "lab_coop::quick_lab_press_xdp_serves_remote_hits_and_never_a_wrong_body";
+    if !farside_testkit::root_or_skip(TEST) {
+        return;
+    }
+    let Some(bin) = farside_bin() else {
+        farside_testkit::skip(
+            TEST,
+            "the farside binary is not built (cargo build -p farside)",
+        );
+        return;
+    };
+    let out =
+        std::env::temp_dir().join(format!("farside-lab-coop-xdp-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let status = Command::new(&bin)
+        .args([
+            "lab",
+            "coop",
+            "--quick",
+            "--nodes",
+            "2",
+            "--systems",
+            "press-xdp",
+            "--load",
+            "closed",
+            "--out",
+        ])
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "farside lab coop --quick (press-xdp) failed"
+    );
+    let text = std::fs::read_to_string(out.join("points.jsonl")).unwrap();
+    let p: serde_json::Value =
+        serde_json::from_str::<serde_json::Value>(text.lines().next().unwrap()).unwrap()["point"]
+            .clone();
+    assert_eq!(p["system"], "press-xdp", "{p}");
+    assert_eq!(p["wrong_bodies"], 0, "{p}");
+    assert!(p["tps"].as_f64().unwrap() > 0.0, "{p}");
+    assert!(
+        p["remote_frac"].as_f64().unwrap() > 0.0,
+        "no remote hit: {p}"
+    );
+    assert!(p["peer_fetch_us"].as_f64().unwrap() > 0.0, "{p}");
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -15,6 +15,10 @@ use std::time::Duration;
 const HTTP_PORT: u16 = 80;
 /// The coop peer port (TCP fetches, UDP directory updates) of every node.
 const PEER_PORT: u16 = 7000;
+/// The udp port of every node's arena responder (press-xdp).
+const ARENA_PORT: u16 = farside_backend::coop::COOP_ARENA_PORT_DEFAULT;
+/// The key id of the lab's arena-reader key (press-xdp).
+const ARENA_KEY_ID: u32 = 1;
 /// The anchor's origin (`farside backend --coop`, caching nothing) in each node.
 const ORIGIN_PORT: u16 = 8080;
 /// The anchor's front-end node.
@@ -132,6 +136,8 @@ struct Shared {
     trace_file: PathBuf,
     keys: crate::fabric::keys::LabKeys,
     coop_trace: farside_coop::trace::Trace,
+    /// press-shm: the directory of the nodes' arena files (mode 0700).
+    shm_dir: PathBuf,
 }
 
 /// Run `farside lab coop`.
@@ -161,13 +167,19 @@ pub fn run(a: CoopLabArgs) -> io::Result<()> {
         .build_trace()
         .map_err(|e| io::Error::other(e.to_string()))?;
     let (files, bytes, skipped) = write_objects(&lg_trace, &root)?;
+    let shm_dir = work.join("arenas");
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().mode(0o700).create(&shm_dir)?;
+    }
     eprintln!("lab coop: wrote {files} files ({bytes} bytes), {skipped} paths skipped");
     let shared = Shared {
         root,
         logs,
         trace_file,
-        keys: crate::fabric::keys::LabKeys::generate(&["coop"])?,
+        keys: crate::fabric::keys::LabKeys::generate(&["coop", "coop-arena"])?,
         coop_trace,
+        shm_dir,
     };
     let keys = point_keys(&a);
     let mut lab: Option<Lab> = None;
@@ -321,13 +333,15 @@ fn shape_links(dc: &VirtualDc, nodes: usize, gbit: f64) -> io::Result<()> {
     Ok(())
 }
 
-/// A cooperating node (or, `origin`, the anchor's origin that caches nothing).
+/// A cooperating node (or, `origin`, the anchor's origin that caches nothing); `peer`:
+/// the press transport (`tcp`, `udp`, `xdp`, `shm`).
 #[allow(clippy::too_many_arguments)]
 fn backend_args(
     a: &CoopLabArgs,
     sh: &Shared,
     listen: SocketAddr,
     policy: &str,
+    peer: &str,
     cache_bytes: u64,
     index: usize,
     peers: &[String],
@@ -356,7 +370,21 @@ fn backend_args(
             peers.join(","),
             "--coop-key-file".into(),
             sh.keys.path("coop").display().to_string(),
+            "--coop-peer".into(),
+            peer.into(),
         ]);
+        match peer {
+            "xdp" => args.extend([
+                "--coop-arena-iface".into(),
+                crate::fabric::netns::VETH_IN_NS.into(),
+                "--coop-arena-port".into(),
+                ARENA_PORT.to_string(),
+                "--coop-arena-key".into(),
+                format!("{ARENA_KEY_ID}:{}", sh.keys.path("coop-arena").display()),
+            ]),
+            "shm" => args.extend(["--coop-shm-dir".into(), sh.shm_dir.display().to_string()]),
+            _ => {}
+        }
     }
     args
 }
@@ -409,13 +437,13 @@ fn start_system(
         let name = node_name(i);
         let http = SocketAddr::from((*ip, HTTP_PORT));
         match k.system.as_str() {
-            "rr" | "press-tcp" | "lard" | "bounded-hash" => {
-                let policy = if k.system == "press-tcp" {
-                    "press"
-                } else {
-                    "rr"
+            "rr" | "press-tcp" | "press-udp" | "press-xdp" | "press-shm" | "lard"
+            | "bounded-hash" => {
+                let (policy, peer) = match k.system.strip_prefix("press-") {
+                    Some(t) => ("press", t),
+                    None => ("rr", "tcp"),
                 };
-                let args = backend_args(a, sh, http, policy, cache_bytes, i, &peers);
+                let args = backend_args(a, sh, http, policy, peer, cache_bytes, i, &peers);
                 let log = sh.logs.join(format!("{tag}-{name}.log"));
                 let c = dc.spawn_in(&name, &exe, &args, &log)?;
                 r.children.push(Child::adopt(&name, c, log));
@@ -425,7 +453,7 @@ fn start_system(
             }
             "haproxy" => {
                 let origin = SocketAddr::from((*ip, ORIGIN_PORT));
-                let args = backend_args(a, sh, origin, "rr", 1, i, &peers);
+                let args = backend_args(a, sh, origin, "rr", "tcp", 1, i, &peers);
                 let log = sh.logs.join(format!("{tag}-{name}-origin.log"));
                 let c = dc.spawn_in(&name, &exe, &args, &log)?;
                 r.children
@@ -730,6 +758,11 @@ fn measure(
         directory_refused: d("directory_refused"),
         cache_held_bytes,
         cache_disk_bytes,
+        peer_fetch_us: if remote == 0 {
+            0.0
+        } else {
+            d("remote_fetch_us") as f64 / remote as f64
+        },
     })
 }
 
@@ -812,7 +845,9 @@ mod tests {
         assert_eq!((k[0].clients, k[2].rate, k[2].clients), (16, 1000.0, 0));
         assert_eq!(k[4].link_gbit, 1.0);
         let mut b = a.clone();
-        b.systems = vec!["press-xdp".into()];
+        b.systems = vec!["press-rdma".into()];
         assert!(check_args(&b).is_err());
+        b.systems = vec!["press-xdp".into(), "press-shm".into(), "press-udp".into()];
+        check_args(&b).unwrap();
     }
 }

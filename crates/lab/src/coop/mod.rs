@@ -13,8 +13,11 @@
 //! Systems:
 //! - `rr`: `farside backend --coop --coop-policy rr` on every node: each caches alone;
 //! - `press-tcp`: PRESS, a node that misses fetches from a peer whose directory says it
-//!   caches the file, over TCP ([`farside_backend::coop::peer::PeerTransport`]; the
-//!   one-sided transports are not built here);
+//!   caches the file, over TCP ([`farside_backend::coop::peer::PeerTransport`]);
+//! - `press-udp`, `press-xdp`, `press-shm`: the same with `--coop-peer udp` (the peer's
+//!   process answers UDP), `xdp` (one-sided READs of the peer's object arena answered by
+//!   its XDP program on its `eth0`, a lab arena-reader key) or `shm` (the peer's arena
+//!   file mapped read-only: a bound, the nodes being namespaces of one host);
 //! - `lard`, `bounded-hash`: `farside proxy --balance lard | bounded-hash` on `lb`
 //!   (content-aware balancing on `farside_coop::policy`'s LARD and bounded-load
 //!   consistent hashing, load = the proxy's requests in service per node) over `rr`
@@ -60,10 +63,19 @@ pub const CACHE_RULE_FRACTION: f64 = 0.9;
 /// Most `--repeat`.
 pub const REPEAT_MAX: u32 = 10;
 /// The systems built.
-pub const SYSTEMS: [&str; 5] = ["rr", "press-tcp", "lard", "bounded-hash", "haproxy"];
+pub const SYSTEMS: [&str; 8] = [
+    "rr",
+    "press-tcp",
+    "press-udp",
+    "press-xdp",
+    "press-shm",
+    "lard",
+    "bounded-hash",
+    "haproxy",
+];
 /// Systems of the issue not built here, with why (in every run's notes).
-pub const NOT_BUILT: &str = "not built: press-udp, press-xdp, press-shm (other peer-fetch \
-transports behind coop::peer::PeerTransport: the XDP-served object arena is separate work)";
+pub const NOT_BUILT: &str = "press-udp, press-xdp and press-shm fetch bodies above 89,568 B \
+(the arena's one-sided bound) over tcp; press-shm is a bound only possible on one host";
 
 /// `farside lab coop`.
 #[derive(Debug, Clone, clap::Args)]
@@ -80,8 +92,9 @@ pub struct CoopLabArgs {
     /// Back-end node counts (comma-separated, each 2..=8). Default: 4.
     #[arg(long, value_delimiter = ',', default_value = "4")]
     pub nodes: Vec<usize>,
-    /// Systems compared (comma-separated): rr, press-tcp, lard, bounded-hash, haproxy.
-    /// Default: all five.
+    /// Systems compared (comma-separated): rr, press-tcp, press-udp, press-xdp,
+    /// press-shm, lard, bounded-hash, haproxy. Default: rr, press-tcp, lard,
+    /// bounded-hash, haproxy.
     #[arg(
         long,
         value_delimiter = ',',
@@ -190,6 +203,10 @@ pub struct CoopPoint {
     /// farside systems.
     #[serde(default)]
     pub cache_disk_bytes: u64,
+    /// Mean time of a peer fetch that brought a body, µs, as the initial nodes measure
+    /// it (0: no remote hit).
+    #[serde(default)]
+    pub peer_fetch_us: f64,
 }
 
 impl LabPoint for CoopPoint {
@@ -233,6 +250,7 @@ impl LabPoint for CoopPoint {
             directory_refused: sum(|p| p.directory_refused),
             cache_held_bytes: sum(|p| p.cache_held_bytes) / runs.len() as u64,
             cache_disk_bytes: sum(|p| p.cache_disk_bytes) / runs.len() as u64,
+            peer_fetch_us: f(|p| p.peer_fetch_us),
             ..first.clone()
         }
     }
