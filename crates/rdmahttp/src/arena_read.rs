@@ -587,7 +587,9 @@ fn path_mtu(sock: &UdpSocket) -> usize {
     }
 }
 
-fn set_recv_buffer(sock: &UdpSocket, bytes: usize) {
+/// Asks for a `bytes` receive buffer (SO_RCVBUF, capped by `rmem_max`); best effort: a
+/// refusal leaves the default, and a reader resends what the socket dropped.
+pub fn set_recv_buffer(sock: &UdpSocket, bytes: usize) {
     use std::os::fd::AsRawFd;
     let v = bytes as libc::c_int;
     // SAFETY: a valid socket and an int option; a refusal only leaves the default.

@@ -152,7 +152,7 @@ impl UdpTransport {
         };
         let s = UdpSocket::bind(bind)?;
         s.connect(self.peers[peer])?;
-        set_recv_buffer(&s, RECV_BUFFER_BYTES);
+        farside_rdmahttp::arena_read::set_recv_buffer(&s, RECV_BUFFER_BYTES);
         Ok(s)
     }
 
@@ -251,21 +251,6 @@ impl PeerTransport for UdpTransport {
             }
         }
         Err(last)
-    }
-}
-
-fn set_recv_buffer(sock: &UdpSocket, bytes: usize) {
-    use std::os::fd::AsRawFd;
-    let v = bytes as libc::c_int;
-    // SAFETY: a valid socket and an int option; a refusal only leaves the default.
-    unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
     }
 }
 
