@@ -437,16 +437,7 @@ impl ArenaReader {
                 iov_len: d.len(),
             })
             .collect();
-        // SAFETY: zeroed mmsghdr is valid (null name, no control); each points at one iovec.
-        let mut msgs: Vec<libc::mmsghdr> = iovs
-            .iter_mut()
-            .map(|iov| {
-                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                m.msg_hdr.msg_iov = iov;
-                m.msg_hdr.msg_iovlen = 1;
-                m
-            })
-            .collect();
+        let mut msgs = mmsg_headers(&mut iovs);
         let mut from = 0;
         while from < msgs.len() {
             // SAFETY: a connected socket; msgs[from..] valid headers over live buffers.
@@ -482,16 +473,7 @@ impl ArenaReader {
                 iov_len: b.len(),
             })
             .collect();
-        // SAFETY: as in send_batch.
-        let mut msgs: Vec<libc::mmsghdr> = iovs
-            .iter_mut()
-            .map(|iov| {
-                let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                m.msg_hdr.msg_iov = iov;
-                m.msg_hdr.msg_iovlen = 1;
-                m
-            })
-            .collect();
+        let mut msgs = mmsg_headers(&mut iovs);
         // SAFETY: a bound socket; msgs valid headers over self.bufs, which outlive the call.
         let r = unsafe {
             libc::recvmmsg(
@@ -585,6 +567,20 @@ fn path_mtu(sock: &UdpSocket) -> usize {
     } else {
         1500
     }
+}
+
+/// One message header per iovec, for `sendmmsg` / `recvmmsg`: no address, no control
+/// data. The headers point into `iovs`, which must outlive every call that uses them.
+fn mmsg_headers(iovs: &mut [libc::iovec]) -> Vec<libc::mmsghdr> {
+    iovs.iter_mut()
+        .map(|iov| {
+            // SAFETY: a zeroed mmsghdr is valid (null name, no control, no iovecs).
+            let mut m: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            m.msg_hdr.msg_iov = iov;
+            m.msg_hdr.msg_iovlen = 1;
+            m
+        })
+        .collect()
 }
 
 /// Asks for a `bytes` receive buffer (SO_RCVBUF, capped by `rmem_max`); best effort: a
