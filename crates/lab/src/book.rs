@@ -370,8 +370,12 @@ fn provenance(s: &Summary<serde::de::IgnoredAny>) -> String {
         .commit
         .as_deref()
         .map_or("no commit recorded", |c| &c[..c.len().min(7)]);
+    let build = s
+        .build
+        .as_deref()
+        .map_or_else(String::new, |b| format!(", {b} build"));
     format!(
-        "{} run, commit {commit} ({tree}), kernel {}, seed {}{}",
+        "{} run, commit {commit} ({tree}{build}), kernel {}, seed {}{}",
         s.experiment,
         if s.kernel.is_empty() {
             "not recorded"
