@@ -111,6 +111,24 @@ fn sockaddr(a: SocketAddr) -> libc::sockaddr_storage {
     ss
 }
 
+fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match i32::from(ss.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET sockaddr_storage holds a sockaddr_in.
+            let sin = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
+            let ip = std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            Some(SocketAddr::from((ip, u16::from_be(sin.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 sockaddr_storage holds a sockaddr_in6.
+            let sin6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
+            let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            Some(SocketAddr::from((ip, u16::from_be(sin6.sin6_port))))
+        }
+        _ => None,
+    }
+}
+
 /// An event channel and one id on it, destroyed together (id first).
 struct Cm {
     lib: &'static Lib,
@@ -791,6 +809,13 @@ impl Listener {
         Ok(Listener { cm })
     }
 
+    /// The address it listens on (the port picked for port 0).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        // SAFETY: a live, bound id: its route's source address is set.
+        let ss = unsafe { &(*self.cm.id).src };
+        from_sockaddr(ss)
+    }
+
     /// Accept one connection, waiting up to `timeout` for it and again for its set-up.
     /// `recvs` receives (`wr_id`, `len`) are posted into a fresh region before the
     /// connection is accepted, so a Send arriving first finds one; their region's rkey
@@ -828,7 +853,8 @@ impl Listener {
             cm,
             objects,
             name,
-            "0.0.0.0:0".parse().expect("literal"),
+            // SAFETY: the id of a connect request has its route's destination set.
+            from_sockaddr(unsafe { &(*id).dst }).unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))),
         );
         let total: usize = recvs.iter().map(|r| r.1).sum();
         let region = if total > 0 {

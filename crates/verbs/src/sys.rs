@@ -211,13 +211,15 @@ pub struct EventChannel {
     pub fd: c_int,
 }
 
-/// `struct rdma_cm_id` up to its queue pair.
+/// `struct rdma_cm_id` up to the addresses of its route (`route.addr.src_*`, `dst_*`).
 #[repr(C)]
 pub struct CmIdPrefix {
     pub verbs: *mut c_void,
     pub channel: *mut EventChannel,
     pub context: *mut c_void,
     pub qp: *mut c_void,
+    pub src: libc::sockaddr_storage,
+    pub dst: libc::sockaddr_storage,
 }
 
 /// `struct rdma_conn_param`.
@@ -255,6 +257,8 @@ const _: () = assert!(std::mem::offset_of!(ContextPrefix, poll_cq) == 8 + 11 * 8
 const _: () = assert!(std::mem::offset_of!(ContextPrefix, post_send) == 8 + 25 * 8);
 const _: () = assert!(std::mem::offset_of!(Mr, rkey) == 40);
 const _: () = assert!(std::mem::offset_of!(DevicePrefix, name) == 24);
+const _: () = assert!(std::mem::offset_of!(CmIdPrefix, src) == 32);
+const _: () = assert!(std::mem::offset_of!(CmIdPrefix, dst) == 32 + 128);
 
 /// The functions of `libibverbs.so.1` this crate calls.
 pub struct Ibverbs {
