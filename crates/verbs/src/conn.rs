@@ -123,7 +123,8 @@ fn from_sockaddr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
             // SAFETY: an AF_INET6 sockaddr_storage holds a sockaddr_in6.
             let sin6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
             let ip = std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr);
-            Some(SocketAddr::from((ip, u16::from_be(sin6.sin6_port))))
+            let port = u16::from_be(sin6.sin6_port);
+            Some(std::net::SocketAddrV6::new(ip, port, 0, sin6.sin6_scope_id).into())
         }
         _ => None,
     }
@@ -689,18 +690,6 @@ impl Conn {
     }
 
     fn to_wc(&self, wc: &sys::Wc) -> Wc {
-        let opcode = match wc.opcode {
-            sys::IBV_WC_RDMA_WRITE => WcOpcode::Write,
-            sys::IBV_WC_RDMA_READ => WcOpcode::Read,
-            sys::IBV_WC_SEND => WcOpcode::Send,
-            o if o & sys::IBV_WC_RECV != 0 => WcOpcode::Recv,
-            _ => WcOpcode::Send,
-        };
-        let status = match wc.status {
-            sys::IBV_WC_SUCCESS => WcStatus::Success,
-            sys::IBV_WC_LOC_PROT_ERR => WcStatus::LocalProtection,
-            _ => WcStatus::Flushed,
-        };
         if wc.status != sys::IBV_WC_SUCCESS {
             self.broken.store(true, Ordering::Relaxed);
             if wc.status != sys::IBV_WC_WR_FLUSH_ERR {
@@ -709,14 +698,7 @@ impl Conn {
                 log::warn!("verbs: {} on {}: completion {s}", self.peer, self.device);
             }
         }
-        Wc {
-            wr_id: wc.wr_id,
-            opcode,
-            status,
-            byte_len: wc.byte_len,
-            solicited: false,
-            invalidated_stag: None,
-        }
+        completion(wc)
     }
 
     /// Whether the connection still takes work: no failed completion and no
@@ -766,6 +748,32 @@ impl Drop for Objects {
                 (self.lib.ibv.dealloc_pd)(self.pd);
             }
         }
+    }
+}
+
+/// A device's completion as the software stack's: every failure but a local
+/// protection error is reported as flushed (the queue pair is in error either way; the
+/// device's status is logged); opcodes this crate never posts (atomics, binds) do not
+/// occur and read as Send.
+fn completion(wc: &sys::Wc) -> Wc {
+    let opcode = match wc.opcode {
+        sys::IBV_WC_RDMA_WRITE => WcOpcode::Write,
+        sys::IBV_WC_RDMA_READ => WcOpcode::Read,
+        o if o & sys::IBV_WC_RECV != 0 => WcOpcode::Recv,
+        _ => WcOpcode::Send,
+    };
+    let status = match wc.status {
+        sys::IBV_WC_SUCCESS => WcStatus::Success,
+        sys::IBV_WC_LOC_PROT_ERR => WcStatus::LocalProtection,
+        _ => WcStatus::Flushed,
+    };
+    Wc {
+        wr_id: wc.wr_id,
+        opcode,
+        status,
+        byte_len: wc.byte_len,
+        solicited: false,
+        invalidated_stag: (wc.wc_flags & sys::IBV_WC_WITH_INV != 0).then_some(wc.imm_data),
     }
 }
 
@@ -876,5 +884,77 @@ impl Listener {
         conn.cm
             .expect("accept", sys::RDMA_CM_EVENT_ESTABLISHED, timeout)?;
         Ok((conn, region))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wc(opcode: i32, status: i32, flags: u32) -> Wc {
+        completion(&sys::Wc {
+            wr_id: 9,
+            status,
+            opcode,
+            byte_len: 100,
+            imm_data: 0x1234,
+            wc_flags: flags,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn device_completions_read_as_the_software_stacks() {
+        let ok = sys::IBV_WC_SUCCESS;
+        assert_eq!(wc(sys::IBV_WC_RDMA_WRITE, ok, 0).opcode, WcOpcode::Write);
+        assert_eq!(wc(sys::IBV_WC_RDMA_READ, ok, 0).opcode, WcOpcode::Read);
+        assert_eq!(wc(sys::IBV_WC_SEND, ok, 0).opcode, WcOpcode::Send);
+        // IBV_WC_RECV and IBV_WC_RECV_RDMA_WITH_IMM
+        assert_eq!(wc(sys::IBV_WC_RECV, ok, 0).opcode, WcOpcode::Recv);
+        assert_eq!(wc(sys::IBV_WC_RECV | 1, ok, 0).opcode, WcOpcode::Recv);
+        let w = wc(sys::IBV_WC_RECV, ok, 0);
+        assert_eq!((w.wr_id, w.status, w.byte_len), (9, WcStatus::Success, 100));
+        assert_eq!(w.invalidated_stag, None);
+        assert_eq!(
+            wc(sys::IBV_WC_RECV, ok, sys::IBV_WC_WITH_INV).invalidated_stag,
+            Some(0x1234)
+        );
+        assert_eq!(
+            wc(sys::IBV_WC_RDMA_WRITE, sys::IBV_WC_LOC_PROT_ERR, 0).status,
+            WcStatus::LocalProtection
+        );
+        for failed in [
+            sys::IBV_WC_WR_FLUSH_ERR,
+            10, /* REM_ACCESS_ERR */
+            12, /* RETRY_EXC_ERR */
+        ] {
+            assert_eq!(wc(sys::IBV_WC_SEND, failed, 0).status, WcStatus::Flushed);
+        }
+    }
+
+    #[test]
+    fn access_rights_map_to_verbs_flags() {
+        assert_eq!(verbs_access(Access::NONE), 0);
+        assert_eq!(
+            verbs_access(Access::LOCAL_WRITE),
+            sys::IBV_ACCESS_LOCAL_WRITE
+        );
+        assert_eq!(
+            verbs_access(Access::REMOTE_READ),
+            sys::IBV_ACCESS_REMOTE_READ
+        );
+        // Verbs refuses remote write without local write.
+        assert_eq!(
+            verbs_access(Access::REMOTE_WRITE),
+            sys::IBV_ACCESS_REMOTE_WRITE | sys::IBV_ACCESS_LOCAL_WRITE
+        );
+    }
+
+    #[test]
+    fn socket_addresses_round_trip_through_sockaddr_storage() {
+        for a in ["10.1.2.3:4791", "[fe80::1%2]:8080", "[::1]:1"] {
+            let a: SocketAddr = a.parse().unwrap();
+            assert_eq!(from_sockaddr(&sockaddr(a)), Some(a));
+        }
     }
 }

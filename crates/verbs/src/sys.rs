@@ -42,6 +42,8 @@ pub const IBV_WC_SEND: c_int = 0;
 pub const IBV_WC_RDMA_WRITE: c_int = 1;
 pub const IBV_WC_RDMA_READ: c_int = 2;
 pub const IBV_WC_RECV: c_int = 1 << 7;
+// enum ibv_wc_flags
+pub const IBV_WC_WITH_INV: c_uint = 1 << 3;
 // enum ibv_transport_type
 pub const IBV_TRANSPORT_IB: c_int = 0;
 pub const IBV_TRANSPORT_IWARP: c_int = 1;
