@@ -247,7 +247,8 @@ pub struct CmEventPrefix {
     pub status: c_int,
 }
 
-// The sizes of the structs passed in whole, as the C compiler lays them out on LP64.
+// Sizes and offsets as clang lays out rdma-core's public headers on x86-64 (LP64),
+// checked with offsetof/sizeof against them.
 const _: () = assert!(std::mem::size_of::<Sge>() == 16);
 const _: () = assert!(std::mem::size_of::<SendWr>() == 128);
 const _: () = assert!(std::mem::offset_of!(SendWr, remote_addr) == 40);
@@ -257,6 +258,11 @@ const _: () = assert!(std::mem::size_of::<QpInitAttr>() == 64);
 const _: () = assert!(std::mem::size_of::<ConnParam>() == 24);
 const _: () = assert!(std::mem::offset_of!(ContextPrefix, poll_cq) == 8 + 11 * 8);
 const _: () = assert!(std::mem::offset_of!(ContextPrefix, post_send) == 8 + 25 * 8);
+const _: () = assert!(std::mem::offset_of!(ContextPrefix, post_recv) == 216);
+const _: () = assert!(std::mem::offset_of!(SendWr, rkey) == 48);
+const _: () = assert!(std::mem::offset_of!(Wc, wc_flags) == 36);
+const _: () = assert!(std::mem::offset_of!(QpInitAttr, qp_type) == 52);
+const _: () = assert!(std::mem::offset_of!(CmEventPrefix, status) == 20);
 const _: () = assert!(std::mem::offset_of!(Mr, rkey) == 40);
 const _: () = assert!(std::mem::offset_of!(DevicePrefix, name) == 24);
 const _: () = assert!(std::mem::offset_of!(CmIdPrefix, src) == 32);
