@@ -7,15 +7,22 @@
 //! The two differ where verbs differ from the software stack: a device's region is
 //! addressed by its rkey and its virtual address ([`Link::remote_to`]), the software
 //! stack's by its STag and tagged offset 0; and a device's completion of a Write or
-//! Send means the device took it (RC: acknowledged), the software stack's that its
-//! writer thread handed it to TCP, so only the software stack needs [`Link::drain`]
-//! before closing.
+//! Send means the device took it, the software stack's that its writer thread handed
+//! it to TCP; either way [`Link::drain`] closes gracefully (the software stack sends
+//! what is posted, then FIN; a device disconnects and waits for the connection manager
+//! to report the connection closed).
 
 use farside_iwarp::qp::{QpState, RecvWr, SendWr, Sge};
 use farside_iwarp::tcp::Endpoint;
 use farside_iwarp::verbs::{Access, PdId, VerbsError, Wc};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Longest wait for a device connection's graceful close: the connection manager
+/// reports it once the peer has closed too, and a peer that keeps its end open must not
+/// hold the worker that closes (the data posted before was completed already).
+#[cfg(feature = "verbs")]
+pub const DISCONNECT_WAIT_MAX: Duration = Duration::from_secs(1);
 
 /// Which back-end new RDMA connections use.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -199,7 +206,9 @@ impl Link {
                 ep.drain(timeout);
             }
             #[cfg(feature = "verbs")]
-            Link::Verbs(_) => {}
+            Link::Verbs(c) => {
+                c.disconnect(timeout.min(DISCONNECT_WAIT_MAX));
+            }
         }
     }
 }

@@ -701,6 +701,26 @@ impl Conn {
         completion(wc)
     }
 
+    /// Close gracefully: disconnect and wait up to `timeout` for the connection manager
+    /// to report it closed (on iWARP, after the data posted before went out); whether
+    /// it did. The queue pair takes no work after this.
+    pub fn disconnect(&self, timeout: Duration) -> bool {
+        self.broken.store(true, Ordering::Relaxed);
+        // SAFETY: a live, connected id.
+        if unsafe { (self.lib.cm.disconnect)(self.cm.id) } != 0 {
+            return false;
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.cm.event(left) {
+                Ok((sys::RDMA_CM_EVENT_DISCONNECTED, _, _)) => return true,
+                Ok(_) => continue,
+                Err(_) => return false,
+            }
+        }
+    }
+
     /// Whether the connection still takes work: no failed completion and no
     /// disconnect from the peer.
     pub fn is_up(&self) -> bool {
