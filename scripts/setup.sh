@@ -8,7 +8,8 @@ for pkg_bin in nginx-light:/usr/sbin/nginx clang:/usr/bin/clang llvm:/usr/bin/ll
                iproute2:/usr/sbin/ip ethtool:/usr/sbin/ethtool wrk:/usr/bin/wrk \
                haproxy:/usr/sbin/haproxy libelf-dev:/usr/include/libelf.h pkg-config:/usr/bin/pkg-config \
                nftables:/usr/sbin/nft chromium:/usr/bin/chromium tshark:/usr/bin/tshark \
-               systemd:/usr/bin/systemd-analyze; do
+               systemd:/usr/bin/systemd-analyze libibverbs1:/usr/share/doc/libibverbs1 \
+               librdmacm1:/usr/share/doc/librdmacm1 ibverbs-providers:/usr/share/doc/ibverbs-providers; do
   pkg=${pkg_bin%%:*} bin=${pkg_bin#*:}
   [ -e "$bin" ] || need_apt+=("$pkg")
 done

@@ -89,10 +89,7 @@ impl Config {
             rdma: match args.rdma.rdma {
                 false => None,
                 true => {
-                    let server = farside_rdmahttp::server::Server::new(
-                        args.rdma.caps(),
-                        args.rdma.registration,
-                    );
+                    let server = args.rdma.server().map_err(io::Error::other)?;
                     match args.rdma.start_arena().map_err(io::Error::other)? {
                         Some(arena) => Some(server.with_arena(arena)),
                         None => Some(server),

@@ -125,6 +125,14 @@ pub struct RdmaServeArgs {
     /// region only. Required with --rdma-arena-iface.
     #[arg(long = "rdma-arena-key", value_name = "ID[:PATH]")]
     pub arena_key: Option<String>,
+    /// Run RDMA connections (server-writes, client-reads) on a real RDMA device through
+    /// rdma-core, loaded at run time: NAME (as `ibv_devices` lists it: an iWARP RNIC, or
+    /// siw, whose wire the software-iWARP clients speak) or `any` (the device that
+    /// routes to each client). Without rdma-core or the device, and for a connection
+    /// the device cannot make, the software iWARP stack is used (logged). Needs a build
+    /// with the `verbs` feature. Default: the software iWARP stack.
+    #[arg(long = "rdma-device", value_name = "NAME|any")]
+    pub device: Option<String>,
 }
 
 /// Default `--rdma-arena-port`.
@@ -144,6 +152,7 @@ impl Default for RdmaServeArgs {
             arena_iface: None,
             arena_port: ARENA_PORT_DEFAULT,
             arena_key: None,
+            device: None,
         }
     }
 }
@@ -172,6 +181,29 @@ impl RdmaServeArgs {
             &keys,
         )
         .map(Some)
+    }
+
+    /// The RDMA server these flags ask for (without its arena: [`Self::start_arena`]).
+    /// With `--rdma-device`, its connections run on that device if it opens here, else
+    /// on the software stack with a warning.
+    pub fn server(&self) -> Result<crate::server::Server, String> {
+        let server = crate::server::Server::new(self.caps(), self.registration);
+        let Some(device) = &self.device else {
+            return Ok(server);
+        };
+        #[cfg(feature = "verbs")]
+        {
+            let name = (device != "any").then(|| device.clone());
+            Ok(server.with_verbs(name).0)
+        }
+        #[cfg(not(feature = "verbs"))]
+        {
+            let _ = server;
+            Err(format!(
+                "--rdma-device {device}: this farside was built without the verbs back-end \
+                 (cargo build -p farside --features verbs)"
+            ))
+        }
     }
 
     /// The caps these flags set.

@@ -7,7 +7,9 @@
 //! - [`header`]: the `RDMA:` request and response fields, a pure grammar.
 //! - [`caps`]: the server's limits (sizes, transfers at once, registered bytes).
 //! - [`registration`]: dynamic, static, or a cache of registered files.
-//! - [`server`]: the server side, server-writes and client-reads (the back-end's).
+//! - [`server`]: the server side, server-writes and client-reads (the back-end's);
+//!   [`link`]: its RDMA connections, on the software stack or (feature `verbs`) a real
+//!   RDMA device.
 //! - [`client`]: one GET that asks for RDMA and takes whatever comes (`farside get`,
 //!   [`cli`]).
 //! - [`session`]: a client that keeps its HTTP and RDMA connections across requests
@@ -24,6 +26,7 @@ pub mod caps;
 pub mod cli;
 pub mod client;
 pub mod header;
+pub mod link;
 pub mod regbench;
 pub mod registration;
 pub mod server;

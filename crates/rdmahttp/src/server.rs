@@ -29,6 +29,10 @@
 //! **Registration** is [`Registration`]: dynamic, static or cache
 //! ([`crate::registration`]).
 //!
+//! **Back-end.** Connections run on the software iWARP stack, or (feature `verbs`,
+//! [`Server::with_verbs`]) on a real RDMA device ([`crate::link`]); a connection the
+//! device cannot make falls back to the software stack.
+//!
 //! **Security.** The client names where the server connects and writes, so: the
 //! endpoint's address must be the HTTP peer's own; sizes, transfers at once and bytes
 //! registered are capped ([`crate::caps`]); every connection has its own device, so a
@@ -38,10 +42,11 @@
 
 use crate::caps::{Admission, Budget, Caps, Reservation};
 use crate::header::{self, Decline, Mode, Response};
+use crate::link::{Backend, Link};
 use crate::registration::{Cache, FileKey, Registration};
-use farside_iwarp::qp::{Qp, QpConfig, QpState, RecvWr, SendWr, Sge};
+use farside_iwarp::qp::{Qp, QpConfig};
 use farside_iwarp::tcp::Endpoint;
-use farside_iwarp::verbs::{Access, Cq, Device, PdId, VerbsError, WcOpcode, WcStatus};
+use farside_iwarp::verbs::{Access, Cq, Device, WcOpcode, WcStatus};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -63,6 +68,8 @@ pub struct Server {
     cache: Cache,
     /// Arena-reads: the node's kernel-answered object arena ([`crate::arena`]).
     arena: Option<crate::arena::ArenaServer>,
+    /// What new RDMA connections run on.
+    backend: Backend,
 }
 
 /// One HTTP connection's RDMA state: its RDMA connection, and a client-reads transfer
@@ -75,8 +82,7 @@ pub struct Session {
 
 struct Conn {
     to: SocketAddr,
-    ep: Endpoint,
-    pd: PdId,
+    link: Link,
     note: u32,
     /// Static registration: the connection's region, held for its life.
     static_region: Option<(u32, Reservation)>,
@@ -88,7 +94,7 @@ impl Drop for Conn {
     fn drop(&mut self) {
         // The last Write and Send completed when the writer took them, not when they
         // were on the wire: let them go before the socket closes.
-        self.ep.drain(self.drain_timeout);
+        self.link.drain(self.drain_timeout);
     }
 }
 
@@ -144,6 +150,32 @@ impl Server {
             registration,
             cache: Cache::default(),
             arena: None,
+            backend: Backend::Software,
+        }
+    }
+
+    /// What new RDMA connections run on.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
+    }
+
+    /// This server with its RDMA connections on a real RDMA device (`device`, or the
+    /// one that routes to each client), if rdma-core loads and the device opens;
+    /// otherwise on the software stack, with the reason (also logged).
+    #[cfg(feature = "verbs")]
+    pub fn with_verbs(mut self, device: Option<String>) -> (Server, Result<(), String>) {
+        match farside_verbs::probe(device.as_deref()) {
+            Ok(d) => {
+                log::info!("rdma: verbs back-end on {} ({})", d.name, d.transport);
+                self.backend = Backend::Verbs { device };
+                (self, Ok(()))
+            }
+            Err(e) => {
+                log::warn!(
+                    "rdma: verbs back-end unavailable ({e}); using the software iWARP stack"
+                );
+                (self, Err(e.to_string()))
+            }
         }
     }
 
@@ -222,7 +254,7 @@ impl Server {
             Registration::Static | Registration::Cache => 0,
         };
         let admission = self.budget.admit(per_transfer_bytes)?;
-        let conn = connect(session, req.endpoint, &caps)?;
+        let conn = connect(session, req.endpoint, &caps, &self.backend)?;
         let r = self
             .register(conn, body, file, req.mode)
             .and_then(|(src, extra)| match req.mode {
@@ -234,7 +266,7 @@ impl Server {
                 Mode::ClientReads => client_reads(conn, src).map(|()| {
                     let m = Moved::Readable {
                         stag: src.stag,
-                        to: 0,
+                        to: conn.link.remote_to(src.stag),
                         len,
                     };
                     (m, Some(src), extra)
@@ -271,12 +303,10 @@ impl Server {
             Mode::ServerWrites => Access::NONE,
             Mode::ClientReads => Access::REMOTE_READ,
         };
-        let pd = conn.pd;
         let mut extra = None;
         let r = match self.registration {
-            Registration::Dynamic => conn.ep.with(|dev, _| {
-                let stag = dev.reg_mr(pd, 0, body.len(), access)?;
-                fill(dev, stag, body).map(|()| Src {
+            Registration::Dynamic => conn.link.reg_mr(body.len(), access).and_then(|stag| {
+                fill(&conn.link, stag, body).map(|()| Src {
                     stag,
                     per_transfer: true,
                 })
@@ -286,8 +316,8 @@ impl Server {
                     let size = self.budget.caps().transfer_bytes_max;
                     let reservation = self.budget.reserve(size).ok_or(Decline::Busy)?;
                     let stag = conn
-                        .ep
-                        .with(|dev, _| dev.reg_mr(pd, 0, size as usize, Access::REMOTE_READ))
+                        .link
+                        .reg_mr(size as usize, Access::REMOTE_READ)
                         .map_err(|e| {
                             log::warn!("rdma: static region: {e}");
                             Decline::Transfer
@@ -295,13 +325,9 @@ impl Server {
                     conn.static_region = Some((stag, reservation));
                 }
                 let stag = conn.static_region.as_ref().expect("just set").0;
-                conn.ep.with(|dev, _| {
-                    dev.write(stag, 0, body)
-                        .map_err(VerbsError::Access)
-                        .map(|()| Src {
-                            stag,
-                            per_transfer: false,
-                        })
+                conn.link.write(stag, body).map(|()| Src {
+                    stag,
+                    per_transfer: false,
                 })
             }
             Registration::Cache => {
@@ -316,16 +342,18 @@ impl Server {
                     let r = self.budget.reserve(bytes.len() as u64);
                     extra = Some(r.ok_or(Decline::Busy)?);
                 }
-                conn.ep.with(|dev, _| {
-                    dev.reg_shared(pd, 0, bytes, access).map(|stag| Src {
-                        stag,
-                        per_transfer: true,
-                    })
+                conn.link.reg_shared(bytes, access).map(|stag| Src {
+                    stag,
+                    per_transfer: true,
                 })
             }
         };
         r.map(|src| (src, extra)).map_err(|e| {
-            log::warn!("rdma: register for {}: {e}", conn.to);
+            log::warn!(
+                "rdma: register for {} on {}: {e}",
+                conn.to,
+                conn.link.name()
+            );
             Decline::Transfer
         })
     }
@@ -341,7 +369,7 @@ impl Server {
         };
         let done = loop {
             let left = p.deadline.saturating_duration_since(Instant::now());
-            match conn.ep.wait_wc(left) {
+            match conn.link.wait_wc(left) {
                 Some(wc) if wc.wr_id == WR_DONE => break wc.status == WcStatus::Success,
                 Some(_) => continue,
                 None => break false,
@@ -355,17 +383,16 @@ impl Server {
     }
 }
 
-fn fill(dev: &mut Device, stag: u32, body: &[u8]) -> Result<(), VerbsError> {
-    dev.write(stag, 0, body).map_err(|e| {
-        let _ = dev.dereg_mr(stag);
-        VerbsError::Access(e)
+fn fill(link: &Link, stag: u32, body: &[u8]) -> Result<(), String> {
+    link.write(stag, body).inspect_err(|_| {
+        let _ = link.dereg_mr(stag);
     })
 }
 
 /// The transfer is over: a per-transfer region is deregistered (a static one stays).
 fn release(conn: &Conn, src: Src) {
     if src.per_transfer {
-        let _ = conn.ep.with(|dev, _| dev.dereg_mr(src.stag));
+        let _ = conn.link.dereg_mr(src.stag);
     }
 }
 
@@ -374,14 +401,15 @@ fn connect<'s>(
     session: &'s mut Session,
     to: SocketAddr,
     caps: &Caps,
+    backend: &Backend,
 ) -> Result<&'s mut Conn, Decline> {
     let reusable = session
         .conn
         .as_ref()
-        .is_some_and(|c| c.to == to && !c.ep.is_closed() && c.ep.state() == QpState::Rts);
+        .is_some_and(|c| c.to == to && c.link.is_up());
     if !reusable {
         session.conn = None;
-        session.conn = Some(open(to, caps).map_err(|e| {
+        session.conn = Some(open(to, caps, backend).map_err(|e| {
             log::info!("rdma: connect to {to}: {e}");
             Decline::Connect
         })?);
@@ -389,7 +417,29 @@ fn connect<'s>(
     Ok(session.conn.as_mut().expect("just set"))
 }
 
-fn open(to: SocketAddr, caps: &Caps) -> std::io::Result<Conn> {
+/// A new connection to `to` on `backend`; a verbs connection that cannot be made
+/// (no device routes to `to`, the peer refused, ...) is made on the software stack.
+fn open(to: SocketAddr, caps: &Caps, backend: &Backend) -> std::io::Result<Conn> {
+    #[cfg(feature = "verbs")]
+    if let Backend::Verbs { device } = backend {
+        match farside_verbs::Conn::connect(to, device.as_deref(), caps.connect_timeout) {
+            Ok(c) => {
+                let link = Link::Verbs(c);
+                let note = link
+                    .reg_mr(NOTE_BYTES, Access::LOCAL_WRITE)
+                    .map_err(std::io::Error::other)?;
+                return Ok(Conn {
+                    to,
+                    link,
+                    note,
+                    static_region: None,
+                    drain_timeout: caps.transfer_timeout,
+                });
+            }
+            Err(e) => log::info!("rdma: verbs connect to {to}: {e}; using the software stack"),
+        }
+    }
+    let _ = backend;
     let stream = TcpStream::connect_timeout(&to, caps.connect_timeout)?;
     let mut dev = Device::with_random_keys();
     let pd = dev.alloc_pd().map_err(std::io::Error::other)?;
@@ -401,8 +451,7 @@ fn open(to: SocketAddr, caps: &Caps) -> std::io::Result<Conn> {
     let ep = Endpoint::start_within(stream, dev, cq, qp, caps.connect_timeout)?;
     Ok(Conn {
         to,
-        ep,
-        pd,
+        link: Link::Software { ep, pd },
         note,
         static_region: None,
         drain_timeout: caps.transfer_timeout,
@@ -419,30 +468,19 @@ fn server_writes(
     to: u64,
     timeout: Duration,
 ) -> Result<Moved, Decline> {
-    let posted = conn.ep.with(|dev, qp| {
-        dev.write(conn.note, 0, &len.to_be_bytes())
-            .map_err(VerbsError::Access)?;
-        qp.post_send(SendWr::Write {
-            wr_id: WR_WRITE,
-            local: Sge {
-                stag: src.stag,
-                to: 0,
-                len: len as u32,
-            },
-            remote_stag: stag,
-            remote_to: to,
-        })?;
-        qp.post_send(SendWr::Send {
-            wr_id: WR_SEND,
-            local: Sge {
-                stag: conn.note,
-                to: 0,
-                len: 8,
-            },
-            solicited: true,
-            invalidate: None,
-        })
-    });
+    let posted = conn
+        .link
+        .write(conn.note, &len.to_be_bytes())
+        .and_then(|()| {
+            conn.link.post_write_then_send(
+                (WR_WRITE, WR_SEND),
+                src.stag,
+                len as u32,
+                (stag, to),
+                conn.note,
+                8,
+            )
+        });
     let mut ok = match posted {
         Ok(()) => true,
         Err(e) => {
@@ -456,10 +494,14 @@ fn server_writes(
             break;
         }
         let left = deadline.saturating_duration_since(Instant::now());
-        match conn.ep.wait_wc(left) {
+        match conn.link.wait_wc(left) {
             Some(wc) if wc.opcode == want && wc.status == WcStatus::Success => {}
             other => {
-                log::warn!("rdma: write to {}: {other:?}", conn.to);
+                log::warn!(
+                    "rdma: write to {} on {}: {other:?}",
+                    conn.to,
+                    conn.link.name()
+                );
                 ok = false;
             }
         }
@@ -475,20 +517,9 @@ fn server_writes(
 
 /// Post the receive for the client's done (the body is registered for remote reads).
 fn client_reads(conn: &Conn, src: Src) -> Result<(), Decline> {
-    conn.ep
-        .with(|_, qp| {
-            qp.post_recv(RecvWr {
-                wr_id: WR_DONE,
-                sge: Sge {
-                    stag: conn.note,
-                    to: 8,
-                    len: 8,
-                },
-            })
-        })
-        .map_err(|e| {
-            log::warn!("rdma: receive for {}: {e}", conn.to);
-            release(conn, src);
-            Decline::Transfer
-        })
+    conn.link.post_recv(WR_DONE, conn.note, 8, 8).map_err(|e| {
+        log::warn!("rdma: receive for {}: {e}", conn.to);
+        release(conn, src);
+        Decline::Transfer
+    })
 }
