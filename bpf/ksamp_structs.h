@@ -60,7 +60,18 @@ struct ksamp_cpu {
 	__u64 busy;         /* 1 if a task other than idle ran at its last tick */
 };
 
+/*
+ * The writer's hot state: the CPUs' busy states, and ahead of them (in the cache line
+ * of the first CPUs', which the writer reads every tick anyway) which listener entries
+ * are in use, so that with no listener known the tick reads no listener at all.
+ */
 struct ksamp_cpus {
+	/*
+	 * Bit j set: ksamp_listeners entry j is claimed (set after its slot is written,
+	 * cleared before its sk is freed).
+	 */
+	__u64 listeners_used;
+	__u64 pad; /* the CPUs' entries 16-byte aligned, as before this header */
 	struct ksamp_cpu cpu[KSAMP_CPUS_MAX];
 };
 

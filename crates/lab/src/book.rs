@@ -257,11 +257,12 @@ pub const SECTIONS: &[Part] = &[
                 id: "gatherd-cost",
                 title: "Publishing the load: gatherd's CPU",
                 current: &[
-                    Text("docs/results/gatherd-cost/20261128T184405Z-kbpf-stride/summary.txt"),
-                    Text(
-                        "docs/results/gatherd-cost/20261128T184405Z-kbpf-stride/main-binary-summary.txt",
-                    ),
-                    Text("docs/results/gatherd-cost/20261128T155309Z-kbpf/summary.txt"),
+                    Text("docs/results/gatherd-cost/20261128-kbpf-lines/summary.txt"),
+                    Text("docs/results/gatherd-cost/20261128-kbpf-lines/main-binary-summary.txt"),
+                    Text("docs/results/gatherd-cost/20261128-kbpf-lines/summary-2.txt"),
+                    Text("docs/results/gatherd-cost/20261128-kbpf-lines/main-binary-summary-2.txt"),
+                    Text("docs/results/gatherd-cost/20261128-kbpf-lines/profile/kprof1.txt"),
+                    Text("docs/results/gatherd-cost/20261128-kbpf-lines/profile/kprof2.txt"),
                     Text("docs/results/gatherd-cost/20261124T012941Z/summary.txt"),
                     Text("docs/results/gatherd-cost/20261124T020543Z/summary.txt"),
                 ],

@@ -186,6 +186,18 @@ fn kernel_sampler_publishes_backlog_and_connections_without_user_space() {
     // The listener closes: its queue is flushed.
     drop(l);
     await_record(&region, "closed listener", |s| s.load.accept_backlog == 0);
+    // A new listener on the port is learnt again (the closed one's entry was freed and
+    // left the tick's set): its queue is read live, with its head's age.
+    let l = TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let queued: Vec<_> = (0..2)
+        .map(|_| TcpStream::connect(l.local_addr().unwrap()).unwrap())
+        .collect();
+    await_record(&region, "a new listener read", |s| {
+        s.load.accept_backlog == 2 && s.load.queue_delay_us > 0
+    });
+    let accepted = l.accept().unwrap();
+    await_record(&region, "its accept seen", |s| s.load.accept_backlog == 1);
+    drop((accepted, queued, l));
 
     let costs = p.kernel_sampler_costs().expect("running");
     assert!(costs.tick.run_count > 0, "{costs:?}");
