@@ -249,6 +249,54 @@ fn shield_server(dc: &VirtualDc) -> String {
 /// CPU) at the given nice value; killed on drop.
 pub struct Hogs(Vec<std::process::Child>);
 
+impl Hogs {
+    /// The hogs' run time so far, ns: the first field of `/proc/PID/schedstat` (time
+    /// on the CPU, summed over the hogs; each is one thread, the shell that loops).
+    pub fn run_ns(&self) -> io::Result<u64> {
+        let mut sum = 0;
+        for c in &self.0 {
+            let text = std::fs::read_to_string(format!("/proc/{}/schedstat", c.id()))?;
+            sum += schedstat_run_ns(&text).ok_or_else(|| {
+                io::Error::other(format!("/proc/{}/schedstat: {text:?}", c.id()))
+            })?;
+        }
+        Ok(sum)
+    }
+}
+
+/// Run time (ns) of a `/proc/PID/schedstat` line: its first field.
+pub fn schedstat_run_ns(text: &str) -> Option<u64> {
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// What the hogs took of the server's one CPU over a window: their run time at its
+/// start, and when it started.
+pub struct HogWindow {
+    run_ns: u64,
+    at: std::time::Instant,
+}
+
+impl HogWindow {
+    /// Start a window (`None` without hogs: an idle point).
+    pub fn start(hogs: Option<&Hogs>) -> io::Result<Option<HogWindow>> {
+        hogs.map(|h| {
+            Ok(HogWindow {
+                run_ns: h.run_ns()?,
+                at: std::time::Instant::now(),
+            })
+        })
+        .transpose()
+    }
+
+    /// The hogs' share of the server's CPU since the window started: their run time
+    /// over the wall time (the node has one CPU).
+    pub fn share(&self, hogs: &Hogs) -> io::Result<f64> {
+        let ran = hogs.run_ns()?.saturating_sub(self.run_ns);
+        let wall = self.at.elapsed().as_nanos().max(1) as f64;
+        Ok(ran as f64 / wall)
+    }
+}
+
 impl Drop for Hogs {
     fn drop(&mut self) {
         for c in &mut self.0 {
@@ -404,16 +452,19 @@ impl Lab {
             None
         };
         let p = if key.experiment == "table1" {
-            self.probe_point(key, &tag)
+            let w = HogWindow::start(hogs.as_ref())?;
+            let mut p = self.probe_point(key, &tag)?;
+            p.set_hog_share(w.zip(hogs.as_ref()).map(|(w, h)| w.share(h)).transpose()?);
+            Ok(p)
         } else {
-            self.transfer_point(key, &tag)
+            self.transfer_point(key, &tag, hogs.as_ref())
         };
         drop(hogs);
         p
     }
 
     /// A fig3/fig4 point: a fresh back-end, the clients, the server's CPU over the run.
-    fn transfer_point(&self, key: &Key, tag: &str) -> io::Result<RdmaPoint> {
+    fn transfer_point(&self, key: &Key, tag: &str, hogs: Option<&Hogs>) -> io::Result<RdmaPoint> {
         let mut be = self.start_backend(&key.system, tag)?;
         let mut lg = LoadgenArgs::new(self.server_addr().to_string());
         lg.quiet = true;
@@ -441,13 +492,17 @@ impl Lab {
         }
         let pid = be.pid();
         let before = ServerCpu::read(pid, self.plan.server_cpu)?;
+        let window = HogWindow::start(hogs)?;
         let s = self.load(lg);
+        let share = window.zip(hogs).map(|(w, h)| w.share(h)).transpose();
         let after = ServerCpu::read(pid, self.plan.server_cpu);
         be.check_alive()?;
         be.stop();
-        let (s, after) = (s?, after?);
+        let (s, after, share) = (s?, after?, share?);
         let warmup_bytes = warmup_bytes(&s);
-        Ok(point_of_load(key, &s, before.since(&after), warmup_bytes))
+        let mut p = point_of_load(key, &s, before.since(&after), warmup_bytes);
+        p.set_hog_share(share);
+        Ok(p)
     }
 
     /// A table1 point: the registration probe in the server's node.
@@ -681,7 +736,8 @@ fn params(a: &RdmaHttpArgs, plan: &Plan) -> serde_json::Value {
         "hogs": HOGS,
         "server_weight": format!("the server node's cgroup CPU weight is {SERVER_WEIGHT_FACTOR}x the default (cpu.shares / cpu.weight), so that other users' processes of this shared machine take little of its CPU; hogs and server compete inside it"),
         "hog_placement": "in the server node's cgroup (its cpuset: the server's CPU), tasks beside the server's threads as the paper's processes beside Apache's; placed outside it (one group entity for the whole server) a quick run had tcp 13-34x slower loaded and software iWARP 1-2.6x",
-        "hog_rule": "the paper's two CPU-bound background processes on the server's one CPU, their nice value set so that they take nearly all of it; -10: each weighs 9.3 nice-0 processes, the server (nice 0) gets ~5% while all want the CPU",
+        "hog_rule": HOG_RULE,
+        "hog_cpu_frac": "each loaded point's hog_cpu_frac: the hogs' run time (/proc/PID/schedstat, summed over both) over the point's client window's wall time, i.e. their share of the server's one CPU while it was measured (softirq time is not counted as theirs); hog_cpu_frac_min: the least of its runs",
         "table1_sizes": plan.table1_sizes,
         "table1_samples": plan.table1_samples,
         "fig3_sizes": plan.fig3_sizes,
@@ -708,6 +764,13 @@ fn params(a: &RdmaHttpArgs, plan: &Plan) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schedstat_gives_the_run_time() {
+        assert_eq!(schedstat_run_ns("123456 789 10\n"), Some(123_456));
+        assert_eq!(schedstat_run_ns(""), None);
+        assert_eq!(schedstat_run_ns("x 1 2"), None);
+    }
 
     #[test]
     fn proc_fields_are_read_after_the_command_name() {
