@@ -108,9 +108,13 @@ pub fn start_lab(dir: &Path, plan: &Plan, hog_nice: i32) -> io::Result<Lab> {
             eprint!("{r}");
         }
     });
-    let mtu = set_mtu(&dc, LINK_MTU)?;
+    let mtu = set_mtu(&dc, plan.link_mtu)?;
     let offload = tx_offload_on(&dc);
     eprintln!("lab rdma-http: links' MTU {mtu}; nodes' tx checksum offload: {offload}");
+    if plan.xdp_mode == "native" {
+        let n = native_xdp_paths(&dc, plan.server_cpu)?;
+        eprintln!("lab rdma-http: native XDP: {n}");
+    }
     let shield = shield_server(&dc);
     eprintln!("lab rdma-http: server node's CPU weight: {shield}");
     let logs = dir.join("logs");
@@ -186,6 +190,47 @@ fn set_mtu(dc: &VirtualDc, mtu: u32) -> io::Result<String> {
     Ok(format!("{mtu} (nodes' eth0, bridge ports, bridge)"))
 }
 
+/// For xdp-reads in native mode: GRO on the server's bridge port (a veth takes XDP
+/// frames, the responder's XDP_TX replies, only while its NAPI is on: GRO or an XDP
+/// program), and the client's bridge port's receive path steered by RPS to the server's
+/// CPU (a veth with native XDP runs its program in its NAPI poll, scheduled on the CPU
+/// that forwarded the packet to it: without this, the bridge's, i.e. the clients', CPU,
+/// and the server's work would leave the loaded CPU). What was set, for the log.
+fn native_xdp_paths(dc: &VirtualDc, server_cpu: usize) -> io::Result<String> {
+    let br = dc.bridge_netns_path();
+    let br_name = br
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let run = |args: &[&str]| -> io::Result<()> {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &br_name])
+            .args(args)
+            .output()?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "ip netns exec {br_name} {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )))
+        }
+    };
+    let server_port = dc.veth_peer(SERVER);
+    run(&["ethtool", "-K", &server_port, "gro", "on"])?;
+    let client_port = dc.veth_peer(CLIENT);
+    let mask = crate::fabric::procs::cpu_mask(&[server_cpu]);
+    run(&[
+        "sh",
+        "-c",
+        &format!("echo {mask} > /sys/class/net/{client_port}/queues/rx-0/rps_cpus"),
+    ])?;
+    Ok(format!(
+        "GRO on {server_port}; {client_port}'s receive path on CPU {server_cpu} (rps_cpus {mask})"
+    ))
+}
+
 /// Turn tx checksum offload back on for both nodes' `eth0` (the fabric turns it off on
 /// every veth end; the bridge-side ends keep it off): as a NIC, the sending host then
 /// does not checksum in software what it sends, which for TCP means segmentation
@@ -256,9 +301,8 @@ impl Hogs {
         let mut sum = 0;
         for c in &self.0 {
             let text = std::fs::read_to_string(format!("/proc/{}/schedstat", c.id()))?;
-            sum += schedstat_run_ns(&text).ok_or_else(|| {
-                io::Error::other(format!("/proc/{}/schedstat: {text:?}", c.id()))
-            })?;
+            sum += schedstat_run_ns(&text)
+                .ok_or_else(|| io::Error::other(format!("/proc/{}/schedstat: {text:?}", c.id())))?;
         }
         Ok(sum)
     }
@@ -383,6 +427,8 @@ impl Lab {
                 &ARENA_PORT.to_string(),
                 "--rdma-arena-key",
                 &self.arena_spec(),
+                "--rdma-arena-xdp-mode",
+                &self.plan.xdp_mode,
             ] {
                 args.push(a.to_string());
             }
@@ -750,7 +796,8 @@ fn params(a: &RdmaHttpArgs, plan: &Plan) -> serde_json::Value {
         "fig4_max_s": FIG4_MAX_S,
         "probe_gap_ms": plan.probe_gap_ms,
         "warmup_requests_per_client": 1,
-        "link_mtu": format!("{LINK_MTU} on every link (nodes' eth0, bridge ports, bridge): xdp-reads' bulk READs carry six chunks per reply; TCP's MSS follows it"),
+        "link_mtu": format!("{} on every link (nodes' eth0, bridge ports, bridge): xdp-reads' bulk READs carry as many chunks per reply as it allows (six at 9000, two at 3000); TCP's MSS follows it", plan.link_mtu),
+        "xdp_mode": if plan.xdp_mode == "native" { "native: xdp-reads' responder in the server veth's driver path (NAPI), GRO on the server's bridge port (to take XDP_TX frames), the client's bridge port's receive path on the server's CPU (RPS), so the responder runs there" } else { "generic: xdp-reads' responder in the server veth's receive path (skb), on the server's CPU by RPS" },
         "tx_offload": "tx checksum offload on for both nodes' eth0 (ethtool -K eth0 tx on; the bridge-side ends keep the fabric's off): TCP's server sends with segmentation offload, xdp-reads' client does not checksum its READs' padding in software",
         "pin": format!("server node (backend, probe, hogs) and its receive softirq (RPS) on CPU {}, clients on CPU {}", plan.server_cpu, plan.client_cpu),
         "client": "farside loadgen --rdma server-writes (iwarp-*) or off (tcp): the same clients, one kept HTTP connection and one kept RDMA connection per client, every body checked against its file",

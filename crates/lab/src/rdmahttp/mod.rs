@@ -186,6 +186,19 @@ pub struct RdmaHttpArgs {
     /// summed).
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
+    /// MTU of every link (both nodes' eth0, their bridge ports, the bridge), bytes,
+    /// 1,500..=9,000: it sets how many chunks an xdp-reads bulk READ spans (six at
+    /// 9,000) and TCP's segment size, for both systems. Default: 9000.
+    #[arg(long, default_value_t = LINK_MTU)]
+    pub link_mtu: u32,
+    /// How xdp-reads' back-end attaches its arena responder: generic, or native (in the
+    /// veth driver; the lab then turns GRO on on the server's bridge port, so that it
+    /// takes the XDP_TX replies, and steers the client's bridge port's receive path to
+    /// the server's CPU by RPS, so the server's veth NAPI, hence the responder, runs on
+    /// the server's CPU; a veth takes native XDP only at an MTU of at most 3,520 B, see
+    /// --link-mtu). Default: generic.
+    #[arg(long, default_value = "generic", value_parser = ["generic", "native"])]
+    pub xdp_mode: String,
     /// Internal: measure registration steps (STRATEGY:SIZE:SAMPLES) and write them as
     /// JSON to --probe-out; what a table1 point runs inside the server's node.
     #[arg(long, hide = true)]
@@ -221,7 +234,13 @@ pub struct Plan {
     /// The client's and the server's CPU.
     pub client_cpu: usize,
     pub server_cpu: usize,
+    /// The links' MTU and xdp-reads' XDP attach mode (`generic`, `native`).
+    pub link_mtu: u32,
+    pub xdp_mode: String,
 }
+
+/// Bounds of `--link-mtu`: Ethernet's 1,500 to the jumbo 9,000.
+pub const LINK_MTU_RANGE: std::ops::RangeInclusive<u32> = 1500..=9000;
 
 fn bad(m: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, m)
@@ -285,6 +304,14 @@ pub fn check_args(a: &RdmaHttpArgs) -> io::Result<Plan> {
     if !(-20..=19).contains(&a.hog_nice) {
         return Err(bad(format!("--hog-nice {}: -20..=19", a.hog_nice)));
     }
+    if !LINK_MTU_RANGE.contains(&a.link_mtu) {
+        return Err(bad(format!(
+            "--link-mtu {}: {}..={}",
+            a.link_mtu,
+            LINK_MTU_RANGE.start(),
+            LINK_MTU_RANGE.end()
+        )));
+    }
     if a.repeat == 0 || a.repeat > REPEAT_MAX {
         return Err(bad(format!("--repeat {}: 1..={REPEAT_MAX}", a.repeat)));
     }
@@ -334,6 +361,8 @@ pub fn check_args(a: &RdmaHttpArgs) -> io::Result<Plan> {
         point_s,
         client_cpu: tiers.front[0],
         server_cpu: tiers.back[0],
+        link_mtu: a.link_mtu,
+        xdp_mode: a.xdp_mode.clone(),
     })
 }
 

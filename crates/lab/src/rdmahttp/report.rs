@@ -540,10 +540,16 @@ mod tests {
         assert!((c.hog_cpu_frac.unwrap() - 0.9).abs() < 1e-9);
         let t = tables(&[c.clone(), p("fig4", "tcp", "idle", 1 << 20, 5.0)]);
         assert!(
-            t.contains("over 1 loaded points") && t.contains("lowest run 85.0 % (fig4 tcp 1 MiB c15)"),
+            t.contains("over 1 loaded points")
+                && t.contains("lowest run 85.0 % (fig4 tcp 1 MiB c15)"),
             "{t}"
         );
-        assert!(csv(&[c]).unwrap().lines().next().unwrap().ends_with("hog_cpu_frac,hog_cpu_frac_min"));
+        assert!(csv(&[c])
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with("hog_cpu_frac,hog_cpu_frac_min"));
     }
 
     #[test]
