@@ -218,6 +218,9 @@ fn native_xdp_paths(dc: &VirtualDc, server_cpu: usize) -> io::Result<String> {
         }
     };
     let server_port = dc.veth_peer(SERVER);
+    // A veth enables its NAPI when GRO is switched on while it is up (or from its
+    // open, if GRO was asked for): GRO is on by default without NAPI, so off, then on.
+    run(&["ethtool", "-K", &server_port, "gro", "off"])?;
     run(&["ethtool", "-K", &server_port, "gro", "on"])?;
     let client_port = dc.veth_peer(CLIENT);
     let mask = crate::fabric::procs::cpu_mask(&[server_cpu]);
