@@ -235,8 +235,6 @@ pub const SECTIONS: &[Part] = &[
             id: "rdma-http",
             title: "Registration cost, retrieval time and clients (Table 1, Fig. 3, 4)",
             current: &[
-                Run("docs/results/rdma-http/xdp-3"),
-                Run("docs/results/rdma-http/xdp-3-nice10"),
                 Run("docs/results/rdma-http/xdp-1"),
                 Run("docs/results/rdma-http/full-2"),
                 Run("docs/results/rdma-http/full-1"),
