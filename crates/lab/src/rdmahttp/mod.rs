@@ -94,8 +94,8 @@ pub const FIG4_FILE_BYTES: u64 = 1 << 20;
 /// Default nice value of the two CPU hogs of a loaded point (`--hog-nice`), by
 /// [`HOG_RULE`]: -20, the strongest. Each hog then weighs 88,761 against a nice-0
 /// thread's 1,024, so with all 15 back-end threads of Fig. 4's largest point runnable
-/// the hogs' weight is 92 % of the CPU's (-19: 90.3 %; -10, the former default: 55 %,
-/// measured ~55 %, far from the paper's condition). The share actually taken is
+/// the hogs' weight is 92 % of the CPU's (-19: 90.3 %; -10, the former default: 55 % by
+/// weight, 61-64 % measured, far from the paper's condition). The share actually taken is
 /// measured at every loaded point (`hog_cpu_frac`).
 pub const HOG_NICE_DEFAULT: i32 = -20;
 /// The rule that sets [`HOG_NICE_DEFAULT`] (recorded in every run's summary).
@@ -104,7 +104,7 @@ one CPU, their nice value set so that \"they consume nearly 100% of the CPU at a
 the hogs must hold at least 90% of the server's CPU at the most demanding point (Fig. 4, 15 \
 busy back-end threads at nice 0), so -20, the strongest nice (2 x 88,761 against 15 x 1,024: \
 92% by weight); each loaded point records the share they took (hog_cpu_frac). Until this rule \
-the default was -10, at which 15 back-end threads kept ~45% of the CPU";
+the default was -10, at which 15 back-end threads kept 36-39% of the CPU";
 /// The paper's number of CPU hogs.
 pub const HOGS: usize = 2;
 /// Largest file, bytes: the RDMA transfer cap of every back-end
