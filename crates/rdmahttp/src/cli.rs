@@ -133,6 +133,14 @@ pub struct RdmaServeArgs {
     /// with the `verbs` feature. Default: the software iWARP stack.
     #[arg(long = "rdma-device", value_name = "NAME|any")]
     pub device: Option<String>,
+    /// How the arena responder is attached to IFACE: generic (any interface; the
+    /// request is copied into an skb with XDP headroom, any reply size the request was
+    /// padded to) or native (in the driver: on a veth the peer must take XDP frames, GRO
+    /// or an XDP program on it, and frames are at most a page, so bulk READs span at
+    /// most two chunks and the link MTU must be at most 3,520 B). Default: generic.
+    #[arg(long = "rdma-arena-xdp-mode", value_name = "MODE", default_value = "generic",
+          value_parser = ["generic", "native"])]
+    pub arena_xdp_mode: String,
 }
 
 /// Default `--rdma-arena-port`.
@@ -153,6 +161,7 @@ impl Default for RdmaServeArgs {
             arena_port: ARENA_PORT_DEFAULT,
             arena_key: None,
             device: None,
+            arena_xdp_mode: "generic".into(),
         }
     }
 }
@@ -173,14 +182,12 @@ impl RdmaServeArgs {
             .ok_or("--rdma-arena-iface needs --rdma-arena-key ID[:PATH]")?;
         let (id, path) = farside_rmem::ClientKey::parse_spec(spec)?;
         let keys = crate::arena::arena_keyring(id, path.as_deref())?;
-        crate::arena::ArenaServer::start(
-            iface,
-            farside_xdp::XdpMode::Generic,
-            self.arena_port,
-            id,
-            &keys,
-        )
-        .map(Some)
+        let mode = if self.arena_xdp_mode == "native" {
+            farside_xdp::XdpMode::Native
+        } else {
+            farside_xdp::XdpMode::Generic
+        };
+        crate::arena::ArenaServer::start(iface, mode, self.arena_port, id, &keys).map(Some)
     }
 
     /// The RDMA server these flags ask for (without its arena: [`Self::start_arena`]).

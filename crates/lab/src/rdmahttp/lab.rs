@@ -108,9 +108,13 @@ pub fn start_lab(dir: &Path, plan: &Plan, hog_nice: i32) -> io::Result<Lab> {
             eprint!("{r}");
         }
     });
-    let mtu = set_mtu(&dc, LINK_MTU)?;
+    let mtu = set_mtu(&dc, plan.link_mtu)?;
     let offload = tx_offload_on(&dc);
     eprintln!("lab rdma-http: links' MTU {mtu}; nodes' tx checksum offload: {offload}");
+    if plan.xdp_mode == "native" {
+        let n = native_xdp_paths(&dc, plan.server_cpu)?;
+        eprintln!("lab rdma-http: native XDP: {n}");
+    }
     let shield = shield_server(&dc);
     eprintln!("lab rdma-http: server node's CPU weight: {shield}");
     let logs = dir.join("logs");
@@ -186,6 +190,50 @@ fn set_mtu(dc: &VirtualDc, mtu: u32) -> io::Result<String> {
     Ok(format!("{mtu} (nodes' eth0, bridge ports, bridge)"))
 }
 
+/// For xdp-reads in native mode: GRO on the server's bridge port (a veth takes XDP
+/// frames, the responder's XDP_TX replies, only while its NAPI is on: GRO or an XDP
+/// program), and the client's bridge port's receive path steered by RPS to the server's
+/// CPU (a veth with native XDP runs its program in its NAPI poll, scheduled on the CPU
+/// that forwarded the packet to it: without this, the bridge's, i.e. the clients', CPU,
+/// and the server's work would leave the loaded CPU). What was set, for the log.
+fn native_xdp_paths(dc: &VirtualDc, server_cpu: usize) -> io::Result<String> {
+    let br = dc.bridge_netns_path();
+    let br_name = br
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let run = |args: &[&str]| -> io::Result<()> {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &br_name])
+            .args(args)
+            .output()?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "ip netns exec {br_name} {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )))
+        }
+    };
+    let server_port = dc.veth_peer(SERVER);
+    // A veth enables its NAPI when GRO is switched on while it is up (or from its
+    // open, if GRO was asked for): GRO is on by default without NAPI, so off, then on.
+    run(&["ethtool", "-K", &server_port, "gro", "off"])?;
+    run(&["ethtool", "-K", &server_port, "gro", "on"])?;
+    let client_port = dc.veth_peer(CLIENT);
+    let mask = crate::fabric::procs::cpu_mask(&[server_cpu]);
+    run(&[
+        "sh",
+        "-c",
+        &format!("echo {mask} > /sys/class/net/{client_port}/queues/rx-0/rps_cpus"),
+    ])?;
+    Ok(format!(
+        "GRO on {server_port}; {client_port}'s receive path on CPU {server_cpu} (rps_cpus {mask})"
+    ))
+}
+
 /// Turn tx checksum offload back on for both nodes' `eth0` (the fabric turns it off on
 /// every veth end; the bridge-side ends keep it off): as a NIC, the sending host then
 /// does not checksum in software what it sends, which for TCP means segmentation
@@ -248,6 +296,53 @@ fn shield_server(dc: &VirtualDc) -> String {
 /// The CPU hogs of a loaded point: busy loops in the server's node (its cgroup and
 /// CPU) at the given nice value; killed on drop.
 pub struct Hogs(Vec<std::process::Child>);
+
+impl Hogs {
+    /// The hogs' run time so far, ns: the first field of `/proc/PID/schedstat` (time
+    /// on the CPU, summed over the hogs; each is one thread, the shell that loops).
+    pub fn run_ns(&self) -> io::Result<u64> {
+        let mut sum = 0;
+        for c in &self.0 {
+            let text = std::fs::read_to_string(format!("/proc/{}/schedstat", c.id()))?;
+            sum += schedstat_run_ns(&text)
+                .ok_or_else(|| io::Error::other(format!("/proc/{}/schedstat: {text:?}", c.id())))?;
+        }
+        Ok(sum)
+    }
+}
+
+/// Run time (ns) of a `/proc/PID/schedstat` line: its first field.
+pub fn schedstat_run_ns(text: &str) -> Option<u64> {
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// What the hogs took of the server's one CPU over a window: their run time at its
+/// start, and when it started.
+pub struct HogWindow {
+    run_ns: u64,
+    at: std::time::Instant,
+}
+
+impl HogWindow {
+    /// Start a window (`None` without hogs: an idle point).
+    pub fn start(hogs: Option<&Hogs>) -> io::Result<Option<HogWindow>> {
+        hogs.map(|h| {
+            Ok(HogWindow {
+                run_ns: h.run_ns()?,
+                at: std::time::Instant::now(),
+            })
+        })
+        .transpose()
+    }
+
+    /// The hogs' share of the server's CPU since the window started: their run time
+    /// over the wall time (the node has one CPU).
+    pub fn share(&self, hogs: &Hogs) -> io::Result<f64> {
+        let ran = hogs.run_ns()?.saturating_sub(self.run_ns);
+        let wall = self.at.elapsed().as_nanos().max(1) as f64;
+        Ok(ran as f64 / wall)
+    }
+}
 
 impl Drop for Hogs {
     fn drop(&mut self) {
@@ -335,6 +430,8 @@ impl Lab {
                 &ARENA_PORT.to_string(),
                 "--rdma-arena-key",
                 &self.arena_spec(),
+                "--rdma-arena-xdp-mode",
+                &self.plan.xdp_mode,
             ] {
                 args.push(a.to_string());
             }
@@ -404,16 +501,19 @@ impl Lab {
             None
         };
         let p = if key.experiment == "table1" {
-            self.probe_point(key, &tag)
+            let w = HogWindow::start(hogs.as_ref())?;
+            let mut p = self.probe_point(key, &tag)?;
+            p.set_hog_share(w.zip(hogs.as_ref()).map(|(w, h)| w.share(h)).transpose()?);
+            Ok(p)
         } else {
-            self.transfer_point(key, &tag)
+            self.transfer_point(key, &tag, hogs.as_ref())
         };
         drop(hogs);
         p
     }
 
     /// A fig3/fig4 point: a fresh back-end, the clients, the server's CPU over the run.
-    fn transfer_point(&self, key: &Key, tag: &str) -> io::Result<RdmaPoint> {
+    fn transfer_point(&self, key: &Key, tag: &str, hogs: Option<&Hogs>) -> io::Result<RdmaPoint> {
         let mut be = self.start_backend(&key.system, tag)?;
         let mut lg = LoadgenArgs::new(self.server_addr().to_string());
         lg.quiet = true;
@@ -441,13 +541,17 @@ impl Lab {
         }
         let pid = be.pid();
         let before = ServerCpu::read(pid, self.plan.server_cpu)?;
+        let window = HogWindow::start(hogs)?;
         let s = self.load(lg);
+        let share = window.zip(hogs).map(|(w, h)| w.share(h)).transpose();
         let after = ServerCpu::read(pid, self.plan.server_cpu);
         be.check_alive()?;
         be.stop();
-        let (s, after) = (s?, after?);
+        let (s, after, share) = (s?, after?, share?);
         let warmup_bytes = warmup_bytes(&s);
-        Ok(point_of_load(key, &s, before.since(&after), warmup_bytes))
+        let mut p = point_of_load(key, &s, before.since(&after), warmup_bytes);
+        p.set_hog_share(share);
+        Ok(p)
     }
 
     /// A table1 point: the registration probe in the server's node.
@@ -681,7 +785,8 @@ fn params(a: &RdmaHttpArgs, plan: &Plan) -> serde_json::Value {
         "hogs": HOGS,
         "server_weight": format!("the server node's cgroup CPU weight is {SERVER_WEIGHT_FACTOR}x the default (cpu.shares / cpu.weight), so that other users' processes of this shared machine take little of its CPU; hogs and server compete inside it"),
         "hog_placement": "in the server node's cgroup (its cpuset: the server's CPU), tasks beside the server's threads as the paper's processes beside Apache's; placed outside it (one group entity for the whole server) a quick run had tcp 13-34x slower loaded and software iWARP 1-2.6x",
-        "hog_rule": "the paper's two CPU-bound background processes on the server's one CPU, their nice value set so that they take nearly all of it; -10: each weighs 9.3 nice-0 processes, the server (nice 0) gets ~5% while all want the CPU",
+        "hog_rule": HOG_RULE,
+        "hog_cpu_frac": "each loaded point's hog_cpu_frac: the hogs' run time (/proc/PID/schedstat, summed over both) over the point's client window's wall time, i.e. their share of the server's one CPU while it was measured (softirq time is not counted as theirs); hog_cpu_frac_min: the least of its runs",
         "table1_sizes": plan.table1_sizes,
         "table1_samples": plan.table1_samples,
         "fig3_sizes": plan.fig3_sizes,
@@ -694,7 +799,8 @@ fn params(a: &RdmaHttpArgs, plan: &Plan) -> serde_json::Value {
         "fig4_max_s": FIG4_MAX_S,
         "probe_gap_ms": plan.probe_gap_ms,
         "warmup_requests_per_client": 1,
-        "link_mtu": format!("{LINK_MTU} on every link (nodes' eth0, bridge ports, bridge): xdp-reads' bulk READs carry six chunks per reply; TCP's MSS follows it"),
+        "link_mtu": format!("{} on every link (nodes' eth0, bridge ports, bridge): xdp-reads' bulk READs carry as many chunks per reply as it allows (six at 9000, two at 3000); TCP's MSS follows it", plan.link_mtu),
+        "xdp_mode": if plan.xdp_mode == "native" { "native: xdp-reads' responder in the server veth's driver path (NAPI), GRO on the server's bridge port (to take XDP_TX frames), the client's bridge port's receive path on the server's CPU (RPS), so the responder runs there" } else { "generic: xdp-reads' responder in the server veth's receive path (skb), on the server's CPU by RPS" },
         "tx_offload": "tx checksum offload on for both nodes' eth0 (ethtool -K eth0 tx on; the bridge-side ends keep the fabric's off): TCP's server sends with segmentation offload, xdp-reads' client does not checksum its READs' padding in software",
         "pin": format!("server node (backend, probe, hogs) and its receive softirq (RPS) on CPU {}, clients on CPU {}", plan.server_cpu, plan.client_cpu),
         "client": "farside loadgen --rdma server-writes (iwarp-*) or off (tcp): the same clients, one kept HTTP connection and one kept RDMA connection per client, every body checked against its file",
@@ -708,6 +814,13 @@ fn params(a: &RdmaHttpArgs, plan: &Plan) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schedstat_gives_the_run_time() {
+        assert_eq!(schedstat_run_ns("123456 789 10\n"), Some(123_456));
+        assert_eq!(schedstat_run_ns(""), None);
+        assert_eq!(schedstat_run_ns("x 1 2"), None);
+    }
 
     #[test]
     fn proc_fields_are_read_after_the_command_name() {

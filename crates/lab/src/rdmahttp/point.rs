@@ -62,8 +62,23 @@ pub struct RdmaPoint {
     /// CPU), µs.
     pub reg_cpu_us: Option<f64>,
     pub reg_wait_us: Option<f64>,
+    /// Loaded points: the CPU hogs' share of the server's one CPU over the measured
+    /// window (their run time over its wall time; the runs' mean), and the least of the
+    /// runs' shares: whether the load held the paper's condition ("nearly 100 %").
+    #[serde(default)]
+    pub hog_cpu_frac: Option<f64>,
+    #[serde(default)]
+    pub hog_cpu_frac_min: Option<f64>,
     /// Runs combined into this point.
     pub runs: u32,
+}
+
+impl RdmaPoint {
+    /// Record the hogs' share of the server's CPU (one run).
+    pub fn set_hog_share(&mut self, share: Option<f64>) {
+        self.hog_cpu_frac = share;
+        self.hog_cpu_frac_min = share;
+    }
 }
 
 fn per_byte(ns: u64, bytes: u64) -> f64 {
@@ -113,6 +128,8 @@ pub fn point_of_load(
         rdma_connections: s.rdma_connections,
         reg_cpu_us: None,
         reg_wait_us: None,
+        hog_cpu_frac: None,
+        hog_cpu_frac_min: None,
         runs: 1,
     }
 }
@@ -216,6 +233,11 @@ impl LabPoint for RdmaPoint {
             rdma_connections: sum(|p| p.rdma_connections),
             reg_cpu_us: mean_opt(runs.iter().map(|p| p.reg_cpu_us)),
             reg_wait_us: mean_opt(runs.iter().map(|p| p.reg_wait_us)),
+            hog_cpu_frac: mean_opt(runs.iter().map(|p| p.hog_cpu_frac)),
+            hog_cpu_frac_min: runs
+                .iter()
+                .filter_map(|p| p.hog_cpu_frac_min)
+                .reduce(f64::min),
             runs: runs.iter().map(|p| p.runs).sum(),
             ..first.clone()
         }
@@ -236,6 +258,9 @@ impl LabPoint for RdmaPoint {
             if let Some(c) = self.connect_us {
                 s.push_str(&format!(", connect {c:.0} µs"));
             }
+        }
+        if let Some(h) = self.hog_cpu_frac {
+            s.push_str(&format!(", hogs {:.1} % of the CPU", h * 100.0));
         }
         s
     }

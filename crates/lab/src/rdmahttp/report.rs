@@ -335,6 +335,34 @@ fn targets(points: &[RdmaPoint]) -> String {
     out
 }
 
+/// The CPU hogs' share of the server's CPU over the loaded points that recorded it
+/// (empty if none did: runs kept before it was measured).
+fn hog_line(points: &[RdmaPoint]) -> String {
+    let shares: Vec<(&RdmaPoint, f64, f64)> = points
+        .iter()
+        .filter_map(|p| Some((p, p.hog_cpu_frac?, p.hog_cpu_frac_min?)))
+        .collect();
+    let Some(low) = shares
+        .iter()
+        .min_by(|a, b| a.2.total_cmp(&b.2))
+        .map(|s| (s.0, s.2))
+    else {
+        return String::new();
+    };
+    let mean = shares.iter().map(|s| s.1).sum::<f64>() / shares.len() as f64;
+    format!(
+        "CPU hogs' share of the server's CPU over {} loaded points (run time / wall time): \
+         mean {:.1} %, lowest run {:.1} % ({} {} {} c{})\n",
+        shares.len(),
+        mean * 100.0,
+        low.1 * 100.0,
+        low.0.experiment,
+        low.0.system,
+        size_label(low.0.size_bytes),
+        low.0.clients
+    )
+}
+
 /// The experiment's text: Table 1, Fig. 3, Fig. 4, the idle comparison and what the
 /// software stack can show.
 pub fn tables(points: &[RdmaPoint]) -> String {
@@ -366,6 +394,10 @@ pub fn tables(points: &[RdmaPoint]) -> String {
             "declined by the server (bodies over TCP):\n{}\n",
             declined.join("\n")
         ));
+    }
+    let hog = hog_line(points);
+    if !hog.is_empty() {
+        parts.push(hog);
     }
     if points.iter().any(|p| p.system == SYSTEM_XDP_READS) {
         parts.push(targets(points));
@@ -410,6 +442,8 @@ pub fn csv(points: &[RdmaPoint]) -> io::Result<String> {
         "reg_cpu_us",
         "reg_wait_us",
         "runs",
+        "hog_cpu_frac",
+        "hog_cpu_frac_min",
     ];
     let o = |v: Option<f64>| v.map_or_else(String::new, crate::report::fmt_num);
     let n = crate::report::fmt_num;
@@ -445,6 +479,8 @@ pub fn csv(points: &[RdmaPoint]) -> io::Result<String> {
                 o(p.reg_cpu_us),
                 o(p.reg_wait_us),
                 p.runs.to_string(),
+                o(p.hog_cpu_frac),
+                o(p.hog_cpu_frac_min),
             ]
         }),
     )
@@ -489,6 +525,31 @@ mod tests {
         assert_eq!(size_label(512_000), "500 KiB");
         assert_eq!(size_label(500_000), "500 kB");
         assert_eq!(size_label(2048), "2 KiB");
+        assert!(!t.contains("hogs' share"), "{t}");
+    }
+
+    #[test]
+    fn the_hogs_share_is_reported_with_its_lowest_run() {
+        let mut a = p("fig4", "tcp", "loaded", 1 << 20, 20.0);
+        a.clients = 15;
+        a.set_hog_share(Some(0.95));
+        let mut b = a.clone();
+        b.set_hog_share(Some(0.85));
+        let c = <RdmaPoint as crate::experiment::LabPoint>::combine(&[a, b]);
+        assert_eq!(c.hog_cpu_frac_min, Some(0.85));
+        assert!((c.hog_cpu_frac.unwrap() - 0.9).abs() < 1e-9);
+        let t = tables(&[c.clone(), p("fig4", "tcp", "idle", 1 << 20, 5.0)]);
+        assert!(
+            t.contains("over 1 loaded points")
+                && t.contains("lowest run 85.0 % (fig4 tcp 1 MiB c15)"),
+            "{t}"
+        );
+        assert!(csv(&[c])
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap()
+            .ends_with("hog_cpu_frac,hog_cpu_frac_min"));
     }
 
     #[test]
