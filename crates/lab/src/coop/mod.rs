@@ -26,14 +26,19 @@
 //!   (`balance uri`, `hash-type consistent`, `hash-balance-factor 125`) over real nginx
 //!   with `proxy_cache` on every node, each nginx's upstream a `farside backend --coop`
 //!   origin in the same node serving the files through the same emulated disk and
-//!   caching nothing (`--coop-cache-bytes 1`); nginx's cache manager is run often enough
-//!   to hold its cache to `max_size` (`crate::nginx::PROXY_CACHE_BOUND_RULE`).
+//!   caching nothing (`--coop-cache-bytes 1`); nginx's cache manager wakes at least
+//!   every second (`crate::nginx::PROXY_CACHE_BOUND_RULE`), and the cache runs over
+//!   `max_size` by what it refills between sweeps (`--anchor-max-size-bytes` sets
+//!   another `max_size`).
 //!
 //! Cache rule: every node caches `ceil(W90 / nodes)` bytes, W90 the bytes of the most
 //! popular objects that receive 90 % of the requests (6.9 MB): together the nodes can
 //! hold the hot set once, which only cooperation (or partitioning by URL) can exploit.
 //! The anchor's nginx caches get the same bytes each. Every point records the bytes the
-//! caches actually held at its end (`cache_held_bytes`, and nginx's allocated blocks).
+//! caches actually held at its end (`cache_held_bytes`, and nginx's allocated blocks)
+//! and, sampled every [`HELD_SAMPLE_INTERVAL`] over the measured window, their mean and
+//! largest (`cache_held_mean_bytes`, `cache_held_max_bytes`): the figures a comparison
+//! at equal memory is set from.
 //!
 //! Links (`--links`, Gbit/s; 0 = as the veth pair carries): `tc tbf` on both ends of
 //! every back-end node's link, so its traffic to clients and peers shares the rate.
