@@ -277,6 +277,9 @@ fn params(
         "disk_latency_us": a.disk_latency_us,
         "disk_bytes_per_s": farside_backend::coop::disk::DISK_BYTES_PER_S_DEFAULT,
         "cache_bytes": a.cache_bytes,
+        "anchor_max_size_bytes": a.anchor_max_size_bytes,
+        "cache_held_sampled": format!("cache_held_mean_bytes / cache_held_max_bytes: the same bytes sampled every {} ms over the measured window, mean and largest", HELD_SAMPLE_INTERVAL.as_millis()),
+        "cpu": "cpu_us_per_req: the back-end nodes' cgroups' CPU (cpuacct) per served request; the anchor: nginx_cpu_us_per_req the nginx processes' share of it (/proc/<pid>/stat utime + stime), the rest its origins'; lb_cpu_us_per_req the front-end's",
         "cache_rule": format!("ceil(W{:.0} / nodes): the bytes of the most popular objects receiving {:.0} % of the requests ({} B), split over the nodes; the anchor's nginx caches get the same bytes each", CACHE_RULE_FRACTION * 100.0, CACHE_RULE_FRACTION * 100.0, t.working_set_bytes(CACHE_RULE_FRACTION)),
         "trace": "World Cup 1998 sample (data/wc98-day6-sample.csv.gz), files at their logged paths and sizes with content of their own",
         "client": "farside loadgen, one instance per back-end node with its share of the clients (closed: kept-alive, World Cup sessions) or of the rate (open: the log's timing compressed to the rate, one connection per request), all in the client node; every 200's body checked against its file (--check-root)",
@@ -580,20 +583,104 @@ fn cgroup_cpu_us(dc: &VirtualDc, node: &str) -> u64 {
     0
 }
 
+/// Processes listed in one node's `cgroup.procs` at most: a node runs a handful.
+const NODE_PROCS_MAX: usize = 4096;
+
+/// CPU time (user + system, all threads) of the processes in a node's cgroup whose
+/// command name is `comm`, µs, from `/proc/<pid>/stat` (clock-tick resolution). A
+/// process that exits between two reads takes its time with it: the lab reads while
+/// its processes run.
+fn cgroup_comm_cpu_us(dc: &VirtualDc, node: &str, comm: &str) -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    for d in dc.cgroup_dirs(node) {
+        let Ok(procs) = std::fs::read_to_string(d.join("cgroup.procs")) else {
+            continue;
+        };
+        let mut ticks = 0u64;
+        let mut any = false;
+        for pid in procs.lines().take(NODE_PROCS_MAX) {
+            let Ok(st) = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) else {
+                continue;
+            };
+            any = true;
+            ticks += proc_stat_ticks(&st, comm).unwrap_or(0);
+        }
+        if any {
+            return ticks * 1_000_000 / hz;
+        }
+    }
+    0
+}
+
+/// User + system clock ticks of a `/proc/<pid>/stat` text if its command is `comm`.
+fn proc_stat_ticks(st: &str, comm: &str) -> Option<u64> {
+    // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+    let (open, close) = (st.find('(')?, st.rfind(')')?);
+    if st.get(open + 1..close)? != comm {
+        return None;
+    }
+    let f: Vec<&str> = st.get(close + 1..)?.split_whitespace().collect();
+    // After ")" the state is stat(5)'s field 3, so utime (14) and stime (15) are
+    // indexes 11 and 12.
+    let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+    Some(field(11)? + field(12)?)
+}
+
 /// The counters at one moment: each stats address's text, the back-end nodes' and the
-/// front-end's CPU.
+/// front-end's CPU, and the nginx processes' CPU in the back-end nodes.
 struct Snapshot {
     stats: Vec<String>,
     cpu_us: u64,
     lb_cpu_us: u64,
+    nginx_cpu_us: u64,
 }
 
-fn snapshot(dc: &VirtualDc, nodes: usize, at: &[SocketAddr]) -> Snapshot {
+fn snapshot(dc: &VirtualDc, nodes: usize, at: &[SocketAddr], nginx: bool) -> Snapshot {
     Snapshot {
         stats: at.iter().map(|&s| stats(s)).collect(),
         cpu_us: (0..nodes).map(|i| cgroup_cpu_us(dc, &node_name(i))).sum(),
         lb_cpu_us: cgroup_cpu_us(dc, LB),
+        nginx_cpu_us: if nginx {
+            (0..nodes)
+                .map(|i| cgroup_comm_cpu_us(dc, &node_name(i), "nginx"))
+                .sum()
+        } else {
+            0
+        },
     }
+}
+
+/// Body bytes the caches hold now, over all nodes: the nginx cache directories'
+/// files' apparent bytes (the anchor), else the nodes' `cache_used_bytes`.
+fn held_now(cache_dirs: &[PathBuf], stats_at: &[SocketAddr]) -> u64 {
+    if cache_dirs.is_empty() {
+        stats_at
+            .iter()
+            .map(|&a| stat(&stats(a), "cache_used_bytes"))
+            .sum()
+    } else {
+        cache_dirs.iter().map(|d| dir_bytes(d).apparent).sum()
+    }
+}
+
+/// Samples [`held_now`] every [`HELD_SAMPLE_INTERVAL`] until `stop`; the samples.
+fn sample_held(
+    cache_dirs: &[PathBuf],
+    stats_at: &[SocketAddr],
+    stop: &std::sync::atomic::AtomicBool,
+) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut next = std::time::Instant::now();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let now = std::time::Instant::now();
+        if now >= next {
+            out.push(held_now(cache_dirs, stats_at));
+            next = now + HELD_SAMPLE_INTERVAL;
+        }
+        std::thread::sleep(READY_POLL);
+    }
+    out
 }
 
 fn measure(
@@ -605,9 +692,14 @@ fn measure(
     warmup_s: u64,
     duration_s: u64,
 ) -> io::Result<CoopPoint> {
-    let cache_bytes = a
+    let rule_bytes = a
         .cache_bytes
         .unwrap_or_else(|| cache_rule(&sh.coop_trace, k.nodes));
+    // The anchor's nginx may be given another max_size (docs/coop.md "Same memory").
+    let cache_bytes = match a.anchor_max_size_bytes {
+        Some(b) if k.system == "haproxy" => b,
+        _ => rule_bytes,
+    };
     let tag = format!(
         "{}-n{}-{}-{}-{}-r{run}",
         k.system,
@@ -642,8 +734,11 @@ fn measure(
         .collect();
     let dc = &l.dc;
     let stats_at = sys.stats_at.clone();
+    let cache_dirs = sys.cache_dirs.clone();
+    let nginx = !cache_dirs.is_empty();
     let nodes = k.nodes;
-    let (summaries, before, after) = dc.run_in_ns(CLIENT, || {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (summaries, before, after, held) = dc.run_in_ns(CLIENT, || {
         std::thread::scope(|s| {
             let handles: Vec<_> = per_node
                 .iter()
@@ -652,17 +747,24 @@ fn measure(
             // The loadgen instances start their clocks after loading the trace
             // (~0.3 s); the counters are read at the end of their warm-up.
             std::thread::sleep(Duration::from_secs(warmup_s) + Duration::from_millis(300));
-            let before = snapshot(dc, nodes, &stats_at);
+            let before = snapshot(dc, nodes, &stats_at, nginx);
+            let sampler = s.spawn(|| sample_held(&cache_dirs, &stats_at, &stop));
             let mut out = Vec::new();
+            let mut failed = None;
             for h in handles {
                 match h.join() {
                     Ok(Ok(sm)) => out.push(sm),
-                    Ok(Err(e)) => return Err(io::Error::other(format!("loadgen: {e}"))),
-                    Err(_) => return Err(io::Error::other("a loadgen thread panicked")),
+                    Ok(Err(e)) => failed = Some(io::Error::other(format!("loadgen: {e}"))),
+                    Err(_) => failed = Some(io::Error::other("a loadgen thread panicked")),
                 }
             }
-            let after = snapshot(dc, nodes, &stats_at);
-            Ok((out, before, after))
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let held = sampler.join().unwrap_or_default();
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            let after = snapshot(dc, nodes, &stats_at, nginx);
+            Ok((out, before, after, held))
         })
     })?;
     for c in &mut sys.children {
@@ -763,6 +865,13 @@ fn measure(
         } else {
             d("remote_fetch_us") as f64 / remote as f64
         },
+        cache_held_mean_bytes: if held.is_empty() {
+            0
+        } else {
+            held.iter().sum::<u64>() / held.len() as u64
+        },
+        cache_held_max_bytes: held.iter().copied().max().unwrap_or(0),
+        nginx_cpu_us_per_req: per_req(after.nginx_cpu_us.saturating_sub(before.nginx_cpu_us)),
     })
 }
 
@@ -817,6 +926,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn proc_stat_ticks_sum_user_and_system_of_the_named_command() {
+        let st = "4242 (nginx) S 1 4242 4242 0 -1 4194560 900 0 0 0 150 25 0 0 20 0 1 0 \
+                  1000 10000000 500 18446744073709551615";
+        assert_eq!(proc_stat_ticks(st, "nginx"), Some(175));
+        assert_eq!(proc_stat_ticks(st, "farside"), None);
+        let odd = "7 (a) b) R 1 7 7 0 -1 0 0 0 0 0 3 4 0 0";
+        assert_eq!(proc_stat_ticks(odd, "a) b"), Some(7));
+        assert_eq!(proc_stat_ticks("7 (nginx) S", "nginx"), None);
+    }
+
+    #[test]
     fn keys_put_the_systems_of_one_configuration_together() {
         let a = CoopLabArgs {
             out: "x".into(),
@@ -833,6 +953,7 @@ mod tests {
             cpu_quota_pct: 40,
             disk_latency_us: 5000,
             cache_bytes: None,
+            anchor_max_size_bytes: None,
             repeat: 1,
         };
         check_args(&a).unwrap();

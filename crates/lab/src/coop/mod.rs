@@ -26,14 +26,19 @@
 //!   (`balance uri`, `hash-type consistent`, `hash-balance-factor 125`) over real nginx
 //!   with `proxy_cache` on every node, each nginx's upstream a `farside backend --coop`
 //!   origin in the same node serving the files through the same emulated disk and
-//!   caching nothing (`--coop-cache-bytes 1`); nginx's cache manager is run often enough
-//!   to hold its cache to `max_size` (`crate::nginx::PROXY_CACHE_BOUND_RULE`).
+//!   caching nothing (`--coop-cache-bytes 1`); nginx's cache manager wakes at least
+//!   every second (`crate::nginx::PROXY_CACHE_BOUND_RULE`), and the cache runs over
+//!   `max_size` by what it refills between sweeps (`--anchor-max-size-bytes` sets
+//!   another `max_size`).
 //!
 //! Cache rule: every node caches `ceil(W90 / nodes)` bytes, W90 the bytes of the most
 //! popular objects that receive 90 % of the requests (6.9 MB): together the nodes can
 //! hold the hot set once, which only cooperation (or partitioning by URL) can exploit.
 //! The anchor's nginx caches get the same bytes each. Every point records the bytes the
-//! caches actually held at its end (`cache_held_bytes`, and nginx's allocated blocks).
+//! caches actually held at its end (`cache_held_bytes`, and nginx's allocated blocks)
+//! and, sampled every [`HELD_SAMPLE_INTERVAL`] over the measured window, their mean and
+//! largest (`cache_held_mean_bytes`, `cache_held_max_bytes`): the figures a comparison
+//! at equal memory is set from.
 //!
 //! Links (`--links`, Gbit/s; 0 = as the veth pair carries): `tc tbf` on both ends of
 //! every back-end node's link, so its traffic to clients and peers shares the rate.
@@ -60,6 +65,10 @@ pub const CLIENTS_PER_NODE_MAX: usize = 64;
 pub const RATE_MAX: f64 = 100_000.0;
 /// Fraction of requests whose objects' bytes set the cache size (see the module doc).
 pub const CACHE_RULE_FRACTION: f64 = 0.9;
+/// How often the lab samples what the caches hold during a measured window: nginx's
+/// cache manager wakes at least every second (`inactive=1s`), so a sample a second
+/// sees each of its fill-and-sweep cycles; one sample walks a few thousand files.
+pub const HELD_SAMPLE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Most `--repeat`.
 pub const REPEAT_MAX: u32 = 10;
 /// The systems built.
@@ -133,6 +142,12 @@ pub struct CoopLabArgs {
     /// Cache bytes per node; default by the rule of the module doc.
     #[arg(long = "cache-bytes")]
     pub cache_bytes: Option<u64>,
+    /// The anchor only: nginx's `max_size` per node, bytes; default the cache bytes.
+    /// nginx runs over `max_size` between its cache manager's sweeps, so matching its
+    /// real footprint to the farside nodes' needs a lower `max_size` (see
+    /// `cache_held_mean_bytes` in the points and docs/coop.md "Same memory").
+    #[arg(long = "anchor-max-size-bytes")]
+    pub anchor_max_size_bytes: Option<u64>,
     /// Run every point this many times (1..=10); runs are combined (means, counts
     /// summed).
     #[arg(long, default_value_t = 1)]
@@ -207,6 +222,19 @@ pub struct CoopPoint {
     /// it (0: no remote hit).
     #[serde(default)]
     pub peer_fetch_us: f64,
+    /// Body bytes the caches held over all nodes, the mean of samples taken every
+    /// [`HELD_SAMPLE_INTERVAL`] over the measured window (same accounting as
+    /// `cache_held_bytes`). 0 in runs kept before it was recorded.
+    #[serde(default)]
+    pub cache_held_mean_bytes: u64,
+    /// The largest of those samples.
+    #[serde(default)]
+    pub cache_held_max_bytes: u64,
+    /// The anchor: the CPU of the nginx processes in the back-end nodes per served
+    /// request, µs (the rest of `cpu_us_per_req` is the origin's); 0 for the farside
+    /// systems.
+    #[serde(default)]
+    pub nginx_cpu_us_per_req: f64,
 }
 
 impl LabPoint for CoopPoint {
@@ -251,6 +279,13 @@ impl LabPoint for CoopPoint {
             cache_held_bytes: sum(|p| p.cache_held_bytes) / runs.len() as u64,
             cache_disk_bytes: sum(|p| p.cache_disk_bytes) / runs.len() as u64,
             peer_fetch_us: f(|p| p.peer_fetch_us),
+            cache_held_mean_bytes: sum(|p| p.cache_held_mean_bytes) / runs.len() as u64,
+            cache_held_max_bytes: runs
+                .iter()
+                .map(|p| p.cache_held_max_bytes)
+                .max()
+                .unwrap_or(0),
+            nginx_cpu_us_per_req: f(|p| p.nginx_cpu_us_per_req),
             ..first.clone()
         }
     }
@@ -390,6 +425,25 @@ fn held_lines(points: &[CoopPoint]) -> String {
                 String::new()
             }
         );
+        if p.cache_held_mean_bytes > 0 {
+            let per_node = |b: u64| b as f64 / p.nodes.max(1) as f64;
+            out += &format!(
+                "  over the window: mean {:.0} B per node ({:.2}x), max {:.0} B per node{}\n",
+                per_node(p.cache_held_mean_bytes),
+                per_node(p.cache_held_mean_bytes) / p.cache_bytes.max(1) as f64,
+                per_node(p.cache_held_max_bytes),
+                if p.nginx_cpu_us_per_req > 0.0 {
+                    format!(
+                        "; CPU per request: nginx {:.0} us, origin {:.0} us, front-end {:.0} us",
+                        p.nginx_cpu_us_per_req,
+                        p.cpu_us_per_req - p.nginx_cpu_us_per_req,
+                        p.lb_cpu_us_per_req
+                    )
+                } else {
+                    String::new()
+                }
+            );
+        }
     }
     out
 }
