@@ -813,7 +813,11 @@ mod tests {
         // The initial node pays the same for both; the holder pays only with tcp/udp:
         // (30 fetches + 5 wasted) x 20 us + 60 KB x 0.3 us over 100 requests.
         assert_eq!(d0.own, d2.own);
-        assert!(close(d2.peer[0], (35.0 * 20_000.0 + 60.0 * 300.0) / 100.0, 1e-12));
+        assert!(close(
+            d2.peer[0],
+            (35.0 * 20_000.0 + 60.0 * 300.0) / 100.0,
+            1e-12
+        ));
         // The initial node's fetch: (30 + 5) x 8 us + 60 KB x 0.5 us over 100 requests,
         // on top of serving every answer and the misses' CPU.
         let base = transport_demands_ns(

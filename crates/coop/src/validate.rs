@@ -23,8 +23,7 @@
 
 use crate::model::{
     bound_clients_network, demands_ns, little_population, mva_classes, relative_error,
-    transport_demands_ns, utilisation, ClassesResult, Demands, PeerFetch, Solver,
-    MODEL_TOLERANCE,
+    transport_demands_ns, utilisation, ClassesResult, Demands, PeerFetch, Solver, MODEL_TOLERANCE,
 };
 use crate::policy::{Policy, Press, RemoteMode, RoundRobin};
 use crate::sim::{self, Costs, DirectoryUpdate, SimConfig, SimReport};
@@ -457,7 +456,10 @@ pub fn predict_replay(
     let fetch = match transport_of(&s.system).filter(|t| *t != "tcp") {
         Some(t) => {
             let tc = f.transport(t).ok_or_else(|| {
-                format!("{}: the costs file has no {t} fetch costs (calibrate again)", s.system)
+                format!(
+                    "{}: the costs file has no {t} fetch costs (calibrate again)",
+                    s.system
+                )
             })?;
             Some(tc.peer_fetch().at_cpu_share(s.cpu_share * s.cpu_speedup))
         }
@@ -1159,7 +1161,11 @@ mod tests {
         let trace = small_trace(400, 6_000);
         let without = check_runs(&costs_file(), &trace, &runs, 1);
         let why = |c: &PointCheck| c.prediction.as_ref().err().cloned().unwrap_or_default();
-        assert!(why(&without[0]).contains("calibrate again"), "{}", why(&without[0]));
+        assert!(
+            why(&without[0]).contains("calibrate again"),
+            "{}",
+            why(&without[0])
+        );
         assert!(why(&without[1]).contains("open loop"));
         assert!(why(&without[2]).contains("proxy"));
         assert_eq!(verdict(&without), (0, 0, 0));
