@@ -122,8 +122,46 @@ impl Demands {
     }
 }
 
-/// The per-request demands of a simulated run under `costs` (see [`Demands`]).
+/// A peer transport's CPU per body fetched from a peer's cache, at the node that took
+/// the request (`initial`) and at the node that holds the body (`service`): ns per
+/// fetch plus ns per KB. `service` is 0 where no process of the holder runs (one-sided
+/// XDP READs, whose softirq runs on the reader's CPU on veth, and shared memory).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PeerFetch {
+    pub initial_ns: f64,
+    pub initial_per_kb_ns: f64,
+    pub service_ns: f64,
+    pub service_per_kb_ns: f64,
+}
+
+impl PeerFetch {
+    /// The costs on a CPU with `share` of one core (every cost divided by it).
+    pub fn at_cpu_share(&self, share: f64) -> PeerFetch {
+        assert!(share > 0.0, "a CPU share above 0");
+        PeerFetch {
+            initial_ns: self.initial_ns / share,
+            initial_per_kb_ns: self.initial_per_kb_ns / share,
+            service_ns: self.service_ns / share,
+            service_per_kb_ns: self.service_per_kb_ns / share,
+        }
+    }
+}
+
+/// The per-request demands of a simulated run under `costs` (see [`Demands`]), a body
+/// read one-sidedly costing the READs of the `sim` module's model.
 pub fn demands_ns(costs: &Costs, report: &SimReport) -> Demands {
+    demands_with(costs, report, None)
+}
+
+/// The per-request demands of a simulated run whose peer bodies (the simulation's
+/// `remote` class: bodies within the transport's size bound) travel over a transport
+/// costing `peer`; the larger ones (`forwarded`) over TCP at `costs`' forward costs.
+/// A wasted fetch (a stale hint) costs one fetch's fixed part at both ends.
+pub fn transport_demands_ns(costs: &Costs, report: &SimReport, peer: &PeerFetch) -> Demands {
+    demands_with(costs, report, Some(peer))
+}
+
+fn demands_with(costs: &Costs, report: &SimReport, fetch: Option<&PeerFetch>) -> Demands {
     let m = report.measured.max(1) as f64;
     let c = costs;
     let per = |ns: u64| ns as f64;
@@ -142,13 +180,24 @@ pub fn demands_ns(costs: &Costs, report: &SimReport) -> Demands {
         + report.miss.kb as f64 * per(c.cpu_miss_per_kb_ns);
     // Bodies from a peer cross the peer's NIC too.
     peer[2] += (report.remote.kb + report.forwarded.kb) as f64 * per(c.nic_per_kb_ns);
-    // One-sided: the reader's READs and the peer's XDP answers; a wasted fetch costs the
-    // reader's READs and the peer's one index READ.
-    let reads_mean = report.remote.reads as f64 / report.remote.requests.max(1) as f64;
-    own[0] += report.remote.reads as f64 * per(c.cpu_read_chunk_ns);
-    peer[0] += report.remote.reads as f64 * per(c.cpu_xdp_chunk_ns);
-    own[0] += report.wasted_fetches as f64 * reads_mean * per(c.cpu_read_chunk_ns);
-    peer[0] += report.wasted_fetches as f64 * per(c.cpu_xdp_chunk_ns);
+    match fetch {
+        // One-sided: the reader's READs and the peer's XDP answers; a wasted fetch costs
+        // the reader's READs and the peer's one index READ.
+        None => {
+            let reads_mean = report.remote.reads as f64 / report.remote.requests.max(1) as f64;
+            own[0] += report.remote.reads as f64 * per(c.cpu_read_chunk_ns);
+            peer[0] += report.remote.reads as f64 * per(c.cpu_xdp_chunk_ns);
+            own[0] += report.wasted_fetches as f64 * reads_mean * per(c.cpu_read_chunk_ns);
+            peer[0] += report.wasted_fetches as f64 * per(c.cpu_xdp_chunk_ns);
+        }
+        // A measured transport: its fetch at both ends.
+        Some(f) => {
+            let (n, kb) = (report.remote.requests as f64, report.remote.kb as f64);
+            let wasted = report.wasted_fetches as f64;
+            own[0] += n * f.initial_ns + kb * f.initial_per_kb_ns + wasted * f.initial_ns;
+            peer[0] += n * f.service_ns + kb * f.service_per_kb_ns + wasted * f.service_ns;
+        }
+    }
     // Forwarded: the fetch at the initial node, the answer at the service node.
     let forwarded = (report.forwarded.requests + report.wasted_forwards) as f64;
     own[0] += forwarded * per(c.cpu_forward_ns)
@@ -462,6 +511,18 @@ pub fn extrapolate(
     }
 }
 
+/// The utilisation law: a resource serving `throughput_per_s` requests of `demand_s`
+/// each is busy `U = X D` of the time (at most 1 when the figures are consistent).
+pub fn utilisation(throughput_per_s: f64, demand_s: f64) -> f64 {
+    throughput_per_s * demand_s
+}
+
+/// Little's law over a closed loop: `N = X (R + Z)` customers for throughput `X`,
+/// response time `R` and think time `Z`.
+pub fn little_population(throughput_per_s: f64, response_s: f64, think_s: f64) -> f64 {
+    throughput_per_s * (response_s + think_s)
+}
+
 /// Relative error of a prediction against a simulated or measured value.
 pub fn relative_error(predicted: f64, observed: f64) -> f64 {
     (predicted - observed).abs() / observed.abs().max(f64::MIN_POSITIVE)
@@ -668,5 +729,123 @@ mod tests {
         assert_eq!(big.solver, Solver::Schweitzer);
         assert!(big.total_throughput() <= 32.0 / 2e-3 + 1e-6);
         assert!(big.total_throughput() > 0.5 * 32.0 / 2e-3);
+    }
+
+    fn report(remote: (u64, u64), wasted: u64) -> SimReport {
+        let class = |requests: u64, kb: u64| crate::sim::ClassStats {
+            requests,
+            bytes: kb * 1024,
+            kb,
+            reads: 0,
+        };
+        SimReport {
+            policy: "press",
+            nodes: 2,
+            clients: 8,
+            think_ns: 0,
+            measured: 50 + remote.0 + 20,
+            local: class(50, 100),
+            remote: class(remote.0, remote.1),
+            forwarded: class(0, 0),
+            miss: class(20, 40),
+            wasted_fetches: wasted,
+            wasted_forwards: 0,
+            lost_local_hits: 0,
+            window_ns: 1,
+            completed_in_window: 1,
+            in_flight_at_end: 0,
+            mean_response_ns: 0.0,
+            mean_in_system: 0.0,
+            utilisation: Vec::new(),
+            demand_ns: Vec::new(),
+            directory_cpu: Vec::new(),
+            violations: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn utilisation_and_little_laws_as_pure_functions() {
+        assert!(close(utilisation(200.0, 0.004), 0.8, 1e-12));
+        assert!(close(little_population(100.0, 0.05, 0.03), 8.0, 1e-12));
+        // On MVA's answer: N = X (R + Z), U = X D per station.
+        let st = vec![
+            Station::queueing("cpu", 0.003),
+            Station::queueing("disk", 0.007),
+        ];
+        let r = mva(&st, 0.02, 12);
+        assert!(close(
+            little_population(r.throughput_per_s, r.response_s, 0.02),
+            12.0,
+            1e-9
+        ));
+        for (i, s) in st.iter().enumerate() {
+            assert!(close(
+                utilisation(r.throughput_per_s, s.demand_s),
+                r.utilisation[i],
+                1e-12
+            ));
+        }
+    }
+
+    #[test]
+    fn a_transport_with_zero_remote_demand_loads_only_the_initial_node() {
+        let costs = Costs {
+            cpu_request_ns: 10_000,
+            cpu_per_kb_ns: 100,
+            nic_per_kb_ns: 0,
+            ..Costs::default()
+        };
+        let rep = report((30, 60), 5);
+        let one_sided = PeerFetch {
+            initial_ns: 8_000.0,
+            initial_per_kb_ns: 500.0,
+            service_ns: 0.0,
+            service_per_kb_ns: 0.0,
+        };
+        let two_sided = PeerFetch {
+            service_ns: 20_000.0,
+            service_per_kb_ns: 300.0,
+            ..one_sided
+        };
+        let d0 = transport_demands_ns(&costs, &rep, &one_sided);
+        let d2 = transport_demands_ns(&costs, &rep, &two_sided);
+        assert_eq!(d0.peer, [0.0; 3], "no process of the holder runs");
+        // The initial node pays the same for both; the holder pays only with tcp/udp:
+        // (30 fetches + 5 wasted) x 20 us + 60 KB x 0.3 us over 100 requests.
+        assert_eq!(d0.own, d2.own);
+        assert!(close(
+            d2.peer[0],
+            (35.0 * 20_000.0 + 60.0 * 300.0) / 100.0,
+            1e-12
+        ));
+        // The initial node's fetch: (30 + 5) x 8 us + 60 KB x 0.5 us over 100 requests,
+        // on top of serving every answer and the misses' CPU.
+        let base = transport_demands_ns(
+            &costs,
+            &rep,
+            &PeerFetch {
+                initial_ns: 0.0,
+                initial_per_kb_ns: 0.0,
+                ..one_sided
+            },
+        );
+        assert!(close(
+            d0.own[0] - base.own[0],
+            (35.0 * 8_000.0 + 60.0 * 500.0) / 100.0,
+            1e-12
+        ));
+        // In the network, node 1's CPU serves only its own clients when peer demand is 0.
+        let (kinds, classes) = bound_clients_network(2, &d0, 4, 0.0001);
+        let r = mva_classes(&kinds, &classes);
+        assert!(close(
+            r.utilisation[3],
+            r.throughput_per_s[1] * d0.own[0] / 1e9,
+            1e-12
+        ));
+        let (kinds, classes) = bound_clients_network(2, &d2, 4, 0.0001);
+        let r2 = mva_classes(&kinds, &classes);
+        assert!(r2.utilisation[3] > r2.throughput_per_s[1] * d2.own[0] / 1e9);
+        // Same clients, less CPU per request in total: more throughput.
+        assert!(r.total_throughput() > r2.total_throughput());
     }
 }

@@ -6,6 +6,10 @@ use farside_coop::trace::{world_cup_sample_path, Trace};
 use farside_coop::validate::{self, CostsFile, LabRun, Setup};
 use std::path::{Path, PathBuf};
 
+/// Checked configurations extrapolated from at most: each grid is ten configurations of
+/// every modelled system, a few minutes of simulation.
+const EXTRAPOLATION_BASES_MAX: usize = 3;
+
 /// `farside model ...`.
 #[derive(Debug, clap::Args)]
 pub struct ModelArgs {
@@ -16,13 +20,16 @@ pub struct ModelArgs {
 /// The models.
 #[derive(Debug, clap::Subcommand)]
 pub enum ModelWhat {
-    /// Cooperative caching (PRESS vs round-robin): simulate the World Cup trace per
-    /// system and node count, predict throughput and response time by mean-value
-    /// analysis from measured costs, compare with kept `lab coop` runs (PASS within
-    /// 15 %, fixed in advance), check the utilisation and Little's laws on the measured
-    /// points, then extrapolate (8/16/32 nodes, larger working sets, faster CPUs),
-    /// labelled "model output" only if every compared configuration passed, else
-    /// "UNCHECKED" (and the command exits 1).
+    /// Cooperative caching (rr and PRESS over tcp, udp, xdp and shm peer fetch):
+    /// simulate the World Cup trace per system and node count, predict throughput and
+    /// response time by mean-value analysis from measured costs (per-transport fetch
+    /// costs from --calibrate), compare with the closed-loop points of kept `lab coop`
+    /// runs (`points.json` or `summary.json`; PASS within 15 %, fixed in advance; open
+    /// loop, lard, bounded-hash and haproxy listed as not modelled), check the
+    /// utilisation and Little's laws, then extrapolate (8/16/32 nodes, larger working
+    /// sets, faster CPUs) with the largest gain of press-xdp over press-tcp beside the
+    /// paper's 55 %, labelled "model output" only if every compared configuration
+    /// passed, else "UNCHECKED" (and the command exits 1).
     Coop(CoopModelArgs),
 }
 
@@ -34,9 +41,10 @@ pub struct CoopModelArgs {
     #[arg(long)]
     pub costs: Option<PathBuf>,
     /// Measure the costs on this host first (runs `farside backend --coop` nodes on
-    /// loopback, about 2 minutes) and write them to --costs (default
-    /// <--out>/costs.json). Run it through the measurement lock and with the same build
-    /// as the lab runs compared.
+    /// loopback, then peer fetch over tcp, udp, xdp and shm between nodes in network
+    /// namespaces as the lab's, which needs root; a few minutes) and write them to
+    /// --costs (default <--out>/costs.json). Run it through the measurement lock and
+    /// with the same build as the lab runs compared.
     #[arg(long)]
     pub calibrate: bool,
     /// Requests per calibration phase. Default 3000.
@@ -120,9 +128,18 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
         Trace::read_world_cup(&trace_path).map_err(|e| format!("{}: {e}", trace_path.display()))?;
     let mut runs = Vec::new();
     for dir in &a.runs {
-        let p = dir.join("points.json");
+        // A run's `points.json` (older runs) or the sweep runner's `summary.json`.
+        let (p, summary) = match dir.join("points.json") {
+            p if p.exists() => (p, false),
+            _ => (dir.join("summary.json"), true),
+        };
         let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-        let run = LabRun::parse(&text).map_err(|e| format!("{}: {e}", p.display()))?;
+        let run = if summary {
+            LabRun::parse_summary(&text)
+        } else {
+            LabRun::parse(&text)
+        }
+        .map_err(|e| format!("{}: {e}", p.display()))?;
         let name = dir
             .file_name()
             .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into());
@@ -134,7 +151,7 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
          trace: {} ({} requests, {} objects, {:.1} MB distinct)\n\
          CPU per request on one core: {:.1} us + {:.2} us/KB; miss +{:.1} us + {:.2} us/KB; \
          forward initial +{:.1} us + {:.2} us/KB, service {:.1} us + {:.2} us/KB; client {:.1} us + {:.2} us/KB\n\
-         disk emulation: {} us + size / {} B/s configured, measured {:.1} us + {:.2} us/KB\n\n",
+         disk emulation: {} us + size / {} B/s configured, measured {:.1} us + {:.2} us/KB\n",
         costs_path.display(),
         pv.commit,
         if pv.tree_dirty { ", dirty tree" } else { "" },
@@ -164,10 +181,25 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
         costs.disk.measured_access_ns / 1e3,
         costs.disk.measured_per_kb_ns / 1e3,
     );
-    let (modelled, failed, base) = if runs.is_empty() {
+    for t in &costs.transports {
+        text += &format!(
+            "peer fetch over {}: initial node +{:.1} us + {:.2} us/KB, service node {:.1} us + {:.2} us/KB \
+             (host softirq {:.1} us + {:.2} us/KB, inside those where it ran in their context)\n",
+            t.transport,
+            t.initial_ns / 1e3,
+            t.initial_per_kb_ns / 1e3,
+            t.service_ns / 1e3,
+            t.service_per_kb_ns / 1e3,
+            t.softirq_ns / 1e3,
+            t.softirq_per_kb_ns / 1e3,
+        );
+    }
+    text += "\n";
+    let systems = validate::modelled_systems(&costs);
+    let (modelled, failed, bases) = if runs.is_empty() {
         text += "no lab runs given (--runs): nothing is checked, every figure is model output, UNCHECKED\n";
         for &n in &a.nodes {
-            for system in ["rr", "press-tcp"] {
+            for system in &systems {
                 let s = default_setup(&trace, system, n);
                 let p = validate::predict(&costs, &trace, &s, a.seed)?;
                 text += &format!(
@@ -179,24 +211,41 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
             }
         }
         let n = a.nodes.iter().copied().max().unwrap_or(4);
-        (0, 0, default_setup(&trace, "rr", n))
+        (0, 0, vec![default_setup(&trace, "rr", n)])
     } else {
         let checks = validate::check_runs(&costs, &trace, &runs, a.seed);
         text += &validate::render_checks(&checks);
         let (m, _, bad) = validate::verdict(&checks);
-        // Extrapolate from the largest checked configuration.
-        let base = checks
+        // Extrapolate from every distinct checked configuration of the largest node
+        // count (nodes, cache, clients per node): each cache rule is its own regime.
+        let nodes_max = checks
             .iter()
             .filter_map(|c| c.prediction.as_ref().ok())
-            .max_by_key(|p| p.setup.nodes)
-            .map(|p| p.setup.clone())
+            .map(|p| p.setup.nodes)
+            .max()
             .ok_or("model coop: no configuration of the runs is modelled")?;
-        (m, bad, base)
+        let mut bases: Vec<validate::Setup> = Vec::new();
+        for p in checks.iter().filter_map(|c| c.prediction.as_ref().ok()) {
+            let s = &p.setup;
+            let same = |b: &validate::Setup| {
+                (b.nodes, b.cache_bytes, b.clients_per_node)
+                    == (s.nodes, s.cache_bytes, s.clients_per_node)
+            };
+            if s.nodes == nodes_max && !bases.iter().any(same) {
+                bases.push(s.clone());
+            }
+        }
+        (m, bad, bases)
     };
     if !a.no_extrapolate {
-        let rows = validate::extrapolate_grid(&costs, &trace, &base, a.seed)?;
-        text += "\n";
-        text += &validate::render_extrapolation(&rows, failed, modelled);
+        for base in bases.iter().take(EXTRAPOLATION_BASES_MAX) {
+            let rows = validate::extrapolate_grid(&costs, &trace, base, &systems, a.seed)?;
+            text += &format!(
+                "\nfrom {} nodes, cache {} B per node, {} clients per node:\n",
+                base.nodes, base.cache_bytes, base.clients_per_node
+            );
+            text += &validate::render_extrapolation(&rows, failed, modelled);
+        }
     }
     print!("{text}");
     if let Some(out) = &a.out {

@@ -26,7 +26,11 @@ use farside_backend::coop::seal::Sealer;
 use farside_backend::coop::wire::DirectoryUpdate;
 use farside_coop::directory::{BloomFilter, BLOOM_FP_DEFAULT};
 use farside_coop::sim::Costs;
-use farside_coop::validate::{CostsFile, DiskEmulation, Provenance, Sample, COSTS_FORMAT};
+use farside_coop::validate::{
+    CostsFile, DiskEmulation, Provenance, Sample, TransportCosts, COSTS_FORMAT,
+};
+use farside_lab::fabric::keys::LabKeys;
+use farside_lab::fabric::netns::{NodeSpec, VirtualDc};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -85,7 +89,6 @@ fn free_port() -> Result<u16, String> {
 
 /// A backend node in a child process.
 struct NodeProc {
-    name: String,
     child: Child,
     addr: SocketAddr,
     cgroup: Option<PathBuf>,
@@ -99,8 +102,7 @@ fn cpuacct_root() -> Option<PathBuf> {
 
 impl NodeProc {
     fn start(name: &str, root: &Path, extra: &[String]) -> Result<NodeProc, String> {
-        let port = free_port()?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let exe = std::env::current_exe().map_err(err)?;
         let mut args: Vec<String> = vec![
             "backend".into(),
@@ -133,7 +135,6 @@ impl NodeProc {
             }
         });
         let mut node = NodeProc {
-            name: name.into(),
             child,
             addr,
             cgroup,
@@ -479,71 +480,13 @@ pub fn calibrate(requests: u64) -> Result<CostsFile, String> {
         miss.push((kb(size), extra));
     }
     drop(b);
-    // Forwards: everything cached at the service node only.
-    let key = std::env::temp_dir().join(format!("farside-calib-{}.key", std::process::id()));
-    let mut raw = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut raw))
-        .map_err(err)?;
-    let hex: String = raw.iter().map(|b| format!("{b:02x}")).collect();
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&key)
-            .map_err(err)?;
-        writeln!(f, "{hex}").map_err(err)?;
-    }
-    let result = (|| -> Result<(Vec<Point>, Vec<Point>), String> {
-        let peers = [free_port()?, free_port()?]
-            .map(|p| SocketAddr::from(([127, 0, 0, 1], p)).to_string())
-            .join(",");
-        let press = |i: usize| {
-            let mut extra: Vec<String> = vec![
-                "--coop-policy".into(),
-                "press".into(),
-                "--coop-cache-bytes".into(),
-                big.clone(),
-                "--coop-index".into(),
-                i.to_string(),
-                "--coop-peers".into(),
-                peers.clone(),
-                "--coop-key-file".into(),
-                key.display().to_string(),
-            ];
-            zero_disk(&mut extra);
-            extra
-        };
-        let service = NodeProc::start("service", &objects.dir, &press(1))?;
-        let initial = NodeProc::start("initial", &objects.dir, &press(0))?;
-        warm(service.addr, &objects)?;
-        std::thread::sleep(DIRECTORY_SETTLE);
-        let (mut fi, mut fs) = (Vec::new(), Vec::new());
-        for (i, &size) in SIZES.iter().enumerate() {
-            let r0 = initial.stat("remote_hits");
-            let (c0, s0) = (initial.cpu_ns(), service.cpu_ns());
-            drive(initial.addr, &objects.by_size[i], requests)?;
-            let n = requests as f64;
-            let ini = (initial.cpu_ns() - c0) as f64 / n;
-            let srv = (service.cpu_ns() - s0) as f64 / n;
-            let remote = initial.stat("remote_hits") - r0;
-            if remote < requests * 9 / 10 {
-                return Err(err(format!(
-                    "forward phase at {size} B: {remote} of {requests} requests forwarded \
-                     ({}: the directory did not arrive)",
-                    initial.name
-                )));
-            }
-            sample("forward-initial", size, ini);
-            fi.push((kb(size), (ini - local[i].1).max(0.0)));
-            fs.push(sample("forward-service", size, srv));
-        }
-        Ok((fi, fs))
-    })();
-    let _ = std::fs::remove_file(&key);
-    let (fwd_initial, fwd_service) = result?;
+    // Peer fetches over every transport, in namespaces as the lab runs them.
+    let transports = transport_phases(&objects, requests, &mut sample)?;
+    let tcp = transports
+        .iter()
+        .find(|t| t.transport == "tcp")
+        .ok_or_else(|| err("no tcp phase"))?
+        .clone();
     // The emulated disk, as the lab configures it.
     let disk = Disk::new(LAB_DISK_LATENCY_US, LAB_DISK_BYTES_PER_S);
     let mut disk_pts = Vec::new();
@@ -564,8 +507,6 @@ pub fn calibrate(requests: u64) -> Result<CostsFile, String> {
     sample("directory-apply", 0, apply_ns);
     let (l_a, l_b) = fit(&local);
     let (m_a, m_b) = fit(&miss);
-    let (fi_a, fi_b) = fit(&fwd_initial);
-    let (fs_a, fs_b) = fit(&fwd_service);
     let (c_a, c_b) = fit(&client);
     let r = |x: f64| x.round() as u64;
     let defaults = Costs::default();
@@ -577,10 +518,10 @@ pub fn calibrate(requests: u64) -> Result<CostsFile, String> {
         nic_per_kb_ns: 0,
         cpu_read_chunk_ns: defaults.cpu_read_chunk_ns,
         cpu_xdp_chunk_ns: defaults.cpu_xdp_chunk_ns,
-        cpu_forward_ns: r(fi_a),
-        cpu_forward_per_kb_ns: r(fi_b),
-        cpu_peer_serve_ns: r(fs_a),
-        cpu_peer_serve_per_kb_ns: r(fs_b),
+        cpu_forward_ns: r(tcp.initial_ns),
+        cpu_forward_per_kb_ns: r(tcp.initial_per_kb_ns),
+        cpu_peer_serve_ns: r(tcp.service_ns),
+        cpu_peer_serve_per_kb_ns: r(tcp.service_per_kb_ns),
         cpu_miss_ns: r(m_a),
         cpu_miss_per_kb_ns: r(m_b),
         cpu_directory_build_ns: r(build_ns),
@@ -608,8 +549,11 @@ pub fn calibrate(requests: u64) -> Result<CostsFile, String> {
                 "farside model coop --calibrate: {method}; {requests} requests per phase and size \
                  from {CLIENT_THREADS} keep-alive clients over loopback; client CPU by RUSAGE_THREAD; \
                  disk: wall time of coop::disk::Disk reads; directory: CPU of {DIRECTORY_UPDATES} \
-                 updates of {DIRECTORY_OBJECTS} objects; one-sided READ costs not measured \
-                 (defaults, unused by rr and press-tcp); NIC 0 (veth without a rate limit)"
+                 updates of {DIRECTORY_OBJECTS} objects; peer fetch per transport (tcp, udp, xdp, shm) \
+                 between two nodes in network namespaces on a bridge as the lab's (no CPU quota, \
+                 no RPS: softirq runs on the sender's CPU and counts in its cgroup), node CPU \
+                 from each node's cgroup, host softirq from /proc/stat (ticks); \
+                 NIC 0 (veth without a rate limit)"
             ),
         },
         costs,
@@ -621,6 +565,7 @@ pub fn calibrate(requests: u64) -> Result<CostsFile, String> {
         },
         client_request_ns: c_a,
         client_per_kb_ns: c_b,
+        transports,
         samples,
     })
 }
@@ -664,6 +609,270 @@ fn directory_costs() -> Result<(f64, f64, f64), String> {
     }
     let n = DIRECTORY_UPDATES as f64;
     Ok((build as f64 / n, send as f64 / n, apply as f64 / n))
+}
+
+/// Transports measured, in order (`farside backend --coop-peer`).
+pub const TRANSPORTS: [&str; 4] = ["tcp", "udp", "xdp", "shm"];
+/// Nodes of the transport phases: the clients, the node that takes the requests and the
+/// node that caches every object.
+const CLIENT: &str = "client";
+const INITIAL: &str = "initial";
+const SERVICE: &str = "service";
+/// Ports inside the namespaces (fresh, so fixed): HTTP and peer; each transport adds
+/// its index so a previous phase's sockets never collide.
+const HTTP_PORT: u16 = 8080;
+const PEER_PORT: u16 = 7100;
+/// The arena responders' port and reader key id (as the lab's).
+const ARENA_PORT: u16 = farside_backend::coop::COOP_ARENA_PORT_DEFAULT;
+const ARENA_KEY_ID: u32 = 1;
+
+/// CPU time of a node's cgroup so far, ns (v1 `cpuacct.usage`, else v2 `usage_usec`).
+fn cgroup_cpu_ns(dc: &VirtualDc, node: &str) -> u64 {
+    for d in dc.cgroup_dirs(node) {
+        if let Ok(t) = std::fs::read_to_string(d.join("cpuacct.usage")) {
+            if let Ok(ns) = t.trim().parse::<u64>() {
+                return ns;
+            }
+        }
+        if let Ok(t) = std::fs::read_to_string(d.join("cpu.stat")) {
+            let us = t
+                .lines()
+                .find_map(|l| l.strip_prefix("usage_usec "))
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            if let Some(us) = us {
+                return us * 1000;
+            }
+        }
+    }
+    0
+}
+
+/// The host's softirq time so far over all CPUs, ns (`/proc/stat`, clock ticks).
+fn host_softirq_ns() -> u64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    // SAFETY: sysconf reads a constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    stat.lines()
+        .find(|l| l.starts_with("cpu "))
+        .and_then(|l| l.split_whitespace().nth(7))
+        .and_then(|v| v.parse::<u64>().ok())
+        .map_or(0, |t| t * 1_000_000_000 / hz)
+}
+
+/// The children of one phase, killed on drop.
+struct Children(Vec<Child>);
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// One counter of a node's `/coop/stats`, read from the client's namespace.
+fn stat_at(dc: &VirtualDc, addr: SocketAddr, key: &str) -> u64 {
+    let text = dc
+        .run_in_ns(CLIENT, || {
+            Ok(Conn::open(addr)
+                .and_then(|mut c| c.get("/coop/stats"))
+                .map(|(_, b)| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default())
+        })
+        .unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split_once(' '))
+        .find(|(k, _)| *k == key)
+        .and_then(|(_, v)| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Waits until `addr` takes connections from the client's namespace.
+fn ready(dc: &VirtualDc, addr: SocketAddr, children: &mut Children) -> Result<(), String> {
+    let until = Instant::now() + READY_WITHIN;
+    loop {
+        let up = dc
+            .run_in_ns(CLIENT, || {
+                Ok(TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())
+            })
+            .unwrap_or(false);
+        if up {
+            return Ok(());
+        }
+        for c in &mut children.0 {
+            if let Ok(Some(st)) = c.try_wait() {
+                return Err(err(format!("a node exited before {addr} listened: {st}")));
+            }
+        }
+        if Instant::now() > until {
+            return Err(err(format!("{addr} did not listen")));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Peer fetch over every transport ([`TRANSPORTS`]): two `--coop-policy press` nodes
+/// (`initial`, `service`) and the clients (`client`), each a network namespace on the
+/// lab's bridge (`farside_lab::fabric::netns`, tx checksum offload off, no CPU quota,
+/// no RPS, as `farside lab coop` runs them); every object cached at the service node
+/// only, so every request to the initial node is a peer fetch. Per size: the initial
+/// node's CPU over its local-hit CPU (the service node driven directly, the same path
+/// over the same veths), the service node's CPU, the host's softirq.
+fn transport_phases(
+    objects: &Objects,
+    requests: u64,
+    sample: &mut dyn FnMut(&str, u64, f64) -> Point,
+) -> Result<Vec<TransportCosts>, String> {
+    if !farside_lab::fabric::netns::is_root() {
+        return Err(err(
+            "the transport phases make network namespaces: run as root",
+        ));
+    }
+    let run_id = format!("calib{}", std::process::id());
+    let dc = VirtualDc::create(
+        &run_id,
+        &[
+            NodeSpec::new(CLIENT),
+            NodeSpec::new(INITIAL),
+            NodeSpec::new(SERVICE),
+        ],
+    )
+    .map_err(err)?;
+    let keys = LabKeys::generate(&["coop", "coop-arena"]).map_err(err)?;
+    let work = std::env::temp_dir().join(format!("farside-calib-{}-t", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).map_err(err)?;
+    let shm_dir = work.join("arenas");
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&shm_dir)
+            .map_err(err)?;
+    }
+    let exe = std::env::current_exe().map_err(err)?;
+    let ip = |n: &str| std::net::IpAddr::V4(dc.node_ip(n));
+    let big = (256u64 << 20).to_string();
+    let mut local: Option<Vec<Point>> = None;
+    let mut out = Vec::new();
+    let result = (|| -> Result<(), String> {
+        for (t, transport) in TRANSPORTS.iter().enumerate() {
+            let http = |n: &str| SocketAddr::new(ip(n), HTTP_PORT + t as u16);
+            let peers = [INITIAL, SERVICE]
+                .map(|n| SocketAddr::new(ip(n), PEER_PORT + t as u16).to_string())
+                .join(",");
+            let args = |n: &str, index: usize| {
+                let mut a: Vec<String> = vec![
+                    "backend".into(),
+                    "--listen".into(),
+                    http(n).to_string(),
+                    "--root".into(),
+                    objects.dir.display().to_string(),
+                    "--workers".into(),
+                    "8".into(),
+                    "--coop".into(),
+                    "--coop-cache-bytes".into(),
+                    big.clone(),
+                    "--coop-disk-latency-us".into(),
+                    "0".into(),
+                    "--coop-disk-bytes-per-s".into(),
+                    "1000000000000".into(),
+                    "--coop-policy".into(),
+                    "press".into(),
+                    "--coop-index".into(),
+                    index.to_string(),
+                    "--coop-peers".into(),
+                    peers.clone(),
+                    "--coop-key-file".into(),
+                    keys.path("coop").display().to_string(),
+                    "--coop-peer".into(),
+                    transport.to_string(),
+                ];
+                match *transport {
+                    "xdp" => a.extend([
+                        "--coop-arena-iface".into(),
+                        dc.veth_in_ns(n),
+                        "--coop-arena-port".into(),
+                        ARENA_PORT.to_string(),
+                        "--coop-arena-key".into(),
+                        format!("{ARENA_KEY_ID}:{}", keys.path("coop-arena").display()),
+                    ]),
+                    "shm" => a.extend(["--coop-shm-dir".into(), shm_dir.display().to_string()]),
+                    _ => {}
+                }
+                a
+            };
+            let mut children = Children(Vec::new());
+            for (i, n) in [INITIAL, SERVICE].into_iter().enumerate() {
+                let log = work.join(format!("{transport}-{n}.log"));
+                children
+                    .0
+                    .push(dc.spawn_in(n, &exe, &args(n, i), &log).map_err(err)?);
+            }
+            for n in [INITIAL, SERVICE] {
+                ready(&dc, http(n), &mut children)?;
+            }
+            let (ini, srv) = (http(INITIAL), http(SERVICE));
+            dc.run_in_ns(CLIENT, || Ok(warm(srv, objects)))
+                .map_err(err)??;
+            std::thread::sleep(DIRECTORY_SETTLE);
+            if local.is_none() {
+                // The local-hit reference: the service node, every object cached.
+                let mut pts = Vec::new();
+                for (i, &size) in SIZES.iter().enumerate() {
+                    let c0 = cgroup_cpu_ns(&dc, SERVICE);
+                    dc.run_in_ns(CLIENT, || Ok(drive(srv, &objects.by_size[i], requests)))
+                        .map_err(err)??;
+                    let ns = (cgroup_cpu_ns(&dc, SERVICE) - c0) as f64 / requests as f64;
+                    pts.push(sample("local-netns", size, ns));
+                }
+                local = Some(pts);
+            }
+            let local = local.as_ref().expect("measured above");
+            let (mut pi, mut ps, mut pq) = (Vec::new(), Vec::new(), Vec::new());
+            for (i, &size) in SIZES.iter().enumerate() {
+                let r0 = stat_at(&dc, ini, "remote_hits");
+                let (c0, s0, q0) = (
+                    cgroup_cpu_ns(&dc, INITIAL),
+                    cgroup_cpu_ns(&dc, SERVICE),
+                    host_softirq_ns(),
+                );
+                dc.run_in_ns(CLIENT, || Ok(drive(ini, &objects.by_size[i], requests)))
+                    .map_err(err)??;
+                let n = requests as f64;
+                let i_ns = (cgroup_cpu_ns(&dc, INITIAL) - c0) as f64 / n;
+                let s_ns = (cgroup_cpu_ns(&dc, SERVICE) - s0) as f64 / n;
+                let q_ns = host_softirq_ns().saturating_sub(q0) as f64 / n;
+                let remote = stat_at(&dc, ini, "remote_hits") - r0;
+                if remote < requests * 9 / 10 {
+                    return Err(err(format!(
+                        "{transport} phase at {size} B: {remote} of {requests} requests fetched \\
+                         from the peer (the directory did not arrive)"
+                    )));
+                }
+                sample(&format!("fetch-{transport}-initial"), size, i_ns);
+                pi.push((kb(size), (i_ns - local[i].1).max(0.0)));
+                ps.push(sample(&format!("fetch-{transport}-service"), size, s_ns));
+                pq.push(sample(&format!("fetch-{transport}-softirq"), size, q_ns));
+            }
+            let (ia, ib) = fit(&pi);
+            let (sa, sb) = fit(&ps);
+            let (qa, qb) = fit(&pq);
+            out.push(TransportCosts {
+                transport: transport.to_string(),
+                initial_ns: ia,
+                initial_per_kb_ns: ib,
+                service_ns: sa,
+                service_per_kb_ns: sb,
+                softirq_ns: qa,
+                softirq_per_kb_ns: qb,
+            });
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&work);
+    result.map(|()| out)
 }
 
 #[cfg(test)]
