@@ -105,7 +105,10 @@ struct Backend {
     /// one queue reading closes connections once, not once per decision.
     relieved_sample_ns: AtomicU64,
     /// Metric `delay`: this back-end's adaptive budget of in-flight requests.
-    delay: Mutex<delay::DelayBudget>,
+    delay: Arc<Mutex<delay::DelayBudget>>,
+    /// Told when a request to it starts and ends: `tally`, and with metric `delay` also
+    /// the budget's slow start ([`DelayDone`]).
+    observer: Arc<dyn InflightObserver>,
     /// Metric `delay`: the budget was the constraint since the last reading.
     delay_used: AtomicBool,
     /// Metric `delay`: "publishes no delay" was logged once.
@@ -206,6 +209,37 @@ impl TallyCell {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .since(since_ns)
+    }
+}
+
+/// Metric `delay`: a back-end's completions feed its tally and, until the budget's first
+/// cut, its slow start ([`delay::DelayBudget::on_done`]). After the first cut the lock is
+/// no longer taken on completions (`slow` turns false).
+struct DelayDone {
+    tally: Arc<TallyCell>,
+    delay: Arc<Mutex<delay::DelayBudget>>,
+    /// The back-end's requests in flight from this proxy (the guard drops its count
+    /// after telling this observer, so a completion sees itself in it).
+    inflight: Arc<AtomicU64>,
+    /// The budget's cap (the back-end's limit).
+    max: f64,
+    slow: AtomicBool,
+}
+
+impl InflightObserver for DelayDone {
+    fn sent(&self) {
+        self.tally.sent();
+    }
+    fn done(&self) {
+        self.tally.done();
+        if self.slow.load(Ordering::Relaxed) {
+            let mut st = self.delay.lock().unwrap_or_else(|p| p.into_inner());
+            if st.slow_start {
+                st.on_done(self.inflight.load(Ordering::Relaxed), self.max);
+            } else {
+                self.slow.store(false, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -347,24 +381,42 @@ impl Control {
             .backends
             .iter()
             .enumerate()
-            .map(|(i, b)| Backend {
-                addr: b.addr,
-                site: b.site.clone(),
-                limit: cfg.limit_for(i),
-                has_region: b.region.is_some() || cfg.monitor.table.is_some(),
-                inflight: Arc::new(AtomicU64::new(0)),
-                routed: AtomicU64::new(0),
-                down_until_ns: AtomicU64::new(0),
-                tally: Arc::default(),
-                relieved_sample_ns: AtomicU64::new(0),
-                delay: Mutex::new(delay::DelayBudget::new(
+            .map(|(i, b)| {
+                let limit = cfg.limit_for(i);
+                let inflight = Arc::new(AtomicU64::new(0));
+                let tally: Arc<TallyCell> = Arc::default();
+                let delay = Arc::new(Mutex::new(delay::DelayBudget::new(
                     delay::BUDGET_MIN,
-                    cfg.limit_for(i) as f64,
-                )),
-                delay_used: AtomicBool::new(false),
-                delay_unpublished_logged: AtomicBool::new(false),
-                safe_inflight: AtomicU64::new(0),
-                classes: Arc::new(ClassCells::new(class_count)),
+                    limit as f64,
+                )));
+                let observer: Arc<dyn InflightObserver> = if a.metric == Metric::Delay {
+                    Arc::new(DelayDone {
+                        tally: tally.clone(),
+                        delay: delay.clone(),
+                        inflight: inflight.clone(),
+                        max: limit as f64,
+                        slow: AtomicBool::new(true),
+                    })
+                } else {
+                    tally.clone()
+                };
+                Backend {
+                    addr: b.addr,
+                    site: b.site.clone(),
+                    limit,
+                    has_region: b.region.is_some() || cfg.monitor.table.is_some(),
+                    inflight,
+                    routed: AtomicU64::new(0),
+                    down_until_ns: AtomicU64::new(0),
+                    tally,
+                    relieved_sample_ns: AtomicU64::new(0),
+                    delay,
+                    observer,
+                    delay_used: AtomicBool::new(false),
+                    delay_unpublished_logged: AtomicBool::new(false),
+                    safe_inflight: AtomicU64::new(0),
+                    classes: Arc::new(ClassCells::new(class_count)),
+                }
             })
             .collect();
         Ok(Control {
@@ -372,7 +424,7 @@ impl Control {
             at_accept: a.at_accept,
             per_request: a.per_request,
             metric: a.metric,
-            target_delay_us: a.target_delay_ms * 1000,
+            target_delay_us: cfg.target_delay_ms() * 1000,
             signals: SignalCounters::default(),
             stale_after_ns: a.stale_after_ms * 1_000_000,
             on_stale: a.on_stale,
@@ -1057,7 +1109,7 @@ impl Control {
                 let mut guard = if self.metric == Metric::Backlog && reuse_only {
                     InflightGuard::new(b.inflight.clone())
                 } else {
-                    InflightGuard::observed(b.inflight.clone(), b.tally.clone())
+                    InflightGuard::observed(b.inflight.clone(), b.observer.clone())
                 };
                 if let (Some(k), Some(cs)) = (class, &self.classes) {
                     cs.admitted[k].fetch_add(1, Ordering::Relaxed);

@@ -580,7 +580,7 @@ fn publish_and_await_step(c: &Control, t: &dyn Words, i: usize, id: u64, delay_u
 fn delay_metric_adapts_the_budget_to_the_published_queueing_delay() {
     let (c, t, p) = with_table(vec![backend(1, "")], |cfg| {
         cfg.admission.metric = Metric::Delay;
-        cfg.admission.target_delay_ms = 5;
+        cfg.admission.target_delay_ms = Some(5);
         cfg.admission.limit = Some(8);
     });
     let mut id = 1;
