@@ -652,6 +652,8 @@ fn delay_metric_balances_by_headroom_in_the_budget() {
     small.limit = Some(3);
     let (c, t, p) = with_table(vec![backend(1, ""), small], |cfg| {
         cfg.admission.metric = Metric::Delay;
+        // A target shorter than the staleness bound: each reading is applied while fresh.
+        cfg.admission.target_delay_ms = Some(5);
         cfg.admission.limit = Some(12);
     });
     // Both stay under the target while in use: budgets grow to 12 and to 3.
