@@ -37,7 +37,8 @@
  * interface (fe_config.move_ifindex; the VIP is routed only on fe_config.ifindex)
  * and, with fe_config.move_auth, only behind an auth envelope (auth_siphash.h) whose
  * tag verifies under a key of fe_keys, whose sender is the expected back-end and
- * whose sequence is above that sender's highest in fe_replay; the reply is sealed
+ * whose sequence is above the floor of the front-end's start (fe_move_floor) and
+ * above that sender's highest in fe_replay; the reply is sealed
  * under the same key. Other traffic to the front-end's address (other protocols,
  * other ports, later fragments) passes as before.
  *
@@ -211,17 +212,21 @@ static __always_inline __u16 move_flow(struct fe_flow_key *key, __u32 from, __u3
  * does not change with the swap) and goes back out of the interface.
  */
 /*
- * The replay check of an authentic MOVE: its sequence must be above the highest
+ * The replay check of an authentic MOVE: its sequence must be above the floor
+ * (fe_move_floor: the seconds before the front-end started) and above the highest
  * accepted from its (key id, sender), which it then becomes. A sender new to a full
  * table is refused. Returns 0 if accepted, else the counter to count.
  */
 static __always_inline int replay_check(__u32 key_id, __u64 sender, __u64 seq)
 {
 	struct fe_replay_key rk = { .key_id = key_id, .reserved = 0, .sender = sender };
-	__u64 *hi = bpf_map_lookup_elem(&fe_replay, &rk);
+	__u32 zero = 0;
+	__u64 *floor = bpf_map_lookup_elem(&fe_move_floor, &zero);
+	__u64 *hi;
 
-	if (seq == 0)
+	if (seq == 0 || !floor || seq <= *floor)
 		return FE_CNT_MOVE_REPLAY;
+	hi = bpf_map_lookup_elem(&fe_replay, &rk);
 	if (hi) {
 		__u64 old = *hi;
 

@@ -75,6 +75,17 @@ struct {
 	__type(value, __u64);
 } fe_replay SEC(".maps");
 
+/* The one-sided MOVE's replay floor: a sequence at or below it is refused whatever
+ * fe_replay holds. The loader seeds it with the clock floor of its start (every
+ * second before it; senders seal with clock sequences), so a MOVE captured before a
+ * restart is refused after it although fe_replay starts empty. One entry. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} fe_move_floor SEC(".maps");
+
 /* Per-back-end counters, per CPU; user space sums the CPUs. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

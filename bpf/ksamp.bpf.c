@@ -21,10 +21,15 @@
  * Both count only sockets of the loader's network namespace (config.netns_inum, read
  * through skc_net at BTF offsets), so nodes in other namespaces on the same port
  * (the lab's back-ends) do not count.
- *  - ksamp_tick (perf_event, cpu-clock every period on every CPU): the CPU notes
- *    whether a task other than its idle task was running (an exponential average of
- *    these ticks is its utilisation, as tick-based accounting does), and the tick on
- *    config.writer_cpu publishes the record under the seqlock.
+ *  - ksamp_tick (perf_event, cpu-clock): the CPU notes whether a task other than its
+ *    idle task was running (an exponential average of these ticks is its utilisation,
+ *    as tick-based accounting does), and the tick on config.writer_cpu publishes the
+ *    record under the seqlock. The writer ticks every period; the other CPUs only
+ *    sample their busy state, every config.other_stride periods (the loader picks the
+ *    stride so that all of them together tick at most a quarter as often as the
+ *    writer: the sampler's cost does not grow with the CPU count), each tick weighed
+ *    more (config.other_ema_shift) so that their averages keep the same time constant
+ *    in milliseconds while the stride is at most 2^KSAMP_EMA_SHIFT periods.
  * The loader (crates/xdp/src/ksamp.rs) seeds the counters from one sock_diag dump
  * after attaching, so counts start from the sockets that already exist, and writes
  * the struct sock offsets it read from the kernel's BTF into the config.
@@ -294,8 +299,11 @@ int ksamp_tick(void *ctx)
 		/* The idle task has pid 0 on every CPU. */
 		__u64 busy = (__u32)bpf_get_current_pid_tgid() != 0;
 		__s64 ema = (__s64)me->busy_ema_ppm;
+		__u32 shift = KSAMP_EMA_SHIFT;
 
-		ema += ((__s64)(busy * KSAMP_PPM) - ema) >> KSAMP_EMA_SHIFT;
+		if (cpu != cfg->writer_cpu && cfg->other_ema_shift < KSAMP_EMA_SHIFT)
+			shift = cfg->other_ema_shift;
+		ema += ((__s64)(busy * KSAMP_PPM) - ema) >> shift;
 		me->busy_ema_ppm = ema > 0 ? (__u64)ema : 0;
 		me->busy = busy;
 	}

@@ -20,6 +20,12 @@
  * by at most 6% and a saturated CPU reads > 95% after 48 ms.
  */
 #define KSAMP_EMA_SHIFT 4
+/*
+ * The CPUs other than the writer tick together at most once every KSAMP_OTHER_SPREAD
+ * periods: each every other_stride = KSAMP_OTHER_SPREAD x (CPUs - 1) periods, rounded
+ * up to a power of two (the loader computes it; this value is its SAMPLER_OTHER_SPREAD).
+ */
+#define KSAMP_OTHER_SPREAD 4
 /* Utilisation scale: parts per million. */
 #define KSAMP_PPM 1000000
 

@@ -18,6 +18,14 @@ struct ksamp_config {
 	__u32 off_net;                /* __sk_common.skc_net: struct net * */
 	__u32 off_net_inum;           /* ns.inum in struct net */
 	__u32 netns_inum;             /* only sockets of this network namespace count; 0 = any */
+	/*
+	 * The CPUs other than the writer tick every other_stride periods (the loader
+	 * attaches their timers at that period), and weigh each tick by 1/2^other_ema_shift
+	 * (<= KSAMP_EMA_SHIFT): KSAMP_EMA_SHIFT - log2(other_stride), at least 0, so their
+	 * averages keep the writer's time constant in time, not in ticks.
+	 */
+	__u32 other_stride;
+	__u32 other_ema_shift;
 };
 
 /*

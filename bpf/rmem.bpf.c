@@ -55,7 +55,14 @@
  * RMEM_ARENA_CHUNKS_MAX and the READ within that one chunk -> OutOfBounds; a READ
  * grant -> ReadOnly; step 7 (Unpadded); then the chunk must exist in the map (the
  * node's count) -> OutOfBounds. User space has no arena: gatherd's fallback answers
- * such a request NoRegion. Refusals after step 3 are answered with a header-only reply (never
+ * such a request NoRegion.
+ *
+ * Bulk arena READs (request flag RMEM_FLAG_BULK): the same checks, except that the
+ * READ must start at a chunk boundary (-> Unaligned) and may span up to
+ * RMEM_ARENA_BULK_CHUNKS_MAX chunks (more -> BadLength; a chunk beyond the bound or the
+ * map -> OutOfBounds); the reply's tag covers its envelope and header only, the body
+ * follows uncovered (the envelope's len says so). Without the flag an arena READ that
+ * crosses a chunk is refused as above. Refusals after step 3 are answered with a header-only reply (never
  * longer than the request), memory untouched.
  *
  * Every reply is sealed under the request's key for the reply domain: the request's
@@ -323,6 +330,30 @@ static __always_inline __u32 arena_check(const struct rmem_key *k, __u32 op, __u
 	return RMEM_ST_OK;
 }
 
+/*
+ * Step 5 (and 7) for a bulk READ of the arena (RMEM_FLAG_BULK, top comment): whole
+ * chunks from a chunk boundary, at most RMEM_ARENA_BULK_BYTES_MAX bytes.
+ */
+static __always_inline __u32 arena_bulk_check(const struct rmem_key *k, __u32 op,
+					      __u32 offset, __u32 len, __u32 plen)
+{
+	if (op != RMEM_OP_READ)
+		return RMEM_ST_READ_ONLY;
+	if (len == 0 || len > RMEM_ARENA_BULK_BYTES_MAX)
+		return RMEM_ST_BAD_LENGTH;
+	if ((len & 7) || offset % RMEM_ARENA_CHUNK_BYTES)
+		return RMEM_ST_UNALIGNED;
+	/* len <= RMEM_ARENA_BULK_BYTES_MAX: no wrap-around below. */
+	if (offset / RMEM_ARENA_CHUNK_BYTES >= RMEM_ARENA_CHUNKS_MAX ||
+	    (offset + len - 1) / RMEM_ARENA_CHUNK_BYTES >= RMEM_ARENA_CHUNKS_MAX)
+		return RMEM_ST_OUT_OF_BOUNDS;
+	if (rights_check(k, RMEM_OP_READ, 0, 1, 0) != RMEM_ST_OK)
+		return RMEM_ST_READ_ONLY;
+	if (plen < sizeof(struct auth_envelope) + sizeof(struct rmem_rep) + len)
+		return RMEM_ST_UNPADDED;
+	return RMEM_ST_OK;
+}
+
 /* Sum of the 32-bit halves of the words of a 32-byte envelope in the packet. */
 static __always_inline __u64 envelope_sum(const struct auth_envelope *e)
 {
@@ -354,7 +385,7 @@ int rmem_xdp(struct xdp_md *ctx)
 	/* Every scalar starts defined: the verifier follows paths the compiler merged. */
 	__u32 zero = 0, ip_len = 0, udp_len = 0, plen = 0, need = 0, key_id = 0, covered = 0;
 	__u32 op = 0, status = 0, offset = 0, len = 0, rep_len = 0, first = 0, i = 0, flags = 0;
-	__u32 group = 0;
+	__u32 group = 0, bulk = 0, k = 0;
 	__u64 seq = 0, client = 0, arg0 = 0, arg1 = 0, old = 0, sum = 0, tag = 0;
 	long delta = 0;
 
@@ -492,7 +523,26 @@ int rmem_xdp(struct xdp_md *ctx)
 		goto reply;
 	}
 	if (req->region == RMEM_ARENA_REGION) {
-		/* The object arena: READ only, within one chunk (top comment). */
+		/* The object arena: READ only, within one chunk or bulk (top comment). */
+		if (flags & RMEM_FLAG_BULK) {
+			status = arena_bulk_check(key, op, offset, len, plen);
+			if (status == RMEM_ST_OK) {
+				__u32 c = offset / RMEM_ARENA_CHUNK_BYTES;
+				__u32 last = (offset + len - 1) / RMEM_ARENA_CHUNK_BYTES;
+
+				chunk = bpf_map_lookup_elem(&rmem_arena, &c);
+				/* An array: the first and last chunk exist, so does every one between. */
+				if (!chunk || !bpf_map_lookup_elem(&rmem_arena, &last)) {
+					chunk = 0;
+					status = RMEM_ST_OUT_OF_BOUNDS;
+				} else {
+					bulk = 1;
+					first = c;
+					rep_len = len;
+				}
+			}
+			goto reply;
+		}
 		status = arena_check(key, op, offset, len, plen);
 		if (status == RMEM_ST_OK) {
 			__u32 c = offset / RMEM_ARENA_CHUNK_BYTES;
@@ -709,6 +759,39 @@ reply:
 			*dst = v;
 			sum += word_sum(v);
 		}
+	} else if (status == RMEM_ST_OK && chunk && bulk) {
+		/* A bulk arena READ: chunk after chunk, ascending 8-byte loads, as above. */
+		for (k = 0; k < RMEM_ARENA_BULK_CHUNKS_MAX; k++) {
+			struct rmem_arena_chunk *ch;
+			__u32 c = first + k;
+
+			if (k * RMEM_ARENA_CHUNK_WORDS >= rep_len / 8)
+				break;
+			ch = bpf_map_lookup_elem(&rmem_arena, &c);
+			if (!ch) {
+				count_other(RMEM_CNT_ABORTED);
+				return XDP_ABORTED; /* unreachable: the last chunk was found */
+			}
+			for (i = 0; i < RMEM_ARENA_CHUNK_WORDS; i++) {
+				__u32 w = k * RMEM_ARENA_CHUNK_WORDS + i;
+				__u64 *dst;
+				__u64 v;
+
+				if (w >= rep_len / 8)
+					break;
+				asm volatile("" : "+r"(w));
+				if (w >= RMEM_ARENA_BULK_CHUNKS_MAX * RMEM_ARENA_CHUNK_WORDS)
+					break;
+				dst = data + HDRS_BYTES + sizeof(*env) + sizeof(struct rmem_rep) + w * 8;
+				if ((void *)(dst + 1) > data_end) {
+					count_other(RMEM_CNT_ABORTED);
+					return XDP_ABORTED; /* unreachable: the frame was sized for it */
+				}
+				v = *(volatile __u64 *)&ch->words[i];
+				*dst = v;
+				sum += word_sum(v);
+			}
+		}
 	} else if (status == RMEM_ST_OK && chunk) {
 		/* An arena READ: ascending 8-byte loads within the chunk, as above. */
 		for (i = 0; i < RMEM_ARENA_CHUNK_WORDS; i++) {
@@ -744,10 +827,10 @@ reply:
 	}
 	/*
 	 * Seal the reply: the request's key id, sender and seq stay (the binding), len is
-	 * the reply's, the tag is over the reply domain; then the envelope's share of the
-	 * UDP checksum.
+	 * the reply's (a bulk READ's: its header only), the tag is over the reply domain;
+	 * then the envelope's share of the UDP checksum.
 	 */
-	env->len = sizeof(struct rmem_rep) + rep_len;
+	env->len = sizeof(struct rmem_rep) + (bulk ? 0 : rep_len);
 	if (rmem_envelope_tag(ctx, key->k0, key->k1, AUTH_LABEL_RMEM_REPLY, &tag)) {
 		count_other(RMEM_CNT_ABORTED);
 		return XDP_ABORTED; /* unreachable: the frame was sized for it */

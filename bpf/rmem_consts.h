@@ -94,6 +94,16 @@
 /* ... as 64-bit words: the bound of the arena READ copy loop. */
 #define RMEM_ARENA_CHUNK_WORDS (RMEM_ARENA_CHUNK_BYTES / 8)
 /*
+ * Bulk arena READs (farside_arena::layout::FLAG_BULK, BULK_CHUNKS_MAX): a READ with
+ * this request flag starts at a chunk boundary, spans up to RMEM_ARENA_BULK_CHUNKS_MAX
+ * consecutive chunks (RMEM_ARENA_BULK_BYTES_MAX bytes: its reply fits a 9000-byte MTU),
+ * and its reply's tag covers the envelope and reply header only, not the body (the
+ * reader validates the object's CRC32c and url hash, read under full tags).
+ */
+#define RMEM_FLAG_BULK 2
+#define RMEM_ARENA_BULK_CHUNKS_MAX 6
+#define RMEM_ARENA_BULK_BYTES_MAX 8400
+/*
  * Most chunks (farside_arena::layout::ARENA_CHUNKS_MAX): the map's declared
  * max_entries. The loader creates it with the node's configured count (>= 1), never
  * more; a chunk beyond it is refused OUT_OF_BOUNDS.

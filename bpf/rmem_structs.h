@@ -54,6 +54,8 @@ struct rmem_arena_chunk {
 
 _Static_assert(sizeof(struct rmem_arena_chunk) == RMEM_ARENA_CHUNK_BYTES, "arena chunk size");
 _Static_assert(RMEM_ARENA_CHUNK_BYTES <= XDP_READ_BYTES_MAX, "a chunk fits one reply");
+_Static_assert(RMEM_ARENA_BULK_BYTES_MAX == RMEM_ARENA_BULK_CHUNKS_MAX * RMEM_ARENA_CHUNK_BYTES,
+	       "a bulk READ is whole chunks");
 
 /* Configuration, written by the loader before attaching. */
 struct rmem_config {

@@ -7,8 +7,10 @@
 //! values and help text are escaped, and non-finite values are spelled as Prometheus
 //! reads them. Families come out in the order they were first reported.
 //!
-//! [`AdminServer`] answers `GET /metrics` on its own blocking thread, one short request
-//! per connection, with bounded request size and time; it never touches the data path.
+//! [`AdminServer`] answers `GET /metrics` off the data path, one short request per
+//! connection, each connection on its own thread (at most `CONNS_MAX` at once) with a
+//! bounded request size and a deadline for the request, so one slow client does not
+//! hold up scrapes.
 //! Given a [`Dashboard`], it also serves a live page and its server-sent-events stream
 //! (bounded streams, each on its own thread, one snapshot per tick shared by all).
 
@@ -339,9 +341,16 @@ fn valid_label(n: &str) -> bool {
 
 /// Most bytes of an admin request read before answering (a scrape's head is ~100 bytes).
 const REQUEST_BYTES_MAX: usize = 4096;
-/// Time an admin client has to send its request, and to take the answer: a stalled
-/// scraper holds the one admin thread at most this long.
+/// Time an admin client has to send its whole request head (a deadline, not a
+/// per-read timeout: a client trickling a byte at a time is cut too), and each write
+/// of the answer: a stalled client holds its connection's thread about this long.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Admin connections answered at once, each on its own thread: a few stalled or slow
+/// clients hold a few of them (each at most about [`REQUEST_TIMEOUT`]), not the
+/// server, so scrapes are answered beside them; a scrape takes milliseconds, so 16
+/// covers several scrapers and operators at once. Over the bound a connection is
+/// closed unanswered (the client retries at its next scrape).
+const CONNS_MAX: usize = 16;
 
 /// Most dashboard event streams open at once: each holds one thread and one connection,
 /// and an open page is one stream, so this covers a few operators' tabs; the next one
@@ -415,7 +424,7 @@ impl Drop for Slot {
     }
 }
 
-/// The admin HTTP server: `GET /metrics` (and `HEAD`) on its own thread; with a
+/// The admin HTTP server: `GET /metrics` (and `HEAD`), a thread per connection; with a
 /// [`Dashboard`], also its files and event streams (each stream on its own thread).
 /// 404 elsewhere, 405 for other methods. One request per connection (`Connection:
 /// close`).
@@ -457,6 +466,8 @@ impl AdminServer {
             stop: stop.clone(),
             tag: name.to_string(),
         };
+        let ctx = Arc::new(ctx);
+        let active = Arc::new(AtomicUsize::new(0));
         std::thread::Builder::new()
             .name(format!("{name}-admin"))
             .spawn(move || {
@@ -464,10 +475,28 @@ impl AdminServer {
                     if ctx.stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    if let Ok(c) = conn {
-                        if let Err(e) = answer(c, &ctx) {
-                            log::debug!("{} admin: {e}", ctx.tag);
-                        }
+                    let Ok(c) = conn else { continue };
+                    let taken = active.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                        (n < CONNS_MAX).then_some(n + 1)
+                    });
+                    if taken.is_err() {
+                        log::debug!(
+                            "{} admin: {CONNS_MAX} connections open, one closed",
+                            ctx.tag
+                        );
+                        continue;
+                    }
+                    let (ctx2, active2) = (ctx.clone(), active.clone());
+                    let spawned = std::thread::Builder::new()
+                        .name(format!("{}-admin-c", ctx.tag))
+                        .spawn(move || {
+                            if let Err(e) = answer(c, &ctx2) {
+                                log::debug!("{} admin: {e}", ctx2.tag);
+                            }
+                            active2.fetch_sub(1, Ordering::AcqRel);
+                        });
+                    if spawned.is_err() {
+                        active.fetch_sub(1, Ordering::AcqRel);
                     }
                 }
             })?;
@@ -519,11 +548,19 @@ fn parse_hz(query: &[u8]) -> Result<u32, &'static str> {
 }
 
 fn answer(mut c: TcpStream, ctx: &Ctx) -> io::Result<()> {
-    c.set_read_timeout(Some(REQUEST_TIMEOUT))?;
     c.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
     let mut buf = [0u8; REQUEST_BYTES_MAX];
     let mut n = 0;
     while !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "request head not complete within its deadline",
+            ));
+        }
+        c.set_read_timeout(Some(left))?;
         if n == buf.len() {
             return write_reply(
                 &mut c,
@@ -757,6 +794,38 @@ mod tests {
         assert!(r.ends_with("# TYPE t_total counter\nt_total 7\n"), "{r}");
         assert!(get("GET / HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 404"));
         assert!(get("POST /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 405"));
+    }
+
+    /// One client trickling its request a byte at a time does not hold up scrapes,
+    /// and is cut at the request deadline.
+    #[test]
+    fn a_trickling_client_does_not_hold_up_scrapes() {
+        let s = AdminServer::spawn(
+            "127.0.0.1:0".parse().unwrap(),
+            "test",
+            Arc::new(|e: &mut Encoder| e.counter("t_total", "T.", &[], 7u64)),
+        )
+        .unwrap();
+        let mut slow = TcpStream::connect(s.local_addr).unwrap();
+        // A byte every 200 ms (well inside any per-read timeout) for up to a minute;
+        // true when the server cut it first.
+        let trickler = std::thread::spawn(move || {
+            let head = b"GET /metrics HTTP/1.1\r\nX: ";
+            for b in head.iter().chain(std::iter::repeat(&b'x')).take(300) {
+                if slow.write_all(&[*b]).is_err() {
+                    return true;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            false
+        });
+        let mut c = TcpStream::connect(s.local_addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut r = String::new();
+        c.read_to_string(&mut r).unwrap();
+        assert!(r.ends_with("t_total 7\n"), "the scrape beside it: {r}");
+        assert!(trickler.join().unwrap(), "the trickler was cut");
     }
 
     #[test]

@@ -47,6 +47,42 @@ pub const OBJECT_BYTES_MAX: usize = (1 << 6) * CHUNK_BYTES - SLOT_HEAD_BYTES - S
 /// "arena readers": READ only, the arena and nothing else.
 pub const ARENA_REGION: u32 = 1;
 
+/// Request flag of a **bulk** arena READ (rmem request header `flags`, beside
+/// `FLAG_RETRY` = 1): the READ starts at a chunk boundary and may span up to
+/// [`BULK_CHUNKS_MAX`] consecutive chunks, and the reply's tag covers its envelope and
+/// reply header only, not the body. The per-byte SipHash of every reply body was the
+/// responder's largest cost (about 4 ns/B in BPF, which has no rotate instruction); a
+/// reader asks for bulk READs only where the object's own check (url hash, length and
+/// CRC32c, read under full tags in the head chunk) validates the body, and the docs
+/// (`docs/rdma-http.md`) say what that trades. Without the flag a READ is exactly as
+/// before: one chunk, body tagged. Mirrored in `bpf/rmem_consts.h`.
+pub const FLAG_BULK: u16 = 2;
+
+/// Most chunks one bulk READ spans: 6 chunks = 8,400 B, whose reply frame of 8,498 B
+/// (Ethernet, IPv4, UDP, envelope and reply header around the data) fits a 9,000-byte
+/// (jumbo) MTU. Rule: the largest whole number of chunks under the common jumbo MTU; a
+/// reader uses as many as its path's MTU allows ([`bulk_chunks_for_mtu`]), one on a
+/// 1,500-byte link.
+pub const BULK_CHUNKS_MAX: usize = 6;
+/// Bytes of the largest bulk READ.
+pub const BULK_READ_BYTES_MAX: usize = BULK_CHUNKS_MAX * CHUNK_BYTES;
+/// Bytes a reply frame adds to its READ's data: IPv4 (20), UDP (8), the envelope (32)
+/// and the reply header (24); what an MTU must hold besides the data.
+pub const REPLY_OVERHEAD_BYTES: usize = 20 + 8 + 32 + 24;
+
+/// Chunks per bulk READ on a path of `mtu` bytes (IP MTU): as many whole chunks as one
+/// reply datagram carries unfragmented, at least 1 and at most [`BULK_CHUNKS_MAX`].
+pub const fn bulk_chunks_for_mtu(mtu: usize) -> usize {
+    let n = mtu.saturating_sub(REPLY_OVERHEAD_BYTES) / CHUNK_BYTES;
+    if n == 0 {
+        1
+    } else if n > BULK_CHUNKS_MAX {
+        BULK_CHUNKS_MAX
+    } else {
+        n
+    }
+}
+
 /// Chunks of the whole arena: 65,536 chunks = 91.75 MB. Rule: the World Cup sample's
 /// distinct bytes (54.6 MB) fit with the waste of power-of-two slots, and the map stays
 /// well below the memory of a small node.
@@ -77,6 +113,7 @@ const _: () = assert!(CHUNK_BYTES % 8 == 0);
 const _: () = assert!(INDEX_BUCKETS.is_power_of_two());
 const _: () = assert!(PROBE_MAX * BUCKET_BYTES <= CHUNK_BYTES);
 const _: () = assert!(SLOT_HEAD_BYTES + SLOT_TAIL_BYTES < CHUNK_BYTES);
+const _: () = assert!(BULK_READ_BYTES_MAX + REPLY_OVERHEAD_BYTES <= 9000);
 
 /// Bytes of a slot of class `class`.
 pub const fn slot_bytes(class: usize) -> usize {
@@ -201,6 +238,22 @@ mod tests {
         }
         assert_eq!(layout.class_at(layout.bytes()), None);
         assert_eq!(layout.slot_offset(5, 0), None);
+    }
+
+    #[test]
+    fn bulk_reads_fit_their_path() {
+        assert_eq!(bulk_chunks_for_mtu(0), 1);
+        assert_eq!(bulk_chunks_for_mtu(1500), 1);
+        assert_eq!(
+            bulk_chunks_for_mtu(2 * CHUNK_BYTES + REPLY_OVERHEAD_BYTES),
+            2
+        );
+        assert_eq!(
+            bulk_chunks_for_mtu(2 * CHUNK_BYTES + REPLY_OVERHEAD_BYTES - 1),
+            1
+        );
+        assert_eq!(bulk_chunks_for_mtu(9000), BULK_CHUNKS_MAX);
+        assert_eq!(bulk_chunks_for_mtu(65_535), BULK_CHUNKS_MAX);
     }
 
     #[test]

@@ -267,11 +267,13 @@ impl ObjectRead {
         let mut plan = Vec::new();
         for i in 0..data_end.div_ceil(CHUNK_BYTES) {
             let start = i * CHUNK_BYTES;
-            // The chunk holding the tail is read to the slot's end.
+            // The chunk holding the tail is read to the slot's end; every READ is a
+            // multiple of 8 bytes (the XDP responder refuses others: Unaligned), so the
+            // last data READ ends at the next multiple of 8 (within its chunk).
             let end = if i == tail_chunk {
                 size
             } else {
-                data_end.min(start + CHUNK_BYTES)
+                data_end.next_multiple_of(8).min(start + CHUNK_BYTES)
             };
             plan.push((start, end - start));
         }
@@ -508,8 +510,9 @@ mod tests {
         for len in [
             0,
             100,
+            101,
             CHUNK_BYTES,
-            3 * CHUNK_BYTES,
+            3 * CHUNK_BYTES - 5,
             class_object_bytes_max(3),
         ] {
             let read = ObjectRead::new(&layout, 1, off, len).unwrap();
@@ -519,6 +522,10 @@ mod tests {
             assert_eq!(last_off + last_len, off + slot_bytes(3));
             assert!(plan.windows(2).all(|w| w[0].0 + w[0].1 <= w[1].0));
             assert!(plan.iter().all(|&(_, l)| l <= CHUNK_BYTES));
+            assert!(
+                plan.iter().all(|&(o, l)| (o | l) % 8 == 0),
+                "{len}: {plan:?}"
+            );
             assert!(plan.len() <= (OFF_DATA + len).div_ceil(CHUNK_BYTES) + 1);
         }
     }

@@ -686,7 +686,8 @@ fn generated(path: &str) -> Response {
 /// `/coop/stats` answers its counters.
 fn coop_file(node: &crate::coop::Node, path: &str) -> Response {
     if path == "/coop/stats" {
-        return Response::text(node.counters.text());
+        let used = node.cache_used_bytes();
+        return Response::text(node.counters.text() + &format!("cache_used_bytes {used}\n"));
     }
     match node.get(path) {
         Ok((body, _served)) => Response {

@@ -81,10 +81,24 @@ pub trait ClusterView {
     /// `node`'s load (requests in flight) as the monitor last read it (1 ms period),
     /// plus what the deciding front-end sent it since.
     fn load(&self, node: NodeId) -> u64;
+    /// Whether the front-end may send `node` a request now (a proxy's view says no for a
+    /// back-end marked down or refused by admission). The front-end policies (LARD,
+    /// bounded-load hashing) route only to usable nodes while there is one; when none
+    /// is, they decide as if all were (the caller refuses before asking them). Default:
+    /// every node is usable (the simulator's nodes always are).
+    fn usable(&self, _node: NodeId) -> bool {
+        true
+    }
 }
 
 fn least_loaded(view: &impl ClusterView, among: impl Iterator<Item = NodeId>) -> Option<NodeId> {
     among.min_by_key(|&n| (view.load(n), n))
+}
+
+/// The usable nodes, or every node when none is (see [`ClusterView::usable`]).
+fn usable_nodes(view: &impl ClusterView) -> impl Iterator<Item = NodeId> + '_ {
+    let any = (0..view.nodes()).any(|n| view.usable(n));
+    (0..view.nodes()).filter(move |&n| !any || view.usable(n))
 }
 
 /// How PRESS obtains a body from a peer.
@@ -144,6 +158,9 @@ impl Press {
 
 /// Basic LARD (Pai et al., ASPLOS 1998) at a front-end: a target stays on its node
 /// unless that node is above T_high while another is below T_low, or at 2 T_high.
+/// A target (re)assigned goes to the least-loaded node; ties go round-robin (from the
+/// node after the last one assigned), so an idle cluster's new targets spread instead
+/// of all landing on node 0.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Lard {
     /// T_low, connections: a node below it is underused. Default 25 (the paper's).
@@ -151,6 +168,8 @@ pub struct Lard {
     /// T_high, connections: a node above it is loaded. Default 65 (the paper's).
     pub t_high: u64,
     server: HashMap<u64, NodeId>,
+    /// Where the tie-break among equally loaded nodes starts.
+    rotation: NodeId,
 }
 
 impl Default for Lard {
@@ -159,6 +178,7 @@ impl Default for Lard {
             t_low: 25,
             t_high: 65,
             server: HashMap::new(),
+            rotation: 0,
         }
     }
 }
@@ -169,6 +189,7 @@ impl Lard {
             t_low,
             t_high,
             server: HashMap::new(),
+            rotation: 0,
         }
     }
 
@@ -178,16 +199,24 @@ impl Lard {
     }
 
     pub fn decide(&mut self, req: &Request, view: &impl ClusterView) -> Decision {
-        let all = || 0..view.nodes();
+        let all = || usable_nodes(view);
         let node = match self.server.get(&req.object) {
             Some(&n)
-                if !((view.load(n) > self.t_high && all().any(|m| view.load(m) < self.t_low))
-                    || view.load(n) >= 2 * self.t_high) =>
+                if n < view.nodes()
+                    && all().any(|m| m == n)
+                    && !((view.load(n) > self.t_high
+                        && all().any(|m| view.load(m) < self.t_low))
+                        || view.load(n) >= 2 * self.t_high) =>
             {
                 n
             }
             _ => {
-                let n = least_loaded(view, all()).expect("at least one node");
+                let nodes = view.nodes().max(1);
+                let from = self.rotation % nodes;
+                let n = all()
+                    .min_by_key(|&m| (view.load(m), (m + nodes - from) % nodes))
+                    .expect("at least one node");
+                self.rotation = n + 1;
                 if self.server.len() >= LARD_TARGETS_MAX {
                     self.server.clear();
                 }
@@ -242,21 +271,33 @@ impl BoundedHash {
         }
     }
 
-    pub fn decide(&mut self, req: &Request, view: &impl ClusterView) -> Decision {
+    /// Takes `&self`: the ring never changes, so many threads may decide at once. Load
+    /// and mean are over the usable nodes ([`ClusterView::usable`]); the walk skips the
+    /// others.
+    pub fn decide(&self, req: &Request, view: &impl ClusterView) -> Decision {
         let point = mix(req.object ^ 0xA076_1D64_78BD_642F);
         let start = self.ring.partition_point(|&(p, _)| p < point);
-        let nodes = view.nodes() as u64;
-        let total: u64 = (0..view.nodes()).map(|n| view.load(n)).sum();
-        let limit = ((total + 1) * self.balance_factor_pct).div_ceil(100 * nodes);
+        let any = (0..view.nodes()).any(|n| view.usable(n));
+        let usable = |n: NodeId| n < view.nodes() && (!any || view.usable(n));
+        let nodes = usable_nodes(view).count().max(1) as u64;
+        let total: u64 = usable_nodes(view)
+            .map(|n| view.load(n))
+            .fold(0, u64::saturating_add);
+        let limit = total
+            .saturating_add(1)
+            .saturating_mul(self.balance_factor_pct)
+            .div_ceil(100 * nodes);
         let len = self.ring.len();
-        let first = self.ring[start % len].1;
+        let walk = || {
+            (0..len)
+                .map(move |i| self.ring[(start + i) % len].1)
+                .filter(|&n| usable(n))
+        };
+        let first = walk().next().unwrap_or(self.ring[start % len].1);
         let node = if self.balance_factor_pct == 0 {
             first
         } else {
-            (0..len)
-                .map(|i| self.ring[(start + i) % len].1)
-                .find(|&n| view.load(n) < limit)
-                .unwrap_or(first)
+            walk().find(|&n| view.load(n) < limit).unwrap_or(first)
         };
         local_or_disk(node, req, view)
     }
@@ -428,6 +469,10 @@ mod tests {
             "node 0 at 2 T_high: least loaded"
         );
         assert_eq!(l.assigned(1), Some(1));
+        let idle = view(3);
+        let mut l = Lard::default();
+        let spread: Vec<NodeId> = (10..13).map(|o| l.decide(&req(o, 0), &idle).node).collect();
+        assert_eq!(spread, vec![0, 1, 2], "ties go round-robin");
     }
 
     #[test]
@@ -452,10 +497,56 @@ mod tests {
         );
     }
 
+    /// A view where some nodes are not usable.
+    struct Partly(View, Vec<bool>);
+
+    impl ClusterView for Partly {
+        fn nodes(&self) -> usize {
+            self.0.nodes()
+        }
+        fn cached(&self, node: NodeId, object: u64) -> bool {
+            self.0.cached(node, object)
+        }
+        fn hint(&self, node: NodeId, peer: NodeId, object: u64) -> bool {
+            self.0.hint(node, peer, object)
+        }
+        fn load(&self, node: NodeId) -> u64 {
+            self.0.load(node)
+        }
+        fn usable(&self, node: NodeId) -> bool {
+            self.1[node]
+        }
+    }
+
+    #[test]
+    fn front_end_policies_route_only_to_usable_nodes_while_one_is() {
+        let mut l = Lard::default();
+        let mut v = Partly(view(3), vec![true; 3]);
+        v.0.load = vec![5, 0, 9];
+        assert_eq!(l.decide(&req(1, 0), &v).node, 1);
+        v.1[1] = false;
+        assert_eq!(l.decide(&req(1, 0), &v).node, 0, "its node unusable: moved");
+        v.1[1] = true;
+        assert_eq!(l.decide(&req(1, 0), &v).node, 0, "and stays moved");
+        let h = BoundedHash::new(3, 125);
+        let home = h.decide(&req(42, 0), &v).node;
+        v.1[home] = false;
+        let other = h.decide(&req(42, 0), &v).node;
+        assert_ne!(other, home);
+        v.1 = vec![false; 3];
+        assert_eq!(
+            h.decide(&req(42, 0), &v).node,
+            home,
+            "none usable: as if all"
+        );
+        v.0.load = vec![u64::MAX; 3];
+        h.decide(&req(42, 0), &v);
+    }
+
     #[test]
     fn bounded_hash_spreads_objects_over_all_nodes() {
         let v = view(8);
-        let mut h = BoundedHash::new(8, 125);
+        let h = BoundedHash::new(8, 125);
         let mut per = [0u32; 8];
         for o in 0..8000 {
             per[h.decide(&req(o, 0), &v).node] += 1;

@@ -18,7 +18,7 @@ use crate::backend::{format_mac, validate_backends, BackendSpec};
 use crate::maps::{
     BackendEntry, BackendStats, Config, FlowKey, FlowValue, KeyValue, COUNTERS, COUNTER_NAMES,
     FLOW_HOLD, KEYS_MAX, MAP_BACKENDS, MAP_BIP, MAP_BSTATS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS,
-    MAP_KEYS, MAP_MOVED, MAP_REPLAY, MAP_TABLE, MOVED_MAX, PROG_NAME, SLOTS,
+    MAP_KEYS, MAP_MOVED, MAP_MOVE_FLOOR, MAP_REPLAY, MAP_TABLE, MOVED_MAX, PROG_NAME, SLOTS,
 };
 use crate::pin::{self, Restored, PINNED_MAPS};
 use crate::table;
@@ -229,6 +229,12 @@ impl Frontend {
             restored.moved = fe.copy_in(MAP_MOVED, &p.moved)?;
             restored.replay = fe.copy_in(MAP_REPLAY, &p.replay)?;
         }
+        // The MOVE's replay floor: every second before this start (senders seal with
+        // clock sequences), so a MOVE captured before a restart is refused after it
+        // even when no pinned fe_replay was restored.
+        let floor = farside_auth::floor::clock_floor(farside_auth::replay::Sequencer::unix_s());
+        fe.obj
+            .array_set(MAP_MOVE_FLOOR, 0, floor, "writing the MOVE's replay floor")?;
         // Written last: `backends` > 0 is what turns routing on.
         fe.write_config()?;
         if let Some(d) = pin_dir {
@@ -278,6 +284,13 @@ impl Frontend {
         self.config.ip = u32::from(ip).to_be();
         self.config.move_port = port.to_be();
         self.write_config().inspect_err(|_| self.config = before)
+    }
+
+    /// The one-sided MOVE's replay floor: a sealed MOVE whose envelope sequence is at
+    /// or below it is refused (`move_replay`). Seeded at load with the clock floor of
+    /// the start (`farside_auth::floor::clock_floor`).
+    pub fn move_seq_floor(&self) -> Result<u64, FrontendError> {
+        self.obj.array_get(MAP_MOVE_FLOOR, 0)
     }
 
     /// The flow hash's secret key (drawn at load): with it [`table::backend_for`]

@@ -61,6 +61,7 @@ pub(crate) const MAP_FLOWS: &str = "fe_flows";
 pub(crate) const MAP_MOVED: &str = "fe_moved";
 pub(crate) const MAP_KEYS: &str = "fe_keys";
 pub(crate) const MAP_REPLAY: &str = "fe_replay";
+pub(crate) const MAP_MOVE_FLOOR: &str = "fe_move_floor";
 pub(crate) const MAP_BSTATS: &str = "fe_bstats";
 pub(crate) const MAP_COUNTERS: &str = "fe_counters";
 pub(crate) const MAP_BIP: &str = "fe_bip";

@@ -1113,6 +1113,8 @@ fn run_sealed(fe: &Frontend, payload: Vec<u8>) -> (u32, Vec<u8>) {
 fn sealed_moves_are_verified_replayed_ones_and_forgeries_dropped() {
     need_root();
     let fe = load_sealed_move();
+    // Envelope sequences as senders make them: above the clock floor of the load.
+    let base = farside_auth::floor::clock_seq(farside_auth::replay::Sequencer::unix_s());
     let c = client(1);
     open_flow(&fe, c);
     let req = MoveRequest {
@@ -1122,12 +1124,12 @@ fn sealed_moves_are_verified_replayed_ones_and_forgeries_dropped() {
         next: B_IP,
     };
     // Authentic: moved; the reply is sealed by the front-end and echoes the sequence.
-    let good = req.seal(&MOVE_KEY, A_IP, 1000);
+    let good = req.seal(&MOVE_KEY, A_IP, base + 1000);
     let (v, reply) = run_sealed(&fe, good.clone());
     assert_eq!(v, verdict::REDIRECT);
     assert_eq!(reply.len(), SEALED_BYTES);
     assert_eq!(
-        req.match_sealed_reply(&MOVE_KEY, FE_IP, 1000, &reply),
+        req.match_sealed_reply(&MOVE_KEY, FE_IP, base + 1000, &reply),
         Some(MoveStatus::Moved)
     );
     assert_eq!(fe.flow(c).unwrap(), Some((B_IP, false)));
@@ -1139,11 +1141,11 @@ fn sealed_moves_are_verified_replayed_ones_and_forgeries_dropped() {
         expected: B_IP,
         next: A_IP,
     };
-    let mut forged_tag = back.seal(&MOVE_KEY, B_IP, 1001);
+    let mut forged_tag = back.seal(&MOVE_KEY, B_IP, base + 1001);
     forged_tag[0] ^= 1;
-    let mut forged_msg = req.seal(&MOVE_KEY, A_IP, 1002);
+    let mut forged_msg = req.seal(&MOVE_KEY, A_IP, base + 1002);
     forged_msg[SEALED_BYTES - 1] ^= 1;
-    let mut unknown_key = req.seal(&MOVE_KEY, A_IP, 1003);
+    let mut unknown_key = req.seal(&MOVE_KEY, A_IP, base + 1003);
     unknown_key[8] = 8;
     let other_key = MoveKey {
         id: MOVE_KEY.id,
@@ -1159,7 +1161,7 @@ fn sealed_moves_are_verified_replayed_ones_and_forgeries_dropped() {
         ),
         (
             "an older sequence",
-            req.seal(&MOVE_KEY, A_IP, 999),
+            req.seal(&MOVE_KEY, A_IP, base + 999),
             verdict::DROP,
             "move_replay",
         ),
@@ -1189,19 +1191,25 @@ fn sealed_moves_are_verified_replayed_ones_and_forgeries_dropped() {
         ),
         (
             "sealed under another key",
-            req.seal(&other_key, A_IP, 1004),
+            req.seal(&other_key, A_IP, base + 1004),
             verdict::DROP,
             "move_unauth",
         ),
         (
             "sender is not the expected back-end",
-            req.seal(&MOVE_KEY, C_IP, 1005),
+            req.seal(&MOVE_KEY, C_IP, base + 1005),
             verdict::DROP,
             "move_refused",
         ),
         (
             "sequence 0",
             req.seal(&MOVE_KEY, A_IP, 0),
+            verdict::DROP,
+            "move_replay",
+        ),
+        (
+            "a sequence of a second before the load (at or below fe_move_floor)",
+            req.seal(&MOVE_KEY, A_IP, fe.move_seq_floor().unwrap()),
             verdict::DROP,
             "move_replay",
         ),
@@ -1221,22 +1229,74 @@ fn sealed_moves_are_verified_replayed_ones_and_forgeries_dropped() {
         );
     }
     // A newer sequence of A is fine (ALREADY); B's own sequences are its own.
-    let (_, reply) = run_sealed(&fe, req.seal(&MOVE_KEY, A_IP, 2000));
+    let (_, reply) = run_sealed(&fe, req.seal(&MOVE_KEY, A_IP, base + 2000));
     assert_eq!(
-        req.match_sealed_reply(&MOVE_KEY, FE_IP, 2000, &reply),
+        req.match_sealed_reply(&MOVE_KEY, FE_IP, base + 2000, &reply),
         Some(MoveStatus::Already)
     );
     let shape = MoveShape {
-        payload: back.seal(&MOVE_KEY, B_IP, 5),
+        payload: back.seal(&MOVE_KEY, B_IP, base + 5),
         ..MoveShape::from(B_MAC, B_IP, &back)
     };
     let (v, out) = run(&fe, &move_frame(&shape));
     assert_eq!(v, verdict::REDIRECT);
     assert_eq!(
-        back.match_sealed_reply(&MOVE_KEY, FE_IP, 5, &out[42..]),
+        back.match_sealed_reply(&MOVE_KEY, FE_IP, base + 5, &out[42..]),
         Some(MoveStatus::Moved)
     );
     assert_eq!(fe.flow(c).unwrap(), Some((A_IP, false)));
+}
+
+/// A sealed MOVE captured before the front-end restarted is refused after it: the new
+/// program's fe_replay is empty (no pinned maps), but the loader seeded fe_move_floor
+/// with the clock floor of its start and senders seal with clock sequences. A fresh
+/// MOVE of the same sender is answered.
+#[test]
+#[ignore = "needs root (BPF): cargo test -p farside-frontend -- --include-ignored"]
+fn a_move_captured_before_a_restart_is_refused_after_it() {
+    use farside_auth::replay::Sequencer;
+    need_root();
+    let fe = load_sealed_move();
+    let start_floor = fe.move_seq_floor().unwrap();
+    assert_eq!(start_floor % (1 << 32), (1 << 32) - 1, "a second's edge");
+    let c = client(1);
+    open_flow(&fe, c);
+    let req = MoveRequest {
+        seq: 5,
+        client: c,
+        expected: A_IP,
+        next: B_IP,
+    };
+    let env_seq = farside_frontend::fmove::next_envelope_seq();
+    assert!(env_seq > start_floor);
+    let captured = req.seal(&MOVE_KEY, A_IP, env_seq);
+    assert_eq!(run_sealed(&fe, captured.clone()).0, verdict::REDIRECT);
+    assert_eq!(fe.flow(c).unwrap(), Some((B_IP, false)));
+    drop(fe);
+
+    // The restart, in a later second than the capture was sealed in (awaited: at
+    // most a second).
+    let sealed_s = env_seq >> farside_auth::replay::SEQ_COUNT_BITS;
+    while Sequencer::unix_s() <= sealed_s {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let fe = load_sealed_move();
+    assert!(
+        fe.move_seq_floor().unwrap() >= env_seq,
+        "the floor passed the capture"
+    );
+    open_flow(&fe, c);
+    let before = counter(&fe, "move_replay");
+    assert_eq!(run_sealed(&fe, captured).0, verdict::DROP, "the replay");
+    assert_eq!(counter(&fe, "move_replay"), before + 1);
+    assert_eq!(fe.flow(c).unwrap(), Some((A_IP, false)), "not moved");
+    let fresh = req.seal(
+        &MOVE_KEY,
+        A_IP,
+        farside_frontend::fmove::next_envelope_seq(),
+    );
+    assert_eq!(run_sealed(&fe, fresh).0, verdict::REDIRECT, "a fresh MOVE");
+    assert_eq!(fe.flow(c).unwrap(), Some((B_IP, false)));
 }
 
 #[test]

@@ -408,7 +408,7 @@ impl Gatherd {
                 out,
                 " ktick_ns={:.0} krecords={}",
                 c.tick_ns_per_sample(),
-                c.tick.run_count / u64::from(c.cpus.max(1))
+                c.records()
             );
         }
         if let Some(x) = &self.xdp {

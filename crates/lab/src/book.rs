@@ -160,6 +160,7 @@ pub const SECTIONS: &[Part] = &[
                     Run("docs/results/reconfig/full"),
                     Run("docs/results/reconfig/tsweep"),
                     Run("docs/results/reconfig/t500"),
+                    Run("docs/results/reconfig/heldout-4x4-c1000"),
                 ],
             },
             Section {
@@ -248,14 +249,18 @@ pub const SECTIONS: &[Part] = &[
                 id: "auth-cost",
                 title: "The cost of authentication",
                 current: &[
+                    Text("docs/results/auth-cost/r2/summary.txt"),
                     Text("docs/results/auth-cost/r1/xdp-after-1.txt"),
-                    Text("docs/results/auth-cost/r1/monitor-after-1.txt"),
                 ],
             },
             Section {
                 id: "gatherd-cost",
                 title: "Publishing the load: gatherd's CPU",
                 current: &[
+                    Text("docs/results/gatherd-cost/20261128T184405Z-kbpf-stride/summary.txt"),
+                    Text(
+                        "docs/results/gatherd-cost/20261128T184405Z-kbpf-stride/main-binary-summary.txt",
+                    ),
                     Text("docs/results/gatherd-cost/20261128T155309Z-kbpf/summary.txt"),
                     Text("docs/results/gatherd-cost/20261124T012941Z/summary.txt"),
                     Text("docs/results/gatherd-cost/20261124T020543Z/summary.txt"),
@@ -269,6 +274,8 @@ pub const SECTIONS: &[Part] = &[
                     Text("docs/results/monitor/s22/ab.txt"),
                     Text("docs/results/monitor/s22/one-ms.txt"),
                     Text("docs/results/monitor/s22/rx-responders.txt"),
+                    Text("docs/results/auth-cost/r2/netrx-256-group-1.txt"),
+                    Text("docs/results/auth-cost/r2/netrx-64-unicast-1.txt"),
                 ],
             },
             Section {
@@ -304,7 +311,7 @@ pub const SECTIONS: &[Part] = &[
                 id: "attacks",
                 title: "Attacks on a loaded data-center",
                 current: &[
-                    Run("docs/results/attacks/full-v3"),
+                    Run("docs/results/attacks/full-v4"),
                     Run("docs/results/attacks/flood-600"),
                 ],
             },
@@ -363,8 +370,12 @@ fn provenance(s: &Summary<serde::de::IgnoredAny>) -> String {
         .commit
         .as_deref()
         .map_or("no commit recorded", |c| &c[..c.len().min(7)]);
+    let build = s
+        .build
+        .as_deref()
+        .map_or_else(String::new, |b| format!(", {b} build"));
     format!(
-        "{} run, commit {commit} ({tree}), kernel {}, seed {}{}",
+        "{} run, commit {commit} ({tree}{build}), kernel {}, seed {}{}",
         s.experiment,
         if s.kernel.is_empty() {
             "not recorded"

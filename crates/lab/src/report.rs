@@ -41,9 +41,13 @@ pub fn run_lines<P>(s: &Summary<P>) -> String {
         Some(true) => " (dirty tree)",
         _ => "",
     };
+    let build = s
+        .build
+        .as_deref()
+        .map_or_else(String::new, |b| format!("; build {b}"));
     let _ = writeln!(
         out,
-        "commit {}{dirty}; kernel {}; CPU {} x {}; seed {}",
+        "commit {}{dirty}{build}; kernel {}; CPU {} x {}; seed {}",
         s.commit.as_deref().unwrap_or("unknown"),
         if s.kernel.is_empty() {
             "unknown"

@@ -55,6 +55,12 @@ pub struct Summary<P> {
     /// (`farside lab report --book`) shows every current run's tree state.
     #[serde(default)]
     pub commit_dirty: Option<bool>,
+    /// `build`: the cargo profile of the binary that ran the sweep (and of the farside
+    /// processes it started, which are the same binary): `"release"` (what
+    /// `scripts/demo.sh` and an operator run) or `"debug"` (the workspace's dev profile,
+    /// opt-level 1, with debug assertions). Absent in runs kept before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub build: Option<String>,
     /// `kernel`: `uname -r` of the machine that ran the sweep.
     #[serde(default)]
     pub kernel: String,
@@ -126,6 +132,7 @@ impl<P> Summary<P> {
             finished: false,
             commit: None,
             commit_dirty: None,
+            build: None,
             kernel: String::new(),
             cpu_model: String::new(),
             cpus: 0,
@@ -153,6 +160,7 @@ impl<P> Summary<P> {
             finished: self.finished,
             commit: self.commit.clone(),
             commit_dirty: self.commit_dirty,
+            build: self.build.clone(),
             kernel: self.kernel.clone(),
             cpu_model: self.cpu_model.clone(),
             cpus: self.cpus,

@@ -634,6 +634,7 @@ pub fn fill_host_metadata<P>(s: &mut Summary<P>) {
     let (commit, dirty) = source_commit();
     s.commit = commit;
     s.commit_dirty = dirty;
+    s.build = Some(build_profile().to_string());
     s.kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|k| k.trim().to_string())
         .unwrap_or_else(|_| "unknown".into());
@@ -644,6 +645,16 @@ pub fn fill_host_metadata<P>(s: &mut Summary<P>) {
     s.cpus = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
+}
+
+/// The cargo profile this binary was built with: `"release"` without debug assertions,
+/// else `"debug"` (the dev profile, opt-level 1).
+pub fn build_profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    }
 }
 
 /// The first `model name` (x86) or `Model`/`Hardware` (arm) of a `/proc/cpuinfo` text.

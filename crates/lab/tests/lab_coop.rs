@@ -1,6 +1,7 @@
 //! `farside lab coop --quick` end to end (root: network namespaces): no client ever gets
-//! a wrong body, and PRESS serves more requests from memory (own cache or a peer's)
-//! than round-robin nodes caching on their own.
+//! a wrong body, PRESS serves more requests from memory (own cache or a peer's) than
+//! round-robin nodes caching on their own, and so does the farside proxy routing by path
+//! (`lard`) from the nodes' own caches; every system records the cache bytes it held.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -59,5 +60,70 @@ fn quick_lab_press_beats_rr_locality_and_never_a_wrong_body() {
         f(&press, "local_frac") + f(&press, "remote_frac") > f(&rr, "local_frac"),
         "press {press} vs rr {rr}"
     );
+    // `lard` runs in `farside proxy --balance lard`: routing by path keeps more of the
+    // requests in the nodes' own caches than round-robin does.
+    let lard = point("lard");
+    assert!(
+        f(&lard, "local_frac") > f(&rr, "local_frac"),
+        "lard {lard} vs rr {rr}"
+    );
+    // Every system's caches held something at the end, and said how much.
+    for s in ["rr", "press-tcp", "lard", "bounded-hash", "haproxy"] {
+        assert!(f(&point(s), "cache_held_bytes") > 0.0, "{}", point(s));
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// PRESS with one-sided peer fetch: the service node's XDP program answers READs of its
+/// object arena, and the initial nodes get bodies that way (remote hits), never a wrong
+/// one (every 200's body is checked against its file).
+#[test]
+fn quick_lab_press_xdp_serves_remote_hits_and_never_a_wrong_body() {
+    const TEST: &str = "lab_coop::quick_lab_press_xdp_serves_remote_hits_and_never_a_wrong_body";
+    if !farside_testkit::root_or_skip(TEST) {
+        return;
+    }
+    let Some(bin) = farside_bin() else {
+        farside_testkit::skip(
+            TEST,
+            "the farside binary is not built (cargo build -p farside)",
+        );
+        return;
+    };
+    let out =
+        std::env::temp_dir().join(format!("farside-lab-coop-xdp-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let status = Command::new(&bin)
+        .args([
+            "lab",
+            "coop",
+            "--quick",
+            "--nodes",
+            "2",
+            "--systems",
+            "press-xdp",
+            "--load",
+            "closed",
+            "--out",
+        ])
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "farside lab coop --quick (press-xdp) failed"
+    );
+    let text = std::fs::read_to_string(out.join("points.jsonl")).unwrap();
+    let p: serde_json::Value =
+        serde_json::from_str::<serde_json::Value>(text.lines().next().unwrap()).unwrap()["point"]
+            .clone();
+    assert_eq!(p["system"], "press-xdp", "{p}");
+    assert_eq!(p["wrong_bodies"], 0, "{p}");
+    assert!(p["tps"].as_f64().unwrap() > 0.0, "{p}");
+    assert!(
+        p["remote_frac"].as_f64().unwrap() > 0.0,
+        "no remote hit: {p}"
+    );
+    assert!(p["peer_fetch_us"].as_f64().unwrap() > 0.0, "{p}");
     let _ = std::fs::remove_dir_all(&out);
 }

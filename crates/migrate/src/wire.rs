@@ -689,6 +689,8 @@ pub struct Auth {
     seq: Mutex<Sequencer>,
     /// The peers' windows (per key id and sender).
     replay: Mutex<ReplayTable>,
+    /// Sequences at or below this are refused: the seconds before this daemon started.
+    floor: u64,
     refused: AtomicU64,
 }
 
@@ -714,15 +716,32 @@ const PAYLOAD_TAG_MARK: u32 = u32::MAX;
 impl Auth {
     /// Seals and opens with `key` (loaded with `farside_auth::keys`); its id is
     /// derived from it, so daemons with different keys see "unknown key".
+    ///
+    /// As a receiver it refuses every sequence of a second before its creation (the
+    /// daemon's start, `farside_auth::floor::clock_floor`): senders seal with clock
+    /// sequences, so a frame captured before the daemon restarted is refused after it
+    /// although the restart emptied the windows (unless it was sealed in the
+    /// restart's own second, or by a sender whose clock runs ahead by more than the
+    /// restart took).
     pub fn new(key: SipKey) -> Self {
+        let limits = farside_auth::floor::Limits::without_state(Sequencer::unix_s());
+        let mut replay = ReplayTable::default();
+        limits.apply(&mut replay);
         Self {
+            floor: limits.floor,
             key_id: Self::key_id_of(&key),
             key,
             sender: random_u64(),
             seq: Mutex::new(Sequencer::new()),
-            replay: Mutex::new(ReplayTable::default()),
+            replay: Mutex::new(replay),
             refused: AtomicU64::new(0),
         }
+    }
+
+    /// The lowest sequence this receiver may accept, less one: the clock floor of its
+    /// start (see [`Auth::new`]).
+    pub fn replay_floor(&self) -> u64 {
+        self.floor
     }
 
     /// The id envelopes sealed with `key` carry.

@@ -89,13 +89,22 @@ const REPLY_BUF_BYTES: usize = 512;
 /// process may force it.
 const RCVBUF_PER_SLOT_BYTES: usize = 4096;
 
-/// How long the poller sleeps between two drains while group replies are due, instead
-/// of waking for each datagram: the replies of one group READ arrive within a round trip
-/// or so of each other (tens of µs on a LAN, 50–60 µs across the lab's namespaces), and
-/// a wake-up costs about as much as receiving a batch; at most period / this wake-ups
-/// per period (10 at 1 ms), and at most this much added to the measured latency of a
-/// read (group or unicast: the poller's IPv4 socket is left out of `ppoll` meanwhile).
+/// How long the poller sleeps between two drains while replies are due (group replies,
+/// or at least [`UNICAST_GATHER_MIN`] unicast ones), instead of waking for each
+/// datagram: the replies of one period's READs arrive within a round trip or so of each
+/// other (tens of µs on a LAN, 50–60 µs across the lab's namespaces), and a wake-up
+/// costs about as much as receiving a batch; at most period / this wake-ups per period
+/// (10 at 1 ms), and at most this much added to the measured latency of a read (the
+/// poller's sockets are left out of `ppoll` meanwhile).
 pub const GROUP_GATHER: Duration = Duration::from_micros(100);
+
+/// Unicast reads awaiting their reply from which the poller gathers
+/// ([`GROUP_GATHER`]) instead of waking for each reply: with one left, waking for it
+/// costs no more than a gather's wake-up and adds no latency; with more, the replies
+/// come in however many bursts the back-ends (and the host's scheduling) send them in,
+/// and each burst cost a wake-up and a `recvmmsg` (`bench_monitor --backends 64`: 6–11
+/// wake-ups per period against 2–3 gathering, 10% less CPU per read).
+pub const UNICAST_GATHER_MIN: usize = 2;
 
 /// Shortest attempt timeout, as the blocking udp client's.
 const ATTEMPT_TIMEOUT_MIN: Duration = Duration::from_micros(100);
@@ -243,6 +252,10 @@ pub(crate) struct Poller<'t> {
     queue: [Vec<usize>; 2],
     /// Earliest attempt deadline among pending reads (a bound: may be early).
     next_expiry: Option<Instant>,
+    /// Reads with a unicast attempt sent and no reply yet (counted again from the slots
+    /// each period and at each expiry; a hint for [`GROUP_GATHER`], never for
+    /// correctness).
+    unicast_waiting: usize,
     stats: std::sync::Arc<PollerStats>,
     scratch: Vec<u8>,
     read_timeout: Duration,
@@ -380,6 +393,7 @@ impl<'t> Poller<'t> {
             period: opts.period,
             queue: [Vec::new(), Vec::new()],
             next_expiry: None,
+            unicast_waiting: 0,
             stats,
             scratch: Vec::with_capacity(REQ_PADDED_BYTES),
             read_timeout: opts.read_timeout,
@@ -426,6 +440,8 @@ impl<'t> Poller<'t> {
         let mut group_started = 0;
         // Group reads that stopped waiting for a group reply (retried or failed).
         let mut group_done = 0;
+        // Reads whose unicast attempt stays outstanding (pending, or resent below).
+        let mut unicast_waiting = 0;
         for i in 0..self.slots.len() {
             let slot = &mut self.slots[i];
             match &mut slot.kind {
@@ -467,6 +483,7 @@ impl<'t> Poller<'t> {
                     None => self.queue[*family].push(i),
                     Some(p) if now >= p.deadline => {
                         if p.attempt + 1 < UDP_TRIES {
+                            unicast_waiting += usize::from(p.seq != 0);
                             self.queue[*family].push(i);
                         } else {
                             group_done += usize::from(p.awaits_group());
@@ -475,7 +492,7 @@ impl<'t> Poller<'t> {
                             slot.st.publish(mono_ns(), self.stale_after);
                         }
                     }
-                    Some(_) => {}
+                    Some(p) => unicast_waiting += usize::from(p.seq != 0),
                 },
                 Kind::Tcp { t, pfd } => {
                     let seq = (self.round << SLOT_BITS) | i as u64;
@@ -490,6 +507,7 @@ impl<'t> Poller<'t> {
             }
         }
         self.next_expiry = None;
+        self.unicast_waiting = unicast_waiting;
         if let Some(g) = &mut self.group {
             g.waiting = (g.waiting + group_started).saturating_sub(group_done);
         }
@@ -562,12 +580,19 @@ impl<'t> Poller<'t> {
                 continue;
             }
             let mut until = self.next_expiry.map_or(deadline, |e| e.min(deadline));
-            // Group replies due: sleep through their arrivals (the IPv4 socket left out
-            // of the set) and take them in batches at the next drain.
-            let gather = self.group.as_ref().is_some_and(|g| g.waiting > 0);
+            // Replies due: sleep through their arrivals (the udp sockets left out of the
+            // set) and take them in batches at the next drain.
+            let gather = self.gathers();
             if gather {
                 until = until.min(now + GROUP_GATHER);
-                self.pollfds[0].fd = -1;
+                // With AF_XDP receive the IPv4 socket gets only what the program passes
+                // (fragments, IP options) and is read only when `ppoll` finds it
+                // readable: it stays in the set, or such replies would wait out the
+                // gathers.
+                if self.xsk.is_none() {
+                    self.pollfds[0].fd = -1;
+                }
+                self.pollfds[1].fd = -1;
                 for p in &mut self.pollfds[self.xsk_pfd..] {
                     p.fd = -1;
                 }
@@ -589,8 +614,10 @@ impl<'t> Poller<'t> {
             };
             self.stats.waits.fetch_add(1, Ordering::Relaxed);
             if gather {
-                if let Some(s) = &self.socks[0] {
-                    self.pollfds[0].fd = s.as_raw_fd();
+                for f in 0..2 {
+                    if let Some(s) = &self.socks[f] {
+                        self.pollfds[f].fd = s.as_raw_fd();
+                    }
                 }
                 if let Some(x) = &self.xsk {
                     for (p, fd) in self.pollfds[self.xsk_pfd..].iter_mut().zip(x.fds()) {
@@ -602,6 +629,13 @@ impl<'t> Poller<'t> {
                 self.tcp_ready();
             }
         }
+    }
+
+    /// Whether the next sleep gathers replies ([`GROUP_GATHER`]): group replies are
+    /// due, or at least [`UNICAST_GATHER_MIN`] unicast ones.
+    fn gathers(&self) -> bool {
+        self.group.as_ref().is_some_and(|g| g.waiting > 0)
+            || self.unicast_waiting >= UNICAST_GATHER_MIN
     }
 
     /// Serve the tcp streams `ppoll` found ready.
@@ -628,6 +662,7 @@ impl<'t> Poller<'t> {
     /// Retry or fail the pending reads whose attempt deadline passed.
     fn expire(&mut self, now: Instant) {
         self.next_expiry = None;
+        self.unicast_waiting = 0;
         for i in 0..self.slots.len() {
             let slot = &mut self.slots[i];
             if let Kind::Udp {
@@ -638,9 +673,11 @@ impl<'t> Poller<'t> {
             {
                 let p = pending.expect("matched Some");
                 if now < p.deadline {
+                    self.unicast_waiting += usize::from(p.seq != 0);
                     self.next_expiry =
                         Some(self.next_expiry.map_or(p.deadline, |e| e.min(p.deadline)));
                 } else if p.attempt + 1 < UDP_TRIES {
+                    self.unicast_waiting += usize::from(p.seq != 0);
                     self.queue[*family].push(i);
                 } else {
                     if p.awaits_group() {
@@ -681,10 +718,14 @@ impl<'t> Poller<'t> {
                         if let Some(g) = &mut self.group {
                             g.waiting = g.waiting.saturating_sub(usize::from(p.awaits_group()));
                         }
+                        self.unicast_waiting += 1;
                         (p.attempt + 1, seq, p.group_seq, p.started)
                     }
                     Some(p) => (p.attempt + 1, p.first_seq, p.group_seq, p.started),
-                    None => (0, seq, 0, now),
+                    None => {
+                        self.unicast_waiting += 1;
+                        (0, seq, 0, now)
+                    }
                 };
                 encode_request(
                     &mut self.scratch,
@@ -755,6 +796,7 @@ impl<'t> Poller<'t> {
                 let slot = &mut self.slots[chunk[sent]];
                 if let Kind::Udp { pending, .. } = &mut slot.kind {
                     *pending = None;
+                    self.unicast_waiting = self.unicast_waiting.saturating_sub(1);
                 }
                 slot.st.on_error(&err);
                 slot.st.publish(mono_ns(), self.stale_after);
@@ -778,6 +820,7 @@ impl<'t> Poller<'t> {
         // Read the clocks once per drain, and only when there is something to time.
         let mut clock = None;
         let (slots, group, stats) = (&mut self.slots, &mut self.group, &*self.stats);
+        let waiting = &mut self.unicast_waiting;
         let sender = self.env.sender;
         let stale_after = self.stale_after;
         let n = x.take(|frames| {
@@ -794,7 +837,7 @@ impl<'t> Poller<'t> {
                     Some((from, payload)) => {
                         let (now, mono) = *clock.get_or_insert_with(|| (Instant::now(), mono_ns()));
                         let len = payload.len().min(REPLY_BUF_BYTES);
-                        on_reply(
+                        let unicast = on_reply(
                             slots,
                             group.as_mut(),
                             sender,
@@ -806,6 +849,7 @@ impl<'t> Poller<'t> {
                             now,
                             mono,
                         );
+                        *waiting = waiting.saturating_sub(usize::from(unicast));
                     }
                     // Not a datagram to our port (the program checks the same): a stray.
                     None => {
@@ -879,7 +923,7 @@ impl<'t> Poller<'t> {
                 let len = (m.msg_len as usize).min(REPLY_BUF_BYTES);
                 let truncated = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
                 let from = froms[j];
-                on_reply(
+                let unicast = on_reply(
                     &mut self.slots,
                     self.group.as_mut(),
                     self.env.sender,
@@ -891,6 +935,7 @@ impl<'t> Poller<'t> {
                     now,
                     mono,
                 );
+                self.unicast_waiting = self.unicast_waiting.saturating_sub(usize::from(unicast));
             }
             if used < BATCH_MAX {
                 return;
@@ -939,7 +984,8 @@ fn prefetch_replies<'a>(
     }
 }
 
-/// Match one datagram to its slot's pending read, or drop it as late.
+/// Match one datagram to its slot's pending read, or drop it as late. True if it
+/// completed a read that had a unicast attempt outstanding.
 #[allow(clippy::too_many_arguments)]
 fn on_reply(
     slots: &mut [Slot<'_>],
@@ -952,7 +998,7 @@ fn on_reply(
     from: Option<SocketAddr>,
     now: Instant,
     mono: u64,
-) {
+) -> bool {
     // The op seq names the slot (or the group); nothing is trusted before the tag
     // verified under that slot's key, below.
     let Some(h) = b
@@ -960,7 +1006,7 @@ fn on_reply(
         .and_then(|c| RepHeader::decode(c).ok())
     else {
         stats.late.fetch_add(1, Ordering::Relaxed);
-        return;
+        return false;
     };
     let by_group = h.seq & SLOT_MASK == GROUP_SLOT;
     let i = if by_group {
@@ -971,12 +1017,12 @@ fn on_reply(
                 None => {
                     stats.unknown_source.fetch_add(1, Ordering::Relaxed);
                     stats.late.fetch_add(1, Ordering::Relaxed);
-                    return;
+                    return false;
                 }
             },
             _ => {
                 stats.late.fetch_add(1, Ordering::Relaxed);
-                return;
+                return false;
             }
         }
     } else {
@@ -985,27 +1031,27 @@ fn on_reply(
     let group_last = group.as_deref().map_or(0, |g| g.last_seq);
     let Some(slot) = slots.get_mut(i) else {
         stats.late.fetch_add(1, Ordering::Relaxed);
-        return;
+        return false;
     };
     let Kind::Udp {
         addr, pending, key, ..
     } = &mut slot.kind
     else {
         stats.late.fetch_add(1, Ordering::Relaxed);
-        return;
+        return false;
     };
     // Authentic under the slot's key (the group's, for a group reply: the same key),
     // sent to this poller: else a forgery or another reader's reply.
     let Ok(covered) = open_reply(b, key, sender, 1..=u64::MAX) else {
         stats.unauthentic.fetch_add(1, Ordering::Relaxed);
         stats.late.fetch_add(1, Ordering::Relaxed);
-        return;
+        return false;
     };
     let ours = pending
         .is_some_and(|p| p.answers(h.seq, group_last) && from.is_none_or(|f| same_peer(f, *addr)));
     if !ours {
         stats.late.fetch_add(1, Ordering::Relaxed);
-        return;
+        return false;
     }
     if by_group {
         stats.group_replies.fetch_add(1, Ordering::Relaxed);
@@ -1035,6 +1081,7 @@ fn on_reply(
             .on_read(&body[..MONITOR_READ_BYTES], latency_ns, mono, &slot.stats);
     }
     slot.st.publish(mono, stale_after);
+    p.seq != 0
 }
 
 /// Mark the udp slots the group READ to `group` can read: IPv4, read with the shared
@@ -1217,284 +1264,5 @@ pub(crate) fn set_rcvbuf(s: &UdpSocket, bytes: usize) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::table::{self, EntryStatus};
-    use crate::{create_table, Target};
-    use farside_rmem::wire::ReqHeader;
-    use farside_rmem::LabKeyset;
-
-    /// The tests' keys: the shared reader key, and another one (a forger's).
-    fn keys() -> &'static (LabKeyset, LabKeyset) {
-        static K: std::sync::OnceLock<(LabKeyset, LabKeyset)> = std::sync::OnceLock::new();
-        K.get_or_init(|| (LabKeyset::generate(), LabKeyset::generate()))
-    }
-
-    fn key() -> ClientKey {
-        keys().0.reader
-    }
-
-    /// A good reply to `seq` sealed for the poller whose sender id is `sender`.
-    fn reply(sender: u64, seq: u64, conns: u64) -> Vec<u8> {
-        reply_as(&key(), sender, seq, conns)
-    }
-
-    /// A reply to `seq` sealed under `key` for `sender`: a region whose record says
-    /// `conns_established = conns`.
-    fn reply_as(key: &ClientKey, sender: u64, seq: u64, conns: u64) -> Vec<u8> {
-        let mut rep = vec![0u8; ENVELOPE_BYTES];
-        farside_rmem::wire::RepHeader {
-            op: Op::Read as u8,
-            status: Status::Ok,
-            seq,
-            len: MONITOR_READ_BYTES as u32,
-        }
-        .encode(&mut rep);
-        let mut mem = farside_region::RegionWriter::init(
-            farside_region::HeapWords::new(farside_region::REGION_WORDS),
-            farside_region::Header {
-                node_id: 1,
-                generation: 9,
-                period_us: 1000,
-                watched_ports: [0; 4],
-            },
-        );
-        mem.publish(&farside_region::LoadRecord {
-            conns_established: conns,
-            ..Default::default()
-        });
-        for w in &mem.mem().words()[..MONITOR_READ_BYTES / 8] {
-            rep.extend_from_slice(&w.load(Ordering::Relaxed).to_le_bytes());
-        }
-        let request = farside_auth::mac::Envelope {
-            key_id: key.id,
-            sender,
-            seq: 1,
-        };
-        farside_rmem::auth::seal_reply_in_place(&mut rep, key.key(), &request);
-        rep
-    }
-
-    fn opts(group: Option<SocketAddr>) -> MonitorOptions {
-        MonitorOptions {
-            period: Duration::from_millis(1),
-            // Attempts of 1 s: nothing expires unless the test says so.
-            read_timeout: Duration::from_secs(3),
-            stale_after: Duration::from_secs(10),
-            key: Some(key()),
-            nice: 0,
-            threads: 1,
-            group,
-            rx: MonitorRx::Udp,
-        }
-    }
-
-    fn watch(i: usize, target: &str) -> (Watch, std::sync::Arc<ReadStats>) {
-        (
-            Watch {
-                index: i,
-                name: format!("b{i}"),
-                region: Target::parse(target).unwrap(),
-            },
-            Default::default(),
-        )
-    }
-
-    /// A back-end's socket at its own loopback address (127.1.0.k).
-    fn backend(k: u8) -> UdpSocket {
-        let s = UdpSocket::bind((std::net::Ipv4Addr::new(127, 1, 0, k), 0)).unwrap();
-        s.set_nonblocking(true).unwrap();
-        s
-    }
-
-    /// Feed `b` from `from` to the poller as if received.
-    fn deliver(p: &mut Poller<'_>, b: &[u8], from: SocketAddr) {
-        on_reply(
-            &mut p.slots,
-            p.group.as_mut(),
-            p.env.sender,
-            &p.stats,
-            p.stale_after,
-            b,
-            false,
-            Some(from),
-            Instant::now(),
-            mono_ns(),
-        );
-    }
-
-    /// The next request `s` received: its header and its envelope's key id.
-    fn request(s: &UdpSocket) -> Option<(ReqHeader, u32)> {
-        let mut buf = [0u8; 1024];
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match s.recv_from(&mut buf) {
-                Ok((n, _)) => {
-                    let id = u32::from_le_bytes(buf[8..12].try_into().unwrap());
-                    return Some((ReqHeader::decode(&buf[ENVELOPE_BYTES..n]).unwrap(), id));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() > deadline {
-                        return None;
-                    }
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err(e) => panic!("{e}"),
-            }
-        }
-    }
-
-    fn nothing_sent_to(s: &UdpSocket) -> bool {
-        let mut buf = [0u8; 1024];
-        std::thread::sleep(Duration::from_millis(20));
-        s.recv_from(&mut buf).is_err()
-    }
-
-    #[test]
-    fn group_replies_match_by_source_and_late_stray_unknown_ones_are_refused_and_counted() {
-        let bs = [backend(1), backend(2), backend(3)];
-        let addr = |k: usize| bs[k].local_addr().unwrap();
-        let group = UdpSocket::bind("127.0.0.1:0").unwrap();
-        group.set_nonblocking(true).unwrap();
-        let t = create_table(None, 3, 1000).unwrap();
-        let watches = (0..3)
-            .map(|k| watch(k, &format!("udp:{}", addr(k))))
-            .collect();
-        let stats = std::sync::Arc::new(PollerStats::default());
-        let o = opts(Some(group.local_addr().unwrap()));
-        let mut p = Poller::new(&*t, watches, &o, stats.clone()).unwrap();
-        let me = p.env.sender;
-        p.round();
-
-        // ONE READ, to the group, with the shared key and the group's slot bits.
-        let (req, id) = request(&group).expect("the group READ");
-        assert_eq!(req.seq & SLOT_MASK, GROUP_SLOT);
-        assert_eq!(id, key().id.0);
-        assert!(nothing_sent_to(&group), "one group READ per period");
-        assert!(bs.iter().all(nothing_sent_to), "no unicast READ");
-        assert_eq!(stats.sent.load(Ordering::Relaxed), 1);
-        assert_eq!(stats.group_sent.load(Ordering::Relaxed), 1);
-        let waiting = |p: &Poller<'_>| p.group.as_ref().map(|g| g.waiting);
-        assert_eq!(waiting(&p), Some(3), "three replies to gather");
-
-        // Back-end 0 answers: its own entry, found by the reply's source.
-        // Forged (another key) or for another reader (another sender): refused.
-        let forged = reply_as(&keys().1.reader, me, req.seq, 666);
-        deliver(&mut p, &forged, addr(0));
-        let elsewhere = reply_as(&key(), me ^ 1, req.seq, 666);
-        deliver(&mut p, &elsewhere, addr(0));
-        assert_eq!(stats.unauthentic.load(Ordering::Relaxed), 2);
-        assert_eq!(stats.late.load(Ordering::Relaxed), 2);
-        assert!(table::read(&*t, 0).is_none_or(|e| e.status == EntryStatus::Never));
-        stats.late.store(0, Ordering::Relaxed);
-        deliver(&mut p, &reply(me, req.seq, 10), addr(0));
-        let e0 = table::read(&*t, 0).unwrap();
-        assert_eq!((e0.status, e0.conns_established), (EntryStatus::Ok, 10));
-        assert_eq!(stats.group_replies.load(Ordering::Relaxed), 1);
-
-        let late = |n: u64| assert_eq!(stats.late.load(Ordering::Relaxed), n);
-        // The same reply again: its read is done.
-        deliver(&mut p, &reply(me, req.seq, 11), addr(0));
-        late(1);
-        // From an address that is no back-end's endpoint.
-        let stranger = SocketAddr::from(([127, 1, 0, 9], addr(1).port()));
-        deliver(&mut p, &reply(me, req.seq, 12), stranger);
-        late(2);
-        assert_eq!(stats.unknown_source.load(Ordering::Relaxed), 1);
-        // A back-end's right address but another port.
-        let other_port = SocketAddr::from(([127, 1, 0, 2], addr(1).port().wrapping_add(1)));
-        deliver(&mut p, &reply(me, req.seq, 12), other_port);
-        assert_eq!(stats.unknown_source.load(Ordering::Relaxed), 2);
-        // An older group READ's answer, and a unicast seq no attempt was sent with.
-        deliver(&mut p, &reply(me, req.seq - (1 << SLOT_BITS), 13), addr(1));
-        deliver(&mut p, &reply(me, (req.seq & !SLOT_MASK) | 1, 13), addr(1));
-        // A group READ not sent yet.
-        deliver(&mut p, &reply(me, req.seq + (1 << SLOT_BITS), 13), addr(1));
-        late(6);
-        assert!(table::read(&*t, 1).is_none_or(|e| e.status == EntryStatus::Never));
-        assert_eq!(waiting(&p), Some(2));
-        assert_eq!(stats.group_replies.load(Ordering::Relaxed), 1);
-
-        // The attempt deadline passes: the missing back-ends alone are retried, unicast.
-        p.expire(Instant::now() + Duration::from_secs(2));
-        assert!(nothing_sent_to(&bs[0]), "back-end 0 answered");
-        assert!(nothing_sent_to(&group), "retries never go to the group");
-        assert_eq!(
-            waiting(&p),
-            Some(0),
-            "retried: no more group replies to gather"
-        );
-        let r1 = request(&bs[1]).expect("unicast retry to back-end 1").0;
-        let r2 = request(&bs[2]).expect("unicast retry to back-end 2").0;
-        assert_eq!(r1.seq & SLOT_MASK, 1);
-        assert_eq!(r2.seq & SLOT_MASK, 2);
-        assert_ne!(r1.flags & FLAG_RETRY, 0);
-        // Either attempt may answer: the retry for 1, the group READ for 2.
-        deliver(&mut p, &reply(me, r1.seq, 21), addr(1));
-        deliver(&mut p, &reply(me, req.seq, 22), addr(2));
-        late(6);
-        for (i, c) in [(1, 21), (2, 22)] {
-            let e = table::read(&*t, i).unwrap();
-            assert_eq!((e.status, e.conns_established), (EntryStatus::Ok, c));
-        }
-    }
-
-    /// `ID:PATH` of a key file with key id 77 (a region's own key).
-    fn own_key_spec() -> String {
-        let dir = std::env::temp_dir().join(format!("farside-poller-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = farside_rmem::auth::write_key_file(&dir, "own.key", keys().1.balancer.key());
-        format!("77:{}", f.unwrap().display())
-    }
-
-    #[test]
-    fn a_group_read_unanswered_through_every_attempt_is_a_timed_out_read() {
-        let b = backend(4);
-        let group = UdpSocket::bind("127.0.0.1:0").unwrap();
-        let t = create_table(None, 1, 1000).unwrap();
-        let watches = vec![watch(0, &format!("udp:{}", b.local_addr().unwrap()))];
-        let o = opts(Some(group.local_addr().unwrap()));
-        let mut p = Poller::new(&*t, watches, &o, Default::default()).unwrap();
-        p.round();
-        let mut later = Instant::now();
-        for _ in 0..UDP_TRIES {
-            later += Duration::from_secs(2);
-            p.expire(later);
-        }
-        let e = table::read(&*t, 0).unwrap();
-        assert_eq!((e.status, e.errors), (EntryStatus::Error, 1));
-        // Two unicast retries after the group READ.
-        assert!(request(&b).is_some() && request(&b).is_some());
-        assert!(nothing_sent_to(&b));
-    }
-
-    #[test]
-    fn slots_the_group_cannot_read_stay_unicast_and_ipv6_groups_are_refused() {
-        let (a, b) = (backend(5), backend(6));
-        let group = UdpSocket::bind("127.0.0.1:0").unwrap();
-        group.set_nonblocking(true).unwrap();
-        let t = create_table(None, 3, 1000).unwrap();
-        let (aa, ba) = (a.local_addr().unwrap(), b.local_addr().unwrap());
-        let watches = vec![
-            // Its own key: the group READ carries the shared one.
-            watch(0, &format!("udp:{aa}?key={}", own_key_spec())),
-            // Two regions at one endpoint: a reply's source cannot tell them apart.
-            watch(1, &format!("udp:{ba}")),
-            watch(2, &format!("udp:{ba}")),
-        ];
-        let o = opts(Some(group.local_addr().unwrap()));
-        let stats = std::sync::Arc::new(PollerStats::default());
-        let mut p = Poller::new(&*t, watches, &o, stats.clone()).unwrap();
-        p.round();
-        assert!(nothing_sent_to(&group));
-        assert_eq!(request(&a).map(|r| r.1), Some(77));
-        assert!(request(&b).is_some() && request(&b).is_some());
-        assert_eq!(stats.group_sent.load(Ordering::Relaxed), 0);
-
-        let v6 = opts(Some("[ff02::1]:7000".parse().unwrap()));
-        let err = Poller::new(&*t, Vec::new(), &v6, Default::default())
-            .err()
-            .expect("an IPv6 group");
-        assert_eq!(err.kind(), io::ErrorKind::InvalidInput);
-    }
-}
+#[path = "poller_tests.rs"]
+mod tests;

@@ -15,7 +15,7 @@
 //! Run (release, on a quiet machine; the responder needs a core of its own at 1,024):
 //! `cargo run --release -p farside-proxy --example bench_monitor -- \
 //!    [--backends 16,256,1024] [--seconds 5] [--period-us 1000] [--threads 0] [--group]
-//!    [--xsk IFACE] [--only MODE:RX] [--responders K]`
+//!    [--xsk IFACE] [--only MODE:RX] [--responders K] [--pin]`
 //!
 //! `--group`: each N is measured twice, `unicast` (a READ per back-end, as above) and
 //! `group` (`MonitorOptions::group`: ONE READ per period to the group address, answered
@@ -31,6 +31,18 @@
 //! threads bring that closer on a host with CPUs to spare.
 //!
 //! `--only MODE:RX` (e.g. `group:xsk`): measure that row alone, for A/B runs.
+//!
+//! **The kernel's receive cost** (softirq time, which no thread's CPU clock counts):
+//! `sirq_ns/rd` is the host's softirq time over the window (every CPU, from the
+//! `softirq` column of /proc/stat, tick-sampled: 4 ms a tick at HZ=250, so use a few
+//! seconds or more) per answered read. On loopback a datagram's receive (IP, UDP, the
+//! socket's queue and wake-up) runs in NET_RX softirq on the CPU that SENT it, so with
+//! `--pin` (pollers on CPU 0, responders on CPU 1) the time splits by direction:
+//! `rx_sirq_ns/rd` is the responders' CPU's, i.e. receiving the REPLIES (what the
+//! monitor's host would spend on its own CPUs behind a NIC), and `tx_sirq_ns/rd` the
+//! pollers' CPU's (receiving the READs: the back-ends' cost). `net_rx/rd`: NET_RX
+//! softirq runs per answered read (/proc/softirqs, every CPU). Without `--pin` the
+//! split columns print `-`.
 //!
 //! `--xsk IFACE` (root; the bench's responders are on lo, so `--xsk lo`): each mode is
 //! measured twice, `rx udp` (replies from the poller's UDP socket, `recvmmsg`) and
@@ -66,6 +78,8 @@ struct Args {
     only: Option<(String, String)>,
     /// `--responders K`: threads answering each group READ (default 1).
     responders: usize,
+    /// `--pin`: pollers on CPU 0, responders on CPU 1 (softirq split by direction).
+    pin: bool,
 }
 
 /// How the monitor reads in one measurement.
@@ -107,11 +121,16 @@ fn args() -> Result<Args, String> {
         xsk: None,
         only: None,
         responders: 1,
+        pin: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         if k == "--group" {
             a.group = true;
+            continue;
+        }
+        if k == "--pin" {
+            a.pin = true;
             continue;
         }
         let v = it.next().ok_or(format!("{k} needs a value"))?;
@@ -174,6 +193,65 @@ fn pollers_user_sys_ns() -> (u64, u64) {
     out
 }
 
+/// Softirq time so far per CPU, ns (the `softirq` column of /proc/stat, in clock
+/// ticks), and NET_RX softirq runs summed over CPUs (/proc/softirqs).
+fn softirq_ns() -> (Vec<u64>, u64) {
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let per_cpu = stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+        .map(|l| {
+            // cpuN user nice system idle iowait irq softirq ...
+            let t: u64 = l
+                .split_whitespace()
+                .nth(7)
+                .and_then(|x| x.parse().ok())
+                .unwrap_or(0);
+            t * 1_000_000_000 / hz
+        })
+        .collect();
+    let runs = std::fs::read_to_string("/proc/softirqs")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.trim_start().starts_with("NET_RX:"))
+        .map_or(0, |l| {
+            l.split_whitespace()
+                .skip(1)
+                .filter_map(|x| x.parse::<u64>().ok())
+                .sum()
+        });
+    (per_cpu, runs)
+}
+
+/// Pin this process's threads whose name starts with `prefix` to `cpu`; how many.
+fn pin_threads(prefix: &str, cpu: usize) -> usize {
+    let mut n = 0;
+    for t in std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let Ok(tid) = t.file_name().to_string_lossy().parse::<libc::pid_t>() else {
+            continue;
+        };
+        if !comm.starts_with(prefix) {
+            continue;
+        }
+        // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes inside it; the call reads
+        // it for its size.
+        let ok = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        };
+        n += usize::from(ok);
+    }
+    n
+}
+
 /// What the pollers did over the steady window.
 struct Cost {
     pollers: usize,
@@ -195,6 +273,13 @@ struct Cost {
     sent_per_call: f64,
     recv_per_call: f64,
     waits_per_period: f64,
+    /// Softirq ns per answered read: the whole host's; with `--pin`, the responders'
+    /// CPU's (receiving the replies) and the pollers' CPU's (receiving the READs).
+    sirq_ns_per_read: f64,
+    rx_sirq_ns_per_read: Option<f64>,
+    tx_sirq_ns_per_read: Option<f64>,
+    /// NET_RX softirq runs per answered read (every CPU).
+    net_rx_per_read: f64,
 }
 
 /// Pollers' CPU over a steady window.
@@ -233,6 +318,7 @@ fn monitor_cost(n: usize, a: &Args, mode: Mode, rx: &MonitorRx) -> Cost {
         rx: rx.clone(),
     };
     let m = Monitor::start(watches, table, opts).expect("monitor");
+
     let snap = |m: &Monitor| {
         m.pollers().iter().fold([0u64; 9], |s, p| {
             [
@@ -257,7 +343,17 @@ fn monitor_cost(n: usize, a: &Args, mode: Mode, rx: &MonitorRx) -> Cost {
     };
     // Warm up (first reads, socket buffers), then measure a steady window.
     std::thread::sleep(Duration::from_millis(500));
+    // Pinned once the threads run (and have named themselves).
+    let pinned = a.pin && {
+        let polls = pin_threads("monitor-poll", 0);
+        let resps = pin_threads("multi-responder", 1) + pin_threads("group-responder", 1);
+        if polls == 0 || resps == 0 {
+            eprintln!("bench_monitor: --pin: pinned {polls} pollers, {resps} responders: no split");
+        }
+        polls > 0 && resps > 0
+    };
     let (c0, r0, t0, us0) = (snap(&m), reads(&m), Instant::now(), pollers_user_sys_ns());
+    let sirq0 = softirq_ns();
     let ticker = std::thread::spawn({
         let until = Instant::now() + Duration::from_secs_f64(a.seconds);
         move || {
@@ -273,6 +369,12 @@ fn monitor_cost(n: usize, a: &Args, mode: Mode, rx: &MonitorRx) -> Cost {
     });
     let _r = ticker.join().expect("ticker");
     let (c1, r1, wall, us1) = (snap(&m), reads(&m), t0.elapsed(), pollers_user_sys_ns());
+    let sirq1 = softirq_ns();
+    let sirq_cpu = |c: usize| {
+        let at = |s: &(Vec<u64>, u64)| s.0.get(c).copied().unwrap_or(0);
+        at(&sirq1).saturating_sub(at(&sirq0)) as f64
+    };
+    let sirq_all: f64 = (0..sirq1.0.len()).map(sirq_cpu).sum();
     let d = |k: usize| (c1[k] - c0[k]) as f64;
     let cpu_ns = d(0);
     let periods = d(1).max(1.0);
@@ -295,6 +397,10 @@ fn monitor_cost(n: usize, a: &Args, mode: Mode, rx: &MonitorRx) -> Cost {
         sent_per_call: d(6) / d(3).max(1.0),
         recv_per_call: answered / d(4).max(1.0),
         waits_per_period: d(5) / periods,
+        sirq_ns_per_read: sirq_all / answered,
+        rx_sirq_ns_per_read: pinned.then(|| sirq_cpu(1) / answered),
+        tx_sirq_ns_per_read: pinned.then(|| sirq_cpu(0) / answered),
+        net_rx_per_read: sirq1.1.saturating_sub(sirq0.1) as f64 / answered,
     }
 }
 
@@ -380,7 +486,7 @@ fn main() {
         }
     };
     println!(
-        "{:>8} {:>7} {:>3} {:>5} {:>7} {:>9} {:>13} {:>8} {:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9}",
+        "{:>8} {:>7} {:>3} {:>5} {:>7} {:>9} {:>13} {:>8} {:>9} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9} {:>10} {:>13} {:>13} {:>9}",
         "backends",
         "mode",
         "rx",
@@ -401,7 +507,11 @@ fn main() {
         "route_p2c_ns",
         "choose_ll_ns",
         "route_ll_ns",
-        "accept_ns"
+        "accept_ns",
+        "sirq_ns/rd",
+        "rx_sirq_ns/rd",
+        "tx_sirq_ns/rd",
+        "net_rx/rd"
     );
     let modes: &[Mode] = if a.group {
         &[Mode::Unicast, Mode::Group]
@@ -447,8 +557,9 @@ fn row(n: usize, a: &Args, mode: Mode, rx: &MonitorRx) {
         Mode::Unicast => "unicast",
         Mode::Group => "group",
     };
+    let split = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.0}"));
     println!(
-            "{n:>8} {mode:>7} {:>3} {:>5.1} {:>7} {:>9.1} {:>13.1} {:>8} {:>9.1} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>9.1} {:>9.1} {:>11.1} {decisions}",
+            "{n:>8} {mode:>7} {:>3} {:>5.1} {:>7} {:>9.1} {:>13.1} {:>8} {:>9.1} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>9.1} {:>9.1} {:>11.1} {decisions} {:>10.0} {:>13} {:>13} {:>9.2}",
             c.rx,
             c.ring_pct,
             c.pollers,
@@ -463,5 +574,9 @@ fn row(n: usize, a: &Args, mode: Mode, rx: &MonitorRx) {
             c.sent_per_call,
             c.recv_per_call,
             c.waits_per_period,
+            c.sirq_ns_per_read,
+            split(c.rx_sirq_ns_per_read),
+            split(c.tx_sirq_ns_per_read),
+            c.net_rx_per_read,
         );
 }

@@ -3,7 +3,8 @@
 //! - [`gate`]: the contract between the data path and the control layer, with its
 //!   typed rejections ([`reject`])
 //! - [`config`]: the typed configuration (TOML and flags)
-//! - [`control`]: monitor table, admission policy, balancing; [`sites`]: routing by site
+//! - [`control`]: monitor table, admission policy, balancing (by load, or by content:
+//!   [`control::content`]); [`sites`]: routing by site
 //! - [`server`]: the HTTP/1.1 data path (runtime and workers, one client connection's
 //!   life), with [`http`] (heads and framing), [`pool`] (upstream keep-alive) and
 //!   [`metrics`]
@@ -15,7 +16,7 @@
 //! Modules (files) use only those before them, in this order from the bottom up, so
 //! no two use each other, directly or through others (test modules aside):
 //!
-//! `reject`, `http`, `metrics`, `pool`, `gate`, `config::error`, `config::sites`,
+//! `reject`, `http`, `metrics`, `pool`, `gate`, `control::content`, `config::error`, `config::sites`,
 //! `config::reconf`, `config`, `config::file`, `config::cli`, `sites`, `control::rules`,
 //! `control::estimate`, `control::delay`, `control`, `control::render`, `reconf`,
 //! `lifecycle`, `dashboard`, `server::generation`, `server::transfer`, `server::conn`,

@@ -1,12 +1,17 @@
 //! Arena READs through BPF_PROG_TEST_RUN: objects written into the mapped arena map with
 //! `farside_arena`'s seqlock writer are read back one chunk per request and validated;
 //! every refusal (wrong key, a mutation, a READ across a chunk, beyond the map or the
-//! declared bound, unaligned, unpadded) answers its status and touches nothing.
+//! declared bound, unaligned, unpadded) answers its status and touches nothing. Bulk
+//! READs (`FLAG_BULK`) span chunks, their replies tag the header only, and refuse what
+//! a bulk READ may not do.
 
 mod common;
 
 use common::*;
-use farside_arena::layout::{ArenaLayout, ARENA_REGION, CHUNK_BYTES, CLASS_COUNT};
+use farside_arena::layout::{
+    ArenaLayout, ARENA_CHUNKS_MAX, ARENA_REGION, BULK_READ_BYTES_MAX, CHUNK_BYTES, CLASS_COUNT,
+    FLAG_BULK,
+};
 use farside_arena::{map_chunks, ArenaMap, ObjectRead, SLOTS_BASE};
 use farside_rmem::wire::{self, RepHeader, Status, ENVELOPE_BYTES};
 use farside_rmem::ClientKey;
@@ -261,6 +266,211 @@ fn arena_reads_are_refused_outside_their_rights_and_bounds() {
         } else {
             assert!(bytes.is_empty(), "{what}: header-only refusal");
         }
+    }
+    assert_eq!(
+        prog.arena().lock().unwrap().bytes_mut().to_vec(),
+        before,
+        "nothing written"
+    );
+}
+
+/// A sealed bulk arena READ (`FLAG_BULK`), padded to its reply unless `pad` is false.
+fn bulk_req(key: &ClientKey, op: u8, region: u32, offset: u32, len: u32, pad: bool) -> Vec<u8> {
+    static OP_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let seq = OP_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let payload = if op == 2 {
+        vec![0xaa; len as usize]
+    } else {
+        vec![]
+    };
+    let mut b = seal(
+        key,
+        0x5e,
+        &covered(op, FLAG_BULK, seq, region, offset, len, &payload),
+    );
+    if pad {
+        let n = ENVELOPE_BYTES + wire::REP_HEADER_BYTES + len as usize;
+        b.resize(b.len().max(n), 0);
+    }
+    b
+}
+
+/// Runs a bulk READ: its status and body. The reply's tag must cover its envelope and
+/// header only (the body follows, uncovered), and verify under the request's key.
+fn ask_bulk(prog: &TestProgram, key: &ClientKey, req: &[u8]) -> (Status, Vec<u8>) {
+    let f = frame(Shape::to_port(PORT), req);
+    let (act, out) = prog.run(&f);
+    assert_eq!(act, action::TX, "answered in the kernel");
+    let payload = check_reply("arena bulk", &f, &out, PORT);
+    let parsed = farside_auth::mac::parse(&payload).expect("an envelope");
+    let opened = farside_auth::mac::TagKey::new(farside_auth::mac::Domain::RmemReply, key.key())
+        .verify(&parsed)
+        .expect("sealed under the request's key");
+    assert_eq!(
+        opened.message.len(),
+        wire::REP_HEADER_BYTES,
+        "the tag covers the header only"
+    );
+    let h = RepHeader::decode(opened.message).unwrap();
+    assert_eq!(opened.trailing.len(), h.len as usize, "the body follows");
+    (h.status, opened.trailing.to_vec())
+}
+
+#[test]
+fn bulk_reads_span_chunks_and_tag_their_header() {
+    if !need_root("bulk_reads_span_chunks_and_tag_their_header") {
+        return;
+    }
+    let layout = layout();
+    let chunks = map_chunks(&layout).unwrap();
+    let prog = TestProgram::load_with_arena(PORT, &keyring_with_arena(), chunks as u32)
+        .expect("load with an arena");
+    let mut arena = ArenaMap::new(layout.clone()).unwrap();
+    let body: Vec<u8> = (0..20_000u32).map(|i| (i * 13 + 5) as u8).collect();
+    let hash = farside_arena::url_hash(b"/bulk");
+    let bucket = {
+        let mem = prog.arena();
+        let mut mem = mem.lock().unwrap();
+        arena.put(mem.bytes_mut(), hash, &body).unwrap()
+    };
+    let key = arena_key();
+    let mut r = ObjectRead::new(&layout, hash, bucket.offset as usize, bucket.len as usize)
+        .expect("a slot");
+    let plan = r.plan();
+    let n = plan.len();
+    // Head and tail one chunk each, fully tagged; the middle two chunks per bulk READ
+    // (a test run's frame holds one page: two chunks fit it).
+    let (o, l) = plan[0];
+    let (st, bytes) = ask(
+        &prog,
+        &key,
+        &arena_req(
+            &key,
+            1,
+            ARENA_REGION,
+            (SLOTS_BASE + o) as u32,
+            l as u32,
+            true,
+        ),
+    );
+    assert_eq!(st, Status::Ok);
+    r.feed_at(0, &bytes);
+    let mut i = 1;
+    while i < n - 1 {
+        let j = (i + 2).min(n - 1);
+        let start = SLOTS_BASE + plan[i].0;
+        let len: usize = plan[i..j].iter().map(|p| p.1).sum();
+        let (st, bytes) = ask_bulk(
+            &prog,
+            &key,
+            &bulk_req(&key, 1, ARENA_REGION, start as u32, len as u32, true),
+        );
+        assert_eq!(st, Status::Ok, "bulk READ {i}..{j}");
+        assert_eq!(bytes.len(), len);
+        let mut at = 0;
+        for (k, p) in plan.iter().enumerate().take(j).skip(i) {
+            r.feed_at(k, &bytes[at..at + p.1]);
+            at += p.1;
+        }
+        i = j;
+    }
+    let (o, l) = plan[n - 1];
+    let (st, bytes) = ask(
+        &prog,
+        &key,
+        &arena_req(
+            &key,
+            1,
+            ARENA_REGION,
+            (SLOTS_BASE + o) as u32,
+            l as u32,
+            true,
+        ),
+    );
+    assert_eq!(st, Status::Ok);
+    r.feed_at(n - 1, &bytes);
+    let (version, got) = r.finish().expect("valid object");
+    assert_eq!(got, body);
+    assert_eq!(version, bucket.version);
+
+    // Refusals: header-only replies, nothing read or written.
+    let before = prog.arena().lock().unwrap().bytes_mut().to_vec();
+    let c = CHUNK_BYTES as u32;
+    let ro = keys().ro;
+    let cases: Vec<(&str, ClientKey, Vec<u8>, Status)> = vec![
+        (
+            "not at a chunk boundary",
+            key,
+            bulk_req(&key, 1, ARENA_REGION, c + 8, 64, true),
+            Status::Unaligned,
+        ),
+        (
+            "a length not of words",
+            key,
+            bulk_req(&key, 1, ARENA_REGION, c, 12, true),
+            Status::Unaligned,
+        ),
+        (
+            "more chunks than a bulk READ spans",
+            key,
+            bulk_req(
+                &key,
+                1,
+                ARENA_REGION,
+                0,
+                (BULK_READ_BYTES_MAX + 8) as u32,
+                false,
+            ),
+            Status::BadLength,
+        ),
+        (
+            "empty",
+            key,
+            bulk_req(&key, 1, ARENA_REGION, 0, 0, true),
+            Status::BadLength,
+        ),
+        (
+            "its last chunk beyond the map",
+            key,
+            bulk_req(&key, 1, ARENA_REGION, (chunks as u32 - 1) * c, 2 * c, true),
+            Status::OutOfBounds,
+        ),
+        (
+            "beyond the declared bound",
+            key,
+            bulk_req(
+                &key,
+                1,
+                ARENA_REGION,
+                (ARENA_CHUNKS_MAX as u32 - 1) * c,
+                2 * c,
+                false,
+            ),
+            Status::OutOfBounds,
+        ),
+        (
+            "unpadded",
+            key,
+            bulk_req(&key, 1, ARENA_REGION, 0, 2 * c, false),
+            Status::Unpadded,
+        ),
+        (
+            "WRITE",
+            key,
+            bulk_req(&key, 2, ARENA_REGION, 0, 8, false),
+            Status::ReadOnly,
+        ),
+        (
+            "control reader on the arena",
+            ro,
+            bulk_req(&ro, 1, ARENA_REGION, 0, 8, true),
+            Status::NoRegion,
+        ),
+    ];
+    for (what, k, req, want) in cases {
+        let (st, bytes) = ask_bulk(&prog, &k, &req);
+        assert_eq!(st, want, "{what}");
+        assert!(bytes.is_empty(), "{what}: header-only refusal");
     }
     assert_eq!(
         prog.arena().lock().unwrap().bytes_mut().to_vec(),

@@ -94,6 +94,15 @@ fn bpf_constants_match_the_rust_side() {
         ("RMEM_ST_STALE", Status::Stale as u64),
         ("RMEM_ST_UNPADDED", Status::Unpadded as u64),
         ("RMEM_FLAG_RETRY", wire::FLAG_RETRY.into()),
+        ("RMEM_FLAG_BULK", farside_arena::layout::FLAG_BULK.into()),
+        (
+            "RMEM_ARENA_BULK_CHUNKS_MAX",
+            farside_arena::layout::BULK_CHUNKS_MAX as u64,
+        ),
+        (
+            "RMEM_ARENA_BULK_BYTES_MAX",
+            farside_arena::layout::BULK_READ_BYTES_MAX as u64,
+        ),
         (
             "RMEM_DEDUP_CLIENTS_MAX",
             farside_rmem::ops::DEDUP_CLIENTS_MAX as u64,
@@ -165,6 +174,7 @@ fn kernel_sampler_constants_match_the_rust_side() {
         ("KSAMP_PORTS_MAX", ksamp::SAMPLER_PORTS_MAX as u64),
         ("KSAMP_CPUS_MAX", ksamp::SAMPLER_CPUS_MAX.into()),
         ("KSAMP_EMA_SHIFT", ksamp::SAMPLER_EMA_SHIFT.into()),
+        ("KSAMP_OTHER_SPREAD", ksamp::SAMPLER_OTHER_SPREAD.into()),
         ("KSAMP_LISTENERS_MAX", ksamp::SAMPLER_LISTENERS_MAX as u64),
     ];
     for (name, value) in want {

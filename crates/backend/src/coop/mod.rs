@@ -5,8 +5,11 @@
 //!  client ──GET──► initial node n (any node: clients are spread round-robin)
 //!                  policy (farside_coop::policy, pure) on n's cache, peers' hints, loads
 //!                  ├─ Local      body from n's cache
-//!                  ├─ Forward(p) fetch over TCP from p's peer port (sealed 'F');
-//!                  │             p answers from its cache ('B', CRC32c) or "absent":
+//!                  ├─ Forward(p) fetch from p's cache over --coop-peer's transport:
+//!                  │             tcp / udp (p's process answers, sealed 'F' / 'B',
+//!                  │             CRC32c), xdp (one-sided READs of p's object arena,
+//!                  │             answered by p's XDP program: no process of p runs),
+//!                  │             shm (p's arena mapped read-only, one host only);
 //!                  │             a stale hint costs one wasted fetch, then disk
 //!                  └─ Disk       read through the emulated disk, cache at n
 //!  every node ──UDP──► every peer: its Bloom directory + epoch + load, sealed ('D'),
@@ -17,8 +20,11 @@
 //!
 //! - [`wire`]: the messages, pure;
 //! - [`disk`]: the emulated disk (latency + size / bandwidth per read, one at a time);
-//! - [`peer`]: the peer fetch transport ([`peer::PeerTransport`], TCP now) and the peer
-//!   port's server;
+//! - [`peer`]: the peer fetch transport ([`peer::PeerTransport`]) over TCP and the peer
+//!   port's server; [`udp`]: the same fetch answered in user space over UDP;
+//! - [`arena`]: the node's cached bodies mirrored into its object arena (an XDP-answered
+//!   BPF map, or a shared-memory file); [`onesided`]: the transports that read a peer's
+//!   arena without its process (xdp, shm);
 //! - [`seal`]: the cluster key, sealing, receiving with replay windows;
 //! - [`node`]: the node: cache, views of the peers, the decision, the counters.
 //!
@@ -26,10 +32,13 @@
 //! the key of `--coop-key-file` (0600) and checked by `auth::receive::receive` against
 //! a replay window per sender: a forged or replayed one is dropped and counted.
 
+pub mod arena;
 pub mod disk;
 pub mod node;
+pub mod onesided;
 pub mod peer;
 pub mod seal;
+pub mod udp;
 pub mod wire;
 
 use std::net::SocketAddr;
@@ -61,6 +70,33 @@ pub enum CoopPolicy {
     /// PRESS: own cache, else a peer that caches it (least loaded), else disk.
     Press,
 }
+
+/// How a node fetches a body from a peer's cache (`--coop-peer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CoopPeer {
+    /// The peer's process answers on its TCP peer port (PRESS as published).
+    Tcp,
+    /// The peer's process answers sealed UDP datagrams in user space.
+    Udp,
+    /// One-sided READs of the peer's object arena, answered by its XDP program.
+    Xdp,
+    /// The peer's arena mapped read-only (nodes on one host only: a bound).
+    Shm,
+}
+
+impl CoopPeer {
+    pub fn name(self) -> &'static str {
+        match self {
+            CoopPeer::Tcp => "tcp",
+            CoopPeer::Udp => "udp",
+            CoopPeer::Xdp => "xdp",
+            CoopPeer::Shm => "shm",
+        }
+    }
+}
+
+/// Default `--coop-arena-port`: the udp port of the node's arena responder.
+pub const COOP_ARENA_PORT_DEFAULT: u16 = 7301;
 
 /// Which replacement policy the cache uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -110,6 +146,36 @@ pub struct CoopArgs {
     /// With --coop: shortest time between two directory publications, ms. Default 20.
     #[arg(long = "coop-publish-ms", default_value_t = COOP_PUBLISH_MS_DEFAULT)]
     pub publish_ms: u64,
+    /// With --coop --coop-policy press: how a body is fetched from a peer's cache.
+    /// `tcp`: the peer's process answers on its TCP peer port. `udp`: the peer's process
+    /// answers sealed UDP datagrams on the same port number. `xdp`: the node mirrors its
+    /// cached bodies into its object arena (a BPF map answered by the rmem XDP program
+    /// on --coop-arena-iface) and a peer reads them one-sidedly (index, then the slot's
+    /// chunks; seqlock and CRC32c checked): no process of the serving node runs for the
+    /// body. `shm`: the arena is a file under --coop-shm-dir that peers map read-only
+    /// and validate the same way: only possible when every node runs on one host (a
+    /// bound, not a deployment). Bodies above 89,568 B (the arena's one-sided bound) go
+    /// over tcp with udp, xdp and shm. Every node of a cluster must use the same.
+    /// Default: tcp.
+    #[arg(long = "coop-peer", value_enum, default_value = "tcp")]
+    pub peer: CoopPeer,
+    /// With --coop-peer xdp: the interface the node's arena responder is attached to
+    /// (generic XDP; no other XDP program may be attached there). Needs root.
+    #[arg(long = "coop-arena-iface", value_name = "IFACE")]
+    pub coop_arena_iface: Option<String>,
+    /// With --coop-peer xdp: udp port of the arena responders (the same on every node).
+    /// Default: 7301.
+    #[arg(long = "coop-arena-port", default_value_t = COOP_ARENA_PORT_DEFAULT)]
+    pub coop_arena_port: u16,
+    /// With --coop-peer xdp: the cluster's arena reader key, ID:PATH (a key file, mode
+    /// 0600) or ID (the credential rmem-ID); its rights are READ of the arena region
+    /// only. Every node's responder accepts it and every node reads with it.
+    #[arg(long = "coop-arena-key", value_name = "ID[:PATH]")]
+    pub coop_arena_key: Option<String>,
+    /// With --coop-peer shm: the directory (mode 0700, on a tmpfs such as /dev/shm)
+    /// where node i keeps its arena as `node-i.arena` and maps its peers' read-only.
+    #[arg(long = "coop-shm-dir", value_name = "DIR")]
+    pub shm_dir: Option<PathBuf>,
 }
 
 impl Default for CoopArgs {
@@ -125,6 +191,11 @@ impl Default for CoopArgs {
             disk_latency_us: disk::DISK_LATENCY_US_DEFAULT,
             disk_bytes_per_s: disk::DISK_BYTES_PER_S_DEFAULT,
             publish_ms: COOP_PUBLISH_MS_DEFAULT,
+            peer: CoopPeer::Tcp,
+            coop_arena_iface: None,
+            coop_arena_port: COOP_ARENA_PORT_DEFAULT,
+            coop_arena_key: None,
+            shm_dir: None,
         }
     }
 }
@@ -168,6 +239,22 @@ impl CoopArgs {
             }
             if self.key_file.is_none() {
                 return Err("--coop-policy press needs --coop-key-file".into());
+            }
+            match self.peer {
+                CoopPeer::Xdp
+                    if self.coop_arena_iface.is_none() || self.coop_arena_key.is_none() =>
+                {
+                    return Err(
+                        "--coop-peer xdp needs --coop-arena-iface and --coop-arena-key".into(),
+                    )
+                }
+                CoopPeer::Xdp if self.coop_arena_port == 0 => {
+                    return Err("--coop-arena-port must not be 0".into())
+                }
+                CoopPeer::Shm if self.shm_dir.is_none() => {
+                    return Err("--coop-peer shm needs --coop-shm-dir".into())
+                }
+                _ => {}
             }
         }
         Ok(())

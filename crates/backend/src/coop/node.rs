@@ -1,13 +1,16 @@
 //! One cooperating node: its cache of bodies, what it knows of its peers (directory and
 //! load, from their sealed updates), the decision per request, and its counters.
 
+use super::arena::NodeArena;
 use super::disk::Disk;
+use super::onesided::{ShmTransport, XdpTransport};
 use super::peer::{
     read_frame, PeerTransport, TcpTransport, PEER_CONNS_MAX, PEER_IDLE_TIMEOUT, PEER_IO_TIMEOUT,
 };
 use super::seal::Sealer;
+use super::udp::UdpTransport;
 use super::wire::{self, DirectoryUpdate};
-use super::{CoopArgs, CoopPolicy, CoopReplacement};
+use super::{CoopArgs, CoopPeer, CoopPolicy, CoopReplacement};
 use farside_auth::keys::Policy as KeyPolicy;
 use farside_auth::mac;
 use farside_auth::replay::ReplayTable;
@@ -66,6 +69,14 @@ pub struct Counters {
     pub directory_refused: AtomicU64,
     /// Fetch requests dropped: forged, replayed or malformed.
     pub fetch_refused: AtomicU64,
+    /// Time spent in peer fetches that brought a body (remote hits), µs in all.
+    pub remote_fetch_us: AtomicU64,
+    /// Bodies written into this node's object arena (xdp, shm).
+    pub arena_put: AtomicU64,
+    /// Bodies the cache took that the arena could not hold (see `coop::arena`).
+    pub arena_dropped: AtomicU64,
+    /// Bodies above the arena's one-sided bound (peers fetch them over TCP).
+    pub arena_too_large: AtomicU64,
 }
 
 impl Counters {
@@ -87,6 +98,10 @@ impl Counters {
             ("directory_sent", &self.directory_sent),
             ("directory_refused", &self.directory_refused),
             ("fetch_refused", &self.fetch_refused),
+            ("remote_fetch_us", &self.remote_fetch_us),
+            ("arena_put", &self.arena_put),
+            ("arena_dropped", &self.arena_dropped),
+            ("arena_too_large", &self.arena_too_large),
         ];
         rows.iter()
             .map(|(n, c)| format!("{n} {}\n", Counters::get(c)))
@@ -117,6 +132,8 @@ struct State {
     views: Vec<Option<PeerView>>,
     /// The cache changed since the last publication.
     dirty: bool,
+    /// With --coop-peer xdp or shm: the cached bodies, mirrored where peers read them.
+    arena: Option<NodeArena>,
 }
 
 /// The decision's view of the cluster from node `me`: its own cache exactly, its
@@ -171,6 +188,7 @@ pub struct Node {
     pub(crate) fetch_replay: Mutex<ReplayTable>,
     directory_replay: Mutex<ReplayTable>,
     transport: Option<Box<dyn PeerTransport>>,
+    peer_kind: CoopPeer,
     peers: Vec<SocketAddr>,
     publish_period: Duration,
     stop: AtomicBool,
@@ -280,9 +298,41 @@ impl Node {
             }
             _ => None,
         };
-        let transport: Option<Box<dyn PeerTransport>> = sealer.as_ref().map(|s| {
-            Box::new(TcpTransport::new(me, peers.clone(), s.key)) as Box<dyn PeerTransport>
-        });
+        let transport: Option<Box<dyn PeerTransport>> = match &sealer {
+            None => None,
+            Some(s) => {
+                let tcp = TcpTransport::new(me, peers.clone(), s.key);
+                Some(match args.peer {
+                    CoopPeer::Tcp => Box::new(tcp),
+                    CoopPeer::Udp => Box::new(UdpTransport::new(tcp, me, peers.clone(), s.key)),
+                    CoopPeer::Xdp => Box::new(XdpTransport::new(
+                        tcp,
+                        &peers,
+                        args.coop_arena_port,
+                        args.coop_arena_key.as_deref().unwrap_or_default(),
+                    )?),
+                    CoopPeer::Shm => Box::new(ShmTransport::new(
+                        tcp,
+                        peers.len(),
+                        args.shm_dir.clone().unwrap_or_default(),
+                    )),
+                })
+            }
+        };
+        let arena = match (press, args.peer) {
+            (true, CoopPeer::Xdp) => Some(NodeArena::xdp(
+                args.cache_bytes,
+                args.coop_arena_iface.as_deref().unwrap_or_default(),
+                args.coop_arena_port,
+                args.coop_arena_key.as_deref().unwrap_or_default(),
+            )?),
+            (true, CoopPeer::Shm) => Some(NodeArena::shm(
+                args.cache_bytes,
+                args.shm_dir.as_deref().unwrap_or(Path::new("")),
+                me,
+            )?),
+            _ => None,
+        };
         let replacement = match args.replacement {
             CoopReplacement::Lru => Replacement::Lru,
             CoopReplacement::Gds => Replacement::GreedyDualSize,
@@ -297,6 +347,7 @@ impl Node {
                 bodies: HashMap::new(),
                 views: vec![None; nodes],
                 dirty: true,
+                arena,
             }),
             inflight: AtomicU64::new(0),
             counters: Counters::default(),
@@ -304,6 +355,7 @@ impl Node {
             fetch_replay: Mutex::new(ReplayTable::new(REPLAY_SENDERS_MAX)),
             directory_replay: Mutex::new(ReplayTable::new(REPLAY_SENDERS_MAX)),
             transport,
+            peer_kind: args.peer,
             peers: peers.clone(),
             publish_period: Duration::from_millis(args.publish_ms),
             stop: AtomicBool::new(false),
@@ -395,9 +447,20 @@ impl Node {
             }
         };
         let mut wasted = false;
+        let file = self.root.join(path.trim_start_matches('/'));
         if let (Source::Forward(p) | Source::Peer(p), Some(t)) = (source, &self.transport) {
-            match t.fetch(p, object) {
+            // Every node has the same files: the size on this node's file system says
+            // which bodies a one-sided transport cannot move (metadata, no disk read).
+            let len = match self.peer_kind {
+                CoopPeer::Tcp => None,
+                _ => std::fs::metadata(&file).ok().map(|m| m.len()),
+            };
+            let started = Instant::now();
+            match t.fetch(p, object, len) {
                 Ok(Some(body)) => {
+                    self.counters
+                        .remote_fetch_us
+                        .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
                     self.counters.remote_hits.fetch_add(1, Ordering::Relaxed);
                     self.counters
                         .peer_bytes
@@ -413,7 +476,6 @@ impl Node {
             self.counters.wasted_fetches.fetch_add(1, Ordering::Relaxed);
             wasted = true;
         }
-        let file = self.root.join(path.trim_start_matches('/'));
         let body = match self.disk.read(&file) {
             Ok(b) => Arc::new(b),
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(404),
@@ -429,13 +491,35 @@ impl Node {
         let crc = crc32c::crc32c(&body);
         let mut evicted = Vec::new();
         let mut st = self.lock();
-        if st.cache.insert(object, body.len() as u64, &mut evicted) {
-            st.bodies.insert(object, Cached { body, crc });
-        }
-        for id in evicted {
+        let inserted = st.cache.insert(object, body.len() as u64, &mut evicted);
+        for &id in &evicted {
             st.bodies.remove(&id);
         }
+        if let Some(a) = &mut st.arena {
+            for &id in &evicted {
+                a.evict(id);
+            }
+            if inserted {
+                a.put(object, &body);
+            }
+            let c = a.counts;
+            self.counters.arena_put.store(c.put, Ordering::Relaxed);
+            self.counters
+                .arena_dropped
+                .store(c.dropped, Ordering::Relaxed);
+            self.counters
+                .arena_too_large
+                .store(c.too_large, Ordering::Relaxed);
+        }
+        if inserted {
+            st.bodies.insert(object, Cached { body, crc });
+        }
         st.dirty = true;
+    }
+
+    /// Body bytes this node's cache holds now (`cache_used_bytes` in `/coop/stats`).
+    pub fn cache_used_bytes(&self) -> u64 {
+        self.lock().cache.used_bytes()
     }
 
     /// Drops `object` from this node's cache (its peers' hints become stale until the
@@ -444,6 +528,9 @@ impl Node {
         let mut st = self.lock();
         let had = st.bodies.remove(&object).is_some();
         st.cache.remove(object);
+        if let Some(a) = &mut st.arena {
+            a.evict(object);
+        }
         // Deliberately not dirty: peers keep the stale hint until the next change.
         had
     }
@@ -503,10 +590,15 @@ impl Node {
         let Some(sealer) = &self.sealer else { return };
         let mut buf = vec![0u8; mac::ENVELOPE_BYTES + wire::DIRECTORY_BYTES_MAX + 1];
         while !self.stopping() {
-            let n = match udp.recv_from(&mut buf) {
-                Ok((n, _from)) => n,
+            let (n, from) = match udp.recv_from(&mut buf) {
+                Ok(x) => x,
                 Err(_) => continue,
             };
+            // The kind byte is covered by the tag: a forged kind fails authentication.
+            if buf.get(mac::ENVELOPE_BYTES) == Some(&wire::KIND_FETCH) {
+                self.answer_udp_fetch(sealer, udp, &buf[..n], from);
+                continue;
+            }
             match self.accept_directory(sealer, &buf[..n]) {
                 Ok(()) => self
                     .counters
@@ -519,6 +611,40 @@ impl Node {
                         .fetch_add(1, Ordering::Relaxed)
                 }
             };
+        }
+    }
+
+    /// Answers one UDP fetch (`--coop-peer udp`) if it is authentic, fresh and from a
+    /// peer: the body's pieces, each sealed with the fetch's envelope, or "absent".
+    fn answer_udp_fetch(&self, sealer: &Sealer, udp: &UdpSocket, bytes: &[u8], from: SocketAddr) {
+        let opened = sealer
+            .receive(bytes, &self.fetch_replay)
+            .map_err(|e| e.to_string())
+            .and_then(|(env, msg)| {
+                let object = wire::decode_fetch(msg).ok_or("malformed fetch")?;
+                if env.sender as usize >= self.nodes() || env.sender as usize == self.me {
+                    return Err(format!("fetch from sender {}", env.sender));
+                }
+                Ok((env, object))
+            });
+        let (env, object) = match opened {
+            Ok(x) => x,
+            Err(why) => {
+                log::debug!("coop: udp fetch refused: {why}");
+                self.counters.fetch_refused.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
+        };
+        let cached = self.cached_for_peer(object);
+        let body = cached
+            .as_ref()
+            .filter(|c| c.body.len() <= super::udp::UDP_BODY_BYTES_MAX)
+            .map(|c| (c.body.as_slice(), c.crc));
+        if body.is_some() {
+            self.counters.peer_served.fetch_add(1, Ordering::Relaxed);
+        }
+        for piece in super::udp::encode_pieces(object, body) {
+            let _ = udp.send_to(&sealer.seal_as(&env, &piece), from);
         }
     }
 

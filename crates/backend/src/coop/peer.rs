@@ -1,10 +1,12 @@
 //! Peer fetch: how an initial node gets a body from the service node's cache.
 //!
 //! [`PeerTransport`] is the extension point: [`TcpTransport`] (PRESS as published, the
-//! service node's process answers) is the one here; a user-level UDP transport, a
-//! one-sided read of the peer's arena (rmem, XDP) or shared memory would implement the
-//! same `fetch`. Whatever the transport, the caller gets a body only after its object,
-//! length and CRC32c were checked ([`super::wire::decode_body`]).
+//! service node's process answers) is here; [`super::udp::UdpTransport`] (user-level
+//! UDP), [`super::onesided::XdpTransport`] (one-sided READs of the peer's arena, answered
+//! by its XDP program) and [`super::onesided::ShmTransport`] (the arena mapped, one host)
+//! implement the same `fetch`. Whatever the transport, the caller gets a body only after
+//! its object, length and CRC32c were checked ([`super::wire::decode_body`], or the
+//! arena's seqlock, url hash and CRC32c).
 //!
 //! Frames on the TCP peer port are `auth` envelopes (32 bytes, with the covered length)
 //! followed by the message: the reader bounds the length before reading it.
@@ -37,8 +39,9 @@ pub const PEER_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 pub trait PeerTransport: Send + Sync {
     /// The body of `object` from `peer`'s cache, checked; `Ok(None)` if the peer does not
     /// hold it (a stale or false-positive hint); `Err` if the peer could not be asked or
-    /// its reply was refused.
-    fn fetch(&self, peer: usize, object: u64) -> io::Result<Option<Vec<u8>>>;
+    /// its reply was refused. `len`: the body's length if the caller knows it (its own
+    /// copy of the file), which picks the path for bodies a transport cannot move.
+    fn fetch(&self, peer: usize, object: u64, len: Option<u64>) -> io::Result<Option<Vec<u8>>>;
 }
 
 /// Fetches over TCP from the peer's process (its peer port), with a bounded pool of
@@ -92,7 +95,7 @@ pub fn read_frame(s: &mut impl Read, max: usize) -> io::Result<Vec<u8>> {
 }
 
 impl PeerTransport for TcpTransport {
-    fn fetch(&self, peer: usize, object: u64) -> io::Result<Option<Vec<u8>>> {
+    fn fetch(&self, peer: usize, object: u64, _len: Option<u64>) -> io::Result<Option<Vec<u8>>> {
         if peer >= self.peers.len() {
             return Err(refused("no such peer"));
         }

@@ -2,6 +2,13 @@
 //! key per cluster, id [`COOP_KEY_ID`]), `Domain::Notify`, a process-wide sequence,
 //! `auth::receive::receive` with a replay window per sender, replies bound to their
 //! request's envelope.
+//!
+//! Replays across a restart: every node seals with clock sequences (the clock's
+//! seconds in the high bits, as `farside_auth::replay::Sequencer`), and a [`Sealer`] refuses, on every window
+//! it checks, each sequence of a second before its own start
+//! (`farside_auth::floor::clock_floor`). A message captured before a node restarted is
+//! refused after it, unless it was sealed in the restart's own second (or by a peer
+//! whose clock runs ahead of this node's by more than the restart took).
 
 use farside_auth::keys::{Keyring, Policy as KeyPolicy};
 use farside_auth::mac::{self, Domain, Envelope, KeyId};
@@ -33,6 +40,10 @@ pub struct Sealer {
     keyring: Keyring,
     /// The envelope sender of this node (its index).
     pub me: u64,
+    /// Every sequence at or below this is refused: the seconds before this sealer
+    /// (this node's run) started, so a window emptied by a restart does not reopen
+    /// a replay.
+    floor: u64,
 }
 
 impl Sealer {
@@ -46,7 +57,13 @@ impl Sealer {
             key,
             keyring,
             me: me as u64,
+            floor: farside_auth::floor::clock_floor(farside_auth::replay::Sequencer::unix_s()),
         })
+    }
+
+    /// The replay floor: sequences at or below it are refused (see the module doc).
+    pub fn replay_floor(&self) -> u64 {
+        self.floor
     }
 
     /// `message` sealed by this node with a fresh sequence; returns it and the sequence.
@@ -75,6 +92,8 @@ impl Sealer {
         replay: &Mutex<ReplayTable>,
     ) -> Result<(Envelope, &'a [u8]), farside_auth::receive::Refused> {
         let mut table = replay.lock().unwrap_or_else(|p| p.into_inner());
+        // Once per table in effect: floors only rise, and an equal one returns at once.
+        table.raise_floor(self.floor);
         let r = farside_auth::receive::receive(Domain::Notify, bytes, &self.keyring, &mut table)?;
         Ok((r.envelope, r.message))
     }
@@ -116,5 +135,33 @@ mod tests {
             None,
             "bound to its request"
         );
+    }
+    /// A message captured before a node restarted is refused by its next run (a new
+    /// sealer and new, empty windows); a fresh one is accepted.
+    #[test]
+    fn a_message_captured_before_a_restart_is_refused_after_it() {
+        use farside_auth::replay::Sequencer;
+        let key = SipKey::from_bytes(*b"0123456789abcdef");
+        let a = Sealer::new(key, 1).unwrap();
+        let b = Sealer::new(key, 2).unwrap();
+        let replay = Mutex::new(ReplayTable::new(8));
+        let (captured, seq) = a.seal(b"fetch /x");
+        assert!(b.receive(&captured, &replay).is_ok());
+        // The restart: b's next run starts in a later second than the capture was
+        // sealed in (awaited, not slept: at most a second).
+        let sealed_s = seq >> farside_auth::replay::SEQ_COUNT_BITS;
+        while Sequencer::unix_s() <= sealed_s {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let b2 = Sealer::new(key, 2).unwrap();
+        assert!(b2.replay_floor() >= seq, "the floor is above the capture");
+        let fresh_windows = Mutex::new(ReplayTable::new(8));
+        let e = b2.receive(&captured, &fresh_windows).unwrap_err();
+        assert!(
+            matches!(e, farside_auth::receive::Refused::Replay(_)),
+            "{e:?}"
+        );
+        let (fresh, _) = a.seal(b"fetch /x");
+        assert!(b2.receive(&fresh, &fresh_windows).is_ok(), "a new message");
     }
 }

@@ -15,6 +15,10 @@ use std::time::Duration;
 const HTTP_PORT: u16 = 80;
 /// The coop peer port (TCP fetches, UDP directory updates) of every node.
 const PEER_PORT: u16 = 7000;
+/// The udp port of every node's arena responder (press-xdp).
+const ARENA_PORT: u16 = farside_backend::coop::COOP_ARENA_PORT_DEFAULT;
+/// The key id of the lab's arena-reader key (press-xdp).
+const ARENA_KEY_ID: u32 = 1;
 /// The anchor's origin (`farside backend --coop`, caching nothing) in each node.
 const ORIGIN_PORT: u16 = 8080;
 /// The anchor's front-end node.
@@ -28,6 +32,9 @@ const READY_POLL: Duration = Duration::from_millis(50);
 /// origin: the open loop opens one connection per request, and the anchor's nginx keeps
 /// up to 16 to its origin; 64 leaves room for both.
 const WORKERS: usize = 64;
+/// Worker threads of the front-end on `lb` (`farside proxy`, and HAProxy's `nbthread`):
+/// the machine's two CPUs.
+const LB_WORKERS: usize = 2;
 /// Request timeout of the clients, ms: far above a loaded node's latency.
 const CLIENT_TIMEOUT_MS: u64 = 10_000;
 /// tc tbf `latency`: the longest a packet may wait for tokens, ms (beyond it the
@@ -129,16 +136,12 @@ struct Shared {
     trace_file: PathBuf,
     keys: crate::fabric::keys::LabKeys,
     coop_trace: farside_coop::trace::Trace,
+    /// press-shm: the directory of the nodes' arena files (mode 0700).
+    shm_dir: PathBuf,
 }
 
 /// Run `farside lab coop`.
 pub fn run(a: CoopLabArgs) -> io::Result<()> {
-    if let Some(policy) = &a.dispatch {
-        let listen = a
-            .dispatch_listen
-            .ok_or_else(|| bad("--dispatch needs --dispatch-listen".into()))?;
-        return super::dispatch::serve(listen, a.dispatch_backends.clone(), policy);
-    }
     check_args(&a)?;
     // SAFETY: geteuid has no preconditions.
     crate::fabric::netns::check_root(unsafe { libc::geteuid() }).map_err(|_| {
@@ -164,13 +167,19 @@ pub fn run(a: CoopLabArgs) -> io::Result<()> {
         .build_trace()
         .map_err(|e| io::Error::other(e.to_string()))?;
     let (files, bytes, skipped) = write_objects(&lg_trace, &root)?;
+    let shm_dir = work.join("arenas");
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().mode(0o700).create(&shm_dir)?;
+    }
     eprintln!("lab coop: wrote {files} files ({bytes} bytes), {skipped} paths skipped");
     let shared = Shared {
         root,
         logs,
         trace_file,
-        keys: crate::fabric::keys::LabKeys::generate(&["coop"])?,
+        keys: crate::fabric::keys::LabKeys::generate(&["coop", "coop-arena"])?,
         coop_trace,
+        shm_dir,
     };
     let keys = point_keys(&a);
     let mut lab: Option<Lab> = None;
@@ -271,9 +280,10 @@ fn params(
         "cache_rule": format!("ceil(W{:.0} / nodes): the bytes of the most popular objects receiving {:.0} % of the requests ({} B), split over the nodes; the anchor's nginx caches get the same bytes each", CACHE_RULE_FRACTION * 100.0, CACHE_RULE_FRACTION * 100.0, t.working_set_bytes(CACHE_RULE_FRACTION)),
         "trace": "World Cup 1998 sample (data/wc98-day6-sample.csv.gz), files at their logged paths and sizes with content of their own",
         "client": "farside loadgen, one instance per back-end node with its share of the clients (closed: kept-alive, World Cup sessions) or of the rate (open: the log's timing compressed to the rate, one connection per request), all in the client node; every 200's body checked against its file (--check-root)",
-        "lard": "the lab's dispatcher (coop::dispatch) on node lb with farside_coop::policy::Lard (T_low 25, T_high 65, the paper's; load = requests in service per node as the dispatcher counts them) over farside backend --coop --coop-policy rr nodes",
-        "bounded_hash": "the same dispatcher with farside_coop::policy::BoundedHash (100 ring points per node, balance factor 125 %)",
-        "haproxy": "HAProxy on node lb: balance uri, hash-type consistent, hash-balance-factor 125, over nginx proxy_cache (max_size = cache bytes) on every node, each nginx's upstream a farside backend --coop --coop-cache-bytes 1 in the same node (the same emulated disk, nothing cached); lb has no CPU quota (a front-end box PRESS does not need)",
+        "lard": format!("farside proxy --balance lard on node lb (farside_coop::policy::Lard, T_low 25, T_high 65, the paper's; load = the proxy's requests in service per node; --workers {LB_WORKERS} --maxconn {WORKERS}) over farside backend --coop --coop-policy rr nodes"),
+        "bounded_hash": format!("farside proxy --balance bounded-hash on node lb (farside_coop::policy::BoundedHash, 100 ring points per node, --hash-balance-factor {}; the same load, workers and maxconn)", crate::haproxy::HASH_BALANCE_FACTOR),
+        "haproxy": format!("HAProxy on node lb: balance uri, hash-type consistent, hash-balance-factor {}, over nginx proxy_cache on every node ({}), each nginx's upstream a farside backend --coop --coop-cache-bytes 1 in the same node (the same emulated disk, nothing cached); lb has no CPU quota (a front-end box PRESS does not need)", crate::haproxy::HASH_BALANCE_FACTOR, crate::nginx::PROXY_CACHE_BOUND_RULE),
+        "cache_held": "cache_held_bytes: body bytes the nodes' caches held at the end of each point, summed over the nodes (farside: each node's cache_used_bytes counter; nginx: the apparent bytes of its cache files, which also carry nginx's per-file header); cache_disk_bytes: nginx's cache files' allocated blocks (what nginx's max_size counts)",
         "links": "tc tbf on both ends of every back-end node's veth (client and peer traffic share it); 0 = not shaped",
         "repeat": a.repeat,
     })
@@ -323,13 +333,15 @@ fn shape_links(dc: &VirtualDc, nodes: usize, gbit: f64) -> io::Result<()> {
     Ok(())
 }
 
-/// A cooperating node (or, `origin`, the anchor's origin that caches nothing).
+/// A cooperating node (or, `origin`, the anchor's origin that caches nothing); `peer`:
+/// the press transport (`tcp`, `udp`, `xdp`, `shm`).
 #[allow(clippy::too_many_arguments)]
 fn backend_args(
     a: &CoopLabArgs,
     sh: &Shared,
     listen: SocketAddr,
     policy: &str,
+    peer: &str,
     cache_bytes: u64,
     index: usize,
     peers: &[String],
@@ -358,7 +370,21 @@ fn backend_args(
             peers.join(","),
             "--coop-key-file".into(),
             sh.keys.path("coop").display().to_string(),
+            "--coop-peer".into(),
+            peer.into(),
         ]);
+        match peer {
+            "xdp" => args.extend([
+                "--coop-arena-iface".into(),
+                crate::fabric::netns::VETH_IN_NS.into(),
+                "--coop-arena-port".into(),
+                ARENA_PORT.to_string(),
+                "--coop-arena-key".into(),
+                format!("{ARENA_KEY_ID}:{}", sh.keys.path("coop-arena").display()),
+            ]),
+            "shm" => args.extend(["--coop-shm-dir".into(), sh.shm_dir.display().to_string()]),
+            _ => {}
+        }
     }
     args
 }
@@ -372,6 +398,8 @@ struct Running {
     targets: Vec<SocketAddr>,
     /// nginx prefix directories to remove.
     prefixes: Vec<PathBuf>,
+    /// The anchor's nginx cache directories (their bytes are sampled at the end).
+    cache_dirs: Vec<PathBuf>,
 }
 
 impl Drop for Running {
@@ -402,19 +430,20 @@ fn start_system(
         stats_at: Vec::new(),
         targets: Vec::new(),
         prefixes: Vec::new(),
+        cache_dirs: Vec::new(),
     };
     let mut waits: Vec<(usize, SocketAddr)> = Vec::new();
     for (i, ip) in ips.iter().enumerate() {
         let name = node_name(i);
         let http = SocketAddr::from((*ip, HTTP_PORT));
         match k.system.as_str() {
-            "rr" | "press-tcp" | "lard" | "bounded-hash" => {
-                let policy = if k.system == "press-tcp" {
-                    "press"
-                } else {
-                    "rr"
+            "rr" | "press-tcp" | "press-udp" | "press-xdp" | "press-shm" | "lard"
+            | "bounded-hash" => {
+                let (policy, peer) = match k.system.strip_prefix("press-") {
+                    Some(t) => ("press", t),
+                    None => ("rr", "tcp"),
                 };
-                let args = backend_args(a, sh, http, policy, cache_bytes, i, &peers);
+                let args = backend_args(a, sh, http, policy, peer, cache_bytes, i, &peers);
                 let log = sh.logs.join(format!("{tag}-{name}.log"));
                 let c = dc.spawn_in(&name, &exe, &args, &log)?;
                 r.children.push(Child::adopt(&name, c, log));
@@ -424,7 +453,7 @@ fn start_system(
             }
             "haproxy" => {
                 let origin = SocketAddr::from((*ip, ORIGIN_PORT));
-                let args = backend_args(a, sh, origin, "rr", 1, i, &peers);
+                let args = backend_args(a, sh, origin, "rr", "tcp", 1, i, &peers);
                 let log = sh.logs.join(format!("{tag}-{name}-origin.log"));
                 let c = dc.spawn_in(&name, &exe, &args, &log)?;
                 r.children
@@ -440,6 +469,7 @@ fn start_system(
                     std::fs::create_dir_all(prefix.join(d))?;
                 }
                 r.prefixes.push(prefix.clone());
+                r.cache_dirs.push(prefix.join("cache"));
                 let bin = crate::nginx::find_binary()?;
                 let conf = crate::nginx::proxy_cache_conf(
                     &prefix,
@@ -473,23 +503,28 @@ fn start_system(
     }
     if k.system == "lard" || k.system == "bounded-hash" {
         let lb = SocketAddr::from((dc.node_ip(LB), HTTP_PORT));
-        let backends: Vec<String> = ips
-            .iter()
-            .map(|ip| SocketAddr::from((*ip, HTTP_PORT)).to_string())
-            .collect();
-        let args: Vec<String> = vec![
-            "lab".into(),
-            "coop".into(),
-            "--dispatch".into(),
-            k.system.clone(),
-            "--dispatch-listen".into(),
+        let mut args: Vec<String> = vec![
+            "proxy".into(),
+            "--listen".into(),
             lb.to_string(),
-            "--dispatch-backends".into(),
-            backends.join(","),
+            "--balance".into(),
+            k.system.clone(),
+            "--hash-balance-factor".into(),
+            crate::haproxy::HASH_BALANCE_FACTOR.to_string(),
+            "--workers".into(),
+            LB_WORKERS.to_string(),
+            "--maxconn".into(),
+            WORKERS.to_string(),
         ];
-        let log = sh.logs.join(format!("{tag}-dispatch.log"));
+        for ip in &ips {
+            args.extend([
+                "--backend".into(),
+                SocketAddr::from((*ip, HTTP_PORT)).to_string(),
+            ]);
+        }
+        let log = sh.logs.join(format!("{tag}-proxy.log"));
         let c = dc.spawn_in(LB, &exe, &args, &log)?;
-        r.children.push(Child::adopt("dispatch", c, log));
+        r.children.push(Child::adopt("proxy", c, log));
         waits.push((r.children.len() - 1, lb));
         r.targets = vec![lb; k.nodes];
     }
@@ -505,7 +540,7 @@ fn start_system(
         cfg.maxconn_per_server = 1000;
         cfg.timeout_ms = CLIENT_TIMEOUT_MS;
         cfg.retry_after_s = None;
-        cfg.threads = 2;
+        cfg.threads = LB_WORKERS;
         let bin = crate::haproxy::find_binary()?;
         let (_, args) = crate::haproxy::prepare(&bin, &cfg, &sh.logs, &format!("{tag}-haproxy"))?;
         let log = sh.logs.join(format!("{tag}-haproxy.log"));
@@ -633,6 +668,34 @@ fn measure(
     for c in &mut sys.children {
         c.check_alive()?;
     }
+    // What the caches hold at the end of the point.
+    let (cache_held_bytes, cache_disk_bytes) = if sys.cache_dirs.is_empty() {
+        let held = after
+            .stats
+            .iter()
+            .map(|t| stat(t, "cache_used_bytes"))
+            .sum();
+        (held, 0)
+    } else {
+        let b = sys
+            .cache_dirs
+            .iter()
+            .map(|d| dir_bytes(d))
+            .fold(DirBytes::default(), |a, x| DirBytes {
+                files: a.files + x.files,
+                apparent: a.apparent + x.apparent,
+                allocated: a.allocated + x.allocated,
+                dirs: a.dirs + x.dirs,
+                dirs_allocated: a.dirs_allocated + x.dirs_allocated,
+            });
+        // What `du` of the cache directories would add: nginx's level directories.
+        eprintln!(
+            "lab coop: {tag}: nginx caches hold {} files, {} B apparent, {} B allocated; \
+             their {} directories take {} B more",
+            b.files, b.apparent, b.allocated, b.dirs, b.dirs_allocated
+        );
+        (b.apparent, b.allocated)
+    };
     drop(sys);
     let m =
         farside_loadgen::Summary::merge(&summaries).map_err(|e| io::Error::other(e.to_string()))?;
@@ -693,7 +756,60 @@ fn measure(
         failures: m.failures.saturating_sub(wrong),
         offered_rps: m.started as f64 / window,
         directory_refused: d("directory_refused"),
+        cache_held_bytes,
+        cache_disk_bytes,
+        peer_fetch_us: if remote == 0 {
+            0.0
+        } else {
+            d("remote_fetch_us") as f64 / remote as f64
+        },
     })
+}
+
+/// Files below `dir` at most: the anchor's cache holds a few thousand objects.
+const DIR_FILES_MAX: usize = 1_000_000;
+
+/// What a cache directory holds.
+#[derive(Default)]
+struct DirBytes {
+    files: u64,
+    /// The files' sizes.
+    apparent: u64,
+    /// The files' allocated blocks.
+    allocated: u64,
+    /// Subdirectories, and their allocated blocks.
+    dirs: u64,
+    dirs_allocated: u64,
+}
+
+/// The files and subdirectories under `dir` (at most [`DIR_FILES_MAX`] entries).
+fn dir_bytes(dir: &Path) -> DirBytes {
+    use std::os::unix::fs::MetadataExt;
+    let mut b = DirBytes::default();
+    let mut seen = 0usize;
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            seen += 1;
+            if seen > DIR_FILES_MAX {
+                return b;
+            }
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                b.dirs += 1;
+                b.dirs_allocated += m.blocks() * 512;
+                todo.push(e.path());
+            } else {
+                b.files += 1;
+                b.apparent += m.len();
+                b.allocated += m.blocks() * 512;
+            }
+        }
+    }
+    b
 }
 
 #[cfg(test)]
@@ -718,9 +834,6 @@ mod tests {
             disk_latency_us: 5000,
             cache_bytes: None,
             repeat: 1,
-            dispatch: None,
-            dispatch_listen: None,
-            dispatch_backends: Vec::new(),
         };
         check_args(&a).unwrap();
         let k = point_keys(&a);
@@ -732,7 +845,9 @@ mod tests {
         assert_eq!((k[0].clients, k[2].rate, k[2].clients), (16, 1000.0, 0));
         assert_eq!(k[4].link_gbit, 1.0);
         let mut b = a.clone();
-        b.systems = vec!["press-xdp".into()];
+        b.systems = vec!["press-rdma".into()];
         assert!(check_args(&b).is_err());
+        b.systems = vec!["press-xdp".into(), "press-shm".into(), "press-udp".into()];
+        check_args(&b).unwrap();
     }
 }

@@ -13,27 +13,32 @@
 //! Systems:
 //! - `rr`: `farside backend --coop --coop-policy rr` on every node: each caches alone;
 //! - `press-tcp`: PRESS, a node that misses fetches from a peer whose directory says it
-//!   caches the file, over TCP ([`farside_backend::coop::peer::PeerTransport`]; the
-//!   one-sided transports are not built here);
-//! - `lard`, `bounded-hash`: a content-aware front-end on `lb` ([`dispatch`], the lab's
-//!   own minimal dispatcher on `farside_coop::policy`'s LARD and bounded-load consistent
-//!   hashing, load = its requests in service per node) over `rr` nodes;
+//!   caches the file, over TCP ([`farside_backend::coop::peer::PeerTransport`]);
+//! - `press-udp`, `press-xdp`, `press-shm`: the same with `--coop-peer udp` (the peer's
+//!   process answers UDP), `xdp` (one-sided READs of the peer's object arena answered by
+//!   its XDP program on its `eth0`, a lab arena-reader key) or `shm` (the peer's arena
+//!   file mapped read-only: a bound, the nodes being namespaces of one host);
+//! - `lard`, `bounded-hash`: `farside proxy --balance lard | bounded-hash` on `lb`
+//!   (content-aware balancing on `farside_coop::policy`'s LARD and bounded-load
+//!   consistent hashing, load = the proxy's requests in service per node) over `rr`
+//!   nodes;
 //! - `haproxy`, the anchor: real HAProxy on `lb` hashing the URL with bounded load
 //!   (`balance uri`, `hash-type consistent`, `hash-balance-factor 125`) over real nginx
 //!   with `proxy_cache` on every node, each nginx's upstream a `farside backend --coop`
 //!   origin in the same node serving the files through the same emulated disk and
-//!   caching nothing (`--coop-cache-bytes 1`).
+//!   caching nothing (`--coop-cache-bytes 1`); nginx's cache manager is run often enough
+//!   to hold its cache to `max_size` (`crate::nginx::PROXY_CACHE_BOUND_RULE`).
 //!
 //! Cache rule: every node caches `ceil(W90 / nodes)` bytes, W90 the bytes of the most
 //! popular objects that receive 90 % of the requests (6.9 MB): together the nodes can
 //! hold the hot set once, which only cooperation (or partitioning by URL) can exploit.
-//! The anchor's nginx caches get the same bytes each.
+//! The anchor's nginx caches get the same bytes each. Every point records the bytes the
+//! caches actually held at its end (`cache_held_bytes`, and nginx's allocated blocks).
 //!
 //! Links (`--links`, Gbit/s; 0 = as the veth pair carries): `tc tbf` on both ends of
 //! every back-end node's link, so its traffic to clients and peers shares the rate.
 
 mod client;
-pub mod dispatch;
 mod lab;
 
 pub use lab::run;
@@ -58,12 +63,19 @@ pub const CACHE_RULE_FRACTION: f64 = 0.9;
 /// Most `--repeat`.
 pub const REPEAT_MAX: u32 = 10;
 /// The systems built.
-pub const SYSTEMS: [&str; 5] = ["rr", "press-tcp", "lard", "bounded-hash", "haproxy"];
+pub const SYSTEMS: [&str; 8] = [
+    "rr",
+    "press-tcp",
+    "press-udp",
+    "press-xdp",
+    "press-shm",
+    "lard",
+    "bounded-hash",
+    "haproxy",
+];
 /// Systems of the issue not built here, with why (in every run's notes).
-pub const NOT_BUILT: &str = "not built: press-udp, press-xdp, press-shm (other peer-fetch \
-transports behind coop::peer::PeerTransport: the XDP-served object arena is separate work); \
-lard and bounded-hash run in the lab's own dispatcher (coop::dispatch, farside_coop::policy), \
-not in the farside proxy, which has no content-routing mode";
+pub const NOT_BUILT: &str = "press-udp, press-xdp and press-shm fetch bodies above 89,568 B \
+(the arena's one-sided bound) over tcp; press-shm is a bound only possible on one host";
 
 /// `farside lab coop`.
 #[derive(Debug, Clone, clap::Args)]
@@ -80,8 +92,9 @@ pub struct CoopLabArgs {
     /// Back-end node counts (comma-separated, each 2..=8). Default: 4.
     #[arg(long, value_delimiter = ',', default_value = "4")]
     pub nodes: Vec<usize>,
-    /// Systems compared (comma-separated): rr, press-tcp, lard, bounded-hash, haproxy.
-    /// Default: all five.
+    /// Systems compared (comma-separated): rr, press-tcp, press-udp, press-xdp,
+    /// press-shm, lard, bounded-hash, haproxy. Default: rr, press-tcp, lard,
+    /// bounded-hash, haproxy.
     #[arg(
         long,
         value_delimiter = ',',
@@ -124,16 +137,6 @@ pub struct CoopLabArgs {
     /// summed).
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
-    /// Internal: run the content-aware dispatcher (lard or bounded-hash) instead of the
-    /// lab; what the lard and bounded-hash systems run on node lb.
-    #[arg(long, hide = true)]
-    pub dispatch: Option<String>,
-    /// Internal: where --dispatch listens.
-    #[arg(long, hide = true)]
-    pub dispatch_listen: Option<std::net::SocketAddr>,
-    /// Internal: the back-ends --dispatch routes to, in node order.
-    #[arg(long, hide = true, value_delimiter = ',')]
-    pub dispatch_backends: Vec<std::net::SocketAddr>,
 }
 
 /// One point's key.
@@ -191,6 +194,19 @@ pub struct CoopPoint {
     /// Open loop: requests started per second.
     pub offered_rps: f64,
     pub directory_refused: u64,
+    /// Body bytes the nodes' caches held at the end of the point, over all nodes
+    /// (farside: the nodes' `cache_used_bytes`; nginx: its cache files' apparent
+    /// bytes). 0 in runs kept before it was recorded.
+    #[serde(default)]
+    pub cache_held_bytes: u64,
+    /// nginx: its cache files' allocated bytes (what its `max_size` counts); 0 for the
+    /// farside systems.
+    #[serde(default)]
+    pub cache_disk_bytes: u64,
+    /// Mean time of a peer fetch that brought a body, µs, as the initial nodes measure
+    /// it (0: no remote hit).
+    #[serde(default)]
+    pub peer_fetch_us: f64,
 }
 
 impl LabPoint for CoopPoint {
@@ -232,6 +248,9 @@ impl LabPoint for CoopPoint {
             failures: sum(|p| p.failures),
             offered_rps: f(|p| p.offered_rps),
             directory_refused: sum(|p| p.directory_refused),
+            cache_held_bytes: sum(|p| p.cache_held_bytes) / runs.len() as u64,
+            cache_disk_bytes: sum(|p| p.cache_disk_bytes) / runs.len() as u64,
+            peer_fetch_us: f(|p| p.peer_fetch_us),
             ..first.clone()
         }
     }
@@ -342,7 +361,37 @@ pub fn table(points: &[CoopPoint]) -> String {
         );
     }
     s += &bandwidth_lines(points);
+    s += &held_lines(points);
     s
+}
+
+/// What the caches held at the end of each point that recorded it (runs kept before
+/// it was recorded have none, and render as before).
+fn held_lines(points: &[CoopPoint]) -> String {
+    let mut out = String::new();
+    for p in points.iter().filter(|p| p.cache_held_bytes > 0) {
+        out += &format!(
+            "cache held: {} {} {}: {} B over {} nodes ({:.0} B each, {:.2}x the {} B per node given){}\n",
+            p.system,
+            p.load_model,
+            if p.load_model == "open" {
+                format!("{:.0}/s", p.rate)
+            } else {
+                format!("{} clients", p.clients)
+            },
+            p.cache_held_bytes,
+            p.nodes,
+            p.cache_held_bytes as f64 / p.nodes.max(1) as f64,
+            p.cache_held_bytes as f64 / (p.cache_bytes.max(1) * p.nodes.max(1) as u64) as f64,
+            p.cache_bytes,
+            if p.cache_disk_bytes > 0 {
+                format!("; on disk {} B", p.cache_disk_bytes)
+            } else {
+                String::new()
+            }
+        );
+    }
+    out
 }
 
 /// `10G`, `1G`, or `-` for an unshaped link.

@@ -108,6 +108,9 @@ pub fn start_lab(dir: &Path, plan: &Plan, hog_nice: i32) -> io::Result<Lab> {
             eprint!("{r}");
         }
     });
+    let mtu = set_mtu(&dc, LINK_MTU)?;
+    let offload = tx_offload_on(&dc);
+    eprintln!("lab rdma-http: links' MTU {mtu}; nodes' tx checksum offload: {offload}");
     let shield = shield_server(&dc);
     eprintln!("lab rdma-http: server node's CPU weight: {shield}");
     let logs = dir.join("logs");
@@ -143,6 +146,71 @@ pub fn start_lab(dir: &Path, plan: &Plan, hog_nice: i32) -> io::Result<Lab> {
         hog_nice,
         arena_keys: crate::fabric::keys::LabKeys::generate(&[ARENA_KEY_FILE])?,
     })
+}
+
+/// MTU of the lab's links (both nodes' veths, their bridge ports and the bridge): a
+/// jumbo MTU, as in a data centre's storage network. Rule: 9,000 B lets one reply of
+/// `xdp-reads` carry six arena chunks (`farside_arena::layout::BULK_CHUNKS_MAX`), the
+/// most a bulk READ spans; TCP's segments follow the MTU too (the same links for both).
+pub const LINK_MTU: u32 = 9000;
+
+/// Set every link of the lab to `mtu`: each node's `eth0` in its namespace, its peer in
+/// the bridge's namespace, and the bridge. What was set, for the summary.
+fn set_mtu(dc: &VirtualDc, mtu: u32) -> io::Result<String> {
+    let m = mtu.to_string();
+    let br = dc.bridge_netns_path();
+    let br_name = br
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let set = |ns: &str, dev: &str| -> io::Result<()> {
+        let out = std::process::Command::new("ip")
+            .args(["-n", ns, "link", "set", "dev", dev, "mtu", &m])
+            .output()?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "ip -n {ns} link set dev {dev} mtu {m}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )))
+        }
+    };
+    for node in [CLIENT, SERVER] {
+        set(&br_name, &dc.veth_peer(node))?;
+    }
+    set(&br_name, crate::fabric::netns::BRIDGE)?;
+    for node in [CLIENT, SERVER] {
+        set(&dc.netns_name(node), &dc.veth_in_ns(node))?;
+    }
+    Ok(format!("{mtu} (nodes' eth0, bridge ports, bridge)"))
+}
+
+/// Turn tx checksum offload back on for both nodes' `eth0` (the fabric turns it off on
+/// every veth end; the bridge-side ends keep it off): as a NIC, the sending host then
+/// does not checksum in software what it sends, which for TCP means segmentation
+/// offload for the server's bodies and for `xdp-reads` no checksum over each READ's
+/// padding (its reply is never longer than its request). Both systems get the same
+/// links. Uses `ethtool` (`ethtool -K eth0 tx on` in each node's namespace); what was
+/// done, for the summary and the progress line.
+fn tx_offload_on(dc: &VirtualDc) -> String {
+    let mut done = Vec::new();
+    for node in [CLIENT, SERVER] {
+        let ns = dc.netns_name(node);
+        let dev = dc.veth_in_ns(node);
+        match std::process::Command::new("ip")
+            .args(["netns", "exec", &ns, "ethtool", "-K", &dev, "tx", "on"])
+            .output()
+        {
+            Ok(o) if o.status.success() => done.push(format!("{node} on")),
+            Ok(o) => done.push(format!(
+                "{node} left off ({})",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
+            Err(e) => done.push(format!("{node} left off (ethtool: {e})")),
+        }
+    }
+    done.join(", ")
 }
 
 /// CPU weight of the server node's cgroup, as a multiple of the default (v1
@@ -626,6 +694,8 @@ fn params(a: &RdmaHttpArgs, plan: &Plan) -> serde_json::Value {
         "fig4_max_s": FIG4_MAX_S,
         "probe_gap_ms": plan.probe_gap_ms,
         "warmup_requests_per_client": 1,
+        "link_mtu": format!("{LINK_MTU} on every link (nodes' eth0, bridge ports, bridge): xdp-reads' bulk READs carry six chunks per reply; TCP's MSS follows it"),
+        "tx_offload": "tx checksum offload on for both nodes' eth0 (ethtool -K eth0 tx on; the bridge-side ends keep the fabric's off): TCP's server sends with segmentation offload, xdp-reads' client does not checksum its READs' padding in software",
         "pin": format!("server node (backend, probe, hogs) and its receive softirq (RPS) on CPU {}, clients on CPU {}", plan.server_cpu, plan.client_cpu),
         "client": "farside loadgen --rdma server-writes (iwarp-*) or off (tcp): the same clients, one kept HTTP connection and one kept RDMA connection per client, every body checked against its file",
         "backend": format!("a fresh farside backend per point, {WORKERS} workers, keep-alive unbounded; iwarp-*: --rdma --rdma-registration static|dynamic|cache, transfer cap {FILE_BYTES_MAX} B, {TRANSFERS_MAX} transfers, {REGISTERED_BYTES_MAX} B registered; xdp-reads: --rdma --rdma-arena-iface eth0 (generic XDP, arena port {ARENA_PORT}, key id {ARENA_KEY_ID})"),

@@ -615,6 +615,7 @@ pub(super) fn measure(
         burst_tps,
         series: series?,
         runs: 1,
+        run_tps: Vec::new(),
     })
 }
 

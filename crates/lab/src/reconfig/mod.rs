@@ -118,6 +118,11 @@ pub fn run(a: ReconfigArgs) -> io::Result<()> {
         "series_every_ms": SERIES_EVERY.as_millis() as u64,
         "tps": "requests served / summed wall time of the point's bursts",
     });
+    if a.repeat > 1 {
+        // Only when repeated, so that single runs keep the parameters of the runs kept
+        // before --repeat (and --resume of them still matches).
+        meta.params["repeat"] = a.repeat.into();
+    }
     let mut sweep = crate::sweep::Sweep::<Reconfig>::start(&dir, meta, a.sweep.resume.is_some())?;
     let keys = point_keys(&plan, &plan.history_ms);
     let mut lab: Option<Lab> = None;
@@ -131,7 +136,7 @@ pub fn run(a: ReconfigArgs) -> io::Result<()> {
     let est_run_s = keys.iter().map(est).sum::<f64>() / keys.len().max(1) as f64;
     let result = sweep.run(
         &keys,
-        1,
+        a.repeat,
         est_run_s,
         |k: &Key| {
             format!(

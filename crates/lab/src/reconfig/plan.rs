@@ -65,6 +65,9 @@ pub(super) const STALE_AFTER_MS: u64 = 5 * GATHERD_PERIOD_US / 1000;
 pub(super) const ROLE_VERSION_BITS: u32 = 48;
 /// --history-ms's default T, ms (the balancer's default).
 pub(super) const DEFAULT_HISTORY_MS: u64 = 500;
+/// Most runs of one point (`--repeat`): a full run's longest point lasts minutes, and
+/// the spread of a handful of runs is what the tables need.
+pub const REPEAT_MAX: u32 = 20;
 
 /// `farside lab reconfig`.
 #[derive(Debug, Clone, clap::Args)]
@@ -117,12 +120,19 @@ pub struct ReconfigArgs {
     /// default), tcp or udp (gatherd's user-space servers: two-sided).
     #[arg(long)]
     pub transport: Option<String>,
-    /// S: the balancers' period, ms (the balancer's default: docs/reconf.md states its
-    /// rule).
+    /// S: the balancers' period, ms. Default 250, the balancer's, by the rule: at least
+    /// 4 × (a move's settling: the node switch time p99, CAS to first request in the new
+    /// role, plus one load sample period), rounded up to 50 ms, so a round never reads a
+    /// site with a move still settling (here 4 × (50 + 10) = 240 → 250; docs/reconf.md,
+    /// "Choosing S and T").
     #[arg(long, default_value_t = 250)]
     pub sensitivity_ms: u64,
-    /// T: how long a site stays overloaded before it gets a node, ms. Several values
-    /// (comma-separated) sweep T like --sweep-t.
+    /// T: how long a site stays overloaded before it gets a node, ms. Default 500, the
+    /// balancer's, by the rule: the smallest multiple of S, at least 2 S (one overloaded
+    /// reading never moves a node), whose worst TPS ratio to rigid over the choosing
+    /// workloads is within the rigid runs' spread (13%) of the best T's; smaller T serves
+    /// long bursts sooner (docs/reconf.md, "Choosing S and T", with the held-out check).
+    /// Several values (comma-separated) sweep T like --sweep-t.
     #[arg(long, value_delimiter = ',', default_value = "500")]
     pub history_ms: Vec<u64>,
     /// Sweep T (the history window, ms; comma-separated, e.g. 300,1000,2000,5000): one
@@ -149,6 +159,11 @@ pub struct ReconfigArgs {
     /// --cpu-us-per-request`): makes a node's capacity, not the proxies', the limit.
     #[arg(long, default_value_t = 500)]
     pub cpu_us_per_request: u64,
+    /// Run every point this many times, each from fresh processes (one after another);
+    /// the tables then give each point's TPS as served / summed wall time over the runs
+    /// with the runs' standard deviation and range (`tps_sd`, `tps_min`, `tps_max`).
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
 }
 
 /// Parse a scenario `a:b:c` into nodes per site (each ≥ 1, at least 2 sites, at most
@@ -366,6 +381,9 @@ pub(super) fn check_args(a: &ReconfigArgs) -> io::Result<Plan> {
     }
     if a.backend_workers == 0 {
         return Err(bad("--backend-workers: at least 1".into()));
+    }
+    if !(1..=REPEAT_MAX).contains(&a.repeat) {
+        return Err(bad(format!("--repeat {}: 1..={REPEAT_MAX}", a.repeat)));
     }
     Ok(Plan {
         systems: a.systems.clone(),

@@ -82,6 +82,18 @@ pub struct ReconfigPoint {
     /// Runs combined in this point.
     #[serde(default = "one")]
     pub runs: u64,
+    /// TPS of each run combined in this point, in run order (empty for a single run):
+    /// the spread of the repeats ([`ReconfigPoint::tps_spread`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub run_tps: Vec<f64>,
+}
+
+/// The spread of a point's runs: sample standard deviation, least and greatest TPS.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TpsSpread {
+    pub sd: f64,
+    pub min: f64,
+    pub max: f64,
 }
 
 pub(super) fn one() -> u64 {
@@ -89,7 +101,8 @@ pub(super) fn one() -> u64 {
 }
 
 impl ReconfigPoint {
-    /// Repeats of one point: counts summed, `tps` recomputed from the sums, switch and
+    /// Repeats of one point: counts summed, `tps` recomputed from the sums, each run's
+    /// TPS kept (`run_tps`), switch and
     /// decision quantiles recomputed over every run's moves, apply quantiles the worst
     /// run's, series and per-burst TPS the first run's.
     pub fn combine(runs: &[ReconfigPoint]) -> ReconfigPoint {
@@ -119,6 +132,7 @@ impl ReconfigPoint {
                 burst_tps: Vec::new(),
                 series: Vec::new(),
                 runs: 0,
+                run_tps: Vec::new(),
             };
         };
         let worst = |f: fn(&ReconfigPoint) -> Option<f64>| {
@@ -153,8 +167,38 @@ impl ReconfigPoint {
             decision_p99_ms: q.decision_p99_ms,
             moves_timed,
             runs: runs.iter().map(|r| r.runs).sum(),
+            run_tps: if runs.len() > 1 {
+                runs.iter().flat_map(ReconfigPoint::each_run_tps).collect()
+            } else {
+                first.run_tps.clone()
+            },
             ..first.clone()
         }
+    }
+
+    /// The TPS of every run in this point (its own `tps` if it is one run).
+    fn each_run_tps(&self) -> Vec<f64> {
+        if self.run_tps.is_empty() {
+            vec![self.tps]
+        } else {
+            self.run_tps.clone()
+        }
+    }
+
+    /// The spread of the runs' TPS; `None` for a single run.
+    pub fn tps_spread(&self) -> Option<TpsSpread> {
+        let v = &self.run_tps;
+        if v.len() < 2 {
+            return None;
+        }
+        let n = v.len() as f64;
+        let mean = v.iter().sum::<f64>() / n;
+        let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
+        Some(TpsSpread {
+            sd: var.sqrt(),
+            min: v.iter().copied().fold(f64::INFINITY, f64::min),
+            max: v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        })
     }
 
     /// The point's figures on one line, for progress output.

@@ -34,24 +34,49 @@ pub fn table(points: &[&ReconfigPoint]) -> String {
                 ("wall_s", 9),
             ],
         );
+    // Repeated points add their spread (single runs render as they always did).
+    let spread = points.iter().any(|p| p.tps_spread().is_some());
+    if spread {
+        t = t.cols(
+            " ",
+            Align::Right,
+            [("runs", 4), ("tps_sd", 7), ("tps_min", 8), ("tps_max", 8)],
+        );
+    }
     for p in points {
-        t.row(vec![
-            label(&p.system, p.history_ms),
-            p.scenario.clone(),
-            p.burst.to_string(),
-            p.transport.to_string(),
-            format!("{:.1}", p.tps),
-            p.failures.to_string(),
-            p.moves.to_string(),
-            p.lab_moves.to_string(),
-            ms(p.switch_p50_ms),
-            ms(p.switch_p99_ms),
-            ms2(p.decision_p50_ms),
-            ms2(p.decision_p99_ms),
-            ms(p.apply_p50_ms),
-            ms(p.apply_p99_ms),
-            format!("{:.1}", p.wall_s),
-        ]);
+        let mut extra = Vec::new();
+        if spread {
+            let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1}"));
+            let sp = p.tps_spread();
+            extra = vec![
+                p.runs.to_string(),
+                f(sp.map(|s| s.sd)),
+                f(sp.map(|s| s.min)),
+                f(sp.map(|s| s.max)),
+            ];
+        }
+        t.row(
+            vec![
+                label(&p.system, p.history_ms),
+                p.scenario.clone(),
+                p.burst.to_string(),
+                p.transport.to_string(),
+                format!("{:.1}", p.tps),
+                p.failures.to_string(),
+                p.moves.to_string(),
+                p.lab_moves.to_string(),
+                ms(p.switch_p50_ms),
+                ms(p.switch_p99_ms),
+                ms2(p.decision_p50_ms),
+                ms2(p.decision_p99_ms),
+                ms(p.apply_p50_ms),
+                ms(p.apply_p99_ms),
+                format!("{:.1}", p.wall_s),
+            ]
+            .into_iter()
+            .chain(extra)
+            .collect(),
+        );
     }
     let mut s = t.render();
     s.push_str(
@@ -95,15 +120,64 @@ pub fn table(points: &[&ReconfigPoint]) -> String {
                                 && p.burst == b
                                 && label(&p.system, p.history_ms) == *sys
                         })
-                        .map_or("-".to_string(), |p| format!("{:.1}", p.tps)),
+                        .map_or("-".to_string(), |p| match p.tps_spread() {
+                            Some(sp) => format!("{:.1} ± {:.1}", p.tps, sp.sd),
+                            None => format!("{:.1}", p.tps),
+                        }),
                 );
             }
             t.row(row);
         }
         s.push_str(&t.render());
+        if spread {
+            s.push_str("(repeated points: TPS over all runs ± the runs' sample sd)\n");
+            s.push_str(&ratio_text(points, sc, &systems));
+        }
         s.push_str(&peaks_text(points, sc, &systems));
     }
     s.push_str(&t_sweep_table(points));
+    s
+}
+
+/// With repeated points: per `reconf` system and burst of scenario `sc`, its TPS over
+/// rigid's (the ratio of the two points' TPS) and the range the runs allow (least
+/// reconf run over the greatest rigid run .. greatest over least: the runs are not
+/// paired). Empty without a rigid point.
+fn ratio_text(points: &[&ReconfigPoint], sc: &str, systems: &[String]) -> String {
+    let find = |sys: &str, b: u64| {
+        points
+            .iter()
+            .copied()
+            .find(|p| p.scenario == sc && p.burst == b && label(&p.system, p.history_ms) == sys)
+    };
+    let mut bursts: Vec<u64> = points
+        .iter()
+        .filter(|p| p.scenario == sc)
+        .map(|p| p.burst)
+        .collect();
+    bursts.sort_unstable();
+    bursts.dedup();
+    let mut s = String::new();
+    for sys in systems.iter().filter(|s| s.starts_with("reconf")) {
+        for &b in &bursts {
+            let (Some(r), Some(x)) = (find("rigid", b), find(sys, b)) else {
+                continue;
+            };
+            if r.tps <= 0.0 {
+                continue;
+            }
+            let range = match (x.tps_spread(), r.tps_spread()) {
+                (Some(xs), Some(rs)) if rs.min > 0.0 && rs.max > 0.0 => {
+                    format!(" (runs {:.2}..{:.2})", xs.min / rs.max, xs.max / rs.min)
+                }
+                _ => String::new(),
+            };
+            if s.is_empty() {
+                let _ = writeln!(s, "ratio to rigid, scenario {sc}:");
+            }
+            let _ = writeln!(s, "  {sys} burst {b}: {:.2}x{range}", x.tps / r.tps);
+        }
+    }
     s
 }
 

@@ -95,6 +95,7 @@ fn args() -> ReconfigArgs {
         spare_pct: 60,
         backend_workers: 8,
         cpu_us_per_request: 500,
+        repeat: 1,
     }
 }
 
@@ -303,6 +304,7 @@ fn points_round_trip_as_reconfig_points_and_render() {
             nodes: 2,
         }],
         runs: 1,
+        run_tps: Vec::new(),
     };
     let text = serde_json::to_string(&p).unwrap();
     let back: ReconfigPoint = serde_json::from_str(&text).unwrap();
@@ -338,4 +340,51 @@ fn points_round_trip_as_reconfig_points_and_render() {
     let back: ReconfigPoint = serde_json::from_value(old).unwrap();
     assert!(back.moves_timed.is_empty() && back.decision_p99_ms.is_none());
     assert!((c.tps - 100.0).abs() < 1e-9);
+}
+
+#[test]
+fn repeated_points_keep_each_run_and_show_the_spread() {
+    let mk = |system: &str, t: Option<u64>, tps: f64| {
+        let mut p = ReconfigPoint::combine(&[]);
+        p.system = system.into();
+        p.scenario = "4:4".into();
+        p.transport = "xdp".into();
+        p.history_ms = t;
+        p.burst = 4096;
+        p.tps = tps;
+        p.served = (tps * 10.0) as u64;
+        p.wall_s = 10.0;
+        p.runs = 1;
+        p
+    };
+    // A single run has no spread, and its table has no spread columns.
+    let one = mk("rigid", None, 300.0);
+    assert!(one.tps_spread().is_none());
+    assert!(!table(&[&one]).contains("tps_sd"));
+    assert!(!serde_json::to_string(&one).unwrap().contains("run_tps"));
+    let rigid = ReconfigPoint::combine(&[
+        mk("rigid", None, 300.0),
+        mk("rigid", None, 320.0),
+        mk("rigid", None, 310.0),
+    ]);
+    assert_eq!(rigid.run_tps, vec![300.0, 320.0, 310.0]);
+    let sp = rigid.tps_spread().unwrap();
+    assert!((sp.sd - 10.0).abs() < 1e-9, "{sp:?}");
+    assert_eq!((sp.min, sp.max), (300.0, 320.0));
+    assert!((rigid.tps - 310.0).abs() < 1e-9);
+    // Combining combined points keeps every run.
+    let more = ReconfigPoint::combine(&[rigid.clone(), mk("rigid", None, 330.0)]);
+    assert_eq!(more.run_tps.len(), 4);
+    let reconf = ReconfigPoint::combine(&[
+        mk("reconf", Some(500), 450.0),
+        mk("reconf", Some(500), 480.0),
+        mk("reconf", Some(500), 465.0),
+    ]);
+    let t = table(&[&rigid, &reconf]);
+    assert!(t.contains("tps_sd") && t.contains("310.0 ± 10.0"), "{t}");
+    // 465 / 310 = 1.50; runs 450 / 320 .. 480 / 300.
+    assert!(
+        t.contains("reconf-T500 burst 4096: 1.50x (runs 1.41..1.60)"),
+        "{t}"
+    );
 }

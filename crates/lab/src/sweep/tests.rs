@@ -254,6 +254,7 @@ fn metadata_keys_are_in_summary_json_from_the_start() {
     for k in [
         "commit",
         "commit_dirty",
+        "build",
         "kernel",
         "cpu_model",
         "cpus",

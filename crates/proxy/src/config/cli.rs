@@ -66,7 +66,13 @@ fn parse_balance(s: &str) -> Result<BalancePolicy, String> {
         "round-robin" => BalancePolicy::RoundRobin,
         "least-loaded" => BalancePolicy::LeastLoaded,
         "p2c" => BalancePolicy::P2c,
-        _ => return Err(format!("`{s}`: expected round-robin, least-loaded or p2c")),
+        "lard" => BalancePolicy::Lard,
+        "bounded-hash" => BalancePolicy::BoundedHash,
+        _ => {
+            return Err(format!(
+                "`{s}`: expected round-robin, least-loaded, p2c, lard or bounded-hash"
+            ))
+        }
     })
 }
 
@@ -211,9 +217,29 @@ pub struct ProxyArgs {
     /// priorities are shed first. Needs --admission with --metric delay or inflight.
     #[arg(long = "class", value_name = "NAME,prefix=/P[,priority=N]", value_parser = super::classes::parse_class)]
     pub classes: Vec<super::ClassConfig>,
-    /// Balancing: round-robin, least-loaded (default) or p2c.
+    /// Balancing: round-robin, least-loaded (default), p2c, or by content: lard or
+    /// bounded-hash. The content-aware ones route by the request's path (query
+    /// excluded) so each back-end caches its own share of the URLs: lard keeps a path
+    /// on the back-end it first went to (the least loaded then) unless that one is
+    /// above --lard-high while another is below --lard-low, or at twice --lard-high;
+    /// bounded-hash walks a consistent-hash ring (100 points per back-end) from the
+    /// path's point to the first back-end whose load is under --hash-balance-factor %
+    /// of the mean. Load: this proxy's requests in service per back-end (with
+    /// --metric conns and a fresh monitor reading, the larger of that and the
+    /// monitor's estimate). At most 64 back-ends; lard remembers at most 32768 paths
+    /// (cleared and relearnt when full).
     #[arg(long, value_parser = parse_balance)]
     pub balance: Option<BalancePolicy>,
+    /// --balance lard: T_low, requests in service (default 25, the paper's).
+    #[arg(long)]
+    pub lard_low: Option<u64>,
+    /// --balance lard: T_high, requests in service (default 65, the paper's).
+    #[arg(long)]
+    pub lard_high: Option<u64>,
+    /// --balance bounded-hash: the load bound, percent of the mean (HAProxy's
+    /// hash-balance-factor; default 125; 0: no bound, pure consistent hashing).
+    #[arg(long)]
+    pub hash_balance_factor: Option<u64>,
     /// Read the load table of a `farside monitor` from this file instead of embedding
     /// the monitor.
     #[arg(long)]
@@ -336,6 +362,15 @@ fn merged_config(a: &ProxyArgs) -> Result<ProxyConfig, String> {
     }
     if let Some(v) = a.balance {
         cfg.balance.policy = v;
+    }
+    if let Some(v) = a.lard_low {
+        cfg.balance.lard_low = v;
+    }
+    if let Some(v) = a.lard_high {
+        cfg.balance.lard_high = v;
+    }
+    if let Some(v) = a.hash_balance_factor {
+        cfg.balance.hash_balance_factor = v;
     }
     if a.monitor_table.is_some() {
         cfg.monitor.table = a.monitor_table.clone();

@@ -436,6 +436,17 @@ pub enum BalancePolicy {
     LeastLoaded,
     /// Power of two random choices on the same score.
     P2c,
+    /// Content-aware: LARD on the request's path (`control::content`).
+    Lard,
+    /// Content-aware: consistent hashing of the path with bounded loads.
+    BoundedHash,
+}
+
+impl BalancePolicy {
+    /// Whether the request's path chooses the back-end (`lard`, `bounded-hash`).
+    pub fn by_content(self) -> bool {
+        matches!(self, BalancePolicy::Lard | BalancePolicy::BoundedHash)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -445,13 +456,67 @@ pub struct BalanceConfig {
     pub policy: BalancePolicy,
     /// After a connect failure a back-end is skipped for this long. Default 1000 ms.
     pub down_for_ms: u64,
+    /// Policy `lard`: T_low, requests in service (a back-end below it is underused).
+    /// Default 25, the paper's.
+    pub lard_low: u64,
+    /// Policy `lard`: T_high (a path leaves its back-end above it while another is
+    /// below T_low, or at twice it). Default 65, the paper's.
+    pub lard_high: u64,
+    /// Policy `bounded-hash`: a back-end takes a request only while its load stays
+    /// within this percentage of the mean (HAProxy's `hash-balance-factor`; 0: no
+    /// bound). Default 125.
+    pub hash_balance_factor: u64,
 }
 
 impl Default for BalanceConfig {
     fn default() -> Self {
+        use crate::control::content as c;
         BalanceConfig {
             policy: BalancePolicy::LeastLoaded,
             down_for_ms: 1000,
+            lard_low: c::LARD_LOW_DEFAULT,
+            lard_high: c::LARD_HIGH_DEFAULT,
+            hash_balance_factor: c::HASH_BALANCE_FACTOR_DEFAULT,
+        }
+    }
+}
+
+impl BalanceConfig {
+    /// The content-aware policy's own keys, checked against `backends` back-ends.
+    fn content_errors(&self, backends: usize, errs: &mut Vec<ConfigError>) {
+        use crate::control::content as c;
+        if !self.policy.by_content() {
+            return;
+        }
+        if backends > c::CONTENT_BACKENDS_MAX {
+            errs.push(err(
+                "balance.policy",
+                format!(
+                    "lard and bounded-hash route over at most {} back-ends, got {backends}",
+                    c::CONTENT_BACKENDS_MAX
+                ),
+            ));
+        }
+        if !(self.lard_low < self.lard_high && self.lard_high <= c::LARD_HIGH_MAX) {
+            errs.push(err(
+                "balance.lard_low",
+                format!(
+                    "need lard_low < lard_high <= {}, got {} and {}",
+                    c::LARD_HIGH_MAX,
+                    self.lard_low,
+                    self.lard_high
+                ),
+            ));
+        }
+        let f = self.hash_balance_factor;
+        if f != 0 && !(100..=c::HASH_BALANCE_FACTOR_MAX).contains(&f) {
+            errs.push(err(
+                "balance.hash_balance_factor",
+                format!(
+                    "must be 0 (no bound) or 100..={}, got {f}",
+                    c::HASH_BALANCE_FACTOR_MAX
+                ),
+            ));
         }
     }
 }
@@ -636,6 +701,7 @@ impl ProxyConfig {
                 errs.push(err(k, format!("must be 1..={TIMEOUT_MS_MAX} ms, got {v}")));
             }
         }
+        self.balance.content_errors(self.backends.len(), &mut errs);
         if !(1024..=1 << 20).contains(&h.max_header_bytes) {
             errs.push(err("http.max_header_bytes", "must be 1024..=1048576"));
         }

@@ -60,6 +60,7 @@
 //! request is admitted as soon as this proxy's requests to the back-end complete.
 
 pub mod classes;
+pub mod content;
 pub mod delay;
 pub mod estimate;
 pub mod render;
@@ -282,6 +283,9 @@ pub struct Control {
     on_stale: StalePolicy,
     retry_after_s: u32,
     policy: BalancePolicy,
+    /// `lard`, `bounded-hash`: the content-aware policy ([`content`]); requests without
+    /// a target, and those no back-end can take, fall to least-loaded's walk.
+    content: Option<content::Content>,
     down_for_ns: u64,
     backends: Vec<Backend>,
     /// Whether any back-end names a site (else every Host goes everywhere).
@@ -430,6 +434,17 @@ impl Control {
             on_stale: a.on_stale,
             retry_after_s: a.retry_after_s,
             policy: cfg.balance.policy,
+            content: match cfg.balance.policy {
+                BalancePolicy::Lard => Some(content::Content::lard(
+                    cfg.balance.lard_low,
+                    cfg.balance.lard_high,
+                )),
+                BalancePolicy::BoundedHash => Some(content::Content::bounded(
+                    n.clamp(1, content::CONTENT_BACKENDS_MAX),
+                    cfg.balance.hash_balance_factor,
+                )),
+                _ => None,
+            },
             down_for_ns: cfg.balance.down_for_ms * 1_000_000,
             routed_by_site: cfg.backends.iter().any(|b| !b.site.is_empty()),
             sites: crate::sites::SiteRouter::new(&cfg.sites),
@@ -782,7 +797,45 @@ impl Control {
     /// Pick a back-end for a request to `host`: site filter, down filter, admission
     /// filter (if on), then the balancing policy among what is left.
     pub fn choose(&self, host: Option<&str>) -> Result<usize, Reject> {
-        self.choose_route(host, None).map(|(i, _)| i)
+        self.choose_route(host, None, None).map(|(i, _)| i)
+    }
+
+    /// [`Control::choose`] for a request whose request-line target is `target` (the
+    /// content-aware policies route by its path).
+    pub fn choose_for(&self, host: Option<&str>, target: &[u8]) -> Result<usize, Reject> {
+        self.choose_route(host, None, Some(target)).map(|(i, _)| i)
+    }
+
+    /// The content-aware policy's choice for `target` among the usable back-ends (the
+    /// same checks as every walk: site, down mark, admission), or `None` when no
+    /// back-end is usable (the walk then says why). Reads every back-end's entry, as
+    /// least-loaded does.
+    fn choose_by_content(
+        &self,
+        c: &content::Content,
+        host: Option<&str>,
+        class: Option<usize>,
+        now: u64,
+        target: &[u8],
+    ) -> Option<(usize, bool)> {
+        let mut view = content::Candidates::new(self.backends.len());
+        for i in 0..self.backends.len() {
+            if let Considered::Usable {
+                key: (score, inflight),
+                reuse_only,
+            } = self.consider(i, host, class, now, false)
+            {
+                // Metric `conns`: the score is the monitor's estimate of the back-end's
+                // connections carrying requests (every front-end's); else this proxy's own.
+                let load = if self.metric == Metric::Conns {
+                    score.max(inflight)
+                } else {
+                    inflight
+                };
+                view.offer(i, load, reuse_only);
+            }
+        }
+        c.decide(content::object_key(target), &view)
     }
 
     /// [`Control::choose`], also saying whether the back-end was admitted only onto an
@@ -797,8 +850,14 @@ impl Control {
         &self,
         host: Option<&str>,
         class: Option<usize>,
+        target: Option<&[u8]>,
     ) -> Result<(usize, bool), Reject> {
         let now = coarse_mono_ns();
+        if let (Some(c), Some(t)) = (&self.content, target) {
+            if let Some(chosen) = self.choose_by_content(c, host, class, now, t) {
+                return Ok(chosen);
+            }
+        }
         let n = self.backends.len();
         if self.policy == BalancePolicy::P2c {
             let mut pick = Pick::new(self.policy, 2);
@@ -821,7 +880,9 @@ impl Control {
         // so its decisions write no line that other workers read.
         let rotation = || self.rr.fetch_add(1, Ordering::Relaxed);
         let (start, want) = match self.policy {
-            BalancePolicy::LeastLoaded => (rotation(), usize::MAX),
+            BalancePolicy::LeastLoaded | BalancePolicy::Lard | BalancePolicy::BoundedHash => {
+                (rotation(), usize::MAX)
+            }
             BalancePolicy::RoundRobin => (rotation(), 1),
             BalancePolicy::P2c => (rand_below(n.max(1)), 2),
         };
@@ -1012,7 +1073,7 @@ impl Pick {
     fn offer(&mut self, i: usize, key: (u64, u64), reuse_only: bool) {
         let c = Some((i, key, reuse_only));
         match self.policy {
-            BalancePolicy::LeastLoaded => {
+            BalancePolicy::LeastLoaded | BalancePolicy::Lard | BalancePolicy::BoundedHash => {
                 if self.best.is_none_or(|(_, k, _)| key < k) {
                     self.best = c;
                 }
@@ -1079,7 +1140,12 @@ impl SignalCounters {
 
 impl Control {
     /// Route a request of class `class` (`None`: no classes declared) to `host`.
-    fn route_class(&self, host: Option<&str>, class: Option<usize>) -> Result<Route, Reject> {
+    fn route_class(
+        &self,
+        host: Option<&str>,
+        class: Option<usize>,
+        target: Option<&[u8]>,
+    ) -> Result<Route, Reject> {
         if let (Some(k), Some(cs)) = (class, &self.classes) {
             // A lower class asking now wants its guarantee (the most important class
             // needs none: it is not tracked, so its requests write no shared line).
@@ -1087,7 +1153,7 @@ impl Control {
                 cs.asked_ns[k].store(coarse_mono_ns().max(1), Ordering::Relaxed);
             }
         }
-        match self.choose_route(host, class) {
+        match self.choose_route(host, class, target) {
             Ok((i, reuse_only)) => {
                 self.counters
                     .request_admitted
@@ -1150,12 +1216,12 @@ impl Gate for Control {
     }
 
     fn route(&self, host: Option<&str>) -> Result<Route, Reject> {
-        self.route_class(host, self.classes.as_ref().map(|_| 0))
+        self.route_class(host, self.classes.as_ref().map(|_| 0), None)
     }
 
     fn route_request(&self, host: Option<&str>, target: &[u8]) -> Result<Route, Reject> {
         let class = self.classes.as_ref().map(|c| c.table.classify(target));
-        self.route_class(host, class)
+        self.route_class(host, class, Some(target))
     }
 
     fn retry_after_s(&self) -> u32 {

@@ -1,0 +1,397 @@
+//! The node's cached bodies mirrored into its object arena (`farside_arena`), where a
+//! peer reads them without this node's process: an XDP-answered BPF map (`--coop-peer
+//! xdp`, the rmem responder answers authenticated arena READs in the kernel) or a file
+//! under `--coop-shm-dir` that peers on the same host map read-only (`--coop-peer shm`).
+//!
+//! The node's cache ([`farside_coop::cache::NodeCache`]) decides what is cached; every
+//! object it takes that fits [`OBJECT_BYTES_MAX`] is written into a slot (seqlock
+//! protocol) and indexed under [`arena_key`] of its object id, and every object it evicts
+//! is evicted here (slot invalidated first). When a size class has no free slot left the
+//! oldest arena object of that class is dropped from the arena only (the node still
+//! serves it; a peer that asks reads "not indexed" and goes to its disk): counted.
+//!
+//! Layout rule ([`layout_for`]): every class up to the one-sided bound gets the slots
+//! that would let the whole cache be objects of that class (capped at
+//! [`CLASS_SLOTS_MAX`], half the index), scaled down together if that exceeds the arena's
+//! chunks. A reader needs no layout: an object sits in the smallest class that holds it.
+
+use farside_arena::layout::{
+    class_object_bytes_max, ArenaLayout, ARENA_CHUNKS_MAX, CHUNK_BYTES, CLASS_COUNT, INDEX_BUCKETS,
+};
+use farside_arena::store::PutError;
+use farside_arena::{map_chunks, ArenaMap, INDEX_CHUNKS};
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+/// Largest body kept in the arena and read one-sidedly: the arena's own rule (class 6,
+/// 89,568 B: a larger body takes over 64 READs, where asking the owner over TCP is
+/// cheaper). Larger bodies are fetched over TCP whatever `--coop-peer` says.
+pub const OBJECT_BYTES_MAX: usize = farside_arena::layout::OBJECT_BYTES_MAX;
+/// Slots of one class at most: half the index's buckets (probing stays short below half
+/// load, and no more objects than that can be indexed well anyway).
+pub const CLASS_SLOTS_MAX: u64 = (INDEX_BUCKETS / 2) as u64;
+
+/// The key an object is indexed under in the arena: its object id (FNV-1a of the path,
+/// [`super::wire::object_id`]), moved off the two hashes the index reserves exactly as
+/// `farside_arena::url_hash` does, so it equals `url_hash(path)`.
+pub fn arena_key(object: u64) -> u64 {
+    match object {
+        0 => 1,
+        u64::MAX => u64::MAX - 1,
+        h => h,
+    }
+}
+
+/// The arena layout of a node caching `cache_bytes` (see the module doc).
+pub fn layout_for(cache_bytes: u64) -> ArenaLayout {
+    let mut slots = [0u64; CLASS_COUNT];
+    for (c, s) in slots.iter_mut().enumerate() {
+        if class_object_bytes_max(c) > OBJECT_BYTES_MAX {
+            break;
+        }
+        let min = if c == 0 {
+            1
+        } else {
+            class_object_bytes_max(c - 1) as u64 + 1
+        };
+        if min > cache_bytes {
+            break;
+        }
+        *s = cache_bytes.div_ceil(min).min(CLASS_SLOTS_MAX);
+    }
+    let budget = (ARENA_CHUNKS_MAX - INDEX_CHUNKS) as u64;
+    let chunks: u64 = (0..CLASS_COUNT).map(|c| slots[c] << c).sum();
+    let mut out = [0u32; CLASS_COUNT];
+    for c in 0..CLASS_COUNT {
+        let s = if chunks > budget {
+            slots[c] * budget / chunks
+        } else {
+            slots[c]
+        };
+        out[c] = s as u32;
+    }
+    ArenaLayout::new(out).expect("scaled within the arena's chunks")
+}
+
+/// Where the arena's memory lives.
+pub enum Backing {
+    /// The BPF map of the node's XDP responder (kept loaded and attached here).
+    Xdp {
+        _responder: Box<farside_xdp::XdpResponder>,
+        mem: Arc<Mutex<farside_xdp::ArenaMemory>>,
+    },
+    /// A shared file mapping (peers on the same host map the file read-only).
+    Shm { map: ShmMap, path: PathBuf },
+}
+
+/// The file of node `index`'s arena under `dir`.
+pub fn shm_path(dir: &Path, index: usize) -> PathBuf {
+    dir.join(format!("node-{index}.arena"))
+}
+
+/// A shared mapping of a file, writable by its owner or read-only for a peer.
+pub struct ShmMap {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory owned by this value until drop; writers hold the
+// node's state lock, readers validate what they copy (seqlock and CRC32c).
+unsafe impl Send for ShmMap {}
+// SAFETY: as above; `&ShmMap` only hands out copies (`copy_to`).
+unsafe impl Sync for ShmMap {}
+
+impl ShmMap {
+    /// Creates (or truncates) `path` with `len` zero bytes, mode 0600, mapped writable.
+    pub fn create(path: &Path, len: usize) -> io::Result<ShmMap> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)?;
+        f.set_len(len as u64)?;
+        ShmMap::map(&f, len, libc::PROT_READ | libc::PROT_WRITE)
+    }
+
+    /// Maps a peer's arena file read-only (its whole length, at least the index).
+    pub fn open_read_only(path: &Path) -> io::Result<ShmMap> {
+        let f = std::fs::File::open(path)?;
+        let len = f.metadata()?.len() as usize;
+        if !(INDEX_CHUNKS * CHUNK_BYTES..=ARENA_CHUNKS_MAX * CHUNK_BYTES).contains(&len) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {len} bytes is no arena", path.display()),
+            ));
+        }
+        ShmMap::map(&f, len, libc::PROT_READ)
+    }
+
+    fn map(f: &std::fs::File, len: usize, prot: libc::c_int) -> io::Result<ShmMap> {
+        // SAFETY: a fresh shared mapping of an open file of at least `len` bytes; the
+        // kernel picks the address; the result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(ShmMap {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Copies `[offset, offset + out.len())` out; false if out of bounds. The owner may
+    /// be writing it: the caller validates (seqlock, CRC32c) before using the bytes.
+    pub fn copy_to(&self, offset: usize, out: &mut [u8]) -> bool {
+        if offset.checked_add(out.len()).is_none_or(|e| e > self.len) {
+            return false;
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        // SAFETY: within the mapping (checked above), which lives as long as self.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(offset), out.as_mut_ptr(), out.len()) };
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+        true
+    }
+
+    /// The whole mapping, writable: only for the owner (mapped by [`ShmMap::create`]),
+    /// under the node's state lock, with the seqlock protocol.
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: the mapping is `len` bytes, lives as long as self, and &mut self makes
+        // this the only view of it in this process.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for ShmMap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// What the arena counts (read into the node's `/coop/stats`).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ArenaCounts {
+    /// Objects written into the arena.
+    pub put: u64,
+    /// Objects the cache took that the arena could not hold (class full: the oldest of
+    /// the class dropped from the arena; or the index's probe window full).
+    pub dropped: u64,
+    /// Objects above [`OBJECT_BYTES_MAX`] (served to peers over TCP).
+    pub too_large: u64,
+}
+
+/// The node's arena: its memory, free slots and index, and the put order per class.
+pub struct NodeArena {
+    map: ArenaMap,
+    backing: Backing,
+    order: [VecDeque<u64>; CLASS_COUNT],
+    pub counts: ArenaCounts,
+}
+
+impl NodeArena {
+    /// The arena of a node caching `cache_bytes`, answered by an XDP responder on
+    /// `iface` (generic mode) at udp `port` for readers holding `key` (`ID[:PATH]`).
+    pub fn xdp(cache_bytes: u64, iface: &str, port: u16, key: &str) -> io::Result<NodeArena> {
+        let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+        let (id, path) = farside_rmem::ClientKey::parse_spec(key).map_err(bad)?;
+        let keys = farside_rdmahttp::arena::arena_keyring(id, path.as_deref()).map_err(bad)?;
+        let layout = layout_for(cache_bytes);
+        let chunks = map_chunks(&layout).map_err(|e| bad(e.to_string()))? as u32;
+        let mut xdp = farside_xdp::XdpResponder::load_with_arena(port, &keys, chunks)
+            .map_err(|e| io::Error::other(format!("coop arena responder: {e}")))?;
+        xdp.attach_to(iface, farside_xdp::XdpMode::Generic)
+            .map_err(|e| io::Error::other(format!("coop arena responder on {iface}: {e}")))?;
+        let mem = xdp.arena();
+        NodeArena::new(
+            layout,
+            Backing::Xdp {
+                _responder: Box::new(xdp),
+                mem,
+            },
+        )
+    }
+
+    /// The arena of node `index` caching `cache_bytes`, in a file under `dir`.
+    pub fn shm(cache_bytes: u64, dir: &Path, index: usize) -> io::Result<NodeArena> {
+        let layout = layout_for(cache_bytes);
+        let chunks = map_chunks(&layout)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let path = shm_path(dir, index);
+        let map = ShmMap::create(&path, chunks * CHUNK_BYTES)?;
+        NodeArena::new(layout, Backing::Shm { map, path })
+    }
+
+    fn new(layout: ArenaLayout, backing: Backing) -> io::Result<NodeArena> {
+        let map = ArenaMap::new(layout)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        Ok(NodeArena {
+            map,
+            backing,
+            order: Default::default(),
+            counts: ArenaCounts::default(),
+        })
+    }
+
+    pub fn layout(&self) -> &ArenaLayout {
+        self.map.layout()
+    }
+
+    fn with_mem<R>(&mut self, f: impl FnOnce(&mut ArenaMap, &mut [u8]) -> R) -> R {
+        match &mut self.backing {
+            Backing::Xdp { mem, .. } => {
+                let mut m = mem.lock().unwrap_or_else(|p| p.into_inner());
+                f(&mut self.map, m.bytes_mut())
+            }
+            Backing::Shm { map, .. } => f(&mut self.map, map.bytes_mut()),
+        }
+    }
+
+    /// Writes `object`'s body into the arena (replacing an older copy).
+    pub fn put(&mut self, object: u64, body: &[u8]) {
+        if body.len() > OBJECT_BYTES_MAX {
+            self.counts.too_large += 1;
+            return;
+        }
+        let key = arena_key(object);
+        loop {
+            match self.with_mem(|map, mem| map.put(mem, key, body)) {
+                Ok(b) => {
+                    let class = farside_arena::layout::class_for_len(b.len as usize)
+                        .expect("put objects have a class");
+                    self.order[class].push_back(key);
+                    self.counts.put += 1;
+                    return;
+                }
+                Err(PutError::NoSlot { class }) => {
+                    let Some(old) = self.order[class].pop_front() else {
+                        self.counts.dropped += 1;
+                        return;
+                    };
+                    if self.with_mem(|map, mem| map.evict(mem, old)) {
+                        self.counts.dropped += 1;
+                    }
+                }
+                Err(PutError::TooLarge | PutError::IndexFull) => {
+                    self.counts.dropped += 1;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Evicts `object` from the arena (its slot invalidated: a reader holding an old
+    /// hint reads it as stale).
+    pub fn evict(&mut self, object: u64) {
+        let key = arena_key(object);
+        if self.with_mem(|map, mem| map.evict(mem, key)) {
+            for q in &mut self.order {
+                if let Some(i) = q.iter().position(|&k| k == key) {
+                    q.remove(i);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for NodeArena {
+    fn drop(&mut self) {
+        if let Backing::Shm { path, .. } = &self.backing {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_arena_key_is_the_arena_url_hash_of_the_path() {
+        for p in ["/", "/a", "/english/images/x.gif"] {
+            assert_eq!(
+                arena_key(super::super::wire::object_id(p)),
+                farside_arena::url_hash(p.as_bytes())
+            );
+        }
+        assert_eq!(arena_key(0), 1);
+        assert_eq!(arena_key(u64::MAX), u64::MAX - 1);
+    }
+
+    #[test]
+    fn the_layout_holds_the_cache_in_any_one_class_or_scales_down() {
+        let c = 1_730_000u64;
+        let l = layout_for(c);
+        assert_eq!(l.slots_per_class[0] as u64, CLASS_SLOTS_MAX);
+        for class in 1..=6 {
+            let min = class_object_bytes_max(class - 1) as u64 + 1;
+            assert_eq!(l.slots_per_class[class] as u64, c.div_ceil(min), "{class}");
+        }
+        assert!(l.slots_per_class[7..].iter().all(|&s| s == 0));
+        let big = layout_for(1 << 30);
+        assert!(map_chunks(&big).is_ok());
+        assert!(big.slots_per_class[6] > 0);
+        let tiny = layout_for(100);
+        assert_eq!(tiny.slots_per_class[0], 100);
+        assert_eq!(tiny.slots_per_class[1], 0);
+    }
+
+    #[test]
+    fn a_shm_arena_mirrors_puts_and_evictions_and_a_full_class_drops_the_oldest() {
+        let dir = std::env::temp_dir().join(format!("farside-coop-arena-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // 3,000 B of cache: class 0 gets 3,000 slots, class 1 (1,369..2,768 B) gets 3.
+        let mut a = NodeArena::shm(3_000, &dir, 0).unwrap();
+        assert_eq!(a.layout().slots_per_class[1], 3);
+        let peer = ShmMap::open_read_only(&shm_path(&dir, 0)).unwrap();
+        let lookup = |object: u64| {
+            let key = arena_key(object);
+            let mut window = Vec::new();
+            for (o, l) in farside_arena::index::probe_window(key) {
+                let mut b = vec![0; l];
+                assert!(peer.copy_to(o, &mut b));
+                window.extend(b);
+            }
+            farside_arena::index::lookup_in_window(&window, key)
+        };
+        for o in 1..=4u64 {
+            a.put(o, &vec![o as u8; 2_000]);
+        }
+        assert_eq!((a.counts.put, a.counts.dropped), (4, 1));
+        assert!(
+            lookup(1).is_none(),
+            "the oldest of the full class was dropped"
+        );
+        assert!(lookup(4).is_some());
+        a.evict(4);
+        assert!(lookup(4).is_none());
+        a.put(5, &vec![0; OBJECT_BYTES_MAX + 1]);
+        assert_eq!(a.counts.too_large, 1);
+        drop(a);
+        assert!(!shm_path(&dir, 0).exists(), "the owner removes its file");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,284 @@
+//! Peer fetch without the peer's process: the initial node reads the service node's
+//! object arena ([`super::arena`]) itself.
+//!
+//! ```text
+//!  fetch(peer, object, len)
+//!    len > OBJECT_BYTES_MAX ─► tcp (the arena holds no such body)
+//!    index: the key's probe window (one or two READs) ─► bucket {slot, len} or absent
+//!    body:  the slot's chunks, head first, tail last ─► seqlock + url hash + CRC32c
+//!           torn ─► read again (READ_RETRY_MAX); stale / not indexed ─► absent
+//! ```
+//!
+//! - [`XdpTransport`]: the READs are rmem requests sealed under the cluster's arena reader
+//!   key and answered by the peer's XDP program in the kernel
+//!   (`farside_rdmahttp::arena_read::ArenaReader`), a bounded pool of readers per peer;
+//! - [`ShmTransport`]: the peer's arena file mapped read-only and copied chunk by chunk in
+//!   the same order (nodes of one host only: the zero-copy bound of the comparison).
+//!
+//! A stale index entry (the slot reused since) fails the url hash and reads as absent,
+//! a torn read is retried and then fails: never a wrong body. What the one-sided read
+//! could not settle (a lost READ, a refused key) is an error, and the caller goes to disk.
+
+use super::arena::{arena_key, shm_path, ShmMap, OBJECT_BYTES_MAX};
+use super::peer::{PeerTransport, TcpTransport, PEER_POOL_MAX};
+use farside_arena::index::{lookup_in_window, probe_window};
+use farside_arena::layout::{class_for_len, READ_RETRY_MAX};
+use farside_arena::slot::SlotRef;
+use farside_arena::{ObjectRead, ReadError, SLOTS_BASE};
+use farside_rdmahttp::arena_read::{ArenaReader, FetchError};
+use farside_rdmahttp::header::ArenaHint;
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+
+fn refused(what: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.to_string())
+}
+
+/// Reads peers' arenas through their XDP responders.
+pub struct XdpTransport {
+    tcp: TcpTransport,
+    responders: Vec<SocketAddr>,
+    key: farside_rmem::ClientKey,
+    key_id: u32,
+    pools: Vec<Mutex<Vec<ArenaReader>>>,
+}
+
+impl XdpTransport {
+    /// `peers`: every node's peer address (its responder listens on the same IP at
+    /// `arena_port`); `key`: the arena reader key (`ID[:PATH]`).
+    pub fn new(
+        tcp: TcpTransport,
+        peers: &[SocketAddr],
+        arena_port: u16,
+        key: &str,
+    ) -> io::Result<XdpTransport> {
+        let key = farside_rmem::ClientKey::load(key)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        Ok(XdpTransport {
+            tcp,
+            responders: peers
+                .iter()
+                .map(|p| SocketAddr::new(p.ip(), arena_port))
+                .collect(),
+            key_id: key.id.0,
+            key,
+            pools: peers.iter().map(|_| Mutex::new(Vec::new())).collect(),
+        })
+    }
+
+    fn fetch_one_sided(&self, peer: usize, object: u64) -> io::Result<Option<Vec<u8>>> {
+        let reader = self.pools[peer]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        let mut reader = match reader {
+            Some(r) => r,
+            None => ArenaReader::connect(self.responders[peer], self.key)?,
+        };
+        let key = arena_key(object);
+        let result = match reader.lookup(key) {
+            Ok(b) => match class_for_len(b.len as usize) {
+                Some(class) if b.len as usize <= OBJECT_BYTES_MAX => {
+                    let hint = ArenaHint {
+                        port: self.responders[peer].port(),
+                        key: self.key_id,
+                        slot: b.offset.into(),
+                        class: class as u8,
+                        hash: key,
+                        len: b.len.into(),
+                    };
+                    match reader.fetch(&hint, OBJECT_BYTES_MAX as u64) {
+                        Ok((body, _)) => Ok(Some(body)),
+                        Err(FetchError::Invalid(ReadError::Stale)) => Ok(None),
+                        Err(e) => Err(refused(e)),
+                    }
+                }
+                _ => Ok(None), // a torn bucket: no slot of that length
+            },
+            Err(FetchError::NotIndexed) => Ok(None),
+            Err(e) => Err(refused(e)),
+        };
+        if result.is_ok() {
+            let mut pool = self.pools[peer].lock().unwrap_or_else(|p| p.into_inner());
+            if pool.len() < PEER_POOL_MAX {
+                pool.push(reader);
+            }
+        }
+        // A reader that failed may hold late replies: dropped with it.
+        result
+    }
+}
+
+impl PeerTransport for XdpTransport {
+    fn fetch(&self, peer: usize, object: u64, len: Option<u64>) -> io::Result<Option<Vec<u8>>> {
+        if peer >= self.responders.len() {
+            return Err(refused("no such peer"));
+        }
+        if len.is_some_and(|l| l > OBJECT_BYTES_MAX as u64) {
+            return self.tcp.fetch(peer, object, len);
+        }
+        self.fetch_one_sided(peer, object)
+    }
+}
+
+/// Reads peers' arena files, mapped read-only (nodes of one host).
+pub struct ShmTransport {
+    tcp: TcpTransport,
+    dir: PathBuf,
+    /// Each peer's mapping, made at its first fetch (the peer may start later) and made
+    /// again after a failed read (the peer may have restarted with a new file).
+    maps: Vec<RwLock<Option<Arc<ShmMap>>>>,
+}
+
+impl ShmTransport {
+    pub fn new(tcp: TcpTransport, nodes: usize, dir: PathBuf) -> ShmTransport {
+        ShmTransport {
+            tcp,
+            dir,
+            maps: (0..nodes).map(|_| RwLock::new(None)).collect(),
+        }
+    }
+
+    fn map(&self, peer: usize) -> io::Result<Arc<ShmMap>> {
+        if let Some(m) = &*self.maps[peer].read().unwrap_or_else(|p| p.into_inner()) {
+            return Ok(Arc::clone(m));
+        }
+        let m = Arc::new(ShmMap::open_read_only(&shm_path(&self.dir, peer))?);
+        *self.maps[peer].write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&m));
+        Ok(m)
+    }
+}
+
+/// Reads `key`'s object from a mapped arena: absent, the validated body, or an error.
+pub fn read_mapped(map: &ShmMap, key: u64) -> Result<Option<Vec<u8>>, ReadError> {
+    let copy = |o: usize, l: usize| -> Result<Vec<u8>, ReadError> {
+        let mut b = vec![0; l];
+        if map.copy_to(o, &mut b) {
+            Ok(b)
+        } else {
+            Err(ReadError::Bounds)
+        }
+    };
+    let mut window = Vec::new();
+    for (o, l) in probe_window(key) {
+        window.extend(copy(o, l)?);
+    }
+    let Some(b) = lookup_in_window(&window, key) else {
+        return Ok(None);
+    };
+    let Some(class) = class_for_len(b.len as usize).filter(|_| b.len as usize <= OBJECT_BYTES_MAX)
+    else {
+        return Ok(None);
+    };
+    let slot = SlotRef {
+        offset: b.offset as usize,
+        class,
+    };
+    let Some(mut read) = ObjectRead::for_slot(slot, key, b.len as usize) else {
+        return Ok(None);
+    };
+    let mut torn = 0;
+    loop {
+        // In ascending order, each copy fenced: the head word first, the tail last.
+        for (i, (o, l)) in read.plan().into_iter().enumerate() {
+            read.feed_at(i, &copy(SLOTS_BASE + o, l)?);
+        }
+        match read.finish() {
+            Ok((_, body)) => return Ok(Some(body)),
+            Err(ReadError::Torn) if torn < READ_RETRY_MAX => {
+                torn += 1;
+                read.restart();
+            }
+            Err(ReadError::Stale) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+impl PeerTransport for ShmTransport {
+    fn fetch(&self, peer: usize, object: u64, len: Option<u64>) -> io::Result<Option<Vec<u8>>> {
+        if peer >= self.maps.len() {
+            return Err(refused("no such peer"));
+        }
+        if len.is_some_and(|l| l > OBJECT_BYTES_MAX as u64) {
+            return self.tcp.fetch(peer, object, len);
+        }
+        let map = self.map(peer)?;
+        match read_mapped(&map, arena_key(object)) {
+            Ok(body) => Ok(body),
+            Err(e) => {
+                *self.maps[peer].write().unwrap_or_else(|p| p.into_inner()) = None;
+                Err(refused(format!("arena of node {peer}: {e}")))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::arena::NodeArena;
+    use super::*;
+
+    #[test]
+    fn a_mapped_peer_arena_gives_the_body_absent_or_never_a_wrong_one() {
+        let dir =
+            std::env::temp_dir().join(format!("farside-coop-onesided-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut owner = NodeArena::shm(1 << 20, &dir, 1).unwrap();
+        let body: Vec<u8> = (0..20_000u32).map(|i| (i * 31) as u8).collect();
+        owner.put(7, &body);
+        let peer = ShmMap::open_read_only(&shm_path(&dir, 1)).unwrap();
+        assert_eq!(read_mapped(&peer, arena_key(7)), Ok(Some(body.clone())));
+        assert_eq!(read_mapped(&peer, arena_key(8)), Ok(None), "not indexed");
+        owner.evict(7);
+        assert_eq!(read_mapped(&peer, arena_key(7)), Ok(None), "evicted");
+        // Another object in the same slot under a stale bucket: refused by its key.
+        owner.put(9, &body);
+        assert_eq!(read_mapped(&peer, arena_key(7)), Ok(None));
+        assert_eq!(read_mapped(&peer, arena_key(9)), Ok(Some(body)));
+        drop(owner);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The owner rewrites one object (two bodies, alternately, and evictions) while a
+    /// peer reads it from the mapping: every read is one of the two bodies, absent, or
+    /// refused (torn every time), never a mixture.
+    #[test]
+    fn reads_racing_the_owner_never_accept_a_mixture() {
+        let dir = std::env::temp_dir().join(format!("farside-coop-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut owner = NodeArena::shm(1 << 20, &dir, 2).unwrap();
+        let a = vec![0xAAu8; 30_000];
+        let b = vec![0x55u8; 30_000];
+        owner.put(3, &a);
+        let peer = ShmMap::open_read_only(&shm_path(&dir, 2)).unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let (mut good, mut other) = (0u64, 0u64);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..3_000u32 {
+                    match i % 3 {
+                        0 => owner.put(3, &b),
+                        1 => owner.put(3, &a),
+                        _ => owner.evict(3),
+                    }
+                }
+                stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            });
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                match read_mapped(&peer, arena_key(3)) {
+                    Ok(Some(body)) => {
+                        assert!(body == a || body == b, "a mixture was accepted");
+                        good += 1;
+                    }
+                    Ok(None) | Err(ReadError::Torn | ReadError::Corrupt) => other += 1,
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+        });
+        assert!(good + other > 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
