@@ -269,6 +269,27 @@ struct Counters {
 /// the extra table reads cost nothing measurable.
 pub const TEND_PERIOD: Duration = Duration::from_millis(10);
 
+/// Metric `delay`: how much of a delay reading's `lag` (its age when its record was
+/// published: gatherd measures the delay with its connection count, every N samples)
+/// counts against the staleness bound. The reading is as fresh as its record while it is
+/// no older than the gatherer's counting interval as the monitor saw it
+/// ([`table::conns_excess_lag_ns`]); until the monitor has seen that interval (two
+/// counts, up to 2 N samples after a proxy starts), as long as the record itself is fresh
+/// the reading may be as old as [`table::CONNS_INTERVAL_ALLOWANCE_MAX_NS`] (1 s), the
+/// most any counting interval is excused. So a fresh proxy in front of a gatherd that
+/// counts rarely does not refuse below capacity as "stale" while that gatherd publishes
+/// every sample; a dead gatherd still goes stale with its record, and a counter that
+/// stopped while its record advances goes stale at most 1 s + `stale_after` after its
+/// last count. The reading itself is applied to the budget once, whatever its age (an
+/// old reading of a long queue still cuts).
+fn delay_excess_lag_ns(lag: u64, interval: u64) -> u64 {
+    if interval == 0 {
+        lag.saturating_sub(table::CONNS_INTERVAL_ALLOWANCE_MAX_NS)
+    } else {
+        table::conns_excess_lag_ns(lag, interval)
+    }
+}
+
 /// The proxy's control layer. Cheap to query from every worker thread.
 pub struct Control {
     admission_on: bool,
@@ -529,10 +550,7 @@ impl Control {
         };
         let taken = e
             .advanced_mono_ns
-            .saturating_sub(table::conns_excess_lag_ns(
-                e.conns_lag_ns,
-                e.conns_interval_ns,
-            ));
+            .saturating_sub(delay_excess_lag_ns(e.conns_lag_ns, e.conns_interval_ns));
         if !matches!(e.status, EntryStatus::Ok | EntryStatus::Error)
             || now_ns.saturating_sub(taken) > self.stale_after_ns
         {
