@@ -73,7 +73,7 @@ pub use rules::{admit, admit_local, relief, Admit, Decided, Load, Relief};
 pub use farside_monitor as monitor;
 pub use farside_monitor::{histogram, table};
 
-use crate::config::{BalancePolicy, Metric, ProxyConfig, StalePolicy};
+use crate::config::{BalancePolicy, Metric, ProxyConfig, StalePolicy, QUEUE_LIMIT_DEFAULT};
 use crate::gate::{ClassObserver, Gate, InflightGuard, InflightObserver, Reject, Route};
 use crate::pool::Pool;
 use estimate::{Event, Tally};
@@ -633,6 +633,11 @@ impl Control {
                 self.idle(i),
             )
         };
+        if let (Metric::Delay, Load::Known(_), Err(Reject::Overloaded)) = (self.metric, load, r) {
+            if self.slow_start_queue_admits(i) {
+                r = Ok(Admit::Any);
+            }
+        }
         if let (Some(k), Load::Known(_), Ok(_)) = (class, load, r) {
             if self.class_verdict(i, k, load) != classes::Verdict::Admit {
                 r = Err(Reject::Overloaded);
@@ -650,6 +655,42 @@ impl Control {
         }
         self.signals.count(load, &r);
         r
+    }
+
+    /// Metric `delay`, slow start: whether back-end `i` may take a request its budget
+    /// refuses because its fresh accept queue (read every sample, however rarely its
+    /// gatherd counts connections and measures the delay) holds fewer than
+    /// [`QUEUE_LIMIT_DEFAULT`] connections (with this proxy's sends since the sample, as
+    /// metric `backlog` estimates it), the `backlog` metric's rule; never beyond the
+    /// budget's cap (`limit`). Until the first
+    /// delay reading at or above the target ends slow start, a budget that starts at 1
+    /// lags demand by a few service times (each completion adds one), and a reading may
+    /// be up to a counting interval old; the accept queue is the fresh signal meanwhile,
+    /// so a started or reloaded proxy admits what the back-end takes without queueing
+    /// (as the former default did) instead of refusing below capacity. The first overload
+    /// queues past the target and hands over to the budget; the most admitted in flight
+    /// before it is then the stale policy's level ([`admit_local`]), at least the
+    /// back-end's workers plus the queue the `backlog` rule allows.
+    fn slow_start_queue_admits(&self, i: usize) -> bool {
+        let b = &self.backends[i];
+        let Some(t) = &self.table else {
+            return false;
+        };
+        if b.inflight.load(Ordering::Relaxed) >= b.limit
+            || !b.delay.lock().unwrap_or_else(|p| p.into_inner()).slow_start
+        {
+            return false;
+        }
+        match table::read_load(&**t, i, table::field::ACCEPT_BACKLOG, None) {
+            Some((EntryStatus::Ok | EntryStatus::Error, advanced, backlog)) => {
+                // As metric `backlog` reads it: the sample plus what this proxy sent
+                // since, minus what completed (a burst between two samples counts).
+                let (sent, done) = b.tally.since(advanced);
+                coarse_mono_ns().saturating_sub(advanced) <= self.stale_after_ns
+                    && estimate::estimate(backlog, sent, done) < QUEUE_LIMIT_DEFAULT
+            }
+            _ => false,
+        }
     }
 
     /// The class rule ([`classes::decide`]) for a request of class `k` to back-end `i`
