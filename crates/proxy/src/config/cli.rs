@@ -173,7 +173,9 @@ pub struct ProxyArgs {
     /// (costly requests hold workers without lengthening the accept queue); over all five
     /// scenarios it picks delay, with the target below: docs/proxy.md ("How the default
     /// mode is chosen") has the runs, and the held-out traces where delay's goodput is
-    /// 0.96-0.99x HAProxy's.
+    /// 0.96-0.99x HAProxy's. A fresh budget grows by slow start until the first delay
+    /// reading at or above the target; until then a request it refuses is still admitted
+    /// while the back-end's accept queue (fresh every sample) holds fewer than 2.
     #[arg(long, value_parser = parse_metric)]
     pub metric: Option<Metric>,
     /// Load limit in the metric's unit; a back-end's `limit=` overrides it. Default, by
@@ -197,7 +199,9 @@ pub struct ProxyArgs {
     pub target_delay_ms: Option<u64>,
     /// A record not updated for this long is stale, ms (default 100). A connection count
     /// (conns, pending, delay) may be older by its gatherd's counting interval as the
-    /// monitor saw it (at most 1 s of it): it is stale once overdue by this much.
+    /// monitor saw it (at most 1 s of it): it is stale once overdue by this much. For
+    /// delay, until the monitor has seen that interval (two counts), a reading up to 1 s
+    /// old in a fresh record is not stale.
     #[arg(long)]
     pub stale_after_ms: Option<u64>,
     /// What a stale record means: local (default; fail safe, not blind: admit while this
