@@ -29,7 +29,7 @@ def load(groups):
         layer = defaultdict(dict)
         for d in dirs:
             meta = json.load(open(f"{d}/summary.json"))
-            runs.append((d, meta.get("commit"), meta.get("commit_dirty"), meta.get("seed")))
+            runs.append((d, meta.get("commit"), meta.get("commit_dirty"), meta.get("seed"), meta.get("build", "debug (not recorded)")))
             for line in open(f"{d}/points.jsonl"):
                 p = json.loads(line)["point"]
                 layer[(p["scenario"], p["load_model"])].setdefault(p["system"], []).append(p)
@@ -61,8 +61,8 @@ def fmt(xs, digits=0):
 
 def main(args):
     cells, runs = load(groups_of(args))
-    for d, commit, dirty, seed in runs:
-        print(f"run {d}: commit {commit} dirty={dirty} seed={seed}")
+    for d, commit, dirty, seed, build in runs:
+        print(f"run {d}: commit {commit} dirty={dirty} seed={seed} build={build}")
     systems = [s for s in FARSIDE + ANCHORS if any(s in c for c in cells.values())]
     print()
     print(f"{'scenario':16} {'load':6} {'system':16} {'n':>2} {'goodput/s mean (min-max)':>26} {'p99 ms mean (min-max)':>26}")
