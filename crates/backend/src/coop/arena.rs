@@ -135,9 +135,16 @@ unsafe impl Send for ShmMap {}
 unsafe impl Sync for ShmMap {}
 
 impl ShmMap {
-    /// Creates (or truncates) `path` with `len` zero bytes, mode 0600, mapped writable.
+    /// Creates `path` afresh with `len` zero bytes, mode 0600, mapped writable. An
+    /// older file there (a crashed owner's) is unlinked first, never truncated: a peer
+    /// still mapping it keeps reading its old, valid bytes instead of faulting on pages
+    /// that truncation would take away.
     pub fn create(path: &Path, len: usize) -> io::Result<ShmMap> {
         use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

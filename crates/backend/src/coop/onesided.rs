@@ -142,6 +142,15 @@ pub struct ShmTransport {
 struct PeerMaps {
     arena: Arc<ShmMap>,
     reads: Arc<ShmMap>,
+    /// The arena file's inode when mapped: a restarted peer makes a new file, and a
+    /// reader that finds an object absent checks whether it is reading the old one.
+    ino: u64,
+}
+
+/// The inode of `path`, 0 if it cannot be read.
+fn inode(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map_or(0, |m| m.ino())
 }
 
 impl ShmTransport {
@@ -157,9 +166,12 @@ impl ShmTransport {
         if let Some(m) = &*self.maps[peer].read().unwrap_or_else(|p| p.into_inner()) {
             return Ok(m.clone());
         }
+        let path = shm_path(&self.dir, peer);
+        let ino = inode(&path);
         let m = PeerMaps {
-            arena: Arc::new(ShmMap::open_read_only(&shm_path(&self.dir, peer))?),
+            arena: Arc::new(ShmMap::open_read_only(&path)?),
             reads: Arc::new(ShmMap::open_stamps(&shm_reads_path(&self.dir, peer))?),
+            ino,
         };
         *self.maps[peer].write().unwrap_or_else(|p| p.into_inner()) = Some(m.clone());
         Ok(m)
@@ -232,7 +244,14 @@ impl PeerTransport for ShmTransport {
                 maps.reads.add_read(head_chunk(slot));
                 Ok(Some(body))
             }
-            Ok(None) => Ok(None),
+            Ok(None) => {
+                // A restarted peer's new arena replaces the file: map it at the next
+                // fetch (the old mapping still holds valid bodies, just old ones).
+                if inode(&shm_path(&self.dir, peer)) != maps.ino {
+                    *self.maps[peer].write().unwrap_or_else(|p| p.into_inner()) = None;
+                }
+                Ok(None)
+            }
             Err(e) => {
                 *self.maps[peer].write().unwrap_or_else(|p| p.into_inner()) = None;
                 Err(refused(format!("arena of node {peer}: {e}")))

@@ -9,7 +9,7 @@ use crate::fabric::procs::Child;
 use farside_loadgen::{LoadgenArgs, PathMode, TraceKind};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The HTTP port of every node (and of the anchor's front-end).
 const HTTP_PORT: u16 = 80;
@@ -43,6 +43,11 @@ const TBF_LATENCY_MS: u64 = 20;
 /// tc tbf `burst`: this many ms of the link's rate (and at least 64 KiB, one GSO
 /// packet), so the token bucket does not cap the rate below the one set.
 const TBF_BURST_MS: f64 = 4.0;
+/// The load generator instances start their clocks after loading the trace: the
+/// counters are read (and a crash scheduled) this long after they were started.
+const LOADGEN_START: Duration = Duration::from_millis(300);
+/// Crash mode: longest a SIGKILLed node may take to be reaped.
+const KILL_WITHIN: Duration = Duration::from_secs(5);
 
 fn bad(m: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, m)
@@ -90,7 +95,42 @@ fn check_args(a: &CoopLabArgs) -> io::Result<()> {
     if durations(a).1 == 0 {
         return Err(bad("--duration-s must be at least 1".into()));
     }
+    if let Some(n) = a.crash_node {
+        if a.nodes.iter().any(|&nodes| n >= nodes) {
+            return Err(bad(format!(
+                "--crash-node {n}: every --nodes count must have a node {n} (0-based)"
+            )));
+        }
+        if let Some(s) = a
+            .systems
+            .iter()
+            .find(|s| !CRASH_SYSTEMS.contains(&s.as_str()))
+        {
+            return Err(bad(format!(
+                "--crash-node: system {s} cannot crash a node here (only {})",
+                CRASH_SYSTEMS.join(", ")
+            )));
+        }
+        let at = crash_at_s(a);
+        if at == 0 || at >= durations(a).1 {
+            return Err(bad(format!(
+                "--crash-at-s {at}: the measured window ({} s) needs a second before and \
+                 after the crash",
+                durations(a).1
+            )));
+        }
+        if a.crash_down_ms > CRASH_DOWN_MS_MAX {
+            return Err(bad(format!("--crash-down-ms: at most {CRASH_DOWN_MS_MAX}")));
+        }
+    } else if a.crash_at_s.is_some() {
+        return Err(bad("--crash-at-s needs --crash-node".into()));
+    }
     Ok(())
+}
+
+/// Seconds into the measured window at which crash mode kills its node.
+fn crash_at_s(a: &CoopLabArgs) -> u64 {
+    a.crash_at_s.unwrap_or(durations(a).1 / 3)
 }
 
 /// The points in sweep order: node count, link, load model, system innermost (so the
@@ -286,6 +326,7 @@ fn params(
         "cache_held": "cache_held_bytes: body bytes the nodes' caches held at the end of each point, summed over the nodes (farside: each node's cache_used_bytes counter; nginx: the apparent bytes of its cache files, which also carry nginx's per-file header); cache_disk_bytes: nginx's cache files' allocated blocks (what nginx's max_size counts)",
         "links": "tc tbf on both ends of every back-end node's veth (client and peer traffic share it); 0 = not shaped",
         "repeat": a.repeat,
+        "crash": a.crash_node.map(|n| format!("node n{n} killed with SIGKILL {} s into every point's measured window, down {} ms, then started again with the same arguments (empty cache, new arena); recovery: the first whole second after the crash's serving at least {:.0} % of the mean rate before it with no failure", crash_at_s(a), a.crash_down_ms, RECOVERED_FRACTION * 100.0)),
     })
 }
 
@@ -389,9 +430,22 @@ fn backend_args(
     args
 }
 
+/// How a node's process was started (crash mode starts it again so).
+#[derive(Clone)]
+struct NodeSpawn {
+    /// Its index in [`Running::children`].
+    child: usize,
+    name: String,
+    args: Vec<String>,
+    log: PathBuf,
+    http: SocketAddr,
+}
+
 /// The processes of one point; stopped on drop.
 struct Running {
     children: Vec<Child>,
+    /// Node `i`'s coop process, for the systems crash mode runs.
+    spawns: Vec<Option<NodeSpawn>>,
     /// Where the lab reads `/coop/stats`: the nodes (rr, press) or the origins (haproxy).
     stats_at: Vec<SocketAddr>,
     /// Where the clients of node `i`'s share connect.
@@ -427,6 +481,7 @@ fn start_system(
     let peers: Vec<String> = ips.iter().map(|ip| format!("{ip}:{PEER_PORT}")).collect();
     let mut r = Running {
         children: Vec::new(),
+        spawns: Vec::new(),
         stats_at: Vec::new(),
         targets: Vec::new(),
         prefixes: Vec::new(),
@@ -446,12 +501,20 @@ fn start_system(
                 let args = backend_args(a, sh, http, policy, peer, cache_bytes, i, &peers);
                 let log = sh.logs.join(format!("{tag}-{name}.log"));
                 let c = dc.spawn_in(&name, &exe, &args, &log)?;
-                r.children.push(Child::adopt(&name, c, log));
+                r.children.push(Child::adopt(&name, c, log.clone()));
+                r.spawns.push(Some(NodeSpawn {
+                    child: r.children.len() - 1,
+                    name: name.clone(),
+                    args,
+                    log,
+                    http,
+                }));
                 waits.push((r.children.len() - 1, http));
                 r.stats_at.push(http);
                 r.targets.push(http);
             }
             "haproxy" => {
+                r.spawns.push(None);
                 let origin = SocketAddr::from((*ip, ORIGIN_PORT));
                 let args = backend_args(a, sh, origin, "rr", "tcp", 1, i, &peers);
                 let log = sh.logs.join(format!("{tag}-{name}-origin.log"));
@@ -643,15 +706,21 @@ fn measure(
     let dc = &l.dc;
     let stats_at = sys.stats_at.clone();
     let nodes = k.nodes;
-    let (summaries, before, after) = dc.run_in_ns(CLIENT, || {
+    let crash = a.crash_node.map(|node| (node, crash_at_s(a)));
+    let sys_ref = &mut sys;
+    let (summaries, before, after, crashed) = dc.run_in_ns(CLIENT, || {
         std::thread::scope(|s| {
             let handles: Vec<_> = per_node
                 .iter()
                 .map(|lg| s.spawn(move || farside_loadgen::run(lg)))
                 .collect();
-            // The loadgen instances start their clocks after loading the trace
-            // (~0.3 s); the counters are read at the end of their warm-up.
-            std::thread::sleep(Duration::from_secs(warmup_s) + Duration::from_millis(300));
+            let crasher = crash.map(|(node, at_s)| {
+                let down = Duration::from_millis(a.crash_down_ms);
+                let at = Duration::from_secs(warmup_s + at_s) + LOADGEN_START;
+                s.spawn(move || crash_and_restart(dc, sys_ref, node, at, down))
+            });
+            // The counters are read at the end of the loadgen instances' warm-up.
+            std::thread::sleep(Duration::from_secs(warmup_s) + LOADGEN_START);
             let before = snapshot(dc, nodes, &stats_at);
             let mut out = Vec::new();
             for h in handles {
@@ -661,8 +730,13 @@ fn measure(
                     Err(_) => return Err(io::Error::other("a loadgen thread panicked")),
                 }
             }
+            let crashed = match crasher.map(|h| h.join()) {
+                None => None,
+                Some(Ok(r)) => Some(r?),
+                Some(Err(_)) => return Err(io::Error::other("the crash thread panicked")),
+            };
             let after = snapshot(dc, nodes, &stats_at);
-            Ok((out, before, after))
+            Ok((out, before, after, crashed))
         })
     })?;
     for c in &mut sys.children {
@@ -699,13 +773,35 @@ fn measure(
     drop(sys);
     let m =
         farside_loadgen::Summary::merge(&summaries).map_err(|e| io::Error::other(e.to_string()))?;
+    // The crashed node's counters: up to the kill, then its new process's from zero.
     let d = |key: &str| -> u64 {
         after
             .stats
             .iter()
             .zip(&before.stats)
-            .map(|(x, y)| stat(x, key).saturating_sub(stat(y, key)))
+            .enumerate()
+            .map(|(i, (x, y))| match &crashed {
+                Some(c) if c.node == i => {
+                    stat(&c.stats_before_kill, key).saturating_sub(stat(y, key)) + stat(x, key)
+                }
+                _ => stat(x, key).saturating_sub(stat(y, key)),
+            })
             .sum()
+    };
+    let (crash_failures, recovery_s, pre_crash_tps, crash_min_tps) = match (&crashed, crash) {
+        (Some(_), Some((_, at_s))) => {
+            let series: Vec<Vec<(u64, u64, u64)>> = summaries
+                .iter()
+                .map(|sm| {
+                    sm.series
+                        .iter()
+                        .map(|x| (x.t_s, x.served, x.failures))
+                        .collect()
+                })
+                .collect();
+            crash_figures(&series, at_s).unwrap_or((0, -1.0, 0.0, 0.0))
+        }
+        _ => (0, 0.0, 0.0, 0.0),
     };
     let window = duration_s as f64;
     let served = m.served;
@@ -763,6 +859,76 @@ fn measure(
         } else {
             d("remote_fetch_us") as f64 / remote as f64
         },
+        crash_node: crashed.as_ref().map(|c| c.node),
+        crash_failures,
+        restart_ms: crashed.as_ref().map_or(0.0, |c| c.restart_ms),
+        recovery_s,
+        pre_crash_tps,
+        crash_min_tps,
+    })
+}
+
+/// What crash mode saw of its kill and restart.
+struct Crashed {
+    node: usize,
+    /// The node's `/coop/stats` just before the kill.
+    stats_before_kill: String,
+    /// From the kill until the new process accepted a connection, ms.
+    restart_ms: f64,
+}
+
+/// Crash mode: after `at`, kills node `node`'s process with SIGKILL, waits `down`, starts
+/// it again with the same arguments and waits until it listens.
+fn crash_and_restart(
+    dc: &VirtualDc,
+    sys: &mut Running,
+    node: usize,
+    at: Duration,
+    down: Duration,
+) -> io::Result<Crashed> {
+    std::thread::sleep(at);
+    let spawn = sys
+        .spawns
+        .get(node)
+        .cloned()
+        .flatten()
+        .ok_or_else(|| bad(format!("crash mode: node {node} has no coop process")))?;
+    let stats_before_kill = stats(spawn.http);
+    let child = &mut sys.children[spawn.child];
+    let killed = Instant::now();
+    // SAFETY: signalling our own child, not yet reaped (checked alive just above by
+    // the stats read; a pid is only reused after the reap, which happens here).
+    unsafe { libc::kill(child.pid() as i32, libc::SIGKILL) };
+    while child.exited().is_none() {
+        if killed.elapsed() > KILL_WITHIN {
+            return Err(io::Error::other(format!(
+                "crash mode: {} not reaped {KILL_WITHIN:?} after SIGKILL",
+                spawn.name
+            )));
+        }
+        std::thread::sleep(READY_POLL);
+    }
+    eprintln!("lab coop: crash: {} killed", spawn.name);
+    std::thread::sleep(down);
+    let exe = std::env::current_exe()?;
+    let c = dc.spawn_in(&spawn.name, &exe, &spawn.args, &spawn.log)?;
+    sys.children[spawn.child] = Child::adopt(&spawn.name, c, spawn.log.clone());
+    crate::fabric::wait_port(
+        &mut sys.children[spawn.child],
+        spawn.http,
+        crate::fabric::Vantage::Node(dc, CLIENT),
+        READY_WITHIN,
+        READY_POLL,
+    )?;
+    let restart_ms = killed.elapsed().as_secs_f64() * 1e3;
+    eprintln!(
+        "lab coop: crash: {} listening again {restart_ms:.0} ms after the kill",
+        spawn.name
+    );
+    Ok(Crashed {
+        node,
+        stats_before_kill,
+        restart_ms,
     })
 }
 
@@ -834,6 +1000,9 @@ mod tests {
             disk_latency_us: 5000,
             cache_bytes: None,
             repeat: 1,
+            crash_node: None,
+            crash_at_s: None,
+            crash_down_ms: 1000,
         };
         check_args(&a).unwrap();
         let k = point_keys(&a);
@@ -849,5 +1018,28 @@ mod tests {
         assert!(check_args(&b).is_err());
         b.systems = vec!["press-xdp".into(), "press-shm".into(), "press-udp".into()];
         check_args(&b).unwrap();
+        // Crash mode: a node every count has, a crashable system, a second either side.
+        b.crash_node = Some(3);
+        check_args(&b).unwrap();
+        assert_eq!(crash_at_s(&b), 5, "a third of the 15 s window");
+        b.crash_node = Some(4);
+        assert!(check_args(&b).is_err(), "4 nodes have no node 4");
+        b.crash_node = Some(0);
+        b.crash_at_s = Some(15);
+        assert!(check_args(&b).is_err(), "no second after the crash");
+        b.crash_at_s = Some(0);
+        assert!(check_args(&b).is_err(), "no second before the crash");
+        b.crash_at_s = None;
+        b.crash_down_ms = CRASH_DOWN_MS_MAX + 1;
+        assert!(check_args(&b).is_err());
+        b.crash_down_ms = 1000;
+        b.systems = vec!["haproxy".into()];
+        assert!(
+            check_args(&b).is_err(),
+            "the anchor's nodes are not crashed here"
+        );
+        let mut c = a.clone();
+        c.crash_at_s = Some(3);
+        assert!(check_args(&c).is_err(), "--crash-at-s alone");
     }
 }
