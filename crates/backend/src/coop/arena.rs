@@ -164,7 +164,10 @@ impl ShmMap {
             .write(true)
             .open(path)?;
         let len = f.metadata()?.len() as usize;
-        if len == 0 || len % READ_STAMP_BYTES != 0 || len > ARENA_CHUNKS_MAX * READ_STAMP_BYTES {
+        if len == 0
+            || !len.is_multiple_of(READ_STAMP_BYTES)
+            || len > ARENA_CHUNKS_MAX * READ_STAMP_BYTES
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!("{}: {len} bytes are no read stamps", path.display()),

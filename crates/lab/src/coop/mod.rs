@@ -788,7 +788,7 @@ mod tests {
             .collect();
         assert_eq!(crash_figures(&[low], 3).unwrap().1, -1.0);
         // No second before or after the crash.
-        assert!(crash_figures(&[a.clone()], 0).is_none());
+        assert!(crash_figures(std::slice::from_ref(&a), 0).is_none());
         assert!(crash_figures(&[a], 8).is_none());
         assert!(crash_figures(&[], 3).is_none());
     }
