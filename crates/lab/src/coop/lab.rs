@@ -446,6 +446,10 @@ struct Running {
     children: Vec<Child>,
     /// Node `i`'s coop process, for the systems crash mode runs.
     spawns: Vec<Option<NodeSpawn>>,
+    /// Crash mode: the threads that started restarted nodes wait until this is dropped
+    /// (a node dies with the thread that started it: PR_SET_PDEATHSIG). After
+    /// `children`, so the nodes are stopped first.
+    _keepers: Vec<std::sync::mpsc::Sender<()>>,
     /// Where the lab reads `/coop/stats`: the nodes (rr, press) or the origins (haproxy).
     stats_at: Vec<SocketAddr>,
     /// Where the clients of node `i`'s share connect.
@@ -482,6 +486,7 @@ fn start_system(
     let mut r = Running {
         children: Vec::new(),
         spawns: Vec::new(),
+        _keepers: Vec::new(),
         stats_at: Vec::new(),
         targets: Vec::new(),
         prefixes: Vec::new(),
@@ -910,8 +915,35 @@ fn crash_and_restart(
     }
     eprintln!("lab coop: crash: {} killed", spawn.name);
     std::thread::sleep(down);
-    let exe = std::env::current_exe()?;
-    let c = dc.spawn_in(&spawn.name, &exe, &spawn.args, &spawn.log)?;
+    // The node dies with the thread that starts it (PR_SET_PDEATHSIG, see
+    // `prepare_command`): a keeper thread starts it and lives as long as the point.
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&spawn.log)?;
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(&spawn.args)
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out);
+    dc.prepare_command(&spawn.name, &mut cmd)?;
+    let (started_tx, started_rx) = std::sync::mpsc::channel();
+    let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name(format!("crash-keeper-{}", spawn.name))
+        .spawn(move || {
+            let started = cmd.spawn();
+            let ok = started.is_ok();
+            let _ = started_tx.send(started);
+            if ok {
+                // Until the point's processes are dropped (the sender with them).
+                let _ = hold_rx.recv();
+            }
+        })?;
+    let c = started_rx
+        .recv()
+        .map_err(|_| io::Error::other("crash mode: the keeper thread died"))??;
+    sys._keepers.push(hold_tx);
     sys.children[spawn.child] = Child::adopt(&spawn.name, c, spawn.log.clone());
     crate::fabric::wait_port(
         &mut sys.children[spawn.child],
