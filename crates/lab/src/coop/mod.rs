@@ -243,22 +243,32 @@ pub struct CoopPoint {
     pub crash_node: Option<usize>,
     /// Crash mode: failures (loadgen's, wrong bodies excluded) from the crash's second
     /// to the end of the window.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "zero_u64")]
     pub crash_failures: u64,
     /// Crash mode: from the kill until the restarted node accepted a connection, ms
     /// (includes `--crash-down-ms`).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "zero_f64")]
     pub restart_ms: f64,
     /// Crash mode: whole seconds from the crash's second to the first second serving
     /// [`RECOVERED_FRACTION`] of the pre-crash rate with no failure; -1 if not within
     /// the window. Combined runs: the worst.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "zero_f64")]
     pub recovery_s: f64,
     /// Crash mode: served per second before the crash, and the fewest in a second after.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "zero_f64")]
     pub pre_crash_tps: f64,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "zero_f64")]
     pub crash_min_tps: f64,
+}
+
+/// Crash figures are left out of points without a crash (runs kept before crash mode
+/// re-render as they were).
+fn zero_u64(v: &u64) -> bool {
+    *v == 0
+}
+
+fn zero_f64(v: &f64) -> bool {
+    *v == 0.0
 }
 
 impl LabPoint for CoopPoint {
