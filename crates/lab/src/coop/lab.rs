@@ -3,13 +3,14 @@
 //! generator's instances in the client node, and the nodes' counters and CPU.
 
 use super::client::{stat, stats};
+use super::crash::{crash_and_restart, NodeSpawn, Running, CLIENT, READY_POLL, READY_WITHIN};
 use super::*;
 use crate::fabric::netns::{NodeSpec, VirtualDc};
 use crate::fabric::procs::Child;
 use farside_loadgen::{LoadgenArgs, PathMode, TraceKind};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The HTTP port of every node (and of the anchor's front-end).
 const HTTP_PORT: u16 = 80;
@@ -23,11 +24,6 @@ const ARENA_KEY_ID: u32 = 1;
 const ORIGIN_PORT: u16 = 8080;
 /// The anchor's front-end node.
 const LB: &str = "lb";
-/// The clients' node.
-const CLIENT: &str = "client";
-/// How long a process may take to listen.
-const READY_WITHIN: Duration = Duration::from_secs(20);
-const READY_POLL: Duration = Duration::from_millis(50);
 /// Back-end workers (threads, one per kept-alive connection) of a cooperating node or
 /// origin: the open loop opens one connection per request, and the anchor's nginx keeps
 /// up to 16 to its origin; 64 leaves room for both.
@@ -46,8 +42,6 @@ const TBF_BURST_MS: f64 = 4.0;
 /// The load generator instances start their clocks after loading the trace: the
 /// counters are read (and a crash scheduled) this long after they were started.
 const LOADGEN_START: Duration = Duration::from_millis(300);
-/// Crash mode: longest a SIGKILLed node may take to be reaped.
-const KILL_WITHIN: Duration = Duration::from_secs(5);
 
 fn bad(m: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, m)
@@ -428,47 +422,6 @@ fn backend_args(
         }
     }
     args
-}
-
-/// How a node's process was started (crash mode starts it again so).
-#[derive(Clone)]
-struct NodeSpawn {
-    /// Its index in [`Running::children`].
-    child: usize,
-    name: String,
-    args: Vec<String>,
-    log: PathBuf,
-    http: SocketAddr,
-}
-
-/// The processes of one point; stopped on drop.
-struct Running {
-    children: Vec<Child>,
-    /// Node `i`'s coop process, for the systems crash mode runs.
-    spawns: Vec<Option<NodeSpawn>>,
-    /// Crash mode: the threads that started restarted nodes wait until this is dropped
-    /// (a node dies with the thread that started it: PR_SET_PDEATHSIG). After
-    /// `children`, so the nodes are stopped first.
-    _keepers: Vec<std::sync::mpsc::Sender<()>>,
-    /// Where the lab reads `/coop/stats`: the nodes (rr, press) or the origins (haproxy).
-    stats_at: Vec<SocketAddr>,
-    /// Where the clients of node `i`'s share connect.
-    targets: Vec<SocketAddr>,
-    /// nginx prefix directories to remove.
-    prefixes: Vec<PathBuf>,
-    /// The anchor's nginx cache directories (their bytes are sampled at the end).
-    cache_dirs: Vec<PathBuf>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            c.stop();
-        }
-        for p in &self.prefixes {
-            let _ = std::fs::remove_dir_all(p);
-        }
-    }
 }
 
 fn start_system(
@@ -870,97 +823,6 @@ fn measure(
         recovery_s,
         pre_crash_tps,
         crash_min_tps,
-    })
-}
-
-/// What crash mode saw of its kill and restart.
-struct Crashed {
-    node: usize,
-    /// The node's `/coop/stats` just before the kill.
-    stats_before_kill: String,
-    /// From the kill until the new process accepted a connection, ms.
-    restart_ms: f64,
-}
-
-/// Crash mode: after `at`, kills node `node`'s process with SIGKILL, waits `down`, starts
-/// it again with the same arguments and waits until it listens.
-fn crash_and_restart(
-    dc: &VirtualDc,
-    sys: &mut Running,
-    node: usize,
-    at: Duration,
-    down: Duration,
-) -> io::Result<Crashed> {
-    std::thread::sleep(at);
-    let spawn = sys
-        .spawns
-        .get(node)
-        .cloned()
-        .flatten()
-        .ok_or_else(|| bad(format!("crash mode: node {node} has no coop process")))?;
-    let stats_before_kill = stats(spawn.http);
-    let child = &mut sys.children[spawn.child];
-    let killed = Instant::now();
-    // SAFETY: signalling our own child, not yet reaped (checked alive just above by
-    // the stats read; a pid is only reused after the reap, which happens here).
-    unsafe { libc::kill(child.pid() as i32, libc::SIGKILL) };
-    while child.exited().is_none() {
-        if killed.elapsed() > KILL_WITHIN {
-            return Err(io::Error::other(format!(
-                "crash mode: {} not reaped {KILL_WITHIN:?} after SIGKILL",
-                spawn.name
-            )));
-        }
-        std::thread::sleep(READY_POLL);
-    }
-    eprintln!("lab coop: crash: {} killed", spawn.name);
-    std::thread::sleep(down);
-    // The node dies with the thread that starts it (PR_SET_PDEATHSIG, see
-    // `prepare_command`): a keeper thread starts it and lives as long as the point.
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&spawn.log)?;
-    let mut cmd = Command::new(std::env::current_exe()?);
-    cmd.args(&spawn.args)
-        .stdin(std::process::Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out);
-    dc.prepare_command(&spawn.name, &mut cmd)?;
-    let (started_tx, started_rx) = std::sync::mpsc::channel();
-    let (hold_tx, hold_rx) = std::sync::mpsc::channel::<()>();
-    std::thread::Builder::new()
-        .name(format!("crash-keeper-{}", spawn.name))
-        .spawn(move || {
-            let started = cmd.spawn();
-            let ok = started.is_ok();
-            let _ = started_tx.send(started);
-            if ok {
-                // Until the point's processes are dropped (the sender with them).
-                let _ = hold_rx.recv();
-            }
-        })?;
-    let c = started_rx
-        .recv()
-        .map_err(|_| io::Error::other("crash mode: the keeper thread died"))??;
-    sys._keepers.push(hold_tx);
-    sys.children[spawn.child] = Child::adopt(&spawn.name, c, spawn.log.clone());
-    crate::fabric::wait_port(
-        &mut sys.children[spawn.child],
-        spawn.http,
-        crate::fabric::Vantage::Node(dc, CLIENT),
-        READY_WITHIN,
-        READY_POLL,
-    )?;
-    let restart_ms = killed.elapsed().as_secs_f64() * 1e3;
-    eprintln!(
-        "lab coop: crash: {} listening again {restart_ms:.0} ms after the kill",
-        spawn.name
-    );
-    Ok(Crashed {
-        node,
-        stats_before_kill,
-        restart_ms,
     })
 }
 

@@ -46,6 +46,7 @@
 //! seconds until the cluster serves [`RECOVERED_FRACTION`] of its pre-crash rate again.
 
 mod client;
+mod crash;
 mod lab;
 
 pub use lab::run;
