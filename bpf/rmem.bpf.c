@@ -103,6 +103,32 @@
 #define AUTH_SIPHASH_BYTES_MAX RMEM_SIPHASH_BYTES_MAX
 #include "auth_siphash.h"
 
+/*
+ * Arena read stamps: one counter per arena chunk, added to (atomically) by every
+ * accepted arena READ of that chunk, mmap'd by the arena's owner, which swaps them to
+ * zero when it picks eviction victims: an object a peer read one-sidedly counts as
+ * recently used though no process of the owner was scheduled for the read. The owner
+ * looks at the counter of each object's first chunk (a reader's head READ). Sized by
+ * the loader like rmem_arena; __u64 values (an mmapable array's element is 8-byte
+ * aligned anyway), never wrapping in practice.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RMEM_ARENA_CHUNKS_MAX);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, __u64);
+} rmem_arena_reads SEC(".maps");
+
+/* Stamps a READ of arena chunk c (rmem_arena_reads above). */
+static __always_inline void arena_read_stamp(__u32 c)
+{
+	__u64 *n = bpf_map_lookup_elem(&rmem_arena_reads, &c);
+
+	if (n)
+		__sync_fetch_and_add(n, 1);
+}
+
 /* Bytes in front of the envelope: Ethernet, IPv4 without options, UDP. */
 #define HDRS_BYTES (sizeof(struct ethhdr) + sizeof(struct iphdr) + sizeof(struct udphdr))
 
@@ -539,6 +565,7 @@ int rmem_xdp(struct xdp_md *ctx)
 					bulk = 1;
 					first = c;
 					rep_len = len;
+					arena_read_stamp(c);
 				}
 			}
 			goto reply;
@@ -553,6 +580,7 @@ int rmem_xdp(struct xdp_md *ctx)
 			} else {
 				first = (offset % RMEM_ARENA_CHUNK_BYTES) / 8;
 				rep_len = len;
+				arena_read_stamp(c);
 			}
 		}
 		goto reply;

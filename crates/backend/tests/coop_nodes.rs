@@ -1,10 +1,11 @@
 //! Cooperating back-ends (`--coop`) on loopback: a remote hit served from the peer's
 //! cache, a stale directory hint that costs one wasted fetch and then gives the right
-//! body from disk, and forged or replayed directory updates refused.
+//! body from disk, forged or replayed directory updates refused, and a body peers read
+//! one-sidedly (shm) kept by its owner's cache as recently used.
 
 use farside_backend::coop::seal::{Sealer, COOP_KEY_ID};
 use farside_backend::coop::wire::{object_id, DirectoryUpdate};
-use farside_backend::coop::{CoopArgs, CoopPolicy};
+use farside_backend::coop::{CoopArgs, CoopPeer, CoopPolicy};
 use farside_backend::{spawn, BackendArgs, Handle};
 use farside_coop::directory::BloomFilter;
 use std::io::{Read, Write};
@@ -95,6 +96,11 @@ mod tempdir {
 }
 
 fn cluster(n: usize, files: usize) -> Cluster {
+    cluster_with(n, files, |_, _| {})
+}
+
+/// A cluster whose nodes' coop settings `tune` adjusts (with the test's directory).
+fn cluster_with(n: usize, files: usize, tune: impl Fn(&mut CoopArgs, &Path)) -> Cluster {
     let dir = std::env::temp_dir().join(format!(
         "farside-coop-test-{}-{}",
         std::process::id(),
@@ -114,7 +120,7 @@ fn cluster(n: usize, files: usize) -> Cluster {
     let peers: Vec<SocketAddr> = (0..n).map(|_| free_port()).collect();
     let nodes = (0..n)
         .map(|i| {
-            let args = BackendArgs {
+            let mut args = BackendArgs {
                 listen: "127.0.0.1:0".parse().unwrap(),
                 root: Some(root.clone()),
                 workers: 4,
@@ -131,6 +137,7 @@ fn cluster(n: usize, files: usize) -> Cluster {
                 },
                 ..BackendArgs::default()
             };
+            tune(&mut args.coop, &dir);
             spawn(args).unwrap().1
         })
         .collect();
@@ -237,4 +244,52 @@ fn forged_replayed_and_misattributed_directory_updates_are_refused() {
         refused() == before + 1
     });
     assert_eq!(COOP_KEY_ID.0, 1);
+}
+
+/// Node b caches two bodies, 0 then 1; a reads 0 from b's arena one-sidedly (shm: no
+/// process of b runs for it); then b takes body 2 and must evict one. Without the read
+/// stamp b's LRU would evict 0 (b itself last used it before 1); with it, 0 counts as
+/// recently used and 1 goes.
+#[test]
+fn a_body_read_one_sidedly_survives_eviction_over_one_not_read() {
+    let c = cluster_with(2, 3, |coop, dir| {
+        let shm = dir.join("arenas");
+        std::fs::create_dir_all(&shm).unwrap();
+        coop.peer = CoopPeer::Shm;
+        coop.shm_dir = Some(shm);
+        // Bodies 0 and 1 (3,000 and 3,007 B) fit, a third (3,014 B) does not.
+        coop.cache_bytes = 6_100;
+        coop.publish_ms = 10;
+    });
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    let local = |h| counter(h, |k| k.local_hits.load(Ordering::Relaxed));
+    let misses = |h| counter(h, |k| k.misses.load(Ordering::Relaxed));
+    assert_eq!(get(b.addr(), "/o/0"), (200, body_of(0, 3000)));
+    assert_eq!(get(b.addr(), "/o/1"), (200, body_of(1, 3007)));
+    assert_eq!(misses(b), 2);
+    // a's view of b must have both: two publications of b after the second insert.
+    let seen = counter(a, |k| k.directory_received.load(Ordering::Relaxed));
+    wait_for("b's directory at a", || {
+        counter(a, |k| k.directory_received.load(Ordering::Relaxed)) >= seen + 2
+    });
+    let b_local = local(b);
+    assert_eq!(get(a.addr(), "/o/0"), (200, body_of(0, 3000)));
+    assert_eq!(
+        counter(a, |k| k.remote_hits.load(Ordering::Relaxed)),
+        1,
+        "a read body 0 from b's arena"
+    );
+    assert_eq!(local(b), b_local, "b's process served nothing for it");
+    assert_eq!(counter(b, |k| k.peer_served.load(Ordering::Relaxed)), 0);
+    // b takes body 2: one of 0 and 1 must go.
+    assert_eq!(get(b.addr(), "/o/2"), (200, body_of(2, 3014)));
+    assert_eq!(misses(b), 3);
+    assert_eq!(get(b.addr(), "/o/0"), (200, body_of(0, 3000)));
+    assert_eq!(
+        (local(b), misses(b)),
+        (b_local + 1, 3),
+        "body 0, read only by a peer, is still cached at b"
+    );
+    assert_eq!(get(b.addr(), "/o/1"), (200, body_of(1, 3007)));
+    assert_eq!(misses(b), 4, "body 1 was evicted");
 }

@@ -55,7 +55,10 @@
 //! [`farside_arena::layout::ARENA_REGION`] are answered from it, under keys whose rights
 //! name that region (arena readers: READ only), each READ within one chunk. The process
 //! that owns the objects writes them through [`XdpResponder::arena`] (a `MAP_SHARED`
-//! mapping) with `farside_arena`'s seqlock writer.
+//! mapping) with `farside_arena`'s seqlock writer. Every arena READ answered adds one
+//! to its chunk's counter in `rmem_arena_reads` (mapped too): the owner learns which
+//! objects peers read one-sidedly ([`ArenaMemory::take_reads`]) and keeps them as
+//! recently used.
 //!
 //! Everything here needs CAP_BPF and CAP_NET_ADMIN (root in practice).
 
@@ -131,6 +134,8 @@ const MAP_SEQLIM: &str = "rmem_seqlim";
 const SEQLIM_FLOOR: u32 = 0;
 const SEQLIM_CEILING: u32 = 1;
 const MAP_ARENA: &str = "rmem_arena";
+/// Per-chunk counters of the arena READs the program answered (sized like the arena).
+const MAP_ARENA_READS: &str = "rmem_arena_reads";
 /// Grant op bits (RMEM_GRANT_* in rmem_consts.h).
 const GRANT_READ: u8 = 1;
 const GRANT_WRITE: u8 = 2;
@@ -254,6 +259,8 @@ pub type Counters = ([u64; OP_COUNTERS], [u64; STATUS_COUNTERS]);
 pub struct ArenaMemory {
     map: farside_bpfrt::MmapArray,
     bytes: usize,
+    /// `rmem_arena_reads`: one u64 per chunk, added to by the program per READ.
+    reads: farside_bpfrt::MmapArray,
 }
 
 impl ArenaMemory {
@@ -269,6 +276,21 @@ impl ArenaMemory {
         // SAFETY: the mapping is at least `bytes` long (rounded up to pages), lives as
         // long as self, and &mut self makes this the only user-space view of it.
         unsafe { std::slice::from_raw_parts_mut(self.map.as_ptr(), self.bytes) }
+    }
+
+    /// READs of chunk `chunk` the program answered since the last call (the
+    /// `rmem_arena_reads` counter, swapped to 0); 0 for a chunk beyond the map.
+    pub fn take_reads(&self, chunk: usize) -> u64 {
+        if chunk >= self.chunks() {
+            return 0;
+        }
+        // SAFETY: the counters map holds one 8-byte, 8-aligned value per chunk of the
+        // arena (same max_entries), mapped page-aligned for as long as self lives; the
+        // program adds to it atomically, so it is only accessed atomically here.
+        let word = unsafe {
+            std::sync::atomic::AtomicU64::from_ptr(self.reads.as_ptr().cast::<u64>().add(chunk))
+        };
+        word.swap(0, std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -299,7 +321,11 @@ impl Loaded {
             )));
         }
         let mut lap = Lap::new();
-        let mut obj = Object::load_sized(LABEL, OBJECT, &[(MAP_ARENA, arena_chunks)])?;
+        let mut obj = Object::load_sized(
+            LABEL,
+            OBJECT,
+            &[(MAP_ARENA, arena_chunks), (MAP_ARENA_READS, arena_chunks)],
+        )?;
         lap.stage("maps");
         obj.program::<aya::programs::Xdp>(PROG_NAME)?;
         let config = Config {
@@ -339,7 +365,12 @@ impl Loaded {
             let bytes = arena_chunks as usize * ARENA_CHUNK_BYTES;
             let map = farside_bpfrt::MmapArray::map(obj.map_fd(MAP_ARENA)?, bytes)
                 .map_err(|e| Error::os(LABEL, "mmap of the arena map", e))?;
-            Arc::new(std::sync::Mutex::new(ArenaMemory { map, bytes }))
+            let reads = farside_bpfrt::MmapArray::map(
+                obj.map_fd(MAP_ARENA_READS)?,
+                arena_chunks as usize * 8,
+            )
+            .map_err(|e| Error::os(LABEL, "mmap of the arena read counters", e))?;
+            Arc::new(std::sync::Mutex::new(ArenaMemory { map, bytes, reads }))
         };
         lap.stage("config_mmap");
         Ok(Loaded {

@@ -120,6 +120,16 @@ fn objects_written_into_the_map_are_read_back_chunk_by_chunk() {
     let (version, got) = r.finish().expect("valid object");
     assert_eq!(got, body);
     assert_eq!(version, bucket.version);
+    // Every READ answered stamped its chunk once: the owner sees the object was read.
+    {
+        let mem = prog.arena();
+        let mem = mem.lock().unwrap();
+        let head = (SLOTS_BASE + bucket.offset as usize) / CHUNK_BYTES;
+        assert_eq!(mem.take_reads(head), 1, "the head chunk's READ was stamped");
+        assert_eq!(mem.take_reads(head), 0, "taking a stamp resets it");
+        assert_eq!(mem.take_reads(0), 0, "a chunk not read has no stamp");
+        assert_eq!(mem.take_reads(chunks), 0, "beyond the map: nothing");
+    }
     // A rewrite while a reader holds the old plan: the old hint reads as stale.
     {
         let mem = prog.arena();

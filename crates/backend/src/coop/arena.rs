@@ -14,13 +14,23 @@
 //! that would let the whole cache be objects of that class (capped at
 //! [`CLASS_SLOTS_MAX`], half the index), scaled down together if that exceeds the arena's
 //! chunks. A reader needs no layout: an object sits in the smallest class that holds it.
+//!
+//! Read stamps: a peer's one-sided read schedules no process of this node, so this
+//! node's cache would not see the hit and could evict a body its peers read often.
+//! Every arena read therefore adds one to a counter of the chunk it reads, where the
+//! owner can see it without a message: the XDP program's `rmem_arena_reads` map
+//! (`farside_xdp::ArenaMemory::take_reads`), or for shm a second file beside the arena
+//! (`node-i.reads`, one u64 per chunk) that readers map writable and add to after they
+//! read an object. [`NodeArena::take_read_objects`] swaps the counters of each object's
+//! first chunk to zero and names the objects read since its last call; the node treats
+//! them as recently used before it picks eviction victims.
 
 use farside_arena::layout::{
     class_object_bytes_max, ArenaLayout, ARENA_CHUNKS_MAX, CHUNK_BYTES, CLASS_COUNT, INDEX_BUCKETS,
 };
 use farside_arena::store::PutError;
-use farside_arena::{map_chunks, ArenaMap, INDEX_CHUNKS};
-use std::collections::VecDeque;
+use farside_arena::{map_chunks, ArenaMap, INDEX_CHUNKS, SLOTS_BASE};
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -83,13 +93,33 @@ pub enum Backing {
         _responder: Box<farside_xdp::XdpResponder>,
         mem: Arc<Mutex<farside_xdp::ArenaMemory>>,
     },
-    /// A shared file mapping (peers on the same host map the file read-only).
-    Shm { map: ShmMap, path: PathBuf },
+    /// A shared file mapping (peers on the same host map the file read-only), and the
+    /// read stamps' file (peers map it writable and add to it).
+    Shm {
+        map: ShmMap,
+        path: PathBuf,
+        reads: ShmMap,
+        reads_path: PathBuf,
+    },
 }
 
 /// The file of node `index`'s arena under `dir`.
 pub fn shm_path(dir: &Path, index: usize) -> PathBuf {
     dir.join(format!("node-{index}.arena"))
+}
+
+/// The file of node `index`'s read stamps under `dir` (one u64 per arena chunk).
+pub fn shm_reads_path(dir: &Path, index: usize) -> PathBuf {
+    dir.join(format!("node-{index}.reads"))
+}
+
+/// Bytes of one read stamp (a u64 per chunk).
+pub const READ_STAMP_BYTES: usize = 8;
+
+/// The arena chunk a slot (slot-area offset, as index buckets hold it) starts in: the
+/// chunk whose read stamp says the object was read.
+pub fn head_chunk(slot_offset: u32) -> usize {
+    (SLOTS_BASE + slot_offset as usize) / CHUNK_BYTES
 }
 
 /// A shared mapping of a file, writable by its owner or read-only for a peer.
@@ -105,9 +135,16 @@ unsafe impl Send for ShmMap {}
 unsafe impl Sync for ShmMap {}
 
 impl ShmMap {
-    /// Creates (or truncates) `path` with `len` zero bytes, mode 0600, mapped writable.
+    /// Creates `path` afresh with `len` zero bytes, mode 0600, mapped writable. An
+    /// older file there (a crashed owner's) is unlinked first, never truncated: a peer
+    /// still mapping it keeps reading its old, valid bytes instead of faulting on pages
+    /// that truncation would take away.
     pub fn create(path: &Path, len: usize) -> io::Result<ShmMap> {
         use std::os::unix::fs::OpenOptionsExt;
+        match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         let f = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -116,6 +153,26 @@ impl ShmMap {
             .mode(0o600)
             .open(path)?;
         f.set_len(len as u64)?;
+        ShmMap::map(&f, len, libc::PROT_READ | libc::PROT_WRITE)
+    }
+
+    /// Maps a peer's read stamps file writable (its whole length: a u64 per chunk of
+    /// an arena, at most [`ARENA_CHUNKS_MAX`]).
+    pub fn open_stamps(path: &Path) -> io::Result<ShmMap> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)?;
+        let len = f.metadata()?.len() as usize;
+        if len == 0
+            || !len.is_multiple_of(READ_STAMP_BYTES)
+            || len > ARENA_CHUNKS_MAX * READ_STAMP_BYTES
+        {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {len} bytes are no read stamps", path.display()),
+            ));
+        }
         ShmMap::map(&f, len, libc::PROT_READ | libc::PROT_WRITE)
     }
 
@@ -175,6 +232,32 @@ impl ShmMap {
         true
     }
 
+    /// The u64 stamp `i` of a writable mapping ([`ShmMap::create`],
+    /// [`ShmMap::open_stamps`]); None beyond the mapping.
+    fn stamp(&self, i: usize) -> Option<&std::sync::atomic::AtomicU64> {
+        let end = i.checked_add(1)?.checked_mul(READ_STAMP_BYTES)?;
+        if end > self.len {
+            return None;
+        }
+        // SAFETY: within the mapping (checked), 8-aligned (the mapping is page-aligned),
+        // alive as long as self; every process accesses stamps atomically only.
+        Some(unsafe { std::sync::atomic::AtomicU64::from_ptr(self.ptr.cast::<u64>().add(i)) })
+    }
+
+    /// Adds one to read stamp `i` (a reader, after reading an object whose first chunk
+    /// is `i`); false beyond the mapping.
+    pub fn add_read(&self, i: usize) -> bool {
+        self.stamp(i)
+            .map(|s| s.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+            .is_some()
+    }
+
+    /// Read stamp `i`, swapped to zero (the owner); 0 beyond the mapping.
+    pub fn take_reads(&self, i: usize) -> u64 {
+        self.stamp(i)
+            .map_or(0, |s| s.swap(0, std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// The whole mapping, writable: only for the owner (mapped by [`ShmMap::create`]),
     /// under the node's state lock, with the seqlock protocol.
     fn bytes_mut(&mut self) -> &mut [u8] {
@@ -203,11 +286,14 @@ pub struct ArenaCounts {
     pub too_large: u64,
 }
 
-/// The node's arena: its memory, free slots and index, and the put order per class.
+/// The node's arena: its memory, free slots and index, the put order per class, and
+/// each indexed object's id and first chunk (for its read stamp).
 pub struct NodeArena {
     map: ArenaMap,
     backing: Backing,
     order: [VecDeque<u64>; CLASS_COUNT],
+    /// arena key -> (object id, first chunk of its slot).
+    objects: HashMap<u64, (u64, usize)>,
     pub counts: ArenaCounts,
 }
 
@@ -240,8 +326,18 @@ impl NodeArena {
         let chunks = map_chunks(&layout)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let path = shm_path(dir, index);
+        let reads_path = shm_reads_path(dir, index);
+        let reads = ShmMap::create(&reads_path, chunks * READ_STAMP_BYTES)?;
         let map = ShmMap::create(&path, chunks * CHUNK_BYTES)?;
-        NodeArena::new(layout, Backing::Shm { map, path })
+        NodeArena::new(
+            layout,
+            Backing::Shm {
+                map,
+                path,
+                reads,
+                reads_path,
+            },
+        )
     }
 
     fn new(layout: ArenaLayout, backing: Backing) -> io::Result<NodeArena> {
@@ -251,6 +347,7 @@ impl NodeArena {
             map,
             backing,
             order: Default::default(),
+            objects: HashMap::new(),
             counts: ArenaCounts::default(),
         })
     }
@@ -269,6 +366,41 @@ impl NodeArena {
         }
     }
 
+    /// Read stamp of `chunk`, swapped to zero.
+    fn take_reads(&self, chunk: usize) -> u64 {
+        let mut one = 0;
+        self.take_each(std::iter::once(chunk), |_, n| one = n);
+        one
+    }
+
+    /// Swaps the read stamps of `chunks` to zero, `f(i, stamp)` for the i-th (one lock of
+    /// the XDP memory for all).
+    fn take_each(&self, chunks: impl Iterator<Item = usize>, mut f: impl FnMut(usize, u64)) {
+        match &self.backing {
+            Backing::Xdp { mem, .. } => {
+                let m = mem.lock().unwrap_or_else(|p| p.into_inner());
+                chunks.enumerate().for_each(|(i, c)| f(i, m.take_reads(c)));
+            }
+            Backing::Shm { reads, .. } => chunks
+                .enumerate()
+                .for_each(|(i, c)| f(i, reads.take_reads(c))),
+        }
+    }
+
+    /// The objects peers read one-sidedly since the last call (their first chunk's read
+    /// stamp was not zero; every stamp looked at is reset). At most one entry per
+    /// object in the arena, whose count the layout bounds.
+    pub fn take_read_objects(&mut self) -> Vec<u64> {
+        let objects: Vec<(u64, usize)> = self.objects.values().copied().collect();
+        let mut read = Vec::new();
+        self.take_each(objects.iter().map(|&(_, c)| c), |i, n| {
+            if n > 0 {
+                read.push(objects[i].0);
+            }
+        });
+        read
+    }
+
     /// Writes `object`'s body into the arena (replacing an older copy).
     pub fn put(&mut self, object: u64, body: &[u8]) {
         if body.len() > OBJECT_BYTES_MAX {
@@ -281,6 +413,10 @@ impl NodeArena {
                 Ok(b) => {
                     let class = farside_arena::layout::class_for_len(b.len as usize)
                         .expect("put objects have a class");
+                    let chunk = head_chunk(b.offset);
+                    // Reads of the slot's previous object are not this one's.
+                    self.take_reads(chunk);
+                    self.objects.insert(key, (object, chunk));
                     self.order[class].push_back(key);
                     self.counts.put += 1;
                     return;
@@ -293,6 +429,7 @@ impl NodeArena {
                     if self.with_mem(|map, mem| map.evict(mem, old)) {
                         self.counts.dropped += 1;
                     }
+                    self.objects.remove(&old);
                 }
                 Err(PutError::TooLarge | PutError::IndexFull) => {
                     self.counts.dropped += 1;
@@ -306,6 +443,7 @@ impl NodeArena {
     /// hint reads it as stale).
     pub fn evict(&mut self, object: u64) {
         let key = arena_key(object);
+        self.objects.remove(&key);
         if self.with_mem(|map, mem| map.evict(mem, key)) {
             for q in &mut self.order {
                 if let Some(i) = q.iter().position(|&k| k == key) {
@@ -319,8 +457,12 @@ impl NodeArena {
 
 impl Drop for NodeArena {
     fn drop(&mut self) {
-        if let Backing::Shm { path, .. } = &self.backing {
+        if let Backing::Shm {
+            path, reads_path, ..
+        } = &self.backing
+        {
             let _ = std::fs::remove_file(path);
+            let _ = std::fs::remove_file(reads_path);
         }
     }
 }

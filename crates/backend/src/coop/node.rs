@@ -491,6 +491,16 @@ impl Node {
         let crc = crc32c::crc32c(&body);
         let mut evicted = Vec::new();
         let mut st = self.lock();
+        let st = &mut *st;
+        // Before the cache picks victims: what peers read one-sidedly since the last
+        // look counts as recently used (see `coop::arena`, "Read stamps").
+        if let Some(a) = &mut st.arena {
+            if st.cache.used_bytes() + body.len() as u64 > st.cache.capacity_bytes() {
+                for id in a.take_read_objects() {
+                    st.cache.touch(id);
+                }
+            }
+        }
         let inserted = st.cache.insert(object, body.len() as u64, &mut evicted);
         for &id in &evicted {
             st.bodies.remove(&id);

@@ -15,11 +15,15 @@
 //! - [`ShmTransport`]: the peer's arena file mapped read-only and copied chunk by chunk in
 //!   the same order (nodes of one host only: the zero-copy bound of the comparison).
 //!
+//! Either way the owner learns of the read without a message: the XDP program stamps
+//! every arena READ it answers; a shm reader adds one to the object's read stamp in the
+//! peer's stamps file ([`super::arena`], "Read stamps") after it read a body.
+//!
 //! A stale index entry (the slot reused since) fails the url hash and reads as absent,
 //! a torn read is retried and then fails: never a wrong body. What the one-sided read
 //! could not settle (a lost READ, a refused key) is an error, and the caller goes to disk.
 
-use super::arena::{arena_key, shm_path, ShmMap, OBJECT_BYTES_MAX};
+use super::arena::{arena_key, head_chunk, shm_path, shm_reads_path, ShmMap, OBJECT_BYTES_MAX};
 use super::peer::{PeerTransport, TcpTransport, PEER_POOL_MAX};
 use farside_arena::index::{lookup_in_window, probe_window};
 use farside_arena::layout::{class_for_len, READ_RETRY_MAX};
@@ -127,9 +131,26 @@ impl PeerTransport for XdpTransport {
 pub struct ShmTransport {
     tcp: TcpTransport,
     dir: PathBuf,
-    /// Each peer's mapping, made at its first fetch (the peer may start later) and made
-    /// again after a failed read (the peer may have restarted with a new file).
-    maps: Vec<RwLock<Option<Arc<ShmMap>>>>,
+    /// Each peer's mapping (its arena read-only, its read stamps writable), made at its
+    /// first fetch (the peer may start later) and made again after a failed read (the
+    /// peer may have restarted with new files).
+    maps: Vec<RwLock<Option<PeerMaps>>>,
+}
+
+/// A peer's arena and read stamps, mapped.
+#[derive(Clone)]
+struct PeerMaps {
+    arena: Arc<ShmMap>,
+    reads: Arc<ShmMap>,
+    /// The arena file's inode when mapped: a restarted peer makes a new file, and a
+    /// reader that finds an object absent checks whether it is reading the old one.
+    ino: u64,
+}
+
+/// The inode of `path`, 0 if it cannot be read.
+fn inode(path: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map_or(0, |m| m.ino())
 }
 
 impl ShmTransport {
@@ -141,18 +162,29 @@ impl ShmTransport {
         }
     }
 
-    fn map(&self, peer: usize) -> io::Result<Arc<ShmMap>> {
+    fn map(&self, peer: usize) -> io::Result<PeerMaps> {
         if let Some(m) = &*self.maps[peer].read().unwrap_or_else(|p| p.into_inner()) {
-            return Ok(Arc::clone(m));
+            return Ok(m.clone());
         }
-        let m = Arc::new(ShmMap::open_read_only(&shm_path(&self.dir, peer))?);
-        *self.maps[peer].write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&m));
+        let path = shm_path(&self.dir, peer);
+        let ino = inode(&path);
+        let m = PeerMaps {
+            arena: Arc::new(ShmMap::open_read_only(&path)?),
+            reads: Arc::new(ShmMap::open_stamps(&shm_reads_path(&self.dir, peer))?),
+            ino,
+        };
+        *self.maps[peer].write().unwrap_or_else(|p| p.into_inner()) = Some(m.clone());
         Ok(m)
     }
 }
 
 /// Reads `key`'s object from a mapped arena: absent, the validated body, or an error.
 pub fn read_mapped(map: &ShmMap, key: u64) -> Result<Option<Vec<u8>>, ReadError> {
+    Ok(read_mapped_slot(map, key)?.map(|(body, _)| body))
+}
+
+/// As [`read_mapped`], with the slot-area offset of the slot the body was read from.
+fn read_mapped_slot(map: &ShmMap, key: u64) -> Result<Option<(Vec<u8>, u32)>, ReadError> {
     let copy = |o: usize, l: usize| -> Result<Vec<u8>, ReadError> {
         let mut b = vec![0; l];
         if map.copy_to(o, &mut b) {
@@ -186,7 +218,7 @@ pub fn read_mapped(map: &ShmMap, key: u64) -> Result<Option<Vec<u8>>, ReadError>
             read.feed_at(i, &copy(SLOTS_BASE + o, l)?);
         }
         match read.finish() {
-            Ok((_, body)) => return Ok(Some(body)),
+            Ok((_, body)) => return Ok(Some((body, b.offset))),
             Err(ReadError::Torn) if torn < READ_RETRY_MAX => {
                 torn += 1;
                 read.restart();
@@ -205,9 +237,21 @@ impl PeerTransport for ShmTransport {
         if len.is_some_and(|l| l > OBJECT_BYTES_MAX as u64) {
             return self.tcp.fetch(peer, object, len);
         }
-        let map = self.map(peer)?;
-        match read_mapped(&map, arena_key(object)) {
-            Ok(body) => Ok(body),
+        let maps = self.map(peer)?;
+        match read_mapped_slot(&maps.arena, arena_key(object)) {
+            Ok(Some((body, slot))) => {
+                // The owner's cache counts this read as a hit (see the module doc).
+                maps.reads.add_read(head_chunk(slot));
+                Ok(Some(body))
+            }
+            Ok(None) => {
+                // A restarted peer's new arena replaces the file: map it at the next
+                // fetch (the old mapping still holds valid bodies, just old ones).
+                if inode(&shm_path(&self.dir, peer)) != maps.ino {
+                    *self.maps[peer].write().unwrap_or_else(|p| p.into_inner()) = None;
+                }
+                Ok(None)
+            }
             Err(e) => {
                 *self.maps[peer].write().unwrap_or_else(|p| p.into_inner()) = None;
                 Err(refused(format!("arena of node {peer}: {e}")))

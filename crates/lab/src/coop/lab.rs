@@ -2,7 +2,9 @@
 //! (the system's nodes, the anchor's front-end), the links' shaping, the load
 //! generator's instances in the client node, and the nodes' counters and CPU.
 
-use super::client::{stat, stats};
+use super::client::stat;
+use super::crash::{crash_and_restart, NodeSpawn, Running, CLIENT, READY_POLL, READY_WITHIN};
+use super::usage::{dir_bytes, sample_held, snapshot, DirBytes};
 use super::*;
 use crate::fabric::netns::{NodeSpec, VirtualDc};
 use crate::fabric::procs::Child;
@@ -22,12 +24,7 @@ const ARENA_KEY_ID: u32 = 1;
 /// The anchor's origin (`farside backend --coop`, caching nothing) in each node.
 const ORIGIN_PORT: u16 = 8080;
 /// The anchor's front-end node.
-const LB: &str = "lb";
-/// The clients' node.
-const CLIENT: &str = "client";
-/// How long a process may take to listen.
-const READY_WITHIN: Duration = Duration::from_secs(20);
-const READY_POLL: Duration = Duration::from_millis(50);
+pub(super) const LB: &str = "lb";
 /// Back-end workers (threads, one per kept-alive connection) of a cooperating node or
 /// origin: the open loop opens one connection per request, and the anchor's nginx keeps
 /// up to 16 to its origin; 64 leaves room for both.
@@ -43,12 +40,15 @@ const TBF_LATENCY_MS: u64 = 20;
 /// tc tbf `burst`: this many ms of the link's rate (and at least 64 KiB, one GSO
 /// packet), so the token bucket does not cap the rate below the one set.
 const TBF_BURST_MS: f64 = 4.0;
+/// The load generator instances start their clocks after loading the trace: the
+/// counters are read (and a crash scheduled) this long after they were started.
+const LOADGEN_START: Duration = Duration::from_millis(300);
 
 fn bad(m: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, m)
 }
 
-fn node_name(i: usize) -> String {
+pub(super) fn node_name(i: usize) -> String {
     format!("n{i}")
 }
 
@@ -90,7 +90,42 @@ fn check_args(a: &CoopLabArgs) -> io::Result<()> {
     if durations(a).1 == 0 {
         return Err(bad("--duration-s must be at least 1".into()));
     }
+    if let Some(n) = a.crash_node {
+        if a.nodes.iter().any(|&nodes| n >= nodes) {
+            return Err(bad(format!(
+                "--crash-node {n}: every --nodes count must have a node {n} (0-based)"
+            )));
+        }
+        if let Some(s) = a
+            .systems
+            .iter()
+            .find(|s| !CRASH_SYSTEMS.contains(&s.as_str()))
+        {
+            return Err(bad(format!(
+                "--crash-node: system {s} cannot crash a node here (only {})",
+                CRASH_SYSTEMS.join(", ")
+            )));
+        }
+        let at = crash_at_s(a);
+        if at == 0 || at >= durations(a).1 {
+            return Err(bad(format!(
+                "--crash-at-s {at}: the measured window ({} s) needs a second before and \
+                 after the crash",
+                durations(a).1
+            )));
+        }
+        if a.crash_down_ms > CRASH_DOWN_MS_MAX {
+            return Err(bad(format!("--crash-down-ms: at most {CRASH_DOWN_MS_MAX}")));
+        }
+    } else if a.crash_at_s.is_some() {
+        return Err(bad("--crash-at-s needs --crash-node".into()));
+    }
     Ok(())
+}
+
+/// Seconds into the measured window at which crash mode kills its node.
+fn crash_at_s(a: &CoopLabArgs) -> u64 {
+    a.crash_at_s.unwrap_or(durations(a).1 / 3)
 }
 
 /// The points in sweep order: node count, link, load model, system innermost (so the
@@ -289,6 +324,7 @@ fn params(
         "cache_held": "cache_held_bytes: body bytes the nodes' caches held at the end of each point, summed over the nodes (farside: each node's cache_used_bytes counter; nginx: the apparent bytes of its cache files, which also carry nginx's per-file header); cache_disk_bytes: nginx's cache files' allocated blocks (what nginx's max_size counts)",
         "links": "tc tbf on both ends of every back-end node's veth (client and peer traffic share it); 0 = not shaped",
         "repeat": a.repeat,
+        "crash": a.crash_node.map(|n| format!("node n{n} killed with SIGKILL {} s into every point's measured window, down {} ms, then started again with the same arguments (empty cache, new arena); recovery: the first whole second after the crash's serving at least {:.0} % of the mean rate before it with no failure", crash_at_s(a), a.crash_down_ms, RECOVERED_FRACTION * 100.0)),
     })
 }
 
@@ -392,30 +428,6 @@ fn backend_args(
     args
 }
 
-/// The processes of one point; stopped on drop.
-struct Running {
-    children: Vec<Child>,
-    /// Where the lab reads `/coop/stats`: the nodes (rr, press) or the origins (haproxy).
-    stats_at: Vec<SocketAddr>,
-    /// Where the clients of node `i`'s share connect.
-    targets: Vec<SocketAddr>,
-    /// nginx prefix directories to remove.
-    prefixes: Vec<PathBuf>,
-    /// The anchor's nginx cache directories (their bytes are sampled at the end).
-    cache_dirs: Vec<PathBuf>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        for c in &mut self.children {
-            c.stop();
-        }
-        for p in &self.prefixes {
-            let _ = std::fs::remove_dir_all(p);
-        }
-    }
-}
-
 fn start_system(
     a: &CoopLabArgs,
     l: &Lab,
@@ -430,6 +442,8 @@ fn start_system(
     let peers: Vec<String> = ips.iter().map(|ip| format!("{ip}:{PEER_PORT}")).collect();
     let mut r = Running {
         children: Vec::new(),
+        spawns: Vec::new(),
+        _keepers: Vec::new(),
         stats_at: Vec::new(),
         targets: Vec::new(),
         prefixes: Vec::new(),
@@ -449,12 +463,20 @@ fn start_system(
                 let args = backend_args(a, sh, http, policy, peer, cache_bytes, i, &peers);
                 let log = sh.logs.join(format!("{tag}-{name}.log"));
                 let c = dc.spawn_in(&name, &exe, &args, &log)?;
-                r.children.push(Child::adopt(&name, c, log));
+                r.children.push(Child::adopt(&name, c, log.clone()));
+                r.spawns.push(Some(NodeSpawn {
+                    child: r.children.len() - 1,
+                    name: name.clone(),
+                    args,
+                    log,
+                    http,
+                }));
                 waits.push((r.children.len() - 1, http));
                 r.stats_at.push(http);
                 r.targets.push(http);
             }
             "haproxy" => {
+                r.spawns.push(None);
                 let origin = SocketAddr::from((*ip, ORIGIN_PORT));
                 let args = backend_args(a, sh, origin, "rr", "tcp", 1, i, &peers);
                 let log = sh.logs.join(format!("{tag}-{name}-origin.log"));
@@ -564,125 +586,6 @@ fn start_system(
     Ok(r)
 }
 
-/// CPU time used by a node's cgroup so far, µs (`usage_usec` of cgroup v2's
-/// `cpu.stat`, or v1's `cpuacct.usage`); 0 if neither is readable.
-fn cgroup_cpu_us(dc: &VirtualDc, node: &str) -> u64 {
-    for d in dc.cgroup_dirs(node) {
-        if let Ok(t) = std::fs::read_to_string(d.join("cpu.stat")) {
-            let v = stat(&t, "usage_usec");
-            if v > 0 {
-                return v;
-            }
-        }
-        if let Ok(t) = std::fs::read_to_string(d.join("cpuacct.usage")) {
-            if let Ok(ns) = t.trim().parse::<u64>() {
-                return ns / 1000;
-            }
-        }
-    }
-    0
-}
-
-/// Processes listed in one node's `cgroup.procs` at most: a node runs a handful.
-const NODE_PROCS_MAX: usize = 4096;
-
-/// CPU time (user + system, all threads) of the processes in a node's cgroup whose
-/// command name is `comm`, µs, from `/proc/<pid>/stat` (clock-tick resolution). A
-/// process that exits between two reads takes its time with it: the lab reads while
-/// its processes run.
-fn cgroup_comm_cpu_us(dc: &VirtualDc, node: &str, comm: &str) -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    for d in dc.cgroup_dirs(node) {
-        let Ok(procs) = std::fs::read_to_string(d.join("cgroup.procs")) else {
-            continue;
-        };
-        let mut ticks = 0u64;
-        let mut any = false;
-        for pid in procs.lines().take(NODE_PROCS_MAX) {
-            let Ok(st) = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) else {
-                continue;
-            };
-            any = true;
-            ticks += proc_stat_ticks(&st, comm).unwrap_or(0);
-        }
-        if any {
-            return ticks * 1_000_000 / hz;
-        }
-    }
-    0
-}
-
-/// User + system clock ticks of a `/proc/<pid>/stat` text if its command is `comm`.
-fn proc_stat_ticks(st: &str, comm: &str) -> Option<u64> {
-    // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-    let (open, close) = (st.find('(')?, st.rfind(')')?);
-    if st.get(open + 1..close)? != comm {
-        return None;
-    }
-    let f: Vec<&str> = st.get(close + 1..)?.split_whitespace().collect();
-    // After ")" the state is stat(5)'s field 3, so utime (14) and stime (15) are
-    // indexes 11 and 12.
-    let field = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
-    Some(field(11)? + field(12)?)
-}
-
-/// The counters at one moment: each stats address's text, the back-end nodes' and the
-/// front-end's CPU, and the nginx processes' CPU in the back-end nodes.
-struct Snapshot {
-    stats: Vec<String>,
-    cpu_us: u64,
-    lb_cpu_us: u64,
-    nginx_cpu_us: u64,
-}
-
-fn snapshot(dc: &VirtualDc, nodes: usize, at: &[SocketAddr], nginx: bool) -> Snapshot {
-    Snapshot {
-        stats: at.iter().map(|&s| stats(s)).collect(),
-        cpu_us: (0..nodes).map(|i| cgroup_cpu_us(dc, &node_name(i))).sum(),
-        lb_cpu_us: cgroup_cpu_us(dc, LB),
-        nginx_cpu_us: if nginx {
-            (0..nodes)
-                .map(|i| cgroup_comm_cpu_us(dc, &node_name(i), "nginx"))
-                .sum()
-        } else {
-            0
-        },
-    }
-}
-
-/// Body bytes the caches hold now, over all nodes: the nginx cache directories'
-/// files' apparent bytes (the anchor), else the nodes' `cache_used_bytes`.
-fn held_now(cache_dirs: &[PathBuf], stats_at: &[SocketAddr]) -> u64 {
-    if cache_dirs.is_empty() {
-        stats_at
-            .iter()
-            .map(|&a| stat(&stats(a), "cache_used_bytes"))
-            .sum()
-    } else {
-        cache_dirs.iter().map(|d| dir_bytes(d).apparent).sum()
-    }
-}
-
-/// Samples [`held_now`] every [`HELD_SAMPLE_INTERVAL`] until `stop`; the samples.
-fn sample_held(
-    cache_dirs: &[PathBuf],
-    stats_at: &[SocketAddr],
-    stop: &std::sync::atomic::AtomicBool,
-) -> Vec<u64> {
-    let mut out = Vec::new();
-    let mut next = std::time::Instant::now();
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        let now = std::time::Instant::now();
-        if now >= next {
-            out.push(held_now(cache_dirs, stats_at));
-            next = now + HELD_SAMPLE_INTERVAL;
-        }
-        std::thread::sleep(READY_POLL);
-    }
-    out
-}
-
 fn measure(
     a: &CoopLabArgs,
     l: &Lab,
@@ -738,15 +641,21 @@ fn measure(
     let nginx = !cache_dirs.is_empty();
     let nodes = k.nodes;
     let stop = std::sync::atomic::AtomicBool::new(false);
-    let (summaries, before, after, held) = dc.run_in_ns(CLIENT, || {
+    let crash = a.crash_node.map(|node| (node, crash_at_s(a)));
+    let sys_ref = &mut sys;
+    let (summaries, before, after, held, crashed) = dc.run_in_ns(CLIENT, || {
         std::thread::scope(|s| {
             let handles: Vec<_> = per_node
                 .iter()
                 .map(|lg| s.spawn(move || farside_loadgen::run(lg)))
                 .collect();
-            // The loadgen instances start their clocks after loading the trace
-            // (~0.3 s); the counters are read at the end of their warm-up.
-            std::thread::sleep(Duration::from_secs(warmup_s) + Duration::from_millis(300));
+            let crasher = crash.map(|(node, at_s)| {
+                let down = Duration::from_millis(a.crash_down_ms);
+                let at = Duration::from_secs(warmup_s + at_s) + LOADGEN_START;
+                s.spawn(move || crash_and_restart(dc, sys_ref, node, at, down))
+            });
+            // The counters are read at the end of the loadgen instances' warm-up.
+            std::thread::sleep(Duration::from_secs(warmup_s) + LOADGEN_START);
             let before = snapshot(dc, nodes, &stats_at, nginx);
             let sampler = s.spawn(|| sample_held(&cache_dirs, &stats_at, &stop));
             let mut out = Vec::new();
@@ -760,11 +669,16 @@ fn measure(
             }
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let held = sampler.join().unwrap_or_default();
+            let crashed = match crasher.map(|h| h.join()) {
+                None => None,
+                Some(Ok(r)) => Some(r?),
+                Some(Err(_)) => return Err(io::Error::other("the crash thread panicked")),
+            };
             if let Some(e) = failed {
                 return Err(e);
             }
             let after = snapshot(dc, nodes, &stats_at, nginx);
-            Ok((out, before, after, held))
+            Ok((out, before, after, held, crashed))
         })
     })?;
     for c in &mut sys.children {
@@ -801,13 +715,35 @@ fn measure(
     drop(sys);
     let m =
         farside_loadgen::Summary::merge(&summaries).map_err(|e| io::Error::other(e.to_string()))?;
+    // The crashed node's counters: up to the kill, then its new process's from zero.
     let d = |key: &str| -> u64 {
         after
             .stats
             .iter()
             .zip(&before.stats)
-            .map(|(x, y)| stat(x, key).saturating_sub(stat(y, key)))
+            .enumerate()
+            .map(|(i, (x, y))| match &crashed {
+                Some(c) if c.node == i => {
+                    stat(&c.stats_before_kill, key).saturating_sub(stat(y, key)) + stat(x, key)
+                }
+                _ => stat(x, key).saturating_sub(stat(y, key)),
+            })
             .sum()
+    };
+    let (crash_failures, recovery_s, pre_crash_tps, crash_min_tps) = match (&crashed, crash) {
+        (Some(_), Some((_, at_s))) => {
+            let series: Vec<Vec<(u64, u64, u64)>> = summaries
+                .iter()
+                .map(|sm| {
+                    sm.series
+                        .iter()
+                        .map(|x| (x.t_s, x.served, x.failures))
+                        .collect()
+                })
+                .collect();
+            crash_figures(&series, at_s).unwrap_or((0, -1.0, 0.0, 0.0))
+        }
+        _ => (0, 0.0, 0.0, 0.0),
     };
     let window = duration_s as f64;
     let served = m.served;
@@ -872,69 +808,18 @@ fn measure(
         },
         cache_held_max_bytes: held.iter().copied().max().unwrap_or(0),
         nginx_cpu_us_per_req: per_req(after.nginx_cpu_us.saturating_sub(before.nginx_cpu_us)),
+        crash_node: crashed.as_ref().map(|c| c.node),
+        crash_failures,
+        restart_ms: crashed.as_ref().map_or(0.0, |c| c.restart_ms),
+        recovery_s,
+        pre_crash_tps,
+        crash_min_tps,
     })
-}
-
-/// Files below `dir` at most: the anchor's cache holds a few thousand objects.
-const DIR_FILES_MAX: usize = 1_000_000;
-
-/// What a cache directory holds.
-#[derive(Default)]
-struct DirBytes {
-    files: u64,
-    /// The files' sizes.
-    apparent: u64,
-    /// The files' allocated blocks.
-    allocated: u64,
-    /// Subdirectories, and their allocated blocks.
-    dirs: u64,
-    dirs_allocated: u64,
-}
-
-/// The files and subdirectories under `dir` (at most [`DIR_FILES_MAX`] entries).
-fn dir_bytes(dir: &Path) -> DirBytes {
-    use std::os::unix::fs::MetadataExt;
-    let mut b = DirBytes::default();
-    let mut seen = 0usize;
-    let mut todo = vec![dir.to_path_buf()];
-    while let Some(d) = todo.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            seen += 1;
-            if seen > DIR_FILES_MAX {
-                return b;
-            }
-            let Ok(m) = e.metadata() else { continue };
-            if m.is_dir() {
-                b.dirs += 1;
-                b.dirs_allocated += m.blocks() * 512;
-                todo.push(e.path());
-            } else {
-                b.files += 1;
-                b.apparent += m.len();
-                b.allocated += m.blocks() * 512;
-            }
-        }
-    }
-    b
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn proc_stat_ticks_sum_user_and_system_of_the_named_command() {
-        let st = "4242 (nginx) S 1 4242 4242 0 -1 4194560 900 0 0 0 150 25 0 0 20 0 1 0 \
-                  1000 10000000 500 18446744073709551615";
-        assert_eq!(proc_stat_ticks(st, "nginx"), Some(175));
-        assert_eq!(proc_stat_ticks(st, "farside"), None);
-        let odd = "7 (a) b) R 1 7 7 0 -1 0 0 0 0 0 3 4 0 0";
-        assert_eq!(proc_stat_ticks(odd, "a) b"), Some(7));
-        assert_eq!(proc_stat_ticks("7 (nginx) S", "nginx"), None);
-    }
 
     #[test]
     fn keys_put_the_systems_of_one_configuration_together() {
@@ -955,6 +840,9 @@ mod tests {
             cache_bytes: None,
             anchor_max_size_bytes: None,
             repeat: 1,
+            crash_node: None,
+            crash_at_s: None,
+            crash_down_ms: 1000,
         };
         check_args(&a).unwrap();
         let k = point_keys(&a);
@@ -970,5 +858,28 @@ mod tests {
         assert!(check_args(&b).is_err());
         b.systems = vec!["press-xdp".into(), "press-shm".into(), "press-udp".into()];
         check_args(&b).unwrap();
+        // Crash mode: a node every count has, a crashable system, a second either side.
+        b.crash_node = Some(3);
+        check_args(&b).unwrap();
+        assert_eq!(crash_at_s(&b), 5, "a third of the 15 s window");
+        b.crash_node = Some(4);
+        assert!(check_args(&b).is_err(), "4 nodes have no node 4");
+        b.crash_node = Some(0);
+        b.crash_at_s = Some(15);
+        assert!(check_args(&b).is_err(), "no second after the crash");
+        b.crash_at_s = Some(0);
+        assert!(check_args(&b).is_err(), "no second before the crash");
+        b.crash_at_s = None;
+        b.crash_down_ms = CRASH_DOWN_MS_MAX + 1;
+        assert!(check_args(&b).is_err());
+        b.crash_down_ms = 1000;
+        b.systems = vec!["haproxy".into()];
+        assert!(
+            check_args(&b).is_err(),
+            "the anchor's nodes are not crashed here"
+        );
+        let mut c = a.clone();
+        c.crash_at_s = Some(3);
+        assert!(check_args(&c).is_err(), "--crash-at-s alone");
     }
 }

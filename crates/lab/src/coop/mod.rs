@@ -42,9 +42,18 @@
 //!
 //! Links (`--links`, Gbit/s; 0 = as the veth pair carries): `tc tbf` on both ends of
 //! every back-end node's link, so its traffic to clients and peers shares the rate.
+//!
+//! Crash mode (`--crash-node N`, rr and press systems): node N's process is killed with
+//! SIGKILL `--crash-at-s` seconds into every point's measured window, stays down
+//! `--crash-down-ms`, and is started again with the same arguments (an empty cache, a
+//! new arena). Every body the clients receive is still checked; the point records the
+//! failures from the crash's second on, the time until the node listens again, and the
+//! seconds until the cluster serves [`RECOVERED_FRACTION`] of its pre-crash rate again.
 
 mod client;
+mod crash;
 mod lab;
+mod usage;
 
 pub use lab::run;
 
@@ -71,6 +80,16 @@ pub const CACHE_RULE_FRACTION: f64 = 0.9;
 pub const HELD_SAMPLE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 /// Most `--repeat`.
 pub const REPEAT_MAX: u32 = 10;
+/// Longest `--crash-down-ms`: a node down longer than its peers' view TTL (3 s) is
+/// already forgotten; 10 s leaves room for a slow restart while a point stays short.
+pub const CRASH_DOWN_MS_MAX: u64 = 10_000;
+/// Crash mode: the cluster has recovered in the first whole second after the crash that
+/// serves at least this fraction of the mean rate of the seconds before it, with no
+/// failure (a tenth below: the spread of one second's count in a steady run).
+pub const RECOVERED_FRACTION: f64 = 0.9;
+/// Systems crash mode can run: those whose nodes are `farside backend --coop` processes
+/// that clients reach directly.
+pub const CRASH_SYSTEMS: [&str; 5] = ["rr", "press-tcp", "press-udp", "press-xdp", "press-shm"];
 /// The systems built.
 pub const SYSTEMS: [&str; 8] = [
     "rr",
@@ -152,6 +171,19 @@ pub struct CoopLabArgs {
     /// summed).
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
+    /// Crash mode: the back-end node (0-based index) killed with SIGKILL during every
+    /// point's measured window and started again (systems rr and press-*). Default:
+    /// none.
+    #[arg(long = "crash-node")]
+    pub crash_node: Option<usize>,
+    /// Crash mode: seconds into the measured window at which --crash-node is killed (at
+    /// least 1, and at least 1 before the window ends). Default: a third of the window.
+    #[arg(long = "crash-at-s")]
+    pub crash_at_s: Option<u64>,
+    /// Crash mode: how long the killed node stays down before it is started again, ms
+    /// (at most 10,000). Default: 1000.
+    #[arg(long = "crash-down-ms", default_value_t = 1000)]
+    pub crash_down_ms: u64,
 }
 
 /// One point's key.
@@ -235,6 +267,38 @@ pub struct CoopPoint {
     /// systems.
     #[serde(default)]
     pub nginx_cpu_us_per_req: f64,
+    /// Crash mode: the node killed and restarted in the measured window (None: no
+    /// crash).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crash_node: Option<usize>,
+    /// Crash mode: failures (loadgen's, wrong bodies excluded) from the crash's second
+    /// to the end of the window.
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub crash_failures: u64,
+    /// Crash mode: from the kill until the restarted node accepted a connection, ms
+    /// (includes `--crash-down-ms`).
+    #[serde(default, skip_serializing_if = "zero_f64")]
+    pub restart_ms: f64,
+    /// Crash mode: whole seconds from the crash's second to the first second serving
+    /// [`RECOVERED_FRACTION`] of the pre-crash rate with no failure; -1 if not within
+    /// the window. Combined runs: the worst.
+    #[serde(default, skip_serializing_if = "zero_f64")]
+    pub recovery_s: f64,
+    /// Crash mode: served per second before the crash, and the fewest in a second after.
+    #[serde(default, skip_serializing_if = "zero_f64")]
+    pub pre_crash_tps: f64,
+    #[serde(default, skip_serializing_if = "zero_f64")]
+    pub crash_min_tps: f64,
+}
+
+/// Crash figures are left out of points without a crash (runs kept before crash mode
+/// re-render as they were).
+fn zero_u64(v: &u64) -> bool {
+    *v == 0
+}
+
+fn zero_f64(v: &f64) -> bool {
+    *v == 0.0
 }
 
 impl LabPoint for CoopPoint {
@@ -286,6 +350,15 @@ impl LabPoint for CoopPoint {
                 .max()
                 .unwrap_or(0),
             nginx_cpu_us_per_req: f(|p| p.nginx_cpu_us_per_req),
+            crash_failures: sum(|p| p.crash_failures),
+            restart_ms: f(|p| p.restart_ms),
+            recovery_s: if runs.iter().any(|p| p.recovery_s < 0.0) {
+                -1.0
+            } else {
+                runs.iter().map(|p| p.recovery_s).fold(0.0, f64::max)
+            },
+            pre_crash_tps: f(|p| p.pre_crash_tps),
+            crash_min_tps: f(|p| p.crash_min_tps),
             ..first.clone()
         }
     }
@@ -397,7 +470,70 @@ pub fn table(points: &[CoopPoint]) -> String {
     }
     s += &bandwidth_lines(points);
     s += &held_lines(points);
+    s += &crash_lines(points);
     s
+}
+
+/// Crash mode's figures, one line per point that crashed a node (none otherwise).
+fn crash_lines(points: &[CoopPoint]) -> String {
+    let mut out = String::new();
+    for p in points {
+        let Some(n) = p.crash_node else { continue };
+        out += &format!(
+            "crash: {} {} {}: node {n} killed; restarted (listening) after {:.0} ms; \
+             recovered ({:.0} % of {:.0}/s, no failure) after {}; fewest {:.0}/s; \
+             {} failures from the crash on; wrong bodies {}\n",
+            p.system,
+            p.load_model,
+            if p.load_model == "open" {
+                format!("{:.0}/s", p.rate)
+            } else {
+                format!("{} clients", p.clients)
+            },
+            p.restart_ms,
+            RECOVERED_FRACTION * 100.0,
+            p.pre_crash_tps,
+            if p.recovery_s < 0.0 {
+                "never in the window".to_string()
+            } else {
+                format!("{:.0} s", p.recovery_s)
+            },
+            p.crash_min_tps,
+            p.crash_failures,
+            p.wrong_bodies
+        );
+    }
+    out
+}
+
+/// Crash mode's figures from the clients' per-second series (summed over the
+/// instances, second `t` since the end of warm-up): failures from second `at_s` on,
+/// the recovery (see [`CoopPoint::recovery_s`]), the pre-crash mean rate, the fewest
+/// served in a second from `at_s` on. `None` if the window has no second before the
+/// crash or none after it.
+pub fn crash_figures(series: &[Vec<(u64, u64, u64)>], at_s: u64) -> Option<(u64, f64, f64, f64)> {
+    let len = series
+        .iter()
+        .flat_map(|s| s.iter().map(|&(t, _, _)| t + 1))
+        .max()? as usize;
+    let at = at_s as usize;
+    if at == 0 || at >= len {
+        return None;
+    }
+    let (mut served, mut failures) = (vec![0u64; len], vec![0u64; len]);
+    for s in series {
+        for &(t, ok, failed) in s {
+            served[t as usize] += ok;
+            failures[t as usize] += failed;
+        }
+    }
+    let pre = served[..at].iter().sum::<u64>() as f64 / at as f64;
+    let crash_failures = failures[at..].iter().sum();
+    let recovery = (at + 1..len)
+        .find(|&t| served[t] as f64 >= RECOVERED_FRACTION * pre && failures[t] == 0)
+        .map_or(-1.0, |t| (t - at) as f64);
+    let min = served[at..].iter().copied().min().unwrap_or(0) as f64;
+    Some((crash_failures, recovery, pre, min))
 }
 
 /// What the caches held at the end of each point that recorded it (runs kept before
@@ -687,6 +823,41 @@ pub fn cache_rule(trace: &farside_coop::trace::Trace, nodes: usize) -> u64 {
 mod tests {
     use super::*;
     use farside_coop::trace::{world_cup_sample_path, Trace};
+
+    #[test]
+    fn crash_figures_count_failures_from_the_crash_and_find_the_recovery() {
+        // Two client instances, 8 seconds; the crash in second 3.
+        let a = vec![
+            (0, 100, 0),
+            (1, 100, 0),
+            (2, 100, 0),
+            (3, 40, 7),
+            (4, 60, 0),
+            (5, 95, 1),
+            (6, 100, 0),
+            (7, 100, 0),
+        ];
+        let b: Vec<_> = a
+            .iter()
+            .map(|&(t, s, f)| (t, s, f + u64::from(t == 4)))
+            .collect();
+        let (failures, recovery, pre, min) = crash_figures(&[a.clone(), b], 3).unwrap();
+        assert_eq!(failures, 7 + 1 + 1 + 7 + 1);
+        assert_eq!(pre, 200.0);
+        assert_eq!(min, 80.0);
+        // Second 5 serves 190 >= 180 but has failures; second 6 is the first clean one.
+        assert_eq!(recovery, 3.0);
+        // Never recovered within the window.
+        let low: Vec<_> = a
+            .iter()
+            .map(|&(t, s, _)| (t, if t >= 3 { s / 2 } else { s }, 0))
+            .collect();
+        assert_eq!(crash_figures(&[low], 3).unwrap().1, -1.0);
+        // No second before or after the crash.
+        assert!(crash_figures(std::slice::from_ref(&a), 0).is_none());
+        assert!(crash_figures(&[a], 8).is_none());
+        assert!(crash_figures(&[], 3).is_none());
+    }
 
     #[test]
     fn objects_differ_and_the_cache_rule_splits_the_hot_set() {
