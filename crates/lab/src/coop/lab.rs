@@ -23,8 +23,6 @@ const ARENA_PORT: u16 = farside_backend::coop::COOP_ARENA_PORT_DEFAULT;
 const ARENA_KEY_ID: u32 = 1;
 /// The anchor's origin (`farside backend --coop`, caching nothing) in each node.
 const ORIGIN_PORT: u16 = 8080;
-/// The anchor's front-end node.
-pub(super) const LB: &str = "lb";
 /// Back-end workers (threads, one per kept-alive connection) of a cooperating node or
 /// origin: the open loop opens one connection per request, and the anchor's nginx keeps
 /// up to 16 to its origin; 64 leaves room for both.
@@ -46,10 +44,6 @@ const LOADGEN_START: Duration = Duration::from_millis(300);
 
 fn bad(m: String) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, m)
-}
-
-pub(super) fn node_name(i: usize) -> String {
-    format!("n{i}")
 }
 
 /// The effective durations: (warm-up, measured) seconds.

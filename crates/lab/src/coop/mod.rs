@@ -90,6 +90,14 @@ pub const RECOVERED_FRACTION: f64 = 0.9;
 /// Systems crash mode can run: those whose nodes are `farside backend --coop` processes
 /// that clients reach directly.
 pub const CRASH_SYSTEMS: [&str; 5] = ["rr", "press-tcp", "press-udp", "press-xdp", "press-shm"];
+/// The anchor's front-end node.
+const LB: &str = "lb";
+
+/// The network namespace of cooperating node `i`.
+fn node_name(i: usize) -> String {
+    format!("n{i}")
+}
+
 /// The systems built.
 pub const SYSTEMS: [&str; 8] = [
     "rr",

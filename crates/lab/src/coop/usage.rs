@@ -4,7 +4,6 @@
 
 use super::client::{stat, stats};
 use super::crash::READY_POLL;
-use super::lab::{node_name, LB};
 use super::*;
 use crate::fabric::netns::VirtualDc;
 use std::net::SocketAddr;
