@@ -1,12 +1,14 @@
 //! The server side against the client over loopback, with a minimal HTTP server in the
 //! test: the registration cache hits, and every transfer gives its budget back.
 
+mod common;
+
 use farside_rdmahttp::caps::Caps;
 use farside_rdmahttp::client::{get, GetOptions, Via};
 use farside_rdmahttp::header::{Mode, NAME};
 use farside_rdmahttp::registration::{FileKey, Registration};
 use farside_rdmahttp::server::{Server, Session};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,18 +25,7 @@ fn serve(
     let t = std::thread::spawn(move || {
         for _ in 0..requests {
             let (mut s, peer) = l.accept().unwrap();
-            let mut head = Vec::new();
-            let mut b = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                s.read_exact(&mut b).unwrap();
-                head.push(b[0]);
-            }
-            let head = String::from_utf8(head).unwrap();
-            let field = head
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{NAME}: ")))
-                .unwrap()
-                .to_string();
+            let (_, field) = common::read_head(&mut s);
             let mut session = Session::default();
             let moved = server
                 .serve(&mut session, peer.ip(), field.as_bytes(), &body, Some(key))

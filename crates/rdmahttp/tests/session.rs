@@ -3,13 +3,15 @@
 //! request, a declined request goes over TCP without breaking the RDMA connection, and
 //! the set-up is reported once.
 
+mod common;
+
 use farside_rdmahttp::caps::Caps;
 use farside_rdmahttp::client::{GetOptions, Via};
 use farside_rdmahttp::header::{Mode, NAME};
 use farside_rdmahttp::registration::Registration;
 use farside_rdmahttp::server::{Server, Session as ServerSession};
 use farside_rdmahttp::session::Session;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
@@ -28,19 +30,8 @@ fn serve(
         let mut session = ServerSession::default();
         let mut by_rdma = 0;
         for _ in 0..requests {
-            let mut head = Vec::new();
-            let mut b = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                s.read_exact(&mut b).unwrap();
-                head.push(b[0]);
-            }
-            let head = String::from_utf8(head).unwrap();
+            let (head, field) = common::read_head(&mut s);
             assert!(!head.contains("Connection: close"), "{head}");
-            let field = head
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{NAME}: ")))
-                .unwrap()
-                .to_string();
             if head.starts_with("GET /small ") {
                 write!(
                     s,

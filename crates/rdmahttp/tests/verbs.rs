@@ -10,6 +10,8 @@
 //! interface (default 127.0.0.1, siw on lo).
 #![cfg(feature = "verbs")]
 
+mod common;
+
 use farside_iwarp::verbs::{Access, WcOpcode, WcStatus};
 use farside_rdmahttp::caps::Caps;
 use farside_rdmahttp::client::{get, GetOptions, Via};
@@ -18,7 +20,7 @@ use farside_rdmahttp::link::Backend;
 use farside_rdmahttp::registration::{FileKey, Registration};
 use farside_rdmahttp::server::{Server, Session};
 use farside_verbs::{DeviceInfo, Listener, Transport};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,18 +87,7 @@ fn serve(
     let t = std::thread::spawn(move || {
         for _ in 0..requests {
             let (mut s, peer) = l.accept().unwrap();
-            let mut head = Vec::new();
-            let mut b = [0u8; 1];
-            while !head.ends_with(b"\r\n\r\n") {
-                s.read_exact(&mut b).unwrap();
-                head.push(b[0]);
-            }
-            let head = String::from_utf8(head).unwrap();
-            let field = head
-                .lines()
-                .find_map(|l| l.strip_prefix(&format!("{NAME}: ")))
-                .unwrap()
-                .to_string();
+            let (_, field) = common::read_head(&mut s);
             let mut session = Session::default();
             match server.serve(
                 &mut session,

@@ -565,13 +565,7 @@ impl Conn {
             let post = ops.post_send.ok_or(Error::call("ibv_post_send (no op)"))?;
             post(self.objects.qp, &mut wr, &mut bad)
         };
-        if r != 0 {
-            return Err(Error::Call(
-                "ibv_post_send",
-                std::io::Error::from_raw_os_error(r),
-            ));
-        }
-        Ok(())
+        Error::returned("ibv_post_send", r)
     }
 
     /// RDMA Write `len` bytes at `off` of local region `rkey` to the peer's
@@ -650,13 +644,7 @@ impl Conn {
             let post = ops.post_recv.ok_or(Error::call("ibv_post_recv (no op)"))?;
             post(self.objects.qp, &mut wr, &mut bad)
         };
-        if r != 0 {
-            return Err(Error::Call(
-                "ibv_post_recv",
-                std::io::Error::from_raw_os_error(r),
-            ));
-        }
-        Ok(())
+        Error::returned("ibv_post_recv", r)
     }
 
     /// The next completion, or `None` once `timeout` passed without one.

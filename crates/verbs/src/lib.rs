@@ -50,6 +50,16 @@ impl Error {
     pub(crate) fn call(what: &'static str) -> Error {
         Error::Call(what, std::io::Error::last_os_error())
     }
+
+    /// `Ok` for a verb that returned 0, else its return value as the errno it is
+    /// (`ibv_post_send`/`ibv_post_recv` return it rather than set `errno`).
+    pub(crate) fn returned(what: &'static str, r: std::os::raw::c_int) -> Result<(), Error> {
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(Error::Call(what, std::io::Error::from_raw_os_error(r)))
+        }
+    }
 }
 
 impl fmt::Display for Error {
