@@ -3,12 +3,15 @@
 //!
 //! - a gatherd that counts connections rarely (`--conns-every 500`, as its automatic rate
 //!   does on a host where a full count costs ~5 ms) causes no stale refusals below
-//!   capacity: the default metric (`backlog`) is fresh at every sample, and metric
-//!   `conns` accepts a count as old as the gatherer's counting interval (a dead gatherd
-//!   still goes stale);
-//! - under a 3× open-loop overload the back-end's accept queue stays within a few
-//!   connections (the old default, `conns` with limit 256 and maxconn 256, let the
-//!   queue fill up to the back-end's listen backlog, 128 here: seconds of p99);
+//!   capacity, and a fresh proxy refuses almost nothing below capacity: the default
+//!   metric (`delay`) and metric `conns` accept a reading as old as the gatherer's
+//!   counting interval (a dead gatherd still goes stale), and the delay budget's slow
+//!   start follows demand from its first request;
+//! - under a 3× open-loop overload the back-end's accept queue stays within the
+//!   operator's queueing bound (`--queue-timeout-ms`, of which the default delay target
+//!   is half) expressed in connections (the old default, `conns` with limit 256 and
+//!   maxconn 256, let the queue fill up to the back-end's listen backlog, 128 here:
+//!   seconds of p99);
 //! - a real nginx behind the default admission under 400 closed-loop clients serves
 //!   at least half of what it serves without admission (the old default
 //!   answered 98% with 503).
@@ -156,15 +159,19 @@ fn rare_connection_counts_cause_no_stale_refusals_below_capacity() {
     let (px, admin, mut p) = proxy(&dir, backend, &[]);
     let log = startup_log(&p);
     assert!(
-        log.contains("metric backlog, limit 2 by the metric's default rule"),
-        "start-up log names the default metric and limit: {log}"
+        log.contains(
+            "metric delay, limit 10000 by the metric's default rule, target delay 250 ms \
+             (half the queue timeout)"
+        ),
+        "start-up log names the default metric, its cap and target: {log}"
     );
     let s = loadgen(px, &["--rate", "100", "--duration-s", "2"]);
     eprintln!("defaults: {s}");
     // What this test is about: no refusal because the count is old (the old code
-    // refused 35% of checks as stale here). A Poisson burst may still queue 2
-    // connections at the 4 workers on a busy machine and be refused by the backlog rule
-    // itself: allowed, but rare.
+    // refused 35% of checks as stale here). A fresh delay budget is 1 request in flight
+    // and, without slow start, grows one per target delay (250 ms), so Poisson overlaps
+    // of two or three requests were refused for seconds; with slow start each
+    // completion with the budget in use adds one. A refusal stays possible, but rare.
     assert_eq!(stale_rejects(admin), 0, "no stale refusal: {s}");
     assert!(
         n(&s, "dropped_503") * 50 <= n(&s, "attempts"),
@@ -199,12 +206,17 @@ fn accept_backlog(region: &Path) -> Option<u64> {
     Some(s.load.accept_backlog)
 }
 
+/// The operator's queueing bound the overload tests state (`--queue-timeout-ms`), ms: the
+/// default delay target is half of it (10 ms, 2.5 kernel ticks).
+const QUEUE_MS: &str = "20";
+
 /// Most connections the default admission may let wait in one back-end's accept queue
-/// here: its limit (2) plus what one proxy's estimate can let through between two
-/// samples at 1,200 req/s (one or two), doubled for a busy test machine. The old
-/// default (metric conns, limit = maxconn = 256) let the queue grow to the back-end's
-/// listen backlog (128).
-const QUEUE_BOUND: u64 = 8;
+/// here: the operator's bound (20 ms) in connections of the 2 workers × 5 ms back-end,
+/// Q × W / S = 8, doubled for a busy test machine and the budget's overshoot (AIMD
+/// oscillates about a target of half of it; the published delay has a 4 ms tick). The
+/// old default (metric conns, limit = maxconn = 256) let the queue grow to the
+/// back-end's listen backlog (128).
+const QUEUE_BOUND: u64 = 16;
 
 #[test]
 fn default_admission_keeps_the_accept_queue_short_under_3x_open_loop() {
@@ -212,7 +224,7 @@ fn default_admission_keeps_the_accept_queue_short_under_3x_open_loop() {
     // 2 workers × 5 ms: 400 req/s nominal; 1,200 req/s offered is 3× (more on a busy
     // machine, where capacity is lower).
     let (backend, _be, _g) = tier(&dir, 2, 5_000, &[]);
-    let (px, admin, _p) = proxy(&dir, backend, &[]);
+    let (px, admin, _p) = proxy(&dir, backend, &["--queue-timeout-ms", QUEUE_MS]);
     let region = region_of(&dir);
     let (max, s) = max_while(
         move || accept_backlog(&region),
@@ -280,7 +292,11 @@ fn a_dead_gatherd_under_overload_neither_overloads_nor_refuses_everything() {
     }
     let dir = Dir::new("dead-gatherd");
     let (backend, _be, mut g) = tier(&dir, 2, 5_000, &[]);
-    let (px, admin, _p) = proxy(&dir, backend, &["--stale-after-ms", "50"]);
+    let (px, admin, _p) = proxy(
+        &dir,
+        backend,
+        &["--stale-after-ms", "50", "--queue-timeout-ms", QUEUE_MS],
+    );
     // Fresh view under overload: the safe level settles at workers + queue.
     let s = loadgen(px, &["--rate", "1200", "--duration-s", "1"]);
     assert!(n(&s, "served") > 0, "{s}");

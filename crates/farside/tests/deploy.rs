@@ -50,7 +50,8 @@ fn shipped_proxy_config_checks_ok_with_its_summary() {
         "OK: listen 0.0.0.0:80, admin 127.0.0.1:9100, 2 back-end(s)",
         "[10.0.0.11:80 via udp:10.0.0.11:7000?key=(set)]",
         "[10.0.0.12:80 via udp:10.0.0.12:7000?key=(set)]",
-        "admission on: metric backlog, limit 2 by the metric's default rule",
+        "admission on: metric delay, limit 10000 by the metric's default rule, target delay 250 ms \
+         (half the queue timeout)",
     ] {
         assert!(out.contains(want), "`{want}` not in: {out}");
     }

@@ -30,7 +30,15 @@ pub fn run(a: ProxyArgs) -> Result<(), String> {
             (None, _) => "none".to_string(),
         },
         if cfg.admission.metric == Metric::Delay {
-            format!(", target delay {} ms", cfg.admission.target_delay_ms)
+            format!(
+                ", target delay {} ms{}",
+                cfg.target_delay_ms(),
+                if cfg.admission.target_delay_ms.is_none() {
+                    " (half the queue timeout)"
+                } else {
+                    ""
+                }
+            )
         } else {
             String::new()
         },

@@ -205,6 +205,7 @@ mod tests {
     fn snapshot_groups_by_backend_and_escapes() {
         let cfg: ProxyConfig = toml::from_str(
             "listen = \"127.0.0.1:0\"\n\
+             [admission]\nmetric = \"backlog\"\n\
              [[backend]]\naddr = \"127.0.0.1:1\"\nregion = \"tcp:127.0.0.1:9\"\n\
              [[backend]]\naddr = \"127.0.0.1:2\"\nsite = \"a\\\"b\"\n",
         )

@@ -1,7 +1,12 @@
 #!/usr/bin/env python3
 """The anchor table from several kept runs of `farside lab admission` (one run per seed).
 
-Usage: table.py DIR [DIR ...]   (e.g. docs/results/anchor/table-seed{1,2,3})
+Usage: table.py DIR [DIR ...] [-- DIR [DIR ...]] ...
+  e.g. table.py docs/results/anchor/table-seed{1,2,3} -- docs/results/anchor/mixed-cost-seed{1,2,3}
+
+Groups separated by `--` are layers: a cell (scenario x load model x system) present in a
+later group replaces that cell of the earlier groups (a newer run of some rows over an
+older table); the runs within a group are combined.
 
 For every scenario x load model x system it prints goodput/s and p99 ms as the mean over
 the runs with their range (min-max), then, for each farside mode, the cells where it
@@ -17,16 +22,32 @@ FARSIDE = ["onesided-ac", "onesided-delay"]
 ANCHORS = ["haproxy", "haproxy-divided"]
 
 
-def load(dirs):
+def load(groups):
     cells = defaultdict(dict)  # (scenario, load) -> system -> [point per run]
     runs = []
-    for d in dirs:
-        meta = json.load(open(f"{d}/summary.json"))
-        runs.append((d, meta.get("commit"), meta.get("commit_dirty"), meta.get("seed")))
-        for line in open(f"{d}/points.jsonl"):
-            p = json.loads(line)["point"]
-            cells[(p["scenario"], p["load_model"])].setdefault(p["system"], []).append(p)
+    for dirs in groups:
+        layer = defaultdict(dict)
+        for d in dirs:
+            meta = json.load(open(f"{d}/summary.json"))
+            runs.append((d, meta.get("commit"), meta.get("commit_dirty"), meta.get("seed"), meta.get("build", "debug (not recorded)")))
+            for line in open(f"{d}/points.jsonl"):
+                p = json.loads(line)["point"]
+                layer[(p["scenario"], p["load_model"])].setdefault(p["system"], []).append(p)
+        for cell, by_sys in layer.items():
+            cells[cell].update(by_sys)
     return cells, runs
+
+
+def groups_of(args):
+    groups, cur = [], []
+    for a in args:
+        if a == "--":
+            groups.append(cur)
+            cur = []
+        else:
+            cur.append(a)
+    groups.append(cur)
+    return [g for g in groups if g]
 
 
 def stat(xs):
@@ -38,10 +59,10 @@ def fmt(xs, digits=0):
     return f"{m:.{digits}f} ({lo:.{digits}f}-{hi:.{digits}f})"
 
 
-def main(dirs):
-    cells, runs = load(dirs)
-    for d, commit, dirty, seed in runs:
-        print(f"run {d}: commit {commit} dirty={dirty} seed={seed}")
+def main(args):
+    cells, runs = load(groups_of(args))
+    for d, commit, dirty, seed, build in runs:
+        print(f"run {d}: commit {commit} dirty={dirty} seed={seed} build={build}")
     systems = [s for s in FARSIDE + ANCHORS if any(s in c for c in cells.values())]
     print()
     print(f"{'scenario':16} {'load':6} {'system':16} {'n':>2} {'goodput/s mean (min-max)':>26} {'p99 ms mean (min-max)':>26}")

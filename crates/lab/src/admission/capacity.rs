@@ -12,10 +12,10 @@ pub struct Objective {
     pub queue_ms: u64,
     /// L_Q: the accept-queue length one back-end drains within `queue_ms`.
     pub queue_len: u64,
-    /// onesided-delay's `--target-delay-ms`.
+    /// The delay target onesided-delay's proxy runs with: not passed, the proxy's own
+    /// default rule on its queue timeout Q (`farside_proxy::config::target_delay_rule`,
+    /// max(1, Q/2)), recorded here for the report.
     pub target_delay_ms: u64,
-    /// onesided-delay's budget cap (`--limit`): C + L_Q.
-    pub delay_budget_max: u64,
 }
 
 impl Objective {
@@ -34,18 +34,17 @@ impl Objective {
             }
             None => (c, format!("L_Q = C = {c} (no capacity rule)")),
         };
-        let target = (q / 2).max(1);
+        let target = (q / 2).clamp(1, QUEUE_MS_MAX);
         let o = Objective {
             queue_ms: q,
             queue_len,
             target_delay_ms: target,
-            delay_budget_max: c + queue_len,
         };
         let rule = format!(
             "Q = --queue-ms {q}; {how}; haproxy: maxconn {c}, timeout queue {q} ms; farside \
-             proxies: --queue-timeout-ms {q}; onesided-delay: --target-delay-ms \
-             max(1, Q/2) = {target}, --limit C + L_Q = {}",
-            o.delay_budget_max
+             proxies: --queue-timeout-ms {q}; onesided-delay: --admission alone, the proxy's \
+             defaults: metric delay, target max(1, Q/2) = {target} ms by its rule on the \
+             queue timeout, budget cap http.max_client_conns"
         );
         (o, rule)
     }
@@ -440,8 +439,7 @@ pub(super) fn calibrate(
     fabric: &Fabric,
     front: Option<&[usize]>,
 ) -> io::Result<Calibration> {
-    let (objective, _) = Objective::derive(a, None);
-    let tier = start_tier(a, run, Scenario::Single, "no-ac", None, &objective, fabric)?;
+    let tier = start_tier(a, run, Scenario::Single, "no-ac", None, fabric)?;
     let nodes: Vec<String> = (0..a.backends).map(|i| format!("b{i}")).collect();
     let gatherd_pids: Vec<u32> = tier._gatherers.iter().map(|g| g.pid()).collect();
     type Snap = Vec<(

@@ -204,8 +204,8 @@ pub struct AdmissionArgs {
     #[serde(skip)]
     pub out: PathBuf,
     /// Systems to compare, comma-separated: no-ac, tcp-ac, onesided-ac (the farside
-    /// proxy with a static limit), onesided-delay (the farside proxy's objective mode,
-    /// `--metric delay` with a target derived from --queue-ms), haproxy (HAProxy with
+    /// proxy with a static limit), onesided-delay (the farside proxy's default admission,
+    /// `--admission` alone: metric delay, its target half of --queue-ms), haproxy (HAProxy with
     /// per-server maxconn = the back-end's workers on every proxy and `timeout queue`
     /// --queue-ms; its configuration is in summary.json and the report) and
     /// haproxy-divided (the same with the workers divided among multi-proxy's proxies:
@@ -496,9 +496,10 @@ starts on it.
   onesided-ac, tcp-ac:  backlog, pending: limit = L_Q  (at most Q ms of queue at the
         back-end); conns: limit = C + L_Q; cpu, pressure, runnable: no rule, give
         --limit or --limits.
-  onesided-delay:   --metric delay, --target-delay-ms = max(1, Q / 2) (the AIMD budget
-        oscillates about its target; half the bound leaves room for the overshoot),
-        budget cap --limit = C + L_Q.
+  onesided-delay:   --admission alone: the proxy's default admission (metric delay,
+        target max(1, Q / 2) by the proxy's rule on its queue timeout: the AIMD budget
+        oscillates about its target, half the bound leaves room for the overshoot; budget
+        cap the proxy's default, http.max_client_conns). No lab-only setting.
   Without a capacity rule (nginx without --capacity-rps, or --backend-cpu-us 0):
         L_Q = C, the older rule (one request waiting per worker).
 The values used are in summary.json (`params.limits`, `params.limit_rule`,

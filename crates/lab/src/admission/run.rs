@@ -36,24 +36,17 @@ pub(super) struct Key {
 /// The sweep's keys: per system (and per limit for the admission-controlled ones),
 /// per trace, per load model, per client count (closed) or rate (open); one tier is
 /// started per (system, limit).
-pub(super) fn keys(
-    a: &AdmissionArgs,
-    limits: &[u64],
-    delay_cap: u64,
-    clients: &[u64],
-    rates: &[f64],
-) -> Vec<Key> {
+pub(super) fn keys(a: &AdmissionArgs, limits: &[u64], clients: &[u64], rates: &[f64]) -> Vec<Key> {
     let mut out = Vec::new();
     for &scenario in &a.scenario {
         for system in &a.systems {
-            let ls: Vec<Option<u64>> = if system == "no-ac" || is_anchor(system) {
-                vec![None]
-            } else if system == "onesided-delay" {
-                // Its budget cap is derived from the objective, never swept.
-                vec![Some(delay_cap)]
-            } else {
-                limits.iter().map(|&l| Some(l)).collect()
-            };
+            let ls: Vec<Option<u64>> =
+                if system == "no-ac" || is_anchor(system) || system == "onesided-delay" {
+                    // onesided-delay runs the proxy's default admission: no limit to sweep.
+                    vec![None]
+                } else {
+                    limits.iter().map(|&l| Some(l)).collect()
+                };
             for limit in ls {
                 for trace in &a.traces {
                     for model in a.load.models() {
@@ -303,11 +296,10 @@ fn metadata(a: &AdmissionArgs, s: Settled) -> io::Result<Summary<Point>> {
             .filter(|sys| !is_anchor(sys))
             .map(|sys| {
                 let limit = match sys.as_str() {
-                    "no-ac" => None,
-                    "onesided-delay" => Some(s.objective.delay_budget_max),
+                    "no-ac" | "onesided-delay" => None,
                     _ => s.limits.first().copied(),
                 };
-                let mut v = objective_proxy_args(a, sys, limit, s.objective);
+                let mut v = objective_proxy_args(a, sys, limit);
                 v.extend(a.proxy_args.iter().cloned());
                 (sys.clone(), serde_json::json!(v))
             })
@@ -546,7 +538,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     )?;
     let mut sweep = Sweep::<Admission>::start(&dir, meta, a.sweep.resume.is_some())?;
 
-    let keys = keys(&a, &limits, objective.delay_budget_max, &clients, &rates);
+    let keys = keys(&a, &limits, &clients, &rates);
     let heaviest = clients.iter().copied().max().unwrap_or(0);
     let dc = match &fabric {
         Fabric::Netns(dc) => Some(dc),
@@ -554,9 +546,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
     };
     // The tier serving a (scenario, system, limit), with its background load.
     let start_running = |k: &Key| -> io::Result<Running> {
-        let tier = start_tier(
-            &a, &run, k.scenario, &k.system, k.limit, &objective, &fabric,
-        )?;
+        let tier = start_tier(&a, &run, k.scenario, &k.system, k.limit, &fabric)?;
         let busy = match &fabric {
             Fabric::Netns(dc) if a.background_load > 0 => (0..a.backends)
                 .map(|i| dc.start_cpu_load(&format!("b{i}"), a.background_load))

@@ -65,7 +65,6 @@ fn one_queue_bound_sets_every_systems_limits() {
             queue_ms: 50,
             queue_len: 12,
             target_delay_ms: 25,
-            delay_budget_max: 28
         }
     );
     assert!(
@@ -82,17 +81,19 @@ fn one_queue_bound_sets_every_systems_limits() {
     let (o, _) = Objective::derive(&a, Some(500.0));
     let cfg = haproxy_config(&a, "127.0.0.1:1".parse().unwrap(), &[]);
     assert_eq!(cfg.timeout_queue_ms, 20);
-    let v = objective_proxy_args(&a, "no-ac", None, &o);
+    let v = objective_proxy_args(&a, "no-ac", None);
     assert_eq!(v, ["--queue-timeout-ms", "20"]);
-    let v = objective_proxy_args(&a, "onesided-ac", Some(o.queue_len), &o);
+    let v = objective_proxy_args(&a, "onesided-ac", Some(o.queue_len));
     assert_eq!(
         v.join(" "),
         "--queue-timeout-ms 20 --admission --metric backlog --limit 10"
     );
-    let v = objective_proxy_args(&a, "onesided-delay", Some(o.delay_budget_max), &o);
+    // The objective mode is the proxy's default admission: only the queue bound.
+    let v = objective_proxy_args(&a, "onesided-delay", None);
+    assert_eq!(v.join(" "), "--queue-timeout-ms 20 --admission");
     assert_eq!(
-        v.join(" "),
-        "--queue-timeout-ms 20 --admission --metric delay --target-delay-ms 10 --limit 26"
+        o.target_delay_ms, 10,
+        "what the proxy's rule makes of Q = 20"
     );
     // The lab's own flags cannot be given again through --proxy-arg.
     assert!(check_proxy_args(&["--queue-timeout-ms=5".into()]).is_err());
@@ -177,9 +178,10 @@ fn full_points_are_the_papers_scale_and_quick_is_short() {
     assert_eq!(point_time(&args("")), (60.0, 10.0));
     assert_eq!(point_time(&args("--quick")), (6.0, 1.0));
     assert_eq!(point_time(&args("--quick --duration-s 3")), (3.0, 1.0));
-    // no-ac once, each admission system once per limit.
+    // no-ac once, each static-limit system once per limit, onesided-delay (the proxy's
+    // default admission, no limit) once.
     let a = args("--systems no-ac,tcp-ac,onesided-delay --traces single --load closed");
-    let k = keys(&a, &[2, 8], 30, &[4], &[1.0]);
+    let k = keys(&a, &[2, 8], &[4], &[1.0]);
     let names: Vec<(String, Option<u64>)> = k.iter().map(|k| (k.system.clone(), k.limit)).collect();
     assert_eq!(
         names,
@@ -187,7 +189,7 @@ fn full_points_are_the_papers_scale_and_quick_is_short() {
             ("no-ac".into(), None),
             ("tcp-ac".into(), Some(2)),
             ("tcp-ac".into(), Some(8)),
-            ("onesided-delay".into(), Some(30))
+            ("onesided-delay".into(), None)
         ]
     );
 }
@@ -268,7 +270,7 @@ fn both_load_models_are_swept_by_default_with_rates_of_the_capacity() {
     let a = args("--systems no-ac --traces single");
     assert_eq!(a.load, LoadModels::Both);
     assert_eq!(a.on_reject, OnReject::Backoff);
-    let k = keys(&a, &[16], 30, &[4, 8], &[0.5, 3.0]);
+    let k = keys(&a, &[16], &[4, 8], &[0.5, 3.0]);
     let got: Vec<(String, Option<u64>, Option<f64>)> = k
         .iter()
         .map(|k| (k.load_model.clone(), k.clients, k.rate_x))

@@ -202,7 +202,6 @@ pub(super) fn start_tier(
     scenario: Scenario,
     system: &str,
     limit: Option<u64>,
-    objective: &Objective,
     fabric: &Fabric,
 ) -> io::Result<Tier> {
     let mut backends = Vec::new();
@@ -350,7 +349,6 @@ pub(super) fn start_tier(
                 fabric,
                 system,
                 limit,
-                objective,
                 &specs,
                 &name,
                 port_step,
@@ -564,23 +562,12 @@ pub fn haproxy_config(
 /// The admission and queueing flags the lab gives a farside proxy of `system` (after its
 /// addresses, workers and monitor flags): what `params.proxy_args_by_system` records.
 /// Everything not here (or in `--proxy-arg`) is the proxy's product default.
-pub fn objective_proxy_args(
-    a: &AdmissionArgs,
-    system: &str,
-    limit: Option<u64>,
-    objective: &Objective,
-) -> Vec<String> {
+pub fn objective_proxy_args(a: &AdmissionArgs, system: &str, limit: Option<u64>) -> Vec<String> {
     let mut args = vec!["--queue-timeout-ms".to_string(), a.queue_ms.to_string()];
     match (system, limit) {
-        ("onesided-delay", _) => args.extend([
-            "--admission".into(),
-            "--metric".into(),
-            "delay".into(),
-            "--target-delay-ms".into(),
-            objective.target_delay_ms.to_string(),
-            "--limit".into(),
-            limit.unwrap_or(objective.delay_budget_max).to_string(),
-        ]),
+        // The product's default admission, nothing else: metric delay, its target by
+        // the proxy's rule on the queue timeout above, its budget cap the proxy's own.
+        ("onesided-delay", _) => args.push("--admission".into()),
         ("no-ac", _) | (_, None) => {}
         (_, Some(l)) => args.extend([
             "--admission".into(),
@@ -611,7 +598,6 @@ pub(super) fn start_farside_proxy(
     fabric: &Fabric,
     system: &str,
     limit: Option<u64>,
-    objective: &Objective,
     specs: &[String],
     name: &str,
     port_step: u16,
@@ -642,7 +628,7 @@ pub(super) fn start_farside_proxy(
     };
     args.extend(["--admin-listen".into(), admin.to_string()]);
     let admin_addr = Some(admin);
-    args.extend(objective_proxy_args(a, system, limit, objective));
+    args.extend(objective_proxy_args(a, system, limit));
     // The scenario's request classes (`mixed-cost`: the costly endpoint).
     args.extend(class_args.iter().cloned());
     // The user's own proxy arguments come last, so they override the lab's.

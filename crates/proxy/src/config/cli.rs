@@ -161,21 +161,21 @@ pub struct ProxyArgs {
     /// Turn admission control on (default off).
     #[arg(long)]
     pub admission: bool,
-    /// Admission metric: backlog, pending, conns, cpu, pressure, runnable, inflight, or
-    /// delay (objective-driven: see --target-delay-ms). Default backlog: connections
-    /// waiting in the back-end's accept queue, the one queue figure gatherd reads fresh at
-    /// every sample whatever the host's socket count (conns, pending and delay come from
-    /// a full connection dump that gatherd may run only every N samples on a big host),
-    /// and one whose limit needs no knowledge of the back-end's capacity. The default is
-    /// chosen by a rule: the mode with the highest minimum goodput ratio against HAProxy
-    /// over the choosing scenarios (`farside lab admission`: single and tenant-load,
-    /// closed and open loop, 3 repeats), subject to a mean p99 at or below HAProxy's in
-    /// every one; minimum ratios within their spread over the repeats are a tie, won by
-    /// the lower largest p99 ratio: backlog (a tie on goodput, lower p99). Checked on
-    /// held-out scenarios (multi-proxy, capacity-change, mixed-cost), backlog falls short
-    /// of HAProxy on mixed-cost, where delay does not, and the rule over all five picks
-    /// delay: docs/proxy.md ("How the default mode is chosen") has the runs and why the
-    /// default is not changed yet.
+    /// Admission metric: delay, backlog, pending, conns, cpu, pressure, runnable or
+    /// inflight. Default delay (objective-driven: each back-end's queueing delay is kept
+    /// under --target-delay-ms by an adaptive budget of requests in flight; needs
+    /// --watch-port on the back-end's gatherd). The default is chosen by a written rule:
+    /// the mode with the highest minimum goodput ratio against HAProxy over the choosing
+    /// scenarios (`farside lab admission`, closed and open loop, 3 repeats), subject to a
+    /// mean p99 at or below HAProxy's in every one; minimum ratios within their spread over
+    /// the repeats are a tie, won by the lower largest p99 ratio. Over single and
+    /// tenant-load it picked backlog, which held-out mixed-cost showed short of HAProxy
+    /// (costly requests hold workers without lengthening the accept queue); over all five
+    /// scenarios it picks delay, with the target below: docs/proxy.md ("How the default
+    /// mode is chosen") has the runs, and the held-out traces where delay's goodput is
+    /// 0.96-0.99x HAProxy's. A fresh budget grows by slow start until the first delay
+    /// reading at or above the target; until then a request it refuses is still admitted
+    /// while the back-end's accept queue (fresh every sample) holds fewer than 2.
     #[arg(long, value_parser = parse_metric)]
     pub metric: Option<Metric>,
     /// Load limit in the metric's unit; a back-end's `limit=` overrides it. Default, by
@@ -188,14 +188,20 @@ pub struct ProxyArgs {
     /// (default http.max_client_conns).
     #[arg(long)]
     pub limit: Option<u64>,
-    /// With --metric delay: the queueing delay to keep each back-end under, ms (1..=10000,
-    /// default 5). Each back-end's budget of in-flight requests grows while its published
-    /// queueing delay is below this and is cut in proportion to the overshoot above it.
+    /// With --metric delay: the queueing delay to keep each back-end under, ms (1..=10000).
+    /// Default, by rule: half the queue timeout (--queue-timeout-ms, the operator's bound
+    /// on a request's wait before a back-end starts on it; the budget oscillates about its
+    /// target, so half the bound leaves the other half for the overshoot): 250 ms with the
+    /// default 500, 25 ms with --queue-timeout-ms 50. Each back-end's budget of in-flight
+    /// requests grows while its published queueing delay is below this and is cut in
+    /// proportion to the overshoot above it.
     #[arg(long)]
     pub target_delay_ms: Option<u64>,
     /// A record not updated for this long is stale, ms (default 100). A connection count
     /// (conns, pending, delay) may be older by its gatherd's counting interval as the
-    /// monitor saw it (at most 1 s of it): it is stale once overdue by this much.
+    /// monitor saw it (at most 1 s of it): it is stale once overdue by this much. For
+    /// delay, until the monitor has seen that interval (two counts), a reading up to 1 s
+    /// old in a fresh record is not stale.
     #[arg(long)]
     pub stale_after_ms: Option<u64>,
     /// What a stale record means: local (default; fail safe, not blind: admit while this
@@ -344,7 +350,7 @@ fn merged_config(a: &ProxyArgs) -> Result<ProxyConfig, String> {
         ad.limit = Some(v);
     }
     if let Some(v) = a.target_delay_ms {
-        ad.target_delay_ms = v;
+        ad.target_delay_ms = Some(v);
     }
     if let Some(v) = a.stale_after_ms {
         ad.stale_after_ms = v;
@@ -462,7 +468,15 @@ fn summary(cfg: &ProxyConfig) -> String {
             (None, _) => "limit per back-end".to_string(),
         };
         let target = if ad.metric == Metric::Delay {
-            format!(", target delay {} ms", ad.target_delay_ms)
+            format!(
+                ", target delay {} ms{}",
+                cfg.target_delay_ms(),
+                if ad.target_delay_ms.is_none() {
+                    " (half the queue timeout)"
+                } else {
+                    ""
+                }
+            )
         } else {
             String::new()
         };

@@ -17,7 +17,15 @@
 //! - at most one step per target delay ([`DelayBudget::due`]): a cut shows in the delay
 //!   only once the queue in front of it has drained, about one target's worth of time,
 //!   so a sampler that publishes every millisecond (the kernel sampler) would otherwise
-//!   cut again and again for the same overshoot. Readings in between are skipped.
+//!   cut again and again for the same overshoot. Readings in between are skipped;
+//! - **slow start** until the first cut ([`DelayBudget::on_done`]): a fresh budget is 1,
+//!   and one step per target delay would take a 16-worker back-end seconds to reach
+//!   (with the default target of 250 ms, about 5 s of refusals below capacity after
+//!   every start or reload). So, as TCP's slow start, until the first reading at or
+//!   above the target every completion of a request while the budget was in use adds
+//!   one: the budget at most doubles per service time, following demand, and the first
+//!   overshoot ends it (from then on, the steps above). A completion is this proxy's own
+//!   event, so the growth needs no reading.
 //!
 //! Nothing is modelled: other tenants' load, other proxies' requests, a request mix whose
 //! cost differs 100×, or a CPU quota that halves all show up as delay, and the budget
@@ -56,6 +64,8 @@ pub struct DelayBudget {
     pub reading_id: u64,
     /// CLOCK_MONOTONIC ns of the last reading acted on.
     pub updated_ns: u64,
+    /// In slow start: no reading has been at or above the target yet (module doc).
+    pub slow_start: bool,
 }
 
 /// One delay reading of a back-end, and how this proxy used its budget since the last.
@@ -77,7 +87,21 @@ impl DelayBudget {
             budget: start.clamp(BUDGET_MIN, max.max(BUDGET_MIN)),
             reading_id: 0,
             updated_ns: 0,
+            slow_start: true,
         }
+    }
+
+    /// Slow start (module doc): one of this proxy's requests to the back-end completed
+    /// while `inflight` were in flight, itself included. Grows the budget by one when
+    /// the budget was in use (at most one short of full), until the first cut. Returns
+    /// whether the state changed.
+    pub fn on_done(&mut self, inflight: u64, max: f64) -> bool {
+        if !self.slow_start || !self.used_by(inflight.saturating_sub(1)) {
+            return false;
+        }
+        let before = self.budget;
+        self.budget = (self.budget + GROW_STEP).min(max.max(BUDGET_MIN));
+        self.budget != before
     }
 
     /// The admission check: may one more request go out with `inflight` already out?
@@ -108,6 +132,7 @@ impl DelayBudget {
         if r.delay_us >= target_us.max(1) {
             let over = (r.delay_us - target_us) as f64 / r.delay_us as f64;
             self.budget *= (1.0 - CUT_GAIN * over).max(CUT_FACTOR_MIN);
+            self.slow_start = false;
         } else if r.used {
             self.budget += GROW_STEP;
         }
@@ -119,6 +144,49 @@ impl DelayBudget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slow_start_grows_per_completion_in_use_until_the_first_cut() {
+        let mut b = DelayBudget::new(BUDGET_MIN, 100.0);
+        // Not in use (nothing else in flight with a budget of 4): no growth.
+        b.budget = 4.0;
+        assert!(!b.on_done(1, 100.0));
+        // In use: each completion adds one; the budget doubles per round of completions.
+        // 7 completions, each with the budget full (a freed slot is taken at once): 1 -> 8,
+        // a doubling per round of completions.
+        let mut b = DelayBudget::new(BUDGET_MIN, 100.0);
+        for _ in 0..7 {
+            let full = b.budget.floor() as u64;
+            assert!(b.on_done(full, 100.0));
+        }
+        assert_eq!(b.budget, 8.0);
+        // Capped by the limit.
+        let mut c = DelayBudget::new(BUDGET_MIN, 2.0);
+        c.on_done(1, 2.0);
+        c.on_done(2, 2.0);
+        assert_eq!(c.budget, 2.0);
+        // A reading below the target does not end it; one above cuts and ends it.
+        let below = Reading {
+            id: 1,
+            delay_us: 1_000,
+            used: true,
+        };
+        b.on_reading(below, 5_000, 100.0, 1);
+        assert!(b.slow_start);
+        let above = Reading {
+            id: 2,
+            delay_us: 10_000,
+            used: true,
+        };
+        b.on_reading(above, 5_000, 100.0, 10_000_000);
+        assert!(!b.slow_start);
+        let after = b.budget;
+        assert!(
+            !b.on_done(after as u64, 100.0),
+            "no growth per completion after the cut"
+        );
+        assert_eq!(b.budget, after);
+    }
 
     /// Who sent a simulated request: proxy `i`, or the tenant the proxies do not see.
     #[derive(Clone, Copy, PartialEq, Eq)]

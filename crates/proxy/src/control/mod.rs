@@ -73,7 +73,7 @@ pub use rules::{admit, admit_local, relief, Admit, Decided, Load, Relief};
 pub use farside_monitor as monitor;
 pub use farside_monitor::{histogram, table};
 
-use crate::config::{BalancePolicy, Metric, ProxyConfig, StalePolicy};
+use crate::config::{BalancePolicy, Metric, ProxyConfig, StalePolicy, QUEUE_LIMIT_DEFAULT};
 use crate::gate::{ClassObserver, Gate, InflightGuard, InflightObserver, Reject, Route};
 use crate::pool::Pool;
 use estimate::{Event, Tally};
@@ -106,7 +106,10 @@ struct Backend {
     /// one queue reading closes connections once, not once per decision.
     relieved_sample_ns: AtomicU64,
     /// Metric `delay`: this back-end's adaptive budget of in-flight requests.
-    delay: Mutex<delay::DelayBudget>,
+    delay: Arc<Mutex<delay::DelayBudget>>,
+    /// Told when a request to it starts and ends: `tally`, and with metric `delay` also
+    /// the budget's slow start ([`DelayDone`]).
+    observer: Arc<dyn InflightObserver>,
     /// Metric `delay`: the budget was the constraint since the last reading.
     delay_used: AtomicBool,
     /// Metric `delay`: "publishes no delay" was logged once.
@@ -210,6 +213,37 @@ impl TallyCell {
     }
 }
 
+/// Metric `delay`: a back-end's completions feed its tally and, until the budget's first
+/// cut, its slow start ([`delay::DelayBudget::on_done`]). After the first cut the lock is
+/// no longer taken on completions (`slow` turns false).
+struct DelayDone {
+    tally: Arc<TallyCell>,
+    delay: Arc<Mutex<delay::DelayBudget>>,
+    /// The back-end's requests in flight from this proxy (the guard drops its count
+    /// after telling this observer, so a completion sees itself in it).
+    inflight: Arc<AtomicU64>,
+    /// The budget's cap (the back-end's limit).
+    max: f64,
+    slow: AtomicBool,
+}
+
+impl InflightObserver for DelayDone {
+    fn sent(&self) {
+        self.tally.sent();
+    }
+    fn done(&self) {
+        self.tally.done();
+        if self.slow.load(Ordering::Relaxed) {
+            let mut st = self.delay.lock().unwrap_or_else(|p| p.into_inner());
+            if st.slow_start {
+                st.on_done(self.inflight.load(Ordering::Relaxed), self.max);
+            } else {
+                self.slow.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
 impl InflightObserver for TallyCell {
     fn sent(&self) {
         self.record(Event::Sent);
@@ -234,6 +268,27 @@ struct Counters {
 /// liveness bound (module doc), far below its 1 s target, and ten monitor periods so
 /// the extra table reads cost nothing measurable.
 pub const TEND_PERIOD: Duration = Duration::from_millis(10);
+
+/// Metric `delay`: how much of a delay reading's `lag` (its age when its record was
+/// published: gatherd measures the delay with its connection count, every N samples)
+/// counts against the staleness bound. The reading is as fresh as its record while it is
+/// no older than the gatherer's counting interval as the monitor saw it
+/// ([`table::conns_excess_lag_ns`]); until the monitor has seen that interval (two
+/// counts, up to 2 N samples after a proxy starts), as long as the record itself is fresh
+/// the reading may be as old as [`table::CONNS_INTERVAL_ALLOWANCE_MAX_NS`] (1 s), the
+/// most any counting interval is excused. So a fresh proxy in front of a gatherd that
+/// counts rarely does not refuse below capacity as "stale" while that gatherd publishes
+/// every sample; a dead gatherd still goes stale with its record, and a counter that
+/// stopped while its record advances goes stale at most 1 s + `stale_after` after its
+/// last count. The reading itself is applied to the budget once, whatever its age (an
+/// old reading of a long queue still cuts).
+fn delay_excess_lag_ns(lag: u64, interval: u64) -> u64 {
+    if interval == 0 {
+        lag.saturating_sub(table::CONNS_INTERVAL_ALLOWANCE_MAX_NS)
+    } else {
+        table::conns_excess_lag_ns(lag, interval)
+    }
+}
 
 /// The proxy's control layer. Cheap to query from every worker thread.
 pub struct Control {
@@ -351,24 +406,42 @@ impl Control {
             .backends
             .iter()
             .enumerate()
-            .map(|(i, b)| Backend {
-                addr: b.addr,
-                site: b.site.clone(),
-                limit: cfg.limit_for(i),
-                has_region: b.region.is_some() || cfg.monitor.table.is_some(),
-                inflight: Arc::new(AtomicU64::new(0)),
-                routed: AtomicU64::new(0),
-                down_until_ns: AtomicU64::new(0),
-                tally: Arc::default(),
-                relieved_sample_ns: AtomicU64::new(0),
-                delay: Mutex::new(delay::DelayBudget::new(
+            .map(|(i, b)| {
+                let limit = cfg.limit_for(i);
+                let inflight = Arc::new(AtomicU64::new(0));
+                let tally: Arc<TallyCell> = Arc::default();
+                let delay = Arc::new(Mutex::new(delay::DelayBudget::new(
                     delay::BUDGET_MIN,
-                    cfg.limit_for(i) as f64,
-                )),
-                delay_used: AtomicBool::new(false),
-                delay_unpublished_logged: AtomicBool::new(false),
-                safe_inflight: AtomicU64::new(0),
-                classes: Arc::new(ClassCells::new(class_count)),
+                    limit as f64,
+                )));
+                let observer: Arc<dyn InflightObserver> = if a.metric == Metric::Delay {
+                    Arc::new(DelayDone {
+                        tally: tally.clone(),
+                        delay: delay.clone(),
+                        inflight: inflight.clone(),
+                        max: limit as f64,
+                        slow: AtomicBool::new(true),
+                    })
+                } else {
+                    tally.clone()
+                };
+                Backend {
+                    addr: b.addr,
+                    site: b.site.clone(),
+                    limit,
+                    has_region: b.region.is_some() || cfg.monitor.table.is_some(),
+                    inflight,
+                    routed: AtomicU64::new(0),
+                    down_until_ns: AtomicU64::new(0),
+                    tally,
+                    relieved_sample_ns: AtomicU64::new(0),
+                    delay,
+                    observer,
+                    delay_used: AtomicBool::new(false),
+                    delay_unpublished_logged: AtomicBool::new(false),
+                    safe_inflight: AtomicU64::new(0),
+                    classes: Arc::new(ClassCells::new(class_count)),
+                }
             })
             .collect();
         Ok(Control {
@@ -376,7 +449,7 @@ impl Control {
             at_accept: a.at_accept,
             per_request: a.per_request,
             metric: a.metric,
-            target_delay_us: a.target_delay_ms * 1000,
+            target_delay_us: cfg.target_delay_ms() * 1000,
             signals: SignalCounters::default(),
             stale_after_ns: a.stale_after_ms * 1_000_000,
             on_stale: a.on_stale,
@@ -477,10 +550,7 @@ impl Control {
         };
         let taken = e
             .advanced_mono_ns
-            .saturating_sub(table::conns_excess_lag_ns(
-                e.conns_lag_ns,
-                e.conns_interval_ns,
-            ));
+            .saturating_sub(delay_excess_lag_ns(e.conns_lag_ns, e.conns_interval_ns));
         if !matches!(e.status, EntryStatus::Ok | EntryStatus::Error)
             || now_ns.saturating_sub(taken) > self.stale_after_ns
         {
@@ -563,6 +633,11 @@ impl Control {
                 self.idle(i),
             )
         };
+        if let (Metric::Delay, Load::Known(_), Err(Reject::Overloaded)) = (self.metric, load, r) {
+            if self.slow_start_queue_admits(i) {
+                r = Ok(Admit::Any);
+            }
+        }
         if let (Some(k), Load::Known(_), Ok(_)) = (class, load, r) {
             if self.class_verdict(i, k, load) != classes::Verdict::Admit {
                 r = Err(Reject::Overloaded);
@@ -580,6 +655,42 @@ impl Control {
         }
         self.signals.count(load, &r);
         r
+    }
+
+    /// Metric `delay`, slow start: whether back-end `i` may take a request its budget
+    /// refuses because its fresh accept queue (read every sample, however rarely its
+    /// gatherd counts connections and measures the delay) holds fewer than
+    /// [`QUEUE_LIMIT_DEFAULT`] connections (with this proxy's sends since the sample, as
+    /// metric `backlog` estimates it), the `backlog` metric's rule; never beyond the
+    /// budget's cap (`limit`). Until the first
+    /// delay reading at or above the target ends slow start, a budget that starts at 1
+    /// lags demand by a few service times (each completion adds one), and a reading may
+    /// be up to a counting interval old; the accept queue is the fresh signal meanwhile,
+    /// so a started or reloaded proxy admits what the back-end takes without queueing
+    /// (as the former default did) instead of refusing below capacity. The first overload
+    /// queues past the target and hands over to the budget; the most admitted in flight
+    /// before it is then the stale policy's level ([`admit_local`]), at least the
+    /// back-end's workers plus the queue the `backlog` rule allows.
+    fn slow_start_queue_admits(&self, i: usize) -> bool {
+        let b = &self.backends[i];
+        let Some(t) = &self.table else {
+            return false;
+        };
+        if b.inflight.load(Ordering::Relaxed) >= b.limit
+            || !b.delay.lock().unwrap_or_else(|p| p.into_inner()).slow_start
+        {
+            return false;
+        }
+        match table::read_load(&**t, i, table::field::ACCEPT_BACKLOG, None) {
+            Some((EntryStatus::Ok | EntryStatus::Error, advanced, backlog)) => {
+                // As metric `backlog` reads it: the sample plus what this proxy sent
+                // since, minus what completed (a burst between two samples counts).
+                let (sent, done) = b.tally.since(advanced);
+                coarse_mono_ns().saturating_sub(advanced) <= self.stale_after_ns
+                    && estimate::estimate(backlog, sent, done) < QUEUE_LIMIT_DEFAULT
+            }
+            _ => false,
+        }
     }
 
     /// The class rule ([`classes::decide`]) for a request of class `k` to back-end `i`
@@ -1123,7 +1234,7 @@ impl Control {
                 let mut guard = if self.metric == Metric::Backlog && reuse_only {
                     InflightGuard::new(b.inflight.clone())
                 } else {
-                    InflightGuard::observed(b.inflight.clone(), b.tally.clone())
+                    InflightGuard::observed(b.inflight.clone(), b.observer.clone())
                 };
                 if let (Some(k), Some(cs)) = (class, &self.classes) {
                     cs.admitted[k].fetch_add(1, Ordering::Relaxed);

@@ -259,6 +259,12 @@ impl Control {
                 lbl,
                 self.limit_now(i, Load::Unknown),
             );
+            enc.gauge(
+                "farside_backend_safe_inflight",
+                "on_stale = local: the requests in flight this proxy holds the back-end at while its record is stale (0: none yet).",
+                lbl,
+                self.safe_inflight(i),
+            );
             if let Some(p) = self.pool.get() {
                 let (open, idle) = (p.open_count(i), p.idle_count(i));
                 let conns = "Upstream connections this proxy holds open to the back-end, by state.";

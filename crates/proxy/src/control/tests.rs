@@ -540,15 +540,114 @@ fn admission_and_shedding_rules_are_pure() {
     assert_eq!(relief(0, 5), r(0, 0));
 }
 
+/// A fresh record with delay reading `id` of `delay_us`, from a back-end whose accept
+/// queue holds the `backlog` rule's limit: the slow start's queue path
+/// ([`Control::slow_start_queue_admits`]) admits nothing, so the budget alone decides.
 fn delay_reading(id: u64, delay_us: u64) -> Entry {
+    Entry {
+        accept_backlog: QUEUE_LIMIT_DEFAULT,
+        ..delay_reading_backlog(id, delay_us, 0)
+    }
+}
+
+fn delay_reading_backlog(id: u64, delay_us: u64, backlog: u64) -> Entry {
     Entry {
         status: EntryStatus::Ok,
         advanced_mono_ns: mono_ns(),
         remote_seq: id,
         queue_delay_us: delay_us,
         queue_delay_id: id,
+        accept_backlog: backlog,
         ..Default::default()
     }
+}
+
+/// Metric `delay`, slow start: while the fresh accept queue is below the `backlog`
+/// rule's limit (with this proxy's sends since the sample), a request the young budget
+/// refuses is admitted, up to the cap; once the queue reaches the limit, or after the
+/// first reading at or above the target (slow start over), the budget decides alone.
+#[test]
+fn delay_slow_start_admits_by_the_fresh_accept_queue_until_the_first_cut() {
+    let (c, t, p) = with_table(vec![backend(1, "")], |cfg| {
+        cfg.admission.metric = Metric::Delay;
+        cfg.admission.target_delay_ms = Some(5);
+        cfg.admission.limit = Some(8);
+    });
+    EntryWriter::new(&*t, 0).publish(&delay_reading_backlog(1, 0, 0));
+    // Budget 1: the first by the budget, the second by the empty queue; the third would
+    // make the estimate (0 + 2 sent) reach the limit of 2 waiting.
+    let held: Vec<_> = (0..2).map(|_| c.route(None).unwrap()).collect();
+    assert_eq!(
+        c.choose(None),
+        Err(Reject::Overloaded),
+        "queue estimate at 2"
+    );
+    // A new sample with the queue empty: room again, never past the cap (8).
+    let mut held = held;
+    for id in 2..10 {
+        // A sample taken after the sends so far: the tally counts events in a sample's
+        // own millisecond as after it, so wait for the (coarse) clock to move on.
+        let ms = coarse_mono_ns() / 1_000_000;
+        while coarse_mono_ns() / 1_000_000 <= ms {
+            std::thread::yield_now();
+        }
+        EntryWriter::new(&*t, 0).publish(&Entry {
+            advanced_mono_ns: coarse_mono_ns(),
+            ..delay_reading_backlog(id, 0, 0)
+        });
+        while let Ok(r) = c.route(None) {
+            held.push(r);
+        }
+    }
+    assert_eq!(held.len(), 8, "at most the cap");
+    // The safe level follows what was admitted on fresh readings.
+    assert_eq!(c.safe_inflight(0), 8);
+    // A reading above the target ends slow start: with an empty queue the budget
+    // (whatever it grew to by then, halved) decides alone.
+    held.clear();
+    publish_and_await_step(&c, &*t, 0, 10, 100_000);
+    assert!(!c.backends[0].delay.lock().unwrap().slow_start);
+    // The same reading (no new step), now with an empty accept queue.
+    EntryWriter::new(&*t, 0).publish(&delay_reading_backlog(10, 100_000, 0));
+    let budget = c.budget(0);
+    let held: Vec<_> = std::iter::from_fn(|| c.route(None).ok()).take(20).collect();
+    assert_eq!(held.len() as u64, budget, "the budget alone");
+    let _ = std::fs::remove_file(p);
+}
+
+/// Metric `delay`: a reading measured with a rare connection count (older than the
+/// staleness bound, younger than 1 s) in a fresh record is not stale before the monitor
+/// has seen the gatherer's counting interval; an older one is.
+#[test]
+fn a_delay_reading_within_the_counting_allowance_is_not_stale_before_the_interval_is_seen() {
+    let (c, t, p) = with_table(vec![backend(1, "")], |cfg| {
+        cfg.admission.metric = Metric::Delay;
+        cfg.admission.stale_after_ms = 20;
+    });
+    let reading = |lag_ns| Entry {
+        conns_lag_ns: lag_ns,
+        conns_interval_ns: 0,
+        ..delay_reading(1, 0)
+    };
+    EntryWriter::new(&*t, 0).publish(&reading(500_000_000));
+    assert_eq!(c.load(0, mono_ns()), Load::Known(0), "due, not stale");
+    EntryWriter::new(&*t, 0).publish(&reading(1_500_000_000));
+    assert_eq!(
+        c.load(0, mono_ns()),
+        Load::Stale,
+        "overdue past the 1 s allowance"
+    );
+    // Once the interval is seen (100 ms here), it is the allowance.
+    EntryWriter::new(&*t, 0).publish(&Entry {
+        conns_interval_ns: 100_000_000,
+        ..reading(500_000_000)
+    });
+    assert_eq!(
+        c.load(0, mono_ns()),
+        Load::Stale,
+        "overdue past its interval"
+    );
+    let _ = std::fs::remove_file(p);
 }
 
 /// Publish delay reading `id` for back-end `i` and wait until the budget has acted on
@@ -580,7 +679,7 @@ fn publish_and_await_step(c: &Control, t: &dyn Words, i: usize, id: u64, delay_u
 fn delay_metric_adapts_the_budget_to_the_published_queueing_delay() {
     let (c, t, p) = with_table(vec![backend(1, "")], |cfg| {
         cfg.admission.metric = Metric::Delay;
-        cfg.admission.target_delay_ms = 5;
+        cfg.admission.target_delay_ms = Some(5);
         cfg.admission.limit = Some(8);
     });
     let mut id = 1;
@@ -652,6 +751,8 @@ fn delay_metric_balances_by_headroom_in_the_budget() {
     small.limit = Some(3);
     let (c, t, p) = with_table(vec![backend(1, ""), small], |cfg| {
         cfg.admission.metric = Metric::Delay;
+        // A target shorter than the staleness bound: each reading is applied while fresh.
+        cfg.admission.target_delay_ms = Some(5);
         cfg.admission.limit = Some(12);
     });
     // Both stay under the target while in use: budgets grow to 12 and to 3.
