@@ -123,8 +123,11 @@ function drawBackends(cur, old) {
     cell(tr, 'state ' + cls, label);
     const load = num(pick(v, 'farside_backend_load'));
     const limit = num(v.farside_backend_limit);
+    // A back-end admitted by another metric than the configured one (`backlog` under
+    // `delay` while it publishes no queueing delay) says so beside its load.
     cell(tr, 'load', (load === null || load < 0 ? '–' : fmt(load)) + ' / ' +
-      (limit === null || limit > 1e15 ? '∞' : fmt(limit)), 'metric ' + cur.metric);
+      (limit === null || limit > 1e15 ? '∞' : fmt(limit)) + (b.metric ? ' (' + b.metric + ')' : ''),
+      'metric ' + (b.metric ? b.metric + ': no delay reading' : cur.metric));
     cell(tr, 'inflight', fmt(num(v.farside_backend_inflight)));
     cell(tr, 'routed-rate', fmt(routedRates[i], 1));
     const share = totalRate > 0 ? routedRates[i] / totalRate

@@ -107,6 +107,11 @@ struct BackendView<'a> {
     transport: &'a str,
     /// None (JSON null) when the back-end has no admission limit.
     limit: Option<u64>,
+    /// The metric it is admitted by (`farside_backend_admission_metric`), when it differs
+    /// from the configured one: `backlog` under metric `delay` for a back-end whose
+    /// records carry no queueing delay. Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    metric: Option<String>,
     v: Map<String, serde_json::Value>,
 }
 
@@ -163,6 +168,7 @@ pub fn snapshot(samples: &[Sample], cfg: &ProxyConfig, t_ms: u64) -> String {
             site: &b.site,
             transport: transport(cfg, i),
             limit: Some(cfg.limit_for(i)).filter(|&l| l != u64::MAX),
+            metric: admitted_by(&v).filter(|m| m != a.metric.name()),
             v,
         })
         .collect();
@@ -186,6 +192,17 @@ pub fn snapshot(samples: &[Sample], cfg: &ProxyConfig, t_ms: u64) -> String {
         g: global,
     };
     serde_json::to_string(&snap).expect("a snapshot of strings and numbers serialises")
+}
+
+/// The metric a back-end's samples `v` say it is admitted by
+/// (`farside_backend_admission_metric{metric=NAME}`), if they say.
+fn admitted_by(v: &Map<String, serde_json::Value>) -> Option<String> {
+    const KEY: &str = "farside_backend_admission_metric{metric=";
+    v.keys().find_map(|k| {
+        k.strip_prefix(KEY)
+            .and_then(|m| m.strip_suffix('}'))
+            .map(str::to_string)
+    })
 }
 
 /// A sample's value as JSON: NaN and infinities (not JSON numbers) as null.
@@ -228,16 +245,53 @@ mod tests {
             -1i64,
         );
         e.gauge("x", "X.", &[("backend", "10.0.0.1:1")], 1u64);
+        // Admitted by the configured metric: no `metric` of its own.
+        e.gauge(
+            "farside_backend_admission_metric",
+            "M.",
+            &[
+                ("backend", "127.0.0.1:1"),
+                ("site", ""),
+                ("metric", "backlog"),
+            ],
+            1u64,
+        );
         e.gauge("nan", "N.", &[], f64::NAN);
         let s = snapshot(&e.into_samples(), &cfg, 7);
         assert_eq!(
             s,
             "{\"t_ms\":7,\"metric\":\"backlog\",\"admission\":false,\"stale_after_ms\":100,\"backends\":[\
-             {\"addr\":\"127.0.0.1:1\",\"site\":\"\",\"transport\":\"tcp\",\"limit\":2,\"v\":{}},\
+             {\"addr\":\"127.0.0.1:1\",\"site\":\"\",\"transport\":\"tcp\",\"limit\":2,\
+             \"v\":{\"farside_backend_admission_metric{metric=backlog}\":1}},\
              {\"addr\":\"127.0.0.1:2\",\"site\":\"a\\\"b\",\"transport\":\"none\",\"limit\":2,\
              \"v\":{\"farside_backend_load{metric=cpu}\":-1}}],\"sites\":[],\
              \"g\":{\"farside_admission_decisions_total{stage=request,outcome=admit,reason=}\":5,\
              \"nan\":null}}"
         );
+    }
+
+    #[test]
+    fn a_backend_admitted_by_another_metric_says_which() {
+        let cfg: ProxyConfig = toml::from_str(
+            "listen = \"127.0.0.1:0\"\n\
+             [admission]\nmetric = \"delay\"\n\
+             [[backend]]\naddr = \"127.0.0.1:1\"\nregion = \"tcp:127.0.0.1:9\"\n\
+             [[backend]]\naddr = \"127.0.0.1:2\"\nregion = \"tcp:127.0.0.1:9\"\n",
+        )
+        .unwrap();
+        let mut e = Encoder::capturing();
+        for (addr, m) in [("127.0.0.1:1", "delay"), ("127.0.0.1:2", "backlog")] {
+            e.gauge(
+                "farside_backend_admission_metric",
+                "M.",
+                &[("backend", addr), ("site", ""), ("metric", m)],
+                1u64,
+            );
+        }
+        let s: serde_json::Value =
+            serde_json::from_str(&snapshot(&e.into_samples(), &cfg, 7)).unwrap();
+        assert_eq!(s["metric"], "delay");
+        assert!(s["backends"][0].get("metric").is_none(), "{s}");
+        assert_eq!(s["backends"][1]["metric"], "backlog", "{s}");
     }
 }

@@ -163,8 +163,12 @@ pub struct ProxyArgs {
     pub admission: bool,
     /// Admission metric: delay, backlog, pending, conns, cpu, pressure, runnable or
     /// inflight. Default delay (objective-driven: each back-end's queueing delay is kept
-    /// under --target-delay-ms by an adaptive budget of requests in flight; needs
-    /// --watch-port on the back-end's gatherd). The default is chosen by a written rule:
+    /// under --target-delay-ms by an adaptive budget of requests in flight, read from the
+    /// back-end's gatherd run with --watch-port; a back-end whose records carry no delay
+    /// reading (its gatherd watches no port) is admitted by backlog, limit 2, until they
+    /// do, shown in farside_backend_admission_metric and on the dashboard; with nothing of
+    /// this proxy's in flight back-ends tie, and ties rotate). The default is chosen by a
+    /// written rule:
     /// the mode with the highest minimum goodput ratio against HAProxy over the choosing
     /// scenarios (`farside lab admission`, closed and open loop, 3 repeats), subject to a
     /// mean p99 at or below HAProxy's in every one; minimum ratios within their spread over

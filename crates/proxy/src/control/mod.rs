@@ -112,8 +112,10 @@ struct Backend {
     observer: Arc<dyn InflightObserver>,
     /// Metric `delay`: the budget was the constraint since the last reading.
     delay_used: AtomicBool,
-    /// Metric `delay`: "publishes no delay" was logged once.
-    delay_unpublished_logged: AtomicBool,
+    /// Metric `delay`: the back-end's last fresh record carried no queueing delay (its
+    /// gatherd watches no port), so it is admitted by metric `backlog` meanwhile
+    /// ([`Control::metric_of`]). Shared with its [`DelayDone`] (no slow start meanwhile).
+    no_delay: Arc<AtomicBool>,
     /// `on_stale = local`: the back-end's last known safe level of this proxy's requests
     /// in flight to it (0: no fresh reading yet). See [`admit_local`].
     safe_inflight: AtomicU64,
@@ -225,6 +227,9 @@ struct DelayDone {
     /// The budget's cap (the back-end's limit).
     max: f64,
     slow: AtomicBool,
+    /// The back-end is admitted by `backlog` for want of a delay reading: its budget is
+    /// not in use, so completions do not grow it.
+    no_delay: Arc<AtomicBool>,
 }
 
 impl InflightObserver for DelayDone {
@@ -233,7 +238,7 @@ impl InflightObserver for DelayDone {
     }
     fn done(&self) {
         self.tally.done();
-        if self.slow.load(Ordering::Relaxed) {
+        if self.slow.load(Ordering::Relaxed) && !self.no_delay.load(Ordering::Relaxed) {
             let mut st = self.delay.lock().unwrap_or_else(|p| p.into_inner());
             if st.slow_start {
                 st.on_done(self.inflight.load(Ordering::Relaxed), self.max);
@@ -414,6 +419,7 @@ impl Control {
                     delay::BUDGET_MIN,
                     limit as f64,
                 )));
+                let no_delay = Arc::new(AtomicBool::new(false));
                 let observer: Arc<dyn InflightObserver> = if a.metric == Metric::Delay {
                     Arc::new(DelayDone {
                         tally: tally.clone(),
@@ -421,6 +427,7 @@ impl Control {
                         inflight: inflight.clone(),
                         max: limit as f64,
                         slow: AtomicBool::new(true),
+                        no_delay: no_delay.clone(),
                     })
                 } else {
                     tally.clone()
@@ -438,7 +445,7 @@ impl Control {
                     delay,
                     observer,
                     delay_used: AtomicBool::new(false),
-                    delay_unpublished_logged: AtomicBool::new(false),
+                    no_delay,
                     safe_inflight: AtomicU64::new(0),
                     classes: Arc::new(ClassCells::new(class_count)),
                 }
@@ -489,7 +496,7 @@ impl Control {
         let Load::Known(v) = load else {
             return load;
         };
-        Load::Known(match self.metric {
+        Load::Known(match self.metric_of(i) {
             Metric::Conns | Metric::Backlog | Metric::Pending => {
                 let (sent, done) = self.backends[i].tally.since(sample_ns);
                 let v = estimate::estimate(v, sent, done);
@@ -502,6 +509,19 @@ impl Control {
             }
             _ => v,
         })
+    }
+
+    /// The metric back-end `i` is admitted by: the configured one, except that with
+    /// metric `delay` a back-end whose last fresh record carried no queueing delay (its
+    /// gatherd watches no port) is admitted by `backlog` with the `backlog` rule's limit
+    /// ([`QUEUE_LIMIT_DEFAULT`]) until a record carries one (docs/proxy.md, "A back-end
+    /// without a delay reading").
+    pub fn metric_of(&self, i: usize) -> Metric {
+        if self.metric == Metric::Delay && self.backends[i].no_delay.load(Ordering::Relaxed) {
+            Metric::Backlog
+        } else {
+            self.metric
+        }
     }
 
     fn idle(&self, i: usize) -> u64 {
@@ -518,7 +538,7 @@ impl Control {
             return (Load::Unknown, 0);
         };
         if self.metric == Metric::Delay {
-            return (self.delay_step(i, &**t, now_ns), 0);
+            return self.delay_step(i, &**t, now_ns);
         }
         use table::field as f;
         let (f1, f2) = match self.metric {
@@ -543,28 +563,43 @@ impl Control {
     /// Metric `delay`: apply back-end `i`'s latest delay reading to its budget (once per
     /// reading) and return the load to compare with the budget: this proxy's requests
     /// in flight to it. Stale when the reading is older than the staleness bound.
-    fn delay_step(&self, i: usize, t: &dyn Words, now_ns: u64) -> Load {
+    /// A fresh record without a delay reading turns the back-end to `backlog`
+    /// ([`Control::metric_of`]): the load is then its accept queue and the sample's time
+    /// (for the estimate), as metric `backlog` reads it.
+    fn delay_step(&self, i: usize, t: &dyn Words, now_ns: u64) -> (Load, u64) {
         let b = &self.backends[i];
         let Some(e) = table::read(t, i) else {
-            return Load::Stale;
+            return (Load::Stale, 0);
         };
+        if e.queue_delay_id == 0 {
+            if !matches!(e.status, EntryStatus::Ok | EntryStatus::Error)
+                || now_ns.saturating_sub(e.advanced_mono_ns) > self.stale_after_ns
+            {
+                return (Load::Stale, 0);
+            }
+            if !b.no_delay.swap(true, Ordering::Relaxed) {
+                log::warn!(
+                    "admission: back-end {} publishes no queueing delay (its gatherd watches \
+                     no port: give it --watch-port PORT of the web server); it is admitted by \
+                     metric `backlog` (limit {QUEUE_LIMIT_DEFAULT}) until it publishes one",
+                    b.addr
+                );
+            }
+            return (Load::Known(e.accept_backlog), e.advanced_mono_ns);
+        }
+        if b.no_delay.swap(false, Ordering::Relaxed) {
+            log::info!(
+                "admission: back-end {} publishes a queueing delay again: metric `delay`",
+                b.addr
+            );
+        }
         let taken = e
             .advanced_mono_ns
             .saturating_sub(delay_excess_lag_ns(e.conns_lag_ns, e.conns_interval_ns));
         if !matches!(e.status, EntryStatus::Ok | EntryStatus::Error)
             || now_ns.saturating_sub(taken) > self.stale_after_ns
         {
-            return Load::Stale;
-        }
-        if e.queue_delay_id == 0 {
-            if !b.delay_unpublished_logged.swap(true, Ordering::Relaxed) {
-                log::warn!(
-                    "admission: back-end {} publishes no queueing delay (its gatherd needs \
-                     --watch-port PORT of the web server); metric `delay` treats it as stale",
-                    b.addr
-                );
-            }
-            return Load::Stale;
+            return (Load::Stale, 0);
         }
         let mut st = b.delay.lock().unwrap_or_else(|p| p.into_inner());
         if st.reading_id != e.queue_delay_id && st.due(now_ns, self.target_delay_us) {
@@ -575,7 +610,7 @@ impl Control {
             };
             st.on_reading(r, self.target_delay_us, b.limit as f64, now_ns);
         }
-        Load::Known(b.inflight.load(Ordering::Relaxed))
+        (Load::Known(b.inflight.load(Ordering::Relaxed)), 0)
     }
 
     /// Metric `delay`: back-end `i`'s current budget of requests in flight.
@@ -591,7 +626,7 @@ impl Control {
     /// Back-end `i`'s budget of requests in flight as the class rule divides it: metric
     /// `delay`'s current budget, else the limit (no side effect, for metrics).
     fn budget_now(&self, i: usize) -> u64 {
-        if self.metric == Metric::Delay {
+        if self.metric_of(i) == Metric::Delay {
             self.budget(i)
         } else {
             self.backends[i].limit
@@ -602,8 +637,12 @@ impl Control {
     /// metric `delay` its current budget (and notes whether the budget is in use).
     fn limit_now(&self, i: usize, load: Load) -> u64 {
         let b = &self.backends[i];
-        if self.metric != Metric::Delay {
-            return b.limit;
+        match self.metric_of(i) {
+            Metric::Delay => {}
+            // A back-end without a delay reading: the `backlog` rule's limit (its
+            // configured limit is the delay budget's cap, not a queue length).
+            Metric::Backlog if self.metric == Metric::Delay => return QUEUE_LIMIT_DEFAULT,
+            _ => return b.limit,
         }
         let budget = self.budget(i);
         if let Load::Known(inflight) = load {
@@ -628,12 +667,14 @@ impl Control {
             admit(
                 load,
                 self.limit_now(i, load),
-                self.metric,
+                self.metric_of(i),
                 self.on_stale,
                 self.idle(i),
             )
         };
-        if let (Metric::Delay, Load::Known(_), Err(Reject::Overloaded)) = (self.metric, load, r) {
+        if let (Metric::Delay, Load::Known(_), Err(Reject::Overloaded)) =
+            (self.metric_of(i), load, r)
+        {
             if self.slow_start_queue_admits(i) {
                 r = Ok(Admit::Any);
             }
@@ -990,12 +1031,7 @@ impl Control {
             }
         }
         let score = match load {
-            // Metric `delay`: in flight relative to the budget (ppm), so a back-end
-            // whose delay allows more (a faster one, or one with no other tenant)
-            // gets proportionally more.
-            Load::Known(v) if self.metric == Metric::Delay => {
-                v.saturating_add(1) * 1_000_000 / self.budget(i).max(1)
-            }
+            Load::Known(v) if self.metric == Metric::Delay => self.delay_score(i, v),
             Load::Known(v) => v,
             Load::Stale | Load::Unknown => 0,
         };
@@ -1004,6 +1040,27 @@ impl Control {
         Considered::Usable {
             key: (score, self.backends[i].inflight.load(Ordering::Relaxed)),
             reuse_only,
+        }
+    }
+
+    /// Metric `delay`'s balancing score of back-end `i` with `v` in its metric's unit,
+    /// ppm of its bound, so that back-ends read by either metric compare:
+    /// - by its delay: this proxy's requests in flight with this one, relative to the
+    ///   budget, so a back-end whose delay allows more (a faster one, or one with no other
+    ///   tenant) gets proportionally more. A back-end with none of this proxy's requests
+    ///   in flight scores 0 whatever its budget: a budget grows only while in use and an
+    ///   idle one keeps what it grew to, so among idle back-ends it records which one
+    ///   was used last, not which is faster; ranking by it sent every request of a
+    ///   sequential client to the back-end that served the first (its slow start had
+    ///   grown its budget to 2). Idle back-ends tie, and ties spread (the walk starts at
+    ///   a rotating back-end, p2c draws at random);
+    /// - by `backlog` (no delay reading): its accept-queue estimate relative to the
+    ///   `backlog` rule's limit.
+    fn delay_score(&self, i: usize, v: u64) -> u64 {
+        match self.metric_of(i) {
+            Metric::Delay if v == 0 => 0,
+            Metric::Delay => v.saturating_add(1) * 1_000_000 / self.budget(i).max(1),
+            _ => v.saturating_mul(1_000_000) / QUEUE_LIMIT_DEFAULT,
         }
     }
 
@@ -1231,7 +1288,7 @@ impl Control {
                 // request first), so it counts: leaving those out too let the accept
                 // queue grow unseen under overload (p99 of seconds in a short
                 // bench/lockout.sh run).
-                let mut guard = if self.metric == Metric::Backlog && reuse_only {
+                let mut guard = if self.metric_of(i) == Metric::Backlog && reuse_only {
                     InflightGuard::new(b.inflight.clone())
                 } else {
                     InflightGuard::observed(b.inflight.clone(), b.observer.clone())

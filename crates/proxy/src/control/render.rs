@@ -241,10 +241,18 @@ impl Control {
                 Load::Known(v) => v as i64,
                 _ => -1,
             };
+            // After the load: reading it is what notices a record without a delay.
+            let metric = self.metric_of(i).name();
+            enc.gauge(
+                "farside_backend_admission_metric",
+                "The metric the back-end is admitted by (1): the configured one, or `backlog` under metric `delay` while its records carry no queueing delay.",
+                &with("metric", metric),
+                1u64,
+            );
             enc.gauge(
                 "farside_backend_load",
-                "Back-end load in the admission metric's unit (-1: stale or unknown).",
-                &with("metric", self.metric.name()),
+                "Back-end load in the unit of the metric it is admitted by (-1: stale or unknown).",
+                &with("metric", metric),
                 load,
             );
             enc.gauge(

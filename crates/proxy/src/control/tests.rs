@@ -737,10 +737,84 @@ fn delay_metric_adapts_the_budget_to_the_published_queueing_delay() {
             .unwrap_or_else(|| panic!("{want} in {m}"));
         assert_ne!(line.rsplit(' ').next(), Some("0"), "{line}");
     }
-    // A back-end that publishes no delay (no watched port) is stale for this metric.
-    EntryWriter::new(&*t, 0).publish(&delay_reading(0, 0));
-    assert_eq!(c.choose(None), Err(Reject::StaleLoad));
     let _ = std::fs::remove_file(p);
+}
+
+/// Metric `delay`: a back-end whose fresh record carries no delay reading (its gatherd
+/// watches no port) is admitted by `backlog` with that rule's limit, and says so in the
+/// metrics; a record with a delay reading turns it back.
+#[test]
+fn delay_metric_admits_a_backend_without_a_delay_reading_by_backlog() {
+    let (c, t, p) = with_table(vec![backend(1, "")], |cfg| {
+        cfg.admission.metric = Metric::Delay;
+        cfg.admission.limit = Some(8);
+    });
+    EntryWriter::new(&*t, 0).publish(&delay_reading_backlog(0, 0, 0));
+    assert_eq!(c.load(0, mono_ns()), Load::Known(0), "fresh, not stale");
+    assert_eq!(c.metric_of(0), Metric::Backlog);
+    // The `backlog` estimate: the sample (0 waiting) plus this proxy's sends since.
+    let held: Vec<_> = std::iter::from_fn(|| c.route(None).ok()).take(10).collect();
+    assert_eq!(
+        held.len() as u64,
+        QUEUE_LIMIT_DEFAULT,
+        "the backlog rule's limit"
+    );
+    assert_eq!(c.choose(None), Err(Reject::Overloaded));
+    let mut e = farside_admin::Encoder::new();
+    c.render(&mut e);
+    let m = e.finish();
+    for want in [
+        "farside_backend_admission_metric{backend=\"127.0.0.1:1\",site=\"\",metric=\"backlog\"} 1",
+        "farside_backend_load{backend=\"127.0.0.1:1\",site=\"\",metric=\"backlog\"} 2",
+        "farside_backend_limit{backend=\"127.0.0.1:1\",site=\"\"} 2",
+    ] {
+        assert!(m.lines().any(|l| l == want), "{want} in {m}");
+    }
+    // A queue at the limit refuses even with nothing in flight.
+    drop(held);
+    EntryWriter::new(&*t, 0).publish(&delay_reading_backlog(0, 0, QUEUE_LIMIT_DEFAULT));
+    assert_eq!(c.choose(None), Err(Reject::Overloaded));
+    // Its gatherd gets a watched port: the delay metric again.
+    EntryWriter::new(&*t, 0).publish(&delay_reading(1, 0));
+    assert_eq!(c.load(0, mono_ns()), Load::Known(0));
+    assert_eq!(c.metric_of(0), Metric::Delay);
+    let mut e = farside_admin::Encoder::new();
+    c.render(&mut e);
+    let m = e.finish();
+    assert!(
+        m.contains("farside_backend_admission_metric{backend=\"127.0.0.1:1\",site=\"\",metric=\"delay\"} 1"),
+        "{m}"
+    );
+    // A stale record without a delay reading is stale, whichever metric.
+    EntryWriter::new(&*t, 0).publish(&Entry {
+        advanced_mono_ns: mono_ns() - 10_000_000_000,
+        ..delay_reading_backlog(0, 0, 0)
+    });
+    assert_eq!(c.load(0, mono_ns()), Load::Stale);
+    let _ = std::fs::remove_file(p);
+}
+
+/// Metric `delay`: a sequential client (one request in flight at a time) in front of
+/// idle back-ends is spread over all of them. The first completion grows the serving
+/// back-end's budget (slow start), and an idle back-end must not win by that: with
+/// nothing in flight every back-end scores the same and ties rotate.
+#[test]
+fn delay_metric_spreads_sequential_requests_over_idle_backends() {
+    for policy in [BalancePolicy::LeastLoaded, BalancePolicy::P2c] {
+        let (c, t, p) = with_table(vec![backend(1, ""), backend(2, "")], |cfg| {
+            cfg.admission.metric = Metric::Delay;
+            cfg.balance.policy = policy;
+        });
+        EntryWriter::new(&*t, 0).publish(&delay_reading_backlog(1, 0, 0));
+        EntryWriter::new(&*t, 1).publish(&delay_reading_backlog(1, 0, 0));
+        let mut to = [0; 2];
+        for _ in 0..40 {
+            let r = c.route(None).unwrap();
+            to[r.backend] += 1;
+        }
+        assert!(to[0] >= 5 && to[1] >= 5, "{policy:?}: {to:?}");
+        let _ = std::fs::remove_file(p);
+    }
 }
 
 /// Metric `delay` balances by in-flight requests relative to each back-end's budget:
