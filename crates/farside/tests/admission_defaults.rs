@@ -300,6 +300,10 @@ fn a_dead_gatherd_under_overload_neither_overloads_nor_refuses_everything() {
     // Fresh view under overload: the safe level settles at workers + queue.
     let s = loadgen(px, &["--rate", "1200", "--duration-s", "1"]);
     assert!(n(&s, "served") > 0, "{s}");
+    // What the stale phase will hold the back-end at, and the budget it came from.
+    let level = metric(admin, "farside_backend_safe_inflight{");
+    let budget = metric(admin, "farside_backend_limit{");
+    eprintln!("fresh 3x: safe level {level}, budget {budget}; {s}");
     g.stop();
     eventually("the record goes stale", WAIT, || load_stale(admin));
     let port = backend.port();
@@ -307,7 +311,7 @@ fn a_dead_gatherd_under_overload_neither_overloads_nor_refuses_everything() {
         move || ss_backlog(port),
         || loadgen(px, &["--rate", "1200", "--duration-s", "2"]),
     );
-    eprintln!("dead gatherd, 3x: longest accept queue {max}; {s}");
+    eprintln!("dead gatherd, 3x: longest accept queue {max}, safe level {level}; {s}");
     assert!(n(&s, "served") > 100, "not blind: keeps serving: {s}");
     assert!(
         n(&s, "dropped_503") > 0,
