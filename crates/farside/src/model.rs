@@ -40,14 +40,17 @@ pub struct CoopModelArgs {
     /// --calibrate is given.
     #[arg(long)]
     pub costs: Option<PathBuf>,
-    /// Measure the costs on this host first (runs `farside backend --coop` nodes on
-    /// loopback, then peer fetch over tcp, udp, xdp and shm between nodes in network
-    /// namespaces as the lab's, which needs root; a few minutes) and write them to
+    /// Measure the costs on this host first, the way `farside lab coop` incurs them:
+    /// 4 `farside backend --coop` nodes in network namespaces at the lab's 40 % CPU
+    /// quota, driven by `farside loadgen` replaying sessions of a synthetic trace (not
+    /// the World Cup), in all-local, all-miss and all-remote phases (the last per
+    /// transport: tcp, udp, xdp, shm); needs root, about three minutes. Writes them to
     /// --costs (default <--out>/costs.json). Run it through the measurement lock and
     /// with the same build as the lab runs compared.
     #[arg(long)]
     pub calibrate: bool,
-    /// Requests per calibration phase. Default 3000.
+    /// Requests each calibration phase should count (its measured time is fixed, 3 s);
+    /// a phase that counts fewer is reported with a warning. Default 3000.
     #[arg(long = "calibrate-requests", default_value_t = 3000)]
     pub calibrate_requests: u64,
     /// Kept `lab coop` run directories (each with `points.json`) to compare with.
