@@ -1041,6 +1041,63 @@ mod tests {
         ]
     }
 
+    /// Two clients' streams in [`Trace::interleaved`]'s layout: client 0 takes `a`,
+    /// client 1 takes `b` (the same length).
+    fn two_streams(a: &[u32], b: &[u32]) -> Trace {
+        Trace {
+            object_bytes: vec![4096; 64],
+            requests: a.iter().zip(b).flat_map(|(&x, &y)| [x, y]).collect(),
+        }
+    }
+
+    #[test]
+    fn pinned_clients_send_every_request_to_their_own_node() {
+        // Client 0 asks only for object 0, client 1 only for object 1; a node's cache
+        // holds one of them.
+        let trace = two_streams(&[0; 400], &[1; 400]);
+        let mut cfg = SimConfig::new(2, 4096);
+        cfg.clients_per_node = 1;
+        cfg.arrival = Arrival::PinnedClients;
+        let r = run(&cfg, &trace, Policy::Press(Press::new(RemoteMode::Forward)));
+        r.check().unwrap();
+        assert_eq!(r.measured, 640);
+        // Each node only ever sees its own client's object: after the first misses
+        // (in the warm-up) every request is a local hit.
+        assert_eq!(
+            (r.local.requests, r.forwarded.requests, r.miss.requests),
+            (640, 0, 0)
+        );
+        // Drawn per request, the same streams cross: node 0 is asked for object 1, which
+        // node 1 holds.
+        cfg.arrival = Arrival::Shared;
+        let r = run(&cfg, &trace, Policy::Press(Press::new(RemoteMode::Forward)));
+        r.check().unwrap();
+        assert!(r.forwarded.requests > 100, "{:?}", r.forwarded);
+    }
+
+    #[test]
+    fn a_press_node_is_not_overloaded_by_requests_it_finished_since_the_last_sample() {
+        // Client 0 (node 0) asks for object 0 all the time, so node 0 caches it and is
+        // sent far more than PRESS's overload threshold (65) within one long load period.
+        // Client 1 (node 1) first reads 10 other objects from disk (while node 0 serves
+        // about a hundred hits), then asks for object 0: node 0 never has more than one
+        // request in flight, so node 1 must fetch it from node 0 every time, never read
+        // it from disk (a replica at node 1).
+        let mut b: Vec<u32> = (1..=10).collect();
+        b.resize(400, 0);
+        let trace = two_streams(&[0; 400], &b);
+        let mut cfg = SimConfig::new(2, 1 << 20);
+        cfg.clients_per_node = 1;
+        cfg.arrival = Arrival::PinnedClients;
+        cfg.warmup_fraction = 0.0;
+        cfg.load_period_ns = 1_000_000_000;
+        cfg.directory_period_ns = 1_000_000;
+        let r = run(&cfg, &trace, Policy::Press(Press::new(RemoteMode::Forward)));
+        r.check().unwrap();
+        assert_eq!(r.forwarded.requests, 390, "{:?}", r.fractions());
+        assert_eq!(r.miss.requests, 11);
+    }
+
     #[test]
     fn every_policy_answers_every_request_once_from_a_holder() {
         let trace = synthetic(500, 20_000, 3);
