@@ -49,10 +49,14 @@ pub struct CoopModelArgs {
     /// with the same build as the lab runs compared.
     #[arg(long)]
     pub calibrate: bool,
-    /// Requests each calibration phase should count (its measured time is fixed, 3 s);
+    /// Requests each calibration phase should count (its measured time is --calibrate-seconds);
     /// a phase that counts fewer is reported with a warning. Default 3000.
     #[arg(long = "calibrate-requests", default_value_t = 3000)]
     pub calibrate_requests: u64,
+    /// Measured seconds of each calibration phase (after a warm-up of a third of it, at
+    /// most 1 s); 24 phases. Default 3.
+    #[arg(long = "calibrate-seconds", default_value_t = crate::model_calibrate::CALIBRATE_SECONDS_DEFAULT)]
+    pub calibrate_seconds: f64,
     /// Kept `lab coop` run directories (each with `points.json`) to compare with.
     #[arg(long, value_delimiter = ',')]
     pub runs: Vec<PathBuf>,
@@ -120,7 +124,7 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
         }
     };
     if a.calibrate {
-        let f = crate::model_calibrate::calibrate(a.calibrate_requests)?;
+        let f = crate::model_calibrate::calibrate(a.calibrate_requests, a.calibrate_seconds)?;
         let text = serde_json::to_string_pretty(&f).map_err(|e| e.to_string())? + "\n";
         std::fs::write(&costs_path, text).map_err(|e| format!("{}: {e}", costs_path.display()))?;
         eprintln!("model coop: wrote {}", costs_path.display());

@@ -66,10 +66,16 @@ const LAB_CLIENT_TIMEOUT_MS: u64 = 10_000;
 pub const SESSION_REQUESTS: usize = 11;
 /// Sessions per node set in the synthetic trace (the load generator wraps around).
 const SESSIONS_PER_SET: usize = 64;
-/// Warm-up and measured time of each phase and size, s: the clients reach a steady
-/// state in well under a second; 3 s holds thousands of requests at the lab's quota.
-const PHASE_WARMUP_S: f64 = 1.0;
-const PHASE_MEASURE_S: f64 = 3.0;
+/// Measured time of each phase and size, s (`--calibrate-seconds`): 3 s holds thousands
+/// of requests at the lab's quota; the bounds keep a typo from taking hours.
+pub const CALIBRATE_SECONDS_DEFAULT: f64 = 3.0;
+pub const CALIBRATE_SECONDS_RANGE: std::ops::RangeInclusive<f64> = 0.2..=60.0;
+
+/// Warm-up before each phase's measured `seconds`: a third of it, at most 1 s (the
+/// clients reach a steady state in well under a second), at least 0.1 s.
+fn warmup_s(seconds: f64) -> f64 {
+    (seconds / 3.0).clamp(0.1, 1.0)
+}
 /// Time between starting the load generators and their clock's start (thread start,
 /// trace load), as the lab allows.
 const LOADGEN_START: Duration = Duration::from_millis(300);
@@ -329,10 +335,15 @@ fn read_trim(path: &str) -> String {
 
 /// Measures the costs (see the module doc); a lab-shaped phase that counts fewer than
 /// `requests` requests is reported.
-pub fn calibrate(requests: u64) -> Result<CostsFile, String> {
+pub fn calibrate(requests: u64, seconds: f64) -> Result<CostsFile, String> {
     if !CALIBRATE_REQUESTS_RANGE.contains(&requests) {
         return Err(err(format!(
             "--calibrate-requests must be in {CALIBRATE_REQUESTS_RANGE:?}"
+        )));
+    }
+    if !CALIBRATE_SECONDS_RANGE.contains(&seconds) {
+        return Err(err(format!(
+            "--calibrate-seconds must be in {CALIBRATE_SECONDS_RANGE:?}"
         )));
     }
     if !farside_lab::fabric::netns::is_root() {
@@ -359,7 +370,7 @@ pub fn calibrate(requests: u64) -> Result<CostsFile, String> {
         });
         (kb(bytes), ns)
     };
-    let lab = lab_phases(&objects, &mut sample)?;
+    let lab = lab_phases(&objects, seconds, &mut sample)?;
     // The emulated disk, as the lab configures it.
     let disk = Disk::new(LAB_DISK_LATENCY_US, LAB_DISK_BYTES_PER_S);
     let mut disk_pts = Vec::new();
@@ -432,14 +443,15 @@ pub fn calibrate(requests: u64) -> Result<CostsFile, String> {
                  one instance per driven node, {LAB_CLIENTS_PER_NODE} closed-loop clients each \
                  replaying sessions of {SESSION_REQUESTS} requests on fresh connections, every \
                  body checked; synthetic trace: {OBJECTS_PER_SET} objects per node and size; \
-                 {PHASE_WARMUP_S} s warm-up + {PHASE_MEASURE_S} s measured per phase and size; \
+                 {:.1} s warm-up + {seconds} s measured per phase and size; \
                  phases all-local (tcp nodes, each node's set), all-miss (rr, 1-byte caches, \
                  disk 0), all-remote per transport (nodes 0, 1 asked for the sets of nodes 2, \
                  3); node CPU from each node's cgroup (ns), client CPU of this process \
                  (RUSAGE_SELF), requests from the nodes' counters, host softirq from \
                  /proc/stat (ticks); disk: wall time of coop::disk::Disk reads; directory: \
                  CPU of {DIRECTORY_UPDATES} updates of {DIRECTORY_OBJECTS} objects; NIC 0 \
-                 (veth without a rate limit)"
+                 (veth without a rate limit)",
+                warmup_s(seconds)
             ),
         },
         costs,
@@ -624,6 +636,8 @@ impl Counted {
 /// Running nodes of one set-up.
 struct Cluster<'a> {
     dc: &'a VirtualDc,
+    /// Measured time of each phase, s.
+    seconds: f64,
     _children: Children,
     http: Vec<SocketAddr>,
 }
@@ -636,6 +650,7 @@ struct Env<'a> {
     keys: LabKeys,
     work: PathBuf,
     exe: PathBuf,
+    seconds: f64,
 }
 
 impl Env<'_> {
@@ -716,6 +731,7 @@ impl Env<'_> {
         }
         Ok(Cluster {
             dc,
+            seconds: self.seconds,
             _children: children,
             http,
         })
@@ -745,8 +761,8 @@ impl Cluster<'_> {
                 lg.check_root = Some(root.to_path_buf());
                 lg.timeout_ms = LAB_CLIENT_TIMEOUT_MS;
                 lg.quiet = true;
-                lg.warmup_s = PHASE_WARMUP_S;
-                lg.duration_s = PHASE_MEASURE_S;
+                lg.warmup_s = warmup_s(self.seconds);
+                lg.duration_s = self.seconds;
                 lg.seed = seed * 100 + k as u64 + 1;
                 lg.clients = LAB_CLIENTS_PER_NODE;
                 lg
@@ -779,7 +795,9 @@ impl Cluster<'_> {
                         .iter()
                         .map(|lg| s.spawn(move || farside_loadgen::run(lg)))
                         .collect();
-                    std::thread::sleep(Duration::from_secs_f64(PHASE_WARMUP_S) + LOADGEN_START);
+                    std::thread::sleep(
+                        Duration::from_secs_f64(warmup_s(self.seconds)) + LOADGEN_START,
+                    );
                     let before = snap();
                     let mut failed = None;
                     for h in hs {
@@ -833,6 +851,7 @@ fn dominant(what: &str, size: u64, class: u64, c: &Counted) -> Result<f64, Strin
 /// The lab-shaped phases (see the module doc).
 fn lab_phases(
     objects: &Objects,
+    seconds: f64,
     sample: &mut dyn FnMut(&str, u64, u64, f64) -> Point,
 ) -> Result<LabCosts, String> {
     let run_id = format!("calib{}", std::process::id() % 100_000);
@@ -859,6 +878,7 @@ fn lab_phases(
         keys: LabKeys::generate(&["coop", "coop-arena"]).map_err(err)?,
         work: work.clone(),
         exe: std::env::current_exe().map_err(err)?,
+        seconds,
     };
     let big = 256u64 << 20;
     let result = (|| -> Result<LabCosts, String> {
