@@ -992,6 +992,28 @@ mod tests {
     }
 
     #[test]
+    fn the_synthetic_trace_is_sessions_of_the_lab_length_over_the_set() {
+        let set: Vec<String> = (0..3).map(|i| format!("/o/512-0-{i}")).collect();
+        let text = session_trace(&set, 512, 2);
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').collect())
+            .collect();
+        assert_eq!(
+            text.lines().next(),
+            Some("timestamp,client_id,url,status,size")
+        );
+        assert_eq!(rows.len(), 2 * SESSION_REQUESTS);
+        // Each trace client (session) asks for SESSION_REQUESTS objects, cycling the set.
+        for (i, r) in rows.iter().enumerate() {
+            assert_eq!(r[1], (i / SESSION_REQUESTS).to_string());
+            assert_eq!(r[2], set[i % 3]);
+            assert_eq!((r[3], r[4]), ("200", "512"));
+        }
+    }
+
+    #[test]
     fn utc_dates_are_civil() {
         let s = utc_now();
         assert_eq!(s.len(), 20);
