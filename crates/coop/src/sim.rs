@@ -17,9 +17,14 @@
 //! - **Knowledge.** A node knows its own cache exactly; peers' caches only from their
 //!   directories (Bloom filters rebuilt every `directory_period_ns`, then pulled by every
 //!   peer with one-sided READs or pushed by the owner with WRITEs into per-peer slots when
-//!   changed, [`DirectoryUpdate`]; that traffic costs CPU as background work); loads
-//!   (requests in flight per node) from the monitor, sampled every `load_period_ns`, plus
-//!   what the deciding front-end sent since the last sample.
+//!   changed, [`DirectoryUpdate`]; that traffic costs CPU as background work). Loads
+//!   (requests in flight per node) are sampled every `load_period_ns`: a front-end (LARD,
+//!   bounded hashing) knows the sample plus what it sent since; a PRESS node knows its
+//!   own load exactly and its peers' as last sampled (what they published), never what
+//!   other nodes were sent since (counting those as load made busy peers look overloaded
+//!   and replicated every popular object).
+//! - **Arrival** ([`Arrival`]): one shared stream with a uniform initial node per
+//!   request, or each client its own stream to one node (round-robin DNS, as the lab).
 //! - **Hints are checked.** When a visit takes a body from a cache (at the start of its
 //!   service, after queueing), the holder must hold the object *then*. If not, a Local
 //!   falls back to disk, a Peer costs a wasted index READ and falls back to the answering
@@ -199,8 +204,23 @@ pub struct SimConfig {
     pub bloom_fp: f64,
     /// Each node's cache replacement. Default LRU.
     pub replacement: Replacement,
+    /// How requests reach the nodes. Default [`Arrival::Shared`].
+    pub arrival: Arrival,
     /// How directories travel. Default pull.
     pub directory_update: DirectoryUpdate,
+}
+
+/// How the closed population's requests reach the nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// One shared stream: a client takes the trace's next request, whose initial node is
+    /// drawn uniformly per request.
+    Shared,
+    /// Round-robin DNS as a client sees it: client `c` replays its own stream (requests
+    /// `c`, `c + clients`, `c + 2 clients`, ... of the trace, the layout of
+    /// [`Trace::interleaved`]) and sends every request to node `c % nodes`, the node its
+    /// name resolved to, as the lab's clients do.
+    PinnedClients,
 }
 
 impl SimConfig {
@@ -218,6 +238,7 @@ impl SimConfig {
             cache_remote_fetches: false,
             bloom_fp: BLOOM_FP_DEFAULT,
             replacement: Replacement::Lru,
+            arrival: Arrival::Shared,
             directory_update: DirectoryUpdate::Pull,
         }
     }
@@ -374,6 +395,12 @@ struct View<'a> {
     filters: &'a [BloomFilter],
     load_sampled: &'a [u64],
     load_sent: &'a [u64],
+    in_flight: &'a [u64],
+    /// PRESS: the initial node deciding. It knows its own load exactly (its requests in
+    /// flight, this one included) and its peers' only as they published it; no node
+    /// knows what the others were sent since. `None`: a front-end deciding, which knows
+    /// the monitor's sample plus what it sent since.
+    deciding: Option<NodeId>,
 }
 
 impl ClusterView for View<'_> {
@@ -387,7 +414,11 @@ impl ClusterView for View<'_> {
         self.filters[peer].may_contain(object)
     }
     fn load(&self, node: NodeId) -> u64 {
-        self.load_sampled[node] + self.load_sent[node]
+        match self.deciding {
+            Some(me) if me == node => self.in_flight[node] + 1,
+            Some(_) => self.load_sampled[node],
+            None => self.load_sampled[node] + self.load_sent[node],
+        }
     }
 }
 
@@ -407,6 +438,8 @@ struct Sim<'t> {
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     event_seq: u64,
     next_req: usize,
+    /// With [`Arrival::PinnedClients`]: requests each client has issued.
+    issued_by: Vec<usize>,
     warmup: usize,
     answered: Vec<u8>,
     window_start_ns: Option<u64>,
@@ -453,6 +486,7 @@ pub fn run(cfg: &SimConfig, trace: &Trace, policy: Policy) -> SimReport {
         events: BinaryHeap::new(),
         event_seq: 0,
         next_req: 0,
+        issued_by: vec![0; clients],
         warmup,
         answered: vec![0; trace.requests.len()],
         window_start_ns: None,
@@ -620,22 +654,31 @@ impl Sim<'_> {
 
     /// Client `c` issues the trace's next request; false if the trace is exhausted.
     fn issue(&mut self, c: usize, now: u64) -> bool {
-        if self.next_req >= self.trace.requests.len() {
+        let len = self.trace.requests.len();
+        let next = match self.cfg.arrival {
+            Arrival::Shared => self.next_req,
+            Arrival::PinnedClients => self.issued_by[c] * self.clients + c,
+        };
+        if next >= len {
             if self.window_end_ns.is_none() {
                 self.account_in_system(now);
                 self.window_end_ns = Some(now);
             }
             return false;
         }
-        let req = self.next_req;
+        let req = next;
         self.next_req += 1;
-        if req == self.warmup {
+        self.issued_by[c] += 1;
+        if req >= self.warmup && self.window_start_ns.is_none() {
             self.account_in_system(now);
             self.window_start_ns = Some(now);
         }
         let object = self.trace.requests[req];
         let bytes = self.trace.object_bytes[object as usize] as u64;
-        let initial = self.rng.below(self.cfg.nodes as u64) as usize;
+        let initial = match self.cfg.arrival {
+            Arrival::Shared => self.rng.below(self.cfg.nodes as u64) as usize,
+            Arrival::PinnedClients => c % self.cfg.nodes,
+        };
         let request = Request {
             object: object as u64,
             bytes,
@@ -646,6 +689,8 @@ impl Sim<'_> {
             filters: &self.filters,
             load_sampled: &self.load_sampled,
             load_sent: &self.load_sent,
+            in_flight: &self.in_flight,
+            deciding: matches!(self.policy, Policy::Press(_)).then_some(initial),
         };
         let decision = self.policy.decide(&request, &view, now);
         self.load_sent[decision.node] += 1;
@@ -994,6 +1039,63 @@ mod tests {
             Policy::BoundedHash(BoundedHash::new(nodes, 125)),
             Policy::RoundRobin(RoundRobin::default()),
         ]
+    }
+
+    /// Two clients' streams in [`Trace::interleaved`]'s layout: client 0 takes `a`,
+    /// client 1 takes `b` (the same length).
+    fn two_streams(a: &[u32], b: &[u32]) -> Trace {
+        Trace {
+            object_bytes: vec![4096; 64],
+            requests: a.iter().zip(b).flat_map(|(&x, &y)| [x, y]).collect(),
+        }
+    }
+
+    #[test]
+    fn pinned_clients_send_every_request_to_their_own_node() {
+        // Client 0 asks only for object 0, client 1 only for object 1; a node's cache
+        // holds one of them.
+        let trace = two_streams(&[0; 400], &[1; 400]);
+        let mut cfg = SimConfig::new(2, 4096);
+        cfg.clients_per_node = 1;
+        cfg.arrival = Arrival::PinnedClients;
+        let r = run(&cfg, &trace, Policy::Press(Press::new(RemoteMode::Forward)));
+        r.check().unwrap();
+        assert_eq!(r.measured, 640);
+        // Each node only ever sees its own client's object: after the first misses
+        // (in the warm-up) every request is a local hit.
+        assert_eq!(
+            (r.local.requests, r.forwarded.requests, r.miss.requests),
+            (640, 0, 0)
+        );
+        // Drawn per request, the same streams cross: node 0 is asked for object 1, which
+        // node 1 holds.
+        cfg.arrival = Arrival::Shared;
+        let r = run(&cfg, &trace, Policy::Press(Press::new(RemoteMode::Forward)));
+        r.check().unwrap();
+        assert!(r.forwarded.requests > 100, "{:?}", r.forwarded);
+    }
+
+    #[test]
+    fn a_press_node_is_not_overloaded_by_requests_it_finished_since_the_last_sample() {
+        // Client 0 (node 0) asks for object 0 all the time, so node 0 caches it and is
+        // sent far more than PRESS's overload threshold (65) within one long load period.
+        // Client 1 (node 1) first reads 10 other objects from disk (while node 0 serves
+        // about a hundred hits), then asks for object 0: node 0 never has more than one
+        // request in flight, so node 1 must fetch it from node 0 every time, never read
+        // it from disk (a replica at node 1).
+        let mut b: Vec<u32> = (1..=10).collect();
+        b.resize(400, 0);
+        let trace = two_streams(&[0; 400], &b);
+        let mut cfg = SimConfig::new(2, 1 << 20);
+        cfg.clients_per_node = 1;
+        cfg.arrival = Arrival::PinnedClients;
+        cfg.warmup_fraction = 0.0;
+        cfg.load_period_ns = 1_000_000_000;
+        cfg.directory_period_ns = 1_000_000;
+        let r = run(&cfg, &trace, Policy::Press(Press::new(RemoteMode::Forward)));
+        r.check().unwrap();
+        assert_eq!(r.forwarded.requests, 390, "{:?}", r.fractions());
+        assert_eq!(r.miss.requests, 11);
     }
 
     #[test]

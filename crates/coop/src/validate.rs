@@ -26,7 +26,7 @@ use crate::model::{
     transport_demands_ns, utilisation, ClassesResult, Demands, PeerFetch, Solver, MODEL_TOLERANCE,
 };
 use crate::policy::{Policy, Press, RemoteMode, RoundRobin};
-use crate::sim::{self, Costs, DirectoryUpdate, SimConfig, SimReport};
+use crate::sim::{self, Arrival, Costs, DirectoryUpdate, SimConfig, SimReport};
 use crate::trace::Trace;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -481,6 +481,8 @@ pub fn predict_replay(
     cfg.directory_period_ns = s.publish_ms * 1_000_000;
     cfg.load_period_ns = s.publish_ms * 1_000_000;
     cfg.directory_update = DirectoryUpdate::Datagram;
+    // Client k replays from its own offset to node k % nodes, as the lab's clients do.
+    cfg.arrival = Arrival::PinnedClients;
     let report = sim::run(&cfg, &stream, policy);
     report
         .check()

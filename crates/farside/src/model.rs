@@ -40,16 +40,23 @@ pub struct CoopModelArgs {
     /// --calibrate is given.
     #[arg(long)]
     pub costs: Option<PathBuf>,
-    /// Measure the costs on this host first (runs `farside backend --coop` nodes on
-    /// loopback, then peer fetch over tcp, udp, xdp and shm between nodes in network
-    /// namespaces as the lab's, which needs root; a few minutes) and write them to
+    /// Measure the costs on this host first, the way `farside lab coop` incurs them:
+    /// 4 `farside backend --coop` nodes in network namespaces at the lab's 40 % CPU
+    /// quota, driven by `farside loadgen` replaying sessions of a synthetic trace (not
+    /// the World Cup), in all-local, all-miss and all-remote phases (the last per
+    /// transport: tcp, udp, xdp, shm); needs root, about three minutes. Writes them to
     /// --costs (default <--out>/costs.json). Run it through the measurement lock and
     /// with the same build as the lab runs compared.
     #[arg(long)]
     pub calibrate: bool,
-    /// Requests per calibration phase. Default 3000.
+    /// Requests each calibration phase should count (its measured time is --calibrate-seconds);
+    /// a phase that counts fewer is reported with a warning. Default 3000.
     #[arg(long = "calibrate-requests", default_value_t = 3000)]
     pub calibrate_requests: u64,
+    /// Measured seconds of each calibration phase (after a warm-up of a third of it, at
+    /// most 1 s); 24 phases. Default 3.
+    #[arg(long = "calibrate-seconds", default_value_t = crate::model_calibrate::CALIBRATE_SECONDS_DEFAULT)]
+    pub calibrate_seconds: f64,
     /// Kept `lab coop` run directories (each with `points.json`) to compare with.
     #[arg(long, value_delimiter = ',')]
     pub runs: Vec<PathBuf>,
@@ -117,7 +124,7 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
         }
     };
     if a.calibrate {
-        let f = crate::model_calibrate::calibrate(a.calibrate_requests)?;
+        let f = crate::model_calibrate::calibrate(a.calibrate_requests, a.calibrate_seconds)?;
         let text = serde_json::to_string_pretty(&f).map_err(|e| e.to_string())? + "\n";
         std::fs::write(&costs_path, text).map_err(|e| format!("{}: {e}", costs_path.display()))?;
         eprintln!("model coop: wrote {}", costs_path.display());

@@ -1,19 +1,26 @@
 //! `farside model coop --calibrate`: the costs the cooperative-caching model needs,
-//! measured on this host with the real code paths of `farside backend --coop`.
+//! measured on this host with the real code paths of `farside backend --coop`, the way
+//! `farside lab coop` incurs them, over a synthetic workload that is none of the compared
+//! configurations.
 //!
-//! Every node is this binary's `backend --coop` in a child process on loopback, in its
-//! own `cpuacct` cgroup (v1) when it can make one, so its CPU time counts every thread
-//! to the nanosecond; else from `/proc/<pid>/stat` (10 ms ticks, hence the number of
-//! requests per phase). Closed-loop clients in this process send keep-alive GETs and
-//! check every body's CRC32c, as the lab's clients do; their own CPU is read per thread
-//! (`RUSAGE_THREAD`). Phases, each at body sizes [`SIZES`]:
-//! - `local`: a node with a large cache, every object cached: CPU per request = parse +
-//!   serve a cached body over TCP;
-//! - `miss`: a node whose cache holds nothing (1 byte), disk emulation at 0: the extra
-//!   CPU of reading and checksumming a file;
-//! - `forward-initial` / `forward-service`: two `--coop-policy press` nodes, every
-//!   object cached at the second only: the first's extra CPU for the sealed TCP fetch,
-//!   the second's CPU to answer it;
+//! The set-up is the lab's: [`LAB_NODES`] back-end nodes (this binary's `backend --coop`,
+//! [`LAB_WORKERS`] workers) in network namespaces on the lab's bridge, each at the lab's
+//! [`LAB_CPU_QUOTA_PCT`] % of a CPU, and the lab's client, `farside loadgen` (in this
+//! process, in the client's namespace), one instance per node driven with
+//! [`LAB_CLIENTS_PER_NODE`] closed-loop clients that replay *sessions* on fresh
+//! connections and check every body against its file, as the lab's do. The trace is
+//! synthetic: fixed objects of each size in [`SIZES`], split into one set per node, in
+//! sessions of [`SESSION_REQUESTS`] requests (the World Cup sample's mean session).
+//! Each node's CPU is its cgroup's (ns), the clients' is this process's; the requests are
+//! the nodes' own counters (`/coop/stats`) over the measured window. Phases, each per size:
+//! - `local`: PRESS nodes over tcp, every node's set cached at it; every client asks its
+//!   node for that node's set: all local hits, CPU per request over all nodes;
+//! - `miss`: `rr` nodes whose cache holds nothing (1 byte), disk emulation at 0: all
+//!   misses; the extra CPU of reading and checksumming a file over a local hit;
+//! - `fetch-<t>-initial|service|softirq` per peer transport `t` (tcp, udp, xdp, shm):
+//!   PRESS nodes over `t`, each set cached at its node; the clients of nodes 0 and 1
+//!   ask for the sets of nodes 2 and 3: all remote hits. The initial nodes' CPU over the
+//!   local phase's, the service nodes' CPU, the host's softirq (`/proc/stat`);
 //! - `disk`: the emulated disk (`coop::disk::Disk`, the lab's 5 ms + size / 40 MB/s),
 //!   wall time per read (the sleep's overshoot is real service time);
 //! - `directory`: one directory update built, encoded, sealed and sent, and received,
@@ -31,29 +38,57 @@ use farside_coop::validate::{
 };
 use farside_lab::fabric::keys::LabKeys;
 use farside_lab::fabric::netns::{NodeSpec, VirtualDc};
+use farside_loadgen::{LoadgenArgs, PathMode, TraceKind};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Body sizes measured, bytes: from a small page to the World Cup sample's larger
 /// images (its mean request is about 5 KB).
 pub const SIZES: [u64; 4] = [512, 4096, 16_384, 65_536];
-/// Objects per size: enough that the nodes' caches and the clients' keep-alive
-/// connections see distinct objects.
-const OBJECTS_PER_SIZE: usize = 32;
-/// Client threads per phase: two keep the node busy on a 2-CPU host without the
-/// clients taking the node's CPU.
-const CLIENT_THREADS: usize = 2;
+/// Objects per size in each node's set: more than a node's clients ask for at once, so
+/// sessions see distinct objects.
+const OBJECTS_PER_SET: usize = 32;
+/// The lab's set-up (`farside lab coop` defaults): back-end nodes, each node's CPU
+/// quota, closed-loop clients per node, HTTP workers per node.
+pub const LAB_NODES: usize = 4;
+pub const LAB_CPU_QUOTA_PCT: u32 = 40;
+pub const LAB_CLIENTS_PER_NODE: usize = 4;
+const LAB_WORKERS: usize = 64;
+/// The lab's client timeout, ms.
+const LAB_CLIENT_TIMEOUT_MS: u64 = 10_000;
+/// Requests per session of the synthetic trace: the World Cup sample's mean session
+/// (199,999 requests from 17,505 clients: 11.4), so connections open and close as
+/// often as in the lab's replay.
+pub const SESSION_REQUESTS: usize = 11;
+/// Sessions per node set in the synthetic trace (the load generator wraps around).
+const SESSIONS_PER_SET: usize = 64;
+/// Measured time of each phase and size, s (`--calibrate-seconds`): 3 s holds thousands
+/// of requests at the lab's quota; the bounds keep a typo from taking hours.
+pub const CALIBRATE_SECONDS_DEFAULT: f64 = 3.0;
+pub const CALIBRATE_SECONDS_RANGE: std::ops::RangeInclusive<f64> = 0.2..=60.0;
+
+/// Warm-up before each phase's measured `seconds`: a third of it, at most 1 s (the
+/// clients reach a steady state in well under a second), at least 0.1 s.
+fn warmup_s(seconds: f64) -> f64 {
+    (seconds / 3.0).clamp(0.1, 1.0)
+}
+/// Time between starting the load generators and their clock's start (thread start,
+/// trace load), as the lab allows.
+const LOADGEN_START: Duration = Duration::from_millis(300);
+/// Share of a phase's requests that must be of the phase's class (local, remote, miss):
+/// the rest are the warm-up's stragglers or a stale hint.
+const PHASE_CLASS_SHARE_MIN: f64 = 0.9;
 /// Time a node may take to listen.
 const READY_WITHIN: Duration = Duration::from_secs(30);
 /// Time for one client read or write.
 const CLIENT_IO_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest response head a client accepts.
 const HEAD_BYTES_MAX: usize = 16 * 1024;
-/// Time for a press node's directory to reach its peer: many publication periods
+/// Time for a press node's directory to reach its peers: many publication periods
 /// (20 ms) and beyond the 500 ms heartbeat.
 const DIRECTORY_SETTLE: Duration = Duration::from_millis(1200);
 /// The lab's disk emulation (`farside lab coop` defaults).
@@ -65,11 +100,21 @@ const DISK_READS: usize = 20;
 /// lab node's cache holds a few hundred objects).
 const DIRECTORY_UPDATES: usize = 2000;
 const DIRECTORY_OBJECTS: usize = 400;
-/// Requests per phase at least, at most.
+/// Requests a lab-shaped phase must count at least (`--calibrate-requests`): bounds.
 pub const CALIBRATE_REQUESTS_RANGE: std::ops::RangeInclusive<u64> = 100..=1_000_000;
 
 fn err(what: impl std::fmt::Display) -> String {
     format!("calibrate: {what}")
+}
+
+/// CPU time of this process (every thread, the ended ones included), ns.
+fn process_cpu_ns() -> u64 {
+    // SAFETY: getrusage writes the struct it is given and nothing else.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF is this process.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 /// CPU time of one thread of this process, ns.
@@ -78,125 +123,8 @@ fn thread_cpu_ns() -> u64 {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: as above; RUSAGE_THREAD is the calling thread.
     unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    let us = |t: libc::timeval| t.tv_sec as u64 * 1_000_000 + t.tv_usec as u64;
-    (us(ru.ru_utime) + us(ru.ru_stime)) * 1000
-}
-
-fn free_port() -> Result<u16, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(err)?;
-    Ok(l.local_addr().map_err(err)?.port())
-}
-
-/// A backend node in a child process.
-struct NodeProc {
-    child: Child,
-    addr: SocketAddr,
-    cgroup: Option<PathBuf>,
-}
-
-/// The cpuacct hierarchy (cgroup v1) if this host has one we may write.
-fn cpuacct_root() -> Option<PathBuf> {
-    let p = PathBuf::from("/sys/fs/cgroup/cpuacct");
-    p.join("cpuacct.usage").exists().then_some(p)
-}
-
-impl NodeProc {
-    fn start(name: &str, root: &Path, extra: &[String]) -> Result<NodeProc, String> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        let exe = std::env::current_exe().map_err(err)?;
-        let mut args: Vec<String> = vec![
-            "backend".into(),
-            "--listen".into(),
-            addr.to_string(),
-            "--root".into(),
-            root.display().to_string(),
-            "--workers".into(),
-            "8".into(),
-            "--coop".into(),
-        ];
-        args.extend_from_slice(extra);
-        let child = Command::new(exe)
-            .args(&args)
-            .env("FARSIDE_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(err)?;
-        let cgroup = cpuacct_root().and_then(|r| {
-            let dir = r.join(format!("farside-calib-{}-{name}", std::process::id()));
-            std::fs::create_dir(&dir).ok()?;
-            match std::fs::write(dir.join("cgroup.procs"), child.id().to_string()) {
-                Ok(()) => Some(dir),
-                Err(_) => {
-                    let _ = std::fs::remove_dir(&dir);
-                    None
-                }
-            }
-        });
-        let mut node = NodeProc {
-            child,
-            addr,
-            cgroup,
-        };
-        let until = Instant::now() + READY_WITHIN;
-        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-            if let Ok(Some(st)) = node.child.try_wait() {
-                return Err(err(format!("node {name} exited: {st}")));
-            }
-            if Instant::now() > until {
-                return Err(err(format!("node {name} did not listen on {addr}")));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Ok(node)
-    }
-
-    /// CPU time of every thread of the node so far, ns.
-    fn cpu_ns(&self) -> u64 {
-        if let Some(cg) = &self.cgroup {
-            if let Ok(s) = std::fs::read_to_string(cg.join("cpuacct.usage")) {
-                if let Ok(v) = s.trim().parse() {
-                    return v;
-                }
-            }
-        }
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // Fields after the command's closing parenthesis; utime and stime are 14 and 15.
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<u64> = rest
-            .split_whitespace()
-            .map(|x| x.parse().unwrap_or(0))
-            .collect();
-        // SAFETY: sysconf reads a constant.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-        f.get(11)
-            .zip(f.get(12))
-            .map_or(0, |(u, s)| (u + s) * 1_000_000_000 / hz)
-    }
-
-    fn stat(&self, key: &str) -> u64 {
-        let text = Conn::open(self.addr)
-            .and_then(|mut c| c.get("/coop/stats"))
-            .map(|(_, b)| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default();
-        text.lines()
-            .filter_map(|l| l.split_once(' '))
-            .find(|(k, _)| *k == key)
-            .and_then(|(_, v)| v.trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for NodeProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(cg) = &self.cgroup {
-            let _ = std::fs::remove_dir(cg);
-        }
-    }
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 struct Conn {
@@ -264,10 +192,32 @@ impl Conn {
     }
 }
 
-/// The calibration's objects: `o/<size>-<i>`, distinct content, and each one's CRC32c.
+/// The calibration's files (`o/<size>-<node>-<i>`, distinct content) and, per size and
+/// node, that node's set and a synthetic World Cup-format trace of sessions over it.
 struct Objects {
     dir: PathBuf,
-    by_size: Vec<Vec<(String, u32)>>,
+    /// `sets[size][node]`: the set's paths.
+    sets: Vec<Vec<Vec<String>>>,
+    /// `traces[size][node]`: the trace file of sessions over that set.
+    traces: Vec<Vec<PathBuf>>,
+}
+
+/// A synthetic trace in the World Cup sample's format: `sessions` trace clients, each
+/// asking for [`SESSION_REQUESTS`] of `paths` in turn (every one a 200 of `bytes`).
+pub fn session_trace(paths: &[String], bytes: u64, sessions: usize) -> String {
+    let mut out = String::from("timestamp,client_id,url,status,size\n");
+    let mut k = 0;
+    for c in 0..sessions {
+        for r in 0..SESSION_REQUESTS {
+            let path = &paths[k % paths.len().max(1)];
+            k += 1;
+            out.push_str(&format!(
+                "{},{c},{path},200,{bytes}\n",
+                893_973_604 + c * 10 + r
+            ));
+        }
+    }
+    out
 }
 
 impl Objects {
@@ -275,26 +225,35 @@ impl Objects {
         let dir = std::env::temp_dir().join(format!("farside-calib-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("o")).map_err(err)?;
-        let mut by_size = Vec::new();
+        std::fs::create_dir_all(dir.join("traces")).map_err(err)?;
+        let (mut sets, mut traces) = (Vec::new(), Vec::new());
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         for &size in &SIZES {
-            let mut v = Vec::new();
-            for i in 0..OBJECTS_PER_SIZE {
-                let body: Vec<u8> = (0..size)
-                    .map(|_| {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        x as u8
-                    })
-                    .collect();
-                let name = format!("/o/{size}-{i}");
-                std::fs::write(dir.join(&name[1..]), &body).map_err(err)?;
-                v.push((name, crc32c::crc32c(&body)));
+            let (mut s, mut t) = (Vec::new(), Vec::new());
+            for node in 0..LAB_NODES {
+                let mut set = Vec::new();
+                for i in 0..OBJECTS_PER_SET {
+                    let body: Vec<u8> = (0..size)
+                        .map(|_| {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            x as u8
+                        })
+                        .collect();
+                    let name = format!("/o/{size}-{node}-{i}");
+                    std::fs::write(dir.join(&name[1..]), &body).map_err(err)?;
+                    set.push(name);
+                }
+                let trace = dir.join(format!("traces/{size}-{node}.csv"));
+                std::fs::write(&trace, session_trace(&set, size, SESSIONS_PER_SET)).map_err(err)?;
+                s.push(set);
+                t.push(trace);
             }
-            by_size.push(v);
+            sets.push(s);
+            traces.push(t);
         }
-        Ok(Objects { dir, by_size })
+        Ok(Objects { dir, sets, traces })
     }
 }
 
@@ -304,42 +263,11 @@ impl Drop for Objects {
     }
 }
 
-/// `requests` GETs of `objects` (round-robin) at `node` from [`CLIENT_THREADS`]
-/// keep-alive clients; every body checked. Returns the clients' CPU per request, ns.
-fn drive(addr: SocketAddr, objects: &[(String, u32)], requests: u64) -> Result<f64, String> {
-    let per = requests.div_ceil(CLIENT_THREADS as u64);
-    let results: Vec<Result<u64, String>> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..CLIENT_THREADS)
-            .map(|t| {
-                s.spawn(move || -> Result<u64, String> {
-                    let mut c = Conn::open(addr).map_err(err)?;
-                    let cpu0 = thread_cpu_ns();
-                    for i in 0..per {
-                        let (name, crc) = &objects[(i as usize + t * 7) % objects.len()];
-                        let (status, body) = c.get(name).map_err(err)?;
-                        if status != 200 || crc32c::crc32c(&body) != *crc {
-                            return Err(err(format!("{name}: status {status} or wrong body")));
-                        }
-                    }
-                    Ok(thread_cpu_ns() - cpu0)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(err("client panicked"))))
-            .collect()
-    });
-    let mut cpu = 0;
-    for r in results {
-        cpu += r?;
-    }
-    Ok(cpu as f64 / (per * CLIENT_THREADS as u64) as f64)
-}
-
-/// Warms `node` with one request per object.
-fn warm(addr: SocketAddr, objects: &Objects) -> Result<(), String> {
+/// Asks `addr` once for each of `paths` (from the client's namespace): what it does
+/// not hold it reads from disk and caches.
+fn warm(addr: SocketAddr, paths: &[String]) -> Result<(), String> {
     let mut c = Conn::open(addr).map_err(err)?;
-    for (name, _) in objects.by_size.iter().flatten() {
+    for name in paths {
         let (st, _) = c.get(name).map_err(err)?;
         if st != 200 {
             return Err(err(format!("{name}: status {st}")));
@@ -405,109 +333,72 @@ fn read_trim(path: &str) -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// Measures the costs (see the module doc); `requests` per phase and size.
-pub fn calibrate(requests: u64) -> Result<CostsFile, String> {
+/// Measures the costs (see the module doc); a lab-shaped phase that counts fewer than
+/// `requests` requests is reported.
+pub fn calibrate(requests: u64, seconds: f64) -> Result<CostsFile, String> {
     if !CALIBRATE_REQUESTS_RANGE.contains(&requests) {
         return Err(err(format!(
             "--calibrate-requests must be in {CALIBRATE_REQUESTS_RANGE:?}"
         )));
     }
+    if !CALIBRATE_SECONDS_RANGE.contains(&seconds) {
+        return Err(err(format!(
+            "--calibrate-seconds must be in {CALIBRATE_SECONDS_RANGE:?}"
+        )));
+    }
+    if !farside_lab::fabric::netns::is_root() {
+        return Err(err(
+            "the phases run nodes in network namespaces with CPU quotas: run as root",
+        ));
+    }
     let load0 = load_avg();
     let objects = Objects::write()?;
     let mut samples = Vec::new();
-    let mut sample = |phase: &str, bytes: u64, ns: f64| {
-        eprintln!("calibrate: {phase:<16} {bytes:>6} B  {:>9.1} us", ns / 1e3);
+    let mut sample = |phase: &str, bytes: u64, counted: u64, ns: f64| {
+        eprintln!(
+            "calibrate: {phase:<22} {bytes:>6} B  {:>9.1} us  ({counted} requests)",
+            ns / 1e3
+        );
+        if counted < requests {
+            eprintln!("calibrate: warning: {phase} at {bytes} B counted {counted} requests, fewer than {requests}");
+        }
         samples.push(Sample {
             phase: phase.into(),
             body_bytes: bytes,
-            requests,
+            requests: counted,
             ns_per_request: ns,
         });
         (kb(bytes), ns)
     };
-    let zero_disk = |extra: &mut Vec<String>| {
-        extra.extend([
-            "--coop-disk-latency-us".into(),
-            "0".into(),
-            "--coop-disk-bytes-per-s".into(),
-            "1000000000000".into(),
-        ]);
-    };
-    let big = (256u64 << 20).to_string();
-    // Local hits.
-    let mut extra: Vec<String> = vec![
-        "--coop-policy".into(),
-        "rr".into(),
-        "--coop-cache-bytes".into(),
-        big.clone(),
-    ];
-    zero_disk(&mut extra);
-    let a = NodeProc::start("local", &objects.dir, &extra)?;
-    let method = if a.cgroup.is_some() {
-        "node CPU from a cpuacct cgroup per node (ns)"
-    } else {
-        "node CPU from /proc/<pid>/stat (clock ticks)"
-    };
-    warm(a.addr, &objects)?;
-    let (mut local, mut client) = (Vec::new(), Vec::new());
-    for (i, &size) in SIZES.iter().enumerate() {
-        let c0 = a.cpu_ns();
-        let cl = drive(a.addr, &objects.by_size[i], requests)?;
-        let ns = (a.cpu_ns() - c0) as f64 / requests as f64;
-        local.push(sample("local", size, ns));
-        client.push(sample("client", size, cl));
-    }
-    if a.stat("misses") != (SIZES.len() * OBJECTS_PER_SIZE) as u64 {
-        return Err(err("the local phase missed after warming"));
-    }
-    drop(a);
-    // Misses: a cache of one byte holds nothing.
-    let mut extra: Vec<String> = vec![
-        "--coop-policy".into(),
-        "rr".into(),
-        "--coop-cache-bytes".into(),
-        "1".into(),
-    ];
-    zero_disk(&mut extra);
-    let b = NodeProc::start("miss", &objects.dir, &extra)?;
-    let mut miss = Vec::new();
-    for (i, &size) in SIZES.iter().enumerate() {
-        let c0 = b.cpu_ns();
-        drive(b.addr, &objects.by_size[i], requests)?;
-        let ns = (b.cpu_ns() - c0) as f64 / requests as f64;
-        let extra = (ns - local[i].1).max(0.0);
-        sample("miss", size, ns);
-        miss.push((kb(size), extra));
-    }
-    drop(b);
-    // Peer fetches over every transport, in namespaces as the lab runs them.
-    let transports = transport_phases(&objects, requests, &mut sample)?;
-    let tcp = transports
-        .iter()
-        .find(|t| t.transport == "tcp")
-        .ok_or_else(|| err("no tcp phase"))?
-        .clone();
+    let lab = lab_phases(&objects, seconds, &mut sample)?;
     // The emulated disk, as the lab configures it.
     let disk = Disk::new(LAB_DISK_LATENCY_US, LAB_DISK_BYTES_PER_S);
     let mut disk_pts = Vec::new();
     for (i, &size) in SIZES.iter().enumerate() {
-        let path = objects.dir.join(&objects.by_size[i][0].0[1..]);
+        let path = objects.dir.join(&objects.sets[i][0][0][1..]);
         let t0 = Instant::now();
         for _ in 0..DISK_READS {
             disk.read(&path).map_err(err)?;
         }
         let ns = t0.elapsed().as_nanos() as f64 / DISK_READS as f64;
-        disk_pts.push(sample("disk", size, ns));
+        disk_pts.push(sample("disk", size, DISK_READS as u64 * 1000, ns));
     }
     let (d_access, d_kb) = fit(&disk_pts);
     // Directory updates: build + encode + seal + send to one peer; receive + decode.
     let (build_ns, send_ns, apply_ns) = directory_costs()?;
-    sample("directory-build", 0, build_ns);
-    sample("directory-send", 0, send_ns);
-    sample("directory-apply", 0, apply_ns);
-    let (l_a, l_b) = fit(&local);
-    let (m_a, m_b) = fit(&miss);
-    let (c_a, c_b) = fit(&client);
+    let dn = DIRECTORY_UPDATES as u64 * 1000;
+    sample("directory-build", 0, dn, build_ns);
+    sample("directory-send", 0, dn, send_ns);
+    sample("directory-apply", 0, dn, apply_ns);
+    let tcp = lab
+        .transports
+        .iter()
+        .find(|t| t.transport == "tcp")
+        .ok_or_else(|| err("no tcp phase"))?
+        .clone();
+    let (l_a, l_b) = fit(&lab.local);
+    let (m_a, m_b) = fit(&lab.miss);
+    let (c_a, c_b) = fit(&lab.client);
     let r = |x: f64| x.round() as u64;
     let defaults = Costs::default();
     let costs = Costs {
@@ -546,14 +437,21 @@ pub fn calibrate(requests: u64) -> Result<CostsFile, String> {
             measured_at: utc_now(),
             load_avg: [load0, load_avg()],
             method: format!(
-                "farside model coop --calibrate: {method}; {requests} requests per phase and size \
-                 from {CLIENT_THREADS} keep-alive clients over loopback; client CPU by RUSAGE_THREAD; \
-                 disk: wall time of coop::disk::Disk reads; directory: CPU of {DIRECTORY_UPDATES} \
-                 updates of {DIRECTORY_OBJECTS} objects; peer fetch per transport (tcp, udp, xdp, shm) \
-                 between two nodes in network namespaces on a bridge as the lab's (no CPU quota, \
-                 no RPS: softirq runs on the sender's CPU and counts in its cgroup), node CPU \
-                 from each node's cgroup, host softirq from /proc/stat (ticks); \
-                 NIC 0 (veth without a rate limit)"
+                "farside model coop --calibrate, lab-shaped: {LAB_NODES} nodes (backend --coop, \
+                 {LAB_WORKERS} workers) in network namespaces on the lab's bridge at \
+                 {LAB_CPU_QUOTA_PCT} % of a CPU each; farside loadgen in the client namespace, \
+                 one instance per driven node, {LAB_CLIENTS_PER_NODE} closed-loop clients each \
+                 replaying sessions of {SESSION_REQUESTS} requests on fresh connections, every \
+                 body checked; synthetic trace: {OBJECTS_PER_SET} objects per node and size; \
+                 {:.1} s warm-up + {seconds} s measured per phase and size; \
+                 phases all-local (tcp nodes, each node's set), all-miss (rr, 1-byte caches, \
+                 disk 0), all-remote per transport (nodes 0, 1 asked for the sets of nodes 2, \
+                 3); node CPU from each node's cgroup (ns), client CPU of this process \
+                 (RUSAGE_SELF), requests from the nodes' counters, host softirq from \
+                 /proc/stat (ticks); disk: wall time of coop::disk::Disk reads; directory: \
+                 CPU of {DIRECTORY_UPDATES} updates of {DIRECTORY_OBJECTS} objects; NIC 0 \
+                 (veth without a rate limit)",
+                warmup_s(seconds)
             ),
         },
         costs,
@@ -565,7 +463,7 @@ pub fn calibrate(requests: u64) -> Result<CostsFile, String> {
         },
         client_request_ns: c_a,
         client_per_kb_ns: c_b,
-        transports,
+        transports: lab.transports,
         samples,
     })
 }
@@ -610,21 +508,6 @@ fn directory_costs() -> Result<(f64, f64, f64), String> {
     let n = DIRECTORY_UPDATES as f64;
     Ok((build as f64 / n, send as f64 / n, apply as f64 / n))
 }
-
-/// Transports measured, in order (`farside backend --coop-peer`).
-pub const TRANSPORTS: [&str; 4] = ["tcp", "udp", "xdp", "shm"];
-/// Nodes of the transport phases: the clients, the node that takes the requests and the
-/// node that caches every object.
-const CLIENT: &str = "client";
-const INITIAL: &str = "initial";
-const SERVICE: &str = "service";
-/// Ports inside the namespaces (fresh, so fixed): HTTP and peer; each transport adds
-/// its index so a previous phase's sockets never collide.
-const HTTP_PORT: u16 = 8080;
-const PEER_PORT: u16 = 7100;
-/// The arena responders' port and reader key id (as the lab's).
-const ARENA_PORT: u16 = farside_backend::coop::COOP_ARENA_PORT_DEFAULT;
-const ARENA_KEY_ID: u32 = 1;
 
 /// CPU time of a node's cgroup so far, ns (v1 `cpuacct.usage`, else v2 `usage_usec`).
 fn cgroup_cpu_ns(dc: &VirtualDc, node: &str) -> u64 {
@@ -671,23 +554,6 @@ impl Drop for Children {
     }
 }
 
-/// One counter of a node's `/coop/stats`, read from the client's namespace.
-fn stat_at(dc: &VirtualDc, addr: SocketAddr, key: &str) -> u64 {
-    let text = dc
-        .run_in_ns(CLIENT, || {
-            Ok(Conn::open(addr)
-                .and_then(|mut c| c.get("/coop/stats"))
-                .map(|(_, b)| String::from_utf8_lossy(&b).into_owned())
-                .unwrap_or_default())
-        })
-        .unwrap_or_default();
-    text.lines()
-        .filter_map(|l| l.split_once(' '))
-        .find(|(k, _)| *k == key)
-        .and_then(|(_, v)| v.trim().parse().ok())
-        .unwrap_or(0)
-}
-
 /// Waits until `addr` takes connections from the client's namespace.
 fn ready(dc: &VirtualDc, addr: SocketAddr, children: &mut Children) -> Result<(), String> {
     let until = Instant::now() + READY_WITHIN;
@@ -712,34 +578,288 @@ fn ready(dc: &VirtualDc, addr: SocketAddr, children: &mut Children) -> Result<()
     }
 }
 
-/// Peer fetch over every transport ([`TRANSPORTS`]): two `--coop-policy press` nodes
-/// (`initial`, `service`) and the clients (`client`), each a network namespace on the
-/// lab's bridge (`farside_lab::fabric::netns`, tx checksum offload off, no CPU quota,
-/// no RPS, as `farside lab coop` runs them); every object cached at the service node
-/// only, so every request to the initial node is a peer fetch. Per size: the initial
-/// node's CPU over its local-hit CPU (the service node driven directly, the same path
-/// over the same veths), the service node's CPU, the host's softirq.
-fn transport_phases(
-    objects: &Objects,
-    requests: u64,
-    sample: &mut dyn FnMut(&str, u64, f64) -> Point,
-) -> Result<Vec<TransportCosts>, String> {
-    if !farside_lab::fabric::netns::is_root() {
-        return Err(err(
-            "the transport phases make network namespaces: run as root",
-        ));
+/// Transports measured, in order (`farside backend --coop-peer`).
+pub const TRANSPORTS: [&str; 4] = ["tcp", "udp", "xdp", "shm"];
+/// The clients' node.
+const CLIENT: &str = "client";
+/// Ports inside the namespaces (fixed): HTTP and peer; each set-up adds its index so a
+/// previous set-up's sockets never collide.
+const HTTP_PORT: u16 = 8080;
+const PEER_PORT: u16 = 7100;
+/// The arena responders' port and reader key id (as the lab's).
+const ARENA_PORT: u16 = farside_backend::coop::COOP_ARENA_PORT_DEFAULT;
+const ARENA_KEY_ID: u32 = 1;
+
+fn node_name(i: usize) -> String {
+    format!("n{i}")
+}
+
+/// The counters of a node's `/coop/stats` (called in the client's namespace).
+fn stats_here(addr: SocketAddr) -> std::collections::HashMap<String, u64> {
+    let text = Conn::open(addr)
+        .and_then(|mut c| c.get("/coop/stats"))
+        .map(|(_, b)| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    text.lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter_map(|(k, v)| Some((k.to_string(), v.trim().parse().ok()?)))
+        .collect()
+}
+
+/// The costs of the lab-shaped phases.
+struct LabCosts {
+    local: Vec<Point>,
+    client: Vec<Point>,
+    /// Extra CPU of a miss over a local hit.
+    miss: Vec<Point>,
+    transports: Vec<TransportCosts>,
+}
+
+/// What one phase counted over its measured window.
+#[derive(Debug, Clone, Default)]
+struct Counted {
+    /// Per node, CPU ns.
+    cpu_ns: Vec<u64>,
+    local: u64,
+    remote: u64,
+    miss: u64,
+    client_cpu_ns: u64,
+    softirq_ns: u64,
+}
+
+impl Counted {
+    fn total(&self) -> u64 {
+        self.local + self.remote + self.miss
     }
-    let run_id = format!("calib{}", std::process::id());
-    let dc = VirtualDc::create(
-        &run_id,
-        &[
-            NodeSpec::new(CLIENT),
-            NodeSpec::new(INITIAL),
-            NodeSpec::new(SERVICE),
-        ],
-    )
-    .map_err(err)?;
-    let keys = LabKeys::generate(&["coop", "coop-arena"]).map_err(err)?;
+}
+
+/// Running nodes of one set-up.
+struct Cluster<'a> {
+    dc: &'a VirtualDc,
+    /// Measured time of each phase, s.
+    seconds: f64,
+    _children: Children,
+    http: Vec<SocketAddr>,
+}
+
+/// Where the set-ups' nodes find their files and keys.
+struct Env<'a> {
+    dc: &'a VirtualDc,
+    root: &'a Path,
+    shm_dir: PathBuf,
+    keys: LabKeys,
+    work: PathBuf,
+    exe: PathBuf,
+    seconds: f64,
+}
+
+impl Env<'_> {
+    /// Starts [`LAB_NODES`] nodes (`policy` over `transport`, `cache_bytes` each, disk
+    /// emulation at 0) as set-up `k`.
+    fn start(
+        &self,
+        k: usize,
+        policy: &str,
+        transport: &str,
+        cache_bytes: u64,
+    ) -> Result<Cluster<'_>, String> {
+        let dc = self.dc;
+        let ip = |i: usize| std::net::IpAddr::V4(dc.node_ip(&node_name(i)));
+        let http: Vec<SocketAddr> = (0..LAB_NODES)
+            .map(|i| SocketAddr::new(ip(i), HTTP_PORT + k as u16))
+            .collect();
+        let peers = (0..LAB_NODES)
+            .map(|i| SocketAddr::new(ip(i), PEER_PORT + k as u16).to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut children = Children(Vec::new());
+        for (i, addr) in http.iter().enumerate() {
+            let name = node_name(i);
+            let mut a: Vec<String> = vec![
+                "backend".into(),
+                "--listen".into(),
+                addr.to_string(),
+                "--root".into(),
+                self.root.display().to_string(),
+                "--workers".into(),
+                LAB_WORKERS.to_string(),
+                "--coop".into(),
+                "--coop-cache-bytes".into(),
+                cache_bytes.to_string(),
+                "--coop-disk-latency-us".into(),
+                "0".into(),
+                "--coop-disk-bytes-per-s".into(),
+                "1000000000000".into(),
+                "--coop-policy".into(),
+                policy.into(),
+            ];
+            if policy == "press" {
+                a.extend([
+                    "--coop-index".into(),
+                    i.to_string(),
+                    "--coop-peers".into(),
+                    peers.clone(),
+                    "--coop-key-file".into(),
+                    self.keys.path("coop").display().to_string(),
+                    "--coop-peer".into(),
+                    transport.into(),
+                ]);
+                match transport {
+                    "xdp" => a.extend([
+                        "--coop-arena-iface".into(),
+                        dc.veth_in_ns(&name),
+                        "--coop-arena-port".into(),
+                        ARENA_PORT.to_string(),
+                        "--coop-arena-key".into(),
+                        format!("{ARENA_KEY_ID}:{}", self.keys.path("coop-arena").display()),
+                    ]),
+                    "shm" => {
+                        a.extend(["--coop-shm-dir".into(), self.shm_dir.display().to_string()])
+                    }
+                    _ => {}
+                }
+            }
+            let log = self
+                .work
+                .join(format!("{k}-{policy}-{transport}-{name}.log"));
+            children
+                .0
+                .push(dc.spawn_in(&name, &self.exe, &a, &log).map_err(err)?);
+        }
+        for addr in &http {
+            ready(dc, *addr, &mut children)?;
+        }
+        Ok(Cluster {
+            dc,
+            seconds: self.seconds,
+            _children: children,
+            http,
+        })
+    }
+}
+
+impl Cluster<'_> {
+    /// Node `i` reads every object of `paths` once (caching them).
+    fn warm(&self, i: usize, paths: &[String]) -> Result<(), String> {
+        let addr = self.http[i];
+        self.dc
+            .run_in_ns(CLIENT, || Ok(warm(addr, paths)))
+            .map_err(err)?
+    }
+
+    /// One phase: a load generator instance per `(node, trace)` with the lab's clients;
+    /// the nodes' CPU and counters over the measured window.
+    fn phase(&self, drive: &[(usize, &Path)], root: &Path, seed: u64) -> Result<Counted, String> {
+        let lgs: Vec<LoadgenArgs> = drive
+            .iter()
+            .enumerate()
+            .map(|(k, (node, trace))| {
+                let mut lg = LoadgenArgs::new(self.http[*node].to_string());
+                lg.trace = TraceKind::Worldcup;
+                lg.paths = PathMode::Docroot;
+                lg.trace_file = Some(trace.to_path_buf());
+                lg.check_root = Some(root.to_path_buf());
+                lg.timeout_ms = LAB_CLIENT_TIMEOUT_MS;
+                lg.quiet = true;
+                lg.warmup_s = warmup_s(self.seconds);
+                lg.duration_s = self.seconds;
+                lg.seed = seed * 100 + k as u64 + 1;
+                lg.clients = LAB_CLIENTS_PER_NODE;
+                lg
+            })
+            .collect();
+        let dc = self.dc;
+        let http = &self.http;
+        let snap = || -> Counted {
+            let mut c = Counted {
+                cpu_ns: (0..LAB_NODES)
+                    .map(|i| cgroup_cpu_ns(dc, &node_name(i)))
+                    .collect(),
+                client_cpu_ns: process_cpu_ns(),
+                softirq_ns: host_softirq_ns(),
+                ..Counted::default()
+            };
+            for a in http {
+                let st = stats_here(*a);
+                let g = |k: &str| st.get(k).copied().unwrap_or(0);
+                c.local += g("local_hits");
+                c.remote += g("remote_hits");
+                c.miss += g("misses");
+            }
+            c
+        };
+        let (before, after, failed) = dc
+            .run_in_ns(CLIENT, || {
+                Ok(std::thread::scope(|s| {
+                    let hs: Vec<_> = lgs
+                        .iter()
+                        .map(|lg| s.spawn(move || farside_loadgen::run(lg)))
+                        .collect();
+                    std::thread::sleep(
+                        Duration::from_secs_f64(warmup_s(self.seconds)) + LOADGEN_START,
+                    );
+                    let before = snap();
+                    let mut failed = None;
+                    for h in hs {
+                        match h.join() {
+                            Ok(Ok(sm)) if sm.failure_kinds.wrong_bodies > 0 => {
+                                failed =
+                                    Some(format!("{} wrong bodies", sm.failure_kinds.wrong_bodies))
+                            }
+                            Ok(Ok(_)) => {}
+                            Ok(Err(e)) => failed = Some(format!("loadgen: {e}")),
+                            Err(_) => failed = Some("a loadgen thread panicked".into()),
+                        }
+                    }
+                    (before, snap(), failed)
+                }))
+            })
+            .map_err(err)?;
+        if let Some(f) = failed {
+            return Err(err(f));
+        }
+        Ok(Counted {
+            cpu_ns: after
+                .cpu_ns
+                .iter()
+                .zip(&before.cpu_ns)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect(),
+            local: after.local - before.local,
+            remote: after.remote - before.remote,
+            miss: after.miss - before.miss,
+            client_cpu_ns: after.client_cpu_ns - before.client_cpu_ns,
+            softirq_ns: after.softirq_ns.saturating_sub(before.softirq_ns),
+        })
+    }
+}
+
+/// Checks that `class` (the phase's kind of answer) is most of what a phase counted.
+fn dominant(what: &str, size: u64, class: u64, c: &Counted) -> Result<f64, String> {
+    if class == 0 || (class as f64) < PHASE_CLASS_SHARE_MIN * c.total() as f64 {
+        return Err(err(format!(
+            "{what} phase at {size} B: {class} of {} requests of its kind (local {}, remote {}, miss {})",
+            c.total(),
+            c.local,
+            c.remote,
+            c.miss
+        )));
+    }
+    Ok(class as f64)
+}
+
+/// The lab-shaped phases (see the module doc).
+fn lab_phases(
+    objects: &Objects,
+    seconds: f64,
+    sample: &mut dyn FnMut(&str, u64, u64, f64) -> Point,
+) -> Result<LabCosts, String> {
+    let run_id = format!("calib{}", std::process::id() % 100_000);
+    let mut specs: Vec<NodeSpec> = (0..LAB_NODES)
+        .map(|i| NodeSpec::new(&node_name(i)).cpu_quota_pct(LAB_CPU_QUOTA_PCT))
+        .collect();
+    specs.push(NodeSpec::new(CLIENT));
+    let dc = VirtualDc::create(&run_id, &specs).map_err(err)?;
     let work = std::env::temp_dir().join(format!("farside-calib-{}-t", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(err)?;
@@ -751,115 +871,82 @@ fn transport_phases(
             .create(&shm_dir)
             .map_err(err)?;
     }
-    let exe = std::env::current_exe().map_err(err)?;
-    let ip = |n: &str| std::net::IpAddr::V4(dc.node_ip(n));
-    let big = (256u64 << 20).to_string();
-    let mut local: Option<Vec<Point>> = None;
-    let mut out = Vec::new();
-    let result = (|| -> Result<(), String> {
-        for (t, transport) in TRANSPORTS.iter().enumerate() {
-            let http = |n: &str| SocketAddr::new(ip(n), HTTP_PORT + t as u16);
-            let peers = [INITIAL, SERVICE]
-                .map(|n| SocketAddr::new(ip(n), PEER_PORT + t as u16).to_string())
-                .join(",");
-            let args = |n: &str, index: usize| {
-                let mut a: Vec<String> = vec![
-                    "backend".into(),
-                    "--listen".into(),
-                    http(n).to_string(),
-                    "--root".into(),
-                    objects.dir.display().to_string(),
-                    "--workers".into(),
-                    "8".into(),
-                    "--coop".into(),
-                    "--coop-cache-bytes".into(),
-                    big.clone(),
-                    "--coop-disk-latency-us".into(),
-                    "0".into(),
-                    "--coop-disk-bytes-per-s".into(),
-                    "1000000000000".into(),
-                    "--coop-policy".into(),
-                    "press".into(),
-                    "--coop-index".into(),
-                    index.to_string(),
-                    "--coop-peers".into(),
-                    peers.clone(),
-                    "--coop-key-file".into(),
-                    keys.path("coop").display().to_string(),
-                    "--coop-peer".into(),
-                    transport.to_string(),
-                ];
-                match *transport {
-                    "xdp" => a.extend([
-                        "--coop-arena-iface".into(),
-                        dc.veth_in_ns(n),
-                        "--coop-arena-port".into(),
-                        ARENA_PORT.to_string(),
-                        "--coop-arena-key".into(),
-                        format!("{ARENA_KEY_ID}:{}", keys.path("coop-arena").display()),
-                    ]),
-                    "shm" => a.extend(["--coop-shm-dir".into(), shm_dir.display().to_string()]),
-                    _ => {}
-                }
-                a
-            };
-            let mut children = Children(Vec::new());
-            for (i, n) in [INITIAL, SERVICE].into_iter().enumerate() {
-                let log = work.join(format!("{transport}-{n}.log"));
-                children
-                    .0
-                    .push(dc.spawn_in(n, &exe, &args(n, i), &log).map_err(err)?);
+    let env = Env {
+        dc: &dc,
+        root: &objects.dir,
+        shm_dir,
+        keys: LabKeys::generate(&["coop", "coop-arena"]).map_err(err)?,
+        work: work.clone(),
+        exe: std::env::current_exe().map_err(err)?,
+        seconds,
+    };
+    let big = 256u64 << 20;
+    let result = (|| -> Result<LabCosts, String> {
+        let mut out = LabCosts {
+            local: Vec::new(),
+            client: Vec::new(),
+            miss: Vec::new(),
+            transports: Vec::new(),
+        };
+        let mut setup = 0;
+        for transport in TRANSPORTS {
+            let c = env.start(setup, "press", transport, big)?;
+            setup += 1;
+            for j in 0..LAB_NODES {
+                let all: Vec<String> = objects.sets.iter().flat_map(|s| s[j].clone()).collect();
+                c.warm(j, &all)?;
             }
-            for n in [INITIAL, SERVICE] {
-                ready(&dc, http(n), &mut children)?;
-            }
-            let (ini, srv) = (http(INITIAL), http(SERVICE));
-            dc.run_in_ns(CLIENT, || Ok(warm(srv, objects)))
-                .map_err(err)??;
             std::thread::sleep(DIRECTORY_SETTLE);
-            if local.is_none() {
-                // The local-hit reference: the service node, every object cached.
-                let mut pts = Vec::new();
+            if transport == "tcp" {
                 for (i, &size) in SIZES.iter().enumerate() {
-                    let c0 = cgroup_cpu_ns(&dc, SERVICE);
-                    dc.run_in_ns(CLIENT, || Ok(drive(srv, &objects.by_size[i], requests)))
-                        .map_err(err)??;
-                    let ns = (cgroup_cpu_ns(&dc, SERVICE) - c0) as f64 / requests as f64;
-                    pts.push(sample("local-netns", size, ns));
+                    let drive: Vec<(usize, &Path)> = (0..LAB_NODES)
+                        .map(|j| (j, objects.traces[i][j].as_path()))
+                        .collect();
+                    let n = c.phase(&drive, &objects.dir, setup as u64 * 10 + i as u64)?;
+                    let hits = dominant("local", size, n.local, &n)?;
+                    let cpu: u64 = n.cpu_ns.iter().sum();
+                    out.local
+                        .push(sample("local", size, n.local, cpu as f64 / hits));
+                    out.client.push(sample(
+                        "client",
+                        size,
+                        n.total(),
+                        n.client_cpu_ns as f64 / n.total() as f64,
+                    ));
                 }
-                local = Some(pts);
             }
-            let local = local.as_ref().expect("measured above");
             let (mut pi, mut ps, mut pq) = (Vec::new(), Vec::new(), Vec::new());
             for (i, &size) in SIZES.iter().enumerate() {
-                let r0 = stat_at(&dc, ini, "remote_hits");
-                let (c0, s0, q0) = (
-                    cgroup_cpu_ns(&dc, INITIAL),
-                    cgroup_cpu_ns(&dc, SERVICE),
-                    host_softirq_ns(),
-                );
-                dc.run_in_ns(CLIENT, || Ok(drive(ini, &objects.by_size[i], requests)))
-                    .map_err(err)??;
-                let n = requests as f64;
-                let i_ns = (cgroup_cpu_ns(&dc, INITIAL) - c0) as f64 / n;
-                let s_ns = (cgroup_cpu_ns(&dc, SERVICE) - s0) as f64 / n;
-                let q_ns = host_softirq_ns().saturating_sub(q0) as f64 / n;
-                let remote = stat_at(&dc, ini, "remote_hits") - r0;
-                if remote < requests * 9 / 10 {
-                    return Err(err(format!(
-                        "{transport} phase at {size} B: {remote} of {requests} requests fetched \\
-                         from the peer (the directory did not arrive)"
-                    )));
-                }
-                sample(&format!("fetch-{transport}-initial"), size, i_ns);
-                pi.push((kb(size), (i_ns - local[i].1).max(0.0)));
-                ps.push(sample(&format!("fetch-{transport}-service"), size, s_ns));
-                pq.push(sample(&format!("fetch-{transport}-softirq"), size, q_ns));
+                // Clients of nodes 0 and 1 ask for the sets of nodes 2 and 3.
+                let drive = [
+                    (0, objects.traces[i][2].as_path()),
+                    (1, objects.traces[i][3].as_path()),
+                ];
+                let n = c.phase(&drive, &objects.dir, setup as u64 * 10 + i as u64)?;
+                let remote = dominant(&format!("{transport} remote"), size, n.remote, &n)?;
+                let ini = (n.cpu_ns[0] + n.cpu_ns[1]) as f64 / remote;
+                let srv = (n.cpu_ns[2] + n.cpu_ns[3]) as f64 / remote;
+                let q = n.softirq_ns as f64 / remote;
+                sample(&format!("fetch-{transport}-initial"), size, n.remote, ini);
+                let local = out.local.get(i).map_or(0.0, |p| p.1);
+                pi.push((kb(size), (ini - local).max(0.0)));
+                ps.push(sample(
+                    &format!("fetch-{transport}-service"),
+                    size,
+                    n.remote,
+                    srv,
+                ));
+                pq.push(sample(
+                    &format!("fetch-{transport}-softirq"),
+                    size,
+                    n.remote,
+                    q,
+                ));
             }
             let (ia, ib) = fit(&pi);
             let (sa, sb) = fit(&ps);
             let (qa, qb) = fit(&pq);
-            out.push(TransportCosts {
+            out.transports.push(TransportCosts {
                 transport: transport.to_string(),
                 initial_ns: ia,
                 initial_per_kb_ns: ib,
@@ -869,10 +956,24 @@ fn transport_phases(
                 softirq_per_kb_ns: qb,
             });
         }
-        Ok(())
+        // Misses: rr nodes whose cache of one byte holds nothing.
+        let c = env.start(setup, "rr", "tcp", 1)?;
+        for (i, &size) in SIZES.iter().enumerate() {
+            let drive: Vec<(usize, &Path)> = (0..LAB_NODES)
+                .map(|j| (j, objects.traces[i][j].as_path()))
+                .collect();
+            let n = c.phase(&drive, &objects.dir, 90 + i as u64)?;
+            let misses = dominant("miss", size, n.miss, &n)?;
+            let cpu: u64 = n.cpu_ns.iter().sum();
+            let ns = cpu as f64 / misses;
+            sample("miss", size, n.miss, ns);
+            out.miss.push((kb(size), (ns - out.local[i].1).max(0.0)));
+        }
+        Ok(out)
     })();
+    drop(env);
     let _ = std::fs::remove_dir_all(&work);
-    result.map(|()| out)
+    result
 }
 
 #[cfg(test)]
@@ -888,6 +989,28 @@ mod tests {
         );
         let (a, b) = fit(&[(1.0, 10.0), (2.0, 5.0)]);
         assert_eq!((a, b), (7.5, 0.0));
+    }
+
+    #[test]
+    fn the_synthetic_trace_is_sessions_of_the_lab_length_over_the_set() {
+        let set: Vec<String> = (0..3).map(|i| format!("/o/512-0-{i}")).collect();
+        let text = session_trace(&set, 512, 2);
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').collect())
+            .collect();
+        assert_eq!(
+            text.lines().next(),
+            Some("timestamp,client_id,url,status,size")
+        );
+        assert_eq!(rows.len(), 2 * SESSION_REQUESTS);
+        // Each trace client (session) asks for SESSION_REQUESTS objects, cycling the set.
+        for (i, r) in rows.iter().enumerate() {
+            assert_eq!(r[1], (i / SESSION_REQUESTS).to_string());
+            assert_eq!(r[2], set[i % 3]);
+            assert_eq!((r[3], r[4]), ("200", "512"));
+        }
     }
 
     #[test]
