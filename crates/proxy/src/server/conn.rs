@@ -912,7 +912,9 @@ mod tests {
         let up = connect(addr, Duration::from_secs(5)).await.unwrap();
         assert_eq!(quickack(&up), 0, "the proxy's upstream connection does not");
         assert!(up.nodelay().unwrap());
-        // And it carries data both ways as any connection does.
+        // And it carries data both ways as any connection does (the first accepted is
+        // `plain`'s).
+        let _plain_end = l.accept().await.unwrap();
         let (mut end, _) = l.accept().await.unwrap();
         let (mut up, mut b) = (up, [0u8; 4]);
         up.write_all(b"ping").await.unwrap();
