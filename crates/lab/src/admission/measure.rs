@@ -284,7 +284,11 @@ pub(super) struct HostSnap {
 pub(super) fn cpu_ticks_of(stat: &str) -> BTreeMap<usize, (u64, u64, u64)> {
     stat.lines()
         .filter_map(|l| {
+            // `cpuN ...`; the aggregate `cpu  ...` line has no number after the name.
             let rest = l.strip_prefix("cpu")?;
+            if !rest.starts_with(|c: char| c.is_ascii_digit()) {
+                return None;
+            }
             let mut f = rest.split_whitespace();
             let id: usize = f.next()?.parse().ok()?;
             // user nice system idle iowait irq softirq steal (guest is inside user).
