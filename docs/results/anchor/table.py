@@ -59,6 +59,35 @@ def fmt(xs, digits=0):
     return f"{m:.{digits}f} ({lo:.{digits}f}-{hi:.{digits}f})"
 
 
+HOST = [
+    ("backend_cpu_busy", "back busy", 100, 1, "%"),
+    ("backend_softirq", "back softirq", 100, 1, "%"),
+    ("backend_cpu_us_per_served", "back us/served", 1, 0, ""),
+    ("backend_conns_per_served", "conns/served", 1, 2, ""),
+    ("proxy_cpu_us_per_attempt", "proxy us/attempt", 1, 0, ""),
+    ("front_cpu_busy", "front busy", 100, 1, "%"),
+]
+
+
+def host_table(cells, systems):
+    """Where the host's CPU and the back-ends' connections went (runs that recorded it)."""
+    if not any(p.get(HOST[0][0]) is not None for by in cells.values() for ps in by.values() for p in ps):
+        return
+    print()
+    print("where the CPU went (mean over the runs that recorded it):")
+    print(f"{'scenario':16} {'load':6} {'system':16}" + "".join(f" {h[1]:>17}" for h in HOST))
+    for (scen, lm), by_sys in sorted(cells.items()):
+        for s in systems:
+            pts = by_sys.get(s)
+            if not pts:
+                continue
+            cols = []
+            for key, _, scale, digits, unit in HOST:
+                xs = [p[key] * scale for p in pts if p.get(key) is not None]
+                cols.append(f"{statistics.mean(xs):.{digits}f}{unit}" if xs else "-")
+            print(f"{scen:16} {lm:6} {s:16}" + "".join(f" {c:>17}" for c in cols))
+
+
 def main(args):
     cells, runs = load(groups_of(args))
     for d, commit, dirty, seed, build in runs:
@@ -74,6 +103,7 @@ def main(args):
             g = [p["goodput"] for p in pts]
             q = [p["p99_ms"] for p in pts]
             print(f"{scen:16} {lm:6} {s:16} {len(pts):>2} {fmt(g, 1):>26} {fmt(q):>26}")
+    host_table(cells, systems)
     print()
     for mode in FARSIDE:
         for anchor in ANCHORS:

@@ -263,3 +263,182 @@ pub(super) fn transport_of(system: &str, netns: bool) -> &'static str {
         _ => "none",
     }
 }
+
+/// How often [`HostSampler`]'s thread looks whether the point ended early while it waits
+/// for the measured window's end: the end snapshot is at most this late.
+pub(super) const HOST_STOP_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// What the host's counters said at one moment of a point ([`HostSampler`]).
+#[derive(Debug, Clone, Default)]
+pub(super) struct HostSnap {
+    /// `/proc/stat` per CPU: (busy ticks, softirq + irq ticks, all ticks), by CPU id.
+    cpus: BTreeMap<usize, (u64, u64, u64)>,
+    /// The proxy node's cgroup CPU time (`cpu.stat` `usage_usec`), µs.
+    proxy_us: Option<u64>,
+    /// TCP connections the back-ends accepted so far (sum over their namespaces).
+    passive_opens: Option<u64>,
+}
+
+/// Per-CPU times of a `/proc/stat` text: (busy, softirq + irq, all), in ticks. Busy is
+/// everything but idle and iowait (steal included: the CPU was not ours to idle).
+pub(super) fn cpu_ticks_of(stat: &str) -> BTreeMap<usize, (u64, u64, u64)> {
+    stat.lines()
+        .filter_map(|l| {
+            // `cpuN ...`; the aggregate `cpu  ...` line has no number after the name.
+            let rest = l.strip_prefix("cpu")?;
+            if !rest.starts_with(|c: char| c.is_ascii_digit()) {
+                return None;
+            }
+            let mut f = rest.split_whitespace();
+            let id: usize = f.next()?.parse().ok()?;
+            // user nice system idle iowait irq softirq steal (guest is inside user).
+            let v: Vec<u64> = f.take(8).filter_map(|x| x.parse().ok()).collect();
+            if v.len() < 8 {
+                return None;
+            }
+            let all: u64 = v.iter().sum();
+            let busy = all - v[3] - v[4];
+            Some((id, (busy, v[5] + v[6], all)))
+        })
+        .collect()
+}
+
+/// `PassiveOpens` of a `/proc/PID/net/snmp` text (the `Tcp:` header and value lines).
+pub(super) fn passive_opens_of(snmp: &str) -> Option<u64> {
+    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let (head, vals) = (tcp.next()?, tcp.next()?);
+    let i = head.split_whitespace().position(|h| h == "PassiveOpens")?;
+    vals.split_whitespace().nth(i)?.parse().ok()
+}
+
+/// `usage_usec` of a cgroup v2 `cpu.stat` text.
+pub(super) fn usage_us_of(stat: &str) -> Option<u64> {
+    stat.lines()
+        .find_map(|l| l.strip_prefix("usage_usec ")?.trim().parse().ok())
+}
+
+/// Where the host's CPU and the back-ends' connections went during a point's measured
+/// window: `/proc/stat` of the two tiers' CPUs, the proxy node's cgroup CPU time, and
+/// the back-end namespaces' accepted connections, snapshotted when the clients' warm-up
+/// ends and when their measured window ends (the clients' own clock), so the figures
+/// divide by the same requests the clients counted.
+pub(super) struct HostSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Option<(HostSnap, HostSnap, f64)>>>,
+    back: Vec<usize>,
+    front: Vec<usize>,
+}
+
+impl HostSampler {
+    /// Start watching: `back` / `front` the tiers' CPUs, `proxy_cgroup` the proxy node's
+    /// v2 cgroup (netns), `backend_pids` one process in each back-end's namespace.
+    pub(super) fn start(
+        back: Vec<usize>,
+        front: Vec<usize>,
+        proxy_cgroup: Option<PathBuf>,
+        backend_pids: Vec<u32>,
+        warmup: std::time::Duration,
+        window: std::time::Duration,
+    ) -> HostSampler {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let snap = || HostSnap {
+                cpus: std::fs::read_to_string("/proc/stat")
+                    .map(|t| cpu_ticks_of(&t))
+                    .unwrap_or_default(),
+                proxy_us: proxy_cgroup
+                    .as_ref()
+                    .and_then(|d| usage_us_of(&std::fs::read_to_string(d.join("cpu.stat")).ok()?)),
+                passive_opens: (!backend_pids.is_empty())
+                    .then(|| {
+                        backend_pids
+                            .iter()
+                            .map(|pid| {
+                                passive_opens_of(
+                                    &std::fs::read_to_string(format!("/proc/{pid}/net/snmp"))
+                                        .ok()?,
+                                )
+                            })
+                            .sum::<Option<u64>>()
+                    })
+                    .flatten(),
+            };
+            let wait_until = |t: Instant| {
+                while Instant::now() < t {
+                    if s.load(Ordering::Relaxed) {
+                        return false;
+                    }
+                    std::thread::sleep(HOST_STOP_POLL.min(t - Instant::now()));
+                }
+                true
+            };
+            let t0 = Instant::now();
+            if !wait_until(t0 + warmup) {
+                return None;
+            }
+            let (a, at) = (snap(), Instant::now());
+            wait_until(t0 + warmup + window);
+            let b = snap();
+            Some((a, b, at.elapsed().as_secs_f64()))
+        });
+        HostSampler {
+            stop,
+            thread: Some(thread),
+            back,
+            front,
+        }
+    }
+
+    /// Stop and fill `p`'s host figures (those it could read); call after the clients'
+    /// figures are in `p` (it divides by `p.served` and `p.attempts`).
+    pub(super) fn finish(mut self, p: &mut Point) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let Some((a, b, secs)) = self.thread.take().and_then(|t| t.join().ok()).flatten() else {
+            return;
+        };
+        // (busy, softirq, all) ticks of `cpus` over the window.
+        let delta = |cpus: &[usize]| {
+            cpus.iter().fold((0u64, 0u64, 0u64), |acc, c| {
+                match (a.cpus.get(c), b.cpus.get(c)) {
+                    (Some(x), Some(y)) => (
+                        acc.0 + y.0.saturating_sub(x.0),
+                        acc.1 + y.1.saturating_sub(x.1),
+                        acc.2 + y.2.saturating_sub(x.2),
+                    ),
+                    _ => acc,
+                }
+            })
+        };
+        let (busy, soft, all) = delta(&self.back);
+        if all > 0 {
+            p.backend_cpu_busy = Some(busy as f64 / all as f64);
+            p.backend_softirq = Some(soft as f64 / all as f64);
+            if p.served > 0 {
+                // Ticks of the window → µs: each CPU's all-ticks span the window.
+                let us_per_tick = secs * 1e6 * self.back.len() as f64 / all as f64;
+                p.backend_cpu_us_per_served = Some(busy as f64 * us_per_tick / p.served as f64);
+            }
+        }
+        let (fbusy, _, fall) = delta(&self.front);
+        if fall > 0 {
+            p.front_cpu_busy = Some(fbusy as f64 / fall as f64);
+        }
+        if let (Some(x), Some(y), true) = (a.passive_opens, b.passive_opens, p.served > 0) {
+            p.backend_conns_per_served = Some(y.saturating_sub(x) as f64 / p.served as f64);
+        }
+        if let (Some(x), Some(y), true) = (a.proxy_us, b.proxy_us, p.attempts > 0) {
+            p.proxy_cpu_us_per_attempt = Some(y.saturating_sub(x) as f64 / p.attempts as f64);
+        }
+    }
+}
+
+impl Drop for HostSampler {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

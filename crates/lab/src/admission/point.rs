@@ -123,6 +123,37 @@ pub struct Point {
     /// `backend_queue_p99_ms`: 99th percentile of those readings, ms.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backend_queue_p99_ms: Option<f64>,
+    /// `backend_cpu_busy`: where the back-end tier's CPU went, part 1: fraction (0..=1) of
+    /// the back-end tier's CPUs not idle during the measured window (`/proc/stat`: all but
+    /// idle and iowait; softirq included, whoever's packets it handled). Below 1 under
+    /// overload means the admitted work left the back-ends' CPU idle part of the time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_cpu_busy: Option<f64>,
+    /// `backend_softirq`: fraction (0..=1) of the back-end tier's CPUs spent in softirq
+    /// and irq during the window: packet processing, counted on the CPU the lab steers
+    /// the back-end nodes' packets to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_softirq: Option<f64>,
+    /// `backend_cpu_us_per_served`: busy time of the back-end tier's CPUs per served
+    /// request, µs: what one served request cost the bottleneck, web server, kernel and
+    /// whatever else ran there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_cpu_us_per_served: Option<f64>,
+    /// `backend_conns_per_served`: TCP connections the back-ends accepted (their
+    /// namespaces' `PassiveOpens`) per served request: 1 when every request comes on a
+    /// new upstream connection, near 0 when the proxy reuses kept-alive ones. `--hosts
+    /// netns` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_conns_per_served: Option<f64>,
+    /// `front_cpu_busy`: fraction (0..=1) of the front tier's CPUs (proxies and clients)
+    /// not idle during the window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub front_cpu_busy: Option<f64>,
+    /// `proxy_cpu_us_per_attempt`: CPU time of the proxy node's cgroup (every proxy of
+    /// the point, user and system) per attempt the clients made (served or refused), µs.
+    /// It shares the front CPUs with the clients. `--hosts netns` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_cpu_us_per_attempt: Option<f64>,
     /// `scenario`: what the data-center looked like (`lab admission --scenario`: `single`,
     /// `multi-proxy`, `tenant-load`, `mixed-cost`, `capacity-change`); `single` for runs
     /// kept by an older lab.
@@ -380,6 +411,12 @@ impl Point {
             proxy_time_ms: mean_some(runs, |p| p.proxy_time_ms),
             backend_queue_ms: mean_some(runs, |p| p.backend_queue_ms),
             backend_queue_p99_ms: mean_some(runs, |p| p.backend_queue_p99_ms),
+            backend_cpu_busy: mean_some(runs, |p| p.backend_cpu_busy),
+            backend_softirq: mean_some(runs, |p| p.backend_softirq),
+            backend_cpu_us_per_served: mean_some(runs, |p| p.backend_cpu_us_per_served),
+            backend_conns_per_served: mean_some(runs, |p| p.backend_conns_per_served),
+            front_cpu_busy: mean_some(runs, |p| p.front_cpu_busy),
+            proxy_cpu_us_per_attempt: mean_some(runs, |p| p.proxy_cpu_us_per_attempt),
             offered_rps: mean(|p| p.offered_rps),
             goodput: mean(|p| p.goodput),
             reject_p99_ms: mean(|p| p.reject_p99_ms),

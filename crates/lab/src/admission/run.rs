@@ -647,6 +647,21 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
             let before = MonitorScrape::take(&fabric, tier);
             let queues =
                 QueueSampler::start(&tier.regions, std::time::Duration::from_secs_f64(warmup_s));
+            let all_cpus = crate::fabric::procs::allowed_cpus;
+            let host = HostSampler::start(
+                pl.back.clone().unwrap_or_else(all_cpus),
+                pl.front.clone().unwrap_or_else(all_cpus),
+                match &fabric {
+                    Fabric::Netns(dc) => Some(dc.cgroup_dir(&Fabric::node(Role::Proxy))),
+                    Fabric::Loopback(_) => None,
+                },
+                match &fabric {
+                    Fabric::Netns(_) => tier.backends.iter().map(|b| b.pid()).collect(),
+                    Fabric::Loopback(_) => Vec::new(),
+                },
+                std::time::Duration::from_secs_f64(warmup_s),
+                std::time::Duration::from_secs_f64(duration_s),
+            );
             // The scenario's disturbance runs beside the clients, and stops (continuing
             // every process it paused) when the point ends, however it ends.
             let disturbance = match k.scenario {
@@ -691,6 +706,7 @@ pub fn run(mut a: AdmissionArgs) -> io::Result<()> {
                 p.child.check_alive()?;
             }
             let mut p = point(k, transport_of(&k.system, netns), &s);
+            host.finish(&mut p);
             p.classes = crate::scenario::class_breakdown(&groups, &parts)?;
             if let (Some(b), Some(after)) = (before, MonitorScrape::take(&fabric, tier)) {
                 after.fill(&b, &mut p);

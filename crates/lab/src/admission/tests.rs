@@ -341,3 +341,73 @@ fn request_samples_keep_served_requests_thinned() {
     assert_eq!(v[0], (0.001, 2.001));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn host_counters_parse_from_the_kernels_texts() {
+    let stat = "cpu  10 0 10 100 0 0 0 0 0 0\n\
+                cpu0 5 1 4 50 2 1 3 0 0 0\n\
+                cpu1 7 0 3 20 0 0 10 0 0 0\n\
+                intr 1 2 3\n";
+    let t = cpu_ticks_of(stat);
+    assert_eq!(t.len(), 2, "the aggregate `cpu` line is not a CPU");
+    // busy = all - idle - iowait; soft = irq + softirq.
+    assert_eq!(t[&0], (5 + 1 + 4 + 1 + 3, 1 + 3, 66));
+    assert_eq!(t[&1], (20, 10, 40));
+    let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\n\
+                Tcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens AttemptFails\n\
+                Tcp: 1 200 120000 -1 17 4242 0\n";
+    assert_eq!(passive_opens_of(snmp), Some(4242));
+    assert_eq!(passive_opens_of("Ip: a\nIp: 1\n"), None);
+    assert_eq!(
+        usage_us_of("usage_usec 123456\nuser_usec 1\nsystem_usec 2\n"),
+        Some(123456)
+    );
+    assert_eq!(usage_us_of("nr_periods 0\n"), None);
+}
+
+#[test]
+fn host_sampler_fills_nothing_when_the_point_ends_before_its_warm_up() {
+    let s = HostSampler::start(
+        vec![0],
+        vec![0],
+        None,
+        Vec::new(),
+        std::time::Duration::from_secs(3600),
+        std::time::Duration::from_secs(1),
+    );
+    let mut p = Point {
+        served: 10,
+        attempts: 10,
+        ..Point::default()
+    };
+    s.finish(&mut p);
+    assert_eq!(p.backend_cpu_busy, None);
+    assert_eq!(p.proxy_cpu_us_per_attempt, None);
+}
+
+#[test]
+fn host_sampler_measures_the_cpus_over_its_window() {
+    let s = HostSampler::start(
+        vec![0],
+        vec![0],
+        None,
+        Vec::new(),
+        std::time::Duration::ZERO,
+        std::time::Duration::from_millis(50),
+    );
+    // Spin on the CPU until the window has surely closed: /proc/stat moves in 10 ms ticks.
+    let t = Instant::now();
+    while t.elapsed() < std::time::Duration::from_millis(200) {
+        std::hint::spin_loop();
+    }
+    let mut p = Point {
+        served: 1,
+        attempts: 1,
+        ..Point::default()
+    };
+    s.finish(&mut p);
+    let busy = p.backend_cpu_busy.expect("CPU 0's ticks were read");
+    assert!((0.0..=1.0).contains(&busy), "{busy}");
+    assert!(p.backend_cpu_us_per_served.is_some());
+    assert_eq!(p.backend_conns_per_served, None, "no back-end pid given");
+}
