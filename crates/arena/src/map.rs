@@ -190,7 +190,10 @@ mod tests {
         let layout = ArenaLayout::new(classes).unwrap();
         let mut mem = vec![0u8; map_chunks(&layout).unwrap() * CHUNK_BYTES];
         let mut arena = ArenaMap::new(layout.clone()).unwrap();
-        let (object, alias) = (crate::url_hash(b"file-identity"), crate::url_hash(b"/a.bin"));
+        let (object, alias) = (
+            crate::url_hash(b"file-identity"),
+            crate::url_hash(b"/a.bin"),
+        );
         assert!(
             arena.publish(&mut mem, alias, object).is_none(),
             "no object, no alias"
