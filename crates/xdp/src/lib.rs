@@ -463,6 +463,16 @@ impl Loaded {
             .map_err(|err| Error::os(LABEL, "installing a grant", err))
     }
 
+    /// Remove key `id` through a shared handle (grants end while workers run).
+    fn revoke_grant(&self, id: u32) -> Result<bool, XdpError> {
+        let m = self.obj.raw_map(MAP_KEYS)?;
+        match m.delete(&id) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(Error::os(LABEL, "revoking a grant", e)),
+        }
+    }
+
     /// Make the keys map hold exactly `keys`: new and changed keys written in place,
     /// ids no longer in it removed (revoked at once). Returns the ids removed.
     fn set_keys(&self, keys: &Keyring) -> Result<Vec<u32>, XdpError> {
@@ -764,6 +774,12 @@ impl XdpResponder {
         self.loaded.install_grant(entry, bound, expires_ns)
     }
 
+    /// Remove grant `id` (any key id) at once, through a shared handle; false if it
+    /// was not there.
+    pub fn revoke_grant(&self, id: u32) -> Result<bool, XdpError> {
+        self.loaded.revoke_grant(id)
+    }
+
     /// Set the replay windows' restart floor and ceiling (`farside_auth::floor`), while
     /// it runs; both only rise.
     pub fn set_replay_limits(&self, limits: farside_auth::floor::Limits) -> Result<(), XdpError> {
@@ -1006,6 +1022,12 @@ impl TestProgram {
         expires_ns: u64,
     ) -> Result<(), XdpError> {
         self.loaded.install_grant(entry, bound, expires_ns)
+    }
+
+    /// Remove grant `id` (any key id) at once, through a shared handle; false if it
+    /// was not there.
+    pub fn revoke_grant(&self, id: u32) -> Result<bool, XdpError> {
+        self.loaded.revoke_grant(id)
     }
 
     /// As [`XdpResponder::set_node_addr`].
