@@ -34,6 +34,7 @@
 //! XDP program may be attached there: on a node that runs gatherd's responder, gatherd
 //! would create the arena map and hand it over like the region, which is not built).
 
+use crate::grant::{Grant, GrantTable};
 use crate::header::{ArenaHint, Decline};
 use crate::registration::FileKey;
 use farside_arena::layout::{ArenaLayout, ARENA_REGION, CHUNK_BYTES, CLASS_COUNT};
@@ -43,7 +44,6 @@ use farside_auth::keys::{Keyring, Policy};
 use farside_auth::mac::KeyId;
 use farside_auth::rights::Rights;
 use farside_xdp::{ArenaMemory, XdpMode, XdpResponder};
-use crate::grant::{Grant, GrantTable};
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -260,7 +260,12 @@ impl ArenaServer {
             let key = crate::grant::grant_key(&d.arena_key, g.id, ip, g.expires_ns);
             let mut ring = Keyring::new(Policy::Production);
             let entry = ring
-                .install("arena-grant", KeyId(g.id), key, Rights::reader(ARENA_REGION))
+                .install(
+                    "arena-grant",
+                    KeyId(g.id),
+                    key,
+                    Rights::reader(ARENA_REGION),
+                )
                 .ok()
                 .and_then(|_| ring.get(KeyId(g.id)).cloned())?;
             if let Err(e) = self.xdp.install_grant(&entry, ip, g.expires_ns) {
@@ -459,19 +464,14 @@ mod tests {
             assert!(publishable(ok), "{ok}");
         }
         for bad in [
-            "",
-            "a",
-            "/a?b",
-            "/a/../b",
-            "/..",
-            "//a",
-            "/a%20b",
-            "/a b",
-            "/é",
+            "", "a", "/a?b", "/a/../b", "/..", "//a", "/a%20b", "/a b", "/é",
         ] {
             assert!(!publishable(bad), "{bad}");
         }
-        assert!(!publishable(&format!("/{}", "a".repeat(DIRECT_PATH_BYTES_MAX))));
+        assert!(!publishable(&format!(
+            "/{}",
+            "a".repeat(DIRECT_PATH_BYTES_MAX)
+        )));
         assert_ne!(direct_hash("/a"), direct_hash("/b"));
         assert_ne!(direct_hash("/a"), farside_arena::url_hash(b"/a"));
     }

@@ -223,7 +223,8 @@ impl ArenaReader {
         if b.object == 0 {
             return Err(FetchError::NotIndexed);
         }
-        let class = farside_arena::layout::class_for_len(b.len as usize).ok_or(FetchError::BadHint)?;
+        let class =
+            farside_arena::layout::class_for_len(b.len as usize).ok_or(FetchError::BadHint)?;
         let hint = ArenaHint {
             port,
             key: self.key.id.0,

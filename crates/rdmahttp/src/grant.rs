@@ -260,7 +260,10 @@ mod tests {
         assert_eq!(g, None, "full: no grant");
         assert_eq!(ch.install, None);
         // Once they end there is room again.
-        let (g, ch) = t.issue(Ipv4Addr::new(10, 9, 9, 9), S + GRANT_LIFETIME.as_nanos() as u64);
+        let (g, ch) = t.issue(
+            Ipv4Addr::new(10, 9, 9, 9),
+            S + GRANT_LIFETIME.as_nanos() as u64,
+        );
         assert!(g.is_some());
         assert_eq!(ch.revoke.len(), GRANTS_MAX);
     }
@@ -279,10 +282,8 @@ mod tests {
 
     #[test]
     fn a_client_stops_before_the_end() {
-        let key = farside_rmem::ClientKey::new(
-            farside_auth::mac::KeyId(5),
-            SipKey::from_halves(3, 4),
-        );
+        let key =
+            farside_rmem::ClientKey::new(farside_auth::mac::KeyId(5), SipKey::from_halves(3, 4));
         let now = Instant::now();
         let g = Grant {
             id: GRANT_ID_BASE,

@@ -34,8 +34,8 @@
 //! says `Connection: close` ends them after it.
 
 use crate::arena_read::{ArenaReader, FetchError};
-use crate::grant::ClientGrant;
 use crate::client::{self, Fetched, GetOptions, Remote, Via, CQ_DEPTH, WR_RECV};
+use crate::grant::ClientGrant;
 use crate::header::{self, Mode, Response};
 use farside_iwarp::qp::{Qp, QpConfig, QpState, RecvWr, Sge};
 use farside_iwarp::tcp::Endpoint;
