@@ -338,9 +338,13 @@ pub(crate) fn serve_connection(
                 body_buf,
             );
         }
-        if let (Some(server), Some(field), Some(answer)) =
-            (&config.rdma, &request.rdma, response.rdma.take())
-        {
+        if let (Some(server), Some(field), Some(answer)) = (
+            &config.rdma,
+            &request.rdma,
+            response
+                .rdma
+                .take_if(|_| config.rdma.is_some() && request.rdma.is_some()),
+        ) {
             // Direct readers: publish a static public file, answer a grant.
             let url_path = request
                 .target
