@@ -470,6 +470,14 @@ int rmem_xdp(struct xdp_md *ctx)
 	}
 	key_id = env->key_id;
 	key = bpf_map_lookup_elem(&rmem_keys, &key_id);
+	/*
+	 * A grant (a key bound to one client address, until a deadline) opens nothing from
+	 * another source or after its deadline: dropped as an unknown key, before its tag
+	 * costs anything.
+	 */
+	if (key && ((key->bound_ipv4 != 0 && key->bound_ipv4 != ip->saddr) ||
+		    (key->expires_ns != 0 && bpf_ktime_get_ns() >= key->expires_ns)))
+		key = 0;
 	if (!key || rmem_envelope_tag(ctx, key->k0, key->k1, AUTH_LABEL_RMEM_REQUEST, &tag)) {
 		count(0, RMEM_ST_BAD_KEY);
 		return XDP_DROP;

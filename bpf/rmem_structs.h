@@ -102,9 +102,19 @@ struct rmem_key {
 	__u32 region;    /* the region its rights name */
 	__u32 grants;    /* grants used, at most RMEM_GRANTS_MAX */
 	struct rmem_grant grant[RMEM_GRANTS_MAX];
+	/*
+	 * An arena grant's binding (farside_rdmahttp::grant); 0 for every other key.
+	 * bound_ipv4: the only source address whose requests the key opens (network
+	 * order; 0 = any); expires_ns: bpf_ktime_get_ns() (CLOCK_MONOTONIC) from which the
+	 * key opens nothing (0 = never). Checked before the tag: such a request is
+	 * dropped as an unknown key.
+	 */
+	__u32 bound_ipv4;
+	__u32 reserved1;
+	__u64 expires_ns;
 };
 
-_Static_assert(sizeof(struct rmem_key) == 24 + 16 * RMEM_GRANTS_MAX, "key size (crates/xdp)");
+_Static_assert(sizeof(struct rmem_key) == 40 + 16 * RMEM_GRANTS_MAX, "key size (crates/xdp)");
 
 /*
  * One way of a replay bucket: the window (farside_auth::replay::Window) of one

@@ -41,6 +41,11 @@ pub struct Bucket {
     pub len: u32,
     /// The slot's version when the object was written.
     pub version: u64,
+    /// 0 for an object's own bucket. An **alias** (a second name for an object, e.g.
+    /// the url path a server publishes for readers that resolve urls themselves,
+    /// [`crate::ArenaMap::publish`]): the url hash the object's slot carries, which a
+    /// reader checks the slot against instead of the alias's own hash.
+    pub object: u64,
 }
 
 impl Bucket {
@@ -50,6 +55,7 @@ impl Bucket {
         b[8..12].copy_from_slice(&self.offset.to_le_bytes());
         b[12..16].copy_from_slice(&self.len.to_le_bytes());
         b[16..24].copy_from_slice(&self.version.to_le_bytes());
+        b[24..32].copy_from_slice(&self.object.to_le_bytes());
         b
     }
 
@@ -62,6 +68,7 @@ impl Bucket {
             offset: u32_at(8),
             len: u32_at(12),
             version: u64_at(16),
+            object: u64_at(24),
         }
     }
 }
@@ -171,6 +178,7 @@ impl<'a> Index<'a> {
                     offset: 0,
                     len: 0,
                     version: 0,
+                    object: 0,
                 };
                 self.put(i, &tomb);
                 true
@@ -190,6 +198,7 @@ mod tests {
             offset: off,
             len: 10,
             version: 2,
+            object: 0,
         }
     }
 

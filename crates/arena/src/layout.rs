@@ -88,7 +88,7 @@ pub const fn bulk_chunks_for_mtu(mtu: usize) -> usize {
 /// well below the memory of a small node.
 pub const ARENA_CHUNKS_MAX: usize = 65_536;
 
-/// Bytes of one index bucket: `url_hash u64 | offset u32 | len u32 | version u64 | 0 u64`.
+/// Bytes of one index bucket: `url_hash u64 | offset u32 | len u32 | version u64 | object u64`.
 pub const BUCKET_BYTES: usize = 32;
 /// Buckets of the index (a power of two, so the home bucket is `hash & (n - 1)`). Rule: a
 /// full arena of one-chunk slots holds at most `ARENA_CHUNKS_MAX` objects, but the World

@@ -13,7 +13,7 @@
 //!  slot = seq_head u64 | url_hash u64 | len u32 | crc32c u32 | data[len] ... | seq_tail u64
 //!         (seq_tail is the slot's last 8 bytes)
 //!
-//!  index = INDEX_BUCKETS buckets of {url_hash u64, offset u32, len u32, version u64, 0 u64},
+//!  index = INDEX_BUCKETS buckets of {url_hash u64, offset u32, len u32, version u64, object u64},
 //!          linear probing bounded by PROBE_MAX (one READ fetches a whole probe window)
 //! ```
 //!

@@ -83,6 +83,41 @@ impl ArenaMap {
         self.store.evict(slots, &mut index, url_hash)
     }
 
+    /// Publishes `object_hash`'s object under a second name, `alias_hash` (an alias
+    /// bucket: the object's slot, length and version, and `object_hash`, the hash its
+    /// slot carries). A reader that knows only the alias looks it up in the index and
+    /// reads the slot as for the object, checking it against `object_hash` and the
+    /// version, so an alias left behind by a replaced or evicted object reads as stale,
+    /// never as another body. `None`: the object is not in the arena; `Err`: no free
+    /// bucket in the alias's probe window.
+    pub fn publish(
+        &mut self,
+        mem: &mut [u8],
+        alias_hash: u64,
+        object_hash: u64,
+    ) -> Option<Result<Bucket, crate::IndexFull>> {
+        let (index, _) = ArenaMap::split(mem);
+        let mut index = Index::new(index);
+        let object = index.lookup(object_hash).filter(|b| b.object == 0)?;
+        let alias = Bucket {
+            url_hash: alias_hash,
+            object: object_hash,
+            ..object
+        };
+        Some(index.insert(alias).map(|()| alias))
+    }
+
+    /// Removes the alias `alias_hash` (never an object's own bucket: the object and
+    /// its slot stay); true if it was there.
+    pub fn unpublish(&mut self, mem: &mut [u8], alias_hash: u64) -> bool {
+        let (index, _) = ArenaMap::split(mem);
+        let mut index = Index::new(index);
+        match index.lookup(alias_hash) {
+            Some(b) if b.object != 0 => index.evict(alias_hash),
+            _ => false,
+        }
+    }
+
     /// `url_hash`'s bucket, as the owner sees it.
     pub fn lookup(&self, mem: &mut [u8], url_hash: u64) -> Option<Bucket> {
         let (index, _) = ArenaMap::split(mem);
@@ -144,5 +179,56 @@ mod tests {
         assert_eq!(r.finish().unwrap().1, body);
         assert!(arena.evict(&mut mem, hash));
         assert_eq!(arena.lookup(&mut mem, hash), None);
+    }
+
+    /// An alias is found by its own hash through the remote window and names the
+    /// object's slot; a replaced object leaves the old alias reading as stale.
+    #[test]
+    fn an_alias_publishes_an_object_under_a_second_name() {
+        let mut classes = [0; crate::layout::CLASS_COUNT];
+        classes[1] = 2;
+        let layout = ArenaLayout::new(classes).unwrap();
+        let mut mem = vec![0u8; map_chunks(&layout).unwrap() * CHUNK_BYTES];
+        let mut arena = ArenaMap::new(layout.clone()).unwrap();
+        let (object, alias) = (
+            crate::url_hash(b"file-identity"),
+            crate::url_hash(b"/a.bin"),
+        );
+        assert!(
+            arena.publish(&mut mem, alias, object).is_none(),
+            "no object, no alias"
+        );
+        let body = vec![9u8; 2000];
+        let own = arena.put(&mut mem, object, &body).unwrap();
+        let published = arena.publish(&mut mem, alias, object).unwrap().unwrap();
+        assert_eq!(published.object, object);
+        assert_eq!(
+            (published.offset, published.len, published.version),
+            (own.offset, own.len, own.version)
+        );
+        let window: Vec<u8> = probe_window(alias)
+            .iter()
+            .flat_map(|&(o, l)| mem[o..o + l].to_vec())
+            .collect();
+        let b = lookup_in_window(&window, alias).expect("published");
+        assert_eq!(b, published);
+        let read = |mem: &[u8], b: &Bucket| {
+            let mut r =
+                ObjectRead::new(&layout, b.object, b.offset as usize, b.len as usize).unwrap();
+            for (i, (o, l)) in r.plan().into_iter().enumerate() {
+                r.feed_at(i, &mem[SLOTS_BASE + o..SLOTS_BASE + o + l]);
+            }
+            r.finish()
+        };
+        let (version, got) = read(&mem, &b).unwrap();
+        assert_eq!((version, got), (b.version, body));
+        // The object replaced (a changed file): the old alias never yields a body.
+        arena.put(&mut mem, object, &[1u8; 1500]).unwrap();
+        assert!(read(&mem, &b).is_err(), "stale alias");
+        // unpublish removes aliases only, never an object's own bucket.
+        assert!(!arena.unpublish(&mut mem, object));
+        assert!(arena.unpublish(&mut mem, alias));
+        assert!(!arena.unpublish(&mut mem, alias));
+        assert!(arena.lookup(&mut mem, object).is_some());
     }
 }

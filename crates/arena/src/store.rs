@@ -98,6 +98,7 @@ impl Store {
             offset: offset as u32,
             len: data.len() as u32,
             version,
+            object: 0,
         };
         if index.insert(bucket).is_err() {
             self.release(arena, slot);

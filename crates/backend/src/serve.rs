@@ -338,6 +338,27 @@ pub(crate) fn serve_connection(
                 body_buf,
             );
         }
+        if let (Some(server), Some(field), Some(answer)) = (
+            &config.rdma,
+            &request.rdma,
+            response
+                .rdma
+                .take_if(|_| config.rdma.is_some() && request.rdma.is_some()),
+        ) {
+            // Direct readers: publish a static public file, answer a grant.
+            let url_path = request
+                .target
+                .split_once('?')
+                .map_or(request.target.as_str(), |(p, _)| p);
+            let fs_path = match (&config.root, &config.sites, &config.coop) {
+                (Some(root), None, None) if response.file_key.is_some() => {
+                    Some(root.join(url_path.trim_start_matches('/')))
+                }
+                _ => None,
+            };
+            let public = fs_path.as_deref().map(|f| (url_path, f));
+            response.rdma = Some(server.with_grant(answer, field, peer, response.file_key, public));
+        }
         let cpu_us = (farside_rt::thread_cpu().saturating_sub(cpu_start)).as_micros() as u64;
         served += 1;
         let keep_alive = request.keep_alive && served < config.keepalive_max && !response.close;

@@ -254,6 +254,8 @@ pub const SECTIONS: &[Part] = &[
             id: "rdma-http",
             title: "Registration cost, retrieval time and clients (Table 1, Fig. 3, 4)",
             current: &[
+                Run("docs/results/rdma-http/xdp-4-fig3"),
+                Run("docs/results/rdma-http/xdp-4-fig4"),
                 Run("docs/results/rdma-http/xdp-3"),
                 Run("docs/results/rdma-http/xdp-3-nice10"),
                 Run("docs/results/rdma-http/xdp-2"),

@@ -104,12 +104,13 @@ fn quick_lab() {
     let s: farside_lab::summary::Summary<RdmaPoint> =
         farside_lab::summary::Summary::from_json(&text).unwrap();
     assert!(s.finished);
-    // table1: 2 sizes x 3 strategies x 2 loads; fig3: 2 sizes x 5 systems (tcp, three
-    // iWARP registrations, xdp-reads) x 2 loads; fig4: 1 client count x 5 systems x 2 loads.
+    // table1: 2 sizes x 3 strategies x 2 loads; fig3: 2 sizes x 6 systems (tcp, three
+    // iWARP registrations, xdp-reads, xdp-direct) x 2 loads; fig4: 1 client count x 6
+    // systems x 2 loads.
     let count = |e: &str| s.points.iter().filter(|p| p.experiment == e).count();
     assert_eq!(
         (count("table1"), count("fig3"), count("fig4")),
-        (12, 20, 10),
+        (12, 24, 12),
         "{:#?}",
         s.points
     );
@@ -139,6 +140,23 @@ fn quick_lab() {
                 "{what}: one kept per client"
             );
             assert!(p.connect_us.is_some_and(|c| c > 0.0), "{what}");
+        }
+        if p.system == "xdp-direct" && p.experiment == "fig3" {
+            // The warm-up request granted and published the one file: the measured
+            // requests need no HTTP request but for misses. (Fig. 4's clients each
+            // publish the files they fetch first, over HTTP.)
+            let http = p.http_requests.expect("measured");
+            assert!(
+                http * 2 < p.served,
+                "{what}: {http} of {} over HTTP",
+                p.served
+            );
+        } else if p.system == "xdp-reads" {
+            assert_eq!(
+                p.http_requests,
+                Some(p.served),
+                "{what}: one HTTP request each"
+            );
         }
     }
     let table = std::fs::read_to_string(out.join("table.txt")).unwrap();

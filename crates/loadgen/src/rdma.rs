@@ -64,6 +64,11 @@ pub enum RdmaLoad {
     /// and the client reads it one-sidedly with READs its XDP responder answers in the
     /// kernel (needs --rdma-arena-key).
     XdpReads,
+    /// As xdp-reads, also asking for a grant (`direct=1`): while it is live, a client
+    /// resolves each path with one-sided READs of the server's arena index and reads
+    /// the body, with no HTTP request; a miss asks over HTTP (needs
+    /// --rdma-arena-key and a back-end with --rdma-arena-direct).
+    XdpDirect,
 }
 
 impl RdmaLoad {
@@ -73,12 +78,13 @@ impl RdmaLoad {
             RdmaLoad::ServerWrites => "server-writes",
             RdmaLoad::ClientReads => "client-reads",
             RdmaLoad::XdpReads => "xdp-reads",
+            RdmaLoad::XdpDirect => "xdp-direct",
         }
     }
 
     fn mode(self) -> Option<Mode> {
         match self {
-            RdmaLoad::Off | RdmaLoad::XdpReads => None,
+            RdmaLoad::Off | RdmaLoad::XdpReads | RdmaLoad::XdpDirect => None,
             RdmaLoad::ServerWrites => Some(Mode::ServerWrites),
             RdmaLoad::ClientReads => Some(Mode::ClientReads),
         }
@@ -132,7 +138,7 @@ pub struct RdmaLoadArgs {
         requires = "rdma"
     )]
     pub requests_per_client: Option<u32>,
-    /// --rdma xdp-reads: the arena reader key, ID:PATH (a key file, 0600) or ID (the
+    /// --rdma xdp-reads, xdp-direct: the arena reader key, ID:PATH (a key file, 0600) or ID (the
     /// credential rmem-ID), the one the back-end's --rdma-arena-key names.
     #[arg(
         id = "rdma_arena_key",
@@ -186,6 +192,22 @@ pub struct RdmaSummary {
     /// Bodies read one-sidedly from the server's arena (xdp-reads).
     #[serde(default)]
     pub via_xdp_reads: u64,
+    /// Bodies resolved and read from the arena under a grant, no HTTP request
+    /// (xdp-direct).
+    #[serde(default)]
+    pub via_xdp_direct: u64,
+    /// xdp-direct: attempts under a live grant that fell back to HTTP (not published,
+    /// stale, lost; warm-up included).
+    #[serde(default)]
+    pub direct_misses: u64,
+    /// Mean time from a measured request written to its HTTP answer read, ms (the
+    /// server's part; the RDMA transfer after it excluded), over the requests that made
+    /// one; 0 if none did.
+    #[serde(default)]
+    pub http_answer_avg_ms: f64,
+    /// Measured requests that made an HTTP request.
+    #[serde(default)]
+    pub http_answers: u64,
     pub via_tcp: u64,
     /// Requests with the header the server answered over TCP, by its reason.
     pub declined: BTreeMap<String, u64>,
@@ -236,7 +258,10 @@ struct ClientResult {
     wrong: u64,
     failures: u64,
     warmup_failures: u64,
-    via: [u64; 4],
+    via: [u64; 5],
+    direct_misses: u64,
+    http_answer_us: u64,
+    http_answers: u64,
     declined: BTreeMap<String, u64>,
     bytes: u64,
     rdma_connections: u64,
@@ -344,17 +369,19 @@ pub fn run(args: &LoadgenArgs) -> Result<RdmaSummary, LoadgenError> {
     };
     let keepalive = !args.no_keepalive;
     let arena_key = match (load, &r.arena_key) {
-        (RdmaLoad::XdpReads, Some(spec)) => Some(
+        (RdmaLoad::XdpReads | RdmaLoad::XdpDirect, Some(spec)) => Some(
             farside_rmem::ClientKey::load(spec)
                 .map_err(|e| bad(format!("--rdma-arena-key: {e}")))?,
         ),
-        (RdmaLoad::XdpReads, None) => {
-            return Err(bad(
-                "--rdma xdp-reads needs --rdma-arena-key ID[:PATH]".into()
-            ))
+        (RdmaLoad::XdpReads | RdmaLoad::XdpDirect, None) => {
+            return Err(bad(format!(
+                "--rdma {} needs --rdma-arena-key ID[:PATH]",
+                load.as_str()
+            )))
         }
         _ => None,
     };
+    let direct = load == RdmaLoad::XdpDirect;
     if !args.quiet {
         eprintln!(
             "loadgen --rdma {}: {} client(s) on {addr}, {} path(s), keep-alive {keepalive}",
@@ -379,6 +406,9 @@ pub fn run(args: &LoadgenArgs) -> Result<RdmaSummary, LoadgenError> {
                 .name(format!("rdma-client-{i}"))
                 .spawn(move || {
                     let session = match arena_key {
+                        Some(k) if direct => Session::new(addr, &host, opts, keepalive)
+                            .with_arena_key(k)
+                            .with_arena_direct(),
                         Some(k) => Session::new(addr, &host, opts, keepalive).with_arena_key(k),
                         None => Session::new(addr, &host, opts, keepalive),
                     };
@@ -420,7 +450,10 @@ fn client(
         wrong: 0,
         failures: 0,
         warmup_failures: 0,
-        via: [0; 4],
+        via: [0; 5],
+        direct_misses: 0,
+        http_answer_us: 0,
+        http_answers: 0,
         declined: BTreeMap::new(),
         bytes: 0,
         rdma_connections: 0,
@@ -473,6 +506,10 @@ fn client(
                 if let Some(d) = got.rdma_connect {
                     r.connects.push(d.as_micros() as u64);
                 }
+                if let Some(d) = got.http_answer {
+                    r.http_answer_us += d.as_micros() as u64;
+                    r.http_answers += 1;
+                }
                 let via = got.fetched.via;
                 if got.fetched.status != 200 {
                     r.failures += 1;
@@ -500,6 +537,7 @@ fn client(
                         Via::ServerWrites => r.via[0] += 1,
                         Via::ClientReads => r.via[1] += 1,
                         Via::ArenaReads => r.via[3] += 1,
+                        Via::ArenaDirect => r.via[4] += 1,
                         Via::Tcp(d) => {
                             r.via[2] += 1;
                             if let Some(d) = d {
@@ -519,6 +557,7 @@ fn client(
         }
     }
     r.measured = t0.elapsed();
+    r.direct_misses = s.direct_misses();
     r.rdma_connections = s.rdma_connections();
     r
 }
@@ -555,6 +594,7 @@ fn summarize(
         ..RdmaSummary::default()
     };
     let mut longest = Duration::ZERO;
+    let mut answer_us = 0u64;
     for r in results {
         latency.add(&r.latency).expect("same bounds");
         connects.extend_from_slice(&r.connects);
@@ -566,6 +606,10 @@ fn summarize(
         s.via_client_reads += r.via[1];
         s.via_tcp += r.via[2];
         s.via_xdp_reads += r.via[3];
+        s.via_xdp_direct += r.via[4];
+        s.direct_misses += r.direct_misses;
+        answer_us += r.http_answer_us;
+        s.http_answers += r.http_answers;
         for (k, v) in &r.declined {
             *s.declined.entry(k.clone()).or_default() += v;
         }
@@ -576,6 +620,9 @@ fn summarize(
         for e in &r.errors {
             keep_error(&mut s.errors, e.clone());
         }
+    }
+    if s.http_answers > 0 {
+        s.http_answer_avg_ms = answer_us as f64 / s.http_answers as f64 / 1e3;
     }
     s.requests = s.served + s.wrong_bodies + s.failures;
     s.duration_s = longest.as_secs_f64();
@@ -620,10 +667,11 @@ pub fn print_summary<W: Write>(s: &RdmaSummary, out: &mut W) -> io::Result<()> {
     let declined: Vec<String> = s.declined.iter().map(|(k, v)| format!("{k}={v}")).collect();
     writeln!(
         out,
-        "via server-writes={} client-reads={} xdp-reads={} tcp={} declined[{}]",
+        "via server-writes={} client-reads={} xdp-reads={} xdp-direct={} tcp={} declined[{}]",
         s.via_server_writes,
         s.via_client_reads,
         s.via_xdp_reads,
+        s.via_xdp_direct,
         s.via_tcp,
         declined.join(",")
     )?;
@@ -634,12 +682,16 @@ pub fn print_summary<W: Write>(s: &RdmaSummary, out: &mut W) -> io::Result<()> {
     )?;
     writeln!(
         out,
-        "rdma connections={} (set-up avg={:.0}us p99={:.0}us max={:.0}us) http connections={}",
+        "rdma connections={} (set-up avg={:.0}us p99={:.0}us max={:.0}us) http connections={} \
+         http answers={} (avg {:.3}ms) direct misses={}",
         s.rdma_connections,
         s.connect_avg_us,
         s.connect_p99_us,
         s.connect_max_us,
-        s.http_connections
+        s.http_connections,
+        s.http_answers,
+        s.http_answer_avg_ms,
+        s.direct_misses
     )?;
     for e in &s.errors {
         writeln!(out, "error: {e}")?;

@@ -189,6 +189,11 @@ impl ArenaReader {
         self.bulk_chunks = chunks.min(BULK_CHUNKS_MAX);
     }
 
+    /// The key id this reader seals under.
+    pub fn key_id(&self) -> u32 {
+        self.key.id.0
+    }
+
     /// The responder this reader talks to.
     pub fn server(&self) -> io::Result<SocketAddr> {
         self.sock.peer_addr()
@@ -200,6 +205,47 @@ impl ArenaReader {
         hint: &ArenaHint,
         maxlen: u64,
     ) -> Result<(Vec<u8>, FetchStats), FetchError> {
+        self.fetch_versioned(hint, maxlen)
+            .map(|(_, body, stats)| (body, stats))
+    }
+
+    /// Resolves a published name (an alias bucket: `farside_arena::ArenaMap::publish`)
+    /// with one index READ and fetches its object, accepted only if the slot still
+    /// holds the version the alias names (a republished or replaced object reads as
+    /// [`ReadError::Stale`]). The reader's key must open the arena (a grant).
+    pub fn fetch_published(
+        &mut self,
+        alias_hash: u64,
+        port: u16,
+        maxlen: u64,
+    ) -> Result<(Vec<u8>, FetchStats), FetchError> {
+        let b = self.lookup(alias_hash)?;
+        if b.object == 0 {
+            return Err(FetchError::NotIndexed);
+        }
+        let class =
+            farside_arena::layout::class_for_len(b.len as usize).ok_or(FetchError::BadHint)?;
+        let hint = ArenaHint {
+            port,
+            key: self.key.id.0,
+            slot: b.offset.into(),
+            class: class as u8,
+            hash: b.object,
+            len: b.len.into(),
+        };
+        let (version, body, stats) = self.fetch_versioned(&hint, maxlen)?;
+        if version != b.version {
+            return Err(FetchError::Invalid(ReadError::Stale));
+        }
+        Ok((body, stats))
+    }
+
+    /// As [`Self::fetch`], with the version the object was read at.
+    pub fn fetch_versioned(
+        &mut self,
+        hint: &ArenaHint,
+        maxlen: u64,
+    ) -> Result<(u64, Vec<u8>, FetchStats), FetchError> {
         let class = hint.class as usize;
         if class >= CLASS_COUNT || hint.len > maxlen.min(FETCH_BYTES_MAX) {
             return Err(FetchError::BadHint);
@@ -239,7 +285,7 @@ impl ArenaReader {
                 }
             }
             match read.finish() {
-                Ok((_, body)) => return Ok((body, stats)),
+                Ok((version, body)) => return Ok((version, body, stats)),
                 Err(ReadError::Torn) if stats.torn < READ_RETRY_MAX => {
                     stats.torn += 1;
                     read.restart();

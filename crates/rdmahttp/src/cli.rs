@@ -141,6 +141,16 @@ pub struct RdmaServeArgs {
     #[arg(long = "rdma-arena-xdp-mode", value_name = "MODE", default_value = "generic",
           value_parser = ["generic", "native"])]
     pub arena_xdp_mode: String,
+    /// Direct readers (with --rdma-arena-iface): an arena-reads request that asks
+    /// (`direct=1`) also gets a grant, a key derived from the arena reader key, bound
+    /// to the client's address for 10 s and enforced by the XDP responder, and its file
+    /// is published in the arena's index under its url path (static public files
+    /// only: a 200 of a regular file under --root for a plain path; not with
+    /// --sites-root). The client then resolves later urls with one-sided index READs,
+    /// no request to this process; published files are re-checked every 200 ms and a
+    /// changed one is unpublished. Default: off.
+    #[arg(long = "rdma-arena-direct", requires = "arena_iface")]
+    pub arena_direct: bool,
 }
 
 /// Default `--rdma-arena-port`.
@@ -162,6 +172,7 @@ impl Default for RdmaServeArgs {
             arena_key: None,
             device: None,
             arena_xdp_mode: "generic".into(),
+            arena_direct: false,
         }
     }
 }
@@ -187,7 +198,15 @@ impl RdmaServeArgs {
         } else {
             farside_xdp::XdpMode::Generic
         };
-        crate::arena::ArenaServer::start(iface, mode, self.arena_port, id, &keys).map(Some)
+        let mut arena = crate::arena::ArenaServer::start(iface, mode, self.arena_port, id, &keys)?;
+        if self.arena_direct {
+            let master = keys
+                .get(farside_auth::mac::KeyId(id))
+                .ok_or("arena key missing from its keyring")?
+                .key;
+            arena.enable_direct(master);
+        }
+        Ok(Some(arena))
     }
 
     /// The RDMA server these flags ask for (without its arena: [`Self::start_arena`]).

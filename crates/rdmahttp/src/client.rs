@@ -59,6 +59,9 @@ pub enum Via {
     ClientReads,
     /// Read one-sidedly from the server's kernel-answered object arena.
     ArenaReads,
+    /// Resolved and read one-sidedly from the arena under a grant, with no HTTP
+    /// request (`crate::grant`).
+    ArenaDirect,
 }
 
 impl Via {
@@ -68,6 +71,7 @@ impl Via {
             Via::ServerWrites => "server-writes",
             Via::ClientReads => "client-reads",
             Via::ArenaReads => "arena-reads",
+            Via::ArenaDirect => "arena-direct",
         }
     }
 }

@@ -187,11 +187,24 @@ pub fn parse_arena_request(value: &[u8]) -> Option<u64> {
     p.need("maxlen").ok()
 }
 
+/// Whether an arena-reads request field asks for a grant (`direct=1`: the client
+/// will resolve later urls in the arena itself, `crate::grant`). Unknown to servers
+/// that do not grant, which ignore it.
+pub fn arena_request_direct(value: &[u8]) -> bool {
+    let Some((_, p)) = text(value).ok().and_then(|t| Params::split(t).ok()) else {
+        return false;
+    };
+    matches!(p.num("direct"), Ok(Some(1)))
+}
+
 /// The server's `RDMA:` response field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Response {
     /// The body is in the server's object arena; `Content-Length: 0`.
     ArenaReads(ArenaHint),
+    /// As `ArenaReads`, with a grant to resolve later urls in the arena without asking
+    /// (`grant=G, gexp=E, ttl=T`; `crate::grant`).
+    ArenaDirect(ArenaHint, crate::grant::Grant),
     /// The body (`len` bytes) is in the client's region; `Content-Length: 0`.
     ServerWrites { len: u64 },
     /// The body is at `stag`/`to` on the RDMA connection; `Content-Length: 0`.
@@ -324,14 +337,23 @@ pub fn parse_response(value: &[u8]) -> Result<Response, HeaderError> {
                 .filter(|&v| v <= max)
                 .ok_or(HeaderError::BadParam(name))
         };
-        return Ok(Response::ArenaReads(ArenaHint {
+        let hint = ArenaHint {
             port: small("port", u16::MAX.into())? as u16,
             key: small("key", u32::MAX.into())? as u32,
             slot: p.need("slot")?,
             class: small("class", u8::MAX.into())? as u8,
             hash: p.need("hash")?,
             len,
-        }));
+        };
+        if p.get("grant")?.is_none() {
+            return Ok(Response::ArenaReads(hint));
+        }
+        let grant = crate::grant::Grant {
+            id: small("grant", u32::MAX.into())? as u32,
+            expires_ns: p.need("gexp")?,
+            ttl_ms: p.need("ttl")?,
+        };
+        return Ok(Response::ArenaDirect(hint, grant));
     }
     match Mode::from_token(first).ok_or(HeaderError::UnknownMode)? {
         Mode::ServerWrites => Ok(Response::ServerWrites { len }),
@@ -373,6 +395,14 @@ impl fmt::Display for Response {
                 f,
                 "{ARENA_READS}, port={}, key={}, slot={:#x}, class={}, hash={:#x}, len={}",
                 h.port, h.key, h.slot, h.class, h.hash, h.len
+            ),
+            Response::ArenaDirect(h, g) => write!(
+                f,
+                "{}, grant={}, gexp={}, ttl={}",
+                Response::ArenaReads(*h),
+                g.id,
+                g.expires_ns,
+                g.ttl_ms
             ),
         }
     }
@@ -432,6 +462,24 @@ mod tests {
         };
         let text = Response::ArenaReads(h).to_string();
         assert_eq!(parse_response(text.as_bytes()), Ok(Response::ArenaReads(h)));
+        let g = crate::grant::Grant {
+            id: 0x4000_0001,
+            expires_ns: 123_456_789,
+            ttl_ms: 9_999,
+        };
+        let text = Response::ArenaDirect(h, g).to_string();
+        assert_eq!(
+            parse_response(text.as_bytes()),
+            Ok(Response::ArenaDirect(h, g))
+        );
+        assert!(arena_request_direct(b"arena-reads, maxlen=7, direct=1"));
+        assert!(!arena_request_direct(b"arena-reads, maxlen=7"));
+        assert!(!arena_request_direct(b"arena-reads, maxlen=7, direct=2"));
+        assert_eq!(
+            parse_arena_request(b"arena-reads, maxlen=7, direct=1"),
+            Some(7),
+            "a server that does not grant still serves it"
+        );
         assert_eq!(
             parse_response(b"arena-reads, port=70000, key=1, slot=0, class=0, hash=1, len=1"),
             Err(HeaderError::BadParam("port"))

@@ -25,6 +25,7 @@ pub mod arena_read;
 pub mod caps;
 pub mod cli;
 pub mod client;
+pub mod grant;
 pub mod header;
 pub mod link;
 pub mod regbench;

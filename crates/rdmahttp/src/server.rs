@@ -195,6 +195,35 @@ impl Server {
         Some(Response::ArenaReads(hint))
     }
 
+    /// An arena-reads answer for a request that asked for a grant (`direct=1`), from a
+    /// server with direct readers on: the file is published under `public` (the url
+    /// path and the file it resolved to, given only for a static public file) and the
+    /// answer carries a grant for `peer` ([`crate::grant`]). Any other answer, or no
+    /// grant to give, is returned as it was.
+    pub fn with_grant(
+        &self,
+        answer: Response,
+        field: &[u8],
+        peer: Option<IpAddr>,
+        file: Option<FileKey>,
+        public: Option<(&str, &std::path::Path)>,
+    ) -> Response {
+        let (Response::ArenaReads(hint), Some(arena), Some(peer)) = (answer, &self.arena, peer)
+        else {
+            return answer;
+        };
+        if !arena.direct() || !header::arena_request_direct(field) {
+            return answer;
+        }
+        if let (Some((path, fs_path)), Some(file)) = (public, file) {
+            arena.publish(path, &file, fs_path);
+        }
+        match arena.grant(peer) {
+            Some(g) => Response::ArenaDirect(hint, g),
+            None => answer,
+        }
+    }
+
     pub fn budget(&self) -> &Arc<Budget> {
         &self.budget
     }

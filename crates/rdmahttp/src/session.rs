@@ -23,17 +23,25 @@
 //! (request written to MPA set-up done, the server's work to get there included)
 //! when this request made one, else `None`.
 //!
+//! **Direct** ([`Session::with_arena_direct`]): the arena-reads request also asks for
+//! a grant (`direct=1`, `crate::grant`); while the session holds a live one, a GET of a
+//! publishable path is first tried with no HTTP request at all: one index READ of the
+//! path's alias and the body's READs under the grant's key. Any miss (not published,
+//! stale, refused, lost, expired) falls back to the HTTP request, which renews the
+//! grant; [`Session::direct_misses`] counts them.
+//!
 //! Any error ends both connections (the next request starts afresh); an answer that
 //! says `Connection: close` ends them after it.
 
-use crate::arena_read::ArenaReader;
+use crate::arena_read::{ArenaReader, FetchError};
 use crate::client::{self, Fetched, GetOptions, Remote, Via, CQ_DEPTH, WR_RECV};
+use crate::grant::ClientGrant;
 use crate::header::{self, Mode, Response};
 use farside_iwarp::qp::{Qp, QpConfig, QpState, RecvWr, Sge};
 use farside_iwarp::tcp::Endpoint;
 use farside_iwarp::verbs::{Access, Cq, Device, MR_BYTES_MAX};
 use std::io::{self, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -52,6 +60,9 @@ pub struct Fetch {
     pub rdma_connect: Option<Duration>,
     /// This request opened a new HTTP connection.
     pub http_connect: bool,
+    /// Request written to the HTTP answer's head and body read (the server's part, the
+    /// RDMA transfer after it excluded); `None` when no HTTP request was made (direct).
+    pub http_answer: Option<Duration>,
 }
 
 /// A connected RDMA side: the endpoint and the regions registered once for it.
@@ -93,6 +104,11 @@ pub struct Session {
     /// Arena-reads: the arena reader key, and the reader once a hint named its port.
     arena_key: Option<farside_rmem::ClientKey>,
     arena: Option<ArenaReader>,
+    /// Direct: asked for; the live grant and a reader under its key.
+    direct: bool,
+    grant: Option<ClientGrant>,
+    direct_reader: Option<ArenaReader>,
+    direct_misses: u64,
 }
 
 impl Session {
@@ -108,7 +124,52 @@ impl Session {
             rdma_connections: 0,
             arena_key: None,
             arena: None,
+            direct: false,
+            grant: None,
+            direct_reader: None,
+            direct_misses: 0,
         }
+    }
+
+    /// This arena-reads session also resolving urls itself under a grant (see the
+    /// module doc); needs [`Self::with_arena_key`].
+    pub fn with_arena_direct(mut self) -> Session {
+        self.direct = true;
+        self
+    }
+
+    /// Direct attempts that fell back to HTTP (a grant was live, the path publishable).
+    pub fn direct_misses(&self) -> u64 {
+        self.direct_misses
+    }
+
+    /// A GET answered with no HTTP request, under the live grant; `None` if none is
+    /// live or the path is not one a server publishes, `Some(Err)` on a miss.
+    fn try_direct(&mut self, path: &str) -> Option<Result<Fetch, FetchError>> {
+        let now = Instant::now();
+        let g = self.grant.filter(|g| g.live(now))?;
+        if !crate::arena::publishable(path) {
+            return None;
+        }
+        let server = SocketAddr::new(self.addr.ip(), g.port);
+        if self.direct_reader.as_ref().map(|r| r.key_id()) != Some(g.key.id.0) {
+            match ArenaReader::connect(server, g.key) {
+                Ok(r) => self.direct_reader = Some(r),
+                Err(e) => return Some(Err(e.into())),
+            }
+        }
+        let reader = self.direct_reader.as_mut().expect("opened above");
+        let r = reader.fetch_published(crate::arena::direct_hash(path), g.port, self.opts.maxlen);
+        Some(r.map(|(body, _)| Fetch {
+            fetched: Fetched {
+                status: 200,
+                body,
+                via: Via::ArenaDirect,
+            },
+            rdma_connect: None,
+            http_connect: false,
+            http_answer: None,
+        }))
     }
 
     /// This session asking for arena-reads (`RDMA: arena-reads`, instead of
@@ -128,6 +189,16 @@ impl Session {
 
     /// GET `path`. On error both connections are closed; the next call starts afresh.
     pub fn get(&mut self, path: &str) -> io::Result<Fetch> {
+        if self.direct {
+            match self.try_direct(path) {
+                Some(Ok(f)) => return Ok(f),
+                Some(Err(e)) => {
+                    log::debug!("direct {path}: {e}; asking over HTTP");
+                    self.direct_misses += 1;
+                }
+                None => {}
+            }
+        }
         let r = self.try_get(path);
         if r.is_err() || !self.keepalive {
             self.http = None;
@@ -160,9 +231,12 @@ impl Session {
         }
         let mut pending = None;
         let field = match opts.mode {
-            None if self.arena_key.is_some() => {
-                Some(format!("{}, maxlen={}", header::ARENA_READS, opts.maxlen))
-            }
+            None if self.arena_key.is_some() => Some(format!(
+                "{}, maxlen={}{}",
+                header::ARENA_READS,
+                opts.maxlen,
+                if self.direct { ", direct=1" } else { "" }
+            )),
             None => None,
             Some(mode) => {
                 let sink = match &mut h.live {
@@ -215,6 +289,8 @@ impl Session {
                 return Err(e);
             }
         };
+        let answered = Instant::now();
+        let http_answer = Some(answered.saturating_duration_since(sent));
         let close = answer.close;
         let taken = answer.field.as_ref().map(|f| header::parse_response(f));
         let mut rdma_connect = None;
@@ -253,6 +329,34 @@ impl Session {
                     status: answer.status,
                     body,
                     via: Via::ServerWrites,
+                }
+            }
+            Some(Ok(Response::ArenaDirect(hint, g))) if self.arena_key.is_some() && self.direct => {
+                let local = h.stream.local_addr()?.ip();
+                let local = match local {
+                    IpAddr::V4(a) => Some(a),
+                    IpAddr::V6(a) => a.to_ipv4_mapped(),
+                };
+                if let Some(local) = local {
+                    let key = self.arena_key.expect("checked");
+                    self.grant = Some(ClientGrant::new(&key, g, local, hint.port, answered));
+                }
+                let server = SocketAddr::new(self.addr.ip(), hint.port);
+                if self.arena.as_ref().and_then(|r| r.server().ok()) != Some(server) {
+                    let t = Instant::now();
+                    let key = self.arena_key.expect("checked");
+                    self.arena = Some(ArenaReader::connect(server, key)?);
+                    rdma_connect = Some(t.elapsed());
+                    self.rdma_connections += 1;
+                }
+                let reader = self.arena.as_mut().expect("opened above");
+                let (body, _) = reader
+                    .fetch(&hint, opts.maxlen)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                Fetched {
+                    status: answer.status,
+                    body,
+                    via: Via::ArenaReads,
                 }
             }
             Some(Ok(Response::ArenaReads(hint))) if self.arena_key.is_some() => {
@@ -307,6 +411,7 @@ impl Session {
             fetched,
             rdma_connect,
             http_connect,
+            http_answer,
         })
     }
 }

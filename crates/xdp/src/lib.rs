@@ -158,6 +158,18 @@ pub mod action {
 /// the user-space server).
 pub type XdpError = farside_bpfrt::Error;
 
+/// The kernel's `CLOCK_MONOTONIC` in ns: the clock `bpf_ktime_get_ns` reads, in which
+/// a grant's deadline ([`XdpResponder::install_grant`]) is stated.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 /// A bad argument, said as such.
 fn config_error(m: impl std::fmt::Display) -> XdpError {
     Error::Config(format!("rmem XDP configuration: {m}"))
@@ -201,6 +213,11 @@ struct KeyValue {
     region: u32,
     grants: u32,
     grant: [GrantValue; GRANTS_MAX],
+    /// A grant's bound source address, network byte order; 0: any.
+    bound_ipv4: u32,
+    reserved1: u32,
+    /// `CLOCK_MONOTONIC` ns from which the key opens nothing; 0: never.
+    expires_ns: u64,
 }
 
 // SAFETY: repr(C), plain integers, no padding (sizes asserted in the tests).
@@ -231,6 +248,9 @@ impl KeyValue {
             region: e.rights.region(),
             grants: grants.len().min(GRANTS_MAX) as u32,
             grant,
+            bound_ipv4: 0,
+            reserved1: 0,
+            expires_ns: 0,
         }
     }
 }
@@ -424,6 +444,33 @@ impl Loaded {
         let mut m: aya::maps::HashMap<&mut aya::maps::MapData, u32, KeyValue> =
             self.obj.typed_mut(MAP_KEYS)?;
         Ok(m.remove(&id).is_ok())
+    }
+
+    /// Install a grant: key `e` opening requests only from `bound` until
+    /// `expires_ns` (`CLOCK_MONOTONIC`, the kernel's `bpf_ktime_get_ns`), whatever the
+    /// server's process does after. Refused when the keys map is full.
+    fn install_grant(
+        &self,
+        e: &farside_auth::keys::KeyEntry,
+        bound: std::net::Ipv4Addr,
+        expires_ns: u64,
+    ) -> Result<(), XdpError> {
+        let m = self.obj.raw_map(MAP_KEYS)?;
+        let mut v = KeyValue::of(e);
+        v.bound_ipv4 = u32::from_ne_bytes(bound.octets());
+        v.expires_ns = expires_ns;
+        m.update(&e.id.0, &v, farside_bpfrt::flags::ANY)
+            .map_err(|err| Error::os(LABEL, "installing a grant", err))
+    }
+
+    /// Remove key `id` through a shared handle (grants end while workers run).
+    fn revoke_grant(&self, id: u32) -> Result<bool, XdpError> {
+        let m = self.obj.raw_map(MAP_KEYS)?;
+        match m.delete(&id) {
+            Ok(()) => Ok(true),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(false),
+            Err(e) => Err(Error::os(LABEL, "revoking a grant", e)),
+        }
     }
 
     /// Make the keys map hold exactly `keys`: new and changed keys written in place,
@@ -714,6 +761,25 @@ impl XdpResponder {
         self.loaded.set_keys(keys)
     }
 
+    /// Install (or replace) a grant while the program runs: key `entry` opens requests
+    /// only from source `bound`, and nothing from `expires_ns` on (`CLOCK_MONOTONIC`
+    /// ns: [`monotonic_ns`]). The kernel enforces both, so a grant ends on time even
+    /// when the process that issued it is not scheduled. Revoke with [`Self::revoke_key`].
+    pub fn install_grant(
+        &self,
+        entry: &farside_auth::keys::KeyEntry,
+        bound: std::net::Ipv4Addr,
+        expires_ns: u64,
+    ) -> Result<(), XdpError> {
+        self.loaded.install_grant(entry, bound, expires_ns)
+    }
+
+    /// Remove grant `id` (any key id) at once, through a shared handle; false if it
+    /// was not there.
+    pub fn revoke_grant(&self, id: u32) -> Result<bool, XdpError> {
+        self.loaded.revoke_grant(id)
+    }
+
     /// Set the replay windows' restart floor and ceiling (`farside_auth::floor`), while
     /// it runs; both only rise.
     pub fn set_replay_limits(&self, limits: farside_auth::floor::Limits) -> Result<(), XdpError> {
@@ -948,6 +1014,22 @@ impl TestProgram {
         self.loaded.seed_dedup(entries)
     }
 
+    /// As [`XdpResponder::install_grant`].
+    pub fn install_grant(
+        &self,
+        entry: &farside_auth::keys::KeyEntry,
+        bound: std::net::Ipv4Addr,
+        expires_ns: u64,
+    ) -> Result<(), XdpError> {
+        self.loaded.install_grant(entry, bound, expires_ns)
+    }
+
+    /// Remove grant `id` (any key id) at once, through a shared handle; false if it
+    /// was not there.
+    pub fn revoke_grant(&self, id: u32) -> Result<bool, XdpError> {
+        self.loaded.revoke_grant(id)
+    }
+
     /// As [`XdpResponder::set_node_addr`].
     pub fn set_node_addr(&mut self, addr: Option<std::net::Ipv4Addr>) -> Result<(), XdpError> {
         self.loaded.set_node_addr(addr)
@@ -1026,7 +1108,7 @@ mod tests {
         assert_eq!(define("RMEM_GRANT_CAS"), GRANT_CAS.into());
         assert_eq!(define("RMEM_GRANT_FADD"), GRANT_FADD.into());
         assert_eq!(std::mem::size_of::<GrantValue>(), 16);
-        assert_eq!(std::mem::size_of::<KeyValue>(), 24 + 16 * GRANTS_MAX);
+        assert_eq!(std::mem::size_of::<KeyValue>(), 40 + 16 * GRANTS_MAX);
         assert_eq!(std::mem::size_of::<Config>(), 20);
         assert_eq!(std::mem::size_of::<DedupValue>(), 24);
     }

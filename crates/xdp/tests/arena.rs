@@ -488,3 +488,86 @@ fn bulk_reads_span_chunks_and_tag_their_header() {
         "nothing written"
     );
 }
+
+/// A grant's key entry (id 40, its own key, arena READ rights), as a server installs it.
+fn grant_entry() -> farside_auth::keys::KeyEntry {
+    let set = farside_rmem::LabKeyset::generate();
+    let mut ring = farside_auth::keys::Keyring::new(farside_auth::keys::Policy::Production);
+    ring.install(
+        "arena-grant",
+        farside_auth::mac::KeyId(40),
+        *set.reader.key(),
+        farside_auth::rights::Rights::reader(ARENA_REGION),
+    )
+    .unwrap();
+    ring.get(farside_auth::mac::KeyId(40)).unwrap().clone()
+}
+
+/// A grant opens READs only from its bound address and only until its deadline, both
+/// checked in the kernel; a request it opened once is not answered again (replay).
+#[test]
+fn a_grant_opens_reads_from_its_address_until_its_deadline_only() {
+    if !need_root("a_grant_opens_reads_from_its_address_until_its_deadline_only") {
+        return;
+    }
+    let chunks = 4u32;
+    let mut prog = TestProgram::load_with_arena(PORT, &keyring_with_arena(), chunks).expect("load");
+    {
+        let mem = prog.arena();
+        let mut mem = mem.lock().unwrap();
+        mem.bytes_mut()
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, b)| *b = (i * 3) as u8);
+    }
+    let entry = grant_entry();
+    let key = ClientKey::new(entry.id, entry.key);
+    let client = std::net::Ipv4Addr::from(IP_CLIENT);
+    let other = std::net::Ipv4Addr::new(10, 0, 0, 99);
+    let later = farside_xdp::monotonic_ns() + 3_600_000_000_000;
+    let run = |prog: &TestProgram, req: &[u8]| prog.run(&frame(Shape::to_port(PORT), req));
+
+    // Not installed: dropped.
+    let req = arena_req(&key, 1, ARENA_REGION, 8, 64, true);
+    assert_eq!(run(&prog, &req).0, action::DROP, "no grant yet");
+
+    // Bound to the request's source, live: answered, and only once.
+    prog.install_grant(&entry, client, later).unwrap();
+    let req = arena_req(&key, 1, ARENA_REGION, 8, 64, true);
+    let (st, bytes) = ask(&prog, &key, &req);
+    assert_eq!(st, Status::Ok);
+    let want: Vec<u8> = (8..72).map(|i| (i * 3) as u8).collect();
+    assert_eq!(bytes, want, "the arena's bytes");
+    assert_eq!(
+        run(&prog, &req).0,
+        action::DROP,
+        "the same request again: replayed"
+    );
+
+    // Bound to another address: the same key opens nothing from this one.
+    prog.install_grant(&entry, other, later).unwrap();
+    let req = arena_req(&key, 1, ARENA_REGION, 8, 64, true);
+    assert_eq!(run(&prog, &req).0, action::DROP, "another client's grant");
+
+    // Past its deadline: nothing, though the entry is still in the map.
+    prog.install_grant(&entry, client, farside_xdp::monotonic_ns())
+        .unwrap();
+    let req = arena_req(&key, 1, ARENA_REGION, 8, 64, true);
+    assert_eq!(run(&prog, &req).0, action::DROP, "expired");
+
+    // Live again, then revoked.
+    prog.install_grant(&entry, client, later).unwrap();
+    let req = arena_req(&key, 1, ARENA_REGION, 16, 8, true);
+    assert_eq!(ask(&prog, &key, &req).0, Status::Ok);
+    assert!(prog.revoke_key(entry.id.0).unwrap());
+    let req = arena_req(&key, 1, ARENA_REGION, 16, 8, true);
+    assert_eq!(run(&prog, &req).0, action::DROP, "revoked");
+
+    // A grant's rights are the arena's, READ only: a WRITE is refused, the control
+    // region is not its region.
+    prog.install_grant(&entry, client, later).unwrap();
+    let req = arena_req(&key, 2, ARENA_REGION, 0, 8, false);
+    assert_eq!(ask(&prog, &key, &req).0, Status::ReadOnly);
+    let req = arena_req(&key, 1, 0, 0, 8, true);
+    assert_eq!(ask(&prog, &key, &req).0, Status::NoRegion);
+}

@@ -419,7 +419,7 @@ impl Lab {
         .iter()
         .map(|s| s.to_string())
         .collect();
-        if system == SYSTEM_XDP_READS {
+        if is_arena_system(system) {
             for a in [
                 "--rdma",
                 "--rdma-transfer-bytes-max",
@@ -434,6 +434,9 @@ impl Lab {
                 &self.plan.xdp_mode,
             ] {
                 args.push(a.to_string());
+            }
+            if system == SYSTEM_XDP_DIRECT {
+                args.push("--rdma-arena-direct".into());
             }
         }
         if let Some(r) = registration_of(system) {
@@ -524,6 +527,9 @@ impl Lab {
         } else if key.system == SYSTEM_XDP_READS {
             lg.rdma.arena_key = Some(self.arena_spec());
             RdmaLoad::XdpReads
+        } else if key.system == SYSTEM_XDP_DIRECT {
+            lg.rdma.arena_key = Some(self.arena_spec());
+            RdmaLoad::XdpDirect
         } else {
             RdmaLoad::Off
         });
@@ -804,7 +810,7 @@ fn params(a: &RdmaHttpArgs, plan: &Plan) -> serde_json::Value {
         "tx_offload": "tx checksum offload on for both nodes' eth0 (ethtool -K eth0 tx on; the bridge-side ends keep the fabric's off): TCP's server sends with segmentation offload, xdp-reads' client does not checksum its READs' padding in software",
         "pin": format!("server node (backend, probe, hogs) and its receive softirq (RPS) on CPU {}, clients on CPU {}", plan.server_cpu, plan.client_cpu),
         "client": "farside loadgen --rdma server-writes (iwarp-*) or off (tcp): the same clients, one kept HTTP connection and one kept RDMA connection per client, every body checked against its file",
-        "backend": format!("a fresh farside backend per point, {WORKERS} workers, keep-alive unbounded; iwarp-*: --rdma --rdma-registration static|dynamic|cache, transfer cap {FILE_BYTES_MAX} B, {TRANSFERS_MAX} transfers, {REGISTERED_BYTES_MAX} B registered; xdp-reads: --rdma --rdma-arena-iface eth0 (generic XDP, arena port {ARENA_PORT}, key id {ARENA_KEY_ID})"),
+        "backend": format!("a fresh farside backend per point, {WORKERS} workers, keep-alive unbounded; iwarp-*: --rdma --rdma-registration static|dynamic|cache, transfer cap {FILE_BYTES_MAX} B, {TRANSFERS_MAX} transfers, {REGISTERED_BYTES_MAX} B registered; xdp-reads: --rdma --rdma-arena-iface eth0 (generic XDP, arena port {ARENA_PORT}, key id {ARENA_KEY_ID}); xdp-direct: the same and --rdma-arena-direct"),
         "server_cpu": "user and system time of the back-end process (all threads, exited ones included: /proc/PID/stat, 10 ms clock ticks) and softirq time of the server's CPU (/proc/stat; bridge forwarding of its packets included) over the whole client run (warm-up included), divided by the body bytes delivered (warm-up included)",
         "connect_us": "RDMA connection set-up seen by the client: request written to MPA set-up done (the server's work to get there included); one per client, in its warm-up request",
         "table1": "one registration step per sample, in a process of the server's node at nice 0: dynamic = register + copy + deregister, static = copy into the pre-registered region, cached = cache hit + register the cached buffer without a copy + deregister; each step after a sleep of probe_gap_ms (0: back to back, a server busy serving; >0: each step just after a wake-up, as a worker idle until its request); avg_ms/p99_ms = wall time, reg_cpu_us = thread CPU time (reading the thread clock included, ~1-3 us here), wall - CPU = waiting for the CPU",

@@ -60,17 +60,27 @@ use std::io;
 use std::path::PathBuf;
 
 /// The systems measured.
-pub const SYSTEMS: [&str; 5] = [
+pub const SYSTEMS: [&str; 6] = [
     "tcp",
     "iwarp-static",
     "iwarp-dynamic",
     "iwarp-cached",
     SYSTEM_XDP_READS,
+    SYSTEM_XDP_DIRECT,
 ];
 /// Bodies read one-sidedly from the back-end's object arena, answered by its XDP
 /// responder in the kernel (`farside backend --rdma-arena-iface`, `farside loadgen
 /// --rdma xdp-reads`).
 pub const SYSTEM_XDP_READS: &str = "xdp-reads";
+/// As xdp-reads, with grants: after one HTTP answer a client resolves each path with
+/// one-sided READs of the arena's index, so a body needs no server process at all
+/// (`farside backend --rdma-arena-direct`, `farside loadgen --rdma xdp-direct`).
+pub const SYSTEM_XDP_DIRECT: &str = "xdp-direct";
+
+/// Whether `system` reads bodies from the back-end's kernel-answered arena.
+pub fn is_arena_system(system: &str) -> bool {
+    system == SYSTEM_XDP_READS || system == SYSTEM_XDP_DIRECT
+}
 /// Runs kept before xdp-reads was built list it as not built; their reports say so.
 pub const SYSTEM_NOT_BUILT: &str = SYSTEM_XDP_READS;
 /// The experiments.
@@ -137,12 +147,13 @@ pub struct RdmaHttpArgs {
     pub experiment: Vec<String>,
     /// Systems of fig3 and fig4 (comma-separated): tcp, iwarp-static, iwarp-dynamic,
     /// iwarp-cached, xdp-reads (bodies read one-sidedly from the back-end's object
-    /// arena, answered in the kernel by XDP; table1 measures the three registration
-    /// strategies).
+    /// arena, answered in the kernel by XDP, one HTTP request per body), xdp-direct (the
+    /// same with grants: paths resolved by one-sided index READs, no HTTP request per
+    /// body; table1 measures the three registration strategies).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "tcp,iwarp-static,iwarp-dynamic,iwarp-cached,xdp-reads"
+        default_value = "tcp,iwarp-static,iwarp-dynamic,iwarp-cached,xdp-reads,xdp-direct"
     )]
     pub systems: Vec<String>,
     /// Loads (comma-separated): idle, loaded (two CPU hogs on the server's CPU at

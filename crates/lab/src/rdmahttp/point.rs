@@ -69,6 +69,18 @@ pub struct RdmaPoint {
     pub hog_cpu_frac: Option<f64>,
     #[serde(default)]
     pub hog_cpu_frac_min: Option<f64>,
+    /// fig3/fig4: mean time from a measured request written to its HTTP answer read,
+    /// ms (the server's part, the body's transfer after it excluded), over the requests
+    /// that made one; `None` when none did (xdp-direct served every body without) or
+    /// for runs kept before it was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_answer_ms: Option<f64>,
+    /// fig3/fig4: measured requests that made an HTTP request (xdp-direct: those that
+    /// fell back), and direct attempts that fell back to one (warm-up included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_requests: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct_misses: Option<u64>,
     /// Runs combined into this point.
     pub runs: u32,
 }
@@ -99,7 +111,8 @@ pub fn point_of_load(
 ) -> RdmaPoint {
     let bytes_all = s.bytes + warmup_bytes;
     let declined: Vec<String> = s.declined.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let rdma = s.via_server_writes + s.via_client_reads + s.via_xdp_reads;
+    let rdma = s.via_server_writes + s.via_client_reads + s.via_xdp_reads + s.via_xdp_direct;
+    let direct = key.system == SYSTEM_XDP_DIRECT;
     RdmaPoint {
         experiment: key.experiment.clone(),
         system: key.system.clone(),
@@ -130,6 +143,9 @@ pub fn point_of_load(
         reg_wait_us: None,
         hog_cpu_frac: None,
         hog_cpu_frac_min: None,
+        http_answer_ms: (s.http_answers > 0).then_some(s.http_answer_avg_ms),
+        http_requests: Some(s.http_answers),
+        direct_misses: direct.then_some(s.direct_misses),
         runs: 1,
     }
 }
@@ -238,6 +254,9 @@ impl LabPoint for RdmaPoint {
                 .iter()
                 .filter_map(|p| p.hog_cpu_frac_min)
                 .reduce(f64::min),
+            http_answer_ms: mean_opt(runs.iter().map(|p| p.http_answer_ms)),
+            http_requests: runs.iter().map(|p| p.http_requests).sum(),
+            direct_misses: runs.iter().map(|p| p.direct_misses).sum(),
             runs: runs.iter().map(|p| p.runs).sum(),
             ..first.clone()
         }

@@ -288,18 +288,30 @@ fn idle_tcp_lines(points: &[RdmaPoint]) -> String {
     out
 }
 
-/// The targets, from the points there are: xdp-reads loaded/idle at 1 MiB and
-/// 8 MiB (target <= 1.5x) beside tcp's (target >= 3x), and Fig. 4 at the most clients
-/// under load, tcp time / xdp-reads time (target >= 2x).
+/// The targets, from the points there are, for each arena system (xdp-reads always,
+/// xdp-direct when measured): loaded/idle at 1 MiB and 8 MiB (target <= 1.5x) beside
+/// tcp's (target >= 3x), and Fig. 4 at the most clients under load, tcp time / the
+/// system's time (target >= 2x).
 fn targets(points: &[RdmaPoint]) -> String {
-    let mut out = String::from("targets (xdp-reads):\n");
+    let mut out = String::new();
+    for system in [SYSTEM_XDP_READS, SYSTEM_XDP_DIRECT] {
+        if system != SYSTEM_XDP_READS && !points.iter().any(|p| p.system == system) {
+            continue;
+        }
+        out.push_str(&system_targets(points, system));
+    }
+    out
+}
+
+fn system_targets(points: &[RdmaPoint], system: &str) -> String {
+    let mut out = format!("targets ({system}):\n");
     let avg = |s: &str, load: &str, size: u64, e: &str, c: u32| {
         find(points, e, s, load, size, c).map(|p| p.avg_ms)
     };
     for size in [1u64 << 20, 8 << 20] {
         let (xi, xl) = (
-            avg(SYSTEM_XDP_READS, "idle", size, "fig3", 1),
-            avg(SYSTEM_XDP_READS, "loaded", size, "fig3", 1),
+            avg(system, "idle", size, "fig3", 1),
+            avg(system, "loaded", size, "fig3", 1),
         );
         if xi.is_none() && xl.is_none() {
             continue;
@@ -310,7 +322,7 @@ fn targets(points: &[RdmaPoint]) -> String {
         );
         let _ = writeln!(
             out,
-            "  fig3 {}: loaded/idle xdp-reads {} (target <= 1.5x), tcp {} (target >= 3x)",
+            "  fig3 {}: loaded/idle {system} {} (target <= 1.5x), tcp {} (target >= 3x)",
             size_label(size),
             ratio(xl, xi),
             ratio(tl, ti)
@@ -323,12 +335,12 @@ fn targets(points: &[RdmaPoint]) -> String {
         .max();
     if let Some(c) = most {
         let (x, t) = (
-            avg(SYSTEM_XDP_READS, "loaded", FIG4_FILE_BYTES, "fig4", c),
+            avg(system, "loaded", FIG4_FILE_BYTES, "fig4", c),
             avg("tcp", "loaded", FIG4_FILE_BYTES, "fig4", c),
         );
         let _ = writeln!(
             out,
-            "  fig4 {c} clients loaded: tcp time / xdp-reads time {} (target >= 2x)",
+            "  fig4 {c} clients loaded: tcp time / {system} time {} (target >= 2x)",
             ratio(t, x)
         );
     }
