@@ -105,6 +105,7 @@ fn default_setup(trace: &Trace, system: &str, nodes: usize) -> Setup {
         duration_s: 20.0,
         publish_ms: validate::LAB_PUBLISH_MS_DEFAULT,
         cpu_speedup: 1.0,
+        shared_host_cpus: None,
     }
 }
 
