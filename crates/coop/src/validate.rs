@@ -516,7 +516,11 @@ pub fn predict_replay(
         let remote_t = transport_of(&s.system).unwrap_or("tcp");
         let m = r.measured.max(1) as f64;
         let soft = (softirq(remote_t, r.remote.requests + r.wasted_fetches, r.remote.kb)
-            + softirq("tcp", r.forwarded.requests + r.wasted_forwards, r.forwarded.kb))
+            + softirq(
+                "tcp",
+                r.forwarded.requests + r.wasted_forwards,
+                r.forwarded.kb,
+            ))
             / m;
         HostCpu {
             cpus,
@@ -660,17 +664,20 @@ pub fn measured_laws(p: &LabPoint, pred: Option<&Prediction>) -> Vec<Law> {
         // lab's node CPU per request in place of the model's.
         if let Some(h) = &pred.host {
             let u = h.utilisation(x);
-            let lab = p.cpu_us_per_req.filter(|v| *v > 0.0).map_or(String::new(), |us| {
-                let hl = HostCpu {
-                    node_ns: us * 1e3,
-                    ..*h
-                };
-                format!(
-                    "; with the lab's node CPU {us:.1} us: D {:.1} us, U {:.3}",
-                    hl.demand_ns() / 1e3,
-                    hl.utilisation(x)
-                )
-            });
+            let lab = p
+                .cpu_us_per_req
+                .filter(|v| *v > 0.0)
+                .map_or(String::new(), |us| {
+                    let hl = HostCpu {
+                        node_ns: us * 1e3,
+                        ..*h
+                    };
+                    format!(
+                        "; with the lab's node CPU {us:.1} us: D {:.1} us, U {:.3}",
+                        hl.demand_ns() / 1e3,
+                        hl.utilisation(x)
+                    )
+                });
             laws.push(Law {
                 what: format!(
                     "Utilisation: host CPU U = X x D_host / cpus = {x:.1} x ({:.1} + {:.1} + {:.1}) us / {} = {u:.3} (<= 1; node + client + softirq){lab}",
