@@ -237,7 +237,7 @@ pub const SECTIONS: &[Part] = &[
                 Run("docs/results/coop/20261128-n4-closed-r3"),
                 Run("docs/results/coop/20261128-n8-closed"),
                 Run("docs/results/coop/20261128-n4-links"),
-                Text("docs/results/coop/model-20261129-release/model.txt"),
+                Text("docs/results/coop/model-20261129-hostcpu/model.txt"),
             ],
         }],
     },
