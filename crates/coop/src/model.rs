@@ -472,6 +472,64 @@ pub fn bound_clients_network(
     (kinds, classes)
 }
 
+/// The host's CPUs as one centre every node, every client and the kernel's softirq
+/// share (the lab runs all of them on one host): whole-core CPU per request, ns, by
+/// whom, and the CPUs it has. A node's quota station still bounds the node; this centre
+/// bounds their sum.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostCpu {
+    /// CPUs of the host (its capacity: CPU-seconds per second).
+    pub cpus: f64,
+    /// The nodes' CPU per request on a whole core (the request's node and its peers).
+    pub node_ns: f64,
+    /// The load generator's CPU per request.
+    pub client_ns: f64,
+    /// Softirq per request the nodes' and clients' figures do not hold.
+    pub softirq_ns: f64,
+}
+
+impl HostCpu {
+    /// Summed demand per request, ns of one CPU.
+    pub fn demand_ns(&self) -> f64 {
+        self.node_ns + self.client_ns + self.softirq_ns
+    }
+
+    /// Largest throughput the host's CPUs allow (`cpus / D`), requests per second.
+    pub fn capacity_per_s(&self) -> f64 {
+        self.cpus / (self.demand_ns() / 1e9).max(f64::MIN_POSITIVE)
+    }
+
+    /// Utilisation law at `throughput_per_s`: `U = X D / cpus`.
+    pub fn utilisation(&self, throughput_per_s: f64) -> f64 {
+        throughput_per_s * self.demand_ns() / 1e9 / self.cpus.max(f64::MIN_POSITIVE)
+    }
+
+    /// Whether the host's CPUs, and not any of `other_bounds_per_s` (the other
+    /// resources' `1 / D_max` bounds), bind the throughput: the bottleneck rule.
+    pub fn binds(&self, other_bounds_per_s: &[f64]) -> bool {
+        let own = self.capacity_per_s();
+        other_bounds_per_s.iter().all(|b| own < *b)
+    }
+}
+
+/// Adds the host's CPUs to a network of [`bound_clients_network`] as a multi-server
+/// centre, in Seidmann's approximation: a queueing station of demand `D / cpus` and a
+/// delay station of `D (cpus - 1) / cpus`, `D` [`HostCpu::demand_ns`] for every class.
+/// The clients' CPU is inside `D`, so the classes' think time becomes 0 (it would count
+/// it twice). The nodes' CPU is in their quota stations and here too: a serial
+/// approximation that, at low load, adds the whole-core node time once more to `R`.
+pub fn with_host_cpu(kinds: &mut Vec<StationKind>, classes: &mut [Class], host: &HostCpu) {
+    let d = host.demand_ns() / 1e9;
+    let c = host.cpus.max(1.0);
+    kinds.push(StationKind::Queueing);
+    kinds.push(StationKind::Delay);
+    for class in classes {
+        class.demand_s.push(d / c);
+        class.demand_s.push(d * (c - 1.0) / c);
+        class.think_s = 0.0;
+    }
+}
+
 /// Label every extrapolated number carries in tables and files.
 pub const EXTRAPOLATION_LABEL: &str = "model output (extrapolated, not measured)";
 
@@ -785,6 +843,63 @@ mod tests {
                 1e-12
             ));
         }
+    }
+
+    #[test]
+    fn the_host_cpu_binds_only_when_the_summed_demand_exceeds_its_capacity() {
+        let d = Demands {
+            own: [100_000.0, 0.0, 0.0],
+            peer: [0.0; 3],
+        };
+        // 4 nodes at 40 % of a CPU, 40 us whole-core each: the quotas allow
+        // 4 / 100 us = 40,000/s.
+        let quota_bound = 4.0 / 100e-6;
+        let run = |host: &HostCpu| {
+            let (mut kinds, mut classes) = bound_clients_network(4, &d, 8, 20e-6);
+            with_host_cpu(&mut kinds, &mut classes, host);
+            mva_classes(&kinds, &classes)
+        };
+        // Under capacity: 2 CPUs, 40 + 5 + 5 us per request allow 40,000/s, the quotas
+        // bind (equal) -- not the host.
+        let light = HostCpu {
+            cpus: 2.0,
+            node_ns: 40_000.0,
+            client_ns: 5_000.0,
+            softirq_ns: 4_000.0,
+        };
+        assert!(!light.binds(&[quota_bound]));
+        let r = run(&light);
+        assert!(r.total_throughput() <= quota_bound * (1.0 + 1e-9));
+        assert!(light.utilisation(r.total_throughput()) < 1.0);
+        // Over capacity: 2 CPUs at 40 + 30 + 30 us allow 20,000/s, below the quotas'
+        // 40,000/s: the host binds and MVA's throughput stays under it, close to it.
+        let heavy = HostCpu {
+            cpus: 2.0,
+            node_ns: 40_000.0,
+            client_ns: 30_000.0,
+            softirq_ns: 30_000.0,
+        };
+        assert!(heavy.binds(&[quota_bound]));
+        assert!((heavy.capacity_per_s() - 20_000.0).abs() < 1e-6);
+        let r = run(&heavy);
+        let x = r.total_throughput();
+        assert!(x <= heavy.capacity_per_s() * (1.0 + 1e-9), "{x}");
+        assert!(x > 0.8 * heavy.capacity_per_s(), "{x}");
+        assert!(heavy.utilisation(x) <= 1.0 + 1e-9);
+        // The host centre's queueing station is the busiest (utilisation law).
+        let host_u = r.utilisation[kinds_len(4)];
+        assert!(r.utilisation[..kinds_len(4)].iter().all(|u| *u < host_u));
+        // Without the host centre the same demands reach the quotas' bound instead.
+        let (kinds, classes) = bound_clients_network(4, &d, 8, 20e-6);
+        let free = mva_classes(&kinds, &classes).total_throughput();
+        assert!(free > heavy.capacity_per_s());
+        // Think time moved into the centre; Little's law still holds with Z = 0.
+        let n = little_population(x, r.mean_response_s(), 0.0);
+        assert!((n - 32.0).abs() < 1e-6, "{n}");
+    }
+
+    fn kinds_len(nodes: usize) -> usize {
+        3 * nodes
     }
 
     #[test]

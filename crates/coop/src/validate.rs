@@ -23,7 +23,8 @@
 
 use crate::model::{
     bound_clients_network, demands_ns, little_population, mva_classes, relative_error,
-    transport_demands_ns, utilisation, ClassesResult, Demands, PeerFetch, Solver, MODEL_TOLERANCE,
+    transport_demands_ns, utilisation, with_host_cpu, ClassesResult, Demands, HostCpu, PeerFetch,
+    Solver, MODEL_TOLERANCE,
 };
 use crate::policy::{Policy, Press, RemoteMode, RoundRobin};
 use crate::sim::{self, Arrival, Costs, DirectoryUpdate, SimConfig, SimReport};
@@ -346,6 +347,10 @@ pub struct Setup {
     pub publish_ms: u64,
     /// CPUs `speedup` times faster than the calibrated host (1 for checked points).
     pub cpu_speedup: f64,
+    /// CPUs of one host that runs every node, client and softirq (the lab's: the
+    /// calibration host's), modelled as a centre they share; `None`: one host per node
+    /// (the paper's cluster), no shared centre.
+    pub shared_host_cpus: Option<f64>,
 }
 
 impl Setup {
@@ -363,6 +368,7 @@ impl Setup {
             duration_s: p.duration_s,
             publish_ms: run.publish_ms.unwrap_or(LAB_PUBLISH_MS_DEFAULT),
             cpu_speedup: 1.0,
+            shared_host_cpus: None,
         }
     }
 }
@@ -375,6 +381,9 @@ pub struct Prediction {
     /// Per request at full CPU speed of the node's share (cpu already divided by it), ns.
     pub demands: Demands,
     pub think_s: f64,
+    /// The shared host's CPU centre, when the setup has one (then the network's think
+    /// time is 0: the clients' CPU is in it).
+    pub host: Option<HostCpu>,
     pub mva: ClassesResult,
     /// Requests each client replayed in the simulation.
     pub replayed_per_client: usize,
@@ -492,13 +501,48 @@ pub fn predict_replay(
         None => demands_ns(&costs, &report),
     };
     let think_s = think_ns / 1e9;
-    let (kinds, classes) = bound_clients_network(s.nodes, &demands, s.clients_per_node, think_s);
+    let (mut kinds, mut classes) =
+        bound_clients_network(s.nodes, &demands, s.clients_per_node, think_s);
+    let host = s.shared_host_cpus.map(|cpus| {
+        // The nodes' CPU on a whole core (the demands are at their share), the clients'
+        // (the think time), and the host softirq per peer body of the transports that
+        // carried them (`press-tcp`'s bodies and the larger ones forward over tcp).
+        let softirq = |t: &str, n: u64, kb: u64| {
+            f.transport(t).map_or(0.0, |tc| {
+                n as f64 * tc.softirq_ns + kb as f64 * tc.softirq_per_kb_ns
+            })
+        };
+        let r = &report;
+        let remote_t = transport_of(&s.system).unwrap_or("tcp");
+        let m = r.measured.max(1) as f64;
+        let soft = (softirq(remote_t, r.remote.requests + r.wasted_fetches, r.remote.kb)
+            + softirq(
+                "tcp",
+                r.forwarded.requests + r.wasted_forwards,
+                r.forwarded.kb,
+            ))
+            / m;
+        HostCpu {
+            cpus,
+            node_ns: (demands.own[0] + demands.peer[0]) * s.cpu_share * s.cpu_speedup,
+            client_ns: think_ns,
+            softirq_ns: soft / s.cpu_speedup,
+        }
+    });
+    let think_s = match &host {
+        Some(h) => {
+            with_host_cpu(&mut kinds, &mut classes, h);
+            0.0
+        }
+        None => think_s,
+    };
     let mva = mva_classes(&kinds, &classes);
     Ok(Prediction {
         setup: s.clone(),
         sim: report,
         demands,
         think_s,
+        host,
         mva,
         replayed_per_client: per_client,
     })
@@ -615,6 +659,36 @@ pub fn measured_laws(p: &LabPoint, pred: Option<&Prediction>) -> Vec<Law> {
                 holds: Some(u <= 1.0),
             });
         }
+        // The host's CPUs on the measured throughput: U = X D_host / cpus, D_host the
+        // model's whole-core node CPU, the client's and the softirq; and again with the
+        // lab's node CPU per request in place of the model's.
+        if let Some(h) = &pred.host {
+            let u = h.utilisation(x);
+            let lab = p
+                .cpu_us_per_req
+                .filter(|v| *v > 0.0)
+                .map_or(String::new(), |us| {
+                    let hl = HostCpu {
+                        node_ns: us * 1e3,
+                        ..*h
+                    };
+                    format!(
+                        "; with the lab's node CPU {us:.1} us: D {:.1} us, U {:.3}",
+                        hl.demand_ns() / 1e3,
+                        hl.utilisation(x)
+                    )
+                });
+            laws.push(Law {
+                what: format!(
+                    "Utilisation: host CPU U = X x D_host / cpus = {x:.1} x ({:.1} + {:.1} + {:.1}) us / {} = {u:.3} (<= 1; node + client + softirq){lab}",
+                    h.node_ns / 1e3,
+                    h.client_ns / 1e3,
+                    h.softirq_ns / 1e3,
+                    h.cpus
+                ),
+                holds: Some(u <= 1.0),
+            });
+        }
         // Little's law on the model's answer: N = X (R + Z) over the closed loop.
         let n_model = little_population(pred.throughput(), pred.response_s(), pred.think_s);
         let total: f64 = pred.mva.queue_len.iter().sum::<f64>() + pred.throughput() * pred.think_s;
@@ -647,7 +721,15 @@ pub fn check_runs(
                     p.system
                 ))
             } else {
-                predict(costs, trace, &Setup::of_point(run, p), seed)
+                predict(
+                    costs,
+                    trace,
+                    &Setup {
+                        shared_host_cpus: Some(costs.provenance.cpus as f64),
+                        ..Setup::of_point(run, p)
+                    },
+                    seed,
+                )
             };
             let laws = measured_laws(p, prediction.as_ref().ok());
             out.push(PointCheck {
@@ -714,6 +796,11 @@ pub fn extrapolate_grid(
     seed: u64,
 ) -> Result<Vec<ExtrapolatedRow>, String> {
     let mut grid: Vec<(String, Setup)> = Vec::new();
+    // One host per node, as in the paper's cluster: no shared host centre.
+    let base = &Setup {
+        shared_host_cpus: None,
+        ..base.clone()
+    };
     let with = |f: &dyn Fn(&mut Setup)| {
         let mut s = base.clone();
         f(&mut s);
@@ -768,6 +855,19 @@ fn solver_name(s: Solver) -> &'static str {
     }
 }
 
+/// Each node station's `1 / D` bound on the cluster's throughput (the busiest node's
+/// share of every resource; peers' demand spread evenly as in the network).
+fn node_bounds(p: &Prediction) -> Vec<f64> {
+    let n = p.setup.nodes.max(1) as f64;
+    let others = (n - 1.0).max(1.0);
+    (0..3)
+        .map(|r| {
+            let per_node = p.demands.own[r] / n + p.demands.peer[r] / others * (n - 1.0) / n;
+            n / (per_node * n / 1e9).max(f64::MIN_POSITIVE)
+        })
+        .collect()
+}
+
 /// The text of a prediction's demands and answer (one block).
 pub fn render_prediction(p: &Prediction) -> String {
     let f = p.sim.fractions();
@@ -775,7 +875,7 @@ pub fn render_prediction(p: &Prediction) -> String {
     format!(
         "  simulated fractions local {:.3} remote {:.3} miss {:.3} (wasted fetches {})\n  \
          demand per request, us: own cpu {:.1} disk {:.1} nic {:.1}; at peers cpu {:.1}; think {:.1}\n  \
-         MVA ({}): X {:.1}/s, R {:.3} ms; simulator X {:.1}/s; {} requests replayed per client\n",
+         {}MVA ({}): X {:.1}/s, R {:.3} ms; simulator X {:.1}/s; {} requests replayed per client\n",
         f[0],
         f[1],
         f[2],
@@ -785,6 +885,20 @@ pub fn render_prediction(p: &Prediction) -> String {
         d.own[2] / 1e3,
         d.peer[0] / 1e3,
         p.think_s * 1e6,
+        match &p.host {
+            Some(h) => format!(
+                "host CPU, {} CPUs shared: node {:.1} + client {:.1} + softirq {:.1} = {:.1} us per request (whole core), bound {:.1}/s, U {:.3} at the model's X{}\n  ",
+                h.cpus,
+                h.node_ns / 1e3,
+                h.client_ns / 1e3,
+                h.softirq_ns / 1e3,
+                h.demand_ns() / 1e3,
+                h.capacity_per_s(),
+                h.utilisation(p.throughput()),
+                if h.binds(&node_bounds(p)) { " (binds)" } else { "" }
+            ),
+            None => String::new(),
+        },
         solver_name(p.mva.solver),
         p.throughput(),
         p.response_s() * 1e3,

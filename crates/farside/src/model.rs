@@ -105,6 +105,7 @@ fn default_setup(trace: &Trace, system: &str, nodes: usize) -> Setup {
         duration_s: 20.0,
         publish_ms: validate::LAB_PUBLISH_MS_DEFAULT,
         cpu_speedup: 1.0,
+        shared_host_cpus: None,
     }
 }
 
@@ -248,8 +249,12 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
         for base in bases.iter().take(EXTRAPOLATION_BASES_MAX) {
             let rows = validate::extrapolate_grid(&costs, &trace, base, &systems, a.seed)?;
             text += &format!(
-                "\nfrom {} nodes, cache {} B per node, {} clients per node:\n",
-                base.nodes, base.cache_bytes, base.clients_per_node
+                "\nfrom {} nodes, cache {} B per node, {} clients per node; one host per node as in the paper (no shared host CPU centre{}):\n",
+                base.nodes,
+                base.cache_bytes,
+                base.clients_per_node,
+                base.shared_host_cpus
+                    .map_or(String::new(), |c| format!("; the checked points shared {c} CPUs"))
             );
             text += &validate::render_extrapolation(&rows, failed, modelled);
         }
