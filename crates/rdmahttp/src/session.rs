@@ -36,7 +36,7 @@
 use crate::arena_read::{ArenaReader, FetchError};
 use crate::client::{self, Fetched, GetOptions, Remote, Via, CQ_DEPTH, WR_RECV};
 use crate::grant::ClientGrant;
-use crate::header::{self, Mode, Response};
+use crate::header::{self, ArenaHint, Mode, Response};
 use farside_iwarp::qp::{Qp, QpConfig, QpState, RecvWr, Sge};
 use farside_iwarp::tcp::Endpoint;
 use farside_iwarp::verbs::{Access, Cq, Device, MR_BYTES_MAX};
@@ -180,6 +180,29 @@ impl Session {
     pub fn with_arena_key(mut self, key: farside_rmem::ClientKey) -> Session {
         self.arena_key = Some(key);
         self
+    }
+
+    /// Read the body `hint` names from the server's arena, opening the reader first
+    /// when none is open to that port (its set-up time goes to `rdma_connect`).
+    fn read_arena(
+        &mut self,
+        hint: &ArenaHint,
+        maxlen: u64,
+        rdma_connect: &mut Option<Duration>,
+    ) -> io::Result<Vec<u8>> {
+        let server = SocketAddr::new(self.addr.ip(), hint.port);
+        if self.arena.as_ref().and_then(|r| r.server().ok()) != Some(server) {
+            let t = Instant::now();
+            let key = self.arena_key.expect("checked by the caller");
+            self.arena = Some(ArenaReader::connect(server, key)?);
+            *rdma_connect = Some(t.elapsed());
+            self.rdma_connections += 1;
+        }
+        let reader = self.arena.as_mut().expect("opened above");
+        let (body, _) = reader
+            .fetch(hint, maxlen)
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        Ok(body)
     }
 
     /// RDMA connections set up so far.
@@ -341,18 +364,7 @@ impl Session {
                     let key = self.arena_key.expect("checked");
                     self.grant = Some(ClientGrant::new(&key, g, local, hint.port, answered));
                 }
-                let server = SocketAddr::new(self.addr.ip(), hint.port);
-                if self.arena.as_ref().and_then(|r| r.server().ok()) != Some(server) {
-                    let t = Instant::now();
-                    let key = self.arena_key.expect("checked");
-                    self.arena = Some(ArenaReader::connect(server, key)?);
-                    rdma_connect = Some(t.elapsed());
-                    self.rdma_connections += 1;
-                }
-                let reader = self.arena.as_mut().expect("opened above");
-                let (body, _) = reader
-                    .fetch(&hint, opts.maxlen)
-                    .map_err(|e| io::Error::other(e.to_string()))?;
+                let body = self.read_arena(&hint, opts.maxlen, &mut rdma_connect)?;
                 Fetched {
                     status: answer.status,
                     body,
@@ -360,18 +372,7 @@ impl Session {
                 }
             }
             Some(Ok(Response::ArenaReads(hint))) if self.arena_key.is_some() => {
-                let server = SocketAddr::new(self.addr.ip(), hint.port);
-                if self.arena.as_ref().and_then(|r| r.server().ok()) != Some(server) {
-                    let t = Instant::now();
-                    let key = self.arena_key.expect("checked");
-                    self.arena = Some(ArenaReader::connect(server, key)?);
-                    rdma_connect = Some(t.elapsed());
-                    self.rdma_connections += 1;
-                }
-                let reader = self.arena.as_mut().expect("opened above");
-                let (body, _) = reader
-                    .fetch(&hint, opts.maxlen)
-                    .map_err(|e| io::Error::other(e.to_string()))?;
+                let body = self.read_arena(&hint, opts.maxlen, &mut rdma_connect)?;
                 Fetched {
                     status: answer.status,
                     body,
