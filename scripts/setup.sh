@@ -50,3 +50,23 @@ fi
 
 # Builds go outside the clone so a fresh checkout reuses them.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/farside-target}"
+
+# Cargo never deletes what an older build left in the target dir, so a persistent one
+# grows with every change (here it reached 48 GiB and filled the disk mid-CI). Bound:
+# when it holds more than FARSIDE_TARGET_MAX_GIB (default 20), or its disk has less than
+# FARSIDE_MIN_FREE_GIB (default 10) free, it is emptied and this build starts cold.
+# Only a directory cargo made (it carries CACHEDIR.TAG) is ever emptied.
+target_max_gib=${FARSIDE_TARGET_MAX_GIB:-20}
+min_free_gib=${FARSIDE_MIN_FREE_GIB:-10}
+if [ -f "$CARGO_TARGET_DIR/CACHEDIR.TAG" ]; then
+  used_kib=$(du -sk "$CARGO_TARGET_DIR" 2>/dev/null | cut -f1)
+  free_kib=$(df -Pk "$CARGO_TARGET_DIR" | awk 'NR == 2 {print $4}')
+  if [ "$used_kib" -gt $((target_max_gib * 1048576)) ] || [ "$free_kib" -lt $((min_free_gib * 1048576)) ]; then
+    echo "setup: $CARGO_TARGET_DIR holds $((used_kib / 1048576)) GiB (bound ${target_max_gib}) and its disk has $((free_kib / 1048576)) GiB free (bound ${min_free_gib}): emptying it, so this build starts cold"
+    rm -rf "$CARGO_TARGET_DIR"
+  fi
+fi
+free_kib=$(df -Pk "$(dirname "$CARGO_TARGET_DIR")" 2>/dev/null | awk 'NR == 2 {print $4}' || true)
+if [ -n "$free_kib" ] && [ "$free_kib" -lt $((min_free_gib * 1048576)) ]; then
+  echo "setup: warning: only $((free_kib / 1048576)) GiB free for $CARGO_TARGET_DIR; a cold build and the tests need about ${min_free_gib} GiB" >&2
+fi
