@@ -81,6 +81,9 @@ const VICTIM_REQUESTS: u32 = 90;
 const REQUEST_PERIOD: Duration = Duration::from_millis(200);
 /// A legitimate request's bound (connect, then each request).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+/// Lost legitimate requests described in a point's effect (what failed, when, on a
+/// connection moved how often): enough to tell a flood's effect from a migration's.
+const LOST_DETAILS_MAX: usize = 8;
 /// The sampling period of the per-second series.
 const SAMPLE: Duration = Duration::from_secs(1);
 /// The specd attacker's round: a byte to every slow sender, offers every other round.
@@ -389,6 +392,8 @@ struct Legit {
     served: AtomicU64,
     failed: AtomicU64,
     lost: AtomicU64,
+    /// The first [`LOST_DETAILS_MAX`] lost requests, described.
+    lost_details: Mutex<Vec<String>>,
     /// Live connections to the VIP (client address → its tracking state).
     live: Mutex<HashMap<SocketAddrV4, Tracked>>,
 }
@@ -439,13 +444,29 @@ fn session(legit: &Legit, requests: u32, stop: &AtomicBool) {
         }
         let mut n = 0u32;
         while !stop.load(Ordering::Relaxed) && n < requests {
+            let asked = Instant::now();
             match dc::http_get(&mut s) {
                 Ok(200) => {
                     legit.served.fetch_add(1, Ordering::Relaxed);
                 }
-                _ => {
+                other => {
                     legit.failed.fetch_add(1, Ordering::Relaxed);
                     legit.lost.fetch_add(1, Ordering::Relaxed);
+                    let what = match other {
+                        Ok(status) => format!("status {status}"),
+                        Err(e) => format!("{:?}: {e}", e.kind()),
+                    };
+                    let moves = me
+                        .and_then(|a| lock(&legit.live).get(&a).map(|t| t.moves))
+                        .unwrap_or(0);
+                    let mut details = lock(&legit.lost_details);
+                    if details.len() < LOST_DETAILS_MAX {
+                        details.push(format!(
+                            "request {} of {me:?} after {} ms: {what} (connection seen moved {moves}x)",
+                            n + 1,
+                            asked.elapsed().as_millis()
+                        ));
+                    }
                     break;
                 }
             }
@@ -819,7 +840,7 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
          at most {} slow senders open; {} of {} live-connection samples lost or changed their \
          entry ({} moves by migration seen); migrations {} completed, {} fell back, {} lost \
          (refused: {} non-peer, {} over the peer's share, {} bad offers); legitimate: {} served, \
-         {} failed, {} connections lost{}",
+         {} failed, {} connections lost{}{}",
         p.nonsyn_sent,
         p.nonsyn_pps,
         p.fe_nonsyn_miss,
@@ -841,6 +862,14 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
         p.served_requests,
         p.failed_requests,
         p.lost_connections,
+        {
+            let lost = lock(&legit.lost_details);
+            if lost.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", lost.join("; "))
+            }
+        },
         if errors.is_empty() {
             String::new()
         } else {
