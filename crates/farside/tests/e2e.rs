@@ -543,8 +543,16 @@ fn lab_admission_runs_nginx_back_ends_inside_namespaces() {
         let mut logs = String::new();
         for e in std::fs::read_dir(out.join("logs")).unwrap().flatten() {
             let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(15).collect();
-            logs += &format!("--- {}\n{}\n", e.path().display(), tail.join("\n"));
+            // Its start (what the daemon was told) and its end (what it saw last).
+            let lines: Vec<&str> = text.lines().collect();
+            let head = lines.len().min(10);
+            let tail = &lines[lines.len().saturating_sub(15).max(head)..];
+            logs += &format!(
+                "--- {}\n{}\n...\n{}\n",
+                e.path().display(),
+                lines[..head].join("\n"),
+                tail.join("\n")
+            );
         }
         panic!(
             "nginx in a namespace served no client in another: {}\n{stderr}\n{logs}",
