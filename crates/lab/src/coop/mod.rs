@@ -43,6 +43,10 @@
 //! Links (`--links`, Gbit/s; 0 = as the veth pair carries): `tc tbf` on both ends of
 //! every back-end node's link, so its traffic to clients and peers shares the rate.
 //!
+//! Per-message overhead (`--message-overhead-us`, µs): the nodes' ablation knob
+//! `--coop-message-overhead-us` (every peer message spins that much CPU first; see
+//! `farside_backend::coop::overhead`); [`ablation`] prints throughput against it.
+//!
 //! Crash mode (`--crash-node N`, rr and press systems): node N's process is killed with
 //! SIGKILL `--crash-at-s` seconds into every point's measured window, stays down
 //! `--crash-down-ms`, and is started again with the same arguments (an empty cache, a
@@ -50,6 +54,7 @@
 //! failures from the crash's second on, the time until the node listens again, and the
 //! seconds until the cluster serves [`RECOVERED_FRACTION`] of its pre-crash rate again.
 
+mod ablation;
 mod client;
 mod crash;
 mod lab;
@@ -153,6 +158,15 @@ pub struct CoopLabArgs {
     /// each node's link; 0: not shaped). Default: 0.
     #[arg(long, value_delimiter = ',', default_value = "0")]
     pub links: Vec<f64>,
+    /// The per-message processor overhead ablation: µs of CPU every peer message costs
+    /// the node that handles it (the back-ends' --coop-message-overhead-us, an
+    /// experiment knob that adds cost), comma-separated, each at most 1,000. Default: 0.
+    #[arg(
+        long = "message-overhead-us",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    pub message_overhead_us: Vec<u64>,
     /// Measured seconds per point. Default: 15 (--quick: 3).
     #[arg(long = "duration-s")]
     pub duration_s: Option<u64>,
@@ -200,6 +214,9 @@ pub struct Key {
     pub system: String,
     pub nodes: usize,
     pub link_gbit: f64,
+    /// µs of CPU per peer message (the overhead ablation; 0: none).
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub message_overhead_us: u64,
     pub load_model: String,
     /// Closed loop: clients over all nodes (0 in the open loop).
     pub clients: usize,
@@ -216,6 +233,13 @@ pub struct CoopPoint {
     pub cache_bytes: u64,
     /// Link rate of each back-end node, Gbit/s (0: not shaped).
     pub link_gbit: f64,
+    /// µs of CPU every peer message cost the node handling it (the overhead ablation,
+    /// `--coop-message-overhead-us`); 0: none, and left out of runs kept before it.
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub message_overhead_us: u64,
+    /// Messages that paid it over the measured window, all nodes (`overhead_spins`).
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub overhead_spins: u64,
     pub load_model: String,
     pub clients: usize,
     /// Open loop: offered requests/s.
@@ -358,6 +382,7 @@ impl LabPoint for CoopPoint {
                 .max()
                 .unwrap_or(0),
             nginx_cpu_us_per_req: f(|p| p.nginx_cpu_us_per_req),
+            overhead_spins: sum(|p| p.overhead_spins),
             crash_failures: sum(|p| p.crash_failures),
             restart_ms: f(|p| p.restart_ms),
             recovery_s: if runs.iter().any(|p| p.recovery_s < 0.0) {
@@ -434,12 +459,21 @@ impl crate::experiment::Experiment for Coop {
 
 /// The text table of the points.
 pub fn table(points: &[CoopPoint]) -> String {
+    // The overhead column only when a point has one (earlier runs render as they were).
+    let ovh = ablation::with_overhead(points);
+    let link = |l: String, o: String| {
+        if ovh {
+            format!("{l:>5} {o:>6}")
+        } else {
+            format!("{l:>5}")
+        }
+    };
     let mut s = format!(
-        "{:<10} {:>5} {:>9} {:>5} {:<6} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>7} {:>8} {:>7} {:>6} {:>6}\n",
+        "{:<10} {:>5} {:>9} {} {:<6} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>7} {:>8} {:>7} {:>6} {:>6}\n",
         "system",
         "nodes",
         "cache_B",
-        "link",
+        link("link".into(), "ovh_us".into()),
         "load",
         "clients",
         "rate",
@@ -456,11 +490,11 @@ pub fn table(points: &[CoopPoint]) -> String {
     );
     for p in points {
         s += &format!(
-            "{:<10} {:>5} {:>9} {:>5} {:<6} {:>7} {:>7.0} {:>8.1} {:>8.2} {:>6.3} {:>6.3} {:>6.3} {:>7.0} {:>8.0} {:>7} {:>6} {:>6}\n",
+            "{:<10} {:>5} {:>9} {} {:<6} {:>7} {:>7.0} {:>8.1} {:>8.2} {:>6.3} {:>6.3} {:>6.3} {:>7.0} {:>8.0} {:>7} {:>6} {:>6}\n",
             p.system,
             p.nodes,
             p.cache_bytes,
-            link_label(p.link_gbit),
+            link(link_label(p.link_gbit), p.message_overhead_us.to_string()),
             p.load_model,
             p.clients,
             p.rate,
@@ -477,6 +511,7 @@ pub fn table(points: &[CoopPoint]) -> String {
         );
     }
     s += &bandwidth_lines(points);
+    s += &ablation::overhead_lines(points);
     s += &held_lines(points);
     s += &crash_lines(points);
     s
@@ -642,33 +677,40 @@ fn bandwidth_lines(points: &[CoopPoint]) -> String {
 /// `coop.csv`: every point.
 pub fn csv(points: &[CoopPoint]) -> io::Result<String> {
     let f = crate::report::fmt_num;
+    // The overhead columns only when a point has one (earlier runs render as they were).
+    let ovh = ablation::with_overhead(points);
+    let mut head = vec![
+        "system",
+        "nodes",
+        "cache_bytes",
+        "link_gbit",
+        "load_model",
+        "clients",
+        "rate",
+        "runs",
+        "tps",
+        "p50_ms",
+        "p99_ms",
+        "local_frac",
+        "remote_frac",
+        "miss_frac",
+        "wasted_fetches",
+        "peer_bytes",
+        "peer_bytes_per_req",
+        "cpu_us_per_req",
+        "lb_cpu_us_per_req",
+        "wrong_bodies",
+        "failures",
+        "offered_rps",
+    ];
+    if ovh {
+        head.insert(4, "message_overhead_us");
+        head.push("overhead_spins");
+    }
     crate::report::csv_text(
-        &[
-            "system",
-            "nodes",
-            "cache_bytes",
-            "link_gbit",
-            "load_model",
-            "clients",
-            "rate",
-            "runs",
-            "tps",
-            "p50_ms",
-            "p99_ms",
-            "local_frac",
-            "remote_frac",
-            "miss_frac",
-            "wasted_fetches",
-            "peer_bytes",
-            "peer_bytes_per_req",
-            "cpu_us_per_req",
-            "lb_cpu_us_per_req",
-            "wrong_bodies",
-            "failures",
-            "offered_rps",
-        ],
+        &head,
         points.iter().map(|p| {
-            vec![
+            let mut row = vec![
                 p.system.clone(),
                 p.nodes.to_string(),
                 p.cache_bytes.to_string(),
@@ -691,7 +733,12 @@ pub fn csv(points: &[CoopPoint]) -> io::Result<String> {
                 p.wrong_bodies.to_string(),
                 p.failures.to_string(),
                 f(p.offered_rps),
-            ]
+            ];
+            if ovh {
+                row.insert(4, p.message_overhead_us.to_string());
+                row.push(p.overhead_spins.to_string());
+            }
+            row
         }),
     )
 }
@@ -768,11 +815,17 @@ fn figures(points: &[CoopPoint]) -> Vec<crate::experiment::Figure> {
             chart.to_svg(),
         ));
     }
+    out.extend(ablation::overhead_figure(points));
     out
 }
 
 fn series_name(p: &CoopPoint) -> String {
-    format!("{} n{} {}", p.system, p.nodes, link_label(p.link_gbit))
+    let name = format!("{} n{} {}", p.system, p.nodes, link_label(p.link_gbit));
+    if p.message_overhead_us > 0 {
+        format!("{name} +{}us", p.message_overhead_us)
+    } else {
+        name
+    }
 }
 
 /// The content of object `id`, `len` bytes: distinct per object and position.
