@@ -3,7 +3,9 @@
 //! generator's instances in the client node, and the nodes' counters and CPU.
 
 use super::client::stat;
-use super::crash::{crash_and_restart, NodeSpawn, Running, CLIENT, READY_POLL, READY_WITHIN};
+use super::crash::{
+    crash_and_restart, crash_figures, NodeSpawn, Running, CLIENT, READY_POLL, READY_WITHIN,
+};
 use super::usage::{dir_bytes, sample_held, snapshot, DirBytes};
 use super::*;
 use crate::fabric::netns::{NodeSpec, VirtualDc};

@@ -460,7 +460,7 @@ impl crate::experiment::Experiment for Coop {
 /// The text table of the points.
 pub fn table(points: &[CoopPoint]) -> String {
     // The overhead column only when a point has one (earlier runs render as they were).
-    let ovh = ablation::with_overhead(points);
+    let ovh = with_overhead(points);
     let link = |l: String, o: String| {
         if ovh {
             format!("{l:>5} {o:>6}")
@@ -511,7 +511,7 @@ pub fn table(points: &[CoopPoint]) -> String {
         );
     }
     s += &bandwidth_lines(points);
-    s += &ablation::overhead_lines(points);
+    s += &ablation::overhead_lines(&overhead_points(points));
     s += &held_lines(points);
     s += &crash_lines(points);
     s
@@ -547,36 +547,6 @@ fn crash_lines(points: &[CoopPoint]) -> String {
         );
     }
     out
-}
-
-/// Crash mode's figures from the clients' per-second series (summed over the
-/// instances, second `t` since the end of warm-up): failures from second `at_s` on,
-/// the recovery (see [`CoopPoint::recovery_s`]), the pre-crash mean rate, the fewest
-/// served in a second from `at_s` on. `None` if the window has no second before the
-/// crash or none after it.
-pub fn crash_figures(series: &[Vec<(u64, u64, u64)>], at_s: u64) -> Option<(u64, f64, f64, f64)> {
-    let len = series
-        .iter()
-        .flat_map(|s| s.iter().map(|&(t, _, _)| t + 1))
-        .max()? as usize;
-    let at = at_s as usize;
-    if at == 0 || at >= len {
-        return None;
-    }
-    let (mut served, mut failures) = (vec![0u64; len], vec![0u64; len]);
-    for s in series {
-        for &(t, ok, failed) in s {
-            served[t as usize] += ok;
-            failures[t as usize] += failed;
-        }
-    }
-    let pre = served[..at].iter().sum::<u64>() as f64 / at as f64;
-    let crash_failures = failures[at..].iter().sum();
-    let recovery = (at + 1..len)
-        .find(|&t| served[t] as f64 >= RECOVERED_FRACTION * pre && failures[t] == 0)
-        .map_or(-1.0, |t| (t - at) as f64);
-    let min = served[at..].iter().copied().min().unwrap_or(0) as f64;
-    Some((crash_failures, recovery, pre, min))
 }
 
 /// What the caches held at the end of each point that recorded it (runs kept before
@@ -625,6 +595,45 @@ fn held_lines(points: &[CoopPoint]) -> String {
         }
     }
     out
+}
+
+/// Whether any point ran with a per-message overhead (the table and csv then show it).
+fn with_overhead(points: &[CoopPoint]) -> bool {
+    points.iter().any(|p| p.message_overhead_us > 0)
+}
+
+/// The points as the overhead ablation reads them.
+fn overhead_points(points: &[CoopPoint]) -> Vec<ablation::OverheadPoint> {
+    points
+        .iter()
+        .map(|p| {
+            let served = p.tps * p.duration_s * f64::from(p.runs.max(1));
+            ablation::OverheadPoint {
+                config: format!(
+                    "{} {} nodes {} {} link {}",
+                    p.system,
+                    p.nodes,
+                    p.load_model,
+                    if p.load_model == "open" {
+                        format!("{:.0}/s", p.rate)
+                    } else {
+                        format!("{} clients", p.clients)
+                    },
+                    link_label(p.link_gbit)
+                ),
+                overhead_us: p.message_overhead_us,
+                tps: p.tps,
+                p99_ms: p.p99_ms,
+                cpu_us_per_req: p.cpu_us_per_req,
+                peer_fetch_us: p.peer_fetch_us,
+                spins_per_req: if served > 0.0 {
+                    p.overhead_spins as f64 / served
+                } else {
+                    0.0
+                },
+            }
+        })
+        .collect()
 }
 
 /// `10G`, `1G`, or `-` for an unshaped link.
@@ -678,7 +687,7 @@ fn bandwidth_lines(points: &[CoopPoint]) -> String {
 pub fn csv(points: &[CoopPoint]) -> io::Result<String> {
     let f = crate::report::fmt_num;
     // The overhead columns only when a point has one (earlier runs render as they were).
-    let ovh = ablation::with_overhead(points);
+    let ovh = with_overhead(points);
     let mut head = vec![
         "system",
         "nodes",
@@ -815,7 +824,7 @@ fn figures(points: &[CoopPoint]) -> Vec<crate::experiment::Figure> {
             chart.to_svg(),
         ));
     }
-    out.extend(ablation::overhead_figure(points));
+    out.extend(ablation::overhead_figure(&overhead_points(points)));
     out
 }
 
@@ -886,41 +895,6 @@ mod tests {
     use farside_coop::trace::{world_cup_sample_path, Trace};
 
     #[test]
-    fn crash_figures_count_failures_from_the_crash_and_find_the_recovery() {
-        // Two client instances, 8 seconds; the crash in second 3.
-        let a = vec![
-            (0, 100, 0),
-            (1, 100, 0),
-            (2, 100, 0),
-            (3, 40, 7),
-            (4, 60, 0),
-            (5, 95, 1),
-            (6, 100, 0),
-            (7, 100, 0),
-        ];
-        let b: Vec<_> = a
-            .iter()
-            .map(|&(t, s, f)| (t, s, f + u64::from(t == 4)))
-            .collect();
-        let (failures, recovery, pre, min) = crash_figures(&[a.clone(), b], 3).unwrap();
-        assert_eq!(failures, 7 + 1 + 1 + 7 + 1);
-        assert_eq!(pre, 200.0);
-        assert_eq!(min, 80.0);
-        // Second 5 serves 190 >= 180 but has failures; second 6 is the first clean one.
-        assert_eq!(recovery, 3.0);
-        // Never recovered within the window.
-        let low: Vec<_> = a
-            .iter()
-            .map(|&(t, s, _)| (t, if t >= 3 { s / 2 } else { s }, 0))
-            .collect();
-        assert_eq!(crash_figures(&[low], 3).unwrap().1, -1.0);
-        // No second before or after the crash.
-        assert!(crash_figures(std::slice::from_ref(&a), 0).is_none());
-        assert!(crash_figures(&[a], 8).is_none());
-        assert!(crash_figures(&[], 3).is_none());
-    }
-
-    #[test]
     fn objects_differ_and_the_cache_rule_splits_the_hot_set() {
         assert_ne!(object_body(1, 64), object_body(2, 64));
         assert_eq!(object_body(7, 100)[..50], object_body(7, 50)[..]);
@@ -958,5 +932,48 @@ mod tests {
         );
         let c = CoopPoint::combine(&[point("rr", 0.0, 10.0), point("rr", 0.0, 20.0)]);
         assert_eq!((c.runs, c.tps), (2, 15.0));
+    }
+
+    #[test]
+    fn the_table_and_csv_carry_the_overhead_only_when_measured() {
+        let ovh = |us: u64, tps: f64| CoopPoint {
+            message_overhead_us: us,
+            // 4,800 spins over 2 runs of 8 s at 500/s: 0.6 per request.
+            overhead_spins: us * 96,
+            runs: 2,
+            duration_s: 8.0,
+            ..point("press-tcp", 0.0, tps)
+        };
+        let with = [ovh(0, 1000.0), ovh(50, 500.0)];
+        let t = table(&with);
+        assert!(t.lines().next().unwrap().contains("ovh_us"), "{t}");
+        assert!(
+            t.contains("overhead: press-tcp 4 nodes closed 16 clients link -: 0 / 50 us"),
+            "{t}"
+        );
+        assert!(t.contains("spins/req 0.00 / 0.60"), "{t}");
+        let c = csv(&with).unwrap();
+        let head = c.lines().next().unwrap();
+        assert!(
+            head.starts_with("system,nodes,cache_bytes,link_gbit,message_overhead_us,"),
+            "{head}"
+        );
+        assert!(head.ends_with(",overhead_spins"), "{head}");
+        assert_eq!(figures(&with).len(), 2, "split and overhead");
+        let without = [ovh(0, 1000.0)];
+        assert!(!table(&without).contains("ovh_us"));
+        assert!(!csv(&without).unwrap().contains("message_overhead_us"));
+        // Points kept before the field read as 0 and write nothing new.
+        let old: CoopPoint = serde_json::from_str(
+            r#"{"system":"rr","nodes":4,"cache_bytes":1,"link_gbit":0.0,"load_model":"closed",
+            "clients":16,"rate":0.0,"runs":1,"duration_s":8.0,"tps":1.0,"p50_ms":1.0,
+            "p99_ms":1.0,"local_frac":1.0,"remote_frac":0.0,"miss_frac":0.0,
+            "wasted_fetches":0,"peer_bytes":0,"peer_bytes_per_req":0.0,"cpu_us_per_req":1.0,
+            "lb_cpu_us_per_req":0.0,"wrong_bodies":0,"failures":0,"offered_rps":0.0,
+            "directory_refused":0}"#,
+        )
+        .unwrap();
+        assert_eq!(old.message_overhead_us, 0);
+        assert!(!serde_json::to_string(&old).unwrap().contains("overhead"));
     }
 }
