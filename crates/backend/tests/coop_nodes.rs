@@ -1,7 +1,8 @@
 //! Cooperating back-ends (`--coop`) on loopback: a remote hit served from the peer's
 //! cache, a stale directory hint that costs one wasted fetch and then gives the right
-//! body from disk, forged or replayed directory updates refused, and a body peers read
-//! one-sidedly (shm) kept by its owner's cache as recently used.
+//! body from disk, forged or replayed directory updates refused, a body peers read
+//! one-sidedly (shm) kept by its owner's cache as recently used, and the per-message
+//! overhead knob spinning per peer message (and nothing at 0).
 
 use farside_backend::coop::seal::{Sealer, COOP_KEY_ID};
 use farside_backend::coop::wire::{object_id, DirectoryUpdate};
@@ -292,4 +293,50 @@ fn a_body_read_one_sidedly_survives_eviction_over_one_not_read() {
     );
     assert_eq!(get(b.addr(), "/o/1"), (200, body_of(1, 3007)));
     assert_eq!(misses(b), 4, "body 1 was evicted");
+}
+
+/// The per-message overhead ablation (`--coop-message-overhead-us`): a remote hit over
+/// tcp spins at the initial node for its fetch sent and its reply received, at the
+/// service node for the fetch received and the reply sent, so the fetch lasts at least
+/// those four spins; every directory update sent or received spins too. At 0 nothing is
+/// spun on any message.
+#[test]
+fn the_message_overhead_spins_per_peer_message_and_zero_spins_nothing() {
+    const OVERHEAD_US: u64 = 300;
+    for us in [OVERHEAD_US, 0] {
+        let c = cluster_with(2, 2, |coop, _| coop.message_overhead_us = us);
+        let (a, b) = (&c.nodes[0], &c.nodes[1]);
+        let spins = |h| counter(h, |k| k.overhead.spins());
+        let received = |h| counter(h, |k| k.directory_received.load(Ordering::Relaxed));
+        let sent = |h| counter(h, |k| k.directory_sent.load(Ordering::Relaxed));
+        assert_eq!(get(b.addr(), "/o/1"), (200, body_of(1, 3007)));
+        let seen = received(a);
+        wait_for("b's directory at a", || received(a) >= seen + 2);
+        // Each message's spin is counted before the message is acted on.
+        let messages = received(a) + sent(a);
+        let (a0, b0) = (spins(a), spins(b));
+        let fetch_us = counter(a, |k| k.remote_fetch_us.load(Ordering::Relaxed));
+        assert_eq!(get(a.addr(), "/o/1"), (200, body_of(1, 3007)));
+        assert_eq!(counter(a, |k| k.remote_hits.load(Ordering::Relaxed)), 1);
+        let fetch_us = counter(a, |k| k.remote_fetch_us.load(Ordering::Relaxed)) - fetch_us;
+        let (_, stats) = get(a.addr(), "/coop/stats");
+        let stats = String::from_utf8(stats).unwrap();
+        if us == 0 {
+            assert_eq!((spins(a), spins(b)), (0, 0), "0 spins nothing");
+            assert!(stats.contains("overhead_spins 0\n"), "{stats}");
+            continue;
+        }
+        assert!(
+            a0 >= messages,
+            "{a0} spins for {messages} directory messages"
+        );
+        assert!(spins(a) >= a0 + 2, "fetch sent, reply received");
+        assert!(spins(b) >= b0 + 2, "fetch received, reply sent");
+        assert!(
+            fetch_us >= 4 * OVERHEAD_US,
+            "the fetch took {fetch_us} µs, less than its four spins"
+        );
+        assert!(!stats.contains("overhead_spins 0\n"), "{stats}");
+        assert!(stats.contains("overhead_spins "), "{stats}");
+    }
 }

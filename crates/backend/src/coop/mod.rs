@@ -26,6 +26,7 @@
 //!   BPF map, or a shared-memory file); [`onesided`]: the transports that read a peer's
 //!   arena without its process (xdp, shm);
 //! - [`seal`]: the cluster key, sealing, receiving with replay windows;
+//! - [`overhead`]: the per-message processor overhead ablation (an experiment knob);
 //! - [`node`]: the node: cache, views of the peers, the decision, the counters.
 //!
 //! Every message between nodes is sealed (`auth::mac::seal`, `Domain::Notify`) with
@@ -36,6 +37,7 @@ pub mod arena;
 pub mod disk;
 pub mod node;
 pub mod onesided;
+pub mod overhead;
 pub mod peer;
 pub mod seal;
 pub mod udp;
@@ -176,6 +178,15 @@ pub struct CoopArgs {
     /// where node i keeps its arena as `node-i.arena` and maps its peers' read-only.
     #[arg(long = "coop-shm-dir", value_name = "DIR")]
     pub shm_dir: Option<PathBuf>,
+    /// With --coop: an EXPERIMENT KNOB that adds cost, never a tuning (leave it at 0 in
+    /// service). Every peer message the node handles (each directory update sent and
+    /// received, each fetch request and reply sent and received, and with --coop-peer
+    /// xdp or shm each READ or mapped read the initial node makes for a body) first
+    /// spins this many µs of CPU on the thread that handles it: the per-message
+    /// processor overhead ablation. Counted as `overhead_spins` in /coop/stats. At most
+    /// 1,000. Default: 0 (nothing spun).
+    #[arg(long = "coop-message-overhead-us", default_value_t = 0)]
+    pub message_overhead_us: u64,
 }
 
 impl Default for CoopArgs {
@@ -196,6 +207,7 @@ impl Default for CoopArgs {
             coop_arena_port: COOP_ARENA_PORT_DEFAULT,
             coop_arena_key: None,
             shm_dir: None,
+            message_overhead_us: 0,
         }
     }
 }
@@ -226,6 +238,12 @@ impl CoopArgs {
         if self.publish_ms == 0 || self.publish_ms > COOP_PUBLISH_MS_MAX {
             return Err(format!(
                 "--coop-publish-ms must be in 1..={COOP_PUBLISH_MS_MAX}"
+            ));
+        }
+        if self.message_overhead_us > overhead::COOP_MESSAGE_OVERHEAD_US_MAX {
+            return Err(format!(
+                "--coop-message-overhead-us must be at most {}",
+                overhead::COOP_MESSAGE_OVERHEAD_US_MAX
             ));
         }
         if self.policy == CoopPolicy::Press {

@@ -4,6 +4,7 @@
 use super::arena::NodeArena;
 use super::disk::Disk;
 use super::onesided::{ShmTransport, XdpTransport};
+use super::overhead::Overhead;
 use super::peer::{
     read_frame, PeerTransport, TcpTransport, PEER_CONNS_MAX, PEER_IDLE_TIMEOUT, PEER_IO_TIMEOUT,
 };
@@ -77,6 +78,9 @@ pub struct Counters {
     pub arena_dropped: AtomicU64,
     /// Bodies above the arena's one-sided bound (peers fetch them over TCP).
     pub arena_too_large: AtomicU64,
+    /// The per-message overhead ablation (`--coop-message-overhead-us`), shared with
+    /// the transports; its spins are `overhead_spins`.
+    pub overhead: Arc<Overhead>,
 }
 
 impl Counters {
@@ -102,6 +106,7 @@ impl Counters {
             ("arena_put", &self.arena_put),
             ("arena_dropped", &self.arena_dropped),
             ("arena_too_large", &self.arena_too_large),
+            ("overhead_spins", &self.overhead.spins),
         ];
         rows.iter()
             .map(|(n, c)| format!("{n} {}\n", Counters::get(c)))
@@ -298,10 +303,11 @@ impl Node {
             }
             _ => None,
         };
+        let overhead = Arc::new(Overhead::new(args.message_overhead_us));
         let transport: Option<Box<dyn PeerTransport>> = match &sealer {
             None => None,
             Some(s) => {
-                let tcp = TcpTransport::new(me, peers.clone(), s.key);
+                let tcp = TcpTransport::new(me, peers.clone(), s.key, Arc::clone(&overhead));
                 Some(match args.peer {
                     CoopPeer::Tcp => Box::new(tcp),
                     CoopPeer::Udp => Box::new(UdpTransport::new(tcp, me, peers.clone(), s.key)),
@@ -350,7 +356,10 @@ impl Node {
                 arena,
             }),
             inflight: AtomicU64::new(0),
-            counters: Counters::default(),
+            counters: Counters {
+                overhead,
+                ..Counters::default()
+            },
             sealer,
             fetch_replay: Mutex::new(ReplayTable::new(REPLAY_SENDERS_MAX)),
             directory_replay: Mutex::new(ReplayTable::new(REPLAY_SENDERS_MAX)),
@@ -589,7 +598,11 @@ impl Node {
             last = Instant::now();
             let (sealed, _) = sealer.seal(&update.encode());
             for (p, addr) in self.peers.iter().enumerate() {
-                if p != self.me && udp.send_to(&sealed, addr).is_ok() {
+                if p == self.me {
+                    continue;
+                }
+                self.counters.overhead.spin(1);
+                if udp.send_to(&sealed, addr).is_ok() {
                     self.counters.directory_sent.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -604,6 +617,8 @@ impl Node {
                 Ok(x) => x,
                 Err(_) => continue,
             };
+            // Every datagram received is a message handled (update or udp fetch).
+            self.counters.overhead.spin(1);
             // The kind byte is covered by the tag: a forged kind fails authentication.
             if buf.get(mac::ENVELOPE_BYTES) == Some(&wire::KIND_FETCH) {
                 self.answer_udp_fetch(sealer, udp, &buf[..n], from);
@@ -654,6 +669,7 @@ impl Node {
             self.counters.peer_served.fetch_add(1, Ordering::Relaxed);
         }
         for piece in super::udp::encode_pieces(object, body) {
+            self.counters.overhead.spin(1);
             let _ = udp.send_to(&sealer.seal_as(&env, &piece), from);
         }
     }
@@ -736,6 +752,7 @@ fn serve_peer(mut s: TcpStream, node: &Node) {
         let Ok(frame) = read_frame(&mut s, wire::FETCH_BYTES) else {
             return;
         };
+        node.counters.overhead.spin(1);
         let opened = sealer
             .receive(&frame, &node.fetch_replay)
             .map_err(|e| e.to_string())
@@ -765,6 +782,7 @@ fn serve_peer(mut s: TcpStream, node: &Node) {
                 .filter(|c| c.body.len() <= wire::BODY_BYTES_MAX)
                 .map(|c| (c.body.as_slice(), c.crc)),
         );
+        node.counters.overhead.spin(1);
         if s.write_all(&sealer.seal_as(&env, &msg)).is_err() {
             return;
         }

@@ -24,9 +24,11 @@
 //! could not settle (a lost READ, a refused key) is an error, and the caller goes to disk.
 
 use super::arena::{arena_key, head_chunk, shm_path, shm_reads_path, ShmMap, OBJECT_BYTES_MAX};
+use super::overhead::Overhead;
 use super::peer::{PeerTransport, TcpTransport, PEER_POOL_MAX};
 use farside_arena::index::{lookup_in_window, probe_window};
 use farside_arena::layout::{class_for_len, READ_RETRY_MAX};
+use farside_arena::map::chunk_reads;
 use farside_arena::slot::SlotRef;
 use farside_arena::{ObjectRead, ReadError, SLOTS_BASE};
 use farside_rdmahttp::arena_read::{ArenaReader, FetchError};
@@ -82,6 +84,13 @@ impl XdpTransport {
             None => ArenaReader::connect(self.responders[peer], self.key)?,
         };
         let key = arena_key(object);
+        // The overhead ablation: the index probe's READs (one per chunk of the window)
+        // before the lookup, the body's as the reader counted them (resends included).
+        let probe_reads = probe_window(key)
+            .into_iter()
+            .map(|(o, l)| chunk_reads(o, l).len() as u64)
+            .sum();
+        self.tcp.overhead.spin(probe_reads);
         let result = match reader.lookup(key) {
             Ok(b) => match class_for_len(b.len as usize) {
                 Some(class) if b.len as usize <= OBJECT_BYTES_MAX => {
@@ -94,7 +103,10 @@ impl XdpTransport {
                         len: b.len.into(),
                     };
                     match reader.fetch(&hint, OBJECT_BYTES_MAX as u64) {
-                        Ok((body, _)) => Ok(Some(body)),
+                        Ok((body, stats)) => {
+                            self.tcp.overhead.spin(stats.reads);
+                            Ok(Some(body))
+                        }
                         Err(FetchError::Invalid(ReadError::Stale)) => Ok(None),
                         Err(e) => Err(refused(e)),
                     }
@@ -180,12 +192,18 @@ impl ShmTransport {
 
 /// Reads `key`'s object from a mapped arena: absent, the validated body, or an error.
 pub fn read_mapped(map: &ShmMap, key: u64) -> Result<Option<Vec<u8>>, ReadError> {
-    Ok(read_mapped_slot(map, key)?.map(|(body, _)| body))
+    Ok(read_mapped_slot(map, key, &Overhead::default())?.map(|(body, _)| body))
 }
 
-/// As [`read_mapped`], with the slot-area offset of the slot the body was read from.
-fn read_mapped_slot(map: &ShmMap, key: u64) -> Result<Option<(Vec<u8>, u32)>, ReadError> {
+/// As [`read_mapped`], with the slot-area offset of the slot the body was read from;
+/// each read of the mapping (a probe range, a chunk) first pays `overhead`.
+fn read_mapped_slot(
+    map: &ShmMap,
+    key: u64,
+    overhead: &Overhead,
+) -> Result<Option<(Vec<u8>, u32)>, ReadError> {
     let copy = |o: usize, l: usize| -> Result<Vec<u8>, ReadError> {
+        overhead.spin(1);
         let mut b = vec![0; l];
         if map.copy_to(o, &mut b) {
             Ok(b)
@@ -238,7 +256,7 @@ impl PeerTransport for ShmTransport {
             return self.tcp.fetch(peer, object, len);
         }
         let maps = self.map(peer)?;
-        match read_mapped_slot(&maps.arena, arena_key(object)) {
+        match read_mapped_slot(&maps.arena, arena_key(object), &self.tcp.overhead) {
             Ok(Some((body, slot))) => {
                 // The owner's cache counts this read as a hit (see the module doc).
                 maps.reads.add_read(head_chunk(slot));
@@ -276,6 +294,19 @@ mod tests {
         let peer = ShmMap::open_read_only(&shm_path(&dir, 1)).unwrap();
         assert_eq!(read_mapped(&peer, arena_key(7)), Ok(Some(body.clone())));
         assert_eq!(read_mapped(&peer, arena_key(8)), Ok(None), "not indexed");
+        // The overhead ablation: every read of the mapping spins once (the probe
+        // window's range or ranges, then each chunk of the body).
+        let o = Overhead::new(1);
+        assert_eq!(
+            read_mapped_slot(&peer, arena_key(7), &o).map(|r| r.map(|(b, _)| b)),
+            Ok(Some(body.clone()))
+        );
+        // One probe range at least, then the body's 15 chunks at least (20,000 B in
+        // 1,400-B chunks).
+        assert!(o.spins() >= 16, "{} spins", o.spins());
+        let none = Overhead::new(0);
+        let _ = read_mapped_slot(&peer, arena_key(7), &none);
+        assert_eq!(none.spins(), 0);
         owner.evict(7);
         assert_eq!(read_mapped(&peer, arena_key(7)), Ok(None), "evicted");
         // Another object in the same slot under a stale bucket: refused by its key.

@@ -11,13 +11,14 @@
 //! Frames on the TCP peer port are `auth` envelopes (32 bytes, with the covered length)
 //! followed by the message: the reader bounds the length before reading it.
 
+use super::overhead::Overhead;
 use super::seal::{Sealer, COOP_KEY_ID};
 use super::wire;
 use farside_auth::mac::{self, Envelope};
 use farside_auth::siphash::SipKey;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Time to connect to a peer: on one LAN a SYN answers in well under a millisecond; 200
@@ -50,14 +51,23 @@ pub struct TcpTransport {
     sealer: Sealer,
     peers: Vec<SocketAddr>,
     pools: Vec<Mutex<Vec<TcpStream>>>,
+    /// The per-message overhead ablation, shared with the node (and with the
+    /// transports that fall back to this one).
+    pub(crate) overhead: Arc<Overhead>,
 }
 
 impl TcpTransport {
-    pub fn new(me: usize, peers: Vec<SocketAddr>, key: SipKey) -> TcpTransport {
+    pub fn new(
+        me: usize,
+        peers: Vec<SocketAddr>,
+        key: SipKey,
+        overhead: Arc<Overhead>,
+    ) -> TcpTransport {
         TcpTransport {
             sealer: Sealer::new(key, me).expect("a key the node already accepted"),
             pools: peers.iter().map(|_| Mutex::new(Vec::new())).collect(),
             peers,
+            overhead,
         }
     }
 
@@ -106,8 +116,10 @@ impl PeerTransport for TcpTransport {
             sender: self.sealer.me,
             seq,
         };
+        self.overhead.spin(1);
         s.write_all(&request)?;
         let reply = read_frame(&mut s, wire::BODY_HEAD_BYTES + wire::BODY_BYTES_MAX)?;
+        self.overhead.spin(1);
         let msg = self
             .sealer
             .open_reply(&env, &reply)

@@ -164,6 +164,7 @@ impl UdpTransport {
             sender: self.sealer.me,
             seq,
         };
+        self.tcp.overhead.spin(1);
         s.send(&request)?;
         let deadline = Instant::now() + UDP_FETCH_TIMEOUT;
         let mut body: Vec<u8> = Vec::new();
@@ -187,6 +188,8 @@ impl UdpTransport {
                 }
                 Err(e) => return Err(e),
             };
+            // Every datagram received is a message handled, a late one included.
+            self.tcp.overhead.spin(1);
             // Late pieces of an earlier attempt carry another envelope: ignored.
             let Some(msg) = self.sealer.open_reply(&env, &buf[..n]) else {
                 continue;

@@ -149,3 +149,73 @@ pub(super) fn crash_and_restart(
         restart_ms,
     })
 }
+
+/// Crash mode's figures from the clients' per-second series (summed over the
+/// instances, second `t` since the end of warm-up): failures from second `at_s` on,
+/// the recovery (see [`CoopPoint::recovery_s`]), the pre-crash mean rate, the fewest
+/// served in a second from `at_s` on. `None` if the window has no second before the
+/// crash or none after it.
+pub fn crash_figures(series: &[Vec<(u64, u64, u64)>], at_s: u64) -> Option<(u64, f64, f64, f64)> {
+    let len = series
+        .iter()
+        .flat_map(|s| s.iter().map(|&(t, _, _)| t + 1))
+        .max()? as usize;
+    let at = at_s as usize;
+    if at == 0 || at >= len {
+        return None;
+    }
+    let (mut served, mut failures) = (vec![0u64; len], vec![0u64; len]);
+    for s in series {
+        for &(t, ok, failed) in s {
+            served[t as usize] += ok;
+            failures[t as usize] += failed;
+        }
+    }
+    let pre = served[..at].iter().sum::<u64>() as f64 / at as f64;
+    let crash_failures = failures[at..].iter().sum();
+    let recovery = (at + 1..len)
+        .find(|&t| served[t] as f64 >= super::RECOVERED_FRACTION * pre && failures[t] == 0)
+        .map_or(-1.0, |t| (t - at) as f64);
+    let min = served[at..].iter().copied().min().unwrap_or(0) as f64;
+    Some((crash_failures, recovery, pre, min))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_figures_count_failures_from_the_crash_and_find_the_recovery() {
+        // Two client instances, 8 seconds; the crash in second 3.
+        let a = vec![
+            (0, 100, 0),
+            (1, 100, 0),
+            (2, 100, 0),
+            (3, 40, 7),
+            (4, 60, 0),
+            (5, 95, 1),
+            (6, 100, 0),
+            (7, 100, 0),
+        ];
+        let b: Vec<_> = a
+            .iter()
+            .map(|&(t, s, f)| (t, s, f + u64::from(t == 4)))
+            .collect();
+        let (failures, recovery, pre, min) = crash_figures(&[a.clone(), b], 3).unwrap();
+        assert_eq!(failures, 7 + 1 + 1 + 7 + 1);
+        assert_eq!(pre, 200.0);
+        assert_eq!(min, 80.0);
+        // Second 5 serves 190 >= 180 but has failures; second 6 is the first clean one.
+        assert_eq!(recovery, 3.0);
+        // Never recovered within the window.
+        let low: Vec<_> = a
+            .iter()
+            .map(|&(t, s, _)| (t, if t >= 3 { s / 2 } else { s }, 0))
+            .collect();
+        assert_eq!(crash_figures(&[low], 3).unwrap().1, -1.0);
+        // No second before or after the crash.
+        assert!(crash_figures(std::slice::from_ref(&a), 0).is_none());
+        assert!(crash_figures(&[a], 8).is_none());
+        assert!(crash_figures(&[], 3).is_none());
+    }
+}

@@ -3,7 +3,9 @@
 //! generator's instances in the client node, and the nodes' counters and CPU.
 
 use super::client::stat;
-use super::crash::{crash_and_restart, NodeSpawn, Running, CLIENT, READY_POLL, READY_WITHIN};
+use super::crash::{
+    crash_and_restart, crash_figures, NodeSpawn, Running, CLIENT, READY_POLL, READY_WITHIN,
+};
 use super::usage::{dir_bytes, sample_held, snapshot, DirBytes};
 use super::*;
 use crate::fabric::netns::{NodeSpec, VirtualDc};
@@ -70,6 +72,12 @@ fn check_args(a: &CoopLabArgs) -> io::Result<()> {
     if a.links.iter().any(|g| !(*g >= 0.0 && *g <= 100.0)) {
         return Err(bad("--links: each in [0, 100] Gbit/s".into()));
     }
+    let ovh_max = farside_backend::coop::overhead::COOP_MESSAGE_OVERHEAD_US_MAX;
+    if a.message_overhead_us.is_empty() || a.message_overhead_us.iter().any(|&u| u > ovh_max) {
+        return Err(bad(format!(
+            "--message-overhead-us: each in 0..={ovh_max} µs"
+        )));
+    }
     for s in &a.systems {
         if !SYSTEMS.contains(&s.as_str()) {
             return Err(bad(format!(
@@ -122,34 +130,47 @@ fn crash_at_s(a: &CoopLabArgs) -> u64 {
     a.crash_at_s.unwrap_or(durations(a).1 / 3)
 }
 
-/// The points in sweep order: node count, link, load model, system innermost (so the
-/// systems of one configuration are measured close together in time).
+/// The points in sweep order: node count, link, per-message overhead (in the order
+/// given), load model, system innermost (so the systems of one configuration are
+/// measured close together in time).
 pub fn point_keys(a: &CoopLabArgs) -> Vec<Key> {
     let mut keys = Vec::new();
     for &nodes in &a.nodes {
         for &link_gbit in &a.links {
-            for model in a.load.models() {
-                let loads: Vec<(usize, f64)> = if *model == "closed" {
-                    vec![(nodes * a.clients_per_node, 0.0)]
-                } else {
-                    a.rates.iter().map(|&r| (0, r)).collect()
-                };
-                for (clients, rate) in loads {
-                    for system in &a.systems {
-                        keys.push(Key {
-                            system: system.clone(),
-                            nodes,
-                            link_gbit,
-                            load_model: model.to_string(),
-                            clients,
-                            rate,
-                        });
+            for &message_overhead_us in &a.message_overhead_us {
+                for model in a.load.models() {
+                    let loads: Vec<(usize, f64)> = if *model == "closed" {
+                        vec![(nodes * a.clients_per_node, 0.0)]
+                    } else {
+                        a.rates.iter().map(|&r| (0, r)).collect()
+                    };
+                    for (clients, rate) in loads {
+                        for system in &a.systems {
+                            keys.push(Key {
+                                system: system.clone(),
+                                nodes,
+                                link_gbit,
+                                message_overhead_us,
+                                load_model: model.to_string(),
+                                clients,
+                                rate,
+                            });
+                        }
                     }
                 }
             }
         }
     }
     keys
+}
+
+/// ` +N us` for a point with a per-message overhead, nothing without.
+fn overhead_label(us: u64) -> String {
+    if us > 0 {
+        format!(" +{us}us")
+    } else {
+        String::new()
+    }
 }
 
 /// The namespaces of one node count, and the run's files.
@@ -219,10 +240,11 @@ pub fn run(a: CoopLabArgs) -> io::Result<()> {
         est,
         |k: &Key| {
             format!(
-                "{} n{} link {} {} {}",
+                "{} n{} link {}{} {} {}",
                 k.system,
                 k.nodes,
                 link_label(k.link_gbit),
+                overhead_label(k.message_overhead_us),
                 k.load_model,
                 if k.load_model == "open" {
                     format!("{:.0}/s", k.rate)
@@ -300,6 +322,8 @@ fn params(
         "clients_per_node": a.clients_per_node,
         "rates": a.rates,
         "links_gbit": a.links,
+        "message_overhead_us": a.message_overhead_us,
+        "message_overhead": "every peer message (directory update sent / received, fetch request and reply sent / received, each one-sided READ or mapped read the initial node makes) first spins that many µs of CPU on the node's thread that handles it (farside backend --coop-message-overhead-us, a busy loop on the monotonic clock); overhead_spins: the messages that paid it over the measured window, all nodes",
         "warmup_s": warmup_s,
         "duration_s": duration_s,
         "cpu_quota_pct": a.cpu_quota_pct,
@@ -378,6 +402,7 @@ fn backend_args(
     cache_bytes: u64,
     index: usize,
     peers: &[String],
+    message_overhead_us: u64,
 ) -> Vec<String> {
     let mut args: Vec<String> = vec![
         "backend".into(),
@@ -419,6 +444,12 @@ fn backend_args(
             _ => {}
         }
     }
+    if message_overhead_us > 0 {
+        args.extend([
+            "--coop-message-overhead-us".into(),
+            message_overhead_us.to_string(),
+        ]);
+    }
     args
 }
 
@@ -454,7 +485,17 @@ fn start_system(
                     Some(t) => ("press", t),
                     None => ("rr", "tcp"),
                 };
-                let args = backend_args(a, sh, http, policy, peer, cache_bytes, i, &peers);
+                let args = backend_args(
+                    a,
+                    sh,
+                    http,
+                    policy,
+                    peer,
+                    cache_bytes,
+                    i,
+                    &peers,
+                    k.message_overhead_us,
+                );
                 let log = sh.logs.join(format!("{tag}-{name}.log"));
                 let c = dc.spawn_in(&name, &exe, &args, &log)?;
                 r.children.push(Child::adopt(&name, c, log.clone()));
@@ -472,7 +513,7 @@ fn start_system(
             "haproxy" => {
                 r.spawns.push(None);
                 let origin = SocketAddr::from((*ip, ORIGIN_PORT));
-                let args = backend_args(a, sh, origin, "rr", "tcp", 1, i, &peers);
+                let args = backend_args(a, sh, origin, "rr", "tcp", 1, i, &peers, 0);
                 let log = sh.logs.join(format!("{tag}-{name}-origin.log"));
                 let c = dc.spawn_in(&name, &exe, &args, &log)?;
                 r.children
@@ -598,10 +639,15 @@ fn measure(
         _ => rule_bytes,
     };
     let tag = format!(
-        "{}-n{}-{}-{}-{}-r{run}",
+        "{}-n{}-{}{}-{}-{}-r{run}",
         k.system,
         k.nodes,
         link_label(k.link_gbit),
+        if k.message_overhead_us > 0 {
+            format!("-ovh{}", k.message_overhead_us)
+        } else {
+            String::new()
+        },
         k.load_model,
         if k.load_model == "open" {
             format!("{:.0}", k.rate)
@@ -764,6 +810,8 @@ fn measure(
         nodes: k.nodes,
         cache_bytes,
         link_gbit: k.link_gbit,
+        message_overhead_us: k.message_overhead_us,
+        overhead_spins: d("overhead_spins"),
         load_model: k.load_model.clone(),
         clients: k.clients,
         rate: k.rate,
@@ -827,6 +875,7 @@ mod tests {
             clients_per_node: 4,
             rates: vec![1000.0],
             links: vec![10.0, 1.0],
+            message_overhead_us: vec![0],
             duration_s: None,
             warmup_s: None,
             cpu_quota_pct: 40,
@@ -847,6 +896,25 @@ mod tests {
         );
         assert_eq!((k[0].clients, k[2].rate, k[2].clients), (16, 1000.0, 0));
         assert_eq!(k[4].link_gbit, 1.0);
+        // The overhead ablation: inside the link, outside load and system.
+        let mut o = a.clone();
+        o.links = vec![0.0];
+        o.message_overhead_us = vec![50, 0];
+        check_args(&o).unwrap();
+        let ko = point_keys(&o);
+        assert_eq!(ko.len(), 2 * 2 * 2);
+        assert_eq!(
+            (ko[0].message_overhead_us, ko[3].message_overhead_us),
+            (50, 50)
+        );
+        assert_eq!(
+            (ko[4].message_overhead_us, ko[4].system.as_str()),
+            (0, "rr")
+        );
+        o.message_overhead_us = vec![0, 1001];
+        assert!(check_args(&o).is_err(), "past the bound");
+        o.message_overhead_us = vec![];
+        assert!(check_args(&o).is_err(), "none");
         let mut b = a.clone();
         b.systems = vec!["press-rdma".into()];
         assert!(check_args(&b).is_err());

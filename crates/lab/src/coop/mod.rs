@@ -43,6 +43,10 @@
 //! Links (`--links`, Gbit/s; 0 = as the veth pair carries): `tc tbf` on both ends of
 //! every back-end node's link, so its traffic to clients and peers shares the rate.
 //!
+//! Per-message overhead (`--message-overhead-us`, µs): the nodes' ablation knob
+//! `--coop-message-overhead-us` (every peer message spins that much CPU first; see
+//! `farside_backend::coop::overhead`); [`ablation`] prints throughput against it.
+//!
 //! Crash mode (`--crash-node N`, rr and press systems): node N's process is killed with
 //! SIGKILL `--crash-at-s` seconds into every point's measured window, stays down
 //! `--crash-down-ms`, and is started again with the same arguments (an empty cache, a
@@ -50,6 +54,7 @@
 //! failures from the crash's second on, the time until the node listens again, and the
 //! seconds until the cluster serves [`RECOVERED_FRACTION`] of its pre-crash rate again.
 
+mod ablation;
 mod client;
 mod crash;
 mod lab;
@@ -153,6 +158,15 @@ pub struct CoopLabArgs {
     /// each node's link; 0: not shaped). Default: 0.
     #[arg(long, value_delimiter = ',', default_value = "0")]
     pub links: Vec<f64>,
+    /// The per-message processor overhead ablation: µs of CPU every peer message costs
+    /// the node that handles it (the back-ends' --coop-message-overhead-us, an
+    /// experiment knob that adds cost), comma-separated, each at most 1,000. Default: 0.
+    #[arg(
+        long = "message-overhead-us",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    pub message_overhead_us: Vec<u64>,
     /// Measured seconds per point. Default: 15 (--quick: 3).
     #[arg(long = "duration-s")]
     pub duration_s: Option<u64>,
@@ -200,6 +214,9 @@ pub struct Key {
     pub system: String,
     pub nodes: usize,
     pub link_gbit: f64,
+    /// µs of CPU per peer message (the overhead ablation; 0: none).
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub message_overhead_us: u64,
     pub load_model: String,
     /// Closed loop: clients over all nodes (0 in the open loop).
     pub clients: usize,
@@ -216,6 +233,13 @@ pub struct CoopPoint {
     pub cache_bytes: u64,
     /// Link rate of each back-end node, Gbit/s (0: not shaped).
     pub link_gbit: f64,
+    /// µs of CPU every peer message cost the node handling it (the overhead ablation,
+    /// `--coop-message-overhead-us`); 0: none, and left out of runs kept before it.
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub message_overhead_us: u64,
+    /// Messages that paid it over the measured window, all nodes (`overhead_spins`).
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub overhead_spins: u64,
     pub load_model: String,
     pub clients: usize,
     /// Open loop: offered requests/s.
@@ -358,6 +382,7 @@ impl LabPoint for CoopPoint {
                 .max()
                 .unwrap_or(0),
             nginx_cpu_us_per_req: f(|p| p.nginx_cpu_us_per_req),
+            overhead_spins: sum(|p| p.overhead_spins),
             crash_failures: sum(|p| p.crash_failures),
             restart_ms: f(|p| p.restart_ms),
             recovery_s: if runs.iter().any(|p| p.recovery_s < 0.0) {
@@ -434,12 +459,21 @@ impl crate::experiment::Experiment for Coop {
 
 /// The text table of the points.
 pub fn table(points: &[CoopPoint]) -> String {
+    // The overhead column only when a point has one (earlier runs render as they were).
+    let ovh = with_overhead(points);
+    let link = |l: String, o: String| {
+        if ovh {
+            format!("{l:>5} {o:>6}")
+        } else {
+            format!("{l:>5}")
+        }
+    };
     let mut s = format!(
-        "{:<10} {:>5} {:>9} {:>5} {:<6} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>7} {:>8} {:>7} {:>6} {:>6}\n",
+        "{:<10} {:>5} {:>9} {} {:<6} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>6} {:>7} {:>8} {:>7} {:>6} {:>6}\n",
         "system",
         "nodes",
         "cache_B",
-        "link",
+        link("link".into(), "ovh_us".into()),
         "load",
         "clients",
         "rate",
@@ -456,11 +490,11 @@ pub fn table(points: &[CoopPoint]) -> String {
     );
     for p in points {
         s += &format!(
-            "{:<10} {:>5} {:>9} {:>5} {:<6} {:>7} {:>7.0} {:>8.1} {:>8.2} {:>6.3} {:>6.3} {:>6.3} {:>7.0} {:>8.0} {:>7} {:>6} {:>6}\n",
+            "{:<10} {:>5} {:>9} {} {:<6} {:>7} {:>7.0} {:>8.1} {:>8.2} {:>6.3} {:>6.3} {:>6.3} {:>7.0} {:>8.0} {:>7} {:>6} {:>6}\n",
             p.system,
             p.nodes,
             p.cache_bytes,
-            link_label(p.link_gbit),
+            link(link_label(p.link_gbit), p.message_overhead_us.to_string()),
             p.load_model,
             p.clients,
             p.rate,
@@ -477,6 +511,7 @@ pub fn table(points: &[CoopPoint]) -> String {
         );
     }
     s += &bandwidth_lines(points);
+    s += &ablation::overhead_lines(&overhead_points(points));
     s += &held_lines(points);
     s += &crash_lines(points);
     s
@@ -512,36 +547,6 @@ fn crash_lines(points: &[CoopPoint]) -> String {
         );
     }
     out
-}
-
-/// Crash mode's figures from the clients' per-second series (summed over the
-/// instances, second `t` since the end of warm-up): failures from second `at_s` on,
-/// the recovery (see [`CoopPoint::recovery_s`]), the pre-crash mean rate, the fewest
-/// served in a second from `at_s` on. `None` if the window has no second before the
-/// crash or none after it.
-pub fn crash_figures(series: &[Vec<(u64, u64, u64)>], at_s: u64) -> Option<(u64, f64, f64, f64)> {
-    let len = series
-        .iter()
-        .flat_map(|s| s.iter().map(|&(t, _, _)| t + 1))
-        .max()? as usize;
-    let at = at_s as usize;
-    if at == 0 || at >= len {
-        return None;
-    }
-    let (mut served, mut failures) = (vec![0u64; len], vec![0u64; len]);
-    for s in series {
-        for &(t, ok, failed) in s {
-            served[t as usize] += ok;
-            failures[t as usize] += failed;
-        }
-    }
-    let pre = served[..at].iter().sum::<u64>() as f64 / at as f64;
-    let crash_failures = failures[at..].iter().sum();
-    let recovery = (at + 1..len)
-        .find(|&t| served[t] as f64 >= RECOVERED_FRACTION * pre && failures[t] == 0)
-        .map_or(-1.0, |t| (t - at) as f64);
-    let min = served[at..].iter().copied().min().unwrap_or(0) as f64;
-    Some((crash_failures, recovery, pre, min))
 }
 
 /// What the caches held at the end of each point that recorded it (runs kept before
@@ -590,6 +595,45 @@ fn held_lines(points: &[CoopPoint]) -> String {
         }
     }
     out
+}
+
+/// Whether any point ran with a per-message overhead (the table and csv then show it).
+fn with_overhead(points: &[CoopPoint]) -> bool {
+    points.iter().any(|p| p.message_overhead_us > 0)
+}
+
+/// The points as the overhead ablation reads them.
+fn overhead_points(points: &[CoopPoint]) -> Vec<ablation::OverheadPoint> {
+    points
+        .iter()
+        .map(|p| {
+            let served = p.tps * p.duration_s * f64::from(p.runs.max(1));
+            ablation::OverheadPoint {
+                config: format!(
+                    "{} {} nodes {} {} link {}",
+                    p.system,
+                    p.nodes,
+                    p.load_model,
+                    if p.load_model == "open" {
+                        format!("{:.0}/s", p.rate)
+                    } else {
+                        format!("{} clients", p.clients)
+                    },
+                    link_label(p.link_gbit)
+                ),
+                overhead_us: p.message_overhead_us,
+                tps: p.tps,
+                p99_ms: p.p99_ms,
+                cpu_us_per_req: p.cpu_us_per_req,
+                peer_fetch_us: p.peer_fetch_us,
+                spins_per_req: if served > 0.0 {
+                    p.overhead_spins as f64 / served
+                } else {
+                    0.0
+                },
+            }
+        })
+        .collect()
 }
 
 /// `10G`, `1G`, or `-` for an unshaped link.
@@ -642,33 +686,40 @@ fn bandwidth_lines(points: &[CoopPoint]) -> String {
 /// `coop.csv`: every point.
 pub fn csv(points: &[CoopPoint]) -> io::Result<String> {
     let f = crate::report::fmt_num;
+    // The overhead columns only when a point has one (earlier runs render as they were).
+    let ovh = with_overhead(points);
+    let mut head = vec![
+        "system",
+        "nodes",
+        "cache_bytes",
+        "link_gbit",
+        "load_model",
+        "clients",
+        "rate",
+        "runs",
+        "tps",
+        "p50_ms",
+        "p99_ms",
+        "local_frac",
+        "remote_frac",
+        "miss_frac",
+        "wasted_fetches",
+        "peer_bytes",
+        "peer_bytes_per_req",
+        "cpu_us_per_req",
+        "lb_cpu_us_per_req",
+        "wrong_bodies",
+        "failures",
+        "offered_rps",
+    ];
+    if ovh {
+        head.insert(4, "message_overhead_us");
+        head.push("overhead_spins");
+    }
     crate::report::csv_text(
-        &[
-            "system",
-            "nodes",
-            "cache_bytes",
-            "link_gbit",
-            "load_model",
-            "clients",
-            "rate",
-            "runs",
-            "tps",
-            "p50_ms",
-            "p99_ms",
-            "local_frac",
-            "remote_frac",
-            "miss_frac",
-            "wasted_fetches",
-            "peer_bytes",
-            "peer_bytes_per_req",
-            "cpu_us_per_req",
-            "lb_cpu_us_per_req",
-            "wrong_bodies",
-            "failures",
-            "offered_rps",
-        ],
+        &head,
         points.iter().map(|p| {
-            vec![
+            let mut row = vec![
                 p.system.clone(),
                 p.nodes.to_string(),
                 p.cache_bytes.to_string(),
@@ -691,7 +742,12 @@ pub fn csv(points: &[CoopPoint]) -> io::Result<String> {
                 p.wrong_bodies.to_string(),
                 p.failures.to_string(),
                 f(p.offered_rps),
-            ]
+            ];
+            if ovh {
+                row.insert(4, p.message_overhead_us.to_string());
+                row.push(p.overhead_spins.to_string());
+            }
+            row
         }),
     )
 }
@@ -768,11 +824,17 @@ fn figures(points: &[CoopPoint]) -> Vec<crate::experiment::Figure> {
             chart.to_svg(),
         ));
     }
+    out.extend(ablation::overhead_figure(&overhead_points(points)));
     out
 }
 
 fn series_name(p: &CoopPoint) -> String {
-    format!("{} n{} {}", p.system, p.nodes, link_label(p.link_gbit))
+    let name = format!("{} n{} {}", p.system, p.nodes, link_label(p.link_gbit));
+    if p.message_overhead_us > 0 {
+        format!("{name} +{}us", p.message_overhead_us)
+    } else {
+        name
+    }
 }
 
 /// The content of object `id`, `len` bytes: distinct per object and position.
@@ -833,41 +895,6 @@ mod tests {
     use farside_coop::trace::{world_cup_sample_path, Trace};
 
     #[test]
-    fn crash_figures_count_failures_from_the_crash_and_find_the_recovery() {
-        // Two client instances, 8 seconds; the crash in second 3.
-        let a = vec![
-            (0, 100, 0),
-            (1, 100, 0),
-            (2, 100, 0),
-            (3, 40, 7),
-            (4, 60, 0),
-            (5, 95, 1),
-            (6, 100, 0),
-            (7, 100, 0),
-        ];
-        let b: Vec<_> = a
-            .iter()
-            .map(|&(t, s, f)| (t, s, f + u64::from(t == 4)))
-            .collect();
-        let (failures, recovery, pre, min) = crash_figures(&[a.clone(), b], 3).unwrap();
-        assert_eq!(failures, 7 + 1 + 1 + 7 + 1);
-        assert_eq!(pre, 200.0);
-        assert_eq!(min, 80.0);
-        // Second 5 serves 190 >= 180 but has failures; second 6 is the first clean one.
-        assert_eq!(recovery, 3.0);
-        // Never recovered within the window.
-        let low: Vec<_> = a
-            .iter()
-            .map(|&(t, s, _)| (t, if t >= 3 { s / 2 } else { s }, 0))
-            .collect();
-        assert_eq!(crash_figures(&[low], 3).unwrap().1, -1.0);
-        // No second before or after the crash.
-        assert!(crash_figures(std::slice::from_ref(&a), 0).is_none());
-        assert!(crash_figures(&[a], 8).is_none());
-        assert!(crash_figures(&[], 3).is_none());
-    }
-
-    #[test]
     fn objects_differ_and_the_cache_rule_splits_the_hot_set() {
         assert_ne!(object_body(1, 64), object_body(2, 64));
         assert_eq!(object_body(7, 100)[..50], object_body(7, 50)[..]);
@@ -905,5 +932,48 @@ mod tests {
         );
         let c = CoopPoint::combine(&[point("rr", 0.0, 10.0), point("rr", 0.0, 20.0)]);
         assert_eq!((c.runs, c.tps), (2, 15.0));
+    }
+
+    #[test]
+    fn the_table_and_csv_carry_the_overhead_only_when_measured() {
+        let ovh = |us: u64, tps: f64| CoopPoint {
+            message_overhead_us: us,
+            // 4,800 spins over 2 runs of 8 s at 500/s: 0.6 per request.
+            overhead_spins: us * 96,
+            runs: 2,
+            duration_s: 8.0,
+            ..point("press-tcp", 0.0, tps)
+        };
+        let with = [ovh(0, 1000.0), ovh(50, 500.0)];
+        let t = table(&with);
+        assert!(t.lines().next().unwrap().contains("ovh_us"), "{t}");
+        assert!(
+            t.contains("overhead: press-tcp 4 nodes closed 16 clients link -: 0 / 50 us"),
+            "{t}"
+        );
+        assert!(t.contains("spins/req 0.00 / 0.60"), "{t}");
+        let c = csv(&with).unwrap();
+        let head = c.lines().next().unwrap();
+        assert!(
+            head.starts_with("system,nodes,cache_bytes,link_gbit,message_overhead_us,"),
+            "{head}"
+        );
+        assert!(head.ends_with(",overhead_spins"), "{head}");
+        assert_eq!(figures(&with).len(), 2, "split and overhead");
+        let without = [ovh(0, 1000.0)];
+        assert!(!table(&without).contains("ovh_us"));
+        assert!(!csv(&without).unwrap().contains("message_overhead_us"));
+        // Points kept before the field read as 0 and write nothing new.
+        let old: CoopPoint = serde_json::from_str(
+            r#"{"system":"rr","nodes":4,"cache_bytes":1,"link_gbit":0.0,"load_model":"closed",
+            "clients":16,"rate":0.0,"runs":1,"duration_s":8.0,"tps":1.0,"p50_ms":1.0,
+            "p99_ms":1.0,"local_frac":1.0,"remote_frac":0.0,"miss_frac":0.0,
+            "wasted_fetches":0,"peer_bytes":0,"peer_bytes_per_req":0.0,"cpu_us_per_req":1.0,
+            "lb_cpu_us_per_req":0.0,"wrong_bodies":0,"failures":0,"offered_rps":0.0,
+            "directory_refused":0}"#,
+        )
+        .unwrap();
+        assert_eq!(old.message_overhead_us, 0);
+        assert!(!serde_json::to_string(&old).unwrap().contains("overhead"));
     }
 }
