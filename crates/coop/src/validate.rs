@@ -22,9 +22,9 @@
 //! `link_gbit`. The clients' think time is their measured CPU per request.
 
 use crate::model::{
-    bound_clients_network, demands_ns, little_population, mva_classes, relative_error,
-    transport_demands_ns, utilisation, with_host_cpu, ClassesResult, Demands, HostCpu, PeerFetch,
-    Solver, MODEL_TOLERANCE,
+    bound_clients_network, demands_ns, host_wide_demand_ns, little_population, mva_classes,
+    relative_error, transport_demands_ns, utilisation, with_host_cpu, ClassesResult, CostLine,
+    Demands, HostCpu, HostWide, PeerFetch, Solver, MODEL_TOLERANCE,
 };
 use crate::policy::{Policy, Press, RemoteMode, RoundRobin};
 use crate::sim::{self, Arrival, Costs, DirectoryUpdate, SimConfig, SimReport};
@@ -32,8 +32,12 @@ use crate::trace::Trace;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 
-/// Format tag of a costs file.
-pub const COSTS_FORMAT: &str = "farside-coop-costs/1";
+/// Format tag of a costs file: version 2 carries the host-wide busy time per request
+/// ([`CostsFile::host_wide`]).
+pub const COSTS_FORMAT: &str = "farside-coop-costs/2";
+/// Format tag of costs files from before the host-wide measurement: still read; their
+/// host centre's demand is the sum node + client + softirq (see [`HostCpu`]).
+pub const COSTS_FORMAT_V1: &str = "farside-coop-costs/1";
 /// Label of extrapolated figures when every modelled configuration passed.
 pub const CHECKED_LABEL: &str = "model output (extrapolated from checked configurations)";
 /// Label of extrapolated figures when some configuration failed or none was checked.
@@ -121,7 +125,134 @@ pub struct CostsFile {
     /// from before they were measured (then only `rr` and `press-tcp` are modelled).
     #[serde(default)]
     pub transports: Vec<TransportCosts>,
+    /// The host's busy time per request, measured host-wide in every phase (format 2;
+    /// absent from format 1 files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_wide: Option<HostWideCosts>,
     pub samples: Vec<Sample>,
+}
+
+/// The host's busy time (`/proc/stat`, every CPU: user + nice + system + irq + softirq
+/// + steal; idle and iowait excluded) per request of each calibration phase, whole-core
+/// ns, each a line `a + b x KB` over the sizes. Each tick is counted once whatever ran
+/// in it, so the load generator, the nodes, the softirq of client and peer traffic and
+/// kernel threads are all inside, none twice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostWideCosts {
+    /// A local hit (the `local` phase).
+    pub local_ns: f64,
+    pub local_per_kb_ns: f64,
+    /// A miss over a local hit (the `miss` phase over `local`, size by size).
+    pub miss_ns: f64,
+    pub miss_per_kb_ns: f64,
+    /// A peer fetch per transport over a local hit (each `fetch-<t>` phase over `local`).
+    pub fetch: Vec<HostFetchCosts>,
+    /// Share of the host's busy time over all lab-shaped phases that the calibration's
+    /// own processes do not explain: (busy - nodes' cgroups - own rusage - softirq) /
+    /// busy. Softirq that ran in a task's context is in both its task's time and the
+    /// softirq figure (no `CONFIG_IRQ_TIME_ACCOUNTING`), so it can be below 0; a large
+    /// positive share is another workload on the host.
+    pub unattributed_share: f64,
+    /// The bound above which a phase was warned about (`HOST_UNATTRIBUTED_WARN`).
+    pub unattributed_warn: f64,
+    /// Every phase's figures, for the record.
+    pub phases: Vec<HostPhase>,
+}
+
+/// One transport's host-wide cost per fetched body over a local hit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostFetchCosts {
+    pub transport: String,
+    pub ns: f64,
+    pub per_kb_ns: f64,
+}
+
+/// One lab-shaped phase of the calibration, host-wide: what `/proc/stat` counted and what
+/// the calibration's own processes account for, over the measured window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostPhase {
+    /// `local`, `miss` or `fetch-<t>`.
+    pub phase: String,
+    pub body_bytes: u64,
+    /// Requests of the phase's kind (the divisor of its costs).
+    pub requests: u64,
+    /// Wall time of the window, ns.
+    pub wall_ns: u64,
+    /// The host's busy time, ns (all CPUs).
+    pub busy_ns: u64,
+    /// Of it, steal (a virtual machine's CPU taken by the hypervisor), ns.
+    pub steal_ns: u64,
+    /// The nodes' cgroups, ns.
+    pub nodes_ns: u64,
+    /// This process (the load generators), ns.
+    pub own_ns: u64,
+    /// The host's softirq, ns.
+    pub softirq_ns: u64,
+}
+
+impl HostPhase {
+    /// Busy time the phase's own processes and the softirq do not explain, ns (below 0
+    /// when softirq counted in a task's time is counted twice).
+    pub fn unattributed_ns(&self) -> f64 {
+        self.busy_ns as f64 - (self.nodes_ns + self.own_ns + self.softirq_ns) as f64
+    }
+
+    /// [`Self::unattributed_ns`] as a share of the busy time.
+    pub fn unattributed_share(&self) -> f64 {
+        self.unattributed_ns() / (self.busy_ns as f64).max(1.0)
+    }
+
+    /// Busy time per request, ns.
+    pub fn busy_per_request_ns(&self) -> f64 {
+        self.busy_ns as f64 / self.requests.max(1) as f64
+    }
+}
+
+/// Unattributed share of the busy time over several phases (summed).
+pub fn unattributed_share(phases: &[HostPhase]) -> f64 {
+    let busy: u64 = phases.iter().map(|p| p.busy_ns).sum();
+    let un: f64 = phases.iter().map(HostPhase::unattributed_ns).sum();
+    un / (busy as f64).max(1.0)
+}
+
+impl HostWideCosts {
+    /// The host-wide costs a system's requests incur: peer bodies over its transport
+    /// (the `remote` class) and forwarded ones over tcp.
+    pub fn for_system(&self, system: &str) -> Result<HostWide, String> {
+        let fetch = |t: &str| {
+            self.fetch
+                .iter()
+                .find(|f| f.transport == t)
+                .map(|f| CostLine {
+                    ns: f.ns,
+                    per_kb_ns: f.per_kb_ns,
+                })
+                .ok_or_else(|| {
+                    format!("{system}: the costs file has no host-wide {t} fetch cost (calibrate again)")
+                })
+        };
+        let remote = match transport_of(system).filter(|t| *t != "tcp") {
+            Some(t) => fetch(t)?,
+            None => CostLine::default(),
+        };
+        let forward = if system == "rr" {
+            CostLine::default()
+        } else {
+            fetch("tcp")?
+        };
+        Ok(HostWide {
+            local: CostLine {
+                ns: self.local_ns,
+                per_kb_ns: self.local_per_kb_ns,
+            },
+            miss: CostLine {
+                ns: self.miss_ns,
+                per_kb_ns: self.miss_per_kb_ns,
+            },
+            remote,
+            forward,
+        })
+    }
 }
 
 /// One peer transport's measured CPU per fetched body, whole core, each a line
@@ -166,15 +297,21 @@ impl CostsFile {
 }
 
 impl CostsFile {
+    /// Reads a costs file of format 2, or of format 1 (no host-wide figures: the host
+    /// centre then sums node, client and softirq time as it did); refuses any other, and
+    /// a format 2 file without its host-wide figures.
     pub fn parse(text: &str) -> Result<CostsFile, String> {
         let f: CostsFile = serde_json::from_str(text).map_err(|e| format!("costs file: {e}"))?;
-        if f.format != COSTS_FORMAT {
-            return Err(format!(
-                "costs file: format {:?}, expected {COSTS_FORMAT:?}",
-                f.format
-            ));
+        match f.format.as_str() {
+            COSTS_FORMAT if f.host_wide.is_none() => Err(format!(
+                "costs file: format {COSTS_FORMAT:?} without \"host_wide\": calibrate again"
+            )),
+            COSTS_FORMAT | COSTS_FORMAT_V1 => Ok(f),
+            other => Err(format!(
+                "costs file: format {other:?}, expected {COSTS_FORMAT:?} (or the older {COSTS_FORMAT_V1:?}); \
+                 calibrate again with `farside model coop --calibrate`"
+            )),
         }
-        Ok(f)
     }
 }
 
@@ -503,6 +640,13 @@ pub fn predict_replay(
     let think_s = think_ns / 1e9;
     let (mut kinds, mut classes) =
         bound_clients_network(s.nodes, &demands, s.clients_per_node, think_s);
+    // The host-wide busy time per request, when the costs file measured it.
+    let host_wide = match &f.host_wide {
+        Some(h) if s.shared_host_cpus.is_some() => {
+            Some(host_wide_demand_ns(&h.for_system(&s.system)?, &report) / s.cpu_speedup)
+        }
+        _ => None,
+    };
     let host = s.shared_host_cpus.map(|cpus| {
         // The nodes' CPU on a whole core (the demands are at their share), the clients'
         // (the think time), and the host softirq per peer body of the transports that
@@ -527,6 +671,7 @@ pub fn predict_replay(
             node_ns: (demands.own[0] + demands.peer[0]) * s.cpu_share * s.cpu_speedup,
             client_ns: think_ns,
             softirq_ns: soft / s.cpu_speedup,
+            host_wide_ns: host_wide,
         }
     });
     let think_s = match &host {
@@ -662,7 +807,27 @@ pub fn measured_laws(p: &LabPoint, pred: Option<&Prediction>) -> Vec<Law> {
         // The host's CPUs on the measured throughput: U = X D_host / cpus, D_host the
         // model's whole-core node CPU, the client's and the softirq; and again with the
         // lab's node CPU per request in place of the model's.
-        if let Some(h) = &pred.host {
+        if let Some(h) = pred.host.as_ref().filter(|h| h.host_wide_ns.is_some()) {
+            let u = h.utilisation(x);
+            let parts = HostCpu {
+                host_wide_ns: None,
+                ..*h
+            };
+            laws.push(Law {
+                what: format!(
+                    "Utilisation: host CPU U = X x D_host / cpus = {x:.1} x {:.1} us / {} = {u:.3} (<= 1; D_host the host-wide busy time per request); \
+                     the sum node + client + softirq {:.1} + {:.1} + {:.1} = {:.1} us would give U {:.3}",
+                    h.demand_ns() / 1e3,
+                    h.cpus,
+                    h.node_ns / 1e3,
+                    h.client_ns / 1e3,
+                    h.softirq_ns / 1e3,
+                    parts.demand_ns() / 1e3,
+                    parts.utilisation(x)
+                ),
+                holds: Some(u <= 1.0),
+            });
+        } else if let Some(h) = &pred.host {
             let u = h.utilisation(x);
             let lab = p
                 .cpu_us_per_req
@@ -886,6 +1051,18 @@ pub fn render_prediction(p: &Prediction) -> String {
         d.peer[0] / 1e3,
         p.think_s * 1e6,
         match &p.host {
+            Some(h) if h.host_wide_ns.is_some() => format!(
+                "host CPU, {} CPUs shared: host-wide {:.1} us per request (whole core; the sum node {:.1} + client {:.1} + softirq {:.1} would be {:.1}), bound {:.1}/s, U {:.3} at the model's X{}\n  ",
+                h.cpus,
+                h.demand_ns() / 1e3,
+                h.node_ns / 1e3,
+                h.client_ns / 1e3,
+                h.softirq_ns / 1e3,
+                h.parts_ns() / 1e3,
+                h.capacity_per_s(),
+                h.utilisation(p.throughput()),
+                if h.binds(&node_bounds(p)) { " (binds)" } else { "" }
+            ),
             Some(h) => format!(
                 "host CPU, {} CPUs shared: node {:.1} + client {:.1} + softirq {:.1} = {:.1} us per request (whole core), bound {:.1}/s, U {:.3} at the model's X{}\n  ",
                 h.cpus,
@@ -1150,6 +1327,7 @@ mod tests {
             client_request_ns: 30_000.0,
             client_per_kb_ns: 500.0,
             transports: Vec::new(),
+            host_wide: None,
             samples: Vec::new(),
         }
     }
@@ -1319,5 +1497,133 @@ mod tests {
         )
         .unwrap();
         assert!(tcp.demands.peer[0] > 0.0);
+    }
+
+    fn host_wide() -> HostWideCosts {
+        let fetch = |t: &str, ns: f64| HostFetchCosts {
+            transport: t.into(),
+            ns,
+            per_kb_ns: 1_000.0,
+        };
+        HostWideCosts {
+            local_ns: 70_000.0,
+            local_per_kb_ns: 2_000.0,
+            miss_ns: 20_000.0,
+            miss_per_kb_ns: 500.0,
+            fetch: vec![fetch("tcp", 50_000.0), fetch("xdp", 60_000.0)],
+            unattributed_share: 0.01,
+            unattributed_warn: 0.1,
+            phases: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn costs_files_of_both_formats_are_read_and_others_refused() {
+        let mut f = costs_file();
+        f.format = COSTS_FORMAT_V1.into();
+        let v1 = serde_json::to_string(&f).unwrap();
+        assert!(
+            !v1.contains("host_wide"),
+            "format 1 files have no such field"
+        );
+        assert_eq!(CostsFile::parse(&v1).unwrap().host_wide, None);
+        // Format 2 must carry its host-wide figures.
+        f.format = COSTS_FORMAT.into();
+        let e = CostsFile::parse(&serde_json::to_string(&f).unwrap()).unwrap_err();
+        assert!(
+            e.contains("host_wide") && e.contains("calibrate again"),
+            "{e}"
+        );
+        f.host_wide = Some(host_wide());
+        let v2 = serde_json::to_string(&f).unwrap();
+        assert_eq!(CostsFile::parse(&v2).unwrap(), f);
+        let e = CostsFile::parse(&v2.replace("costs/2", "costs/3")).unwrap_err();
+        assert!(e.contains("costs/3") && e.contains("costs/1"), "{e}");
+    }
+
+    #[test]
+    fn host_wide_costs_pick_each_systems_transport_and_unattributed_time_is_summed() {
+        let h = host_wide();
+        let tcp = h.for_system("press-tcp").unwrap();
+        assert_eq!((tcp.remote.ns, tcp.forward.ns), (0.0, 50_000.0));
+        let xdp = h.for_system("press-xdp").unwrap();
+        assert_eq!((xdp.remote.ns, xdp.forward.ns), (60_000.0, 50_000.0));
+        let rr = h.for_system("rr").unwrap();
+        assert_eq!(
+            (rr.local.ns, rr.miss.ns, rr.forward.ns),
+            (70_000.0, 20_000.0, 0.0)
+        );
+        let e = h.for_system("press-udp").unwrap_err();
+        assert!(e.contains("udp") && e.contains("calibrate again"), "{e}");
+        let phase = |busy: u64, explained: u64| HostPhase {
+            phase: "local".into(),
+            body_bytes: 512,
+            requests: 100,
+            wall_ns: 1_000_000_000,
+            busy_ns: busy,
+            steal_ns: 0,
+            nodes_ns: explained / 2,
+            own_ns: explained / 4,
+            softirq_ns: explained / 4,
+        };
+        // 2,000 busy, 1,800 explained: 10 %; 1,000 busy, 1,100 explained (softirq counted
+        // twice): -10 %; together (200 - 100) / 3,000.
+        let (a, b) = (phase(2_000, 1_800), phase(1_000, 1_100));
+        assert!((a.unattributed_share() - 0.1).abs() < 1e-12);
+        assert!((b.unattributed_share() + 0.1).abs() < 1e-12);
+        assert!((unattributed_share(&[a.clone(), b]) - 100.0 / 3_000.0).abs() < 1e-12);
+        assert_eq!(a.busy_per_request_ns(), 20.0);
+    }
+
+    #[test]
+    fn the_host_centre_takes_the_host_wide_demand_when_measured() {
+        let trace = small_trace(400, 6_000);
+        let mut f = costs_file();
+        let run = run_with([1.0, 1.0]);
+        let s = Setup {
+            shared_host_cpus: Some(2.0),
+            ..Setup::of_point(&run, &run.points[1])
+        };
+        let parts = predict(&f, &trace, &s, 1).unwrap();
+        let ph = parts.host.unwrap();
+        assert_eq!(ph.host_wide_ns, None);
+        assert_eq!(ph.demand_ns(), ph.parts_ns());
+        f.host_wide = Some(host_wide());
+        let wide = predict(&f, &trace, &s, 1).unwrap();
+        let wh = wide.host.unwrap();
+        let want = host_wide_demand_ns(
+            &f.host_wide
+                .as_ref()
+                .unwrap()
+                .for_system("press-tcp")
+                .unwrap(),
+            &wide.sim,
+        );
+        assert_eq!(wh.host_wide_ns, Some(want));
+        assert_eq!(wh.demand_ns(), want);
+        assert!(want >= 70_000.0, "at least a local hit per request: {want}");
+        // The law and the block name the host-wide figure and the sum beside it.
+        let mut point = run.points[1].clone();
+        point.tps = wide.throughput();
+        let laws = measured_laws(&point, Some(&wide));
+        let host = laws
+            .iter()
+            .find(|l| l.what.contains("host CPU"))
+            .expect("a host law");
+        assert!(host.what.contains("host-wide") && host.what.contains("would give U"));
+        assert_eq!(host.holds, Some(true));
+        assert!(render_prediction(&wide).contains("host-wide"));
+        // Without a shared host (the extrapolation) the host-wide figures are not used.
+        let alone = predict(
+            &f,
+            &trace,
+            &Setup {
+                shared_host_cpus: None,
+                ..s
+            },
+            1,
+        )
+        .unwrap();
+        assert!(alone.host.is_none());
     }
 }
