@@ -132,8 +132,8 @@ pub struct CostsFile {
     pub samples: Vec<Sample>,
 }
 
-/// The host's busy time (`/proc/stat`, every CPU: user + nice + system + irq + softirq
-/// + steal; idle and iowait excluded) per request of each calibration phase, whole-core
+/// The host's busy time (`/proc/stat`, every CPU: user, nice, system, irq, softirq and
+/// steal; idle and iowait excluded) per request of each calibration phase, whole-core
 /// ns, each a line `a + b x KB` over the sizes. Each tick is counted once whatever ran
 /// in it, so the load generator, the nodes, the softirq of client and peer traffic and
 /// kernel threads are all inside, none twice.
