@@ -23,13 +23,15 @@
 
 use crate::model::{
     bound_clients_network, demands_ns, host_wide_demand_ns, little_population, mva_classes,
-    relative_error, transport_demands_ns, utilisation, with_host_cpu, ClassesResult, CostLine,
-    Demands, HostCpu, HostWide, PeerFetch, Solver, MODEL_TOLERANCE,
+    relative_error, transport_demands_ns, utilisation, with_host_cpu, ClassesResult, Demands,
+    HostCpu, PeerFetch, Solver, MODEL_TOLERANCE,
 };
 use crate::policy::{Policy, Press, RemoteMode, RoundRobin};
 use crate::sim::{self, Arrival, Costs, DirectoryUpdate, SimConfig, SimReport};
 use crate::trace::Trace;
 use serde::{Deserialize, Serialize};
+
+pub use crate::model::{unattributed_share, HostFetchCosts, HostPhase, HostWideCosts};
 use std::fmt::Write as _;
 
 /// Format tag of a costs file: version 2 carries the host-wide busy time per request
@@ -130,129 +132,6 @@ pub struct CostsFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_wide: Option<HostWideCosts>,
     pub samples: Vec<Sample>,
-}
-
-/// The host's busy time (`/proc/stat`, every CPU: user, nice, system, irq, softirq and
-/// steal; idle and iowait excluded) per request of each calibration phase, whole-core
-/// ns, each a line `a + b x KB` over the sizes. Each tick is counted once whatever ran
-/// in it, so the load generator, the nodes, the softirq of client and peer traffic and
-/// kernel threads are all inside, none twice.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HostWideCosts {
-    /// A local hit (the `local` phase).
-    pub local_ns: f64,
-    pub local_per_kb_ns: f64,
-    /// A miss over a local hit (the `miss` phase over `local`, size by size).
-    pub miss_ns: f64,
-    pub miss_per_kb_ns: f64,
-    /// A peer fetch per transport over a local hit (each `fetch-<t>` phase over `local`).
-    pub fetch: Vec<HostFetchCosts>,
-    /// Share of the host's busy time over all lab-shaped phases that the calibration's
-    /// own processes do not explain: (busy - nodes' cgroups - own rusage - softirq) /
-    /// busy. Softirq that ran in a task's context is in both its task's time and the
-    /// softirq figure (no `CONFIG_IRQ_TIME_ACCOUNTING`), so it can be below 0; a large
-    /// positive share is another workload on the host.
-    pub unattributed_share: f64,
-    /// The bound above which a phase was warned about (`HOST_UNATTRIBUTED_WARN`).
-    pub unattributed_warn: f64,
-    /// Every phase's figures, for the record.
-    pub phases: Vec<HostPhase>,
-}
-
-/// One transport's host-wide cost per fetched body over a local hit.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HostFetchCosts {
-    pub transport: String,
-    pub ns: f64,
-    pub per_kb_ns: f64,
-}
-
-/// One lab-shaped phase of the calibration, host-wide: what `/proc/stat` counted and what
-/// the calibration's own processes account for, over the measured window.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct HostPhase {
-    /// `local`, `miss` or `fetch-<t>`.
-    pub phase: String,
-    pub body_bytes: u64,
-    /// Requests of the phase's kind (the divisor of its costs).
-    pub requests: u64,
-    /// Wall time of the window, ns.
-    pub wall_ns: u64,
-    /// The host's busy time, ns (all CPUs).
-    pub busy_ns: u64,
-    /// Of it, steal (a virtual machine's CPU taken by the hypervisor), ns.
-    pub steal_ns: u64,
-    /// The nodes' cgroups, ns.
-    pub nodes_ns: u64,
-    /// This process (the load generators), ns.
-    pub own_ns: u64,
-    /// The host's softirq, ns.
-    pub softirq_ns: u64,
-}
-
-impl HostPhase {
-    /// Busy time the phase's own processes and the softirq do not explain, ns (below 0
-    /// when softirq counted in a task's time is counted twice).
-    pub fn unattributed_ns(&self) -> f64 {
-        self.busy_ns as f64 - (self.nodes_ns + self.own_ns + self.softirq_ns) as f64
-    }
-
-    /// [`Self::unattributed_ns`] as a share of the busy time.
-    pub fn unattributed_share(&self) -> f64 {
-        self.unattributed_ns() / (self.busy_ns as f64).max(1.0)
-    }
-
-    /// Busy time per request, ns.
-    pub fn busy_per_request_ns(&self) -> f64 {
-        self.busy_ns as f64 / self.requests.max(1) as f64
-    }
-}
-
-/// Unattributed share of the busy time over several phases (summed).
-pub fn unattributed_share(phases: &[HostPhase]) -> f64 {
-    let busy: u64 = phases.iter().map(|p| p.busy_ns).sum();
-    let un: f64 = phases.iter().map(HostPhase::unattributed_ns).sum();
-    un / (busy as f64).max(1.0)
-}
-
-impl HostWideCosts {
-    /// The host-wide costs a system's requests incur: peer bodies over its transport
-    /// (the `remote` class) and forwarded ones over tcp.
-    pub fn for_system(&self, system: &str) -> Result<HostWide, String> {
-        let fetch = |t: &str| {
-            self.fetch
-                .iter()
-                .find(|f| f.transport == t)
-                .map(|f| CostLine {
-                    ns: f.ns,
-                    per_kb_ns: f.per_kb_ns,
-                })
-                .ok_or_else(|| {
-                    format!("{system}: the costs file has no host-wide {t} fetch cost (calibrate again)")
-                })
-        };
-        let remote = match transport_of(system).filter(|t| *t != "tcp") {
-            Some(t) => fetch(t)?,
-            None => CostLine::default(),
-        };
-        let forward = if system == "rr" {
-            CostLine::default()
-        } else {
-            fetch("tcp")?
-        };
-        Ok(HostWide {
-            local: CostLine {
-                ns: self.local_ns,
-                per_kb_ns: self.local_per_kb_ns,
-            },
-            miss: CostLine {
-                ns: self.miss_ns,
-                per_kb_ns: self.miss_per_kb_ns,
-            },
-            remote,
-            forward,
-        })
-    }
 }
 
 /// One peer transport's measured CPU per fetched body, whole core, each a line
@@ -1542,7 +1421,7 @@ mod tests {
     }
 
     #[test]
-    fn host_wide_costs_pick_each_systems_transport_and_unattributed_time_is_summed() {
+    fn host_wide_costs_pick_each_systems_transport() {
         let h = host_wide();
         let tcp = h.for_system("press-tcp").unwrap();
         assert_eq!((tcp.remote.ns, tcp.forward.ns), (0.0, 50_000.0));
@@ -1555,24 +1434,6 @@ mod tests {
         );
         let e = h.for_system("press-udp").unwrap_err();
         assert!(e.contains("udp") && e.contains("calibrate again"), "{e}");
-        let phase = |busy: u64, explained: u64| HostPhase {
-            phase: "local".into(),
-            body_bytes: 512,
-            requests: 100,
-            wall_ns: 1_000_000_000,
-            busy_ns: busy,
-            steal_ns: 0,
-            nodes_ns: explained / 2,
-            own_ns: explained / 4,
-            softirq_ns: explained / 4,
-        };
-        // 2,000 busy, 1,800 explained: 10 %; 1,000 busy, 1,100 explained (softirq counted
-        // twice): -10 %; together (200 - 100) / 3,000.
-        let (a, b) = (phase(2_000, 1_800), phase(1_000, 1_100));
-        assert!((a.unattributed_share() - 0.1).abs() < 1e-12);
-        assert!((b.unattributed_share() + 0.1).abs() < 1e-12);
-        assert!((unattributed_share(&[a.clone(), b]) - 100.0 / 3_000.0).abs() < 1e-12);
-        assert_eq!(a.busy_per_request_ns(), 20.0);
     }
 
     #[test]
