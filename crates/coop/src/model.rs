@@ -21,6 +21,7 @@
 //! Delay stations (no queueing) have `R_k = D_k`.
 
 use crate::sim::{Costs, SimReport};
+use serde::{Deserialize, Serialize};
 
 /// Population MVA solves at most: the recursion costs population x stations steps, and
 /// a cluster of 64 nodes with 64 clients each is 4,096.
@@ -472,6 +473,187 @@ pub fn bound_clients_network(
     (kinds, classes)
 }
 
+/// A measured cost line: `ns` per event plus `per_kb_ns` per KB of body.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct CostLine {
+    pub ns: f64,
+    pub per_kb_ns: f64,
+}
+
+impl CostLine {
+    /// The cost of `count` events carrying `kb` KB in all, ns.
+    pub fn of(&self, count: f64, kb: f64) -> f64 {
+        count * self.ns + kb * self.per_kb_ns
+    }
+}
+
+/// The host's busy time per request measured host-wide (every CPU's busy ticks of
+/// `/proc/stat` over a calibration phase, divided by the phase's requests): each tick
+/// counted once, whatever ran in it (nodes, load generator, softirq of every packet,
+/// kernel threads). Whole-core ns.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct HostWide {
+    /// A local hit: what every answer costs the host.
+    pub local: CostLine,
+    /// A miss over a local hit.
+    pub miss: CostLine,
+    /// A body fetched from a peer's cache over the transport of the simulation's
+    /// `remote` class, over a local hit.
+    pub remote: CostLine,
+    /// A body a peer returned for a forwarded request (tcp; the `forwarded` class), over
+    /// a local hit.
+    pub forward: CostLine,
+}
+
+/// The host-wide busy time per request of a simulated run (ns of one CPU), built as the
+/// nodes' CPU demand is ([`demands_ns`]): every answer a local hit's cost, each miss its
+/// extra, each peer body its transport's extra (a wasted fetch or forward, a stale hint,
+/// its fixed part), over the measured requests.
+pub fn host_wide_demand_ns(c: &HostWide, report: &SimReport) -> f64 {
+    let all = [report.local, report.remote, report.forwarded, report.miss];
+    let mut ns: f64 = all
+        .iter()
+        .map(|k| c.local.of(k.requests as f64, k.kb as f64))
+        .sum();
+    ns += c
+        .miss
+        .of(report.miss.requests as f64, report.miss.kb as f64);
+    ns += c.remote.of(
+        (report.remote.requests + report.wasted_fetches) as f64,
+        report.remote.kb as f64,
+    );
+    ns += c.forward.of(
+        (report.forwarded.requests + report.wasted_forwards) as f64,
+        report.forwarded.kb as f64,
+    );
+    ns / report.measured.max(1) as f64
+}
+
+/// The host's busy time (`/proc/stat`, every CPU: user, nice, system, irq, softirq and
+/// steal; idle and iowait excluded) per request of each calibration phase, whole-core
+/// ns, each a line `a + b x KB` over the sizes. Each tick is counted once whatever ran
+/// in it, so the load generator, the nodes, the softirq of client and peer traffic and
+/// kernel threads are all inside, none twice.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostWideCosts {
+    /// A local hit (the `local` phase).
+    pub local_ns: f64,
+    pub local_per_kb_ns: f64,
+    /// A miss over a local hit (the `miss` phase over `local`, size by size).
+    pub miss_ns: f64,
+    pub miss_per_kb_ns: f64,
+    /// A peer fetch per transport over a local hit (each `fetch-<t>` phase over `local`).
+    pub fetch: Vec<HostFetchCosts>,
+    /// Share of the host's busy time over all lab-shaped phases that the calibration's
+    /// own processes do not explain: (busy - nodes' cgroups - own rusage - softirq) /
+    /// busy. Softirq that ran in a task's context is in both its task's time and the
+    /// softirq figure (no `CONFIG_IRQ_TIME_ACCOUNTING`), so it can be below 0; a large
+    /// positive share is another workload on the host.
+    pub unattributed_share: f64,
+    /// The bound above which a phase was warned about (`HOST_UNATTRIBUTED_WARN`).
+    pub unattributed_warn: f64,
+    /// Every phase's figures, for the record.
+    pub phases: Vec<HostPhase>,
+}
+
+/// One transport's host-wide cost per fetched body over a local hit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostFetchCosts {
+    pub transport: String,
+    pub ns: f64,
+    pub per_kb_ns: f64,
+}
+
+/// One lab-shaped phase of the calibration, host-wide: what `/proc/stat` counted and what
+/// the calibration's own processes account for, over the measured window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostPhase {
+    /// `local`, `miss` or `fetch-<t>`.
+    pub phase: String,
+    pub body_bytes: u64,
+    /// Requests of the phase's kind (the divisor of its costs).
+    pub requests: u64,
+    /// Wall time of the window, ns.
+    pub wall_ns: u64,
+    /// The host's busy time, ns (all CPUs).
+    pub busy_ns: u64,
+    /// Of it, steal (a virtual machine's CPU taken by the hypervisor), ns.
+    pub steal_ns: u64,
+    /// The nodes' cgroups, ns.
+    pub nodes_ns: u64,
+    /// This process (the load generators), ns.
+    pub own_ns: u64,
+    /// The host's softirq, ns.
+    pub softirq_ns: u64,
+}
+
+impl HostPhase {
+    /// Busy time the phase's own processes and the softirq do not explain, ns (below 0
+    /// when softirq counted in a task's time is counted twice).
+    pub fn unattributed_ns(&self) -> f64 {
+        self.busy_ns as f64 - (self.nodes_ns + self.own_ns + self.softirq_ns) as f64
+    }
+
+    /// [`Self::unattributed_ns`] as a share of the busy time.
+    pub fn unattributed_share(&self) -> f64 {
+        self.unattributed_ns() / (self.busy_ns as f64).max(1.0)
+    }
+
+    /// Busy time per request, ns.
+    pub fn busy_per_request_ns(&self) -> f64 {
+        self.busy_ns as f64 / self.requests.max(1) as f64
+    }
+}
+
+/// Unattributed share of the busy time over several phases (summed).
+pub fn unattributed_share(phases: &[HostPhase]) -> f64 {
+    let busy: u64 = phases.iter().map(|p| p.busy_ns).sum();
+    let un: f64 = phases.iter().map(HostPhase::unattributed_ns).sum();
+    un / (busy as f64).max(1.0)
+}
+
+impl HostWideCosts {
+    /// The host-wide costs a system's requests incur: peer bodies over its transport
+    /// (the `remote` class) and forwarded ones over tcp.
+    pub fn for_system(&self, system: &str) -> Result<HostWide, String> {
+        let fetch = |t: &str| {
+            self.fetch
+                .iter()
+                .find(|f| f.transport == t)
+                .map(|f| CostLine {
+                    ns: f.ns,
+                    per_kb_ns: f.per_kb_ns,
+                })
+                .ok_or_else(|| {
+                    format!("{system}: the costs file has no host-wide {t} fetch cost (calibrate again)")
+                })
+        };
+        // `press-<t>`'s bodies within the arena's bound go over `t` (as
+        // `validate::transport_of`), larger ones over tcp.
+        let remote = match system.strip_prefix("press-").filter(|t| *t != "tcp") {
+            Some(t) => fetch(t)?,
+            None => CostLine::default(),
+        };
+        let forward = if system == "rr" {
+            CostLine::default()
+        } else {
+            fetch("tcp")?
+        };
+        Ok(HostWide {
+            local: CostLine {
+                ns: self.local_ns,
+                per_kb_ns: self.local_per_kb_ns,
+            },
+            miss: CostLine {
+                ns: self.miss_ns,
+                per_kb_ns: self.miss_per_kb_ns,
+            },
+            remote,
+            forward,
+        })
+    }
+}
+
 /// The host's CPUs as one centre every node, every client and the kernel's softirq
 /// share (the lab runs all of them on one host): whole-core CPU per request, ns, by
 /// whom, and the CPUs it has. A node's quota station still bounds the node; this centre
@@ -486,11 +668,22 @@ pub struct HostCpu {
     pub client_ns: f64,
     /// Softirq per request the nodes' and clients' figures do not hold.
     pub softirq_ns: f64,
+    /// The host's busy time per request measured host-wide ([`host_wide_demand_ns`]);
+    /// when present it is the centre's demand, and the three parts above are shown for
+    /// comparison only (they count softirq that ran in a task's context twice, and miss
+    /// the client traffic's softirq and kernel threads).
+    pub host_wide_ns: Option<f64>,
 }
 
 impl HostCpu {
-    /// Summed demand per request, ns of one CPU.
+    /// The centre's demand per request, ns of one CPU: the host-wide figure when
+    /// measured, else the sum of the parts.
     pub fn demand_ns(&self) -> f64 {
+        self.host_wide_ns.unwrap_or_else(|| self.parts_ns())
+    }
+
+    /// The sum node + client + softirq, ns of one CPU.
+    pub fn parts_ns(&self) -> f64 {
         self.node_ns + self.client_ns + self.softirq_ns
     }
 
@@ -866,6 +1059,7 @@ mod tests {
             node_ns: 40_000.0,
             client_ns: 5_000.0,
             softirq_ns: 4_000.0,
+            host_wide_ns: None,
         };
         assert!(!light.binds(&[quota_bound]));
         let r = run(&light);
@@ -878,6 +1072,7 @@ mod tests {
             node_ns: 40_000.0,
             client_ns: 30_000.0,
             softirq_ns: 30_000.0,
+            host_wide_ns: None,
         };
         assert!(heavy.binds(&[quota_bound]));
         assert!((heavy.capacity_per_s() - 20_000.0).abs() < 1e-6);
@@ -962,5 +1157,83 @@ mod tests {
         assert!(r2.utilisation[3] > r2.throughput_per_s[1] * d2.own[0] / 1e9);
         // Same clients, less CPU per request in total: more throughput.
         assert!(r.total_throughput() > r2.total_throughput());
+    }
+
+    #[test]
+    fn host_wide_demand_weights_each_class_as_the_node_demand_does() {
+        let line = |ns: f64, per_kb_ns: f64| CostLine { ns, per_kb_ns };
+        let c = HostWide {
+            local: line(50_000.0, 1_000.0),
+            miss: line(10_000.0, 200.0),
+            remote: line(30_000.0, 2_000.0),
+            forward: line(40_000.0, 3_000.0),
+        };
+        // 50 local (100 KB), 30 remote (60 KB) + 5 wasted fetches, 20 misses (40 KB).
+        let mut rep = report((30, 60), 5);
+        // Worked by hand: every answer a local hit, then each class's extra.
+        let local = 100.0 * 50_000.0 + (100.0 + 60.0 + 40.0) * 1_000.0;
+        let miss = 20.0 * 10_000.0 + 40.0 * 200.0;
+        let remote = 35.0 * 30_000.0 + 60.0 * 2_000.0;
+        let want = (local + miss + remote) / 100.0;
+        assert!(close(host_wide_demand_ns(&c, &rep), want, 1e-12));
+        // Forwarded bodies (and a wasted forward) take the forward line, not the remote one.
+        rep.forwarded = rep.remote;
+        rep.remote = crate::sim::ClassStats::default();
+        rep.wasted_fetches = 0;
+        rep.wasted_forwards = 5;
+        let forward = 35.0 * 40_000.0 + 60.0 * 3_000.0;
+        let want = (local + miss + forward) / 100.0;
+        assert!(close(host_wide_demand_ns(&c, &rep), want, 1e-12));
+        // All local hits: the local line alone.
+        let only_local = SimReport {
+            measured: 50,
+            remote: crate::sim::ClassStats::default(),
+            forwarded: crate::sim::ClassStats::default(),
+            miss: crate::sim::ClassStats::default(),
+            wasted_forwards: 0,
+            ..rep
+        };
+        assert!(close(
+            host_wide_demand_ns(&c, &only_local),
+            50_000.0 + 2.0 * 1_000.0,
+            1e-12
+        ));
+        // The centre takes the host-wide figure when it has one, else the parts' sum.
+        let parts = HostCpu {
+            cpus: 2.0,
+            node_ns: 40_000.0,
+            client_ns: 10_000.0,
+            softirq_ns: 20_000.0,
+            host_wide_ns: None,
+        };
+        assert_eq!(parts.demand_ns(), 70_000.0);
+        let wide = HostCpu {
+            host_wide_ns: Some(60_000.0),
+            ..parts
+        };
+        assert_eq!((wide.demand_ns(), wide.parts_ns()), (60_000.0, 70_000.0));
+        assert!(close(wide.capacity_per_s(), 2.0 / 60e-6, 1e-12));
+    }
+
+    #[test]
+    fn unattributed_busy_time_is_what_the_phases_own_processes_leave_and_is_summed() {
+        let phase = |busy: u64, explained: u64| HostPhase {
+            phase: "local".into(),
+            body_bytes: 512,
+            requests: 100,
+            wall_ns: 1_000_000_000,
+            busy_ns: busy,
+            steal_ns: 0,
+            nodes_ns: explained / 2,
+            own_ns: explained / 4,
+            softirq_ns: explained / 4,
+        };
+        // 2,000 busy, 1,800 explained: 10 %; 1,000 busy, 1,100 explained (softirq counted
+        // twice): -10 %; together (200 - 100) / 3,000.
+        let (a, b) = (phase(2_000, 1_800), phase(1_000, 1_100));
+        assert!((a.unattributed_share() - 0.1).abs() < 1e-12);
+        assert!((b.unattributed_share() + 0.1).abs() < 1e-12);
+        assert!((unattributed_share(&[a.clone(), b]) - 100.0 / 3_000.0).abs() < 1e-12);
+        assert_eq!(a.busy_per_request_ns(), 20.0);
     }
 }

@@ -22,18 +22,24 @@
 //! `link_gbit`. The clients' think time is their measured CPU per request.
 
 use crate::model::{
-    bound_clients_network, demands_ns, little_population, mva_classes, relative_error,
-    transport_demands_ns, utilisation, with_host_cpu, ClassesResult, Demands, HostCpu, PeerFetch,
-    Solver, MODEL_TOLERANCE,
+    bound_clients_network, demands_ns, host_wide_demand_ns, little_population, mva_classes,
+    relative_error, transport_demands_ns, utilisation, with_host_cpu, ClassesResult, Demands,
+    HostCpu, PeerFetch, Solver, MODEL_TOLERANCE,
 };
 use crate::policy::{Policy, Press, RemoteMode, RoundRobin};
 use crate::sim::{self, Arrival, Costs, DirectoryUpdate, SimConfig, SimReport};
 use crate::trace::Trace;
 use serde::{Deserialize, Serialize};
+
+pub use crate::model::{unattributed_share, HostFetchCosts, HostPhase, HostWideCosts};
 use std::fmt::Write as _;
 
-/// Format tag of a costs file.
-pub const COSTS_FORMAT: &str = "farside-coop-costs/1";
+/// Format tag of a costs file: version 2 carries the host-wide busy time per request
+/// ([`CostsFile::host_wide`]).
+pub const COSTS_FORMAT: &str = "farside-coop-costs/2";
+/// Format tag of costs files from before the host-wide measurement: still read; their
+/// host centre's demand is the sum node + client + softirq (see [`HostCpu`]).
+pub const COSTS_FORMAT_V1: &str = "farside-coop-costs/1";
 /// Label of extrapolated figures when every modelled configuration passed.
 pub const CHECKED_LABEL: &str = "model output (extrapolated from checked configurations)";
 /// Label of extrapolated figures when some configuration failed or none was checked.
@@ -121,6 +127,10 @@ pub struct CostsFile {
     /// from before they were measured (then only `rr` and `press-tcp` are modelled).
     #[serde(default)]
     pub transports: Vec<TransportCosts>,
+    /// The host's busy time per request, measured host-wide in every phase (format 2;
+    /// absent from format 1 files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_wide: Option<HostWideCosts>,
     pub samples: Vec<Sample>,
 }
 
@@ -166,15 +176,21 @@ impl CostsFile {
 }
 
 impl CostsFile {
+    /// Reads a costs file of format 2, or of format 1 (no host-wide figures: the host
+    /// centre then sums node, client and softirq time as it did); refuses any other, and
+    /// a format 2 file without its host-wide figures.
     pub fn parse(text: &str) -> Result<CostsFile, String> {
         let f: CostsFile = serde_json::from_str(text).map_err(|e| format!("costs file: {e}"))?;
-        if f.format != COSTS_FORMAT {
-            return Err(format!(
-                "costs file: format {:?}, expected {COSTS_FORMAT:?}",
-                f.format
-            ));
+        match f.format.as_str() {
+            COSTS_FORMAT if f.host_wide.is_none() => Err(format!(
+                "costs file: format {COSTS_FORMAT:?} without \"host_wide\": calibrate again"
+            )),
+            COSTS_FORMAT | COSTS_FORMAT_V1 => Ok(f),
+            other => Err(format!(
+                "costs file: format {other:?}, expected {COSTS_FORMAT:?} (or the older {COSTS_FORMAT_V1:?}); \
+                 calibrate again with `farside model coop --calibrate`"
+            )),
         }
-        Ok(f)
     }
 }
 
@@ -503,6 +519,13 @@ pub fn predict_replay(
     let think_s = think_ns / 1e9;
     let (mut kinds, mut classes) =
         bound_clients_network(s.nodes, &demands, s.clients_per_node, think_s);
+    // The host-wide busy time per request, when the costs file measured it.
+    let host_wide = match &f.host_wide {
+        Some(h) if s.shared_host_cpus.is_some() => {
+            Some(host_wide_demand_ns(&h.for_system(&s.system)?, &report) / s.cpu_speedup)
+        }
+        _ => None,
+    };
     let host = s.shared_host_cpus.map(|cpus| {
         // The nodes' CPU on a whole core (the demands are at their share), the clients'
         // (the think time), and the host softirq per peer body of the transports that
@@ -527,6 +550,7 @@ pub fn predict_replay(
             node_ns: (demands.own[0] + demands.peer[0]) * s.cpu_share * s.cpu_speedup,
             client_ns: think_ns,
             softirq_ns: soft / s.cpu_speedup,
+            host_wide_ns: host_wide,
         }
     });
     let think_s = match &host {
@@ -662,7 +686,27 @@ pub fn measured_laws(p: &LabPoint, pred: Option<&Prediction>) -> Vec<Law> {
         // The host's CPUs on the measured throughput: U = X D_host / cpus, D_host the
         // model's whole-core node CPU, the client's and the softirq; and again with the
         // lab's node CPU per request in place of the model's.
-        if let Some(h) = &pred.host {
+        if let Some(h) = pred.host.as_ref().filter(|h| h.host_wide_ns.is_some()) {
+            let u = h.utilisation(x);
+            let parts = HostCpu {
+                host_wide_ns: None,
+                ..*h
+            };
+            laws.push(Law {
+                what: format!(
+                    "Utilisation: host CPU U = X x D_host / cpus = {x:.1} x {:.1} us / {} = {u:.3} (<= 1; D_host the host-wide busy time per request); \
+                     the sum node + client + softirq {:.1} + {:.1} + {:.1} = {:.1} us would give U {:.3}",
+                    h.demand_ns() / 1e3,
+                    h.cpus,
+                    h.node_ns / 1e3,
+                    h.client_ns / 1e3,
+                    h.softirq_ns / 1e3,
+                    parts.demand_ns() / 1e3,
+                    parts.utilisation(x)
+                ),
+                holds: Some(u <= 1.0),
+            });
+        } else if let Some(h) = &pred.host {
             let u = h.utilisation(x);
             let lab = p
                 .cpu_us_per_req
@@ -886,6 +930,18 @@ pub fn render_prediction(p: &Prediction) -> String {
         d.peer[0] / 1e3,
         p.think_s * 1e6,
         match &p.host {
+            Some(h) if h.host_wide_ns.is_some() => format!(
+                "host CPU, {} CPUs shared: host-wide {:.1} us per request (whole core; the sum node {:.1} + client {:.1} + softirq {:.1} would be {:.1}), bound {:.1}/s, U {:.3} at the model's X{}\n  ",
+                h.cpus,
+                h.demand_ns() / 1e3,
+                h.node_ns / 1e3,
+                h.client_ns / 1e3,
+                h.softirq_ns / 1e3,
+                h.parts_ns() / 1e3,
+                h.capacity_per_s(),
+                h.utilisation(p.throughput()),
+                if h.binds(&node_bounds(p)) { " (binds)" } else { "" }
+            ),
             Some(h) => format!(
                 "host CPU, {} CPUs shared: node {:.1} + client {:.1} + softirq {:.1} = {:.1} us per request (whole core), bound {:.1}/s, U {:.3} at the model's X{}\n  ",
                 h.cpus,
@@ -1150,6 +1206,7 @@ mod tests {
             client_request_ns: 30_000.0,
             client_per_kb_ns: 500.0,
             transports: Vec::new(),
+            host_wide: None,
             samples: Vec::new(),
         }
     }
@@ -1319,5 +1376,115 @@ mod tests {
         )
         .unwrap();
         assert!(tcp.demands.peer[0] > 0.0);
+    }
+
+    fn host_wide() -> HostWideCosts {
+        let fetch = |t: &str, ns: f64| HostFetchCosts {
+            transport: t.into(),
+            ns,
+            per_kb_ns: 1_000.0,
+        };
+        HostWideCosts {
+            local_ns: 70_000.0,
+            local_per_kb_ns: 2_000.0,
+            miss_ns: 20_000.0,
+            miss_per_kb_ns: 500.0,
+            fetch: vec![fetch("tcp", 50_000.0), fetch("xdp", 60_000.0)],
+            unattributed_share: 0.01,
+            unattributed_warn: 0.1,
+            phases: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn costs_files_of_both_formats_are_read_and_others_refused() {
+        let mut f = costs_file();
+        f.format = COSTS_FORMAT_V1.into();
+        let v1 = serde_json::to_string(&f).unwrap();
+        assert!(
+            !v1.contains("host_wide"),
+            "format 1 files have no such field"
+        );
+        assert_eq!(CostsFile::parse(&v1).unwrap().host_wide, None);
+        // Format 2 must carry its host-wide figures.
+        f.format = COSTS_FORMAT.into();
+        let e = CostsFile::parse(&serde_json::to_string(&f).unwrap()).unwrap_err();
+        assert!(
+            e.contains("host_wide") && e.contains("calibrate again"),
+            "{e}"
+        );
+        f.host_wide = Some(host_wide());
+        let v2 = serde_json::to_string(&f).unwrap();
+        assert_eq!(CostsFile::parse(&v2).unwrap(), f);
+        let e = CostsFile::parse(&v2.replace("costs/2", "costs/3")).unwrap_err();
+        assert!(e.contains("costs/3") && e.contains("costs/1"), "{e}");
+    }
+
+    #[test]
+    fn host_wide_costs_pick_each_systems_transport() {
+        let h = host_wide();
+        let tcp = h.for_system("press-tcp").unwrap();
+        assert_eq!((tcp.remote.ns, tcp.forward.ns), (0.0, 50_000.0));
+        let xdp = h.for_system("press-xdp").unwrap();
+        assert_eq!((xdp.remote.ns, xdp.forward.ns), (60_000.0, 50_000.0));
+        let rr = h.for_system("rr").unwrap();
+        assert_eq!(
+            (rr.local.ns, rr.miss.ns, rr.forward.ns),
+            (70_000.0, 20_000.0, 0.0)
+        );
+        let e = h.for_system("press-udp").unwrap_err();
+        assert!(e.contains("udp") && e.contains("calibrate again"), "{e}");
+    }
+
+    #[test]
+    fn the_host_centre_takes_the_host_wide_demand_when_measured() {
+        let trace = small_trace(400, 6_000);
+        let mut f = costs_file();
+        let run = run_with([1.0, 1.0]);
+        let s = Setup {
+            shared_host_cpus: Some(2.0),
+            ..Setup::of_point(&run, &run.points[1])
+        };
+        let parts = predict(&f, &trace, &s, 1).unwrap();
+        let ph = parts.host.unwrap();
+        assert_eq!(ph.host_wide_ns, None);
+        assert_eq!(ph.demand_ns(), ph.parts_ns());
+        f.host_wide = Some(host_wide());
+        let wide = predict(&f, &trace, &s, 1).unwrap();
+        let wh = wide.host.unwrap();
+        let want = host_wide_demand_ns(
+            &f.host_wide
+                .as_ref()
+                .unwrap()
+                .for_system("press-tcp")
+                .unwrap(),
+            &wide.sim,
+        );
+        assert_eq!(wh.host_wide_ns, Some(want));
+        assert_eq!(wh.demand_ns(), want);
+        assert!(want >= 70_000.0, "at least a local hit per request: {want}");
+        // The law and the block name the host-wide figure and the sum beside it.
+        let mut point = run.points[1].clone();
+        point.tps = wide.throughput();
+        let laws = measured_laws(&point, Some(&wide));
+        let host = laws
+            .iter()
+            .find(|l| l.what.contains("host CPU"))
+            .expect("a host law");
+        assert!(host.what.contains("host-wide") && host.what.contains("would give U"));
+        assert_eq!(host.holds, Some(true));
+        assert!(render_prediction(&wide).contains("host-wide"));
+        // Without a shared host (the extrapolation) the host-wide figures are not used.
+        let alone = predict(
+            &f,
+            &trace,
+            &Setup {
+                shared_host_cpus: None,
+                ..s
+            },
+            1,
+        )
+        .unwrap();
+        assert!(alone.host.is_none());
     }
 }

@@ -36,17 +36,20 @@ pub enum ModelWhat {
 /// `farside model coop`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CoopModelArgs {
-    /// Costs file (JSON, `farside-coop-costs/1`) from `--calibrate`. Required unless
-    /// --calibrate is given.
+    /// Costs file (JSON, `farside-coop-costs/2`; the older `/1`, without host-wide busy
+    /// time, is still read) from `--calibrate`. Required unless --calibrate is given.
     #[arg(long)]
     pub costs: Option<PathBuf>,
     /// Measure the costs on this host first, the way `farside lab coop` incurs them:
     /// 4 `farside backend --coop` nodes in network namespaces at the lab's 40 % CPU
     /// quota, driven by `farside loadgen` replaying sessions of a synthetic trace (not
     /// the World Cup), in all-local, all-miss and all-remote phases (the last per
-    /// transport: tcp, udp, xdp, shm); needs root, about three minutes. Writes them to
-    /// --costs (default <--out>/costs.json). Run it through the measurement lock and
-    /// with the same build as the lab runs compared.
+    /// transport: tcp, udp, xdp, shm), taking in each the nodes' cgroup CPU and the
+    /// host's busy time over all CPUs (/proc/stat) per request; needs root, about three
+    /// minutes. Writes them to --costs (default <--out>/costs.json). Run it through the
+    /// measurement lock, on an otherwise idle host (builds frozen: it warns when the
+    /// host was busier than its own processes explain) and with the same build as the
+    /// lab runs compared.
     #[arg(long)]
     pub calibrate: bool,
     /// Requests each calibration phase should count (its measured time is --calibrate-seconds);
@@ -201,6 +204,33 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
             t.softirq_ns / 1e3,
             t.softirq_per_kb_ns / 1e3,
         );
+    }
+    match &costs.host_wide {
+        Some(h) => {
+            text += &format!(
+                "host-wide busy time per request (all CPUs, /proc/stat, each tick once): local hit {:.1} us + {:.2} us/KB; miss +{:.1} us + {:.2} us/KB",
+                h.local_ns / 1e3,
+                h.local_per_kb_ns / 1e3,
+                h.miss_ns / 1e3,
+                h.miss_per_kb_ns / 1e3,
+            );
+            for f in &h.fetch {
+                text += &format!(
+                    "; fetch over {} +{:.1} us + {:.2} us/KB",
+                    f.transport,
+                    f.ns / 1e3,
+                    f.per_kb_ns / 1e3
+                );
+            }
+            text += &format!(
+                "\n  busy time the calibration's own processes do not explain: {:+.1} % (a phase above {:.0} % is warned about)\n",
+                h.unattributed_share * 100.0,
+                h.unattributed_warn * 100.0
+            );
+        }
+        None => {
+            text += "no host-wide busy time in the costs file (format 1): the host centre's demand is node + client + softirq\n";
+        }
     }
     text += "\n";
     let systems = validate::modelled_systems(&costs);

@@ -21,6 +21,14 @@
 //!   PRESS nodes over `t`, each set cached at its node; the clients of nodes 0 and 1
 //!   ask for the sets of nodes 2 and 3: all remote hits. The initial nodes' CPU over the
 //!   local phase's, the service nodes' CPU, the host's softirq (`/proc/stat`);
+//! - in every lab-shaped phase also the host's busy time (`/proc/stat`, every CPU:
+//!   user + nice + system + irq + softirq + steal) per request of the phase's kind: a
+//!   tick is counted once whatever ran in it, so the load generators, the nodes, the
+//!   softirq of client and peer traffic and kernel threads are all inside and none
+//!   twice. `host-local` is a local hit's, `host-miss` and `host-fetch-<t>` are taken
+//!   over it size by size. The share of busy time the phase's own processes do not
+//!   explain is recorded, and a phase above [`HOST_UNATTRIBUTED_WARN`] is warned about
+//!   (another workload on the host);
 //! - `disk`: the emulated disk (`coop::disk::Disk`, the lab's 5 ms + size / 40 MB/s),
 //!   wall time per read (the sleep's overshoot is real service time);
 //! - `directory`: one directory update built, encoded, sealed and sent, and received,
@@ -34,7 +42,8 @@ use farside_backend::coop::wire::DirectoryUpdate;
 use farside_coop::directory::{BloomFilter, BLOOM_FP_DEFAULT};
 use farside_coop::sim::Costs;
 use farside_coop::validate::{
-    CostsFile, DiskEmulation, Provenance, Sample, TransportCosts, COSTS_FORMAT,
+    unattributed_share, CostsFile, DiskEmulation, HostFetchCosts, HostPhase, HostWideCosts,
+    Provenance, Sample, TransportCosts, COSTS_FORMAT,
 };
 use farside_lab::fabric::keys::LabKeys;
 use farside_lab::fabric::netns::{NodeSpec, VirtualDc};
@@ -100,6 +109,12 @@ const DISK_READS: usize = 20;
 /// lab node's cache holds a few hundred objects).
 const DIRECTORY_UPDATES: usize = 2000;
 const DIRECTORY_OBJECTS: usize = 400;
+/// Share of a phase's host busy time its own processes (the nodes' cgroups, this
+/// process, the softirq) may leave unexplained before the calibration warns that
+/// another workload ran on the host: 10 %. Idle, the host's other busy time (kernel
+/// threads, timers, the measurement lock's holder) is a few percent of a phase at
+/// saturation; softirq counted twice (no `CONFIG_IRQ_TIME_ACCOUNTING`) only lowers it.
+pub const HOST_UNATTRIBUTED_WARN: f64 = 0.10;
 /// Requests a lab-shaped phase must count at least (`--calibrate-requests`): bounds.
 pub const CALIBRATE_REQUESTS_RANGE: std::ops::RangeInclusive<u64> = 100..=1_000_000;
 
@@ -399,6 +414,14 @@ pub fn calibrate(requests: u64, seconds: f64) -> Result<CostsFile, String> {
     let (l_a, l_b) = fit(&lab.local);
     let (m_a, m_b) = fit(&lab.miss);
     let (c_a, c_b) = fit(&lab.client);
+    let (hl_a, hl_b) = fit(&lab.host_local);
+    let (hm_a, hm_b) = fit(&lab.host_miss);
+    let share = unattributed_share(&lab.host_phases);
+    eprintln!(
+        "calibrate: host-wide busy time: {:.0} % of it not explained by the nodes, this process \
+         and softirq over all phases (below 0: softirq counted in a task's time too)",
+        share * 100.0
+    );
     let r = |x: f64| x.round() as u64;
     let defaults = Costs::default();
     let costs = Costs {
@@ -448,7 +471,9 @@ pub fn calibrate(requests: u64, seconds: f64) -> Result<CostsFile, String> {
                  disk 0), all-remote per transport (nodes 0, 1 asked for the sets of nodes 2, \
                  3); node CPU from each node's cgroup (ns), client CPU of this process \
                  (RUSAGE_SELF), requests from the nodes' counters, host softirq from \
-                 /proc/stat (ticks); disk: wall time of coop::disk::Disk reads; directory: \
+                 /proc/stat (ticks); host-wide busy time per request in every lab-shaped \
+                 phase from /proc/stat (all CPUs: user + nice + system + irq + softirq + \
+                 steal, ticks), miss and fetch over local size by size; disk: wall time of coop::disk::Disk reads; directory: \
                  CPU of {DIRECTORY_UPDATES} updates of {DIRECTORY_OBJECTS} objects; NIC 0 \
                  (veth without a rate limit)",
                 warmup_s(seconds)
@@ -464,6 +489,16 @@ pub fn calibrate(requests: u64, seconds: f64) -> Result<CostsFile, String> {
         client_request_ns: c_a,
         client_per_kb_ns: c_b,
         transports: lab.transports,
+        host_wide: Some(HostWideCosts {
+            local_ns: hl_a,
+            local_per_kb_ns: hl_b,
+            miss_ns: hm_a,
+            miss_per_kb_ns: hm_b,
+            fetch: lab.host_fetch,
+            unattributed_share: share,
+            unattributed_warn: HOST_UNATTRIBUTED_WARN,
+            phases: lab.host_phases,
+        }),
         samples,
     })
 }
@@ -530,16 +565,51 @@ fn cgroup_cpu_ns(dc: &VirtualDc, node: &str) -> u64 {
     0
 }
 
-/// The host's softirq time so far over all CPUs, ns (`/proc/stat`, clock ticks).
-fn host_softirq_ns() -> u64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+/// The host's CPU time so far over all CPUs, in clock ticks (the `cpu` line of
+/// `/proc/stat`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HostTicks {
+    /// user + nice + system + irq + softirq + steal (idle and iowait excluded; guest
+    /// time is already inside user and nice).
+    pub busy: u64,
+    pub softirq: u64,
+    pub steal: u64,
+}
+
+/// The all-CPU line of a `/proc/stat` text: `cpu  user nice system idle iowait irq
+/// softirq steal [guest guest_nice]`; `None` if it is missing or malformed.
+pub fn parse_proc_stat(text: &str) -> Option<HostTicks> {
+    let line = text.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse::<u64>())
+        .collect::<Result<_, _>>()
+        .ok()?;
+    if v.len() < 7 {
+        return None;
+    }
+    let at = |i: usize| v.get(i).copied().unwrap_or(0);
+    let (user, nice, system, irq, softirq, steal) = (at(0), at(1), at(2), at(5), at(6), at(7));
+    Some(HostTicks {
+        busy: user + nice + system + irq + softirq + steal,
+        softirq,
+        steal,
+    })
+}
+
+/// The host's CPU time so far, ns (`/proc/stat`; zeros if it cannot be read).
+fn host_ns() -> HostTicks {
+    let t = parse_proc_stat(&std::fs::read_to_string("/proc/stat").unwrap_or_default())
+        .unwrap_or_default();
     // SAFETY: sysconf reads a constant.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    stat.lines()
-        .find(|l| l.starts_with("cpu "))
-        .and_then(|l| l.split_whitespace().nth(7))
-        .and_then(|v| v.parse::<u64>().ok())
-        .map_or(0, |t| t * 1_000_000_000 / hz)
+    let ns = |ticks: u64| ticks * 1_000_000_000 / hz;
+    HostTicks {
+        busy: ns(t.busy),
+        softirq: ns(t.softirq),
+        steal: ns(t.steal),
+    }
 }
 
 /// The children of one phase, killed on drop.
@@ -613,6 +683,13 @@ struct LabCosts {
     /// Extra CPU of a miss over a local hit.
     miss: Vec<Point>,
     transports: Vec<TransportCosts>,
+    /// Host-wide busy time per local hit.
+    host_local: Vec<Point>,
+    /// Host-wide busy time of a miss over a local hit.
+    host_miss: Vec<Point>,
+    /// Host-wide busy time of a peer fetch over a local hit, per transport.
+    host_fetch: Vec<HostFetchCosts>,
+    host_phases: Vec<HostPhase>,
 }
 
 /// What one phase counted over its measured window.
@@ -625,11 +702,45 @@ struct Counted {
     miss: u64,
     client_cpu_ns: u64,
     softirq_ns: u64,
+    /// The host's busy and steal time (all CPUs), ns.
+    busy_ns: u64,
+    steal_ns: u64,
+    /// Wall time of the window, ns.
+    wall_ns: u64,
 }
 
 impl Counted {
     fn total(&self) -> u64 {
         self.local + self.remote + self.miss
+    }
+
+    /// The phase host-wide, per `requests` of its kind; warns when the host was busier
+    /// than the phase's own processes explain by more than [`HOST_UNATTRIBUTED_WARN`].
+    fn host_phase(&self, phase: &str, body_bytes: u64, requests: u64) -> HostPhase {
+        let h = HostPhase {
+            phase: phase.into(),
+            body_bytes,
+            requests,
+            wall_ns: self.wall_ns,
+            busy_ns: self.busy_ns,
+            steal_ns: self.steal_ns,
+            nodes_ns: self.cpu_ns.iter().sum(),
+            own_ns: self.client_cpu_ns,
+            softirq_ns: self.softirq_ns,
+        };
+        if h.unattributed_share() > HOST_UNATTRIBUTED_WARN {
+            let per_s = |ns: f64| ns / (h.wall_ns as f64).max(1.0);
+            eprintln!(
+                "calibrate: warning: {phase} at {body_bytes} B: the host was busy {:.2} CPUs, \
+                 its own processes and softirq explain {:.2} ({:.0} % unexplained, above {:.0} %): \
+                 another workload ran on the host, its costs are too high",
+                per_s(h.busy_ns as f64),
+                per_s(h.busy_ns as f64 - h.unattributed_ns()),
+                h.unattributed_share() * 100.0,
+                HOST_UNATTRIBUTED_WARN * 100.0
+            );
+        }
+        h
     }
 }
 
@@ -770,13 +881,18 @@ impl Cluster<'_> {
             .collect();
         let dc = self.dc;
         let http = &self.http;
+        let t0 = Instant::now();
         let snap = || -> Counted {
+            let host = host_ns();
             let mut c = Counted {
                 cpu_ns: (0..LAB_NODES)
                     .map(|i| cgroup_cpu_ns(dc, &node_name(i)))
                     .collect(),
                 client_cpu_ns: process_cpu_ns(),
-                softirq_ns: host_softirq_ns(),
+                softirq_ns: host.softirq,
+                busy_ns: host.busy,
+                steal_ns: host.steal,
+                wall_ns: t0.elapsed().as_nanos() as u64,
                 ..Counted::default()
             };
             for a in http {
@@ -830,6 +946,9 @@ impl Cluster<'_> {
             miss: after.miss - before.miss,
             client_cpu_ns: after.client_cpu_ns - before.client_cpu_ns,
             softirq_ns: after.softirq_ns.saturating_sub(before.softirq_ns),
+            busy_ns: after.busy_ns.saturating_sub(before.busy_ns),
+            steal_ns: after.steal_ns.saturating_sub(before.steal_ns),
+            wall_ns: after.wall_ns.saturating_sub(before.wall_ns),
         })
     }
 }
@@ -887,6 +1006,10 @@ fn lab_phases(
             client: Vec::new(),
             miss: Vec::new(),
             transports: Vec::new(),
+            host_local: Vec::new(),
+            host_miss: Vec::new(),
+            host_fetch: Vec::new(),
+            host_phases: Vec::new(),
         };
         let mut setup = 0;
         for transport in TRANSPORTS {
@@ -913,9 +1036,17 @@ fn lab_phases(
                         n.total(),
                         n.client_cpu_ns as f64 / n.total() as f64,
                     ));
+                    let h = n.host_phase("local", size, n.local);
+                    out.host_local.push(sample(
+                        "host-local",
+                        size,
+                        n.local,
+                        h.busy_per_request_ns(),
+                    ));
+                    out.host_phases.push(h);
                 }
             }
-            let (mut pi, mut ps, mut pq) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut pi, mut ps, mut pq, mut ph) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for (i, &size) in SIZES.iter().enumerate() {
                 // Clients of nodes 0 and 1 ask for the sets of nodes 2 and 3.
                 let drive = [
@@ -942,7 +1073,19 @@ fn lab_phases(
                     n.remote,
                     q,
                 ));
+                let h = n.host_phase(&format!("fetch-{transport}"), size, n.remote);
+                let busy = h.busy_per_request_ns();
+                sample(&format!("host-fetch-{transport}"), size, n.remote, busy);
+                let local = out.host_local.get(i).map_or(0.0, |p| p.1);
+                ph.push((kb(size), (busy - local).max(0.0)));
+                out.host_phases.push(h);
             }
+            let (ha, hb) = fit(&ph);
+            out.host_fetch.push(HostFetchCosts {
+                transport: transport.to_string(),
+                ns: ha,
+                per_kb_ns: hb,
+            });
             let (ia, ib) = fit(&pi);
             let (sa, sb) = fit(&ps);
             let (qa, qb) = fit(&pq);
@@ -968,6 +1111,12 @@ fn lab_phases(
             let ns = cpu as f64 / misses;
             sample("miss", size, n.miss, ns);
             out.miss.push((kb(size), (ns - out.local[i].1).max(0.0)));
+            let h = n.host_phase("miss", size, n.miss);
+            let busy = h.busy_per_request_ns();
+            sample("host-miss", size, n.miss, busy);
+            out.host_miss
+                .push((kb(size), (busy - out.host_local[i].1).max(0.0)));
+            out.host_phases.push(h);
         }
         Ok(out)
     })();
@@ -1010,6 +1159,34 @@ mod tests {
             assert_eq!(r[1], (i / SESSION_REQUESTS).to_string());
             assert_eq!(r[2], set[i % 3]);
             assert_eq!((r[3], r[4]), ("200", "512"));
+        }
+    }
+
+    #[test]
+    fn proc_stat_busy_is_every_cpu_tick_but_idle_and_iowait() {
+        let text = "cpu  100 20 300 5000 70 8 90 11 40 2\n\
+                    cpu0 50 10 150 2500 35 4 45 5 20 1\n\
+                    intr 123 0 0\nctxt 999\n";
+        // user + nice + system + irq + softirq + steal; guest (40, 2) is inside user/nice.
+        assert_eq!(
+            parse_proc_stat(text),
+            Some(HostTicks {
+                busy: 100 + 20 + 300 + 8 + 90 + 11,
+                softirq: 90,
+                steal: 11,
+            })
+        );
+        // Older kernels end after softirq or steal.
+        let short = parse_proc_stat("cpu  1 2 3 4 5 6 7\n").unwrap();
+        assert_eq!((short.busy, short.steal), (1 + 2 + 3 + 6 + 7, 0));
+        // Only the all-CPU line counts; a missing or malformed one is no figure.
+        assert_eq!(parse_proc_stat("cpu0 1 2 3 4 5 6 7 8\n"), None);
+        assert_eq!(parse_proc_stat("cpu  1 2 x 4 5 6 7 8\n"), None);
+        assert_eq!(parse_proc_stat("cpu  1 2 3\n"), None);
+        // This host's own file parses, and its busy time holds its softirq and steal.
+        if let Ok(t) = std::fs::read_to_string("/proc/stat") {
+            let h = parse_proc_stat(&t).expect("this host's /proc/stat");
+            assert!(h.busy >= h.softirq + h.steal);
         }
     }
 

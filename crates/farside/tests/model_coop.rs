@@ -161,7 +161,7 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
     assert!(o.status.success(), "{stderr}");
     let f: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("costs.json")).unwrap()).unwrap();
-    assert_eq!(f["format"], "farside-coop-costs/1");
+    assert_eq!(f["format"], "farside-coop-costs/2");
     assert!(f["costs"]["cpu_request_ns"].as_u64().unwrap() > 0, "{f}");
     assert!(f["costs"]["cpu_peer_serve_ns"].as_u64().unwrap() > 0, "{f}");
     // The emulated disk takes at least its configured 5 ms per read.
@@ -170,10 +170,25 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
         "{f}"
     );
     assert!(f["provenance"]["kernel"].as_str().unwrap() != "unknown");
-    // At four sizes: local, client, miss, disk, and the peer fetch of every transport
-    // (initial node, service node, softirq); three directory costs.
+    // At four sizes: local, client, miss, disk, the host-wide local and miss, and the
+    // peer fetch of every transport (initial node, service node, softirq, host-wide);
+    // three directory costs.
     let samples = f["samples"].as_array().unwrap();
-    assert_eq!(samples.len(), 4 * (4 + 4 * 3) + 3, "{f}");
+    assert_eq!(samples.len(), 4 * (6 + 4 * 4) + 3, "{f}");
+    // The host-wide busy time of every lab-shaped phase (local, miss, 4 transports) at
+    // each size: busy time counted, steal inside it, and a local hit costs the host
+    // something.
+    let hw = &f["host_wide"];
+    let phases = hw["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 4 * 6, "{hw}");
+    for p in phases {
+        let busy = p["busy_ns"].as_u64().unwrap();
+        assert!(busy > 0 && p["requests"].as_u64().unwrap() > 0, "{p}");
+        assert!(busy >= p["steal_ns"].as_u64().unwrap(), "{p}");
+    }
+    assert!(hw["local_ns"].as_f64().unwrap() + hw["local_per_kb_ns"].as_f64().unwrap() > 0.0);
+    assert_eq!(hw["fetch"].as_array().unwrap().len(), 4, "{hw}");
+    assert!(hw["unattributed_share"].as_f64().unwrap().is_finite());
     // Measured the lab's way: four nodes at the lab's quota driven by farside loadgen
     // replaying sessions, every phase counting requests of its kind from the nodes.
     let method = f["provenance"]["method"].as_str().unwrap();

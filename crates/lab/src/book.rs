@@ -243,7 +243,7 @@ pub const SECTIONS: &[Part] = &[
                 Run("docs/results/coop/20261129-n4-links-release"),
                 Run("docs/results/coop/20261129-n4-links-release-reversed"),
                 Run("docs/results/coop/20261129-n4-links-w90-release"),
-                Text("docs/results/coop/model-20261129-hostcpu/model.txt"),
+                Text("docs/results/coop/model-20261129-hostwide/model.txt"),
             ],
         }],
     },
