@@ -420,6 +420,75 @@ pub fn fnv1a64(bytes: &[u8]) -> u64 {
     })
 }
 
+/// What a run says of the trace it replayed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceLabel {
+    /// The profile, `wc98-day6-sample`, or the file's name.
+    pub name: String,
+    /// Whether the file is a synthetic trace described by its `.synth.json`.
+    pub synthetic: bool,
+    /// "synthetic, fitted to <source>", the sample's description, or the file's name.
+    pub label: String,
+    /// The `.synth.json` beside a synthetic trace.
+    pub description: Option<serde_json::Value>,
+}
+
+/// The sample's label (the run texts of earlier runs say this).
+pub const WORLD_CUP_LABEL: &str = "World Cup 1998 sample (data/wc98-day6-sample.csv.gz)";
+
+/// Labels the trace file `path`: the World Cup sample, a synthetic trace (its
+/// `.synth.json` beside it, whose digest must match the file), or any other file in the
+/// format (its name, not called synthetic). Errors: a description that does not match.
+pub fn trace_label(path: &Path) -> io::Result<TraceLabel> {
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let sample = crate::trace::world_cup_sample_path();
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => false,
+    };
+    if same(path, &sample) {
+        return Ok(TraceLabel {
+            name: "wc98-day6-sample".into(),
+            synthetic: false,
+            label: WORLD_CUP_LABEL.into(),
+            description: None,
+        });
+    }
+    let side = sidecar_path(path);
+    if let Ok(text) = std::fs::read(&side) {
+        let bad = |what: &str| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {what}", side.display()),
+            )
+        };
+        let d: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| bad(&e.to_string()))?;
+        let digest = format!("{:016x}", fnv1a64(&std::fs::read(path)?));
+        if d["fnv1a64"].as_str() != Some(digest.as_str()) {
+            return Err(bad(&format!(
+                "describes another file than {file_name} (digest {} there, {digest} here)",
+                d["fnv1a64"]
+            )));
+        }
+        return Ok(TraceLabel {
+            name: d["profile"].as_str().unwrap_or(&file_name).to_string(),
+            synthetic: d["synthetic"].as_bool().unwrap_or(false),
+            label: d["label"].as_str().unwrap_or(&file_name).to_string(),
+            description: Some(d),
+        });
+    }
+    Ok(TraceLabel {
+        name: file_name.clone(),
+        synthetic: false,
+        label: format!("trace file {file_name} (no .synth.json beside it)"),
+        description: None,
+    })
+}
+
 /// A trace measured as profiles state their figures.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Fit {
@@ -642,6 +711,32 @@ mod tests {
             PathBuf::from("/x/ncsa.synth.json")
         );
         assert!(p.label().starts_with("synthetic, fitted to BU"));
+    }
+
+    #[test]
+    fn a_trace_is_labelled_from_its_description_only_when_the_digest_matches() {
+        let wc = trace_label(&crate::trace::world_cup_sample_path()).unwrap();
+        assert_eq!(
+            (wc.name.as_str(), wc.synthetic),
+            ("wc98-day6-sample", false)
+        );
+        let d = temp_dir("label");
+        let path = d.join("t.csv.gz");
+        let rows = synthesize(&profile("bu-1995").unwrap(), 1_000, 2).unwrap();
+        write_csv_gz(&rows, &path).unwrap();
+        let plain = trace_label(&path).unwrap();
+        assert!(!plain.synthetic && plain.label.contains("t.csv.gz"));
+        let digest = format!("{:016x}", fnv1a64(&std::fs::read(&path).unwrap()));
+        let side = serde_json::json!({"profile": "bu-1995", "synthetic": true,
+            "label": "synthetic, fitted to X", "fnv1a64": digest});
+        std::fs::write(sidecar_path(&path), side.to_string()).unwrap();
+        let l = trace_label(&path).unwrap();
+        assert_eq!((l.name.as_str(), l.synthetic), ("bu-1995", true));
+        assert_eq!(l.label, "synthetic, fitted to X");
+        // Another file under the same description is refused.
+        write_csv_gz(&rows[..999], &path).unwrap();
+        assert!(trace_label(&path).is_err());
+        std::fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]
