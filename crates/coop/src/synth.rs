@@ -522,7 +522,7 @@ pub fn fit(t: &Trace) -> Fit {
         .filter(|(c, _)| **c > 0)
         .map(|(&c, &b)| (c, b))
         .collect();
-    seen.sort_by(|a, b| b.0.cmp(&a.0));
+    seen.sort_by_key(|s| std::cmp::Reverse(s.0));
     let mut sizes: Vec<u32> = seen.iter().map(|s| s.1).collect();
     sizes.sort_unstable();
     let requests = t.requests.len();

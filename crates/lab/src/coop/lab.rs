@@ -864,6 +864,7 @@ mod tests {
             cache_bytes: None,
             anchor_max_size_bytes: None,
             repeat: 1,
+            trace: None,
             crash_node: None,
             crash_at_s: None,
             crash_down_ms: 1000,
