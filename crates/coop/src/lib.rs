@@ -11,6 +11,8 @@
 //!   throughput and utilisations;
 //! - [`model`]: exact mean-value analysis of a closed queueing network, fed by service
 //!   demands and the simulator's fractions;
+//! - [`synth`]: synthetic traces in the sample's format, fitted to published statistics
+//!   of classic web traces;
 //! - [`validate`]: the model against kept lab runs (measured costs, PASS/FAIL within the
 //!   tolerance fixed in advance), then the labelled extrapolation.
 //!
@@ -21,5 +23,6 @@ pub mod directory;
 pub mod model;
 pub mod policy;
 pub mod sim;
+pub mod synth;
 pub mod trace;
 pub mod validate;

@@ -4,6 +4,7 @@
 mod logging;
 mod model;
 mod model_calibrate;
+mod trace_synth;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -44,6 +45,8 @@ enum Cmd {
     Get(farside_rdmahttp::GetArgs),
     /// Analytical models checked against the lab: `model coop` (cooperative caching).
     Model(model::ModelArgs),
+    /// Traces: `trace synth` writes one fitted to a classic trace's published statistics.
+    Trace(trace_synth::TraceArgs),
 }
 
 /// `farside gatherd`: its flags, and `--check`.
@@ -105,6 +108,7 @@ fn main() -> ExitCode {
         Cmd::Specd(a) => farside_specd::run(a).map_err(|e| format!("specd: {e}")),
         Cmd::Iwarp(a) => farside_iwarp::run(a).map_err(|e| format!("iwarp: {e}")),
         Cmd::Get(a) => farside_rdmahttp::run_get(a).map_err(|e| format!("get: {e}")),
+        Cmd::Trace(a) => trace_synth::run(a),
         Cmd::Model(a) => match model::run(a) {
             Ok(true) => Ok(()),
             Ok(false) => Err("model: a configuration is outside the tolerance (FAIL above)".into()),

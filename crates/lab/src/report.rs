@@ -84,6 +84,10 @@ pub fn run_lines<P>(s: &Summary<P>) -> String {
             );
         }
     }
+    // The trace a run replayed, when it says (`lab coop --trace`).
+    if let Some(label) = s.params.get("trace_label").and_then(|v| v.as_str()) {
+        let _ = writeln!(out, "trace: {label}");
+    }
     // The one operator objective and what it set for each system (`lab admission`).
     if let Some(rule) = s.params.get("objective_rule").and_then(|v| v.as_str()) {
         let _ = writeln!(out, "objective: {rule}");

@@ -202,12 +202,23 @@ pub fn run(a: CoopLabArgs) -> io::Result<()> {
     })?;
     let dir = a.sweep.dir(&a.out);
     let (warmup_s, duration_s) = durations(&a);
-    let trace_file = farside_coop::trace::world_cup_sample_path();
+    let trace_file = a
+        .trace
+        .clone()
+        .unwrap_or_else(farside_coop::trace::world_cup_sample_path);
     let coop_trace = farside_coop::trace::Trace::read_world_cup(&trace_file)?;
+    let label = farside_coop::synth::trace_label(&trace_file)?;
     let mut meta = crate::summary::Summary::new("coop", a.hosts.as_str(), a.sweep.quick);
     crate::sweep::fill_host_metadata(&mut meta);
     meta.params = params(&a, &coop_trace, warmup_s, duration_s);
+    trace_params(&mut meta.params, &label);
     let mut sweep = crate::sweep::Sweep::<Coop>::start(&dir, meta, a.sweep.resume.is_some())?;
+    if let Some(d) = &label.description {
+        std::fs::write(
+            dir.join("trace.synth.json"),
+            serde_json::to_string_pretty(d).map_err(io::Error::other)? + "\n",
+        )?;
+    }
     let logs = dir.join("logs");
     std::fs::create_dir_all(&logs)?;
     let work = std::env::temp_dir().join(format!("farside-lab-coop-{}", std::process::id()));
@@ -344,6 +355,25 @@ fn params(
         "repeat": a.repeat,
         "crash": a.crash_node.map(|n| format!("node n{n} killed with SIGKILL {} s into every point's measured window, down {} ms, then started again with the same arguments (empty cache, new arena); recovery: the first whole second after the crash's serving at least {:.0} % of the mean rate before it with no failure", crash_at_s(a), a.crash_down_ms, RECOVERED_FRACTION * 100.0)),
     })
+}
+
+/// The trace's name, label and whether it is synthetic, into the run's params (the
+/// sample's runs keep their earlier `trace` text).
+fn trace_params(params: &mut serde_json::Value, l: &farside_coop::synth::TraceLabel) {
+    if l.name != "wc98-day6-sample" {
+        params["trace"] = format!(
+            "{}, files at their paths and sizes with content of their own",
+            l.label
+        )
+        .into();
+    }
+    params["trace_name"] = l.name.clone().into();
+    params["trace_synthetic"] = l.synthetic.into();
+    params["trace_label"] = l.label.clone().into();
+    if let Some(d) = &l.description {
+        params["trace_command"] = d["command"].clone();
+        params["trace_source"] = d["source"].clone();
+    }
 }
 
 /// Shape (or unshape, `gbit` 0) both ends of every back-end node's link.
@@ -883,6 +913,7 @@ mod tests {
             cache_bytes: None,
             anchor_max_size_bytes: None,
             repeat: 1,
+            trace: None,
             crash_node: None,
             crash_at_s: None,
             crash_down_ms: 1000,

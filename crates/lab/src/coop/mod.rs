@@ -193,6 +193,14 @@ pub struct CoopLabArgs {
     /// summed).
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
+    /// Trace replayed: gzip'd CSV in the World Cup sample's format
+    /// (`timestamp,client_id,url,status,size`); its objects become the files, its
+    /// sessions and timing the load, and the cache rule's W90 is computed from it. A
+    /// synthetic trace of `farside trace synth` is labelled "synthetic, fitted to
+    /// <source>" from the NAME.synth.json beside it (copied into the run directory).
+    /// Default: the World Cup 1998 sample (data/wc98-day6-sample.csv.gz).
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
     /// Crash mode: the back-end node (0-based index) killed with SIGKILL during every
     /// point's measured window and started again (systems rr and press-*). Default:
     /// none.
