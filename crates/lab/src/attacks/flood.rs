@@ -29,7 +29,6 @@
 //! "succeeded" (the attack had its effect) if a live flow was evicted, a migration
 //! was lost or a legitimate connection was lost.
 
-use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::Path;
@@ -40,6 +39,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::dc::{self, Dc, ATK, ATKC, B0, B1, CLIENT, VIP};
+use super::legit::{lock, session, Legit, REQUEST_PERIOD};
 use super::raw::{ipv4_tcp, RawSender, TCP_ACK};
 use crate::experiment::{Experiment, LabPoint};
 use crate::summary::Summary;
@@ -77,13 +77,6 @@ pub const VICTIMS: usize = 8;
 /// Requests per victim connection: 18 s of them, under the back-end's keep-alive
 /// limit (`--keepalive-max`, 100), which would close the connection itself.
 const VICTIM_REQUESTS: u32 = 90;
-/// A session's pace: one request per period.
-const REQUEST_PERIOD: Duration = Duration::from_millis(200);
-/// A legitimate request's bound (connect, then each request).
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
-/// Lost legitimate requests described in a point's effect (what failed, when, on a
-/// connection moved how often): enough to tell a flood's effect from a migration's.
-const LOST_DETAILS_MAX: usize = 8;
 /// The sampling period of the per-second series.
 const SAMPLE: Duration = Duration::from_secs(1);
 /// The specd attacker's round: a byte to every slow sender, offers every other round.
@@ -386,26 +379,6 @@ impl Experiment for AttacksFlood {
     }
 }
 
-/// The legitimate clients' tallies.
-#[derive(Default)]
-struct Legit {
-    served: AtomicU64,
-    failed: AtomicU64,
-    lost: AtomicU64,
-    /// The first [`LOST_DETAILS_MAX`] lost requests, described.
-    lost_details: Mutex<Vec<String>>,
-    /// Live connections to the VIP (client address → its tracking state).
-    live: Mutex<HashMap<SocketAddrV4, Tracked>>,
-}
-
-/// What the sampler last saw of one live connection's front-end entry.
-#[derive(Default, Clone)]
-struct Tracked {
-    last: Option<String>,
-    moves: u32,
-    evicted: bool,
-}
-
 /// The attackers' tallies.
 #[derive(Default)]
 struct Attackers {
@@ -414,69 +387,6 @@ struct Attackers {
     specd_bytes: AtomicU64,
     specd_answered: AtomicU64,
     slow_held_max: AtomicU64,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// One legitimate session: a connection to the VIP used every [`REQUEST_PERIOD`] for
-/// `requests` requests, then a new one, until `stop`.
-fn session(legit: &Legit, requests: u32, stop: &AtomicBool) {
-    while !stop.load(Ordering::Relaxed) {
-        let mut s = match TcpStream::connect_timeout(&SocketAddr::V4(VIP), REQUEST_TIMEOUT) {
-            Ok(s) => s,
-            Err(_) => {
-                legit.failed.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(REQUEST_PERIOD);
-                continue;
-            }
-        };
-        let _ = s.set_read_timeout(Some(REQUEST_TIMEOUT));
-        let _ = s.set_write_timeout(Some(REQUEST_TIMEOUT));
-        let _ = s.set_nodelay(true);
-        let me = match s.local_addr() {
-            Ok(SocketAddr::V4(a)) => Some(a),
-            _ => None,
-        };
-        if let Some(a) = me {
-            lock(&legit.live).insert(a, Tracked::default());
-        }
-        let mut n = 0u32;
-        while !stop.load(Ordering::Relaxed) && n < requests {
-            let asked = Instant::now();
-            match dc::http_get(&mut s) {
-                Ok(200) => {
-                    legit.served.fetch_add(1, Ordering::Relaxed);
-                }
-                other => {
-                    legit.failed.fetch_add(1, Ordering::Relaxed);
-                    legit.lost.fetch_add(1, Ordering::Relaxed);
-                    let what = match other {
-                        Ok(status) => format!("status {status}"),
-                        Err(e) => format!("{:?}: {e}", e.kind()),
-                    };
-                    let moves = me
-                        .and_then(|a| lock(&legit.live).get(&a).map(|t| t.moves))
-                        .unwrap_or(0);
-                    let mut details = lock(&legit.lost_details);
-                    if details.len() < LOST_DETAILS_MAX {
-                        details.push(format!(
-                            "request {} of {me:?} after {} ms: {what} (connection seen moved {moves}x)",
-                            n + 1,
-                            asked.elapsed().as_millis()
-                        ));
-                    }
-                    break;
-                }
-            }
-            n += 1;
-            std::thread::sleep(REQUEST_PERIOD);
-        }
-        if let Some(a) = me {
-            lock(&legit.live).remove(&a);
-        }
-    }
 }
 
 /// The client-side flood: spoofed ACKs to the VIP from random addresses in

@@ -48,6 +48,7 @@ pub mod dc;
 pub mod files;
 pub mod flood;
 pub mod frontend;
+pub mod legit;
 pub mod outcome;
 pub mod raw;
 pub mod rmem;
