@@ -8,6 +8,7 @@ use super::usage::{dir_bytes, sample_held, snapshot, DirBytes};
 use super::*;
 use crate::fabric::netns::{NodeSpec, VirtualDc};
 use crate::fabric::procs::Child;
+use farside_backend::coop::CoopDirectory;
 use farside_loadgen::{LoadgenArgs, PathMode, TraceKind};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
@@ -75,6 +76,19 @@ fn check_args(a: &CoopLabArgs) -> io::Result<()> {
             return Err(bad(format!(
                 "--systems: unknown system {s:?} (built: {})",
                 SYSTEMS.join(", ")
+            )));
+        }
+    }
+    if a.directory == CoopDirectory::Read {
+        if let Some(s) = a
+            .systems
+            .iter()
+            .find(|s| !DIRECTORY_READ_SYSTEMS.contains(&s.as_str()))
+        {
+            return Err(bad(format!(
+                "--directory read: system {s} cannot read directories one-sidedly (only {}: \
+                 the record lives in the node's object arena)",
+                DIRECTORY_READ_SYSTEMS.join(", ")
             )));
         }
     }
@@ -318,6 +332,11 @@ fn params(
         "cache_held": "cache_held_bytes: body bytes the nodes' caches held at the end of each point, summed over the nodes (farside: each node's cache_used_bytes counter; nginx: the apparent bytes of its cache files, which also carry nginx's per-file header); cache_disk_bytes: nginx's cache files' allocated blocks (what nginx's max_size counts)",
         "links": "tc tbf on both ends of every back-end node's veth (client and peer traffic share it); 0 = not shaped",
         "repeat": a.repeat,
+        "directory": a.directory.name(),
+        "directory_mode": match a.directory {
+            CoopDirectory::Datagram => "the PRESS nodes push their directory (Bloom filter, epoch, load) as sealed UDP datagrams to every peer, on change, at most once per 20 ms, heartbeat 500 ms",
+            CoopDirectory::Read => "each PRESS node writes its directory record (Bloom filter, epoch, load) into its own object arena (seqlock, CRC32c), on change, at most once per 20 ms, heartbeat 500 ms; every peer pulls it one-sidedly once per 20 ms (press-xdp: READs answered by the owner's XDP program; press-shm: the mapped arena file); no datagram",
+        },
         "crash": a.crash_node.map(|n| format!("node n{n} killed with SIGKILL {} s into every point's measured window, down {} ms, then started again with the same arguments (empty cache, new arena); recovery: the first whole second after the crash's serving at least {:.0} % of the mean rate before it with no failure", crash_at_s(a), a.crash_down_ms, RECOVERED_FRACTION * 100.0)),
     })
 }
@@ -417,6 +436,9 @@ fn backend_args(
             ]),
             "shm" => args.extend(["--coop-shm-dir".into(), sh.shm_dir.display().to_string()]),
             _ => {}
+        }
+        if a.directory == CoopDirectory::Read {
+            args.extend(["--coop-directory".into(), a.directory.name().into()]);
         }
     }
     args
@@ -808,6 +830,14 @@ fn measure(
         recovery_s,
         pre_crash_tps,
         crash_min_tps,
+        directory: a.directory.name().into(),
+        directory_sent: d("directory_sent"),
+        directory_sent_bytes: d("directory_sent_bytes"),
+        directory_reads: d("directory_reads"),
+        directory_read_ops: d("directory_read_ops"),
+        directory_read_bytes: d("directory_read_bytes"),
+        directory_read_failed: d("directory_read_failed"),
+        directory_read_stale: d("directory_read_stale"),
     })
 }
 
@@ -837,6 +867,7 @@ mod tests {
             crash_node: None,
             crash_at_s: None,
             crash_down_ms: 1000,
+            directory: CoopDirectory::Datagram,
         };
         check_args(&a).unwrap();
         let k = point_keys(&a);
@@ -867,6 +898,12 @@ mod tests {
         b.crash_down_ms = CRASH_DOWN_MS_MAX + 1;
         assert!(check_args(&b).is_err());
         b.crash_down_ms = 1000;
+        // --directory read: press-xdp and press-shm only.
+        b.directory = CoopDirectory::Read;
+        assert!(check_args(&b).is_err(), "press-udp has no arena to read");
+        b.systems = vec!["press-xdp".into(), "press-shm".into()];
+        check_args(&b).unwrap();
+        b.directory = CoopDirectory::Datagram;
         b.systems = vec!["haproxy".into()];
         assert!(
             check_args(&b).is_err(),

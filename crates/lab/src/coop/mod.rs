@@ -40,6 +40,12 @@
 //! largest (`cache_held_mean_bytes`, `cache_held_max_bytes`): the figures a comparison
 //! at equal memory is set from.
 //!
+//! Directory (`--directory`, run-level): `datagram` (the nodes push sealed UDP
+//! datagrams, PRESS's broadcast) or `read` (each node writes its directory record into
+//! its own object arena and its peers read it one-sidedly, `--coop-directory read`;
+//! press-xdp and press-shm only). Each point records the directory's own cost: the
+//! datagrams and their bytes, or the pulls, their READs and bytes, failed and stale.
+//!
 //! Links (`--links`, Gbit/s; 0 = as the veth pair carries): `tc tbf` on both ends of
 //! every back-end node's link, so its traffic to clients and peers shares the rate.
 //!
@@ -90,6 +96,8 @@ pub const RECOVERED_FRACTION: f64 = 0.9;
 /// Systems crash mode can run: those whose nodes are `farside backend --coop` processes
 /// that clients reach directly.
 pub const CRASH_SYSTEMS: [&str; 5] = ["rr", "press-tcp", "press-udp", "press-xdp", "press-shm"];
+/// Systems `--directory read` can run: the PRESS nodes with an object arena.
+pub const DIRECTORY_READ_SYSTEMS: [&str; 2] = ["press-xdp", "press-shm"];
 /// The anchor's front-end node.
 const LB: &str = "lb";
 
@@ -192,6 +200,11 @@ pub struct CoopLabArgs {
     /// (at most 10,000). Default: 1000.
     #[arg(long = "crash-down-ms", default_value_t = 1000)]
     pub crash_down_ms: u64,
+    /// How the PRESS nodes' directories travel (the back-end's --coop-directory):
+    /// `datagram` (pushed, sealed UDP) or `read` (pulled one-sidedly from each node's
+    /// arena; only press-xdp and press-shm). Default: datagram.
+    #[arg(long, value_enum, default_value = "datagram")]
+    pub directory: farside_backend::coop::CoopDirectory,
 }
 
 /// One point's key.
@@ -297,6 +310,39 @@ pub struct CoopPoint {
     pub pre_crash_tps: f64,
     #[serde(default, skip_serializing_if = "zero_f64")]
     pub crash_min_tps: f64,
+    /// How the directories travelled: `datagram` or `read` (`--directory`); runs kept
+    /// before it was recorded were `datagram`, and it is left out of their points.
+    #[serde(default = "datagram", skip_serializing_if = "is_datagram")]
+    pub directory: String,
+    /// Directory datagrams the nodes sent in the window (one per peer per publication).
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_sent: u64,
+    /// Their bytes (sealed).
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_sent_bytes: u64,
+    /// `read`: pulls of a peer's directory record in the window, over all nodes.
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_reads: u64,
+    /// `read`: the READs (press-xdp, resends included) or chunk copies (press-shm) the
+    /// pulls made, and the bytes they moved.
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_read_ops: u64,
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_read_bytes: u64,
+    /// `read`: pulls that gave no valid record, and records older than the last
+    /// accepted: dropped, never applied.
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_read_failed: u64,
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_read_stale: u64,
+}
+
+fn datagram() -> String {
+    "datagram".into()
+}
+
+fn is_datagram(d: &String) -> bool {
+    d == "datagram"
 }
 
 /// Crash figures are left out of points without a crash (runs kept before crash mode
@@ -367,6 +413,13 @@ impl LabPoint for CoopPoint {
             },
             pre_crash_tps: f(|p| p.pre_crash_tps),
             crash_min_tps: f(|p| p.crash_min_tps),
+            directory_sent: sum(|p| p.directory_sent),
+            directory_sent_bytes: sum(|p| p.directory_sent_bytes),
+            directory_reads: sum(|p| p.directory_reads),
+            directory_read_ops: sum(|p| p.directory_read_ops),
+            directory_read_bytes: sum(|p| p.directory_read_bytes),
+            directory_read_failed: sum(|p| p.directory_read_failed),
+            directory_read_stale: sum(|p| p.directory_read_stale),
             ..first.clone()
         }
     }
@@ -479,7 +532,50 @@ pub fn table(points: &[CoopPoint]) -> String {
     s += &bandwidth_lines(points);
     s += &held_lines(points);
     s += &crash_lines(points);
+    s += &directory_lines(points);
     s
+}
+
+/// The directory's own cost per point that recorded it (none in runs kept before it
+/// was): per second of the window over all nodes (summed runs: per run-second).
+fn directory_lines(points: &[CoopPoint]) -> String {
+    let mut out = String::new();
+    for p in points
+        .iter()
+        .filter(|p| p.directory_sent + p.directory_reads > 0)
+    {
+        let secs = (p.duration_s * f64::from(p.runs.max(1))).max(1e-9);
+        let per_s = |v: u64| v as f64 / secs;
+        let what = if p.directory == "read" {
+            format!(
+                "{:.0} pulls/s ({:.0} READs/s, {:.0} B/s), {} failed, {} stale; {} datagrams",
+                per_s(p.directory_reads),
+                per_s(p.directory_read_ops),
+                per_s(p.directory_read_bytes),
+                p.directory_read_failed,
+                p.directory_read_stale,
+                p.directory_sent
+            )
+        } else {
+            format!(
+                "{:.0} datagrams/s ({:.0} B/s)",
+                per_s(p.directory_sent),
+                per_s(p.directory_sent_bytes)
+            )
+        };
+        out += &format!(
+            "directory ({}): {} {} {}: {what}\n",
+            p.directory,
+            p.system,
+            p.load_model,
+            if p.load_model == "open" {
+                format!("{:.0}/s", p.rate)
+            } else {
+                format!("{} clients", p.clients)
+            },
+        );
+    }
+    out
 }
 
 /// Crash mode's figures, one line per point that crashed a node (none otherwise).
