@@ -254,7 +254,7 @@ mod tests {
             judge(&r[..r.len() - 1], 2, None),
             Err(RecordRefusal::Malformed)
         );
-        assert!(first_epoch(1) % 2 == 0 && first_epoch(0) == 2);
+        assert!(first_epoch(1).is_multiple_of(2) && first_epoch(0) == 2);
         assert!(first_epoch(1_000_001) > first_epoch(1_000_000));
     }
 
