@@ -314,10 +314,10 @@ pub struct CoopPoint {
     /// before it was recorded were `datagram`, and it is left out of their points.
     #[serde(default = "datagram", skip_serializing_if = "is_datagram")]
     pub directory: String,
-    /// Directory datagrams the nodes sent in the window (one per peer per publication).
+    /// Directory datagrams the nodes sent in the window (one per peer per publication),
+    /// and their bytes (sealed).
     #[serde(default, skip_serializing_if = "zero_u64")]
     pub directory_sent: u64,
-    /// Their bytes (sealed).
     #[serde(default, skip_serializing_if = "zero_u64")]
     pub directory_sent_bytes: u64,
     /// `read`: pulls of a peer's directory record in the window, over all nodes.
@@ -340,7 +340,6 @@ pub struct CoopPoint {
 fn datagram() -> String {
     "datagram".into()
 }
-
 fn is_datagram(d: &String) -> bool {
     d == "datagram"
 }
@@ -546,34 +545,27 @@ fn directory_lines(points: &[CoopPoint]) -> String {
     {
         let secs = (p.duration_s * f64::from(p.runs.max(1))).max(1e-9);
         let per_s = |v: u64| v as f64 / secs;
-        let what = if p.directory == "read" {
-            format!(
-                "{:.0} pulls/s ({:.0} READs/s, {:.0} B/s), {} failed, {} stale; {} datagrams",
+        let (d, s) = (&p.directory, &p.system);
+        let load = match p.load_model.as_str() {
+            "open" => format!("open {:.0}/s", p.rate),
+            m => format!("{m} {} clients", p.clients),
+        };
+        out += &match d.as_str() {
+            "read" => format!(
+                "directory ({d}): {s} {load}: {:.0} pulls/s ({:.0} READs/s, {:.0} B/s), {} failed, {} stale; {} datagrams\n",
                 per_s(p.directory_reads),
                 per_s(p.directory_read_ops),
                 per_s(p.directory_read_bytes),
                 p.directory_read_failed,
                 p.directory_read_stale,
                 p.directory_sent
-            )
-        } else {
-            format!(
-                "{:.0} datagrams/s ({:.0} B/s)",
+            ),
+            _ => format!(
+                "directory ({d}): {s} {load}: {:.0} datagrams/s ({:.0} B/s)\n",
                 per_s(p.directory_sent),
                 per_s(p.directory_sent_bytes)
-            )
+            ),
         };
-        out += &format!(
-            "directory ({}): {} {} {}: {what}\n",
-            p.directory,
-            p.system,
-            p.load_model,
-            if p.load_model == "open" {
-                format!("{:.0}/s", p.rate)
-            } else {
-                format!("{} clients", p.clients)
-            },
-        );
     }
     out
 }
