@@ -1,12 +1,13 @@
 //! Cooperating back-ends (`--coop`) on loopback: a remote hit served from the peer's
 //! cache, a stale directory hint that costs one wasted fetch and then gives the right
 //! body from disk, forged or replayed directory updates refused, a body peers read
-//! one-sidedly (shm) kept by its owner's cache as recently used, and the per-message
-//! overhead knob spinning per peer message (and nothing at 0).
+//! one-sidedly (shm) kept by its owner's cache as recently used, the per-message
+//! overhead knob spinning per peer message (and nothing at 0), and directories read
+//! from the peers' arenas (`--coop-directory read`) instead of sent.
 
 use farside_backend::coop::seal::{Sealer, COOP_KEY_ID};
 use farside_backend::coop::wire::{object_id, DirectoryUpdate};
-use farside_backend::coop::{CoopArgs, CoopPeer, CoopPolicy};
+use farside_backend::coop::{CoopArgs, CoopDirectory, CoopPeer, CoopPolicy};
 use farside_backend::{spawn, BackendArgs, Handle};
 use farside_coop::directory::BloomFilter;
 use std::io::{Read, Write};
@@ -339,4 +340,65 @@ fn the_message_overhead_spins_per_peer_message_and_zero_spins_nothing() {
         assert!(!stats.contains("overhead_spins 0\n"), "{stats}");
         assert!(stats.contains("overhead_spins "), "{stats}");
     }
+}
+
+/// `--coop-directory read` (shm): each node writes its directory record into its own
+/// arena and its peer reads it from there; a learns what b caches and serves a remote hit
+/// with no directory datagram sent by either node, and even a genuine, sealed directory
+/// datagram is not applied in this mode.
+#[test]
+fn directories_read_from_the_peers_arenas_give_remote_hits_with_no_datagram() {
+    let c = cluster_with(2, 4, |coop, dir| {
+        let shm = dir.join("arenas");
+        std::fs::create_dir_all(&shm).unwrap();
+        coop.peer = CoopPeer::Shm;
+        coop.shm_dir = Some(shm);
+        coop.directory = CoopDirectory::Read;
+        coop.publish_ms = 10;
+    });
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    let k = |h, f: fn(&farside_backend::coop::Counters) -> &std::sync::atomic::AtomicU64| {
+        counter(h, |c| f(c).load(Ordering::Relaxed))
+    };
+    assert_eq!(get(b.addr(), "/o/1"), (200, body_of(1, 3007)));
+    // Two records of b applied at a after the insert: a's view holds object 1.
+    let seen = k(a, |c| &c.directory_received);
+    wait_for("b's records read at a", || {
+        k(a, |c| &c.directory_received) >= seen + 2
+    });
+    assert_eq!(get(a.addr(), "/o/1"), (200, body_of(1, 3007)));
+    assert_eq!(k(a, |c| &c.remote_hits), 1, "a read body 1 from b's arena");
+    assert_eq!(k(a, |c| &c.misses), 0);
+    assert_eq!(k(b, |c| &c.peer_served), 0, "b's process served nothing");
+    for h in [a, b] {
+        assert_eq!(k(h, |c| &c.directory_sent), 0, "no directory datagram");
+        assert!(k(h, |c| &c.directory_put) > 0);
+        assert!(k(h, |c| &c.directory_reads) > 0);
+        assert!(k(h, |c| &c.directory_read_bytes) > 0);
+    }
+
+    // A sealed datagram (the cluster key) claiming b caches object 3: not applied.
+    let mut filter = BloomFilter::for_objects(10, 0.01);
+    filter.insert(object_id("/o/3"));
+    let update = DirectoryUpdate {
+        node: 1,
+        load: 0,
+        epoch: u64::MAX - 1,
+        filter,
+    };
+    let sealer = Sealer::new(farside_auth::siphash::SipKey::from_bytes(c.key), 1).unwrap();
+    let refused = k(a, |c| &c.directory_refused);
+    UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .send_to(
+            &sealer.seal(&update.encode()).0,
+            a.coop().unwrap().1.unwrap(),
+        )
+        .unwrap();
+    wait_for("the datagram refused", || {
+        k(a, |c| &c.directory_refused) == refused + 1
+    });
+    let wasted = k(a, |c| &c.wasted_fetches);
+    assert_eq!(get(a.addr(), "/o/3"), (200, body_of(3, 3021)));
+    assert_eq!(k(a, |c| &c.wasted_fetches), wasted, "no fetch on its word");
 }

@@ -127,3 +127,68 @@ fn quick_lab_press_xdp_serves_remote_hits_and_never_a_wrong_body() {
     assert!(p["peer_fetch_us"].as_f64().unwrap() > 0.0, "{p}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `--directory read` with press-xdp: every node writes its directory record into its
+/// own arena and its peers READ it one-sidedly (the owner's XDP program answers); the
+/// nodes still find each other's bodies (remote hits) with no directory datagram sent,
+/// and never a wrong body.
+#[test]
+fn quick_lab_press_xdp_reads_directories_one_sidedly_with_no_datagram() {
+    const TEST: &str =
+        "lab_coop::quick_lab_press_xdp_reads_directories_one_sidedly_with_no_datagram";
+    if !farside_testkit::root_or_skip(TEST) {
+        return;
+    }
+    let Some(bin) = farside_bin() else {
+        farside_testkit::skip(
+            TEST,
+            "the farside binary is not built (cargo build -p farside)",
+        );
+        return;
+    };
+    let out = std::env::temp_dir().join(format!(
+        "farside-lab-coop-dirread-test-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&out);
+    let status = Command::new(&bin)
+        .args([
+            "lab",
+            "coop",
+            "--quick",
+            "--nodes",
+            "2",
+            "--systems",
+            "press-xdp",
+            "--load",
+            "closed",
+            "--directory",
+            "read",
+            "--out",
+        ])
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "farside lab coop --quick --directory read failed"
+    );
+    let text = std::fs::read_to_string(out.join("points.jsonl")).unwrap();
+    let p: serde_json::Value =
+        serde_json::from_str::<serde_json::Value>(text.lines().next().unwrap()).unwrap()["point"]
+            .clone();
+    assert_eq!(p["directory"], "read", "{p}");
+    assert_eq!(p["wrong_bodies"], 0, "{p}");
+    assert!(
+        p["remote_frac"].as_f64().unwrap() > 0.0,
+        "no remote hit: {p}"
+    );
+    assert_eq!(
+        p["directory_sent"].as_u64().unwrap_or(0),
+        0,
+        "a datagram was sent: {p}"
+    );
+    assert!(p["directory_reads"].as_u64().unwrap() > 0, "{p}");
+    assert!(p["directory_read_bytes"].as_u64().unwrap() > 0, "{p}");
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -46,17 +46,56 @@ pub const CLASS_SLOTS_MAX: u64 = (INDEX_BUCKETS / 2) as u64;
 
 /// The key an object is indexed under in the arena: its object id (FNV-1a of the path,
 /// [`super::wire::object_id`]), moved off the two hashes the index reserves exactly as
-/// `farside_arena::url_hash` does, so it equals `url_hash(path)`.
+/// `farside_arena::url_hash` does, and off [`DIRECTORY_KEY`]; so it equals
+/// `url_hash(path)` for every path but one whose hash is `u64::MAX` or [`DIRECTORY_KEY`]
+/// (both moved to `u64::MAX - 2`: a 64-bit hash collision, as two paths with one FNV
+/// hash already are).
 pub fn arena_key(object: u64) -> u64 {
     match object {
         0 => 1,
-        u64::MAX => u64::MAX - 1,
+        u64::MAX | DIRECTORY_KEY => u64::MAX - 2,
         h => h,
     }
 }
 
+/// The key of the node's own directory record in its arena (`--coop-directory read`):
+/// a key [`arena_key`] never returns, whatever the object id (it maps that one value
+/// elsewhere, as it maps the index's empty and tombstone hashes), so the record cannot
+/// collide with an object, nor an object with it. Its content is the published
+/// directory update ([`super::wire::DirectoryUpdate`]), validated by a reader like a
+/// body (seqlock, length, CRC32c under this key) and then as a record (kind, node,
+/// epoch).
+pub const DIRECTORY_KEY: u64 = u64::MAX - 1;
+
+/// Slots kept aside for the directory record in each class it may take (its size
+/// follows the Bloom filter's, up to [`super::wire::DIRECTORY_BYTES_MAX`]): two, since
+/// a put writes the new copy into a free slot before it frees the old one. Objects may
+/// still take them; then a directory put drops the oldest object of the class from the
+/// arena (counted as `dropped`), as an object's put does.
+pub const DIRECTORY_SLOTS: u32 = 2;
+
+/// The classes a directory record may take: 0 up to the class of
+/// [`super::wire::DIRECTORY_BYTES_MAX`].
+fn directory_classes() -> std::ops::RangeInclusive<usize> {
+    0..=farside_arena::layout::class_for_len(super::wire::DIRECTORY_BYTES_MAX)
+        .expect("the largest directory fits a class")
+}
+
 /// The arena layout of a node caching `cache_bytes` (see the module doc).
 pub fn layout_for(cache_bytes: u64) -> ArenaLayout {
+    layout_with(cache_bytes, false)
+}
+
+/// As [`layout_for`], with `directory`: [`DIRECTORY_SLOTS`] more slots in every class a
+/// directory record may take (`--coop-directory read`).
+pub fn layout_with(cache_bytes: u64, directory: bool) -> ArenaLayout {
+    let reserve: [u64; CLASS_COUNT] = std::array::from_fn(|c| {
+        if directory && directory_classes().contains(&c) {
+            u64::from(DIRECTORY_SLOTS)
+        } else {
+            0
+        }
+    });
     let mut slots = [0u64; CLASS_COUNT];
     for (c, s) in slots.iter_mut().enumerate() {
         if class_object_bytes_max(c) > OBJECT_BYTES_MAX {
@@ -72,7 +111,8 @@ pub fn layout_for(cache_bytes: u64) -> ArenaLayout {
         }
         *s = cache_bytes.div_ceil(min).min(CLASS_SLOTS_MAX);
     }
-    let budget = (ARENA_CHUNKS_MAX - INDEX_CHUNKS) as u64;
+    let reserved: u64 = (0..CLASS_COUNT).map(|c| reserve[c] << c).sum();
+    let budget = (ARENA_CHUNKS_MAX - INDEX_CHUNKS) as u64 - reserved;
     let chunks: u64 = (0..CLASS_COUNT).map(|c| slots[c] << c).sum();
     let mut out = [0u32; CLASS_COUNT];
     for c in 0..CLASS_COUNT {
@@ -81,7 +121,7 @@ pub fn layout_for(cache_bytes: u64) -> ArenaLayout {
         } else {
             slots[c]
         };
-        out[c] = s as u32;
+        out[c] = (s + reserve[c]) as u32;
     }
     ArenaLayout::new(out).expect("scaled within the arena's chunks")
 }
@@ -284,6 +324,8 @@ pub struct ArenaCounts {
     pub dropped: u64,
     /// Objects above [`OBJECT_BYTES_MAX`] (served to peers over TCP).
     pub too_large: u64,
+    /// Directory records written (`--coop-directory read`).
+    pub directory_put: u64,
 }
 
 /// The node's arena: its memory, free slots and index, the put order per class, and
@@ -299,12 +341,19 @@ pub struct NodeArena {
 
 impl NodeArena {
     /// The arena of a node caching `cache_bytes`, answered by an XDP responder on
-    /// `iface` (generic mode) at udp `port` for readers holding `key` (`ID[:PATH]`).
-    pub fn xdp(cache_bytes: u64, iface: &str, port: u16, key: &str) -> io::Result<NodeArena> {
+    /// `iface` (generic mode) at udp `port` for readers holding `key` (`ID[:PATH]`);
+    /// `directory`: with room for the directory record ([`layout_with`]).
+    pub fn xdp(
+        cache_bytes: u64,
+        directory: bool,
+        iface: &str,
+        port: u16,
+        key: &str,
+    ) -> io::Result<NodeArena> {
         let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
         let (id, path) = farside_rmem::ClientKey::parse_spec(key).map_err(bad)?;
         let keys = farside_rdmahttp::arena::arena_keyring(id, path.as_deref()).map_err(bad)?;
-        let layout = layout_for(cache_bytes);
+        let layout = layout_with(cache_bytes, directory);
         let chunks = map_chunks(&layout).map_err(|e| bad(e.to_string()))? as u32;
         let mut xdp = farside_xdp::XdpResponder::load_with_arena(port, &keys, chunks)
             .map_err(|e| io::Error::other(format!("coop arena responder: {e}")))?;
@@ -320,9 +369,15 @@ impl NodeArena {
         )
     }
 
-    /// The arena of node `index` caching `cache_bytes`, in a file under `dir`.
-    pub fn shm(cache_bytes: u64, dir: &Path, index: usize) -> io::Result<NodeArena> {
-        let layout = layout_for(cache_bytes);
+    /// The arena of node `index` caching `cache_bytes`, in a file under `dir`;
+    /// `directory`: with room for the directory record ([`layout_with`]).
+    pub fn shm(
+        cache_bytes: u64,
+        directory: bool,
+        dir: &Path,
+        index: usize,
+    ) -> io::Result<NodeArena> {
+        let layout = layout_with(cache_bytes, directory);
         let chunks = map_chunks(&layout)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
         let path = shm_path(dir, index);
@@ -439,6 +494,39 @@ impl NodeArena {
         }
     }
 
+    /// Writes this node's directory record (the encoded
+    /// [`super::wire::DirectoryUpdate`]) under [`DIRECTORY_KEY`] through the same
+    /// seqlock + CRC32c put as a body, replacing the previous record (the new copy is
+    /// written into a free slot and indexed before the old slot is freed, so a reader
+    /// finds a whole record, the old or the new). The record is in no class's put order
+    /// and has no read stamp, so no object's put ever drops it. When its class has no
+    /// free slot, the oldest object of the class leaves the arena (counted as
+    /// `dropped`). False if it could not be written (too large, or the index's probe
+    /// window full): peers then keep the previous record until it ages out.
+    pub fn put_directory(&mut self, record: &[u8]) -> bool {
+        if record.len() > super::wire::DIRECTORY_BYTES_MAX {
+            return false;
+        }
+        loop {
+            match self.with_mem(|map, mem| map.put(mem, DIRECTORY_KEY, record)) {
+                Ok(_) => {
+                    self.counts.directory_put += 1;
+                    return true;
+                }
+                Err(PutError::NoSlot { class }) => {
+                    let Some(old) = self.order[class].pop_front() else {
+                        return false;
+                    };
+                    if self.with_mem(|map, mem| map.evict(mem, old)) {
+                        self.counts.dropped += 1;
+                    }
+                    self.objects.remove(&old);
+                }
+                Err(PutError::TooLarge | PutError::IndexFull) => return false,
+            }
+        }
+    }
+
     /// Evicts `object` from the arena (its slot invalidated: a reader holding an old
     /// hint reads it as stale).
     pub fn evict(&mut self, object: u64) {
@@ -480,7 +568,80 @@ mod tests {
             );
         }
         assert_eq!(arena_key(0), 1);
-        assert_eq!(arena_key(u64::MAX), u64::MAX - 1);
+        assert_eq!(arena_key(u64::MAX), u64::MAX - 2);
+        // No object id is indexed under the directory's key.
+        for id in [DIRECTORY_KEY, u64::MAX, 0, 1, DIRECTORY_KEY - 1] {
+            assert_ne!(arena_key(id), DIRECTORY_KEY, "{id}");
+        }
+    }
+
+    /// The directory record (`--coop-directory read`): written through the seqlock put,
+    /// read back whole by a peer's mapping, replaced by the next one, never shadowed by
+    /// an object (even one whose id is the directory key), and a write cut short reads
+    /// as torn, never as a record.
+    #[test]
+    fn the_directory_record_round_trips_and_a_torn_write_is_detected() {
+        use super::super::onesided::read_mapped;
+        use super::super::wire::{DirectoryUpdate, DIRECTORY_BYTES_MAX};
+        use farside_arena::{write_steps, ReadError, SlotRef};
+        let dir = std::env::temp_dir().join(format!("farside-coop-dirrec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // A tiny cache: without the reserve, classes 2 and 3 would have no slot.
+        let mut a = NodeArena::shm(3_000, true, &dir, 0).unwrap();
+        for c in directory_classes() {
+            assert!(
+                a.layout().slots_per_class[c] >= DIRECTORY_SLOTS,
+                "class {c}"
+            );
+        }
+        assert!(map_chunks(&layout_with(1 << 30, true)).is_ok());
+        let record = |objects: usize, epoch: u64| {
+            let mut filter = farside_coop::directory::BloomFilter::for_objects(objects, 0.01);
+            filter.insert(epoch);
+            DirectoryUpdate {
+                node: 0,
+                load: 3,
+                epoch,
+                filter,
+            }
+            .encode()
+        };
+        let peer = ShmMap::open_read_only(&shm_path(&dir, 0)).unwrap();
+        let small = record(10, 2);
+        assert!(a.put_directory(&small));
+        assert_eq!(read_mapped(&peer, DIRECTORY_KEY), Ok(Some(small.clone())));
+        // An object whose id is the directory key lives under another key.
+        a.put(DIRECTORY_KEY, &[7u8; 500]);
+        assert_eq!(read_mapped(&peer, DIRECTORY_KEY), Ok(Some(small)));
+        // The largest record (another class) replaces it.
+        let big = record(1_000_000, 4);
+        assert!(big.len() <= DIRECTORY_BYTES_MAX && big.len() > 8_000);
+        assert!(a.put_directory(&big));
+        assert_eq!(read_mapped(&peer, DIRECTORY_KEY), Ok(Some(big.clone())));
+        assert_eq!(a.counts.directory_put, 2);
+        // A write cut short in its slot (the owner died mid-write): torn, every time.
+        let next = record(1_000_000, 6);
+        let b = a
+            .with_mem(|map, mem| map.lookup(mem, DIRECTORY_KEY))
+            .unwrap();
+        let slot = SlotRef::at(a.layout(), b.offset as usize).unwrap();
+        let (steps, _) = a.with_mem(|_, mem| {
+            write_steps(&mem[SLOTS_BASE..], slot, DIRECTORY_KEY, &next, 1_000).unwrap()
+        });
+        a.with_mem(|_, mem| {
+            for st in &steps[..5] {
+                farside_arena::slot::apply(&mut mem[SLOTS_BASE..], st);
+            }
+        });
+        assert_eq!(read_mapped(&peer, DIRECTORY_KEY), Err(ReadError::Torn));
+        a.with_mem(|_, mem| {
+            for st in &steps[5..] {
+                farside_arena::slot::apply(&mut mem[SLOTS_BASE..], st);
+            }
+        });
+        assert_eq!(read_mapped(&peer, DIRECTORY_KEY), Ok(Some(next)));
+        drop(a);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -506,7 +667,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("farside-coop-arena-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         // 3,000 B of cache: class 0 gets 3,000 slots, class 1 (1,369..2,768 B) gets 3.
-        let mut a = NodeArena::shm(3_000, &dir, 0).unwrap();
+        let mut a = NodeArena::shm(3_000, false, &dir, 0).unwrap();
         assert_eq!(a.layout().slots_per_class[1], 3);
         let peer = ShmMap::open_read_only(&shm_path(&dir, 0)).unwrap();
         let lookup = |object: u64| {

@@ -14,6 +14,8 @@
 //!                  └─ Disk       read through the emulated disk, cache at n
 //!  every node ──UDP──► every peer: its Bloom directory + epoch + load, sealed ('D'),
 //!                      on change, at most once per --coop-publish-ms
+//!  (--coop-directory read: the same record written into the node's own arena under
+//!   arena::DIRECTORY_KEY, and every peer READs it one-sidedly each publish period)
 //! ```
 //!
 //! With `--coop-policy rr` no peer is asked: each node caches on its own (the baseline).
@@ -93,6 +95,25 @@ impl CoopPeer {
             CoopPeer::Udp => "udp",
             CoopPeer::Xdp => "xdp",
             CoopPeer::Shm => "shm",
+        }
+    }
+}
+
+/// How a node's directory reaches its peers (`--coop-directory`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CoopDirectory {
+    /// Pushed: a sealed UDP datagram to every peer, on change (PRESS's broadcast).
+    Datagram,
+    /// Pulled: written into the node's own object arena (a reserved entry); every
+    /// peer READs it one-sidedly each publish period (`--coop-peer xdp` or `shm`).
+    Read,
+}
+
+impl CoopDirectory {
+    pub fn name(self) -> &'static str {
+        match self {
+            CoopDirectory::Datagram => "datagram",
+            CoopDirectory::Read => "read",
         }
     }
 }
@@ -187,6 +208,15 @@ pub struct CoopArgs {
     /// 1,000. Default: 0 (nothing spun).
     #[arg(long = "coop-message-overhead-us", default_value_t = 0)]
     pub message_overhead_us: u64,
+    /// With --coop --coop-policy press: how the node's directory (its Bloom filter with
+    /// its epoch, and its load) reaches its peers. `datagram`: a sealed UDP datagram to
+    /// every peer on change, at most once per --coop-publish-ms (heartbeat 500 ms).
+    /// `read` (needs --coop-peer xdp or shm): the node writes the same record into its
+    /// own object arena (a reserved entry, seqlock and CRC32c), and every peer reads it
+    /// one-sidedly once per --coop-publish-ms (no process of the publishing node runs
+    /// for it). Every node of a cluster must use the same. Default: datagram.
+    #[arg(long = "coop-directory", value_enum, default_value = "datagram")]
+    pub directory: CoopDirectory,
 }
 
 impl Default for CoopArgs {
@@ -208,6 +238,7 @@ impl Default for CoopArgs {
             coop_arena_key: None,
             shm_dir: None,
             message_overhead_us: 0,
+            directory: CoopDirectory::Datagram,
         }
     }
 }
@@ -274,6 +305,17 @@ impl CoopArgs {
                 }
                 _ => {}
             }
+            if self.directory == CoopDirectory::Read
+                && !matches!(self.peer, CoopPeer::Xdp | CoopPeer::Shm)
+            {
+                return Err(format!(
+                    "--coop-directory read needs --coop-peer xdp or shm (the directory is \
+                     read from the peer's object arena), not {}",
+                    self.peer.name()
+                ));
+            }
+        } else if self.directory == CoopDirectory::Read {
+            return Err("--coop-directory read needs --coop-policy press".into());
         }
         Ok(())
     }

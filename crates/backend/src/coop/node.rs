@@ -1,9 +1,10 @@
 //! One cooperating node: its cache of bodies, what it knows of its peers (directory and
-//! load, from their sealed updates), the decision per request, and its counters.
+//! load, from their sealed updates or, with `--coop-directory read`, from their records
+//! read one-sidedly out of their arenas), the decision per request, and its counters.
 
 use super::arena::NodeArena;
 use super::disk::Disk;
-use super::onesided::{ShmTransport, XdpTransport};
+use super::onesided::{DirectoryReader, ShmTransport, XdpTransport};
 use super::overhead::Overhead;
 use super::peer::{
     read_frame, PeerTransport, TcpTransport, PEER_CONNS_MAX, PEER_IDLE_TIMEOUT, PEER_IO_TIMEOUT,
@@ -11,7 +12,7 @@ use super::peer::{
 use super::seal::Sealer;
 use super::udp::UdpTransport;
 use super::wire::{self, DirectoryUpdate};
-use super::{CoopArgs, CoopPeer, CoopPolicy, CoopReplacement};
+use super::{CoopArgs, CoopDirectory, CoopPeer, CoopPolicy, CoopReplacement};
 use farside_auth::keys::Policy as KeyPolicy;
 use farside_auth::mac;
 use farside_auth::replay::ReplayTable;
@@ -62,7 +63,8 @@ pub struct Counters {
     pub peer_bytes: AtomicU64,
     /// Fetches this node answered for peers with a body.
     pub peer_served: AtomicU64,
-    /// Directory updates accepted from peers.
+    /// Directory updates accepted from peers (datagrams; with `--coop-directory read`,
+    /// newer records read from their arenas).
     pub directory_received: AtomicU64,
     /// Directory updates sent (one per peer per publication).
     pub directory_sent: AtomicU64,
@@ -81,6 +83,21 @@ pub struct Counters {
     /// The per-message overhead ablation (`--coop-message-overhead-us`), shared with
     /// the transports; its spins are `overhead_spins`.
     pub overhead: Arc<Overhead>,
+    /// Bytes of the directory datagrams sent (sealed, one per peer per publication).
+    pub directory_sent_bytes: AtomicU64,
+    /// `--coop-directory read`: this node's directory records written into its arena.
+    pub directory_put: AtomicU64,
+    /// `--coop-directory read`: pulls of a peer's directory record (each a few READs).
+    pub directory_reads: AtomicU64,
+    /// Of the pulls, those that gave no valid record (lost READs, no record, torn
+    /// every time, malformed, another node's): dropped, never applied.
+    pub directory_read_failed: AtomicU64,
+    /// Of the pulls, those whose record was older than the last accepted: dropped.
+    pub directory_read_stale: AtomicU64,
+    /// READs (xdp, resends included) or chunk copies (shm) the pulls made.
+    pub directory_read_ops: AtomicU64,
+    /// Bytes the pulls moved (index window and record slot).
+    pub directory_read_bytes: AtomicU64,
 }
 
 impl Counters {
@@ -107,6 +124,13 @@ impl Counters {
             ("arena_dropped", &self.arena_dropped),
             ("arena_too_large", &self.arena_too_large),
             ("overhead_spins", &self.overhead.spins),
+            ("directory_sent_bytes", &self.directory_sent_bytes),
+            ("directory_put", &self.directory_put),
+            ("directory_reads", &self.directory_reads),
+            ("directory_read_failed", &self.directory_read_failed),
+            ("directory_read_stale", &self.directory_read_stale),
+            ("directory_read_ops", &self.directory_read_ops),
+            ("directory_read_bytes", &self.directory_read_bytes),
         ];
         rows.iter()
             .map(|(n, c)| format!("{n} {}\n", Counters::get(c)))
@@ -127,7 +151,8 @@ struct PeerView {
     directory: DirectoryView,
     load: u64,
     at: Instant,
-    /// The envelope sequence of the update this view comes from.
+    /// The envelope sequence of the update this view comes from (`--coop-directory
+    /// read`: its epoch).
     seq: u64,
 }
 
@@ -194,6 +219,7 @@ pub struct Node {
     directory_replay: Mutex<ReplayTable>,
     transport: Option<Box<dyn PeerTransport>>,
     peer_kind: CoopPeer,
+    directory_mode: CoopDirectory,
     peers: Vec<SocketAddr>,
     publish_period: Duration,
     stop: AtomicBool,
@@ -325,18 +351,38 @@ impl Node {
                 })
             }
         };
+        let read_dir = press && args.directory == CoopDirectory::Read;
         let arena = match (press, args.peer) {
             (true, CoopPeer::Xdp) => Some(NodeArena::xdp(
                 args.cache_bytes,
+                read_dir,
                 args.coop_arena_iface.as_deref().unwrap_or_default(),
                 args.coop_arena_port,
                 args.coop_arena_key.as_deref().unwrap_or_default(),
             )?),
             (true, CoopPeer::Shm) => Some(NodeArena::shm(
                 args.cache_bytes,
+                read_dir,
                 args.shm_dir.as_deref().unwrap_or(Path::new("")),
                 me,
             )?),
+            _ => None,
+        };
+        let dir_reader = match (read_dir, args.peer) {
+            (true, CoopPeer::Xdp) => Some(DirectoryReader::xdp(
+                &peers,
+                args.coop_arena_port,
+                args.coop_arena_key.as_deref().unwrap_or_default(),
+            )?),
+            (true, CoopPeer::Shm) => Some(DirectoryReader::shm(
+                peers.len(),
+                args.shm_dir.clone().unwrap_or_default(),
+            )),
+            (true, _) => {
+                return Err(bad(
+                    "--coop-directory read needs --coop-peer xdp or shm".into()
+                ))
+            }
             _ => None,
         };
         let replacement = match args.replacement {
@@ -365,6 +411,11 @@ impl Node {
             directory_replay: Mutex::new(ReplayTable::new(REPLAY_SENDERS_MAX)),
             transport,
             peer_kind: args.peer,
+            directory_mode: if press {
+                args.directory
+            } else {
+                CoopDirectory::Datagram
+            },
             peers: peers.clone(),
             publish_period: Duration::from_millis(args.publish_ms),
             stop: AtomicBool::new(false),
@@ -393,6 +444,14 @@ impl Node {
                         .name("coop-dir-tx".into())
                         .spawn(move || n.publish_loop(&udp2))?,
                 );
+                if let Some(reader) = dir_reader {
+                    let n = Arc::clone(&node);
+                    threads.push(
+                        std::thread::Builder::new()
+                            .name("coop-dir-pull".into())
+                            .spawn(move || n.pull_loop(reader))?,
+                    );
+                }
                 Some(keep)
             }
             _ => None,
@@ -582,7 +641,10 @@ impl Node {
 
     fn publish_loop(&self, udp: &UdpSocket) {
         let Some(sealer) = &self.sealer else { return };
-        let mut epoch = 0u64;
+        let unix_us = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        let mut epoch = wire::first_epoch(unix_us);
         let mut last = Instant::now() - PUBLISH_HEARTBEAT;
         let mut last_load = u64::MAX;
         while !self.stopping() {
@@ -596,6 +658,23 @@ impl Node {
             let update = self.directory(epoch);
             last_load = update.load;
             last = Instant::now();
+            if self.directory_mode == CoopDirectory::Read {
+                // Into the node's own arena: peers read it there (no datagram).
+                let record = update.encode();
+                let mut st = self.lock();
+                if let Some(a) = &mut st.arena {
+                    if !a.put_directory(&record) {
+                        log::debug!("coop: directory record of {} B not written", record.len());
+                    }
+                    self.counters
+                        .directory_put
+                        .store(a.counts.directory_put, Ordering::Relaxed);
+                    self.counters
+                        .arena_dropped
+                        .store(a.counts.dropped, Ordering::Relaxed);
+                }
+                continue;
+            }
             let (sealed, _) = sealer.seal(&update.encode());
             for (p, addr) in self.peers.iter().enumerate() {
                 if p == self.me {
@@ -604,7 +683,84 @@ impl Node {
                 self.counters.overhead.spin(1);
                 if udp.send_to(&sealed, addr).is_ok() {
                     self.counters.directory_sent.fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .directory_sent_bytes
+                        .fetch_add(sealed.len() as u64, Ordering::Relaxed);
                 }
+            }
+        }
+    }
+
+    /// `--coop-directory read`: once per publish period, reads every peer's directory
+    /// record out of its arena and applies each valid, newer one as a received update
+    /// is applied. Nothing of the peer's process runs for it.
+    fn pull_loop(&self, mut reader: DirectoryReader) {
+        while !self.stopping() {
+            std::thread::sleep(self.publish_period);
+            for p in 0..self.nodes() {
+                if p == self.me || reader.backing_off(p, Instant::now()) {
+                    continue;
+                }
+                self.counters
+                    .directory_reads
+                    .fetch_add(1, Ordering::Relaxed);
+                let pulled = match reader.pull(p) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        log::debug!("coop: directory of node {p} not read: {}", e.why);
+                        self.counters
+                            .directory_read_failed
+                            .fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                };
+                self.counters
+                    .directory_read_ops
+                    .fetch_add(pulled.reads, Ordering::Relaxed);
+                self.counters
+                    .directory_read_bytes
+                    .fetch_add(pulled.bytes, Ordering::Relaxed);
+                self.apply_record(p, &pulled.record);
+            }
+        }
+    }
+
+    /// Applies a directory record read from node `p`'s arena if it is valid and newer
+    /// than the view held (see [`DirectoryUpdate::judge_read`]); counts a refusal.
+    pub(crate) fn apply_record(&self, p: NodeId, record: &[u8]) {
+        let mut st = self.lock();
+        let last = st.views[p].as_ref().map(|v| v.seq);
+        match DirectoryUpdate::judge_read(record, p, last) {
+            Ok(Some(update)) => {
+                st.views[p] = Some(PeerView {
+                    directory: DirectoryView {
+                        epoch: update.epoch,
+                        filter: update.filter,
+                    },
+                    load: update.load,
+                    at: Instant::now(),
+                    seq: update.epoch,
+                });
+                drop(st);
+                self.counters
+                    .directory_received
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            // The record already applied: the view keeps its time, so a peer that stops
+            // republishing (its heartbeat) ages out after VIEW_TTL.
+            Ok(None) => {}
+            Err(wire::RecordRefusal::Stale) => {
+                drop(st);
+                self.counters
+                    .directory_read_stale
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(why) => {
+                drop(st);
+                log::debug!("coop: directory record of node {p} refused: {why:?}");
+                self.counters
+                    .directory_read_failed
+                    .fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -679,6 +835,10 @@ impl Node {
     pub(crate) fn accept_directory(&self, sealer: &Sealer, bytes: &[u8]) -> Result<(), String> {
         if bytes.len() > mac::ENVELOPE_BYTES + wire::DIRECTORY_BYTES_MAX {
             return Err("too long".into());
+        }
+        if self.directory_mode == CoopDirectory::Read {
+            // Views come from the peers' arenas only: a datagram is not looked at.
+            return Err("a directory datagram with --coop-directory read".into());
         }
         let (env, msg) = sealer
             .receive(bytes, &self.directory_replay)

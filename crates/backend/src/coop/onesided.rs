@@ -22,8 +22,15 @@
 //! A stale index entry (the slot reused since) fails the url hash and reads as absent,
 //! a torn read is retried and then fails: never a wrong body. What the one-sided read
 //! could not settle (a lost READ, a refused key) is an error, and the caller goes to disk.
+//!
+//! [`DirectoryReader`] (`--coop-directory read`) pulls each peer's directory record
+//! ([`super::arena::DIRECTORY_KEY`]) the same way, index then slot, with readers of its
+//! own (the pull thread's, apart from the fetch pools); the caller validates the record
+//! ([`super::wire::DirectoryUpdate::judge_read`]).
 
-use super::arena::{arena_key, head_chunk, shm_path, shm_reads_path, ShmMap, OBJECT_BYTES_MAX};
+use super::arena::{
+    arena_key, head_chunk, shm_path, shm_reads_path, ShmMap, DIRECTORY_KEY, OBJECT_BYTES_MAX,
+};
 use super::overhead::Overhead;
 use super::peer::{PeerTransport, TcpTransport, PEER_POOL_MAX};
 use farside_arena::index::{lookup_in_window, probe_window};
@@ -37,6 +44,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 fn refused(what: impl std::fmt::Display) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.to_string())
@@ -278,6 +286,257 @@ impl PeerTransport for ShmTransport {
     }
 }
 
+/// After a pull of a peer's directory failed (lost READs, no record, a refused key, a
+/// missing file), that peer is not pulled again for this long: a dead peer's lost READs
+/// (up to `READ_RESENDS_MAX` resends of `READ_RTO` each) then delay the other peers'
+/// pulls once per back-off, not every period. Well within the view TTL (3 s), so a
+/// peer that comes back is seen again within a second.
+pub const DIRECTORY_PULL_BACKOFF: Duration = Duration::from_millis(500);
+/// Times a pull looks the record up again when the slot it found was freed before it was
+/// read (the owner republished in between: its new copy sits in another slot): one,
+/// since a republication comes at most once per publish period.
+pub const DIRECTORY_PULL_RETRIES: u32 = 1;
+
+/// Why a pull gave no record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PullError {
+    pub why: String,
+    /// The failure took time (lost READs, no socket): the peer backs off.
+    pub slow: bool,
+}
+
+impl PullError {
+    fn fast(why: impl std::fmt::Display) -> PullError {
+        PullError {
+            why: why.to_string(),
+            slow: false,
+        }
+    }
+
+    fn slow(why: impl std::fmt::Display) -> PullError {
+        PullError {
+            why: why.to_string(),
+            slow: true,
+        }
+    }
+}
+
+/// One pulled directory record and what the pull moved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pulled {
+    /// The record's bytes (seqlock, length and CRC32c checked under the directory key).
+    pub record: Vec<u8>,
+    /// READs sent (xdp, resends included) or chunk copies made (shm).
+    pub reads: u64,
+    /// Bytes the READs or copies moved: the index's probe window and the slot's chunks.
+    pub bytes: u64,
+}
+
+/// READs of the directory key's probe window (by chunk), slot READs of one untorn read
+/// of a record of `len` bytes (head to tail), and the bytes both move.
+fn pull_cost(len: usize) -> (u64, u64, u64) {
+    let window: Vec<(usize, usize)> = probe_window(DIRECTORY_KEY)
+        .into_iter()
+        .flat_map(|(o, l)| farside_arena::chunk_reads(o, l))
+        .collect();
+    let plan = class_for_len(len)
+        .and_then(|class| ObjectRead::for_slot(SlotRef { offset: 0, class }, DIRECTORY_KEY, len))
+        .map(|r| r.plan())
+        .unwrap_or_default();
+    let bytes = window.iter().chain(&plan).map(|&(_, l)| l as u64).sum();
+    (window.len() as u64, plan.len() as u64, bytes)
+}
+
+/// Where a peer's directory record is read from.
+enum Source {
+    /// Each peer's XDP responder; a reader per peer, made at its first pull and again
+    /// after a failed one (a failed reader may hold late replies).
+    Xdp {
+        responders: Vec<SocketAddr>,
+        key: farside_rmem::ClientKey,
+        key_id: u32,
+        readers: Vec<Option<ArenaReader>>,
+    },
+    /// Each peer's arena file, mapped read-only at its first pull and again when the
+    /// file was replaced (a restarted peer) or a read failed.
+    Shm {
+        dir: PathBuf,
+        maps: Vec<Option<(ShmMap, u64)>>,
+    },
+}
+
+/// Pulls peers' directory records one-sidedly (`--coop-directory read`).
+pub struct DirectoryReader {
+    source: Source,
+    /// Per peer: not pulled before this instant (see [`DIRECTORY_PULL_BACKOFF`]).
+    not_before: Vec<Option<Instant>>,
+}
+
+impl DirectoryReader {
+    /// Over the peers' XDP responders (`peers`' IPs at `arena_port`), with the arena
+    /// reader key `key` (`ID[:PATH]`).
+    pub fn xdp(peers: &[SocketAddr], arena_port: u16, key: &str) -> io::Result<DirectoryReader> {
+        let key = farside_rmem::ClientKey::load(key)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        Ok(DirectoryReader {
+            source: Source::Xdp {
+                responders: peers
+                    .iter()
+                    .map(|p| SocketAddr::new(p.ip(), arena_port))
+                    .collect(),
+                key_id: key.id.0,
+                key,
+                readers: peers.iter().map(|_| None).collect(),
+            },
+            not_before: vec![None; peers.len()],
+        })
+    }
+
+    /// Over the arena files of `nodes` nodes under `dir`.
+    pub fn shm(nodes: usize, dir: PathBuf) -> DirectoryReader {
+        DirectoryReader {
+            source: Source::Shm {
+                dir,
+                maps: (0..nodes).map(|_| None).collect(),
+            },
+            not_before: vec![None; nodes],
+        }
+    }
+
+    /// True if `peer` is backing off after a failed pull (not pulled now).
+    pub fn backing_off(&self, peer: usize, now: Instant) -> bool {
+        self.not_before
+            .get(peer)
+            .copied()
+            .flatten()
+            .is_some_and(|t| now < t)
+    }
+
+    fn back_off(&mut self, peer: usize) {
+        if let Some(t) = self.not_before.get_mut(peer) {
+            *t = Some(Instant::now() + DIRECTORY_PULL_BACKOFF);
+        }
+    }
+
+    /// Reads `peer`'s directory record: its bytes (validated as an arena object under
+    /// [`DIRECTORY_KEY`]), or why not (a slow failure backs `peer` off).
+    pub fn pull(&mut self, peer: usize) -> Result<Pulled, PullError> {
+        let out = match &mut self.source {
+            Source::Xdp {
+                responders,
+                key,
+                key_id,
+                readers,
+            } => {
+                let (Some(addr), Some(slot)) = (responders.get(peer), readers.get_mut(peer)) else {
+                    return Err(PullError::fast("no such peer"));
+                };
+                pull_xdp(slot, *addr, *key, *key_id)
+            }
+            Source::Shm { dir, maps } => {
+                let Some(slot) = maps.get_mut(peer) else {
+                    return Err(PullError::fast("no such peer"));
+                };
+                pull_shm(slot, &shm_path(dir, peer))
+            }
+        };
+        if out.as_ref().is_err_and(|e| e.slow) {
+            self.back_off(peer);
+        }
+        out
+    }
+}
+
+fn pull_xdp(
+    slot: &mut Option<ArenaReader>,
+    addr: SocketAddr,
+    key: farside_rmem::ClientKey,
+    key_id: u32,
+) -> Result<Pulled, PullError> {
+    if slot.is_none() {
+        *slot = Some(ArenaReader::connect(addr, key).map_err(PullError::slow)?);
+    }
+    let reader = slot.as_mut().expect("made above");
+    let (window_reads, _, _) = pull_cost(0);
+    let mut reads = 0;
+    let mut attempt = 0;
+    loop {
+        reads += window_reads;
+        let result = reader.lookup(DIRECTORY_KEY).and_then(|b| {
+            let len = b.len as usize;
+            let class = class_for_len(len)
+                .filter(|_| len <= super::wire::DIRECTORY_BYTES_MAX)
+                .ok_or(FetchError::BadHint)?;
+            let hint = ArenaHint {
+                port: addr.port(),
+                key: key_id,
+                slot: b.offset.into(),
+                class: class as u8,
+                hash: DIRECTORY_KEY,
+                len: b.len.into(),
+            };
+            reader.fetch(&hint, super::wire::DIRECTORY_BYTES_MAX as u64)
+        });
+        match result {
+            Ok((record, stats)) => {
+                let (_, _, bytes) = pull_cost(record.len());
+                return Ok(Pulled {
+                    // The lookups' READs and the fetch's own (resends included).
+                    reads: reads + stats.reads,
+                    bytes,
+                    record,
+                });
+            }
+            Err(FetchError::Invalid(ReadError::Stale) | FetchError::BadHint)
+                if attempt < DIRECTORY_PULL_RETRIES =>
+            {
+                attempt += 1;
+            }
+            Err(e @ (FetchError::NotIndexed | FetchError::Invalid(_) | FetchError::BadHint)) => {
+                return Err(PullError::fast(e))
+            }
+            Err(e) => {
+                // Lost or refused READs: a failed reader may hold late replies.
+                *slot = None;
+                return Err(PullError::slow(e));
+            }
+        }
+    }
+}
+
+fn pull_shm(slot: &mut Option<(ShmMap, u64)>, path: &std::path::Path) -> Result<Pulled, PullError> {
+    let ino = inode(path);
+    if slot.as_ref().is_some_and(|(_, i)| *i != ino) {
+        *slot = None; // the owner restarted: its new file replaced the old
+    }
+    if slot.is_none() {
+        let map = ShmMap::open_read_only(path).map_err(PullError::slow)?;
+        *slot = Some((map, ino));
+    }
+    let (map, _) = slot.as_ref().expect("mapped above");
+    let mut attempt = 0;
+    loop {
+        match read_mapped(map, DIRECTORY_KEY) {
+            Ok(Some(record)) if record.len() <= super::wire::DIRECTORY_BYTES_MAX => {
+                let (window, plan, bytes) = pull_cost(record.len());
+                return Ok(Pulled {
+                    record,
+                    reads: (window + plan) * u64::from(attempt + 1),
+                    bytes: bytes * u64::from(attempt + 1),
+                });
+            }
+            Ok(Some(_)) => return Err(PullError::fast("record over the directory bound")),
+            // Not indexed, or the slot freed since the index was read: look again once.
+            Ok(None) if attempt < DIRECTORY_PULL_RETRIES => attempt += 1,
+            Ok(None) => return Err(PullError::fast("no directory record")),
+            Err(e) => {
+                *slot = None;
+                return Err(PullError::fast(e));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::arena::NodeArena;
@@ -288,7 +547,7 @@ mod tests {
         let dir =
             std::env::temp_dir().join(format!("farside-coop-onesided-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut owner = NodeArena::shm(1 << 20, &dir, 1).unwrap();
+        let mut owner = NodeArena::shm(1 << 20, false, &dir, 1).unwrap();
         let body: Vec<u8> = (0..20_000u32).map(|i| (i * 31) as u8).collect();
         owner.put(7, &body);
         let peer = ShmMap::open_read_only(&shm_path(&dir, 1)).unwrap();
@@ -324,7 +583,7 @@ mod tests {
     fn reads_racing_the_owner_never_accept_a_mixture() {
         let dir = std::env::temp_dir().join(format!("farside-coop-race-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut owner = NodeArena::shm(1 << 20, &dir, 2).unwrap();
+        let mut owner = NodeArena::shm(1 << 20, false, &dir, 2).unwrap();
         let a = vec![0xAAu8; 30_000];
         let b = vec![0x55u8; 30_000];
         owner.put(3, &a);

@@ -13,6 +13,11 @@
 //!   'B' | object u64 | present u8 | len u32 | crc32c u32 | body (len bytes)
 //! ```
 //!
+//! With `--coop-directory read` the directory update's bytes (from 'D' on, no envelope)
+//! are the node's directory record in its own object arena
+//! (`super::arena::DIRECTORY_KEY`), and a peer that reads it accepts it only through
+//! [`DirectoryUpdate::judge_read`].
+//!
 //! A body is accepted only if its object, length and CRC32c match (the CRC computed when
 //! the service node read the file from disk): a peer's stale hint gives `present = 0`,
 //! never another object's bytes.
@@ -70,6 +75,48 @@ impl DirectoryUpdate {
             filter,
         })
     }
+}
+
+/// Why a directory record read from a peer's arena is not applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordRefusal {
+    /// Not a well-formed directory update (kind, lengths, filter's head and tail epochs).
+    Malformed,
+    /// The record names another node than the one whose arena it was read from.
+    WrongNode,
+    /// Its epoch is older than the last one accepted from that node.
+    Stale,
+}
+
+impl DirectoryUpdate {
+    /// The verdict on `record`, read from node `from`'s arena, when the last record
+    /// accepted from it had epoch `last_epoch`: `Ok(Some(update))` to apply (a newer
+    /// epoch), `Ok(None)` if it is the record already applied (same epoch: nothing
+    /// changed, and the view does not count as refreshed), or why it is refused. Epochs
+    /// grow across the owner's restarts (they start from its clock), so an older one is
+    /// a stale copy, never a restarted node.
+    pub fn judge_read(
+        record: &[u8],
+        from: usize,
+        last_epoch: Option<u64>,
+    ) -> Result<Option<DirectoryUpdate>, RecordRefusal> {
+        let update = DirectoryUpdate::decode(record).ok_or(RecordRefusal::Malformed)?;
+        if update.node as usize != from {
+            return Err(RecordRefusal::WrongNode);
+        }
+        match last_epoch {
+            Some(e) if update.epoch < e => Err(RecordRefusal::Stale),
+            Some(e) if update.epoch == e => Ok(None),
+            _ => Ok(Some(update)),
+        }
+    }
+}
+
+/// The first directory epoch of a node's run: even, non-zero, from the clock (2 per
+/// µs since the epoch), so a restarted node's records are newer than its old ones as
+/// long as it publishes less than once per µs.
+pub fn first_epoch(unix_us: u64) -> u64 {
+    unix_us.saturating_mul(2).max(2)
 }
 
 pub fn encode_fetch(object: u64) -> Vec<u8> {
@@ -177,6 +224,38 @@ mod tests {
         let mut odd = b;
         odd[10] ^= 1; // the head epoch no longer matches the tail
         assert_eq!(DirectoryUpdate::decode(&odd), None);
+    }
+
+    #[test]
+    fn a_read_record_is_applied_only_if_newer_and_from_its_own_node() {
+        let mut f = BloomFilter::for_objects(10, 0.01);
+        f.insert(5);
+        let at = |epoch| {
+            DirectoryUpdate {
+                node: 2,
+                load: 1,
+                epoch,
+                filter: f.clone(),
+            }
+            .encode()
+        };
+        let judge = DirectoryUpdate::judge_read;
+        assert_eq!(judge(&at(10), 2, None).unwrap().unwrap().epoch, 10);
+        assert_eq!(judge(&at(12), 2, Some(10)).unwrap().unwrap().epoch, 12);
+        assert_eq!(judge(&at(10), 2, Some(10)), Ok(None), "unchanged");
+        assert_eq!(
+            judge(&at(8), 2, Some(10)),
+            Err(RecordRefusal::Stale),
+            "an older epoch is refused"
+        );
+        assert_eq!(judge(&at(12), 3, None), Err(RecordRefusal::WrongNode));
+        let r = at(12);
+        assert_eq!(
+            judge(&r[..r.len() - 1], 2, None),
+            Err(RecordRefusal::Malformed)
+        );
+        assert!(first_epoch(1).is_multiple_of(2) && first_epoch(0) == 2);
+        assert!(first_epoch(1_000_001) > first_epoch(1_000_000));
     }
 
     #[test]

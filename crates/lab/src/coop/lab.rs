@@ -10,6 +10,7 @@ use super::usage::{dir_bytes, sample_held, snapshot, DirBytes};
 use super::*;
 use crate::fabric::netns::{NodeSpec, VirtualDc};
 use crate::fabric::procs::Child;
+use farside_backend::coop::CoopDirectory;
 use farside_loadgen::{LoadgenArgs, PathMode, TraceKind};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
@@ -83,6 +84,19 @@ fn check_args(a: &CoopLabArgs) -> io::Result<()> {
             return Err(bad(format!(
                 "--systems: unknown system {s:?} (built: {})",
                 SYSTEMS.join(", ")
+            )));
+        }
+    }
+    if a.directory == CoopDirectory::Read {
+        if let Some(s) = a
+            .systems
+            .iter()
+            .find(|s| !DIRECTORY_READ_SYSTEMS.contains(&s.as_str()))
+        {
+            return Err(bad(format!(
+                "--directory read: system {s} cannot read directories one-sidedly (only {}: \
+                 the record lives in the node's object arena)",
+                DIRECTORY_READ_SYSTEMS.join(", ")
             )));
         }
     }
@@ -353,6 +367,11 @@ fn params(
         "cache_held": "cache_held_bytes: body bytes the nodes' caches held at the end of each point, summed over the nodes (farside: each node's cache_used_bytes counter; nginx: the apparent bytes of its cache files, which also carry nginx's per-file header); cache_disk_bytes: nginx's cache files' allocated blocks (what nginx's max_size counts)",
         "links": "tc tbf on both ends of every back-end node's veth (client and peer traffic share it); 0 = not shaped",
         "repeat": a.repeat,
+        "directory": a.directory.name(),
+        "directory_mode": match a.directory {
+            CoopDirectory::Datagram => "the PRESS nodes push their directory (Bloom filter, epoch, load) as sealed UDP datagrams to every peer, on change, at most once per 20 ms, heartbeat 500 ms",
+            CoopDirectory::Read => "each PRESS node writes its directory record (Bloom filter, epoch, load) into its own object arena (seqlock, CRC32c), on change, at most once per 20 ms, heartbeat 500 ms; every peer pulls it one-sidedly once per 20 ms (press-xdp: READs answered by the owner's XDP program; press-shm: the mapped arena file); no datagram",
+        },
         "crash": a.crash_node.map(|n| format!("node n{n} killed with SIGKILL {} s into every point's measured window, down {} ms, then started again with the same arguments (empty cache, new arena); recovery: the first whole second after the crash's serving at least {:.0} % of the mean rate before it with no failure", crash_at_s(a), a.crash_down_ms, RECOVERED_FRACTION * 100.0)),
     })
 }
@@ -472,6 +491,9 @@ fn backend_args(
             ]),
             "shm" => args.extend(["--coop-shm-dir".into(), sh.shm_dir.display().to_string()]),
             _ => {}
+        }
+        if a.directory == CoopDirectory::Read {
+            args.extend(["--coop-directory".into(), a.directory.name().into()]);
         }
     }
     if message_overhead_us > 0 {
@@ -886,93 +908,17 @@ fn measure(
         recovery_s,
         pre_crash_tps,
         crash_min_tps,
+        directory: a.directory.name().into(),
+        directory_sent: d("directory_sent"),
+        directory_sent_bytes: d("directory_sent_bytes"),
+        directory_reads: d("directory_reads"),
+        directory_read_ops: d("directory_read_ops"),
+        directory_read_bytes: d("directory_read_bytes"),
+        directory_read_failed: d("directory_read_failed"),
+        directory_read_stale: d("directory_read_stale"),
     })
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_put_the_systems_of_one_configuration_together() {
-        let a = CoopLabArgs {
-            out: "x".into(),
-            sweep: SweepFlags::default(),
-            hosts: Hosts::Netns,
-            nodes: vec![4],
-            systems: vec!["rr".into(), "haproxy".into()],
-            load: LoadModels::Both,
-            clients_per_node: 4,
-            rates: vec![1000.0],
-            links: vec![10.0, 1.0],
-            message_overhead_us: vec![0],
-            duration_s: None,
-            warmup_s: None,
-            cpu_quota_pct: 40,
-            disk_latency_us: 5000,
-            cache_bytes: None,
-            anchor_max_size_bytes: None,
-            repeat: 1,
-            trace: None,
-            crash_node: None,
-            crash_at_s: None,
-            crash_down_ms: 1000,
-        };
-        check_args(&a).unwrap();
-        let k = point_keys(&a);
-        assert_eq!(k.len(), 2 * 2 * 2);
-        assert_eq!(
-            (k[0].system.as_str(), k[1].system.as_str()),
-            ("rr", "haproxy")
-        );
-        assert_eq!((k[0].clients, k[2].rate, k[2].clients), (16, 1000.0, 0));
-        assert_eq!(k[4].link_gbit, 1.0);
-        // The overhead ablation: inside the link, outside load and system.
-        let mut o = a.clone();
-        o.links = vec![0.0];
-        o.message_overhead_us = vec![50, 0];
-        check_args(&o).unwrap();
-        let ko = point_keys(&o);
-        assert_eq!(ko.len(), 2 * 2 * 2);
-        assert_eq!(
-            (ko[0].message_overhead_us, ko[3].message_overhead_us),
-            (50, 50)
-        );
-        assert_eq!(
-            (ko[4].message_overhead_us, ko[4].system.as_str()),
-            (0, "rr")
-        );
-        o.message_overhead_us = vec![0, 1001];
-        assert!(check_args(&o).is_err(), "past the bound");
-        o.message_overhead_us = vec![];
-        assert!(check_args(&o).is_err(), "none");
-        let mut b = a.clone();
-        b.systems = vec!["press-rdma".into()];
-        assert!(check_args(&b).is_err());
-        b.systems = vec!["press-xdp".into(), "press-shm".into(), "press-udp".into()];
-        check_args(&b).unwrap();
-        // Crash mode: a node every count has, a crashable system, a second either side.
-        b.crash_node = Some(3);
-        check_args(&b).unwrap();
-        assert_eq!(crash_at_s(&b), 5, "a third of the 15 s window");
-        b.crash_node = Some(4);
-        assert!(check_args(&b).is_err(), "4 nodes have no node 4");
-        b.crash_node = Some(0);
-        b.crash_at_s = Some(15);
-        assert!(check_args(&b).is_err(), "no second after the crash");
-        b.crash_at_s = Some(0);
-        assert!(check_args(&b).is_err(), "no second before the crash");
-        b.crash_at_s = None;
-        b.crash_down_ms = CRASH_DOWN_MS_MAX + 1;
-        assert!(check_args(&b).is_err());
-        b.crash_down_ms = 1000;
-        b.systems = vec!["haproxy".into()];
-        assert!(
-            check_args(&b).is_err(),
-            "the anchor's nodes are not crashed here"
-        );
-        let mut c = a.clone();
-        c.crash_at_s = Some(3);
-        assert!(check_args(&c).is_err(), "--crash-at-s alone");
-    }
-}
+#[path = "lab_tests.rs"]
+mod tests;

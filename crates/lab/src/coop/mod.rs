@@ -40,6 +40,12 @@
 //! largest (`cache_held_mean_bytes`, `cache_held_max_bytes`): the figures a comparison
 //! at equal memory is set from.
 //!
+//! Directory (`--directory`, run-level): `datagram` (the nodes push sealed UDP
+//! datagrams, PRESS's broadcast) or `read` (each node writes its directory record into
+//! its own object arena and its peers read it one-sidedly, `--coop-directory read`;
+//! press-xdp and press-shm only). Each point records the directory's own cost: the
+//! datagrams and their bytes, or the pulls, their READs and bytes, failed and stale.
+//!
 //! Links (`--links`, Gbit/s; 0 = as the veth pair carries): `tc tbf` on both ends of
 //! every back-end node's link, so its traffic to clients and peers shares the rate.
 //!
@@ -95,6 +101,8 @@ pub const RECOVERED_FRACTION: f64 = 0.9;
 /// Systems crash mode can run: those whose nodes are `farside backend --coop` processes
 /// that clients reach directly.
 pub const CRASH_SYSTEMS: [&str; 5] = ["rr", "press-tcp", "press-udp", "press-xdp", "press-shm"];
+/// Systems `--directory read` can run: the PRESS nodes with an object arena.
+pub const DIRECTORY_READ_SYSTEMS: [&str; 2] = ["press-xdp", "press-shm"];
 /// The anchor's front-end node.
 const LB: &str = "lb";
 
@@ -214,6 +222,11 @@ pub struct CoopLabArgs {
     /// (at most 10,000). Default: 1000.
     #[arg(long = "crash-down-ms", default_value_t = 1000)]
     pub crash_down_ms: u64,
+    /// How the PRESS nodes' directories travel (the back-end's --coop-directory):
+    /// `datagram` (pushed, sealed UDP) or `read` (pulled one-sidedly from each node's
+    /// arena; only press-xdp and press-shm). Default: datagram.
+    #[arg(long, value_enum, default_value = "datagram")]
+    pub directory: farside_backend::coop::CoopDirectory,
 }
 
 /// One point's key.
@@ -329,6 +342,38 @@ pub struct CoopPoint {
     pub pre_crash_tps: f64,
     #[serde(default, skip_serializing_if = "zero_f64")]
     pub crash_min_tps: f64,
+    /// How the directories travelled: `datagram` or `read` (`--directory`); runs kept
+    /// before it was recorded were `datagram`, and it is left out of their points.
+    #[serde(default = "datagram", skip_serializing_if = "is_datagram")]
+    pub directory: String,
+    /// Directory datagrams the nodes sent in the window (one per peer per publication),
+    /// and their bytes (sealed).
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_sent: u64,
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_sent_bytes: u64,
+    /// `read`: pulls of a peer's directory record in the window, over all nodes.
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_reads: u64,
+    /// `read`: the READs (press-xdp, resends included) or chunk copies (press-shm) the
+    /// pulls made, and the bytes they moved.
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_read_ops: u64,
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_read_bytes: u64,
+    /// `read`: pulls that gave no valid record, and records older than the last
+    /// accepted: dropped, never applied.
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_read_failed: u64,
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_read_stale: u64,
+}
+
+fn datagram() -> String {
+    "datagram".into()
+}
+fn is_datagram(d: &String) -> bool {
+    d == "datagram"
 }
 
 /// Crash figures are left out of points without a crash (runs kept before crash mode
@@ -400,6 +445,13 @@ impl LabPoint for CoopPoint {
             },
             pre_crash_tps: f(|p| p.pre_crash_tps),
             crash_min_tps: f(|p| p.crash_min_tps),
+            directory_sent: sum(|p| p.directory_sent),
+            directory_sent_bytes: sum(|p| p.directory_sent_bytes),
+            directory_reads: sum(|p| p.directory_reads),
+            directory_read_ops: sum(|p| p.directory_read_ops),
+            directory_read_bytes: sum(|p| p.directory_read_bytes),
+            directory_read_failed: sum(|p| p.directory_read_failed),
+            directory_read_stale: sum(|p| p.directory_read_stale),
             ..first.clone()
         }
     }
@@ -522,7 +574,43 @@ pub fn table(points: &[CoopPoint]) -> String {
     s += &ablation::overhead_lines(&overhead_points(points));
     s += &held_lines(points);
     s += &crash_lines(points);
+    s += &directory_lines(points);
     s
+}
+
+/// The directory's own cost per point that recorded it (none in runs kept before it
+/// was): per second of the window over all nodes (summed runs: per run-second).
+fn directory_lines(points: &[CoopPoint]) -> String {
+    let mut out = String::new();
+    for p in points
+        .iter()
+        .filter(|p| p.directory_sent + p.directory_reads > 0)
+    {
+        let secs = (p.duration_s * f64::from(p.runs.max(1))).max(1e-9);
+        let per_s = |v: u64| v as f64 / secs;
+        let (d, s) = (&p.directory, &p.system);
+        let load = match p.load_model.as_str() {
+            "open" => format!("open {:.0}/s", p.rate),
+            m => format!("{m} {} clients", p.clients),
+        };
+        out += &match d.as_str() {
+            "read" => format!(
+                "directory ({d}): {s} {load}: {:.0} pulls/s ({:.0} READs/s, {:.0} B/s), {} failed, {} stale; {} datagrams\n",
+                per_s(p.directory_reads),
+                per_s(p.directory_read_ops),
+                per_s(p.directory_read_bytes),
+                p.directory_read_failed,
+                p.directory_read_stale,
+                p.directory_sent
+            ),
+            _ => format!(
+                "directory ({d}): {s} {load}: {:.0} datagrams/s ({:.0} B/s)\n",
+                per_s(p.directory_sent),
+                per_s(p.directory_sent_bytes)
+            ),
+        };
+    }
+    out
 }
 
 /// Crash mode's figures, one line per point that crashed a node (none otherwise).
@@ -898,90 +986,4 @@ pub fn cache_rule(trace: &farside_coop::trace::Trace, nodes: usize) -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use farside_coop::trace::{world_cup_sample_path, Trace};
-
-    #[test]
-    fn objects_differ_and_the_cache_rule_splits_the_hot_set() {
-        assert_ne!(object_body(1, 64), object_body(2, 64));
-        assert_eq!(object_body(7, 100)[..50], object_body(7, 50)[..]);
-        let t = Trace::read_world_cup(&world_cup_sample_path()).unwrap();
-        let w = t.working_set_bytes(CACHE_RULE_FRACTION);
-        assert_eq!(cache_rule(&t, 4), w.div_ceil(4));
-        assert!(cache_rule(&t, 4) * 4 >= w);
-    }
-
-    fn point(system: &str, link: f64, tps: f64) -> CoopPoint {
-        CoopPoint {
-            system: system.into(),
-            nodes: 4,
-            link_gbit: link,
-            load_model: "closed".into(),
-            clients: 16,
-            runs: 1,
-            tps,
-            ..CoopPoint::default()
-        }
-    }
-
-    #[test]
-    fn the_bandwidth_line_compares_the_lower_link_with_the_higher() {
-        let pts = [
-            point("press-tcp", 10.0, 1000.0),
-            point("press-tcp", 1.0, 940.0),
-        ];
-        let t = table(&pts);
-        assert!(
-            t.contains(
-                "press-tcp 4 nodes closed 16 clients: 10G -> 1G: tps 1000.0 -> 940.0 (-6.0 %)"
-            ),
-            "{t}"
-        );
-        let c = CoopPoint::combine(&[point("rr", 0.0, 10.0), point("rr", 0.0, 20.0)]);
-        assert_eq!((c.runs, c.tps), (2, 15.0));
-    }
-
-    #[test]
-    fn the_table_and_csv_carry_the_overhead_only_when_measured() {
-        let ovh = |us: u64, tps: f64| CoopPoint {
-            message_overhead_us: us,
-            // 4,800 spins over 2 runs of 8 s at 500/s: 0.6 per request.
-            overhead_spins: us * 96,
-            runs: 2,
-            duration_s: 8.0,
-            ..point("press-tcp", 0.0, tps)
-        };
-        let with = [ovh(0, 1000.0), ovh(50, 500.0)];
-        let t = table(&with);
-        assert!(t.lines().next().unwrap().contains("ovh_us"), "{t}");
-        assert!(
-            t.contains("overhead: press-tcp 4 nodes closed 16 clients link -: 0 / 50 us"),
-            "{t}"
-        );
-        assert!(t.contains("spins/req 0.00 / 0.60"), "{t}");
-        let c = csv(&with).unwrap();
-        let head = c.lines().next().unwrap();
-        assert!(
-            head.starts_with("system,nodes,cache_bytes,link_gbit,message_overhead_us,"),
-            "{head}"
-        );
-        assert!(head.ends_with(",overhead_spins"), "{head}");
-        assert_eq!(figures(&with).len(), 2, "split and overhead");
-        let without = [ovh(0, 1000.0)];
-        assert!(!table(&without).contains("ovh_us"));
-        assert!(!csv(&without).unwrap().contains("message_overhead_us"));
-        // Points kept before the field read as 0 and write nothing new.
-        let old: CoopPoint = serde_json::from_str(
-            r#"{"system":"rr","nodes":4,"cache_bytes":1,"link_gbit":0.0,"load_model":"closed",
-            "clients":16,"rate":0.0,"runs":1,"duration_s":8.0,"tps":1.0,"p50_ms":1.0,
-            "p99_ms":1.0,"local_frac":1.0,"remote_frac":0.0,"miss_frac":0.0,
-            "wasted_fetches":0,"peer_bytes":0,"peer_bytes_per_req":0.0,"cpu_us_per_req":1.0,
-            "lb_cpu_us_per_req":0.0,"wrong_bodies":0,"failures":0,"offered_rps":0.0,
-            "directory_refused":0}"#,
-        )
-        .unwrap();
-        assert_eq!(old.message_overhead_us, 0);
-        assert!(!serde_json::to_string(&old).unwrap().contains("overhead"));
-    }
-}
+mod tests;

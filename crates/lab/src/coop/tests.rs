@@ -1,0 +1,85 @@
+//! Unit tests of the coop lab's points, tables and cache rule.
+
+use super::*;
+use farside_coop::trace::{world_cup_sample_path, Trace};
+
+#[test]
+fn objects_differ_and_the_cache_rule_splits_the_hot_set() {
+    assert_ne!(object_body(1, 64), object_body(2, 64));
+    assert_eq!(object_body(7, 100)[..50], object_body(7, 50)[..]);
+    let t = Trace::read_world_cup(&world_cup_sample_path()).unwrap();
+    let w = t.working_set_bytes(CACHE_RULE_FRACTION);
+    assert_eq!(cache_rule(&t, 4), w.div_ceil(4));
+    assert!(cache_rule(&t, 4) * 4 >= w);
+}
+
+fn point(system: &str, link: f64, tps: f64) -> CoopPoint {
+    CoopPoint {
+        system: system.into(),
+        nodes: 4,
+        link_gbit: link,
+        load_model: "closed".into(),
+        clients: 16,
+        runs: 1,
+        tps,
+        ..CoopPoint::default()
+    }
+}
+
+#[test]
+fn the_bandwidth_line_compares_the_lower_link_with_the_higher() {
+    let pts = [
+        point("press-tcp", 10.0, 1000.0),
+        point("press-tcp", 1.0, 940.0),
+    ];
+    let t = table(&pts);
+    assert!(
+        t.contains("press-tcp 4 nodes closed 16 clients: 10G -> 1G: tps 1000.0 -> 940.0 (-6.0 %)"),
+        "{t}"
+    );
+    let c = CoopPoint::combine(&[point("rr", 0.0, 10.0), point("rr", 0.0, 20.0)]);
+    assert_eq!((c.runs, c.tps), (2, 15.0));
+}
+
+#[test]
+fn the_table_and_csv_carry_the_overhead_only_when_measured() {
+    let ovh = |us: u64, tps: f64| CoopPoint {
+        message_overhead_us: us,
+        // 4,800 spins over 2 runs of 8 s at 500/s: 0.6 per request.
+        overhead_spins: us * 96,
+        runs: 2,
+        duration_s: 8.0,
+        ..point("press-tcp", 0.0, tps)
+    };
+    let with = [ovh(0, 1000.0), ovh(50, 500.0)];
+    let t = table(&with);
+    assert!(t.lines().next().unwrap().contains("ovh_us"), "{t}");
+    assert!(
+        t.contains("overhead: press-tcp 4 nodes closed 16 clients link -: 0 / 50 us"),
+        "{t}"
+    );
+    assert!(t.contains("spins/req 0.00 / 0.60"), "{t}");
+    let c = csv(&with).unwrap();
+    let head = c.lines().next().unwrap();
+    assert!(
+        head.starts_with("system,nodes,cache_bytes,link_gbit,message_overhead_us,"),
+        "{head}"
+    );
+    assert!(head.ends_with(",overhead_spins"), "{head}");
+    assert_eq!(figures(&with).len(), 2, "split and overhead");
+    let without = [ovh(0, 1000.0)];
+    assert!(!table(&without).contains("ovh_us"));
+    assert!(!csv(&without).unwrap().contains("message_overhead_us"));
+    // Points kept before the field read as 0 and write nothing new.
+    let old: CoopPoint = serde_json::from_str(
+        r#"{"system":"rr","nodes":4,"cache_bytes":1,"link_gbit":0.0,"load_model":"closed",
+        "clients":16,"rate":0.0,"runs":1,"duration_s":8.0,"tps":1.0,"p50_ms":1.0,
+        "p99_ms":1.0,"local_frac":1.0,"remote_frac":0.0,"miss_frac":0.0,
+        "wasted_fetches":0,"peer_bytes":0,"peer_bytes_per_req":0.0,"cpu_us_per_req":1.0,
+        "lb_cpu_us_per_req":0.0,"wrong_bodies":0,"failures":0,"offered_rps":0.0,
+        "directory_refused":0}"#,
+    )
+    .unwrap();
+    assert_eq!(old.message_overhead_us, 0);
+    assert!(!serde_json::to_string(&old).unwrap().contains("overhead"));
+}
