@@ -74,80 +74,22 @@ fn quick_lab_press_beats_rr_locality_and_never_a_wrong_body() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
-/// PRESS with one-sided peer fetch: the service node's XDP program answers READs of its
-/// object arena, and the initial nodes get bodies that way (remote hits), never a wrong
-/// one (every 200's body is checked against its file).
-#[test]
-fn quick_lab_press_xdp_serves_remote_hits_and_never_a_wrong_body() {
-    const TEST: &str = "lab_coop::quick_lab_press_xdp_serves_remote_hits_and_never_a_wrong_body";
-    if !farside_testkit::root_or_skip(TEST) {
-        return;
+/// `farside lab coop --quick --nodes 2 --systems press-xdp --load closed` with `extra`
+/// flags, as root: the first point's JSON, or `None` (skip recorded) when the test
+/// cannot run here.
+fn quick_press_xdp_point(test: &str, tag: &str, extra: &[&str]) -> Option<serde_json::Value> {
+    if !farside_testkit::root_or_skip(test) {
+        return None;
     }
     let Some(bin) = farside_bin() else {
         farside_testkit::skip(
-            TEST,
+            test,
             "the farside binary is not built (cargo build -p farside)",
         );
-        return;
-    };
-    let out =
-        std::env::temp_dir().join(format!("farside-lab-coop-xdp-test-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    let status = Command::new(&bin)
-        .args([
-            "lab",
-            "coop",
-            "--quick",
-            "--nodes",
-            "2",
-            "--systems",
-            "press-xdp",
-            "--load",
-            "closed",
-            "--out",
-        ])
-        .arg(&out)
-        .status()
-        .unwrap();
-    assert!(
-        status.success(),
-        "farside lab coop --quick (press-xdp) failed"
-    );
-    let text = std::fs::read_to_string(out.join("points.jsonl")).unwrap();
-    let p: serde_json::Value =
-        serde_json::from_str::<serde_json::Value>(text.lines().next().unwrap()).unwrap()["point"]
-            .clone();
-    assert_eq!(p["system"], "press-xdp", "{p}");
-    assert_eq!(p["wrong_bodies"], 0, "{p}");
-    assert!(p["tps"].as_f64().unwrap() > 0.0, "{p}");
-    assert!(
-        p["remote_frac"].as_f64().unwrap() > 0.0,
-        "no remote hit: {p}"
-    );
-    assert!(p["peer_fetch_us"].as_f64().unwrap() > 0.0, "{p}");
-    let _ = std::fs::remove_dir_all(&out);
-}
-
-/// `--directory read` with press-xdp: every node writes its directory record into its
-/// own arena and its peers READ it one-sidedly (the owner's XDP program answers); the
-/// nodes still find each other's bodies (remote hits) with no directory datagram sent,
-/// and never a wrong body.
-#[test]
-fn quick_lab_press_xdp_reads_directories_one_sidedly_with_no_datagram() {
-    const TEST: &str =
-        "lab_coop::quick_lab_press_xdp_reads_directories_one_sidedly_with_no_datagram";
-    if !farside_testkit::root_or_skip(TEST) {
-        return;
-    }
-    let Some(bin) = farside_bin() else {
-        farside_testkit::skip(
-            TEST,
-            "the farside binary is not built (cargo build -p farside)",
-        );
-        return;
+        return None;
     };
     let out = std::env::temp_dir().join(format!(
-        "farside-lab-coop-dirread-test-{}",
+        "farside-lab-coop-{tag}-test-{}",
         std::process::id()
     ));
     let _ = std::fs::remove_dir_all(&out);
@@ -160,29 +102,56 @@ fn quick_lab_press_xdp_reads_directories_one_sidedly_with_no_datagram() {
             "2",
             "--systems",
             "press-xdp",
-            "--load",
-            "closed",
-            "--directory",
-            "read",
-            "--out",
         ])
+        .args(["--load", "closed"])
+        .args(extra)
+        .arg("--out")
         .arg(&out)
         .status()
         .unwrap();
     assert!(
         status.success(),
-        "farside lab coop --quick --directory read failed"
+        "farside lab coop --quick (press-xdp {extra:?}) failed"
     );
     let text = std::fs::read_to_string(out.join("points.jsonl")).unwrap();
-    let p: serde_json::Value =
-        serde_json::from_str::<serde_json::Value>(text.lines().next().unwrap()).unwrap()["point"]
-            .clone();
-    assert_eq!(p["directory"], "read", "{p}");
+    let p = serde_json::from_str::<serde_json::Value>(text.lines().next().unwrap()).unwrap()
+        ["point"]
+        .clone();
+    let _ = std::fs::remove_dir_all(&out);
+    // Never a wrong body, and the nodes found each other's bodies (remote hits).
+    assert_eq!(p["system"], "press-xdp", "{p}");
     assert_eq!(p["wrong_bodies"], 0, "{p}");
+    assert!(p["tps"].as_f64().unwrap() > 0.0, "{p}");
     assert!(
         p["remote_frac"].as_f64().unwrap() > 0.0,
         "no remote hit: {p}"
     );
+    Some(p)
+}
+
+/// PRESS with one-sided peer fetch: the service node's XDP program answers READs of its
+/// object arena, and the initial nodes get bodies that way (remote hits), never a wrong
+/// one (every 200's body is checked against its file).
+#[test]
+fn quick_lab_press_xdp_serves_remote_hits_and_never_a_wrong_body() {
+    let test = "lab_coop::quick_lab_press_xdp_serves_remote_hits_and_never_a_wrong_body";
+    let Some(p) = quick_press_xdp_point(test, "xdp", &[]) else {
+        return;
+    };
+    assert!(p["peer_fetch_us"].as_f64().unwrap() > 0.0, "{p}");
+}
+
+/// `--directory read` with press-xdp: every node writes its directory record into its
+/// own arena and its peers READ it one-sidedly (the owner's XDP program answers); the
+/// nodes still find each other's bodies (remote hits) with no directory datagram sent,
+/// and never a wrong body.
+#[test]
+fn quick_lab_press_xdp_reads_directories_one_sidedly_with_no_datagram() {
+    let test = "lab_coop::quick_lab_press_xdp_reads_directories_one_sidedly_with_no_datagram";
+    let Some(p) = quick_press_xdp_point(test, "dirread", &["--directory", "read"]) else {
+        return;
+    };
+    assert_eq!(p["directory"], "read", "{p}");
     assert_eq!(
         p["directory_sent"].as_u64().unwrap_or(0),
         0,
@@ -190,5 +159,4 @@ fn quick_lab_press_xdp_reads_directories_one_sidedly_with_no_datagram() {
     );
     assert!(p["directory_reads"].as_u64().unwrap() > 0, "{p}");
     assert!(p["directory_read_bytes"].as_u64().unwrap() > 0, "{p}");
-    let _ = std::fs::remove_dir_all(&out);
 }

@@ -59,6 +59,14 @@ pub struct XdpTransport {
     pools: Vec<Mutex<Vec<ArenaReader>>>,
 }
 
+/// Each peer's arena responder: its address at the cluster's arena port.
+fn arena_responders(peers: &[SocketAddr], arena_port: u16) -> Vec<SocketAddr> {
+    peers
+        .iter()
+        .map(|p| SocketAddr::new(p.ip(), arena_port))
+        .collect()
+}
+
 impl XdpTransport {
     /// `peers`: every node's peer address (its responder listens on the same IP at
     /// `arena_port`); `key`: the arena reader key (`ID[:PATH]`).
@@ -72,10 +80,7 @@ impl XdpTransport {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         Ok(XdpTransport {
             tcp,
-            responders: peers
-                .iter()
-                .map(|p| SocketAddr::new(p.ip(), arena_port))
-                .collect(),
+            responders: arena_responders(peers, arena_port),
             key_id: key.id.0,
             key,
             pools: peers.iter().map(|_| Mutex::new(Vec::new())).collect(),
@@ -380,10 +385,7 @@ impl DirectoryReader {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         Ok(DirectoryReader {
             source: Source::Xdp {
-                responders: peers
-                    .iter()
-                    .map(|p| SocketAddr::new(p.ip(), arena_port))
-                    .collect(),
+                responders: arena_responders(peers, arena_port),
                 key_id: key.id.0,
                 key,
                 readers: peers.iter().map(|_| None).collect(),

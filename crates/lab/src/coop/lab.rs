@@ -271,11 +271,7 @@ pub fn run(a: CoopLabArgs) -> io::Result<()> {
                 link_label(k.link_gbit),
                 overhead_label(k.message_overhead_us),
                 k.load_model,
-                if k.load_model == "open" {
-                    format!("{:.0}/s", k.rate)
-                } else {
-                    format!("{} clients", k.clients)
-                }
+                load_label(&k.load_model, k.rate, k.clients)
             )
         },
         |k, run| {

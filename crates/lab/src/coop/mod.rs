@@ -624,11 +624,7 @@ fn crash_lines(points: &[CoopPoint]) -> String {
              {} failures from the crash on; wrong bodies {}\n",
             p.system,
             p.load_model,
-            if p.load_model == "open" {
-                format!("{:.0}/s", p.rate)
-            } else {
-                format!("{} clients", p.clients)
-            },
+            load_label(&p.load_model, p.rate, p.clients),
             p.restart_ms,
             RECOVERED_FRACTION * 100.0,
             p.pre_crash_tps,
@@ -654,11 +650,7 @@ fn held_lines(points: &[CoopPoint]) -> String {
             "cache held: {} {} {}: {} B over {} nodes ({:.0} B each, {:.2}x the {} B per node given){}\n",
             p.system,
             p.load_model,
-            if p.load_model == "open" {
-                format!("{:.0}/s", p.rate)
-            } else {
-                format!("{} clients", p.clients)
-            },
+            load_label(&p.load_model, p.rate, p.clients),
             p.cache_held_bytes,
             p.nodes,
             p.cache_held_bytes as f64 / p.nodes.max(1) as f64,
@@ -710,11 +702,7 @@ fn overhead_points(points: &[CoopPoint]) -> Vec<ablation::OverheadPoint> {
                     p.system,
                     p.nodes,
                     p.load_model,
-                    if p.load_model == "open" {
-                        format!("{:.0}/s", p.rate)
-                    } else {
-                        format!("{} clients", p.clients)
-                    },
+                    load_label(&p.load_model, p.rate, p.clients),
                     link_label(p.link_gbit)
                 ),
                 overhead_us: p.message_overhead_us,
@@ -730,6 +718,15 @@ fn overhead_points(points: &[CoopPoint]) -> Vec<ablation::OverheadPoint> {
             }
         })
         .collect()
+}
+
+/// `1500/s` (open loop: the offered rate) or `16 clients` (closed loop).
+pub fn load_label(load_model: &str, rate: f64, clients: usize) -> String {
+    if load_model == "open" {
+        format!("{rate:.0}/s")
+    } else {
+        format!("{clients} clients")
+    }
 }
 
 /// `10G`, `1G`, or `-` for an unshaped link.
@@ -762,11 +759,7 @@ fn bandwidth_lines(points: &[CoopPoint]) -> String {
                     p.system,
                     p.nodes,
                     p.load_model,
-                    if p.load_model == "open" {
-                        format!("{:.0}/s", p.rate)
-                    } else {
-                        format!("{} clients", p.clients)
-                    },
+                    load_label(&p.load_model, p.rate, p.clients),
                     link_label(p.link_gbit),
                     link_label(q.link_gbit),
                     p.tps,
