@@ -67,6 +67,8 @@ pub const DIRECTORY_WRITE_TIMEOUT: Duration = Duration::from_millis(20);
 pub const DIRECTORY_WRITE_BACKOFF: Duration = Duration::from_millis(500);
 
 const _: () = assert!(WRITE_BASE > 0 && WRITE_BASE + WRITE_CHUNKS <= CHUNK_GRANT_END_MAX);
+const _: () =
+    assert!(SLOT_CHUNKS * CHUNK_BYTES >= SLOT_HEAD_BYTES + super::wire::DIRECTORY_BYTES_MAX);
 
 /// First chunk of slot `j` in any node's arena.
 pub fn slot_chunk(j: usize) -> usize {
@@ -316,9 +318,6 @@ mod tests {
     #[test]
     fn slots_fit_the_grantable_chunks_and_do_not_overlap() {
         assert!(slot_chunk(SLOTS - 1) + SLOT_CHUNKS <= CHUNK_GRANT_END_MAX);
-        assert!(
-            SLOT_CHUNKS * CHUNK_BYTES >= SLOT_HEAD_BYTES + super::super::wire::DIRECTORY_BYTES_MAX
-        );
         assert_eq!(slot_chunk(1) - slot_chunk(0), SLOT_CHUNKS);
         // Each WRITE of the largest record stays inside one chunk of the slot.
         let body = slot_body(&vec![7u8; super::super::wire::DIRECTORY_BYTES_MAX]);
@@ -343,7 +342,7 @@ mod tests {
         let rec: Vec<u8> = (0..600u32).map(|i| (i * 13) as u8).collect();
         let s = slot_with(40, &rec);
         assert_eq!(judge_slot(40, &s, 40), Ok((40, &rec[..])));
-        assert_eq!(judge_slot(0, &vec![0; 64], 0), Err(SlotRefusal::Empty));
+        assert_eq!(judge_slot(0, &[0; 64], 0), Err(SlotRefusal::Empty));
         // A write under way (odd), or one that began or ended during the copy.
         assert_eq!(judge_slot(41, &s, 41), Err(SlotRefusal::Torn));
         assert_eq!(judge_slot(40, &s, 41), Err(SlotRefusal::Torn));
