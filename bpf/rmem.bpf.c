@@ -48,14 +48,21 @@
  * The one difference from user space is the READ limit (one frame); see
  * rmem_consts.h.
  *
- * Arena READs (request region RMEM_ARENA_REGION, see rmem_consts.h): steps 1 to 4 as
- * above, then step 5 in the same order with the arena's bounds: region (the key's
- * rights must name the arena) -> NoRegion; op READ -> ReadOnly (the arena is never
- * written remotely); len > 0 -> BadLength; alignment -> Unaligned; chunk below
- * RMEM_ARENA_CHUNKS_MAX and the READ within that one chunk -> OutOfBounds; a READ
- * grant -> ReadOnly; step 7 (Unpadded); then the chunk must exist in the map (the
- * node's count) -> OutOfBounds. User space has no arena: gatherd's fallback answers
- * such a request NoRegion.
+ * Arena READs and WRITEs (request region RMEM_ARENA_REGION, see rmem_consts.h): steps
+ * 1 to 4 as above, then step 5 in the same order with the arena's bounds
+ * (farside_auth::rights::check_chunks): region (the key's rights must name the arena)
+ * -> NoRegion; op READ or WRITE -> else ReadOnly (no atomics on the arena); len > 0 ->
+ * BadLength; alignment -> Unaligned; chunk below RMEM_ARENA_CHUNKS_MAX and the access
+ * within that one chunk -> OutOfBounds; READ: a READ grant of a word key, WRITE: a
+ * chunk grant (RMEM_KEY_FLAG_CHUNKS) covering the chunk -> else ReadOnly; READ: step 7
+ * (Unpadded); then the chunk must exist in the map (the node's count) -> OutOfBounds.
+ * A WRITE then goes through duplicate detection (below) like every mutation and is
+ * stored in ascending 8-byte words: the writer of a seqlock slot writes its sequence
+ * word, its record and its sequence word again in three acknowledged WRITEs. The
+ * payload is in the frame (step 4) and within one chunk, so at most 1400 bytes: the
+ * request fits RMEM_SIPHASH_BYTES_MAX. User space has no arena: gatherd's fallback
+ * answers such a request NoRegion; farside_rmem::ops::check_arena is the reference rule
+ * the packet tests compare with.
  *
  * Bulk arena READs (request flag RMEM_FLAG_BULK): the same checks, except that the
  * READ must start at a chunk boundary (-> Unaligned) and may span up to
@@ -308,6 +315,9 @@ static __always_inline __u32 rights_check(const struct rmem_key *k, __u32 op, __
 {
 	__u32 i, opbit;
 
+	/* Chunk grants open no region word (Rights::check under chunked rights). */
+	if (k->flags & RMEM_KEY_FLAG_CHUNKS)
+		return RMEM_ST_READ_ONLY;
 	if (op != RMEM_OP_READ &&
 	    (first < RMEM_AGENT_OWNED_END_WORD ||
 	     (first <= RMEM_AGENT_OWNED_ERROR_WORD && end > RMEM_AGENT_OWNED_ERROR_WORD)))
@@ -332,14 +342,35 @@ static __always_inline __u32 rights_check(const struct rmem_key *k, __u32 op, __
 }
 
 /*
- * Step 5 (and 7) for a READ of the object arena at byte `offset`, `len` bytes, in a
- * datagram of `plen` payload bytes: RMEM_ST_OK or the refusal (top comment). The region
- * was checked against the key's already.
+ * A chunk grant of key k (RMEM_KEY_FLAG_CHUNKS) covering arena chunk c: RMEM_ST_OK or
+ * READ_ONLY (farside_auth::rights::check_chunks for a WRITE).
+ */
+static __always_inline __u32 chunk_write_check(const struct rmem_key *k, __u32 c)
+{
+	__u32 i;
+
+	if (!(k->flags & RMEM_KEY_FLAG_CHUNKS))
+		return RMEM_ST_READ_ONLY;
+	for (i = 0; i < RMEM_GRANTS_MAX; i++) {
+		const struct rmem_grant *g = &k->grant[i];
+
+		if (i >= k->grants)
+			break;
+		if ((g->ops & RMEM_GRANT_WRITE) && g->first <= c && c < g->end)
+			return RMEM_ST_OK;
+	}
+	return RMEM_ST_READ_ONLY;
+}
+
+/*
+ * Step 5 (and 7) for a READ or WRITE of the object arena at byte `offset`, `len` bytes,
+ * in a datagram of `plen` payload bytes: RMEM_ST_OK or the refusal (top comment). The
+ * region was checked against the key's already.
  */
 static __always_inline __u32 arena_check(const struct rmem_key *k, __u32 op, __u32 offset,
 					 __u32 len, __u32 plen)
 {
-	if (op != RMEM_OP_READ)
+	if (op != RMEM_OP_READ && op != RMEM_OP_WRITE)
 		return RMEM_ST_READ_ONLY;
 	if (len == 0)
 		return RMEM_ST_BAD_LENGTH;
@@ -348,6 +379,8 @@ static __always_inline __u32 arena_check(const struct rmem_key *k, __u32 op, __u
 	if (offset / RMEM_ARENA_CHUNK_BYTES >= RMEM_ARENA_CHUNKS_MAX ||
 	    offset % RMEM_ARENA_CHUNK_BYTES + len > RMEM_ARENA_CHUNK_BYTES)
 		return RMEM_ST_OUT_OF_BOUNDS;
+	if (op == RMEM_OP_WRITE)
+		return chunk_write_check(k, offset / RMEM_ARENA_CHUNK_BYTES);
 	/* A READ grant (the grant's words name the control region, not chunks). */
 	if (rights_check(k, RMEM_OP_READ, 0, 1, 0) != RMEM_ST_OK)
 		return RMEM_ST_READ_ONLY;
@@ -585,13 +618,16 @@ int rmem_xdp(struct xdp_md *ctx)
 			chunk = bpf_map_lookup_elem(&rmem_arena, &c);
 			if (!chunk) {
 				status = RMEM_ST_OUT_OF_BOUNDS;
-			} else {
+			} else if (op == RMEM_OP_READ) {
 				first = (offset % RMEM_ARENA_CHUNK_BYTES) / 8;
 				rep_len = len;
 				arena_read_stamp(c);
 			}
 		}
-		goto reply;
+		/* An arena WRITE that passed: duplicate detection, then stored below. */
+		if (status != RMEM_ST_OK || op == RMEM_OP_READ)
+			goto reply;
+		goto dedup;
 	}
 	if (len == 0 || ((op == RMEM_OP_CAS || op == RMEM_OP_FADD) && len != 8)) {
 		status = RMEM_ST_BAD_LENGTH;
@@ -625,6 +661,7 @@ int rmem_xdp(struct xdp_md *ctx)
 		status = RMEM_ST_NO_REGION;
 		goto reply;
 	}
+dedup:
 	/* Duplicate detection (top comment). */
 	if (op != RMEM_OP_READ) {
 		slot = bpf_map_lookup_elem(&rmem_dedup, &client);
@@ -666,7 +703,24 @@ int rmem_xdp(struct xdp_md *ctx)
 
 	status = RMEM_ST_OK;
 	first = offset / 8;
-	if (op == RMEM_OP_READ) {
+	if (chunk) {
+		/* An arena WRITE (checked: within one chunk): ascending 8-byte stores. */
+		__u32 cw = (offset % RMEM_ARENA_CHUNK_BYTES) / 8;
+
+		for (i = 0; i < RMEM_ARENA_CHUNK_WORDS; i++) {
+			__u64 *src = (void *)(req + 1) + i * 8;
+			__u32 w = cw + i;
+
+			if (i >= len / 8 || w >= RMEM_ARENA_CHUNK_WORDS)
+				break;
+			asm volatile("" : "+r"(w));
+			if (w >= RMEM_ARENA_CHUNK_WORDS)
+				break;
+			if ((void *)(src + 1) > data_end)
+				return XDP_DROP; /* unreachable: covered was checked */
+			*(volatile __u64 *)&chunk->words[w] = *src;
+		}
+	} else if (op == RMEM_OP_READ) {
 		/* Copied after resizing the frame, below. */
 		rep_len = len;
 	} else if (op == RMEM_OP_WRITE) {
@@ -828,7 +882,7 @@ reply:
 				sum += word_sum(v);
 			}
 		}
-	} else if (status == RMEM_ST_OK && chunk) {
+	} else if (status == RMEM_ST_OK && chunk && op == RMEM_OP_READ) {
 		/* An arena READ: ascending 8-byte loads within the chunk, as above. */
 		for (i = 0; i < RMEM_ARENA_CHUNK_WORDS; i++) {
 			__u64 *dst = data + HDRS_BYTES + sizeof(*env) + sizeof(struct rmem_rep) + i * 8;
@@ -840,9 +894,12 @@ reply:
 			/*
 			 * Keep the checked index in its register: without the barrier clang
 			 * hoists chunk + first * 8 out of the loop and the verifier sees an
-			 * unbounded offset (libbpf's barrier_var).
+			 * unbounded offset (libbpf's barrier_var); checked again after it, so
+			 * the register the load uses is the checked one.
 			 */
 			asm volatile("" : "+r"(w));
+			if (w >= RMEM_ARENA_CHUNK_WORDS)
+				break;
 			if ((void *)(dst + 1) > data_end) {
 				count_other(RMEM_CNT_ABORTED);
 				return XDP_ABORTED; /* unreachable: the frame was sized for it */

@@ -30,6 +30,8 @@
 #define RMEM_KEYS_MAX 64
 /* Most grants per key (farside_auth::rights::GRANTS_MAX): the bound of the grant loop. */
 #define RMEM_GRANTS_MAX 16
+/* Key flag (struct rmem_key.flags): its grants are arena chunk ranges (Rights::chunk_writer). */
+#define RMEM_KEY_FLAG_CHUNKS 1
 /* Grant op bits (struct rmem_grant.ops). */
 #define RMEM_GRANT_READ 1
 #define RMEM_GRANT_WRITE 2
@@ -85,8 +87,9 @@
  * The object arena (crates/arena layout.rs): a READ whose region is RMEM_ARENA_REGION
  * (farside_arena::layout::ARENA_REGION) reads the rmem_arena map, not the control
  * region. Byte offset o names chunk o / RMEM_ARENA_CHUNK_BYTES at o % that; one READ
- * never crosses a chunk (one map element). Only READ, only under a key whose rights
- * name that region (an "arena reader").
+ * or WRITE never crosses a chunk (one map element). READ under a key whose rights name
+ * that region with a READ grant (an "arena reader"); WRITE under a key whose chunk
+ * grants (RMEM_KEY_FLAG_CHUNKS) cover the chunk (a peer's slot); nothing else.
  */
 #define RMEM_ARENA_REGION 1
 /* Bytes of one chunk (farside_arena::layout::CHUNK_BYTES): one map element. */

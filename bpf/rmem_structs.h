@@ -110,7 +110,12 @@ struct rmem_key {
 	 * dropped as an unknown key.
 	 */
 	__u32 bound_ipv4;
-	__u32 reserved1;
+	/*
+	 * RMEM_KEY_FLAG_CHUNKS: the grants name chunks of the arena, not region words
+	 * (farside_auth::rights::Rights::chunk_writer): arena WRITEs inside them only,
+	 * nothing else (no READ, no region word).
+	 */
+	__u32 flags;
 	__u64 expires_ns;
 };
 

@@ -33,6 +33,13 @@
 //! - **No arithmetic overflow.** Offsets and lengths are checked in u64 from the wire's
 //!   u32 fields.
 //!
+//! **Chunked regions** (an object arena: `farside_arena`, region 1) are checked by
+//! [`check_chunks`] instead: READ needs a READ grant (readers see the whole arena),
+//! WRITE needs a *chunk grant* ([`Rights::chunk_writer`]: WRITE on chunks
+//! `first..end`, built for nothing else and never opening region words), and one WRITE
+//! lies inside one chunk of that range; COMPARE-AND-SWAP and FETCH-ADD are never granted
+//! there. This is how a peer may WRITE only its own slot of another node's arena.
+//!
 //! Servers map refusals to their wire status (rmem: `NoRegion`, `BadLength`,
 //! `Unaligned`, `OutOfBounds`, `Protected` for the rest). The servers of today also
 //! confine every mutation to the control words; rights are narrower inside them.
@@ -192,6 +199,12 @@ pub const AGENT_OWNED: [Words; 5] = [
 /// Most grants per key: a few named ranges is all a role needs.
 pub const GRANTS_MAX: usize = 16;
 
+/// Largest `end` of a chunk grant ([`Rights::chunk_writer`]): the XDP program keeps a
+/// grant's range in two u16 fields (`struct rmem_grant`), so a chunk grant ends at chunk
+/// 65,535 at most (an arena has 65,536 chunks: its last chunk is never remotely
+/// writable, which no layout needs).
+pub const CHUNK_GRANT_END_MAX: usize = u16::MAX as usize;
+
 /// Operations `ops` on `words`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
@@ -228,6 +241,13 @@ pub enum GrantError {
     BadRange(Words),
     /// More than [`GRANTS_MAX`].
     TooMany { grants: usize },
+    /// A chunk grant on region 0 (the control region has words, not chunks), or an
+    /// empty one, or one ending beyond [`CHUNK_GRANT_END_MAX`].
+    BadChunks {
+        region: u32,
+        first: usize,
+        end: usize,
+    },
 }
 
 impl fmt::Display for GrantError {
@@ -249,6 +269,11 @@ impl fmt::Display for GrantError {
             GrantError::TooMany { grants } => {
                 write!(f, "{grants} grants, at most {GRANTS_MAX}")
             }
+            GrantError::BadChunks { region, first, end } => write!(
+                f,
+                "chunk grant {first}..{end} on region {region}: needs a chunked region (not 0), \
+                 a non-empty range ending at most at chunk {CHUNK_GRANT_END_MAX}"
+            ),
         }
     }
 }
@@ -260,6 +285,9 @@ impl std::error::Error for GrantError {}
 pub struct Rights {
     region: u32,
     grants: Vec<Grant>,
+    /// The grants name chunks of a chunked region ([`Rights::chunk_writer`]), not words:
+    /// [`check`] grants nothing under them, [`check_chunks`] only WRITEs.
+    chunks: bool,
 }
 
 impl Rights {
@@ -289,7 +317,35 @@ impl Rights {
         Ok(Rights {
             region,
             grants: grants.to_vec(),
+            chunks: false,
         })
+    }
+
+    /// WRITE (only) of chunks `first..end` of chunked region `region` (an object arena):
+    /// a peer's key that may write its own slot of a node's arena and nothing else
+    /// (no READ, no atomics, no region word). Refuses region 0, an empty range and one
+    /// ending beyond [`CHUNK_GRANT_END_MAX`].
+    pub fn chunk_writer(region: u32, first: usize, end: usize) -> Result<Rights, GrantError> {
+        if region == 0 || first >= end || end > CHUNK_GRANT_END_MAX {
+            return Err(GrantError::BadChunks { region, first, end });
+        }
+        Ok(Rights {
+            region,
+            grants: vec![Grant::new(
+                OpSet::WRITE,
+                Words {
+                    name: "chunks",
+                    first,
+                    end,
+                },
+            )],
+            chunks: true,
+        })
+    }
+
+    /// True for [`Rights::chunk_writer`]'s rights (grants on chunks, not words).
+    pub fn is_chunked(&self) -> bool {
+        self.chunks
     }
 
     /// READ of the whole region: proxies' monitors and other readers.
@@ -459,6 +515,7 @@ pub fn check(
     let Some(grant) = rights
         .grants
         .iter()
+        .filter(|_| !rights.chunks)
         .find(|g| g.ops.contains(op) && g.words.covers(first, end))
     else {
         return Err(Refusal::NotGranted {
@@ -476,6 +533,87 @@ pub fn check(
         }
     }
     Ok(())
+}
+
+/// May a key with `rights` do `access` on `len` bytes at byte `offset` of chunked
+/// region `region` (chunks of `chunk_bytes`, at most `chunks_max` of them)? The XDP
+/// program's arena rule, in its order:
+///
+/// ```text
+///   region named by the key?                  no ─► WrongRegion
+///   READ or WRITE?                            no ─► NotGranted (no atomics on chunks)
+///   len > 0?                                  no ─► BadLength
+///   offset, len multiples of 8?               no ─► Unaligned
+///   chunk below chunks_max, access inside it? no ─► OutOfBounds
+///   READ: a READ grant (word rights)          no ─► NotGranted
+///   WRITE: a chunk grant covering the chunk   no ─► NotGranted
+/// ```
+pub fn check_chunks(
+    rights: &Rights,
+    region: u32,
+    access: Access,
+    offset: u64,
+    len: u64,
+    chunk_bytes: u64,
+    chunks_max: u64,
+) -> Result<(), Refusal> {
+    let op = access.op();
+    let words = || {
+        (
+            (offset / 8) as usize,
+            (offset.saturating_add(len) / 8) as usize,
+        )
+    };
+    if region != rights.region {
+        return Err(Refusal::WrongRegion {
+            granted: rights.region,
+            asked: region,
+        });
+    }
+    let not_granted = || {
+        let (first_word, end_word) = words();
+        Refusal::NotGranted {
+            op,
+            first_word,
+            end_word,
+        }
+    };
+    if !matches!(op, Op::Read | Op::Write) {
+        return Err(not_granted());
+    }
+    if len == 0 {
+        return Err(Refusal::BadLength { len });
+    }
+    if (offset | len) % 8 != 0 {
+        return Err(Refusal::Unaligned { offset, len });
+    }
+    let chunk = offset / chunk_bytes;
+    if chunk >= chunks_max || offset % chunk_bytes + len > chunk_bytes {
+        return Err(Refusal::OutOfBounds { offset, len });
+    }
+    let granted = match op {
+        // A reader's grant: READ covering word 0 (the XDP program's test).
+        Op::Read => {
+            !rights.chunks
+                && rights
+                    .grants
+                    .iter()
+                    .any(|g| g.ops.contains(Op::Read) && g.words.covers(0, 1))
+        }
+        _ => {
+            let c = chunk as usize;
+            rights.chunks
+                && rights
+                    .grants
+                    .iter()
+                    .any(|g| g.ops.contains(Op::Write) && g.words.covers(c, c + 1))
+        }
+    };
+    if granted {
+        Ok(())
+    } else {
+        Err(not_granted())
+    }
 }
 
 #[cfg(test)]
@@ -754,6 +892,79 @@ mod tests {
                     .iter()
                     .all(|o| !o.overlaps(g.words.first, g.words.end)));
             }
+        }
+    }
+
+    #[test]
+    fn a_chunk_writer_writes_only_inside_its_chunks_and_nothing_else() {
+        const CB: u64 = 1400;
+        const MAX: u64 = 65_536;
+        let wr = Rights::chunk_writer(1, 300, 302).unwrap();
+        let at = |c: u64, o: u64| c * CB + o;
+        let ck =
+            |r: &Rights, a: Access, off: u64, len: u64| check_chunks(r, 1, a, off, len, CB, MAX);
+        assert_eq!(ck(&wr, Access::Write, at(300, 0), 8), Ok(()));
+        assert_eq!(ck(&wr, Access::Write, at(301, 8), CB - 8), Ok(()));
+        // Outside its chunks, across a chunk, beyond the arena, unaligned, empty.
+        for c in [299, 302, 0, 65_535] {
+            assert!(matches!(
+                ck(&wr, Access::Write, at(c, 0), 8),
+                Err(Refusal::NotGranted { .. })
+            ));
+        }
+        assert!(matches!(
+            ck(&wr, Access::Write, at(300, 1392), 16),
+            Err(Refusal::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            ck(&wr, Access::Write, at(MAX, 0), 8),
+            Err(Refusal::OutOfBounds { .. })
+        ));
+        assert!(matches!(
+            ck(&wr, Access::Write, at(300, 4), 8),
+            Err(Refusal::Unaligned { .. })
+        ));
+        assert_eq!(
+            ck(&wr, Access::Write, at(300, 0), 0),
+            Err(Refusal::BadLength { len: 0 })
+        );
+        // No READ, no atomics, another region, and nothing on region words.
+        for a in [
+            Access::Read,
+            Access::CompareSwap,
+            Access::FetchAdd { delta: 1 },
+        ] {
+            assert!(matches!(
+                ck(&wr, a, at(300, 0), 8),
+                Err(Refusal::NotGranted { .. })
+            ));
+        }
+        assert!(matches!(
+            check_chunks(&wr, 0, Access::Write, at(300, 0), 8, CB, MAX),
+            Err(Refusal::WrongRegion { .. })
+        ));
+        for word in 0..layout::REGION_WORDS {
+            assert!(check(&wr, 1, Access::Write, w(word), 8).is_err(), "{word}");
+            assert!(check(&wr, 1, Access::Read, w(word), 8).is_err(), "{word}");
+        }
+        // A reader reads any chunk and writes none.
+        let rd = Rights::reader(1);
+        assert_eq!(ck(&rd, Access::Read, at(300, 0), CB), Ok(()));
+        assert!(matches!(
+            ck(&rd, Access::Write, at(300, 0), 8),
+            Err(Refusal::NotGranted { .. })
+        ));
+        // What cannot be built.
+        for (region, first, end) in [
+            (0, 1, 2),
+            (1, 5, 5),
+            (1, 6, 5),
+            (1, 0, CHUNK_GRANT_END_MAX + 1),
+        ] {
+            assert_eq!(
+                Rights::chunk_writer(region, first, end),
+                Err(GrantError::BadChunks { region, first, end })
+            );
         }
     }
 }

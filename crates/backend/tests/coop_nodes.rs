@@ -3,7 +3,8 @@
 //! body from disk, forged or replayed directory updates refused, a body peers read
 //! one-sidedly (shm) kept by its owner's cache as recently used, the per-message
 //! overhead knob spinning per peer message (and nothing at 0), and directories read
-//! from the peers' arenas (`--coop-directory read`) instead of sent.
+//! from the peers' arenas (`--coop-directory read`) instead of sent; what
+//! `--coop-directory write` needs.
 
 use farside_backend::coop::seal::{Sealer, COOP_KEY_ID};
 use farside_backend::coop::wire::{object_id, DirectoryUpdate};
@@ -401,4 +402,40 @@ fn directories_read_from_the_peers_arenas_give_remote_hits_with_no_datagram() {
     let wasted = k(a, |c| &c.wasted_fetches);
     assert_eq!(get(a.addr(), "/o/3"), (200, body_of(3, 3021)));
     assert_eq!(k(a, |c| &c.wasted_fetches), wasted, "no fetch on its word");
+}
+
+/// `--coop-directory write` needs `--coop-peer xdp` (the peer's XDP program answers the
+/// WRITEs; a shm peer's arena is mapped read-only) and an arena key id outside the
+/// directory writers' ids; the message names the flag.
+#[test]
+fn directory_write_needs_xdp_and_a_reader_key_id_of_its_own() {
+    let mut a = CoopArgs {
+        coop: true,
+        peers: vec![free_port(), free_port()],
+        key_file: Some("/nonexistent".into()),
+        directory: CoopDirectory::Write,
+        ..CoopArgs::default()
+    };
+    for (peer, shm) in [(CoopPeer::Tcp, None), (CoopPeer::Shm, Some("/tmp".into()))] {
+        a.peer = peer;
+        a.shm_dir = shm;
+        let e = a.validate(true).unwrap_err();
+        assert!(
+            e.contains("--coop-directory write needs --coop-peer xdp"),
+            "{e}"
+        );
+    }
+    a.peer = CoopPeer::Xdp;
+    a.shm_dir = None;
+    a.coop_arena_iface = Some("veth0".into());
+    a.coop_arena_key = Some("1:/k".into());
+    a.validate(true).unwrap();
+    let base = farside_backend::coop::dirwrite::DIRECTORY_WRITE_KEY_BASE;
+    a.coop_arena_key = Some(format!("{}:/k", base + 3));
+    assert!(a.validate(true).unwrap_err().contains("--coop-arena-key"));
+    a.policy = CoopPolicy::Rr;
+    assert!(a
+        .validate(true)
+        .unwrap_err()
+        .contains("needs --coop-policy press"));
 }

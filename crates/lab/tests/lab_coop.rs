@@ -1,7 +1,9 @@
 //! `farside lab coop --quick` end to end (root: network namespaces): no client ever gets
 //! a wrong body, PRESS serves more requests from memory (own cache or a peer's) than
 //! round-robin nodes caching on their own, and so does the farside proxy routing by path
-//! (`lard`) from the nodes' own caches; every system records the cache bytes it held.
+//! (`lard`) from the nodes' own caches; every system records the cache bytes it held;
+//! press-xdp with directories read (`--directory read`) or written (`--directory write`)
+//! one-sidedly still finds remote hits, with no directory datagram.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -159,4 +161,27 @@ fn quick_lab_press_xdp_reads_directories_one_sidedly_with_no_datagram() {
     );
     assert!(p["directory_reads"].as_u64().unwrap() > 0, "{p}");
     assert!(p["directory_read_bytes"].as_u64().unwrap() > 0, "{p}");
+}
+
+/// `--directory write` with press-xdp (two nodes, each in its own network namespace):
+/// every node WRITEs its directory record one-sidedly into its own slot of its peer's
+/// arena (the peer's XDP program answers under a key that may write that slot only) and
+/// reads its own slots locally; the nodes find each other's bodies through directories
+/// learned that way (remote hits) with no directory datagram sent, no publication
+/// failed, and never a wrong body.
+#[test]
+fn quick_lab_press_xdp_writes_directories_one_sidedly_with_no_datagram() {
+    let test = "lab_coop::quick_lab_press_xdp_writes_directories_one_sidedly_with_no_datagram";
+    let Some(p) = quick_press_xdp_point(test, "dirwrite", &["--directory", "write"]) else {
+        return;
+    };
+    let n = |k: &str| p[k].as_u64().unwrap_or(0);
+    assert_eq!(p["directory"], "write", "{p}");
+    assert_eq!(n("directory_sent"), 0, "a datagram was sent: {p}");
+    assert_eq!(n("directory_reads"), 0, "a record was pulled: {p}");
+    assert!(n("directory_writes") > 0, "{p}");
+    // Three phases per publication at least (sequence, record, sequence).
+    assert!(n("directory_write_ops") >= 3 * n("directory_writes"), "{p}");
+    assert!(n("directory_write_bytes") > 0, "{p}");
+    assert_eq!(n("directory_write_failed"), 0, "{p}");
 }

@@ -156,6 +156,9 @@ pub(crate) struct Codec {
     attempts: (u64, u64),
     /// Total length READ requests are padded to (0: none).
     pad_to: usize,
+    /// The region every request names: 0 (the control region) unless set
+    /// ([`crate::udp::UdpClient::set_region`]: an object arena's chunks).
+    pub(crate) region: u32,
 }
 
 impl Codec {
@@ -169,6 +172,7 @@ impl Codec {
             env: SenderState::new(),
             attempts: (0, 0),
             pad_to: 0,
+            region: 0,
         }
     }
 
@@ -239,7 +243,7 @@ impl Codec {
                 op: op as u8,
                 flags: 0,
                 seq,
-                region: 0,
+                region: self.region,
                 offset,
                 len,
             },

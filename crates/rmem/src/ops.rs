@@ -247,6 +247,62 @@ pub fn check(
     Ok(h)
 }
 
+/// Where a chunked region (an object arena) lies for [`check_arena`]: its chunk size,
+/// the declared bound on chunks and the chunks the node's map has.
+#[derive(Debug, Clone, Copy)]
+pub struct Chunked {
+    pub chunk_bytes: usize,
+    pub chunks_max: usize,
+    pub chunks: usize,
+}
+
+/// The XDP responder's rule for a one-chunk request to a chunked region (an object
+/// arena; no user-space server holds one, so this is the reference the packet tests
+/// compare the program with): the covered bytes `req` after the envelope, under
+/// `rights`, in a datagram of `datagram_bytes`. Rules 3 to 5 as [`check`], then
+/// `farside_auth::rights::check_chunks` (region, READ or WRITE, len, alignment, one
+/// chunk, READ grant or a WRITE chunk grant), then a READ request shorter than its reply
+/// → `Unpadded`, then a chunk beyond the node's map → `OutOfBounds`.
+pub fn check_arena(
+    req: &[u8],
+    rights: &Rights,
+    arena: Chunked,
+    datagram_bytes: usize,
+) -> Result<ReqHeader, (u8, u64, Status)> {
+    let h = ReqHeader::decode(req).map_err(|s| (0, 0, s))?;
+    let fail = |s| (h.op, h.seq, s);
+    let op = Op::from_u8(h.op).ok_or(fail(Status::BadOp))?;
+    if req.len() < REQ_HEADER_BYTES + op.req_payload_len(h.len).min(OP_BYTES_MAX) {
+        return Err(fail(Status::Malformed));
+    }
+    let access = match op {
+        Op::Read => Access::Read,
+        Op::Write => Access::Write,
+        Op::CompareSwap => Access::CompareSwap,
+        Op::FetchAdd => Access::FetchAdd {
+            delta: u64_at(req, REQ_HEADER_BYTES),
+        },
+    };
+    rights::check_chunks(
+        rights,
+        h.region,
+        access,
+        h.offset as u64,
+        h.len as u64,
+        arena.chunk_bytes as u64,
+        arena.chunks_max as u64,
+    )
+    .map_err(|r| fail(rights_status(r)))?;
+    let len = h.len as usize;
+    if op == Op::Read && datagram_bytes < ENVELOPE_BYTES + REP_HEADER_BYTES + len {
+        return Err(fail(Status::Unpadded));
+    }
+    if h.offset as usize / arena.chunk_bytes >= arena.chunks {
+        return Err(fail(Status::OutOfBounds));
+    }
+    Ok(h)
+}
+
 /// True if a server must not answer a request that got `status`: requests that are not
 /// authentic or are copies (`BadKey`, `Replayed`: the sender may not be a client at all,
 /// and an answer would amplify), malformed ones, and stale duplicates (the client has

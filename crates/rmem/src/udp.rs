@@ -68,6 +68,12 @@ impl UdpClient {
         })
     }
 
+    /// The region every later request names (0, the control region, by default): an
+    /// object arena's region, whose chunks a key with chunk grants may WRITE.
+    pub fn set_region(&mut self, region: u32) {
+        self.codec.region = region;
+    }
+
     /// Per-attempt timeout: the operation timeout split over the attempts.
     fn attempt_timeout(&self, tries: u32) -> Duration {
         (self.opts.timeout / tries.max(1)).max(Duration::from_micros(100))

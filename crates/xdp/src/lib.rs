@@ -53,8 +53,11 @@
 //! count the node asks for ([`XdpResponder::load_with_arena`], at most
 //! [`ARENA_CHUNKS_MAX`]; one chunk otherwise). READs whose region is
 //! [`farside_arena::layout::ARENA_REGION`] are answered from it, under keys whose rights
-//! name that region (arena readers: READ only), each READ within one chunk. The process
-//! that owns the objects writes them through [`XdpResponder::arena`] (a `MAP_SHARED`
+//! name that region (arena readers: READ only), each READ within one chunk. WRITEs of
+//! the arena are answered under keys with chunk grants only
+//! (`farside_auth::rights::Rights::chunk_writer`: a peer's slot), each WRITE inside one
+//! granted chunk, deduplicated like every mutation (`farside_rmem::ops::check_arena` is
+//! the reference rule). The process that owns the objects writes them through [`XdpResponder::arena`] (a `MAP_SHARED`
 //! mapping) with `farside_arena`'s seqlock writer. Every arena READ answered adds one
 //! to its chunk's counter in `rmem_arena_reads` (mapped too): the owner learns which
 //! objects peers read one-sidedly ([`ArenaMemory::take_reads`]) and keeps them as
@@ -141,6 +144,9 @@ const GRANT_READ: u8 = 1;
 const GRANT_WRITE: u8 = 2;
 const GRANT_CAS: u8 = 4;
 const GRANT_FADD: u8 = 8;
+/// Key flag: its grants are arena chunk ranges (RMEM_KEY_FLAG_CHUNKS in rmem_consts.h,
+/// `farside_auth::rights::Rights::chunk_writer`).
+pub const KEY_FLAG_CHUNKS: u32 = 1;
 
 /// The compiled program (clang -target bpf), 8-byte aligned as ELF parsing needs.
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/rmem.bpf.o"));
@@ -215,7 +221,8 @@ struct KeyValue {
     grant: [GrantValue; GRANTS_MAX],
     /// A grant's bound source address, network byte order; 0: any.
     bound_ipv4: u32,
-    reserved1: u32,
+    /// [`KEY_FLAG_CHUNKS`] for chunk grants (`Rights::chunk_writer`), else 0.
+    flags: u32,
     /// `CLOCK_MONOTONIC` ns from which the key opens nothing; 0: never.
     expires_ns: u64,
 }
@@ -249,7 +256,11 @@ impl KeyValue {
             grants: grants.len().min(GRANTS_MAX) as u32,
             grant,
             bound_ipv4: 0,
-            reserved1: 0,
+            flags: if e.rights.is_chunked() {
+                KEY_FLAG_CHUNKS
+            } else {
+                0
+            },
             expires_ns: 0,
         }
     }

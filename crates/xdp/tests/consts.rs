@@ -76,6 +76,7 @@ fn bpf_constants_match_the_rust_side() {
             "RMEM_ARENA_CHUNKS_MAX",
             farside_xdp::ARENA_CHUNKS_MAX as u64,
         ),
+        ("RMEM_KEY_FLAG_CHUNKS", farside_xdp::KEY_FLAG_CHUNKS.into()),
         ("RMEM_OP_READ", Op::Read as u64),
         ("RMEM_OP_WRITE", Op::Write as u64),
         ("RMEM_OP_CAS", Op::CompareSwap as u64),

@@ -89,6 +89,12 @@ pub fn layout_for(cache_bytes: u64) -> ArenaLayout {
 /// As [`layout_for`], with `directory`: [`DIRECTORY_SLOTS`] more slots in every class a
 /// directory record may take (`--coop-directory read`).
 pub fn layout_with(cache_bytes: u64, directory: bool) -> ArenaLayout {
+    layout_reserving(cache_bytes, directory, 0)
+}
+
+/// As [`layout_with`], leaving `top` chunks free at the top of the arena (the directory
+/// slots of `--coop-directory write`, [`super::dirwrite::RESERVED_CHUNKS`]).
+pub fn layout_reserving(cache_bytes: u64, directory: bool, top: usize) -> ArenaLayout {
     let reserve: [u64; CLASS_COUNT] = std::array::from_fn(|c| {
         if directory && directory_classes().contains(&c) {
             u64::from(DIRECTORY_SLOTS)
@@ -112,7 +118,7 @@ pub fn layout_with(cache_bytes: u64, directory: bool) -> ArenaLayout {
         *s = cache_bytes.div_ceil(min).min(CLASS_SLOTS_MAX);
     }
     let reserved: u64 = (0..CLASS_COUNT).map(|c| reserve[c] << c).sum();
-    let budget = (ARENA_CHUNKS_MAX - INDEX_CHUNKS) as u64 - reserved;
+    let budget = (ARENA_CHUNKS_MAX - INDEX_CHUNKS - top) as u64 - reserved;
     let chunks: u64 = (0..CLASS_COUNT).map(|c| slots[c] << c).sum();
     let mut out = [0u32; CLASS_COUNT];
     for c in 0..CLASS_COUNT {
@@ -342,19 +348,32 @@ pub struct NodeArena {
 impl NodeArena {
     /// The arena of a node caching `cache_bytes`, answered by an XDP responder on
     /// `iface` (generic mode) at udp `port` for readers holding `key` (`ID[:PATH]`);
-    /// `directory`: with room for the directory record ([`layout_with`]).
+    /// `directory`: with room for the directory record ([`layout_with`]); `writers`
+    /// (`--coop-directory write`): the cluster's coop key, its size and this node's
+    /// index: the peers' directory slots at the top of a whole-size arena, each writable
+    /// by its peer's key only ([`super::dirwrite`]).
     pub fn xdp(
         cache_bytes: u64,
         directory: bool,
         iface: &str,
         port: u16,
         key: &str,
+        writers: Option<(&farside_auth::siphash::SipKey, usize, usize)>,
     ) -> io::Result<NodeArena> {
         let bad = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
         let (id, path) = farside_rmem::ClientKey::parse_spec(key).map_err(bad)?;
-        let keys = farside_rdmahttp::arena::arena_keyring(id, path.as_deref()).map_err(bad)?;
-        let layout = layout_with(cache_bytes, directory);
-        let chunks = map_chunks(&layout).map_err(|e| bad(e.to_string()))? as u32;
+        let mut keys = farside_rdmahttp::arena::arena_keyring(id, path.as_deref()).map_err(bad)?;
+        let top = if let Some((coop, nodes, me)) = writers {
+            super::dirwrite::install_writers(&mut keys, coop, nodes, me).map_err(bad)?;
+            super::dirwrite::RESERVED_CHUNKS
+        } else {
+            0
+        };
+        let layout = layout_reserving(cache_bytes, directory, top);
+        let mut chunks = map_chunks(&layout).map_err(|e| bad(e.to_string()))? as u32;
+        if writers.is_some() {
+            chunks = ARENA_CHUNKS_MAX as u32;
+        }
         let mut xdp = farside_xdp::XdpResponder::load_with_arena(port, &keys, chunks)
             .map_err(|e| io::Error::other(format!("coop arena responder: {e}")))?;
         xdp.attach_to(iface, farside_xdp::XdpMode::Generic)
@@ -524,6 +543,22 @@ impl NodeArena {
                 }
                 Err(PutError::TooLarge | PutError::IndexFull) => return false,
             }
+        }
+    }
+
+    /// `--coop-directory write`: the record peer `j` wrote into its slot of this node's
+    /// arena, with its sequence (see [`super::dirwrite::read_slot`]); only with the XDP
+    /// backing (shm arenas have no slots).
+    pub fn directory_slot(
+        &mut self,
+        j: usize,
+    ) -> Result<(u64, Vec<u8>), super::dirwrite::SlotRefusal> {
+        match &mut self.backing {
+            Backing::Xdp { mem, .. } => {
+                let mut m = mem.lock().unwrap_or_else(|p| p.into_inner());
+                super::dirwrite::read_slot(m.bytes_mut(), j)
+            }
+            Backing::Shm { .. } => Err(super::dirwrite::SlotRefusal::Empty),
         }
     }
 

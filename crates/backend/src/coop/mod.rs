@@ -15,7 +15,9 @@
 //!  every node ──UDP──► every peer: its Bloom directory + epoch + load, sealed ('D'),
 //!                      on change, at most once per --coop-publish-ms
 //!  (--coop-directory read: the same record written into the node's own arena under
-//!   arena::DIRECTORY_KEY, and every peer READs it one-sidedly each publish period)
+//!   arena::DIRECTORY_KEY, and every peer READs it one-sidedly each publish period;
+//!   --coop-directory write: the node WRITEs it one-sidedly into its own slot of every
+//!   peer's arena, and reads its peers' slots in its own arena: see [`dirwrite`])
 //! ```
 //!
 //! With `--coop-policy rr` no peer is asked: each node caches on its own (the baseline).
@@ -36,6 +38,7 @@
 //! a replay window per sender: a forged or replayed one is dropped and counted.
 
 pub mod arena;
+pub mod dirwrite;
 pub mod disk;
 pub mod node;
 pub mod onesided;
@@ -53,6 +56,10 @@ pub use node::{Counters, Node};
 /// Nodes a cluster may have at most: the node index travels in one byte and PRESS scans
 /// every peer's hint per miss (`farside_coop::policy::NODES_MAX` bounds the policy).
 pub const COOP_NODES_MAX: usize = 64;
+const _: () = assert!(
+    dirwrite::SLOTS == COOP_NODES_MAX,
+    "a directory slot per node"
+);
 /// Default cache bytes per node: 16 MiB, about a quarter of the World Cup sample's 54.6
 /// MB of distinct objects (the lab sets it from the working set).
 pub const COOP_CACHE_BYTES_DEFAULT: u64 = 16 << 20;
@@ -107,6 +114,9 @@ pub enum CoopDirectory {
     /// Pulled: written into the node's own object arena (a reserved entry); every
     /// peer READs it one-sidedly each publish period (`--coop-peer xdp` or `shm`).
     Read,
+    /// Pushed by one-sided WRITEs into this node's slot of every peer's arena, answered
+    /// by the peer's XDP program (`--coop-peer xdp`); each node reads its slots locally.
+    Write,
 }
 
 impl CoopDirectory {
@@ -114,6 +124,7 @@ impl CoopDirectory {
         match self {
             CoopDirectory::Datagram => "datagram",
             CoopDirectory::Read => "read",
+            CoopDirectory::Write => "write",
         }
     }
 }
@@ -214,7 +225,13 @@ pub struct CoopArgs {
     /// `read` (needs --coop-peer xdp or shm): the node writes the same record into its
     /// own object arena (a reserved entry, seqlock and CRC32c), and every peer reads it
     /// one-sidedly once per --coop-publish-ms (no process of the publishing node runs
-    /// for it). Every node of a cluster must use the same. Default: datagram.
+    /// for it). `write` (needs --coop-peer xdp): the node writes the record one-sidedly
+    /// into its own slot of every peer's object arena (three acknowledged WRITE phases:
+    /// sequence odd, record with length and CRC32c, sequence even; answered by the
+    /// peer's XDP program under a per-peer key derived from --coop-key-file that may
+    /// write that slot only), and reads the slots its peers write in its own arena once
+    /// per --coop-publish-ms. Every node of a cluster must use the same. Default:
+    /// datagram.
     #[arg(long = "coop-directory", value_enum, default_value = "datagram")]
     pub directory: CoopDirectory,
 }
@@ -305,6 +322,30 @@ impl CoopArgs {
                 }
                 _ => {}
             }
+            if self.directory == CoopDirectory::Write && self.peer != CoopPeer::Xdp {
+                return Err(format!(
+                    "--coop-directory write needs --coop-peer xdp (the peer's XDP program \
+                     answers the WRITEs into its arena; with shm a peer's arena file is \
+                     mapped read-only), not {}",
+                    self.peer.name()
+                ));
+            }
+            if self.directory == CoopDirectory::Write {
+                let id = self
+                    .coop_arena_key
+                    .as_deref()
+                    .and_then(|k| farside_rmem::ClientKey::parse_spec(k).ok())
+                    .map(|(id, _)| id);
+                let writers = dirwrite::DIRECTORY_WRITE_KEY_BASE
+                    ..dirwrite::DIRECTORY_WRITE_KEY_BASE + COOP_NODES_MAX as u32;
+                if id.is_some_and(|id| writers.contains(&id)) {
+                    return Err(format!(
+                        "--coop-arena-key: ids {}..{} are the directory writers' with \
+                         --coop-directory write",
+                        writers.start, writers.end
+                    ));
+                }
+            }
             if self.directory == CoopDirectory::Read
                 && !matches!(self.peer, CoopPeer::Xdp | CoopPeer::Shm)
             {
@@ -314,8 +355,11 @@ impl CoopArgs {
                     self.peer.name()
                 ));
             }
-        } else if self.directory == CoopDirectory::Read {
-            return Err("--coop-directory read needs --coop-policy press".into());
+        } else if self.directory != CoopDirectory::Datagram {
+            return Err(format!(
+                "--coop-directory {} needs --coop-policy press",
+                self.directory.name()
+            ));
         }
         Ok(())
     }

@@ -1,8 +1,11 @@
 //! One cooperating node: its cache of bodies, what it knows of its peers (directory and
 //! load, from their sealed updates or, with `--coop-directory read`, from their records
-//! read one-sidedly out of their arenas), the decision per request, and its counters.
+//! read one-sidedly out of their arenas, or with `--coop-directory write`, from the
+//! slots they write into this node's arena), the decision per request, and its
+//! counters.
 
 use super::arena::NodeArena;
+use super::dirwrite::{DirectoryWriter, SlotRefusal};
 use super::disk::Disk;
 use super::onesided::{DirectoryReader, ShmTransport, XdpTransport};
 use super::overhead::Overhead;
@@ -98,6 +101,27 @@ pub struct Counters {
     pub directory_read_ops: AtomicU64,
     /// Bytes the pulls moved (index window and record slot).
     pub directory_read_bytes: AtomicU64,
+    /// `--coop-directory write`: publications written into a peer's slot (three
+    /// acknowledged WRITE phases each).
+    pub directory_writes: AtomicU64,
+    /// Of the publications, those that failed (a WRITE lost or refused every try): the
+    /// peer is backed off; its slot stays torn until the next publication.
+    pub directory_write_failed: AtomicU64,
+    /// WRITEs acknowledged by peers (the publications' three phases, one WRITE per
+    /// chunk of the record).
+    pub directory_write_ops: AtomicU64,
+    /// Bytes the acknowledged WRITEs carried.
+    pub directory_write_bytes: AtomicU64,
+    /// Looks at a peer's slot in this node's arena that found a new sequence.
+    pub directory_slot_reads: AtomicU64,
+    /// Of the looks, slots caught mid-write or not checking (odd or moving sequence,
+    /// bad length, CRC32c): never applied.
+    pub directory_slot_torn: AtomicU64,
+    /// Of the looks, records older than the view held: never applied.
+    pub directory_slot_stale: AtomicU64,
+    /// Of the looks, records of another node than the slot's, or malformed: never
+    /// applied.
+    pub directory_slot_foreign: AtomicU64,
 }
 
 impl Counters {
@@ -131,6 +155,14 @@ impl Counters {
             ("directory_read_stale", &self.directory_read_stale),
             ("directory_read_ops", &self.directory_read_ops),
             ("directory_read_bytes", &self.directory_read_bytes),
+            ("directory_writes", &self.directory_writes),
+            ("directory_write_failed", &self.directory_write_failed),
+            ("directory_write_ops", &self.directory_write_ops),
+            ("directory_write_bytes", &self.directory_write_bytes),
+            ("directory_slot_reads", &self.directory_slot_reads),
+            ("directory_slot_torn", &self.directory_slot_torn),
+            ("directory_slot_stale", &self.directory_slot_stale),
+            ("directory_slot_foreign", &self.directory_slot_foreign),
         ];
         rows.iter()
             .map(|(n, c)| format!("{n} {}\n", Counters::get(c)))
@@ -352,6 +384,21 @@ impl Node {
             }
         };
         let read_dir = press && args.directory == CoopDirectory::Read;
+        let write_dir = press && args.directory == CoopDirectory::Write;
+        if write_dir && args.peer != CoopPeer::Xdp {
+            return Err(bad(
+                "--coop-directory write needs --coop-peer xdp (WRITEs answered by the peer's XDP program)".into(),
+            ));
+        }
+        let coop_key = sealer.as_ref().map(|s| s.key);
+        let writers = match (&coop_key, write_dir) {
+            (Some(k), true) => Some((k, nodes, me)),
+            _ => None,
+        };
+        let dir_writer = match (&coop_key, write_dir) {
+            (Some(k), true) => Some(DirectoryWriter::new(me, &peers, args.coop_arena_port, k)),
+            _ => None,
+        };
         let arena = match (press, args.peer) {
             (true, CoopPeer::Xdp) => Some(NodeArena::xdp(
                 args.cache_bytes,
@@ -359,6 +406,7 @@ impl Node {
                 args.coop_arena_iface.as_deref().unwrap_or_default(),
                 args.coop_arena_port,
                 args.coop_arena_key.as_deref().unwrap_or_default(),
+                writers,
             )?),
             (true, CoopPeer::Shm) => Some(NodeArena::shm(
                 args.cache_bytes,
@@ -442,8 +490,16 @@ impl Node {
                 threads.push(
                     std::thread::Builder::new()
                         .name("coop-dir-tx".into())
-                        .spawn(move || n.publish_loop(&udp2))?,
+                        .spawn(move || n.publish_loop(&udp2, dir_writer))?,
                 );
+                if write_dir {
+                    let n = Arc::clone(&node);
+                    threads.push(
+                        std::thread::Builder::new()
+                            .name("coop-dir-slots".into())
+                            .spawn(move || n.slot_loop())?,
+                    );
+                }
                 if let Some(reader) = dir_reader {
                     let n = Arc::clone(&node);
                     threads.push(
@@ -639,7 +695,7 @@ impl Node {
         }
     }
 
-    fn publish_loop(&self, udp: &UdpSocket) {
+    fn publish_loop(&self, udp: &UdpSocket, mut writer: Option<DirectoryWriter>) {
         let Some(sealer) = &self.sealer else { return };
         let unix_us = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -658,6 +714,12 @@ impl Node {
             let update = self.directory(epoch);
             last_load = update.load;
             last = Instant::now();
+            if let Some(w) = &mut writer {
+                // Into this node's slot of every peer's arena (no datagram).
+                let record = update.encode();
+                self.write_directory(w, epoch, &record);
+                continue;
+            }
             if self.directory_mode == CoopDirectory::Read {
                 // Into the node's own arena: peers read it there (no datagram).
                 let record = update.encode();
@@ -686,6 +748,86 @@ impl Node {
                     self.counters
                         .directory_sent_bytes
                         .fetch_add(sealed.len() as u64, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// `--coop-directory write`: one publication of `record` (with `epoch`) into this
+    /// node's slot of every live peer's arena.
+    fn write_directory(&self, w: &mut DirectoryWriter, epoch: u64, record: &[u8]) {
+        for p in 0..self.nodes() {
+            if p == self.me || w.backing_off(p, Instant::now()) {
+                continue;
+            }
+            match w.publish(p, epoch, record) {
+                Ok(pushed) => {
+                    self.counters.overhead.spin(pushed.writes);
+                    self.counters
+                        .directory_writes
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .directory_write_ops
+                        .fetch_add(pushed.writes, Ordering::Relaxed);
+                    self.counters
+                        .directory_write_bytes
+                        .fetch_add(pushed.bytes, Ordering::Relaxed);
+                }
+                Err(why) => {
+                    log::debug!("coop: directory not written to node {p}: {why}");
+                    self.counters
+                        .directory_write_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// `--coop-directory write`: once per publish period, looks at every peer's slot in
+    /// this node's own arena and applies a valid, newer record as a received update is
+    /// applied; a torn, stale or foreign one is counted and never applied. A slot whose
+    /// sequence has not moved is not looked at again, so a peer that stops publishing
+    /// ages out after the views' TTL.
+    fn slot_loop(&self) {
+        let mut seen = vec![0u64; self.nodes()];
+        while !self.stopping() {
+            std::thread::sleep(self.publish_period);
+            for (p, last) in seen.iter_mut().enumerate() {
+                if p == self.me {
+                    continue;
+                }
+                let got = match self.lock().arena.as_mut() {
+                    Some(a) => a.directory_slot(p),
+                    None => return,
+                };
+                let (seq, record) = match got {
+                    Ok(x) if x.0 == *last => continue,
+                    Ok(x) => x,
+                    Err(SlotRefusal::Empty) => continue,
+                    Err(SlotRefusal::Torn) => {
+                        self.counters
+                            .directory_slot_torn
+                            .fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                };
+                *last = seq;
+                self.counters
+                    .directory_slot_reads
+                    .fetch_add(1, Ordering::Relaxed);
+                match self.judge_and_apply(p, &record) {
+                    Ok(_) => {}
+                    Err(wire::RecordRefusal::Stale) => {
+                        self.counters
+                            .directory_slot_stale
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(why) => {
+                        log::debug!("coop: directory slot of node {p} refused: {why:?}");
+                        self.counters
+                            .directory_slot_foreign
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
         }
@@ -728,10 +870,30 @@ impl Node {
     /// Applies a directory record read from node `p`'s arena if it is valid and newer
     /// than the view held (see [`DirectoryUpdate::judge_read`]); counts a refusal.
     pub(crate) fn apply_record(&self, p: NodeId, record: &[u8]) {
+        match self.judge_and_apply(p, record) {
+            Ok(_) => {}
+            Err(wire::RecordRefusal::Stale) => {
+                self.counters
+                    .directory_read_stale
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(why) => {
+                log::debug!("coop: directory record of node {p} refused: {why:?}");
+                self.counters
+                    .directory_read_failed
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Applies a record from node `p` if [`DirectoryUpdate::judge_read`] accepts it as
+    /// newer (true; counted as received), false if it is the record applied already
+    /// (the view keeps its time), or the refusal.
+    fn judge_and_apply(&self, p: NodeId, record: &[u8]) -> Result<bool, wire::RecordRefusal> {
         let mut st = self.lock();
         let last = st.views[p].as_ref().map(|v| v.seq);
-        match DirectoryUpdate::judge_read(record, p, last) {
-            Ok(Some(update)) => {
+        match DirectoryUpdate::judge_read(record, p, last)? {
+            Some(update) => {
                 st.views[p] = Some(PeerView {
                     directory: DirectoryView {
                         epoch: update.epoch,
@@ -745,23 +907,11 @@ impl Node {
                 self.counters
                     .directory_received
                     .fetch_add(1, Ordering::Relaxed);
+                Ok(true)
             }
             // The record already applied: the view keeps its time, so a peer that stops
             // republishing (its heartbeat) ages out after VIEW_TTL.
-            Ok(None) => {}
-            Err(wire::RecordRefusal::Stale) => {
-                drop(st);
-                self.counters
-                    .directory_read_stale
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            Err(why) => {
-                drop(st);
-                log::debug!("coop: directory record of node {p} refused: {why:?}");
-                self.counters
-                    .directory_read_failed
-                    .fetch_add(1, Ordering::Relaxed);
-            }
+            None => Ok(false),
         }
     }
 

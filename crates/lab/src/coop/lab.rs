@@ -87,16 +87,18 @@ fn check_args(a: &CoopLabArgs) -> io::Result<()> {
             )));
         }
     }
-    if a.directory == CoopDirectory::Read {
-        if let Some(s) = a
-            .systems
-            .iter()
-            .find(|s| !DIRECTORY_READ_SYSTEMS.contains(&s.as_str()))
-        {
+    let one_sided: &[&str] = match a.directory {
+        CoopDirectory::Datagram => &[],
+        CoopDirectory::Read => &DIRECTORY_READ_SYSTEMS,
+        CoopDirectory::Write => &DIRECTORY_WRITE_SYSTEMS,
+    };
+    if a.directory != CoopDirectory::Datagram {
+        if let Some(s) = a.systems.iter().find(|s| !one_sided.contains(&s.as_str())) {
             return Err(bad(format!(
-                "--directory read: system {s} cannot read directories one-sidedly (only {}: \
-                 the record lives in the node's object arena)",
-                DIRECTORY_READ_SYSTEMS.join(", ")
+                "--directory {}: system {s} cannot move directories one-sidedly (only {}: \
+                 the records live in the nodes' object arenas)",
+                a.directory.name(),
+                one_sided.join(", ")
             )));
         }
     }
@@ -366,6 +368,7 @@ fn params(
         "directory": a.directory.name(),
         "directory_mode": match a.directory {
             CoopDirectory::Datagram => "the PRESS nodes push their directory (Bloom filter, epoch, load) as sealed UDP datagrams to every peer, on change, at most once per 20 ms, heartbeat 500 ms",
+            CoopDirectory::Write => "each PRESS node WRITEs its directory record (Bloom filter, epoch, load) one-sidedly into its own slot of every peer's object arena (sequence odd, length + CRC32c + record, sequence even: acknowledged WRITEs answered by the peer's XDP program under a per-peer key that may write that slot only), on change, at most once per 20 ms, heartbeat 500 ms; every node reads its slots locally once per 20 ms; no datagram",
             CoopDirectory::Read => "each PRESS node writes its directory record (Bloom filter, epoch, load) into its own object arena (seqlock, CRC32c), on change, at most once per 20 ms, heartbeat 500 ms; every peer pulls it one-sidedly once per 20 ms (press-xdp: READs answered by the owner's XDP program; press-shm: the mapped arena file); no datagram",
         },
         "crash": a.crash_node.map(|n| format!("node n{n} killed with SIGKILL {} s into every point's measured window, down {} ms, then started again with the same arguments (empty cache, new arena); recovery: the first whole second after the crash's serving at least {:.0} % of the mean rate before it with no failure", crash_at_s(a), a.crash_down_ms, RECOVERED_FRACTION * 100.0)),
@@ -488,7 +491,7 @@ fn backend_args(
             "shm" => args.extend(["--coop-shm-dir".into(), sh.shm_dir.display().to_string()]),
             _ => {}
         }
-        if a.directory == CoopDirectory::Read {
+        if a.directory != CoopDirectory::Datagram {
             args.extend(["--coop-directory".into(), a.directory.name().into()]);
         }
     }
@@ -912,6 +915,11 @@ fn measure(
         directory_read_bytes: d("directory_read_bytes"),
         directory_read_failed: d("directory_read_failed"),
         directory_read_stale: d("directory_read_stale"),
+        directory_writes: d("directory_writes"),
+        directory_write_ops: d("directory_write_ops"),
+        directory_write_bytes: d("directory_write_bytes"),
+        directory_write_failed: d("directory_write_failed"),
+        directory_slot_torn: d("directory_slot_torn"),
     })
 }
 

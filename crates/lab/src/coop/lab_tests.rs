@@ -81,6 +81,14 @@ fn keys_put_the_systems_of_one_configuration_together() {
     assert!(check_args(&b).is_err(), "press-udp has no arena to read");
     b.systems = vec!["press-xdp".into(), "press-shm".into()];
     check_args(&b).unwrap();
+    // --directory write: press-xdp only (XDP answers the WRITEs).
+    b.directory = CoopDirectory::Write;
+    assert!(
+        check_args(&b).is_err(),
+        "press-shm's arena is read-only to peers"
+    );
+    b.systems = vec!["press-xdp".into()];
+    check_args(&b).unwrap();
     b.directory = CoopDirectory::Datagram;
     b.systems = vec!["haproxy".into()];
     assert!(

@@ -103,6 +103,8 @@ pub const RECOVERED_FRACTION: f64 = 0.9;
 pub const CRASH_SYSTEMS: [&str; 5] = ["rr", "press-tcp", "press-udp", "press-xdp", "press-shm"];
 /// Systems `--directory read` can run: the PRESS nodes with an object arena.
 pub const DIRECTORY_READ_SYSTEMS: [&str; 2] = ["press-xdp", "press-shm"];
+/// Systems whose directories `--directory write` can push: XDP answers the WRITEs.
+pub const DIRECTORY_WRITE_SYSTEMS: [&str; 1] = ["press-xdp"];
 /// The anchor's front-end node.
 const LB: &str = "lb";
 
@@ -223,8 +225,9 @@ pub struct CoopLabArgs {
     #[arg(long = "crash-down-ms", default_value_t = 1000)]
     pub crash_down_ms: u64,
     /// How the PRESS nodes' directories travel (the back-end's --coop-directory):
-    /// `datagram` (pushed, sealed UDP) or `read` (pulled one-sidedly from each node's
-    /// arena; only press-xdp and press-shm). Default: datagram.
+    /// `datagram` (pushed, sealed UDP), `read` (pulled one-sidedly from each node's
+    /// arena; only press-xdp and press-shm) or `write` (WRITEn one-sidedly into per-peer
+    /// slots of each node's arena; only press-xdp). Default: datagram.
     #[arg(long, value_enum, default_value = "datagram")]
     pub directory: farside_backend::coop::CoopDirectory,
 }
@@ -367,6 +370,18 @@ pub struct CoopPoint {
     pub directory_read_failed: u64,
     #[serde(default, skip_serializing_if = "zero_u64")]
     pub directory_read_stale: u64,
+    /// `write`: publications WRITEn into peers' slots, the acknowledged WRITEs and their
+    /// bytes, failed publications, and slot looks found torn (never applied).
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_writes: u64,
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_write_ops: u64,
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_write_bytes: u64,
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_write_failed: u64,
+    #[serde(default, skip_serializing_if = "zero_u64")]
+    pub directory_slot_torn: u64,
 }
 
 fn datagram() -> String {
