@@ -756,11 +756,8 @@ impl Node {
     /// `--coop-directory write`: one publication of `record` (with `epoch`) into this
     /// node's slot of every live peer's arena.
     fn write_directory(&self, w: &mut DirectoryWriter, epoch: u64, record: &[u8]) {
-        for p in 0..self.nodes() {
-            if p == self.me || w.backing_off(p, Instant::now()) {
-                continue;
-            }
-            match w.publish(p, epoch, record) {
+        for (p, out) in w.publish_all(epoch, record) {
+            match out {
                 Ok(pushed) => {
                     self.counters.overhead.spin(pushed.writes);
                     self.counters
