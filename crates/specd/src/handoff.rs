@@ -63,6 +63,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::stats::Samples;
+use crate::trace;
 
 /// Longest a relay hand-over waits for its connect to the local server: a local
 /// server that cannot take a connection within a second is stuck, and the connection
@@ -189,6 +190,8 @@ pub struct HandOff {
     /// See [`RELAY_IDLE_DEFAULT`].
     relay_idle: Duration,
     stats: Arc<HandoffStats>,
+    /// What the connection trace calls this hand-off's steps (`local`, `restored`).
+    label: &'static str,
 }
 
 impl HandOff {
@@ -242,7 +245,14 @@ impl HandOff {
             relays: Arc::new(AtomicUsize::new(0)),
             relay_idle: RELAY_IDLE_DEFAULT,
             stats,
+            label: "local",
         })
+    }
+
+    /// Names this hand-off's steps in the connection trace ([`crate::trace`]):
+    /// `local` by default (the source's fall-backs), `restored` on the target.
+    pub fn set_trace_label(&mut self, label: &'static str) {
+        self.label = label;
     }
 
     /// The counters.
@@ -273,14 +283,22 @@ impl HandOff {
     }
 
     fn hand_with(&self, conn: TcpStream, watch: Option<SyncSender<()>>) -> io::Result<()> {
+        let client = trace::on().then(|| conn.peer_addr().ok()).flatten();
         match (&self.how, &self.adopt) {
-            (Handoff::Adopt(_), Some(a)) => a.hand(conn, &self.stats, watch),
+            (Handoff::Adopt(_), Some(a)) => a.hand(conn, &self.stats, watch, (self.label, client)),
             (Handoff::Relay(to), _) => {
                 let r = self.relay(conn, *to);
-                match &r {
-                    Ok(()) => self.stats.handed.fetch_add(1, Ordering::Relaxed),
-                    Err(_) => self.stats.failed.fetch_add(1, Ordering::Relaxed),
+                let step = match &r {
+                    Ok(()) => {
+                        self.stats.handed.fetch_add(1, Ordering::Relaxed);
+                        "relayed"
+                    }
+                    Err(_) => {
+                        self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                        "failed"
+                    }
                 };
+                trace_step((self.label, client), step, 0);
                 r
             }
             (Handoff::Adopt(_), None) => unreachable!("adopt has its socket"),
@@ -372,6 +390,8 @@ struct Pending {
 struct Waiting {
     conn: TcpStream,
     since: Instant,
+    /// The trace's label and the client's address ([`crate::trace`]).
+    who: Who,
     /// Dropped with the entry, whatever ends its wait (passed, expired, gone,
     /// failed, closed at stop): that wakes a [`Taken`] watching it.
     _watch: Option<SyncSender<()>>,
@@ -422,16 +442,19 @@ impl Adopter {
         conn: TcpStream,
         stats: &HandoffStats,
         watch: Option<SyncSender<()>>,
+        who: Who,
     ) -> io::Result<()> {
         let mut p = lock(&self.state);
         if p.items.is_empty() {
             match self.try_send(&mut p, &conn) {
                 Sent::Yes => {
                     stats.handed.fetch_add(1, Ordering::Relaxed);
+                    trace_step(who, "handed", 0);
                     return Ok(());
                 }
                 Sent::Failed(e) => {
                     stats.failed.fetch_add(1, Ordering::Relaxed);
+                    trace_step(who, "failed", 0);
                     return Err(e);
                 }
                 Sent::Full => {}
@@ -443,6 +466,7 @@ impl Adopter {
         }
         if p.items.len() >= self.pending_max {
             stats.over_bound.fetch_add(1, Ordering::Relaxed);
+            trace_step(who, "over_bound", 0);
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
                 format!(
@@ -451,9 +475,11 @@ impl Adopter {
                 ),
             ));
         }
+        trace_step(who, "queued", 0);
         p.items.push_back(Waiting {
             conn,
             since: Instant::now(),
+            who,
             _watch: watch,
         });
         stats.queued.fetch_add(1, Ordering::Relaxed);
@@ -476,6 +502,11 @@ impl Adopter {
             };
             if w.since.elapsed() > self.wait_max {
                 stats.waited_too_long.fetch_add(1, Ordering::Relaxed);
+                trace_step(
+                    w.who,
+                    "waited_too_long",
+                    w.since.elapsed().as_micros() as u64,
+                );
                 log::warn!(
                     "specd: a connection waited {:?} for the local server: closed",
                     self.wait_max
@@ -484,13 +515,16 @@ impl Adopter {
             }
             if client_gone(&w.conn) {
                 stats.client_gone.fetch_add(1, Ordering::Relaxed);
+                trace_step(w.who, "client_gone", w.since.elapsed().as_micros() as u64);
                 continue;
             }
             match self.try_send(p, &w.conn) {
                 Sent::Yes => {
                     passed += 1;
                     stats.handed.fetch_add(1, Ordering::Relaxed);
-                    lock(&stats.wait_us).record(w.since.elapsed().as_micros() as u64);
+                    let us = w.since.elapsed().as_micros() as u64;
+                    lock(&stats.wait_us).record(us);
+                    trace_step(w.who, "handed", us);
                 }
                 Sent::Full => {
                     p.items.push_front(w);
@@ -498,6 +532,7 @@ impl Adopter {
                 }
                 Sent::Failed(e) => {
                     stats.failed.fetch_add(1, Ordering::Relaxed);
+                    trace_step(w.who, "failed", w.since.elapsed().as_micros() as u64);
                     log::warn!("specd: hand-off to the local server failed: {e}");
                 }
             }
@@ -552,6 +587,15 @@ impl Adopter {
             room_seen = poll_out(self.via.as_raw_fd(), RETRY_SLICE);
             p = lock(&self.state);
         }
+    }
+}
+
+/// A hand-off's trace label and its connection's client ([`crate::trace`]).
+type Who = (&'static str, Option<SocketAddr>);
+
+fn trace_step((label, client): Who, step: &str, us: u64) {
+    if trace::on() {
+        trace::record(client, &format!("{label}.{step}"), us);
     }
 }
 

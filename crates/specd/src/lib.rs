@@ -15,7 +15,8 @@
 //!   back to the local server; [`steer`]: the sk_lookup program (`bpf/steer.bpf.c`)
 //!   (kernel mode: it reads the server's queue per SYN; poll mode: a flag the daemon
 //!   polls) and the front-end flow hook ([`steer::FlowSteer`]).
-//! - [`stats`]: bounded per-migration samples.
+//! - [`stats`]: bounded per-migration samples; [`trace`]: the per-connection trace
+//!   (`--conn-trace`).
 //! - [`summary`]: the JSON the daemon writes (the exit summary and its parts), as
 //!   serde structs.
 //! - [`cli`]: `farside specd`.
@@ -31,6 +32,7 @@ pub mod stats;
 pub mod steer;
 pub mod summary;
 pub mod target;
+pub mod trace;
 pub mod window;
 
 pub use cli::{run, SpecdArgs};

@@ -894,6 +894,14 @@ fn migrator_loop(s: &Shared) {
             _ => s.server_queue.load(Ordering::Relaxed),
         };
         let decision = window_op(s, |w| w.on_arrival(q));
+        if crate::trace::on() {
+            let step = match decision {
+                Decision::Migrate => "admitted.migrate",
+                Decision::Server => "admitted.server",
+                Decision::Refuse => "admitted.refuse",
+            };
+            crate::trace::record(sock.peer_addr().ok(), step, u64::from(q));
+        }
         match decision {
             Decision::Migrate if s.cfg.gate_on_peer_load && !peers_have_room(s) => {
                 // Every peer read one-sidedly is full: an offer would be refused after a
@@ -1022,6 +1030,7 @@ fn migrate_one(s: &Shared, mcfg: &MigrateConfig, sock: TcpStream, admitted: Inst
     peer.inflight.fetch_sub(1, Ordering::Relaxed);
     match outcome {
         Outcome::Migrated(t) => {
+            crate::trace::record(Some(remote), "migrated", t.total.as_micros() as u64);
             window_op(s, |w| w.on_resolved(Resolution::Migrated));
             s.stats.migrated.fetch_add(1, Ordering::Relaxed);
             record(s, Event::Migrated);
@@ -1048,6 +1057,10 @@ fn migrate_one(s: &Shared, mcfg: &MigrateConfig, sock: TcpStream, admitted: Inst
                 }
             };
             log::debug!("specd: {remote} stays here: {reason:?}");
+            if crate::trace::on() {
+                let why = FALLBACK_REASONS[fallback_index(&reason)];
+                crate::trace::record(Some(remote), &format!("fell_back.{why}"), 0);
+            }
             window_op(s, |w| {
                 w.on_fell_back(r);
                 w.on_served_locally(1);
@@ -1056,6 +1069,7 @@ fn migrate_one(s: &Shared, mcfg: &MigrateConfig, sock: TcpStream, admitted: Inst
             fall_back_local(s, sock);
         }
         Outcome::Lost(e) => {
+            crate::trace::record(Some(remote), "lost", 0);
             log::warn!(
                 "specd: {remote} lost migrating to {}: {e}",
                 peer.peer.daemon

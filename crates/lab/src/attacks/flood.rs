@@ -174,6 +174,10 @@ pub struct FloodPoint {
     pub fe_nonsyn_miss: u64,
     pub defender_cpu_ms: f64,
     pub softirq_ms: f64,
+    /// specd's hand-offs to the local servers in the phase (absent in runs kept
+    /// before it was recorded).
+    #[serde(default)]
+    pub handoff: HandoffPhase,
     pub effect: String,
     #[serde(skip)]
     pub series: Vec<FloodSecond>,
@@ -570,6 +574,198 @@ fn flow_backend(reply: &str) -> Option<String> {
     rest.split_whitespace().next().map(str::to_string)
 }
 
+/// The daemons whose sockets a lost connection may sit in, by process name.
+const HOLDERS: [&str; 4] = ["backend-b0", "backend-b1", "specd-b0", "specd-b1"];
+
+/// Where the connection of `client` is now, on the client and on both back-ends: one
+/// `ss` line per socket found (state, receive and send queues, timers) with the
+/// daemon holding it (`no process`: in a listener's accept queue, or in flight
+/// between processes), and specd's records of it.
+pub(super) fn where_is(d: &Dc, client: SocketAddrV4) -> String {
+    let pids: Vec<(String, &str)> = HOLDERS
+        .iter()
+        .filter_map(|n| d.pid_of(n).map(|p| (format!("pid={p},"), *n)))
+        .collect();
+    let mut out = Vec::new();
+    for (node, dir) in [(CLIENT, "src"), (B0, "dst"), (B1, "dst")] {
+        let filter = format!("{dir} {client}");
+        let lines =
+            d.dc.run_in_ns(node, move || {
+                std::process::Command::new("ss")
+                    .args(["-tanpeiH"])
+                    .args(filter.split(' '))
+                    .output()
+            })
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_else(|e| format!("ss: {e}"));
+        // `-i` puts each socket's TCP info on an indented line of its own.
+        let mut sockets: Vec<String> = Vec::new();
+        for l in lines.lines().filter(|l| !l.trim().is_empty()) {
+            match sockets.last_mut() {
+                Some(last) if l.starts_with(char::is_whitespace) => {
+                    last.push(' ');
+                    last.push_str(l);
+                }
+                _ => sockets.push(l.to_string()),
+            }
+        }
+        let mut found = Vec::new();
+        for l in sockets {
+            let mut l = l.split_whitespace().collect::<Vec<_>>().join(" ");
+            let who = pids.iter().find(|(p, _)| l.contains(p.as_str())).map_or(
+                if l.contains("users:") {
+                    "other"
+                } else {
+                    "no process"
+                },
+                |(_, n)| n,
+            );
+            if let Some(i) = l.find(" users:") {
+                let end = l[i..].find("))").map_or(l.len(), |e| i + e + 2);
+                l.replace_range(i..end, "");
+            }
+            found.push(format!("[{who}] {l}"));
+        }
+        let queues = match node {
+            CLIENT => String::new(),
+            _ => format!(" ({})", server_queues(d, node)),
+        };
+        let traced = match node {
+            CLIENT => String::new(),
+            _ => {
+                let steps: Vec<String> = specd_trace(d, node)
+                    .iter()
+                    .filter(|v| v["client"].as_str() == Some(client.to_string().as_str()))
+                    .map(|v| {
+                        format!(
+                            "{} {} ({} µs)",
+                            v["unix_ms"].as_u64().unwrap_or(0) % 100_000,
+                            v["step"].as_str().unwrap_or("?"),
+                            v["us"].as_u64().unwrap_or(0)
+                        )
+                    })
+                    .collect();
+                format!(
+                    "; specd-{node} traced: {}",
+                    if steps.is_empty() {
+                        "nothing".to_string()
+                    } else {
+                        steps.join(", ")
+                    }
+                )
+            }
+        };
+        out.push(format!(
+            "{node}{queues}: {}{traced}",
+            if found.is_empty() {
+                "no socket".to_string()
+            } else {
+                found.join(" | ")
+            }
+        ));
+    }
+    out.join("; ")
+}
+
+/// specd's per-connection trace on `node` so far (whole lines only).
+fn specd_trace(d: &Dc, node: &str) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(d.specd_trace_path(node))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Milliseconds since the Unix epoch (the trace's clock).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// What specd's hand-offs to the local servers did in a phase (both back-ends, both
+/// sides: fall-backs on the source, restored connections on the target), from their
+/// traces between `from_ms` and `to_ms` (Unix ms).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+pub struct HandoffPhase {
+    /// Connections handed to a local server (at once or after waiting).
+    pub handed: u64,
+    /// Of those, how many had to wait in specd's hand-off queue.
+    pub queued: u64,
+    /// Their waits in the hand-off queue, µs: 99th percentile and most.
+    pub wait_p99_us: u64,
+    pub wait_max_us: u64,
+    /// Connections the hand-off offered on to a peer, refused with a reset, or
+    /// closed (waited too long, over its bound, failed) instead of handing them.
+    pub offered_on: u64,
+    pub refused: u64,
+    pub closed: u64,
+}
+
+fn handoff_phase(d: &Dc, from_ms: u64, to_ms: u64) -> HandoffPhase {
+    let mut h = HandoffPhase::default();
+    let mut waits = Vec::new();
+    for node in [B0, B1] {
+        for v in specd_trace(d, node) {
+            let t = v["unix_ms"].as_u64().unwrap_or(0);
+            if t < from_ms || t > to_ms {
+                continue;
+            }
+            let step = v["step"].as_str().unwrap_or("");
+            let Some((_, what)) = step
+                .split_once('.')
+                .filter(|(side, _)| *side == "local" || *side == "restored")
+            else {
+                continue;
+            };
+            let us = v["us"].as_u64().unwrap_or(0);
+            match what {
+                "handed" | "relayed" => {
+                    h.handed += 1;
+                    waits.push(us);
+                }
+                "queued" => h.queued += 1,
+                "offered_on" => h.offered_on += 1,
+                "refused" => h.refused += 1,
+                "waited_too_long" | "over_bound" | "failed" => h.closed += 1,
+                _ => {}
+            }
+        }
+    }
+    waits.sort_unstable();
+    if let Some(&m) = waits.last() {
+        h.wait_max_us = m;
+        h.wait_p99_us = waits[(waits.len() * 99).div_ceil(100).max(1) - 1];
+    }
+    h
+}
+
+/// A back-end's queues in front of its web server's workers now: the listener's
+/// accept queue and the adoption socket's datagrams (connections specd handed over
+/// that no worker has taken yet), each as `ss` shows them (`Recv-Q`).
+fn server_queues(d: &Dc, node: &str) -> String {
+    let i = usize::from(node == B1);
+    let adopt = d.adopt_path(i).display().to_string();
+    let port = VIP.port();
+    d.dc.run_in_ns(node, move || {
+        let ss = |args: &[&str]| {
+            std::process::Command::new("ss")
+                .args(args)
+                .output()
+                .map(|o| {
+                    String::from_utf8_lossy(&o.stdout)
+                        .split_whitespace()
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+        };
+        let listen = ss(&["-tlnH", "sport", "=", &format!(":{port}")])?;
+        let unix = ss(&["-xanH", "src", &adopt])?;
+        Ok(format!("listener: {listen}; adoption socket: {unix}"))
+    })
+    .unwrap_or_else(|e| format!("ss: {e}"))
+}
+
 /// Sample every live connection's entry: (tracked, newly evicted or changed, moved).
 fn sample_flows(d: &Dc, legit: &Legit) -> (u64, u64, u64) {
     let addrs: Vec<SocketAddrV4> = lock(&legit.live).keys().copied().collect();
@@ -621,10 +817,12 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
     let cpu0 = d.defender_cpu_us();
     let soft0 = dc::softirq_ms();
     let t0 = Instant::now();
+    let t0_ms = unix_ms();
     let attack_errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let probe = |a: SocketAddrV4| where_is(d, a);
     std::thread::scope(|sc| {
         for i in 0..SESSIONS + VICTIMS {
-            let (legit, stop, front) = (&legit, &stop, front.clone());
+            let (legit, stop, front, probe) = (&legit, &stop, front.clone(), &probe);
             let requests = if i < SESSIONS {
                 SESSION_REQUESTS
             } else {
@@ -635,7 +833,7 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
                     if let Some(cpus) = &front {
                         crate::fabric::procs::pin_current_thread(cpus)?;
                     }
-                    session(legit, requests, stop);
+                    session(legit, requests, stop, probe);
                     Ok(())
                 });
             });
@@ -703,6 +901,7 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
     });
     let wall = t0.elapsed().as_secs_f64();
     let spec = SpecdCounts::read(d).minus(spec0);
+    let handoff = handoff_phase(d, t0_ms, unix_ms());
     let (_, _, miss) = fe_tables(d);
     let sum = |f: fn(&FloodSecond) -> u64| series.iter().map(f).sum::<u64>();
     let (tracked, evicted, moved) = (
@@ -740,6 +939,7 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
         fe_nonsyn_miss: miss.saturating_sub(miss0),
         defender_cpu_ms: (d.defender_cpu_us().saturating_sub(cpu0) as f64 / 1e3).round(),
         softirq_ms: (dc::softirq_ms() - soft0).round(),
+        handoff,
         effect: String::new(),
         series,
     };
@@ -749,8 +949,9 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
          {} entries, {} moved); specd's port: {} attacker connections, {} B sent, {} B answered, \
          at most {} slow senders open; {} of {} live-connection samples lost or changed their \
          entry ({} moves by migration seen); migrations {} completed, {} fell back, {} lost \
-         (refused: {} non-peer, {} over the peer's share, {} bad offers); legitimate: {} served, \
-         {} failed, {} connections lost{}{}",
+         (refused: {} non-peer, {} over the peer's share, {} bad offers); hand-offs to the local \
+         servers: {} ({} queued, wait p99 {} µs, max {} µs; {} offered on, {} refused, {} closed); \
+         legitimate: {} served, {} failed, {} connections lost{}{}",
         p.nonsyn_sent,
         p.nonsyn_pps,
         p.fe_nonsyn_miss,
@@ -769,6 +970,13 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
         p.specd_not_allowed,
         p.specd_over_peer_cap,
         p.specd_bad_offers,
+        p.handoff.handed,
+        p.handoff.queued,
+        p.handoff.wait_p99_us,
+        p.handoff.wait_max_us,
+        p.handoff.offered_on,
+        p.handoff.refused,
+        p.handoff.closed,
         p.served_requests,
         p.failed_requests,
         p.lost_connections,
