@@ -806,40 +806,114 @@ fn window_op<R>(s: &Shared, f: impl FnOnce(&mut Window) -> R) -> R {
     r
 }
 
-/// How often a migrator waiting for its fall-back to be taken by the local server
+/// How often a migrator waiting for its connection to be taken by the local server
 /// checks for a stop (the wait itself ends when the hand-off does: at most its
 /// `HANDOFF_WAIT_MAX`).
 const FALLBACK_STOP_CHECK: Duration = Duration::from_millis(100);
+/// How long a connection handed to the local server may wait in the hand-off queue
+/// (the server's adoption channel is full: every worker is held) before the window
+/// may offer it to a peer instead ([`Window::on_local_wait`]): 100 ms. The queue
+/// moves one position per connection a worker frees, which with keep-alive clients
+/// takes seconds, while a migration takes ~20 ms (the flood lab's offer time, p50;
+/// 140 ms p99) and the peer may be idle: measured, a connection refused by a window
+/// closed for 68 ms then waited 2.06 s here and more in the adoption socket,
+/// unanswered, while the peer's queues were empty. 100 ms is 20 of the server-queue
+/// polls (5 ms) and a small part of any client's patience; a connection the server
+/// takes within it is never moved.
+pub const HANDOFF_REOFFER_AFTER: Duration = Duration::from_millis(100);
+/// Longest a migration waits for each of its target's replies (ACCEPT/REFUSE,
+/// RESTORED/FAILED) before it falls back (`target_gone`): 1 s, against the migrate
+/// crate's 2 s default. The client waits in silence all that time, and then for the
+/// local server: measured in the flood lab beside CPU hogs, two new connections
+/// waited 2.0 s for a stalled target, fell back, and were still in the local
+/// adoption socket when their clients gave up at 3 s. The slowest offer that
+/// completed there took 0.43 s (p99 0.14 s), so 1 s is over twice the slowest answer
+/// seen and leaves a 3 s client two seconds to be served here.
+pub const MIGRATION_REPLY_MAX: Duration = Duration::from_secs(1);
+/// How often, past [`HANDOFF_REOFFER_AFTER`], a migrator looks whether the window
+/// has reopened for its waiting connection: 10 ms (one window lock; a reopening
+/// comes with a target's notification).
+const REOFFER_CHECK: Duration = Duration::from_millis(10);
+/// Offers to a peer a connection may be given after the one it was admitted for
+/// (or, for one handed to the local server at once, in all): one, so a connection
+/// moves at most twice and a refusing peer is not offered the same connection again
+/// and again; it then waits for the local server, at most `HANDOFF_WAIT_MAX`, and is
+/// refused with a reset past that.
+const REOFFERS_MAX: u32 = 1;
 
-/// Hands a migratory connection that stayed here to the local server, waits until
-/// the server has taken it (or it was closed: expired, client gone, stop), and frees
-/// its place in the window ([`Window::on_handed_locally`]). The migrator waits on
-/// purpose: while fall-backs wait for a saturated local server, their places keep
-/// the window from admitting more, as the server's full accept queue keeps SYNs out,
-/// instead of piling connections up in front of it (measured: at 4x overload, 75/25,
-/// the source's hand-off queue filled to its bound and closed up to 108 connections
-/// per 20 s run). The wait is short when the server has room: one non-blocking send.
-fn fall_back_local(s: &Shared, sock: TcpStream) {
-    match s.local.hand_watched(sock) {
-        Ok(taken) => while !taken.wait(FALLBACK_STOP_CHECK) && !s.stop.load(Ordering::SeqCst) {},
-        Err(e) => log::warn!("specd: hand-off to the local server failed: {e}"),
+/// Hands a connection that stays here to the local server and waits until the server
+/// has taken it (or it was closed: expired and refused, client gone, stop). A
+/// migratory connection that fell back (`holds_place`) keeps its place in the window
+/// until then ([`Window::on_handed_locally`]): the migrator waits on purpose, so that
+/// while fall-backs wait for a saturated local server their places keep the window
+/// from admitting more, as the server's full accept queue keeps SYNs out, instead of
+/// piling connections up in front of it (measured: at 4x overload, 75/25, the
+/// source's hand-off queue filled to its bound and closed up to 108 connections per
+/// 20 s run). The wait is short when the server has room: one non-blocking send.
+///
+/// One that still waits after [`HANDOFF_REOFFER_AFTER`] is taken back and offered to
+/// a peer if the window has room for it (`offers_left` of [`REOFFERS_MAX`]), rather
+/// than waiting for workers held by keep-alive connections while a peer has room.
+fn stay_local(
+    s: &Shared,
+    mcfg: &MigrateConfig,
+    sock: TcpStream,
+    holds_place: bool,
+    offers_left: u32,
+) {
+    let taken = match s.local.hand_watched(sock) {
+        Ok(t) => t,
+        Err(e) => {
+            log::warn!("specd: hand-off to the local server failed: {e}");
+            if holds_place {
+                window_op(s, |w| w.on_handed_locally());
+            }
+            return;
+        }
+    };
+    let t0 = Instant::now();
+    loop {
+        let waited = t0.elapsed();
+        let slice = match (offers_left > 0, HANDOFF_REOFFER_AFTER.checked_sub(waited)) {
+            (true, Some(left)) if !left.is_zero() => left,
+            (true, _) => REOFFER_CHECK,
+            (false, _) => FALLBACK_STOP_CHECK,
+        };
+        if taken.wait(slice) || s.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        if offers_left == 0 || t0.elapsed() < HANDOFF_REOFFER_AFTER {
+            continue;
+        }
+        // Only when the window would take it (the check and the transition are two
+        // locks apart: a window that closed in between hands it back below).
+        if !window_op(s, |w| w.is_open() && (holds_place || w.has_room())) {
+            continue;
+        }
+        let Some((sock, waited)) = taken.take_back() else {
+            continue;
+        };
+        if window_op(s, |w| w.on_local_wait(holds_place)) {
+            crate::trace::record(
+                sock.peer_addr().ok(),
+                "reoffered",
+                waited.as_micros() as u64,
+            );
+            migrate_one(s, mcfg, sock, Instant::now(), offers_left - 1);
+        } else {
+            stay_local(s, mcfg, sock, holds_place, 0);
+        }
+        return;
     }
-    window_op(s, |w| w.on_handed_locally());
+    if holds_place {
+        window_op(s, |w| w.on_handed_locally());
+    }
 }
 
 /// Counts `e` in the per-second series, in the second since the start it happens in.
 fn record(s: &Shared, e: Event) {
     let t_s = s.started.elapsed().as_secs();
     lock(&s.series).record(t_s, e);
-}
-
-/// Hands a connection to the local server (a stale divert: fall-backs go through
-/// [`fall_back_local`]); never waits for the server (see [`HandOff::hand`]). What it closes is counted in the
-/// hand-off's stats (`local_handoff_failed`, `local_handoff` in the summary).
-fn hand_local(s: &Shared, sock: TcpStream) {
-    if let Err(e) = s.local.hand(sock) {
-        log::warn!("specd: hand-off to the local server failed: {e}");
-    }
 }
 
 /// Waits until `fd` is readable (or hung up), at most `timeout` (`None`: no bound).
@@ -867,6 +941,7 @@ fn migrator_loop(s: &Shared) {
         handover: s.cfg.handover,
         hold: s.hold.clone(),
         auth: s.cfg.auth.clone(),
+        reply_timeout: MIGRATION_REPLY_MAX,
         ..MigrateConfig::default()
     };
     while !s.stop.load(Ordering::SeqCst) {
@@ -909,12 +984,14 @@ fn migrator_loop(s: &Shared) {
                 // offer) and the connection is served here.
                 window_op(s, |w| w.on_fell_back(Resolution::NoPeerRoom));
                 s.stats.no_peer_room.fetch_add(1, Ordering::Relaxed);
-                fall_back_local(s, sock);
+                stay_local(s, &mcfg, sock, true, REOFFERS_MAX);
             }
-            Decision::Migrate => migrate_one(s, &mcfg, sock, admitted),
+            Decision::Migrate => migrate_one(s, &mcfg, sock, admitted, REOFFERS_MAX),
             Decision::Server | Decision::Refuse => {
                 s.stats.stale_local.fetch_add(1, Ordering::Relaxed);
-                hand_local(s, sock);
+                // A stale divert: served here, or offered to a peer if the server
+                // does not take it in time and the window has room then.
+                stay_local(s, &mcfg, sock, false, REOFFERS_MAX);
             }
         }
     }
@@ -1003,7 +1080,13 @@ fn choose_peer<'a>(s: &'a Shared, sock: &TcpStream) -> &'a PeerState {
 
 /// Migrates one admitted connection on the calling migrator (window resolved,
 /// counters, fall-back to the local server).
-fn migrate_one(s: &Shared, mcfg: &MigrateConfig, sock: TcpStream, admitted: Instant) {
+fn migrate_one(
+    s: &Shared,
+    mcfg: &MigrateConfig,
+    sock: TcpStream,
+    admitted: Instant,
+    offers_left: u32,
+) {
     let remote = match sock.peer_addr() {
         Ok(a) => a,
         Err(_) => {
@@ -1066,7 +1149,7 @@ fn migrate_one(s: &Shared, mcfg: &MigrateConfig, sock: TcpStream, admitted: Inst
                 w.on_served_locally(1);
             });
             s.stats.fell_back.fetch_add(1, Ordering::Relaxed);
-            fall_back_local(s, sock);
+            stay_local(s, mcfg, sock, true, offers_left);
         }
         Outcome::Lost(e) => {
             crate::trace::record(Some(remote), "lost", 0);

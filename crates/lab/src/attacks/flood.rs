@@ -695,8 +695,9 @@ pub struct HandoffPhase {
     /// Their waits in the hand-off queue, µs: 99th percentile and most.
     pub wait_p99_us: u64,
     pub wait_max_us: u64,
-    /// Connections the hand-off offered on to a peer, refused with a reset, or
-    /// closed (waited too long, over its bound, failed) instead of handing them.
+    /// Connections the local server did not take in time that were offered on to a
+    /// peer instead; refused with a reset after the hand-off's wait bound; closed
+    /// otherwise (over its bound, failed).
     pub offered_on: u64,
     pub refused: u64,
     pub closed: u64,
@@ -712,6 +713,11 @@ fn handoff_phase(d: &Dc, from_ms: u64, to_ms: u64) -> HandoffPhase {
                 continue;
             }
             let step = v["step"].as_str().unwrap_or("");
+            if step == "reoffered" {
+                // Taken back from the source's hand-off queue and offered to a peer.
+                h.offered_on += 1;
+                continue;
+            }
             let Some((_, what)) = step
                 .split_once('.')
                 .filter(|(side, _)| *side == "local" || *side == "restored")
@@ -727,7 +733,7 @@ fn handoff_phase(d: &Dc, from_ms: u64, to_ms: u64) -> HandoffPhase {
                 "queued" => h.queued += 1,
                 "offered_on" => h.offered_on += 1,
                 "refused" => h.refused += 1,
-                "waited_too_long" | "over_bound" | "failed" => h.closed += 1,
+                "over_bound" | "failed" => h.closed += 1,
                 _ => {}
             }
         }
