@@ -57,6 +57,8 @@ use farside_rmem::{connect_target, ClientOptions};
 
 use crate::handoff::HandOff;
 use crate::load::{server_listener, ServerQueue};
+pub use crate::peer::Peer;
+use crate::peer::{full_at_for, least_loaded, some_peer_has_room, PeerLoad};
 use crate::stats::{Event, PerSecond, Samples};
 use crate::steer::{FlowSteer, Mode, Steering, CNT_DAEMON, CNT_NO_SERVER, CNT_SERVER};
 use crate::summary::{
@@ -92,57 +94,6 @@ pub const LISTENER_CHECK: Duration = Duration::from_secs(1);
 pub const PEERS_MAX: usize = 64;
 /// Migrator threads' stack (the migrate protocol's buffers live on the heap).
 const MIGRATOR_STACK_BYTES: usize = 256 * 1024;
-
-/// A peer back-end.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Peer {
-    /// Its daemon's migration listener.
-    pub daemon: SocketAddr,
-    /// Its region (`farside gatherd`), read one-sidedly for its load; `None`: load
-    /// unknown (ranked after peers with a known load).
-    pub region: Option<String>,
-    /// Its address as the front-end knows it (the `move_flow` target). Default: the
-    /// daemon's IP.
-    pub backend: IpAddr,
-}
-
-impl Peer {
-    /// Parses `daemon=IP:PORT[,region=ENDPOINT][,backend=IP]`.
-    pub fn parse(s: &str) -> Result<Peer, String> {
-        let (mut daemon, mut region, mut backend) = (None, None, None);
-        for part in s.split(',') {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| format!("--peer `{s}`: `{part}` is not key=value"))?;
-            match k {
-                "daemon" => {
-                    daemon = Some(
-                        v.parse::<SocketAddr>()
-                            .map_err(|e| format!("--peer `{s}`: daemon `{v}`: {e}"))?,
-                    )
-                }
-                "region" => {
-                    farside_rmem::Target::parse(v)
-                        .map_err(|e| format!("--peer `{s}`: region: {e}"))?;
-                    region = Some(v.to_string());
-                }
-                "backend" => {
-                    backend = Some(
-                        v.parse::<IpAddr>()
-                            .map_err(|e| format!("--peer `{s}`: backend `{v}`: {e}"))?,
-                    )
-                }
-                _ => return Err(format!("--peer `{s}`: unknown key `{k}`")),
-            }
-        }
-        let daemon = daemon.ok_or_else(|| format!("--peer `{s}`: daemon=IP:PORT is required"))?;
-        Ok(Peer {
-            daemon,
-            region,
-            backend: backend.unwrap_or(daemon.ip()),
-        })
-    }
-}
 
 /// Configuration of the source side.
 #[derive(Clone, Debug)]
@@ -276,14 +227,6 @@ impl SourceConfig {
         }
         Ok(())
     }
-}
-
-/// A peer's last known load.
-#[derive(Clone, Copy, Debug, Default)]
-struct PeerLoad {
-    known: bool,
-    accept_backlog: u64,
-    cpu_util_ppm: u64,
 }
 
 struct PeerState {
@@ -1002,37 +945,6 @@ fn migrator_loop(s: &Shared) {
 /// would spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
 
-/// Index of the least-loaded candidate, each given as (its last load, migrations to
-/// it in progress): known loads first, then by accept backlog plus migrations in
-/// flight, then CPU utilisation; the first of equals.
-fn least_loaded(cands: impl Iterator<Item = (PeerLoad, u32)>) -> Option<usize> {
-    cands
-        .enumerate()
-        .min_by_key(|(i, (l, inflight))| {
-            (
-                !l.known,
-                l.accept_backlog + u64::from(*inflight),
-                l.cpu_util_ppm,
-                *i,
-            )
-        })
-        .map(|(i, _)| i)
-}
-
-/// Whether some peer may take a migration: its load is unknown (the target decides),
-/// or its known accept backlog plus the migrations to it in flight is below `full_at`.
-fn some_peer_has_room(cands: impl Iterator<Item = (PeerLoad, u32)>, full_at: u64) -> bool {
-    cands
-        .into_iter()
-        .any(|(l, inflight)| !l.known || l.accept_backlog + u64::from(inflight) < full_at)
-}
-
-/// The load (backlog plus migrations in flight) below which a peer whose admission
-/// bound is `bound` still takes `n` more connections: `bound - n + 1`.
-fn full_at_for(bound: u32, n: u32) -> u64 {
-    u64::from(bound).saturating_sub(u64::from(n.max(1)) - 1)
-}
-
 fn peers_have_room(s: &Shared) -> bool {
     peers_have_room_for(s, 1)
 }
@@ -1575,22 +1487,5 @@ mod tests {
         let c = [(load(false, 0, 0), 1), (load(false, 0, 0), 0)];
         assert_eq!(least_loaded(c.into_iter()), Some(1));
         assert_eq!(least_loaded(std::iter::empty()), None);
-    }
-
-    #[test]
-    fn peer_specs_parse_and_refuse_bad_input() {
-        let p =
-            Peer::parse("daemon=10.0.0.2:7000,region=udp:10.0.0.2:7471,backend=10.1.0.2").unwrap();
-        assert_eq!(p.daemon, "10.0.0.2:7000".parse().unwrap());
-        assert_eq!(p.region.as_deref(), Some("udp:10.0.0.2:7471"));
-        assert_eq!(p.backend, "10.1.0.2".parse::<IpAddr>().unwrap());
-        let p = Peer::parse("daemon=10.0.0.3:7000").unwrap();
-        assert_eq!(p.backend, "10.0.0.3".parse::<IpAddr>().unwrap());
-        assert!(p.region.is_none());
-        assert!(Peer::parse("region=udp:1.2.3.4:5").is_err());
-        assert!(Peer::parse("daemon=nope").is_err());
-        assert!(Peer::parse("daemon=1.2.3.4:5,region=ftp:x").is_err());
-        assert!(Peer::parse("daemon=1.2.3.4:5,color=red").is_err());
-        assert!(Peer::parse("daemon").is_err());
     }
 }
