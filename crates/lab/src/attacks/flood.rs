@@ -176,8 +176,8 @@ pub struct FloodPoint {
     pub defender_cpu_ms: f64,
     pub softirq_ms: f64,
     /// specd's hand-offs to the local servers in the phase (absent in runs kept
-    /// before it was recorded).
-    #[serde(default)]
+    /// before it was recorded, which re-render as they were, and when all zero).
+    #[serde(default, skip_serializing_if = "HandoffPhase::is_zero")]
     pub handoff: HandoffPhase,
     pub effect: String,
     #[serde(skip)]

@@ -138,6 +138,13 @@ pub struct HandoffPhase {
     pub closed: u64,
 }
 
+impl HandoffPhase {
+    /// Nothing recorded (also what a run kept before the field existed reads as).
+    pub fn is_zero(&self) -> bool {
+        *self == HandoffPhase::default()
+    }
+}
+
 pub(super) fn handoff_phase(d: &Dc, from_ms: u64, to_ms: u64) -> HandoffPhase {
     let mut h = HandoffPhase::default();
     let mut waits = Vec::new();
