@@ -252,6 +252,13 @@ pub struct SpecdArgs {
     /// its counters live. Default: only at exit.
     #[arg(long = "summary-every-s")]
     pub summary_every_s: Option<f64>,
+    /// Write one JSON line per step specd takes with a client's connection (the
+    /// window's decision, migrated or fell back, the hand-off to the local server:
+    /// passed at once or after how long a wait, closed and why) to this file, so a
+    /// client's odd connection can be matched by its address and port. For labs and
+    /// debugging; at most 1,000,000 lines. Default: none.
+    #[arg(long = "conn-trace")]
+    pub conn_trace: Option<PathBuf>,
     /// Read the peers' load one-sidedly (their `region=`) before offering: while every
     /// peer is full (backlog plus migrations in flight ≥ --queue) a migratory arrival
     /// stays local and the window closes as on a refusal, with no dump or offer spent;
@@ -382,6 +389,9 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
                 std::io::Error::last_os_error()
             );
         }
+    }
+    if let Some(p) = &args.conn_trace {
+        crate::trace::install(p).map_err(|e| format!("specd: {e}"))?;
     }
     let t0 = Instant::now();
     let auth = load_auth(&args)?;

@@ -28,16 +28,23 @@
 //!                   │ connected to PATH (the kernel wakes it when the server
 //!                   │ takes a datagram; RETRY_SLICE at most), then sendmsg again
 //!                   ├─ client sent FIN/RST, nothing left to serve ─▶ `client_gone`
-//!                   ├─ waited more than wait_max ─▶ closed, `waited_too_long`
+//!                   ├─ taken back by its watcher (the source offers it to a
+//!                   │  peer: `Taken::take_back`) ─▶ `taken_back`
+//!                   ├─ waited more than wait_max ─▶ refused with a reset,
+//!                   │                               `waited_too_long`
 //!                   └─ other send error (server gone) ─▶ closed, `failed`
 //! ```
+//!
+//! A waiting connection is never left silent past `wait_max` ([`HANDOFF_WAIT_MAX`],
+//! 1 s by default): its client gets a reset (`SO_LINGER` 0), a refusal it sees at
+//! once, and may retry on a new connection.
 //!
 //! `hand` returns after a non-blocking send or an enqueue (microseconds), never
 //! waiting for the server. A caller that needs to know when the server has taken a
 //! connection uses `hand_watched` and waits on its [`Taken`] as long as it chooses
 //! (the source's migrator for a fall-back, whose place in the admission window ends
-//! then). Trade-off against changing the channel (a connected
-//! `SOCK_SEQPACKET` socket, bounded by its send buffer rather than
+//! then), and can take it back while it still waits, to offer it to a peer.
+//! Trade-off against changing the channel (a connected `SOCK_SEQPACKET` socket, bounded by its send buffer rather than
 //! `max_dgram_qlen`): that moves the same queue into the kernel, still bounded, so
 //! specd would need this queue all the same once it fills, and it changes the
 //! back-end's worker loop (one more socket per peer to poll). The datagram channel
@@ -63,6 +70,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::stats::Samples;
+use crate::trace;
 
 /// Longest a relay hand-over waits for its connect to the local server: a local
 /// server that cannot take a connection within a second is stuck, and the connection
@@ -80,12 +88,18 @@ pub const PENDING_DEFAULT: usize = 128;
 /// specd, whose soft `RLIMIT_NOFILE` is 1,024 by default, shared with the migrators'
 /// sockets and the relays.
 pub const PENDING_MAX: usize = 512;
-/// Longest a connection waits for the local server to take it, by default. Clients
-/// wait less (the lab's and wrk's 2 s) or much longer (browsers, minutes); one whose
-/// client has gone is closed as soon as that is seen (`client_gone`), so this only
-/// bounds a server that has stopped taking connections: 10 s, the back-end's own
-/// header timeout, is a request the server would itself have given up on.
-pub const HANDOFF_WAIT_MAX: Duration = Duration::from_secs(10);
+/// Longest a connection waits in the hand-off queue for the local server to take it,
+/// by default; then it is refused with a reset (`waited_too_long`), never left
+/// silent. 1 s: half the shortest client bound the lab and wrk use (2 s; the flood
+/// lab's clients 3 s), so the client learns in time to retry on a new connection
+/// (steered afresh) rather than time out on silence. A connection the server has not
+/// taken in a second waits behind workers held by keep-alive connections, which free
+/// them on the scale of seconds: measured in the flood lab, one waited 2.06 s here and
+/// then more than 1 s in the adoption socket, unanswered, while the peer was idle.
+/// The source offers such a connection to a peer first
+/// (`source::HANDOFF_REOFFER_AFTER`); one whose client has gone is closed as soon as
+/// that is seen (`client_gone`).
+pub const HANDOFF_WAIT_MAX: Duration = Duration::from_secs(1);
 /// Longest the hand-off thread sleeps in `poll(POLLOUT)` on a full adoption channel
 /// before it re-checks (the kernel's wake-up when the server takes a datagram
 /// normally comes first): bounds how late it sees a stop, an expiry or a restarted
@@ -132,8 +146,11 @@ pub struct HandoffStats {
     pub queued_max: AtomicU64,
     /// Arrivals closed because `pending_max` connections were already waiting.
     pub over_bound: AtomicU64,
-    /// Waiting connections closed after `wait_max` (the server took none of them).
+    /// Waiting connections refused with a reset after `wait_max` (the server took
+    /// none of them).
     pub waited_too_long: AtomicU64,
+    /// Waiting connections taken back to be offered elsewhere ([`Taken::take_back`]).
+    pub taken_back: AtomicU64,
     /// Waiting connections whose client had gone (FIN with nothing left to serve, or
     /// a reset): closed, not handed, not a failure.
     pub client_gone: AtomicU64,
@@ -163,6 +180,7 @@ impl HandoffStats {
             queued_max: c(&self.queued_max),
             over_bound: c(&self.over_bound),
             waited_too_long: c(&self.waited_too_long),
+            taken_back: c(&self.taken_back),
             client_gone: c(&self.client_gone),
             wait_us: lock(&self.wait_us).summary(),
         }
@@ -189,6 +207,8 @@ pub struct HandOff {
     /// See [`RELAY_IDLE_DEFAULT`].
     relay_idle: Duration,
     stats: Arc<HandoffStats>,
+    /// What the connection trace calls this hand-off's steps (`local`, `restored`).
+    label: &'static str,
 }
 
 impl HandOff {
@@ -242,7 +262,14 @@ impl HandOff {
             relays: Arc::new(AtomicUsize::new(0)),
             relay_idle: RELAY_IDLE_DEFAULT,
             stats,
+            label: "local",
         })
+    }
+
+    /// Names this hand-off's steps in the connection trace ([`crate::trace`]):
+    /// `local` by default (the source's fall-backs), `restored` on the target.
+    pub fn set_trace_label(&mut self, label: &'static str) {
+        self.label = label;
     }
 
     /// The counters.
@@ -261,27 +288,41 @@ impl HandOff {
     /// not there). Later outcomes are counted in [`HandoffStats`]. With
     /// [`Handoff::Relay`], `Err` means the relay could not start (connection closed).
     pub fn hand(&self, conn: TcpStream) -> io::Result<()> {
-        self.hand_with(conn, None)
+        self.hand_with(conn, None).map(|_| ())
     }
 
     /// As [`HandOff::hand`], and what it returns tells when the connection's wait for
-    /// the server has ended (at once if it was passed, or closed, without waiting).
+    /// the server has ended (at once if it was passed, or closed, without waiting),
+    /// and can take it back while it still waits ([`Taken::take_back`]).
     pub fn hand_watched(&self, conn: TcpStream) -> io::Result<Taken> {
         let (tx, rx) = std::sync::mpsc::sync_channel(0);
-        self.hand_with(conn, Some(tx))?;
-        Ok(Taken(rx))
+        let queued = self.hand_with(conn, Some(tx))?;
+        let back = match (queued, &self.adopt) {
+            (Some(id), Some(a)) => Some((Arc::clone(a), id, Arc::clone(&self.stats))),
+            _ => None,
+        };
+        Ok(Taken { rx, back })
     }
 
-    fn hand_with(&self, conn: TcpStream, watch: Option<SyncSender<()>>) -> io::Result<()> {
+    /// Hands `conn` over; `Some(id)` when it waits in the queue under that id.
+    fn hand_with(&self, conn: TcpStream, watch: Option<SyncSender<()>>) -> io::Result<Option<u64>> {
+        let client = trace::on().then(|| conn.peer_addr().ok()).flatten();
         match (&self.how, &self.adopt) {
-            (Handoff::Adopt(_), Some(a)) => a.hand(conn, &self.stats, watch),
+            (Handoff::Adopt(_), Some(a)) => a.hand(conn, &self.stats, watch, (self.label, client)),
             (Handoff::Relay(to), _) => {
                 let r = self.relay(conn, *to);
-                match &r {
-                    Ok(()) => self.stats.handed.fetch_add(1, Ordering::Relaxed),
-                    Err(_) => self.stats.failed.fetch_add(1, Ordering::Relaxed),
+                let step = match &r {
+                    Ok(()) => {
+                        self.stats.handed.fetch_add(1, Ordering::Relaxed);
+                        "relayed"
+                    }
+                    Err(_) => {
+                        self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                        "failed"
+                    }
                 };
-                r
+                trace_step((self.label, client), step, 0);
+                r.map(|()| None)
             }
             (Handoff::Adopt(_), None) => unreachable!("adopt has its socket"),
         }
@@ -364,27 +405,53 @@ struct Adopter {
 struct Pending {
     /// Oldest first: sent in arrival order, and the front is the first to expire.
     items: VecDeque<Waiting>,
+    /// The id of the next connection queued ([`Taken::take_back`] finds it by it).
+    next_id: u64,
     /// `via` is connected to the socket now bound at `path`, as far as we know.
     connected: bool,
     stop: bool,
 }
 
 struct Waiting {
+    id: u64,
     conn: TcpStream,
     since: Instant,
+    /// The trace's label and the client's address ([`crate::trace`]).
+    who: Who,
     /// Dropped with the entry, whatever ends its wait (passed, expired, gone,
     /// failed, closed at stop): that wakes a [`Taken`] watching it.
     _watch: Option<SyncSender<()>>,
 }
 
 /// The end of one connection's wait for the local server ([`HandOff::hand_watched`]):
-/// it was passed to the server, or closed (expired, client gone, server gone, stop).
-pub struct Taken(Receiver<()>);
+/// it was passed to the server, or closed (expired, client gone, server gone, stop),
+/// or taken back ([`Taken::take_back`]).
+pub struct Taken {
+    rx: Receiver<()>,
+    /// Where it waits and under which id, when it was queued.
+    back: Option<(Arc<Adopter>, u64, Arc<HandoffStats>)>,
+}
 
 impl Taken {
     /// Waits up to `t` for the connection's wait to end; `true` if it has.
     pub fn wait(&self, t: Duration) -> bool {
-        !matches!(self.0.recv_timeout(t), Err(RecvTimeoutError::Timeout))
+        !matches!(self.rx.recv_timeout(t), Err(RecvTimeoutError::Timeout))
+    }
+
+    /// Takes the connection out of the hand-off queue if it still waits there (to
+    /// offer it elsewhere), with how long it waited; `None` if it was passed or
+    /// closed already (or never queued).
+    pub fn take_back(&self) -> Option<(TcpStream, Duration)> {
+        let (a, id, stats) = self.back.as_ref()?;
+        let mut p = lock(&a.state);
+        let i = p.items.iter().position(|w| w.id == *id)?;
+        let w = p.items.remove(i)?;
+        stats.pending.store(p.items.len() as u64, Ordering::Relaxed);
+        stats.taken_back.fetch_add(1, Ordering::Relaxed);
+        drop(p);
+        let waited = w.since.elapsed();
+        trace_step(w.who, "taken_back", waited.as_micros() as u64);
+        Some((w.conn, waited))
     }
 }
 
@@ -422,16 +489,19 @@ impl Adopter {
         conn: TcpStream,
         stats: &HandoffStats,
         watch: Option<SyncSender<()>>,
-    ) -> io::Result<()> {
+        who: Who,
+    ) -> io::Result<Option<u64>> {
         let mut p = lock(&self.state);
         if p.items.is_empty() {
             match self.try_send(&mut p, &conn) {
                 Sent::Yes => {
                     stats.handed.fetch_add(1, Ordering::Relaxed);
-                    return Ok(());
+                    trace_step(who, "handed", 0);
+                    return Ok(None);
                 }
                 Sent::Failed(e) => {
                     stats.failed.fetch_add(1, Ordering::Relaxed);
+                    trace_step(who, "failed", 0);
                     return Err(e);
                 }
                 Sent::Full => {}
@@ -443,6 +513,7 @@ impl Adopter {
         }
         if p.items.len() >= self.pending_max {
             stats.over_bound.fetch_add(1, Ordering::Relaxed);
+            trace_step(who, "over_bound", 0);
             return Err(io::Error::new(
                 io::ErrorKind::WouldBlock,
                 format!(
@@ -451,9 +522,14 @@ impl Adopter {
                 ),
             ));
         }
+        trace_step(who, "queued", 0);
+        let id = p.next_id;
+        p.next_id += 1;
         p.items.push_back(Waiting {
+            id,
             conn,
             since: Instant::now(),
+            who,
             _watch: watch,
         });
         stats.queued.fetch_add(1, Ordering::Relaxed);
@@ -463,7 +539,7 @@ impl Adopter {
         stats.pending.store(p.items.len() as u64, Ordering::Relaxed);
         drop(p);
         self.wake.notify_one();
-        Ok(())
+        Ok(Some(id))
     }
 
     /// Passes waiting connections from the front until the channel is full or none
@@ -476,21 +552,26 @@ impl Adopter {
             };
             if w.since.elapsed() > self.wait_max {
                 stats.waited_too_long.fetch_add(1, Ordering::Relaxed);
+                trace_step(w.who, "refused", w.since.elapsed().as_micros() as u64);
                 log::warn!(
-                    "specd: a connection waited {:?} for the local server: closed",
+                    "specd: a connection waited {:?} for the local server: refused (reset)",
                     self.wait_max
                 );
+                refuse(w.conn);
                 continue;
             }
             if client_gone(&w.conn) {
                 stats.client_gone.fetch_add(1, Ordering::Relaxed);
+                trace_step(w.who, "client_gone", w.since.elapsed().as_micros() as u64);
                 continue;
             }
             match self.try_send(p, &w.conn) {
                 Sent::Yes => {
                     passed += 1;
                     stats.handed.fetch_add(1, Ordering::Relaxed);
-                    lock(&stats.wait_us).record(w.since.elapsed().as_micros() as u64);
+                    let us = w.since.elapsed().as_micros() as u64;
+                    lock(&stats.wait_us).record(us);
+                    trace_step(w.who, "handed", us);
                 }
                 Sent::Full => {
                     p.items.push_front(w);
@@ -498,6 +579,7 @@ impl Adopter {
                 }
                 Sent::Failed(e) => {
                     stats.failed.fetch_add(1, Ordering::Relaxed);
+                    trace_step(w.who, "failed", w.since.elapsed().as_micros() as u64);
                     log::warn!("specd: hand-off to the local server failed: {e}");
                 }
             }
@@ -553,6 +635,35 @@ impl Adopter {
             p = lock(&self.state);
         }
     }
+}
+
+/// A hand-off's trace label and its connection's client ([`crate::trace`]).
+type Who = (&'static str, Option<SocketAddr>);
+
+fn trace_step((label, client): Who, step: &str, us: u64) {
+    if trace::on() {
+        trace::record(client, &format!("{label}.{step}"), us);
+    }
+}
+
+/// Closes `conn` with a reset (`SO_LINGER` 0): a clear refusal the client sees at
+/// once, not a FIN it may take for an answer still to come.
+pub fn refuse(conn: TcpStream) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setsockopt on a socket we own with a linger struct of the stated size.
+    unsafe {
+        libc::setsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+    drop(conn);
 }
 
 /// Drops every waiting connection whose client has gone.
@@ -684,7 +795,8 @@ mod tests {
     use super::*;
     use std::net::TcpListener;
 
-    /// Longest any awaited condition or client read may take here.
+    /// Longest any awaited condition or client read may take here, and the hand-off
+    /// wait bound of the tests that do not test it (no wall-clock bound in a test).
     const AWAIT_MAX: Duration = Duration::from_secs(10);
     const REQUEST: &[u8] = b"GET /files/100 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n";
 
@@ -753,7 +865,7 @@ mod tests {
     #[test]
     fn more_connections_than_the_adoption_queue_holds_wait_and_are_all_served() {
         let (path, backend) = one_worker_backend("many");
-        let h = HandOff::new(Handoff::Adopt(path)).unwrap();
+        let h = HandOff::with_bounds(Handoff::Adopt(path), PENDING_DEFAULT, AWAIT_MAX).unwrap();
         // Beyond what the worker and the kernel's datagram queue (qlen + 1) take.
         let n = max_dgram_qlen() + 12;
         let front = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -807,7 +919,7 @@ mod tests {
     #[test]
     fn a_watched_hand_off_ends_when_the_server_takes_the_connection() {
         let (path, backend) = one_worker_backend("watched");
-        let h = HandOff::new(Handoff::Adopt(path)).unwrap();
+        let h = HandOff::with_bounds(Handoff::Adopt(path), PENDING_DEFAULT, AWAIT_MAX).unwrap();
         let front = TcpListener::bind("127.0.0.1:0").unwrap();
         // The channel has room: passed at once, the wait is already over.
         let (mut first, s) = pair(&front);
@@ -837,7 +949,7 @@ mod tests {
     #[test]
     fn a_client_that_closes_while_queued_is_counted_gone_not_handed() {
         let (path, backend) = one_worker_backend("gone");
-        let h = HandOff::new(Handoff::Adopt(path)).unwrap();
+        let h = HandOff::with_bounds(Handoff::Adopt(path), PENDING_DEFAULT, AWAIT_MAX).unwrap();
         let st = h.stats();
         let n = max_dgram_qlen() + 4;
         let front = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -873,7 +985,7 @@ mod tests {
     fn an_arrival_over_the_bound_is_closed_and_counted_and_the_others_are_served() {
         const BOUND: usize = 3;
         let (path, backend) = one_worker_backend("bound");
-        let h = HandOff::with_bounds(Handoff::Adopt(path), BOUND, HANDOFF_WAIT_MAX).unwrap();
+        let h = HandOff::with_bounds(Handoff::Adopt(path), BOUND, AWAIT_MAX).unwrap();
         let st = h.stats();
         let front = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut kept = Vec::new();
@@ -903,8 +1015,60 @@ mod tests {
         backend.stop();
     }
 
+    /// Whether the peer has reset `c` (a non-blocking peek).
+    fn was_reset(c: &TcpStream) -> bool {
+        c.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        let r = c.peek(&mut b);
+        c.set_nonblocking(false).unwrap();
+        matches!(r, Err(e) if e.kind() == io::ErrorKind::ConnectionReset)
+    }
+
     #[test]
-    fn a_connection_the_server_does_not_take_in_time_is_closed_and_counted() {
+    fn a_waiting_connection_can_be_taken_back_and_handed_again() {
+        let (path, backend) = one_worker_backend("back");
+        let h = HandOff::with_bounds(Handoff::Adopt(path), PENDING_DEFAULT, AWAIT_MAX).unwrap();
+        let st = h.stats();
+        let front = TcpListener::bind("127.0.0.1:0").unwrap();
+        // Passed at once: nothing to take back.
+        let (mut first, s) = pair(&front);
+        let passed = h.hand_watched(s).unwrap();
+        assert!(passed.take_back().is_none());
+        // Fill the worker (waiting for `first`'s request) and the channel.
+        let mut clients = Vec::new();
+        for _ in 0..max_dgram_qlen() + 2 {
+            let (c, s) = pair(&front);
+            h.hand(s).unwrap();
+            clients.push(c);
+        }
+        await_cond("a connection waiting", || count(&st.pending) > 0);
+        let (mut mine, s) = pair(&front);
+        let taken = h.hand_watched(s).unwrap();
+        let pending = count(&st.pending);
+        let (back, _waited) = taken.take_back().expect("still waiting: taken back");
+        assert_eq!(count(&st.taken_back), 1, "{}", st.json());
+        assert_eq!(count(&st.pending), pending - 1);
+        // Taken once: a second call finds nothing, and its wait is over.
+        assert!(taken.take_back().is_none());
+        assert!(taken.wait(Duration::ZERO));
+        // The connection is whole: handed again, it is served like the others.
+        h.hand(back).unwrap();
+        for c in std::iter::once(&mut first).chain(clients.iter_mut()) {
+            c.write_all(REQUEST).unwrap();
+        }
+        assert!(served(&ask(&mut mine)), "{}", st.json());
+        for (i, c) in clients.iter_mut().enumerate() {
+            let mut got = Vec::new();
+            let _ = c.read_to_end(&mut got);
+            assert!(served(&got), "client {i}");
+        }
+        assert_eq!(st.closed(), 0, "{}", st.json());
+        drop(h);
+        backend.stop();
+    }
+
+    #[test]
+    fn a_connection_the_server_does_not_take_in_time_is_refused_with_a_reset() {
         let wait_max = Duration::from_millis(200);
         let (path, backend) = one_worker_backend("expire");
         let h = HandOff::with_bounds(Handoff::Adopt(path), PENDING_DEFAULT, wait_max).unwrap();
@@ -923,6 +1087,10 @@ mod tests {
         });
         let expired = count(&st.waited_too_long);
         assert!(expired > 0);
+        // Each expired one was refused with a reset, not left silent or closed
+        // with a FIN its client could take for an answer still to come.
+        let reset = clients.iter().filter(|c| was_reset(c)).count();
+        assert_eq!(reset as u64, expired, "{}", st.json());
         let unserved = clients
             .iter_mut()
             .map(ask)
@@ -941,7 +1109,7 @@ mod tests {
             std::process::id()
         ));
         let _ = std::fs::remove_file(&path);
-        let h = HandOff::new(Handoff::Adopt(path)).unwrap();
+        let h = HandOff::with_bounds(Handoff::Adopt(path), PENDING_DEFAULT, AWAIT_MAX).unwrap();
         let front = TcpListener::bind("127.0.0.1:0").unwrap();
         let (_c, s) = pair(&front);
         assert!(h.hand(s).is_err());

@@ -10,12 +10,13 @@
 //!   refused sources ([`notify`]) when it can take again.
 //! - [`load`]: the local server's accept-queue length (sock_diag) and its listener
 //!   (taken from its owner for the kernel steering mode).
-//! - [`source`]: the source side: steered connections accepted on the admission
+//! - [`source`] (peers: [`peer`]): the source side: steered connections accepted on the admission
 //!   listener, migrated to the least-loaded peer (regions read one-sidedly), falling
 //!   back to the local server; [`steer`]: the sk_lookup program (`bpf/steer.bpf.c`)
 //!   (kernel mode: it reads the server's queue per SYN; poll mode: a flag the daemon
 //!   polls) and the front-end flow hook ([`steer::FlowSteer`]).
-//! - [`stats`]: bounded per-migration samples.
+//! - [`stats`]: bounded per-migration samples; [`trace`]: the per-connection trace
+//!   (`--conn-trace`).
 //! - [`summary`]: the JSON the daemon writes (the exit summary and its parts), as
 //!   serde structs.
 //! - [`cli`]: `farside specd`.
@@ -26,11 +27,13 @@ pub mod cli;
 pub mod handoff;
 pub mod load;
 pub mod notify;
+pub mod peer;
 pub mod source;
 pub mod stats;
 pub mod steer;
 pub mod summary;
 pub mod target;
+pub mod trace;
 pub mod window;
 
 pub use cli::{run, SpecdArgs};

@@ -57,6 +57,8 @@ use farside_rmem::{connect_target, ClientOptions};
 
 use crate::handoff::HandOff;
 use crate::load::{server_listener, ServerQueue};
+pub use crate::peer::Peer;
+use crate::peer::{full_at_for, least_loaded, some_peer_has_room, PeerLoad};
 use crate::stats::{Event, PerSecond, Samples};
 use crate::steer::{FlowSteer, Mode, Steering, CNT_DAEMON, CNT_NO_SERVER, CNT_SERVER};
 use crate::summary::{
@@ -92,57 +94,6 @@ pub const LISTENER_CHECK: Duration = Duration::from_secs(1);
 pub const PEERS_MAX: usize = 64;
 /// Migrator threads' stack (the migrate protocol's buffers live on the heap).
 const MIGRATOR_STACK_BYTES: usize = 256 * 1024;
-
-/// A peer back-end.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Peer {
-    /// Its daemon's migration listener.
-    pub daemon: SocketAddr,
-    /// Its region (`farside gatherd`), read one-sidedly for its load; `None`: load
-    /// unknown (ranked after peers with a known load).
-    pub region: Option<String>,
-    /// Its address as the front-end knows it (the `move_flow` target). Default: the
-    /// daemon's IP.
-    pub backend: IpAddr,
-}
-
-impl Peer {
-    /// Parses `daemon=IP:PORT[,region=ENDPOINT][,backend=IP]`.
-    pub fn parse(s: &str) -> Result<Peer, String> {
-        let (mut daemon, mut region, mut backend) = (None, None, None);
-        for part in s.split(',') {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| format!("--peer `{s}`: `{part}` is not key=value"))?;
-            match k {
-                "daemon" => {
-                    daemon = Some(
-                        v.parse::<SocketAddr>()
-                            .map_err(|e| format!("--peer `{s}`: daemon `{v}`: {e}"))?,
-                    )
-                }
-                "region" => {
-                    farside_rmem::Target::parse(v)
-                        .map_err(|e| format!("--peer `{s}`: region: {e}"))?;
-                    region = Some(v.to_string());
-                }
-                "backend" => {
-                    backend = Some(
-                        v.parse::<IpAddr>()
-                            .map_err(|e| format!("--peer `{s}`: backend `{v}`: {e}"))?,
-                    )
-                }
-                _ => return Err(format!("--peer `{s}`: unknown key `{k}`")),
-            }
-        }
-        let daemon = daemon.ok_or_else(|| format!("--peer `{s}`: daemon=IP:PORT is required"))?;
-        Ok(Peer {
-            daemon,
-            region,
-            backend: backend.unwrap_or(daemon.ip()),
-        })
-    }
-}
 
 /// Configuration of the source side.
 #[derive(Clone, Debug)]
@@ -276,14 +227,6 @@ impl SourceConfig {
         }
         Ok(())
     }
-}
-
-/// A peer's last known load.
-#[derive(Clone, Copy, Debug, Default)]
-struct PeerLoad {
-    known: bool,
-    accept_backlog: u64,
-    cpu_util_ppm: u64,
 }
 
 struct PeerState {
@@ -806,40 +749,114 @@ fn window_op<R>(s: &Shared, f: impl FnOnce(&mut Window) -> R) -> R {
     r
 }
 
-/// How often a migrator waiting for its fall-back to be taken by the local server
+/// How often a migrator waiting for its connection to be taken by the local server
 /// checks for a stop (the wait itself ends when the hand-off does: at most its
 /// `HANDOFF_WAIT_MAX`).
 const FALLBACK_STOP_CHECK: Duration = Duration::from_millis(100);
+/// How long a connection handed to the local server may wait in the hand-off queue
+/// (the server's adoption channel is full: every worker is held) before the window
+/// may offer it to a peer instead ([`Window::on_local_wait`]): 100 ms. The queue
+/// moves one position per connection a worker frees, which with keep-alive clients
+/// takes seconds, while a migration takes ~20 ms (the flood lab's offer time, p50;
+/// 140 ms p99) and the peer may be idle: measured, a connection refused by a window
+/// closed for 68 ms then waited 2.06 s here and more in the adoption socket,
+/// unanswered, while the peer's queues were empty. 100 ms is 20 of the server-queue
+/// polls (5 ms) and a small part of any client's patience; a connection the server
+/// takes within it is never moved.
+pub const HANDOFF_REOFFER_AFTER: Duration = Duration::from_millis(100);
+/// Longest a migration waits for each of its target's replies (ACCEPT/REFUSE,
+/// RESTORED/FAILED) before it falls back (`target_gone`): 1 s, against the migrate
+/// crate's 2 s default. The client waits in silence all that time, and then for the
+/// local server: measured in the flood lab beside CPU hogs, two new connections
+/// waited 2.0 s for a stalled target, fell back, and were still in the local
+/// adoption socket when their clients gave up at 3 s. The slowest offer that
+/// completed there took 0.43 s (p99 0.14 s), so 1 s is over twice the slowest answer
+/// seen and leaves a 3 s client two seconds to be served here.
+pub const MIGRATION_REPLY_MAX: Duration = Duration::from_secs(1);
+/// How often, past [`HANDOFF_REOFFER_AFTER`], a migrator looks whether the window
+/// has reopened for its waiting connection: 10 ms (one window lock; a reopening
+/// comes with a target's notification).
+const REOFFER_CHECK: Duration = Duration::from_millis(10);
+/// Offers to a peer a connection may be given after the one it was admitted for
+/// (or, for one handed to the local server at once, in all): one, so a connection
+/// moves at most twice and a refusing peer is not offered the same connection again
+/// and again; it then waits for the local server, at most `HANDOFF_WAIT_MAX`, and is
+/// refused with a reset past that.
+const REOFFERS_MAX: u32 = 1;
 
-/// Hands a migratory connection that stayed here to the local server, waits until
-/// the server has taken it (or it was closed: expired, client gone, stop), and frees
-/// its place in the window ([`Window::on_handed_locally`]). The migrator waits on
-/// purpose: while fall-backs wait for a saturated local server, their places keep
-/// the window from admitting more, as the server's full accept queue keeps SYNs out,
-/// instead of piling connections up in front of it (measured: at 4x overload, 75/25,
-/// the source's hand-off queue filled to its bound and closed up to 108 connections
-/// per 20 s run). The wait is short when the server has room: one non-blocking send.
-fn fall_back_local(s: &Shared, sock: TcpStream) {
-    match s.local.hand_watched(sock) {
-        Ok(taken) => while !taken.wait(FALLBACK_STOP_CHECK) && !s.stop.load(Ordering::SeqCst) {},
-        Err(e) => log::warn!("specd: hand-off to the local server failed: {e}"),
+/// Hands a connection that stays here to the local server and waits until the server
+/// has taken it (or it was closed: expired and refused, client gone, stop). A
+/// migratory connection that fell back (`holds_place`) keeps its place in the window
+/// until then ([`Window::on_handed_locally`]): the migrator waits on purpose, so that
+/// while fall-backs wait for a saturated local server their places keep the window
+/// from admitting more, as the server's full accept queue keeps SYNs out, instead of
+/// piling connections up in front of it (measured: at 4x overload, 75/25, the
+/// source's hand-off queue filled to its bound and closed up to 108 connections per
+/// 20 s run). The wait is short when the server has room: one non-blocking send.
+///
+/// One that still waits after [`HANDOFF_REOFFER_AFTER`] is taken back and offered to
+/// a peer if the window has room for it (`offers_left` of [`REOFFERS_MAX`]), rather
+/// than waiting for workers held by keep-alive connections while a peer has room.
+fn stay_local(
+    s: &Shared,
+    mcfg: &MigrateConfig,
+    sock: TcpStream,
+    holds_place: bool,
+    offers_left: u32,
+) {
+    let taken = match s.local.hand_watched(sock) {
+        Ok(t) => t,
+        Err(e) => {
+            log::warn!("specd: hand-off to the local server failed: {e}");
+            if holds_place {
+                window_op(s, |w| w.on_handed_locally());
+            }
+            return;
+        }
+    };
+    let t0 = Instant::now();
+    loop {
+        let waited = t0.elapsed();
+        let slice = match (offers_left > 0, HANDOFF_REOFFER_AFTER.checked_sub(waited)) {
+            (true, Some(left)) if !left.is_zero() => left,
+            (true, _) => REOFFER_CHECK,
+            (false, _) => FALLBACK_STOP_CHECK,
+        };
+        if taken.wait(slice) || s.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        if offers_left == 0 || t0.elapsed() < HANDOFF_REOFFER_AFTER {
+            continue;
+        }
+        // Only when the window would take it (the check and the transition are two
+        // locks apart: a window that closed in between hands it back below).
+        if !window_op(s, |w| w.is_open() && (holds_place || w.has_room())) {
+            continue;
+        }
+        let Some((sock, waited)) = taken.take_back() else {
+            continue;
+        };
+        if window_op(s, |w| w.on_local_wait(holds_place)) {
+            crate::trace::record(
+                sock.peer_addr().ok(),
+                "reoffered",
+                waited.as_micros() as u64,
+            );
+            migrate_one(s, mcfg, sock, Instant::now(), offers_left - 1);
+        } else {
+            stay_local(s, mcfg, sock, holds_place, 0);
+        }
+        return;
     }
-    window_op(s, |w| w.on_handed_locally());
+    if holds_place {
+        window_op(s, |w| w.on_handed_locally());
+    }
 }
 
 /// Counts `e` in the per-second series, in the second since the start it happens in.
 fn record(s: &Shared, e: Event) {
     let t_s = s.started.elapsed().as_secs();
     lock(&s.series).record(t_s, e);
-}
-
-/// Hands a connection to the local server (a stale divert: fall-backs go through
-/// [`fall_back_local`]); never waits for the server (see [`HandOff::hand`]). What it closes is counted in the
-/// hand-off's stats (`local_handoff_failed`, `local_handoff` in the summary).
-fn hand_local(s: &Shared, sock: TcpStream) {
-    if let Err(e) = s.local.hand(sock) {
-        log::warn!("specd: hand-off to the local server failed: {e}");
-    }
 }
 
 /// Waits until `fd` is readable (or hung up), at most `timeout` (`None`: no bound).
@@ -867,6 +884,7 @@ fn migrator_loop(s: &Shared) {
         handover: s.cfg.handover,
         hold: s.hold.clone(),
         auth: s.cfg.auth.clone(),
+        reply_timeout: MIGRATION_REPLY_MAX,
         ..MigrateConfig::default()
     };
     while !s.stop.load(Ordering::SeqCst) {
@@ -894,6 +912,14 @@ fn migrator_loop(s: &Shared) {
             _ => s.server_queue.load(Ordering::Relaxed),
         };
         let decision = window_op(s, |w| w.on_arrival(q));
+        if crate::trace::on() {
+            let step = match decision {
+                Decision::Migrate => "admitted.migrate",
+                Decision::Server => "admitted.server",
+                Decision::Refuse => "admitted.refuse",
+            };
+            crate::trace::record(sock.peer_addr().ok(), step, u64::from(q));
+        }
         match decision {
             Decision::Migrate if s.cfg.gate_on_peer_load && !peers_have_room(s) => {
                 // Every peer read one-sidedly is full: an offer would be refused after a
@@ -901,12 +927,14 @@ fn migrator_loop(s: &Shared) {
                 // offer) and the connection is served here.
                 window_op(s, |w| w.on_fell_back(Resolution::NoPeerRoom));
                 s.stats.no_peer_room.fetch_add(1, Ordering::Relaxed);
-                fall_back_local(s, sock);
+                stay_local(s, &mcfg, sock, true, REOFFERS_MAX);
             }
-            Decision::Migrate => migrate_one(s, &mcfg, sock, admitted),
+            Decision::Migrate => migrate_one(s, &mcfg, sock, admitted, REOFFERS_MAX),
             Decision::Server | Decision::Refuse => {
                 s.stats.stale_local.fetch_add(1, Ordering::Relaxed);
-                hand_local(s, sock);
+                // A stale divert: served here, or offered to a peer if the server
+                // does not take it in time and the window has room then.
+                stay_local(s, &mcfg, sock, false, REOFFERS_MAX);
             }
         }
     }
@@ -916,37 +944,6 @@ fn migrator_loop(s: &Shared) {
 /// trying again: the connection stays in the backlog, and a thread retrying at once
 /// would spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(10);
-
-/// Index of the least-loaded candidate, each given as (its last load, migrations to
-/// it in progress): known loads first, then by accept backlog plus migrations in
-/// flight, then CPU utilisation; the first of equals.
-fn least_loaded(cands: impl Iterator<Item = (PeerLoad, u32)>) -> Option<usize> {
-    cands
-        .enumerate()
-        .min_by_key(|(i, (l, inflight))| {
-            (
-                !l.known,
-                l.accept_backlog + u64::from(*inflight),
-                l.cpu_util_ppm,
-                *i,
-            )
-        })
-        .map(|(i, _)| i)
-}
-
-/// Whether some peer may take a migration: its load is unknown (the target decides),
-/// or its known accept backlog plus the migrations to it in flight is below `full_at`.
-fn some_peer_has_room(cands: impl Iterator<Item = (PeerLoad, u32)>, full_at: u64) -> bool {
-    cands
-        .into_iter()
-        .any(|(l, inflight)| !l.known || l.accept_backlog + u64::from(inflight) < full_at)
-}
-
-/// The load (backlog plus migrations in flight) below which a peer whose admission
-/// bound is `bound` still takes `n` more connections: `bound - n + 1`.
-fn full_at_for(bound: u32, n: u32) -> u64 {
-    u64::from(bound).saturating_sub(u64::from(n.max(1)) - 1)
-}
 
 fn peers_have_room(s: &Shared) -> bool {
     peers_have_room_for(s, 1)
@@ -995,7 +992,13 @@ fn choose_peer<'a>(s: &'a Shared, sock: &TcpStream) -> &'a PeerState {
 
 /// Migrates one admitted connection on the calling migrator (window resolved,
 /// counters, fall-back to the local server).
-fn migrate_one(s: &Shared, mcfg: &MigrateConfig, sock: TcpStream, admitted: Instant) {
+fn migrate_one(
+    s: &Shared,
+    mcfg: &MigrateConfig,
+    sock: TcpStream,
+    admitted: Instant,
+    offers_left: u32,
+) {
     let remote = match sock.peer_addr() {
         Ok(a) => a,
         Err(_) => {
@@ -1022,6 +1025,7 @@ fn migrate_one(s: &Shared, mcfg: &MigrateConfig, sock: TcpStream, admitted: Inst
     peer.inflight.fetch_sub(1, Ordering::Relaxed);
     match outcome {
         Outcome::Migrated(t) => {
+            crate::trace::record(Some(remote), "migrated", t.total.as_micros() as u64);
             window_op(s, |w| w.on_resolved(Resolution::Migrated));
             s.stats.migrated.fetch_add(1, Ordering::Relaxed);
             record(s, Event::Migrated);
@@ -1048,14 +1052,19 @@ fn migrate_one(s: &Shared, mcfg: &MigrateConfig, sock: TcpStream, admitted: Inst
                 }
             };
             log::debug!("specd: {remote} stays here: {reason:?}");
+            if crate::trace::on() {
+                let why = FALLBACK_REASONS[fallback_index(&reason)];
+                crate::trace::record(Some(remote), &format!("fell_back.{why}"), 0);
+            }
             window_op(s, |w| {
                 w.on_fell_back(r);
                 w.on_served_locally(1);
             });
             s.stats.fell_back.fetch_add(1, Ordering::Relaxed);
-            fall_back_local(s, sock);
+            stay_local(s, mcfg, sock, true, offers_left);
         }
         Outcome::Lost(e) => {
+            crate::trace::record(Some(remote), "lost", 0);
             log::warn!(
                 "specd: {remote} lost migrating to {}: {e}",
                 peer.peer.daemon
@@ -1478,22 +1487,5 @@ mod tests {
         let c = [(load(false, 0, 0), 1), (load(false, 0, 0), 0)];
         assert_eq!(least_loaded(c.into_iter()), Some(1));
         assert_eq!(least_loaded(std::iter::empty()), None);
-    }
-
-    #[test]
-    fn peer_specs_parse_and_refuse_bad_input() {
-        let p =
-            Peer::parse("daemon=10.0.0.2:7000,region=udp:10.0.0.2:7471,backend=10.1.0.2").unwrap();
-        assert_eq!(p.daemon, "10.0.0.2:7000".parse().unwrap());
-        assert_eq!(p.region.as_deref(), Some("udp:10.0.0.2:7471"));
-        assert_eq!(p.backend, "10.1.0.2".parse::<IpAddr>().unwrap());
-        let p = Peer::parse("daemon=10.0.0.3:7000").unwrap();
-        assert_eq!(p.backend, "10.0.0.3".parse::<IpAddr>().unwrap());
-        assert!(p.region.is_none());
-        assert!(Peer::parse("region=udp:1.2.3.4:5").is_err());
-        assert!(Peer::parse("daemon=nope").is_err());
-        assert!(Peer::parse("daemon=1.2.3.4:5,region=ftp:x").is_err());
-        assert!(Peer::parse("daemon=1.2.3.4:5,color=red").is_err());
-        assert!(Peer::parse("daemon").is_err());
     }
 }

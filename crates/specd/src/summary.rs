@@ -48,7 +48,10 @@ pub struct HandoffSummary {
     pub pending: u64,
     pub queued_max: u64,
     pub over_bound: u64,
+    /// Refused with a reset after the wait bound.
     pub waited_too_long: u64,
+    /// Taken back to be offered to a peer.
+    pub taken_back: u64,
     pub client_gone: u64,
     pub wait_us: SamplesSummary,
 }
@@ -88,6 +91,9 @@ pub struct WindowSummary {
     pub reopened_by_notification: u64,
     pub reopened_by_service: u64,
     pub reopened_by_peer_load: u64,
+    /// Connections the local server did not take within the re-offer bound that were
+    /// offered to a peer again (`source::HANDOFF_REOFFER_AFTER`).
+    pub reoffered: u64,
 }
 
 impl From<&crate::window::Window> for WindowSummary {
@@ -105,6 +111,7 @@ impl From<&crate::window::Window> for WindowSummary {
             reopened_by_notification: ws.reopened_by_notification,
             reopened_by_service: ws.reopened_by_service,
             reopened_by_peer_load: ws.reopened_by_peer_load,
+            reoffered: ws.reoffered,
         }
     }
 }

@@ -283,11 +283,15 @@ impl TargetDaemon {
         let shared = Arc::new(Shared {
             // Restored connections waiting for the server count in the admission
             // (below), so no more than --admit-queue-max of them ever wait.
-            handoff: HandOff::with_bounds(
-                cfg.handoff.clone(),
-                (cfg.admit_queue_max as usize).clamp(1, PENDING_MAX),
-                HANDOFF_WAIT_MAX,
-            )?,
+            handoff: {
+                let mut h = HandOff::with_bounds(
+                    cfg.handoff.clone(),
+                    (cfg.admit_queue_max as usize).clamp(1, PENDING_MAX),
+                    HANDOFF_WAIT_MAX,
+                )?;
+                h.set_trace_label("restored");
+                h
+            },
             cfg,
             stop: AtomicBool::new(false),
             listener,

@@ -151,6 +151,9 @@ pub struct WindowStats {
     /// Reopenings because a peer's load, read one-sidedly, showed room for a whole
     /// window (`--gate-peer-load`).
     pub reopened_by_peer_load: u64,
+    /// Connections the local server did not take within the re-offer bound that
+    /// became migratory again ([`Window::on_local_wait`]).
+    pub reoffered: u64,
 }
 
 /// The admission window. See the module doc for the state machine.
@@ -303,6 +306,27 @@ impl Window {
         }
     }
 
+    /// A connection the local server has not taken within the re-offer bound (it
+    /// waits in the hand-off queue: the server's workers are all held) may be offered
+    /// to a peer instead of waiting on: it is, and becomes migratory again (in
+    /// flight; `true`), if the window is open and has room for it, counting the place
+    /// it already holds when it is a fall-back (`holds_place`: resolved here and not
+    /// yet taken, [`Window::on_fell_back`]). Otherwise nothing changes (`false`): it
+    /// keeps waiting for the local server (or for the window to reopen).
+    pub fn on_local_wait(&mut self, holds_place: bool) -> bool {
+        if !self.is_open() {
+            return false;
+        }
+        if holds_place && self.falling_back > 0 {
+            self.falling_back -= 1;
+        } else if !self.has_room() {
+            return false;
+        }
+        self.in_flight += 1;
+        self.stats.reoffered += 1;
+        true
+    }
+
     /// A target notified that it can take connections again.
     pub fn on_notification(&mut self) {
         if !self.is_open() && self.cfg.window > 0 {
@@ -349,6 +373,56 @@ mod tests {
 
     fn win(q: u32, w: u32) -> Window {
         Window::new(WindowConfig::new(q, w))
+    }
+
+    #[test]
+    fn a_connection_the_local_server_does_not_take_is_offered_again_only_while_open() {
+        let mut w = Window::new(WindowConfig {
+            queue: 4,
+            window: 2,
+            reopen_after: 2,
+        });
+        // A migration refused: the window closes, the fall-back keeps its place.
+        assert_eq!(w.on_arrival(4), Decision::Migrate);
+        w.on_fell_back(Resolution::Refused);
+        assert!(!w.is_open());
+        assert_eq!((w.in_flight(), w.falling_back()), (0, 1));
+        // Closed: the fall-back waits on for the local server, nothing changes.
+        assert!(!w.on_local_wait(true));
+        assert_eq!((w.in_flight(), w.falling_back()), (0, 1));
+        // A stale divert (no place) is not admitted while closed either.
+        assert!(!w.on_local_wait(false));
+        // Reopened by the target's notification: the fall-back's place moves to in
+        // flight (no new place is taken), and it can be offered again.
+        w.on_notification();
+        assert!(w.on_local_wait(true));
+        assert_eq!((w.in_flight(), w.falling_back()), (1, 0));
+        // A stale divert takes a new place while there is room...
+        assert!(w.on_local_wait(false));
+        assert_eq!(w.in_flight(), 2);
+        // ...and not past W.
+        assert!(!w.on_local_wait(false));
+        assert_eq!(w.in_flight(), 2);
+        assert_eq!(w.stats().reoffered, 2);
+        // Both resolve as any migration does: a second refusal closes it again.
+        w.on_resolved(Resolution::Migrated);
+        w.on_resolved(Resolution::Migrated);
+        assert_eq!((w.in_flight(), w.falling_back()), (0, 0));
+    }
+
+    #[test]
+    fn a_full_window_still_lets_a_fall_back_be_offered_again_in_its_own_place() {
+        let mut w = Window::new(WindowConfig {
+            queue: 4,
+            window: 1,
+            reopen_after: 1,
+        });
+        assert_eq!(w.on_arrival(9), Decision::Migrate);
+        w.on_fell_back(Resolution::NotDumpable);
+        // The window is open and full (its one place is this fall-back's).
+        assert!(w.is_open() && !w.has_room());
+        assert!(w.on_local_wait(true));
+        assert_eq!((w.in_flight(), w.falling_back()), (1, 0));
     }
 
     #[test]

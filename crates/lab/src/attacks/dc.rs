@@ -423,6 +423,9 @@ impl Dc {
         }
         // Counters followed live (`flood`): the summary rewritten every second.
         args.extend(strings(&["--summary-every-s", "1"]));
+        // What specd did with each client's connection, matched to lost requests.
+        let trace = self.specd_trace_path(node);
+        args.extend(strings(&["--conn-trace", &trace.display().to_string()]));
         let mut c = self.spawn(node, &format!("specd-{node}"), &args)?;
         let log = c.log.clone();
         c.wait_ready(&format!("log `{SPECD_READY}`"), READY_MAX, POLL, || {
@@ -453,6 +456,18 @@ impl Dc {
     /// The front tier's CPUs (clients and attackers run there), when pinned.
     pub fn front_cpus(&self) -> Option<&[usize]> {
         self.front.as_deref()
+    }
+
+    /// The web server's adoption socket on back-end `i` (where specd hands it
+    /// connections).
+    pub fn adopt_path(&self, i: usize) -> &Path {
+        &self.adopt[i]
+    }
+
+    /// specd's per-connection trace on `node` (`--conn-trace`: one JSON line per step
+    /// it took with a client's connection).
+    pub fn specd_trace_path(&self, node: &str) -> PathBuf {
+        self.logs.join(format!("specd-{node}-trace.jsonl"))
     }
 
     /// specd's summary on `node` (rewritten every second while it runs).

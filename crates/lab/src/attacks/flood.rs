@@ -40,6 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use super::dc::{self, Dc, ATK, ATKC, B0, B1, CLIENT, VIP};
 use super::legit::{lock, session, Legit, REQUEST_PERIOD};
+use super::lost::{handoff_phase, unix_ms, where_is, HandoffPhase};
 use super::raw::{ipv4_tcp, RawSender, TCP_ACK};
 use crate::experiment::{Experiment, LabPoint};
 use crate::summary::Summary;
@@ -174,6 +175,10 @@ pub struct FloodPoint {
     pub fe_nonsyn_miss: u64,
     pub defender_cpu_ms: f64,
     pub softirq_ms: f64,
+    /// specd's hand-offs to the local servers in the phase (absent in runs kept
+    /// before it was recorded, which re-render as they were, and when all zero).
+    #[serde(default, skip_serializing_if = "HandoffPhase::is_zero")]
+    pub handoff: HandoffPhase,
     pub effect: String,
     #[serde(skip)]
     pub series: Vec<FloodSecond>,
@@ -621,10 +626,12 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
     let cpu0 = d.defender_cpu_us();
     let soft0 = dc::softirq_ms();
     let t0 = Instant::now();
+    let t0_ms = unix_ms();
     let attack_errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let probe = |a: SocketAddrV4| where_is(d, a);
     std::thread::scope(|sc| {
         for i in 0..SESSIONS + VICTIMS {
-            let (legit, stop, front) = (&legit, &stop, front.clone());
+            let (legit, stop, front, probe) = (&legit, &stop, front.clone(), &probe);
             let requests = if i < SESSIONS {
                 SESSION_REQUESTS
             } else {
@@ -635,7 +642,7 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
                     if let Some(cpus) = &front {
                         crate::fabric::procs::pin_current_thread(cpus)?;
                     }
-                    session(legit, requests, stop);
+                    session(legit, requests, stop, probe);
                     Ok(())
                 });
             });
@@ -703,6 +710,7 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
     });
     let wall = t0.elapsed().as_secs_f64();
     let spec = SpecdCounts::read(d).minus(spec0);
+    let handoff = handoff_phase(d, t0_ms, unix_ms());
     let (_, _, miss) = fe_tables(d);
     let sum = |f: fn(&FloodSecond) -> u64| series.iter().map(f).sum::<u64>();
     let (tracked, evicted, moved) = (
@@ -740,6 +748,7 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
         fe_nonsyn_miss: miss.saturating_sub(miss0),
         defender_cpu_ms: (d.defender_cpu_us().saturating_sub(cpu0) as f64 / 1e3).round(),
         softirq_ms: (dc::softirq_ms() - soft0).round(),
+        handoff,
         effect: String::new(),
         series,
     };
@@ -749,8 +758,9 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
          {} entries, {} moved); specd's port: {} attacker connections, {} B sent, {} B answered, \
          at most {} slow senders open; {} of {} live-connection samples lost or changed their \
          entry ({} moves by migration seen); migrations {} completed, {} fell back, {} lost \
-         (refused: {} non-peer, {} over the peer's share, {} bad offers); legitimate: {} served, \
-         {} failed, {} connections lost{}{}",
+         (refused: {} non-peer, {} over the peer's share, {} bad offers); hand-offs to the local \
+         servers: {} ({} queued, wait p99 {} µs, max {} µs; {} offered on, {} refused, {} closed); \
+         legitimate: {} served, {} failed, {} connections lost{}{}",
         p.nonsyn_sent,
         p.nonsyn_pps,
         p.fe_nonsyn_miss,
@@ -769,6 +779,13 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
         p.specd_not_allowed,
         p.specd_over_peer_cap,
         p.specd_bad_offers,
+        p.handoff.handed,
+        p.handoff.queued,
+        p.handoff.wait_p99_us,
+        p.handoff.wait_max_us,
+        p.handoff.offered_on,
+        p.handoff.refused,
+        p.handoff.closed,
         p.served_requests,
         p.failed_requests,
         p.lost_connections,

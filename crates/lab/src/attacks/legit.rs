@@ -40,9 +40,14 @@ pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Where a lost connection is, looked up when its request is lost (client address →
+/// a description: which process on which node holds it, its queues and timers).
+pub type Probe<'a> = &'a (dyn Fn(SocketAddrV4) -> String + Sync);
+
 /// One legitimate session: a connection to the VIP used every [`REQUEST_PERIOD`] for
-/// `requests` requests, then a new one, until `stop`.
-pub fn session(legit: &Legit, requests: u32, stop: &AtomicBool) {
+/// `requests` requests, then a new one, until `stop`. A lost request is described
+/// with what `probe` finds of its connection then.
+pub fn session(legit: &Legit, requests: u32, stop: &AtomicBool, probe: Probe<'_>) {
     while !stop.load(Ordering::Relaxed) {
         let mut s = match TcpStream::connect_timeout(&SocketAddr::V4(VIP), REQUEST_TIMEOUT) {
             Ok(s) => s,
@@ -79,12 +84,17 @@ pub fn session(legit: &Legit, requests: u32, stop: &AtomicBool) {
                     let moves = me
                         .and_then(|a| lock(&legit.live).get(&a).map(|t| t.moves))
                         .unwrap_or(0);
+                    let waited = asked.elapsed().as_millis();
+                    let full = lock(&legit.lost_details).len() >= LOST_DETAILS_MAX;
+                    let seen = match me {
+                        Some(a) if !full => format!("; {}", probe(a)),
+                        _ => String::new(),
+                    };
                     let mut details = lock(&legit.lost_details);
                     if details.len() < LOST_DETAILS_MAX {
                         details.push(format!(
-                            "request {} of {me:?} after {} ms: {what} (connection seen moved {moves}x)",
+                            "request {} of {me:?} after {waited} ms: {what} (connection seen moved {moves}x{seen})",
                             n + 1,
-                            asked.elapsed().as_millis()
                         ));
                     }
                     break;

@@ -49,6 +49,7 @@ pub mod files;
 pub mod flood;
 pub mod frontend;
 pub mod legit;
+pub mod lost;
 pub mod outcome;
 pub mod raw;
 pub mod rmem;
