@@ -22,21 +22,28 @@
 //! `link_gbit`. The clients' think time is their measured CPU per request.
 
 use crate::model::{
-    bound_clients_network, demands_ns, host_wide_demand_ns, little_population, mva_classes,
-    relative_error, transport_demands_ns, utilisation, with_host_cpu, ClassesResult, Demands,
-    HostCpu, PeerFetch, Solver, MODEL_TOLERANCE,
+    bound_clients_network, delay_demand_ns, demands_ns, host_wide_demand_ns, little_population,
+    mva_classes, relative_error, transport_demands_ns, utilisation, with_delay, with_host_cpu,
+    ClassesResult, Demands, HostCpu, PeerFetch, Solver, StationKind, MODEL_TOLERANCE,
 };
 use crate::policy::{Policy, Press, RemoteMode, RoundRobin};
 use crate::sim::{self, Arrival, Costs, DirectoryUpdate, SimConfig, SimReport};
 use crate::trace::Trace;
 use serde::{Deserialize, Serialize};
 
-pub use crate::model::{unattributed_share, HostFetchCosts, HostPhase, HostWideCosts};
+pub use crate::model::{
+    light_delay_ns, unattributed_share, DelayCosts, DelayPhase, HostFetchCosts, HostPhase,
+    HostWideCosts, DELAY_CLIENTS,
+};
 use std::fmt::Write as _;
 
-/// Format tag of a costs file: version 2 carries the host-wide busy time per request
+/// Format tag of a costs file: version 3 carries the delay measured at light load
+/// ([`CostsFile::delay`]) besides the host-wide busy time per request
 /// ([`CostsFile::host_wide`]).
-pub const COSTS_FORMAT: &str = "farside-coop-costs/2";
+pub const COSTS_FORMAT: &str = "farside-coop-costs/3";
+/// Format tag of costs files from before the delay was measured: still read; their
+/// delay is 0 (the output says so).
+pub const COSTS_FORMAT_V2: &str = "farside-coop-costs/2";
 /// Format tag of costs files from before the host-wide measurement: still read; their
 /// host centre's demand is the sum node + client + softirq (see [`HostCpu`]).
 pub const COSTS_FORMAT_V1: &str = "farside-coop-costs/1";
@@ -131,6 +138,10 @@ pub struct CostsFile {
     /// absent from format 1 files).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_wide: Option<HostWideCosts>,
+    /// The per-request delay measured at light load (format 3; absent from formats 1
+    /// and 2, whose delay is 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay: Option<DelayCosts>,
     pub samples: Vec<Sample>,
 }
 
@@ -176,18 +187,28 @@ impl CostsFile {
 }
 
 impl CostsFile {
-    /// Reads a costs file of format 2, or of format 1 (no host-wide figures: the host
-    /// centre then sums node, client and softirq time as it did); refuses any other, and
-    /// a format 2 file without its host-wide figures.
+    /// Reads a costs file of format 3, of format 2 (no delay: the delay centre is 0) or
+    /// of format 1 (no delay, no host-wide figures: the host centre then sums node,
+    /// client and softirq time as it did); refuses any other, a format 3 file without
+    /// its delay or host-wide figures, and a format 2 file without its host-wide ones.
     pub fn parse(text: &str) -> Result<CostsFile, String> {
         let f: CostsFile = serde_json::from_str(text).map_err(|e| format!("costs file: {e}"))?;
+        let lacks = |what: &str| {
+            Err(format!(
+                "costs file: format {:?} without {what:?}: calibrate again",
+                f.format
+            ))
+        };
         match f.format.as_str() {
-            COSTS_FORMAT if f.host_wide.is_none() => Err(format!(
-                "costs file: format {COSTS_FORMAT:?} without \"host_wide\": calibrate again"
+            COSTS_FORMAT | COSTS_FORMAT_V2 if f.host_wide.is_none() => lacks("host_wide"),
+            COSTS_FORMAT if f.delay.is_none() => lacks("delay"),
+            COSTS_FORMAT_V2 | COSTS_FORMAT_V1 if f.delay.is_some() => Err(format!(
+                "costs file: format {:?} with a \"delay\" (format {COSTS_FORMAT:?} carries it)",
+                f.format
             )),
-            COSTS_FORMAT | COSTS_FORMAT_V1 => Ok(f),
+            COSTS_FORMAT | COSTS_FORMAT_V2 | COSTS_FORMAT_V1 => Ok(f),
             other => Err(format!(
-                "costs file: format {other:?}, expected {COSTS_FORMAT:?} (or the older {COSTS_FORMAT_V1:?}); \
+                "costs file: format {other:?}, expected {COSTS_FORMAT:?} (or the older {COSTS_FORMAT_V2:?}, {COSTS_FORMAT_V1:?}); \
                  calibrate again with `farside model coop --calibrate`"
             )),
         }
@@ -400,6 +421,9 @@ pub struct Prediction {
     /// The shared host's CPU centre, when the setup has one (then the network's think
     /// time is 0: the clients' CPU is in it).
     pub host: Option<HostCpu>,
+    /// The delay centre's demand per request, ns (`None`: the costs file measured no
+    /// delay, and the network has no delay centre).
+    pub delay_ns: Option<f64>,
     pub mva: ClassesResult,
     /// Requests each client replayed in the simulation.
     pub replayed_per_client: usize,
@@ -477,30 +501,18 @@ pub fn predict_replay(
         return Err(format!("{}: {why}", s.system));
     }
     let policy = policy_of(&s.system).ok_or_else(|| format!("{}: not modelled", s.system))?;
-    // PRESS over udp, xdp or shm: that transport's measured fetch at the nodes' share.
-    let fetch = match transport_of(&s.system).filter(|t| *t != "tcp") {
-        Some(t) => {
-            let tc = f.transport(t).ok_or_else(|| {
-                format!(
-                    "{}: the costs file has no {t} fetch costs (calibrate again)",
-                    s.system
-                )
-            })?;
-            Some(tc.peer_fetch().at_cpu_share(s.cpu_share * s.cpu_speedup))
-        }
-        None => None,
-    };
+    // Refuse a system whose transport was not calibrated before simulating it.
+    fetch_of(f, s)?;
     let clients = s.nodes * s.clients_per_node as usize;
     let costs = effective_costs(f, s);
-    let mean_kb = trace.mean_request_bytes() / 1024.0;
-    let think_ns = (f.client_request_ns + mean_kb * f.client_per_kb_ns) / s.cpu_speedup;
+    let think_ns = think_ns(f, s, trace.mean_request_bytes());
     // The lab's stream: every client from its own offset, taking turns, its first
     // warm-up share warming the caches as the lab's warm-up does.
     let stream = trace.interleaved(clients, per_client);
     let mut cfg = SimConfig::new(s.nodes, s.cache_bytes);
     cfg.clients_per_node = s.clients_per_node as usize;
     cfg.think_ns = think_ns.round() as u64;
-    cfg.costs = costs.clone();
+    cfg.costs = costs;
     cfg.seed = seed;
     cfg.warmup_fraction = s.warmup_s / (s.warmup_s + s.duration_s).max(f64::MIN_POSITIVE);
     cfg.directory_period_ns = s.publish_ms * 1_000_000;
@@ -512,9 +524,63 @@ pub fn predict_replay(
     report
         .check()
         .map_err(|e| format!("{}: simulation: {e}", s.system))?;
-    let demands = match &fetch {
-        Some(pf) => transport_demands_ns(&costs, &report, pf),
-        None => demands_ns(&costs, &report),
+    let net = network(f, s, &report, think_ns)?;
+    let mva = mva_classes(&net.kinds, &net.classes);
+    Ok(Prediction {
+        setup: s.clone(),
+        sim: report,
+        demands: net.demands,
+        think_s: net.think_s,
+        host: net.host,
+        delay_ns: net.delay_ns,
+        mva,
+        replayed_per_client: per_client,
+    })
+}
+
+/// PRESS over udp, xdp or shm: that transport's measured fetch at the nodes' share
+/// (`None` for `rr` and `press-tcp`, whose bodies forward at the tcp costs).
+fn fetch_of(f: &CostsFile, s: &Setup) -> Result<Option<PeerFetch>, String> {
+    match transport_of(&s.system).filter(|t| *t != "tcp") {
+        Some(t) => {
+            let tc = f.transport(t).ok_or_else(|| {
+                format!(
+                    "{}: the costs file has no {t} fetch costs (calibrate again)",
+                    s.system
+                )
+            })?;
+            Ok(Some(
+                tc.peer_fetch().at_cpu_share(s.cpu_share * s.cpu_speedup),
+            ))
+        }
+        None => Ok(None),
+    }
+}
+
+/// A lab client's CPU per request (its think time) at a mean body of `mean_bytes`, ns.
+fn think_ns(f: &CostsFile, s: &Setup, mean_bytes: f64) -> f64 {
+    (f.client_request_ns + mean_bytes / 1024.0 * f.client_per_kb_ns) / s.cpu_speedup
+}
+
+/// The closed network of one configuration, from its simulated classes of answers.
+struct Network {
+    demands: Demands,
+    host: Option<HostCpu>,
+    delay_ns: Option<f64>,
+    kinds: Vec<StationKind>,
+    classes: Vec<crate::model::Class>,
+    think_s: f64,
+}
+
+/// Builds the network of `s` for the answers of `report`: the nodes' quota, disk and
+/// NIC stations ([`bound_clients_network`]), the shared host's CPUs when the setup has
+/// them ([`with_host_cpu`]), and the delay centre when the costs file measured the delay
+/// ([`with_delay`]).
+fn network(f: &CostsFile, s: &Setup, report: &SimReport, think_ns: f64) -> Result<Network, String> {
+    let costs = effective_costs(f, s);
+    let demands = match fetch_of(f, s)? {
+        Some(pf) => transport_demands_ns(&costs, report, &pf),
+        None => demands_ns(&costs, report),
     };
     let think_s = think_ns / 1e9;
     let (mut kinds, mut classes) =
@@ -522,7 +588,7 @@ pub fn predict_replay(
     // The host-wide busy time per request, when the costs file measured it.
     let host_wide = match &f.host_wide {
         Some(h) if s.shared_host_cpus.is_some() => {
-            Some(host_wide_demand_ns(&h.for_system(&s.system)?, &report) / s.cpu_speedup)
+            Some(host_wide_demand_ns(&h.for_system(&s.system)?, report) / s.cpu_speedup)
         }
         _ => None,
     };
@@ -535,7 +601,7 @@ pub fn predict_replay(
                 n as f64 * tc.softirq_ns + kb as f64 * tc.softirq_per_kb_ns
             })
         };
-        let r = &report;
+        let r = report;
         let remote_t = transport_of(&s.system).unwrap_or("tcp");
         let m = r.measured.max(1) as f64;
         let soft = (softirq(remote_t, r.remote.requests + r.wasted_fetches, r.remote.kb)
@@ -560,16 +626,110 @@ pub fn predict_replay(
         }
         None => think_s,
     };
-    let mva = mva_classes(&kinds, &classes);
-    Ok(Prediction {
-        setup: s.clone(),
-        sim: report,
+    // The delay measured at light load: not CPU demand, so neither the CPU share nor a
+    // faster CPU scales it.
+    let delay_ns = match &f.delay {
+        Some(d) => Some(delay_demand_ns(&d.for_system(&s.system)?, report)),
+        None => None,
+    };
+    if let Some(d) = delay_ns {
+        with_delay(&mut kinds, &mut classes, d / 1e9);
+    }
+    Ok(Network {
         demands,
-        think_s,
         host,
-        mva,
-        replayed_per_client: per_client,
+        delay_ns,
+        kinds,
+        classes,
+        think_s,
     })
+}
+
+/// A kind of request the calibration's light phases measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LightKind<'a> {
+    /// A local hit (PRESS over tcp, each node asked for its own set).
+    Local,
+    /// A miss (`rr`, caches of one byte).
+    Miss,
+    /// A body from a peer's cache over a transport (`tcp` forwards; `udp`, `xdp`,
+    /// `shm` read one-sidedly).
+    Fetch(&'a str),
+}
+
+/// Requests of the one-class report [`light_cycle_ns`] solves: whole KB per body as the
+/// simulator charges them, many enough that the per-request averages are exact.
+const LIGHT_REPORT_REQUESTS: u64 = 1024;
+
+/// The model's time per request for one client that asks only for `kind` bodies of
+/// `body_bytes` in the setup `s` (its system, clients and cache ignored; the
+/// calibration's: its nodes, quota, disk emulation, shared host): `R + Z` of the
+/// network at a population of 1 (the sum of its demands), without any delay centre,
+/// ns. The calibration subtracts it from the measured time per request to find the
+/// delay.
+pub fn light_cycle_ns(
+    f: &CostsFile,
+    s: &Setup,
+    kind: LightKind,
+    body_bytes: u64,
+) -> Result<f64, String> {
+    let n = LIGHT_REPORT_REQUESTS;
+    let class = sim::ClassStats {
+        requests: n,
+        bytes: n * body_bytes,
+        kb: n * body_bytes.div_ceil(1024),
+        reads: 0,
+    };
+    let none = sim::ClassStats::default();
+    let (system, policy, [local, remote, forwarded, miss]) = match kind {
+        LightKind::Local => ("press-tcp".to_string(), "press", [class, none, none, none]),
+        LightKind::Miss => ("rr".to_string(), "round-robin", [none, none, none, class]),
+        LightKind::Fetch("tcp") => ("press-tcp".to_string(), "press", [none, none, class, none]),
+        LightKind::Fetch(t) => (format!("press-{t}"), "press", [none, class, none, none]),
+    };
+    let s = Setup {
+        system,
+        clients_per_node: 1,
+        ..s.clone()
+    };
+    let report = SimReport {
+        policy,
+        nodes: s.nodes,
+        clients: 1,
+        think_ns: 0,
+        measured: n,
+        local,
+        remote,
+        forwarded,
+        miss,
+        wasted_fetches: 0,
+        wasted_forwards: 0,
+        lost_local_hits: 0,
+        window_ns: 0,
+        completed_in_window: 0,
+        in_flight_at_end: 0,
+        mean_response_ns: 0.0,
+        mean_in_system: 0.0,
+        utilisation: Vec::new(),
+        demand_ns: Vec::new(),
+        directory_cpu: Vec::new(),
+        violations: Vec::new(),
+    };
+    let f = CostsFile {
+        delay: None,
+        ..f.clone()
+    };
+    let mut net = network(&f, &s, &report, think_ns(&f, &s, body_bytes as f64))?;
+    // One client in all: the first node's class, the others empty.
+    for (i, c) in net.classes.iter_mut().enumerate() {
+        c.population = u32::from(i == 0) * DELAY_CLIENTS;
+    }
+    let r = mva_classes(&net.kinds, &net.classes);
+    let x = r.total_throughput();
+    if x <= 0.0 {
+        return Err(format!("{kind:?} at {body_bytes} B: no throughput"));
+    }
+    Ok(DELAY_CLIENTS as f64 / x * 1e9)
 }
 
 /// A law checked on numbers: what it says, the two sides, whether they agree.
@@ -919,7 +1079,7 @@ pub fn render_prediction(p: &Prediction) -> String {
     format!(
         "  simulated fractions local {:.3} remote {:.3} miss {:.3} (wasted fetches {})\n  \
          demand per request, us: own cpu {:.1} disk {:.1} nic {:.1}; at peers cpu {:.1}; think {:.1}\n  \
-         {}MVA ({}): X {:.1}/s, R {:.3} ms; simulator X {:.1}/s; {} requests replayed per client\n",
+         {}{}MVA ({}): X {:.1}/s, R {:.3} ms; simulator X {:.1}/s; {} requests replayed per client\n",
         f[0],
         f[1],
         f[2],
@@ -954,6 +1114,13 @@ pub fn render_prediction(p: &Prediction) -> String {
                 if h.binds(&node_bounds(p)) { " (binds)" } else { "" }
             ),
             None => String::new(),
+        },
+        match p.delay_ns {
+            Some(d) => format!(
+                "delay centre {:.1} us per request (measured at one client, less the model's own response there; adds to R, to no utilisation)\n  ",
+                d / 1e3
+            ),
+            None => "delay centre 0: the costs file measured no delay (format 1 or 2)\n  ".into(),
         },
         solver_name(p.mva.solver),
         p.throughput(),
@@ -1207,6 +1374,7 @@ mod tests {
             client_per_kb_ns: 500.0,
             transports: Vec::new(),
             host_wide: None,
+            delay: None,
             samples: Vec::new(),
         }
     }
@@ -1396,28 +1564,163 @@ mod tests {
         }
     }
 
+    fn delay() -> DelayCosts {
+        let fetch = |t: &str, ns: f64| HostFetchCosts {
+            transport: t.into(),
+            ns,
+            per_kb_ns: 100.0,
+        };
+        DelayCosts {
+            local_ns: 200_000.0,
+            local_per_kb_ns: 1_000.0,
+            miss_ns: 30_000.0,
+            miss_per_kb_ns: 0.0,
+            fetch: vec![fetch("tcp", 150_000.0), fetch("xdp", 40_000.0)],
+            clients: DELAY_CLIENTS,
+            phases: Vec::new(),
+            clamped: Vec::new(),
+        }
+    }
+
     #[test]
-    fn costs_files_of_both_formats_are_read_and_others_refused() {
+    fn costs_files_of_every_format_are_read_and_others_refused() {
         let mut f = costs_file();
         f.format = COSTS_FORMAT_V1.into();
         let v1 = serde_json::to_string(&f).unwrap();
         assert!(
-            !v1.contains("host_wide"),
-            "format 1 files have no such field"
+            !v1.contains("host_wide") && !v1.contains("delay"),
+            "format 1 files have no such fields"
         );
         assert_eq!(CostsFile::parse(&v1).unwrap().host_wide, None);
-        // Format 2 must carry its host-wide figures.
-        f.format = COSTS_FORMAT.into();
-        let e = CostsFile::parse(&serde_json::to_string(&f).unwrap()).unwrap_err();
-        assert!(
-            e.contains("host_wide") && e.contains("calibrate again"),
-            "{e}"
-        );
+        // Formats 2 and 3 must carry their host-wide figures, format 3 its delay.
+        for format in [COSTS_FORMAT_V2, COSTS_FORMAT] {
+            f.format = format.into();
+            let e = CostsFile::parse(&serde_json::to_string(&f).unwrap()).unwrap_err();
+            assert!(
+                e.contains("host_wide") && e.contains("calibrate again"),
+                "{e}"
+            );
+        }
         f.host_wide = Some(host_wide());
+        f.format = COSTS_FORMAT_V2.into();
         let v2 = serde_json::to_string(&f).unwrap();
         assert_eq!(CostsFile::parse(&v2).unwrap(), f);
-        let e = CostsFile::parse(&v2.replace("costs/2", "costs/3")).unwrap_err();
-        assert!(e.contains("costs/3") && e.contains("costs/1"), "{e}");
+        assert_eq!(CostsFile::parse(&v2).unwrap().delay, None);
+        f.format = COSTS_FORMAT.into();
+        let e = CostsFile::parse(&serde_json::to_string(&f).unwrap()).unwrap_err();
+        assert!(e.contains("delay") && e.contains("calibrate again"), "{e}");
+        f.delay = Some(delay());
+        let v3 = serde_json::to_string(&f).unwrap();
+        assert_eq!(CostsFile::parse(&v3).unwrap(), f);
+        // An older format claiming a delay, and an unknown format, are refused.
+        let e = CostsFile::parse(&v3.replace("costs/3", "costs/2")).unwrap_err();
+        assert!(e.contains("delay"), "{e}");
+        let e = CostsFile::parse(&v3.replace("costs/3", "costs/4")).unwrap_err();
+        assert!(
+            e.contains("costs/4") && e.contains("costs/2") && e.contains("costs/1"),
+            "{e}"
+        );
+    }
+
+    /// The calibration's set-up as the light phases run it: 4 nodes at 40 %, disk
+    /// emulation at 0, one host of 2 CPUs.
+    fn light_setup() -> Setup {
+        let run = run_with([1.0, 1.0]);
+        Setup {
+            nodes: 4,
+            cpu_share: 0.4,
+            disk_latency_us: 0,
+            disk_bytes_per_s: 1_000_000_000_000,
+            shared_host_cpus: Some(2.0),
+            ..Setup::of_point(&run, &run.points[1])
+        }
+    }
+
+    #[test]
+    fn the_light_phase_answer_is_the_sum_of_its_demands_at_one_client() {
+        let mut f = costs_file();
+        f.host_wide = Some(host_wide());
+        let s = light_setup();
+        // A local hit of 1 KB: the node's CPU at its 40 % share, (60 + 2) us / 0.4, and
+        // the host-wide busy time, 70 + 2 us (its queue D/2 and delay D/2 together); no
+        // disk, no NIC, no think time (the client's CPU is in the host's figure).
+        let local = light_cycle_ns(&f, &s, LightKind::Local, 1024).unwrap();
+        assert!(
+            (local - (62_000.0 / 0.4 + 72_000.0)).abs() < 1e-3,
+            "{local}"
+        );
+        // A forwarded body adds both ends' CPU at the share (the service node's 50 us +
+        // 1 us/KB) and the host's tcp fetch.
+        let tcp = light_cycle_ns(&f, &s, LightKind::Fetch("tcp"), 1024).unwrap();
+        let want = (62_000.0 + 40_000.0 + 51_000.0) / 0.4 + 72_000.0 + 51_000.0;
+        assert!((tcp - want).abs() < 1e-3, "{tcp} vs {want}");
+        // A miss adds the emulated disk at the phase's settings: its measured overhead.
+        let miss = light_cycle_ns(&f, &s, LightKind::Miss, 1024).unwrap();
+        let (access, per_kb) = f.disk.service(0, 1_000_000_000_000);
+        let want = 62_000.0 / 0.4 + (access + per_kb) as f64 + 72_000.0 + 20_500.0;
+        assert!((miss - want).abs() < 1e-3, "{miss} vs {want}");
+        // A delay in the file is not part of the model's own answer there.
+        f.delay = Some(delay());
+        assert_eq!(
+            light_cycle_ns(&f, &s, LightKind::Local, 1024).unwrap(),
+            local
+        );
+        // Without a shared host the client's CPU is the think time, inside the cycle.
+        let alone = Setup {
+            shared_host_cpus: None,
+            ..s
+        };
+        let c = light_cycle_ns(&f, &alone, LightKind::Local, 1024).unwrap();
+        assert!((c - (62_000.0 / 0.4 + 30_500.0)).abs() < 1e-3, "{c}");
+        // A transport without costs is refused.
+        assert!(light_cycle_ns(&f, &alone, LightKind::Fetch("udp"), 1024).is_err());
+    }
+
+    #[test]
+    fn the_delay_centre_adds_to_the_response_time_and_little_still_holds() {
+        let trace = small_trace(400, 6_000);
+        let mut f = costs_file();
+        f.host_wide = Some(host_wide());
+        let run = run_with([1.0, 1.0]);
+        let s = Setup {
+            shared_host_cpus: Some(2.0),
+            ..Setup::of_point(&run, &run.points[1])
+        };
+        let without = predict(&f, &trace, &s, 1).unwrap();
+        assert_eq!(without.delay_ns, None);
+        assert!(render_prediction(&without).contains("delay centre 0"));
+        f.delay = Some(delay());
+        let with = predict(&f, &trace, &s, 1).unwrap();
+        let want = delay_demand_ns(
+            &f.delay.as_ref().unwrap().for_system("press-tcp").unwrap(),
+            &with.sim,
+        );
+        assert_eq!(with.delay_ns, Some(want));
+        assert!(want >= 200_000.0, "at least a local hit's delay: {want}");
+        assert!(with.throughput() < without.throughput());
+        // The delay centre is the network's last station: its residence is its demand
+        // (no queue), and it adds no CPU, disk or NIC utilisation.
+        let k = with.mva.queue_len.len() - 1;
+        assert!(
+            (with.mva.queue_len[k] - with.throughput() * want / 1e9).abs() < 1e-9,
+            "{} vs {}",
+            with.mva.queue_len[k],
+            with.throughput() * want / 1e9
+        );
+        assert_eq!(with.demands, without.demands);
+        // Little's law on the model's answer: N = X (R + Z), and the laws hold.
+        let n = (s.nodes * s.clients_per_node as usize) as f64;
+        let little = with.throughput() * (with.response_s() + with.think_s);
+        assert!((little - n).abs() < 1e-6 * n, "{little} vs {n}");
+        let mut point = run.points[1].clone();
+        point.tps = with.throughput();
+        let laws = measured_laws(&point, Some(&with));
+        let model = laws
+            .iter()
+            .find(|l| l.what.starts_with("Little (model)"))
+            .expect("the model's Little law");
+        assert_eq!(model.holds, Some(true), "{}", model.what);
+        assert!(render_prediction(&with).contains("delay centre"));
     }
 
     #[test]
