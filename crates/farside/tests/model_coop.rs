@@ -153,8 +153,10 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
             "--calibrate",
             "--calibrate-requests",
             "200",
+            // Long enough that the nodes' counters, read through their 40 % quota on a
+            // busy host, are taken well inside the clients' window.
             "--calibrate-seconds",
-            "0.4",
+            "0.8",
             "--no-extrapolate",
             "--nodes",
             "2",
