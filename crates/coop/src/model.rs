@@ -1396,11 +1396,11 @@ mod tests {
         // think time has the same throughput, and R is longer by exactly the delay.
         let (k2, c2) = bound_clients_network(4, &d, 4, z + delay);
         let r2 = mva_classes(&k2, &c2);
-        for c in 0..4 {
+        for (c, class) in classes.iter().enumerate() {
             assert!(close(r.throughput_per_s[c], r2.throughput_per_s[c], 1e-12));
             assert!(close(r.response_s[c], r2.response_s[c] + delay, 1e-12));
             // Little's law per class on the model's answer: N_c = X_c (R_c + Z_c).
-            let n = r.throughput_per_s[c] * (r.response_s[c] + classes[c].think_s);
+            let n = r.throughput_per_s[c] * (r.response_s[c] + class.think_s);
             assert!(close(n, 4.0, 1e-9), "class {c}: {n}");
         }
         // The queueing stations' utilisation is the same as without the delay centre's
