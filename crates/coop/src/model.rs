@@ -490,7 +490,8 @@ impl CostLine {
 /// The host's busy time per request measured host-wide (every CPU's busy ticks of
 /// `/proc/stat` over a calibration phase, divided by the phase's requests): each tick
 /// counted once, whatever ran in it (nodes, load generator, softirq of every packet,
-/// kernel threads). Whole-core ns.
+/// kernel threads). Whole-core ns. The same per-class lines carry the calibrated delay
+/// ([`DelayCosts::for_system`]).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct HostWide {
     /// A local hit: what every answer costs the host.
@@ -616,41 +617,144 @@ impl HostWideCosts {
     /// The host-wide costs a system's requests incur: peer bodies over its transport
     /// (the `remote` class) and forwarded ones over tcp.
     pub fn for_system(&self, system: &str) -> Result<HostWide, String> {
-        let fetch = |t: &str| {
-            self.fetch
-                .iter()
-                .find(|f| f.transport == t)
-                .map(|f| CostLine {
-                    ns: f.ns,
-                    per_kb_ns: f.per_kb_ns,
-                })
-                .ok_or_else(|| {
-                    format!("{system}: the costs file has no host-wide {t} fetch cost (calibrate again)")
-                })
-        };
-        // `press-<t>`'s bodies within the arena's bound go over `t` (as
-        // `validate::transport_of`), larger ones over tcp.
-        let remote = match system.strip_prefix("press-").filter(|t| *t != "tcp") {
-            Some(t) => fetch(t)?,
-            None => CostLine::default(),
-        };
-        let forward = if system == "rr" {
-            CostLine::default()
-        } else {
-            fetch("tcp")?
-        };
-        Ok(HostWide {
-            local: CostLine {
-                ns: self.local_ns,
-                per_kb_ns: self.local_per_kb_ns,
-            },
-            miss: CostLine {
-                ns: self.miss_ns,
-                per_kb_ns: self.miss_per_kb_ns,
-            },
-            remote,
-            forward,
-        })
+        class_lines(
+            system,
+            "host-wide",
+            [self.local_ns, self.local_per_kb_ns],
+            [self.miss_ns, self.miss_per_kb_ns],
+            &self.fetch,
+        )
+    }
+}
+
+/// The per-class cost lines of `system`: a local hit's for every answer, a miss's extra,
+/// and the extra of a peer body over its transport (`press-<t>`'s bodies within the
+/// arena's bound go over `t`, as `validate::transport_of`; forwarded ones over tcp).
+fn class_lines(
+    system: &str,
+    what: &str,
+    local: [f64; 2],
+    miss: [f64; 2],
+    fetch: &[HostFetchCosts],
+) -> Result<HostWide, String> {
+    let line = |[ns, per_kb_ns]: [f64; 2]| CostLine { ns, per_kb_ns };
+    let fetch = |t: &str| {
+        fetch
+            .iter()
+            .find(|f| f.transport == t)
+            .map(|f| line([f.ns, f.per_kb_ns]))
+            .ok_or_else(|| {
+                format!("{system}: the costs file has no {what} {t} fetch cost (calibrate again)")
+            })
+    };
+    let remote = match system.strip_prefix("press-").filter(|t| *t != "tcp") {
+        Some(t) => fetch(t)?,
+        None => CostLine::default(),
+    };
+    let forward = if system == "rr" {
+        CostLine::default()
+    } else {
+        fetch("tcp")?
+    };
+    Ok(HostWide {
+        local: line(local),
+        miss: line(miss),
+        remote,
+        forward,
+    })
+}
+
+/// Clients of the calibration's light-load phases, in total: one closed-loop client, so
+/// no request ever waits for another and the phase's response time is service plus
+/// delay only.
+pub const DELAY_CLIENTS: u32 = 1;
+
+/// Per-request delay that is not service at any modelled resource (thread wake-ups and
+/// scheduling latency, the nodes' CPU-quota throttling, the load generator's and the
+/// veth path, connection set-up of the clients' fresh sessions), measured by the
+/// calibration at light load: one closed-loop client ([`DELAY_CLIENTS`]) per request
+/// kind and size; the delay is the measured time per request (the client's cycle `N /
+/// X` at `N` = 1) less the model's own response time for that phase at one client (the
+/// sum of its demands), and each cost is a line `a + b x KB` over the sizes. The model
+/// puts it in a delay (infinite-server) centre: it adds to the response time, to no
+/// utilisation. Whole ns, not scaled by a CPU share or speed-up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DelayCosts {
+    /// A local hit's delay: every answer has it.
+    pub local_ns: f64,
+    pub local_per_kb_ns: f64,
+    /// A miss's delay over a local hit's (size by size).
+    pub miss_ns: f64,
+    pub miss_per_kb_ns: f64,
+    /// A peer fetch's delay over a local hit's, per transport (size by size).
+    pub fetch: Vec<HostFetchCosts>,
+    /// Closed-loop clients of each light phase, in total.
+    pub clients: u32,
+    /// Every light phase's figures, for the record.
+    pub phases: Vec<DelayPhase>,
+    /// Differences that came out below 0 and were clamped to 0 (phase and size), for
+    /// the record; empty when none was.
+    pub clamped: Vec<String>,
+}
+
+/// One light-load phase of the calibration: what the client measured, what the model
+/// answers for it at one client, and the difference.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DelayPhase {
+    /// `local`, `miss` or `fetch-<t>`.
+    pub phase: String,
+    pub body_bytes: u64,
+    /// Requests the client completed in its measured window.
+    pub requests: u64,
+    /// The client's measured window, ns.
+    pub window_ns: u64,
+    /// Measured time per request: the window over the requests (with one client its
+    /// cycle, `N / X`: what the model's response time holds, its think time being 0
+    /// and the client's CPU inside the host centre), ns.
+    pub measured_ns: f64,
+    /// The load generator's mean latency (request sent to body read), ns, for the
+    /// record: it leaves out the client's own time between requests.
+    pub latency_mean_ns: f64,
+    /// The model's response time for the phase at one client, without delay, ns.
+    pub model_ns: f64,
+    /// `measured_ns - model_ns`, before any clamp, ns.
+    pub delay_ns: f64,
+}
+
+impl DelayCosts {
+    /// The delay lines a system's requests incur, per class as the host-wide costs.
+    pub fn for_system(&self, system: &str) -> Result<HostWide, String> {
+        class_lines(
+            system,
+            "delay",
+            [self.local_ns, self.local_per_kb_ns],
+            [self.miss_ns, self.miss_per_kb_ns],
+            &self.fetch,
+        )
+    }
+}
+
+/// A light phase's delay: the measured time per request less the model's response
+/// time there, and whether it was clamped (a negative difference is 0).
+pub fn light_delay_ns(measured_ns: f64, model_ns: f64) -> (f64, bool) {
+    let d = measured_ns - model_ns;
+    (d.max(0.0), d < 0.0)
+}
+
+/// The delay per request of a simulated run, ns: built as the host-wide demand is
+/// ([`host_wide_demand_ns`]: a local hit's delay for every answer, each miss's and each
+/// peer body's extra, a stale hint's fixed part).
+pub fn delay_demand_ns(c: &HostWide, report: &SimReport) -> f64 {
+    host_wide_demand_ns(c, report)
+}
+
+/// Adds a delay (infinite-server) centre of `delay_s` seconds per request to every
+/// class of a network: it adds to each request's response time, no customer waits at
+/// it, and it bounds no throughput.
+pub fn with_delay(kinds: &mut Vec<StationKind>, classes: &mut [Class], delay_s: f64) {
+    kinds.push(StationKind::Delay);
+    for class in classes {
+        class.demand_s.push(delay_s);
     }
 }
 
@@ -1235,5 +1339,85 @@ mod tests {
         assert!((b.unattributed_share() + 0.1).abs() < 1e-12);
         assert!((unattributed_share(&[a.clone(), b]) - 100.0 / 3_000.0).abs() < 1e-12);
         assert_eq!(a.busy_per_request_ns(), 20.0);
+    }
+
+    #[test]
+    fn a_light_phase_delay_is_the_difference_clamped_at_zero() {
+        assert_eq!(light_delay_ns(900_000.0, 600_000.0), (300_000.0, false));
+        assert_eq!(light_delay_ns(500_000.0, 600_000.0), (0.0, true));
+        assert_eq!(light_delay_ns(600_000.0, 600_000.0), (0.0, false));
+    }
+
+    #[test]
+    fn delay_lines_pick_each_systems_transport_and_weigh_classes_as_the_host() {
+        let f = |t: &str, ns: f64| HostFetchCosts {
+            transport: t.into(),
+            ns,
+            per_kb_ns: 10.0,
+        };
+        let d = DelayCosts {
+            local_ns: 300_000.0,
+            local_per_kb_ns: 100.0,
+            miss_ns: 50_000.0,
+            miss_per_kb_ns: 0.0,
+            fetch: vec![f("tcp", 200_000.0), f("xdp", 20_000.0)],
+            clients: DELAY_CLIENTS,
+            phases: Vec::new(),
+            clamped: Vec::new(),
+        };
+        let xdp = d.for_system("press-xdp").unwrap();
+        assert_eq!((xdp.remote.ns, xdp.forward.ns), (20_000.0, 200_000.0));
+        let rr = d.for_system("rr").unwrap();
+        assert_eq!((rr.remote.ns, rr.forward.ns), (0.0, 0.0));
+        let e = d.for_system("press-shm").unwrap_err();
+        assert!(e.contains("delay") && e.contains("shm"), "{e}");
+        // 50 local hits of 100 KB in all, 5 remote of 10 KB, 20 misses of 40 KB.
+        let rep = report((5, 10), 0);
+        let want =
+            (75.0 * 300_000.0 + 150.0 * 100.0 + 20.0 * 50_000.0 + 5.0 * 20_000.0 + 10.0 * 10.0)
+                / 75.0;
+        assert!(close(delay_demand_ns(&xdp, &rep), want, 1e-12));
+    }
+
+    #[test]
+    fn a_delay_centre_adds_its_demand_to_r_like_think_time_and_no_utilisation() {
+        let d = Demands {
+            own: [300_000.0, 2_000_000.0, 0.0],
+            peer: [100_000.0, 0.0, 0.0],
+        };
+        let (z, delay) = (0.0001, 0.0007);
+        let (mut kinds, mut classes) = bound_clients_network(4, &d, 4, z);
+        let stations = kinds.len();
+        with_delay(&mut kinds, &mut classes, delay);
+        assert_eq!(kinds.len(), stations + 1);
+        assert_eq!(kinds[stations], StationKind::Delay);
+        let r = mva_classes(&kinds, &classes);
+        // A delay centre is an infinite server: the same network with the delay in the
+        // think time has the same throughput, and R is longer by exactly the delay.
+        let (k2, c2) = bound_clients_network(4, &d, 4, z + delay);
+        let r2 = mva_classes(&k2, &c2);
+        for (c, class) in classes.iter().enumerate() {
+            assert!(close(r.throughput_per_s[c], r2.throughput_per_s[c], 1e-12));
+            assert!(close(r.response_s[c], r2.response_s[c] + delay, 1e-12));
+            // Little's law per class on the model's answer: N_c = X_c (R_c + Z_c).
+            let n = r.throughput_per_s[c] * (r.response_s[c] + class.think_s);
+            assert!(close(n, 4.0, 1e-9), "class {c}: {n}");
+        }
+        // The queueing stations' utilisation is the same as without the delay centre's
+        // demand counted anywhere; the delay centre holds X D customers, none waiting.
+        for s in 0..stations {
+            assert!(close(r.utilisation[s], r2.utilisation[s], 1e-12));
+        }
+        let x = r.total_throughput();
+        assert!(close(r.queue_len[stations], x * delay, 1e-12));
+        // At one customer the answer is the sum of the demands plus the delay.
+        let mut one = classes.clone();
+        for (i, c) in one.iter_mut().enumerate() {
+            c.population = u32::from(i == 0);
+        }
+        let r1 = mva_classes(&kinds, &one);
+        let sum: f64 = one[0].demand_s.iter().sum();
+        assert!(close(r1.response_s[0], sum, 1e-12));
+        assert!(close(1.0 / r1.throughput_per_s[0], sum + z, 1e-12));
     }
 }

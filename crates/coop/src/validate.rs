@@ -22,21 +22,28 @@
 //! `link_gbit`. The clients' think time is their measured CPU per request.
 
 use crate::model::{
-    bound_clients_network, demands_ns, host_wide_demand_ns, little_population, mva_classes,
-    relative_error, transport_demands_ns, utilisation, with_host_cpu, ClassesResult, Demands,
-    HostCpu, PeerFetch, Solver, MODEL_TOLERANCE,
+    bound_clients_network, delay_demand_ns, demands_ns, host_wide_demand_ns, little_population,
+    mva_classes, relative_error, transport_demands_ns, utilisation, with_delay, with_host_cpu,
+    ClassesResult, Demands, HostCpu, PeerFetch, Solver, StationKind, MODEL_TOLERANCE,
 };
 use crate::policy::{Policy, Press, RemoteMode, RoundRobin};
 use crate::sim::{self, Arrival, Costs, DirectoryUpdate, SimConfig, SimReport};
 use crate::trace::Trace;
 use serde::{Deserialize, Serialize};
 
-pub use crate::model::{unattributed_share, HostFetchCosts, HostPhase, HostWideCosts};
+pub use crate::model::{
+    light_delay_ns, unattributed_share, DelayCosts, DelayPhase, HostFetchCosts, HostPhase,
+    HostWideCosts, DELAY_CLIENTS,
+};
 use std::fmt::Write as _;
 
-/// Format tag of a costs file: version 2 carries the host-wide busy time per request
+/// Format tag of a costs file: version 3 carries the delay measured at light load
+/// ([`CostsFile::delay`]) besides the host-wide busy time per request
 /// ([`CostsFile::host_wide`]).
-pub const COSTS_FORMAT: &str = "farside-coop-costs/2";
+pub const COSTS_FORMAT: &str = "farside-coop-costs/3";
+/// Format tag of costs files from before the delay was measured: still read; their
+/// delay is 0 (the output says so).
+pub const COSTS_FORMAT_V2: &str = "farside-coop-costs/2";
 /// Format tag of costs files from before the host-wide measurement: still read; their
 /// host centre's demand is the sum node + client + softirq (see [`HostCpu`]).
 pub const COSTS_FORMAT_V1: &str = "farside-coop-costs/1";
@@ -131,6 +138,10 @@ pub struct CostsFile {
     /// absent from format 1 files).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_wide: Option<HostWideCosts>,
+    /// The per-request delay measured at light load (format 3; absent from formats 1
+    /// and 2, whose delay is 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay: Option<DelayCosts>,
     pub samples: Vec<Sample>,
 }
 
@@ -176,18 +187,28 @@ impl CostsFile {
 }
 
 impl CostsFile {
-    /// Reads a costs file of format 2, or of format 1 (no host-wide figures: the host
-    /// centre then sums node, client and softirq time as it did); refuses any other, and
-    /// a format 2 file without its host-wide figures.
+    /// Reads a costs file of format 3, of format 2 (no delay: the delay centre is 0) or
+    /// of format 1 (no delay, no host-wide figures: the host centre then sums node,
+    /// client and softirq time as it did); refuses any other, a format 3 file without
+    /// its delay or host-wide figures, and a format 2 file without its host-wide ones.
     pub fn parse(text: &str) -> Result<CostsFile, String> {
         let f: CostsFile = serde_json::from_str(text).map_err(|e| format!("costs file: {e}"))?;
+        let lacks = |what: &str| {
+            Err(format!(
+                "costs file: format {:?} without {what:?}: calibrate again",
+                f.format
+            ))
+        };
         match f.format.as_str() {
-            COSTS_FORMAT if f.host_wide.is_none() => Err(format!(
-                "costs file: format {COSTS_FORMAT:?} without \"host_wide\": calibrate again"
+            COSTS_FORMAT | COSTS_FORMAT_V2 if f.host_wide.is_none() => lacks("host_wide"),
+            COSTS_FORMAT if f.delay.is_none() => lacks("delay"),
+            COSTS_FORMAT_V2 | COSTS_FORMAT_V1 if f.delay.is_some() => Err(format!(
+                "costs file: format {:?} with a \"delay\" (format {COSTS_FORMAT:?} carries it)",
+                f.format
             )),
-            COSTS_FORMAT | COSTS_FORMAT_V1 => Ok(f),
+            COSTS_FORMAT | COSTS_FORMAT_V2 | COSTS_FORMAT_V1 => Ok(f),
             other => Err(format!(
-                "costs file: format {other:?}, expected {COSTS_FORMAT:?} (or the older {COSTS_FORMAT_V1:?}); \
+                "costs file: format {other:?}, expected {COSTS_FORMAT:?} (or the older {COSTS_FORMAT_V2:?}, {COSTS_FORMAT_V1:?}); \
                  calibrate again with `farside model coop --calibrate`"
             )),
         }
@@ -400,6 +421,9 @@ pub struct Prediction {
     /// The shared host's CPU centre, when the setup has one (then the network's think
     /// time is 0: the clients' CPU is in it).
     pub host: Option<HostCpu>,
+    /// The delay centre's demand per request, ns (`None`: the costs file measured no
+    /// delay, and the network has no delay centre).
+    pub delay_ns: Option<f64>,
     pub mva: ClassesResult,
     /// Requests each client replayed in the simulation.
     pub replayed_per_client: usize,
@@ -477,30 +501,18 @@ pub fn predict_replay(
         return Err(format!("{}: {why}", s.system));
     }
     let policy = policy_of(&s.system).ok_or_else(|| format!("{}: not modelled", s.system))?;
-    // PRESS over udp, xdp or shm: that transport's measured fetch at the nodes' share.
-    let fetch = match transport_of(&s.system).filter(|t| *t != "tcp") {
-        Some(t) => {
-            let tc = f.transport(t).ok_or_else(|| {
-                format!(
-                    "{}: the costs file has no {t} fetch costs (calibrate again)",
-                    s.system
-                )
-            })?;
-            Some(tc.peer_fetch().at_cpu_share(s.cpu_share * s.cpu_speedup))
-        }
-        None => None,
-    };
+    // Refuse a system whose transport was not calibrated before simulating it.
+    fetch_of(f, s)?;
     let clients = s.nodes * s.clients_per_node as usize;
     let costs = effective_costs(f, s);
-    let mean_kb = trace.mean_request_bytes() / 1024.0;
-    let think_ns = (f.client_request_ns + mean_kb * f.client_per_kb_ns) / s.cpu_speedup;
+    let think_ns = think_ns(f, s, trace.mean_request_bytes());
     // The lab's stream: every client from its own offset, taking turns, its first
     // warm-up share warming the caches as the lab's warm-up does.
     let stream = trace.interleaved(clients, per_client);
     let mut cfg = SimConfig::new(s.nodes, s.cache_bytes);
     cfg.clients_per_node = s.clients_per_node as usize;
     cfg.think_ns = think_ns.round() as u64;
-    cfg.costs = costs.clone();
+    cfg.costs = costs;
     cfg.seed = seed;
     cfg.warmup_fraction = s.warmup_s / (s.warmup_s + s.duration_s).max(f64::MIN_POSITIVE);
     cfg.directory_period_ns = s.publish_ms * 1_000_000;
@@ -512,9 +524,63 @@ pub fn predict_replay(
     report
         .check()
         .map_err(|e| format!("{}: simulation: {e}", s.system))?;
-    let demands = match &fetch {
-        Some(pf) => transport_demands_ns(&costs, &report, pf),
-        None => demands_ns(&costs, &report),
+    let net = network(f, s, &report, think_ns)?;
+    let mva = mva_classes(&net.kinds, &net.classes);
+    Ok(Prediction {
+        setup: s.clone(),
+        sim: report,
+        demands: net.demands,
+        think_s: net.think_s,
+        host: net.host,
+        delay_ns: net.delay_ns,
+        mva,
+        replayed_per_client: per_client,
+    })
+}
+
+/// PRESS over udp, xdp or shm: that transport's measured fetch at the nodes' share
+/// (`None` for `rr` and `press-tcp`, whose bodies forward at the tcp costs).
+fn fetch_of(f: &CostsFile, s: &Setup) -> Result<Option<PeerFetch>, String> {
+    match transport_of(&s.system).filter(|t| *t != "tcp") {
+        Some(t) => {
+            let tc = f.transport(t).ok_or_else(|| {
+                format!(
+                    "{}: the costs file has no {t} fetch costs (calibrate again)",
+                    s.system
+                )
+            })?;
+            Ok(Some(
+                tc.peer_fetch().at_cpu_share(s.cpu_share * s.cpu_speedup),
+            ))
+        }
+        None => Ok(None),
+    }
+}
+
+/// A lab client's CPU per request (its think time) at a mean body of `mean_bytes`, ns.
+fn think_ns(f: &CostsFile, s: &Setup, mean_bytes: f64) -> f64 {
+    (f.client_request_ns + mean_bytes / 1024.0 * f.client_per_kb_ns) / s.cpu_speedup
+}
+
+/// The closed network of one configuration, from its simulated classes of answers.
+struct Network {
+    demands: Demands,
+    host: Option<HostCpu>,
+    delay_ns: Option<f64>,
+    kinds: Vec<StationKind>,
+    classes: Vec<crate::model::Class>,
+    think_s: f64,
+}
+
+/// Builds the network of `s` for the answers of `report`: the nodes' quota, disk and
+/// NIC stations ([`bound_clients_network`]), the shared host's CPUs when the setup has
+/// them ([`with_host_cpu`]), and the delay centre when the costs file measured the delay
+/// ([`with_delay`]).
+fn network(f: &CostsFile, s: &Setup, report: &SimReport, think_ns: f64) -> Result<Network, String> {
+    let costs = effective_costs(f, s);
+    let demands = match fetch_of(f, s)? {
+        Some(pf) => transport_demands_ns(&costs, report, &pf),
+        None => demands_ns(&costs, report),
     };
     let think_s = think_ns / 1e9;
     let (mut kinds, mut classes) =
@@ -522,7 +588,7 @@ pub fn predict_replay(
     // The host-wide busy time per request, when the costs file measured it.
     let host_wide = match &f.host_wide {
         Some(h) if s.shared_host_cpus.is_some() => {
-            Some(host_wide_demand_ns(&h.for_system(&s.system)?, &report) / s.cpu_speedup)
+            Some(host_wide_demand_ns(&h.for_system(&s.system)?, report) / s.cpu_speedup)
         }
         _ => None,
     };
@@ -535,7 +601,7 @@ pub fn predict_replay(
                 n as f64 * tc.softirq_ns + kb as f64 * tc.softirq_per_kb_ns
             })
         };
-        let r = &report;
+        let r = report;
         let remote_t = transport_of(&s.system).unwrap_or("tcp");
         let m = r.measured.max(1) as f64;
         let soft = (softirq(remote_t, r.remote.requests + r.wasted_fetches, r.remote.kb)
@@ -560,16 +626,110 @@ pub fn predict_replay(
         }
         None => think_s,
     };
-    let mva = mva_classes(&kinds, &classes);
-    Ok(Prediction {
-        setup: s.clone(),
-        sim: report,
+    // The delay measured at light load: not CPU demand, so neither the CPU share nor a
+    // faster CPU scales it.
+    let delay_ns = match &f.delay {
+        Some(d) => Some(delay_demand_ns(&d.for_system(&s.system)?, report)),
+        None => None,
+    };
+    if let Some(d) = delay_ns {
+        with_delay(&mut kinds, &mut classes, d / 1e9);
+    }
+    Ok(Network {
         demands,
-        think_s,
         host,
-        mva,
-        replayed_per_client: per_client,
+        delay_ns,
+        kinds,
+        classes,
+        think_s,
     })
+}
+
+/// A kind of request the calibration's light phases measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LightKind<'a> {
+    /// A local hit (PRESS over tcp, each node asked for its own set).
+    Local,
+    /// A miss (`rr`, caches of one byte).
+    Miss,
+    /// A body from a peer's cache over a transport (`tcp` forwards; `udp`, `xdp`,
+    /// `shm` read one-sidedly).
+    Fetch(&'a str),
+}
+
+/// Requests of the one-class report [`light_cycle_ns`] solves: whole KB per body as the
+/// simulator charges them, many enough that the per-request averages are exact.
+const LIGHT_REPORT_REQUESTS: u64 = 1024;
+
+/// The model's time per request for one client that asks only for `kind` bodies of
+/// `body_bytes` in the setup `s` (its system, clients and cache ignored; the
+/// calibration's: its nodes, quota, disk emulation, shared host): `R + Z` of the
+/// network at a population of 1 (the sum of its demands), without any delay centre,
+/// ns. The calibration subtracts it from the measured time per request to find the
+/// delay.
+pub fn light_cycle_ns(
+    f: &CostsFile,
+    s: &Setup,
+    kind: LightKind,
+    body_bytes: u64,
+) -> Result<f64, String> {
+    let n = LIGHT_REPORT_REQUESTS;
+    let class = sim::ClassStats {
+        requests: n,
+        bytes: n * body_bytes,
+        kb: n * body_bytes.div_ceil(1024),
+        reads: 0,
+    };
+    let none = sim::ClassStats::default();
+    let (system, policy, [local, remote, forwarded, miss]) = match kind {
+        LightKind::Local => ("press-tcp".to_string(), "press", [class, none, none, none]),
+        LightKind::Miss => ("rr".to_string(), "round-robin", [none, none, none, class]),
+        LightKind::Fetch("tcp") => ("press-tcp".to_string(), "press", [none, none, class, none]),
+        LightKind::Fetch(t) => (format!("press-{t}"), "press", [none, class, none, none]),
+    };
+    let s = Setup {
+        system,
+        clients_per_node: 1,
+        ..s.clone()
+    };
+    let report = SimReport {
+        policy,
+        nodes: s.nodes,
+        clients: 1,
+        think_ns: 0,
+        measured: n,
+        local,
+        remote,
+        forwarded,
+        miss,
+        wasted_fetches: 0,
+        wasted_forwards: 0,
+        lost_local_hits: 0,
+        window_ns: 0,
+        completed_in_window: 0,
+        in_flight_at_end: 0,
+        mean_response_ns: 0.0,
+        mean_in_system: 0.0,
+        utilisation: Vec::new(),
+        demand_ns: Vec::new(),
+        directory_cpu: Vec::new(),
+        violations: Vec::new(),
+    };
+    let f = CostsFile {
+        delay: None,
+        ..f.clone()
+    };
+    let mut net = network(&f, &s, &report, think_ns(&f, &s, body_bytes as f64))?;
+    // One client in all: the first node's class, the others empty.
+    for (i, c) in net.classes.iter_mut().enumerate() {
+        c.population = u32::from(i == 0) * DELAY_CLIENTS;
+    }
+    let r = mva_classes(&net.kinds, &net.classes);
+    let x = r.total_throughput();
+    if x <= 0.0 {
+        return Err(format!("{kind:?} at {body_bytes} B: no throughput"));
+    }
+    Ok(DELAY_CLIENTS as f64 / x * 1e9)
 }
 
 /// A law checked on numbers: what it says, the two sides, whether they agree.
@@ -919,7 +1079,7 @@ pub fn render_prediction(p: &Prediction) -> String {
     format!(
         "  simulated fractions local {:.3} remote {:.3} miss {:.3} (wasted fetches {})\n  \
          demand per request, us: own cpu {:.1} disk {:.1} nic {:.1}; at peers cpu {:.1}; think {:.1}\n  \
-         {}MVA ({}): X {:.1}/s, R {:.3} ms; simulator X {:.1}/s; {} requests replayed per client\n",
+         {}{}MVA ({}): X {:.1}/s, R {:.3} ms; simulator X {:.1}/s; {} requests replayed per client\n",
         f[0],
         f[1],
         f[2],
@@ -954,6 +1114,13 @@ pub fn render_prediction(p: &Prediction) -> String {
                 if h.binds(&node_bounds(p)) { " (binds)" } else { "" }
             ),
             None => String::new(),
+        },
+        match p.delay_ns {
+            Some(d) => format!(
+                "delay centre {:.1} us per request (measured at one client, less the model's own response there; adds to R, to no utilisation)\n  ",
+                d / 1e3
+            ),
+            None => "delay centre 0: the costs file measured no delay (format 1 or 2)\n  ".into(),
         },
         solver_name(p.mva.solver),
         p.throughput(),
@@ -1132,359 +1299,4 @@ pub fn render_extrapolation(rows: &[ExtrapolatedRow], failed: usize, modelled: u
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn disk_service_adds_the_measured_overhead_to_the_configuration() {
-        let d = DiskEmulation {
-            configured_latency_us: 5_000,
-            configured_bytes_per_s: 40_000_000,
-            measured_access_ns: 5_080_000.0,
-            measured_per_kb_ns: 25_600.0 + 100.0,
-        };
-        assert_eq!(d.service(5_000, 40_000_000), (5_080_000, 25_700));
-        assert_eq!(d.service(1_000, 40_000_000).0, 1_080_000);
-    }
-
-    #[test]
-    fn run_files_are_bounded_and_checked() {
-        let ok = r#"{"cpu_quota_pct":40,"disk_latency_us":5000,"points":[{"system":"rr","nodes":2,
-            "cache_bytes":1000,"clients":8,"duration_s":20.0,"tps":100.0,"local_frac":0.5,
-            "remote_frac":0.0,"miss_frac":0.5}]}"#;
-        assert!(LabRun::parse(ok).is_ok());
-        assert!(LabRun::parse(&ok.replace("\"clients\":8", "\"clients\":7")).is_err());
-        assert!(LabRun::parse(&ok.replace("\"tps\":100.0", "\"tps\":0.0")).is_err());
-        assert!(LabRun::parse(&ok.replace("40", "0")).is_err());
-    }
-
-    /// A small trace: skewed popularity over `objects` objects of 0.5 to 20 KB.
-    pub(crate) fn small_trace(objects: u32, requests: usize) -> Trace {
-        let mut x = 0x2545_F491_4F6C_DD1Du64;
-        let requests = (0..requests)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let u = (x >> 11) as f64 / (1u64 << 53) as f64;
-                (u * u * u * objects as f64) as u32
-            })
-            .collect();
-        Trace {
-            object_bytes: (0..objects).map(|i| 500 + (i * 7919) % 20_000).collect(),
-            requests,
-        }
-    }
-
-    pub(crate) fn costs_file() -> CostsFile {
-        CostsFile {
-            format: COSTS_FORMAT.into(),
-            provenance: Provenance {
-                commit: "test".into(),
-                tree_dirty: false,
-                kernel: "test".into(),
-                host: "test".into(),
-                cpus: 2,
-                build: "debug".into(),
-                measured_at: "2026-01-01T00:00:00Z".into(),
-                load_avg: [0.0, 0.0],
-                method: "set by hand".into(),
-            },
-            costs: Costs {
-                cpu_request_ns: 60_000,
-                cpu_per_kb_ns: 2_000,
-                cpu_forward_ns: 40_000,
-                cpu_peer_serve_ns: 50_000,
-                ..Costs::default()
-            },
-            disk: DiskEmulation {
-                configured_latency_us: 5_000,
-                configured_bytes_per_s: 40_000_000,
-                measured_access_ns: 5_060_000.0,
-                measured_per_kb_ns: 25_600.0,
-            },
-            client_request_ns: 30_000.0,
-            client_per_kb_ns: 500.0,
-            transports: Vec::new(),
-            host_wide: None,
-            samples: Vec::new(),
-        }
-    }
-
-    fn run_with(tps: [f64; 2]) -> LabRun {
-        let point = |system: &str, tps: f64| LabPoint {
-            system: system.into(),
-            nodes: 2,
-            cache_bytes: 200_000,
-            clients: 8,
-            duration_s: 20.0,
-            tps,
-            p99_ms: 10.0,
-            mean_ms: None,
-            local_frac: 0.5,
-            remote_frac: 0.2,
-            miss_frac: 0.3,
-            link_gbit: None,
-            load_model: None,
-            cpu_us_per_req: None,
-        };
-        LabRun {
-            cpu_quota_pct: 40,
-            disk_latency_us: 5_000,
-            disk_bytes_per_s: None,
-            warmup_s: None,
-            publish_ms: None,
-            quick: false,
-            points: vec![
-                point("rr", tps[0]),
-                point("press-tcp", tps[1]),
-                point("haproxy", 100.0),
-            ],
-        }
-    }
-
-    #[test]
-    fn points_within_tolerance_pass_and_outside_fail_and_label_the_extrapolation() {
-        let trace = small_trace(400, 6_000);
-        let f = costs_file();
-        // First the model's own answers, then "measurements" placed around them.
-        let probe = check_runs(&f, &trace, &[("probe".into(), run_with([1.0, 1.0]))], 1);
-        let x: Vec<f64> = probe
-            .iter()
-            .filter_map(|c| c.prediction.as_ref().ok().map(Prediction::throughput))
-            .collect();
-        assert_eq!(x.len(), 2, "rr and press-tcp modelled, haproxy not");
-        assert!(probe[2].pass().is_none());
-        let good = check_runs(
-            &f,
-            &trace,
-            &[("good".into(), run_with([x[0] * 1.1, x[1] / 1.1]))],
-            1,
-        );
-        assert_eq!(verdict(&good), (2, 2, 0));
-        let bad = check_runs(
-            &f,
-            &trace,
-            &[("bad".into(), run_with([x[0] * 1.1, x[1] * 1.5]))],
-            1,
-        );
-        assert_eq!(verdict(&bad), (2, 1, 1));
-        let text = render_checks(&bad);
-        assert!(text.contains("FAIL") && text.contains("PASS"), "{text}");
-        assert!(text.contains("not modelled"), "{text}");
-        let row = ExtrapolatedRow {
-            what: "as checked".into(),
-            predictions: vec![
-                probe[0].prediction.clone().unwrap(),
-                probe[1].prediction.clone().unwrap(),
-            ],
-        };
-        let checked = render_extrapolation(std::slice::from_ref(&row), 0, 2);
-        assert!(checked.contains(CHECKED_LABEL) && !checked.contains(UNCHECKED_LABEL));
-        let unchecked = render_extrapolation(&[row], 1, 2);
-        assert!(unchecked.contains("UNCHECKED: 1 of 2"), "{unchecked}");
-    }
-
-    #[test]
-    fn laws_hold_on_the_models_own_output() {
-        let trace = small_trace(400, 6_000);
-        let f = costs_file();
-        for system in ["rr", "press-tcp"] {
-            let mut s = Setup::of_point(&run_with([1.0, 1.0]), &run_with([1.0, 1.0]).points[0]);
-            s.system = system.into();
-            let p = predict(&f, &trace, &s, 1).unwrap();
-            let x = p.throughput();
-            // Little's law over the whole closed network: N = X (R + Z).
-            let n = x * (p.response_s() + p.think_s);
-            assert!(relative_error(n, 8.0) < 1e-9, "{system}: {n}");
-            // Utilisation law per node: U = X D, own demand from the node's clients
-            // (X / nodes) plus its share of its peers' (X / nodes each, split evenly).
-            let u_cpu = x / 2.0 * (p.demands.own[0] + p.demands.peer[0]) / 1e9;
-            assert!(relative_error(p.mva.utilisation[0], u_cpu) < 1e-9);
-            assert!(p.mva.utilisation.iter().all(|&u| u <= 1.0 + 1e-9));
-            // The measured-law checks on a point built from the model's own answer hold.
-            let mut point = run_with([x, x]).points[0].clone();
-            point.mean_ms = Some(p.response_s() * 1e3);
-            point.miss_frac = p.sim.fractions()[2];
-            let laws = measured_laws(&point, Some(&p));
-            assert!(laws.iter().all(|l| l.holds == Some(true)), "{laws:?}");
-        }
-    }
-
-    #[test]
-    fn summaries_parse_and_each_system_is_modelled_only_with_its_costs() {
-        let point = |system: &str, load: &str, clients: usize| {
-            format!(
-                r#"{{"system":"{system}","nodes":2,"cache_bytes":200000,"clients":{clients},
-                "duration_s":8.0,"tps":100.0,"local_frac":0.5,"remote_frac":0.3,
-                "miss_frac":0.2,"load_model":"{load}","cpu_us_per_req":50.0,"rate":3000.0}}"#
-            )
-        };
-        let text = format!(
-            r#"{{"params":{{"cpu_quota_pct":40,"disk_latency_us":5000,"warmup_s":5}},
-            "points":[{},{},{}]}}"#,
-            point("press-xdp", "closed", 8),
-            point("press-xdp", "open", 0),
-            point("lard", "closed", 8)
-        );
-        let run = LabRun::parse_summary(&text).unwrap();
-        assert_eq!(run.warmup_s, Some(5.0));
-        assert!(LabRun::parse_summary(&text.replace("\"clients\":8", "\"clients\":0")).is_err());
-        let runs = [("s".to_string(), run)];
-        let trace = small_trace(400, 6_000);
-        let without = check_runs(&costs_file(), &trace, &runs, 1);
-        let why = |c: &PointCheck| c.prediction.as_ref().err().cloned().unwrap_or_default();
-        assert!(
-            why(&without[0]).contains("calibrate again"),
-            "{}",
-            why(&without[0])
-        );
-        assert!(why(&without[1]).contains("open loop"));
-        assert!(why(&without[2]).contains("proxy"));
-        assert_eq!(verdict(&without), (0, 0, 0));
-        // With xdp's costs (no process of the holder runs): modelled, nothing at peers.
-        let mut f = costs_file();
-        f.transports.push(TransportCosts {
-            transport: "xdp".into(),
-            initial_ns: 30_000.0,
-            initial_per_kb_ns: 1_000.0,
-            service_ns: 0.0,
-            service_per_kb_ns: 0.0,
-            softirq_ns: 5_000.0,
-            softirq_per_kb_ns: 0.0,
-        });
-        assert_eq!(modelled_systems(&f), ["rr", "press-tcp", "press-xdp"]);
-        let with = check_runs(&f, &trace, &runs, 1);
-        let p = with[0].prediction.as_ref().unwrap();
-        assert!(p.sim.remote.requests > 0 && p.sim.forwarded.requests == 0);
-        assert_eq!(p.demands.peer, [0.0; 3]);
-        assert_eq!(verdict(&with).0, 1);
-        let laws = &with[0].laws;
-        assert!(laws
-            .iter()
-            .any(|l| l.what.starts_with("Little (model)") && l.holds == Some(true)));
-        assert!(laws.iter().any(|l| l.what.contains("D_lab")));
-        // press-xdp's fetch costs more at the initial node than press-tcp's there.
-        let tcp = predict(
-            &f,
-            &trace,
-            &Setup {
-                system: "press-tcp".into(),
-                ..p.setup.clone()
-            },
-            1,
-        )
-        .unwrap();
-        assert!(tcp.demands.peer[0] > 0.0);
-    }
-
-    fn host_wide() -> HostWideCosts {
-        let fetch = |t: &str, ns: f64| HostFetchCosts {
-            transport: t.into(),
-            ns,
-            per_kb_ns: 1_000.0,
-        };
-        HostWideCosts {
-            local_ns: 70_000.0,
-            local_per_kb_ns: 2_000.0,
-            miss_ns: 20_000.0,
-            miss_per_kb_ns: 500.0,
-            fetch: vec![fetch("tcp", 50_000.0), fetch("xdp", 60_000.0)],
-            unattributed_share: 0.01,
-            unattributed_warn: 0.1,
-            phases: Vec::new(),
-        }
-    }
-
-    #[test]
-    fn costs_files_of_both_formats_are_read_and_others_refused() {
-        let mut f = costs_file();
-        f.format = COSTS_FORMAT_V1.into();
-        let v1 = serde_json::to_string(&f).unwrap();
-        assert!(
-            !v1.contains("host_wide"),
-            "format 1 files have no such field"
-        );
-        assert_eq!(CostsFile::parse(&v1).unwrap().host_wide, None);
-        // Format 2 must carry its host-wide figures.
-        f.format = COSTS_FORMAT.into();
-        let e = CostsFile::parse(&serde_json::to_string(&f).unwrap()).unwrap_err();
-        assert!(
-            e.contains("host_wide") && e.contains("calibrate again"),
-            "{e}"
-        );
-        f.host_wide = Some(host_wide());
-        let v2 = serde_json::to_string(&f).unwrap();
-        assert_eq!(CostsFile::parse(&v2).unwrap(), f);
-        let e = CostsFile::parse(&v2.replace("costs/2", "costs/3")).unwrap_err();
-        assert!(e.contains("costs/3") && e.contains("costs/1"), "{e}");
-    }
-
-    #[test]
-    fn host_wide_costs_pick_each_systems_transport() {
-        let h = host_wide();
-        let tcp = h.for_system("press-tcp").unwrap();
-        assert_eq!((tcp.remote.ns, tcp.forward.ns), (0.0, 50_000.0));
-        let xdp = h.for_system("press-xdp").unwrap();
-        assert_eq!((xdp.remote.ns, xdp.forward.ns), (60_000.0, 50_000.0));
-        let rr = h.for_system("rr").unwrap();
-        assert_eq!(
-            (rr.local.ns, rr.miss.ns, rr.forward.ns),
-            (70_000.0, 20_000.0, 0.0)
-        );
-        let e = h.for_system("press-udp").unwrap_err();
-        assert!(e.contains("udp") && e.contains("calibrate again"), "{e}");
-    }
-
-    #[test]
-    fn the_host_centre_takes_the_host_wide_demand_when_measured() {
-        let trace = small_trace(400, 6_000);
-        let mut f = costs_file();
-        let run = run_with([1.0, 1.0]);
-        let s = Setup {
-            shared_host_cpus: Some(2.0),
-            ..Setup::of_point(&run, &run.points[1])
-        };
-        let parts = predict(&f, &trace, &s, 1).unwrap();
-        let ph = parts.host.unwrap();
-        assert_eq!(ph.host_wide_ns, None);
-        assert_eq!(ph.demand_ns(), ph.parts_ns());
-        f.host_wide = Some(host_wide());
-        let wide = predict(&f, &trace, &s, 1).unwrap();
-        let wh = wide.host.unwrap();
-        let want = host_wide_demand_ns(
-            &f.host_wide
-                .as_ref()
-                .unwrap()
-                .for_system("press-tcp")
-                .unwrap(),
-            &wide.sim,
-        );
-        assert_eq!(wh.host_wide_ns, Some(want));
-        assert_eq!(wh.demand_ns(), want);
-        assert!(want >= 70_000.0, "at least a local hit per request: {want}");
-        // The law and the block name the host-wide figure and the sum beside it.
-        let mut point = run.points[1].clone();
-        point.tps = wide.throughput();
-        let laws = measured_laws(&point, Some(&wide));
-        let host = laws
-            .iter()
-            .find(|l| l.what.contains("host CPU"))
-            .expect("a host law");
-        assert!(host.what.contains("host-wide") && host.what.contains("would give U"));
-        assert_eq!(host.holds, Some(true));
-        assert!(render_prediction(&wide).contains("host-wide"));
-        // Without a shared host (the extrapolation) the host-wide figures are not used.
-        let alone = predict(
-            &f,
-            &trace,
-            &Setup {
-                shared_host_cpus: None,
-                ..s
-            },
-            1,
-        )
-        .unwrap();
-        assert!(alone.host.is_none());
-    }
-}
+mod tests;

@@ -36,8 +36,9 @@ pub enum ModelWhat {
 /// `farside model coop`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CoopModelArgs {
-    /// Costs file (JSON, `farside-coop-costs/2`; the older `/1`, without host-wide busy
-    /// time, is still read) from `--calibrate`. Required unless --calibrate is given.
+    /// Costs file (JSON, `farside-coop-costs/3`; the older `/2`, without the delay, and
+    /// `/1`, without host-wide busy time either, are still read: their delay centre is
+    /// 0, and the output says so) from `--calibrate`. Required unless --calibrate is given.
     #[arg(long)]
     pub costs: Option<PathBuf>,
     /// Measure the costs on this host first, the way `farside lab coop` incurs them:
@@ -45,8 +46,11 @@ pub struct CoopModelArgs {
     /// quota, driven by `farside loadgen` replaying sessions of a synthetic trace (not
     /// the World Cup), in all-local, all-miss and all-remote phases (the last per
     /// transport: tcp, udp, xdp, shm), taking in each the nodes' cgroup CPU and the
-    /// host's busy time over all CPUs (/proc/stat) per request; needs root, about three
-    /// minutes. Writes them to --costs (default <--out>/costs.json). Run it through the
+    /// host's busy time over all CPUs (/proc/stat) per request; then, per kind and size,
+    /// a light-load phase with one closed-loop client in all, whose time per request less
+    /// the model's own answer at one client is the delay no service demand holds (the
+    /// model's delay centre); needs root, about four minutes. Writes them to --costs
+    /// (default <--out>/costs.json). Run it through the
     /// measurement lock, on an otherwise idle host (builds frozen: it warns when the
     /// host was busier than its own processes explain) and with the same build as the
     /// lab runs compared.
@@ -57,7 +61,7 @@ pub struct CoopModelArgs {
     #[arg(long = "calibrate-requests", default_value_t = 3000)]
     pub calibrate_requests: u64,
     /// Measured seconds of each calibration phase (after a warm-up of a third of it, at
-    /// most 1 s); 24 phases. Default 3.
+    /// most 1 s); 24 lab-shaped and 24 light phases. Default 3.
     #[arg(long = "calibrate-seconds", default_value_t = crate::model_calibrate::CALIBRATE_SECONDS_DEFAULT)]
     pub calibrate_seconds: f64,
     /// Kept `lab coop` run directories (each with `points.json`) to compare with.
@@ -230,6 +234,40 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
         }
         None => {
             text += "no host-wide busy time in the costs file (format 1): the host centre's demand is node + client + softirq\n";
+        }
+    }
+    match &costs.delay {
+        Some(d) => {
+            text += &format!(
+                "delay per request at light load ({} closed-loop client in all; measured time per request less the model's own answer there): local hit {:.1} us + {:.2} us/KB; miss +{:.1} us + {:.2} us/KB",
+                d.clients,
+                d.local_ns / 1e3,
+                d.local_per_kb_ns / 1e3,
+                d.miss_ns / 1e3,
+                d.miss_per_kb_ns / 1e3,
+            );
+            for f in &d.fetch {
+                text += &format!(
+                    "; fetch over {} +{:.1} us + {:.2} us/KB",
+                    f.transport,
+                    f.ns / 1e3,
+                    f.per_kb_ns / 1e3
+                );
+            }
+            text += &format!(
+                "\n  in the network as a delay centre per class (adds to R, to no utilisation); differences clamped to 0: {}\n",
+                if d.clamped.is_empty() {
+                    "none".to_string()
+                } else {
+                    d.clamped.join(", ")
+                }
+            );
+        }
+        None => {
+            text += &format!(
+                "no delay in the costs file (format {}): the delay centre is 0\n",
+                costs.format
+            );
         }
     }
     text += "\n";

@@ -29,6 +29,14 @@
 //!   over it size by size. The share of busy time the phase's own processes do not
 //!   explain is recorded, and a phase above [`HOST_UNATTRIBUTED_WARN`] is warned about
 //!   (another workload on the host);
+//! - light load, for the delay (`DelayCosts`): after each size's `local`, `fetch-<t>`
+//!   and `miss` phase, the same nodes driven by ONE closed-loop client in all (no request
+//!   ever waits for another): its measured time per request (window over requests, its
+//!   cycle `N / X` at `N` = 1, from the load generator's own window; its mean latency is
+//!   recorded beside) less the model's own answer for that phase at one client
+//!   (`validate::light_cycle_ns`, the sum of its demands under the costs just measured)
+//!   is the delay no service demand holds; a miss's and each fetch's over a local hit's,
+//!   size by size; a difference below 0 is clamped to 0 and recorded;
 //! - `disk`: the emulated disk (`coop::disk::Disk`, the lab's 5 ms + size / 40 MB/s),
 //!   wall time per read (the sleep's overshoot is real service time);
 //! - `directory`: one directory update built, encoded, sealed and sent, and received,
@@ -42,8 +50,9 @@ use farside_backend::coop::wire::DirectoryUpdate;
 use farside_coop::directory::{BloomFilter, BLOOM_FP_DEFAULT};
 use farside_coop::sim::Costs;
 use farside_coop::validate::{
-    unattributed_share, CostsFile, DiskEmulation, HostFetchCosts, HostPhase, HostWideCosts,
-    Provenance, Sample, TransportCosts, COSTS_FORMAT,
+    light_cycle_ns, light_delay_ns, unattributed_share, CostsFile, DelayCosts, DelayPhase,
+    DiskEmulation, HostFetchCosts, HostPhase, HostWideCosts, LightKind, Provenance, Sample, Setup,
+    TransportCosts, COSTS_FORMAT, DELAY_CLIENTS,
 };
 use farside_lab::fabric::keys::LabKeys;
 use farside_lab::fabric::netns::{NodeSpec, VirtualDc};
@@ -103,6 +112,9 @@ const DIRECTORY_SETTLE: Duration = Duration::from_millis(1200);
 /// The lab's disk emulation (`farside lab coop` defaults).
 const LAB_DISK_LATENCY_US: u64 = 5_000;
 const LAB_DISK_BYTES_PER_S: u64 = 40_000_000;
+/// The nodes' emulated disk bandwidth in the lab-shaped phases (with latency 0): no
+/// disk time beyond the emulation's own overhead, so a miss costs its CPU.
+const CALIBRATION_DISK_BYTES_PER_S: u64 = 1_000_000_000_000;
 /// Reads per size of the disk phase.
 const DISK_READS: usize = 20;
 /// Directory updates per directory phase, and the objects each one's filter holds (a
@@ -443,7 +455,7 @@ pub fn calibrate(requests: u64, seconds: f64) -> Result<CostsFile, String> {
         cpu_directory_apply_ns: r(apply_ns),
     };
     let dirty = git(&["status", "--porcelain", "--untracked-files=no"]);
-    Ok(CostsFile {
+    let mut file = CostsFile {
         format: COSTS_FORMAT.into(),
         provenance: Provenance {
             commit: git(&["rev-parse", "HEAD"]),
@@ -473,7 +485,11 @@ pub fn calibrate(requests: u64, seconds: f64) -> Result<CostsFile, String> {
                  (RUSAGE_SELF), requests from the nodes' counters, host softirq from \
                  /proc/stat (ticks); host-wide busy time per request in every lab-shaped \
                  phase from /proc/stat (all CPUs: user + nice + system + irq + softirq + \
-                 steal, ticks), miss and fetch over local size by size; disk: wall time of coop::disk::Disk reads; directory: \
+                 steal, ticks), miss and fetch over local size by size; delay: after each \
+                 lab-shaped phase the same nodes and objects driven by {DELAY_CLIENTS} \
+                 closed-loop client in all, its time per request (its window over its \
+                 requests) less the model's own answer at one client, miss and fetch over \
+                 local size by size, below 0 clamped to 0; disk: wall time of coop::disk::Disk reads; directory: \
                  CPU of {DIRECTORY_UPDATES} updates of {DIRECTORY_OBJECTS} objects; NIC 0 \
                  (veth without a rate limit)",
                 warmup_s(seconds)
@@ -499,8 +515,42 @@ pub fn calibrate(requests: u64, seconds: f64) -> Result<CostsFile, String> {
             unattributed_warn: HOST_UNATTRIBUTED_WARN,
             phases: lab.host_phases,
         }),
+        delay: None,
         samples,
-    })
+    };
+    // The delay: the light phases against the model's own answer at one client, in the
+    // calibration's set-up (its nodes at their quota, disk emulation at 0, this host).
+    let setup = Setup {
+        system: String::new(),
+        nodes: LAB_NODES,
+        cache_bytes: 0,
+        clients_per_node: DELAY_CLIENTS,
+        cpu_share: LAB_CPU_QUOTA_PCT as f64 / 100.0,
+        disk_latency_us: 0,
+        disk_bytes_per_s: CALIBRATION_DISK_BYTES_PER_S,
+        link_gbit: None,
+        warmup_s: warmup_s(seconds),
+        duration_s: seconds,
+        publish_ms: farside_coop::validate::LAB_PUBLISH_MS_DEFAULT,
+        cpu_speedup: 1.0,
+        shared_host_cpus: Some(file.provenance.cpus as f64),
+    };
+    let delay = delay_costs(&file, &setup, &lab.light)?;
+    eprintln!(
+        "calibrate: delay per request: local hit {:.1} us + {:.2} us/KB; miss +{:.1} us + {:.2} us/KB{}; {} clamped to 0",
+        delay.local_ns / 1e3,
+        delay.local_per_kb_ns / 1e3,
+        delay.miss_ns / 1e3,
+        delay.miss_per_kb_ns / 1e3,
+        delay
+            .fetch
+            .iter()
+            .map(|f| format!("; fetch over {} +{:.1} us + {:.2} us/KB", f.transport, f.ns / 1e3, f.per_kb_ns / 1e3))
+            .collect::<String>(),
+        delay.clamped.len()
+    );
+    file.delay = Some(delay);
+    Ok(file)
 }
 
 /// CPU per directory update (ns): built and encoded once, sealed and sent per peer,
@@ -666,10 +716,13 @@ fn node_name(i: usize) -> String {
 
 /// The counters of a node's `/coop/stats` (called in the client's namespace).
 fn stats_here(addr: SocketAddr) -> std::collections::HashMap<String, u64> {
-    let text = Conn::open(addr)
-        .and_then(|mut c| c.get("/coop/stats"))
-        .map(|(_, b)| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
+    let text = match Conn::open(addr).and_then(|mut c| c.get("/coop/stats")) {
+        Ok((_, b)) => String::from_utf8_lossy(&b).into_owned(),
+        Err(e) => {
+            eprintln!("calibrate: warning: the counters of {addr}: {e}");
+            String::new()
+        }
+    };
     text.lines()
         .filter_map(|l| l.split_once(' '))
         .filter_map(|(k, v)| Some((k.to_string(), v.trim().parse().ok()?)))
@@ -690,6 +743,39 @@ struct LabCosts {
     /// Host-wide busy time of a peer fetch over a local hit, per transport.
     host_fetch: Vec<HostFetchCosts>,
     host_phases: Vec<HostPhase>,
+    /// The light-load phases (one client in all), for the delay.
+    light: Vec<LightRaw>,
+}
+
+/// One light-load phase as the client measured it.
+#[derive(Debug, Clone, Copy)]
+struct LightRaw {
+    kind: LightKind<'static>,
+    bytes: u64,
+    /// Requests served in the client's measured window.
+    requests: u64,
+    window_ns: u64,
+    latency_mean_ns: f64,
+}
+
+impl LightRaw {
+    /// The phase's name in the costs file.
+    fn phase(&self) -> String {
+        light_phase_name(self.kind)
+    }
+
+    /// Measured time per request: the window over the requests (one client: its cycle).
+    fn measured_ns(&self) -> f64 {
+        self.window_ns as f64 / self.requests.max(1) as f64
+    }
+}
+
+fn light_phase_name(kind: LightKind) -> String {
+    match kind {
+        LightKind::Local => "local".into(),
+        LightKind::Miss => "miss".into(),
+        LightKind::Fetch(t) => format!("fetch-{t}"),
+    }
 }
 
 /// What one phase counted over its measured window.
@@ -707,6 +793,24 @@ struct Counted {
     steal_ns: u64,
     /// Wall time of the window, ns.
     wall_ns: u64,
+    /// What the load generators measured in their own windows.
+    clients: ClientFigures,
+    /// The nodes' counts from before the load generators started (warm-up included):
+    /// the class check of a light phase, whose one client may finish few requests in
+    /// the nodes' window.
+    /// Local, remote, miss.
+    whole: [u64; 3],
+}
+
+/// The load generators' own figures of a phase, summed over them.
+#[derive(Debug, Clone, Copy, Default)]
+struct ClientFigures {
+    /// Requests served in their measured windows.
+    served: u64,
+    /// The longest measured window, ns.
+    window_ns: u64,
+    /// Latency (request sent to body read) summed over the served requests, ns.
+    latency_sum_ns: f64,
 }
 
 impl Counted {
@@ -800,7 +904,7 @@ impl Env<'_> {
                 "--coop-disk-latency-us".into(),
                 "0".into(),
                 "--coop-disk-bytes-per-s".into(),
-                "1000000000000".into(),
+                CALIBRATION_DISK_BYTES_PER_S.to_string(),
                 "--coop-policy".into(),
                 policy.into(),
             ];
@@ -860,7 +964,13 @@ impl Cluster<'_> {
 
     /// One phase: a load generator instance per `(node, trace)` with the lab's clients;
     /// the nodes' CPU and counters over the measured window.
-    fn phase(&self, drive: &[(usize, &Path)], root: &Path, seed: u64) -> Result<Counted, String> {
+    fn phase(
+        &self,
+        drive: &[(usize, &Path)],
+        clients: usize,
+        root: &Path,
+        seed: u64,
+    ) -> Result<Counted, String> {
         let lgs: Vec<LoadgenArgs> = drive
             .iter()
             .enumerate()
@@ -875,7 +985,7 @@ impl Cluster<'_> {
                 lg.warmup_s = warmup_s(self.seconds);
                 lg.duration_s = self.seconds;
                 lg.seed = seed * 100 + k as u64 + 1;
-                lg.clients = LAB_CLIENTS_PER_NODE;
+                lg.clients = clients;
                 lg
             })
             .collect();
@@ -904,8 +1014,9 @@ impl Cluster<'_> {
             }
             c
         };
-        let (before, after, failed) = dc
+        let (start, before, after, failed, clients_seen) = dc
             .run_in_ns(CLIENT, || {
+                let start = snap();
                 Ok(std::thread::scope(|s| {
                     let hs: Vec<_> = lgs
                         .iter()
@@ -916,18 +1027,29 @@ impl Cluster<'_> {
                     );
                     let before = snap();
                     let mut failed = None;
+                    let mut seen = ClientFigures::default();
                     for h in hs {
                         match h.join() {
                             Ok(Ok(sm)) if sm.failure_kinds.wrong_bodies > 0 => {
                                 failed =
                                     Some(format!("{} wrong bodies", sm.failure_kinds.wrong_bodies))
                             }
-                            Ok(Ok(_)) => {}
+                            Ok(Ok(sm)) => {
+                                if sm.failures > 0 {
+                                    eprintln!(
+                                        "calibrate: warning: the client had {} failed requests ({:?})",
+                                        sm.failures, sm.failure_kinds
+                                    );
+                                }
+                                seen.served += sm.served;
+                                seen.window_ns = seen.window_ns.max((sm.duration_s * 1e9) as u64);
+                                seen.latency_sum_ns += sm.avg_ms * 1e6 * sm.served as f64;
+                            }
                             Ok(Err(e)) => failed = Some(format!("loadgen: {e}")),
                             Err(_) => failed = Some("a loadgen thread panicked".into()),
                         }
                     }
-                    (before, snap(), failed)
+                    (start, before, snap(), failed, seen)
                 }))
             })
             .map_err(err)?;
@@ -949,19 +1071,169 @@ impl Cluster<'_> {
             busy_ns: after.busy_ns.saturating_sub(before.busy_ns),
             steal_ns: after.steal_ns.saturating_sub(before.steal_ns),
             wall_ns: after.wall_ns.saturating_sub(before.wall_ns),
+            clients: clients_seen,
+            whole: [
+                after.local - start.local,
+                after.remote - start.remote,
+                after.miss - start.miss,
+            ],
         })
     }
+}
+
+impl Cluster<'_> {
+    /// A light-load phase: one closed-loop client in all ([`DELAY_CLIENTS`]) asks
+    /// `drive.0` for the set of the trace `drive.1`; what it measured in its own window.
+    fn light(
+        &self,
+        kind: LightKind<'static>,
+        size: u64,
+        drive: (usize, &Path),
+        root: &Path,
+        seed: u64,
+    ) -> Result<LightRaw, String> {
+        let n = self.phase(&[drive], DELAY_CLIENTS as usize, root, seed)?;
+        let name = light_phase_name(kind);
+        let whole = Counted {
+            local: n.whole[0],
+            remote: n.whole[1],
+            miss: n.whole[2],
+            ..Counted::default()
+        };
+        let class = match kind {
+            LightKind::Local => whole.local,
+            LightKind::Miss => whole.miss,
+            LightKind::Fetch(_) => whole.remote,
+        };
+        dominant(&format!("light {name}"), size, class, &whole)?;
+        if n.clients.served == 0 || n.clients.window_ns == 0 {
+            return Err(err(format!(
+                "light {name} at {size} B: the client served nothing"
+            )));
+        }
+        let l = LightRaw {
+            kind,
+            bytes: size,
+            requests: n.clients.served,
+            window_ns: n.clients.window_ns,
+            latency_mean_ns: n.clients.latency_sum_ns / n.clients.served as f64,
+        };
+        eprintln!(
+            "calibrate: light {name:<16} {size:>6} B  {:>9.1} us per request (latency {:.1} us; {} requests, 1 client)",
+            l.measured_ns() / 1e3,
+            l.latency_mean_ns / 1e3,
+            l.requests
+        );
+        Ok(l)
+    }
+}
+
+/// The delay costs from the light phases (see [`DelayCosts`]): each phase's measured time
+/// per request less the model's own answer for it at one client under the costs of `f`
+/// (the calibration's set-up `s`), clamped at 0; a miss's and each fetch's over a local
+/// hit's size by size, clamped at 0; lines over the sizes. Every clamp is recorded.
+fn delay_costs(f: &CostsFile, s: &Setup, light: &[LightRaw]) -> Result<DelayCosts, String> {
+    let mut phases = Vec::new();
+    let mut clamped = Vec::new();
+    let mut delays: Vec<(LightKind, u64, f64)> = Vec::new();
+    for l in light {
+        let model = light_cycle_ns(f, s, l.kind, l.bytes).map_err(err)?;
+        let (d, below) = light_delay_ns(l.measured_ns(), model);
+        let raw = l.measured_ns() - model;
+        if below {
+            clamped.push(format!(
+                "{} at {} B: {:.1} us",
+                l.phase(),
+                l.bytes,
+                raw / 1e3
+            ));
+        }
+        eprintln!(
+            "calibrate: delay {:<16} {:>6} B  measured {:>8.1} us - model {:>8.1} us = {:>8.1} us{}",
+            l.phase(),
+            l.bytes,
+            l.measured_ns() / 1e3,
+            model / 1e3,
+            raw / 1e3,
+            if below { " (below 0: clamped to 0)" } else { "" }
+        );
+        phases.push(DelayPhase {
+            phase: l.phase(),
+            body_bytes: l.bytes,
+            requests: l.requests,
+            window_ns: l.window_ns,
+            measured_ns: l.measured_ns(),
+            latency_mean_ns: l.latency_mean_ns,
+            model_ns: model,
+            delay_ns: raw,
+        });
+        delays.push((l.kind, l.bytes, d));
+    }
+    let of = |kind: LightKind| -> Vec<(u64, f64)> {
+        delays
+            .iter()
+            .filter(|(k, _, _)| *k == kind)
+            .map(|(_, b, d)| (*b, *d))
+            .collect()
+    };
+    let local = of(LightKind::Local);
+    // The extra of `kind` over a local hit, size by size.
+    let mut over_local = |kind: LightKind| -> Result<Vec<Point>, String> {
+        of(kind)
+            .into_iter()
+            .map(|(b, d)| {
+                let l = local
+                    .iter()
+                    .find(|(lb, _)| *lb == b)
+                    .map(|(_, d)| *d)
+                    .ok_or_else(|| err(format!("no light local phase at {b} B")))?;
+                if d < l {
+                    clamped.push(format!(
+                        "{} over local at {b} B: {:.1} us",
+                        light_phase_name(kind),
+                        (d - l) / 1e3
+                    ));
+                }
+                Ok((kb(b), (d - l).max(0.0)))
+            })
+            .collect()
+    };
+    let (ma, mb) = fit(&over_local(LightKind::Miss)?);
+    let mut fetch = Vec::new();
+    for t in TRANSPORTS {
+        let (a, b) = fit(&over_local(LightKind::Fetch(t))?);
+        fetch.push(HostFetchCosts {
+            transport: t.to_string(),
+            ns: a,
+            per_kb_ns: b,
+        });
+    }
+    let (la, lb) = fit(&local.iter().map(|(b, d)| (kb(*b), *d)).collect::<Vec<_>>());
+    Ok(DelayCosts {
+        local_ns: la,
+        local_per_kb_ns: lb,
+        miss_ns: ma,
+        miss_per_kb_ns: mb,
+        fetch,
+        clients: DELAY_CLIENTS,
+        phases,
+        clamped,
+    })
 }
 
 /// Checks that `class` (the phase's kind of answer) is most of what a phase counted.
 fn dominant(what: &str, size: u64, class: u64, c: &Counted) -> Result<f64, String> {
     if class == 0 || (class as f64) < PHASE_CLASS_SHARE_MIN * c.total() as f64 {
         return Err(err(format!(
-            "{what} phase at {size} B: {class} of {} requests of its kind (local {}, remote {}, miss {})",
+            "{what} phase at {size} B: {class} of {} requests of its kind (local {}, remote {}, miss {}) \
+             in the nodes' window of {:.3} s; the clients served {} in theirs of {:.3} s",
             c.total(),
             c.local,
             c.remote,
-            c.miss
+            c.miss,
+            c.wall_ns as f64 / 1e9,
+            c.clients.served,
+            c.clients.window_ns as f64 / 1e9
         )));
     }
     Ok(class as f64)
@@ -1010,6 +1282,7 @@ fn lab_phases(
             host_miss: Vec::new(),
             host_fetch: Vec::new(),
             host_phases: Vec::new(),
+            light: Vec::new(),
         };
         let mut setup = 0;
         for transport in TRANSPORTS {
@@ -1025,7 +1298,12 @@ fn lab_phases(
                     let drive: Vec<(usize, &Path)> = (0..LAB_NODES)
                         .map(|j| (j, objects.traces[i][j].as_path()))
                         .collect();
-                    let n = c.phase(&drive, &objects.dir, setup as u64 * 10 + i as u64)?;
+                    let n = c.phase(
+                        &drive,
+                        LAB_CLIENTS_PER_NODE,
+                        &objects.dir,
+                        setup as u64 * 10 + i as u64,
+                    )?;
                     let hits = dominant("local", size, n.local, &n)?;
                     let cpu: u64 = n.cpu_ns.iter().sum();
                     out.local
@@ -1044,6 +1322,13 @@ fn lab_phases(
                         h.busy_per_request_ns(),
                     ));
                     out.host_phases.push(h);
+                    out.light.push(c.light(
+                        LightKind::Local,
+                        size,
+                        (0, objects.traces[i][0].as_path()),
+                        &objects.dir,
+                        500 + i as u64,
+                    )?);
                 }
             }
             let (mut pi, mut ps, mut pq, mut ph) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -1053,7 +1338,12 @@ fn lab_phases(
                     (0, objects.traces[i][2].as_path()),
                     (1, objects.traces[i][3].as_path()),
                 ];
-                let n = c.phase(&drive, &objects.dir, setup as u64 * 10 + i as u64)?;
+                let n = c.phase(
+                    &drive,
+                    LAB_CLIENTS_PER_NODE,
+                    &objects.dir,
+                    setup as u64 * 10 + i as u64,
+                )?;
                 let remote = dominant(&format!("{transport} remote"), size, n.remote, &n)?;
                 let ini = (n.cpu_ns[0] + n.cpu_ns[1]) as f64 / remote;
                 let srv = (n.cpu_ns[2] + n.cpu_ns[3]) as f64 / remote;
@@ -1079,6 +1369,14 @@ fn lab_phases(
                 let local = out.host_local.get(i).map_or(0.0, |p| p.1);
                 ph.push((kb(size), (busy - local).max(0.0)));
                 out.host_phases.push(h);
+                // One client at node 0 asks for node 2's set: all remote, light load.
+                out.light.push(c.light(
+                    LightKind::Fetch(transport),
+                    size,
+                    (0, objects.traces[i][2].as_path()),
+                    &objects.dir,
+                    600 + setup as u64 * 10 + i as u64,
+                )?);
             }
             let (ha, hb) = fit(&ph);
             out.host_fetch.push(HostFetchCosts {
@@ -1105,7 +1403,7 @@ fn lab_phases(
             let drive: Vec<(usize, &Path)> = (0..LAB_NODES)
                 .map(|j| (j, objects.traces[i][j].as_path()))
                 .collect();
-            let n = c.phase(&drive, &objects.dir, 90 + i as u64)?;
+            let n = c.phase(&drive, LAB_CLIENTS_PER_NODE, &objects.dir, 90 + i as u64)?;
             let misses = dominant("miss", size, n.miss, &n)?;
             let cpu: u64 = n.cpu_ns.iter().sum();
             let ns = cpu as f64 / misses;
@@ -1117,6 +1415,13 @@ fn lab_phases(
             out.host_miss
                 .push((kb(size), (busy - out.host_local[i].1).max(0.0)));
             out.host_phases.push(h);
+            out.light.push(c.light(
+                LightKind::Miss,
+                size,
+                (0, objects.traces[i][0].as_path()),
+                &objects.dir,
+                700 + i as u64,
+            )?);
         }
         Ok(out)
     })();
@@ -1126,74 +1431,4 @@ fn lab_phases(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_fit_recovers_a_line_and_never_goes_negative() {
-        let (a, b) = fit(&[(0.5, 110.0), (4.0, 145.0), (16.0, 265.0), (64.0, 745.0)]);
-        assert!(
-            (a - 105.0).abs() < 1e-6 && (b - 10.0).abs() < 1e-6,
-            "{a} {b}"
-        );
-        let (a, b) = fit(&[(1.0, 10.0), (2.0, 5.0)]);
-        assert_eq!((a, b), (7.5, 0.0));
-    }
-
-    #[test]
-    fn the_synthetic_trace_is_sessions_of_the_lab_length_over_the_set() {
-        let set: Vec<String> = (0..3).map(|i| format!("/o/512-0-{i}")).collect();
-        let text = session_trace(&set, 512, 2);
-        let rows: Vec<Vec<&str>> = text
-            .lines()
-            .skip(1)
-            .map(|l| l.split(',').collect())
-            .collect();
-        assert_eq!(
-            text.lines().next(),
-            Some("timestamp,client_id,url,status,size")
-        );
-        assert_eq!(rows.len(), 2 * SESSION_REQUESTS);
-        // Each trace client (session) asks for SESSION_REQUESTS objects, cycling the set.
-        for (i, r) in rows.iter().enumerate() {
-            assert_eq!(r[1], (i / SESSION_REQUESTS).to_string());
-            assert_eq!(r[2], set[i % 3]);
-            assert_eq!((r[3], r[4]), ("200", "512"));
-        }
-    }
-
-    #[test]
-    fn proc_stat_busy_is_every_cpu_tick_but_idle_and_iowait() {
-        let text = "cpu  100 20 300 5000 70 8 90 11 40 2\n\
-                    cpu0 50 10 150 2500 35 4 45 5 20 1\n\
-                    intr 123 0 0\nctxt 999\n";
-        // user + nice + system + irq + softirq + steal; guest (40, 2) is inside user/nice.
-        assert_eq!(
-            parse_proc_stat(text),
-            Some(HostTicks {
-                busy: 100 + 20 + 300 + 8 + 90 + 11,
-                softirq: 90,
-                steal: 11,
-            })
-        );
-        // Older kernels end after softirq or steal.
-        let short = parse_proc_stat("cpu  1 2 3 4 5 6 7\n").unwrap();
-        assert_eq!((short.busy, short.steal), (1 + 2 + 3 + 6 + 7, 0));
-        // Only the all-CPU line counts; a missing or malformed one is no figure.
-        assert_eq!(parse_proc_stat("cpu0 1 2 3 4 5 6 7 8\n"), None);
-        assert_eq!(parse_proc_stat("cpu  1 2 x 4 5 6 7 8\n"), None);
-        assert_eq!(parse_proc_stat("cpu  1 2 3\n"), None);
-        // This host's own file parses, and its busy time holds its softirq and steal.
-        if let Ok(t) = std::fs::read_to_string("/proc/stat") {
-            let h = parse_proc_stat(&t).expect("this host's /proc/stat");
-            assert!(h.busy >= h.softirq + h.steal);
-        }
-    }
-
-    #[test]
-    fn utc_dates_are_civil() {
-        let s = utc_now();
-        assert_eq!(s.len(), 20);
-        assert!(s.starts_with("20") && s.ends_with('Z'));
-    }
-}
+mod tests;

@@ -98,6 +98,12 @@ fn predictions_outside_the_tolerance_fail_and_within_it_pass() {
     assert!(text.contains("FAIL") && !text.contains(" PASS "), "{text}");
     assert!(text.contains("model output, UNCHECKED: 2 of 2"), "{text}");
     assert!(text.contains("Little: not checkable"), "{text}");
+    // A format 1 file has no delay: the output says the delay centre is 0.
+    assert!(
+        text.contains("no delay in the costs file (format farside-coop-costs/1)")
+            && text.contains("delay centre 0"),
+        "{text}"
+    );
     assert!(dir.0.join("far/model.txt").exists());
     // The same configurations measured at what the model predicts (within 10 %): PASS.
     let (rr, press) = (predicted(&text, "rr"), predicted(&text, "press-tcp"));
@@ -147,8 +153,10 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
             "--calibrate",
             "--calibrate-requests",
             "200",
+            // Long enough that the nodes' counters, read through their 40 % quota on a
+            // busy host, are taken well inside the clients' window.
             "--calibrate-seconds",
-            "0.4",
+            "0.8",
             "--no-extrapolate",
             "--nodes",
             "2",
@@ -161,7 +169,7 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
     assert!(o.status.success(), "{stderr}");
     let f: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("costs.json")).unwrap()).unwrap();
-    assert_eq!(f["format"], "farside-coop-costs/2");
+    assert_eq!(f["format"], "farside-coop-costs/3");
     assert!(f["costs"]["cpu_request_ns"].as_u64().unwrap() > 0, "{f}");
     assert!(f["costs"]["cpu_peer_serve_ns"].as_u64().unwrap() > 0, "{f}");
     // The emulated disk takes at least its configured 5 ms per read.
@@ -209,6 +217,33 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
             "no {name} sample: {f}"
         );
     }
+    // The delay: a light phase per kind (local, miss, 4 transports) and size, one client
+    // in all, its measured time per request less the model's own answer recorded with
+    // both; a line per kind, every clamp listed.
+    let d = &f["delay"];
+    assert_eq!(d["clients"], 1, "{d}");
+    let phases = d["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 4 * 6, "{d}");
+    for p in phases {
+        let (m, model) = (
+            p["measured_ns"].as_f64().unwrap(),
+            p["model_ns"].as_f64().unwrap(),
+        );
+        assert!(p["requests"].as_u64().unwrap() > 0, "{p}");
+        assert!(m > 0.0 && model > 0.0, "{p}");
+        assert!(
+            (p["delay_ns"].as_f64().unwrap() - (m - model)).abs() < 1e-3,
+            "{p}"
+        );
+        assert!(p["latency_mean_ns"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    assert!(d["local_ns"].as_f64().unwrap() >= 0.0, "{d}");
+    assert_eq!(d["fetch"].as_array().unwrap().len(), 4, "{d}");
+    assert!(d["clamped"].is_array(), "{d}");
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("UNCHECKED"), "{text}");
+    assert!(
+        text.contains("delay per request at light load") && text.contains("delay centre"),
+        "{text}"
+    );
 }
