@@ -705,7 +705,8 @@ fn generated(path: &str) -> Response {
 fn coop_file(node: &crate::coop::Node, path: &str) -> Response {
     if path == "/coop/stats" {
         let used = node.cache_used_bytes();
-        return Response::text(node.counters.text() + &format!("cache_used_bytes {used}\n"));
+        let xdp = node.arena_status_text();
+        return Response::text(node.counters.text() + &format!("cache_used_bytes {used}\n") + &xdp);
     }
     match node.get(path) {
         Ok((body, _served)) => Response {

@@ -346,6 +346,22 @@ pub struct NodeArena {
 }
 
 impl NodeArena {
+    /// `arena_xdp_<status> N` lines for every status the node's XDP responder has
+    /// answered (or dropped) a request with, summed over CPUs; empty for a shm arena.
+    /// What an operator reads when a peer's READ or WRITE goes unanswered.
+    pub fn xdp_status_text(&self) -> String {
+        let Backing::Xdp { _responder, .. } = &self.backing else {
+            return String::new();
+        };
+        let (_, status) = _responder.counters();
+        farside_rmem::wire::Status::ALL
+            .iter()
+            .zip(status)
+            .filter(|(_, n)| *n > 0)
+            .map(|(st, n)| format!("arena_xdp_{} {n}\n", st.name()))
+            .collect()
+    }
+
     /// The arena of a node caching `cache_bytes`, answered by an XDP responder on
     /// `iface` (generic mode) at udp `port` for readers holding `key` (`ID[:PATH]`);
     /// `directory`: with room for the directory record ([`layout_with`]); `writers`

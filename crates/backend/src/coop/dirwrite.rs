@@ -117,8 +117,10 @@ pub fn install_writers(
     for j in (0..nodes).filter(|&j| j != me) {
         let rights = Rights::chunk_writer(ARENA_REGION, slot_chunk(j), slot_chunk(j) + SLOT_CHUNKS)
             .map_err(|e| e.to_string())?;
+        // One name per peer: installing a key under a name it already holds is a
+        // rotation (the name's older key is retired, its oldest dropped).
         ring.install(
-            "coop-directory-writer",
+            &format!("coop-directory-writer-{j}"),
             KeyId(DIRECTORY_WRITE_KEY_BASE + j as u32),
             writer_key(coop, j),
             rights,
@@ -461,6 +463,18 @@ mod tests {
             ring.get(KeyId(DIRECTORY_WRITE_KEY_BASE + 2)).is_none(),
             "none for itself"
         );
+        // Every peer's key is held, whichever node installs them (a shared name once
+        // made each install a rotation, which dropped the first peer's key).
+        for me in 0..SLOTS {
+            let mut ring = Keyring::new(farside_auth::keys::Policy::Production);
+            install_writers(&mut ring, &coop, SLOTS, me).unwrap();
+            for j in (0..SLOTS).filter(|&j| j != me) {
+                let e = ring
+                    .get(KeyId(DIRECTORY_WRITE_KEY_BASE + j as u32))
+                    .unwrap_or_else(|| panic!("node {me} lacks peer {j}'s writer key"));
+                assert_eq!(e.key, writer_key(&coop, j), "node {me}, peer {j}");
+            }
+        }
         let e: &KeyEntry = ring.get(KeyId(DIRECTORY_WRITE_KEY_BASE + 1)).unwrap();
         let ck = |off: usize| {
             farside_auth::rights::check_chunks(

@@ -656,6 +656,15 @@ impl Node {
         self.lock().cache.used_bytes()
     }
 
+    /// The arena's XDP status counters as `/coop/stats` lines (empty without an XDP arena).
+    pub fn arena_status_text(&self) -> String {
+        self.lock()
+            .arena
+            .as_ref()
+            .map(|a| a.xdp_status_text())
+            .unwrap_or_default()
+    }
+
     /// Drops `object` from this node's cache (its peers' hints become stale until the
     /// next publication). For tests and operators.
     pub fn evict(&self, object: u64) -> bool {
