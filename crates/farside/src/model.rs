@@ -211,21 +211,12 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
     }
     match &costs.host_wide {
         Some(h) => {
-            text += &format!(
-                "host-wide busy time per request (all CPUs, /proc/stat, each tick once): local hit {:.1} us + {:.2} us/KB; miss +{:.1} us + {:.2} us/KB",
-                h.local_ns / 1e3,
-                h.local_per_kb_ns / 1e3,
-                h.miss_ns / 1e3,
-                h.miss_per_kb_ns / 1e3,
+            text += "host-wide busy time per request (all CPUs, /proc/stat, each tick once): ";
+            text += &cost_lines(
+                (h.local_ns, h.local_per_kb_ns),
+                (h.miss_ns, h.miss_per_kb_ns),
+                &h.fetch,
             );
-            for f in &h.fetch {
-                text += &format!(
-                    "; fetch over {} +{:.1} us + {:.2} us/KB",
-                    f.transport,
-                    f.ns / 1e3,
-                    f.per_kb_ns / 1e3
-                );
-            }
             text += &format!(
                 "\n  busy time the calibration's own processes do not explain: {:+.1} % (a phase above {:.0} % is warned about)\n",
                 h.unattributed_share * 100.0,
@@ -239,21 +230,14 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
     match &costs.delay {
         Some(d) => {
             text += &format!(
-                "delay per request at light load ({} closed-loop client in all; measured time per request less the model's own answer there): local hit {:.1} us + {:.2} us/KB; miss +{:.1} us + {:.2} us/KB",
-                d.clients,
-                d.local_ns / 1e3,
-                d.local_per_kb_ns / 1e3,
-                d.miss_ns / 1e3,
-                d.miss_per_kb_ns / 1e3,
+                "delay per request at light load ({} closed-loop client in all; measured time per request less the model's own answer there): ",
+                d.clients
             );
-            for f in &d.fetch {
-                text += &format!(
-                    "; fetch over {} +{:.1} us + {:.2} us/KB",
-                    f.transport,
-                    f.ns / 1e3,
-                    f.per_kb_ns / 1e3
-                );
-            }
+            text += &cost_lines(
+                (d.local_ns, d.local_per_kb_ns),
+                (d.miss_ns, d.miss_per_kb_ns),
+                &d.fetch,
+            );
             text += &format!(
                 "\n  in the network as a delay centre per class (adds to R, to no utilisation); differences clamped to 0: {}\n",
                 if d.clamped.is_empty() {
@@ -334,4 +318,29 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
         eprintln!("model coop: wrote {}", p.display());
     }
     Ok(failed == 0)
+}
+
+/// `local hit A us + B us/KB; miss +C us + D us/KB; fetch over T +E us + F us/KB…`: a
+/// cost per request of each kind, as the costs file's `a + b·KB` lines (ns) give it.
+fn cost_lines(
+    local: (f64, f64),
+    miss: (f64, f64),
+    fetch: &[farside_coop::model::HostFetchCosts],
+) -> String {
+    let mut text = format!(
+        "local hit {:.1} us + {:.2} us/KB; miss +{:.1} us + {:.2} us/KB",
+        local.0 / 1e3,
+        local.1 / 1e3,
+        miss.0 / 1e3,
+        miss.1 / 1e3,
+    );
+    for f in fetch {
+        text += &format!(
+            "; fetch over {} +{:.1} us + {:.2} us/KB",
+            f.transport,
+            f.ns / 1e3,
+            f.per_kb_ns / 1e3
+        );
+    }
+    text
 }

@@ -216,20 +216,8 @@ pub fn check(
     region_bytes: usize,
     datagram_bytes: Option<usize>,
 ) -> Result<ReqHeader, (u8, u64, Status)> {
-    let h = ReqHeader::decode(req).map_err(|s| (0, 0, s))?;
+    let (h, op, access) = decode_access(req)?;
     let fail = |s| (h.op, h.seq, s);
-    let op = Op::from_u8(h.op).ok_or(fail(Status::BadOp))?;
-    if req.len() < REQ_HEADER_BYTES + op.req_payload_len(h.len).min(OP_BYTES_MAX) {
-        return Err(fail(Status::Malformed));
-    }
-    let access = match op {
-        Op::Read => Access::Read,
-        Op::Write => Access::Write,
-        Op::CompareSwap => Access::CompareSwap,
-        Op::FetchAdd => Access::FetchAdd {
-            delta: u64_at(req, REQ_HEADER_BYTES),
-        },
-    };
     rights::check(rights, h.region, access, h.offset as u64, h.len as u64)
         .map_err(|r| fail(rights_status(r)))?;
     let len = h.len as usize;
@@ -245,6 +233,27 @@ pub fn check(
         }
     }
     Ok(h)
+}
+
+/// Rules 3 and 4 of [`check`] and [`check_arena`]: the header decoded, its op known and
+/// its payload present; returns the header, the op and the access the rights are asked
+/// for (a FETCH-ADD's with its delta).
+fn decode_access(req: &[u8]) -> Result<(ReqHeader, Op, Access), (u8, u64, Status)> {
+    let h = ReqHeader::decode(req).map_err(|s| (0, 0, s))?;
+    let fail = |s| (h.op, h.seq, s);
+    let op = Op::from_u8(h.op).ok_or(fail(Status::BadOp))?;
+    if req.len() < REQ_HEADER_BYTES + op.req_payload_len(h.len).min(OP_BYTES_MAX) {
+        return Err(fail(Status::Malformed));
+    }
+    let access = match op {
+        Op::Read => Access::Read,
+        Op::Write => Access::Write,
+        Op::CompareSwap => Access::CompareSwap,
+        Op::FetchAdd => Access::FetchAdd {
+            delta: u64_at(req, REQ_HEADER_BYTES),
+        },
+    };
+    Ok((h, op, access))
 }
 
 /// Where a chunked region (an object arena) lies for [`check_arena`]: its chunk size,
@@ -269,20 +278,8 @@ pub fn check_arena(
     arena: Chunked,
     datagram_bytes: usize,
 ) -> Result<ReqHeader, (u8, u64, Status)> {
-    let h = ReqHeader::decode(req).map_err(|s| (0, 0, s))?;
+    let (h, op, access) = decode_access(req)?;
     let fail = |s| (h.op, h.seq, s);
-    let op = Op::from_u8(h.op).ok_or(fail(Status::BadOp))?;
-    if req.len() < REQ_HEADER_BYTES + op.req_payload_len(h.len).min(OP_BYTES_MAX) {
-        return Err(fail(Status::Malformed));
-    }
-    let access = match op {
-        Op::Read => Access::Read,
-        Op::Write => Access::Write,
-        Op::CompareSwap => Access::CompareSwap,
-        Op::FetchAdd => Access::FetchAdd {
-            delta: u64_at(req, REQ_HEADER_BYTES),
-        },
-    };
     rights::check_chunks(
         rights,
         h.region,
