@@ -266,11 +266,7 @@ impl DirectoryWriter {
 
     /// True if `peer` is skipped now after failed publications.
     pub fn backing_off(&self, peer: usize, now: Instant) -> bool {
-        self.not_before
-            .get(peer)
-            .copied()
-            .flatten()
-            .is_some_and(|t| now < t)
+        super::backing_off(&self.not_before, peer, now)
     }
 
     /// Publishes `record` with `epoch` (even, growing) into this node's slot of every

@@ -407,11 +407,7 @@ impl DirectoryReader {
 
     /// True if `peer` is backing off after a failed pull (not pulled now).
     pub fn backing_off(&self, peer: usize, now: Instant) -> bool {
-        self.not_before
-            .get(peer)
-            .copied()
-            .flatten()
-            .is_some_and(|t| now < t)
+        super::backing_off(&self.not_before, peer, now)
     }
 
     fn back_off(&mut self, peer: usize) {
