@@ -11,8 +11,10 @@
 //! Time is CLOCK_MONOTONIC in ns, kept in 1 ms buckets. The sample's time is when the
 //! monitor saw its sequence advance (`advanced_mono_ns`), a little after the back-end
 //! took it; events in the sample's own millisecond count as after it. Both errors are
-//! at most a bucket plus a monitor period, and both err towards a higher estimate
-//! (safer for admission); the next sample corrects either.
+//! at most a bucket plus a monitor period. A send so counted errs towards a higher
+//! estimate (safer for admission); a completion so counted, if the sample already shows
+//! it, towards a lower one, by at most that millisecond's completions. The next sample
+//! corrects either.
 
 /// Milliseconds of history kept. A sample older than this is stale under any sensible
 /// `admission.stale_after_ms` (default 100); for one that old only the last

@@ -770,8 +770,15 @@ fn delay_metric_admits_a_backend_without_a_delay_reading_by_backlog() {
     ] {
         assert!(m.lines().any(|l| l == want), "{want} in {m}");
     }
-    // A queue at the limit refuses even with nothing in flight.
+    // A queue at the limit refuses even with nothing in flight: a sample taken after the
+    // completions (the tally counts events in a sample's own millisecond as after it, so
+    // wait for the clock to move on; in the same millisecond the two completions would be
+    // taken from the sample's 2).
     drop(held);
+    let ms = mono_ns() / 1_000_000;
+    while mono_ns() / 1_000_000 <= ms {
+        std::thread::yield_now();
+    }
     EntryWriter::new(&*t, 0).publish(&delay_reading_backlog(0, 0, QUEUE_LIMIT_DEFAULT));
     assert_eq!(c.choose(None), Err(Reject::Overloaded));
     // Its gatherd gets a watched port: the delay metric again.
