@@ -266,7 +266,11 @@ impl DirectoryWriter {
 
     /// True if `peer` is skipped now after failed publications.
     pub fn backing_off(&self, peer: usize, now: Instant) -> bool {
-        super::backing_off(&self.not_before, peer, now)
+        self.not_before
+            .get(peer)
+            .copied()
+            .flatten()
+            .is_some_and(|t| now < t)
     }
 
     /// Publishes `record` with `epoch` (even, growing) into this node's slot of every

@@ -51,20 +51,6 @@ pub mod wire;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-/// True if `peer` is backed off at `now`: its entry in `not_before` (one per peer, set
-/// after failures by the directory's reader and writer) is still ahead.
-pub(crate) fn backing_off(
-    not_before: &[Option<std::time::Instant>],
-    peer: usize,
-    now: std::time::Instant,
-) -> bool {
-    not_before
-        .get(peer)
-        .copied()
-        .flatten()
-        .is_some_and(|t| now < t)
-}
-
 pub use node::{Counters, Node};
 
 /// Nodes a cluster may have at most: the node index travels in one byte and PRESS scans

@@ -407,7 +407,11 @@ impl DirectoryReader {
 
     /// True if `peer` is backing off after a failed pull (not pulled now).
     pub fn backing_off(&self, peer: usize, now: Instant) -> bool {
-        super::backing_off(&self.not_before, peer, now)
+        self.not_before
+            .get(peer)
+            .copied()
+            .flatten()
+            .is_some_and(|t| now < t)
     }
 
     fn back_off(&mut self, peer: usize) {
