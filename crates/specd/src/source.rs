@@ -59,7 +59,7 @@ use crate::handoff::HandOff;
 use crate::load::{server_listener, ServerQueue};
 pub use crate::peer::Peer;
 use crate::peer::{full_at_for, least_loaded, some_peer_has_room, PeerLoad};
-use crate::stats::{Event, PerSecond, Samples};
+use crate::stats::{Event, PerSecond, Samples, WindowEvents};
 use crate::steer::{FlowSteer, Mode, Steering, CNT_DAEMON, CNT_NO_SERVER, CNT_SERVER};
 use crate::summary::{
     to_line, ControlSummary, DrainSummary, NamedCounts, PeerSummary, SourceSummary, SteerSummary,
@@ -590,22 +590,29 @@ impl SourceDaemon {
             (ev.events.clone(), ev.dropped)
         };
         let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        // The series and the totals it sums to, under both locks (`window_op`'s order):
+        // an event ending meanwhile counts in both or in neither.
+        let (window, series, migrated) = {
+            let w = lock(&self.shared.window);
+            let series = lock(&self.shared.series);
+            (WindowSummary::from(&*w), series.summary(), n(&s.migrated))
+        };
         let local = self.shared.local.stats();
         let control = &self.shared.control;
         SourceSummary {
             started_unix_ms: self.shared.started_unix_ms,
-            series: lock(&self.shared.series).summary(),
+            series,
             window_events,
             window_events_dropped,
             accepted: n(&s.accepted),
             stale_local: n(&s.stale_local),
-            migrated: n(&s.migrated),
+            migrated,
             fell_back: n(&s.fell_back),
             lost: n(&s.lost),
             local_handoff_failed: local.closed(),
             local_handoff: local.summary(),
             notifications: n(&s.notifications),
-            window: WindowSummary::from(&self.window()),
+            window,
             steer: SteerSummary {
                 server: steer[CNT_SERVER],
                 daemon: steer[CNT_DAEMON],
@@ -679,20 +686,6 @@ impl Drop for SourceDaemon {
     }
 }
 
-/// Most window transitions kept for the summary (each a few bytes; a window that
-/// flaps every millisecond for a long run is cut here, and the cut is counted).
-pub const WINDOW_EVENTS_MAX: usize = 10_000;
-
-/// Window transitions over time, for the summary's `window_events`.
-#[derive(Debug, Default)]
-struct WindowEvents {
-    /// (ms since start, what): `close`, `open_notify`, `open_service`,
-    /// `open_peer_load`.
-    events: Vec<(u64, &'static str)>,
-    /// Transitions past [`WINDOW_EVENTS_MAX`], not kept.
-    dropped: u64,
-}
-
 /// Runs `f` on the window and records the transitions it caused.
 fn window_op<R>(s: &Shared, f: impl FnOnce(&mut Window) -> R) -> R {
     let mut w = lock(&s.window);
@@ -708,16 +701,20 @@ fn window_op<R>(s: &Shared, f: impl FnOnce(&mut Window) -> R) -> R {
     if was_open && !w.is_open() {
         s.poller_wake.notify_all();
     }
-    drop(w);
-    // The series counts what the window's own counters count (the summary's
-    // `window.closures` and `window.target_refusals`).
-    for _ in 0..after.target_refusals - before.target_refusals {
-        record(s, Event::Refused);
-    }
+    // The series counts the window's closures and refusals, under the window's lock
+    // (order: window, then series), as the summary reads them.
     let closed = after.closures - before.closures;
-    for _ in 0..closed {
-        record(s, Event::Closed);
+    {
+        let t_s = s.started.elapsed().as_secs();
+        let mut series = lock(&s.series);
+        for _ in 0..after.target_refusals - before.target_refusals {
+            series.record(t_s, Event::Refused);
+        }
+        for _ in 0..closed {
+            series.record(t_s, Event::Closed);
+        }
     }
+    drop(w);
     let happened = [
         (closed, "close"),
         (
@@ -737,13 +734,7 @@ fn window_op<R>(s: &Shared, f: impl FnOnce(&mut Window) -> R) -> R {
         let t_ms = s.started.elapsed().as_millis() as u64;
         let mut ev = lock(&s.window_events);
         for (n, what) in happened {
-            for _ in 0..n {
-                if ev.events.len() < WINDOW_EVENTS_MAX {
-                    ev.events.push((t_ms, what));
-                } else {
-                    ev.dropped += 1;
-                }
-            }
+            ev.push(t_ms, what, n);
         }
     }
     r
@@ -853,10 +844,13 @@ fn stay_local(
     }
 }
 
-/// Counts `e` in the per-second series, in the second since the start it happens in.
-fn record(s: &Shared, e: Event) {
+/// Adds one to `total` and counts `e` in the per-second series, under the series'
+/// lock (as the summary reads them), in the second since the start it happens in.
+fn record_counted(s: &Shared, total: &AtomicU64, e: Event) {
     let t_s = s.started.elapsed().as_secs();
-    lock(&s.series).record(t_s, e);
+    let mut series = lock(&s.series);
+    total.fetch_add(1, Ordering::Relaxed);
+    series.record(t_s, e);
 }
 
 /// Waits until `fd` is readable (or hung up), at most `timeout` (`None`: no bound).
@@ -1027,8 +1021,7 @@ fn migrate_one(
         Outcome::Migrated(t) => {
             crate::trace::record(Some(remote), "migrated", t.total.as_micros() as u64);
             window_op(s, |w| w.on_resolved(Resolution::Migrated));
-            s.stats.migrated.fetch_add(1, Ordering::Relaxed);
-            record(s, Event::Migrated);
+            record_counted(s, &s.stats.migrated, Event::Migrated);
             peer.migrated.fetch_add(1, Ordering::Relaxed);
             lock(&s.stats.migration_us).record(t.total.as_micros() as u64);
             lock(&s.stats.admit_to_done_us).record(admitted.elapsed().as_micros() as u64);

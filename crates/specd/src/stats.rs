@@ -129,6 +129,33 @@ impl PerSecond {
     }
 }
 
+/// Most window transitions kept for the summary (each a few bytes; a window that
+/// flaps every millisecond for a long run is cut here, and the cut is counted).
+pub const WINDOW_EVENTS_MAX: usize = 10_000;
+
+/// Window transitions over time, for the summary's `window_events`.
+#[derive(Debug, Default)]
+pub(crate) struct WindowEvents {
+    /// (ms since start, what): `close`, `open_notify`, `open_service`,
+    /// `open_peer_load`.
+    pub(crate) events: Vec<(u64, &'static str)>,
+    /// Transitions past [`WINDOW_EVENTS_MAX`], not kept.
+    pub(crate) dropped: u64,
+}
+
+impl WindowEvents {
+    /// Keeps `n` transitions `what` at `t_ms`, up to [`WINDOW_EVENTS_MAX`]; counts the rest.
+    pub(crate) fn push(&mut self, t_ms: u64, what: &'static str, n: u64) {
+        for _ in 0..n {
+            if self.events.len() < WINDOW_EVENTS_MAX {
+                self.events.push((t_ms, what));
+            } else {
+                self.dropped += 1;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
