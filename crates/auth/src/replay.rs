@@ -6,6 +6,10 @@
 //!   sender:   seq = max(last + 1, unix_seconds << 32)        (Sequencer)
 //!   receiver: open the envelope (mac) ── tag ok ──► ReplayTable::accept(key id, sender, seq)
 //!                                                   │ seq 0                    ─► Zero
+//!                                                   │ second(seq) < second(top): judged by the
+//!                                                   │   window of the sender's previous second
+//!                                                   │   (SecondWindows), if it is that second,
+//!                                                   │   else                   ─► TooOld
 //!                                                   │ seq > top                ─► accept, slide
 //!                                                   │ top - seq >= WINDOW_MSGS ─► TooOld
 //!                                                   │ its bit set              ─► Duplicate
@@ -37,8 +41,18 @@
 //!   in one second or the clock stepped back across the restart (then the receiver
 //!   refuses it until the clock passes its old sequences: a denial, never an accepted
 //!   replay). Counting by one keeps the window's reordering tolerance (960 messages)
-//!   for messages sent within one second; a message overtaken by one sent after a
-//!   second boundary is refused as too old, once per boundary at most.
+//!   for messages sent within one second.
+//! - **Reordering across a second boundary.** A sender whose threads share one
+//!   sequencer over several connections (a daemon's pooled control connections) may
+//!   have a message sealed just before a second boundary arrive after one sealed just
+//!   after it: 2^32 − k below the newest, far past any bitmap. So a table keeps, per
+//!   sender, the window of the second before the newest one as well
+//!   ([`SecondWindows`]): a sequence of that second is judged by it (exactly once
+//!   inside its window, as any), one of an older second is refused as too old. When
+//!   the newest second moves on, the window two seconds back is dropped, and with it
+//!   every sequence of that second or older is refused for good, so nothing is
+//!   accepted twice. The XDP program's windows (`bpf/rmem.bpf.c`) judge by one window
+//!   only: a one-sided request overtaken across a second boundary is dropped there.
 //! - **Restarts of the receiver.** Windows live in memory; a restarted receiver starts
 //!   with a floor above everything it accepted before ([`ReplayTable::raise_floor`])
 //!   and accepts nothing above a ceiling it persisted first
@@ -190,9 +204,72 @@ impl Window {
     }
 }
 
+/// The second a sequence was sealed in (its high bits, see [`Sequencer`]).
+fn second_of(seq: u64) -> u64 {
+    seq >> SEQ_COUNT_BITS
+}
+
+/// One sender's window in its newest second, and the window it had in the second
+/// before that (see the module doc: reordering across a second boundary).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecondWindows {
+    /// The window of the newest second accepted (or of the floor).
+    newest: Window,
+    /// The window as it stood when the newest second began (its `top` is in an older
+    /// second), kept until the next second begins.
+    before: Option<Window>,
+}
+
+impl SecondWindows {
+    /// As [`Window::starting_above`]: every sequence up to `floor` is refused.
+    pub fn starting_above(floor: u64) -> SecondWindows {
+        SecondWindows {
+            newest: Window::starting_above(floor),
+            before: None,
+        }
+    }
+
+    /// Highest sequence accepted.
+    pub fn top(&self) -> u64 {
+        self.newest.top()
+    }
+
+    /// Would `seq` be accepted? Changes nothing.
+    pub fn check(&self, seq: u64) -> Result<(), Replay> {
+        let top = self.newest.top();
+        if seq == 0 || second_of(seq) >= second_of(top) {
+            return self.newest.check(seq);
+        }
+        match &self.before {
+            Some(b) if second_of(seq) == second_of(b.top()) => b.check(seq).map_err(|e| match e {
+                Replay::TooOld { seq, .. } => Replay::TooOld { seq, top },
+                e => e,
+            }),
+            _ => Err(Replay::TooOld { seq, top }),
+        }
+    }
+
+    /// [`check`](SecondWindows::check), and record `seq` if accepted.
+    pub fn accept(&mut self, seq: u64) -> Result<(), Replay> {
+        self.check(seq)?;
+        let top = self.newest.top();
+        if second_of(seq) > second_of(top) {
+            self.before = Some(self.newest.clone());
+            self.newest.accept(seq)
+        } else if second_of(seq) == second_of(top) {
+            self.newest.accept(seq)
+        } else {
+            self.before
+                .as_mut()
+                .expect("check judged it by the window before")
+                .accept(seq)
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Entry {
-    window: Window,
+    window: SecondWindows,
     /// Value of the table's clock at the last accept (least recently used goes first).
     used: u64,
 }
@@ -241,7 +318,7 @@ impl ReplayTable {
             return;
         }
         self.floor_all = floor;
-        self.entries.retain(|_, e| e.window.top > floor);
+        self.entries.retain(|_, e| e.window.top() > floor);
     }
 
     /// Refuse every sequence above `ceiling` (the bound persisted before anything up
@@ -288,7 +365,7 @@ impl ReplayTable {
         self.under_ceiling(seq)?;
         match self.entries.get(&(key_id, sender)) {
             Some(e) => e.window.check(seq),
-            None => Window::starting_above(self.floor(key_id)).check(seq),
+            None => SecondWindows::starting_above(self.floor(key_id)).check(seq),
         }
     }
 
@@ -303,7 +380,7 @@ impl ReplayTable {
             return Ok(());
         }
         // A new sender: judge it before evicting anyone for it.
-        let mut window = Window::starting_above(self.floor(key_id));
+        let mut window = SecondWindows::starting_above(self.floor(key_id));
         window.accept(seq)?;
         if self.entries.len() >= self.senders_max {
             self.evict_least_recent();
@@ -328,7 +405,12 @@ impl ReplayTable {
         let Some((&victim, _)) = self.entries.iter().min_by_key(|(_, e)| e.used) else {
             return;
         };
-        let top = self.entries.remove(&victim).expect("just found").window.top;
+        let top = self
+            .entries
+            .remove(&victim)
+            .expect("just found")
+            .window
+            .top();
         self.evictions += 1;
         let key_id = victim.0;
         if let Some(f) = self.floors.get_mut(&key_id) {
@@ -467,6 +549,111 @@ mod tests {
                 assert_eq!(got, m.accept(seq), "seed {seed} step {step} seq {seq}");
                 if got.is_ok() {
                     last = seq;
+                }
+            }
+        }
+    }
+
+    /// Remembers every accepted sequence and the top of the newest second and of the
+    /// second before it: what [`SecondWindows`] must agree with.
+    #[derive(Default)]
+    struct SecondsModel {
+        top: u64,
+        before_top: Option<u64>,
+        seen: HashSet<u64>,
+    }
+
+    impl SecondsModel {
+        fn accept(&mut self, seq: u64) -> Result<(), Replay> {
+            let too_old = Replay::TooOld { seq, top: self.top };
+            if seq == 0 {
+                return Err(Replay::Zero);
+            }
+            // The top of the window that judges `seq`.
+            let judge = if second_of(seq) >= second_of(self.top) {
+                self.top
+            } else {
+                match self.before_top {
+                    Some(b) if second_of(b) == second_of(seq) => b,
+                    _ => return Err(too_old),
+                }
+            };
+            if seq <= judge && judge - seq >= WINDOW_MSGS {
+                return Err(too_old);
+            }
+            if !self.seen.insert(seq) {
+                return Err(Replay::Duplicate);
+            }
+            if second_of(seq) > second_of(self.top) {
+                self.before_top = Some(self.top);
+            }
+            if second_of(seq) >= second_of(self.top) {
+                self.top = self.top.max(seq);
+            } else {
+                self.before_top = Some(judge.max(seq));
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_message_overtaken_across_a_second_boundary_is_accepted_once() {
+        let s = 1_800_000_000u64 << SEQ_COUNT_BITS;
+        let second = 1u64 << SEQ_COUNT_BITS;
+        let mut w = SecondWindows::starting_above(s - 1);
+        for k in 0..5 {
+            w.accept(s + k).unwrap();
+        }
+        // The next second's first message arrives before the last two of this one.
+        assert_eq!(w.accept(s + second), Ok(()));
+        assert_eq!(w.accept(s + 6), Ok(()));
+        assert_eq!(w.accept(s + 5), Ok(()));
+        for k in 0..7 {
+            assert_eq!(w.accept(s + k), Err(Replay::Duplicate), "{k}");
+        }
+        // Below the floor (the second before the first one): refused.
+        assert!(matches!(w.accept(s - 1), Err(Replay::TooOld { .. })));
+        assert!(matches!(w.accept(s - 2), Err(Replay::TooOld { .. })));
+        // The second after: the first second's window is dropped, all of it refused.
+        assert_eq!(w.accept(s + 2 * second), Ok(()));
+        assert_eq!(w.accept(s + second + 1), Ok(()));
+        for k in [0, 7, 100] {
+            assert!(matches!(w.accept(s + k), Err(Replay::TooOld { .. })), "{k}");
+        }
+        // The same through a table (one sender's entry).
+        let mut t = ReplayTable::new(4);
+        t.accept(KeyId(1), 9, s + 3).unwrap();
+        t.accept(KeyId(1), 9, s + second).unwrap();
+        assert_eq!(t.accept(KeyId(1), 9, s + 2), Ok(()));
+        assert_eq!(t.accept(KeyId(1), 9, s + 2), Err(Replay::Duplicate));
+    }
+
+    /// Random mixes within a second, into the next seconds, back into the second before
+    /// and older: the windows decide exactly as the model that remembers everything.
+    #[test]
+    fn second_windows_agree_with_a_model_that_remembers_everything() {
+        let second = 1u64 << SEQ_COUNT_BITS;
+        for seed in 0..20 {
+            let mut rng = Rng(0x5ec0 + seed);
+            let mut w = SecondWindows::starting_above(0);
+            let mut m = SecondsModel::default();
+            let mut last = second;
+            for step in 0..20_000 {
+                let base = last & !(second - 1);
+                let seq = match rng.below(12) {
+                    0..=3 => last + 1 + rng.below(4),
+                    4 => last.saturating_sub(rng.below(WINDOW_MSGS + 64)),
+                    5 => last,
+                    6 => base + second * (1 + rng.below(2)) + rng.below(8),
+                    7..=8 => (base - second) + rng.below(WINDOW_BITS + 64),
+                    9 => base.saturating_sub(2 * second) + rng.below(64),
+                    10 => (base - second) + rng.below(second),
+                    _ => last + rng.below(WINDOW_BITS * 3),
+                };
+                let got = w.accept(seq);
+                assert_eq!(got, m.accept(seq), "seed {seed} step {step} seq {seq:#x}");
+                if got.is_ok() {
+                    last = last.max(seq);
                 }
             }
         }
