@@ -19,16 +19,18 @@
  *         (steer_live.room, a plain store by the daemon into this mmapped map on
  *         window events): the daemon's listener (STEER_CNT_DAEMON; counted
  *         STEER_CNT_HALF_OPEN too if the established ones alone were below Q);
- *       - backlog >= Q and no room: the queue is full as the paper's enlarged accept
- *         queue is with its admission part shut, and the SYN is dropped silently as
- *         the kernel drops a SYN at a full accept queue (the client retransmits it):
- *         it is assigned to the daemon's refusal listener (steer_sock[2], a listener
- *         whose own accept queue is kept full, so the kernel drops it there;
- *         STEER_CNT_DROPPED). Only established connections count for this: spoofed SYNs
- *         make half-open ones but never established ones, so a SYN flood cannot make
- *         the program drop legitimate SYNs;
+ *       - backlog >= Q, no room and config.drop_no_room (specd --no-room drop): the
+ *         queue is full as the paper's enlarged accept queue is with its admission
+ *         part shut, and the SYN is dropped silently as the kernel drops a SYN at a
+ *         full accept queue (the client retransmits it): it is assigned to the
+ *         daemon's refusal listener (steer_sock[2], a listener whose own accept queue
+ *         is kept full, so the kernel drops it there; STEER_CNT_DROPPED). Only
+ *         established connections count for this: spoofed SYNs make half-open ones
+ *         but never established ones, so a SYN flood cannot make the program drop
+ *         legitimate SYNs;
  *       - otherwise the server (STEER_CNT_SERVER; STEER_CNT_FULL_PASSED if its queue
- *         was past Q, i.e. half-open ones took it there while the window had no room).
+ *         was at Q or past it, half-open ones counted, while the window had no room:
+ *         the connection waits in the server's own backlog).
  *     The offsets of both fields come from the kernel's BTF (config.off_ack_backlog,
  *     config.off_qlen; aya loads without CO-RE); the readings are published in
  *     steer_live (backlog, half_open), which the daemon reads from its mapping (no
@@ -103,7 +105,7 @@ struct steer_config {
 	__u32 queue;           /* kernel mode: Q (see the decision above) */
 	__u32 off_ack_backlog; /* kernel mode: offset of sk_ack_backlog in struct sock */
 	__u32 off_qlen;        /* kernel mode: offset of icsk_accept_queue.qlen */
-	__u32 pad;
+	__u32 drop_no_room;    /* kernel mode: 1 = drop at backlog >= Q without room */
 };
 
 struct {
@@ -165,11 +167,11 @@ static __attribute__((always_inline)) inline void count(__u32 i)
 /* The kernel mode's rule (user space mirrors it: window::syn_verdict, pinned by its
  * unit tests). */
 static __attribute__((always_inline)) inline int verdict(__u32 backlog, __u32 half_open,
-							  __u32 queue, __u32 room)
+							  __u32 queue, __u32 room, __u32 drop)
 {
 	if (room && backlog + half_open >= queue)
 		return STEER_TO_DAEMON;
-	if (!room && backlog >= queue)
+	if (!room && drop && backlog >= queue)
 		return STEER_TO_REFUSE;
 	return STEER_TO_SERVER;
 }
@@ -206,7 +208,7 @@ static __attribute__((always_inline)) inline int kernel_decides(struct steer_con
 	live->half_open = h;
 	__sync_fetch_and_add(&live->seen, 1);
 	room = live->room;
-	to = verdict(q, h, c->queue, room);
+	to = verdict(q, h, c->queue, room, c->drop_no_room);
 	if (to == STEER_TO_DAEMON && q < c->queue)
 		count(STEER_CNT_HALF_OPEN);
 	if (to == STEER_TO_SERVER && !room && q + h >= c->queue)

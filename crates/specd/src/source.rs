@@ -121,6 +121,8 @@ pub struct SourceConfig {
     /// Steer by polling even where the kernel mode is possible (`--poll-steer`; for
     /// comparisons with the kernel mode).
     pub poll_steer: bool,
+    /// Kernel mode: what a SYN meets at Q without room (`--no-room`).
+    pub no_room: crate::window::NoRoom,
     /// Age below which a peer's load, read from its region when a migration chooses
     /// its target, is reused (no timer: regions are read on demand).
     pub peer_poll: Duration,
@@ -1081,11 +1083,11 @@ fn migrate_one(
 /// log.
 fn take_server_listener(st: &mut Steering, cfg: &SourceConfig) -> io::Result<String> {
     let (fd, owner) = server_listener(cfg.server_port)?;
-    st.use_server_listener(std::os::fd::AsFd::as_fd(&fd), cfg.window.queue)?;
+    st.use_server_listener(std::os::fd::AsFd::as_fd(&fd), cfg.window.queue, cfg.no_room)?;
     drop(fd);
     let drop_at = match st.refusal() {
         Ok(()) => format!("drop at sk_ack_backlog ≥ {} without room", cfg.window.queue),
-        Err(why) => format!("no drop without room ({why})"),
+        Err(why) => format!("the server's queue without room ({why})"),
     };
     Ok(format!(
         "the listener of port {} (inode {}) taken from pid {} fd {}, divert at sk_ack_backlog + half-open ≥ {}, {drop_at}",

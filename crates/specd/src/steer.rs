@@ -9,10 +9,10 @@
 //!     accept) and `icsk_accept_queue.qlen` (half-open ones), at the offsets the
 //!     kernel's BTF gives, and applies [`crate::window::syn_verdict`]: to the daemon
 //!     at backlog + half-open ≥ Q while the window has room ([`Live::set_room`], a
-//!     plain store into a map the daemon mmaps, written on window events); dropped
-//!     silently at backlog ≥ Q without room (assigned to the [`RefusalListener`],
-//!     whose full accept queue makes the kernel drop the SYN as at any full queue;
-//!     the client retransmits it); else the server. It publishes what it read
+//!     plain store into a map the daemon mmaps, written on window events); with
+//!     `--no-room drop`, dropped silently at backlog ≥ Q without room (assigned to the
+//!     [`RefusalListener`], whose full accept queue makes the kernel drop the SYN as
+//!     at any full queue; the client retransmits it); else the server. It publishes what it read
 //!     ([`Live::backlog`], [`Live::half_open`]), so the daemon reads it with no
 //!     syscall. The map entry does not keep the listener alive: when the server closes
 //!     it the kernel drops it from the map and SYNs take the normal lookup.
@@ -42,6 +42,8 @@ use std::sync::Arc;
 use aya::programs::SkLookup;
 use farside_bpfrt::btf::Btf;
 use farside_bpfrt::{flags, MmapArray, Object, RawMap};
+
+pub use crate::window::NoRoom;
 
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/steer.bpf.o"));
 
@@ -98,7 +100,7 @@ struct SteerConfig {
     queue: u32,
     off_ack_backlog: u32,
     off_qlen: u32,
-    pad: u32,
+    drop_no_room: u32,
 }
 
 // SAFETY: plain C struct of u32s, no padding, every bit pattern valid.
@@ -369,9 +371,16 @@ impl Steering {
     /// Switches to [`Mode::Kernel`]: puts `server` (the web server's listener; the
     /// map takes its own reference to the socket, not to the descriptor, so the caller
     /// may close `server` and the server's close still frees the socket) in the
-    /// program's socket map and has the program divert at `queue` (Q). Divert off
-    /// until [`Live::set_room`] says the window has room.
-    pub fn use_server_listener(&mut self, server: BorrowedFd<'_>, queue: u32) -> io::Result<()> {
+    /// program's socket map and has the program divert at `queue` (Q); without room,
+    /// `no_room` (with [`NoRoom::Drop`] the refusal listener is made at the first
+    /// call; if it cannot be, SYNs go to the server and [`Steering::refusal`] says
+    /// why). Divert off until [`Live::set_room`] says the window has room.
+    pub fn use_server_listener(
+        &mut self,
+        server: BorrowedFd<'_>,
+        queue: u32,
+        no_room: NoRoom,
+    ) -> io::Result<()> {
         if let Some(why) = &self.no_kernel_mode {
             return Err(err("kernel mode", why));
         }
@@ -379,7 +388,7 @@ impl Steering {
         self.socks
             .update(&SOCK_SERVER, &(server.as_raw_fd() as u64), flags::ANY)
             .map_err(|e| err("putting the server's listener in steer_sock", e))?;
-        if self.refusal.is_none() {
+        if no_room == NoRoom::Drop && self.refusal.is_none() {
             let r = RefusalListener::open().and_then(|r| {
                 self.socks
                     .update(&SOCK_REFUSE, &(r.listener.as_raw_fd() as u64), flags::ANY)
@@ -390,6 +399,7 @@ impl Steering {
         }
         self.cfg.off_ack_backlog = off;
         self.cfg.off_qlen = off_qlen;
+        self.cfg.drop_no_room = u32::from(no_room == NoRoom::Drop);
         self.cfg.queue = queue;
         self.cfg.mode = Mode::Kernel as u32;
         self.cfg.divert = 0;
@@ -417,7 +427,7 @@ impl Steering {
         match &self.refusal {
             Some(Ok(_)) => Ok(()),
             Some(Err(why)) => Err(why.clone()),
-            None => Err("not in the kernel mode".into()),
+            None => Err("--no-room queue".into()),
         }
     }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use farside_specd::load::{server_listener, ServerQueue};
 use farside_specd::steer::{
-    Mode, Steering, CNT_DAEMON, CNT_DROPPED, CNT_FULL_PASSED, CNT_HALF_OPEN, CNT_NO_SERVER,
+    Mode, NoRoom, Steering, CNT_DAEMON, CNT_DROPPED, CNT_FULL_PASSED, CNT_HALF_OPEN, CNT_NO_SERVER,
     CNT_SERVER,
 };
 
@@ -98,7 +98,7 @@ fn in_kernel_mode_the_program_diverts_from_the_servers_queue() {
             // closed right away: the map holds the socket, not a descriptor.
             let (fd, owner) = server_listener(8080).unwrap();
             assert_eq!(owner.pid, std::process::id());
-            st.use_server_listener(std::os::fd::AsFd::as_fd(&fd), Q)
+            st.use_server_listener(std::os::fd::AsFd::as_fd(&fd), Q, NoRoom::Drop)
                 .expect("the server's listener in the map");
         }
         assert_eq!(st.mode(), Mode::Kernel);
@@ -227,7 +227,7 @@ fn half_open_connections_count_toward_q_but_never_make_the_program_drop() {
             Steering::attach(Some("10.79.0.100".parse().unwrap()), 8080, &daemon).expect("attach");
         {
             let (fd, _) = server_listener(8080).unwrap();
-            st.use_server_listener(std::os::fd::AsFd::as_fd(&fd), Q)
+            st.use_server_listener(std::os::fd::AsFd::as_fd(&fd), Q, NoRoom::Drop)
                 .expect("the server's listener in the map");
         }
         let live = st.live();
@@ -292,7 +292,7 @@ fn divert_flag_steers(kernel_mode: bool) {
         .expect("attach");
         if !kernel_mode {
             let e = st
-                .use_server_listener(std::os::fd::AsFd::as_fd(&server), 1)
+                .use_server_listener(std::os::fd::AsFd::as_fd(&server), 1, NoRoom::Queue)
                 .expect_err("steer_poll has no kernel mode");
             assert!(e.to_string().contains("--poll-steer"), "{e}");
             assert_eq!(st.mode(), Mode::Poll);
