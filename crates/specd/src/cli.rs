@@ -676,6 +676,19 @@ mod tests {
     }
 
     #[test]
+    fn no_room_defaults_to_the_servers_queue_and_takes_drop() {
+        use crate::window::NoRoom;
+        let base = "--listen 10.0.0.1:7000 --server-port 80 --relay 127.0.0.1:80";
+        assert_eq!(parse(base).unwrap().no_room, NoRoom::Queue);
+        let a = parse(&format!("{base} --no-room drop")).unwrap();
+        assert_eq!(a.no_room, NoRoom::Drop);
+        let e = parse(&format!("{base} --no-room reset"))
+            .map(drop)
+            .unwrap_err();
+        assert!(e.contains("queue") && e.contains("drop"), "{e}");
+    }
+
+    #[test]
     fn frontend_move_defaults_to_the_one_sided_udp_and_checks_the_address() {
         let base = "--listen 10.0.0.1:7000 --server-port 80 --relay 127.0.0.1:80";
         let a = parse(&format!("{base} --frontend 10.0.0.9:7400")).unwrap();
