@@ -206,6 +206,14 @@ pub struct SpecdArgs {
     /// possible: for comparisons. Default: the kernel mode when it can be set up.
     #[arg(long = "poll-steer")]
     pub poll_steer: bool,
+    /// Kernel steering mode: what a SYN meets when the server's established
+    /// connections are at --queue and the window has no room. `queue` (default): the
+    /// server's listener, where it waits in the server's own backlog for a worker.
+    /// `drop`: dropped silently, as the kernel drops a SYN at a full accept queue (the
+    /// paper's queue is Q once its window is shut); the client retransmits it after
+    /// 1 s, then 3 s. Half-open connections never make it drop (a SYN flood cannot).
+    #[arg(long = "no-room", value_enum, default_value_t = crate::window::NoRoom::Queue)]
+    pub no_room: crate::window::NoRoom,
     /// A peer's load is read from its region when a migration chooses its target;
     /// a load read less than this many µs ago is reused. Default: 5000.
     #[arg(long = "peer-poll-us", default_value_t = 5000)]
@@ -442,6 +450,7 @@ pub fn run(args: SpecdArgs) -> Result<(), String> {
                         migrators: args.migrators,
                         poll: Duration::from_micros(args.poll_us),
                         poll_steer: args.poll_steer,
+                        no_room: args.no_room,
                         peer_poll: Duration::from_micros(args.peer_poll_us),
                         handover: if args.same_netns {
                             Handover::CloseBeforeRestore
@@ -664,6 +673,19 @@ mod tests {
             "--listen 1.2.3.4:5 --server-port 80 --relay 127.0.0.1:80 --flow-table nope"
         )
         .is_err());
+    }
+
+    #[test]
+    fn no_room_defaults_to_the_servers_queue_and_takes_drop() {
+        use crate::window::NoRoom;
+        let base = "--listen 10.0.0.1:7000 --server-port 80 --relay 127.0.0.1:80";
+        assert_eq!(parse(base).unwrap().no_room, NoRoom::Queue);
+        let a = parse(&format!("{base} --no-room drop")).unwrap();
+        assert_eq!(a.no_room, NoRoom::Drop);
+        let e = parse(&format!("{base} --no-room reset"))
+            .map(drop)
+            .unwrap_err();
+        assert!(e.contains("queue") && e.contains("drop"), "{e}");
     }
 
     #[test]

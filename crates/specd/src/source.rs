@@ -60,7 +60,10 @@ use crate::load::{server_listener, ServerQueue};
 pub use crate::peer::Peer;
 use crate::peer::{full_at_for, least_loaded, some_peer_has_room, PeerLoad};
 use crate::stats::{Event, PerSecond, Samples, WindowEvents};
-use crate::steer::{FlowSteer, Mode, Steering, CNT_DAEMON, CNT_NO_SERVER, CNT_SERVER};
+use crate::steer::{FlowSteer, Mode, Steering};
+use crate::steer::{
+    CNT_DAEMON, CNT_DROPPED, CNT_FULL_PASSED, CNT_HALF_OPEN, CNT_NO_SERVER, CNT_SERVER,
+};
 use crate::summary::{
     to_line, ControlSummary, DrainSummary, NamedCounts, PeerSummary, SourceSummary, SteerSummary,
     WindowSummary,
@@ -118,6 +121,8 @@ pub struct SourceConfig {
     /// Steer by polling even where the kernel mode is possible (`--poll-steer`; for
     /// comparisons with the kernel mode).
     pub poll_steer: bool,
+    /// Kernel mode: what a SYN meets at Q without room (`--no-room`).
+    pub no_room: crate::window::NoRoom,
     /// Age below which a peer's load, read from its region when a migration chooses
     /// its target, is reused (no timer: regions are read on demand).
     pub peer_poll: Duration,
@@ -617,6 +622,9 @@ impl SourceDaemon {
                 server: steer[CNT_SERVER],
                 daemon: steer[CNT_DAEMON],
                 no_server: steer[CNT_NO_SERVER],
+                half_open: steer[CNT_HALF_OPEN],
+                dropped: steer[CNT_DROPPED],
+                full_passed: steer[CNT_FULL_PASSED],
             },
             steer_mode: steer_mode_name(self.shared.steer_mode.load(Ordering::Relaxed)),
             migration_us: lock(&s.migration_us).summary(),
@@ -1075,10 +1083,14 @@ fn migrate_one(
 /// log.
 fn take_server_listener(st: &mut Steering, cfg: &SourceConfig) -> io::Result<String> {
     let (fd, owner) = server_listener(cfg.server_port)?;
-    st.use_server_listener(std::os::fd::AsFd::as_fd(&fd), cfg.window.queue)?;
+    st.use_server_listener(std::os::fd::AsFd::as_fd(&fd), cfg.window.queue, cfg.no_room)?;
     drop(fd);
+    let drop_at = match st.refusal() {
+        Ok(()) => format!("drop at sk_ack_backlog ≥ {} without room", cfg.window.queue),
+        Err(why) => format!("the server's queue without room ({why})"),
+    };
     Ok(format!(
-        "the listener of port {} (inode {}) taken from pid {} fd {}, divert at its sk_ack_backlog ≥ {}",
+        "the listener of port {} (inode {}) taken from pid {} fd {}, divert at sk_ack_backlog + half-open ≥ {}, {drop_at}",
         cfg.server_port, owner.inode, owner.pid, owner.fd, cfg.window.queue
     ))
 }

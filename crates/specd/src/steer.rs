@@ -5,10 +5,15 @@
 //!   daemon's admission listener. Who decides, per [`Mode`]:
 //!   - [`Mode::Kernel`]: the program, per SYN, from the exact queue: the server's
 //!     listener is in the program's socket map ([`Steering::use_server_listener`]) and
-//!     the program reads its `sk_ack_backlog` (at the offset the kernel's BTF gives);
-//!     it diverts iff the backlog is ≥ Q and the window has room ([`Live::set_room`],
-//!     a plain store into a map the daemon mmaps, written on window events). It
-//!     publishes the backlog it saw ([`Live::backlog`]), so the daemon reads it with no
+//!     the program reads its `sk_ack_backlog` (established connections waiting for
+//!     accept) and `icsk_accept_queue.qlen` (half-open ones), at the offsets the
+//!     kernel's BTF gives, and applies [`crate::window::syn_verdict`]: to the daemon
+//!     at backlog + half-open ≥ Q while the window has room ([`Live::set_room`], a
+//!     plain store into a map the daemon mmaps, written on window events); with
+//!     `--no-room drop`, dropped silently at backlog ≥ Q without room (assigned to the
+//!     [`RefusalListener`], whose full accept queue makes the kernel drop the SYN as
+//!     at any full queue; the client retransmits it); else the server. It publishes what it read
+//!     ([`Live::backlog`], [`Live::half_open`]), so the daemon reads it with no
 //!     syscall. The map entry does not keep the listener alive: when the server closes
 //!     it the kernel drops it from the map and SYNs take the normal lookup.
 //!   - [`Mode::Poll`]: the daemon sets `divert` = "server's accept queue ≥ Q and the
@@ -38,6 +43,8 @@ use aya::programs::SkLookup;
 use farside_bpfrt::btf::Btf;
 use farside_bpfrt::{flags, MmapArray, Object, RawMap};
 
+pub use crate::window::NoRoom;
+
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/steer.bpf.o"));
 
 /// Counter indices, as `STEER_CNT_*` in `bpf/steer.bpf.c`.
@@ -51,13 +58,25 @@ pub const CNT_ASSIGN_FAILED: usize = 3;
 /// Kernel mode, but the server's listener was not in the map (closed by the server):
 /// the SYN took the normal lookup.
 pub const CNT_NO_SERVER: usize = 4;
+/// Kernel mode: SYNs diverted that the established connections alone (below Q) would
+/// have left to the server: half-open ones took the queue to Q (a burst).
+pub const CNT_HALF_OPEN: usize = 5;
+/// Kernel mode: SYNs dropped at the refusal listener (the server's established
+/// connections at Q, the window without room).
+pub const CNT_DROPPED: usize = 6;
+/// Kernel mode: SYNs passed to the server although backlog + half-open was ≥ Q and the
+/// window had no room (half-open ones past Q, which never make the program drop, or
+/// no refusal listener).
+pub const CNT_FULL_PASSED: usize = 7;
 /// Number of counters.
-pub const COUNTERS: usize = 5;
+pub const COUNTERS: usize = 8;
 
 /// `steer_sock` entry of the daemon's admission listener (`STEER_SOCK_DAEMON`).
 const SOCK_DAEMON: u32 = 0;
 /// `steer_sock` entry of the server's listener (`STEER_SOCK_SERVER`).
 const SOCK_SERVER: u32 = 1;
+/// `steer_sock` entry of the refusal listener (`STEER_SOCK_REFUSE`).
+const SOCK_REFUSE: u32 = 2;
 /// The program as errors name it.
 const LABEL: &str = "the steering program (bpf/steer.bpf.c)";
 
@@ -80,6 +99,8 @@ struct SteerConfig {
     mode: u32,
     queue: u32,
     off_ack_backlog: u32,
+    off_qlen: u32,
+    drop_no_room: u32,
 }
 
 // SAFETY: plain C struct of u32s, no padding, every bit pattern valid.
@@ -91,6 +112,8 @@ struct LiveWords {
     room: AtomicU32,
     backlog: AtomicU32,
     seen: AtomicU64,
+    half_open: AtomicU32,
+    pad: AtomicU32,
 }
 
 /// The daemon's mapping of the program's `steer_live` map: the `room` flag it writes
@@ -129,6 +152,12 @@ impl Live {
         self.words().backlog.load(Ordering::Acquire)
     }
 
+    /// The server's half-open connections (request socks) the program read at the
+    /// last SYN for the service (kernel mode; 0 before the first).
+    pub fn half_open(&self) -> u32 {
+        self.words().half_open.load(Ordering::Acquire)
+    }
+
     /// SYNs at which the program read the server's backlog (kernel mode).
     pub fn seen(&self) -> u64 {
         self.words().seen.load(Ordering::Acquire)
@@ -144,21 +173,123 @@ pub struct Steering {
     live: Arc<Live>,
     /// Why the kernel mode is unavailable (`steer_poll` attached), if it is.
     no_kernel_mode: Option<String>,
+    /// The refusal listener in `steer_sock` (kernel mode), made at the first
+    /// [`Steering::use_server_listener`]; `Err`: why there is none.
+    refusal: Option<Result<RefusalListener, String>>,
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> io::Error {
     io::Error::other(format!("steer: {what}: {e}"))
 }
 
-/// Offset of `struct sock.sk_ack_backlog` in the running kernel (its BTF).
-fn ack_backlog_offset() -> io::Result<u32> {
+/// Largest offset the program reads at (`STEER_SK_OFF_MASK`): an offset past it would
+/// be masked to another field, so it is refused here.
+const SK_OFF_MAX: u32 = 0xfff - 4;
+
+/// Offsets of `struct sock.sk_ack_backlog` and of
+/// `struct inet_connection_sock.icsk_accept_queue.qlen` in the running kernel (its
+/// BTF); both from the start of the `tcp_sock`, which begins with both structs.
+fn queue_offsets() -> io::Result<(u32, u32)> {
     let btf = Btf::kernel().map_err(|e| err("kernel BTF", e))?;
-    btf.offset_of("sock", &["sk_ack_backlog"]).ok_or_else(|| {
-        err(
-            farside_bpfrt::btf::VMLINUX_BTF,
-            "no struct sock field sk_ack_backlog",
-        )
-    })
+    let field = |strukt: &str, path: &[&str]| {
+        let off = btf.offset_of(strukt, path).ok_or_else(|| {
+            err(
+                farside_bpfrt::btf::VMLINUX_BTF,
+                format!("no struct {strukt} field {}", path.join(".")),
+            )
+        })?;
+        if off > SK_OFF_MAX {
+            return Err(err(
+                farside_bpfrt::btf::VMLINUX_BTF,
+                format!(
+                    "struct {strukt} field {} at {off}, past {SK_OFF_MAX}",
+                    path.join(".")
+                ),
+            ));
+        }
+        Ok(off)
+    };
+    Ok((
+        field("sock", &["sk_ack_backlog"])?,
+        field("inet_connection_sock", &["icsk_accept_queue", "qlen"])?,
+    ))
+}
+
+/// Connections the refusal listener's accept queue holds: its backlog is 1 and the
+/// kernel calls a queue full past its backlog (`sk_acceptq_is_full`), so two
+/// established connections, never accepted, fill it.
+const REFUSAL_FILLERS: usize = 2;
+/// Longest wait for the fillers' handshakes to land in the refusal listener's queue
+/// (loopback: microseconds; a CPU-starved namespace: milliseconds).
+const REFUSAL_FILL_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A listener of the daemon whose accept queue is kept full: a SYN assigned to it is
+/// dropped by the kernel as at any full accept queue (`ListenOverflows`), silently, and
+/// the client retransmits it (1 s, then 3 s). This is how the program refuses a SYN
+/// without a reset: an sk_lookup `SK_DROP` makes TCP answer with a reset (the client
+/// sees "connection refused", a failed request rather than a wait).
+pub struct RefusalListener {
+    listener: TcpListener,
+    /// The client ends of the connections that fill its queue.
+    _fillers: Vec<std::net::TcpStream>,
+}
+
+impl RefusalListener {
+    /// Binds 127.0.0.1:0 in the calling thread's network namespace (its loopback must
+    /// be up) with backlog 1 and fills its accept queue.
+    pub fn open() -> io::Result<RefusalListener> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .map_err(|e| err("the refusal listener on 127.0.0.1", e))?;
+        // SAFETY: listen(2) on our bound socket, to set its backlog.
+        if unsafe { libc::listen(listener.as_raw_fd(), 1) } != 0 {
+            return Err(err("listen(1)", io::Error::last_os_error()));
+        }
+        let addr = listener.local_addr()?;
+        let fillers = (0..REFUSAL_FILLERS)
+            .map(|_| std::net::TcpStream::connect_timeout(&addr, REFUSAL_FILL_MAX))
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(|e| err("filling the refusal listener", e))?;
+        let r = RefusalListener {
+            listener,
+            _fillers: fillers,
+        };
+        let t0 = std::time::Instant::now();
+        while !r.full()? {
+            if t0.elapsed() > REFUSAL_FILL_MAX {
+                return Err(err(
+                    "the refusal listener",
+                    format!("its accept queue not full after {REFUSAL_FILL_MAX:?}"),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Ok(r)
+    }
+
+    /// Whether its accept queue is full (TCP_INFO of a listener: `tcpi_unacked` is its
+    /// accept queue, `tcpi_sacked` its backlog).
+    pub fn full(&self) -> io::Result<bool> {
+        // SAFETY: tcp_info is plain data; getsockopt writes at most `len` bytes.
+        let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+        let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+        // SAFETY: a valid socket, buffer and length.
+        let r = unsafe {
+            libc::getsockopt(
+                self.listener.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                (&mut info as *mut libc::tcp_info).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(err(
+                "TCP_INFO of the refusal listener",
+                io::Error::last_os_error(),
+            ));
+        }
+        Ok(info.tcpi_unacked > info.tcpi_sacked)
+    }
 }
 
 impl Steering {
@@ -197,6 +328,7 @@ impl Steering {
             socks,
             live,
             no_kernel_mode: None,
+            refusal: None,
         };
         st.write_config()?;
         let first = if kernel_mode {
@@ -239,17 +371,35 @@ impl Steering {
     /// Switches to [`Mode::Kernel`]: puts `server` (the web server's listener; the
     /// map takes its own reference to the socket, not to the descriptor, so the caller
     /// may close `server` and the server's close still frees the socket) in the
-    /// program's socket map and has the program divert at `queue` (Q). Divert off
-    /// until [`Live::set_room`] says the window has room.
-    pub fn use_server_listener(&mut self, server: BorrowedFd<'_>, queue: u32) -> io::Result<()> {
+    /// program's socket map and has the program divert at `queue` (Q); without room,
+    /// `no_room` (with [`NoRoom::Drop`] the refusal listener is made at the first
+    /// call; if it cannot be, SYNs go to the server and [`Steering::refusal`] says
+    /// why). Divert off until [`Live::set_room`] says the window has room.
+    pub fn use_server_listener(
+        &mut self,
+        server: BorrowedFd<'_>,
+        queue: u32,
+        no_room: NoRoom,
+    ) -> io::Result<()> {
         if let Some(why) = &self.no_kernel_mode {
             return Err(err("kernel mode", why));
         }
-        let off = ack_backlog_offset()?;
+        let (off, off_qlen) = queue_offsets()?;
         self.socks
             .update(&SOCK_SERVER, &(server.as_raw_fd() as u64), flags::ANY)
             .map_err(|e| err("putting the server's listener in steer_sock", e))?;
+        if no_room == NoRoom::Drop && self.refusal.is_none() {
+            let r = RefusalListener::open().and_then(|r| {
+                self.socks
+                    .update(&SOCK_REFUSE, &(r.listener.as_raw_fd() as u64), flags::ANY)
+                    .map_err(|e| err("putting the refusal listener in steer_sock", e))?;
+                Ok(r)
+            });
+            self.refusal = Some(r.map_err(|e| e.to_string()));
+        }
         self.cfg.off_ack_backlog = off;
+        self.cfg.off_qlen = off_qlen;
+        self.cfg.drop_no_room = u32::from(no_room == NoRoom::Drop);
         self.cfg.queue = queue;
         self.cfg.mode = Mode::Kernel as u32;
         self.cfg.divert = 0;
@@ -268,6 +418,16 @@ impl Steering {
                 Err(err("dropping the server's listener from steer_sock", e))
             }
             _ => Ok(()),
+        }
+    }
+
+    /// Kernel mode: `Ok` if SYNs past Q without room are dropped at the refusal
+    /// listener, else why not (they go to the server's queue then).
+    pub fn refusal(&self) -> Result<(), String> {
+        match &self.refusal {
+            Some(Ok(_)) => Ok(()),
+            Some(Err(why)) => Err(why.clone()),
+            None => Err("--no-room queue".into()),
         }
     }
 

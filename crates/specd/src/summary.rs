@@ -122,6 +122,12 @@ pub struct SteerSummary {
     pub server: u64,
     pub daemon: u64,
     pub no_server: u64,
+    /// Diverted because of half-open connections (`CNT_HALF_OPEN`).
+    pub half_open: u64,
+    /// Dropped at the refusal listener (`CNT_DROPPED`).
+    pub dropped: u64,
+    /// Passed to the server past Q without room (`CNT_FULL_PASSED`).
+    pub full_passed: u64,
 }
 
 /// The control pool's flow drain (`farside_migrate::DrainStats`).

@@ -102,6 +102,63 @@ pub enum Decision {
     Refuse,
 }
 
+/// Where the steering program sends a SYN in the kernel mode (`bpf/steer.bpf.c`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SynVerdict {
+    /// The server's listener (the normal lookup).
+    Server,
+    /// The daemon's admission listener: admitted speculatively.
+    Daemon,
+    /// Dropped silently, as at a full accept queue (the client retransmits the SYN).
+    Drop,
+}
+
+/// What a SYN meets at Q without room (`specd --no-room`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum NoRoom {
+    /// The server's listener: it waits in the server's own backlog (longer than Q:
+    /// `farside backend --backlog`, nginx's 511), served when a worker is free.
+    #[default]
+    Queue,
+    /// Dropped silently at backlog ≥ Q, as the kernel drops a SYN at a full accept
+    /// queue (the paper's accept queue is Q once its admission window is shut): the
+    /// client retransmits it after 1 s, then 3 s, and each retransmission is decided
+    /// afresh.
+    Drop,
+}
+
+/// The kernel mode's rule per SYN, the program's `verdict()` in user space (the
+/// program and this function change together; the unit tests pin it). `backlog`: the
+/// server's established connections waiting for accept (`sk_ack_backlog`);
+/// `half_open`: its request socks (`icsk_accept_queue.qlen`); `room`: the window is
+/// open and has room; `no_room`: what a SYN meets at Q without room.
+///
+/// - Q counts every connection the server's listener has admitted, half-open ones
+///   too: a burst's SYNs arrive before their predecessors' handshakes finish, and
+///   counted by the backlog alone they all went to the server, past Q.
+/// - Without room, [`NoRoom::Queue`]: the server (the connection waits in its own
+///   backlog). [`NoRoom::Drop`]: the paper's enlarged accept queue is back to Q, and
+///   the kernel drops a SYN at a full queue: the program drops it at backlog ≥ Q.
+///   Only established connections count for that: spoofed SYNs (a SYN flood) make
+///   half-open ones, never established ones, so they cannot make the program drop a
+///   legitimate SYN (the kernel's own request-queue limit and SYN cookies deal with
+///   them at the server's listener).
+pub fn syn_verdict(
+    queue: u32,
+    backlog: u32,
+    half_open: u32,
+    room: bool,
+    no_room: NoRoom,
+) -> SynVerdict {
+    if room && backlog.saturating_add(half_open) >= queue {
+        SynVerdict::Daemon
+    } else if !room && no_room == NoRoom::Drop && backlog >= queue {
+        SynVerdict::Drop
+    } else {
+        SynVerdict::Server
+    }
+}
+
 /// How a migratory connection's migration ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Resolution {
@@ -370,6 +427,44 @@ impl Window {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_kernel_rule_counts_half_open_connections_and_drops_only_on_established_ones() {
+        use SynVerdict::*;
+        let v = |b, h, room| syn_verdict(4, b, h, room, NoRoom::Drop);
+        // Below Q: the server, with or without room.
+        assert_eq!(v(3, 0, true), Server);
+        assert_eq!(v(3, 0, false), Server);
+        // A burst: 1 established and 3 half-open make Q: the daemon.
+        assert_eq!(v(1, 3, true), Daemon);
+        assert_eq!(v(0, 4, true), Daemon);
+        assert_eq!(v(4, 0, true), Daemon);
+        // Without room: dropped once the established ones alone reach Q…
+        assert_eq!(v(4, 0, false), Drop);
+        assert_eq!(v(9, 7, false), Drop);
+        // …but half-open ones (a SYN flood's spoofed SYNs) never make it drop.
+        assert_eq!(v(3, 1000, false), Server);
+        assert_eq!(v(0, u32::MAX, false), Server);
+        // No overflow at the extremes.
+        assert_eq!(v(u32::MAX, u32::MAX, true), Daemon);
+        // The window's own view agrees where half-open is 0.
+        let w = Window::new(WindowConfig::new(4, 2));
+        for q in 0..8 {
+            assert_eq!(v(q, 0, w.has_room()) == Daemon, w.diverts(q));
+        }
+    }
+
+    #[test]
+    fn without_room_the_default_leaves_every_syn_to_the_server() {
+        use SynVerdict::*;
+        assert_eq!(NoRoom::default(), NoRoom::Queue);
+        for (b, h) in [(0, 0), (3, 1), (4, 0), (9, 7), (u32::MAX, u32::MAX)] {
+            assert_eq!(syn_verdict(4, b, h, false, NoRoom::Queue), Server);
+        }
+        // With room the choice changes nothing.
+        assert_eq!(syn_verdict(4, 1, 3, true, NoRoom::Queue), Daemon);
+        assert_eq!(syn_verdict(4, 3, 0, true, NoRoom::Queue), Server);
+    }
 
     fn win(q: u32, w: u32) -> Window {
         Window::new(WindowConfig::new(q, w))

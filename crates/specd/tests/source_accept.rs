@@ -100,6 +100,7 @@ fn migrators_accept_themselves_and_a_stop_wakes_every_one() {
             migrators: MIGRATORS,
             poll: Duration::from_millis(5),
             poll_steer: false,
+            no_room: Default::default(),
             peer_poll: Duration::from_millis(5),
             handover: Handover::CloseAfterRestore,
             affinity: None,

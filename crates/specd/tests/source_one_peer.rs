@@ -61,6 +61,7 @@ fn a_single_peer_is_chosen_without_reading_its_region() {
             migrators: 2,
             poll: Duration::from_millis(5),
             poll_steer: false,
+            no_room: Default::default(),
             // Every read would be fresh.
             peer_poll: Duration::from_nanos(1),
             handover: Handover::CloseAfterRestore,

@@ -95,6 +95,7 @@ fn refusal_closes_the_window_and_only_a_peers_notification_reopens_it() {
             migrators: 2,
             poll: Duration::from_millis(1),
             poll_steer: false,
+            no_room: Default::default(),
             peer_poll: Duration::from_millis(5),
             handover: Handover::CloseBeforeRestore,
             affinity: None,
@@ -313,6 +314,7 @@ fn in_kernel_mode_syns_are_diverted_with_no_poller_running() {
                 // 1 ms polls: a poller that ran would wake ~100 times below.
                 poll: Duration::from_millis(1),
                 poll_steer: false,
+                no_room: Default::default(),
                 peer_poll: Duration::from_millis(5),
                 handover: Handover::CloseBeforeRestore,
                 affinity: None,

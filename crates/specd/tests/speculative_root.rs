@@ -204,6 +204,7 @@ fn node(
                 migrators: 8,
                 poll: Duration::from_millis(1),
                 poll_steer,
+                no_room: Default::default(),
                 peer_poll: Duration::from_millis(5),
                 handover: Handover::CloseAfterRestore,
                 affinity: None,

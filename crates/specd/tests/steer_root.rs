@@ -2,8 +2,11 @@
 //! namespace, SYNs for VIP:port reach the server's listener while divert is off and
 //! the daemon's listener while it is on; other ports are never touched. In kernel
 //! mode the program decides from the server's accept queue itself (no poll, no divert
-//! flag), and a server that closes its listener closes it (the map holds no
-//! descriptor): the port refuses instead of queueing into a dead listener.
+//! flag): half-open connections count toward Q, a SYN at Q without room is dropped
+//! silently (the client's retransmission gets in once there is room), half-open
+//! connections alone never make it drop; and a server that closes its listener closes
+//! it (the map holds no descriptor): the port refuses instead of queueing into a dead
+//! listener.
 
 use std::io;
 use std::net::{TcpListener, TcpStream};
@@ -11,7 +14,10 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use farside_specd::load::{server_listener, ServerQueue};
-use farside_specd::steer::{Mode, Steering, CNT_DAEMON, CNT_NO_SERVER, CNT_SERVER};
+use farside_specd::steer::{
+    Mode, NoRoom, Steering, CNT_DAEMON, CNT_DROPPED, CNT_FULL_PASSED, CNT_HALF_OPEN, CNT_NO_SERVER,
+    CNT_SERVER,
+};
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
@@ -92,7 +98,7 @@ fn in_kernel_mode_the_program_diverts_from_the_servers_queue() {
             // closed right away: the map holds the socket, not a descriptor.
             let (fd, owner) = server_listener(8080).unwrap();
             assert_eq!(owner.pid, std::process::id());
-            st.use_server_listener(std::os::fd::AsFd::as_fd(&fd), Q)
+            st.use_server_listener(std::os::fd::AsFd::as_fd(&fd), Q, NoRoom::Drop)
                 .expect("the server's listener in the map");
         }
         assert_eq!(st.mode(), Mode::Kernel);
@@ -117,17 +123,34 @@ fn in_kernel_mode_the_program_diverts_from_the_servers_queue() {
         assert!(accepts(&daemon), "queue at Q: the daemon");
         assert_eq!(live.backlog(), Q, "published for the acceptor");
         assert_eq!(st.counters().unwrap()[CNT_DAEMON], 1);
-        // At Q without room (window closed): the server.
+        // At Q without room (window closed): the SYN is dropped silently at the
+        // refusal listener, not queued at the server nor reset; the client's
+        // retransmission (1 s later) finds room and goes to the daemon.
+        assert_eq!(st.refusal(), Ok(()), "the refusal listener in the map");
         live.set_room(false);
-        held.push(TcpStream::connect("10.79.0.100:8080").unwrap());
-        await_cond("the server's queue to grow", || {
-            queue.read().unwrap() == Q + 1
+        let late = std::thread::spawn(|| {
+            TcpStream::connect_timeout(
+                &"10.79.0.100:8080".parse().unwrap(),
+                Duration::from_secs(10),
+            )
         });
+        await_cond("the SYN to be dropped", || {
+            st.counters().unwrap()[CNT_DROPPED] >= 1
+        });
+        assert_eq!(
+            queue.read().unwrap(),
+            Q,
+            "nothing queued past Q at the server"
+        );
+        assert_eq!(st.counters().unwrap()[CNT_SERVER], u64::from(Q));
         live.set_room(true);
+        let _late = late.join().unwrap().expect("the retransmitted SYN gets in");
+        assert!(accepts(&daemon), "the retransmitted SYN: the daemon");
+        let dropped = st.counters().unwrap()[CNT_DROPPED];
         // The server drains its queue: the next SYN goes to it again.
         server.set_nonblocking(true).unwrap();
         let mut drained = Vec::new();
-        while drained.len() < (Q + 1) as usize {
+        while drained.len() < Q as usize {
             if let Ok((c, _)) = server.accept() {
                 drained.push(c);
             }
@@ -136,10 +159,10 @@ fn in_kernel_mode_the_program_diverts_from_the_servers_queue() {
         assert!(accepts(&server), "queue drained: the server");
         let c = st.counters().unwrap();
         eprintln!("counters {c:?}, seen {}", live.seen());
-        assert_eq!((c[CNT_SERVER], c[CNT_DAEMON]), (u64::from(Q) + 2, 1));
+        assert_eq!((c[CNT_SERVER], c[CNT_DAEMON]), (u64::from(Q) + 1, 2));
         assert_eq!(
             live.seen(),
-            u64::from(Q) + 3,
+            u64::from(Q) + 3 + dropped,
             "the backlog read at every SYN"
         );
         // The server closes its listener: nothing of ours keeps it open, the kernel
@@ -164,6 +187,76 @@ fn in_kernel_mode_the_program_diverts_from_the_servers_queue() {
         assert_eq!(st.mode(), Mode::Poll);
     });
     th.join().expect("kernel-mode steering");
+}
+
+#[test]
+#[ignore = "needs root (netns, BPF): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
+fn half_open_connections_count_toward_q_but_never_make_the_program_drop() {
+    assert!(is_root(), "needs root");
+    if std::process::Command::new("nft")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("SKIP half_open_connections_count_toward_q_but_never_make_the_program_drop: no nft (package nftables) to keep handshakes half-open");
+        return;
+    }
+    let (_ns, f) = netns("ho");
+    let th = std::thread::spawn(move || {
+        enter(&f);
+        const Q: u32 = 2;
+        // The clients' final ACKs to the service never arrive: every connection stays
+        // half-open at the listener it was assigned to (a request sock), as a burst's
+        // are until their handshakes finish, and as a SYN flood's spoofed ones stay.
+        let ruled = std::process::Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                let rules = "table inet farside_half_open {\n chain out {\n  type filter hook output priority 0;\n  tcp dport 8080 tcp flags & (syn | ack) == ack drop\n }\n}\n";
+                c.stdin.take().unwrap().write_all(rules.as_bytes())?;
+                c.wait()
+            })
+            .unwrap();
+        assert!(ruled.success(), "nft rules in the test's namespace");
+        let _server = TcpListener::bind("10.79.0.100:8080").unwrap();
+        let daemon = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut queue = ServerQueue::new(8080).unwrap();
+        let mut st =
+            Steering::attach(Some("10.79.0.100".parse().unwrap()), 8080, &daemon).expect("attach");
+        {
+            let (fd, _) = server_listener(8080).unwrap();
+            st.use_server_listener(std::os::fd::AsFd::as_fd(&fd), Q, NoRoom::Drop)
+                .expect("the server's listener in the map");
+        }
+        let live = st.live();
+        live.set_room(true);
+        // Q half-open connections at the server (the client's side completes).
+        let mut held = Vec::new();
+        for _ in 0..Q {
+            held.push(TcpStream::connect("10.79.0.100:8080").unwrap());
+        }
+        assert_eq!(queue.read().unwrap(), 0, "none established at the server");
+        assert_eq!(st.counters().unwrap()[CNT_SERVER], u64::from(Q));
+        // The next SYN: 0 established + Q half-open = Q: the daemon.
+        held.push(TcpStream::connect("10.79.0.100:8080").unwrap());
+        let c = st.counters().unwrap();
+        assert_eq!((live.backlog(), live.half_open()), (0, Q), "{c:?}");
+        assert_eq!((c[CNT_DAEMON], c[CNT_HALF_OPEN]), (1, 1), "{c:?}");
+        // Without room: half-open ones alone (a SYN flood's) never make it drop; the
+        // SYN goes to the server, counted as passed past Q.
+        live.set_room(false);
+        held.push(TcpStream::connect("10.79.0.100:8080").unwrap());
+        let c = st.counters().unwrap();
+        assert_eq!(
+            (c[CNT_SERVER], c[CNT_DROPPED], c[CNT_FULL_PASSED]),
+            (u64::from(Q) + 1, 0, 1),
+            "{c:?}"
+        );
+        assert!(live.half_open() >= Q);
+    });
+    th.join().expect("half-open connections");
 }
 
 #[test]
@@ -199,7 +292,7 @@ fn divert_flag_steers(kernel_mode: bool) {
         .expect("attach");
         if !kernel_mode {
             let e = st
-                .use_server_listener(std::os::fd::AsFd::as_fd(&server), 1)
+                .use_server_listener(std::os::fd::AsFd::as_fd(&server), 1, NoRoom::Queue)
                 .expect_err("steer_poll has no kernel mode");
             assert!(e.to_string().contains("--poll-steer"), "{e}");
             assert_eq!(st.mode(), Mode::Poll);

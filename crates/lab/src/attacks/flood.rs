@@ -179,6 +179,10 @@ pub struct FloodPoint {
     /// before it was recorded, which re-render as they were, and when all zero).
     #[serde(default, skip_serializing_if = "HandoffPhase::is_zero")]
     pub handoff: HandoffPhase,
+    /// The steering programs' decisions past Q in the phase, both back-ends (absent in
+    /// runs kept before they were recorded, and when all zero).
+    #[serde(default, skip_serializing_if = "SteerPhase::is_zero")]
+    pub steering: SteerPhase,
     pub effect: String,
     #[serde(skip)]
     pub series: Vec<FloodSecond>,
@@ -511,8 +515,27 @@ fn specd_attacker(d: &Dc, replay: &[u8], att: &Attackers, stop: &AtomicBool) -> 
     Ok(())
 }
 
+/// The steering programs' counters past Q over a phase, summed over both back-ends
+/// (specd's summary, `source.steer`; the flood phase's spoofed packets reach the
+/// program too, so only the reference phase's are SYNs alone).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Default)]
+pub struct SteerPhase {
+    /// SYNs diverted because half-open connections took the server's queue to Q.
+    pub half_open: u64,
+    /// SYNs dropped at the refusal listener (established ones at Q, no room).
+    pub dropped: u64,
+    /// SYNs passed to the server past Q without room.
+    pub full_passed: u64,
+}
+
+impl SteerPhase {
+    fn is_zero(&self) -> bool {
+        *self == SteerPhase::default()
+    }
+}
+
 /// specd's counters summed over both back-ends: (migrated, fell_back, lost,
-/// not_allowed, over_peer_cap, bad_offers).
+/// not_allowed, over_peer_cap, bad_offers, steering).
 #[derive(Clone, Copy, Default, Debug)]
 struct SpecdCounts {
     migrated: u64,
@@ -521,6 +544,7 @@ struct SpecdCounts {
     not_allowed: u64,
     over_peer_cap: u64,
     bad_offers: u64,
+    steer: SteerPhase,
 }
 
 impl SpecdCounts {
@@ -537,6 +561,10 @@ impl SpecdCounts {
             c.not_allowed += g("target", "not_allowed");
             c.over_peer_cap += g("target", "over_peer_cap");
             c.bad_offers += g("target", "bad_offers");
+            let st = |k: &str| v["source"]["steer"][k].as_u64().unwrap_or(0);
+            c.steer.half_open += st("half_open");
+            c.steer.dropped += st("dropped");
+            c.steer.full_passed += st("full_passed");
         }
         c
     }
@@ -549,6 +577,11 @@ impl SpecdCounts {
             not_allowed: self.not_allowed.saturating_sub(o.not_allowed),
             over_peer_cap: self.over_peer_cap.saturating_sub(o.over_peer_cap),
             bad_offers: self.bad_offers.saturating_sub(o.bad_offers),
+            steer: SteerPhase {
+                half_open: self.steer.half_open.saturating_sub(o.steer.half_open),
+                dropped: self.steer.dropped.saturating_sub(o.steer.dropped),
+                full_passed: self.steer.full_passed.saturating_sub(o.steer.full_passed),
+            },
         }
     }
 }
@@ -749,6 +782,7 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
         defender_cpu_ms: (d.defender_cpu_us().saturating_sub(cpu0) as f64 / 1e3).round(),
         softirq_ms: (dc::softirq_ms() - soft0).round(),
         handoff,
+        steering: spec.steer,
         effect: String::new(),
         series,
     };
@@ -760,7 +794,8 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
          entry ({} moves by migration seen); migrations {} completed, {} fell back, {} lost \
          (refused: {} non-peer, {} over the peer's share, {} bad offers); hand-offs to the local \
          servers: {} ({} queued, wait p99 {} µs, max {} µs; {} offered on, {} refused, {} closed); \
-         legitimate: {} served, {} failed, {} connections lost{}{}",
+         steering past Q: {} diverted for half-open connections, {} dropped without room, {} \
+         passed without room; legitimate: {} served, {} failed, {} connections lost{}{}",
         p.nonsyn_sent,
         p.nonsyn_pps,
         p.fe_nonsyn_miss,
@@ -786,6 +821,9 @@ fn phase(d: &Dc, name: &str, secs: f64, flood: Option<(u64, &[u8])>) -> io::Resu
         p.handoff.offered_on,
         p.handoff.refused,
         p.handoff.closed,
+        p.steering.half_open,
+        p.steering.dropped,
+        p.steering.full_passed,
         p.served_requests,
         p.failed_requests,
         p.lost_connections,
