@@ -1184,7 +1184,7 @@ pub fn render_spread(checks: &[PointCheck], low: &[PointCheck], high: &[PointChe
     );
     let _ = writeln!(
         s,
-        "{:<22} {:<10} {:>5} {:>12} {:>10} {:>12} {:>10} {:>7}  {}",
+        "{:<22} {:<10} {:>5} {:>12} {:>10} {:>12} {:>10} {:>7}  outside the tolerance: measured inside the spread's band?",
         "run",
         "system",
         "nodes",
@@ -1193,7 +1193,6 @@ pub fn render_spread(checks: &[PointCheck], low: &[PointCheck], high: &[PointChe
         "low costs",
         "measured",
         "error",
-        "outside the tolerance: measured inside the spread's band?"
     );
     let (mut missed, mut inside) = (0, 0);
     for ((c, l), h) in checks.iter().zip(low).zip(high) {

@@ -336,6 +336,10 @@ pub fn fit(points: &[(f64, f64)]) -> (f64, f64) {
 /// A measured point of a fit: body KB and ns.
 type Point = (f64, f64);
 
+/// Records a sample (phase, body bytes, requests counted, ns per request, repeat) and
+/// gives its point.
+type SampleFn<'a> = dyn FnMut(&str, u64, u64, f64, Option<usize>) -> Point + 'a;
+
 fn kb(bytes: u64) -> f64 {
     bytes as f64 / 1024.0
 }
@@ -1343,7 +1347,7 @@ fn lab_phases(
     objects: &Objects,
     seconds: f64,
     repeats: usize,
-    sample: &mut dyn FnMut(&str, u64, u64, f64, Option<usize>) -> Point,
+    sample: &mut SampleFn,
 ) -> Result<LabCosts, String> {
     let run_id = format!("calib{}", std::process::id() % 100_000);
     let mut specs: Vec<NodeSpec> = (0..LAB_NODES)
