@@ -25,7 +25,9 @@ pub enum ModelWhat {
     /// response time by mean-value analysis from measured costs (per-transport fetch
     /// costs from --calibrate), compare with the closed-loop points of kept `lab coop`
     /// runs (`points.json` or `summary.json`; PASS within 15 %, fixed in advance; open
-    /// loop, lard, bounded-hash and haproxy listed as not modelled), check the
+    /// loop, lard, bounded-hash and haproxy listed as not modelled; with a repeated
+    /// calibration's costs also predicted at the ends of their spread, for information:
+    /// whether a point outside the tolerance lies inside that band), check the
     /// utilisation and Little's laws, then extrapolate (8/16/32 nodes, larger working
     /// sets, faster CPUs) with the largest gain of press-xdp over press-tcp beside the
     /// paper's 55 %, labelled "model output" only if every compared configuration
