@@ -37,10 +37,20 @@ pub use crate::model::{
 };
 use std::fmt::Write as _;
 
-/// Format tag of a costs file: version 3 carries the delay measured at light load
-/// ([`CostsFile::delay`]) besides the host-wide busy time per request
+mod spread;
+pub use spread::{
+    combine_sets, median, min_max, render_spread, within_band, CostSet, Pick, Spread,
+};
+
+/// Format tag of a costs file: version 4 measures every lab-shaped cost in repeated,
+/// interleaved phases and keeps the per-cost median with its spread
+/// ([`CostsFile::spread`]), besides the delay measured at light load
+/// ([`CostsFile::delay`]) and the host-wide busy time per request
 /// ([`CostsFile::host_wide`]).
-pub const COSTS_FORMAT: &str = "farside-coop-costs/3";
+pub const COSTS_FORMAT: &str = "farside-coop-costs/4";
+/// Format tag of costs files from before the calibration repeated its phases: still
+/// read; one measurement per cost, no spread (the output says so).
+pub const COSTS_FORMAT_V3: &str = "farside-coop-costs/3";
 /// Format tag of costs files from before the delay was measured: still read; their
 /// delay is 0 (the output says so).
 pub const COSTS_FORMAT_V2: &str = "farside-coop-costs/2";
@@ -117,6 +127,9 @@ pub struct Sample {
     pub requests: u64,
     /// CPU (or, for the disk, wall) time per request, ns.
     pub ns_per_request: f64,
+    /// The repeat it belongs to (format 4; absent from older files, which measured once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat: Option<usize>,
 }
 
 /// The costs file `farside model coop --calibrate` writes.
@@ -142,6 +155,10 @@ pub struct CostsFile {
     /// and 2, whose delay is 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay: Option<DelayCosts>,
+    /// The repeated calibration's spread (format 4; absent from older formats, which
+    /// measured each cost once): the costs above are the per-cost medians.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<Spread>,
     pub samples: Vec<Sample>,
 }
 
@@ -187,10 +204,12 @@ impl CostsFile {
 }
 
 impl CostsFile {
-    /// Reads a costs file of format 3, of format 2 (no delay: the delay centre is 0) or
-    /// of format 1 (no delay, no host-wide figures: the host centre then sums node,
-    /// client and softirq time as it did); refuses any other, a format 3 file without
-    /// its delay or host-wide figures, and a format 2 file without its host-wide ones.
+    /// Reads a costs file of format 4, of format 3 (one measurement per cost, no
+    /// spread), of format 2 (no delay either: the delay centre is 0) or of format 1 (no
+    /// delay, no host-wide figures: the host centre then sums node, client and softirq
+    /// time as it did); refuses any other, a format 4 file without its spread, a format
+    /// 3 or 4 file without its delay or host-wide figures, a format 2 file without its
+    /// host-wide ones, and an older file with a spread or a delay it cannot carry.
     pub fn parse(text: &str) -> Result<CostsFile, String> {
         let f: CostsFile = serde_json::from_str(text).map_err(|e| format!("costs file: {e}"))?;
         let lacks = |what: &str| {
@@ -200,15 +219,24 @@ impl CostsFile {
             ))
         };
         match f.format.as_str() {
-            COSTS_FORMAT | COSTS_FORMAT_V2 if f.host_wide.is_none() => lacks("host_wide"),
-            COSTS_FORMAT if f.delay.is_none() => lacks("delay"),
+            COSTS_FORMAT | COSTS_FORMAT_V3 | COSTS_FORMAT_V2 if f.host_wide.is_none() => {
+                lacks("host_wide")
+            }
+            COSTS_FORMAT | COSTS_FORMAT_V3 if f.delay.is_none() => lacks("delay"),
+            COSTS_FORMAT if f.spread.is_none() => lacks("spread"),
             COSTS_FORMAT_V2 | COSTS_FORMAT_V1 if f.delay.is_some() => Err(format!(
-                "costs file: format {:?} with a \"delay\" (format {COSTS_FORMAT:?} carries it)",
+                "costs file: format {:?} with a \"delay\" (format {COSTS_FORMAT_V3:?} and later carry it)",
                 f.format
             )),
-            COSTS_FORMAT | COSTS_FORMAT_V2 | COSTS_FORMAT_V1 => Ok(f),
+            COSTS_FORMAT_V3 | COSTS_FORMAT_V2 | COSTS_FORMAT_V1 if f.spread.is_some() => {
+                Err(format!(
+                    "costs file: format {:?} with a \"spread\" (format {COSTS_FORMAT:?} carries it)",
+                    f.format
+                ))
+            }
+            COSTS_FORMAT | COSTS_FORMAT_V3 | COSTS_FORMAT_V2 | COSTS_FORMAT_V1 => Ok(f),
             other => Err(format!(
-                "costs file: format {other:?}, expected {COSTS_FORMAT:?} (or the older {COSTS_FORMAT_V2:?}, {COSTS_FORMAT_V1:?}); \
+                "costs file: format {other:?}, expected {COSTS_FORMAT:?} (or the older {COSTS_FORMAT_V3:?}, {COSTS_FORMAT_V2:?}, {COSTS_FORMAT_V1:?}); \
                  calibrate again with `farside model coop --calibrate`"
             )),
         }

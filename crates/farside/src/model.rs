@@ -25,7 +25,9 @@ pub enum ModelWhat {
     /// response time by mean-value analysis from measured costs (per-transport fetch
     /// costs from --calibrate), compare with the closed-loop points of kept `lab coop`
     /// runs (`points.json` or `summary.json`; PASS within 15 %, fixed in advance; open
-    /// loop, lard, bounded-hash and haproxy listed as not modelled), check the
+    /// loop, lard, bounded-hash and haproxy listed as not modelled; with a repeated
+    /// calibration's costs also predicted at the ends of their spread, for information:
+    /// whether a point outside the tolerance lies inside that band), check the
     /// utilisation and Little's laws, then extrapolate (8/16/32 nodes, larger working
     /// sets, faster CPUs) with the largest gain of press-xdp over press-tcp beside the
     /// paper's 55 %, labelled "model output" only if every compared configuration
@@ -36,9 +38,9 @@ pub enum ModelWhat {
 /// `farside model coop`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CoopModelArgs {
-    /// Costs file (JSON, `farside-coop-costs/3`; the older `/2`, without the delay, and
-    /// `/1`, without host-wide busy time either, are still read: their delay centre is
-    /// 0, and the output says so) from `--calibrate`. Required unless --calibrate is given.
+    /// Costs file (JSON, `farside-coop-costs/4`; the older `/3`, measured once without
+    /// a spread, `/2`, without the delay either, and `/1`, without host-wide busy time
+    /// either, are still read: the output says what they lack) from `--calibrate`. Required unless --calibrate is given.
     #[arg(long)]
     pub costs: Option<PathBuf>,
     /// Measure the costs on this host first, the way `farside lab coop` incurs them:
@@ -49,7 +51,7 @@ pub struct CoopModelArgs {
     /// host's busy time over all CPUs (/proc/stat) per request; then, per kind and size,
     /// a light-load phase with one closed-loop client in all, whose time per request less
     /// the model's own answer at one client is the delay no service demand holds (the
-    /// model's delay centre); needs root, about four minutes. Writes them to --costs
+    /// model's delay centre); needs root, about seven minutes at the defaults. Writes them to --costs
     /// (default <--out>/costs.json). Run it through the
     /// measurement lock, on an otherwise idle host (builds frozen: it warns when the
     /// host was busier than its own processes explain) and with the same build as the
@@ -57,13 +59,22 @@ pub struct CoopModelArgs {
     #[arg(long)]
     pub calibrate: bool,
     /// Requests each calibration phase should count (its measured time is --calibrate-seconds);
-    /// a phase that counts fewer is reported with a warning. Default 3000.
-    #[arg(long = "calibrate-requests", default_value_t = 3000)]
+    /// a phase that counts fewer is reported with a warning. Default 1000.
+    #[arg(long = "calibrate-requests", default_value_t = 1000)]
     pub calibrate_requests: u64,
     /// Measured seconds of each calibration phase (after a warm-up of a third of it, at
-    /// most 1 s); 24 lab-shaped and 24 light phases. Default 3.
+    /// least 0.1 s, at most 1 s); 40 lab-shaped phases per repeat and 24 light phases.
+    /// Default 1.
     #[arg(long = "calibrate-seconds", default_value_t = crate::model_calibrate::CALIBRATE_SECONDS_DEFAULT)]
     pub calibrate_seconds: f64,
+    /// Repeats of the calibration's lab-shaped phases (1 to 20): in each set-up, per
+    /// repeat and size, the all-local phase and right after it the all-remote (or
+    /// all-miss) phase, whose cost is taken over that local phase; each repeat's costs
+    /// are lines over the sizes, the costs file holds each cost's median over the
+    /// repeats and its lowest and highest (the spread, which the check predicts at
+    /// too). Default 5.
+    #[arg(long = "calibrate-repeats", default_value_t = crate::model_calibrate::CALIBRATE_REPEATS_DEFAULT)]
+    pub calibrate_repeats: usize,
     /// Kept `lab coop` run directories (each with `points.json`) to compare with.
     #[arg(long, value_delimiter = ',')]
     pub runs: Vec<PathBuf>,
@@ -132,7 +143,11 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
         }
     };
     if a.calibrate {
-        let f = crate::model_calibrate::calibrate(a.calibrate_requests, a.calibrate_seconds)?;
+        let f = crate::model_calibrate::calibrate(
+            a.calibrate_requests,
+            a.calibrate_seconds,
+            a.calibrate_repeats,
+        )?;
         let text = serde_json::to_string_pretty(&f).map_err(|e| e.to_string())? + "\n";
         std::fs::write(&costs_path, text).map_err(|e| format!("{}: {e}", costs_path.display()))?;
         eprintln!("model coop: wrote {}", costs_path.display());
@@ -209,6 +224,13 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
             t.softirq_per_kb_ns / 1e3,
         );
     }
+    if let Some(sp) = &costs.spread {
+        text += &format!(
+            "costs measured in {} repeats, each cost the median over them: {}\n",
+            sp.repeats, sp.rule
+        );
+        text += &spread_lines(sp);
+    }
     match &costs.host_wide {
         Some(h) => {
             text += "host-wide busy time per request (all CPUs, /proc/stat, each tick once): ";
@@ -275,6 +297,20 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
     } else {
         let checks = validate::check_runs(&costs, &trace, &runs, a.seed);
         text += &validate::render_checks(&checks);
+        text += "\n";
+        match costs.spread_ends() {
+            Some((low, high)) => {
+                let l = validate::check_runs(&low, &trace, &runs, a.seed);
+                let h = validate::check_runs(&high, &trace, &runs, a.seed);
+                text += &validate::render_spread(&checks, &l, &h);
+            }
+            None => {
+                text += &format!(
+                    "no spread in the costs file (format {}: each cost measured once): the checks are not repeated at its ends\n",
+                    costs.format
+                );
+            }
+        }
         let (m, _, bad) = validate::verdict(&checks);
         // Extrapolate from every distinct checked configuration of the largest node
         // count (nodes, cache, clients per node): each cache rule is its own regime.
@@ -343,4 +379,62 @@ fn cost_lines(
         );
     }
     text
+}
+
+/// Each repeated cost's median and spread, one line per group (us; per KB in us/KB).
+fn spread_lines(sp: &farside_coop::validate::Spread) -> String {
+    let col = |f: &dyn Fn(&validate::CostSet) -> f64| -> String {
+        let xs: Vec<f64> = sp.per_repeat.iter().map(f).collect();
+        let m = validate::median(&xs).unwrap_or(f64::NAN);
+        let (lo, hi) = validate::min_max(&xs).unwrap_or((f64::NAN, f64::NAN));
+        format!("{:.2} [{:.2}, {:.2}]", m / 1e3, lo / 1e3, hi / 1e3)
+    };
+    let mut t = String::from("  spread of the repeats, median [lowest, highest], us or us/KB:\n");
+    t += &format!(
+        "  node CPU local hit {} + {}/KB; miss +{} + {}/KB; client {} + {}/KB\n",
+        col(&|c| c.costs.cpu_request_ns as f64),
+        col(&|c| c.costs.cpu_per_kb_ns as f64),
+        col(&|c| c.costs.cpu_miss_ns as f64),
+        col(&|c| c.costs.cpu_miss_per_kb_ns as f64),
+        col(&|c| c.client_request_ns),
+        col(&|c| c.client_per_kb_ns),
+    );
+    for (i, tr) in sp.low.transports.iter().enumerate() {
+        let g = |f: fn(&validate::TransportCosts) -> f64| {
+            move |c: &validate::CostSet| c.transports.get(i).map_or(f64::NAN, f)
+        };
+        t += &format!(
+            "  fetch over {}: initial +{} + {}/KB, service {} + {}/KB\n",
+            tr.transport,
+            col(&g(|x| x.initial_ns)),
+            col(&g(|x| x.initial_per_kb_ns)),
+            col(&g(|x| x.service_ns)),
+            col(&g(|x| x.service_per_kb_ns)),
+        );
+    }
+    t += &format!(
+        "  host-wide local hit {} + {}/KB; miss +{} + {}/KB\n",
+        col(&|c| c.host_local_ns),
+        col(&|c| c.host_local_per_kb_ns),
+        col(&|c| c.host_miss_ns),
+        col(&|c| c.host_miss_per_kb_ns),
+    );
+    for (i, f) in sp.low.host_fetch.iter().enumerate() {
+        let g = |f: fn(&farside_coop::model::HostFetchCosts) -> f64| {
+            move |c: &validate::CostSet| c.host_fetch.get(i).map_or(f64::NAN, f)
+        };
+        t += &format!(
+            "  host-wide fetch over {}: +{} + {}/KB\n",
+            f.transport,
+            col(&g(|x| x.ns)),
+            col(&g(|x| x.per_kb_ns)),
+        );
+    }
+    t += &format!(
+        "  directory build {}; disk access {} + {}/KB\n",
+        col(&|c| c.costs.cpu_directory_build_ns as f64),
+        col(&|c| c.disk_access_ns),
+        col(&|c| c.disk_per_kb_ns),
+    );
+    t
 }

@@ -50,9 +50,9 @@ use farside_backend::coop::wire::DirectoryUpdate;
 use farside_coop::directory::{BloomFilter, BLOOM_FP_DEFAULT};
 use farside_coop::sim::Costs;
 use farside_coop::validate::{
-    light_cycle_ns, light_delay_ns, unattributed_share, CostsFile, DelayCosts, DelayPhase,
-    DiskEmulation, HostFetchCosts, HostPhase, HostWideCosts, LightKind, Provenance, Sample, Setup,
-    TransportCosts, COSTS_FORMAT, DELAY_CLIENTS,
+    combine_sets, light_cycle_ns, light_delay_ns, unattributed_share, CostSet, CostsFile,
+    DelayCosts, DelayPhase, DiskEmulation, HostFetchCosts, HostPhase, HostWideCosts, LightKind,
+    Pick, Provenance, Sample, Setup, Spread, TransportCosts, COSTS_FORMAT, DELAY_CLIENTS,
 };
 use farside_lab::fabric::keys::LabKeys;
 use farside_lab::fabric::netns::{NodeSpec, VirtualDc};
@@ -63,6 +63,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+mod clocks;
+use clocks::{cgroup_cpu_ns, host_ns, process_cpu_ns, thread_cpu_ns};
+#[cfg(test)]
+use clocks::{parse_proc_stat, HostTicks};
 
 /// Body sizes measured, bytes: from a small page to the World Cup sample's larger
 /// images (its mean request is about 5 KB).
@@ -84,10 +89,20 @@ const LAB_CLIENT_TIMEOUT_MS: u64 = 10_000;
 pub const SESSION_REQUESTS: usize = 11;
 /// Sessions per node set in the synthetic trace (the load generator wraps around).
 const SESSIONS_PER_SET: usize = 64;
-/// Measured time of each phase and size, s (`--calibrate-seconds`): 3 s holds thousands
-/// of requests at the lab's quota; the bounds keep a typo from taking hours.
-pub const CALIBRATE_SECONDS_DEFAULT: f64 = 3.0;
+/// Measured time of each phase and size, s (`--calibrate-seconds`): 1 s holds 2,000 to
+/// 40,000 requests at the lab's quota and 150 busy ticks of the host; two calibrations
+/// with 3 s windows differed by 10-50 % per phase, far beyond what a window's count
+/// (under 2 %) or its ticks (under 1 %) explain: the variation is between windows, so
+/// more, shorter windows ([`CALIBRATE_REPEATS_DEFAULT`]) buy more than longer ones. The
+/// bounds keep a typo from taking hours.
+pub const CALIBRATE_SECONDS_DEFAULT: f64 = 1.0;
 pub const CALIBRATE_SECONDS_RANGE: std::ops::RangeInclusive<f64> = 0.2..=60.0;
+/// Repeats of every pair of base and measured phase (`--calibrate-repeats`): 5, so the
+/// median stands with up to two repeats off on either side, and the whole calibration
+/// (40 lab-shaped phases per repeat, 24 light ones) stays under about 8 minutes at 1 s
+/// windows. The bounds keep a typo from taking hours.
+pub const CALIBRATE_REPEATS_DEFAULT: usize = 5;
+pub const CALIBRATE_REPEATS_RANGE: std::ops::RangeInclusive<usize> = 1..=20;
 
 /// Warm-up before each phase's measured `seconds`: a third of it, at most 1 s (the
 /// clients reach a steady state in well under a second), at least 0.1 s.
@@ -132,26 +147,6 @@ pub const CALIBRATE_REQUESTS_RANGE: std::ops::RangeInclusive<u64> = 100..=1_000_
 
 fn err(what: impl std::fmt::Display) -> String {
     format!("calibrate: {what}")
-}
-
-/// CPU time of this process (every thread, the ended ones included), ns.
-fn process_cpu_ns() -> u64 {
-    // SAFETY: getrusage writes the struct it is given and nothing else.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; RUSAGE_SELF is this process.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
-/// CPU time of one thread of this process, ns.
-fn thread_cpu_ns() -> u64 {
-    // SAFETY: getrusage writes the struct it is given and nothing else.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; RUSAGE_THREAD is the calling thread.
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
-    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 struct Conn {
@@ -322,6 +317,10 @@ pub fn fit(points: &[(f64, f64)]) -> (f64, f64) {
 /// A measured point of a fit: body KB and ns.
 type Point = (f64, f64);
 
+/// Records a sample (phase, body bytes, requests counted, ns per request, repeat) and
+/// gives its point.
+type SampleFn<'a> = dyn FnMut(&str, u64, u64, f64, Option<usize>) -> Point + 'a;
+
 fn kb(bytes: u64) -> f64 {
     bytes as f64 / 1024.0
 }
@@ -360,9 +359,31 @@ fn read_trim(path: &str) -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// Measures the costs (see the module doc); a lab-shaped phase that counts fewer than
-/// `requests` requests is reported.
-pub fn calibrate(requests: u64, seconds: f64) -> Result<CostsFile, String> {
+/// The two phases of one repeat and size in a set-up, in the order they run: the base
+/// phase (local hits) and right after it the measured phase (remote hits or misses), so
+/// a drift of the host over the calibration reaches both terms of their difference.
+/// Repeat by repeat, size by size: `(repeat, size index, measured)` with `measured`
+/// false for the base phase.
+pub fn interleaved(repeats: usize, sizes: usize) -> Vec<(usize, usize, bool)> {
+    let mut out = Vec::with_capacity(repeats * sizes * 2);
+    for r in 0..repeats {
+        for i in 0..sizes {
+            out.push((r, i, false));
+            out.push((r, i, true));
+        }
+    }
+    out
+}
+
+/// What a measured phase costs over its paired base phase, per request: the difference,
+/// at least 0 (a cost below the base's is noise, not a saving).
+pub fn over_base(measured_ns: f64, base_ns: f64) -> f64 {
+    (measured_ns - base_ns).max(0.0)
+}
+
+/// Measures the costs (see the module doc), every lab-shaped phase `repeats` times; a
+/// lab-shaped phase that counts fewer than `requests` requests is reported.
+pub fn calibrate(requests: u64, seconds: f64, repeats: usize) -> Result<CostsFile, String> {
     if !CALIBRATE_REQUESTS_RANGE.contains(&requests) {
         return Err(err(format!(
             "--calibrate-requests must be in {CALIBRATE_REQUESTS_RANGE:?}"
@@ -373,18 +394,26 @@ pub fn calibrate(requests: u64, seconds: f64) -> Result<CostsFile, String> {
             "--calibrate-seconds must be in {CALIBRATE_SECONDS_RANGE:?}"
         )));
     }
+    if !CALIBRATE_REPEATS_RANGE.contains(&repeats) {
+        return Err(err(format!(
+            "--calibrate-repeats must be in {CALIBRATE_REPEATS_RANGE:?}"
+        )));
+    }
     if !farside_lab::fabric::netns::is_root() {
         return Err(err(
             "the phases run nodes in network namespaces with CPU quotas: run as root",
         ));
     }
     let load0 = load_avg();
+    let started = Instant::now();
     let objects = Objects::write()?;
     let mut samples = Vec::new();
-    let mut sample = |phase: &str, bytes: u64, counted: u64, ns: f64| {
+    let mut sample = |phase: &str, bytes: u64, counted: u64, ns: f64, repeat: Option<usize>| {
         eprintln!(
-            "calibrate: {phase:<22} {bytes:>6} B  {:>9.1} us  ({counted} requests)",
-            ns / 1e3
+            "calibrate: [{:>5.0} s] {phase:<22} {bytes:>6} B  {:>9.1} us  ({counted} requests{})",
+            started.elapsed().as_secs_f64(),
+            ns / 1e3,
+            repeat.map_or(String::new(), |r| format!(", repeat {}", r + 1))
         );
         if counted < requests {
             eprintln!("calibrate: warning: {phase} at {bytes} B counted {counted} requests, fewer than {requests}");
@@ -394,66 +423,85 @@ pub fn calibrate(requests: u64, seconds: f64) -> Result<CostsFile, String> {
             body_bytes: bytes,
             requests: counted,
             ns_per_request: ns,
+            repeat,
         });
         (kb(bytes), ns)
     };
-    let lab = lab_phases(&objects, seconds, &mut sample)?;
-    // The emulated disk, as the lab configures it.
-    let disk = Disk::new(LAB_DISK_LATENCY_US, LAB_DISK_BYTES_PER_S);
-    let mut disk_pts = Vec::new();
-    for (i, &size) in SIZES.iter().enumerate() {
-        let path = objects.dir.join(&objects.sets[i][0][0][1..]);
-        let t0 = Instant::now();
-        for _ in 0..DISK_READS {
-            disk.read(&path).map_err(err)?;
+    let lab = lab_phases(&objects, seconds, repeats, &mut sample)?;
+    let r = |x: f64| x.round() as u64;
+    let defaults = Costs::default();
+    let mut sets = Vec::with_capacity(repeats);
+    for (k, rep) in lab.reps.iter().enumerate() {
+        // The emulated disk, as the lab configures it.
+        let disk = Disk::new(LAB_DISK_LATENCY_US, LAB_DISK_BYTES_PER_S);
+        let mut disk_pts = Vec::new();
+        for (i, &size) in SIZES.iter().enumerate() {
+            let path = objects.dir.join(&objects.sets[i][0][0][1..]);
+            let t0 = Instant::now();
+            for _ in 0..DISK_READS {
+                disk.read(&path).map_err(err)?;
+            }
+            let ns = t0.elapsed().as_nanos() as f64 / DISK_READS as f64;
+            disk_pts.push(sample("disk", size, DISK_READS as u64 * 1000, ns, Some(k)));
         }
-        let ns = t0.elapsed().as_nanos() as f64 / DISK_READS as f64;
-        disk_pts.push(sample("disk", size, DISK_READS as u64 * 1000, ns));
+        let (d_access, d_kb) = fit(&disk_pts);
+        // Directory updates: build + encode + seal + send to one peer; receive + decode.
+        let (build_ns, send_ns, apply_ns) = directory_costs()?;
+        let dn = DIRECTORY_UPDATES as u64 * 1000;
+        sample("directory-build", 0, dn, build_ns, Some(k));
+        sample("directory-send", 0, dn, send_ns, Some(k));
+        sample("directory-apply", 0, dn, apply_ns, Some(k));
+        let tcp = rep
+            .transports
+            .iter()
+            .find(|t| t.transport == "tcp")
+            .ok_or_else(|| err("no tcp phase"))?
+            .clone();
+        let (l_a, l_b) = fit(&rep.local);
+        let (m_a, m_b) = fit(&rep.miss);
+        let (c_a, c_b) = fit(&rep.client);
+        let (hl_a, hl_b) = fit(&rep.host_local);
+        let (hm_a, hm_b) = fit(&rep.host_miss);
+        sets.push(CostSet {
+            costs: Costs {
+                cpu_request_ns: r(l_a),
+                cpu_per_kb_ns: r(l_b),
+                disk_access_ns: r(d_access),
+                disk_per_kb_ns: r(d_kb),
+                nic_per_kb_ns: 0,
+                cpu_read_chunk_ns: defaults.cpu_read_chunk_ns,
+                cpu_xdp_chunk_ns: defaults.cpu_xdp_chunk_ns,
+                cpu_forward_ns: r(tcp.initial_ns),
+                cpu_forward_per_kb_ns: r(tcp.initial_per_kb_ns),
+                cpu_peer_serve_ns: r(tcp.service_ns),
+                cpu_peer_serve_per_kb_ns: r(tcp.service_per_kb_ns),
+                cpu_miss_ns: r(m_a),
+                cpu_miss_per_kb_ns: r(m_b),
+                cpu_directory_build_ns: r(build_ns),
+                cpu_directory_send_ns: r(send_ns),
+                cpu_directory_apply_ns: r(apply_ns),
+            },
+            client_request_ns: c_a,
+            client_per_kb_ns: c_b,
+            transports: rep.transports.clone(),
+            host_local_ns: hl_a,
+            host_local_per_kb_ns: hl_b,
+            host_miss_ns: hm_a,
+            host_miss_per_kb_ns: hm_b,
+            host_fetch: rep.host_fetch.clone(),
+            disk_access_ns: d_access,
+            disk_per_kb_ns: d_kb,
+        });
     }
-    let (d_access, d_kb) = fit(&disk_pts);
-    // Directory updates: build + encode + seal + send to one peer; receive + decode.
-    let (build_ns, send_ns, apply_ns) = directory_costs()?;
-    let dn = DIRECTORY_UPDATES as u64 * 1000;
-    sample("directory-build", 0, dn, build_ns);
-    sample("directory-send", 0, dn, send_ns);
-    sample("directory-apply", 0, dn, apply_ns);
-    let tcp = lab
-        .transports
-        .iter()
-        .find(|t| t.transport == "tcp")
-        .ok_or_else(|| err("no tcp phase"))?
-        .clone();
-    let (l_a, l_b) = fit(&lab.local);
-    let (m_a, m_b) = fit(&lab.miss);
-    let (c_a, c_b) = fit(&lab.client);
-    let (hl_a, hl_b) = fit(&lab.host_local);
-    let (hm_a, hm_b) = fit(&lab.host_miss);
+    let med = combine_sets(&sets, Pick::Median).map_err(err)?;
+    let low = combine_sets(&sets, Pick::Min).map_err(err)?;
+    let high = combine_sets(&sets, Pick::Max).map_err(err)?;
     let share = unattributed_share(&lab.host_phases);
     eprintln!(
         "calibrate: host-wide busy time: {:.0} % of it not explained by the nodes, this process \
          and softirq over all phases (below 0: softirq counted in a task's time too)",
         share * 100.0
     );
-    let r = |x: f64| x.round() as u64;
-    let defaults = Costs::default();
-    let costs = Costs {
-        cpu_request_ns: r(l_a),
-        cpu_per_kb_ns: r(l_b),
-        disk_access_ns: r(d_access),
-        disk_per_kb_ns: r(d_kb),
-        nic_per_kb_ns: 0,
-        cpu_read_chunk_ns: defaults.cpu_read_chunk_ns,
-        cpu_xdp_chunk_ns: defaults.cpu_xdp_chunk_ns,
-        cpu_forward_ns: r(tcp.initial_ns),
-        cpu_forward_per_kb_ns: r(tcp.initial_per_kb_ns),
-        cpu_peer_serve_ns: r(tcp.service_ns),
-        cpu_peer_serve_per_kb_ns: r(tcp.service_per_kb_ns),
-        cpu_miss_ns: r(m_a),
-        cpu_miss_per_kb_ns: r(m_b),
-        cpu_directory_build_ns: r(build_ns),
-        cpu_directory_send_ns: r(send_ns),
-        cpu_directory_apply_ns: r(apply_ns),
-    };
     let dirty = git(&["status", "--porcelain", "--untracked-files=no"]);
     let mut file = CostsFile {
         format: COSTS_FORMAT.into(),
@@ -478,44 +526,66 @@ pub fn calibrate(requests: u64, seconds: f64) -> Result<CostsFile, String> {
                  one instance per driven node, {LAB_CLIENTS_PER_NODE} closed-loop clients each \
                  replaying sessions of {SESSION_REQUESTS} requests on fresh connections, every \
                  body checked; synthetic trace: {OBJECTS_PER_SET} objects per node and size; \
-                 {:.1} s warm-up + {seconds} s measured per phase and size; \
-                 phases all-local (tcp nodes, each node's set), all-miss (rr, 1-byte caches, \
-                 disk 0), all-remote per transport (nodes 0, 1 asked for the sets of nodes 2, \
-                 3); node CPU from each node's cgroup (ns), client CPU of this process \
-                 (RUSAGE_SELF), requests from the nodes' counters, host softirq from \
-                 /proc/stat (ticks); host-wide busy time per request in every lab-shaped \
+                 {:.2} s warm-up + {seconds} s measured per phase; {repeats} repeats; \
+                 per transport one PRESS set-up, in it per repeat and size an all-local phase \
+                 (each node's set) then right after it an all-remote phase (nodes 0, 1 asked \
+                 for the sets of nodes 2, 3), the fetch taken over that local phase; misses: \
+                 two rr set-ups side by side (caches of 256 MB and of 1 byte, disk 0), per \
+                 repeat and size an all-local then an all-miss phase, the miss taken over \
+                 that local phase; local hit and client costs from the tcp set-up's local \
+                 phases; node CPU from each node's cgroup (ns), client CPU of this process \
+                 (CLOCK_PROCESS_CPUTIME_ID), requests from the nodes' counters, host softirq \
+                 from /proc/stat (ticks); host-wide busy time per request in every lab-shaped \
                  phase from /proc/stat (all CPUs: user + nice + system + irq + softirq + \
-                 steal, ticks), miss and fetch over local size by size; delay: after each \
-                 lab-shaped phase the same nodes and objects driven by {DELAY_CLIENTS} \
-                 closed-loop client in all, its time per request (its window over its \
-                 requests) less the model's own answer at one client, miss and fetch over \
-                 local size by size, below 0 clamped to 0; disk: wall time of coop::disk::Disk reads; directory: \
-                 CPU of {DIRECTORY_UPDATES} updates of {DIRECTORY_OBJECTS} objects; NIC 0 \
-                 (veth without a rate limit)",
+                 steal, ticks), miss and fetch over their paired local phase size by size; \
+                 each repeat's costs least-squares lines over the sizes, the file's costs the \
+                 per-cost median over the repeats (spread: each cost's lowest and highest); \
+                 delay: in the first repeat, after each lab-shaped phase pair the same nodes \
+                 and objects driven by {DELAY_CLIENTS} closed-loop client in all, its time per \
+                 request (its window over its requests) less the model's own answer at one \
+                 client, miss and fetch over local size by size, below 0 clamped to 0; disk: \
+                 wall time of coop::disk::Disk reads, once per repeat; directory: CPU \
+                 (CLOCK_THREAD_CPUTIME_ID) of {DIRECTORY_UPDATES} updates of \
+                 {DIRECTORY_OBJECTS} objects, once per repeat; NIC 0 (veth without a rate limit)",
                 warmup_s(seconds)
             ),
         },
-        costs,
+        costs: med.costs.clone(),
         disk: DiskEmulation {
             configured_latency_us: LAB_DISK_LATENCY_US,
             configured_bytes_per_s: LAB_DISK_BYTES_PER_S,
-            measured_access_ns: d_access,
-            measured_per_kb_ns: d_kb,
+            measured_access_ns: med.disk_access_ns,
+            measured_per_kb_ns: med.disk_per_kb_ns,
         },
-        client_request_ns: c_a,
-        client_per_kb_ns: c_b,
-        transports: lab.transports,
+        client_request_ns: med.client_request_ns,
+        client_per_kb_ns: med.client_per_kb_ns,
+        transports: med.transports.clone(),
         host_wide: Some(HostWideCosts {
-            local_ns: hl_a,
-            local_per_kb_ns: hl_b,
-            miss_ns: hm_a,
-            miss_per_kb_ns: hm_b,
-            fetch: lab.host_fetch,
+            local_ns: med.host_local_ns,
+            local_per_kb_ns: med.host_local_per_kb_ns,
+            miss_ns: med.host_miss_ns,
+            miss_per_kb_ns: med.host_miss_per_kb_ns,
+            fetch: med.host_fetch.clone(),
             unattributed_share: share,
             unattributed_warn: HOST_UNATTRIBUTED_WARN,
             phases: lab.host_phases,
         }),
         delay: None,
+        spread: Some(Spread {
+            repeats,
+            rule: format!(
+                "{repeats} repeats; in each set-up, per repeat and size, the base phase (all \
+                 local) then the measured phase (all remote, or all miss) right after it, each \
+                 with its own {:.2} s warm-up and {seconds} s window; a difference is taken \
+                 within one repeat and size; each repeat's costs are least-squares lines over \
+                 the sizes; the file's costs are each cost's median over the repeats, low and \
+                 high each cost's lowest and highest (each on its own)",
+                warmup_s(seconds)
+            ),
+            low,
+            high,
+            per_repeat: sets,
+        }),
         samples,
     };
     // The delay: the light phases against the model's own answer at one client, in the
@@ -550,6 +620,10 @@ pub fn calibrate(requests: u64, seconds: f64) -> Result<CostsFile, String> {
         delay.clamped.len()
     );
     file.delay = Some(delay);
+    eprintln!(
+        "calibrate: done in {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     Ok(file)
 }
 
@@ -592,74 +666,6 @@ fn directory_costs() -> Result<(f64, f64, f64), String> {
     }
     let n = DIRECTORY_UPDATES as f64;
     Ok((build as f64 / n, send as f64 / n, apply as f64 / n))
-}
-
-/// CPU time of a node's cgroup so far, ns (v1 `cpuacct.usage`, else v2 `usage_usec`).
-fn cgroup_cpu_ns(dc: &VirtualDc, node: &str) -> u64 {
-    for d in dc.cgroup_dirs(node) {
-        if let Ok(t) = std::fs::read_to_string(d.join("cpuacct.usage")) {
-            if let Ok(ns) = t.trim().parse::<u64>() {
-                return ns;
-            }
-        }
-        if let Ok(t) = std::fs::read_to_string(d.join("cpu.stat")) {
-            let us = t
-                .lines()
-                .find_map(|l| l.strip_prefix("usage_usec "))
-                .and_then(|v| v.trim().parse::<u64>().ok());
-            if let Some(us) = us {
-                return us * 1000;
-            }
-        }
-    }
-    0
-}
-
-/// The host's CPU time so far over all CPUs, in clock ticks (the `cpu` line of
-/// `/proc/stat`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct HostTicks {
-    /// user + nice + system + irq + softirq + steal (idle and iowait excluded; guest
-    /// time is already inside user and nice).
-    pub busy: u64,
-    pub softirq: u64,
-    pub steal: u64,
-}
-
-/// The all-CPU line of a `/proc/stat` text: `cpu  user nice system idle iowait irq
-/// softirq steal [guest guest_nice]`; `None` if it is missing or malformed.
-pub fn parse_proc_stat(text: &str) -> Option<HostTicks> {
-    let line = text.lines().find(|l| l.starts_with("cpu "))?;
-    let v: Vec<u64> = line
-        .split_whitespace()
-        .skip(1)
-        .map(|x| x.parse::<u64>())
-        .collect::<Result<_, _>>()
-        .ok()?;
-    if v.len() < 7 {
-        return None;
-    }
-    let at = |i: usize| v.get(i).copied().unwrap_or(0);
-    let (user, nice, system, irq, softirq, steal) = (at(0), at(1), at(2), at(5), at(6), at(7));
-    Some(HostTicks {
-        busy: user + nice + system + irq + softirq + steal,
-        softirq,
-        steal,
-    })
-}
-
-/// The host's CPU time so far, ns (`/proc/stat`; zeros if it cannot be read).
-fn host_ns() -> HostTicks {
-    let t = parse_proc_stat(&std::fs::read_to_string("/proc/stat").unwrap_or_default())
-        .unwrap_or_default();
-    // SAFETY: sysconf reads a constant.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    let ns = |ticks: u64| ticks * 1_000_000_000 / hz;
-    HostTicks {
-        busy: ns(t.busy),
-        softirq: ns(t.softirq),
-        steal: ns(t.steal),
-    }
 }
 
 /// The children of one phase, killed on drop.
@@ -729,19 +735,28 @@ fn stats_here(addr: SocketAddr) -> std::collections::HashMap<String, u64> {
         .collect()
 }
 
-/// The costs of the lab-shaped phases.
-struct LabCosts {
+/// One repeat's points of the lab-shaped phases, each a cost per size.
+#[derive(Debug, Default)]
+struct RepPoints {
+    /// CPU per local hit (the tcp set-up's local phases).
     local: Vec<Point>,
     client: Vec<Point>,
-    /// Extra CPU of a miss over a local hit.
+    /// Extra CPU of a miss over a local hit (its paired rr local phase).
     miss: Vec<Point>,
+    /// Each transport's lines, the initial node's over its paired local phase.
     transports: Vec<TransportCosts>,
     /// Host-wide busy time per local hit.
     host_local: Vec<Point>,
-    /// Host-wide busy time of a miss over a local hit.
+    /// Host-wide busy time of a miss over its paired local hit.
     host_miss: Vec<Point>,
-    /// Host-wide busy time of a peer fetch over a local hit, per transport.
+    /// Host-wide busy time of a peer fetch over its paired local hit, per transport.
     host_fetch: Vec<HostFetchCosts>,
+}
+
+/// The costs of the lab-shaped phases.
+struct LabCosts {
+    /// One per repeat.
+    reps: Vec<RepPoints>,
     host_phases: Vec<HostPhase>,
     /// The light-load phases (one client in all), for the delay.
     light: Vec<LightRaw>,
@@ -1239,11 +1254,13 @@ fn dominant(what: &str, size: u64, class: u64, c: &Counted) -> Result<f64, Strin
     Ok(class as f64)
 }
 
-/// The lab-shaped phases (see the module doc).
+/// The lab-shaped phases (see the module doc), each pair of base and measured phase
+/// `repeats` times ([`interleaved`]).
 fn lab_phases(
     objects: &Objects,
     seconds: f64,
-    sample: &mut dyn FnMut(&str, u64, u64, f64) -> Point,
+    repeats: usize,
+    sample: &mut SampleFn,
 ) -> Result<LabCosts, String> {
     let run_id = format!("calib{}", std::process::id() % 100_000);
     let mut specs: Vec<NodeSpec> = (0..LAB_NODES)
@@ -1274,154 +1291,194 @@ fn lab_phases(
     let big = 256u64 << 20;
     let result = (|| -> Result<LabCosts, String> {
         let mut out = LabCosts {
-            local: Vec::new(),
-            client: Vec::new(),
-            miss: Vec::new(),
-            transports: Vec::new(),
-            host_local: Vec::new(),
-            host_miss: Vec::new(),
-            host_fetch: Vec::new(),
+            reps: (0..repeats).map(|_| RepPoints::default()).collect(),
             host_phases: Vec::new(),
             light: Vec::new(),
         };
         let mut setup = 0;
-        for transport in TRANSPORTS {
-            let c = env.start(setup, "press", transport, big)?;
-            setup += 1;
+        let warm_all = |c: &Cluster| -> Result<(), String> {
             for j in 0..LAB_NODES {
                 let all: Vec<String> = objects.sets.iter().flat_map(|s| s[j].clone()).collect();
                 c.warm(j, &all)?;
             }
+            Ok(())
+        };
+        let every_node = |i: usize| -> Vec<(usize, &Path)> {
+            (0..LAB_NODES)
+                .map(|j| (j, objects.traces[i][j].as_path()))
+                .collect()
+        };
+        for transport in TRANSPORTS {
+            let c = env.start(setup, "press", transport, big)?;
+            setup += 1;
+            warm_all(&c)?;
             std::thread::sleep(DIRECTORY_SETTLE);
-            if transport == "tcp" {
-                for (i, &size) in SIZES.iter().enumerate() {
-                    let drive: Vec<(usize, &Path)> = (0..LAB_NODES)
-                        .map(|j| (j, objects.traces[i][j].as_path()))
-                        .collect();
-                    let n = c.phase(
-                        &drive,
-                        LAB_CLIENTS_PER_NODE,
-                        &objects.dir,
-                        setup as u64 * 10 + i as u64,
-                    )?;
-                    let hits = dominant("local", size, n.local, &n)?;
+            let tcp = transport == "tcp";
+            let local_name = if tcp {
+                "local".to_string()
+            } else {
+                format!("local-{transport}")
+            };
+            // Per repeat and size: (node CPU, host busy) per local hit of the base phase.
+            let mut base = vec![vec![(0.0, 0.0); SIZES.len()]; repeats];
+            let mut pts: Vec<[Vec<Point>; 4]> = (0..repeats).map(|_| Default::default()).collect();
+            for (rep, i, measured) in interleaved(repeats, SIZES.len()) {
+                let size = SIZES[i];
+                let seed = (setup as u64 * 100 + rep as u64) * 10 + i as u64;
+                if !measured {
+                    let n = c.phase(&every_node(i), LAB_CLIENTS_PER_NODE, &objects.dir, seed)?;
+                    let hits = dominant(&local_name, size, n.local, &n)?;
                     let cpu: u64 = n.cpu_ns.iter().sum();
-                    out.local
-                        .push(sample("local", size, n.local, cpu as f64 / hits));
-                    out.client.push(sample(
-                        "client",
-                        size,
-                        n.total(),
-                        n.client_cpu_ns as f64 / n.total() as f64,
-                    ));
-                    let h = n.host_phase("local", size, n.local);
-                    out.host_local.push(sample(
-                        "host-local",
+                    let p = sample(&local_name, size, n.local, cpu as f64 / hits, Some(rep));
+                    let h = n.host_phase(&local_name, size, n.local);
+                    let hp = sample(
+                        &format!("host-{local_name}"),
                         size,
                         n.local,
                         h.busy_per_request_ns(),
-                    ));
+                        Some(rep),
+                    );
                     out.host_phases.push(h);
-                    out.light.push(c.light(
-                        LightKind::Local,
-                        size,
-                        (0, objects.traces[i][0].as_path()),
-                        &objects.dir,
-                        500 + i as u64,
-                    )?);
+                    base[rep][i] = (p.1, hp.1);
+                    if tcp {
+                        out.reps[rep].local.push(p);
+                        out.reps[rep].host_local.push(hp);
+                        out.reps[rep].client.push(sample(
+                            "client",
+                            size,
+                            n.total(),
+                            n.client_cpu_ns as f64 / n.total() as f64,
+                            Some(rep),
+                        ));
+                        if rep == 0 {
+                            out.light.push(c.light(
+                                LightKind::Local,
+                                size,
+                                (0, objects.traces[i][0].as_path()),
+                                &objects.dir,
+                                500 + i as u64,
+                            )?);
+                        }
+                    }
+                    continue;
                 }
-            }
-            let (mut pi, mut ps, mut pq, mut ph) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            for (i, &size) in SIZES.iter().enumerate() {
                 // Clients of nodes 0 and 1 ask for the sets of nodes 2 and 3.
                 let drive = [
                     (0, objects.traces[i][2].as_path()),
                     (1, objects.traces[i][3].as_path()),
                 ];
-                let n = c.phase(
-                    &drive,
-                    LAB_CLIENTS_PER_NODE,
-                    &objects.dir,
-                    setup as u64 * 10 + i as u64,
-                )?;
+                let n = c.phase(&drive, LAB_CLIENTS_PER_NODE, &objects.dir, seed + 5)?;
                 let remote = dominant(&format!("{transport} remote"), size, n.remote, &n)?;
                 let ini = (n.cpu_ns[0] + n.cpu_ns[1]) as f64 / remote;
                 let srv = (n.cpu_ns[2] + n.cpu_ns[3]) as f64 / remote;
                 let q = n.softirq_ns as f64 / remote;
-                sample(&format!("fetch-{transport}-initial"), size, n.remote, ini);
-                let local = out.local.get(i).map_or(0.0, |p| p.1);
-                pi.push((kb(size), (ini - local).max(0.0)));
+                let rs = Some(rep);
+                sample(
+                    &format!("fetch-{transport}-initial"),
+                    size,
+                    n.remote,
+                    ini,
+                    rs,
+                );
+                let [pi, ps, pq, ph] = &mut pts[rep];
+                pi.push((kb(size), over_base(ini, base[rep][i].0)));
                 ps.push(sample(
                     &format!("fetch-{transport}-service"),
                     size,
                     n.remote,
                     srv,
+                    rs,
                 ));
                 pq.push(sample(
                     &format!("fetch-{transport}-softirq"),
                     size,
                     n.remote,
                     q,
+                    rs,
                 ));
                 let h = n.host_phase(&format!("fetch-{transport}"), size, n.remote);
                 let busy = h.busy_per_request_ns();
-                sample(&format!("host-fetch-{transport}"), size, n.remote, busy);
-                let local = out.host_local.get(i).map_or(0.0, |p| p.1);
-                ph.push((kb(size), (busy - local).max(0.0)));
+                sample(&format!("host-fetch-{transport}"), size, n.remote, busy, rs);
+                ph.push((kb(size), over_base(busy, base[rep][i].1)));
                 out.host_phases.push(h);
-                // One client at node 0 asks for node 2's set: all remote, light load.
-                out.light.push(c.light(
-                    LightKind::Fetch(transport),
-                    size,
-                    (0, objects.traces[i][2].as_path()),
-                    &objects.dir,
-                    600 + setup as u64 * 10 + i as u64,
-                )?);
+                if rep == 0 {
+                    // One client at node 0 asks for node 2's set: all remote, light load.
+                    out.light.push(c.light(
+                        LightKind::Fetch(transport),
+                        size,
+                        (0, objects.traces[i][2].as_path()),
+                        &objects.dir,
+                        600 + setup as u64 * 10 + i as u64,
+                    )?);
+                }
             }
-            let (ha, hb) = fit(&ph);
-            out.host_fetch.push(HostFetchCosts {
-                transport: transport.to_string(),
-                ns: ha,
-                per_kb_ns: hb,
-            });
-            let (ia, ib) = fit(&pi);
-            let (sa, sb) = fit(&ps);
-            let (qa, qb) = fit(&pq);
-            out.transports.push(TransportCosts {
-                transport: transport.to_string(),
-                initial_ns: ia,
-                initial_per_kb_ns: ib,
-                service_ns: sa,
-                service_per_kb_ns: sb,
-                softirq_ns: qa,
-                softirq_per_kb_ns: qb,
-            });
+            for (rep, [pi, ps, pq, ph]) in pts.iter().enumerate() {
+                let (ha, hb) = fit(ph);
+                out.reps[rep].host_fetch.push(HostFetchCosts {
+                    transport: transport.to_string(),
+                    ns: ha,
+                    per_kb_ns: hb,
+                });
+                let (ia, ib) = fit(pi);
+                let (sa, sb) = fit(ps);
+                let (qa, qb) = fit(pq);
+                out.reps[rep].transports.push(TransportCosts {
+                    transport: transport.to_string(),
+                    initial_ns: ia,
+                    initial_per_kb_ns: ib,
+                    service_ns: sa,
+                    service_per_kb_ns: sb,
+                    softirq_ns: qa,
+                    softirq_per_kb_ns: qb,
+                });
+            }
         }
-        // Misses: rr nodes whose cache of one byte holds nothing.
-        let c = env.start(setup, "rr", "tcp", 1)?;
-        for (i, &size) in SIZES.iter().enumerate() {
-            let drive: Vec<(usize, &Path)> = (0..LAB_NODES)
-                .map(|j| (j, objects.traces[i][j].as_path()))
-                .collect();
-            let n = c.phase(&drive, LAB_CLIENTS_PER_NODE, &objects.dir, 90 + i as u64)?;
+        // Misses: rr nodes whose cache of one byte holds nothing, each phase right
+        // after a local phase of rr nodes that cache everything (both set-ups run side
+        // by side; rr nodes publish nothing, so the idle one costs nothing).
+        let hit = env.start(setup, "rr", "tcp", big)?;
+        warm_all(&hit)?;
+        let c = env.start(setup + 1, "rr", "tcp", 1)?;
+        let mut base = vec![vec![(0.0, 0.0); SIZES.len()]; repeats];
+        for (rep, i, measured) in interleaved(repeats, SIZES.len()) {
+            let size = SIZES[i];
+            let seed = 9000 + rep as u64 * 10 + i as u64;
+            let rs = Some(rep);
+            if !measured {
+                let n = hit.phase(&every_node(i), LAB_CLIENTS_PER_NODE, &objects.dir, seed)?;
+                let hits = dominant("local-rr", size, n.local, &n)?;
+                let cpu: u64 = n.cpu_ns.iter().sum();
+                let p = sample("local-rr", size, n.local, cpu as f64 / hits, rs);
+                let h = n.host_phase("local-rr", size, n.local);
+                let hp = sample("host-local-rr", size, n.local, h.busy_per_request_ns(), rs);
+                out.host_phases.push(h);
+                base[rep][i] = (p.1, hp.1);
+                continue;
+            }
+            let n = c.phase(&every_node(i), LAB_CLIENTS_PER_NODE, &objects.dir, seed + 5)?;
             let misses = dominant("miss", size, n.miss, &n)?;
             let cpu: u64 = n.cpu_ns.iter().sum();
             let ns = cpu as f64 / misses;
-            sample("miss", size, n.miss, ns);
-            out.miss.push((kb(size), (ns - out.local[i].1).max(0.0)));
+            sample("miss", size, n.miss, ns, rs);
+            out.reps[rep]
+                .miss
+                .push((kb(size), over_base(ns, base[rep][i].0)));
             let h = n.host_phase("miss", size, n.miss);
             let busy = h.busy_per_request_ns();
-            sample("host-miss", size, n.miss, busy);
-            out.host_miss
-                .push((kb(size), (busy - out.host_local[i].1).max(0.0)));
+            sample("host-miss", size, n.miss, busy, rs);
+            out.reps[rep]
+                .host_miss
+                .push((kb(size), over_base(busy, base[rep][i].1)));
             out.host_phases.push(h);
-            out.light.push(c.light(
-                LightKind::Miss,
-                size,
-                (0, objects.traces[i][0].as_path()),
-                &objects.dir,
-                700 + i as u64,
-            )?);
+            if rep == 0 {
+                out.light.push(c.light(
+                    LightKind::Miss,
+                    size,
+                    (0, objects.traces[i][0].as_path()),
+                    &objects.dir,
+                    700 + i as u64,
+                )?);
+            }
         }
         Ok(out)
     })();

@@ -98,6 +98,11 @@ fn predictions_outside_the_tolerance_fail_and_within_it_pass() {
     assert!(text.contains("FAIL") && !text.contains(" PASS "), "{text}");
     assert!(text.contains("model output, UNCHECKED: 2 of 2"), "{text}");
     assert!(text.contains("Little: not checkable"), "{text}");
+    // A file measured once has no spread: the checks are not repeated at its ends.
+    assert!(
+        text.contains("no spread in the costs file (format farside-coop-costs/1"),
+        "{text}"
+    );
     // A format 1 file has no delay: the output says the delay centre is 0.
     assert!(
         text.contains("no delay in the costs file (format farside-coop-costs/1)")
@@ -157,6 +162,9 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
             // busy host, are taken well inside the clients' window.
             "--calibrate-seconds",
             "0.8",
+            // Two repeats: a median and a spread, in half the time of the default.
+            "--calibrate-repeats",
+            "2",
             "--no-extrapolate",
             "--nodes",
             "2",
@@ -169,7 +177,7 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
     assert!(o.status.success(), "{stderr}");
     let f: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("costs.json")).unwrap()).unwrap();
-    assert_eq!(f["format"], "farside-coop-costs/3");
+    assert_eq!(f["format"], "farside-coop-costs/4");
     assert!(f["costs"]["cpu_request_ns"].as_u64().unwrap() > 0, "{f}");
     assert!(f["costs"]["cpu_peer_serve_ns"].as_u64().unwrap() > 0, "{f}");
     // The emulated disk takes at least its configured 5 ms per read.
@@ -178,17 +186,33 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
         "{f}"
     );
     assert!(f["provenance"]["kernel"].as_str().unwrap() != "unknown");
-    // At four sizes: local, client, miss, disk, the host-wide local and miss, and the
-    // peer fetch of every transport (initial node, service node, softirq, host-wide);
-    // three directory costs.
+    // Per repeat, at four sizes: local, client and host-wide local (tcp set-up), the
+    // paired local and host-wide local of the three other transports' set-ups and of
+    // the rr set-up, miss and host-wide miss, the peer fetch of every transport (initial
+    // node, service node, softirq, host-wide) and the disk; three directory costs.
     let samples = f["samples"].as_array().unwrap();
-    assert_eq!(samples.len(), 4 * (6 + 4 * 4) + 3, "{f}");
-    // The host-wide busy time of every lab-shaped phase (local, miss, 4 transports) at
-    // each size: busy time counted, steal inside it, and a local hit costs the host
-    // something.
+    assert_eq!(
+        samples.len(),
+        2 * (4 * (3 + 3 * 2 + 2 + 2 + 4 * 4 + 1) + 3),
+        "{f}"
+    );
+    for r in 0..2 {
+        assert!(samples.iter().any(|x| x["repeat"] == r), "{f}");
+    }
+    // The spread: every repeat's costs, and each cost's lowest, median and highest.
+    let sp = &f["spread"];
+    assert_eq!(sp["repeats"], 2, "{sp}");
+    assert_eq!(sp["per_repeat"].as_array().unwrap().len(), 2, "{sp}");
+    let cpu = |set: &serde_json::Value| set["costs"]["cpu_request_ns"].as_u64().unwrap();
+    let med = f["costs"]["cpu_request_ns"].as_u64().unwrap();
+    assert!(cpu(&sp["low"]) <= med && med <= cpu(&sp["high"]), "{sp}");
+    assert_eq!(sp["low"]["transports"].as_array().unwrap().len(), 4, "{sp}");
+    // The host-wide busy time of every lab-shaped phase (the tcp, udp, xdp, shm and rr
+    // set-ups' local phases, miss, 4 transports) at each size and repeat: busy time
+    // counted, steal inside it, and a local hit costs the host something.
     let hw = &f["host_wide"];
     let phases = hw["phases"].as_array().unwrap();
-    assert_eq!(phases.len(), 4 * 6, "{hw}");
+    assert_eq!(phases.len(), 2 * 4 * 10, "{hw}");
     for p in phases {
         let busy = p["busy_ns"].as_u64().unwrap();
         assert!(busy > 0 && p["requests"].as_u64().unwrap() > 0, "{p}");
@@ -206,7 +230,7 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
     );
     for x in samples {
         let phase = x["phase"].as_str().unwrap();
-        if phase == "local" || phase == "miss" || phase.starts_with("fetch-") {
+        if phase.starts_with("local") || phase == "miss" || phase.starts_with("fetch-") {
             assert!(x["requests"].as_u64().unwrap() > 0, "{x}");
         }
     }
@@ -244,6 +268,10 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
     assert!(text.contains("UNCHECKED"), "{text}");
     assert!(
         text.contains("delay per request at light load") && text.contains("delay centre"),
+        "{text}"
+    );
+    assert!(
+        text.contains("costs measured in 2 repeats") && text.contains("spread of the repeats"),
         "{text}"
     );
 }

@@ -75,6 +75,7 @@ pub(crate) fn costs_file() -> CostsFile {
         transports: Vec::new(),
         host_wide: None,
         delay: None,
+        spread: None,
         samples: Vec::new(),
     }
 }
@@ -292,8 +293,9 @@ fn costs_files_of_every_format_are_read_and_others_refused() {
         "format 1 files have no such fields"
     );
     assert_eq!(CostsFile::parse(&v1).unwrap().host_wide, None);
-    // Formats 2 and 3 must carry their host-wide figures, format 3 its delay.
-    for format in [COSTS_FORMAT_V2, COSTS_FORMAT] {
+    // Formats 2 to 4 must carry their host-wide figures, formats 3 and 4 their delay,
+    // format 4 its spread.
+    for format in [COSTS_FORMAT_V2, COSTS_FORMAT_V3, COSTS_FORMAT] {
         f.format = format.into();
         let e = CostsFile::parse(&serde_json::to_string(&f).unwrap()).unwrap_err();
         assert!(
@@ -306,20 +308,103 @@ fn costs_files_of_every_format_are_read_and_others_refused() {
     let v2 = serde_json::to_string(&f).unwrap();
     assert_eq!(CostsFile::parse(&v2).unwrap(), f);
     assert_eq!(CostsFile::parse(&v2).unwrap().delay, None);
-    f.format = COSTS_FORMAT.into();
+    f.format = COSTS_FORMAT_V3.into();
     let e = CostsFile::parse(&serde_json::to_string(&f).unwrap()).unwrap_err();
     assert!(e.contains("delay") && e.contains("calibrate again"), "{e}");
     f.delay = Some(delay());
     let v3 = serde_json::to_string(&f).unwrap();
     assert_eq!(CostsFile::parse(&v3).unwrap(), f);
-    // An older format claiming a delay, and an unknown format, are refused.
+    assert!(CostsFile::parse(&v3).unwrap().spread_ends().is_none());
+    f.format = COSTS_FORMAT.into();
+    let e = CostsFile::parse(&serde_json::to_string(&f).unwrap()).unwrap_err();
+    assert!(e.contains("spread") && e.contains("calibrate again"), "{e}");
+    let set = f.cost_set();
+    f.spread = Some(Spread {
+        repeats: 1,
+        rule: "test".into(),
+        low: set.clone(),
+        high: set.clone(),
+        per_repeat: vec![set],
+    });
+    let v4 = serde_json::to_string(&f).unwrap();
+    assert_eq!(CostsFile::parse(&v4).unwrap(), f);
+    // An older format claiming a delay or a spread, and an unknown format, are refused.
     let e = CostsFile::parse(&v3.replace("costs/3", "costs/2")).unwrap_err();
     assert!(e.contains("delay"), "{e}");
-    let e = CostsFile::parse(&v3.replace("costs/3", "costs/4")).unwrap_err();
+    let e = CostsFile::parse(&v4.replace("costs/4", "costs/3")).unwrap_err();
+    assert!(e.contains("spread"), "{e}");
+    let e = CostsFile::parse(&v3.replace("costs/3", "costs/5")).unwrap_err();
     assert!(
-        e.contains("costs/4") && e.contains("costs/2") && e.contains("costs/1"),
+        e.contains("costs/5") && e.contains("costs/3") && e.contains("costs/1"),
         "{e}"
     );
+}
+
+#[test]
+fn median_and_spread_of_repeats() {
+    assert_eq!(median(&[]), None);
+    assert_eq!(median(&[3.0, f64::NAN]), None);
+    assert_eq!(median(&[5.0]), Some(5.0));
+    assert_eq!(median(&[9.0, 1.0, 5.0]), Some(5.0));
+    assert_eq!(median(&[9.0, 1.0, 5.0, 3.0]), Some(4.0));
+    // One wild repeat moves the median by nothing, the spread by all of it.
+    assert_eq!(median(&[10.0, 11.0, 12.0, 100.0, 9.0]), Some(11.0));
+    assert_eq!(min_max(&[10.0, 11.0, 100.0, 9.0]), Some((9.0, 100.0)));
+    assert_eq!(min_max(&[]), None);
+}
+
+#[test]
+fn cost_sets_combine_field_by_field() {
+    let mut f = costs_file();
+    f.host_wide = Some(host_wide());
+    f.transports = vec![TransportCosts {
+        transport: "tcp".into(),
+        initial_ns: 10.0,
+        initial_per_kb_ns: 1.0,
+        service_ns: 5.0,
+        service_per_kb_ns: 1.0,
+        softirq_ns: 0.0,
+        softirq_per_kb_ns: 0.0,
+    }];
+    let base = f.cost_set();
+    let sets: Vec<CostSet> = [(3u64, 30.0), (1, 50.0), (2, 10.0)]
+        .iter()
+        .map(|&(cpu, init)| {
+            let mut s = base.clone();
+            s.costs.cpu_request_ns = cpu * 1000;
+            s.transports[0].initial_ns = init;
+            s.host_local_ns = init * 2.0;
+            s
+        })
+        .collect();
+    let med = combine_sets(&sets, Pick::Median).unwrap();
+    let lo = combine_sets(&sets, Pick::Min).unwrap();
+    let hi = combine_sets(&sets, Pick::Max).unwrap();
+    assert_eq!(med.costs.cpu_request_ns, 2000);
+    assert_eq!(med.transports[0].initial_ns, 30.0);
+    assert_eq!(med.host_local_ns, 60.0);
+    // Each field on its own: the low set takes every field's lowest, whichever repeat.
+    assert_eq!(
+        (lo.costs.cpu_request_ns, lo.transports[0].initial_ns),
+        (1000, 10.0)
+    );
+    assert_eq!(
+        (hi.costs.cpu_request_ns, hi.transports[0].initial_ns),
+        (3000, 50.0)
+    );
+    assert_eq!(med.transports[0].transport, "tcp");
+    // Whole costs stay whole: the median of two is rounded.
+    let two = combine_sets(&sets[..2], Pick::Median).unwrap();
+    assert_eq!(two.costs.cpu_request_ns, 2000);
+    // Repeats that disagree on what they measured are refused.
+    let mut odd = sets.clone();
+    odd[1].transports[0].transport = "udp".into();
+    assert!(combine_sets(&odd, Pick::Median).is_err());
+    odd[1].transports.clear();
+    assert!(combine_sets(&odd, Pick::Median).is_err());
+    assert!(combine_sets(&[], Pick::Median).is_err());
+    // The file with a set in place of its costs gives the set back.
+    assert_eq!(f.with_set(&lo).cost_set(), lo);
 }
 
 /// The calibration's set-up as the light phases run it: 4 nodes at 40 %, disk
@@ -489,4 +574,55 @@ fn the_host_centre_takes_the_host_wide_demand_when_measured() {
     )
     .unwrap();
     assert!(alone.host.is_none());
+}
+
+#[test]
+fn the_spread_band_says_whether_a_missed_point_lies_inside_it() {
+    assert!(within_band(100.0, 90.0, 110.0));
+    assert!(within_band(100.0, 110.0, 90.0));
+    assert!(!within_band(120.0, 90.0, 110.0));
+    let trace = small_trace(400, 6_000);
+    let f = costs_file();
+    let probe = check_runs(&f, &trace, &[("probe".into(), run_with([1.0, 1.0]))], 1);
+    let x: Vec<f64> = probe
+        .iter()
+        .filter_map(|c| c.prediction.as_ref().ok().map(Prediction::throughput))
+        .collect();
+    // Low and high costs: the disk's and every CPU cost at half and at twice the
+    // median's (the test's points are disk-bound).
+    let scaled = |k: f64| {
+        let mut s = f.cost_set();
+        s.disk_access_ns *= k;
+        s.disk_per_kb_ns *= k;
+        s.costs.cpu_request_ns = (s.costs.cpu_request_ns as f64 * k) as u64;
+        s.costs.cpu_per_kb_ns = (s.costs.cpu_per_kb_ns as f64 * k) as u64;
+        s.costs.cpu_forward_ns = (s.costs.cpu_forward_ns as f64 * k) as u64;
+        s.costs.cpu_peer_serve_ns = (s.costs.cpu_peer_serve_ns as f64 * k) as u64;
+        f.with_set(&s)
+    };
+    // rr measured 30 % below the median's prediction (outside), press-tcp at it. (The
+    // disk's time never goes below its configured latency, so the low end moves little.)
+    let runs = [("r".to_string(), run_with([x[0] * 0.7, x[1]]))];
+    let checks = check_runs(&f, &trace, &runs, 1);
+    let low = check_runs(&scaled(0.5), &trace, &runs, 1);
+    let high = check_runs(&scaled(2.0), &trace, &runs, 1);
+    let text = render_spread(&checks, &low, &high);
+    let rr = text.lines().find(|l| l.contains(" rr ")).unwrap();
+    let press = text.lines().find(|l| l.contains("press-tcp")).unwrap();
+    assert!(rr.ends_with("yes"), "{text}");
+    assert!(press.ends_with(" -"), "{text}");
+    assert!(
+        text.contains(
+            "outside the tolerance: 1; of them with the measured value inside the spread's band: 1"
+        ),
+        "{text}"
+    );
+    // With no spread to speak of, the missed point lies outside the band.
+    let text = render_spread(&checks, &checks, &checks);
+    assert!(text.contains("band: 0"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.contains(" rr ") && l.contains("no (-30.0 %")),
+        "{text}"
+    );
 }

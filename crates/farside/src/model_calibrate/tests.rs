@@ -69,3 +69,40 @@ fn utc_dates_are_civil() {
     assert_eq!(s.len(), 20);
     assert!(s.starts_with("20") && s.ends_with('Z'));
 }
+
+#[test]
+fn every_measured_phase_runs_right_after_its_own_base_phase() {
+    let order = interleaved(3, 4);
+    assert_eq!(order.len(), 3 * 4 * 2);
+    for pair in order.chunks(2) {
+        // The base (local) phase, then the measured one of the same repeat and size.
+        assert_eq!((pair[0].0, pair[0].1), (pair[1].0, pair[1].1));
+        assert!(!pair[0].2 && pair[1].2);
+    }
+    // Repeat by repeat: a repeat's every size before the next repeat.
+    let reps: Vec<usize> = order.iter().map(|o| o.0).collect();
+    assert!(reps.windows(2).all(|w| w[0] <= w[1]));
+    assert_eq!(order[0..8].iter().filter(|o| o.2).count(), 4);
+    assert!(interleaved(0, 4).is_empty());
+}
+
+#[test]
+fn a_cost_over_its_base_is_the_difference_never_below_zero() {
+    assert_eq!(over_base(75.0, 30.0), 45.0);
+    assert_eq!(over_base(30.0, 31.0), 0.0);
+    // A drift that raises both terms of a pair leaves the difference: the reason the
+    // base phase runs right before its measured phase.
+    assert_eq!(over_base(75.0 * 1.2, 30.0 * 1.2), 45.0 * 1.2);
+}
+
+#[test]
+fn the_cpu_clocks_count_this_threads_work() {
+    let (p0, t0) = (process_cpu_ns(), thread_cpu_ns());
+    let mut x = 0u64;
+    for i in 0..2_000_000u64 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(i);
+    }
+    std::hint::black_box(x);
+    assert!(thread_cpu_ns() > t0);
+    assert!(process_cpu_ns() > p0);
+}
