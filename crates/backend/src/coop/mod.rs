@@ -31,6 +31,8 @@
 //!   arena without its process (xdp, shm);
 //! - [`seal`]: the cluster key, sealing, receiving with replay windows;
 //! - [`overhead`]: the per-message processor overhead ablation (an experiment knob);
+//! - [`stats`]: `/coop/stats` on a listener of its own (`--coop-stats-listen`), readable
+//!   while the node's workers are all busy;
 //! - [`node`]: the node: cache, views of the peers, the decision, the counters.
 //!
 //! Every message between nodes is sealed (`auth::mac::seal`, `Domain::Notify`) with
@@ -45,6 +47,7 @@ pub mod onesided;
 pub mod overhead;
 pub mod peer;
 pub mod seal;
+pub mod stats;
 pub mod udp;
 pub mod wire;
 
@@ -234,6 +237,14 @@ pub struct CoopArgs {
     /// datagram.
     #[arg(long = "coop-directory", value_enum, default_value = "datagram")]
     pub directory: CoopDirectory,
+    /// With --coop: also answer `GET /coop/stats` (the same counters as on --listen) on
+    /// this address, from a thread of its own, so they can be read while every worker
+    /// is busy and the main accept queue is full. At most 4 stats connections at once,
+    /// 2 s to send the request. No authentication, as on --listen: the counters are
+    /// read-only and hold no secret; bind it where only your tools reach it. Port 0
+    /// picks a free port. Default: none (only --listen answers /coop/stats).
+    #[arg(long = "coop-stats-listen", value_name = "ADDR")]
+    pub stats_listen: Option<SocketAddr>,
 }
 
 impl Default for CoopArgs {
@@ -256,6 +267,7 @@ impl Default for CoopArgs {
             shm_dir: None,
             message_overhead_us: 0,
             directory: CoopDirectory::Datagram,
+            stats_listen: None,
         }
     }
 }

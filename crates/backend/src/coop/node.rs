@@ -245,6 +245,9 @@ pub struct Node {
     disk: Disk,
     state: Mutex<State>,
     inflight: AtomicU64,
+    /// The largest `inflight` seen (`inflight_max` in `/coop/stats`): with the node's
+    /// `--workers`, whether its worker pool filled.
+    inflight_max: AtomicU64,
     pub counters: Counters,
     pub(crate) sealer: Option<Sealer>,
     pub(crate) fetch_replay: Mutex<ReplayTable>,
@@ -263,13 +266,16 @@ pub struct Running {
     /// The bound peer address (TCP and UDP).
     pub peer_addr: Option<SocketAddr>,
     listener: Option<TcpListener>,
+    /// With `--coop-stats-listen`: the bound stats address.
+    pub stats_addr: Option<SocketAddr>,
+    stats_listener: Option<TcpListener>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Running {
     pub fn stop(&mut self) {
         self.node.stop.store(true, Ordering::SeqCst);
-        if let Some(l) = &self.listener {
+        for l in self.listener.iter().chain(&self.stats_listener) {
             use std::os::fd::AsRawFd;
             // SAFETY: the fd is owned by `l`, alive for this call; shutdown of a
             // listening socket wakes its blocked accept.
@@ -450,6 +456,7 @@ impl Node {
                 arena,
             }),
             inflight: AtomicU64::new(0),
+            inflight_max: AtomicU64::new(0),
             counters: Counters {
                 overhead,
                 ..Counters::default()
@@ -512,10 +519,29 @@ impl Node {
             }
             _ => None,
         };
+        let (stats_addr, stats_listener) = match args.stats_listen {
+            Some(addr) => {
+                let l = TcpListener::bind(addr).map_err(|e| {
+                    io::Error::new(e.kind(), format!("--coop-stats-listen {addr}: {e}"))
+                })?;
+                let bound = l.local_addr()?;
+                let keep = l.try_clone()?;
+                let n = Arc::clone(&node);
+                threads.push(
+                    std::thread::Builder::new()
+                        .name("coop-stats".into())
+                        .spawn(move || super::stats::serve(l, n))?,
+                );
+                (Some(bound), Some(keep))
+            }
+            None => (None, None),
+        };
         Ok(Running {
             node,
             peer_addr,
             listener: listener_keep,
+            stats_addr,
+            stats_listener,
             threads,
         })
     }
@@ -542,6 +568,7 @@ impl Node {
         let path = check_path(path)?;
         let object = wire::object_id(path);
         let load = self.inflight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.inflight_max.fetch_max(load, Ordering::Relaxed);
         let _inflight = InFlight(&self.inflight);
         let source = {
             let mut st = self.lock();
@@ -649,6 +676,20 @@ impl Node {
             st.bodies.insert(object, Cached { body, crc });
         }
         st.dirty = true;
+    }
+
+    /// The `/coop/stats` body (the main listener's and `--coop-stats-listen`'s): the
+    /// counters, the cache's bytes, requests in the node now and at most, the disk's.
+    pub fn stats_text(&self) -> String {
+        let used = self.cache_used_bytes();
+        format!(
+            "{}cache_used_bytes {used}\ninflight {}\ninflight_max {}\n{}{}",
+            self.counters.text(),
+            self.inflight.load(Ordering::Relaxed),
+            self.inflight_max.load(Ordering::Relaxed),
+            self.disk.counts.text(),
+            self.arena_status_text()
+        )
     }
 
     /// Body bytes this node's cache holds now (`cache_used_bytes` in `/coop/stats`).
