@@ -16,6 +16,14 @@ pub const DISK_LATENCY_US_DEFAULT: u64 = 5_000;
 pub const DISK_LATENCY_US_MAX: u64 = 1_000_000;
 /// Default bandwidth, bytes/s. Rule: 40 MB/s, the sequential rate of such a disk.
 pub const DISK_BYTES_PER_S_DEFAULT: u64 = 40_000_000;
+/// Default `--coop-disk-queue-max`: reads queued on the disk before a new read is
+/// refused (503). Rule: 16 reads are ~90 ms of the default disk's service (5 ms + a
+/// mean 17 KB at 40 MB/s each), enough that the disk never idles while requests wait,
+/// and a quarter of the lab's 64 workers, leaving the rest for hits. A node with the
+/// default 8 workers never reaches it.
+pub const DISK_QUEUE_MAX_DEFAULT: u64 = 16;
+/// Largest `--coop-disk-queue-max`: `--workers`' own bound (`WORKERS_MAX`).
+pub const DISK_QUEUE_MAX_MAX: u64 = 4096;
 /// Largest file the disk reads: 64 MiB bounds one read's memory (the World Cup sample's
 /// largest object is 2.9 MB).
 pub const DISK_FILE_BYTES_MAX: u64 = 64 << 20;

@@ -245,6 +245,14 @@ pub struct CoopArgs {
     /// picks a free port. Default: none (only --listen answers /coop/stats).
     #[arg(long = "coop-stats-listen", value_name = "ADDR")]
     pub stats_listen: Option<SocketAddr>,
+    /// With --coop: most reads queued on the emulated disk; a request that would add a
+    /// read past it gets 503 at once instead of holding a worker in the queue (a request
+    /// for an object whose read is under way waits for that read and is never refused).
+    /// Keeps workers free for hits when the disk is past its capacity. 0: no bound (the
+    /// queue is then bounded by --workers). At most 4,096. Default: 16 (about 90 ms of
+    /// reads at the default disk; below the default 8 workers it never binds).
+    #[arg(long = "coop-disk-queue-max", default_value_t = disk::DISK_QUEUE_MAX_DEFAULT)]
+    pub disk_queue_max: u64,
 }
 
 impl Default for CoopArgs {
@@ -268,6 +276,7 @@ impl Default for CoopArgs {
             message_overhead_us: 0,
             directory: CoopDirectory::Datagram,
             stats_listen: None,
+            disk_queue_max: disk::DISK_QUEUE_MAX_DEFAULT,
         }
     }
 }
@@ -290,6 +299,12 @@ impl CoopArgs {
             return Err(format!(
                 "--coop-disk-latency-us must be at most {}",
                 disk::DISK_LATENCY_US_MAX
+            ));
+        }
+        if self.disk_queue_max > disk::DISK_QUEUE_MAX_MAX {
+            return Err(format!(
+                "--coop-disk-queue-max must be at most {}",
+                disk::DISK_QUEUE_MAX_MAX
             ));
         }
         if self.disk_bytes_per_s == 0 {

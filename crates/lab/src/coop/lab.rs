@@ -354,6 +354,7 @@ fn params(
         "duration_s": duration_s,
         "cpu_quota_pct": a.cpu_quota_pct,
         "disk_latency_us": a.disk_latency_us,
+        "disk_queue_max": a.disk_queue_max,
         "disk_bytes_per_s": farside_backend::coop::disk::DISK_BYTES_PER_S_DEFAULT,
         "cache_bytes": a.cache_bytes,
         "anchor_max_size_bytes": a.anchor_max_size_bytes,
@@ -468,6 +469,8 @@ fn backend_args(
         cache_bytes.to_string(),
         "--coop-disk-latency-us".into(),
         a.disk_latency_us.to_string(),
+        "--coop-disk-queue-max".into(),
+        a.disk_queue_max.to_string(),
         "--coop-policy".into(),
         policy.into(),
         "--coop-stats-listen".into(),
@@ -569,7 +572,12 @@ fn start_system(
             "haproxy" => {
                 r.spawns.push(None);
                 let origin = SocketAddr::from((*ip, ORIGIN_PORT));
-                let args = backend_args(a, sh, origin, "rr", "tcp", 1, i, &peers, 0);
+                let mut args = backend_args(a, sh, origin, "rr", "tcp", 1, i, &peers, 0);
+                // The origin is the anchor's disk, nothing more: no shedding of its own
+                // (nginx queues for it; the farside nodes' bound is PRESS's, not nginx's).
+                if let Some(i) = args.iter().position(|x| x == "--coop-disk-queue-max") {
+                    args[i + 1] = "0".into();
+                }
                 let log = sh.logs.join(format!("{tag}-{name}-origin.log"));
                 let c = dc.spawn_in(&name, &exe, &args, &log)?;
                 r.children
@@ -873,7 +881,11 @@ fn measure(
         };
         let max_of = |key: &str| after.stats.iter().map(|t| stat(t, key)).max().unwrap_or(0);
         eprintln!(
-            "lab coop: {tag}: window {window:.0} s: disk reads {:.1}/s per node, disk busy {:.3},              mean disk wait {:.1} ms, disk queue mean {:.1} (max {} on a node), requests in a              node mean {:.1} (max {} of {WORKERS} workers), {} queue samples (stats read mean              {:.1} ms, max {:.1} ms), wasted fetches {}, peer fetch mean {:.0} µs, misses              {miss}, served {served}",
+            "lab coop: {tag}: window {window:.0} s: disk reads {:.1}/s per node, disk busy {:.3}, \
+             mean disk wait {:.1} ms, disk queue mean {:.1} (max {} on a node), requests in a \
+             node mean {:.1} (max {} of {WORKERS} workers), {} queue samples (stats read mean \
+             {:.1} ms, max {:.1} ms), wasted fetches {}, peer fetch mean {:.0} µs, misses \
+             {miss} (fill followers {}, refused at the disk queue bound {}), served {served}",
             reads as f64 / window / n,
             d("disk_busy_us") as f64 / 1e6 / window / n,
             d("disk_wait_us") as f64 / 1e3 / reads.max(1) as f64,
@@ -885,7 +897,13 @@ fn measure(
             mean(&|q| q.2),
             queues.iter().map(|q| q.2).fold(0.0, f64::max),
             d("wasted_fetches"),
-            if remote == 0 { 0.0 } else { d("remote_fetch_us") as f64 / remote as f64 },
+            if remote == 0 {
+                0.0
+            } else {
+                d("remote_fetch_us") as f64 / remote as f64
+            },
+            d("fill_followed"),
+            d("disk_shed"),
         );
     }
     Ok(CoopPoint {
@@ -916,7 +934,9 @@ fn measure(
             0.0
         },
         wrong_bodies: wrong,
-        failures: m.failures.saturating_sub(wrong),
+        // A request a node refused (503: its disk queue at its bound) failed for its
+        // client as much as one that timed out.
+        failures: m.failures.saturating_sub(wrong) + m.dropped_503,
         offered_rps: m.started as f64 / window,
         directory_refused: d("directory_refused"),
         cache_held_bytes,
