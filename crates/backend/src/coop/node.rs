@@ -649,7 +649,10 @@ impl Node {
             wasted = true;
         }
         let queued = self.disk.counts.queue.load(Ordering::Relaxed);
-        let lead = match self.lock_fills().join(object, queued, self.disk_queue_max) {
+        // Bound first: a guard in the match's scrutinee would live through the arms and
+        // `wait_fill` takes the same lock.
+        let join = self.lock_fills().join(object, queued, self.disk_queue_max);
+        let lead = match join {
             Join::Lead => true,
             Join::Full => false,
             Join::Shed => {
