@@ -295,6 +295,11 @@ impl Handle {
         self.coop.as_ref().map(|r| (&r.node, r.peer_addr))
     }
 
+    /// With `--coop --coop-stats-listen`: the bound stats address.
+    pub fn coop_stats_addr(&self) -> Option<SocketAddr> {
+        self.coop.as_ref().and_then(|r| r.stats_addr)
+    }
+
     /// The site served now, with `--sites-root`.
     pub fn site(&self) -> Option<String> {
         self.shared

@@ -196,6 +196,7 @@ fn reason(status: u16) -> &'static str {
         431 => "Request Header Fields Too Large",
         500 => "Internal Server Error",
         501 => "Not Implemented",
+        503 => "Service Unavailable",
         _ => "Unknown",
     }
 }
@@ -704,9 +705,7 @@ fn generated(path: &str) -> Response {
 /// `/coop/stats` answers its counters.
 fn coop_file(node: &crate::coop::Node, path: &str) -> Response {
     if path == "/coop/stats" {
-        let used = node.cache_used_bytes();
-        let xdp = node.arena_status_text();
-        return Response::text(node.counters.text() + &format!("cache_used_bytes {used}\n") + &xdp);
+        return Response::text(node.stats_text());
     }
     match node.get(path) {
         Ok((body, _served)) => Response {

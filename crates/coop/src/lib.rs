@@ -20,6 +20,7 @@
 
 pub mod cache;
 pub mod directory;
+pub mod fill;
 pub mod model;
 pub mod policy;
 pub mod sim;

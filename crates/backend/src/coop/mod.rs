@@ -31,6 +31,8 @@
 //!   arena without its process (xdp, shm);
 //! - [`seal`]: the cluster key, sealing, receiving with replay windows;
 //! - [`overhead`]: the per-message processor overhead ablation (an experiment knob);
+//! - [`stats`]: `/coop/stats` on a listener of its own (`--coop-stats-listen`), readable
+//!   while the node's workers are all busy;
 //! - [`node`]: the node: cache, views of the peers, the decision, the counters.
 //!
 //! Every message between nodes is sealed (`auth::mac::seal`, `Domain::Notify`) with
@@ -45,6 +47,7 @@ pub mod onesided;
 pub mod overhead;
 pub mod peer;
 pub mod seal;
+pub mod stats;
 pub mod udp;
 pub mod wire;
 
@@ -234,6 +237,22 @@ pub struct CoopArgs {
     /// datagram.
     #[arg(long = "coop-directory", value_enum, default_value = "datagram")]
     pub directory: CoopDirectory,
+    /// With --coop: also answer `GET /coop/stats` (the same counters as on --listen) on
+    /// this address, from a thread of its own, so they can be read while every worker
+    /// is busy and the main accept queue is full. At most 4 stats connections at once,
+    /// 2 s to send the request. No authentication, as on --listen: the counters are
+    /// read-only and hold no secret; bind it where only your tools reach it. Port 0
+    /// picks a free port. Default: none (only --listen answers /coop/stats).
+    #[arg(long = "coop-stats-listen", value_name = "ADDR")]
+    pub stats_listen: Option<SocketAddr>,
+    /// With --coop: most reads queued on the emulated disk; a request that would add a
+    /// read past it gets 503 at once instead of holding a worker in the queue (a request
+    /// for an object whose read is under way waits for that read and is never refused).
+    /// Keeps workers free for hits when the disk is past its capacity. 0: no bound (the
+    /// queue is then bounded by --workers). At most 4,096. Default: 16 (about 90 ms of
+    /// reads at the default disk; below the default 8 workers it never binds).
+    #[arg(long = "coop-disk-queue-max", default_value_t = disk::DISK_QUEUE_MAX_DEFAULT)]
+    pub disk_queue_max: u64,
 }
 
 impl Default for CoopArgs {
@@ -256,6 +275,8 @@ impl Default for CoopArgs {
             shm_dir: None,
             message_overhead_us: 0,
             directory: CoopDirectory::Datagram,
+            stats_listen: None,
+            disk_queue_max: disk::DISK_QUEUE_MAX_DEFAULT,
         }
     }
 }
@@ -278,6 +299,12 @@ impl CoopArgs {
             return Err(format!(
                 "--coop-disk-latency-us must be at most {}",
                 disk::DISK_LATENCY_US_MAX
+            ));
+        }
+        if self.disk_queue_max > disk::DISK_QUEUE_MAX_MAX {
+            return Err(format!(
+                "--coop-disk-queue-max must be at most {}",
+                disk::DISK_QUEUE_MAX_MAX
             ));
         }
         if self.disk_bytes_per_s == 0 {

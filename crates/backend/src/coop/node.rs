@@ -21,6 +21,7 @@ use farside_auth::mac;
 use farside_auth::replay::ReplayTable;
 use farside_coop::cache::{NodeCache, Replacement};
 use farside_coop::directory::{BloomFilter, DirectoryView, BLOOM_FP_DEFAULT};
+use farside_coop::fill::{Fills, Join, Poll};
 use farside_coop::policy::{ClusterView, NodeId, Press, RemoteMode, Request, Source};
 use std::collections::HashMap;
 use std::io::{self, Write};
@@ -28,7 +29,7 @@ use std::net::TcpStream;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -45,6 +46,10 @@ const STOP_POLL: Duration = Duration::from_millis(200);
 pub const COOP_KEY_CREDENTIAL: &str = "farside-coop";
 /// Longest request path a coop node serves, bytes.
 pub const COOP_PATH_BYTES_MAX: usize = 1024;
+/// Longest a request waits for another request's disk read of the same object (see
+/// [`farside_coop::fill`]) before it reads the object itself: the clients' own timeout
+/// (10 s in the lab), so a waiter never outlives the client it answers for.
+pub const FILL_WAIT_MAX: Duration = Duration::from_secs(10);
 /// Senders remembered per replay table: the nodes of a cluster, with room to spare
 /// (`farside_auth::replay` evicts safely beyond it).
 const REPLAY_SENDERS_MAX: usize = 4 * super::COOP_NODES_MAX;
@@ -58,6 +63,11 @@ pub struct Counters {
     pub remote_hits: AtomicU64,
     /// Requests answered from the (emulated) disk.
     pub misses: AtomicU64,
+    /// Requests answered with the body of another request's disk read of the same
+    /// object under way on this node (counted in `local_hits` too: no read of theirs).
+    pub fill_followed: AtomicU64,
+    /// Requests refused (503) because the disk queue was at `--coop-disk-queue-max`.
+    pub disk_shed: AtomicU64,
     /// Fetches a peer answered "absent" (a stale or false-positive hint) or that failed.
     pub wasted_fetches: AtomicU64,
     /// Of the wasted fetches, those that failed (connect, timeout, refused reply).
@@ -135,6 +145,8 @@ impl Counters {
             ("local_hits", &self.local_hits),
             ("remote_hits", &self.remote_hits),
             ("misses", &self.misses),
+            ("fill_followed", &self.fill_followed),
+            ("disk_shed", &self.disk_shed),
             ("wasted_fetches", &self.wasted_fetches),
             ("peer_errors", &self.peer_errors),
             ("peer_bytes", &self.peer_bytes),
@@ -244,7 +256,16 @@ pub struct Node {
     root: PathBuf,
     disk: Disk,
     state: Mutex<State>,
+    /// The disk reads under way and their waiters (one read per object at a time).
+    fills: Mutex<Fills<Arc<Vec<u8>>>>,
+    /// Signalled when a read in `fills` ends.
+    filled: Condvar,
+    /// `--coop-disk-queue-max` (0: no bound).
+    disk_queue_max: u64,
     inflight: AtomicU64,
+    /// The largest `inflight` seen (`inflight_max` in `/coop/stats`): with the node's
+    /// `--workers`, whether its worker pool filled.
+    inflight_max: AtomicU64,
     pub counters: Counters,
     pub(crate) sealer: Option<Sealer>,
     pub(crate) fetch_replay: Mutex<ReplayTable>,
@@ -263,13 +284,16 @@ pub struct Running {
     /// The bound peer address (TCP and UDP).
     pub peer_addr: Option<SocketAddr>,
     listener: Option<TcpListener>,
+    /// With `--coop-stats-listen`: the bound stats address.
+    pub stats_addr: Option<SocketAddr>,
+    stats_listener: Option<TcpListener>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Running {
     pub fn stop(&mut self) {
         self.node.stop.store(true, Ordering::SeqCst);
-        if let Some(l) = &self.listener {
+        for l in self.listener.iter().chain(&self.stats_listener) {
             use std::os::fd::AsRawFd;
             // SAFETY: the fd is owned by `l`, alive for this call; shutdown of a
             // listening socket wakes its blocked accept.
@@ -449,7 +473,11 @@ impl Node {
                 dirty: true,
                 arena,
             }),
+            fills: Mutex::new(Fills::default()),
+            filled: Condvar::new(),
+            disk_queue_max: args.disk_queue_max,
             inflight: AtomicU64::new(0),
+            inflight_max: AtomicU64::new(0),
             counters: Counters {
                 overhead,
                 ..Counters::default()
@@ -512,10 +540,29 @@ impl Node {
             }
             _ => None,
         };
+        let (stats_addr, stats_listener) = match args.stats_listen {
+            Some(addr) => {
+                let l = TcpListener::bind(addr).map_err(|e| {
+                    io::Error::new(e.kind(), format!("--coop-stats-listen {addr}: {e}"))
+                })?;
+                let bound = l.local_addr()?;
+                let keep = l.try_clone()?;
+                let n = Arc::clone(&node);
+                threads.push(
+                    std::thread::Builder::new()
+                        .name("coop-stats".into())
+                        .spawn(move || super::stats::serve(l, n))?,
+                );
+                (Some(bound), Some(keep))
+            }
+            None => (None, None),
+        };
         Ok(Running {
             node,
             peer_addr,
             listener: listener_keep,
+            stats_addr,
+            stats_listener,
             threads,
         })
     }
@@ -542,6 +589,7 @@ impl Node {
         let path = check_path(path)?;
         let object = wire::object_id(path);
         let load = self.inflight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.inflight_max.fetch_max(load, Ordering::Relaxed);
         let _inflight = InFlight(&self.inflight);
         let source = {
             let mut st = self.lock();
@@ -600,8 +648,36 @@ impl Node {
             self.counters.wasted_fetches.fetch_add(1, Ordering::Relaxed);
             wasted = true;
         }
-        let body = match self.disk.read(&file) {
-            Ok(b) => Arc::new(b),
+        let queued = self.disk.counts.queue.load(Ordering::Relaxed);
+        // Bound first: a guard in the match's scrutinee would live through the arms and
+        // `wait_fill` takes the same lock.
+        let join = self.lock_fills().join(object, queued, self.disk_queue_max);
+        let lead = match join {
+            Join::Lead => true,
+            Join::Full => false,
+            Join::Shed => {
+                self.counters.disk_shed.fetch_add(1, Ordering::Relaxed);
+                return Err(503);
+            }
+            Join::Follow => match self.wait_fill(object) {
+                Some(body) => {
+                    self.counters.local_hits.fetch_add(1, Ordering::Relaxed);
+                    return Ok((body, Served::Local));
+                }
+                None => false,
+            },
+        };
+        let read = self.disk.read(&file).map(Arc::new);
+        if lead {
+            let waiting = self
+                .lock_fills()
+                .finish(object, read.as_ref().ok().map(Arc::clone));
+            if waiting > 0 {
+                self.filled.notify_all();
+            }
+        }
+        let body = match read {
+            Ok(b) => b,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(404),
             Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Err(403),
             Err(_) => return Err(500),
@@ -609,6 +685,36 @@ impl Node {
         self.counters.misses.fetch_add(1, Ordering::Relaxed);
         self.insert(object, Arc::clone(&body));
         Ok((body, Served::Disk { wasted }))
+    }
+
+    fn lock_fills(&self) -> std::sync::MutexGuard<'_, Fills<Arc<Vec<u8>>>> {
+        self.fills.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits (at most [`FILL_WAIT_MAX`]) for the read of `object` this request follows
+    /// and returns its body; `None`: read it yourself (the read failed or the wait bound
+    /// passed).
+    fn wait_fill(&self, object: u64) -> Option<Arc<Vec<u8>>> {
+        let until = Instant::now() + FILL_WAIT_MAX;
+        let mut f = self.lock_fills();
+        loop {
+            if let Poll::Ready(body) = f.poll(object) {
+                if body.is_some() {
+                    self.counters.fill_followed.fetch_add(1, Ordering::Relaxed);
+                }
+                return body;
+            }
+            let now = Instant::now();
+            if now >= until {
+                f.leave(object);
+                return None;
+            }
+            f = self
+                .filled
+                .wait_timeout(f, until - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
     }
 
     fn insert(&self, object: u64, body: Arc<Vec<u8>>) {
@@ -649,6 +755,20 @@ impl Node {
             st.bodies.insert(object, Cached { body, crc });
         }
         st.dirty = true;
+    }
+
+    /// The `/coop/stats` body (the main listener's and `--coop-stats-listen`'s): the
+    /// counters, the cache's bytes, requests in the node now and at most, the disk's.
+    pub fn stats_text(&self) -> String {
+        let used = self.cache_used_bytes();
+        format!(
+            "{}cache_used_bytes {used}\ninflight {}\ninflight_max {}\n{}{}",
+            self.counters.text(),
+            self.inflight.load(Ordering::Relaxed),
+            self.inflight_max.load(Ordering::Relaxed),
+            self.disk.counts.text(),
+            self.arena_status_text()
+        )
     }
 
     /// Body bytes this node's cache holds now (`cache_used_bytes` in `/coop/stats`).

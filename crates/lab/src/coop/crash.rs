@@ -84,7 +84,7 @@ pub(super) fn crash_and_restart(
         sys.spawns.get(node).cloned().flatten().ok_or_else(|| {
             io::Error::other(format!("crash mode: node {node} has no coop process"))
         })?;
-    let stats_before_kill = stats(spawn.http);
+    let stats_before_kill = stats(sys.stats_at[node]);
     let child = &mut sys.children[spawn.child];
     let killed = Instant::now();
     // SAFETY: signalling our own child, not yet reaped (checked alive just above by

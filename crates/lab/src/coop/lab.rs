@@ -6,7 +6,7 @@ use super::client::stat;
 use super::crash::{
     crash_and_restart, crash_figures, NodeSpawn, Running, CLIENT, READY_POLL, READY_WITHIN,
 };
-use super::usage::{dir_bytes, sample_held, snapshot, DirBytes};
+use super::usage::{dir_bytes, sample_held, sample_queues, snapshot, DirBytes};
 use super::*;
 use crate::fabric::netns::{NodeSpec, VirtualDc};
 use crate::fabric::procs::Child;
@@ -26,6 +26,9 @@ const ARENA_PORT: u16 = farside_backend::coop::COOP_ARENA_PORT_DEFAULT;
 const ARENA_KEY_ID: u32 = 1;
 /// The anchor's origin (`farside backend --coop`, caching nothing) in each node.
 const ORIGIN_PORT: u16 = 8080;
+/// Every node's (or origin's) `--coop-stats-listen` port: the lab reads `/coop/stats`
+/// there, on a listener of its own, so an overloaded node's counters are read on time.
+const STATS_PORT: u16 = 9180;
 /// Back-end workers (threads, one per kept-alive connection) of a cooperating node or
 /// origin: the open loop opens one connection per request, and the anchor's nginx keeps
 /// up to 16 to its origin; 64 leaves room for both.
@@ -351,6 +354,7 @@ fn params(
         "duration_s": duration_s,
         "cpu_quota_pct": a.cpu_quota_pct,
         "disk_latency_us": a.disk_latency_us,
+        "disk_queue_max": a.disk_queue_max,
         "disk_bytes_per_s": farside_backend::coop::disk::DISK_BYTES_PER_S_DEFAULT,
         "cache_bytes": a.cache_bytes,
         "anchor_max_size_bytes": a.anchor_max_size_bytes,
@@ -465,8 +469,12 @@ fn backend_args(
         cache_bytes.to_string(),
         "--coop-disk-latency-us".into(),
         a.disk_latency_us.to_string(),
+        "--coop-disk-queue-max".into(),
+        a.disk_queue_max.to_string(),
         "--coop-policy".into(),
         policy.into(),
+        "--coop-stats-listen".into(),
+        SocketAddr::new(listen.ip(), STATS_PORT).to_string(),
     ];
     if policy == "press" {
         args.extend([
@@ -558,19 +566,24 @@ fn start_system(
                     http,
                 }));
                 waits.push((r.children.len() - 1, http));
-                r.stats_at.push(http);
+                r.stats_at.push(SocketAddr::from((*ip, STATS_PORT)));
                 r.targets.push(http);
             }
             "haproxy" => {
                 r.spawns.push(None);
                 let origin = SocketAddr::from((*ip, ORIGIN_PORT));
-                let args = backend_args(a, sh, origin, "rr", "tcp", 1, i, &peers, 0);
+                let mut args = backend_args(a, sh, origin, "rr", "tcp", 1, i, &peers, 0);
+                // The origin is the anchor's disk, nothing more: no shedding of its own
+                // (nginx queues for it; the farside nodes' bound is PRESS's, not nginx's).
+                if let Some(i) = args.iter().position(|x| x == "--coop-disk-queue-max") {
+                    args[i + 1] = "0".into();
+                }
                 let log = sh.logs.join(format!("{tag}-{name}-origin.log"));
                 let c = dc.spawn_in(&name, &exe, &args, &log)?;
                 r.children
                     .push(Child::adopt(&format!("{name}-origin"), c, log));
                 waits.push((r.children.len() - 1, origin));
-                r.stats_at.push(origin);
+                r.stats_at.push(SocketAddr::from((*ip, STATS_PORT)));
                 let prefix = std::env::temp_dir().join(format!(
                     "farside-coop-nginx-{}-{tag}-{name}",
                     std::process::id()
@@ -734,7 +747,7 @@ fn measure(
     let stop = std::sync::atomic::AtomicBool::new(false);
     let crash = a.crash_node.map(|node| (node, crash_at_s(a)));
     let sys_ref = &mut sys;
-    let (summaries, before, after, held, crashed) = dc.run_in_ns(CLIENT, || {
+    let (summaries, before, after, held, queues, crashed) = dc.run_in_ns(CLIENT, || {
         std::thread::scope(|s| {
             let handles: Vec<_> = per_node
                 .iter()
@@ -749,6 +762,7 @@ fn measure(
             std::thread::sleep(Duration::from_secs(warmup_s) + LOADGEN_START);
             let before = snapshot(dc, nodes, &stats_at, nginx);
             let sampler = s.spawn(|| sample_held(&cache_dirs, &stats_at, &stop));
+            let queue_sampler = s.spawn(|| sample_queues(&stats_at, &stop));
             let mut out = Vec::new();
             let mut failed = None;
             for h in handles {
@@ -760,6 +774,7 @@ fn measure(
             }
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let held = sampler.join().unwrap_or_default();
+            let queues = queue_sampler.join().unwrap_or_default();
             let crashed = match crasher.map(|h| h.join()) {
                 None => None,
                 Some(Ok(r)) => Some(r?),
@@ -769,7 +784,7 @@ fn measure(
                 return Err(e);
             }
             let after = snapshot(dc, nodes, &stats_at, nginx);
-            Ok((out, before, after, held, crashed))
+            Ok((out, before, after, held, queues, crashed))
         })
     })?;
     for c in &mut sys.children {
@@ -856,6 +871,41 @@ fn measure(
         (local as f64 / all, remote as f64 / all, miss as f64 / all)
     };
     let wrong = m.failure_kinds.wrong_bodies;
+    // Where the time goes, per point (stderr: the run's log): the disks' utilisation and
+    // queue, the nodes' requests in service, the stats reads' own latency.
+    {
+        let n = nodes.max(1) as f64;
+        let reads = d("disk_reads");
+        let mean = |f: &dyn Fn(&(u64, u64, f64)) -> f64| {
+            queues.iter().map(f).sum::<f64>() / queues.len().max(1) as f64
+        };
+        let max_of = |key: &str| after.stats.iter().map(|t| stat(t, key)).max().unwrap_or(0);
+        eprintln!(
+            "lab coop: {tag}: window {window:.0} s: disk reads {:.1}/s per node, disk busy {:.3}, \
+             mean disk wait {:.1} ms, disk queue mean {:.1} (max {} on a node), requests in a \
+             node mean {:.1} (max {} of {WORKERS} workers), {} queue samples (stats read mean \
+             {:.1} ms, max {:.1} ms), wasted fetches {}, peer fetch mean {:.0} µs, misses \
+             {miss} (fill followers {}, refused at the disk queue bound {}), served {served}",
+            reads as f64 / window / n,
+            d("disk_busy_us") as f64 / 1e6 / window / n,
+            d("disk_wait_us") as f64 / 1e3 / reads.max(1) as f64,
+            mean(&|q| q.1 as f64) / n,
+            max_of("disk_queue_max"),
+            mean(&|q| q.0 as f64) / n,
+            max_of("inflight_max"),
+            queues.len(),
+            mean(&|q| q.2),
+            queues.iter().map(|q| q.2).fold(0.0, f64::max),
+            d("wasted_fetches"),
+            if remote == 0 {
+                0.0
+            } else {
+                d("remote_fetch_us") as f64 / remote as f64
+            },
+            d("fill_followed"),
+            d("disk_shed"),
+        );
+    }
     Ok(CoopPoint {
         system: k.system.clone(),
         nodes: k.nodes,
@@ -884,7 +934,9 @@ fn measure(
             0.0
         },
         wrong_bodies: wrong,
-        failures: m.failures.saturating_sub(wrong),
+        // A request a node refused (503: its disk queue at its bound) failed for its
+        // client as much as one that timed out.
+        failures: m.failures.saturating_sub(wrong) + m.dropped_503,
         offered_rps: m.started as f64 / window,
         directory_refused: d("directory_refused"),
         cache_held_bytes,

@@ -19,6 +19,7 @@ fn keys_put_the_systems_of_one_configuration_together() {
         warmup_s: None,
         cpu_quota_pct: 40,
         disk_latency_us: 5000,
+        disk_queue_max: 16,
         cache_bytes: None,
         anchor_max_size_bytes: None,
         repeat: 1,

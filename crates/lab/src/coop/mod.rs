@@ -190,6 +190,9 @@ pub struct CoopLabArgs {
     /// Emulated disk latency per read, µs (the back-end's --coop-disk-latency-us).
     #[arg(long = "disk-latency-us", default_value_t = farside_backend::coop::disk::DISK_LATENCY_US_DEFAULT)]
     pub disk_latency_us: u64,
+    /// Each farside node's --coop-disk-queue-max (0: none; origins: none). Default 16.
+    #[arg(long = "disk-queue-max", default_value_t = farside_backend::coop::disk::DISK_QUEUE_MAX_DEFAULT)]
+    pub disk_queue_max: u64,
     /// Cache bytes per node; default by the rule of the module doc.
     #[arg(long = "cache-bytes")]
     pub cache_bytes: Option<u64>,
@@ -291,8 +294,8 @@ pub struct CoopPoint {
     pub lb_cpu_us_per_req: f64,
     /// 200s whose body was not the file's.
     pub wrong_bodies: u64,
-    /// Timeouts, connection errors, 5xx, shed arrivals (loadgen's failures, wrong bodies
-    /// excluded).
+    /// Timeouts, connection errors, 5xx (503s included), shed arrivals (loadgen's
+    /// failures, wrong bodies excluded).
     pub failures: u64,
     /// Open loop: requests started per second.
     pub offered_rps: f64,

@@ -127,6 +127,32 @@ pub(super) fn sample_held(
     out
 }
 
+/// Samples, every [`HELD_SAMPLE_INTERVAL`] until `stop`, the requests in the nodes
+/// (`inflight`, summed) and the reads in their disks' queues (`disk_queue`, summed),
+/// and how long each round of stats reads took, ms.
+pub(super) fn sample_queues(
+    stats_at: &[SocketAddr],
+    stop: &std::sync::atomic::AtomicBool,
+) -> Vec<(u64, u64, f64)> {
+    let mut out = Vec::new();
+    let mut next = std::time::Instant::now();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let now = std::time::Instant::now();
+        if now >= next {
+            let texts: Vec<String> = stats_at.iter().map(|&a| stats(a)).collect();
+            let sum = |k: &str| texts.iter().map(|t| stat(t, k)).sum::<u64>();
+            out.push((
+                sum("inflight"),
+                sum("disk_queue"),
+                now.elapsed().as_secs_f64() * 1e3,
+            ));
+            next = now + HELD_SAMPLE_INTERVAL;
+        }
+        std::thread::sleep(READY_POLL);
+    }
+    out
+}
+
 /// Files below `dir` at most: the anchor's cache holds a few thousand objects.
 const DIR_FILES_MAX: usize = 1_000_000;
 
