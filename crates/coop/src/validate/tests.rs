@@ -112,16 +112,24 @@ fn run_with(tps: [f64; 2]) -> LabRun {
     }
 }
 
+/// The model's own answers for the test's two modelled systems (and haproxy, not
+/// modelled), and the throughputs of those it modelled: "measurements" are placed
+/// around them.
+fn probe(f: &CostsFile, trace: &Trace) -> (Vec<PointCheck>, Vec<f64>) {
+    let probe = check_runs(f, trace, &[("probe".into(), run_with([1.0, 1.0]))], 1);
+    let x = probe
+        .iter()
+        .filter_map(|c| c.prediction.as_ref().ok().map(Prediction::throughput))
+        .collect();
+    (probe, x)
+}
+
 #[test]
 fn points_within_tolerance_pass_and_outside_fail_and_label_the_extrapolation() {
     let trace = small_trace(400, 6_000);
     let f = costs_file();
     // First the model's own answers, then "measurements" placed around them.
-    let probe = check_runs(&f, &trace, &[("probe".into(), run_with([1.0, 1.0]))], 1);
-    let x: Vec<f64> = probe
-        .iter()
-        .filter_map(|c| c.prediction.as_ref().ok().map(Prediction::throughput))
-        .collect();
+    let (probe, x) = probe(&f, &trace);
     assert_eq!(x.len(), 2, "rr and press-tcp modelled, haproxy not");
     assert!(probe[2].pass().is_none());
     let good = check_runs(
@@ -583,11 +591,7 @@ fn the_spread_band_says_whether_a_missed_point_lies_inside_it() {
     assert!(!within_band(120.0, 90.0, 110.0));
     let trace = small_trace(400, 6_000);
     let f = costs_file();
-    let probe = check_runs(&f, &trace, &[("probe".into(), run_with([1.0, 1.0]))], 1);
-    let x: Vec<f64> = probe
-        .iter()
-        .filter_map(|c| c.prediction.as_ref().ok().map(Prediction::throughput))
-        .collect();
+    let (_, x) = probe(&f, &trace);
     // Low and high costs: the disk's and every CPU cost at half and at twice the
     // median's (the test's points are disk-bound).
     let scaled = |k: f64| {
