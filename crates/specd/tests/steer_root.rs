@@ -193,12 +193,13 @@ fn in_kernel_mode_the_program_diverts_from_the_servers_queue() {
 #[ignore = "needs root (netns, BPF): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
 fn half_open_connections_count_toward_q_but_never_make_the_program_drop() {
     assert!(is_root(), "needs root");
-    if std::process::Command::new("nft")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
-        eprintln!("SKIP half_open_connections_count_toward_q_but_never_make_the_program_drop: no nft (package nftables) to keep handshakes half-open");
+    // nft keeps the handshakes half-open (drops the clients' final ACKs).
+    if !farside_testkit::tool_or_skip(
+        "half_open_connections_count_toward_q_but_never_make_the_program_drop",
+        "nft",
+        "--version",
+        "nftables",
+    ) {
         return;
     }
     let (_ns, f) = netns("ho");
