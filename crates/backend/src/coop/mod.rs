@@ -39,6 +39,7 @@
 //! the key of `--coop-key-file` (0600) and checked by `auth::receive::receive` against
 //! a replay window per sender: a forged or replayed one is dropped and counted.
 
+mod accept;
 pub mod arena;
 pub mod dirwrite;
 pub mod disk;

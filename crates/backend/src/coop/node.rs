@@ -28,7 +28,7 @@ use std::io::{self, Write};
 use std::net::TcpStream;
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -1147,34 +1147,13 @@ impl Node {
 
 /// The peer port's accept loop: one thread per connection, at most [`PEER_CONNS_MAX`].
 pub(crate) fn serve_peers(listener: TcpListener, node: Arc<Node>) {
-    let active = Arc::new(AtomicUsize::new(0));
-    while !node.stopping() {
-        let Ok((s, _)) = listener.accept() else {
-            if node.stopping() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-            continue;
-        };
-        if active.fetch_add(1, Ordering::SeqCst) >= PEER_CONNS_MAX {
-            active.fetch_sub(1, Ordering::SeqCst);
-            continue; // closed by drop
-        }
-        let (node, active) = (Arc::clone(&node), Arc::clone(&active));
-        let spawned = std::thread::Builder::new()
-            .name("coop-peer".into())
-            .stack_size(256 * 1024)
-            .spawn({
-                let active = Arc::clone(&active);
-                move || {
-                    serve_peer(s, &node);
-                    active.fetch_sub(1, Ordering::SeqCst);
-                }
-            });
-        if spawned.is_err() {
-            active.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
+    super::accept::accept_bounded(
+        &listener,
+        &node,
+        PEER_CONNS_MAX,
+        ("coop-peer", 256 * 1024),
+        serve_peer,
+    );
 }
 
 /// Answers fetches on one connection until it closes, idles out or sends a refused

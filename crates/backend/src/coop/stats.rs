@@ -15,7 +15,6 @@
 use super::Node;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,36 +27,17 @@ pub const STATS_CONNS_MAX: usize = 4;
 pub const STATS_IO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Largest request head read, bytes: `GET /coop/stats` with a few headers fits in far less.
 pub const STATS_HEAD_BYTES_MAX: usize = 4096;
-/// Back-off after a failed accept (descriptors exhausted), so the thread does not spin.
-const ACCEPT_RETRY: Duration = Duration::from_millis(10);
-
 /// Accepts stats connections until the node stops (the listener is shut down then).
 pub(crate) fn serve(listener: TcpListener, node: Arc<Node>) {
-    let active = Arc::new(AtomicUsize::new(0));
-    while !node.stopping() {
-        let Ok((s, _)) = listener.accept() else {
-            if node.stopping() {
-                break;
-            }
-            std::thread::sleep(ACCEPT_RETRY);
-            continue;
-        };
-        if active.fetch_add(1, Ordering::SeqCst) >= STATS_CONNS_MAX {
-            active.fetch_sub(1, Ordering::SeqCst);
-            continue; // closed by drop
-        }
-        let (n, a) = (Arc::clone(&node), Arc::clone(&active));
-        let spawned = std::thread::Builder::new()
-            .name("coop-stats-conn".into())
-            .stack_size(64 * 1024)
-            .spawn(move || {
-                let _ = answer(s, &n);
-                a.fetch_sub(1, Ordering::SeqCst);
-            });
-        if spawned.is_err() {
-            active.fetch_sub(1, Ordering::SeqCst);
-        }
-    }
+    super::accept::accept_bounded(
+        &listener,
+        &node,
+        STATS_CONNS_MAX,
+        ("coop-stats-conn", 64 * 1024),
+        |s, n| {
+            let _ = answer(s, n);
+        },
+    );
 }
 
 /// What one request gets: (status line, body).
