@@ -67,7 +67,7 @@ use std::time::{Duration, Instant};
 mod clocks;
 use clocks::{cgroup_cpu_ns, host_ns, process_cpu_ns, thread_cpu_ns};
 #[cfg(test)]
-use clocks::{parse_proc_stat, HostTicks};
+use farside_lab::fabric::hostcpu::{parse_proc_stat, HostTicks};
 
 /// Body sizes measured, bytes: from a small page to the World Cup sample's larger
 /// images (its mean request is about 5 KB).

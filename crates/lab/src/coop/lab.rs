@@ -953,6 +953,20 @@ fn measure(
         },
         cache_held_max_bytes: held.iter().copied().max().unwrap_or(0),
         nginx_cpu_us_per_req: per_req(after.nginx_cpu_us.saturating_sub(before.nginx_cpu_us)),
+        throttled_period_frac: {
+            let t = after.throttle.since(&before.throttle);
+            t.nr_throttled as f64 / t.nr_periods.max(1) as f64
+        },
+        host_busy_us_per_req: per_req(after.host_busy_ns.saturating_sub(before.host_busy_ns))
+            / 1000.0,
+        host_busy_frac: after.host_busy_ns.saturating_sub(before.host_busy_ns) as f64
+            / 1e9
+            / window
+            / crate::fabric::hostcpu::host_cpus(),
+        throttled_ms_per_s: after.throttle.since(&before.throttle).throttled_us as f64
+            / 1000.0
+            / window
+            / k.nodes.max(1) as f64,
         crash_node: crashed.as_ref().map(|c| c.node),
         crash_failures,
         restart_ms: crashed.as_ref().map_or(0.0, |c| c.restart_ms),

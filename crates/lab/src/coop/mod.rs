@@ -64,6 +64,8 @@ mod ablation;
 mod client;
 mod crash;
 mod lab;
+mod objects;
+pub use objects::{object_body, write_objects};
 mod usage;
 
 pub use lab::run;
@@ -326,6 +328,18 @@ pub struct CoopPoint {
     /// systems.
     #[serde(default)]
     pub nginx_cpu_us_per_req: f64,
+    /// The nodes' CPU-quota throttling in the window (`cpu.stat`): the share of their CFS
+    /// periods that used up the quota, and throttled ms per s per node (0: not recorded).
+    #[serde(default, skip_serializing_if = "zero_f64")]
+    pub throttled_period_frac: f64,
+    #[serde(default, skip_serializing_if = "zero_f64")]
+    pub throttled_ms_per_s: f64,
+    /// The host's busy CPU (`/proc/stat`, all CPUs: nodes, clients, kernel) per served
+    /// request, µs, and as a share of its CPUs (0: not recorded).
+    #[serde(default, skip_serializing_if = "zero_f64")]
+    pub host_busy_us_per_req: f64,
+    #[serde(default, skip_serializing_if = "zero_f64")]
+    pub host_busy_frac: f64,
     /// Crash mode: the node killed and restarted in the measured window (None: no
     /// crash).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -453,6 +467,10 @@ impl LabPoint for CoopPoint {
                 .max()
                 .unwrap_or(0),
             nginx_cpu_us_per_req: f(|p| p.nginx_cpu_us_per_req),
+            throttled_period_frac: f(|p| p.throttled_period_frac),
+            throttled_ms_per_s: f(|p| p.throttled_ms_per_s),
+            host_busy_us_per_req: f(|p| p.host_busy_us_per_req),
+            host_busy_frac: f(|p| p.host_busy_frac),
             overhead_spins: sum(|p| p.overhead_spins),
             crash_failures: sum(|p| p.crash_failures),
             restart_ms: f(|p| p.restart_ms),
@@ -591,9 +609,63 @@ pub fn table(points: &[CoopPoint]) -> String {
     s += &bandwidth_lines(points);
     s += &ablation::overhead_lines(&overhead_points(points));
     s += &held_lines(points);
+    s += &throttle_lines(points);
     s += &crash_lines(points);
     s += &directory_lines(points);
     s
+}
+
+/// Whether any point ran with a per-message overhead (the table and csv then show it).
+fn with_overhead(points: &[CoopPoint]) -> bool {
+    points.iter().any(|p| p.message_overhead_us > 0)
+}
+
+/// The points as the overhead ablation reads them.
+fn overhead_points(points: &[CoopPoint]) -> Vec<ablation::OverheadPoint> {
+    points
+        .iter()
+        .map(|p| {
+            let served = p.tps * p.duration_s * f64::from(p.runs.max(1));
+            ablation::OverheadPoint {
+                config: format!(
+                    "{} {} nodes {} {} link {}",
+                    p.system,
+                    p.nodes,
+                    p.load_model,
+                    load_label(&p.load_model, p.rate, p.clients),
+                    link_label(p.link_gbit)
+                ),
+                overhead_us: p.message_overhead_us,
+                tps: p.tps,
+                p99_ms: p.p99_ms,
+                cpu_us_per_req: p.cpu_us_per_req,
+                peer_fetch_us: p.peer_fetch_us,
+                spins_per_req: if served > 0.0 {
+                    p.overhead_spins as f64 / served
+                } else {
+                    0.0
+                },
+            }
+        })
+        .collect()
+}
+
+/// `1500/s` (open loop: the offered rate) or `16 clients` (closed loop).
+pub fn load_label(load_model: &str, rate: f64, clients: usize) -> String {
+    if load_model == "open" {
+        format!("{rate:.0}/s")
+    } else {
+        format!("{clients} clients")
+    }
+}
+
+/// `10G`, `1G`, or `-` for an unshaped link.
+pub fn link_label(gbit: f64) -> String {
+    if gbit <= 0.0 {
+        "-".into()
+    } else {
+        format!("{gbit}G")
+    }
 }
 
 /// The directory's own cost per point that recorded it (none in runs kept before it
@@ -627,6 +699,32 @@ fn directory_lines(points: &[CoopPoint]) -> String {
                 per_s(p.directory_sent_bytes)
             ),
         };
+    }
+    out
+}
+
+/// The nodes' throttling and the host's busy CPU of each point that recorded them.
+fn throttle_lines(points: &[CoopPoint]) -> String {
+    let mut out = String::new();
+    for p in points.iter().filter(|p| p.throttled_period_frac > 0.0) {
+        out += &format!(
+            "throttled: {} {} {}: {:.1} % of the nodes' CFS periods, {:.2} ms/s per node\n",
+            p.system,
+            p.load_model,
+            load_label(&p.load_model, p.rate, p.clients),
+            p.throttled_period_frac * 100.0,
+            p.throttled_ms_per_s
+        );
+    }
+    for p in points.iter().filter(|p| p.host_busy_us_per_req > 0.0) {
+        out += &format!(
+            "host CPU: {} {} {}: {:.1} us busy per request over all CPUs, {:.0} % of the host's CPUs busy\n",
+            p.system,
+            p.load_model,
+            load_label(&p.load_model, p.rate, p.clients),
+            p.host_busy_us_per_req,
+            p.host_busy_frac * 100.0
+        );
     }
     out
 }
@@ -701,59 +799,6 @@ fn held_lines(points: &[CoopPoint]) -> String {
         }
     }
     out
-}
-
-/// Whether any point ran with a per-message overhead (the table and csv then show it).
-fn with_overhead(points: &[CoopPoint]) -> bool {
-    points.iter().any(|p| p.message_overhead_us > 0)
-}
-
-/// The points as the overhead ablation reads them.
-fn overhead_points(points: &[CoopPoint]) -> Vec<ablation::OverheadPoint> {
-    points
-        .iter()
-        .map(|p| {
-            let served = p.tps * p.duration_s * f64::from(p.runs.max(1));
-            ablation::OverheadPoint {
-                config: format!(
-                    "{} {} nodes {} {} link {}",
-                    p.system,
-                    p.nodes,
-                    p.load_model,
-                    load_label(&p.load_model, p.rate, p.clients),
-                    link_label(p.link_gbit)
-                ),
-                overhead_us: p.message_overhead_us,
-                tps: p.tps,
-                p99_ms: p.p99_ms,
-                cpu_us_per_req: p.cpu_us_per_req,
-                peer_fetch_us: p.peer_fetch_us,
-                spins_per_req: if served > 0.0 {
-                    p.overhead_spins as f64 / served
-                } else {
-                    0.0
-                },
-            }
-        })
-        .collect()
-}
-
-/// `1500/s` (open loop: the offered rate) or `16 clients` (closed loop).
-pub fn load_label(load_model: &str, rate: f64, clients: usize) -> String {
-    if load_model == "open" {
-        format!("{rate:.0}/s")
-    } else {
-        format!("{clients} clients")
-    }
-}
-
-/// `10G`, `1G`, or `-` for an unshaped link.
-pub fn link_label(gbit: f64) -> String {
-    if gbit <= 0.0 {
-        "-".into()
-    } else {
-        format!("{gbit}G")
-    }
 }
 
 /// The bandwidth ablation: each system's throughput at the lowest shaped rate against
@@ -942,51 +987,6 @@ fn series_name(p: &CoopPoint) -> String {
     } else {
         name
     }
-}
-
-/// The content of object `id`, `len` bytes: distinct per object and position.
-pub fn object_body(id: u64, len: usize) -> Vec<u8> {
-    let mut x = id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-/// Writes every object of the load generator's World Cup trace under `dir` at its
-/// docroot path, with content of its own ([`object_body`]). Returns (files written,
-/// bytes, objects skipped: paths that cannot be files, e.g. both `/a` and `/a/b`).
-pub fn write_objects(trace: &farside_loadgen::Trace, dir: &Path) -> io::Result<(u64, u64, u64)> {
-    let (mut files, mut bytes, mut skipped) = (0, 0, 0);
-    let mut seen = std::collections::HashSet::new();
-    for (id, obj) in trace.objects.iter().enumerate() {
-        if !seen.insert(obj.file.clone()) {
-            continue;
-        }
-        if obj.file.split('/').any(|s| s == ".." || s == ".") {
-            skipped += 1;
-            continue;
-        }
-        let path = dir.join(&obj.file);
-        let wrote = (|| -> io::Result<()> {
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            std::fs::write(&path, object_body(id as u64, obj.bytes as usize))
-        })();
-        match wrote {
-            Ok(()) => {
-                files += 1;
-                bytes += obj.bytes;
-            }
-            Err(_) => skipped += 1,
-        }
-    }
-    Ok((files, bytes, skipped))
 }
 
 /// Cache bytes per node by the rule of the module doc.

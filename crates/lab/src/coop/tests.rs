@@ -83,3 +83,23 @@ fn the_table_and_csv_carry_the_overhead_only_when_measured() {
     assert_eq!(old.message_overhead_us, 0);
     assert!(!serde_json::to_string(&old).unwrap().contains("overhead"));
 }
+
+#[test]
+fn the_table_carries_throttling_and_host_cpu_only_when_recorded() {
+    let mut p = point("press-tcp", 0.0, 1000.0);
+    assert!(!table(std::slice::from_ref(&p)).contains("throttled:"));
+    assert!(!table(std::slice::from_ref(&p)).contains("host CPU:"));
+    p.throttled_period_frac = 0.25;
+    p.throttled_ms_per_s = 12.5;
+    p.host_busy_us_per_req = 110.0;
+    p.host_busy_frac = 0.9;
+    let t = table(&[p]);
+    assert!(
+        t.contains("throttled: press-tcp closed 16 clients: 25.0 % of the nodes' CFS periods, 12.50 ms/s per node"),
+        "{t}"
+    );
+    assert!(
+        t.contains("host CPU: press-tcp closed 16 clients: 110.0 us busy per request over all CPUs, 90 % of the host's CPUs busy"),
+        "{t}"
+    );
+}

@@ -5,7 +5,7 @@
 use super::client::{stat, stats};
 use super::crash::READY_POLL;
 use super::*;
-use crate::fabric::netns::VirtualDc;
+use crate::fabric::netns::{CpuStat, VirtualDc};
 use std::net::SocketAddr;
 
 /// CPU time used by a node's cgroup so far, µs (`usage_usec` of cgroup v2's
@@ -78,6 +78,12 @@ pub(super) struct Snapshot {
     pub(super) cpu_us: u64,
     pub(super) lb_cpu_us: u64,
     pub(super) nginx_cpu_us: u64,
+    /// The back-end nodes' CFS throttling counters, summed over the nodes (zero where
+    /// no cgroup has the cpu controller).
+    pub(super) throttle: CpuStat,
+    /// The host's busy CPU time over all CPUs so far, ns (`/proc/stat`): every node,
+    /// client, the front-end and the kernel together.
+    pub(super) host_busy_ns: u64,
 }
 
 pub(super) fn snapshot(dc: &VirtualDc, nodes: usize, at: &[SocketAddr], nginx: bool) -> Snapshot {
@@ -92,6 +98,15 @@ pub(super) fn snapshot(dc: &VirtualDc, nodes: usize, at: &[SocketAddr], nginx: b
         } else {
             0
         },
+        throttle: (0..nodes)
+            .filter_map(|i| dc.cpu_stat(&node_name(i)).ok())
+            .fold(CpuStat::default(), |a, c| CpuStat {
+                cpu_max: c.cpu_max,
+                nr_periods: a.nr_periods + c.nr_periods,
+                nr_throttled: a.nr_throttled + c.nr_throttled,
+                throttled_us: a.throttled_us + c.throttled_us,
+            }),
+        host_busy_ns: crate::fabric::hostcpu::host_ns().busy,
     }
 }
 

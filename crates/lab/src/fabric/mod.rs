@@ -12,6 +12,7 @@
 //!   node of the virtual data-center ([`Vantage`]).
 
 pub mod flags;
+pub mod hostcpu;
 pub mod keys;
 pub mod netns;
 pub mod procs;
