@@ -268,6 +268,10 @@ pub struct LabPoint {
     /// run recorded it (then the model's CPU demand is checked against it).
     #[serde(default)]
     pub cpu_us_per_req: Option<f64>,
+    /// The host's busy CPU per request (all CPUs, `/proc/stat`), µs, if the run
+    /// recorded it (then the model's host demand is checked against it).
+    #[serde(default)]
+    pub host_busy_us_per_req: Option<f64>,
 }
 
 impl LabPoint {
@@ -276,6 +280,12 @@ impl LabPoint {
         self.load_model.as_deref() == Some("open")
     }
 }
+
+/// How far above 1 a host utilisation from `/proc/stat` may read and still hold: the
+/// busy time is counted in 10 ms ticks per CPU and the window is cut by wall clock, so a
+/// fully busy host reads up to about one tick per CPU over (a 2 % slack on an 8 s window
+/// leaves room for 8 ticks).
+pub const HOST_TICK_SLACK: f64 = 0.02;
 
 /// A kept `lab coop` run (`points.json`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -880,6 +890,27 @@ pub fn measured_laws(p: &LabPoint, pred: Option<&Prediction>) -> Vec<Law> {
                 host_wide_ns: None,
                 ..*h
             };
+            // The same law on the lab's own host figure, and the model's D_host
+            // against it (within the tolerance).
+            if let Some(us) = p.host_busy_us_per_req.filter(|v| *v > 0.0) {
+                let lab = HostCpu {
+                    host_wide_ns: Some(us * 1e3),
+                    ..*h
+                };
+                let e = relative_error(h.demand_ns() / 1e3, us);
+                laws.push(Law {
+                    what: format!(
+                        "Utilisation: host CPU measured U = X x D_lab / cpus = {x:.1} x {us:.1} us / {} = {:.3} (<= 1); \
+                         model D_host {:.1} us vs lab {us:.1} us: {:.0} % {}",
+                        h.cpus,
+                        lab.utilisation(x),
+                        h.demand_ns() / 1e3,
+                        e * 100.0,
+                        if e <= LAW_TOLERANCE { "(within)" } else { "(outside the tolerance)" }
+                    ),
+                    holds: Some(lab.utilisation(x) <= 1.0 + HOST_TICK_SLACK),
+                });
+            }
             laws.push(Law {
                 what: format!(
                     "Utilisation: host CPU U = X x D_host / cpus = {x:.1} x {:.1} us / {} = {u:.3} (<= 1; D_host the host-wide busy time per request); \

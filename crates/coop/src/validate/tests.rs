@@ -96,6 +96,7 @@ fn run_with(tps: [f64; 2]) -> LabRun {
         link_gbit: None,
         load_model: None,
         cpu_us_per_req: None,
+        host_busy_us_per_req: None,
     };
     LabRun {
         cpu_quota_pct: 40,
