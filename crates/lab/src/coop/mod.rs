@@ -703,25 +703,27 @@ fn directory_lines(points: &[CoopPoint]) -> String {
     out
 }
 
+/// `system load_model load`: which point a line under the table is about.
+fn point_label(p: &CoopPoint) -> String {
+    let load = load_label(&p.load_model, p.rate, p.clients);
+    format!("{} {} {load}", p.system, p.load_model)
+}
+
 /// The nodes' throttling and the host's busy CPU of each point that recorded them.
 fn throttle_lines(points: &[CoopPoint]) -> String {
     let mut out = String::new();
     for p in points.iter().filter(|p| p.throttled_period_frac > 0.0) {
         out += &format!(
-            "throttled: {} {} {}: {:.1} % of the nodes' CFS periods, {:.2} ms/s per node\n",
-            p.system,
-            p.load_model,
-            load_label(&p.load_model, p.rate, p.clients),
+            "throttled: {}: {:.1} % of the nodes' CFS periods, {:.2} ms/s per node\n",
+            point_label(p),
             p.throttled_period_frac * 100.0,
             p.throttled_ms_per_s
         );
     }
     for p in points.iter().filter(|p| p.host_busy_us_per_req > 0.0) {
         out += &format!(
-            "host CPU: {} {} {}: {:.1} us busy per request over all CPUs, {:.0} % of the host's CPUs busy\n",
-            p.system,
-            p.load_model,
-            load_label(&p.load_model, p.rate, p.clients),
+            "host CPU: {}: {:.1} us busy per request over all CPUs, {:.0} % of the host's CPUs busy\n",
+            point_label(p),
             p.host_busy_us_per_req,
             p.host_busy_frac * 100.0
         );
@@ -735,12 +737,10 @@ fn crash_lines(points: &[CoopPoint]) -> String {
     for p in points {
         let Some(n) = p.crash_node else { continue };
         out += &format!(
-            "crash: {} {} {}: node {n} killed; restarted (listening) after {:.0} ms; \
+            "crash: {}: node {n} killed; restarted (listening) after {:.0} ms; \
              recovered ({:.0} % of {:.0}/s, no failure) after {}; fewest {:.0}/s; \
              {} failures from the crash on; wrong bodies {}\n",
-            p.system,
-            p.load_model,
-            load_label(&p.load_model, p.rate, p.clients),
+            point_label(p),
             p.restart_ms,
             RECOVERED_FRACTION * 100.0,
             p.pre_crash_tps,
@@ -763,10 +763,8 @@ fn held_lines(points: &[CoopPoint]) -> String {
     let mut out = String::new();
     for p in points.iter().filter(|p| p.cache_held_bytes > 0) {
         out += &format!(
-            "cache held: {} {} {}: {} B over {} nodes ({:.0} B each, {:.2}x the {} B per node given){}\n",
-            p.system,
-            p.load_model,
-            load_label(&p.load_model, p.rate, p.clients),
+            "cache held: {}: {} B over {} nodes ({:.0} B each, {:.2}x the {} B per node given){}\n",
+            point_label(p),
             p.cache_held_bytes,
             p.nodes,
             p.cache_held_bytes as f64 / p.nodes.max(1) as f64,
