@@ -28,7 +28,9 @@
 //! - **Hints are checked.** When a visit takes a body from a cache (at the start of its
 //!   service, after queueing), the holder must hold the object *then*. If not, a Local
 //!   falls back to disk, a Peer costs a wasted index READ and falls back to the answering
-//!   node's disk, a Forward makes the peer read its own disk (PRESS as published).
+//!   node's disk, a Forward costs the peer's answer "absent" and falls back to the
+//!   answering node's disk (as `farside backend --coop` does; the answering node then
+//!   holds a copy).
 //!
 //! Invariants (checked; a violation fails [`SimReport::check`]):
 //! 1. every request is answered exactly once;
@@ -200,7 +202,8 @@ pub struct SimConfig {
     /// Whether a node caches what it fetched from a peer (replication). Default false:
     /// PRESS keeps one copy unless a holder is overloaded.
     pub cache_remote_fetches: bool,
-    /// Directory false-positive rate at the expected object count. Default 1 %.
+    /// Directory false-positive rate: each publication's filter is sized for the objects
+    /// its node holds then, as `farside backend --coop` sizes it. Default 1 %.
     pub bloom_fp: f64,
     /// Each node's cache replacement. Default LRU.
     pub replacement: Replacement,
@@ -211,7 +214,7 @@ pub struct SimConfig {
 }
 
 /// How the closed population's requests reach the nodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Arrival {
     /// One shared stream: a client takes the trace's next request, whose initial node is
     /// drawn uniformly per request.
@@ -219,8 +222,25 @@ pub enum Arrival {
     /// Round-robin DNS as a client sees it: client `c` replays its own stream (requests
     /// `c`, `c + clients`, `c + 2 clients`, ... of the trace, the layout of
     /// [`Trace::interleaved`]) and sends every request to node `c % nodes`, the node its
-    /// name resolved to, as the lab's clients do.
+    /// name resolved to.
     PinnedClients,
+    /// `farside lab coop`'s closed loop: one `farside loadgen` instance per node, whose
+    /// clients (client `c` is node `c % nodes`'s) replay *sessions*: all the requests
+    /// of one trace client ([`Trace::sessions`]), in log order; a client whose session
+    /// ends takes its instance's next session, in order of first appearance from the
+    /// instance's start row. So one user's page and its images reach one node, one
+    /// after the other.
+    Sessions(SessionReplay),
+}
+
+/// The settings of [`Arrival::Sessions`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionReplay {
+    /// Requests each client issues (its first `warmup_fraction` warm the caches).
+    pub per_client: usize,
+    /// Row of the trace each node's instance starts from (its first session is that
+    /// row's client's); one per node.
+    pub start_rows: Vec<usize>,
 }
 
 impl SimConfig {
@@ -438,8 +458,17 @@ struct Sim<'t> {
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     event_seq: u64,
     next_req: usize,
-    /// With [`Arrival::PinnedClients`]: requests each client has issued.
+    /// With [`Arrival::PinnedClients`] and [`Arrival::Sessions`]: requests each client
+    /// has issued.
     issued_by: Vec<usize>,
+    /// Request slots of the run (the trace's length, or clients x per-client requests).
+    slots: usize,
+    /// With [`Arrival::Sessions`]: the trace's sessions, each client's (session,
+    /// position), and each node's instance's first session and sessions taken.
+    sessions: Vec<Vec<u32>>,
+    session_at: Vec<Option<(usize, usize)>>,
+    session_first: Vec<usize>,
+    sessions_taken: Vec<usize>,
     warmup: usize,
     answered: Vec<u8>,
     window_start_ns: Option<u64>,
@@ -468,7 +497,26 @@ pub fn run(cfg: &SimConfig, trace: &Trace, policy: Policy) -> SimReport {
     let expected_objects =
         (cfg.cache_bytes_per_node as f64 / trace.mean_request_bytes().max(1.0)) as usize;
     let filter = BloomFilter::for_objects(expected_objects, cfg.bloom_fp);
-    let warmup = (trace.requests.len() as f64 * cfg.warmup_fraction) as usize;
+    let (slots, sessions, session_first) = match &cfg.arrival {
+        Arrival::Sessions(r) => {
+            assert_eq!(r.start_rows.len(), cfg.nodes, "one start row per node");
+            let sessions = trace.sessions();
+            let first = r
+                .start_rows
+                .iter()
+                .map(|&row| match trace.clients.get(row) {
+                    Some(&c) if trace.clients.len() == trace.requests.len() => c as usize,
+                    _ => row,
+                })
+                .map(|s| s % sessions.len().max(1))
+                .collect();
+            (clients * r.per_client, sessions, first)
+        }
+        Arrival::Shared | Arrival::PinnedClients => {
+            (trace.requests.len(), Vec::new(), vec![0; cfg.nodes])
+        }
+    };
+    let warmup = (slots as f64 * cfg.warmup_fraction) as usize;
     let mut sim = Sim {
         trace,
         rng: Rng(cfg.seed),
@@ -487,8 +535,13 @@ pub fn run(cfg: &SimConfig, trace: &Trace, policy: Policy) -> SimReport {
         event_seq: 0,
         next_req: 0,
         issued_by: vec![0; clients],
+        slots,
+        sessions,
+        session_at: vec![None; clients],
+        session_first,
+        sessions_taken: vec![0; cfg.nodes],
         warmup,
-        answered: vec![0; trace.requests.len()],
+        answered: vec![0; slots],
         window_start_ns: None,
         window_end_ns: None,
         in_system: 0,
@@ -579,12 +632,15 @@ impl Sim<'_> {
         let c = &self.cfg.costs;
         let mut cost_ns = vec![0u64; self.cfg.nodes];
         for n in 0..self.cfg.nodes {
-            let old = self.filters[n].clone();
-            let f = &mut self.filters[n];
-            f.clear();
-            for id in self.caches[n].ids() {
-                f.insert(id);
+            // Sized as the back-end sizes it: for the objects the node holds now (so a
+            // full cache of small objects is no sparser a filter than one of large ones).
+            let ids = self.caches[n].ids();
+            let mut fresh = BloomFilter::for_objects(ids.len(), self.cfg.bloom_fp);
+            for id in ids {
+                fresh.insert(id);
             }
+            let old = std::mem::replace(&mut self.filters[n], fresh);
+            let f = &self.filters[n];
             let chunks = f.published_bytes().div_ceil(CHUNK_BYTES) as u64;
             match self.cfg.directory_update {
                 DirectoryUpdate::Pull => {
@@ -652,14 +708,34 @@ impl Sim<'_> {
         self.in_system_since_ns = now;
     }
 
+    /// The trace row of client `c`'s next request in its session, taking its node's
+    /// instance's next session when the last one ended ([`Arrival::Sessions`]).
+    fn session_row(&mut self, c: usize) -> usize {
+        loop {
+            if let Some((s, pos)) = self.session_at[c] {
+                if let Some(&row) = self.sessions[s].get(pos) {
+                    self.session_at[c] = Some((s, pos + 1));
+                    return row as usize;
+                }
+            }
+            let node = c % self.cfg.nodes;
+            let k = self.sessions_taken[node];
+            self.sessions_taken[node] += 1;
+            let s = (self.session_first[node] + k) % self.sessions.len();
+            self.session_at[c] = Some((s, 0));
+        }
+    }
+
     /// Client `c` issues the trace's next request; false if the trace is exhausted.
     fn issue(&mut self, c: usize, now: u64) -> bool {
-        let len = self.trace.requests.len();
+        let len = self.slots;
         let next = match self.cfg.arrival {
             Arrival::Shared => self.next_req,
-            Arrival::PinnedClients => self.issued_by[c] * self.clients + c,
+            Arrival::PinnedClients | Arrival::Sessions(_) => self.issued_by[c] * self.clients + c,
         };
-        if next >= len {
+        if next >= len
+            || (self.sessions.is_empty() && matches!(self.cfg.arrival, Arrival::Sessions(_)))
+        {
             if self.window_end_ns.is_none() {
                 self.account_in_system(now);
                 self.window_end_ns = Some(now);
@@ -673,11 +749,15 @@ impl Sim<'_> {
             self.account_in_system(now);
             self.window_start_ns = Some(now);
         }
-        let object = self.trace.requests[req];
+        let row = match self.cfg.arrival {
+            Arrival::Sessions(_) => self.session_row(c),
+            Arrival::Shared | Arrival::PinnedClients => req,
+        };
+        let object = self.trace.requests[row];
         let bytes = self.trace.object_bytes[object as usize] as u64;
         let initial = match self.cfg.arrival {
             Arrival::Shared => self.rng.below(self.cfg.nodes as u64) as usize,
-            Arrival::PinnedClients => c % self.cfg.nodes,
+            Arrival::PinnedClients | Arrival::Sessions(_) => c % self.cfg.nodes,
         };
         let request = Request {
             object: object as u64,
@@ -862,21 +942,18 @@ impl Sim<'_> {
                 ]
             }
             Source::Forward(_) => {
+                // As `farside backend --coop` does: the peer answers "absent" (its
+                // server's per-request CPU, no body), and the answering node reads its
+                // own disk and caches the object (a copy of its own).
                 self.report.wasted_forwards += 1;
+                job.plan[job.step].service_ns = c.cpu_peer_serve_ns;
                 vec![
                     Visit {
-                        node: holder,
+                        node: n,
                         res: DISK,
                         service_ns: disk,
                         check: Check::None,
-                        insert_at: Some(holder),
-                    },
-                    Visit {
-                        node: holder,
-                        res: NIC,
-                        service_ns: nic,
-                        check: Check::None,
-                        insert_at: None,
+                        insert_at: Some(n),
                     },
                     Visit {
                         node: n,
@@ -1028,6 +1105,7 @@ mod tests {
         Trace {
             object_bytes,
             requests,
+            clients: Vec::new(),
         }
     }
 
@@ -1047,6 +1125,7 @@ mod tests {
         Trace {
             object_bytes: vec![4096; 64],
             requests: a.iter().zip(b).flat_map(|(&x, &y)| [x, y]).collect(),
+            clients: Vec::new(),
         }
     }
 

@@ -26,8 +26,8 @@ use crate::model::{
     mva_classes, relative_error, transport_demands_ns, utilisation, with_delay, with_host_cpu,
     ClassesResult, Demands, HostCpu, PeerFetch, Solver, StationKind, MODEL_TOLERANCE,
 };
-use crate::policy::{Policy, Press, RemoteMode, RoundRobin};
-use crate::sim::{self, Arrival, Costs, DirectoryUpdate, SimConfig, SimReport};
+use crate::policy::{Policy, Press, RemoteMode};
+use crate::sim::{self, Arrival, Costs, DirectoryUpdate, SessionReplay, SimConfig, SimReport};
 use crate::trace::Trace;
 use serde::{Deserialize, Serialize};
 
@@ -369,7 +369,7 @@ impl LabRun {
 /// `remote` class, then `forwarded`).
 pub fn policy_of(system: &str) -> Option<Policy> {
     match system {
-        "rr" => Some(Policy::RoundRobin(RoundRobin::default())),
+        "rr" => Some(Policy::Independent),
         "press-tcp" => Some(Policy::Press(Press::new(RemoteMode::Forward))),
         "press-udp" | "press-xdp" | "press-shm" => {
             Some(Policy::Press(Press::new(RemoteMode::OneSided)))
@@ -517,7 +517,19 @@ pub fn predict(f: &CostsFile, trace: &Trace, s: &Setup, seed: u64) -> Result<Pre
     last.ok_or_else(|| "no pass".into())
 }
 
-/// One pass of [`predict`]: `per_client` requests from each client's offset.
+/// The repeat of a `lab coop` point whose load generators' seeds the simulation
+/// replays: the first (repeats start their replays at other rows of the day, which
+/// moves the measured fractions by about a point; see docs/coop.md).
+pub const LAB_RUN_MODELLED: u32 = 0;
+
+/// `--seed` of the `farside loadgen` instance that `farside lab coop` runs for node
+/// `node` in repeat `run` of a point (each instance starts its replay at a row drawn
+/// from it, [`Trace::loadgen_start_row`]).
+pub fn lab_loadgen_seed(run: u32, node: usize) -> u64 {
+    u64::from(run) * 1000 + node as u64 + 1
+}
+
+/// One pass of [`predict`]: `per_client` requests from each client's sessions.
 pub fn predict_replay(
     f: &CostsFile,
     trace: &Trace,
@@ -531,12 +543,8 @@ pub fn predict_replay(
     let policy = policy_of(&s.system).ok_or_else(|| format!("{}: not modelled", s.system))?;
     // Refuse a system whose transport was not calibrated before simulating it.
     fetch_of(f, s)?;
-    let clients = s.nodes * s.clients_per_node as usize;
     let costs = effective_costs(f, s);
     let think_ns = think_ns(f, s, trace.mean_request_bytes());
-    // The lab's stream: every client from its own offset, taking turns, its first
-    // warm-up share warming the caches as the lab's warm-up does.
-    let stream = trace.interleaved(clients, per_client);
     let mut cfg = SimConfig::new(s.nodes, s.cache_bytes);
     cfg.clients_per_node = s.clients_per_node as usize;
     cfg.think_ns = think_ns.round() as u64;
@@ -546,9 +554,16 @@ pub fn predict_replay(
     cfg.directory_period_ns = s.publish_ms * 1_000_000;
     cfg.load_period_ns = s.publish_ms * 1_000_000;
     cfg.directory_update = DirectoryUpdate::Datagram;
-    // Client k replays from its own offset to node k % nodes, as the lab's clients do.
-    cfg.arrival = Arrival::PinnedClients;
-    let report = sim::run(&cfg, &stream, policy);
+    // The lab's stream: node i's clients are its loadgen instance's, seeded as the
+    // lab seeds it, each replaying trace clients' sessions; every client's first
+    // warm-up share warms the caches as the lab's warm-up does.
+    cfg.arrival = Arrival::Sessions(SessionReplay {
+        per_client,
+        start_rows: (0..s.nodes)
+            .map(|i| trace.loadgen_start_row(lab_loadgen_seed(LAB_RUN_MODELLED, i)))
+            .collect(),
+    });
+    let report = sim::run(&cfg, trace, policy);
     report
         .check()
         .map_err(|e| format!("{}: simulation: {e}", s.system))?;

@@ -40,6 +40,7 @@ pub(crate) fn small_trace(objects: u32, requests: usize) -> Trace {
     Trace {
         object_bytes: (0..objects).map(|i| 500 + (i * 7919) % 20_000).collect(),
         requests,
+        clients: Vec::new(),
     }
 }
 
