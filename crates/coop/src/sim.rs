@@ -330,6 +330,77 @@ impl SimReport {
         ]
     }
 
+    /// Several runs as one sample: counts summed, rates and means over their summed
+    /// windows (or completions), violations kept. `reports` must not be empty.
+    pub fn merge(reports: &[SimReport]) -> SimReport {
+        let first = reports.first().expect("a report to merge");
+        let add = |a: ClassStats, b: ClassStats| ClassStats {
+            requests: a.requests + b.requests,
+            bytes: a.bytes + b.bytes,
+            kb: a.kb + b.kb,
+            reads: a.reads + b.reads,
+        };
+        let sum = |f: &dyn Fn(&SimReport) -> u64| reports.iter().map(f).sum::<u64>();
+        let window_ns = sum(&|r| r.window_ns).max(1);
+        let completed = sum(&|r| r.completed_in_window);
+        let by_window = |f: &dyn Fn(&SimReport) -> f64| {
+            reports
+                .iter()
+                .map(|r| f(r) * r.window_ns as f64)
+                .sum::<f64>()
+                / window_ns as f64
+        };
+        let by_completed = |f: &dyn Fn(&SimReport) -> f64| {
+            reports
+                .iter()
+                .map(|r| f(r) * r.completed_in_window as f64)
+                .sum::<f64>()
+                / completed.max(1) as f64
+        };
+        let nodes = first.nodes;
+        SimReport {
+            policy: first.policy,
+            nodes,
+            clients: first.clients,
+            think_ns: first.think_ns,
+            measured: sum(&|r| r.measured),
+            local: reports
+                .iter()
+                .fold(ClassStats::default(), |a, r| add(a, r.local)),
+            remote: reports
+                .iter()
+                .fold(ClassStats::default(), |a, r| add(a, r.remote)),
+            forwarded: reports
+                .iter()
+                .fold(ClassStats::default(), |a, r| add(a, r.forwarded)),
+            miss: reports
+                .iter()
+                .fold(ClassStats::default(), |a, r| add(a, r.miss)),
+            wasted_fetches: sum(&|r| r.wasted_fetches),
+            wasted_forwards: sum(&|r| r.wasted_forwards),
+            lost_local_hits: sum(&|r| r.lost_local_hits),
+            window_ns,
+            completed_in_window: completed,
+            in_flight_at_end: sum(&|r| r.in_flight_at_end),
+            mean_response_ns: by_completed(&|r| r.mean_response_ns),
+            mean_in_system: by_window(&|r| r.mean_in_system),
+            utilisation: (0..nodes)
+                .map(|n| std::array::from_fn(|k| by_window(&|r| r.utilisation[n][k])))
+                .collect(),
+            demand_ns: (0..nodes)
+                .map(|n| std::array::from_fn(|k| by_completed(&|r| r.demand_ns[n][k])))
+                .collect(),
+            directory_cpu: (0..nodes)
+                .map(|n| by_window(&|r| r.directory_cpu[n]))
+                .collect(),
+            violations: reports
+                .iter()
+                .flat_map(|r| r.violations.iter().cloned())
+                .take(32)
+                .collect(),
+        }
+    }
+
     /// The invariants; `Err` names the first violations.
     pub fn check(&self) -> Result<(), String> {
         let classified = self.local.requests
@@ -881,7 +952,7 @@ impl Sim<'_> {
                     ));
                 }
             } else {
-                self.fall_back(&mut job, holder);
+                self.fall_back(&mut job);
             }
         }
         let v = job.plan[job.step];
@@ -894,7 +965,7 @@ impl Sim<'_> {
     }
 
     /// The holder no longer has the object: replan from disk.
-    fn fall_back(&mut self, job: &mut Job, holder: NodeId) {
+    fn fall_back(&mut self, job: &mut Job) {
         let c = &self.cfg.costs;
         let kb = job.bytes.div_ceil(1024);
         let n = job.decision.node;
@@ -1127,6 +1198,162 @@ mod tests {
             requests: a.iter().zip(b).flat_map(|(&x, &y)| [x, y]).collect(),
             clients: Vec::new(),
         }
+    }
+
+    /// Four users taking turns in the log, each asking `per_user` times for an object of
+    /// its own (user `u` for object `u`, 4 KB).
+    fn four_users(per_user: usize) -> Trace {
+        Trace {
+            object_bytes: vec![4096; 4],
+            requests: (0..4 * per_user).map(|r| (r % 4) as u32).collect(),
+            clients: (0..4 * per_user).map(|r| (r % 4) as u32).collect(),
+        }
+    }
+
+    #[test]
+    fn sessions_keep_a_users_requests_on_its_node_and_take_the_instances_next_user() {
+        // The lab's load generators: node 0's instance starts at user 0's first row,
+        // node 1's at user 2's; each has one client, which replays a user's whole
+        // session, then the next user's. A node's cache holds two objects.
+        let trace = four_users(100);
+        assert_eq!(
+            trace.sessions()[1],
+            (0..100).map(|i| 1 + 4 * i).collect::<Vec<u32>>()
+        );
+        let mut cfg = SimConfig::new(2, 2 * 4096);
+        cfg.clients_per_node = 1;
+        cfg.warmup_fraction = 0.0;
+        cfg.arrival = Arrival::Sessions(SessionReplay {
+            per_client: 200,
+            start_rows: vec![0, 2],
+        });
+        let r = run(&cfg, &trace, Policy::Press(Press::new(RemoteMode::Forward)));
+        r.check().unwrap();
+        // Node 0 serves users 0 then 1, node 1 users 2 then 3: each user's first request
+        // reads the disk, the other 99 hit the node's own cache.
+        assert_eq!(r.measured, 400);
+        assert_eq!(
+            (r.local.requests, r.forwarded.requests, r.miss.requests),
+            (396, 0, 4)
+        );
+        // The same rows replayed from each client's offset in the log (the simulation's
+        // earlier stream) mix the four users at both nodes, whose caches then hold
+        // objects the other node asks for.
+        cfg.arrival = Arrival::PinnedClients;
+        let r = run(
+            &cfg,
+            &trace.interleaved(2, 200),
+            Policy::Press(Press::new(RemoteMode::Forward)),
+        );
+        r.check().unwrap();
+        assert!(r.local.requests < 300, "{:?}", r.fractions());
+    }
+
+    #[test]
+    fn sessions_wrap_around_and_a_trace_without_users_replays_rows_in_turn() {
+        // One client per node, start rows 3 (user 3) and 0 (user 0): node 0 replays
+        // user 3's 5 requests, then user 0's (the sessions wrap).
+        let trace = four_users(5);
+        let mut cfg = SimConfig::new(2, 4 * 4096);
+        cfg.clients_per_node = 1;
+        cfg.warmup_fraction = 0.0;
+        cfg.arrival = Arrival::Sessions(SessionReplay {
+            per_client: 10,
+            start_rows: vec![3, 0],
+        });
+        let r = run(&cfg, &trace, Policy::Independent);
+        r.check().unwrap();
+        // Node 0 reads objects 3 and 0, node 1 objects 0 and 1: four reads, 16 hits.
+        assert_eq!((r.local.requests, r.miss.requests), (16, 4));
+        // Without users each row is a session: node 0 from row 3 asks for 3, 0, 1, 2,
+        // 3, ...; node 1 from row 0 for 0, 1, 2, 3, ...: each node reads all 4 once.
+        let rows = Trace {
+            clients: Vec::new(),
+            ..trace
+        };
+        let r = run(&cfg, &rows, Policy::Independent);
+        r.check().unwrap();
+        assert_eq!((r.local.requests, r.miss.requests), (12, 8));
+    }
+
+    #[test]
+    fn a_wasted_forward_reads_the_answering_nodes_disk_which_then_holds_a_copy() {
+        // As farside backend --coop: node 0 forwards object 7 on a stale hint (node 1
+        // evicted it after the last publication); node 1 answers "absent", node 0 reads
+        // its own disk and caches 7, so its later requests for 7 are local hits.
+        //   node 1: object 7 for ~140 ms (held at the 100 ms publication), then a
+        //           distinct object every ~0.56 ms (its one-object cache drops 7);
+        //   node 0: distinct objects for ~180 ms, then object 7 (the 200 ms
+        //           publication has not yet told it 7 is gone).
+        let a: Vec<u32> = (20..340).chain(std::iter::repeat_n(7, 2980)).collect();
+        let b: Vec<u32> = std::iter::repeat_n(7, 3000).chain(340..640).collect();
+        let trace = Trace {
+            object_bytes: vec![4096; 640],
+            requests: a.iter().zip(&b).flat_map(|(&x, &y)| [x, y]).collect(),
+            clients: Vec::new(),
+        };
+        let mut cfg = SimConfig::new(2, 4096);
+        cfg.clients_per_node = 1;
+        cfg.warmup_fraction = 0.0;
+        cfg.directory_period_ns = 100_000_000;
+        cfg.load_period_ns = 100_000_000;
+        cfg.arrival = Arrival::PinnedClients;
+        let r = run(&cfg, &trace, Policy::Press(Press::new(RemoteMode::Forward)));
+        r.check().unwrap();
+        assert_eq!(r.wasted_forwards, 1, "{:?}", r.fractions());
+        assert_eq!(r.forwarded.requests, 0, "node 0 now holds 7: no forward");
+        assert!(r.local.requests >= 2979 + 2999, "{:?}", r.local);
+    }
+
+    #[test]
+    fn a_published_directory_is_sized_for_the_objects_its_node_holds() {
+        // Node 1 holds 200 small objects in a cache sized for far more; node 0 asks for
+        // 5,000 objects nobody holds. The back-end sizes each published filter for the
+        // objects held at 1 % false positives, so about 1 % of node 0's requests follow
+        // a false hint to node 1 (a filter sized for the cache's capacity would be
+        // sparser and almost never wrong).
+        let a: Vec<u32> = (1000..6000).collect();
+        let b: Vec<u32> = (0..5000).map(|i| i % 200).collect();
+        let trace = Trace {
+            object_bytes: vec![1000; 6000],
+            requests: a.iter().zip(&b).flat_map(|(&x, &y)| [x, y]).collect(),
+            clients: Vec::new(),
+        };
+        let mut cfg = SimConfig::new(2, 100_000_000);
+        cfg.clients_per_node = 1;
+        cfg.warmup_fraction = 0.0;
+        cfg.arrival = Arrival::PinnedClients;
+        let r = run(&cfg, &trace, Policy::Press(Press::new(RemoteMode::Forward)));
+        r.check().unwrap();
+        assert!(
+            (25..=100).contains(&r.wasted_forwards),
+            "{} wasted forwards of 5000",
+            r.wasted_forwards
+        );
+    }
+
+    #[test]
+    fn merged_reports_sum_the_counts_and_pool_the_rates() {
+        let trace = synthetic(300, 5_000, 4);
+        let cfg = SimConfig::new(2, 300_000);
+        let a = run(
+            &cfg,
+            &trace,
+            Policy::Press(Press::new(RemoteMode::OneSided)),
+        );
+        let b = run(
+            &SimConfig { seed: 2, ..cfg },
+            &trace,
+            Policy::Press(Press::new(RemoteMode::OneSided)),
+        );
+        let m = SimReport::merge(&[a.clone(), b.clone()]);
+        m.check().unwrap();
+        assert_eq!(m.measured, a.measured + b.measured);
+        assert_eq!(m.local.requests, a.local.requests + b.local.requests);
+        let x = (a.completed_in_window + b.completed_in_window) as f64
+            / ((a.window_ns + b.window_ns) as f64 / 1e9);
+        assert!((m.throughput_rps() - x).abs() < 1e-6 * x);
+        assert_eq!(SimReport::merge(&[a.clone()]), a);
     }
 
     #[test]

@@ -290,6 +290,10 @@ pub struct LabRun {
     pub publish_ms: Option<u64>,
     #[serde(default)]
     pub quick: bool,
+    /// `--repeat`: each point's figures are the mean of that many repeats, if the run
+    /// recorded it.
+    #[serde(default)]
+    pub repeat: Option<u32>,
     pub points: Vec<LabPoint>,
 }
 
@@ -306,6 +310,8 @@ struct SummaryParams {
     publish_ms: Option<u64>,
     #[serde(default)]
     quick: bool,
+    #[serde(default)]
+    repeat: Option<u32>,
 }
 
 /// A kept run's `summary.json` (`farside lab coop` on the sweep runner).
@@ -326,6 +332,7 @@ impl LabRun {
             warmup_s: s.params.warmup_s,
             publish_ms: s.params.publish_ms,
             quick: s.params.quick,
+            repeat: s.params.repeat,
             points: s.points,
         };
         r.checked()
@@ -416,6 +423,10 @@ pub struct Setup {
     /// calibration host's), modelled as a centre they share; `None`: one host per node
     /// (the paper's cluster), no shared centre.
     pub shared_host_cpus: Option<f64>,
+    /// The lab's repeats of the point: the simulation replays each one's load-generator
+    /// sessions ([`lab_loadgen_seed`]) and sums their counts, as the measured figures are
+    /// the mean over them (at most [`LAB_REPEATS_SIMULATED_MAX`]; 1 for extrapolations).
+    pub lab_repeats: u32,
 }
 
 impl Setup {
@@ -434,6 +445,7 @@ impl Setup {
             publish_ms: run.publish_ms.unwrap_or(LAB_PUBLISH_MS_DEFAULT),
             cpu_speedup: 1.0,
             shared_host_cpus: None,
+            lab_repeats: run.repeat.unwrap_or(1).clamp(1, LAB_REPEATS_SIMULATED_MAX),
         }
     }
 }
@@ -517,10 +529,9 @@ pub fn predict(f: &CostsFile, trace: &Trace, s: &Setup, seed: u64) -> Result<Pre
     last.ok_or_else(|| "no pass".into())
 }
 
-/// The repeat of a `lab coop` point whose load generators' seeds the simulation
-/// replays: the first (repeats start their replays at other rows of the day, which
-/// moves the measured fractions by about a point; see docs/coop.md).
-pub const LAB_RUN_MODELLED: u32 = 0;
+/// Repeats of a `lab coop` point simulated at most ([`Setup::lab_repeats`]): each is a
+/// whole simulation; the kept runs have 2 or 3.
+pub const LAB_REPEATS_SIMULATED_MAX: u32 = 5;
 
 /// `--seed` of the `farside loadgen` instance that `farside lab coop` runs for node
 /// `node` in repeat `run` of a point (each instance starts its replay at a row drawn
@@ -555,15 +566,22 @@ pub fn predict_replay(
     cfg.load_period_ns = s.publish_ms * 1_000_000;
     cfg.directory_update = DirectoryUpdate::Datagram;
     // The lab's stream: node i's clients are its loadgen instance's, seeded as the
-    // lab seeds it, each replaying trace clients' sessions; every client's first
-    // warm-up share warms the caches as the lab's warm-up does.
-    cfg.arrival = Arrival::Sessions(SessionReplay {
-        per_client,
-        start_rows: (0..s.nodes)
-            .map(|i| trace.loadgen_start_row(lab_loadgen_seed(LAB_RUN_MODELLED, i)))
-            .collect(),
-    });
-    let report = sim::run(&cfg, trace, policy);
+    // lab seeds it in each repeat, each replaying trace clients' sessions; every
+    // client's first warm-up share warms the caches as the lab's warm-up does. The
+    // repeats' counts are summed, as the measured figures are their mean.
+    let reports: Vec<SimReport> = (0..s.lab_repeats.max(1))
+        .map(|run| {
+            let mut cfg = cfg.clone();
+            cfg.arrival = Arrival::Sessions(SessionReplay {
+                per_client,
+                start_rows: (0..s.nodes)
+                    .map(|i| trace.loadgen_start_row(lab_loadgen_seed(run, i)))
+                    .collect(),
+            });
+            sim::run(&cfg, trace, policy.clone())
+        })
+        .collect();
+    let report = SimReport::merge(&reports);
     report
         .check()
         .map_err(|e| format!("{}: simulation: {e}", s.system))?;
@@ -1046,6 +1064,7 @@ pub fn extrapolate_grid(
     // One host per node, as in the paper's cluster: no shared host centre.
     let base = &Setup {
         shared_host_cpus: None,
+        lab_repeats: 1,
         ..base.clone()
     };
     let with = |f: &dyn Fn(&mut Setup)| {

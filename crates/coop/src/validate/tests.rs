@@ -105,6 +105,7 @@ fn run_with(tps: [f64; 2]) -> LabRun {
         warmup_s: None,
         publish_ms: None,
         quick: false,
+        repeat: None,
         points: vec![
             point("rr", tps[0]),
             point("press-tcp", tps[1]),
