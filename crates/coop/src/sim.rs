@@ -24,7 +24,8 @@
 //!   other nodes were sent since (counting those as load made busy peers look overloaded
 //!   and replicated every popular object).
 //! - **Arrival** ([`Arrival`]): one shared stream with a uniform initial node per
-//!   request, or each client its own stream to one node (round-robin DNS, as the lab).
+//!   request, each client its own stream to one node (round-robin DNS), or the lab's
+//!   load generators: each node's clients replaying user sessions from a seeded row.
 //! - **Hints are checked.** When a visit takes a body from a cache (at the start of its
 //!   service, after queueing), the holder must hold the object *then*. If not, a Local
 //!   falls back to disk, a Peer costs a wasted index READ and falls back to the answering
@@ -292,7 +293,8 @@ pub struct SimReport {
     pub miss: ClassStats,
     /// One-sided fetches that followed a stale or false hint and found nothing.
     pub wasted_fetches: u64,
-    /// Forwarded requests whose peer no longer held the object (it read its disk).
+    /// Forwarded requests whose peer no longer held the object (the answering node read
+    /// its disk).
     pub wasted_forwards: u64,
     /// Local decisions whose object was evicted before it was served.
     pub lost_local_hits: u64,

@@ -194,7 +194,7 @@ fn merged_reports_sum_the_counts_and_pool_the_rates() {
     let x = (a.completed_in_window + b.completed_in_window) as f64
         / ((a.window_ns + b.window_ns) as f64 / 1e9);
     assert!((m.throughput_rps() - x).abs() < 1e-6 * x);
-    assert_eq!(SimReport::merge(&[a.clone()]), a);
+    assert_eq!(SimReport::merge(std::slice::from_ref(&a)), a);
 }
 
 #[test]
