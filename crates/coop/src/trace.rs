@@ -187,8 +187,9 @@ impl Trace {
     }
 
     /// The request stream `clients` closed-loop clients make when client `k` replays
-    /// this trace from offset `k * len / clients` (wrapping) and they take turns, as the
-    /// lab's clients do: `per_client` rounds of one request from each client.
+    /// this trace from offset `k * len / clients` (wrapping) and they take turns:
+    /// `per_client` rounds of one request from each client. (Not what the lab's clients
+    /// do: they replay user sessions, [`Trace::sessions`].)
     pub fn interleaved(&self, clients: usize, per_client: usize) -> Trace {
         let len = self.requests.len();
         if len == 0 || clients == 0 {
