@@ -505,8 +505,8 @@ const REPLAY_SETTLED: f64 = 0.05;
 /// Simulates the configuration over the lab's request stream and solves the network.
 ///
 /// The lab's clients replay as much of the trace as the throughput allows in warm-up +
-/// measured time, each from its own offset; which requests those are decides the
-/// fractions. So the prediction is a fixed point: simulate the whole trace once, take
+/// measured time, each its node's load generator's user sessions from that instance's
+/// seeded start row; which requests those are decides the fractions. So the prediction is a fixed point: simulate the whole trace once, take
 /// the predicted throughput's worth of requests per client (`X (warm-up + measured) /
 /// clients`), simulate those, until the length changes by less than 5 %
 /// ([`REPLAY_PASSES_MAX`] passes at most). No measured figure enters.
