@@ -318,6 +318,16 @@ impl RoundRobin {
     }
 }
 
+/// Every node serves the requests that reach it ([`Request::initial`]) from its own
+/// cache or disk: round-robin DNS in front of nodes that do not cooperate, as
+/// `farside backend --coop --coop-policy rr` does in `farside lab coop`'s `rr` system
+/// (each client's connection stays on the node its name resolved to). Unlike
+/// [`RoundRobin`], which spreads each request anew, a client's requests (a user's page
+/// and its images) meet the node's cache together.
+pub fn independent(req: &Request, view: &impl ClusterView) -> Decision {
+    local_or_disk(req.initial, req, view)
+}
+
 /// The policies compared.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Policy {
@@ -325,6 +335,8 @@ pub enum Policy {
     Lard(Lard),
     BoundedHash(BoundedHash),
     RoundRobin(RoundRobin),
+    /// [`independent`].
+    Independent,
 }
 
 impl Policy {
@@ -336,6 +348,7 @@ impl Policy {
             Policy::Lard(_) => "lard",
             Policy::BoundedHash(_) => "bounded-hash",
             Policy::RoundRobin(_) => "round-robin",
+            Policy::Independent => "independent",
         }
     }
 
@@ -347,6 +360,7 @@ impl Policy {
             Policy::Lard(p) => p.decide(req, view),
             Policy::BoundedHash(p) => p.decide(req, view),
             Policy::RoundRobin(p) => p.decide(req, view),
+            Policy::Independent => independent(req, view),
         }
     }
 }
@@ -552,6 +566,37 @@ mod tests {
             per[h.decide(&req(o, 0), &v).node] += 1;
         }
         assert!(per.iter().all(|&c| (700..1300).contains(&c)), "{per:?}");
+    }
+
+    #[test]
+    fn independent_nodes_serve_what_reaches_them() {
+        let mut v = view(3);
+        v.cached[1].push(5);
+        v.hints[2].push(6);
+        let at = |object, initial| independent(&req(object, initial), &v);
+        assert_eq!(
+            at(5, 1),
+            Decision {
+                node: 1,
+                source: Source::Local
+            }
+        );
+        assert_eq!(
+            at(5, 0),
+            Decision {
+                node: 0,
+                source: Source::Disk
+            },
+            "no cooperation"
+        );
+        assert_eq!(
+            at(6, 0),
+            Decision {
+                node: 0,
+                source: Source::Disk
+            }
+        );
+        assert_eq!(at(6, 2).node, 2, "the node the client reached, every time");
     }
 
     #[test]

@@ -24,11 +24,14 @@
 //!   other nodes were sent since (counting those as load made busy peers look overloaded
 //!   and replicated every popular object).
 //! - **Arrival** ([`Arrival`]): one shared stream with a uniform initial node per
-//!   request, or each client its own stream to one node (round-robin DNS, as the lab).
+//!   request, each client its own stream to one node (round-robin DNS), or the lab's
+//!   load generators: each node's clients replaying user sessions from a seeded row.
 //! - **Hints are checked.** When a visit takes a body from a cache (at the start of its
 //!   service, after queueing), the holder must hold the object *then*. If not, a Local
 //!   falls back to disk, a Peer costs a wasted index READ and falls back to the answering
-//!   node's disk, a Forward makes the peer read its own disk (PRESS as published).
+//!   node's disk, a Forward costs the peer's answer "absent" and falls back to the
+//!   answering node's disk (as `farside backend --coop` does; the answering node then
+//!   holds a copy).
 //!
 //! Invariants (checked; a violation fails [`SimReport::check`]):
 //! 1. every request is answered exactly once;
@@ -200,7 +203,8 @@ pub struct SimConfig {
     /// Whether a node caches what it fetched from a peer (replication). Default false:
     /// PRESS keeps one copy unless a holder is overloaded.
     pub cache_remote_fetches: bool,
-    /// Directory false-positive rate at the expected object count. Default 1 %.
+    /// Directory false-positive rate: each publication's filter is sized for the objects
+    /// its node holds then, as `farside backend --coop` sizes it. Default 1 %.
     pub bloom_fp: f64,
     /// Each node's cache replacement. Default LRU.
     pub replacement: Replacement,
@@ -211,7 +215,7 @@ pub struct SimConfig {
 }
 
 /// How the closed population's requests reach the nodes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Arrival {
     /// One shared stream: a client takes the trace's next request, whose initial node is
     /// drawn uniformly per request.
@@ -219,8 +223,25 @@ pub enum Arrival {
     /// Round-robin DNS as a client sees it: client `c` replays its own stream (requests
     /// `c`, `c + clients`, `c + 2 clients`, ... of the trace, the layout of
     /// [`Trace::interleaved`]) and sends every request to node `c % nodes`, the node its
-    /// name resolved to, as the lab's clients do.
+    /// name resolved to.
     PinnedClients,
+    /// `farside lab coop`'s closed loop: one `farside loadgen` instance per node, whose
+    /// clients (client `c` is node `c % nodes`'s) replay *sessions*: all the requests
+    /// of one trace client ([`Trace::sessions`]), in log order; a client whose session
+    /// ends takes its instance's next session, in order of first appearance from the
+    /// instance's start row. So one user's page and its images reach one node, one
+    /// after the other.
+    Sessions(SessionReplay),
+}
+
+/// The settings of [`Arrival::Sessions`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionReplay {
+    /// Requests each client issues (its first `warmup_fraction` warm the caches).
+    pub per_client: usize,
+    /// Row of the trace each node's instance starts from (its first session is that
+    /// row's client's); one per node.
+    pub start_rows: Vec<usize>,
 }
 
 impl SimConfig {
@@ -272,7 +293,8 @@ pub struct SimReport {
     pub miss: ClassStats,
     /// One-sided fetches that followed a stale or false hint and found nothing.
     pub wasted_fetches: u64,
-    /// Forwarded requests whose peer no longer held the object (it read its disk).
+    /// Forwarded requests whose peer no longer held the object (the answering node read
+    /// its disk).
     pub wasted_forwards: u64,
     /// Local decisions whose object was evicted before it was served.
     pub lost_local_hits: u64,
@@ -308,6 +330,77 @@ impl SimReport {
             (self.remote.requests + self.forwarded.requests) as f64 / m,
             self.miss.requests as f64 / m,
         ]
+    }
+
+    /// Several runs as one sample: counts summed, rates and means over their summed
+    /// windows (or completions), violations kept. `reports` must not be empty.
+    pub fn merge(reports: &[SimReport]) -> SimReport {
+        let first = reports.first().expect("a report to merge");
+        let add = |a: ClassStats, b: ClassStats| ClassStats {
+            requests: a.requests + b.requests,
+            bytes: a.bytes + b.bytes,
+            kb: a.kb + b.kb,
+            reads: a.reads + b.reads,
+        };
+        let sum = |f: &dyn Fn(&SimReport) -> u64| reports.iter().map(f).sum::<u64>();
+        let window_ns = sum(&|r| r.window_ns).max(1);
+        let completed = sum(&|r| r.completed_in_window);
+        let by_window = |f: &dyn Fn(&SimReport) -> f64| {
+            reports
+                .iter()
+                .map(|r| f(r) * r.window_ns as f64)
+                .sum::<f64>()
+                / window_ns as f64
+        };
+        let by_completed = |f: &dyn Fn(&SimReport) -> f64| {
+            reports
+                .iter()
+                .map(|r| f(r) * r.completed_in_window as f64)
+                .sum::<f64>()
+                / completed.max(1) as f64
+        };
+        let nodes = first.nodes;
+        SimReport {
+            policy: first.policy,
+            nodes,
+            clients: first.clients,
+            think_ns: first.think_ns,
+            measured: sum(&|r| r.measured),
+            local: reports
+                .iter()
+                .fold(ClassStats::default(), |a, r| add(a, r.local)),
+            remote: reports
+                .iter()
+                .fold(ClassStats::default(), |a, r| add(a, r.remote)),
+            forwarded: reports
+                .iter()
+                .fold(ClassStats::default(), |a, r| add(a, r.forwarded)),
+            miss: reports
+                .iter()
+                .fold(ClassStats::default(), |a, r| add(a, r.miss)),
+            wasted_fetches: sum(&|r| r.wasted_fetches),
+            wasted_forwards: sum(&|r| r.wasted_forwards),
+            lost_local_hits: sum(&|r| r.lost_local_hits),
+            window_ns,
+            completed_in_window: completed,
+            in_flight_at_end: sum(&|r| r.in_flight_at_end),
+            mean_response_ns: by_completed(&|r| r.mean_response_ns),
+            mean_in_system: by_window(&|r| r.mean_in_system),
+            utilisation: (0..nodes)
+                .map(|n| std::array::from_fn(|k| by_window(&|r| r.utilisation[n][k])))
+                .collect(),
+            demand_ns: (0..nodes)
+                .map(|n| std::array::from_fn(|k| by_completed(&|r| r.demand_ns[n][k])))
+                .collect(),
+            directory_cpu: (0..nodes)
+                .map(|n| by_window(&|r| r.directory_cpu[n]))
+                .collect(),
+            violations: reports
+                .iter()
+                .flat_map(|r| r.violations.iter().cloned())
+                .take(32)
+                .collect(),
+        }
     }
 
     /// The invariants; `Err` names the first violations.
@@ -438,8 +531,17 @@ struct Sim<'t> {
     events: BinaryHeap<Reverse<(u64, u64, Event)>>,
     event_seq: u64,
     next_req: usize,
-    /// With [`Arrival::PinnedClients`]: requests each client has issued.
+    /// With [`Arrival::PinnedClients`] and [`Arrival::Sessions`]: requests each client
+    /// has issued.
     issued_by: Vec<usize>,
+    /// Request slots of the run (the trace's length, or clients x per-client requests).
+    slots: usize,
+    /// With [`Arrival::Sessions`]: the trace's sessions, each client's (session,
+    /// position), and each node's instance's first session and sessions taken.
+    sessions: Vec<Vec<u32>>,
+    session_at: Vec<Option<(usize, usize)>>,
+    session_first: Vec<usize>,
+    sessions_taken: Vec<usize>,
     warmup: usize,
     answered: Vec<u8>,
     window_start_ns: Option<u64>,
@@ -468,7 +570,26 @@ pub fn run(cfg: &SimConfig, trace: &Trace, policy: Policy) -> SimReport {
     let expected_objects =
         (cfg.cache_bytes_per_node as f64 / trace.mean_request_bytes().max(1.0)) as usize;
     let filter = BloomFilter::for_objects(expected_objects, cfg.bloom_fp);
-    let warmup = (trace.requests.len() as f64 * cfg.warmup_fraction) as usize;
+    let (slots, sessions, session_first) = match &cfg.arrival {
+        Arrival::Sessions(r) => {
+            assert_eq!(r.start_rows.len(), cfg.nodes, "one start row per node");
+            let sessions = trace.sessions();
+            let first = r
+                .start_rows
+                .iter()
+                .map(|&row| match trace.clients.get(row) {
+                    Some(&c) if trace.clients.len() == trace.requests.len() => c as usize,
+                    _ => row,
+                })
+                .map(|s| s % sessions.len().max(1))
+                .collect();
+            (clients * r.per_client, sessions, first)
+        }
+        Arrival::Shared | Arrival::PinnedClients => {
+            (trace.requests.len(), Vec::new(), vec![0; cfg.nodes])
+        }
+    };
+    let warmup = (slots as f64 * cfg.warmup_fraction) as usize;
     let mut sim = Sim {
         trace,
         rng: Rng(cfg.seed),
@@ -487,8 +608,13 @@ pub fn run(cfg: &SimConfig, trace: &Trace, policy: Policy) -> SimReport {
         event_seq: 0,
         next_req: 0,
         issued_by: vec![0; clients],
+        slots,
+        sessions,
+        session_at: vec![None; clients],
+        session_first,
+        sessions_taken: vec![0; cfg.nodes],
         warmup,
-        answered: vec![0; trace.requests.len()],
+        answered: vec![0; slots],
         window_start_ns: None,
         window_end_ns: None,
         in_system: 0,
@@ -579,12 +705,15 @@ impl Sim<'_> {
         let c = &self.cfg.costs;
         let mut cost_ns = vec![0u64; self.cfg.nodes];
         for n in 0..self.cfg.nodes {
-            let old = self.filters[n].clone();
-            let f = &mut self.filters[n];
-            f.clear();
-            for id in self.caches[n].ids() {
-                f.insert(id);
+            // Sized as the back-end sizes it: for the objects the node holds now (so a
+            // full cache of small objects is no sparser a filter than one of large ones).
+            let ids = self.caches[n].ids();
+            let mut fresh = BloomFilter::for_objects(ids.len(), self.cfg.bloom_fp);
+            for id in ids {
+                fresh.insert(id);
             }
+            let old = std::mem::replace(&mut self.filters[n], fresh);
+            let f = &self.filters[n];
             let chunks = f.published_bytes().div_ceil(CHUNK_BYTES) as u64;
             match self.cfg.directory_update {
                 DirectoryUpdate::Pull => {
@@ -652,14 +781,34 @@ impl Sim<'_> {
         self.in_system_since_ns = now;
     }
 
+    /// The trace row of client `c`'s next request in its session, taking its node's
+    /// instance's next session when the last one ended ([`Arrival::Sessions`]).
+    fn session_row(&mut self, c: usize) -> usize {
+        loop {
+            if let Some((s, pos)) = self.session_at[c] {
+                if let Some(&row) = self.sessions[s].get(pos) {
+                    self.session_at[c] = Some((s, pos + 1));
+                    return row as usize;
+                }
+            }
+            let node = c % self.cfg.nodes;
+            let k = self.sessions_taken[node];
+            self.sessions_taken[node] += 1;
+            let s = (self.session_first[node] + k) % self.sessions.len();
+            self.session_at[c] = Some((s, 0));
+        }
+    }
+
     /// Client `c` issues the trace's next request; false if the trace is exhausted.
     fn issue(&mut self, c: usize, now: u64) -> bool {
-        let len = self.trace.requests.len();
+        let len = self.slots;
         let next = match self.cfg.arrival {
             Arrival::Shared => self.next_req,
-            Arrival::PinnedClients => self.issued_by[c] * self.clients + c,
+            Arrival::PinnedClients | Arrival::Sessions(_) => self.issued_by[c] * self.clients + c,
         };
-        if next >= len {
+        if next >= len
+            || (self.sessions.is_empty() && matches!(self.cfg.arrival, Arrival::Sessions(_)))
+        {
             if self.window_end_ns.is_none() {
                 self.account_in_system(now);
                 self.window_end_ns = Some(now);
@@ -673,11 +822,15 @@ impl Sim<'_> {
             self.account_in_system(now);
             self.window_start_ns = Some(now);
         }
-        let object = self.trace.requests[req];
+        let row = match self.cfg.arrival {
+            Arrival::Sessions(_) => self.session_row(c),
+            Arrival::Shared | Arrival::PinnedClients => req,
+        };
+        let object = self.trace.requests[row];
         let bytes = self.trace.object_bytes[object as usize] as u64;
         let initial = match self.cfg.arrival {
             Arrival::Shared => self.rng.below(self.cfg.nodes as u64) as usize,
-            Arrival::PinnedClients => c % self.cfg.nodes,
+            Arrival::PinnedClients | Arrival::Sessions(_) => c % self.cfg.nodes,
         };
         let request = Request {
             object: object as u64,
@@ -801,7 +954,7 @@ impl Sim<'_> {
                     ));
                 }
             } else {
-                self.fall_back(&mut job, holder);
+                self.fall_back(&mut job);
             }
         }
         let v = job.plan[job.step];
@@ -814,7 +967,7 @@ impl Sim<'_> {
     }
 
     /// The holder no longer has the object: replan from disk.
-    fn fall_back(&mut self, job: &mut Job, holder: NodeId) {
+    fn fall_back(&mut self, job: &mut Job) {
         let c = &self.cfg.costs;
         let kb = job.bytes.div_ceil(1024);
         let n = job.decision.node;
@@ -862,21 +1015,18 @@ impl Sim<'_> {
                 ]
             }
             Source::Forward(_) => {
+                // As `farside backend --coop` does: the peer answers "absent" (its
+                // server's per-request CPU, no body), and the answering node reads its
+                // own disk and caches the object (a copy of its own).
                 self.report.wasted_forwards += 1;
+                job.plan[job.step].service_ns = c.cpu_peer_serve_ns;
                 vec![
                     Visit {
-                        node: holder,
+                        node: n,
                         res: DISK,
                         service_ns: disk,
                         check: Check::None,
-                        insert_at: Some(holder),
-                    },
-                    Visit {
-                        node: holder,
-                        res: NIC,
-                        service_ns: nic,
-                        check: Check::None,
-                        insert_at: None,
+                        insert_at: Some(n),
                     },
                     Visit {
                         node: n,
@@ -1010,230 +1160,4 @@ impl Sim<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::policy::{BoundedHash, Lard, Press, RemoteMode, RoundRobin};
-
-    /// A small synthetic trace: Zipf-like popularity over `objects` objects.
-    fn synthetic(objects: u32, requests: usize, seed: u64) -> Trace {
-        let mut rng = Rng(seed);
-        let object_bytes = (0..objects).map(|i| 500 + (i * 7919) % 20_000).collect();
-        let requests = (0..requests)
-            .map(|_| {
-                // Squaring a uniform number skews towards small ids.
-                let u = rng.below(1 << 20) as f64 / (1 << 20) as f64;
-                (u * u * u * objects as f64) as u32
-            })
-            .collect();
-        Trace {
-            object_bytes,
-            requests,
-        }
-    }
-
-    fn policies(nodes: usize) -> Vec<Policy> {
-        vec![
-            Policy::Press(Press::new(RemoteMode::OneSided)),
-            Policy::Press(Press::new(RemoteMode::Forward)),
-            Policy::Lard(Lard::default()),
-            Policy::BoundedHash(BoundedHash::new(nodes, 125)),
-            Policy::RoundRobin(RoundRobin::default()),
-        ]
-    }
-
-    /// Two clients' streams in [`Trace::interleaved`]'s layout: client 0 takes `a`,
-    /// client 1 takes `b` (the same length).
-    fn two_streams(a: &[u32], b: &[u32]) -> Trace {
-        Trace {
-            object_bytes: vec![4096; 64],
-            requests: a.iter().zip(b).flat_map(|(&x, &y)| [x, y]).collect(),
-        }
-    }
-
-    #[test]
-    fn pinned_clients_send_every_request_to_their_own_node() {
-        // Client 0 asks only for object 0, client 1 only for object 1; a node's cache
-        // holds one of them.
-        let trace = two_streams(&[0; 400], &[1; 400]);
-        let mut cfg = SimConfig::new(2, 4096);
-        cfg.clients_per_node = 1;
-        cfg.arrival = Arrival::PinnedClients;
-        let r = run(&cfg, &trace, Policy::Press(Press::new(RemoteMode::Forward)));
-        r.check().unwrap();
-        assert_eq!(r.measured, 640);
-        // Each node only ever sees its own client's object: after the first misses
-        // (in the warm-up) every request is a local hit.
-        assert_eq!(
-            (r.local.requests, r.forwarded.requests, r.miss.requests),
-            (640, 0, 0)
-        );
-        // Drawn per request, the same streams cross: node 0 is asked for object 1, which
-        // node 1 holds.
-        cfg.arrival = Arrival::Shared;
-        let r = run(&cfg, &trace, Policy::Press(Press::new(RemoteMode::Forward)));
-        r.check().unwrap();
-        assert!(r.forwarded.requests > 100, "{:?}", r.forwarded);
-    }
-
-    #[test]
-    fn a_press_node_is_not_overloaded_by_requests_it_finished_since_the_last_sample() {
-        // Client 0 (node 0) asks for object 0 all the time, so node 0 caches it and is
-        // sent far more than PRESS's overload threshold (65) within one long load period.
-        // Client 1 (node 1) first reads 10 other objects from disk (while node 0 serves
-        // about a hundred hits), then asks for object 0: node 0 never has more than one
-        // request in flight, so node 1 must fetch it from node 0 every time, never read
-        // it from disk (a replica at node 1).
-        let mut b: Vec<u32> = (1..=10).collect();
-        b.resize(400, 0);
-        let trace = two_streams(&[0; 400], &b);
-        let mut cfg = SimConfig::new(2, 1 << 20);
-        cfg.clients_per_node = 1;
-        cfg.arrival = Arrival::PinnedClients;
-        cfg.warmup_fraction = 0.0;
-        cfg.load_period_ns = 1_000_000_000;
-        cfg.directory_period_ns = 1_000_000;
-        let r = run(&cfg, &trace, Policy::Press(Press::new(RemoteMode::Forward)));
-        r.check().unwrap();
-        assert_eq!(r.forwarded.requests, 390, "{:?}", r.fractions());
-        assert_eq!(r.miss.requests, 11);
-    }
-
-    #[test]
-    fn every_policy_answers_every_request_once_from_a_holder() {
-        let trace = synthetic(500, 20_000, 3);
-        for nodes in [1, 3, 4] {
-            for p in policies(nodes) {
-                let cfg = SimConfig::new(nodes, 400_000);
-                let r = run(&cfg, &trace, p);
-                r.check()
-                    .unwrap_or_else(|e| panic!("{} on {nodes}: {e}", r.policy));
-                assert_eq!(r.measured, 16_000);
-            }
-        }
-    }
-
-    #[test]
-    fn greedy_dual_size_caches_keep_the_invariants_and_hit_more_small_objects() {
-        let trace = synthetic(1000, 20_000, 8);
-        let mut cfg = SimConfig::new(2, 300_000);
-        let lru = run(&cfg, &trace, Policy::RoundRobin(RoundRobin::default()));
-        cfg.replacement = Replacement::GreedyDualSize;
-        let gds = run(&cfg, &trace, Policy::RoundRobin(RoundRobin::default()));
-        gds.check().unwrap();
-        assert!(
-            gds.miss.requests < lru.miss.requests,
-            "{} vs {}",
-            gds.miss.requests,
-            lru.miss.requests
-        );
-    }
-
-    #[test]
-    fn pushed_directories_keep_the_invariants_and_cost_no_more_than_pulled_ones() {
-        let trace = synthetic(1000, 20_000, 9);
-        let mut cfg = SimConfig::new(4, 500_000);
-        let pull = run(
-            &cfg,
-            &trace,
-            Policy::Press(Press::new(RemoteMode::OneSided)),
-        );
-        cfg.directory_update = DirectoryUpdate::Push;
-        let push = run(
-            &cfg,
-            &trace,
-            Policy::Press(Press::new(RemoteMode::OneSided)),
-        );
-        push.check().unwrap();
-        let total = |r: &SimReport| r.directory_cpu.iter().sum::<f64>();
-        assert!(total(&pull) > 0.0);
-        assert!(
-            total(&push) <= total(&pull),
-            "push sends only changed filters"
-        );
-    }
-
-    #[test]
-    fn the_same_seed_gives_the_same_run() {
-        let trace = synthetic(300, 5_000, 4);
-        let cfg = SimConfig::new(3, 300_000);
-        let a = run(
-            &cfg,
-            &trace,
-            Policy::Press(Press::new(RemoteMode::OneSided)),
-        );
-        let b = run(
-            &cfg,
-            &trace,
-            Policy::Press(Press::new(RemoteMode::OneSided)),
-        );
-        assert_eq!(a, b);
-        let c = run(
-            &SimConfig { seed: 2, ..cfg },
-            &trace,
-            Policy::Press(Press::new(RemoteMode::OneSided)),
-        );
-        assert_ne!(a.remote, c.remote);
-    }
-
-    #[test]
-    fn stale_directories_cost_wasted_fetches_never_wrong_bodies() {
-        let trace = synthetic(2000, 20_000, 5);
-        let mut cfg = SimConfig::new(4, 200_000);
-        cfg.directory_period_ns = 200_000_000; // very stale hints
-        let r = run(
-            &cfg,
-            &trace,
-            Policy::Press(Press::new(RemoteMode::OneSided)),
-        );
-        r.check().unwrap();
-        assert!(r.wasted_fetches > 0, "stale hints were exercised");
-    }
-
-    #[test]
-    fn no_cooperation_without_peers_and_all_misses_without_cache() {
-        let trace = synthetic(200, 5_000, 6);
-        let r = run(
-            &SimConfig::new(1, 10_000_000),
-            &trace,
-            Policy::Press(Press::new(RemoteMode::OneSided)),
-        );
-        assert_eq!(r.remote.requests, 0);
-        let r = run(&SimConfig::new(2, 0), &trace, Policy::Lard(Lard::default()));
-        assert_eq!(r.miss.requests, r.measured);
-    }
-
-    #[test]
-    fn utilisation_law_and_littles_law_hold_on_the_output() {
-        let trace = synthetic(1000, 40_000, 7);
-        for think_ns in [0, 2_000_000] {
-            let mut cfg = SimConfig::new(3, 2_000_000);
-            cfg.think_ns = think_ns;
-            let r = run(
-                &cfg,
-                &trace,
-                Policy::Press(Press::new(RemoteMode::OneSided)),
-            );
-            r.check().unwrap();
-            let x = r.throughput_rps();
-            // Utilisation law: U = X D, for every node and resource.
-            for n in 0..cfg.nodes {
-                for k in 0..3 {
-                    let background = if k == CPU { r.directory_cpu[n] } else { 0.0 };
-                    let predicted = x * r.demand_ns[n][k] / 1e9 + background;
-                    let u = r.utilisation[n][k];
-                    assert!(
-                        (u - predicted).abs() <= 0.02 + 0.02 * u,
-                        "U {u} vs XD {predicted} ({n},{k})"
-                    );
-                }
-            }
-            // Little's law: N = X R over the window.
-            let little = x * r.mean_response_ns / 1e9;
-            let n = r.mean_in_system;
-            assert!(
-                (n - little).abs() <= 0.03 * n,
-                "N {n} vs XR {little} (think {think_ns})"
-            );
-        }
-    }
-}
+mod tests;

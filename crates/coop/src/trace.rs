@@ -15,6 +15,9 @@ use std::path::{Path, PathBuf};
 /// from exhausting memory.
 pub const TRACE_REQUESTS_MAX: usize = 10_000_000;
 
+/// A trace client the load generator does not replay (see [`Trace::clients`]).
+pub const NOT_REPLAYED: u32 = u32::MAX;
+
 /// A trace: objects and the requests for them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Trace {
@@ -22,6 +25,29 @@ pub struct Trace {
     pub object_bytes: Vec<u32>,
     /// The object each request asks for, in time order.
     pub requests: Vec<u32>,
+    /// The trace client (the log's user) of each request, numbered as `farside loadgen`
+    /// numbers them: densely, in order of first appearance among the rows it replays;
+    /// [`NOT_REPLAYED`] for a row it skips (a field it cannot parse, e.g. a status of
+    /// -1). Empty when the trace has no clients (a synthetic stream): then every
+    /// request is a session of its own ([`Trace::sessions`]).
+    pub clients: Vec<u32>,
+}
+
+/// `farside loadgen`'s salt of its World Cup start-row draw (`Trace::seeded`).
+const LOADGEN_START_SALT: u64 = 0x57A2_7C0F_F5E7_0000;
+
+/// `(time, client)` of a row `farside loadgen` replays (its `parse_row` and load
+/// rules: time, client and status parse as integers, the url starts with `/` and is
+/// printable ASCII, the size is `-` or an integer, time never goes back), `None` for a
+/// row it skips.
+fn loadgen_row(fields: &[&str], last_s: u64) -> Option<(u64, u64)> {
+    let time_s = fields[0].parse::<u64>().ok()?;
+    let client = fields[1].parse::<u64>().ok()?;
+    fields[3].parse::<u16>().ok()?;
+    let url = fields[2];
+    let url_ok = url.starts_with('/') && url.bytes().all(|b| b.is_ascii_graphic());
+    let size_ok = fields[4] == "-" || fields[4].parse::<u64>().is_ok();
+    (url_ok && size_ok && time_s >= last_s).then_some((time_s, client))
 }
 
 /// The sample shipped in the repository.
@@ -42,9 +68,12 @@ impl Trace {
             )
         };
         let mut ids: HashMap<String, u32> = HashMap::new();
+        let mut client_ids: HashMap<u64, u32> = HashMap::new();
+        let mut last_replayed_s = 0u64;
         let mut trace = Trace {
             object_bytes: Vec::new(),
             requests: Vec::new(),
+            clients: Vec::new(),
         };
         for (n, line) in reader.lines().enumerate() {
             let line = line?;
@@ -73,8 +102,63 @@ impl Trace {
             let slot = &mut trace.object_bytes[id as usize];
             *slot = (*slot).max(size);
             trace.requests.push(id);
+            let client = match loadgen_row(&fields, last_replayed_s) {
+                Some((time_s, client)) => {
+                    last_replayed_s = time_s;
+                    let next = client_ids.len() as u32;
+                    *client_ids.entry(client).or_insert(next)
+                }
+                None => NOT_REPLAYED,
+            };
+            trace.clients.push(client);
         }
         Ok(trace)
+    }
+
+    /// The rows `farside loadgen` replays (every row whose client is not
+    /// [`NOT_REPLAYED`]; every row when the trace has no clients), in order.
+    pub fn replayed_rows(&self) -> Vec<usize> {
+        if self.clients.len() != self.requests.len() {
+            return (0..self.requests.len()).collect();
+        }
+        (0..self.requests.len())
+            .filter(|&r| self.clients[r] != NOT_REPLAYED)
+            .collect()
+    }
+
+    /// The sessions of a closed-loop replay, as `farside loadgen` forms them: session
+    /// `k` is the rows of trace client `k`, in log order (clients numbered as in
+    /// [`Trace::clients`]). Without clients every request is a session of its own.
+    pub fn sessions(&self) -> Vec<Vec<u32>> {
+        if self.clients.len() != self.requests.len() {
+            return (0..self.requests.len() as u32).map(|r| vec![r]).collect();
+        }
+        let mut sessions: Vec<Vec<u32>> = Vec::new();
+        for (row, &c) in self.clients.iter().enumerate() {
+            if c == NOT_REPLAYED {
+                continue;
+            }
+            if c as usize >= sessions.len() {
+                sessions.resize(c as usize + 1, Vec::new());
+            }
+            sessions[c as usize].push(row as u32);
+        }
+        sessions
+    }
+
+    /// The row a `farside loadgen` instance run with `--seed seed` starts its World Cup
+    /// replay at (its `Trace::seeded`: one SplitMix64 draw, uniform over the rows it
+    /// replays), as an index into [`Trace::requests`].
+    pub fn loadgen_start_row(&self, seed: u64) -> usize {
+        let rows = self.replayed_rows();
+        if rows.is_empty() {
+            return 0;
+        }
+        let mut z = (seed ^ LOADGEN_START_SALT).wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        rows[(z % rows.len() as u64) as usize]
     }
 
     /// Bytes of all distinct objects.
@@ -103,14 +187,16 @@ impl Trace {
     }
 
     /// The request stream `clients` closed-loop clients make when client `k` replays
-    /// this trace from offset `k * len / clients` (wrapping) and they take turns, as the
-    /// lab's clients do: `per_client` rounds of one request from each client.
+    /// this trace from offset `k * len / clients` (wrapping) and they take turns:
+    /// `per_client` rounds of one request from each client. (Not what the lab's clients
+    /// do: they replay user sessions, [`Trace::sessions`].)
     pub fn interleaved(&self, clients: usize, per_client: usize) -> Trace {
         let len = self.requests.len();
         if len == 0 || clients == 0 {
             return Trace {
                 object_bytes: self.object_bytes.clone(),
                 requests: Vec::new(),
+                clients: Vec::new(),
             };
         }
         let requests = (0..per_client)
@@ -121,6 +207,7 @@ impl Trace {
         Trace {
             object_bytes: self.object_bytes.clone(),
             requests,
+            clients: Vec::new(),
         }
     }
 
@@ -144,6 +231,7 @@ mod tests {
         let t = Trace {
             object_bytes: vec![1; 8],
             requests: (0..8).collect(),
+            clients: Vec::new(),
         };
         assert_eq!(t.interleaved(2, 3).requests, vec![0, 4, 1, 5, 2, 6]);
         assert_eq!(t.interleaved(3, 2).requests, vec![0, 2, 5, 1, 3, 6]);

@@ -26,8 +26,8 @@ use crate::model::{
     mva_classes, relative_error, transport_demands_ns, utilisation, with_delay, with_host_cpu,
     ClassesResult, Demands, HostCpu, PeerFetch, Solver, StationKind, MODEL_TOLERANCE,
 };
-use crate::policy::{Policy, Press, RemoteMode, RoundRobin};
-use crate::sim::{self, Arrival, Costs, DirectoryUpdate, SimConfig, SimReport};
+use crate::policy::{Policy, Press, RemoteMode};
+use crate::sim::{self, Arrival, Costs, DirectoryUpdate, SessionReplay, SimConfig, SimReport};
 use crate::trace::Trace;
 use serde::{Deserialize, Serialize};
 
@@ -300,6 +300,10 @@ pub struct LabRun {
     pub publish_ms: Option<u64>,
     #[serde(default)]
     pub quick: bool,
+    /// `--repeat`: each point's figures are the mean of that many repeats, if the run
+    /// recorded it.
+    #[serde(default)]
+    pub repeat: Option<u32>,
     pub points: Vec<LabPoint>,
 }
 
@@ -316,6 +320,8 @@ struct SummaryParams {
     publish_ms: Option<u64>,
     #[serde(default)]
     quick: bool,
+    #[serde(default)]
+    repeat: Option<u32>,
 }
 
 /// A kept run's `summary.json` (`farside lab coop` on the sweep runner).
@@ -336,6 +342,7 @@ impl LabRun {
             warmup_s: s.params.warmup_s,
             publish_ms: s.params.publish_ms,
             quick: s.params.quick,
+            repeat: s.params.repeat,
             points: s.points,
         };
         r.checked()
@@ -379,7 +386,7 @@ impl LabRun {
 /// `remote` class, then `forwarded`).
 pub fn policy_of(system: &str) -> Option<Policy> {
     match system {
-        "rr" => Some(Policy::RoundRobin(RoundRobin::default())),
+        "rr" => Some(Policy::Independent),
         "press-tcp" => Some(Policy::Press(Press::new(RemoteMode::Forward))),
         "press-udp" | "press-xdp" | "press-shm" => {
             Some(Policy::Press(Press::new(RemoteMode::OneSided)))
@@ -426,6 +433,10 @@ pub struct Setup {
     /// calibration host's), modelled as a centre they share; `None`: one host per node
     /// (the paper's cluster), no shared centre.
     pub shared_host_cpus: Option<f64>,
+    /// The lab's repeats of the point: the simulation replays each one's load-generator
+    /// sessions ([`lab_loadgen_seed`]) and sums their counts, as the measured figures are
+    /// the mean over them (at most [`LAB_REPEATS_SIMULATED_MAX`]; 1 for extrapolations).
+    pub lab_repeats: u32,
 }
 
 impl Setup {
@@ -444,6 +455,7 @@ impl Setup {
             publish_ms: run.publish_ms.unwrap_or(LAB_PUBLISH_MS_DEFAULT),
             cpu_speedup: 1.0,
             shared_host_cpus: None,
+            lab_repeats: run.repeat.unwrap_or(1).clamp(1, LAB_REPEATS_SIMULATED_MAX),
         }
     }
 }
@@ -503,8 +515,8 @@ const REPLAY_SETTLED: f64 = 0.05;
 /// Simulates the configuration over the lab's request stream and solves the network.
 ///
 /// The lab's clients replay as much of the trace as the throughput allows in warm-up +
-/// measured time, each from its own offset; which requests those are decides the
-/// fractions. So the prediction is a fixed point: simulate the whole trace once, take
+/// measured time, each its node's load generator's user sessions from that instance's
+/// seeded start row; which requests those are decides the fractions. So the prediction is a fixed point: simulate the whole trace once, take
 /// the predicted throughput's worth of requests per client (`X (warm-up + measured) /
 /// clients`), simulate those, until the length changes by less than 5 %
 /// ([`REPLAY_PASSES_MAX`] passes at most). No measured figure enters.
@@ -527,7 +539,18 @@ pub fn predict(f: &CostsFile, trace: &Trace, s: &Setup, seed: u64) -> Result<Pre
     last.ok_or_else(|| "no pass".into())
 }
 
-/// One pass of [`predict`]: `per_client` requests from each client's offset.
+/// Repeats of a `lab coop` point simulated at most ([`Setup::lab_repeats`]): each is a
+/// whole simulation; the kept runs have 2 or 3.
+pub const LAB_REPEATS_SIMULATED_MAX: u32 = 5;
+
+/// `--seed` of the `farside loadgen` instance that `farside lab coop` runs for node
+/// `node` in repeat `run` of a point (each instance starts its replay at a row drawn
+/// from it, [`Trace::loadgen_start_row`]).
+pub fn lab_loadgen_seed(run: u32, node: usize) -> u64 {
+    u64::from(run) * 1000 + node as u64 + 1
+}
+
+/// One pass of [`predict`]: `per_client` requests from each client's sessions.
 pub fn predict_replay(
     f: &CostsFile,
     trace: &Trace,
@@ -541,12 +564,8 @@ pub fn predict_replay(
     let policy = policy_of(&s.system).ok_or_else(|| format!("{}: not modelled", s.system))?;
     // Refuse a system whose transport was not calibrated before simulating it.
     fetch_of(f, s)?;
-    let clients = s.nodes * s.clients_per_node as usize;
     let costs = effective_costs(f, s);
     let think_ns = think_ns(f, s, trace.mean_request_bytes());
-    // The lab's stream: every client from its own offset, taking turns, its first
-    // warm-up share warming the caches as the lab's warm-up does.
-    let stream = trace.interleaved(clients, per_client);
     let mut cfg = SimConfig::new(s.nodes, s.cache_bytes);
     cfg.clients_per_node = s.clients_per_node as usize;
     cfg.think_ns = think_ns.round() as u64;
@@ -556,9 +575,23 @@ pub fn predict_replay(
     cfg.directory_period_ns = s.publish_ms * 1_000_000;
     cfg.load_period_ns = s.publish_ms * 1_000_000;
     cfg.directory_update = DirectoryUpdate::Datagram;
-    // Client k replays from its own offset to node k % nodes, as the lab's clients do.
-    cfg.arrival = Arrival::PinnedClients;
-    let report = sim::run(&cfg, &stream, policy);
+    // The lab's stream: node i's clients are its loadgen instance's, seeded as the
+    // lab seeds it in each repeat, each replaying trace clients' sessions; every
+    // client's first warm-up share warms the caches as the lab's warm-up does. The
+    // repeats' counts are summed, as the measured figures are their mean.
+    let reports: Vec<SimReport> = (0..s.lab_repeats.max(1))
+        .map(|run| {
+            let mut cfg = cfg.clone();
+            cfg.arrival = Arrival::Sessions(SessionReplay {
+                per_client,
+                start_rows: (0..s.nodes)
+                    .map(|i| trace.loadgen_start_row(lab_loadgen_seed(run, i)))
+                    .collect(),
+            });
+            sim::run(&cfg, trace, policy.clone())
+        })
+        .collect();
+    let report = SimReport::merge(&reports);
     report
         .check()
         .map_err(|e| format!("{}: simulation: {e}", s.system))?;
@@ -1062,6 +1095,7 @@ pub fn extrapolate_grid(
     // One host per node, as in the paper's cluster: no shared host centre.
     let base = &Setup {
         shared_host_cpus: None,
+        lab_repeats: 1,
         ..base.clone()
     };
     let with = |f: &dyn Fn(&mut Setup)| {

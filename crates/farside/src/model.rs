@@ -124,6 +124,7 @@ fn default_setup(trace: &Trace, system: &str, nodes: usize) -> Setup {
         publish_ms: validate::LAB_PUBLISH_MS_DEFAULT,
         cpu_speedup: 1.0,
         shared_host_cpus: None,
+        lab_repeats: 1,
     }
 }
 

@@ -604,6 +604,7 @@ pub fn calibrate(requests: u64, seconds: f64, repeats: usize) -> Result<CostsFil
         publish_ms: farside_coop::validate::LAB_PUBLISH_MS_DEFAULT,
         cpu_speedup: 1.0,
         shared_host_cpus: Some(file.provenance.cpus as f64),
+        lab_repeats: 1,
     };
     let delay = delay_costs(&file, &setup, &lab.light)?;
     eprintln!(

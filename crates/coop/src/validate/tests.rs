@@ -40,6 +40,7 @@ pub(crate) fn small_trace(objects: u32, requests: usize) -> Trace {
     Trace {
         object_bytes: (0..objects).map(|i| 500 + (i * 7919) % 20_000).collect(),
         requests,
+        clients: Vec::new(),
     }
 }
 
@@ -105,6 +106,7 @@ fn run_with(tps: [f64; 2]) -> LabRun {
         warmup_s: None,
         publish_ms: None,
         quick: false,
+        repeat: None,
         points: vec![
             point("rr", tps[0]),
             point("press-tcp", tps[1]),

@@ -729,7 +729,8 @@ fn measure(
             let mut lg = loadgen_args(&t.to_string(), &sh.root, &sh.trace_file);
             lg.warmup_s = warmup_s as f64;
             lg.duration_s = duration_s as f64;
-            lg.seed = u64::from(run) * 1000 + i as u64 + 1;
+            // The model replays the same sessions (farside_coop::validate::predict).
+            lg.seed = farside_coop::validate::lab_loadgen_seed(run, i);
             if k.load_model == "open" {
                 lg.rate = Some(k.rate / k.nodes as f64);
                 lg.no_keepalive = true;

@@ -4,6 +4,41 @@ use super::*;
 use farside_coop::trace::{world_cup_sample_path, Trace};
 
 #[test]
+fn the_models_session_replay_is_the_load_generators() {
+    // farside_coop's sessions and start rows (what `farside model coop` simulates)
+    // against farside loadgen's own replay, for the seeds the lab gives its instances.
+    use farside_loadgen::trace::{PathMode, Rng, WorldCupTrace};
+    let path = world_cup_sample_path();
+    let t = Trace::read_world_cup(&path).unwrap();
+    let (sessions, replayed) = (t.sessions(), t.replayed_rows());
+    let wc = WorldCupTrace::load(&path).unwrap();
+    assert_eq!(replayed.len(), wc.sequence.len());
+    let mut ids = std::collections::HashMap::new();
+    let mut rng = Rng::new(0);
+    for (run, node) in [(0, 0), (0, 3), (1, 1), (2, 7)] {
+        let seed = farside_coop::validate::lab_loadgen_seed(run, node);
+        let lg = farside_loadgen::Trace::worldcup(wc.clone(), PathMode::Docroot).seeded(seed);
+        let start = t.loadgen_start_row(seed);
+        assert_eq!(replayed[lg.start_row()], start, "seed {seed}");
+        let first = t.clients[start] as usize;
+        for k in 0..300 {
+            let mut s = lg.new_session();
+            for &row in &sessions[(first + k) % sessions.len()] {
+                let pick = lg.next_in(&mut s, &mut rng).expect("as long a session");
+                let object = t.requests[row as usize];
+                // One loadgen object per model object, of the same size.
+                assert_eq!(*ids.entry(object).or_insert(pick.object), pick.object);
+                assert_eq!(
+                    lg.objects[pick.object].bytes,
+                    u64::from(t.object_bytes[object as usize])
+                );
+            }
+            assert!(lg.next_in(&mut s, &mut rng).is_none(), "as short a session");
+        }
+    }
+}
+
+#[test]
 fn objects_differ_and_the_cache_rule_splits_the_hot_set() {
     assert_ne!(object_body(1, 64), object_body(2, 64));
     assert_eq!(object_body(7, 100)[..50], object_body(7, 50)[..]);
