@@ -72,6 +72,9 @@ pub struct Counters {
     pub wasted_fetches: AtomicU64,
     /// Of the wasted fetches, those that failed (connect, timeout, refused reply).
     pub peer_errors: AtomicU64,
+    /// UDP fetches (`--coop-peer udp`) asked again because the whole answer had not come
+    /// within `UDP_FETCH_TIMEOUT` (shared with the transport, which counts them).
+    pub peer_resends: Arc<AtomicU64>,
     /// Body bytes received from peers.
     pub peer_bytes: AtomicU64,
     /// Fetches this node answered for peers with a body.
@@ -149,6 +152,7 @@ impl Counters {
             ("disk_shed", &self.disk_shed),
             ("wasted_fetches", &self.wasted_fetches),
             ("peer_errors", &self.peer_errors),
+            ("peer_resends", &*self.peer_resends),
             ("peer_bytes", &self.peer_bytes),
             ("peer_served", &self.peer_served),
             ("directory_received", &self.directory_received),
@@ -386,13 +390,20 @@ impl Node {
             _ => None,
         };
         let overhead = Arc::new(Overhead::new(args.message_overhead_us));
+        let peer_resends = Arc::new(AtomicU64::new(0));
         let transport: Option<Box<dyn PeerTransport>> = match &sealer {
             None => None,
             Some(s) => {
                 let tcp = TcpTransport::new(me, peers.clone(), s.key, Arc::clone(&overhead));
                 Some(match args.peer {
                     CoopPeer::Tcp => Box::new(tcp),
-                    CoopPeer::Udp => Box::new(UdpTransport::new(tcp, me, peers.clone(), s.key)),
+                    CoopPeer::Udp => Box::new(UdpTransport::new(
+                        tcp,
+                        me,
+                        peers.clone(),
+                        s.key,
+                        Arc::clone(&peer_resends),
+                    )),
                     CoopPeer::Xdp => Box::new(XdpTransport::new(
                         tcp,
                         &peers,
@@ -480,6 +491,7 @@ impl Node {
             inflight_max: AtomicU64::new(0),
             counters: Counters {
                 overhead,
+                peer_resends,
                 ..Counters::default()
             },
             sealer,

@@ -22,7 +22,8 @@ use farside_auth::mac::{self, Envelope};
 use farside_auth::siphash::SipKey;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// First byte of a body piece.
@@ -125,15 +126,24 @@ pub struct UdpTransport {
     sealer: Sealer,
     peers: Vec<SocketAddr>,
     pools: Vec<Mutex<Vec<UdpSocket>>>,
+    /// Attempts that timed out and were asked again (the node's `peer_resends`).
+    resends: Arc<AtomicU64>,
 }
 
 impl UdpTransport {
-    pub fn new(tcp: TcpTransport, me: usize, peers: Vec<SocketAddr>, key: SipKey) -> UdpTransport {
+    pub fn new(
+        tcp: TcpTransport,
+        me: usize,
+        peers: Vec<SocketAddr>,
+        key: SipKey,
+        resends: Arc<AtomicU64>,
+    ) -> UdpTransport {
         UdpTransport {
             tcp,
             sealer: Sealer::new(key, me).expect("a key the node already accepted"),
             pools: peers.iter().map(|_| Mutex::new(Vec::new())).collect(),
             peers,
+            resends,
         }
     }
 
@@ -240,7 +250,10 @@ impl PeerTransport for UdpTransport {
         let s = self.socket(peer)?;
         let mut buf = vec![0u8; mac::ENVELOPE_BYTES + PIECE_HEAD_BYTES + UDP_PIECE_BYTES + 1];
         let mut last = io::Error::new(io::ErrorKind::TimedOut, "udp fetch");
-        for _ in 0..=UDP_RESENDS_MAX {
+        for attempt in 0..=UDP_RESENDS_MAX {
+            if attempt > 0 {
+                self.resends.fetch_add(1, Ordering::Relaxed);
+            }
             match self.attempt(&s, object, &mut buf) {
                 Ok(body) => {
                     let mut pool = self.pools[peer].lock().unwrap_or_else(|p| p.into_inner());
@@ -260,6 +273,30 @@ impl PeerTransport for UdpTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coop::overhead::Overhead;
+
+    #[test]
+    fn a_silent_peer_costs_the_bounded_resends_and_they_are_counted() {
+        // A bound socket that never answers: every attempt times out.
+        let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let peers = vec!["127.0.0.1:9".parse().unwrap(), silent.local_addr().unwrap()];
+        let key = SipKey::from_bytes(*b"0123456789abcdef");
+        let overhead = Arc::new(Overhead::new(0));
+        let tcp = TcpTransport::new(0, peers.clone(), key, overhead);
+        let resends = Arc::new(AtomicU64::new(0));
+        let t = UdpTransport::new(tcp, 0, peers, key, Arc::clone(&resends));
+        let e = t.fetch(1, 7, Some(100)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(resends.load(Ordering::Relaxed), u64::from(UDP_RESENDS_MAX));
+        // The peer saw every attempt: the first and each resend.
+        silent.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 2048];
+        let mut asked = 0;
+        while silent.recv(&mut buf).is_ok() {
+            asked += 1;
+        }
+        assert_eq!(asked, 1 + UDP_RESENDS_MAX);
+    }
 
     #[test]
     fn pieces_round_trip_and_are_checked() {

@@ -885,7 +885,7 @@ fn measure(
             "lab coop: {tag}: window {window:.0} s: disk reads {:.1}/s per node, disk busy {:.3}, \
              mean disk wait {:.1} ms, disk queue mean {:.1} (max {} on a node), requests in a \
              node mean {:.1} (max {} of {WORKERS} workers), {} queue samples (stats read mean \
-             {:.1} ms, max {:.1} ms), wasted fetches {}, peer fetch mean {:.0} µs, misses \
+             {:.1} ms, max {:.1} ms), wasted fetches {} (udp resends {}), peer fetch mean {:.0} µs, misses \
              {miss} (fill followers {}, refused at the disk queue bound {}), served {served}",
             reads as f64 / window / n,
             d("disk_busy_us") as f64 / 1e6 / window / n,
@@ -898,6 +898,7 @@ fn measure(
             mean(&|q| q.2),
             queues.iter().map(|q| q.2).fold(0.0, f64::max),
             d("wasted_fetches"),
+            d("peer_resends"),
             if remote == 0 {
                 0.0
             } else {
