@@ -908,6 +908,9 @@ fn measure(
             d("disk_shed"),
         );
     }
+    // The nodes' throttling and the host's busy time over the window, each taken once.
+    let throttle = after.throttle.since(&before.throttle);
+    let host_busy_ns = after.host_busy_ns.saturating_sub(before.host_busy_ns);
     Ok(CoopPoint {
         system: k.system.clone(),
         nodes: k.nodes,
@@ -955,20 +958,10 @@ fn measure(
         },
         cache_held_max_bytes: held.iter().copied().max().unwrap_or(0),
         nginx_cpu_us_per_req: per_req(after.nginx_cpu_us.saturating_sub(before.nginx_cpu_us)),
-        throttled_period_frac: {
-            let t = after.throttle.since(&before.throttle);
-            t.nr_throttled as f64 / t.nr_periods.max(1) as f64
-        },
-        host_busy_us_per_req: per_req(after.host_busy_ns.saturating_sub(before.host_busy_ns))
-            / 1000.0,
-        host_busy_frac: after.host_busy_ns.saturating_sub(before.host_busy_ns) as f64
-            / 1e9
-            / window
-            / crate::fabric::hostcpu::host_cpus(),
-        throttled_ms_per_s: after.throttle.since(&before.throttle).throttled_us as f64
-            / 1000.0
-            / window
-            / k.nodes.max(1) as f64,
+        throttled_period_frac: throttle.nr_throttled as f64 / throttle.nr_periods.max(1) as f64,
+        host_busy_us_per_req: per_req(host_busy_ns) / 1000.0,
+        host_busy_frac: host_busy_ns as f64 / 1e9 / window / crate::fabric::hostcpu::host_cpus(),
+        throttled_ms_per_s: throttle.throttled_us as f64 / 1000.0 / window / k.nodes.max(1) as f64,
         crash_node: crashed.as_ref().map(|c| c.node),
         crash_failures,
         restart_ms: crashed.as_ref().map_or(0.0, |c| c.restart_ms),
