@@ -609,6 +609,14 @@ impl Control {
                 used: b.delay_used.swap(false, Ordering::Relaxed),
             };
             st.on_reading(r, self.target_delay_us, b.limit as f64, now_ns);
+            if r.delay_us >= self.target_delay_us.max(1) {
+                // A reading over the target: the levels admitted before it (a slow
+                // start's overshoot among them) were not taken within the target, so
+                // the stale policy's safe level is at most the budget after the cut;
+                // admissions within the budget raise it again.
+                let cut = st.budget.floor().max(delay::BUDGET_MIN) as u64;
+                b.safe_inflight.fetch_min(cut, Ordering::Relaxed);
+            }
         }
         (Load::Known(b.inflight.load(Ordering::Relaxed)), 0)
     }
@@ -709,9 +717,9 @@ impl Control {
     /// be up to a counting interval old; the accept queue is the fresh signal meanwhile,
     /// so a started or reloaded proxy admits what the back-end takes without queueing
     /// (as the former default did) instead of refusing below capacity. The first overload
-    /// queues past the target and hands over to the budget; the most admitted in flight
-    /// before it is then the stale policy's level ([`admit_local`]), at least the
-    /// back-end's workers plus the queue the `backlog` rule allows.
+    /// queues past the target and hands over to the budget, which then also bounds the
+    /// stale policy's level ([`admit_local`]): what slow start admitted before the cut
+    /// was not taken within the target.
     fn slow_start_queue_admits(&self, i: usize) -> bool {
         let b = &self.backends[i];
         let Some(t) = &self.table else {

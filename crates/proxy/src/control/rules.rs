@@ -52,7 +52,8 @@ pub fn admit(
 /// The `on_stale = local` rule, pure: with no fresh reading, admit while this proxy's
 /// requests in flight to the back-end (`inflight`) are below `safe`, the most it had in
 /// flight (counting the admitted request) when a fresh reading admitted a request
-/// (0 = never read fresh: refuse). Under overload that is the back-end's full
+/// (0 = never read fresh: refuse; with metric `delay`, at most the budget after the last
+/// reading over the target). Under overload that is the back-end's full
 /// concurrency within its limit: a request is admitted exactly when the reading has
 /// just dropped below it. The back-end is
 /// then held at a concurrency it was last seen to take within its limit: a dead

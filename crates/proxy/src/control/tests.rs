@@ -607,6 +607,13 @@ fn delay_slow_start_admits_by_the_fresh_accept_queue_until_the_first_cut() {
     held.clear();
     publish_and_await_step(&c, &*t, 0, 10, 100_000);
     assert!(!c.backends[0].delay.lock().unwrap().slow_start);
+    // The cut also bounds the stale policy's safe level: the slow start's 8 were not
+    // taken within the target.
+    assert_eq!(
+        c.safe_inflight(0),
+        c.budget(0),
+        "safe level cut to the budget"
+    );
     // The same reading (no new step), now with an empty accept queue.
     EntryWriter::new(&*t, 0).publish(&delay_reading_backlog(10, 100_000, 0));
     let budget = c.budget(0);
