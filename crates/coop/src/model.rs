@@ -555,6 +555,12 @@ pub struct HostWideCosts {
     pub unattributed_warn: f64,
     /// Every phase's figures, for the record.
     pub phases: Vec<HostPhase>,
+    /// The host's speed while it calibrated: the median over the repeats of the busy ns
+    /// per round trip of the lab's fixed reference workload, measured before each
+    /// repeat (None in files calibrated before it was recorded). A checked lab point
+    /// that recorded its own reading has every CPU cost scaled by the ratio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_ns_per_op: Option<f64>,
 }
 
 /// One transport's host-wide cost per fetched body over a local hit.

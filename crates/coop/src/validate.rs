@@ -272,6 +272,10 @@ pub struct LabPoint {
     /// recorded it (then the model's host demand is checked against it).
     #[serde(default)]
     pub host_busy_us_per_req: Option<f64>,
+    /// The host's speed before the point, busy ns per round trip of the fixed reference
+    /// workload, if the run recorded it ([`host_speedup`]).
+    #[serde(default)]
+    pub host_ref_ns_per_op: Option<f64>,
 }
 
 impl LabPoint {
@@ -427,7 +431,8 @@ pub struct Setup {
     pub warmup_s: f64,
     pub duration_s: f64,
     pub publish_ms: u64,
-    /// CPUs `speedup` times faster than the calibrated host (1 for checked points).
+    /// CPUs `speedup` times faster than the calibrated host (a checked point: the host
+    /// speed reference's ratio, [`host_speedup`]; 1 when not recorded).
     pub cpu_speedup: f64,
     /// CPUs of one host that runs every node, client and softirq (the lab's: the
     /// calibration host's), modelled as a centre they share; `None`: one host per node
@@ -1001,6 +1006,32 @@ pub fn measured_laws(p: &LabPoint, pred: Option<&Prediction>) -> Vec<Law> {
     laws
 }
 
+/// Bounds of [`host_speedup`]: a reading further from the calibration's than this
+/// factor is another kind of host, not a drift of this one, and is not used.
+pub const HOST_SPEEDUP_RANGE: (f64, f64) = (0.5, 2.0);
+
+/// How many times faster the host ran point `p` than it ran the calibration `costs`:
+/// the ratio of their readings of the fixed reference workload (busy ns per round trip,
+/// the calibration's over the point's), 1 when either was not recorded or the ratio is
+/// outside [`HOST_SPEEDUP_RANGE`]. The check scales every CPU cost by it (the nodes',
+/// the clients', the host's; not the disk, the links or the delay centre), as the
+/// extrapolation scales them for faster CPUs: a host beside other tenants drifts by
+/// more than the tolerance within an hour.
+pub fn host_speedup(costs: &CostsFile, p: &LabPoint) -> f64 {
+    let calibrated = costs.host_wide.as_ref().and_then(|h| h.reference_ns_per_op);
+    match (calibrated, p.host_ref_ns_per_op) {
+        (Some(c), Some(r)) if c > 0.0 && r > 0.0 => {
+            let k = c / r;
+            if (HOST_SPEEDUP_RANGE.0..=HOST_SPEEDUP_RANGE.1).contains(&k) {
+                k
+            } else {
+                1.0
+            }
+        }
+        _ => 1.0,
+    }
+}
+
 /// Checks every point of `runs` (name, run) with `costs` and `trace`.
 pub fn check_runs(
     costs: &CostsFile,
@@ -1022,6 +1053,7 @@ pub fn check_runs(
                     trace,
                     &Setup {
                         shared_host_cpus: Some(costs.provenance.cpus as f64),
+                        cpu_speedup: host_speedup(costs, p),
                         ..Setup::of_point(run, p)
                     },
                     seed,
@@ -1092,10 +1124,12 @@ pub fn extrapolate_grid(
     seed: u64,
 ) -> Result<Vec<ExtrapolatedRow>, String> {
     let mut grid: Vec<(String, Setup)> = Vec::new();
-    // One host per node, as in the paper's cluster: no shared host centre.
+    // One host per node, as in the paper's cluster: no shared host centre; CPUs at the
+    // calibrated host's speed (not the checked point's reading of it).
     let base = &Setup {
         shared_host_cpus: None,
         lab_repeats: 1,
+        cpu_speedup: 1.0,
         ..base.clone()
     };
     let with = |f: &dyn Fn(&mut Setup)| {
@@ -1171,7 +1205,7 @@ pub fn render_prediction(p: &Prediction) -> String {
     let d = &p.demands;
     format!(
         "  simulated fractions local {:.3} remote {:.3} miss {:.3} (wasted fetches {})\n  \
-         demand per request, us: own cpu {:.1} disk {:.1} nic {:.1}; at peers cpu {:.1}; think {:.1}\n  \
+         demand per request, us: own cpu {:.1} disk {:.1} nic {:.1}; at peers cpu {:.1}; think {:.1}{}\n  \
          {}{}MVA ({}): X {:.1}/s, R {:.3} ms; simulator X {:.1}/s; {} requests replayed per client\n",
         f[0],
         f[1],
@@ -1182,6 +1216,10 @@ pub fn render_prediction(p: &Prediction) -> String {
         d.own[2] / 1e3,
         d.peer[0] / 1e3,
         p.think_s * 1e6,
+        match p.setup.cpu_speedup {
+            1.0 => String::new(),
+            k => format!("; every CPU cost at {k:.3}x the calibrated host's speed"),
+        },
         match &p.host {
             Some(h) if h.host_wide_ns.is_some() => format!(
                 "host CPU, {} CPUs shared: host-wide {:.1} us per request (whole core; the sum node {:.1} + client {:.1} + softirq {:.1} would be {:.1}), bound {:.1}/s, U {:.3} at the model's X{}\n  ",

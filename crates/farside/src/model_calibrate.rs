@@ -50,24 +50,27 @@ use farside_backend::coop::wire::DirectoryUpdate;
 use farside_coop::directory::{BloomFilter, BLOOM_FP_DEFAULT};
 use farside_coop::sim::Costs;
 use farside_coop::validate::{
-    combine_sets, light_cycle_ns, light_delay_ns, unattributed_share, CostSet, CostsFile,
+    combine_sets, light_cycle_ns, light_delay_ns, median, unattributed_share, CostSet, CostsFile,
     DelayCosts, DelayPhase, DiskEmulation, HostFetchCosts, HostPhase, HostWideCosts, LightKind,
     Pick, Provenance, Sample, Setup, Spread, TransportCosts, COSTS_FORMAT, DELAY_CLIENTS,
 };
+use farside_lab::fabric::hostspeed;
 use farside_lab::fabric::keys::LabKeys;
 use farside_lab::fabric::netns::{NodeSpec, VirtualDc};
 use farside_loadgen::{LoadgenArgs, PathMode, TraceKind};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Child;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 mod clocks;
+mod provenance;
 use clocks::{cgroup_cpu_ns, host_ns, process_cpu_ns, thread_cpu_ns};
 #[cfg(test)]
 use farside_lab::fabric::hostcpu::{parse_proc_stat, HostTicks};
+use provenance::{git, load_avg, read_trim, utc_now};
 
 /// Body sizes measured, bytes: from a small page to the World Cup sample's larger
 /// images (its mean request is about 5 KB).
@@ -325,40 +328,6 @@ fn kb(bytes: u64) -> f64 {
     bytes as f64 / 1024.0
 }
 
-fn load_avg() -> f64 {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
-        .unwrap_or(0.0)
-}
-
-fn utc_now() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (y, m, d, hh, mm, ss) = farside_rt::clock::utc(secs);
-    format!("{y:04}-{m:02}-{d:02}T{hh:02}:{mm:02}:{ss:02}Z")
-}
-
-fn git(args: &[&str]) -> String {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    Command::new("git")
-        .arg("-C")
-        .arg(&repo)
-        .args(args)
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
-}
-
-fn read_trim(path: &str) -> String {
-    std::fs::read_to_string(path)
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown".into())
-}
-
 /// The two phases of one repeat and size in a set-up, in the order they run: the base
 /// phase (local hits) and right after it the measured phase (remote hits or misses), so
 /// a drift of the host over the calibration reaches both terms of their difference.
@@ -569,6 +538,7 @@ pub fn calibrate(requests: u64, seconds: f64, repeats: usize) -> Result<CostsFil
             unattributed_share: share,
             unattributed_warn: HOST_UNATTRIBUTED_WARN,
             phases: lab.host_phases,
+            reference_ns_per_op: median(&lab.references),
         }),
         delay: None,
         spread: Some(Spread {
@@ -761,6 +731,8 @@ struct LabCosts {
     host_phases: Vec<HostPhase>,
     /// The light-load phases (one client in all), for the delay.
     light: Vec<LightRaw>,
+    /// The host speed reference before each set-up (busy ns per round trip).
+    references: Vec<f64>,
 }
 
 /// One light-load phase as the client measured it.
@@ -1255,6 +1227,16 @@ fn dominant(what: &str, size: u64, class: u64, c: &Counted) -> Result<f64, Strin
     Ok(class as f64)
 }
 
+/// The host's speed before each set-up starts and after the last ([`hostspeed`]), as the
+/// lab reads it before and after each point: the check scales the costs by the two
+/// medians.
+fn reference(out: &mut LabCosts, sample: &mut SampleFn) -> Result<(), String> {
+    let s = hostspeed::measure(hostspeed::REFERENCE_DEFAULT).map_err(err)?;
+    sample("host-reference", 0, s.ops, s.busy_ns_per_op, None);
+    out.references.push(s.busy_ns_per_op);
+    Ok(())
+}
+
 /// The lab-shaped phases (see the module doc), each pair of base and measured phase
 /// `repeats` times ([`interleaved`]).
 fn lab_phases(
@@ -1295,7 +1277,9 @@ fn lab_phases(
             reps: (0..repeats).map(|_| RepPoints::default()).collect(),
             host_phases: Vec::new(),
             light: Vec::new(),
+            references: Vec::new(),
         };
+
         let mut setup = 0;
         let warm_all = |c: &Cluster| -> Result<(), String> {
             for j in 0..LAB_NODES {
@@ -1310,6 +1294,7 @@ fn lab_phases(
                 .collect()
         };
         for transport in TRANSPORTS {
+            reference(&mut out, sample)?;
             let c = env.start(setup, "press", transport, big)?;
             setup += 1;
             warm_all(&c)?;
@@ -1437,6 +1422,7 @@ fn lab_phases(
         // Misses: rr nodes whose cache of one byte holds nothing, each phase right
         // after a local phase of rr nodes that cache everything (both set-ups run side
         // by side; rr nodes publish nothing, so the idle one costs nothing).
+        reference(&mut out, sample)?;
         let hit = env.start(setup, "rr", "tcp", big)?;
         warm_all(&hit)?;
         let c = env.start(setup + 1, "rr", "tcp", 1)?;
@@ -1481,6 +1467,7 @@ fn lab_phases(
                 )?);
             }
         }
+        reference(&mut out, sample)?;
         Ok(out)
     })();
     drop(env);

@@ -98,6 +98,7 @@ fn run_with(tps: [f64; 2]) -> LabRun {
         load_model: None,
         cpu_us_per_req: None,
         host_busy_us_per_req: None,
+        host_ref_ns_per_op: None,
     };
     LabRun {
         cpu_quota_pct: 40,
@@ -273,6 +274,7 @@ fn host_wide() -> HostWideCosts {
         unattributed_share: 0.01,
         unattributed_warn: 0.1,
         phases: Vec::new(),
+        reference_ns_per_op: None,
     }
 }
 
@@ -585,6 +587,48 @@ fn the_host_centre_takes_the_host_wide_demand_when_measured() {
     )
     .unwrap();
     assert!(alone.host.is_none());
+}
+
+/// A point whose host read the reference workload slower than the calibration did is
+/// checked with every CPU cost scaled by the ratio, and the throughput the model gives
+/// falls with it; without both readings, or past the range, nothing is scaled.
+#[test]
+fn the_host_speed_reference_scales_the_checked_costs() {
+    let trace = small_trace(400, 6_000);
+    let mut f = costs_file();
+    f.host_wide = Some(host_wide());
+    let run = run_with([1.0, 1.0]);
+    let mut p = run.points[1].clone();
+    assert_eq!(host_speedup(&f, &p), 1.0, "neither recorded");
+    p.host_ref_ns_per_op = Some(20_000.0);
+    assert_eq!(
+        host_speedup(&f, &p),
+        1.0,
+        "the calibration did not record it"
+    );
+    f.host_wide.as_mut().unwrap().reference_ns_per_op = Some(16_000.0);
+    assert_eq!(host_speedup(&f, &p), 0.8, "the point's host 25 % slower");
+    let slow = LabRun {
+        points: vec![p.clone()],
+        ..run.clone()
+    };
+    let fast = LabRun {
+        points: vec![LabPoint {
+            host_ref_ns_per_op: Some(16_000.0),
+            ..p.clone()
+        }],
+        ..run.clone()
+    };
+    let x = |r: &LabRun| {
+        let c = check_runs(&f, &trace, &[("r".into(), r.clone())], 1);
+        let pred = c[0].prediction.as_ref().unwrap();
+        (pred.setup.cpu_speedup, pred.throughput())
+    };
+    let ((ks, xs), (kf, xf)) = (x(&slow), x(&fast));
+    assert_eq!((ks, kf), (0.8, 1.0));
+    assert!(xs < xf, "a slower host, less throughput: {xs} vs {xf}");
+    p.host_ref_ns_per_op = Some(16_000.0 * 3.0);
+    assert_eq!(host_speedup(&f, &p), 1.0, "3x: another host, not a drift");
 }
 
 #[test]

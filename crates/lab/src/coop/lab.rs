@@ -719,6 +719,9 @@ fn measure(
             k.clients.to_string()
         }
     );
+    // The host's speed before the point, nothing of it running yet, and after it (the
+    // model scales its calibrated costs by their mean).
+    let host_ref_before = crate::fabric::hostspeed::reading(&format!("lab coop: {tag}"));
     shape_links(&l.dc, k.nodes, k.link_gbit)?;
     let mut sys = start_system(a, l, sh, k, cache_bytes, &tag)?;
     let per_node: Vec<LoadgenArgs> = sys
@@ -791,6 +794,13 @@ fn measure(
     for c in &mut sys.children {
         c.check_alive()?;
     }
+    let host_ref = match (
+        host_ref_before,
+        crate::fabric::hostspeed::reading(&format!("lab coop: {tag}")),
+    ) {
+        (Some(a), Some(b)) => (a + b) / 2.0,
+        (a, b) => a.or(b).unwrap_or(0.0),
+    };
     // What the caches hold at the end of the point.
     let (cache_held_bytes, cache_disk_bytes) = if sys.cache_dirs.is_empty() {
         let held = after
@@ -961,6 +971,7 @@ fn measure(
         throttled_period_frac: throttle.nr_throttled as f64 / throttle.nr_periods.max(1) as f64,
         host_busy_us_per_req: per_req(host_busy_ns) / 1000.0,
         host_busy_frac: host_busy_ns as f64 / 1e9 / window / crate::fabric::hostcpu::host_cpus(),
+        host_ref_ns_per_op: host_ref,
         throttled_ms_per_s: throttle.throttled_us as f64 / 1000.0 / window / k.nodes.max(1) as f64,
         crash_node: crashed.as_ref().map(|c| c.node),
         crash_failures,

@@ -64,7 +64,9 @@ mod ablation;
 mod client;
 mod crash;
 mod lab;
+mod labels;
 mod objects;
+pub use labels::{link_label, load_label};
 pub use objects::{object_body, write_objects};
 mod usage;
 
@@ -340,6 +342,10 @@ pub struct CoopPoint {
     pub host_busy_us_per_req: f64,
     #[serde(default, skip_serializing_if = "zero_f64")]
     pub host_busy_frac: f64,
+    /// The host's speed before the point: busy ns per round trip of the fixed reference
+    /// workload (`fabric::hostspeed`; 0: not recorded). The model scales its costs by it.
+    #[serde(default, skip_serializing_if = "zero_f64")]
+    pub host_ref_ns_per_op: f64,
     /// Crash mode: the node killed and restarted in the measured window (None: no
     /// crash).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -471,6 +477,7 @@ impl LabPoint for CoopPoint {
             throttled_ms_per_s: f(|p| p.throttled_ms_per_s),
             host_busy_us_per_req: f(|p| p.host_busy_us_per_req),
             host_busy_frac: f(|p| p.host_busy_frac),
+            host_ref_ns_per_op: f(|p| p.host_ref_ns_per_op),
             overhead_spins: sum(|p| p.overhead_spins),
             crash_failures: sum(|p| p.crash_failures),
             restart_ms: f(|p| p.restart_ms),
@@ -650,24 +657,6 @@ fn overhead_points(points: &[CoopPoint]) -> Vec<ablation::OverheadPoint> {
         .collect()
 }
 
-/// `1500/s` (open loop: the offered rate) or `16 clients` (closed loop).
-pub fn load_label(load_model: &str, rate: f64, clients: usize) -> String {
-    if load_model == "open" {
-        format!("{rate:.0}/s")
-    } else {
-        format!("{clients} clients")
-    }
-}
-
-/// `10G`, `1G`, or `-` for an unshaped link.
-pub fn link_label(gbit: f64) -> String {
-    if gbit <= 0.0 {
-        "-".into()
-    } else {
-        format!("{gbit}G")
-    }
-}
-
 /// The directory's own cost per point that recorded it (none in runs kept before it
 /// was): per second of the window over all nodes (summed runs: per run-second).
 fn directory_lines(points: &[CoopPoint]) -> String {
@@ -721,8 +710,12 @@ fn throttle_lines(points: &[CoopPoint]) -> String {
         );
     }
     for p in points.iter().filter(|p| p.host_busy_us_per_req > 0.0) {
+        let speed = match p.host_ref_ns_per_op {
+            r if r > 0.0 => format!("; reference {r:.0} ns busy per round trip"),
+            _ => String::new(),
+        };
         out += &format!(
-            "host CPU: {}: {:.1} us busy per request over all CPUs, {:.0} % of the host's CPUs busy\n",
+            "host CPU: {}: {:.1} us busy per request over all CPUs, {:.0} % of the host's CPUs busy{speed}\n",
             point_label(p),
             p.host_busy_us_per_req,
             p.host_busy_frac * 100.0

@@ -2,6 +2,8 @@
 //! data-center of network namespaces, and waiting for a node to be ready.
 //!
 //! - [`flags`]: flag values every experiment shares (`--hosts`, `--load`);
+//! - [`hostcpu`], [`hostspeed`]: the host's busy CPU time and its speed on a fixed
+//!   reference workload (to compare measurements taken at different times);
 //! - [`keys`]: a run's cluster keys (random, 0600, outside the results);
 //! - [`procs`]: a node's process (spawned, pinned, logged, stopped on drop) and the
 //!   interrupt handler that cleans up a run broken by Ctrl-C;
@@ -13,6 +15,7 @@
 
 pub mod flags;
 pub mod hostcpu;
+pub mod hostspeed;
 pub mod keys;
 pub mod netns;
 pub mod procs;
