@@ -245,6 +245,12 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
                 h.unattributed_share * 100.0,
                 h.unattributed_warn * 100.0
             );
+            text += &match h.reference_ns_per_op {
+                Some(r) => format!(
+                    "  host speed while calibrating: {r:.0} ns busy per round trip of the reference workload (a checked point that read its own has every CPU cost scaled by this over its reading)\n"
+                ),
+                None => "  no host speed reference in the costs file: checked points are not scaled\n".into(),
+            };
         }
         None => {
             text += "no host-wide busy time in the costs file (format 1): the host centre's demand is node + client + softirq\n";
