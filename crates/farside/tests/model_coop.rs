@@ -189,11 +189,22 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
     // Per repeat, at four sizes: local, client and host-wide local (tcp set-up), the
     // paired local and host-wide local of the three other transports' set-ups and of
     // the rr set-up, miss and host-wide miss, the peer fetch of every transport (initial
-    // node, service node, softirq, host-wide) and the disk; three directory costs.
+    // node, service node, softirq, host-wide) and the disk; three directory costs. Once:
+    // the host speed reference before each of the five set-ups and after the last.
     let samples = f["samples"].as_array().unwrap();
     assert_eq!(
         samples.len(),
-        2 * (4 * (3 + 3 * 2 + 2 + 2 + 4 * 4 + 1) + 3),
+        2 * (4 * (3 + 3 * 2 + 2 + 2 + 4 * 4 + 1) + 3) + 6,
+        "{f}"
+    );
+    let speed = f["host_wide"]["reference_ns_per_op"].as_f64().unwrap();
+    assert!(speed > 0.0, "{f}");
+    assert_eq!(
+        samples
+            .iter()
+            .filter(|x| x["phase"] == "host-reference")
+            .count(),
+        6,
         "{f}"
     );
     for r in 0..2 {
