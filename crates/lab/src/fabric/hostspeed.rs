@@ -4,9 +4,9 @@
 //! tenants: the same lab point measured 16–20 % apart within an hour here).
 //!
 //! The workload is the request path's kernel work without any of the project's code:
-//! one pair of threads per CPU (both on that CPU), each a client that writes a [`REQUEST_BYTES`] request
-//! over loopback TCP and reads a [`RESPONSE_BYTES`] answer from its server thread, for
-//! a fixed time. Its figure is the host's busy time (`/proc/stat`, all CPUs, steal
+//! one pair of threads per CPU (both on that CPU), each a client that writes a
+//! [`REQUEST_BYTES`] request over loopback TCP and reads a [`RESPONSE_BYTES`] answer
+//! from its server thread, for a fixed time. Its figure is the host's busy time (`/proc/stat`, all CPUs, steal
 //! included as the time the host did not give) over the round trips it completed, so a
 //! slower host (a busier neighbour, more steal, a colder cache) reads higher.
 
@@ -47,6 +47,9 @@ pub struct HostSpeed {
 /// Runs the reference workload for `dur` (one client/server pair per CPU).
 pub fn measure(dur: Duration) -> io::Result<HostSpeed> {
     let pairs = (host_cpus() as usize).clamp(1, PAIRS_MAX);
+    // The clients start together when every pair is connected, so the round trips
+    // counted are those of the window.
+    let go = Arc::new(AtomicBool::new(false));
     let stop = Arc::new(AtomicBool::new(false));
     let mut clients = Vec::with_capacity(pairs);
     let mut servers = Vec::with_capacity(pairs);
@@ -59,14 +62,18 @@ pub fn measure(dur: Duration) -> io::Result<HostSpeed> {
         }));
         let stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
-        let stop = stop.clone();
+        let (go, stop) = (go.clone(), stop.clone());
         clients.push(std::thread::spawn(move || {
             pin(cpu);
+            while !go.load(Ordering::Acquire) {
+                std::thread::yield_now();
+            }
             ping(stream, &stop)
         }));
     }
-    // Every pair is connected and running: the window starts now.
+    // Every pair is connected: the window starts now.
     let (t0, h0) = (Instant::now(), host_ns());
+    go.store(true, Ordering::Release);
     std::thread::sleep(dur);
     let (h1, wall) = (host_ns(), t0.elapsed());
     stop.store(true, Ordering::Relaxed);
@@ -99,9 +106,9 @@ pub fn measure(dur: Duration) -> io::Result<HostSpeed> {
 }
 
 /// Keeps the calling thread on `cpu`: both threads of a pair on one CPU, each pair on
-/// its own, so every reading has the same placement (left to the scheduler, pairs that
-/// shared a CPU or split across two read 8.6 to 13.4 µs per round trip on an idle host).
-/// A CPU the thread may not use leaves it unpinned.
+/// its own, so every reading has the same placement (it did not narrow the spread of
+/// 0.5 s readings here, 8.9–13.7 µs pinned against 8.6–13.4 unpinned: that spread is
+/// the host's). A CPU the thread may not use leaves it unpinned.
 fn pin(cpu: usize) {
     let _ = super::procs::pin_current_thread(&[cpu]);
 }
