@@ -1228,8 +1228,8 @@ fn dominant(what: &str, size: u64, class: u64, c: &Counted) -> Result<f64, Strin
 }
 
 /// The host's speed before each set-up starts and after the last ([`hostspeed`]), as the
-/// lab reads it before and after each point: the check scales the costs by the two
-/// medians.
+/// lab reads it before and after each point: the check scales the costs by the median of
+/// these readings over the mean of the point's.
 fn reference(out: &mut LabCosts, sample: &mut SampleFn) -> Result<(), String> {
     let s = hostspeed::measure(hostspeed::REFERENCE_DEFAULT).map_err(err)?;
     sample("host-reference", 0, s.ops, s.busy_ns_per_op, None);
