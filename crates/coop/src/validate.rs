@@ -689,7 +689,9 @@ fn network(f: &CostsFile, s: &Setup, report: &SimReport, think_ns: f64) -> Resul
             / m;
         HostCpu {
             cpus,
-            node_ns: (demands.own[0] + demands.peer[0]) * s.cpu_share * s.cpu_speedup,
+            // At the share the demands are CPU time over the share (and over the speed-up);
+            // on a whole core of this host they are times the share alone.
+            node_ns: (demands.own[0] + demands.peer[0]) * s.cpu_share,
             client_ns: think_ns,
             softirq_ns: soft / s.cpu_speedup,
             host_wide_ns: host_wide,
@@ -902,9 +904,11 @@ pub fn measured_laws(p: &LabPoint, pred: Option<&Prediction>) -> Vec<Law> {
             holds: Some(u <= 1.0),
         });
         // The same law on the lab's own CPU figure: D measured = CPU used / requests, at
-        // the nodes' share; the model's D against it (within the tolerance).
+        // the nodes' share; the model's D against it (within the tolerance). Both are CPU
+        // time of this host's cores: the quota is a share of them whatever their speed
+        // (the speed-up is already inside the model's demand at the share).
         if let Some(us) = p.cpu_us_per_req.filter(|v| *v > 0.0) {
-            let share = pred.setup.cpu_share * pred.setup.cpu_speedup;
+            let share = pred.setup.cpu_share;
             let model_us = cpu_per_req * 1e6 * share;
             let u = utilisation(x, us / 1e6 / share) / p.nodes as f64;
             let e = relative_error(model_us, us);

@@ -453,3 +453,50 @@ fn concurrent_builds_restore_the_tcp_hash_sysctl() {
         );
     }
 }
+
+#[test]
+#[ignore = "needs root: run with `cargo test -p farside-lab -- --include-ignored` as root"]
+fn the_cfs_slice_is_lowered_while_quota_runs_live_and_restored_after_the_last() {
+    // The host's CFS bandwidth slice is lowered for the nodes' quotas while any run with
+    // quotas lives, to the rule's value of the smallest quota, and restored by the last run
+    // to end, by a teardown or by the clean-up of a crashed run.
+    require_root();
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let path = netns::SLICE_SYSCTL;
+    let read = || -> u64 {
+        std::fs::read_to_string(path)
+            .expect("the CFS bandwidth sysctl (a kernel with CFS bandwidth control)")
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let before = read();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let want = |pct| netns::slice_for(netns::cpu_quota_period(pct).0, cpus, before);
+    // A run without quotas leaves it alone.
+    let plain = VirtualDc::create(&run_id("s0"), &[NodeSpec::new("n")]).unwrap();
+    assert_eq!(read(), before);
+    drop(plain);
+    let a = VirtualDc::create(&run_id("sa"), &[NodeSpec::new("n").cpu_quota_pct(40)]).unwrap();
+    assert_eq!(read(), want(40));
+    let b = VirtualDc::create(&run_id("sb"), &[NodeSpec::new("n").cpu_quota_pct(20)]).unwrap();
+    assert_eq!(read(), want(20).min(want(40)), "the smaller quota's");
+    drop(a);
+    assert_eq!(read(), want(20).min(want(40)), "b still runs");
+    b.destroy().unwrap();
+    assert_eq!(read(), before, "restored by the last run");
+    // A crashed run's clean-up restores it too.
+    let run = run_id("sc");
+    let c = VirtualDc::create(&run, &[NodeSpec::new("n").cpu_quota_pct(40)]).unwrap();
+    std::mem::forget(c);
+    assert_eq!(read(), want(40));
+    let r = netns::clean_run_id(&run).unwrap();
+    assert!(r.errors.is_empty(), "{r}");
+    assert_eq!(read(), before, "{r}");
+    if want(40) != before {
+        assert_eq!(r.slice_restored, Some(before), "{r}");
+        assert!(r
+            .to_string()
+            .contains("restored kernel.sched_cfs_bandwidth_slice_us"));
+    }
+}

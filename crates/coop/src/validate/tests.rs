@@ -627,6 +627,14 @@ fn the_host_speed_reference_scales_the_checked_costs() {
     let ((ks, xs), (kf, xf)) = (x(&slow), x(&fast));
     assert_eq!((ks, kf), (0.8, 1.0));
     assert!(xs < xf, "a slower host, less throughput: {xs} vs {xf}");
+    // The nodes' whole-core CPU is this host's CPU time, as the host-wide figure is:
+    // the demand at the share times the share alone (the speed-up is inside the demand;
+    // the quota is a share of this host's cores whatever their speed).
+    let c = check_runs(&f, &trace, &[("r".into(), slow.clone())], 1);
+    let pred = c[0].prediction.as_ref().unwrap();
+    let node = (pred.demands.own[0] + pred.demands.peer[0]) * pred.setup.cpu_share;
+    assert!((pred.host.unwrap().node_ns - node).abs() < 1e-6);
+    assert!(render_prediction(pred).contains(&format!("node {:.1}", node / 1e3)));
     p.host_ref_ns_per_op = Some(16_000.0 * 3.0);
     assert_eq!(host_speedup(&f, &p), 1.0, "3x: another host, not a drift");
 }

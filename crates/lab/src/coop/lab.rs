@@ -230,7 +230,8 @@ pub fn run(a: CoopLabArgs) -> io::Result<()> {
     let mut meta = crate::summary::Summary::new("coop", a.hosts.as_str(), a.sweep.quick);
     crate::sweep::fill_host_metadata(&mut meta);
     meta.params = params(&a, &coop_trace, warmup_s, duration_s);
-    trace_params(&mut meta.params, &label);
+    super::labels::trace_params(&mut meta.params, &label);
+    super::labels::slice_params(&mut meta.params, a.cpu_quota_pct);
     let mut sweep = crate::sweep::Sweep::<Coop>::start(&dir, meta, a.sweep.resume.is_some())?;
     if let Some(d) = &label.description {
         std::fs::write(
@@ -377,25 +378,6 @@ fn params(
         },
         "crash": a.crash_node.map(|n| format!("node n{n} killed with SIGKILL {} s into every point's measured window, down {} ms, then started again with the same arguments (empty cache, new arena); recovery: the first whole second after the crash's serving at least {:.0} % of the mean rate before it with no failure", crash_at_s(a), a.crash_down_ms, RECOVERED_FRACTION * 100.0)),
     })
-}
-
-/// The trace's name, label and whether it is synthetic, into the run's params (the
-/// sample's runs keep their earlier `trace` text).
-fn trace_params(params: &mut serde_json::Value, l: &farside_coop::synth::TraceLabel) {
-    if l.name != "wc98-day6-sample" {
-        params["trace"] = format!(
-            "{}, files at their paths and sizes with content of their own",
-            l.label
-        )
-        .into();
-    }
-    params["trace_name"] = l.name.clone().into();
-    params["trace_synthetic"] = l.synthetic.into();
-    params["trace_label"] = l.label.clone().into();
-    if let Some(d) = &l.description {
-        params["trace_command"] = d["command"].clone();
-        params["trace_source"] = d["source"].clone();
-    }
 }
 
 /// Shape (or unshape, `gbit` 0) both ends of every back-end node's link.

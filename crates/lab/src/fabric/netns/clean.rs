@@ -17,10 +17,14 @@ pub struct RunState {
     pub cgroup_dirs: Vec<PathBuf>,
     /// Previous `net.ipv4.tcp_child_ehash_entries` while the run has it changed.
     pub ehash_prev: Option<String>,
+    /// The run lowered (or is about to lower) the host's CFS bandwidth slice
+    /// ([`SLICE_SYSCTL`]); the last such run to end restores it.
+    #[serde(default)]
+    pub cfs_slice_lowered: bool,
 }
 
 impl RunState {
-    fn owner_alive(&self) -> bool {
+    pub(super) fn owner_alive(&self) -> bool {
         process_start(self.owner_pid).is_some_and(|s| s == self.owner_start)
     }
 }
@@ -35,6 +39,8 @@ pub struct CleanReport {
     pub killed_pids: Vec<u32>,
     /// `net.ipv4.tcp_child_ehash_entries` restored to this value.
     pub sysctl_restored: Option<String>,
+    /// `kernel.sched_cfs_bandwidth_slice_us` restored to this value.
+    pub slice_restored: Option<u64>,
     pub errors: Vec<String>,
 }
 
@@ -46,6 +52,7 @@ impl CleanReport {
             && self.state_files.is_empty()
             && self.killed_pids.is_empty()
             && self.sysctl_restored.is_none()
+            && self.slice_restored.is_none()
     }
 }
 
@@ -71,6 +78,9 @@ impl fmt::Display for CleanReport {
         }
         if let Some(v) = &self.sysctl_restored {
             writeln!(f, "restored net.ipv4.tcp_child_ehash_entries = {v}")?;
+        }
+        if let Some(v) = &self.slice_restored {
+            writeln!(f, "restored kernel.sched_cfs_bandwidth_slice_us = {v}")?;
         }
         for e in &self.errors {
             writeln!(f, "error: {e}")?;
@@ -144,6 +154,8 @@ pub fn clean_all() -> io::Result<CleanReport> {
             Err(e) => r.errors.push(format!("remove {}: {e}", p.display())),
         }
     }
+    // No run is left to hold the CFS slice lowered.
+    release_slice(&mut r);
     Ok(r)
 }
 
@@ -171,6 +183,8 @@ pub fn clean_stale() -> io::Result<CleanReport> {
             Err(e) => r.errors.push(format!("remove {}: {e}", p.display())),
         }
     }
+    // The CFS slice, unless a live run still holds it lowered.
+    release_slice(&mut r);
     Ok(r)
 }
 
@@ -198,6 +212,8 @@ pub fn clean_run_id(run_id: &str) -> io::Result<CleanReport> {
             Err(e) => r.errors.push(format!("remove {}: {e}", p.display())),
         }
     }
+    // The CFS slice, unless a live run still holds it lowered.
+    release_slice(&mut r);
     Ok(r)
 }
 
@@ -343,4 +359,24 @@ pub(super) fn kill_cgroup(d: &Path, r: &mut CleanReport) {
             }
         }
     }
+}
+
+/// Restores the host's CFS bandwidth slice unless a live run (a state file marked
+/// `cfs_slice_lowered` whose owner runs) still has it lowered; the caller has removed its
+/// own run's state file. Records the restored value, or the error, in `r`.
+pub(super) fn release_slice(r: &mut CleanReport) {
+    let mut errors = Vec::new();
+    let held = || {
+        let mut scratch = CleanReport::default();
+        let held = read_states(&mut scratch)
+            .iter()
+            .any(|(_, s)| s.cfs_slice_lowered && s.owner_alive());
+        errors = scratch.errors;
+        held
+    };
+    match super::slice::release(Path::new(STATE_DIR), held) {
+        Ok(v) => r.slice_restored = r.slice_restored.or(v),
+        Err(e) => r.errors.push(format!("the CFS bandwidth slice: {e}")),
+    }
+    r.errors.extend(errors);
 }

@@ -57,7 +57,7 @@
 //!   (none are ever created; defensive), `farside/` cgroups and state files.
 
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -71,10 +71,12 @@ use serde::{Deserialize, Serialize};
 
 mod cgroup;
 mod clean;
+mod slice;
 mod sys;
 
 pub use cgroup::*;
 pub use clean::*;
+pub use slice::{slice_for, SLICE_MIN_US, SLICE_SYSCTL};
 use sys::*;
 
 /// Prefix of every namespace (and of any root-namespace link) the lab creates.
@@ -106,20 +108,6 @@ const EHASH_SYSCTL: &str = "/proc/sys/net/ipv4/tcp_child_ehash_entries";
 /// between runs that build namespaces at the same time.
 const EHASH_LOCK: &str = "ehash.lock";
 
-/// `path` opened (created if missing) and locked exclusively with `flock`; the lock
-/// lasts as long as the returned file.
-fn lock_exclusive(path: &Path) -> io::Result<File> {
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(path)?;
-    // SAFETY: flock on a descriptor this function owns; it blocks until the lock is ours.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(f)
-}
 const NOT_ROOT: &str =
     "--hosts netns needs root (network namespaces, cgroups); run as root or use --hosts loopback";
 /// How long teardown waits for killed processes to leave a cgroup.
@@ -353,6 +341,7 @@ impl VirtualDc {
             ehash_prev: fs::read_to_string(EHASH_SYSCTL)
                 .ok()
                 .map(|s| s.trim().to_string()),
+            cfs_slice_lowered: false,
         };
         let mut dc = VirtualDc {
             run_id: run_id.to_string(),
@@ -461,7 +450,30 @@ impl VirtualDc {
         }
 
         // 6. Cgroups.
-        self.build_cgroups()
+        self.build_cgroups()?;
+
+        // 7. The host's CFS bandwidth slice, lowered for the nodes' quotas while the run
+        // lives (see `slice`); marked in the state first, so a crash is restored. A kernel
+        // without the sysctl has no slice to lower.
+        let quota = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.spec.cpu_quota_pct)
+            .map(|p| cpu_quota_period(p).0)
+            .min();
+        if let Some(q) = quota.filter(|_| Path::new(SLICE_SYSCTL).exists()) {
+            self.state.cfs_slice_lowered = true;
+            write_state(&self.state_path, &self.state)?;
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let (was, now) = slice::lower(Path::new(STATE_DIR), q, cpus)?;
+            if now != was {
+                log::info!(
+                    "lab: host CFS bandwidth slice {now} us while the run lasts (was {was} us; \
+                     rule: the smallest node quota {q} us over 2 x {cpus} CPUs)"
+                );
+            }
+        }
+        Ok(())
     }
 
     fn build_cgroups(&self) -> io::Result<()> {
@@ -822,6 +834,9 @@ impl VirtualDc {
                 .errors
                 .push(format!("remove {}: {e}", self.state_path.display())),
         }
+        if self.state.cfs_slice_lowered {
+            release_slice(&mut report);
+        }
         if report.errors.is_empty() {
             Ok(())
         } else {
@@ -891,14 +906,6 @@ fn truncate_ifname(s: &str) -> String {
     s.chars().take(15).collect()
 }
 
-fn write_file(p: &Path, v: &str, what: &str) -> io::Result<()> {
-    fs::write(p, v).map_err(|e| {
-        ctx(
-            e,
-            &format!("--hosts netns: {what}: write {v:?} to {}", p.display()),
-        )
-    })
-}
 
 fn write_state(p: &Path, s: &RunState) -> io::Result<()> {
     fs::create_dir_all(STATE_DIR).map_err(|e| ctx(e, &format!("create {STATE_DIR}")))?;

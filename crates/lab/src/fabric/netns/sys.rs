@@ -193,3 +193,28 @@ pub(super) fn tx_csum_off(dev: &str) -> io::Result<()> {
     }
     Ok(())
 }
+
+/// `path` opened (created if missing) and locked exclusively with `flock`; the lock
+/// lasts as long as the returned file.
+pub(super) fn lock_exclusive(path: &Path) -> io::Result<File> {
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    // SAFETY: flock on a descriptor this function owns; it blocks until the lock is ours.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(f)
+}
+
+/// Write `v` to `p` (a sysctl or cgroup file); the error names what for.
+pub(super) fn write_file(p: &Path, v: &str, what: &str) -> io::Result<()> {
+    fs::write(p, v).map_err(|e| {
+        ctx(
+            e,
+            &format!("--hosts netns: {what}: write {v:?} to {}", p.display()),
+        )
+    })
+}
