@@ -906,7 +906,6 @@ fn truncate_ifname(s: &str) -> String {
     s.chars().take(15).collect()
 }
 
-
 fn write_state(p: &Path, s: &RunState) -> io::Result<()> {
     fs::create_dir_all(STATE_DIR).map_err(|e| ctx(e, &format!("create {STATE_DIR}")))?;
     let tmp = p.with_extension("json.tmp");
