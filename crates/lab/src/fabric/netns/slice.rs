@@ -7,9 +7,9 @@
 //! woken on the other CPU wait, throttled, although the node is within its quota. A node
 //! of "40 % of one CPU" then stalls a thread for up to a period at every such wake-up,
 //! which a machine of that speed never does. Measured (W99, 4 nodes at 40 %, 4 runs each,
-//! 29 Nov 2026, `docs/results/coop/20261129d-slice-ab`): at 5 ms the nodes were throttled
-//! 150-180 ms/s each and press-udp's peer fetch took 800-900 µs; at 1 ms 55-70 ms/s and
-//! 420-750 µs.
+//! 29 Nov 2026, `docs/results/coop/20261129d-slice-ab`): at 5 ms press-udp's nodes were
+//! throttled 153-170 ms/s each and its peer fetch took 770-880 µs; at 1 ms 59-69 ms/s and
+//! 420-750 µs, and its throughput rose 16 %.
 //!
 //! Rule ([`slice_for`]): a slice of at most the smallest node quota over twice the host's
 //! CPUs, so that the slices every CPU may hold at once add up to half a quota at most; never
