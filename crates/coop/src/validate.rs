@@ -37,7 +37,12 @@ pub use crate::model::{
 };
 use std::fmt::Write as _;
 
+mod shape;
 mod spread;
+pub use shape::{
+    pick as pick_shape, CalibrationShape, CALIBRATE_CPU_QUOTA_PCT_RANGE, CALIBRATE_NODES_RANGE,
+    SHAPE_CPU_QUOTA_PCT_DEFAULT, SHAPE_NODES_DEFAULT,
+};
 pub use spread::{
     combine_sets, median, min_max, render_spread, within_band, CostSet, Pick, Spread,
 };
@@ -137,6 +142,10 @@ pub struct Sample {
 pub struct CostsFile {
     pub format: String,
     pub provenance: Provenance,
+    /// The nodes and quota the costs were measured at (absent from files made before it
+    /// was recorded, all of which ran the lab's defaults: 4 nodes at 40 %).
+    #[serde(default)]
+    pub shape: CalibrationShape,
     /// CPU costs on one whole core; disk from [`Self::disk`] at the run's settings.
     pub costs: Costs,
     pub disk: DiskEmulation,

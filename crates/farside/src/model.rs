@@ -40,12 +40,16 @@ pub enum ModelWhat {
 pub struct CoopModelArgs {
     /// Costs file (JSON, `farside-coop-costs/4`; the older `/3`, measured once without
     /// a spread, `/2`, without the delay either, and `/1`, without host-wide busy time
-    /// either, are still read: the output says what they lack) from `--calibrate`. Required unless --calibrate is given.
-    #[arg(long)]
-    pub costs: Option<PathBuf>,
+    /// either, are still read: the output says what they lack) from `--calibrate`.
+    /// Required unless --calibrate is given. Several, comma-separated (each calibrated
+    /// in another shape, `--calibrate-nodes`): each checked point takes the costs
+    /// calibrated at its own node count and CPU quota, else the first file's; the
+    /// extrapolation and the model output without --runs take the first's.
+    #[arg(long, value_delimiter = ',')]
+    pub costs: Vec<PathBuf>,
     /// Measure the costs on this host first, the way `farside lab coop` incurs them:
-    /// 4 `farside backend --coop` nodes in network namespaces at the lab's 40 % CPU
-    /// quota, driven by `farside loadgen` replaying sessions of a synthetic trace (not
+    /// `farside backend --coop` nodes in network namespaces (--calibrate-nodes, default
+    /// the lab's 4, at --calibrate-cpu-quota-pct, default the lab's 40 %), driven by `farside loadgen` replaying sessions of a synthetic trace (not
     /// the World Cup), in all-local, all-miss and all-remote phases (the last per
     /// transport: tcp, udp, xdp, shm), taking in each the nodes' cgroup CPU and the
     /// host's busy time over all CPUs (/proc/stat) per request; then, per kind and size,
@@ -75,6 +79,15 @@ pub struct CoopModelArgs {
     /// too). Default 5.
     #[arg(long = "calibrate-repeats", default_value_t = crate::model_calibrate::CALIBRATE_REPEATS_DEFAULT)]
     pub calibrate_repeats: usize,
+    /// Nodes of the calibration (even, 2 to 8). Default 4, the lab's: costs calibrated
+    /// at the node count and quota of the configurations they check hold the host's
+    /// cost of carrying that many nodes (see --costs).
+    #[arg(long = "calibrate-nodes", default_value_t = validate::SHAPE_NODES_DEFAULT)]
+    pub calibrate_nodes: usize,
+    /// Each calibration node's CPU quota, percent of one CPU (5 to 100). Default 40, the
+    /// lab's.
+    #[arg(long = "calibrate-cpu-quota-pct", default_value_t = validate::SHAPE_CPU_QUOTA_PCT_DEFAULT)]
+    pub calibrate_cpu_quota_pct: u32,
     /// Kept `lab coop` run directories (each with `points.json`) to compare with.
     #[arg(long, value_delimiter = ',')]
     pub runs: Vec<PathBuf>,
@@ -132,28 +145,42 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
     if let Some(out) = &a.out {
         std::fs::create_dir_all(out).map_err(|e| format!("{}: {e}", out.display()))?;
     }
-    let costs_path = match (&a.costs, &a.out) {
-        (Some(p), _) => p.clone(),
-        (None, Some(out)) if a.calibrate => out.join("costs.json"),
-        _ => {
+    let costs_paths: Vec<PathBuf> = match (a.costs.as_slice(), &a.out) {
+        ([p], _) if a.calibrate => vec![p.clone()],
+        (_, _) if a.calibrate && a.costs.len() > 1 => {
+            return Err(
+                "model coop: --calibrate writes one costs file: give one --costs path".into(),
+            )
+        }
+        ([], Some(out)) if a.calibrate => vec![out.join("costs.json")],
+        ([], _) => {
             return Err(
                 "model coop: needs --costs FILE (or --calibrate with --costs or --out): \
                  the model runs on measured costs only"
                     .into(),
             )
         }
+        (paths, _) => paths.to_vec(),
     };
     if a.calibrate {
+        let shape = validate::CalibrationShape::new(a.calibrate_nodes, a.calibrate_cpu_quota_pct)
+            .map_err(|e| format!("model coop: {e}"))?;
+        let costs_path = &costs_paths[0];
         let f = crate::model_calibrate::calibrate(
             a.calibrate_requests,
             a.calibrate_seconds,
             a.calibrate_repeats,
+            shape,
         )?;
         let text = serde_json::to_string_pretty(&f).map_err(|e| e.to_string())? + "\n";
-        std::fs::write(&costs_path, text).map_err(|e| format!("{}: {e}", costs_path.display()))?;
+        std::fs::write(costs_path, text).map_err(|e| format!("{}: {e}", costs_path.display()))?;
         eprintln!("model coop: wrote {}", costs_path.display());
     }
-    let costs = read_costs(&costs_path)?;
+    let all_costs = costs_paths
+        .iter()
+        .map(|p| read_costs(p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let costs = &all_costs[0];
     let trace_path = a.trace.clone().unwrap_or_else(world_cup_sample_path);
     let trace =
         Trace::read_world_cup(&trace_path).map_err(|e| format!("{}: {e}", trace_path.display()))?;
@@ -176,14 +203,175 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
             .map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into());
         runs.push((name, run));
     }
+    let mut text = format!(
+        "farside model coop\ntrace: {} ({} requests, {} objects, {:.1} MB distinct)\n",
+        trace_path.display(),
+        trace.requests.len(),
+        trace.object_bytes.len(),
+        trace.distinct_bytes() as f64 / 1e6,
+    );
+    for (path, c) in costs_paths.iter().zip(&all_costs) {
+        text += &costs_text(path, c);
+    }
+    text += "\n";
+    let systems = validate::modelled_systems(costs);
+    let (modelled, failed, bases) = if runs.is_empty() {
+        text += "no lab runs given (--runs): nothing is checked, every figure is model output, UNCHECKED\n";
+        for &n in &a.nodes {
+            for system in &systems {
+                let s = default_setup(&trace, system, n);
+                let p = validate::predict(costs, &trace, &s, a.seed)?;
+                text += &format!(
+                    "\n{system} ({n} nodes, {} clients, cache {} B per node):\n",
+                    n * 4,
+                    s.cache_bytes
+                );
+                text += &validate::render_prediction(&p);
+            }
+        }
+        let n = a.nodes.iter().copied().max().unwrap_or(4);
+        (0, 0, vec![default_setup(&trace, "rr", n)])
+    } else {
+        let checks = check_by_shape(&all_costs, &trace, &runs, a.seed);
+        if all_costs.len() > 1 {
+            text += &shape_lines(&all_costs, &costs_paths, &runs);
+        }
+        text += &validate::render_checks(&checks);
+        text += "\n";
+        let ends: Option<Vec<(CostsFile, CostsFile)>> =
+            all_costs.iter().map(CostsFile::spread_ends).collect();
+        match ends {
+            Some(ends) => {
+                let (low, high): (Vec<_>, Vec<_>) = ends.into_iter().unzip();
+                let l = check_by_shape(&low, &trace, &runs, a.seed);
+                let h = check_by_shape(&high, &trace, &runs, a.seed);
+                text += &validate::render_spread(&checks, &l, &h);
+            }
+            None => {
+                text += &format!(
+                    "no spread in a costs file (format {}: each cost measured once): the checks are not repeated at its ends\n",
+                    all_costs
+                        .iter()
+                        .find(|c| c.spread.is_none())
+                        .map_or(costs.format.as_str(), |c| c.format.as_str())
+                );
+            }
+        }
+        let (m, _, bad) = validate::verdict(&checks);
+        // Extrapolate from every distinct checked configuration of the largest node
+        // count (nodes, cache, clients per node): each cache rule is its own regime.
+        let nodes_max = checks
+            .iter()
+            .filter_map(|c| c.prediction.as_ref().ok())
+            .map(|p| p.setup.nodes)
+            .max()
+            .ok_or("model coop: no configuration of the runs is modelled")?;
+        let mut bases: Vec<validate::Setup> = Vec::new();
+        for p in checks.iter().filter_map(|c| c.prediction.as_ref().ok()) {
+            let s = &p.setup;
+            let same = |b: &validate::Setup| {
+                (b.nodes, b.cache_bytes, b.clients_per_node)
+                    == (s.nodes, s.cache_bytes, s.clients_per_node)
+            };
+            if s.nodes == nodes_max && !bases.iter().any(same) {
+                bases.push(s.clone());
+            }
+        }
+        (m, bad, bases)
+    };
+    if !a.no_extrapolate {
+        for base in bases.iter().take(EXTRAPOLATION_BASES_MAX) {
+            let rows = validate::extrapolate_grid(costs, &trace, base, &systems, a.seed)?;
+            text += &format!(
+                "\nfrom {} nodes, cache {} B per node, {} clients per node; one host per node as in the paper (no shared host CPU centre{}):\n",
+                base.nodes,
+                base.cache_bytes,
+                base.clients_per_node,
+                base.shared_host_cpus
+                    .map_or(String::new(), |c| format!("; the checked points shared {c} CPUs"))
+            );
+            text += &validate::render_extrapolation(&rows, failed, modelled);
+        }
+    }
+    print!("{text}");
+    if let Some(out) = &a.out {
+        let p = out.join("model.txt");
+        std::fs::write(&p, &text).map_err(|e| format!("{}: {e}", p.display()))?;
+        eprintln!("model coop: wrote {}", p.display());
+    }
+    Ok(failed == 0)
+}
+
+/// Every point of `runs` checked with the costs calibrated in its own shape (node count
+/// and CPU quota, [`validate::pick_shape`]), else with the first costs file's.
+fn check_by_shape(
+    costs: &[CostsFile],
+    trace: &Trace,
+    runs: &[(String, LabRun)],
+    seed: u64,
+) -> Vec<validate::PointCheck> {
+    if let [one] = costs {
+        return validate::check_runs(one, trace, runs, seed);
+    }
+    let shapes: Vec<_> = costs.iter().map(|c| c.shape).collect();
+    let mut out = Vec::new();
+    for (name, run) in runs {
+        for p in &run.points {
+            let k = validate::pick_shape(&shapes, p.nodes, run.cpu_quota_pct).unwrap_or(0);
+            let one = LabRun {
+                points: vec![p.clone()],
+                ..run.clone()
+            };
+            out.extend(validate::check_runs(
+                &costs[k],
+                trace,
+                &[(name.clone(), one)],
+                seed,
+            ));
+        }
+    }
+    out
+}
+
+/// Which costs file checked which points, one line per file.
+fn shape_lines(costs: &[CostsFile], paths: &[PathBuf], runs: &[(String, LabRun)]) -> String {
+    let shapes: Vec<_> = costs.iter().map(|c| c.shape).collect();
+    let mut text = String::from(
+        "each point checked with the costs calibrated at its own node count and CPU quota, else the first file's:\n",
+    );
+    for (k, (c, path)) in costs.iter().zip(paths).enumerate() {
+        let mut points = Vec::new();
+        for (name, run) in runs {
+            for p in &run.points {
+                if validate::pick_shape(&shapes, p.nodes, run.cpu_quota_pct) == Some(k) {
+                    points.push(format!("{name} {} ({} nodes)", p.system, p.nodes));
+                }
+            }
+        }
+        text += &format!(
+            "  {} ({}): {}\n",
+            path.display(),
+            c.shape.label(),
+            if points.is_empty() {
+                "no point".to_string()
+            } else {
+                points.join(", ")
+            }
+        );
+    }
+    text + "\n"
+}
+
+/// What the model says of one costs file: where and how it was measured, and its costs.
+fn costs_text(costs_path: &Path, costs: &CostsFile) -> String {
     let pv = &costs.provenance;
     let mut text = format!(
-        "farside model coop\ncosts: {} (commit {}{}, kernel {}, host {}, {} CPUs, {} build, {}, load {:.1}/{:.1})\n\
-         trace: {} ({} requests, {} objects, {:.1} MB distinct)\n\
+        "costs: {} (calibrated at {}; commit {}{}, kernel {}, host {}, {} CPUs, {} build, {}, load {:.1}/{:.1})\n\
          CPU per request on one core: {:.1} us + {:.2} us/KB; miss +{:.1} us + {:.2} us/KB; \
          forward initial +{:.1} us + {:.2} us/KB, service {:.1} us + {:.2} us/KB; client {:.1} us + {:.2} us/KB\n\
          disk emulation: {} us + size / {} B/s configured, measured {:.1} us + {:.2} us/KB\n",
         costs_path.display(),
+        costs.shape.label(),
         pv.commit,
         if pv.tree_dirty { ", dirty tree" } else { "" },
         pv.kernel,
@@ -193,10 +381,6 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
         pv.measured_at,
         pv.load_avg[0],
         pv.load_avg[1],
-        trace_path.display(),
-        trace.requests.len(),
-        trace.object_bytes.len(),
-        trace.distinct_bytes() as f64 / 1e6,
         costs.costs.cpu_request_ns as f64 / 1e3,
         costs.costs.cpu_per_kb_ns as f64 / 1e3,
         costs.costs.cpu_miss_ns as f64 / 1e3,
@@ -283,84 +467,7 @@ fn run_coop(a: &CoopModelArgs) -> Result<bool, String> {
             );
         }
     }
-    text += "\n";
-    let systems = validate::modelled_systems(&costs);
-    let (modelled, failed, bases) = if runs.is_empty() {
-        text += "no lab runs given (--runs): nothing is checked, every figure is model output, UNCHECKED\n";
-        for &n in &a.nodes {
-            for system in &systems {
-                let s = default_setup(&trace, system, n);
-                let p = validate::predict(&costs, &trace, &s, a.seed)?;
-                text += &format!(
-                    "\n{system} ({n} nodes, {} clients, cache {} B per node):\n",
-                    n * 4,
-                    s.cache_bytes
-                );
-                text += &validate::render_prediction(&p);
-            }
-        }
-        let n = a.nodes.iter().copied().max().unwrap_or(4);
-        (0, 0, vec![default_setup(&trace, "rr", n)])
-    } else {
-        let checks = validate::check_runs(&costs, &trace, &runs, a.seed);
-        text += &validate::render_checks(&checks);
-        text += "\n";
-        match costs.spread_ends() {
-            Some((low, high)) => {
-                let l = validate::check_runs(&low, &trace, &runs, a.seed);
-                let h = validate::check_runs(&high, &trace, &runs, a.seed);
-                text += &validate::render_spread(&checks, &l, &h);
-            }
-            None => {
-                text += &format!(
-                    "no spread in the costs file (format {}: each cost measured once): the checks are not repeated at its ends\n",
-                    costs.format
-                );
-            }
-        }
-        let (m, _, bad) = validate::verdict(&checks);
-        // Extrapolate from every distinct checked configuration of the largest node
-        // count (nodes, cache, clients per node): each cache rule is its own regime.
-        let nodes_max = checks
-            .iter()
-            .filter_map(|c| c.prediction.as_ref().ok())
-            .map(|p| p.setup.nodes)
-            .max()
-            .ok_or("model coop: no configuration of the runs is modelled")?;
-        let mut bases: Vec<validate::Setup> = Vec::new();
-        for p in checks.iter().filter_map(|c| c.prediction.as_ref().ok()) {
-            let s = &p.setup;
-            let same = |b: &validate::Setup| {
-                (b.nodes, b.cache_bytes, b.clients_per_node)
-                    == (s.nodes, s.cache_bytes, s.clients_per_node)
-            };
-            if s.nodes == nodes_max && !bases.iter().any(same) {
-                bases.push(s.clone());
-            }
-        }
-        (m, bad, bases)
-    };
-    if !a.no_extrapolate {
-        for base in bases.iter().take(EXTRAPOLATION_BASES_MAX) {
-            let rows = validate::extrapolate_grid(&costs, &trace, base, &systems, a.seed)?;
-            text += &format!(
-                "\nfrom {} nodes, cache {} B per node, {} clients per node; one host per node as in the paper (no shared host CPU centre{}):\n",
-                base.nodes,
-                base.cache_bytes,
-                base.clients_per_node,
-                base.shared_host_cpus
-                    .map_or(String::new(), |c| format!("; the checked points shared {c} CPUs"))
-            );
-            text += &validate::render_extrapolation(&rows, failed, modelled);
-        }
-    }
-    print!("{text}");
-    if let Some(out) = &a.out {
-        let p = out.join("model.txt");
-        std::fs::write(&p, &text).map_err(|e| format!("{}: {e}", p.display()))?;
-        eprintln!("model coop: wrote {}", p.display());
-    }
-    Ok(failed == 0)
+    text
 }
 
 /// `local hit A us + B us/KB; miss +C us + D us/KB; fetch over T +E us + F us/KB…`: a

@@ -3,12 +3,15 @@
 //! `farside lab coop` incurs them, over a synthetic workload that is none of the compared
 //! configurations.
 //!
-//! The set-up is the lab's: [`LAB_NODES`] back-end nodes (this binary's `backend --coop`,
-//! [`LAB_WORKERS`] workers) in network namespaces on the lab's bridge, each at the lab's
-//! [`LAB_CPU_QUOTA_PCT`] % of a CPU, and the lab's client, `farside loadgen` (in this
-//! process, in the client's namespace), one instance per node driven with
-//! [`LAB_CLIENTS_PER_NODE`] closed-loop clients that replay *sessions* on fresh
-//! connections and check every body against its file, as the lab's do. The trace is
+//! The set-up is the lab's: `--calibrate-nodes` back-end nodes (default 4, the lab's;
+//! this binary's `backend --coop`, the lab's 64 workers) in network namespaces on the
+//! lab's bridge, each at `--calibrate-cpu-quota-pct` % of a CPU (default the lab's 40),
+//! and the lab's client, `farside loadgen` (in this process, in the client's namespace),
+//! one instance per node driven with [`LAB_CLIENTS_PER_NODE`] closed-loop clients that
+//! replay *sessions* on fresh connections and check every body against its file, as the
+//! lab's do. The shape is recorded in the costs file (`shape`): the host's cost per
+//! request grows with the nodes it carries, so a configuration is best checked with costs
+//! calibrated in its own shape. The trace is
 //! synthetic: fixed objects of each size in [`SIZES`], split into one set per node, in
 //! sessions of [`SESSION_REQUESTS`] requests (the World Cup sample's mean session).
 //! Each node's CPU is its cgroup's (ns), the clients' is this process's; the requests are
@@ -18,8 +21,9 @@
 //! - `miss`: `rr` nodes whose cache holds nothing (1 byte), disk emulation at 0: all
 //!   misses; the extra CPU of reading and checksumming a file over a local hit;
 //! - `fetch-<t>-initial|service|softirq` per peer transport `t` (tcp, udp, xdp, shm):
-//!   PRESS nodes over `t`, each set cached at its node; the clients of nodes 0 and 1
-//!   ask for the sets of nodes 2 and 3: all remote hits. The initial nodes' CPU over the
+//!   PRESS nodes over `t`, each set cached at its node; the clients of each node of
+//!   the first half ask for the set of its partner in the second half (of 4 nodes:
+//!   nodes 0 and 1 for the sets of 2 and 3): all remote hits. The initial nodes' CPU over the
 //!   local phase's, the service nodes' CPU, the host's softirq (`/proc/stat`);
 //! - in every lab-shaped phase also the host's busy time (`/proc/stat`, every CPU:
 //!   user + nice + system + irq + softirq + steal) per request of the phase's kind: a
@@ -50,24 +54,28 @@ use farside_backend::coop::wire::DirectoryUpdate;
 use farside_coop::directory::{BloomFilter, BLOOM_FP_DEFAULT};
 use farside_coop::sim::Costs;
 use farside_coop::validate::{
-    combine_sets, light_cycle_ns, light_delay_ns, median, unattributed_share, CostSet, CostsFile,
-    DelayCosts, DelayPhase, DiskEmulation, HostFetchCosts, HostPhase, HostWideCosts, LightKind,
-    Pick, Provenance, Sample, Setup, Spread, TransportCosts, COSTS_FORMAT, DELAY_CLIENTS,
+    combine_sets, light_cycle_ns, light_delay_ns, median, unattributed_share, CalibrationShape,
+    CostSet, CostsFile, DelayCosts, DelayPhase, DiskEmulation, HostFetchCosts, HostPhase,
+    HostWideCosts, LightKind, Pick, Provenance, Sample, Setup, Spread, TransportCosts,
+    COSTS_FORMAT, DELAY_CLIENTS,
 };
 use farside_lab::fabric::hostspeed;
 use farside_lab::fabric::keys::LabKeys;
 use farside_lab::fabric::netns::{NodeSpec, VirtualDc};
-use farside_loadgen::{LoadgenArgs, PathMode, TraceKind};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 mod clocks;
+mod cluster;
 mod provenance;
-use clocks::{cgroup_cpu_ns, host_ns, process_cpu_ns, thread_cpu_ns};
+use clocks::thread_cpu_ns;
+use cluster::{
+    dominant, light_phase_name, node_name, warmup_s, Cluster, Env, LightRaw,
+    CALIBRATION_DISK_BYTES_PER_S, CLIENT, LAB_WORKERS,
+};
+pub use cluster::{HOST_UNATTRIBUTED_WARN, TRANSPORTS};
 #[cfg(test)]
 use farside_lab::fabric::hostcpu::{parse_proc_stat, HostTicks};
 use provenance::{git, load_avg, read_trim, utc_now};
@@ -78,14 +86,8 @@ pub const SIZES: [u64; 4] = [512, 4096, 16_384, 65_536];
 /// Objects per size in each node's set: more than a node's clients ask for at once, so
 /// sessions see distinct objects.
 const OBJECTS_PER_SET: usize = 32;
-/// The lab's set-up (`farside lab coop` defaults): back-end nodes, each node's CPU
-/// quota, closed-loop clients per node, HTTP workers per node.
-pub const LAB_NODES: usize = 4;
-pub const LAB_CPU_QUOTA_PCT: u32 = 40;
+/// The lab's closed-loop clients per node (`farside lab coop --clients-per-node`).
 pub const LAB_CLIENTS_PER_NODE: usize = 4;
-const LAB_WORKERS: usize = 64;
-/// The lab's client timeout, ms.
-const LAB_CLIENT_TIMEOUT_MS: u64 = 10_000;
 /// Requests per session of the synthetic trace: the World Cup sample's mean session
 /// (199,999 requests from 17,505 clients: 11.4), so connections open and close as
 /// often as in the lab's replay.
@@ -107,114 +109,23 @@ pub const CALIBRATE_SECONDS_RANGE: std::ops::RangeInclusive<f64> = 0.2..=60.0;
 pub const CALIBRATE_REPEATS_DEFAULT: usize = 5;
 pub const CALIBRATE_REPEATS_RANGE: std::ops::RangeInclusive<usize> = 1..=20;
 
-/// Warm-up before each phase's measured `seconds`: a third of it, at most 1 s (the
-/// clients reach a steady state in well under a second), at least 0.1 s.
-fn warmup_s(seconds: f64) -> f64 {
-    (seconds / 3.0).clamp(0.1, 1.0)
-}
-/// Time between starting the load generators and their clock's start (thread start,
-/// trace load), as the lab allows.
-const LOADGEN_START: Duration = Duration::from_millis(300);
-/// Share of a phase's requests that must be of the phase's class (local, remote, miss):
-/// the rest are the warm-up's stragglers or a stale hint.
-const PHASE_CLASS_SHARE_MIN: f64 = 0.9;
-/// Time a node may take to listen.
-const READY_WITHIN: Duration = Duration::from_secs(30);
-/// Time for one client read or write.
-const CLIENT_IO_TIMEOUT: Duration = Duration::from_secs(10);
-/// Largest response head a client accepts.
-const HEAD_BYTES_MAX: usize = 16 * 1024;
 /// Time for a press node's directory to reach its peers: many publication periods
 /// (20 ms) and beyond the 500 ms heartbeat.
 const DIRECTORY_SETTLE: Duration = Duration::from_millis(1200);
 /// The lab's disk emulation (`farside lab coop` defaults).
 const LAB_DISK_LATENCY_US: u64 = 5_000;
 const LAB_DISK_BYTES_PER_S: u64 = 40_000_000;
-/// The nodes' emulated disk bandwidth in the lab-shaped phases (with latency 0): no
-/// disk time beyond the emulation's own overhead, so a miss costs its CPU.
-const CALIBRATION_DISK_BYTES_PER_S: u64 = 1_000_000_000_000;
 /// Reads per size of the disk phase.
 const DISK_READS: usize = 20;
 /// Directory updates per directory phase, and the objects each one's filter holds (a
 /// lab node's cache holds a few hundred objects).
 const DIRECTORY_UPDATES: usize = 2000;
 const DIRECTORY_OBJECTS: usize = 400;
-/// Share of a phase's host busy time its own processes (the nodes' cgroups, this
-/// process, the softirq) may leave unexplained before the calibration warns that
-/// another workload ran on the host: 10 %. Idle, the host's other busy time (kernel
-/// threads, timers, the measurement lock's holder) is a few percent of a phase at
-/// saturation; softirq counted twice (no `CONFIG_IRQ_TIME_ACCOUNTING`) only lowers it.
-pub const HOST_UNATTRIBUTED_WARN: f64 = 0.10;
 /// Requests a lab-shaped phase must count at least (`--calibrate-requests`): bounds.
 pub const CALIBRATE_REQUESTS_RANGE: std::ops::RangeInclusive<u64> = 100..=1_000_000;
 
 fn err(what: impl std::fmt::Display) -> String {
     format!("calibrate: {what}")
-}
-
-struct Conn {
-    r: BufReader<TcpStream>,
-    /// The node said `Connection: close`.
-    closed: bool,
-}
-
-impl Conn {
-    fn open(addr: SocketAddr) -> std::io::Result<Conn> {
-        let s = TcpStream::connect_timeout(&addr, CLIENT_IO_TIMEOUT)?;
-        s.set_nodelay(true)?;
-        s.set_read_timeout(Some(CLIENT_IO_TIMEOUT))?;
-        s.set_write_timeout(Some(CLIENT_IO_TIMEOUT))?;
-        Ok(Conn {
-            r: BufReader::new(s),
-            closed: false,
-        })
-    }
-
-    /// GET `path` on the kept-alive connection: status and body (the connection is
-    /// reopened first if the node closed it after the previous answer).
-    fn get(&mut self, path: &str) -> std::io::Result<(u16, Vec<u8>)> {
-        if self.closed {
-            *self = Conn::open(self.r.get_ref().peer_addr()?)?;
-        }
-        write!(
-            self.r.get_mut(),
-            "GET {path} HTTP/1.1\r\nHost: farside\r\n\r\n"
-        )?;
-        let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
-        let (mut status, mut len, mut head) = (0u16, None, 0usize);
-        loop {
-            let mut line = String::new();
-            let n = self.r.read_line(&mut line)?;
-            head += n;
-            if n == 0 || head > HEAD_BYTES_MAX {
-                return Err(bad("closed or oversized head"));
-            }
-            let line = line.trim_end();
-            if status == 0 {
-                status = line
-                    .split(' ')
-                    .nth(1)
-                    .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| bad("status line"))?;
-                continue;
-            }
-            if line.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = line.split_once(':') {
-                if k.trim().eq_ignore_ascii_case("content-length") {
-                    len = Some(v.trim().parse::<usize>().map_err(|_| bad("length"))?);
-                } else if k.trim().eq_ignore_ascii_case("connection")
-                    && v.trim().eq_ignore_ascii_case("close")
-                {
-                    self.closed = true;
-                }
-            }
-        }
-        let mut body = vec![0u8; len.ok_or_else(|| bad("no content-length"))?];
-        self.r.read_exact(&mut body)?;
-        Ok((status, body))
-    }
 }
 
 /// The calibration's files (`o/<size>-<node>-<i>`, distinct content) and, per size and
@@ -246,7 +157,8 @@ pub fn session_trace(paths: &[String], bytes: u64, sessions: usize) -> String {
 }
 
 impl Objects {
-    fn write() -> Result<Objects, String> {
+    /// Writes the sets of `nodes` nodes.
+    fn write(nodes: usize) -> Result<Objects, String> {
         let dir = std::env::temp_dir().join(format!("farside-calib-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("o")).map_err(err)?;
@@ -255,7 +167,7 @@ impl Objects {
         let mut x = 0x9E37_79B9_7F4A_7C15u64;
         for &size in &SIZES {
             let (mut s, mut t) = (Vec::new(), Vec::new());
-            for node in 0..LAB_NODES {
+            for node in 0..nodes {
                 let mut set = Vec::new();
                 for i in 0..OBJECTS_PER_SET {
                     let body: Vec<u8> = (0..size)
@@ -286,19 +198,6 @@ impl Drop for Objects {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-/// Asks `addr` once for each of `paths` (from the client's namespace): what it does
-/// not hold it reads from disk and caches.
-fn warm(addr: SocketAddr, paths: &[String]) -> Result<(), String> {
-    let mut c = Conn::open(addr).map_err(err)?;
-    for name in paths {
-        let (st, _) = c.get(name).map_err(err)?;
-        if st != 200 {
-            return Err(err(format!("{name}: status {st}")));
-        }
-    }
-    Ok(())
 }
 
 /// Least-squares line through `(kb, ns)`: `(a, b)` with `ns = a + b kb`, both at least 0.
@@ -352,7 +251,12 @@ pub fn over_base(measured_ns: f64, base_ns: f64) -> f64 {
 
 /// Measures the costs (see the module doc), every lab-shaped phase `repeats` times; a
 /// lab-shaped phase that counts fewer than `requests` requests is reported.
-pub fn calibrate(requests: u64, seconds: f64, repeats: usize) -> Result<CostsFile, String> {
+pub fn calibrate(
+    requests: u64,
+    seconds: f64,
+    repeats: usize,
+    shape: CalibrationShape,
+) -> Result<CostsFile, String> {
     if !CALIBRATE_REQUESTS_RANGE.contains(&requests) {
         return Err(err(format!(
             "--calibrate-requests must be in {CALIBRATE_REQUESTS_RANGE:?}"
@@ -375,7 +279,7 @@ pub fn calibrate(requests: u64, seconds: f64, repeats: usize) -> Result<CostsFil
     }
     let load0 = load_avg();
     let started = Instant::now();
-    let objects = Objects::write()?;
+    let objects = Objects::write(shape.nodes)?;
     let mut samples = Vec::new();
     let mut sample = |phase: &str, bytes: u64, counted: u64, ns: f64, repeat: Option<usize>| {
         eprintln!(
@@ -396,7 +300,7 @@ pub fn calibrate(requests: u64, seconds: f64, repeats: usize) -> Result<CostsFil
         });
         (kb(bytes), ns)
     };
-    let lab = lab_phases(&objects, seconds, repeats, &mut sample)?;
+    let lab = lab_phases(&objects, shape, seconds, repeats, &mut sample)?;
     let r = |x: f64| x.round() as u64;
     let defaults = Costs::default();
     let mut sets = Vec::with_capacity(repeats);
@@ -474,6 +378,7 @@ pub fn calibrate(requests: u64, seconds: f64, repeats: usize) -> Result<CostsFil
     let dirty = git(&["status", "--porcelain", "--untracked-files=no"]);
     let mut file = CostsFile {
         format: COSTS_FORMAT.into(),
+        shape,
         provenance: Provenance {
             commit: git(&["rev-parse", "HEAD"]),
             tree_dirty: !dirty.is_empty() && dirty != "unknown",
@@ -489,16 +394,16 @@ pub fn calibrate(requests: u64, seconds: f64, repeats: usize) -> Result<CostsFil
             measured_at: utc_now(),
             load_avg: [load0, load_avg()],
             method: format!(
-                "farside model coop --calibrate, lab-shaped: {LAB_NODES} nodes (backend --coop, \
+                "farside model coop --calibrate, lab-shaped: {} nodes (backend --coop, \
                  {LAB_WORKERS} workers) in network namespaces on the lab's bridge at \
-                 {LAB_CPU_QUOTA_PCT} % of a CPU each; farside loadgen in the client namespace, \
+                 {} % of a CPU each; farside loadgen in the client namespace, \
                  one instance per driven node, {LAB_CLIENTS_PER_NODE} closed-loop clients each \
                  replaying sessions of {SESSION_REQUESTS} requests on fresh connections, every \
                  body checked; synthetic trace: {OBJECTS_PER_SET} objects per node and size; \
                  {:.2} s warm-up + {seconds} s measured per phase; {repeats} repeats; \
                  per transport one PRESS set-up, in it per repeat and size an all-local phase \
-                 (each node's set) then right after it an all-remote phase (nodes 0, 1 asked \
-                 for the sets of nodes 2, 3), the fetch taken over that local phase; misses: \
+                 (each node's set) then right after it an all-remote phase (the first half of the \
+                 nodes each asked for the set of its partner in the second half), the fetch taken over that local phase; misses: \
                  two rr set-ups side by side (caches of 256 MB and of 1 byte, disk 0), per \
                  repeat and size an all-local then an all-miss phase, the miss taken over \
                  that local phase; local hit and client costs from the tcp set-up's local \
@@ -516,6 +421,8 @@ pub fn calibrate(requests: u64, seconds: f64, repeats: usize) -> Result<CostsFil
                  wall time of coop::disk::Disk reads, once per repeat; directory: CPU \
                  (CLOCK_THREAD_CPUTIME_ID) of {DIRECTORY_UPDATES} updates of \
                  {DIRECTORY_OBJECTS} objects, once per repeat; NIC 0 (veth without a rate limit)",
+                shape.nodes,
+                shape.cpu_quota_pct,
                 warmup_s(seconds)
             ),
         },
@@ -562,10 +469,10 @@ pub fn calibrate(requests: u64, seconds: f64, repeats: usize) -> Result<CostsFil
     // calibration's set-up (its nodes at their quota, disk emulation at 0, this host).
     let setup = Setup {
         system: String::new(),
-        nodes: LAB_NODES,
+        nodes: shape.nodes,
         cache_bytes: 0,
         clients_per_node: DELAY_CLIENTS,
-        cpu_share: LAB_CPU_QUOTA_PCT as f64 / 100.0,
+        cpu_share: shape.cpu_share(),
         disk_latency_us: 0,
         disk_bytes_per_s: CALIBRATION_DISK_BYTES_PER_S,
         link_gbit: None,
@@ -639,73 +546,6 @@ fn directory_costs() -> Result<(f64, f64, f64), String> {
     Ok((build as f64 / n, send as f64 / n, apply as f64 / n))
 }
 
-/// The children of one phase, killed on drop.
-struct Children(Vec<Child>);
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Waits until `addr` takes connections from the client's namespace.
-fn ready(dc: &VirtualDc, addr: SocketAddr, children: &mut Children) -> Result<(), String> {
-    let until = Instant::now() + READY_WITHIN;
-    loop {
-        let up = dc
-            .run_in_ns(CLIENT, || {
-                Ok(TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok())
-            })
-            .unwrap_or(false);
-        if up {
-            return Ok(());
-        }
-        for c in &mut children.0 {
-            if let Ok(Some(st)) = c.try_wait() {
-                return Err(err(format!("a node exited before {addr} listened: {st}")));
-            }
-        }
-        if Instant::now() > until {
-            return Err(err(format!("{addr} did not listen")));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Transports measured, in order (`farside backend --coop-peer`).
-pub const TRANSPORTS: [&str; 4] = ["tcp", "udp", "xdp", "shm"];
-/// The clients' node.
-const CLIENT: &str = "client";
-/// Ports inside the namespaces (fixed): HTTP and peer; each set-up adds its index so a
-/// previous set-up's sockets never collide.
-const HTTP_PORT: u16 = 8080;
-const PEER_PORT: u16 = 7100;
-/// The arena responders' port and reader key id (as the lab's).
-const ARENA_PORT: u16 = farside_backend::coop::COOP_ARENA_PORT_DEFAULT;
-const ARENA_KEY_ID: u32 = 1;
-
-fn node_name(i: usize) -> String {
-    format!("n{i}")
-}
-
-/// The counters of a node's `/coop/stats` (called in the client's namespace).
-fn stats_here(addr: SocketAddr) -> std::collections::HashMap<String, u64> {
-    let text = match Conn::open(addr).and_then(|mut c| c.get("/coop/stats")) {
-        Ok((_, b)) => String::from_utf8_lossy(&b).into_owned(),
-        Err(e) => {
-            eprintln!("calibrate: warning: the counters of {addr}: {e}");
-            String::new()
-        }
-    };
-    text.lines()
-        .filter_map(|l| l.split_once(' '))
-        .filter_map(|(k, v)| Some((k.to_string(), v.trim().parse().ok()?)))
-        .collect()
-}
-
 /// One repeat's points of the lab-shaped phases, each a cost per size.
 #[derive(Debug, Default)]
 struct RepPoints {
@@ -733,387 +573,6 @@ struct LabCosts {
     light: Vec<LightRaw>,
     /// The host speed reference before each set-up (busy ns per round trip).
     references: Vec<f64>,
-}
-
-/// One light-load phase as the client measured it.
-#[derive(Debug, Clone, Copy)]
-struct LightRaw {
-    kind: LightKind<'static>,
-    bytes: u64,
-    /// Requests served in the client's measured window.
-    requests: u64,
-    window_ns: u64,
-    latency_mean_ns: f64,
-}
-
-impl LightRaw {
-    /// The phase's name in the costs file.
-    fn phase(&self) -> String {
-        light_phase_name(self.kind)
-    }
-
-    /// Measured time per request: the window over the requests (one client: its cycle).
-    fn measured_ns(&self) -> f64 {
-        self.window_ns as f64 / self.requests.max(1) as f64
-    }
-}
-
-fn light_phase_name(kind: LightKind) -> String {
-    match kind {
-        LightKind::Local => "local".into(),
-        LightKind::Miss => "miss".into(),
-        LightKind::Fetch(t) => format!("fetch-{t}"),
-    }
-}
-
-/// What one phase counted over its measured window.
-#[derive(Debug, Clone, Default)]
-struct Counted {
-    /// Per node, CPU ns.
-    cpu_ns: Vec<u64>,
-    local: u64,
-    remote: u64,
-    miss: u64,
-    client_cpu_ns: u64,
-    softirq_ns: u64,
-    /// The host's busy and steal time (all CPUs), ns.
-    busy_ns: u64,
-    steal_ns: u64,
-    /// Wall time of the window, ns.
-    wall_ns: u64,
-    /// What the load generators measured in their own windows.
-    clients: ClientFigures,
-    /// The nodes' counts from before the load generators started (warm-up included):
-    /// the class check of a light phase, whose one client may finish few requests in
-    /// the nodes' window.
-    /// Local, remote, miss.
-    whole: [u64; 3],
-}
-
-/// The load generators' own figures of a phase, summed over them.
-#[derive(Debug, Clone, Copy, Default)]
-struct ClientFigures {
-    /// Requests served in their measured windows.
-    served: u64,
-    /// The longest measured window, ns.
-    window_ns: u64,
-    /// Latency (request sent to body read) summed over the served requests, ns.
-    latency_sum_ns: f64,
-}
-
-impl Counted {
-    fn total(&self) -> u64 {
-        self.local + self.remote + self.miss
-    }
-
-    /// The phase host-wide, per `requests` of its kind; warns when the host was busier
-    /// than the phase's own processes explain by more than [`HOST_UNATTRIBUTED_WARN`].
-    fn host_phase(&self, phase: &str, body_bytes: u64, requests: u64) -> HostPhase {
-        let h = HostPhase {
-            phase: phase.into(),
-            body_bytes,
-            requests,
-            wall_ns: self.wall_ns,
-            busy_ns: self.busy_ns,
-            steal_ns: self.steal_ns,
-            nodes_ns: self.cpu_ns.iter().sum(),
-            own_ns: self.client_cpu_ns,
-            softirq_ns: self.softirq_ns,
-        };
-        if h.unattributed_share() > HOST_UNATTRIBUTED_WARN {
-            let per_s = |ns: f64| ns / (h.wall_ns as f64).max(1.0);
-            eprintln!(
-                "calibrate: warning: {phase} at {body_bytes} B: the host was busy {:.2} CPUs, \
-                 its own processes and softirq explain {:.2} ({:.0} % unexplained, above {:.0} %): \
-                 another workload ran on the host, its costs are too high",
-                per_s(h.busy_ns as f64),
-                per_s(h.busy_ns as f64 - h.unattributed_ns()),
-                h.unattributed_share() * 100.0,
-                HOST_UNATTRIBUTED_WARN * 100.0
-            );
-        }
-        h
-    }
-}
-
-/// Running nodes of one set-up.
-struct Cluster<'a> {
-    dc: &'a VirtualDc,
-    /// Measured time of each phase, s.
-    seconds: f64,
-    _children: Children,
-    http: Vec<SocketAddr>,
-}
-
-/// Where the set-ups' nodes find their files and keys.
-struct Env<'a> {
-    dc: &'a VirtualDc,
-    root: &'a Path,
-    shm_dir: PathBuf,
-    keys: LabKeys,
-    work: PathBuf,
-    exe: PathBuf,
-    seconds: f64,
-}
-
-impl Env<'_> {
-    /// Starts [`LAB_NODES`] nodes (`policy` over `transport`, `cache_bytes` each, disk
-    /// emulation at 0) as set-up `k`.
-    fn start(
-        &self,
-        k: usize,
-        policy: &str,
-        transport: &str,
-        cache_bytes: u64,
-    ) -> Result<Cluster<'_>, String> {
-        let dc = self.dc;
-        let ip = |i: usize| std::net::IpAddr::V4(dc.node_ip(&node_name(i)));
-        let http: Vec<SocketAddr> = (0..LAB_NODES)
-            .map(|i| SocketAddr::new(ip(i), HTTP_PORT + k as u16))
-            .collect();
-        let peers = (0..LAB_NODES)
-            .map(|i| SocketAddr::new(ip(i), PEER_PORT + k as u16).to_string())
-            .collect::<Vec<_>>()
-            .join(",");
-        let mut children = Children(Vec::new());
-        for (i, addr) in http.iter().enumerate() {
-            let name = node_name(i);
-            let mut a: Vec<String> = vec![
-                "backend".into(),
-                "--listen".into(),
-                addr.to_string(),
-                "--root".into(),
-                self.root.display().to_string(),
-                "--workers".into(),
-                LAB_WORKERS.to_string(),
-                "--coop".into(),
-                "--coop-cache-bytes".into(),
-                cache_bytes.to_string(),
-                "--coop-disk-latency-us".into(),
-                "0".into(),
-                "--coop-disk-bytes-per-s".into(),
-                CALIBRATION_DISK_BYTES_PER_S.to_string(),
-                "--coop-policy".into(),
-                policy.into(),
-            ];
-            if policy == "press" {
-                a.extend([
-                    "--coop-index".into(),
-                    i.to_string(),
-                    "--coop-peers".into(),
-                    peers.clone(),
-                    "--coop-key-file".into(),
-                    self.keys.path("coop").display().to_string(),
-                    "--coop-peer".into(),
-                    transport.into(),
-                ]);
-                match transport {
-                    "xdp" => a.extend([
-                        "--coop-arena-iface".into(),
-                        dc.veth_in_ns(&name),
-                        "--coop-arena-port".into(),
-                        ARENA_PORT.to_string(),
-                        "--coop-arena-key".into(),
-                        format!("{ARENA_KEY_ID}:{}", self.keys.path("coop-arena").display()),
-                    ]),
-                    "shm" => {
-                        a.extend(["--coop-shm-dir".into(), self.shm_dir.display().to_string()])
-                    }
-                    _ => {}
-                }
-            }
-            let log = self
-                .work
-                .join(format!("{k}-{policy}-{transport}-{name}.log"));
-            children
-                .0
-                .push(dc.spawn_in(&name, &self.exe, &a, &log).map_err(err)?);
-        }
-        for addr in &http {
-            ready(dc, *addr, &mut children)?;
-        }
-        Ok(Cluster {
-            dc,
-            seconds: self.seconds,
-            _children: children,
-            http,
-        })
-    }
-}
-
-impl Cluster<'_> {
-    /// Node `i` reads every object of `paths` once (caching them).
-    fn warm(&self, i: usize, paths: &[String]) -> Result<(), String> {
-        let addr = self.http[i];
-        self.dc
-            .run_in_ns(CLIENT, || Ok(warm(addr, paths)))
-            .map_err(err)?
-    }
-
-    /// One phase: a load generator instance per `(node, trace)` with the lab's clients;
-    /// the nodes' CPU and counters over the measured window.
-    fn phase(
-        &self,
-        drive: &[(usize, &Path)],
-        clients: usize,
-        root: &Path,
-        seed: u64,
-    ) -> Result<Counted, String> {
-        let lgs: Vec<LoadgenArgs> = drive
-            .iter()
-            .enumerate()
-            .map(|(k, (node, trace))| {
-                let mut lg = LoadgenArgs::new(self.http[*node].to_string());
-                lg.trace = TraceKind::Worldcup;
-                lg.paths = PathMode::Docroot;
-                lg.trace_file = Some(trace.to_path_buf());
-                lg.check_root = Some(root.to_path_buf());
-                lg.timeout_ms = LAB_CLIENT_TIMEOUT_MS;
-                lg.quiet = true;
-                lg.warmup_s = warmup_s(self.seconds);
-                lg.duration_s = self.seconds;
-                lg.seed = seed * 100 + k as u64 + 1;
-                lg.clients = clients;
-                lg
-            })
-            .collect();
-        let dc = self.dc;
-        let http = &self.http;
-        let t0 = Instant::now();
-        let snap = || -> Counted {
-            let host = host_ns();
-            let mut c = Counted {
-                cpu_ns: (0..LAB_NODES)
-                    .map(|i| cgroup_cpu_ns(dc, &node_name(i)))
-                    .collect(),
-                client_cpu_ns: process_cpu_ns(),
-                softirq_ns: host.softirq,
-                busy_ns: host.busy,
-                steal_ns: host.steal,
-                wall_ns: t0.elapsed().as_nanos() as u64,
-                ..Counted::default()
-            };
-            for a in http {
-                let st = stats_here(*a);
-                let g = |k: &str| st.get(k).copied().unwrap_or(0);
-                c.local += g("local_hits");
-                c.remote += g("remote_hits");
-                c.miss += g("misses");
-            }
-            c
-        };
-        let (start, before, after, failed, clients_seen) = dc
-            .run_in_ns(CLIENT, || {
-                let start = snap();
-                Ok(std::thread::scope(|s| {
-                    let hs: Vec<_> = lgs
-                        .iter()
-                        .map(|lg| s.spawn(move || farside_loadgen::run(lg)))
-                        .collect();
-                    std::thread::sleep(
-                        Duration::from_secs_f64(warmup_s(self.seconds)) + LOADGEN_START,
-                    );
-                    let before = snap();
-                    let mut failed = None;
-                    let mut seen = ClientFigures::default();
-                    for h in hs {
-                        match h.join() {
-                            Ok(Ok(sm)) if sm.failure_kinds.wrong_bodies > 0 => {
-                                failed =
-                                    Some(format!("{} wrong bodies", sm.failure_kinds.wrong_bodies))
-                            }
-                            Ok(Ok(sm)) => {
-                                if sm.failures > 0 {
-                                    eprintln!(
-                                        "calibrate: warning: the client had {} failed requests ({:?})",
-                                        sm.failures, sm.failure_kinds
-                                    );
-                                }
-                                seen.served += sm.served;
-                                seen.window_ns = seen.window_ns.max((sm.duration_s * 1e9) as u64);
-                                seen.latency_sum_ns += sm.avg_ms * 1e6 * sm.served as f64;
-                            }
-                            Ok(Err(e)) => failed = Some(format!("loadgen: {e}")),
-                            Err(_) => failed = Some("a loadgen thread panicked".into()),
-                        }
-                    }
-                    (start, before, snap(), failed, seen)
-                }))
-            })
-            .map_err(err)?;
-        if let Some(f) = failed {
-            return Err(err(f));
-        }
-        Ok(Counted {
-            cpu_ns: after
-                .cpu_ns
-                .iter()
-                .zip(&before.cpu_ns)
-                .map(|(a, b)| a.saturating_sub(*b))
-                .collect(),
-            local: after.local - before.local,
-            remote: after.remote - before.remote,
-            miss: after.miss - before.miss,
-            client_cpu_ns: after.client_cpu_ns - before.client_cpu_ns,
-            softirq_ns: after.softirq_ns.saturating_sub(before.softirq_ns),
-            busy_ns: after.busy_ns.saturating_sub(before.busy_ns),
-            steal_ns: after.steal_ns.saturating_sub(before.steal_ns),
-            wall_ns: after.wall_ns.saturating_sub(before.wall_ns),
-            clients: clients_seen,
-            whole: [
-                after.local - start.local,
-                after.remote - start.remote,
-                after.miss - start.miss,
-            ],
-        })
-    }
-}
-
-impl Cluster<'_> {
-    /// A light-load phase: one closed-loop client in all ([`DELAY_CLIENTS`]) asks
-    /// `drive.0` for the set of the trace `drive.1`; what it measured in its own window.
-    fn light(
-        &self,
-        kind: LightKind<'static>,
-        size: u64,
-        drive: (usize, &Path),
-        root: &Path,
-        seed: u64,
-    ) -> Result<LightRaw, String> {
-        let n = self.phase(&[drive], DELAY_CLIENTS as usize, root, seed)?;
-        let name = light_phase_name(kind);
-        let whole = Counted {
-            local: n.whole[0],
-            remote: n.whole[1],
-            miss: n.whole[2],
-            ..Counted::default()
-        };
-        let class = match kind {
-            LightKind::Local => whole.local,
-            LightKind::Miss => whole.miss,
-            LightKind::Fetch(_) => whole.remote,
-        };
-        dominant(&format!("light {name}"), size, class, &whole)?;
-        if n.clients.served == 0 || n.clients.window_ns == 0 {
-            return Err(err(format!(
-                "light {name} at {size} B: the client served nothing"
-            )));
-        }
-        let l = LightRaw {
-            kind,
-            bytes: size,
-            requests: n.clients.served,
-            window_ns: n.clients.window_ns,
-            latency_mean_ns: n.clients.latency_sum_ns / n.clients.served as f64,
-        };
-        eprintln!(
-            "calibrate: light {name:<16} {size:>6} B  {:>9.1} us per request (latency {:.1} us; {} requests, 1 client)",
-            l.measured_ns() / 1e3,
-            l.latency_mean_ns / 1e3,
-            l.requests
-        );
-        Ok(l)
-    }
 }
 
 /// The delay costs from the light phases (see [`DelayCosts`]): each phase's measured time
@@ -1209,24 +668,6 @@ fn delay_costs(f: &CostsFile, s: &Setup, light: &[LightRaw]) -> Result<DelayCost
     })
 }
 
-/// Checks that `class` (the phase's kind of answer) is most of what a phase counted.
-fn dominant(what: &str, size: u64, class: u64, c: &Counted) -> Result<f64, String> {
-    if class == 0 || (class as f64) < PHASE_CLASS_SHARE_MIN * c.total() as f64 {
-        return Err(err(format!(
-            "{what} phase at {size} B: {class} of {} requests of its kind (local {}, remote {}, miss {}) \
-             in the nodes' window of {:.3} s; the clients served {} in theirs of {:.3} s",
-            c.total(),
-            c.local,
-            c.remote,
-            c.miss,
-            c.wall_ns as f64 / 1e9,
-            c.clients.served,
-            c.clients.window_ns as f64 / 1e9
-        )));
-    }
-    Ok(class as f64)
-}
-
 /// The host's speed before each set-up starts and after the last ([`hostspeed`]), as the
 /// lab reads it before and after each point: the check scales the costs by the median of
 /// these readings over the mean of the point's.
@@ -1241,13 +682,14 @@ fn reference(out: &mut LabCosts, sample: &mut SampleFn) -> Result<(), String> {
 /// `repeats` times ([`interleaved`]).
 fn lab_phases(
     objects: &Objects,
+    shape: CalibrationShape,
     seconds: f64,
     repeats: usize,
     sample: &mut SampleFn,
 ) -> Result<LabCosts, String> {
     let run_id = format!("calib{}", std::process::id() % 100_000);
-    let mut specs: Vec<NodeSpec> = (0..LAB_NODES)
-        .map(|i| NodeSpec::new(&node_name(i)).cpu_quota_pct(LAB_CPU_QUOTA_PCT))
+    let mut specs: Vec<NodeSpec> = (0..shape.nodes)
+        .map(|i| NodeSpec::new(&node_name(i)).cpu_quota_pct(shape.cpu_quota_pct))
         .collect();
     specs.push(NodeSpec::new(CLIENT));
     let dc = VirtualDc::create(&run_id, &specs).map_err(err)?;
@@ -1270,6 +712,7 @@ fn lab_phases(
         work: work.clone(),
         exe: std::env::current_exe().map_err(err)?,
         seconds,
+        nodes: shape.nodes,
     };
     let big = 256u64 << 20;
     let result = (|| -> Result<LabCosts, String> {
@@ -1282,14 +725,14 @@ fn lab_phases(
 
         let mut setup = 0;
         let warm_all = |c: &Cluster| -> Result<(), String> {
-            for j in 0..LAB_NODES {
+            for j in 0..shape.nodes {
                 let all: Vec<String> = objects.sets.iter().flat_map(|s| s[j].clone()).collect();
                 c.warm(j, &all)?;
             }
             Ok(())
         };
         let every_node = |i: usize| -> Vec<(usize, &Path)> {
-            (0..LAB_NODES)
+            (0..shape.nodes)
                 .map(|j| (j, objects.traces[i][j].as_path()))
                 .collect()
         };
@@ -1348,15 +791,19 @@ fn lab_phases(
                     }
                     continue;
                 }
-                // Clients of nodes 0 and 1 ask for the sets of nodes 2 and 3.
-                let drive = [
-                    (0, objects.traces[i][2].as_path()),
-                    (1, objects.traces[i][3].as_path()),
-                ];
+                // The clients of each node of the first half ask for the set of its
+                // partner in the second half.
+                let pairs = shape.fetch_pairs();
+                let drive: Vec<(usize, &Path)> = pairs
+                    .iter()
+                    .map(|&(a, b)| (a, objects.traces[i][b].as_path()))
+                    .collect();
                 let n = c.phase(&drive, LAB_CLIENTS_PER_NODE, &objects.dir, seed + 5)?;
                 let remote = dominant(&format!("{transport} remote"), size, n.remote, &n)?;
-                let ini = (n.cpu_ns[0] + n.cpu_ns[1]) as f64 / remote;
-                let srv = (n.cpu_ns[2] + n.cpu_ns[3]) as f64 / remote;
+                let of = |side: fn(&(usize, usize)) -> usize| {
+                    pairs.iter().map(|p| n.cpu_ns[side(p)]).sum::<u64>() as f64 / remote
+                };
+                let (ini, srv) = (of(|p| p.0), of(|p| p.1));
                 let q = n.softirq_ns as f64 / remote;
                 let rs = Some(rep);
                 sample(
@@ -1388,11 +835,13 @@ fn lab_phases(
                 ph.push((kb(size), over_base(busy, base[rep][i].1)));
                 out.host_phases.push(h);
                 if rep == 0 {
-                    // One client at node 0 asks for node 2's set: all remote, light load.
+                    // One client at the first pair's initial node asks for its
+                    // partner's set: all remote, light load.
+                    let (a, b) = pairs[0];
                     out.light.push(c.light(
                         LightKind::Fetch(transport),
                         size,
-                        (0, objects.traces[i][2].as_path()),
+                        (a, objects.traces[i][b].as_path()),
                         &objects.dir,
                         600 + setup as u64 * 10 + i as u64,
                     )?);

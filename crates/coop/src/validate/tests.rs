@@ -47,6 +47,7 @@ pub(crate) fn small_trace(objects: u32, requests: usize) -> Trace {
 pub(crate) fn costs_file() -> CostsFile {
     CostsFile {
         format: COSTS_FORMAT.into(),
+        shape: CalibrationShape::default(),
         provenance: Provenance {
             commit: "test".into(),
             tree_dirty: false,

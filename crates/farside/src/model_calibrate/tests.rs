@@ -1,5 +1,6 @@
 //! Tests of `model_calibrate`.
 
+use super::clocks::process_cpu_ns;
 use super::*;
 
 #[test]
