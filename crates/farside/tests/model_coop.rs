@@ -100,7 +100,7 @@ fn predictions_outside_the_tolerance_fail_and_within_it_pass() {
     assert!(text.contains("Little: not checkable"), "{text}");
     // A file measured once has no spread: the checks are not repeated at its ends.
     assert!(
-        text.contains("no spread in the costs file (format farside-coop-costs/1"),
+        text.contains("no spread in a costs file (format farside-coop-costs/1"),
         "{text}"
     );
     // A format 1 file has no delay: the output says the delay centre is 0.
@@ -138,6 +138,73 @@ fn predictions_outside_the_tolerance_fail_and_within_it_pass() {
 }
 
 #[test]
+fn each_point_is_checked_with_the_costs_of_its_own_shape() {
+    let dir = Dir::new("model-shape");
+    write_trace(&dir.0.join("trace.csv.gz"), 4000);
+    std::fs::write(dir.0.join("costs.json"), COSTS).unwrap();
+    let run = dir.0.join("run");
+    write_run(&run, [100.0, 100.0]);
+    let (_, alone) = model(&dir.0, &run, "alone", &["--no-extrapolate"]);
+    // The same costs with a local hit a hundred times as dear (the CPU, not the disk,
+    // binds), calibrated at the run's own shape (2 nodes at 40 %): the run's points
+    // take them.
+    let mut dear: serde_json::Value = serde_json::from_str(COSTS).unwrap();
+    dear["costs"]["cpu_request_ns"] = 6_000_000.into();
+    let shaped = |nodes: u32| {
+        let mut f = dear.clone();
+        f["shape"] = serde_json::json!({"nodes": nodes, "cpu_quota_pct": 40});
+        let p = dir.0.join(format!("costs-{nodes}.json"));
+        std::fs::write(&p, f.to_string()).unwrap();
+        p.display().to_string()
+    };
+    let two = shaped(2);
+    let (o, text) = model(
+        &dir.0,
+        &run,
+        "shaped",
+        &["--no-extrapolate", "--costs", &two],
+    );
+    assert!(!o.status.success(), "{text}");
+    assert!(
+        text.contains("calibrated at 4 nodes at 40 %")
+            && text.contains("calibrated at 2 nodes at 40 %"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "{two} (2 nodes at 40 %): run rr (2 nodes), run press-tcp (2 nodes)"
+        )),
+        "{text}"
+    );
+    let (a, b) = (predicted(&alone, "rr"), predicted(&text, "rr"));
+    assert!(
+        b < a * 0.9,
+        "dearer costs predict less: {a} then {b}\n{text}"
+    );
+    // Costs of another shape (8 nodes) check no point: the first file's are taken.
+    let eight = shaped(8);
+    let (_, text) = model(
+        &dir.0,
+        &run,
+        "other",
+        &["--no-extrapolate", "--costs", &eight],
+    );
+    assert!(text.contains("(8 nodes at 40 %): no point"), "{text}");
+    assert_eq!(predicted(&text, "rr"), a, "{text}");
+    assert_eq!(
+        predicted(&text, "press-tcp"),
+        predicted(&alone, "press-tcp")
+    );
+    // --calibrate writes one file.
+    let o = std::process::Command::new(common::exe())
+        .args(["model", "coop", "--calibrate", "--costs", "a.json,b.json"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("one costs file"));
+}
+
+#[test]
 fn the_model_refuses_to_run_without_measured_costs() {
     let o = std::process::Command::new(common::exe())
         .args(["model", "coop"])
@@ -165,6 +232,11 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
             // Two repeats: a median and a spread, in half the time of the default.
             "--calibrate-repeats",
             "2",
+            // Not the default shape: 2 nodes at half a CPU each.
+            "--calibrate-nodes",
+            "2",
+            "--calibrate-cpu-quota-pct",
+            "50",
             "--no-extrapolate",
             "--nodes",
             "2",
@@ -178,6 +250,11 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
     let f: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("costs.json")).unwrap()).unwrap();
     assert_eq!(f["format"], "farside-coop-costs/4");
+    assert_eq!(
+        f["shape"],
+        serde_json::json!({"nodes": 2, "cpu_quota_pct": 50}),
+        "{f}"
+    );
     assert!(f["costs"]["cpu_request_ns"].as_u64().unwrap() > 0, "{f}");
     assert!(f["costs"]["cpu_peer_serve_ns"].as_u64().unwrap() > 0, "{f}");
     // The emulated disk takes at least its configured 5 ms per read.
@@ -232,11 +309,13 @@ fn calibration_measures_real_nodes_and_records_its_provenance() {
     assert!(hw["local_ns"].as_f64().unwrap() + hw["local_per_kb_ns"].as_f64().unwrap() > 0.0);
     assert_eq!(hw["fetch"].as_array().unwrap().len(), 4, "{hw}");
     assert!(hw["unattributed_share"].as_f64().unwrap().is_finite());
-    // Measured the lab's way: four nodes at the lab's quota driven by farside loadgen
-    // replaying sessions, every phase counting requests of its kind from the nodes.
+    // Measured the lab's way: nodes at their quota driven by farside loadgen replaying
+    // sessions, every phase counting requests of its kind from the nodes.
     let method = f["provenance"]["method"].as_str().unwrap();
     assert!(
-        method.contains("lab-shaped") && method.contains("farside loadgen"),
+        method.contains("lab-shaped: 2 nodes")
+            && method.contains("at 50 % of a CPU each")
+            && method.contains("farside loadgen"),
         "{method}"
     );
     for x in samples {
