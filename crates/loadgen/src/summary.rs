@@ -76,7 +76,8 @@ fn is_zero(v: &u64) -> bool {
 }
 
 impl FailureCounts {
-    fn add(&mut self, o: &FailureCounts) {
+    /// Adds `o`'s counts to these.
+    pub fn add(&mut self, o: &FailureCounts) {
         self.timeouts += o.timeouts;
         self.connect_errors += o.connect_errors;
         self.connect_timeouts += o.connect_timeouts;

@@ -934,6 +934,7 @@ fn measure(
         // A request a node refused (503: its disk queue at its bound) failed for its
         // client as much as one that timed out.
         failures: m.failures.saturating_sub(wrong) + m.dropped_503,
+        failure_kinds: super::failures::of_run(&m.failure_kinds, m.dropped_503),
         offered_rps: m.started as f64 / window,
         directory_refused: d("directory_refused"),
         cache_held_bytes,

@@ -63,6 +63,7 @@
 mod ablation;
 mod client;
 mod crash;
+mod failures;
 mod lab;
 mod labels;
 mod objects;
@@ -301,6 +302,9 @@ pub struct CoopPoint {
     /// Timeouts, connection errors, 5xx (503s included), shed arrivals (loadgen's
     /// failures, wrong bodies excluded).
     pub failures: u64,
+    /// `failures` by kind (`failures::of_run`); absent from runs kept before.
+    #[serde(default, skip_serializing_if = "failures::none")]
+    pub failure_kinds: farside_loadgen::FailureCounts,
     /// Open loop: requests started per second.
     pub offered_rps: f64,
     pub directory_refused: u64,
@@ -461,6 +465,7 @@ impl LabPoint for CoopPoint {
             lb_cpu_us_per_req: f(|p| p.lb_cpu_us_per_req),
             wrong_bodies: sum(|p| p.wrong_bodies),
             failures: sum(|p| p.failures),
+            failure_kinds: failures::sum(runs.iter().map(|p| &p.failure_kinds)),
             offered_rps: f(|p| p.offered_rps),
             directory_refused: sum(|p| p.directory_refused),
             cache_held_bytes: sum(|p| p.cache_held_bytes) / runs.len() as u64,
@@ -617,6 +622,7 @@ pub fn table(points: &[CoopPoint]) -> String {
     s += &ablation::overhead_lines(&overhead_points(points));
     s += &held_lines(points);
     s += &throttle_lines(points);
+    s += &failures::lines(points.iter().map(|p| (point_label(p), &p.failure_kinds)));
     s += &crash_lines(points);
     s += &directory_lines(points);
     s

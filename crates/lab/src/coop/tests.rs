@@ -138,3 +138,27 @@ fn the_table_carries_throttling_and_host_cpu_only_when_recorded() {
         "{t}"
     );
 }
+
+#[test]
+fn a_points_failures_are_kept_by_kind_summed_over_its_runs_and_printed() {
+    let failing = |timeouts: u64| CoopPoint {
+        failures: timeouts,
+        failure_kinds: farside_loadgen::FailureCounts {
+            timeouts,
+            ..Default::default()
+        },
+        ..point("press-tcp", 0.0, 100.0)
+    };
+    let c = CoopPoint::combine(&[failing(2), failing(1)]);
+    assert_eq!((c.failures, c.failure_kinds.timeouts), (3, 3));
+    let t = table(std::slice::from_ref(&c));
+    assert!(
+        t.contains("failures: ") && t.contains(": 3 timeouts\n"),
+        "{t}"
+    );
+    // Kept as JSON only when there are any: older points read as before.
+    let j = serde_json::to_string(&point("rr", 0.0, 1.0)).unwrap();
+    assert!(!j.contains("failure_kinds"), "{j}");
+    let back: CoopPoint = serde_json::from_str(&serde_json::to_string(&c).unwrap()).unwrap();
+    assert_eq!(back.failure_kinds.timeouts, 3);
+}
