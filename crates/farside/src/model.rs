@@ -316,11 +316,16 @@ fn check_by_shape(
     let shapes: Vec<_> = costs.iter().map(|c| c.shape).collect();
     let mut out = Vec::new();
     for (name, run) in runs {
+        // The run's settings once, without its points; each point checked alone in it.
+        let settings = LabRun {
+            points: Vec::new(),
+            ..run.clone()
+        };
         for p in &run.points {
             let k = validate::pick_shape(&shapes, p.nodes, run.cpu_quota_pct).unwrap_or(0);
             let one = LabRun {
                 points: vec![p.clone()],
-                ..run.clone()
+                ..settings.clone()
             };
             out.extend(validate::check_runs(
                 &costs[k],
