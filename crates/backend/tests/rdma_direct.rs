@@ -2,7 +2,8 @@
 //! one HTTP answer grants, later GETs are resolved and read one-sidedly with no
 //! request to the back-end, every body is its file's, and a file that changes is never
 //! served in its old version once its alias is gone: the direct attempt misses (stale)
-//! and the HTTP request serves, and republishes, the new contents.
+//! and the HTTP request serves, and republishes, the new contents. A reader whose
+//! READs the responder cannot verify gets its bodies over HTTP instead.
 
 use farside_backend::{spawn, BackendArgs};
 use farside_rdmahttp::client::{GetOptions, Via};
@@ -140,4 +141,32 @@ fn a_grant_serves_later_gets_without_http_and_a_changed_file_falls_back() {
     let f = s.get("/a.bin").unwrap();
     assert_eq!(f.fetched.via, Via::ArenaDirect);
     assert_eq!(f.fetched.body, new);
+
+    // A reader whose READs the responder cannot verify (the right key id, another
+    // secret): the server answers with the arena's hint, every READ goes unanswered
+    // or refused, and the session asks again over HTTP: the request never fails
+    // for the header, and the body is the file's.
+    let wrong = {
+        let mut b = key.to_bytes();
+        b[0] ^= 0xff;
+        farside_auth::siphash::SipKey::from_bytes(b)
+    };
+    let wrong_path = farside_rmem::auth::write_key_file(&dir.0, "wrong.key", &wrong).unwrap();
+    let wrong_key = farside_rmem::ClientKey::load(&format!("5:{}", wrong_path.display())).unwrap();
+    let mut w = Session::new(addr, "localhost", opts, true).with_arena_key(wrong_key);
+    let f = w.get("/b.bin").unwrap();
+    assert_eq!(
+        f.fetched.via,
+        Via::Tcp(Some(farside_rdmahttp::header::Decline::Transfer))
+    );
+    assert_eq!(f.fetched.body, content(5_000, 2));
+    assert_eq!(w.arena_fallbacks(), 1);
+    assert_eq!(w.arena_fallback_reasons().len(), 1);
+    assert!(
+        w.arena_fallback_reasons()[0].starts_with("/b.bin: arena READ"),
+        "{:?}",
+        w.arena_fallback_reasons()
+    );
+    // The HTTP connection stays usable.
+    assert_eq!(w.get("/b.bin").unwrap().fetched.body, content(5_000, 2));
 }

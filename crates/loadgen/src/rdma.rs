@@ -200,6 +200,14 @@ pub struct RdmaSummary {
     /// stale, lost; warm-up included).
     #[serde(default)]
     pub direct_misses: u64,
+    /// xdp-reads and xdp-direct: bodies the server put in its arena that the one-sided
+    /// read could not deliver, asked for again over HTTP without the header (counted
+    /// in `via_tcp` with `declined` `transfer`; warm-up included), and why (the first
+    /// [`ERRORS_KEPT`]).
+    #[serde(default)]
+    pub arena_fallbacks: u64,
+    #[serde(default)]
+    pub arena_fallback_reasons: Vec<String>,
     /// Mean time from a measured request written to its HTTP answer read, ms (the
     /// server's part; the RDMA transfer after it excluded), over the requests that made
     /// one; 0 if none did.
@@ -234,6 +242,10 @@ pub struct RdmaSummary {
     pub connect_max_us: f64,
     /// Warm-up requests that failed or brought a wrong body.
     pub warmup_failures: u64,
+    /// Of those, the ones that brought a wrong body (the rest failed: an error or a
+    /// status other than 200).
+    #[serde(default)]
+    pub warmup_wrong_bodies: u64,
     /// Base64 HdrHistogram V2-deflate of the measured latencies (µs), for exact merges.
     pub latency_hist_v2: String,
     /// The first failures' messages.
@@ -258,8 +270,11 @@ struct ClientResult {
     wrong: u64,
     failures: u64,
     warmup_failures: u64,
+    warmup_wrong: u64,
     via: [u64; 5],
     direct_misses: u64,
+    arena_fallbacks: u64,
+    arena_fallback_reasons: Vec<String>,
     http_answer_us: u64,
     http_answers: u64,
     declined: BTreeMap<String, u64>,
@@ -450,8 +465,11 @@ fn client(
         wrong: 0,
         failures: 0,
         warmup_failures: 0,
+        warmup_wrong: 0,
         via: [0; 5],
         direct_misses: 0,
+        arena_fallbacks: 0,
+        arena_fallback_reasons: Vec::new(),
         http_answer_us: 0,
         http_answers: 0,
         declined: BTreeMap::new(),
@@ -469,17 +487,32 @@ fn client(
     };
     for _ in 0..w.warmup {
         let f = next();
-        let ok = match s.get(&f.path) {
+        let failed = match s.get(&f.path) {
             Ok(got) => {
                 r.http_connections += u64::from(got.http_connect);
                 if let Some(d) = got.rdma_connect {
                     r.connects.push(d.as_micros() as u64);
                 }
-                got.fetched.status == 200 && matches(f, &got.fetched.body)
+                if got.fetched.status != 200 {
+                    Some(format!("status {}", got.fetched.status))
+                } else if !matches(f, &got.fetched.body) {
+                    r.warmup_wrong += 1;
+                    Some(format!(
+                        "wrong body ({} bytes via {}, want {})",
+                        got.fetched.body.len(),
+                        got.fetched.via.token(),
+                        f.len
+                    ))
+                } else {
+                    None
+                }
             }
-            Err(_) => false,
+            Err(e) => Some(e.to_string()),
         };
-        r.warmup_failures += u64::from(!ok);
+        if let Some(e) = failed {
+            r.warmup_failures += 1;
+            keep_error(&mut r.errors, format!("warm-up {}: {e}", f.path));
+        }
         if !w.think.is_zero() {
             std::thread::sleep(w.think);
         }
@@ -558,6 +591,8 @@ fn client(
     }
     r.measured = t0.elapsed();
     r.direct_misses = s.direct_misses();
+    r.arena_fallbacks = s.arena_fallbacks();
+    r.arena_fallback_reasons = s.arena_fallback_reasons().to_vec();
     r.rdma_connections = s.rdma_connections();
     r
 }
@@ -602,12 +637,17 @@ fn summarize(
         s.wrong_bodies += r.wrong;
         s.failures += r.failures;
         s.warmup_failures += r.warmup_failures;
+        s.warmup_wrong_bodies += r.warmup_wrong;
         s.via_server_writes += r.via[0];
         s.via_client_reads += r.via[1];
         s.via_tcp += r.via[2];
         s.via_xdp_reads += r.via[3];
         s.via_xdp_direct += r.via[4];
         s.direct_misses += r.direct_misses;
+        s.arena_fallbacks += r.arena_fallbacks;
+        for e in &r.arena_fallback_reasons {
+            keep_error(&mut s.arena_fallback_reasons, e.clone());
+        }
         answer_us += r.http_answer_us;
         s.http_answers += r.http_answers;
         for (k, v) in &r.declined {
@@ -683,7 +723,7 @@ pub fn print_summary<W: Write>(s: &RdmaSummary, out: &mut W) -> io::Result<()> {
     writeln!(
         out,
         "rdma connections={} (set-up avg={:.0}us p99={:.0}us max={:.0}us) http connections={} \
-         http answers={} (avg {:.3}ms) direct misses={}",
+         http answers={} (avg {:.3}ms) direct misses={} arena fall-backs={}",
         s.rdma_connections,
         s.connect_avg_us,
         s.connect_p99_us,
@@ -691,10 +731,14 @@ pub fn print_summary<W: Write>(s: &RdmaSummary, out: &mut W) -> io::Result<()> {
         s.http_connections,
         s.http_answers,
         s.http_answer_avg_ms,
-        s.direct_misses
+        s.direct_misses,
+        s.arena_fallbacks
     )?;
     for e in &s.errors {
         writeln!(out, "error: {e}")?;
+    }
+    for e in &s.arena_fallback_reasons {
+        writeln!(out, "arena fall-back: {e}")?;
     }
     Ok(())
 }

@@ -36,7 +36,7 @@
 use crate::arena_read::{ArenaReader, FetchError};
 use crate::client::{self, Fetched, GetOptions, Remote, Via, CQ_DEPTH, WR_RECV};
 use crate::grant::ClientGrant;
-use crate::header::{self, ArenaHint, Mode, Response};
+use crate::header::{self, ArenaHint, Decline, Mode, Response};
 use farside_iwarp::qp::{Qp, QpConfig, QpState, RecvWr, Sge};
 use farside_iwarp::tcp::Endpoint;
 use farside_iwarp::verbs::{Access, Cq, Device, MR_BYTES_MAX};
@@ -109,7 +109,14 @@ pub struct Session {
     grant: Option<ClientGrant>,
     direct_reader: Option<ArenaReader>,
     direct_misses: u64,
+    /// Bodies the arena named but could not deliver, asked for again over HTTP, and
+    /// why (the first [`FALLBACK_REASONS_MAX`]).
+    arena_fallbacks: u64,
+    arena_fallback_reasons: Vec<String>,
 }
+
+/// Reasons of arena fall-backs a session keeps.
+pub const FALLBACK_REASONS_MAX: usize = 8;
 
 impl Session {
     /// A session to `addr` (Host `host`); `keepalive: false` opens new connections
@@ -128,6 +135,8 @@ impl Session {
             grant: None,
             direct_reader: None,
             direct_misses: 0,
+            arena_fallbacks: 0,
+            arena_fallback_reasons: Vec::new(),
         }
     }
 
@@ -210,7 +219,24 @@ impl Session {
         self.rdma_connections
     }
 
+    /// Bodies the arena named but the one-sided read could not deliver (READs
+    /// unanswered, the object stale, evicted or torn every time), which were then
+    /// asked for over HTTP without the header.
+    pub fn arena_fallbacks(&self) -> u64 {
+        self.arena_fallbacks
+    }
+
+    /// Why those reads failed, the first [`FALLBACK_REASONS_MAX`].
+    pub fn arena_fallback_reasons(&self) -> &[String] {
+        &self.arena_fallback_reasons
+    }
+
     /// GET `path`. On error both connections are closed; the next call starts afresh.
+    ///
+    /// The header never makes a request fail (`docs/rdma-http.md`, "Fallback"): a
+    /// body the server put in its arena but the one-sided read could not deliver is
+    /// asked for again on the same HTTP connection without the header, and comes over
+    /// TCP as `Via::Tcp(Some(Decline::Transfer))`.
     pub fn get(&mut self, path: &str) -> io::Result<Fetch> {
         if self.direct {
             match self.try_direct(path) {
@@ -222,14 +248,27 @@ impl Session {
                 None => {}
             }
         }
-        let r = self.try_get(path);
+        let mut r = self.try_get(path, true);
+        if let Err(Failed::Arena(e)) = &r {
+            log::debug!("arena read of {path}: {e}; asking over HTTP");
+            self.arena_fallbacks += 1;
+            if self.arena_fallback_reasons.len() < FALLBACK_REASONS_MAX {
+                self.arena_fallback_reasons.push(format!("{path}: {e}"));
+            }
+            r = self.try_get(path, false).map(|mut f| {
+                f.fetched.via = Via::Tcp(Some(Decline::Transfer));
+                f
+            });
+        }
+        let r = r.map_err(io::Error::from);
         if r.is_err() || !self.keepalive {
             self.http = None;
         }
         r
     }
 
-    fn try_get(&mut self, path: &str) -> io::Result<Fetch> {
+    /// One exchange; `rdma: false` asks without the header (the arena fall-back).
+    fn try_get(&mut self, path: &str, rdma: bool) -> Result<Fetch, Failed> {
         let http_connect = self.http.is_none();
         if http_connect {
             let stream = TcpStream::connect_timeout(&self.addr, self.opts.timeout)?;
@@ -254,6 +293,7 @@ impl Session {
         }
         let mut pending = None;
         let field = match opts.mode {
+            _ if !rdma => None,
             None if self.arena_key.is_some() => Some(format!(
                 "{}, maxlen={}{}",
                 header::ARENA_READS,
@@ -309,7 +349,7 @@ impl Session {
                 if let Some(p) = pending {
                     p.cancel();
                 }
-                return Err(e);
+                return Err(e.into());
             }
         };
         let answered = Instant::now();
@@ -364,7 +404,15 @@ impl Session {
                     let key = self.arena_key.expect("checked");
                     self.grant = Some(ClientGrant::new(&key, g, local, hint.port, answered));
                 }
-                let body = self.read_arena(&hint, opts.maxlen, &mut rdma_connect)?;
+                let body = match self.read_arena(&hint, opts.maxlen, &mut rdma_connect) {
+                    Ok(body) => body,
+                    Err(e) => {
+                        if close {
+                            self.http = None;
+                        }
+                        return Err(Failed::Arena(e));
+                    }
+                };
                 Fetched {
                     status: answer.status,
                     body,
@@ -372,7 +420,15 @@ impl Session {
                 }
             }
             Some(Ok(Response::ArenaReads(hint))) if self.arena_key.is_some() => {
-                let body = self.read_arena(&hint, opts.maxlen, &mut rdma_connect)?;
+                let body = match self.read_arena(&hint, opts.maxlen, &mut rdma_connect) {
+                    Ok(body) => body,
+                    Err(e) => {
+                        if close {
+                            self.http = None;
+                        }
+                        return Err(Failed::Arena(e));
+                    }
+                };
                 Fetched {
                     status: answer.status,
                     body,
@@ -492,5 +548,28 @@ impl Pending {
         // Wake the blocking accept (refused or unanswered once it returned: ignored).
         let _ = TcpStream::connect_timeout(&self.endpoint, WAKE_TIMEOUT);
         let _ = self.accept.join();
+    }
+}
+
+/// How one exchange failed: the HTTP exchange or an RDMA step ([`Failed::Io`]: the
+/// request fails), or only the one-sided read of a body the server put in its arena
+/// ([`Failed::Arena`]: the HTTP connection is intact, so the body is asked for again
+/// without the header).
+enum Failed {
+    Io(io::Error),
+    Arena(io::Error),
+}
+
+impl From<io::Error> for Failed {
+    fn from(e: io::Error) -> Failed {
+        Failed::Io(e)
+    }
+}
+
+impl From<Failed> for io::Error {
+    fn from(f: Failed) -> io::Error {
+        match f {
+            Failed::Io(e) | Failed::Arena(e) => e,
+        }
     }
 }

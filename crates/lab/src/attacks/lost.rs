@@ -209,7 +209,75 @@ fn server_queues(d: &Dc, node: &str) -> String {
         };
         let listen = ss(&["-tlnH", "sport", "=", &format!(":{port}")])?;
         let unix = ss(&["-xanH", "src", &adopt])?;
-        Ok(format!("listener: {listen}; adoption socket: {unix}"))
+        let held = std::process::Command::new("ss")
+            .args([
+                "-tniH",
+                "state",
+                "established",
+                "sport",
+                "=",
+                &format!(":{port}"),
+            ])
+            .output()
+            .map(|o| held_summary(&String::from_utf8_lossy(&o.stdout)))?;
+        Ok(format!(
+            "listener: {listen}; adoption socket: {unix}; {held}"
+        ))
     })
     .unwrap_or_else(|e| format!("ss: {e}"))
+}
+
+/// The established connections on a back-end's web port, from `ss -tniH` output (a
+/// socket's line, then its TCP info indented): how many, by peer address, and the
+/// spread of their last receive (ms ago), so that workers held by idle keep-alive
+/// connections, or by connections whose client has gone elsewhere, show.
+fn held_summary(ss: &str) -> String {
+    let mut peers: std::collections::BTreeMap<String, u32> = Default::default();
+    let mut lastrcv: Vec<u64> = Vec::new();
+    for l in ss.lines().filter(|l| !l.trim().is_empty()) {
+        if l.starts_with(char::is_whitespace) {
+            if let Some(v) = l
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("lastrcv:"))
+                .and_then(|v| v.parse().ok())
+            {
+                lastrcv.push(v);
+            }
+        } else if let Some(peer) = l.split_whitespace().nth(3) {
+            let ip = peer.rsplit_once(':').map_or(peer, |(ip, _)| ip);
+            *peers.entry(ip.to_string()).or_default() += 1;
+        }
+    }
+    let n: u32 = peers.values().sum();
+    lastrcv.sort_unstable();
+    let by_peer: Vec<String> = peers
+        .iter()
+        .map(|(ip, c)| format!("{c} from {ip}"))
+        .collect();
+    match (lastrcv.first(), lastrcv.last()) {
+        (Some(lo), Some(hi)) => format!(
+            "{n} established on the web port ({}; last received {lo}-{hi} ms ago, median {})",
+            by_peer.join(", "),
+            lastrcv[lastrcv.len() / 2]
+        ),
+        _ => format!("{n} established on the web port"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::held_summary;
+
+    #[test]
+    fn held_connections_are_counted_by_peer_with_their_last_receive() {
+        let ss = "0 0 10.77.0.11:80 10.77.0.10:40000\n\t cubic lastsnd:5 lastrcv:120 lastack:5\n\
+                  0 0 10.77.0.11:80 10.77.0.10:40002\n\t cubic lastrcv:9000 lastack:5\n\
+                  0 0 10.77.0.11:80 127.0.0.1:5000\n\t cubic lastrcv:30\n";
+        assert_eq!(
+            held_summary(ss),
+            "3 established on the web port (2 from 10.77.0.10, 1 from 127.0.0.1; \
+             last received 30-9000 ms ago, median 120)"
+        );
+        assert_eq!(held_summary(""), "0 established on the web port");
+    }
 }

@@ -554,6 +554,12 @@ impl Lab {
         be.check_alive()?;
         be.stop();
         let (s, after, share) = (s?, after?, share?);
+        for e in &s.errors {
+            eprintln!("lab rdma-http: {tag}: {e}");
+        }
+        for e in &s.arena_fallback_reasons {
+            eprintln!("lab rdma-http: {tag}: arena read fell back over HTTP: {e}");
+        }
         let warmup_bytes = warmup_bytes(&s);
         let mut p = point_of_load(key, &s, before.since(&after), warmup_bytes);
         p.set_hog_share(share);

@@ -22,9 +22,9 @@ pub struct RdmaPoint {
     pub requests: u64,
     /// Bodies delivered and checked (table1: steps measured).
     pub served: u64,
-    /// 200s whose body differed from its file.
+    /// 200s whose body differed from its file (the warm-up's included).
     pub wrong_bodies: u64,
-    /// Requests that failed (error or non-200).
+    /// Requests that failed (error or non-200; the warm-up's included).
     pub failures: u64,
     /// Bodies that came by RDMA, and over TCP (for an iwarp system: declined, with
     /// the reasons in `declined`).
@@ -121,8 +121,10 @@ pub fn point_of_load(
         clients: key.clients,
         requests: s.requests,
         served: s.served,
-        wrong_bodies: s.wrong_bodies + s.warmup_failures,
-        failures: s.failures,
+        // A warm-up request counts as the measured ones do: a wrong body as a wrong
+        // body, any other failure as a failure.
+        wrong_bodies: s.wrong_bodies + s.warmup_wrong_bodies,
+        failures: s.failures + s.warmup_failures.saturating_sub(s.warmup_wrong_bodies),
         via_rdma: rdma,
         via_tcp: s.via_tcp,
         declined: declined.join(" "),
