@@ -282,6 +282,25 @@ impl HandOff {
         self.stats.pending.load(Ordering::Relaxed) as usize
     }
 
+    /// Whether a connection handed now would reach the server at once: with
+    /// [`Handoff::Adopt`], nothing waits in the queue and the server's adoption channel
+    /// has room (`poll(POLLOUT)` on the socket connected to it, which the kernel
+    /// clears while the server's receive queue is full, whoever filled it: this
+    /// daemon's other hand-off too); false if no server is bound at the path. Always
+    /// true with [`Handoff::Relay`]. A migration target admits only while this holds,
+    /// since a connection that must wait in the queue is refused past `wait_max`.
+    pub fn has_room(&self) -> bool {
+        let Some(a) = &self.adopt else { return true };
+        let mut p = lock(&a.state);
+        if !p.items.is_empty() {
+            return false;
+        }
+        if !p.connected {
+            p.connected = a.via.connect(&a.path).is_ok();
+        }
+        p.connected && poll_out(a.via.as_raw_fd(), Duration::ZERO)
+    }
+
     /// Hands `conn` over. With [`Handoff::Adopt`] it never waits for the server: the
     /// connection is passed at once if the channel has room, else queued (see the
     /// module doc); `Err` means it was closed now (over the bound, or the server is
@@ -914,6 +933,43 @@ mod tests {
         }
         drop(h);
         backend.stop();
+    }
+
+    #[test]
+    fn room_is_seen_only_while_the_adoption_channel_takes_a_connection_at_once() {
+        let (path, backend) = one_worker_backend("room");
+        let gone = HandOff::new(Handoff::Adopt(path.with_extension("none"))).unwrap();
+        assert!(!gone.has_room(), "no server bound: no room");
+        let h = HandOff::with_bounds(Handoff::Adopt(path), PENDING_DEFAULT, AWAIT_MAX).unwrap();
+        assert!(h.has_room(), "an idle server has room");
+        let front = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut clients = Vec::new();
+        // The worker takes the first and waits for its request; the channel then
+        // fills (qlen + 1 datagrams) and the next waits in the queue.
+        let n = max_dgram_qlen() + 3;
+        for _ in 0..n {
+            let (c, s) = pair(&front);
+            h.hand(s).unwrap();
+            clients.push(c);
+        }
+        await_cond("a connection waiting in the queue", || h.pending() > 0);
+        assert!(!h.has_room(), "a connection waits: no room");
+        // The clients ask; once the worker has drained the channel, room again.
+        for c in &mut clients {
+            c.write_all(REQUEST).unwrap();
+        }
+        for c in &mut clients {
+            assert!(served(&ask_read(c)));
+        }
+        assert!(h.has_room(), "drained: room");
+        drop(h);
+        backend.stop();
+    }
+
+    fn ask_read(c: &mut TcpStream) -> Vec<u8> {
+        let mut got = Vec::new();
+        let _ = c.read_to_end(&mut got);
+        got
     }
 
     #[test]

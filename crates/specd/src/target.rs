@@ -6,7 +6,8 @@
 //! peer (source) ──OFFER──▶ acceptor threads (TARGET_THREADS) ── admit? ──┐
 //!                           server accept queue (sock_diag) + restores   │ no: REFUSE,
 //!                           in progress + waiting for hand-off           │ remember source
-//!                           < --admit-queue-max                          │
+//!                           < --admit-queue-max, and the server's        │
+//!                           adoption channel has room                    │
 //!                            │ yes                                        ▼
 //!                            ▼                                  notifier (NOTIFY_PERIOD):
 //!                     restore (frozen) ─DONE─▶ HandOff            queue back under the
@@ -576,6 +577,13 @@ fn offers_loop(s: &Shared) {
                     s.cfg.admit_queue_max
                 ));
             }
+            // Every worker held and the adoption channel full: a restored connection
+            // would wait in the hand-off queue, and be refused with a reset past its
+            // bound, while the source may serve it (measured in the flood lab: 27
+            // connections held here, 3 at the source, two migrated ones reset).
+            if !s.handoff.has_room() {
+                return Err("loaded: the local server's adoption channel is full".into());
+            }
             admitted = Some(guard);
             Ok(())
         };
@@ -670,6 +678,7 @@ fn notifier_loop(s: &Shared, sock: &UdpSocket) {
         if q.saturating_add(s.restoring.load(Ordering::SeqCst))
             .saturating_add(waiting)
             >= s.cfg.admit_queue_max
+            || !s.handoff.has_room()
         {
             continue;
         }

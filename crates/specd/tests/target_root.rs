@@ -491,7 +491,7 @@ fn response(c: &mut TcpStream) -> String {
 
 #[test]
 #[ignore = "needs root (TCP_REPAIR): cargo test -p farside-specd -- --include-ignored, as root under flock /tmp/farside-root.lock"]
-fn a_restored_connection_waits_for_a_full_server_and_counts_in_the_admission() {
+fn an_offer_is_refused_while_the_servers_adoption_channel_is_full_and_taken_once_it_drains() {
     assert!(is_root(), "needs root");
     let adopt = temp_path("adopt-full");
     let (_, backend) = backend(&adopt);
@@ -508,14 +508,14 @@ fn a_restored_connection_waits_for_a_full_server_and_counts_in_the_admission() {
         })
         .collect();
     await_cond("the adoption queue full", || local.pending() > 0);
-    // The target's load: an empty accept queue, so only what waits for the hand-off
-    // can refuse.
+    // The target's load: an empty accept queue, far under its bound, so only the
+    // full adoption channel can refuse.
     let load = TcpListener::bind("127.0.0.1:0").unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let target = TargetDaemon::start(TargetConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
         server_port: load.local_addr().unwrap().port(),
-        admit_queue_max: 1,
+        admit_queue_max: 64,
         handoff: Handoff::Adopt(adopt.clone()),
         threads: 1,
         peers: Vec::new(),
@@ -528,25 +528,15 @@ fn a_restored_connection_waits_for_a_full_server_and_counts_in_the_admission() {
         handover: Handover::CloseBeforeRestore,
         ..MigrateConfig::default()
     };
+    // Restored, it would wait for a worker in the hand-off queue and be reset past
+    // its bound: refused, it resumes on the source, whose local hand-off queues it.
     let (mut c1, s1) = short_request(&listener);
     match migrate(s1, target.addr(), &cfg) {
-        Outcome::Migrated(_) => {}
-        other => panic!("expected a migration, got {other:?}"),
-    }
-    // Restored and waiting in the target's hand-off (the old one closed it after 1 s).
-    let h = target.handoff_stats();
-    await_cond("the restored connection waiting", || {
-        h.pending.load(std::sync::atomic::Ordering::Relaxed) == 1
-    });
-    // It counts in the admission: the next offer is refused and resumes on the
-    // source, whose local hand-off queues it too.
-    let (mut c2, s2) = short_request(&listener);
-    match migrate(s2, target.addr(), &cfg) {
         Outcome::ResumedOnSource {
             sock,
             reason: Fallback::Refused(r),
         } => {
-            eprintln!("refused: {r}");
+            assert!(r.contains("adoption channel is full"), "{r}");
             local.hand(sock).expect("local hand-off");
         }
         other => panic!("expected a refusal, got {other:?}"),
@@ -560,12 +550,20 @@ fn a_restored_connection_waits_for_a_full_server_and_counts_in_the_admission() {
         let r = response(c);
         assert!(r.starts_with("HTTP/1.1 200"), "idle client {i}: {r}");
     }
-    for (name, c) in [("migrated", &mut c1), ("refused", &mut c2)] {
-        let r = response(c);
-        assert!(r.starts_with("HTTP/1.1 200"), "{name} client: {r}");
+    let r = response(&mut c1);
+    assert!(r.starts_with("HTTP/1.1 200"), "refused client: {r}");
+    // With room again, the next offer is taken and served.
+    await_cond("the local hand-off drained", || local.pending() == 0);
+    let (mut c2, s2) = short_request(&listener);
+    match migrate(s2, target.addr(), &cfg) {
+        Outcome::Migrated(_) => {}
+        other => panic!("expected a migration, got {other:?}"),
     }
+    let r = response(&mut c2);
+    assert!(r.starts_with("HTTP/1.1 200"), "migrated client: {r}");
     eprintln!("target: {}", target.summary_json());
     let o = std::sync::atomic::Ordering::Relaxed;
+    let h = target.handoff_stats();
     assert_eq!(h.handed.load(o), 1);
     assert_eq!(h.closed(), 0);
     assert_eq!(target.stats().refused.load(o), 1);
