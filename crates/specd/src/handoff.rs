@@ -239,9 +239,18 @@ impl HandOff {
             Handoff::Adopt(path) => {
                 let via = UnixDatagram::unbound()?;
                 via.set_nonblocking(true)?;
+                let charge = match datagram_charge() {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        log::warn!("specd hand-off: cannot measure a datagram's charge ({e}): the channel's fill is judged by poll alone");
+                        None
+                    }
+                };
                 let a = Arc::new(Adopter {
                     path: path.clone(),
                     via,
+                    charge,
+                    capacity: channel_capacity(),
                     pending_max,
                     wait_max,
                     state: Mutex::new(Pending::default()),
@@ -290,6 +299,15 @@ impl HandOff {
     /// true with [`Handoff::Relay`]. A migration target admits only while this holds,
     /// since a connection that must wait in the queue is refused past `wait_max`.
     pub fn has_room(&self) -> bool {
+        self.has_room_for(0)
+    }
+
+    /// [`HandOff::has_room`], with room left for `others` more connections besides
+    /// (restores in progress that will be handed here): the datagrams this hand-off
+    /// sent that the server has not taken yet ([`HandOff::in_channel`]) plus `others`
+    /// stay under the channel's capacity (`net.unix.max_dgram_qlen` + 1), so offers
+    /// admitted together cannot overflow it between admission and hand-off.
+    pub fn has_room_for(&self, others: usize) -> bool {
         let Some(a) = &self.adopt else { return true };
         let mut p = lock(&a.state);
         if !p.items.is_empty() {
@@ -298,7 +316,20 @@ impl HandOff {
         if !p.connected {
             p.connected = a.via.connect(&a.path).is_ok();
         }
-        p.connected && poll_out(a.via.as_raw_fd(), Duration::ZERO)
+        if !p.connected || !poll_out(a.via.as_raw_fd(), Duration::ZERO) {
+            return false;
+        }
+        a.in_channel()
+            .is_none_or(|n| n.saturating_add(others) < a.capacity)
+    }
+
+    /// Connections this hand-off passed that the server has not taken yet (still in
+    /// its adoption channel): the bytes the kernel still charges to the sending
+    /// socket (`SIOCOUTQ`, released as the server receives each datagram) over one
+    /// datagram's charge. `None` with [`Handoff::Relay`], or if the charge could not be
+    /// measured.
+    pub fn in_channel(&self) -> Option<usize> {
+        self.adopt.as_ref()?.in_channel()
     }
 
     /// Hands `conn` over. With [`Handoff::Adopt`] it never waits for the server: the
@@ -413,6 +444,11 @@ struct Adopter {
     /// Non-blocking; connected to `path` when it could be (so that `poll(POLLOUT)`
     /// reports the server's queue having room), re-connected after an error.
     via: UnixDatagram,
+    /// Bytes one adoption datagram is charged to `via` until the server takes it
+    /// ([`datagram_charge`]); `None` if it could not be measured.
+    charge: Option<usize>,
+    /// Datagrams the server's channel holds ([`channel_capacity`]).
+    capacity: usize,
     pending_max: usize,
     wait_max: Duration,
     state: Mutex<Pending>,
@@ -482,6 +518,14 @@ enum Sent {
 }
 
 impl Adopter {
+    /// See [`HandOff::in_channel`].
+    fn in_channel(&self) -> Option<usize> {
+        let unit = self.charge?;
+        outq_bytes(self.via.as_raw_fd())
+            .ok()
+            .map(|b| b.div_ceil(unit))
+    }
+
     /// One non-blocking send, under the state's lock (sends stay in order).
     fn try_send(&self, p: &mut Pending, conn: &TcpStream) -> Sent {
         if !p.connected {
@@ -720,6 +764,52 @@ fn client_gone(conn: &TcpStream) -> bool {
 }
 
 /// Waits until `fd` is writable, at most `timeout`; `true` if it is.
+/// Datagrams a Unix datagram socket's receive queue holds: the kernel refuses more
+/// past `net.unix.max_dgram_qlen` (of this network namespace; 10 by default).
+fn channel_capacity() -> usize {
+    std::fs::read_to_string("/proc/sys/net/unix/max_dgram_qlen")
+        .ok()
+        .and_then(|s| s.trim().parse::<usize>().ok())
+        .unwrap_or(10)
+        .saturating_add(1)
+}
+
+/// Bytes the kernel charges to a sending socket for one adoption datagram (one tag
+/// byte and one descriptor: its buffer's truesize), until the receiver takes it:
+/// measured on a private socket pair, passing `/dev/null`.
+fn datagram_charge() -> io::Result<usize> {
+    let (a, b) = UnixDatagram::pair()?;
+    let null = std::fs::File::open("/dev/null")?;
+    farside_rt::fdpass::send_fd(
+        a.as_raw_fd(),
+        None,
+        farside_rt::fdpass::TAG_ADOPT,
+        null.as_raw_fd(),
+    )?;
+    let charge = outq_bytes(a.as_raw_fd())?;
+    // The received descriptor is closed with the result.
+    drop(farside_rt::fdpass::recv_fds(
+        b.as_raw_fd(),
+        1,
+        libc::MSG_DONTWAIT,
+    ));
+    if charge == 0 {
+        return Err(io::Error::other("SIOCOUTQ reported no charge"));
+    }
+    Ok(charge)
+}
+
+/// `SIOCOUTQ` of a Unix socket: bytes sent and not yet taken by the receiver.
+fn outq_bytes(fd: i32) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one int through the pointer.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut n as *mut libc::c_int) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n.max(0) as usize)
+}
+
 fn poll_out(fd: i32, timeout: Duration) -> bool {
     let mut p = libc::pollfd {
         fd,
@@ -936,6 +1026,37 @@ mod tests {
     }
 
     #[test]
+    fn the_channel_counts_what_the_server_has_not_taken_and_keeps_room_for_restores() {
+        let (path, backend) = one_worker_backend("count");
+        let h = HandOff::with_bounds(Handoff::Adopt(path), PENDING_DEFAULT, AWAIT_MAX).unwrap();
+        assert_eq!(h.in_channel(), Some(0));
+        let front = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut clients = Vec::new();
+        // The worker takes the first and waits for its request: three stay.
+        for _ in 0..4 {
+            let (c, s) = pair(&front);
+            h.hand(s).unwrap();
+            clients.push(c);
+        }
+        await_cond("three in the channel", || h.in_channel() == Some(3));
+        let capacity = max_dgram_qlen() + 1;
+        assert!(h.has_room_for(capacity - 4), "room for one more");
+        assert!(
+            !h.has_room_for(capacity - 3),
+            "restores in progress fill it"
+        );
+        for c in &mut clients {
+            c.write_all(REQUEST).unwrap();
+        }
+        for c in &mut clients {
+            assert!(served(&ask_read(c)));
+        }
+        await_cond("the channel empty", || h.in_channel() == Some(0));
+        drop(h);
+        backend.stop();
+    }
+
+    #[test]
     fn room_is_seen_only_while_the_adoption_channel_takes_a_connection_at_once() {
         let (path, backend) = one_worker_backend("room");
         let gone = HandOff::new(Handoff::Adopt(path.with_extension("none"))).unwrap();
@@ -954,6 +1075,11 @@ mod tests {
         }
         await_cond("a connection waiting in the queue", || h.pending() > 0);
         assert!(!h.has_room(), "a connection waits: no room");
+        assert_eq!(
+            h.in_channel(),
+            Some(max_dgram_qlen() + 1),
+            "the channel full"
+        );
         // The clients ask; once the worker has drained the channel, room again.
         for c in &mut clients {
             c.write_all(REQUEST).unwrap();

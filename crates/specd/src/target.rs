@@ -577,12 +577,16 @@ fn offers_loop(s: &Shared) {
                     s.cfg.admit_queue_max
                 ));
             }
-            // Every worker held and the adoption channel full: a restored connection
-            // would wait in the hand-off queue, and be refused with a reset past its
-            // bound, while the source may serve it (measured in the flood lab: 27
-            // connections held here, 3 at the source, two migrated ones reset).
-            if !s.handoff.has_room() {
-                return Err("loaded: the local server's adoption channel is full".into());
+            // Every worker held and the adoption channel full (counting the restores
+            // in progress, each to be handed there): a restored connection would wait
+            // in the hand-off queue, and be refused with a reset past its bound, while
+            // the source may serve it (measured in the flood lab: 27 connections held
+            // here, 3 at the source, two migrated ones reset).
+            if !s.handoff.has_room_for(restoring as usize) {
+                return Err(format!(
+                    "loaded: the local server's adoption channel is full ({} waiting there, {restoring} restoring)",
+                    s.handoff.in_channel().map_or("?".to_string(), |n| n.to_string())
+                ));
             }
             admitted = Some(guard);
             Ok(())
@@ -678,7 +682,9 @@ fn notifier_loop(s: &Shared, sock: &UdpSocket) {
         if q.saturating_add(s.restoring.load(Ordering::SeqCst))
             .saturating_add(waiting)
             >= s.cfg.admit_queue_max
-            || !s.handoff.has_room()
+            || !s
+                .handoff
+                .has_room_for(s.restoring.load(Ordering::SeqCst) as usize)
         {
             continue;
         }
