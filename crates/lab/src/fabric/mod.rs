@@ -49,6 +49,48 @@ impl Vantage<'_> {
     }
 }
 
+impl Vantage<'_> {
+    /// Whether an HTTP server at `addr` answers a `HEAD /` (any status) within
+    /// `within`: its workers serve, not only its listener accepts.
+    pub fn answers_http(&self, addr: SocketAddr, within: Duration) -> io::Result<bool> {
+        let ask = || -> io::Result<bool> {
+            use std::io::{Read, Write};
+            let Ok(mut s) = TcpStream::connect_timeout(&addr, within) else {
+                return Ok(false);
+            };
+            s.set_read_timeout(Some(within))?;
+            s.set_write_timeout(Some(within))?;
+            if s.write_all(b"HEAD / HTTP/1.1\r\nHost: lab\r\nConnection: close\r\n\r\n")
+                .is_err()
+            {
+                return Ok(false);
+            }
+            let mut head = [0u8; 5];
+            Ok(s.read_exact(&mut head).is_ok() && &head == b"HTTP/")
+        };
+        match self {
+            Vantage::Here => ask(),
+            Vantage::Node(dc, node) => dc.run_in_ns(node, ask),
+        }
+    }
+}
+
+/// Wait until the HTTP server at `addr` answers ([`Vantage::answers_http`]), seen
+/// `from` there, failing early if `child` exits: at most `within`, one request (of at
+/// most `poll` x 5) every `poll`. For a server whose listener is bound before its
+/// set-up ends (the back-end binds its port, then loads its XDP responder).
+pub fn wait_http(
+    child: &mut Child,
+    addr: SocketAddr,
+    from: Vantage<'_>,
+    within: Duration,
+    poll: Duration,
+) -> io::Result<()> {
+    child.wait_ready(&format!("answer HTTP on {addr}"), within, poll, || {
+        from.answers_http(addr, poll * 5)
+    })
+}
+
 /// Wait until `addr` accepts TCP connections, seen `from` there, failing early if
 /// `child` exits: at most `within`, one connect attempt (of at most `poll` x 5) every
 /// `poll`. Every experiment waits for its nodes with this.

@@ -463,7 +463,9 @@ impl Lab {
             .dc
             .spawn_in(SERVER, &std::env::current_exe()?, &args, &log)?;
         let mut c = Child::adopt(&format!("{tag}-backend"), c, log);
-        crate::fabric::wait_port(
+        // Served, not only bound: the back-end binds its port before it loads its XDP
+        // responder and its arena, which under the hogs took 45-60 s.
+        crate::fabric::wait_http(
             &mut c,
             self.server_addr(),
             crate::fabric::Vantage::Node(&self.dc, CLIENT),
@@ -498,26 +500,33 @@ impl Lab {
                 String::new()
             }
         );
-        let hogs = if key.load == "loaded" {
-            Some(self.start_hogs()?)
-        } else {
-            None
-        };
-        let p = if key.experiment == "table1" {
+        if key.experiment == "table1" {
+            let hogs = self.hogs_if_loaded(key)?;
             let w = HogWindow::start(hogs.as_ref())?;
             let mut p = self.probe_point(key, &tag)?;
             p.set_hog_share(w.zip(hogs.as_ref()).map(|(w, h)| w.share(h)).transpose()?);
             Ok(p)
         } else {
-            self.transfer_point(key, &tag, hogs.as_ref())
-        };
-        drop(hogs);
-        p
+            self.transfer_point(key, &tag)
+        }
+    }
+
+    /// The CPU hogs of a `loaded` point.
+    fn hogs_if_loaded(&self, key: &Key) -> io::Result<Option<Hogs>> {
+        if key.load == "loaded" {
+            self.start_hogs().map(Some)
+        } else {
+            Ok(None)
+        }
     }
 
     /// A fig3/fig4 point: a fresh back-end, the clients, the server's CPU over the run.
-    fn transfer_point(&self, key: &Key, tag: &str, hogs: Option<&Hogs>) -> io::Result<RdmaPoint> {
+    /// The hogs start once the back-end serves: they load its transfers, not its
+    /// start-up (the paper's server ran before its load began).
+    fn transfer_point(&self, key: &Key, tag: &str) -> io::Result<RdmaPoint> {
         let mut be = self.start_backend(&key.system, tag)?;
+        let hogs = self.hogs_if_loaded(key)?;
+        let hogs = hogs.as_ref();
         let mut lg = LoadgenArgs::new(self.server_addr().to_string());
         lg.quiet = true;
         lg.clients = key.clients as usize;
