@@ -191,6 +191,24 @@ impl Session {
         self
     }
 
+    /// [`Self::read_arena`] within an exchange: a failed read is [`Failed::Arena`]
+    /// (the body is then asked for over HTTP), after dropping an HTTP connection the
+    /// server closes (`close`).
+    fn arena_body(
+        &mut self,
+        hint: &ArenaHint,
+        maxlen: u64,
+        rdma_connect: &mut Option<Duration>,
+        close: bool,
+    ) -> Result<Vec<u8>, Failed> {
+        self.read_arena(hint, maxlen, rdma_connect).map_err(|e| {
+            if close {
+                self.http = None;
+            }
+            Failed::Arena(e)
+        })
+    }
+
     /// Read the body `hint` names from the server's arena, opening the reader first
     /// when none is open to that port (its set-up time goes to `rdma_connect`).
     fn read_arena(
@@ -404,15 +422,7 @@ impl Session {
                     let key = self.arena_key.expect("checked");
                     self.grant = Some(ClientGrant::new(&key, g, local, hint.port, answered));
                 }
-                let body = match self.read_arena(&hint, opts.maxlen, &mut rdma_connect) {
-                    Ok(body) => body,
-                    Err(e) => {
-                        if close {
-                            self.http = None;
-                        }
-                        return Err(Failed::Arena(e));
-                    }
-                };
+                let body = self.arena_body(&hint, opts.maxlen, &mut rdma_connect, close)?;
                 Fetched {
                     status: answer.status,
                     body,
@@ -420,15 +430,7 @@ impl Session {
                 }
             }
             Some(Ok(Response::ArenaReads(hint))) if self.arena_key.is_some() => {
-                let body = match self.read_arena(&hint, opts.maxlen, &mut rdma_connect) {
-                    Ok(body) => body,
-                    Err(e) => {
-                        if close {
-                            self.http = None;
-                        }
-                        return Err(Failed::Arena(e));
-                    }
-                };
+                let body = self.arena_body(&hint, opts.maxlen, &mut rdma_connect, close)?;
                 Fetched {
                     status: answer.status,
                     body,
