@@ -291,22 +291,18 @@ impl HandOff {
         self.stats.pending.load(Ordering::Relaxed) as usize
     }
 
-    /// Whether a connection handed now would reach the server at once: with
-    /// [`Handoff::Adopt`], nothing waits in the queue and the server's adoption channel
+    /// Whether a connection handed now would reach the server at once, with room left
+    /// for `others` more besides (restores in progress that will be handed here): with
+    /// [`Handoff::Adopt`], nothing waits in the queue, the server's adoption channel
     /// has room (`poll(POLLOUT)` on the socket connected to it, which the kernel
     /// clears while the server's receive queue is full, whoever filled it: this
-    /// daemon's other hand-off too); false if no server is bound at the path. Always
-    /// true with [`Handoff::Relay`]. A migration target admits only while this holds,
-    /// since a connection that must wait in the queue is refused past `wait_max`.
-    pub fn has_room(&self) -> bool {
-        self.has_room_for(0)
-    }
-
-    /// [`HandOff::has_room`], with room left for `others` more connections besides
-    /// (restores in progress that will be handed here): the datagrams this hand-off
+    /// daemon's other hand-off too), and the datagrams this hand-off
     /// sent that the server has not taken yet ([`HandOff::in_channel`]) plus `others`
     /// stay under the channel's capacity (`net.unix.max_dgram_qlen` + 1), so offers
-    /// admitted together cannot overflow it between admission and hand-off.
+    /// admitted together cannot overflow it between admission and hand-off. False if
+    /// no server is bound at the path; always true with [`Handoff::Relay`]. A
+    /// migration target admits only while this holds, since a connection that must
+    /// wait in the queue is refused past `wait_max`.
     pub fn has_room_for(&self, others: usize) -> bool {
         let Some(a) = &self.adopt else { return true };
         let mut p = lock(&a.state);
@@ -958,9 +954,7 @@ mod tests {
         if c.write_all(REQUEST).is_err() {
             return Vec::new();
         }
-        let mut got = Vec::new();
-        let _ = c.read_to_end(&mut got);
-        got
+        ask_read(c)
     }
 
     fn served(got: &[u8]) -> bool {
@@ -1060,9 +1054,9 @@ mod tests {
     fn room_is_seen_only_while_the_adoption_channel_takes_a_connection_at_once() {
         let (path, backend) = one_worker_backend("room");
         let gone = HandOff::new(Handoff::Adopt(path.with_extension("none"))).unwrap();
-        assert!(!gone.has_room(), "no server bound: no room");
+        assert!(!gone.has_room_for(0), "no server bound: no room");
         let h = HandOff::with_bounds(Handoff::Adopt(path), PENDING_DEFAULT, AWAIT_MAX).unwrap();
-        assert!(h.has_room(), "an idle server has room");
+        assert!(h.has_room_for(0), "an idle server has room");
         let front = TcpListener::bind("127.0.0.1:0").unwrap();
         let mut clients = Vec::new();
         // The worker takes the first and waits for its request; the channel then
@@ -1074,7 +1068,7 @@ mod tests {
             clients.push(c);
         }
         await_cond("a connection waiting in the queue", || h.pending() > 0);
-        assert!(!h.has_room(), "a connection waits: no room");
+        assert!(!h.has_room_for(0), "a connection waits: no room");
         assert_eq!(
             h.in_channel(),
             Some(max_dgram_qlen() + 1),
@@ -1087,7 +1081,7 @@ mod tests {
         for c in &mut clients {
             assert!(served(&ask_read(c)));
         }
-        assert!(h.has_room(), "drained: room");
+        assert!(h.has_room_for(0), "drained: room");
         drop(h);
         backend.stop();
     }
